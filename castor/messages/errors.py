@@ -1,0 +1,168 @@
+"""The error model: every failure that crosses an actor or wire boundary.
+
+Each error carries a stable string ``code`` (the wire contract of
+``contracts.md``), a human ``message`` and optional structured ``data``.
+Codes are never renamed; new ones may be added. ``may_have_started`` tells a
+caller whether the work it asked for may already have run (and so must not be
+blindly retried).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes. The first ten are fixed by contracts.md."""
+
+    INVALID_FRAME = "invalid_frame"
+    UNKNOWN_METHOD = "unknown_method"
+    INVALID_PARAMS = "invalid_params"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    FORBIDDEN = "forbidden"
+    TIMEOUT = "timeout"
+    WORKER_RETIRED = "worker_retired"
+    WORKER_CRASHED = "worker_crashed"
+    INTERNAL = "internal"
+    # Runtime additions (documented in docs/supervision.md).
+    ACTOR_STOPPED = "actor_stopped"
+    ACTOR_RETIRED = "actor_retired"
+    MAILBOX_FULL = "mailbox_full"
+    CANCELLED = "cancelled"
+    INVALID_MESSAGE = "invalid_message"
+    INVALID_CONFIG = "invalid_config"
+
+
+class CastorError(Exception):
+    """Base of every typed castor error."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | str | None = None,
+        data: dict[str, Any] | None = None,
+        may_have_started: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = ErrorCode(code)
+        self.message = message
+        self.data = dict(data or {})
+        if may_have_started is not None:
+            self.data["may_have_started"] = may_have_started
+
+    @property
+    def may_have_started(self) -> bool | None:
+        return self.data.get("may_have_started")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``{code, message, data?}`` map of the msgpack-rpc error slot."""
+        wire: dict[str, Any] = {"code": str(self.code), "message": self.message}
+        if self.data:
+            wire["data"] = self.data
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> CastorError:
+        """Rebuild the most specific error class for a wire error map."""
+        code = ErrorCode(wire.get("code", "internal"))
+        klass = _BY_CODE.get(code, CastorError)
+        err = klass.__new__(klass)
+        CastorError.__init__(err, str(wire.get("message", "")), code=code, data=wire.get("data"))
+        return err
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!s}, message={self.message!r})"
+
+
+class InvalidFrame(CastorError):
+    code = ErrorCode.INVALID_FRAME
+
+
+class UnknownMethod(CastorError):
+    code = ErrorCode.UNKNOWN_METHOD
+
+
+class InvalidParams(CastorError):
+    code = ErrorCode.INVALID_PARAMS
+
+
+class NotFound(CastorError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Conflict(CastorError):
+    code = ErrorCode.CONFLICT
+
+
+class Forbidden(CastorError):
+    code = ErrorCode.FORBIDDEN
+
+
+class Timeout(CastorError):
+    """A deadline passed. ``may_have_started`` says whether the work began."""
+
+    code = ErrorCode.TIMEOUT
+
+
+class WorkerRetired(CastorError):
+    code = ErrorCode.WORKER_RETIRED
+
+
+class WorkerCrashed(CastorError):
+    code = ErrorCode.WORKER_CRASHED
+
+
+class Internal(CastorError):
+    code = ErrorCode.INTERNAL
+
+
+class ActorStopped(CastorError):
+    """The target actor stopped or crashed before (or while) handling the request."""
+
+    code = ErrorCode.ACTOR_STOPPED
+
+
+class Retired(CastorError):
+    """The target actor retired; its queued and in-flight requests are rejected."""
+
+    code = ErrorCode.ACTOR_RETIRED
+
+    @property
+    def reason(self) -> str:
+        return str(self.data.get("reason", ""))
+
+
+class MailboxFull(CastorError):
+    """A bounded mailbox refused a message (overflow policy: reject)."""
+
+    code = ErrorCode.MAILBOX_FULL
+
+
+class Cancelled(CastorError):
+    code = ErrorCode.CANCELLED
+
+
+class InvalidMessage(CastorError):
+    """A message could not be encoded, decoded or validated."""
+
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class InvalidConfig(CastorError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+_BY_CODE: dict[ErrorCode, type[CastorError]] = {
+    klass.code: klass
+    for klass in (
+        InvalidFrame, UnknownMethod, InvalidParams, NotFound, Conflict, Forbidden,
+        Timeout, WorkerRetired, WorkerCrashed, Internal, ActorStopped, Retired,
+        MailboxFull, Cancelled, InvalidMessage, InvalidConfig,
+    )
+}
