@@ -1,0 +1,262 @@
+"""Crash-safe file primitives: atomic replace, contained paths, JSON-lines logs.
+
+Guarantees
+----------
+- ``atomic_write_bytes/text/json`` write a temporary file in the *same*
+  directory, fsync it, ``os.replace`` it over the target and fsync the
+  directory. A reader (or a process restarted after ``kill -9`` or a power
+  cut) sees either the complete old content or the complete new content,
+  never a mix. A crash may leave a stray ``.<name>.*.tmp`` file beside the
+  target; it is never read as the target.
+- ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
+  symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
+  components, absolute parts, empty parts and NUL bytes before touching the
+  disk, then resolves the result so a symlink inside the root that points
+  outside it is refused too.
+- ``append_json_line`` appends exactly one complete line per call with a
+  single ``write`` on an ``O_APPEND`` descriptor, then fsyncs. If an earlier
+  crash left a torn (newline-less) tail, a newline is written first so the new
+  record never fuses with the fragment. ``read_json_lines`` returns every
+  parseable line and reports the lines it skipped (torn or corrupt), never
+  raising for them.
+
+Failure behaviour
+-----------------
+- Path violations raise :class:`castor.messages.errors.Forbidden` with
+  ``data={"reason": ..., "root": ...}``; the offending part is echoed only
+  with control characters escaped.
+- OS errors (disk full, permission) propagate as ``OSError``; the target file
+  is left untouched and the temporary file is removed where possible.
+- Values that are not JSON-serialisable raise ``TypeError``/``ValueError``
+  before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from castor.messages.errors import Forbidden
+
+__all__ = [
+    "JsonLinesRead",
+    "SkippedLine",
+    "append_json_line",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "dump_json",
+    "ensure_dir",
+    "fsync_dir",
+    "read_json_lines",
+    "safe_join",
+]
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so a rename or create inside it is durable."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` (and parents) if missing and return it as a Path."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (see module doc)."""
+    target = Path(path)
+    directory = target.parent
+    # The temp name is unique per call so concurrent writers never share one.
+    tmp = directory / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> None:
+    """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def dump_json(value: Any, *, indent: int | None = 2) -> str:
+    """Serialise ``value`` as strict JSON (no NaN/Infinity), UTF-8 kept as is."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def atomic_write_json(path: str | os.PathLike[str], value: Any, *, indent: int | None = 2) -> None:
+    """Atomically replace ``path`` with ``value`` as JSON plus a trailing newline.
+
+    Serialisation happens first, so an unserialisable value writes nothing.
+    """
+    atomic_write_text(path, dump_json(value, indent=indent) + "\n")
+
+
+# --------------------------------------------------------------------------- contained paths
+
+
+def _printable(part: str) -> str:
+    return part.encode("unicode_escape", "backslashreplace").decode("ascii")[:200]
+
+
+def _refuse(reason: str, root: Path, part: str | None = None) -> Forbidden:
+    data: dict[str, Any] = {"reason": reason, "root": str(root)}
+    if part is not None:
+        data["part"] = _printable(part)
+    return Forbidden(f"path refused ({reason}) under {root}", data=data)
+
+
+def _check_part(root: Path, part: str | os.PathLike[str]) -> str:
+    text = os.fspath(part)
+    if not isinstance(text, str):
+        raise _refuse("non-text path part", root, repr(text))
+    if "\x00" in text:
+        raise _refuse("NUL byte in path", root, text)
+    if text == "":
+        raise _refuse("empty path part", root, text)
+    if os.path.isabs(text):
+        raise _refuse("absolute path part", root, text)
+    for component in text.split("/"):
+        if component == "..":
+            raise _refuse("parent-directory component", root, text)
+    return text
+
+
+def safe_join(root: str | os.PathLike[str], *parts: str | os.PathLike[str]) -> Path:
+    """Join ``parts`` under ``root``; raise Forbidden if the result could leave it.
+
+    The returned path is absolute and symlink-resolved where it exists. Parts
+    may contain ``/`` separators (``"sockets/Socket-1/1.md"``) as long as no
+    component is ``..``.
+    """
+    root_resolved = Path(root).resolve()
+    checked = [_check_part(root_resolved, p) for p in parts]
+    joined = root_resolved.joinpath(*checked)
+    resolved = joined.resolve()
+    if resolved != root_resolved and not resolved.is_relative_to(root_resolved):
+        raise _refuse("path escapes root (symlink)", root_resolved, "/".join(checked))
+    return resolved
+
+
+# --------------------------------------------------------------------------- JSON lines
+
+
+class SkippedLine(BaseModel):
+    """A line ``read_json_lines`` could not use: its 1-based number and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    line_no: int
+    reason: str
+    torn_tail: bool = False
+
+
+class JsonLinesRead(BaseModel):
+    """Result of reading a JSON-lines file: usable records and skipped lines."""
+
+    model_config = ConfigDict(frozen=True)
+
+    records: list[Any]
+    skipped: list[SkippedLine]
+
+    @property
+    def torn_tail(self) -> bool:
+        return any(s.torn_tail for s in self.skipped)
+
+
+def _tail_is_torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return False
+    return os.pread(fd, 1, size - 1) != b"\n"
+
+
+def append_json_line(path: str | os.PathLike[str], record: Any) -> None:
+    """Append ``record`` as one compact JSON line, flushed and fsynced.
+
+    Not safe against *concurrent* appenders of the same file across threads on
+    its own; callers serialise appends per file (``CastArtifacts`` does).
+    """
+    line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
+        raise ValueError("JSON line contains a newline")
+    payload = (line + "\n").encode("utf-8")
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if _tail_is_torn(fd):
+            # Seal the torn fragment as its own (invalid) line.
+            payload = b"\n" + payload
+        view = memoryview(payload)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse_lines(raw: bytes) -> Iterable[tuple[int, bytes, bool]]:
+    lines = raw.split(b"\n")
+    last_index = len(lines) - 1
+    for index, line in enumerate(lines):
+        is_last = index == last_index
+        if is_last and line == b"":
+            continue  # the normal end after a final newline
+        yield index + 1, line, is_last
+
+
+def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
+    """Read every parseable JSON line of ``path``; report the rest.
+
+    A final line without a newline is never accepted, even if it happens to
+    parse: only a line whose newline was written is complete. A missing file
+    reads as empty.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return JsonLinesRead(records=[], skipped=[])
+    records: list[Any] = []
+    skipped: list[SkippedLine] = []
+    for line_no, line, is_last in _parse_lines(raw):
+        if is_last:
+            skipped.append(SkippedLine(line_no=line_no, reason="torn last line (no newline)", torn_tail=True))
+            continue
+        if not line.strip():
+            skipped.append(SkippedLine(line_no=line_no, reason="blank line"))
+            continue
+        try:
+            records.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            skipped.append(SkippedLine(line_no=line_no, reason=f"invalid JSON: {exc.__class__.__name__}"))
+    return JsonLinesRead(records=records, skipped=skipped)

@@ -1,0 +1,252 @@
+"""The Icarus worker: the program the bridge's Python subprocess runs.
+
+It is launched by file path (``<python> -u <this file>``) with the interpreter the
+*trusted* settings chose, so it must not import anything from castor and must
+run on any CPython >= 3.8 (the plugin's own venv may be older than castor's).
+
+Guarantees
+----------
+- **Import hygiene.** The very first statement imports only ``sys`` (a builtin
+  that cannot be shadowed). Before any other import the current-directory
+  entries (``''``, ``'.'``, any relative entry, the cwd itself) and this
+  script's own directory are removed from ``sys.path``, so a ``json.py`` in the
+  project cannot replace the standard library.
+- **Exact package.** The package ``icarus`` is loaded from the directory named
+  by ``CASTOR_ICARUS_DIR`` via its ``__init__.py`` with
+  ``submodule_search_locations=[that dir]``; any ``icarus`` module already in
+  ``sys.modules`` is dropped first, and every loaded module's ``__file__`` must
+  resolve inside that directory. Another ``icarus`` on ``sys.path`` is never
+  used. Import errors surface per call as ``ok: false``.
+- **stdout is the protocol alone.** At start the real fd 1 is duplicated to a
+  private fd used only for replies, fd 1 is pointed at stderr (so native writes
+  from C extensions land on stderr) and ``sys.stdout`` is ``sys.stderr``.
+  fd 0 is likewise moved away and replaced by ``/dev/null`` so backend code
+  cannot consume protocol lines.
+- **Protocol.** One JSON object per line. Request
+  ``{id, module, function, args?, kwargs?}``; reply ``{id, ok: true, result}``
+  or ``{id, ok: false, error, traceback}``. Requests run one at a time, to
+  completion, in arrival order. A malformed line gets ``ok: false`` with the
+  id echoed when it could be read (else ``null``) and the loop keeps running.
+- **Normalisation.** A ``str`` result whose stripped text starts with ``{`` or
+  ``[`` is replaced by its parsed JSON when it parses; otherwise the original
+  string is returned unchanged.
+- **Serialisation.** ``ensure_ascii=False``, ``default=str``, ``allow_nan=False``;
+  a result that still cannot be serialised yields ``ok: false, error:
+  "unserializable result"``.
+- End of stdin ends the worker with exit code 0.
+
+Environment: ``CASTOR_ICARUS_DIR`` (required, absolute); the backend's own
+identity/path variables (``FABRIC_DIR``, ``HERMES_AGENT_NAME``,
+``FABRIC_PROJECT_ID``, ``HERMES_HOME``, ``STATE_DB_PATH``) are set by the bridge
+and read by the plugin itself at import time (spec §6.3).
+"""
+import sys
+
+
+def _scrub_sys_path():
+    """Drop cwd-like, relative and script-dir entries. Uses only builtins.
+
+    ``os`` is already imported by interpreter start-up, so taking it from
+    ``sys.modules`` cannot load a shadowing file.
+    """
+    _os = sys.modules.get("os")
+    cwd = _os.getcwd() if _os is not None else None
+    script_dir = _os.path.dirname(_os.path.abspath(__file__)) if _os is not None else None
+    kept = []
+    for entry in sys.path:
+        if not entry or not _os.path.isabs(entry):
+            continue
+        norm = _os.path.normpath(entry)
+        if norm == cwd or norm == script_dir:
+            continue
+        kept.append(entry)
+    sys.path[:] = kept
+
+
+_scrub_sys_path()
+
+import importlib  # noqa: E402  (must follow the sys.path scrub)
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import traceback  # noqa: E402
+
+ALLOWED_MODULES = ("hooks", "tools", "state", "obsidian", "parsing")
+PACKAGE = "icarus"
+PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
+
+
+class InvalidRequest(Exception):
+    """A request line that cannot be dispatched; carries the id when known."""
+
+    def __init__(self, message, request_id=None):
+        Exception.__init__(self, message)
+        self.request_id = request_id
+
+
+# --------------------------------------------------------------------------- streams
+
+def _isolate_stdio():
+    """Return (protocol_in, protocol_out) binary files; leave fds 0/1 harmless."""
+    proto_out_fd = os.dup(1)
+    proto_in_fd = os.dup(0)
+    os.dup2(2, 1)  # native writes to fd 1 now reach stderr
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdout = sys.stderr
+    sys.stdin = open(os.devnull, "r")
+    return os.fdopen(proto_in_fd, "rb", buffering=0), os.fdopen(proto_out_fd, "wb", buffering=0)
+
+
+# --------------------------------------------------------------------------- package
+
+def _inside(path, root):
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root + os.sep)
+
+
+def _package_dir():
+    raw = os.environ.get(PACKAGE_DIR_ENV, "")
+    if not raw or not os.path.isabs(raw):
+        raise ImportError("%s must name the configured icarus directory by absolute path" % PACKAGE_DIR_ENV)
+    return os.path.realpath(raw)
+
+
+def _load_package():
+    """Load (once) the configured ``icarus`` package by path."""
+    root = _package_dir()
+    current = sys.modules.get(PACKAGE)
+    if current is not None and getattr(current, "__castor_root__", None) == root:
+        return root
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
+    init = os.path.join(root, "__init__.py")
+    if not os.path.isfile(init):
+        raise ImportError("no icarus package at %s" % root)
+    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+    module = importlib.util.module_from_spec(spec)
+    module.__castor_root__ = root
+    sys.modules[PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(PACKAGE, None)
+        raise
+    if not _inside(module.__file__, root):
+        raise ImportError("icarus resolved outside the configured directory")
+    return root
+
+
+def _target(module_name, function_name):
+    root = _load_package()
+    module = importlib.import_module(PACKAGE + "." + module_name)
+    if not _inside(getattr(module, "__file__", "") or "", root):
+        raise ImportError("icarus.%s resolved outside the configured directory" % module_name)
+    fn = getattr(module, function_name, None)
+    if fn is None or not callable(fn):
+        raise AttributeError("icarus.%s has no callable %r" % (module_name, function_name))
+    return fn
+
+
+# --------------------------------------------------------------------------- protocol
+
+def _parse(line):
+    try:
+        request = json.loads(line)
+    except ValueError:
+        raise InvalidRequest("invalid request: not JSON")
+    if not isinstance(request, dict):
+        raise InvalidRequest("invalid request: not an object")
+    request_id = request.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, int):
+        raise InvalidRequest("invalid request: id must be an integer")
+    module = request.get("module")
+    function = request.get("function")
+    if module not in ALLOWED_MODULES:
+        raise InvalidRequest("invalid request: module must be one of %s" % ", ".join(ALLOWED_MODULES), request_id)
+    if not isinstance(function, str) or not function.isidentifier() or function.startswith("__"):
+        raise InvalidRequest("invalid request: function must be a public identifier", request_id)
+    args = request.get("args")
+    kwargs = request.get("kwargs")
+    args = [] if args is None else args
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise InvalidRequest("invalid request: args must be a list and kwargs an object", request_id)
+    return request_id, module, function, args, kwargs
+
+
+def normalise(value):
+    """JSON-looking strings become structures when they parse (spec §1.6)."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in ("{", "["):
+            try:
+                return json.loads(stripped)
+            except ValueError:
+                return value
+    return value
+
+
+def _encode(reply):
+    try:
+        text = json.dumps(reply, ensure_ascii=False, default=str, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        text = json.dumps(
+            {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
+            ensure_ascii=False,
+        )
+    return (text + "\n").encode("utf-8")
+
+
+def handle(line):
+    """One request line -> one reply dict. Never raises (except KeyboardInterrupt)."""
+    try:
+        request_id, module, function, args, kwargs = _parse(line)
+    except InvalidRequest as exc:
+        return {"id": exc.request_id, "ok": False, "error": str(exc), "traceback": ""}
+    try:
+        result = _target(module, function)(*args, **kwargs)
+        return {"id": request_id, "ok": True, "result": normalise(result)}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: the worker outlives one bad call
+        return {
+            "id": request_id,
+            "ok": False,
+            "error": str(exc) or type(exc).__name__,
+            "traceback": traceback.format_exc(),
+        }
+
+
+def _write_all(stream, data):
+    view = memoryview(data)
+    while view:
+        written = stream.write(view)
+        view = view[written:]
+
+
+def main():
+    proto_in, proto_out = _isolate_stdio()
+    buffered = b""
+    while True:
+        chunk = proto_in.read(65536)
+        if not chunk:
+            return 0
+        buffered += chunk
+        while b"\n" in buffered:
+            raw, buffered = buffered.split(b"\n", 1)
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                reply = {"id": None, "ok": False, "error": "invalid request: not UTF-8", "traceback": ""}
+            else:
+                reply = handle(text)
+            _write_all(proto_out, _encode(reply))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""IO adapters of materia casts: artifacts, cast state, utilities, config loading."""

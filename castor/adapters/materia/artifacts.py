@@ -1,0 +1,422 @@
+"""The artifact directory of one cast: ``<artifactRoot>/<castId>/`` (spec §8.1).
+
+Layout (names kept from pi-materia so its tools keep working)::
+
+    config.resolved.json   full merged config, 2-space JSON
+    manifest.json          {castId, request, configSource, sessionFile?, entries:[...]}
+    usage.json             the UsageReport, rewritten often
+    events.jsonl           one {"ts":<ms>,"type":...,"data":{...}} per line
+    state.json             the persisted cast state (see state_store.py)
+    sockets/<seg(socket)>/<visit>[-<seg(item)>].md                  socket output
+    sockets/<seg(socket)>/<visit>.json                              parsed JSON
+    sockets/<seg(socket)>/<visit>[-<seg(item)>].refinement-<turn>-<seg(entry)>.md
+    sockets/<seg(socket)>/<visit>[-<seg(item)>].input.json          utility input
+    sockets/<seg(socket)>/<visit>[-<seg(item)>].command.{stdout.txt,stderr.txt,json}
+    contexts/<seg(socket)>[-<seg(item)>]-<visit>[-<seg(suffix)>].md
+
+Guarantees
+----------
+- Every path is built through :func:`castor.adapters.fs.safe_join`; cast ids
+  and socket ids are validated first (``[A-Za-z0-9][A-Za-z0-9._-]*``, at most
+  128 characters), so ``../x``, ``/etc``, ``a/b``, NUL or over-long ids raise
+  :class:`Forbidden` and touch nothing. Item keys, entry ids and suffixes are
+  free text and go through ``seg`` (spec: runs outside ``[A-Za-z0-9._-]``
+  become ``-``; empty becomes ``task``), capped in length.
+- Whole-file artifacts are written atomically; events are appended as whole
+  lines with fsync. All writes of one cast directory are serialised by one
+  process-wide lock per directory, so concurrent appends from several threads
+  (and several ``CastArtifacts`` objects for the same cast) never interleave
+  and manifest read-modify-writes never lose an entry.
+
+Failure behaviour
+-----------------
+- Invalid ids or escaping relative paths: ``Forbidden`` (code ``forbidden``).
+- Reading a missing JSON artifact: ``NotFound``; an unparseable one:
+  ``ArtifactCorrupt`` (code ``internal``, ``data.path``).
+- OS errors (disk full, permissions) propagate as ``OSError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from castor.adapters.fs import (
+    SkippedLine,
+    append_json_line,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    read_json_lines,
+    safe_join,
+)
+from castor.messages.errors import CastorError, ErrorCode, Forbidden, NotFound
+
+__all__ = [
+    "ArtifactCorrupt",
+    "CastArtifacts",
+    "CommandArtifacts",
+    "EventLog",
+    "EventRecord",
+    "allocate_cast_id",
+    "seg",
+    "validate_cast_id",
+    "validate_socket_id",
+]
+
+MAX_ID_LENGTH = 128
+MAX_SEG_LENGTH = 120
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SEG_RUN = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ArtifactCorrupt(CastorError):
+    """A JSON artifact exists but cannot be parsed."""
+
+    code = ErrorCode.INTERNAL
+
+
+# --------------------------------------------------------------------------- ids and segments
+
+
+def _validate_id(kind: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise Forbidden(f"{kind} must be a string", data={"reason": f"invalid {kind}"})
+    shown = value.encode("unicode_escape", "backslashreplace").decode("ascii")[:80]
+    if len(value) > MAX_ID_LENGTH or not _ID_RE.fullmatch(value) or set(value) <= {"."}:
+        raise Forbidden(f"invalid {kind}: {shown!r}", data={"reason": f"invalid {kind}", kind: shown})
+    return value
+
+
+def validate_cast_id(cast_id: object) -> str:
+    """Return ``cast_id`` if it is a safe single path segment, else raise Forbidden."""
+    return _validate_id("cast_id", cast_id)
+
+
+def validate_socket_id(socket_id: object) -> str:
+    """Return ``socket_id`` if it is a safe single path segment, else raise Forbidden."""
+    return _validate_id("socket_id", socket_id)
+
+
+def seg(value: object) -> str:
+    """Spec §8.1 ``seg``: a safe file-name segment for free text (never empty, capped)."""
+    text = _SEG_RUN.sub("-", str(value)).strip("-")[:MAX_SEG_LENGTH].strip("-")
+    if text in ("", ".", ".."):
+        return "task"
+    return text
+
+
+def _check_visit(visit: object) -> int:
+    if isinstance(visit, bool) or not isinstance(visit, int) or visit < 0:
+        raise Forbidden(f"visit must be a non-negative integer, got {visit!r}", data={"reason": "invalid visit"})
+    return visit
+
+
+def _timestamp_id(now: datetime) -> str:
+    iso = now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso.replace(":", "-").replace(".", "-")
+
+
+def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | None = None) -> str:
+    """Allocate a fresh cast id (spec §5.2) and create its run directory.
+
+    The id is the UTC ISO timestamp with ``:`` and ``.`` replaced by ``-``
+    (``2026-05-12T19-40-40-605Z``); a collision adds ``-1``, ``-2``, ...
+    Uniqueness holds across threads *and* processes because the directory is
+    claimed with an exclusive ``mkdir``.
+    """
+    root = Path(artifact_root)
+    root.mkdir(parents=True, exist_ok=True)
+    base = _timestamp_id(now or datetime.now(UTC))
+    for n in range(10_000):
+        candidate = base if n == 0 else f"{base}-{n}"
+        try:
+            safe_join(root, candidate).mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(root)
+        return candidate
+    raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
+
+
+# --------------------------------------------------------------------------- records
+
+
+class EventRecord(BaseModel):
+    """One line of ``events.jsonl``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ts: int
+    type: str
+    data: dict[str, Any]
+
+
+class EventLog(BaseModel):
+    """The readable events of a cast plus the lines that were skipped (torn/corrupt)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    events: list[EventRecord]
+    skipped: list[SkippedLine]
+
+
+class CommandArtifacts(BaseModel):
+    """Where a utility command's outputs were written (absolute and run-dir-relative)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stdout: Path
+    stderr: Path
+    meta: Path
+    stdout_rel: str
+    stderr_rel: str
+    meta_rel: str
+
+
+# --------------------------------------------------------------------------- per-directory locks
+
+_LOCKS: dict[str, threading.RLock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(run_dir: Path) -> threading.RLock:
+    key = str(run_dir)
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(key)
+        if lock is None:
+            lock = _LOCKS[key] = threading.RLock()
+        return lock
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- the run directory
+
+
+class CastArtifacts:
+    """All file IO for one cast's run directory. Thread-safe."""
+
+    CONFIG = "config.resolved.json"
+    MANIFEST = "manifest.json"
+    USAGE = "usage.json"
+    EVENTS = "events.jsonl"
+
+    def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str) -> None:
+        self.cast_id = validate_cast_id(cast_id)
+        self.artifact_root = Path(artifact_root).resolve()
+        self.run_dir = safe_join(self.artifact_root, self.cast_id)
+        self._lock = _lock_for(self.run_dir)
+
+    # -- basics -------------------------------------------------------------
+
+    def create(self) -> CastArtifacts:
+        """Create the run directory with ``sockets/`` and ``contexts/`` (idempotent)."""
+        with self._lock:
+            self.artifact_root.mkdir(parents=True, exist_ok=True)
+            self.run_dir.mkdir(exist_ok=True)
+            for sub in ("sockets", "contexts"):
+                self.path(sub).mkdir(exist_ok=True)
+            fsync_dir(self.run_dir)
+            fsync_dir(self.artifact_root)
+        return self
+
+    def exists(self) -> bool:
+        return self.run_dir.is_dir()
+
+    def path(self, relative: str) -> Path:
+        """The absolute path of ``relative`` inside the run dir; Forbidden if it escapes."""
+        return safe_join(self.run_dir, relative)
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the run dir, with ``/`` separators."""
+        return Path(path).relative_to(self.run_dir).as_posix()
+
+    def _read_json(self, relative: str) -> Any:
+        target = self.path(relative)
+        try:
+            raw = target.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise NotFound(f"{relative} not found for cast {self.cast_id}", data={"path": str(target)}) from None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ArtifactCorrupt(
+                f"{relative} of cast {self.cast_id} is not valid JSON", data={"path": str(target), "error": str(exc)}
+            ) from None
+
+    def _write(self, target: Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
+        with self._lock:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                atomic_write_bytes(target, content)
+            elif isinstance(content, str):
+                atomic_write_text(target, content)
+            else:
+                atomic_write_json(target, content)
+        return target
+
+    def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
+        """Write any artifact at a run-dir-relative path (text, bytes, or JSON for dict/list)."""
+        return self._write(self.path(relative), content)
+
+    # -- whole-file documents ------------------------------------------------
+
+    def write_config_resolved(self, config: dict[str, Any]) -> Path:
+        return self._write(self.path(self.CONFIG), config)
+
+    def read_config_resolved(self) -> dict[str, Any]:
+        return self._read_json(self.CONFIG)
+
+    def write_usage(self, usage: dict[str, Any]) -> Path:
+        return self._write(self.path(self.USAGE), usage)
+
+    def read_usage(self) -> dict[str, Any]:
+        return self._read_json(self.USAGE)
+
+    def init_manifest(self, *, request: str, config_source: str, session_file: str | None = None) -> Path:
+        """Write a manifest with no entries (spec §8.2). Overwrites an existing one."""
+        manifest: dict[str, Any] = {"castId": self.cast_id, "request": request, "configSource": config_source}
+        if session_file is not None:
+            manifest["sessionFile"] = session_file
+        manifest["entries"] = []
+        return self._write(self.path(self.MANIFEST), manifest)
+
+    def add_manifest_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Append one entry (a ``timestamp`` is added if absent) and rewrite the manifest atomically."""
+        with self._lock:
+            manifest = self.read_manifest()
+            stored = dict(entry)
+            stored.setdefault("timestamp", _iso_now())
+            manifest.setdefault("entries", []).append(stored)
+            self._write(self.path(self.MANIFEST), manifest)
+            return stored
+
+    def read_manifest(self) -> dict[str, Any]:
+        return self._read_json(self.MANIFEST)
+
+    # -- events --------------------------------------------------------------
+
+    def append_event(self, type: str, data: dict[str, Any] | None = None, *, ts_ms: int | None = None) -> EventRecord:
+        """Append ``{"ts","type","data"}`` as one durable line of ``events.jsonl``."""
+        if not isinstance(type, str) or not type:
+            raise ValueError("event type must be a non-empty string")
+        record = EventRecord(ts=_now_ms() if ts_ms is None else ts_ms, type=type, data=dict(data or {}))
+        with self._lock:
+            append_json_line(self.path(self.EVENTS), record.model_dump())
+        return record
+
+    def read_events(self) -> EventLog:
+        """Every complete event line; torn or corrupt lines are reported in ``skipped``."""
+        read = read_json_lines(self.path(self.EVENTS))
+        events: list[EventRecord] = []
+        skipped = list(read.skipped)
+        for index, rec in enumerate(read.records):
+            try:
+                events.append(EventRecord.model_validate(rec))
+            except ValueError:
+                skipped.append(SkippedLine(line_no=-(index + 1), reason="not an event record"))
+        return EventLog(events=events, skipped=skipped)
+
+    # -- socket artifacts ----------------------------------------------------
+
+    @staticmethod
+    def _stem(visit: int, item_key: str | None) -> str:
+        return f"{visit}" if item_key is None else f"{visit}-{seg(item_key)}"
+
+    def _socket_dir_rel(self, socket_id: str) -> str:
+        return f"sockets/{seg(validate_socket_id(socket_id))}"
+
+    def socket_output_path(self, socket_id: str, visit: int, *, item_key: str | None = None) -> Path:
+        return self.path(f"{self._socket_dir_rel(socket_id)}/{self._stem(_check_visit(visit), item_key)}.md")
+
+    def write_socket_output(self, socket_id: str, visit: int, text: str, *, item_key: str | None = None) -> Path:
+        return self._write(self.socket_output_path(socket_id, visit, item_key=item_key), text)
+
+    def write_socket_json(self, socket_id: str, visit: int, value: Any) -> Path:
+        """The parsed JSON of a visit; no item suffix (spec §12 item 7)."""
+        target = self.path(f"{self._socket_dir_rel(socket_id)}/{_check_visit(visit)}.json")
+        return self._write(target, value if isinstance(value, (dict, list)) else json.dumps(value))
+
+    def write_refinement(
+        self, socket_id: str, visit: int, turn: int, entry_id: str, text: str, *, item_key: str | None = None
+    ) -> Path:
+        stem = self._stem(_check_visit(visit), item_key)
+        name = f"{stem}.refinement-{_check_visit(turn)}-{seg(entry_id)}.md"
+        return self._write(self.path(f"{self._socket_dir_rel(socket_id)}/{name}"), text)
+
+    def write_utility_input(
+        self, socket_id: str, visit: int, value: dict[str, Any], *, item_key: str | None = None
+    ) -> Path:
+        stem = self._stem(_check_visit(visit), item_key)
+        return self._write(self.path(f"{self._socket_dir_rel(socket_id)}/{stem}.input.json"), value)
+
+    def write_command_result(
+        self,
+        socket_id: str,
+        visit: int,
+        *,
+        stdout: str,
+        stderr: str,
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+        max_bytes: int,
+        item_key: str | None = None,
+    ) -> CommandArtifacts:
+        """Write ``.command.stdout.txt``, ``.command.stderr.txt`` and ``.command.json`` (spec §7.3 step 4)."""
+        base = f"{self._socket_dir_rel(socket_id)}/{self._stem(_check_visit(visit), item_key)}.command"
+        out, err, meta = (self.path(f"{base}.{suffix}") for suffix in ("stdout.txt", "stderr.txt", "json"))
+        with self._lock:
+            self._write(out, stdout)
+            self._write(err, stderr)
+            self._write(
+                meta,
+                {
+                    "stdoutArtifact": str(out),
+                    "stderrArtifact": str(err),
+                    "stdoutTruncated": stdout_truncated,
+                    "stderrTruncated": stderr_truncated,
+                    "maxBytes": max_bytes,
+                },
+            )
+        return CommandArtifacts(
+            stdout=out,
+            stderr=err,
+            meta=meta,
+            stdout_rel=self.relative(out),
+            stderr_rel=self.relative(err),
+            meta_rel=self.relative(meta),
+        )
+
+    # -- contexts ------------------------------------------------------------
+
+    def context_path(
+        self, socket_id: str, visit: int, *, item_key: str | None = None, suffix: str | None = None
+    ) -> Path:
+        name = seg(validate_socket_id(socket_id))
+        if item_key is not None:
+            name += f"-{seg(item_key)}"
+        name += f"-{_check_visit(visit)}"
+        if suffix is not None:
+            name += f"-{seg(suffix)}"
+        return self.path(f"contexts/{name}.md")
+
+    def write_context(
+        self, socket_id: str, visit: int, text: str, *, item_key: str | None = None, suffix: str | None = None
+    ) -> Path:
+        return self._write(self.context_path(socket_id, visit, item_key=item_key, suffix=suffix), text)

@@ -1,0 +1,333 @@
+"""Durable cast state: ``<artifactRoot>/<castId>/state.json`` with fencing.
+
+castor persists a cast's state document in its run directory (pi-materia kept
+it as a session custom entry, spec §5.13; the document's fields are the same,
+the engine owns them). The file is::
+
+    {"format": 1, "castId": ..., "revision": N, "incarnation": K,
+     "savedAt": "<ISO UTC>", "state": {...the engine's state...}}
+
+Guarantees
+----------
+- Every ``save`` replaces the file atomically (temp + fsync + rename + dir
+  fsync): after ``kill -9`` at any instant the file parses and holds either the
+  previous or the new document.
+- ``revision`` grows by one on every successful save.
+- Fencing: ``claim(cast_id)`` hands out the next *incarnation* number and
+  persists it. ``save`` with an incarnation lower than the stored one raises
+  :class:`Conflict` (``data.reason == "stale_incarnation"``), so an actor that
+  was replaced (a zombie) can never overwrite its successor's state. An
+  optional ``expected_revision`` gives compare-and-swap on top.
+- Claims and saves of one cast are serialised across threads (a lock) and
+  across processes (``filelock`` on ``state.lock``).
+- ``list_casts`` never raises for a bad cast directory: unreadable, corrupt
+  or missing state files are returned in ``problems`` with the reason.
+
+Failure behaviour
+-----------------
+- ``load`` of an unknown cast: ``NotFound``; of a corrupt file:
+  ``StateCorrupt`` (code ``internal``, ``data.path``).
+- Hostile cast ids: ``Forbidden`` (via ``validate_cast_id``/``safe_join``).
+- A state that is not JSON-serialisable raises ``TypeError``/``ValueError``
+  and the stored file is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict
+
+from castor.adapters.fs import atomic_write_json, safe_join
+from castor.adapters.materia.artifacts import validate_cast_id
+from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
+
+__all__ = [
+    "CastListing",
+    "CastStateStore",
+    "CastStatus",
+    "CastSummary",
+    "StateCorrupt",
+    "StoredState",
+    "UnreadableCast",
+    "cast_status",
+    "list_casts",
+]
+
+STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"
+FORMAT = 1
+
+CastStatus = Literal["active", "awaiting_refinement", "complete", "failed", "aborted", "idle"]
+
+
+class StateCorrupt(CastorError):
+    """``state.json`` exists but is not a valid state document."""
+
+    code = ErrorCode.INTERNAL
+
+
+class StoredState(BaseModel):
+    """A persisted state document."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cast_id: str
+    revision: int
+    incarnation: int
+    saved_at: str
+    state: dict[str, Any]
+
+
+class CastSummary(BaseModel):
+    """What ``castor casts`` shows for one cast."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cast_id: str
+    status: CastStatus
+    current_socket: str | None
+    updated_at: str
+    resumable: bool
+    request: str | None = None
+    failed_reason: str | None = None
+
+
+class UnreadableCast(BaseModel):
+    """A cast directory whose state could not be read, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cast_id: str
+    path: str
+    reason: str
+
+
+class CastListing(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    casts: list[CastSummary]
+    problems: list[UnreadableCast]
+
+
+def _iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
+    """Status and resumability of a state document (spec §5.13/§5.14).
+
+    | condition (first match wins)                              | status               |
+    |-----------------------------------------------------------|----------------------|
+    | ``active`` and socketState ``awaiting_user_refinement``   | awaiting_refinement  |
+    | ``active``                                                | active               |
+    | phase or socketState ``complete``                         | complete             |
+    | failedReason ``aborted by user``                          | aborted              |
+    | phase or socketState ``failed``                           | failed               |
+    | otherwise                                                 | idle                 |
+
+    Resumable = not active, not complete, and (phase or socketState is
+    ``failed``) — the ``listResumable`` rule.
+    """
+    active = state.get("active") is True
+    phase = state.get("phase")
+    socket_state = state.get("socketState")
+    complete = phase == "complete" or socket_state == "complete"
+    failed = phase == "failed" or socket_state == "failed"
+    resumable = not active and not complete and failed
+    if active:
+        return ("awaiting_refinement" if socket_state == "awaiting_user_refinement" else "active"), False
+    if complete:
+        return "complete", False
+    if failed and state.get("failedReason") == "aborted by user":
+        return "aborted", resumable
+    if failed:
+        return "failed", resumable
+    return "idle", resumable
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    with _THREAD_LOCKS_GUARD:
+        return _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+
+
+def _parse_document(path: Path, raw: str) -> StoredState:
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise StateCorrupt(f"{path} is not valid JSON", data={"path": str(path), "error": str(exc)}) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("state"), dict):
+        raise StateCorrupt(f"{path} is not a state document", data={"path": str(path)})
+    try:
+        return StoredState(
+            cast_id=doc["castId"],
+            revision=doc["revision"],
+            incarnation=doc["incarnation"],
+            saved_at=doc["savedAt"],
+            state=doc["state"],
+        )
+    except (KeyError, ValueError) as exc:
+        raise StateCorrupt(f"{path} misses state fields", data={"path": str(path), "error": str(exc)}) from None
+
+
+class CastStateStore:
+    """Load, save and fence cast state documents under one artifact root."""
+
+    def __init__(self, artifact_root: str | os.PathLike[str]) -> None:
+        self.artifact_root = Path(artifact_root).resolve()
+
+    # -- paths ---------------------------------------------------------------
+
+    def state_path(self, cast_id: str) -> Path:
+        return safe_join(self.artifact_root, validate_cast_id(cast_id), STATE_FILE)
+
+    def _locked(self, cast_id: str) -> tuple[threading.Lock, FileLock, Path]:
+        path = self.state_path(cast_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _thread_lock(path), FileLock(str(path.with_name(LOCK_FILE))), path
+
+    # -- reads ---------------------------------------------------------------
+
+    def load(self, cast_id: str) -> StoredState:
+        """The stored document; NotFound if none, StateCorrupt if unreadable."""
+        path = self.state_path(cast_id)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
+        return _parse_document(path, raw)
+
+    def _load_or_none(self, cast_id: str) -> StoredState | None:
+        try:
+            return self.load(cast_id)
+        except NotFound:
+            return None
+
+    # -- writes --------------------------------------------------------------
+
+    def claim(self, cast_id: str) -> int:
+        """Take ownership of a cast: return (and persist) the next incarnation.
+
+        Any holder of an older incarnation is fenced off from then on. Claiming
+        a cast with no stored state returns 1 and writes no state document yet,
+        only the fence (an empty state with revision 0).
+        """
+        tlock, flock, path = self._locked(cast_id)
+        with tlock, flock:
+            current = self._load_or_none(cast_id)
+            incarnation = (current.incarnation if current else 0) + 1
+            self._write(path, cast_id, current.revision if current else 0, incarnation, current.state if current else {})
+            return incarnation
+
+    def save(
+        self,
+        cast_id: str,
+        state: dict[str, Any],
+        *,
+        incarnation: int,
+        expected_revision: int | None = None,
+    ) -> StoredState:
+        """Persist ``state`` atomically; refuse stale incarnations and revision races."""
+        tlock, flock, path = self._locked(cast_id)
+        with tlock, flock:
+            current = self._load_or_none(cast_id)
+            if current is not None and incarnation < current.incarnation:
+                raise Conflict(
+                    f"cast {cast_id} is owned by incarnation {current.incarnation}; write from {incarnation} refused",
+                    data={"reason": "stale_incarnation", "stored": current.incarnation, "given": incarnation},
+                )
+            revision = current.revision if current else 0
+            if expected_revision is not None and expected_revision != revision:
+                raise Conflict(
+                    f"cast {cast_id} is at revision {revision}, expected {expected_revision}",
+                    data={"reason": "revision_mismatch", "stored": revision, "expected": expected_revision},
+                )
+            return self._write(path, cast_id, revision + 1, max(incarnation, current.incarnation if current else 0), state)
+
+    @staticmethod
+    def _write(path: Path, cast_id: str, revision: int, incarnation: int, state: dict[str, Any]) -> StoredState:
+        stored = StoredState(
+            cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=_iso_now(), state=state
+        )
+        atomic_write_json(
+            path,
+            {
+                "format": FORMAT,
+                "castId": cast_id,
+                "revision": revision,
+                "incarnation": incarnation,
+                "savedAt": stored.saved_at,
+                "state": state,
+            },
+        )
+        return stored
+
+    # -- listing -------------------------------------------------------------
+
+    def list_casts(self) -> CastListing:
+        return list_casts(self.artifact_root)
+
+
+def _summary(stored: StoredState) -> CastSummary:
+    state = stored.state
+    status, resumable = cast_status(state)
+    current = state.get("currentSocketId")
+    request = state.get("request")
+    reason = state.get("failedReason")
+    return CastSummary(
+        cast_id=stored.cast_id,
+        status=status,
+        current_socket=current if isinstance(current, str) else None,
+        updated_at=state.get("updatedAt") if isinstance(state.get("updatedAt"), str) else stored.saved_at,
+        resumable=resumable,
+        request=request if isinstance(request, str) else None,
+        failed_reason=reason if isinstance(reason, str) else None,
+    )
+
+
+def list_casts(artifact_root: str | os.PathLike[str]) -> CastListing:
+    """Summaries of every cast under ``artifact_root``, newest update first.
+
+    Directories that are not valid cast ids are ignored; cast directories whose
+    state is missing, unreadable or corrupt are reported in ``problems``.
+    A missing root lists nothing.
+    """
+    store = CastStateStore(artifact_root)
+    casts: list[CastSummary] = []
+    problems: list[UnreadableCast] = []
+    try:
+        entries = sorted(os.scandir(store.artifact_root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return CastListing(casts=[], problems=[])
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            validate_cast_id(entry.name)
+        except CastorError:
+            continue
+        path = Path(entry.path) / STATE_FILE
+        try:
+            stored = store.load(entry.name)
+            if stored.revision == 0:
+                problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason="claimed, no state saved yet"))
+                continue
+            casts.append(_summary(stored))
+        except NotFound:
+            problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason="no state.json"))
+        except CastorError as exc:
+            problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason=exc.message))
+    casts.sort(key=lambda c: c.updated_at, reverse=True)
+    return CastListing(casts=casts, problems=problems)

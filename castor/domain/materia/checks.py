@@ -1,0 +1,238 @@
+"""Field-level config checks: obsolete fields, materia entries, budget/limits, compaction tiers.
+
+Each check returns a list of :class:`ConfigIssue` (empty when fine) and never raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from castor.domain.materia.config import (
+    TOOL_SCOPES,
+    THINKING_LEVELS,
+    ConfigIssue,
+    is_plain_object,
+    pointer,
+)
+
+OBSOLETE_TOP = {"roles": "use \"materia\"", "materiaDefinitions": "use \"materia\""}
+OBSOLETE_LOADOUT = ("prompt", "systemPrompt")
+OBSOLETE_SOCKET_AT_LOAD = ("role", "prompt", "systemPrompt")
+
+
+def _obsolete(path: str, field: str, source: str | None, hint: str) -> ConfigIssue:
+    where = f" in {source}" if source else ""
+    return ConfigIssue(
+        code="obsolete-field",
+        path=path,
+        message=f"obsolete field \"{field}\"{where}: {hint}",
+        source=source,
+    )
+
+
+def check_obsolete(raw: dict[str, Any], source: str | None) -> list[ConfigIssue]:
+    """Obsolete fields of one layer file (§1.2). ``generates`` non-null is rejected too."""
+    issues: list[ConfigIssue] = []
+    for field, hint in OBSOLETE_TOP.items():
+        if field in raw:
+            issues.append(_obsolete(pointer(field), field, source, hint))
+    materia = raw.get("materia")
+    if is_plain_object(materia):
+        for name, entry in materia.items():
+            if not is_plain_object(entry):
+                continue
+            if "systemPrompt" in entry:
+                issues.append(_obsolete(pointer("materia", name, "systemPrompt"), "systemPrompt", source,
+                                        "materia systemPrompt is obsolete; put the text in \"prompt\""))
+            if entry.get("generates") is not None:
+                issues.append(ConfigIssue(
+                    code="obsolete-field",
+                    path=pointer("materia", name, "generates"),
+                    message=(f"materia \"{name}\" has obsolete generates metadata"
+                             f"{' in ' + source if source else ''}: use generator: true, which always "
+                             "produces canonical workItems"),
+                    source=source,
+                ))
+    loadouts = raw.get("loadouts")
+    if is_plain_object(loadouts):
+        for lname, loadout in loadouts.items():
+            if not is_plain_object(loadout):
+                continue
+            for field in OBSOLETE_LOADOUT:
+                if field in loadout:
+                    issues.append(_obsolete(pointer("loadouts", lname, field), field, source,
+                                            "loadout-level prompts are obsolete; use materia prompts"))
+            sockets = loadout.get("sockets")
+            if not is_plain_object(sockets):
+                continue
+            for sid, sock in sockets.items():
+                if not is_plain_object(sock):
+                    continue
+                for field in OBSOLETE_SOCKET_AT_LOAD:
+                    if field in sock:
+                        issues.append(_obsolete(pointer("loadouts", lname, "sockets", sid, field), field, source,
+                                                "socket-level role/prompt is obsolete; reference a materia"))
+    return issues
+
+
+def check_materia_entry(name: str, entry: Any, source: str | None = None) -> list[ConfigIssue]:
+    """One materia definition (§1.3 agent, §1.4 utility)."""
+    base = ("materia", name)
+    if not is_plain_object(entry):
+        return [ConfigIssue(code="invalid-materia", path=pointer(*base), source=source,
+                            message=f"materia \"{name}\" must be an object")]
+    issues: list[ConfigIssue] = []
+
+    def bad(field: str, message: str) -> None:
+        issues.append(ConfigIssue(code="invalid-materia", path=pointer(*base, field), source=source,
+                                  message=f"materia \"{name}\": {message}"))
+
+    mtype = entry.get("type", "agent")
+    if mtype is None:
+        mtype = "agent"
+    if mtype == "agent":
+        if not isinstance(entry.get("prompt"), str):
+            bad("prompt", "invalid prompt (a string is required)")
+        if entry.get("tools") not in TOOL_SCOPES:
+            bad("tools", f"invalid tools {entry.get('tools')!r} (one of {', '.join(TOOL_SCOPES)})")
+        model = entry.get("model")
+        if model is not None and not isinstance(model, str):
+            bad("model", "model must be a string")
+        thinking = entry.get("thinking")
+        if thinking is not None and thinking not in THINKING_LEVELS:
+            bad("thinking", f"invalid thinking {thinking!r} (one of {', '.join(THINKING_LEVELS)})")
+        for flag in ("multiTurn", "generator"):
+            if flag in entry and entry[flag] is not None and not isinstance(entry[flag], bool):
+                bad(flag, f"{flag} must be a boolean")
+        parse = entry.get("parse")
+        if parse is not None and parse not in ("text", "json"):
+            bad("parse", f"unsupported parse mode {parse!r}")
+    elif mtype == "utility":
+        if "prompt" in entry:
+            bad("prompt", "a utility materia must not have a prompt")
+        if not entry.get("utility") and not entry.get("command"):
+            bad("utility", "a utility materia needs \"utility\" or \"command\"")
+        issues.extend(_command_issues(entry.get("command"), base, source, f"materia \"{name}\""))
+        issues.extend(_timeout_issues(entry.get("timeoutMs"), base, source, f"materia \"{name}\""))
+    else:
+        bad("type", f"unsupported type {mtype!r} (agent or utility)")
+    return issues
+
+
+def _command_issues(command: Any, base: tuple, source: str | None, who: str) -> list[ConfigIssue]:
+    if command is None:
+        return []
+    if not isinstance(command, list) or not command:
+        return [ConfigIssue(code="invalid-socket", path=pointer(*base, "command"), source=source,
+                            message=f"{who}: command must be a non-empty array of non-empty strings")]
+    out = []
+    for i, element in enumerate(command):
+        if not isinstance(element, str) or not element:
+            out.append(ConfigIssue(code="invalid-socket", path=pointer(*base, "command", i), source=source,
+                                   message=f"{who}: malformed command element at index {i}"))
+    return out
+
+
+def _timeout_issues(timeout: Any, base: tuple, source: str | None, who: str) -> list[ConfigIssue]:
+    if timeout is None:
+        return []
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        return [ConfigIssue(code="invalid-socket", path=pointer(*base, "timeoutMs"), source=source,
+                            message=f"{who}: timeoutMs must be a positive number")]
+    return []
+
+
+command_issues = _command_issues
+timeout_issues = _timeout_issues
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def check_budget_limits(config: dict[str, Any], source: str | None = None) -> list[ConfigIssue]:
+    """``budget`` and ``limits`` must be objects with sensible numbers when present."""
+    issues: list[ConfigIssue] = []
+    budget = config.get("budget")
+    if budget is not None:
+        if not is_plain_object(budget):
+            issues.append(ConfigIssue(code="invalid-budget", path=pointer("budget"), source=source,
+                                      message="budget must be an object"))
+        else:
+            for key in ("maxTokens", "maxCostUsd", "warnAtPercent"):
+                if budget.get(key) is not None and (not _number(budget[key]) or budget[key] < 0):
+                    issues.append(ConfigIssue(code="invalid-budget", path=pointer("budget", key), source=source,
+                                              message=f"budget.{key} must be a non-negative number"))
+            if budget.get("stopAtLimit") is not None and not isinstance(budget["stopAtLimit"], bool):
+                issues.append(ConfigIssue(code="invalid-budget", path=pointer("budget", "stopAtLimit"),
+                                          source=source, message="budget.stopAtLimit must be a boolean"))
+    limits = config.get("limits")
+    if limits is not None:
+        if not is_plain_object(limits):
+            issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits"), source=source,
+                                      message="limits must be an object"))
+        else:
+            for key in ("maxSocketVisits", "maxEdgeTraversals"):
+                value = limits.get(key)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits", key), source=source,
+                                              message=f"limits.{key} must be a positive integer"))
+    return issues
+
+
+def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigIssue]:
+    """Compaction config (§6.5): a percent in [0,100] and/or a contiguous tier list."""
+    if compaction is None:
+        return []
+    base = ("compaction",)
+
+    def issue(message: str, *parts: str | int) -> ConfigIssue:
+        return ConfigIssue(code="invalid-compaction", path=pointer(*base, *parts), source=source, message=message)
+
+    if not is_plain_object(compaction):
+        return [issue("compaction must be an object")]
+    issues: list[ConfigIssue] = []
+    pct = compaction.get("proactiveThresholdPercent")
+    if pct is not None and (not _number(pct) or not 0 <= pct <= 100):
+        issues.append(issue("proactiveThresholdPercent must be a number in [0, 100]", "proactiveThresholdPercent"))
+    tiers = compaction.get("proactiveThresholdTiers")
+    if tiers is None:
+        return issues
+    if not isinstance(tiers, list) or not tiers:
+        issues.append(issue("proactiveThresholdTiers must be a non-empty array", "proactiveThresholdTiers"))
+        return issues
+    previous_max: int | None = None
+    for i, tier in enumerate(tiers):
+        at = ("proactiveThresholdTiers", i)
+        if not is_plain_object(tier):
+            issues.append(issue("each tier must be an object", *at))
+            return issues
+        threshold = tier.get("thresholdPercent")
+        if not _number(threshold) or not 0 <= threshold <= 100:
+            issues.append(issue("thresholdPercent must be a number in [0, 100]", *at, "thresholdPercent"))
+        lo = tier.get("minContextWindow", 0)
+        hi = tier.get("maxContextWindow")
+        if not isinstance(lo, int) or isinstance(lo, bool) or lo < 0:
+            issues.append(issue("minContextWindow must be an integer >= 0", *at, "minContextWindow"))
+            return issues
+        if i == 0 and lo != 0:
+            issues.append(issue("the first tier must start at minContextWindow 0", *at, "minContextWindow"))
+        if previous_max is not None and lo != previous_max:
+            kind = "gap" if lo > previous_max else "overlap"
+            issues.append(issue(f"tier {i} leaves a {kind}: minContextWindow {lo} must equal the previous "
+                                f"maxContextWindow {previous_max}", *at, "minContextWindow"))
+        last = i == len(tiers) - 1
+        if hi is None:
+            if not last:
+                issues.append(issue("only the last tier may omit maxContextWindow", *at, "maxContextWindow"))
+                return issues
+        else:
+            if not isinstance(hi, int) or isinstance(hi, bool) or hi <= lo:
+                issues.append(issue("maxContextWindow must be an integer greater than minContextWindow",
+                                    *at, "maxContextWindow"))
+                return issues
+            if last:
+                issues.append(issue("the last tier must be open-ended (omit maxContextWindow)", *at, "maxContextWindow"))
+        previous_max = hi
+    return issues

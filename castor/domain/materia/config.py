@@ -1,0 +1,330 @@
+"""Typed models of the pi-materia config, and the issue/error model of config validation.
+
+Guarantees:
+- Configs written for pi-materia load unchanged: field names are the camelCase JSON names
+  (models use aliases), and palette/UI fields the runtime ignores (``label``, ``description``,
+  ``group``, ``color``, ``layout``, ``empty`` ...) are kept (``extra="allow"``) so a resolved
+  config dumps back to what was read.
+- Obsolete fields named by the spec (§1.2) are rejected with the file they came from.
+- Every problem is a :class:`ConfigIssue` ``(code, path, message, source)``; ``path`` is a JSON
+  pointer into the file (or the merged config), ``source`` the file path / layer label.
+  A :class:`ConfigError` carries the full list, never only the first problem.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from castor.messages.errors import ErrorCode, InvalidConfig
+
+# --------------------------------------------------------------------------- issues
+
+#: Issue codes. The graph codes are the spec's (§3.1); the others are castor's.
+GRAPH_CODES = (
+    "missing-endpoint",
+    "unknown-endpoint",
+    "invalid-socket-id",
+    "invalid-edge-condition",
+    "unreachable-edge",
+    "invalid-loop",
+)
+OTHER_CODES = (
+    "file-not-found",
+    "read-error",
+    "invalid-json",
+    "not-an-object",
+    "obsolete-field",
+    "invalid-materia",
+    "invalid-socket",
+    "invalid-compaction",
+    "invalid-budget",
+    "invalid-limits",
+    "missing-loadouts",
+    "unknown-loadout",
+    "unknown-materia",
+    "invalid-generator",
+    "invalid-field",
+)
+
+
+class ConfigIssue(BaseModel):
+    """One config problem: a stable ``code``, where it is, and a readable message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    path: str = ""
+    message: str
+    source: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.source or '<config>'}#{self.path or '/'}"
+        return f"[{self.code}] {where}: {self.message}"
+
+
+class ConfigError(InvalidConfig):
+    """Raised with every issue found. ``data["issues"]`` holds them as wire maps."""
+
+    code = ErrorCode.INVALID_CONFIG
+
+    def __init__(self, issues: list[ConfigIssue], *, headline: str | None = None) -> None:
+        self.issues = list(issues)
+        lines = [str(i) for i in self.issues]
+        message = headline or ("invalid materia config: " + "; ".join(lines) if lines else "invalid materia config")
+        super().__init__(message, data={"issues": [i.model_dump() for i in self.issues]})
+
+
+def pointer(*parts: str | int) -> str:
+    """A JSON pointer (RFC 6901) from path parts."""
+    out = []
+    for part in parts:
+        text = str(part).replace("~", "~0").replace("/", "~1")
+        out.append(text)
+    return "/" + "/".join(out) if out else ""
+
+
+# --------------------------------------------------------------------------- constants
+
+SOCKET_ID_PATTERN = r"^Socket-([1-9]\d*)$"
+END = "end"
+EDGE_CONDITIONS = ("always", "satisfied", "not_satisfied")
+TOOL_SCOPES = ("none", "readOnly", "coding")
+THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh")
+PARSE_MODES = ("text", "json")
+RUNTIME_LIMIT_FALLBACK = 25
+DEFAULT_WARN_AT_PERCENT = 75.0
+DEFAULT_UTILITY_TIMEOUT_MS = 30_000
+DEFAULT_MAX_OUTPUT_BYTES = 1_048_576
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _Model(BaseModel):
+    """camelCase JSON names, snake_case attributes; unknown fields are kept."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Budget(_Model):
+    max_tokens: float | None = None
+    max_cost_usd: float | None = None
+    warn_at_percent: float | None = None
+    stop_at_limit: bool | None = None
+
+
+class Limits(_Model):
+    max_socket_visits: int | None = None
+    max_edge_traversals: int | None = None
+
+
+class CompactionTier(_Model):
+    id: str | None = None
+    threshold_percent: float
+    min_context_window: int = 0
+    max_context_window: int | None = None
+
+
+class Compaction(_Model):
+    proactive_threshold_percent: float | None = None
+    proactive_threshold_tiers: list[CompactionTier] | None = None
+
+
+class AgentMateria(_Model):
+    type: Literal["agent"] = "agent"
+    prompt: str
+    tools: Literal["none", "readOnly", "coding"]
+    model: str | None = None
+    thinking: Literal["off", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    multi_turn: bool = False
+    generator: bool = False
+    parse: str | None = None  # palette metadata only (§1.3)
+
+
+class UtilityMateria(_Model):
+    type: Literal["utility"]
+    utility: str | None = None
+    command: list[str] | None = None
+    params: dict[str, Any] | None = None
+    timeout_ms: float | None = None
+    assign: dict[str, str] | None = None
+    parse: str | None = None
+
+
+class Edge(_Model):
+    when: Literal["always", "satisfied", "not_satisfied"] = "always"
+    to: str
+    max_traversals: int | None = None
+
+
+class Foreach(_Model):
+    items: str
+    as_: str | None = Field(default=None, alias="as")
+    cursor: str | None = None
+    done: str | None = None
+
+
+class Advance(_Model):
+    cursor: str
+    items: str
+    done: str | None = None
+    when: str | None = None
+
+
+class SocketLimits(_Model):
+    max_visits: int | None = None
+    max_edge_traversals: int | None = None
+    max_output_bytes: int | None = None
+
+
+class Socket(_Model):
+    type: Literal["agent", "utility"]
+    materia: str | None = None
+    utility: str | None = None
+    command: list[str] | None = None
+    params: dict[str, Any] | None = None
+    timeout_ms: float | None = None
+    parse: Literal["text", "json"] | None = None
+    assign: dict[str, str] = Field(default_factory=dict)
+    edges: list[Edge] = Field(default_factory=list)
+    foreach: Foreach | None = None
+    advance: Advance | None = None
+    limits: SocketLimits | None = None
+    socket_kind: Literal["entry", "normal"] | None = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.parse == "json"
+
+
+class LoopConsumes(_Model):
+    from_: str = Field(alias="from")
+    output: str = "workItems"
+    as_: str | None = Field(default=None, alias="as")
+    cursor: str | None = None
+    done: str | None = None
+
+
+class LoopIterator(_Model):
+    items: str
+    as_: str | None = Field(default=None, alias="as")
+    cursor: str | None = None
+    done: str | None = None
+
+
+class LoopExit(_Model):
+    from_: str = Field(alias="from")
+    when: Literal["always", "satisfied", "not_satisfied"] = "always"
+    to: str = END
+
+
+class LoopExitRoute(_Model):
+    id: str
+    from_: str = Field(alias="from")
+    condition: Literal["always", "satisfied", "not_satisfied"]
+    target_socket_id: str
+
+
+class Loop(_Model):
+    label: str | None = None
+    sockets: list[str]
+    consumes: LoopConsumes | None = None
+    iterator: LoopIterator | None = None
+    exit: LoopExit | None = None
+    exits: list[LoopExitRoute] = Field(default_factory=list)
+
+
+class Loadout(_Model):
+    entry: str
+    sockets: dict[str, Socket]
+    loops: dict[str, Loop] = Field(default_factory=dict)
+
+
+class MateriaFileConfig(_Model):
+    """The merged top-level config (§1.2). ``materia`` stays raw: it is validated per entry."""
+
+    artifact_dir: str | None = None
+    budget: Budget = Field(default_factory=Budget)
+    limits: Limits = Field(default_factory=Limits)
+    compaction: Compaction | None = None
+    materia: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    loadouts: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    active_loadout: str | None = None
+
+
+class ResolvedSocket(_Model):
+    """A socket of the active loadout with its agent materia attached (None for utilities)."""
+
+    id: str
+    socket: Socket
+    materia_name: str | None = None
+    materia: AgentMateria | None = None
+
+    @property
+    def is_agent(self) -> bool:
+        return self.socket.type == "agent"
+
+    @property
+    def is_generator(self) -> bool:
+        return bool(self.materia and self.materia.generator)
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.materia and self.materia.multi_turn)
+
+
+class ResolvedPipeline(_Model):
+    loadout_name: str
+    entry: str
+    sockets: dict[str, ResolvedSocket]
+    loops: dict[str, Loop] = Field(default_factory=dict)
+
+
+class LayerInfo(_Model):
+    scope: Literal["default", "user", "project", "explicit"]
+    path: str
+    loaded: bool
+
+
+class ResolvedConfig(_Model):
+    """What a cast runs on: the merged config snapshot plus the resolved active loadout."""
+
+    config: dict[str, Any]
+    pipeline: ResolvedPipeline
+    source: str = ""
+    layers: list[LayerInfo] = Field(default_factory=list)
+    artifact_dir: str = ".pi/pi-materia"
+    budget: Budget = Field(default_factory=Budget)
+    limits: Limits = Field(default_factory=Limits)
+    compaction: Compaction | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def issues_from_validation_error(
+    exc: ValidationError, *, base: tuple[str | int, ...], code: str, source: str | None, what: str
+) -> list[ConfigIssue]:
+    """Turn pydantic's errors into ConfigIssues with JSON pointers under ``base``."""
+    out = []
+    for err in exc.errors():
+        loc = tuple(p for p in err.get("loc", ()) if not isinstance(p, str) or not p.startswith("function-"))
+        out.append(
+            ConfigIssue(
+                code=code,
+                path=pointer(*base, *loc),
+                message=f"{what}: {'.'.join(str(p) for p in loc) or '<value>'}: {err.get('msg', 'invalid')}",
+                source=source,
+            )
+        )
+    return out
+
+
+def is_plain_object(value: Any) -> bool:
+    return isinstance(value, dict)

@@ -1,0 +1,531 @@
+"""Loadout graphs: normalization, preparation (generators + loop materialization), validation.
+
+All functions work on plain JSON dicts (the shape of the config file) so that their output is
+exactly what a saved config would contain. They never mutate their input.
+
+- :func:`normalize_loadout` — legacy ``next`` → trailing ``always`` edge; ``when`` aliases
+  (absent, ``""``, ``"flow"``, ``"Flow"``) → ``always``; missing ``entry`` → first socket; legacy
+  per-socket ``layout`` moved under ``layout.sockets``; ``socketKind`` derived. Idempotent.
+- :func:`prepare_loadout` — normalize, then generator socket normalization (§3.5), loop consumer
+  reconciliation, loop materialization from ``consumes``/``exit`` and the legacy exit shim (§3.6).
+  Idempotent: preparing a prepared loadout changes nothing. Conflicts come back as issues.
+- :func:`validate_graph` — the rules of §3.2–§3.3 with the spec's codes. Cycles are allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+from castor.domain.materia.config import (
+    EDGE_CONDITIONS,
+    END,
+    SOCKET_ID_PATTERN,
+    ConfigIssue,
+    is_plain_object,
+    pointer,
+)
+
+SOCKET_ID_RE = re.compile(SOCKET_ID_PATTERN)
+WHEN_ALIASES = ("", "flow", "Flow")
+OPPOSITE = {"satisfied": "not_satisfied", "not_satisfied": "satisfied"}
+GUARDED = ("satisfied", "not_satisfied")
+
+GeneratorDetector = Callable[[str, dict[str, Any]], bool]
+
+
+def is_socket_id(value: Any) -> bool:
+    return isinstance(value, str) and SOCKET_ID_RE.match(value) is not None
+
+
+def socket_ordinal(socket_id: str) -> int | None:
+    match = SOCKET_ID_RE.match(socket_id)
+    return int(match.group(1)) if match else None
+
+
+def normalize_when(when: Any) -> Any:
+    return "always" if when is None or when in WHEN_ALIASES else when
+
+
+# --------------------------------------------------------------------------- normalization
+
+
+def normalize_loadout(loadout: dict[str, Any]) -> dict[str, Any]:
+    """Canonical graph shape (see module doc). Unknown fields are kept."""
+    out = copy.deepcopy(loadout)
+    sockets = out.get("sockets")
+    if not is_plain_object(sockets):
+        return out
+    if out.get("entry") is None and sockets:
+        out["entry"] = next(iter(sockets))
+    for sid, sock in sockets.items():
+        if not is_plain_object(sock):
+            continue
+        if "next" in sock:
+            target = sock.pop("next")
+            if target is not None:
+                edges = sock.get("edges")
+                edges = list(edges) if isinstance(edges, list) else []
+                edges.append({"when": "always", "to": target})
+                sock["edges"] = edges
+        if isinstance(sock.get("edges"), list):
+            for edge in sock["edges"]:
+                if is_plain_object(edge):
+                    edge["when"] = normalize_when(edge.get("when"))
+        if "layout" in sock:
+            layout = out.setdefault("layout", {})
+            if is_plain_object(layout):
+                layout.setdefault("sockets", {})
+                if is_plain_object(layout["sockets"]):
+                    layout["sockets"].setdefault(sid, sock.pop("layout"))
+        sock["socketKind"] = "entry" if sid == out.get("entry") else "normal"
+    return out
+
+
+def default_generator_detector(materia: dict[str, Any]) -> GeneratorDetector:
+    """A socket is a generator when it is an agent socket whose materia says ``generator: true``."""
+
+    def detect(_sid: str, sock: dict[str, Any]) -> bool:
+        if not is_plain_object(sock) or sock.get("type") != "agent":
+            return False
+        entry = materia.get(sock.get("materia")) if isinstance(sock.get("materia"), str) else None
+        return is_plain_object(entry) and entry.get("generator") is True
+
+    return detect
+
+
+def _edges(sock: Any) -> list[dict[str, Any]]:
+    if not is_plain_object(sock) or not isinstance(sock.get("edges"), list):
+        return []
+    return [e for e in sock["edges"] if is_plain_object(e)]
+
+
+def _members(loop: Any) -> list[str]:
+    if not is_plain_object(loop) or not isinstance(loop.get("sockets"), list):
+        return []
+    return [m for m in loop["sockets"] if isinstance(m, str)]
+
+
+def _inbound_generators(sockets: dict[str, Any], members: list[str], is_gen: GeneratorDetector) -> list[tuple[str, int]]:
+    """(generator socket, edge index) for each edge from a generator outside the loop into a member."""
+    found = []
+    for sid, sock in sockets.items():
+        if sid in members or not is_gen(sid, sock):
+            continue
+        for i, edge in enumerate(_edges(sock)):
+            if edge.get("to") in members:
+                found.append((sid, i))
+    return found
+
+
+def prepare_loadout(
+    loadout: dict[str, Any], materia: dict[str, Any], *, name: str = "", source: str | None = None
+) -> tuple[dict[str, Any], list[ConfigIssue]]:
+    """Normalize and materialize (§3.5–§3.6). Returns the prepared copy and any conflicts."""
+    out = normalize_loadout(loadout)
+    issues: list[ConfigIssue] = []
+    sockets = out.get("sockets")
+    loops = out.get("loops")
+    if not is_plain_object(sockets):
+        return out, issues
+    is_gen = default_generator_detector(materia if is_plain_object(materia) else {})
+    base = ("loadouts", name) if name else ()
+
+    producing: set[str] = set()
+    if is_plain_object(loops):
+        for loop in loops.values():
+            if not is_plain_object(loop) or not (loop.get("consumes") or loop.get("iterator")):
+                continue
+            members = _members(loop)
+            gens = sorted({sid for sid, _ in _inbound_generators(sockets, members, is_gen)})
+            if len(gens) == 1:
+                producing.add(gens[0])
+                consumes = loop.get("consumes")
+                if not is_plain_object(consumes):
+                    consumes = {}
+                consumes["from"] = gens[0]
+                consumes.setdefault("output", "workItems")
+                loop["consumes"] = consumes
+    for sid, sock in sockets.items():
+        if not is_gen(sid, sock):
+            continue
+        for edge in _edges(sock):
+            target = edge.get("to")
+            if isinstance(target, str) and is_gen(target, sockets.get(target)):
+                producing.update({sid, target})
+    for sid in sorted(producing):
+        sock = sockets[sid]
+        sock["parse"] = "json"
+        assign = sock.get("assign") if is_plain_object(sock.get("assign")) else {}
+        assign["workItems"] = "$.workItems"
+        sock["assign"] = assign
+
+    if is_plain_object(loops):
+        for loop_id, loop in loops.items():
+            if is_plain_object(loop):
+                issues.extend(_materialize_loop(loop_id, loop, sockets, is_gen, base, source))
+    return out, issues
+
+
+def expected_cursor(consumes: dict[str, Any]) -> str:
+    output = consumes.get("output") or "workItems"
+    return consumes.get("cursor") or ("workItemIndex" if output == "workItems" else f"{output}Index")
+
+
+def _upsert_route(loop: dict[str, Any], route: dict[str, Any], *, replace: bool) -> None:
+    exits = loop.get("exits")
+    exits = list(exits) if isinstance(exits, list) else []
+    for i, existing in enumerate(exits):
+        if (is_plain_object(existing) and existing.get("from") == route["from"]
+                and existing.get("condition") == route["condition"]):
+            if replace:
+                exits[i] = route
+            loop["exits"] = exits
+            return
+    exits.append(route)
+    loop["exits"] = exits
+
+
+def _materialize_loop(
+    loop_id: str,
+    loop: dict[str, Any],
+    sockets: dict[str, Any],
+    is_gen: GeneratorDetector,
+    base: tuple,
+    source: str | None,
+) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    exit_ = loop.get("exit")
+    consumes = loop.get("consumes")
+    members = _members(loop)
+    if is_plain_object(exit_) and is_plain_object(consumes):
+        producer = consumes.get("from")
+        exit_when = normalize_when(exit_.get("when"))
+        exit_from = exit_.get("from")
+        src = sockets.get(exit_from) if isinstance(exit_from, str) else None
+        if isinstance(producer, str) and is_gen(producer, sockets.get(producer)) and is_plain_object(src):
+            exit_["when"] = exit_when
+            if exit_when in GUARDED:
+                if src.get("parse") is None:
+                    src["parse"] = "json"
+                elif src["parse"] != "json":
+                    issues.append(ConfigIssue(
+                        code="invalid-loop", path=pointer(*base, "sockets", exit_from, "parse"), source=source,
+                        message=(f"loop \"{loop_id}\" exits from {exit_from} when {exit_when}, but {exit_from} "
+                                 f"has parse \"{src['parse']}\": set parse to \"json\" so it can emit the "
+                                 "boolean \"satisfied\" field, or make the exit unconditional")))
+            target = exit_.get("to", END)
+            if isinstance(target, str) and target != END:
+                _upsert_route(loop, {"id": f"exit:{exit_from}:{exit_when}", "from": exit_from,
+                                     "condition": exit_when, "targetSocketId": target}, replace=True)
+            expected = {"cursor": expected_cursor(consumes),
+                        "items": f"state.{consumes.get('output') or 'workItems'}", "when": exit_when}
+            advance = src.get("advance")
+            if advance is None:
+                src["advance"] = dict(expected)
+            elif is_plain_object(advance):
+                for field in ("cursor", "items", "when"):
+                    if advance.get(field) != expected[field]:
+                        issues.append(ConfigIssue(
+                            code="invalid-loop", path=pointer(*base, "sockets", exit_from, "advance", field),
+                            source=source,
+                            message=(f"loop \"{loop_id}\": {exit_from} has an existing advance block that "
+                                     f"conflicts with the loop exit: {field}: current \"{advance.get(field)}\", "
+                                     f"expected \"{expected[field]}\"")))
+    # Legacy shim: socket-valued exit.to / advance.done on members become exit routes.
+    if is_plain_object(exit_) and isinstance(exit_.get("to"), str) and exit_["to"] != END \
+            and isinstance(exit_.get("from"), str):
+        when = normalize_when(exit_.get("when"))
+        _upsert_route(loop, {"id": f"exit:{exit_['from']}:{when}", "from": exit_["from"], "condition": when,
+                             "targetSocketId": exit_["to"]}, replace=False)
+    for member in members:
+        sock = sockets.get(member)
+        advance = sock.get("advance") if is_plain_object(sock) else None
+        if is_plain_object(advance) and isinstance(advance.get("done"), str) and advance["done"] != END:
+            when = advance.get("when") if advance.get("when") in EDGE_CONDITIONS else "always"
+            _upsert_route(loop, {"id": f"exit:{member}:{when}", "from": member, "condition": when,
+                                 "targetSocketId": advance["done"]}, replace=False)
+    return issues
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Collector:
+    def __init__(self, base: tuple, source: str | None) -> None:
+        self.base = base
+        self.source = source
+        self.issues: list[ConfigIssue] = []
+
+    def add(self, code: str, parts: tuple, message: str) -> None:
+        self.issues.append(ConfigIssue(code=code, path=pointer(*self.base, *parts), message=message,
+                                       source=self.source))
+
+
+def _dotted(parts: tuple) -> str:
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+    return text
+
+
+def validate_graph(
+    loadout: Any,
+    *,
+    name: str = "",
+    source: str | None = None,
+    generator_detector: GeneratorDetector | None = None,
+) -> list[ConfigIssue]:
+    """Validate one (normalized) loadout graph. Returns every issue; empty means valid.
+
+    ``generator_detector`` is given at resolve time only; it enables the inbound generator
+    edge count of §3.3 rule 5.
+    """
+    col = _Collector(("loadouts", name) if name else (), source)
+    if not is_plain_object(loadout):
+        col.add("invalid-loop", (), f"loadout \"{name}\" must be an object")
+        return col.issues
+    sockets = loadout.get("sockets")
+    if not is_plain_object(sockets) or not sockets:
+        col.add("missing-endpoint", ("sockets",), f"loadout \"{name}\" needs a non-empty \"sockets\" object")
+        return col.issues
+
+    def check_target(target: Any, parts: tuple, *, required: bool) -> bool:
+        """True when the target is fine. ``"end"`` is always accepted."""
+        where = _dotted(parts)
+        if target is None:
+            if required:
+                col.add("missing-endpoint", parts, f"{where} is missing a target")
+                return False
+            return True
+        if target == END:
+            return True
+        if not is_socket_id(target):
+            col.add("invalid-socket-id", parts,
+                    f"{where}: \"{target}\" is not a canonical socket id (Socket-N, N >= 1) or \"end\"")
+            return False
+        if target not in sockets:
+            col.add("unknown-endpoint", parts, f"{where}: unknown socket \"{target}\"")
+            return False
+        return True
+
+    for sid in sockets:
+        if not is_socket_id(sid):
+            col.add("invalid-socket-id", ("sockets", sid),
+                    f"sockets.{sid}: \"{sid}\" is not a canonical socket id (expected Socket-N, N >= 1)")
+    entry = loadout.get("entry")
+    if entry is None:
+        col.add("missing-endpoint", ("entry",), "entry is missing")
+    elif not is_socket_id(entry):
+        col.add("invalid-socket-id", ("entry",), f"entry: \"{entry}\" is not a canonical socket id (Socket-N)")
+    elif entry not in sockets:
+        col.add("unknown-endpoint", ("entry",), f"entry: unknown socket \"{entry}\"")
+
+    for sid, sock in sockets.items():
+        if not is_plain_object(sock):
+            col.add("invalid-socket-id", ("sockets", sid), f"sockets.{sid} must be an object")
+            continue
+        ok = True
+        if "next" in sock:
+            ok &= check_target(sock["next"], (sid, "next"), required=False)
+        for block in ("foreach", "advance"):
+            if is_plain_object(sock.get(block)):
+                ok &= check_target(sock[block].get("done"), (sid, block, "done"), required=False)
+        raw_edges = sock.get("edges", [])
+        if raw_edges is not None and not isinstance(raw_edges, list):
+            col.add("invalid-edge-condition", (sid, "edges"), f"{sid}.edges must be an array")
+            continue
+        edges = raw_edges or []
+        for i, edge in enumerate(edges):
+            if not is_plain_object(edge):
+                col.add("missing-endpoint", (sid, "edges", i, "to"), f"{sid}.edges[{i}] must be an object")
+                ok = False
+                continue
+            ok &= check_target(edge.get("to"), (sid, "edges", i, "to"), required=True)
+        if not ok:
+            continue
+        seen_always = False
+        for i, edge in enumerate(edges):
+            when = normalize_when(edge.get("when"))
+            if when not in EDGE_CONDITIONS:
+                col.add("invalid-edge-condition", (sid, "edges", i, "when"),
+                        f"{sid}.edges[{i}].when: unsupported condition {edge.get('when')!r} "
+                        f"(one of {', '.join(EDGE_CONDITIONS)})")
+                continue
+            if seen_always:
+                col.add("unreachable-edge", (sid, "edges", i),
+                        f"{sid}.edges[{i}] is unreachable: an earlier \"always\" edge always matches")
+            if when == "always":
+                seen_always = True
+
+    loops = loadout.get("loops")
+    if loops is not None and not is_plain_object(loops):
+        col.add("invalid-loop", ("loops",), "loops must be an object")
+    elif is_plain_object(loops):
+        for loop_id, loop in loops.items():
+            _validate_loop(col, loop_id, loop, sockets, check_target, generator_detector)
+    return col.issues
+
+
+def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, Any],
+                   check_target: Callable[..., bool], is_gen: GeneratorDetector | None) -> None:
+    at = ("loops", loop_id)
+    label = f"loops.{loop_id}"
+    if not is_plain_object(loop):
+        col.add("invalid-loop", at, f"{label} must be an object")
+        return
+    raw_members = loop.get("sockets")
+    if not isinstance(raw_members, list) or not raw_members:
+        col.add("invalid-loop", (*at, "sockets"), f"{label}.sockets must be a non-empty array of socket ids")
+        return
+    members_ok = True
+    for i, member in enumerate(raw_members):
+        members_ok &= check_target(member, (*at, "sockets", i), required=True) and member != END
+        if member == END:
+            col.add("invalid-loop", (*at, "sockets", i), f"{label}.sockets[{i}]: \"end\" cannot be a loop member")
+    members = [m for m in raw_members if isinstance(m, str)]
+
+    consumes = loop.get("consumes")
+    consumes_ok = True
+    if consumes is not None:
+        if not is_plain_object(consumes):
+            col.add("invalid-loop", (*at, "consumes"), f"{label}.consumes must be an object")
+            consumes_ok = False
+        else:
+            frm = consumes.get("from")
+            if frm is None:
+                col.add("missing-endpoint", (*at, "consumes", "from"), f"{label}.consumes.from is missing")
+                consumes_ok = False
+            else:
+                consumes_ok &= check_target(frm, (*at, "consumes", "from"), required=True) and frm != END
+            check_target(consumes.get("done"), (*at, "consumes", "done"), required=False)
+    iterator = loop.get("iterator")
+    if is_plain_object(iterator):
+        check_target(iterator.get("done"), (*at, "iterator", "done"), required=False)
+
+    exit_ = loop.get("exit")
+    exit_ok = False
+    if exit_ is not None:
+        if not is_plain_object(exit_):
+            col.add("invalid-loop", (*at, "exit"), f"{label}.exit must be an object")
+        else:
+            exit_ok = check_target(exit_.get("to", END), (*at, "exit", "to"), required=False)
+            frm = exit_.get("from")
+            if frm is None:
+                col.add("missing-endpoint", (*at, "exit", "from"), f"{label}.exit.from is missing")
+                exit_ok = False
+            elif check_target(frm, (*at, "exit", "from"), required=True):
+                if frm not in members:
+                    col.add("invalid-loop", (*at, "exit", "from"),
+                            f"{label}.exit.from: \"{frm}\" is not a member of the loop")
+                    exit_ok = False
+            else:
+                exit_ok = False
+            if normalize_when(exit_.get("when")) not in EDGE_CONDITIONS:
+                col.add("invalid-edge-condition", (*at, "exit", "when"),
+                        f"{label}.exit.when: unsupported condition {exit_.get('when')!r}")
+                exit_ok = False
+
+    exits = loop.get("exits")
+    if exits is not None:
+        if not isinstance(exits, list):
+            col.add("invalid-loop", (*at, "exits"), f"{label}.exits must be an array")
+        else:
+            ids: set[str] = set()
+            pairs: set[tuple[str, str]] = set()
+            for i, route in enumerate(exits):
+                rat = (*at, "exits", i)
+                if not is_plain_object(route):
+                    col.add("invalid-loop", rat, f"{label}.exits[{i}] must be an object")
+                    continue
+                rid = route.get("id")
+                if not isinstance(rid, str) or not rid.strip():
+                    col.add("invalid-loop", (*rat, "id"), f"{label}.exits[{i}].id must be a non-empty string")
+                elif rid in ids:
+                    col.add("invalid-loop", (*rat, "id"), f"{label}.exits[{i}].id \"{rid}\" is duplicated")
+                else:
+                    ids.add(rid)
+                frm = route.get("from")
+                if frm is None:
+                    col.add("missing-endpoint", (*rat, "from"), f"{label}.exits[{i}].from is missing")
+                elif check_target(frm, (*rat, "from"), required=True) and frm not in members:
+                    col.add("invalid-loop", (*rat, "from"), f"{label}.exits[{i}].from: \"{frm}\" is not a loop member")
+                cond = route.get("condition")
+                if cond not in EDGE_CONDITIONS:
+                    col.add("invalid-edge-condition", (*rat, "condition"),
+                            f"{label}.exits[{i}].condition: unsupported condition {cond!r}")
+                elif isinstance(frm, str):
+                    if (frm, cond) in pairs:
+                        col.add("invalid-loop", (*rat, "condition"),
+                                f"{label}.exits[{i}]: Only one route per condition per loop exit source "
+                                f"({frm} {cond})")
+                    pairs.add((frm, cond))
+                check_target(route.get("targetSocketId"), (*rat, "targetSocketId"), required=True)
+
+    if not (consumes_ok and members_ok and is_plain_object(consumes)):
+        return
+    member_set = set(members)
+    if not _has_cycle(member_set, sockets):
+        col.add("invalid-loop", (*at, "sockets"),
+                f"{label} must contain a directed cycle among its member sockets")
+    if is_gen is not None:
+        inbound = _inbound_generators(sockets, members, is_gen)
+        if not inbound:
+            col.add("invalid-loop", (*at, "consumes", "from"),
+                    f"{label} needs exactly one inbound generator edge: found none")
+        elif len(inbound) > 1:
+            col.add("invalid-loop", (*at, "consumes", "from"),
+                    f"{label} needs exactly one inbound generator edge: found {len(inbound)}")
+        elif inbound[0][0] != consumes.get("from"):
+            col.add("invalid-loop", (*at, "consumes", "from"),
+                    f"{label}.consumes.from is \"{consumes.get('from')}\" but the inbound generator edge "
+                    f"comes from \"{inbound[0][0]}\"")
+    if exit_ok and is_plain_object(exit_):
+        _validate_executable_exit(col, label, at, loop, exit_, consumes, sockets, member_set)
+
+
+def _has_cycle(members: set[str], sockets: dict[str, Any]) -> bool:
+    graph = {m: [e.get("to") for e in _edges(sockets.get(m)) if e.get("to") in members] for m in members}
+    state: dict[str, int] = {}
+
+    def visit(node: str) -> bool:
+        state[node] = 1
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1 or (state.get(nxt) is None and visit(nxt)):
+                return True
+        state[node] = 2
+        return False
+
+    return any(state.get(m) is None and visit(m) for m in sorted(members))
+
+
+def _validate_executable_exit(col: _Collector, label: str, at: tuple, loop: dict, exit_: dict,
+                              consumes: dict, sockets: dict, members: set[str]) -> None:
+    frm = exit_["from"]
+    src = sockets.get(frm)
+    if not is_plain_object(src):
+        return
+    when = normalize_when(exit_.get("when"))
+    if when in GUARDED and src.get("parse") is not None and src.get("parse") != "json":
+        col.add("invalid-loop", (frm, "parse"),
+                f"{frm}.parse must be \"json\": loop exit {label} routes on {when}")
+    advance = src.get("advance")
+    if is_plain_object(advance):
+        expected = {"cursor": expected_cursor(consumes),
+                    "items": f"state.{consumes.get('output') or 'workItems'}", "when": when}
+        for field, value in expected.items():
+            if advance.get(field) != value:
+                col.add("invalid-loop", (frm, "advance", field),
+                        f"{frm}.advance.{field}: current \"{advance.get(field)}\", expected \"{value}\" for {label}")
+    back = [e for e in _edges(src) if e.get("to") in members]
+    if not back:
+        col.add("invalid-loop", (frm, "edges"),
+                f"{label}: exit source {frm} has no outgoing route back into loop members")
+        return
+    conditional = [e for e in back if normalize_when(e.get("when")) in GUARDED]
+    opposite = OPPOSITE.get(when)
+    if conditional and opposite and not any(normalize_when(e.get("when")) == opposite for e in back):
+        col.add("invalid-loop", (frm, "edges"),
+                f"{label}: exit source {frm} has no {opposite} route back into the loop")

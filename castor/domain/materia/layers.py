@@ -1,0 +1,151 @@
+"""Merging the config layers (spec §2.2): default < user < project < explicit.
+
+Rules, applied layer by layer in order:
+
+| key | rule |
+|---|---|
+| top-level scalars (``activeLoadout``, ``artifactDir``...) | replaced when the higher layer defines them; ``null`` deletes |
+| ``budget``, ``limits``, ``compaction`` | shallow object merge; a ``null`` field deletes that field |
+| ``materia.<name>`` | per-name shallow merge; a ``null`` field deletes it; ``materia.<name>: null`` deletes the materia |
+| ``loadouts.<name>: null`` | deletes the loadout, **except** loadouts of the first (bundled default) layer: ignored |
+| ``loadouts.<name>: {...}`` | shallow merge; ``sockets`` replaced wholesale; ``loops`` from the override if given, dropped when the override gives ``sockets`` without ``loops`` |
+
+Pure: inputs are never mutated; the result is a fresh dict. Provenance records which layer
+last set each top-level key, each materia field and each loadout.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+OBJECT_MERGED = ("budget", "limits", "compaction")
+
+
+class Provenance(BaseModel):
+    layers: list[str] = Field(default_factory=list)
+    source: str = ""
+    keys: dict[str, str] = Field(default_factory=dict)
+    loadouts: dict[str, str] = Field(default_factory=dict)
+    materia: dict[str, dict[str, str]] = Field(default_factory=dict)
+    protected_loadouts: list[str] = Field(default_factory=list)
+    ignored_deletes: list[str] = Field(default_factory=list)
+
+
+class MergeResult(BaseModel):
+    merged: dict[str, Any]
+    provenance: Provenance
+
+
+def _shallow(base: Any, override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def merge_loadout(base: dict[str, Any] | None, override: dict[str, Any]) -> dict[str, Any]:
+    """One loadout over its base: shallow, ``sockets`` wholesale, ``loops`` per §2.2."""
+    if base is None:
+        return copy.deepcopy(override)
+    out = _shallow(base, {k: v for k, v in override.items() if k not in ("sockets", "loops")})
+    if "sockets" in override:
+        out["sockets"] = copy.deepcopy(override["sockets"])
+        if "loops" in override:
+            out["loops"] = copy.deepcopy(override["loops"])
+        else:
+            out.pop("loops", None)
+    elif "loops" in override:
+        if override["loops"] is None:
+            out.pop("loops", None)
+        else:
+            out["loops"] = copy.deepcopy(override["loops"])
+    return out
+
+
+def merge_layers(layers: list[tuple[str, dict[str, Any]]]) -> MergeResult:
+    """Merge ``(label, dict)`` layers, lowest first. The first layer's loadouts are protected."""
+    merged: dict[str, Any] = {}
+    prov = Provenance(layers=[label for label, _ in layers], source=" < ".join(label for label, _ in layers))
+    protected: set[str] = set()
+    for index, (label, layer) in enumerate(layers):
+        if index == 0 and isinstance(layer.get("loadouts"), dict):
+            protected = {k for k, v in layer["loadouts"].items() if v is not None}
+            prov.protected_loadouts = sorted(protected)
+        for key, value in layer.items():
+            if key == "materia":
+                _merge_materia(merged, value, label, prov)
+            elif key == "loadouts":
+                _merge_loadouts(merged, value, label, prov, protected)
+            elif key in OBJECT_MERGED and isinstance(value, dict):
+                merged[key] = _shallow(merged.get(key), value)
+                prov.keys[key] = label
+            elif value is None:
+                merged.pop(key, None)
+                prov.keys[key] = label
+            else:
+                merged[key] = copy.deepcopy(value)
+                prov.keys[key] = label
+    return MergeResult(merged=merged, provenance=prov)
+
+
+def _merge_materia(merged: dict[str, Any], value: Any, label: str, prov: Provenance) -> None:
+    if not isinstance(value, dict):
+        # Not an object: keep it so validation reports it with its layer.
+        merged["materia"] = copy.deepcopy(value)
+        prov.keys["materia"] = label
+        return
+    target = merged.get("materia")
+    if not isinstance(target, dict):
+        target = {}
+    for name, entry in value.items():
+        if entry is None:
+            target.pop(name, None)
+            prov.materia.pop(name, None)
+            continue
+        if not isinstance(entry, dict):
+            target[name] = copy.deepcopy(entry)
+            prov.materia[name] = {"*": label}
+            continue
+        target[name] = _shallow(target.get(name), entry)
+        fields = prov.materia.setdefault(name, {})
+        for field in entry:
+            fields[field] = label
+    merged["materia"] = target
+    prov.keys["materia"] = label
+
+
+def _merge_loadouts(
+    merged: dict[str, Any], value: Any, label: str, prov: Provenance, protected: set[str]
+) -> None:
+    if not isinstance(value, dict):
+        merged["loadouts"] = copy.deepcopy(value)
+        prov.keys["loadouts"] = label
+        return
+    target = merged.get("loadouts")
+    if not isinstance(target, dict):
+        target = {}
+    for name, loadout in value.items():
+        if loadout is None:
+            if name in protected:
+                prov.ignored_deletes.append(f"{label}:{name}")
+                continue
+            target.pop(name, None)
+            prov.loadouts.pop(name, None)
+            continue
+        if not isinstance(loadout, dict):
+            target[name] = copy.deepcopy(loadout)
+        else:
+            target[name] = merge_loadout(target.get(name) if isinstance(target.get(name), dict) else None, loadout)
+        if name not in protected:
+            prov.loadouts[name] = label
+        else:
+            # A shipped loadout reports its source as the default layer even when overridden.
+            prov.loadouts.setdefault(name, prov.layers[0] if prov.layers else label)
+    merged["loadouts"] = target
+    prov.keys["loadouts"] = label

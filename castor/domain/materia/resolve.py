@@ -1,0 +1,276 @@
+"""From layer dicts to a validated config, and from a config to the resolved active loadout.
+
+- :func:`load_config` — §2.1–§2.2: per-layer obsolete checks (with the layer's path), merge,
+  materia/budget/limits/compaction checks, prepare and validate **every** loadout graph.
+  Returns a :class:`LoadedConfig` whose ``issues`` lists every problem (empty = valid).
+- :func:`resolve_config` — §3.4: resolve one loadout (default: ``activeLoadout``) into the
+  typed :class:`ResolvedConfig` a cast runs on, or raise :class:`ConfigError` with every issue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from castor.domain.materia import checks, graph
+from castor.domain.materia.config import (
+    END,
+    AgentMateria,
+    Budget,
+    Compaction,
+    ConfigError,
+    ConfigIssue,
+    LayerInfo,
+    Limits,
+    Loop,
+    ResolvedConfig,
+    ResolvedPipeline,
+    ResolvedSocket,
+    Socket,
+    is_plain_object,
+    issues_from_validation_error,
+    pointer,
+)
+from castor.domain.materia.layers import Provenance, merge_layers
+
+
+class LoadedConfig(BaseModel):
+    merged: dict[str, Any]
+    provenance: Provenance
+    layers: list[LayerInfo] = Field(default_factory=list)
+    issues: list[ConfigIssue] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+    def raise_if_invalid(self) -> None:
+        if self.issues:
+            raise ConfigError(self.issues)
+
+
+def load_config(
+    layers: list[tuple[str, dict[str, Any]]], *, layer_info: list[LayerInfo] | None = None
+) -> LoadedConfig:
+    """Merge and validate. ``layers`` is ``[(label, dict), ...]`` lowest first (default first)."""
+    issues: list[ConfigIssue] = []
+    for label, layer in layers:
+        issues.extend(checks.check_obsolete(layer, label))
+    merged_result = merge_layers(layers)
+    merged = merged_result.merged
+    source = merged_result.provenance.source or None
+    issues.extend(validate_merged(merged, source=source))
+    return LoadedConfig(merged=merged, provenance=merged_result.provenance, layers=layer_info or [],
+                        issues=issues)
+
+
+def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> list[ConfigIssue]:
+    """The post-merge checks of §2.2. Prepares loadouts in place (idempotent normalization)."""
+    issues: list[ConfigIssue] = []
+    materia = merged.get("materia")
+    if not is_plain_object(materia):
+        issues.append(ConfigIssue(code="invalid-materia", path=pointer("materia"), source=source,
+                                  message="\"materia\" must be an object mapping names to materia"))
+        materia = {}
+    else:
+        for name, entry in materia.items():
+            issues.extend(checks.check_materia_entry(name, entry, source))
+    issues.extend(checks.check_compaction(merged.get("compaction"), source))
+    issues.extend(checks.check_budget_limits(merged, source))
+    loadouts = merged.get("loadouts")
+    if loadouts is not None and not is_plain_object(loadouts):
+        issues.append(ConfigIssue(code="missing-loadouts", path=pointer("loadouts"), source=source,
+                                  message="\"loadouts\" must be an object"))
+        return issues
+    for name, loadout in (loadouts or {}).items():
+        if not is_plain_object(loadout):
+            issues.append(ConfigIssue(code="invalid-loop", path=pointer("loadouts", name), source=source,
+                                      message=f"loadout \"{name}\" must be an object"))
+            continue
+        prepared, prep_issues = graph.prepare_loadout(loadout, materia, name=name, source=source)
+        loadouts[name] = prepared
+        graph_issues = prep_issues + graph.validate_graph(prepared, name=name, source=source)
+        for issue in graph_issues:
+            issues.append(issue.model_copy(update={
+                "message": f"Materia loadout \"{name}\" graph is invalid: {issue.message}"}))
+    return issues
+
+
+def resolve_config(
+    loaded: LoadedConfig | dict[str, Any], loadout_name: str | None = None, *, source: str | None = None
+) -> ResolvedConfig:
+    """Resolve a loadout for a cast or the grid (§3.4). Raises ConfigError with every issue."""
+    if isinstance(loaded, LoadedConfig):
+        loaded.raise_if_invalid()
+        merged, provenance, layers = loaded.merged, loaded.provenance, loaded.layers
+    else:
+        merged, provenance, layers = loaded, Provenance(source=source or ""), []
+    source = source or provenance.source or None
+    issues: list[ConfigIssue] = []
+    for key in checks.OBSOLETE_TOP:
+        if key in merged:
+            issues.append(ConfigIssue(code="obsolete-field", path=pointer(key), source=source,
+                                      message=f"obsolete field \"{key}\": use \"materia\""))
+    materia = merged.get("materia") if is_plain_object(merged.get("materia")) else {}
+    for name, entry in materia.items():
+        issues.extend(checks.check_materia_entry(name, entry, source))
+    loadouts = merged.get("loadouts")
+    if not is_plain_object(loadouts) or not loadouts:
+        raise ConfigError([*issues, ConfigIssue(code="missing-loadouts", path=pointer("loadouts"), source=source,
+                                                message="no Materia loadouts are configured")])
+    available = ", ".join(loadouts)
+    name = loadout_name or merged.get("activeLoadout")
+    if not isinstance(name, str) or not name:
+        raise ConfigError([*issues, ConfigIssue(code="unknown-loadout", path=pointer("activeLoadout"), source=source,
+                                                message=f"activeLoadout is not set. Available loadouts: {available}")])
+    if name not in loadouts or not is_plain_object(loadouts[name]):
+        raise ConfigError([*issues, ConfigIssue(
+            code="unknown-loadout", path=pointer("activeLoadout"), source=source,
+            message=f"Unknown Materia loadout \"{name}\". Available loadouts: {available}")])
+    prepared, prep_issues = graph.prepare_loadout(loadouts[name], materia, name=name, source=source)
+    issues.extend(prep_issues)
+    for field in checks.OBSOLETE_LOADOUT:
+        if field in prepared:
+            issues.append(ConfigIssue(code="obsolete-field", path=pointer("loadouts", name, field), source=source,
+                                      message=f"loadout \"{name}\" has obsolete field \"{field}\""))
+    issues.extend(graph.validate_graph(prepared, name=name, source=source,
+                                       generator_detector=graph.default_generator_detector(materia)))
+    sockets_out: dict[str, ResolvedSocket] = {}
+    for sid, raw in (prepared.get("sockets") or {}).items():
+        resolved, socket_issues = _resolve_socket(name, sid, raw, materia, source)
+        issues.extend(socket_issues)
+        if resolved is not None:
+            sockets_out[sid] = resolved
+    loops_out: dict[str, Loop] = {}
+    for loop_id, raw_loop in (prepared.get("loops") or {}).items():
+        loop, loop_issues = _resolve_loop(name, loop_id, raw_loop, sockets_out, source)
+        issues.extend(loop_issues)
+        if loop is not None:
+            loops_out[loop_id] = loop
+    issues.extend(_text_guard_issues(name, sockets_out, source))
+    if issues:
+        raise ConfigError(issues)
+    pipeline = ResolvedPipeline(loadout_name=name, entry=prepared["entry"], sockets=sockets_out, loops=loops_out)
+    snapshot = dict(merged)
+    snapshot["loadouts"] = {**loadouts, name: prepared}
+    try:
+        return ResolvedConfig(
+            config=snapshot,
+            pipeline=pipeline,
+            source=provenance.source,
+            layers=layers,
+            artifact_dir=merged.get("artifactDir") or ".pi/pi-materia",
+            budget=Budget.model_validate(merged.get("budget") or {}),
+            limits=Limits.model_validate(merged.get("limits") or {}),
+            compaction=Compaction.model_validate(merged["compaction"]) if merged.get("compaction") else None,
+        )
+    except ValidationError as exc:
+        raise ConfigError(issues_from_validation_error(exc, base=(), code="invalid-field", source=source,
+                                                       what="config")) from None
+
+
+def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],
+                    source: str | None) -> tuple[ResolvedSocket | None, list[ConfigIssue]]:
+    base = ("loadouts", lname, "sockets", sid)
+    issues: list[ConfigIssue] = []
+
+    def bad(code: str, field: str | None, message: str) -> None:
+        parts = (*base, field) if field else base
+        issues.append(ConfigIssue(code=code, path=pointer(*parts), source=source, message=f"socket {sid}: {message}"))
+
+    if not is_plain_object(raw):
+        bad("invalid-socket", None, "must be an object")
+        return None, issues
+    stype = raw.get("type")
+    if stype not in ("agent", "utility"):
+        bad("invalid-socket", "type", f"unsupported type {stype!r} (agent or utility)")
+    if raw.get("parse") is not None and raw.get("parse") not in ("text", "json"):
+        bad("invalid-socket", "parse", f"unsupported parse mode {raw.get('parse')!r}")
+    for field in ("multiTurn", *checks.OBSOLETE_SOCKET_AT_LOAD):
+        if field in raw:
+            bad("obsolete-field", field, f"obsolete {field}: it belongs on the materia" if field == "multiTurn"
+                else f"obsolete {field}: reference a materia instead")
+    agent: AgentMateria | None = None
+    if stype == "utility":
+        if not raw.get("utility") and not raw.get("command"):
+            bad("invalid-socket", "utility", "a utility socket needs \"utility\" or \"command\"")
+        issues.extend(i.model_copy(update={"source": source}) for i in checks.command_issues(
+            raw.get("command"), base, source, f"socket {sid}"))
+        issues.extend(checks.timeout_issues(raw.get("timeoutMs"), base, source, f"socket {sid}"))
+    elif stype == "agent":
+        mname = raw.get("materia")
+        entry = materia.get(mname) if isinstance(mname, str) else None
+        if entry is None:
+            bad("unknown-materia", "materia", f"references unknown materia {mname!r}")
+        elif (entry.get("type") or "agent") != "agent":
+            bad("unknown-materia", "materia", f"materia {mname!r} has unsupported type {entry.get('type')!r} "
+                                              "for an agent socket")
+        else:
+            try:
+                agent = AgentMateria.model_validate(entry)
+            except ValidationError as exc:
+                issues.extend(issues_from_validation_error(exc, base=("materia", mname), code="invalid-materia",
+                                                           source=source, what=f"materia {mname}"))
+    if issues:
+        return None, issues
+    try:
+        sock = Socket.model_validate(raw)
+    except ValidationError as exc:
+        return None, issues_from_validation_error(exc, base=base, code="invalid-socket", source=source,
+                                                  what=f"socket {sid}")
+    return ResolvedSocket(id=sid, socket=sock, materia_name=raw.get("materia") if agent else None,
+                          materia=agent), issues
+
+
+def _resolve_loop(lname: str, loop_id: str, raw: Any, sockets: dict[str, ResolvedSocket],
+                  source: str | None) -> tuple[Loop | None, list[ConfigIssue]]:
+    base = ("loadouts", lname, "loops", loop_id)
+    try:
+        loop = Loop.model_validate(raw)
+    except ValidationError as exc:
+        return None, issues_from_validation_error(exc, base=base, code="invalid-loop", source=source,
+                                                  what=f"loop {loop_id}")
+    issues: list[ConfigIssue] = []
+    if loop.consumes is not None:
+        producer = sockets.get(loop.consumes.from_)
+        if producer is not None and not (producer.is_agent and producer.is_generator):
+            issues.append(ConfigIssue(code="invalid-generator", path=pointer(*base, "consumes", "from"), source=source,
+                                      message=f"loop \"{loop_id}\" consumes {loop.consumes.from_}, which is not a "
+                                              "generator agent socket (materia generator: true)"))
+        if loop.consumes.output != "workItems":
+            issues.append(ConfigIssue(code="invalid-generator", path=pointer(*base, "consumes", "output"),
+                                      source=source, message=f"loop \"{loop_id}\" consumes output "
+                                      f"\"{loop.consumes.output}\"; generators only produce \"workItems\""))
+        if loop.iterator is None:
+            loop = loop.model_copy(update={"iterator": _derived_iterator(loop)})
+    return loop, issues
+
+
+def _derived_iterator(loop: Loop):
+    from castor.domain.materia.config import LoopIterator
+
+    c = loop.consumes
+    assert c is not None
+    return LoopIterator.model_validate({"items": "state.workItems", "as": c.as_ or "workItem",
+                                        "cursor": c.cursor or "workItemIndex", "done": c.done or END})
+
+
+def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: str | None) -> list[ConfigIssue]:
+    """Deliberate difference (§12 item 3): a text socket cannot route on ``satisfied``.
+
+    The reference silently ends the cast there; castor rejects the loadout at resolve time.
+    """
+    issues = []
+    for sid, rs in sockets.items():
+        if rs.socket.is_json:
+            continue
+        for i, edge in enumerate(rs.socket.edges):
+            if edge.when != "always":
+                issues.append(ConfigIssue(
+                    code="invalid-edge-condition", path=pointer("loadouts", lname, "sockets", sid, "edges", i, "when"),
+                    source=source,
+                    message=(f"{sid}.edges[{i}] routes on {edge.when} but {sid} has parse \"text\": a text "
+                             "socket never produces \"satisfied\", so the edge could never match; set "
+                             "parse \"json\"")))
+    return issues

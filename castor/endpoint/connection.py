@@ -1,0 +1,515 @@
+"""A bidirectional msgpack-rpc connection over one byte transport.
+
+Both peers use this class: the server for each accepted client, the
+:mod:`castor.client` for its side. Guarantees:
+
+* **Reading never waits for a handler.** Per connection a small pool of
+  threads (at most ``max_workers``) shares the work in a leader/follower
+  scheme: one thread at a time holds the *reader* role; when it decodes a
+  request it hands the role to an idle (or newly started, never more than
+  ``max_workers``) thread and runs the handler itself, so a fast call costs
+  no thread hop. When every thread is busy, the reader keeps reading and
+  queues the request for the next free thread. Responses to our own calls
+  are resolved by the reader directly.
+* **Bounded everything.** At most ``max_in_flight`` incoming requests and
+  notifications are accepted and unfinished; over it a request gets a
+  ``mailbox_full`` error response and a notification is dropped with an
+  ``error`` notification. Outbound frames wait in a queue bounded in bytes
+  and frames; overflowing it closes the connection with a logged reason —
+  a producer (a handler, another session's cast) never blocks on a slow or
+  stuck peer.
+* **Every outgoing call has a deadline.** It raises ``Timeout``
+  (``may_have_started=True``) when it passes; a reply that arrives later is
+  discarded and counted in ``late_replies``.
+* **Close is prompt.** Every pending outgoing call fails with
+  :class:`~castor.endpoint.errors.ConnectionClosed`; threads blocked in the
+  transport are woken; close callbacks run once.
+* **Bad frames never crash anything.** See :mod:`castor.endpoint.framing`
+  for which ones keep the connection open.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from castor.endpoint.dispatch import Context, Dispatcher
+from castor.endpoint.errors import ConnectionClosed, error_from_wire
+from castor.endpoint.framing import (
+    MAX_MSGID,
+    BadFrame,
+    BadParams,
+    FrameDecoder,
+    FrameLimits,
+    Notification,
+    Request,
+    Response,
+    UndecodableStream,
+    encode_error_notification,
+    encode_notification,
+    encode_request,
+    encode_response,
+    parse_frame,
+)
+from castor.endpoint.transport import Transport
+from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
+
+_conn_ids = itertools.count(1)
+
+
+class ConnectionSettings(BaseModel):
+    """Per-connection limits (all documented in docs/protocol.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    frame_limits: FrameLimits = FrameLimits()
+    max_workers: int = Field(8, ge=1, le=256)
+    max_in_flight: int = Field(64, ge=1)
+    max_outbound_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_outbound_frames: int = Field(10_000, ge=1)
+    default_call_timeout: float = Field(30.0, gt=0)
+    drain_timeout: float = Field(2.0, ge=0)
+    max_remembered_timeouts: int = Field(1024, ge=0)
+
+
+class PendingCall:
+    """An outgoing request waiting for its response; ``result()`` honours the deadline."""
+
+    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_error", "_result")
+
+    def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
+        self._conn = conn
+        self.msgid = msgid
+        self.method = method
+        self.deadline = deadline
+        # A pre-acquired lock is the cheapest one-shot gate CPython has.
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._error: CastorError | None = None
+        self._result: Any = None
+
+    def _resolve(self, error: CastorError | None, result: Any) -> None:
+        self._error, self._result = error, result
+        self._gate.release()
+
+    def done(self) -> bool:
+        return not self._gate.locked()
+
+    def result(self) -> Any:
+        """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
+        remaining = self.deadline - time.monotonic()
+        if not self._gate.acquire(timeout=max(remaining, 0.0)):
+            if self._conn._expire(self):
+                raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
+                              data={"method": self.method, "msgid": self.msgid})
+            self._gate.acquire()  # the reply won the race with the deadline
+        self._gate.release()  # keep result() idempotent
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class Connection:
+    """One msgpack-rpc peer. Create, :meth:`start`, then call / notify / close."""
+
+    def __init__(self, transport: Transport, dispatcher: Dispatcher, *,
+                 settings: ConnectionSettings | None = None, name: str | None = None) -> None:
+        self.id = next(_conn_ids)
+        self.name = name or f"conn-{self.id}"
+        self.transport = transport
+        self.dispatcher = dispatcher
+        self.settings = settings or ConnectionSettings()
+        self.state: dict[str, Any] = {}
+        self.close_reason: str | None = None
+        self._log = logger.bind(conn=self.name)
+        self._decoder = FrameDecoder(self.settings.frame_limits)
+        self._closed = False
+        self._closed_event = threading.Event()
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+        # Worker/reader coordination.
+        self._cond = threading.Condition(threading.Lock())
+        self._threads = 0
+        self._idle = 0
+        self._reader_taken = False
+        self._eof = False
+        self._jobs: deque[Request | Notification] = deque()
+        self._in_flight = 0
+        # Outbound queue.
+        self._wlock = threading.Condition(threading.Lock())
+        self._out: deque[bytes | memoryview] = deque()
+        self._out_bytes = 0
+        self._writer_busy = False
+        # Outgoing calls.
+        self._plock = threading.Lock()
+        self._pending: dict[int, PendingCall] = {}
+        self._next_msgid = 0
+        self._expired: deque[int] = deque(maxlen=self.settings.max_remembered_timeouts)
+        self._expired_set: set[int] = set()
+        self.counters = {
+            "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
+            "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
+            "handler_errors": 0,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Connection:
+        threading.Thread(target=self._writer, name=f"castor-{self.name}-writer", daemon=True).start()
+        with self._cond:
+            self._spawn_locked()
+        return self
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
+        """Run ``fn(conn)`` once when the connection closes (immediately if it already did)."""
+        with self._cond:
+            if not self._closed:
+                self._close_callbacks.append(fn)
+                return
+        self._run_callback(fn)
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        return self._closed_event.wait(timeout)
+
+    def close(self, reason: str = "closed", *, flush_timeout: float = 0.0) -> None:
+        """Close once: optionally flush queued output, wake every thread, fail pending calls."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self.close_reason = reason
+            callbacks, self._close_callbacks = self._close_callbacks, []
+            self._cond.notify_all()
+        if flush_timeout > 0:
+            self._flush(flush_timeout)
+        with self._wlock:
+            dropped = len(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            self._wlock.notify_all()
+        self.transport.close()
+        self._fail_pending(reason)
+        self._log.info("connection closed: {} (dropped {} queued frames)", reason, dropped)
+        self._closed_event.set()
+        for fn in callbacks:
+            self._run_callback(fn)
+
+    def _run_callback(self, fn: Callable[[Connection], None]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            self._log.exception("close callback failed")
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            workers = {"threads": self._threads, "idle": self._idle, "in_flight": self._in_flight,
+                       "queued": len(self._jobs)}
+        return {"name": self.name, "peer": getattr(self.transport, "peer", "?"), "closed": self._closed,
+                "close_reason": self.close_reason, "pending_calls": len(self._pending),
+                "outbound_bytes": self._out_bytes, "outbound_frames": len(self._out),
+                **workers, **self.counters}
+
+    # ------------------------------------------------------------------ outgoing
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """Send a request and wait for its result (raises the peer's error or ``Timeout``)."""
+        return self.call_async(method, params, timeout=timeout).result()
+
+    def call_async(self, method: str, params: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> PendingCall:
+        timeout = self.settings.default_call_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._plock:
+            if self._closed:
+                raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
+                                       data={"reason": self.close_reason})
+            msgid = self._allocate_msgid()
+            pending = PendingCall(self, msgid, method, deadline)
+            self._pending[msgid] = pending
+        try:
+            frame = encode_request(msgid, method, params or {})
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._forget(msgid)
+            raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
+                           may_have_started=False) from None
+        self.counters["calls_out"] += 1
+        self._send(frame)
+        return pending
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
+        """Queue a notification; ``False`` if the connection is closed (never blocks)."""
+        return self._send(encode_notification(method, params or {}))
+
+    def _allocate_msgid(self) -> int:
+        for _ in range(len(self._pending) + 1):
+            msgid = self._next_msgid
+            self._next_msgid = 0 if msgid >= MAX_MSGID else msgid + 1
+            if msgid not in self._pending:
+                return msgid
+        raise MailboxFull("no free msgid")  # pragma: no cover - 2**32 calls in flight
+
+    def _forget(self, msgid: int) -> None:
+        with self._plock:
+            self._pending.pop(msgid, None)
+
+    def _expire(self, pending: PendingCall) -> bool:
+        """Called by a caller whose deadline passed; ``False`` if the reply raced in first."""
+        with self._plock:
+            if self._pending.pop(pending.msgid, None) is None:
+                return False
+            if self._expired.maxlen:
+                if len(self._expired) == self._expired.maxlen:
+                    self._expired_set.discard(self._expired[0])
+                self._expired.append(pending.msgid)
+                self._expired_set.add(pending.msgid)
+        self.counters["call_timeouts"] += 1
+        return True
+
+    def _on_response(self, frame: Response) -> None:
+        with self._plock:
+            pending = self._pending.pop(frame.msgid, None)
+            late = pending is None and frame.msgid in self._expired_set
+            if late:
+                self._expired_set.discard(frame.msgid)
+        if pending is None:
+            key = "late_replies" if late else "unmatched_replies"
+            self.counters[key] += 1
+            self._log.debug("discarded {} for msgid {}", key, frame.msgid)
+            return
+        if frame.error is not None:
+            pending._resolve(error_from_wire(frame.error), None)
+        else:
+            pending._resolve(None, frame.result)
+
+    def _fail_pending(self, reason: str) -> None:
+        with self._plock:
+            pending, self._pending = self._pending, {}
+        for call in pending.values():
+            call._resolve(ConnectionClosed(f"{call.method}: connection closed ({reason})",
+                                           may_have_started=True, data={"reason": reason}), None)
+
+    # ------------------------------------------------------------------ writing
+    def _send(self, data: bytes) -> bool:
+        """Write now if the kernel takes it, else queue for the writer; never blocks."""
+        overflow = None
+        with self._wlock:
+            if self._closed:
+                return False
+            if not self._out and not self._writer_busy:
+                try:
+                    sent = self.transport.send_nowait(data)
+                except OSError as exc:
+                    overflow = f"write failed: {exc}"
+                    sent = None
+                if overflow is None and sent is not None:
+                    self.counters["frames_out"] += 1
+                    if sent == len(data):
+                        return True
+                    data = memoryview(data)[sent:]
+            if overflow is None:
+                if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
+                        or len(self._out) >= self.settings.max_outbound_frames):
+                    overflow = (f"outbound queue overflow ({len(self._out)} frames, "
+                                f"{self._out_bytes} bytes queued): peer is not reading")
+                else:
+                    self._out.append(data)
+                    self._out_bytes += len(data)
+                    self._wlock.notify()
+                    return True
+        self._log.warning("closing connection: {}", overflow)
+        self.close(overflow)
+        return False
+
+    def _writer(self) -> None:
+        while True:
+            with self._wlock:
+                while not self._out and not self._closed:
+                    if self._writer_busy:
+                        self._writer_busy = False
+                        self._wlock.notify_all()  # flushers wait for an idle writer
+                    self._wlock.wait()
+                if self._closed and not self._out:
+                    return
+                chunks = list(self._out)
+                self._out.clear()
+                self._writer_busy = True
+            size = sum(len(c) for c in chunks)
+            try:
+                self.transport.sendall(b"".join(chunks))
+            except OSError as exc:
+                if not self._closed:
+                    self.close(f"write failed: {exc}")
+                return
+            with self._wlock:
+                self._out_bytes = max(0, self._out_bytes - size)
+                self.counters["frames_out"] += len(chunks)
+
+    def _flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._wlock:
+            while self._out or self._writer_busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._wlock.wait(remaining)
+
+    # ------------------------------------------------------------------ reading and dispatch
+    def _spawn_locked(self) -> None:
+        self._threads += 1
+        threading.Thread(target=self._worker, name=f"castor-{self.name}-w{self._threads}",
+                         daemon=True).start()
+
+    def _worker(self) -> None:
+        """Leader/follower loop: run a queued job, else take the free reader role, else idle."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        self._threads -= 1
+                        return
+                    if self._jobs:
+                        job, read = self._jobs.popleft(), False
+                        break
+                    if not self._reader_taken and not self._eof:
+                        self._reader_taken, job, read = True, None, True
+                        break
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+            if read:
+                job = self._read_until_job()
+            if job is not None:
+                self._run(job)
+
+    def _read_until_job(self) -> Request | Notification | None:
+        """Hold the reader role until a job can be run by this thread (role handed off) or EOF."""
+        decoder = self._decoder
+        while not self._closed:
+            try:
+                ok, value = decoder.next_value()
+                if not ok:
+                    data = self.transport.recv()
+                    if not data:
+                        self._on_eof()
+                        return None
+                    decoder.feed(data)
+                    continue
+            except UndecodableStream as exc:
+                self._on_undecodable(exc)
+                return None
+            self.counters["frames_in"] += 1
+            try:
+                frame = parse_frame(value)
+            except BadParams as exc:
+                self._reject(exc, exc.msgid)
+                continue
+            except BadFrame as exc:
+                self._reject(exc, exc.msgid)
+                continue
+            if type(frame) is Response:
+                self._on_response(frame)
+                continue
+            if not self._admit(frame):
+                continue
+            with self._cond:
+                if self._idle or self._threads < self.settings.max_workers:
+                    # Hand the reader role on; this thread runs the handler itself.
+                    self._reader_taken = False
+                    if self._idle:
+                        self._cond.notify()
+                    else:
+                        self._spawn_locked()
+                    return frame
+                self._jobs.append(frame)
+        return None
+
+    def _admit(self, frame: Request | Notification) -> bool:
+        with self._cond:
+            if self._in_flight < self.settings.max_in_flight:
+                self._in_flight += 1
+                return True
+        self.counters["rejected_in_flight"] += 1
+        err = MailboxFull(f"too many requests in flight on this connection (limit "
+                          f"{self.settings.max_in_flight}); {frame.method} refused",
+                          data={"limit": self.settings.max_in_flight, "method": frame.method})
+        if type(frame) is Request:
+            self._send(encode_response(frame.msgid, err.to_wire(), None))
+        else:
+            self._send(encode_error_notification(err.to_wire()))
+        return False
+
+    def _run(self, job: Request | Notification) -> None:
+        is_request = type(job) is Request
+        msgid = job.msgid if is_request else None
+        try:
+            ctx = Context(self, self.state, job.method, msgid)
+            try:
+                result = self.dispatcher.dispatch(job.method, job.params, ctx)
+            except CastorError as exc:
+                self.counters["handler_errors"] += 1
+                if is_request:
+                    self._send(encode_response(msgid, exc.to_wire(), None))
+                else:
+                    self._log.warning("notification {} failed: {} {}", job.method, exc.code, exc.message)
+                return
+            if is_request:
+                try:
+                    frame = encode_response(msgid, None, result)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    self._log.error("result of {} is not msgpack-serialisable: {}", job.method, exc)
+                    err = Internal(f"internal error in {job.method}: unserialisable result")
+                    frame = encode_response(msgid, err.to_wire(), None)
+                self._send(frame)
+        except Exception:  # pragma: no cover - dispatch already converts handler errors
+            self._log.exception("unexpected failure while running {}", job.method)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                if self._eof and self._in_flight == 0:
+                    self._cond.notify_all()
+
+    def _reject(self, exc: CastorError, msgid: int | None) -> None:
+        """A frame with a bad shape: answer its msgid if known, else an ``error`` notification."""
+        self.counters["invalid_frames"] += 1
+        self._log.debug("rejected frame: {}", exc.message)
+        if msgid is not None:
+            self._send(encode_response(msgid, exc.to_wire(), None))
+        else:
+            self._send(encode_error_notification(exc.to_wire()))
+
+    def _on_undecodable(self, exc: UndecodableStream) -> None:
+        self.counters["invalid_frames"] += 1
+        self._log.warning("undecodable input, closing: {}", exc.message)
+        self._send(encode_error_notification(exc.to_wire()))
+        self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5)
+
+    def _on_eof(self) -> None:
+        """Peer finished sending: let accepted work finish (bounded), flush, close."""
+        if self._closed:
+            return
+        deadline = time.monotonic() + self.settings.drain_timeout
+        with self._cond:
+            self._eof = True
+            while self._in_flight and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        self.close("eof", flush_timeout=self.settings.drain_timeout)
+
+
+def _packable(value: Any) -> bool:  # pragma: no cover - helper kept for handlers' self-checks
+    try:
+        msgpack.packb(value, use_bin_type=True)
+        return True
+    except Exception:
+        return False

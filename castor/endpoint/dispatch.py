@@ -1,0 +1,179 @@
+"""The method registry: name → (handler, params model).
+
+Guarantees of :meth:`Dispatcher.dispatch`:
+
+| situation                                   | raised (→ wire error)                        |
+|---------------------------------------------|----------------------------------------------|
+| method not registered                       | ``UnknownMethod`` (``unknown_method``)        |
+| params fail the model (type/missing/extra)  | ``InvalidParams`` with ``data.errors`` detail |
+| handler raises a ``CastorError``            | that error, unchanged (its own code)          |
+| handler raises anything else                | ``Internal`` with ``data.error_id``; the      |
+|                                             | traceback goes to the log, never the wire     |
+| handler returns a pydantic model            | its ``model_dump(mode="json")`` is the result |
+
+Handlers are plain callables ``handler(params, ctx)``; ``params`` is the
+validated model instance, or the raw ``dict`` when no model was registered
+(the cheap path for trivial methods). Params models always forbid unknown
+fields: a model registered without ``extra="forbid"`` is wrapped in a
+subclass that does.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+import castor
+from castor.messages.errors import CastorError, Internal, InvalidParams, UnknownMethod
+
+if TYPE_CHECKING:
+    from castor.endpoint.connection import Connection
+
+PROTOCOL_VERSION = 1
+
+Handler = Callable[[Any, "Context"], Any]
+
+
+class Params(BaseModel):
+    """Base for params models: unknown fields are an ``invalid_params`` error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(slots=True)
+class Context:
+    """What a handler gets beside its params.
+
+    ``connection`` lets the handler call back the peer (``ctx.call(...)``);
+    ``state`` is a dict private to the connection and shared by all its
+    handlers (e.g. the session opened on it). ``msgid`` is ``None`` for a
+    notification.
+    """
+
+    connection: Connection
+    state: dict[str, Any]
+    method: str
+    msgid: int | None = None
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
+        return self.connection.call(method, params or {}, timeout=timeout)
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        self.connection.notify(method, params or {})
+
+
+@dataclass(slots=True, frozen=True)
+class _Entry:
+    handler: Handler
+    model: type[BaseModel] | None
+
+
+class HelloParams(Params):
+    """``runtime.hello`` params: who the client is (all optional)."""
+
+    client: str | None = None
+    client_version: str | None = None
+    protocol: int | None = None
+    capabilities: list[str] = []
+
+
+@dataclass
+class Dispatcher:
+    """A thread-safe method registry with ``runtime.hello`` built in."""
+
+    name: str = "castor"
+    version: str = castor.__version__
+    capabilities: set[str] = field(default_factory=set)
+    builtin_hello: bool = True
+    _methods: dict[str, _Entry] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.builtin_hello:
+            self.register("runtime.hello", self._hello, HelloParams)
+
+    def register(self, name: str, handler: Handler, params_model: type[BaseModel] | None = None,
+                 *, replace: bool = False) -> None:
+        """Add a method. Registering a taken name raises ``ValueError`` unless ``replace``."""
+        if not name or not isinstance(name, str):
+            raise ValueError("method name must be a non-empty string")
+        model = _forbidding_extra(params_model) if params_model is not None else None
+        with self._lock:
+            if name in self._methods and not replace:
+                raise ValueError(f"method {name!r} is already registered")
+            # Copy-on-write: dispatch reads the dict without the lock.
+            methods = dict(self._methods)
+            methods[name] = _Entry(handler, model)
+            self._methods = methods
+
+    def method(self, name: str, params_model: type[BaseModel] | None = None) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`."""
+
+        def deco(fn: Handler) -> Handler:
+            self.register(name, fn, params_model)
+            return fn
+
+        return deco
+
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    def has(self, name: str) -> bool:
+        return name in self._methods
+
+    def dispatch(self, method: str, params: dict[str, Any], ctx: Context) -> Any:
+        entry = self._methods.get(method)
+        if entry is None:
+            raise UnknownMethod(f"unknown method {method!r}", data={"method": method})
+        args: Any = params
+        if entry.model is not None:
+            try:
+                args = entry.model.model_validate(params)
+            except ValidationError as exc:
+                raise InvalidParams(f"invalid params for {method}", data={
+                    "method": method, "errors": validation_details(exc)}) from None
+        try:
+            result = entry.handler(args, ctx)
+        except CastorError:
+            raise
+        except Exception as exc:
+            error_id = uuid.uuid4().hex[:12]
+            logger.bind(method=method, error_id=error_id).exception(
+                "handler for {} raised {}", method, type(exc).__name__)
+            raise Internal(f"internal error in {method}", data={"error_id": error_id}) from None
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
+        return result
+
+    def _hello(self, params: HelloParams, ctx: Context) -> dict[str, Any]:
+        ctx.state["hello"] = params.model_dump()
+        return {
+            "name": self.name,
+            "version": self.version,
+            "protocol": PROTOCOL_VERSION,
+            "capabilities": sorted(self.capabilities),
+            "methods": self.methods(),
+        }
+
+
+def validation_details(exc: ValidationError) -> list[dict[str, str]]:
+    """Field-level detail without the offending input (it may be private text)."""
+    return [
+        {"loc": ".".join(str(p) for p in err["loc"]) or "(params)", "type": err["type"], "msg": err["msg"]}
+        for err in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+
+
+def _forbidding_extra(model: type[BaseModel]) -> type[BaseModel]:
+    if model.model_config.get("extra") == "forbid":
+        return model
+    return type(model.__name__, (model,), {
+        "model_config": ConfigDict(**{**model.model_config, "extra": "forbid"}),
+        "__module__": model.__module__,
+    })

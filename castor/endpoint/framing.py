@@ -1,0 +1,226 @@
+"""msgpack-rpc frames: shapes, encoding and incremental decoding.
+
+Frames are msgpack arrays written back to back on a byte stream, with no
+length prefix::
+
+    request        [0, msgid, method, params]
+    response       [1, msgid, error, result]
+    notification   [2, method, params]
+
+``params`` is a one-element array holding a map (an empty array is read as an
+empty map). ``msgid`` is an unsigned 32-bit integer. ``error`` is ``nil`` or a
+map ``{code, message, data?}``.
+
+Decoding is split in two steps with different failure behaviour:
+
+* :class:`FrameDecoder` turns bytes into msgpack values. Bytes that are not
+  msgpack, or a value over the configured limits, leave the stream
+  unsynchronised: it raises :class:`UndecodableStream` and the connection
+  must be closed.
+* :func:`parse_frame` checks the *shape* of one well-formed value. A wrong
+  shape raises :class:`BadFrame`; the stream is still in sync, so the
+  connection stays usable. ``BadFrame.msgid`` is set when the value looked
+  like a request with a valid msgid, so the caller can answer that msgid
+  instead of leaving the peer's call hanging.
+
+Both errors are :class:`castor.messages.errors.InvalidFrame` (``invalid_frame``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field
+
+from castor.messages.errors import InvalidFrame, InvalidParams
+
+REQUEST = 0
+RESPONSE = 1
+NOTIFICATION = 2
+
+MAX_MSGID = 2**32 - 1
+
+#: Method name of the notification that reports a frame the peer cannot use.
+ERROR_NOTIFICATION = "error"
+
+
+class FrameLimits(BaseModel):
+    """Decoder limits; anything over them is undecodable and closes the stream.
+
+    The defaults allow 16 MiB frames, which is far above any legitimate castor
+    message (prompts and artifacts are kilobytes), while bounding the memory a
+    hostile peer can make one connection hold.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_buffer_size: int = Field(16 * 1024 * 1024, ge=1024)
+    max_str_len: int = Field(8 * 1024 * 1024, ge=16)
+    max_bin_len: int = Field(8 * 1024 * 1024, ge=16)
+    max_array_len: int = Field(65_536, ge=8)
+    max_map_len: int = Field(65_536, ge=8)
+    max_ext_len: int = Field(1024, ge=0)
+
+
+class Request(NamedTuple):
+    msgid: int
+    method: str
+    params: dict[str, Any]
+
+
+class Response(NamedTuple):
+    msgid: int
+    error: dict[str, Any] | None
+    result: Any
+
+
+class Notification(NamedTuple):
+    method: str
+    params: dict[str, Any]
+
+
+Frame = Request | Response | Notification
+
+
+class UndecodableStream(InvalidFrame):
+    """The byte stream cannot be decoded any further; close the connection."""
+
+
+class BadFrame(InvalidFrame):
+    """A well-formed msgpack value that is not a valid frame; the stream is in sync."""
+
+    def __init__(self, message: str, *, msgid: int | None = None, method: str | None = None) -> None:
+        super().__init__(message)
+        self.msgid = msgid
+        self.method = method
+
+
+class BadParams(InvalidParams):
+    """A request or notification whose ``params`` is not ``[map]``; answered per msgid."""
+
+    def __init__(self, message: str, *, msgid: int | None, method: str) -> None:
+        super().__init__(message)
+        self.msgid = msgid
+        self.method = method
+
+
+class FrameDecoder:
+    """Incremental decoder fed from ``os.read`` / ``sock.recv`` chunks.
+
+    Never blocks: :meth:`feed` buffers bytes, :meth:`frames` yields each
+    complete msgpack value. After :class:`UndecodableStream` the decoder is
+    unusable (msgpack leaves its state undefined after an error).
+    """
+
+    __slots__ = ("_unpacker",)
+
+    def __init__(self, limits: FrameLimits | None = None) -> None:
+        lim = limits or FrameLimits()
+        self._unpacker = msgpack.Unpacker(
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_buffer_size=lim.max_buffer_size,
+            max_str_len=lim.max_str_len,
+            max_bin_len=lim.max_bin_len,
+            max_array_len=lim.max_array_len,
+            max_map_len=lim.max_map_len,
+            max_ext_len=lim.max_ext_len,
+        )
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self._unpacker.feed(data)
+        except msgpack.BufferFull as exc:
+            raise UndecodableStream("frame exceeds the buffer limit") from exc
+
+    def next_value(self) -> tuple[bool, Any]:
+        """Return ``(True, value)`` for the next complete value, ``(False, None)`` if none yet."""
+        try:
+            return True, next(self._unpacker)
+        except StopIteration:
+            return False, None
+        except Exception as exc:  # FormatError, StackError, ValueError (limits), UnicodeDecodeError…
+            raise UndecodableStream(f"undecodable bytes: {type(exc).__name__}: {_short(exc)}") from exc
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _valid_msgid(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_MSGID
+
+
+def _params_map(raw: Any, *, msgid: int | None, method: str) -> dict[str, Any]:
+    if type(raw) is list:
+        if len(raw) == 1 and type(raw[0]) is dict:
+            return raw[0]
+        if not raw:
+            return {}
+    raise BadParams("params must be a one-element array holding a map", msgid=msgid, method=method)
+
+
+def parse_frame(value: Any) -> Frame:
+    """Check the shape of one decoded value; raise :class:`BadFrame` / :class:`BadParams`.
+
+    Kept to plain ``type()`` checks: it runs on every frame (the hot path).
+    """
+    if type(value) is not list or not value:
+        raise BadFrame("a frame must be a non-empty msgpack array")
+    kind = value[0]
+    size = len(value)
+    if kind == REQUEST and type(kind) is int:
+        if size != 4:
+            raise BadFrame("a request must have 4 elements",
+                           msgid=value[1] if size > 1 and _valid_msgid(value[1]) else None)
+        _, msgid, method, params = value
+        if not _valid_msgid(msgid):
+            raise BadFrame("request msgid must be an unsigned 32-bit integer")
+        if type(method) is not str or not method:
+            raise BadFrame("request method must be a non-empty string", msgid=msgid)
+        return Request(msgid, method, _params_map(params, msgid=msgid, method=method))
+    if kind == NOTIFICATION and type(kind) is int:
+        if size != 3:
+            raise BadFrame("a notification must have 3 elements")
+        _, method, params = value
+        if type(method) is not str or not method:
+            raise BadFrame("notification method must be a non-empty string")
+        return Notification(method, _params_map(params, msgid=None, method=method))
+    if kind == RESPONSE and type(kind) is int:
+        if size != 4:
+            raise BadFrame("a response must have 4 elements")
+        _, msgid, error, result = value
+        if not _valid_msgid(msgid):
+            raise BadFrame("response msgid must be an unsigned 32-bit integer")
+        if error is not None and not (type(error) is dict and type(error.get("code")) is str):
+            raise BadFrame("response error must be nil or a map with a string code")
+        return Response(msgid, error, result)
+    raise BadFrame("frame type must be 0 (request), 1 (response) or 2 (notification)")
+
+
+# Encoding. ``use_bin_type`` keeps bytes and str distinct on the wire.
+_packer_default = None
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, default=_packer_default)
+
+
+def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:
+    return _pack([REQUEST, msgid, method, [params]])
+
+
+def encode_response(msgid: int, error: dict[str, Any] | None, result: Any) -> bytes:
+    return _pack([RESPONSE, msgid, error, result])
+
+
+def encode_notification(method: str, params: dict[str, Any]) -> bytes:
+    return _pack([NOTIFICATION, method, [params]])
+
+
+def encode_error_notification(error: dict[str, Any]) -> bytes:
+    """The ``[2, "error", [{code, message, data?}]]`` frame for an unusable frame."""
+    return encode_notification(ERROR_NOTIFICATION, error)

@@ -1,0 +1,50 @@
+"""Typed messages: immutable pydantic models with stable type names.
+
+Every message class registers itself under a stable ``type_name`` (given as a
+class keyword, ``class CastStarted(Message, type_name="cast.started")``).
+The name, not the Python class path, is what crosses the wire, so classes may
+move between modules without breaking peers. Names are unique: registering
+the same name twice is a programming error and raises at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+class Message(BaseModel):
+    """Base of every typed message. Frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, type_name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if type_name is None:
+            return  # an abstract intermediate base; not on the wire
+        existing = _REGISTRY.get(type_name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise TypeError(f"message type name {type_name!r} already used by {existing.__qualname__}")
+        cls.type_name = type_name
+        _REGISTRY[type_name] = cls
+
+
+def message_type(type_name: str) -> type[Message] | None:
+    """The registered class for ``type_name``, or None."""
+    return _REGISTRY.get(type_name)
+
+
+def registered_types() -> dict[str, type[Message]]:
+    """A copy of the registry: stable type name -> class."""
+    return dict(_REGISTRY)
+
+
+def type_name_of(message: object) -> str:
+    """The stable name of a message, or its Python class name for untyped values."""
+    name = getattr(message, "type_name", None)
+    return name if isinstance(name, str) and name else type(message).__name__

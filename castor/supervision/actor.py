@@ -1,0 +1,227 @@
+"""The supervised actor: pykka's thread and identity, castor's loop.
+
+An :class:`Actor` is one *incarnation* behind an
+:class:`~castor.supervision.handle.ActorHandle`. castor replaces pykka's
+receive loop to give one failure model and no silent deaths:
+
+======================================  ===========================================  ===========================================
+trigger                                 what the runtime does                        what the caller sees
+======================================  ===========================================  ===========================================
+handler returns                         reply resolved, ``processed`` += 1           the value
+handler raises a ``CastorError``        reply failed; the actor keeps running        that error (an *answer*, not a crash)
+handler raises anything else            reply failed; incarnation ends ``crashed``;  the exception; queued messages wait for
+(tell or ask alike)                     supervisor told ``ChildExited``; the         the next incarnation or are rejected
+                                        failing message is never redelivered         with ``ActorStopped(may_have_started=False)``
+``retire(reason)`` (inside or out)      owned resources killed, mailbox closed,      queued asks fail ``Retired`` (or the
+                                        every queued ask rejected, incarnation ends  actor's chosen error), never replayed
+``Control("stop")``                     ``on_terminate``; incarnation ends           queued messages kept for the supervisor
+                                        ``stopped``                                  to hand on or reject
+``Control("kill")`` / injected crash    treated exactly as a crash                   as a crash
+``BaseException`` in a handler          treated as a crash of this actor only        (pykka would stop every actor)
+======================================  ===========================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
+
+import pykka
+from loguru import logger
+
+from castor.messages.errors import CastorError, Retired
+from castor.supervision.mailbox import Control, Envelope
+
+if TYPE_CHECKING:
+    from castor.supervision.handle import ActorHandle
+    from castor.supervision.mailbox import Mailbox
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class InjectedCrash(Exception):
+    """Raised inside an actor by fault injection; a crash like any other."""
+
+
+class ActorKilled(Exception):
+    """The actor was killed from outside (fault injection or brutal shutdown)."""
+
+
+def handles(*message_types: type) -> Callable[[F], F]:
+    """Mark a method as the handler of the given message classes."""
+
+    def mark(method: F) -> F:
+        method.__castor_handles__ = message_types  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+class Actor(pykka.ThreadingActor):
+    """Base class of every castor actor.
+
+    Subclasses implement handlers with :func:`handles` (or override
+    :meth:`receive`), release what they own in :meth:`on_terminate`, and
+    list OS processes they own in :meth:`owned_pids` so faults and
+    retirement can kill them from any thread.
+    """
+
+    use_daemon_thread = True  # a stuck handler must never keep the process alive
+    _dispatch: ClassVar[dict[type, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        table: dict[type, str] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                for message_type in getattr(member, "__castor_handles__", ()):
+                    table[message_type] = name
+        cls._dispatch = table
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:  # type: ignore[override]
+        return None  # castor binds the handle's mailbox instead (see _bind)
+
+    # -- binding (called by the handle before the thread starts) -----------
+    def _bind(self, handle: ActorHandle, mailbox: Mailbox, incarnation: int) -> None:
+        self.handle = handle
+        self.actor_inbox = mailbox
+        self.incarnation = incarnation
+        self._exit_kind: str | None = None
+        self._retire_request: tuple[str, type[CastorError]] | None = None
+        self._abandoned = False
+        self.log = logger.bind(actor=handle.path, incarnation=incarnation)
+
+    @property
+    def path(self) -> str:
+        return self.handle.path
+
+    # -- hooks for subclasses --------------------------------------------
+    def on_start(self) -> None:
+        """Runs on the actor thread before the first message; raising is a crash."""
+
+    def receive(self, message: Any) -> Any:
+        """Dispatch to the method registered for the message's class."""
+        name = self._dispatch.get(type(message))
+        if name is None:
+            raise TypeError(f"{type(self).__name__} has no handler for {type(message).__name__}")
+        return getattr(self, name)(message)
+
+    def on_terminate(self, cause: str) -> None:
+        """Release what this incarnation owns. Runs once, on every kind of exit.
+
+        ``cause`` is one of ``stopped``, ``crashed``, ``retired``.
+        """
+
+    def owned_pids(self) -> list[int]:
+        """OS processes this actor owns (for kill-process faults and retirement)."""
+        return []
+
+    def kill_owned(self) -> None:
+        """Kill owned OS processes; safe from any thread. Default: SIGKILL each pid's tree."""
+        from castor.supervision.faults import kill_process_trees
+
+        kill_process_trees(self.owned_pids())
+
+    # -- lifecycle requests from inside ------------------------------------
+    def retire(self, reason: str, *, error: type[CastorError] = Retired) -> None:
+        """Retire after the current handler: kill owned, reject everything queued, stop.
+
+        Queued asks fail with ``error`` (``may_have_started=False``). The
+        supervisor never restarts this incarnation or replays its mailbox.
+        """
+        self._retire_request = (reason, error)
+
+    def stop_self(self) -> None:
+        """End this incarnation normally after the current handler."""
+        self._exit_kind = "stopped"
+
+    # -- the loop (replaces pykka's) ---------------------------------------
+    def _actor_loop_setup(self) -> None:
+        try:
+            self.on_start()
+        except BaseException as exc:  # noqa: BLE001 - a failed start is a crash
+            self._crash(exc, None)
+
+    def _actor_loop_running(self) -> None:
+        mailbox = self.actor_inbox
+        handle = self.handle
+        while self._exit_kind is None:
+            item = mailbox.get()
+            if self._abandoned:
+                return
+            if item.__class__ is Envelope:
+                self._process(item, handle)
+            else:
+                self._control(item)
+            if self._retire_request is not None and self._exit_kind is None:
+                self._retire_now(*self._retire_request)
+
+    def _actor_loop_teardown(self) -> None:
+        kind = self._exit_kind or "stopped"
+        self.actor_stopped.set()
+        if self._abandoned:
+            return
+        self.handle._incarnation_ended(self, kind)
+
+    def _process(self, envelope: Envelope, handle: ActorHandle) -> None:
+        reply = envelope.reply
+        handle.current = envelope
+        handle.current_since = time.monotonic()
+        try:
+            if handle.faults.pending:
+                handle.faults.apply_before(envelope.type_name)
+            result = self.receive(envelope.message)
+        except CastorError as exc:
+            handle.failed += 1
+            if reply is not None:
+                reply.fail(exc)
+            else:
+                self.log.bind(msg_type=envelope.type_name).warning(
+                    "told message answered with {code}: {message}", code=exc.code, message=exc.message
+                )
+        except BaseException as exc:  # noqa: BLE001 - crash of this actor only
+            handle.failed += 1
+            if reply is not None:
+                reply.fail(exc)
+            self._crash(exc, envelope)
+        else:
+            handle.processed += 1
+            if reply is not None:
+                reply.set(result)
+        finally:
+            handle.current = None
+
+    def _control(self, item: Control) -> None:
+        if item.kind == "stop":
+            self._terminate("stopped")
+            self._exit_kind = "stopped"
+        elif item.kind == "kill":
+            self._crash(ActorKilled(str(item.payload or "killed")), None)
+        elif item.kind == "retire":
+            self._retire_now(str(item.payload), Retired)
+
+    def _crash(self, exc: BaseException, envelope: Envelope | None) -> None:
+        msg_type = envelope.type_name if envelope is not None else "-"
+        self.log.bind(msg_type=msg_type).opt(exception=exc).error(
+            "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=exc
+        )
+        self.handle.last_error = exc
+        self._terminate("crashed")
+        self._exit_kind = "crashed"
+
+    def _retire_now(self, reason: str, error: type[CastorError]) -> None:
+        self.log.warning("retiring: {reason}", reason=reason)
+        self.handle.retired_reason = reason
+        self._terminate("retired")
+        self.handle._reject_all(reason, error, revivable=True)
+        self._exit_kind = "retired"
+
+    def _terminate(self, cause: str) -> None:
+        try:
+            if cause != "stopped":  # a clean stop releases through on_terminate alone
+                self.kill_owned()
+            self.on_terminate(cause)
+        except BaseException:  # noqa: BLE001 - cleanup must not mask the exit
+            self.log.opt(exception=sys.exc_info()[1]).error("on_terminate failed")

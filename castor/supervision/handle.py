@@ -1,0 +1,314 @@
+"""ActorHandle: the stable address of one supervised child.
+
+A handle outlives the incarnations of its actor: a restart binds a new
+:class:`~castor.supervision.actor.Actor` to the same handle and the same
+mailbox, so senders keep their handle and queued messages (all but the one
+that crashed) are handled by the next incarnation. A *retirement* is the
+exception: the mailbox is closed and every queued request rejected; only a
+later send creates new demand, which gets a fresh mailbox and a fresh
+incarnation (never the old messages).
+
+Guarantees of :meth:`ActorHandle.ask`:
+
+* it always returns or raises by its deadline (default
+  :data:`DEFAULT_ASK_TIMEOUT`); nothing can strand it;
+* on timeout the queued request is withdrawn if it had not started, and the
+  :class:`~castor.messages.errors.Timeout` says ``may_have_started``;
+* when the actor stops, crashes for good or retires, the ask fails with
+  :class:`ActorStopped` / :class:`Retired` saying whether work began.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from castor.messages.errors import ActorStopped, CastorError, Timeout
+from castor.messages.inspection import ActorSnapshot, InFlight, MailboxSnapshot
+from castor.supervision.faults import FaultPlan
+from castor.supervision.mailbox import Control, Envelope, Mailbox, MailboxClosed, Reply
+
+if TYPE_CHECKING:
+    from castor.supervision.actor import Actor
+    from castor.supervision.registry import Registry
+
+DEFAULT_ASK_TIMEOUT = 10.0
+"""Seconds an ask waits when the caller names no deadline."""
+
+
+class PendingAsk:
+    """An ask in flight; :meth:`result` waits for it under the ask's deadline."""
+
+    __slots__ = ("_handle", "_envelope", "_mailbox", "_deadline")
+
+    def __init__(self, handle: ActorHandle, envelope: Envelope, mailbox: Mailbox, deadline: float) -> None:
+        self._handle = handle
+        self._envelope = envelope
+        self._mailbox = mailbox
+        self._deadline = deadline
+
+    @property
+    def done(self) -> bool:
+        reply = self._envelope.reply
+        return reply is not None and reply.done
+
+    def result(self) -> Any:
+        reply = self._envelope.reply
+        assert reply is not None
+        if not reply.wait(self._deadline - time.monotonic()):
+            withdrawn = self._mailbox.cancel(self._envelope)
+            if withdrawn or not reply.done:
+                raise Timeout(
+                    f"ask {self._envelope.type_name} to {self._handle.path} timed out",
+                    data={"path": self._handle.path, "message_type": self._envelope.type_name},
+                    may_have_started=not withdrawn,
+                )
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+
+class ActorHandle:
+    """Send to, inspect and control one supervised child, across its incarnations."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        factory: Callable[[], Actor],
+        supervisor: ActorHandle | None,
+        registry: Registry,
+        mailbox_capacity: int | None = None,
+        revive_on_demand: bool = True,
+    ) -> None:
+        self.path = path
+        self.kind = "?"
+        self.factory = factory
+        self.supervisor = supervisor
+        self.registry = registry
+        self.mailbox_capacity = mailbox_capacity
+        self.revive_on_demand = revive_on_demand
+        self.faults = FaultPlan()
+        self._lock = threading.Lock()
+        self._mailbox = Mailbox(mailbox_capacity)
+        self._actor: Actor | None = None
+        self._exited = threading.Event()
+        self.state = "starting"
+        self.incarnation = 0
+        self.restarts = 0
+        self.processed = 0
+        self.failed = 0
+        self.dead_letters = 0
+        self.started_at: float | None = None
+        self.current: Envelope | None = None
+        self.current_since = 0.0
+        self.retired_reason: str | None = None
+        self.last_error: BaseException | None = None
+        self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
+
+    # -- sending -----------------------------------------------------------
+    def tell(self, message: Any) -> None:
+        """Queue a message; raises at once if the actor cannot take it (never blocks)."""
+        self._enqueue(Envelope(message, None))
+
+    def ask(self, message: Any, *, timeout: float | None = None) -> Any:
+        """Send and wait for the answer, at most ``timeout`` seconds."""
+        return self.ask_pending(message, timeout=timeout).result()
+
+    def ask_pending(self, message: Any, *, timeout: float | None = None) -> PendingAsk:
+        """Send now, wait later (fan-out); the deadline starts now."""
+        envelope = Envelope(message, Reply())
+        mailbox = self._enqueue(envelope)
+        deadline = time.monotonic() + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout)
+        return PendingAsk(self, envelope, mailbox, deadline)
+
+    def _enqueue(self, envelope: Envelope) -> Mailbox:
+        mailbox = self._mailbox
+        try:
+            mailbox.put(envelope)
+            return mailbox
+        except MailboxClosed as closed:
+            if not closed.revivable:
+                raise closed.error from None
+            fresh = self._demand_fresh_incarnation(mailbox)
+            if fresh is None:
+                raise closed.error from None
+            try:
+                fresh.put(envelope)
+            except MailboxClosed as again:
+                raise again.error from None
+            return fresh
+
+    def _demand_fresh_incarnation(self, retired_mailbox: Mailbox) -> Mailbox | None:
+        """New demand after retirement: a fresh mailbox and a request to the supervisor."""
+        with self._lock:
+            if self._mailbox is not retired_mailbox:
+                return self._mailbox  # someone else already created the demand
+            if self.supervisor is None or not self.revive_on_demand:
+                return None
+            fresh = Mailbox(self.mailbox_capacity)
+            self._mailbox = fresh
+            self.state = "starting"
+        from castor.supervision.supervisor import ReviveChild
+
+        try:
+            self.supervisor.tell(ReviveChild(path=self.path))
+        except CastorError:
+            self._reject_all("supervisor gone", ActorStopped, revivable=False)
+            return None
+        return fresh
+
+    # -- lifecycle (used by supervisors and the system) ----------------------
+    def launch(self) -> None:
+        """Start a new incarnation on the current mailbox (supervisor thread only)."""
+        actor = self.factory()
+        with self._lock:
+            self.incarnation += 1
+            self._exited = threading.Event()
+            actor._bind(self, self._mailbox, self.incarnation)
+            self._actor = actor
+            self.kind = type(actor).__name__
+            self.state = "running"
+            self.started_at = time.monotonic()
+            self.retired_reason = None
+        self.registry.register(self)
+        actor._start_actor_loop()
+
+    def _incarnation_ended(self, actor: Actor, kind: str) -> None:
+        """Called on the ending actor's thread, last thing it does."""
+        with self._lock:
+            if actor is not self._actor:
+                return
+            self._actor = None
+            if self.state not in ("stopping",) or kind != "stopped":
+                self.state = kind
+            else:
+                self.state = "stopped"
+            incarnation = self.incarnation
+            exited = self._exited
+        exited.set()
+        if self._on_exit is not None:
+            self._on_exit(self, incarnation, kind)
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the current incarnation to stop after its current message; True if it ended in time."""
+        with self._lock:
+            actor = self._actor
+            exited = self._exited
+            if actor is None:
+                return True
+            self.state = "stopping"
+        self._mailbox.put_control(Control("stop"))
+        return exited.wait(timeout)
+
+    def abandon(self) -> None:
+        """Brutal kill: kill owned processes and cut the incarnation loose (its thread may linger)."""
+        with self._lock:
+            actor = self._actor
+            self._actor = None
+            exited = self._exited
+        if actor is not None:
+            actor._abandoned = True
+            try:
+                actor.kill_owned()
+            finally:
+                self.state = "stopped"
+                exited.set()
+
+    def kill(self, reason: str = "killed") -> None:
+        """Crash the actor from outside: owned processes die now, the loop crashes at the next boundary."""
+        actor = self._actor
+        if actor is not None:
+            actor.kill_owned()
+        self._mailbox.put_control(Control("kill", reason))
+
+    def retire(self, reason: str) -> None:
+        """Retire from outside: owned processes die now, the mailbox is rejected at the next boundary."""
+        actor = self._actor
+        if actor is not None:
+            actor.kill_owned()
+        self._mailbox.put_control(Control("retire", reason))
+
+    def kill_process(self) -> list[int]:
+        """Kill the OS processes the actor owns (fault injection); returns their pids."""
+        actor = self._actor
+        if actor is None:
+            return []
+        pids = actor.owned_pids()
+        actor.kill_owned()
+        return pids
+
+    def close(self, reason: str) -> None:
+        """Close for good: every queued ask fails ActorStopped(may_have_started=False)."""
+        self._reject_all(reason, ActorStopped, revivable=False)
+        with self._lock:
+            if self._actor is None and self.state not in ("retired",):
+                self.state = "stopped"
+        self.registry.unregister(self)
+
+    def _reject_all(self, reason: str, error: type[CastorError], *, revivable: bool) -> None:
+        path = self.path
+
+        def make() -> CastorError:
+            return error(
+                f"{path}: {reason}",
+                data={"path": path, "reason": reason},
+                may_have_started=False,
+            )
+
+        for envelope in self._mailbox.close(make, revivable=revivable and self.revive_on_demand):
+            if envelope.reply is not None:
+                envelope.reply.fail(make())
+            else:
+                self.dead_letters += 1
+
+    def wait_exited(self, timeout: float) -> bool:
+        return self._exited.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._actor is not None
+
+    @property
+    def actor(self) -> Actor | None:
+        """The current incarnation (tests and faults only; never call it directly)."""
+        return self._actor
+
+    # -- inspection --------------------------------------------------------
+    def snapshot(self) -> ActorSnapshot:
+        """The actor's state and mailbox figures; consumes nothing."""
+        mailbox = self._mailbox
+        depth, oldest, by_type = mailbox.snapshot()
+        current = self.current
+        in_flight = None
+        if current is not None:
+            in_flight = InFlight(
+                message_type=current.type_name,
+                since_s=max(0.0, time.monotonic() - self.current_since),
+                is_ask=current.reply is not None,
+            )
+        now = time.monotonic()
+        return ActorSnapshot(
+            path=self.path,
+            kind=self.kind,
+            state=self.state,  # type: ignore[arg-type]
+            incarnation=self.incarnation,
+            restarts=self.restarts,
+            uptime_s=(now - self.started_at) if (self.started_at and self._actor is not None) else None,
+            retired_reason=self.retired_reason,
+            mailbox=MailboxSnapshot(
+                depth=depth,
+                capacity=mailbox.capacity,
+                oldest_age_s=oldest,
+                by_type=by_type,
+                in_flight=in_flight,
+                processed=self.processed,
+                failed=self.failed,
+                rejected=mailbox.rejected,
+                dead_letters=self.dead_letters,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorHandle {self.path} {self.state} #{self.incarnation}>"

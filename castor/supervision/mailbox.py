@@ -1,0 +1,216 @@
+"""Mailboxes that can be inspected without consuming and closed without stranding.
+
+Guarantees:
+
+* **No stranded request.** ``put`` and ``close`` take the same lock, so a
+  message either lands before the mailbox closes (and is then handed to the
+  closer, which rejects it) or is refused at ``put`` with the closing error.
+  This closes pykka's check-then-put window (anchors.md §0.3).
+* **Bounded.** With a capacity, a ``put`` beyond it raises
+  :class:`~castor.messages.errors.MailboxFull` at once; a sender never blocks.
+  Control items (stop, kill) are never refused by capacity and jump the queue.
+* **Inspectable.** ``snapshot`` reads depth, the oldest message's age and the
+  counts by type under the lock, consuming nothing.
+* **Cancellable.** ``cancel`` removes a still-queued envelope atomically, so a
+  caller that gave up can know for sure that its work never started.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from typing import Any, Callable
+
+from castor.messages.base import type_name_of
+from castor.messages.errors import CastorError, MailboxFull
+
+QUEUED, STARTED, CANCELLED, REJECTED = 0, 1, 2, 3
+
+_REPLY_GUARD = threading.Lock()  # makes the first set/fail of a Reply win; uncontended in practice
+
+
+class Reply:
+    """A one-shot result slot for a single waiter (cheaper than a Condition)."""
+
+    __slots__ = ("_gate", "_done", "value", "error")
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> bool:
+        """Resolve with a value; False when already resolved (the first outcome wins)."""
+        with _REPLY_GUARD:
+            if self._done:
+                return False
+            self._done = True
+            self.value = value
+        self._gate.release()
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        """Resolve with an error; False when already resolved."""
+        with _REPLY_GUARD:
+            if self._done:
+                return False
+            self._done = True
+            self.error = error
+        self._gate.release()
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until resolved or ``timeout`` seconds pass; True when resolved."""
+        if self._done:
+            return True
+        got = self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        if got:
+            self._gate.release()  # let later waits return at once
+        return got
+
+
+class Envelope:
+    """A message on its way through a mailbox, with its reply slot for asks."""
+
+    __slots__ = ("message", "reply", "enqueued_at", "state", "type_name")
+
+    def __init__(self, message: Any, reply: Reply | None) -> None:
+        self.message = message
+        self.reply = reply
+        self.enqueued_at = time.monotonic()
+        self.state = QUEUED
+        self.type_name = type_name_of(message)
+
+
+class Control:
+    """A lifecycle instruction for the actor loop; never counted as a message."""
+
+    __slots__ = ("kind", "payload")
+
+    def __init__(self, kind: str, payload: Any = None) -> None:
+        self.kind = kind
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Control({self.kind!r})"
+
+
+class MailboxClosed(Exception):
+    """Raised by ``put`` on a closed mailbox; ``error`` is what the sender should see."""
+
+    def __init__(self, error: CastorError, revivable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.revivable = revivable
+
+
+class Mailbox:
+    """A FIFO of envelopes plus a priority lane of control items."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError("mailbox capacity must be >= 1 or None")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._queue: deque[Envelope] = deque()
+        self._control: deque[Control] = deque()
+        self._by_type: Counter[str] = Counter()
+        self._closed: Callable[[], CastorError] | None = None
+        self._revivable = False
+        self.rejected = 0
+
+    # -- producers -------------------------------------------------------
+    def put(self, envelope: Envelope) -> None:
+        """Enqueue or raise: MailboxClosed when closed, MailboxFull when at capacity."""
+        with self._lock:
+            if self._closed is not None:
+                self.rejected += 1
+                raise MailboxClosed(self._closed(), self._revivable)
+            if self.capacity is not None and len(self._queue) >= self.capacity:
+                self.rejected += 1
+                raise MailboxFull(
+                    f"mailbox full ({self.capacity} messages)",
+                    data={"capacity": self.capacity},
+                    may_have_started=False,
+                )
+            self._queue.append(envelope)
+            self._by_type[envelope.type_name] += 1
+            self._ready.notify()
+
+    def put_control(self, item: Control) -> bool:
+        """Queue a control item ahead of every message; False when closed."""
+        with self._lock:
+            if self._closed is not None:
+                return False
+            self._control.append(item)
+            self._ready.notify()
+            return True
+
+    # -- the consumer ----------------------------------------------------
+    def get(self) -> Envelope | Control:
+        """Block until a control item or an envelope is available; controls first."""
+        with self._lock:
+            while not self._control and not self._queue:
+                self._ready.wait()
+            if self._control:
+                return self._control.popleft()
+            envelope = self._queue.popleft()
+            self._by_type[envelope.type_name] -= 1
+            envelope.state = STARTED
+            return envelope
+
+    def cancel(self, envelope: Envelope) -> bool:
+        """Withdraw a queued envelope; True only if it had not started and now never will."""
+        with self._lock:
+            if envelope.state != QUEUED:
+                return False
+            try:
+                self._queue.remove(envelope)
+            except ValueError:
+                return False
+            self._by_type[envelope.type_name] -= 1
+            envelope.state = CANCELLED
+            return True
+
+    def close(self, error_factory: Callable[[], CastorError], *, revivable: bool = False) -> list[Envelope]:
+        """Refuse every later put and hand back what was queued (for the closer to reject).
+
+        ``revivable`` marks a closure after retirement: a later put may then
+        create new demand instead of failing (see ActorHandle).
+        """
+        with self._lock:
+            if self._closed is None:
+                self._closed = error_factory
+                self._revivable = revivable
+            drained = list(self._queue)
+            self._queue.clear()
+            self._control.clear()
+            self._by_type.clear()
+            for envelope in drained:
+                envelope.state = REJECTED
+            self._ready.notify_all()
+            return drained
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    # -- inspection ------------------------------------------------------
+    def snapshot(self) -> tuple[int, float | None, dict[str, int]]:
+        """(depth, oldest age in seconds, counts by type) — consumes nothing."""
+        with self._lock:
+            depth = len(self._queue)
+            oldest = time.monotonic() - self._queue[0].enqueued_at if depth else None
+            by_type = {name: n for name, n in self._by_type.items() if n > 0}
+        return depth, oldest, by_type
+
+    def __len__(self) -> int:
+        return len(self._queue)

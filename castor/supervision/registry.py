@@ -1,0 +1,68 @@
+"""Actor paths and the registry that maps them to live handles.
+
+Paths look like ``/root/session/<id>/cast/<id>``. A path names the *slot*,
+not an incarnation: restarts keep the path. Path segments are restricted to
+``[A-Za-z0-9._:-]`` (1-128 chars) so ids from clients cannot forge paths.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import TYPE_CHECKING
+
+from castor.messages.errors import InvalidParams, NotFound
+from castor.messages.inspection import TreeSnapshot
+
+if TYPE_CHECKING:
+    from castor.supervision.handle import ActorHandle
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def check_segment(segment: str) -> str:
+    """Return ``segment`` if it is a safe path segment, else raise InvalidParams."""
+    if not isinstance(segment, str) or not _SEGMENT.match(segment) or segment in (".", ".."):
+        raise InvalidParams(f"invalid actor path segment {segment!r}", data={"segment": str(segment)[:140]})
+    return segment
+
+
+def child_path(parent: str, child_id: str) -> str:
+    return f"{parent}/{check_segment(child_id)}"
+
+
+class Registry:
+    """Thread-safe map of path -> handle for one actor system."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_path: dict[str, ActorHandle] = {}
+
+    def register(self, handle: ActorHandle) -> None:
+        with self._lock:
+            self._by_path[handle.path] = handle
+
+    def unregister(self, handle: ActorHandle) -> None:
+        with self._lock:
+            if self._by_path.get(handle.path) is handle:
+                del self._by_path[handle.path]
+
+    def lookup(self, path: str) -> ActorHandle:
+        with self._lock:
+            handle = self._by_path.get(path)
+        if handle is None:
+            raise NotFound(f"no actor at {path}", data={"path": path})
+        return handle
+
+    def find(self, path: str) -> ActorHandle | None:
+        with self._lock:
+            return self._by_path.get(path)
+
+    def handles(self, prefix: str = "") -> list[ActorHandle]:
+        with self._lock:
+            items = sorted(self._by_path.items())
+        return [h for p, h in items if p == prefix or p.startswith(prefix.rstrip("/") + "/") or not prefix]
+
+    def snapshot(self, prefix: str = "") -> TreeSnapshot:
+        """Every actor under ``prefix`` (all when empty), parents before children."""
+        return TreeSnapshot(actors=[h.snapshot() for h in self.handles(prefix)])

@@ -1,0 +1,317 @@
+"""Supervisors: restart policy for a group of children, OTP-style.
+
+A :class:`Supervisor` is itself an actor. Children report their exits to it
+as ``ChildExited`` messages; it decides, on its own thread, what happens next.
+
+Restart decision (trigger → what the supervisor does → what senders see):
+
+=====================  ==============  ===============================================  ========================================
+child exit             restart type    supervisor action                                senders of queued messages
+=====================  ==============  ===============================================  ========================================
+crashed                permanent,      restart per strategy (counts toward intensity)   handled by the new incarnation
+                       transient
+crashed                temporary       remove the child                                 ``ActorStopped(may_have_started=False)``
+stopped (normal)       permanent       restart per strategy (counts toward intensity)   handled by the new incarnation
+stopped (normal)       transient,      remove the child                                 ``ActorStopped(may_have_started=False)``
+                       temporary
+retired                any             never restarted, never replayed; the slot stays  already rejected by the retiring actor;
+                                       dormant and a *new* send starts a fresh          later sends reach a fresh incarnation
+                                       incarnation (temporary children are removed)
+more than R restarts   —               stop every child (reverse start order), then      ``ActorStopped`` for everything queued
+within T seconds                       crash itself: the parent applies *its* policy
+=====================  ==============  ===============================================  ========================================
+
+Strategies: ``one_for_one`` restarts only the exited child; ``one_for_all``
+stops the other children (reverse order) and restarts all (start order);
+``rest_for_one`` does that for the exited child and those started after it.
+Children start in list order and stop in reverse order, each within its
+``shutdown_timeout``; a child that overruns is killed brutally (its owned
+processes are killed and its thread abandoned).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Callable, Sequence
+
+from pydantic import ConfigDict
+
+from castor.messages.base import Message
+from castor.messages.errors import CastorError, Conflict, NotFound
+from castor.supervision.actor import Actor, handles
+from castor.supervision.handle import ActorHandle
+from castor.supervision.registry import child_path
+
+DEFAULT_MAX_RESTARTS = 3
+"""Restart intensity R: at most this many restarts ..."""
+DEFAULT_WITHIN_SECONDS = 5.0
+"""... within this many seconds (T), else the supervisor fails to its parent."""
+DEFAULT_SHUTDOWN_TIMEOUT = 5.0
+"""Seconds a worker child gets to stop before it is killed brutally."""
+SUPERVISOR_SHUTDOWN_TIMEOUT = 30.0
+"""Seconds a supervisor child gets (it must first stop its own children)."""
+
+
+class Strategy(StrEnum):
+    ONE_FOR_ONE = "one_for_one"
+    ONE_FOR_ALL = "one_for_all"
+    REST_FOR_ONE = "rest_for_one"
+
+
+class Restart(StrEnum):
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    TEMPORARY = "temporary"
+
+
+class RestartIntensityExceeded(Exception):
+    """A supervisor saw more than R restarts in T seconds; it fails to its parent."""
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How to start and restart one child."""
+
+    id: str
+    factory: Callable[[], Actor]
+    restart: Restart = Restart.PERMANENT
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    mailbox_capacity: int | None = None
+    revive_on_demand: bool = True  # after retirement, a new send starts a fresh incarnation
+
+
+def supervisor_spec(
+    id: str,
+    children: Sequence[ChildSpec] = (),
+    *,
+    strategy: Strategy = Strategy.ONE_FOR_ONE,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    within_seconds: float = DEFAULT_WITHIN_SECONDS,
+    restart: Restart = Restart.PERMANENT,
+) -> ChildSpec:
+    """A ChildSpec whose child is a supervisor of ``children``."""
+    return ChildSpec(
+        id=id,
+        factory=lambda: Supervisor(
+            strategy=strategy, max_restarts=max_restarts, within_seconds=within_seconds, children=children
+        ),
+        restart=restart,
+        shutdown_timeout=SUPERVISOR_SHUTDOWN_TIMEOUT,
+    )
+
+
+# -- messages the supervisor handles (local only: they carry callables) -------
+class _Local(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class StartChild(_Local, type_name="supervisor.start_child"):
+    spec: Any  # ChildSpec
+
+
+class StopChild(_Local, type_name="supervisor.stop_child"):
+    id: str
+
+
+class ChildExited(_Local, type_name="supervisor.child_exited"):
+    path: str
+    incarnation: int
+    kind: str  # stopped | crashed | retired
+    error: str | None = None
+
+
+class ReviveChild(_Local, type_name="supervisor.revive_child"):
+    path: str
+
+
+class WhichChildren(_Local, type_name="supervisor.which_children"):
+    pass
+
+
+@dataclass
+class _Slot:
+    spec: ChildSpec
+    handle: ActorHandle
+    stopping: bool = False
+
+
+@dataclass
+class _Intensity:
+    max_restarts: int
+    within_seconds: float
+    times: deque[float] = field(default_factory=deque)
+
+    def allow(self) -> bool:
+        """Record one restart; False when it exceeds R within T."""
+        now = time.monotonic()
+        while self.times and now - self.times[0] > self.within_seconds:
+            self.times.popleft()
+        self.times.append(now)
+        return len(self.times) <= self.max_restarts
+
+
+class Supervisor(Actor):
+    """Starts, watches and restarts its children; fails upward past its intensity."""
+
+    def __init__(
+        self,
+        *,
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        within_seconds: float = DEFAULT_WITHIN_SECONDS,
+        children: Sequence[ChildSpec] = (),
+    ) -> None:
+        super().__init__()
+        self.strategy = Strategy(strategy)
+        self._intensity = _Intensity(max_restarts, within_seconds)
+        self._initial = list(children)
+        self._slots: list[_Slot] = []
+
+    # -- lifecycle ---------------------------------------------------------
+    def on_start(self) -> None:
+        for spec in self._initial:
+            self._start(spec)
+
+    def on_terminate(self, cause: str) -> None:
+        for slot in reversed(list(self._slots)):
+            self._shutdown(slot, close=True, reason=f"supervisor {self.path} {cause}")
+        self._slots.clear()
+
+    # -- handlers ------------------------------------------------------------
+    @handles(StartChild)
+    def _on_start_child(self, message: StartChild) -> ActorHandle:
+        return self._start(message.spec)
+
+    @handles(StopChild)
+    def _on_stop_child(self, message: StopChild) -> bool:
+        slot = self._find(child_path(self.path, message.id))
+        if slot is None:
+            raise NotFound(f"no child {message.id!r} under {self.path}")
+        self._shutdown(slot, close=True, reason="stopped by request")
+        self._slots.remove(slot)
+        return True
+
+    @handles(WhichChildren)
+    def _on_which_children(self, _message: WhichChildren) -> list[str]:
+        return [slot.handle.path for slot in self._slots]
+
+    @handles(ReviveChild)
+    def _on_revive(self, message: ReviveChild) -> None:
+        slot = self._find(message.path)
+        if slot is None or slot.handle.alive:
+            return
+        self.log.info("fresh incarnation on new demand: {path}", path=message.path)
+        self._launch_or_escalate(slot)
+
+    @handles(ChildExited)
+    def _on_child_exited(self, message: ChildExited) -> None:
+        slot = self._find(message.path)
+        if slot is None or slot.stopping or slot.handle.incarnation != message.incarnation or slot.handle.alive:
+            return  # stale: an exit we caused, or of an incarnation already replaced
+        restart = slot.spec.restart
+        if message.kind == "retired":
+            if not slot.handle.revive_on_demand:
+                self._remove(slot, "retired")
+            return
+        if message.kind == "crashed":
+            wanted = restart is not Restart.TEMPORARY
+        else:
+            wanted = restart is Restart.PERMANENT
+        if not wanted:
+            self._remove(slot, f"exited ({message.kind}), restart={restart}")
+            return
+        self._restart(slot, message)
+
+    # -- policy ----------------------------------------------------------------
+    def _restart(self, failed: _Slot, message: ChildExited) -> None:
+        if not self._intensity.allow():
+            raise RestartIntensityExceeded(
+                f"{self.path}: more than {self._intensity.max_restarts} restarts in "
+                f"{self._intensity.within_seconds}s (last: {message.path} {message.kind}: {message.error})"
+            )
+        index = self._slots.index(failed)
+        if self.strategy is Strategy.ONE_FOR_ONE:
+            affected = [failed]
+        elif self.strategy is Strategy.ONE_FOR_ALL:
+            affected = list(self._slots)
+        else:
+            affected = self._slots[index:]
+        for slot in reversed(affected):
+            if slot is not failed and slot.handle.alive:
+                self._shutdown(slot, close=False, reason="sibling restart")
+        for slot in affected:
+            if slot is not failed and slot.spec.restart is Restart.TEMPORARY:
+                self._remove(slot, "temporary sibling not restarted")
+                continue
+            slot.handle.restarts += 1
+            self.log.info("restarting {path} ({strategy})", path=slot.handle.path, strategy=self.strategy)
+            self._launch_or_escalate(slot)
+
+    def _launch_or_escalate(self, slot: _Slot) -> None:
+        while True:
+            try:
+                slot.handle.launch()
+                return
+            except Exception as exc:  # noqa: BLE001 - a factory that raises is a failed start
+                self.log.opt(exception=exc).error("child {path} failed to start", path=slot.handle.path)
+                if not self._intensity.allow():
+                    raise RestartIntensityExceeded(f"{slot.handle.path} cannot start: {exc!r}") from exc
+
+    # -- mechanics -------------------------------------------------------------
+    def _start(self, spec: ChildSpec) -> ActorHandle:
+        path = child_path(self.path, spec.id)
+        if self._find(path) is not None:
+            raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})
+        handle = ActorHandle(
+            path,
+            factory=spec.factory,
+            supervisor=self.handle,
+            registry=self.handle.registry,
+            mailbox_capacity=spec.mailbox_capacity,
+            revive_on_demand=spec.revive_on_demand and spec.restart is not Restart.TEMPORARY,
+        )
+        handle._on_exit = _report_exit_to(self.handle)
+        slot = _Slot(spec, handle)
+        self._slots.append(slot)
+        try:
+            handle.launch()
+        except Exception:
+            self._slots.remove(slot)
+            handle.close("failed to start")
+            raise
+        return handle
+
+    def _shutdown(self, slot: _Slot, *, close: bool, reason: str) -> None:
+        slot.stopping = True
+        try:
+            if slot.handle.alive and not slot.handle.stop(slot.spec.shutdown_timeout):
+                self.log.warning("{path} overran its shutdown timeout; killed", path=slot.handle.path)
+                slot.handle.abandon()
+            if close:
+                slot.handle.close(reason)
+        finally:
+            slot.stopping = False
+
+    def _remove(self, slot: _Slot, reason: str) -> None:
+        slot.handle.close(reason)
+        self._slots.remove(slot)
+
+    def _find(self, path: str) -> _Slot | None:
+        for slot in self._slots:
+            if slot.handle.path == path:
+                return slot
+        return None
+
+
+def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, str], None]:
+    def report(child: ActorHandle, incarnation: int, kind: str) -> None:
+        error = repr(child.last_error) if kind == "crashed" and child.last_error is not None else None
+        try:
+            supervisor.tell(ChildExited(path=child.path, incarnation=incarnation, kind=kind, error=error))
+        except CastorError:
+            child.close("supervisor gone")  # nobody will restart it: reject what is queued
+
+    return report

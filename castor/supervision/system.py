@@ -1,0 +1,106 @@
+"""ActorSystem: one root supervisor, one registry, one runtime.
+
+The root supervisor lives at ``/root``. If it fails (its restart intensity is
+exhausted by failures escalating from below) the system is *fatally failed*:
+``fatal`` is set, the failure is logged, and every actor is already stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from loguru import logger
+
+from castor.messages.errors import ActorStopped
+from castor.messages.inspection import ActorSnapshot, TreeSnapshot
+from castor.supervision.handle import ActorHandle
+from castor.supervision.registry import Registry
+from castor.supervision.supervisor import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_WITHIN_SECONDS,
+    ChildSpec,
+    StartChild,
+    StopChild,
+    Strategy,
+    Supervisor,
+    WhichChildren,
+)
+
+ROOT_PATH = "/root"
+
+
+class ActorSystem:
+    """Owns the root supervisor and the path registry of one runtime."""
+
+    def __init__(
+        self,
+        children: Sequence[ChildSpec] = (),
+        *,
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        within_seconds: float = DEFAULT_WITHIN_SECONDS,
+    ) -> None:
+        self.registry = Registry()
+        self.fatal = threading.Event()
+        self.fatal_error: BaseException | None = None
+        self.root = ActorHandle(
+            ROOT_PATH,
+            factory=lambda: Supervisor(
+                strategy=strategy, max_restarts=max_restarts, within_seconds=within_seconds, children=children
+            ),
+            supervisor=None,
+            registry=self.registry,
+            revive_on_demand=False,
+        )
+        self.root._on_exit = self._root_exited
+        self.root.launch()
+        # on_start of the root starts the initial children; this ask returns after it.
+        self.root.ask(WhichChildren(), timeout=30.0)
+
+    def _root_exited(self, root: ActorHandle, _incarnation: int, kind: str) -> None:
+        if kind != "stopped":
+            self.fatal_error = root.last_error
+            logger.bind(actor=ROOT_PATH).critical("root supervisor {kind}: {err!r}", kind=kind, err=root.last_error)
+            self.fatal.set()
+        root.close(f"root {kind}")
+
+    # -- children --------------------------------------------------------
+    def spawn(self, spec: ChildSpec, *, under: str = ROOT_PATH, timeout: float = 10.0) -> ActorHandle:
+        """Start a dynamic child under the supervisor at ``under``."""
+        return self.registry.lookup(under).ask(StartChild(spec=spec), timeout=timeout)
+
+    def stop_child(self, path: str, *, timeout: float = 30.0) -> None:
+        parent, _, child_id = path.rpartition("/")
+        self.registry.lookup(parent).ask(StopChild(id=child_id), timeout=timeout)
+
+    def lookup(self, path: str) -> ActorHandle:
+        return self.registry.lookup(path)
+
+    def find(self, path: str) -> ActorHandle | None:
+        return self.registry.find(path)
+
+    # -- inspection -------------------------------------------------------
+    def snapshot(self, prefix: str = "") -> TreeSnapshot:
+        return self.registry.snapshot(prefix)
+
+    def mailbox(self, path: str) -> ActorSnapshot:
+        return self.registry.lookup(path).snapshot()
+
+    # -- shutdown ---------------------------------------------------------
+    def shutdown(self, timeout: float = 30.0) -> bool:
+        """Stop every actor, children before parents; True if all stopped in time."""
+        clean = self.root.stop(timeout)
+        if not clean:
+            self.root.abandon()
+        self.root.close("runtime shut down")
+        return clean
+
+    def __enter__(self) -> ActorSystem:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+__all__ = ["ActorSystem", "ROOT_PATH", "ActorStopped"]
