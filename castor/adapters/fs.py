@@ -211,7 +211,7 @@ def append_json_line(path: str | os.PathLike[str], record: Any) -> None:
     if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
         raise ValueError("JSON line contains a newline")
     payload = (line + "\n").encode("utf-8")
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         if _tail_is_torn(fd):
             # Seal the torn fragment as its own (invalid) line.

@@ -226,10 +226,21 @@ class CastStateStore:
         """
         tlock, flock, path = self._locked(cast_id)
         with tlock, flock:
+            self._remove_orphan_temps(path)
             current = self._load_or_none(cast_id)
             incarnation = (current.incarnation if current else 0) + 1
             self._write(path, cast_id, current.revision if current else 0, incarnation, current.state if current else {})
             return incarnation
+
+    @staticmethod
+    def _remove_orphan_temps(path: Path) -> None:
+        # Writers hold the lock while a temp file exists, so under the lock any
+        # temp file is debris of a writer that died mid-write.
+        for debris in path.parent.glob(f".{path.name}.*.tmp"):
+            try:
+                debris.unlink()
+            except OSError:
+                pass
 
     def save(
         self,

@@ -1,0 +1,141 @@
+"""castor.adapters.materia.artifacts: layout, id validation, thread-safe appends."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, seg
+from castor.messages.errors import Forbidden, NotFound
+
+HOSTILE = ["../x", "..", ".", "/etc", "a/b", "a\x00b", "x" * 129, "", "-lead", "sp ace", "a\\b", 12]
+
+
+@pytest.fixture
+def cast(tmp_path):
+    return CastArtifacts(tmp_path / "artifacts", "2026-05-12T19-40-40-605Z").create()
+
+
+def test_layout_matches_spec(cast):
+    cast.write_config_resolved({"activeLoadout": "x"})
+    cast.init_manifest(request="do it", config_source="bundled")
+    cast.write_usage({"tokens": {"total": 0}})
+    cast.append_event("cast_start", {"request": "do it"})
+    out = cast.write_socket_output("Socket-1", 1, "hello")
+    item_out = cast.write_socket_output("Socket-2", 3, "x", item_key="WI 1/../a")
+    parsed = cast.write_socket_json("Socket-2", 3, {"satisfied": True})
+    refinement = cast.write_refinement("Socket-1", 1, 2, "entry:7", "draft", item_key="k")
+    inp = cast.write_utility_input("Socket-3", 1, {"castId": cast.cast_id})
+    cmd = cast.write_command_result(
+        "Socket-3", 1, stdout="o", stderr="e", stdout_truncated=False, stderr_truncated=True, max_bytes=1048576
+    )
+    ctx = cast.write_context("Socket-1", 1, "# Materia Isolated Context")
+    ctx2 = cast.write_context("Socket-1", 2, "c", item_key="k", suffix="refine 1")
+    rel = {cast.relative(p) for p in (out, item_out, parsed, refinement, inp, ctx, ctx2)}
+    assert rel == {
+        "sockets/Socket-1/1.md",
+        "sockets/Socket-2/3-WI-1-..-a.md",
+        "sockets/Socket-2/3.json",
+        "sockets/Socket-1/1-k.refinement-2-entry-7.md",
+        "sockets/Socket-3/1.input.json",
+        "contexts/Socket-1-1.md",
+        "contexts/Socket-1-k-2-refine-1.md",
+    }
+    assert (cmd.stdout_rel, cmd.stderr_rel, cmd.meta_rel) == (
+        "sockets/Socket-3/1.command.stdout.txt",
+        "sockets/Socket-3/1.command.stderr.txt",
+        "sockets/Socket-3/1.command.json",
+    )
+    meta = json.loads(cmd.meta.read_text())
+    assert meta["stderrTruncated"] is True and meta["maxBytes"] == 1048576
+    names = sorted(p.name for p in cast.run_dir.iterdir())
+    assert names == ["config.resolved.json", "contexts", "events.jsonl", "manifest.json", "sockets", "usage.json"]
+    assert cast.path("config.resolved.json").read_text().startswith('{\n  "activeLoadout"')
+
+
+def test_seg_rules():
+    assert seg("a b//c") == "a-b-c"
+    assert seg("--x--") == "x"
+    assert seg("") == "task" and seg("///") == "task" and seg("..") == "task"
+    assert len(seg("y" * 1000)) <= 120
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+def test_hostile_cast_ids_are_forbidden(tmp_path, bad):
+    with pytest.raises(Forbidden):
+        CastArtifacts(tmp_path, bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+def test_hostile_socket_ids_are_forbidden(cast, bad):
+    with pytest.raises(Forbidden):
+        cast.write_socket_output(bad, 1, "x")
+    with pytest.raises(Forbidden):
+        cast.write_context(bad, 1, "x")
+    assert list((cast.run_dir / "sockets").iterdir()) == []
+
+
+def test_bad_visit_and_escaping_relative_write_are_forbidden(cast):
+    for visit in (-1, True, "1"):
+        with pytest.raises(Forbidden):
+            cast.write_socket_output("Socket-1", visit, "x")
+    with pytest.raises(Forbidden):
+        cast.write_relative("../escape.txt", "x")
+    assert not (cast.run_dir.parent / "escape.txt").exists()
+
+
+def test_manifest_entries_and_missing_documents(cast):
+    with pytest.raises(NotFound):
+        cast.read_manifest()
+    cast.init_manifest(request="r", config_source="project", session_file="/s.jsonl")
+    stored = cast.add_manifest_entry({"phase": "Socket-1", "kind": "context"})
+    assert "timestamp" in stored
+    manifest = cast.read_manifest()
+    assert manifest["castId"] == cast.cast_id and manifest["sessionFile"] == "/s.jsonl"
+    assert [e["phase"] for e in manifest["entries"]] == ["Socket-1"]
+
+
+def test_concurrent_appends_from_many_threads_lose_nothing(cast):
+    cast.init_manifest(request="r", config_source="c")
+    threads_n, per_thread = 8, 25
+    start = threading.Barrier(threads_n)
+
+    def worker(t: int) -> None:
+        # A second object for the same cast must share the lock.
+        mine = CastArtifacts(cast.artifact_root, cast.cast_id)
+        start.wait()
+        for i in range(per_thread):
+            mine.append_event("tick", {"t": t, "i": i, "pad": "x" * 500})
+            mine.add_manifest_entry({"phase": f"{t}-{i}"})
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(threads_n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    log = cast.read_events()
+    assert log.skipped == []
+    assert sorted((e.data["t"], e.data["i"]) for e in log.events) == [
+        (t, i) for t in range(threads_n) for i in range(per_thread)
+    ]
+    assert len(cast.read_manifest()["entries"]) == threads_n * per_thread
+
+
+def test_events_report_torn_tail(cast):
+    cast.append_event("cast_start", {})
+    with open(cast.path("events.jsonl"), "ab") as fh:
+        fh.write(b'{"ts":1,"type":"sock')
+    log = cast.read_events()
+    assert [e.type for e in log.events] == ["cast_start"]
+    assert log.skipped and log.skipped[0].torn_tail
+
+
+def test_allocate_cast_id_is_unique_and_formatted(tmp_path):
+    now = datetime(2026, 5, 12, 19, 40, 40, 605000, tzinfo=UTC)
+    ids = [allocate_cast_id(tmp_path, now=now) for _ in range(3)]
+    assert ids == ["2026-05-12T19-40-40-605Z", "2026-05-12T19-40-40-605Z-1", "2026-05-12T19-40-40-605Z-2"]
+    assert all((tmp_path / i).is_dir() for i in ids)

@@ -1,0 +1,118 @@
+"""castor.adapters.fs: atomic writes, contained paths, JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from castor.adapters.fs import (
+    append_json_line,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json_lines,
+    safe_join,
+)
+from castor.messages.errors import ErrorCode, Forbidden
+
+
+def test_atomic_write_replaces_whole_content_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "doc.json"
+    atomic_write_json(target, {"a": 1})
+    atomic_write_json(target, {"b": [1, 2]})
+    assert json.loads(target.read_text()) == {"b": [1, 2]}
+    atomic_write_text(tmp_path / "t.txt", "héllo")
+    assert (tmp_path / "t.txt").read_text(encoding="utf-8") == "héllo"
+    atomic_write_bytes(tmp_path / "b.bin", b"\x00\x01")
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bin", "doc.json", "t.txt"]
+
+
+def test_unserialisable_json_writes_nothing(tmp_path):
+    target = tmp_path / "doc.json"
+    atomic_write_json(target, {"keep": True})
+    with pytest.raises(TypeError):
+        atomic_write_json(target, {"bad": object()})
+    with pytest.raises(ValueError):
+        atomic_write_json(target, {"nan": float("nan")})
+    assert json.loads(target.read_text()) == {"keep": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.json"]
+
+
+def test_safe_join_accepts_nested_relative_parts(tmp_path):
+    path = safe_join(tmp_path, "sockets/Socket-1", "1.md")
+    assert path == (tmp_path / "sockets" / "Socket-1" / "1.md").resolve()
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [("..",), ("../x",), ("a/../../x",), ("/etc/passwd",), ("a", "/etc"), ("a\x00b",), ("",), ("ok", "x/../..")],
+)
+def test_safe_join_refuses_escapes(tmp_path, parts):
+    with pytest.raises(Forbidden) as info:
+        safe_join(tmp_path, *parts)
+    assert info.value.code == ErrorCode.FORBIDDEN
+    assert "reason" in info.value.data
+
+
+def test_safe_join_refuses_symlink_escape(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link").symlink_to(outside)
+    with pytest.raises(Forbidden) as info:
+        safe_join(root, "link", "file.txt")
+    assert "symlink" in info.value.data["reason"]
+    # A symlink that stays inside the root is fine.
+    (root / "inner").mkdir()
+    (root / "alias").symlink_to(root / "inner")
+    assert safe_join(root, "alias", "f") == (root / "inner" / "f").resolve()
+
+
+def test_json_lines_roundtrip_and_torn_tail_is_skipped_and_sealed(tmp_path):
+    log = tmp_path / "events.jsonl"
+    append_json_line(log, {"n": 1})
+    append_json_line(log, {"n": 2, "text": "line\nbreak"})
+    # Simulate a crash in the middle of a write: a fragment without newline.
+    with open(log, "ab") as fh:
+        fh.write(b'{"n": 3, "tru')
+    read = read_json_lines(log)
+    assert read.records == [{"n": 1}, {"n": 2, "text": "line\nbreak"}]
+    assert read.torn_tail and read.skipped[0].line_no == 3
+    # The next append must not fuse with the fragment.
+    append_json_line(log, {"n": 4})
+    read = read_json_lines(log)
+    assert read.records == [{"n": 1}, {"n": 2, "text": "line\nbreak"}, {"n": 4}]
+    assert [s.line_no for s in read.skipped] == [3]
+    assert not read.torn_tail
+
+
+def test_final_line_without_newline_is_never_accepted_even_if_it_parses(tmp_path):
+    log = tmp_path / "e.jsonl"
+    log.write_bytes(b'{"a":1}\n{"b":2}')
+    read = read_json_lines(log)
+    assert read.records == [{"a": 1}]
+    assert read.torn_tail
+
+
+def test_missing_log_reads_empty(tmp_path):
+    read = read_json_lines(tmp_path / "none.jsonl")
+    assert read.records == [] and read.skipped == []
+
+
+def test_atomic_write_leaves_old_file_when_replace_fails(tmp_path, monkeypatch):
+    target = tmp_path / "doc.json"
+    atomic_write_json(target, {"v": 1})
+
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_json(target, {"v": 2})
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.json"]

@@ -1,0 +1,179 @@
+"""castor.adapters.materia.state_store: atomic saves, fencing, listing, kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from castor.adapters.materia.state_store import CastStateStore, list_casts
+from castor.messages.errors import Conflict, Forbidden, NotFound
+
+CAST = "2026-05-12T19-40-40-605Z"
+
+
+def test_save_and_load_roundtrip_with_revisions(tmp_path):
+    store = CastStateStore(tmp_path)
+    inc = store.claim(CAST)
+    assert inc == 1
+    first = store.save(CAST, {"version": 2, "active": True}, incarnation=inc)
+    second = store.save(CAST, {"version": 2, "active": False}, incarnation=inc)
+    assert (first.revision, second.revision) == (1, 2)
+    loaded = store.load(CAST)
+    assert loaded.state == {"version": 2, "active": False} and loaded.revision == 2 and loaded.incarnation == 1
+    raw = json.loads((tmp_path / CAST / "state.json").read_text())
+    assert raw["castId"] == CAST and raw["format"] == 1
+
+
+def test_zombie_incarnation_is_refused_and_leaves_state_untouched(tmp_path):
+    store = CastStateStore(tmp_path)
+    old = store.claim(CAST)
+    store.save(CAST, {"owner": "old"}, incarnation=old)
+    new = store.claim(CAST)
+    assert new == old + 1
+    with pytest.raises(Conflict) as info:
+        store.save(CAST, {"owner": "zombie"}, incarnation=old)
+    assert info.value.data["reason"] == "stale_incarnation"
+    assert store.load(CAST).state == {"owner": "old"}  # claim keeps the state
+    store.save(CAST, {"owner": "new"}, incarnation=new)
+    assert store.load(CAST).state == {"owner": "new"}
+
+
+def test_expected_revision_gives_compare_and_swap(tmp_path):
+    store = CastStateStore(tmp_path)
+    inc = store.claim(CAST)
+    saved = store.save(CAST, {"n": 1}, incarnation=inc, expected_revision=0)
+    with pytest.raises(Conflict) as info:
+        store.save(CAST, {"n": 2}, incarnation=inc, expected_revision=saved.revision - 1)
+    assert info.value.data["reason"] == "revision_mismatch"
+    assert store.load(CAST).state == {"n": 1}
+
+
+def test_concurrent_claims_get_distinct_incarnations(tmp_path):
+    store = CastStateStore(tmp_path)
+    barrier = threading.Barrier(8)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def claim() -> None:
+        barrier.wait()
+        inc = CastStateStore(tmp_path).claim(CAST)
+        with lock:
+            got.append(inc)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(got) == list(range(1, 9))
+    assert store.load(CAST).incarnation == 8
+
+
+def test_unknown_and_hostile_ids(tmp_path):
+    store = CastStateStore(tmp_path)
+    with pytest.raises(NotFound):
+        store.load(CAST)
+    for bad in ("../x", "/etc", "a/b", "a\x00b", "y" * 300):
+        with pytest.raises(Forbidden):
+            store.save(bad, {}, incarnation=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _state(cast_id: str, **fields):
+    return {"version": 2, "castId": cast_id, **fields}
+
+
+def test_list_casts_summaries_and_problems(tmp_path):
+    store = CastStateStore(tmp_path)
+    rows = {
+        "c-active": _state("c-active", active=True, phase="Socket-2", currentSocketId="Socket-2",
+                           socketState="awaiting_agent_response", updatedAt="2026-01-01T00:00:05Z"),
+        "c-done": _state("c-done", active=False, phase="complete", socketState="complete",
+                         currentSocketId="Socket-3", updatedAt="2026-01-01T00:00:04Z"),
+        "c-failed": _state("c-failed", active=False, phase="failed", socketState="failed",
+                           currentSocketId="Socket-1", failedReason="boom", updatedAt="2026-01-01T00:00:03Z"),
+        "c-aborted": _state("c-aborted", active=False, phase="Socket-1", socketState="failed",
+                            currentSocketId="Socket-1", failedReason="aborted by user",
+                            updatedAt="2026-01-01T00:00:02Z"),
+        "c-paused": _state("c-paused", active=True, socketState="awaiting_user_refinement",
+                           currentSocketId="Socket-1", updatedAt="2026-01-01T00:00:01Z"),
+    }
+    for cast_id, state in rows.items():
+        store.save(cast_id, state, incarnation=store.claim(cast_id))
+    (tmp_path / "c-corrupt").mkdir()
+    (tmp_path / "c-corrupt" / "state.json").write_text("{not json")
+    (tmp_path / "c-nostate").mkdir()
+    (tmp_path / "c-wrongshape").mkdir()
+    (tmp_path / "c-wrongshape" / "state.json").write_text("[1, 2]")
+    (tmp_path / "not a cast id").mkdir()
+    (tmp_path / "stray-file").write_text("x")
+
+    listing = list_casts(tmp_path)
+    summary = {(c.cast_id, c.status, c.current_socket, c.resumable) for c in listing.casts}
+    assert summary == {
+        ("c-active", "active", "Socket-2", False),
+        ("c-done", "complete", "Socket-3", False),
+        ("c-failed", "failed", "Socket-1", True),
+        ("c-aborted", "aborted", "Socket-1", True),
+        ("c-paused", "awaiting_refinement", "Socket-1", False),
+    }
+    assert [c.cast_id for c in listing.casts] == ["c-active", "c-done", "c-failed", "c-aborted", "c-paused"]
+    assert {p.cast_id for p in listing.problems} == {"c-corrupt", "c-nostate", "c-wrongshape"}
+    assert list_casts(tmp_path / "missing").casts == []
+
+
+_WRITER = r"""
+import sys
+from castor.adapters.materia.state_store import CastStateStore
+store = CastStateStore(sys.argv[1])
+inc = store.claim("victim")
+blob = "x" * 400_000
+n = 0
+while True:
+    n += 1
+    store.save("victim", {"n": n, "blob": blob + str(n)}, incarnation=inc)
+    sys.stdout.write(f"{n}\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_state_file_always_parses_after_kill_9_mid_write(tmp_path):
+    store = CastStateStore(tmp_path)
+    last_seen = 0
+    for round_no, kill_after in enumerate((1, 3, 7, 2, 5)):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        seen = 0
+        while seen < kill_after and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "writer died early"
+            seen = int(line)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+        stored = store.load("victim")  # must parse every time
+        assert stored.state["n"] >= seen
+        assert stored.state["blob"] == "x" * 400_000 + str(stored.state["n"])
+        assert stored.incarnation == round_no + 1
+        last_seen = stored.state["n"]
+    assert last_seen >= 1
+    assert list_casts(tmp_path).casts[0].cast_id == "victim"
+
+
+def test_claim_removes_debris_of_a_writer_killed_mid_write(tmp_path):
+    store = CastStateStore(tmp_path)
+    store.save(CAST, {"n": 1}, incarnation=store.claim(CAST))
+    debris = tmp_path / CAST / ".state.json.999.dead.tmp"
+    debris.write_text('{"half": ')
+    assert store.claim(CAST) == 2
+    assert not debris.exists()
+    assert store.load(CAST).state == {"n": 1}
