@@ -1,0 +1,214 @@
+"""Reading and writing Pi ``settings.json`` files for the Icarus bridge.
+
+Reads are tolerant: a missing, unreadable or malformed file becomes a
+:class:`SettingsLayer` with ``doc=None`` and an ``error`` (later a warning);
+reading never raises for bad files.
+
+Writes are a locked read-modify-write:
+
+- **Lock.** ``<file>.lock`` held with ``filelock.SoftFileLock`` (an ``O_EXCL``
+  marker file removed on release). This is mutually exclusive with Pi's own
+  ``proper-lockfile`` convention, which ``mkdir``\\ s the same path: while Pi
+  holds its directory we cannot create our marker and wait; while we hold our
+  marker Pi's ``mkdir`` fails and Pi waits. A lock path older than
+  :data:`STALE_AFTER_S` (Pi's 10 s) is treated as abandoned and removed. Within
+  this process a threading lock per path serialises writers first.
+- **Read** under the lock: a missing file is ``{}``; malformed JSON or a
+  top-level value that is not an object raises :class:`SettingsFileMalformed`
+  and the file is left byte-for-byte unchanged.
+- **Write** ``json.dumps(doc, indent=2) + "\\n"`` to a temp file in the same
+  directory, fsync, ``os.replace``, fsync the directory: readers see the old or
+  the new file, never a torn one. Unrelated keys are preserved because the
+  mutation receives the whole current document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import filelock
+
+from castor.domain.icarus.settings import (
+    IcarusSettings,
+    SettingsDocumentError,
+    SettingsLayer,
+    resolve_settings,
+    settings_paths,
+)
+from castor.messages.errors import ErrorCode, InvalidConfig, Timeout
+
+STALE_AFTER_S = 10.0
+LOCK_TIMEOUT_S = 5.0
+_POLL_S = 0.02
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+class SettingsFileMalformed(InvalidConfig):
+    """The settings file is not a JSON object; it was not overwritten."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"refusing to overwrite {path}: {reason}",
+                         data={"path": path, "reason": "malformed_settings"})
+
+
+class SettingsLockTimeout(Timeout):
+    """Another writer held ``<file>.lock`` for longer than the lock timeout."""
+
+    def __init__(self, path: str, waited_s: float) -> None:
+        super().__init__(f"settings lock {path}.lock busy for {waited_s:.1f}s; nothing was written",
+                         code=ErrorCode.TIMEOUT, data={"path": path, "reason": "settings_locked"},
+                         may_have_started=False)
+
+
+# --------------------------------------------------------------------------- reads
+
+def read_layer(path: str, scope: str) -> SettingsLayer:
+    """Tolerant read of one settings file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return SettingsLayer(scope=scope, path=path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return SettingsLayer(scope=scope, path=path, error=f"unreadable ({type(exc).__name__})")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return SettingsLayer(scope=scope, path=path, error="not valid JSON")
+    if not isinstance(doc, dict):
+        return SettingsLayer(scope=scope, path=path, error="top level is not an object")
+    return SettingsLayer(scope=scope, path=path, doc=doc)
+
+
+def load_layers(cwd: str, *, trusted: bool, env: Mapping[str, str] | None = None,
+                home: str | None = None) -> tuple[SettingsLayer, SettingsLayer]:
+    """(project, global) layers. An untrusted project's file is never opened."""
+    env = os.environ if env is None else env
+    home = home or os.path.expanduser("~")
+    project_path, global_path = settings_paths(os.path.abspath(cwd), env, home)
+    project = read_layer(project_path, "project") if trusted else SettingsLayer(scope="project", path=project_path)
+    return project, read_layer(global_path, "global")
+
+
+def load_settings(cwd: str, *, trusted: bool, env: Mapping[str, str] | None = None,
+                  home: str | None = None) -> IcarusSettings:
+    """Effective settings for a session in ``cwd``; never raises for bad files."""
+    env = dict(os.environ if env is None else env)
+    home = home or os.path.expanduser("~")
+    project, global_ = load_layers(cwd, trusted=trusted, env=env, home=home)
+    return resolve_settings(project=project, global_=global_, trusted=trusted, env=env,
+                            cwd=os.path.abspath(cwd), home=home, exists=os.path.isdir)
+
+
+# --------------------------------------------------------------------------- lock
+
+def _thread_lock(path: str) -> threading.Lock:
+    with _thread_locks_guard:
+        return _thread_locks.setdefault(path, threading.Lock())
+
+
+def _remove_if_stale(lock_path: str) -> None:
+    try:
+        age = time.time() - os.stat(lock_path).st_mtime
+    except FileNotFoundError:
+        return
+    if age < STALE_AFTER_S:
+        return
+    try:
+        if os.path.isdir(lock_path):
+            os.rmdir(lock_path)
+        else:
+            os.unlink(lock_path)
+    except OSError:
+        pass  # someone else removed or re-took it; the next attempt decides
+
+
+def _acquire(lock_path: str, timeout_s: float) -> filelock.SoftFileLock:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lock = filelock.SoftFileLock(lock_path, blocking=False)
+        try:
+            lock.acquire()
+            return lock
+        except (filelock.Timeout, IsADirectoryError, FileExistsError, PermissionError):
+            pass  # held by another writer (ours: a file; Pi's: a directory)
+        _remove_if_stale(lock_path)
+        if time.monotonic() >= deadline:
+            raise SettingsLockTimeout(lock_path[: -len(".lock")], timeout_s)
+        time.sleep(_POLL_S)
+
+
+# --------------------------------------------------------------------------- writes
+
+def _read_for_update(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsFileMalformed(path, f"unreadable ({type(exc).__name__})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise SettingsFileMalformed(path, "not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise SettingsFileMalformed(path, "top level is not a JSON object")
+    return doc
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if os.path.exists(path):
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]],
+                    *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+    """Locked read-modify-write of one settings file; returns the written document.
+
+    ``mutate`` gets the current document (``{}`` when missing) and returns the
+    new one; if it raises, nothing is written. Raises
+    :class:`SettingsFileMalformed` (file untouched), :class:`SettingsLockTimeout`,
+    or ``InvalidConfig`` when ``mutate`` rejects the document.
+    """
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _thread_lock(path):
+        lock = _acquire(path + ".lock", lock_timeout_s)
+        try:
+            doc = _read_for_update(path)
+            try:
+                new_doc = mutate(doc)
+            except SettingsDocumentError as exc:
+                raise SettingsFileMalformed(path, str(exc)) from None
+            _atomic_write(path, json.dumps(new_doc, indent=2, ensure_ascii=False) + "\n")
+            return new_doc
+        finally:
+            lock.release()

@@ -1,0 +1,464 @@
+"""One Icarus worker subprocess and its JSON-lines protocol, seen from the bridge.
+
+:class:`WorkerProcess` is a plain, thread-agnostic object (no pykka): the
+``IcarusWorkerActor`` owns one and calls it from its own thread.
+
+Guarantees
+----------
+- **One call at a time.** :meth:`WorkerProcess.call` writes one request and
+  blocks the *calling* thread until the reply with the same id, the deadline,
+  or the end of the process. A second concurrent ``call`` is refused
+  (``Conflict``); the worker program is sequential anyway.
+- **Deadline.** When the deadline passes the call stops reading, kills the
+  whole process tree and raises ``Timeout`` (``may_have_started=True``). A
+  late reply is never read. The worker is then retired: later calls raise
+  ``WorkerRetired`` without writing anything.
+- **kill_tree()** is safe from any thread and idempotent. It kills the process
+  group and every descendant psutil can see, reaps the child and wakes a
+  blocked ``call`` at once (a self-pipe), which raises ``WorkerRetired``.
+- **Crash.** End of stdout (or the process gone) mid-call raises
+  ``WorkerCrashed`` with the exit code in ``data`` and the stderr tail on
+  ``.stderr_tail`` (kept off the wire: stderr is diagnostic, never shown to
+  the model). A failed spawn is ``WorkerCrashed`` with ``may_have_started=False``.
+- **Stream hygiene.** Replies whose id is not the outstanding one are
+  discarded and counted; blank lines are skipped; a line that is not a JSON
+  object is counted and fails the current call with
+  :class:`WorkerProtocolError` (the worker itself stays usable; the current
+  call's own late reply is later discarded as a stale id).
+- **stderr** is drained by a daemon thread into a tail bounded by lines and
+  bytes, so the child can never block on a full pipe.
+- **Ids.** :func:`next_request_id` is process-wide and monotonic, so ids are
+  never reused across workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict
+
+from castor.adapters.icarus.launch import WorkerLaunch
+from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
+
+_ids = itertools.count(1)
+_ids_lock = threading.Lock()
+
+_LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
+_READ_CHUNK = 1 << 16
+
+
+def next_request_id() -> int:
+    """Process-wide monotonic request id (never reused, even across workers)."""
+    with _ids_lock:
+        return next(_ids)
+
+
+class WorkerProtocolError(CastorError):
+    """The worker's stdout carried a line that is not a protocol reply."""
+
+    code = ErrorCode.INTERNAL
+
+
+class WorkerStats(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    pid: int | None
+    alive: bool
+    state: str
+    calls: int
+    mismatched_replies: int
+    garbage_lines: int
+    rss_bytes: int | None = None
+    cpu_user_s: float | None = None
+    cpu_system_s: float | None = None
+    open_files: int | None = None
+    num_fds: int | None = None
+    children: int | None = None
+    stderr_tail_lines: int
+    stderr_tail_bytes: int
+
+
+class StderrTail:
+    """Last lines of the child's stderr, bounded by line count and bytes."""
+
+    def __init__(self, max_lines: int = 200, max_bytes: int = 32 * 1024, max_line_bytes: int = 2048) -> None:
+        self._lines: collections.deque[str] = collections.deque()
+        self._bytes = 0
+        self._max_lines, self._max_bytes, self._max_line = max_lines, max_bytes, max_line_bytes
+        self._lock = threading.Lock()
+
+    def add(self, raw: bytes) -> None:
+        text = raw[: self._max_line].decode("utf-8", "replace").rstrip("\r\n")
+        with self._lock:
+            self._lines.append(text)
+            self._bytes += len(text)
+            while self._lines and (len(self._lines) > self._max_lines or self._bytes > self._max_bytes):
+                self._bytes -= len(self._lines.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+    def size(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._lines), self._bytes
+
+
+class WorkerProcess:
+    """A persistent worker subprocess; see the module docstring for guarantees."""
+
+    def __init__(self, launch: WorkerLaunch, *, stderr_max_lines: int = 200,
+                 stderr_max_bytes: int = 32 * 1024) -> None:
+        self._launch = launch
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr = StderrTail(stderr_max_lines, stderr_max_bytes)
+        self._stderr_thread: threading.Thread | None = None
+        self._buffer = b""
+        self._call_lock = threading.Lock()
+        self._kill_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._retired: str | None = None  # reason once killed on purpose
+        self._crashed = False
+        self._killed = False
+        self._calls = 0
+        self._mismatched = 0
+        self._garbage = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def started(self) -> bool:
+        return self._proc is not None
+
+    @property
+    def usable(self) -> bool:
+        return self._retired is None and not self._crashed
+
+    def start(self) -> None:
+        """Spawn the child (idempotent). Raises ``WorkerCrashed`` if it cannot start."""
+        if self._proc is not None:
+            return
+        if not self.usable:
+            raise WorkerRetired("worker was retired before it started", may_have_started=False)
+        try:
+            self._proc = subprocess.Popen(
+                list(self._launch.argv), cwd=self._launch.cwd, env=self._launch.env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            self._crashed = True
+            raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
+                                data={"reason": "spawn_failed", "python": self._launch.python},
+                                may_have_started=False) from None
+        os.set_blocking(self._proc.stdin.fileno(), False)
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
+                                               daemon=True)
+        self._stderr_thread.start()
+
+    def _drain_stderr(self) -> None:
+        stream = self._proc.stderr
+        try:
+            for line in iter(stream.readline, b""):
+                self._stderr.add(line)
+        except (OSError, ValueError):
+            pass  # pipe closed under us during kill
+
+    def stderr_tail(self) -> str:
+        return self._stderr.text()
+
+    # ------------------------------------------------------------------ kill
+
+    def kill_tree(self, reason: str = "retired") -> None:
+        """Kill the worker and all its descendants; wake a blocked call. Any thread."""
+        with self._kill_lock:
+            if self._retired is None and not self._crashed:
+                self._retired = reason
+            proc = self._proc
+            if proc is None or self._killed:
+                self._wake()
+                return
+            self._killed = True
+        try:
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+        self._wake()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+            pass
+        psutil.wait_procs(descendants, timeout=2)
+        if self._call_lock.acquire(blocking=False):
+            try:
+                self._close_pipes()
+            finally:
+                self._call_lock.release()
+
+    def close(self) -> None:
+        self.kill_tree("closed")
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _close_pipes(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+
+    # ------------------------------------------------------------------ call
+
+    def call(self, request_id: int, module: str, function: str, args: list[Any] | tuple[Any, ...] | None = None,
+             kwargs: dict[str, Any] | None = None, deadline: float | None = None) -> dict[str, Any]:
+        """Send one request and return its reply dict ``{id, ok, result|error, traceback}``.
+
+        ``deadline`` is a ``time.monotonic()`` instant (None: wait forever).
+        Raises ``Timeout``, ``WorkerRetired``, ``WorkerCrashed``,
+        ``WorkerProtocolError`` or ``Conflict`` (a call already in progress).
+        """
+        if not self._call_lock.acquire(blocking=False):
+            raise Conflict("a call is already in progress on this worker", may_have_started=False)
+        try:
+            self._check_usable(may_have_started=False)
+            self.start()
+            target = f"{module}.{function}"
+            line = json.dumps({"id": request_id, "module": module, "function": function,
+                               "args": list(args or []), "kwargs": dict(kwargs or {})},
+                              ensure_ascii=False, allow_nan=False, default=str)
+            self._drain_stale()
+            self._calls += 1
+            self._write(line.encode("utf-8") + b"\n", deadline, target)
+            return self._await_reply(request_id, deadline, target)
+        finally:
+            if not self.usable:
+                self._close_pipes()
+            self._call_lock.release()
+
+    def _check_usable(self, *, may_have_started: bool, target: str | None = None) -> None:
+        if self._retired is not None:
+            raise WorkerRetired(f"icarus worker {self._retired}" + (f" during {target}" if target else ""),
+                                data={"reason": self._retired, "pid": self.pid, "target": target},
+                                may_have_started=may_have_started)
+        if self._crashed:
+            raise WorkerCrashed("icarus worker is gone", data={"pid": self.pid, "target": target},
+                                may_have_started=may_have_started)
+
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
+    def _timeout(self, target: str, request_id: int, *, started: bool) -> Timeout:
+        pid = self.pid
+        self.kill_tree("timed out")
+        return Timeout(f"icarus call {target} timed out; the worker was retired",
+                       data={"target": target, "request_id": request_id, "pid": pid},
+                       may_have_started=started)
+
+    def _write(self, data: bytes, deadline: float | None, target: str) -> None:
+        fd = self._proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            self._check_usable(may_have_started=False, target=target)
+            try:
+                written = os.write(fd, view)
+                view = view[written:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
+                    raise
+                raise self._crash(target, may_have_started=False) from None
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                raise self._timeout(target, -1, started=False)
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.register(self._wake_r, select.POLLIN)
+            poller.poll(_poll_ms(remaining))
+
+    def _await_reply(self, request_id: int, deadline: float | None, target: str) -> dict[str, Any]:
+        out_fd = self._proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(out_fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            reply = self._take_reply(request_id, target)
+            if reply is not None:
+                return reply
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                raise self._timeout(target, request_id, started=True)
+            events = poller.poll(_poll_ms(remaining))
+            self._check_usable(may_have_started=True, target=target)
+            if not events:
+                if self._proc.poll() is not None:
+                    raise self._crash(target, may_have_started=True)
+                continue
+            for fd, _mask in events:
+                if fd == out_fd:
+                    chunk = os.read(out_fd, _READ_CHUNK)
+                    if not chunk:
+                        self._check_usable(may_have_started=True, target=target)
+                        raise self._crash(target, may_have_started=True)
+                    self._buffer += chunk
+
+    def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
+        while b"\n" in self._buffer:
+            raw, self._buffer = self._buffer.split(b"\n", 1)
+            line = raw.strip()
+            if not line:
+                continue
+            reply = _decode_reply(line)
+            if reply is None:
+                self._garbage += 1
+                raise WorkerProtocolError(f"icarus worker wrote a non-protocol line during {target}",
+                                          data={"target": target, "reason": "protocol_garbage"},
+                                          may_have_started=True)
+            if reply.get("id") != request_id:
+                self._mismatched += 1
+                continue
+            return reply
+        return None
+
+    def _drain_stale(self) -> None:
+        """Consume whatever arrived between calls: stale replies and garbage are counted."""
+        out_fd = self._proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(out_fd, select.POLLIN)
+        while poller.poll(0):
+            chunk = os.read(out_fd, _READ_CHUNK)
+            if not chunk:
+                raise self._crash("(between calls)", may_have_started=False)
+            self._buffer += chunk
+        while b"\n" in self._buffer:
+            raw, self._buffer = self._buffer.split(b"\n", 1)
+            line = raw.strip()
+            if not line:
+                continue
+            if _decode_reply(line) is None:
+                self._garbage += 1
+            else:
+                self._mismatched += 1
+
+    def _crash(self, target: str, *, may_have_started: bool) -> WorkerCrashed:
+        """The child ended on its own: reap it, collect the stderr tail, retire."""
+        self._crashed = True
+        proc = self._proc
+        try:
+            exit_code = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            exit_code = None
+        with self._kill_lock:
+            self._killed = False  # make sure a half-dead tree is still swept
+        self.kill_tree("crashed")
+        if self._stderr_thread is not None:
+            self._stderr_thread.join(timeout=0.5)
+        error = WorkerCrashed(f"icarus worker exited (code {exit_code}) during {target}",
+                              data={"exit_code": exit_code, "target": target, "pid": proc.pid},
+                              may_have_started=may_have_started)
+        error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]
+        return error
+
+    # ------------------------------------------------------------------ stats
+
+    def state(self) -> str:
+        if self._proc is None:
+            return "crashed" if self._crashed else "not_started"
+        if self._crashed:
+            return "crashed"
+        if self._retired is not None:
+            return "retired"
+        return "running" if self._proc.poll() is None else "exited"
+
+    def stats(self) -> WorkerStats:
+        lines, size = self._stderr.size()
+        base: dict[str, Any] = dict(pid=self.pid, alive=False, state=self.state(), calls=self._calls,
+                                    mismatched_replies=self._mismatched, garbage_lines=self._garbage,
+                                    stderr_tail_lines=lines, stderr_tail_bytes=size)
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                proc = psutil.Process(self._proc.pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_times()
+                    base.update(alive=True, rss_bytes=proc.memory_info().rss, cpu_user_s=cpu.user,
+                                cpu_system_s=cpu.system, num_fds=proc.num_fds(),
+                                open_files=len(proc.open_files()), children=len(proc.children(recursive=True)))
+            except psutil.Error:
+                pass
+        return WorkerStats(**base)
+
+    def __del__(self) -> None:  # best effort: never leak the self-pipe
+        for fd in (getattr(self, "_wake_r", None), getattr(self, "_wake_w", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+class IcarusCallError(CastorError):
+    """The backend function raised; the worker is fine. ``data.traceback`` is diagnostic."""
+
+    code = ErrorCode.INTERNAL
+
+
+def reply_result(reply: dict[str, Any], target: str) -> Any:
+    """The ``result`` of an ``ok`` reply, else :class:`IcarusCallError` (spec §1.2)."""
+    if reply.get("ok") is True:
+        return reply.get("result")
+    message = str(reply.get("error") or "") or "Icarus call failed"
+    raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
+                                         "traceback": str(reply.get("traceback") or "")},
+                          may_have_started=True)
+
+
+def _poll_ms(remaining: float | None) -> int:
+    if remaining is None:
+        return int(_LIVENESS_POLL_S * 1000)
+    return max(0, min(int(remaining * 1000) + 1, int(_LIVENESS_POLL_S * 1000)))
+
+
+def _decode_reply(line: bytes) -> dict[str, Any] | None:
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
+        return None
+    return reply
