@@ -37,7 +37,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,7 +70,7 @@ class ConnectionSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     frame_limits: FrameLimits = FrameLimits()
-    max_workers: int = Field(8, ge=1, le=256)
+    max_workers: int = Field(8, ge=2, le=256)  # one thread always holds the reader role
     max_in_flight: int = Field(64, ge=1)
     max_outbound_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_outbound_frames: int = Field(10_000, ge=1)
@@ -311,10 +310,10 @@ class Connection:
                     overflow = f"write failed: {exc}"
                     sent = None
                 if overflow is None and sent is not None:
-                    self.counters["frames_out"] += 1
                     if sent == len(data):
+                        self.counters["frames_out"] += 1
                         return True
-                    data = memoryview(data)[sent:]
+                    data = memoryview(data)[sent:]  # the writer sends the rest, in order
             if overflow is None:
                 if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
                         or len(self._out) >= self.settings.max_outbound_frames):
@@ -332,13 +331,13 @@ class Connection:
     def _writer(self) -> None:
         while True:
             with self._wlock:
-                while not self._out and not self._closed:
+                while not self._out:
                     if self._writer_busy:
                         self._writer_busy = False
                         self._wlock.notify_all()  # flushers wait for an idle writer
+                    if self._closed:
+                        return
                     self._wlock.wait()
-                if self._closed and not self._out:
-                    return
                 chunks = list(self._out)
                 self._out.clear()
                 self._writer_busy = True
@@ -346,6 +345,9 @@ class Connection:
             try:
                 self.transport.sendall(b"".join(chunks))
             except OSError as exc:
+                with self._wlock:
+                    self._writer_busy = False
+                    self._wlock.notify_all()
                 if not self._closed:
                     self.close(f"write failed: {exc}")
                 return
@@ -506,10 +508,3 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout)
 
-
-def _packable(value: Any) -> bool:  # pragma: no cover - helper kept for handlers' self-checks
-    try:
-        msgpack.packb(value, use_bin_type=True)
-        return True
-    except Exception:
-        return False

@@ -37,6 +37,17 @@ if TYPE_CHECKING:
 
 PROTOCOL_VERSION = 1
 
+
+def _castor_version() -> str:
+    version = getattr(castor, "__version__", None)
+    if version:
+        return str(version)
+    try:  # a stale editable install can import castor as a namespace package
+        from importlib.metadata import version as dist_version
+        return dist_version("castor")
+    except Exception:
+        return "0+unknown"
+
 Handler = Callable[[Any, "Context"], Any]
 
 
@@ -88,7 +99,7 @@ class Dispatcher:
     """A thread-safe method registry with ``runtime.hello`` built in."""
 
     name: str = "castor"
-    version: str = castor.__version__
+    version: str = field(default_factory=_castor_version)
     capabilities: set[str] = field(default_factory=set)
     builtin_hello: bool = True
     _methods: dict[str, _Entry] = field(default_factory=dict, init=False, repr=False)

@@ -1,0 +1,133 @@
+"""A synchronous msgpack-rpc client for castor (tests, the CLI, Python harnesses).
+
+Built on the same :class:`~castor.endpoint.connection.Connection` as the
+server, so it has the same guarantees: thread-safe concurrent ``call``\\ s,
+a deadline on every call, server→client requests answered by registered
+handlers off the reading thread, and ``close()`` failing every pending call
+with :class:`~castor.endpoint.errors.ConnectionClosed`.
+
+Example::
+
+    with Client.connect_unix("/run/castor.sock") as client:
+        client.on_request("session.append_entry", lambda params: {"ok": True})
+        print(client.call("runtime.hello", {}))
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from loguru import logger
+
+from castor.endpoint.connection import Connection, ConnectionSettings
+from castor.endpoint.dispatch import Context, Dispatcher
+from castor.endpoint.transport import PipeTransport, SocketTransport
+
+ClientHandler = Callable[[dict[str, Any]], Any]
+
+
+class Client:
+    """A connected client. Use the ``connect_*`` / ``spawn_stdio`` constructors."""
+
+    def __init__(self, transport: SocketTransport | PipeTransport, *, settings: ConnectionSettings | None = None,
+                 default_timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None,
+                 name: str = "client") -> None:
+        self.default_timeout = default_timeout
+        self.process = process
+        self._dispatcher = Dispatcher(builtin_hello=False)
+        self._dispatcher.register("error", self._on_error_notification)
+        self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
+        self.connection = Connection(transport, self._dispatcher, settings=settings, name=name)
+        self.connection.start()
+
+    # ---------------------------------------------------------------- constructors
+    @classmethod
+    def connect_unix(cls, path: str, **kwargs: Any) -> Client:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(SocketTransport(sock), name=f"client-unix:{path}", **kwargs)
+
+    @classmethod
+    def connect_tcp(cls, host: str, port: int, *, connect_timeout: float = 5.0, **kwargs: Any) -> Client:
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+        return cls(SocketTransport(sock), name=f"client-tcp:{host}:{port}", **kwargs)
+
+    @classmethod
+    def spawn_stdio(cls, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+                    stderr: int | None = None, **kwargs: Any) -> Client:
+        """Start ``argv`` (e.g. ``["castor", "serve", "--stdio"]``) and talk over its stdio."""
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                env=env, cwd=cwd, bufsize=0, close_fds=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        # The transport owns duplicates so Popen's file objects can be dropped without closing ours.
+        rfd, wfd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
+        proc.stdout.close()
+        proc.stdin.close()
+        proc.stdin = proc.stdout = None
+        return cls(PipeTransport(rfd, wfd, peer=f"pid {proc.pid}"), process=proc,
+                   name=f"client-stdio:{proc.pid}", **kwargs)
+
+    # ---------------------------------------------------------------- calls
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """Call and wait; raises the ``CastorError`` subclass sent by the server."""
+        return self.connection.call(method, params or {},
+                                    timeout=self.default_timeout if timeout is None else timeout)
+
+    def call_async(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None):
+        """Send now, wait later: returns a pending call whose ``result()`` honours the deadline."""
+        return self.connection.call_async(method, params or {},
+                                          timeout=self.default_timeout if timeout is None else timeout)
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
+        return self.connection.notify(method, params or {})
+
+    # ---------------------------------------------------------------- server → client
+    def on_request(self, method: str, fn: ClientHandler) -> None:
+        """Answer server requests ``method`` with ``fn(params) -> result`` (raise CastorError to fail)."""
+        self._dispatcher.register(method, _adapt(fn), replace=True)
+
+    def on_notification(self, method: str, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._dispatcher.register(method, _adapt(fn), replace=True)
+
+    def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
+        logger.warning("server reported an error: {}", params)
+        self.errors.append(params)
+        del self.errors[:-100]
+
+    # ---------------------------------------------------------------- closing
+    @property
+    def closed(self) -> bool:
+        return self.connection.closed
+
+    def close(self, *, wait_process: float = 5.0) -> None:
+        """Close the connection (pending calls fail); for a spawned server, wait for it to exit."""
+        self.connection.close("client closed")
+        if self.process is not None:
+            try:
+                self.process.wait(wait_process)
+            except subprocess.TimeoutExpired:
+                logger.warning("stdio server pid {} did not exit; killing it", self.process.pid)
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _adapt(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any], Context], Any]:
+    def handler(params: dict[str, Any], _ctx: Context) -> Any:
+        return fn(params)
+
+    handler.__name__ = getattr(fn, "__name__", "handler")
+    return handler

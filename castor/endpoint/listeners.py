@@ -1,0 +1,130 @@
+"""Listening sockets: a private Unix socket and a loopback-only TCP socket.
+
+* :func:`bind_unix` creates the socket file with mode 0600 *before* anyone
+  can reach it (bound inside a fresh 0700 directory, chmod-ed, then renamed
+  into place). An existing path is replaced only if it is a socket nobody is
+  listening on (stale); a live socket or any other file is refused.
+* :func:`bind_tcp` refuses every host that is not loopback: the endpoint has
+  no authentication, so it must never be reachable from another machine.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import stat
+import tempfile
+
+from castor.messages.errors import Conflict, Forbidden, InvalidConfig
+
+_SUN_PATH_MAX = 107
+
+
+def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
+    """Listen on ``path``; return the socket and the inode of its file (for safe unlink)."""
+    path = os.path.abspath(path)
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise InvalidConfig(f"unix socket path is longer than {_SUN_PATH_MAX} bytes: {path}")
+    _clear_stale(path)
+    parent = os.path.dirname(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        tmpdir = tempfile.mkdtemp(prefix=".cs", dir=parent)  # 0700: unreachable until renamed
+        tmp = os.path.join(tmpdir, "s")
+        try:
+            if len(os.fsencode(tmp)) <= _SUN_PATH_MAX:
+                sock.bind(tmp)
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            else:
+                _bind_with_umask(sock, path)
+        finally:
+            _rmdir_quietly(tmpdir)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, os.lstat(path).st_ino
+
+
+def _bind_with_umask(sock: socket.socket, path: str) -> None:
+    # Fallback when the temp path would be too long: umask is process-wide, so keep it brief.
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+
+
+def _rmdir_quietly(path: str) -> None:
+    try:
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _clear_stale(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise Conflict(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            try:
+                os.unlink(path)  # stale: its server is gone
+            except FileNotFoundError:
+                pass
+            return
+        raise Conflict(f"cannot probe existing socket {path}: {exc}") from exc
+    finally:
+        probe.close()
+    raise Conflict(f"another server is already listening on {path}")
+
+
+def unlink_if_ours(path: str, inode: int) -> None:
+    """Remove the socket file only if it is still the one we created."""
+    try:
+        if os.lstat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """Listen on a loopback address (``port`` 0 picks a free one)."""
+    if not is_loopback_host(host):
+        raise Forbidden(
+            f"refusing to listen on non-loopback host {host!r}: the castor endpoint has no "
+            "authentication; use 127.0.0.1, ::1 or localhost",
+            data={"host": host})
+    if host == "localhost":
+        host = "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

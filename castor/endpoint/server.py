@@ -1,0 +1,230 @@
+"""The msgpack-rpc server: stdio, a Unix socket or loopback TCP.
+
+Guarantees:
+
+* Each client gets its own :class:`Connection`; a misbehaving client (bad
+  bytes, floods, never reading) loses only its own connection.
+* In stdio mode the protocol owns file descriptor 1: the original stdout is
+  duplicated for the protocol and fd 1 is pointed at stderr, so a stray
+  ``print`` can never corrupt the stream. Logging goes to stderr.
+* Shutdown (stdio EOF, SIGTERM/SIGINT under :func:`serve`, or
+  :meth:`Server.stop`) happens once, in this order: stop accepting, close
+  every connection (pending calls fail with ``ConnectionClosed``), run the
+  ``on_shutdown`` hook (its failure is logged, never raised), remove the
+  Unix socket file if it is still ours.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+from castor.endpoint.connection import Connection, ConnectionSettings
+from castor.endpoint.dispatch import Dispatcher
+from castor.endpoint.framing import encode_error_notification
+from castor.endpoint.listeners import bind_tcp, bind_unix, unlink_if_ours
+from castor.endpoint.transport import PipeTransport, SocketTransport
+from castor.messages.errors import InvalidConfig, MailboxFull
+
+
+class Server:
+    """One listening endpoint. ``start()`` returns at once; ``stop()`` is idempotent."""
+
+    def __init__(self, dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
+                 tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
+                 on_shutdown: Callable[[], Any] | None = None, max_connections: int = 64,
+                 stdin_fd: int = 0, stdout_fd: int = 1) -> None:
+        modes = sum(1 for m in (stdio, unix_path is not None, tcp is not None) if m)
+        if modes != 1:
+            raise InvalidConfig("serve exactly one of: stdio, unix_path, tcp")
+        self.dispatcher = dispatcher
+        self.settings = settings or ConnectionSettings()
+        self.on_shutdown = on_shutdown
+        self.max_connections = max_connections
+        self._stdio = stdio
+        self._stdin_fd, self._stdout_fd = stdin_fd, stdout_fd
+        self._unix_path = os.path.abspath(unix_path) if unix_path is not None else None
+        self._tcp = tcp
+        self._listener: socket.socket | None = None
+        self._inode: int | None = None
+        self._conns: dict[int, Connection] = {}
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._accept_thread: threading.Thread | None = None
+        self.address: str | tuple[str, int] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> Server:
+        if self._stdio:
+            self._start_stdio()
+        else:
+            if self._unix_path is not None:
+                self._listener, self._inode = bind_unix(self._unix_path)
+                self.address = self._unix_path
+                kind = "unix"
+            else:
+                host, port = self._tcp  # type: ignore[misc]
+                self._listener = bind_tcp(host, port)
+                self.address = self._listener.getsockname()[:2]
+                kind = "tcp"
+            self._accept_thread = threading.Thread(target=self._accept_loop, args=(kind,),
+                                                   name="castor-accept", daemon=True)
+            self._accept_thread.start()
+        logger.info("castor endpoint listening on {}", self.address)
+        return self
+
+    def _start_stdio(self) -> None:
+        out_fd = self._stdout_fd
+        if out_fd == 1:
+            # Keep the real stdout for frames; send anything else written to fd 1 to stderr.
+            out_fd = os.dup(1)
+            os.dup2(2, 1)
+        conn = Connection(PipeTransport(self._stdin_fd, out_fd, peer="stdio"), self.dispatcher,
+                          settings=self.settings, name="stdio")
+        self.address = "stdio"
+        self._track(conn)
+        # EOF on stdin means the harness is gone: shut the whole runtime down.
+        conn.add_close_callback(lambda _c: self._stop_in_background("stdio closed"))
+        conn.start()
+
+    def connections(self) -> list[Connection]:
+        with self._lock:
+            return list(self._conns.values())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has fully stopped; ``False`` on timeout."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def stop(self, reason: str = "server stopping", *, flush_timeout: float = 0.5) -> None:
+        with self._lock:
+            if self._stopping:
+                first = False
+            else:
+                self._stopping = first = True
+        if not first:
+            self._stopped.wait()
+            return
+        logger.info("castor endpoint stopping: {}", reason)
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._accept_thread is not None:
+            self._accept_thread.join(5.0)
+        if self._listener is not None:
+            self._listener.close()
+        for conn in self.connections():
+            conn.close(reason, flush_timeout=flush_timeout)
+        if self.on_shutdown is not None:
+            try:
+                self.on_shutdown()
+            except Exception:
+                logger.exception("on_shutdown hook failed")
+        if self._unix_path is not None and self._inode is not None:
+            unlink_if_ours(self._unix_path, self._inode)
+        self._wake_r.close()
+        self._wake_w.close()
+        self._stopped.set()
+        logger.info("castor endpoint stopped")
+
+    def _stop_in_background(self, reason: str) -> None:
+        threading.Thread(target=self.stop, args=(reason,), name="castor-shutdown", daemon=False).start()
+
+    # ---------------------------------------------------------------- accepting
+    def _accept_loop(self, kind: str) -> None:
+        assert self._listener is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, "listener")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stopping:
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        return
+                    self._accept_one(kind)
+        finally:
+            sel.close()
+
+    def _accept_one(self, kind: str) -> None:
+        try:
+            sock, _addr = self._listener.accept()  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            logger.warning("accept failed: {}", exc)
+            return
+        with self._lock:
+            full = len(self._conns) >= self.max_connections
+        if full:
+            self._refuse(sock)
+            return
+        conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)
+        conn.name = f"{kind}-{conn.id}"
+        self._track(conn)
+        conn.start()
+        logger.debug("accepted connection {}", conn.name)
+
+    def _refuse(self, sock: socket.socket) -> None:
+        err = MailboxFull(f"too many connections (limit {self.max_connections})",
+                          data={"limit": self.max_connections})
+        try:
+            sock.settimeout(0.5)
+            sock.sendall(encode_error_notification(err.to_wire()))
+        except OSError:
+            pass
+        finally:
+            sock.close()
+        logger.warning("refused a connection: limit of {} reached", self.max_connections)
+
+    def _track(self, conn: Connection) -> None:
+        with self._lock:
+            self._conns[conn.id] = conn
+        conn.add_close_callback(self._untrack)
+
+    def _untrack(self, conn: Connection) -> None:
+        with self._lock:
+            self._conns.pop(conn.id, None)
+
+
+def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
+          tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
+          on_shutdown: Callable[[], Any] | None = None, on_ready: Callable[[Server], Any] | None = None,
+          max_connections: int = 64) -> None:
+    """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT or ``stop()``; then return.
+
+    Signal handlers are installed only when called from the main thread and are
+    restored on return. ``on_ready(server)`` runs once the endpoint listens.
+    """
+    server = Server(dispatcher, stdio=stdio, unix_path=unix_path, tcp=tcp, settings=settings,
+                    on_shutdown=on_shutdown, max_connections=max_connections)
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def _on_signal(signum: int, _frame: Any) -> None:
+            server._stop_in_background(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _on_signal)
+    try:
+        server.start()
+        if on_ready is not None:
+            on_ready(server)
+        while not server.wait(0.5):  # a timed wait keeps the main thread responsive to signals
+            pass
+    finally:
+        if not server.stopped:
+            server.stop("serve() exiting")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
