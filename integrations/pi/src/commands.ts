@@ -1,0 +1,68 @@
+/**
+ * `/materia …` and `/icarus …` → castor method calls (pure: parsing only).
+ *
+ * | command                      | method          | params (besides session_id, cwd)  |
+ * |------------------------------|-----------------|-----------------------------------|
+ * | /materia cast <request>      | cast.start      | request                           |
+ * | /materia continue            | cast.continue   |                                   |
+ * | /materia abort               | cast.abort      |                                   |
+ * | /materia recast [id]         | cast.recast     | cast_id?                          |
+ * | /materia revive [id]         | cast.revive     | cast_id?                          |
+ * | /materia status              | cast.status     |                                   |
+ * | /materia casts               | cast.list       |                                   |
+ * | /materia grid [loadout]      | grid.render     | loadout?                          |
+ * | /materia loadout             | loadout.list    |                                   |
+ * | /materia loadout <name>      | loadout.set     | name                              |
+ * | /icarus <args>               | icarus.command  | args (the raw argument string)    |
+ *
+ * Arguments are split on whitespace and the rest rejoined with single spaces (materia
+ * spec §9). Anything else is a usage error (no call is made).
+ */
+
+export const MATERIA_SUBCOMMANDS = ["cast", "continue", "abort", "recast", "revive", "status", "casts", "grid", "loadout"] as const;
+
+export const MATERIA_USAGE =
+	"Usage: /materia cast <request> | continue | abort | recast [cast-id] | revive [cast-id] | status | casts | grid [loadout] | loadout [name]. " +
+	"A cast paused for refinement resumes with /materia continue.";
+
+export type Planned = { method: string; params: Record<string, unknown> } | { usage: string };
+
+export function planMateria(args: string): Planned {
+	const words = args.trim().split(/\s+/).filter(Boolean);
+	const sub = words.shift() ?? "";
+	const rest = words.join(" ");
+	switch (sub) {
+		case "cast":
+			return rest ? { method: "cast.start", params: { request: rest } } : { usage: `/materia cast needs a request. ${MATERIA_USAGE}` };
+		case "continue":
+		case "abort":
+		case "status":
+			return words.length ? { usage: MATERIA_USAGE } : { method: `cast.${sub}`, params: {} };
+		case "casts":
+			return words.length ? { usage: MATERIA_USAGE } : { method: "cast.list", params: {} };
+		case "recast":
+		case "revive":
+			if (words.length > 1) return { usage: MATERIA_USAGE };
+			return { method: `cast.${sub}`, params: words.length ? { cast_id: words[0] } : {} };
+		case "grid":
+			return { method: "grid.render", params: rest ? { loadout: rest } : {} };
+		case "loadout":
+			return rest ? { method: "loadout.set", params: { name: rest } } : { method: "loadout.list", params: {} };
+		default:
+			return { usage: sub ? `Unknown /materia subcommand "${sub}". ${MATERIA_USAGE}` : MATERIA_USAGE };
+	}
+}
+
+export function planIcarus(args: string): Planned {
+	return { method: "icarus.command", params: { args: args.trim().split(/\s+/).filter(Boolean).join(" ") } };
+}
+
+/** The text to show for a command result: `text`, else `message`, else compact JSON. */
+export function resultText(result: unknown): { text: string; level: "info" | "warning" | "error" } {
+	if (typeof result === "string") return { text: result, level: "info" };
+	const r = (result ?? {}) as Record<string, unknown>;
+	const level = r.level === "warning" || r.level === "error" ? r.level : "info";
+	if (typeof r.text === "string") return { text: r.text, level };
+	if (typeof r.message === "string") return { text: r.message, level };
+	return { text: JSON.stringify(result ?? null), level };
+}

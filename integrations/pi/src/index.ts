@@ -1,0 +1,432 @@
+/**
+ * castor Pi extension: embeds the castor runtime (`castor serve --stdio`) in Pi.
+ *
+ * - Lifecycle events go to castor as `harness.event` (session_start, before_agent_start,
+ *   context, agent_end, agent_settled, session_shutdown); the results say what to inject.
+ * - `/materia …`, `/icarus …` and `/castor status|restart` forward to castor methods.
+ * - Fabric tools that castor announces are registered and forwarded as `icarus.tool`.
+ * - castor's calls (`agent.run_turn`, `session.append_entry`, `message.send`, `ui.notify`,
+ *   `ui.status`, `classifier.complete`, `model.list`) act on Pi.
+ *
+ * Failure behaviour: every bridge call has a deadline. Lifecycle failures are ambient
+ * (swallowed, Pi continues without the injection). When the runtime dies Pi shows an
+ * error notification and the footer status `castor: down`; lifecycle events then fail
+ * fast, and the next command respawns the runtime and reopens the session.
+ *
+ * Configuration (never from project files): flag `--castor-command` or env
+ * `CASTOR_COMMAND` (default `castor serve --stdio`; a JSON array or a space-separated
+ * line), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000).
+ */
+import { VERSION } from "@mariozechner/pi-coding-agent";
+import { planIcarus, planMateria, resultText, type Planned } from "./commands";
+import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
+import { RpcError, type Params } from "./rpc";
+import { CastorRuntime, parseCommand, type Hello } from "./runtime";
+import { FabricTools } from "./tools";
+import { TurnTracker, type RunTurnParams } from "./turns";
+
+const EXTENSION_VERSION = "0.1.0";
+const STATUS_KEY = "castor";
+const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
+const HARNESS_METHODS = ["agent.run_turn", "session.append_entry", "message.send", "ui.notify", "ui.status", "classifier.complete", "model.list"];
+
+type Ctx = any; // Pi's ExtensionContext (typed loosely: the extension runs on Pi 0.73 and 1.x)
+type Level = "info" | "warning" | "error";
+
+function errorText(err: unknown): string {
+	return err instanceof Error ? err.message : String(err);
+}
+
+export default function castorExtension(pi: any): void {
+	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio)" });
+	pi.registerFlag("castor-timeout-ms", { type: "string", description: "Deadline for each castor call in ms (default 15000)" });
+
+	let lastCtx: Ctx | undefined;
+	let sessionId = "";
+	let openedGeneration = -1;
+	let runtime: CastorRuntime | undefined;
+
+	const log = (msg: string) => process.stderr.write(`[castor-pi] ${msg}\n`);
+
+	function ui(fn: (u: any) => void): void {
+		try {
+			if (lastCtx?.ui) fn(lastCtx.ui);
+		} catch (err) {
+			log(`ui call failed: ${errorText(err)}`); // a stale ctx after a session switch
+		}
+	}
+	const notify = (message: string, level: Level = "info") => ui((u) => u.notify(message, level));
+	const setStatus = (key: string, text: string | undefined) => ui((u) => u.setStatus(key, text));
+
+	const turns = new TurnTracker(pi);
+	const tools = new FabricTools(pi, (name, params, toolCallId) =>
+		getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }),
+	);
+
+	function timeoutMs(): number {
+		const raw = pi.getFlag("castor-timeout-ms") || process.env.CASTOR_TIMEOUT_MS;
+		const n = Number.parseInt(String(raw ?? ""), 10);
+		return Number.isFinite(n) && n > 0 ? n : 15000;
+	}
+
+	function getRuntime(): CastorRuntime {
+		if (runtime) return runtime;
+		const commandText = (pi.getFlag("castor-command") as string | undefined) || process.env.CASTOR_COMMAND || "castor serve --stdio";
+		runtime = new CastorRuntime({
+			command: parseCommand(commandText),
+			cwd: lastCtx?.cwd ?? process.cwd(),
+			timeoutMs: timeoutMs(),
+			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
+			handlers: harnessHandlers(),
+			log,
+			onUp: (hello: Hello, generation: number) => {
+				setStatus(STATUS_KEY, `castor: up (${hello.version ?? "?"})`);
+				if (generation > 1) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
+				tools.registerFrom(hello);
+			},
+			onDown: (reason: string) => {
+				setStatus(STATUS_KEY, "castor: down");
+				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command restarts it.`, "error");
+			},
+		});
+		return runtime;
+	}
+
+	/** Runtime up + this session opened on the current runtime generation. */
+	async function ready(spawn: boolean): Promise<CastorRuntime> {
+		const rt = getRuntime();
+		await rt.ensure(spawn);
+		if (openedGeneration !== rt.generation) {
+			openedGeneration = rt.generation;
+			try {
+				if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
+				if (rt.has("icarus.config")) tools.registerFrom(await rt.call("icarus.config", { session_id: sessionId }, { spawn: false }));
+			} catch (err) {
+				openedGeneration = -1;
+				throw err;
+			}
+		}
+		return rt;
+	}
+
+	function sessionParams(): Params {
+		const ctx = lastCtx;
+		let trusted = false;
+		try {
+			trusted = typeof ctx?.isProjectTrusted === "function" ? Boolean(ctx.isProjectTrusted()) : false;
+		} catch {
+			trusted = false;
+		}
+		let sessionFile: string | null = null;
+		try {
+			sessionFile = ctx?.sessionManager?.getSessionFile?.() ?? null;
+		} catch {
+			sessionFile = null;
+		}
+		return {
+			session_id: sessionId,
+			cwd: ctx?.cwd ?? process.cwd(),
+			trusted,
+			flags: { harness: "pi", harness_version: String(VERSION), extension_version: EXTENSION_VERSION, has_agent_settled: HAS_SETTLED, session_file: sessionFile },
+		};
+	}
+
+	/** Forward a lifecycle event; ambient: any failure is logged and yields undefined. */
+	async function forward(event: string, data: Params): Promise<Record<string, unknown> | undefined> {
+		try {
+			const rt = await ready(getRuntime().autoSpawn);
+			if (!rt.has("harness.event")) return undefined;
+			const result = await rt.call("harness.event", { session_id: sessionId, event, data }, { spawn: false });
+			applyEffects(result);
+			return result !== null && typeof result === "object" ? (result as Record<string, unknown>) : undefined;
+		} catch (err) {
+			log(`harness.event ${event} failed: ${errorText(err)}`);
+			return undefined;
+		}
+	}
+
+	/** Effects any result may carry: `notify` ({message, level}), `status` ({key, text}), `tools`. */
+	function applyEffects(result: unknown): void {
+		if (result === null || typeof result !== "object") return;
+		const r = result as Record<string, unknown>;
+		const list = (v: unknown) => (Array.isArray(v) ? v : v ? [v] : []);
+		for (const n of list(r.notify)) if (typeof n?.message === "string") notify(n.message, n.level ?? "info");
+		for (const s of list(r.status)) if (typeof s?.key === "string") setStatus(s.key, typeof s.text === "string" ? s.text : undefined);
+		tools.registerFrom(r);
+	}
+
+	function harnessHandlers(): Record<string, (p: Params) => unknown> {
+		return {
+			"agent.run_turn": async (p) => {
+				const params = p as unknown as RunTurnParams;
+				try {
+					await turns.dispatch(params, lastCtx);
+				} catch (err) {
+					await reportTurn({
+						session_id: sessionId,
+						turn_id: String(params.turn_id),
+						text: "",
+						stop_reason: "error",
+						error: `could not start the agent turn: ${errorText(err)}`,
+						usage: { input: 0, output: 0, cache_read: 0, cache_write: 0, total_tokens: 0, cost: null },
+						aborted: false,
+						entry_id: null,
+					});
+				}
+			},
+			"session.append_entry": (p) => {
+				if (typeof p.custom_type !== "string" || !p.custom_type) throw new RpcError("invalid_params", "custom_type must be a non-empty string");
+				pi.appendEntry(p.custom_type, p.data ?? null);
+				let entryId: string | null = null;
+				try {
+					entryId = lastCtx?.sessionManager?.getLeafId?.() ?? null;
+				} catch {
+					entryId = null;
+				}
+				return { ok: true, entry_id: entryId };
+			},
+			"message.send": (p) => {
+				const msg = toPiCustomMessage(p, "castor");
+				if (!msg) return;
+				const trigger = p.trigger_turn === true;
+				const deliverAs = typeof p.deliver_as === "string" ? p.deliver_as : trigger && !lastCtx?.isIdle?.() ? "followUp" : undefined;
+				pi.sendMessage(msg, { triggerTurn: trigger, ...(deliverAs ? { deliverAs } : {}) });
+			},
+			"ui.notify": (p) => notify(String(p.message ?? ""), p.level === "warning" || p.level === "error" ? p.level : "info"),
+			"ui.status": (p) => setStatus(String(p.key ?? STATUS_KEY), typeof p.text === "string" ? p.text : undefined),
+			"classifier.complete": (p) => classifierComplete(p),
+			"model.list": () => modelList(),
+		};
+	}
+
+	async function reportTurn(outcome: Params): Promise<void> {
+		try {
+			await getRuntime().call("agent.turn_ended", outcome, { spawn: false });
+		} catch (err) {
+			notify(`castor did not take the end of turn ${String(outcome.turn_id)}: ${errorText(err)}`, "error");
+		}
+	}
+
+	async function classifierComplete(p: Params): Promise<unknown> {
+		const registry = lastCtx?.modelRegistry;
+		if (typeof registry?.complete !== "function" || typeof registry?.find !== "function") {
+			throw new RpcError("unsupported", "this Pi has no model registry completion API (needs Pi >= 1.0)");
+		}
+		const model = registry.find(String(p.provider ?? ""), String(p.model ?? ""));
+		if (!model) throw new RpcError("not_found", `model ${String(p.provider)}/${String(p.model)} is not in Pi's registry`);
+		const prompt = typeof p.prompt === "string" ? p.prompt : "";
+		const messages = Array.isArray(p.messages)
+			? p.messages.map((m: any) => ({ role: m?.role === "assistant" ? "assistant" : "user", content: [{ type: "text", text: flattenText(m?.content) }], timestamp: Date.now() }))
+			: [{ role: "user", content: [{ type: "text", text: prompt }], timestamp: Date.now() }];
+		const limitMs = typeof p.timeout_ms === "number" && p.timeout_ms > 0 ? p.timeout_ms : timeoutMs();
+		const options: Record<string, unknown> = { signal: AbortSignal.timeout(limitMs) };
+		if (typeof p.max_tokens === "number") options.maxTokens = p.max_tokens;
+		if (typeof p.temperature === "number") options.temperature = p.temperature;
+		const reply = await registry.complete(model, { systemPrompt: typeof p.system === "string" ? p.system : undefined, messages }, options);
+		if (reply?.stopReason === "error" || reply?.stopReason === "aborted") {
+			throw new RpcError(reply.stopReason === "aborted" ? "timeout" : "provider_error", "classifier model call failed", { stop_reason: reply.stopReason });
+		}
+		const u = reply?.usage ?? {};
+		return {
+			text: flattenText(reply?.content),
+			stop_reason: reply?.stopReason ?? null,
+			provider: model.provider,
+			model: model.id,
+			usage: { input: u.input ?? null, output: u.output ?? null, cache_read: u.cacheRead ?? null, cache_write: u.cacheWrite ?? null, total_tokens: u.totalTokens ?? null, cost: u.cost?.total ?? null },
+		};
+	}
+
+	function modelList(): unknown {
+		const registry = lastCtx?.modelRegistry;
+		const all: any[] = typeof registry?.getAll === "function" ? registry.getAll() : [];
+		const available = new Set<any>(typeof registry?.getAvailable === "function" ? registry.getAvailable() : all);
+		const current = lastCtx?.model;
+		return {
+			models: all.map((m) => ({
+				provider: m.provider,
+				id: m.id,
+				name: m.name ?? m.id,
+				api: m.api ?? null,
+				base_url: m.baseUrl ?? null,
+				available: available.has(m),
+				context_window: m.contextWindow ?? null,
+				reasoning: m.reasoning === true,
+			})),
+			current: current ? { provider: current.provider, id: current.id } : null,
+		};
+	}
+
+	async function runCommand(planned: Planned, ctx: Ctx, label: string): Promise<void> {
+		lastCtx = ctx;
+		if ("usage" in planned) {
+			notify(planned.usage, "warning");
+			return;
+		}
+		try {
+			const rt = await ready(true);
+			const result = await rt.call(planned.method, { session_id: sessionId, cwd: ctx.cwd, ...planned.params }, { spawn: false });
+			applyEffects(result);
+			const shown = resultText(result);
+			notify(shown.text, shown.level);
+		} catch (err) {
+			const code = err instanceof RpcError ? ` [${err.code}]` : "";
+			notify(`${label}: ${errorText(err)}${code}`, "error");
+		}
+	}
+
+	async function waitIdle(ctx: Ctx): Promise<void> {
+		if (typeof ctx?.waitForIdle === "function") await ctx.waitForIdle();
+	}
+
+	pi.registerCommand("materia", {
+		description: "castor materia casts: cast, continue, abort, recast, revive, status, casts, grid, loadout",
+		handler: async (args: string, ctx: Ctx) => {
+			await waitIdle(ctx);
+			await runCommand(planMateria(args ?? ""), ctx, "materia");
+		},
+	});
+
+	pi.registerCommand("icarus", {
+		description: "Icarus memory hooks: on, off, toggle, status, context …, config, schema",
+		handler: async (args: string, ctx: Ctx) => {
+			await runCommand(planIcarus(args ?? ""), ctx, "icarus");
+		},
+	});
+
+	pi.registerCommand("castor", {
+		description: "castor runtime: status | restart",
+		handler: async (args: string, ctx: Ctx) => {
+			lastCtx = ctx;
+			const sub = (args ?? "").trim();
+			try {
+				if (sub === "restart") {
+					await getRuntime().stop();
+					openedGeneration = -1;
+				} else if (sub !== "" && sub !== "status") {
+					notify("Usage: /castor status | restart", "warning");
+					return;
+				}
+				const rt = await ready(true);
+				notify(`castor ${rt.hello?.version ?? "?"} up (pid ${rt.pid ?? "?"}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
+			} catch (err) {
+				notify(`castor: ${errorText(err)}`, "error");
+			}
+		},
+	});
+
+	pi.on("session_start", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		try {
+			sessionId = String(ctx.sessionManager?.getSessionId?.() ?? "");
+		} catch {
+			sessionId = "";
+		}
+		openedGeneration = -1; // a new or replaced session must be opened again
+		try {
+			await ready(true);
+		} catch (err) {
+			setStatus(STATUS_KEY, "castor: down");
+			notify(`castor runtime unavailable: ${errorText(err)}`, "error");
+			return;
+		}
+		const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });
+		const msg = toPiCustomMessage(result?.message, "castor-session-context");
+		if (msg) pi.sendMessage(msg, { triggerTurn: false });
+	});
+
+	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		const custom = event?.messageType === "custom";
+		if (custom) turns.bindFromMessage(event.message);
+		const result = await forward("before_agent_start", {
+			prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
+			message_type: custom ? "custom" : "user",
+			custom_type: custom ? (event.message?.customType ?? null) : null,
+			turn_id: turns.active?.turnId ?? null,
+			system_prompt: typeof event?.systemPrompt === "string" ? event.systemPrompt : null,
+			images: Array.isArray(event?.images) ? event.images.length : 0,
+		});
+		if (!result) return undefined;
+		const out: Record<string, unknown> = {};
+		let systemPrompt = typeof result.system_prompt === "string" ? result.system_prompt : undefined;
+		if (typeof result.system_prompt_append === "string" && result.system_prompt_append) {
+			systemPrompt = `${systemPrompt ?? event?.systemPrompt ?? ""}${result.system_prompt_append}`;
+		}
+		if (systemPrompt !== undefined) out.systemPrompt = systemPrompt;
+		const message = toPiCustomMessage(result.message, "castor-context");
+		if (message) out.message = message;
+		return Object.keys(out).length ? out : undefined;
+	});
+
+	pi.on("agent_start", (_event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		turns.bindOnAgentStart();
+	});
+
+	pi.on("context", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
+		const isolated = turns.isolate(messages);
+		const result = await forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages });
+		if (Array.isArray(result?.messages)) return { messages: result.messages };
+		return isolated ? { messages: isolated } : undefined;
+	});
+
+	pi.on("agent_end", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
+		turns.onAgentEnd(messages);
+		await forward("agent_end", { turn_id: turns.active?.turnId ?? null, messages: messages.map(summarizeMessage) });
+		if (!HAS_SETTLED) void emulateSettled(ctx, messages);
+	});
+
+	async function settled(aborted: boolean, ctx: Ctx): Promise<void> {
+		let entryId: string | null = null;
+		try {
+			entryId = ctx?.sessionManager?.getLeafId?.() ?? null;
+		} catch {
+			entryId = null;
+		}
+		const turnId = turns.active?.turnId ?? null;
+		const outcome = turns.settle(sessionId, aborted, entryId);
+		if (outcome) await reportTurn(outcome as unknown as Params);
+		await forward("agent_settled", { aborted, turn_id: turnId });
+	}
+
+	pi.on("agent_settled", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		await settled(event?.aborted === true, ctx);
+	});
+
+	/** Pi 0.73 has no agent_settled: poll until idle after agent_end (outside the handler). */
+	async function emulateSettled(ctx: Ctx, messages: unknown[]): Promise<void> {
+		const deadline = Date.now() + 10 * 60 * 1000;
+		while (Date.now() < deadline) {
+			await new Promise((r) => setTimeout(r, 10));
+			try {
+				if (ctx.isIdle() && !ctx.hasPendingMessages?.()) break;
+			} catch {
+				return; // stale ctx: the session went away
+			}
+		}
+		const last = [...messages].reverse().find((m: any) => m?.role === "assistant") as any;
+		await settled(last?.stopReason === "aborted", ctx);
+	}
+
+	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		const rt = runtime;
+		try {
+			if (rt?.isUp) {
+				await forward("session_shutdown", { reason: event?.reason ?? null });
+				if (rt.has("session.close")) await rt.call("session.close", { session_id: sessionId }, { spawn: false });
+			}
+		} catch (err) {
+			log(`session.close failed: ${errorText(err)}`);
+		} finally {
+			openedGeneration = -1;
+			setStatus(STATUS_KEY, undefined);
+			if (rt && (event?.reason === "quit" || event?.reason === undefined)) await rt.stop();
+		}
+	});
+}

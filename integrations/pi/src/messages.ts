@@ -1,0 +1,77 @@
+/**
+ * Pure helpers over Pi's message shapes (no Pi imports, no IO).
+ *
+ * Flattening (icarus spec §3.3): a string is used as is; an array is flattened element by
+ * element, empty parts dropped, joined with "\n"; an object contributes its string `text`
+ * (text blocks) or string `content`; anything else (thinking, tool calls, images) is "".
+ */
+
+export function flattenText(content: unknown): string {
+	if (typeof content === "string") return content;
+	if (Array.isArray(content)) return content.map(flattenText).filter((s) => s.length > 0).join("\n");
+	if (content !== null && typeof content === "object") {
+		const c = content as Record<string, unknown>;
+		if (c.type !== undefined && c.type !== "text") return "";
+		if (typeof c.text === "string") return c.text;
+		if (typeof c.content === "string") return c.content;
+	}
+	return "";
+}
+
+export interface WireUsage {
+	input: number;
+	output: number;
+	cache_read: number;
+	cache_write: number;
+	total_tokens: number;
+	cost: number | null;
+}
+
+export function emptyUsage(): WireUsage {
+	return { input: 0, output: 0, cache_read: 0, cache_write: 0, total_tokens: 0, cost: null };
+}
+
+/** Add one Pi `Usage` into a wire usage (snake_case; unknown cost stays null). */
+export function addUsage(total: WireUsage, usage: unknown): WireUsage {
+	if (usage === null || typeof usage !== "object") return total;
+	const u = usage as Record<string, unknown>;
+	const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+	const cost = u.cost as Record<string, unknown> | undefined;
+	const costTotal = cost && typeof cost.total === "number" ? cost.total : null;
+	return {
+		input: total.input + num(u.input),
+		output: total.output + num(u.output),
+		cache_read: total.cache_read + num(u.cacheRead),
+		cache_write: total.cache_write + num(u.cacheWrite),
+		total_tokens: total.total_tokens + num(u.totalTokens),
+		cost: costTotal === null ? total.cost : (total.cost ?? 0) + costTotal,
+	};
+}
+
+/** A compact, wire-friendly view of a Pi message (role, text, stop reason, custom type). */
+export function summarizeMessage(message: unknown): Record<string, unknown> {
+	const m = (message ?? {}) as Record<string, unknown>;
+	const out: Record<string, unknown> = { role: m.role ?? null, text: flattenText(m.content) };
+	if (m.role === "assistant") {
+		out.stop_reason = m.stopReason ?? null;
+		out.error = typeof m.errorMessage === "string" ? m.errorMessage : null;
+	}
+	if (typeof m.customType === "string") out.custom_type = m.customType;
+	if (typeof m.toolName === "string") out.tool_name = m.toolName;
+	return out;
+}
+
+/** snake_case wire message → Pi custom message (`{customType, content, display, details}`). */
+export function toPiCustomMessage(wire: unknown, fallbackType: string): { customType: string; content: string; display: boolean; details?: unknown } | undefined {
+	if (wire === null || typeof wire !== "object") return undefined;
+	const w = wire as Record<string, unknown>;
+	const content = typeof w.content === "string" ? w.content : flattenText(w.content);
+	if (!content.trim()) return undefined;
+	const msg: { customType: string; content: string; display: boolean; details?: unknown } = {
+		customType: typeof w.custom_type === "string" ? w.custom_type : fallbackType,
+		content,
+		display: w.display === true,
+	};
+	if (w.details !== undefined && w.details !== null) msg.details = w.details;
+	return msg;
+}

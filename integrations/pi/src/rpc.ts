@@ -1,0 +1,196 @@
+/**
+ * A small msgpack-rpc peer over a byte stream pair (the castor child's stdin/stdout).
+ *
+ * Wire format (docs/protocol.md): request `[0, msgid, method, params]`, response
+ * `[1, msgid, error, result]`, notification `[2, method, params]`. `params` is a
+ * one-element array holding a map; `error` is nil or `{code, message, data?}`.
+ * Both sides may send requests.
+ *
+ * Guarantees:
+ * - every `request()` settles: with the result, with the peer's error (as RpcError),
+ *   with `timeout` after its deadline, or with `runtime_exited` when the stream closes;
+ * - a throwing or unknown handler answers the peer with an error map, never crashes Pi;
+ * - frames after `close()` are dropped.
+ */
+import { Encoder, decodeMultiStream } from "@msgpack/msgpack";
+import type { Readable, Writable } from "node:stream";
+
+const REQUEST = 0;
+const RESPONSE = 1;
+const NOTIFICATION = 2;
+
+export type Params = Record<string, unknown>;
+export type Handler = (params: Params) => unknown | Promise<unknown>;
+
+/** An error with the stable string `code` of the castor error model. */
+export class RpcError extends Error {
+	readonly code: string;
+	readonly data: unknown;
+	constructor(code: string, message: string, data?: unknown) {
+		super(message);
+		this.name = "RpcError";
+		this.code = code;
+		this.data = data;
+	}
+	toWire(): Record<string, unknown> {
+		const wire: Record<string, unknown> = { code: this.code, message: this.message };
+		if (this.data !== undefined) wire.data = this.data;
+		return wire;
+	}
+}
+
+interface Pending {
+	resolve: (value: unknown) => void;
+	reject: (error: RpcError) => void;
+	timer: ReturnType<typeof setTimeout>;
+	method: string;
+}
+
+/** Unwrap the one-element params array; tolerate a bare map; anything else is an empty map. */
+export function unwrapParams(raw: unknown): Params {
+	const value = Array.isArray(raw) ? (raw.length === 1 ? raw[0] : {}) : raw;
+	return value !== null && typeof value === "object" && !Array.isArray(value) ? (value as Params) : {};
+}
+
+function toRpcError(error: unknown): RpcError {
+	if (error instanceof RpcError) return error;
+	if (error !== null && typeof error === "object") {
+		const e = error as Record<string, unknown>;
+		if (typeof e.code === "string" && typeof e.message === "string") return new RpcError(e.code, e.message, e.data);
+		if (error instanceof Error) return new RpcError("internal", error.message);
+	}
+	return new RpcError("internal", String(error));
+}
+
+export class MsgpackRpcPeer {
+	private nextId = 1;
+	private readonly pending = new Map<number, Pending>();
+	private readonly handlers = new Map<string, Handler>();
+	private readonly encoder = new Encoder({ ignoreUndefined: true });
+	private closed = false;
+	private closeReason = "connection closed";
+	private readonly closeListeners: Array<(reason: string) => void> = [];
+
+	constructor(
+		private readonly input: Readable,
+		private readonly output: Writable,
+		private readonly log: (msg: string) => void = () => {},
+	) {
+		output.on("error", (err) => this.close(`write failed: ${err.message}`));
+		void this.readLoop();
+	}
+
+	get isClosed(): boolean {
+		return this.closed;
+	}
+
+	/** Register a handler for requests and notifications named `method`. */
+	on(method: string, handler: Handler): void {
+		this.handlers.set(method, handler);
+	}
+
+	onClose(listener: (reason: string) => void): void {
+		this.closeListeners.push(listener);
+	}
+
+	/** Send a request; settles within `timeoutMs` whatever the peer does. */
+	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
+		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
+		const msgid = this.nextId++;
+		return new Promise((resolve, reject) => {
+			const timer = setTimeout(() => {
+				this.pending.delete(msgid);
+				reject(new RpcError("timeout", `castor did not answer ${method} within ${timeoutMs} ms`));
+			}, timeoutMs);
+			this.pending.set(msgid, { resolve, reject, timer, method });
+			this.write([REQUEST, msgid, method, [params]]);
+		});
+	}
+
+	notify(method: string, params: Params): void {
+		if (!this.closed) this.write([NOTIFICATION, method, [params]]);
+	}
+
+	/** Reject everything in flight and stop reading; idempotent. */
+	close(reason: string): void {
+		if (this.closed) return;
+		this.closed = true;
+		this.closeReason = reason;
+		for (const [msgid, p] of this.pending) {
+			clearTimeout(p.timer);
+			p.reject(new RpcError("runtime_exited", `castor runtime exited during ${p.method} (${reason})`));
+			this.pending.delete(msgid);
+		}
+		for (const listener of this.closeListeners) {
+			try {
+				listener(reason);
+			} catch (err) {
+				this.log(`close listener failed: ${String(err)}`);
+			}
+		}
+	}
+
+	private write(frame: unknown[]): void {
+		try {
+			this.output.write(this.encoder.encode(frame));
+		} catch (err) {
+			this.log(`cannot encode ${String(frame[0])} frame: ${String(err)}`);
+		}
+	}
+
+	private async readLoop(): Promise<void> {
+		try {
+			for await (const frame of decodeMultiStream(this.input as unknown as AsyncIterable<Uint8Array>)) {
+				if (this.closed) break;
+				this.dispatch(frame);
+			}
+			this.close("stream ended");
+		} catch (err) {
+			// A frame we cannot decode means the stream cannot be resynchronised: treat as closed.
+			this.close(`undecodable stream: ${err instanceof Error ? err.message : String(err)}`);
+		}
+	}
+
+	private dispatch(frame: unknown): void {
+		if (!Array.isArray(frame) || frame.length < 3) {
+			this.log(`ignoring malformed frame`);
+			return;
+		}
+		const kind = frame[0];
+		if (kind === RESPONSE && frame.length === 4) {
+			const p = this.pending.get(frame[1] as number);
+			if (!p) return; // late answer after a timeout: nothing waits for it any more
+			this.pending.delete(frame[1] as number);
+			clearTimeout(p.timer);
+			if (frame[2] !== null && frame[2] !== undefined) p.reject(toRpcError(frame[2]));
+			else p.resolve(frame[3]);
+		} else if (kind === REQUEST && frame.length === 4) {
+			void this.answer(frame[1] as number, String(frame[2]), unwrapParams(frame[3]));
+		} else if (kind === NOTIFICATION) {
+			const handler = this.handlers.get(String(frame[1]));
+			if (!handler) {
+				this.log(`unhandled notification ${String(frame[1])}`);
+				return;
+			}
+			Promise.resolve()
+				.then(() => handler(unwrapParams(frame[2])))
+				.catch((err) => this.log(`notification ${String(frame[1])} failed: ${String(err)}`));
+		} else {
+			this.log(`ignoring frame of kind ${String(kind)}`);
+		}
+	}
+
+	private async answer(msgid: number, method: string, params: Params): Promise<void> {
+		const handler = this.handlers.get(method);
+		if (!handler) {
+			this.write([RESPONSE, msgid, { code: "unknown_method", message: `harness has no method ${method}` }, null]);
+			return;
+		}
+		try {
+			const result = await handler(params);
+			this.write([RESPONSE, msgid, null, result ?? null]);
+		} catch (err) {
+			this.write([RESPONSE, msgid, toRpcError(err).toWire(), null]);
+		}
+	}
+}

@@ -1,0 +1,156 @@
+/**
+ * The castor runtime child process: spawn, handshake, calls with deadlines, respawn.
+ *
+ * Guarantees:
+ * - `call()` always settles within its timeout (spawn + handshake included), so a
+ *   dead or hung runtime never hangs Pi;
+ * - when the child exits, every call in flight fails with `runtime_exited` and the
+ *   `onDown` listener runs once per runtime generation (unless we stopped it);
+ * - after a death, `call(..., {spawn: true})` starts a fresh runtime (a new
+ *   generation) and redoes the handshake; `spawn: false` fails fast instead;
+ * - the child never outlives Pi's process (killed on exit).
+ *
+ * The command comes from a Pi flag or the CASTOR_COMMAND environment variable,
+ * never from project files (project files must not choose what runs).
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc";
+
+export interface Hello {
+	name?: string;
+	version?: string;
+	protocol?: number;
+	capabilities?: string[];
+	methods?: string[];
+	[key: string]: unknown;
+}
+
+export interface RuntimeOptions {
+	command: string[];
+	cwd: string;
+	timeoutMs: number;
+	helloParams: Params;
+	handlers: Record<string, Handler>;
+	log: (msg: string) => void;
+	onUp: (hello: Hello, generation: number) => void;
+	onDown: (reason: string, generation: number) => void;
+}
+
+/** Split a command line: a JSON array, or words separated by spaces with '…'/"…" quoting. */
+export function parseCommand(text: string): string[] {
+	const trimmed = text.trim();
+	if (trimmed.startsWith("[")) {
+		const parsed = JSON.parse(trimmed);
+		if (!Array.isArray(parsed) || parsed.length === 0 || !parsed.every((p) => typeof p === "string")) {
+			throw new Error("castor command JSON must be a non-empty array of strings");
+		}
+		return parsed;
+	}
+	const words: string[] = [];
+	const re = /"([^"]*)"|'([^']*)'|(\S+)/g;
+	for (let m = re.exec(trimmed); m; m = re.exec(trimmed)) words.push(m[1] ?? m[2] ?? m[3]);
+	if (words.length === 0) throw new Error("castor command is empty");
+	return words;
+}
+
+export class CastorRuntime {
+	private child: ChildProcess | undefined;
+	private peer: MsgpackRpcPeer | undefined;
+	private starting: Promise<MsgpackRpcPeer> | undefined;
+	private stopping = false;
+	generation = 0;
+	hello: Hello | undefined;
+	/** false after an unexpected death: lifecycle events then stop respawning until a command does. */
+	autoSpawn = true;
+
+	constructor(private readonly opts: RuntimeOptions) {
+		process.once("exit", () => this.child?.kill("SIGKILL"));
+	}
+
+	get pid(): number | undefined {
+		return this.peer && !this.peer.isClosed ? this.child?.pid : undefined;
+	}
+
+	get isUp(): boolean {
+		return this.peer !== undefined && !this.peer.isClosed && this.hello !== undefined;
+	}
+
+	/** Whether the runtime announced `method` (true when it announced no list at all). */
+	has(method: string): boolean {
+		const methods = this.hello?.methods;
+		return !Array.isArray(methods) || methods.includes(method);
+	}
+
+	async call(method: string, params: Params, options: { timeoutMs?: number; spawn?: boolean } = {}): Promise<unknown> {
+		const timeoutMs = options.timeoutMs ?? this.opts.timeoutMs;
+		const peer = await this.ensure(options.spawn ?? this.autoSpawn, timeoutMs);
+		return peer.request(method, params, timeoutMs);
+	}
+
+	notify(method: string, params: Params): void {
+		if (this.isUp) this.peer?.notify(method, params);
+	}
+
+	/** Start (or reuse) the runtime and finish the handshake, within `timeoutMs`. */
+	async ensure(spawnIfDown = true, timeoutMs = this.opts.timeoutMs): Promise<MsgpackRpcPeer> {
+		if (this.peer && !this.peer.isClosed && this.hello) return this.peer;
+		if (this.starting) return this.starting;
+		if (!spawnIfDown) throw new RpcError("runtime_exited", "castor runtime is not running (use a /materia, /icarus or /castor command to restart it)");
+		this.starting = this.start(timeoutMs).finally(() => {
+			this.starting = undefined;
+		});
+		return this.starting;
+	}
+
+	private async start(timeoutMs: number): Promise<MsgpackRpcPeer> {
+		const [cmd, ...args] = this.opts.command;
+		const generation = ++this.generation;
+		this.hello = undefined;
+		this.stopping = false;
+		const child = spawn(cmd, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", "inherit"], env: process.env });
+		this.child = child;
+		const peer = new MsgpackRpcPeer(child.stdout!, child.stdin!, (m) => this.opts.log(`[castor#${generation}] ${m}`));
+		this.peer = peer;
+		for (const [name, handler] of Object.entries(this.opts.handlers)) peer.on(name, handler);
+		child.once("error", (err) => peer.close(`cannot start ${cmd}: ${err.message}`));
+		child.once("exit", (code, signal) => peer.close(signal ? `killed by ${signal}` : `exit code ${code}`));
+		peer.onClose((reason) => {
+			if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+			if (this.stopping || generation !== this.generation) return;
+			const wasUp = this.hello !== undefined;
+			this.hello = undefined;
+			// A runtime that never finished its handshake is reported by the failing call itself.
+			if (!wasUp) return;
+			this.autoSpawn = false;
+			this.opts.onDown(reason, generation);
+		});
+		try {
+			const hello = (await peer.request("runtime.hello", this.opts.helloParams, timeoutMs)) as Hello;
+			if (hello === null || typeof hello !== "object") throw new RpcError("invalid_frame", "runtime.hello returned no map");
+			this.hello = hello;
+		} catch (err) {
+			this.stopping = true;
+			peer.close("handshake failed");
+			throw err instanceof RpcError ? err : new RpcError("internal", String(err));
+		}
+		this.autoSpawn = true;
+		this.opts.onUp(this.hello, generation);
+		return peer;
+	}
+
+	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`. */
+	stop(graceMs = 2000): Promise<void> {
+		const child = this.child;
+		this.stopping = true;
+		this.hello = undefined;
+		if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+		return new Promise((resolve) => {
+			const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
+			child.once("exit", () => {
+				clearTimeout(timer);
+				resolve();
+			});
+			child.stdin?.end();
+		});
+	}
+}

@@ -1,0 +1,125 @@
+"""PROBE castor for tests: the real castor endpoint (Dispatcher + Connection on stdio)
+with scripted test handlers instead of the actors.
+
+It checks the Pi extension's side of the contract before the real methods are wired:
+every call it receives is appended to ``$CASTOR_PROBE_LOG`` (JSONL ``{method, params}``),
+and prompts starting with ``PROBE`` make it act through the harness methods:
+
+| prompt                | what the probe does                                                        |
+|-----------------------|----------------------------------------------------------------------------|
+| ``PROBE inject <x>``  | before_agent_start returns a hidden message ``PROBE-CONTEXT <x>`` and a     |
+|                       | system prompt addendum ``PROBE-SYS``                                       |
+| ``PROBE audit``       | calls ``session.append_entry`` (``probe-audit``) *before* answering         |
+| ``PROBE notify``      | notifies ``ui.notify`` and ``ui.status``                                    |
+| ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``<x>``     |
+| ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
+
+``icarus.config`` announces the tool ``probe_echo`` (``icarus.tool`` echoes ``text``;
+``text == "bad"`` returns ``{error: ...}``). Other methods answer ``{text: "probe <method>"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from castor.endpoint.connection import Connection
+from castor.endpoint.dispatch import Context, Dispatcher
+from castor.endpoint.transport import PipeTransport
+
+LOG_LOCK = threading.Lock()
+STATE: dict[str, Any] = {"pending_turn": None, "turns": 0}
+
+
+def record(method: str, params: Any) -> None:
+    path = os.environ.get("CASTOR_PROBE_LOG")
+    if not path:
+        return
+    with LOG_LOCK, open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"method": method, "params": params}, default=str) + "\n")
+
+
+def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None:
+    event, data = params.get("event"), params.get("data") or {}
+    record("harness.event", {"event": event, "data": {k: v for k, v in data.items() if k != "messages"},
+                             "message_count": len(data.get("messages") or [])})
+    if event == "agent_settled" and STATE["pending_turn"]:
+        prompt, STATE["pending_turn"] = STATE["pending_turn"], None
+        STATE["turns"] += 1
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": prompt,
+                "summary": "probe turn", "isolate": True}
+        # Like an actor would: answer the event first, then ask for the turn.
+        threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()
+        return None
+    if event != "before_agent_start":
+        return None
+    prompt = data.get("prompt") or ""
+    if not prompt.startswith("PROBE "):
+        return None
+    verb, _, arg = prompt[len("PROBE "):].partition(" ")
+    if verb == "inject":
+        return {"message": {"custom_type": "probe-context", "content": f"PROBE-CONTEXT {arg}", "display": False},
+                "system_prompt_append": "\n\nPROBE-SYS"}
+    if verb == "audit":
+        ack = ctx.call("session.append_entry", {"custom_type": "probe-audit", "data": {"version": 1, "n": 1}}, timeout=5)
+        record("ack", ack)
+        return {"message": {"custom_type": "probe-context", "content": "PROBE-AUDITED", "display": False}}
+    if verb == "notify":
+        ctx.notify("ui.notify", {"message": "probe says hi", "level": "warning"})
+        ctx.notify("ui.status", {"key": "probe", "text": "probe: on"})
+    if verb == "turn":
+        STATE["pending_turn"] = arg
+    if verb == "models":
+        record("model.list", ctx.call("model.list", {}, timeout=5))
+        try:
+            record("classifier.complete", ctx.call("classifier.complete", {
+                "provider": "fake", "model": "fake-model", "system": "classify", "prompt": "CLASSIFY ME",
+                "max_tokens": 50, "timeout_ms": 5000}, timeout=10))
+        except Exception as exc:  # noqa: BLE001 - the test asserts on the logged error
+            record("classifier.complete", {"error": str(exc), "code": getattr(exc, "code", None)})
+    return None
+
+
+def icarus_tool(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    record("icarus.tool", params)
+    text = (params.get("params") or {}).get("text")
+    if text == "bad":
+        return {"error": "probe refused bad"}
+    return {"echo": text}
+
+
+def generic(method: str):
+    def handler(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        record(method, params)
+        if method == "icarus.config":
+            return {"tools": [{"name": "probe_echo", "description": "Echo text back (probe)",
+                               "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                                              "required": ["text"], "additionalProperties": True}}]}
+        return {"text": f"probe {method} {json.dumps(params.get('args', ''))}".strip()}
+    return handler
+
+
+def build() -> Dispatcher:
+    d = Dispatcher(name="castor-probe")
+    d.register("harness.event", harness_event)
+    d.register("icarus.tool", icarus_tool)
+    for method in ["session.open", "session.close", "agent.turn_ended", "icarus.config", "icarus.command",
+                   "cast.start", "cast.status", "loadout.list"]:
+        d.register(method, generic(method))
+    return d
+
+
+def main() -> None:
+    # Keep the protocol on a private fd: anything printed by mistake goes to stderr.
+    proto_out = os.dup(1)
+    os.dup2(2, 1)
+    conn = Connection(PipeTransport(0, proto_out, owns_fds=False, peer="stdio"), build()).start()
+    conn.wait_closed()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
