@@ -58,7 +58,7 @@ UNKNOWN = "unknown"
 _SEPARATOR = re.compile(r"\n(?:[ \t]*\n)+(?=\[)")
 _HEADER = re.compile(r"\[([^\]\n]+)\]")
 _LINE_ITEM = re.compile(r"  \S")
-_LINE_CONTINUATION = re.compile(r"   +\S|[ \t]*$")
+_LINE_CONTINUATION = re.compile(r"   +\S.*|[ \t]*")
 _BLOCK_ITEM = re.compile(r"  ### ")
 
 

@@ -1,0 +1,25 @@
+"""SessionPort: persist a custom session entry and wait for the acknowledgement.
+
+Implemented by the harness link (``session.append_entry`` request, answered
+when Pi has persisted the entry) and, standalone, by
+:class:`castor.adapters.session_jsonl.JsonlSessionLog`.
+
+Contract: :meth:`append_entry` returns only once the entry is durably
+recorded (acknowledged). It raises :class:`castor.messages.errors.Timeout`
+if ``deadline`` (an absolute ``time.monotonic()`` value) passes first, and
+any other :class:`castor.messages.errors.CastorError` (or ``OSError``) when
+the entry could not be recorded. A raise means "not known to be persisted":
+callers that promised "persisted before" must then act as if it was not.
+Entries are never model-visible.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class SessionPort(Protocol):
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+        """Persist ``{custom_type, data}``; return after the acknowledgement."""
+        ...

@@ -1,0 +1,541 @@
+"""The hook controller's rules as a pure state machine (spec §3).
+
+:func:`step` maps ``(state, event) -> (next_state, effects)``. It never blocks
+and never performs IO: the HookController actor interprets the effects (call
+the worker, filter, reply to the harness, ...) and feeds completions back as
+events (:class:`WorkerDone`, :class:`FilterDone`). Every harness event carries
+a ``request`` id and gets exactly one :class:`Reply` -- possibly later, when
+its worker call or filtering completes, or early, when it is invalidated.
+
+Decision table
+--------------
+``gen`` is the generation counter; *invalidate* = ``gen += 1``, drop the
+pending capture, and answer every in-flight request (except a shutdown's
+``on_session_end``) with ``Reply(None)`` plus ``CancelFilter`` when it was
+filtering. Late completions of invalidated requests are ignored.
+
+======================  ====================================  ===========================================  =====================================
+trigger                 state / guard                         effects                                      next
+======================  ====================================  ===========================================  =====================================
+any but shutdown        hooks not registered (config)         Reply(None)                                  unchanged
+session_start(id)       id non-empty, == current id, started  Reply(None) (dedupe)                         unchanged
+session_start(id)       disabled                              invalidate; SetStatus(None); Reply(None)     session_id=id, first_turn, started
+session_start(id)       enabled                               invalidate; SetStatus(footer);               in-flight start@gen
+                                                              CallWorker(on_session_start,
+                                                              {session_id, platform})
+WorkerDone(start)       same gen, ok, context non-blank       SendMessage(icarus-session-context,          done
+                                                              display=visible, trigger_turn=False);
+                                                              Reply(None)
+WorkerDone(start)       otherwise                             Reply(None) (+Log on error)                  done
+before_agent_start      disabled                              SetStatus(None); Reply(None)                 unchanged
+before_agent_start      custom-triggered or blank prompt      SetStatus(footer); Reply(None)               first_turn NOT consumed
+before_agent_start      eligible                              SetStatus(footer); CallWorker(pre_llm_call,  first_turn=False; capture window
+                                                              {session_id, user_message, is_first_turn})   opened with the prompt; in-flight
+WorkerDone(prompt)      error / no context / blank            Reply(None) (+Log on error)                  done
+WorkerDone(prompt)      context, filtering on                 Filter(context, prompt)                      stage=filter
+WorkerDone(prompt)      context, filtering off                Reply(inject)                                done
+FilterDone              text blank or None                    Reply(None)                                  done
+FilterDone              text                                  Reply(inject)                                done
+TurnAborted             request in flight                     CancelFilter if filtering; Reply(None)       done (worker call left to finish)
+agent_end(messages)     disabled                              Reply(None)                                  unchanged
+agent_end(messages)     enabled                               Reply(None)                                  buffer users, latest assistant
+agent_settled           enabled, same gen, not aborted,       CallWorker(post_llm_call, {session_id,       buffer cleared (always)
+                        final stopReason "stop", text,        user_message, assistant_response, platform})
+                        user text or prompt
+agent_settled           otherwise                             Reply(None)                                  buffer cleared (always)
+WorkerDone(capture)     any                                   Reply(None) (+Log on error)                  done
+session_shutdown        enabled, registered                   invalidate; CallWorker(on_session_end,       started=False
+                                                              {session_id, platform})
+session_shutdown        disabled or not registered            invalidate; SetStatus(None); CloseWorker;    started=False
+                                                              Reply(None)
+WorkerDone(shutdown)    any (ok or error)                     SetStatus(None); CloseWorker; Reply(None)    done
+set_enabled(False)      registered                            invalidate; SetStatus(None)                  enabled=False
+set_enabled(True)       registered                            SetStatus(footer)                            enabled=True (nothing revived)
+after shutdown          before_agent_start, agent_end,        Reply(None)                                  unchanged (until session_start)
+                        agent_settled, shutdown, context
+set_visible(v)          any                                   none                                         visible=v
+context                 any                                   Reply(None)                                  unchanged
+======================  ====================================  ===========================================  =====================================
+
+``inject`` is ``{"message": {"customType": "icarus-memory-context",
+"content": text, "display": visible}}``. Ambient failure policy (§3.8): a
+failed worker call in any of these handlers only omits that step's context or
+capture; the harness always gets ``Reply(None)``, never an error. Explicit
+tool calls do not pass through this machine and surface their errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SESSION_CONTEXT_TYPE = "icarus-session-context"
+MEMORY_CONTEXT_TYPE = "icarus-memory-context"
+STATUS_KEY = "icarus"
+#: Separator joining queued user messages of one settlement (spec Q6, our decision).
+USER_JOIN = "\n\n"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# ---------------------------------------------------------------------------
+# Events
+
+
+class SessionStart(_Frozen):
+    kind: Literal["session_start"] = "session_start"
+    request: str
+    session_id: str = ""
+
+
+class BeforeAgentStart(_Frozen):
+    kind: Literal["before_agent_start"] = "before_agent_start"
+    request: str
+    prompt: Any = None
+    custom: bool = False  # run started by a custom or extension message
+
+
+class AgentEnd(_Frozen):
+    kind: Literal["agent_end"] = "agent_end"
+    request: str
+    messages: tuple[Any, ...] = ()
+
+
+class AgentSettled(_Frozen):
+    kind: Literal["agent_settled"] = "agent_settled"
+    request: str
+    aborted: bool = False
+    messages: tuple[Any, ...] = ()  # optional final messages, buffered like agent_end
+
+
+class SessionShutdown(_Frozen):
+    kind: Literal["session_shutdown"] = "session_shutdown"
+    request: str
+
+
+class ContextEvent(_Frozen):
+    kind: Literal["context"] = "context"
+    request: str
+
+
+class SetEnabled(_Frozen):
+    kind: Literal["set_enabled"] = "set_enabled"
+    enabled: bool | None = None  # None toggles
+
+
+class SetVisible(_Frozen):
+    kind: Literal["set_visible"] = "set_visible"
+    visible: bool | None = None  # None toggles
+
+
+class WorkerDone(_Frozen):
+    kind: Literal["worker_done"] = "worker_done"
+    request: str
+    ok: bool
+    result: Any = None
+    error_code: str | None = None  # a code only; error text never enters the machine
+
+
+class FilterDone(_Frozen):
+    kind: Literal["filter_done"] = "filter_done"
+    request: str
+    text: str | None
+
+
+class TurnAborted(_Frozen):
+    kind: Literal["turn_aborted"] = "turn_aborted"
+    request: str
+
+
+Event = (
+    SessionStart | BeforeAgentStart | AgentEnd | AgentSettled | SessionShutdown | ContextEvent
+    | SetEnabled | SetVisible | WorkerDone | FilterDone | TurnAborted
+)
+
+
+# ---------------------------------------------------------------------------
+# Effects
+
+
+class CallWorker(_Frozen):
+    kind: Literal["call_worker"] = "call_worker"
+    request: str
+    module: Literal["hooks"] = "hooks"
+    function: str
+    kwargs: dict[str, Any]
+
+
+class Filter(_Frozen):
+    kind: Literal["filter"] = "filter"
+    request: str
+    context: str
+    prompt: str
+
+
+class CancelFilter(_Frozen):
+    kind: Literal["cancel_filter"] = "cancel_filter"
+    request: str
+
+
+class SendMessage(_Frozen):
+    kind: Literal["send_message"] = "send_message"
+    custom_type: str
+    content: str
+    display: bool
+    trigger_turn: bool = False
+
+
+class SetStatus(_Frozen):
+    kind: Literal["set_status"] = "set_status"
+    key: str = STATUS_KEY
+    text: str | None
+
+
+class CloseWorker(_Frozen):
+    kind: Literal["close_worker"] = "close_worker"
+
+
+class Reply(_Frozen):
+    kind: Literal["reply"] = "reply"
+    request: str
+    result: dict[str, Any] | None = None
+
+
+class Log(_Frozen):
+    kind: Literal["log"] = "log"
+    level: Literal["debug", "warning"]
+    event: str
+    function: str = ""
+    code: str = ""
+
+
+Effect = CallWorker | Filter | CancelFilter | SendMessage | SetStatus | CloseWorker | Reply | Log
+
+
+# ---------------------------------------------------------------------------
+# State
+
+
+class HookConfig(_Frozen):
+    """The parts of the effective settings the lifecycle needs."""
+
+    platform: str = "pi"
+    footer_status: str = "🪽 Icarus"
+    hooks_registered: bool = True  # settings ``hooks``
+    filtering: bool = True  # settings ``classifier`` != "none"
+    context_display: bool = True
+
+
+class Pending(_Frozen):
+    """The capture buffer of one settlement window."""
+
+    generation: int
+    prompt: str | None = None
+    users: tuple[str, ...] = ()
+    assistant_text: str | None = None
+    assistant_stop: str | None = None
+
+
+class InFlight(_Frozen):
+    kind: Literal["start", "prompt", "capture", "shutdown"]
+    generation: int
+    prompt: str = ""
+    stage: Literal["worker", "filter"] = "worker"
+
+
+class HookState(_Frozen):
+    config: HookConfig = Field(default_factory=HookConfig)
+    enabled: bool = True
+    visible: bool = True
+    generation: int = 0
+    session_id: str = ""
+    started: bool = False
+    shut_down: bool = False  # after session_shutdown until the next session_start
+    first_turn: bool = True
+    pending: Pending | None = None
+    inflight: dict[str, InFlight] = Field(default_factory=dict)
+
+
+def initial_state(config: HookConfig | None = None) -> HookState:
+    cfg = config or HookConfig()
+    return HookState(config=cfg, enabled=cfg.hooks_registered, visible=cfg.context_display)
+
+
+# ---------------------------------------------------------------------------
+# Text flattening (§3.3)
+
+
+def flatten(content: Any) -> str:
+    """A string as is; a list element by element (empty parts dropped, joined by ``\\n``);
+    an object's string ``content`` or ``text``; anything else ``""``. Thinking and
+    tool-call blocks therefore contribute nothing."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        return "\n".join(part for part in (flatten(c) for c in content) if part)
+    if isinstance(content, dict):
+        for key in ("content", "text"):
+            if isinstance(content.get(key), str):
+                return content[key]
+        if isinstance(content.get("content"), (list, tuple)):
+            return flatten(content["content"])
+    return ""
+
+
+def _stop_reason(message: dict[str, Any]) -> str | None:
+    value = message.get("stopReason", message.get("stop_reason"))
+    return value if isinstance(value, str) else None
+
+
+def group_users(users: tuple[str, ...]) -> str:
+    """Join queued user texts in order, dropping exact consecutive duplicates (retries)."""
+    out: list[str] = []
+    for u in users:
+        if not out or out[-1] != u:
+            out.append(u)
+    return USER_JOIN.join(out)
+
+
+# ---------------------------------------------------------------------------
+# The machine
+
+Step = tuple[HookState, list[Effect]]
+
+
+def step(state: HookState, event: Event) -> Step:
+    """Apply one event. Total: every event is accepted in every state."""
+    if state.shut_down and event.kind in _AFTER_SHUTDOWN_IGNORED:
+        # The session is over and its worker closed (or closing): nothing may
+        # spawn a new one or close it twice until the next session_start.
+        return state, [Reply(request=event.request)]  # type: ignore[union-attr]
+    handler = _HANDLERS[event.kind]
+    return handler(state, event)
+
+
+_AFTER_SHUTDOWN_IGNORED = frozenset(
+    {"before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context"}
+)
+
+
+def _footer(state: HookState) -> SetStatus:
+    return SetStatus(text=state.config.footer_status if state.enabled else None)
+
+
+def _invalidate(state: HookState) -> Step:
+    """Bump the generation, drop the buffer, answer every in-flight request now."""
+    effects: list[Effect] = []
+    keep: dict[str, InFlight] = {}
+    for req, fl in state.inflight.items():
+        if fl.kind == "shutdown":
+            keep[req] = fl  # its completion must still close the worker
+            continue
+        if fl.stage == "filter":
+            effects.append(CancelFilter(request=req))
+        effects.append(Reply(request=req))
+    nxt = state.model_copy(update={"generation": state.generation + 1, "pending": None, "inflight": keep})
+    return nxt, effects
+
+
+def _with_inflight(state: HookState, request: str, fl: InFlight | None) -> HookState:
+    inflight = dict(state.inflight)
+    if fl is None:
+        inflight.pop(request, None)
+    else:
+        inflight[request] = fl
+    return state.model_copy(update={"inflight": inflight})
+
+
+def _on_session_start(state: HookState, ev: SessionStart) -> Step:
+    if not state.config.hooks_registered:
+        return state, [Reply(request=ev.request)]
+    if ev.session_id and ev.session_id == state.session_id and state.started:
+        return state, [Reply(request=ev.request)]
+    state, effects = _invalidate(state)
+    state = state.model_copy(
+        update={"session_id": ev.session_id, "started": True, "first_turn": True, "shut_down": False}
+    )
+    if not state.enabled:
+        return state, [*effects, SetStatus(text=None), Reply(request=ev.request)]
+    kwargs = {"session_id": state.session_id, "platform": state.config.platform}
+    state = _with_inflight(state, ev.request, InFlight(kind="start", generation=state.generation))
+    return state, [*effects, _footer(state),
+                   CallWorker(request=ev.request, function="on_session_start", kwargs=kwargs)]
+
+
+def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
+    if not state.config.hooks_registered:
+        return state, [Reply(request=ev.request)]
+    if not state.enabled:
+        return state, [SetStatus(text=None), Reply(request=ev.request)]
+    prompt = flatten(ev.prompt)
+    if ev.custom or not prompt.strip():
+        return state, [_footer(state), Reply(request=ev.request)]
+    kwargs = {"session_id": state.session_id, "user_message": prompt, "is_first_turn": state.first_turn}
+    pending = state.pending
+    if pending is None or pending.generation != state.generation:
+        pending = Pending(generation=state.generation, prompt=prompt)
+    elif pending.prompt is None:
+        pending = pending.model_copy(update={"prompt": prompt})
+    state = state.model_copy(update={"first_turn": False, "pending": pending})
+    state = _with_inflight(state, ev.request, InFlight(kind="prompt", generation=state.generation, prompt=prompt))
+    return state, [_footer(state), CallWorker(request=ev.request, function="pre_llm_call", kwargs=kwargs)]
+
+
+def _inject(state: HookState, request: str, text: str | None) -> Reply:
+    if text is None or not text.strip():
+        return Reply(request=request)
+    return Reply(request=request, result={"message": {
+        "customType": MEMORY_CONTEXT_TYPE, "content": text, "display": state.visible}})
+
+
+def _context_of(result: Any) -> str | None:
+    if isinstance(result, dict) and isinstance(result.get("context"), str):
+        return result["context"]
+    return None
+
+
+def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
+    fl = state.inflight.get(ev.request)
+    if fl is None or fl.stage != "worker":
+        return state, []  # invalidated or aborted earlier: already answered
+    effects: list[Effect] = []
+    if not ev.ok:
+        effects.append(Log(level="warning", event="icarus.hook_failed", function=fl.kind,
+                           code=ev.error_code or ""))
+    if fl.kind == "shutdown":
+        state = _with_inflight(state, ev.request, None)
+        return state, [*effects, SetStatus(text=None), CloseWorker(), Reply(request=ev.request)]
+    stale = fl.generation != state.generation
+    context = _context_of(ev.result) if ev.ok and not stale else None
+    if fl.kind == "start":
+        state = _with_inflight(state, ev.request, None)
+        if context is not None and context.strip():
+            effects.append(SendMessage(custom_type=SESSION_CONTEXT_TYPE, content=context,
+                                       display=state.visible, trigger_turn=False))
+        return state, [*effects, Reply(request=ev.request)]
+    if fl.kind == "prompt" and context is not None and context.strip():
+        if state.config.filtering:
+            state = _with_inflight(state, ev.request, fl.model_copy(update={"stage": "filter"}))
+            return state, [*effects, Filter(request=ev.request, context=context, prompt=fl.prompt)]
+        state = _with_inflight(state, ev.request, None)
+        return state, [*effects, _inject(state, ev.request, context)]
+    state = _with_inflight(state, ev.request, None)
+    return state, [*effects, Reply(request=ev.request)]
+
+
+def _on_filter_done(state: HookState, ev: FilterDone) -> Step:
+    fl = state.inflight.get(ev.request)
+    if fl is None or fl.stage != "filter":
+        return state, []
+    state = _with_inflight(state, ev.request, None)
+    if fl.generation != state.generation:
+        return state, [Reply(request=ev.request)]
+    return state, [_inject(state, ev.request, ev.text)]
+
+
+def _on_turn_aborted(state: HookState, ev: TurnAborted) -> Step:
+    fl = state.inflight.get(ev.request)
+    if fl is None or fl.kind != "prompt":
+        return state, []
+    effects: list[Effect] = [CancelFilter(request=ev.request)] if fl.stage == "filter" else []
+    return _with_inflight(state, ev.request, None), [*effects, Reply(request=ev.request)]
+
+
+def _buffer(state: HookState, messages: tuple[Any, ...]) -> HookState:
+    pending = state.pending
+    if pending is None or pending.generation != state.generation:
+        pending = Pending(generation=state.generation)
+    users = list(pending.users)
+    text, stop = pending.assistant_text, pending.assistant_stop
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role")
+        if role == "user":
+            body = flatten(msg.get("content"))
+            if body.strip():
+                users.append(body)
+        elif role == "assistant":
+            text, stop = flatten(msg.get("content")), _stop_reason(msg)
+    pending = pending.model_copy(update={"users": tuple(users), "assistant_text": text, "assistant_stop": stop})
+    return state.model_copy(update={"pending": pending})
+
+
+def _on_agent_end(state: HookState, ev: AgentEnd) -> Step:
+    if state.config.hooks_registered and state.enabled:
+        state = _buffer(state, ev.messages)
+    return state, [Reply(request=ev.request)]
+
+
+def _capture_kwargs(state: HookState, aborted: bool) -> dict[str, Any] | None:
+    p = state.pending
+    if not state.enabled or aborted or p is None or p.generation != state.generation:
+        return None
+    if p.assistant_stop != "stop" or not p.assistant_text or not p.assistant_text.strip():
+        return None
+    user_message = group_users(p.users) if p.users else (p.prompt or "")
+    if not user_message.strip():
+        return None
+    return {"session_id": state.session_id, "user_message": user_message,
+            "assistant_response": p.assistant_text, "platform": state.config.platform}
+
+
+def _on_agent_settled(state: HookState, ev: AgentSettled) -> Step:
+    if not (state.config.hooks_registered and state.enabled):
+        return state.model_copy(update={"pending": None}), [Reply(request=ev.request)]
+    if ev.messages:
+        state = _buffer(state, ev.messages)
+    kwargs = _capture_kwargs(state, ev.aborted)
+    state = state.model_copy(update={"pending": None})
+    if kwargs is None:
+        return state, [Reply(request=ev.request)]
+    state = _with_inflight(state, ev.request, InFlight(kind="capture", generation=state.generation))
+    return state, [CallWorker(request=ev.request, function="post_llm_call", kwargs=kwargs)]
+
+
+def _on_session_shutdown(state: HookState, ev: SessionShutdown) -> Step:
+    state, effects = _invalidate(state)
+    state = state.model_copy(update={"started": False, "shut_down": True})
+    if state.config.hooks_registered and state.enabled:
+        kwargs = {"session_id": state.session_id, "platform": state.config.platform}
+        state = _with_inflight(state, ev.request, InFlight(kind="shutdown", generation=state.generation))
+        return state, [*effects, CallWorker(request=ev.request, function="on_session_end", kwargs=kwargs)]
+    return state, [*effects, SetStatus(text=None), CloseWorker(), Reply(request=ev.request)]
+
+
+def _on_set_enabled(state: HookState, ev: SetEnabled) -> Step:
+    if not state.config.hooks_registered:
+        return state, []
+    target = (not state.enabled) if ev.enabled is None else ev.enabled
+    if not target:
+        state, effects = _invalidate(state)
+        return state.model_copy(update={"enabled": False}), [*effects, SetStatus(text=None)]
+    state = state.model_copy(update={"enabled": True})
+    return state, [_footer(state)]
+
+
+def _on_set_visible(state: HookState, ev: SetVisible) -> Step:
+    target = (not state.visible) if ev.visible is None else ev.visible
+    return state.model_copy(update={"visible": target}), []
+
+
+def _on_context(state: HookState, ev: ContextEvent) -> Step:
+    return state, [Reply(request=ev.request)]
+
+
+_HANDLERS: dict[str, Any] = {
+    "session_start": _on_session_start,
+    "before_agent_start": _on_before_agent_start,
+    "agent_end": _on_agent_end,
+    "agent_settled": _on_agent_settled,
+    "session_shutdown": _on_session_shutdown,
+    "context": _on_context,
+    "set_enabled": _on_set_enabled,
+    "set_visible": _on_set_visible,
+    "worker_done": _on_worker_done,
+    "filter_done": _on_filter_done,
+    "turn_aborted": _on_turn_aborted,
+}
