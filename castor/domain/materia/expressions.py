@@ -1,0 +1,174 @@
+"""Value expressions, assignment paths and conditions (spec §5.6 "Value expressions", §5.8).
+
+Expressions (used by ``assign`` sources, ``advance.items``, ``foreach.items``, conditions):
+
+| expression | reads |
+|---|---|
+| ``$`` / ``$.a.b`` | the parsed output of the socket |
+| ``state`` / ``state.a.b`` | ``state.data`` |
+| ``item`` / ``item.x`` | ``state.data.item`` |
+| ``lastJson`` / ``lastJson.x`` | the last parsed JSON output |
+| ``lastOutput`` | the last raw output text |
+| anything else | a path into ``state.data`` |
+
+A step into a missing key, ``None`` or a primitive yields :data:`MISSING` (the reference's
+``undefined``). Numeric segments index lists. Nothing here raises except :class:`ConditionError`
+for an unsupported condition and :class:`AssignError` for an empty target.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from castor.messages.errors import CastorError, ErrorCode
+
+
+class _Missing:
+    _instance = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+
+class ConditionError(CastorError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+class AssignError(CastorError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+@dataclass
+class Scope:
+    """What an expression can see."""
+
+    data: dict[str, Any]
+    parsed: Any = MISSING
+    last_json: Any = MISSING
+    last_output: Any = MISSING
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def walk(value: Any, path: str) -> Any:
+    """Follow a dotted path; :data:`MISSING` as soon as a step cannot be taken."""
+    if path == "":
+        return value
+    for segment in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(segment, MISSING) if segment in value else MISSING
+        elif isinstance(value, list) and segment.isdigit():
+            index = int(segment)
+            value = value[index] if index < len(value) else MISSING
+        else:
+            return MISSING
+        if value is MISSING:
+            return MISSING
+    return value
+
+
+def _rooted(expr: str, root: str) -> str | None:
+    if expr == root:
+        return ""
+    if expr.startswith(root + "."):
+        return expr[len(root) + 1:]
+    return None
+
+
+def resolve_value(expr: str, scope: Scope) -> Any:
+    expr = expr.strip()
+    if expr == "$":
+        return scope.parsed
+    if expr.startswith("$."):
+        return walk(scope.parsed, expr[2:]) if scope.parsed is not MISSING else MISSING
+    for root, base in (("state", scope.data), ("item", scope.data.get("item", MISSING)),
+                       ("lastJson", scope.last_json)):
+        rest = _rooted(expr, root)
+        if rest is not None:
+            return MISSING if base is MISSING else walk(base, rest)
+    if expr == "lastOutput":
+        return scope.last_output
+    return walk(scope.data, expr)
+
+
+def set_path(data: dict[str, Any], target: str, value: Any) -> None:
+    """Write ``value`` at dotted ``target`` in ``data`` (in place).
+
+    Intermediates are created; a non-object intermediate is replaced by an object. Writing
+    :data:`MISSING` removes the key (JSON has no ``undefined``).
+    """
+    parts = [p for p in target.strip().split(".")] if target and target.strip() else []
+    if not parts or any(p == "" for p in parts):
+        raise AssignError(f"invalid assign target {target!r}: a non-empty dotted path is required")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    if value is MISSING:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = value
+
+
+def as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+_EXISTS = re.compile(r"^(!?)exists\((.*)\)$")
+_COMPARE = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
+
+
+def _literal(text: str, scope: Scope) -> Any:
+    text = text.strip()
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    if text == "null":
+        return None
+    if _NUMBER.match(text):
+        return json.loads(text)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return resolve_value(text, scope)
+
+
+def evaluate_condition(condition: str, scope: Scope) -> bool:
+    """``always`` | ``satisfied`` | ``not_satisfied`` | ``[!]exists(expr)`` | ``expr ==/!= literal``."""
+    cond = condition.strip()
+    if cond == "always":
+        return True
+    if cond in ("satisfied", "not_satisfied"):
+        flag = walk(scope.parsed, "satisfied") if isinstance(scope.parsed, dict) else MISSING
+        return flag is (cond == "satisfied")
+    match = _EXISTS.match(cond)
+    if match:
+        found = resolve_value(match.group(2), scope) not in (MISSING, None)
+        return found if not match.group(1) else not found
+    match = _COMPARE.match(cond)
+    if match:
+        left = resolve_value(match.group(1), scope)
+        right = _literal(match.group(3), scope)
+        left = None if left is MISSING else left
+        right = None if right is MISSING else right
+        equal = left == right and type(left) is type(right) if isinstance(left, bool) or isinstance(right, bool) \
+            else left == right
+        return equal if match.group(2) == "==" else not equal
+    raise ConditionError(f"Unsupported Materia condition {condition!r}")

@@ -1,0 +1,270 @@
+"""The handoff contract: JSON extraction, envelope validation and application, ``assign``,
+and the contract text each JSON socket's prompt carries (spec §4).
+
+Extraction (:func:`extract_json`) — castor's version of §4.4, deliberately more forgiving
+(§12 item 12): candidates are every fenced block in order, then the whole text; in each, every
+``{``/``[`` is tried in order (a prefix parse, then a balanced scan that honours strings and
+escapes). The first JSON **object** found wins; if there is none, the first JSON value; if
+nothing parses, :class:`HandoffError`. So prose with stray brackets before the real object no
+longer breaks a cast. The only exception it ever raises is :class:`HandoffError`.
+
+Validation (:func:`validate_handoff`) — §4.2: a top-level object; ``satisfied`` a boolean
+when present and **required** when routing depends on it; ``feedback`` a string; ``missing``
+a list. ``passed`` is never read; its presence only adds a note to the error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from castor.domain.materia.config import Socket
+from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
+from castor.messages.errors import CastorError, ErrorCode
+
+CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "satisfied", "feedback", "missing")
+RESERVED_EVALUATOR_FIELDS = ("satisfied", "feedback", "missing")
+GUARDED = ("satisfied", "not_satisfied")
+
+_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+_MAX_OPENERS = 256  # bounds the work on adversarial text (each attempt is linear)
+_DECODER = json.JSONDecoder(strict=False)
+
+
+class HandoffError(CastorError):
+    """Assistant output could not become a valid handoff. ``data["reason"]`` is stable:
+    ``no-json`` | ``unparseable`` | ``invalid-handoff``."""
+
+    code = ErrorCode.INVALID_PARAMS
+
+    @property
+    def reason(self) -> str:
+        return str(self.data.get("reason", ""))
+
+
+def _preview(text: str) -> str:
+    return text[:400]
+
+
+def _balanced_span(text: str, start: int) -> str | None:
+    opener = text[start]
+    closer = "}" if opener == "{" else "]"
+    depth = 0
+    in_string = False
+    escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch == opener:
+            depth += 1
+        elif ch == closer:
+            depth -= 1
+            if depth == 0:
+                return text[start:i + 1]
+    return None
+
+
+def _parse_at(text: str, start: int) -> tuple[bool, Any]:
+    try:
+        value, _end = _DECODER.raw_decode(text, start)
+        return True, value
+    except (ValueError, RecursionError):
+        pass
+    span = _balanced_span(text, start)
+    if span is None:
+        return False, None
+    try:
+        return True, _DECODER.decode(span)
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def _candidates(text: str) -> list[str]:
+    fenced = [m.group(1).strip() for m in _FENCE.finditer(text)]
+    return [c for c in fenced if c] + [text.strip()]
+
+
+def extract_json(text: Any) -> Any:
+    """The JSON value an assistant meant to return (see module doc). Raises HandoffError only."""
+    if not isinstance(text, str):
+        raise HandoffError("No JSON found in agent output: <not text>", data={"reason": "no-json"})
+    first_value: Any = MISSING
+    saw_opener = False
+    tried = 0
+    for candidate in _candidates(text):
+        for match in re.finditer(r"[\[{]", candidate):
+            saw_opener = True
+            tried += 1
+            if tried > _MAX_OPENERS:
+                break
+            ok, value = _parse_at(candidate, match.start())
+            if not ok:
+                continue
+            if isinstance(value, dict):
+                return value
+            if first_value is MISSING:
+                first_value = value
+        if tried > _MAX_OPENERS:
+            break
+    if first_value is not MISSING:
+        return first_value
+    if not saw_opener:
+        raise HandoffError(f"No JSON found in agent output: {_preview(text)}", data={"reason": "no-json"})
+    raise HandoffError(f"Could not parse JSON from agent output: {_preview(text)}", data={"reason": "unparseable"})
+
+
+def requires_satisfied(socket: Socket) -> bool:
+    """True when routing depends on ``satisfied`` (a guarded edge or a guarded ``advance.when``)."""
+    if any(edge.when in GUARDED for edge in socket.edges):
+        return True
+    return bool(socket.advance and (socket.advance.when or "").strip() in GUARDED)
+
+
+def validate_handoff(parsed: Any, socket_id: str, *, require_satisfied: bool) -> dict[str, Any]:
+    """§4.2. Returns the object; raises HandoffError(reason="invalid-handoff") with every problem."""
+    prefix = f'Invalid handoff JSON output for socket "{socket_id}":'
+    if not isinstance(parsed, dict):
+        raise HandoffError(f"{prefix} expected a JSON object at the top level", data={"reason": "invalid-handoff"})
+    problems = []
+    if "satisfied" in parsed and not isinstance(parsed["satisfied"], bool):
+        problems.append('reserved control field "satisfied" must be a boolean')
+    if "feedback" in parsed and not isinstance(parsed["feedback"], str):
+        problems.append('reserved evaluator field "feedback" must be a string')
+    if "missing" in parsed and not isinstance(parsed["missing"], list):
+        problems.append('reserved evaluator field "missing" must be an array')
+    if require_satisfied and "satisfied" not in parsed:
+        note = (' Legacy field "passed" is not canonical and is never read; use "satisfied".'
+                if "passed" in parsed else "")
+        problems.append('must include reserved boolean field "satisfied" because this socket routes on it.' + note)
+    if problems:
+        raise HandoffError(f"{prefix} " + "; ".join(problems), data={"reason": "invalid-handoff"})
+    return parsed
+
+
+def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool) -> dict[str, Any]:
+    """§4.5 on a copy of ``data``. ``adopt_work_items``: the socket is a generator agent socket."""
+    out = copy.deepcopy(data)
+    if not isinstance(parsed, dict):
+        return out
+    envelope = dict(out.get("envelope") or {}) if isinstance(out.get("envelope"), dict) else {}
+    for key in CANONICAL_FIELDS:
+        if key in parsed:
+            envelope[key] = copy.deepcopy(parsed[key])
+    out["envelope"] = envelope
+    items = parsed.get("workItems")
+    if isinstance(items, list) and items:
+        current = out.get("workItems")
+        if not (isinstance(current, list) and current) or adopt_work_items:
+            out["workItems"] = copy.deepcopy(items)
+    guidance = parsed.get("guidance")
+    if isinstance(guidance, dict):
+        base = out.get("guidance") if isinstance(out.get("guidance"), dict) else {}
+        out["guidance"] = {**base, **copy.deepcopy(guidance)}
+    summary = parsed.get("summary")
+    if isinstance(summary, str) and summary.strip():
+        out["summary"] = summary
+    for key in ("decisions", "risks"):
+        if isinstance(parsed.get(key), list) and parsed[key]:
+            out[key] = copy.deepcopy(parsed[key])
+    return out
+
+
+def apply_assign(data: dict[str, Any], assign: dict[str, str], scope: Scope) -> dict[str, Any]:
+    """Apply ``assign`` (target ← source expression) on a copy of ``data``, in declaration order."""
+    out = copy.deepcopy(data)
+    for target, source in assign.items():
+        value = resolve_value(source, Scope(data=out, parsed=scope.parsed, last_json=scope.last_json,
+                                            last_output=scope.last_output))
+        set_path(out, target, copy.deepcopy(value))
+    return out
+
+
+# --------------------------------------------------------------------------- contract text
+
+ENVELOPE_SHAPE = (
+    '{"summary": string, "workItems": WorkItem[], "guidance": object, "decisions": array, '
+    '"risks": array, "satisfied": boolean, "feedback": string, "missing": array}'
+)
+WORK_ITEM_SHAPE = (
+    '{"id": string, "title": string, "description": string, "acceptance": string[], '
+    '"context": {"architecture"?: string, "constraints": string[], "dependencies": string[], "risks": string[]}}'
+)
+
+
+def contract_text() -> str:
+    """The handoff contract every JSON socket is shown."""
+    return "\n".join([
+        "Handoff contract:",
+        f"- The output is one JSON object, the handoff envelope: {ENVELOPE_SHAPE}. Every field is optional; "
+        "add socket-specific fields beside them when the instructions ask for them.",
+        f"- A work item looks like {WORK_ITEM_SHAPE}.",
+        '- Units of work are always called "workItems", never "tasks" or another name.',
+        "- Keep the context you were given: carry forward and extend the envelope, do not drop it.",
+        '- "satisfied", "feedback" and "missing" are reserved for evaluation; do not use them for anything else.',
+        '- "satisfied" is the one routing flag. When you give it, it must be a real JSON boolean (true/false), '
+        "not a string.",
+        "- Extra fields may sit beside the envelope but must not restate or shadow the reserved meanings.",
+        '- Do not invent other routing flags such as "passed"; they are ignored.',
+        "- Return the object and nothing else.",
+    ])
+
+
+def json_final_instruction() -> str:
+    """The closing instruction of a single-turn (or finalizing) JSON socket."""
+    return "\n".join([
+        "Final output format: Return only JSON for this socket adapter.",
+        "Do not wrap it in markdown fences and do not add prose or commentary around it. "
+        'If the instructions above speak of "tasks", emit them as "workItems". Keep and extend any envelope '
+        "context you were given.",
+        contract_text(),
+    ])
+
+
+def generator_adapter_context(upstream_work_items: Any) -> str:
+    lines = [
+        "Generator socket adapter context:",
+        "- This socket generates work; return only the handoff envelope.",
+        '- The generated units go in "workItems" (read downstream as $.workItems); no "tasks" or other aliases.',
+        "- The reserved fields satisfied/feedback/missing must not carry generated payload.",
+    ]
+    if isinstance(upstream_work_items, list) and upstream_work_items:
+        lines.append("- Earlier work items are below; transform or refine them into a new workItems array:")
+        lines.append(json.dumps(upstream_work_items, indent=2, ensure_ascii=False))
+    lines.append('- The old "generates" setting is only a migration aid; generator: true always means workItems.')
+    return "\n".join(lines)
+
+
+def text_adapter_context(current_item: Any, guidance: Any) -> str:
+    item_json = json.dumps(current_item, indent=2, ensure_ascii=False) if current_item is not MISSING else "null"
+    guidance_json = json.dumps(guidance if isinstance(guidance, dict) else {}, indent=2, ensure_ascii=False)
+    return "\n".join([
+        "Socket adapter context:",
+        f"Current workItem JSON: {item_json}",
+        f"Global guidance JSON: {guidance_json}",
+        "When you are done, reply with a concise summary of what you implemented.",
+    ])
+
+
+REFINEMENT_GUIDANCE = (
+    "Current multi-turn mode: refinement conversation. Work with the user on this step; answer, ask and "
+    "revise as needed. The step is finalized only when the user runs /materia continue, so do not emit "
+    "the final JSON handoff yet."
+)
+
+FINALIZATION_NOTE = (
+    "Command-triggered finalization: the user ran /materia continue. Turn the conversation so far into "
+    "this step's final output now."
+)
+
+TEXT_FINAL_INSTRUCTION = "Final output format: return the final plain-text implementation summary for this step."

@@ -1,0 +1,134 @@
+"""Loop iteration: which iterator applies to a socket, the current item, and exhaustion targets
+(spec §5.5, §5.8 ``applyAdvance``, §5.9).
+
+Exhaustion target precedence (post-final-item), over the loops indexing the socket (member,
+``exit.from`` or some ``exits[].from``) in declaration order, first route *from this socket*:
+
+| ``$.satisfied`` | routes tried |
+|---|---|
+| ``True`` | ``satisfied``, then ``always`` |
+| ``False`` | ``not_satisfied``, then ``always`` |
+| unknown | ``always`` |
+
+No route → ``"end"``. A socket in no loop uses its legacy ``advance.done`` ?? ``"end"``.
+
+Empty loop on entry: same resolver with ``satisfied`` unknown and ``from`` = the entered socket.
+**Deliberate difference (§12 item 9):** when the entered socket has no route of its own, castor
+falls back to the loop's own ``always`` exit routes (from any member), so an empty work list
+still reaches the post-loop socket (e.g. the final summary) instead of silently ending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from castor.domain.materia.config import END, ResolvedPipeline
+from castor.domain.materia.expressions import MISSING, Scope, as_list, resolve_value
+
+
+@dataclass(frozen=True)
+class Iteration:
+    loop_id: str | None  # None for a socket-level ``foreach``
+    items: str
+    as_: str
+    cursor: str
+    done: str | None
+
+
+def iteration_for(pipeline: ResolvedPipeline, socket_id: str) -> Iteration | None:
+    """``socket.foreach`` ?? the iterator of the first loop containing the socket."""
+    rs = pipeline.sockets[socket_id]
+    fe = rs.socket.foreach
+    if fe is not None:
+        return Iteration(None, fe.items, fe.as_ or "item", fe.cursor or f"{socket_id}Index", fe.done)
+    for loop_id, loop in pipeline.loops.items():
+        if socket_id in loop.sockets and loop.iterator is not None:
+            it = loop.iterator
+            return Iteration(loop_id, it.items, it.as_ or "item", it.cursor or f"{socket_id}Index", it.done)
+    return None
+
+
+@dataclass(frozen=True)
+class ItemSelection:
+    item: Any  # MISSING when the list is exhausted/empty
+    index: int
+    key: str | None
+    label: str | None
+
+
+def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int]) -> ItemSelection:
+    """The current item (does not mutate). ``key`` = ``id ?? key ?? index``; label ``title ?? name ?? key``."""
+    index = cursors.get(it.cursor, 0)
+    items = as_list(resolve_value(it.items, Scope(data=data)))
+    if index >= len(items) or index < 0:
+        return ItemSelection(MISSING, index, None, None)
+    item = items[index]
+    key: Any = index
+    label: Any = None
+    if isinstance(item, dict):
+        key = next((item[k] for k in ("id", "key") if item.get(k) is not None), index)
+        label = next((item[k] for k in ("title", "name", "key") if item.get(k) is not None), None)
+    return ItemSelection(item, index, str(key), None if label is None else str(label))
+
+
+def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:
+    """The ``state.data`` keys that expose the current item (§5.5)."""
+    updates = {"item": item, "currentWorkItem": item}
+    if it.as_ != "item":
+        updates[it.as_] = item
+    if it.as_ == "workItem" or "workItems" in it.items:
+        updates["workItem"] = item
+    return updates
+
+
+def _loops_indexing(pipeline: ResolvedPipeline, socket_id: str) -> list[str]:
+    out = []
+    for loop_id, loop in pipeline.loops.items():
+        if (socket_id in loop.sockets or (loop.exit and loop.exit.from_ == socket_id)
+                or any(r.from_ == socket_id for r in loop.exits)):
+            out.append(loop_id)
+    return out
+
+
+def _conditions(satisfied: bool | None) -> tuple[str, ...]:
+    if satisfied is True:
+        return ("satisfied", "always")
+    if satisfied is False:
+        return ("not_satisfied", "always")
+    return ("always",)
+
+
+def _route(pipeline: ResolvedPipeline, loop_ids: list[str], socket_id: str, satisfied: bool | None) -> str | None:
+    for loop_id in loop_ids:
+        routes = [r for r in pipeline.loops[loop_id].exits if r.from_ == socket_id]
+        for condition in _conditions(satisfied):
+            for route in routes:
+                if route.condition == condition:
+                    return route.target_socket_id
+    return None
+
+
+def exhaustion_target(pipeline: ResolvedPipeline, socket_id: str, satisfied: bool | None) -> str:
+    """Where to go after the last item (advance exhausted at ``socket_id``)."""
+    loop_ids = _loops_indexing(pipeline, socket_id)
+    if not loop_ids:
+        adv = pipeline.sockets[socket_id].socket.advance
+        return (adv.done if adv and adv.done else END)
+    return _route(pipeline, loop_ids, socket_id, satisfied) or END
+
+
+def empty_loop_target(pipeline: ResolvedPipeline, socket_id: str, it: Iteration) -> str:
+    """Where to go when ``socket_id`` is entered with no current item."""
+    loop_ids = _loops_indexing(pipeline, socket_id)
+    if not loop_ids:
+        return it.done or END
+    target = _route(pipeline, loop_ids, socket_id, None)
+    if target is not None:
+        return target
+    # Deliberate difference: fall back to the loop's own unconditional exit routes.
+    for loop_id in loop_ids:
+        for route in pipeline.loops[loop_id].exits:
+            if route.condition == "always":
+                return route.target_socket_id
+    return END
