@@ -1,0 +1,556 @@
+"""Running utility commands: no shell, bounded output, deadline, whole tree killed.
+
+This is the IO half of spec §7.3 (the engine decides *when* to run; this
+module runs). ``spawn(cmd)`` starts ``cmd.argv`` directly (never through a
+shell, so ``;``, ``|``, ``$()`` and globs are plain argument text), in
+``cmd.cwd``, in a new session (its own process group), with
+``JSON(cmd.stdin) + "\\n"`` on stdin, which is then closed.
+
+Guarantees
+----------
+- **Deadline.** ``timeout_ms`` covers the process *and* its output pipes. On
+  expiry the whole tree is terminated: SIGTERM to the process group and to
+  every descendant psutil can see (also ones that left the group), a grace
+  period (``grace_ms``, default 1000 ms), then SIGKILL to whatever is left.
+  The result says ``timed_out=True``.
+- **kill() from any thread** (fault injection, cast abort) SIGKILLs the tree at
+  once; ``wait()`` then returns ``killed=True``. ``pids()`` lists the live pids
+  of the tree (root first) for inspection.
+- **Output caps.** stdout and stderr are each kept up to ``max_output_bytes``
+  (default 1 MiB); the rest is read and dropped (so the child never blocks on a
+  full pipe) and ``*_truncated`` is set. Text is decoded as UTF-8 with
+  replacement characters for invalid or cut sequences.
+- **Result.** exit code or signal, ``timed_out``, ``killed``, wall duration.
+  A non-zero exit is *not* an exception here: callers turn results into
+  failures with :func:`command_failure_message` (spec wording).
+- **Bounded concurrency.** :class:`UtilityPool` lets at most
+  ``max_concurrent`` commands run; up to ``max_queue`` callers wait in FIFO
+  order; one more is refused at once with ``MailboxFull``. A queue wait may
+  have a deadline (``Timeout`` with ``may_have_started=False``).
+
+Failure behaviour
+-----------------
+- A binary that cannot be started raises :class:`UtilitySpawnError` (code
+  ``not_found`` for a missing file, ``forbidden`` for permission, else
+  ``internal``) and nothing runs; no slot stays taken.
+- Background processes that a *successful* command leaves behind after
+  closing its stdout/stderr are not hunted down (that is ordinary Unix
+  behaviour); ones that keep the pipes open hold the deadline and are killed
+  with the tree when it passes.
+
+Trust: the argv comes from the loadout config; callers must only run
+commands of configs whose project is trusted.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from castor.messages.errors import Cancelled, CastorError, ErrorCode, MailboxFull, Timeout
+
+__all__ = [
+    "MAX_OUTPUT_BYTES",
+    "PoolStats",
+    "RunningUtility",
+    "UtilityCommand",
+    "UtilityPool",
+    "UtilityResult",
+    "UtilitySpawnError",
+    "command_failure_message",
+    "run_command",
+    "spawn",
+    "stderr_summary",
+]
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_GRACE_MS = 1_000
+_READ_CHUNK = 64 * 1024
+_PIPE_DRAIN_AFTER_KILL_S = 2.0
+
+
+class UtilitySpawnError(CastorError):
+    """The command could not be started at all (no process ran)."""
+
+    code = ErrorCode.INTERNAL
+
+
+class UtilityCommand(BaseModel):
+    """One command to run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    argv: list[str] = Field(min_length=1)
+    cwd: Path
+    stdin: Any = None
+    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, gt=0)
+    grace_ms: int = Field(default=DEFAULT_GRACE_MS, ge=0)
+    max_output_bytes: int = Field(default=MAX_OUTPUT_BYTES, gt=0)
+    env: dict[str, str] | None = None  # None: inherit the process environment unchanged
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_is_clean(cls, argv: list[str]) -> list[str]:
+        for arg in argv:
+            if "\x00" in arg:
+                raise ValueError("argv entries must not contain NUL")
+        if not argv[0]:
+            raise ValueError("argv[0] must be a non-empty program name")
+        return argv
+
+
+class UtilityResult(BaseModel):
+    """What happened to one command."""
+
+    model_config = ConfigDict(frozen=True)
+
+    argv: list[str]
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    signal_name: str | None
+    timed_out: bool
+    killed: bool
+    duration_ms: float
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    max_bytes: int
+    timeout_ms: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.killed
+
+
+# --------------------------------------------------------------------------- failure wording (spec §7.3)
+
+
+def stderr_summary(stderr: str, truncated: bool) -> str:
+    """stderr trimmed, whitespace-collapsed, cut to 800 chars, or ``<empty>``."""
+    text = " ".join(stderr.split())[:800] or "<empty>"
+    return text + " (truncated)" if truncated else text
+
+
+def command_failure_message(
+    result: UtilityResult, *, socket_id: str, stdout_artifact: str, stderr_artifact: str
+) -> str | None:
+    """The spec's error text for a failed command, or None if it succeeded."""
+    cmd = shlex.join(result.argv)
+    where = f"stdout: {stdout_artifact}; stderr: {stderr_artifact}"
+    if result.timed_out:
+        return f'Utility command timed out for socket "{socket_id}" after {result.timeout_ms}ms: {cmd}. {where}'
+    if result.killed:
+        return f'Utility command was killed for socket "{socket_id}": {cmd}. {where}'
+    if result.exit_code == 0:
+        return None
+    how = f"code {result.exit_code}" if result.exit_code is not None else f"signal {result.signal_name}"
+    summary = stderr_summary(result.stderr, result.stderr_truncated)
+    return f'Utility command for socket "{socket_id}" exited with {how}: {cmd}. stderr: {summary}. {where}'
+
+
+# --------------------------------------------------------------------------- one running process tree
+
+
+class _CappedReader(threading.Thread):
+    """Drain one pipe to EOF, keeping at most ``cap`` bytes."""
+
+    def __init__(self, stream: Any, cap: int, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fd = stream.fileno()
+        self._stream = stream
+        self._cap = cap
+        self._chunks: list[bytes] = []
+        self._kept = 0
+        self.truncated = False
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self._fd, _READ_CHUNK)
+                if not chunk:
+                    break
+                room = self._cap - self._kept
+                if len(chunk) > room:
+                    self.truncated = True
+                    chunk = chunk[: max(room, 0)]
+                if chunk:
+                    self._chunks.append(chunk)
+                    self._kept += len(chunk)
+        except OSError:
+            pass
+        finally:
+            try:
+                self._stream.close()
+            except OSError:
+                pass
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", errors="replace")
+
+
+def _feed_stdin(stream: Any, payload: bytes) -> None:
+    try:
+        stream.write(payload)
+    except (BrokenPipeError, OSError):
+        pass  # the child does not read stdin: that is its right
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited (zombies count as exited); return survivors.
+
+    psutil.wait_procs would wait out the whole timeout on a zombie that no one
+    reaps (an orphan under a PID 1 that does not reap), so poll liveness instead.
+    """
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+        alive = [p for p in alive if _alive(p)]
+    return alive
+
+
+class RunningUtility:
+    """A started command. ``wait()`` once (from one thread); ``kill()``/``pids()`` from any."""
+
+    def __init__(self, cmd: UtilityCommand, popen: subprocess.Popen[bytes], started: float) -> None:
+        self.cmd = cmd
+        self._popen = popen
+        self.pid = popen.pid
+        self._started = started
+        self._killed = threading.Event()
+        self._finished = threading.Event()
+        self._tree_lock = threading.Lock()
+        self._known: dict[int, psutil.Process] = {}
+        self._stdout = _CappedReader(popen.stdout, cmd.max_output_bytes, f"utility-{self.pid}-stdout")
+        self._stderr = _CappedReader(popen.stderr, cmd.max_output_bytes, f"utility-{self.pid}-stderr")
+        self._stdout.start()
+        self._stderr.start()
+        payload = (json.dumps(cmd.stdin, ensure_ascii=False) + "\n").encode("utf-8")
+        threading.Thread(target=_feed_stdin, args=(popen.stdin, payload), daemon=True,
+                         name=f"utility-{self.pid}-stdin").start()
+        self._log = logger.bind(utility_pid=self.pid, argv0=cmd.argv[0])
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    # -- the tree ------------------------------------------------------------
+
+    def _descendants(self) -> list[psutil.Process]:
+        """Root's descendants now, remembered so orphans are still found later."""
+        with self._tree_lock:
+            try:
+                for child in psutil.Process(self.pid).children(recursive=True):
+                    self._known.setdefault(child.pid, child)
+            except psutil.Error:
+                pass
+            # An orphan (its parent died) is no longer a child of the root but
+            # still in our process group; find those too.
+            for proc in psutil.process_iter():
+                try:
+                    if proc.pid != self.pid and os.getpgid(proc.pid) == self.pid:
+                        self._known.setdefault(proc.pid, proc)
+                except (ProcessLookupError, PermissionError, psutil.Error, OSError):
+                    continue
+            return [p for p in self._known.values() if _alive(p)]
+
+    def pids(self) -> list[int]:
+        """Live pids of the tree, root first (empty once everything has exited)."""
+        root = [self.pid] if self._popen.poll() is None else []
+        return root + sorted(p.pid for p in self._descendants())
+
+    def _signal_tree(self, sig: signal.Signals, procs: list[psutil.Process]) -> None:
+        if self._popen.returncode is None:
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def _terminate_tree(self, grace_s: float) -> None:
+        procs = self._descendants()
+        self._signal_tree(signal.SIGTERM, procs)
+        deadline = time.monotonic() + grace_s
+        try:
+            self._popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        alive = _wait_gone(procs, max(0.0, deadline - time.monotonic()))
+        if self._popen.poll() is None or alive:
+            self._log.warning("utility tree survived SIGTERM grace; sending SIGKILL")
+            self._kill_tree()
+
+    def _kill_tree(self) -> None:
+        procs = self._descendants()
+        self._signal_tree(signal.SIGKILL, procs)
+        _wait_gone(procs, 1.0)
+
+    def kill(self) -> None:
+        """SIGKILL the whole tree now (safe from any thread, idempotent)."""
+        self._killed.set()
+        if not self._finished.is_set():
+            self._kill_tree()
+
+    # -- waiting -------------------------------------------------------------
+
+    def _remaining(self, deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    def wait(self) -> UtilityResult:
+        """Block until the command ends, its deadline passes, or it is killed."""
+        deadline = self._started + self.cmd.timeout_ms / 1000
+        timed_out = False
+        try:
+            self._popen.wait(timeout=self._remaining(deadline))
+            self._stdout.join(self._remaining(deadline))
+            self._stderr.join(self._remaining(deadline))
+            if self._stdout.is_alive() or self._stderr.is_alive():
+                raise subprocess.TimeoutExpired(self.cmd.argv, self.cmd.timeout_ms / 1000)
+        except subprocess.TimeoutExpired:
+            if not self._killed.is_set():
+                timed_out = True
+                self._log.info("utility deadline passed; terminating its process tree")
+                self._terminate_tree(self.cmd.grace_ms / 1000)
+        if self._killed.is_set() and not timed_out:
+            self._kill_tree()
+        self._popen.wait()
+        self._stdout.join(_PIPE_DRAIN_AFTER_KILL_S)
+        self._stderr.join(_PIPE_DRAIN_AFTER_KILL_S)
+        duration_ms = (time.monotonic() - self._started) * 1000
+        self._finished.set()
+        return self._result(timed_out, duration_ms)
+
+    def _result(self, timed_out: bool, duration_ms: float) -> UtilityResult:
+        code = self._popen.returncode
+        sig = -code if code is not None and code < 0 else None
+        return UtilityResult(
+            argv=list(self.cmd.argv),
+            pid=self.pid,
+            exit_code=None if sig is not None else code,
+            signal=sig,
+            signal_name=signal.Signals(sig).name if sig is not None else None,
+            timed_out=timed_out,
+            killed=self._killed.is_set() and not timed_out,
+            duration_ms=duration_ms,
+            stdout=self._stdout.text(),
+            stderr=self._stderr.text(),
+            stdout_truncated=self._stdout.truncated,
+            stderr_truncated=self._stderr.truncated,
+            max_bytes=self.cmd.max_output_bytes,
+            timeout_ms=self.cmd.timeout_ms,
+        )
+
+
+def _spawn_error(cmd: UtilityCommand, exc: OSError) -> UtilitySpawnError:
+    code = {errno.ENOENT: ErrorCode.NOT_FOUND, errno.EACCES: ErrorCode.FORBIDDEN,
+            errno.EPERM: ErrorCode.FORBIDDEN}.get(exc.errno or 0, ErrorCode.INTERNAL)
+    return UtilitySpawnError(
+        f"cannot start utility command {shlex.join(cmd.argv)}: {exc.strerror or exc}",
+        code=code,
+        data={"argv0": cmd.argv[0], "errno": exc.errno, "cwd": str(cmd.cwd)},
+        may_have_started=False,
+    )
+
+
+def spawn(cmd: UtilityCommand) -> RunningUtility:
+    """Start ``cmd`` (see module doc). Raises UtilitySpawnError if it cannot start."""
+    started = time.monotonic()
+    try:
+        popen = subprocess.Popen(  # noqa: S603 - argv list, never a shell
+            cmd.argv,
+            cwd=cmd.cwd,
+            env=cmd.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            shell=False,
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise _spawn_error(cmd, exc) from None
+    return RunningUtility(cmd, popen, started)
+
+
+def run_command(cmd: UtilityCommand, *, on_start: Callable[[RunningUtility], None] | None = None) -> UtilityResult:
+    """Spawn and wait. ``on_start`` receives the handle (for ``kill``/``pids``) before waiting."""
+    running = spawn(cmd)
+    if on_start is not None:
+        try:
+            on_start(running)
+        except Exception:
+            logger.exception("utility on_start callback failed; killing the command")
+            running.kill()
+            running.wait()
+            raise
+    return running.wait()
+
+
+# --------------------------------------------------------------------------- the bounded pool
+
+
+class PoolStats(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    running: int
+    waiting: int
+    max_concurrent: int
+    max_queue: int
+
+
+class _Ticket:
+    __slots__ = ("event", "granted", "cancelled")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.granted = False
+        self.cancelled = False
+
+
+class UtilityPool:
+    """A FIFO gate: at most ``max_concurrent`` commands run, ``max_queue`` wait, more are refused."""
+
+    def __init__(self, max_concurrent: int, *, max_queue: int = 1000) -> None:
+        if max_concurrent < 1 or max_queue < 0:
+            raise ValueError("max_concurrent must be >= 1 and max_queue >= 0")
+        self.max_concurrent = max_concurrent
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._slots_taken = 0
+        self._waiters: deque[_Ticket] = deque()
+        self._running: set[RunningUtility] = set()
+        self._closed = False
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(
+                running=self._slots_taken,
+                waiting=len(self._waiters),
+                max_concurrent=self.max_concurrent,
+                max_queue=self.max_queue,
+            )
+
+    def running(self) -> list[RunningUtility]:
+        """Handles of the commands running now (for kill/pids from another thread)."""
+        with self._lock:
+            return list(self._running)
+
+    def _acquire(self, queue_timeout_s: float | None) -> None:
+        with self._lock:
+            if self._closed:
+                raise Cancelled("utility pool is closed", may_have_started=False)
+            if self._slots_taken < self.max_concurrent and not self._waiters:
+                self._slots_taken += 1
+                return
+            if len(self._waiters) >= self.max_queue:
+                raise MailboxFull(
+                    f"utility pool full: {self._slots_taken} running, {len(self._waiters)} waiting",
+                    data={"max_concurrent": self.max_concurrent, "max_queue": self.max_queue},
+                    may_have_started=False,
+                )
+            ticket = _Ticket()
+            self._waiters.append(ticket)
+        ticket.event.wait(queue_timeout_s)
+        with self._lock:
+            if ticket.granted:
+                return  # the releaser handed its slot straight to us
+            if ticket in self._waiters:
+                self._waiters.remove(ticket)
+        if ticket.cancelled:
+            raise Cancelled("utility pool closed while waiting", may_have_started=False)
+        raise Timeout(f"no utility slot within {queue_timeout_s}s", may_have_started=False)
+
+    def _release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                ticket = self._waiters.popleft()
+                ticket.granted = True
+                ticket.event.set()
+            else:
+                self._slots_taken -= 1
+
+    @contextmanager
+    def slot(self, *, queue_timeout_s: float | None = None) -> Iterator[None]:
+        """Hold one slot for the duration of the block (for built-ins that spawn)."""
+        self._acquire(queue_timeout_s)
+        try:
+            yield
+        finally:
+            self._release()
+
+    def run(
+        self,
+        cmd: UtilityCommand,
+        *,
+        on_start: Callable[[RunningUtility], None] | None = None,
+        queue_timeout_s: float | None = None,
+    ) -> UtilityResult:
+        """Wait for a slot (bounded), run ``cmd`` to the end, release the slot."""
+        with self.slot(queue_timeout_s=queue_timeout_s):
+            running = spawn(cmd)
+            with self._lock:
+                self._running.add(running)
+            try:
+                if on_start is not None:
+                    on_start(running)
+                return running.wait()
+            except BaseException:
+                running.kill()
+                if not running.finished:
+                    running.wait()
+                raise
+            finally:
+                with self._lock:
+                    self._running.discard(running)
+
+    def kill_all(self) -> int:
+        """Kill every running tree; return how many were killed."""
+        handles = self.running()
+        for handle in handles:
+            handle.kill()
+        return len(handles)
+
+    def close(self) -> None:
+        """Refuse new work, cancel waiters and kill running commands."""
+        with self._lock:
+            self._closed = True
+            waiters = list(self._waiters)
+            self._waiters.clear()
+        for ticket in waiters:
+            ticket.cancelled = True
+            ticket.event.set()
+        self.kill_all()
