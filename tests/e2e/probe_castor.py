@@ -11,7 +11,7 @@ and prompts starting with ``PROBE`` make it act through the harness methods:
 |                       | system prompt addendum ``PROBE-SYS``                                       |
 | ``PROBE audit``       | calls ``session.append_entry`` (``probe-audit``) *before* answering         |
 | ``PROBE notify``      | notifies ``ui.notify`` and ``ui.status``                                    |
-| ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``<x>``     |
+| ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``TURN: <x>``     |
 | ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
 
 ``icarus.config`` announces the tool ``probe_echo`` (``icarus.tool`` echoes ``text``;
@@ -49,7 +49,7 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
     if event == "agent_settled" and STATE["pending_turn"]:
         prompt, STATE["pending_turn"] = STATE["pending_turn"], None
         STATE["turns"] += 1
-        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": prompt,
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {prompt}",
                 "summary": "probe turn", "isolate": True}
         # Like an actor would: answer the event first, then ask for the turn.
         threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()

@@ -367,6 +367,7 @@ export default function castorExtension(pi: any): void {
 		lastCtx = ctx;
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		const isolated = turns.isolate(messages);
+		if (process.env.CASTOR_PI_DEBUG) log(`context: turn=${turns.active?.turnId} isolate=${turns.active?.isolate} n=${messages.length} isolated=${isolated?.length} ${JSON.stringify(messages.map((m: any) => [m.role, m.customType, m.details]))}`);
 		const result = await forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages });
 		if (Array.isArray(result?.messages)) return { messages: result.messages };
 		return isolated ? { messages: isolated } : undefined;
