@@ -1,0 +1,167 @@
+"""Connection guarantees: isolation, bounds, deadlines, prompt failure on close."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import msgpack
+import pytest
+
+from castor.client import Client
+from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
+from castor.messages.errors import MailboxFull, Timeout
+
+from .conftest import SMALL_QUEUE, RawPeer, build_dispatcher, start_server, wait_for
+
+
+def test_slow_client_never_stalls_another(gates, sock_dir) -> None:
+    """A peer that never reads overflows only its own queue and is closed; others keep going."""
+    srv = start_server(gates, sock_dir, settings=SMALL_QUEUE)
+    try:
+        stuck = RawPeer(srv.address)
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        assert wait_for(lambda: len(srv.connections()) == 1)
+        stuck_conn = srv.connections()[0]
+        good = Client.connect_unix(srv.address, default_timeout=5)
+        # The stuck peer asks for 2000 x 64 KiB of notifications and never reads them.
+        stuck.send_value([0, 1, "push", [{"count": 2000, "size": 65536}]])
+        assert gates.done.wait(5), "the producer blocked on a stuck peer"
+        assert gates.results["push"] < 2000
+        assert stuck_conn.wait_closed(5) and "overflow" in stuck_conn.close_reason
+        assert stuck_conn not in srv.connections()
+        for i in range(50):
+            assert good.call("echo", {"i": i}) == {"i": i}
+        good.close()
+    finally:
+        srv.stop()
+
+
+def test_slow_handler_does_not_block_reading(client: Client, gates) -> None:
+    slow = client.call_async("block", timeout=10)
+    assert gates.entered.wait(5)
+    # Same connection: fast calls are answered while "block" still runs.
+    for i in range(20):
+        assert client.call("add", {"a": i}, timeout=5) == i
+    assert not slow.done()
+    gates.release.set()
+    assert slow.result() == "released"
+
+
+def test_outbound_call_deadline_and_late_reply_counted(client: Client, server: Server) -> None:
+    answer = threading.Event()
+
+    def slow_entry(params):
+        answer.wait(10)
+        return {"ok": True}
+
+    client.on_request("session.append_entry", slow_entry)
+    t0 = time.monotonic()
+    out = client.call("call_back", {"method": "session.append_entry", "timeout": 0.2})
+    assert out["error"] == "timeout" and out["data"]["may_have_started"] is True
+    assert time.monotonic() - t0 < 2
+    answer.set()
+    conn = server.connections()[0]
+    assert wait_for(lambda: conn.counters["late_replies"] == 1)
+    assert conn.counters["call_timeouts"] == 1
+
+
+def test_client_call_deadline(client: Client, gates) -> None:
+    with pytest.raises(Timeout) as info:
+        client.call("block", timeout=0.1)
+    assert info.value.may_have_started is True
+    gates.release.set()
+    assert wait_for(lambda: client.connection.counters["late_replies"] == 1)
+    assert client.call("add", {"a": 1}) == 1
+
+
+def test_pending_calls_fail_promptly_on_close(client: Client, gates) -> None:
+    pending = [client.call_async("block", timeout=30) for _ in range(3)]
+    assert gates.entered.wait(5)
+    t0 = time.monotonic()
+    client.close()
+    for p in pending:
+        with pytest.raises(ConnectionClosed) as info:
+            p.result()
+        assert info.value.code == "cancelled" and info.value.may_have_started
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(ConnectionClosed):
+        client.call("echo", {})
+
+
+def test_server_side_pending_call_fails_when_client_disconnects(client: Client, gates) -> None:
+    entered = threading.Event()
+    client.on_request("classifier.complete", lambda p: (entered.set(), time.sleep(30)))
+    client.call_async("call_back", {"method": "classifier.complete", "timeout": 30})
+    assert entered.wait(5)
+    client.connection.transport.close()  # vanish without answering
+    assert gates.done.wait(5)
+    assert gates.results["classifier.complete"]["type"] == "ConnectionClosed"
+
+
+def test_in_flight_limit_answers_mailbox_full(gates, sock_dir) -> None:
+    settings = ConnectionSettings(max_in_flight=2, max_workers=4)
+    srv = start_server(gates, sock_dir, settings=settings)
+    try:
+        with Client.connect_unix(srv.address, default_timeout=10) as c:
+            held = [c.call_async("block") for _ in range(2)]
+            assert wait_for(lambda: srv.connections()[0].stats()["in_flight"] == 2)
+            with pytest.raises(MailboxFull):
+                c.call("echo", {})
+            gates.release.set()
+            assert [h.result() for h in held] == ["released", "released"]
+            assert c.call("echo", {"x": 1}) == {"x": 1}
+    finally:
+        srv.stop()
+
+
+def test_handler_crash_is_internal_and_connection_survives(client: Client) -> None:
+    for _ in range(3):
+        with pytest.raises(Exception) as info:
+            client.call("boom")
+        assert info.value.code == "internal" and "ZeroDivision" not in info.value.message
+    assert client.call("add", {"a": 4}) == 4
+
+
+def test_wrong_shape_frames_keep_the_connection(server: Server) -> None:
+    peer = RawPeer(server.address)
+    peer.send_value([7, 1, 2])                    # unknown frame type → error notification
+    assert peer.read()[:2] == [2, "error"]
+    peer.send_value([0, 5, 99, [{}]])             # valid msgid, bad method → answered on msgid 5
+    frame = peer.read()
+    assert frame[0:2] == [1, 5] and frame[2]["code"] == "invalid_frame"
+    peer.send_value([0, 6, "echo", {"not": "wrapped"}])
+    frame = peer.read()
+    assert frame[0:2] == [1, 6] and frame[2]["code"] == "invalid_params"
+    peer.send_value([0, 7, "nope", [{}]])
+    assert peer.read()[2]["code"] == "unknown_method"
+    peer.send_value([0, 8, "echo", [{"still": "alive"}]])
+    assert peer.read() == [1, 8, None, {"still": "alive"}]
+    peer.close()
+
+
+def test_undecodable_bytes_close_only_that_connection(server: Server, client: Client) -> None:
+    peer = RawPeer(server.address)
+    peer.send(b"\xc1\xc1\xc1")
+    frames = peer.read_until_eof()
+    assert frames == [[2, "error", [{"code": "invalid_frame", "message": frames[0][2][0]["message"]}]]]
+    assert client.call("echo", {"ok": 1}) == {"ok": 1}
+
+
+def test_frames_split_and_batched_arbitrarily(server: Server) -> None:
+    peer = RawPeer(server.address)
+    blob = b"".join(msgpack.packb([0, i, "add", [{"a": i}]]) for i in range(50))
+    for i in range(0, len(blob), 3):
+        peer.send(blob[i:i + 3])
+    answers = {peer.read()[1]: None for _ in range(50)}
+    assert sorted(answers) == list(range(50))
+    peer.close()
+
+
+def test_half_closed_peer_still_gets_its_answers(server: Server) -> None:
+    peer = RawPeer(server.address)
+    peer.send(b"".join(msgpack.packb([0, i, "add", [{"a": i}]]) for i in range(5)))
+    peer.sock.shutdown(socket.SHUT_WR)
+    frames = peer.read_until_eof()
+    assert sorted(f[3] for f in frames) == [0, 1, 2, 3, 4]

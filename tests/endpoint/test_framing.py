@@ -1,0 +1,87 @@
+"""Frame shapes and the incremental decoder (no threads, no sockets)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from castor.endpoint.framing import (
+    BadFrame, BadParams, FrameDecoder, FrameLimits, Notification, Request, Response,
+    UndecodableStream, encode_error_notification, encode_request, parse_frame,
+)
+
+
+def test_valid_frames_parse_to_named_tuples() -> None:
+    assert parse_frame([0, 7, "echo", [{"a": 1}]]) == Request(7, "echo", {"a": 1})
+    assert parse_frame([0, 7, "echo", []]) == Request(7, "echo", {})
+    assert parse_frame([1, 7, None, {"ok": True}]) == Response(7, None, {"ok": True})
+    assert parse_frame([1, 7, {"code": "timeout", "message": "m"}, None]).error["code"] == "timeout"
+    assert parse_frame([2, "ui.notify", [{"text": "hi"}]]) == Notification("ui.notify", {"text": "hi"})
+
+
+@pytest.mark.parametrize("value", [
+    5, "x", None, {}, [], [3, 1, "m", []], [True, 1, "m", [{}]], [0, -1, "m", [{}]], [0, 2**32, "m", [{}]],
+    [0, "id", "m", [{}]], [2, 5, [{}]], [2, "m"], [1, 1, "err", None], [1, "x", None, None], [1, 1, None],
+])
+def test_wrong_shapes_are_bad_frames(value) -> None:
+    with pytest.raises(BadFrame) as info:
+        parse_frame(value)
+    assert info.value.code == "invalid_frame"
+
+
+def test_bad_frame_keeps_a_valid_msgid_so_the_call_can_be_answered() -> None:
+    with pytest.raises(BadFrame) as info:
+        parse_frame([0, 42, 17, [{}]])
+    assert info.value.msgid == 42
+    with pytest.raises(BadFrame) as info:
+        parse_frame([0, 43, "m"])
+    assert info.value.msgid == 43
+
+
+@pytest.mark.parametrize("params", [{"a": 1}, [1, 2], [{"a": 1}, {}], "x", None, [[1]]])
+def test_params_must_be_one_map_in_an_array(params) -> None:
+    with pytest.raises(BadParams) as info:
+        parse_frame([0, 9, "echo", params])
+    assert info.value.code == "invalid_params" and info.value.msgid == 9
+    with pytest.raises(BadParams):
+        parse_frame([2, "echo", params])
+
+
+def test_decoder_yields_frames_split_across_chunks() -> None:
+    data = encode_request(1, "a", {"x": "y" * 100}) + encode_request(2, "b", {})
+    dec = FrameDecoder()
+    values = []
+    for i in range(0, len(data), 7):
+        dec.feed(data[i:i + 7])
+        while True:
+            ok, value = dec.next_value()
+            if not ok:
+                break
+            values.append(value)
+    assert [v[1] for v in values] == [1, 2]
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1",                                         # never-used byte
+    msgpack.packb({"k": "v" * 200}),                 # str over max_str_len
+    msgpack.packb(list(range(100))),                 # array over max_array_len
+    msgpack.packb({str(i): i for i in range(100)}),  # map over max_map_len
+    msgpack.packb({1: 2}),                           # non-string map key
+])
+def test_undecodable_or_over_limit_input_raises_undecodable(payload: bytes) -> None:
+    dec = FrameDecoder(FrameLimits(max_str_len=64, max_array_len=50, max_map_len=50, max_buffer_size=4096))
+    dec.feed(payload)
+    with pytest.raises(UndecodableStream) as info:
+        dec.next_value()
+    assert info.value.code == "invalid_frame"
+
+
+def test_frame_over_buffer_limit_is_undecodable() -> None:
+    dec = FrameDecoder(FrameLimits(max_buffer_size=1024))
+    with pytest.raises(UndecodableStream):
+        dec.feed(b"\xdb" + (5000).to_bytes(4, "big") + b"a" * 2000)
+
+
+def test_error_notification_shape() -> None:
+    frame = msgpack.unpackb(encode_error_notification({"code": "invalid_frame", "message": "m"}))
+    assert frame == [2, "error", [{"code": "invalid_frame", "message": "m"}]]

@@ -1,0 +1,174 @@
+"""Round trips over every transport, both directions, and the listener rules."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+
+import pytest
+
+from castor.client import Client
+from castor.endpoint import Server
+from castor.endpoint.listeners import bind_unix
+from castor.endpoint.transport import PipeTransport
+from castor.endpoint.dispatch import Dispatcher
+from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound
+
+from .conftest import build_dispatcher, start_server
+
+
+def exercise(client: Client) -> None:
+    """The same conversation on every transport."""
+    hello = client.call("runtime.hello", {"client": "test"})
+    assert "echo" in hello["methods"] and hello["capabilities"] == ["test"]
+    assert client.call("echo", {"s": "héllo", "b": b"\x00\xff", "n": [1, 2.5, None]}) == \
+        {"s": "héllo", "b": b"\x00\xff", "n": [1, 2.5, None]}
+    assert client.call("add", {"a": 2, "b": 3}) == 5
+    with pytest.raises(InvalidParams):
+        client.call("add", {"a": "x"})
+    with pytest.raises(NotFound) as info:
+        client.call("fail")
+    assert info.value.data == {"cast_id": "c1"}
+    # castor → client request, answered by a client handler
+    client.on_request("session.append_entry", lambda p: {"stored": p["entry"]})
+    out = client.call("call_back", {"method": "session.append_entry", "params": {"entry": "e1"}})
+    assert out == {"result": {"stored": "e1"}}
+    # a server request for a method the client does not have
+    out = client.call("call_back", {"method": "model.list"})
+    assert out["error"] == "unknown_method"
+
+
+def test_unix_round_trip(client: Client) -> None:
+    exercise(client)
+
+
+def test_tcp_round_trip(gates) -> None:
+    srv = Server(build_dispatcher(gates), tcp=("127.0.0.1", 0)).start()
+    try:
+        host, port = srv.address
+        with Client.connect_tcp(host, port, default_timeout=10) as client:
+            exercise(client)
+            sock = client.connection.transport._sock
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        srv.stop()
+
+
+def test_stdio_round_trip_in_process(gates) -> None:
+    """Stdio mode on pipes instead of the process's own fd 0/1."""
+    c2s_r, c2s_w = os.pipe()
+    s2c_r, s2c_w = os.pipe()
+    shutdown = threading.Event()
+    srv = Server(build_dispatcher(gates), stdio=True, stdin_fd=c2s_r, stdout_fd=s2c_w,
+                 on_shutdown=shutdown.set).start()
+    client = Client(PipeTransport(s2c_r, c2s_w), default_timeout=10)
+    exercise(client)
+    client.close()  # EOF on the server's stdin shuts the whole server down
+    assert srv.wait(5) and shutdown.is_set()
+
+
+def test_server_notifications_reach_client_handlers(client: Client) -> None:
+    got = threading.Event()
+    seen = []
+    client.on_notification("ui.status", lambda p: (seen.append(len(p["blob"])), got.set()))
+    assert client.call("push", {"count": 1, "size": 10}) == {"sent": 1}
+    assert got.wait(5) and seen == [10]
+
+
+def test_client_notifications_are_dispatched_without_response(client: Client, gates) -> None:
+    client.notify("call_back", {"method": "model.list"})
+    assert gates.done.wait(5)
+    assert gates.results["model.list"]["error"] == "unknown_method"
+
+
+def test_concurrent_callers_share_one_client(client: Client) -> None:
+    errors = []
+
+    def worker(k: int) -> None:
+        for i in range(100):
+            if client.call("echo", {"k": k, "i": i}) != {"k": k, "i": i}:
+                errors.append((k, i))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
+def test_tcp_refuses_non_loopback_hosts(gates, host) -> None:
+    with pytest.raises(Forbidden) as info:
+        Server(build_dispatcher(gates), tcp=(host, 0)).start()
+    assert "loopback" in info.value.message
+
+
+def test_unix_socket_is_private(server: Server) -> None:
+    assert stat.S_IMODE(os.stat(server.address).st_mode) == 0o600
+
+
+def test_stale_socket_is_replaced_and_live_one_refused(gates, sock_dir) -> None:
+    path = os.path.join(sock_dir, "c.sock")
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()  # file left behind, nobody listening
+    srv = start_server(gates, sock_dir)
+    try:
+        with Client.connect_unix(path) as c:
+            assert c.call("add", {"a": 1}) == 1
+        with pytest.raises(Conflict):
+            bind_unix(path)  # a live server is never displaced
+    finally:
+        srv.stop()
+    assert not os.path.exists(path)  # removed on stop
+
+
+def test_non_socket_file_is_never_replaced(gates, sock_dir) -> None:
+    path = os.path.join(sock_dir, "c.sock")
+    with open(path, "w") as f:
+        f.write("precious")
+    with pytest.raises(Conflict):
+        start_server(gates, sock_dir)
+    with open(path) as f:
+        assert f.read() == "precious"
+
+
+def test_stop_closes_connections_fails_pending_and_runs_hook(gates, sock_dir) -> None:
+    hook = threading.Event()
+    srv = start_server(gates, sock_dir, on_shutdown=hook.set)
+    client = Client.connect_unix(srv.address)
+    pending = client.call_async("block", timeout=10)
+    assert gates.entered.wait(5)
+    assert len(srv.connections()) == 1
+    srv.stop()
+    assert hook.is_set() and srv.connections() == []
+    with pytest.raises(Exception) as info:
+        pending.result()
+    assert info.value.code == "cancelled"  # ConnectionClosed
+    assert client.connection.wait_closed(5)
+    with pytest.raises(OSError):
+        Client.connect_unix(srv.address)
+
+
+def test_exactly_one_mode_is_required() -> None:
+    with pytest.raises(Exception):
+        Server(Dispatcher(), stdio=True, tcp=("127.0.0.1", 0))
+    with pytest.raises(Exception):
+        Server(Dispatcher())
+
+
+def test_connection_limit_refuses_extra_clients(gates, sock_dir) -> None:
+    srv = start_server(gates, sock_dir, max_connections=1)
+    try:
+        with Client.connect_unix(srv.address) as first:
+            assert first.call("add", {"a": 1}) == 1
+            from .conftest import RawPeer
+            extra = RawPeer(srv.address)
+            frames = extra.read_until_eof()
+            assert frames and frames[0][1] == "error" and frames[0][2][0]["code"] == "mailbox_full"
+            assert first.call("add", {"a": 2}) == 2
+    finally:
+        srv.stop()
