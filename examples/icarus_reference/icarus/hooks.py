@@ -137,3 +137,18 @@ def spawn_sleeper(seconds=60):
     """Start a grandchild process (to prove the whole tree is killed)."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(%f)" % float(seconds)])
     return child.pid
+
+
+@traced("hooks")
+def identity(value=None):
+    """Return ``value`` unchanged (to exercise the worker's JSON normalisation)."""
+    return value
+
+
+@traced("hooks")
+def spew(lines=1000, width=100):
+    """Write many lines to stderr (to exercise the bridge's bounded stderr tail)."""
+    for i in range(int(lines)):
+        sys.stderr.write(("%06d " % i) + "x" * int(width) + "\n")
+    sys.stderr.flush()
+    return int(lines)

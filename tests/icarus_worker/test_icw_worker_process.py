@@ -1,0 +1,398 @@
+"""WorkerProcess against the real worker program and the reference backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from castor.adapters.icarus.launch import WorkerLaunch
+from castor.adapters.icarus.worker_process import (
+    IcarusCallError,
+    WorkerProcess,
+    WorkerProtocolError,
+    next_request_id,
+    reply_result,
+)
+from castor.messages.errors import Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
+
+from .conftest import REFERENCE_ICARUS, gone, read_call_log
+
+
+def call(worker: WorkerProcess, module: str, function: str, *args, deadline_s: float | None = 10, **kwargs):
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    reply = worker.call(next_request_id(), module, function, list(args), kwargs, deadline)
+    return reply_result(reply, f"{module}.{function}")
+
+
+def test_lazy_spawn_and_persistent_state(harness):
+    worker = harness.worker()
+    assert worker.pid is None and not worker.started
+    assert call(worker, "hooks", "counter") == 1
+    pid = worker.pid
+    assert call(worker, "hooks", "counter") == 2  # module globals persist: one process
+    assert worker.pid == pid
+
+
+def test_reply_carries_request_id_and_error_envelope(harness):
+    worker = harness.worker()
+    rid = next_request_id()
+    reply = worker.call(rid, "hooks", "boom", [], {}, time.monotonic() + 10)
+    assert reply["id"] == rid and reply["ok"] is False and reply["error"] == "boom"
+    assert "ValueError" in reply["traceback"]
+    with pytest.raises(IcarusCallError) as info:
+        reply_result(reply, "hooks.boom")
+    assert info.value.message == "boom" and info.value.data["reason"] == "backend_error"
+    assert call(worker, "hooks", "counter") == 1  # the worker survived the exception
+
+
+def test_tool_call_shape_reaches_backend(harness):
+    worker = harness.worker()
+    result = call(worker, "tools", "fabric_search", {"query": "q"})
+    assert result == {"query": "q", "count": 0, "results": []}
+    (record,) = harness.calls("tools.fabric_search")
+    assert record["args"] == [{"query": "q"}] and record["kwargs"] == {}
+
+
+def test_identity_env_reaches_backend(harness):
+    worker = harness.worker()
+    ident = call(worker, "state", "identity")
+    assert ident["fabric_dir"] == str(harness.fabric)
+    assert ident["agent"] == "test-agent" and ident["project_id"] == "test-project"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (' {"x": [1, 2]} ', {"x": [1, 2]}),
+        ("[1, 2]", [1, 2]),
+        ("[fabric] not json", "[fabric] not json"),
+        ("  {broken ", "  {broken "),  # the original, unstripped string
+        ("plain", "plain"),
+        (None, None),
+    ],
+)
+def test_json_looking_strings_are_normalised(harness, value, expected):
+    worker = harness.worker()
+    assert call(worker, "hooks", "identity", value) == expected
+
+
+def test_nan_result_is_reported_not_emitted(harness):
+    worker = harness.worker()
+    reply = worker.call(next_request_id(), "hooks", "identity", ["[NaN]"], {}, time.monotonic() + 10)
+    assert reply["ok"] is False and reply["error"] == "unserializable result"
+    assert call(worker, "hooks", "counter") == 1
+
+
+def test_sequential_calls_run_in_order(harness):
+    worker = harness.worker()
+    for tag in ("a", "b", "c"):
+        call(worker, "hooks", "sleep", ms=20 if tag == "a" else 0, tag=tag)
+    records = [r for r in harness.calls("hooks.sleep")]
+    assert [r["kwargs"]["tag"] for r in records] == ["a", "b", "c"]
+
+
+def test_stdout_noise_python_and_native_does_not_corrupt_protocol(harness):
+    worker = harness.worker()
+    assert call(worker, "hooks", "noisy") == "ok"
+    assert call(worker, "hooks", "native_noise") == "ok"
+    assert call(worker, "hooks", "counter") == 1
+    stats = worker.stats()
+    assert stats.garbage_lines == 0 and stats.mismatched_replies == 0
+    deadline = time.monotonic() + 5
+    while "raw fd 1 noise" not in worker.stderr_tail() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tail = worker.stderr_tail()
+    for text in ("python-level noise", "fd-level noise", "native printf noise", "raw fd 1 noise"):
+        assert text in tail
+
+
+def test_noise_during_imports_and_controls(harness):
+    # The control makes every pre_llm_call print at both levels before running.
+    worker = harness.worker(harness.launch(ICARUS_REF_CONTROLS='{"hooks.pre_llm_call": {"noise": true}}'))
+    assert call(worker, "hooks", "pre_llm_call", user_message="anything") is None
+    assert worker.stats().garbage_lines == 0
+
+
+def test_planted_json_py_in_project_is_not_imported(harness):
+    (harness.project / "json.py").write_text("raise RuntimeError('project json.py was imported')\n")
+    (harness.project / "importlib.py").write_text("raise RuntimeError('project importlib.py was imported')\n")
+    # Even a relative "." and the project itself on the inherited PYTHONPATH are dropped.
+    launch = harness.launch(PYTHONPATH=os.pathsep.join([".", str(harness.project), ""]))
+    worker = harness.worker(launch)
+    where = call(worker, "hooks", "where")
+    assert where["cwd"] == str(harness.project)
+    assert not where["json_module"].startswith(str(harness.project))
+    assert all(not p.startswith(str(harness.project)) and os.path.isabs(p) for p in where["sys_path"])
+
+
+def test_decoy_icarus_on_pythonpath_is_not_loaded(harness, tmp_path):
+    decoy_root = tmp_path / "decoy"
+    (decoy_root / "icarus").mkdir(parents=True)
+    (decoy_root / "icarus" / "__init__.py").write_text("DECOY = True\n")
+    (decoy_root / "icarus" / "hooks.py").write_text("def where():\n    return 'decoy'\n")
+    base = harness.launch()
+    # Put the decoy FIRST, ahead of everything the bridge would add.
+    env = dict(base.env, PYTHONPATH=os.pathsep.join([str(decoy_root), base.env["PYTHONPATH"]]))
+    worker = harness.worker(WorkerLaunch(argv=base.argv, cwd=base.cwd, env=env, icarus_dir=base.icarus_dir))
+    where = call(worker, "hooks", "where")
+    assert where["reference"] is True
+    assert where["package"] == str(REFERENCE_ICARUS / "__init__.py")
+
+
+def test_timeout_raises_and_kills_the_tree_without_reading_further(harness):
+    worker = harness.worker()
+    grandchild = call(worker, "hooks", "spawn_sleeper", 60)
+    pid = worker.pid
+    started = time.monotonic()
+    with pytest.raises(Timeout) as info:
+        call(worker, "hooks", "sleep", 5, deadline_s=0.3)
+    assert time.monotonic() - started < 2.5
+    assert info.value.code == ErrorCode.TIMEOUT and info.value.may_have_started is True
+    assert gone(pid) and gone(grandchild)
+    assert worker.state() == "retired"
+    # The timed-out call started but never finished; a later call is refused without a write.
+    assert len(harness.calls("hooks.sleep")) == 1 and harness.calls("hooks.sleep", phase="end") == []
+    with pytest.raises(WorkerRetired) as later:
+        call(worker, "hooks", "counter")
+    assert later.value.may_have_started is False
+    assert harness.calls("hooks.counter") == []
+
+
+def test_external_sigkill_mid_call_raises_worker_crashed_promptly(harness):
+    worker = harness.worker()
+    call(worker, "hooks", "counter")
+    outcome: dict = {}
+    entered = threading.Event()
+
+    def run():
+        entered.set()
+        try:
+            call(worker, "hooks", "sleep", 30, deadline_s=30)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = exc
+            outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    entered.wait(5)
+    deadline = time.monotonic() + 5
+    while not harness.calls("hooks.sleep") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    killed_at = time.monotonic()
+    os.kill(worker.pid, signal.SIGKILL)
+    thread.join(5)
+    error = outcome["error"]
+    assert isinstance(error, WorkerCrashed)
+    assert error.data["exit_code"] == -signal.SIGKILL
+    assert outcome["at"] - killed_at < 1.5
+
+
+def test_crash_mid_call_reports_exit_code_and_stderr_tail(harness):
+    worker = harness.worker()
+    call(worker, "hooks", "noisy")
+    with pytest.raises(WorkerCrashed) as info:
+        call(worker, "hooks", "crash", 7)
+    assert info.value.data["exit_code"] == 7 and info.value.may_have_started is True
+    assert "python-level noise" in info.value.stderr_tail
+    assert "stderr_tail" not in info.value.data  # diagnostics never cross the wire
+    with pytest.raises(WorkerCrashed):
+        call(worker, "hooks", "counter")
+
+
+def test_control_crash_on_a_tool(harness):
+    worker = harness.worker(harness.launch(ICARUS_REF_CONTROLS='{"tools.fabric_write": {"crash": 5}}'))
+    with pytest.raises(WorkerCrashed) as info:
+        call(worker, "tools", "fabric_write", {"type": "n", "summary": "s", "content": "c"})
+    assert info.value.data["exit_code"] == 5
+    assert harness.calls("tools.fabric_write", phase="end") == []
+
+
+def test_kill_tree_from_another_thread_wakes_blocked_call(harness):
+    worker = harness.worker()
+    call(worker, "hooks", "counter")
+    result: dict = {}
+
+    def run():
+        try:
+            call(worker, "hooks", "sleep", 30, deadline_s=30)
+        except Exception as exc:  # noqa: BLE001
+            result["error"], result["at"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not harness.calls("hooks.sleep") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = worker.pid
+    killed_at = time.monotonic()
+    worker.kill_tree("cancelled")
+    thread.join(5)
+    assert isinstance(result["error"], WorkerRetired)
+    assert result["error"].data["reason"] == "cancelled"
+    assert result["at"] - killed_at < 1.0
+    assert gone(pid)
+    worker.kill_tree("again")  # idempotent
+
+
+def test_concurrent_call_is_refused(harness):
+    worker = harness.worker()
+    call(worker, "hooks", "counter")
+    thread = threading.Thread(target=lambda: call(worker, "hooks", "sleep", ms=500))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not harness.calls("hooks.sleep") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(Conflict):
+        call(worker, "hooks", "counter")
+    thread.join(5)
+    assert call(worker, "hooks", "counter") == 2
+
+
+def test_stderr_tail_is_bounded(harness):
+    worker = harness.worker(stderr_max_lines=50, stderr_max_bytes=2000)
+    assert call(worker, "hooks", "spew", 5000, 100) == 5000
+    assert call(worker, "hooks", "counter") == 1  # a full stderr pipe never blocked the child
+    lines, size = worker.stats().stderr_tail_lines, worker.stats().stderr_tail_bytes
+    assert lines <= 50 and size <= 2000
+    assert len(worker.stderr_tail()) <= 2000 + 50
+
+
+def test_spawn_failure_is_typed_and_prompt(harness):
+    worker = harness.worker(harness.launch(harness.settings(python="/nonexistent/python")))
+    started = time.monotonic()
+    with pytest.raises(WorkerCrashed) as info:
+        call(worker, "hooks", "counter")
+    assert info.value.data["reason"] == "spawn_failed" and info.value.may_have_started is False
+    assert time.monotonic() - started < 1
+
+
+def test_request_ids_unique_across_workers_and_threads(harness):
+    seen: list[list[int]] = [[] for _ in range(4)]
+
+    def take(slot):
+        for _ in range(2000):
+            seen[slot].append(next_request_id())
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [i for ids in seen for i in ids]
+    assert len(set(flat)) == len(flat)
+    assert all(ids == sorted(ids) for ids in seen)
+    first, second = harness.worker(), harness.worker()
+    a, b = next_request_id(), next_request_id()
+    assert first.call(a, "hooks", "counter", [], {}, time.monotonic() + 10)["id"] == a
+    assert second.call(b, "hooks", "counter", [], {}, time.monotonic() + 10)["id"] == b
+    assert b > a > max(flat)
+
+
+def test_stats_report_process_resources(harness):
+    worker = harness.worker()
+    call(worker, "hooks", "counter")
+    stats = worker.stats()
+    assert stats.alive and stats.pid == worker.pid and stats.state == "running"
+    assert stats.rss_bytes and stats.rss_bytes > 1_000_000
+    assert stats.num_fds and stats.calls == 1
+
+
+# --------------------------------------------------------------------------- stream hygiene
+# A non-castor "worker" (e.g. a python wrapper that prints a banner) writes to the
+# protocol stream directly; the bridge must survive and report it.
+
+_FAKE = r"""
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["function"] == "garbage":
+        sys.stdout.write("this is not json\n")
+    elif req["function"] == "wrong_id":
+        sys.stdout.write(json.dumps({"id": req["id"] + 1000, "ok": True, "result": "stale"}) + "\n\n")
+    sys.stdout.write(json.dumps({"id": req["id"], "ok": True, "result": req["function"]}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+def _fake_worker(harness):
+    launch = WorkerLaunch(argv=(sys.executable, "-u", "-c", _FAKE), cwd=str(harness.project),
+                          env=dict(os.environ), icarus_dir=str(REFERENCE_ICARUS))
+    return harness.worker(launch)
+
+
+def test_garbage_line_fails_the_current_call_and_is_counted(harness):
+    worker = _fake_worker(harness)
+    with pytest.raises(WorkerProtocolError) as info:
+        call(worker, "hooks", "garbage")
+    assert info.value.data["reason"] == "protocol_garbage"
+    assert call(worker, "hooks", "after") == "after"  # the stale reply of the failed call is skipped
+    stats = worker.stats()
+    assert stats.garbage_lines == 1 and stats.mismatched_replies == 1
+
+
+def test_mismatched_reply_ids_are_discarded_and_counted(harness):
+    worker = _fake_worker(harness)
+    assert call(worker, "hooks", "wrong_id") == "wrong_id"
+    assert worker.stats().mismatched_replies == 1
+
+
+# --------------------------------------------------------------------------- raw protocol
+
+def _raw(harness):
+    launch = harness.launch()
+    proc = subprocess.Popen(list(launch.argv), cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return proc
+
+
+def _exchange(proc, lines: list[bytes], replies: int) -> list[dict]:
+    import json
+
+    proc.stdin.write(b"".join(lines))
+    proc.stdin.flush()
+    return [json.loads(proc.stdout.readline()) for _ in range(replies)]
+
+
+def test_malformed_request_lines_get_errors_and_the_loop_survives(harness):
+    proc = _raw(harness)
+    try:
+        replies = _exchange(proc, [
+            b"not json\n",
+            b"[1, 2]\n",
+            b'{"id": 5, "module": "os", "function": "system", "args": ["true"]}\n',
+            b'{"id": 6, "module": "hooks", "function": "__import__"}\n',
+            b'{"id": 7, "module": "hooks", "function": "counter", "args": {}}\n',
+            b"\xff\xfe\n",
+            b"\n",
+            b'{"id": 8, "module": "hooks", "function": "counter"}\n',
+        ], 7)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [r["id"] for r in replies] == [None, None, 5, 6, 7, None, 8]
+    assert all(r["ok"] is False for r in replies[:-1])
+    assert "module must be one of" in replies[2]["error"]
+    assert replies[-1] == {"id": 8, "ok": True, "result": 1}
+
+
+def test_pipelined_requests_execute_in_arrival_order(harness):
+    proc = _raw(harness)
+    try:
+        replies = _exchange(proc, [
+            b'{"id": 1, "module": "hooks", "function": "sleep", "kwargs": {"ms": 200, "tag": "first"}}\n',
+            b'{"id": 2, "module": "hooks", "function": "sleep", "kwargs": {"ms": 0, "tag": "second"}}\n',
+        ], 2)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [r["id"] for r in replies] == [1, 2]
+    assert [r["kwargs"]["tag"] for r in harness.calls("hooks.sleep")] == ["first", "second"]
+    # One at a time: the first finished before the second started.
+    order = [(r["phase"], r["seq"]) for r in read_call_log(harness.call_log) if r["call"] == "hooks.sleep"]
+    assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
