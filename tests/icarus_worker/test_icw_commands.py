@@ -1,0 +1,65 @@
+"""The /icarus command grammar."""
+
+from __future__ import annotations
+
+import pytest
+
+from castor.domain.icarus.commands import (
+    USAGE,
+    CommandError,
+    ContextCommand,
+    ContextDefaultCommand,
+    HooksCommand,
+    InspectCommand,
+    parse_command,
+)
+from castor.messages.errors import ErrorCode
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", HooksCommand(action="toggle")),
+    (None, HooksCommand(action="toggle")),
+    ("  TOGGLE ", HooksCommand(action="toggle")),
+    ("on", HooksCommand(action="on")),
+    ("enable", HooksCommand(action="on")),
+    ("off", HooksCommand(action="off")),
+    ("Disable", HooksCommand(action="off")),
+    ("status", HooksCommand(action="status")),
+    ("context", ContextCommand(action="toggle")),
+    ("context toggle", ContextCommand(action="toggle")),
+    ("context status", ContextCommand(action="status")),
+    ("context visible", ContextCommand(action="show")),
+    ("context enable", ContextCommand(action="show")),
+    ("context hidden", ContextCommand(action="hide")),
+    ("context off", ContextCommand(action="hide")),
+    ("context default", ContextDefaultCommand(action="status")),
+    ("context default status", ContextDefaultCommand(action="status")),
+    ("context default status user", ContextDefaultCommand(action="status", scope="global")),
+    ("context default local", ContextDefaultCommand(action="status", scope="project")),
+    ("context default show", ContextDefaultCommand(action="show")),
+    ("context default visible project", ContextDefaultCommand(action="show", scope="project")),
+    ("context default hide global", ContextDefaultCommand(action="hide", scope="global")),
+    ("context default disable user", ContextDefaultCommand(action="hide", scope="global")),
+    ("context default toggle local", ContextDefaultCommand(action="toggle", scope="project")),
+    ("config", InspectCommand(what="config")),
+    ("schema", InspectCommand(what="schema")),
+])
+def test_valid_commands(text, expected):
+    assert parse_command(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "on now", "moon", "context default hide moon", "context default hide project extra", "context maybe",
+    "context show now", "context default wat", "config extra", "status please", "context default global extra",
+    "context default toggle everywhere",
+])
+def test_invalid_commands_are_typed_errors_with_usage(text):
+    with pytest.raises(CommandError) as info:
+        parse_command(text)
+    assert info.value.code == ErrorCode.INVALID_PARAMS
+    assert info.value.data["usage"] == USAGE and USAGE in info.value.message
+
+
+def test_only_default_writes_are_writes():
+    assert parse_command("context default hide").writes
+    assert not parse_command("context default status").writes

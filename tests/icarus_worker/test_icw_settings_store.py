@@ -1,0 +1,189 @@
+"""Settings files: tolerant reads, locked atomic read-modify-write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from castor.adapters.icarus.settings_store import (
+    SettingsFileMalformed,
+    SettingsLockTimeout,
+    load_settings,
+    read_layer,
+    update_settings,
+)
+from castor.domain.icarus.settings import apply_bool_default
+from castor.messages.errors import ErrorCode
+
+
+def set_key(key, value):
+    def mutate(doc):
+        section = dict(doc.get("piIcarusHook", {}))
+        section[key] = value
+        return {**doc, "piIcarusHook": section}
+    return mutate
+
+
+def test_write_creates_file_and_preserves_unrelated_keys(tmp_path):
+    path = tmp_path / "agent" / "settings.json"
+    update_settings(str(path), set_key("a", 1))
+    path.write_text(json.dumps({"theme": "dark", "piIcarusHook": {"a": 1, "keep": True}}))
+    update_settings(str(path), lambda doc: apply_bool_default(doc, "contextDisplay", "hide")[0])
+    doc = json.loads(path.read_text())
+    assert doc == {"theme": "dark", "piIcarusHook": {"a": 1, "keep": True, "contextDisplay": False}}
+    assert path.read_text().endswith("}\n")
+    assert not (tmp_path / "agent" / "settings.json.lock").exists()
+    assert [p.name for p in (tmp_path / "agent").iterdir()] == ["settings.json"]  # no temp files left
+
+
+@pytest.mark.parametrize("content", ["{broken", "[1, 2]", '"text"'])
+def test_malformed_file_is_never_overwritten(tmp_path, content):
+    path = tmp_path / "settings.json"
+    path.write_text(content)
+    before = path.read_bytes()
+    with pytest.raises(SettingsFileMalformed) as info:
+        update_settings(str(path), set_key("a", 1))
+    assert info.value.code == ErrorCode.INVALID_CONFIG and info.value.data["path"] == str(path)
+    assert path.read_bytes() == before
+
+
+def test_rejected_section_is_never_overwritten(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"piIcarusHook": 3}')
+    with pytest.raises(SettingsFileMalformed):
+        update_settings(str(path), lambda doc: apply_bool_default(doc, "contextDisplay", "hide")[0])
+    assert path.read_text() == '{"piIcarusHook": 3}'
+
+
+def test_mutation_error_writes_nothing(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"x": 1}')
+
+    def explode(doc):
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        update_settings(str(path), explode)
+    assert path.read_text() == '{"x": 1}'
+
+
+def test_concurrent_threads_lose_no_key(tmp_path):
+    path = str(tmp_path / "settings.json")
+    barrier = threading.Barrier(6)
+
+    def writer(n):
+        barrier.wait()
+        for j in range(10):
+            update_settings(path, set_key(f"t{n}_{j}", j))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    section = json.loads(open(path).read())["piIcarusHook"]
+    assert set(section) == {f"t{n}_{j}" for n in range(6) for j in range(10)}
+
+
+_WRITER = """
+import sys
+from castor.adapters.icarus.settings_store import update_settings
+path, name, go = sys.argv[1], sys.argv[2], sys.argv[3]
+import os, time
+while not os.path.exists(go):
+    time.sleep(0.005)
+for j in range(8):
+    def mutate(doc, j=j):
+        section = dict(doc.get("piIcarusHook", {}))
+        section[f"{name}_{j}"] = j
+        return {**doc, "piIcarusHook": section}
+    update_settings(path, mutate, lock_timeout_s=20)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_processes_lose_no_key(tmp_path):
+    path = str(tmp_path / "settings.json")
+    with open(path, "w") as handle:
+        json.dump({"unrelated": {"deep": [1, 2]}}, handle)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, f"p{n}", str(go)]) for n in range(4)]
+    go.touch()
+    assert [p.wait(timeout=50) for p in procs] == [0, 0, 0, 0]
+    doc = json.loads(open(path).read())
+    assert doc["unrelated"] == {"deep": [1, 2]}
+    assert set(doc["piIcarusHook"]) == {f"p{n}_{j}" for n in range(4) for j in range(8)}
+
+
+def test_pi_style_lock_directory_blocks_then_releases(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text("{}")
+    lock_dir = tmp_path / "settings.json.lock"
+    lock_dir.mkdir()  # what Pi's proper-lockfile holds
+    done = threading.Event()
+
+    def write():
+        update_settings(str(path), set_key("a", 1), lock_timeout_s=10)
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    assert not done.wait(0.3)  # still waiting for Pi's lock
+    assert path.read_text() == "{}"
+    lock_dir.rmdir()
+    assert done.wait(5)
+    thread.join()
+    assert json.loads(path.read_text()) == {"piIcarusHook": {"a": 1}}
+
+
+def test_busy_lock_times_out_without_writing(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text("{}")
+    (tmp_path / "settings.json.lock").mkdir()
+    with pytest.raises(SettingsLockTimeout) as info:
+        update_settings(str(path), set_key("a", 1), lock_timeout_s=0.2)
+    assert info.value.code == ErrorCode.TIMEOUT and info.value.may_have_started is False
+    assert path.read_text() == "{}"
+
+
+def test_stale_lock_is_taken_over(tmp_path):
+    path = tmp_path / "settings.json"
+    lock_dir = tmp_path / "settings.json.lock"
+    lock_dir.mkdir()
+    old = time.time() - 60
+    os.utime(lock_dir, (old, old))
+    update_settings(str(path), set_key("a", 1), lock_timeout_s=2)
+    assert json.loads(path.read_text()) == {"piIcarusHook": {"a": 1}}
+
+
+def test_tolerant_reads(tmp_path):
+    missing = read_layer(str(tmp_path / "none.json"), "global")
+    assert missing.doc is None and missing.error is None
+    (tmp_path / "bad.json").write_text("{nope")
+    assert read_layer(str(tmp_path / "bad.json"), "global").error == "not valid JSON"
+    (tmp_path / "list.json").write_text("[]")
+    assert read_layer(str(tmp_path / "list.json"), "global").error == "top level is not an object"
+
+
+def test_load_settings_reads_trusted_project_only(tmp_path):
+    home, cwd = tmp_path / "home", tmp_path / "proj"
+    (home / ".pi" / "agent").mkdir(parents=True)
+    (cwd / ".pi").mkdir(parents=True)
+    (home / ".pi" / "agent" / "settings.json").write_text(json.dumps({"piIcarusHook": {"footerStatus": "G"}}))
+    (cwd / ".pi" / "settings.json").write_text(json.dumps(
+        {"piIcarusHook": {"footerStatus": "P", "python": "./evil-python", "icarusDir": "./evil"}}))
+    env = {"PATH": os.environ.get("PATH", "")}
+    untrusted = load_settings(str(cwd), trusted=False, env=env, home=str(home))
+    assert untrusted.footer_status == "G" and untrusted.python == "python3"
+    assert untrusted.icarus_dir == str(home / ".hermes" / "plugins" / "icarus")
+    trusted = load_settings(str(cwd), trusted=True, env=env, home=str(home))
+    assert trusted.footer_status == "P" and trusted.icarus_dir == str(cwd / ".pi" / "evil")
+    (cwd / ".pi" / "settings.json").write_text("{corrupt")
+    fallback = load_settings(str(cwd), trusted=True, env=env, home=str(home))
+    assert fallback.footer_status == "G" and fallback.warnings

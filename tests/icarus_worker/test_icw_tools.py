@@ -1,0 +1,123 @@
+"""Fabric tool schemas, registration, validation and result translation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from castor.domain.icarus.settings import IcarusSettings
+from castor.domain.icarus.tools import (
+    ADMIN_TOOLS,
+    NORMAL_TOOLS,
+    TOOLS_BY_NAME,
+    ToolValidationError,
+    config_tool_result,
+    error_result,
+    normalise_verified,
+    prepare_call,
+    registered_tools,
+    tool_result,
+)
+
+
+def settings(**kw):
+    return IcarusSettings(**{"icarus_dir": "/i", "fabric_dir": "/f", **kw})
+
+
+WRITE = {"type": "note", "summary": "s", "content": "c"}
+
+
+def names(tools):
+    return {t.name for t in tools}
+
+
+def test_registration_rules():
+    assert registered_tools(settings(tools=False, admin_tools=True)) == []
+    default = names(registered_tools(settings()))
+    assert default == names(NORMAL_TOOLS) | {"icarus_hook_config"}
+    assert "fabric_train" not in default
+    with_admin = names(registered_tools(settings(admin_tools=True)))
+    assert "fabric_train" in with_admin and names(ADMIN_TOOLS) <= with_admin
+
+
+def test_schemas_shape():
+    for tool in (*NORMAL_TOOLS, *ADMIN_TOOLS):
+        assert tool.parameters["type"] == "object" and tool.parameters["additionalProperties"] is True
+    assert "limit" not in TOOLS_BY_NAME["fabric_search"].parameters["properties"]
+    assert TOOLS_BY_NAME["icarus_hook_config"].parameters["additionalProperties"] is False
+    write = TOOLS_BY_NAME["fabric_write"]
+    assert "verified" in write.description and "evidence" in write.description
+    assert "verified" in write.prompt_snippet and "evidence" in write.prompt_snippet
+    assert write.parameters["required"] == ["type", "summary", "content"]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (True, "true"), ("True", "true"), (" yes ", "true"), ("y", "true"), (1, "true"), ("on", "true"),
+    (False, "false"), ("false", "false"), ("", "false"), ("n", "false"), (0, "false"), ("OFF", "false"),
+])
+def test_verified_normalisation(raw, expected):
+    assert normalise_verified(raw) == expected
+
+
+def test_fabric_write_forwarded_params():
+    s = settings()
+    assert prepare_call("fabric_write", {**WRITE, "verified": True, "evidence": "ran tests"}, s)["verified"] == "true"
+    assert prepare_call("fabric_write", {**WRITE, "verified": "false"}, s)["verified"] == "false"
+    assert "verified" not in prepare_call("fabric_write", dict(WRITE), s)
+    assert "verified" not in prepare_call("fabric_write", {**WRITE, "verified": None}, s)
+    extra = prepare_call("fabric_write", {**WRITE, "custom_field": 3, "tags": "a,b"}, s)
+    assert extra == {**WRITE, "custom_field": 3, "tags": "a,b"}  # no renaming, extras forwarded
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({**WRITE, "verified": True}, "requires evidence"),
+    ({**WRITE, "verified": "true", "evidence": "   "}, "requires evidence"),
+    ({**WRITE, "verified": "maybe"}, "verified must be"),
+    ({**WRITE, "verified": [1]}, "verified must be"),
+    ({"type": "note", "summary": "s"}, "requires content"),
+])
+def test_fabric_write_validation_errors(params, message):
+    with pytest.raises(ToolValidationError) as info:
+        prepare_call("fabric_write", params, settings())
+    assert message in info.value.message
+    result = error_result(info.value)
+    assert result.is_error and message in result.details["error"]
+
+
+def test_generic_schema_checks_and_availability():
+    s = settings()
+    assert prepare_call("fabric_recall", {"query": "q", "max_results": 5}, s) == {"query": "q", "max_results": 5}
+    for params in ({"query": "q", "max_results": 0}, {"query": "q", "max_results": "5"}, {"query": 3}, {}):
+        with pytest.raises(ToolValidationError):
+            prepare_call("fabric_recall", params, s)
+    with pytest.raises(ToolValidationError):
+        prepare_call("fabric_curate", {"entry_id": "1", "training_value": "great"}, s)
+    with pytest.raises(ToolValidationError):
+        prepare_call("fabric_train", {}, s)  # admin tool not configured
+    assert prepare_call("fabric_train", {"epochs": 2}, settings(admin_tools=True)) == {"epochs": 2}
+    with pytest.raises(ToolValidationError):
+        prepare_call("fabric_brief", [1], s)
+    with pytest.raises(ToolValidationError):
+        prepare_call("no_such_tool", {}, s)
+    assert prepare_call("fabric_brief", None, s) == {}
+
+
+def test_result_translation():
+    error = tool_result({"error": "No query provided"})
+    assert error.is_error and error.details == {"error": "No query provided"}
+    assert "No query provided" in error.content[0]["text"]
+    ok = tool_result({"query": "q", "count": 0, "results": []})
+    assert not ok.is_error and ok.details == {"query": "q", "count": 0, "results": []}
+    assert json.loads(ok.content[0]["text"]) == ok.details
+    assert not tool_result(["error"]).is_error and not tool_result(None).is_error
+    assert ok.model_dump(by_alias=True)["isError"] is False
+
+
+def test_config_tool_is_local_and_read_only():
+    schema = config_tool_result({"schemaOnly": True}, settings())
+    assert schema.details["key"] == "piIcarusHook" and not schema.is_error
+    inspection = config_tool_result({}, settings())
+    assert inspection.details["package"] == "pi-icarus-hook"
+    assert config_tool_result({"bogus": 1}, settings()).is_error
+    assert config_tool_result({"schemaOnly": "yes"}, settings()).is_error
