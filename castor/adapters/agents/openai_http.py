@@ -1,0 +1,295 @@
+"""An AgentPort over an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+
+Standard library only (``http.client``), non-streaming, one HTTP request per
+turn on a small thread pool. The hidden prompt is sent as one user message;
+``request.model`` (or the adapter's default model) names the model. Turns are
+text-only: the tool scope is not offered to the endpoint (there is no local
+tool loop), and ``thinking`` is sent as ``reasoning_effort`` only when
+``send_reasoning_effort=True`` (many compatible servers reject unknown keys).
+
+Guarantees
+----------
+- **Deadline per call** (``deadline_s``): a watchdog shuts the socket down
+  when it passes, so a server that accepts and then stalls cannot hold a turn
+  longer than the deadline (plus scheduling noise). Outcome kind ``timeout``.
+- **Error mapping** (``error.kind``, ``error.message``, ``error.payload``):
+
+  | what happened                                        | kind               | message (what the classifier reads)                     |
+  |------------------------------------------------------|--------------------|---------------------------------------------------------|
+  | HTTP >= 400, or a 200 body with an ``error`` object  | ``provider``       | ``...HTTP <status>: error: <provider error JSON>``      |
+  | connection dropped after the request was sent        | ``transport``      | ``...: stream ended without finish_reason``              |
+  | could not connect at all                             | ``transport``      | ``cannot connect to <endpoint>: <reason>``               |
+  | deadline passed                                      | ``timeout``        | ``chat completion deadline of <s>s exceeded``            |
+  | 200 with a body that is not a chat completion        | ``invalid_response``| ``...invalid response...``                              |
+  | ``cancel(turn_id)``                                  | ``cancelled``      | ``agent turn cancelled``                                  |
+
+  The provider's error body is kept untouched in ``error.payload`` (and
+  embedded in the message), so a ``context_length_exceeded`` or tool error
+  is never masked as a transport blip.
+- ``reply`` exactly once, off the caller's stack (see ``AgentPort``).
+- The API key (argument, else ``OPENAI_API_KEY``) is only sent as a bearer
+  header; it is never logged or put in an outcome.
+- Response bodies over 16 MiB are refused (``invalid_response``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+from loguru import logger
+
+from castor.actors.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.adapters.agents._turns import TurnBook, error_outcome
+from castor.messages.errors import InvalidParams
+
+__all__ = ["OpenAIChatAgent", "chat_completions_url"]
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+_STOP_REASONS = {"stop": "stop", "length": "length", "tool_calls": "toolUse", "function_call": "toolUse"}
+
+
+def chat_completions_url(base_url: str) -> str:
+    """``http://h:p`` → ``http://h:p/v1/chat/completions``; ``.../v1`` → ``.../v1/chat/completions``."""
+    url = base_url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidParams(f"not an http(s) base URL: {base_url!r}", data={"reason": "bad_base_url"})
+    if url.endswith("/chat/completions"):
+        return url
+    return url + ("/chat/completions" if url.endswith("/v1") else "/v1/chat/completions")
+
+
+class _Call:
+    """One in-flight HTTP exchange, interruptible from other threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.reason: str | None = None  # "deadline" | "cancelled" once interrupted
+
+    def attach(self, sock: socket.socket | None) -> None:
+        with self.lock:
+            self.sock = sock
+            if self.reason is not None:
+                self._shutdown()
+
+    def interrupt(self, reason: str) -> None:
+        with self.lock:
+            if self.reason is None:
+                self.reason = reason
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _usage(raw: Any) -> TurnUsage | None:
+    if not isinstance(raw, dict):
+        return None
+    details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
+
+    def num(value: Any) -> Any:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    cost = num(raw.get("cost"))
+    return TurnUsage(
+        input_tokens=num(raw.get("prompt_tokens")),
+        output_tokens=num(raw.get("completion_tokens")),
+        cache_read_tokens=num(details.get("cached_tokens")),
+        total_tokens=num(raw.get("total_tokens")),
+        cost_usd=float(cost) if cost is not None else None,
+        raw=raw,
+    )
+
+
+def _read_body(response: http.client.HTTPResponse) -> bytes:
+    """Read at most MAX_BODY_BYTES + 1 bytes; a body shorter than its Content-Length is a drop.
+
+    ``read(amt)`` returns short data instead of raising when the peer closes
+    early, so the declared length is checked by hand.
+    """
+    declared = response.getheader("Content-Length")
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_BODY_BYTES:
+        chunk = response.read(min(64 * 1024, MAX_BODY_BYTES + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if declared is not None and declared.isdigit() and size < int(declared) and size <= MAX_BODY_BYTES:
+        raise http.client.IncompleteRead(b"".join(chunks), int(declared) - size)
+    return b"".join(chunks)
+
+
+def _content_text(message: Any) -> str | None:
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return None
+
+
+class OpenAIChatAgent:
+    """AgentPort for an OpenAI-compatible chat completions endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        deadline_s: float = 300.0,
+        max_concurrent: int = 4,
+        send_reasoning_effort: bool = False,
+    ) -> None:
+        self.url = chat_completions_url(base_url)
+        self.model = model
+        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.deadline_s = deadline_s
+        self.send_reasoning_effort = send_reasoning_effort
+        self._book = TurnBook("openai", max_workers=2)
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="openai-turn")
+        self._calls: dict[str, _Call] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"OpenAIChatAgent(url={self.url!r}, model={self.model!r})"
+
+    # -- AgentPort -----------------------------------------------------------
+
+    def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
+        model = request.model or self.model
+        if not model:
+            raise InvalidParams("no model: give TurnRequest.model or the adapter's default model",
+                                data={"reason": "no_model"})
+        self._book.accept(request, reply)
+        call = _Call()
+        with self._lock:
+            self._calls[request.turn_id] = call
+        self._book.set_cancel_hook(request.turn_id, lambda: call.interrupt("cancelled"))
+        self._pool.submit(self._run, request, model, call)
+
+    def cancel(self, turn_id: str) -> None:
+        self._book.cancel(turn_id)
+
+    def close(self) -> None:
+        self._book.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one call ------------------------------------------------------------
+
+    def _body(self, request: TurnRequest, model: str) -> bytes:
+        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": request.prompt}],
+                                "stream": False}
+        if self.send_reasoning_effort and request.thinking not in (None, "off"):
+            body["reasoning_effort"] = {"minimal": "minimal", "xhigh": "high"}.get(request.thinking, request.thinking)
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+    def _run(self, request: TurnRequest, model: str, call: _Call) -> None:
+        log = logger.bind(turn_id=request.turn_id, cast_id=request.cast_id, socket_id=request.socket_id)
+        watchdog = threading.Timer(self.deadline_s, call.interrupt, args=("deadline",))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            outcome = self._exchange(request, model, call)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome
+            log.exception("openai-compatible turn crashed")
+            outcome = error_outcome(request.turn_id, f"internal adapter error: {exc.__class__.__name__}", "internal")
+        finally:
+            watchdog.cancel()
+            with self._lock:
+                self._calls.pop(request.turn_id, None)
+        self._book.settle(request.turn_id, outcome)  # no-op if cancelled first
+
+    def _deadline_outcome(self, turn_id: str) -> TurnOutcome:
+        # Worded to avoid "timed out after N", which the classifier reads as a tool timeout.
+        return error_outcome(turn_id, f"chat completion deadline of {self.deadline_s:g}s exceeded", "timeout")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urlsplit(self.url)
+        klass = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        # The watchdog enforces the deadline; the socket timeout is only a backstop.
+        return klass(parts.hostname, parts.port, timeout=self.deadline_s + 1.0)
+
+    def _exchange(self, request: TurnRequest, model: str, call: _Call) -> TurnOutcome:
+        turn_id = request.turn_id
+        conn = self._connection()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        started = time.monotonic()
+        try:
+            try:
+                conn.connect()
+            except TimeoutError:
+                return self._deadline_outcome(turn_id)
+            except OSError as exc:
+                return error_outcome(turn_id, f"cannot connect to {self.url}: {exc.strerror or exc}", "transport")
+            call.attach(conn.sock)
+            try:
+                conn.request("POST", urlsplit(self.url).path, body=self._body(request, model), headers=headers)
+                response = conn.getresponse()
+                raw = _read_body(response)
+            except (http.client.HTTPException, OSError) as exc:
+                elapsed = time.monotonic() - started
+                if isinstance(exc, TimeoutError) or call.reason == "deadline" or elapsed >= self.deadline_s:
+                    return self._deadline_outcome(turn_id)
+                return error_outcome(
+                    turn_id,
+                    f"OpenAI-compatible connection dropped after {elapsed:.1f}s ({exc.__class__.__name__}): "
+                    "stream ended without finish_reason",
+                    "transport",
+                )
+            return self._interpret(turn_id, response.status, raw)
+        finally:
+            conn.close()
+
+    def _interpret(self, turn_id: str, status: int, raw: bytes) -> TurnOutcome:
+        if len(raw) > MAX_BODY_BYTES:
+            return error_outcome(turn_id, "invalid response: body larger than 16 MiB", "invalid_response",
+                                 status=status)
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            body: Any = json.loads(text)
+        except json.JSONDecodeError:
+            body = None
+        provider_error = body.get("error") if isinstance(body, dict) else None
+        if status >= 400 or provider_error is not None:
+            payload = body if body is not None else text[:4096]
+            shown = json.dumps(provider_error if provider_error is not None else payload, ensure_ascii=False)
+            return error_outcome(
+                turn_id, f"OpenAI-compatible endpoint returned HTTP {status}: error: {shown[:4000]}", "provider",
+                payload=payload, status=status,
+            )
+        choices = body.get("choices") if isinstance(body, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        content = _content_text(first.get("message")) if first else None
+        if content is None:
+            return error_outcome(turn_id, "invalid response: not a chat completion", "invalid_response",
+                                 payload=text[:4096], status=status)
+        finish = first.get("finish_reason")
+        return TurnOutcome(
+            turn_id=turn_id,
+            text=content,
+            stop_reason=_STOP_REASONS.get(finish, finish) if isinstance(finish, str) else None,
+            usage=_usage(body.get("usage")),
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
+        )

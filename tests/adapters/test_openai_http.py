@@ -1,0 +1,217 @@
+"""castor.adapters.agents.openai_http against a tiny fake server on 127.0.0.1.
+
+The server is a test fake (there is no LLM here); the HTTP, sockets and
+error paths of the adapter are real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from castor.actors.ports.agent import TurnOutcome, TurnRequest
+from castor.adapters.agents import make_agent
+from castor.adapters.agents.openai_http import OpenAIChatAgent, chat_completions_url
+
+CONTEXT_ERROR = {
+    "error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+class FakeHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def _send(self, status: int, body: bytes, content_length: int | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) if content_length is None else content_length))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def do_POST(self):  # noqa: N802 - http.server naming
+        length = int(self.headers.get("Content-Length", "0"))
+        request = json.loads(self.rfile.read(length))
+        server = self.server
+        server.received.append({"path": self.path, "body": request, "auth": self.headers.get("Authorization")})
+        mode = server.mode
+        if mode == "ok":
+            body = {
+                "model": request["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "echo: " + request["messages"][0]["content"]},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                          "prompt_tokens_details": {"cached_tokens": 2}},
+            }
+            self._send(200, json.dumps(body).encode())
+        elif mode == "context":
+            self._send(400, json.dumps(CONTEXT_ERROR).encode())
+        elif mode == "error_in_200":
+            self._send(200, json.dumps({"error": {"message": "tool call failed", "type": "tool_error"}}).encode())
+        elif mode == "html_502":
+            self._send(502, b"<html>bad gateway</html>")
+        elif mode == "garbage":
+            self._send(200, b"definitely not json")
+        elif mode == "drop_mid_body":
+            self._send(200, b'{"choices": [', content_length=5000)
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif mode == "drop_before_response":
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif mode == "hang":
+            server.release.wait(10)
+            self._send(200, b"{}")
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeHandler)
+    srv.daemon_threads = True
+    srv.mode = "ok"
+    srv.received = []
+    srv.release = threading.Event()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def base(srv) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def run(agent: OpenAIChatAgent, turn_id: str = "t1", timeout: float = 10.0, **kw) -> TurnOutcome:
+    got: list[TurnOutcome] = []
+    done = threading.Event()
+
+    def reply(outcome: TurnOutcome) -> None:
+        got.append(outcome)
+        done.set()
+
+    agent.run_turn(TurnRequest(turn_id=turn_id, cast_id="c", socket_id="Socket-1", visit=1, prompt="hi", **kw), reply)
+    assert done.wait(timeout), "no reply"
+    return got[0]
+
+
+def test_url_building():
+    assert chat_completions_url("http://h:1") == "http://h:1/v1/chat/completions"
+    assert chat_completions_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
+    assert chat_completions_url("https://h/x/chat/completions") == "https://h/x/chat/completions"
+
+
+def test_success_maps_text_usage_and_sends_model_and_key(server):
+    agent = OpenAIChatAgent(base(server), model="default-model", api_key="sk-test", deadline_s=5)
+    out = run(agent)
+    assert (out.text, out.stop_reason, out.ok, out.model) == ("echo: hi", "stop", True, "default-model")
+    assert (out.usage.input_tokens, out.usage.output_tokens, out.usage.total_tokens) == (11, 7, 18)
+    assert out.usage.cache_read_tokens == 2 and out.usage.cost_usd is None
+    sent = server.received[0]
+    assert sent["path"] == "/v1/chat/completions" and sent["auth"] == "Bearer sk-test"
+    assert sent["body"]["messages"] == [{"role": "user", "content": "hi"}]
+    out = run(agent, turn_id="t2", model="other")
+    assert server.received[1]["body"]["model"] == "other"
+    assert "sk-test" not in repr(agent)
+    agent.close()
+
+
+def test_provider_error_payload_is_preserved_and_classifies_as_context_window(server):
+    server.mode = "context"
+    agent = make_agent(f"openai:{base(server)}#m")
+    out = run(agent)
+    assert out.error.kind == "provider" and out.error.status == 400 and out.stop_reason == "error"
+    assert out.error.payload == CONTEXT_ERROR
+    # The classifier reads the message: the provider's code must be in it, as embedded JSON.
+    assert "context_length_exceeded" in out.error.message and "error: {" in out.error.message
+    agent.close()
+
+
+def test_error_object_in_a_200_and_html_5xx(server):
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    server.mode = "error_in_200"
+    out = run(agent, "a")
+    assert out.error.kind == "provider" and out.error.payload["error"]["type"] == "tool_error"
+    server.mode = "html_502"
+    out = run(agent, "b")
+    assert out.error.kind == "provider" and out.error.status == 502 and "bad gateway" in out.error.payload
+    # A provider payload is embedded so it is never read as a transport blip.
+    assert "error: " in out.error.message and not out.error.message.endswith("finish_reason")
+    agent.close()
+
+
+def test_garbage_body_is_invalid_response(server):
+    server.mode = "garbage"
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.error.kind == "invalid_response" and out.error.payload == "definitely not json"
+    agent.close()
+
+
+@pytest.mark.parametrize("mode", ["drop_mid_body", "drop_before_response"])
+def test_dropped_connection_is_transport(server, mode):
+    server.mode = mode
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.error.kind == "transport"
+    # The seed's transient-transport phrase ends the message (classifier rule).
+    assert out.error.message.endswith("stream ended without finish_reason")
+    assert "error: {" not in out.error.message
+    agent.close()
+
+
+def test_connection_refused_is_transport_but_not_transient():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    agent = OpenAIChatAgent(f"http://127.0.0.1:{port}", model="m", deadline_s=5)
+    out = run(agent)
+    assert out.error.kind == "transport" and "cannot connect" in out.error.message
+    assert not out.error.message.endswith("finish_reason")  # a wrong URL is not a blip
+    agent.close()
+
+
+@pytest.mark.timeout(20)
+def test_deadline_ends_a_stalled_call(server):
+    server.mode = "hang"
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=0.5)
+    out = run(agent, timeout=5)
+    assert out.error.kind == "timeout" and "deadline" in out.error.message
+    assert not re.search(r"timed?\s*out", out.error.message)  # would read as a tool timeout
+    agent.close()
+
+
+@pytest.mark.timeout(20)
+def test_cancel_interrupts_the_call_and_replies_once(server):
+    server.mode = "hang"
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=30)
+    got: list[TurnOutcome] = []
+    done = threading.Event()
+    agent.run_turn(TurnRequest(turn_id="t", cast_id="c", socket_id="Socket-1", visit=1, prompt="p"),
+                   lambda o: (got.append(o), done.set()))
+    agent.cancel("t")
+    assert done.wait(5)
+    assert got[0].error.kind == "cancelled" and got[0].stop_reason == "aborted"
+    server.release.set()
+    agent.close()
+    assert len(got) == 1
+
+
+def test_missing_model_is_refused_up_front(server):
+    agent = OpenAIChatAgent(base(server))
+    from castor.messages.errors import InvalidParams
+
+    with pytest.raises(InvalidParams):
+        agent.run_turn(TurnRequest(turn_id="t", cast_id="c", socket_id="s", visit=1, prompt="p"), lambda o: None)
+    agent.close()
