@@ -1,0 +1,244 @@
+"""Inputs (:data:`CastEvent`) and outputs (:data:`Effect`) of :func:`castor.domain.materia.engine.step`.
+
+All are frozen pydantic models with a ``kind`` discriminator, so they travel through mailboxes
+and msgpack as plain maps (``model_dump(mode="json")`` / ``EVENT_ADAPTER.validate_python``).
+Every event carries ``at`` (epoch seconds) — the engine never reads a clock.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from castor.domain.materia.config import Compaction, ResolvedConfig
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# --------------------------------------------------------------------------- events (inputs)
+
+
+class CastStarted(_Frozen):
+    kind: Literal["cast_started"] = "cast_started"
+    cast_id: str
+    request: str
+    config: ResolvedConfig
+    cwd: str = ""
+    run_dir: str = ""
+    artifact_root: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)  # seed data (e.g. linked context)
+    at: float
+
+
+class TurnEnded(_Frozen):
+    """The outcome of an agent turn the cast asked for (``RunAgentTurn.visit_id``)."""
+
+    kind: Literal["turn_ended"] = "turn_ended"
+    visit_id: str
+    text: str | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    entry_id: str | None = None
+    model: str | None = None
+    at: float
+
+
+class UtilityFinished(_Frozen):
+    """The outcome of a ``RunUtility``. The runner does NOT write artifacts; the engine does."""
+
+    kind: Literal["utility_finished"] = "utility_finished"
+    visit_id: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = 0
+    signal: str | None = None
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    spawn_error: str | None = None  # the process never started (missing binary...)
+    error: str | None = None  # a built-in utility raised (bad params...)
+    at: float
+
+
+class CompactionFinished(_Frozen):
+    kind: Literal["compaction_finished"] = "compaction_finished"
+    visit_id: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    at: float
+
+
+class DispatchFailed(_Frozen):
+    """The actor could not start the work of an effect (host gone, model API missing...)."""
+
+    kind: Literal["dispatch_failed"] = "dispatch_failed"
+    visit_id: str
+    error: str
+    at: float
+
+
+class RefinementTurnStarted(_Frozen):
+    """A user message starts a turn while the cast is paused for refinement (``before_agent_start``)."""
+
+    kind: Literal["refinement_turn_started"] = "refinement_turn_started"
+    at: float
+
+
+class ContinueRequested(_Frozen):
+    kind: Literal["continue_requested"] = "continue_requested"
+    at: float
+
+
+class AbortRequested(_Frozen):
+    kind: Literal["abort_requested"] = "abort_requested"
+    reason: str = "aborted by user"
+    at: float
+
+
+class RecastRequested(_Frozen):
+    """``after_restart=True``: the runtime lost the in-flight work of an *active* cast (its actor
+    or the whole process died); resume it as if it had failed there."""
+
+    kind: Literal["recast_requested"] = "recast_requested"
+    after_restart: bool = False
+    at: float
+
+
+class ReviveRequested(_Frozen):
+    kind: Literal["revive_requested"] = "revive_requested"
+    at: float
+
+
+CastEvent = Annotated[
+    CastStarted | TurnEnded | UtilityFinished | CompactionFinished | DispatchFailed | RefinementTurnStarted
+    | ContinueRequested | AbortRequested | RecastRequested | ReviveRequested,
+    Field(discriminator="kind"),
+]
+EVENT_ADAPTER: TypeAdapter[CastEvent] = TypeAdapter(CastEvent)
+
+
+# --------------------------------------------------------------------------- effects (outputs)
+
+READ_ONLY_TOOLS = ("read", "grep", "find", "ls")
+
+
+class RunAgentTurn(_Frozen):
+    """Run one agent turn and answer with ``TurnEnded(visit_id=...)``.
+
+    ``user_driven``: a refinement turn the user's own message drives — apply model/thinking/tools
+    and the system prompt, but send no hidden prompt. ``proactive_compaction``: call
+    :func:`castor.domain.materia.compaction.decide_proactive` before sending.
+    """
+
+    kind: Literal["run_agent_turn"] = "run_agent_turn"
+    visit_id: str
+    socket_id: str
+    visit: int
+    materia: str
+    mode: Literal["normal", "refinement", "finalization"]
+    prompt: str
+    system_prompt: str
+    visible_summary: str
+    model: str | None = None
+    thinking: str | None = None
+    tools: Literal["none", "readOnly", "coding"]
+    read_only_tools: tuple[str, ...] = READ_ONLY_TOOLS
+    multi_turn: bool = False
+    item_key: str | None = None
+    item_label: str | None = None
+    recovery: bool = False
+    user_driven: bool = False
+    proactive_compaction: bool = True
+    compaction: Compaction | None = None
+
+
+class RunUtility(_Frozen):
+    """Run a command (no shell) or an IO built-in; answer with ``UtilityFinished(visit_id=...)``.
+    Exactly one of ``command`` / ``builtin`` is set. ``stdin_json`` goes to stdin as one JSON line."""
+
+    kind: Literal["run_utility"] = "run_utility"
+    visit_id: str
+    socket_id: str
+    visit: int
+    command: tuple[str, ...] | None = None
+    builtin: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    stdin_json: dict[str, Any]
+    timeout_ms: float
+    max_output_bytes: int
+    cwd: str = ""
+
+
+class Compact(_Frozen):
+    """Compact the host context, then answer ``CompactionFinished(visit_id=...)``."""
+
+    kind: Literal["compact"] = "compact"
+    visit_id: str
+    reason: str
+    instructions: str
+    key: str | None = None
+    attempt: int = 0
+
+
+class EmitEvent(_Frozen):
+    """Append ``{"ts": ts_ms, "type": type, "data": data}`` to ``events.jsonl``."""
+
+    kind: Literal["emit_event"] = "emit_event"
+    type: str
+    data: dict[str, Any]
+    ts_ms: int
+
+
+class WriteArtifact(_Frozen):
+    """Write ``content`` at ``<runDir>/<path...>`` (atomic). ``manifest``: also append this entry."""
+
+    kind: Literal["write_artifact"] = "write_artifact"
+    path: tuple[str, ...]
+    content: str
+    manifest: dict[str, Any] | None = None
+
+
+class AddManifestEntry(_Frozen):
+    kind: Literal["add_manifest_entry"] = "add_manifest_entry"
+    entry: dict[str, Any]
+
+
+class Notify(_Frozen):
+    kind: Literal["notify"] = "notify"
+    level: Literal["info", "warning", "error"]
+    message: str
+
+
+class CancelWork(_Frozen):
+    """Stop the outside work of ``visit_id`` if it still runs (abort); its outcome will be ignored."""
+
+    kind: Literal["cancel_work"] = "cancel_work"
+    visit_id: str
+
+
+class Finished(_Frozen):
+    kind: Literal["finished"] = "finished"
+    cast_id: str
+    entry_id: str | None = None
+
+
+class Failed(_Frozen):
+    kind: Literal["failed"] = "failed"
+    cast_id: str
+    reason: str
+    revivable: bool = False
+    aborted: bool = False
+    entry_id: str | None = None
+
+
+Effect = Annotated[
+    RunAgentTurn | RunUtility | Compact | EmitEvent | WriteArtifact | AddManifestEntry | Notify | CancelWork
+    | Finished | Failed,
+    Field(discriminator="kind"),
+]
+EFFECT_ADAPTER: TypeAdapter[Effect] = TypeAdapter(Effect)

@@ -1,0 +1,951 @@
+"""The whole materia cast state machine as one pure function.
+
+API (everything a host actor needs)::
+
+    from castor.domain.materia.engine import step, Transition, CastRejected
+    from castor.domain.materia.cast_messages import (CastStarted, TurnEnded, UtilityFinished,
+        CompactionFinished, DispatchFailed, RefinementTurnStarted, ContinueRequested,
+        AbortRequested, RecastRequested, ReviveRequested,            # events (inputs)
+        RunAgentTurn, RunUtility, Compact, EmitEvent, WriteArtifact, AddManifestEntry,
+        Notify, CancelWork, Finished, Failed)                          # effects (outputs)
+    from castor.domain.materia.state import CastState
+
+    transition = step(state_or_None, event)      # never mutates its input
+    persist(transition.state)                    # CastState.to_json() / CastState.from_json()
+    for effect in transition.effects: perform(effect)   # in order
+
+Contract:
+
+- ``step(None, CastStarted(...))`` creates the cast. Every other event needs the current state.
+- Commands that are not allowed now (continue while awaiting, recast of a complete cast, revive
+  of a non-revivable cast, abort of an inactive cast...) raise :class:`CastRejected` (a
+  ``Conflict``; revive raises its subclass-compatible ``NotRevivable``); the state is unchanged.
+- Work outside the engine is requested by ``RunAgentTurn`` / ``RunUtility`` / ``Compact``, each
+  with a ``visit_id``. Its outcome event must quote that id. An outcome whose ``visit_id`` is not
+  the one the cast waits for (a duplicate, a late answer after abort/recovery) is **ignored** and
+  reported as an ``outcome_ignored`` event; it is never applied twice.
+- Failures inside the cast (invalid JSON, limits, budget, utility errors, terminal turn
+  failures) never raise: they produce a failed state, ``cast_end{ok:false}`` and a ``Failed`` effect.
+- Effects are ordered; perform them in order (artifact writes before the events that name them).
+
+Decision table (trigger → state → effects/events → next state):
+
+| trigger | state | effects / events | next |
+|---|---|---|---|
+| CastStarted | — | write config.resolved.json, manifest.json; ``cast_start``; start entry | awaiting entry socket |
+| start socket | loop socket, no item | (no visit, no ``socket_start``) route to empty-loop target | next socket / complete |
+| start socket | visits+1 > limit | ``cast_end{ok:false}`` | failed |
+| start socket | agent | ``socket_start``, ``materia_model_settings``, context artifact, RunAgentTurn | awaiting_agent_response |
+| start socket | utility | ``socket_start``, input artifact, ``utility_input``, RunUtility (or inline output for ``params.output``/``noop``/``echo``) | running_utility |
+| TurnEnded ok | single-turn / finalization | output artifact, parse+validate, envelope, assign, advance, ``socket_complete``, budget, route | next socket / complete / failed |
+| TurnEnded ok | multi-turn, not finalizing | refinement artifact, ``socket_refinement``, Notify | awaiting_user_refinement (paused) |
+| TurnEnded error | transient_transport | ``transient_transport_turn_failure{warning}``, Notify warning; nothing resent | unchanged: active, awaiting, same visit_id |
+| TurnEnded error | context_window, attempts < max | ``same_socket_recovery_start``, ``…_action_start``, Compact | awaiting compaction |
+| CompactionFinished ok | awaiting compaction | ``…_action_complete``, RunAgentTurn(same prompt, recovery), ``…_retry`` | awaiting_agent_response (no new visit) |
+| CompactionFinished error | awaiting compaction | ``…_action_failed``, ``…_retry_failed``, ``cast_end{ok:false}`` | failed (not revivable) |
+| TurnEnded error | tool_timeout / turn_failure, attempts < max | ``same_socket_recovery_start``, RunAgentTurn(same prompt), ``…_retry`` | awaiting_agent_response |
+| TurnEnded error | recoverable, attempts ≥ max | ``same_socket_recovery_exhausted``, ``cast_end{ok:false}`` | failed, revivable |
+| TurnEnded error | anything else | ``cast_end{ok:false}`` "Non-recoverable turn failure" | failed |
+| UtilityFinished | ok | command artifacts + ``utility_command``; then as TurnEnded ok | next |
+| UtilityFinished | timeout / exit≠0 / spawn or built-in error | artifacts, ``cast_end{ok:false}`` | failed |
+| RefinementTurnStarted | paused | refinement context artifact, ``context_refinement``, RunAgentTurn(user_driven) | awaiting_agent_response |
+| ContinueRequested | paused | ``materia_model_settings{finalization}``, RunAgentTurn(finalization prompt) | awaiting finalization |
+| ContinueRequested | awaiting / inactive | CastRejected | unchanged |
+| AbortRequested | active | CancelWork, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
+| ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
+| DispatchFailed | pending matches | ``cast_end{ok:false}`` | failed |
+| any outcome | visit_id ≠ pending | ``outcome_ignored`` | unchanged |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from castor.domain.materia import prompts
+from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage
+from castor.domain.materia.cast_messages import (
+    AbortRequested,
+    AddManifestEntry,
+    CancelWork,
+    CastStarted,
+    Compact,
+    CompactionFinished,
+    ContinueRequested,
+    DispatchFailed,
+    Effect,
+    EmitEvent,
+    Failed,
+    Finished,
+    Notify,
+    RecastRequested,
+    RefinementTurnStarted,
+    ReviveRequested,
+    RunAgentTurn,
+    RunUtility,
+    TurnEnded,
+    UtilityFinished,
+    WriteArtifact,
+)
+from castor.domain.materia.config import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_UTILITY_TIMEOUT_MS,
+    END,
+    ResolvedSocket,
+)
+from castor.domain.materia.expressions import (
+    AssignError,
+    ConditionError,
+    Scope,
+    as_list,
+    evaluate_condition,
+    resolve_value,
+)
+from castor.domain.materia.failures import (
+    RECOVERABLE,
+    allowance_for,
+    classify_turn_failure,
+    decide_recovery,
+    recovery_key,
+)
+from castor.domain.materia.graph import socket_ordinal
+from castor.domain.materia.handoff import (
+    HandoffError,
+    apply_assign,
+    apply_envelope,
+    extract_json,
+    requires_satisfied,
+    validate_handoff,
+)
+from castor.domain.materia.loops import (
+    empty_loop_target,
+    exhaustion_target,
+    item_data_updates,
+    iteration_for,
+    select_item,
+)
+from castor.domain.materia.revive import RecoveryExhaustion, grant_revive
+from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
+from castor.domain.materia.state import (
+    CastState,
+    Pending,
+    config_hash,
+    refinement_counter_key,
+    seg,
+    short_label,
+    task_attempt_key,
+)
+from castor.domain.materia.expressions import MISSING
+from castor.messages.errors import Conflict, NotFound
+
+#: Built-in utilities that need IO and therefore run outside the engine.
+IO_BUILTINS = ("project.ensureIgnored", "vcs.detect")
+#: Built-ins the engine evaluates itself (pure).
+PURE_BUILTINS = ("noop", "echo")
+MAX_ROUTING_HOPS = 10_000
+COMPACTION_INSTRUCTIONS = (
+    "Compact the conversation for a same-socket retry of an active materia cast. Preserve the active cast "
+    "state, the requirements of the current task and every durable artifact and event reference needed to "
+    "redo the same turn."
+)
+
+
+class CastRejected(Conflict):
+    """A command that is not allowed in the cast's current state. ``data["reason"]`` is stable."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    state: CastState
+    effects: tuple[Effect, ...]
+
+    def of_type(self, cls: type) -> list[Any]:
+        return [e for e in self.effects if isinstance(e, cls)]
+
+    def events(self, type_: str | None = None) -> list[EmitEvent]:
+        return [e for e in self.effects if isinstance(e, EmitEvent) and (type_ is None or e.type == type_)]
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, entry_id: str | None = None, *, preserve: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.entry_id = entry_id
+        self.preserve = preserve
+
+
+def _reject(message: str, reason: str) -> CastRejected:
+    return CastRejected(message, data={"reason": reason})
+
+
+class _Ctx:
+    def __init__(self, state: CastState, at: float) -> None:
+        self.s = state
+        self.at = at
+        self.effects: list[Effect] = []
+
+    @property
+    def ts_ms(self) -> int:
+        return int(round(self.at * 1000))
+
+    def iso(self) -> str:
+        return datetime.fromtimestamp(self.at, tz=UTC).isoformat().replace("+00:00", "Z")
+
+    def emit(self, type_: str, data: dict[str, Any]) -> None:
+        self.effects.append(EmitEvent(type=type_, data=data, ts_ms=self.ts_ms))
+
+    def write(self, path: tuple[str, ...], content: str, manifest: dict[str, Any] | None = None) -> str:
+        rel = "/".join(path)
+        if manifest is not None:
+            manifest = {**manifest, "artifact": rel, "timestamp": self.iso()}
+        self.effects.append(WriteArtifact(path=path, content=content, manifest=manifest))
+        return rel
+
+    def manifest(self, entry: dict[str, Any]) -> None:
+        self.effects.append(AddManifestEntry(entry={**entry, "timestamp": self.iso()}))
+
+    def notify(self, level: str, message: str) -> None:
+        self.effects.append(Notify(level=level, message=message))
+
+    def write_usage(self) -> None:
+        self.write(("usage.json",), json.dumps(self.s.usage.model_dump(mode="json"), indent=2))
+
+
+# =========================================================================== entry point
+
+
+def step(state: CastState | None, event: Any) -> Transition:
+    """Apply one event. Pure: returns a new state and the effects to perform, in order."""
+    if isinstance(event, CastStarted):
+        if state is not None:
+            raise _reject(f"pi-materia cast {state.cast_id} already exists", "exists")
+        return _start_cast(event)
+    if state is None:
+        raise NotFound("No pi-materia cast state in this session.")
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise _reject(f"unsupported cast event {type(event).__name__}", "unsupported")
+    ctx = _Ctx(state.model_copy(deep=True), event.at)
+    try:
+        handler(ctx, event)
+    except _Fail as failure:
+        _fail_cast(ctx, failure.message, failure.entry_id, preserve=failure.preserve)
+    ctx.s.updated_at = event.at
+    return Transition(state=ctx.s, effects=tuple(ctx.effects))
+
+
+# =========================================================================== start / finish / fail
+
+
+def _start_cast(ev: CastStarted) -> Transition:
+    cfg = ev.config
+    entry = cfg.pipeline.entry
+    state = CastState(
+        cast_id=ev.cast_id, request=ev.request, cwd=ev.cwd, run_dir=ev.run_dir, artifact_root=ev.artifact_root,
+        config_source=cfg.source, config_hash=config_hash(cfg.config), config=cfg, active=True, phase=entry,
+        current_socket_id=entry, awaiting_response=True, socket_state="awaiting_agent_response",
+        started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.",
+    )
+    ctx = _Ctx(state, ev.at)
+    ctx.write(("config.resolved.json",), json.dumps(cfg.config, indent=2, ensure_ascii=False))
+    ctx.write(("manifest.json",), json.dumps({"castId": ev.cast_id, "request": ev.request,
+                                              "configSource": cfg.source, "entries": []}, indent=2))
+    name = cfg.pipeline.loadout_name
+    loadout_cfg = (cfg.config.get("loadouts") or {}).get(name)
+    ctx.emit("cast_start", {"request": ev.request, "configSource": cfg.source, "artifactRoot": ev.artifact_root,
+                            "pipeline": loadout_cfg, "loadout": name, "nativeSession": True,
+                            "isolatedMateriaContext": True})
+    ctx.write_usage()
+    try:
+        _goto(ctx, entry, None)
+    except _Fail as failure:
+        _fail_cast(ctx, failure.message, failure.entry_id, preserve=failure.preserve)
+    return Transition(state=ctx.s, effects=tuple(ctx.effects))
+
+
+def _finish(ctx: _Ctx, entry_id: str | None) -> None:
+    s = ctx.s
+    s.active = False
+    s.phase = "complete"
+    s.socket_state = "complete"
+    s.awaiting_response = False
+    s.pending = None
+    s.recovery_exhaustion = None
+    s.failed_reason = None
+    s.aborted = False
+    s.last_message = "Cast complete."
+    s.ended_at = ctx.at
+    ctx.write_usage()
+    ctx.emit("cast_end", {"ok": True, "usage": s.usage.model_dump(mode="json", exclude={"turns"}),
+                          "entryId": entry_id})
+    ctx.manifest({"phase": "complete", "entryId": entry_id})
+    ctx.notify("info", f"pi-materia cast {s.cast_id} complete.")
+    ctx.effects.append(Finished(cast_id=s.cast_id, entry_id=entry_id))
+
+
+def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool = False,
+               aborted: bool = False) -> None:
+    s = ctx.s
+    s.active = False
+    s.awaiting_response = False
+    s.pending = None
+    s.socket_state = "failed"
+    s.phase = "failed"
+    s.failed_reason = message
+    s.aborted = aborted
+    s.ended_at = ctx.at
+    s.last_message = message
+    if not preserve:
+        s.recovery_exhaustion = None
+    ctx.write_usage()
+    data: dict[str, Any] = {"ok": False, "error": message, "entryId": entry_id, "socket": s.current_socket_id}
+    if aborted:
+        data["aborted"] = True
+    ctx.emit("cast_end", data)
+    ctx.manifest({"phase": "failed", "socket": s.current_socket_id, "materia": s.current_materia,
+                  "itemKey": s.current_item_key, "entryId": entry_id})
+    ctx.notify("warning" if aborted else "error", f"pi-materia cast {s.cast_id} {'aborted' if aborted else 'failed'}: "
+                                                   f"{message}")
+    ctx.effects.append(Failed(cast_id=s.cast_id, reason=message, revivable=preserve and s.recovery_exhaustion is not None,
+                              aborted=aborted, entry_id=entry_id))
+
+
+# =========================================================================== routing driver
+
+
+@dataclass(frozen=True)
+class _Dispatched:
+    pass
+
+
+@dataclass(frozen=True)
+class _Skip:
+    target: str
+
+
+@dataclass(frozen=True)
+class _Inline:
+    text: str
+    entry_id: str
+
+
+def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
+    """Start ``target`` and keep going through skips and inline utilities until the cast waits or ends."""
+    sockets = ctx.s.config.pipeline.sockets
+    for _ in range(MAX_ROUTING_HOPS):
+        if target is None or target == END:
+            _finish(ctx, entry_id)
+            return
+        if target not in sockets:
+            raise _Fail(f'Unknown graph target "{target}"', entry_id)
+        outcome = _start_socket(ctx, sockets[target])
+        if isinstance(outcome, _Dispatched):
+            return
+        if isinstance(outcome, _Skip):
+            target, entry_id = outcome.target, "foreach-empty"
+            continue
+        entry_id = outcome.entry_id
+        target = _complete_socket(ctx, sockets[ctx.s.current_socket_id], outcome.text, entry_id, finalized=False)
+    raise _Fail(f"routing did not settle after {MAX_ROUTING_HOPS} steps", entry_id)
+
+
+def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
+    if rs.materia is None:
+        return None
+    model = (rs.materia.model or "").strip() or None
+    return {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
+            "source": "configured" if model or rs.materia.thinking else "active"}
+
+
+def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:
+    s = ctx.s
+    pipeline = s.config.pipeline
+    it = iteration_for(pipeline, rs.id)
+    if it is not None:
+        sel = select_item(it, s.data, s.cursors)
+        s.cursors.setdefault(it.cursor, sel.index)
+        if sel.item is MISSING:
+            s.current_item_key = s.current_item_label = None
+            return _Skip(empty_loop_target(pipeline, rs.id, it))
+        s.data.update(item_data_updates(it, sel.item))
+        s.current_item_key, s.current_item_label = sel.key, sel.label
+    else:
+        s.current_item_key = s.current_item_label = None
+        # Deliberate difference (§12 item 7): no stale loop item leaks into non-loop sockets.
+        for key in ("item", "currentWorkItem", "workItem"):
+            s.data.pop(key, None)
+    s.phase = rs.id
+    s.current_socket_id = rs.id
+    s.current_materia = rs.materia_name
+    try:
+        visit = count_visit(rs.id, rs.socket, s.visits, s.config.limits)
+    except LimitExceeded as exc:
+        raise _Fail(exc.message) from None
+    akey = task_attempt_key(rs.id, s.current_item_key)
+    s.task_attempts[akey] = s.task_attempts.get(akey, 0) + 1
+    s.attempt = s.task_attempts[akey]
+    s.multi_turn_finalizing = False
+    s.last_message = rs.id
+    ctx.emit("socket_start", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
+                              **s.item_fields(), "visit": visit})
+    if not rs.is_agent:
+        s.awaiting_response = False
+        s.socket_state = "running_utility"
+        return _dispatch_utility(ctx, rs)
+    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
+                                        **s.item_fields(), "materiaModel": _materia_model(rs)})
+    _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal")
+    return _Dispatched()
+
+
+def _item_suffix(s: CastState) -> str:
+    return f"-{seg(s.current_item_key)}" if s.current_item_key is not None else ""
+
+
+def _next_visit_id(s: CastState, socket_id: str, visit: int) -> str:
+    s.dispatch_seq += 1
+    return f"{s.cast_id}:{socket_id}:{visit}:{s.dispatch_seq}"
+
+
+def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool = False, reuse: bool = False,
+                    user_driven: bool = False, context_label: str | None = None) -> RunAgentTurn:
+    s = ctx.s
+    visit = s.visit
+    if reuse and s.active_turn_prompt is not None:
+        prompt = s.active_turn_prompt
+    elif user_driven:
+        prompt = prompts.refinement_turn_prompt(rs, s)
+    else:
+        prompt = prompts.socket_prompt(rs, s, mode=mode)
+    visit_id = _next_visit_id(s, rs.id, visit)
+    s.active_turn_prompt = prompt
+    s.active_turn_mode = mode  # type: ignore[assignment]
+    s.active_turn_socket_id = rs.id
+    s.active_turn_visit = visit
+    s.awaiting_response = True
+    s.socket_state = "awaiting_agent_response"
+    s.pending = Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode)
+    label = context_label if context_label else ("" if mode == "normal" and not recovery else mode)
+    suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
+    name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
+    kind = "context_refinement" if user_driven else "context"
+    artifact = ctx.write(("contexts", name), prompts.context_artifact(rs, s, mode=mode, prompt=prompt, at_iso=ctx.iso()),
+                         manifest={"phase": rs.id, "socket": rs.id, "materia": rs.materia_name, **s.item_fields(),
+                                   "visit": visit, "kind": kind, "materiaModel": _materia_model(rs)})
+    if user_driven:
+        ctx.emit("context_refinement", {"socket": rs.id, "materia": rs.materia_name, "artifact": artifact,
+                                        "refinementTurn": s.refinement_turn() + 1, **s.item_fields(),
+                                        "materiaModel": _materia_model(rs)})
+    assert rs.materia is not None
+    ordinal = socket_ordinal(rs.id)
+    summary = f"Casting **{rs.materia_name} ({ordinal})**"
+    if s.current_item_label or s.current_item_key:
+        summary += f"\n\n{s.current_item_label or s.current_item_key}"
+    effect = RunAgentTurn(
+        visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
+        prompt=prompt, system_prompt=prompts.system_prompt_suffix(rs, s, mode=mode), visible_summary=summary,
+        model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
+        multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
+        recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
+        compaction=s.config.compaction,
+    )
+    ctx.effects.append(effect)
+    return effect
+
+
+def _utility_input(s: CastState, rs: ResolvedSocket) -> dict[str, Any]:
+    it = iteration_for(s.config.pipeline, rs.id)
+    cursor = {"name": it.cursor, "index": s.cursors.get(it.cursor, 0)} if it else None
+    return {"cwd": s.cwd, "runDir": s.run_dir, "request": s.request, "castId": s.cast_id, "socketId": rs.id,
+            "params": rs.socket.params or {}, "state": s.data, "item": s.data.get("item"),
+            "itemKey": s.current_item_key, "itemLabel": s.current_item_label, "cursor": cursor,
+            "cursors": s.cursors}
+
+
+def _dispatch_utility(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Inline:
+    s = ctx.s
+    sock = rs.socket
+    visit = s.visit
+    entry_id = f"utility:{rs.id}:{visit}"
+    payload = _utility_input(s, rs)
+    artifact = ctx.write(("sockets", seg(rs.id), f"{visit}{_item_suffix(s)}.input.json"),
+                         json.dumps(payload, indent=2, ensure_ascii=False),
+                         manifest={"phase": rs.id, "socket": rs.id, **s.item_fields(), "visit": visit,
+                                   "entryId": f"{entry_id}:input"})
+    ctx.emit("utility_input", {"socket": rs.id, "artifact": artifact, **s.item_fields(), "visit": visit})
+    params = sock.params or {}
+    timeout = sock.timeout_ms or DEFAULT_UTILITY_TIMEOUT_MS
+    max_bytes = (sock.limits.max_output_bytes if sock.limits and sock.limits.max_output_bytes
+                 else DEFAULT_MAX_OUTPUT_BYTES)
+    if sock.command:
+        visit_id = _next_visit_id(s, rs.id, visit)
+        s.pending = Pending(kind="utility", visit_id=visit_id, socket_id=rs.id, visit=visit,
+                            command=list(sock.command), timeout_ms=timeout)
+        ctx.effects.append(RunUtility(visit_id=visit_id, socket_id=rs.id, visit=visit, command=tuple(sock.command),
+                                      params=params, stdin_json=payload, timeout_ms=timeout,
+                                      max_output_bytes=max_bytes, cwd=s.cwd))
+        return _Dispatched()
+    if "output" in params:
+        out = params["output"]
+        return _Inline(out if isinstance(out, str) else json.dumps(out, separators=(",", ":")), entry_id)
+    if sock.utility == "noop":
+        return _Inline("", entry_id)
+    if sock.utility == "echo":
+        value = params.get("text", params.get("message", ""))
+        return _Inline(value if isinstance(value, str) else json.dumps(value, separators=(",", ":")), entry_id)
+    if sock.utility in IO_BUILTINS:
+        visit_id = _next_visit_id(s, rs.id, visit)
+        s.pending = Pending(kind="utility", visit_id=visit_id, socket_id=rs.id, visit=visit, timeout_ms=timeout)
+        ctx.effects.append(RunUtility(visit_id=visit_id, socket_id=rs.id, visit=visit, builtin=sock.utility,
+                                      params=params, stdin_json=payload, timeout_ms=timeout,
+                                      max_output_bytes=max_bytes, cwd=s.cwd))
+        return _Dispatched()
+    raise _Fail(f'Unknown utility alias "{sock.utility}" for socket "{rs.id}".', entry_id)
+
+
+# =========================================================================== completion
+
+
+def _complete_socket(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str, *, finalized: bool) -> str:
+    """Record, parse, assign, advance and route one socket output. Returns the next target."""
+    s = ctx.s
+    sock = rs.socket
+    visit = s.visit
+    s.pending = None
+    s.awaiting_response = False
+    s.socket_state = "idle"
+    if sock.limits and sock.limits.max_output_bytes and len(text.encode("utf-8")) > sock.limits.max_output_bytes:
+        raise _Fail(f'Output of socket "{rs.id}" is {len(text.encode("utf-8"))} bytes, over its '
+                    f"limits.maxOutputBytes ({sock.limits.max_output_bytes}).", entry_id)
+    refinement_turn = s.refinement_turn() if rs.multi_turn else None
+    manifest: dict[str, Any] = {"phase": rs.id, "socket": rs.id, "materia": rs.materia_name, **s.item_fields(),
+                                "visit": visit, "entryId": entry_id, "kind": "socket_output"}
+    if rs.multi_turn:
+        manifest.update({"finalized": finalized, "refinementTurn": refinement_turn})
+    artifact = ctx.write(("sockets", seg(rs.id), f"{visit}{_item_suffix(s)}.md"), text, manifest=manifest)
+    s.last_output = text
+    parsed: Any = text
+    if sock.is_json:
+        try:
+            value = extract_json(text)
+        except HandoffError as exc:
+            raise _Fail(f'Invalid JSON output for socket "{rs.id}": {exc.message}', entry_id) from None
+        try:
+            validate_handoff(value, rs.id, require_satisfied=requires_satisfied(sock))
+        except HandoffError as exc:
+            raise _Fail(exc.message, entry_id) from None
+        s.last_json = value
+        ctx.write(("sockets", seg(rs.id), f"{visit}.json"), json.dumps(value, indent=2, ensure_ascii=False))
+        parsed = value
+        s.data = apply_envelope(s.data, value, adopt_work_items=rs.is_agent and rs.is_generator)
+    try:
+        s.data = apply_assign(s.data, sock.assign, Scope(data=s.data, parsed=parsed,
+                                                          last_json=s.last_json if s.last_json is not None else MISSING,
+                                                          last_output=s.last_output))
+    except AssignError as exc:
+        raise _Fail(f'socket "{rs.id}": {exc.message}', entry_id) from None
+    item_fields = s.item_fields()  # of the completed item (deliberate difference §12 item 7)
+    advance_target = _apply_advance(ctx, rs, parsed, entry_id)
+    event: dict[str, Any] = {"socket": rs.id, "materia": rs.materia_name, "type": sock.type, "artifact": artifact,
+                             "parsed": sock.is_json, "entryId": entry_id, **item_fields,
+                             "materiaModel": _materia_model(rs)}
+    if rs.multi_turn:
+        event.update({"finalizedRefinement": finalized, "refinementTurn": refinement_turn})
+    ctx.emit("socket_complete", event)
+    ctx.write_usage()
+    _check_budget(ctx, entry_id)
+    if advance_target is not None:
+        return advance_target
+    try:
+        return next_target(rs.id, sock, parsed, s.edge_traversals, s.config.limits)
+    except LimitExceeded as exc:
+        raise _Fail(exc.message, entry_id) from None
+
+
+def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) -> str | None:
+    s = ctx.s
+    adv = rs.socket.advance
+    if adv is None:
+        return None
+    scope = Scope(data=s.data, parsed=parsed, last_json=s.last_json if s.last_json is not None else MISSING,
+                  last_output=s.last_output)
+    if adv.when is not None and adv.when.strip():
+        try:
+            if not evaluate_condition(adv.when, scope):
+                return None
+        except ConditionError as exc:
+            raise _Fail(f'socket "{rs.id}" advance: {exc.message}', entry_id) from None
+    s.cursors[adv.cursor] = s.cursors.get(adv.cursor, 0) + 1
+    s.current_item_key = s.current_item_label = None
+    items = as_list(resolve_value(adv.items, scope))
+    if s.cursors[adv.cursor] < len(items):
+        return None
+    flag = parsed.get("satisfied") if isinstance(parsed, dict) else None
+    return exhaustion_target(s.config.pipeline, rs.id, flag if isinstance(flag, bool) else None)
+
+
+def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
+    s = ctx.s
+    result = check_budget(s.config.budget, s.usage, already_warned=s.budget_warned)
+    usage = s.usage.model_dump(mode="json", exclude={"turns"})
+    if result.warn:
+        s.budget_warned = True
+        ctx.emit("budget_warning", {"percent": result.percent, "usage": usage})
+        ctx.notify("warning", f"pi-materia budget at {result.percent:.0f}%")
+    if result.limit_hit:
+        ctx.emit("budget_limit", {"overToken": result.over_token, "overCost": result.over_cost, "usage": usage})
+        if result.stop:
+            raise _Fail("pi-materia budget limit reached", entry_id)
+        ctx.notify("warning", "pi-materia budget limit reached (stopAtLimit is false; continuing)")
+
+
+# =========================================================================== outcome handlers
+
+
+def _ignored(ctx: _Ctx, kind: str, visit_id: str, reason: str) -> None:
+    p = ctx.s.pending
+    ctx.emit("outcome_ignored", {"outcome": kind, "visitId": visit_id, "expected": p.visit_id if p else None,
+                                 "reason": reason})
+
+
+def _matches(ctx: _Ctx, kind: str, pending_kind: str, visit_id: str) -> bool:
+    s = ctx.s
+    if not s.active:
+        _ignored(ctx, kind, visit_id, "cast-inactive")
+        return False
+    if s.pending is None or s.pending.kind != pending_kind or s.pending.visit_id != visit_id:
+        _ignored(ctx, kind, visit_id, "not-current-visit")
+        return False
+    return True
+
+
+def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
+    if not _matches(ctx, "turn_ended", "agent_turn", ev.visit_id):
+        return
+    s = ctx.s
+    pending = s.pending
+    assert pending is not None
+    rs = s.config.pipeline.sockets[pending.socket_id]
+    entry_id = ev.entry_id or ev.visit_id
+    if ev.usage is not None:
+        turn = extract_usage(ev.usage)
+        s.usage = s.usage.add_turn(TurnRecord(socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key,
+                                              attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
+                                              model=ev.model))
+        ctx.write_usage()
+    failure = ev.error if ev.error else ("unknown agent error" if ev.stop_reason == "error" else None)
+    text = (ev.text or "").strip()
+    if failure:
+        _turn_failure(ctx, rs, failure, entry_id, produced_output=bool(text))
+        return
+    s.last_entry_id = entry_id
+    s.last_assistant_text = text
+    if rs.multi_turn and pending.mode != "finalization":
+        _record_refinement(ctx, rs, text, entry_id)
+        return
+    s.multi_turn_finalizing = False
+    target = _complete_socket(ctx, rs, text, entry_id, finalized=rs.multi_turn)
+    _goto(ctx, target, entry_id)
+
+
+def _record_refinement(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str) -> None:
+    s = ctx.s
+    ckey = refinement_counter_key(rs.id, s.current_item_key, s.visit)
+    turn = s.multi_turn_refinements.get(ckey, 0) + 1
+    s.multi_turn_refinements[ckey] = turn
+    s.pending = None
+    s.awaiting_response = False
+    s.multi_turn_finalizing = False
+    s.socket_state = "awaiting_user_refinement"
+    artifact = ctx.write(("sockets", seg(rs.id), f"{s.visit}{_item_suffix(s)}.refinement-{turn}-{seg(entry_id)}.md"),
+                         text, manifest={"phase": rs.id, "socket": rs.id, "materia": rs.materia_name,
+                                         **s.item_fields(), "visit": s.visit, "entryId": entry_id,
+                                         "kind": "socket_refinement", "refinementTurn": turn})
+    ctx.emit("socket_refinement", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
+                                   "artifact": artifact, "entryId": entry_id, "refinementTurn": turn,
+                                   **s.item_fields(), "materiaModel": _materia_model(rs)})
+    s.last_message = f"Paused for refinement on {rs.id}; run /materia continue to finalize."
+    ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run /materia continue to finalize.")
+
+
+def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *, produced_output: bool) -> None:
+    s = ctx.s
+    pending = s.pending
+    assert pending is not None
+    lead = "Pi agent turn failed" if produced_output else "Pi agent turn failed before producing an assistant response"
+    full = f'{lead} for socket "{rs.id}": {message}'
+    failure = classify_turn_failure(message, allow_generic=not produced_output)
+    s.last_entry_id = entry_id
+    if failure == "transient_transport":
+        s.active = True
+        s.awaiting_response = True
+        s.socket_state = "awaiting_agent_response"
+        s.last_message = (f"Transient transport failure while awaiting {rs.id}; preserving active Pi turn: {message}")
+        ctx.emit("transient_transport_turn_failure", {"warning": True, "error": full, "entryId": entry_id,
+                                                      "socket": rs.id, **s.item_fields(), "mode": pending.mode})
+        ctx.notify("warning", f"Transient transport failure on {rs.id}; the cast keeps waiting for the turn.")
+        return
+    if failure in RECOVERABLE:
+        _recover(ctx, rs, failure, full, entry_id)
+        return
+    item = f' item "{s.current_item_key}"' if s.current_item_key is not None else ""
+    raise _Fail(f'Non-recoverable turn failure for {pending.mode} turn for socket "{rs.id}"{item} '
+                f"(same-socket recovery not attempted): {full}", entry_id)
+
+
+def _recover(ctx: _Ctx, rs: ResolvedSocket, failure: str, full: str, entry_id: str) -> None:
+    s = ctx.s
+    pending = s.pending
+    assert pending is not None
+    mode = pending.mode
+    turn = s.refinement_turn() if mode == "refinement" else 0
+    key = recovery_key(mode, rs.id, s.current_item_key, pending.visit, turn)
+    allowance = allowance_for(s.recovery_allowances.get(key), failure)
+    s.recovery_allowances[key] = allowance
+    previous = s.recovery_attempts.get(key, 0)
+    decision = decide_recovery(failure, previous, allowance)
+    allowance_fields = {"originalMaxAttempts": allowance.original_max_attempts,
+                        "effectiveMaxAttempts": allowance.effective_max_attempts,
+                        "maxAttempts": allowance.effective_max_attempts, "reviveCount": allowance.revive_count}
+    common = {"reason": failure, "key": key, "socket": rs.id, **s.item_fields(), "mode": mode}
+    if not decision.retry:
+        item = f' item "{s.current_item_key}"' if s.current_item_key is not None else ""
+        message = (f'Same-socket recovery exhausted for {mode} turn for socket "{rs.id}"{item} after '
+                   f"{previous}/{allowance.effective_max_attempts} attempt(s): {full}")
+        s.recovery_exhaustion = RecoveryExhaustion(
+            reason=failure, key=key, attempts=previous, original_max_attempts=allowance.original_max_attempts,
+            effective_max_attempts=allowance.effective_max_attempts, revive_count=allowance.revive_count,
+            failed_reason=message, socket=rs.id, item_key=s.current_item_key, mode=mode, exhausted_at=ctx.at)
+        ctx.emit("same_socket_recovery_exhausted", {**common, "attempts": previous, **allowance_fields,
+                                                    "error": full, "entryId": entry_id})
+        raise _Fail(message, entry_id, preserve=True)
+    s.recovery_attempts[key] = decision.attempt
+    s.awaiting_response = True
+    s.socket_state = "awaiting_agent_response"
+    ctx.emit("same_socket_recovery_start", {**common, "attempt": decision.attempt, **allowance_fields, "error": full,
+                                            "entryId": entry_id, "visit": pending.visit})
+    if decision.compact:
+        visit_id = _next_visit_id(s, rs.id, pending.visit)
+        s.pending = Pending(kind="compaction", visit_id=visit_id, socket_id=rs.id, visit=pending.visit, mode=mode,
+                            recovery_key=key, failure_class=failure, original_error=full, entry_id=entry_id)
+        ctx.emit("same_socket_recovery_action_start", {"action": "compact", **common, "attempt": decision.attempt,
+                                                       "maxAttempts": allowance.effective_max_attempts,
+                                                       "entryId": entry_id})
+        ctx.effects.append(Compact(visit_id=visit_id, reason=failure, instructions=COMPACTION_INSTRUCTIONS, key=key,
+                                   attempt=decision.attempt))
+        return
+    _retry(ctx, rs, mode, key, failure, decision.attempt)
+
+
+def _retry(ctx: _Ctx, rs: ResolvedSocket, mode: str, key: str, failure: str, attempt: int) -> None:
+    s = ctx.s
+    allowance = s.recovery_allowances[key]
+    _dispatch_agent(ctx, rs, mode, recovery=True, reuse=True, context_label=f"retry-{attempt}")
+    ctx.emit("same_socket_recovery_retry", {"reason": failure, "key": key, "attempt": attempt,
+                                            "originalMaxAttempts": allowance.original_max_attempts,
+                                            "effectiveMaxAttempts": allowance.effective_max_attempts,
+                                            "reviveCount": allowance.revive_count,
+                                            "maxAttempts": allowance.effective_max_attempts, "socket": rs.id,
+                                            "itemKey": s.current_item_key, "mode": mode})
+    ctx.notify("warning", f"Retrying {rs.id} after {failure} (attempt {attempt}/{allowance.effective_max_attempts}).")
+
+
+def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:
+    if not _matches(ctx, "compaction_finished", "compaction", ev.visit_id):
+        return
+    s = ctx.s
+    p = s.pending
+    assert p is not None and p.recovery_key is not None
+    rs = s.config.pipeline.sockets[p.socket_id]
+    attempt = s.recovery_attempts.get(p.recovery_key, 0)
+    allowance = s.recovery_allowances[p.recovery_key]
+    common = {"action": "compact", "reason": p.failure_class, "key": p.recovery_key, "attempt": attempt,
+              "maxAttempts": allowance.effective_max_attempts, "entryId": p.entry_id, "socket": rs.id,
+              "itemKey": s.current_item_key, "mode": p.mode}
+    if ev.ok:
+        keep = ("tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens", "firstKeptEntryId")
+        result = {k: v for k, v in (ev.result or {}).items() if k in keep}
+        ctx.emit("same_socket_recovery_action_complete", {**common, "result": result})
+        _retry(ctx, rs, p.mode, p.recovery_key, p.failure_class or "context_window", attempt)
+        return
+    error = ev.error or "unknown compaction error"
+    ctx.emit("same_socket_recovery_action_failed", {**common, "error": error})
+    message = (f'Same-socket recovery action compact failed for {p.mode} turn for socket "{rs.id}": {error}. '
+               f"Original failure: {p.original_error}")
+    ctx.emit("same_socket_recovery_retry_failed", {"reason": p.failure_class, "key": p.recovery_key,
+                                                   "attempt": attempt, "maxAttempts": allowance.effective_max_attempts,
+                                                   "error": message, "originalError": p.original_error,
+                                                   "entryId": p.entry_id, "socket": rs.id,
+                                                   "itemKey": s.current_item_key, "mode": p.mode})
+    raise _Fail(message, p.entry_id)
+
+
+def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:
+    if not _matches(ctx, "utility_finished", "utility", ev.visit_id):
+        return
+    s = ctx.s
+    p = s.pending
+    assert p is not None
+    rs = s.config.pipeline.sockets[p.socket_id]
+    entry_id = f"utility:{rs.id}:{p.visit}"
+    if ev.spawn_error:
+        raise _Fail(f'Utility command failed to start for socket "{rs.id}": {ev.spawn_error}', entry_id)
+    if p.command is not None:
+        base = f"{p.visit}{_item_suffix(s)}.command"
+        entry = {"phase": rs.id, "socket": rs.id, **s.item_fields(), "visit": p.visit}
+        out_a = ctx.write(("sockets", seg(rs.id), f"{base}.stdout.txt"), ev.stdout,
+                          manifest={**entry, "entryId": f"{entry_id}:stdout"})
+        err_a = ctx.write(("sockets", seg(rs.id), f"{base}.stderr.txt"), ev.stderr,
+                          manifest={**entry, "entryId": f"{entry_id}:stderr"})
+        max_bytes = (rs.socket.limits.max_output_bytes if rs.socket.limits and rs.socket.limits.max_output_bytes
+                     else DEFAULT_MAX_OUTPUT_BYTES)
+        ctx.write(("sockets", seg(rs.id), f"{base}.json"),
+                  json.dumps({"stdoutArtifact": out_a, "stderrArtifact": err_a, "stdoutTruncated": ev.stdout_truncated,
+                              "stderrTruncated": ev.stderr_truncated, "maxBytes": max_bytes}, indent=2),
+                  manifest={**entry, "entryId": f"{entry_id}:command"})
+        ctx.emit("utility_command", {"socket": rs.id, "command": p.command, "code": ev.exit_code,
+                                     "signal": ev.signal, "timedOut": ev.timed_out, "timeoutMs": p.timeout_ms,
+                                     "stdoutArtifact": out_a, "stderrArtifact": err_a,
+                                     "stdoutTruncated": ev.stdout_truncated, "stderrTruncated": ev.stderr_truncated})
+        cmd = " ".join(p.command)
+        if ev.timed_out:
+            raise _Fail(f'Utility command timed out for socket "{rs.id}" after {p.timeout_ms:g}ms: {cmd}. '
+                        f"stdout: {out_a}; stderr: {err_a}", entry_id)
+        if ev.exit_code != 0:
+            summary = " ".join(ev.stderr.split())[:800] or "<empty>"
+            if ev.stderr_truncated:
+                summary += " (truncated)"
+            how = f"code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
+            raise _Fail(f'Utility command for socket "{rs.id}" exited with {how}. stderr: {summary}. '
+                        f"stdout: {out_a}; stderr: {err_a}", entry_id)
+    elif ev.error or ev.timed_out:
+        raise _Fail(f'Utility "{rs.socket.utility}" failed for socket "{rs.id}": '
+                    f"{ev.error or 'timed out'}", entry_id)
+    target = _complete_socket(ctx, rs, ev.stdout, entry_id, finalized=False)
+    _goto(ctx, target, entry_id)
+
+
+def _on_dispatch_failed(ctx: _Ctx, ev: DispatchFailed) -> None:
+    s = ctx.s
+    if not s.active or s.pending is None or s.pending.visit_id != ev.visit_id:
+        _ignored(ctx, "dispatch_failed", ev.visit_id, "not-current-visit")
+        return
+    raise _Fail(f'Could not start {s.pending.kind.replace("_", " ")} for socket "{s.pending.socket_id}": {ev.error}',
+                ev.visit_id)
+
+
+# =========================================================================== commands
+
+
+def _on_refinement_turn(ctx: _Ctx, _ev: RefinementTurnStarted) -> None:
+    s = ctx.s
+    if not s.paused:
+        raise _reject(f"pi-materia cast {s.cast_id} is not paused for refinement", "not-paused")
+    rs = s.socket
+    s.multi_turn_finalizing = False
+    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": s.visit,
+                                        **s.item_fields(), "materiaModel": _materia_model(rs),
+                                        "refinementTurn": s.refinement_turn() + 1})
+    _dispatch_agent(ctx, rs, "refinement", user_driven=True,
+                    context_label=f"refinement-{s.refinement_turn() + 1}-{ctx.ts_ms}")
+
+
+def _on_continue(ctx: _Ctx, _ev: ContinueRequested) -> None:
+    s = ctx.s
+    if not s.active:
+        raise _reject(f"pi-materia cast {s.cast_id} is not active.", "not-active")
+    if s.awaiting_response or s.pending is not None:
+        raise _reject(f"pi-materia cast {s.cast_id} is already awaiting a Pi agent response.", "awaiting")
+    if s.paused:
+        rs = s.socket
+        s.multi_turn_finalizing = True
+        ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": s.visit,
+                                            **s.item_fields(), "materiaModel": _materia_model(rs),
+                                            "refinementTurn": s.refinement_turn(), "finalization": True})
+        _dispatch_agent(ctx, rs, "finalization")
+        return
+    _goto(ctx, s.current_socket_id, None)
+
+
+def _on_abort(ctx: _Ctx, ev: AbortRequested) -> None:
+    s = ctx.s
+    if not s.active:
+        raise _reject("No active pi-materia cast to abort.", "not-active")
+    if s.pending is not None:
+        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id))
+    _fail_cast(ctx, ev.reason, None, aborted=True)
+
+
+def _resume(ctx: _Ctx, previous_failure: str | None) -> None:
+    s = ctx.s
+    pipeline = s.config.pipeline
+    sid = s.current_socket_id if s.current_socket_id in pipeline.sockets else pipeline.entry
+    rs = pipeline.sockets[sid]
+    s.recovery_exhaustion = None
+    s.failed_reason = None
+    s.ended_at = None
+    s.aborted = False
+    s.pending = None
+    s.active = True
+    s.phase = sid
+    s.current_socket_id = sid
+    s.last_message = f"Recasting from socket {sid}."
+    reuse = (rs.is_agent and s.active_turn_prompt is not None and s.active_turn_socket_id == sid
+             and s.active_turn_visit == s.visit and s.visit > 0)
+    ctx.emit("cast_recast", {"socket": sid, "materia": rs.materia_name, "type": rs.socket.type,
+                             "previousFailure": previous_failure, **s.item_fields(), "visit": s.visit,
+                             "reusedActivePrompt": reuse})
+    if reuse:
+        mode = s.active_turn_mode
+        s.multi_turn_finalizing = mode == "finalization"
+        _dispatch_agent(ctx, rs, mode, reuse=True, context_label="recast")
+        return
+    _goto(ctx, sid, None)
+
+
+def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
+    s = ctx.s
+    if s.active and not ev.after_restart:
+        raise _reject(f"pi-materia cast {s.cast_id} is already running.", "running")
+    if s.complete:
+        raise _reject(f"pi-materia cast {s.cast_id} is complete and cannot be recast.", "complete")
+    if not s.active and not s.failed:
+        raise _reject(f"pi-materia cast {s.cast_id} is not failed or aborted (phase: {s.phase}, "
+                      f"socket state: {s.socket_state}).", "not-failed")
+    previous = s.failed_reason if not s.active else "runtime restarted while the cast was active"
+    _resume(ctx, previous)
+
+
+def _on_revive(ctx: _Ctx, _ev: ReviveRequested) -> None:
+    s = ctx.s
+    grant = grant_revive(cast_id=s.cast_id, active=s.active, failed=s.failed, failed_reason=s.failed_reason,
+                         exhaustion=s.recovery_exhaustion, allowances=s.recovery_allowances)
+    ex = s.recovery_exhaustion
+    assert ex is not None
+    s.recovery_allowances[grant.key] = grant.allowance
+    ctx.emit("cast_revive", {"castId": s.cast_id, "exhaustedRecoveryKey": grant.key,
+                             "recoveryContext": {"key": grant.key, "socket": ex.socket, "mode": ex.mode,
+                                                 "itemKey": ex.item_key},
+                             "priorEffectiveMaxAttempts": grant.prior_effective_max_attempts,
+                             "increment": grant.increment,
+                             "newEffectiveMaxAttempts": grant.allowance.effective_max_attempts,
+                             "reviveCount": grant.allowance.revive_count})
+    _resume(ctx, s.failed_reason)
+
+
+_HANDLERS: dict[type, Any] = {
+    TurnEnded: _on_turn_ended,
+    UtilityFinished: _on_utility_finished,
+    CompactionFinished: _on_compaction_finished,
+    DispatchFailed: _on_dispatch_failed,
+    RefinementTurnStarted: _on_refinement_turn,
+    ContinueRequested: _on_continue,
+    AbortRequested: _on_abort,
+    RecastRequested: _on_recast,
+    ReviveRequested: _on_revive,
+}
+
+__all__ = ["step", "Transition", "CastRejected", "CastState", "short_label"]

@@ -1,0 +1,181 @@
+"""Prompt assembly (spec §5.4, §4.3): template rendering, socket prompts, the synthetic cast
+context, the system-prompt suffix, context artifacts and transcript isolation.
+
+Socket prompt = sections joined by blank lines:
+
+1. ``<materia-instructions>`` rendered materia prompt ``</materia-instructions>``
+2. adapter context — text socket: current work item + guidance; JSON generator socket (not refining): generator block
+3. multi-turn: refinement guidance (refinement turns); finalization = synthetic context + adapter + "Command-triggered finalization" + final format
+4. single-turn JSON socket: "Return only JSON" final instruction + handoff contract
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from castor.domain.materia import handoff
+from castor.domain.materia.config import ResolvedSocket
+from castor.domain.materia.expressions import MISSING, walk
+from castor.domain.materia.state import CastState
+
+OPEN_TAG = "<materia-instructions>"
+CLOSE_TAG = "</materia-instructions>"
+_TEMPLATE = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+
+
+def _render_value(value: Any) -> str:
+    if value is MISSING or value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def template_value(key: str, state: CastState) -> Any:
+    data = state.data
+    if key == "request":
+        return state.request
+    if key == "stateJson":
+        return json.dumps(data, indent=2, ensure_ascii=False)
+    if key == "itemJson":
+        return json.dumps(data.get("item"), indent=2, ensure_ascii=False)
+    if key == "lastOutput":
+        return state.last_output or ""
+    if key == "lastJson":
+        return state.last_json if state.last_json is not None else MISSING
+    for root, base in (("state.", data), ("cursor.", state.cursors), ("item.", data.get("item", MISSING)),
+                       ("lastJson.", state.last_json if state.last_json is not None else MISSING)):
+        if key.startswith(root):
+            return MISSING if base is MISSING else walk(base, key[len(root):])
+    return walk(data, key)
+
+
+def render_template(template: str, state: CastState) -> str:
+    """``{{ key }}`` substitution; missing/null → "", strings raw, other values as 2-space JSON."""
+    return _TEMPLATE.sub(lambda m: _render_value(template_value(m.group(1), state)), template)
+
+
+def _is_generator_json(rs: ResolvedSocket) -> bool:
+    return rs.socket.is_json and rs.is_generator
+
+
+def adapter_context(rs: ResolvedSocket, state: CastState, *, refining: bool) -> str | None:
+    if not rs.socket.is_json:
+        data = state.data
+        item = next((data[k] for k in ("item", "currentWorkItem", "workItem") if k in data), None)
+        return handoff.text_adapter_context(item, data.get("guidance"))
+    if _is_generator_json(rs) and not refining:
+        return handoff.generator_adapter_context(state.data.get("workItems"))
+    return None
+
+
+def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
+    refining = mode == "refinement"
+    lines = ["Materia isolated context.",
+             "Use only this context and the instructions of the current socket; earlier conversation is hidden."]
+    if refining:
+        lines.append(handoff.REFINEMENT_GUIDANCE)
+    elif rs.socket.is_json:
+        lines += ["Canonical handoff contract context:", handoff.contract_text()]
+    m = rs.materia
+    lines += [
+        f"Cast id: {state.cast_id}",
+        f"Original request: {state.request}",
+        f"Current socket: {rs.id}",
+        f"Current materia: {rs.materia_name or '-'}",
+        f"Current item: {state.current_item_label or state.current_item_key or '-'}",
+        f"Mode: {mode}",
+        f"Effective model: {(m.model or '').strip() or 'active model'}" if m else "Effective model: -",
+        f"Effective thinking: {m.thinking or 'active thinking'}" if m else "Effective thinking: -",
+        f"Artifact directory: {state.run_dir}",
+        "Generic cast data:",
+        json.dumps(state.data, indent=2, ensure_ascii=False),
+        "Previous output:",
+        state.last_assistant_text if state.last_assistant_text is not None else (state.last_output or ""),
+    ]
+    return "\n".join(lines)
+
+
+def _instructions(rs: ResolvedSocket, state: CastState) -> str:
+    prompt = rs.materia.prompt if rs.materia else ""
+    return f"{OPEN_TAG}\n{render_template(prompt, state)}\n{CLOSE_TAG}"
+
+
+def _tail_sections(rs: ResolvedSocket, state: CastState, mode: str) -> list[str]:
+    sections: list[str] = []
+    if mode == "finalization":
+        sections.append(synthetic_context(rs, state, mode=mode))
+    ctx = adapter_context(rs, state, refining=mode == "refinement")
+    if ctx:
+        sections.append(ctx)
+    if mode == "refinement":
+        sections.append(handoff.REFINEMENT_GUIDANCE)
+    elif mode == "finalization":
+        sections.append(handoff.FINALIZATION_NOTE)
+        sections.append(handoff.json_final_instruction() if rs.socket.is_json else handoff.TEXT_FINAL_INSTRUCTION)
+    elif rs.socket.is_json:
+        sections.append(handoff.json_final_instruction())
+    return sections
+
+
+def socket_prompt(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
+    """The hidden prompt of an agent turn in ``mode`` (normal | refinement | finalization)."""
+    return "\n\n".join([_instructions(rs, state), *_tail_sections(rs, state, mode)])
+
+
+def refinement_turn_prompt(rs: ResolvedSocket, state: CastState) -> str:
+    """The prompt stored for a user-driven refinement turn (instructions + synthetic context + guidance)."""
+    return "\n\n".join([_instructions(rs, state), synthetic_context(rs, state, mode="refinement"),
+                        handoff.REFINEMENT_GUIDANCE])
+
+
+def system_prompt_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
+    """Appended to the host's system prompt while the turn runs (``before_agent_start``)."""
+    rendered = render_template(rs.materia.prompt if rs.materia else "", state)
+    body = "\n\n".join([rendered, *_tail_sections(rs, state, mode)])
+    return f"Materia active materia ({rs.id}):\n{body}"
+
+
+def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:
+    m = rs.materia
+    lines = [
+        "# Materia Isolated Context", "",
+        f"- cast: {state.cast_id}",
+        f"- socket: {rs.id}",
+        f"- materia: {rs.materia_name or '-'}",
+        f"- item: {state.current_item_label or state.current_item_key or '-'}",
+        f"- visit: {state.visit}",
+        f"- model: {(m.model or '').strip() if m and m.model else 'active model'}",
+        f"- model source: {'configured' if m and (m.model or '').strip() else 'active'}",
+        f"- thinking: {m.thinking if m and m.thinking else 'active thinking'}",
+        f"- thinking source: {'configured' if m and m.thinking else 'active'}",
+        f"- active tools: {m.tools if m else 'none'}",
+        f"- timestamp: {at_iso}",
+        "", "## Synthetic cast context", "", synthetic_context(rs, state, mode=mode),
+        "", "## Hidden materia prompt", "", prompt, "",
+    ]
+    return "\n".join(lines)
+
+
+def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict[str, Any]]:
+    """Replace everything before the newest non-assistant message holding the materia tags with one
+    synthetic user message (§5.4 "Isolated context"). Unchanged if no such message exists."""
+
+    def text_of(message: dict[str, Any]) -> str:
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return ""
+
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") in ("assistant", "tool", "toolResult"):
+            continue
+        text = text_of(message)
+        if OPEN_TAG in text and CLOSE_TAG in text:
+            return [{"role": "user", "content": synthetic}, *messages[index:]]
+    return list(messages)

@@ -1,0 +1,181 @@
+"""The persisted cast state (castor's version of spec §5.13).
+
+:class:`CastState` is JSON-serialisable and versioned (``version``). ``CastState.from_json(s.to_json())``
+equals ``s`` exactly; the actor persists it on every transition. Field names are snake_case
+(castor's own format); the artifact documents (events, manifest, usage) keep pi-materia's names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from castor.domain.materia.budget import UsageReport
+from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
+from castor.domain.materia.failures import RecoveryAllowance
+from castor.domain.materia.revive import RecoveryExhaustion
+from castor.messages.errors import InvalidMessage
+
+CAST_STATE_VERSION = 1
+
+SocketState = Literal["awaiting_agent_response", "awaiting_user_refinement", "running_utility", "idle",
+                      "complete", "failed"]
+TurnMode = Literal["normal", "refinement", "finalization"]
+
+
+class Pending(BaseModel):
+    """The one piece of outside work the cast waits for. Outcomes must quote ``visit_id``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["agent_turn", "utility", "compaction"]
+    visit_id: str
+    socket_id: str
+    visit: int
+    mode: TurnMode = "normal"
+    # compaction only: what to do after it and why
+    recovery_key: str | None = None
+    failure_class: str | None = None
+    original_error: str | None = None
+    entry_id: str | None = None
+    # utility only
+    command: list[str] | None = None
+    timeout_ms: float | None = None
+
+
+class CastState(BaseModel):
+    version: int = CAST_STATE_VERSION
+    cast_id: str
+    request: str
+    cwd: str = ""
+    run_dir: str = ""
+    artifact_root: str = ""
+    config_source: str = ""
+    config_hash: str = ""
+    config: ResolvedConfig
+
+    active: bool = True
+    phase: str = ""
+    current_socket_id: str = ""
+    current_materia: str | None = None
+    current_item_key: str | None = None
+    current_item_label: str | None = None
+    awaiting_response: bool = False
+    socket_state: SocketState = "idle"
+    pending: Pending | None = None
+    dispatch_seq: int = 0
+
+    last_entry_id: str | None = None
+    last_assistant_text: str | None = None
+    active_turn_prompt: str | None = None
+    active_turn_mode: TurnMode = "normal"
+    active_turn_socket_id: str | None = None
+    active_turn_visit: int = 0
+    multi_turn_finalizing: bool = False
+    failed_reason: str | None = None
+    aborted: bool = False
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    ended_at: float | None = None
+
+    data: dict[str, Any] = Field(default_factory=dict)
+    cursors: dict[str, int] = Field(default_factory=dict)
+    visits: dict[str, int] = Field(default_factory=dict)
+    multi_turn_refinements: dict[str, int] = Field(default_factory=dict)
+    recovery_attempts: dict[str, int] = Field(default_factory=dict)
+    recovery_allowances: dict[str, RecoveryAllowance] = Field(default_factory=dict)
+    recovery_exhaustion: RecoveryExhaustion | None = None
+    task_attempts: dict[str, int] = Field(default_factory=dict)
+    edge_traversals: dict[str, int] = Field(default_factory=dict)
+    last_output: str | None = None
+    last_json: dict[str, Any] | None = None
+
+    attempt: int = 0
+    last_message: str = ""
+    usage: UsageReport = Field(default_factory=UsageReport)
+    budget_warned: bool = False
+
+    # ------------------------------------------------------------------ helpers
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CastState:
+        """Rebuild a persisted state. Raises InvalidMessage on bad JSON or an unknown version."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise InvalidMessage(f"cast state is not JSON: {exc}") from None
+        if not isinstance(raw, dict) or raw.get("version") != CAST_STATE_VERSION:
+            raise InvalidMessage(f"unsupported cast state version {raw.get('version') if isinstance(raw, dict) else None!r}"
+                                 f" (expected {CAST_STATE_VERSION})", data={"reason": "version"})
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidMessage(f"invalid cast state: {exc.error_count()} problem(s)",
+                                 data={"errors": json.loads(exc.json())}) from None
+
+    @property
+    def socket(self) -> ResolvedSocket:
+        return self.config.pipeline.sockets[self.current_socket_id]
+
+    @property
+    def visit(self) -> int:
+        return self.visits.get(self.current_socket_id, 0)
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "failed" or self.socket_state == "failed"
+
+    @property
+    def complete(self) -> bool:
+        return self.phase == "complete"
+
+    @property
+    def paused(self) -> bool:
+        return (self.active and not self.awaiting_response and self.socket_state == "awaiting_user_refinement"
+                and self.current_socket_id in self.config.pipeline.sockets and self.socket.multi_turn)
+
+    @property
+    def resumable(self) -> bool:
+        return not self.active and not self.complete and self.failed
+
+    def item_fields(self) -> dict[str, Any]:
+        return {"itemKey": self.current_item_key, "itemLabel": self.current_item_label,
+                "itemLabelShort": short_label(self.current_item_label)}
+
+    def refinement_turn(self) -> int:
+        return self.multi_turn_refinements.get(refinement_counter_key(self.current_socket_id,
+                                                                      self.current_item_key, self.visit), 0)
+
+
+def short_label(label: str | None) -> str | None:
+    if label is None:
+        return None
+    collapsed = re.sub(r"\s+", " ", label).strip()
+    return collapsed if len(collapsed) <= 80 else collapsed[:80] + "…"
+
+
+def refinement_counter_key(socket_id: str, item_key: str | None, visit: int) -> str:
+    return json.dumps([socket_id, item_key if item_key is not None else "__singleton__", visit], separators=(",", ":"))
+
+
+def task_attempt_key(socket_id: str, item_key: str | None) -> str:
+    return json.dumps([socket_id, item_key if item_key is not None else "__singleton__"], separators=(",", ":"))
+
+
+def seg(value: Any) -> str:
+    """An artifact path segment (§8.1); leading dots are also trimmed so it never means '..'."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", str(value)).strip("-").lstrip(".")
+    return text or "task"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Java-style 31-multiplier string hash of the compact config JSON, as unsigned hex."""
+    h = 0
+    for ch in json.dumps(config, separators=(",", ":"), ensure_ascii=False):
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return format(h, "x")
