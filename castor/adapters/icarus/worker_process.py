@@ -54,6 +54,7 @@ from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, Wo
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=str)
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
 _READ_CHUNK = 1 << 16
 
@@ -167,6 +168,12 @@ class WorkerProcess:
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
         os.set_blocking(self._proc.stdin.fileno(), False)
+        out_fd = self._proc.stdout.fileno()
+        self._stale_poller = select.poll()
+        self._stale_poller.register(out_fd, select.POLLIN)
+        self._reply_poller = select.poll()
+        self._reply_poller.register(out_fd, select.POLLIN)
+        self._reply_poller.register(self._wake_r, select.POLLIN)
         self._stderr_thread = threading.Thread(target=self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
                                                daemon=True)
         self._stderr_thread.start()
@@ -258,9 +265,8 @@ class WorkerProcess:
             self._check_usable(may_have_started=False)
             self.start()
             target = f"{module}.{function}"
-            line = json.dumps({"id": request_id, "module": module, "function": function,
-                               "args": list(args or []), "kwargs": dict(kwargs or {})},
-                              ensure_ascii=False, allow_nan=False, default=str)
+            line = _ENCODER.encode({"id": request_id, "module": module, "function": function,
+                                    "args": list(args or ()), "kwargs": dict(kwargs or {})})
             self._drain_stale()
             self._calls += 1
             self._write(line.encode("utf-8") + b"\n", deadline, target)
@@ -314,9 +320,7 @@ class WorkerProcess:
 
     def _await_reply(self, request_id: int, deadline: float | None, target: str) -> dict[str, Any]:
         out_fd = self._proc.stdout.fileno()
-        poller = select.poll()
-        poller.register(out_fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
+        poller = self._reply_poller
         while True:
             reply = self._take_reply(request_id, target)
             if reply is not None:
@@ -359,9 +363,7 @@ class WorkerProcess:
     def _drain_stale(self) -> None:
         """Consume whatever arrived between calls: stale replies and garbage are counted."""
         out_fd = self._proc.stdout.fileno()
-        poller = select.poll()
-        poller.register(out_fd, select.POLLIN)
-        while poller.poll(0):
+        while self._stale_poller.poll(0):
             chunk = os.read(out_fd, _READ_CHUNK)
             if not chunk:
                 raise self._crash("(between calls)", may_have_started=False)
