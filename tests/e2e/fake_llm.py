@@ -34,6 +34,7 @@ class Scripted:
     tool_call: tuple[str, dict[str, Any]] | None = None
     when: str | None = None
     status: int = 200
+    delay: float = 0.0
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -71,9 +72,10 @@ class FakeLLM:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
-    def reply_text(self, text: str, *, when: str | None = None) -> None:
+    def reply_text(self, text: str, *, when: str | None = None, delay: float = 0.0) -> None:
+        """Queue a text reply; ``delay`` seconds pass before the response starts."""
         with self._lock:
-            self.script.append(Scripted(text=text, when=when))
+            self.script.append(Scripted(text=text, when=when, delay=delay))
 
     def reply_tool_call(self, name: str, arguments: dict[str, Any], *, when: str | None = None) -> None:
         with self._lock:
@@ -120,6 +122,8 @@ class FakeLLM:
                     self._plain(404, b"not found")
                     return
                 item = fake.take(body)
+                if item.delay:
+                    time.sleep(item.delay)  # a slow model, so a test can act mid-turn
                 if item.status != 200:
                     self._plain(item.status, b'{"error":{"message":"fake upstream failure"}}')
                     return

@@ -43,7 +43,7 @@ class PiInstall:
         return None
 
 
-def write_agent_dir(agent_dir: Path, base_url: str) -> None:
+def write_agent_dir(agent_dir: Path, base_url: str, extra_settings: dict[str, Any] | None = None) -> None:
     agent_dir.mkdir(parents=True, exist_ok=True)
     models = {"providers": {"fake": {
         "baseUrl": base_url, "api": "openai-completions", "apiKey": "fake-key",
@@ -51,7 +51,8 @@ def write_agent_dir(agent_dir: Path, base_url: str) -> None:
         "models": [{"id": "fake-model", "name": "Fake Model", "contextWindow": 32000, "maxTokens": 1024}],
     }}}
     settings = {"defaultProvider": "fake", "defaultModel": "fake-model", "enableInstallTelemetry": False,
-                "quietStartup": True, "retry": {"enabled": False, "provider": {"maxRetries": 0}}}
+                "quietStartup": True, "retry": {"enabled": False, "provider": {"maxRetries": 0}},
+                **(extra_settings or {})}
     (agent_dir / "models.json").write_text(json.dumps(models))
     (agent_dir / "settings.json").write_text(json.dumps(settings))
 
