@@ -129,3 +129,29 @@ def test_vcs_detect_git_marker_and_none(tmp_path, monkeypatch):
     result = vcs_detect(plain)
     if not result["available"]["jj"]:
         assert result == {"kind": "none", "root": None, "available": result["available"]}
+
+
+def test_run_utility_socket_writes_command_artifacts_and_failure(tmp_path, pool):
+    from castor.adapters.materia.artifacts import CastArtifacts
+    from castor.adapters.materia.utilities import run_utility_socket
+
+    cast = CastArtifacts(tmp_path / "art", "c1").create()
+    code = "import sys; sys.stdout.write('o' * (1048576 + 100)); sys.stderr.write('exact err'); sys.exit(7)"
+    run = run_utility_socket(
+        cast, UtilitySpec(command=[sys.executable, "-c", code]), socket_id="Socket-1", visit=2,
+        input_obj={"castId": "c1"}, cwd=tmp_path, pool=pool, item_key="WI-1",
+    )
+    assert run.source == "command" and len(run.output) == 1048576
+    assert "exited with code 7" in run.failure and "exact err" in run.failure
+    assert str(run.artifacts.stdout) in run.failure
+    assert run.artifacts.stderr.read_text() == "exact err"
+    assert run.artifacts.stderr_rel == "sockets/Socket-1/2-WI-1.command.stderr.txt"
+    meta = json.loads(run.artifacts.meta.read_text())
+    assert (meta["stdoutTruncated"], meta["stderrTruncated"]) == (True, False)
+    assert run.command_event["code"] == 7 and run.command_event["timedOut"] is False
+    ok = run_utility_socket(
+        cast, UtilitySpec(utility="echo", params={"text": "HELLO WORLD"}), socket_id="Socket-2", visit=1,
+        input_obj={}, cwd=tmp_path, pool=pool,
+    )
+    assert (ok.output, ok.failure, ok.artifacts) == ("HELLO WORLD", None, None)
+    assert not (cast.run_dir / "sockets" / "Socket-2").exists()

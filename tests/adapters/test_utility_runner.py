@@ -145,10 +145,13 @@ print("parent done", flush=True)
 @pytest.mark.timeout(30)
 def test_orphaned_grandchild_holding_the_pipe_is_killed_at_the_deadline(tmp_path):
     pidfile = tmp_path / "pid"
-    result = run_command(py(_ORPHAN, str(pidfile), cwd=tmp_path, timeout_ms=1500, grace_ms=200))
+    handle = spawn(py(_ORPHAN, str(pidfile), cwd=tmp_path, timeout_ms=1500, grace_ms=200))
+    assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    grandchild = int(pidfile.read_text())
+    result = handle.wait()
     assert result.timed_out and result.exit_code == 0  # the root itself exited cleanly
     assert result.stdout == "parent done\n"
-    assert gone(int(pidfile.read_text()))
+    assert gone(grandchild)
 
 
 @pytest.mark.timeout(30)

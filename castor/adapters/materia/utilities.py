@@ -40,9 +40,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import atomic_write_text
+from castor.adapters.materia.artifacts import CastArtifacts, CommandArtifacts
 from castor.adapters.materia.utility_runner import (
     RunningUtility,
     UtilityCommand,
+    command_failure_message,
     UtilityPool,
     UtilityResult,
     UtilitySpawnError,
@@ -54,9 +56,11 @@ __all__ = [
     "BUILTIN_ALIASES",
     "UtilityError",
     "UtilityOutput",
+    "UtilitySocketRun",
     "UtilitySpec",
     "ensure_ignored",
     "produce_utility_output",
+    "run_utility_socket",
     "run_builtin",
     "vcs_detect",
 ]
@@ -247,4 +251,68 @@ def produce_utility_output(
     raise UtilityError(
         f'Unknown utility alias "{spec.utility}" for socket "{socket_id}".',
         data={"reason": "unknown_alias", "alias": spec.utility, "socket": socket_id},
+    )
+
+
+class UtilitySocketRun(BaseModel):
+    """A utility socket's output plus, for commands, the written artifacts and event data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: Literal["command", "params.output", "builtin"]
+    output: str
+    failure: str | None = None  # spec wording; None = success
+    command: UtilityResult | None = None
+    artifacts: CommandArtifacts | None = None
+    command_event: dict[str, Any] | None = None  # ``data`` of the ``utility_command`` event
+
+
+def run_utility_socket(
+    artifacts: CastArtifacts,
+    spec: UtilitySpec,
+    *,
+    socket_id: str,
+    visit: int,
+    input_obj: dict[str, Any],
+    cwd: str | os.PathLike[str],
+    pool: UtilityPool,
+    item_key: str | None = None,
+    on_start: Callable[[RunningUtility], None] | None = None,
+    queue_timeout_s: float | None = None,
+) -> UtilitySocketRun:
+    """Produce a utility socket's output; for a command, write its three artifacts (spec §7.3 step 4).
+
+    The caller still records the input artifact before, and appends the
+    manifest entries and the ``utility_command`` event (``command_event``)
+    after. A spawn failure raises ``UtilitySpawnError`` and writes nothing.
+    """
+    produced = produce_utility_output(
+        spec, socket_id=socket_id, input_obj=input_obj, cwd=cwd, pool=pool, on_start=on_start,
+        queue_timeout_s=queue_timeout_s,
+    )
+    result = produced.command
+    if result is None:
+        return UtilitySocketRun(source=produced.source, output=produced.output)
+    written = artifacts.write_command_result(
+        socket_id, visit, stdout=result.stdout, stderr=result.stderr, stdout_truncated=result.stdout_truncated,
+        stderr_truncated=result.stderr_truncated, max_bytes=result.max_bytes, item_key=item_key,
+    )
+    event = {
+        "socket": socket_id,
+        "command": list(result.argv),
+        "code": result.exit_code,
+        "signal": result.signal_name,
+        "timedOut": result.timed_out,
+        "timeoutMs": result.timeout_ms,
+        "stdoutArtifact": str(written.stdout),
+        "stderrArtifact": str(written.stderr),
+        "stdoutTruncated": result.stdout_truncated,
+        "stderrTruncated": result.stderr_truncated,
+    }
+    failure = command_failure_message(
+        result, socket_id=socket_id, stdout_artifact=str(written.stdout), stderr_artifact=str(written.stderr)
+    )
+    return UtilitySocketRun(
+        source="command", output=result.stdout, failure=failure, command=result, artifacts=written,
+        command_event=event,
     )
