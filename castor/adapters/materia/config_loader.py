@@ -1,0 +1,197 @@
+"""Finding, reading and merging the four materia config layers (spec §2.1), from disk.
+
+| scope | where | when |
+|---|---|---|
+| default | castor's bundled config (:mod:`castor.domain.materia.defaults`) | always |
+| user | ``$PI_MATERIA_PROFILE_DIR/materia.json`` (trimmed), else ``~/.config/pi/pi-materia/materia.json`` | if the file exists |
+| project | ``<cwd>/.pi/pi-materia.json`` | if the file exists |
+| explicit | ``--config PATH``, else ``$MATERIA_CONFIG`` (trimmed; blank = unset); relative to cwd | missing file is an error |
+
+Guarantees: every problem is reported as a :class:`ConfigIssue` with a stable code and the file
+it came from — unreadable files, malformed JSON (with line and column) and non-object files
+included; nothing here lets a traceback escape for bad input. :func:`load_resolved` raises
+:class:`ConfigError` holding **every** issue. Reading never executes anything from the project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
+from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
+from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
+
+PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
+PROFILE_FILE = "materia.json"
+
+
+def profile_dir(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
+    env = os.environ if env is None else env
+    configured = (env.get("PI_MATERIA_PROFILE_DIR") or "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    return (home or Path.home()) / ".config" / "pi" / "pi-materia"
+
+
+def explicit_path(cwd: Path, flag: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Path | None:
+    """``--config`` wins over ``MATERIA_CONFIG``; they are never both layered."""
+    env = os.environ if env is None else env
+    chosen = str(flag).strip() if flag is not None and str(flag).strip() else (env.get("MATERIA_CONFIG") or "").strip()
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser()
+    return path if path.is_absolute() else Path(cwd) / path
+
+
+def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
+    """Read one layer file. Returns ``(dict, [])`` or ``(None, [issue])``."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [ConfigIssue(code="read-error", message=f"cannot read config file {source}: {exc}", source=source)]
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, [ConfigIssue(code="invalid-json", source=source,
+                                  message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}")]
+    except RecursionError:
+        return None, [ConfigIssue(code="invalid-json", source=source, message=f"JSON in {source} is nested too deeply")]
+    if not isinstance(data, dict):
+        return None, [ConfigIssue(code="not-an-object", source=source,
+                                  message=f"config file {source} must contain a JSON object, not {type(data).__name__}")]
+    return data, []
+
+
+def gather_layers(
+    cwd: str | os.PathLike[str],
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> tuple[list[tuple[str, dict[str, Any]]], list[LayerInfo], list[ConfigIssue]]:
+    """The layers that exist, lowest first, with their LayerInfo and any read issues."""
+    cwd = Path(cwd)
+    layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_LABEL, default_config())]
+    infos = [LayerInfo(scope="default", path=DEFAULT_LABEL, loaded=True)]
+    issues: list[ConfigIssue] = []
+    candidates: list[tuple[str, Path, bool]] = [
+        ("user", profile_dir(env, home) / PROFILE_FILE, False),
+        ("project", cwd / PROJECT_CONFIG, False),
+    ]
+    explicit = explicit_path(cwd, config_path, env)
+    if explicit is not None:
+        candidates.append(("explicit", explicit, True))
+    for scope, path, required in candidates:
+        if not required and not path.exists():
+            infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
+            continue
+        data, read_issues = read_layer(path)
+        issues.extend(read_issues)
+        infos.append(LayerInfo(scope=scope, path=str(path), loaded=data is not None))
+        if data is not None:
+            layers.append((str(path), data))
+    return layers, infos, issues
+
+
+def load(
+    cwd: str | os.PathLike[str],
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> LoadedConfig:
+    """Read, merge and validate all layers. Raises ConfigError with every issue."""
+    layers, infos, issues = gather_layers(cwd, config_path=config_path, env=env, home=home)
+    loaded = load_config(layers, layer_info=[i for i in infos if i.loaded])
+    all_issues = issues + loaded.issues
+    if all_issues:
+        raise ConfigError(all_issues)
+    return loaded
+
+
+def load_resolved(
+    cwd: str | os.PathLike[str],
+    *,
+    loadout: str | None = None,
+    config_path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> ResolvedConfig:
+    """The resolved loadout (default: ``activeLoadout``) a cast or ``castor grid`` runs on."""
+    return resolve_config(load(cwd, config_path=config_path, env=env, home=home), loadout)
+
+
+def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
+    """Issues of one config file layered over the bundled default (``castor validate``).
+
+    Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
+    socket ``multiTurn``...) are reported. Empty list = valid.
+    """
+    path = Path(path)
+    data, issues = read_layer(path)
+    if data is None:
+        return issues
+    loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
+    if loaded.issues:
+        return loaded.issues
+    try:
+        resolve_config(loaded)
+    except ConfigError as exc:
+        return [i if i.source else i.model_copy(update={"source": str(path)}) for i in exc.issues]
+    return []
+
+
+def save_active_loadout(
+    cwd: str | os.PathLike[str],
+    name: str,
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> Path:
+    """Persist ``activeLoadout`` only (spec §2.4), to the explicit config if one is configured, else
+    ``<cwd>/.pi/pi-materia.json``. The name must exist in the merged config (ConfigError
+    ``unknown-loadout`` otherwise, and nothing is written). Other keys are preserved; the write
+    is atomic (temp file + fsync + rename)."""
+    loaded = load(cwd, config_path=config_path, env=env, home=home)
+    loadouts = loaded.merged.get("loadouts") or {}
+    if name not in loadouts:
+        raise ConfigError([ConfigIssue(code="unknown-loadout", path="/activeLoadout",
+                                       message=f"Unknown Materia loadout \"{name}\". Available loadouts: "
+                                               f"{', '.join(loadouts)}")])
+    target = explicit_path(Path(cwd), config_path, env) or Path(cwd) / PROJECT_CONFIG
+    current: dict[str, Any] = {}
+    if target.exists():
+        data, issues = read_layer(target)
+        if data is None:
+            raise ConfigError(issues)
+        current = data
+    current["activeLoadout"] = name
+    _atomic_write_json(target, current)
+    return target
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
