@@ -272,3 +272,12 @@ def test_pool_queue_wait_deadline(tmp_path):
     go.touch()
     holder.join(15)
     assert pool.stats().running == 0
+
+
+def test_pool_releases_the_slot_when_spawn_fails(tmp_path):
+    pool = UtilityPool(1, max_queue=0)
+    for _ in range(3):
+        with pytest.raises(UtilitySpawnError):
+            pool.run(UtilityCommand(argv=[str(tmp_path / "missing-binary")], cwd=tmp_path))
+    assert pool.stats().running == 0
+    assert pool.run(py("print('ok')", cwd=tmp_path)).stdout == "ok\n"
