@@ -3,14 +3,17 @@
 Both peers use this class: the server for each accepted client, the
 :mod:`castor.client` for its side. Guarantees:
 
-* **Reading never waits for a handler.** Per connection a small pool of
-  threads (at most ``max_workers``) shares the work in a leader/follower
-  scheme: one thread at a time holds the *reader* role; when it decodes a
-  request it hands the role to an idle (or newly started, never more than
-  ``max_workers``) thread and runs the handler itself, so a fast call costs
-  no thread hop. When every thread is busy, the reader keeps reading and
-  queues the request for the next free thread. Responses to our own calls
-  are resolved by the reader directly.
+* **Reading never waits long for a handler, and fast calls cost no thread
+  hop.** Exactly one thread at a time holds the *reader role* (leader/
+  follower). A worker that decodes a request runs the handler itself, on
+  the spot; an idle worker (the *watcher*, at most ``max_workers`` threads)
+  takes the reader role over if that handler runs longer than
+  ``inline_grace`` (default 1 ms), so a slow method delays reading by at
+  most that. When every worker is busy the reader queues requests for the
+  next free worker and keeps reading. A thread waiting for the response to
+  its own outgoing call reads the socket itself when the role is free (it
+  pokes a reader blocked in ``poll`` to hand the role over), so a call's
+  reply wakes the caller directly. Responses are resolved by whoever reads.
 * **Bounded everything.** At most ``max_in_flight`` incoming requests and
   notifications are accepted and unfinished; over it a request gets a
   ``mailbox_full`` error response and a notification is dropped with an
@@ -31,6 +34,8 @@ Both peers use this class: the server for each accepted client, the
 from __future__ import annotations
 
 import itertools
+import os
+import select
 import threading
 import time
 from collections import deque
@@ -77,12 +82,19 @@ class ConnectionSettings(BaseModel):
     default_call_timeout: float = Field(30.0, gt=0)
     drain_timeout: float = Field(2.0, ge=0)
     max_remembered_timeouts: int = Field(1024, ge=0)
+    inline_grace: float = Field(0.001, gt=0, le=1.0)
+
+
+# How long after the last request the watcher keeps polling at ``inline_grace``.
+_ACTIVE_TAIL = 0.05
+# Longest a waiting caller sleeps before re-checking the reader role (a safety net).
+_CALLER_RECHECK = 0.05
 
 
 class PendingCall:
     """An outgoing request waiting for its response; ``result()`` honours the deadline."""
 
-    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_error", "_result")
+    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_done", "_error", "_result")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
@@ -92,25 +104,28 @@ class PendingCall:
         # A pre-acquired lock is the cheapest one-shot gate CPython has.
         self._gate = threading.Lock()
         self._gate.acquire()
+        self._done = False
         self._error: CastorError | None = None
         self._result: Any = None
 
     def _resolve(self, error: CastorError | None, result: Any) -> None:
         self._error, self._result = error, result
+        self._done = True
         self._gate.release()
 
     def done(self) -> bool:
-        return not self._gate.locked()
+        return self._done
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        remaining = self.deadline - time.monotonic()
-        if not self._gate.acquire(timeout=max(remaining, 0.0)):
+        if not self._done:
+            self._conn._await(self)
+        if not self._done:
             if self._conn._expire(self):
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
             self._gate.acquire()  # the reply won the race with the deadline
-        self._gate.release()  # keep result() idempotent
+            self._gate.release()
         if self._error is not None:
             raise self._error
         return self._result
@@ -137,7 +152,20 @@ class Connection:
         self._cond = threading.Condition(threading.Lock())
         self._threads = 0
         self._idle = 0
-        self._reader_taken = False
+        self._role: int | None = None          # thread ident holding the reader role
+        self._inline_since: float | None = None  # the role holder is running a handler
+        self._active_until = 0.0
+        self._watcher: int | None = None
+        self._watcher_timed = False
+        self._callers_waiting = 0
+        self._polling = False
+        self._poked = False
+        self._grace = self.settings.inline_grace
+        self._wake_r, self._wake_w = os.pipe()
+        self._poller = select.poll()
+        self._poller.register(transport.read_fd, select.POLLIN | select.POLLPRI)
+        self._poller.register(self._wake_r, select.POLLIN)
+        self._fds_released = False
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
@@ -155,7 +183,7 @@ class Connection:
         self.counters = {
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
-            "handler_errors": 0,
+            "handler_errors": 0, "role_steals": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,6 +216,7 @@ class Connection:
             self._closed = True
             self.close_reason = reason
             callbacks, self._close_callbacks = self._close_callbacks, []
+            self._poke(force=True)  # under the lock: the wake fds cannot be released yet
             self._cond.notify_all()
         if flush_timeout > 0:
             self._flush(flush_timeout)
@@ -198,6 +227,9 @@ class Connection:
             self._wlock.notify_all()
         self.transport.close()
         self._fail_pending(reason)
+        with self._cond:
+            self._cond.notify_all()  # callers waiting for the reader role see their failure
+            self._maybe_release_fds()
         self._log.info("connection closed: {} (dropped {} queued frames)", reason, dropped)
         self._closed_event.set()
         for fn in callbacks:
@@ -212,7 +244,7 @@ class Connection:
     def stats(self) -> dict[str, Any]:
         with self._cond:
             workers = {"threads": self._threads, "idle": self._idle, "in_flight": self._in_flight,
-                       "queued": len(self._jobs)}
+                       "queued": len(self._jobs), "handler_running_inline": self._inline_since is not None}
         return {"name": self.name, "peer": getattr(self.transport, "peer", "?"), "closed": self._closed,
                 "close_reason": self.close_reason, "pending_calls": len(self._pending),
                 "outbound_bytes": self._out_bytes, "outbound_frames": len(self._out),
@@ -288,6 +320,9 @@ class Connection:
             pending._resolve(error_from_wire(frame.error), None)
         else:
             pending._resolve(None, frame.result)
+        if self._callers_waiting:
+            with self._cond:
+                self._cond.notify_all()
 
     def _fail_pending(self, reason: str) -> None:
         with self._plock:
@@ -370,69 +405,256 @@ class Connection:
         threading.Thread(target=self._worker, name=f"castor-{self.name}-w{self._threads}",
                          daemon=True).start()
 
+    def _maybe_release_fds(self) -> None:
+        """Close the wake pipe once closed and no thread can poll or poke it (caller holds ``_cond``)."""
+        if self._closed and not self._fds_released and self._threads == 0 and self._role is None:
+            self._fds_released = True
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _poke(self, *, force: bool = False) -> None:
+        """Wake the role holder out of ``poll`` (caller holds ``_cond``)."""
+        if self._fds_released:
+            return
+        if force or (self._polling and not self._poked):
+            self._poked = True
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
     def _worker(self) -> None:
-        """Leader/follower loop: run a queued job, else take the free reader role, else idle."""
+        """Run a queued job, else take the free reader role, else steal it from a slow handler, else idle."""
+        me = threading.get_ident()
+        cond = self._cond
         while True:
-            with self._cond:
+            job = None
+            with cond:
                 while True:
                     if self._closed:
                         self._threads -= 1
+                        if self._watcher == me:
+                            self._watcher = None
+                        if self._role == me:
+                            self._role = None
+                        self._maybe_release_fds()
                         return
                     if self._jobs:
-                        job, read = self._jobs.popleft(), False
+                        job = self._jobs.popleft()
                         break
-                    if not self._reader_taken and not self._eof:
-                        self._reader_taken, job, read = True, None, True
-                        break
-                    self._idle += 1
-                    self._cond.wait()
-                    self._idle -= 1
-            if read:
-                job = self._read_until_job()
+                    if not self._eof:
+                        if self._role is None and not self._callers_waiting:
+                            self._role = me
+                            break
+                        since = self._inline_since
+                        if since is not None and time.monotonic() - since >= self._grace:
+                            # The holder is stuck in a handler: reading continues here.
+                            self._role, self._inline_since = me, None
+                            self.counters["role_steals"] += 1
+                            break
+                    self._idle_wait(me)
+                if self._watcher == me:
+                    self._watcher, self._watcher_timed = None, False
             if job is not None:
                 self._run(job)
+            else:
+                self._read_as_worker(me)
 
-    def _read_until_job(self) -> Request | Notification | None:
-        """Hold the reader role until a job can be run by this thread (role handed off) or EOF."""
+    def _idle_wait(self, me: int) -> None:
+        """Wait on the condition; the one *watcher* polls at ``inline_grace`` while active."""
+        if self._watcher is None:
+            self._watcher = me
+        self._idle += 1
+        try:
+            now = time.monotonic()
+            if self._watcher == me and (self._inline_since is not None or now < self._active_until):
+                self._watcher_timed = True
+                timeout = self._grace
+                if self._inline_since is not None:
+                    timeout = max(self._inline_since + self._grace - now, 0.0001)
+                self._cond.wait(timeout)
+            else:
+                if self._watcher == me:
+                    self._watcher_timed = False
+                self._cond.wait()
+        finally:
+            self._idle -= 1
+
+    def _read_as_worker(self, me: int) -> None:
+        """Hold the reader role: read; run each request here unless no one could take over reading."""
+        cond = self._cond
+        while True:
+            frame = self._read_frame(me, None)
+            if frame is None:
+                return
+            with cond:
+                if self._idle or self._threads < self.settings.max_workers:
+                    now = time.monotonic()
+                    self._inline_since = now
+                    self._active_until = now + _ACTIVE_TAIL
+                    if not self._idle:
+                        self._spawn_locked()  # it becomes the watcher
+                    elif self._watcher is None or not self._watcher_timed:
+                        cond.notify_all()  # idle → active: get a timed watcher
+                    inline = True
+                else:
+                    self._jobs.append(frame)
+                    inline = False
+            if not inline:
+                continue
+            self._run(frame)
+            with cond:
+                if self._role != me:
+                    return  # stolen while the handler ran: back to the pool
+                self._inline_since = None
+                if self._callers_waiting:
+                    self._role = None
+                    cond.notify_all()
+                    return
+
+    def _await(self, call: PendingCall) -> None:
+        """Wait for ``call`` until its deadline, reading the transport ourselves when we can."""
+        me = threading.get_ident()
+        cond = self._cond
+        while not call._done:
+            remaining = call.deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            with cond:
+                if call._done:
+                    return
+                if self._closed or self._eof:
+                    read, held = False, False
+                elif self._role is None or self._role == me:
+                    held = self._role == me  # a handler calling back its own peer
+                    self._role = me
+                    self._inline_since = None
+                    self._active_until = time.monotonic() + _ACTIVE_TAIL
+                    read = True
+                else:
+                    self._callers_waiting += 1
+                    self._poke()
+                    cond.wait(min(remaining, _CALLER_RECHECK))
+                    self._callers_waiting -= 1
+                    continue
+            if not read:
+                if call._gate.acquire(timeout=remaining):
+                    call._gate.release()
+                return
+            self._read_as_caller(call, me, held)
+
+    def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
+        cond = self._cond
+        try:
+            while not call._done:
+                frame = self._read_frame(me, call.deadline)
+                if frame is None:
+                    return
+                with cond:  # a request for us: a worker runs it, this thread keeps waiting
+                    self._jobs.append(frame)
+                    if self._idle:
+                        cond.notify()
+                    elif self._threads < self.settings.max_workers:
+                        self._spawn_locked()
+        finally:
+            with cond:
+                if self._role == me:
+                    if held and not self._closed:
+                        self._inline_since = time.monotonic()  # back inside the handler
+                    else:
+                        self._role = None
+                        if self._callers_waiting or self._watcher is None or not self._watcher_timed:
+                            cond.notify_all()
+                        if not self._idle and self._threads < self.settings.max_workers and not self._closed:
+                            self._spawn_locked()  # someone must read server-initiated frames
+                self._maybe_release_fds()
+
+    def _read_frame(self, me: int, deadline: float | None) -> Request | Notification | None:
+        """As role holder, return the next admitted request/notification.
+
+        ``None`` when the deadline passed (role kept), or the role was given
+        up: EOF, close, undecodable input, or a worker yielding to a caller.
+        """
         decoder = self._decoder
-        while not self._closed:
+        cond = self._cond
+        while True:
+            if self._closed:
+                self._release_role(me)
+                return None
             try:
                 ok, value = decoder.next_value()
-                if not ok:
-                    data = self.transport.recv()
-                    if not data:
-                        self._on_eof()
-                        return None
-                    decoder.feed(data)
-                    continue
             except UndecodableStream as exc:
+                self._release_role(me)
                 self._on_undecodable(exc)
                 return None
+            if not ok:
+                with cond:
+                    if deadline is None and self._callers_waiting:
+                        self._role = None  # a caller reads from here on
+                        cond.notify_all()
+                        return None
+                    self._polling = True
+                timeout_ms = None
+                if deadline is not None:
+                    timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+                try:
+                    events = self._poller.poll(timeout_ms)
+                except InterruptedError:
+                    events = []
+                self._polling = False
+                if any(fd == self._wake_r for fd, _ in events):
+                    try:
+                        os.read(self._wake_r, 64)
+                    except OSError:
+                        pass
+                    self._poked = False
+                    continue
+                if not events:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    continue
+                data = self.transport.read_available()
+                if not data:
+                    self._begin_eof(me, in_worker=deadline is None)
+                    return None
+                try:
+                    decoder.feed(data)
+                except UndecodableStream as exc:
+                    self._release_role(me)
+                    self._on_undecodable(exc)
+                    return None
+                continue
             self.counters["frames_in"] += 1
             try:
                 frame = parse_frame(value)
-            except BadParams as exc:
-                self._reject(exc, exc.msgid)
-                continue
-            except BadFrame as exc:
+            except (BadParams, BadFrame) as exc:
                 self._reject(exc, exc.msgid)
                 continue
             if type(frame) is Response:
                 self._on_response(frame)
                 continue
-            if not self._admit(frame):
-                continue
-            with self._cond:
-                if self._idle or self._threads < self.settings.max_workers:
-                    # Hand the reader role on; this thread runs the handler itself.
-                    self._reader_taken = False
-                    if self._idle:
-                        self._cond.notify()
-                    else:
-                        self._spawn_locked()
-                    return frame
-                self._jobs.append(frame)
-        return None
+            if self._admit(frame):
+                return frame
+
+    def _release_role(self, me: int) -> None:
+        with self._cond:
+            if self._role == me:
+                self._role = None
+                self._cond.notify_all()
+
+    def _begin_eof(self, me: int, *, in_worker: bool) -> None:
+        with self._cond:
+            self._eof = True
+            if self._role == me:
+                self._role = None
+            self._cond.notify_all()
+        if in_worker:
+            self._on_eof()
+        else:  # a caller found EOF: it must not wait for the drain itself
+            threading.Thread(target=self._on_eof, name=f"castor-{self.name}-eof", daemon=True).start()
 
     def _admit(self, frame: Request | Notification) -> bool:
         with self._cond:

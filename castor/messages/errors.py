@@ -110,8 +110,6 @@ class Timeout(CastorError):
     code = ErrorCode.TIMEOUT
 
 
-class WorkerRetired(CastorError):
-    code = ErrorCode.WORKER_RETIRED
 
 
 class WorkerCrashed(CastorError):
@@ -136,6 +134,12 @@ class Retired(CastorError):
     @property
     def reason(self) -> str:
         return str(self.data.get("reason", ""))
+
+
+class WorkerRetired(Retired):
+    """The Icarus worker retired (timeout, cancellation): queued calls are rejected, never run."""
+
+    code = ErrorCode.WORKER_RETIRED
 
 
 class MailboxFull(CastorError):

@@ -106,6 +106,7 @@ class ActorHandle:
         self.retired_reason: str | None = None
         self.last_error: BaseException | None = None
         self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
+        self.closed = threading.Event()  # set once the handle is closed for good
 
     # -- sending -----------------------------------------------------------
     def tell(self, message: Any) -> None:
@@ -242,6 +243,7 @@ class ActorHandle:
     def close(self, reason: str) -> None:
         """Close for good: every queued ask fails ActorStopped(may_have_started=False)."""
         self._reject_all(reason, ActorStopped, revivable=False)
+        self.closed.set()
         with self._lock:
             if self._actor is None and self.state not in ("retired",):
                 self.state = "stopped"

@@ -23,3 +23,24 @@ class SessionPort(Protocol):
     def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
         """Persist ``{custom_type, data}``; return after the acknowledgement."""
         ...
+
+
+@runtime_checkable
+class SessionUiPort(Protocol):
+    """Fire-and-forget session UI of the harness (``message.send``, ``ui.status``, ``ui.notify``).
+
+    Implementations should not block for long; callers swallow their errors
+    (a footer or toast failure never fails the user's run).
+    """
+
+    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
+        """Show or inject a custom message (``message.send``)."""
+        ...
+
+    def set_status(self, key: str, text: str | None) -> None:
+        """Set (or clear with ``None``) the footer status under ``key``."""
+        ...
+
+    def notify(self, message: str, level: str = "info") -> None:
+        """A toast (``info`` or ``warning``)."""
+        ...

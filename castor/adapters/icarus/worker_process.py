@@ -49,7 +49,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
-from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
+from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
+from castor.messages.errors import Conflict, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
@@ -59,16 +60,14 @@ _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is 
 _READ_CHUNK = 1 << 16
 
 
+__all__ = ["IcarusCallError", "StderrTail", "WorkerProcess", "WorkerProtocolError", "WorkerStats",
+           "next_request_id", "reply_result", "worker_factory"]
+
+
 def next_request_id() -> int:
     """Process-wide monotonic request id (never reused, even across workers)."""
     with _ids_lock:
         return next(_ids)
-
-
-class WorkerProtocolError(CastorError):
-    """The worker's stdout carried a line that is not a protocol reply."""
-
-    code = ErrorCode.INTERNAL
 
 
 class WorkerStats(BaseModel):
@@ -141,6 +140,14 @@ class WorkerProcess:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running_pid(self) -> int | None:
+        """The pid while the child runs and is not being killed; else None (never a reaped pid)."""
+        proc = self._proc
+        if proc is None or self._killed or self._crashed or proc.returncode is not None:
+            return None
+        return proc.pid
 
     @property
     def started(self) -> bool:
@@ -434,22 +441,6 @@ class WorkerProcess:
                     pass
 
 
-class IcarusCallError(CastorError):
-    """The backend function raised; the worker is fine. ``data.traceback`` is diagnostic."""
-
-    code = ErrorCode.INTERNAL
-
-
-def reply_result(reply: dict[str, Any], target: str) -> Any:
-    """The ``result`` of an ``ok`` reply, else :class:`IcarusCallError` (spec §1.2)."""
-    if reply.get("ok") is True:
-        return reply.get("result")
-    message = str(reply.get("error") or "") or "Icarus call failed"
-    raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
-                                         "traceback": str(reply.get("traceback") or "")},
-                          may_have_started=True)
-
-
 def _poll_ms(remaining: float | None) -> int:
     if remaining is None:
         return int(_LIVENESS_POLL_S * 1000)
@@ -464,3 +455,8 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
         return None
     return reply
+
+
+def worker_factory(launch: WorkerLaunch, **kwargs: Any):
+    """A ``spawn`` callable for the actor: constructs (does not start) a WorkerProcess."""
+    return lambda: WorkerProcess(launch, **kwargs)

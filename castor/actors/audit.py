@@ -1,0 +1,104 @@
+"""AuditActor: persist the filter decision before filtered text is released.
+
+One per session. Given the original context and a
+:class:`~castor.domain.icarus.classify.FilterResult`, it builds the
+``icarus-context-filter`` entry (:mod:`castor.domain.icarus.audit`), appends
+it through :class:`~castor.actors.ports.session.SessionPort` and only then
+releases text.
+
+Guarantees
+----------
+* Filtered text (``outcome: filtered``) leaves this actor **only after** the
+  session port acknowledged the entry. If the append raises or misses its
+  deadline (``audit_timeout`` seconds, default 2.0), the **original** context
+  is released instead and a warning is attempted through the UI port
+  (failures of the warning itself are swallowed).
+* Fallback, ``no_candidates`` and ``aborted`` entries are best effort: their
+  text is the original or nothing, so a failed append only logs.
+* Nothing it logs or notifies contains context, prompt or provider text.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ConfigDict
+
+from castor.actors.classifier import run_bounded
+from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
+from castor.domain.icarus.classify import FilterResult
+from castor.messages.base import Message
+from castor.supervision import Actor, handles
+
+DEFAULT_AUDIT_TIMEOUT = 2.0
+AUDIT_WARNING = (
+    "Icarus context filter: the decision audit could not be saved, "
+    "so the unfiltered memory context was kept."
+)
+
+
+class _Local(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class AuditAndRelease(_Local, type_name="icarus.audit.release"):
+    original: str
+    result: Any  # FilterResult | None
+    duration_ms: int | None = None
+
+
+class Released(_Local, type_name="icarus.audit.released"):
+    text: str | None  # None: inject nothing
+    persisted: bool  # an audit entry was acknowledged
+    warned: bool  # filtered text was withheld because the audit failed
+
+
+class AuditActor(Actor):
+    def __init__(
+        self,
+        session: SessionPort,
+        ui: SessionUiPort | None = None,
+        *,
+        audit_timeout: float = DEFAULT_AUDIT_TIMEOUT,
+        clock: Any = None,
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self.ui = ui
+        self.audit_timeout = audit_timeout
+        self._now = clock or (lambda: datetime.now(UTC))
+
+    @handles(AuditAndRelease)
+    def audit_and_release(self, msg: AuditAndRelease) -> Released:
+        result: FilterResult | None = msg.result
+        if result is None:
+            text, _ = release(msg.original, None, persisted=False)
+            return Released(text=text, persisted=False, warned=False)
+        entry = build_audit(result, at=self._now(), duration_ms=msg.duration_ms)
+        persisted = self._append(entry.to_data(), required=needs_audit(result))
+        text, warn = release(msg.original, result, persisted=persisted)
+        if warn:
+            self._warn()
+        return Released(text=text, persisted=persisted, warned=warn)
+
+    def _append(self, data: dict[str, Any], *, required: bool) -> bool:
+        try:
+            deadline = time.monotonic() + self.audit_timeout
+            # Bounded even if the port ignores its deadline: a late ack only
+            # means the original text was released with a trail -- harmless.
+            run_bounded(lambda: self.session.append_entry(CUSTOM_TYPE, data, deadline), deadline, None)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure means "not persisted"
+            self.log.bind(required=required, error=type(exc).__name__).warning("filter audit not persisted")
+            return False
+
+    def _warn(self) -> None:
+        if self.ui is None:
+            return
+        try:
+            self.ui.notify(AUDIT_WARNING, "warning")
+        except Exception as exc:  # noqa: BLE001 - a failed toast never fails the turn
+            self.log.bind(error=type(exc).__name__).warning("audit warning could not be shown")

@@ -1,0 +1,186 @@
+"""ClassifierActor: relevance classification of retrieved context under one deadline.
+
+One per session. It runs the pure §4.9 matrix
+(:func:`castor.domain.icarus.classify.classify_context`) against a
+:class:`~castor.actors.ports.classifier.ClassifierPort`.
+
+Guarantees
+----------
+* **One total deadline** (``classifierTimeoutMs``, carried in the message as
+  an absolute ``time.monotonic()`` value so time spent queued counts too)
+  covers model discovery and the completion. Each port call runs on a helper
+  thread; the actor waits for *result, cancellation or deadline*, whichever
+  comes first, so a port that ignores its deadline cannot hold the turn.
+  An abandoned port call finishes in the background and is discarded.
+* **Cancellation**: the message's :class:`CancelToken` (the turn's abort, or an
+  invalidation) wakes the wait at once; the result is ``aborted`` (inject
+  nothing).
+* **Failure keeps the context**: timeout, provider error, malformed answer,
+  missing registry or model all yield the original text with an enumerated
+  reason. This actor holds no reference to the Icarus worker, so a
+  classifier failure can never touch it.
+* Notices (plain fixed text, never context): ``default`` resolving to a remote
+  model is announced once per session; an invalid ``classifier`` value is
+  reported once per session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ConfigDict
+
+from castor.actors.ports.classifier import ClassifierPort, ModelEndpoint
+from castor.domain.icarus.classify import (
+    ClassifierChoice,
+    ClassifierRequest,
+    ClassifierResponse,
+    FilterResult,
+    classify_context,
+)
+from castor.domain.icarus.spans import Grammar, SelectionLimits
+from castor.messages.base import Message
+from castor.messages.errors import Cancelled, Timeout
+from castor.supervision import Actor, handles
+
+REMOTE_NOTICE = (
+    "Icarus context filter: classifier 'default' selected a remote model; "
+    "prompts and retrieved memory are sent to that provider and may incur cost."
+)
+INVALID_NOTICE = (
+    "Icarus context filter: the 'classifier' setting is not default, none or provider/model-id; "
+    "filtering is off for this session."
+)
+
+
+class CancelToken:
+    """A one-shot cancellation flag that can wake waiters on other threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._wakers: list[threading.Event] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            wakers, self._wakers = self._wakers, []
+        for w in wakers:
+            w.set()
+
+    def attach(self, event: threading.Event) -> None:
+        """Set ``event`` on cancellation (at once if already cancelled)."""
+        with self._lock:
+            if not self._cancelled:
+                self._wakers.append(event)
+                return
+        event.set()
+
+
+class _Local(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class Classify(_Local, type_name="icarus.classifier.classify"):
+    context: str
+    prompt: str
+    deadline: float  # absolute time.monotonic()
+    cancel: Any = None  # CancelToken | None
+    current_model: tuple[str, str] | None = None
+
+
+class Classified(_Local, type_name="icarus.classifier.classified"):
+    result: Any  # FilterResult | None (None: classifier "none", pass through)
+    duration_ms: int
+    notices: tuple[str, ...] = ()
+
+
+def run_bounded(fn: Callable[[], Any], deadline: float, cancel: CancelToken | None) -> Any:
+    """Run ``fn`` on a helper thread; return its value or raise by ``deadline``/cancellation.
+
+    Raises :class:`Cancelled` if cancelled first, :class:`Timeout` if the
+    deadline passes first, else whatever ``fn`` raised.
+    """
+    if cancel is not None and cancel.cancelled:
+        raise Cancelled("classification cancelled")
+    if time.monotonic() >= deadline:
+        raise Timeout("classifier deadline passed", may_have_started=False)
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="classifier-call", daemon=True).start()
+    if cancel is not None:
+        cancel.attach(done)
+    done.wait(max(0.0, deadline - time.monotonic()))
+    if cancel is not None and cancel.cancelled:
+        raise Cancelled("classification cancelled")
+    if "value" in box:
+        return box["value"]
+    if "error" in box:
+        raise box["error"]
+    raise Timeout("classifier deadline passed", may_have_started=True)
+
+
+class ClassifierActor(Actor):
+    def __init__(
+        self,
+        port: ClassifierPort,
+        choice: ClassifierChoice,
+        *,
+        limits: SelectionLimits | None = None,
+        retrievable: dict[str, Grammar] | None = None,
+    ) -> None:
+        super().__init__()
+        self.port = port
+        self.choice = choice
+        self.limits = limits
+        self.retrievable = retrievable
+        self._remote_noticed = False
+        self._invalid_noticed = False
+
+    @handles(Classify)
+    def classify(self, msg: Classify) -> Classified:
+        started = time.monotonic()
+        cancel = msg.cancel if isinstance(msg.cancel, CancelToken) else None
+
+        def list_models() -> Sequence[ModelEndpoint] | None:
+            return run_bounded(lambda: self.port.list_models(msg.deadline), msg.deadline, cancel)
+
+        def complete(request: ClassifierRequest) -> ClassifierResponse:
+            return run_bounded(lambda: self.port.complete(request, msg.deadline), msg.deadline, cancel)
+
+        result: FilterResult | None = classify_context(
+            msg.context, msg.prompt, self.choice,
+            list_models=list_models, complete=complete, current_model=msg.current_model,
+            limits=self.limits, retrievable=self.retrievable,
+        )
+        duration = int((time.monotonic() - started) * 1000)
+        if result is not None:
+            self.log.bind(outcome=str(result.outcome), reason=str(result.reason)).debug("context classified")
+        return Classified(result=result, duration_ms=duration, notices=self._notices(result))
+
+    def _notices(self, result: FilterResult | None) -> tuple[str, ...]:
+        if result is None or result.selection is None:
+            return ()
+        if result.selection.selection == "invalid" and not self._invalid_noticed:
+            self._invalid_noticed = True
+            return (INVALID_NOTICE,)
+        if result.selection.discloses_remotely and not self._remote_noticed:
+            self._remote_noticed = True
+            return (REMOTE_NOTICE,)
+        return ()

@@ -1,0 +1,492 @@
+"""HookController: the per-session actor that runs the Icarus hook lifecycle.
+
+It interprets the effects of the pure machine :mod:`castor.domain.icarus.lifecycle`
+(the decision table lives there and in docs/icarus.md "Hook lifecycle"):
+
+=================  ===========================================================================
+effect             interpretation
+=================  ===========================================================================
+CallWorker         queued on the session's *worker lane*: one thread that submits calls to
+                   :class:`~castor.actors.ports.worker.WorkerCalls` one at a time, in order;
+                   the outcome comes back to this actor as ``WorkerDone``
+CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
+                   that follow it in the same step are given only once the worker is closed
+Filter             a filter job thread: ``ClassifierActor`` (one total deadline, honours the
+                   request's :class:`CancelToken`) then ``AuditActor`` (persist before
+                   release); the released text comes back as ``FilterDone``
+CancelFilter       cancels that request's token (wakes the classifier wait at once)
+SendMessage,       the :class:`~castor.actors.ports.session.SessionUiPort`; errors swallowed
+SetStatus
+Reply              resolves the caller's future for that request (exactly once)
+Log                loguru, codes only (never context or error text)
+=================  ===========================================================================
+
+Guarantees
+----------
+* The actor never blocks on the worker, the classifier or the harness: all
+  waiting happens on the lane and job threads, so ``/icarus off``, a new
+  ``session_start`` or a turn abort is handled while a retrieval is in flight
+  (that is what makes the generation rules of §3.6 observable).
+* Worker-lane failure policy (§2): when a call fails with ``timeout``,
+  ``worker_retired``, ``worker_crashed`` or ``cancelled``, every call still
+  queued on the lane is failed *without being sent*, so queued mutations never
+  run later on a fresh worker. Queued ``close`` requests still run.
+* Ambient failure policy (§3.8): every harness event gets ``None`` or its
+  injection, never an error, even when the worker, classifier or audit fail;
+  a classifier-or-audit actor failure releases the original context.
+* On any exit of an incarnation every unanswered caller gets ``None`` and
+  every filter is cancelled. A restarted incarnation starts from the initial
+  state (first turn armed, nothing pending) and ignores late completions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from pydantic import ConfigDict
+
+from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditAndRelease
+from castor.actors.classifier import CancelToken, Classify
+from castor.actors.ports.session import SessionUiPort
+from castor.actors.ports.worker import WorkerCalls
+from castor.domain.icarus import lifecycle as lc
+from castor.messages.base import Message
+from castor.messages.errors import CastorError, InvalidParams
+from castor.supervision import Actor, ActorHandle, handles
+
+#: Error codes after which the worker's queued calls must not be sent (§2).
+LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "cancelled", "actor_retired"})
+#: Extra seconds an internal ask may take beyond its own budget.
+ASK_GRACE = 1.0
+
+
+class _Local(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class HarnessEvent(_Local, type_name="icarus.hooks.event"):
+    """A harness lifecycle event; ``reply`` receives the result (or None)."""
+
+    event: Any  # a lifecycle event with its request id
+    reply: Any  # concurrent.futures.Future
+    current_model: tuple[str, str] | None = None
+
+
+class Feedback(_Local, type_name="icarus.hooks.feedback"):
+    """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
+
+    event: Any
+
+
+class SetHooksEnabled(_Local, type_name="icarus.hooks.set_enabled"):
+    enabled: bool | None = None  # None toggles
+
+
+class SetContextVisible(_Local, type_name="icarus.hooks.set_visible"):
+    visible: bool | None = None  # None toggles
+
+
+class HookStatus(_Local, type_name="icarus.hooks.status"):
+    pass
+
+
+class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
+    enabled: bool
+    visible: bool
+    generation: int
+    session_id: str
+    in_flight: int
+
+
+# ---------------------------------------------------------------------------
+# Harness payload -> lifecycle event
+
+HARNESS_EVENTS = ("session_start", "before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context")
+
+
+def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.Event:
+    """Validate a ``harness.event`` and build the lifecycle event. Raises :class:`InvalidParams`."""
+    if not isinstance(payload, dict):
+        raise InvalidParams("event payload must be a map", data={"reason": "bad_payload"})
+    if name == "session_start":
+        sid = payload.get("session_id", "")
+        return lc.SessionStart(request=request, session_id=sid if isinstance(sid, str) else "")
+    if name == "before_agent_start":
+        return lc.BeforeAgentStart(request=request, prompt=payload.get("prompt"),
+                                   custom=bool(payload.get("custom", False)))
+    if name in ("agent_end", "agent_settled"):
+        messages = payload.get("messages") or ()
+        if not isinstance(messages, (list, tuple)):
+            raise InvalidParams("messages must be a list", data={"reason": "bad_messages"})
+        if name == "agent_end":
+            return lc.AgentEnd(request=request, messages=tuple(messages))
+        return lc.AgentSettled(request=request, aborted=bool(payload.get("aborted", False)),
+                               messages=tuple(messages))
+    if name == "session_shutdown":
+        return lc.SessionShutdown(request=request)
+    if name == "context":
+        return lc.ContextEvent(request=request)
+    raise InvalidParams(f"unknown harness event {name!r}", data={"reason": "unknown_event",
+                                                                  "known": list(HARNESS_EVENTS)})
+
+
+def _current_model(payload: dict[str, Any]) -> tuple[str, str] | None:
+    model = payload.get("model") if isinstance(payload, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("provider"), str) and isinstance(model.get("id"), str):
+        return model["provider"], model["id"]
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The worker lane
+
+
+class _Close:
+    """A queued close; ``finish`` runs its continuation exactly once."""
+
+    def __init__(self, then: Callable[[], None] | None) -> None:
+        self._then = then
+
+    def finish(self) -> None:
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+
+
+class WorkerLane:
+    """Submits worker calls one at a time, in order, on its own daemon thread."""
+
+    def __init__(self, worker: WorkerCalls, timeout: float, feedback: Callable[[lc.WorkerDone], None]) -> None:
+        self._worker = worker
+        self._timeout = timeout
+        self._feedback = feedback
+        self._cond = threading.Condition()
+        # An item is a call (request, function, kwargs) or a close callback.
+        self._queue: deque[Any] = deque()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, request: str, function: str, kwargs: dict[str, Any]) -> None:
+        self._put((request, function, kwargs))
+
+    def submit_close(self, then: Callable[[], None] | None = None) -> None:
+        """Close the worker after every call queued before; then run ``then``."""
+        self._put(_Close(then))
+
+    def stop(self) -> None:
+        """Stop after the current call; calls still queued are failed without being sent."""
+        with self._cond:
+            self._stopped = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for item in dropped:
+            if isinstance(item, _Close):
+                item.finish()
+            else:
+                self._safe_feedback(lc.WorkerDone(request=item[0], ok=False, error_code="actor_stopped"))
+
+    def _put(self, item: Any) -> None:
+        with self._cond:
+            if self._stopped:
+                if isinstance(item, _Close):
+                    item.finish()
+                return
+            self._queue.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="icarus-hook-lane", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                item = self._queue.popleft()
+            if isinstance(item, _Close):
+                self._close()
+                item.finish()
+                continue
+            request, function, kwargs = item
+            done = self._call(request, function, kwargs)
+            if not done.ok and done.error_code in LANE_FATAL_CODES:
+                self._fail_queued()
+            self._safe_feedback(done)
+
+    def _call(self, request: str, function: str, kwargs: dict[str, Any]) -> lc.WorkerDone:
+        try:
+            result = self._worker.call("hooks", function, None, kwargs, self._timeout)
+            return lc.WorkerDone(request=request, ok=True, result=result)
+        except CastorError as exc:
+            return lc.WorkerDone(request=request, ok=False, error_code=str(exc.code))
+        except Exception:  # noqa: BLE001 - ambient: an error is an omitted step
+            return lc.WorkerDone(request=request, ok=False, error_code="internal")
+
+    def _fail_queued(self) -> None:
+        with self._cond:
+            failed = [item for item in self._queue if not isinstance(item, _Close)]
+            kept = [item for item in self._queue if isinstance(item, _Close)]
+            self._queue = deque(kept)
+        for request, _, _ in failed:
+            self._safe_feedback(lc.WorkerDone(request=request, ok=False, error_code="worker_retired"))
+
+    def _close(self) -> None:
+        try:
+            self._worker.close()
+        except Exception:  # noqa: BLE001 - closing must never fail the shutdown
+            pass
+
+    def _safe_feedback(self, done: lc.WorkerDone) -> None:
+        try:
+            self._feedback(done)
+        except CastorError:
+            pass  # the controller is gone; its callers were answered on exit
+
+
+# ---------------------------------------------------------------------------
+# The actor
+
+
+class HookController(Actor):
+    def __init__(
+        self,
+        config: lc.HookConfig,
+        *,
+        worker: WorkerCalls,
+        ui: SessionUiPort,
+        classifier: ActorHandle | None = None,
+        audit: ActorHandle | None = None,
+        worker_timeout: float = 30.0,
+        classifier_timeout: float = 5.0,
+        audit_timeout: float = DEFAULT_AUDIT_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        if config.filtering and (classifier is None or audit is None):
+            raise InvalidParams("filtering needs a classifier and an audit actor", data={"reason": "wiring"})
+        self.config = config
+        self.worker = worker
+        self.ui = ui
+        self.classifier = classifier
+        self.audit = audit
+        self.worker_timeout = worker_timeout
+        self.classifier_timeout = classifier_timeout
+        self.audit_timeout = audit_timeout
+
+    def on_start(self) -> None:
+        self.state = lc.initial_state(self.config)
+        self._futures: dict[str, Future[Any]] = {}
+        self._cancels: dict[str, CancelToken] = {}
+        self._current_model: tuple[str, str] | None = None
+        handle = self.handle
+        self._lane = WorkerLane(self.worker, self.worker_timeout,
+                                lambda done: handle.tell(Feedback(event=done)))
+
+    def on_terminate(self, cause: str) -> None:
+        lane = getattr(self, "_lane", None)
+        if lane is not None:
+            lane.stop()
+        for token in getattr(self, "_cancels", {}).values():
+            token.cancel()
+        futures = getattr(self, "_futures", {})
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_result(None)
+        futures.clear()
+
+    # -- messages ---------------------------------------------------------
+
+    @handles(HarnessEvent)
+    def on_harness_event(self, msg: HarnessEvent) -> None:
+        self._futures[msg.event.request] = msg.reply
+        if msg.current_model is not None:
+            self._current_model = msg.current_model
+        self._apply(msg.event)
+
+    @handles(Feedback)
+    def on_feedback(self, msg: Feedback) -> None:
+        self._apply(msg.event)
+
+    @handles(SetHooksEnabled)
+    def on_set_enabled(self, msg: SetHooksEnabled) -> bool:
+        self._apply(lc.SetEnabled(enabled=msg.enabled))
+        return self.state.enabled
+
+    @handles(SetContextVisible)
+    def on_set_visible(self, msg: SetContextVisible) -> bool:
+        self._apply(lc.SetVisible(visible=msg.visible))
+        return self.state.visible
+
+    @handles(HookStatus)
+    def on_status(self, msg: HookStatus) -> HookStatusReply:
+        s = self.state
+        return HookStatusReply(enabled=s.enabled, visible=s.visible, generation=s.generation,
+                               session_id=s.session_id, in_flight=len(s.inflight))
+
+    # -- effects ------------------------------------------------------------
+
+    def _apply(self, event: lc.Event) -> None:
+        self.state, effects = lc.step(self.state, event)
+        closing: list[Future[Any]] | None = None
+        for effect in effects:
+            if isinstance(effect, lc.CloseWorker):
+                closing = []
+                self._lane.submit_close(lambda futs=closing: _resolve_all(futs))
+            elif closing is not None and isinstance(effect, lc.Reply):
+                # A reply that follows a close is given once the worker is closed.
+                fut = self._futures.pop(effect.request, None)
+                if fut is not None:
+                    closing.append(fut)
+            else:
+                self._interpret(effect)
+
+    def _interpret(self, effect: lc.Effect) -> None:
+        if isinstance(effect, lc.Reply):
+            fut = self._futures.pop(effect.request, None)
+            self._cancels.pop(effect.request, None)
+            if fut is not None and not fut.done():
+                fut.set_result(effect.result)
+        elif isinstance(effect, lc.CallWorker):
+            self._lane.submit(effect.request, effect.function, effect.kwargs)
+        elif isinstance(effect, lc.Filter):
+            self._start_filter(effect)
+        elif isinstance(effect, lc.CancelFilter):
+            token = self._cancels.pop(effect.request, None)
+            if token is not None:
+                token.cancel()
+        elif isinstance(effect, lc.SendMessage):
+            self._ui(lambda: self.ui.send_message(effect.custom_type, effect.content,
+                                                  display=effect.display, trigger_turn=effect.trigger_turn))
+        elif isinstance(effect, lc.SetStatus):
+            self._ui(lambda: self.ui.set_status(effect.key, effect.text))
+        elif isinstance(effect, lc.Log):
+            self.log.bind(function=effect.function, code=effect.code).log(effect.level.upper(), effect.event)
+
+    def _ui(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - UI failures are swallowed (§3.7)
+            self.log.bind(error=type(exc).__name__).debug("session ui call failed")
+
+    def _start_filter(self, effect: lc.Filter) -> None:
+        token = CancelToken()
+        self._cancels[effect.request] = token
+        job = _FilterJob(self, effect, token, self._current_model)
+        threading.Thread(target=job.run, name="icarus-filter", daemon=True).start()
+
+
+def _resolve_all(futures: list[Future[Any]]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+
+
+class _FilterJob:
+    """Classify then audit, off the controller's thread; report ``FilterDone``."""
+
+    def __init__(self, ctl: HookController, effect: lc.Filter, token: CancelToken,
+                 current_model: tuple[str, str] | None) -> None:
+        self.handle = ctl.handle
+        self.classifier = ctl.classifier
+        self.audit = ctl.audit
+        self.ui = ctl.ui
+        self.log = ctl.log
+        self.classifier_timeout = ctl.classifier_timeout
+        self.audit_timeout = ctl.audit_timeout
+        self.effect = effect
+        self.token = token
+        self.current_model = current_model
+
+    def run(self) -> None:
+        text = self._filter()
+        try:
+            self.handle.tell(Feedback(event=lc.FilterDone(request=self.effect.request, text=text)))
+        except CastorError:
+            pass  # controller gone; callers were answered on its exit
+
+    def _filter(self) -> str | None:
+        ctx = self.effect.context
+        assert self.classifier is not None and self.audit is not None
+        try:
+            deadline = time.monotonic() + self.classifier_timeout
+            classified = self.classifier.ask(
+                Classify(context=ctx, prompt=self.effect.prompt, deadline=deadline, cancel=self.token,
+                         current_model=self.current_model),
+                timeout=self.classifier_timeout + ASK_GRACE,
+            )
+            for notice in classified.notices:
+                try:
+                    self.ui.notify(notice, "warning")
+                except Exception:  # noqa: BLE001
+                    pass
+            released = self.audit.ask(
+                AuditAndRelease(original=ctx, result=classified.result, duration_ms=classified.duration_ms),
+                timeout=self.audit_timeout + ASK_GRACE,
+            )
+            return released.text
+        except Exception as exc:  # noqa: BLE001 - classifier/audit failure keeps the original
+            self.log.bind(error=type(exc).__name__).warning("context filter failed; original context kept")
+            return ctx
+
+
+# ---------------------------------------------------------------------------
+# Caller-side facade
+
+
+class HookClient:
+    """Blocking facade over a HookController handle (for the endpoint and tests)."""
+
+    def __init__(self, handle: ActorHandle, *, default_timeout: float = 40.0) -> None:
+        self.handle = handle
+        self.default_timeout = default_timeout
+        self._prefix = uuid.uuid4().hex[:8]
+        self._ids = itertools.count(1)
+
+    def new_request(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def submit(self, name: str, payload: dict[str, Any] | None = None, *,
+               request: str | None = None) -> tuple[str, Future[Any]]:
+        """Send an event now; the future gets its result (or None). Raises InvalidParams at once."""
+        req = request or self.new_request()
+        data = payload or {}
+        event = event_from_harness(name, data, req)
+        fut: Future[Any] = Future()
+        self.handle.tell(HarnessEvent(event=event, reply=fut, current_model=_current_model(data)))
+        return req, fut
+
+    def event(self, name: str, payload: dict[str, Any] | None = None, *, request: str | None = None,
+              timeout: float | None = None) -> dict[str, Any] | None:
+        """Send and wait. A caller-side timeout aborts the turn and returns None (ambient policy)."""
+        req, fut = self.submit(name, payload, request=request)
+        try:
+            return fut.result(self.default_timeout if timeout is None else timeout)
+        except FutureTimeout:
+            self.abort(req)
+            return None
+
+    def abort(self, request: str) -> None:
+        """The turn's abort signal for ``before_agent_start`` request ``request``."""
+        try:
+            self.handle.tell(Feedback(event=lc.TurnAborted(request=request)))
+        except CastorError:
+            pass
+
+    def set_enabled(self, enabled: bool | None = None, timeout: float = 5.0) -> bool:
+        return self.handle.ask(SetHooksEnabled(enabled=enabled), timeout=timeout)
+
+    def set_visible(self, visible: bool | None = None, timeout: float = 5.0) -> bool:
+        return self.handle.ask(SetContextVisible(visible=visible), timeout=timeout)
+
+    def status(self, timeout: float = 5.0) -> HookStatusReply:
+        return self.handle.ask(HookStatus(), timeout=timeout)

@@ -1,0 +1,272 @@
+"""IcarusWorkerActor: the bridge's one persistent Python worker, as a supervised actor.
+
+One incarnation owns at most one worker process (a :class:`WorkerProcessPort`,
+implemented by :class:`castor.adapters.icarus.worker_process.WorkerProcess`),
+started lazily by the first call. The mailbox *is* the bridge's pending queue:
+calls run one at a time, in arrival order.
+
+Failure table (spec §2; codes are ``castor.messages.errors`` codes):
+
+=====================================  =========================  ======================================  ==========
+event                                  the call itself            every queued call                       worker
+=====================================  =========================  ======================================  ==========
+backend function raised                ``internal``               unaffected                              kept
+                                       (``IcarusCallError``)
+non-protocol line on the worker stdout ``internal``               unaffected                              kept
+                                       (``WorkerProtocolError``)
+deadline passes while running          ``timeout``                ``worker_retired``                      killed, actor retires
+                                       (may_have_started)         (never started, never replayed)
+cancel token fired while running       ``cancelled``              ``worker_retired``                      killed, actor retires
+                                       (may_have_started)
+cancel token fired / deadline passed   ``cancelled`` / ``timeout``  unaffected                            kept
+before the call was submitted          (not started, not sent)
+worker crashed / exited / killed       ``worker_crashed``         ``worker_crashed``                      gone, actor retires
+spawn failed                           ``worker_crashed``         ``worker_crashed``                      none, actor retires
+=====================================  =========================  ======================================  ==========
+
+After a retirement the supervision core never restarts the incarnation with
+its old mailbox; a *new* call creates new demand, a fresh incarnation and,
+lazily, a fresh worker. Nothing here re-runs session initialisation (that is
+the hook controller's business, and it must not either).
+
+Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
+``WorkerCalls`` port (:mod:`castor.actors.ports.worker`) over the handle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import ConfigDict
+
+from castor.domain.icarus.worker_protocol import reply_result
+from castor.messages.base import Message
+from castor.messages.errors import (
+    ActorStopped,
+    Cancelled,
+    Retired,
+    Timeout,
+    WorkerCrashed,
+    WorkerRetired,
+)
+from castor.supervision.actor import Actor, handles
+from castor.supervision.handle import ActorHandle
+from castor.supervision.supervisor import ChildSpec, Restart
+
+DEFAULT_TIMEOUT_MS = 30000
+ASK_GRACE_S = 5.0
+"""Extra seconds a client's ask waits beyond the call deadline (kill + reap + reply)."""
+
+
+@runtime_checkable
+class WorkerProcessPort(Protocol):
+    """What the actor needs from one worker process (see WorkerProcess for the contract)."""
+
+    @property
+    def running_pid(self) -> int | None: ...
+
+    def call(self, request_id: int, module: str, function: str, args: list[Any] | None,
+             kwargs: dict[str, Any] | None, deadline: float | None) -> dict[str, Any]: ...
+
+    def kill_tree(self, reason: str = "retired") -> None: ...
+
+    def stats(self) -> Any: ...
+
+
+class CancelToken:
+    """Cancels one worker call from any thread.
+
+    Before submission the call is rejected with ``cancelled`` and never sent;
+    once submitted, cancelling kills the worker (the only way to stop Python
+    code mid-call) and the actor retires. Idempotent.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._on_cancel: Callable[[], None] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callback = self._on_cancel
+        if callback is not None:
+            callback()
+
+    def _bind(self, callback: Callable[[], None]) -> bool:
+        """Arm the in-flight callback; False when already cancelled (do not submit)."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._on_cancel = callback
+            return True
+
+    def _unbind(self) -> None:
+        with self._lock:
+            self._on_cancel = None
+
+
+class _Local(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class WorkerCall(_Local, type_name="icarus.worker.call"):
+    """Run ``icarus.<module>.<function>(*args, **kwargs)`` in the worker."""
+
+    module: str
+    function: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    deadline: float | None = None  # time.monotonic(); None: the actor's timeoutMs from the start of the call
+    token: CancelToken | None = None
+
+
+class WorkerInspect(_Local, type_name="icarus.worker.inspect"):
+    """The worker process's stats (None before the first call)."""
+
+
+class IcarusWorkerActor(Actor):
+    """See the module docstring; one incarnation, at most one worker process."""
+
+    def __init__(self, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
+        super().__init__()
+        self._spawn = spawn
+        self._next_id = next_id
+        self._timeout_s = timeout_ms / 1000.0
+        self._worker: WorkerProcessPort | None = None
+
+    # -- ownership -----------------------------------------------------------
+    def owned_pids(self) -> list[int]:
+        worker = self._worker
+        pid = worker.running_pid if worker is not None else None
+        return [pid] if pid is not None else []
+
+    def on_terminate(self, cause: str) -> None:
+        if self._worker is not None:
+            self._worker.kill_tree(cause)
+
+    # -- handlers --------------------------------------------------------------
+    @handles(WorkerInspect)
+    def _on_inspect(self, _message: WorkerInspect) -> Any:
+        return self._worker.stats() if self._worker is not None else None
+
+    @handles(WorkerCall)
+    def _on_call(self, call: WorkerCall) -> Any:
+        target = f"{call.module}.{call.function}"
+        deadline = call.deadline if call.deadline is not None else time.monotonic() + self._timeout_s
+        if call.token is not None and call.token.cancelled:
+            raise Cancelled(f"icarus call {target} cancelled before it was sent",
+                            data={"target": target}, may_have_started=False)
+        if time.monotonic() >= deadline:
+            raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
+                          data={"target": target}, may_have_started=False)
+        worker = self._ensure_worker()
+        if call.token is not None and not call.token._bind(lambda: worker.kill_tree("cancelled")):
+            raise Cancelled(f"icarus call {target} cancelled before it was sent",
+                            data={"target": target}, may_have_started=False)
+        try:
+            reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
+        except Timeout:
+            self.retire(f"call {target} timed out", error=WorkerRetired)
+            raise
+        except WorkerRetired as exc:
+            self.retire(f"worker killed during {target}", error=WorkerRetired)
+            if call.token is not None and call.token.cancelled:
+                raise Cancelled(f"icarus call {target} cancelled; the worker was retired",
+                                data={"target": target}, may_have_started=True) from None
+            raise exc
+        except WorkerCrashed:
+            self.retire(f"worker crashed during {target}", error=WorkerCrashed)
+            raise
+        finally:
+            if call.token is not None:
+                call.token._unbind()
+        return reply_result(reply, target)
+
+    def _ensure_worker(self) -> WorkerProcessPort:
+        if self._worker is None:
+            self._worker = self._spawn()
+        return self._worker
+
+
+def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
+                       timeout_ms: int = DEFAULT_TIMEOUT_MS, mailbox_capacity: int | None = None) -> ChildSpec:
+    """A ChildSpec for one bridge: revived on demand after retirement, never replayed.
+
+    ``spawn`` must *construct* the worker without starting it (the first call
+    starts it), so a fresh incarnation costs nothing until it is used.
+    """
+    return ChildSpec(
+        id=id,
+        factory=lambda: IcarusWorkerActor(spawn, next_id, timeout_ms=timeout_ms),
+        restart=Restart.PERMANENT,
+        mailbox_capacity=mailbox_capacity,
+        revive_on_demand=True,
+    )
+
+
+class IcarusWorkerClient:
+    """The ``WorkerCalls`` port over an :class:`IcarusWorkerActor` handle (any thread).
+
+    ``call`` blocks the calling thread until the result, a typed error, or the
+    call deadline plus :data:`ASK_GRACE_S`. ``close`` cancels this client's
+    outstanding calls (the running one fails ``cancelled``, queued ones
+    ``worker_retired``) and retires the actor, killing the worker; a later
+    ``call`` lazily gets a fresh worker. An ``actor_retired`` rejection (a
+    retirement from outside, e.g. ``close``) is reported as ``worker_retired``.
+    """
+
+    def __init__(self, handle: ActorHandle, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
+        self._handle = handle
+        self._timeout_s = timeout_ms / 1000.0
+        self._lock = threading.Lock()
+        self._outstanding: set[CancelToken] = set()
+
+    def call(self, module: str, function: str, args: list[Any] | None = None,
+             kwargs: dict[str, Any] | None = None, timeout: float | None = None,
+             token: CancelToken | None = None) -> Any:
+        timeout_s = self._timeout_s if timeout is None else timeout
+        token = token or CancelToken()
+        message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),
+                             deadline=time.monotonic() + timeout_s, token=token)
+        with self._lock:
+            self._outstanding.add(token)
+        try:
+            return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
+        except Retired as exc:
+            raise WorkerRetired(exc.message, data=exc.data) from None
+        finally:
+            with self._lock:
+                self._outstanding.discard(token)
+
+    def submit(self, module: str, function: str, args: list[Any] | None = None,
+               kwargs: dict[str, Any] | None = None, timeout: float | None = None,
+               token: CancelToken | None = None):
+        """Send now, wait later: returns the supervision core's ``PendingAsk``."""
+        timeout_s = self._timeout_s if timeout is None else timeout
+        message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),
+                             deadline=time.monotonic() + timeout_s, token=token)
+        return self._handle.ask_pending(message, timeout=timeout_s + ASK_GRACE_S)
+
+    def stats(self, timeout: float = 5.0) -> Any:
+        try:
+            return self._handle.ask(WorkerInspect(), timeout=timeout)
+        except (Retired, ActorStopped):
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            tokens = list(self._outstanding)
+        for token in tokens:
+            token.cancel()
+        self._handle.retire("closed")

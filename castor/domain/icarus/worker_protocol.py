@@ -1,0 +1,42 @@
+"""The worker's JSON-lines protocol, as pure rules shared by the adapter and the actor.
+
+Request ``{id, module, function, args, kwargs}``; reply ``{id, ok: true, result}``
+or ``{id, ok: false, error, traceback}`` (spec §1.2). The worker program itself
+(``castor.adapters.icarus.worker_program``) must stay import-free of castor, so
+it carries its own copy of :data:`ALLOWED_MODULES`; a test pins the two together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from castor.messages.errors import CastorError, ErrorCode
+
+ALLOWED_MODULES: tuple[str, ...] = ("hooks", "tools", "state", "obsidian", "parsing")
+
+
+class IcarusCallError(CastorError):
+    """The backend function raised; the worker is fine. ``data.traceback`` is diagnostic only."""
+
+    code = ErrorCode.INTERNAL
+
+
+class WorkerProtocolError(CastorError):
+    """The worker's stdout carried a line that is not a protocol reply."""
+
+    code = ErrorCode.INTERNAL
+
+
+def reply_result(reply: dict[str, Any], target: str) -> Any:
+    """The ``result`` of an ``ok`` reply, else :class:`IcarusCallError`.
+
+    The error message is the backend's ``error`` text, or ``"Icarus call
+    failed"`` when it is empty. ``may_have_started`` is always true: the
+    function ran, at least in part.
+    """
+    if reply.get("ok") is True:
+        return reply.get("result")
+    message = str(reply.get("error") or "") or "Icarus call failed"
+    raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
+                                         "traceback": str(reply.get("traceback") or "")},
+                          may_have_started=True)

@@ -1,0 +1,76 @@
+"""Restart intensity escalating through two levels; shutdown timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from castor.messages.errors import ActorStopped
+from castor.supervision import ActorSystem, ChildSpec, RestartIntensityExceeded, supervisor_spec
+
+from .helpers import Block, Boom, Journal, Ping, wait_until, worker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_intensity_escalates_through_two_levels_to_a_fatal_root():
+    journal = Journal()
+    mid = supervisor_spec("mid", [ChildSpec("leaf", worker("leaf", journal))], max_restarts=1, within_seconds=60)
+    system = ActorSystem([mid], max_restarts=1, within_seconds=60)
+    mid_handle = system.lookup("/root/mid")
+
+    def crash_leaf() -> None:
+        leaf = system.lookup("/root/mid/leaf")
+        with pytest.raises(ValueError):
+            leaf.ask(Boom(), timeout=5)
+
+    # Level 1: the leaf restarts once within mid's intensity.
+    crash_leaf()
+    assert wait_until(lambda: system.find("/root/mid/leaf") is not None and system.lookup("/root/mid/leaf").incarnation == 2)
+    # The second leaf crash exceeds mid (R=1): mid stops its children and fails to root,
+    # which restarts mid (its first restart) with a fresh leaf.
+    crash_leaf()
+    assert wait_until(lambda: mid_handle.incarnation == 2 and system.find("/root/mid/leaf") is not None)
+    assert isinstance(mid_handle.last_error, RestartIntensityExceeded)
+    fresh_leaf = system.lookup("/root/mid/leaf")
+    assert fresh_leaf.ask(Ping(n=1), timeout=5) == ("leaf", 1, 1)
+    # Level 2: exhaust mid again -> root sees its second restart in the window (R=1) -> fatal.
+    crash_leaf()
+    assert wait_until(lambda: fresh_leaf.incarnation == 2 and fresh_leaf.alive)
+    crash_leaf()
+    assert system.fatal.wait(10)
+    assert isinstance(system.fatal_error, RestartIntensityExceeded)
+    assert system.root.closed.wait(5)
+    # Every actor is stopped and refuses work with a typed error.
+    with pytest.raises(ActorStopped):
+        fresh_leaf.ask(Ping(n=2), timeout=5)
+    assert all(e[0] != "start" or e[2] <= 2 for e in journal.entries)
+
+
+def test_a_child_that_overruns_its_shutdown_timeout_is_killed_and_shutdown_is_bounded():
+    journal = Journal()
+    system = ActorSystem(
+        [
+            ChildSpec("first", worker("first", journal)),
+            ChildSpec("stuck", worker("stuck", journal), shutdown_timeout=0.2),
+        ]
+    )
+    stuck = system.lookup("/root/stuck")
+    queued = None
+    try:
+        stuck.tell(Block(key="never"))
+        assert journal.event("never:entered").wait(5)
+        queued = stuck.ask_pending(Ping(n=1), timeout=10)
+        started = time.monotonic()
+        system.shutdown(10)
+        assert time.monotonic() - started < 5
+        # 'first' stopped cleanly after 'stuck' was abandoned (reverse order).
+        ends = [e for e in journal.entries if e[0] == "end"]
+        assert ends == [("end", "first", 1, "stopped")]
+        with pytest.raises(ActorStopped) as info:
+            queued.result()
+        assert info.value.may_have_started is False
+        assert stuck.snapshot().state == "stopped"
+    finally:
+        journal.event("never").set()

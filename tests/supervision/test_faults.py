@@ -1,0 +1,102 @@
+"""Every fault kind, deterministically."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
+
+from .helpers import Block, Journal, Ping, wait_until, worker
+from .test_retirement import ProcessOwner, ReadChild
+
+pytestmark = pytest.mark.timeout(15)
+
+
+def test_kill_crashes_the_actor_at_its_next_boundary_and_the_supervisor_restarts_it():
+    journal = Journal()
+    system = ActorSystem([ChildSpec("w", worker("w", journal))])
+    try:
+        handle = system.lookup("/root/w")
+        handle.tell(Block(key="gate"))
+        assert journal.event("gate:entered").wait(5)
+        queued = handle.ask_pending(Ping(n=1), timeout=5)
+        faults.kill(handle)
+        journal.event("gate").set()
+        # The kill jumps the queue: the queued ping is handled by the *next* incarnation.
+        assert queued.result() == ("w", 2, 1)
+        assert isinstance(handle.last_error, ActorKilled)
+        assert ("end", "w", 1, "crashed") in journal.entries
+    finally:
+        system.shutdown(10)
+
+
+def test_crash_next_of_a_given_type_crashes_only_on_that_type():
+    journal = Journal()
+    system = ActorSystem([ChildSpec("w", worker("w", journal))])
+    try:
+        handle = system.lookup("/root/w")
+        faults.crash_next(handle, "test.boom-never-sent")
+        faults.crash_next(handle, "test.ping")
+        with pytest.raises(InjectedCrash):
+            handle.ask(Ping(n=1), timeout=5)
+        assert journal.count("ping") == 0  # the handler never ran
+        assert handle.ask(Ping(n=2), timeout=5) == ("w", 2, 2)
+        assert handle.restarts == 1
+    finally:
+        system.shutdown(10)
+
+
+def test_delay_next_holds_the_message_in_flight_visibly():
+    journal = Journal()
+    system = ActorSystem([ChildSpec("w", worker("w", journal))])
+    try:
+        handle = system.lookup("/root/w")
+        faults.delay_next(handle, 0.5, "test.ping")
+        pending = handle.ask_pending(Ping(n=3), timeout=5)
+        assert wait_until(lambda: handle.snapshot().mailbox.in_flight is not None)
+        flight = handle.snapshot().mailbox.in_flight
+        assert flight.message_type == "test.ping" and flight.is_ask
+        assert journal.count("ping") == 0  # still delayed
+        assert pending.result() == ("w", 1, 3)
+        assert handle.restarts == 0
+    finally:
+        system.shutdown(10)
+
+
+def test_kill_process_kills_the_owned_process_tree_and_the_actor_sees_it_through_its_io():
+    journal = Journal()
+    system = ActorSystem([ChildSpec("owner", lambda: ProcessOwner(journal))])
+    try:
+        handle = system.lookup("/root/owner")
+        reading = handle.ask_pending(ReadChild(), timeout=10)
+        assert journal.event("reading").wait(5)
+        pids = faults.kill_process(handle)
+        assert len(pids) == 1
+        assert reading.result() == b""  # the pipe closed because the process died
+        assert wait_until(lambda: _dead(pids[0]))
+    finally:
+        system.shutdown(10)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_kill_process_trees_reaches_grandchildren():
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']);"
+         "print(p.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    grandchild = int(child.stdout.readline())
+    faults.kill_process_trees([child.pid])
+    child.wait(5)
+    assert wait_until(lambda: _dead(grandchild))
