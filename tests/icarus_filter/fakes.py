@@ -88,8 +88,10 @@ class FakeSessionLog:
     fail: BaseException | None = None
     gate: threading.Event | None = None
     entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    entered: threading.Event = field(default_factory=threading.Event)
 
     def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+        self.entered.set()
         if self.gate is not None and not self.gate.wait(max(0.0, deadline - time.monotonic())):
             raise Timeout("fake session log: deadline passed")
         if self.fail is not None:
@@ -113,3 +115,69 @@ SAMPLE = (
     "[facts] durable facts about the user/environment:\n"
     "  - The user prefers terse answers"
 )
+
+
+class FakeWorker:
+    """TEST FAKE of ``WorkerCalls``: records calls in submission order.
+
+    ``results[function]`` is returned (or raised if an exception; called if
+    callable). ``gates[function]`` holds that call until set. ``pid`` never
+    changes unless ``close`` is called (to assert the classifier never
+    touched the worker).
+    """
+
+    def __init__(self, results: dict[str, Any] | None = None) -> None:
+        self.results = dict(results or {})
+        self.gates: dict[str, threading.Event] = {}
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.closed = 0
+        self.pid = 4242
+        self.entered = threading.Condition()
+
+    def call(self, module, function, args=None, kwargs=None, timeout=None):
+        with self.entered:
+            self.calls.append((module, function, dict(kwargs or {})))
+            self.entered.notify_all()
+        gate = self.gates.get(function)
+        if gate is not None and not gate.wait(timeout if timeout is not None else 10):
+            raise Timeout(f"fake worker: {function} timed out", may_have_started=True)
+        value = self.results.get(function)
+        if isinstance(value, BaseException):
+            raise value
+        return value() if callable(value) else value
+
+    def close(self):
+        self.closed += 1
+        self.pid = None
+
+    def wait_calls(self, n: int, timeout: float = 5.0) -> bool:
+        with self.entered:
+            return self.entered.wait_for(lambda: len(self.calls) >= n, timeout)
+
+    def functions(self) -> list[str]:
+        return [c[1] for c in self.calls]
+
+
+class FakeUi:
+    """TEST FAKE of ``SessionUiPort``: records what the harness would show."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.messages: list[tuple[str, str, bool, bool]] = []
+        self.status: list[tuple[str, str | None]] = []
+        self.notices: list[tuple[str, str]] = []
+
+    def send_message(self, custom_type, content, *, display, trigger_turn=False):
+        self.messages.append((custom_type, content, display, trigger_turn))
+        if self.fail:
+            raise RuntimeError("ui down")
+
+    def set_status(self, key, text):
+        self.status.append((key, text))
+        if self.fail:
+            raise RuntimeError("ui down")
+
+    def notify(self, message, level="info"):
+        self.notices.append((message, level))
+        if self.fail:
+            raise RuntimeError("ui down")

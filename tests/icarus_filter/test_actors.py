@@ -1,0 +1,279 @@
+"""ClassifierActor, AuditActor and HookController on the real supervision core.
+
+Fakes only for what cannot exist here (the LLM classifier, the Icarus worker,
+the harness UI/session): see fakes.py. Synchronisation uses events and
+deadlines, never bare sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from castor.actors.audit import AUDIT_WARNING, AuditActor, AuditAndRelease
+from castor.actors.classifier import (
+    REMOTE_NOTICE,
+    CancelToken,
+    ClassifierActor,
+    Classify,
+    run_bounded,
+)
+from castor.actors.hooks import HookClient, HookController
+from castor.actors.ports.classifier import ClassifierPort
+from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.actors.ports.worker import WorkerCalls
+from castor.domain.icarus.classify import Outcome, Reason, parse_choice
+from castor.domain.icarus.lifecycle import HookConfig
+from castor.messages.errors import Cancelled, InvalidParams, Timeout
+from castor.supervision import ActorSystem, ChildSpec
+
+from .fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
+
+FILTERED = SAMPLE.replace("\n  [2026-01-02 11:00] pi-agent: grandma's chocolate cake needs three eggs", "").replace(
+    "\n  ### notes: baking (score: 0.40)\n  the cake frosting recipe uses butter and icing sugar", "")
+
+
+@pytest.fixture
+def system():
+    s = ActorSystem()
+    yield s
+    s.shutdown(10)
+
+
+class Rig:
+    def __init__(self, system, *, classifier=None, log=None, worker=None, ui=None, choice="default",
+                 classifier_timeout=2.0, filtering=True, context_display=True, audit_timeout=2.0):
+        self.fake = classifier or FakeClassifier(reject_words=("cake",))
+        self.log = log or FakeSessionLog()
+        self.worker = worker or FakeWorker({"pre_llm_call": {"context": SAMPLE}})
+        self.ui = ui or FakeUi()
+        n = next(_ids)
+        self.cls = system.spawn(ChildSpec(id=f"cls{n}", factory=lambda: ClassifierActor(self.fake, parse_choice(choice))))
+        self.aud = system.spawn(ChildSpec(id=f"aud{n}", factory=lambda: AuditActor(self.log, self.ui,
+                                                                                  audit_timeout=audit_timeout)))
+        cfg = HookConfig(filtering=filtering, context_display=context_display)
+        self.hooks = system.spawn(ChildSpec(id=f"hooks{n}", factory=lambda: HookController(
+            cfg, worker=self.worker, ui=self.ui, classifier=self.cls, audit=self.aud,
+            worker_timeout=5.0, classifier_timeout=classifier_timeout, audit_timeout=audit_timeout)))
+        self.client = HookClient(self.hooks, default_timeout=10)
+
+    def start(self, sid="S1"):
+        return self.client.event("session_start", {"session_id": sid})
+
+
+import itertools  # noqa: E402
+
+_ids = itertools.count(1)
+
+
+def test_fakes_satisfy_ports():
+    assert isinstance(FakeClassifier(), ClassifierPort)
+    assert isinstance(FakeSessionLog(), SessionPort)
+    assert isinstance(FakeUi(), SessionUiPort)
+    assert isinstance(FakeWorker(), WorkerCalls)
+
+
+def test_end_to_end_filtered_injection_with_audit(system):
+    rig = Rig(system, worker=FakeWorker({"on_session_start": {"context": "startup memory"},
+                                        "pre_llm_call": {"context": SAMPLE}}))
+    assert rig.start() is None
+    assert rig.ui.messages == [("icarus-session-context", "startup memory", True, False)]
+    out = rig.client.event("before_agent_start", {"prompt": "fix sqlite locks"})
+    assert out == {"message": {"customType": "icarus-memory-context", "content": FILTERED, "display": True}}
+    ((ctype, data),) = rig.log.entries
+    assert ctype == "icarus-context-filter" and data["outcome"] == "filtered" and data["counts"]["rejected"] == 2
+    assert "sqlite" not in str(data) and "cake" not in str(data)
+    assert rig.fake.sent_texts() and not any("startup" in t for t in rig.fake.sent_texts())  # 54
+    assert rig.worker.functions() == ["on_session_start", "pre_llm_call"]
+    assert rig.worker.calls[1][2] == {"session_id": "S1", "user_message": "fix sqlite locks", "is_first_turn": True}
+
+
+def test_49_audit_persisted_before_text_released(system):
+    gate = threading.Event()
+    rig = Rig(system, log=FakeSessionLog(gate=gate))
+    rig.start()
+    _, fut = rig.client.submit("before_agent_start", {"prompt": "fix sqlite locks"})
+    assert rig.log.entered.wait(5)
+    assert not fut.done()  # audit not yet acknowledged: nothing released
+    gate.set()
+    assert fut.result(5)["message"]["content"] == FILTERED
+    assert len(rig.log.entries) == 1
+
+
+def test_50_audit_failure_injects_original_and_warns(system):
+    rig = Rig(system, log=FakeSessionLog(fail=OSError("disk full")))
+    rig.start()
+    out = rig.client.event("before_agent_start", {"prompt": "fix sqlite locks"})
+    assert out["message"]["content"] == SAMPLE
+    assert (AUDIT_WARNING, "warning") in rig.ui.notices
+
+
+def test_45_slow_classifier_keeps_original_within_deadline_worker_untouched(system):
+    slow = FakeClassifier(gate=threading.Event())  # never released
+    rig = Rig(system, classifier=slow, classifier_timeout=0.3)
+    rig.start()
+    pid = rig.worker.pid
+    t0 = time.monotonic()
+    out = rig.client.event("before_agent_start", {"prompt": "q"})
+    elapsed = time.monotonic() - t0
+    assert out["message"]["content"] == SAMPLE
+    assert elapsed < 2.0
+    assert rig.worker.pid == pid and rig.worker.closed == 0
+    assert rig.worker.functions() == ["on_session_start", "pre_llm_call"]
+    (entry,) = [d for _, d in rig.log.entries]
+    assert (entry["outcome"], entry["reason"]) == ("fallback", "timeout")
+
+
+def test_port_ignoring_its_deadline_is_still_bounded(system):
+    class Stubborn(FakeClassifier):
+        def complete(self, request, deadline):
+            threading.Event().wait(3)  # ignores the deadline
+            raise AssertionError("unreachable in time")
+    rig = Rig(system, classifier=Stubborn(), classifier_timeout=0.3)
+    rig.start()
+    t0 = time.monotonic()
+    out = rig.client.event("before_agent_start", {"prompt": "q"})
+    assert out["message"]["content"] == SAMPLE and time.monotonic() - t0 < 2.0
+
+
+def test_46_abort_mid_classification_injects_nothing(system):
+    slow = FakeClassifier(gate=threading.Event())
+    rig = Rig(system, classifier=slow, classifier_timeout=5.0)
+    rig.start()
+    req, fut = rig.client.submit("before_agent_start", {"prompt": "q"})
+    deadline = time.monotonic() + 5
+    while not slow.requests and time.monotonic() < deadline:
+        threading.Event().wait(0.01)  # poll for the classifier request to be in flight
+    assert slow.requests
+    t0 = time.monotonic()
+    rig.client.abort(req)
+    assert fut.result(2) is None and time.monotonic() - t0 < 1.0
+
+
+def test_28_off_on_during_retrieval_injects_nothing(system):
+    worker = FakeWorker({"pre_llm_call": {"context": SAMPLE}})
+    gate = worker.gates["pre_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    _, fut = rig.client.submit("before_agent_start", {"prompt": "q"})
+    assert worker.wait_calls(2)
+    assert rig.client.set_enabled(False) is False
+    assert rig.client.set_enabled(True) is True
+    assert fut.result(2) is None  # answered at invalidation, before the worker returned
+    gate.set()
+    assert rig.client.status().in_flight == 0
+    assert ("icarus", None) in rig.ui.status and rig.ui.status[-1] == ("icarus", "🪽 Icarus")
+
+
+def test_timeout_on_lane_drops_queued_calls_but_still_closes(system):
+    worker = FakeWorker({"pre_llm_call": Timeout("worker timed out", may_have_started=True)})
+    gate = worker.gates["pre_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    _, prompt_fut = rig.client.submit("before_agent_start", {"prompt": "q"})
+    assert worker.wait_calls(2)
+    _, shut_fut = rig.client.submit("session_shutdown")
+    assert prompt_fut.result(2) is None  # invalidated by the shutdown
+    gate.set()  # now the in-flight call fails with a timeout
+    assert shut_fut.result(5) is None
+    assert worker.functions() == ["on_session_start", "pre_llm_call"]  # on_session_end never sent
+    assert worker.closed == 1 and rig.ui.status[-1] == ("icarus", None)
+
+
+def test_36_every_hook_failing_is_ambient(system):
+    boom = RuntimeError("backend exploded")
+    worker = FakeWorker({f: boom for f in ("on_session_start", "pre_llm_call", "post_llm_call", "on_session_end")})
+    rig = Rig(system, worker=worker, ui=FakeUi(fail=True))
+    assert rig.start() is None
+    assert rig.client.event("before_agent_start", {"prompt": "q"}) is None
+    assert rig.client.event("agent_end", {"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}], "stopReason": "stop"}]}) is None
+    assert rig.client.event("agent_settled", {}) is None
+    assert rig.client.event("session_shutdown") is None
+    assert worker.functions() == ["on_session_start", "pre_llm_call", "post_llm_call", "on_session_end"]
+    assert worker.closed == 1
+
+
+def test_capture_once_through_actor(system):
+    rig = Rig(system, worker=FakeWorker({"pre_llm_call": None}))
+    rig.start()
+    rig.client.event("before_agent_start", {"prompt": "q"})
+    for text, stop in (("partial", "error"), ("final", "stop")):
+        rig.client.event("agent_end", {"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": text, "stopReason": stop}]})
+    rig.client.event("agent_settled", {})
+    posts = [c for c in rig.worker.calls if c[1] == "post_llm_call"]
+    assert [p[2]["assistant_response"] for p in posts] == ["final"]
+
+
+def test_invalid_event_is_a_typed_error(system):
+    rig = Rig(system)
+    with pytest.raises(InvalidParams):
+        rig.client.event("agent_exploded", {})
+    with pytest.raises(InvalidParams):
+        rig.client.event("agent_end", {"messages": "nope"})
+
+
+def test_controller_crash_answers_waiting_callers(system):
+    worker = FakeWorker({"pre_llm_call": {"context": SAMPLE}})
+    worker.gates["pre_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker)
+    rig.start()
+    _, fut = rig.client.submit("before_agent_start", {"prompt": "q"})
+    assert worker.wait_calls(2)
+    rig.hooks.kill("test")
+    assert fut.result(5) is None
+    worker.gates["pre_llm_call"].set()
+    assert rig.client.status(timeout=5).in_flight == 0  # restarted incarnation ignores late completions
+
+
+# ---- ClassifierActor and AuditActor directly
+
+def test_classifier_actor_remote_notice_once(system):
+    fake = FakeClassifier(models=[REMOTE])
+    h = system.spawn(ChildSpec(id="c-remote", factory=lambda: ClassifierActor(fake, parse_choice("default"))))
+    first = h.ask(Classify(context=SAMPLE, prompt="q", deadline=time.monotonic() + 5), timeout=6)
+    second = h.ask(Classify(context=SAMPLE, prompt="q", deadline=time.monotonic() + 5), timeout=6)
+    assert first.notices == (REMOTE_NOTICE,) and second.notices == ()
+    assert first.result.outcome is Outcome.FILTERED
+
+
+def test_classifier_actor_none_and_registry_missing(system):
+    fake = FakeClassifier(models=None)
+    h = system.spawn(ChildSpec(id="c-none", factory=lambda: ClassifierActor(fake, parse_choice("none"))))
+    assert h.ask(Classify(context=SAMPLE, prompt="q", deadline=time.monotonic() + 5)).result is None
+    h2 = system.spawn(ChildSpec(id="c-noreg", factory=lambda: ClassifierActor(fake, parse_choice("default"))))
+    res = h2.ask(Classify(context=SAMPLE, prompt="q", deadline=time.monotonic() + 5)).result
+    assert res.reason is Reason.NO_REGISTRY and res.text == SAMPLE
+
+
+def test_run_bounded_deadline_and_cancel():
+    hold = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(Timeout):
+        run_bounded(lambda: hold.wait(5), time.monotonic() + 0.1, None)
+    assert time.monotonic() - t0 < 1
+    token = CancelToken()
+    threading.Timer(0.05, token.cancel).start()
+    with pytest.raises(Cancelled):
+        run_bounded(lambda: hold.wait(5), time.monotonic() + 5, token)
+    with pytest.raises(Cancelled):
+        run_bounded(lambda: 1, time.monotonic() + 5, token)  # already cancelled: not even started
+    assert run_bounded(lambda: 7, time.monotonic() + 5, CancelToken()) == 7
+    hold.set()
+
+
+def test_audit_actor_best_effort_for_fallback(system):
+    log = FakeSessionLog(fail=OSError("x"))
+    ui = FakeUi()
+    h = system.spawn(ChildSpec(id="aud-fb", factory=lambda: AuditActor(log, ui)))
+    from castor.domain.icarus.classify import classify_context
+    fake = FakeClassifier(raw="not json")
+    res = classify_context(SAMPLE, "q", parse_choice("default"), list_models=fake.list_models,
+                           complete=lambda r: fake.complete(r, float("inf")))
+    out = h.ask(AuditAndRelease(original=SAMPLE, result=res, duration_ms=3))
+    assert out.text == SAMPLE and not out.persisted and not out.warned and ui.notices == []
