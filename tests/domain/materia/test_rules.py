@@ -1,0 +1,384 @@
+"""Pure rules: handoff extraction/validation/application, expressions, routing, loops, limits,
+budget, failure classification, revive arithmetic (spec §4–§6, conformance 28–45, 54–68)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from castor.domain.materia import compaction
+from castor.domain.materia.budget import UsageReport, TurnRecord, check_budget, extract_usage
+from castor.domain.materia.config import Budget, Compaction, Edge, Limits, Socket
+from castor.domain.materia.expressions import MISSING, ConditionError, Scope, evaluate_condition, resolve_value
+from castor.domain.materia.failures import (
+    RecoveryAllowance,
+    allowance_for,
+    classify_turn_failure,
+    decide_recovery,
+)
+from castor.domain.materia.handoff import (
+    HandoffError,
+    apply_assign,
+    apply_envelope,
+    extract_json,
+    requires_satisfied,
+    validate_handoff,
+)
+from castor.domain.materia.loops import empty_loop_target, exhaustion_target, iteration_for
+from castor.domain.materia.revive import NotRevivable, RecoveryExhaustion, grant_revive
+from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
+
+from .scripted import agent, config, resolved
+
+# ----------------------------------------------------------------------------- extraction
+
+
+def test_47_fenced_and_no_json() -> None:
+    assert extract_json('Here you go ```json {"a":1} ```') == {"a": 1}
+    with pytest.raises(HandoffError) as err:
+        extract_json("not json")
+    assert err.value.reason == "no-json" and "No JSON found in agent output" in err.value.message
+
+
+def test_extraction_tolerates_stray_brackets_and_trailing_prose() -> None:
+    """Deliberate difference (§12 item 12): a stray bracket before the object no longer breaks it."""
+    assert extract_json('Plan [draft] {oops} then {"satisfied": true} done.') == {"satisfied": True}
+    assert extract_json('```\nnot json\n```\nActually: {"x": [1, {"y": "}"}]} bye') == {"x": [1, {"y": "}"}]}
+    assert extract_json('{"a": "quote \\" and } brace"} tail {') == {"a": 'quote " and } brace'}
+    assert extract_json('["x"]') == ["x"]  # a top-level array parses; validation rejects it
+
+
+def test_unparseable_json_is_typed() -> None:
+    with pytest.raises(HandoffError) as err:
+        extract_json('{"a": ')
+    assert err.value.reason == "unparseable" and "Could not parse JSON" in err.value.message
+    with pytest.raises(HandoffError):
+        extract_json("[" * 50_000)  # deep nesting never escapes as RecursionError
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+noise = st.text(alphabet=st.characters(blacklist_characters="{}[]`\"\\"), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_extraction_never_raises_untyped_errors(text: str) -> None:
+    try:
+        extract_json(text)
+    except HandoffError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=5), noise, noise, st.booleans())
+def test_extraction_finds_object_in_noise(obj: dict[str, Any], before: str, after: str, fenced: bool) -> None:
+    body = json.dumps(obj)
+    text = f"{before}\n```json\n{body}\n```\n{after}" if fenced else f"{before} {body} {after}"
+    assert extract_json(text) == obj
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def sock(**fields: Any) -> Socket:
+    return Socket.model_validate({"type": "agent", "materia": "A", "parse": "json", **fields})
+
+
+def test_29_satisfied_required_when_routing_depends_on_it() -> None:
+    s = sock(edges=[{"when": "satisfied", "to": "Socket-2"}])
+    assert requires_satisfied(s)
+    with pytest.raises(HandoffError) as err:
+        validate_handoff({"passed": True}, "Socket-1", require_satisfied=True)
+    msg = err.value.message
+    assert msg.startswith('Invalid handoff JSON output for socket "Socket-1":')
+    assert 'must include reserved boolean field "satisfied"' in msg
+    assert 'Legacy field "passed" is not canonical' in msg
+    assert requires_satisfied(sock(advance={"cursor": "c", "items": "x", "when": " not_satisfied "}))
+    assert not requires_satisfied(sock(edges=[{"when": "always", "to": "end"}]))
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [(["x"], "expected a JSON object at the top level"), (None, "expected a JSON object"),
+     ({"satisfied": "true"}, '"satisfied" must be a boolean'), ({"feedback": ["x"]}, '"feedback" must be a string'),
+     ({"missing": "x"}, '"missing" must be an array')],
+)
+def test_30_handoff_validation_messages(value: Any, fragment: str) -> None:
+    with pytest.raises(HandoffError) as err:
+        validate_handoff(value, "Socket-1", require_satisfied=False)
+    assert fragment in err.value.message
+
+
+def test_43_evaluator_cannot_shrink_work_items() -> None:
+    data = {"workItems": [{"id": "a"}, {"id": "b"}]}
+    out = apply_envelope(data, {"workItems": [{"id": "a"}], "satisfied": True}, adopt_work_items=False)
+    assert out["envelope"]["workItems"] == [{"id": "a"}]
+    assert out["workItems"] == [{"id": "a"}, {"id": "b"}]
+    gen = apply_envelope(data, {"workItems": [{"id": "z"}]}, adopt_work_items=True)
+    assert gen["workItems"] == [{"id": "z"}]
+    assert data == {"workItems": [{"id": "a"}, {"id": "b"}]}  # input untouched
+
+
+def test_44_guidance_shallow_merge() -> None:
+    out = apply_envelope({"guidance": {"framework": "keep", "style": "concise"}},
+                         {"guidance": {"style": "detailed", "new": 1}}, adopt_work_items=False)
+    assert out["guidance"] == {"framework": "keep", "style": "detailed", "new": 1}
+
+
+def test_45_reserved_fields_stay_in_envelope() -> None:
+    out = apply_envelope({}, {"feedback": "f", "missing": ["m"], "satisfied": False, "localDiagnostic": 1,
+                              "summary": "  ", "decisions": []}, adopt_work_items=False)
+    assert "feedback" not in out and "missing" not in out and "satisfied" not in out
+    assert out["envelope"] == {"feedback": "f", "missing": ["m"], "satisfied": False, "summary": "  ",
+                               "decisions": []}
+    assert "summary" not in out and "decisions" not in out
+
+
+def test_assign_paths() -> None:
+    scope = Scope(data={}, parsed={"a": {"b": [10, 20]}, "feedback": "fb"}, last_output="raw")
+    out = apply_assign({"x": 5}, {"deep.er.v": "$.a.b.1", "x.y": "$.feedback", "all": "$", "raw": "lastOutput",
+                                  "gone": "$.nope"}, scope)
+    assert out == {"deep": {"er": {"v": 20}}, "x": {"y": "fb"}, "all": scope.parsed, "raw": "raw"}
+    with pytest.raises(Exception) as err:
+        apply_assign({}, {"": "$"}, scope)
+    assert "non-empty" in str(err.value)
+
+
+def test_expressions_and_conditions() -> None:
+    scope = Scope(data={"item": {"id": "a"}, "n": 2, "list": [1]}, parsed={"done": True, "satisfied": False},
+                  last_json={"k": "v"})
+    assert resolve_value("state.n", scope) == 2 and resolve_value("item.id", scope) == "a"
+    assert resolve_value("lastJson.k", scope) == "v" and resolve_value("list.5", scope) is MISSING
+    assert evaluate_condition("$.done == true", scope)
+    assert evaluate_condition("not_satisfied", scope) and not evaluate_condition("satisfied", scope)
+    assert evaluate_condition("exists(item.id)", scope) and evaluate_condition("!exists($.nope)", scope)
+    assert evaluate_condition("state.n != 3", scope) and evaluate_condition("item.id == 'a'", scope)
+    with pytest.raises(ConditionError):
+        evaluate_condition("maybe", scope)
+
+
+# ----------------------------------------------------------------------------- routing & limits
+
+
+def test_28_first_matching_edge() -> None:
+    s = sock(edges=[{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-3"},
+                    {"when": "always", "to": "Socket-4"}])
+    for parsed, expected in (({"satisfied": True}, "Socket-2"), ({"satisfied": False}, "Socket-3"), ({}, "Socket-4"),
+                             ({"satisfied": "true"}, "Socket-4"), ("text", "Socket-4")):
+        assert next_target("Socket-1", s, parsed, {}, Limits()) == expected
+    assert next_target("Socket-1", sock(edges=[{"when": "satisfied", "to": "Socket-2"}]), {}, {}, Limits()) == "end"
+
+
+def test_32_edge_limit() -> None:
+    s = sock(edges=[{"when": "always", "to": "Socket-2", "maxTraversals": 1}])
+    counts: dict[str, int] = {}
+    assert next_target("Socket-1", s, {}, counts, Limits()) == "Socket-2"
+    with pytest.raises(LimitExceeded) as err:
+        next_target("Socket-1", s, {}, counts, Limits())
+    assert "edge traversal limit exceeded for Socket-1->Socket-2 (2/1)" in err.value.message
+
+
+def test_edge_limit_fallbacks_and_socket_level_enforcement() -> None:
+    plain = sock(edges=[{"when": "always", "to": "Socket-2"}])
+    counts = {"Socket-1->Socket-2": 25}
+    with pytest.raises(LimitExceeded):
+        next_target("Socket-1", plain, {}, counts, Limits())  # runtime fallback 25
+    capped = sock(edges=[{"when": "always", "to": "Socket-2"}], limits={"maxEdgeTraversals": 1})
+    counts = {"Socket-1->Socket-2": 1}
+    with pytest.raises(LimitExceeded):  # deliberate difference §12 item 11: enforced
+        next_target("Socket-1", capped, {}, counts, Limits(max_edge_traversals=99))
+
+
+def test_33_visit_limit() -> None:
+    s = sock(limits={"maxVisits": 1})
+    visits: dict[str, int] = {}
+    assert count_visit("Socket-1", s, visits, Limits()) == 1
+    with pytest.raises(LimitExceeded) as err:
+        count_visit("Socket-1", s, visits, Limits())
+    assert "socket visit limit exceeded for Socket-1 (2/1)" in err.value.message
+    assert visits == {"Socket-1": 1}
+
+
+def _exit_pipeline(exits: list[dict[str, Any]], *, advance_done: str | None = None, in_loop: bool = True):
+    sockets = {
+        "Socket-1": {"type": "agent", "materia": "G", "parse": "json", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "J", "parse": "json",
+                     "advance": {"cursor": "workItemIndex", "items": "state.workItems", "when": "satisfied",
+                                 **({"done": advance_done} if advance_done else {})},
+                     "edges": [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-2"}]},
+        "Socket-3": {"type": "agent", "materia": "A"}, "Socket-4": {"type": "agent", "materia": "A"},
+        "Socket-5": {"type": "agent", "materia": "A"},
+    }
+    loops = {"lp": {"sockets": ["Socket-2"], "consumes": {"from": "Socket-1"}, "exits": exits}} if in_loop else None
+    return resolved(config(sockets, loops=loops)).pipeline
+
+
+def test_35_36_exhaustion_precedence() -> None:
+    exits = [{"id": "a", "from": "Socket-2", "condition": "always", "targetSocketId": "Socket-5"},
+             {"id": "s", "from": "Socket-2", "condition": "satisfied", "targetSocketId": "Socket-3"},
+             {"id": "n", "from": "Socket-2", "condition": "not_satisfied", "targetSocketId": "Socket-4"}]
+    p = _exit_pipeline(exits)
+    assert exhaustion_target(p, "Socket-2", True) == "Socket-3"
+    assert exhaustion_target(p, "Socket-2", False) == "Socket-4"
+    assert exhaustion_target(p, "Socket-2", None) == "Socket-5"
+    only_sat = _exit_pipeline([exits[1]])
+    assert exhaustion_target(only_sat, "Socket-2", False) == "end"
+
+
+def test_37_legacy_advance_done() -> None:
+    outside = _exit_pipeline([], advance_done="Socket-3", in_loop=False)
+    assert exhaustion_target(outside, "Socket-2", True) == "Socket-3"
+    inside = _exit_pipeline([])
+    assert exhaustion_target(inside, "Socket-2", True) == "end"
+
+
+def test_38_empty_loop_target_and_fallback() -> None:
+    exits = [{"id": "a", "from": "Socket-2", "condition": "always", "targetSocketId": "Socket-5"}]
+    p = _exit_pipeline(exits)
+    it = iteration_for(p, "Socket-2")
+    assert it is not None and it.cursor == "workItemIndex"
+    assert empty_loop_target(p, "Socket-2", it) == "Socket-5"
+    assert empty_loop_target(_exit_pipeline([]), "Socket-2", it) == "end"
+
+
+# ----------------------------------------------------------------------------- budget & usage
+
+
+def test_83_84_usage_extraction() -> None:
+    u = extract_usage({"inputTokens": 3, "outputTokens": 5})
+    assert u.tokens.total == 8
+    c = extract_usage({"cost": {"input": 0.005, "output": 0.03, "cacheRead": 0.0005, "total": 0.005}})
+    assert c.cost.total == pytest.approx(0.0355)
+    assert extract_usage({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 10}).tokens.total == 10
+    assert extract_usage("garbage").tokens.total == 0
+    report = UsageReport()
+    for _ in range(3):
+        report = report.add_turn(TurnRecord(socket="Socket-1", taskId="a", attempt=1, tokens=u.tokens, cost=u.cost))
+    assert report.tokens.total == 24 and len(report.turns) == 3 and report.byAttempt["a:1"].tokens.total == 24
+
+
+def test_budget_warn_once_then_stop() -> None:
+    budget = Budget(max_tokens=100, warn_at_percent=75)
+    report = UsageReport().add_turn(TurnRecord(socket="s", tokens=extract_usage({"total": 80}).tokens,
+                                               cost=extract_usage({}).cost))
+    first = check_budget(budget, report, already_warned=False)
+    assert first.warn and not first.limit_hit
+    assert not check_budget(budget, report, already_warned=True).warn
+    over = report.add_turn(TurnRecord(socket="s", tokens=extract_usage({"total": 20}).tokens,
+                                      cost=extract_usage({}).cost))
+    hit = check_budget(budget, over, already_warned=True)
+    assert hit.limit_hit and hit.over_token and hit.stop
+    assert not check_budget(Budget(max_tokens=100, stop_at_limit=False), over, already_warned=True).stop
+    assert not check_budget(Budget(), over, already_warned=False).warn
+
+
+# ----------------------------------------------------------------------------- failure classes
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("context window exceeded", "context_window"),
+        ("maximum tokens exceeded before response", "context_window"),
+        ("WebSocket closed 1000 context_length_exceeded", "context_window"),
+        ('Codex error: {"type":"error","error":{"code":"context_length_exceeded"}}', "context_window"),
+        ("bash timed out after 120s", "tool_timeout"),
+        ("tool call timed out", "tool_timeout"),
+        ("WebSocket error", "transient_transport"),
+        ('failed for socket "Build": WebSocket closed 1006', "transient_transport"),
+        ("provider: Stream ended without finish_reason", "transient_transport"),
+        ("terminated", "transient_transport"),
+        ('Codex error: {"type":"error","message":"overloaded"} stream ended without finish_reason', None),
+        ("error: {\"code\": 500} WebSocket error", None),
+        ("WebSocket error while reading the config", None),
+        ("provider auth failed", None),
+        ("invalid_request_error: bad tool schema", None),
+    ],
+)
+def test_classification_precedence(message: str, expected: str | None) -> None:
+    assert classify_turn_failure(message) == expected
+
+
+def test_generic_turn_failure_only_when_allowed_and_safe() -> None:
+    assert classify_turn_failure("upstream hiccup", allow_generic=True) == "turn_failure"
+    assert classify_turn_failure("upstream hiccup") is None
+    assert classify_turn_failure("provider auth failed", allow_generic=True) is None
+    assert classify_turn_failure("invalid_request_error: x", allow_generic=True) is None
+    assert classify_turn_failure('Codex error: {"type":"error"}', allow_generic=True) is None
+
+
+def test_recovery_bound_and_tool_timeout_minimum() -> None:
+    a = allowance_for(None, "context_window")
+    assert (a.original_max_attempts, a.effective_max_attempts) == (1, 1)
+    assert decide_recovery("context_window", 0, a).retry and decide_recovery("context_window", 0, a).compact
+    assert not decide_recovery("context_window", 1, a).retry
+    t = allowance_for(None, "tool_timeout")
+    assert t.effective_max_attempts == 3 and not decide_recovery("tool_timeout", 0, t).compact
+    lifted = allowance_for(a, "tool_timeout")
+    assert (lifted.original_max_attempts, lifted.effective_max_attempts) == (3, 3)
+
+
+# ----------------------------------------------------------------------------- revive
+
+
+def _exhaustion(reason: str = "boom", key: str = "k") -> RecoveryExhaustion:
+    return RecoveryExhaustion(reason="context_window", key=key, attempts=1, original_max_attempts=1,
+                              effective_max_attempts=1, revive_count=0, failed_reason=reason, socket="Socket-1",
+                              mode="normal", exhausted_at=1.0)
+
+
+@pytest.mark.parametrize(("original", "expected"), [(1, [2, 3]), (2, [4, 6])])
+def test_65_revive_is_additive(original: int, expected: list[int]) -> None:
+    allowances = {"k": RecoveryAllowance(original_max_attempts=original, effective_max_attempts=original),
+                  "other": RecoveryAllowance()}
+    seen = []
+    for count in (1, 2):
+        grant = grant_revive(cast_id="c", active=False, failed=True, failed_reason="boom",
+                             exhaustion=_exhaustion(), allowances=allowances)
+        allowances["k"] = grant.allowance
+        assert grant.increment == original and grant.allowance.revive_count == count
+        seen.append(grant.allowance.effective_max_attempts)
+    assert seen == expected
+    assert allowances["other"] == RecoveryAllowance()
+
+
+def test_67_68_revive_rejections() -> None:
+    allowances = {"k": RecoveryAllowance()}
+    with pytest.raises(NotRevivable) as err:
+        grant_revive(cast_id="c", active=False, failed=True, failed_reason="x", exhaustion=None, allowances=allowances)
+    assert "not revivable" in err.value.message and "Use /materia recast" in err.value.message
+    with pytest.raises(NotRevivable) as err:
+        grant_revive(cast_id="c", active=False, failed=True, failed_reason="other", exhaustion=_exhaustion(),
+                     allowances=allowances)
+    assert "does not match the current terminal failure" in err.value.message
+    with pytest.raises(NotRevivable) as err:
+        grant_revive(cast_id="c", active=False, failed=True, failed_reason="boom", exhaustion=_exhaustion(),
+                     allowances={"k": RecoveryAllowance(original_max_attempts=2, effective_max_attempts=1)})
+    assert "recovery allowance metadata is missing or invalid" in err.value.message
+
+
+# ----------------------------------------------------------------------------- proactive compaction
+
+
+def test_62_proactive_threshold_tiers() -> None:
+    d = compaction.decide_proactive({"tokens": 120_000, "contextWindow": 272_000}, model_context_window=200_000,
+                                    config=None)
+    assert d is not None
+    assert (d.context_window, d.threshold.percent, d.percent, d.threshold.tier) == (200_000, 55, 60, "gte-200k")
+    assert compaction.decide_proactive({"tokens": 1000, "contextWindow": 100_000}, model_context_window=None,
+                                       config=None) is None
+    single = Compaction(proactive_threshold_percent=42, proactive_threshold_tiers=[{"thresholdPercent": 90}])
+    assert compaction.threshold_for(single, 50_000).mode == "single_percent"
+    assert compaction.decide_proactive(None, model_context_window=1, config=None) is None
+
+
+def test_edge_model_roundtrip() -> None:
+    assert Edge.model_validate({"to": "end"}).when == "always"
