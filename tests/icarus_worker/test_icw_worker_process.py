@@ -396,3 +396,17 @@ def test_pipelined_requests_execute_in_arrival_order(harness):
     # One at a time: the first finished before the second started.
     order = [(r["phase"], r["seq"]) for r in read_call_log(harness.call_log) if r["call"] == "hooks.sleep"]
     assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+
+
+def test_worker_program_module_list_matches_the_domain():
+    import ast
+    from pathlib import Path
+
+    from castor.adapters.icarus import launch
+    from castor.domain.icarus.worker_protocol import ALLOWED_MODULES
+
+    tree = ast.parse(Path(launch.WORKER_PROGRAM).read_text())
+    assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "ALLOWED_MODULES"}
+    assert assigned["ALLOWED_MODULES"] == ALLOWED_MODULES

@@ -1,0 +1,195 @@
+"""IcarusWorkerActor on the supervision core, against the real worker subprocess."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from castor.actors.icarus_worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
+from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
+from castor.domain.icarus.worker_protocol import IcarusCallError
+from castor.messages.errors import Cancelled, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
+from castor.supervision import ActorSystem
+from castor.supervision.faults import kill_process
+
+from .conftest import gone
+
+
+@pytest.fixture
+def bridge(harness):
+    system = ActorSystem()
+    spawned: list[WorkerProcess] = []
+
+    def spawn() -> WorkerProcess:
+        worker = WorkerProcess(harness.launch())
+        spawned.append(worker)
+        harness.workers.append(worker)
+        return worker
+
+    handle = system.spawn(icarus_worker_spec("icarus-worker", spawn, next_request_id, timeout_ms=10000))
+    client = IcarusWorkerClient(handle, timeout_ms=10000)
+    yield SimpleNamespace(system=system, handle=handle, client=client, spawned=spawned, harness=harness)
+    system.shutdown(timeout=10)
+
+
+def wait_started(harness, name: str, count: int = 1, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(harness.calls(name)) < count:
+        assert time.monotonic() < deadline, f"{name} never started"
+        time.sleep(0.005)
+
+
+def test_lazy_start_and_one_persistent_worker(bridge):
+    assert bridge.spawned == []  # no process before the first call
+    assert bridge.client.stats() is None
+    assert bridge.client.call("hooks", "counter") == 1
+    assert bridge.client.call("hooks", "counter") == 2
+    assert len(bridge.spawned) == 1
+    stats = bridge.client.stats()
+    assert stats.pid == bridge.spawned[0].pid and stats.alive
+
+
+@pytest.mark.timeout(30)
+def test_timeout_rejects_all_100_queued_calls_none_ever_executes(bridge):
+    harness = bridge.harness
+    bridge.client.call("hooks", "on_session_start", kwargs={"session_id": "s1", "platform": "pi"})
+    first_pid = bridge.spawned[0].pid
+    slow = bridge.client.submit("hooks", "sleep", kwargs={"seconds": 5, "tag": "slow"}, timeout=0.5)
+    queued = [bridge.client.submit("hooks", "sleep", kwargs={"ms": 0, "tag": f"q{i}"}, timeout=20)
+              for i in range(100)]
+    with pytest.raises(Timeout) as info:
+        slow.result()
+    assert info.value.may_have_started is True
+    for pending in queued:
+        with pytest.raises(WorkerRetired) as rejected:
+            pending.result()
+        assert rejected.value.code == ErrorCode.WORKER_RETIRED and rejected.value.may_have_started is False
+    assert gone(first_pid)
+    # A new call gets a fresh worker with fresh module state; session init is not re-run.
+    assert bridge.client.call("hooks", "counter") == 1
+    assert len(bridge.spawned) == 2 and bridge.spawned[1].pid != first_pid
+    tags = [r["kwargs"].get("tag") for r in harness.calls("hooks.sleep")]
+    assert tags == ["slow"]  # none of the 100 ran, before or after the retirement
+    assert len(harness.calls("hooks.on_session_start")) == 1
+    assert bridge.handle.incarnation == 2
+
+
+def test_crash_rejects_pending_with_worker_crashed(bridge):
+    bridge.client.call("hooks", "counter")
+    crash = bridge.client.submit("hooks", "crash", [4])
+    queued = [bridge.client.submit("hooks", "echo", [i]) for i in range(5)]
+    with pytest.raises(WorkerCrashed) as info:
+        crash.result()
+    assert info.value.data["exit_code"] == 4
+    for pending in queued:
+        with pytest.raises(WorkerCrashed) as rejected:
+            pending.result()
+        assert rejected.value.may_have_started is False
+    assert bridge.harness.calls("hooks.echo") == []
+    assert bridge.client.call("hooks", "counter") == 1  # fresh worker, fresh state
+
+
+def test_external_kill_of_the_worker_process(bridge):
+    bridge.client.call("hooks", "counter")
+    running = bridge.client.submit("hooks", "sleep", [30])
+    queued = bridge.client.submit("hooks", "echo", ["never"])
+    wait_started(bridge.harness, "hooks.sleep")
+    started = time.monotonic()
+    assert kill_process(bridge.handle) == [bridge.spawned[0].pid]
+    with pytest.raises(WorkerCrashed):
+        running.result()
+    assert time.monotonic() - started < 2
+    with pytest.raises(WorkerCrashed):
+        queued.result()
+    assert bridge.harness.calls("hooks.echo") == []
+
+
+def test_cancel_in_flight_retires_and_rejects_queued(bridge):
+    token = CancelToken()
+    running = bridge.client.submit("hooks", "sleep", [30], token=token)
+    queued = [bridge.client.submit("hooks", "echo", [i]) for i in range(3)]
+    wait_started(bridge.harness, "hooks.sleep")
+    pid = bridge.spawned[0].pid
+    started = time.monotonic()
+    token.cancel()
+    with pytest.raises(Cancelled) as info:
+        running.result()
+    assert info.value.may_have_started is True and time.monotonic() - started < 2
+    for pending in queued:
+        with pytest.raises(WorkerRetired):
+            pending.result()
+    assert gone(pid) and bridge.harness.calls("hooks.echo") == []
+
+
+def test_cancel_before_submission_rejects_only_that_call(bridge):
+    bridge.client.call("hooks", "counter")
+    token = CancelToken()
+    busy = bridge.client.submit("hooks", "sleep", kwargs={"ms": 300})
+    cancelled = bridge.client.submit("hooks", "counter", token=token)
+    token.cancel()
+    assert busy.result() == {"slept": True, "tag": None}
+    with pytest.raises(Cancelled) as info:
+        cancelled.result()
+    assert info.value.may_have_started is False
+    assert bridge.client.call("hooks", "counter") == 2  # same worker, the cancelled call never ran
+    assert len(bridge.spawned) == 1
+
+
+def test_deadline_expired_in_queue_is_not_sent_and_keeps_the_worker(bridge):
+    bridge.client.call("hooks", "counter")
+    busy = bridge.client.submit("hooks", "sleep", kwargs={"ms": 400})
+    expired = bridge.client.submit("hooks", "counter", timeout=0.1)
+    busy.result()
+    with pytest.raises(Timeout) as info:
+        expired.result()
+    assert info.value.may_have_started is False
+    assert bridge.client.call("hooks", "counter") == 2
+    assert len(bridge.spawned) == 1
+
+
+def test_backend_error_is_an_answer_not_a_retirement(bridge):
+    with pytest.raises(IcarusCallError) as info:
+        bridge.client.call("hooks", "boom")
+    assert info.value.message == "boom"
+    assert bridge.client.call("hooks", "counter") == 1
+    assert len(bridge.spawned) == 1 and bridge.handle.incarnation == 1
+
+
+def test_close_rejects_pending_and_a_later_call_gets_a_fresh_worker(bridge):
+    bridge.client.call("hooks", "counter")
+    results: dict = {}
+    import threading
+
+    def run():
+        try:
+            bridge.client.call("hooks", "sleep", [30])
+        except Exception as exc:  # noqa: BLE001
+            results["running"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_started(bridge.harness, "hooks.sleep")
+    queued = bridge.client.submit("hooks", "echo", ["never"])
+    bridge.client.close()
+    thread.join(5)
+    assert isinstance(results["running"], Cancelled)
+    with pytest.raises(WorkerRetired):
+        queued.result()
+    bridge.client.close()  # idempotent
+    assert bridge.client.call("hooks", "counter") == 1
+    assert bridge.harness.calls("hooks.echo") == []
+
+
+def test_spawn_failure_is_worker_crashed(harness):
+    system = ActorSystem()
+    try:
+        launch = harness.launch(harness.settings(python="/nonexistent/python"))
+        handle = system.spawn(icarus_worker_spec("w", lambda: WorkerProcess(launch), next_request_id))
+        client = IcarusWorkerClient(handle)
+        with pytest.raises(WorkerCrashed) as info:
+            client.call("hooks", "counter", timeout=5)
+        assert info.value.data["reason"] == "spawn_failed"
+    finally:
+        system.shutdown(timeout=10)
