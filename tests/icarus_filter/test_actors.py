@@ -7,6 +7,7 @@ deadlines, never bare sleeps.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -62,8 +63,6 @@ class Rig:
     def start(self, sid="S1"):
         return self.client.event("session_start", {"session_id": sid})
 
-
-import itertools  # noqa: E402
 
 _ids = itertools.count(1)
 

@@ -423,11 +423,6 @@ class FilterResult:
         return self.text is not None
 
     @property
-    def changed(self) -> bool:
-        """True when the released text would differ from the original context."""
-        return self.text is None or self.text_len != self.original_chars
-
-    @property
     def text_len(self) -> int:
         return 0 if self.text is None else len(self.text)
 
