@@ -6,6 +6,8 @@ handlers, so each harness method is checked before the actors are wired to it.
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 
@@ -27,6 +29,11 @@ def probe_pi(start_pi, probe_command):
     command, log = probe_command
     pi = start_pi(command, env={"CASTOR_PROBE_LOG": str(log)})
     pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"))
+    # "up" comes right after the handshake; session startup (open + session_start) follows it.
+    deadline = time.monotonic() + 10
+    while not events(log, "session_start"):
+        assert time.monotonic() < deadline, "session_start never reached the probe"
+        time.sleep(0.02)
     return pi, log
 
 
