@@ -49,12 +49,13 @@ def config(sockets: dict[str, Any], *, materia: dict[str, Any] | None = None, lo
 
 
 class Driver:
-    def __init__(self, cfg: ResolvedConfig, request: str = "do it", cast_id: str = "cast-1") -> None:
+    def __init__(self, cfg: ResolvedConfig, request: str = "do it", cast_id: str = "cast-1",
+                 data: dict[str, Any] | None = None) -> None:
         self.t = 0.0
         self.transitions: list[Transition] = []
         self.state: CastState | None = None
         self._apply(CastStarted(cast_id=cast_id, request=request, config=cfg, cwd="/w", run_dir="/w/run",
-                                artifact_root="/w", at=self._tick()))
+                                artifact_root="/w", data=data or {}, at=self._tick()))
 
     def _tick(self) -> float:
         self.t += 1.0

@@ -1,0 +1,587 @@
+"""Engine walk-throughs with scripted turn outcomes (spec §5–§8, conformance 38–82)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from castor.domain.materia.cast_messages import (
+    EFFECT_ADAPTER,
+    EVENT_ADAPTER,
+    AbortRequested,
+    CancelWork,
+    Compact,
+    CompactionFinished,
+    ContinueRequested,
+    DispatchFailed,
+    Failed,
+    Finished,
+    RecastRequested,
+    RefinementTurnStarted,
+    ReviveRequested,
+    RunAgentTurn,
+    RunUtility,
+    TurnEnded,
+    UtilityFinished,
+)
+from castor.domain.materia.engine import CastRejected, step
+from castor.domain.materia.revive import NotRevivable
+from castor.domain.materia.state import CastState
+
+from .scripted import Driver, agent, config, resolved
+
+ITEMS = {"workItems": [{"id": "alpha", "title": "Alpha"}, {"id": "beta", "title": "Beta"}]}
+
+
+def build_driver(**kw: Any) -> Driver:
+    d = Driver(resolved(None, "build"), **kw)
+    d.utility({"ok": True, "added": []})  # Socket-1 project.ensureIgnored
+    d.utility({"kind": "git", "root": "/w"})  # Socket-2 vcs.detect
+    return d
+
+
+# ----------------------------------------------------------------------------- bundled loadouts
+
+
+def test_build_loop_with_rework_runs_to_summary() -> None:
+    d = build_driver()
+    assert d.state.data["vcs"] == {"kind": "git", "root": "/w"}
+    assert d.pending().socket_id == "Socket-3"
+    d.reply(ITEMS, usage={"inputTokens": 10, "outputTokens": 5})
+    seen = []
+    script = ["did alpha", {"satisfied": False, "feedback": "tests fail"}, "fixed alpha", {"satisfied": True},
+              "did beta", {"satisfied": True}, "All done."]
+    for reply in script:
+        work = d.pending()
+        seen.append((work.socket_id, work.item_key))
+        if (work.socket_id, work.item_key) == ("Socket-4", "alpha") and seen.count(("Socket-4", "alpha")) == 2:
+            assert "tests fail" in work.prompt  # rework sees the reviewer's feedback
+        d.reply(reply)
+    assert seen == [("Socket-4", "alpha"), ("Socket-5", "alpha"), ("Socket-4", "alpha"), ("Socket-5", "alpha"),
+                    ("Socket-4", "beta"), ("Socket-5", "beta"), ("Socket-7", None)]
+    s = d.state
+    assert s.phase == "complete" and not s.active and s.socket_state == "complete"
+    assert s.visits == {"Socket-1": 1, "Socket-2": 1, "Socket-3": 1, "Socket-4": 3, "Socket-5": 3, "Socket-6": 2,
+                        "Socket-7": 1}
+    assert s.edge_traversals["Socket-5->Socket-4"] == 1 and s.edge_traversals["Socket-6->Socket-4"] == 1
+    assert s.cursors["workItemIndex"] == 2
+    assert s.task_attempts[json.dumps(["Socket-4", "alpha"], separators=(",", ":"))] == 2
+    assert "item" not in s.data  # deliberate: no stale item after the loop
+    arts = d.artifacts()
+    for path in ("sockets/Socket-4/1-alpha.md", "sockets/Socket-4/2-alpha.md", "sockets/Socket-4/3-beta.md",
+                 "sockets/Socket-5/1.json", "contexts/Socket-4-alpha-1.md", "sockets/Socket-1/1.input.json",
+                 "config.resolved.json", "manifest.json", "usage.json"):
+        assert path in arts, path
+    assert "# Materia Isolated Context" in arts["contexts/Socket-4-alpha-1.md"].content
+    assert "## Hidden materia prompt" in arts["contexts/Socket-4-alpha-1.md"].content
+    end = d.events("cast_end")[-1]
+    assert end.data["ok"] is True and end.data["usage"]["tokens"]["total"] == 15
+    assert isinstance(d.effects[-1], Finished)
+    types = d.event_types()
+    assert types[0] == "cast_start" and types[-1] == "cast_end"
+    assert types.count("socket_start") == sum(s.visits.values())
+
+
+def test_empty_work_items_still_reach_summary() -> None:
+    d = build_driver()
+    d.reply({"workItems": []})
+    work = d.pending()
+    assert work.socket_id == "Socket-7"  # deliberate difference §12 item 9
+    assert d.state.visits.get("Socket-4") is None
+    assert "Socket-4" not in [e.data["socket"] for e in d.events("socket_start")]
+
+
+def test_rework_edge_limit_fails_cast() -> None:
+    d = build_driver()
+    d.reply({"workItems": [{"id": "a"}]})
+    for _ in range(6):
+        d.reply("try")
+        d.reply({"satisfied": False})
+    d.reply("try")
+    tr = d.reply({"satisfied": False})
+    assert d.state.phase == "failed"
+    assert "edge traversal limit exceeded for Socket-5->Socket-4 (7/6)" in d.state.failed_reason
+    assert any(isinstance(e, Failed) and not e.revivable for e in tr.effects)
+
+
+def test_33_visit_limit_fails_cast() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "parse": "json", "limits": {"maxVisits": 1},
+                               "edges": [{"when": "not_satisfied", "to": "Socket-1"}]}})
+    d = Driver(resolved(cfg))
+    d.reply({"satisfied": False})
+    assert d.state.phase == "failed"
+    assert d.state.failed_reason == "Materia socket visit limit exceeded for Socket-1 (2/1)."
+
+
+def test_budget_warns_once_then_stops() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-3"}]},
+                  "Socket-3": {"type": "agent", "materia": "A"}},
+                 budget={"maxTokens": 100, "warnAtPercent": 50})
+    d = Driver(resolved(cfg))
+    d.reply("one", usage={"total": 60})
+    assert len(d.events("budget_warning")) == 1 and d.state.active
+    d.reply("two", usage={"total": 30})
+    assert len(d.events("budget_warning")) == 1
+    d.reply("three", usage={"total": 30})
+    assert d.events("budget_limit")[-1].data["overToken"] is True
+    assert d.state.failed_reason == "pi-materia budget limit reached"
+    assert d.event_types()[-1] == "cast_end"
+    assert d.events("socket_complete")[-1].data["socket"] == "Socket-3"  # checked after completion
+
+
+def test_budget_without_stop_only_notifies() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, budget={"maxTokens": 1, "stopAtLimit": False})
+    d = Driver(resolved(cfg))
+    d.reply("x", usage={"total": 5})
+    assert d.state.phase == "complete" and len(d.events("budget_limit")) == 1
+
+
+# ----------------------------------------------------------------------------- multi-turn
+
+
+def test_48_to_51_multi_turn_plan_loadout() -> None:
+    d = Driver(resolved(None, "plan"))
+    first = d.pending()
+    assert first.mode == "refinement" and "refinement conversation" in first.prompt
+    assert "Return only JSON" not in first.prompt
+    d.reply({"workItems": [{"id": "x"}], "satisfied": True})
+    s = d.state
+    assert s.socket_state == "awaiting_user_refinement" and not s.awaiting_response
+    assert s.last_json is None and "workItems" not in s.data
+    assert "sockets/Socket-1/1.refinement-1-" in " ".join(d.artifacts())
+    dup = step(s, TurnEnded(visit_id=first.visit_id, text="dup", at=99))  # a duplicate delivery
+    assert dup.state.multi_turn_refinements == s.multi_turn_refinements
+    assert [e.type for e in dup.events()] == ["outcome_ignored"]
+
+
+def test_refinement_turns_and_continue_finalizes() -> None:
+    d = Driver(resolved(None, "plan"))
+    d.reply("What stack do you use?")
+    assert d.state.paused
+    d.send(RefinementTurnStarted)
+    turn = d.pending()
+    assert turn.user_driven and turn.mode == "refinement" and "Previous output:\nWhat stack do you use?" in turn.prompt
+    assert d.events("context_refinement")
+    d.reply("Proposed: two items")
+    key = json.dumps(["Socket-1", "__singleton__", 1], separators=(",", ":"))
+    assert d.state.multi_turn_refinements[key] == 2 and not d.state.multi_turn_finalizing
+    d.send(ContinueRequested)
+    fin = d.pending()
+    assert d.state.multi_turn_finalizing and d.state.awaiting_response
+    assert "Command-triggered finalization" in fin.prompt and "Return only JSON" in fin.prompt
+    with pytest.raises(CastRejected) as err:
+        d.send(ContinueRequested)
+    assert "already awaiting a Pi agent response" in err.value.message
+    d.reply({"workItems": [{"id": "a", "title": "A"}]})
+    out = d.artifacts()["sockets/Socket-1/1.md"].manifest
+    assert out["kind"] == "socket_output" and out["finalized"] is True and out["refinementTurn"] == 2
+    complete = d.events("socket_complete")[-1].data
+    assert complete["finalizedRefinement"] is True
+    assert d.state.data["workItems"] == [{"id": "a", "title": "A"}]
+    assert d.pending().socket_id == "Socket-2"
+
+
+def test_invalid_final_json_fails_and_continue_on_inactive_is_rejected() -> None:
+    d = Driver(resolved(None, "plan"))
+    d.reply("draft")
+    d.send(ContinueRequested)
+    d.reply("no json here")
+    assert 'Invalid JSON output for socket "Socket-1"' in d.state.failed_reason
+    with pytest.raises(CastRejected):
+        d.send(ContinueRequested)
+
+
+# ----------------------------------------------------------------------------- single-socket shapes
+
+
+def test_46_json_then_text_and_85_text_prompt() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg))
+    assert "Return only JSON" in d.pending().prompt
+    d.reply('Here you go ```json\n{"summary": "s", "guidance": {"g": 1}}\n```')
+    s = d.state
+    assert s.current_socket_id == "Socket-2" and s.awaiting_response and len(d.turns()) == 2
+    text_prompt = d.pending().prompt
+    assert "<materia-instructions>" in text_prompt and "Socket adapter context" in text_prompt
+    assert "Current workItem JSON: null" in text_prompt and '"g": 1' in text_prompt
+    assert "Return only JSON" not in text_prompt
+
+
+def test_77_echo_utility_runs_inline() -> None:
+    cfg = config({"Socket-1": {"type": "utility", "utility": "echo", "params": {"text": "HELLO WORLD"}}})
+    d = Driver(resolved(cfg))
+    s = d.state
+    assert s.phase == "complete" and s.last_output == "HELLO WORLD" and not d.turns()
+    assert d.artifacts()["sockets/Socket-1/1.md"].content == "HELLO WORLD"
+
+
+def test_81_command_utility_input_and_78_80_failures() -> None:
+    cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
+                               "params": {"p": 1}}})
+    d = Driver(resolved(cfg), request="req")
+    work = d.pending()
+    assert isinstance(work, RunUtility) and work.command == ("tool", "--x") and work.timeout_ms == 50
+    stdin = work.stdin_json
+    assert stdin["cwd"] == "/w" and stdin["runDir"] == "/w/run" and stdin["request"] == "req"
+    assert stdin["socketId"] == "Socket-1" and stdin["params"] == {"p": 1} and stdin["state"] == {}
+    assert stdin["item"] is None and stdin["itemKey"] is None and stdin["itemLabel"] is None
+    d.utility("", stderr="bad thing\n", exit_code=7)
+    msg = d.state.failed_reason
+    assert "exited with code 7" in msg and "bad thing" in msg and "sockets/Socket-1/1.command.stdout.txt" in msg
+    assert d.artifacts()["sockets/Socket-1/1.command.stderr.txt"].content == "bad thing\n"
+    assert d.events("utility_command")[0].data["code"] == 7
+
+    d2 = Driver(resolved(cfg))
+    d2.utility("", timed_out=True, exit_code=None, signal="SIGKILL")
+    assert "timed out" in d2.state.failed_reason and "50ms" in d2.state.failed_reason
+    d3 = Driver(resolved(cfg))
+    d3.utility("x" * 10, stdout_truncated=True)
+    meta = json.loads(d3.artifacts()["sockets/Socket-1/1.command.json"].content)
+    assert meta["stdoutTruncated"] is True and meta["stderrTruncated"] is False
+    assert d3.state.phase == "complete"
+    d4 = Driver(resolved(cfg))
+    d4.utility("", spawn_error="No such file: tool")
+    assert "failed to start" in d4.state.failed_reason
+    assert not any(p.startswith("sockets/Socket-1/1.command") for p in d4.artifacts())
+
+
+def test_unknown_utility_alias_fails_cleanly_at_start() -> None:
+    d = Driver(resolved(config({"Socket-1": {"type": "utility", "utility": "teleport"}})))
+    assert d.state.phase == "failed"
+    assert 'Unknown utility alias "teleport" for socket "Socket-1".' == d.state.failed_reason
+
+
+def test_41_42_foreach_items_and_attempts() -> None:
+    cfg = config({
+        "Socket-1": {"type": "agent", "materia": "J", "parse": "json",
+                     "foreach": {"items": "state.list", "cursor": "i"},
+                     "advance": {"cursor": "i", "items": "state.list", "when": "$.done == true"},
+                     "edges": [{"when": "always", "to": "Socket-1"}]}})
+    cfg["loadouts"]["L"]["sockets"]["Socket-1"]["advance"]["done"] = "Socket-2"
+    cfg["loadouts"]["L"]["sockets"]["Socket-2"] = {"type": "agent", "materia": "A"}
+    d2 = Driver(resolved(cfg), data={"list": [{"id": "a", "title": "Alpha"}, {"id": "b", "title": "Beta"}]})
+    keys = []
+    for done in (False, True, True):
+        keys.append((d2.state.current_item_key, d2.state.current_item_label))
+        d2.reply({"done": done}, usage={"total": 1})
+    assert keys == [("a", "Alpha"), ("a", "Alpha"), ("b", "Beta")]
+    assert d2.pending().socket_id == "Socket-2"
+    d2.reply("end", usage={"total": 1})
+    turns = [(t.socket, t.taskId, t.attempt) for t in d2.state.usage.turns]
+    assert turns == [("Socket-1", "a", 1), ("Socket-1", "a", 2), ("Socket-1", "b", 1), ("Socket-2", None, 1)]
+    assert sorted(d2.state.usage.byAttempt) == ["a:1", "a:2", "b:1"]
+    assert "sockets/Socket-1/1-a.md" in d2.artifacts() and "sockets/Socket-1/3-b.md" in d2.artifacts()
+
+
+# ----------------------------------------------------------------------------- failure classes
+
+
+def test_54_context_window_compacts_and_retries_same_visit() -> None:
+    d = Driver(resolved(None, "hello"))
+    first = d.pending()
+    d.fail_turn("context window exceeded", usage={"total": 3})
+    compact = d.pending()
+    assert isinstance(compact, Compact) and compact.reason == "context_window"
+    assert d.events("same_socket_recovery_start")[0].data["mode"] == "normal"
+    d.compacted(result={"tokensBefore": 10, "tokensAfter": 2, "junk": 1})
+    retry = d.pending()
+    assert isinstance(retry, RunAgentTurn) and retry.recovery and not retry.proactive_compaction
+    assert retry.prompt == first.prompt and retry.visit_id != first.visit_id
+    assert d.events("same_socket_recovery_action_complete")[0].data["result"] == {"tokensBefore": 10, "tokensAfter": 2}
+    assert len(d.events("same_socket_recovery_retry")) == 1
+    assert d.state.visits == {"Socket-1": 1} and len(d.events("socket_start")) == 1
+    d.reply("hi")
+    assert d.state.phase == "complete"
+
+
+def test_55_65_66_exhaustion_then_revive() -> None:
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("context window exceeded")
+    d.compacted()
+    d.fail_turn("context window exceeded")
+    s = d.state
+    assert s.phase == "failed" and "Same-socket recovery exhausted" in s.failed_reason
+    ex = s.recovery_exhaustion
+    assert (ex.attempts, ex.original_max_attempts, ex.effective_max_attempts, ex.revive_count) == (1, 1, 1, 0)
+    assert ex.failed_reason == s.failed_reason
+    assert [e for e in d.effects if isinstance(e, Failed)][-1].revivable
+    d.send(ReviveRequested)
+    types = d.event_types()
+    assert types.index("cast_revive") < types.index("cast_recast")
+    revive = d.events("cast_revive")[0].data
+    assert (revive["priorEffectiveMaxAttempts"], revive["increment"], revive["newEffectiveMaxAttempts"]) == (1, 1, 2)
+    s = d.state
+    assert s.active and s.awaiting_response and s.recovery_exhaustion is None
+    assert d.events("cast_recast")[-1].data["reusedActivePrompt"] is True
+    assert s.visits == {"Socket-1": 1}
+    # one more context_window is now allowed: it compacts again instead of failing
+    d.fail_turn("context window exceeded")
+    assert isinstance(d.pending(), Compact)
+    d.compacted()
+    d.fail_turn("context window exceeded")
+    d.send(ReviveRequested)
+    assert d.events("cast_revive")[-1].data["newEffectiveMaxAttempts"] == 3
+    assert d.events("cast_revive")[-1].data["reviveCount"] == 2
+
+
+def test_56_error_without_output_recovers() -> None:
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("maximum tokens exceeded before response")
+    assert isinstance(d.pending(), Compact)
+    assert "before producing an assistant response" in d.events("same_socket_recovery_start")[0].data["error"]
+
+
+def test_57_58_transient_transport_keeps_waiting() -> None:
+    d = Driver(resolved(None, "hello"))
+    work = d.pending()
+    d.fail_turn("WebSocket error", entry_id="e1")
+    s = d.state
+    assert s.active and s.awaiting_response and s.pending.visit_id == work.visit_id
+    ev = d.events("transient_transport_turn_failure")[0].data
+    assert ev["warning"] is True and ev["entryId"] == "e1"
+    assert not d.events("cast_end") and not any(isinstance(e, Compact) for e in d.effects)
+    assert len(d.turns()) == 1  # nothing resent
+    d.send(TurnEnded, visit_id=work.visit_id, text="hello!", entry_id="e2")
+    assert d.state.phase == "complete" and d.events("cast_end")[0].data == {**d.events("cast_end")[0].data,
+                                                                             "ok": True, "entryId": "e2"}
+
+
+def test_stream_ended_is_transient_but_embedded_provider_error_is_terminal() -> None:
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("Stream ended without finish_reason")
+    assert d.state.active and d.events("transient_transport_turn_failure")
+    d2 = Driver(resolved(None, "hello"))
+    d2.fail_turn('Codex error: {"type":"error","message":"boom"} stream ended without finish_reason', text="partial")
+    assert d2.state.phase == "failed" and "Non-recoverable turn failure" in d2.state.failed_reason
+
+
+def test_59_non_recoverable() -> None:
+    for message in ("provider auth failed", "invalid_request_error: bad"):
+        d = Driver(resolved(None, "hello"))
+        d.fail_turn(message)
+        assert not any(isinstance(e, Compact) for e in d.effects)
+        assert "Non-recoverable turn failure" in d.state.failed_reason and message in d.state.failed_reason
+        assert not d.state.recovery_exhaustion
+
+
+def test_60_compaction_failure_fails_not_revivable() -> None:
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("context window exceeded")
+    d.compacted(ok=False, error="host said no")
+    assert "Same-socket recovery action compact failed" in d.state.failed_reason
+    assert d.events("same_socket_recovery_action_failed")
+    with pytest.raises(NotRevivable):
+        d.send(ReviveRequested)
+
+
+def test_tool_timeout_retries_three_times_without_compaction() -> None:
+    d = Driver(resolved(None, "hello"))
+    for attempt in (1, 2, 3):
+        d.fail_turn("bash timed out after 30s")
+        assert isinstance(d.pending(), RunAgentTurn) and d.pending().recovery
+        assert d.events("same_socket_recovery_retry")[-1].data["attempt"] == attempt
+    d.fail_turn("bash timed out after 30s")
+    assert d.state.recovery_exhaustion.reason == "tool_timeout"
+    assert not any(isinstance(e, Compact) for e in d.effects)
+
+
+def test_generic_turn_failure_retries_once_without_compaction() -> None:
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("upstream overloaded, try again")
+    assert d.pending().recovery and not any(isinstance(e, Compact) for e in d.effects)
+    d.reply("ok")
+    assert d.state.phase == "complete"
+    d2 = Driver(resolved(None, "hello"))
+    d2.fail_turn("upstream overloaded", text="half an answer")  # produced output: not the safe generic class
+    assert "Non-recoverable" in d2.state.failed_reason
+
+
+def test_63_refinement_retry_keeps_last_good_draft() -> None:
+    d = Driver(resolved(None, "plan"))
+    d.reply("Draft one")
+    d.send(RefinementTurnStarted)
+    d.fail_turn("context window exceeded", text="broken partial")
+    d.compacted()
+    retry = d.pending()
+    assert retry.mode == "refinement" and "Previous output:\nDraft one" in retry.prompt
+    assert "broken partial" not in retry.prompt
+
+
+def test_64_foreach_retry_keeps_cursor_and_visits() -> None:
+    d = build_driver()
+    d.reply(ITEMS)
+    d.reply("built alpha")
+    before = (dict(d.state.cursors), d.state.current_item_key, dict(d.state.task_attempts), dict(d.state.visits))
+    d.fail_turn("context window exceeded")
+    d.compacted()
+    assert (dict(d.state.cursors), d.state.current_item_key, dict(d.state.task_attempts), dict(d.state.visits)) == before
+    d.reply({"satisfied": True})
+    assert d.pending().item_key == "beta" and d.state.visits["Socket-4"] == 2
+
+
+# ----------------------------------------------------------------------------- duplicates, abort, recast
+
+
+def test_duplicate_and_stale_outcomes_are_ignored() -> None:
+    d = Driver(resolved(None, "build"))
+    util = d.pending()
+    d.utility({"ok": True})
+    before = d.state
+    tr = d.send(UtilityFinished, visit_id=util.visit_id, stdout="{}")
+    assert tr.state.model_dump() == {**before.model_dump(), "updated_at": tr.state.updated_at}
+    ignored = d.events("outcome_ignored")[-1].data
+    assert ignored["reason"] == "not-current-visit" and ignored["visitId"] == util.visit_id
+    tr = d.send(TurnEnded, visit_id="bogus", text="x")
+    assert d.events("outcome_ignored")[-1].data["expected"] == d.state.pending.visit_id
+    assert d.state.visits == {"Socket-1": 1, "Socket-2": 1}
+
+
+def test_abort_then_late_turn_ignored_and_recast_resumes() -> None:
+    d = Driver(resolved(None, "hello"))
+    work = d.pending()
+    tr = d.send(AbortRequested)
+    assert any(isinstance(e, CancelWork) and e.visit_id == work.visit_id for e in tr.effects)
+    s = d.state
+    assert not s.active and s.failed_reason == "aborted by user" and s.phase == "failed" and s.aborted
+    assert d.events("cast_end")[-1].data["aborted"] is True
+    d.send(TurnEnded, visit_id=work.visit_id, text="late")
+    assert d.events("outcome_ignored")[-1].data["reason"] == "cast-inactive"
+    with pytest.raises(CastRejected):
+        d.send(AbortRequested)
+    d.send(RecastRequested)
+    s = d.state
+    assert s.active and s.last_message == "Recasting from socket Socket-1."
+    recast = d.events("cast_recast")[-1].data
+    assert recast["reusedActivePrompt"] is True and recast["previousFailure"] == "aborted by user"
+    assert d.pending().prompt == work.prompt and s.visits == {"Socket-1": 1}
+    d.reply("hi")
+    assert d.state.phase == "complete"
+
+
+def test_71_recast_rejections() -> None:
+    d = Driver(resolved(None, "hello"))
+    with pytest.raises(CastRejected) as err:
+        d.send(RecastRequested)
+    assert "already running" in err.value.message
+    d.reply("done")
+    with pytest.raises(CastRejected) as err:
+        d.send(RecastRequested)
+    assert "is complete and cannot be recast" in err.value.message
+    with pytest.raises(NotRevivable):
+        d.send(ReviveRequested)
+
+
+def test_recast_of_failed_utility_reruns_with_new_visit() -> None:
+    cfg = config({"Socket-1": {"type": "utility", "command": ["x"]}})
+    d = Driver(resolved(cfg))
+    d.utility("", exit_code=1)
+    d.send(RecastRequested)
+    assert d.events("cast_recast")[-1].data["reusedActivePrompt"] is False
+    assert d.state.visits == {"Socket-1": 2} and isinstance(d.pending(), RunUtility)
+
+
+def test_recast_after_restart_resumes_active_cast() -> None:
+    d = Driver(resolved(None, "hello"))
+    first = d.pending()
+    d.send(RecastRequested, after_restart=True)
+    again = d.pending()
+    assert again.visit_id != first.visit_id and again.prompt == first.prompt
+    d.send(TurnEnded, visit_id=first.visit_id, text="old")
+    assert d.events("outcome_ignored")
+    d.reply("new")
+    assert d.state.phase == "complete" and d.state.last_output == "new"
+
+
+def test_dispatch_failure_at_entry_fails_cleanly() -> None:
+    """Deliberate difference §12 item 16: the cast never stays active after a start error."""
+    d = Driver(resolved(None, "hello"))
+    d.send(DispatchFailed, visit_id=d.pending().visit_id, error="host has no set-model API")
+    assert not d.state.active and "host has no set-model API" in d.state.failed_reason
+
+
+def test_invalid_json_and_missing_satisfied_fail_with_handoff_messages() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json",
+                               "edges": [{"when": "satisfied", "to": "end"}, {"when": "not_satisfied", "to": "end"}]}})
+    d = Driver(resolved(cfg))
+    d.reply({"passed": True})
+    assert 'must include reserved boolean field "satisfied"' in d.state.failed_reason
+    d2 = Driver(resolved(cfg))
+    d2.reply("nothing")
+    assert d2.state.failed_reason.startswith('Invalid JSON output for socket "Socket-1": No JSON found')
+
+
+def test_max_output_bytes_is_enforced() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "limits": {"maxOutputBytes": 4}}})
+    d = Driver(resolved(cfg))
+    d.reply("too long")
+    assert "maxOutputBytes" in d.state.failed_reason
+
+
+# ----------------------------------------------------------------------------- serialisation
+
+
+def test_messages_roundtrip_through_adapters() -> None:
+    d = build_driver()
+    for effect in d.effects:
+        assert EFFECT_ADAPTER.validate_python(effect.model_dump(mode="json")) == effect
+    ev = TurnEnded(visit_id="v", text="t", usage={"a": 1}, at=1.5)
+    assert EVENT_ADAPTER.validate_python(ev.model_dump(mode="json")) == ev
+
+
+def test_state_rejects_unknown_version() -> None:
+    d = Driver(resolved(None, "hello"))
+    raw = json.loads(d.state.to_json())
+    raw["version"] = 99
+    from castor.messages.errors import InvalidMessage
+
+    with pytest.raises(InvalidMessage):
+        CastState.from_json(json.dumps(raw))
+    with pytest.raises(InvalidMessage):
+        CastState.from_json("{not json")
+
+
+json_leaf = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=10) | st.floats(
+    allow_nan=False, allow_infinity=False, width=32)
+json_data = st.recursive(json_leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c,
+                                                                                          max_size=3), max_leaves=10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "reject", "ctx", "ws"]), min_size=1, max_size=14),
+       st.dictionaries(st.text(max_size=6), json_data, max_size=3))
+def test_cast_state_json_roundtrip_through_random_walks(moves: list[str], seed: dict[str, Any]) -> None:
+    """Every state the engine produces survives to_json/from_json exactly and steps identically."""
+    d = Driver(resolved(None, "build"), data=seed)
+    d.utility({"ok": True})
+    d.utility({"kind": "none"})
+    d.reply(ITEMS)
+    for move in moves:
+        state = d.state
+        restored = CastState.from_json(state.to_json())
+        assert restored == state
+        if not state.active or state.pending is None:
+            break
+        work = d.pending()
+        if isinstance(work, Compact):
+            tr = step(restored, CompactionFinished(visit_id=work.visit_id, ok=True, at=d.t + 1))
+            d.compacted()
+            assert tr.state == d.state  # the restored state steps exactly like the live one
+            continue
+        if isinstance(work, RunUtility):
+            d.utility("")
+            continue
+        text = {"satisfied": move != "reject"} if work.socket_id == "Socket-5" else "work"
+        if move == "ctx":
+            d.fail_turn("context window exceeded")
+        elif move == "ws":
+            d.fail_turn("WebSocket error")
+        else:
+            d.reply(text)
+    final = d.state
+    assert CastState.from_json(final.to_json()) == final
