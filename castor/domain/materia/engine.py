@@ -135,7 +135,6 @@ from castor.domain.materia.state import (
     config_hash,
     refinement_counter_key,
     seg,
-    short_label,
     task_attempt_key,
 )
 from castor.domain.materia.expressions import MISSING
@@ -948,4 +947,4 @@ _HANDLERS: dict[type, Any] = {
     ReviveRequested: _on_revive,
 }
 
-__all__ = ["step", "Transition", "CastRejected", "CastState", "short_label"]
+__all__ = ["step", "Transition", "CastRejected", "CastState"]

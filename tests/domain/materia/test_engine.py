@@ -32,7 +32,7 @@ from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.revive import NotRevivable
 from castor.domain.materia.state import CastState
 
-from .scripted import Driver, agent, config, resolved
+from .scripted import Driver, config, resolved
 
 ITEMS = {"workItems": [{"id": "alpha", "title": "Alpha"}, {"id": "beta", "title": "Beta"}]}
 
@@ -585,3 +585,35 @@ def test_cast_state_json_roundtrip_through_random_walks(moves: list[str], seed: 
             d.reply(text)
     final = d.state
     assert CastState.from_json(final.to_json()) == final
+
+
+def _yolo(maintain_edges: list[dict[str, Any]]) -> Any:
+    sockets = {
+        "Socket-1": {"type": "agent", "materia": "G", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "command": ["build"], "edges": [{"when": "always", "to": "Socket-3"}]},
+        "Socket-3": {"type": "agent", "materia": "J", "parse": "json", "edges": maintain_edges},
+    }
+    loops = {"lp": {"sockets": ["Socket-2", "Socket-3"], "consumes": {"from": "Socket-1"},
+                    "exit": {"from": "Socket-3", "when": "satisfied", "to": "end"}}}
+    return resolved(config(sockets, loops=loops))
+
+
+def test_39_40_yolo_loop_counts() -> None:
+    edges = [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-2"}]
+    one = Driver(_yolo(edges))
+    one.reply({"workItems": [{"id": "alpha"}]})
+    one.utility("built")
+    one.reply({"satisfied": True})
+    assert one.state.phase == "complete" and one.state.visits == {"Socket-1": 1, "Socket-2": 1, "Socket-3": 1}
+    assert "Socket-3->Socket-2" not in one.state.edge_traversals
+
+    two = Driver(_yolo(edges))
+    two.reply({"workItems": [{"id": "alpha"}, {"id": "beta"}]})
+    for maintain in (False, True, True):
+        two.utility("built")
+        two.reply({"satisfied": maintain})
+    s = two.state
+    assert s.phase == "complete" and (s.visits["Socket-2"], s.visits["Socket-3"]) == (3, 3)
+    assert s.edge_traversals["Socket-3->Socket-2"] == 2 and s.cursors["workItemIndex"] == 2
+    retry_input = json.loads(two.artifacts()["sockets/Socket-2/2-alpha.input.json"].content)
+    assert retry_input["cursor"] == {"name": "workItemIndex", "index": 0} and retry_input["itemKey"] == "alpha"

@@ -32,7 +32,7 @@ from castor.domain.materia.loops import empty_loop_target, exhaustion_target, it
 from castor.domain.materia.revive import NotRevivable, RecoveryExhaustion, grant_revive
 from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
 
-from .scripted import agent, config, resolved
+from .scripted import config, resolved
 
 # ----------------------------------------------------------------------------- extraction
 
