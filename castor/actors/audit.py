@@ -24,13 +24,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ConfigDict
 
 from castor.actors.classifier import run_bounded
 from castor.actors.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
 from castor.domain.icarus.classify import FilterResult
-from castor.messages.base import Message
+from castor.messages.base import LocalMessage
 from castor.supervision import Actor, handles
 
 DEFAULT_AUDIT_TIMEOUT = 2.0
@@ -40,8 +39,7 @@ AUDIT_WARNING = (
 )
 
 
-class _Local(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+_Local = LocalMessage
 
 
 class AuditAndRelease(_Local, type_name="icarus.audit.release"):

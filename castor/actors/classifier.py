@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import ConfigDict
 
 from castor.actors.ports.classifier import ClassifierPort, ModelEndpoint
 from castor.domain.icarus.classify import (
@@ -42,7 +41,7 @@ from castor.domain.icarus.classify import (
     classify_context,
 )
 from castor.domain.icarus.spans import Grammar, SelectionLimits
-from castor.messages.base import Message
+from castor.messages.base import LocalMessage
 from castor.messages.errors import Cancelled, Timeout
 from castor.supervision import Actor, handles
 
@@ -84,8 +83,7 @@ class CancelToken:
         event.set()
 
 
-class _Local(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+_Local = LocalMessage
 
 
 class Classify(_Local, type_name="icarus.classifier.classify"):

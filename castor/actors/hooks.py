@@ -51,14 +51,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from pydantic import ConfigDict
 
 from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditAndRelease
 from castor.actors.classifier import CancelToken, Classify
 from castor.actors.ports.session import SessionUiPort
 from castor.actors.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
-from castor.messages.base import Message
+from castor.messages.base import LocalMessage, Message
 from castor.messages.errors import CastorError, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 
@@ -68,8 +67,7 @@ LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "ca
 ASK_GRACE = 1.0
 
 
-class _Local(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+_Local = LocalMessage
 
 
 class HarnessEvent(_Local, type_name="icarus.hooks.event"):

@@ -40,10 +40,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import ConfigDict
 
 from castor.domain.icarus.worker_protocol import reply_result
-from castor.messages.base import Message
+from castor.messages.base import LocalMessage
 from castor.messages.errors import (
     ActorStopped,
     Cancelled,
@@ -115,8 +114,7 @@ class CancelToken:
             self._on_cancel = None
 
 
-class _Local(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+_Local = LocalMessage
 
 
 class WorkerCall(_Local, type_name="icarus.worker.call"):

@@ -22,6 +22,8 @@ class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type_name: ClassVar[str] = ""
+    wire: ClassVar[bool] = True
+    """False for process-local messages (they carry callables or handles)."""
 
     def __init_subclass__(cls, type_name: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -34,14 +36,24 @@ class Message(BaseModel):
         _REGISTRY[type_name] = cls
 
 
+class LocalMessage(Message):
+    """A message that never leaves the process: it may carry callables, handles, tokens.
+
+    Registered (so mailboxes count it by name) but refused by the wire codec.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    wire: ClassVar[bool] = False
+
+
 def message_type(type_name: str) -> type[Message] | None:
     """The registered class for ``type_name``, or None."""
     return _REGISTRY.get(type_name)
 
 
-def registered_types() -> dict[str, type[Message]]:
-    """A copy of the registry: stable type name -> class."""
-    return dict(_REGISTRY)
+def registered_types(*, wire_only: bool = False) -> dict[str, type[Message]]:
+    """A copy of the registry: stable type name -> class (optionally only wire messages)."""
+    return {name: klass for name, klass in _REGISTRY.items() if klass.wire or not wire_only}
 
 
 def type_name_of(message: object) -> str:

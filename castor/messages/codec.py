@@ -20,8 +20,8 @@ from castor.messages.errors import InvalidMessage
 
 def to_wire(message: Message) -> list[Any]:
     """The msgpack-ready ``[type_name, fields]`` form of ``message``."""
-    if not isinstance(message, Message) or not message.type_name:
-        raise InvalidMessage(f"not a registered message: {type(message).__name__}")
+    if not isinstance(message, Message) or not message.type_name or not message.wire:
+        raise InvalidMessage(f"not a wire message: {type(message).__name__}")
     return [message.type_name, message.model_dump(mode="json")]
 
 
@@ -33,7 +33,7 @@ def from_wire(value: Any) -> Message:
     if not isinstance(type_name, str):
         raise InvalidMessage("message type name must be a string")
     klass = message_type(type_name)
-    if klass is None:
+    if klass is None or not klass.wire:
         raise InvalidMessage(f"unknown message type {type_name!r}", data={"type": type_name})
     if not isinstance(fields, dict):
         raise InvalidMessage(f"fields of {type_name!r} must be a map", data={"type": type_name})
@@ -47,8 +47,12 @@ def from_wire(value: Any) -> Message:
 
 
 def encode(message: Message) -> bytes:
-    """Serialise a message to msgpack bytes."""
-    return msgpack.packb(to_wire(message), use_bin_type=True)
+    """Serialise a message to msgpack bytes; unencodable values raise InvalidMessage."""
+    wire = to_wire(message)
+    try:
+        return msgpack.packb(wire, use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise InvalidMessage(f"{message.type_name!r} cannot be encoded: {type(exc).__name__}") from None
 
 
 def decode(data: bytes) -> Message:

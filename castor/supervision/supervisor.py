@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable, Sequence
 
-from pydantic import ConfigDict
 
-from castor.messages.base import Message
+from castor.messages.base import LocalMessage
 from castor.messages.errors import CastorError, Conflict, NotFound
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import ActorHandle
@@ -104,8 +103,7 @@ def supervisor_spec(
 
 
 # -- messages the supervisor handles (local only: they carry callables) -------
-class _Local(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+_Local = LocalMessage
 
 
 class StartChild(_Local, type_name="supervisor.start_child"):
