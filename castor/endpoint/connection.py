@@ -85,8 +85,8 @@ class ConnectionSettings(BaseModel):
     inline_grace: float = Field(0.001, gt=0, le=1.0)
 
 
-# How long after the last request the watcher keeps polling at ``inline_grace``.
-_ACTIVE_TAIL = 0.05
+# A worker takes back a reader role that callers left free after this long without a caller.
+_RETAKE_AFTER = 0.002
 # Longest a waiting caller sleeps before re-checking the reader role (a safety net).
 _CALLER_RECHECK = 0.05
 
@@ -154,9 +154,8 @@ class Connection:
         self._idle = 0
         self._role: int | None = None          # thread ident holding the reader role
         self._inline_since: float | None = None  # the role holder is running a handler
-        self._active_until = 0.0
-        self._watcher: int | None = None
-        self._watcher_timed = False
+        self._released_at = 0.0
+        self._watched = False  # registered with the process-wide watchdog
         self._callers_waiting = 0
         self._polling = False
         self._poked = False
@@ -436,8 +435,6 @@ class Connection:
                 while True:
                     if self._closed:
                         self._threads -= 1
-                        if self._watcher == me:
-                            self._watcher = None
                         if self._role == me:
                             self._role = None
                         self._maybe_release_fds()
@@ -455,33 +452,48 @@ class Connection:
                             self._role, self._inline_since = me, None
                             self.counters["role_steals"] += 1
                             break
-                    self._idle_wait(me)
-                if self._watcher == me:
-                    self._watcher, self._watcher_timed = None, False
+                    self._idle += 1
+                    cond.wait()
+                    self._idle -= 1
             if job is not None:
                 self._run(job)
             else:
                 self._read_as_worker(me)
 
-    def _idle_wait(self, me: int) -> None:
-        """Wait on the condition; the one *watcher* polls at ``inline_grace`` while active."""
-        if self._watcher is None:
-            self._watcher = me
-        self._idle += 1
-        try:
-            now = time.monotonic()
-            if self._watcher == me and (self._inline_since is not None or now < self._active_until):
-                self._watcher_timed = True
-                timeout = self._grace
-                if self._inline_since is not None:
-                    timeout = max(self._inline_since + self._grace - now, 0.0001)
-                self._cond.wait(timeout)
-            else:
-                if self._watcher == me:
-                    self._watcher_timed = False
-                self._cond.wait()
-        finally:
-            self._idle -= 1
+    def _watchdog_check(self, now: float) -> bool:
+        """Called by the watchdog every tick; ``True`` to stay watched.
+
+        Wakes the workers when the role holder has been inside a handler for
+        ``inline_grace`` (one steals the role), or when callers left the role
+        free for ``_RETAKE_AFTER`` (one takes it back, so frames the peer
+        sends on its own are read while no call is waiting).
+        """
+        with self._cond:
+            if self._closed or self._eof:
+                self._watched = False
+                return False
+            since = self._inline_since
+            if since is not None:
+                if now - since >= self._grace:
+                    self._wake_worker_locked()
+                return True
+            if self._role is None and not self._callers_waiting:
+                if now - self._released_at >= _RETAKE_AFTER:
+                    self._wake_worker_locked()
+                return True
+            self._watched = False
+            return False
+
+    def _wake_worker_locked(self) -> None:
+        if self._idle:
+            self._cond.notify_all()
+        elif self._threads < self.settings.max_workers:
+            self._spawn_locked()
+
+    def _watch_locked(self) -> None:
+        if not self._watched:
+            self._watched = True
+            _WATCHDOG.watch(self)
 
     def _read_as_worker(self, me: int) -> None:
         """Hold the reader role: read; run each request here unless no one could take over reading."""
@@ -492,13 +504,8 @@ class Connection:
                 return
             with cond:
                 if self._idle or self._threads < self.settings.max_workers:
-                    now = time.monotonic()
-                    self._inline_since = now
-                    self._active_until = now + _ACTIVE_TAIL
-                    if not self._idle:
-                        self._spawn_locked()  # it becomes the watcher
-                    elif self._watcher is None or not self._watcher_timed:
-                        cond.notify_all()  # idle → active: get a timed watcher
+                    self._inline_since = time.monotonic()
+                    self._watch_locked()
                     inline = True
                 else:
                     self._jobs.append(frame)
@@ -532,7 +539,6 @@ class Connection:
                     held = self._role == me  # a handler calling back its own peer
                     self._role = me
                     self._inline_since = None
-                    self._active_until = time.monotonic() + _ACTIVE_TAIL
                     read = True
                 else:
                     self._callers_waiting += 1
@@ -550,7 +556,7 @@ class Connection:
         cond = self._cond
         try:
             while not call._done:
-                frame = self._read_frame(me, call.deadline)
+                frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
                 with cond:  # a request for us: a worker runs it, this thread keeps waiting
@@ -566,17 +572,21 @@ class Connection:
                         self._inline_since = time.monotonic()  # back inside the handler
                     else:
                         self._role = None
-                        if self._callers_waiting or self._watcher is None or not self._watcher_timed:
+                        if self._callers_waiting:
                             cond.notify_all()
-                        if not self._idle and self._threads < self.settings.max_workers and not self._closed:
-                            self._spawn_locked()  # someone must read server-initiated frames
+                        elif not self._closed:
+                            # A worker takes the role back unless another call comes soon.
+                            self._released_at = time.monotonic()
+                            self._watch_locked()
                 self._maybe_release_fds()
 
-    def _read_frame(self, me: int, deadline: float | None) -> Request | Notification | None:
+    def _read_frame(self, me: int, deadline: float | None,
+                    call: PendingCall | None = None) -> Request | Notification | None:
         """As role holder, return the next admitted request/notification.
 
-        ``None`` when the deadline passed (role kept), or the role was given
-        up: EOF, close, undecodable input, or a worker yielding to a caller.
+        ``None`` when ``call`` got its answer or its deadline passed (role
+        kept), or the role was given up: EOF, close, undecodable input, or a
+        worker yielding to a caller.
         """
         decoder = self._decoder
         cond = self._cond
@@ -635,6 +645,8 @@ class Connection:
                 continue
             if type(frame) is Response:
                 self._on_response(frame)
+                if call is not None and call._done:
+                    return None
                 continue
             if self._admit(frame):
                 return frame
@@ -730,3 +742,52 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout)
 
+
+
+class _Watchdog:
+    """One process-wide thread that ticks every millisecond while any connection needs it.
+
+    Per-connection timers would cost a wake-up per connection per tick; this
+    costs one per tick in total, and none at all when every connection is
+    idle (it then waits on its condition).
+    """
+
+    TICK = 0.001
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active: set[Connection] = set()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, conn: Connection) -> None:
+        with self._cond:
+            self._active.add(conn)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="castor-endpoint-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._active:
+                    self._cond.wait()
+                watched = list(self._active)
+            time.sleep(self.TICK)
+            now = time.monotonic()
+            done = []
+            for conn in watched:
+                try:
+                    if not conn._watchdog_check(now):
+                        done.append(conn)
+                except Exception:  # pragma: no cover - never let the watchdog die
+                    logger.exception("endpoint watchdog check failed")
+                    done.append(conn)
+            if done:
+                with self._cond:
+                    for conn in done:
+                        if not conn._watched:
+                            self._active.discard(conn)
+
+
+_WATCHDOG = _Watchdog()
