@@ -1,0 +1,236 @@
+"""The composition root: one actor system, its session tree and shared pools.
+
+Actor tree (paths are stable; see docs/architecture.md)::
+
+    /root                                   root supervisor (one_for_one)
+    /root/utility                           utility executor pool (supervisor)
+    /root/utility/slot-<n>                  UtilityExecutorActor
+    /root/session                           all harness sessions (supervisor)
+    /root/session/<sid>                     one session (supervisor, one_for_one)
+    /root/session/<sid>/<component>/...     what each session component adds
+                                            (materia: ``materia``, ``cast/<id>``;
+                                            icarus: ``icarus/...``)
+
+A *session component* is a function ``(SessionContext) -> list[ChildSpec]``
+that contributes children to every session supervisor, plus optional
+``harness.event`` listeners. Components are how the materia and Icarus
+systems plug into a session without the runtime knowing either.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from castor.actors.ports.agent import AgentPort
+from castor.actors.ports.classifier import ClassifierPort
+from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.messages.errors import Conflict, NotFound
+from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
+from castor.supervision.registry import check_segment
+
+SESSIONS_PATH = "/root/session"
+UTILITY_PATH = "/root/utility"
+
+
+class RuntimeSettings(BaseModel):
+    """Runtime-wide settings (CLI flags and environment; never project files)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allow_faults: bool = False
+    utility_slots: int = Field(default=4, ge=1, le=256)
+    utility_queue_limit: int = Field(default=1000, ge=1)
+    max_casts_per_session: int = Field(default=1, ge=1)
+    artifact_root: str | None = None  # overrides the config's artifactDir when set
+    session_restart_intensity: int = 5
+
+
+class SessionInfo(BaseModel):
+    """What the harness says about a session when it opens it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    cwd: str
+    trusted: bool = False
+    flags: dict[str, Any] = {}
+    session_file: str | None = None
+
+
+@dataclass
+class HarnessLink:
+    """The harness-side ports of one session (over the wire, or standalone stand-ins)."""
+
+    agent: AgentPort | None
+    session_log: SessionPort | None
+    ui: SessionUiPort | None
+    classifier: ClassifierPort | None = None
+    kind: str = "standalone"  # "endpoint" when backed by a msgpack-rpc connection
+
+
+@dataclass
+class SessionContext:
+    """Everything a session component needs to build its children."""
+
+    info: SessionInfo
+    harness: HarnessLink
+    runtime: Runtime
+    path: str
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def child(self, *segments: str) -> str:
+        return "/".join([self.path, *segments])
+
+    def lookup(self, *segments: str) -> ActorHandle:
+        return self.runtime.system.lookup(self.child(*segments))
+
+
+class EventListener(Protocol):
+    def __call__(self, ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class SessionComponent:
+    """One system's contribution to every session."""
+
+    name: str
+    children: Callable[[SessionContext], list[ChildSpec]]
+    on_event: EventListener | None = None
+    on_close: Callable[[SessionContext], None] | None = None
+
+
+class Runtime:
+    """One castor runtime: actor system, sessions, components, shared pools."""
+
+    def __init__(
+        self,
+        settings: RuntimeSettings | None = None,
+        *,
+        components: list[SessionComponent] | None = None,
+        extra_children: list[ChildSpec] | None = None,
+    ) -> None:
+        self.settings = settings or RuntimeSettings()
+        self.components = list(components if components is not None else default_components())
+        self._sessions: dict[str, SessionContext] = {}
+        self._lock = threading.Lock()
+        children = [
+            *_utility_children(self.settings),
+            supervisor_spec(SESSIONS_PATH.rsplit("/", 1)[1], [], strategy=Strategy.ONE_FOR_ONE,
+                            max_restarts=100, within_seconds=10),
+            *(extra_children or []),
+        ]
+        self.system = ActorSystem(children)
+        self.log = logger.bind(actor="/runtime")
+
+    # -- sessions ------------------------------------------------------------
+    def open_session(self, info: SessionInfo, harness: HarnessLink) -> SessionContext:
+        """Start ``/root/session/<sid>`` with every component's children.
+
+        Opening an already-open session id replaces its harness link only if
+        the old one is gone; otherwise it is a ``conflict``.
+        """
+        check_segment(info.session_id)
+        path = f"{SESSIONS_PATH}/{info.session_id}"
+        with self._lock:
+            if info.session_id in self._sessions:
+                raise Conflict(f"session {info.session_id!r} is already open", data={"session_id": info.session_id})
+            ctx = SessionContext(info=info, harness=harness, runtime=self, path=path)
+            self._sessions[info.session_id] = ctx
+        try:
+            specs: list[ChildSpec] = []
+            for component in self.components:
+                specs.extend(component.children(ctx))
+            self.system.spawn(
+                supervisor_spec(info.session_id, specs, strategy=Strategy.ONE_FOR_ONE,
+                                max_restarts=self.settings.session_restart_intensity, within_seconds=10,
+                                restart=Restart.TEMPORARY),
+                under=SESSIONS_PATH,
+            )
+        except BaseException:
+            with self._lock:
+                self._sessions.pop(info.session_id, None)
+            raise
+        self.log.info("session opened: {sid}", sid=info.session_id)
+        return ctx
+
+    def session(self, session_id: str) -> SessionContext:
+        with self._lock:
+            ctx = self._sessions.get(session_id)
+        if ctx is None:
+            raise NotFound(f"no open session {session_id!r}", data={"session_id": session_id})
+        return ctx
+
+    def sessions(self) -> list[SessionContext]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def close_session(self, session_id: str, *, timeout: float = 30.0) -> None:
+        """Run component close hooks, then stop the session's actors (casts persist their state)."""
+        ctx = self.session(session_id)
+        for component in self.components:
+            if component.on_close is not None:
+                try:
+                    component.on_close(ctx)
+                except Exception as exc:  # noqa: BLE001 - one component must not block the others
+                    self.log.opt(exception=exc).error("{name}.on_close failed", name=component.name)
+        try:
+            self.system.stop_child(ctx.path, timeout=timeout)
+        except NotFound:
+            pass
+        with self._lock:
+            self._sessions.pop(session_id, None)
+        self.log.info("session closed: {sid}", sid=session_id)
+
+    def dispatch_event(self, session_id: str, event: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Offer a harness event to every component; merge their results (later keys win)."""
+        ctx = self.session(session_id)
+        merged: dict[str, Any] = {}
+        for component in self.components:
+            if component.on_event is None:
+                continue
+            result = component.on_event(ctx, event, data)
+            if result:
+                merged.update(result)
+        return merged
+
+    # -- lifecycle -------------------------------------------------------------
+    def shutdown(self, timeout: float = 30.0) -> bool:
+        for ctx in self.sessions():
+            try:
+                self.close_session(ctx.info.session_id, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001
+                self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
+        return self.system.shutdown(timeout)
+
+    def artifact_root_for(self, cwd: str, configured: str | None) -> Path:
+        """Where a session's casts write artifacts: the runtime override, else the config's."""
+        base = Path(cwd)
+        root = self.settings.artifact_root or configured or ".pi/pi-materia"
+        return (base / root).resolve() if not Path(root).is_absolute() else Path(root)
+
+
+def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
+    try:
+        from castor.actors.materia.utility import utility_pool_spec
+    except ImportError:  # the materia actors are optional until they land
+        return []
+    return [utility_pool_spec(settings)]
+
+
+def default_components() -> list[SessionComponent]:
+    """The components every runtime has unless told otherwise: materia, then icarus."""
+    components: list[SessionComponent] = []
+    for module_name, attr in (("castor.actors.materia.component", "materia_component"),
+                              ("castor.actors.icarus_session", "icarus_component")):
+        try:
+            module = __import__(module_name, fromlist=[attr])
+        except ImportError:
+            continue
+        components.append(getattr(module, attr)())
+    return components
