@@ -70,10 +70,15 @@ class CastorError(Exception):
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> CastorError:
         """Rebuild the most specific error class for a wire error map."""
-        code = ErrorCode(wire.get("code", "internal"))
+        data = wire.get("data") if isinstance(wire.get("data"), dict) else {}
+        try:
+            code = ErrorCode(wire.get("code", "internal"))
+        except ValueError:  # a peer's own code: keep it, classify as internal
+            data = {**data, "wire_code": str(wire.get("code"))}
+            code = ErrorCode.INTERNAL
         klass = _BY_CODE.get(code, CastorError)
         err = klass.__new__(klass)
-        CastorError.__init__(err, str(wire.get("message", "")), code=code, data=wire.get("data"))
+        CastorError.__init__(err, str(wire.get("message", "")), code=code, data=data)
         return err
 
     def __repr__(self) -> str:

@@ -1,0 +1,134 @@
+"""The ``castor`` command line.
+
+Every command exits 0 on success and non-zero with one line on stderr
+otherwise (``castor: <code>: <message>``). Logging goes to stderr only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Sequence
+
+from castor import __version__
+from castor.logs import configure_logging
+from castor.messages.errors import CastorError, InvalidParams
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _tcp_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    if stdio:
+        group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
+    group.add_argument("--socket", metavar="PATH", help="a Unix socket path")
+    group.add_argument("--tcp", metavar="HOST:PORT", type=_tcp_address, help="a loopback TCP address")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
+    )
+    parser.add_argument("--version", action="version", version=f"castor {__version__}")
+    parser.add_argument("--log-level", default=None, help="stderr log level (default WARNING, env CASTOR_LOG_LEVEL)")
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line (env CASTOR_LOG_JSON=1)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser("serve", help="run the msgpack-rpc endpoint for harness plugins")
+    _add_endpoint_choice(serve, stdio=True)
+    serve.add_argument("--allow-faults", action="store_true", help="enable ops.fault (tests and drills only)")
+    serve.add_argument("--utility-slots", type=int, default=4, help="concurrent utility commands (default 4)")
+    serve.add_argument("--max-casts-per-session", type=int, default=1, help="concurrent casts per session (default 1)")
+    serve.set_defaults(run=_cmd_serve)
+
+    inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
+    _add_endpoint_choice(inspect, stdio=False)
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "mailbox", "worker"])
+    inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
+    inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
+    inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
+    inspect.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --follow")
+    inspect.add_argument("--json", action="store_true", help="print raw JSON")
+    inspect.set_defaults(run=_cmd_inspect)
+
+    demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
+    demo.add_argument("--workdir", help="where the demo writes its project and artifacts (default: a temp dir)")
+    demo.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    demo.set_defaults(run=_cmd_demo)
+
+    _add_optional_subcommands(sub)
+    return parser
+
+
+def _add_optional_subcommands(sub: Any) -> None:
+    for module_name, function in (("castor.cli_materia", "add_materia_subcommands"),
+                                  ("castor.cli_soak", "add_soak_subcommand")):
+        try:
+            module = __import__(module_name, fromlist=[function])
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # TODO(lead): make these unconditional once they have landed
+        getattr(module, function)(sub)
+
+
+# -- serve ------------------------------------------------------------------------
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from castor.endpoint.app import build_dispatcher
+    from castor.endpoint.server import serve
+    from castor.runtime import Runtime, RuntimeSettings
+
+    if args.tcp and args.tcp[0] not in ("127.0.0.1", "localhost", "::1"):
+        raise InvalidParams(f"--tcp must bind a loopback address, not {args.tcp[0]}")
+    runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
+                                      max_casts_per_session=args.max_casts_per_session))
+    dispatcher = build_dispatcher(runtime)
+    try:
+        serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
+              on_shutdown=lambda: runtime.shutdown(30.0))
+    finally:
+        runtime.shutdown(30.0)
+    return EXIT_OK
+
+
+# -- inspect ----------------------------------------------------------------------
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from castor.inspect_view import run_inspect
+
+    return run_inspect(args)
+
+
+# -- demo -------------------------------------------------------------------------
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from castor.demo import run_demo
+
+    return run_demo(workdir=args.workdir, quiet=args.quiet)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, json=args.log_json or None)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return int(run(args) or 0)
+    except CastorError as exc:
+        print(f"castor: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("castor: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError) as exc:
+        print(f"castor: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The harness-side ports of one session, over a msgpack-rpc connection.
+
+:class:`WireHarness` implements every port a session needs from the harness:
+
+=================  ====================================  ==========================================
+port               castor → harness                      answer
+=================  ====================================  ==========================================
+AgentPort          ``agent.run_turn`` (notification)     later, ``agent.turn_ended`` (request from
+                                                         the harness) → :meth:`turn_ended`
+SessionPort        ``session.append_entry`` (request)    ``{ok, entry_id}`` once persisted
+SessionUiPort      ``message.send``, ``ui.notify``,      none (fire and forget)
+                   ``ui.status`` (notifications)
+ClassifierPort     ``model.list``, ``classifier.         the models; the completion
+                   complete`` (requests)
+=================  ====================================  ==========================================
+
+Every request castor makes has a deadline. A turn whose connection dies is
+*not* answered: its cast stays persisted and resumable (``cast.recast``)
+rather than being failed by a transport it cannot see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+from loguru import logger
+
+from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
+from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
+
+if TYPE_CHECKING:
+    from castor.endpoint.connection import Connection
+
+UI_DEADLINE_S = 5.0
+
+
+class WireHarness:
+    """AgentPort + SessionPort + SessionUiPort + ClassifierPort over one connection."""
+
+    def __init__(self, connection: Connection, session_id: str) -> None:
+        self.connection = connection
+        self.session_id = session_id
+        self._lock = threading.Lock()
+        self._turns: dict[str, TurnReply] = {}
+        self.log = logger.bind(actor=f"/endpoint/harness/{session_id}")
+
+    # -- AgentPort -------------------------------------------------------------
+    def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
+        with self._lock:
+            self._turns[request.turn_id] = reply
+        params: dict[str, Any] = {
+            "session_id": self.session_id,
+            "turn_id": request.turn_id,
+            "prompt": request.prompt,
+            "summary": request.summary,
+            "custom_type": "castor-turn",
+            "tools": request.tools,
+            "isolate": True,
+        }
+        if request.model:
+            provider, _, model_id = request.model.partition("/")
+            params["model"] = {"provider": provider, "id": model_id} if model_id else {"provider": None, "id": provider}
+        if request.thinking:
+            params["thinking"] = request.thinking
+        if not self.connection.notify("agent.run_turn", params):
+            self.log.warning("agent.run_turn for {turn} not sent: connection closed", turn=request.turn_id)
+
+    def cancel(self, turn_id: str) -> None:
+        with self._lock:
+            reply = self._turns.pop(turn_id, None)
+        if reply is not None:
+            reply(TurnOutcome(turn_id=turn_id, stop_reason="aborted",
+                              error=TurnError(message="turn cancelled by castor", kind="cancelled")))
+
+    def turn_ended(self, params: dict[str, Any]) -> bool:
+        """Deliver the harness's ``agent.turn_ended``; NotFound for an unknown or answered turn."""
+        turn_id = str(params.get("turn_id") or "")
+        with self._lock:
+            reply = self._turns.pop(turn_id, None)
+        if reply is None:
+            raise NotFound(f"no pending turn {turn_id!r}", data={"turn_id": turn_id})
+        reply(outcome_from_wire(turn_id, params))
+        return True
+
+    def pending_turns(self) -> list[str]:
+        with self._lock:
+            return sorted(self._turns)
+
+    # -- SessionPort -------------------------------------------------------------
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout("append_entry deadline passed before sending", may_have_started=False)
+        result = self.connection.call("session.append_entry", {"custom_type": custom_type, "data": data}, timeout=left)
+        if not (isinstance(result, dict) and result.get("ok") is True):
+            raise CastorError("harness did not acknowledge the entry", data={"custom_type": custom_type})
+
+    # -- SessionUiPort -----------------------------------------------------------
+    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
+        self.connection.notify("message.send", {"custom_type": custom_type, "content": content,
+                                                "display": display, "trigger_turn": trigger_turn})
+
+    def set_status(self, key: str, text: str | None) -> None:
+        self.connection.notify("ui.status", {"key": key, "text": text})
+
+    def notify(self, message: str, level: str = "info") -> None:
+        self.connection.notify("ui.notify", {"message": message, "level": level})
+
+    # -- ClassifierPort ----------------------------------------------------------
+    def list_models(self, deadline: float | None = None) -> Sequence[ModelEndpoint] | None:
+        timeout = UI_DEADLINE_S if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            result = self.connection.call("model.list", {}, timeout=timeout)
+        except CastorError as exc:
+            if exc.data.get("wire_code") == "unsupported":
+                return None
+            raise
+        models = result.get("models") if isinstance(result, dict) else None
+        if not isinstance(models, list):
+            raise InvalidParams("model.list answered without a models list")
+        out = []
+        for model in models:
+            if isinstance(model, dict) and model.get("provider") and model.get("id"):
+                out.append(ModelEndpoint(provider=str(model["provider"]), id=str(model["id"]),
+                                         base_url=model.get("base_url"), has_auth=bool(model.get("available", True))))
+        return out
+
+    def complete(self, request: ClassifierRequest, deadline: float) -> ClassifierResponse:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout("classifier deadline passed before sending", may_have_started=False)
+        params = {
+            "provider": request.provider,
+            "model": request.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "timeout_ms": int(left * 1000),
+        }
+        result = self.connection.call("classifier.complete", params, timeout=left)
+        if not isinstance(result, dict) or not isinstance(result.get("text"), str):
+            raise InvalidParams("classifier.complete answered without text")
+        usage = result.get("usage")
+        return ClassifierResponse(text=result["text"],
+                                  usage=ClassifierUsage.model_validate(usage) if isinstance(usage, dict) else None)
+
+
+def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
+    """Map ``agent.turn_ended`` params onto a TurnOutcome (unknown usage stays None)."""
+    usage = params.get("usage") if isinstance(params.get("usage"), dict) else None
+    error = params.get("error")
+    turn_error = None
+    if error:
+        if isinstance(error, dict):
+            turn_error = TurnError(message=str(error.get("message") or error), payload=error.get("payload", error),
+                                   kind=error.get("kind") if error.get("kind") in _KINDS else "provider")
+        else:
+            turn_error = TurnError(message=str(error), kind="provider")
+    stop_reason = params.get("stop_reason")
+    if params.get("aborted"):
+        stop_reason = "aborted"
+    return TurnOutcome(
+        turn_id=turn_id,
+        text=str(params.get("text") or ""),
+        stop_reason=str(stop_reason) if stop_reason is not None else None,
+        error=turn_error,
+        usage=TurnUsage(
+            input_tokens=usage.get("input"), output_tokens=usage.get("output"),
+            cache_read_tokens=usage.get("cache_read"), cache_write_tokens=usage.get("cache_write"),
+            total_tokens=usage.get("total_tokens"), cost_usd=usage.get("cost"), raw=usage,
+        ) if usage else None,
+        model=params.get("model") if isinstance(params.get("model"), str) else None,
+    )
+
+
+_KINDS = {"provider", "transport", "timeout", "cancelled", "exhausted", "invalid_response", "internal"}

@@ -1,0 +1,1 @@
+"""Endpoint method groups: each module registers its methods on a Dispatcher."""

@@ -1,0 +1,95 @@
+"""Operator methods: ``ops.actors``, ``ops.mailbox``, ``ops.worker``, ``ops.fault``.
+
+Inspection never consumes a message. ``ops.fault`` exists on every runtime
+but answers ``forbidden`` unless it was started with ``--allow-faults``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import psutil
+
+from castor.endpoint.dispatch import Context, Dispatcher, Params
+from castor.messages.errors import Forbidden, InvalidParams
+from castor.runtime import Runtime
+from castor.supervision import faults
+
+
+class ActorsParams(Params):
+    prefix: str = ""
+
+
+class MailboxParams(Params):
+    path: str
+
+
+class WorkerParams(Params):
+    session_id: str | None = None
+
+
+class FaultParams(Params):
+    kind: Literal["kill", "crash_next", "delay_next", "kill_process", "retire"]
+    path: str
+    message_type: str | None = None
+    seconds: float = 0.0
+    reason: str = "fault injected over the endpoint"
+
+
+def process_stats(pid: int | None = None) -> dict[str, Any]:
+    """pid, RSS, CPU times, threads and open files of one process (default: this one)."""
+    proc = psutil.Process(pid or os.getpid())
+    with proc.oneshot():
+        times = proc.cpu_times()
+        try:
+            open_files = len(proc.open_files())
+        except psutil.Error:
+            open_files = None
+        return {
+            "pid": proc.pid,
+            "rss_bytes": proc.memory_info().rss,
+            "cpu_user_s": times.user,
+            "cpu_system_s": times.system,
+            "threads": proc.num_threads(),
+            "open_files": open_files,
+        }
+
+
+def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
+    def actors(params: ActorsParams, _ctx: Context) -> dict[str, Any]:
+        return runtime.system.snapshot(params.prefix).model_dump(mode="json")
+
+    def mailbox(params: MailboxParams, _ctx: Context) -> dict[str, Any]:
+        return runtime.system.mailbox(params.path).model_dump(mode="json")
+
+    def worker(params: WorkerParams, _ctx: Context) -> dict[str, Any]:
+        result: dict[str, Any] = {"runtime": process_stats()}
+        if params.session_id is not None:
+            from castor.endpoint.methods.icarus import worker_stats
+
+            result["worker"] = worker_stats(runtime, params.session_id)
+        return result
+
+    def fault(params: FaultParams, _ctx: Context) -> dict[str, Any]:
+        if not runtime.settings.allow_faults:
+            raise Forbidden("fault injection is disabled (start castor serve with --allow-faults)")
+        handle = runtime.system.lookup(params.path)
+        if params.kind == "kill":
+            faults.kill(handle, params.reason)
+        elif params.kind == "crash_next":
+            faults.crash_next(handle, params.message_type)
+        elif params.kind == "delay_next":
+            if params.seconds <= 0 or params.seconds > 600:
+                raise InvalidParams("delay_next needs 0 < seconds <= 600")
+            faults.delay_next(handle, params.seconds, params.message_type)
+        elif params.kind == "kill_process":
+            return {"injected": params.kind, "path": params.path, "pids": faults.kill_process(handle)}
+        else:
+            handle.retire(params.reason)
+        return {"injected": params.kind, "path": params.path}
+
+    dispatcher.register("ops.actors", actors, ActorsParams)
+    dispatcher.register("ops.mailbox", mailbox, MailboxParams)
+    dispatcher.register("ops.worker", worker, WorkerParams)
+    dispatcher.register("ops.fault", fault, FaultParams)

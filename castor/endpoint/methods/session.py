@@ -1,0 +1,117 @@
+"""Session methods: ``session.open``, ``session.close``, ``harness.event``, ``agent.turn_ended``.
+
+A session opened on a connection belongs to it: when the connection closes
+(EOF, error, shutdown) every session it opened is closed — casts keep their
+persisted state and stay resumable; workers are stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Literal
+
+from loguru import logger
+
+from castor.endpoint.dispatch import Context, Dispatcher, Params
+from castor.endpoint.harness_link import WireHarness
+from castor.messages.errors import Conflict, Forbidden
+from castor.runtime import HarnessLink, Runtime, SessionInfo
+
+HarnessEventName = Literal[
+    "session_start", "before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context",
+    "turn_start", "turn_end", "agent_start", "input",
+]
+
+
+class SessionOpenParams(Params):
+    session_id: str
+    cwd: str
+    trusted: bool = False
+    flags: dict[str, Any] = {}
+
+
+class SessionRef(Params):
+    session_id: str
+
+
+class HarnessEventParams(Params):
+    session_id: str
+    event: HarnessEventName
+    data: dict[str, Any] = {}
+
+
+class TurnEndedParams(Params):
+    session_id: str
+    turn_id: str
+    text: str | None = None
+    stop_reason: str | None = None
+    error: Any = None
+    usage: dict[str, Any] | None = None
+    aborted: bool = False
+    entry_id: str | None = None
+    model: Any = None
+
+
+def _owned(ctx: Context) -> dict[str, WireHarness]:
+    return ctx.state.setdefault("sessions", {})
+
+
+def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
+    lock = threading.Lock()
+
+    def session_open(params: SessionOpenParams, ctx: Context) -> dict[str, Any]:
+        owned = _owned(ctx)
+        with lock:
+            if params.session_id in owned:
+                raise Conflict(f"session {params.session_id!r} is already open on this connection")
+            link = WireHarness(ctx.connection, params.session_id)
+            info = SessionInfo(
+                session_id=params.session_id, cwd=params.cwd, trusted=params.trusted, flags=params.flags,
+                session_file=params.flags.get("session_file") if isinstance(params.flags.get("session_file"), str) else None,
+            )
+            session = runtime.open_session(
+                info, HarnessLink(agent=link, session_log=link, ui=link, classifier=link, kind="endpoint")
+            )
+            owned[params.session_id] = link
+            if not ctx.state.get("close_hook"):
+                ctx.state["close_hook"] = True
+                ctx.connection.add_close_callback(lambda _conn: _close_owned(runtime, owned))
+        return {"session_id": params.session_id, "path": session.path}
+
+    def session_close(params: SessionRef, ctx: Context) -> dict[str, Any]:
+        owned = _owned(ctx)
+        if params.session_id not in owned:
+            raise Forbidden(f"session {params.session_id!r} was not opened on this connection")
+        runtime.close_session(params.session_id)
+        owned.pop(params.session_id, None)
+        return {"closed": True}
+
+    def harness_event(params: HarnessEventParams, ctx: Context) -> dict[str, Any]:
+        _check_owned(ctx, params.session_id)
+        return runtime.dispatch_event(params.session_id, params.event, params.data)
+
+    def turn_ended(params: TurnEndedParams, ctx: Context) -> dict[str, Any]:
+        link = _check_owned(ctx, params.session_id)
+        link.turn_ended(params.model_dump())
+        return {"ok": True}
+
+    dispatcher.register("session.open", session_open, SessionOpenParams)
+    dispatcher.register("session.close", session_close, SessionRef)
+    dispatcher.register("harness.event", harness_event, HarnessEventParams)
+    dispatcher.register("agent.turn_ended", turn_ended, TurnEndedParams)
+
+
+def _check_owned(ctx: Context, session_id: str) -> WireHarness:
+    link = _owned(ctx).get(session_id)
+    if link is None:
+        raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
+    return link
+
+
+def _close_owned(runtime: Runtime, owned: dict[str, WireHarness]) -> None:
+    for session_id in list(owned):
+        try:
+            runtime.close_session(session_id)
+        except Exception as exc:  # noqa: BLE001 - closing one must not stop closing the rest
+            logger.bind(actor="/endpoint").opt(exception=exc).warning("closing {sid} after disconnect failed", sid=session_id)
+        owned.pop(session_id, None)
