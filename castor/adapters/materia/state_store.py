@@ -137,7 +137,7 @@ def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
     """
     active = state.get("active") is True
     phase = state.get("phase")
-    socket_state = state.get("socketState")
+    socket_state = _field(state, "socketState", "socket_state")
     complete = phase == "complete" or socket_state == "complete"
     failed = phase == "failed" or socket_state == "failed"
     resumable = not active and not complete and failed
@@ -145,11 +145,26 @@ def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
         return ("awaiting_refinement" if socket_state == "awaiting_user_refinement" else "active"), False
     if complete:
         return "complete", False
-    if failed and state.get("failedReason") == "aborted by user":
+    if failed and (_field(state, "failedReason", "failed_reason") == "aborted by user" or state.get("aborted") is True):
         return "aborted", resumable
     if failed:
         return "failed", resumable
     return "idle", resumable
+
+
+def _field(state: dict[str, Any], camel: str, snake: str) -> Any:
+    """pi-materia's camelCase key, else castor's engine state key (snake_case)."""
+    value = state.get(camel)
+    return state.get(snake) if value is None else value
+
+
+def _iso_field(state: dict[str, Any]) -> str | None:
+    value = _field(state, "updatedAt", "updated_at")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return datetime.fromtimestamp(value, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None
 
 
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
@@ -294,14 +309,14 @@ class CastStateStore:
 def _summary(stored: StoredState) -> CastSummary:
     state = stored.state
     status, resumable = cast_status(state)
-    current = state.get("currentSocketId")
+    current = _field(state, "currentSocketId", "current_socket_id")
     request = state.get("request")
-    reason = state.get("failedReason")
+    reason = _field(state, "failedReason", "failed_reason")
     return CastSummary(
         cast_id=stored.cast_id,
         status=status,
         current_socket=current if isinstance(current, str) else None,
-        updated_at=state.get("updatedAt") if isinstance(state.get("updatedAt"), str) else stored.saved_at,
+        updated_at=_iso_field(state) or stored.saved_at,
         resumable=resumable,
         request=request if isinstance(request, str) else None,
         failed_reason=reason if isinstance(reason, str) else None,

@@ -1,0 +1,329 @@
+"""CastActor: the host of one cast's pure state machine (:func:`castor.domain.materia.engine.step`).
+
+Path ``/root/session/<sid>/cast/<castId>``, restart TRANSIENT under the session's cast
+supervisor. Every incarnation:
+
+1. ``claim()``s a new incarnation in the :class:`CastStateStore` (a zombie incarnation can then
+   never overwrite the state: its next save is refused and it stops);
+2. loads the persisted state — or, on the very first start, applies ``CastStarted``;
+3. if the loaded state is *active* and this is a restart (incarnation > 1) or a resume of an
+   orphaned cast, applies ``RecastRequested(after_restart=True)``: the engine re-dispatches the
+   lost work under a **new** visit id, so a late answer to the old one is ignored.
+
+Per transition (the one rule that makes casts survive crashes)::
+
+    transition = step(state, event)
+    store.save(state)          # BEFORE any effect: state.json is atomic and fenced
+    perform(effects, in order) # artifacts, events, turns, utilities, notifications
+
+| effect | performed by |
+|---|---|
+| ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, fsynced appends) |
+| ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead |
+| ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
+| ``Compact`` | answered at once with ``CompactionFinished(ok)``: castor's turns are isolated prompts, there is no accumulated host context to compact (see docs/materia.md) |
+| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn) or kills the utility tree |
+| ``Notify`` | ``HarnessLink.ui.notify`` (errors swallowed) |
+| ``Finished`` / ``Failed`` | the incarnation stops after the effects (TRANSIENT: not restarted) |
+
+Outcomes (``CastOutcome``) arrive on this actor's handle, which is stable across restarts.
+``WorkLost(visit_id)`` (a SocketActor or utility slot died first) re-dispatches through
+``RecastRequested(after_restart=True)``; more than :data:`MAX_LOST_IN_A_ROW` losses in a row
+fail the cast through ``DispatchFailed`` instead of looping.
+
+Failure behaviour: a stale incarnation (fenced) stops without performing anything; an effect
+that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable); an OS error
+while writing artifacts crashes the incarnation, and the restart resumes from the saved state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, WorkLost
+from castor.actors.materia.views import status_view
+from castor.actors.ports.agent import AgentPort
+from castor.adapters.materia.artifacts import CastArtifacts
+from castor.adapters.materia.cast_lease import CastLease
+from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
+from castor.domain.materia.cast_messages import (
+    AddManifestEntry,
+    CancelWork,
+    CastStarted,
+    Compact,
+    CompactionFinished,
+    DispatchFailed,
+    EmitEvent,
+    Failed,
+    Finished,
+    Notify,
+    RecastRequested,
+    RunAgentTurn,
+    RunUtility,
+    WriteArtifact,
+)
+from castor.domain.materia.engine import Transition, step
+from castor.domain.materia.state import CastState
+from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound
+from castor.supervision import Actor, ChildSpec, Restart, handles
+
+MAX_LOST_IN_A_ROW = 3
+SESSION_ENTRY_TYPE = "pi-materia-cast-state"
+SESSION_ENTRY_DEADLINE_S = 2.0
+
+
+@dataclass
+class CastEnv:
+    """Everything a CastActor needs from outside; shared by all incarnations of one cast."""
+
+    cast_id: str
+    artifact_root: Path
+    session_path: str
+    registry: Any  # castor.supervision.registry.Registry
+    agent: AgentPort | None
+    ui: Any = None  # SessionUiPort | None
+    session_log: Any = None  # SessionPort | None
+    start_event: CastStarted | None = None  # None: resume a persisted cast
+    resume_active: bool = False  # first incarnation re-dispatches an active (orphaned) cast
+    lease: CastLease | None = None
+    spawn_child: Callable[[ChildSpec, str], Any] | None = None  # (spec, under) -> handle
+    clock: Callable[[], float] = time.time
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def socket_supervisor(self) -> str:
+        return f"{self.session_path}/socket"
+
+
+class CastActor(Actor):
+    def __init__(self, env: CastEnv) -> None:
+        super().__init__()
+        self.env = env
+        self.state: CastState | None = None
+        self.fence = 0
+        self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
+        self._user_turn: str | None = None  # visit id of a user-driven refinement turn
+        self._lost_in_a_row = 0
+        self._done = False
+        self._fenced = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_start(self) -> None:
+        try:
+            self._start()
+        except (NotFound, StateCorrupt, InvalidMessage) as exc:
+            # Permanent: restarting cannot help, and a crash loop would exhaust the cast
+            # supervisor's intensity and take the session's other casts down with it.
+            self.log.error("cast cannot start: {exc}", exc=exc)
+            self.stop_self()
+
+    def _start(self) -> None:
+        env = self.env
+        self.store = CastStateStore(env.artifact_root)
+        self.artifacts = CastArtifacts(env.artifact_root, env.cast_id)
+        self.fence = self.store.claim(env.cast_id)
+        stored = None
+        try:
+            stored = self.store.load(env.cast_id)
+        except NotFound:
+            pass
+        if stored is None or stored.revision == 0:
+            if env.start_event is None:
+                raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})
+            self.artifacts.create()
+            self._commit(step(None, env.start_event))
+            return
+        self.state = CastState.from_json(json.dumps(stored.state))
+        if self.state.active and (self.incarnation > 1 or env.resume_active):
+            self.log.info("resuming active cast after a restart (incarnation {n})", n=self.incarnation)
+            self._apply(RecastRequested(after_restart=True, at=env.clock()))
+
+    def on_terminate(self, cause: str) -> None:
+        for handle in list(self._sockets.values()):
+            self._stop_socket(handle)
+        self._sockets.clear()
+        if cause != "crashed" and self.env.lease is not None:
+            self.env.lease.release()  # a crash keeps the lease: the restart reuses it
+
+    # ------------------------------------------------------------------ handlers
+    @handles(CastOutcome)
+    def _on_outcome(self, message: CastOutcome) -> None:
+        if self.state is None:
+            return
+        pending = self.state.pending
+        if pending is not None and getattr(message.event, "visit_id", None) == pending.visit_id:
+            self._lost_in_a_row = 0
+        self._sockets.pop(getattr(message.event, "visit_id", ""), None)
+        if getattr(message.event, "visit_id", None) == self._user_turn:
+            self._user_turn = None
+        self._apply(message.event)
+
+    @handles(WorkLost)
+    def _on_work_lost(self, message: WorkLost) -> None:
+        self._sockets.pop(message.visit_id, None)
+        s = self.state
+        if s is None or not s.active or s.pending is None or s.pending.visit_id != message.visit_id:
+            return  # stale: that visit is no longer what the cast waits for
+        self._lost_in_a_row += 1
+        self.log.warning("work of {visit} lost ({reason}); loss {n} in a row", visit=message.visit_id,
+                         reason=message.reason, n=self._lost_in_a_row)
+        if self._lost_in_a_row > MAX_LOST_IN_A_ROW:
+            self._apply(DispatchFailed(visit_id=message.visit_id, at=self.env.clock(),
+                                       error=f"work lost {self._lost_in_a_row} times in a row: {message.reason}"))
+            return
+        self._apply(RecastRequested(after_restart=True, at=self.env.clock()))
+
+    @handles(CastApply)
+    def _on_apply(self, message: CastApply) -> dict[str, Any]:
+        if self.state is None:
+            raise NotFound(f"cast {self.env.cast_id} has no state")
+        self._apply(message.event)
+        return self._status()
+
+    @handles(CastStatusQuery)
+    def _on_status(self, _message: CastStatusQuery) -> dict[str, Any]:
+        return self._status()
+
+    # ------------------------------------------------------------------ the one transition rule
+    def _apply(self, event: Any) -> None:
+        self._commit(step(self.state, event))  # CastRejected propagates to the asker; state unchanged
+
+    def _commit(self, transition: Transition) -> None:
+        if self._fenced:
+            return
+        try:
+            self.store.save(self.env.cast_id, transition.state.model_dump(mode="json"), incarnation=self.fence)
+        except Conflict as exc:
+            if (exc.data or {}).get("reason") != "stale_incarnation":
+                raise
+            self.log.warning("fenced off by a newer incarnation; stopping without side effects")
+            self._fenced = True
+            self.stop_self()
+            return
+        self.state = transition.state
+        for effect in transition.effects:
+            self._perform(effect)
+        self._mirror_to_session()
+        if self._done:
+            self.stop_self()
+
+    def _status(self) -> dict[str, Any]:
+        assert self.state is not None
+        view = status_view(self.state, live=True)
+        view["user_turn_visit_id"] = self._user_turn
+        return view
+
+    # ------------------------------------------------------------------ effects
+    def _perform(self, effect: Any) -> None:
+        kind = type(effect)
+        if kind is WriteArtifact:
+            self.artifacts.write_relative("/".join(effect.path), effect.content)
+            if effect.manifest is not None:
+                self.artifacts.add_manifest_entry(effect.manifest)
+        elif kind is EmitEvent:
+            self.artifacts.append_event(effect.type, effect.data, ts_ms=effect.ts_ms)
+        elif kind is AddManifestEntry:
+            self.artifacts.add_manifest_entry(effect.entry)
+        elif kind is Notify:
+            self._notify(effect.message, effect.level)
+        elif kind is RunAgentTurn:
+            self._run_agent_turn(effect)
+        elif kind is RunUtility:
+            self._run_utility(effect)
+        elif kind is Compact:
+            self.handle.tell(CastOutcome(event=CompactionFinished(visit_id=effect.visit_id, ok=True, result={},
+                                                                  at=self.env.clock())))
+        elif kind is CancelWork:
+            self._cancel(effect.visit_id)
+        elif kind in (Finished, Failed):
+            self._done = True
+            self._set_status(None)
+
+    def _dispatch_failed(self, visit_id: str, error: str) -> None:
+        # Told, not applied inline: effects of the current transition finish first.
+        self.handle.tell(CastOutcome(event=DispatchFailed(visit_id=visit_id, error=error, at=self.env.clock())))
+
+    def _run_agent_turn(self, effect: RunAgentTurn) -> None:
+        self._set_status(f"materia: {effect.materia} ({effect.socket_id})")
+        if effect.user_driven:
+            self._user_turn = effect.visit_id  # the user's own message drives it; agent_end answers
+            return
+        if self.env.agent is None or self.env.spawn_child is None:
+            self._dispatch_failed(effect.visit_id, "this session has no agent port")
+            return
+        from castor.actors.materia.socket_actor import socket_spec
+
+        spec = socket_spec(effect, cast=self.handle, cast_id=self.env.cast_id, agent=self.env.agent)
+        try:
+            self._sockets[effect.visit_id] = self.env.spawn_child(spec, self.env.socket_supervisor)
+        except CastorError as exc:
+            self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
+
+    def _run_utility(self, effect: RunUtility) -> None:
+        from castor.actors.materia.messages import UtilityJob
+        from castor.actors.materia.utility import submit_utility
+
+        try:
+            submit_utility(self.env.registry, UtilityJob(effect=effect, cast=self.handle))
+        except CastorError as exc:
+            self._dispatch_failed(effect.visit_id, f"cannot queue the utility: {exc.message}")
+
+    def _cancel(self, visit_id: str) -> None:
+        handle = self._sockets.pop(visit_id, None)
+        if handle is not None:
+            self._stop_socket(handle)
+        if self._user_turn == visit_id:
+            self._user_turn = None
+        from castor.actors.materia.utility import cancel_utility
+
+        cancel_utility(self.env.registry, visit_id)
+
+    def _stop_socket(self, handle: Any) -> None:
+        try:
+            handle.stop(1.0)  # a clean stop cancels the turn and reports no loss
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+    # ------------------------------------------------------------------ harness mirrors (best effort)
+    def _notify(self, message: str, level: str) -> None:
+        ui = self.env.ui
+        if ui is None:
+            return
+        try:
+            ui.notify(message, level)
+        except Exception as exc:  # noqa: BLE001 - a toast never fails a cast
+            self.log.debug("ui.notify failed: {exc}", exc=exc)
+
+    def _set_status(self, text: str | None) -> None:
+        ui = self.env.ui
+        if ui is None:
+            return
+        try:
+            ui.set_status(f"materia-{self.env.cast_id}", text)
+        except Exception as exc:  # noqa: BLE001
+            self.log.debug("ui.set_status failed: {exc}", exc=exc)
+
+    def _mirror_to_session(self) -> None:
+        """Append a compact state record to the harness session (pi-materia's session entry)."""
+        log = self.env.session_log
+        if log is None or self.state is None:
+            return
+        s = self.state
+        record = {"castId": s.cast_id, "active": s.active, "phase": s.phase, "socketState": s.socket_state,
+                  "currentSocketId": s.current_socket_id, "currentMateria": s.current_materia,
+                  "currentItemKey": s.current_item_key, "failedReason": s.failed_reason,
+                  "runDir": s.run_dir, "updatedAt": s.updated_at}
+        try:
+            log.append_entry(SESSION_ENTRY_TYPE, record, time.monotonic() + SESSION_ENTRY_DEADLINE_S)
+        except Exception as exc:  # noqa: BLE001 - state.json is the durable record; this is a mirror
+            self.log.warning("session entry not recorded: {exc}", exc=exc)
+
+
+def cast_spec(env: CastEnv) -> ChildSpec:
+    """The cast supervisor's child for one cast (TRANSIENT: restarted after a crash only)."""
+    return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
+                     shutdown_timeout=5.0)

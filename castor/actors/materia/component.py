@@ -1,0 +1,75 @@
+"""The materia session component: what every harness session gets (see castor.runtime).
+
+Children of ``/root/session/<sid>`` (started in this order, stopped in reverse)::
+
+    cast      supervisor (one_for_one, 100 restarts / 10 s): one TRANSIENT CastActor per cast
+    socket    supervisor (one_for_one): one TEMPORARY SocketActor per agent-socket visit
+    materia   SessionActor (PERMANENT)
+
+Harness events:
+
+| event | reaction |
+|---|---|
+| ``before_agent_start`` | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn) |
+| ``agent_end`` | the last assistant text answers a user-driven refinement turn, if one is pending |
+
+On close nothing extra is persisted (every transition already is); the session supervisor
+stops the SessionActor, then the SocketActors (their turns are cancelled), then the casts —
+which stay *active* on disk and are resumed by ``recast`` (the lease is released).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loguru import logger
+
+from castor.actors.materia.messages import SessionCall
+from castor.actors.materia.session_actor import SessionActor
+from castor.messages.errors import CastorError
+from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
+
+EVENT_TIMEOUT_S = 5.0
+
+
+def _last_assistant(data: dict[str, Any]) -> tuple[str | None, str | None]:
+    messages = data.get("messages") if isinstance(data.get("messages"), list) else []
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            error = message.get("error")
+            return (message.get("text") if isinstance(message.get("text"), str) else None,
+                    str(error) if error else None)
+    return None, None
+
+
+def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    if event not in ("before_agent_start", "agent_end"):
+        return None
+    try:
+        actor = ctx.lookup("materia")
+        if event == "before_agent_start":
+            if data.get("message_type") == "custom":
+                return None  # castor's own hidden prompts are not user refinement messages
+            actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
+        else:
+            text, error = _last_assistant(data)
+            actor.ask(SessionCall(verb="agent_end", params={"text": text, "error": error,
+                                                            "entry_id": data.get("entry_id")}),
+                      timeout=EVENT_TIMEOUT_S)
+    except CastorError as exc:
+        logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)
+    return None
+
+
+def _children(ctx: Any) -> list[ChildSpec]:
+    return [
+        supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
+        supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
+        ChildSpec(id="materia", factory=lambda: SessionActor(ctx), restart=Restart.PERMANENT),
+    ]
+
+
+def materia_component() -> Any:
+    from castor.runtime import SessionComponent
+
+    return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=None)

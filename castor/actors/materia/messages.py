@@ -1,0 +1,49 @@
+"""Process-local messages of the materia actors (they carry handles and engine objects).
+
+| message | to | kind | meaning |
+|---|---|---|---|
+| ``CastApply(event)`` | CastActor | ask | apply a command event (continue/abort/recast/revive/refinement); answers the status |
+| ``CastOutcome(event)`` | CastActor | tell | the outcome of work the cast asked for (quotes a ``visit_id``) |
+| ``WorkLost(visit_id, reason)`` | CastActor | tell | the actor doing that work died before answering |
+| ``CastStatusQuery()`` | CastActor | ask | the current status dict |
+| ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
+| ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
+| ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from castor.messages.base import LocalMessage
+
+
+class CastApply(LocalMessage, type_name="materia.cast.apply"):
+    event: Any
+
+
+class CastOutcome(LocalMessage, type_name="materia.cast.outcome"):
+    event: Any
+
+
+class WorkLost(LocalMessage, type_name="materia.cast.work_lost"):
+    visit_id: str
+    reason: str
+
+
+class CastStatusQuery(LocalMessage, type_name="materia.cast.status"):
+    pass
+
+
+class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):
+    outcome: Any
+
+
+class UtilityJob(LocalMessage, type_name="materia.utility.job"):
+    effect: Any  # RunUtility
+    cast: Any  # ActorHandle of the CastActor
+
+
+class SessionCall(LocalMessage, type_name="materia.session.call"):
+    verb: str
+    params: dict[str, Any] = {}

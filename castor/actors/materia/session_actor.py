@@ -1,0 +1,334 @@
+"""SessionActor: one harness session's ``/materia`` verbs (``/root/session/<sid>/materia``).
+
+It owns no cast state of its own — casts persist theirs — so a restart of this actor loses
+nothing: live casts are the live children of ``/root/session/<sid>/cast``, and every other
+cast is read from the state store under the session's artifact root.
+
+| verb (``SessionCall``) | params | rule |
+|---|---|---|
+| ``start`` | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
+| ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
+| ``list`` | — | every cast under the artifact root, newest first (views.py table) |
+| ``abort`` / ``continue`` | cast_id? | the cast, else the newest live cast |
+| ``recast`` | cast_id? | id-less: newest resumable (failed, aborted or orphaned); ``conflict`` if it is live or the session is at its limit |
+| ``revive`` | cast_id? | id-less: newest revivable; then as recast |
+| ``refine`` | — | ``before_agent_start`` while a cast is paused → ``RefinementTurnStarted`` |
+| ``agent_end`` | text, entry_id? | answers a user-driven refinement turn |
+| ``loadouts`` / ``set_loadout`` / ``grid`` / ``validate`` | | config reads/writes through the config loader |
+
+A cast that is not live in this runtime is brought in by spawning its CastActor in *resume*
+mode (the lease is taken first: a cast another live runtime holds is a ``conflict``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from castor.actors.materia.cast_actor import CastEnv, cast_spec
+from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, SessionCall
+from castor.actors.materia.views import (
+    cast_rows,
+    casts_text,
+    load_state,
+    loadout_line,
+    persisted_view,
+    status_text,
+)
+from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
+from castor.adapters.materia.cast_lease import CastLease
+from castor.adapters.materia.config_loader import load, load_resolved, save_active_loadout, validate_file
+from castor.domain.materia.cast_messages import (
+    AbortRequested,
+    CastStarted,
+    ContinueRequested,
+    RecastRequested,
+    RefinementTurnStarted,
+    ReviveRequested,
+    TurnEnded,
+)
+from castor.domain.materia.config import ConfigError, ResolvedConfig
+from castor.domain.materia.grid import render_grid
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
+from castor.supervision import Actor, handles
+
+ASK_TIMEOUT_S = 10.0
+
+
+class SessionActor(Actor):
+    def __init__(self, ctx: Any) -> None:  # castor.runtime.SessionContext
+        super().__init__()
+        self.ctx = ctx
+        self.runtime = ctx.runtime
+        self.cwd = Path(ctx.info.cwd)
+        flags = ctx.info.flags or {}
+        self.config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def cast_sup(self) -> str:
+        return self.ctx.child("cast")
+
+    def _live(self) -> dict[str, Any]:
+        """cast id -> handle of every live CastActor of this session."""
+        prefix = self.cast_sup + "/"
+        out = {}
+        for handle in self.runtime.system.registry.handles(self.cast_sup):
+            if handle.path.startswith(prefix) and "/" not in handle.path[len(prefix):] and handle.alive:
+                out[handle.path[len(prefix):]] = handle
+        return out
+
+    def _resolved(self, loadout: str | None = None, config_path: str | None = None) -> ResolvedConfig:
+        return load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)
+
+    def _artifact_root(self, config_path: str | None = None) -> Path:
+        try:
+            configured = load(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
+        except ConfigError:
+            configured = None
+        return self.runtime.artifact_root_for(str(self.cwd), configured if isinstance(configured, str) else None)
+
+    def _env(self, cast_id: str, root: Path, *, lease: CastLease, start: CastStarted | None = None) -> CastEnv:
+        harness = self.ctx.harness
+        system = self.runtime.system
+        return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
+                       agent=harness.agent, ui=harness.ui, session_log=harness.session_log, start_event=start,
+                       lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under))
+
+    def _check_capacity(self) -> None:
+        live = self._live()
+        limit = self.runtime.settings.max_casts_per_session
+        if len(live) >= limit:
+            newest = max(live)
+            raise Conflict(f"pi-materia cast already active ({newest}). Use /materia status or /materia abort.",
+                           data={"reason": "active", "cast_id": newest, "limit": limit})
+
+    # ------------------------------------------------------------------ dispatch
+    @handles(SessionCall)
+    def _on_call(self, call: SessionCall) -> dict[str, Any]:
+        handler = getattr(self, f"_verb_{call.verb}", None)
+        if handler is None:
+            raise InvalidParams(f"unknown materia verb {call.verb!r}")
+        return handler(**call.params)
+
+    # ------------------------------------------------------------------ casts
+    def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None) -> dict[str, Any]:
+        request = " ".join(request.split())
+        if not request:
+            raise InvalidParams("/materia cast needs a request.", data={"reason": "empty_request"})
+        self._check_capacity()
+        try:
+            resolved = self._resolved(loadout, config_path)
+        except ConfigError as exc:
+            raise ConfigError(exc.issues, headline=f"cast failed to start: {exc.message}") from None
+        self._check_trust(resolved)
+        root = self.runtime.artifact_root_for(str(self.cwd), resolved.artifact_dir)
+        cast_id = allocate_cast_id(root)
+        lease = CastLease.try_acquire(root, cast_id)
+        if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
+            raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
+        start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
+                            run_dir=str(root / cast_id), artifact_root=str(root), at=time.time())
+        handle = self._spawn(self._env(cast_id, root, lease=lease, start=start), lease)
+        view = self._ask_status(handle, root, cast_id)
+        return {**view, "text": f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name}).",
+                "level": "info"}
+
+    def _check_trust(self, resolved: ResolvedConfig) -> None:
+        if self.ctx.info.trusted:
+            return
+        project_loaded = any(layer.scope == "project" and layer.loaded for layer in resolved.layers)
+        commands = [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
+        if project_loaded and commands:
+            raise Forbidden("this project is not trusted: its materia config runs utility commands "
+                            f"({', '.join(commands)}); trust the project first",
+                            data={"reason": "untrusted_project", "sockets": commands})
+
+    def _spawn(self, env: CastEnv, lease: CastLease) -> Any:
+        try:
+            return self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
+        except BaseException:
+            lease.release()
+            raise
+
+    def _ask_status(self, handle: Any, root: Path, cast_id: str) -> dict[str, Any]:
+        try:
+            return handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
+        except CastorError:
+            return persisted_view(root, cast_id, live=False)  # it already finished (or stopped)
+
+    def _target(self, cast_id: str | None) -> tuple[str, Any | None]:
+        live = self._live()
+        if cast_id is not None:
+            validate_cast_id(cast_id)
+            return cast_id, live.get(cast_id)
+        if live:
+            newest = max(live)
+            return newest, live[newest]
+        raise NotFound("No active pi-materia cast in this session.", data={"reason": "no_active_cast"})
+
+    def _bring_in(self, cast_id: str, root: Path) -> Any:
+        """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
+        load_state(root, cast_id)  # NotFound / StateCorrupt before anything starts
+        lease = CastLease.try_acquire(root, cast_id)
+        if lease is None:
+            raise Conflict(f"pi-materia cast {cast_id} is running in another castor runtime.",
+                           data={"reason": "held_elsewhere", "cast_id": cast_id})
+        return self._spawn(self._env(cast_id, root, lease=lease), lease)
+
+    def _apply(self, handle: Any, event: Any, *, root: Path, cast_id: str, stop_if_idle: bool) -> dict[str, Any]:
+        try:
+            return handle.ask(CastApply(event=event), timeout=ASK_TIMEOUT_S)
+        except CastorError:
+            if stop_if_idle:
+                self._stop_if_inactive(handle, cast_id)
+            raise
+
+    def _stop_if_inactive(self, handle: Any, cast_id: str) -> None:
+        try:
+            view = handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
+        except CastorError:
+            return
+        if not view.get("active"):
+            try:
+                self.runtime.system.stop_child(f"{self.cast_sup}/{cast_id}", timeout=ASK_TIMEOUT_S)
+            except CastorError:
+                pass
+
+    def _verb_status(self, cast_id: str | None = None) -> dict[str, Any]:
+        live = self._live()
+        root = self._artifact_root()
+        if cast_id is None:
+            if live:
+                cast_id = max(live)
+            else:
+                rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
+                if not rows:
+                    raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
+                cast_id = rows[0]["cast_id"]
+        validate_cast_id(cast_id)
+        handle = live.get(cast_id)
+        view = self._ask_status(handle, root, cast_id) if handle is not None else persisted_view(root, cast_id, live=False)
+        view.pop("user_turn_visit_id", None)
+        return {**view, "text": status_text(view), "level": "info"}
+
+    def _verb_list(self) -> dict[str, Any]:
+        root = self._artifact_root()
+        rows = cast_rows(root, set(self._live()))
+        return {"casts": rows, "artifact_root": str(root), "text": casts_text(rows, root), "level": "info"}
+
+    def _verb_abort(self, cast_id: str | None = None) -> dict[str, Any]:
+        cast_id, handle = self._target(cast_id)
+        root = self._artifact_root()
+        if handle is None:
+            handle = self._bring_in(cast_id, root)
+        view = self._apply(handle, AbortRequested(at=time.time()), root=root, cast_id=cast_id, stop_if_idle=True)
+        return {**view, "text": f"pi-materia cast {cast_id} aborted. Recast it with /materia recast {cast_id}.",
+                "level": "warning"}
+
+    def _verb_continue(self, cast_id: str | None = None) -> dict[str, Any]:
+        cast_id, handle = self._target(cast_id)
+        if handle is None:
+            raise Conflict(f"pi-materia cast {cast_id} is not active.", data={"reason": "not-active"})
+        view = self._apply(handle, ContinueRequested(at=time.time()), root=self._artifact_root(), cast_id=cast_id,
+                           stop_if_idle=False)
+        return {**view, "text": f"pi-materia cast {cast_id} continues at {view.get('current_socket')}.", "level": "info"}
+
+    def _pick_resumable(self, root: Path, *, revive: bool) -> str:
+        live = set(self._live())
+        for row in cast_rows(root, live):
+            if row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live:
+                return row["cast_id"]
+        if revive:
+            raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use /materia recast.",
+                           data={"reason": "none_revivable"})
+        raise NotFound("No failed or aborted pi-materia cast to recast.", data={"reason": "none_resumable"})
+
+    def _resume(self, cast_id: str | None, *, revive: bool) -> dict[str, Any]:
+        root = self._artifact_root()
+        cast_id = cast_id if cast_id is not None else self._pick_resumable(root, revive=revive)
+        validate_cast_id(cast_id)
+        live = self._live()
+        if cast_id in live:
+            raise Conflict(f"pi-materia cast {cast_id} is already running.", data={"reason": "running"})
+        if len(live) >= self.runtime.settings.max_casts_per_session:
+            raise Conflict(f"pi-materia cast {max(live)} is active. Abort it before recasting.",
+                           data={"reason": "active", "cast_id": max(live)})
+        try:
+            state = load_state(root, cast_id)
+        except NotFound:
+            raise NotFound(f"Unknown pi-materia cast id {cast_id}.", data={"cast_id": cast_id}) from None
+        handle = self._bring_in(cast_id, root)
+        if revive:
+            event: Any = ReviveRequested(at=time.time())
+        else:
+            event = RecastRequested(after_restart=state.active, at=time.time())
+        view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=True)
+        verb = "revived" if revive else "recast"
+        return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
+                "level": "info"}
+
+    def _verb_recast(self, cast_id: str | None = None) -> dict[str, Any]:
+        return self._resume(cast_id, revive=False)
+
+    def _verb_revive(self, cast_id: str | None = None) -> dict[str, Any]:
+        return self._resume(cast_id, revive=True)
+
+    # ------------------------------------------------------------------ harness events
+    def _statuses(self) -> list[tuple[str, Any, dict[str, Any]]]:
+        out = []
+        for cast_id, handle in sorted(self._live().items(), reverse=True):
+            try:
+                out.append((cast_id, handle, handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)))
+            except CastorError:
+                continue
+        return out
+
+    def _verb_refine(self) -> dict[str, Any]:
+        for cast_id, handle, view in self._statuses():
+            if view.get("paused"):
+                handle.ask(CastApply(event=RefinementTurnStarted(at=time.time())), timeout=ASK_TIMEOUT_S)
+                return {"cast_id": cast_id, "refining": True}
+        return {}
+
+    def _verb_agent_end(self, text: str | None = None, error: str | None = None,
+                        entry_id: str | None = None) -> dict[str, Any]:
+        for cast_id, handle, view in self._statuses():
+            visit_id = view.get("user_turn_visit_id")
+            if visit_id:
+                handle.tell(CastOutcome(event=TurnEnded(visit_id=visit_id, text=text, error=error, entry_id=entry_id,
+                                                        at=time.time())))
+                return {"cast_id": cast_id}
+        return {}
+
+    # ------------------------------------------------------------------ loadouts and config
+    def _verb_loadouts(self, config_path: str | None = None) -> dict[str, Any]:
+        loaded = load(self.cwd, config_path=config_path or self.config_path)
+        names = list((loaded.merged.get("loadouts") or {}).keys())
+        active = loaded.merged.get("activeLoadout")
+        return {"active": active, "loadouts": names, "source": " < ".join(l.path for l in loaded.layers if l.loaded),
+                "text": loadout_line(active, names), "level": "info"}
+
+    def _verb_set_loadout(self, name: str, config_path: str | None = None) -> dict[str, Any]:
+        live = self._live()
+        if live:
+            raise Conflict(f"Cannot change active loadout during active cast {max(live)}.",
+                           data={"reason": "active", "cast_id": max(live)})
+        path = save_active_loadout(self.cwd, name, config_path=config_path or self.config_path)
+        listing = self._verb_loadouts(config_path)
+        return {**listing, "path": str(path), "text": f"Active loadout: {name} (saved to {path})\n{listing['text']}"}
+
+    def _verb_grid(self, loadout: str | None = None, config_path: str | None = None) -> dict[str, Any]:
+        resolved = self._resolved(loadout, config_path)
+        text = render_grid(resolved)
+        return {"loadout": resolved.pipeline.loadout_name, "grid": text, "text": text, "level": "info"}
+
+    def _verb_validate(self, path: str) -> dict[str, Any]:
+        target = Path(path)
+        target = target if target.is_absolute() else self.cwd / target
+        issues = validate_file(target)
+        errors = [str(i) for i in issues]
+        text = f"{target}: valid" if not errors else "\n".join(errors)
+        return {"ok": not errors, "path": str(target), "errors": errors,
+                "issues": [i.model_dump() for i in issues], "text": text, "level": "info" if not errors else "error"}

@@ -1,0 +1,220 @@
+"""The shared utility pool: ``/root/utility`` with ``slot-<n>`` UtilityExecutorActors.
+
+:func:`utility_pool_spec` builds a one-for-one supervisor with ``settings.utility_slots``
+PERMANENT slots. Each slot runs **one** ``RunUtility`` at a time on its own thread, so at most
+N commands run at once however many casts ask (a thousand casts cannot fork-bomb the machine).
+
+| step | rule |
+|---|---|
+| submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
+| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped |
+| built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
+| result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
+| same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
+| slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
+| ``CancelWork`` (abort) | :func:`cancel_utility` kills the visit's tree; its outcome is ignored by the engine |
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
+from castor.adapters.materia.utilities import run_builtin
+from castor.adapters.materia.utility_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
+from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
+from castor.messages.errors import CastorError, MailboxFull, NotFound
+from castor.supervision import Actor, ChildSpec, Restart, Strategy, handles, supervisor_spec
+
+POOL_PATH = "/root/utility"
+LEDGER_SIZE = 10_000
+
+
+class UtilityPoolState:
+    """Shared by the slots of one pool (survives slot restarts): load, ledger, running jobs."""
+
+    def __init__(self, slots: int, queue_limit: int) -> None:
+        self.slots = slots
+        self.queue_limit = queue_limit
+        self._lock = threading.Lock()
+        self._load = [0] * slots
+        self._ledger: OrderedDict[str, UtilityFinished] = OrderedDict()
+        self._running: dict[str, RunningUtility | None] = {}
+
+    def pick(self) -> int:
+        with self._lock:
+            if sum(self._load) >= self.slots + self.queue_limit:
+                raise MailboxFull(f"utility pool full: {sum(self._load)} jobs outstanding",
+                                  data={"slots": self.slots, "queue_limit": self.queue_limit}, may_have_started=False)
+            slot = min(range(self.slots), key=self._load.__getitem__)
+            self._load[slot] += 1
+            return slot
+
+    def done(self, slot: int) -> None:
+        with self._lock:
+            self._load[slot] = max(0, self._load[slot] - 1)
+
+    def begin(self, visit_id: str) -> UtilityFinished | str | None:
+        """``UtilityFinished`` if already done, ``"running"`` if in progress, else None (claimed now)."""
+        with self._lock:
+            if visit_id in self._ledger:
+                return self._ledger[visit_id]
+            if visit_id in self._running:
+                return "running"
+            self._running[visit_id] = None
+            return None
+
+    def started(self, visit_id: str, running: RunningUtility) -> None:
+        with self._lock:
+            if visit_id in self._running:
+                self._running[visit_id] = running
+
+    def finish(self, visit_id: str, outcome: UtilityFinished | None) -> None:
+        with self._lock:
+            self._running.pop(visit_id, None)
+            if outcome is not None:
+                self._ledger[visit_id] = outcome
+                while len(self._ledger) > LEDGER_SIZE:
+                    self._ledger.popitem(last=False)
+
+    def running_of(self, visit_id: str) -> RunningUtility | None:
+        with self._lock:
+            return self._running.get(visit_id)
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return sum(self._load)
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, UtilityPoolState] = weakref.WeakKeyDictionary()
+
+
+def pool_of(registry: Any) -> UtilityPoolState:
+    pool = _POOLS.get(registry)
+    if pool is None:
+        raise NotFound("this runtime has no utility pool", data={"path": POOL_PATH})
+    return pool
+
+
+def submit_utility(registry: Any, job: UtilityJob) -> None:
+    """Queue ``job`` on the least-loaded slot (raises MailboxFull / NotFound / ActorStopped)."""
+    pool = pool_of(registry)
+    slot = pool.pick()
+    try:
+        registry.lookup(f"{POOL_PATH}/slot-{slot}").tell(job)
+    except BaseException:
+        pool.done(slot)
+        raise
+
+
+def cancel_utility(registry: Any, visit_id: str) -> bool:
+    """Kill the tree of ``visit_id`` if it runs now; True if something was killed."""
+    pool = _POOLS.get(registry)
+    running = pool.running_of(visit_id) if pool is not None else None
+    if running is None:
+        return False
+    running.kill()
+    return True
+
+
+class UtilityExecutorActor(Actor):
+    """One pool slot: runs one utility job at a time."""
+
+    def __init__(self, pool: UtilityPoolState, slot: int) -> None:
+        super().__init__()
+        self.pool = pool
+        self.slot = slot
+        self._job: UtilityJob | None = None
+        self._running: RunningUtility | None = None
+
+    def on_start(self) -> None:
+        _POOLS[self.handle.registry] = self.pool
+
+    @handles(UtilityJob)
+    def _on_job(self, job: UtilityJob) -> None:
+        effect: RunUtility = job.effect
+        try:
+            seen = self.pool.begin(effect.visit_id)
+            if isinstance(seen, UtilityFinished):
+                job.cast.tell(CastOutcome(event=seen))  # a re-sent job: answer, never re-run
+                return
+            if seen == "running":
+                return
+            self._job = job
+            outcome = self._execute(effect)
+            self._job = None
+            self.pool.finish(effect.visit_id, outcome)
+            if outcome is None:
+                job.cast.tell(WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}"))
+            else:
+                job.cast.tell(CastOutcome(event=outcome))
+        finally:
+            if self._job is None:
+                self.pool.done(self.slot)
+
+    def _execute(self, effect: RunUtility) -> UtilityFinished | None:
+        """Run the job; None when it was killed from outside (work lost, not a result)."""
+        if effect.command:
+            cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
+                                 timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes)
+            try:
+                running = spawn(cmd)
+            except UtilitySpawnError as exc:
+                return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None, at=time.time())
+            self._running = running
+            self.pool.started(effect.visit_id, running)
+            try:
+                result = running.wait()
+            finally:
+                self._running = None
+            if result.killed:
+                return None
+            return UtilityFinished(visit_id=effect.visit_id, stdout=result.stdout, stderr=result.stderr,
+                                   exit_code=result.exit_code, signal=result.signal_name, timed_out=result.timed_out,
+                                   stdout_truncated=result.stdout_truncated, stderr_truncated=result.stderr_truncated,
+                                   at=time.time())
+        try:
+            text = run_builtin(effect.builtin or "", effect.params, cwd=effect.cwd or ".")
+        except (CastorError, OSError) as exc:
+            return UtilityFinished(visit_id=effect.visit_id, error=str(getattr(exc, "message", exc)), at=time.time())
+        return UtilityFinished(visit_id=effect.visit_id, stdout=text, at=time.time())
+
+    # -- faults and exits ---------------------------------------------------
+    def owned_pids(self) -> list[int]:
+        running = self._running
+        return running.pids() if running is not None and not running.finished else []
+
+    def kill_owned(self) -> None:
+        running = self._running
+        if running is not None:
+            running.kill()  # marks the result "killed": reported as lost work, not as a failure
+
+    def on_terminate(self, cause: str) -> None:
+        if cause == "stopped":
+            return
+        job = self._job
+        current = self.handle.current
+        if job is None and current is not None and isinstance(current.message, UtilityJob):
+            job = current.message  # crashed before the handler ran (crash_next)
+        if job is None:
+            return
+        self._job = None
+        self.pool.finish(job.effect.visit_id, None)
+        self.pool.done(self.slot)
+        try:
+            job.cast.tell(WorkLost(visit_id=job.effect.visit_id, reason=f"utility slot {self.path} {cause}"))
+        except CastorError:
+            pass
+
+
+def utility_pool_spec(settings: Any) -> ChildSpec:
+    """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs."""
+    pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit)
+    slots = [ChildSpec(id=f"slot-{n}", factory=(lambda n=n: UtilityExecutorActor(pool, n)), restart=Restart.PERMANENT,
+                       shutdown_timeout=3.0) for n in range(settings.utility_slots)]
+    return supervisor_spec("utility", slots, strategy=Strategy.ONE_FOR_ONE, max_restarts=20, within_seconds=10)

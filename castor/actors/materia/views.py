@@ -1,0 +1,163 @@
+"""Read-only views of casts and loadouts, shared by the SessionActor, the endpoint and the CLI.
+
+Everything here reads through the adapters (state store, lease, config loader) and formats
+plain dicts/strings; nothing writes.
+
+Cast status (``status`` field), first match wins:
+
+| persisted state | live here | lease | status | resumable |
+|---|---|---|---|---|
+| active, awaiting_user_refinement | any | any | ``awaiting_refinement`` | no |
+| active | yes, or lease held elsewhere | held | ``active`` | no |
+| active | no | free | ``orphaned`` (its runtime died) | yes: ``recast`` resumes it |
+| complete | | | ``complete`` | no |
+| failed, aborted by user | | | ``aborted`` | yes |
+| failed | | | ``failed`` | yes (``revivable`` if recovery was exhausted) |
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from castor.adapters.materia.cast_lease import CastLease
+from castor.adapters.materia.state_store import CastStateStore, list_casts
+from castor.domain.materia.state import CastState, short_label
+from castor.messages.errors import CastorError, NotFound
+
+
+def _status_of(state: CastState) -> str:
+    if state.active:
+        return "awaiting_refinement" if state.socket_state == "awaiting_user_refinement" else "active"
+    if state.complete:
+        return "complete"
+    if state.aborted or state.failed_reason == "aborted by user":
+        return "aborted"
+    if state.failed:
+        return "failed"
+    return "idle"
+
+
+def revivable(state: CastState) -> bool:
+    ex = state.recovery_exhaustion
+    return bool(state.resumable and ex is not None and ex.failed_reason == state.failed_reason)
+
+
+def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict[str, Any]:
+    """The structured status of one cast (the ``cast.status`` result without ``text``)."""
+    status = "orphaned" if orphaned and state.active else _status_of(state)
+    pending = state.pending
+    return {
+        "cast_id": state.cast_id,
+        "status": status,
+        "active": state.active,
+        "live": live,
+        "phase": state.phase,
+        "socket_state": state.socket_state,
+        "current_socket": state.current_socket_id or None,
+        "current_materia": state.current_materia,
+        "item_key": state.current_item_key,
+        "item_label": short_label(state.current_item_label),
+        "visits": dict(state.visits),
+        "pending": pending.model_dump(include={"kind", "visit_id", "socket_id", "visit", "mode"}) if pending else None,
+        "paused": state.paused,
+        "resumable": state.resumable or (orphaned and state.active),
+        "revivable": revivable(state),
+        "failed_reason": state.failed_reason,
+        "request": state.request,
+        "loadout": state.config.pipeline.loadout_name,
+        "run_dir": state.run_dir,
+        "started_at": state.started_at,
+        "updated_at": state.updated_at,
+        "ended_at": state.ended_at,
+        "usage": {"tokens": state.usage.tokens.total, "cost_usd": state.usage.cost.total},
+        "last_message": state.last_message,
+    }
+
+
+def status_text(view: dict[str, Any]) -> str:
+    """One readable block for ``/materia status`` and ``castor status``."""
+    lines = [f"cast {view['cast_id']} [{view['status']}] loadout {view['loadout']}"]
+    if view.get("current_socket"):
+        where = f"socket {view['current_socket']}"
+        if view.get("current_materia"):
+            where += f" ({view['current_materia']})"
+        if view.get("item_label") or view.get("item_key"):
+            where += f" item {view.get('item_label') or view.get('item_key')}"
+        lines.append(where)
+    visits = view.get("visits") or {}
+    if visits:
+        lines.append("visits: " + ", ".join(f"{k}×{v}" for k, v in visits.items()))
+    if view.get("paused"):
+        lines.append("paused for refinement: run /materia continue (castor: cast.continue) to finalize")
+    if view.get("failed_reason"):
+        lines.append(f"reason: {view['failed_reason']}")
+    if view.get("resumable"):
+        verb = "revive" if view.get("revivable") else "recast"
+        lines.append(f"↻ RECAST TARGET: {verb} {view['cast_id']}")
+    lines.append(f"artifacts: {view['run_dir']}")
+    return "\n".join(lines)
+
+
+def load_state(artifact_root: Path, cast_id: str) -> CastState:
+    """The persisted state of a cast (NotFound if none was saved yet)."""
+    stored = CastStateStore(artifact_root).load(cast_id)
+    if stored.revision == 0:
+        raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
+    return CastState.from_json(json.dumps(stored.state))
+
+
+def persisted_view(artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
+    state = load_state(artifact_root, cast_id)
+    orphaned = state.active and not live and not CastLease.is_held(artifact_root, cast_id)
+    return status_view(state, live=live, orphaned=orphaned)
+
+
+def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:
+    """Every cast under ``artifact_root``, newest first, with status/resumable (see table)."""
+    listing = list_casts(artifact_root)
+    rows: list[dict[str, Any]] = []
+    for summary in listing.casts:
+        row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
+               "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
+               "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids, "revivable": False}
+        if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
+            try:
+                if not CastLease.is_held(artifact_root, summary.cast_id):
+                    row["status"], row["resumable"] = "orphaned", True
+            except (CastorError, OSError):
+                pass
+        if row["resumable"] and summary.status == "failed":
+            try:
+                row["revivable"] = revivable(load_state(artifact_root, summary.cast_id))
+            except CastorError:
+                pass
+        rows.append(row)
+    rows.sort(key=lambda r: r["cast_id"], reverse=True)  # ids are UTC timestamps: newest first
+    for problem in listing.problems:
+        rows.append({"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
+                     "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
+                     "live": problem.cast_id in live_ids})
+    return rows
+
+
+def casts_text(rows: list[dict[str, Any]], artifact_root: Path) -> str:
+    if not rows:
+        return f"No pi-materia casts under {artifact_root}."
+    lines = [f"casts under {artifact_root}:"]
+    for row in rows:
+        request = (row.get("request") or "")[:72]
+        where = f" at {row['current_socket']}" if row.get("current_socket") else ""
+        lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
+        if row.get("resumable"):
+            verb = "revive" if row.get("revivable") else "recast"
+            lines.append(f"    ↻ RECAST TARGET — {verb}: /materia {verb} {row['cast_id']}")
+    return "\n".join(lines)
+
+
+def loadout_line(active: str | None, names: list[str]) -> str:
+    """``⌘ <active> (<first 4 names, active marked *> +N)`` (spec §9)."""
+    shown = [f"{n}*" if n == active else n for n in names[:4]]
+    more = f" +{len(names) - 4}" if len(names) > 4 else ""
+    return f"⌘ {active} ({', '.join(shown)}{more})"

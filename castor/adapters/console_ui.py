@@ -1,0 +1,45 @@
+"""A SessionUiPort for standalone runs (``castor cast``, ``castor recast``): text on stderr.
+
+Guarantees: never raises (a broken stderr is ignored); thread-safe (one lock around each
+write). ``printer`` replaces the default writer (the CLI routes through its rich console so
+live progress and notifications do not garble each other).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+
+class ConsoleUi:
+    def __init__(self, printer: Callable[[str], None] | None = None) -> None:
+        self._printer = printer
+        self._lock = threading.Lock()
+        self.statuses: dict[str, str] = {}
+        self.notifications: list[tuple[str, str]] = []
+
+    def _write(self, line: str) -> None:
+        with self._lock:
+            try:
+                if self._printer is not None:
+                    self._printer(line)
+                else:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+            except Exception:  # noqa: BLE001 - UI output must never fail a run
+                pass
+
+    def notify(self, message: str, level: str = "info") -> None:
+        self.notifications.append((level, message))
+        self._write(f"[{level}] {message}")
+
+    def set_status(self, key: str, text: str | None) -> None:
+        if text is None:
+            self.statuses.pop(key, None)
+        else:
+            self.statuses[key] = text
+
+    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
+        if display:
+            self._write(content)

@@ -1,0 +1,76 @@
+"""An OS-level lease on one cast: "a live runtime is running this cast right now".
+
+``CastLease.try_acquire(artifact_root, cast_id)`` takes an exclusive, non-blocking
+``flock`` on ``<artifactRoot>/<castId>/owner.lock`` and keeps the descriptor open.
+
+Guarantees
+----------
+- At most one holder at a time, across threads *and* processes (``flock`` locks an
+  open file description, so even two leases in one process exclude each other).
+- The kernel drops the lease when its holder dies — ``kill -9`` included — so an
+  *active* cast whose lease is free was orphaned by a dead runtime and may be resumed.
+- ``release()`` is idempotent. The lock file is never deleted (deleting it would let
+  two holders lock two different inodes).
+
+Failure behaviour: hostile cast ids raise ``Forbidden`` (via ``safe_join``); a lease
+held by someone else makes ``try_acquire`` return ``None``; other OS errors propagate.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+from castor.adapters.fs import safe_join
+from castor.adapters.materia.artifacts import validate_cast_id
+
+LEASE_FILE = "owner.lock"
+
+
+class CastLease:
+    """A held lease; call :meth:`release` when the cast leaves this runtime."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+
+    @classmethod
+    def try_acquire(cls, artifact_root: str | os.PathLike[str], cast_id: str) -> CastLease | None:
+        run_dir = safe_join(Path(artifact_root).resolve(), validate_cast_id(cast_id))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / LEASE_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    @classmethod
+    def is_held(cls, artifact_root: str | os.PathLike[str], cast_id: str) -> bool:
+        """True if some live holder has the lease now (probes by acquiring and releasing)."""
+        lease = cls.try_acquire(artifact_root, cast_id)
+        if lease is None:
+            return True
+        lease.release()
+        return False
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
