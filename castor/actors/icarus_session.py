@@ -1,0 +1,700 @@
+"""The Icarus session component: one memory bridge per harness session.
+
+``icarus_component()`` is the :class:`~castor.runtime.SessionComponent` the
+runtime loads by default. For every session it resolves the effective
+settings from the session's cwd (a project layer only when the harness said
+the project is trusted, so an untrusted checkout never chooses the Python
+executable or the package) and, when the configured ``icarusDir`` holds a
+package, starts::
+
+    /root/session/<sid>/icarus              supervisor (one_for_one)
+    /root/session/<sid>/icarus/worker       IcarusWorkerActor (lazy process; retires on timeout)
+    /root/session/<sid>/icarus/classifier   ClassifierActor   (only when filtering)
+    /root/session/<sid>/icarus/audit        AuditActor        (only when filtering)
+    /root/session/<sid>/icarus/hooks        HookController
+
+and keeps an :class:`IcarusSession` facade in ``SessionContext.extras["icarus"]``
+for the endpoint methods (``icarus.tool``, ``icarus.command``,
+``icarus.config``, ``ops.worker``).
+
+Harness events (``on_event``)
+-----------------------------
+=======================  =====================================  ==============================================
+event (data)             sent to the HookController as          result returned to the harness
+=======================  =====================================  ==============================================
+``session_start``        ``session_start{session_id}`` — the    ``None``; startup context goes out through
+                         session's own id (payload ids are       ``message.send`` (never filtered)
+                         ignored, spec §3.2)
+``before_agent_start``   ``prompt``; ``custom`` when             ``{message: {custom_type:
+{prompt, message_type}   ``message_type == "custom"``            "icarus-memory-context", content, display}}``
+                                                                or ``None``
+``agent_end {messages}`` messages, wire summaries               ``None``
+                         ``{role, text, stop_reason}`` mapped
+                         to ``{role, content, stopReason}``
+``agent_settled``        ``aborted`` (+ messages if any)         ``None`` (capture runs at most once)
+``session_shutdown``     ``session_shutdown``                    ``None`` once ``on_session_end`` ran and the
+                                                                worker is closed
+``context``              ``context``                             ``None`` (Icarus injects before the turn)
+anything else            not forwarded                           ``None``
+=======================  =====================================  ==============================================
+
+Guarantees
+----------
+* **Ambient**: ``on_event`` never raises. A failure in this layer (controller
+  gone, bad payload, a wait past its bound) gives ``None`` and one
+  ``ui.notify`` warning with fixed text; a worker ``timeout``, crash or backend
+  error during a hook call also warns (codes only, never context or error
+  text). The user's run always continues.
+* **Cheap when off**: with no Icarus package at ``icarusDir`` the session gets
+  no actors and every event is answered ``None`` without a message hop; with
+  ``hooks: false`` only ``session_shutdown`` reaches the controller (it closes
+  a worker the tools may have started).
+* **Filtering** needs a place to put the audit: with no session log
+  (``HarnessLink.session_log is None``) or ``classifier: none`` it is off and
+  retrieved context is injected unfiltered. A missing classifier port is the
+  spec's *registry missing*: the original context is kept and a
+  ``fallback/no_registry`` audit is written.
+* ``on_close`` runs the shutdown path (``on_session_end``, footer cleared, the
+  worker closed even when the hook fails) within a bound, then closes the
+  worker clients; stopping the session supervisor afterwards kills whatever
+  is left.
+* Explicit tools (:meth:`IcarusSession.tool`) bypass the controller: their
+  transport errors (``timeout``, ``worker_crashed``, ``worker_retired``,
+  ``internal``) are raised typed and never retried; a backend ``{error}`` is
+  a value the caller marks ``is_error``.
+
+Layering: actors do not import adapters. Files and processes are reached
+through :class:`IcarusBackend`; ``icarus_component()`` called without one
+builds the default (file settings store + worker subprocess) by importing the
+adapters lazily -- the runtime calls it without arguments, so that import is
+this module's composition seam.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from loguru import logger
+
+from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
+from castor.actors.classifier import ClassifierActor
+from castor.actors.hooks import HookClient, HookController
+from castor.actors.icarus_worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
+from castor.actors.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.domain.icarus import lifecycle as lc
+from castor.domain.icarus.classify import parse_choice
+from castor.domain.icarus.commands import (
+    USAGE,
+    CommandError,
+    ContextCommand,
+    ContextDefaultCommand,
+    HooksCommand,
+    IcarusCommand,
+    InspectCommand,
+    parse_command,
+)
+from castor.domain.icarus.settings import (
+    IcarusSettings,
+    SettingsLayer,
+    Source,
+    apply_bool_default,
+    config_inspection,
+    config_schema,
+    inspect_bool,
+    plan_default_write,
+    scope_bool,
+)
+from castor.domain.icarus.tools import (
+    CONFIG_TOOL,
+    ToolValidationError,
+    config_tool_result,
+    prepare_call,
+    registered_tools,
+    tool_result,
+)
+from castor.messages.errors import CastorError, NotFound
+from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
+from castor.supervision.supervisor import WhichChildren
+
+if TYPE_CHECKING:
+    from castor.runtime import SessionComponent, SessionContext
+
+COMPONENT = "icarus"
+EXTRAS_KEY = "icarus"
+STATUS_KEY = lc.STATUS_KEY
+#: Seconds added to every bounded wait on the controller (lane hop, kill + reap).
+WAIT_GRACE_S = 3.0
+#: Bound for events that never touch the worker (agent_end, context).
+QUICK_EVENT_S = 5.0
+#: Bound for waiting on the session's supervisors to finish starting their children.
+READY_TIMEOUT_S = 10.0
+
+#: Worker error codes a hook call warns about (queued rejections and closes stay quiet).
+_WARN_CODES = {"timeout": "timed out; the worker was stopped and starts fresh on the next call",
+               "worker_crashed": "lost the worker process; a fresh one starts on the next call",
+               "internal": "failed in the memory backend"}
+_LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
+_SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
+                 Source.PROJECT: "project settings", Source.ENV: "environment"}
+
+
+# ---------------------------------------------------------------------------
+# The backend port: files and processes, injected
+
+
+class IcarusBackend(Protocol):
+    """What the component needs from the filesystem and the process table."""
+
+    def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
+        """Effective settings (never raises for bad files; see settings_store)."""
+        ...
+
+    def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
+        """(project, global) layers as read now; an untrusted project file is not opened."""
+        ...
+
+    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Locked read-modify-write; raises typed errors and then writes nothing."""
+        ...
+
+    def package_present(self, icarus_dir: str) -> bool:
+        """True when ``icarus_dir`` holds an importable package (``__init__.py``)."""
+        ...
+
+    def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
+        """A callable that *constructs* (does not start) one worker process."""
+        ...
+
+    def next_request_id(self) -> int:
+        """Process-wide monotonic request ids (never reused across workers)."""
+        ...
+
+
+def default_backend(*, env: Mapping[str, str] | None = None, home: str | None = None) -> IcarusBackend:
+    """The file/process backend (adapters imported here, lazily: the composition seam)."""
+    from castor.adapters.icarus.launch import build_launch
+    from castor.adapters.icarus.settings_store import load_layers, load_settings, update_settings
+    from castor.adapters.icarus.worker_process import next_request_id, worker_factory
+
+    class _FileBackend:
+        def _env(self) -> dict[str, str]:
+            return dict(os.environ if env is None else env)
+
+        def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
+            return load_settings(cwd, trusted=trusted, env=self._env(), home=home)
+
+        def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
+            return load_layers(cwd, trusted=trusted, env=self._env(), home=home)
+
+        def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+            return update_settings(path, mutate)
+
+        def package_present(self, icarus_dir: str) -> bool:
+            return os.path.isfile(os.path.join(icarus_dir, "__init__.py"))
+
+        def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
+            return worker_factory(build_launch(settings, cwd=cwd, parent_env=self._env(), home=home))
+
+        def next_request_id(self) -> int:
+            return next_request_id()
+
+    return _FileBackend()
+
+
+# ---------------------------------------------------------------------------
+# Stand-ins for ports the harness may not offer
+
+
+class _NoUi:
+    """The harness has no UI: status and toasts go nowhere."""
+
+    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
+        pass
+
+    def set_status(self, key: str, text: str | None) -> None:
+        pass
+
+    def notify(self, message: str, level: str = "info") -> None:
+        pass
+
+
+class _NoRegistry:
+    """The harness has no classifier: the spec's *registry missing* (original text, ``no_registry``)."""
+
+    def list_models(self, deadline: float | None = None) -> list[ModelEndpoint] | None:
+        return None
+
+    def complete(self, request: ClassifierRequest, deadline: float) -> ClassifierResponse:
+        raise NotFound("no classifier registry in this harness")
+
+
+class _ObservedWorker:
+    """``WorkerCalls`` for the controller's lane: warns the user when a hook call loses the worker.
+
+    The client is created on first use (the worker actor is a sibling that
+    starts before the controller, but a lazy lookup survives restarts too).
+    """
+
+    def __init__(self, client: Callable[[], IcarusWorkerClient], warn: Callable[[str], None]) -> None:
+        self._client = client
+        self._warn = warn
+
+    def call(self, module: str, function: str, args: list[Any] | None = None,
+             kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        try:
+            return self._client().call(module, function, args, kwargs, timeout)
+        except CastorError as exc:
+            why = _WARN_CODES.get(str(exc.code))
+            if why is not None:
+                self._warn(f"Icarus: {function} {why}. This step ran without memory.")
+            raise
+
+    def close(self) -> None:
+        self._client().close()
+
+
+# ---------------------------------------------------------------------------
+# Payload mapping (harness wire → HookController)
+
+
+def _wire_message(msg: Any) -> Any:
+    """A wire summary ``{role, text, stop_reason}`` → the lifecycle's ``{role, content, stopReason}``."""
+    if not isinstance(msg, dict):
+        return msg
+    out = dict(msg)
+    if "content" not in out and "text" in out:
+        out["content"] = out["text"]
+    if "stopReason" not in out and "stop_reason" in out:
+        out["stopReason"] = out["stop_reason"]
+    return out
+
+
+def _messages(data: Mapping[str, Any]) -> list[Any]:
+    messages = data.get("messages")
+    return [_wire_message(m) for m in messages] if isinstance(messages, (list, tuple)) else []
+
+
+def controller_payload(event: str, data: Mapping[str, Any], session_id: str) -> dict[str, Any] | None:
+    """The HookController payload for a harness event, or None when Icarus ignores the event."""
+    if event == "session_start":
+        return {"session_id": session_id}
+    if event == "before_agent_start":
+        custom = data.get("message_type") == "custom" or data.get("custom") is True
+        payload: dict[str, Any] = {"prompt": data.get("prompt"), "custom": custom}
+        if isinstance(data.get("model"), dict):
+            payload["model"] = data["model"]
+        return payload
+    if event == "agent_end":
+        return {"messages": _messages(data)}
+    if event == "agent_settled":
+        return {"aborted": data.get("aborted") is True, "messages": _messages(data)}
+    if event in ("session_shutdown", "context"):
+        return {}
+    return None
+
+
+def wire_result(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The controller's injection in the Pi extension's snake_case shape."""
+    if not result:
+        return None
+    message = result.get("message")
+    if not isinstance(message, dict):
+        return None
+    return {"message": {"custom_type": message.get("customType", lc.MEMORY_CONTEXT_TYPE),
+                        "content": message.get("content", ""), "display": bool(message.get("display"))}}
+
+
+# ---------------------------------------------------------------------------
+# The per-session facade
+
+
+@dataclass
+class IcarusSession:
+    """One session's bridge: what the component started and how to reach it."""
+
+    ctx: SessionContext
+    backend: IcarusBackend
+    settings: IcarusSettings
+    available: bool
+    reason: str | None  # why unavailable (a code)
+    filtering: bool
+    filtering_reason: str | None
+    ui: SessionUiPort
+    _workers: list[WorkerProcessPort] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _hooks: HookClient | None = None
+    _tool_client: IcarusWorkerClient | None = None
+    _hook_client: IcarusWorkerClient | None = None
+    _spawn: Callable[[], WorkerProcessPort] | None = None
+
+    # -- paths and handles ----------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        return self.ctx.info.session_id
+
+    def path(self, *segments: str) -> str:
+        return self.ctx.child(COMPONENT, *segments)
+
+    def _lookup(self, *segments: str) -> ActorHandle:
+        """A child handle, once the session's supervisors have started their children.
+
+        ``Runtime.open_session`` returns when the session supervisor is up; its
+        grandchildren start on the supervisors' own threads right after. An ask
+        to a supervisor is handled only after its ``on_start`` started every
+        child, so asking the session and then the icarus supervisor orders us
+        after the registration -- no polling.
+        """
+        system = self.ctx.runtime.system
+        path = self.path(*segments)
+        if system.find(path) is None:
+            system.lookup(self.ctx.path).ask(WhichChildren(), timeout=READY_TIMEOUT_S)
+            system.lookup(self.path()).ask(WhichChildren(), timeout=READY_TIMEOUT_S)
+        return system.lookup(path)
+
+    def hooks(self) -> HookClient:
+        with self._lock:
+            if self._hooks is None:
+                self._hooks = HookClient(self._lookup("hooks"))
+            return self._hooks
+
+    def _worker_client(self, attr: str) -> IcarusWorkerClient:
+        with self._lock:
+            client = getattr(self, attr)
+            if client is None:
+                client = IcarusWorkerClient(self._lookup("worker"),
+                                            timeout_ms=self.settings.timeout_ms)
+                setattr(self, attr, client)
+            return client
+
+    def tool_worker(self) -> IcarusWorkerClient:
+        return self._worker_client("_tool_client")
+
+    def hook_worker(self) -> IcarusWorkerClient:
+        return self._worker_client("_hook_client")
+
+    # -- children ---------------------------------------------------------------
+    def spawn_worker(self) -> WorkerProcessPort:
+        """Construct a worker for a fresh IcarusWorkerActor incarnation, remembering it for stats."""
+        assert self._spawn is not None, "children() sets the spawn callable"
+        worker = self._spawn()
+        with self._lock:
+            self._workers.append(worker)
+            del self._workers[:-4]  # stats need the latest only; keep a short history
+        return worker
+
+    def children(self) -> list[ChildSpec]:
+        if not self.available:
+            return []
+        s = self.settings
+        self._spawn = self.backend.worker_spawn(s, self.ctx.info.cwd)
+        specs = [icarus_worker_spec("worker", self.spawn_worker, self.backend.next_request_id,
+                                    timeout_ms=s.timeout_ms)]
+        if self.filtering:
+            port: ClassifierPort = self.ctx.harness.classifier or _NoRegistry()
+            log: SessionPort = self.ctx.harness.session_log  # type: ignore[assignment]
+            choice = parse_choice(s.classifier)
+            specs.append(ChildSpec(id="classifier", factory=lambda: ClassifierActor(port, choice)))
+            specs.append(ChildSpec(id="audit", factory=lambda: AuditActor(log, self.ui,
+                                                                        audit_timeout=DEFAULT_AUDIT_TIMEOUT)))
+        specs.append(ChildSpec(id="hooks", factory=self._controller))
+        return [supervisor_spec(COMPONENT, specs, strategy=Strategy.ONE_FOR_ONE, max_restarts=10,
+                                within_seconds=10)]
+
+    def _controller(self) -> HookController:
+        s = self.settings
+        system = self.ctx.runtime.system
+        config = lc.HookConfig(platform=s.platform, footer_status=s.footer_status, hooks_registered=s.hooks,
+                               filtering=self.filtering, context_display=s.context_display)
+        return HookController(
+            config,
+            worker=_ObservedWorker(self.hook_worker, self.warn),
+            ui=self.ui,
+            classifier=system.lookup(self.path("classifier")) if self.filtering else None,
+            audit=system.lookup(self.path("audit")) if self.filtering else None,
+            worker_timeout=s.timeout_ms / 1000.0,
+            classifier_timeout=s.classifier_timeout_ms / 1000.0,
+        )
+
+    # -- ui ---------------------------------------------------------------------
+    def warn(self, text: str) -> None:
+        try:
+            self.ui.notify(text, "warning")
+        except Exception:  # noqa: BLE001 - a toast never fails the run
+            pass
+
+    # -- events -----------------------------------------------------------------
+    def wait_bound(self, event: str) -> float:
+        s = self.settings
+        worker = s.timeout_ms / 1000.0 + WAIT_GRACE_S
+        if event == "before_agent_start":
+            return worker + s.classifier_timeout_ms / 1000.0 + DEFAULT_AUDIT_TIMEOUT
+        if event in ("session_start", "agent_settled", "session_shutdown"):
+            return worker
+        return QUICK_EVENT_S
+
+    def event(self, event: str, data: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """Offer one harness event; never raises (ambient policy)."""
+        if not self.available:
+            return None
+        if not self.settings.hooks and event != "session_shutdown":
+            return None
+        payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.session_id)
+        if payload is None:
+            return None
+        try:
+            return wire_result(self.hooks().event(event, payload, timeout=self.wait_bound(event)))
+        except Exception as exc:  # noqa: BLE001 - ambient: the run goes on without memory
+            code = str(exc.code) if isinstance(exc, CastorError) else "internal"
+            logger.bind(actor=self.path(), event=event, code=code).warning("icarus hook event failed")
+            self.warn(_LAYER_WARNING.format(event=event, code=code))
+            return None
+
+    def close(self) -> None:
+        """Shutdown path for ``session.close``: on_session_end, footer cleared, worker closed."""
+        if not self.available:
+            return
+        try:
+            self.event("session_shutdown", {})
+        finally:
+            try:
+                self.ui.set_status(STATUS_KEY, None)
+            except Exception:  # noqa: BLE001
+                pass
+            for client in (self._hook_client, self._tool_client):
+                if client is not None:
+                    try:
+                        client.close()
+                    except CastorError:
+                        pass  # the actor is already gone: nothing left to close
+
+    # -- tools ------------------------------------------------------------------
+    def tool_specs(self) -> list[dict[str, Any]]:
+        if not self.available:
+            return []
+        return [{"name": t.name, "description": t.description, "parameters": t.parameters,
+                 **({"prompt_snippet": t.prompt_snippet} if t.prompt_snippet else {})}
+                for t in registered_tools(self.settings)]
+
+    def tool(self, name: str, params: Any, *, tool_call_id: str | None = None) -> Any:
+        """Run one Fabric tool; returns the backend's value (an ``{error}`` value is a tool error).
+
+        Raises ``NotFound`` (``unknown_tool`` / ``icarus_unavailable``) for a tool
+        this session does not offer, and the worker's typed transport errors.
+        A validation failure is the value ``{"error": message}``, with no worker call.
+        """
+        if not self.available:
+            raise NotFound("Icarus is not available in this session",
+                           data={"reason": "icarus_unavailable", "detail": self.reason, "tool": name})
+        if name == CONFIG_TOOL.name and self.settings.tools:
+            return config_tool_result(params, self.settings).details
+        try:
+            prepared = prepare_call(name, params, self.settings)
+        except ToolValidationError as exc:
+            if exc.data.get("reason") == "unknown_tool":
+                raise NotFound(exc.message, data=exc.data) from None
+            return {"error": exc.message}
+        logger.bind(actor=self.path("worker"), tool=name, tool_call_id=tool_call_id).debug("icarus tool call")
+        return self.tool_worker().call("tools", name, [prepared], None, self.settings.timeout_ms / 1000.0)
+
+    # -- commands ---------------------------------------------------------------
+    def command(self, args: str | None) -> dict[str, Any]:
+        """Run one ``/icarus`` command; ``{text, level}``. Invalid input changes nothing."""
+        try:
+            cmd = parse_command(args)
+        except CommandError as exc:
+            return {"text": exc.message, "level": "warning", "code": "invalid_command", "usage": USAGE}
+        return self._run(cmd)
+
+    def _run(self, cmd: IcarusCommand) -> dict[str, Any]:
+        if isinstance(cmd, InspectCommand):
+            doc = config_inspection(self.settings) if cmd.what == "config" else config_schema()
+            return {"text": json.dumps(doc, indent=2, ensure_ascii=False), "level": "info"}
+        refusal = self._hooks_refusal()
+        if refusal is not None:
+            return {"text": refusal, "level": "warning"}
+        if isinstance(cmd, HooksCommand):
+            return self._hooks_command(cmd)
+        if isinstance(cmd, ContextCommand):
+            return self._context_command(cmd)
+        return self._context_default(cmd)
+
+    def _hooks_refusal(self) -> str | None:
+        if not self.available:
+            return (f"Icarus hooks are not registered: no Icarus package at {self.settings.icarus_dir} "
+                    "(set icarusDir or ICARUS_DIR).")
+        if not self.settings.hooks:
+            return "Icarus hooks are not registered because settings disable them (hooks: false)."
+        return None
+
+    def _hooks_command(self, cmd: HooksCommand) -> dict[str, Any]:
+        hooks = self.hooks()
+        if cmd.action == "status":
+            st = hooks.status()
+            state = "on" if st.enabled else "off"
+            shown = "visible" if st.visible else "hidden"
+            return {"text": f"Icarus hooks are {state}; memory context is {shown} in this session.", "level": "info"}
+        enabled = hooks.set_enabled({"toggle": None, "on": True, "off": False}[cmd.action])
+        return {"text": f"Icarus hooks are {'on' if enabled else 'off'} for this session.", "level": "info"}
+
+    def _context_command(self, cmd: ContextCommand) -> dict[str, Any]:
+        hooks = self.hooks()
+        if cmd.action == "status":
+            visible = hooks.status().visible
+        else:
+            visible = hooks.set_visible({"toggle": None, "show": True, "hide": False}[cmd.action])
+        shown = "visible" if visible else "hidden"
+        return {"text": f"Icarus memory context is {shown} in this session "
+                        "(the model receives it either way).", "level": "info"}
+
+    def _context_default(self, cmd: ContextDefaultCommand) -> dict[str, Any]:
+        key = "contextDisplay"
+        trusted = self.ctx.info.trusted
+        project, global_ = self.backend.settings_layers(self.ctx.info.cwd, trusted=trusted)
+        current = "visible" if self.hooks().status().visible else "hidden"
+        if not cmd.writes:
+            if cmd.scope is not None:
+                layer = project if cmd.scope == "project" else global_
+                value = scope_bool(layer, key) if (trusted or cmd.scope == "global") else None
+                saved = "not set" if value is None else ("visible" if value else "hidden")
+                return {"text": f"Startup default in {cmd.scope} settings ({layer.path}): {saved}. "
+                                f"Current session is {current}.", "level": "info"}
+            insp = inspect_bool(key, project=project, global_=global_, trusted=trusted)
+            where = f" ({insp.path})" if insp.path else ""
+            return {"text": f"Startup default is {'visible' if insp.value else 'hidden'} from "
+                            f"{_SOURCE_LABEL[insp.source]}{where}. Current session is {current}.", "level": "info"}
+        plan = plan_default_write(key, scope=cmd.scope, trusted=trusted, project=project, global_=global_)
+        if isinstance(plan, str):
+            return {"text": plan, "level": "warning"}
+        written: dict[str, bool] = {}
+
+        def mutate(doc: dict[str, Any]) -> dict[str, Any]:
+            new_doc, written["value"] = apply_bool_default(doc, key, cmd.action)  # type: ignore[arg-type]
+            return new_doc
+
+        self.backend.update_settings(plan.path, mutate)
+        shown = "visible" if written["value"] else "hidden"
+        text = (f"Saved startup default {shown} to {plan.scope} settings ({plan.path}) for future Pi sessions. "
+                f"Current session is still {current}.")
+        if plan.warnings:
+            text += " " + " ".join(plan.warnings)
+        return {"text": text, "level": "warning" if plan.warnings else "info"}
+
+    # -- inspection -------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Read-only state, effective config, schema and the tools to register."""
+        hooks: dict[str, Any] = {"registered": self.available and self.settings.hooks,
+                                 "enabled": None, "visible": self.settings.context_display}
+        if self.available and self.settings.hooks:
+            try:
+                st = self.hooks().status()
+                hooks.update(enabled=st.enabled, visible=st.visible, generation=st.generation)
+            except CastorError:
+                pass  # the controller is restarting; report the configured values
+        return {
+            "session_id": self.session_id,
+            "state": "active" if self.available else "unavailable",
+            "reason": self.reason,
+            "trusted": self.ctx.info.trusted,
+            "hooks": hooks,
+            "filtering": {"enabled": self.filtering, "reason": self.filtering_reason,
+                          "classifier": self.settings.classifier},
+            "config": config_inspection(self.settings),
+            "schema": config_schema(),
+            "tools": self.tool_specs(),
+        }
+
+    def worker_stats(self) -> dict[str, Any]:
+        """The worker actor's mailbox and the latest worker process (pid, RSS, CPU, files)."""
+        out: dict[str, Any] = {"session_id": self.session_id, "state": "active" if self.available else "unavailable",
+                               "path": self.path("worker"), "actor": None, "process": None, "workers_started": 0}
+        if not self.available:
+            return out
+        handle = self.ctx.runtime.system.find(self.path("worker"))
+        if handle is not None:
+            out["actor"] = handle.snapshot().model_dump(mode="json")
+        with self._lock:
+            latest = self._workers[-1] if self._workers else None
+            out["workers_started"] = self._started_count()
+        if latest is not None:
+            out["process"] = latest.stats().model_dump(mode="json")
+        return out
+
+    def _started_count(self) -> int:
+        return sum(1 for w in self._workers if getattr(w, "pid", None) is not None)
+
+    def current_worker_pid(self) -> int | None:
+        with self._lock:
+            latest = self._workers[-1] if self._workers else None
+        return latest.running_pid if latest is not None else None
+
+
+# ---------------------------------------------------------------------------
+# The component
+
+
+def _build_session(ctx: SessionContext, backend: IcarusBackend) -> IcarusSession:
+    info = ctx.info
+    settings = backend.load_settings(info.cwd, trusted=info.trusted)
+    available = backend.package_present(settings.icarus_dir)
+    filtering, filtering_reason = True, None
+    if settings.classifier.strip().lower() == "none":
+        filtering, filtering_reason = False, "classifier_none"
+    elif ctx.harness.session_log is None:
+        filtering, filtering_reason = False, "no_session_log"
+    return IcarusSession(
+        ctx=ctx, backend=backend, settings=settings, available=available,
+        reason=None if available else "icarus_dir_missing",
+        filtering=filtering and available, filtering_reason=filtering_reason if available else "icarus_unavailable",
+        ui=ctx.harness.ui or _NoUi(),
+    )
+
+
+def session_of(ctx: SessionContext) -> IcarusSession:
+    """The session's Icarus facade; ``NotFound`` when the component is not loaded."""
+    sess = ctx.extras.get(EXTRAS_KEY)
+    if not isinstance(sess, IcarusSession):
+        raise NotFound("the icarus component is not loaded in this runtime",
+                       data={"session_id": ctx.info.session_id, "reason": "no_icarus_component"})
+    return sess
+
+
+def icarus_component(backend: IcarusBackend | None = None, *, env: Mapping[str, str] | None = None,
+                     home: str | None = None) -> SessionComponent:
+    """The Icarus session component (see the module docstring).
+
+    ``env``/``home`` feed the default backend: settings resolution (global
+    settings path, backend env overrides) and the worker's parent environment.
+    """
+    from castor.runtime import SessionComponent
+
+    chosen = backend if backend is not None else default_backend(env=env, home=home)
+
+    def children(ctx: SessionContext) -> list[ChildSpec]:
+        sess = _build_session(ctx, chosen)
+        ctx.extras[EXTRAS_KEY] = sess
+        if not sess.available:
+            logger.bind(actor=sess.path(), reason=sess.reason).debug("icarus unavailable for this session")
+        return sess.children()
+
+    def on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        sess = ctx.extras.get(EXTRAS_KEY)
+        return sess.event(event, data) if isinstance(sess, IcarusSession) else None
+
+    def on_close(ctx: SessionContext) -> None:
+        sess = ctx.extras.get(EXTRAS_KEY)
+        if isinstance(sess, IcarusSession):
+            sess.close()
+
+    return SessionComponent(name=COMPONENT, children=children, on_event=on_event, on_close=on_close)
+
+
+__all__ = [
+    "COMPONENT", "IcarusBackend", "IcarusSession", "controller_payload", "default_backend", "icarus_component",
+    "session_of", "wire_result",
+]
