@@ -119,7 +119,7 @@ class CastActor(Actor):
             # Permanent: restarting cannot help, and a crash loop would exhaust the cast
             # supervisor's intensity and take the session's other casts down with it.
             self.log.error("cast cannot start: {exc}", exc=exc)
-            self.stop_self()
+            self._stop()
 
     def _start(self) -> None:
         env = self.env
@@ -142,7 +142,18 @@ class CastActor(Actor):
             self.log.info("resuming active cast after a restart (incarnation {n})", n=self.incarnation)
             self._apply(RecastRequested(after_restart=True, at=env.clock()))
 
+    def _stop(self) -> None:
+        """End this incarnation after the current message, releasing what it holds now.
+
+        (``stop_self`` ends the loop without ``on_terminate``; the cleanup must not wait for it.)
+        """
+        self._release("stopped")
+        self.stop_self()
+
     def on_terminate(self, cause: str) -> None:
+        self._release(cause)
+
+    def _release(self, cause: str) -> None:
         for handle in list(self._sockets.values()):
             self._stop_socket(handle)
         self._sockets.clear()
@@ -202,14 +213,14 @@ class CastActor(Actor):
                 raise
             self.log.warning("fenced off by a newer incarnation; stopping without side effects")
             self._fenced = True
-            self.stop_self()
+            self._stop()
             return
         self.state = transition.state
         for effect in transition.effects:
             self._perform(effect)
         self._mirror_to_session()
         if self._done:
-            self.stop_self()
+            self._stop()
 
     def _status(self) -> dict[str, Any]:
         assert self.state is not None

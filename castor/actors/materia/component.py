@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import SessionCall
 from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
@@ -46,7 +47,7 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
     if event not in ("before_agent_start", "agent_end"):
         return None
     try:
-        actor = ctx.lookup("materia")
+        actor = session_actor(ctx.runtime, ctx.info.session_id)
         if event == "before_agent_start":
             if data.get("message_type") == "custom":
                 return None  # castor's own hidden prompts are not user refinement messages

@@ -96,8 +96,25 @@ class SessionActor(Actor):
                        agent=harness.agent, ui=harness.ui, session_log=harness.session_log, start_event=start,
                        lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under))
 
+    def _active(self) -> dict[str, Any]:
+        """The live casts that are still active (a cast that just ended may not have exited yet)."""
+        out = {}
+        for cast_id, handle in self._live().items():
+            try:
+                if handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S).get("active"):
+                    out[cast_id] = handle
+            except CastorError:
+                continue
+        return out
+
+    def _await_exit(self, cast_id: str) -> None:
+        """Wait for an ended cast's actor to finish stopping (it releases the lease on its way out)."""
+        handle = self.runtime.system.registry.find(f"{self.cast_sup}/{cast_id}")
+        if handle is not None and handle.alive:
+            handle.wait_exited(ASK_TIMEOUT_S)
+
     def _check_capacity(self) -> None:
-        live = self._live()
+        live = self._active()
         limit = self.runtime.settings.max_casts_per_session
         if len(live) >= limit:
             newest = max(live)
@@ -222,6 +239,7 @@ class SessionActor(Actor):
         cast_id, handle = self._target(cast_id)
         root = self._artifact_root()
         if handle is None:
+            self._await_exit(cast_id)
             handle = self._bring_in(cast_id, root)
         view = self._apply(handle, AbortRequested(at=time.time()), root=root, cast_id=cast_id, stop_if_idle=True)
         return {**view, "text": f"pi-materia cast {cast_id} aborted. Recast it with /materia recast {cast_id}.",
@@ -249,9 +267,10 @@ class SessionActor(Actor):
         root = self._artifact_root()
         cast_id = cast_id if cast_id is not None else self._pick_resumable(root, revive=revive)
         validate_cast_id(cast_id)
-        live = self._live()
+        live = self._active()
         if cast_id in live:
             raise Conflict(f"pi-materia cast {cast_id} is already running.", data={"reason": "running"})
+        self._await_exit(cast_id)
         if len(live) >= self.runtime.settings.max_casts_per_session:
             raise Conflict(f"pi-materia cast {max(live)} is active. Abort it before recasting.",
                            data={"reason": "active", "cast_id": max(live)})
@@ -311,7 +330,7 @@ class SessionActor(Actor):
                 "text": loadout_line(active, names), "level": "info"}
 
     def _verb_set_loadout(self, name: str, config_path: str | None = None) -> dict[str, Any]:
-        live = self._live()
+        live = self._active()
         if live:
             raise Conflict(f"Cannot change active loadout during active cast {max(live)}.",
                            data={"reason": "active", "cast_id": max(live)})

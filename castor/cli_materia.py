@@ -1,0 +1,351 @@
+"""The materia commands of the ``castor`` CLI (``castor.cli`` wires them in).
+
+| command | what it does |
+|---|---|
+| ``castor cast REQUEST [--loadout N] [--config P] [--agent SPEC] [--cwd D]`` | runs a cast in an in-process runtime with a standalone harness (the agent adapter, a JSONL session log, a console UI) and shows live progress; exit 0 when it completes |
+| ``castor casts [--cwd D]`` | lists the casts under the artifact root, newest first |
+| ``castor status CAST_ID [--cwd D]`` | one cast's persisted status |
+| ``castor recast CAST_ID [--agent SPEC] [--cwd D]`` / ``castor revive CAST_ID ...`` | resumes a persisted cast in this new process and runs it to the end |
+| ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
+| ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
+| ``castor validate CONFIG_PATH`` | every config problem on its own line; exit 1 if any |
+
+``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
+``castor cast`` records a ``script:`` agent (a data file, never an executable) in
+``<runDir>/cli.json`` so ``castor recast`` can replay it; an ``openai:`` agent is never read
+back from the project tree (a checkout must not choose where prompts are sent) and has to be
+given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
+
+Exit codes: 0 success; 1 a failed cast or any error (one line on stderr: ``castor: <code>: <message>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from castor.messages.errors import CastorError, InvalidParams, NotFound
+
+EXIT_OK, EXIT_FAILED = 0, 1
+CLI_SESSION = "cli"
+POLL_S = 0.1
+TERMINAL = {"complete", "failed", "aborted"}
+
+
+# --------------------------------------------------------------------------- argparse
+def add_materia_subcommands(subparsers: Any) -> None:
+    """Declare the materia subcommands on the ``castor`` parser's subparsers."""
+    cast = subparsers.add_parser("cast", help="run a materia cast for REQUEST")
+    cast.add_argument("request", metavar="REQUEST", help="what the cast should do")
+    cast.add_argument("--loadout", metavar="NAME", help="loadout to run (default: activeLoadout)")
+    cast.add_argument("--config", metavar="PATH", help="explicit config layer (beats $MATERIA_CONFIG)")
+    _add_agent(cast)
+    _add_cwd(cast)
+    cast.add_argument("--quiet", action="store_true", help="no live progress; print the outcome only")
+    cast.set_defaults(run=cmd_cast)
+
+    casts = subparsers.add_parser("casts", help="list the casts of a project")
+    _add_cwd(casts)
+    casts.add_argument("--json", action="store_true", help="print JSON")
+    casts.set_defaults(run=cmd_casts)
+
+    status = subparsers.add_parser("status", help="show one cast's status")
+    status.add_argument("cast_id", metavar="CAST_ID")
+    _add_cwd(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=cmd_status)
+
+    for name, func, text in (("recast", "cmd_recast", "resume a failed, aborted or orphaned cast"),
+                             ("revive", "cmd_revive", "lift exhausted same-socket recovery and resume")):
+        parser = subparsers.add_parser(name, help=text)
+        parser.add_argument("cast_id", metavar="CAST_ID")
+        _add_agent(parser)
+        _add_cwd(parser)
+        parser.add_argument("--quiet", action="store_true", help="no live progress")
+        parser.set_defaults(run=globals()[func])
+
+    grid = subparsers.add_parser("grid", help="render the resolved loadout graph")
+    grid.add_argument("--loadout", metavar="NAME")
+    grid.add_argument("--config", metavar="PATH")
+    _add_cwd(grid)
+    grid.set_defaults(run=cmd_grid)
+
+    loadout = subparsers.add_parser("loadout", help="show loadouts, or set the active one")
+    loadout.add_argument("name", metavar="NAME", nargs="?")
+    loadout.add_argument("--config", metavar="PATH")
+    _add_cwd(loadout)
+    loadout.set_defaults(run=cmd_loadout)
+
+    validate = subparsers.add_parser("validate", help="validate a materia config file")
+    validate.add_argument("config_path", metavar="CONFIG_PATH")
+    validate.set_defaults(run=cmd_validate)
+
+
+def _add_agent(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", metavar="SPEC",
+                        help="script:FILE or openai:BASE_URL[#MODEL] (default $CASTOR_AGENT)")
+
+
+def _add_cwd(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cwd", metavar="DIR", default=None, help="project directory (default: the current one)")
+
+
+def _cwd(args: argparse.Namespace) -> Path:
+    cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
+    if not cwd.is_dir():
+        raise NotFound(f"--cwd {cwd} is not a directory", data={"cwd": str(cwd)})
+    return cwd
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- a standalone runtime
+class _Standalone:
+    """An in-process Runtime with one trusted session and a standalone harness link."""
+
+    def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
+                 printer: Any = None) -> None:
+        from castor.actors.materia.component import materia_component
+        from castor.adapters.agents.factory import make_agent
+        from castor.adapters.console_ui import ConsoleUi
+        from castor.adapters.session_jsonl import JsonlSessionLog
+        from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+
+        if not agent_spec:
+            raise InvalidParams("no agent: pass --agent script:FILE or --agent openai:BASE_URL[#MODEL] "
+                                "(or set CASTOR_AGENT)", data={"reason": "no_agent"})
+        self.agent = make_agent(agent_spec)
+        self.ui = ConsoleUi(printer)
+        self.runtime = Runtime(RuntimeSettings(), components=[materia_component()])
+        flags = {"materia_config": config_path} if config_path else {}
+        root = _artifact_root(cwd, config_path)
+        log = JsonlSessionLog(root / ".castor-cli-session.jsonl")
+        try:
+            self.runtime.open_session(SessionInfo(session_id=CLI_SESSION, cwd=str(cwd), trusted=True, flags=flags),
+                                      HarnessLink(agent=self.agent, session_log=log, ui=self.ui))
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, verb: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        from castor.actors.materia.api import materia_call
+
+        return materia_call(self.runtime, CLI_SESSION, verb, params)
+
+    def close(self) -> None:
+        self.runtime.shutdown(10.0)
+        close = getattr(self.agent, "close", None)
+        if close is not None:
+            close()
+
+
+def _artifact_root(cwd: Path, config_path: str | None) -> Path:
+    from castor.adapters.materia.config_loader import load
+    from castor.domain.materia.config import ConfigError
+
+    try:
+        configured = load(cwd, config_path=config_path).merged.get("artifactDir")
+    except ConfigError:
+        configured = None
+    root = configured if isinstance(configured, str) and configured else ".pi/pi-materia"
+    return (cwd / root).resolve() if not Path(root).is_absolute() else Path(root)
+
+
+def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
+    spec = getattr(args, "agent", None) or os.environ.get("CASTOR_AGENT") or None
+    if spec is None and run_dir is not None:
+        try:
+            remembered = json.loads((run_dir / "cli.json").read_text(encoding="utf-8")).get("agent")
+        except (OSError, ValueError, AttributeError):
+            remembered = None
+        if isinstance(remembered, str) and remembered.startswith("script:"):
+            spec = remembered  # a data file, not a program; openai: is never taken from the tree
+    return spec
+
+
+def _remember_agent(run_dir: Path, spec: str) -> None:
+    from castor.adapters.fs import atomic_write_json
+
+    if spec.startswith("script:"):
+        path = spec.partition(":")[2]
+        atomic_write_json(run_dir / "cli.json", {"agent": f"script:{Path(path).resolve()}"})
+
+
+def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
+    """Poll the cast until it ends, with a rich live view unless quiet; finalizes refinement pauses."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    last: dict[str, Any] = {}
+
+    def poll() -> dict[str, Any]:
+        view = session.call("status", {"cast_id": cast_id})
+        if view.get("paused") and view.get("live"):
+            session.ui.notify(f"{view.get('current_socket')} asks for refinement; finalizing (no user in the CLI)")
+            session.call("continue", {"cast_id": cast_id})
+            view = session.call("status", {"cast_id": cast_id})
+        return view
+
+    if quiet or not console.is_terminal:
+        while True:
+            last = poll()
+            if last["status"] in TERMINAL or (not last.get("live") and last["status"] != "active"):
+                return last
+            time.sleep(POLL_S)
+    with Live(_progress(last or {"cast_id": cast_id}), console=console, refresh_per_second=8, transient=False) as live:
+        while True:
+            last = poll()
+            live.update(_progress(last))
+            if last["status"] in TERMINAL or (not last.get("live") and last["status"] != "active"):
+                return last
+            time.sleep(POLL_S)
+
+
+def _progress(view: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"cast {view.get('cast_id')}", show_header=False, box=None)
+    table.add_row("status", str(view.get("status", "starting")))
+    table.add_row("loadout", str(view.get("loadout", "")))
+    where = view.get("current_socket") or ""
+    if view.get("current_materia"):
+        where += f" ({view['current_materia']})"
+    table.add_row("socket", where)
+    if view.get("item_label") or view.get("item_key"):
+        table.add_row("item", str(view.get("item_label") or view.get("item_key")))
+    visits = view.get("visits") or {}
+    table.add_row("visits", ", ".join(f"{k}×{v}" for k, v in visits.items()) or "-")
+    usage = view.get("usage") or {}
+    table.add_row("tokens", str(int(usage.get("tokens") or 0)))
+    return table
+
+
+def _finish(view: dict[str, Any]) -> int:
+    if view["status"] == "complete":
+        _out(f"cast {view['cast_id']} complete: {view['run_dir']}")
+        return EXIT_OK
+    reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
+    print(f"castor: cast {view['cast_id']} {view['status']}: {reason}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_cast(args: argparse.Namespace) -> int:
+    cwd = _cwd(args)
+    spec = _agent_spec(args)
+    session = _Standalone(cwd, spec, config_path=args.config)
+    try:
+        started = session.call("start", {"request": args.request, "loadout": args.loadout,
+                                         "config_path": args.config})
+        assert spec is not None
+        _remember_agent(Path(started["run_dir"]), spec)
+        _out(f"cast {started['cast_id']} started ({started['loadout']}): {started['run_dir']}")
+        return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
+    finally:
+        session.close()
+
+
+def _resume(args: argparse.Namespace, verb: str) -> int:
+    from castor.adapters.materia.artifacts import validate_cast_id
+
+    cwd = _cwd(args)
+    cast_id = validate_cast_id(args.cast_id)
+    root = _artifact_root(cwd, None)
+    session = _Standalone(cwd, _agent_spec(args, root / cast_id))
+    try:
+        view = session.call(verb, {"cast_id": cast_id})
+        _out(view["text"])
+        return _finish(_watch(session, cast_id, quiet=args.quiet))
+    finally:
+        session.close()
+
+
+def cmd_recast(args: argparse.Namespace) -> int:
+    return _resume(args, "recast")
+
+
+def cmd_revive(args: argparse.Namespace) -> int:
+    return _resume(args, "revive")
+
+
+def cmd_casts(args: argparse.Namespace) -> int:
+    from castor.actors.materia.views import cast_rows, casts_text
+
+    root = _artifact_root(_cwd(args), None)
+    rows = cast_rows(root, set())
+    _out(json.dumps(rows, indent=2) if args.json else casts_text(rows, root))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from castor.actors.materia.views import persisted_view, status_text
+    from castor.adapters.materia.artifacts import validate_cast_id
+
+    root = _artifact_root(_cwd(args), None)
+    view = persisted_view(root, validate_cast_id(args.cast_id), live=False)
+    _out(json.dumps(view, indent=2) if args.json else status_text(view))
+    return EXIT_OK
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    from castor.adapters.materia.config_loader import load_resolved
+    from castor.domain.materia.grid import render_grid
+
+    _out(render_grid(load_resolved(_cwd(args), loadout=args.loadout, config_path=args.config)))
+    return EXIT_OK
+
+
+def cmd_loadout(args: argparse.Namespace) -> int:
+    from castor.actors.materia.views import loadout_line
+    from castor.adapters.materia.config_loader import load, save_active_loadout
+
+    cwd = _cwd(args)
+    if args.name:
+        path = save_active_loadout(cwd, args.name, config_path=args.config)
+        _out(f"Active loadout: {args.name} (saved to {path})")
+    merged = load(cwd, config_path=args.config).merged
+    _out(loadout_line(merged.get("activeLoadout"), list((merged.get("loadouts") or {}).keys())))
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from castor.adapters.materia.config_loader import validate_file
+
+    issues = validate_file(args.config_path)
+    if not issues:
+        _out(f"{args.config_path}: valid")
+        return EXIT_OK
+    for issue in issues:
+        print(str(issue), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run only the materia commands (tests and scripts; ``castor`` itself is castor.cli)."""
+    from castor.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="castor")
+    add_materia_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    configure_logging(None)
+    try:
+        return int(args.run(args) or 0)
+    except CastorError as exc:
+        print(f"castor: {exc.code}: {' '.join(exc.message.split())}", file=sys.stderr)
+        return EXIT_FAILED
+    except (OSError, ValueError) as exc:
+        print(f"castor: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Shared set-up for the materia actor tests: a real Runtime, real files, the scripted agent."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from castor.actors.materia.api import materia_call
+from castor.actors.materia.component import materia_component
+from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+from castor.adapters.console_ui import ConsoleUi
+from castor.adapters.materia.artifacts import CastArtifacts
+from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+
+TERMINAL = ("complete", "failed", "aborted")
+
+
+def make_runtime(**settings: Any) -> Runtime:
+    return Runtime(RuntimeSettings(**settings), components=[materia_component()])
+
+
+def open_session(rt: Runtime, sid: str, cwd: Path, script: Any, *, trusted: bool = True,
+                 session_log: Any = None) -> tuple[ScriptedAgent, ConsoleUi]:
+    agent = ScriptedAgent(parse_script(script))
+    ui = ConsoleUi(printer=lambda _line: None)
+    rt.open_session(SessionInfo(session_id=sid, cwd=str(cwd), trusted=trusted),
+                    HarnessLink(agent=agent, session_log=session_log, ui=ui))
+    return agent, ui
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_status(rt: Runtime, sid: str, cast_id: str, statuses: tuple[str, ...] = TERMINAL,
+                timeout: float = 10.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        view = materia_call(rt, sid, "status", {"cast_id": cast_id})
+        return view if view["status"] in statuses else None
+
+    return wait_for(check, timeout=timeout, what=f"cast {cast_id} in {statuses}")
+
+
+def events(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir)
+    arts = CastArtifacts(path.parent, path.name)
+    return [e.model_dump() for e in arts.read_events().events]
+
+
+def event_types(run_dir: str | Path) -> list[str]:
+    return [e["type"] for e in events(run_dir)]
+
+
+def write_project_config(cwd: Path, config: dict[str, Any]) -> None:
+    (cwd / ".pi").mkdir(parents=True, exist_ok=True)
+    (cwd / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+
+
+def plan_json(*items: str) -> str:
+    return json.dumps({"summary": "plan", "workItems": [
+        {"id": i, "title": f"item {i}", "description": f"do {i}", "acceptance": [f"{i} works"],
+         "context": {"constraints": [], "dependencies": [], "risks": []}} for i in items]})
+
+
+def verdict(satisfied: bool, feedback: str = "") -> str:
+    return json.dumps({"satisfied": satisfied, "feedback": feedback, "missing": []})
