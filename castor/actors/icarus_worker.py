@@ -242,10 +242,33 @@ class IcarusWorkerClient:
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
         except Retired as exc:
+            self._await_retirement()
             raise WorkerRetired(exc.message, data=exc.data) from None
+        except (WorkerCrashed, WorkerRetired):
+            self._await_retirement()
+            raise
+        except (Timeout, Cancelled) as exc:
+            if exc.may_have_started:
+                self._await_retirement()
+            raise
         finally:
             with self._lock:
                 self._outstanding.discard(token)
+
+    def _await_retirement(self, bound_s: float = 1.0) -> None:
+        """Return once the failed incarnation has closed its mailbox and ended.
+
+        The actor answers the failed call *before* its retirement closes the
+        mailbox, so a caller that sends its next call at once could land in the
+        old mailbox and be rejected with the old worker's error instead of
+        reaching a fresh worker. Waiting here (bounded, failure paths only)
+        makes "the next call gets a fresh worker" hold for the caller.
+        """
+        handle = self._handle
+        incarnation = handle.incarnation
+        deadline = time.monotonic() + bound_s
+        while handle.state == "running" and handle.incarnation == incarnation and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
     def submit(self, module: str, function: str, args: list[Any] | None = None,
                kwargs: dict[str, Any] | None = None, timeout: float | None = None,

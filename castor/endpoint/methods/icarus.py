@@ -1,0 +1,96 @@
+"""Icarus methods: ``icarus.tool``, ``icarus.command``, ``icarus.config`` (+ ``worker_stats``).
+
+Thin wire layer over :class:`castor.actors.icarus_session.IcarusSession`; the
+behaviour (and its guarantees) lives there. Documented in docs/protocol.md
+("Methods: harness → castor").
+
+==================  ===========================================  ===============================================
+method              result                                       errors
+==================  ===========================================  ===============================================
+``icarus.tool``     the backend's value (``format: "value"``,    ``not_found`` (no session, tool not offered,
+                    the Pi extension's contract) or the §7.4     Icarus unavailable), ``timeout``,
+                    result ``{content, details, is_error}``      ``worker_retired``, ``worker_crashed``,
+                    (``format: "result"``); a backend            ``internal`` (the backend raised) — transport
+                    ``{error}`` or a validation failure is a     failures are never retried
+                    *value*, marked ``is_error``
+``icarus.command``  ``{text, level}`` (+ ``code``, ``usage``     ``not_found`` (no session); settings writes:
+                    for invalid input, which changes nothing)    ``invalid_config`` (malformed file, untouched),
+                                                                 ``timeout`` (settings lock busy)
+``icarus.config``   state, hooks, filtering, effective config,   ``not_found`` (no session)
+                    schema, ``tools`` to register
+==================  ===========================================  ===============================================
+
+Every method also answers ``forbidden`` for a session opened on another connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from castor.actors.icarus_session import IcarusSession, session_of
+from castor.domain.icarus.tools import tool_result
+from castor.endpoint.dispatch import Context, Dispatcher, Params
+from castor.messages.errors import Forbidden
+from castor.runtime import Runtime
+
+
+class ToolParams(Params):
+    session_id: str
+    name: str
+    params: dict[str, Any] | None = None
+    tool_call_id: str | None = None
+    format: Literal["value", "result"] = "value"
+
+
+class CommandParams(Params):
+    session_id: str
+    args: str = ""
+    cwd: str | None = None  # sent by the Pi extension; the session's own cwd is authoritative
+
+
+class ConfigParams(Params):
+    session_id: str
+
+
+def icarus_session(runtime: Runtime, session_id: str) -> IcarusSession:
+    """The session's bridge; ``not_found`` for an unknown session or a runtime without Icarus."""
+    return session_of(runtime.session(session_id))
+
+
+def _owned_session(runtime: Runtime, ctx: Context, session_id: str) -> IcarusSession:
+    """As :func:`icarus_session`, for a session opened on this connection only (``forbidden``).
+
+    Uses the connection state kept by ``session.open`` (methods/session.py):
+    one harness cannot call another session's memory tools.
+    """
+    sess = icarus_session(runtime, session_id)
+    if session_id not in ctx.state.get("sessions", {}):
+        raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
+    return sess
+
+
+def worker_stats(runtime: Runtime, session_id: str) -> dict[str, Any]:
+    """``ops.worker`` detail: the worker actor's mailbox and its process (pid, RSS, CPU, open files).
+
+    Never sends a message to the worker actor, so it answers while a call runs.
+    """
+    return icarus_session(runtime, session_id).worker_stats()
+
+
+def register_icarus_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
+    def tool(params: ToolParams, _ctx: Context) -> Any:
+        sess = _owned_session(runtime, _ctx, params.session_id)
+        value = sess.tool(params.name, params.params, tool_call_id=params.tool_call_id)
+        if params.format == "result":
+            return tool_result(value).model_dump(mode="json")
+        return value
+
+    def command(params: CommandParams, _ctx: Context) -> dict[str, Any]:
+        return _owned_session(runtime, _ctx, params.session_id).command(params.args)
+
+    def config(params: ConfigParams, _ctx: Context) -> dict[str, Any]:
+        return _owned_session(runtime, _ctx, params.session_id).config()
+
+    dispatcher.register("icarus.tool", tool, ToolParams)
+    dispatcher.register("icarus.command", command, CommandParams)
+    dispatcher.register("icarus.config", config, ConfigParams)

@@ -1,0 +1,177 @@
+"""Fixtures: a real Runtime with the Icarus component over the REFERENCE BACKEND (a stand-in
+for the private Icarus plugin) in real worker subprocesses. Only what cannot exist here is
+faked: the classifier model (tests/icarus_filter/fakes.FakeClassifier) and the harness UI
+(a recorder). The session log is the real JSONL adapter in tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from castor.actors.icarus_session import icarus_component, session_of
+from castor.adapters.session_jsonl import JsonlSessionLog
+from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from tests.icarus_filter.fakes import FakeClassifier
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class RecordingUi:
+    """TEST FAKE of SessionUiPort: records every call in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
+        with self._lock:
+            self.calls.append(("message", {"custom_type": custom_type, "content": content, "display": display,
+                                           "trigger_turn": trigger_turn}))
+
+    def set_status(self, key: str, text: str | None) -> None:
+        with self._lock:
+            self.calls.append(("status", (key, text)))
+
+    def notify(self, message: str, level: str = "info") -> None:
+        with self._lock:
+            self.calls.append(("notify", (message, level)))
+
+    def of(self, kind: str) -> list[Any]:
+        with self._lock:
+            return [v for k, v in self.calls if k == kind]
+
+
+class GatedLog:
+    """The real JSONL session log behind a gate the test opens (to observe ordering)."""
+
+    def __init__(self, inner: JsonlSessionLog) -> None:
+        self.inner = inner
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(max(0.0, deadline - time.monotonic()))
+        self.inner.append_entry(custom_type, data, deadline)
+
+
+class World:
+    """One test's filesystem, settings, runtime and harness fakes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.project = tmp_path / "project"
+        self.project.mkdir()
+        self.agent_dir = tmp_path / "agent"
+        self.agent_dir.mkdir()
+        self.fabric = tmp_path / "fabric"
+        self.call_log = tmp_path / "calls.jsonl"
+        self.control_file = tmp_path / "controls.json"
+        self.session_log_path = tmp_path / "session.jsonl"
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PI_CODING_AGENT_DIR": str(self.agent_dir),
+            "ICARUS_REF_CALL_LOG": str(self.call_log),
+            "ICARUS_REF_CONTROL_FILE": str(self.control_file),
+        }
+        self.ui = RecordingUi()
+        self.classifier = FakeClassifier(reject_words=("cake",))
+        self.session_log = GatedLog(JsonlSessionLog(self.session_log_path))
+        self.runtimes: list[Runtime] = []
+        self.write_global()
+
+    # -- settings ---------------------------------------------------------------
+    def write_global(self, **extra: Any) -> None:
+        section = {"icarusDir": str(REFERENCE_ICARUS), "python": sys.executable, "fabricDir": str(self.fabric),
+                   "classifier": "ollama/qwen3:4b", "classifierTimeoutMs": 3000, "timeoutMs": 10000, **extra}
+        (self.agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
+
+    def write_project(self, section: dict[str, Any]) -> None:
+        (self.project / ".pi").mkdir(exist_ok=True)
+        (self.project / ".pi" / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
+
+    def controls(self, controls: dict[str, Any]) -> None:
+        tmp = self.control_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(controls))
+        os.replace(tmp, self.control_file)
+
+    def seed(self, *entries: tuple[str, str], facts: tuple[str, ...] = ()) -> None:
+        """Write Fabric entries with the reference backend's own storage code."""
+        code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from icarus import state\n"
+                "data = json.loads(sys.argv[2])\n"
+                "for s, c in data['entries']: state.write_entry(summary=s, content=c)\n"
+                "for f in data['facts']: state.add_fact(f)\n")
+        subprocess.run([sys.executable, "-c", code, str(REFERENCE_ICARUS.parent),
+                        json.dumps({"entries": entries, "facts": facts})],
+                       check=True, timeout=30, env={"FABRIC_DIR": str(self.fabric), "PATH": "/usr/bin:/bin"})
+
+    # -- runtime ----------------------------------------------------------------
+    def runtime(self) -> Runtime:
+        rt = Runtime(RuntimeSettings(), components=[icarus_component(env=self.env, home=str(self.tmp))])
+        self.runtimes.append(rt)
+        return rt
+
+    def link(self, *, classifier: Any = "default", session_log: Any = "default") -> HarnessLink:
+        return HarnessLink(agent=None,
+                           session_log=self.session_log if session_log == "default" else session_log,
+                           ui=self.ui,
+                           classifier=self.classifier if classifier == "default" else classifier)
+
+    def open(self, rt: Runtime, sid: str = "s1", *, trusted: bool = False, **link: Any):
+        ctx = rt.open_session(SessionInfo(session_id=sid, cwd=str(self.project), trusted=trusted), self.link(**link))
+        return ctx, session_of(ctx)
+
+    # -- observations -----------------------------------------------------------
+    def calls(self, name: str | None = None, phase: str = "start") -> list[dict[str, Any]]:
+        return [r for r in read_jsonl(self.call_log) if r["phase"] == phase and (name is None or r["call"] == name)]
+
+    def audits(self) -> list[dict[str, Any]]:
+        return [e for e in read_jsonl(self.session_log_path) if e.get("customType") == "icarus-context-filter"]
+
+    def close(self) -> None:
+        for rt in self.runtimes:
+            rt.shutdown(timeout=10)
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = World(tmp_path)
+    yield w
+    w.close()
