@@ -1,0 +1,182 @@
+"""The Icarus methods over a real msgpack-rpc endpoint (Server + Client on loopback TCP).
+
+The client plays the harness: it answers ``session.append_entry``, ``model.list`` and
+``classifier.complete`` (a TEST FAKE classifier that rejects candidates mentioning
+"cake") and records ``message.send`` / ``ui.*`` notifications. The backend is the
+reference stand-in in real worker subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from castor.client import Client
+from castor.endpoint import Dispatcher, Server
+from castor.endpoint.methods.icarus import register_icarus_methods
+from castor.endpoint.methods.ops import register_ops_methods
+from castor.endpoint.methods.session import register_session_methods
+from castor.messages.errors import CastorError
+from tests.icarus_session.conftest import gone, wait_until
+
+
+class FakeHarness:
+    """TEST FAKE of the harness side of the protocol (what the Pi extension does)."""
+
+    def __init__(self, client: Client) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.notes: list[tuple[str, dict[str, Any]]] = []
+        self.noted = threading.Condition()
+        client.on_request("session.append_entry", self.append_entry)
+        client.on_request("model.list", lambda _p: {"models": [
+            {"provider": "ollama", "id": "qwen3:4b", "base_url": "http://127.0.0.1:11434/v1", "available": True}],
+            "current": None})
+        client.on_request("classifier.complete", self.complete)
+        for method in ("message.send", "ui.notify", "ui.status"):
+            client.on_notification(method, lambda p, m=method: self.note(m, p))
+
+    def append_entry(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.entries.append(params)
+        return {"ok": True, "entry_id": f"e{len(self.entries)}"}
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        payload = json.loads(params["messages"][-1]["content"])
+        decisions = [{"id": c["id"], "relevant": "cake" not in c["text"], "confidence": 0.9}
+                     for c in payload["candidates"]]
+        return {"text": json.dumps({"decisions": decisions}), "stop_reason": "stop", "usage": None}
+
+    def note(self, method: str, params: dict[str, Any]) -> None:
+        with self.noted:
+            self.notes.append((method, params))
+            self.noted.notify_all()
+
+    def wait_note(self, method: str, timeout: float = 10.0) -> dict[str, Any]:
+        with self.noted:
+            assert self.noted.wait_for(lambda: any(m == method for m, _ in self.notes), timeout), method
+            return next(p for m, p in self.notes if m == method)
+
+
+@pytest.fixture
+def wired(world):
+    rt = world.runtime()
+    dispatcher = Dispatcher()
+    register_session_methods(dispatcher, rt)
+    register_ops_methods(dispatcher, rt)
+    register_icarus_methods(dispatcher, rt)
+    server = Server(dispatcher, tcp=("127.0.0.1", 0)).start()
+    host, port = server.address
+    clients: list[Client] = []
+
+    def connect() -> tuple[Client, FakeHarness]:
+        client = Client.connect_tcp(host, port, default_timeout=20)
+        clients.append(client)
+        return client, FakeHarness(client)
+
+    yield world, connect
+    for client in clients:
+        client.close()
+    server.stop()
+
+
+def open_session(client: Client, world, sid: str = "pi-1") -> None:
+    client.call("session.open", {"session_id": sid, "cwd": str(world.project), "trusted": False,
+                                 "flags": {"harness": "pi", "has_agent_settled": True}})
+
+
+def test_a_pi_shaped_session_gets_startup_context_filtered_memory_and_an_audit(wired):
+    world, connect = wired
+    world.env["ICARUS_REF_STARTUP_CONTEXT"] = "[startup] STARTUP-CTX"
+    world.seed(("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs"))
+    client, harness = connect()
+    open_session(client, world)
+    config = client.call("icarus.config", {"session_id": "pi-1"})
+    names = {t["name"] for t in config["tools"]}
+    assert config["state"] == "active" and {"fabric_write", "fabric_recall", "icarus_hook_config"} <= names
+    assert all(set(t) >= {"name", "description", "parameters"} for t in config["tools"])
+
+    assert client.call("harness.event", {"session_id": "pi-1", "event": "session_start",
+                                         "data": {"reason": "startup", "previous_session_file": None}}) == {}
+    startup = harness.wait_note("message.send")
+    assert (startup["custom_type"], startup["content"], startup["trigger_turn"]) == \
+        ("icarus-session-context", "[startup] STARTUP-CTX", False)
+
+    result = client.call("harness.event", {"session_id": "pi-1", "event": "before_agent_start", "data": {
+        "prompt": "sqlite and cake please", "message_type": "user", "custom_type": None, "turn_id": None,
+        "system_prompt": "sys", "images": 0}})
+    message = result["message"]
+    assert message["custom_type"] == "icarus-memory-context"
+    assert "sqlite WAL notes" in message["content"] and "cake" not in message["content"]
+    # the audit was acknowledged by the harness before the result came back
+    [entry] = harness.entries
+    assert entry["custom_type"] == "icarus-context-filter" and entry["data"]["outcome"] == "filtered"
+    assert "sqlite WAL" not in json.dumps(entry) and "please" not in json.dumps(entry)
+
+    pid = client.call("ops.worker", {"session_id": "pi-1"})["worker"]["process"]["pid"]
+    assert client.call("harness.event", {"session_id": "pi-1", "event": "session_shutdown",
+                                         "data": {"reason": "quit"}}) == {}
+    assert client.call("session.close", {"session_id": "pi-1"}) == {"closed": True}
+    assert len(world.calls("hooks.on_session_end")) == 1
+    wait_until(lambda: gone(pid), 5, "the worker to be killed")
+
+
+def test_fabric_tools_round_trip_errors_are_typed_and_kill_9_is_surfaced(wired):
+    world, connect = wired
+    client, _ = connect()
+    open_session(client, world)
+    call = lambda name, params, **kw: client.call("icarus.tool", {"session_id": "pi-1", "name": name,  # noqa: E731
+                                                                  "params": params, "tool_call_id": "t1", **kw})
+    written = call("fabric_write", {"type": "note", "summary": "WIRE-WRITE", "content": "x"})
+    assert written["status"] == "written"
+    as_result = call("fabric_curate", {"entry_id": "404", "training_value": "low"}, format="result")
+    assert as_result["is_error"] is True and "error" in as_result["details"]
+    assert json.loads(as_result["content"][0]["text"]) == as_result["details"]
+    assert "requires evidence" in call("fabric_write", {"type": "n", "summary": "s", "content": "c",
+                                                        "verified": "yes"})["error"]
+    with pytest.raises(CastorError) as unknown:
+        call("fabric_train", {})
+    assert unknown.value.code == "not_found"
+
+    stats = client.call("ops.worker", {"session_id": "pi-1"})["worker"]
+    process = stats["process"]
+    assert process["alive"] is True and process["rss_bytes"] > 0 and process["open_files"] is not None
+    os.kill(process["pid"], signal.SIGKILL)
+    wait_until(lambda: gone(process["pid"]), 5, "the worker to die")
+    with pytest.raises(CastorError) as crashed:
+        call("fabric_brief", {})
+    assert crashed.value.code == "worker_crashed"
+    assert call("fabric_brief", {})["recent"] == ["WIRE-WRITE"]
+    assert client.call("ops.worker", {"session_id": "pi-1"})["worker"]["process"]["pid"] != process["pid"]
+
+
+def test_icarus_off_over_the_wire_and_another_connection_is_forbidden(wired):
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"))
+    client, _ = connect()
+    open_session(client, world)
+    event = lambda: client.call("harness.event", {"session_id": "pi-1", "event": "before_agent_start",  # noqa: E731
+                                                  "data": {"prompt": "sqlite", "message_type": "user"}})
+    assert "message" in event()
+    off = client.call("icarus.command", {"session_id": "pi-1", "cwd": str(world.project), "args": "off"})
+    assert "hooks are off" in off["text"]
+    assert event() == {}
+    assert len(world.calls("hooks.pre_llm_call")) == 1
+    bad = client.call("icarus.command", {"session_id": "pi-1", "args": "context default hide moon"})
+    assert (bad["level"], bad["code"]) == ("warning", "invalid_command")
+
+    other, _ = connect()
+    for method, params in (("icarus.tool", {"name": "fabric_brief", "params": {}}), ("icarus.config", {}),
+                           ("icarus.command", {"args": "on"})):
+        with pytest.raises(CastorError) as refused:
+            other.call(method, {"session_id": "pi-1", **params})
+        assert refused.value.code == "forbidden"
+    with pytest.raises(CastorError) as missing:
+        client.call("icarus.config", {"session_id": "nope"})
+    assert missing.value.code == "not_found"
+    with pytest.raises(CastorError) as invalid:
+        client.call("icarus.tool", {"session_id": "pi-1", "name": "fabric_brief", "params": [], "extra": 1})
+    assert invalid.value.code == "invalid_params"
