@@ -73,7 +73,6 @@ from castor.supervision import Actor, ChildSpec, Restart, handles
 
 MAX_LOST_IN_A_ROW = 3
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
-SESSION_ENTRY_DEADLINE_S = 2.0
 
 
 @dataclass
@@ -86,7 +85,7 @@ class CastEnv:
     registry: Any  # castor.supervision.registry.Registry
     agent: AgentPort | None
     ui: Any = None  # SessionUiPort | None
-    session_log: Any = None  # SessionPort | None
+    session_log: Any = None  # SessionMirror | None (never a blocking SessionPort: see session_mirror.py)
     start_event: CastStarted | None = None  # None: resume a persisted cast
     resume_active: bool = False  # first incarnation re-dispatches an active (orphaned) cast
     lease: CastLease | None = None
@@ -328,10 +327,7 @@ class CastActor(Actor):
                   "currentSocketId": s.current_socket_id, "currentMateria": s.current_materia,
                   "currentItemKey": s.current_item_key, "failedReason": s.failed_reason,
                   "runDir": s.run_dir, "updatedAt": s.updated_at}
-        try:
-            log.append_entry(SESSION_ENTRY_TYPE, record, time.monotonic() + SESSION_ENTRY_DEADLINE_S)
-        except Exception as exc:  # noqa: BLE001 - state.json is the durable record; this is a mirror
-            self.log.warning("session entry not recorded: {exc}", exc=exc)
+        log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
 
 
 def cast_spec(env: CastEnv) -> ChildSpec:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.actors.materia.cast_actor import CastEnv, cast_spec
+from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, SessionCall
 from castor.actors.materia.views import (
     cast_rows,
@@ -64,6 +65,15 @@ class SessionActor(Actor):
         self.cwd = Path(ctx.info.cwd)
         flags = ctx.info.flags or {}
         self.config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
+        self.mirror: SessionMirror | None = None
+
+    def on_start(self) -> None:
+        log = self.ctx.harness.session_log
+        self.mirror = SessionMirror(log, name=self.path) if log is not None else None
+
+    def on_terminate(self, cause: str) -> None:
+        if self.mirror is not None:
+            self.mirror.close()
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -93,7 +103,7 @@ class SessionActor(Actor):
         harness = self.ctx.harness
         system = self.runtime.system
         return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
-                       agent=harness.agent, ui=harness.ui, session_log=harness.session_log, start_event=start,
+                       agent=harness.agent, ui=harness.ui, session_log=self.mirror, start_event=start,
                        lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under))
 
     def _active(self) -> dict[str, Any]:

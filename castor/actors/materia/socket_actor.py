@@ -69,7 +69,10 @@ class SocketActor(Actor):
         handle = self.handle
 
         def reply(outcome: TurnOutcome) -> None:
-            handle.tell(TurnReplied(outcome=outcome))  # raises once we are gone: the adapter drops it
+            try:
+                handle.tell(TurnReplied(outcome=outcome))
+            except CastorError:
+                pass  # this visit is over (stopped, killed): the answer has nowhere to go
 
         self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
 

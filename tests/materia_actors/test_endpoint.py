@@ -1,0 +1,130 @@
+"""The materia methods through a real Server and castor.client, with the harness side scripted here."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from castor.endpoint.app import build_dispatcher
+from castor.endpoint.server import Server
+from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound
+
+from .helpers import make_runtime, plan_json, wait_for, write_project_config
+
+
+class FakeHarness:
+    """A harness client: answers castor's agent.run_turn with agent.turn_ended (by socket)."""
+
+    def __init__(self, client: Client, session_id: str, answers: dict[str, list[str]]) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.answers = {k: list(v) for k, v in answers.items()}
+        self.turns: list[dict] = []
+        self.entries: list[dict] = []
+        self.notes: list[dict] = []
+        client.on_notification("agent.run_turn", self._run_turn)
+        client.on_request("session.append_entry", self._append)
+        client.on_notification("ui.notify", self.notes.append)
+        client.on_notification("ui.status", lambda _p: None)
+        client.on_notification("message.send", lambda _p: None)
+
+    def _append(self, params: dict) -> dict:
+        self.entries.append(params)
+        return {"ok": True, "entry_id": f"e{len(self.entries)}"}
+
+    def _run_turn(self, params: dict) -> None:
+        self.turns.append(params)
+        socket = next((k for k in self.answers if k in params.get("summary", "") or k == "*"), "*")
+        text = self.answers[socket].pop(0)
+
+        def answer() -> None:
+            self.client.call("agent.turn_ended", {"session_id": self.session_id, "turn_id": params["turn_id"],
+                                                  "text": text, "stop_reason": "stop",
+                                                  "usage": {"input": 10, "output": 5, "total_tokens": 15}})
+
+        threading.Thread(target=answer, daemon=True).start()
+
+
+@pytest.fixture
+def served(tmp_path):
+    runtime = make_runtime()
+    server = Server(build_dispatcher(runtime), unix_path=str(tmp_path / "castor.sock")).start()
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        client = Client.connect_unix(str(tmp_path / "castor.sock"), default_timeout=15)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
+    server.stop()
+    runtime.shutdown(10)
+
+
+def test_cast_methods_over_msgpack_rpc(served, project):
+    write_project_config(project, {"activeLoadout": "Two", "materia": {
+        "P": {"prompt": "PLANNER", "tools": "none"}, "W": {"prompt": "WRITER", "tools": "none"}},
+        "loadouts": {"Two": {"entry": "Socket-1", "sockets": {
+            "Socket-1": {"type": "agent", "materia": "P", "parse": "json", "assign": {"plan": "$.summary"},
+                         "edges": [{"when": "always", "to": "Socket-2"}]},
+            "Socket-2": {"type": "agent", "materia": "W"}}}}})
+    client = served()
+    harness = FakeHarness(client, "pi-1", {"P": [plan_json("a")], "W": ["written"]})
+    hello = client.call("runtime.hello", {"client": "test"})
+    for method in ("cast.start", "cast.abort", "cast.continue", "cast.recast", "cast.revive", "cast.status",
+                   "cast.list", "loadout.list", "loadout.set", "grid.render", "config.validate"):
+        assert method in hello["methods"]
+    client.call("session.open", {"session_id": "pi-1", "cwd": str(project), "trusted": True})
+    started = client.call("cast.start", {"session_id": "pi-1", "cwd": str(project), "request": "build it"})
+    assert started["text"] and started["cast_id"] and started["loadout"] == "Two"
+    done = wait_for(lambda: (v := client.call("cast.status", {"session_id": "pi-1", "cast_id": started["cast_id"]}))
+                    ["status"] == "complete" and v, what="completion")
+    assert "complete" in done["text"] and done["usage"]["tokens"] == 30
+    assert [t["summary"].split("**")[1] for t in harness.turns] == ["P (1)", "W (2)"]
+    assert harness.turns[0]["isolate"] is True and "PLANNER" in harness.turns[0]["prompt"]
+    assert any(e["custom_type"] == "pi-materia-cast-state" and e["data"]["phase"] == "complete" for e in harness.entries)
+    listing = client.call("cast.list", {"session_id": "pi-1"})
+    assert listing["casts"][0]["cast_id"] == started["cast_id"] and "RECAST" not in listing["text"]
+
+    loadouts = client.call("loadout.list", {"session_id": "pi-1"})
+    assert loadouts["active"] == "Two" and "Two*" in loadouts["text"]
+    switched = client.call("loadout.set", {"session_id": "pi-1", "name": "hello"})
+    assert switched["active"] == "hello"
+    assert json.loads((project / ".pi" / "pi-materia.json").read_text())["activeLoadout"] == "hello"
+    grid = client.call("grid.render", {"session_id": "pi-1", "loadout": "Two"})
+    assert "Socket-1" in grid["text"] and grid["loadout"] == "Two"
+    (project / "bad.json").write_text(json.dumps({"loadouts": {"x": {"entry": "nope", "sockets": {}}}}))
+    bad = client.call("config.validate", {"session_id": "pi-1", "path": "bad.json"})
+    assert bad["ok"] is False and bad["errors"] and bad["level"] == "error"
+    good = client.call("config.validate", {"session_id": "pi-1", "path": ".pi/pi-materia.json"})
+    assert good["ok"] is True
+
+
+def test_method_errors_have_stable_codes(served, project):
+    client = served()
+    FakeHarness(client, "pi-2", {"*": [{"never": 1}]})
+    client.call("session.open", {"session_id": "pi-2", "cwd": str(project), "trusted": True})
+    with pytest.raises(InvalidParams):
+        client.call("cast.start", {"session_id": "pi-2", "request": ""})
+    with pytest.raises(InvalidParams):
+        client.call("cast.status", {"session_id": "pi-2", "bogus": 1})
+    with pytest.raises(Forbidden):
+        client.call("cast.status", {"session_id": "pi-2", "cast_id": "../../etc"})
+    with pytest.raises(NotFound):
+        client.call("cast.status", {"session_id": "pi-2"})
+    with pytest.raises(NotFound):
+        client.call("cast.recast", {"session_id": "pi-2"})
+    with pytest.raises(Conflict):
+        client.call("cast.continue", {"session_id": "pi-2", "cast_id": "2020-01-01T00-00-00-000Z"})
+    other = served()
+    with pytest.raises(Forbidden):  # a session belongs to the connection that opened it
+        other.call("cast.list", {"session_id": "pi-2"})
+    with pytest.raises(Forbidden):
+        other.call("cast.list", {"session_id": "nobody"})

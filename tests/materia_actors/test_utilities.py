@@ -1,0 +1,100 @@
+"""Utility sockets through the UtilityExecutorActor pool: real commands, real process trees."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from castor.actors.materia.api import materia_call
+from castor.messages.errors import Forbidden
+from castor.supervision import faults
+
+from .helpers import event_types, events, open_session, wait_for, wait_status, write_project_config
+
+
+def _config(command: list[str], *, timeout_ms: int | None = None) -> dict:
+    socket = {"type": "utility", "command": command, "parse": "json", "assign": {"got": "$"},
+              "edges": [{"when": "always", "to": "Socket-2"}]}
+    if timeout_ms is not None:
+        socket["timeoutMs"] = timeout_ms
+    return {"activeLoadout": "cmd", "loadouts": {"cmd": {"entry": "Socket-1", "sockets": {
+        "Socket-1": socket, "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_utility_socket_runs_a_real_command_with_the_cast_input_on_stdin(runtime_factory, project):
+    code = ("import sys, json, os; d = json.load(sys.stdin); "
+            "print(json.dumps({'request': d['request'], 'socket': d['socketId'], 'cwd': os.getcwd()}))")
+    write_project_config(project, _config([sys.executable, "-c", code]))
+    rt = runtime_factory()
+    agent, _ui = open_session(rt, "s1", project, ["summarised"])
+    started = materia_call(rt, "s1", "start", {"request": "count files"})
+    view = wait_status(rt, "s1", started["cast_id"])
+    assert view["status"] == "complete", view
+    run_dir = Path(view["run_dir"])
+    parsed = json.loads((run_dir / "sockets" / "Socket-1" / "1.json").read_text())
+    assert parsed == {"request": "count files", "socket": "Socket-1", "cwd": str(project)}
+    assert json.loads((run_dir / "sockets" / "Socket-1" / "1.input.json").read_text())["castId"] == started["cast_id"]
+    command_event = next(e for e in events(run_dir) if e["type"] == "utility_command")
+    assert command_event["data"]["code"] == 0 and command_event["data"]["timedOut"] is False
+    assert (run_dir / "sockets" / "Socket-1" / "1.command.stdout.txt").is_file()
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["data"]["got"]["request"] == "count files"
+
+
+@pytest.mark.timeout(30)
+def test_utility_timeout_kills_the_whole_tree_including_a_grandchild(runtime_factory, project):
+    pid_file = project / "grandchild.pid"
+    code = ("import subprocess, sys; "
+            f"subprocess.Popen(['sh', '-c', 'sleep 60 & echo $! > {pid_file}; wait']).wait()")
+    write_project_config(project, _config([sys.executable, "-c", code], timeout_ms=700))
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["unused"])
+    started = materia_call(rt, "s1", "start", {"request": "hang"})
+    grandchild = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="grandchild pid"))
+    view = wait_status(rt, "s1", started["cast_id"], timeout=15)
+    assert view["status"] == "failed" and "timed out" in view["failed_reason"]
+    wait_for(lambda: not _alive(grandchild), timeout=5, what="the grandchild to die")
+    command_event = next(e for e in events(view["run_dir"]) if e["type"] == "utility_command")
+    assert command_event["data"]["timedOut"] is True
+
+
+@pytest.mark.timeout(30)
+def test_killed_utility_process_is_rerun_under_a_new_visit_and_the_cast_completes(runtime_factory, project):
+    marker = project / "ran-once"
+    pid_file = project / "first.pid"
+    code = ("import os, sys, time, json; sys.stdin.read(); m = sys.argv[1]\n"
+            "if os.path.exists(m): print(json.dumps({'ok': True})); sys.exit(0)\n"
+            "open(m, 'w').close(); open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(60)")
+    write_project_config(project, _config([sys.executable, "-c", code, str(marker), str(pid_file)]))
+    rt = runtime_factory(utility_slots=2)
+    open_session(rt, "s1", project, ["done"])
+    started = materia_call(rt, "s1", "start", {"request": "work"})
+    first = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="first run"))
+    slot = next(h for h in rt.system.registry.handles("/root/utility") if first in (h.actor.owned_pids() if h.actor else []))
+    killed = faults.kill_process(slot)
+    assert first in killed
+    view = wait_status(rt, "s1", started["cast_id"], timeout=15)
+    assert view["status"] == "complete", view
+    assert view["visits"]["Socket-1"] == 2  # a re-dispatch is a new visit, never the same visit twice
+    assert not _alive(first)
+    assert "cast_recast" in event_types(view["run_dir"])
+
+
+def test_untrusted_session_refuses_project_utility_commands(runtime_factory, project):
+    write_project_config(project, _config(["true"]))
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["x"], trusted=False)
+    with pytest.raises(Forbidden):
+        materia_call(rt, "s1", "start", {"request": "run it"})
+    assert not (project / ".pi" / "pi-materia").exists() or not any((project / ".pi" / "pi-materia").iterdir())
