@@ -176,7 +176,7 @@ class Connection:
         # Outgoing calls.
         self._plock = threading.Lock()
         self._pending: dict[int, PendingCall] = {}
-        self._next_msgid = 0
+        self._msgids = itertools.count()
         self._expired: deque[int] = deque(maxlen=self.settings.max_remembered_timeouts)
         self._expired_set: set[int] = set()
         self.counters = {
@@ -258,13 +258,17 @@ class Connection:
                    timeout: float | None = None) -> PendingCall:
         timeout = self.settings.default_call_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        with self._plock:
-            if self._closed:
-                raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
-                                       data={"reason": self.close_reason})
-            msgid = self._allocate_msgid()
-            pending = PendingCall(self, msgid, method, deadline)
-            self._pending[msgid] = pending
+        if self._closed:
+            raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
+                                   data={"reason": self.close_reason})
+        # itertools.count is atomic under the GIL; a msgid repeats only after 2**32 calls.
+        msgid = next(self._msgids) & MAX_MSGID
+        pending = PendingCall(self, msgid, method, deadline)
+        self._pending[msgid] = pending
+        if self._closed:  # lost a race with close(): it may have swapped the table already
+            self._pending.pop(msgid, None)
+            raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
+                                   data={"reason": self.close_reason})
         try:
             frame = encode_request(msgid, method, params or {})
         except (TypeError, ValueError, OverflowError) as exc:
@@ -278,14 +282,6 @@ class Connection:
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
         """Queue a notification; ``False`` if the connection is closed (never blocks)."""
         return self._send(encode_notification(method, params or {}))
-
-    def _allocate_msgid(self) -> int:
-        for _ in range(len(self._pending) + 1):
-            msgid = self._next_msgid
-            self._next_msgid = 0 if msgid >= MAX_MSGID else msgid + 1
-            if msgid not in self._pending:
-                return msgid
-        raise MailboxFull("no free msgid")  # pragma: no cover - 2**32 calls in flight
 
     def _forget(self, msgid: int) -> None:
         with self._plock:
@@ -304,21 +300,21 @@ class Connection:
         self.counters["call_timeouts"] += 1
         return True
 
-    def _on_response(self, frame: Response) -> None:
+    def _on_response(self, msgid: int, error: Any, result: Any) -> None:
         with self._plock:
-            pending = self._pending.pop(frame.msgid, None)
-            late = pending is None and frame.msgid in self._expired_set
+            pending = self._pending.pop(msgid, None)
+            late = pending is None and msgid in self._expired_set
             if late:
-                self._expired_set.discard(frame.msgid)
+                self._expired_set.discard(msgid)
         if pending is None:
             key = "late_replies" if late else "unmatched_replies"
             self.counters[key] += 1
-            self._log.debug("discarded {} for msgid {}", key, frame.msgid)
+            self._log.debug("discarded {} for msgid {}", key, msgid)
             return
-        if frame.error is not None:
-            pending._resolve(error_from_wire(frame.error), None)
+        if error is not None:
+            pending._resolve(error_from_wire(error), None)
         else:
-            pending._resolve(None, frame.result)
+            pending._resolve(None, result)
         if self._callers_waiting:
             with self._cond:
                 self._cond.notify_all()
@@ -429,9 +425,15 @@ class Connection:
         """Run a queued job, else take the free reader role, else steal it from a slow handler, else idle."""
         me = threading.get_ident()
         cond = self._cond
+        finished = False
         while True:
             job = None
             with cond:
+                if finished:
+                    finished = False
+                    self._in_flight -= 1
+                    if self._eof and not self._in_flight:
+                        cond.notify_all()
                 while True:
                     if self._closed:
                         self._threads -= 1
@@ -457,6 +459,7 @@ class Connection:
                     self._idle -= 1
             if job is not None:
                 self._run(job)
+                finished = True
             else:
                 self._read_as_worker(me)
 
@@ -498,22 +501,36 @@ class Connection:
     def _read_as_worker(self, me: int) -> None:
         """Hold the reader role: read; run each request here unless no one could take over reading."""
         cond = self._cond
+        max_in_flight = self.settings.max_in_flight
+        max_workers = self.settings.max_workers
         while True:
             frame = self._read_frame(me, None)
             if frame is None:
                 return
-            with cond:
-                if self._idle or self._threads < self.settings.max_workers:
-                    self._inline_since = time.monotonic()
-                    self._watch_locked()
-                    inline = True
+            with cond:  # admission and the inline decision in one critical section
+                if self._in_flight >= max_in_flight:
+                    admitted = inline = False
                 else:
-                    self._jobs.append(frame)
-                    inline = False
+                    self._in_flight += 1
+                    admitted = True
+                    if self._idle or self._threads < max_workers:
+                        self._inline_since = time.monotonic()
+                        if not self._watched:
+                            self._watch_locked()
+                        inline = True
+                    else:
+                        self._jobs.append(frame)
+                        inline = False
+            if not admitted:
+                self._refuse(frame)
+                continue
             if not inline:
                 continue
             self._run(frame)
             with cond:
+                self._in_flight -= 1
+                if self._eof and not self._in_flight:
+                    cond.notify_all()
                 if self._role != me:
                     return  # stolen while the handler ran: back to the pool
                 self._inline_since = None
@@ -560,11 +577,16 @@ class Connection:
                 if frame is None:
                     return
                 with cond:  # a request for us: a worker runs it, this thread keeps waiting
-                    self._jobs.append(frame)
-                    if self._idle:
-                        cond.notify()
-                    elif self._threads < self.settings.max_workers:
-                        self._spawn_locked()
+                    admitted = self._in_flight < self.settings.max_in_flight
+                    if admitted:
+                        self._in_flight += 1
+                        self._jobs.append(frame)
+                        if self._idle:
+                            cond.notify()
+                        elif self._threads < self.settings.max_workers:
+                            self._spawn_locked()
+                if not admitted:
+                    self._refuse(frame)
         finally:
             with cond:
                 if self._role == me:
@@ -582,7 +604,7 @@ class Connection:
 
     def _read_frame(self, me: int, deadline: float | None,
                     call: PendingCall | None = None) -> Request | Notification | None:
-        """As role holder, return the next admitted request/notification.
+        """As role holder, return the next request/notification (not yet admitted).
 
         ``None`` when ``call`` got its answer or its deadline passed (role
         kept), or the role was given up: EOF, close, undecodable input, or a
@@ -590,6 +612,9 @@ class Connection:
         """
         decoder = self._decoder
         cond = self._cond
+        counters = self.counters
+        read_fd = self.transport.read_fd
+        wake_fd = self._wake_r
         while True:
             if self._closed:
                 self._release_role(me)
@@ -601,31 +626,38 @@ class Connection:
                 self._on_undecodable(exc)
                 return None
             if not ok:
-                with cond:
-                    if deadline is None and self._callers_waiting:
-                        self._role = None  # a caller reads from here on
-                        cond.notify_all()
-                        return None
+                if deadline is None:
+                    # Flag protocol with _await (which increments _callers_waiting, then
+                    # pokes if _polling): one of the two always sees the other's write.
                     self._polling = True
-                timeout_ms = None
-                if deadline is not None:
+                    if self._callers_waiting:
+                        self._polling = False
+                        with cond:
+                            if self._callers_waiting:
+                                self._role = None  # a caller reads from here on
+                                cond.notify_all()
+                                return None
+                        continue
+                    timeout_ms = None
+                else:
                     timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
                 try:
                     events = self._poller.poll(timeout_ms)
                 except InterruptedError:
                     events = []
                 self._polling = False
-                if any(fd == self._wake_r for fd, _ in events):
-                    try:
-                        os.read(self._wake_r, 64)
-                    except OSError:
-                        pass
-                    self._poked = False
-                    continue
-                if not events:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return None
-                    continue
+                if len(events) != 1 or events[0][0] != read_fd:
+                    if any(fd == wake_fd for fd, _ in events):
+                        try:
+                            os.read(wake_fd, 64)
+                        except OSError:
+                            pass
+                        self._poked = False
+                        continue
+                    if not events:
+                        if deadline is not None and time.monotonic() >= deadline:
+                            return None
+                        continue
                 data = self.transport.read_available()
                 if not data:
                     self._begin_eof(me, in_worker=deadline is None)
@@ -637,19 +669,26 @@ class Connection:
                     self._on_undecodable(exc)
                     return None
                 continue
-            self.counters["frames_in"] += 1
+            counters["frames_in"] += 1
+            # Fast path for the commonest frame: a well-formed response to our call.
+            if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
+                    and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
+                    and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
+                self._on_response(value[1], value[2], value[3])
+                if call is not None and call._done:
+                    return None
+                continue
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
                 self._reject(exc, exc.msgid)
                 continue
             if type(frame) is Response:
-                self._on_response(frame)
+                self._on_response(frame.msgid, frame.error, frame.result)
                 if call is not None and call._done:
                     return None
                 continue
-            if self._admit(frame):
-                return frame
+            return frame
 
     def _release_role(self, me: int) -> None:
         with self._cond:
@@ -668,11 +707,8 @@ class Connection:
         else:  # a caller found EOF: it must not wait for the drain itself
             threading.Thread(target=self._on_eof, name=f"castor-{self.name}-eof", daemon=True).start()
 
-    def _admit(self, frame: Request | Notification) -> bool:
-        with self._cond:
-            if self._in_flight < self.settings.max_in_flight:
-                self._in_flight += 1
-                return True
+    def _refuse(self, frame: Request | Notification) -> None:
+        """Over ``max_in_flight``: answer ``mailbox_full`` (or an ``error`` notification)."""
         self.counters["rejected_in_flight"] += 1
         err = MailboxFull(f"too many requests in flight on this connection (limit "
                           f"{self.settings.max_in_flight}); {frame.method} refused",
@@ -681,9 +717,9 @@ class Connection:
             self._send(encode_response(frame.msgid, err.to_wire(), None))
         else:
             self._send(encode_error_notification(err.to_wire()))
-        return False
 
     def _run(self, job: Request | Notification) -> None:
+        """Dispatch one admitted job and answer it; the caller decrements ``_in_flight``."""
         is_request = type(job) is Request
         msgid = job.msgid if is_request else None
         try:
@@ -707,11 +743,6 @@ class Connection:
                 self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
-        finally:
-            with self._cond:
-                self._in_flight -= 1
-                if self._eof and self._in_flight == 0:
-                    self._cond.notify_all()
 
     def _reject(self, exc: CastorError, msgid: int | None) -> None:
         """A frame with a bad shape: answer its msgid if known, else an ``error`` notification."""

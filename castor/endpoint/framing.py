@@ -28,6 +28,7 @@ Both errors are :class:`castor.messages.errors.InvalidFrame` (``invalid_frame``)
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import msgpack
@@ -201,12 +202,21 @@ def parse_frame(value: Any) -> Frame:
     raise BadFrame("frame type must be 0 (request), 1 (response) or 2 (notification)")
 
 
-# Encoding. ``use_bin_type`` keeps bytes and str distinct on the wire.
-_packer_default = None
+# Encoding. ``use_bin_type`` keeps bytes and str distinct on the wire. One
+# Packer per thread: ``msgpack.packb`` builds a new Packer on every call.
+_local = threading.local()
 
 
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True, default=_packer_default)
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        return packer.pack(obj)
+    except BaseException:
+        _local.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
+        raise
 
 
 def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:
