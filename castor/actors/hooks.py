@@ -465,10 +465,27 @@ class HookClient:
 
     def event(self, name: str, payload: dict[str, Any] | None = None, *, request: str | None = None,
               timeout: float | None = None) -> dict[str, Any] | None:
-        """Send and wait. A caller-side timeout aborts the turn and returns None (ambient policy)."""
-        req, fut = self.submit(name, payload, request=request)
+        """Send and wait. A caller-side timeout aborts the turn and returns None (ambient policy).
+
+        The event is sent as an ask whose answer only says the controller took
+        it (it never blocks), so a controller that crashes on this very message
+        -- before it could register the reply -- answers None at once instead
+        of leaving the caller to its deadline.
+        """
+        bound = self.default_timeout if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        req = request or self.new_request()
+        data = payload or {}
+        fut: Future[Any] = Future()
+        taken = self.handle.ask_pending(
+            HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data)),
+            timeout=bound)
         try:
-            return fut.result(self.default_timeout if timeout is None else timeout)
+            taken.result()
+        except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
+            return fut.result(0) if fut.done() else None
+        try:
+            return fut.result(max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             self.abort(req)
             return None

@@ -116,7 +116,6 @@ from castor.domain.icarus.tools import (
     config_tool_result,
     prepare_call,
     registered_tools,
-    tool_result,
 )
 from castor.messages.errors import CastorError, NotFound
 from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec

@@ -303,3 +303,20 @@ def test_hooks_false_registers_no_lifecycle_but_tools_work_and_close_kills_the_w
     rt.close_session("s1")
     wait_until(lambda: gone(pid), 5, "the worker to be killed")
     assert world.calls("hooks.on_session_start") == [] and world.calls("hooks.pre_llm_call") == []
+
+
+def test_ambient_events_never_fail_the_run_even_with_garbage_or_a_crashed_controller(world):
+    from castor.supervision import faults
+
+    world.seed(("sqlite WAL notes", "WAL"))
+    rt = world.runtime()
+    world.open(rt)
+    assert rt.dispatch_event("s1", "agent_end", {"messages": "not a list"}) == {}
+    assert rt.dispatch_event("s1", "agent_settled", {"aborted": "yes", "messages": [1, None, "x"]}) == {}
+    assert rt.dispatch_event("s1", "turn_start", {"anything": 1}) == {}
+    hooks = rt.system.lookup("/root/session/s1/icarus/hooks")
+    faults.crash_next(hooks)
+    assert rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"}) == {}
+    # the supervisor restarted the controller; the next prompt retrieves again
+    wait_until(lambda: hooks.snapshot().state == "running", 5, "the controller restart")
+    assert "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
