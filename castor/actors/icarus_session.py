@@ -331,6 +331,7 @@ class IcarusSession:
     _tool_client: IcarusWorkerClient | None = None
     _hook_client: IcarusWorkerClient | None = None
     _spawn: Callable[[], WorkerProcessPort] | None = None
+    _spawned: int = 0  # worker processes constructed (one per incarnation that got a call)
 
     # -- paths and handles ----------------------------------------------------
     @property
@@ -383,6 +384,7 @@ class IcarusSession:
         assert self._spawn is not None, "children() sets the spawn callable"
         worker = self._spawn()
         with self._lock:
+            self._spawned += 1
             self._workers.append(worker)
             del self._workers[:-4]  # stats need the latest only; keep a short history
         return worker
@@ -619,13 +621,10 @@ class IcarusSession:
             out["actor"] = handle.snapshot().model_dump(mode="json")
         with self._lock:
             latest = self._workers[-1] if self._workers else None
-            out["workers_started"] = self._started_count()
+            out["workers_started"] = self._spawned
         if latest is not None:
             out["process"] = latest.stats().model_dump(mode="json")
         return out
-
-    def _started_count(self) -> int:
-        return sum(1 for w in self._workers if getattr(w, "pid", None) is not None)
 
     def current_worker_pid(self) -> int | None:
         with self._lock:

@@ -214,6 +214,7 @@ def test_worker_timeout_rejects_the_queue_nothing_runs_later_and_session_start_i
     assert len(world.calls("hooks.on_session_start")) == 1  # the fresh worker did not re-initialise
     stats = sess.worker_stats()
     assert stats["process"]["pid"] == retrievals[1]["pid"] and stats["process"]["alive"] is True
+    assert stats["workers_started"] == 2 and stats["actor"]["state"] == "running"
 
 
 def test_kill_9_of_the_worker_is_surfaced_and_the_next_call_gets_a_fresh_worker(world):
