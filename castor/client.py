@@ -41,6 +41,8 @@ class Client:
         self._dispatcher = Dispatcher(builtin_hello=False)
         self._dispatcher.register("error", self._on_error_notification)
         self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
+        # Workers poll so that a caller can take the reader role and read its own reply.
+        settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
         self.connection = Connection(transport, self._dispatcher, settings=settings, name=name)
         self.connection.start()
 

@@ -114,11 +114,13 @@ class FrameDecoder:
     unusable (msgpack leaves its state undefined after an error).
     """
 
-    __slots__ = ("_unpacker",)
+    __slots__ = ("unpacker",)
 
     def __init__(self, limits: FrameLimits | None = None) -> None:
         lim = limits or FrameLimits()
-        self._unpacker = msgpack.Unpacker(
+        #: The raw unpacker; the connection's hot path calls ``next()`` on it directly
+        #: and converts failures with :func:`undecodable`.
+        self.unpacker = msgpack.Unpacker(
             raw=False,
             use_list=True,
             strict_map_key=True,
@@ -132,18 +134,23 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> None:
         try:
-            self._unpacker.feed(data)
+            self.unpacker.feed(data)
         except msgpack.BufferFull as exc:
             raise UndecodableStream("frame exceeds the buffer limit") from exc
 
     def next_value(self) -> tuple[bool, Any]:
         """Return ``(True, value)`` for the next complete value, ``(False, None)`` if none yet."""
         try:
-            return True, next(self._unpacker)
+            return True, next(self.unpacker)
         except StopIteration:
             return False, None
         except Exception as exc:  # FormatError, StackError, ValueError (limits), UnicodeDecodeError…
-            raise UndecodableStream(f"undecodable bytes: {type(exc).__name__}: {_short(exc)}") from exc
+            raise undecodable(exc) from exc
+
+
+def undecodable(exc: Exception) -> UndecodableStream:
+    """The error for an exception raised by the unpacker (its state is undefined after it)."""
+    return UndecodableStream(f"undecodable bytes: {type(exc).__name__}: {_short(exc)}")
 
 
 def _short(exc: BaseException, limit: int = 120) -> str:

@@ -28,6 +28,9 @@ RECV_CHUNK = 256 * 1024
 class SocketTransport:
     """A connected stream socket (Unix or TCP)."""
 
+    #: ``close()`` wakes a thread blocked in ``read_available`` (via shutdown).
+    interruptible = True
+
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
         sock.settimeout(None)
@@ -46,8 +49,6 @@ class SocketTransport:
     def read_available(self) -> bytes:
         try:
             return self._sock.recv(RECV_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return b"" if self._closed else self._sock.recv(RECV_CHUNK)
         except OSError:
             return b""
 
@@ -79,6 +80,9 @@ class PipeTransport:
     ``O_NONBLOCK`` is never set: on inherited stdio it would change the
     file description other processes share.
     """
+
+    #: Closing a pipe does not wake a blocked read: the connection must poll.
+    interruptible = False
 
     def __init__(self, read_fd: int, write_fd: int, *, owns_fds: bool = True, peer: str = "pipe") -> None:
         self.read_fd = read_fd

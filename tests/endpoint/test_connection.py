@@ -106,7 +106,7 @@ def test_in_flight_limit_answers_mailbox_full(gates, sock_dir) -> None:
     try:
         with Client.connect_unix(srv.address, default_timeout=10) as c:
             held = [c.call_async("block") for _ in range(2)]
-            assert wait_for(lambda: srv.connections()[0].stats()["in_flight"] == 2)
+            assert wait_for(lambda: [c.stats()["in_flight"] for c in srv.connections()] == [2])
             with pytest.raises(MailboxFull):
                 c.call("echo", {})
             gates.release.set()
