@@ -76,8 +76,11 @@ def test_late_duplicate_outcome_is_ignored_never_applied_twice(runtime_factory, 
     old_visit = materia_call(rt, "s1", "status", {})["pending"]["visit_id"]
     handle = _cast_handle(rt, "s1", started["cast_id"])
     faults.kill(_socket_handles(rt, "s1")[0])
-    wait_for(lambda: materia_call(rt, "s1", "status", {})["pending"] is None
-             or materia_call(rt, "s1", "status", {})["pending"]["visit_id"] != old_visit, what="re-dispatch")
+    def redispatched() -> bool:
+        pending = materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})["pending"]
+        return pending is None or pending["visit_id"] != old_visit
+
+    wait_for(redispatched, what="re-dispatch")
     try:
         handle.tell(CastOutcome(event=TurnEnded(visit_id=old_visit, text="LATE", at=time.time())))
     except Exception:
@@ -104,3 +107,25 @@ def test_cast_actor_crash_restart_resumes_from_persisted_state(runtime_factory, 
     import json
 
     assert json.loads((run_dir / "state.json").read_text())["incarnation"] == 2
+
+
+def test_restart_replays_the_last_transitions_file_effects_without_duplicates(runtime_factory, project):
+    rt = runtime_factory()
+    agent, _ui = open_session(rt, "s1", project, [{"text": "never", "delay_ms": 5000}, "resumed"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    wait_for(lambda: agent.in_flight(), what="the first turn")
+    run_dir = Path(started["run_dir"])
+    # As if kill -9 had landed between saving state.json and performing the transition's effects:
+    (run_dir / "manifest.json").unlink()
+    (run_dir / "config.resolved.json").unlink()
+    lines = (run_dir / "events.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "events.jsonl").write_text(lines[0])  # keep cast_start only: replay must not duplicate it
+    faults.kill(_cast_handle(rt, "s1", started["cast_id"]))
+    view = wait_status(rt, "s1", started["cast_id"])
+    assert view["status"] == "complete"
+    types = event_types(run_dir)
+    assert types.count("cast_start") == 1 and types.count("socket_start") == 1 and "cast_recast" in types
+    assert (run_dir / "config.resolved.json").is_file()
+    import json
+
+    assert json.loads((run_dir / "manifest.json").read_text())["entries"][-1]["phase"] == "complete"

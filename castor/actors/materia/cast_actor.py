@@ -13,8 +13,13 @@ supervisor. Every incarnation:
 Per transition (the one rule that makes casts survive crashes)::
 
     transition = step(state, event)
-    store.save(state)          # BEFORE any effect: state.json is atomic and fenced
+    store.save(state + outbox) # BEFORE any effect: state.json is atomic and fenced; the
+                               # outbox holds this transition's file effects
     perform(effects, in order) # artifacts, events, turns, utilities, notifications
+
+After ``kill -9`` between the save and the last effect, the next incarnation (or process)
+replays the outbox: file writes are redone, events and manifest entries already on disk are
+not appended twice, and lost outside work is re-dispatched under a new visit id.
 
 | effect | performed by |
 |---|---|
@@ -56,6 +61,7 @@ from castor.domain.materia.cast_messages import (
     CastStarted,
     Compact,
     CompactionFinished,
+    EFFECT_ADAPTER,
     DispatchFailed,
     EmitEvent,
     Failed,
@@ -72,6 +78,8 @@ from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFou
 from castor.supervision import Actor, ChildSpec, Restart, handles
 
 MAX_LOST_IN_A_ROW = 3
+OUTBOX_KEY = "outbox"  # the last transition's file effects, saved with the state (see _replay_outbox)
+FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
 
 
@@ -137,6 +145,7 @@ class CastActor(Actor):
             self._commit(step(None, env.start_event))
             return
         self.state = CastState.from_json(json.dumps(stored.state))
+        self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
         if self.state.active and (self.incarnation > 1 or env.resume_active):
             self.log.info("resuming active cast after a restart (incarnation {n})", n=self.incarnation)
             self._apply(RecastRequested(after_restart=True, at=env.clock()))
@@ -205,8 +214,10 @@ class CastActor(Actor):
     def _commit(self, transition: Transition) -> None:
         if self._fenced:
             return
+        document = transition.state.model_dump(mode="json")
+        document[OUTBOX_KEY] = [e.model_dump(mode="json") for e in transition.effects if type(e) in FILE_EFFECTS]
         try:
-            self.store.save(self.env.cast_id, transition.state.model_dump(mode="json"), incarnation=self.fence)
+            self.store.save(self.env.cast_id, document, incarnation=self.fence)
         except Conflict as exc:
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
@@ -220,6 +231,40 @@ class CastActor(Actor):
         self._mirror_to_session()
         if self._done:
             self._stop()
+
+    def _replay_outbox(self, outbox: list[dict[str, Any]]) -> None:
+        """Redo the file effects of the last saved transition that a crash may have cut short.
+
+        Whole-file writes are simply redone; an event or manifest entry already on disk (same
+        timestamp, type and data) is not appended again, so replay never duplicates a record.
+        """
+        if not outbox:
+            return
+        self.artifacts.create()
+        seen_events = {json.dumps(e.model_dump(), sort_keys=True) for e in self.artifacts.read_events().events}
+        for raw in outbox:
+            effect = EFFECT_ADAPTER.validate_python(raw)
+            if isinstance(effect, EmitEvent):
+                record = {"ts": effect.ts_ms, "type": effect.type, "data": effect.data}
+                if json.dumps(json.loads(json.dumps(record)), sort_keys=True) not in seen_events:
+                    self.artifacts.append_event(effect.type, effect.data, ts_ms=effect.ts_ms)
+            elif isinstance(effect, WriteArtifact):
+                self.artifacts.write_relative("/".join(effect.path), effect.content)
+                if effect.manifest is not None:
+                    self._add_manifest_once(effect.manifest)
+            elif isinstance(effect, AddManifestEntry):
+                self._add_manifest_once(effect.entry)
+
+    def _add_manifest_once(self, entry: dict[str, Any]) -> None:
+        try:
+            entries = self.artifacts.read_manifest().get("entries") or []
+        except NotFound:
+            s = self.state
+            assert s is not None
+            self.artifacts.init_manifest(request=s.request, config_source=s.config_source)
+            entries = []
+        if entry not in entries:
+            self.artifacts.add_manifest_entry(entry)
 
     def _status(self) -> dict[str, Any]:
         assert self.state is not None
