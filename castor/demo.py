@@ -126,7 +126,8 @@ def section_supervision(report: DemoReport) -> None:
             except Retired:
                 rejected += 1
         report.check("supervision", "retirement rejects its whole queue, nothing replayed",
-                     rejected == 25 and squarer.snapshot().state == "retired", f"{rejected}/25 rejected")
+                     rejected == 25 and squarer.wait_exited(5) and squarer.snapshot().state == "retired",
+                     f"{rejected}/25 rejected")
         fresh = squarer.ask(Square(n=5), timeout=5)
         report.check("supervision", "new demand starts a fresh incarnation", fresh == 25,
                      f"incarnation {squarer.incarnation}")

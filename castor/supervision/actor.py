@@ -214,8 +214,10 @@ class Actor(pykka.ThreadingActor):
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
         self.log.warning("retiring: {reason}", reason=reason)
         self.handle.retired_reason = reason
-        self._terminate("retired")
+        # Reject the queue first: callers learn at once, before any slow cleanup.
+        self.kill_owned()
         self.handle._reject_all(reason, error, revivable=True)
+        self._terminate("retired")
         self._exit_kind = "retired"
 
     def _terminate(self, cause: str) -> None:

@@ -265,6 +265,11 @@ class ActorHandle:
             else:
                 self.dead_letters += 1
 
+    @property
+    def has_new_demand(self) -> bool:
+        """True when a send after retirement installed a fresh, open mailbox."""
+        return not self._mailbox.closed
+
     def wait_exited(self, timeout: float) -> bool:
         return self._exited.wait(timeout)
 

@@ -213,6 +213,10 @@ class Supervisor(Actor):
         if message.kind == "retired":
             if not slot.handle.revive_on_demand:
                 self._remove(slot, "retired")
+            elif slot.handle.has_new_demand:
+                # A send arrived between the mailbox closing and the old incarnation
+                # exiting; its ReviveChild was ignored then (still alive). Serve it now.
+                self._launch_or_escalate(slot)
             return
         if message.kind == "crashed":
             wanted = restart is not Restart.TEMPORARY

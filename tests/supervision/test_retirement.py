@@ -87,7 +87,7 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
             assert info.value.may_have_started is False
             assert info.value.data["reason"] == "timed out"
         assert wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-        assert owner.snapshot().state == "retired"
+        assert owner.wait_exited(5) and owner.snapshot().state == "retired"
         assert owner.incarnation == 1 and owner.restarts == 0  # the supervisor did not restart it
         # New demand: a fresh incarnation handles only the new message.
         assert owner.ask(Ping(n=999), timeout=5) == (2, 999)
@@ -125,4 +125,31 @@ def test_a_retired_temporary_child_is_removed_not_revived():
             owner.ask(Ping(n=1), timeout=5)
         assert journal.count("ping") == 0
     finally:
+        system.shutdown(10)
+
+
+class SlowExit(ProcessOwner):
+    """Lingers in on_terminate so sends can land between mailbox closure and exit."""
+
+    def on_terminate(self, cause: str) -> None:
+        if cause == "retired":
+            self.journal.event("terminating").set()
+            self.journal.event("let-exit").wait(5)
+        super().on_terminate(cause)
+
+
+def test_a_send_that_lands_while_a_retiree_is_still_exiting_gets_a_fresh_incarnation():
+    journal = Journal()
+    system = ActorSystem([ChildSpec("owner", lambda: SlowExit(journal))])
+    try:
+        owner = system.lookup("/root/owner")
+        owner.retire("slow exit")
+        assert journal.event("terminating").wait(5)
+        assert owner.has_new_demand is False  # the queue was rejected before on_terminate
+        assert owner.alive  # ... and the old incarnation has not exited yet
+        pending = owner.ask_pending(Ping(n=1), timeout=10)
+        journal.event("let-exit").set()
+        assert pending.result() == (2, 1)
+    finally:
+        journal.event("let-exit").set()
         system.shutdown(10)
