@@ -55,12 +55,12 @@ class Client:
         except BaseException:
             sock.close()
             raise
-        return cls(SocketTransport(sock), name=f"client-unix:{path}", **kwargs)
+        return cls(_caller_socket(sock), name=f"client-unix:{path}", **kwargs)
 
     @classmethod
     def connect_tcp(cls, host: str, port: int, *, connect_timeout: float = 5.0, **kwargs: Any) -> Client:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
-        return cls(SocketTransport(sock), name=f"client-tcp:{host}:{port}", **kwargs)
+        return cls(_caller_socket(sock), name=f"client-tcp:{host}:{port}", **kwargs)
 
     @classmethod
     def spawn_stdio(cls, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
@@ -125,6 +125,13 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _caller_socket(sock: socket.socket) -> SocketTransport:
+    transport = SocketTransport(sock)
+    # Callers block in recv for their reply and re-check their deadline this often.
+    transport.set_recv_timeout(0.02)
+    return transport
 
 
 def _adapt(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any], Context], Any]:

@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,6 +69,7 @@ from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
 
 _conn_ids = itertools.count(1)
+_NOTHING = object()
 
 
 class ConnectionSettings(BaseModel):
@@ -155,7 +157,10 @@ class Connection:
         self._closed_event = threading.Event()
         self._close_callbacks: list[Callable[[Connection], None]] = []
         # Worker/reader coordination.
-        self._cond = threading.Condition(threading.Lock())
+        # ``with self._mutex`` (C-level) for plain critical sections; ``_cond`` (same lock)
+        # only to wait/notify — Condition.__enter__ is Python code on the hot path.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._threads = 0
         self._idle = 0
         self._role: int | None = None          # thread ident holding the reader role
@@ -172,11 +177,15 @@ class Connection:
         self._poller.register(self._wake_r, select.POLLIN)
         self._fds_released = False
         self._poll_workers = self.settings.poll_workers or not getattr(transport, "interruptible", False)
+        # A caller may block in recv itself when the socket has a receive timeout.
+        self._caller_recv = bool(getattr(transport, "recv_timeout", None))
+        self._fed = 0  # bytes fed to the unpacker (vs unpacker.tell(): is anything buffered?)
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
         # Outbound queue.
-        self._wlock = threading.Condition(threading.Lock())
+        self._wmutex = threading.Lock()
+        self._wlock = threading.Condition(self._wmutex)
         self._out: deque[bytes | memoryview] = deque()
         self._out_bytes = 0
         self._writer_busy = False
@@ -195,7 +204,7 @@ class Connection:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Connection:
         threading.Thread(target=self._writer, name=f"castor-{self.name}-writer", daemon=True).start()
-        with self._cond:
+        with self._mutex:
             self._spawn_locked()
         return self
 
@@ -205,7 +214,7 @@ class Connection:
 
     def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
         """Run ``fn(conn)`` once when the connection closes (immediately if it already did)."""
-        with self._cond:
+        with self._mutex:
             if not self._closed:
                 self._close_callbacks.append(fn)
                 return
@@ -216,7 +225,7 @@ class Connection:
 
     def close(self, reason: str = "closed", *, flush_timeout: float = 0.0) -> None:
         """Close once: optionally flush queued output, wake every thread, fail pending calls."""
-        with self._cond:
+        with self._mutex:
             if self._closed:
                 return
             self._closed = True
@@ -233,7 +242,7 @@ class Connection:
             self._wlock.notify_all()
         self.transport.close()
         self._fail_pending(reason)
-        with self._cond:
+        with self._mutex:
             self._cond.notify_all()  # callers waiting for the reader role see their failure
             self._maybe_release_fds()
         self._log.info("connection closed: {} (dropped {} queued frames)", reason, dropped)
@@ -248,7 +257,7 @@ class Connection:
             self._log.exception("close callback failed")
 
     def stats(self) -> dict[str, Any]:
-        with self._cond:
+        with self._mutex:
             workers = {"threads": self._threads, "idle": self._idle, "in_flight": self._in_flight,
                        "queued": len(self._jobs), "handler_running_inline": self._inline_since is not None}
         return {"name": self.name, "peer": getattr(self.transport, "peer", "?"), "closed": self._closed,
@@ -308,12 +317,12 @@ class Connection:
         return True
 
     def _on_response(self, msgid: int, error: Any, result: Any) -> None:
-        with self._plock:
-            pending = self._pending.pop(msgid, None)
-            late = pending is None and msgid in self._expired_set
-            if late:
-                self._expired_set.discard(msgid)
+        pending = self._pending.pop(msgid, None)  # dict.pop is atomic under the GIL
         if pending is None:
+            with self._plock:
+                late = msgid in self._expired_set
+                if late:
+                    self._expired_set.discard(msgid)
             key = "late_replies" if late else "unmatched_replies"
             self.counters[key] += 1
             self._log.debug("discarded {} for msgid {}", key, msgid)
@@ -323,13 +332,16 @@ class Connection:
         else:
             pending._resolve(None, result)
         if self._callers_waiting:
-            with self._cond:
+            with self._mutex:
                 self._cond.notify_all()
 
     def _fail_pending(self, reason: str) -> None:
         with self._plock:
-            pending, self._pending = self._pending, {}
-        for call in pending.values():
+            old, self._pending = self._pending, {}
+        for msgid in list(old):
+            call = old.pop(msgid, None)  # a racing reply may have popped it: resolve exactly once
+            if call is None:
+                continue
             call._resolve(ConnectionClosed(f"{call.method}: connection closed ({reason})",
                                            may_have_started=True, data={"reason": reason}), None)
 
@@ -337,7 +349,7 @@ class Connection:
     def _send(self, data: bytes) -> bool:
         """Write now if the kernel takes it, else queue for the writer; never blocks."""
         overflow = None
-        with self._wlock:
+        with self._wmutex:
             if self._closed:
                 return False
             if not self._out and not self._writer_busy:
@@ -432,10 +444,11 @@ class Connection:
         """Run a queued job, else take the free reader role, else steal it from a slow handler, else idle."""
         me = threading.get_ident()
         cond = self._cond
+        mutex = self._mutex
         finished = False
         while True:
             job = None
-            with cond:
+            with mutex:
                 if finished:
                     finished = False
                     self._in_flight -= 1
@@ -478,7 +491,7 @@ class Connection:
         free for ``_RETAKE_AFTER`` (one takes it back, so frames the peer
         sends on its own are read while no call is waiting).
         """
-        with self._cond:
+        with self._mutex:
             if self._closed or self._eof:
                 self._watched = False
                 return False
@@ -508,13 +521,14 @@ class Connection:
     def _read_as_worker(self, me: int) -> None:
         """Hold the reader role: read; run each request here unless no one could take over reading."""
         cond = self._cond
+        mutex = self._mutex
         max_in_flight = self.settings.max_in_flight
         max_workers = self.settings.max_workers
         while True:
             frame = self._read_frame(me, None)
             if frame is None:
                 return
-            with cond:  # admission and the inline decision in one critical section
+            with mutex:  # admission and the inline decision in one critical section
                 if self._in_flight >= max_in_flight:
                     admitted = inline = False
                 else:
@@ -534,7 +548,7 @@ class Connection:
             if not inline:
                 continue
             self._run(frame)
-            with cond:
+            with mutex:
                 self._in_flight -= 1
                 if self._eof and not self._in_flight:
                     cond.notify_all()
@@ -550,11 +564,12 @@ class Connection:
         """Wait for ``call`` until its deadline, reading the transport ourselves when we can."""
         me = threading.get_ident()
         cond = self._cond
+        mutex = self._mutex
         while not call._done:
             remaining = call.deadline - time.monotonic()
             if remaining <= 0:
                 return
-            with cond:
+            with mutex:
                 if call._done:
                     return
                 if self._closed or self._eof:
@@ -578,12 +593,13 @@ class Connection:
 
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         cond = self._cond
+        mutex = self._mutex
         try:
             while not call._done:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
-                with cond:  # a request for us: a worker runs it, this thread keeps waiting
+                with mutex:  # a request for us: a worker runs it, this thread keeps waiting
                     admitted = self._in_flight < self.settings.max_in_flight
                     if admitted:
                         self._in_flight += 1
@@ -595,7 +611,7 @@ class Connection:
                 if not admitted:
                     self._refuse(frame)
         finally:
-            with cond:
+            with mutex:
                 if self._role == me:
                     if held and not self._closed:
                         self._inline_since = time.monotonic()  # back inside the handler
@@ -615,83 +631,27 @@ class Connection:
 
         ``None`` when ``call`` got its answer or its deadline passed (role
         kept), or the role was given up: EOF, close, undecodable input, or a
-        worker yielding to a caller.
+        worker yielding to a caller. Responses are resolved on the way.
         """
-        decoder = self._decoder
-        unpacker = decoder.unpacker
-        poll_workers = self._poll_workers
-        cond = self._cond
+        unpacker = self._decoder.unpacker
         counters = self.counters
-        read_fd = self.transport.read_fd
-        wake_fd = self._wake_r
         while True:
             if self._closed:
                 self._release_role(me)
                 return None
-            try:
-                value = next(unpacker)
-                ok = True
-            except StopIteration:
-                ok = False
-            except Exception as exc:  # msgpack format / limit errors: the stream is lost
-                self._release_role(me)
-                self._on_undecodable(undecodable(exc))
-                return None
-            if not ok:
-                if deadline is None and not poll_workers:
-                    # Sockets wake a blocked recv on close(); nobody needs to poke us.
-                    data = self.transport.read_available()
-                    if not data:
-                        self._begin_eof(me, in_worker=True)
-                        return None
-                    try:
-                        decoder.feed(data)
-                    except UndecodableStream as exc:
-                        self._release_role(me)
-                        self._on_undecodable(exc)
-                        return None
-                    continue
-                if deadline is None:
-                    # Flag protocol with _await (which increments _callers_waiting, then
-                    # pokes if _polling): one of the two always sees the other's write.
-                    self._polling = True
-                    if self._callers_waiting:
-                        self._polling = False
-                        with cond:
-                            if self._callers_waiting:
-                                self._role = None  # a caller reads from here on
-                                cond.notify_all()
-                                return None
-                        continue
-                    timeout_ms = None
-                else:
-                    timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            value = _NOTHING
+            if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
                 try:
-                    events = self._poller.poll(timeout_ms)
-                except InterruptedError:
-                    events = []
-                self._polling = False
-                if len(events) != 1 or events[0][0] != read_fd:
-                    if any(fd == wake_fd for fd, _ in events):
-                        try:
-                            os.read(wake_fd, 64)
-                        except OSError:
-                            pass
-                        self._poked = False
-                        continue
-                    if not events:
-                        if deadline is not None and time.monotonic() >= deadline:
-                            return None
-                        continue
-                data = self.transport.read_available()
-                if not data:
-                    self._begin_eof(me, in_worker=deadline is None)
-                    return None
-                try:
-                    decoder.feed(data)
-                except UndecodableStream as exc:
+                    value = next(unpacker)
+                except StopIteration:
+                    pass
+                except Exception as exc:  # msgpack format / limit errors: the stream is lost
                     self._release_role(me)
-                    self._on_undecodable(exc)
+                    self._on_undecodable(undecodable(exc))
+                    return None
+            if value is _NOTHING:
+                filled = self._fill(me, deadline)
+                if filled is None:
                     return None
                 continue
             counters["frames_in"] += 1
@@ -715,14 +675,81 @@ class Connection:
                 continue
             return frame
 
+    def _fill(self, me: int, deadline: float | None) -> bool | None:
+        """Wait for bytes and feed them: ``True`` fed, ``False`` try again, ``None`` stop reading.
+
+        Three ways to wait, cheapest first:
+
+        * a server worker on a socket blocks in ``recv`` (close() wakes it by shutdown);
+        * a caller on a socket with a receive timeout blocks in ``recv`` and
+          re-checks its deadline each time the timeout expires;
+        * otherwise ``poll`` on the transport and the wake pipe, so a caller
+          can poke a worker into handing the reader role over, and close()
+          can wake a pipe reader.
+        """
+        transport = self.transport
+        if deadline is None:
+            if not self._poll_workers:
+                return self._feed(me, transport.read_available(), True)
+            # Flag protocol with _await (which increments _callers_waiting, then
+            # pokes if _polling): one of the two always sees the other's write.
+            self._polling = True
+            if self._callers_waiting:
+                self._polling = False
+                with self._mutex:
+                    if self._callers_waiting:
+                        self._role = None  # a caller reads from here on
+                        self._cond.notify_all()
+                        return None
+                return False
+            timeout_ms = None
+        else:
+            if self._caller_recv:
+                data = transport.read_available()
+                if data is None:  # receive timeout: check the deadline and go on
+                    return None if time.monotonic() >= deadline else False
+                return self._feed(me, data, False)
+            timeout_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+        try:
+            events = self._poller.poll(timeout_ms)
+        except InterruptedError:
+            events = []
+        self._polling = False
+        if len(events) != 1 or events[0][0] != transport.read_fd:
+            if any(fd == self._wake_r for fd, _ in events):
+                try:
+                    os.read(self._wake_r, 64)
+                except OSError:
+                    pass
+                self._poked = False
+                return False
+            if not events:
+                return None if deadline is not None and time.monotonic() >= deadline else False
+        return self._feed(me, transport.read_available(), deadline is None)
+
+    def _feed(self, me: int, data: bytes | None, in_worker: bool) -> bool | None:
+        if data is None:
+            return False  # spurious wake-up or receive timeout
+        if not data:
+            self._begin_eof(me, in_worker=in_worker)
+            return None
+        try:
+            self._decoder.unpacker.feed(data)
+        except msgpack.BufferFull:
+            self._release_role(me)
+            self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
+            return None
+        self._fed += len(data)
+        return True
+
     def _release_role(self, me: int) -> None:
-        with self._cond:
+        with self._mutex:
             if self._role == me:
                 self._role = None
                 self._cond.notify_all()
 
     def _begin_eof(self, me: int, *, in_worker: bool) -> None:
-        with self._cond:
+        with self._mutex:
             self._eof = True
             if self._role == me:
                 self._role = None
@@ -789,7 +816,7 @@ class Connection:
         if self._closed:
             return
         deadline = time.monotonic() + self.settings.drain_timeout
-        with self._cond:
+        with self._mutex:
             self._eof = True
             while self._in_flight and not self._closed:
                 remaining = deadline - time.monotonic()
