@@ -78,6 +78,14 @@ def build_dispatcher(gates: Gates) -> Dispatcher:
         return {"sent": sent}
 
     d.register("push", push)
+
+    def push_later(params: dict, ctx: Context) -> str:
+        """Answer first, then notify from another thread while no call is in flight."""
+        conn = ctx.connection
+        threading.Timer(params.get("delay", 0.05), lambda: conn.notify("ui.notify", {"message": "later"})).start()
+        return "scheduled"
+
+    d.register("push_later", push_later)
     return d
 
 

@@ -49,6 +49,57 @@ def test_slow_handler_does_not_block_reading(client: Client, gates) -> None:
     assert slow.result() == "released"
 
 
+def test_slow_inline_handler_hands_reading_over(client: Client, server: Server, gates) -> None:
+    """The thread running "block" held the reader role; another worker took it over."""
+    slow = client.call_async("block", timeout=10)
+    assert gates.entered.wait(5)
+    assert client.call("add", {"a": 1}, timeout=5) == 1
+    conn = server.connections()[0]
+    assert conn.counters["role_steals"] >= 1
+    gates.release.set()
+    assert slow.result() == "released"
+
+
+def test_server_notification_while_client_is_idle(client: Client) -> None:
+    got = threading.Event()
+    client.on_notification("ui.notify", lambda p: got.set())
+    assert client.call("push_later", {"delay": 0.05}) == "scheduled"
+    assert got.wait(5), "nobody was reading the idle client's socket"
+
+
+def test_server_calls_client_from_a_non_handler_thread(client: Client, server: Server) -> None:
+    client.on_request("model.list", lambda p: {"models": [{"id": "m"}]})
+    assert client.call("echo", {}) == {}
+    conn = server.connections()[0]
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(conn.call("model.list", {}, timeout=5)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [{"models": [{"id": "m"}]}] * 4
+
+
+def test_caller_blocked_in_recv_fails_promptly_on_close(client: Client, gates) -> None:
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(_capture(lambda: client.call("block", timeout=30))))
+    t.start()
+    assert gates.entered.wait(5)
+    t0 = time.monotonic()
+    client.close()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 1.0
+    assert isinstance(errors[0], ConnectionClosed)
+
+
+def _capture(fn):
+    try:
+        return fn()
+    except Exception as exc:  # returned for the assertion
+        return exc
+
+
 def test_outbound_call_deadline_and_late_reply_counted(client: Client, server: Server) -> None:
     answer = threading.Event()
 
