@@ -225,18 +225,25 @@ class SessionActor(Actor):
 
     def _verb_status(self, cast_id: str | None = None) -> dict[str, Any]:
         live = self._live()
-        root = self._artifact_root()
         if cast_id is None:
             if live:
                 cast_id = max(live)
             else:
+                root = self._artifact_root()
                 rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
                 if not rows:
                     raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
                 cast_id = rows[0]["cast_id"]
         validate_cast_id(cast_id)
         handle = live.get(cast_id)
-        view = self._ask_status(handle, root, cast_id) if handle is not None else persisted_view(root, cast_id, live=False)
+        view = None
+        if handle is not None:
+            try:
+                view = handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
+            except CastorError:
+                view = None  # it ended meanwhile: read what it persisted
+        if view is None:
+            view = persisted_view(self._artifact_root(), cast_id, live=False)
         view.pop("user_turn_visit_id", None)
         return {**view, "text": status_text(view), "level": "info"}
 

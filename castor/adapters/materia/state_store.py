@@ -297,6 +297,7 @@ class CastStateStore:
                 "savedAt": stored.saved_at,
                 "state": state,
             },
+            indent=None,  # a machine document rewritten on every transition: the C encoder, not indent=2
         )
         return stored
 
