@@ -6,14 +6,16 @@ Both peers use this class: the server for each accepted client, the
 * **Reading never waits long for a handler, and fast calls cost no thread
   hop.** Exactly one thread at a time holds the *reader role* (leader/
   follower). A worker that decodes a request runs the handler itself, on
-  the spot; an idle worker (the *watcher*, at most ``max_workers`` threads)
-  takes the reader role over if that handler runs longer than
-  ``inline_grace`` (default 1 ms), so a slow method delays reading by at
-  most that. When every worker is busy the reader queues requests for the
-  next free worker and keeps reading. A thread waiting for the response to
-  its own outgoing call reads the socket itself when the role is free (it
-  pokes a reader blocked in ``poll`` to hand the role over), so a call's
-  reply wakes the caller directly. Responses are resolved by whoever reads.
+  the spot; if that handler runs longer than ``inline_grace`` (default
+  1 ms) the process-wide watchdog wakes an idle worker (at most
+  ``max_workers`` threads) which takes the reader role over, so a slow
+  method delays reading by about a millisecond at most. When every worker
+  is busy the reader queues requests for the next free worker and keeps
+  reading. A thread waiting for the response to its own outgoing call
+  reads the socket itself when the role is free (it pokes a client worker
+  blocked in ``poll`` to hand the role over), so a reply wakes its caller
+  directly. Responses are resolved by whoever reads; requests a caller
+  reads are queued for a worker.
 * **Bounded everything.** At most ``max_in_flight`` incoming requests and
   notifications are accepted and unfinished; over it a request gets a
   ``mailbox_full`` error response and a notification is dropped with an
@@ -59,11 +61,11 @@ from castor.endpoint.framing import (
     Response,
     UndecodableStream,
     encode_error_notification,
-    undecodable,
     encode_notification,
     encode_request,
     encode_response,
     parse_frame,
+    undecodable,
 )
 from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
@@ -102,7 +104,7 @@ _CALLER_RECHECK = 0.05
 class PendingCall:
     """An outgoing request waiting for its response; ``result()`` honours the deadline."""
 
-    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_done", "_error", "_result")
+    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_done", "_timed_out", "_error", "_result")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
@@ -113,6 +115,7 @@ class PendingCall:
         self._gate = threading.Lock()
         self._gate.acquire()
         self._done = False
+        self._timed_out = False
         self._error: CastorError | None = None
         self._result: Any = None
 
@@ -126,10 +129,11 @@ class PendingCall:
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        if not self._done:
+        if not self._done and not self._timed_out:
             self._conn._await(self)
         if not self._done:
-            if self._conn._expire(self):
+            if self._timed_out or self._conn._expire(self):
+                self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
             self._gate.acquire()  # the reply won the race with the deadline

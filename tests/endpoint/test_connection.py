@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -216,3 +217,17 @@ def test_half_closed_peer_still_gets_its_answers(server: Server) -> None:
     peer.sock.shutdown(socket.SHUT_WR)
     frames = peer.read_until_eof()
     assert sorted(f[3] for f in frames) == [0, 1, 2, 3, 4]
+
+
+def test_connections_release_their_file_descriptors(server: Server) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with Client.connect_unix(server.address) as warm:
+        warm.call("echo", {})
+    assert wait_for(lambda: server.connections() == [])
+    base = open_fds()
+    for i in range(50):
+        with Client.connect_unix(server.address) as c:
+            assert c.call("echo", {"i": i}) == {"i": i}
+    assert wait_for(lambda: server.connections() == [] and open_fds() <= base)
