@@ -112,3 +112,21 @@ def test_abort_then_recast_completes(runtime_factory, project):
     view = wait_status(rt, "s1", started["cast_id"])
     assert view["status"] == "complete"
     assert "cast_recast" in event_types(view["run_dir"])
+
+
+def test_exhausted_recovery_is_revived_and_completes(runtime_factory, project):
+    rt = runtime_factory()
+    overflow = {"error": "context_length_exceeded: too many tokens"}
+    agent, _ui = open_session(rt, "s1", project, [overflow, overflow, "fits now"])
+    started = materia_call(rt, "s1", "start", {"request": "big", "loadout": "hello"})
+    failed = wait_status(rt, "s1", started["cast_id"])
+    assert failed["status"] == "failed" and failed["revivable"] is True
+    assert "Same-socket recovery exhausted" in failed["failed_reason"]
+    types = event_types(failed["run_dir"])
+    assert "same_socket_recovery_action_complete" in types and "same_socket_recovery_exhausted" in types
+    revived = materia_call(rt, "s1", "revive", {})  # id-less: the newest revivable cast
+    assert revived["cast_id"] == started["cast_id"]
+    view = wait_status(rt, "s1", started["cast_id"])
+    assert view["status"] == "complete"
+    assert "cast_revive" in event_types(view["run_dir"])
+    assert len(agent.requests()) == 3
