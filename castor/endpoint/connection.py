@@ -639,6 +639,9 @@ class Connection:
         """
         unpacker = self._decoder.unpacker
         counters = self.counters
+        poll_workers = self._poll_workers
+        caller_recv = self._caller_recv
+        read_available = self.transport.read_available
         while True:
             if self._closed:
                 self._release_role(me)
@@ -654,6 +657,24 @@ class Connection:
                     self._on_undecodable(undecodable(exc))
                     return None
             if value is _NOTHING:
+                # Inlined common case of _fill/_feed: a blocking recv that returns bytes.
+                if (deadline is None and not poll_workers) or (deadline is not None and caller_recv):
+                    data = read_available()
+                    if data:
+                        try:
+                            unpacker.feed(data)
+                        except msgpack.BufferFull:
+                            self._release_role(me)
+                            self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
+                            return None
+                        self._fed += len(data)
+                        continue
+                    if data is None:  # receive timeout
+                        if deadline is not None and time.monotonic() >= deadline:
+                            return None
+                        continue
+                    self._begin_eof(me, in_worker=deadline is None)
+                    return None
                 filled = self._fill(me, deadline)
                 if filled is None:
                     return None

@@ -174,13 +174,26 @@ def _params_map(raw: Any, *, msgid: int | None, method: str) -> dict[str, Any]:
 def parse_frame(value: Any) -> Frame:
     """Check the shape of one decoded value; raise :class:`BadFrame` / :class:`BadParams`.
 
-    Kept to plain ``type()`` checks: it runs on every frame (the hot path).
+    Kept to plain ``type()`` checks with the common case first: it runs on
+    every frame (the hot path).
     """
     if type(value) is not list or not value:
         raise BadFrame("a frame must be a non-empty msgpack array")
-    kind = value[0]
     size = len(value)
-    if kind == REQUEST and type(kind) is int:
+    kind = value[0]
+    if type(kind) is int:  # excludes bool
+        if kind == REQUEST and size == 4:
+            msgid, method, params = value[1], value[2], value[3]
+            if type(msgid) is int and 0 <= msgid <= MAX_MSGID and type(method) is str and method:
+                if type(params) is list and len(params) == 1 and type(params[0]) is dict:
+                    return Request(msgid, method, params[0])
+                return Request(msgid, method, _params_map(params, msgid=msgid, method=method))
+        return _parse_slow(value, kind, size)
+    raise BadFrame("frame type must be 0 (request), 1 (response) or 2 (notification)")
+
+
+def _parse_slow(value: list, kind: int, size: int) -> Frame:
+    if kind == REQUEST:
         if size != 4:
             raise BadFrame("a request must have 4 elements",
                            msgid=value[1] if size > 1 and _valid_msgid(value[1]) else None)
@@ -190,14 +203,14 @@ def parse_frame(value: Any) -> Frame:
         if type(method) is not str or not method:
             raise BadFrame("request method must be a non-empty string", msgid=msgid)
         return Request(msgid, method, _params_map(params, msgid=msgid, method=method))
-    if kind == NOTIFICATION and type(kind) is int:
+    if kind == NOTIFICATION:
         if size != 3:
             raise BadFrame("a notification must have 3 elements")
         _, method, params = value
         if type(method) is not str or not method:
             raise BadFrame("notification method must be a non-empty string")
         return Notification(method, _params_map(params, msgid=None, method=method))
-    if kind == RESPONSE and type(kind) is int:
+    if kind == RESPONSE:
         if size != 4:
             raise BadFrame("a response must have 4 elements")
         _, msgid, error, result = value
