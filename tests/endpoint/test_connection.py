@@ -14,7 +14,7 @@ from castor.client import Client
 from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
 from castor.messages.errors import MailboxFull, Timeout
 
-from .conftest import SMALL_QUEUE, RawPeer, build_dispatcher, start_server, wait_for
+from .conftest import SMALL_QUEUE, RawPeer, start_server, wait_for
 
 
 def test_slow_client_never_stalls_another(gates, sock_dir) -> None:
