@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -155,6 +156,7 @@ def measure_round_trips(runs: int, n: int, with_concurrency: bool, seconds: floa
     server.stop()
     stop.set()
     raw_listener.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
