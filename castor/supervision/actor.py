@@ -24,6 +24,7 @@ handler raises anything else            reply failed; incarnation ends ``crashed
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
@@ -91,6 +92,7 @@ class Actor(pykka.ThreadingActor):
         self._exit_kind: str | None = None
         self._retire_request: tuple[str, type[CastorError]] | None = None
         self._abandoned = False
+        self._started = threading.Event()
         self.log = logger.bind(actor=handle.path, incarnation=incarnation)
 
     @property
@@ -143,6 +145,8 @@ class Actor(pykka.ThreadingActor):
             self.on_start()
         except BaseException as exc:  # noqa: BLE001 - a failed start is a crash
             self._crash(exc, None)
+        finally:
+            self._started.set()
 
     def _actor_loop_running(self) -> None:
         mailbox = self.actor_inbox

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 DEFAULT_ASK_TIMEOUT = 10.0
 """Seconds an ask waits when the caller names no deadline."""
+START_TIMEOUT = 30.0
+"""Seconds ``launch`` waits for an incarnation's ``on_start``."""
 
 
 class PendingAsk:
@@ -161,8 +163,14 @@ class ActorHandle:
         return fresh
 
     # -- lifecycle (used by supervisors and the system) ----------------------
-    def launch(self) -> None:
-        """Start a new incarnation on the current mailbox (supervisor thread only)."""
+    def launch(self, *, start_timeout: float = START_TIMEOUT) -> None:
+        """Start a new incarnation on the current mailbox (supervisor thread only).
+
+        Returns once the incarnation's ``on_start`` has finished (OTP's
+        synchronous start): a supervisor's children therefore exist, all the
+        way down, when its own start returns. An ``on_start`` that takes
+        longer than ``start_timeout`` is logged and left to finish on its own.
+        """
         actor = self.factory()
         with self._lock:
             self.incarnation += 1
@@ -175,6 +183,8 @@ class ActorHandle:
             self.retired_reason = None
         self.registry.register(self)
         actor._start_actor_loop()
+        if not actor._started.wait(start_timeout):
+            actor.log.warning("on_start still running after {s}s; not waiting longer", s=start_timeout)
 
     def _incarnation_ended(self, actor: Actor, kind: str) -> None:
         """Called on the ending actor's thread, last thing it does."""

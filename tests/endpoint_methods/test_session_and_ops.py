@@ -1,0 +1,176 @@
+"""Session and ops methods over a real Unix-socket server and the real client."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from castor.actors.ports.agent import TurnOutcome, TurnRequest
+from castor.client import Client
+from castor.endpoint.app import build_dispatcher
+from castor.endpoint.server import Server
+from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound, UnknownMethod
+from castor.runtime import Runtime, RuntimeSettings, SessionComponent
+from castor.supervision import ChildSpec
+
+from tests.supervision.helpers import Journal, Ping, wait_until, worker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _probe_component(journal: Journal) -> SessionComponent:
+    def children(ctx):
+        return [ChildSpec("probe", worker(f"probe-{ctx.info.session_id}", journal))]
+
+    def on_event(ctx, event, data):
+        journal.add("event", ctx.info.session_id, event)
+        return {"seen": event, "echo": data.get("x")}
+
+    def on_close(ctx):
+        journal.add("closed", ctx.info.session_id)
+
+    return SessionComponent("probe", children, on_event, on_close)
+
+
+@pytest.fixture
+def served(tmp_path: Path, request):
+    allow = getattr(request, "param", False)
+    journal = Journal()
+    runtime = Runtime(RuntimeSettings(allow_faults=allow), components=[_probe_component(journal)])
+    sock = str(tmp_path / "castor.sock")
+    server = Server(build_dispatcher(runtime), unix_path=sock).start()
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        client = Client.connect_unix(sock)
+        clients.append(client)
+        return client
+
+    yield runtime, connect, journal
+    for client in clients:
+        client.close()
+    server.stop()
+    runtime.shutdown(10)
+
+
+def test_open_event_close_round_trip(served):
+    runtime, connect, journal = served
+    client = connect()
+    opened = client.call("session.open", {"session_id": "s1", "cwd": "/tmp", "trusted": False, "flags": {}})
+    assert opened == {"session_id": "s1", "path": "/root/session/s1"}
+    assert runtime.system.lookup("/root/session/s1/probe").ask(Ping(n=1), timeout=5) == ("probe-s1", 1, 1)
+    result = client.call("harness.event", {"session_id": "s1", "event": "before_agent_start", "data": {"x": 7}})
+    assert result == {"seen": "before_agent_start", "echo": 7}
+    with pytest.raises(Conflict):
+        client.call("session.open", {"session_id": "s1", "cwd": "/tmp"})
+    assert client.call("session.close", {"session_id": "s1"}) == {"closed": True}
+    assert ("closed", "s1") in journal.entries
+    assert runtime.system.find("/root/session/s1") is None
+
+
+def test_bad_params_and_foreign_sessions_are_typed_errors(served):
+    runtime, connect, _ = served
+    owner, other = connect(), connect()
+    owner.call("session.open", {"session_id": "mine", "cwd": "/tmp"})
+    with pytest.raises(Forbidden):
+        other.call("harness.event", {"session_id": "mine", "event": "agent_end", "data": {}})
+    with pytest.raises(InvalidParams):
+        owner.call("harness.event", {"session_id": "mine", "event": "not_an_event", "data": {}})
+    with pytest.raises(InvalidParams):
+        owner.call("session.open", {"session_id": "../../etc", "cwd": "/tmp"})
+    with pytest.raises(UnknownMethod):
+        owner.call("cast.teleport", {})
+    with pytest.raises(NotFound):
+        owner.call("ops.mailbox", {"path": "/root/nowhere"})
+
+
+def test_a_disconnect_closes_the_sessions_opened_on_that_connection(served):
+    runtime, connect, journal = served
+    client = connect()
+    client.call("session.open", {"session_id": "gone", "cwd": "/tmp"})
+    client.close()
+    assert journal.wait_for(lambda e: ("closed", "gone") in e, timeout=10)
+    assert wait_until(lambda: not runtime.sessions(), timeout=10)
+    assert runtime.system.find("/root/session/gone") is None
+
+
+def test_agent_turns_round_trip_through_the_harness(served):
+    runtime, connect, _ = served
+    client = connect()
+    asked: list[dict] = []
+
+    def run_turn(params: dict) -> None:
+        asked.append(params)
+        threading.Thread(target=lambda: client.call("agent.turn_ended", {
+            "session_id": "t", "turn_id": params["turn_id"], "text": "done", "stop_reason": "stop",
+            "error": None, "usage": {"input": 3, "output": 4, "cost": None}, "aborted": False,
+        }, timeout=5)).start()
+
+    client.on_notification("agent.run_turn", run_turn)
+    client.call("session.open", {"session_id": "t", "cwd": "/tmp"})
+    got: list[TurnOutcome] = []
+    done = threading.Event()
+    agent = runtime.session("t").harness.agent
+    agent.run_turn(TurnRequest(turn_id="turn-1", cast_id="c", socket_id="s", visit=1, prompt="secret prompt",
+                               summary="doing it"), lambda outcome: (got.append(outcome), done.set()))
+    assert done.wait(10)
+    assert asked[0]["prompt"] == "secret prompt" and asked[0]["summary"] == "doing it"
+    assert got[0].text == "done" and got[0].stop_reason == "stop"
+    assert got[0].usage.input_tokens == 3 and got[0].usage.cost_usd is None  # unknown stays None
+    with pytest.raises(NotFound):  # answered once; a duplicate is refused
+        client.call("agent.turn_ended", {"session_id": "t", "turn_id": "turn-1", "text": "again"})
+
+
+def test_session_entries_and_ui_go_to_the_harness(served):
+    runtime, connect, _ = served
+    client = connect()
+    entries, notes = [], []
+    client.on_request("session.append_entry", lambda p: (entries.append(p), {"ok": True, "entry_id": "e1"})[1])
+    client.on_notification("ui.notify", notes.append)
+    client.call("session.open", {"session_id": "u", "cwd": "/tmp"})
+    link = runtime.session("u").harness
+    import time
+
+    link.session_log.append_entry("castor-test", {"a": 1}, time.monotonic() + 5)
+    assert entries == [{"custom_type": "castor-test", "data": {"a": 1}}]
+    link.ui.notify("hello", "warning")
+    assert wait_until(lambda: notes == [{"message": "hello", "level": "warning"}])
+
+
+def test_ops_actors_and_mailbox_show_the_live_tree(served):
+    runtime, connect, _ = served
+    client = connect()
+    client.call("session.open", {"session_id": "o", "cwd": "/tmp"})
+    tree = client.call("ops.actors", {})
+    paths = [a["path"] for a in tree["actors"]]
+    assert "/root" in paths and "/root/session/o" in paths and "/root/session/o/probe" in paths
+    box = client.call("ops.mailbox", {"path": "/root/session/o/probe"})
+    assert box["path"] == "/root/session/o/probe" and box["mailbox"]["depth"] == 0
+    stats = client.call("ops.worker", {})
+    assert stats["runtime"]["pid"] > 0 and stats["runtime"]["rss_bytes"] > 0
+
+
+def test_ops_fault_is_forbidden_without_allow_faults(served):
+    runtime, connect, _ = served
+    client = connect()
+    client.call("session.open", {"session_id": "f", "cwd": "/tmp"})
+    with pytest.raises(Forbidden):
+        client.call("ops.fault", {"kind": "kill", "path": "/root/session/f/probe"})
+
+
+@pytest.mark.parametrize("served", [True], indirect=True)
+def test_ops_fault_kills_and_the_supervisor_restarts(served):
+    runtime, connect, journal = served
+    client = connect()
+    client.call("session.open", {"session_id": "k", "cwd": "/tmp"})
+    probe = runtime.system.lookup("/root/session/k/probe")
+    assert client.call("ops.fault", {"kind": "kill", "path": probe.path}) == {"injected": "kill", "path": probe.path}
+    assert probe.ask(Ping(n=2), timeout=5) == ("probe-k", 2, 2)
+    client.call("ops.fault", {"kind": "crash_next", "path": probe.path, "message_type": "test.ping"})
+    with pytest.raises(Exception):
+        probe.ask(Ping(n=3), timeout=5)
+    assert probe.ask(Ping(n=4), timeout=5)[1] == 3
+    with pytest.raises(InvalidParams):
+        client.call("ops.fault", {"kind": "delay_next", "path": probe.path, "seconds": 0})
