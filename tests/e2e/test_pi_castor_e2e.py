@@ -1,9 +1,7 @@
 """Real Pi + extension + the real castor runtime (``castor serve --stdio``).
 
-These are the issue's end-to-end scenarios. They need the cast, Icarus and session methods
-wired to the actors; until then they are ``xfail(strict=True)`` — when a scenario starts
-passing, strict xfail turns it red so the mark gets removed. Each one fails fast (an error
-toast from the extension ends the wait) so the unwired state costs little time.
+These are the issue's end-to-end scenarios (issue 5, 6a-e). Each one fails fast (an error
+toast from the extension ends the wait) so a broken runtime costs little time.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ import pytest
 from .conftest import read_jsonl, session_entries
 from .pi_rpc import REPO, PiRpc
 
-NOT_WIRED = "castor methods (session.*, harness.event, cast.*, icarus.*) are not wired to the actors yet"
-pytestmark = [pytest.mark.pi, pytest.mark.timeout(60), pytest.mark.xfail(strict=True, reason=NOT_WIRED)]
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(60)]
 
 ICARUS_DIR = REPO / "examples" / "icarus_reference" / "icarus"
 
@@ -118,7 +115,7 @@ def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command,
 
 
 def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(start_pi, castor_command, fake_llm, tmp_path):
-    seed_fabric(tmp_path, ("zebra migration notes", "ZEBRA-FACT: zebras migrate in the dry season"))
+    seed_fabric(tmp_path, ("ZEBRA-FACT zebra migration notes", "zebras migrate in the dry season"))
     pi = start_pi(castor_command, settings=icarus_settings(tmp_path))
     up(pi)
     start = pi.prompt("tell me about the zebra herd")
@@ -147,7 +144,7 @@ def test_c_fabric_tool_called_by_the_model_round_trips(start_pi, castor_command,
 
 
 def test_d_icarus_off_stops_retrieval_on_the_next_prompt(start_pi, castor_command, fake_llm, tmp_path):
-    seed_fabric(tmp_path, ("zebra notes", "ZEBRA-FACT: stripes"), ("giraffe notes", "GIRAFFE-FACT: long necks"))
+    seed_fabric(tmp_path, ("ZEBRA-FACT zebra notes", "stripes"), ("GIRAFFE-FACT giraffe notes", "long necks"))
     call_log = tmp_path / "icarus-calls.jsonl"
     pi = start_pi(castor_command, settings=icarus_settings(tmp_path), env={"ICARUS_REF_CALL_LOG": str(call_log)})
     up(pi)
