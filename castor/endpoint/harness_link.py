@@ -36,6 +36,13 @@ if TYPE_CHECKING:
 
 UI_DEADLINE_S = 5.0
 
+TOOL_SCOPES: dict[str, list[str] | None] = {
+    "none": [],  # a pure reasoning turn: no tools at all
+    "readOnly": ["read", "grep", "find", "ls"],  # Pi's read-only built-ins
+    "coding": None,  # the harness's full tool set (the field is omitted)
+}
+"""Materia tool scopes → the tool names Pi activates for the turn (``agent.run_turn.tools``)."""
+
 
 class WireHarness:
     """AgentPort + SessionPort + SessionUiPort + ClassifierPort over one connection."""
@@ -57,9 +64,11 @@ class WireHarness:
             "prompt": request.prompt,
             "summary": request.summary,
             "custom_type": "castor-turn",
-            "tools": request.tools,
             "isolate": True,
         }
+        tools = TOOL_SCOPES.get(request.tools)
+        if tools is not None:
+            params["tools"] = tools
         if request.model:
             provider, _, model_id = request.model.partition("/")
             params["model"] = {"provider": provider, "id": model_id} if model_id else {"provider": None, "id": provider}
