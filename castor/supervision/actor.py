@@ -91,6 +91,7 @@ class Actor(pykka.ThreadingActor):
         self.incarnation = incarnation
         self._exit_kind: str | None = None
         self._retire_request: tuple[str, type[CastorError]] | None = None
+        self._stop_requested = False
         self._abandoned = False
         self._started = threading.Event()
         self.log = logger.bind(actor=handle.path, incarnation=incarnation)
@@ -136,8 +137,8 @@ class Actor(pykka.ThreadingActor):
         self._retire_request = (reason, error)
 
     def stop_self(self) -> None:
-        """End this incarnation normally after the current handler."""
-        self._exit_kind = "stopped"
+        """End this incarnation normally after the current handler (``on_terminate("stopped")`` runs)."""
+        self._stop_requested = True
 
     # -- the loop (replaces pykka's) ---------------------------------------
     def _actor_loop_setup(self) -> None:
@@ -159,8 +160,13 @@ class Actor(pykka.ThreadingActor):
                 self._process(item, handle)
             else:
                 self._control(item)
-            if self._retire_request is not None and self._exit_kind is None:
+            if self._exit_kind is not None:
+                break
+            if self._retire_request is not None:
                 self._retire_now(*self._retire_request)
+            elif self._stop_requested:
+                self._terminate("stopped")
+                self._exit_kind = "stopped"
 
     def _actor_loop_teardown(self) -> None:
         kind = self._exit_kind or "stopped"

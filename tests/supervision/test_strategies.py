@@ -96,6 +96,7 @@ def test_restart_types(restart, crash_restarts, normal_restarts):
                 x.ask(Ping(n=1), timeout=5)
             assert system.find("/root/x") is None
         y.tell(Quit())
+        assert journal.wait_for(lambda e: ("end", "y", 1, "stopped") in e)  # stop_self runs on_terminate
         if normal_restarts:
             assert y.ask(Ping(n=2), timeout=5) == ("y", 2, 2)
         else:
