@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from castor.actors.ports.agent import AgentPort
 from castor.actors.ports.classifier import ClassifierPort
 from castor.actors.ports.session import SessionPort, SessionUiPort
-from castor.messages.errors import Conflict, NotFound
+from castor.messages.errors import Conflict, Forbidden, NotFound
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
 from castor.supervision.registry import check_segment
 
@@ -209,28 +209,34 @@ class Runtime:
         return self.system.shutdown(timeout)
 
     def artifact_root_for(self, cwd: str, configured: str | None) -> Path:
-        """Where a session's casts write artifacts: the runtime override, else the config's."""
-        base = Path(cwd)
-        root = self.settings.artifact_root or configured or ".pi/pi-materia"
-        return (base / root).resolve() if not Path(root).is_absolute() else Path(root)
+        """Where a session's casts write artifacts.
+
+        The runtime's own override (CLI/environment) is taken as given. A
+        configured ``artifactDir`` is user data: relative to the project and
+        never outside it (``forbidden`` otherwise), so a hostile config cannot
+        make a cast write into ``/etc`` or a sibling checkout.
+        """
+        if self.settings.artifact_root:
+            return Path(self.settings.artifact_root).resolve()
+        project = Path(cwd).resolve()
+        root = (project / (configured or ".pi/pi-materia")).resolve()
+        if root != project and project not in root.parents:
+            raise Forbidden(
+                "artifactDir must stay inside the project directory",
+                data={"artifactDir": str(configured)[:200], "cwd": str(project)},
+            )
+        return root
 
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
-    try:
-        from castor.actors.materia.utility import utility_pool_spec
-    except ImportError:  # the materia actors are optional until they land
-        return []
+    from castor.actors.materia.utility import utility_pool_spec
+
     return [utility_pool_spec(settings)]
 
 
 def default_components() -> list[SessionComponent]:
     """The components every runtime has unless told otherwise: materia, then icarus."""
-    components: list[SessionComponent] = []
-    for module_name, attr in (("castor.actors.materia.component", "materia_component"),
-                              ("castor.actors.icarus_session", "icarus_component")):
-        try:
-            module = __import__(module_name, fromlist=[attr])
-        except ImportError:
-            continue
-        components.append(getattr(module, attr)())
-    return components
+    from castor.actors.icarus_session import icarus_component
+    from castor.actors.materia.component import materia_component
+
+    return [materia_component(), icarus_component()]
