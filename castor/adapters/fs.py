@@ -78,8 +78,12 @@ def ensure_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (see module doc)."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (see module doc).
+
+    ``keep_mode`` gives the new file the permission bits of the one it
+    replaces (for files a user owns, like Pi's settings.json).
+    """
     target = Path(path)
     directory = target.parent
     # The temp name is unique per call so concurrent writers never share one.
@@ -87,6 +91,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
+            if keep_mode:
+                try:
+                    os.fchmod(fd, os.stat(target).st_mode & 0o7777)
+                except FileNotFoundError:
+                    pass
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
@@ -104,9 +113,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_dir(directory)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8",
+                      keep_mode: bool = False) -> None:
     """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
-    atomic_write_bytes(path, text.encode(encoding))
+    atomic_write_bytes(path, text.encode(encoding), keep_mode=keep_mode)
 
 
 def dump_json(value: Any, *, indent: int | None = 2) -> str:

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import filelock
+
+from castor.adapters.fs import atomic_write_text
 
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -166,27 +167,7 @@ def _read_for_update(path: str) -> dict[str, Any]:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if os.path.exists(path):
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_write_text(path, text, keep_mode=True)
 
 
 def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]],
