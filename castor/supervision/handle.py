@@ -192,10 +192,7 @@ class ActorHandle:
             if actor is not self._actor:
                 return
             self._actor = None
-            if self.state not in ("stopping",) or kind != "stopped":
-                self.state = kind
-            else:
-                self.state = "stopped"
+            self.state = kind
             incarnation = self.incarnation
             exited = self._exited
         exited.set()
