@@ -7,7 +7,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | step | rule |
 |---|---|
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
-| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped |
+| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) |
 | built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
@@ -17,6 +17,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -32,6 +33,7 @@ from castor.messages.errors import CastorError, MailboxFull, NotFound
 from castor.supervision import Actor, ChildSpec, Restart, Strategy, handles, supervisor_spec
 
 POOL_PATH = "/root/utility"
+VISIT_ID_ENV = "CASTOR_VISIT_ID"
 LEDGER_SIZE = 10_000
 
 
@@ -161,7 +163,8 @@ class UtilityExecutorActor(Actor):
         """Run the job; None when it was killed from outside (work lost, not a result)."""
         if effect.command:
             cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
-                                 timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes)
+                                 timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes,
+                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id})
             try:
                 running = spawn(cmd)
             except UtilitySpawnError as exc:
