@@ -22,6 +22,12 @@ Guarantees
   :class:`Forbidden` and touch nothing. Item keys, entry ids and suffixes are
   free text and go through ``seg`` (spec: runs outside ``[A-Za-z0-9._-]``
   become ``-``; empty becomes ``task``), capped in length.
+- Every file name fits the filesystem: a path component longer than
+  ``MAX_NAME_BYTES`` (combined free-text parts can exceed ``NAME_MAX``) is
+  shortened deterministically by :func:`fit_name` -- head, a hash of the whole
+  name, tail (the extension survives) -- so the same logical path always maps
+  to the same file and two long names never collide. Without it a long
+  model-chosen work item id made every write fail with ``ENAMETOOLONG``.
 - Whole-file artifacts are written atomically; events are appended as whole
   lines with fsync. All writes of one cast directory are serialised by one
   process-wide lock per directory, so concurrent appends from several threads
@@ -38,6 +44,7 @@ Failure behaviour
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -68,6 +75,7 @@ __all__ = [
     "EventLog",
     "EventRecord",
     "allocate_cast_id",
+    "fit_name",
     "seg",
     "validate_cast_id",
     "validate_socket_id",
@@ -75,6 +83,10 @@ __all__ = [
 
 MAX_ID_LENGTH = 128
 MAX_SEG_LENGTH = 120
+#: Longest file name castor writes, in bytes: NAME_MAX (255) minus room for the
+#: atomic writer's temp name ``.<name>.<pid>.<hex>.tmp``.
+MAX_NAME_BYTES = 200
+_NAME_TAIL = 32
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SEG_RUN = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -108,11 +120,30 @@ def validate_socket_id(socket_id: object) -> str:
 
 
 def seg(value: object) -> str:
-    """Spec §8.1 ``seg``: a safe file-name segment for free text (never empty, capped)."""
-    text = _SEG_RUN.sub("-", str(value)).strip("-")[:MAX_SEG_LENGTH].strip("-")
+    """Spec §8.1 ``seg``: a safe file-name segment for free text (never empty, capped).
+
+    A segment over ``MAX_SEG_LENGTH`` keeps its head and ends in a hash of the
+    whole text, so two long keys sharing a prefix never name the same file.
+    """
+    text = _SEG_RUN.sub("-", str(value)).strip("-")
+    if len(text) > MAX_SEG_LENGTH:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        text = f"{text[:MAX_SEG_LENGTH - len(digest) - 1].strip('-')}-{digest}"
     if text in ("", ".", ".."):
         return "task"
     return text
+
+
+def fit_name(name: str) -> str:
+    """``name`` if it fits in ``MAX_NAME_BYTES``, else ``<head>~<sha256[:16]>~<tail>`` within it."""
+    raw = name.encode("utf-8")
+    if len(raw) <= MAX_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    tail = raw[-_NAME_TAIL:].decode("utf-8", "ignore")
+    room = MAX_NAME_BYTES - len(tail.encode("utf-8")) - len(digest) - 2
+    head = raw[:room].decode("utf-8", "ignore")
+    return f"{head}~{digest}~{tail}"
 
 
 def _check_visit(visit: object) -> int:
@@ -240,8 +271,13 @@ class CastArtifacts:
         return self.run_dir.is_dir()
 
     def path(self, relative: str) -> Path:
-        """The absolute path of ``relative`` inside the run dir; Forbidden if it escapes."""
-        return safe_join(self.run_dir, relative)
+        """The absolute path of ``relative`` inside the run dir; Forbidden if it escapes.
+
+        Over-long components are shortened by :func:`fit_name` (after the
+        escape checks see the original text, so ``..`` is never hidden).
+        """
+        safe_join(self.run_dir, relative)
+        return safe_join(self.run_dir, "/".join(fit_name(part) for part in str(relative).split("/")))
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the run dir, with ``/`` separators."""
