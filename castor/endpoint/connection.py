@@ -184,6 +184,11 @@ class Connection:
         # A caller may block in recv itself when the socket has a receive timeout.
         self._caller_recv = bool(getattr(transport, "recv_timeout", None))
         self._fed = 0  # bytes fed to the unpacker (vs unpacker.tell(): is anything buffered?)
+        # Where the frame being decoded began. msgpack frees the bytes of a partly decoded value
+        # (it keeps the objects built so far), so max_buffer_size alone does not bound a frame:
+        # _fed - _frame_start does. Over the limit the stream is undecodable.
+        self._frame_start = 0
+        self._max_frame = self.settings.frame_limits.max_buffer_size
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
@@ -650,6 +655,7 @@ class Connection:
             if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
                 try:
                     value = next(unpacker)
+                    self._frame_start = unpacker.tell()
                 except StopIteration:
                     pass
                 except Exception as exc:  # msgpack format / limit errors: the stream is lost
@@ -668,6 +674,10 @@ class Connection:
                             self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
                             return None
                         self._fed += len(data)
+                        if self._fed - self._frame_start > self._max_frame:
+                            self._release_role(me)
+                            self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
+                            return None
                         continue
                     if data is None:  # receive timeout
                         if deadline is not None and time.monotonic() >= deadline:
@@ -765,6 +775,10 @@ class Connection:
             self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
             return None
         self._fed += len(data)
+        if self._fed - self._frame_start > self._max_frame:
+            self._release_role(me)
+            self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
+            return None
         return True
 
     def _release_role(self, me: int) -> None:
