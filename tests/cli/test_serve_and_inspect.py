@@ -1,0 +1,122 @@
+"""The CLI against real processes: serve (stdio EOF, socket), inspect, and the error contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+
+pytestmark = pytest.mark.timeout(60)
+
+CASTOR = [sys.executable, "-m", "castor"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")  # no user profile config, no Pi settings
+    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
+    env.pop("MATERIA_CONFIG", None)
+    return env
+
+
+def _wait_for(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_stdio_eof_shuts_down_gracefully_and_leaves_the_cast_resumable(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    client = Client.spawn_stdio([*CASTOR, "serve", "--stdio"], env=_env(tmp_path), cwd=str(project),
+                                stderr=subprocess.DEVNULL)
+    turns: list[dict] = []
+    client.on_notification("agent.run_turn", turns.append)  # a harness that never answers
+    client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+    client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+    client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
+    started = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "say hi"}, timeout=20)
+    cast_id = started.get("cast_id") or started.get("cast", {}).get("cast_id")
+    assert cast_id
+    _wait_for(lambda: turns)  # the cast is mid-turn now
+    process = client.process
+    client.close(wait_process=20)  # closes stdin: EOF
+    assert process.wait(20) == 0
+    listed = subprocess.run([*CASTOR, "casts", "--cwd", str(project), "--json"], env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    row = next(r for r in rows if r.get("cast_id") == cast_id)
+    assert row.get("resumable") is True
+
+
+def test_serve_on_a_socket_and_inspect_it_live(tmp_path):
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(sock.exists)
+        with Client.connect_unix(str(sock)) as client:
+            client.call("session.open", {"session_id": "watch", "cwd": str(tmp_path)}, timeout=20)
+            shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "actors"], env=_env(tmp_path),
+                                   capture_output=True, text=True, timeout=30)
+            assert shown.returncode == 0, shown.stderr
+            assert "watch" in shown.stdout and "depth=" in shown.stdout and "oldest=" in shown.stdout
+            raw = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "mailbox", "/root/session/watch",
+                                  "--json"], env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+            assert raw.returncode == 0, raw.stderr
+            assert json.loads(raw.stdout)["path"] == "/root/session/watch"
+            missing = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "mailbox", "/root/nope"],
+                                     env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+            assert missing.returncode != 0 and missing.stderr.strip().startswith("castor: not_found")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(20) == 0
+    assert not sock.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--tcp", "10.1.2.3:9000"], ["inspect", "--socket", "/nonexistent/castor.sock"],
+     ["status", "../../etc"]],
+)
+def test_errors_exit_non_zero_with_one_line_on_stderr(tmp_path, argv):
+    done = subprocess.run([*CASTOR, *argv], env=_env(tmp_path), capture_output=True, text=True, timeout=30,
+                          cwd=str(tmp_path))
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) >= 1 and lines[-1].startswith("castor:"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_validate_prints_each_problem_on_its_own_line_with_its_code(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"loadouts": {"x": {"sockets": {"../evil": {"materia": "nope"}}}}, "activeLoadout": "x"}')
+    done = subprocess.run([*CASTOR, "validate", str(bad)], env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode != 0
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) >= 2 and all(line.startswith("[") for line in lines), lines
+    assert any("invalid-socket-id" in line for line in lines)
+    missing = subprocess.run([*CASTOR, "validate", str(tmp_path / "none.json")], env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=30)
+    assert missing.returncode != 0 and "file-not-found" in missing.stderr
+
+
+def test_every_command_has_help():
+    for command in ["serve", "inspect", "demo", "cast", "casts", "status", "recast", "revive", "grid",
+                    "loadout", "validate"]:
+        done = subprocess.run([*CASTOR, command, "--help"], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and "usage: castor" in done.stdout, command
