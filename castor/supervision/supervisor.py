@@ -17,6 +17,8 @@ stopped (normal)       transient,      remove the child                         
 retired                any             never restarted, never replayed; the slot stays  already rejected by the retiring actor;
                                        dormant and a *new* send starts a fresh          later sends reach a fresh incarnation
                                        incarnation (temporary children are removed)
+a child past its own    —              give up on that child only: remove it             ``ActorStopped`` for everything queued
+``max_restarts``                       (the supervisor does not fail)
 more than R restarts   —               stop every child (reverse start order), then      ``ActorStopped`` for everything queued
 within T seconds                       crash itself: the parent applies *its* policy
 =====================  ==============  ===============================================  ========================================
@@ -80,6 +82,11 @@ class ChildSpec:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     mailbox_capacity: int | None = None
     revive_on_demand: bool = True  # after retirement, a new send starts a fresh incarnation
+    max_restarts: int | None = None
+    """Child-level intensity: past this many restarts within ``within_seconds`` the
+    supervisor gives up on *this child* (removes it) instead of failing itself.
+    None: only the supervisor's own intensity applies (OTP semantics)."""
+    within_seconds: float = DEFAULT_WITHIN_SECONDS
 
 
 def supervisor_spec(
@@ -130,13 +137,6 @@ class WhichChildren(_Local, type_name="supervisor.which_children"):
 
 
 @dataclass
-class _Slot:
-    spec: ChildSpec
-    handle: ActorHandle
-    stopping: bool = False
-
-
-@dataclass
 class _Intensity:
     max_restarts: int
     within_seconds: float
@@ -149,6 +149,14 @@ class _Intensity:
             self.times.popleft()
         self.times.append(now)
         return len(self.times) <= self.max_restarts
+
+
+@dataclass
+class _Slot:
+    spec: ChildSpec
+    handle: ActorHandle
+    stopping: bool = False
+    intensity: _Intensity | None = None
 
 
 class Supervisor(Actor):
@@ -229,6 +237,11 @@ class Supervisor(Actor):
 
     # -- policy ----------------------------------------------------------------
     def _restart(self, failed: _Slot, message: ChildExited) -> None:
+        if failed.intensity is not None and not failed.intensity.allow():
+            self.log.error("giving up on {path}: more than {r} restarts in {t}s", path=failed.handle.path,
+                           r=failed.intensity.max_restarts, t=failed.intensity.within_seconds)
+            self._remove(failed, "gave up: the child's own restart intensity was exceeded")
+            return
         if not self._intensity.allow():
             raise RestartIntensityExceeded(
                 f"{self.path}: more than {self._intensity.max_restarts} restarts in "
@@ -276,7 +289,8 @@ class Supervisor(Actor):
             revive_on_demand=spec.revive_on_demand and spec.restart is not Restart.TEMPORARY,
         )
         handle._on_exit = _report_exit_to(self.handle)
-        slot = _Slot(spec, handle)
+        slot = _Slot(spec, handle, intensity=(
+            _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
         self._slots.append(slot)
         try:
             handle.launch()

@@ -74,3 +74,24 @@ def test_a_child_that_overruns_its_shutdown_timeout_is_killed_and_shutdown_is_bo
         assert stuck.snapshot().state == "stopped"
     finally:
         journal.event("never").set()
+
+
+def test_a_child_past_its_own_intensity_is_given_up_without_failing_its_supervisor():
+    journal = Journal()
+    system = ActorSystem([
+        ChildSpec("looper", worker("looper", journal), max_restarts=2, within_seconds=60),
+        ChildSpec("bystander", worker("bystander", journal)),
+    ], max_restarts=5, within_seconds=60)
+    try:
+        looper = system.lookup("/root/looper")
+        for _ in range(3):  # two restarts allowed, the third crash gives up on the child
+            with pytest.raises(ValueError):
+                looper.ask(Boom(), timeout=5)
+        assert looper.closed.wait(5)
+        with pytest.raises(ActorStopped):
+            looper.ask(Ping(n=1), timeout=5)
+        assert system.find("/root/looper") is None
+        assert not system.fatal.is_set() and system.root.incarnation == 1
+        assert system.lookup("/root/bystander").ask(Ping(n=2), timeout=5) == ("bystander", 1, 2)
+    finally:
+        system.shutdown(10)

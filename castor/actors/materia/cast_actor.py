@@ -375,7 +375,17 @@ class CastActor(Actor):
         log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
 
 
+CAST_MAX_RESTARTS = 5
+CAST_RESTART_WINDOW_S = 30.0
+
+
 def cast_spec(env: CastEnv) -> ChildSpec:
-    """The cast supervisor's child for one cast (TRANSIENT: restarted after a crash only)."""
+    """The cast supervisor's child for one cast (TRANSIENT: restarted after a crash only).
+
+    A cast that keeps crashing (a full disk, a bug) is given up after
+    ``CAST_MAX_RESTARTS`` restarts in ``CAST_RESTART_WINDOW_S``: its actor is
+    removed, its last persisted state stays resumable with ``recast``, and the
+    session's other casts are untouched (the cast supervisor does not fail).
+    """
     return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
-                     shutdown_timeout=5.0)
+                     shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S)
