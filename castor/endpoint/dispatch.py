@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from castor.endpoint.connection import Connection
 
 PROTOCOL_VERSION = 1
+MAX_ERROR_DETAILS = 20
+"""``invalid_params`` lists at most this many field errors (``error_count`` has the total)."""
 
 
 def _castor_version() -> str:
@@ -147,8 +149,10 @@ class Dispatcher:
             try:
                 args = entry.model.model_validate(params)
             except ValidationError as exc:
+                details = validation_details(exc)
                 raise InvalidParams(f"invalid params for {method}", data={
-                    "method": method, "errors": validation_details(exc)}) from None
+                    "method": method, "errors": details[:MAX_ERROR_DETAILS],
+                    "error_count": len(details)}) from None
         try:
             result = entry.handler(args, ctx)
         except CastorError:
