@@ -227,13 +227,33 @@ def step(state: CastState | None, event: Any) -> Transition:
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise _reject(f"unsupported cast event {type(event).__name__}", "unsupported")
-    ctx = _Ctx(state.model_copy(deep=True), event.at)
+    ctx = _Ctx(_fork(state), event.at)
     try:
         handler(ctx, event)
     except _Fail as failure:
         _fail_cast(ctx, failure.message, failure.entry_id, preserve=failure.preserve)
     ctx.s.updated_at = event.at
     return Transition(state=ctx.s, effects=tuple(ctx.effects))
+
+
+#: The containers of CastState that handlers mutate in place (``dict[...] = ``, ``update``, ``pop``,
+#: ``setdefault``). Everything else is replaced wholesale by the handlers (``s.usage = ...``,
+#: ``s.data = apply_envelope(...)``, ``s.pending = Pending(...)``) or never changes (``config``).
+_MUTABLE_CONTAINERS = ("data", "cursors", "visits", "multi_turn_refinements", "recovery_attempts",
+                       "recovery_allowances", "task_attempts", "edge_traversals")
+
+
+def _fork(state: CastState) -> CastState:
+    """A working copy of ``state`` for one step, sharing everything the step cannot change.
+
+    Structural sharing instead of a deep copy: the resolved config, the usage report, pending and
+    recovery records are shared by reference (the engine never mutates them: it assigns new
+    values); the dicts the handlers mutate in place get a fresh top level. Nested values inside
+    ``data`` are shared too: every helper that changes nested data (``apply_envelope``,
+    ``apply_assign``) works on its own deep copy and the handlers only add, replace or pop
+    top-level keys. The purity test in tests/domain/materia proves the input is never touched.
+    """
+    return state.model_copy(update={name: dict(getattr(state, name)) for name in _MUTABLE_CONTAINERS})
 
 
 # =========================================================================== start / finish / fail

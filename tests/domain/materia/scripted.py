@@ -62,7 +62,15 @@ class Driver:
         return self.t
 
     def _apply(self, event: Any) -> Transition:
-        tr = step(self.state, event)
+        # Every step of every scripted test also proves purity: the input state is unchanged
+        # afterwards, whether the step succeeded or was rejected (the engine shares structure
+        # between states, so a mutation in place would show up here).
+        before = self.state.model_dump() if self.state is not None else None
+        try:
+            tr = step(self.state, event)
+        finally:
+            if self.state is not None:
+                assert self.state.model_dump() == before, "engine.step mutated its input state"
         self.transitions.append(tr)
         self.state = tr.state
         return tr
