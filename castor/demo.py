@@ -110,7 +110,7 @@ def section_supervision(report: DemoReport) -> None:
             squarer.ask(Square(n=3), timeout=5)
             crashed = False
         except Exception as exc:  # noqa: BLE001 - the injected crash is the point
-            crashed = type(exc).__name__ == "InjectedCrash"
+            crashed = type(exc.__cause__).__name__ == "InjectedCrash"
         answer = squarer.ask(Square(n=4), timeout=5)
         report.check("supervision", "injected crash → restarted by its supervisor",
                      crashed and answer == 16 and squarer.restarts == 1,

@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
     # Runtime additions (documented in docs/supervision.md).
     ACTOR_STOPPED = "actor_stopped"
+    ACTOR_CRASHED = "actor_crashed"
     ACTOR_RETIRED = "actor_retired"
     MAILBOX_FULL = "mailbox_full"
     CANCELLED = "cancelled"
@@ -131,6 +132,18 @@ class ActorStopped(CastorError):
     code = ErrorCode.ACTOR_STOPPED
 
 
+class ActorCrashed(CastorError):
+    """The target actor crashed while handling this request (the work may have started).
+
+    The original exception is the ``__cause__``; ``data.error_type`` names its
+    class. Its text is not copied (it may hold private data). Because this is
+    a CastorError, a caller that does not catch it answers its own caller with
+    it instead of crashing in turn: crashes do not cascade along asks.
+    """
+
+    code = ErrorCode.ACTOR_CRASHED
+
+
 class Retired(CastorError):
     """The target actor retired; its queued and in-flight requests are rejected."""
 
@@ -171,7 +184,7 @@ _BY_CODE: dict[ErrorCode, type[CastorError]] = {
     klass.code: klass
     for klass in (
         InvalidFrame, UnknownMethod, InvalidParams, NotFound, Conflict, Forbidden,
-        Timeout, WorkerRetired, WorkerCrashed, Internal, ActorStopped, Retired,
+        Timeout, WorkerRetired, WorkerCrashed, Internal, ActorStopped, ActorCrashed, Retired,
         MailboxFull, Cancelled, InvalidMessage, InvalidConfig,
     )
 }

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from castor.messages.errors import ActorStopped, CastorError, Timeout
+from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
 from castor.messages.inspection import ActorSnapshot, InFlight, MailboxSnapshot
 from castor.supervision.faults import FaultPlan
 from castor.supervision.mailbox import Control, Envelope, Mailbox, MailboxClosed, Reply
@@ -66,9 +66,17 @@ class PendingAsk:
                     data={"path": self._handle.path, "message_type": self._envelope.type_name},
                     may_have_started=not withdrawn,
                 )
-        if reply.error is not None:
-            raise reply.error
-        return reply.value
+        error = reply.error
+        if error is None:
+            return reply.value
+        if isinstance(error, CastorError):
+            raise error
+        raise ActorCrashed(
+            f"{self._handle.path} crashed handling {self._envelope.type_name}: {type(error).__name__}",
+            data={"path": self._handle.path, "message_type": self._envelope.type_name,
+                  "error_type": type(error).__name__},
+            may_have_started=True,
+        ) from error
 
 
 class ActorHandle:

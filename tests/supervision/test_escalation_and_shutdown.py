@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from castor.messages.errors import ActorStopped
+from castor.messages.errors import ActorCrashed, ActorStopped
 from castor.supervision import ActorSystem, ChildSpec, RestartIntensityExceeded, supervisor_spec
 
 from .helpers import Block, Boom, Journal, Ping, wait_until, worker
@@ -22,7 +22,7 @@ def test_intensity_escalates_through_two_levels_to_a_fatal_root():
 
     def crash_leaf() -> None:
         leaf = system.lookup("/root/mid/leaf")
-        with pytest.raises(ValueError):
+        with pytest.raises(ActorCrashed):
             leaf.ask(Boom(), timeout=5)
 
     # Level 1: the leaf restarts once within mid's intensity.
@@ -85,7 +85,7 @@ def test_a_child_past_its_own_intensity_is_given_up_without_failing_its_supervis
     try:
         looper = system.lookup("/root/looper")
         for _ in range(3):  # two restarts allowed, the third crash gives up on the child
-            with pytest.raises(ValueError):
+            with pytest.raises(ActorCrashed):
                 looper.ask(Boom(), timeout=5)
         assert looper.closed.wait(5)
         with pytest.raises(ActorStopped):

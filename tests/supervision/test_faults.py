@@ -8,6 +8,7 @@ import sys
 import psutil
 import pytest
 
+from castor.messages.errors import ActorCrashed
 from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
 
 from .helpers import Block, Journal, Ping, wait_until, worker
@@ -41,8 +42,9 @@ def test_crash_next_of_a_given_type_crashes_only_on_that_type():
         handle = system.lookup("/root/w")
         faults.crash_next(handle, "test.boom-never-sent")
         faults.crash_next(handle, "test.ping")
-        with pytest.raises(InjectedCrash):
+        with pytest.raises(ActorCrashed) as info:
             handle.ask(Ping(n=1), timeout=5)
+        assert isinstance(info.value.__cause__, InjectedCrash)
         assert journal.count("ping") == 0  # the handler never ran
         assert handle.ask(Ping(n=2), timeout=5) == ("w", 2, 2)
         assert handle.restarts == 1
