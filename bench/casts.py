@@ -4,13 +4,17 @@
 
 (a) **Engine cost per socket transition.** Casts of a 10-socket text loadout run through the
     real runtime (SessionActor, CastActor, SocketActor, CastStateStore, CastArtifacts) with a
-    zero-latency scripted agent. The baseline writes *the same artifacts* — every file with its
-    final content, every event line, every manifest rewrite, usage.json and state.json after
-    each transition — with plain Python file writes of the same durability (temp + fsync +
-    rename; fsynced appends), no actors and no engine. Ratio = runtime / baseline per socket.
+    zero-latency scripted agent, one cast at a time; a cast's time runs from its ``start``
+    call until its CastActor has exited (no status polling in the timed loop). The baseline
+    writes *the same artifacts* with plain Python file writes of the same durability, at the
+    same durability points — per transition: that transition's files (temp + fsync + rename
+    + directory fsync, as castor's atomic writes), one manifest rewrite when it gained
+    entries, its event lines as one fsynced append, usage.json and state.json — with no
+    actors and no engine. Ratio = runtime / baseline per socket.
 (b) **1,000 concurrent casts** of the same loadout across 10 sessions (agent latency 200 ms so
     all of them are in flight at once): transitions per second, and peak RSS above the idle
-    runtime (psutil, sampled every 20 ms) divided by the number of casts.
+    runtime (psutil, sampled every 20 ms) divided by the number of casts. Every repetition
+    runs in a fresh Python process, so no rep inherits another's warmed-up heap.
 
 Figures are medians of the repetitions. Writes go to ``--dir`` (default: /dev/shm when it
 exists, so the figures measure castor rather than the disk). Ends with
@@ -24,6 +28,8 @@ import gc
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -66,20 +72,29 @@ def open_sessions(rt: Runtime, project: Path, count: int, answer: object) -> Non
                         HarnessLink(agent=agent, session_log=None, ui=None))
 
 
-def wait_complete(rt: Runtime, started: list[tuple[str, str]], timeout: float) -> None:
+def wait_ended(rt: Runtime, started: list[tuple[str, str]], timeout: float) -> None:
+    """Wait until every cast's CastActor has exited (it stops once a cast has ended).
+
+    Blocks on the actors' exit events instead of polling ``status``, so the wait costs the
+    runtime nothing; a restarted incarnation (a crash) is waited for too.
+    """
     deadline = time.monotonic() + timeout
-    pending = list(started)
-    while pending:
-        sid, cast_id = pending[-1]
+    for sid, cast_id in started:
+        path = rt.session(sid).child("cast", cast_id)
+        while True:
+            handle = rt.system.registry.find(path)
+            if handle is None or not handle.alive:
+                break
+            if not handle.wait_exited(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"cast {cast_id} still running after {timeout:.0f} s")
+
+
+def check_complete(rt: Runtime, started: list[tuple[str, str]]) -> None:
+    """Every cast ended ``complete`` (checked after the timed part)."""
+    for sid, cast_id in started:
         view = materia_call(rt, sid, "status", {"cast_id": cast_id})
-        if view["status"] in ("complete", "failed", "aborted"):
-            if view["status"] != "complete":
-                raise RuntimeError(f"cast {cast_id} ended {view['status']}: {view['failed_reason']}")
-            pending.pop()
-            continue
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} casts still running")
-        time.sleep(0.005)
+        if view["status"] != "complete":
+            raise RuntimeError(f"cast {cast_id} ended {view['status']}: {view['failed_reason']}")
 
 
 # --------------------------------------------------------------------------- (a)
@@ -88,57 +103,100 @@ def runtime_per_socket(base: Path, casts: int) -> tuple[float, list[Path]]:
     rt = Runtime(RuntimeSettings(), components=[materia_component()])
     try:
         open_sessions(rt, project, 1, "ok")
-        runs = []
+        runs, started = [], []
         t0 = time.perf_counter()
         for _ in range(casts):  # one at a time: the per-transition cost, not concurrency
-            started = materia_call(rt, "bench-0", "start", {"request": "bench"})
-            wait_complete(rt, [("bench-0", started["cast_id"])], 60)
-            runs.append(Path(started["run_dir"]))
+            view = materia_call(rt, "bench-0", "start", {"request": "bench"})
+            wait_ended(rt, [("bench-0", view["cast_id"])], 60)
+            started.append(("bench-0", view["cast_id"]))
+            runs.append(Path(view["run_dir"]))
         elapsed = time.perf_counter() - t0
+        check_complete(rt, started)
     finally:
         rt.shutdown(30)
     return elapsed / (casts * SOCKETS), runs
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` durably: temp + fsync + rename + directory fsync (castor's guarantee)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _append(path: Path, lines: list[bytes]) -> None:
+    """One durable append of ``lines`` (castor appends a transition's events the same way)."""
+    with open(path, "ab") as log:
+        log.write(b"".join(lines))
+        log.flush()
+        os.fsync(log.fileno())
+
+
+def transition_plan(run: Path) -> list[dict]:
+    """What each of a run's transitions leaves on disk, split at the transitions' boundaries.
+
+    A transition of this linear loadout starts with the start of the cast or with a socket
+    completing: its first event is ``cast_start`` or ``socket_complete``, its first manifest
+    entry is the ``socket_output`` one (or the entry socket's context). Whole files go with
+    the manifest entry that names them.
+    """
+    events = (run / "events.jsonl").read_bytes().splitlines(keepends=True)
+    manifest = json.loads((run / "manifest.json").read_text())
+    plan = [{"files": [], "entries": [], "events": []} for _ in range(SOCKETS + 1)]
+    index = 0
+    for line in events:
+        if json.loads(line)["type"] == "socket_complete":
+            index += 1
+        plan[index]["events"].append(line)
+    index = 0
+    for entry in manifest["entries"]:
+        if entry.get("kind") == "socket_output":
+            index += 1
+        plan[index]["entries"].append(entry)
+        if "artifact" in entry:
+            plan[index]["files"].append((entry["artifact"], (run / entry["artifact"]).read_bytes()))
+    if index != SOCKETS or any(not step["events"] for step in plan):
+        raise RuntimeError(f"unexpected run shape in {run}: the baseline would not match it")
+    plan[0]["files"][:0] = [("config.resolved.json", (run / "config.resolved.json").read_bytes())]
+    return plan
 
 
 def baseline_per_socket(base: Path, runs: list[Path]) -> float:
     """Write what the runtime wrote for ``runs``, with plain file writes of the same durability."""
-    plans = []
-    for run in runs:
-        files = {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
-                 if p.is_file() and p.parent.name in ("contexts", "Socket-1", "Socket-2", "Socket-3", "Socket-4",
-                                                      "Socket-5", "Socket-6", "Socket-7", "Socket-8", "Socket-9",
-                                                      "Socket-10")}
-        events = (run / "events.jsonl").read_bytes().splitlines(keepends=True)
-        manifest = json.loads((run / "manifest.json").read_text())
-        plans.append((files, events, manifest, (run / "config.resolved.json").read_bytes(),
-                      (run / "usage.json").read_bytes(), (run / "state.json").read_bytes()))
+    plans = [(transition_plan(run), json.loads((run / "manifest.json").read_text()),
+              (run / "usage.json").read_bytes(), (run / "state.json").read_bytes()) for run in runs]
     target = base / f"baseline-{time.monotonic_ns()}"
+    target.mkdir()
     t0 = time.perf_counter()
-    for n, (files, events, manifest, config, usage, state) in enumerate(plans):
+    for n, (plan, manifest, usage, state) in enumerate(plans):
         run = target / str(n)
-        (run / "contexts").mkdir(parents=True)
-        _atomic(run / "config.resolved.json", config)
-        entries = manifest["entries"]
-        for i in range(len(entries) + 1):  # the manifest is rewritten on every entry
-            _atomic(run / "manifest.json", json.dumps({**manifest, "entries": entries[:i]}, indent=2).encode())
-        with open(run / "events.jsonl", "ab") as log:
-            for line in events:  # one fsynced append per event
-                log.write(line)
-                log.flush()
-                os.fsync(log.fileno())
-        for rel, data in files.items():
-            (run / rel).parent.mkdir(parents=True, exist_ok=True)
-            _atomic(run / rel, data)
-        for _ in range(SOCKETS + 1):  # usage.json and state.json after every transition
+        for sub in ("", "sockets", "contexts"):
+            (run / sub).mkdir()
+        _fsync_dir(run)
+        _fsync_dir(target)
+        entries: list[dict] = []
+        for number, step in enumerate(plan):
+            for rel, data in step["files"]:
+                (run / rel).parent.mkdir(parents=True, exist_ok=True)
+                _atomic(run / rel, data)
+            if number == 0:  # the cast's start writes the empty manifest, then adds its first entries
+                _atomic(run / "manifest.json", json.dumps({**manifest, "entries": []}).encode())
+            if step["entries"]:
+                entries += step["entries"]
+                _atomic(run / "manifest.json", json.dumps({**manifest, "entries": entries}).encode())
+            _append(run / "events.jsonl", step["events"])
             _atomic(run / "usage.json", usage)
             _atomic(run / "state.json", state)
     return (time.perf_counter() - t0) / (len(plans) * SOCKETS)
@@ -172,22 +230,36 @@ def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
             for s in range(sessions):
                 sid = f"bench-{s}"
                 started.append((sid, materia_call(rt, sid, "start", {"request": f"c{n}"})["cast_id"]))
-        wait_complete(rt, started, 600)
+        wait_ended(rt, started, 600)
         elapsed = time.perf_counter() - t0
         stop.set()
         sampler.join()
+        check_complete(rt, started)
         transitions = casts * (SOCKETS + 1)
         return transitions / elapsed, (peak[0] - idle) / casts
     finally:
         rt.shutdown(60)
 
 
+def concurrent_in_fresh_process(base: Path, casts: int, sessions: int) -> tuple[float, float]:
+    """:func:`concurrent` in a new interpreter: each repetition starts from a cold heap."""
+    out = subprocess.run([sys.executable, __file__, "--child-b", str(casts), str(sessions), str(base)],
+                         check=True, capture_output=True, text=True, timeout=900).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    return result["rate"], result["rss_per_cast"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer casts and repetitions")
     parser.add_argument("--dir", help="where casts write (default /dev/shm if present, else a temp dir)")
+    parser.add_argument("--child-b", nargs=3, metavar=("CASTS", "SESSIONS", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("ERROR")
+    if args.child_b:  # one repetition of (b), run by the parent in a fresh process
+        rate, rss = concurrent(Path(args.child_b[2]), int(args.child_b[0]), int(args.child_b[1]))
+        print(json.dumps({"rate": rate, "rss_per_cast": rss}))
+        return
     root = Path(args.dir) if args.dir else Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     reps_a, casts_a = (3, 5) if args.quick else (5, 20)
     reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
@@ -204,7 +276,7 @@ def main() -> None:
               f"plain writes {statistics.median(baseline_us):.0f} us (median of {reps_a} x {casts_a} casts, {root})")
         rates, per_cast = [], []
         for _ in range(reps_b):
-            rate, rss = concurrent(base, casts_b, 10)
+            rate, rss = concurrent_in_fresh_process(base, casts_b, 10)
             rates.append(rate)
             per_cast.append(rss)
             print(f"(b) {casts_b} concurrent casts: {rate:.0f} transitions/s, {rss / 1024:.1f} KiB peak RSS per cast")

@@ -13,7 +13,10 @@ Guarantees
   components, absolute parts, empty parts and NUL bytes before touching the
   disk, then resolves the result so a symlink inside the root that points
   outside it is refused too.
-- ``append_json_line`` appends exactly one complete line per call with a
+  :class:`ConfinedRoot` gives the same answers for many paths under one root,
+  resolving each directory only once (see its docstring for what is cached).
+- ``append_json_line`` appends exactly one complete line per call
+  (``append_json_lines``: a batch of complete lines) with a
   single ``write`` on an ``O_APPEND`` descriptor, then fsyncs. If an earlier
   crash left a torn (newline-less) tail, a newline is written first so the new
   record never fuses with the fragment. ``read_json_lines`` returns every
@@ -36,7 +39,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterable
+import stat
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +52,11 @@ __all__ = [
     "JsonLinesRead",
     "SkippedLine",
     "append_json_line",
+    "append_json_lines",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "ConfinedRoot",
     "dump_json",
     "ensure_dir",
     "fsync_dir",
@@ -178,6 +184,65 @@ def safe_join(root: str | os.PathLike[str], *parts: str | os.PathLike[str]) -> P
     return resolved
 
 
+class ConfinedRoot:
+    """:func:`safe_join` for many paths under one root, resolving each directory once.
+
+    ``join(relative)`` returns what ``safe_join(root, relative)`` returns, with the same
+    refusals (NUL, empty, absolute, ``..``), but it resolves a *directory* only the first time
+    it is seen (and caches it once it exists); the final component is checked with one
+    ``lstat`` on every call, and a symlink there goes through the full ``safe_join``. So a
+    path built from config, ids or model output can never leave the root; what is cached is
+    the symlink-resolution of directories this process has already verified. (Replacing one
+    of those directories by a symlink afterwards needs write access to the run directory
+    itself, outside any input castor reads.) Not thread-safe on its own; callers lock.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+        self._dirs: dict[tuple[str, ...], Path] = {(): self.root}
+
+    def join(self, relative: str) -> Path:
+        text = _check_part(self.root, relative)
+        parts = text.split("/")
+        if any(p in ("", ".") for p in parts):
+            return safe_join(self.root, text)  # unusual spellings: the general path
+        *dirs, name = parts
+        directory = self._directory(tuple(dirs))
+        if directory is None:
+            return safe_join(self.root, text)
+        target = directory / name
+        if os.path.islink(target):
+            return safe_join(self.root, text)
+        return target
+
+    def _directory(self, key: tuple[str, ...]) -> Path | None:
+        """The directory ``key`` under the root, from its deepest known ancestor down, one
+        ``lstat`` per new component; None if a component is a symlink (the caller then takes
+        the general, fully resolving path). Only existing directories are remembered."""
+        directory = self._dirs.get(key)
+        if directory is not None:
+            return directory
+        depth = len(key)
+        while depth > 0 and key[:depth] not in self._dirs:
+            depth -= 1
+        directory = self._dirs[key[:depth]]
+        for index in range(depth, len(key)):
+            directory = directory / key[index]
+            try:
+                mode = os.lstat(directory).st_mode
+            except FileNotFoundError:
+                return directory.joinpath(*key[index + 1:])  # not created yet: nothing to resolve
+            if stat.S_ISLNK(mode):
+                return None
+            if stat.S_ISDIR(mode):
+                self._dirs[key[:index + 1]] = directory
+        return directory
+
+    def forget(self) -> None:
+        """Drop the cached directories (after removing or renaming some)."""
+        self._dirs = {(): self.root}
+
+
 # --------------------------------------------------------------------------- JSON lines
 
 
@@ -217,10 +282,26 @@ def append_json_line(path: str | os.PathLike[str], record: Any) -> None:
     Not safe against *concurrent* appenders of the same file across threads on
     its own; callers serialise appends per file (``CastArtifacts`` does).
     """
-    line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
-        raise ValueError("JSON line contains a newline")
-    payload = (line + "\n").encode("utf-8")
+    append_json_lines(path, [record])
+
+
+def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> None:
+    """Append each of ``records`` as one compact JSON line: one ``write``, one fsync.
+
+    All lines are serialised before anything is written (an unserialisable
+    record writes nothing). A crash mid-write can leave only a torn *last*
+    line, which readers skip and the next append seals (see the module doc).
+    Same caller-side serialisation rule as :func:`append_json_line`.
+    """
+    if not records:
+        return
+    lines = []
+    for record in records:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
+            raise ValueError("JSON line contains a newline")
+        lines.append(line)
+    payload = ("\n".join(lines) + "\n").encode("utf-8")
     fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         if _tail_is_torn(fd):

@@ -139,3 +139,32 @@ def test_allocate_cast_id_is_unique_and_formatted(tmp_path):
     ids = [allocate_cast_id(tmp_path, now=now) for _ in range(3)]
     assert ids == ["2026-05-12T19-40-40-605Z", "2026-05-12T19-40-40-605Z-1", "2026-05-12T19-40-40-605Z-2"]
     assert all((tmp_path / i).is_dir() for i in ids)
+
+
+def test_manifest_batch_is_one_rewrite_and_an_outside_rewrite_is_noticed(cast):
+    cast.init_manifest(request="r", config_source="c")
+    stored = cast.add_manifest_entries([{"phase": "Socket-1", "kind": "context"}, {"phase": "Socket-1", "kind": "x"}])
+    assert [e["kind"] for e in stored] == ["context", "x"] and all("timestamp" in e for e in stored)
+    # Someone else rewrites the manifest (another writer of this cast): the next append builds on it.
+    other = CastArtifacts(cast.artifact_root, cast.cast_id)
+    other.add_manifest_entry({"phase": "other", "timestamp": "t"})
+    cast.add_manifest_entry({"phase": "Socket-2"})
+    manifest = json.loads(cast.path("manifest.json").read_text())
+    assert [e["phase"] for e in manifest["entries"]] == ["Socket-1", "Socket-1", "other", "Socket-2"]
+    assert manifest["castId"] == cast.cast_id and manifest["request"] == "r" and manifest["configSource"] == "c"
+    # A manifest written by anyone else in any JSON layout is read back and extended.
+    cast.path("manifest.json").write_text(json.dumps({"castId": "x", "sessionFile": "s", "entries": [{"phase": "p"}]},
+                                                     indent=4))
+    cast.add_manifest_entry({"phase": "q"})
+    manifest = cast.read_manifest()
+    assert manifest["sessionFile"] == "s" and [e["phase"] for e in manifest["entries"]] == ["p", "q"]
+
+
+def test_append_events_batch_round_trips_in_order(cast):
+    cast.append_event("cast_start", {"request": "r"}, ts_ms=1)
+    cast.append_events([("socket_start", {"socket": "Socket-1"}, 2), ("cast_end", {"ok": True}, 3)])
+    with pytest.raises(ValueError):
+        cast.append_events([("fine", {}, 4), ("", {}, 5)])
+    log = cast.read_events()
+    assert [(e.ts, e.type) for e in log.events] == [(1, "cast_start"), (2, "socket_start"), (3, "cast_end")]
+    assert log.events[2].data == {"ok": True} and not log.skipped

@@ -116,3 +116,50 @@ def test_atomic_write_leaves_old_file_when_replace_fails(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads(target.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["doc.json"]
+
+
+# ----------------------------------------------------------------------------- ConfinedRoot
+
+
+def test_confined_root_agrees_with_safe_join_and_refuses_the_same_escapes(tmp_path):
+    from castor.adapters.fs import ConfinedRoot
+
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "a" / "out").symlink_to(outside)
+    (root / "inner").symlink_to(root / "a")
+    (root / "a" / "leak.md").symlink_to(outside / "secret")
+    confined = ConfinedRoot(root)
+    for rel in ["x.md", "a/b/c.md", "a/b/c.md", "new/dir/x.md", "inner/x.md", "a/./b/y.md", "a//b/z.md"]:
+        assert confined.join(rel) == safe_join(root, rel), rel
+    for bad in ["../x", "a/../../x", "/etc/passwd", "a/out/x", "a/out/deeper/x", "a/leak.md", "a\x00b", ""]:
+        with pytest.raises(Forbidden):
+            safe_join(root, bad)
+        with pytest.raises(Forbidden):
+            confined.join(bad)
+
+
+def test_confined_root_checks_the_final_component_on_every_call(tmp_path):
+    from castor.adapters.fs import ConfinedRoot
+
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    confined = ConfinedRoot(root)
+    assert confined.join("d/f.md") == root / "d" / "f.md"
+    (root / "d" / "f.md").symlink_to(tmp_path)  # appears after the directory was cached
+    with pytest.raises(Forbidden):
+        confined.join("d/f.md")
+
+
+def test_append_json_lines_writes_all_records_in_order_or_none(tmp_path):
+    from castor.adapters.fs import append_json_lines
+
+    log = tmp_path / "events.jsonl"
+    append_json_lines(log, [{"n": 1}, {"n": 2}])
+    append_json_lines(log, [])
+    with pytest.raises(ValueError):
+        append_json_lines(log, [{"n": 3}, {"bad": float("nan")}])
+    append_json_lines(log, [{"n": 4}])
+    assert read_json_lines(log).records == [{"n": 1}, {"n": 2}, {"n": 4}]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from castor.adapters.materia.state_store import CastStateStore, list_casts
+from castor.adapters.materia.state_store import CastStateStore, StateCorrupt, list_casts
 from castor.messages.errors import Conflict, Forbidden, NotFound
 
 CAST = "2026-05-12T19-40-40-605Z"
@@ -177,3 +177,23 @@ def test_claim_removes_debris_of_a_writer_killed_mid_write(tmp_path):
     assert store.claim(CAST) == 2
     assert not debris.exists()
     assert store.load(CAST).state == {"n": 1}
+
+
+def test_fence_is_read_from_the_header_and_any_other_layout_still_fences(tmp_path):
+    store = CastStateStore(tmp_path)
+    inc = store.claim(CAST)
+    revision, incarnation, _ = store.save_encoded(CAST, json.dumps({"active": True}), incarnation=inc)
+    assert (revision, incarnation) == (1, 1)
+    path = tmp_path / CAST / "state.json"
+    assert path.read_bytes().startswith(b'{"format":1,"castId":"' + CAST.encode() + b'","revision":1,"incarnation":1,')
+    # A document in another layout (keys reordered, pretty) written by a newer owner: still fenced.
+    path.write_text(json.dumps({"state": {"active": False}, "incarnation": 7, "revision": 9, "savedAt": "t",
+                                "castId": CAST, "format": 1}, indent=2))
+    with pytest.raises(Conflict) as stale:
+        store.save_encoded(CAST, json.dumps({"active": True}), incarnation=inc)
+    assert stale.value.data == {"reason": "stale_incarnation", "stored": 7, "given": 1}
+    assert store.save_encoded(CAST, json.dumps({"n": 1}), incarnation=7)[:2] == (10, 7)
+    assert store.load(CAST).state == {"n": 1}
+    path.write_text('{"format":1, "castId": "' + CAST + '", "revision": 3, "incarnation"')  # torn
+    with pytest.raises(StateCorrupt):
+        store.save_encoded(CAST, "{}", incarnation=7)

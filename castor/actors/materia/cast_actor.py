@@ -15,7 +15,9 @@ Per transition (the one rule that makes casts survive crashes)::
     transition = step(state, event)
     store.save(state + outbox) # BEFORE any effect: state.json is atomic and fenced; the
                                # outbox holds this transition's file effects
-    perform(effects, in order) # artifacts, events, turns, utilities, notifications
+    perform(file effects)      # batched: whole files, then ONE manifest rewrite, then ONE
+                               # fsynced append of the events, each group in effect order
+    perform(other effects, in order)  # turns, utilities, notifications, finish
 
 After ``kill -9`` between the save and the last effect, the next incarnation (or process)
 replays the outbox: file writes are redone, events and manifest entries already on disk are
@@ -23,7 +25,7 @@ not appended twice, and lost outside work is re-dispatched under a new visit id.
 
 | effect | performed by |
 |---|---|
-| ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, fsynced appends) |
+| ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
 | ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
 | ``Compact`` | answered at once with ``CompactionFinished(ok)``: castor's turns are isolated prompts, there is no accumulated host context to compact (see docs/materia.md) |
@@ -117,6 +119,8 @@ class CastActor(Actor):
         self._lost_in_a_row = 0
         self._done = False
         self._fenced = False
+        self._config_ref: Any = None  # the resolved config whose JSON is cached in _config_json
+        self._config_json = ""
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -214,10 +218,9 @@ class CastActor(Actor):
     def _commit(self, transition: Transition) -> None:
         if self._fenced:
             return
-        document = transition.state.model_dump(mode="json")
-        document[OUTBOX_KEY] = [e.model_dump(mode="json") for e in transition.effects if type(e) in FILE_EFFECTS]
+        files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
         try:
-            self.store.save(self.env.cast_id, document, incarnation=self.fence)
+            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence)
         except Conflict as exc:
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
@@ -226,11 +229,56 @@ class CastActor(Actor):
             self._stop()
             return
         self.state = transition.state
+        self._perform_files(files)
         for effect in transition.effects:
-            self._perform(effect)
+            if type(effect) not in FILE_EFFECTS:
+                self._perform(effect)
         self._mirror_to_session()
         if self._done:
             self._stop()
+
+    def _encode(self, state: CastState, files: list[Any]) -> str:
+        """The state document (state + outbox) as JSON, reusing the resolved config's JSON.
+
+        The engine shares one immutable resolved config between all states of a cast, so it is
+        serialised once per incarnation and spliced in; the rest is dumped per transition.
+        """
+        config = state.config
+        if config is not self._config_ref:
+            self._config_ref = config
+            self._config_json = json.dumps(config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False)
+        document = state.model_dump(mode="json", exclude={"config"})
+        document[OUTBOX_KEY] = [e.model_dump(mode="json") for e in files]
+        body = json.dumps(document, ensure_ascii=False, allow_nan=False)
+        return f'{body[:-1]}, "config": {self._config_json}}}'
+
+    def _perform_files(self, files: list[Any]) -> None:
+        """Perform one transition's file effects, batched; the outcome on disk is the same.
+
+        Whole files first (a path written twice in one transition, like ``usage.json``, is
+        written once with its last content), then every manifest entry in order with one
+        manifest rewrite, then every event in order with one fsynced append. So every artifact
+        exists before an event or manifest entry names it, and after a crash anywhere in here
+        the outbox saved with the state redoes the rest without duplicates.
+        """
+        writes: dict[tuple[str, ...], str] = {}
+        entries: list[dict[str, Any]] = []
+        events: list[tuple[str, dict[str, Any], int]] = []
+        for effect in files:
+            if type(effect) is WriteArtifact:
+                writes[effect.path] = effect.content
+                if effect.manifest is not None:
+                    entries.append(effect.manifest)
+            elif type(effect) is EmitEvent:
+                events.append((effect.type, effect.data, effect.ts_ms))
+            else:
+                entries.append(effect.entry)
+        for path, content in writes.items():
+            self.artifacts.write_relative("/".join(path), content)
+        if entries:
+            self.artifacts.add_manifest_entries(entries)
+        if events:
+            self.artifacts.append_events(events)
 
     def _replay_outbox(self, outbox: list[dict[str, Any]]) -> None:
         """Redo the file effects of the last saved transition that a crash may have cut short.
@@ -274,16 +322,9 @@ class CastActor(Actor):
 
     # ------------------------------------------------------------------ effects
     def _perform(self, effect: Any) -> None:
+        """Perform one effect that is not a file effect (those go through :meth:`_perform_files`)."""
         kind = type(effect)
-        if kind is WriteArtifact:
-            self.artifacts.write_relative("/".join(effect.path), effect.content)
-            if effect.manifest is not None:
-                self.artifacts.add_manifest_entry(effect.manifest)
-        elif kind is EmitEvent:
-            self.artifacts.append_event(effect.type, effect.data, ts_ms=effect.ts_ms)
-        elif kind is AddManifestEntry:
-            self.artifacts.add_manifest_entry(effect.entry)
-        elif kind is Notify:
+        if kind is Notify:
             self._notify(effect.message, effect.level)
         elif kind is RunAgentTurn:
             self._run_agent_turn(effect)

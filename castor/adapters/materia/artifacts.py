@@ -3,7 +3,7 @@
 Layout (names kept from pi-materia so its tools keep working)::
 
     config.resolved.json   full merged config, 2-space JSON
-    manifest.json          {castId, request, configSource, sessionFile?, entries:[...]}
+    manifest.json          {castId, request, configSource, sessionFile?, entries:[...]}, one entry per line
     usage.json             the UsageReport, rewritten often
     events.jsonl           one {"ts":<ms>,"type":...,"data":{...}} per line
     state.json             the persisted cast state (see state_store.py)
@@ -29,7 +29,14 @@ Guarantees
   to the same file and two long names never collide. Without it a long
   model-chosen work item id made every write fail with ``ENAMETOOLONG``.
 - Whole-file artifacts are written atomically; events are appended as whole
-  lines with fsync. All writes of one cast directory are serialised by one
+  lines with fsync (``append_events``: a batch in one write and one fsync).
+  ``add_manifest_entries`` appends a batch with one atomic rewrite, from the
+  manifest this object keeps in memory (re-read when the file's identity —
+  inode, mtime, size — is not the one it wrote), so manifest.json is a
+  complete, valid document after every rewrite and after ``kill -9``.
+- Paths go through one :class:`castor.adapters.fs.ConfinedRoot` per object:
+  directories are symlink-resolved once, the final component is checked on
+  every call. All writes of one cast directory are serialised by one
   process-wide lock per directory, so concurrent appends from several threads
   (and several ``CastArtifacts`` objects for the same cast) never interleave
   and manifest read-modify-writes never lose an entry.
@@ -57,8 +64,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import (
+    ConfinedRoot,
     SkippedLine,
     append_json_line,
+    append_json_lines,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
@@ -229,6 +238,34 @@ def _lock_for(run_dir: Path) -> threading.RLock:
         return lock
 
 
+_PATH_CACHE_SIZE = 4096
+
+
+def _file_sig(path: Path) -> tuple[int, int, int] | None:
+    """Identity of a file's current content as far as a rewrite is concerned (None if missing)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _manifest_line(entry: Any) -> str:
+    return json.dumps(entry, ensure_ascii=False, allow_nan=False)
+
+
+def render_manifest(meta: dict[str, Any], entry_lines: list[str]) -> str:
+    """The manifest text: the top-level fields, then ``entries`` with one entry per line.
+
+    Same document as before (spec §8.2), laid out so it is serialised by the C JSON encoder
+    (an entry per line stays readable and diffable) instead of a pretty-printer per rewrite.
+    """
+    fields = [f"  {json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False, allow_nan=False)}"
+              for k, v in meta.items() if k != "entries"]
+    entries = '"entries": [\n    ' + ",\n    ".join(entry_lines) + "\n  ]" if entry_lines else '"entries": []'
+    return "{\n" + "".join(f"{f},\n" for f in fields) + f"  {entries}\n}}\n"
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -253,6 +290,14 @@ class CastArtifacts:
         self.artifact_root = Path(artifact_root).resolve()
         self.run_dir = safe_join(self.artifact_root, self.cast_id)
         self._lock = _lock_for(self.run_dir)
+        self._root = ConfinedRoot(self.run_dir)  # directories resolved once (see ConfinedRoot)
+        self._made: set[Path] = set()  # directories known to exist: no mkdir per write
+        self._paths: dict[str, Path] = {}  # relative text -> checked path (bounded)
+        # The manifest as last written by this object, and the file identity it was written
+        # as: an append rewrites it from memory unless the file changed underneath.
+        self._manifest_meta: dict[str, Any] | None = None
+        self._manifest_lines: list[str] = []
+        self._manifest_sig: tuple[int, int, int] | None = None
 
     # -- basics -------------------------------------------------------------
 
@@ -276,8 +321,18 @@ class CastArtifacts:
         Over-long components are shortened by :func:`fit_name` (after the
         escape checks see the original text, so ``..`` is never hidden).
         """
-        safe_join(self.run_dir, relative)
-        return safe_join(self.run_dir, "/".join(fit_name(part) for part in str(relative).split("/")))
+        text = str(relative)
+        known = self._paths.get(text)
+        if known is not None and not os.path.islink(known):
+            return known  # checked before; the final component is re-checked on every call
+        with self._lock:
+            target = self._root.join(text)  # the escape checks see the original text: ".." is never hidden
+            fitted = "/".join(fit_name(part) for part in text.split("/"))
+            if fitted != text:
+                target = self._root.join(fitted)
+            if len(self._paths) < _PATH_CACHE_SIZE:
+                self._paths[text] = target
+            return target
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the run dir, with ``/`` separators."""
@@ -298,7 +353,10 @@ class CastArtifacts:
 
     def _write(self, target: Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
         with self._lock:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            parent = target.parent
+            if parent not in self._made:
+                parent.mkdir(parents=True, exist_ok=True)
+                self._made.add(parent)
             if isinstance(content, bytes):
                 atomic_write_bytes(target, content)
             elif isinstance(content, str):
@@ -330,18 +388,46 @@ class CastArtifacts:
         manifest: dict[str, Any] = {"castId": self.cast_id, "request": request, "configSource": config_source}
         if session_file is not None:
             manifest["sessionFile"] = session_file
-        manifest["entries"] = []
-        return self._write(self.path(self.MANIFEST), manifest)
+        with self._lock:
+            return self._write_manifest(manifest, [])
 
     def add_manifest_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
         """Append one entry (a ``timestamp`` is added if absent) and rewrite the manifest atomically."""
+        return self.add_manifest_entries([entry])[0]
+
+    def add_manifest_entries(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Append ``entries`` in order with ONE atomic rewrite of ``manifest.json``.
+
+        The manifest is kept in memory between appends (no re-parse per entry); it is re-read
+        from disk when the file is not the one this object last wrote (another writer, a
+        restart). Raises NotFound if there is no manifest yet, ArtifactCorrupt if it is broken.
+        """
         with self._lock:
-            manifest = self.read_manifest()
-            stored = dict(entry)
-            stored.setdefault("timestamp", _iso_now())
-            manifest.setdefault("entries", []).append(stored)
-            self._write(self.path(self.MANIFEST), manifest)
+            meta, lines = self._manifest_now()
+            stored = []
+            for entry in entries:
+                record = dict(entry)
+                record.setdefault("timestamp", _iso_now())
+                stored.append(record)
+            if stored:
+                self._write_manifest(meta, lines + [_manifest_line(r) for r in stored])
             return stored
+
+    def _manifest_now(self) -> tuple[dict[str, Any], list[str]]:
+        target = self.path(self.MANIFEST)
+        if self._manifest_meta is not None and _file_sig(target) == self._manifest_sig:
+            return self._manifest_meta, self._manifest_lines
+        manifest = self.read_manifest()
+        if not isinstance(manifest, dict):
+            raise ArtifactCorrupt(f"{self.MANIFEST} of cast {self.cast_id} is not an object",
+                                  data={"path": str(target)})
+        entries = manifest.pop("entries", None)
+        return manifest, [_manifest_line(e) for e in entries or []]
+
+    def _write_manifest(self, meta: dict[str, Any], lines: list[str]) -> Path:
+        target = self._write(self.path(self.MANIFEST), render_manifest(meta, lines))
+        self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
+        return target
 
     def read_manifest(self) -> dict[str, Any]:
         return self._read_json(self.MANIFEST)
@@ -356,6 +442,20 @@ class CastArtifacts:
         with self._lock:
             append_json_line(self.path(self.EVENTS), record.model_dump())
         return record
+
+    def append_events(self, events: list[tuple[str, dict[str, Any], int]]) -> None:
+        """Append ``(type, data, ts_ms)`` records as lines of ``events.jsonl``: one write, one fsync.
+
+        Everything is serialised first, so a bad record appends nothing; after a crash at most
+        the last line is torn (readers skip it, the next append seals it).
+        """
+        records = []
+        for type_, data, ts_ms in events:
+            if not isinstance(type_, str) or not type_:
+                raise ValueError("event type must be a non-empty string")
+            records.append({"ts": int(ts_ms), "type": type_, "data": dict(data or {})})
+        with self._lock:
+            append_json_lines(self.path(self.EVENTS), records)
 
     def read_events(self) -> EventLog:
         """Every complete event line; torn or corrupt lines are reported in ``skipped``."""

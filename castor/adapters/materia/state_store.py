@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +45,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import atomic_write_json, safe_join
+from castor.adapters.fs import atomic_write_bytes, safe_join
 from castor.adapters.materia.artifacts import validate_cast_id
 from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
 
@@ -176,6 +177,39 @@ def _thread_lock(path: Path) -> threading.Lock:
         return _THREAD_LOCKS.setdefault(str(path), threading.Lock())
 
 
+_HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\s*"revision":\s*(\d+),'
+                     rb'\s*"incarnation":\s*(\d+),')
+_HEADER_BYTES = 512
+
+
+def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: str) -> bytes:
+    """The stored document, header fields first (the fence check reads only those)."""
+    head = json.dumps({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
+                       "savedAt": saved_at}, separators=(",", ":"))
+    return f'{head[:-1]},"state":{state_json}}}\n'.encode("utf-8")
+
+
+def _read_header(path: Path) -> tuple[int, int] | None:
+    """``(revision, incarnation)`` of the stored document, or None if there is none.
+
+    Reads the first bytes only when the document starts with castor's header; any other
+    layout (an older writer, a hand edit) is parsed in full. A corrupt file raises StateCorrupt.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_HEADER_BYTES)
+            match = _HEADER.match(head)
+            if match is None or int(match.group(1)) != FORMAT:
+                raw = (head + handle.read()).decode("utf-8")
+                stored = _parse_document(path, raw)
+                return stored.revision, stored.incarnation
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
+    return int(match.group(2)), int(match.group(3))
+
+
 def _parse_document(path: Path, raw: str) -> StoredState:
     try:
         doc = json.loads(raw)
@@ -200,6 +234,7 @@ class CastStateStore:
 
     def __init__(self, artifact_root: str | os.PathLike[str]) -> None:
         self.artifact_root = Path(artifact_root).resolve()
+        self._locks: dict[str, tuple[threading.Lock, FileLock, Path]] = {}
 
     # -- paths ---------------------------------------------------------------
 
@@ -207,9 +242,13 @@ class CastStateStore:
         return safe_join(self.artifact_root, validate_cast_id(cast_id), STATE_FILE)
 
     def _locked(self, cast_id: str) -> tuple[threading.Lock, FileLock, Path]:
-        path = self.state_path(cast_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return _thread_lock(path), FileLock(str(path.with_name(LOCK_FILE))), path
+        # Resolved, created and locked once per store and cast: a save is on every transition.
+        entry = self._locks.get(cast_id)
+        if entry is None:
+            path = self.state_path(cast_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            entry = self._locks[cast_id] = (_thread_lock(path), FileLock(str(path.with_name(LOCK_FILE))), path)
+        return entry
 
     # -- reads ---------------------------------------------------------------
 
@@ -266,39 +305,53 @@ class CastStateStore:
         expected_revision: int | None = None,
     ) -> StoredState:
         """Persist ``state`` atomically; refuse stale incarnations and revision races."""
+        encoded = json.dumps(state, ensure_ascii=False, allow_nan=False)  # before the lock: bad state writes nothing
+        revision, incarnation, saved_at = self.save_encoded(cast_id, encoded, incarnation=incarnation,
+                                                            expected_revision=expected_revision)
+        return StoredState(cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=saved_at, state=state)
+
+    def save_encoded(
+        self,
+        cast_id: str,
+        state_json: str,
+        *,
+        incarnation: int,
+        expected_revision: int | None = None,
+    ) -> tuple[int, int, str]:
+        """:meth:`save` for a state already serialised as a JSON object; returns
+        ``(revision, incarnation, saved_at)`` of the written document.
+
+        The fence is checked against the stored document's *header* (it is written first, so
+        a bounded read finds it; anything unexpected falls back to a full parse), so the cost
+        of a save does not grow with the state.
+        """
         tlock, flock, path = self._locked(cast_id)
         with tlock, flock:
-            current = self._load_or_none(cast_id)
-            if current is not None and incarnation < current.incarnation:
+            current = _read_header(path)
+            stored_incarnation = current[1] if current else 0
+            if current is not None and incarnation < stored_incarnation:
                 raise Conflict(
-                    f"cast {cast_id} is owned by incarnation {current.incarnation}; write from {incarnation} refused",
-                    data={"reason": "stale_incarnation", "stored": current.incarnation, "given": incarnation},
+                    f"cast {cast_id} is owned by incarnation {stored_incarnation}; write from {incarnation} refused",
+                    data={"reason": "stale_incarnation", "stored": stored_incarnation, "given": incarnation},
                 )
-            revision = current.revision if current else 0
+            revision = current[0] if current else 0
             if expected_revision is not None and expected_revision != revision:
                 raise Conflict(
                     f"cast {cast_id} is at revision {revision}, expected {expected_revision}",
                     data={"reason": "revision_mismatch", "stored": revision, "expected": expected_revision},
                 )
-            return self._write(path, cast_id, revision + 1, max(incarnation, current.incarnation if current else 0), state)
+            new_incarnation = max(incarnation, stored_incarnation)
+            saved_at = _iso_now()
+            atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
+            return revision + 1, new_incarnation, saved_at
 
     @staticmethod
     def _write(path: Path, cast_id: str, revision: int, incarnation: int, state: dict[str, Any]) -> StoredState:
         stored = StoredState(
             cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=_iso_now(), state=state
         )
-        atomic_write_json(
-            path,
-            {
-                "format": FORMAT,
-                "castId": cast_id,
-                "revision": revision,
-                "incarnation": incarnation,
-                "savedAt": stored.saved_at,
-                "state": state,
-            },
-            indent=None,  # a machine document rewritten on every transition: the C encoder, not indent=2
-        )
+        encoded = json.dumps(state, ensure_ascii=False, allow_nan=False)
+        atomic_write_bytes(path, _document(cast_id, revision, incarnation, stored.saved_at, encoded))
         return stored
 
     # -- listing -------------------------------------------------------------
