@@ -1,0 +1,441 @@
+"""Spec §11 conformance items that had no test of their own elsewhere (see docs/materia.md,
+"Conformance map (§11)", for where every other item is proved).
+
+Each test is named ``test_c<N>_<short>`` after the §11 item it proves. Where castor deliberately
+differs from pi-materia c01979f, the test asserts castor's documented behaviour and says so.
+
+Engine-level tests drive the pure ``engine.step`` with scripted turn outcomes (an LLM cannot
+exist here); actor-level tests run a real ``Runtime`` with the materia component, real files and
+the scripted agent. The small helpers below are copied, not imported, from the other test areas.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from castor.domain.materia import compaction
+from castor.domain.materia.cast_messages import (
+    CastStarted,
+    Compact,
+    CompactionFinished,
+    EmitEvent,
+    Notify,
+    RecastRequested,
+    RefinementTurnStarted,
+    RunAgentTurn,
+    RunUtility,
+    TurnEnded,
+    WriteArtifact,
+)
+from castor.domain.materia.config import ResolvedConfig
+from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
+from castor.domain.materia.engine import CastRejected, Transition, step
+from castor.domain.materia.resolve import load_config, resolve_config
+from castor.domain.materia.state import CastState
+
+# =========================================================================== engine helpers
+
+
+def resolved(cfg: dict[str, Any] | None = None, loadout: str | None = None) -> ResolvedConfig:
+    layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_LABEL, default_config())] if cfg is None else []
+    if cfg is not None:
+        layers.append(("conformance.json", cfg))
+    return resolve_config(load_config(layers), loadout)
+
+
+def agent(prompt: str = "Do {{request}}", tools: str = "coding", **extra: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "tools": tools, **extra}
+
+
+def config(sockets: dict[str, Any], *, loops: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+    loadout: dict[str, Any] = {"entry": next(iter(sockets)), "sockets": sockets}
+    if loops:
+        loadout["loops"] = loops
+    return {"materia": {"A": agent(), "J": agent(), "G": agent(generator=True)},
+            "loadouts": {"L": loadout}, "activeLoadout": "L", **top}
+
+
+class Driver:
+    """Holds the cast state, applies events through ``engine.step`` and records every effect."""
+
+    def __init__(self, cfg: ResolvedConfig, request: str = "do it", data: dict[str, Any] | None = None) -> None:
+        self.t = 0.0
+        self.state: CastState | None = None
+        self.transitions: list[Transition] = []
+        self._apply(CastStarted(cast_id="cast-c", request=request, config=cfg, cwd="/w", run_dir="/w/run",
+                                artifact_root="/w", data=data or {}, at=self._tick()))
+
+    def _tick(self) -> float:
+        self.t += 1.0
+        return self.t
+
+    def _apply(self, event: Any) -> Transition:
+        tr = step(self.state, event)
+        self.transitions.append(tr)
+        self.state = tr.state
+        return tr
+
+    def send(self, event_cls: type, **fields: Any) -> Transition:
+        return self._apply(event_cls(at=self._tick(), **fields))
+
+    @property
+    def effects(self) -> list[Any]:
+        return [e for tr in self.transitions for e in tr.effects]
+
+    def pending(self) -> Any:
+        assert self.state is not None and self.state.pending is not None, "cast is not waiting for work"
+        work = [e for e in self.effects if isinstance(e, (RunAgentTurn, RunUtility, Compact))][-1]
+        assert work.visit_id == self.state.pending.visit_id
+        return work
+
+    def reply(self, text: Any, **fields: Any) -> Transition:
+        work = self.pending()
+        assert isinstance(work, RunAgentTurn), f"expected an agent turn, got {work.kind}"
+        return self.send(TurnEnded, visit_id=work.visit_id, text=text if isinstance(text, str) else json.dumps(text),
+                         **fields)
+
+    def fail_turn(self, error: str, **fields: Any) -> Transition:
+        return self.send(TurnEnded, visit_id=self.pending().visit_id, error=error, stop_reason="error", **fields)
+
+    def events(self, type_: str | None = None) -> list[EmitEvent]:
+        return [e for e in self.effects if isinstance(e, EmitEvent) and (type_ is None or e.type == type_)]
+
+    def turns(self) -> list[RunAgentTurn]:
+        return [e for e in self.effects if isinstance(e, RunAgentTurn)]
+
+
+def _loop_config(exits: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Generator Socket-1 feeding a one-member consuming loop at Socket-2 (advance on ``satisfied``)."""
+    sockets = {
+        "Socket-1": {"type": "agent", "materia": "G", "parse": "json", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "J", "parse": "json",
+                     "advance": {"cursor": "workItemIndex", "items": "state.workItems", "when": "satisfied"},
+                     "edges": [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-2"}]},
+        "Socket-3": {"type": "agent", "materia": "A"},
+    }
+    loop: dict[str, Any] = {"sockets": ["Socket-2"], "consumes": {"from": "Socket-1"}}
+    if exits is not None:
+        loop["exits"] = exits
+    return config(sockets, loops={"lp": loop})
+
+
+# =========================================================================== config & validation
+
+
+def test_c4_a_shipped_default_loadout_cannot_be_deleted(tmp_path: Path) -> None:
+    """Deliberate difference: castor has no config-patch save API, so there is no "Cannot delete
+    shipped default" save error. The rule itself holds at load: a layer's ``null`` for a shipped
+    loadout is ignored (recorded in provenance) and the loadout stays, sourced from the default."""
+    from castor.adapters.materia import config_loader
+
+    project = tmp_path / "proj"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"build": None, "hello": None}}))
+    loaded = config_loader.load(project, env={"PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")})
+    assert {"build", "hello", "plan"} <= set(loaded.merged["loadouts"])
+    assert loaded.provenance.loadouts["build"] == DEFAULT_LABEL
+    assert sorted(loaded.provenance.ignored_deletes) == sorted([f"{project / '.pi' / 'pi-materia.json'}:build",
+                                                               f"{project / '.pi' / 'pi-materia.json'}:hello"])
+    assert config_loader.load_resolved(project, loadout="build",
+                                       env={"PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")}).pipeline.sockets
+
+
+def test_c27_single_percent_wins_over_tiers_in_a_loaded_config() -> None:
+    tiers = [{"thresholdPercent": 70, "maxContextWindow": 100_000}, {"thresholdPercent": 60, "minContextWindow": 100_000}]
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}},
+                 compaction={"proactiveThresholdPercent": 42, "proactiveThresholdTiers": tiers})
+    rc = resolved(cfg)
+    for window in (50_000, 272_000, None):
+        threshold = compaction.threshold_for(rc.compaction, window)
+        assert (threshold.percent, threshold.mode) == (42, "single_percent")
+    decision = compaction.decide_proactive({"tokens": 43_000, "contextWindow": 100_000}, model_context_window=None,
+                                           config=rc.compaction)
+    assert decision is not None and decision.threshold.percent == 42
+    assert compaction.decide_proactive({"tokens": 41_000, "contextWindow": 100_000}, model_context_window=None,
+                                       config=rc.compaction) is None
+
+
+# =========================================================================== routing, loops, limits
+
+
+@pytest.mark.parametrize(
+    ("output", "fragment"),
+    [(["x"], "expected a JSON object at the top level"), ({"satisfied": "true"}, '"satisfied" must be a boolean'),
+     ({"feedback": ["x"]}, '"feedback" must be a string'), ({"missing": "x"}, '"missing" must be an array')],
+)
+def test_c30_bad_handoff_fails_the_cast_with_the_validation_message(output: Any, fragment: str) -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg))
+    tr = d.reply(output)
+    s = d.state
+    assert s.phase == "failed" and not s.active
+    assert s.failed_reason.startswith('Invalid handoff JSON output for socket "Socket-1"') and fragment in s.failed_reason
+    end = tr.events("cast_end")
+    assert end and end[-1].data["ok"] is False
+    assert len(d.turns()) == 1  # Socket-2 never started
+
+
+def test_c34_advance_on_satisfied_moves_the_cursor_only_on_true() -> None:
+    d = Driver(resolved(_loop_config([])))
+    d.reply({"workItems": [{"id": "alpha"}, {"id": "beta"}]})
+    assert d.state.cursors["workItemIndex"] == 0 and d.pending().item_key == "alpha"
+    seen = []
+    for satisfied in (False, True, True):
+        d.reply({"satisfied": satisfied})
+        seen.append(d.state.cursors["workItemIndex"])
+    assert seen == [0, 1, 2]  # 0 → 0 → 1 → exhausted (2 of 2)
+    s = d.state
+    assert s.phase == "complete"  # exhausted with no exit route: end
+    assert [t.item_key for t in d.turns() if t.socket_id == "Socket-2"] == ["alpha", "alpha", "beta"]
+
+
+def test_c38_empty_loop_at_entry_routes_without_a_visit() -> None:
+    exits = [{"id": "a", "from": "Socket-2", "condition": "always", "targetSocketId": "Socket-3"}]
+    d = Driver(resolved(_loop_config(exits)))
+    d.reply({"workItems": []})
+    assert d.pending().socket_id == "Socket-3"
+    assert "Socket-2" not in d.state.visits
+    assert [e.data["socket"] for e in d.events("socket_start")] == ["Socket-1", "Socket-3"]
+
+    no_route = Driver(resolved(_loop_config([])))
+    no_route.reply({"workItems": []})
+    assert no_route.state.phase == "complete" and "Socket-2" not in no_route.state.visits
+    assert [e.data["socket"] for e in no_route.events("socket_start")] == ["Socket-1"]
+
+
+def test_c41_foreach_items_name_the_turns_and_artifacts() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "foreach": {"items": "state.list", "cursor": "i"},
+                               "advance": {"cursor": "i", "items": "state.list"},
+                               "edges": [{"when": "always", "to": "Socket-1"}]}})
+    d = Driver(resolved(cfg), data={"list": [{"id": "a", "title": "Alpha"}, {"id": "b", "title": "Beta"}]})
+    seen = []
+    for text in ("did a", "did b"):
+        seen.append((d.state.current_item_key, d.state.current_item_label))
+        d.reply(text)
+    assert seen == [("a", "Alpha"), ("b", "Beta")]
+    assert d.state.phase == "complete"
+    outputs = sorted(p for p in ("/".join(e.path) for e in d.effects if isinstance(e, WriteArtifact))
+                     if p.startswith("sockets/Socket-1/"))
+    assert outputs == ["sockets/Socket-1/1-a.md", "sockets/Socket-1/2-b.md"]
+
+
+# =========================================================================== agent turns, multi-turn, recovery
+
+
+@pytest.mark.parametrize("phrase", ["ready to continue", "finalize", "looks good, proceed"])
+def test_c49_finalizing_words_in_a_refinement_turn_do_not_finalize(phrase: str) -> None:
+    """In castor the user's message never reaches the engine (only ``RefinementTurnStarted``), so no
+    wording can finalize; even a reply that repeats the words keeps the socket paused."""
+    d = Driver(resolved(None, "plan"))
+    d.reply("First draft")
+    assert d.state.paused
+    d.send(RefinementTurnStarted)
+    d.reply(phrase)
+    s = d.state
+    assert s.paused and s.socket_state == "awaiting_user_refinement"
+    assert s.multi_turn_finalizing is not True
+    assert not d.events("socket_complete")
+
+
+def test_c52_stale_finalizing_flag_is_ignored_by_the_next_reply() -> None:
+    d = Driver(resolved(None, "plan"))
+    d.reply("Draft one")
+    assert d.state.paused
+    d.state = d.state.model_copy(update={"multi_turn_finalizing": True})  # a stale flag in the snapshot
+    d.send(RefinementTurnStarted)
+    tr = d.reply("Draft two")
+    s = d.state
+    key = json.dumps(["Socket-1", "__singleton__", 1], separators=(",", ":"))
+    assert s.multi_turn_refinements[key] == 2
+    assert s.multi_turn_finalizing is False and s.paused
+    written = [e for e in tr.effects if isinstance(e, WriteArtifact)]
+    assert any(e.manifest and e.manifest.get("kind") == "socket_refinement" and e.manifest.get("refinementTurn") == 2
+               for e in written)
+    assert not any(e.manifest and e.manifest.get("kind") == "socket_output" for e in written)
+    assert not tr.events("socket_complete")
+
+
+def test_c57_transient_transport_warns_the_user() -> None:
+    d = Driver(resolved(None, "hello"))
+    tr = d.fail_turn("WebSocket error")
+    notes = [e for e in tr.effects if isinstance(e, Notify)]
+    assert [n.level for n in notes] == ["warning"]
+    assert tr.events("transient_transport_turn_failure")[0].data["warning"] is True
+    assert d.state.active and d.state.awaiting_response and not tr.events("cast_end")
+
+
+def test_c61_turn_is_always_sent_and_the_cast_stays_active_around_proactive_compaction() -> None:
+    """Deliberate difference (docs/materia.md): castor's turns are isolated prompts, so the actor
+    never compacts host context and no ``proactive_compaction_*`` event exists; the turn is sent
+    regardless and the cast stays active. The engine still marks every non-recovery turn for the
+    proactive check and hands the actor the compaction config; the decision itself is pure."""
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, compaction={"proactiveThresholdPercent": 50})
+    d = Driver(resolved(cfg))
+    first = d.pending()
+    assert first.proactive_compaction is True and first.compaction is not None
+    decision = compaction.decide_proactive({"tokens": 60_000, "contextWindow": 100_000},
+                                           model_context_window=None, config=first.compaction)
+    assert decision is not None and decision.event_data()["thresholdPercent"] == 50
+    assert d.state.active and d.state.awaiting_response
+    assert not [e for e in d.events() if e.type.startswith("proactive_compaction")]
+    d.fail_turn("context window exceeded")
+    d.send(CompactionFinished, visit_id=d.pending().visit_id, ok=True)
+    assert d.pending().recovery and d.pending().proactive_compaction is False  # recovery sends skip the check
+
+
+# =========================================================================== recast / abort / commands
+
+
+def test_c70_recast_of_a_failed_agent_socket_resends_the_stored_prompt() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg))
+    d.reply("first done")
+    sent = d.pending()
+    assert sent.socket_id == "Socket-2"
+    d.fail_turn("provider auth failed")
+    assert d.state.phase == "failed" and not d.state.aborted and "Non-recoverable" in d.state.failed_reason
+    d.send(RecastRequested)
+    again = d.pending()
+    assert isinstance(again, RunAgentTurn) and again.prompt == sent.prompt and again.visit == sent.visit
+    assert d.state.visits == {"Socket-1": 1, "Socket-2": 1}
+    assert d.events("cast_recast")[-1].data["reusedActivePrompt"] is True
+    assert d.state.last_message == "Recasting from socket Socket-2."
+    d.reply("second done")
+    assert d.state.phase == "complete"
+
+
+def test_c71_recast_of_an_idle_cast_that_is_not_failed_is_rejected() -> None:
+    d = Driver(resolved(None, "hello"))
+    idle = d.state.model_copy(update={"active": False, "awaiting_response": False, "pending": None,
+                                      "socket_state": "idle", "phase": "Socket-1"})
+    with pytest.raises(CastRejected) as err:
+        step(idle, RecastRequested(at=99.0))
+    assert "is not failed or aborted" in err.value.message and err.value.data["reason"] == "not-failed"
+
+
+# =========================================================================== actor helpers (copied)
+
+
+def _runtime(**settings: Any) -> Any:
+    from castor.actors.materia.component import materia_component
+    from castor.runtime import Runtime, RuntimeSettings
+
+    return Runtime(RuntimeSettings(**settings), components=[materia_component()])
+
+
+def _open_session(rt: Any, sid: str, cwd: Path, script: Any) -> Any:
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.adapters.console_ui import ConsoleUi
+    from castor.runtime import HarnessLink, SessionInfo
+
+    scripted = ScriptedAgent(parse_script(script))
+    rt.open_session(SessionInfo(session_id=sid, cwd=str(cwd), trusted=True),
+                    HarnessLink(agent=scripted, session_log=None, ui=ConsoleUi(printer=lambda _line: None)))
+    return scripted
+
+
+def _wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _wait_status(rt: Any, sid: str, cast_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
+    from castor.actors.materia.api import materia_call
+
+    def check() -> dict[str, Any] | None:
+        view = materia_call(rt, sid, "status", {"cast_id": cast_id})
+        return view if view["status"] in statuses else None
+
+    return _wait_for(check, what=f"cast {cast_id} in {statuses}")
+
+
+@pytest.fixture
+def runtime():
+    rt = _runtime()
+    yield rt
+    rt.shutdown(10.0)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+def test_c69_idless_recast_resumes_the_newest_of_a_failed_and_a_later_aborted_cast(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    failing = {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility",
+                                                             "command": [sys.executable, "-c", "raise SystemExit(3)"]}}}
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"failing": failing}}))
+    scripted = _open_session(runtime, "s1", project, [{"text": "never used", "delay_ms": 5000}, "after recast"])
+    first = materia_call(runtime, "s1", "start", {"request": "fail", "loadout": "failing"})
+    failed = _wait_status(runtime, "s1", first["cast_id"], ("failed",))
+    assert "exited with code 3" in failed["failed_reason"]
+    second = materia_call(runtime, "s1", "start", {"request": "slow", "loadout": "hello"})
+    assert second["cast_id"] > first["cast_id"]
+    _wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    assert materia_call(runtime, "s1", "abort", {})["status"] == "aborted"
+    recast = materia_call(runtime, "s1", "recast", {})
+    assert recast["cast_id"] == second["cast_id"]
+    assert recast["last_message"] == "Recasting from socket Socket-1."
+    assert _wait_status(runtime, "s1", second["cast_id"], ("complete",))["status"] == "complete"
+    assert materia_call(runtime, "s1", "status", {"cast_id": first["cast_id"]})["status"] == "failed"
+
+
+@pytest.mark.xfail(strict=True, reason='bug: castor/actors/materia/session_actor.py _resume raises '
+                   '"Unknown pi-materia cast id x." without the quotes §11 item 71 requires '
+                   '(Unknown pi-materia cast id "x"); the file is being edited by another helper')
+def test_c71_recast_of_an_unknown_cast_id_names_it(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import NotFound
+
+    _open_session(runtime, "s1", project, ["unused"])
+    with pytest.raises(NotFound) as err:
+        materia_call(runtime, "s1", "recast", {"cast_id": "x"})
+    assert 'Unknown pi-materia cast id "x"' in err.value.message
+
+
+def test_c72_cast_and_loadout_are_rejected_while_a_cast_is_active_and_write_nothing(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import Conflict
+
+    scripted = _open_session(runtime, "s1", project, [{"text": "slow", "delay_ms": 5000}])
+    started = materia_call(runtime, "s1", "start", {"request": "one", "loadout": "hello"})
+    _wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    run_root = Path(started["run_dir"]).parent
+    casts_before = sorted(p.name for p in run_root.iterdir())
+    with pytest.raises(Conflict):
+        materia_call(runtime, "s1", "set_loadout", {"name": "plan"})
+    with pytest.raises(Conflict):
+        materia_call(runtime, "s1", "start", {"request": "two", "loadout": "hello"})
+    assert not (project / ".pi" / "pi-materia.json").exists()
+    assert sorted(p.name for p in run_root.iterdir()) == casts_before
+    materia_call(runtime, "s1", "abort", {})
+
+
+# =========================================================================== utilities & artifacts
+
+
+def test_c85_text_socket_prompt_without_loops() -> None:
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    prompt = d.pending().prompt
+    for fragment in ("<materia-instructions>", "Socket adapter context", "Current workItem JSON: null",
+                     "Global guidance JSON: {}"):
+        assert fragment in prompt, fragment
+    assert "Return only JSON" not in prompt
