@@ -75,6 +75,7 @@ from castor.domain.materia.cast_messages import (
     WriteArtifact,
 )
 from castor.domain.materia.engine import Transition, step
+from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound
 from castor.supervision import Actor, ChildSpec, Restart, handles
@@ -119,8 +120,6 @@ class CastActor(Actor):
         self._lost_in_a_row = 0
         self._done = False
         self._fenced = False
-        self._config_ref: Any = None  # the resolved config whose JSON is cached in _config_json
-        self._config_json = ""
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -240,17 +239,17 @@ class CastActor(Actor):
     def _encode(self, state: CastState, files: list[Any]) -> str:
         """The state document (state + outbox) as JSON, reusing the resolved config's JSON.
 
-        The engine shares one immutable resolved config between all states of a cast, so it is
-        serialised once per incarnation and spliced in; the rest is dumped per transition.
+        The resolved config is immutable and shared (between the states of a cast, and between
+        casts started from unchanged config files), so its JSON is derived once per config
+        object (:mod:`castor.domain.materia.memo`) and spliced in; the rest is dumped per transition.
         """
         config = state.config
-        if config is not self._config_ref:
-            self._config_ref = config
-            self._config_json = json.dumps(config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False)
+        config_json = derived(config, "state_json",
+                              lambda: json.dumps(config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False))
         document = state.model_dump(mode="json", exclude={"config"})
         document[OUTBOX_KEY] = [e.model_dump(mode="json") for e in files]
         body = json.dumps(document, ensure_ascii=False, allow_nan=False)
-        return f'{body[:-1]}, "config": {self._config_json}}}'
+        return f'{body[:-1]}, "config": {config_json}}}'
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.

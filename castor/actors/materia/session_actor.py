@@ -39,7 +39,7 @@ from castor.actors.materia.views import (
 )
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.config_loader import load, load_resolved, save_active_loadout, validate_file
+from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     CastStarted,
@@ -66,6 +66,7 @@ class SessionActor(Actor):
         flags = ctx.info.flags or {}
         self.config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
         self.mirror: SessionMirror | None = None
+        self.configs = ResolvedConfigCache()  # re-read only when a layer file changed
 
     def on_start(self) -> None:
         log = self.ctx.harness.session_log
@@ -90,7 +91,7 @@ class SessionActor(Actor):
         return out
 
     def _resolved(self, loadout: str | None = None, config_path: str | None = None) -> ResolvedConfig:
-        return load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)
+        return self.configs.load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)
 
     def _artifact_root(self, config_path: str | None = None) -> Path:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,55 @@ def load_resolved(
 ) -> ResolvedConfig:
     """The resolved loadout (default: ``activeLoadout``) a cast or ``castor grid`` runs on."""
     return resolve_config(load(cwd, config_path=config_path, env=env, home=home), loadout)
+
+
+def _file_sig(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+class ResolvedConfigCache:
+    """:func:`load_resolved`, skipping the reading, merging and validation when no layer changed.
+
+    An entry is reused only while every candidate layer file (user profile, project, explicit)
+    is in the same state — missing, or the same inode, mtime, ctime and size — and the
+    environment names the same files; so editing, replacing, creating or deleting a layer file
+    is seen by the next call. The same :class:`ResolvedConfig` object is handed out again:
+    callers treat it as immutable (the cast engine already does). Failures are never cached.
+    Thread-safe (a lock around the small dict); bounded to ``size`` entries.
+    """
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], ResolvedConfig]] = {}
+        self._lock = threading.Lock()
+
+    def load_resolved(
+        self,
+        cwd: str | os.PathLike[str],
+        *,
+        loadout: str | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        home: Path | None = None,
+    ) -> ResolvedConfig:
+        key = (str(cwd), loadout, None if config_path is None else str(config_path))
+        paths = [profile_dir(env, home) / PROFILE_FILE, Path(cwd) / PROJECT_CONFIG,
+                 explicit_path(Path(cwd), config_path, env)]
+        signature = tuple((str(p), _file_sig(p)) if p is not None else None for p in paths)
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None and hit[0] == signature:
+            return hit[1]
+        resolved = load_resolved(cwd, loadout=loadout, config_path=config_path, env=env, home=home)
+        with self._lock:
+            if len(self._entries) >= self.size:
+                self._entries.clear()
+            self._entries[key] = (signature, resolved)
+        return resolved
 
 
 def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:

@@ -19,7 +19,7 @@ Guarantees
   was replaced (a zombie) can never overwrite its successor's state. An
   optional ``expected_revision`` gives compare-and-swap on top.
 - Claims and saves of one cast are serialised across threads (a lock) and
-  across processes (``filelock`` on ``state.lock``).
+  across processes (``flock`` on ``state.lock``).
 - ``list_casts`` never raises for a bad cast directory: unreadable, corrupt
   or missing state files are returned in ``problems`` with the reason.
 
@@ -34,15 +34,17 @@ Failure behaviour
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import atomic_write_bytes, safe_join
@@ -168,6 +170,22 @@ def _iso_field(state: dict[str, Any]) -> str | None:
     return None
 
 
+@contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) across processes.
+
+    The same kind of lock as :class:`castor.adapters.materia.cast_lease.CastLease`: it belongs
+    to the open file description, so the kernel drops it when the holder dies (even by
+    ``kill -9``); closing the descriptor releases it. Blocks until it is free.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 
@@ -234,20 +252,20 @@ class CastStateStore:
 
     def __init__(self, artifact_root: str | os.PathLike[str]) -> None:
         self.artifact_root = Path(artifact_root).resolve()
-        self._locks: dict[str, tuple[threading.Lock, FileLock, Path]] = {}
+        self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
 
     # -- paths ---------------------------------------------------------------
 
     def state_path(self, cast_id: str) -> Path:
         return safe_join(self.artifact_root, validate_cast_id(cast_id), STATE_FILE)
 
-    def _locked(self, cast_id: str) -> tuple[threading.Lock, FileLock, Path]:
+    def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
         entry = self._locks.get(cast_id)
         if entry is None:
             path = self.state_path(cast_id)
             path.parent.mkdir(parents=True, exist_ok=True)
-            entry = self._locks[cast_id] = (_thread_lock(path), FileLock(str(path.with_name(LOCK_FILE))), path)
+            entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path)
         return entry
 
     # -- reads ---------------------------------------------------------------
@@ -278,8 +296,8 @@ class CastStateStore:
         a cast with no stored state returns 1 and writes no state document yet,
         only the fence (an empty state with revision 0).
         """
-        tlock, flock, path = self._locked(cast_id)
-        with tlock, flock:
+        tlock, lock_path, path = self._locked(cast_id)
+        with tlock, _flocked(lock_path):
             self._remove_orphan_temps(path)
             current = self._load_or_none(cast_id)
             incarnation = (current.incarnation if current else 0) + 1
@@ -325,8 +343,8 @@ class CastStateStore:
         a bounded read finds it; anything unexpected falls back to a full parse), so the cost
         of a save does not grow with the state.
         """
-        tlock, flock, path = self._locked(cast_id)
-        with tlock, flock:
+        tlock, lock_path, path = self._locked(cast_id)
+        with tlock, _flocked(lock_path):
             current = _read_header(path)
             stored_incarnation = current[1] if current else 0
             if current is not None and incarnation < stored_incarnation:

@@ -112,6 +112,7 @@ from castor.domain.materia.failures import (
     recovery_key,
 )
 from castor.domain.materia.graph import socket_ordinal
+from castor.domain.materia.memo import derived
 from castor.domain.materia.handoff import (
     HandoffError,
     apply_assign,
@@ -264,12 +265,14 @@ def _start_cast(ev: CastStarted) -> Transition:
     entry = cfg.pipeline.entry
     state = CastState(
         cast_id=ev.cast_id, request=ev.request, cwd=ev.cwd, run_dir=ev.run_dir, artifact_root=ev.artifact_root,
-        config_source=cfg.source, config_hash=config_hash(cfg.config), config=cfg, active=True, phase=entry,
+        config_source=cfg.source, config_hash=derived(cfg, "config_hash", lambda: config_hash(cfg.config)),
+        config=cfg, active=True, phase=entry,
         current_socket_id=entry, awaiting_response=True, socket_state="awaiting_agent_response",
         started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.",
     )
     ctx = _Ctx(state, ev.at)
-    ctx.write(("config.resolved.json",), json.dumps(cfg.config, indent=2, ensure_ascii=False))
+    ctx.write(("config.resolved.json",),
+              derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False)))
     ctx.write(("manifest.json",), json.dumps({"castId": ev.cast_id, "request": ev.request,
                                               "configSource": cfg.source, "entries": []}, indent=2))
     name = cfg.pipeline.loadout_name

@@ -1,0 +1,42 @@
+"""Memoised values derived from an immutable object, keyed by the object's identity.
+
+``derived(obj, name, compute)`` returns ``compute()`` the first time it is asked for
+``(obj, name)`` and the same value afterwards, for as long as ``obj`` lives. It is what lets
+the engine stay a pure function while not re-deriving, on every cast or step, what only
+depends on the resolved config (its JSON text, its hash, its JSON for the state document):
+the config is immutable by contract (the engine never mutates it and shares it between
+states; ``ResolvedConfigCache`` hands one object to many casts), so the value cannot go stale.
+
+Guarantees: an entry dies with its object (a weakref callback removes it), so an id reused
+by a later object never sees an earlier object's values. Computing twice in a race is
+harmless (both results are equal; one wins). The object must support weak references.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_ENTRIES: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
+
+
+def derived(obj: Any, name: str, compute: Callable[[], T]) -> T:
+    key = id(obj)
+    entry = _ENTRIES.get(key)
+    if entry is None or entry[0]() is not obj:
+        ref = weakref.ref(obj, lambda dead, key=key: _forget(key, dead))
+        entry = (ref, {})
+        _ENTRIES[key] = entry
+    values = entry[1]
+    if name not in values:
+        values[name] = compute()
+    return values[name]
+
+
+def _forget(key: int, dead: weakref.ref[Any]) -> None:
+    entry = _ENTRIES.get(key)
+    if entry is not None and entry[0] is dead:
+        del _ENTRIES[key]

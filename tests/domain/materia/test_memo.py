@@ -1,0 +1,27 @@
+"""castor.domain.materia.memo: derived values live exactly as long as their object."""
+
+from __future__ import annotations
+
+import gc
+
+from castor.domain.materia import memo
+
+
+class Box:
+    pass
+
+
+def test_computed_once_per_object_and_forgotten_with_it() -> None:
+    calls = []
+    a, b = Box(), Box()
+    assert memo.derived(a, "x", lambda: calls.append("a") or 1) == 1
+    assert memo.derived(a, "x", lambda: calls.append("a2") or 2) == 1
+    assert memo.derived(b, "x", lambda: calls.append("b") or 3) == 3
+    assert memo.derived(a, "y", lambda: calls.append("ay") or 4) == 4
+    assert calls == ["a", "b", "ay"]
+    key = id(a)
+    del a
+    gc.collect()
+    assert key not in memo._ENTRIES
+    c = Box()  # may reuse the id: never inherits a value
+    assert memo.derived(c, "x", lambda: 5) == 5
