@@ -432,6 +432,26 @@ def test_c72_cast_and_loadout_are_rejected_while_a_cast_is_active_and_write_noth
 # =========================================================================== utilities & artifacts
 
 
+def test_c80_command_stdout_over_1_mib_is_capped_in_the_cast(runtime, project) -> None:
+    """End to end through the utility pool: the cast's ``lastOutput`` is the capped stdout."""
+    from castor.actors.materia.api import materia_call
+
+    code = "import sys; sys.stdin.read(); sys.stdout.write('o' * (1048576 + 100)); sys.stderr.write('e')"
+    loud = {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [sys.executable, "-c", code]}}}
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"loud": loud}}))
+    _open_session(runtime, "s1", project, ["unused"])
+    started = materia_call(runtime, "s1", "start", {"request": "be loud", "loadout": "loud"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    run_dir = Path(view["run_dir"])
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert len(state["last_output"]) == 1_048_576 and set(state["last_output"]) == {"o"}
+    meta = json.loads((run_dir / "sockets" / "Socket-1" / "1.command.json").read_text())
+    assert (meta["stdoutTruncated"], meta["stderrTruncated"]) == (True, False)
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").stat().st_size == 1_048_576
+
+
 def test_c85_text_socket_prompt_without_loops() -> None:
     d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
     prompt = d.pending().prompt
