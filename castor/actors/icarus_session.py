@@ -411,7 +411,8 @@ class IcarusSession:
         s = self.settings
         system = self.ctx.runtime.system
         config = lc.HookConfig(platform=s.platform, footer_status=s.footer_status, hooks_registered=s.hooks,
-                               filtering=self.filtering, context_display=s.context_display)
+                               filtering=self.filtering, context_display=s.context_display,
+                               session_id=self.session_id)
         return HookController(
             config,
             worker=_ObservedWorker(self.hook_worker, self.warn),

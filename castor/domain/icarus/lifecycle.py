@@ -227,6 +227,11 @@ class HookConfig(_Frozen):
     hooks_registered: bool = True  # settings ``hooks``
     filtering: bool = True  # settings ``classifier`` != "none"
     context_display: bool = True
+    # The harness session's own id, known when the session opens (spec §3.2: hooks use the
+    # session manager's id, never a payload's). Hooks use it from the start, so a prompt
+    # before any ``session_start`` -- a runtime respawned mid-session, or a restarted
+    # controller -- still reaches Icarus with the real id rather than "".
+    session_id: str = ""
 
 
 class Pending(_Frozen):
@@ -261,7 +266,8 @@ class HookState(_Frozen):
 
 def initial_state(config: HookConfig | None = None) -> HookState:
     cfg = config or HookConfig()
-    return HookState(config=cfg, enabled=cfg.hooks_registered, visible=cfg.context_display)
+    return HookState(config=cfg, enabled=cfg.hooks_registered, visible=cfg.context_display,
+                     session_id=cfg.session_id)
 
 
 # ---------------------------------------------------------------------------
