@@ -90,10 +90,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     ``keep_mode`` gives the new file the permission bits of the one it
     replaces (for files a user owns, like Pi's settings.json).
     """
-    target = Path(path)
-    directory = target.parent
+    # Plain string paths: this runs several times per cast transition (pathlib is slow here).
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    directory = directory or "."
     # The temp name is unique per call so concurrent writers never share one.
-    tmp = directory / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:

@@ -211,7 +211,10 @@ class _Ctx:
         self.effects.append(Notify(level=level, message=message))
 
     def write_usage(self) -> None:
-        self.write(("usage.json",), json.dumps(self.s.usage.model_dump(mode="json"), indent=2))
+        # A UsageReport is never changed in place (add_turn returns a new one), so its JSON is
+        # derived once per report, not once per write.
+        usage = self.s.usage
+        self.write(("usage.json",), derived(usage, "json", lambda: json.dumps(usage.model_dump(mode="json"), indent=2)))
 
 
 # =========================================================================== entry point
@@ -612,6 +615,8 @@ def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) ->
 def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     s = ctx.s
     result = check_budget(s.config.budget, s.usage, already_warned=s.budget_warned)
+    if not (result.warn or result.limit_hit):
+        return
     usage = s.usage.model_dump(mode="json", exclude={"turns"})
     if result.warn:
         s.budget_warned = True

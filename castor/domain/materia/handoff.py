@@ -22,6 +22,7 @@ from typing import Any
 
 from castor.domain.materia.config import Socket
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
+from castor.domain.materia.jsontext import pretty_json
 from castor.messages.errors import CastorError, ErrorCode
 
 CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "satisfied", "feedback", "missing")
@@ -240,14 +241,14 @@ def generator_adapter_context(upstream_work_items: Any) -> str:
     ]
     if isinstance(upstream_work_items, list) and upstream_work_items:
         lines.append("- Earlier work items are below; transform or refine them into a new workItems array:")
-        lines.append(json.dumps(upstream_work_items, indent=2, ensure_ascii=False))
+        lines.append(pretty_json(upstream_work_items))
     lines.append('- The old "generates" setting is only a migration aid; generator: true always means workItems.')
     return "\n".join(lines)
 
 
 def text_adapter_context(current_item: Any, guidance: Any) -> str:
-    item_json = json.dumps(current_item, indent=2, ensure_ascii=False) if current_item is not MISSING else "null"
-    guidance_json = json.dumps(guidance if isinstance(guidance, dict) else {}, indent=2, ensure_ascii=False)
+    item_json = pretty_json(current_item) if current_item is not MISSING else "null"
+    guidance_json = pretty_json(guidance if isinstance(guidance, dict) else {})
     return "\n".join([
         "Socket adapter context:",
         f"Current workItem JSON: {item_json}",

@@ -11,13 +11,13 @@ Socket prompt = sections joined by blank lines:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from castor.domain.materia import handoff
 from castor.domain.materia.config import ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
+from castor.domain.materia.jsontext import pretty_json
 from castor.domain.materia.state import CastState
 
 OPEN_TAG = "<materia-instructions>"
@@ -30,7 +30,7 @@ def _render_value(value: Any) -> str:
         return ""
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return pretty_json(value)
 
 
 def template_value(key: str, state: CastState) -> Any:
@@ -38,9 +38,9 @@ def template_value(key: str, state: CastState) -> Any:
     if key == "request":
         return state.request
     if key == "stateJson":
-        return json.dumps(data, indent=2, ensure_ascii=False)
+        return pretty_json(data)
     if key == "itemJson":
-        return json.dumps(data.get("item"), indent=2, ensure_ascii=False)
+        return pretty_json(data.get("item"))
     if key == "lastOutput":
         return state.last_output or ""
     if key == "lastJson":
@@ -91,7 +91,7 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
         f"Effective thinking: {m.thinking or 'active thinking'}" if m else "Effective thinking: -",
         f"Artifact directory: {state.run_dir}",
         "Generic cast data:",
-        json.dumps(state.data, indent=2, ensure_ascii=False),
+        pretty_json(state.data),
         "Previous output:",
         state.last_assistant_text if state.last_assistant_text is not None else (state.last_output or ""),
     ]

@@ -1,4 +1,4 @@
-"""castor.domain.materia.memo: derived values live exactly as long as their object."""
+"""castor.domain.materia.memo (derived values live exactly as long as their object) and jsontext."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ def test_computed_once_per_object_and_forgotten_with_it() -> None:
     assert key not in memo._ENTRIES
     c = Box()  # may reuse the id: never inherits a value
     assert memo.derived(c, "x", lambda: 5) == 5
+
+
+def test_pretty_json_is_exactly_the_indented_encoder() -> None:
+    import json
+
+    from castor.domain.materia.jsontext import pretty_json
+
+    for value in [None, {}, [], "x\n\"é", 0, -1.5, True, False, float("inf"), {"a": [1, {"b": None}]}, [[]], ["é"]]:
+        assert pretty_json(value) == json.dumps(value, indent=2, ensure_ascii=False)
