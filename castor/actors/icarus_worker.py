@@ -72,6 +72,8 @@ class WorkerProcessPort(Protocol):
 
     def kill_tree(self, reason: str = "retired") -> None: ...
 
+    def exited_while_idle(self) -> bool: ...
+
     def stats(self) -> Any: ...
 
 
@@ -192,6 +194,13 @@ class IcarusWorkerActor(Actor):
         return reply_result(reply, target)
 
     def _ensure_worker(self) -> WorkerProcessPort:
+        worker = self._worker
+        if worker is not None and worker.exited_while_idle():
+            # Nothing was pending, so nothing is lost or replayed: this call simply
+            # gets a fresh worker (spec §8.13). Session start-up is not re-run.
+            self.log.warning("worker pid exited while idle; starting a fresh one for the next call")
+            worker.kill_tree("exited while idle")
+            self._worker = None
         if self._worker is None:
             self._worker = self._spawn()
         return self._worker

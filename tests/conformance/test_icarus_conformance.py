@@ -168,12 +168,6 @@ def test_i13_after_a_crash_the_next_call_gets_a_fresh_worker_without_session_ini
     assert len(rig.calls("hooks.crash")) == 1  # the failed call is never replayed
 
 
-@pytest.mark.xfail(strict=True, raises=WorkerCrashed, reason=(
-    "deviation: spec §2/§8.13 discard a worker that exited while idle (the reference listens for the exit "
-    "event), so the next call lazily spawns a fresh worker. castor has no exit watcher: the next call finds "
-    "the dead worker, fails worker_crashed (may_have_started=False, never sent) and only the call after it gets "
-    "a fresh worker -- asserted as intended by tests/icarus_session/test_component.py::"
-    "test_kill_9_of_the_worker_is_surfaced_and_the_next_call_gets_a_fresh_worker and test_endpoint.py"))
 def test_i13_after_an_idle_worker_is_killed_the_next_call_gets_a_fresh_worker(bridge):
     client, rig = bridge.client, bridge.rig
     client.call("hooks", "on_session_start", kwargs={"session_id": "s1", "platform": "pi"})

@@ -217,7 +217,7 @@ def test_worker_timeout_rejects_the_queue_nothing_runs_later_and_session_start_i
     assert stats["workers_started"] == 2 and stats["actor"]["state"] == "running"
 
 
-def test_kill_9_of_the_worker_is_surfaced_and_the_next_call_gets_a_fresh_worker(world):
+def test_kill_9_of_an_idle_worker_gives_the_next_call_a_fresh_worker(world):
     rt = world.runtime()
     _, sess = world.open(rt)
     sess.tool("fabric_brief", {})
@@ -225,9 +225,7 @@ def test_kill_9_of_the_worker_is_surfaced_and_the_next_call_gets_a_fresh_worker(
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: gone(pid), what="the worker to die")
-    with pytest.raises(WorkerCrashed) as info:
-        sess.tool("fabric_brief", {})
-    assert info.value.code == "worker_crashed"
+    # Nothing was pending, so nothing is lost: the next call simply runs on a fresh worker (spec §8.13).
     assert "recent" in sess.tool("fabric_brief", {})
     assert sess.current_worker_pid() not in (None, pid)
 

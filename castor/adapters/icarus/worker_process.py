@@ -153,6 +153,11 @@ class WorkerProcess:
     def started(self) -> bool:
         return self._proc is not None
 
+    def exited_while_idle(self) -> bool:
+        """True when the started child is gone although no call was running (killed or died idle)."""
+        proc = self._proc
+        return proc is not None and not self._killed and proc.poll() is not None
+
     @property
     def usable(self) -> bool:
         return self._retired is None and not self._crashed
