@@ -398,9 +398,6 @@ def test_c69_idless_recast_resumes_the_newest_of_a_failed_and_a_later_aborted_ca
     assert materia_call(runtime, "s1", "status", {"cast_id": first["cast_id"]})["status"] == "failed"
 
 
-@pytest.mark.xfail(strict=True, reason='bug: castor/actors/materia/session_actor.py _resume raises '
-                   '"Unknown pi-materia cast id x." without the quotes §11 item 71 requires '
-                   '(Unknown pi-materia cast id "x"); the file is being edited by another helper')
 def test_c71_recast_of_an_unknown_cast_id_names_it(runtime, project) -> None:
     from castor.actors.materia.api import materia_call
     from castor.messages.errors import NotFound
