@@ -295,7 +295,7 @@ class SessionActor(Actor):
         try:
             state = load_state(root, cast_id)
         except NotFound:
-            raise NotFound(f"Unknown pi-materia cast id {cast_id}.", data={"cast_id": cast_id}) from None
+            raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\".", data={"cast_id": cast_id}) from None
         handle = self._bring_in(cast_id, root)
         if revive:
             event: Any = ReviveRequested(at=time.time())
