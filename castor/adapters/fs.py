@@ -14,7 +14,7 @@ Guarantees
   disk, then resolves the result so a symlink inside the root that points
   outside it is refused too.
   :class:`ConfinedRoot` gives the same answers for many paths under one root,
-  resolving each directory only once (see its docstring for what is cached).
+  resolving the root once and ``lstat``-ing only the components below it.
 - ``append_json_line`` appends exactly one complete line per call
   (``append_json_lines``: a batch of complete lines) with a
   single ``write`` on an ``O_APPEND`` descriptor, then fsyncs. If an earlier
@@ -187,62 +187,42 @@ def safe_join(root: str | os.PathLike[str], *parts: str | os.PathLike[str]) -> P
 
 
 class ConfinedRoot:
-    """:func:`safe_join` for many paths under one root, resolving each directory once.
+    """:func:`safe_join` for many paths under one root, without re-resolving the root each time.
 
     ``join(relative)`` returns what ``safe_join(root, relative)`` returns, with the same
-    refusals (NUL, empty, absolute, ``..``), but it resolves a *directory* only the first time
-    it is seen (and caches it once it exists); the final component is checked with one
-    ``lstat`` on every call, and a symlink there goes through the full ``safe_join``. So a
-    path built from config, ids or model output can never leave the root; what is cached is
-    the symlink-resolution of directories this process has already verified. (Replacing one
-    of those directories by a symlink afterwards needs write access to the run directory
-    itself, outside any input castor reads.) Not thread-safe on its own; callers lock.
+    refusals (NUL, empty, absolute, ``..``, a symlink leading outside). The root is resolved
+    once; below it every existing component is checked with one ``lstat`` on every call, and
+    a path that meets a symlink goes through the full ``safe_join``. So a path built from
+    config, ids or model output never leaves the root, and a symlink planted inside it later
+    is seen by the next call — at a few ``lstat``\ s instead of a ``realpath`` of the whole
+    absolute path.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
-        self._dirs: dict[tuple[str, ...], Path] = {(): self.root}
+        self._root_text = str(self.root)
+
+    def check(self, relative: str) -> str:
+        """The refusals of :meth:`join` that need no disk access (NUL, empty, absolute, ``..``)."""
+        return _check_part(self.root, relative)
 
     def join(self, relative: str) -> Path:
         text = _check_part(self.root, relative)
         parts = text.split("/")
         if any(p in ("", ".") for p in parts):
             return safe_join(self.root, text)  # unusual spellings: the general path
-        *dirs, name = parts
-        directory = self._directory(tuple(dirs))
-        if directory is None:
-            return safe_join(self.root, text)
-        target = directory / name
-        if os.path.islink(target):
-            return safe_join(self.root, text)
-        return target
-
-    def _directory(self, key: tuple[str, ...]) -> Path | None:
-        """The directory ``key`` under the root, from its deepest known ancestor down, one
-        ``lstat`` per new component; None if a component is a symlink (the caller then takes
-        the general, fully resolving path). Only existing directories are remembered."""
-        directory = self._dirs.get(key)
-        if directory is not None:
-            return directory
-        depth = len(key)
-        while depth > 0 and key[:depth] not in self._dirs:
-            depth -= 1
-        directory = self._dirs[key[:depth]]
-        for index in range(depth, len(key)):
-            directory = directory / key[index]
+        current = self._root_text
+        for index, part in enumerate(parts):
+            current = os.path.join(current, part)
             try:
-                mode = os.lstat(directory).st_mode
-            except FileNotFoundError:
-                return directory.joinpath(*key[index + 1:])  # not created yet: nothing to resolve
+                mode = os.lstat(current).st_mode
+            except OSError:
+                # Nothing exists from here on (or it cannot: too long, not a directory), so
+                # nothing below can be a symlink yet; using the path fails as it would anyway.
+                return Path(os.path.join(current, *parts[index + 1:]))
             if stat.S_ISLNK(mode):
-                return None
-            if stat.S_ISDIR(mode):
-                self._dirs[key[:index + 1]] = directory
-        return directory
-
-    def forget(self) -> None:
-        """Drop the cached directories (after removing or renaming some)."""
-        self._dirs = {(): self.root}
+                return safe_join(self.root, text)
+        return Path(current)
 
 
 # --------------------------------------------------------------------------- JSON lines

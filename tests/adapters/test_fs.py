@@ -141,16 +141,21 @@ def test_confined_root_agrees_with_safe_join_and_refuses_the_same_escapes(tmp_pa
             confined.join(bad)
 
 
-def test_confined_root_checks_the_final_component_on_every_call(tmp_path):
+def test_confined_root_sees_symlinks_planted_after_earlier_calls(tmp_path):
     from castor.adapters.fs import ConfinedRoot
 
     root = tmp_path / "root"
-    (root / "d").mkdir(parents=True)
+    (root / "d" / "e").mkdir(parents=True)
     confined = ConfinedRoot(root)
-    assert confined.join("d/f.md") == root / "d" / "f.md"
-    (root / "d" / "f.md").symlink_to(tmp_path)  # appears after the directory was cached
+    assert confined.join("d/e/f.md") == root / "d" / "e" / "f.md"
+    (root / "d" / "e" / "f.md").symlink_to(tmp_path)  # the file becomes a link
     with pytest.raises(Forbidden):
-        confined.join("d/f.md")
+        confined.join("d/e/f.md")
+    (root / "d" / "e" / "f.md").unlink()
+    (root / "d" / "e").rmdir()
+    (root / "d" / "e").symlink_to(tmp_path, target_is_directory=True)  # a used directory becomes a link
+    with pytest.raises(Forbidden):
+        confined.join("d/e/f.md")
 
 
 def test_append_json_lines_writes_all_records_in_order_or_none(tmp_path):

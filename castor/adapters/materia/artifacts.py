@@ -35,8 +35,8 @@ Guarantees
   inode, mtime, size — is not the one it wrote), so manifest.json is a
   complete, valid document after every rewrite and after ``kill -9``.
 - Paths go through one :class:`castor.adapters.fs.ConfinedRoot` per object:
-  directories are symlink-resolved once, the final component is checked on
-  every call. All writes of one cast directory are serialised by one
+  the run dir is resolved once, every component below it is checked on every
+  call (a symlink planted later is still refused if it leads outside). All writes of one cast directory are serialised by one
   process-wide lock per directory, so concurrent appends from several threads
   (and several ``CastArtifacts`` objects for the same cast) never interleave
   and manifest read-modify-writes never lose an entry.
@@ -238,9 +238,6 @@ def _lock_for(run_dir: Path) -> threading.RLock:
         return lock
 
 
-_PATH_CACHE_SIZE = 4096
-
-
 def _file_sig(path: Path) -> tuple[int, int, int] | None:
     """Identity of a file's current content as far as a rewrite is concerned (None if missing)."""
     try:
@@ -290,9 +287,8 @@ class CastArtifacts:
         self.artifact_root = Path(artifact_root).resolve()
         self.run_dir = safe_join(self.artifact_root, self.cast_id)
         self._lock = _lock_for(self.run_dir)
-        self._root = ConfinedRoot(self.run_dir)  # directories resolved once (see ConfinedRoot)
+        self._root = ConfinedRoot(self.run_dir)  # the run dir resolved once (see ConfinedRoot)
         self._made: set[Path] = set()  # directories known to exist: no mkdir per write
-        self._paths: dict[str, Path] = {}  # relative text -> checked path (bounded)
         # The manifest as last written by this object, and the file identity it was written
         # as: an append rewrites it from memory unless the file changed underneath.
         self._manifest_meta: dict[str, Any] | None = None
@@ -322,17 +318,8 @@ class CastArtifacts:
         escape checks see the original text, so ``..`` is never hidden).
         """
         text = str(relative)
-        known = self._paths.get(text)
-        if known is not None and not os.path.islink(known):
-            return known  # checked before; the final component is re-checked on every call
-        with self._lock:
-            target = self._root.join(text)  # the escape checks see the original text: ".." is never hidden
-            fitted = "/".join(fit_name(part) for part in text.split("/"))
-            if fitted != text:
-                target = self._root.join(fitted)
-            if len(self._paths) < _PATH_CACHE_SIZE:
-                self._paths[text] = target
-            return target
+        self._root.check(text)  # the escape checks see the original text: ".." is never hidden
+        return self._root.join("/".join(fit_name(part) for part in text.split("/")))
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the run dir, with ``/`` separators."""

@@ -261,7 +261,12 @@ class CastStateStore:
 
     def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
+        # The file itself is re-checked every time: a symlink planted there goes through the
+        # full containment check again (and is refused if it leads outside the root).
         entry = self._locks.get(cast_id)
+        if entry is not None and os.path.islink(entry[2]):
+            self.state_path(cast_id)
+            entry = None
         if entry is None:
             path = self.state_path(cast_id)
             path.parent.mkdir(parents=True, exist_ok=True)
