@@ -87,6 +87,10 @@ class ChildSpec:
     supervisor gives up on *this child* (removes it) instead of failing itself.
     None: only the supervisor's own intensity applies (OTP semantics)."""
     within_seconds: float = DEFAULT_WITHIN_SECONDS
+    on_removed: Callable[[str], None] | None = None
+    """Called (on the supervisor's thread, with the reason) when the supervisor removes
+    this child instead of restarting it: a temporary/transient exit, a give-up past
+    ``max_restarts``. Lets a child's owner release what outlives incarnations (a lease)."""
 
 
 def supervisor_spec(
@@ -314,6 +318,11 @@ class Supervisor(Actor):
     def _remove(self, slot: _Slot, reason: str) -> None:
         slot.handle.close(reason)
         self._slots.remove(slot)
+        if slot.spec.on_removed is not None:
+            try:
+                slot.spec.on_removed(reason)
+            except Exception as exc:  # noqa: BLE001 - a hook must not break the supervisor
+                self.log.opt(exception=exc).error("on_removed of {path} failed", path=slot.handle.path)
 
     def _find(self, path: str) -> _Slot | None:
         for slot in self._slots:

@@ -95,3 +95,21 @@ def test_a_child_past_its_own_intensity_is_given_up_without_failing_its_supervis
         assert system.lookup("/root/bystander").ask(Ping(n=2), timeout=5) == ("bystander", 1, 2)
     finally:
         system.shutdown(10)
+
+
+def test_on_removed_runs_when_a_child_is_given_up():
+    journal = Journal()
+    removed: list[str] = []
+    system = ActorSystem([ChildSpec("looper", worker("looper", journal), max_restarts=1, within_seconds=60,
+                                    on_removed=removed.append)], max_restarts=5, within_seconds=60)
+    try:
+        looper = system.lookup("/root/looper")
+        for _ in range(2):
+            with pytest.raises(ActorCrashed):
+                looper.ask(Boom(), timeout=5)
+        assert looper.closed.wait(5)
+        from .helpers import wait_until
+
+        assert wait_until(lambda: len(removed) == 1) and "gave up" in removed[0]
+    finally:
+        system.shutdown(10)

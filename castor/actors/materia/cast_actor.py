@@ -427,5 +427,12 @@ def cast_spec(env: CastEnv) -> ChildSpec:
     removed, its last persisted state stays resumable with ``recast``, and the
     session's other casts are untouched (the cast supervisor does not fail).
     """
+    def given_up(_reason: str) -> None:
+        # The crashed incarnations kept the lease for a restart that will not come:
+        # free it so the cast shows as orphaned and `recast` can resume it.
+        if env.lease is not None:
+            env.lease.release()
+
     return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
-                     shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S)
+                     shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S,
+                     on_removed=given_up)
