@@ -194,7 +194,7 @@ class ConfinedRoot:
     once; below it every existing component is checked with one ``lstat`` on every call, and
     a path that meets a symlink goes through the full ``safe_join``. So a path built from
     config, ids or model output never leaves the root, and a symlink planted inside it later
-    is seen by the next call — at a few ``lstat``\ s instead of a ``realpath`` of the whole
+    is seen by the next call — at a few ``lstat`` calls instead of a ``realpath`` of the whole
     absolute path.
     """
 
