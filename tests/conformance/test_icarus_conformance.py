@@ -19,14 +19,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import psutil
 import pytest
 
+from tests.support.icarus import RecordingUi, gone, read_jsonl, wait_until
 from castor.actors.icarus_session import icarus_component, session_of
 from castor.actors.icarus_worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
@@ -43,30 +43,6 @@ REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie awaiting reaping)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 # --------------------------------------------------------------------------- worker-level rig
@@ -254,26 +230,6 @@ class ScriptedClassifier:
         candidates = json.loads(request.messages[-1].content)["candidates"]
         return ClassifierResponse(text=json.dumps({"decisions": [
             {"id": c["id"], "relevant": "cake" not in c["text"], "confidence": 0.9} for c in candidates]}))
-
-
-class RecordingUi:
-    """TEST FAKE of the harness UI: records every call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
-        with self._lock:
-            self.calls.append(("message", (custom_type, content, display)))
-
-    def set_status(self, key: str, text: str | None) -> None:
-        with self._lock:
-            self.calls.append(("status", (key, text)))
-
-    def notify(self, message: str, level: str = "info") -> None:
-        with self._lock:
-            self.calls.append(("notify", (message, level)))
 
 
 class World:

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from castor.domain.icarus.tools import tool_result
-from castor.messages.errors import CastorError, NotFound, WorkerCrashed, WorkerRetired
-from tests.icarus_session.conftest import gone, wait_until
+from castor.messages.errors import CastorError, NotFound, WorkerRetired
+from tests.support.icarus import gone, wait_until
 
 PROMPT = "tell me about sqlite and the cake"
 

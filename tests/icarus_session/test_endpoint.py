@@ -22,7 +22,7 @@ from castor.endpoint.methods.icarus import register_icarus_methods
 from castor.endpoint.methods.ops import register_ops_methods
 from castor.endpoint.methods.session import register_session_methods
 from castor.messages.errors import CastorError
-from tests.icarus_session.conftest import gone, wait_until
+from tests.support.icarus import gone, wait_until
 
 
 class FakeHarness:

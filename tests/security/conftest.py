@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from tests.support.icarus import RecordingUi, read_jsonl, wait_until
 from castor.actors.icarus_session import icarus_component, session_of
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
@@ -33,26 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def files_under(root: Path) -> set[Path]:
     """Every file and symlink under ``root`` (resolved parents, link itself not followed)."""
     return {p for p in root.rglob("*") if p.is_file() or p.is_symlink()}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------
@@ -187,26 +170,6 @@ def _words(text: str) -> set[str]:
     import re
 
     return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4}
-
-
-class RecordingUi:
-    """TEST FAKE of the harness UI: records every call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
-        with self._lock:
-            self.calls.append(("message", (custom_type, content)))
-
-    def set_status(self, key: str, text: str | None) -> None:
-        with self._lock:
-            self.calls.append(("status", (key, text)))
-
-    def notify(self, message: str, level: str = "info") -> None:
-        with self._lock:
-            self.calls.append(("notify", (message, level)))
 
 
 class IcarusWorld:
