@@ -33,6 +33,7 @@ from loguru import logger
 
 from castor.messages.errors import CastorError, Retired
 from castor.supervision.mailbox import Control, Envelope
+from castor.supervision.threads import LOOP_THREADS
 
 if TYPE_CHECKING:
     from castor.supervision.handle import ActorHandle
@@ -83,6 +84,13 @@ class Actor(pykka.ThreadingActor):
     @staticmethod
     def _create_actor_inbox() -> Any:  # type: ignore[override]
         return None  # castor binds the handle's mailbox instead (see _bind)
+
+    def _start_actor_loop(self) -> None:
+        """Run this incarnation's loop on a parked daemon thread (see threads.py), else a new one."""
+        if not self.use_daemon_thread:
+            super()._start_actor_loop()
+            return
+        LOOP_THREADS.run(self._actor_loop, type(self).__name__)
 
     # -- binding (called by the handle before the thread starts) -----------
     def _bind(self, handle: ActorHandle, mailbox: Mailbox, incarnation: int) -> None:
