@@ -117,6 +117,7 @@ class CastActor(Actor):
         self.fence = 0
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
         self._user_turn: str | None = None  # visit id of a user-driven refinement turn
+        self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._lost_in_a_row = 0
         self._done = False
         self._fenced = False
@@ -203,8 +204,12 @@ class CastActor(Actor):
     def _on_apply(self, message: CastApply) -> dict[str, Any]:
         if self.state is None:
             raise NotFound(f"cast {self.env.cast_id} has no state")
+        self._user_turn_context = None
         self._apply(message.event)
-        return self._status()
+        view = self._status()
+        if self._user_turn_context is not None:  # only a RefinementTurnStarted dispatches a user turn
+            view["user_turn"] = self._user_turn_context
+        return view
 
     @handles(CastStatusQuery)
     def _on_status(self, _message: CastStatusQuery) -> dict[str, Any]:
@@ -345,7 +350,12 @@ class CastActor(Actor):
     def _run_agent_turn(self, effect: RunAgentTurn) -> None:
         self._set_status(f"materia: {effect.materia} ({effect.socket_id})")
         if effect.user_driven:
-            self._user_turn = effect.visit_id  # the user's own message drives it; agent_end answers
+            # The user's own message drives it (no hidden prompt is sent); the harness's
+            # agent_end answers it. Its instructions reach the model through the answer to
+            # before_agent_start (see component.py), so they go back to the asker.
+            self._user_turn = effect.visit_id
+            self._user_turn_context = {"visit_id": effect.visit_id, "socket_id": effect.socket_id,
+                                       "prompt": effect.prompt}
             return
         if self.env.agent is None or self.env.spawn_child is None:
             self._dispatch_failed(effect.visit_id, "this session has no agent port")

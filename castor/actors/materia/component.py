@@ -10,8 +10,11 @@ Harness events:
 
 | event | reaction |
 |---|---|
-| ``before_agent_start`` | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn) |
-| ``agent_end`` | the last assistant text answers a user-driven refinement turn, if one is pending |
+| ``before_agent_start`` (``message_type`` ``user``) | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn); the result carries ``system_prompt_append`` (the materia's instructions, cast context and refinement guidance) for that turn; ``{}`` when no cast is paused |
+| ``before_agent_start`` (``custom``) | nothing: castor's own hidden prompts are not refinement messages |
+| ``agent_end`` | the last assistant message (text, error, stop reason) answers a user-driven refinement turn, if one is pending; otherwise nothing (castor's own turns are answered by ``agent.turn_ended``) |
+
+A failure here is logged and the event answered with nothing: harness events are ambient.
 
 On close nothing extra is persisted (every transition already is); the session supervisor
 stops the SessionActor, then the SocketActors (their turns are cancelled), then the casts —
@@ -33,14 +36,16 @@ from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
 EVENT_TIMEOUT_S = 5.0
 
 
-def _last_assistant(data: dict[str, Any]) -> tuple[str | None, str | None]:
+def _last_assistant(data: dict[str, Any]) -> dict[str, Any]:
+    """text, error and stop_reason of the newest assistant message (Pi's ``summarizeMessage`` shape)."""
     messages = data.get("messages") if isinstance(data.get("messages"), list) else []
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "assistant":
             error = message.get("error")
-            return (message.get("text") if isinstance(message.get("text"), str) else None,
-                    str(error) if error else None)
-    return None, None
+            stop = message.get("stop_reason")
+            return {"text": message.get("text") if isinstance(message.get("text"), str) else None,
+                    "error": str(error) if error else None, "stop_reason": stop if isinstance(stop, str) else None}
+    return {"text": None, "error": None, "stop_reason": None}
 
 
 def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
@@ -51,12 +56,11 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
         if event == "before_agent_start":
             if data.get("message_type") == "custom":
                 return None  # castor's own hidden prompts are not user refinement messages
-            actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
-        else:
-            text, error = _last_assistant(data)
-            actor.ask(SessionCall(verb="agent_end", params={"text": text, "error": error,
-                                                            "entry_id": data.get("entry_id")}),
-                      timeout=EVENT_TIMEOUT_S)
+            refined = actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
+            append = refined.get("system_prompt_append")
+            return {"system_prompt_append": append} if isinstance(append, str) and append else None
+        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": data.get("entry_id")}),
+                  timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)
     return None

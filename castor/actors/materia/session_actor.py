@@ -323,19 +323,30 @@ class SessionActor(Actor):
         return out
 
     def _verb_refine(self) -> dict[str, Any]:
+        """Start a user-driven refinement turn on the newest paused cast, if any.
+
+        Answers ``system_prompt_append`` (spec §5.1: the host's system prompt + "Materia active
+        materia (<socketId>):" + the turn prompt — materia instructions, synthetic cast context,
+        refinement guidance) for the harness to apply to the user's turn; ``{}`` when no cast is paused.
+        """
         for cast_id, handle, view in self._statuses():
             if view.get("paused"):
-                handle.ask(CastApply(event=RefinementTurnStarted(at=time.time())), timeout=ASK_TIMEOUT_S)
-                return {"cast_id": cast_id, "refining": True}
+                applied = handle.ask(CastApply(event=RefinementTurnStarted(at=time.time())), timeout=ASK_TIMEOUT_S)
+                turn = applied.get("user_turn") or {}
+                out: dict[str, Any] = {"cast_id": cast_id, "refining": True}
+                if turn.get("prompt"):
+                    out["system_prompt_append"] = (f"\n\nMateria active materia ({turn.get('socket_id')}):\n"
+                                                   f"{turn['prompt']}")
+                return out
         return {}
 
     def _verb_agent_end(self, text: str | None = None, error: str | None = None,
-                        entry_id: str | None = None) -> dict[str, Any]:
+                        entry_id: str | None = None, stop_reason: str | None = None) -> dict[str, Any]:
         for cast_id, handle, view in self._statuses():
             visit_id = view.get("user_turn_visit_id")
             if visit_id:
                 handle.tell(CastOutcome(event=TurnEnded(visit_id=visit_id, text=text, error=error, entry_id=entry_id,
-                                                        at=time.time())))
+                                                        stop_reason=stop_reason, at=time.time())))
                 return {"cast_id": cast_id}
         return {}
 
