@@ -23,16 +23,18 @@ handler raises anything else            reply failed; incarnation ends ``crashed
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 import pykka
 from loguru import logger
 
 from castor.messages.errors import CastorError, Retired
-from castor.supervision.mailbox import Control, Envelope
+from castor.supervision.mailbox import Control, Envelope, Latch
 from castor.supervision.threads import LOOP_THREADS
 
 if TYPE_CHECKING:
@@ -81,6 +83,32 @@ class Actor(pykka.ThreadingActor):
                     table[message_type] = name
         cls._dispatch = table
 
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        # pykka's __init__ is skipped on purpose: castor addresses actors by handle and
+        # binds the handle's mailbox (see _bind), so pykka's identity (urn, ref, stopped
+        # event) is made only if something asks for it (the properties below).
+        pass
+
+    @functools.cached_property
+    def actor_urn(self) -> str:  # type: ignore[override]
+        return uuid.uuid4().urn
+
+    @functools.cached_property
+    def _actor_ref(self) -> pykka.ActorRef[Any]:  # type: ignore[override]
+        return pykka.ActorRef(self)
+
+    @functools.cached_property
+    def actor_stopped(self) -> threading.Event:  # type: ignore[override]
+        stopped = threading.Event()
+        if self.__dict__.get("_loop_ended"):
+            stopped.set()
+        return stopped
+
+    @functools.cached_property
+    def log(self) -> Any:
+        """This incarnation's logger, bound to its path and number (made on first use)."""
+        return logger.bind(actor=self.handle.path, incarnation=self.incarnation)
+
     @staticmethod
     def _create_actor_inbox() -> Any:  # type: ignore[override]
         return None  # castor binds the handle's mailbox instead (see _bind)
@@ -101,8 +129,8 @@ class Actor(pykka.ThreadingActor):
         self._retire_request: tuple[str, type[CastorError]] | None = None
         self._stop_requested = False
         self._abandoned = False
-        self._started = threading.Event()
-        self.log = logger.bind(actor=handle.path, incarnation=incarnation)
+        # launch waits for on_start (ordered start); with the base no-op there is nothing to wait for.
+        self._started: Latch | None = Latch() if type(self).on_start is not Actor.on_start else None
 
     @property
     def path(self) -> str:
@@ -155,7 +183,8 @@ class Actor(pykka.ThreadingActor):
         except BaseException as exc:  # noqa: BLE001 - a failed start is a crash
             self._crash(exc, None)
         finally:
-            self._started.set()
+            if self._started is not None:
+                self._started.set()
 
     def _actor_loop_running(self) -> None:
         mailbox = self.actor_inbox
@@ -178,7 +207,10 @@ class Actor(pykka.ThreadingActor):
 
     def _actor_loop_teardown(self) -> None:
         kind = self._exit_kind or "stopped"
-        self.actor_stopped.set()
+        self._loop_ended = True
+        stopped = self.__dict__.get("actor_stopped")
+        if stopped is not None:
+            stopped.set()
         if self._abandoned:
             return
         self.handle._incarnation_ended(self, kind)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
 from castor.messages.inspection import ActorSnapshot, InFlight, MailboxSnapshot
 from castor.supervision.faults import FaultPlan
-from castor.supervision.mailbox import Control, Envelope, Mailbox, MailboxClosed, Reply
+from castor.supervision.mailbox import Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
 
 if TYPE_CHECKING:
     from castor.supervision.actor import Actor
@@ -103,7 +103,7 @@ class ActorHandle:
         self._lock = threading.Lock()
         self._mailbox = Mailbox(mailbox_capacity)
         self._actor: Actor | None = None
-        self._exited = threading.Event()
+        self._exited = Latch()  # the first incarnation's; each later one gets its own
         self.state = "starting"
         self.incarnation = 0
         self.restarts = 0
@@ -116,7 +116,7 @@ class ActorHandle:
         self.retired_reason: str | None = None
         self.last_error: BaseException | None = None
         self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
-        self.closed = threading.Event()  # set once the handle is closed for good
+        self.closed = Latch()  # set once the handle is closed for good
 
     # -- sending -----------------------------------------------------------
     def tell(self, message: Any) -> None:
@@ -182,7 +182,8 @@ class ActorHandle:
         actor = self.factory()
         with self._lock:
             self.incarnation += 1
-            self._exited = threading.Event()
+            if self._exited.is_set():
+                self._exited = Latch()
             actor._bind(self, self._mailbox, self.incarnation)
             self._actor = actor
             self.kind = type(actor).__name__
@@ -191,7 +192,8 @@ class ActorHandle:
             self.retired_reason = None
         self.registry.register(self)
         actor._start_actor_loop()
-        if not actor._started.wait(start_timeout):
+        started = actor._started
+        if started is not None and not started.wait(start_timeout):
             actor.log.warning("on_start still running after {s}s; not waiting longer", s=start_timeout)
 
     def _incarnation_ended(self, actor: Actor, kind: str) -> None:

@@ -76,6 +76,41 @@ class Reply:
         return got
 
 
+class Latch:
+    """A one-shot flag (set once, never cleared) with ``threading.Event``'s set/is_set/wait.
+
+    Built on one pre-acquired lock like :class:`Reply`: a handle makes several
+    per incarnation, and an Event (a Condition and its waiter list) costs more.
+    Any number of threads may wait; each passes the lock on to the next.
+    """
+
+    __slots__ = ("_gate", "_set")
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        with _REPLY_GUARD:
+            if self._set:
+                return
+            self._set = True
+        self._gate.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set or ``timeout`` seconds pass; True when set."""
+        if self._set:
+            return True
+        got = self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        if got:
+            self._gate.release()  # let the next waiter through
+        return got
+
+
 class Envelope:
     """A message on its way through a mailbox, with its reply slot for asks."""
 
