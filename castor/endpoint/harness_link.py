@@ -182,6 +182,7 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
             total_tokens=usage.get("total_tokens"), cost_usd=usage.get("cost"), raw=usage,
         ) if usage else None,
         model=params.get("model") if isinstance(params.get("model"), str) else None,
+        entry_id=str(params["entry_id"]) if params.get("entry_id") else None,
     )
 
 

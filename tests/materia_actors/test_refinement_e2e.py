@@ -191,6 +191,7 @@ def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, pr
     evs = events(run_dir)
     completes = [e["data"] for e in evs if e["type"] == "socket_complete"]
     assert [c["socket"] for c in completes] == ["Socket-1", "Socket-2"]
+    assert completes[1].get("entryId") == "pi-entry-4"  # the harness's transcript id, not castor's turn id
     assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 2
     assert completes[0]["parsed"] is True
     end = [e["data"] for e in evs if e["type"] == "cast_end"]

@@ -53,7 +53,7 @@ def usage_map(outcome: TurnOutcome) -> dict[str, Any] | None:
 def turn_ended(visit_id: str, outcome: TurnOutcome, at: float) -> TurnEnded:
     error = outcome.error.message if outcome.error is not None else None
     return TurnEnded(visit_id=visit_id, text=outcome.text, stop_reason=outcome.stop_reason, error=error,
-                     usage=usage_map(outcome), model=outcome.model, at=at)
+                     usage=usage_map(outcome), model=outcome.model, entry_id=outcome.entry_id, at=at)
 
 
 class SocketActor(Actor):

@@ -103,6 +103,7 @@ class TurnOutcome(BaseModel):
     error: TurnError | None = None
     usage: TurnUsage | None = None
     model: str | None = None  # the model that actually answered, if known
+    entry_id: str | None = None  # the harness's transcript entry of the answer (Pi's message id), if any
 
     @property
     def ok(self) -> bool:
