@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections import Counter, deque
 from typing import Any, Callable
 
@@ -154,7 +155,9 @@ class Mailbox:
             raise ValueError("mailbox capacity must be >= 1 or None")
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
+        # Consumers parked in get(), each on its own pre-acquired lock: a lean Condition
+        # (no ownership checks, no waiter-list scans); a put wakes at most one of them.
+        self._waiters: deque[Any] = deque()
         self._queue: deque[Envelope] = deque()
         self._control: deque[Control] = deque()
         self._by_type: Counter[str] = Counter()
@@ -178,7 +181,8 @@ class Mailbox:
                 )
             self._queue.append(envelope)
             self._by_type[envelope.type_name] += 1
-            self._ready.notify()
+            if self._waiters:
+                self._waiters.popleft().release()
 
     def put_control(self, item: Control) -> bool:
         """Queue a control item ahead of every message; False when closed."""
@@ -186,15 +190,24 @@ class Mailbox:
             if self._closed is not None:
                 return False
             self._control.append(item)
-            self._ready.notify()
+            if self._waiters:
+                self._waiters.popleft().release()
             return True
 
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
         """Block until a control item or an envelope is available; controls first."""
-        with self._lock:
+        lock = self._lock
+        with lock:
             while not self._control and not self._queue:
-                self._ready.wait()
+                waiter = _allocate_lock()
+                waiter.acquire()
+                self._waiters.append(waiter)
+                lock.release()
+                try:
+                    waiter.acquire()  # released by a put (or close) that popped it
+                finally:
+                    lock.acquire()
             if self._control:
                 return self._control.popleft()
             envelope = self._queue.popleft()
@@ -231,7 +244,8 @@ class Mailbox:
             self._by_type.clear()
             for envelope in drained:
                 envelope.state = REJECTED
-            self._ready.notify_all()
+            while self._waiters:
+                self._waiters.popleft().release()
             return drained
 
     @property
