@@ -1,4 +1,8 @@
-"""Actor hop cost: bare pykka vs a castor supervised, inspectable actor — in one run.
+"""Actor costs: bare pykka vs a castor supervised, inspectable actor — in one run.
+
+Ask round trip, tell throughput, and the life of a short-lived child: castor's
+spawn of a TEMPORARY child + first ask + stop (until the supervisor has removed
+it and closed its handle) against pykka's ``start()`` + ask + ``stop()``.
 
     python bench/actors.py [--quick]
 

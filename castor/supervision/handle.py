@@ -178,6 +178,8 @@ class ActorHandle:
         synchronous start): a supervisor's children therefore exist, all the
         way down, when its own start returns. An ``on_start`` that takes
         longer than ``start_timeout`` is logged and left to finish on its own.
+        A class that keeps the base (no-op) ``on_start`` is not waited for:
+        there is nothing to order, and its messages queue meanwhile.
         """
         actor = self.factory()
         with self._lock:

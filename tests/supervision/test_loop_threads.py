@@ -7,7 +7,7 @@ import gc
 import threading
 import weakref
 
-from castor.supervision import ActorSystem, ChildSpec, Restart
+from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 from castor.supervision.threads import LOOP_THREADS, LoopThreads
 from tests.supervision.helpers import Journal, Ping, wait_until, worker
 
@@ -103,3 +103,44 @@ def test_stopped_temporary_children_park_their_threads_and_are_collected():
         assert journal.count("ping") == 20
         assert LOOP_THREADS.parked >= 1
         assert wait_until(lambda: gc.collect() >= 0 and all(r() is None for r in refs))
+
+
+class _SlowStart(Actor):
+    def __init__(self, entered: threading.Event, gate: threading.Event) -> None:
+        super().__init__()
+        self.entered = entered
+        self.gate = gate
+
+    def on_start(self) -> None:
+        self.entered.set()
+        self.gate.wait(5)
+
+    @handles(Ping)
+    def ping(self, message: Ping) -> int:
+        return message.n
+
+
+class _NoStart(Actor):
+    @handles(Ping)
+    def ping(self, message: Ping) -> int:
+        return message.n
+
+
+def test_spawn_still_waits_for_an_overridden_on_start():
+    entered, gate, returned = threading.Event(), threading.Event(), threading.Event()
+    with ActorSystem() as system:
+        spec = ChildSpec("slow", lambda: _SlowStart(entered, gate), restart=Restart.TEMPORARY)
+        spawner = threading.Thread(target=lambda: (system.spawn(spec), returned.set()), daemon=True)
+        spawner.start()
+        assert entered.wait(5)
+        assert not returned.wait(0.2)  # on_start is still running: the spawn must not have returned
+        gate.set()
+        assert returned.wait(5)
+        spawner.join(5)
+
+
+def test_a_child_without_on_start_is_not_waited_for_and_still_answers():
+    with ActorSystem() as system:
+        handle = system.spawn(ChildSpec("plain", _NoStart, restart=Restart.TEMPORARY))
+        assert handle.actor is not None and handle.actor._started is None
+        assert handle.ask(Ping(n=7), timeout=5) == 7
