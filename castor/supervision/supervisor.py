@@ -178,7 +178,7 @@ class Supervisor(Actor):
         self.strategy = Strategy(strategy)
         self._intensity = _Intensity(max_restarts, within_seconds)
         self._initial = list(children)
-        self._slots: list[_Slot] = []
+        self._slots: dict[str, _Slot] = {}  # by path, in start order (O(1) find/remove with many children)
 
     # -- lifecycle ---------------------------------------------------------
     def on_start(self) -> None:
@@ -186,7 +186,7 @@ class Supervisor(Actor):
             self._start(spec)
 
     def on_terminate(self, cause: str) -> None:
-        for slot in reversed(list(self._slots)):
+        for slot in reversed(list(self._slots.values())):
             self._shutdown(slot, close=True, reason=f"supervisor {self.path} {cause}")
         self._slots.clear()
 
@@ -201,12 +201,12 @@ class Supervisor(Actor):
         if slot is None:
             raise NotFound(f"no child {message.id!r} under {self.path}")
         self._shutdown(slot, close=True, reason="stopped by request")
-        self._slots.remove(slot)
+        self._slots.pop(slot.handle.path, None)
         return True
 
     @handles(WhichChildren)
     def _on_which_children(self, _message: WhichChildren) -> list[str]:
-        return [slot.handle.path for slot in self._slots]
+        return list(self._slots)
 
     @handles(ReviveChild)
     def _on_revive(self, message: ReviveChild) -> None:
@@ -251,13 +251,13 @@ class Supervisor(Actor):
                 f"{self.path}: more than {self._intensity.max_restarts} restarts in "
                 f"{self._intensity.within_seconds}s (last: {message.path} {message.kind}: {message.error})"
             )
-        index = self._slots.index(failed)
+        slots = list(self._slots.values())
         if self.strategy is Strategy.ONE_FOR_ONE:
             affected = [failed]
         elif self.strategy is Strategy.ONE_FOR_ALL:
-            affected = list(self._slots)
+            affected = slots
         else:
-            affected = self._slots[index:]
+            affected = slots[slots.index(failed):]
         for slot in reversed(affected):
             if slot is not failed and slot.handle.alive:
                 self._shutdown(slot, close=False, reason="sibling restart")
@@ -295,11 +295,11 @@ class Supervisor(Actor):
         handle._on_exit = _report_exit_to(self.handle)
         slot = _Slot(spec, handle, intensity=(
             _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
-        self._slots.append(slot)
+        self._slots[path] = slot
         try:
             handle.launch()
         except Exception:
-            self._slots.remove(slot)
+            self._slots.pop(path, None)
             handle.close("failed to start")
             raise
         return handle
@@ -317,7 +317,7 @@ class Supervisor(Actor):
 
     def _remove(self, slot: _Slot, reason: str) -> None:
         slot.handle.close(reason)
-        self._slots.remove(slot)
+        self._slots.pop(slot.handle.path, None)
         if slot.spec.on_removed is not None:
             try:
                 slot.spec.on_removed(reason)
@@ -325,10 +325,7 @@ class Supervisor(Actor):
                 self.log.opt(exception=exc).error("on_removed of {path} failed", path=slot.handle.path)
 
     def _find(self, path: str) -> _Slot | None:
-        for slot in self._slots:
-            if slot.handle.path == path:
-                return slot
-        return None
+        return self._slots.get(path)
 
 
 def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, str], None]:
