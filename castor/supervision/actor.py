@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 import pykka
 from loguru import logger
 
-from castor.messages.errors import CastorError, Retired
-from castor.supervision.mailbox import Control, Envelope, Latch
+from castor.messages.errors import ActorStopped, CastorError, Retired
+from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch
 from castor.supervision.threads import LOOP_THREADS
 
 if TYPE_CHECKING:
@@ -192,6 +192,10 @@ class Actor(pykka.ThreadingActor):
         while self._exit_kind is None:
             item = mailbox.get()
             if self._abandoned:
+                # Cut loose by a brutal shutdown: this item belongs to the next incarnation.
+                mailbox.put_back(item)
+                if item.__class__ is Envelope and item.state == REJECTED and item.reply is not None:
+                    item.reply.fail(ActorStopped(f"{self.handle.path} stopped", may_have_started=False))
                 return
             if item.__class__ is Envelope:
                 self._process(item, handle)

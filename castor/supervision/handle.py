@@ -186,6 +186,7 @@ class ActorHandle:
             self.incarnation += 1
             if self._exited.is_set():
                 self._exited = Latch()
+            self._mailbox.clear_control()  # a stop/kill left for the previous incarnation is not for this one
             actor._bind(self, self._mailbox, self.incarnation)
             self._actor = actor
             self.kind = type(actor).__name__

@@ -215,6 +215,26 @@ class Mailbox:
             envelope.state = STARTED
             return envelope
 
+    def put_back(self, item: Envelope | Control) -> None:
+        """Return an item taken by a consumer that must not handle it (an abandoned loop), at the front."""
+        with self._lock:
+            if item.__class__ is Envelope:
+                if self._closed is not None:
+                    item.state = REJECTED  # the closer already rejected the rest; this one fails below
+                else:
+                    item.state = QUEUED
+                    self._queue.appendleft(item)
+                    self._by_type[item.type_name] += 1
+            elif self._closed is None:
+                self._control.appendleft(item)
+            if self._waiters:
+                self._waiters.popleft().release()
+
+    def clear_control(self) -> None:
+        """Drop control items left for an incarnation that is gone (before a new one starts)."""
+        with self._lock:
+            self._control.clear()
+
     def cancel(self, envelope: Envelope) -> bool:
         """Withdraw a queued envelope; True only if it had not started and now never will."""
         with self._lock:

@@ -113,3 +113,32 @@ def test_on_removed_runs_when_a_child_is_given_up():
         assert wait_until(lambda: len(removed) == 1) and "gave up" in removed[0]
     finally:
         system.shutdown(10)
+
+
+def test_an_abandoned_incarnation_never_steals_a_message_from_its_successor():
+    """A child overruns its shutdown timeout during a sibling restart, is abandoned and relaunched:
+    the stuck thread must not take (and drop) a message meant for the new incarnation, and the
+    stop left for the old incarnation must not stop the new one."""
+    from castor.supervision import Strategy
+
+    journal = Journal()
+    system = ActorSystem([
+        ChildSpec("first", worker("first", journal)),
+        ChildSpec("stuck", worker("stuck", journal), shutdown_timeout=0.2),
+    ], strategy=Strategy.ONE_FOR_ALL, max_restarts=5, within_seconds=60)
+    stuck = system.lookup("/root/stuck")
+    try:
+        stuck.tell(Block(key="hold"))
+        assert journal.event("hold:entered").wait(5)
+        with pytest.raises(ActorCrashed):
+            system.lookup("/root/first").ask(Boom(), timeout=5)  # one_for_all: stuck is stopped, overruns, abandoned
+        from .helpers import wait_until
+
+        assert wait_until(lambda: stuck.incarnation == 2 and stuck.alive)
+        journal.event("hold").set()  # the abandoned thread returns from its handler now
+        answers = [stuck.ask(Ping(n=i), timeout=5) for i in range(20)]
+        assert answers == [("stuck", 2, i) for i in range(20)]
+        assert stuck.alive and stuck.incarnation == 2
+    finally:
+        journal.event("hold").set()
+        system.shutdown(10)
