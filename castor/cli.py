@@ -63,20 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     demo.set_defaults(run=_cmd_demo)
 
-    _add_optional_subcommands(sub)
+    _add_system_subcommands(sub)
     return parser
 
 
-def _add_optional_subcommands(sub: Any) -> None:
-    for module_name, function in (("castor.cli_materia", "add_materia_subcommands"),
-                                  ("castor.cli_soak", "add_soak_subcommand")):
-        try:
-            module = __import__(module_name, fromlist=[function])
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # TODO(lead): make these unconditional once they have landed
-        getattr(module, function)(sub)
+def _add_system_subcommands(sub: Any) -> None:
+    from castor.cli_materia import add_materia_subcommands
+    from castor.cli_soak import add_soak_subcommand
+
+    add_materia_subcommands(sub)
+    add_soak_subcommand(sub)
 
 
 # -- serve ------------------------------------------------------------------------

@@ -150,10 +150,11 @@ def section_supervision(report: DemoReport) -> None:
         system.shutdown(10)
 
 
-SECTIONS: list[tuple[str, str, str]] = [
-    ("casts", "castor.demo_casts", "section_casts"),
-    ("icarus", "castor.demo_icarus", "section_icarus"),
-]
+def _sections() -> list[tuple[str, Callable[[DemoReport, Path], None]]]:
+    from castor.demo_casts import section_casts
+    from castor.demo_icarus import section_icarus
+
+    return [("casts", section_casts), ("icarus", section_icarus)]
 
 
 def run_demo(*, workdir: str | None = None, quiet: bool = False) -> int:
@@ -165,15 +166,7 @@ def run_demo(*, workdir: str | None = None, quiet: bool = False) -> int:
         root.mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]castor demo[/bold] — working in {root}")
         section_supervision(report)
-        for name, module_name, function in SECTIONS:
-            try:
-                module = __import__(module_name, fromlist=[function])
-            except ModuleNotFoundError as exc:
-                if exc.name != module_name:
-                    raise
-                report.check(name, f"section {name} available", False, "not built yet")
-                continue
-            section: Callable[[DemoReport, Path], None] = getattr(module, function)
+        for name, section in _sections():
             try:
                 section(report, root)
             except Exception as exc:  # noqa: BLE001 - a broken section fails the demo, visibly
