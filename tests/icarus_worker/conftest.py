@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.support.icarus import read_jsonl
 from castor.adapters.icarus.launch import build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess
 from castor.domain.icarus.settings import IcarusSettings
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
-
-
-def read_call_log(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie awaiting reaping)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 class Harness:
@@ -63,7 +48,7 @@ class Harness:
         return worker
 
     def calls(self, name: str | None = None, phase: str = "start") -> list[dict]:
-        return [r for r in read_call_log(self.call_log)
+        return [r for r in read_jsonl(self.call_log)
                 if r["phase"] == phase and (name is None or r["call"] == name)]
 
     def close(self) -> None:

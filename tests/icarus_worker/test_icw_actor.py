@@ -14,7 +14,7 @@ from castor.messages.errors import Cancelled, ErrorCode, Timeout, WorkerCrashed,
 from castor.supervision import ActorSystem
 from castor.supervision.faults import kill_process
 
-from .conftest import gone
+from tests.support.icarus import gone
 
 
 @pytest.fixture

@@ -21,7 +21,9 @@ from castor.adapters.icarus.worker_process import (
 )
 from castor.messages.errors import Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
 
-from .conftest import REFERENCE_ICARUS, gone, read_call_log
+from tests.support.icarus import gone, read_jsonl as read_call_log
+
+from .conftest import REFERENCE_ICARUS
 
 
 def call(worker: WorkerProcess, module: str, function: str, *args, deadline_s: float | None = 10, **kwargs):
