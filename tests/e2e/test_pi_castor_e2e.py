@@ -176,8 +176,11 @@ def test_e_runtime_killed_mid_cast_pi_survives_and_recast_completes(start_pi, ca
         time.sleep(0.02)
     killed_at = pi.mark()
     castor_process(pi).kill()
-    note = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=killed_at)
-    assert "castor runtime stopped" in note["message"]
+    # Other error toasts may come first (e.g. a lifecycle call that was in flight when the
+    # runtime died); the one that must appear says the runtime stopped.
+    note = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error"
+                      and "castor runtime stopped" in str(e.get("message", "")), start=killed_at)
+    assert note["message"].startswith("castor runtime stopped")
     pi.wait_ui("setStatus", lambda e: e.get("statusText") == "castor: down", start=killed_at)
     assert pi.proc.poll() is None, "Pi must keep running"
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=killed_at)  # the orphaned turn ends normally
@@ -187,6 +190,11 @@ def test_e_runtime_killed_mid_cast_pi_survives_and_recast_completes(start_pi, ca
     start = pi.command("/materia recast")
     up_again = pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), start=start)
     assert up_again
-    _run_dir, events = wait_cast_end(pi, project, start=start)
+    # The orphaned turn's end may be reported to the dead runtime just around now; that
+    # toast ("castor did not take the end of turn …") is expected. Any other error is not.
+    _run_dir, events = wait_cast_end(pi, project, start=start, tolerate_errors=True)
+    unexpected = [e.get("message") for e in pi.ui("notify", start=start)
+                  if e.get("notifyType") == "error" and "did not take the end of turn" not in str(e.get("message"))]
+    assert unexpected == []
     assert any(e["type"] == "cast_recast" for e in events)
     assert events[-1]["data"]["ok"] is True
