@@ -101,6 +101,16 @@ def worker(name: str, journal: Journal) -> Callable[[], Worker]:
     return lambda: Worker(name, journal)
 
 
+def process_gone(pid: int) -> bool:
+    """True when the process no longer runs (absent, or a zombie awaiting reaping); race-free."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.002) -> bool:
     """Deadline-bounded wait for a condition that has no event of its own."""
     deadline = time.monotonic() + timeout

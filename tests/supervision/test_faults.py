@@ -5,13 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from castor.messages.errors import ActorCrashed
 from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
 
-from .helpers import Block, Journal, Ping, wait_until, worker
+from .helpers import Block, Journal, Ping, process_gone, wait_until, worker
 from .test_retirement import ProcessOwner, ReadChild
 
 pytestmark = pytest.mark.timeout(15)
@@ -79,16 +78,9 @@ def test_kill_process_kills_the_owned_process_tree_and_the_actor_sees_it_through
         pids = faults.kill_process(handle)
         assert len(pids) == 1
         assert reading.result() == b""  # the pipe closed because the process died
-        assert wait_until(lambda: _dead(pids[0]))
+        assert wait_until(lambda: process_gone(pids[0]))
     finally:
         system.shutdown(10)
-
-
-def _dead(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_kill_process_trees_reaches_grandchildren():
@@ -101,4 +93,4 @@ def test_kill_process_trees_reaches_grandchildren():
     grandchild = int(child.stdout.readline())
     faults.kill_process_trees([child.pid])
     child.wait(5)
-    assert wait_until(lambda: _dead(grandchild))
+    assert wait_until(lambda: process_gone(grandchild))

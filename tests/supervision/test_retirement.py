@@ -5,14 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from castor.messages.base import Message
 from castor.messages.errors import ActorStopped, Retired, WorkerRetired
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 
-from .helpers import Journal, Ping, wait_until
+from .helpers import Journal, Ping, process_gone, wait_until
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -75,8 +74,6 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
         owner = system.lookup("/root/owner")
         assert journal.wait_for(lambda e: any(x[0] == "spawned" for x in e))
         pid = next(x[2] for x in journal.entries if x[0] == "spawned")
-        from .helpers import Block  # noqa: F401  (ProcessOwner does not handle Block)
-
         # Queue the retirement, then 50 requests behind it.
         retire = owner.ask_pending(Retire(reason="timed out"), timeout=5)
         queued = [owner.ask_pending(Ping(n=i), timeout=5) for i in range(50)]
@@ -86,7 +83,7 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
                 pending.result()
             assert info.value.may_have_started is False
             assert info.value.data["reason"] == "timed out"
-        assert wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        assert wait_until(lambda: process_gone(pid))
         assert owner.wait_exited(5) and owner.snapshot().state == "retired"
         assert owner.incarnation == 1 and owner.restarts == 0  # the supervisor did not restart it
         # New demand: a fresh incarnation handles only the new message.
