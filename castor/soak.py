@@ -73,6 +73,9 @@ from castor.domain.materia.defaults import default_config
 from castor.messages.errors import CastorError
 
 TERMINAL = ("complete", "failed", "aborted")
+SETTLED = (*TERMINAL, "orphaned")
+"""Statuses that will not change without a new command: ``orphaned`` is a cast whose actor
+was given up (crash-looping past its restart intensity) — resumable by ``recast``."""
 ASK_TIMEOUT_S = 30.0
 #: An ask that returns later than its deadline plus this is counted as stranded.
 ASK_GRACE_S = 1.0
@@ -514,7 +517,7 @@ class Soak:
                 to_start -= 1
             for cast_id in sorted(running):
                 view, err = self.call(session.sid, "status", {"cast_id": cast_id})
-                if err is None and view["status"] in TERMINAL:
+                if err is None and view["status"] in SETTLED:
                     running.discard(cast_id)
             time.sleep(0.05)
 
@@ -664,13 +667,14 @@ class Soak:
             return {}
         return {r["cast_id"]: r for r in view["casts"] if r["cast_id"] in set(session.cast_ids)}
 
-    def _wait_terminal(self, session: _Session, cast_ids: Iterable[str], timeout: float) -> None:
+    def _wait_terminal(self, session: _Session, cast_ids: Iterable[str], timeout: float,
+                       settled: tuple[str, ...] = SETTLED) -> None:
         pending = set(cast_ids)
         end = time.monotonic() + timeout
         while pending and time.monotonic() < end:
             for cast_id in sorted(pending):
                 view, err = self.call(session.sid, "status", {"cast_id": cast_id})
-                if err is None and view["status"] in TERMINAL:
+                if err is None and view["status"] in settled:
                     pending.discard(cast_id)
             time.sleep(0.1)
 
@@ -713,7 +717,7 @@ class Soak:
                     _view, err = self.call(session.sid, "recast", {"cast_id": cast_id})
                     if err is None:
                         recast.add(cast_id)
-                self._wait_terminal(session, ids, quiet_bound)
+                self._wait_terminal(session, ids, quiet_bound, settled=TERMINAL)
                 rows = self._rows(session)
                 resumable[session.sid] = [cid for cid in ids if rows.get(cid, {}).get("status") != "complete"
                                           and rows.get(cid, {}).get("resumable")]

@@ -129,3 +129,28 @@ def test_restart_replays_the_last_transitions_file_effects_without_duplicates(ru
     import json
 
     assert json.loads((run_dir / "manifest.json").read_text())["entries"][-1]["phase"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_crash_looping_cast_is_given_up_alone_shows_orphaned_and_recast_completes_it(runtime_factory, project):
+    from castor.actors.materia.cast_actor import CAST_MAX_RESTARTS
+
+    rt = runtime_factory()
+    agent, _ui = open_session(rt, "s1", project, [{"text": "never", "delay_ms": 30000}] * (CAST_MAX_RESTARTS + 1)
+                              + ["resumed"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id = started["cast_id"]
+    handle = _cast_handle(rt, "s1", cast_id)
+    for n in range(CAST_MAX_RESTARTS + 1):  # the last kill is one restart too many
+        wait_for(lambda: handle.alive or handle.closed.is_set(), what="a live incarnation")
+        if handle.closed.is_set():
+            break
+        faults.kill(handle, f"crash loop {n}")
+        wait_for(lambda n=n: handle.incarnation > n + 1 or handle.closed.is_set(), what="the restart")
+    assert handle.closed.wait(10)  # given up: removed, not restarted again
+    assert rt.system.find("/root/session/s1/cast") is not None  # the cast supervisor did not fail
+    view = wait_status(rt, "s1", cast_id, statuses=("orphaned",))
+    assert view["resumable"] is True
+    materia_call(rt, "s1", "recast", {"cast_id": cast_id})
+    agent_done = wait_status(rt, "s1", cast_id, timeout=40)
+    assert agent_done["status"] == "complete"
