@@ -21,23 +21,18 @@ import pytest
 
 from castor.domain.materia import compaction
 from castor.domain.materia.cast_messages import (
-    CastStarted,
-    Compact,
     CompactionFinished,
-    EmitEvent,
     Notify,
     RecastRequested,
     RefinementTurnStarted,
     RunAgentTurn,
-    RunUtility,
-    TurnEnded,
     WriteArtifact,
 )
 from castor.domain.materia.config import ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
-from castor.domain.materia.engine import CastRejected, Transition, step
+from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.resolve import load_config, resolve_config
-from castor.domain.materia.state import CastState
+from tests.domain.materia.scripted import Driver  # the engine driver the domain tests use (asserts purity too)
 
 # =========================================================================== engine helpers
 
@@ -59,55 +54,6 @@ def config(sockets: dict[str, Any], *, loops: dict[str, Any] | None = None, **to
         loadout["loops"] = loops
     return {"materia": {"A": agent(), "J": agent(), "G": agent(generator=True)},
             "loadouts": {"L": loadout}, "activeLoadout": "L", **top}
-
-
-class Driver:
-    """Holds the cast state, applies events through ``engine.step`` and records every effect."""
-
-    def __init__(self, cfg: ResolvedConfig, request: str = "do it", data: dict[str, Any] | None = None) -> None:
-        self.t = 0.0
-        self.state: CastState | None = None
-        self.transitions: list[Transition] = []
-        self._apply(CastStarted(cast_id="cast-c", request=request, config=cfg, cwd="/w", run_dir="/w/run",
-                                artifact_root="/w", data=data or {}, at=self._tick()))
-
-    def _tick(self) -> float:
-        self.t += 1.0
-        return self.t
-
-    def _apply(self, event: Any) -> Transition:
-        tr = step(self.state, event)
-        self.transitions.append(tr)
-        self.state = tr.state
-        return tr
-
-    def send(self, event_cls: type, **fields: Any) -> Transition:
-        return self._apply(event_cls(at=self._tick(), **fields))
-
-    @property
-    def effects(self) -> list[Any]:
-        return [e for tr in self.transitions for e in tr.effects]
-
-    def pending(self) -> Any:
-        assert self.state is not None and self.state.pending is not None, "cast is not waiting for work"
-        work = [e for e in self.effects if isinstance(e, (RunAgentTurn, RunUtility, Compact))][-1]
-        assert work.visit_id == self.state.pending.visit_id
-        return work
-
-    def reply(self, text: Any, **fields: Any) -> Transition:
-        work = self.pending()
-        assert isinstance(work, RunAgentTurn), f"expected an agent turn, got {work.kind}"
-        return self.send(TurnEnded, visit_id=work.visit_id, text=text if isinstance(text, str) else json.dumps(text),
-                         **fields)
-
-    def fail_turn(self, error: str, **fields: Any) -> Transition:
-        return self.send(TurnEnded, visit_id=self.pending().visit_id, error=error, stop_reason="error", **fields)
-
-    def events(self, type_: str | None = None) -> list[EmitEvent]:
-        return [e for e in self.effects if isinstance(e, EmitEvent) and (type_ is None or e.type == type_)]
-
-    def turns(self) -> list[RunAgentTurn]:
-        return [e for e in self.effects if isinstance(e, RunAgentTurn)]
 
 
 def _loop_config(exits: list[dict[str, Any]] | None) -> dict[str, Any]:
