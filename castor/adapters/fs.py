@@ -36,9 +36,9 @@ Failure behaviour
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -84,6 +84,9 @@ def ensure_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+_TEMP_SEQ = itertools.count()  # next() on a count is atomic under the GIL
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False) -> None:
     """Replace ``path`` with ``data`` atomically and durably (see module doc).
 
@@ -94,8 +97,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     target = os.fspath(path)
     directory, name = os.path.split(target)
     directory = directory or "."
-    # The temp name is unique per call so concurrent writers never share one.
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # The temp name is unique per call (pid + a process-wide counter) so concurrent writers,
+    # in this process or another, never share one.
+    tmp = f"{directory}/.{name}.{os.getpid()}.{next(_TEMP_SEQ)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
@@ -195,34 +199,42 @@ class ConfinedRoot:
     a path that meets a symlink goes through the full ``safe_join``. So a path built from
     config, ids or model output never leaves the root, and a symlink planted inside it later
     is seen by the next call — at a few ``lstat`` calls instead of a ``realpath`` of the whole
-    absolute path.
+    absolute path. ``join_text`` is the same answer as a string (the cast hot path: several
+    writes per transition, and pathlib's parsing costs more than the checks themselves).
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root).resolve()
-        self._root_text = str(self.root)
+    def __init__(self, root: str | os.PathLike[str], *, resolved: bool = False) -> None:
+        # resolved=True: the caller passes a path it already resolved (or one this class
+        # returned), so the realpath walk of a deep root is not paid again.
+        self.root = Path(root) if resolved else Path(root).resolve()
+        self._prefix = str(self.root).rstrip("/")  # "" for "/", so joins never double the slash
 
     def check(self, relative: str) -> str:
         """The refusals of :meth:`join` that need no disk access (NUL, empty, absolute, ``..``)."""
         return _check_part(self.root, relative)
 
     def join(self, relative: str) -> Path:
+        return Path(self.join_text(relative))
+
+    def join_text(self, relative: str) -> str:
         text = _check_part(self.root, relative)
         parts = text.split("/")
-        if any(p in ("", ".") for p in parts):
-            return safe_join(self.root, text)  # unusual spellings: the general path
-        current = self._root_text
+        if "" in parts or "." in parts:
+            return str(safe_join(self.root, text))  # unusual spellings: the general path
+        current = self._prefix
+        lstat = os.lstat
         for index, part in enumerate(parts):
-            current = os.path.join(current, part)
+            current = f"{current}/{part}"
             try:
-                mode = os.lstat(current).st_mode
+                mode = lstat(current).st_mode
             except OSError:
                 # Nothing exists from here on (or it cannot: too long, not a directory), so
                 # nothing below can be a symlink yet; using the path fails as it would anyway.
-                return Path(os.path.join(current, *parts[index + 1:]))
+                rest = parts[index + 1:]
+                return "/".join([current, *rest]) if rest else current
             if stat.S_ISLNK(mode):
-                return safe_join(self.root, text)
-        return Path(current)
+                return str(safe_join(self.root, text))
+        return current
 
 
 # --------------------------------------------------------------------------- JSON lines

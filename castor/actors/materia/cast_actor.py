@@ -54,7 +54,6 @@ from typing import Any, Callable
 from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, WorkLost
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
-from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
 from castor.domain.materia.cast_messages import (
@@ -135,14 +134,9 @@ class CastActor(Actor):
     def _start(self) -> None:
         env = self.env
         self.store = CastStateStore(env.artifact_root)
-        self.artifacts = CastArtifacts(env.artifact_root, env.cast_id)
-        self.fence = self.store.claim(env.cast_id)
-        stored = None
-        try:
-            stored = self.store.load(env.cast_id)
-        except NotFound:
-            pass
-        if stored is None or stored.revision == 0:
+        self.artifacts = self.store.artifacts(env.cast_id)
+        self.fence, stored = self.store.claim_loaded(env.cast_id)
+        if stored.revision == 0:
             if env.start_event is None:
                 raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})
             self.artifacts.create()
@@ -246,15 +240,15 @@ class CastActor(Actor):
 
         The resolved config is immutable and shared (between the states of a cast, and between
         casts started from unchanged config files), so its JSON is derived once per config
-        object (:mod:`castor.domain.materia.memo`) and spliced in; the rest is dumped per transition.
+        object (:mod:`castor.domain.materia.memo`) and spliced in; the rest is serialised per
+        transition by pydantic's own JSON serialiser (no intermediate dicts).
         """
         config = state.config
         config_json = derived(config, "state_json",
                               lambda: json.dumps(config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False))
-        document = state.model_dump(mode="json", exclude={"config"})
-        document[OUTBOX_KEY] = [e.model_dump(mode="json") for e in files]
-        body = json.dumps(document, ensure_ascii=False, allow_nan=False)
-        return f'{body[:-1]}, "config": {config_json}}}'
+        body = state.model_dump_json(exclude={"config"})
+        outbox = ",".join(effect.model_dump_json() for effect in files)
+        return f'{body[:-1]},"{OUTBOX_KEY}":[{outbox}],"config":{config_json}}}'
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.

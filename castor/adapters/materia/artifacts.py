@@ -16,7 +16,8 @@ Layout (names kept from pi-materia so its tools keep working)::
 
 Guarantees
 ----------
-- Every path is built through :func:`castor.adapters.fs.safe_join`; cast ids
+- Every path is built through :class:`castor.adapters.fs.ConfinedRoot` (the
+  answers of :func:`castor.adapters.fs.safe_join`); cast ids
   and socket ids are validated first (``[A-Za-z0-9][A-Za-z0-9._-]*``, at most
   128 characters), so ``../x``, ``/etc``, ``a/b``, NUL or over-long ids raise
   :class:`Forbidden` and touch nothing. Item keys, entry ids and suffixes are
@@ -229,6 +230,9 @@ _LOCKS: dict[str, threading.RLock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+_FITTED_CACHE_SIZE = 4096  # distinct relative paths remembered per cast directory
+
+
 def _lock_for(run_dir: Path) -> threading.RLock:
     key = str(run_dir)
     with _LOCKS_GUARD:
@@ -282,13 +286,16 @@ class CastArtifacts:
     USAGE = "usage.json"
     EVENTS = "events.jsonl"
 
-    def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str) -> None:
+    def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str, *, root_resolved: bool = False) -> None:
+        """``root_resolved``: ``artifact_root`` is already symlink-resolved (a store passes its own)."""
         self.cast_id = validate_cast_id(cast_id)
-        self.artifact_root = Path(artifact_root).resolve()
-        self.run_dir = safe_join(self.artifact_root, self.cast_id)
+        self.artifact_root = Path(artifact_root) if root_resolved else Path(artifact_root).resolve()
+        # The run dir, resolved once: join_text answers with a symlink-free or resolved path.
+        self.run_dir = Path(ConfinedRoot(self.artifact_root, resolved=True).join_text(self.cast_id))
         self._lock = _lock_for(self.run_dir)
-        self._root = ConfinedRoot(self.run_dir)  # the run dir resolved once (see ConfinedRoot)
-        self._made: set[Path] = set()  # directories known to exist: no mkdir per write
+        self._root = ConfinedRoot(self.run_dir, resolved=True)
+        self._made: set[str] = set()  # directories known to exist: no mkdir per write
+        self._fitted: dict[str, str] = {}  # relative path -> checked, fitted relative path
         # The manifest as last written by this object, and the file identity it was written
         # as: an append rewrites it from memory unless the file changed underneath.
         self._manifest_meta: dict[str, Any] | None = None
@@ -317,9 +324,22 @@ class CastArtifacts:
         Over-long components are shortened by :func:`fit_name` (after the
         escape checks see the original text, so ``..`` is never hidden).
         """
-        text = str(relative)
-        self._root.check(text)  # the escape checks see the original text: ".." is never hidden
-        return self._root.join("/".join(fit_name(part) for part in text.split("/")))
+        return Path(self._target(relative))
+
+    def _target(self, relative: str) -> str:
+        """:meth:`path` as a string: the write hot path (several calls per cast transition).
+
+        The text checks and name fitting of a relative path never change, so they are done once
+        per path; the containment walk (``lstat`` of each existing component) runs every call.
+        """
+        fitted = self._fitted.get(relative)
+        if fitted is None:
+            text = str(relative)
+            self._root.check(text)  # the escape checks see the original text: ".." is never hidden
+            fitted = "/".join(fit_name(part) for part in text.split("/"))
+            if len(self._fitted) < _FITTED_CACHE_SIZE:
+                self._fitted[relative] = fitted
+        return self._root.join_text(fitted)
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the run dir, with ``/`` separators."""
@@ -338,11 +358,12 @@ class CastArtifacts:
                 f"{relative} of cast {self.cast_id} is not valid JSON", data={"path": str(target), "error": str(exc)}
             ) from None
 
-    def _write(self, target: Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
+    def _write(self, target: str | Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
+        target = os.fspath(target)
         with self._lock:
-            parent = target.parent
+            parent = os.path.dirname(target)
             if parent not in self._made:
-                parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(parent, exist_ok=True)
                 self._made.add(parent)
             if isinstance(content, bytes):
                 atomic_write_bytes(target, content)
@@ -350,11 +371,11 @@ class CastArtifacts:
                 atomic_write_text(target, content)
             else:
                 atomic_write_json(target, content)
-        return target
+        return Path(target)
 
     def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
         """Write any artifact at a run-dir-relative path (text, bytes, or JSON for dict/list)."""
-        return self._write(self.path(relative), content)
+        return self._write(self._target(relative), content)
 
     # -- whole-file documents ------------------------------------------------
 
@@ -365,7 +386,7 @@ class CastArtifacts:
         return self._read_json(self.CONFIG)
 
     def write_usage(self, usage: dict[str, Any]) -> Path:
-        return self._write(self.path(self.USAGE), usage)
+        return self._write(self._target(self.USAGE), usage)
 
     def read_usage(self) -> dict[str, Any]:
         return self._read_json(self.USAGE)
@@ -401,7 +422,7 @@ class CastArtifacts:
             return stored
 
     def _manifest_now(self) -> tuple[dict[str, Any], list[str]]:
-        target = self.path(self.MANIFEST)
+        target = self._target(self.MANIFEST)
         if self._manifest_meta is not None and _file_sig(target) == self._manifest_sig:
             return self._manifest_meta, self._manifest_lines
         manifest = self.read_manifest()
@@ -412,7 +433,7 @@ class CastArtifacts:
         return manifest, [_manifest_line(e) for e in entries or []]
 
     def _write_manifest(self, meta: dict[str, Any], lines: list[str]) -> Path:
-        target = self._write(self.path(self.MANIFEST), render_manifest(meta, lines))
+        target = self._write(self._target(self.MANIFEST), render_manifest(meta, lines))
         self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
         return target
 
@@ -442,7 +463,7 @@ class CastArtifacts:
                 raise ValueError("event type must be a non-empty string")
             records.append({"ts": int(ts_ms), "type": type_, "data": dict(data or {})})
         with self._lock:
-            append_json_lines(self.path(self.EVENTS), records)
+            append_json_lines(self._target(self.EVENTS), records)
 
     def read_events(self) -> EventLog:
         """Every complete event line; torn or corrupt lines are reported in ``skipped``."""

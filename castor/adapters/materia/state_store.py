@@ -27,7 +27,7 @@ Failure behaviour
 -----------------
 - ``load`` of an unknown cast: ``NotFound``; of a corrupt file:
   ``StateCorrupt`` (code ``internal``, ``data.path``).
-- Hostile cast ids: ``Forbidden`` (via ``validate_cast_id``/``safe_join``).
+- Hostile cast ids: ``Forbidden`` (via ``validate_cast_id`` and a ``ConfinedRoot``).
 - A state that is not JSON-serialisable raises ``TypeError``/``ValueError``
   and the stored file is unchanged.
 """
@@ -47,8 +47,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import atomic_write_bytes, safe_join
-from castor.adapters.materia.artifacts import validate_cast_id
+from castor.adapters.fs import ConfinedRoot, atomic_write_bytes
+from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
 
 __all__ = [
@@ -252,12 +252,17 @@ class CastStateStore:
 
     def __init__(self, artifact_root: str | os.PathLike[str]) -> None:
         self.artifact_root = Path(artifact_root).resolve()
+        self._root = ConfinedRoot(self.artifact_root, resolved=True)
         self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
 
     # -- paths ---------------------------------------------------------------
 
     def state_path(self, cast_id: str) -> Path:
-        return safe_join(self.artifact_root, validate_cast_id(cast_id), STATE_FILE)
+        return Path(self._root.join_text(f"{validate_cast_id(cast_id)}/{STATE_FILE}"))
+
+    def artifacts(self, cast_id: str) -> CastArtifacts:
+        """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root."""
+        return CastArtifacts(self.artifact_root, cast_id, root_resolved=True)
 
     def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
@@ -301,13 +306,18 @@ class CastStateStore:
         a cast with no stored state returns 1 and writes no state document yet,
         only the fence (an empty state with revision 0).
         """
+        return self.claim_loaded(cast_id)[0]
+
+    def claim_loaded(self, cast_id: str) -> tuple[int, StoredState]:
+        """:meth:`claim`, also returning the document as it stands after the claim (one read)."""
         tlock, lock_path, path = self._locked(cast_id)
         with tlock, _flocked(lock_path):
             self._remove_orphan_temps(path)
             current = self._load_or_none(cast_id)
             incarnation = (current.incarnation if current else 0) + 1
-            self._write(path, cast_id, current.revision if current else 0, incarnation, current.state if current else {})
-            return incarnation
+            stored = self._write(path, cast_id, current.revision if current else 0, incarnation,
+                                 current.state if current else {})
+            return incarnation, stored
 
     @staticmethod
     def _remove_orphan_temps(path: Path) -> None:
