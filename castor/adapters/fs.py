@@ -87,11 +87,14 @@ def ensure_dir(path: str | os.PathLike[str]) -> Path:
 _TEMP_SEQ = itertools.count()  # next() on a count is atomic under the GIL
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False,
+                       sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically and durably (see module doc).
 
     ``keep_mode`` gives the new file the permission bits of the one it
-    replaces (for files a user owns, like Pi's settings.json).
+    replaces (for files a user owns, like Pi's settings.json). ``sync_dir=False``
+    leaves the directory fsync to the caller, who batches several replacements in one
+    directory behind one :func:`fsync_dir` (the replacement is durable only after it).
     """
     # Plain string paths: this runs several times per cast transition (pathlib is slow here).
     target = os.fspath(path)
@@ -122,7 +125,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(directory)
+    if sync_dir:
+        fsync_dir(directory)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8",

@@ -259,24 +259,19 @@ class CastActor(Actor):
         exists before an event or manifest entry names it, and after a crash anywhere in here
         the outbox saved with the state redoes the rest without duplicates.
         """
-        writes: dict[tuple[str, ...], str] = {}
+        writes: dict[str, str] = {}
         entries: list[dict[str, Any]] = []
         events: list[tuple[str, dict[str, Any], int]] = []
         for effect in files:
             if type(effect) is WriteArtifact:
-                writes[effect.path] = effect.content
+                writes["/".join(effect.path)] = effect.content
                 if effect.manifest is not None:
                     entries.append(effect.manifest)
             elif type(effect) is EmitEvent:
                 events.append((effect.type, effect.data, effect.ts_ms))
             else:
                 entries.append(effect.entry)
-        for path, content in writes.items():
-            self.artifacts.write_relative("/".join(path), content)
-        if entries:
-            self.artifacts.add_manifest_entries(entries)
-        if events:
-            self.artifacts.append_events(events)
+        self.artifacts.write_transition(writes, entries, events)
 
     def _replay_outbox(self, outbox: list[dict[str, Any]]) -> None:
         """Redo the file effects of the last saved transition that a crash may have cut short.

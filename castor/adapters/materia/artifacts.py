@@ -70,8 +70,7 @@ from castor.adapters.fs import (
     append_json_line,
     append_json_lines,
     atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
+    dump_json,
     fsync_dir,
     read_json_lines,
     safe_join,
@@ -242,6 +241,20 @@ def _lock_for(run_dir: Path) -> threading.RLock:
         return lock
 
 
+def _make_durable_dirs(directory: str) -> None:
+    """Create ``directory`` and missing parents, fsyncing the parent of each one created, so a
+    new directory (``sockets/<id>``) survives a power cut along with the files written into it."""
+    if os.path.isdir(directory):
+        return
+    parent = os.path.dirname(directory)
+    _make_durable_dirs(parent)
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    fsync_dir(parent)
+
+
 def _file_sig(path: Path) -> tuple[int, int, int] | None:
     """Identity of a file's current content as far as a rewrite is concerned (None if missing)."""
     try:
@@ -359,23 +372,48 @@ class CastArtifacts:
             ) from None
 
     def _write(self, target: str | Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
-        target = os.fspath(target)
         with self._lock:
-            parent = os.path.dirname(target)
-            if parent not in self._made:
-                os.makedirs(parent, exist_ok=True)
-                self._made.add(parent)
-            if isinstance(content, bytes):
-                atomic_write_bytes(target, content)
-            elif isinstance(content, str):
-                atomic_write_text(target, content)
-            else:
-                atomic_write_json(target, content)
-        return Path(target)
+            return Path(self._replace(os.fspath(target), content, sync_dir=True))
+
+    def _replace(self, target: str, content: str | bytes | dict[str, Any] | list[Any], *, sync_dir: bool) -> str:
+        """Atomically replace ``target`` (under the lock); with ``sync_dir=False`` the caller fsyncs its directory."""
+        parent = os.path.dirname(target)
+        if parent not in self._made:
+            _make_durable_dirs(parent)
+            self._made.add(parent)
+        if isinstance(content, str):
+            data = content.encode("utf-8")
+        elif isinstance(content, bytes):
+            data = content
+        else:
+            data = (dump_json(content) + "\n").encode("utf-8")
+        atomic_write_bytes(target, data, sync_dir=sync_dir)
+        return target
 
     def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
         """Write any artifact at a run-dir-relative path (text, bytes, or JSON for dict/list)."""
         return self._write(self._target(relative), content)
+
+    def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
+                         events: list[tuple[str, dict[str, Any], int]]) -> None:
+        """One cast transition's file effects: whole files, then manifest entries, then events.
+
+        Same result as :meth:`write_relative` per file, :meth:`add_manifest_entries` and
+        :meth:`append_events`, with each directory fsynced once instead of once per file: the
+        whole files are replaced, their directories fsynced (so they are durable before the
+        manifest or an event names them), then the manifest is rewritten and the events
+        appended. ``files`` maps run-dir-relative paths to their content.
+        """
+        with self._lock:
+            synced: set[str] = set()
+            for relative, content in files.items():
+                synced.add(os.path.dirname(self._replace(self._target(relative), content, sync_dir=False)))
+            for directory in synced:
+                fsync_dir(directory)
+            if entries:
+                self.add_manifest_entries(entries)
+            if events:
+                self.append_events(events)
 
     # -- whole-file documents ------------------------------------------------
 
