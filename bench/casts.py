@@ -11,6 +11,11 @@
     + directory fsync, as castor's atomic writes), one manifest rewrite when it gained
     entries, its event lines as one fsynced append, usage.json and state.json — with no
     actors and no engine. Ratio = runtime / baseline per socket.
+    The same run also measures the **visit floor**: the real SocketActor's lifecycle alone
+    (spawned under the session's socket supervisor, one zero-latency scripted turn through
+    the AgentPort's reply thread, the outcome told to a parent actor, stop) with no engine
+    and no files. It is what the brief's one-actor-per-visit design costs before castor
+    writes a byte, printed beside the ratio so the two can be told apart.
 (b) **1,000 concurrent casts** of the same loadout across 10 sessions (agent latency 200 ms so
     all of them are in flight at once): transitions per second, and peak RSS above the idle
     runtime (psutil, sampled every 20 ms) divided by the number of casts. Every repetition
@@ -39,11 +44,20 @@ import psutil
 
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.component import materia_component
+from castor.actors.materia.messages import CastOutcome
+from castor.actors.materia.socket_actor import socket_spec
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+from castor.domain.materia.cast_messages import RunAgentTurn
 from castor.logs import configure_logging
+from castor.messages.base import LocalMessage
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from castor.supervision import Actor, ChildSpec, Restart, handles
 
 SOCKETS = 10
+
+
+class Begin(LocalMessage, type_name="bench.visit_floor.begin"):
+    pass
 
 
 def ten_socket_config() -> dict:
@@ -202,6 +216,53 @@ def baseline_per_socket(base: Path, runs: list[Path]) -> float:
     return (time.perf_counter() - t0) / (len(plans) * SOCKETS)
 
 
+class _VisitDriver(Actor):
+    """Stands in for a CastActor: on each outcome, spawn the next SocketActor (no engine, no files)."""
+
+    def __init__(self, rt: Runtime, agent: ScriptedAgent, visits: int, done: threading.Event) -> None:
+        super().__init__()
+        self.rt, self.agent, self.left, self.done = rt, agent, visits, done
+
+    def _next(self) -> None:
+        if self.left == 0:
+            self.done.set()
+            return
+        self.left -= 1
+        effect = RunAgentTurn(visit_id=f"floor:{self.left}", socket_id="Socket-1", visit=1, materia="step",
+                              mode="normal", prompt="p", system_prompt="", visible_summary="", tools="none")
+        self.rt.system.spawn(socket_spec(effect, cast=self.handle, cast_id="floor", agent=self.agent),
+                             under=self.rt.session("bench-0").child("socket"))
+
+    @handles(Begin)
+    def _on_begin(self, _message: Begin) -> None:
+        self._next()
+
+    @handles(CastOutcome)
+    def _on_outcome(self, _message: CastOutcome) -> None:
+        self._next()
+
+
+def visit_floor(base: Path, visits: int) -> float:
+    """Seconds per socket visit of the SocketActor lifecycle alone (see the module doc)."""
+    project = make_project(base, f"f-{time.monotonic_ns()}")
+    rt = Runtime(RuntimeSettings(), components=[materia_component()])
+    try:
+        open_sessions(rt, project, 1, "ok")
+        agent = ScriptedAgent(parse_script({"*": ["ok"] * visits}), max_workers=4)
+        done = threading.Event()
+        driver = rt.system.spawn(ChildSpec(id="visit-floor", factory=lambda: _VisitDriver(rt, agent, visits, done),
+                                           restart=Restart.TEMPORARY))
+        t0 = time.perf_counter()
+        driver.tell(Begin())
+        if not done.wait(120):
+            raise TimeoutError("visit floor did not finish")
+        elapsed = time.perf_counter() - t0
+        agent.close()
+    finally:
+        rt.shutdown(30)
+    return elapsed / visits
+
+
 # --------------------------------------------------------------------------- (b)
 def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
     project = make_project(base, f"b-{time.monotonic_ns()}")
@@ -265,15 +326,21 @@ def main() -> None:
     reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
     with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=root) as tmp:
         base = Path(tmp)
-        ratios, runtime_us, baseline_us = [], [], []
+        ratios, runtime_us, baseline_us, floor_us = [], [], [], []
         for _ in range(reps_a):
             per_socket, runs = runtime_per_socket(base, casts_a)
             plain = baseline_per_socket(base, runs)
+            floor = visit_floor(base, casts_a * SOCKETS)
             ratios.append(per_socket / plain)
             runtime_us.append(per_socket * 1e6)
             baseline_us.append(plain * 1e6)
-        print(f"(a) per socket transition: runtime {statistics.median(runtime_us):.0f} us, "
-              f"plain writes {statistics.median(baseline_us):.0f} us (median of {reps_a} x {casts_a} casts, {root})")
+            floor_us.append(floor * 1e6)
+        runtime, plain, floor = (statistics.median(v) for v in (runtime_us, baseline_us, floor_us))
+        print(f"(a) per socket transition: runtime {runtime:.0f} us, "
+              f"plain writes {plain:.0f} us (median of {reps_a} x {casts_a} casts, {root})")
+        print(f"(a) of which the visit floor (SocketActor spawn, agent reply hop, outcome, stop; no engine, "
+              f"no files) {floor:.0f} us = {floor / plain:.2f}x the plain writes; engine + persistence "
+              f"{runtime - floor:.0f} us = {(runtime - floor) / plain:.2f}x")
         rates, per_cast = [], []
         for _ in range(reps_b):
             rate, rss = concurrent_in_fresh_process(base, casts_b, 10)

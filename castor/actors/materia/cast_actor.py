@@ -90,7 +90,7 @@ class CastEnv:
     """Everything a CastActor needs from outside; shared by all incarnations of one cast."""
 
     cast_id: str
-    artifact_root: Path
+    artifact_root: Path  # resolved (Runtime.artifact_root_for)
     session_path: str
     registry: Any  # castor.supervision.registry.Registry
     agent: AgentPort | None
@@ -133,7 +133,7 @@ class CastActor(Actor):
 
     def _start(self) -> None:
         env = self.env
-        self.store = CastStateStore(env.artifact_root)
+        self.store = CastStateStore(env.artifact_root, resolved=True)
         self.artifacts = self.store.artifacts(env.cast_id)
         self.fence, stored = self.store.claim_loaded(env.cast_id)
         if stored.revision == 0:

@@ -250,8 +250,9 @@ def _parse_document(path: Path, raw: str) -> StoredState:
 class CastStateStore:
     """Load, save and fence cast state documents under one artifact root."""
 
-    def __init__(self, artifact_root: str | os.PathLike[str]) -> None:
-        self.artifact_root = Path(artifact_root).resolve()
+    def __init__(self, artifact_root: str | os.PathLike[str], *, resolved: bool = False) -> None:
+        """``resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
+        self.artifact_root = Path(artifact_root) if resolved else Path(artifact_root).resolve()
         self._root = ConfinedRoot(self.artifact_root, resolved=True)
         self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
 

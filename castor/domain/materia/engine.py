@@ -214,7 +214,8 @@ class _Ctx:
         # A UsageReport is never changed in place (add_turn returns a new one), so its JSON is
         # derived once per report, not once per write.
         usage = self.s.usage
-        self.write(("usage.json",), derived(usage, "json", lambda: json.dumps(usage.model_dump(mode="json"), indent=2)))
+        # pydantic's serialiser: json.dumps with an indent runs the pure-Python encoder.
+        self.write(("usage.json",), derived(usage, "json", lambda: usage.model_dump_json(indent=2)))
 
 
 # =========================================================================== entry point
