@@ -471,9 +471,10 @@ class CastArtifacts:
         return manifest, [_manifest_line(e) for e in entries or []]
 
     def _write_manifest(self, meta: dict[str, Any], lines: list[str]) -> Path:
-        target = self._write(self._target(self.MANIFEST), render_manifest(meta, lines))
-        self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
-        return target
+        with self._lock:
+            target = self._replace(self._target(self.MANIFEST), render_manifest(meta, lines), sync_dir=True)
+            self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
+        return Path(target)
 
     def read_manifest(self) -> dict[str, Any]:
         return self._read_json(self.MANIFEST)

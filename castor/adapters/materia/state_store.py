@@ -324,9 +324,12 @@ class CastStateStore:
     def _remove_orphan_temps(path: Path) -> None:
         # Writers hold the lock while a temp file exists, so under the lock any
         # temp file is debris of a writer that died mid-write.
-        for debris in path.parent.glob(f".{path.name}.*.tmp"):
+        prefix = f".{path.name}."
+        with os.scandir(path.parent) as entries:
+            debris = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+        for leftover in debris:
             try:
-                debris.unlink()
+                os.unlink(leftover)
             except OSError:
                 pass
 
