@@ -67,6 +67,7 @@ class SessionActor(Actor):
         self.config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
         self.mirror: SessionMirror | None = None
         self.configs = ResolvedConfigCache()  # re-read only when a layer file changed
+        self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
 
     def on_start(self) -> None:
         log = self.ctx.harness.session_log
@@ -98,7 +99,16 @@ class SessionActor(Actor):
             configured = load(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
         except ConfigError:
             configured = None
-        return self.runtime.artifact_root_for(str(self.cwd), configured if isinstance(configured, str) else None)
+        return self._root_for(configured if isinstance(configured, str) else None)
+
+    def _root_for(self, configured: str | None) -> Path:
+        """``Runtime.artifact_root_for`` of this session's project, resolved once per configured value:
+        a resolved path stays the real location (and stays inside the project) even if a component is
+        later swapped for a symlink, and a refusal is never cached."""
+        root = self._roots.get(configured)
+        if root is None:
+            root = self._roots[configured] = self.runtime.artifact_root_for(str(self.cwd), configured)
+        return root
 
     def _env(self, cast_id: str, root: Path, *, lease: CastLease, start: CastStarted | None = None) -> CastEnv:
         harness = self.ctx.harness
@@ -151,9 +161,9 @@ class SessionActor(Actor):
         except ConfigError as exc:
             raise ConfigError(exc.issues, headline=f"cast failed to start: {exc.message}") from None
         self._check_trust(resolved)
-        root = self.runtime.artifact_root_for(str(self.cwd), resolved.artifact_dir)
-        cast_id = allocate_cast_id(root)
-        lease = CastLease.try_acquire(root, cast_id)
+        root = self._root_for(resolved.artifact_dir)
+        cast_id = allocate_cast_id(root, root_resolved=True)
+        lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
         if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
             raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
         start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
@@ -199,7 +209,7 @@ class SessionActor(Actor):
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
         load_state(root, cast_id)  # NotFound / StateCorrupt before anything starts
-        lease = CastLease.try_acquire(root, cast_id)
+        lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
         if lease is None:
             raise Conflict(f"pi-materia cast {cast_id} is running in another castor runtime.",
                            data={"reason": "held_elsewhere", "cast_id": cast_id})

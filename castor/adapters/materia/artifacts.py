@@ -73,7 +73,6 @@ from castor.adapters.fs import (
     dump_json,
     fsync_dir,
     read_json_lines,
-    safe_join,
 )
 from castor.messages.errors import CastorError, ErrorCode, Forbidden, NotFound
 
@@ -166,7 +165,8 @@ def _timestamp_id(now: datetime) -> str:
     return iso.replace(":", "-").replace(".", "-")
 
 
-def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | None = None) -> str:
+def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | None = None,
+                     root_resolved: bool = False) -> str:
     """Allocate a fresh cast id (spec §5.2) and create its run directory.
 
     The id is the UTC ISO timestamp with ``:`` and ``.`` replaced by ``-``
@@ -176,11 +176,12 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     """
     root = Path(artifact_root)
     root.mkdir(parents=True, exist_ok=True)
+    confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now or datetime.now(UTC))
     for n in range(10_000):
         candidate = base if n == 0 else f"{base}-{n}"
         try:
-            safe_join(root, candidate).mkdir()
+            os.mkdir(confined.join_text(candidate))
         except FileExistsError:
             continue
         fsync_dir(root)

@@ -12,7 +12,7 @@ Guarantees
 - ``release()`` is idempotent. The lock file is never deleted (deleting it would let
   two holders lock two different inodes).
 
-Failure behaviour: hostile cast ids raise ``Forbidden`` (via ``safe_join``); a lease
+Failure behaviour: hostile cast ids raise ``Forbidden`` (via ``ConfinedRoot``); a lease
 held by someone else makes ``try_acquire`` return ``None``; other OS errors propagate.
 """
 
@@ -23,7 +23,7 @@ import os
 import threading
 from pathlib import Path
 
-from castor.adapters.fs import safe_join
+from castor.adapters.fs import ConfinedRoot
 from castor.adapters.materia.artifacts import validate_cast_id
 
 LEASE_FILE = "owner.lock"
@@ -38,10 +38,12 @@ class CastLease:
         self._lock = threading.Lock()
 
     @classmethod
-    def try_acquire(cls, artifact_root: str | os.PathLike[str], cast_id: str) -> CastLease | None:
-        run_dir = safe_join(Path(artifact_root).resolve(), validate_cast_id(cast_id))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / LEASE_FILE
+    def try_acquire(cls, artifact_root: str | os.PathLike[str], cast_id: str, *,
+                    root_resolved: bool = False) -> CastLease | None:
+        """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
+        run_dir = ConfinedRoot(artifact_root, resolved=root_resolved).join_text(validate_cast_id(cast_id))
+        os.makedirs(run_dir, exist_ok=True)
+        path = Path(run_dir) / LEASE_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
