@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from loguru import logger
 
-from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.actors.ports.agent import (
+    TurnError,
+    TurnOutcome,
+    TurnReply,
+    TurnRequest,
+    TurnUsage,
+    harness_turn_settings,
+)
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
@@ -35,14 +42,6 @@ if TYPE_CHECKING:
     from castor.endpoint.connection import Connection
 
 UI_DEADLINE_S = 5.0
-
-TOOL_SCOPES: dict[str, list[str] | None] = {
-    "none": [],  # a pure reasoning turn: no tools at all
-    "readOnly": ["read", "grep", "find", "ls"],  # Pi's read-only built-ins
-    "coding": None,  # the harness's full tool set (the field is omitted)
-}
-"""Materia tool scopes → the tool names Pi activates for the turn (``agent.run_turn.tools``)."""
-
 
 class WireHarness:
     """AgentPort + SessionPort + SessionUiPort + ClassifierPort over one connection."""
@@ -66,14 +65,7 @@ class WireHarness:
             "custom_type": "castor-turn",
             "isolate": True,
         }
-        tools = TOOL_SCOPES.get(request.tools)
-        if tools is not None:
-            params["tools"] = tools
-        if request.model:
-            provider, _, model_id = request.model.partition("/")
-            params["model"] = {"provider": provider, "id": model_id} if model_id else {"provider": None, "id": provider}
-        if request.thinking:
-            params["thinking"] = request.thinking
+        params.update(harness_turn_settings(request.model, request.thinking, request.tools))
         if not self.connection.notify("agent.run_turn", params):
             self.log.warning("agent.run_turn for {turn} not sent: connection closed", turn=request.turn_id)
 

@@ -48,7 +48,8 @@ def write_agent_dir(agent_dir: Path, base_url: str, extra_settings: dict[str, An
     models = {"providers": {"fake": {
         "baseUrl": base_url, "api": "openai-completions", "apiKey": "fake-key",
         "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
-        "models": [{"id": "fake-model", "name": "Fake Model", "contextWindow": 32000, "maxTokens": 1024}],
+        "models": [{"id": "fake-model", "name": "Fake Model", "contextWindow": 32000, "maxTokens": 1024},
+                   {"id": "fake-refiner", "name": "Fake Refiner", "contextWindow": 32000, "maxTokens": 1024}],
     }}}
     settings = {"defaultProvider": "fake", "defaultModel": "fake-model", "enableInstallTelemetry": False,
                 "quietStartup": True, "retry": {"enabled": False, "provider": {"maxRetries": 0}},

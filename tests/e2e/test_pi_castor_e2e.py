@@ -198,3 +198,75 @@ def test_e_runtime_killed_mid_cast_pi_survives_and_recast_completes(start_pi, ca
     assert unexpected == []
     assert any(e["type"] == "cast_recast" for e in events)
     assert events[-1]["data"]["ok"] is True
+
+
+REFINE = {
+    "artifactDir": ".pi/pi-materia",
+    "activeLoadout": "Refine",
+    "materia": {
+        "Planner": {"prompt": "PLANNER-MATERIA: draft a plan and refine it with the user.", "tools": "none",
+                    "multiTurn": True, "model": "fake/fake-refiner"},
+        "Writer": {"prompt": "WRITER-MATERIA: write the result from the plan.", "tools": "none"},
+    },
+    "loadouts": {"Refine": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Planner", "parse": "json", "assign": {"plan": "$.summary"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Writer", "parse": "text"},
+    }}},
+}
+
+
+def wait_event(pi: PiRpc, project: Path, pred: Any, *, start: int, what: str, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fail_fast_on_error(pi, start)
+        for events_file in (project / ".pi" / "pi-materia").glob("*/events.jsonl"):
+            found = [e for e in read_jsonl(events_file) if pred(e)]
+            if found:
+                return found[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout}s; Pi: {pi.tail()}")
+
+
+def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(start_pi, castor_command, fake_llm,
+                                                                           tmp_path):
+    """Spec §5.7 step 3: the user's own message drives a refinement turn, and the materia's model and
+    tool scope are re-applied for it (castor answers before_agent_start with turn_settings)."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(REFINE))
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    fake_llm.reply_text("DRAFT-1: which database?", when="PLANNER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    wait_event(pi, project, lambda e: e.get("type") == "socket_refinement", start=start, what="the first draft")
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start)
+    # castor's own turn switched Pi to the materia's model and then restored the tool set; the user
+    # goes back to their own model, so only castor's answer can put the refiner back for their turn.
+    pi.request({"type": "set_model", "provider": "fake", "modelId": "fake-model"})
+
+    fake_llm.reply_text("DRAFT-2: postgres it is.", when="REFINE-POSTGRES")
+    start = pi.prompt("REFINE-POSTGRES use postgres please")
+    fail_fast_on_error(pi, start)
+    user_turn = next(r for r in reversed(fake_llm.log()) if "REFINE-POSTGRES" in json.dumps(r["messages"]))
+    assert user_turn["model"] == "fake-refiner"
+    assert not user_turn.get("tools"), "the materia's tool scope is 'none'"
+    assert "Materia active materia (Socket-1)" in json.dumps(user_turn["messages"])
+    second = wait_event(pi, project, lambda e: e.get("type") == "socket_refinement"
+                        and e["data"].get("refinementTurn") == 2, start=start, what="the second draft")
+    run_dir = next((project / ".pi" / "pi-materia").glob("*/events.jsonl")).parent
+    assert (run_dir / second["data"]["artifact"]).read_text() == "DRAFT-2: postgres it is."
+
+    fake_llm.reply_text(PLAN, when="Command-triggered finalization")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia continue")
+    _run_dir, events = wait_cast_end(pi, project, start=start)
+    assert events[-1]["data"]["ok"] is True
+    completes = [e["data"] for e in events if e["type"] == "socket_complete"]
+    assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 2
+    # The refinement turn's tool scope was put back when that run settled: a plain prompt now has
+    # Pi's tools again (castor's later turns restore whatever they found, so a leak would persist).
+    start = pi.prompt("PLAIN-QUESTION after the cast")
+    fail_fast_on_error(pi, start)
+    plain = next(r for r in reversed(fake_llm.log()) if "PLAIN-QUESTION" in json.dumps(r["messages"]))
+    assert plain.get("tools"), "Pi's tool set must be restored after the refinement turn"

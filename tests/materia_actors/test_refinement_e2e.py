@@ -35,7 +35,8 @@ BASE_SYSTEM_PROMPT = "You are Pi."
 CONFIG = {
     "activeLoadout": "Refine",
     "materia": {
-        "Planner": {"prompt": "PLANNER-INSTRUCTIONS", "tools": "none", "multiTurn": True},
+        "Planner": {"prompt": "PLANNER-INSTRUCTIONS", "tools": "readOnly", "multiTurn": True,
+                    "model": "test-provider/planner-model", "thinking": "high"},
         "Writer": {"prompt": "WRITER-INSTRUCTIONS", "tools": "none"},
     },
     "loadouts": {"Refine": {"entry": "Socket-1", "sockets": {
@@ -159,6 +160,12 @@ def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, pr
     appended = started.get("system_prompt_append") or ""
     assert "Materia active materia (Socket-1)" in appended and "PLANNER-INSTRUCTIONS" in appended
     assert "/materia continue" in appended
+    # ...and the materia's model, thinking and tool scope, re-applied for that turn (spec §5.7 step 3),
+    # encoded exactly as for castor's own turns.
+    planner_settings = {"model": {"provider": "test-provider", "id": "planner-model"}, "thinking": "high",
+                        "tools": ["read", "grep", "find", "ls"]}
+    assert {k: first[k] for k in planner_settings} == planner_settings
+    assert started.get("turn_settings") == planner_settings
     second = wait_for(lambda: [e for e in events(run_dir) if e["type"] == "socket_refinement"
                                and e["data"]["refinementTurn"] == 2], what="refinement 2 recorded")[0]["data"]
     assert second["socket"] == "Socket-1" and second["artifact"].startswith("sockets/Socket-1/1.refinement-2-")

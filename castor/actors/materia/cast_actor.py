@@ -344,7 +344,8 @@ class CastActor(Actor):
             # before_agent_start (see component.py), so they go back to the asker.
             self._user_turn = effect.visit_id
             self._user_turn_context = {"visit_id": effect.visit_id, "socket_id": effect.socket_id,
-                                       "prompt": effect.prompt}
+                                       "prompt": effect.prompt, "model": effect.model,
+                                       "thinking": effect.thinking, "tools": effect.tools}
             return
         if self.env.agent is None or self.env.spawn_child is None:
             self._dispatch_failed(effect.visit_id, "this session has no agent port")

@@ -10,7 +10,7 @@ Harness events:
 
 | event | reaction |
 |---|---|
-| ``before_agent_start`` (``message_type`` ``user``) | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn); the result carries ``system_prompt_append`` (the materia's instructions, cast context and refinement guidance) for that turn; ``{}`` when no cast is paused |
+| ``before_agent_start`` (``message_type`` ``user``) | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn); the result carries ``system_prompt_append`` (the materia's instructions, cast context and refinement guidance) and ``turn_settings`` (the materia's ``model`` / ``thinking`` / ``tools``, encoded as in ``agent.run_turn``) for that turn; ``{}`` when no cast is paused |
 | ``before_agent_start`` (``custom``) | nothing: castor's own hidden prompts are not refinement messages |
 | ``agent_end`` | the last assistant message (text, error, stop reason) answers a user-driven refinement turn, if one is pending; otherwise nothing (castor's own turns are answered by ``agent.turn_ended``) |
 
@@ -57,8 +57,8 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
             if data.get("message_type") == "custom":
                 return None  # castor's own hidden prompts are not user refinement messages
             refined = actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
-            append = refined.get("system_prompt_append")
-            return {"system_prompt_append": append} if isinstance(append, str) and append else None
+            answer = {key: refined[key] for key in ("system_prompt_append", "turn_settings") if refined.get(key)}
+            return answer or None
         actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": data.get("entry_id")}),
                   timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:

@@ -37,6 +37,7 @@ from castor.actors.materia.views import (
     persisted_view,
     status_text,
 )
+from castor.actors.ports.agent import harness_turn_settings
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
@@ -337,13 +338,16 @@ class SessionActor(Actor):
 
         Answers ``system_prompt_append`` (spec §5.1: the host's system prompt + "Materia active
         materia (<socketId>):" + the turn prompt — materia instructions, synthetic cast context,
-        refinement guidance) for the harness to apply to the user's turn; ``{}`` when no cast is paused.
+        refinement guidance) and ``turn_settings``: the materia's ``model`` / ``thinking`` / ``tools``
+        (spec §5.7 step 3: re-applied for the refinement turn; encoded as in ``agent.run_turn``) for
+        the harness to apply to the user's turn; ``{}`` when no cast is paused.
         """
         for cast_id, handle, view in self._statuses():
             if view.get("paused"):
                 applied = handle.ask(CastApply(event=RefinementTurnStarted(at=time.time())), timeout=ASK_TIMEOUT_S)
                 turn = applied.get("user_turn") or {}
-                out: dict[str, Any] = {"cast_id": cast_id, "refining": True}
+                out: dict[str, Any] = {"cast_id": cast_id, "refining": True, "turn_settings": harness_turn_settings(
+                    turn.get("model"), turn.get("thinking"), turn.get("tools"))}
                 if turn.get("prompt"):
                     out["system_prompt_append"] = (f"\n\nMateria active materia ({turn.get('socket_id')}):\n"
                                                    f"{turn['prompt']}")

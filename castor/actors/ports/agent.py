@@ -44,11 +44,37 @@ __all__ = [
     "TurnReply",
     "TurnRequest",
     "TurnUsage",
+    "TOOL_SCOPES",
+    "harness_turn_settings",
 ]
 
 ToolScope = Literal["none", "readOnly", "coding"]
 ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 ErrorKind = Literal["provider", "transport", "timeout", "cancelled", "exhausted", "invalid_response", "internal"]
+
+TOOL_SCOPES: dict[str, list[str] | None] = {
+    "none": [],  # a pure reasoning turn: no tools at all
+    "readOnly": ["read", "grep", "find", "ls"],  # Pi's read-only built-ins
+    "coding": None,  # the harness's full tool set (the field is omitted)
+}
+"""Materia tool scopes → the tool names a harness activates for a turn."""
+
+
+def harness_turn_settings(model: str | None, thinking: str | None, tools: str | None) -> dict[str, Any]:
+    """A turn's model, thinking and tool scope as harness parameters (``agent.run_turn``, and the
+    ``before_agent_start`` answer for a user-driven refinement turn): ``model`` as
+    ``{provider, id}`` from ``"provider/id"``, ``thinking`` as is, ``tools`` as the tool names of the
+    scope. Unset values (and the ``coding`` scope: the harness's full set) are left out."""
+    out: dict[str, Any] = {}
+    names = TOOL_SCOPES.get(tools) if tools is not None else None
+    if names is not None:
+        out["tools"] = list(names)
+    if model:
+        provider, _, model_id = model.partition("/")
+        out["model"] = {"provider": provider, "id": model_id} if model_id else {"provider": None, "id": provider}
+    if thinking:
+        out["thinking"] = thinking
+    return out
 
 
 class TurnRequest(BaseModel):

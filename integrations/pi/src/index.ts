@@ -23,7 +23,7 @@ import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
 import { RpcError, type Params } from "./rpc";
 import { CastorRuntime, parseCommand, type Hello } from "./runtime";
 import { FabricTools } from "./tools";
-import { TurnTracker, type RunTurnParams } from "./turns";
+import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
@@ -353,6 +353,11 @@ export default function castorExtension(pi: any): void {
 			systemPrompt = `${systemPrompt ?? event?.systemPrompt ?? ""}${result.system_prompt_append}`;
 		}
 		if (systemPrompt !== undefined) out.systemPrompt = systemPrompt;
+		if (!custom && result.turn_settings !== null && typeof result.turn_settings === "object") {
+			// A user-driven refinement turn: the materia's model, thinking and tool scope apply to
+			// this run (Pi reads them after before_agent_start); the tool scope is restored at settle.
+			await turns.applyUserTurn(result.turn_settings as TurnSettings, ctx, (text) => notify(`castor: ${text}`, "warning"));
+		}
 		const message = toPiCustomMessage(result.message, "castor-context");
 		if (message) out.message = message;
 		return Object.keys(out).length ? out : undefined;
@@ -391,6 +396,7 @@ export default function castorExtension(pi: any): void {
 		const turnId = turns.active?.turnId ?? null;
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (outcome) await reportTurn(outcome as unknown as Params);
+		else turns.settleUserRun();
 		await forward("agent_settled", { aborted, turn_id: turnId });
 	}
 

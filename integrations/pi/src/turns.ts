@@ -8,6 +8,9 @@
  * usage; the latest assistant message gives text, stop reason and error. At settlement
  * the outcome is reported once and the tool scope that the turn changed is restored.
  *
+ * A user-driven refinement turn (castor's `turn_settings` answer to `before_agent_start`) gets the
+ * same model/thinking/tool application; its tool scope is restored when the user's run settles.
+ *
  * Guarantees: each dispatched turn yields exactly one outcome (success, error, or a
  * dispatch failure reported immediately); a user run never reports a castor turn.
  */
@@ -25,6 +28,18 @@ export interface RunTurnParams {
 	thinking?: string | null;
 	tools?: string[] | null;
 	isolate?: boolean | null;
+}
+
+/** A turn's model / thinking / tool scope, as castor encodes them (`agent.run_turn`, `turn_settings`). */
+export interface TurnSettings {
+	model?: { provider: string; id: string } | null;
+	thinking?: string | null;
+	tools?: string[] | null;
+}
+
+/** What applying settings needs from Pi's extension context. */
+export interface SettingsCtx {
+	modelRegistry?: { find?(p: string, id: string): unknown };
 }
 
 export interface TurnOutcome {
@@ -59,6 +74,7 @@ export interface TurnHost {
 export class TurnTracker {
 	private readonly queued: Turn[] = [];
 	private current: Turn | undefined;
+	private userRestoreTools: string[] | undefined;
 
 	constructor(private readonly pi: TurnHost) {}
 
@@ -70,23 +86,14 @@ export class TurnTracker {
 	 * Apply model/thinking/tool scope and send the hidden prompt. Throws (after undoing the
 	 * tool scope) when Pi refuses the message; the caller reports that as the turn's error.
 	 */
-	async dispatch(params: RunTurnParams, ctx: { isIdle(): boolean; modelRegistry?: { find?(p: string, id: string): unknown } }): Promise<void> {
+	async dispatch(params: RunTurnParams, ctx: SettingsCtx & { isIdle(): boolean }): Promise<void> {
 		const turn: Turn = {
 			turnId: String(params.turn_id),
 			customType: params.custom_type || TURN_MESSAGE_TYPE,
 			isolate: params.isolate === true,
 			usage: emptyUsage(),
 		};
-		if (params.model?.provider && params.model?.id) {
-			const model = ctx.modelRegistry?.find?.(params.model.provider, params.model.id);
-			if (!model) throw new Error(`unknown model ${params.model.provider}/${params.model.id}`);
-			await this.pi.setModel(model);
-		}
-		if (params.thinking) this.pi.setThinkingLevel(params.thinking as never);
-		if (Array.isArray(params.tools)) {
-			turn.restoreTools = this.pi.getActiveTools();
-			this.pi.setActiveTools(params.tools);
-		}
+		turn.restoreTools = await this.applySettings(params, ctx);
 		if (params.summary) {
 			this.pi.sendMessage({ customType: "pi-materia", content: params.summary, display: true }, { triggerTurn: false });
 		}
@@ -160,6 +167,42 @@ export class TurnTracker {
 			aborted: aborted || stopReason === "aborted",
 			entry_id: entryId,
 		};
+	}
+
+	/**
+	 * A user-driven refinement turn (castor's answer to `before_agent_start`): apply the materia's
+	 * model, thinking and tool scope to the run the user's message starts; the tool scope is put
+	 * back by {@link settleUserRun}. Never throws: an unknown model is skipped and reported, the
+	 * user's run goes on.
+	 */
+	async applyUserTurn(settings: TurnSettings, ctx: SettingsCtx, warn: (text: string) => void): Promise<void> {
+		try {
+			const restore = await this.applySettings(settings, ctx);
+			if (restore && !this.userRestoreTools) this.userRestoreTools = restore;
+		} catch (err) {
+			warn(err instanceof Error ? err.message : String(err));
+		}
+	}
+
+	/** The user's run settled: restore the tool scope a refinement turn changed (no-op otherwise). */
+	settleUserRun(): void {
+		const tools = this.userRestoreTools;
+		this.userRestoreTools = undefined;
+		if (tools) this.pi.setActiveTools(tools);
+	}
+
+	/** Model first, then thinking, then the tool scope (spec §5.10); returns the tools to restore. */
+	private async applySettings(settings: TurnSettings, ctx: SettingsCtx): Promise<string[] | undefined> {
+		if (settings.model?.provider && settings.model?.id) {
+			const model = ctx?.modelRegistry?.find?.(settings.model.provider, settings.model.id);
+			if (!model) throw new Error(`unknown model ${settings.model.provider}/${settings.model.id}`);
+			await this.pi.setModel(model);
+		}
+		if (settings.thinking) this.pi.setThinkingLevel(settings.thinking as never);
+		if (!Array.isArray(settings.tools)) return undefined;
+		const restore = this.pi.getActiveTools();
+		this.pi.setActiveTools(settings.tools);
+		return restore;
 	}
 
 	private restore(turn: Turn): void {
