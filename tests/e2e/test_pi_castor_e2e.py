@@ -237,6 +237,7 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
     (project / ".pi" / "pi-materia.json").write_text(json.dumps(REFINE))
     pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
     up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather"))
     fake_llm.reply_text("DRAFT-1: which database?", when="PLANNER-MATERIA")
     start = pi.command("/materia cast build the thing")
     wait_event(pi, project, lambda e: e.get("type") == "socket_refinement", start=start, what="the first draft")
@@ -252,6 +253,11 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
     assert user_turn["model"] == "fake-refiner"
     assert not user_turn.get("tools"), "the materia's tool scope is 'none'"
     assert "Materia active materia (Socket-1)" in json.dumps(user_turn["messages"])
+    # ...and sees the isolated context (spec §5.4): a synthetic cast context, the socket's prompt, the
+    # draft and the user's message — not the chat from before the cast.
+    sent = json.dumps(user_turn["messages"])
+    assert "Materia isolated context." in sent and "DRAFT-1" in sent and "PLANNER-MATERIA" in sent
+    assert "EARLIER-CHAT" not in sent
     second = wait_event(pi, project, lambda e: e.get("type") == "socket_refinement"
                         and e["data"].get("refinementTurn") == 2, start=start, what="the second draft")
     run_dir = next((project / ".pi" / "pi-materia").glob("*/events.jsonl")).parent

@@ -60,6 +60,7 @@ class PiLikeHarness:
         self.entries: list[dict[str, Any]] = []
         self.notes: list[dict[str, Any]] = []
         self.event_results: list[tuple[str, dict[str, Any]]] = []
+        self.contexts: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         client.on_notification("agent.run_turn", self.run_turns.put)
         client.on_request("session.append_entry", self._append)
@@ -95,12 +96,17 @@ class PiLikeHarness:
             "aborted": False, "entry_id": entry_id})
         self.event("agent_settled", {"aborted": False, "turn_id": turn_id})
 
-    def run_user_turn(self, prompt: str, reply: str) -> dict[str, Any]:
-        """What Pi does when the user types ``prompt``: no castor turn is bound (turn_id null)."""
+    def run_user_turn(self, prompt: str, reply: str, *, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """What Pi does when the user types ``prompt``: no castor turn is bound (turn_id null).
+
+        ``history`` is the transcript before the new message (Pi's message objects); the ``context``
+        result is kept in :attr:`contexts`.
+        """
         started = self.event("before_agent_start", {"prompt": prompt, "message_type": "user", "custom_type": None,
                                                     "turn_id": None, "system_prompt": BASE_SYSTEM_PROMPT,
                                                     "images": 0})
-        self.event("context", {"turn_id": None, "messages": [{"role": "user", "content": prompt}]})
+        transcript = [*(history or []), {"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        self.contexts.append(self.event("context", {"turn_id": None, "messages": transcript}))
         self.event("agent_end", {"turn_id": None, "messages": [
             {"role": "user", "text": prompt},
             {"role": "assistant", "text": reply, "stop_reason": "stop", "error": None}]})
@@ -155,7 +161,14 @@ def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, pr
     assert (run_dir / first_draft[0]["artifact"]).read_text() == "Draft 1: which database?"
 
     # 2. The user answers. Pi runs the turn itself; castor records it as refinement 2 and stays paused.
-    started = pi.run_user_turn("use postgres please", "Draft 2: postgres it is.")
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "EARLIER-CHAT about something else"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "EARLIER-REPLY"}]},
+        {"role": "custom", "customType": "castor-turn", "content": first["prompt"], "display": False,
+         "details": {"castor_turn_id": first["turn_id"]}},
+        {"role": "assistant", "content": [{"type": "text", "text": "Draft 1: which database?"}]},
+    ]
+    started = pi.run_user_turn("use postgres please", "Draft 2: postgres it is.", history=history)
     # The user's turn carries the materia's instructions and the refinement guidance (spec §5.1 / §5.7.3).
     appended = started.get("system_prompt_append") or ""
     assert "Materia active materia (Socket-1)" in appended and "PLANNER-INSTRUCTIONS" in appended
@@ -166,6 +179,13 @@ def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, pr
                         "tools": ["read", "grep", "find", "ls"]}
     assert {k: first[k] for k in planner_settings} == planner_settings
     assert started.get("turn_settings") == planner_settings
+    # The turn's transcript is cut to the isolated context (spec §5.4): one synthetic message, then the
+    # socket's prompt and everything after it; the earlier chat is gone.
+    cut = pi.contexts[-1]["messages"]
+    assert "Materia isolated context." in cut[0]["content"][0]["text"] and cut[0]["role"] == "user"
+    assert "Mode: refinement" in cut[0]["content"][0]["text"] and "plan the db" in cut[0]["content"][0]["text"]
+    assert cut[1:] == history[2:] + [{"role": "user", "content": [{"type": "text", "text": "use postgres please"}]}]
+    assert "EARLIER-CHAT" not in json.dumps(cut)
     second = wait_for(lambda: [e for e in events(run_dir) if e["type"] == "socket_refinement"
                                and e["data"]["refinementTurn"] == 2], what="refinement 2 recorded")[0]["data"]
     assert second["socket"] == "Socket-1" and second["artifact"].startswith("sockets/Socket-1/1.refinement-2-")
@@ -246,3 +266,29 @@ def test_user_messages_while_no_cast_is_paused_touch_no_cast(harness, project):
     assert pi.run_user_turn("finalize please", "ok") == {}
     assert _types(run_dir) == before and _status(pi, cast_id)["status"] == "aborted"
     assert pi.run_turns.empty()
+    # None of those user runs had a refinement turn pending: their transcripts were left alone.
+    assert len(pi.contexts) == 3 and all(c == {} for c in pi.contexts)
+
+
+@pytest.mark.timeout(20)
+def test_only_the_pending_user_turn_has_its_transcript_cut(harness, project):
+    """The isolated context applies while the user-driven turn runs, not to castor's own turns
+    (the harness isolates those) and not to user runs after the refinement turn was answered."""
+    pi = harness
+    write_project_config(project, CONFIG)
+    pi.client.call("cast.start", {"session_id": SID, "cwd": str(project), "request": "plan"})
+    first = pi.next_turn()
+    prompt_msg = {"role": "custom", "customType": "castor-turn", "content": first["prompt"]}
+    castor_ctx = pi.event("context", {"turn_id": first["turn_id"], "messages": [prompt_msg]})
+    assert castor_ctx == {}
+    pi.run_castor_turn(first, "Draft 1", entry_id="pi-entry-1")
+    wait_for(lambda: pi.client.call("cast.status", {"session_id": SID})["status"] == "awaiting_refinement",
+             what="paused")
+    pi.run_user_turn("more detail", "Draft 2", history=[prompt_msg])
+    assert pi.contexts[-1]["messages"][1:] == [prompt_msg, {"role": "user", "content": [
+        {"type": "text", "text": "more detail"}]}]
+    # The refinement turn was answered (agent_end reached the cast before this event: both went through
+    # the SessionActor, in order): the next user run's context is not touched, even though the cast is
+    # still paused — only a new before_agent_start starts (and cuts) a new turn.
+    after = pi.event("context", {"turn_id": None, "messages": [prompt_msg]})
+    assert after == {}

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, WorkLost
+from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, UserTurnContextQuery, WorkLost
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
 from castor.adapters.materia.cast_lease import CastLease
@@ -117,6 +117,7 @@ class CastActor(Actor):
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
         self._user_turn: str | None = None  # visit id of a user-driven refinement turn
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
+        self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
         self._lost_in_a_row = 0
         self._done = False
         self._fenced = False
@@ -208,6 +209,11 @@ class CastActor(Actor):
     @handles(CastStatusQuery)
     def _on_status(self, _message: CastStatusQuery) -> dict[str, Any]:
         return self._status()
+
+    @handles(UserTurnContextQuery)
+    def _on_user_turn_context(self, _message: UserTurnContextQuery) -> str | None:
+        """The synthetic context a pending user-driven turn's transcript is cut to (spec §5.4)."""
+        return self._user_turn_isolated if self._user_turn is not None else None
 
     # ------------------------------------------------------------------ the one transition rule
     def _apply(self, event: Any) -> None:
@@ -343,6 +349,7 @@ class CastActor(Actor):
             # agent_end answers it. Its instructions reach the model through the answer to
             # before_agent_start (see component.py), so they go back to the asker.
             self._user_turn = effect.visit_id
+            self._user_turn_isolated = effect.isolated_context
             self._user_turn_context = {"visit_id": effect.visit_id, "socket_id": effect.socket_id,
                                        "prompt": effect.prompt, "model": effect.model,
                                        "thinking": effect.thinking, "tools": effect.tools}

@@ -12,6 +12,7 @@ Harness events:
 |---|---|
 | ``before_agent_start`` (``message_type`` ``user``) | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn); the result carries ``system_prompt_append`` (the materia's instructions, cast context and refinement guidance) and ``turn_settings`` (the materia's ``model`` / ``thinking`` / ``tools``, encoded as in ``agent.run_turn``) for that turn; ``{}`` when no cast is paused |
 | ``before_agent_start`` (``custom``) | nothing: castor's own hidden prompts are not refinement messages |
+| ``context`` (a user run: ``turn_id`` null) | while a user-driven refinement turn is pending, ``messages`` = the transcript cut to the isolated context (spec §5.4: everything before the socket's prompt becomes one synthetic message); otherwise nothing |
 | ``agent_end`` | the last assistant message (text, error, stop reason) answers a user-driven refinement turn, if one is pending; otherwise nothing (castor's own turns are answered by ``agent.turn_ended``) |
 
 A failure here is logged and the event answered with nothing: harness events are ambient.
@@ -49,10 +50,15 @@ def _last_assistant(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
-    if event not in ("before_agent_start", "agent_end"):
+    if event not in ("before_agent_start", "agent_end", "context"):
         return None
     try:
         actor = session_actor(ctx.runtime, ctx.info.session_id)
+        if event == "context":
+            if data.get("turn_id") is not None or not isinstance(data.get("messages"), list):
+                return None  # castor's own turns are isolated by the harness from their hidden prompt on
+            cut = actor.ask(SessionCall(verb="context", params={"messages": data["messages"]}), timeout=EVENT_TIMEOUT_S)
+            return {"messages": cut["messages"]} if "messages" in cut else None
         if event == "before_agent_start":
             if data.get("message_type") == "custom":
                 return None  # castor's own hidden prompts are not user refinement messages

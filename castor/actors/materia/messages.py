@@ -6,6 +6,7 @@
 | ``CastOutcome(event)`` | CastActor | tell | the outcome of work the cast asked for (quotes a ``visit_id``) |
 | ``WorkLost(visit_id, reason)`` | CastActor | tell | the actor doing that work died before answering |
 | ``CastStatusQuery()`` | CastActor | ask | the current status dict |
+| ``UserTurnContextQuery()`` | CastActor | ask | the isolated-context text of a pending user-driven refinement turn, else ``None`` |
 | ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
 | ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
 | ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
@@ -32,6 +33,10 @@ class WorkLost(LocalMessage, type_name="materia.cast.work_lost"):
 
 
 class CastStatusQuery(LocalMessage, type_name="materia.cast.status"):
+    pass
+
+
+class UserTurnContextQuery(LocalMessage, type_name="materia.cast.user_turn_context"):
     pass
 
 

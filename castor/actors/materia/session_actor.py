@@ -28,7 +28,13 @@ from typing import Any
 
 from castor.actors.materia.cast_actor import CastEnv, cast_spec
 from castor.actors.materia.session_mirror import SessionMirror
-from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, SessionCall
+from castor.actors.materia.messages import (
+    CastApply,
+    CastOutcome,
+    CastStatusQuery,
+    SessionCall,
+    UserTurnContextQuery,
+)
 from castor.actors.materia.views import (
     cast_rows,
     casts_text,
@@ -52,6 +58,7 @@ from castor.domain.materia.cast_messages import (
 )
 from castor.domain.materia.config import ConfigError, ResolvedConfig
 from castor.domain.materia.grid import render_grid
+from castor.domain.materia.prompts import isolate_context
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
 from castor.supervision import Actor, handles
 
@@ -352,6 +359,19 @@ class SessionActor(Actor):
                     out["system_prompt_append"] = (f"\n\nMateria active materia ({turn.get('socket_id')}):\n"
                                                    f"{turn['prompt']}")
                 return out
+        return {}
+
+    def _verb_context(self, messages: list[Any]) -> dict[str, Any]:
+        """Cut the transcript of a user-driven refinement turn to the spec's isolated context (§5.4):
+        everything before the socket's prompt becomes one synthetic message. ``{}`` when no cast
+        of this session has such a turn pending (the harness keeps its messages)."""
+        for _cast_id, handle in self._live().items():
+            try:
+                synthetic = handle.ask(UserTurnContextQuery(), timeout=ASK_TIMEOUT_S)
+            except CastorError:
+                continue
+            if synthetic:
+                return {"messages": isolate_context([m for m in messages if isinstance(m, dict)], synthetic)}
         return {}
 
     def _verb_agent_end(self, text: str | None = None, error: str | None = None,

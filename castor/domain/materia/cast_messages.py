@@ -131,8 +131,10 @@ class RunAgentTurn(_Frozen):
     """Run one agent turn and answer with ``TurnEnded(visit_id=...)``.
 
     ``user_driven``: a refinement turn the user's own message drives — apply model/thinking/tools
-    and the system prompt, but send no hidden prompt. ``proactive_compaction``: call
-    :func:`castor.domain.materia.compaction.decide_proactive` before sending.
+    and the system prompt, but send no hidden prompt; ``isolated_context`` is the synthetic cast
+    context that replaces the transcript before the socket's prompt while that turn runs.
+    ``proactive_compaction``: call :func:`castor.domain.materia.compaction.decide_proactive`
+    before sending.
     """
 
     kind: Literal["run_agent_turn"] = "run_agent_turn"
@@ -153,6 +155,7 @@ class RunAgentTurn(_Frozen):
     item_label: str | None = None
     recovery: bool = False
     user_driven: bool = False
+    isolated_context: str | None = None  # user-driven only: the synthetic message of §5.4 "Isolated context"
     proactive_compaction: bool = True
     compaction: Compaction | None = None
 

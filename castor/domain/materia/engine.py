@@ -476,6 +476,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
         model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
+        isolated_context=prompts.synthetic_context(rs, s, mode=mode) if user_driven else None,
         compaction=s.config.compaction,
     )
     ctx.effects.append(effect)

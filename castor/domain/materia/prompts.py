@@ -177,5 +177,5 @@ def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict
             continue
         text = text_of(message)
         if OPEN_TAG in text and CLOSE_TAG in text:
-            return [{"role": "user", "content": synthetic}, *messages[index:]]
+            return [{"role": "user", "content": [{"type": "text", "text": synthetic}]}, *messages[index:]]
     return list(messages)

@@ -382,3 +382,26 @@ def test_62_proactive_threshold_tiers() -> None:
 
 def test_edge_model_roundtrip() -> None:
     assert Edge.model_validate({"to": "end"}).when == "always"
+
+
+# ----------------------------------------------------------------------------- isolated context (§5.4)
+
+
+@pytest.mark.timeout(5)
+def test_isolated_context_keeps_the_newest_tagged_message_and_what_follows() -> None:
+    from castor.domain.materia.prompts import CLOSE_TAG, OPEN_TAG, isolate_context
+
+    def text(role: str, body: str) -> dict[str, Any]:
+        return {"role": role, "content": [{"type": "text", "text": body}]}
+
+    old_prompt = {"role": "custom", "content": f"{OPEN_TAG}\nold socket\n{CLOSE_TAG}"}
+    new_prompt = {"role": "custom", "content": f"{OPEN_TAG}\nnew socket\n{CLOSE_TAG}"}
+    quoting = text("assistant", f"I saw {OPEN_TAG} and {CLOSE_TAG}")  # assistant/tool text never anchors
+    tool = {"role": "toolResult", "content": [{"type": "text", "text": f"{OPEN_TAG}{CLOSE_TAG}"}]}
+    messages = [text("user", "chat"), old_prompt, text("assistant", "a1"), new_prompt, quoting, tool,
+                text("user", "refine it")]
+    cut = isolate_context(messages, "SYNTHETIC")
+    assert cut == [text("user", "SYNTHETIC"), new_prompt, quoting, tool, text("user", "refine it")]
+    assert messages[0] == text("user", "chat")  # the input is not modified
+    untagged = [text("user", "chat"), text("assistant", "a")]
+    assert isolate_context(untagged, "SYNTHETIC") == untagged
