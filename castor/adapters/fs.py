@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -85,6 +86,7 @@ def ensure_dir(path: str | os.PathLike[str]) -> Path:
 
 
 _TEMP_SEQ = itertools.count()  # next() on a count is atomic under the GIL
+_TEMP_TAG = secrets.token_hex(4)  # per process: pids repeat across hosts sharing a directory
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False,
@@ -100,9 +102,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     target = os.fspath(path)
     directory, name = os.path.split(target)
     directory = directory or "."
-    # The temp name is unique per call (pid + a process-wide counter) so concurrent writers,
-    # in this process or another, never share one.
-    tmp = f"{directory}/.{name}.{os.getpid()}.{next(_TEMP_SEQ)}.tmp"
+    # The temp name is unique per call (pid, a random tag per process, a counter) so concurrent
+    # writers, in this process or another, never share one.
+    tmp = f"{directory}/.{name}.{os.getpid()}.{_TEMP_TAG}{next(_TEMP_SEQ)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
