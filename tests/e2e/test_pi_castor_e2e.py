@@ -1,7 +1,8 @@
 """Real Pi + extension + the real castor runtime (``castor serve --stdio``).
 
-These are the issue's end-to-end scenarios (issue 5, 6a-e). Each one fails fast (an error
-toast from the extension ends the wait) so a broken runtime costs little time.
+These are the issue's end-to-end scenarios (issue 5, 6a-e), plus (f) a user-driven refinement
+turn (issue 3). Each one fails fast (an error toast from the extension ends the wait) so a broken
+runtime costs little time.
 """
 
 from __future__ import annotations
