@@ -15,7 +15,10 @@ Both peers use this class: the server for each accepted client, the
   reads the socket itself when the role is free (it pokes a client worker
   blocked in ``poll`` to hand the role over), so a reply wakes its caller
   directly. Responses are resolved by whoever reads; requests a caller
-  reads are queued for a worker.
+  reads are queued for a worker. The role is never left free with nobody
+  bound to take it: a caller that gives it up, or that leaves without
+  reading because its reply was read for it, lets a worker take it back
+  within ``_RETAKE_AFTER`` (tests/endpoint/test_reader_handover.py).
 * **Bounded everything.** At most ``max_in_flight`` incoming requests and
   notifications are accepted and unfinished; over it a request gets a
   ``mailbox_full`` error response and a notification is dropped with an
@@ -570,35 +573,53 @@ class Connection:
                     return
 
     def _await(self, call: PendingCall) -> None:
-        """Wait for ``call`` until its deadline, reading the transport ourselves when we can."""
+        """Wait for ``call`` until its deadline, reading the transport ourselves when we can.
+
+        A caller that waited for the role may leave without reading: its reply was read (and
+        the role handed to the callers) by the holder meanwhile, or its deadline passed. The
+        role may then be free with no caller left to take it, so on the way out the caller
+        arranges, as ``_read_as_caller`` does, for a worker to take it back — else nothing
+        would read what the peer sends next until the next outgoing call.
+        """
         me = threading.get_ident()
         cond = self._cond
         mutex = self._mutex
-        while not call._done:
-            remaining = call.deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            with mutex:
-                if call._done:
+        waited = False
+        try:
+            while not call._done:
+                remaining = call.deadline - time.monotonic()
+                if remaining <= 0:
                     return
-                if self._closed or self._eof:
-                    read, held = False, False
-                elif self._role is None or self._role == me:
-                    held = self._role == me  # a handler calling back its own peer
-                    self._role = me
-                    self._inline_since = None
-                    read = True
-                else:
-                    self._callers_waiting += 1
-                    self._poke()
-                    cond.wait(min(remaining, _CALLER_RECHECK))
-                    self._callers_waiting -= 1
-                    continue
-            if not read:
-                if call._gate.acquire(timeout=remaining):
-                    call._gate.release()
-                return
-            self._read_as_caller(call, me, held)
+                with mutex:
+                    if call._done:
+                        return
+                    if self._closed or self._eof:
+                        read, held = False, False
+                    elif self._role is None or self._role == me:
+                        held = self._role == me  # a handler calling back its own peer
+                        self._role = me
+                        self._inline_since = None
+                        read = True
+                    else:
+                        self._callers_waiting += 1
+                        self._poke()
+                        cond.wait(min(remaining, _CALLER_RECHECK))
+                        self._callers_waiting -= 1
+                        waited = True
+                        continue
+                if not read:
+                    if call._gate.acquire(timeout=remaining):
+                        call._gate.release()
+                    return
+                waited = False  # _read_as_caller hands the role back itself
+                self._read_as_caller(call, me, held)
+        finally:
+            if waited:
+                with mutex:
+                    if (self._role is None and not self._callers_waiting and not self._closed
+                            and not self._eof):
+                        self._released_at = time.monotonic()
+                        self._watch_locked()
 
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         cond = self._cond

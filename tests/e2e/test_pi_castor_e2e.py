@@ -53,7 +53,8 @@ def project_with_loadout(tmp_path: Path) -> Path:
 def fail_fast_on_error(pi: PiRpc, start: int) -> None:
     errors = [e for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"]
     if errors:
-        raise AssertionError(f"castor reported an error: {errors[-1].get('message')}")
+        raise AssertionError(f"castor reported an error: {errors[-1].get('message')}\n"
+                             f"Pi/castor stderr (tail): {pi.stderr()[-4000:]}")
 
 
 def wait_cast_end(pi: PiRpc, project: Path, *, start: int, timeout: float = 20.0,
