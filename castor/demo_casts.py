@@ -33,7 +33,6 @@ Failure behaviour: a cast that does not end within :data:`CAST_DEADLINE_S` fails
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -57,7 +57,7 @@ from castor.actors.classifier import CancelToken, Classify
 from castor.actors.ports.session import SessionUiPort
 from castor.actors.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
-from castor.messages.base import LocalMessage, Message
+from castor.messages.base import LocalMessage
 from castor.messages.errors import CastorError, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 

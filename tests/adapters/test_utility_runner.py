@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -21,29 +20,14 @@ from castor.adapters.materia.utility_runner import (
     stderr_summary,
 )
 from castor.messages.errors import Cancelled, ErrorCode, MailboxFull, Timeout
+from tests.support.processes import process_gone
+from tests.support.waiting import poll_until
 
 PY = sys.executable
 
 
 def py(code: str, *args: str, cwd: Path, **kw) -> UtilityCommand:
     return UtilityCommand(argv=[PY, "-c", code, *args], cwd=cwd, **kw)
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    """Poll a condition with a deadline (for state outside our process)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_stdin_json_and_cwd(tmp_path):
@@ -112,7 +96,7 @@ import time; time.sleep(60)
 
 
 def _read_pids(pidfile: Path) -> list[int]:
-    assert wait_until(pidfile.exists), "tree did not start"
+    assert poll_until(pidfile.exists, timeout=10.0), "tree did not start"
     return [int(x) for x in pidfile.read_text().split()]
 
 
@@ -127,7 +111,7 @@ def test_timeout_kills_the_whole_tree_including_grandchildren(tmp_path):
     assert result.timed_out and not result.killed and not result.ok
     assert result.signal is not None  # the root was signalled
     for pid in grandchildren:
-        assert gone(pid), f"grandchild {pid} survived"
+        assert process_gone(pid), f"grandchild {pid} survived"
     assert handle.pids() == []
     msg = command_failure_message(result, socket_id="Socket-2", stdout_artifact="o", stderr_artifact="e")
     assert msg.startswith('Utility command timed out for socket "Socket-2" after 1500ms')
@@ -146,12 +130,12 @@ print("parent done", flush=True)
 def test_orphaned_grandchild_holding_the_pipe_is_killed_at_the_deadline(tmp_path):
     pidfile = tmp_path / "pid"
     handle = spawn(py(_ORPHAN, str(pidfile), cwd=tmp_path, timeout_ms=1500, grace_ms=200))
-    assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    assert poll_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=10.0)
     grandchild = int(pidfile.read_text())
     result = handle.wait()
     assert result.timed_out and result.exit_code == 0  # the root itself exited cleanly
     assert result.stdout == "parent done\n"
-    assert gone(grandchild)
+    assert process_gone(grandchild)
 
 
 @pytest.mark.timeout(30)
@@ -175,7 +159,7 @@ def test_kill_from_another_thread(tmp_path):
     runner.join(15)
     assert results and results[0].killed and not results[0].timed_out
     assert results[0].signal_name == "SIGKILL"
-    assert all(gone(p) for p in grandchildren)
+    assert all(process_gone(p) for p in grandchildren)
     msg = command_failure_message(results[0], socket_id="Socket-1", stdout_artifact="o", stderr_artifact="e")
     assert "was killed" in msg
 
@@ -207,7 +191,7 @@ def test_pool_bound_respected_under_20_concurrent_submissions(tmp_path):
     for t in threads:
         t.start()
     assert three.wait(20)
-    assert wait_until(lambda: pool.stats().waiting == 17)
+    assert poll_until(lambda: pool.stats().waiting == 17, timeout=10.0)
     stats = pool.stats()
     assert (stats.running, stats.waiting) == (3, 17)
     with lock:
@@ -239,7 +223,7 @@ def test_pool_queue_limit_timeout_and_close(tmp_path):
     assert running.wait(10)
     second = threading.Thread(target=submit)
     second.start()
-    assert wait_until(lambda: pool.stats().waiting == 1)
+    assert poll_until(lambda: pool.stats().waiting == 1, timeout=10.0)
     with pytest.raises(MailboxFull) as info:
         pool.run(py("pass", cwd=tmp_path))
     assert info.value.may_have_started is False

@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,16 +25,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
     env.pop("MATERIA_CONFIG", None)
     return env
-
-
-def _wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_stdio_eof_shuts_down_gracefully_and_leaves_the_cast_resumable(tmp_path):
@@ -50,7 +40,7 @@ def test_stdio_eof_shuts_down_gracefully_and_leaves_the_cast_resumable(tmp_path)
     started = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "say hi"}, timeout=20)
     cast_id = started.get("cast_id") or started.get("cast", {}).get("cast_id")
     assert cast_id
-    _wait_for(lambda: turns)  # the cast is mid-turn now
+    wait_for(timeout=20.0, predicate=lambda: turns)  # the cast is mid-turn now
     process = client.process
     client.close(wait_process=20)  # closes stdin: EOF
     assert process.wait(20) == 0
@@ -67,7 +57,7 @@ def test_serve_on_a_socket_and_inspect_it_live(tmp_path):
     server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_for(sock.exists)
+        wait_for(timeout=20.0, predicate=sock.exists)
         with Client.connect_unix(str(sock)) as client:
             client.call("session.open", {"session_id": "watch", "cwd": str(tmp_path)}, timeout=20)
             shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "actors"], env=_env(tmp_path),

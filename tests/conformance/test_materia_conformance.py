@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -32,6 +31,7 @@ from castor.domain.materia.config import ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.resolve import load_config, resolve_config
+from tests.support.waiting import wait_for
 from tests.domain.materia.scripted import Driver  # the engine driver the domain tests use (asserts purity too)
 
 # =========================================================================== engine helpers
@@ -288,16 +288,6 @@ def _open_session(rt: Any, sid: str, cwd: Path, script: Any) -> Any:
     return scripted
 
 
-def _wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _wait_status(rt: Any, sid: str, cast_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
     from castor.actors.materia.api import materia_call
 
@@ -305,7 +295,7 @@ def _wait_status(rt: Any, sid: str, cast_id: str, statuses: tuple[str, ...]) -> 
         view = materia_call(rt, sid, "status", {"cast_id": cast_id})
         return view if view["status"] in statuses else None
 
-    return _wait_for(check, what=f"cast {cast_id} in {statuses}")
+    return wait_for(check, what=f"cast {cast_id} in {statuses}")
 
 
 @pytest.fixture
@@ -335,7 +325,7 @@ def test_c69_idless_recast_resumes_the_newest_of_a_failed_and_a_later_aborted_ca
     assert "exited with code 3" in failed["failed_reason"]
     second = materia_call(runtime, "s1", "start", {"request": "slow", "loadout": "hello"})
     assert second["cast_id"] > first["cast_id"]
-    _wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    wait_for(lambda: scripted.in_flight(), what="the turn in flight")
     assert materia_call(runtime, "s1", "abort", {})["status"] == "aborted"
     recast = materia_call(runtime, "s1", "recast", {})
     assert recast["cast_id"] == second["cast_id"]
@@ -360,7 +350,7 @@ def test_c72_cast_and_loadout_are_rejected_while_a_cast_is_active_and_write_noth
 
     scripted = _open_session(runtime, "s1", project, [{"text": "slow", "delay_ms": 5000}])
     started = materia_call(runtime, "s1", "start", {"request": "one", "loadout": "hello"})
-    _wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    wait_for(lambda: scripted.in_flight(), what="the turn in flight")
     run_root = Path(started["run_dir"]).parent
     casts_before = sorted(p.name for p in run_root.iterdir())
     with pytest.raises(Conflict):

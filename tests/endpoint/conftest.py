@@ -176,14 +176,4 @@ class RawPeer:
         self.sock.close()
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.005) -> bool:
-    """Poll a condition with a deadline (for state with no event to wait on)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 SMALL_QUEUE = ConnectionSettings(max_outbound_bytes=256 * 1024, max_outbound_frames=1000)

@@ -14,7 +14,8 @@ from castor.client import Client
 from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
 from castor.messages.errors import MailboxFull, Timeout
 
-from .conftest import SMALL_QUEUE, RawPeer, start_server, wait_for
+from .conftest import SMALL_QUEUE, RawPeer, start_server
+from tests.support.waiting import poll_until
 
 
 def test_slow_client_never_stalls_another(gates, sock_dir) -> None:
@@ -23,7 +24,7 @@ def test_slow_client_never_stalls_another(gates, sock_dir) -> None:
     try:
         stuck = RawPeer(srv.address)
         stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        assert wait_for(lambda: len(srv.connections()) == 1)
+        assert poll_until(lambda: len(srv.connections()) == 1)
         stuck_conn = srv.connections()[0]
         good = Client.connect_unix(srv.address, default_timeout=5)
         # The stuck peer asks for 2000 x 64 KiB of notifications and never reads them.
@@ -115,7 +116,7 @@ def test_outbound_call_deadline_and_late_reply_counted(client: Client, server: S
     assert time.monotonic() - t0 < 2
     answer.set()
     conn = server.connections()[0]
-    assert wait_for(lambda: conn.counters["late_replies"] == 1)
+    assert poll_until(lambda: conn.counters["late_replies"] == 1)
     assert conn.counters["call_timeouts"] == 1
 
 
@@ -124,7 +125,7 @@ def test_client_call_deadline(client: Client, gates) -> None:
         client.call("block", timeout=0.1)
     assert info.value.may_have_started is True
     gates.release.set()
-    assert wait_for(lambda: client.connection.counters["late_replies"] == 1)
+    assert poll_until(lambda: client.connection.counters["late_replies"] == 1)
     assert client.call("add", {"a": 1}) == 1
 
 
@@ -158,7 +159,7 @@ def test_in_flight_limit_answers_mailbox_full(gates, sock_dir) -> None:
     try:
         with Client.connect_unix(srv.address, default_timeout=10) as c:
             held = [c.call_async("block") for _ in range(2)]
-            assert wait_for(lambda: [c.stats()["in_flight"] for c in srv.connections()] == [2])
+            assert poll_until(lambda: [c.stats()["in_flight"] for c in srv.connections()] == [2])
             with pytest.raises(MailboxFull):
                 c.call("echo", {})
             gates.release.set()
@@ -225,9 +226,9 @@ def test_connections_release_their_file_descriptors(server: Server) -> None:
 
     with Client.connect_unix(server.address) as warm:
         warm.call("echo", {})
-    assert wait_for(lambda: server.connections() == [])
+    assert poll_until(lambda: server.connections() == [])
     base = open_fds()
     for i in range(50):
         with Client.connect_unix(server.address) as c:
             assert c.call("echo", {"i": i}) == {"i": i}
-    assert wait_for(lambda: server.connections() == [] and open_fds() <= base)
+    assert poll_until(lambda: server.connections() == [] and open_fds() <= base)

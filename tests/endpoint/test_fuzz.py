@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from castor.client import Client
 from castor.endpoint import ConnectionSettings, FrameLimits, Server
 
-from .conftest import Gates, RawPeer, build_dispatcher, wait_for
+from .conftest import Gates, RawPeer, build_dispatcher
+from tests.support.waiting import poll_until
 
 LIMITS = FrameLimits(max_map_len=256, max_array_len=256, max_str_len=4096, max_bin_len=4096,
                      max_buffer_size=64 * 1024)
@@ -161,7 +162,7 @@ def test_fuzz_hostile_connection_never_disturbs_a_good_one(fuzz_server: Server) 
     resyncable()
     hostile()
     drain(0.2)
-    assert wait_for(lambda: (drain(0.01), set(answered) >= expected)[1], timeout=10), \
+    assert poll_until(lambda: (drain(0.01), set(answered) >= expected)[1], timeout=10), \
         f"{len(expected - set(answered))} requests never answered"
     assert all(count == 1 for count in answered.values())
     assert set(answered) == expected  # no answers for msgids we did not send
@@ -181,4 +182,4 @@ def test_fuzz_hostile_connection_never_disturbs_a_good_one(fuzz_server: Server) 
             break
     persistent.close()
     good.client.close()
-    assert wait_for(lambda: fuzz_server.connections() == [], timeout=5)
+    assert poll_until(lambda: fuzz_server.connections() == [], timeout=5)

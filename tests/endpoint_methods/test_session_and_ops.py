@@ -15,7 +15,7 @@ from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound,
 from castor.runtime import Runtime, RuntimeSettings, SessionComponent
 from castor.supervision import ChildSpec
 
-from tests.supervision.helpers import Journal, Ping, wait_until, worker
+from tests.supervision.helpers import Journal, Ping, poll_until, worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,7 +92,7 @@ def test_a_disconnect_closes_the_sessions_opened_on_that_connection(served):
     client.call("session.open", {"session_id": "gone", "cwd": "/tmp"})
     client.close()
     assert journal.wait_for(lambda e: ("closed", "gone") in e, timeout=10)
-    assert wait_until(lambda: not runtime.sessions(), timeout=10)
+    assert poll_until(lambda: not runtime.sessions(), timeout=10)
     assert runtime.system.find("/root/session/gone") is None
 
 
@@ -136,7 +136,7 @@ def test_session_entries_and_ui_go_to_the_harness(served):
     link.session_log.append_entry("castor-test", {"a": 1}, time.monotonic() + 5)
     assert entries == [{"custom_type": "castor-test", "data": {"a": 1}}]
     link.ui.notify("hello", "warning")
-    assert wait_until(lambda: notes == [{"message": "hello", "level": "warning"}])
+    assert poll_until(lambda: notes == [{"message": "hello", "level": "warning"}])
 
 
 def test_ops_actors_and_mailbox_show_the_live_tree(served):

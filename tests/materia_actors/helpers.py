@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.component import materia_component
@@ -13,6 +12,7 @@ from castor.adapters.agents.scripted import ScriptedAgent, parse_script
 from castor.adapters.console_ui import ConsoleUi
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from tests.support.waiting import wait_for  # noqa: F401 - re-exported for the materia actor tests
 
 TERMINAL = ("complete", "failed", "aborted")
 
@@ -28,16 +28,6 @@ def open_session(rt: Runtime, sid: str, cwd: Path, script: Any, *, trusted: bool
     rt.open_session(SessionInfo(session_id=sid, cwd=str(cwd), trusted=trusted),
                     HarnessLink(agent=agent, session_log=session_log, ui=ui))
     return agent, ui
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_status(rt: Runtime, sid: str, cast_id: str, statuses: tuple[str, ...] = TERMINAL,

@@ -8,6 +8,8 @@ from typing import Callable
 
 from castor.messages.base import Message
 from castor.supervision import Actor, handles
+from tests.support.processes import process_gone  # noqa: F401 - re-exported for the supervision tests
+from tests.support.waiting import poll_until  # noqa: F401 - re-exported for the supervision tests
 
 
 class Ping(Message, type_name="test.ping"):
@@ -99,23 +101,3 @@ class Worker(Actor):
 
 def worker(name: str, journal: Journal) -> Callable[[], Worker]:
     return lambda: Worker(name, journal)
-
-
-def process_gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie awaiting reaping); race-free."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.002) -> bool:
-    """Deadline-bounded wait for a condition that has no event of its own."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()

@@ -9,7 +9,7 @@ import pytest
 from castor.messages.errors import ActorCrashed, ActorStopped
 from castor.supervision import ActorSystem, ChildSpec, RestartIntensityExceeded, supervisor_spec
 
-from .helpers import Block, Boom, Journal, Ping, wait_until, worker
+from .helpers import Block, Boom, Journal, Ping, poll_until, worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,17 +27,17 @@ def test_intensity_escalates_through_two_levels_to_a_fatal_root():
 
     # Level 1: the leaf restarts once within mid's intensity.
     crash_leaf()
-    assert wait_until(lambda: system.find("/root/mid/leaf") is not None and system.lookup("/root/mid/leaf").incarnation == 2)
+    assert poll_until(lambda: system.find("/root/mid/leaf") is not None and system.lookup("/root/mid/leaf").incarnation == 2)
     # The second leaf crash exceeds mid (R=1): mid stops its children and fails to root,
     # which restarts mid (its first restart) with a fresh leaf.
     crash_leaf()
-    assert wait_until(lambda: mid_handle.incarnation == 2 and system.find("/root/mid/leaf") is not None)
+    assert poll_until(lambda: mid_handle.incarnation == 2 and system.find("/root/mid/leaf") is not None)
     assert isinstance(mid_handle.last_error, RestartIntensityExceeded)
     fresh_leaf = system.lookup("/root/mid/leaf")
     assert fresh_leaf.ask(Ping(n=1), timeout=5) == ("leaf", 1, 1)
     # Level 2: exhaust mid again -> root sees its second restart in the window (R=1) -> fatal.
     crash_leaf()
-    assert wait_until(lambda: fresh_leaf.incarnation == 2 and fresh_leaf.alive)
+    assert poll_until(lambda: fresh_leaf.incarnation == 2 and fresh_leaf.alive)
     crash_leaf()
     assert system.fatal.wait(10)
     assert isinstance(system.fatal_error, RestartIntensityExceeded)
@@ -108,9 +108,9 @@ def test_on_removed_runs_when_a_child_is_given_up():
             with pytest.raises(ActorCrashed):
                 looper.ask(Boom(), timeout=5)
         assert looper.closed.wait(5)
-        from .helpers import wait_until
+        from .helpers import poll_until
 
-        assert wait_until(lambda: len(removed) == 1) and "gave up" in removed[0]
+        assert poll_until(lambda: len(removed) == 1) and "gave up" in removed[0]
     finally:
         system.shutdown(10)
 
@@ -132,9 +132,9 @@ def test_an_abandoned_incarnation_never_steals_a_message_from_its_successor():
         assert journal.event("hold:entered").wait(5)
         with pytest.raises(ActorCrashed):
             system.lookup("/root/first").ask(Boom(), timeout=5)  # one_for_all: stuck is stopped, overruns, abandoned
-        from .helpers import wait_until
+        from .helpers import poll_until
 
-        assert wait_until(lambda: stuck.incarnation == 2 and stuck.alive)
+        assert poll_until(lambda: stuck.incarnation == 2 and stuck.alive)
         journal.event("hold").set()  # the abandoned thread returns from its handler now
         answers = [stuck.ask(Ping(n=i), timeout=5) for i in range(20)]
         assert answers == [("stuck", 2, i) for i in range(20)]

@@ -10,7 +10,7 @@ import pytest
 from castor.messages.errors import ActorCrashed
 from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
 
-from .helpers import Block, Journal, Ping, process_gone, wait_until, worker
+from .helpers import Block, Journal, Ping, process_gone, poll_until, worker
 from .test_retirement import ProcessOwner, ReadChild
 
 pytestmark = pytest.mark.timeout(15)
@@ -58,7 +58,7 @@ def test_delay_next_holds_the_message_in_flight_visibly():
         handle = system.lookup("/root/w")
         faults.delay_next(handle, 0.5, "test.ping")
         pending = handle.ask_pending(Ping(n=3), timeout=5)
-        assert wait_until(lambda: handle.snapshot().mailbox.in_flight is not None)
+        assert poll_until(lambda: handle.snapshot().mailbox.in_flight is not None)
         flight = handle.snapshot().mailbox.in_flight
         assert flight.message_type == "test.ping" and flight.is_ask
         assert journal.count("ping") == 0  # still delayed
@@ -78,7 +78,7 @@ def test_kill_process_kills_the_owned_process_tree_and_the_actor_sees_it_through
         pids = faults.kill_process(handle)
         assert len(pids) == 1
         assert reading.result() == b""  # the pipe closed because the process died
-        assert wait_until(lambda: process_gone(pids[0]))
+        assert poll_until(lambda: process_gone(pids[0]))
     finally:
         system.shutdown(10)
 
@@ -93,4 +93,4 @@ def test_kill_process_trees_reaches_grandchildren():
     grandchild = int(child.stdout.readline())
     faults.kill_process_trees([child.pid])
     child.wait(5)
-    assert wait_until(lambda: process_gone(grandchild))
+    assert poll_until(lambda: process_gone(grandchild))

@@ -9,7 +9,7 @@ import weakref
 
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 from castor.supervision.threads import LOOP_THREADS, LoopThreads
-from tests.supervision.helpers import Journal, Ping, wait_until, worker
+from tests.supervision.helpers import Journal, Ping, poll_until, worker
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_loop_threads_var")
 
@@ -32,7 +32,7 @@ def run_and_wait(park: LoopThreads, task, name: str = "t") -> threading.Thread:
 def test_a_finished_thread_runs_the_next_task():
     park = LoopThreads()
     first = run_and_wait(park, lambda: None)
-    assert wait_until(lambda: park.parked == 1)
+    assert poll_until(lambda: park.parked == 1)
     second = run_and_wait(park, lambda: None)
     assert first is second and first.daemon
     assert second.name.startswith("t-")
@@ -42,7 +42,7 @@ def test_each_task_starts_with_an_empty_context():
     park = LoopThreads()
     seen: list[str | None] = []
     run_and_wait(park, lambda: _VAR.set("left behind"))
-    assert wait_until(lambda: park.parked == 1)
+    assert poll_until(lambda: park.parked == 1)
     run_and_wait(park, lambda: seen.append(_VAR.get(None)))
     assert seen == [None]
 
@@ -58,7 +58,7 @@ def test_a_parked_thread_keeps_no_reference_to_its_last_task():
     alive = weakref.ref(payload)
     park.run(payload.run, "t")
     del payload
-    assert wait_until(lambda: park.parked == 1)
+    assert poll_until(lambda: park.parked == 1)
     gc.collect()
     assert alive() is None
 
@@ -77,8 +77,8 @@ def test_the_park_is_bounded_and_idle_threads_end():
     for _ in range(4):
         assert started.acquire(timeout=5)
     release.set()
-    assert wait_until(lambda: park.parked == 2)
-    assert wait_until(lambda: park.parked == 0, timeout=5)  # unclaimed past idle_seconds: ended
+    assert poll_until(lambda: park.parked == 2)
+    assert poll_until(lambda: park.parked == 0, timeout=5)  # unclaimed past idle_seconds: ended
 
 
 def test_racing_claims_and_idle_timeouts_lose_no_task():
@@ -102,7 +102,7 @@ def test_stopped_temporary_children_park_their_threads_and_are_collected():
             assert handle.closed.is_set()
         assert journal.count("ping") == 20
         assert LOOP_THREADS.parked >= 1
-        assert wait_until(lambda: gc.collect() >= 0 and all(r() is None for r in refs))
+        assert poll_until(lambda: gc.collect() >= 0 and all(r() is None for r in refs))
 
 
 class _SlowStart(Actor):

@@ -11,7 +11,7 @@ from castor.messages.base import Message
 from castor.messages.errors import ActorStopped, Retired, WorkerRetired
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 
-from .helpers import Journal, Ping, process_gone, wait_until
+from .helpers import Journal, Ping, process_gone, poll_until
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -83,7 +83,7 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
                 pending.result()
             assert info.value.may_have_started is False
             assert info.value.data["reason"] == "timed out"
-        assert wait_until(lambda: process_gone(pid))
+        assert poll_until(lambda: process_gone(pid))
         assert owner.wait_exited(5) and owner.snapshot().state == "retired"
         assert owner.incarnation == 1 and owner.restarts == 0  # the supervisor did not restart it
         # New demand: a fresh incarnation handles only the new message.
@@ -117,7 +117,7 @@ def test_a_retired_temporary_child_is_removed_not_revived():
     try:
         owner = system.lookup("/root/owner")
         assert owner.ask(Retire(reason="done"), timeout=5) == "retiring"
-        assert wait_until(lambda: owner.closed.is_set())
+        assert poll_until(lambda: owner.closed.is_set())
         with pytest.raises((ActorStopped, Retired)):
             owner.ask(Ping(n=1), timeout=5)
         assert journal.count("ping") == 0

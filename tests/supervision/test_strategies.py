@@ -7,7 +7,7 @@ import pytest
 from castor.messages.errors import ActorCrashed, ActorStopped
 from castor.supervision import ActorSystem, ChildSpec, Restart, Strategy
 
-from .helpers import Boom, Journal, Ping, Quit, wait_until, worker
+from .helpers import Boom, Journal, Ping, Quit, poll_until, worker
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -54,7 +54,7 @@ def test_one_for_all_restarts_every_child_in_order():
     system = _system(journal, Strategy.ONE_FOR_ALL)
     try:
         _crash(system, journal, "b")
-        assert wait_until(lambda: _incarnations(system) == {"a": 2, "b": 2, "c": 2})
+        assert poll_until(lambda: _incarnations(system) == {"a": 2, "b": 2, "c": 2})
         for name in "abc":
             assert system.lookup(f"/root/{name}").ask(Ping(n=0), timeout=5)[1] == 2
         restarts = [e[1] for e in journal.entries if e[0] == "start" and e[2] == 2]
@@ -70,7 +70,7 @@ def test_rest_for_one_restarts_the_failed_child_and_later_ones():
     system = _system(journal, Strategy.REST_FOR_ONE)
     try:
         _crash(system, journal, "b")
-        assert wait_until(lambda: _incarnations(system) == {"a": 1, "b": 2, "c": 2})
+        assert poll_until(lambda: _incarnations(system) == {"a": 1, "b": 2, "c": 2})
         assert system.lookup("/root/c").ask(Ping(n=5), timeout=5) == ("c", 2, 5)
         assert system.lookup("/root/a").ask(Ping(n=5), timeout=5) == ("a", 1, 5)
     finally:

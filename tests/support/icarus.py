@@ -8,38 +8,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
+from tests.support.processes import process_gone as gone  # noqa: F401 - re-exported for the Icarus tests
+from tests.support.waiting import wait_for as wait_until  # noqa: F401 - re-exported for the Icarus tests
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie awaiting reaping)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Deadline-bounded wait for a condition that has no event of its own; returns its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class RecordingUi:
