@@ -8,6 +8,8 @@ Guarantees
   cut) sees either the complete old content or the complete new content,
   never a mix. A crash may leave a stray ``.<name>.*.tmp`` file beside the
   target; it is never read as the target.
+- ``make_durable_dirs(d)`` creates missing directories and fsyncs each new one's
+  parent, so a directory made for new files does not vanish in a power cut.
 - ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
@@ -61,6 +63,7 @@ __all__ = [
     "dump_json",
     "ensure_dir",
     "fsync_dir",
+    "make_durable_dirs",
     "read_json_lines",
     "safe_join",
 ]
@@ -76,6 +79,27 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a write may be short)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def make_durable_dirs(directory: str) -> None:
+    """Create ``directory`` and missing parents, fsyncing the parent of each one created, so a
+    new directory survives a power cut along with the files later written into it."""
+    if os.path.isdir(directory):
+        return
+    parent = os.path.dirname(directory)
+    make_durable_dirs(parent)
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    fsync_dir(parent)
 
 
 def ensure_dir(path: str | os.PathLike[str]) -> Path:
@@ -113,10 +137,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
                     os.fchmod(fd, os.stat(target).st_mode & 0o7777)
                 except FileNotFoundError:
                     pass
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -307,10 +328,7 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
         if _tail_is_torn(fd):
             # Seal the torn fragment as its own (invalid) line.
             payload = b"\n" + payload
-        view = memoryview(payload)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, payload)
         os.fsync(fd)
     finally:
         os.close(fd)

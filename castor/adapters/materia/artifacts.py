@@ -72,6 +72,7 @@ from castor.adapters.fs import (
     atomic_write_bytes,
     dump_json,
     fsync_dir,
+    make_durable_dirs,
     read_json_lines,
 )
 from castor.messages.errors import CastorError, ErrorCode, Forbidden, NotFound
@@ -242,20 +243,6 @@ def _lock_for(run_dir: Path) -> threading.RLock:
         return lock
 
 
-def _make_durable_dirs(directory: str) -> None:
-    """Create ``directory`` and missing parents, fsyncing the parent of each one created, so a
-    new directory (``sockets/<id>``) survives a power cut along with the files written into it."""
-    if os.path.isdir(directory):
-        return
-    parent = os.path.dirname(directory)
-    _make_durable_dirs(parent)
-    try:
-        os.mkdir(directory)
-    except FileExistsError:
-        return
-    fsync_dir(parent)
-
-
 def _file_sig(path: Path) -> tuple[int, int, int] | None:
     """Identity of a file's current content as far as a rewrite is concerned (None if missing)."""
     try:
@@ -380,7 +367,7 @@ class CastArtifacts:
         """Atomically replace ``target`` (under the lock); with ``sync_dir=False`` the caller fsyncs its directory."""
         parent = os.path.dirname(target)
         if parent not in self._made:
-            _make_durable_dirs(parent)
+            make_durable_dirs(parent)
             self._made.add(parent)
         if isinstance(content, str):
             data = content.encode("utf-8")
