@@ -688,16 +688,7 @@ class Connection:
                 if (deadline is None and not poll_workers) or (deadline is not None and caller_recv):
                     data = read_available()
                     if data:
-                        try:
-                            unpacker.feed(data)
-                        except msgpack.BufferFull:
-                            self._release_role(me)
-                            self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
-                            return None
-                        self._fed += len(data)
-                        if self._fed - self._frame_start > self._max_frame:
-                            self._release_role(me)
-                            self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
+                        if not self._take(me, data):
                             return None
                         continue
                     if data is None:  # receive timeout
@@ -789,17 +780,21 @@ class Connection:
         if not data:
             self._begin_eof(me, in_worker=in_worker)
             return None
+        return True if self._take(me, data) else None
+
+    def _take(self, me: int, data: bytes) -> bool:
+        """Feed ``data`` to the decoder; False (role given up, stream closed) when it overflows a bound."""
         try:
             self._decoder.unpacker.feed(data)
         except msgpack.BufferFull:
             self._release_role(me)
             self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
-            return None
+            return False
         self._fed += len(data)
         if self._fed - self._frame_start > self._max_frame:
             self._release_role(me)
             self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
-            return None
+            return False
         return True
 
     def _release_role(self, me: int) -> None:
