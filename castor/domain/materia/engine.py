@@ -440,10 +440,11 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
                     user_driven: bool = False, context_label: str | None = None) -> RunAgentTurn:
     s = ctx.s
     visit = s.visit
+    synthetic = prompts.synthetic_context(rs, s, mode=mode) if user_driven else None
     if reuse and s.active_turn_prompt is not None:
         prompt = s.active_turn_prompt
-    elif user_driven:
-        prompt = prompts.refinement_turn_prompt(rs, s)
+    elif synthetic is not None:
+        prompt = prompts.refinement_turn_prompt(rs, s, synthetic)
     else:
         prompt = prompts.socket_prompt(rs, s, mode=mode)
     visit_id = _next_visit_id(s, rs.id, visit)
@@ -476,7 +477,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
         model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
-        isolated_context=prompts.synthetic_context(rs, s, mode=mode) if user_driven else None,
+        isolated_context=synthetic,
         compaction=s.config.compaction,
     )
     ctx.effects.append(effect)

@@ -125,10 +125,10 @@ def socket_prompt(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
     return "\n\n".join([_instructions(rs, state), *_tail_sections(rs, state, mode)])
 
 
-def refinement_turn_prompt(rs: ResolvedSocket, state: CastState) -> str:
-    """The prompt stored for a user-driven refinement turn (instructions + synthetic context + guidance)."""
-    return "\n\n".join([_instructions(rs, state), synthetic_context(rs, state, mode="refinement"),
-                        handoff.REFINEMENT_GUIDANCE])
+def refinement_turn_prompt(rs: ResolvedSocket, state: CastState, synthetic: str) -> str:
+    """The prompt stored for a user-driven refinement turn: instructions, ``synthetic`` (its
+    :func:`synthetic_context`, which also heads its isolated transcript) and guidance."""
+    return "\n\n".join([_instructions(rs, state), synthetic, handoff.REFINEMENT_GUIDANCE])
 
 
 def system_prompt_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
