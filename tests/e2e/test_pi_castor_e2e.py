@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support.waiting import poll_until
+
 from .conftest import read_jsonl, session_entries
 from .pi_rpc import REPO, PiRpc
 
@@ -57,19 +59,29 @@ def fail_fast_on_error(pi: PiRpc, start: int) -> None:
                              f"Pi/castor stderr (tail): {pi.stderr()[-4000:]}")
 
 
-def wait_cast_end(pi: PiRpc, project: Path, *, start: int, timeout: float = 20.0,
-                  tolerate_errors: bool = False) -> tuple[Path, list[dict[str, Any]]]:
-    """Wait until a cast in ``project`` wrote ``cast_end``; returns (run dir, events)."""
+def wait_event(pi: PiRpc, project: Path, pred: Any, *, start: int, what: str, timeout: float = 20.0,
+               tolerate_errors: bool = False) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
+    """Wait until a cast in ``project`` wrote an event matching ``pred``; returns (run dir, its
+    events, the newest match). Castor's error toasts end the wait unless ``tolerate_errors``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not tolerate_errors:
             fail_fast_on_error(pi, start)
         for events_file in (project / ".pi" / "pi-materia").glob("*/events.jsonl"):
             events = read_jsonl(events_file)
-            if any(e.get("type") == "cast_end" for e in events):
-                return events_file.parent, events
+            found = [e for e in events if pred(e)]
+            if found:
+                return events_file.parent, events, found[-1]
         time.sleep(0.05)
-    raise AssertionError(f"no cast_end within {timeout}s; Pi: {pi.tail()}")
+    raise AssertionError(f"no {what} within {timeout}s; Pi: {pi.tail()}")
+
+
+def wait_cast_end(pi: PiRpc, project: Path, *, start: int, timeout: float = 20.0,
+                  tolerate_errors: bool = False) -> tuple[Path, list[dict[str, Any]]]:
+    """Wait until a cast in ``project`` wrote ``cast_end``; returns (run dir, events)."""
+    run_dir, events, _ = wait_event(pi, project, lambda e: e.get("type") == "cast_end", start=start,
+                                    what="cast_end", timeout=timeout, tolerate_errors=tolerate_errors)
+    return run_dir, events
 
 
 def castor_process(pi: PiRpc) -> psutil.Process:
@@ -114,13 +126,11 @@ def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command,
     assert any("PLANNER-MATERIA" in r for r in requests) and any("WRITER-MATERIA" in r for r in requests)
     # The session mirror appends from its own queue (a cast never waits for the harness), so the
     # final record may land just after events.jsonl's cast_end.
-    deadline = time.monotonic() + 10
-    while True:
+    def final_state_recorded() -> bool:
         states = [e for e in session_entries(tmp_path / "sessions") if e.get("customType") == "pi-materia-cast-state"]
-        if (states and states[-1]["data"]["phase"] == "complete") or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert states and states[-1]["data"]["phase"] == "complete"
+        return bool(states) and states[-1]["data"]["phase"] == "complete"
+
+    assert poll_until(final_state_recorded, timeout=10.0)
 
 
 def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(start_pi, castor_command, fake_llm, tmp_path):
@@ -225,18 +235,6 @@ REFINE = {
 }
 
 
-def wait_event(pi: PiRpc, project: Path, pred: Any, *, start: int, what: str, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fail_fast_on_error(pi, start)
-        for events_file in (project / ".pi" / "pi-materia").glob("*/events.jsonl"):
-            found = [e for e in read_jsonl(events_file) if pred(e)]
-            if found:
-                return found[-1]
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout}s; Pi: {pi.tail()}")
-
-
 def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(start_pi, castor_command, fake_llm,
                                                                            tmp_path):
     """Spec §5.7 step 3: the user's own message drives a refinement turn, and the materia's model and
@@ -267,9 +265,9 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
     sent = json.dumps(user_turn["messages"])
     assert "Materia isolated context." in sent and "DRAFT-1" in sent and "PLANNER-MATERIA" in sent
     assert "EARLIER-CHAT" not in sent
-    second = wait_event(pi, project, lambda e: e.get("type") == "socket_refinement"
-                        and e["data"].get("refinementTurn") == 2, start=start, what="the second draft")
-    run_dir = next((project / ".pi" / "pi-materia").glob("*/events.jsonl")).parent
+    run_dir, _events, second = wait_event(pi, project, lambda e: e.get("type") == "socket_refinement"
+                                          and e["data"].get("refinementTurn") == 2, start=start,
+                                          what="the second draft")
     assert (run_dir / second["data"]["artifact"]).read_text() == "DRAFT-2: postgres it is."
 
     fake_llm.reply_text(PLAN, when="Command-triggered finalization")
