@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.icarus import RecordingUi, gone, read_jsonl, wait_until
-from castor.actors.icarus_session import icarus_component, session_of
+from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, gone, read_jsonl, wait_until
+from castor.actors.icarus_session import session_of
 from castor.actors.icarus_worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.icarus.launch import WorkerLaunch, build_launch
@@ -35,11 +35,8 @@ from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.domain.icarus.settings import IcarusSettings, SettingsLayer, Source, resolve_settings
 from castor.messages.errors import Cancelled, ErrorCode, InvalidConfig, Timeout, WorkerCrashed, WorkerRetired
-from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from castor.runtime import HarnessLink, Runtime, SessionInfo
 from castor.supervision import ActorSystem
-
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -232,47 +229,12 @@ class ScriptedClassifier:
             {"id": c["id"], "relevant": "cake" not in c["text"], "confidence": 0.9} for c in candidates]}))
 
 
-class World:
+class World(IcarusWorldBase):
     """A project, a global agent dir pointing at the reference backend, runtimes over it."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.project = tmp / "project"
-        self.project.mkdir()
-        self.agent_dir = tmp / "agent"
-        self.agent_dir.mkdir()
-        self.fabric = tmp / "fabric"
-        self.call_log = tmp / "calls.jsonl"
-        self.control_file = tmp / "controls.json"
-        self.session_log_path = tmp / "session.jsonl"
-        self.global_path = self.agent_dir / "settings.json"
-        self.project_path = self.project / ".pi" / "settings.json"
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PI_CODING_AGENT_DIR": str(self.agent_dir),
-                    "ICARUS_REF_CALL_LOG": str(self.call_log), "ICARUS_REF_CONTROL_FILE": str(self.control_file)}
-        self.ui = RecordingUi()
-        self.runtimes: list[Runtime] = []
+        super().__init__(tmp)
         self.write_global()
-
-    def section(self, **extra: Any) -> dict[str, Any]:
-        return {"icarusDir": str(REFERENCE_ICARUS), "python": sys.executable, "fabricDir": str(self.fabric),
-                "classifier": "ollama/qwen3:4b", "classifierTimeoutMs": 3000, "timeoutMs": 10000, **extra}
-
-    def write_global(self, doc: dict[str, Any] | None = None, **extra: Any) -> None:
-        self.global_path.write_text(json.dumps(doc if doc is not None else {"piIcarusHook": self.section(**extra)}))
-
-    def write_project(self, section: dict[str, Any]) -> None:
-        self.project_path.parent.mkdir(exist_ok=True)
-        self.project_path.write_text(json.dumps({"piIcarusHook": section}))
-
-    def controls(self, controls: dict[str, Any]) -> None:
-        tmp = self.control_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(controls))
-        os.replace(tmp, self.control_file)
-
-    def runtime(self) -> Runtime:
-        rt = Runtime(RuntimeSettings(), components=[icarus_component(env=self.env, home=str(self.tmp))])
-        self.runtimes.append(rt)
-        return rt
 
     def open(self, rt: Runtime, sid: str = "s1", *, trusted: bool = False, classifier: Any = None):
         link = HarnessLink(agent=None, session_log=JsonlSessionLog(self.session_log_path), ui=self.ui,
@@ -280,15 +242,8 @@ class World:
         ctx = rt.open_session(SessionInfo(session_id=sid, cwd=str(self.project), trusted=trusted), link)
         return session_of(ctx)
 
-    def calls(self, name: str, phase: str = "start") -> list[dict[str, Any]]:
-        return [r for r in read_jsonl(self.call_log) if r["phase"] == phase and r["call"] == name]
-
     def audits(self) -> list[dict[str, Any]]:
         return [e["data"] for e in read_jsonl(self.session_log_path) if e.get("customType") == "icarus-context-filter"]
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.shutdown(timeout=10)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ faked: the classifier model (tests/icarus_filter/fakes.FakeClassifier) and the h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,14 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.icarus import RecordingUi, read_jsonl
-from castor.actors.icarus_session import icarus_component, session_of
+from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
+from castor.actors.icarus_session import session_of
 from castor.adapters.session_jsonl import JsonlSessionLog
-from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from castor.runtime import HarnessLink, Runtime, SessionInfo
 from tests.icarus_filter.fakes import FakeClassifier
 
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
 
 
 class GatedLog:
@@ -42,45 +39,14 @@ class GatedLog:
         self.inner.append_entry(custom_type, data, deadline)
 
 
-class World:
+class World(IcarusWorldBase):
     """One test's filesystem, settings, runtime and harness fakes."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.project = tmp_path / "project"
-        self.project.mkdir()
-        self.agent_dir = tmp_path / "agent"
-        self.agent_dir.mkdir()
-        self.fabric = tmp_path / "fabric"
-        self.call_log = tmp_path / "calls.jsonl"
-        self.control_file = tmp_path / "controls.json"
-        self.session_log_path = tmp_path / "session.jsonl"
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PI_CODING_AGENT_DIR": str(self.agent_dir),
-            "ICARUS_REF_CALL_LOG": str(self.call_log),
-            "ICARUS_REF_CONTROL_FILE": str(self.control_file),
-        }
-        self.ui = RecordingUi()
+        super().__init__(tmp_path)
         self.classifier = FakeClassifier(reject_words=("cake",))
         self.session_log = GatedLog(JsonlSessionLog(self.session_log_path))
-        self.runtimes: list[Runtime] = []
         self.write_global()
-
-    # -- settings ---------------------------------------------------------------
-    def write_global(self, **extra: Any) -> None:
-        section = {"icarusDir": str(REFERENCE_ICARUS), "python": sys.executable, "fabricDir": str(self.fabric),
-                   "classifier": "ollama/qwen3:4b", "classifierTimeoutMs": 3000, "timeoutMs": 10000, **extra}
-        (self.agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
-
-    def write_project(self, section: dict[str, Any]) -> None:
-        (self.project / ".pi").mkdir(exist_ok=True)
-        (self.project / ".pi" / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
-
-    def controls(self, controls: dict[str, Any]) -> None:
-        tmp = self.control_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(controls))
-        os.replace(tmp, self.control_file)
 
     def seed(self, *entries: tuple[str, str], facts: tuple[str, ...] = ()) -> None:
         """Write Fabric entries with the reference backend's own storage code."""
@@ -93,11 +59,6 @@ class World:
                        check=True, timeout=30, env={"FABRIC_DIR": str(self.fabric), "PATH": "/usr/bin:/bin"})
 
     # -- runtime ----------------------------------------------------------------
-    def runtime(self) -> Runtime:
-        rt = Runtime(RuntimeSettings(), components=[icarus_component(env=self.env, home=str(self.tmp))])
-        self.runtimes.append(rt)
-        return rt
-
     def link(self, *, classifier: Any = "default", session_log: Any = "default") -> HarnessLink:
         return HarnessLink(agent=None,
                            session_log=self.session_log if session_log == "default" else session_log,
@@ -109,15 +70,8 @@ class World:
         return ctx, session_of(ctx)
 
     # -- observations -----------------------------------------------------------
-    def calls(self, name: str | None = None, phase: str = "start") -> list[dict[str, Any]]:
-        return [r for r in read_jsonl(self.call_log) if r["phase"] == phase and (name is None or r["call"] == name)]
-
     def audits(self) -> list[dict[str, Any]]:
         return [e for e in read_jsonl(self.session_log_path) if e.get("customType") == "icarus-context-filter"]
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.shutdown(timeout=10)
 
 
 @pytest.fixture

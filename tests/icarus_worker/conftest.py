@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.icarus import read_jsonl
+from tests.support.icarus import REFERENCE_ICARUS, read_jsonl
 from castor.adapters.icarus.launch import build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess
 from castor.domain.icarus.settings import IcarusSettings
-
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
 
 
 class Harness:

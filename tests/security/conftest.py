@@ -22,15 +22,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.support.icarus import RecordingUi, read_jsonl, wait_until
-from castor.actors.icarus_session import icarus_component, session_of
+from tests.support.icarus import IcarusWorldBase, wait_until
+from tests.support.icarus import REFERENCE_ICARUS, read_jsonl  # noqa: F401 - re-exported for the security tests
+from castor.actors.icarus_session import session_of
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.client import Client
-from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
-
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_ICARUS = REPO / "examples" / "icarus_reference" / "icarus"
+from castor.runtime import HarnessLink, Runtime, SessionInfo
 
 
 def files_under(root: Path) -> set[Path]:
@@ -172,51 +170,21 @@ def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4}
 
 
-class IcarusWorld:
+class IcarusWorld(IcarusWorldBase):
     """A project, a global agent dir pointing at the reference backend, a runtime."""
 
+    CLASSIFIER = "default"
+
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.project = tmp / "project"
-        self.project.mkdir()
-        self.agent_dir = tmp / "agent"
-        self.agent_dir.mkdir()
-        self.fabric = tmp / "fabric"
-        self.call_log = tmp / "calls.jsonl"
-        self.session_log_path = tmp / "session.jsonl"
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PI_CODING_AGENT_DIR": str(self.agent_dir),
-                    "ICARUS_REF_CALL_LOG": str(self.call_log)}
-        self.ui = RecordingUi()
+        super().__init__(tmp)
         self.classifier = OverlapClassifier()
-        self.runtimes: list[Runtime] = []
         self.write_global()
-
-    def write_global(self, **extra: Any) -> None:
-        section = {"icarusDir": str(REFERENCE_ICARUS), "python": sys.executable, "fabricDir": str(self.fabric),
-                   "classifier": "default", "classifierTimeoutMs": 3000, "timeoutMs": 10000, **extra}
-        (self.agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
-
-    def write_project(self, section: dict[str, Any]) -> None:
-        (self.project / ".pi").mkdir(exist_ok=True)
-        (self.project / ".pi" / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
-
-    def runtime(self) -> Runtime:
-        rt = Runtime(RuntimeSettings(), components=[icarus_component(env=self.env, home=str(self.tmp))])
-        self.runtimes.append(rt)
-        return rt
 
     def open(self, rt: Runtime, sid: str = "s1", *, trusted: bool = False):
         link = HarnessLink(agent=None, session_log=JsonlSessionLog(self.session_log_path), ui=self.ui,
                            classifier=self.classifier)
         ctx = rt.open_session(SessionInfo(session_id=sid, cwd=str(self.project), trusted=trusted), link)
         return ctx, session_of(ctx)
-
-    def calls(self, name: str) -> list[dict[str, Any]]:
-        return [r for r in read_jsonl(self.call_log) if r["phase"] == "start" and r["call"] == name]
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.shutdown(timeout=10)
 
 
 @pytest.fixture
