@@ -109,6 +109,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A path or request with undecodable bytes must print (escaped), not fail the command.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, json=args.log_json or None)
@@ -116,14 +121,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(run(args) or 0)
     except CastorError as exc:
-        print(f"castor: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
+        _fail(exc.code, exc.message)
+    except KeyboardInterrupt as exc:
         print("castor: interrupted", file=sys.stderr)
-        return 130
-    except (OSError, ValueError) as exc:
-        print(f"castor: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return 143 if isinstance(exc, Terminated) else 130
+    except OSError as exc:
+        _fail(_os_error_code(exc), str(exc))
+    except ValueError as exc:
+        _fail("invalid_params", str(exc))
+    return EXIT_ERROR
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread of a command that shuts a runtime down cleanly."""
+
+
+def _os_error_code(exc: OSError) -> str:
+    """The stable code of a file-system error the command could not get past."""
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, PermissionError):
+        return "forbidden"
+    if isinstance(exc, (FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return "conflict"
+    return "internal"
+
+
+def _fail(code: str, message: str) -> None:
+    """The contract's one-line error on stderr: control characters (a newline in a loadout
+    name, terminal escapes in a request) are shown escaped, never acted on."""
+    print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
+
+
+def one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for ch in text)
 
 
 if __name__ == "__main__":  # pragma: no cover

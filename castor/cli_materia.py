@@ -50,12 +50,14 @@ def add_materia_subcommands(subparsers: Any) -> None:
     cast.set_defaults(run=cmd_cast)
 
     casts = subparsers.add_parser("casts", help="list the casts of a project")
+    _add_config(casts)
     _add_cwd(casts)
     casts.add_argument("--json", action="store_true", help="print JSON")
     casts.set_defaults(run=cmd_casts)
 
     status = subparsers.add_parser("status", help="show one cast's status")
     status.add_argument("cast_id", metavar="CAST_ID")
+    _add_config(status)
     _add_cwd(status)
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=cmd_status)
@@ -65,6 +67,7 @@ def add_materia_subcommands(subparsers: Any) -> None:
         parser = subparsers.add_parser(name, help=text)
         parser.add_argument("cast_id", metavar="CAST_ID")
         _add_agent(parser)
+        _add_config(parser)
         _add_cwd(parser)
         parser.add_argument("--quiet", action="store_true", help="no live progress")
         parser.set_defaults(run=globals()[func])
@@ -91,6 +94,12 @@ def _add_agent(parser: argparse.ArgumentParser) -> None:
                         help="script:FILE or openai:BASE_URL[#MODEL] (default $CASTOR_AGENT)")
 
 
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="PATH", default=None,
+                        help="the explicit config layer the cast was started with, if its artifactDir differs "
+                             "(beats $MATERIA_CONFIG)")
+
+
 def _add_cwd(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cwd", metavar="DIR", default=None, help="project directory (default: the current one)")
 
@@ -103,7 +112,12 @@ def _cwd(args: argparse.Namespace) -> Path:
 
 
 def _out(text: str) -> None:
-    sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
+    """Print ``text``; control characters from cast data (a request with terminal escapes) are
+    shown escaped, line breaks kept."""
+    from castor.cli import one_line
+
+    shown = "\n".join(one_line(line) for line in text.split("\n"))
+    sys.stdout.write(shown + ("\n" if not shown.endswith("\n") else ""))
     sys.stdout.flush()
 
 
@@ -123,6 +137,7 @@ class _Standalone:
             raise InvalidParams("no agent: pass --agent script:FILE or --agent openai:BASE_URL[#MODEL] "
                                 "(or set CASTOR_AGENT)", data={"reason": "no_agent"})
         self.agent = make_agent(agent_spec)
+        self._signals = _StopSignals()
         self.ui = ConsoleUi(printer)
         self.runtime = Runtime(RuntimeSettings(), components=[materia_component()])
         flags = {"materia_config": config_path} if config_path else {}
@@ -141,22 +156,88 @@ class _Standalone:
         return materia_call(self.runtime, CLI_SESSION, verb, params)
 
     def close(self) -> None:
-        self.runtime.shutdown(10.0)
+        self._signals.escalate()
+        try:
+            self.runtime.shutdown(10.0)
+        finally:
+            self._signals.restore()
         close = getattr(self.agent, "close", None)
         if close is not None:
             close()
 
 
+class _StopSignals:
+    """How a standalone runtime ends on a signal (it owns utility process trees):
+
+    | signal | while | what happens |
+    |---|---|---|
+    | SIGINT or SIGTERM | the cast runs | ``KeyboardInterrupt`` (SIGTERM: ``Terminated``) in the main thread: the runtime shuts down, each running utility command's process tree is ended (SIGTERM, then SIGKILL), the cast stays resumable |
+    | a second SIGINT or SIGTERM | the runtime shuts down | every process this one started (whole trees) is killed at once, then exit 130 / 143 |
+
+    Only the main thread can install handlers; elsewhere (tests driving the CLI from a thread)
+    the defaults stay.
+    """
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self._saved: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self._saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def escalate(self) -> None:
+        """From now on a signal kills what is left (the runtime is shutting down)."""
+        import signal
+
+        for sig in self._saved:
+            signal.signal(sig, _kill_descendants_and_exit)
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved = {}
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    from castor.cli import Terminated
+
+    raise Terminated()
+
+
+def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
+    """Second signal during shutdown: kill every descendant (collected first, so a grandchild
+    whose parent dies first is not missed), then leave without further cleanup."""
+    import psutil
+
+    try:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    for proc in descendants:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    sys.stderr.write("castor: interrupted again; killed the commands still running\n")
+    os._exit(128 + signum)
+
+
 def _artifact_root(cwd: Path, config_path: str | None) -> Path:
+    """Where this project's casts are, by the same rule as a runtime's sessions (inside the
+    project; ``forbidden`` otherwise). A config that does not load leaves the default."""
     from castor.adapters.materia.config_loader import load
     from castor.domain.materia.config import ConfigError
+    from castor.runtime import project_artifact_root
 
     try:
         configured = load(cwd, config_path=config_path).merged.get("artifactDir")
     except ConfigError:
         configured = None
-    root = configured if isinstance(configured, str) and configured else ".pi/pi-materia"
-    return (cwd / root).resolve() if not Path(root).is_absolute() else Path(root)
+    return project_artifact_root(str(cwd), configured if isinstance(configured, str) and configured else None)
 
 
 def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
@@ -230,6 +311,10 @@ def _progress(view: dict[str, Any]) -> Any:
 
 
 def _finish(view: dict[str, Any]) -> int:
+    if view.get("artifacts_pending"):
+        print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
+              f"be written (see the log above); `castor recast {view['cast_id']}` writes them", file=sys.stderr)
+        return EXIT_FAILED
     if view["status"] == "complete":
         _out(f"cast {view['cast_id']} complete: {view['run_dir']}")
         return EXIT_OK
@@ -259,8 +344,8 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
 
     cwd = _cwd(args)
     cast_id = validate_cast_id(args.cast_id)
-    root = _artifact_root(cwd, None)
-    session = _Standalone(cwd, _agent_spec(args, root / cast_id))
+    root = _artifact_root(cwd, args.config)
+    session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
     try:
         view = session.call(verb, {"cast_id": cast_id})
         _out(view["text"])
@@ -280,7 +365,7 @@ def cmd_revive(args: argparse.Namespace) -> int:
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_rows, casts_text
 
-    root = _artifact_root(_cwd(args), None)
+    root = _artifact_root(_cwd(args), args.config)
     rows = cast_rows(root, set())
     _out(json.dumps(rows, indent=2) if args.json else casts_text(rows, root))
     return EXIT_OK
@@ -290,7 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view, status_text
     from castor.adapters.materia.artifacts import validate_cast_id
 
-    root = _artifact_root(_cwd(args), None)
+    root = _artifact_root(_cwd(args), args.config)
     view = persisted_view(root, validate_cast_id(args.cast_id), live=False)
     _out(json.dumps(view, indent=2) if args.json else status_text(view))
     return EXIT_OK

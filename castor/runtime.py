@@ -218,14 +218,20 @@ class Runtime:
         """
         if self.settings.artifact_root:
             return Path(self.settings.artifact_root).resolve()
-        project = Path(cwd).resolve()
-        root = (project / (configured or ".pi/pi-materia")).resolve()
-        if root != project and project not in root.parents:
-            raise Forbidden(
-                "artifactDir must stay inside the project directory",
-                data={"artifactDir": str(configured)[:200], "cwd": str(project)},
-            )
-        return root
+        return project_artifact_root(cwd, configured)
+
+
+def project_artifact_root(cwd: str, configured: str | None) -> Path:
+    """A project's artifact root: ``configured`` (default ``.pi/pi-materia``) resolved against the
+    project, symlinks included; ``forbidden`` unless it stays inside the project."""
+    project = Path(cwd).resolve()
+    root = (project / (configured or ".pi/pi-materia")).resolve()
+    if root != project and project not in root.parents:
+        raise Forbidden(
+            "artifactDir must stay inside the project directory",
+            data={"artifactDir": str(configured)[:200], "cwd": str(project)},
+        )
+    return root
 
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:

@@ -19,7 +19,8 @@ Guarantees
   resolving the root once and ``lstat``-ing only the components below it.
 - ``append_json_line`` appends exactly one complete line per call
   (``append_json_lines``: a batch of complete lines) with a
-  single ``write`` on an ``O_APPEND`` descriptor, then fsyncs. If an earlier
+  single ``write`` on an ``O_APPEND`` descriptor, then fsyncs; a symlink in the
+  file's place is refused (``Forbidden``), never appended through. If an earlier
   crash left a torn (newline-less) tail, a newline is written first so the new
   record never fuses with the fragment. ``read_json_lines`` returns every
   parseable line and reports the lines it skipped (torn or corrupt), never
@@ -38,6 +39,7 @@ Failure behaviour
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -323,7 +325,15 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
             raise ValueError("JSON line contains a newline")
         lines.append(line)
     payload = ("\n".join(lines) + "\n").encode("utf-8")
-    fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        # O_NOFOLLOW: a log is castor's own file; a symlink planted in its place (to a file
+        # outside the project) is refused, never appended through.
+        fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise Forbidden(f"refusing to append through a symlink: {_printable(os.fspath(path))}",
+                        data={"reason": "symlink", "path": _printable(os.fspath(path))}) from None
     try:
         if _tail_is_torn(fd):
             # Seal the torn fragment as its own (invalid) line.

@@ -1,9 +1,10 @@
 """Listening sockets: a private Unix socket and a loopback-only TCP socket.
 
 * :func:`bind_unix` creates the socket file with mode 0600 *before* anyone
-  can reach it (bound inside a fresh 0700 directory, chmod-ed, then renamed
-  into place). An existing path is replaced only if it is a socket nobody is
-  listening on (stale); a live socket or any other file is refused.
+  can reach it (bound inside a fresh 0700 directory, chmod-ed and listening,
+  then renamed into place: a client that sees the file can connect). An
+  existing path is replaced only if it is a socket nobody is listening on
+  (stale); a live socket or any other file is refused.
 * :func:`bind_tcp` refuses every host that is not loopback: the endpoint has
   no authentication, so it must never be reachable from another machine.
 """
@@ -37,12 +38,13 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
             if len(os.fsencode(tmp)) <= _SUN_PATH_MAX:
                 sock.bind(tmp)
                 os.chmod(tmp, 0o600)
+                sock.listen(backlog)  # before the file appears: a client that sees it can connect
                 os.replace(tmp, path)
             else:
                 _bind_with_umask(sock, path)
+                sock.listen(backlog)
         finally:
             _rmdir_quietly(tmpdir)
-        sock.listen(backlog)
     except BaseException:
         sock.close()
         raise

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, seg
-from castor.messages.errors import Forbidden, NotFound
+from castor.messages.errors import Conflict, Forbidden, NotFound
 
 HOSTILE = ["../x", "..", ".", "/etc", "a/b", "a\x00b", "x" * 129, "", "-lead", "sp ace", "a\\b", 12]
 
@@ -168,3 +168,12 @@ def test_append_events_batch_round_trips_in_order(cast):
     log = cast.read_events()
     assert [(e.ts, e.type) for e in log.events] == [(1, "cast_start"), (2, "socket_start"), (3, "cast_end")]
     assert log.events[2].data == {"ok": True} and not log.skipped
+
+
+def test_an_artifact_root_that_is_a_file_is_a_conflict_not_a_crash(tmp_path):
+    root = tmp_path / "pi-materia"
+    root.write_text("not a directory")
+    with pytest.raises(Conflict) as err:
+        allocate_cast_id(root)
+    assert err.value.data["reason"] == "artifact_root_not_a_directory"
+    assert root.read_text() == "not a directory"

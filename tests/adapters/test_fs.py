@@ -168,3 +168,16 @@ def test_append_json_lines_writes_all_records_in_order_or_none(tmp_path):
         append_json_lines(log, [{"n": 3}, {"bad": float("nan")}])
     append_json_lines(log, [{"n": 4}])
     assert read_json_lines(log).records == [{"n": 1}, {"n": 2}, {"n": 4}]
+
+
+def test_appending_through_a_planted_symlink_is_refused_and_the_target_untouched(tmp_path):
+    """A log is castor's own file: a symlink in its place (to a file outside) is never followed."""
+    victim = tmp_path / "outside.txt"
+    victim.write_text("precious\n")
+    log = tmp_path / "project" / "session.jsonl"
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    with pytest.raises(Forbidden) as err:
+        append_json_line(log, {"type": "custom"})
+    assert err.value.data["reason"] == "symlink"
+    assert victim.read_text() == "precious\n"

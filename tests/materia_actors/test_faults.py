@@ -154,3 +154,45 @@ def test_a_crash_looping_cast_is_given_up_alone_shows_orphaned_and_recast_comple
     materia_call(rt, "s1", "recast", {"cast_id": cast_id})
     agent_done = wait_status(rt, "s1", cast_id, timeout=40)
     assert agent_done["status"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_an_ended_cast_whose_last_artifacts_were_cut_short_says_so_and_recast_writes_them(
+        runtime_factory, project, monkeypatch):
+    """The final state is saved before its files (write-ahead); if they then fail for good (a full
+    disk here, a kill -9 in the field), status must not pass the cast off as finished, and recast
+    writes them from the saved outbox instead of refusing an ended cast."""
+    import errno
+
+    from castor.actors.materia.cast_actor import CAST_MAX_RESTARTS
+    from castor.adapters.materia import artifacts
+
+    real_append = artifacts.append_json_lines
+    disk_full = {"on": True}
+
+    def append_json_lines(path, records):  # the cast_end line never fits, nor does a replay of it
+        if disk_full["on"] and any(r.get("type") == "cast_end" for r in records):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(path, records)
+
+    monkeypatch.setattr(artifacts, "append_json_lines", append_json_lines)
+    monkeypatch.setattr(artifacts, "append_json_line", lambda path, record: append_json_lines(path, [record]))
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["the only answer"] * (CAST_MAX_RESTARTS + 3))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
+    wait_for(lambda: rt.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=20,
+             what="the cast given up (every restart failed the same writes)")
+    view = materia_call(rt, "s1", "status", {"cast_id": cast_id})
+    assert view["status"] == "complete" and view["artifacts_pending"] is True
+    assert "cast_end" not in event_types(run_dir)
+
+    disk_full["on"] = False  # space freed
+    answer = materia_call(rt, "s1", "recast", {"cast_id": cast_id})
+    assert answer["status"] == "complete" and "written again" in answer["text"]
+    assert event_types(run_dir).count("cast_end") == 1
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text().strip() == "the only answer"
+    assert materia_call(rt, "s1", "status", {"cast_id": cast_id})["artifacts_pending"] is False
+    with pytest.raises(Exception) as refused:  # settled now: an ended cast is refused as before
+        materia_call(rt, "s1", "recast", {"cast_id": cast_id})
+    assert getattr(refused.value, "code", None) == "conflict"

@@ -145,6 +145,9 @@ class CastActor(Actor):
             return
         self.state = CastState.from_json(json.dumps(stored.state))
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
+        if not self.state.active and self.incarnation > 1:
+            self._stop()  # restarted after its last transition: the replay above was all that was left
+            return
         if self.state.active and (self.incarnation > 1 or env.resume_active):
             self.log.info("resuming active cast after a restart (incarnation {n})", n=self.incarnation)
             self._apply(RecastRequested(after_restart=True, at=env.clock()))

@@ -311,15 +311,24 @@ class SessionActor(Actor):
             raise Conflict(f"pi-materia cast {max(live)} is active. Abort it before recasting.",
                            data={"reason": "active", "cast_id": max(live)})
         try:
-            state = load_state(root, cast_id)
+            before = persisted_view(root, cast_id, live=False)
         except NotFound:
             raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\".", data={"cast_id": cast_id}) from None
-        handle = self._bring_in(cast_id, root)
+        handle = self._bring_in(cast_id, root)  # its start performs the saved outbox again
         if revive:
             event: Any = ReviveRequested(at=time.time())
         else:
-            event = RecastRequested(after_restart=state.active, at=time.time())
-        view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=True)
+            event = RecastRequested(after_restart=before["active"], at=time.time())
+        try:
+            view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=True)
+        except Conflict:
+            if not before.get("artifacts_pending"):
+                raise
+            # An ended cast whose last artifacts were cut short: starting it wrote them; that
+            # was the work to do, and the cast stays as it ended.
+            view = persisted_view(root, cast_id, live=False)
+            return {**view, "text": f"pi-materia cast {cast_id} is {view['status']}; the artifacts of its last "
+                                    "step were written again.", "level": "info"}
         verb = "revived" if revive else "recast"
         return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
                 "level": "info"}

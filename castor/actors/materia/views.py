@@ -13,6 +13,10 @@ Cast status (``status`` field), first match wins:
 | complete | | | ``complete`` | no |
 | failed, aborted by user | | | ``aborted`` | yes |
 | failed | | | ``failed`` | yes (``revivable`` if recovery was exhausted) |
+
+An ended cast whose last transition's file effects may not all be on disk (its runtime died
+between saving the state and finishing the writes) has ``artifacts_pending: true``: ``recast``
+writes them from the outbox saved with the state, and then answers as for any ended cast.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from castor.adapters.fs import read_json_lines
+from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import CastStateStore, list_casts
 from castor.domain.materia.state import CastState, short_label
@@ -96,6 +102,8 @@ def status_text(view: dict[str, Any]) -> str:
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
         lines.append(f"↻ RECAST TARGET: {verb} {view['cast_id']}")
+    if view.get("artifacts_pending"):
+        lines.append(f"! the artifacts of its last step are not all written: recast {view['cast_id']} writes them")
     lines.append(f"artifacts: {view['run_dir']}")
     return "\n".join(lines)
 
@@ -109,9 +117,36 @@ def load_state(artifact_root: Path, cast_id: str) -> CastState:
 
 
 def persisted_view(artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
-    state = load_state(artifact_root, cast_id)
+    stored = CastStateStore(artifact_root).load(cast_id)
+    if stored.revision == 0:
+        raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
+    state = CastState.from_json(json.dumps(stored.state))
     orphaned = state.active and not live and not CastLease.is_held(artifact_root, cast_id)
-    return status_view(state, live=live, orphaned=orphaned)
+    view = status_view(state, live=live, orphaned=orphaned)
+    if not state.active and not live:
+        view["artifacts_pending"] = not outbox_on_disk(artifact_root, cast_id, stored.state.get("outbox") or [])
+    return view
+
+
+def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any]]) -> bool:
+    """Whether the file effects saved with a cast's last state were all performed.
+
+    A transition appends its events last, in one write, after its whole files and manifest
+    entries; so its effects are on disk exactly when its last event is the log's last line.
+    """
+    events = [e for e in outbox if e.get("kind") == "emit_event"]
+    if not events:
+        return True
+    last = events[-1]
+    try:
+        records = read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
+    except (CastorError, OSError):
+        return False
+    if not records:
+        return False
+    tail = records[-1]
+    return (isinstance(tail, dict) and tail.get("type") == last.get("type") and tail.get("ts") == last.get("ts_ms")
+            and tail.get("data") == json.loads(json.dumps(last.get("data"))))
 
 
 def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:

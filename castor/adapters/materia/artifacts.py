@@ -75,7 +75,7 @@ from castor.adapters.fs import (
     make_durable_dirs,
     read_json_lines,
 )
-from castor.messages.errors import CastorError, ErrorCode, Forbidden, NotFound
+from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
 
 __all__ = [
     "ArtifactCorrupt",
@@ -176,7 +176,11 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     claimed with an exclusive ``mkdir``.
     """
     root = Path(artifact_root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise Conflict(f"the artifact directory {root} is not a directory",
+                       data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now or datetime.now(UTC))
     for n in range(10_000):

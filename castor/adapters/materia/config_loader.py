@@ -11,24 +11,30 @@ Guarantees: every problem is reported as a :class:`ConfigIssue` with a stable co
 it came from — unreadable files, malformed JSON (with line and column) and non-object files
 included; nothing here lets a traceback escape for bad input. :func:`load_resolved` raises
 :class:`ConfigError` holding **every** issue. Reading never executes anything from the project.
+Only a regular file of at most :data:`MAX_CONFIG_BYTES` is read (a path to ``/dev/zero`` or a
+FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON becomes U+FFFD.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from castor.adapters.fs import atomic_write_bytes
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
+from castor.domain.materia.jsontext import well_formed
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
 
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
 PROFILE_FILE = "materia.json"
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""A config layer larger than this is refused (``read-error``): configs are hand-written."""
 
 
 def profile_dir(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
@@ -53,13 +59,13 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [])`` or ``(None, [issue])``."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path)
     except FileNotFoundError:
         return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [ConfigIssue(code="read-error", message=f"cannot read config file {source}: {exc}", source=source)]
     try:
-        data = json.loads(text)
+        data = well_formed(json.loads(text))
     except json.JSONDecodeError as exc:
         return None, [ConfigIssue(code="invalid-json", source=source,
                                   message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}")]
@@ -69,6 +75,20 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
         return None, [ConfigIssue(code="not-an-object", source=source,
                                   message=f"config file {source} must contain a JSON object, not {type(data).__name__}")]
     return data, []
+
+
+def _read_bounded(path: Path) -> str:
+    """The UTF-8 text of a regular file of at most MAX_CONFIG_BYTES (ValueError otherwise)."""
+    # Open first, then check: what is checked is what is read. O_NONBLOCK: opening a FIFO
+    # must not wait for a writer (it is refused right after); it changes nothing for a file.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+    return raw.decode("utf-8")
 
 
 def gather_layers(
@@ -230,18 +250,7 @@ def save_active_loadout(
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically and durably, keeping an existing file's mode (a new one
+    gets 0644 less the umask, like any file the user creates)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"), keep_mode=True)

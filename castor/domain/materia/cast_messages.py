@@ -9,19 +9,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from castor.domain.materia.config import Compaction, ResolvedConfig
+from castor.domain.materia.jsontext import well_formed
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class _Input(_Frozen):
+    """An event: its text comes from outside (a model, a command, a user), so a lone surrogate
+    in it is replaced here, before the engine keeps it in a state that must be written as UTF-8."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _well_formed_text(cls, values: Any) -> Any:
+        return well_formed(values) if isinstance(values, dict) else values
+
+
 # --------------------------------------------------------------------------- events (inputs)
 
 
-class CastStarted(_Frozen):
+class CastStarted(_Input):
     kind: Literal["cast_started"] = "cast_started"
     cast_id: str
     request: str
@@ -33,7 +44,7 @@ class CastStarted(_Frozen):
     at: float
 
 
-class TurnEnded(_Frozen):
+class TurnEnded(_Input):
     """The outcome of an agent turn the cast asked for (``RunAgentTurn.visit_id``)."""
 
     kind: Literal["turn_ended"] = "turn_ended"
@@ -47,7 +58,7 @@ class TurnEnded(_Frozen):
     at: float
 
 
-class UtilityFinished(_Frozen):
+class UtilityFinished(_Input):
     """The outcome of a ``RunUtility``. The runner does NOT write artifacts; the engine does."""
 
     kind: Literal["utility_finished"] = "utility_finished"
@@ -64,7 +75,7 @@ class UtilityFinished(_Frozen):
     at: float
 
 
-class CompactionFinished(_Frozen):
+class CompactionFinished(_Input):
     kind: Literal["compaction_finished"] = "compaction_finished"
     visit_id: str
     ok: bool
@@ -73,7 +84,7 @@ class CompactionFinished(_Frozen):
     at: float
 
 
-class DispatchFailed(_Frozen):
+class DispatchFailed(_Input):
     """The actor could not start the work of an effect (host gone, model API missing...)."""
 
     kind: Literal["dispatch_failed"] = "dispatch_failed"
@@ -82,25 +93,25 @@ class DispatchFailed(_Frozen):
     at: float
 
 
-class RefinementTurnStarted(_Frozen):
+class RefinementTurnStarted(_Input):
     """A user message starts a turn while the cast is paused for refinement (``before_agent_start``)."""
 
     kind: Literal["refinement_turn_started"] = "refinement_turn_started"
     at: float
 
 
-class ContinueRequested(_Frozen):
+class ContinueRequested(_Input):
     kind: Literal["continue_requested"] = "continue_requested"
     at: float
 
 
-class AbortRequested(_Frozen):
+class AbortRequested(_Input):
     kind: Literal["abort_requested"] = "abort_requested"
     reason: str = "aborted by user"
     at: float
 
 
-class RecastRequested(_Frozen):
+class RecastRequested(_Input):
     """``after_restart=True``: the runtime lost the in-flight work of an *active* cast (its actor
     or the whole process died); resume it as if it had failed there."""
 
@@ -109,7 +120,7 @@ class RecastRequested(_Frozen):
     at: float
 
 
-class ReviveRequested(_Frozen):
+class ReviveRequested(_Input):
     kind: Literal["revive_requested"] = "revive_requested"
     at: float
 

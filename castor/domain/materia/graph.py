@@ -294,7 +294,7 @@ def validate_graph(
 
     def check_target(target: Any, parts: tuple, *, required: bool) -> bool:
         """True when the target is fine. ``"end"`` is always accepted."""
-        where = _dotted(parts)
+        where = _dotted(parts[1:] if parts[:1] == ("sockets",) else parts)  # messages name the socket
         if target is None:
             if required:
                 col.add("missing-endpoint", parts, f"{where} is missing a target")
@@ -329,33 +329,33 @@ def validate_graph(
             continue
         ok = True
         if "next" in sock:
-            ok &= check_target(sock["next"], (sid, "next"), required=False)
+            ok &= check_target(sock["next"], ("sockets", sid, "next"), required=False)
         for block in ("foreach", "advance"):
             if is_plain_object(sock.get(block)):
-                ok &= check_target(sock[block].get("done"), (sid, block, "done"), required=False)
+                ok &= check_target(sock[block].get("done"), ("sockets", sid, block, "done"), required=False)
         raw_edges = sock.get("edges", [])
         if raw_edges is not None and not isinstance(raw_edges, list):
-            col.add("invalid-edge-condition", (sid, "edges"), f"{sid}.edges must be an array")
+            col.add("invalid-edge-condition", ("sockets", sid, "edges"), f"{sid}.edges must be an array")
             continue
         edges = raw_edges or []
         for i, edge in enumerate(edges):
             if not is_plain_object(edge):
-                col.add("missing-endpoint", (sid, "edges", i, "to"), f"{sid}.edges[{i}] must be an object")
+                col.add("missing-endpoint", ("sockets", sid, "edges", i, "to"), f"{sid}.edges[{i}] must be an object")
                 ok = False
                 continue
-            ok &= check_target(edge.get("to"), (sid, "edges", i, "to"), required=True)
+            ok &= check_target(edge.get("to"), ("sockets", sid, "edges", i, "to"), required=True)
         if not ok:
             continue
         seen_always = False
         for i, edge in enumerate(edges):
             when = normalize_when(edge.get("when"))
             if when not in EDGE_CONDITIONS:
-                col.add("invalid-edge-condition", (sid, "edges", i, "when"),
+                col.add("invalid-edge-condition", ("sockets", sid, "edges", i, "when"),
                         f"{sid}.edges[{i}].when: unsupported condition {edge.get('when')!r} "
                         f"(one of {', '.join(EDGE_CONDITIONS)})")
                 continue
             if seen_always:
-                col.add("unreachable-edge", (sid, "edges", i),
+                col.add("unreachable-edge", ("sockets", sid, "edges", i),
                         f"{sid}.edges[{i}] is unreachable: an earlier \"always\" edge always matches")
             if when == "always":
                 seen_always = True
@@ -509,7 +509,7 @@ def _validate_executable_exit(col: _Collector, label: str, at: tuple, loop: dict
         return
     when = normalize_when(exit_.get("when"))
     if when in GUARDED and src.get("parse") is not None and src.get("parse") != "json":
-        col.add("invalid-loop", (frm, "parse"),
+        col.add("invalid-loop", ("sockets", frm, "parse"),
                 f"{frm}.parse must be \"json\": loop exit {label} routes on {when}")
     advance = src.get("advance")
     if is_plain_object(advance):
@@ -517,15 +517,15 @@ def _validate_executable_exit(col: _Collector, label: str, at: tuple, loop: dict
                     "items": f"state.{consumes.get('output') or 'workItems'}", "when": when}
         for field, value in expected.items():
             if advance.get(field) != value:
-                col.add("invalid-loop", (frm, "advance", field),
+                col.add("invalid-loop", ("sockets", frm, "advance", field),
                         f"{frm}.advance.{field}: current \"{advance.get(field)}\", expected \"{value}\" for {label}")
     back = [e for e in _edges(src) if e.get("to") in members]
     if not back:
-        col.add("invalid-loop", (frm, "edges"),
+        col.add("invalid-loop", ("sockets", frm, "edges"),
                 f"{label}: exit source {frm} has no outgoing route back into loop members")
         return
     conditional = [e for e in back if normalize_when(e.get("when")) in GUARDED]
     opposite = OPPOSITE.get(when)
     if conditional and opposite and not any(normalize_when(e.get("when")) == opposite for e in back):
-        col.add("invalid-loop", (frm, "edges"),
+        col.add("invalid-loop", ("sockets", frm, "edges"),
                 f"{label}: exit source {frm} has no {opposite} route back into the loop")

@@ -22,7 +22,7 @@ from typing import Any
 
 from castor.domain.materia.config import Socket
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
-from castor.domain.materia.jsontext import pretty_json
+from castor.domain.materia.jsontext import pretty_json, well_formed
 from castor.messages.errors import CastorError, ErrorCode
 
 CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "satisfied", "feedback", "missing")
@@ -77,16 +77,17 @@ def _balanced_span(text: str, start: int) -> str | None:
 
 
 def _parse_at(text: str, start: int) -> tuple[bool, Any]:
+    """The JSON value at ``start`` (escapes of lone surrogates come out as U+FFFD)."""
     try:
         value, _end = _DECODER.raw_decode(text, start)
-        return True, value
+        return True, well_formed(value)
     except (ValueError, RecursionError):
         pass
     span = _balanced_span(text, start)
     if span is None:
         return False, None
     try:
-        return True, _DECODER.decode(span)
+        return True, well_formed(_DECODER.decode(span))
     except (ValueError, RecursionError):
         return False, None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -195,8 +196,8 @@ def test_12_unreachable_edges() -> None:
     sockets = {"Socket-1": {"edges": [{"when": "always", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-3"},
                                       {"when": "always", "to": "Socket-3"}]}, "Socket-2": {}, "Socket-3": {}}
     issues = graph.validate_graph({"entry": "Socket-1", "sockets": sockets})
-    assert [(i.code, i.path) for i in issues] == [("unreachable-edge", "/Socket-1/edges/1"),
-                                                  ("unreachable-edge", "/Socket-1/edges/2")]
+    assert [(i.code, i.path) for i in issues] == [("unreachable-edge", "/sockets/Socket-1/edges/1"),
+                                                  ("unreachable-edge", "/sockets/Socket-1/edges/2")]
 
 
 def test_13_repeated_guards_are_valid() -> None:
@@ -231,7 +232,7 @@ def test_15_legacy_next_and_idempotence() -> None:
 
 def test_16_missing_edge_target() -> None:
     issues = graph.validate_graph({"entry": "Socket-1", "sockets": {"Socket-1": {"edges": [{"when": "always"}]}}})
-    assert [(i.code, i.path) for i in issues] == [("missing-endpoint", "/Socket-1/edges/0/to")]
+    assert [(i.code, i.path) for i in issues] == [("missing-endpoint", "/sockets/Socket-1/edges/0/to")]
 
 
 def test_unknown_endpoint() -> None:
@@ -470,3 +471,36 @@ def test_project_layer_and_save_active_loadout(tmp_path: Path) -> None:
 def test_profile_dir_env_trimmed_and_default(tmp_path: Path) -> None:
     assert config_loader.profile_dir({"PI_MATERIA_PROFILE_DIR": f"  {tmp_path}  "}) == tmp_path
     assert config_loader.profile_dir({}, home=tmp_path) == tmp_path / ".config/pi/pi-materia"
+
+
+@pytest.mark.timeout(20)
+def test_validate_file_refuses_devices_fifos_and_huge_files_without_reading_them(tmp_path: Path) -> None:
+    """A config path to /dev/zero or a FIFO is a read-error at once, not a hang that eats memory."""
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # nobody ever writes to it: opening it blocking would wait forever
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as handle:
+        handle.write(b'{"x": "' + b"a" * config_loader.MAX_CONFIG_BYTES + b'"}')
+    for path in (zero, fifo, huge):
+        issues = config_loader.validate_file(path)
+        assert codes(issues) == ["read-error"], path
+    assert "not a regular file" in config_loader.validate_file(fifo)[0].message
+    assert "larger than" in config_loader.validate_file(huge)[0].message
+
+
+def test_a_lone_surrogate_escaped_in_a_config_file_loads_as_a_replacement_character(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"materia": {"Odd": {"prompt": "say \\ud800 {{request}}", "tools": "none"}}}')
+    loaded = config_loader.load(tmp_path, config_path=str(cfg), env={"PI_MATERIA_PROFILE_DIR": str(tmp_path)})
+    assert loaded.merged["materia"]["Odd"]["prompt"] == "say \ufffd {{request}}"
+
+
+def test_save_active_loadout_keeps_the_file_mode(tmp_path: Path) -> None:
+    project = tmp_path / "p"
+    target = write(project / ".pi" / "pi-materia.json", {"activeLoadout": "hello"})
+    target.chmod(0o664)
+    config_loader.save_active_loadout(project, "plan", env={"PI_MATERIA_PROFILE_DIR": str(tmp_path)})
+    assert json.loads(target.read_text())["activeLoadout"] == "plan"
+    assert (target.stat().st_mode & 0o777) == 0o664

@@ -617,3 +617,20 @@ def test_39_40_yolo_loop_counts() -> None:
     assert s.edge_traversals["Socket-3->Socket-2"] == 2 and s.cursors["workItemIndex"] == 2
     retry_input = json.loads(two.artifacts()["sockets/Socket-2/2-alpha.input.json"].content)
     assert retry_input["cursor"] == {"name": "workItemIndex", "index": 0} and retry_input["itemKey"] == "alpha"
+
+
+def test_lone_surrogates_from_outside_never_reach_the_state() -> None:
+    """A JSON escape of a lone surrogate (a model's answer, a utility's output) or an undecodable
+    argv byte in the request would make the state unwritable as UTF-8: each becomes U+FFFD."""
+    cfg = config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json", "assign": {"seen": "$.a"},
+                               "edges": [{"when": "always", "to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg), request="bad \udcff request")
+    assert d.state.request == "bad \ufffd request"
+    d.reply('{"a": "x\\ud800y"}')
+    assert d.state.data["seen"] == "x\ufffdy"
+    d.reply("raw \ud800 text")
+    assert d.state.phase == "complete" and d.state.last_output == "raw \ufffd text"
+    d.state.model_dump_json().encode("utf-8")  # the whole state serialises
+    for effect in d.effects:
+        effect.model_dump_json().encode("utf-8")  # and so does every effect (events, artifacts)

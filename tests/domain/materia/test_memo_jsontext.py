@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 from castor.domain.materia import memo
 
@@ -34,3 +35,16 @@ def test_pretty_json_is_exactly_the_indented_encoder() -> None:
 
     for value in [None, {}, [], "x\n\"é", 0, -1.5, True, False, float("inf"), {"a": [1, {"b": None}]}, [[]], ["é"]]:
         assert pretty_json(value) == json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def test_well_formed_replaces_lone_surrogates_everywhere_and_keeps_clean_values() -> None:
+    from castor.domain.materia.jsontext import well_formed
+
+    clean = {"a": ["x", {"b": "\U0001f642"}], "n": 1}
+    assert well_formed(clean) is clean  # nothing to fix: the very same object, no copy
+    dirty = {"k\udcff": ["ok", {"b": "x\ud800y"}], "n": 1, "t": ("\udfff",)}
+    fixed = well_formed(dirty)
+    assert fixed == {"k\ufffd": ["ok", {"b": "x\ufffdy"}], "n": 1, "t": ("\ufffd",)}
+    fixed_text = json.dumps(fixed, ensure_ascii=False)
+    assert fixed_text.encode("utf-8")  # UTF-8 can write it now
+    assert dirty["k\udcff"][1]["b"] == "x\ud800y"  # the input is not changed in place

@@ -1,0 +1,159 @@
+"""The materia CLI against careless or hostile input: typed one-line errors, no tracebacks,
+nothing written or read outside the project, no command left running after the CLI ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.processes import process_gone
+from tests.support.waiting import poll_until, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+            "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+
+
+def _castor(tmp_path: Path, *args: str | bytes, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=_env(tmp_path), text=True,
+                          errors="backslashreplace", capture_output=True, timeout=timeout)
+
+
+def _project(tmp_path: Path, config: dict, answers: list | None = None) -> Path:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (project / "answers.json").write_text(json.dumps(answers if answers is not None else ["hi"]))
+    return project
+
+
+def _one_clean_error_line(result: subprocess.CompletedProcess[str], code: str) -> None:
+    assert result.returncode not in (0, None), result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"castor: {code}: "), result.stderr
+
+
+HELLO = {"activeLoadout": "hello"}
+
+
+@pytest.mark.timeout(90)
+def test_undecodable_request_bytes_and_escaped_surrogates_complete_without_a_crash(tmp_path):
+    """An argv byte that is not UTF-8 and model / utility output escaping a lone surrogate each
+    used to crash the CastActor on every restart (and re-run the utility each time)."""
+    counter = tmp_path / "runs.txt"
+    config = {"activeLoadout": "L", "loadouts": {"L": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "parse": "json", "assign": {"odd": "$.a"},
+                     "command": ["sh", "-c", f"echo run >> {counter}; printf '{{\"a\":\"\\\\ud800\"}}'"]}}}}}
+    project = _project(tmp_path, config)
+    (project / "answers.json").write_text('["model says \\ud800 here"]')  # the JSON escape itself
+    result = _castor(tmp_path, "cast", b"bad \xff request", "--quiet", "--agent", "script:answers.json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "complete" in result.stdout
+    assert counter.read_text().splitlines() == ["run"]  # the utility ran exactly once
+    (run_dir,) = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["request"] == "bad \ufffd request" and state["data"]["odd"] == "\ufffd"
+    assert "model says \ufffd here" in (run_dir / "sockets" / "Socket-1" / "1.md").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_an_artifact_root_that_is_a_file_is_one_typed_error_line(tmp_path):
+    project = _project(tmp_path, HELLO)
+    (project / ".pi" / "pi-materia").write_text("in the way")
+    result = _castor(tmp_path, "cast", "x", "--quiet", "--agent", "script:answers.json", cwd=project)
+    _one_clean_error_line(result, "conflict")
+    assert (project / ".pi" / "pi-materia").read_text() == "in the way"
+
+
+@pytest.mark.timeout(60)
+def test_casts_and_status_refuse_an_artifact_dir_outside_the_project_like_cast_does(tmp_path):
+    outside = tmp_path / "elsewhere"
+    (outside / "2026-01-01T00-00-00-000Z").mkdir(parents=True)
+    project = _project(tmp_path, {"activeLoadout": "hello", "artifactDir": str(outside)})
+    for args in (("casts",), ("status", "2026-01-01T00-00-00-000Z"),
+                 ("cast", "x", "--quiet", "--agent", "script:answers.json")):
+        _one_clean_error_line(_castor(tmp_path, *args, cwd=project), "forbidden")
+
+
+@pytest.mark.timeout(90)
+def test_a_cast_started_with_config_is_found_again_with_config(tmp_path):
+    project = _project(tmp_path, HELLO)
+    alt = project / "alt.json"
+    alt.write_text(json.dumps({"artifactDir": "runs"}))
+    started = _castor(tmp_path, "cast", "x", "--quiet", "--config", "alt.json", "--agent", "script:answers.json",
+                      cwd=project)
+    assert started.returncode == 0, started.stderr
+    (run_dir,) = [p for p in (project / "runs").iterdir() if p.is_dir()]
+    listed = _castor(tmp_path, "casts", "--config", "alt.json", "--json", cwd=project)
+    assert [row["cast_id"] for row in json.loads(listed.stdout)] == [run_dir.name]
+    status = _castor(tmp_path, "status", run_dir.name, "--config", "alt.json", "--json", cwd=project)
+    assert json.loads(status.stdout)["status"] == "complete"
+    recast = _castor(tmp_path, "recast", run_dir.name, "--config", "alt.json", "--agent", "script:answers.json",
+                     cwd=project)
+    _one_clean_error_line(recast, "conflict")  # found, and refused because it is complete
+    assert "Unknown" not in recast.stderr
+
+
+@pytest.mark.timeout(30)
+def test_errors_with_control_characters_stay_on_one_line(tmp_path):
+    project = _project(tmp_path, HELLO)
+    result = _castor(tmp_path, "grid", "--loadout", "a\nINJECTED\x1b[31m", cwd=project)
+    _one_clean_error_line(result, "invalid_config")
+    assert len(result.stderr.strip().splitlines()) == 1 and "\x1b" not in result.stderr
+
+
+def _stubborn_utility_project(tmp_path: Path) -> Path:
+    # The command ignores SIGINT and SIGTERM and leaves a grandchild: only killing the tree ends it.
+    return _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "timeoutMs": 120_000,
+                     "command": ["sh", "-c", "trap '' INT TERM; sleep 97 & wait"]}}}}})
+
+
+def _sleepers(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("signals", [1, 2], ids=["sigterm", "sigterm-twice"])
+def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
+    """`timeout N castor cast ...` sends SIGTERM: the runtime shuts down and ends the running
+    command's whole tree (the cast stays resumable); a second signal kills it at once."""
+    project = _stubborn_utility_project(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
+                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        tree = wait_for(lambda: [p for p in psutil.Process(proc.pid).children(recursive=True)
+                                 if "sleep" in " ".join(p.cmdline())] or None, timeout=30,
+                        what="the utility's grandchild")
+        proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 143, proc.stderr.read() if proc.stderr else ""
+        for child in tree:
+            assert poll_until(lambda: process_gone(child.pid), timeout=10), f"utility process {child.pid} left running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for leftover in _sleepers("sleep 97"):
+            leftover.kill()
+    listed = _castor(tmp_path, "casts", "--json", cwd=project)
+    assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
