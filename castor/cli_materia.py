@@ -345,6 +345,8 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     cwd = _cwd(args)
     cast_id = validate_cast_id(args.cast_id)
     root = _artifact_root(cwd, args.config)
+    if not (root / cast_id / "state.json").is_file():  # before asking for an agent it would not need
+        raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\" under {root}.", data={"cast_id": cast_id})
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
     try:
         view = session.call(verb, {"cast_id": cast_id})
@@ -394,12 +396,25 @@ def cmd_loadout(args: argparse.Namespace) -> int:
     from castor.adapters.materia.config_loader import load, save_active_loadout
 
     cwd = _cwd(args)
-    if args.name:
+    if args.name is not None:
+        _refuse_while_a_cast_runs(cwd, args.config)
         path = save_active_loadout(cwd, args.name, config_path=args.config)
         _out(f"Active loadout: {args.name} (saved to {path})")
     merged = load(cwd, config_path=args.config).merged
     _out(loadout_line(merged.get("activeLoadout"), list((merged.get("loadouts") or {}).keys())))
     return EXIT_OK
+
+
+def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
+    """Spec §11 item 72 (``loadout.set`` refused while a cast is active), across processes: a
+    cast whose runtime holds its lease is running somewhere."""
+    from castor.actors.materia.views import cast_rows
+    from castor.messages.errors import Conflict
+
+    for row in cast_rows(_artifact_root(cwd, config_path), set()):
+        if row["status"] in ("active", "awaiting_refinement"):
+            raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it before changing the loadout.",
+                           data={"reason": "active", "cast_id": row["cast_id"]})
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -138,6 +138,27 @@ def test_orphaned_grandchild_holding_the_pipe_is_killed_at_the_deadline(tmp_path
     assert process_gone(grandchild)
 
 
+_ESCAPED = r"""
+import subprocess, sys
+# The grandchild leaves the process group (its own session) *after* its parent has exited,
+# ignores SIGTERM and keeps stdout open: only the pipe it holds still ties it to the command.
+code = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(0.5); "
+        "os.setsid(); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
+subprocess.Popen([sys.executable, "-c", code, sys.argv[1]])
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_grandchild_that_left_the_group_after_its_parent_died_is_killed_by_the_pipe_it_holds(tmp_path):
+    pidfile = tmp_path / "pid"
+    handle = spawn(py(_ESCAPED, str(pidfile), cwd=tmp_path, timeout_ms=2000, grace_ms=200))
+    assert poll_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=10.0)
+    escaped = int(pidfile.read_text())
+    result = handle.wait()
+    assert result.timed_out
+    assert poll_until(lambda: process_gone(escaped), timeout=5.0), "the escaped grandchild survived"
+
+
 @pytest.mark.timeout(30)
 def test_kill_from_another_thread(tmp_path):
     pidfile = tmp_path / "pids"

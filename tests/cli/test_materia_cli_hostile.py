@@ -157,3 +157,28 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
             leftover.kill()
     listed = _castor(tmp_path, "casts", "--json", cwd=project)
     assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
+
+
+@pytest.mark.timeout(30)
+def test_recast_of_an_unknown_cast_says_not_found_before_asking_for_an_agent(tmp_path):
+    project = _project(tmp_path, HELLO)
+    _one_clean_error_line(_castor(tmp_path, "recast", "2026-01-01T00-00-00-000Z", cwd=project), "not_found")
+
+
+@pytest.mark.timeout(90)
+def test_loadout_set_is_refused_while_another_process_runs_a_cast_and_an_empty_name_is_an_error(tmp_path):
+    project = _project(tmp_path, HELLO)
+    (project / "slow.json").write_text(json.dumps([{"text": "late", "delay_ms": 60_000}]))
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:slow.json"],
+                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/state.json")) or None, timeout=30,
+                 what="the cast to start")
+        _one_clean_error_line(_castor(tmp_path, "loadout", "plan", cwd=project), "conflict")
+        assert json.loads((project / ".pi" / "pi-materia.json").read_text())["activeLoadout"] == "hello"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    _one_clean_error_line(_castor(tmp_path, "loadout", "", cwd=project), "invalid_config")
+    changed = _castor(tmp_path, "loadout", "plan", cwd=project)  # its runtime is gone: the cast is orphaned
+    assert changed.returncode == 0, changed.stderr

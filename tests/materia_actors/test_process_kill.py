@@ -66,3 +66,43 @@ def test_sigkilled_runtime_cast_is_listed_and_recast_to_completion(project, tmp_
 
     again = _castor("recast", cast_id, "--cwd", str(project), "--agent", f"script:{fast}", cwd=tmp_path)
     assert again.returncode != 0 and "complete" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_command_left_running_by_a_sigkilled_runtime_is_killed_before_recast_runs_it_again(project, tmp_path):
+    """kill -9 orphans the utility's tree (reparented to init, no deadline any more); the recast
+    in a new process must kill it from its record instead of running a second copy beside it."""
+    from tests.support.processes import process_gone
+    from tests.support.waiting import poll_until
+
+    pids = tmp_path / "pids"
+    script = tmp_path / "cmd.sh"
+    script.write_text(f"#!/bin/sh\necho $$ >> {pids}\nif [ -f {tmp_path}/again ]; then echo '{{}}'; exit 0; fi\n"
+                      f"touch {tmp_path}/again\nsleep 300\n")
+    script.chmod(0o755)
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "U", "loadouts": {"U": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [str(script)],
+                                                      "timeoutMs": 600_000, "parse": "json"}}}}}))
+    answers = tmp_path / "a.json"
+    answers.write_text(json.dumps(["unused"]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{answers}",
+                             "--cwd", str(project), "--quiet"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = int(wait_for(lambda: pids.exists() and pids.read_text().split(), timeout=30,
+                             what="the command to start")[0])
+        records = wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")), timeout=10,
+                           what="the running command's record")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert not process_gone(first)  # orphaned, still running: what the recast must deal with
+    cast_id = records[0].parent.parent.name
+    recast = _castor("recast", cast_id, "--cwd", str(project), "--agent", f"script:{answers}", "--quiet",
+                     cwd=tmp_path)
+    assert recast.returncode == 0, recast.stderr
+    assert poll_until(lambda: process_gone(first), timeout=10), "the old command is still running"
+    assert len(pids.read_text().split()) == 2  # ran again once, after the old copy was gone
+    assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))  # no record left

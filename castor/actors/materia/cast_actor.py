@@ -21,7 +21,8 @@ Per transition (the one rule that makes casts survive crashes)::
 
 After ``kill -9`` between the save and the last effect, the next incarnation (or process)
 replays the outbox: file writes are redone, events and manifest entries already on disk are
-not appended twice, and lost outside work is re-dispatched under a new visit id.
+not appended twice, and lost outside work is re-dispatched under a new visit id — after any
+utility command the dead runtime left running has been killed (its record in the run dir).
 
 | effect | performed by |
 |---|---|
@@ -54,6 +55,7 @@ from typing import Any, Callable
 from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, UserTurnContextQuery, WorkLost
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
+from castor.adapters.materia import command_records
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
 from castor.domain.materia.cast_messages import (
@@ -144,6 +146,9 @@ class CastActor(Actor):
             self._commit(step(None, env.start_event))
             return
         self.state = CastState.from_json(json.dumps(stored.state))
+        # A command an earlier runtime (or incarnation) left running is killed before the
+        # cast can run it again: never two copies at once.
+        command_records.kill_recorded(self.artifacts.run_dir)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
         if not self.state.active and self.incarnation > 1:
             self._stop()  # restarted after its last transition: the replay above was all that was left
@@ -373,7 +378,8 @@ class CastActor(Actor):
         from castor.actors.materia.utility import submit_utility
 
         try:
-            submit_utility(self.env.registry, UtilityJob(effect=effect, cast=self.handle))
+            submit_utility(self.env.registry, UtilityJob(effect=effect, cast=self.handle,
+                                                         run_dir=str(self.artifacts.run_dir)))
         except CastorError as exc:
             self._dispatch_failed(effect.visit_id, f"cannot queue the utility: {exc.message}")
 

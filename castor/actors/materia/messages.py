@@ -47,6 +47,7 @@ class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):
     effect: Any  # RunUtility
     cast: Any  # ActorHandle of the CastActor
+    run_dir: str | None = None  # where the running command is recorded (command_records)
 
 
 class SessionCall(LocalMessage, type_name="materia.session.call"):

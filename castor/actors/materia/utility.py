@@ -9,6 +9,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
 | command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) |
 | built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
+| while a command runs | it is recorded in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
+from castor.adapters.materia import command_records
 from castor.adapters.materia.utilities import run_builtin
 from castor.adapters.materia.utility_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
@@ -148,7 +150,7 @@ class UtilityExecutorActor(Actor):
             if seen == "running":
                 return
             self._job = job
-            outcome = self._execute(effect)
+            outcome = self._execute(effect, job.run_dir)
             self._job = None
             self.pool.finish(effect.visit_id, outcome)
             if outcome is None:
@@ -159,7 +161,7 @@ class UtilityExecutorActor(Actor):
             if self._job is None:
                 self.pool.done(self.slot)
 
-    def _execute(self, effect: RunUtility) -> UtilityFinished | None:
+    def _execute(self, effect: RunUtility, run_dir: str | None) -> UtilityFinished | None:
         """Run the job; None when it was killed from outside (work lost, not a result)."""
         if effect.command:
             cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
@@ -171,10 +173,15 @@ class UtilityExecutorActor(Actor):
                 return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None, at=time.time())
             self._running = running
             self.pool.started(effect.visit_id, running)
+            record = command_records.record_path(run_dir, effect.visit_id) if run_dir else None
             try:
+                if record is not None:
+                    command_records.record_running(record, effect.visit_id, running.pid, effect.command[0])
                 result = running.wait()
             finally:
                 self._running = None
+                if record is not None:
+                    command_records.forget(record)
             if result.killed:
                 return None
             return UtilityFinished(visit_id=effect.visit_id, stdout=result.stdout, stderr=result.stderr,

@@ -36,7 +36,9 @@ Failure behaviour
 - Background processes that a *successful* command leaves behind after
   closing its stdout/stderr are not hunted down (that is ordinary Unix
   behaviour); ones that keep the pipes open hold the deadline and are killed
-  with the tree when it passes.
+  with the tree when it passes — found through ``/proc`` by the pipes they
+  hold, even after leaving the process group (``setsid``) once their parent
+  died.
 
 Trust: the argv comes from the loadout config; callers must only run
 commands of configs whose project is trusted.
@@ -251,6 +253,9 @@ class RunningUtility:
         self._finished = threading.Event()
         self._tree_lock = threading.Lock()
         self._known: dict[int, psutil.Process] = {}
+        # The output pipes, by inode: whoever holds them open (even a grandchild that left the
+        # process group after its parent died) is part of the command for the deadline.
+        self._pipes = {f"pipe:[{os.fstat(stream.fileno()).st_ino}]" for stream in (popen.stdout, popen.stderr)}
         self._stdout = _CappedReader(popen.stdout, cmd.max_output_bytes, f"utility-{self.pid}-stdout")
         self._stderr = _CappedReader(popen.stderr, cmd.max_output_bytes, f"utility-{self.pid}-stderr")
         self._stdout.start()
@@ -266,9 +271,13 @@ class RunningUtility:
 
     # -- the tree ------------------------------------------------------------
 
-    def _descendants(self) -> list[psutil.Process]:
-        """Root's descendants now, remembered so orphans are still found later."""
+    def _descendants(self, *, pipe_holders: bool = False) -> list[psutil.Process]:
+        """Root's descendants now, remembered so orphans are still found later; with
+        ``pipe_holders`` also every other process holding the output pipes open."""
         with self._tree_lock:
+            if pipe_holders:
+                for proc in self._pipe_holders():
+                    self._known.setdefault(proc.pid, proc)
             try:
                 for child in psutil.Process(self.pid).children(recursive=True):
                     self._known.setdefault(child.pid, child)
@@ -283,6 +292,22 @@ class RunningUtility:
                 except (ProcessLookupError, PermissionError, psutil.Error, OSError):
                     continue
             return [p for p in self._known.values() if _alive(p)]
+
+    def _pipe_holders(self) -> list[psutil.Process]:
+        """Processes (not castor itself, which reads the pipes) with the output pipes open (/proc)."""
+        me = os.getpid()
+        found = []
+        try:
+            entries = [e.name for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) not in (me, self.pid)]
+        except OSError:
+            return []
+        for pid in entries:
+            try:
+                if any(os.readlink(fd.path) in self._pipes for fd in os.scandir(f"/proc/{pid}/fd")):
+                    found.append(psutil.Process(int(pid)))
+            except (OSError, psutil.Error):
+                continue
+        return found
 
     def pids(self) -> list[int]:
         """Live pids of the tree, root first (empty once everything has exited)."""
@@ -302,7 +327,7 @@ class RunningUtility:
                 pass
 
     def _terminate_tree(self, grace_s: float) -> None:
-        procs = self._descendants()
+        procs = self._descendants(pipe_holders=True)
         self._signal_tree(signal.SIGTERM, procs)
         deadline = time.monotonic() + grace_s
         try:
@@ -315,7 +340,7 @@ class RunningUtility:
             self._kill_tree()
 
     def _kill_tree(self) -> None:
-        procs = self._descendants()
+        procs = self._descendants(pipe_holders=True)
         self._signal_tree(signal.SIGKILL, procs)
         _wait_gone(procs, 1.0)
 

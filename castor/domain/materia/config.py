@@ -160,7 +160,7 @@ class UtilityMateria(_Model):
 class Edge(_Model):
     when: Literal["always", "satisfied", "not_satisfied"] = "always"
     to: str
-    max_traversals: int | None = None
+    max_traversals: int | None = Field(default=None, ge=0)  # a negative limit could only fail the cast
 
 
 class Foreach(_Model):
@@ -178,9 +178,9 @@ class Advance(_Model):
 
 
 class SocketLimits(_Model):
-    max_visits: int | None = None
-    max_edge_traversals: int | None = None
-    max_output_bytes: int | None = None
+    max_visits: int | None = Field(default=None, ge=0)
+    max_edge_traversals: int | None = Field(default=None, ge=0)
+    max_output_bytes: int | None = Field(default=None, ge=0)
 
 
 class Socket(_Model):

@@ -504,3 +504,15 @@ def test_save_active_loadout_keeps_the_file_mode(tmp_path: Path) -> None:
     config_loader.save_active_loadout(project, "plan", env={"PI_MATERIA_PROFILE_DIR": str(tmp_path)})
     assert json.loads(target.read_text())["activeLoadout"] == "plan"
     assert (target.stat().st_mode & 0o777) == 0o664
+
+
+def test_a_negative_traversal_or_socket_limit_is_a_config_error_not_a_failed_cast() -> None:
+    bad = config({"Socket-1": {"type": "agent", "materia": "A",
+                               "edges": [{"when": "always", "to": "end", "maxTraversals": -1}]}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t.json", bad)]))
+    assert codes(err.value.issues) == ["invalid-socket"]
+    assert err.value.issues[0].path.endswith("/sockets/Socket-1/edges/0/maxTraversals")
+    limits = config({"Socket-1": {"type": "agent", "materia": "A", "limits": {"maxVisits": -2}}})
+    with pytest.raises(ConfigError):
+        resolve_config(load_config([("t.json", limits)]))
