@@ -12,7 +12,7 @@
 
 ``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
 ``castor cast`` records a ``script:`` agent (a data file, never an executable) in
-``<runDir>/cli.json`` so ``castor recast`` can replay it; an ``openai:`` agent is never read
+``<runDir>/cli.json`` (before the cast's first save) so ``castor recast`` can replay it; an ``openai:`` agent is never read
 back from the project tree (a checkout must not choose where prompts are sent) and has to be
 given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
 
@@ -252,12 +252,11 @@ def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | 
     return spec
 
 
-def _remember_agent(run_dir: Path, spec: str) -> None:
-    from castor.adapters.fs import atomic_write_json
-
+def _cli_note(spec: str) -> dict[str, Any] | None:
+    """What ``<runDir>/cli.json`` remembers: a ``script:`` agent (by absolute path), nothing else."""
     if spec.startswith("script:"):
-        path = spec.partition(":")[2]
-        atomic_write_json(run_dir / "cli.json", {"agent": f"script:{Path(path).resolve()}"})
+        return {"agent": f"script:{Path(spec.partition(':')[2]).resolve()}"}
+    return None
 
 
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
@@ -329,10 +328,9 @@ def cmd_cast(args: argparse.Namespace) -> int:
     spec = _agent_spec(args)
     session = _Standalone(cwd, spec, config_path=args.config)
     try:
-        started = session.call("start", {"request": args.request, "loadout": args.loadout,
-                                         "config_path": args.config})
         assert spec is not None
-        _remember_agent(Path(started["run_dir"]), spec)
+        started = session.call("start", {"request": args.request, "loadout": args.loadout,
+                                         "config_path": args.config, "cli_note": _cli_note(spec)})
         _out(f"cast {started['cast_id']} started ({started['loadout']}): {started['run_dir']}")
         return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:

@@ -106,3 +106,29 @@ def test_a_command_left_running_by_a_sigkilled_runtime_is_killed_before_recast_r
     assert poll_until(lambda: process_gone(first), timeout=10), "the old command is still running"
     assert len(pids.read_text().split()) == 2  # ran again once, after the old copy was gone
     assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))  # no record left
+
+
+@pytest.mark.timeout(30)
+def test_the_cli_note_is_on_disk_before_the_casts_first_save(runtime_factory, project, monkeypatch):
+    """So a CLI killed right after `start` still leaves its script agent with the cast
+    (`castor recast` without --agent)."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.materia.state_store import CastStateStore
+
+    from .helpers import open_session, wait_status
+
+    seen = []
+    real_save = CastStateStore.save_encoded
+
+    def save_encoded(self, cast_id, state_json, **kw):
+        seen.append((self.artifact_root / cast_id / "cli.json").is_file())
+        return real_save(self, cast_id, state_json, **kw)
+
+    monkeypatch.setattr(CastStateStore, "save_encoded", save_encoded)
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello",
+                                                "cli_note": {"agent": "script:/abs/answers.json"}})
+    wait_status(rt, "s1", started["cast_id"])
+    assert seen and all(seen)
+    assert json.loads((Path(started["run_dir"]) / "cli.json").read_text()) == {"agent": "script:/abs/answers.json"}

@@ -44,6 +44,7 @@ from castor.actors.materia.views import (
     status_text,
 )
 from castor.actors.ports.agent import harness_turn_settings
+from castor.adapters.fs import atomic_write_json
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
@@ -159,7 +160,11 @@ class SessionActor(Actor):
         return handler(**call.params)
 
     # ------------------------------------------------------------------ casts
-    def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None) -> dict[str, Any]:
+    def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None,
+                    cli_note: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``cli_note`` (in-process callers only: the standalone CLI) is written to
+        ``<runDir>/cli.json`` before the cast's first save, so a kill at any point after
+        the start leaves it with the cast."""
         request = " ".join(request.split())
         if not request:
             raise InvalidParams("/materia cast needs a request.", data={"reason": "empty_request"})
@@ -174,6 +179,12 @@ class SessionActor(Actor):
         lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
         if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
             raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
+        if cli_note is not None:
+            try:
+                atomic_write_json(root / cast_id / "cli.json", cli_note)
+            except BaseException:
+                lease.release()
+                raise
         start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
                             run_dir=str(root / cast_id), artifact_root=str(root), at=time.time())
         handle = self._spawn(self._env(cast_id, root, lease=lease, start=start), lease)
