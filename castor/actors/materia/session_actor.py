@@ -228,7 +228,11 @@ class SessionActor(Actor):
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
         load_state(root, cast_id)  # NotFound / StateCorrupt before anything starts
-        lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+        try:
+            lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+        except PermissionError as exc:
+            raise Forbidden(f"pi-materia cast {cast_id} cannot be taken over: its run directory is not writable "
+                            f"({exc.strerror})", data={"reason": "not_writable", "cast_id": cast_id}) from None
         if lease is None:
             raise Conflict(f"pi-materia cast {cast_id} is running in another castor runtime.",
                            data={"reason": "held_elsewhere", "cast_id": cast_id})

@@ -57,12 +57,22 @@ class CastLease:
 
     @classmethod
     def is_held(cls, artifact_root: str | os.PathLike[str], cast_id: str) -> bool:
-        """True if some live holder has the lease now (probes by acquiring and releasing)."""
-        lease = cls.try_acquire(artifact_root, cast_id)
-        if lease is None:
+        """True if some live holder has the lease now. A read-only probe (lock and unlock a
+        descriptor of its own): it creates nothing and needs no write permission."""
+        run_dir = ConfinedRoot(artifact_root).join_text(validate_cast_id(cast_id))
+        try:
+            fd = os.open(Path(run_dir) / LEASE_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # never leased
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             return True
-        lease.release()
-        return False
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
 
     @property
     def held(self) -> bool:
