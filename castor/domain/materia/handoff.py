@@ -183,7 +183,10 @@ def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool)
 
 
 def apply_assign(data: dict[str, Any], assign: dict[str, str], scope: Scope) -> dict[str, Any]:
-    """Apply ``assign`` (target ← source expression) on a copy of ``data``, in declaration order."""
+    """Apply ``assign`` (target ← source expression) on a copy of ``data``, in declaration order;
+    ``data`` itself when there is nothing to assign (no copy: it is never changed)."""
+    if not assign:
+        return data
     out = copy.deepcopy(data)
     for target, source in assign.items():
         value = resolve_value(source, Scope(data=out, parsed=scope.parsed, last_json=scope.last_json,

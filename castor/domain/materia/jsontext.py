@@ -40,13 +40,25 @@ def pretty_json(value: Any) -> str:
 def well_formed(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings (keys and nested values too) replaced
     by U+FFFD; the very same object when there is none (see the module doc)."""
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value) if _LONE_SURROGATE.search(value) else value
-    if isinstance(value, dict):
-        fixed = {well_formed(k): well_formed(v) for k, v in value.items()}
-        same = all(a is b and c is d for (a, c), (b, d) in zip(value.items(), fixed.items()))
-        return value if same and len(fixed) == len(value) else fixed
-    if isinstance(value, (list, tuple)):
-        items = [well_formed(v) for v in value]
-        return value if all(a is b for a, b in zip(value, items)) else type(value)(items)
+    kind = type(value)
+    if kind is str:
+        if value.isascii() or not _LONE_SURROGATE.search(value):  # isascii: the common case, in C
+            return value
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if kind is dict:
+        fixed = None
+        for key, item in value.items():
+            new_key, new_item = well_formed(key), well_formed(item)
+            if fixed is None and (new_key is not key or new_item is not item):
+                fixed = {}
+                for done_key, done_item in value.items():  # the unchanged ones before this item
+                    if done_key is key:
+                        break
+                    fixed[done_key] = done_item
+            if fixed is not None:
+                fixed[new_key] = new_item
+        return value if fixed is None else fixed
+    if kind is list or kind is tuple:
+        items = [well_formed(item) for item in value]
+        return value if all(a is b for a, b in zip(value, items)) else kind(items)
     return value
