@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from castor import __version__
 from castor.logs import configure_logging
-from castor.messages.errors import CastorError, InvalidParams
+from castor.messages.errors import CastorError, Forbidden
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -32,8 +32,15 @@ def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> Non
     group.add_argument("--tcp", metavar="HOST:PORT", type=_tcp_address, help="a loopback TCP address")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the contract's one-line error (exit 2) instead of a usage block."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"castor: invalid_params: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
     )
     parser.add_argument("--version", action="version", version=f"castor {__version__}")
@@ -81,8 +88,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from castor.endpoint.server import serve
     from castor.runtime import Runtime, RuntimeSettings
 
-    if args.tcp and args.tcp[0] not in ("127.0.0.1", "localhost", "::1"):
-        raise InvalidParams(f"--tcp must bind a loopback address, not {args.tcp[0]}")
+    from castor.endpoint.listeners import is_loopback_host
+
+    if args.tcp and not is_loopback_host(args.tcp[0]):  # before a runtime starts; same rule as bind_tcp
+        raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint has no "
+                        "authentication; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
     runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                       max_casts_per_session=args.max_casts_per_session))
     dispatcher = build_dispatcher(runtime)

@@ -110,3 +110,17 @@ def test_every_command_has_help():
                     "loadout", "validate"]:
         done = subprocess.run([*CASTOR, command, "--help"], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0 and "usage: castor" in done.stdout, command
+
+
+def test_a_non_loopback_tcp_host_is_forbidden_as_documented(tmp_path):
+    done = subprocess.run([*CASTOR, "serve", "--tcp", "10.1.2.3:9000"], env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=30, cwd=str(tmp_path))
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1].startswith("castor: forbidden: ")
+
+
+@pytest.mark.parametrize("argv", [["cast"], ["serve", "--tcp", "nope"], ["bogus"]])
+def test_usage_errors_are_one_line_with_a_code_and_exit_2(tmp_path, argv):
+    done = subprocess.run([*CASTOR, *argv], env=_env(tmp_path), capture_output=True, text=True, timeout=30,
+                          cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("castor: invalid_params: ")
