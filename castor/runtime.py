@@ -19,6 +19,7 @@ systems plug into a session without the runtime knowing either.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from castor.actors.ports.agent import AgentPort
 from castor.actors.ports.classifier import ClassifierPort
 from castor.actors.ports.session import SessionPort, SessionUiPort
-from castor.messages.errors import Conflict, Forbidden, NotFound
+from castor.messages.errors import Conflict, Forbidden, InvalidParams, MailboxFull, NotFound
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
 from castor.supervision.registry import check_segment
 
@@ -49,6 +50,8 @@ class RuntimeSettings(BaseModel):
     max_casts_per_session: int = Field(default=1, ge=1)
     artifact_root: str | None = None  # overrides the config's artifactDir when set
     session_restart_intensity: int = 5
+    max_sessions: int = Field(default=256, ge=1)
+    """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
 
 
 class SessionInfo(BaseModel):
@@ -136,10 +139,14 @@ class Runtime:
         the old one is gone; otherwise it is a ``conflict``.
         """
         check_segment(info.session_id)
+        check_project_dir(info.cwd)
         path = f"{SESSIONS_PATH}/{info.session_id}"
         with self._lock:
             if info.session_id in self._sessions:
                 raise Conflict(f"session {info.session_id!r} is already open", data={"session_id": info.session_id})
+            if len(self._sessions) >= self.settings.max_sessions:
+                raise MailboxFull(f"the runtime has {len(self._sessions)} open sessions, its limit; close one first",
+                                  data={"limit": self.settings.max_sessions})
             ctx = SessionContext(info=info, harness=harness, runtime=self, path=path)
             self._sessions[info.session_id] = ctx
         try:
@@ -219,6 +226,16 @@ class Runtime:
         if self.settings.artifact_root:
             return Path(self.settings.artifact_root).resolve()
         return project_artifact_root(cwd, configured)
+
+
+def check_project_dir(cwd: str) -> None:
+    """A session's ``cwd`` is its project: an absolute path to an existing directory. Anything
+    else is refused before a session exists (a relative path would be taken against the
+    runtime's own working directory; a missing one would be created by the first cast)."""
+    if "\x00" in cwd or not os.path.isabs(cwd):
+        raise InvalidParams("cwd must be an absolute path", data={"cwd": cwd[:200].replace("\x00", "\\0")})
+    if not os.path.isdir(cwd):
+        raise NotFound(f"cwd {cwd[:200]} is not an existing directory", data={"cwd": cwd[:200]})
 
 
 def project_artifact_root(cwd: str, configured: str | None) -> Path:

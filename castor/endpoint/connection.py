@@ -96,6 +96,7 @@ class ConnectionSettings(BaseModel):
     #: blocking recv. The client wants this; a server saves a syscall per frame.
     #: Pipes always poll (closing a pipe does not wake a blocked read).
     poll_workers: bool = False
+    max_sessions: int = Field(32, ge=1)  # sessions one connection may hold open; one more is mailbox_full
 
 
 # A worker takes back a reader role that callers left free after this long without a caller.

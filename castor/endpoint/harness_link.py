@@ -21,6 +21,8 @@ rather than being failed by a transport it cannot see.
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -55,6 +57,15 @@ class WireHarness:
 
     # -- AgentPort -------------------------------------------------------------
     def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
+        too_big = self._oversized(request)
+        if too_big is not None:
+            # The harness's decoder would refuse the frame and drop the connection (and a recast
+            # would send it again): answer the turn at once, on another thread, as a request
+            # error no retry can fix.
+            outcome = TurnOutcome(turn_id=request.turn_id, stop_reason="error",
+                                  error=TurnError(message=too_big, kind="internal"))
+            threading.Thread(target=reply, args=(outcome,), name=f"oversized-{request.turn_id}", daemon=True).start()
+            return
         with self._lock:
             self._turns[request.turn_id] = reply
         params: dict[str, Any] = {
@@ -69,6 +80,16 @@ class WireHarness:
         if not self.connection.notify("agent.run_turn", params):
             self.log.warning("agent.run_turn for {turn} not sent: connection closed", turn=request.turn_id)
 
+    def _oversized(self, request: TurnRequest) -> str | None:
+        """Why ``request`` cannot be sent (a string over the protocol's limit), or None."""
+        limit = self.connection.settings.frame_limits.max_str_len
+        for name, text in (("prompt", request.prompt), ("summary", request.summary)):
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                return (f"invalid_request: the turn's {name} is {size} bytes, over the endpoint's {limit}-byte "
+                        "string limit; the harness could not receive it")
+        return None
+
     def cancel(self, turn_id: str) -> None:
         with self._lock:
             reply = self._turns.pop(turn_id, None)
@@ -79,11 +100,12 @@ class WireHarness:
     def turn_ended(self, params: dict[str, Any]) -> bool:
         """Deliver the harness's ``agent.turn_ended``; NotFound for an unknown or answered turn."""
         turn_id = str(params.get("turn_id") or "")
+        outcome = outcome_from_wire(turn_id, params)  # before the turn is taken: a bad answer keeps it pending
         with self._lock:
             reply = self._turns.pop(turn_id, None)
         if reply is None:
             raise NotFound(f"no pending turn {turn_id!r}", data={"turn_id": turn_id})
-        reply(outcome_from_wire(turn_id, params))
+        reply(outcome)
         return True
 
     def pending_turns(self) -> list[str]:
@@ -149,6 +171,28 @@ class WireHarness:
                                   usage=ClassifierUsage.model_validate(usage) if isinstance(usage, dict) else None)
 
 
+def _count(value: Any) -> float | None:
+    """A usage figure: a finite, non-negative number, else None (not reported)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return value
+
+
+def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
+    """The harness's usage map as TurnUsage. Usage is telemetry: a figure that is not a finite,
+    non-negative number is *not reported* (None), never a reason to lose the turn; ``raw`` keeps
+    the map only if it is plain JSON (no NaN or infinity), so the cast's state can be written."""
+    try:
+        raw = json.loads(json.dumps(usage, allow_nan=False))
+    except (TypeError, ValueError):
+        raw = None
+    tokens = {name: _count(usage.get(key)) for name, key in (
+        ("input_tokens", "input"), ("output_tokens", "output"), ("cache_read_tokens", "cache_read"),
+        ("cache_write_tokens", "cache_write"), ("total_tokens", "total_tokens"))}
+    return TurnUsage(**{k: int(v) if v is not None else None for k, v in tokens.items()},
+                     cost_usd=_count(usage.get("cost")), raw=raw)
+
+
 def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
     """Map ``agent.turn_ended`` params onto a TurnOutcome (unknown usage stays None)."""
     usage = params.get("usage") if isinstance(params.get("usage"), dict) else None
@@ -168,11 +212,7 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
         text=str(params.get("text") or ""),
         stop_reason=str(stop_reason) if stop_reason is not None else None,
         error=turn_error,
-        usage=TurnUsage(
-            input_tokens=usage.get("input"), output_tokens=usage.get("output"),
-            cache_read_tokens=usage.get("cache_read"), cache_write_tokens=usage.get("cache_write"),
-            total_tokens=usage.get("total_tokens"), cost_usd=usage.get("cost"), raw=usage,
-        ) if usage else None,
+        usage=usage_from_wire(usage) if usage else None,
         model=params.get("model") if isinstance(params.get("model"), str) else None,
         entry_id=str(params["entry_id"]) if params.get("entry_id") else None,
     )

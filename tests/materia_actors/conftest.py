@@ -2,6 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from castor.client import Client
+from castor.endpoint.app import build_dispatcher
+from castor.endpoint.server import Server
+
 from .helpers import make_runtime
 
 
@@ -24,3 +28,22 @@ def project(tmp_path):
     path = tmp_path / "project"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A real Server on a Unix socket over a fresh runtime; call it to connect a Client."""
+    runtime = make_runtime()
+    server = Server(build_dispatcher(runtime), unix_path=str(tmp_path / "castor.sock")).start()
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        client = Client.connect_unix(str(tmp_path / "castor.sock"), default_timeout=15)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
+    server.stop()
+    runtime.shutdown(10)

@@ -8,11 +8,9 @@ import threading
 import pytest
 
 from castor.client import Client
-from castor.endpoint.app import build_dispatcher
-from castor.endpoint.server import Server
 from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound
 
-from .helpers import make_runtime, plan_json, wait_for, write_project_config
+from .helpers import plan_json, wait_for, write_project_config
 
 
 class FakeHarness:
@@ -46,24 +44,6 @@ class FakeHarness:
                                                   "usage": {"input": 10, "output": 5, "total_tokens": 15}})
 
         threading.Thread(target=answer, daemon=True).start()
-
-
-@pytest.fixture
-def served(tmp_path):
-    runtime = make_runtime()
-    server = Server(build_dispatcher(runtime), unix_path=str(tmp_path / "castor.sock")).start()
-    clients: list[Client] = []
-
-    def connect() -> Client:
-        client = Client.connect_unix(str(tmp_path / "castor.sock"), default_timeout=15)
-        clients.append(client)
-        return client
-
-    yield connect
-    for client in clients:
-        client.close()
-    server.stop()
-    runtime.shutdown(10)
 
 
 def test_cast_methods_over_msgpack_rpc(served, project):

@@ -65,7 +65,8 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
             refined = actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
             answer = {key: refined[key] for key in ("system_prompt_append", "turn_settings") if refined.get(key)}
             return answer or None
-        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": data.get("entry_id")}),
+        entry_id = data.get("entry_id") if isinstance(data.get("entry_id"), str) else None
+        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": entry_id}),
                   timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)

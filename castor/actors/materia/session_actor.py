@@ -22,6 +22,7 @@ mode (the lease is taken first: a cast another live runtime holds is a ``conflic
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,23 @@ class SessionActor(Actor):
     # ------------------------------------------------------------------ dispatch
     @handles(SessionCall)
     def _on_call(self, call: SessionCall) -> dict[str, Any]:
+        """Run one verb. Bad input is the caller's error, answered and survived: the same input
+        would crash every restart, and enough crashes would take the session down with it."""
         handler = getattr(self, f"_verb_{call.verb}", None)
         if handler is None:
             raise InvalidParams(f"unknown materia verb {call.verb!r}")
-        return handler(**call.params)
+        try:
+            inspect.signature(handler).bind(**call.params)
+        except TypeError as exc:  # a parameter the verb does not have, or a missing one
+            raise InvalidParams(f"invalid parameters for materia {call.verb}: {exc}", data={"verb": call.verb}) from None
+        try:
+            return handler(**call.params)
+        except ValueError as exc:  # pydantic's ValidationError too: a value no event or path can hold
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InvalidParams(f"invalid input for materia {call.verb}: {first}", data={"verb": call.verb}) from None
+        except OSError as exc:  # the project's files, not castor: a typed answer, not a crash
+            raise CastorError(f"materia {call.verb} failed on the file system: {exc}",
+                              data={"verb": call.verb, "errno": exc.errno}) from None
 
     # ------------------------------------------------------------------ casts
     def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None,
@@ -234,7 +248,7 @@ class SessionActor(Actor):
             raise Forbidden(f"pi-materia cast {cast_id} cannot be taken over: its run directory is not writable "
                             f"({exc.strerror})", data={"reason": "not_writable", "cast_id": cast_id}) from None
         if lease is None:
-            raise Conflict(f"pi-materia cast {cast_id} is running in another castor runtime.",
+            raise Conflict(f"pi-materia cast {cast_id} is running in another session or castor runtime.",
                            data={"reason": "held_elsewhere", "cast_id": cast_id})
         return self._spawn(self._env(cast_id, root, lease=lease), lease)
 

@@ -31,6 +31,9 @@ GUARDED = ("satisfied", "not_satisfied")
 
 _FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n?(.*?)```", re.IGNORECASE | re.DOTALL)
 _MAX_OPENERS = 256  # bounds the work on adversarial text (each attempt is linear)
+_SCAN_BUDGET = 2 * 1024 * 1024
+"""Characters the pure-Python balanced-span fallback may scan per extraction, over all openers:
+without it, a reply of a few MB of ``[`` would hold the cast's actor for minutes (abort too)."""
 _DECODER = json.JSONDecoder(strict=False)
 
 
@@ -49,13 +52,16 @@ def _preview(text: str) -> str:
     return text[:400]
 
 
-def _balanced_span(text: str, start: int) -> str | None:
+def _balanced_span(text: str, start: int, budget: list[int]) -> str | None:
+    """The span from ``start`` to its matching closer, scanning at most ``budget[0]`` characters
+    (what it scans is taken from the budget; an exhausted budget finds nothing)."""
     opener = text[start]
     closer = "}" if opener == "{" else "]"
     depth = 0
     in_string = False
     escaped = False
-    for i in range(start, len(text)):
+    end = min(len(text), start + budget[0])
+    for i in range(start, end):
         ch = text[i]
         if in_string:
             if escaped:
@@ -72,18 +78,22 @@ def _balanced_span(text: str, start: int) -> str | None:
         elif ch == closer:
             depth -= 1
             if depth == 0:
+                budget[0] -= i + 1 - start
                 return text[start:i + 1]
+    budget[0] -= end - start
     return None
 
 
-def _parse_at(text: str, start: int) -> tuple[bool, Any]:
+def _parse_at(text: str, start: int, budget: list[int]) -> tuple[bool, Any]:
     """The JSON value at ``start`` (escapes of lone surrogates come out as U+FFFD)."""
     try:
         value, _end = _DECODER.raw_decode(text, start)
         return True, well_formed(value)
     except (ValueError, RecursionError):
         pass
-    span = _balanced_span(text, start)
+    if budget[0] <= 0:
+        return False, None
+    span = _balanced_span(text, start, budget)
     if span is None:
         return False, None
     try:
@@ -104,13 +114,14 @@ def extract_json(text: Any) -> Any:
     first_value: Any = MISSING
     saw_opener = False
     tried = 0
+    budget = [_SCAN_BUDGET]
     for candidate in _candidates(text):
         for match in re.finditer(r"[\[{]", candidate):
             saw_opener = True
             tried += 1
             if tried > _MAX_OPENERS:
                 break
-            ok, value = _parse_at(candidate, match.start())
+            ok, value = _parse_at(candidate, match.start(), budget)
             if not ok:
                 continue
             if isinstance(value, dict):

@@ -26,7 +26,7 @@ class _SessionParams(Params):
 
 class CastStartParams(_SessionParams):
     request: str = Field(min_length=1, max_length=100_000)
-    loadout: str | None = Field(default=None, max_length=200)
+    loadout: str | None = Field(default=None, min_length=1, max_length=200)  # "" names no loadout
 
 
 class CastRefParams(_SessionParams):

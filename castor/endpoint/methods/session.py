@@ -14,7 +14,7 @@ from loguru import logger
 
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
-from castor.messages.errors import Conflict, Forbidden
+from castor.messages.errors import Conflict, Forbidden, MailboxFull
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 
 HarnessEventName = Literal[
@@ -64,6 +64,10 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         with lock:
             if params.session_id in owned:
                 raise Conflict(f"session {params.session_id!r} is already open on this connection")
+            limit = ctx.connection.settings.max_sessions
+            if len(owned) >= limit:
+                raise MailboxFull(f"this connection holds {len(owned)} open sessions, its limit; close one first",
+                                  data={"limit": limit})
             link = WireHarness(ctx.connection, params.session_id)
             info = SessionInfo(
                 session_id=params.session_id, cwd=params.cwd, trusted=params.trusted, flags=params.flags,

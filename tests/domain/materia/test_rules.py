@@ -405,3 +405,29 @@ def test_isolated_context_keeps_the_newest_tagged_message_and_what_follows() -> 
     assert messages[0] == text("user", "chat")  # the input is not modified
     untagged = [text("user", "chat"), text("assistant", "a")]
     assert isolate_context(untagged, "SYNTHETIC") == untagged
+
+
+@pytest.mark.timeout(60)
+def test_json_extraction_work_is_bounded_on_pathological_replies(monkeypatch) -> None:
+    """Megabytes of openers fail as unparseable after scanning at most the budget (before the
+    bound each of 256 openers was a linear scan in Python: minutes of a cast actor's time)."""
+    from castor.domain.materia import handoff
+
+    scanned = []
+    real = handoff._balanced_span
+
+    def counting(text, start, budget):
+        before = budget[0]
+        try:
+            return real(text, start, budget)
+        finally:
+            scanned.append(before - budget[0])
+
+    monkeypatch.setattr(handoff, "_balanced_span", counting)
+    for text in ("[" * 5_000_000, "{" * 2_000_000 + "x", '{"a": [' * 300_000):
+        scanned.clear()
+        with pytest.raises(handoff.HandoffError) as err:
+            handoff.extract_json(text)
+        assert err.value.reason == "unparseable"
+        assert 0 < sum(scanned) <= handoff._SCAN_BUDGET
+    assert handoff.extract_json('prose [1, 2 ] then {"a": {"b": [1]}} } trailing') == {"a": {"b": [1]}}
