@@ -98,3 +98,14 @@ def test_untrusted_session_refuses_project_utility_commands(runtime_factory, pro
     with pytest.raises(Forbidden):
         materia_call(rt, "s1", "start", {"request": "run it"})
     assert not (project / ".pi" / "pi-materia").exists() or not any((project / ".pi" / "pi-materia").iterdir())
+
+
+def test_a_queued_job_cancelled_before_it_starts_never_runs():
+    from castor.actors.materia.utility import UtilityPoolState
+
+    pool = UtilityPoolState(slots=1, queue_limit=10)
+    pool.cancel_queued("cast:Socket-1:1:1")
+    assert pool.begin("cast:Socket-1:1:1") == "cancelled"
+    assert pool.begin("cast:Socket-1:2:2") is None  # other visits are untouched
+    pool.cancel_queued("cast:Socket-1:2:2")  # already claimed (running): not cancelled after the fact
+    assert pool.begin("cast:Socket-1:2:2") == "running"

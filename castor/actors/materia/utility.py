@@ -13,7 +13,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
-| ``CancelWork`` (abort) | :func:`cancel_utility` kills the visit's tree; its outcome is ignored by the engine |
+| ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class UtilityPoolState:
         self._load = [0] * slots
         self._ledger: OrderedDict[str, UtilityFinished] = OrderedDict()
         self._running: dict[str, RunningUtility | None] = {}
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
 
     def pick(self) -> int:
         with self._lock:
@@ -64,12 +65,15 @@ class UtilityPoolState:
             self._load[slot] = max(0, self._load[slot] - 1)
 
     def begin(self, visit_id: str) -> UtilityFinished | str | None:
-        """``UtilityFinished`` if already done, ``"running"`` if in progress, else None (claimed now)."""
+        """``UtilityFinished`` if already done, ``"running"`` if in progress, ``"cancelled"`` if
+        cancelled before it started, else None (claimed now)."""
         with self._lock:
             if visit_id in self._ledger:
                 return self._ledger[visit_id]
             if visit_id in self._running:
                 return "running"
+            if visit_id in self._cancelled:
+                return "cancelled"
             self._running[visit_id] = None
             return None
 
@@ -89,6 +93,14 @@ class UtilityPoolState:
     def running_of(self, visit_id: str) -> RunningUtility | None:
         with self._lock:
             return self._running.get(visit_id)
+
+    def cancel_queued(self, visit_id: str) -> None:
+        """A job of ``visit_id`` that has not started yet will not start."""
+        with self._lock:
+            if visit_id not in self._running and visit_id not in self._ledger:
+                self._cancelled[visit_id] = None
+                while len(self._cancelled) > LEDGER_SIZE:
+                    self._cancelled.popitem(last=False)
 
     def outstanding(self) -> int:
         with self._lock:
@@ -117,10 +129,13 @@ def submit_utility(registry: Any, job: UtilityJob) -> None:
 
 
 def cancel_utility(registry: Any, visit_id: str) -> bool:
-    """Kill the tree of ``visit_id`` if it runs now; True if something was killed."""
+    """Kill the tree of ``visit_id`` if it runs now (True), else make sure a queued job of it
+    never starts (False)."""
     pool = _POOLS.get(registry)
     running = pool.running_of(visit_id) if pool is not None else None
     if running is None:
+        if pool is not None:
+            pool.cancel_queued(visit_id)
         return False
     running.kill()
     return True
@@ -147,8 +162,8 @@ class UtilityExecutorActor(Actor):
             if isinstance(seen, UtilityFinished):
                 job.cast.tell(CastOutcome(event=seen))  # a re-sent job: answer, never re-run
                 return
-            if seen == "running":
-                return
+            if seen in ("running", "cancelled"):
+                return  # a duplicate of a running job, or one the cast gave up before it started
             self._job = job
             outcome = self._execute(effect, job.run_dir)
             self._job = None

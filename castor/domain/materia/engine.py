@@ -53,6 +53,7 @@ Decision table (trigger → state → effects/events → next state):
 | ContinueRequested | awaiting / inactive | CastRejected | unchanged |
 | AbortRequested | active | CancelWork, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
+| RecastRequested(after_restart) | active, work pending | CancelWork(the pending visit id), then as recast | awaiting |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
 | DispatchFailed | pending matches | ``cast_end{ok:false}`` | failed |
 | any outcome | visit_id ≠ pending | ``outcome_ignored`` | unchanged |
@@ -946,6 +947,10 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         raise _reject(f"pi-materia cast {s.cast_id} is not failed or aborted (phase: {s.phase}, "
                       f"socket state: {s.socket_state}).", "not-failed")
     previous = s.failed_reason if not s.active else "runtime restarted while the cast was active"
+    if s.active and s.pending is not None:
+        # The work of the pending visit is redone under a new visit id: the old one must not
+        # also run (a utility job still queued behind others, a turn still in flight).
+        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id))
     _resume(ctx, previous)
 
 

@@ -634,3 +634,16 @@ def test_lone_surrogates_from_outside_never_reach_the_state() -> None:
     d.state.model_dump_json().encode("utf-8")  # the whole state serialises
     for effect in d.effects:
         effect.model_dump_json().encode("utf-8")  # and so does every effect (events, artifacts)
+
+
+def test_recast_after_restart_cancels_the_abandoned_visit_before_redispatching() -> None:
+    """The lost visit's work is redone under a new id; the old job (maybe still queued in the
+    utility pool) is cancelled first, so it never runs beside the new one."""
+    cfg = config({"Socket-1": {"type": "utility", "command": ["true"]}})
+    d = Driver(resolved(cfg))
+    first = d.pending()
+    tr = d.send(RecastRequested, after_restart=True)
+    kinds = [type(e).__name__ for e in tr.effects]
+    assert kinds.index("CancelWork") < kinds.index("RunUtility")
+    cancel = next(e for e in tr.effects if type(e).__name__ == "CancelWork")
+    assert cancel.visit_id == first.visit_id and d.pending().visit_id != first.visit_id
