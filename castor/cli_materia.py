@@ -210,8 +210,11 @@ def _raise_terminated(_signum: int, _frame: Any) -> None:
 
 def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
     """Second signal during shutdown: kill every descendant (collected first, so a grandchild
-    whose parent dies first is not missed), then leave without further cleanup."""
+    whose parent dies first is not missed) and every process tagged with this runtime's pid (a
+    command's double-forked orphan), then leave without further cleanup."""
     import psutil
+
+    from castor.adapters.materia.command_records import RUNTIME_PID_ENV, kill_tagged
 
     try:
         descendants = psutil.Process().children(recursive=True)
@@ -222,6 +225,7 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
             proc.kill()
         except psutil.Error:
             pass
+    kill_tagged(RUNTIME_PID_ENV, {str(os.getpid())})
     sys.stderr.write("castor: interrupted again; killed the commands still running\n")
     os._exit(128 + signum)
 

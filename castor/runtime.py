@@ -39,6 +39,10 @@ SESSIONS_PATH = "/root/session"
 UTILITY_PATH = "/root/utility"
 
 
+UTILITY_STOP_GRACE_S = 1.0
+"""On shutdown a running utility command gets SIGTERM, then SIGKILL after this long."""
+
+
 class RuntimeSettings(BaseModel):
     """Runtime-wide settings (CLI flags and environment; never project files)."""
 
@@ -208,11 +212,17 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------
     def shutdown(self, timeout: float = 30.0) -> bool:
+        """Close every session (casts stay resumable), end running utility commands gently
+        (SIGTERM to each tree, SIGKILL after a second: after the casts, so none re-dispatches),
+        then stop every actor."""
+        from castor.actors.materia.utility import terminate_running
+
         for ctx in self.sessions():
             try:
                 self.close_session(ctx.info.session_id, timeout=timeout)
             except Exception as exc:  # noqa: BLE001
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
+        terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)
         return self.system.shutdown(timeout)
 
     def artifact_root_for(self, cwd: str, configured: str | None) -> Path:

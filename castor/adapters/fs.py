@@ -66,6 +66,7 @@ __all__ = [
     "ensure_dir",
     "fsync_dir",
     "make_durable_dirs",
+    "read_regular_file",
     "read_json_lines",
     "safe_join",
 ]
@@ -102,6 +103,23 @@ def make_durable_dirs(directory: str) -> None:
     except FileExistsError:
         return
     fsync_dir(parent)
+
+
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; ``ValueError`` for anything else.
+
+    Opened first, then checked (what is checked is what is read), with ``O_NONBLOCK`` so a FIFO
+    is refused at once instead of waiting for a writer; ``/dev/zero`` and other devices are
+    refused too. For user-edited files (configs, settings) whose path a project can choose.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = handle.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    return raw
 
 
 def ensure_dir(path: str | os.PathLike[str]) -> Path:

@@ -67,6 +67,7 @@ from castor.endpoint.framing import (
     encode_notification,
     encode_request,
     encode_response,
+    over_limits,
     parse_frame,
     undecodable,
 )
@@ -304,13 +305,24 @@ class Connection:
             self._forget(msgid)
             raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
                            may_have_started=False) from None
+        too_big = over_limits(frame, params, self.settings.frame_limits)
+        if too_big is not None:
+            self._forget(msgid)
+            raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
+                           data={"reason": "params_too_large"})
         self.counters["calls_out"] += 1
         self._send(frame)
         return pending
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
-        """Queue a notification; ``False`` if the connection is closed (never blocks)."""
-        return self._send(encode_notification(method, params or {}))
+        """Queue a notification; ``False`` if the connection is closed or the notification is over
+        the protocol's limits (never sent: the peer would drop the connection on it; logged)."""
+        frame = encode_notification(method, params or {})
+        too_big = over_limits(frame, params, self.settings.frame_limits)
+        if too_big is not None:
+            self._log.error("{} not sent: {}", method, too_big)
+            return False
+        return self._send(frame)
 
     def _forget(self, msgid: int) -> None:
         with self._plock:
@@ -848,6 +860,13 @@ class Connection:
                     self._log.error("result of {} is not msgpack-serialisable: {}", job.method, exc)
                     err = Internal(f"internal error in {job.method}: unserialisable result")
                     frame = encode_response(msgid, err.to_wire(), None)
+                else:
+                    too_big = over_limits(frame, result, self.settings.frame_limits)
+                    if too_big is not None:  # the peer would drop the connection on it
+                        self._log.error("result of {} not sent: {}", job.method, too_big)
+                        err = Internal(f"the result of {job.method} is too large to send: {too_big}",
+                                       data={"reason": "result_too_large"})
+                        frame = encode_response(msgid, err.to_wire(), None)
                 self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)

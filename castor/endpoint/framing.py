@@ -239,6 +239,35 @@ def _pack(obj: Any) -> bytes:
         raise
 
 
+def over_limits(frame: bytes, obj: Any, limits: FrameLimits) -> str | None:
+    """Why the peer's decoder (same limits as ours) would refuse ``frame`` — ``obj`` is what it
+    encodes — or None. Free for ordinary frames: only one longer than the string limit can
+    hold a string or binary over it, so only those are walked."""
+    if len(frame) <= limits.max_str_len and len(frame) <= limits.max_buffer_size:
+        return None
+    if len(frame) > limits.max_buffer_size:
+        return f"the frame is {len(frame)} bytes, over the {limits.max_buffer_size}-byte frame limit"
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str) and len(value) * 4 > limits.max_str_len:  # cheap bound first
+            size = len(value.encode("utf-8", "surrogatepass"))
+            if size > limits.max_str_len:
+                return f"a string of {size} bytes is over the {limits.max_str_len}-byte string limit"
+        elif isinstance(value, (bytes, bytearray)) and len(value) > limits.max_bin_len:
+            return f"a binary of {len(value)} bytes is over the {limits.max_bin_len}-byte limit"
+        elif isinstance(value, (list, tuple)):
+            if len(value) > limits.max_array_len:
+                return f"an array of {len(value)} elements is over the {limits.max_array_len}-element limit"
+            stack.extend(value)
+        elif isinstance(value, dict):
+            if len(value) > limits.max_map_len:
+                return f"a map of {len(value)} entries is over the {limits.max_map_len}-entry limit"
+            stack.extend(value.keys())
+            stack.extend(value.values())
+    return None
+
+
 def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:
     return _pack([REQUEST, msgid, method, [params]])
 

@@ -1,8 +1,10 @@
-"""castor.adapters.materia.command_records: what a dead runtime left running, found and killed."""
+"""castor.adapters.materia.command_records: what a dead runtime left running, found and killed —
+and nothing else, whatever a record planted in the project tree says."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import psutil
@@ -12,62 +14,72 @@ from castor.adapters.materia import command_records
 from tests.support.processes import process_gone
 from tests.support.waiting import poll_until
 
+CAST = "2026-01-01T00-00-00-000Z"
+VISIT = f"{CAST}:Socket-1:1:1"
 
-def _group_of_two() -> tuple[subprocess.Popen[bytes], int]:
-    """A session leader with a child in its group (as castor starts a utility command)."""
-    leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE,
+
+def _command(visit: str | None) -> tuple[subprocess.Popen[bytes], int]:
+    """A command as castor starts one (own session; a child in the tree), tagged with ``visit``."""
+    env = dict(os.environ)
+    env.pop(command_records.VISIT_ID_ENV, None)
+    if visit is not None:
+        env[command_records.VISIT_ID_ENV] = visit
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, env=env,
                               start_new_session=True)
     child = int(leader.stdout.readline())
     return leader, child
 
 
+def _cleanup(leader: subprocess.Popen[bytes], child: int) -> None:
+    for pid in (child, leader.pid):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    leader.wait(10)
+
+
 @pytest.mark.timeout(30)
-def test_a_recorded_group_is_killed_with_its_members_and_the_record_removed(tmp_path):
-    leader, child = _group_of_two()
+def test_a_recorded_visits_processes_are_killed_and_the_record_removed(tmp_path):
+    path = command_records.record_path(tmp_path, VISIT)
+    command_records.record_running(path, VISIT)  # written before the command starts
+    leader, child = _command(VISIT)
     try:
-        path = command_records.record_path(tmp_path, "cast:Socket-1:1:1")
-        command_records.record_running(path, "cast:Socket-1:1:1", leader.pid, "sh")
         assert path.parent.name == ".commands" and ":" not in path.name
-        killed = command_records.kill_recorded(tmp_path)
-        assert set(killed) == {leader.pid, child}
+        killed = command_records.kill_recorded(tmp_path, CAST)
+        assert {leader.pid, child} <= set(killed)
         leader.wait(10)
         assert poll_until(lambda: process_gone(child), timeout=10)
         assert not path.exists()
     finally:
-        for pid in (leader.pid, child):
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-        leader.wait(10)
+        _cleanup(leader, child)
 
 
 @pytest.mark.timeout(30)
-def test_a_pid_reused_by_another_process_is_never_killed(tmp_path):
-    """The leader's pid alive but created at another time: not the recorded command."""
-    leader, child = _group_of_two()
+def test_a_planted_record_never_reaches_a_process_that_is_not_this_casts_command(tmp_path):
+    """A record comes from the project tree: it may name a pid, a group, any visit — only a
+    process whose own environment carries a visit of *this* cast is ever killed."""
+    stranger, stranger_child = _command(None)
+    other_cast, other_child = _command("2099-01-01T00-00-00-000Z:Socket-1:1:1")
     try:
-        path = command_records.record_path(tmp_path, "v")
-        command_records.record_running(path, "v", leader.pid, "sh")
-        record = json.loads(path.read_text())
-        record["create_time"] -= 100.0  # as if the recorded command had been another process
-        path.write_text(json.dumps(record))
-        assert command_records.kill_recorded(tmp_path) == []
-        assert not process_gone(leader.pid) and not process_gone(child)
-        assert not path.exists()  # a record that names nobody is dropped
+        directory = tmp_path / command_records.RECORDS_DIR
+        directory.mkdir()
+        (directory / "forged.json").write_text(json.dumps({"visit_id": VISIT, "pid": stranger.pid,
+                                                           "pgid": stranger.pid}))
+        (directory / "other.json").write_text(json.dumps({"visit_id": "2099-01-01T00-00-00-000Z:Socket-1:1:1"}))
+        assert command_records.kill_recorded(tmp_path, CAST) == []
+        for pid in (stranger.pid, stranger_child, other_cast.pid, other_child):
+            assert not process_gone(pid)
+        assert list(directory.iterdir()) == []  # records that name nobody are dropped
     finally:
-        for pid in (child, leader.pid):
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-        leader.wait(10)
+        _cleanup(stranger, stranger_child)
+        _cleanup(other_cast, other_child)
 
 
 def test_unreadable_records_are_dropped_without_killing_anything(tmp_path):
     directory = tmp_path / command_records.RECORDS_DIR
     directory.mkdir()
     (directory / "bad.json").write_text("{not json")
-    (directory / "odd.json").write_text(json.dumps({"pid": "x"}))
-    assert command_records.kill_recorded(tmp_path) == []
+    (directory / "odd.json").write_text(json.dumps(["x"]))
+    assert command_records.kill_recorded(tmp_path, CAST) == []
     assert list(directory.iterdir()) == []

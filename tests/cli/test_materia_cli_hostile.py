@@ -114,10 +114,11 @@ def test_errors_with_control_characters_stay_on_one_line(tmp_path):
 
 
 def _stubborn_utility_project(tmp_path: Path) -> Path:
-    # The command ignores SIGINT and SIGTERM and leaves a grandchild: only killing the tree ends it.
+    # The command ignores SIGINT and SIGTERM, has a grandchild and a double-forked orphan (no
+    # longer anyone's descendant): only killing the tree and the tagged processes ends it.
     return _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
         "Socket-1": {"type": "utility", "timeoutMs": 120_000,
-                     "command": ["sh", "-c", "trap '' INT TERM; sleep 97 & wait"]}}}}})
+                     "command": ["sh", "-c", "trap '' INT TERM; (sleep 97 &); sleep 97 & wait"]}}}}})
 
 
 def _sleepers(marker: str) -> list[psutil.Process]:
@@ -149,6 +150,8 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
         assert proc.wait(30) == 143, proc.stderr.read() if proc.stderr else ""
         for child in tree:
             assert poll_until(lambda: process_gone(child.pid), timeout=10), f"utility process {child.pid} left running"
+        assert poll_until(lambda: all(process_gone(p.pid) for p in _sleepers("sleep 97")), timeout=10), \
+            "the double-forked orphan was left running"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -182,3 +185,30 @@ def test_loadout_set_is_refused_while_another_process_runs_a_cast_and_an_empty_n
     _one_clean_error_line(_castor(tmp_path, "loadout", "", cwd=project), "invalid_config")
     changed = _castor(tmp_path, "loadout", "plan", cwd=project)  # its runtime is gone: the cast is orphaned
     assert changed.returncode == 0, changed.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp_path):
+    """Shutdown ends a running command gently (SIGTERM first, SIGKILL after a grace), and the
+    command's record in the run dir goes with it."""
+    marker = tmp_path / "got-term"
+    project = _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "timeoutMs": 120_000,
+                     "command": ["sh", "-c", f"trap 'echo TERM > {marker}; exit 0' TERM; sleep 96 & wait"]}}}}})
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
+                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")) or None, timeout=30,
+                 what="the running command's record")
+        wait_for(lambda: [p for p in psutil.Process(proc.pid).children(recursive=True)
+                          if "sleep" in " ".join(p.cmdline())] or None, timeout=30, what="the command")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for leftover in _sleepers("sleep 96"):
+            leftover.kill()
+    assert marker.read_text().strip() == "TERM"
+    assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))

@@ -12,7 +12,7 @@ import pytest
 
 from castor.client import Client
 from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
-from castor.messages.errors import MailboxFull, Timeout
+from castor.messages.errors import CastorError, MailboxFull, Timeout
 
 from .conftest import SMALL_QUEUE, RawPeer, start_server
 from tests.support.waiting import poll_until
@@ -232,3 +232,17 @@ def test_connections_release_their_file_descriptors(server: Server) -> None:
         with Client.connect_unix(server.address) as c:
             assert c.call("echo", {"i": i}) == {"i": i}
     assert poll_until(lambda: server.connections() == [] and open_fds() <= base)
+
+
+def test_a_result_or_notification_over_the_limits_is_never_sent(client: Client) -> None:
+    """The peer's decoder (same limits) would drop the whole connection on it: the caller gets a
+    typed error instead, and the connection goes on."""
+    from castor.endpoint.framing import FrameLimits
+
+    limit = FrameLimits().max_str_len
+    assert len(client.call("huge", {"size": 1000})) == 1000
+    with pytest.raises(CastorError) as too_big:
+        client.call("huge", {"size": limit + 1})
+    assert too_big.value.code == "internal" and too_big.value.data["reason"] == "result_too_large"
+    assert client.call("push", {"size": limit + 1, "count": 1}) == {"sent": 0}  # refused, logged
+    assert client.call("add", {"a": 1, "b": 2}) == 3  # the same connection, still fine

@@ -354,3 +354,14 @@ def test_output_is_original_minus_some_slices(ctx, data):
         assert out == ctx
     # removing exactly the rejected slices (and emptied sections) never adds characters
     assert len(out) <= len(ctx) - sum(p.chars for p in rejected) or out == ""
+
+
+def test_implausible_classifier_usage_figures_count_as_not_reported():
+    """A valid classification is never dropped for its telemetry; NaN never reaches an audit."""
+    from castor.domain.icarus.classify import ClassifierUsage
+
+    odd = ClassifierUsage.model_validate({"input": 1.5, "output": float("nan"), "cacheRead": -1,
+                                          "totalTokens": 10 ** 30, "cost": float("inf")})
+    assert odd == ClassifierUsage()
+    fine = ClassifierUsage.model_validate({"input": 3, "output": 4.0, "cacheRead": 2, "cost": 0.01})
+    assert (fine.input, fine.output, fine.cache_read, fine.cost) == (3, 4, 2, 0.01)

@@ -42,7 +42,8 @@ def test_write_creates_file_and_preserves_unrelated_keys(tmp_path):
     assert [p.name for p in (tmp_path / "agent").iterdir()] == ["settings.json"]  # no temp files left
 
 
-@pytest.mark.parametrize("content", ["{broken", "[1, 2]", '"text"'])
+@pytest.mark.parametrize("content", ["{broken", "[1, 2]", '"text"', '{"piIcarusHook": {"timeoutMs": NaN}}',
+                                     '{"a": Infinity}', '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"])
 def test_malformed_file_is_never_overwritten(tmp_path, content):
     path = tmp_path / "settings.json"
     path.write_text(content)
@@ -187,3 +188,50 @@ def test_load_settings_reads_trusted_project_only(tmp_path):
     (cwd / ".pi" / "settings.json").write_text("{corrupt")
     fallback = load_settings(str(cwd), trusted=True, env=env, home=str(home))
     assert fallback.footer_status == "G" and fallback.warnings
+
+
+@pytest.mark.timeout(20)
+def test_devices_fifos_and_huge_files_are_unreadable_at_once(tmp_path):
+    """A settings path to /dev/zero or a FIFO would hang a session open (or fill memory)."""
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"x": "' + "a" * (5 * 1024 * 1024) + '"}')
+    for path in (zero, fifo, huge):
+        layer = read_layer(str(path), "global")
+        assert layer.doc is None and layer.error.startswith("unreadable"), path
+        with pytest.raises(SettingsFileMalformed):
+            update_settings(str(path), set_key("a", 1))
+
+
+def test_lone_surrogates_in_a_settings_file_are_replaced(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"piIcarusHook": {"footerStatus": "x\\ud800y"}}')
+    assert read_layer(str(path), "global").doc == {"piIcarusHook": {"footerStatus": "x\ufffdy"}}
+
+
+def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(tmp_path):
+    real = tmp_path / "dotfiles" / "settings.json"
+    real.parent.mkdir()
+    real.write_text(json.dumps({"theme": "dark"}))
+    link = tmp_path / "agent" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    update_settings(str(link), set_key("contextDisplay", "hide"))
+    assert link.is_symlink()
+    assert json.loads(real.read_text()) == {"theme": "dark", "piIcarusHook": {"contextDisplay": "hide"}}
+
+
+def test_a_timeout_over_a_day_is_invalid_and_the_default_applies(tmp_path):
+    from castor.domain.icarus.settings import MAX_POSITIVE_INT, parse_positive_int
+
+    assert parse_positive_int(MAX_POSITIVE_INT) == MAX_POSITIVE_INT
+    assert parse_positive_int(99_999_999_999_999) is None and parse_positive_int("9" * 40) is None
+    home, cwd = tmp_path / "home", tmp_path / "proj"
+    (home / ".pi" / "agent").mkdir(parents=True)
+    cwd.mkdir()
+    (home / ".pi" / "agent" / "settings.json").write_text(json.dumps({"piIcarusHook": {"timeoutMs": 99_999_999_999_999}}))
+    settings = load_settings(str(cwd), trusted=True, env={"PATH": os.environ.get("PATH", "")}, home=str(home))
+    assert settings.timeout_ms == 30000

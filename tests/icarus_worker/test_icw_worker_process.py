@@ -19,7 +19,7 @@ from castor.adapters.icarus.worker_process import (
     next_request_id,
     reply_result,
 )
-from castor.messages.errors import Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
+from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
 
 from tests.support.icarus import gone, read_jsonl as read_call_log
 
@@ -412,3 +412,45 @@ def test_worker_program_module_list_matches_the_domain():
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                 and node.targets[0].id == "ALLOWED_MODULES"}
     assert assigned["ALLOWED_MODULES"] == ALLOWED_MODULES
+
+
+# --------------------------------------------------------------------------- hostile backends
+
+def _backend(harness, tmp_path, source: str) -> WorkerProcess:
+    """A worker on a one-module backend written here (the private plugin cannot exist in tests)."""
+    backend = tmp_path / "hostile_icarus"
+    backend.mkdir()
+    (backend / "__init__.py").write_text("")
+    (backend / "tools.py").write_text(source)
+    return harness.worker(harness.launch(harness.settings(icarus_dir=str(backend))))
+
+
+def test_a_lone_surrogate_in_backend_text_is_replaced_not_a_crash(harness, tmp_path):
+    worker = _backend(harness, tmp_path, 'def text():\n    return "bad \\ud800 memory"\n'
+                                         'def escaped():\n    return \'{"text": "bad \\\\ud800 memory"}\'\n')
+    assert call(worker, "tools", "text") == "bad \ufffd memory"
+    assert call(worker, "tools", "escaped") == {"text": "bad \ufffd memory"}  # JSON text is parsed on the way
+    assert worker.usable  # the same worker goes on
+
+
+def test_arguments_json_cannot_carry_are_refused_before_anything_is_sent(harness, tmp_path):
+    worker = _backend(harness, tmp_path, "def echo(x):\n    return x\n")
+    assert call(worker, "tools", "echo", 1) == 1
+    pid = worker.pid
+    with pytest.raises(CastorError) as refused:
+        call(worker, "tools", "echo", float("nan"))
+    assert refused.value.code == ErrorCode.INVALID_PARAMS and refused.value.may_have_started is False
+    assert worker.usable and worker.pid == pid and call(worker, "tools", "echo", 2) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_stderr_flood_without_newlines_keeps_memory_bounded(harness, tmp_path):
+    import psutil
+
+    worker = _backend(harness, tmp_path, "import os\ndef flood():\n"
+                                         "    for _ in range(200):\n        os.write(2, b'E' * (1 << 20))\n"
+                                         "    return 'done'\n")
+    before = psutil.Process().memory_info().rss
+    assert call(worker, "tools", "flood", deadline_s=50) == "done"
+    assert psutil.Process().memory_info().rss - before < 64 * 1024 * 1024  # 200 MiB went through the pipe
+    assert len(worker.stderr_tail()) <= 64 * 1024

@@ -148,7 +148,7 @@ class CastActor(Actor):
         self.state = CastState.from_json(json.dumps(stored.state))
         # A command an earlier runtime (or incarnation) left running is killed before the
         # cast can run it again: never two copies at once.
-        command_records.kill_recorded(self.artifacts.run_dir)
+        command_records.kill_recorded(self.artifacts.run_dir, env.cast_id)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
         if not self.state.active and self.incarnation > 1:
             self._stop()  # restarted after its last transition: the replay above was all that was left

@@ -7,9 +7,9 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | step | rule |
 |---|---|
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
-| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) |
+| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) and ``CASTOR_RUNTIME_PID`` |
 | built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
-| while a command runs | it is recorded in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it before the cast runs it again |
+| while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
@@ -35,7 +35,8 @@ from castor.messages.errors import CastorError, MailboxFull, NotFound
 from castor.supervision import Actor, ChildSpec, Restart, Strategy, handles, supervisor_spec
 
 POOL_PATH = "/root/utility"
-VISIT_ID_ENV = "CASTOR_VISIT_ID"
+VISIT_ID_ENV = command_records.VISIT_ID_ENV  # the dispatch's visit id: an idempotency key for the command
+RUNTIME_PID_ENV = command_records.RUNTIME_PID_ENV  # which runtime started it (the CLI's last-resort kill)
 LEDGER_SIZE = 10_000
 
 
@@ -94,6 +95,10 @@ class UtilityPoolState:
         with self._lock:
             return self._running.get(visit_id)
 
+    def all_running(self) -> list[RunningUtility]:
+        with self._lock:
+            return [r for r in self._running.values() if r is not None]
+
     def cancel_queued(self, visit_id: str) -> None:
         """A job of ``visit_id`` that has not started yet will not start."""
         with self._lock:
@@ -141,6 +146,20 @@ def cancel_utility(registry: Any, visit_id: str) -> bool:
     return True
 
 
+def terminate_running(registry: Any, grace_s: float) -> int:
+    """End every running command of the pool gently (SIGTERM to its tree, SIGKILL after
+    ``grace_s``), all at once; a runtime shutting down calls it first, because a slot busy
+    waiting on its command cannot take a stop message. Returns how many were running."""
+    pool = _POOLS.get(registry)
+    running = pool.all_running() if pool is not None else []
+    threads = [threading.Thread(target=r.terminate, args=(grace_s,), daemon=True) for r in running]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(grace_s + 2.0)
+    return len(running)
+
+
 class UtilityExecutorActor(Actor):
     """One pool slot: runs one utility job at a time."""
 
@@ -181,20 +200,23 @@ class UtilityExecutorActor(Actor):
         if effect.command:
             cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
                                  timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes,
-                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id})
-            try:
-                running = spawn(cmd)
-            except UtilitySpawnError as exc:
-                return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None, at=time.time())
-            self._running = running
-            self.pool.started(effect.visit_id, running)
+                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id, RUNTIME_PID_ENV: str(os.getpid())})
             record = command_records.record_path(run_dir, effect.visit_id) if run_dir else None
+            if record is not None:
+                command_records.record_running(record, effect.visit_id)  # before it can run at all
             try:
-                if record is not None:
-                    command_records.record_running(record, effect.visit_id, running.pid, effect.command[0])
-                result = running.wait()
+                try:
+                    running = spawn(cmd)
+                except UtilitySpawnError as exc:
+                    return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
+                                           at=time.time())
+                self._running = running
+                self.pool.started(effect.visit_id, running)
+                try:
+                    result = running.wait()
+                finally:
+                    self._running = None
             finally:
-                self._running = None
                 if record is not None:
                     command_records.forget(record)
             if result.killed:

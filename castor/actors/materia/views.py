@@ -124,7 +124,9 @@ def persisted_view(artifact_root: Path, cast_id: str, *, live: bool) -> dict[str
     orphaned = state.active and not live and not CastLease.is_held(artifact_root, cast_id)
     view = status_view(state, live=live, orphaned=orphaned)
     if not state.active and not live:
-        view["artifacts_pending"] = not outbox_on_disk(artifact_root, cast_id, stored.state.get("outbox") or [])
+        # Not while a runtime holds the cast: it may be writing them right now.
+        view["artifacts_pending"] = (not outbox_on_disk(artifact_root, cast_id, stored.state.get("outbox") or [])
+                                     and not CastLease.is_held(artifact_root, cast_id))
     return view
 
 

@@ -2,7 +2,9 @@
 
 Reads are tolerant: a missing, unreadable or malformed file becomes a
 :class:`SettingsLayer` with ``doc=None`` and an ``error`` (later a warning);
-reading never raises for bad files.
+reading never raises for bad files. Only a regular file of at most 4 MiB is
+read (a FIFO or ``/dev/zero`` is unreadable at once, never a hang), strict
+JSON only (``NaN``/``Infinity`` are malformed: Pi could not read them back).
 
 Writes are a locked read-modify-write:
 
@@ -18,7 +20,8 @@ Writes are a locked read-modify-write:
   and the file is left byte-for-byte unchanged.
 - **Write** ``json.dumps(doc, indent=2) + "\\n"`` to a temp file in the same
   directory, fsync, ``os.replace``, fsync the directory: readers see the old or
-  the new file, never a torn one. Unrelated keys are preserved because the
+  the new file, never a torn one. A symlinked file is written through (its
+  target is replaced, the link stays). Unrelated keys are preserved because the
   mutation receives the whole current document.
 """
 
@@ -33,7 +36,7 @@ from typing import Any
 
 import filelock
 
-from castor.adapters.fs import atomic_write_text
+from castor.adapters.fs import atomic_write_text, read_regular_file
 
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -42,6 +45,7 @@ from castor.domain.icarus.settings import (
     resolve_settings,
     settings_paths,
 )
+from castor.domain.text import well_formed
 from castor.messages.errors import ErrorCode, InvalidConfig, Timeout
 
 STALE_AFTER_S = 10.0
@@ -71,21 +75,48 @@ class SettingsLockTimeout(Timeout):
 
 # --------------------------------------------------------------------------- reads
 
+MAX_SETTINGS_BYTES = 4 * 1024 * 1024
+"""A settings file larger than this is unreadable: it is hand-edited JSON."""
+
+
+class _Unusable(Exception):
+    """A settings file that exists but cannot be used (the message says why)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(path: str) -> dict[str, Any]:
+    """The file's JSON object. ``FileNotFoundError`` if missing; ``_Unusable(reason)`` if it is not
+    a regular file of at most MAX_SETTINGS_BYTES holding one strict JSON object (no NaN or
+    Infinity: Pi's ``JSON.parse`` would refuse them). Lone surrogates become U+FFFD."""
+    try:
+        text = read_regular_file(path, MAX_SETTINGS_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Unusable(f"unreadable ({type(exc).__name__})") from None
+    except ValueError as exc:  # not a regular file, too large
+        raise _Unusable(f"unreadable ({exc})") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise _Unusable("not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise _Unusable("top level is not an object")
+    return well_formed(doc)
+
+
+
 def read_layer(path: str, scope: str) -> SettingsLayer:
     """Tolerant read of one settings file."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        doc = _parse(path)
     except FileNotFoundError:
         return SettingsLayer(scope=scope, path=path)
-    except (OSError, UnicodeDecodeError) as exc:
-        return SettingsLayer(scope=scope, path=path, error=f"unreadable ({type(exc).__name__})")
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return SettingsLayer(scope=scope, path=path, error="not valid JSON")
-    if not isinstance(doc, dict):
-        return SettingsLayer(scope=scope, path=path, error="top level is not an object")
+    except _Unusable as exc:
+        return SettingsLayer(scope=scope, path=path, error=str(exc))
     return SettingsLayer(scope=scope, path=path, doc=doc)
 
 
@@ -151,19 +182,11 @@ def _acquire(lock_path: str, timeout_s: float) -> filelock.SoftFileLock:
 
 def _read_for_update(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        return _parse(path)
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SettingsFileMalformed(path, f"unreadable ({type(exc).__name__})") from None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise SettingsFileMalformed(path, "not valid JSON") from None
-    if not isinstance(doc, dict):
-        raise SettingsFileMalformed(path, "top level is not a JSON object")
-    return doc
+    except _Unusable as exc:
+        raise SettingsFileMalformed(path, str(exc)) from None
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -189,7 +212,9 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
                 new_doc = mutate(doc)
             except SettingsDocumentError as exc:
                 raise SettingsFileMalformed(path, str(exc)) from None
-            _atomic_write(path, json.dumps(new_doc, indent=2, ensure_ascii=False) + "\n")
+            # A symlinked settings file (dotfiles) is written through: replacing the link with a
+            # regular file would silently detach it from what the user edits.
+            _atomic_write(os.path.realpath(path), json.dumps(new_doc, indent=2, ensure_ascii=False) + "\n")
             return new_doc
         finally:
             lock.release()

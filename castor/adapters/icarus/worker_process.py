@@ -50,12 +50,14 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
-from castor.messages.errors import Conflict, Timeout, WorkerCrashed, WorkerRetired
+from castor.domain.text import well_formed
+from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=str)
+_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
+_STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
 _READ_CHUNK = 1 << 16
 
@@ -193,7 +195,9 @@ class WorkerProcess:
     def _drain_stderr(self) -> None:
         stream = self._proc.stderr
         try:
-            for line in iter(stream.readline, b""):
+            # A bounded readline: a flood without newlines must not grow without limit here
+            # (the tail keeps only the end anyway).
+            for line in iter(lambda: stream.readline(_STDERR_LINE_MAX), b""):
                 self._stderr.add(line)
         except (OSError, ValueError):
             pass  # pipe closed under us during kill
@@ -275,13 +279,12 @@ class WorkerProcess:
             raise Conflict("a call is already in progress on this worker", may_have_started=False)
         try:
             self._check_usable(may_have_started=False)
-            self.start()
             target = f"{module}.{function}"
-            line = _ENCODER.encode({"id": request_id, "module": module, "function": function,
-                                    "args": list(args or ()), "kwargs": dict(kwargs or {})})
+            line = _encode_request(request_id, module, function, args, kwargs)  # before anything starts
+            self.start()
             self._drain_stale()
             self._calls += 1
-            self._write(line.encode("utf-8") + b"\n", deadline, target)
+            self._write(line, deadline, target)
             return self._await_reply(request_id, deadline, target)
         finally:
             if not self.usable:
@@ -452,10 +455,28 @@ def _poll_ms(remaining: float | None) -> int:
     return max(0, min(int(remaining * 1000) + 1, int(_LIVENESS_POLL_S * 1000)))
 
 
-def _decode_reply(line: bytes) -> dict[str, Any] | None:
+def _encode_request(request_id: int, module: str, function: str, args: Any, kwargs: Any) -> bytes:
+    """One request line (ASCII JSON). Arguments JSON cannot carry (NaN, infinity, a cycle) are
+    the caller's error, raised before anything is sent: ``InvalidParams``."""
     try:
-        reply = json.loads(line)
-    except ValueError:
+        line = _ENCODER.encode({"id": request_id, "module": module, "function": function,
+                                "args": list(args or ()), "kwargs": dict(kwargs or {})})
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidParams(f"arguments for {module}.{function} cannot be sent to the worker: {exc}",
+                            data={"target": f"{module}.{function}"}, may_have_started=False) from None
+    return line.encode("ascii") + b"\n"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _decode_reply(line: bytes) -> dict[str, Any] | None:
+    """A reply dict, or None for a line that is not one. Lone surrogates (a backend's escaped
+    text) become U+FFFD, so the reply can be audited, filtered and sent on as UTF-8."""
+    try:
+        reply = well_formed(json.loads(line, parse_constant=_reject_constant))
+    except (ValueError, RecursionError):
         return None
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
         return None

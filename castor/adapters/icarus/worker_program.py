@@ -189,14 +189,16 @@ def normalise(value):
 
 
 def _encode(reply):
+    # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
+    # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
-        text = json.dumps(reply, ensure_ascii=False, default=str, allow_nan=False)
+        text = json.dumps(reply, ensure_ascii=True, default=str, allow_nan=False)
     except (ValueError, TypeError, RecursionError):
         text = json.dumps(
             {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
-            ensure_ascii=False,
+            ensure_ascii=True,
         )
-    return (text + "\n").encode("utf-8")
+    return (text + "\n").encode("ascii")
 
 
 def handle(line):

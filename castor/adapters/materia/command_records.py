@@ -1,24 +1,25 @@
 """Records of running utility commands, so that what a dead runtime left running is killed
 before the cast runs the command again.
 
-A utility command runs in its own session (process group). When its runtime dies by
-``kill -9`` the tree is reparented to init and keeps running, with no deadline; a recast in a
-new process would then start a second copy beside it. So every command leaves a record in its
-cast's run directory while it runs:
+A utility command runs in its own session (process group) with ``CASTOR_VISIT_ID`` (its
+dispatch's visit id, which starts with the cast id) and ``CASTOR_RUNTIME_PID`` in its
+environment. When its runtime dies by ``kill -9`` the tree is reparented to init and keeps
+running, with no deadline; a recast in a new process would then start a second copy beside it.
+So every command leaves a record in its cast's run directory while it may run:
 
 | when | what happens |
 |---|---|
-| a command starts | ``<runDir>/.commands/<visit>.json`` = ``{pid, pgid, create_time, visit_id, argv0}`` |
+| before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
 | it ends, however | the record is removed |
-| a CastActor starts on a saved state (recast, restart) | :func:`kill_recorded`: each recorded group still running is killed (SIGKILL, with every descendant of its members), then the record is removed |
+| a CastActor starts on a saved state (recast, restart) | :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast* is killed (SIGKILL) with its descendants; the records are removed |
 
-Guarantees: only the recorded group is killed, never a stranger reusing its numbers. While
-any member of a process group lives, the kernel does not hand its id out again; so if the
-leader is gone, the members still in that group are the command's. If a process with the
-leader's pid lives but was created at another time, the id was reused: nothing is killed.
+Guarantees: a record is read from the project tree, so it is never trusted to *name* a process:
+it only names visit ids, and a process is killed only if its own environment carries one of
+them (``/proc/<pid>/environ``, readable for the user's own processes) and the id belongs to
+this cast. A planted record can therefore only ever reach this cast's own commands.
 
-Limits: a grandchild that left the group (``setsid``) *after* its parent died cannot be found
-here (that would take a cgroup); one that left while its parent lived is a descendant and dies.
+Limits: a descendant that both cleared its environment and outlived its parent cannot be found
+(that would take a cgroup); one whose parent still runs dies as a descendant.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from loguru import logger
 from castor.adapters.fs import atomic_write_bytes
 
 RECORDS_DIR = ".commands"
+VISIT_ID_ENV = "CASTOR_VISIT_ID"
+RUNTIME_PID_ENV = "CASTOR_RUNTIME_PID"
 
 
 def record_path(run_dir: str | os.PathLike[str], visit_id: str) -> Path:
@@ -41,15 +44,10 @@ def record_path(run_dir: str | os.PathLike[str], visit_id: str) -> Path:
     return Path(run_dir) / RECORDS_DIR / f"{name}.json"
 
 
-def record_running(path: Path, visit_id: str, pid: int, argv0: str) -> None:
-    """Record the command ``pid`` (a session leader: its group id is its pid) at ``path``."""
-    try:
-        create_time = psutil.Process(pid).create_time()
-    except psutil.Error:
-        return  # already gone: nothing can be left running
+def record_running(path: Path, visit_id: str) -> None:
+    """Record, *before* it is started, that the command of ``visit_id`` may be running."""
     path.parent.mkdir(exist_ok=True)
-    record = {"pid": pid, "pgid": pid, "create_time": create_time, "visit_id": visit_id, "argv0": argv0}
-    atomic_write_bytes(path, json.dumps(record).encode("utf-8"), sync_dir=False)
+    atomic_write_bytes(path, json.dumps({"visit_id": visit_id}).encode("utf-8"), sync_dir=False)
 
 
 def forget(path: Path) -> None:
@@ -59,53 +57,54 @@ def forget(path: Path) -> None:
         pass
 
 
-def kill_recorded(run_dir: str | os.PathLike[str]) -> list[int]:
-    """Kill what the records under ``run_dir`` say is still running; remove them. Returns the
-    pids killed."""
+def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
+    """Kill the processes of this cast's recorded visits that still run; remove the records.
+    Returns the pids killed."""
     directory = Path(run_dir) / RECORDS_DIR
     try:
         files = sorted(directory.glob("*.json"))
     except OSError:
         return []
-    killed: list[int] = []
+    visits = set()
     for path in files:
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            pgid, pid, created = int(record["pgid"]), int(record["pid"]), float(record["create_time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            record = None
-        if record is not None:
-            victims = _group_members(pgid, pid, created)
-            for proc in victims:
-                try:
-                    proc.kill()
-                    killed.append(proc.pid)
-                except psutil.Error:
-                    pass
-            if victims:
-                logger.warning("killed {n} process(es) of utility command {argv0} ({visit}) left running by a "
-                               "runtime that died", n=len(victims), argv0=record.get("argv0"),
-                               visit=record.get("visit_id"))
+            visit = json.loads(path.read_text(encoding="utf-8")).get("visit_id")
+        except (OSError, ValueError, AttributeError):
+            visit = None
+        if isinstance(visit, str) and visit.startswith(f"{cast_id}:"):
+            visits.add(visit)
+    killed = kill_tagged(VISIT_ID_ENV, visits) if visits else []
+    if killed:
+        logger.warning("killed {n} process(es) of cast {cast} left running by a runtime that died (visits {v})",
+                       n=len(killed), cast=cast_id, v=sorted(visits))
+    for path in files:
         forget(path)
     return killed
 
 
-def _group_members(pgid: int, leader_pid: int, created: float) -> list[psutil.Process]:
-    try:
-        leader = psutil.Process(leader_pid)
-        if abs(leader.create_time() - created) > 0.01:
-            return []  # that pid now belongs to another process: not ours
-    except psutil.NoSuchProcess:
-        pass  # the leader died; members still in its group are the command's
-    except psutil.Error:
-        return []
-    members: dict[int, psutil.Process] = {}
+def kill_tagged(variable: str, values: set[str]) -> list[int]:
+    """SIGKILL every process (not this one) whose environment sets ``variable`` to one of
+    ``values``, and every descendant of those; collected first, then killed. Returns the pids
+    of the processes that were alive (zombies are not counted)."""
+    me = os.getpid()
+    victims: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                members[proc.pid] = proc
-                for child in proc.children(recursive=True):
-                    members.setdefault(child.pid, child)
-        except (OSError, psutil.Error):
+        if proc.pid == me:
             continue
-    return list(members.values())
+        try:
+            if proc.environ().get(variable) in values:
+                victims[proc.pid] = proc
+                for child in proc.children(recursive=True):
+                    victims.setdefault(child.pid, child)
+        except (psutil.Error, OSError):
+            continue
+    killed = []
+    for proc in victims.values():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    return killed

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from castor.adapters.fs import atomic_write_bytes
+from castor.adapters.fs import atomic_write_bytes, read_regular_file
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
-from castor.domain.materia.jsontext import well_formed
+from castor.domain.text import well_formed
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
 
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
@@ -59,7 +58,7 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [])`` or ``(None, [issue])``."""
     source = str(path)
     try:
-        text = _read_bounded(path)
+        text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -75,20 +74,6 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
         return None, [ConfigIssue(code="not-an-object", source=source,
                                   message=f"config file {source} must contain a JSON object, not {type(data).__name__}")]
     return data, []
-
-
-def _read_bounded(path: Path) -> str:
-    """The UTF-8 text of a regular file of at most MAX_CONFIG_BYTES (ValueError otherwise)."""
-    # Open first, then check: what is checked is what is read. O_NONBLOCK: opening a FIFO
-    # must not wait for a writer (it is refused right after); it changes nothing for a file.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        raw = handle.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
-    return raw.decode("utf-8")
 
 
 def gather_layers(

@@ -344,6 +344,13 @@ class RunningUtility:
         self._signal_tree(signal.SIGKILL, procs)
         _wait_gone(procs, 1.0)
 
+    def terminate(self, grace_s: float) -> None:
+        """SIGTERM the whole tree, SIGKILL what is left after ``grace_s`` (any thread); the
+        result says ``killed`` (lost work, not a failure), as after :meth:`kill`."""
+        self._killed.set()
+        if not self._finished.is_set():
+            self._terminate_tree(grace_s)
+
     def kill(self) -> None:
         """SIGKILL the whole tree now (safe from any thread, idempotent)."""
         self._killed.set()

@@ -51,7 +51,7 @@ from enum import StrEnum
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from castor.domain.icarus.spans import (
     Grammar,
@@ -146,6 +146,24 @@ class ClassifierUsage(BaseModel):
     cache_write: int | None = Field(None, alias="cacheWrite")
     total_tokens: int | None = Field(None, alias="totalTokens")
     cost: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plausible_figures(cls, values: Any) -> Any:
+        """Usage is telemetry: a figure that is not a finite number in [0, 2**53] (NaN, a string,
+        1.5 tokens, a negative count) is *not reported*, never a reason to drop a valid answer."""
+        if not isinstance(values, dict):
+            return values
+        out = {}
+        for key, value in values.items():
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            if number is None or not math.isfinite(number) or not 0 <= number <= 2 ** 53:
+                out[key] = None
+            elif key == "cost":
+                out[key] = float(number)
+            else:
+                out[key] = int(number) if float(number).is_integer() else None
+        return out
 
 
 class ClassifierResponse(BaseModel):

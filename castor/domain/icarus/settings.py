@@ -191,20 +191,24 @@ def parse_bool(value: Any) -> bool | None:
 _LEADING_INT = re.compile(r"\s*([+-]?\d+)")
 
 
+MAX_POSITIVE_INT = 86_400_000
+"""The posint keys are timeouts in ms: more than a day is a mistake (and overflows deadlines)."""
+
+
 def parse_positive_int(value: Any) -> int | None:
-    """Finite number > 0 (truncated) or a decimal-prefix string (``"1234ms"``)."""
+    """Finite number in (0, MAX_POSITIVE_INT] (truncated) or a decimal-prefix string (``"1234ms"``)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             return None
         number = int(value)
-        return number if number > 0 else None
+        return number if 0 < number <= MAX_POSITIVE_INT else None
     if isinstance(value, str):
-        match = _LEADING_INT.match(value)
+        match = _LEADING_INT.match(value[:32])
         if match:
             number = int(match.group(1))
-            return number if number > 0 else None
+            return number if 0 < number <= MAX_POSITIVE_INT else None
     return None
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from castor.domain.materia.config import Compaction, ResolvedConfig
-from castor.domain.materia.jsontext import well_formed
+from castor.domain.text import well_formed
 
 
 class _Frozen(BaseModel):

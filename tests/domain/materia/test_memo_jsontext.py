@@ -38,7 +38,7 @@ def test_pretty_json_is_exactly_the_indented_encoder() -> None:
 
 
 def test_well_formed_replaces_lone_surrogates_everywhere_and_keeps_clean_values() -> None:
-    from castor.domain.materia.jsontext import well_formed
+    from castor.domain.text import well_formed
 
     clean = {"a": ["x", {"b": "\U0001f642"}], "n": 1}
     assert well_formed(clean) is clean  # nothing to fix: the very same object, no copy

@@ -1,0 +1,43 @@
+"""``well_formed``: a value whose strings can be written as UTF-8.
+
+A JSON escape such as ``"\\ud800"`` (in a model's answer, a utility's or a memory backend's
+output, a config or settings file) or an undecodable byte in a command-line argument
+(``surrogateescape``) puts a *lone surrogate* code point into a Python string. UTF-8 cannot
+encode it, so nothing holding it could be written to a file or sent as msgpack, and every
+retry would fail the same way. Each lone surrogate becomes U+FFFD (what a UTF-8 decoder shows
+for a broken sequence); everything else is returned unchanged, as the same object.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys and nested values too) replaced
+    by U+FFFD; the very same object when there is none (see the module doc)."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii() or not _LONE_SURROGATE.search(value):  # isascii: the common case, in C
+            return value
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if kind is dict:
+        fixed = None
+        for key, item in value.items():
+            new_key, new_item = well_formed(key), well_formed(item)
+            if fixed is None and (new_key is not key or new_item is not item):
+                fixed = {}
+                for done_key, done_item in value.items():  # the unchanged ones before this item
+                    if done_key is key:
+                        break
+                    fixed[done_key] = done_item
+            if fixed is not None:
+                fixed[new_key] = new_item
+        return value if fixed is None else fixed
+    if kind is list or kind is tuple:
+        items = [well_formed(item) for item in value]
+        return value if all(a is b for a, b in zip(value, items)) else kind(items)
+    return value
