@@ -24,6 +24,16 @@ def _tcp_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 3600:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.1 and 3600, got {text!r}")
+    return value
+
+
 def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     if stdio:
@@ -61,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
     inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
     inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
-    inspect.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --follow")
+    inspect.add_argument("--interval", type=_interval, default=1.0,
+                         help="seconds between refreshes with --follow (0.1 to 3600)")
     inspect.add_argument("--json", action="store_true", help="print raw JSON")
     inspect.set_defaults(run=_cmd_inspect)
 
@@ -98,9 +109,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     dispatcher = build_dispatcher(runtime)
     try:
         serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
-              on_shutdown=lambda: runtime.shutdown(30.0))
+              on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal)
     finally:
         runtime.shutdown(30.0)
+    if runtime.system.fatal.is_set():
+        _fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
+        return EXIT_ERROR
     return EXIT_OK
 
 

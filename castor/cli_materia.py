@@ -225,7 +225,8 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
             proc.kill()
         except psutil.Error:
             pass
-    kill_tagged(RUNTIME_PID_ENV, {str(os.getpid())})
+    me = str(os.getpid())
+    kill_tagged(lambda env: env.get(RUNTIME_PID_ENV) == me)
     sys.stderr.write("castor: interrupted again; killed the commands still running\n")
     os._exit(128 + signum)
 

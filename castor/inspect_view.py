@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -29,11 +30,11 @@ def actor_tree(snapshot: dict[str, Any]) -> Tree:
 
 def _actor_line(actor: dict[str, Any]) -> str:
     box = actor["mailbox"]
-    name = actor["path"].rsplit("/", 1)[1]
+    name = escape(actor["path"].rsplit("/", 1)[1])
     age = box.get("oldest_age_s")
     flight = box.get("in_flight")
     parts = [
-        f"[cyan]{name}[/cyan] {actor['kind']}",
+        f"[cyan]{name}[/cyan] {escape(str(actor['kind']))}",
         _state(actor["state"]),
         f"#{actor['incarnation']}",
         f"depth={box['depth']}",
@@ -45,9 +46,9 @@ def _actor_line(actor: dict[str, Any]) -> str:
     if actor.get("restarts"):
         parts.append(f"[yellow]restarts={actor['restarts']}[/yellow]")
     if flight:
-        parts.append(f"busy={flight['message_type']} {flight['since_s']:.2f}s")
-    if actor.get("retired_reason"):
-        parts.append(f"[magenta]retired: {actor['retired_reason']}[/magenta]")
+        parts.append(f"busy={escape(str(flight['message_type']))} {flight['since_s']:.2f}s")
+    if actor.get("retired_reason"):  # runtime data, shown as text: never rich markup
+        parts.append(f"[magenta]retired: {escape(str(actor['retired_reason']))}[/magenta]")
     return "  ".join(parts)
 
 

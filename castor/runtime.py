@@ -19,6 +19,7 @@ systems plug into a session without the runtime knowing either.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from castor.actors.ports.agent import AgentPort
 from castor.actors.ports.classifier import ClassifierPort
 from castor.actors.ports.session import SessionPort, SessionUiPort
-from castor.messages.errors import Conflict, Forbidden, InvalidParams, MailboxFull, NotFound
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, MailboxFull, NotFound, Timeout
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
 from castor.supervision.registry import check_segment
 
@@ -55,6 +56,7 @@ class RuntimeSettings(BaseModel):
     artifact_root: str | None = None  # overrides the config's artifactDir when set
     session_restart_intensity: int = 5
     max_sessions: int = Field(default=256, ge=1)
+    session_open_timeout_s: float = Field(default=10.0, gt=0)
     """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
 
 
@@ -146,8 +148,9 @@ class Runtime:
         check_project_dir(info.cwd)
         path = f"{SESSIONS_PATH}/{info.session_id}"
         with self._lock:
-            if info.session_id in self._sessions:
+            if info.session_id in self._sessions and not self._gone(self._sessions[info.session_id]):
                 raise Conflict(f"session {info.session_id!r} is already open", data={"session_id": info.session_id})
+            self._sessions.pop(info.session_id, None)  # gone (given up, or lost with its parent): reopen
             if len(self._sessions) >= self.settings.max_sessions:
                 raise MailboxFull(f"the runtime has {len(self._sessions)} open sessions, its limit; close one first",
                                   data={"limit": self.settings.max_sessions})
@@ -157,18 +160,47 @@ class Runtime:
             specs: list[ChildSpec] = []
             for component in self.components:
                 specs.extend(component.children(ctx))
-            self.system.spawn(
-                supervisor_spec(info.session_id, specs, strategy=Strategy.ONE_FOR_ONE,
-                                max_restarts=self.settings.session_restart_intensity, within_seconds=10,
-                                restart=Restart.TEMPORARY),
-                under=SESSIONS_PATH,
-            )
-        except BaseException:
+            spec = supervisor_spec(info.session_id, specs, strategy=Strategy.ONE_FOR_ONE,
+                                   max_restarts=self.settings.session_restart_intensity, within_seconds=10,
+                                   restart=Restart.TEMPORARY)
+            spec = dataclasses.replace(spec, on_removed=lambda reason: self._forget(ctx, reason))
+            self.system.spawn(spec, under=SESSIONS_PATH, timeout=self.settings.session_open_timeout_s)
+        except BaseException as exc:
             with self._lock:
-                self._sessions.pop(info.session_id, None)
+                if self._sessions.get(info.session_id) is ctx:
+                    self._sessions.pop(info.session_id, None)
+            if isinstance(exc, Timeout):
+                # The supervisor may still start it after the answer came too late: stop it then
+                # (its StartChild is ahead in the same mailbox), so the id is not held forever.
+                threading.Thread(target=self._stop_late_child, args=(path,), daemon=True,
+                                 name=f"late-session-{info.session_id}").start()
             raise
         self.log.info("session opened: {sid}", sid=info.session_id)
         return ctx
+
+    def has_session(self, session_id: str) -> bool:
+        """Whether ``session_id`` is open and its actors run."""
+        with self._lock:
+            ctx = self._sessions.get(session_id)
+        return ctx is not None and not self._gone(ctx)
+
+    def _gone(self, ctx: SessionContext) -> bool:
+        """The session's supervisor no longer runs (it gave up, or went with its parent)."""
+        handle = self.system.registry.find(ctx.path)
+        return handle is None or handle.closed.is_set()
+
+    def _forget(self, ctx: SessionContext, reason: str) -> None:
+        with self._lock:
+            if self._sessions.get(ctx.info.session_id) is ctx:
+                self._sessions.pop(ctx.info.session_id, None)
+                self.log.warning("session {sid} is gone ({reason}); it may be opened again",
+                                 sid=ctx.info.session_id, reason=reason)
+
+    def _stop_late_child(self, path: str) -> None:
+        try:
+            self.system.stop_child(path, timeout=120.0)
+        except CastorError:
+            pass
 
     def session(self, session_id: str) -> SessionContext:
         with self._lock:

@@ -63,6 +63,11 @@ class FrameLimits(BaseModel):
     max_map_len: int = Field(65_536, ge=8)
     max_ext_len: int = Field(1024, ge=0)
 
+    @property
+    def smallest(self) -> int:
+        """The smallest size or element-count limit (castor never sends ext types)."""
+        return min(self.max_buffer_size, self.max_str_len, self.max_bin_len, self.max_array_len, self.max_map_len)
+
 
 class Request(NamedTuple):
     msgid: int
@@ -241,9 +246,10 @@ def _pack(obj: Any) -> bytes:
 
 def over_limits(frame: bytes, obj: Any, limits: FrameLimits) -> str | None:
     """Why the peer's decoder (same limits as ours) would refuse ``frame`` — ``obj`` is what it
-    encodes — or None. Free for ordinary frames: only one longer than the string limit can
-    hold a string or binary over it, so only those are walked."""
-    if len(frame) <= limits.max_str_len and len(frame) <= limits.max_buffer_size:
+    encodes — or None. Free for ordinary frames: every limit is on a count of bytes or of
+    elements, and each element takes at least a byte, so a frame no longer than the smallest
+    limit cannot break any of them; only longer ones are walked."""
+    if len(frame) <= limits.smallest:
         return None
     if len(frame) > limits.max_buffer_size:
         return f"the frame is {len(frame)} bytes, over the {limits.max_buffer_size}-byte frame limit"

@@ -202,8 +202,10 @@ class Server:
 def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
           tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
           on_shutdown: Callable[[], Any] | None = None, on_ready: Callable[[Server], Any] | None = None,
-          max_connections: int = 64) -> None:
-    """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT or ``stop()``; then return.
+          max_connections: int = 64, fatal: threading.Event | None = None) -> None:
+    """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT, ``stop()`` or ``fatal`` is set
+    (the runtime behind it failed for good: serving on would only answer ``not_found``); then
+    return.
 
     Signal handlers are installed only when called from the main thread and are
     restored on return. ``on_ready(server)`` runs once the endpoint listens.
@@ -222,7 +224,9 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
         if on_ready is not None:
             on_ready(server)
         while not server.wait(0.5):  # a timed wait keeps the main thread responsive to signals
-            pass
+            if fatal is not None and fatal.is_set():
+                server.stop("the runtime failed fatally")
+                break
     finally:
         if not server.stopped:
             server.stop("serve() exiting")

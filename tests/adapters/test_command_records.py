@@ -18,12 +18,14 @@ CAST = "2026-01-01T00-00-00-000Z"
 VISIT = f"{CAST}:Socket-1:1:1"
 
 
-def _command(visit: str | None) -> tuple[subprocess.Popen[bytes], int]:
-    """A command as castor starts one (own session; a child in the tree), tagged with ``visit``."""
+def _command(visit: str | None, run_dir=None) -> tuple[subprocess.Popen[bytes], int]:
+    """A command as castor starts one (own session; a child in the tree), tagged with ``visit``
+    and ``run_dir``."""
     env = dict(os.environ)
     env.pop(command_records.VISIT_ID_ENV, None)
     if visit is not None:
         env[command_records.VISIT_ID_ENV] = visit
+        env[command_records.RUN_DIR_ENV] = str(run_dir)
     leader = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE, env=env,
                               start_new_session=True)
     child = int(leader.stdout.readline())
@@ -42,8 +44,8 @@ def _cleanup(leader: subprocess.Popen[bytes], child: int) -> None:
 @pytest.mark.timeout(30)
 def test_a_recorded_visits_processes_are_killed_and_the_record_removed(tmp_path):
     path = command_records.record_path(tmp_path, VISIT)
-    command_records.record_running(path, VISIT)  # written before the command starts
-    leader, child = _command(VISIT)
+    assert command_records.record_running(path, VISIT)  # written before the command starts
+    leader, child = _command(VISIT, tmp_path)
     try:
         assert path.parent.name == ".commands" and ":" not in path.name
         killed = command_records.kill_recorded(tmp_path, CAST)
@@ -60,7 +62,8 @@ def test_a_planted_record_never_reaches_a_process_that_is_not_this_casts_command
     """A record comes from the project tree: it may name a pid, a group, any visit — only a
     process whose own environment carries a visit of *this* cast is ever killed."""
     stranger, stranger_child = _command(None)
-    other_cast, other_child = _command("2099-01-01T00-00-00-000Z:Socket-1:1:1")
+    other_cast, other_child = _command("2099-01-01T00-00-00-000Z:Socket-1:1:1", tmp_path)
+    original, original_child = _command(VISIT, tmp_path / "the-original-checkout")  # this one copied
     try:
         directory = tmp_path / command_records.RECORDS_DIR
         directory.mkdir()
@@ -68,12 +71,13 @@ def test_a_planted_record_never_reaches_a_process_that_is_not_this_casts_command
                                                            "pgid": stranger.pid}))
         (directory / "other.json").write_text(json.dumps({"visit_id": "2099-01-01T00-00-00-000Z:Socket-1:1:1"}))
         assert command_records.kill_recorded(tmp_path, CAST) == []
-        for pid in (stranger.pid, stranger_child, other_cast.pid, other_child):
+        for pid in (stranger.pid, stranger_child, other_cast.pid, other_child, original.pid, original_child):
             assert not process_gone(pid)
         assert list(directory.iterdir()) == []  # records that name nobody are dropped
     finally:
         _cleanup(stranger, stranger_child)
         _cleanup(other_cast, other_child)
+        _cleanup(original, original_child)
 
 
 def test_unreadable_records_are_dropped_without_killing_anything(tmp_path):
@@ -83,3 +87,15 @@ def test_unreadable_records_are_dropped_without_killing_anything(tmp_path):
     (directory / "odd.json").write_text(json.dumps(["x"]))
     assert command_records.kill_recorded(tmp_path, CAST) == []
     assert list(directory.iterdir()) == []
+
+
+def test_a_planted_commands_symlink_is_never_listed_written_or_emptied(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "settings.json").write_text("{}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / command_records.RECORDS_DIR).symlink_to(outside)
+    assert command_records.kill_recorded(run_dir, CAST) == []
+    assert not command_records.record_running(command_records.record_path(run_dir, VISIT), VISIT)
+    assert [p.name for p in outside.iterdir()] == ["settings.json"]

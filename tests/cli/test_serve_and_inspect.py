@@ -124,3 +124,33 @@ def test_usage_errors_are_one_line_with_a_code_and_exit_2(tmp_path, argv):
                           cwd=str(tmp_path))
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("castor: invalid_params: ")
+
+
+def test_actor_data_is_shown_as_text_never_as_markup():
+    from rich.console import Console
+
+    from castor.inspect_view import _actor_line
+
+    actor = {"path": "/root/utility/slot-3", "kind": "UtilityExecutorActor", "state": "retired", "incarnation": 1,
+             "restarts": 0, "retired_reason": "[/magenta] oops [bold]",
+             "mailbox": {"depth": 0, "oldest_age_s": None, "processed": 1, "failed": 0, "in_flight": None}}
+    console = Console(record=True, width=200)
+    console.print(_actor_line(actor))  # raised MarkupError before
+    assert "retired: [/magenta] oops [bold]" in console.export_text()
+
+
+@pytest.mark.timeout(60)
+def test_serve_exits_non_zero_when_its_runtime_fails_fatally(tmp_path):
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--allow-faults"], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(timeout=20.0, predicate=sock.exists)
+        with Client.connect_unix(str(sock)) as client:
+            client.call("ops.fault", {"kind": "kill", "path": "/root"}, timeout=10)
+        assert server.wait(30) == 1
+        assert server.stderr.read().strip().splitlines()[-1].startswith("castor: internal: the runtime failed fatally")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)

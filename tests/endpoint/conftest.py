@@ -87,6 +87,7 @@ def build_dispatcher(gates: Gates) -> Dispatcher:
 
     d.register("push_later", push_later)
     d.register("huge", lambda params, _ctx: "x" * params["size"])  # a result of any size
+    d.register("many", lambda params, _ctx: [0] * params["count"])  # an array of any length
     return d
 
 

@@ -245,4 +245,9 @@ def test_a_result_or_notification_over_the_limits_is_never_sent(client: Client) 
         client.call("huge", {"size": limit + 1})
     assert too_big.value.code == "internal" and too_big.value.data["reason"] == "result_too_large"
     assert client.call("push", {"size": limit + 1, "count": 1}) == {"sent": 0}  # refused, logged
+    elements = FrameLimits().max_array_len
+    with pytest.raises(CastorError) as too_long:  # a small frame (~70 KB) over the element limit
+        client.call("many", {"count": elements + 1})
+    assert too_long.value.data["reason"] == "result_too_large"
+    assert len(client.call("many", {"count": elements})) == elements
     assert client.call("add", {"a": 1, "b": 2}) == 3  # the same connection, still fine

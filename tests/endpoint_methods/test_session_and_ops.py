@@ -172,5 +172,65 @@ def test_ops_fault_kills_and_the_supervisor_restarts(served):
     with pytest.raises(Exception):
         probe.ask(Ping(n=3), timeout=5)
     assert probe.ask(Ping(n=4), timeout=5)[1] == 3
-    with pytest.raises(InvalidParams):
-        client.call("ops.fault", {"kind": "delay_next", "path": probe.path, "seconds": 0})
+    for seconds in (0, float("nan"), float("inf"), 601):
+        with pytest.raises(InvalidParams):
+            client.call("ops.fault", {"kind": "delay_next", "path": probe.path, "seconds": seconds})
+    probe.ask(Ping(n=5), timeout=5)  # nothing was injected: answered at once, no crash
+
+
+@pytest.mark.timeout(60)
+def test_a_session_whose_supervisor_gave_up_or_whose_parent_restarted_can_be_opened_again(tmp_path):
+    """docs/reliability.md: after a session's supervisor gives up, the harness opens it again."""
+    from castor.actors.materia.component import materia_component
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from castor.supervision import faults
+    from tests.support.waiting import wait_for
+
+    rt = Runtime(RuntimeSettings(allow_faults=True), components=[materia_component()])
+    try:
+        info = SessionInfo(session_id="s1", cwd=str(tmp_path))
+        rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))
+        session_handle = rt.system.lookup("/root/session/s1")
+        faults.kill(session_handle, "test: the session supervisor dies for good (temporary child)")
+        wait_for(lambda: not rt.has_session("s1"), timeout=10, what="the session to be gone")
+        rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))  # no conflict
+        assert rt.has_session("s1")
+        parent = rt.system.lookup("/root/session")
+        faults.kill(parent, "test: the sessions supervisor restarts without its dynamic children")
+        wait_for(lambda: rt.system.find("/root/session/s1") is None, timeout=10, what="s1 lost with its parent")
+        wait_for(lambda: rt.system.find("/root/session") is not None and rt.system.lookup("/root/session").alive,
+                 timeout=10, what="the restarted parent")
+        rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))
+        assert rt.has_session("s1")
+    finally:
+        rt.shutdown(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_session_open_that_timed_out_does_not_hold_its_id_forever(tmp_path):
+    """The sessions supervisor answered too late: the child it then starts is stopped, so the
+    id can be opened again."""
+    from castor.actors.materia.component import materia_component
+    from castor.messages.errors import Timeout
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from castor.supervision import faults
+    from tests.support.waiting import wait_for
+
+    rt = Runtime(RuntimeSettings(allow_faults=True, session_open_timeout_s=0.5), components=[materia_component()])
+    try:
+        faults.delay_next(rt.system.lookup("/root/session"), 1.5)
+        info = SessionInfo(session_id="d1", cwd=str(tmp_path))
+        with pytest.raises(Timeout):
+            rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))
+        sessions = rt.system.lookup("/root/session")
+
+        def settled() -> bool:  # the delayed StartChild and the StopChild that follows it are both done
+            box = sessions.snapshot().mailbox
+            return box.depth == 0 and box.in_flight is None and box.processed >= 2
+
+        wait_for(settled, timeout=20, what="the sessions supervisor to handle the late start and its stop")
+        assert rt.system.find("/root/session/d1") is None and not rt.has_session("d1")
+        rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))
+        assert rt.has_session("d1")
+    finally:
+        rt.shutdown(10)

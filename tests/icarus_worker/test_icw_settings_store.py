@@ -43,7 +43,8 @@ def test_write_creates_file_and_preserves_unrelated_keys(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["{broken", "[1, 2]", '"text"', '{"piIcarusHook": {"timeoutMs": NaN}}',
-                                     '{"a": Infinity}', '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+                                     '{"a": Infinity}', '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                     '{"a": ' + "[" * 950 + "]" * 950 + "}"])  # parses, but deeper than a scrub
 def test_malformed_file_is_never_overwritten(tmp_path, content):
     path = tmp_path / "settings.json"
     path.write_text(content)

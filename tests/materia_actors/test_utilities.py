@@ -107,5 +107,14 @@ def test_a_queued_job_cancelled_before_it_starts_never_runs():
     pool.cancel_queued("cast:Socket-1:1:1")
     assert pool.begin("cast:Socket-1:1:1") == "cancelled"
     assert pool.begin("cast:Socket-1:2:2") is None  # other visits are untouched
-    pool.cancel_queued("cast:Socket-1:2:2")  # already claimed (running): not cancelled after the fact
-    assert pool.begin("cast:Socket-1:2:2") == "running"
+    pool.cancel_queued("cast:Socket-1:2:2")  # claimed, no process yet: killed the moment it starts
+
+    class Started:
+        killed = False
+
+        def kill(self):
+            self.killed = True
+
+    started = Started()
+    pool.started("cast:Socket-1:2:2", started)
+    assert pool.is_cancelled("cast:Socket-1:2:2") and started.killed

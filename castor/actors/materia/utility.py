@@ -7,7 +7,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | step | rule |
 |---|---|
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
-| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) and ``CASTOR_RUNTIME_PID`` |
+| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
 | built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
 | while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
@@ -82,6 +82,13 @@ class UtilityPoolState:
         with self._lock:
             if visit_id in self._running:
                 self._running[visit_id] = running
+            cancelled = visit_id in self._cancelled
+        if cancelled:  # cancelled while it was being started
+            running.kill()
+
+    def is_cancelled(self, visit_id: str) -> bool:
+        with self._lock:
+            return visit_id in self._cancelled
 
     def finish(self, visit_id: str, outcome: UtilityFinished | None) -> None:
         with self._lock:
@@ -100,9 +107,10 @@ class UtilityPoolState:
             return [r for r in self._running.values() if r is not None]
 
     def cancel_queued(self, visit_id: str) -> None:
-        """A job of ``visit_id`` that has not started yet will not start."""
+        """A job of ``visit_id`` that has no process yet (queued, or claimed and starting) will
+        not run: it is skipped, or killed as soon as it is started."""
         with self._lock:
-            if visit_id not in self._running and visit_id not in self._ledger:
+            if self._running.get(visit_id) is None and visit_id not in self._ledger:
                 self._cancelled[visit_id] = None
                 while len(self._cancelled) > LEDGER_SIZE:
                     self._cancelled.popitem(last=False)
@@ -148,8 +156,9 @@ def cancel_utility(registry: Any, visit_id: str) -> bool:
 
 def terminate_running(registry: Any, grace_s: float) -> int:
     """End every running command of the pool gently (SIGTERM to its tree, SIGKILL after
-    ``grace_s``), all at once; a runtime shutting down calls it first, because a slot busy
-    waiting on its command cannot take a stop message. Returns how many were running."""
+    ``grace_s``), all at once; a runtime shutting down calls it once its casts have stopped and
+    before it stops the slots, because a slot busy waiting on its command cannot take a stop
+    message. Returns how many were running."""
     pool = _POOLS.get(registry)
     running = pool.all_running() if pool is not None else []
     threads = [threading.Thread(target=r.terminate, args=(grace_s,), daemon=True) for r in running]
@@ -200,11 +209,14 @@ class UtilityExecutorActor(Actor):
         if effect.command:
             cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
                                  timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes,
-                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id, RUNTIME_PID_ENV: str(os.getpid())})
+                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id, RUNTIME_PID_ENV: str(os.getpid()),
+                                      **({command_records.RUN_DIR_ENV: run_dir} if run_dir else {})})
             record = command_records.record_path(run_dir, effect.visit_id) if run_dir else None
             if record is not None:
                 command_records.record_running(record, effect.visit_id)  # before it can run at all
             try:
+                if self.pool.is_cancelled(effect.visit_id):
+                    return None  # given up between being claimed and starting (CancelWork)
                 try:
                     running = spawn(cmd)
                 except UtilitySpawnError as exc:

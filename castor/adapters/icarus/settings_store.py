@@ -101,11 +101,11 @@ def _parse(path: str) -> dict[str, Any]:
         raise _Unusable(f"unreadable ({exc})") from None
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
+        if not isinstance(doc, dict):
+            raise _Unusable("top level is not an object")
+        return well_formed(doc)  # recursive too: nesting deep enough for the parser can still overflow it
     except (ValueError, RecursionError):
         raise _Unusable("not valid JSON") from None
-    if not isinstance(doc, dict):
-        raise _Unusable("top level is not an object")
-    return well_formed(doc)
 
 
 

@@ -2,8 +2,8 @@
 before the cast runs the command again.
 
 A utility command runs in its own session (process group) with ``CASTOR_VISIT_ID`` (its
-dispatch's visit id, which starts with the cast id) and ``CASTOR_RUNTIME_PID`` in its
-environment. When its runtime dies by ``kill -9`` the tree is reparented to init and keeps
+dispatch's visit id, which starts with the cast id), ``CASTOR_RUN_DIR`` (its cast's run
+directory) and ``CASTOR_RUNTIME_PID`` in its environment. When its runtime dies by ``kill -9`` the tree is reparented to init and keeps
 running, with no deadline; a recast in a new process would then start a second copy beside it.
 So every command leaves a record in its cast's run directory while it may run:
 
@@ -11,12 +11,15 @@ So every command leaves a record in its cast's run directory while it may run:
 |---|---|
 | before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
 | it ends, however | the record is removed |
-| a CastActor starts on a saved state (recast, restart) | :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast* is killed (SIGKILL) with its descendants; the records are removed |
+| a CastActor starts on a saved state (recast, restart) | :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed |
 
 Guarantees: a record is read from the project tree, so it is never trusted to *name* a process:
 it only names visit ids, and a process is killed only if its own environment carries one of
-them (``/proc/<pid>/environ``, readable for the user's own processes) and the id belongs to
-this cast. A planted record can therefore only ever reach this cast's own commands.
+them (``/proc/<pid>/environ``, readable for the user's own processes), the id belongs to this
+cast, and its ``CASTOR_RUN_DIR`` is this run directory (a copy of the project cannot reach the
+original's commands). A planted record can therefore only ever reach this cast's own commands.
+A ``.commands`` that is not a real directory (a planted symlink) is never listed, written or
+emptied: the records are skipped, with a warning.
 
 Limits: a descendant that both cleared its environment and outlived its parent cannot be found
 (that would take a cgroup); one whose parent still runs dies as a descendant.
@@ -27,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -36,7 +41,16 @@ from castor.adapters.fs import atomic_write_bytes
 
 RECORDS_DIR = ".commands"
 VISIT_ID_ENV = "CASTOR_VISIT_ID"
+RUN_DIR_ENV = "CASTOR_RUN_DIR"
 RUNTIME_PID_ENV = "CASTOR_RUNTIME_PID"
+
+
+def _real_dir(directory: Path) -> bool:
+    """A directory that is not a symlink (``lstat``): what a run dir's ``.commands`` must be."""
+    try:
+        return stat.S_ISDIR(os.lstat(directory).st_mode)
+    except OSError:
+        return False
 
 
 def record_path(run_dir: str | os.PathLike[str], visit_id: str) -> Path:
@@ -44,10 +58,19 @@ def record_path(run_dir: str | os.PathLike[str], visit_id: str) -> Path:
     return Path(run_dir) / RECORDS_DIR / f"{name}.json"
 
 
-def record_running(path: Path, visit_id: str) -> None:
-    """Record, *before* it is started, that the command of ``visit_id`` may be running."""
-    path.parent.mkdir(exist_ok=True)
+def record_running(path: Path, visit_id: str) -> bool:
+    """Record, *before* it is started, that the command of ``visit_id`` may be running. False
+    (nothing written, a warning) when ``.commands`` is not a real directory."""
+    try:
+        path.parent.mkdir()
+    except FileExistsError:
+        pass
+    if not _real_dir(path.parent):
+        logger.warning("{dir} is not a directory; the command of {visit} runs unrecorded", dir=path.parent,
+                       visit=visit_id)
+        return False
     atomic_write_bytes(path, json.dumps({"visit_id": visit_id}).encode("utf-8"), sync_dir=False)
+    return True
 
 
 def forget(path: Path) -> None:
@@ -61,6 +84,10 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
     """Kill the processes of this cast's recorded visits that still run; remove the records.
     Returns the pids killed."""
     directory = Path(run_dir) / RECORDS_DIR
+    if not _real_dir(directory):
+        if os.path.lexists(directory):
+            logger.warning("{dir} is not a directory; its records are ignored", dir=directory)
+        return []
     try:
         files = sorted(directory.glob("*.json"))
     except OSError:
@@ -73,7 +100,9 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
             visit = None
         if isinstance(visit, str) and visit.startswith(f"{cast_id}:"):
             visits.add(visit)
-    killed = kill_tagged(VISIT_ID_ENV, visits) if visits else []
+    run_dir_tag = os.fspath(run_dir)
+    killed = kill_tagged(lambda env: env.get(VISIT_ID_ENV) in visits and env.get(RUN_DIR_ENV) == run_dir_tag) \
+        if visits else []
     if killed:
         logger.warning("killed {n} process(es) of cast {cast} left running by a runtime that died (visits {v})",
                        n=len(killed), cast=cast_id, v=sorted(visits))
@@ -82,17 +111,17 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
     return killed
 
 
-def kill_tagged(variable: str, values: set[str]) -> list[int]:
-    """SIGKILL every process (not this one) whose environment sets ``variable`` to one of
-    ``values``, and every descendant of those; collected first, then killed. Returns the pids
-    of the processes that were alive (zombies are not counted)."""
+def kill_tagged(match: Callable[[dict[str, str]], bool]) -> list[int]:
+    """SIGKILL every process (not this one) whose environment ``match``es, and every descendant
+    of those; collected first, then killed. Returns the pids of the processes that were alive
+    (zombies are not counted)."""
     me = os.getpid()
     victims: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(variable) in values:
+            if match(proc.environ()):
                 victims[proc.pid] = proc
                 for child in proc.children(recursive=True):
                     victims.setdefault(child.pid, child)

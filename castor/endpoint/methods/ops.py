@@ -80,7 +80,7 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         elif params.kind == "crash_next":
             faults.crash_next(handle, params.message_type)
         elif params.kind == "delay_next":
-            if params.seconds <= 0 or params.seconds > 600:
+            if not 0 < params.seconds <= 600:  # NaN fails this too
                 raise InvalidParams("delay_next needs 0 < seconds <= 600")
             faults.delay_next(handle, params.seconds, params.message_type)
         elif params.kind == "kill_process":

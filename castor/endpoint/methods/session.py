@@ -63,7 +63,9 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         owned = _owned(ctx)
         with lock:
             if params.session_id in owned:
-                raise Conflict(f"session {params.session_id!r} is already open on this connection")
+                if runtime.has_session(params.session_id):
+                    raise Conflict(f"session {params.session_id!r} is already open on this connection")
+                owned.pop(params.session_id, None)  # its actors are gone (gave up): open it again
             limit = ctx.connection.settings.max_sessions
             if len(owned) >= limit:
                 raise MailboxFull(f"this connection holds {len(owned)} open sessions, its limit; close one first",
