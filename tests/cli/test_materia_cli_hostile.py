@@ -121,6 +121,19 @@ def _stubborn_utility_project(tmp_path: Path) -> Path:
                      "command": ["sh", "-c", "trap '' INT TERM; (sleep 97 &); sleep 97 & wait"]}}}}})
 
 
+def _sleeping_descendants(pid: int) -> list[psutil.Process] | None:
+    """The ``sleep`` processes under ``pid`` (None while there are none); a process that ends
+    while it is looked at (a zombie, gone) is skipped, not an error."""
+    found = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            if "sleep" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found or None
+
+
 def _sleepers(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -141,9 +154,7 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
     proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
                             cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        tree = wait_for(lambda: [p for p in psutil.Process(proc.pid).children(recursive=True)
-                                 if "sleep" in " ".join(p.cmdline())] or None, timeout=30,
-                        what="the utility's grandchild")
+        tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's grandchild")
         proc.send_signal(signal.SIGTERM)
         if signals == 2:
             proc.send_signal(signal.SIGTERM)
@@ -200,8 +211,7 @@ def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp
     try:
         wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")) or None, timeout=30,
                  what="the running command's record")
-        wait_for(lambda: [p for p in psutil.Process(proc.pid).children(recursive=True)
-                          if "sleep" in " ".join(p.cmdline())] or None, timeout=30, what="the command")
+        wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the command")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143
     finally:
