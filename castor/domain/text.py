@@ -1,4 +1,9 @@
-"""``well_formed``: a value whose strings can be written as UTF-8.
+"""JSON text from outside, made safe to keep: ``loads_strict`` and ``well_formed``.
+
+``loads_strict``: ``json.loads`` that refuses ``NaN``, ``Infinity`` and ``-Infinity`` (Python
+accepts them; JSON and every other reader do not), raising ``ValueError`` like any bad JSON.
+
+``well_formed``: a value whose strings can be written as UTF-8.
 
 A JSON escape such as ``"\\ud800"`` (in a model's answer, a utility's or a memory backend's
 output, a config or settings file) or an undecodable byte in a command-line argument
@@ -10,6 +15,7 @@ for a broken sequence); everything else is returned unchanged, as the same objec
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -41,3 +47,12 @@ def well_formed(value: Any) -> Any:
         items = [well_formed(item) for item in value]
         return value if all(a is b for a, b in zip(value, items)) else kind(items)
     return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """``json.loads`` without the non-standard constants (see the module doc)."""
+    return json.loads(text, parse_constant=_reject_constant)

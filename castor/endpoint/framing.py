@@ -253,6 +253,11 @@ def over_limits(frame: bytes, obj: Any, limits: FrameLimits) -> str | None:
         return None
     if len(frame) > limits.max_buffer_size:
         return f"the frame is {len(frame)} bytes, over the {limits.max_buffer_size}-byte frame limit"
+    return element_over_limits(obj, limits)
+
+
+def element_over_limits(obj: Any, limits: FrameLimits) -> str | None:
+    """Why one of ``obj``'s strings, binaries, arrays or maps is over ``limits``, or None."""
     stack = [obj]
     while stack:
         value = stack.pop()

@@ -22,7 +22,6 @@ rather than being failed by a transport it cannot see.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -38,6 +37,8 @@ from castor.actors.ports.agent import (
     harness_turn_settings,
 )
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
+from castor.domain.materia.budget import non_negative_number
+from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
 if TYPE_CHECKING:
@@ -57,17 +58,6 @@ class WireHarness:
 
     # -- AgentPort -------------------------------------------------------------
     def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
-        too_big = self._oversized(request)
-        if too_big is not None:
-            # The harness's decoder would refuse the frame and drop the connection (and a recast
-            # would send it again): answer the turn at once, on another thread, as a request
-            # error no retry can fix.
-            outcome = TurnOutcome(turn_id=request.turn_id, stop_reason="error",
-                                  error=TurnError(message=too_big, kind="internal"))
-            threading.Thread(target=reply, args=(outcome,), name=f"oversized-{request.turn_id}", daemon=True).start()
-            return
-        with self._lock:
-            self._turns[request.turn_id] = reply
         params: dict[str, Any] = {
             "session_id": self.session_id,
             "turn_id": request.turn_id,
@@ -77,18 +67,19 @@ class WireHarness:
             "isolate": True,
         }
         params.update(harness_turn_settings(request.model, request.thinking, request.tools))
+        too_big = element_over_limits(params, self.connection.settings.frame_limits)
+        if too_big is not None:
+            # The harness's decoder would refuse the frame and drop the connection (and a recast
+            # would send it again): answer the turn at once, on another thread, as a request
+            # error no retry can fix.
+            outcome = TurnOutcome(turn_id=request.turn_id, stop_reason="error", error=TurnError(
+                message=f"invalid_request: agent.run_turn cannot be sent: {too_big}", kind="internal"))
+            threading.Thread(target=reply, args=(outcome,), name=f"oversized-{request.turn_id}", daemon=True).start()
+            return
+        with self._lock:
+            self._turns[request.turn_id] = reply
         if not self.connection.notify("agent.run_turn", params):
             self.log.warning("agent.run_turn for {turn} not sent: connection closed", turn=request.turn_id)
-
-    def _oversized(self, request: TurnRequest) -> str | None:
-        """Why ``request`` cannot be sent (a string over the protocol's limit), or None."""
-        limit = self.connection.settings.frame_limits.max_str_len
-        for name, text in (("prompt", request.prompt), ("summary", request.summary)):
-            size = len(text.encode("utf-8", "surrogatepass"))
-            if size > limit:
-                return (f"invalid_request: the turn's {name} is {size} bytes, over the endpoint's {limit}-byte "
-                        "string limit; the harness could not receive it")
-        return None
 
     def cancel(self, turn_id: str) -> None:
         with self._lock:
@@ -171,13 +162,6 @@ class WireHarness:
                                   usage=ClassifierUsage.model_validate(usage) if isinstance(usage, dict) else None)
 
 
-def _count(value: Any) -> float | None:
-    """A usage figure: a finite, non-negative number, else None (not reported)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None
-    return value
-
-
 def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
     """The harness's usage map as TurnUsage. Usage is telemetry: a figure that is not a finite,
     non-negative number is *not reported* (None), never a reason to lose the turn; ``raw`` keeps
@@ -186,11 +170,11 @@ def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
         raw = json.loads(json.dumps(usage, allow_nan=False))
     except (TypeError, ValueError):
         raw = None
-    tokens = {name: _count(usage.get(key)) for name, key in (
+    tokens = {name: non_negative_number(usage.get(key)) for name, key in (
         ("input_tokens", "input"), ("output_tokens", "output"), ("cache_read_tokens", "cache_read"),
         ("cache_write_tokens", "cache_write"), ("total_tokens", "total_tokens"))}
     return TurnUsage(**{k: int(v) if v is not None else None for k, v in tokens.items()},
-                     cost_usd=_count(usage.get("cost")), raw=raw)
+                     cost_usd=non_negative_number(usage.get("cost")), raw=raw)
 
 
 def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:

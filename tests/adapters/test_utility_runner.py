@@ -96,7 +96,9 @@ import time; time.sleep(60)
 
 
 def _read_pids(pidfile: Path) -> list[int]:
-    assert poll_until(pidfile.exists, timeout=10.0), "tree did not start"
+    """The pids a test command wrote (waiting until it has written them)."""
+    assert poll_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=10.0), \
+        "tree did not start"
     return [int(x) for x in pidfile.read_text().split()]
 
 
@@ -130,8 +132,7 @@ print("parent done", flush=True)
 def test_orphaned_grandchild_holding_the_pipe_is_killed_at_the_deadline(tmp_path):
     pidfile = tmp_path / "pid"
     handle = spawn(py(_ORPHAN, str(pidfile), cwd=tmp_path, timeout_ms=1500, grace_ms=200))
-    assert poll_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=10.0)
-    grandchild = int(pidfile.read_text())
+    (grandchild,) = _read_pids(pidfile)
     result = handle.wait()
     assert result.timed_out and result.exit_code == 0  # the root itself exited cleanly
     assert result.stdout == "parent done\n"
@@ -152,8 +153,7 @@ subprocess.Popen([sys.executable, "-c", code, sys.argv[1]])
 def test_a_grandchild_that_left_the_group_after_its_parent_died_is_killed_by_the_pipe_it_holds(tmp_path):
     pidfile = tmp_path / "pid"
     handle = spawn(py(_ESCAPED, str(pidfile), cwd=tmp_path, timeout_ms=2000, grace_ms=200))
-    assert poll_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=10.0)
-    escaped = int(pidfile.read_text())
+    (escaped,) = _read_pids(pidfile)
     result = handle.wait()
     assert result.timed_out
     assert poll_until(lambda: process_gone(escaped), timeout=5.0), "the escaped grandchild survived"

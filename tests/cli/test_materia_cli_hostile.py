@@ -134,6 +134,21 @@ def _sleeping_descendants(pid: int) -> list[psutil.Process] | None:
     return found or None
 
 
+def _start_cast(project: Path, tmp_path: Path, script: str = "answers.json") -> subprocess.Popen[str]:
+    """``castor cast x`` in ``project`` as a child process (the test signals or kills it)."""
+    return subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", f"script:{script}"],
+                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _end(proc: subprocess.Popen[str], marker: str) -> None:
+    """However the test went: the CLI is gone, and so is every test process matching ``marker``."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for leftover in _sleepers(marker):
+        leftover.kill()
+
+
 def _sleepers(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -151,8 +166,7 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
     """`timeout N castor cast ...` sends SIGTERM: the runtime shuts down and ends the running
     command's whole tree (the cast stays resumable); a second signal kills it at once."""
     project = _stubborn_utility_project(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
-                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start_cast(project, tmp_path)
     try:
         tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's grandchild")
         proc.send_signal(signal.SIGTERM)
@@ -164,11 +178,7 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
         assert poll_until(lambda: all(process_gone(p.pid) for p in _sleepers("sleep 97")), timeout=10), \
             "the double-forked orphan was left running"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for leftover in _sleepers("sleep 97"):
-            leftover.kill()
+        _end(proc, "sleep 97")
     listed = _castor(tmp_path, "casts", "--json", cwd=project)
     assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
 
@@ -183,8 +193,7 @@ def test_recast_of_an_unknown_cast_says_not_found_before_asking_for_an_agent(tmp
 def test_loadout_set_is_refused_while_another_process_runs_a_cast_and_an_empty_name_is_an_error(tmp_path):
     project = _project(tmp_path, HELLO)
     (project / "slow.json").write_text(json.dumps([{"text": "late", "delay_ms": 60_000}]))
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:slow.json"],
-                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _start_cast(project, tmp_path, "slow.json")
     try:
         wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/state.json")) or None, timeout=30,
                  what="the cast to start")
@@ -206,8 +215,7 @@ def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp
     project = _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
         "Socket-1": {"type": "utility", "timeoutMs": 120_000,
                      "command": ["sh", "-c", f"trap 'echo TERM > {marker}; exit 0' TERM; sleep 96 & wait"]}}}}})
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
-                            cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _start_cast(project, tmp_path)
     try:
         wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")) or None, timeout=30,
                  what="the running command's record")
@@ -215,10 +223,6 @@ def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for leftover in _sleepers("sleep 96"):
-            leftover.kill()
+        _end(proc, "sleep 96")
     assert marker.read_text().strip() == "TERM"
     assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))

@@ -33,13 +33,18 @@ def _status(client: Client, sid: str, cast_id: str) -> dict:
     return client.call("cast.status", {"session_id": sid, "cast_id": cast_id})
 
 
-@pytest.mark.timeout(60)
-def test_odd_usage_never_costs_the_turn_and_a_bad_answer_leaves_it_answerable(served, project):
+def _two_socket_cast(served, project) -> tuple[Client, "queue.Queue[dict]", str, dict]:
+    """A cast of TWO over a real connection, waiting on its first turn: (client, turns, cast id, turn)."""
     write_project_config(project, TWO)
     client = served()
     turns = _harness(client, "s1", project)
     cast_id = client.call("cast.start", {"session_id": "s1", "request": "x"})["cast_id"]
-    first = turns.get(timeout=10)
+    return client, turns, cast_id, turns.get(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_odd_usage_never_costs_the_turn_and_a_bad_answer_leaves_it_answerable(served, project):
+    client, turns, cast_id, first = _two_socket_cast(served, project)
     with pytest.raises(InvalidParams):  # a mistyped field: refused before the turn is taken
         client.call("agent.turn_ended", {"session_id": "s1", "turn_id": first["turn_id"], "text": "one",
                                          "entry_id": 42})
@@ -82,11 +87,7 @@ def test_session_open_refuses_a_cwd_that_is_not_an_existing_absolute_directory(s
 
 @pytest.mark.timeout(60)
 def test_a_prompt_over_the_protocols_string_limit_fails_the_cast_instead_of_the_connection(served, project):
-    write_project_config(project, TWO)
-    client = served()
-    turns = _harness(client, "s1", project)
-    cast_id = client.call("cast.start", {"session_id": "s1", "request": "x"})["cast_id"]
-    first = turns.get(timeout=10)
+    client, turns, cast_id, first = _two_socket_cast(served, project)
     client.call("agent.turn_ended", {"session_id": "s1", "turn_id": first["turn_id"],
                                      "text": "y" * (5 * 1024 * 1024)})  # doubled by the next prompt: 10 MiB
     failed = wait_for(lambda: (v := _status(client, "s1", cast_id))["status"] == "failed" and v,

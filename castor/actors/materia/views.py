@@ -108,24 +108,26 @@ def status_text(view: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def load_state(artifact_root: Path, cast_id: str) -> CastState:
-    """The persisted state of a cast (NotFound if none was saved yet)."""
+def _load_saved(artifact_root: Path, cast_id: str) -> tuple[CastState, dict[str, Any]]:
+    """The persisted state of a cast and its raw document (NotFound if none was saved yet)."""
     stored = CastStateStore(artifact_root).load(cast_id)
     if stored.revision == 0:
         raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
-    return CastState.from_json(json.dumps(stored.state))
+    return CastState.from_json(json.dumps(stored.state)), stored.state
+
+
+def load_state(artifact_root: Path, cast_id: str) -> CastState:
+    """The persisted state of a cast (NotFound if none was saved yet)."""
+    return _load_saved(artifact_root, cast_id)[0]
 
 
 def persisted_view(artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
-    stored = CastStateStore(artifact_root).load(cast_id)
-    if stored.revision == 0:
-        raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
-    state = CastState.from_json(json.dumps(stored.state))
+    state, document = _load_saved(artifact_root, cast_id)
     orphaned = state.active and not live and not CastLease.is_held(artifact_root, cast_id)
     view = status_view(state, live=live, orphaned=orphaned)
     if not state.active and not live:
         # Not while a runtime holds the cast: it may be writing them right now.
-        view["artifacts_pending"] = (not outbox_on_disk(artifact_root, cast_id, stored.state.get("outbox") or [])
+        view["artifacts_pending"] = (not outbox_on_disk(artifact_root, cast_id, document.get("outbox") or [])
                                      and not CastLease.is_held(artifact_root, cast_id))
     return view
 

@@ -45,7 +45,7 @@ from castor.domain.icarus.settings import (
     resolve_settings,
     settings_paths,
 )
-from castor.domain.text import well_formed
+from castor.domain.text import loads_strict, well_formed
 from castor.messages.errors import ErrorCode, InvalidConfig, Timeout
 
 STALE_AFTER_S = 10.0
@@ -83,10 +83,6 @@ class _Unusable(Exception):
     """A settings file that exists but cannot be used (the message says why)."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse(path: str) -> dict[str, Any]:
     """The file's JSON object. ``FileNotFoundError`` if missing; ``_Unusable(reason)`` if it is not
     a regular file of at most MAX_SETTINGS_BYTES holding one strict JSON object (no NaN or
@@ -100,7 +96,7 @@ def _parse(path: str) -> dict[str, Any]:
     except ValueError as exc:  # not a regular file, too large
         raise _Unusable(f"unreadable ({exc})") from None
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = loads_strict(text)
         if not isinstance(doc, dict):
             raise _Unusable("top level is not an object")
         return well_formed(doc)  # recursive too: nesting deep enough for the parser can still overflow it

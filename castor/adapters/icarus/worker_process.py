@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
-from castor.domain.text import well_formed
+from castor.domain.text import loads_strict, well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
@@ -467,15 +467,11 @@ def _encode_request(request_id: int, module: str, function: str, args: Any, kwar
     return line.encode("ascii") + b"\n"
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _decode_reply(line: bytes) -> dict[str, Any] | None:
     """A reply dict, or None for a line that is not one. Lone surrogates (a backend's escaped
     text) become U+FFFD, so the reply can be audited, filtered and sent on as UTF-8."""
     try:
-        reply = well_formed(json.loads(line, parse_constant=_reject_constant))
+        reply = well_formed(loads_strict(line))
     except (ValueError, RecursionError):
         return None
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):

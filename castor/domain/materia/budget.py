@@ -82,7 +82,8 @@ class UsageReport(BaseModel):
         return out
 
 
-def _num(value: Any) -> float | None:
+def non_negative_number(value: Any) -> float | None:
+    """A finite, non-negative number as a float, else None (a usage figure that was not reported)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
     return float(value)
@@ -90,7 +91,7 @@ def _num(value: Any) -> float | None:
 
 def _first(raw: dict[str, Any], names: tuple[str, ...]) -> float | None:
     for name in names:
-        value = _num(raw.get(name))
+        value = non_negative_number(raw.get(name))
         if value is not None:
             return value
     return None
@@ -107,13 +108,13 @@ def extract_usage(raw: Any) -> TurnUsage:
     cost: dict[str, float] = {}
     for part in PARTS:
         snake = {"cacheRead": "cache_read", "cacheWrite": "cache_write"}.get(part, part)
-        cost[part] = (_num(cost_raw.get(part)) or _num(raw.get(f"{part}Cost"))
-                      or _num(raw.get(f"{snake}_cost_usd")) or 0.0)
-    provided = _num(cost_raw.get("total"))
+        cost[part] = (non_negative_number(cost_raw.get(part)) or non_negative_number(raw.get(f"{part}Cost"))
+                      or non_negative_number(raw.get(f"{snake}_cost_usd")) or 0.0)
+    provided = non_negative_number(cost_raw.get("total"))
     if provided is None:
-        provided = _num(raw.get("totalCost")) or _num(raw.get("total_cost_usd")) or _num(raw.get("costUsd"))
-    if provided is None and _num(raw.get("cost")) is not None:
-        provided = _num(raw.get("cost"))
+        provided = non_negative_number(raw.get("totalCost")) or non_negative_number(raw.get("total_cost_usd")) or non_negative_number(raw.get("costUsd"))
+    if provided is None and non_negative_number(raw.get("cost")) is not None:
+        provided = non_negative_number(raw.get("cost"))
     parts_sum = sum(cost[p] for p in PARTS)
     cost["total"] = max(provided or 0.0, parts_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
