@@ -117,6 +117,7 @@ class ActorHandle:
         self.last_error: BaseException | None = None
         self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
         self.closed = Latch()  # set once the handle is closed for good
+        self._closing = threading.Lock()  # serialises close(): see there
 
     # -- sending -----------------------------------------------------------
     def tell(self, message: Any) -> None:
@@ -172,7 +173,7 @@ class ActorHandle:
 
     # -- lifecycle (used by supervisors and the system) ----------------------
     def launch(self, *, start_timeout: float = START_TIMEOUT) -> None:
-        """Start a new incarnation on the current mailbox (supervisor thread only).
+        """Start a new incarnation on the current mailbox (by its supervisor only).
 
         Returns once the incarnation's ``on_start`` has finished (OTP's
         synchronous start): a supervisor's children therefore exist, all the
@@ -181,6 +182,13 @@ class ActorHandle:
         A class that keeps the base (no-op) ``on_start`` is not waited for:
         there is nothing to order, and its messages queue meanwhile.
         """
+        started = self.begin_launch()
+        if started is not None and not started.wait(start_timeout):
+            self._log_slow_start(start_timeout)
+
+    def begin_launch(self) -> Latch | None:
+        """:meth:`launch` without the wait: the incarnation's loop is running (or queued to run)
+        when this returns; the latch, if any, is set once its ``on_start`` has finished."""
         actor = self.factory()
         with self._lock:
             self.incarnation += 1
@@ -195,9 +203,12 @@ class ActorHandle:
             self.retired_reason = None
         self.registry.register(self)
         actor._start_actor_loop()
-        started = actor._started
-        if started is not None and not started.wait(start_timeout):
-            actor.log.warning("on_start still running after {s}s; not waiting longer", s=start_timeout)
+        return actor._started
+
+    def _log_slow_start(self, waited: float) -> None:
+        from loguru import logger
+
+        logger.bind(actor=self.path).warning("on_start still running after {s}s; not waiting longer", s=waited)
 
     def _incarnation_ended(self, actor: Actor, kind: str) -> None:
         """Called on the ending actor's thread, last thing it does."""
@@ -261,8 +272,14 @@ class ActorHandle:
         return pids
 
     def close(self, reason: str) -> None:
-        """Close for good: every queued ask fails ActorStopped(may_have_started=False)."""
-        self._reject_all(reason, ActorStopped, revivable=False)
+        """Close for good: every queued ask fails ActorStopped(may_have_started=False).
+
+        Safe to call from several threads at once (a temporary child's own exit and its
+        supervisor's stop may both close it): ``closed`` is set only after every queued ask
+        has been failed, whichever caller drained them.
+        """
+        with self._closing:
+            self._reject_all(reason, ActorStopped, revivable=False)
         self.closed.set()
         with self._lock:
             if self._actor is None and self.state not in ("retired",):

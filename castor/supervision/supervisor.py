@@ -23,6 +23,18 @@ more than R restarts   —               stop every child (reverse start order),
 within T seconds                       crash itself: the parent applies *its* policy
 =====================  ==============  ===============================================  ========================================
 
+**Direct temporary children are started and bookkept without the supervisor's thread.** A
+TEMPORARY child is never restarted, so nothing about its exit needs the supervisor's
+decision. For a spec with ``direct_start`` (short-lived per-request workers),
+:meth:`Supervisor.start_temporary` (any thread; ``ActorSystem.spawn`` uses it) adds it to
+the child table and starts it on the caller's thread, and its own exit removes
+it from the table on the child's thread (closing its handle, then ``on_removed``; an exit
+the supervisor caused is bookkept by the supervisor, as before). The
+table is shared under one lock; once the supervisor begins to terminate, the table is
+closed and a start is refused (``spawn`` then queues it for the next incarnation like any
+``StartChild``), so no temporary child outlives its supervisor. A per-visit worker thus
+costs no supervisor round trip to start and no message to end.
+
 Strategies: ``one_for_one`` restarts only the exited child; ``one_for_all``
 stops the other children (reverse order) and restarts all (start order);
 ``rest_for_one`` does that for the exited child and those started after it.
@@ -33,6 +45,7 @@ processes are killed and its thread abandoned).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,9 +54,9 @@ from typing import Any, Callable, Sequence
 
 
 from castor.messages.base import LocalMessage
-from castor.messages.errors import CastorError, Conflict, NotFound
+from castor.messages.errors import ActorStopped, CastorError, Conflict, NotFound
 from castor.supervision.actor import Actor, handles
-from castor.supervision.handle import ActorHandle
+from castor.supervision.handle import START_TIMEOUT, ActorHandle
 from castor.supervision.registry import child_path
 
 DEFAULT_MAX_RESTARTS = 3
@@ -88,9 +101,19 @@ class ChildSpec:
     None: only the supervisor's own intensity applies (OTP semantics)."""
     within_seconds: float = DEFAULT_WITHIN_SECONDS
     on_removed: Callable[[str], None] | None = None
-    """Called (on the supervisor's thread, with the reason) when the supervisor removes
-    this child instead of restarting it: a temporary/transient exit, a give-up past
-    ``max_restarts``. Lets a child's owner release what outlives incarnations (a lease)."""
+    """Called (with the reason) when the supervisor removes this child instead of restarting
+    it: a temporary/transient exit, a give-up past ``max_restarts``. Runs on the supervisor's
+    thread, except for a temporary child's own exit, which runs it on the child's thread.
+    Lets a child's owner release what outlives incarnations (a lease)."""
+    direct_start: bool = False
+    """TEMPORARY only: ``ActorSystem.spawn`` starts it on the calling thread and its exit is
+    bookkept on its own thread, with no supervisor round trip (see the module doc). For
+    short-lived workers started often; others go through the supervisor's mailbox (so a
+    delay fault on the supervisor delays their start)."""
+
+    def __post_init__(self) -> None:
+        if self.direct_start and self.restart is not Restart.TEMPORARY:
+            raise ValueError("direct_start is for TEMPORARY children only")
 
 
 def supervisor_spec(
@@ -179,6 +202,9 @@ class Supervisor(Actor):
         self._intensity = _Intensity(max_restarts, within_seconds)
         self._initial = list(children)
         self._slots: dict[str, _Slot] = {}  # by path, in start order (O(1) find/remove with many children)
+        # Guards _slots and _closed: temporary children are added and removed on other threads.
+        self._table = threading.Lock()
+        self._closed = False
 
     # -- lifecycle ---------------------------------------------------------
     def on_start(self) -> None:
@@ -186,14 +212,69 @@ class Supervisor(Actor):
             self._start(spec)
 
     def on_terminate(self, cause: str) -> None:
-        for slot in reversed(list(self._slots.values())):
+        with self._table:
+            self._closed = True  # no temporary child can be added from now on
+            slots = list(self._slots.values())
+        for slot in reversed(slots):
             self._shutdown(slot, close=True, reason=f"supervisor {self.path} {cause}")
-        self._slots.clear()
+        with self._table:
+            self._slots.clear()
+
+    # -- temporary children (any thread) -----------------------------------
+    def start_temporary(self, spec: ChildSpec, *, start_timeout: float) -> ActorHandle | None:
+        """Start a TEMPORARY child from the calling thread; None if this incarnation is ending.
+
+        Same answers as a ``StartChild``: the handle once the child's ``on_start`` has finished
+        (at most ``start_timeout``), ``Conflict`` for an id in use, the factory's error if it
+        cannot start. Its exit is bookkept on its own thread (see the module doc).
+        """
+        if not spec.direct_start:
+            raise ValueError("start_temporary takes direct_start children only")
+        path = child_path(self.path, spec.id)
+        handle = self._new_handle(path, spec)
+        handle._on_exit = self._temporary_exited
+        with self._table:
+            if self._closed:
+                return None
+            if path in self._slots:
+                raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})
+            self._slots[path] = _Slot(spec, handle)
+            try:
+                # Under the table lock, so a terminating supervisor either sees this child
+                # running (and stops it) or refuses it; the wait for on_start is outside.
+                started = handle.begin_launch()
+            except Exception:
+                self._slots.pop(path, None)
+                handle.close("failed to start")
+                raise
+        if started is not None and not started.wait(start_timeout):
+            handle._log_slow_start(start_timeout)
+        return handle
+
+    def _temporary_exited(self, child: ActorHandle, _incarnation: int, kind: str) -> None:
+        """A temporary child ended (on its own thread): it leaves the table, never restarted.
+
+        An exit the supervisor caused (a stop by request, a sibling restart, its own
+        shutdown: the slot is ``stopping``) is left to the stopper, as a ``ChildExited``
+        would be: it removes the slot itself and ``on_removed`` is not called.
+        """
+        with self._table:
+            slot = self._slots.get(child.path)
+            if slot is None or slot.handle is not child or slot.stopping:
+                return
+            del self._slots[child.path]
+        self._finish_removal(slot, f"exited ({kind}), restart=temporary")
 
     # -- handlers ------------------------------------------------------------
     @handles(StartChild)
     def _on_start_child(self, message: StartChild) -> ActorHandle:
-        return self._start(message.spec)
+        spec = message.spec
+        if spec.direct_start:  # its exit is bookkept the direct way, wherever it was started
+            handle = self.start_temporary(spec, start_timeout=START_TIMEOUT)
+            if handle is None:
+                raise ActorStopped(f"{self.path} is stopping", may_have_started=False)
+            return handle
+        return self._start(spec)
 
     @handles(StopChild)
     def _on_stop_child(self, message: StopChild) -> bool:
@@ -201,12 +282,15 @@ class Supervisor(Actor):
         if slot is None:
             raise NotFound(f"no child {message.id!r} under {self.path}")
         self._shutdown(slot, close=True, reason="stopped by request")
-        self._slots.pop(slot.handle.path, None)
+        with self._table:
+            if self._slots.get(slot.handle.path) is slot:
+                del self._slots[slot.handle.path]
         return True
 
     @handles(WhichChildren)
     def _on_which_children(self, _message: WhichChildren) -> list[str]:
-        return list(self._slots)
+        with self._table:
+            return list(self._slots)
 
     @handles(ReviveChild)
     def _on_revive(self, message: ReviveChild) -> None:
@@ -251,7 +335,8 @@ class Supervisor(Actor):
                 f"{self.path}: more than {self._intensity.max_restarts} restarts in "
                 f"{self._intensity.within_seconds}s (last: {message.path} {message.kind}: {message.error})"
             )
-        slots = list(self._slots.values())
+        with self._table:
+            slots = list(self._slots.values())
         if self.strategy is Strategy.ONE_FOR_ONE:
             affected = [failed]
         elif self.strategy is Strategy.ONE_FOR_ALL:
@@ -280,11 +365,8 @@ class Supervisor(Actor):
                     raise RestartIntensityExceeded(f"{slot.handle.path} cannot start: {exc!r}") from exc
 
     # -- mechanics -------------------------------------------------------------
-    def _start(self, spec: ChildSpec) -> ActorHandle:
-        path = child_path(self.path, spec.id)
-        if self._find(path) is not None:
-            raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})
-        handle = ActorHandle(
+    def _new_handle(self, path: str, spec: ChildSpec) -> ActorHandle:
+        return ActorHandle(
             path,
             factory=spec.factory,
             supervisor=self.handle,
@@ -292,14 +374,22 @@ class Supervisor(Actor):
             mailbox_capacity=spec.mailbox_capacity,
             revive_on_demand=spec.revive_on_demand and spec.restart is not Restart.TEMPORARY,
         )
+
+    def _start(self, spec: ChildSpec) -> ActorHandle:
+        path = child_path(self.path, spec.id)
+        handle = self._new_handle(path, spec)
         handle._on_exit = _report_exit_to(self.handle)
         slot = _Slot(spec, handle, intensity=(
             _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
-        self._slots[path] = slot
+        with self._table:
+            if path in self._slots:
+                raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})
+            self._slots[path] = slot
         try:
             handle.launch()
         except Exception:
-            self._slots.pop(path, None)
+            with self._table:
+                self._slots.pop(path, None)
             handle.close("failed to start")
             raise
         return handle
@@ -316,8 +406,14 @@ class Supervisor(Actor):
             slot.stopping = False
 
     def _remove(self, slot: _Slot, reason: str) -> None:
+        with self._table:
+            if self._slots.get(slot.handle.path) is not slot:
+                return  # a temporary child that already removed itself
+            del self._slots[slot.handle.path]
+        self._finish_removal(slot, reason)
+
+    def _finish_removal(self, slot: _Slot, reason: str) -> None:
         slot.handle.close(reason)
-        self._slots.pop(slot.handle.path, None)
         if slot.spec.on_removed is not None:
             try:
                 slot.spec.on_removed(reason)
@@ -325,7 +421,7 @@ class Supervisor(Actor):
                 self.log.opt(exception=exc).error("on_removed of {path} failed", path=slot.handle.path)
 
     def _find(self, path: str) -> _Slot | None:
-        return self._slots.get(path)
+        return self._slots.get(path)  # a single dict read: atomic, no table lock needed
 
 
 def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, str], None]:

@@ -67,8 +67,20 @@ class ActorSystem:
 
     # -- children --------------------------------------------------------
     def spawn(self, spec: ChildSpec, *, under: str = ROOT_PATH, timeout: float = 10.0) -> ActorHandle:
-        """Start a dynamic child under the supervisor at ``under``."""
-        return self.registry.lookup(under).ask(StartChild(spec=spec), timeout=timeout)
+        """Start a dynamic child under the supervisor at ``under``.
+
+        A ``direct_start`` child is started on the calling thread when the supervisor is
+        running (:meth:`Supervisor.start_temporary`: no round trip through the supervisor's
+        mailbox); otherwise, and for every other child, this is a ``StartChild`` ask.
+        """
+        supervisor = self.registry.lookup(under)
+        if spec.direct_start:
+            current = supervisor.actor
+            if isinstance(current, Supervisor):
+                handle = current.start_temporary(spec, start_timeout=timeout)
+                if handle is not None:
+                    return handle
+        return supervisor.ask(StartChild(spec=spec), timeout=timeout)
 
     def stop_child(self, path: str, *, timeout: float = 30.0) -> None:
         parent, _, child_id = path.rpartition("/")

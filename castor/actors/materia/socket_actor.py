@@ -103,4 +103,4 @@ class SocketActor(Actor):
 def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort) -> ChildSpec:
     seq = effect.visit_id.rsplit(":", 1)[-1]
     return ChildSpec(id=f"{cast_id}.{seq}", factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent),
-                     restart=Restart.TEMPORARY, shutdown_timeout=2.0)
+                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True)

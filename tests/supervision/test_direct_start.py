@@ -1,0 +1,143 @@
+"""Direct temporary children: started on the caller's thread, bookkept on their own.
+
+What must hold (supervisor.py module doc): no round trip through the supervisor's mailbox to
+start or end one; its own exit removes it (``on_removed`` runs once); an exit the supervisor
+caused is the supervisor's to bookkeep; a terminating supervisor refuses new ones, so none
+outlives it; the answers (Conflict, a failing factory) are those of a ``StartChild``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from castor.messages.errors import ActorStopped, CastorError, Conflict
+from castor.supervision import ActorSystem, ChildSpec, Restart, supervisor_spec
+from castor.supervision import faults
+from castor.supervision.supervisor import WhichChildren
+
+from .helpers import Journal, Ping, Quit, poll_until, worker
+
+pytestmark = pytest.mark.timeout(30)
+
+POOL = "/root/pool"
+
+
+def _system() -> ActorSystem:
+    return ActorSystem([supervisor_spec("pool", [], max_restarts=100, within_seconds=10)])
+
+
+def _direct(name: str, journal: Journal, **kw) -> ChildSpec:
+    return ChildSpec(name, worker(name, journal), restart=Restart.TEMPORARY, direct_start=True, **kw)
+
+
+def test_direct_start_is_refused_for_children_that_can_restart():
+    journal = Journal()
+    for restart in (Restart.PERMANENT, Restart.TRANSIENT):
+        with pytest.raises(ValueError):
+            ChildSpec("x", worker("x", journal), restart=restart, direct_start=True)
+
+
+def test_a_direct_child_starts_and_ends_without_a_message_to_its_supervisor():
+    journal = Journal()
+    removed: list[tuple[str, str]] = []
+    system = _system()
+    try:
+        pool = system.lookup(POOL)
+        before = pool.snapshot().mailbox.processed
+        # A delayed supervisor would hold any StartChild for 5 s: a direct start must not wait.
+        faults.delay_next(pool, 5.0)
+        spec = _direct("w1", journal, on_removed=lambda reason: removed.append(
+            (reason, threading.current_thread().name)))
+        handle = system.spawn(spec, under=POOL, timeout=2.0)
+        assert handle.ask(Ping(n=1), timeout=2) == ("w1", 1, 1)
+        assert journal.count("start", "w1") == 1  # on_start had run when spawn returned
+        handle.tell(Quit())
+        assert handle.closed.wait(5)
+        assert poll_until(lambda: removed, timeout=5)
+        assert removed == [("exited (stopped), restart=temporary", removed[0][1])]
+        assert removed[0][1].startswith("Worker")  # bookkept on the child's own thread
+        assert system.find(handle.path) is None
+        assert pool.snapshot().mailbox.processed == before  # nothing reached the supervisor
+        assert pool.ask(WhichChildren(), timeout=10) == []
+    finally:
+        system.shutdown(10)
+
+
+def test_a_crashed_direct_child_is_removed_and_its_queued_asks_fail():
+    journal = Journal()
+    system = _system()
+    try:
+        handle = system.spawn(_direct("w2", journal), under=POOL)
+        handle.kill("test")
+        assert handle.closed.wait(5)
+        with pytest.raises(ActorStopped):
+            handle.ask(Ping(n=2), timeout=2)
+        assert system.lookup(POOL).ask(WhichChildren(), timeout=5) == []
+    finally:
+        system.shutdown(10)
+
+
+def test_a_stop_by_request_is_the_supervisors_to_bookkeep():
+    journal = Journal()
+    removed: list[str] = []
+    system = _system()
+    try:
+        handle = system.spawn(_direct("w3", journal, on_removed=removed.append), under=POOL)
+        system.stop_child(handle.path)
+        assert handle.closed.is_set() and not handle.alive
+        assert system.lookup(POOL).ask(WhichChildren(), timeout=5) == []
+        assert removed == []  # stopped, not "removed instead of restarted" (as with StartChild)
+    finally:
+        system.shutdown(10)
+
+
+def test_a_duplicate_id_is_a_conflict_and_a_failing_factory_raises():
+    journal = Journal()
+    system = _system()
+    try:
+        system.spawn(_direct("dup", journal), under=POOL)
+        with pytest.raises(Conflict):
+            system.spawn(_direct("dup", journal), under=POOL)
+
+        def broken():
+            raise RuntimeError("cannot build")
+
+        with pytest.raises(RuntimeError):
+            system.spawn(ChildSpec("bad", broken, restart=Restart.TEMPORARY, direct_start=True), under=POOL)
+        assert sorted(system.lookup(POOL).ask(WhichChildren(), timeout=5)) == [f"{POOL}/dup"]
+    finally:
+        system.shutdown(10)
+
+
+def test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start():
+    """Starts race the supervisor's termination: each one is either refused or stopped with it."""
+    journal = Journal()
+    system = _system()
+    started: list = []
+    refused = 0
+    go = threading.Event()
+
+    def starter() -> None:
+        nonlocal refused
+        go.wait(5)
+        for n in range(400):
+            try:
+                started.append(system.spawn(_direct(f"r{n}", journal), under=POOL, timeout=5))
+            except CastorError:
+                refused += 1
+    try:
+        thread = threading.Thread(target=starter)
+        thread.start()
+        go.set()
+        assert poll_until(lambda: len(started) >= 20, timeout=10)
+        system.stop_child(POOL, timeout=20)  # stops the pool with every child it has
+        thread.join(20)
+        assert not thread.is_alive()
+        assert started, "the race was not exercised"
+        alive = [h.path for h in started if h.alive or not h.closed.is_set()]
+        assert alive == []
+        assert refused > 0 or len(started) == 400
+    finally:
+        system.shutdown(10)
