@@ -8,7 +8,8 @@ supervisor. Every incarnation:
 2. loads the persisted state — or, on the very first start, applies ``CastStarted``;
 3. if the loaded state is *active* and this is a restart (incarnation > 1) or a resume of an
    orphaned cast, applies ``RecastRequested(after_restart=True)``: the engine re-dispatches the
-   lost work under a **new** visit id, so a late answer to the old one is ignored.
+   lost work under a **new** visit id, so a late answer to the old one is ignored (a paused cast
+   stays paused; a pending user-driven turn, which only the harness can run, is withdrawn).
 
 Per transition (the one rule that makes casts survive crashes)::
 
