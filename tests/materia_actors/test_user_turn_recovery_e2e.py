@@ -280,7 +280,7 @@ def test_a_new_user_message_supersedes_a_turn_whose_end_and_settle_were_lost(wor
 
 @pytest.mark.timeout(30)
 def test_the_opt_in_bound_withdraws_a_user_turn_never_reported(world_factory, project):
-    pi = world_factory(user_turn_timeout_s=0.3).connect()
+    pi = world_factory(user_turn_timeout_s=1.5).connect()
     cast_id, run_dir = _paused_cast(pi, project)
     # A turn answered in time is not touched by its bound...
     pi.run_user_turn("use postgres", "Draft 2: postgres it is.")
