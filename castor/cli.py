@@ -34,6 +34,16 @@ def _interval(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     if stdio:
@@ -63,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-faults", action="store_true", help="enable ops.fault (tests and drills only)")
     serve.add_argument("--utility-slots", type=int, default=4, help="concurrent utility commands (default 4)")
     serve.add_argument("--max-casts-per-session", type=int, default=1, help="concurrent casts per session (default 1)")
+    serve.add_argument("--user-turn-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                       help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
+                            "(default: no bound)")
     serve.set_defaults(run=_cmd_serve)
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
@@ -105,7 +118,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint has no "
                         "authentication; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
     runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
-                                      max_casts_per_session=args.max_casts_per_session))
+                                      max_casts_per_session=args.max_casts_per_session,
+                                      user_turn_timeout_s=args.user_turn_timeout))
     dispatcher = build_dispatcher(runtime)
     try:
         serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,

@@ -58,6 +58,11 @@ class RuntimeSettings(BaseModel):
     max_sessions: int = Field(default=256, ge=1)
     session_open_timeout_s: float = Field(default=10.0, gt=0)
     """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
+    user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
+    reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —
+    a user's run may legitimately take hours, and withdrawing one that still runs loses its draft
+    (see docs/materia.md "When the harness never reports a user turn")."""
 
 
 class SessionInfo(BaseModel):

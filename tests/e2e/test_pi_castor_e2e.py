@@ -1,7 +1,7 @@
 """Real Pi + extension + the real castor runtime (``castor serve --stdio``).
 
 These are the issue's end-to-end scenarios (issue 5, 6a-e), plus (f) a user-driven refinement
-turn (issue 3). Each one fails fast (an error toast from the extension ends the wait) so a broken
+turn (issue 3) and (g) one the user aborts (Esc), which castor withdraws. Each one fails fast (an error toast from the extension ends the wait) so a broken
 runtime costs little time.
 """
 
@@ -283,3 +283,41 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
     fail_fast_on_error(pi, start)
     plain = next(r for r in reversed(fake_llm.log()) if "PLAIN-QUESTION" in json.dumps(r["messages"]))
     assert plain.get("tools"), "Pi's tool set must be restored after the refinement turn"
+
+
+def test_g_an_aborted_user_refinement_turn_is_withdrawn_and_the_cast_still_finalizes(start_pi, castor_command,
+                                                                                     fake_llm, tmp_path):
+    """The user presses Esc during their refinement turn: whatever real Pi reports for that run
+    (agent_end with stop reason "aborted", then agent_settled{aborted:true}), the turn is withdrawn —
+    no draft, no retry, the cast paused again — and /materia continue finalizes it."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(REFINE))
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    fake_llm.reply_text("DRAFT-1: which database?", when="PLANNER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    wait_event(pi, project, lambda e: e.get("type") == "socket_refinement", start=start, what="the first draft")
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start)
+
+    fake_llm.reply_text("DRAFT-2 that never arrives", when="REFINE-SLOW", delay=8)  # a slow model
+    start = pi.mark()
+    pi.request({"type": "prompt", "message": "REFINE-SLOW use postgres please"})
+    poll_until(lambda: any("REFINE-SLOW" in json.dumps(r["messages"]) for r in fake_llm.log()), timeout=15)
+    pi.request({"type": "abort"})  # Esc
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start)
+    run_dir, events, abandoned = wait_event(pi, project, lambda e: e.get("type") == "refinement_turn_abandoned",
+                                            start=start, what="the withdrawal")
+    assert abandoned["data"]["reason"] == "aborted" and abandoned["data"]["refinementTurn"] == 2
+    types = [e["type"] for e in events]
+    assert types.count("socket_refinement") == 1 and "same_socket_recovery_start" not in types
+    warning = pi.wait_ui("notify", lambda e: "withdrawn" in str(e.get("message")), start=start)
+    assert warning.get("notifyType") == "warning"
+
+    fake_llm.reply_text(PLAN, when="Command-triggered finalization")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia continue")
+    _run_dir, events = wait_cast_end(pi, project, start=start)
+    assert events[-1]["data"]["ok"] is True
+    completes = [e["data"] for e in events if e["type"] == "socket_complete"]
+    assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 1

@@ -102,16 +102,30 @@ class PiLikeHarness:
         ``history`` is the transcript before the new message (Pi's message objects); the ``context``
         result is kept in :attr:`contexts`.
         """
+        started = self.begin_user_turn(prompt, history=history)
+        self.end_user_turn(prompt, reply)
+        self.settle_user_run()
+        return started
+
+    def begin_user_turn(self, prompt: str, *, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The start of the user's run: ``before_agent_start`` (a user message), then one ``context``."""
         started = self.event("before_agent_start", {"prompt": prompt, "message_type": "user", "custom_type": None,
                                                     "turn_id": None, "system_prompt": BASE_SYSTEM_PROMPT,
                                                     "images": 0})
         transcript = [*(history or []), {"role": "user", "content": [{"type": "text", "text": prompt}]}]
         self.contexts.append(self.event("context", {"turn_id": None, "messages": transcript}))
-        self.event("agent_end", {"turn_id": None, "messages": [
-            {"role": "user", "text": prompt},
-            {"role": "assistant", "text": reply, "stop_reason": "stop", "error": None}]})
-        self.event("agent_settled", {"aborted": False, "turn_id": None})
         return started
+
+    def end_user_turn(self, prompt: str, reply: str, *, stop_reason: str = "stop",
+                      error: str | None = None) -> dict[str, Any]:
+        """The user's run's ``agent_end`` (Pi's ``summarizeMessage`` of each message)."""
+        return self.event("agent_end", {"turn_id": None, "messages": [
+            {"role": "user", "text": prompt},
+            {"role": "assistant", "text": reply, "stop_reason": stop_reason, "error": error}]})
+
+    def settle_user_run(self, *, aborted: bool = False) -> dict[str, Any]:
+        """Pi 1.x's ``agent_settled`` after the user's run (always after its ``agent_end``)."""
+        return self.event("agent_settled", {"aborted": aborted, "turn_id": None})
 
 
 @pytest.fixture

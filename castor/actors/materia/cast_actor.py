@@ -8,7 +8,8 @@ supervisor. Every incarnation:
 2. loads the persisted state — or, on the very first start, applies ``CastStarted``;
 3. if the loaded state is *active* and this is a restart (incarnation > 1) or a resume of an
    orphaned cast, applies ``RecastRequested(after_restart=True)``: the engine re-dispatches the
-   lost work under a **new** visit id, so a late answer to the old one is ignored.
+   lost work under a **new** visit id, so a late answer to the old one is ignored (a paused cast
+   stays paused; a pending user-driven turn, which only the harness can run, is withdrawn).
 
 Per transition (the one rule that makes casts survive crashes)::
 
@@ -27,7 +28,7 @@ utility command the dead runtime left running has been killed (its record in the
 | effect | performed by |
 |---|---|
 | ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
-| ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead |
+| ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
 | ``Compact`` | answered at once with ``CompactionFinished(ok)``: castor's turns are isolated prompts, there is no accumulated host context to compact (see docs/materia.md) |
 | ``CancelWork`` | stops the visit's SocketActor (which cancels the turn) or kills the utility tree |
@@ -39,6 +40,13 @@ Outcomes (``CastOutcome``) arrive on this actor's handle, which is stable across
 ``RecastRequested(after_restart=True)``; more than :data:`MAX_LOST_IN_A_ROW` losses in a row
 fail the cast through ``DispatchFailed`` instead of looping.
 
+User-driven turns: the pending one is read from the state (``Pending.user_driven``), never kept
+apart, so it cannot drift from what was saved. The harness answers it (``UserRunEnded``) or the
+session actor withdraws it (``WithdrawUserTurn``: the run settled without an end, was aborted, the
+session ended); the opt-in bound ``CastEnv.user_turn_timeout_s`` withdraws it too
+(``UserTurnExpired``). The visit id of the last withdrawn turn is remembered until a new user turn
+starts, so one late ``agent_end`` is applied to *that* id and reported as ``outcome_ignored``.
+
 Failure behaviour: a stale incarnation (fenced) stops without performing anything; an effect
 that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable); an OS error
 while writing artifacts crashes the incarnation, and the restart resumes from the saved state.
@@ -47,12 +55,22 @@ while writing artifacts crashes the incarnation, and the restart resumes from th
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from castor.actors.materia.messages import CastApply, CastOutcome, CastStatusQuery, UserTurnContextQuery, WorkLost
+from castor.actors.materia.messages import (
+    CastApply,
+    CastOutcome,
+    CastStatusQuery,
+    UserRunEnded,
+    UserTurnContextQuery,
+    UserTurnExpired,
+    WithdrawUserTurn,
+    WorkLost,
+)
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
 from castor.adapters.materia import command_records
@@ -71,8 +89,10 @@ from castor.domain.materia.cast_messages import (
     Finished,
     Notify,
     RecastRequested,
+    RefinementTurnAbandoned,
     RunAgentTurn,
     RunUtility,
+    TurnEnded,
     WriteArtifact,
 )
 from castor.domain.materia.engine import Transition, step
@@ -103,6 +123,7 @@ class CastEnv:
     lease: CastLease | None = None
     spawn_child: Callable[[ChildSpec, str], Any] | None = None  # (spec, under) -> handle
     clock: Callable[[], float] = time.time
+    user_turn_timeout_s: float | None = None  # opt-in bound on a user-driven turn (RuntimeSettings)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -117,7 +138,8 @@ class CastActor(Actor):
         self.state: CastState | None = None
         self.fence = 0
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
-        self._user_turn: str | None = None  # visit id of a user-driven refinement turn
+        self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
+        self._user_turn_timer: threading.Timer | None = None
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
         self._lost_in_a_row = 0
@@ -169,6 +191,7 @@ class CastActor(Actor):
         self._release(cause)
 
     def _release(self, cause: str) -> None:
+        self._disarm_user_turn_bound()
         for handle in list(self._sockets.values()):
             self._stop_socket(handle)
         self._sockets.clear()
@@ -184,8 +207,6 @@ class CastActor(Actor):
         if pending is not None and getattr(message.event, "visit_id", None) == pending.visit_id:
             self._lost_in_a_row = 0
         self._sockets.pop(getattr(message.event, "visit_id", ""), None)
-        if getattr(message.event, "visit_id", None) == self._user_turn:
-            self._user_turn = None
         self._apply(message.event)
 
     @handles(WorkLost)
@@ -202,6 +223,46 @@ class CastActor(Actor):
                                        error=f"work lost {self._lost_in_a_row} times in a row: {message.reason}"))
             return
         self._apply(RecastRequested(after_restart=True, at=self.env.clock()))
+
+    @property
+    def _user_turn(self) -> str | None:
+        """The visit id of the user-driven refinement turn the cast waits for (from the state)."""
+        s = self.state
+        return s.pending.visit_id if s is not None and s.user_turn_pending and s.pending is not None else None
+
+    @handles(UserRunEnded)
+    def _on_user_run_ended(self, message: UserRunEnded) -> str | None:
+        """The harness's user run ended: answer the pending user turn, or (``late``) quote the last
+        withdrawn one so the engine reports it as ``outcome_ignored``. The visit id quoted, else None."""
+        if self.state is None:
+            return None
+        visit_id = self._withdrawn_user_turn if message.late else self._user_turn
+        if visit_id is None:
+            return None
+        if message.late:
+            self._withdrawn_user_turn = None  # one late end at most: the next user run is not it
+        self._apply(TurnEnded(visit_id=visit_id, text=message.text, error=message.error, entry_id=message.entry_id,
+                              stop_reason=message.stop_reason, at=self.env.clock()))
+        return visit_id
+
+    @handles(WithdrawUserTurn)
+    def _on_withdraw_user_turn(self, message: WithdrawUserTurn) -> str | None:
+        """Withdraw the pending user turn (its end will never be reported); the visit id, else None."""
+        visit_id = self._user_turn
+        if visit_id is None:
+            return None
+        self.log.warning("withdrawing user-driven refinement turn {visit} ({reason})", visit=visit_id,
+                         reason=message.reason)
+        self._apply(RefinementTurnAbandoned(visit_id=visit_id, reason=message.reason, at=self.env.clock()))
+        return visit_id
+
+    @handles(UserTurnExpired)
+    def _on_user_turn_expired(self, message: UserTurnExpired) -> None:
+        if self._user_turn != message.visit_id:
+            return  # that turn ended meanwhile: nothing to bound
+        self.log.warning("user-driven refinement turn {visit} did not end within {limit}s; withdrawing it",
+                         visit=message.visit_id, limit=self.env.user_turn_timeout_s)
+        self._apply(RefinementTurnAbandoned(visit_id=message.visit_id, reason="timed_out", at=self.env.clock()))
 
     @handles(CastApply)
     def _on_apply(self, message: CastApply) -> dict[str, Any]:
@@ -241,6 +302,7 @@ class CastActor(Actor):
             self._stop()
             return
         self.state = transition.state
+        self._note_withdrawals(transition)
         self._perform_files(files)
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
@@ -248,6 +310,14 @@ class CastActor(Actor):
         self._mirror_to_session()
         if self._done:
             self._stop()
+
+    def _note_withdrawals(self, transition: Transition) -> None:
+        """Remember a withdrawn user turn (its late end must be ignored, not lost) and drop its bound."""
+        for effect in transition.effects:
+            if type(effect) is EmitEvent and effect.type == "refinement_turn_abandoned":
+                self._withdrawn_user_turn = effect.data.get("visitId")
+        if self._user_turn is None:
+            self._disarm_user_turn_bound()
 
     def _encode(self, state: CastState, files: list[Any]) -> str:
         """The state document (state + outbox) as JSON, reusing the resolved config's JSON.
@@ -356,8 +426,9 @@ class CastActor(Actor):
             # The user's own message drives it (no hidden prompt is sent); the harness's
             # agent_end answers it. Its instructions reach the model through the answer to
             # before_agent_start (see component.py), so they go back to the asker.
-            self._user_turn = effect.visit_id
+            self._withdrawn_user_turn = None  # a late end can no longer be told from this turn's
             self._user_turn_isolated = effect.isolated_context
+            self._arm_user_turn_bound(effect.visit_id)
             self._user_turn_context = {"visit_id": effect.visit_id, "socket_id": effect.socket_id,
                                        "prompt": effect.prompt, "model": effect.model,
                                        "thinking": effect.thinking, "tools": effect.tools}
@@ -387,11 +458,33 @@ class CastActor(Actor):
         handle = self._sockets.pop(visit_id, None)
         if handle is not None:
             self._stop_socket(handle)
-        if self._user_turn == visit_id:
-            self._user_turn = None
         from castor.actors.materia.utility import cancel_utility
 
         cancel_utility(self.env.registry, visit_id)
+
+    def _arm_user_turn_bound(self, visit_id: str) -> None:
+        """Start the opt-in bound on a user-driven turn (none by default: see docs/materia.md)."""
+        self._disarm_user_turn_bound()
+        limit = self.env.user_turn_timeout_s
+        if not limit:
+            return
+        handle = self.handle
+
+        def expire() -> None:
+            try:
+                handle.tell(UserTurnExpired(visit_id=visit_id))
+            except Exception:  # noqa: BLE001 - the cast ended meanwhile: nothing to bound
+                pass
+
+        timer = threading.Timer(limit, expire)
+        timer.daemon = True
+        timer.start()
+        self._user_turn_timer = timer
+
+    def _disarm_user_turn_bound(self) -> None:
+        timer, self._user_turn_timer = self._user_turn_timer, None
+        if timer is not None:
+            timer.cancel()
 
     def _stop_socket(self, handle: Any) -> None:
         try:

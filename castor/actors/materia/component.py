@@ -13,13 +13,18 @@ Harness events:
 | ``before_agent_start`` (``message_type`` ``user``) | a cast paused for refinement gets ``RefinementTurnStarted`` (the user's own message drives the turn); the result carries ``system_prompt_append`` (the materia's instructions, cast context and refinement guidance) and ``turn_settings`` (the materia's ``model`` / ``thinking`` / ``tools``, encoded as in ``agent.run_turn``) for that turn; ``{}`` when no cast is paused |
 | ``before_agent_start`` (``custom``) | nothing: castor's own hidden prompts are not refinement messages |
 | ``context`` (a user run: ``turn_id`` null) | while a user-driven refinement turn is pending, ``messages`` = the transcript cut to the isolated context (spec §5.4: everything before the socket's prompt becomes one synthetic message); otherwise nothing |
-| ``agent_end`` | the last assistant message (text, error, stop reason) answers a user-driven refinement turn, if one is pending; otherwise nothing (castor's own turns are answered by ``agent.turn_ended``) |
+| ``before_agent_start`` (``user``) while a user-driven turn is still pending | the earlier turn's end was never reported (a new run means it is over): it is withdrawn (``superseded``) and this message starts the turn again |
+| ``agent_end`` (a user run: ``turn_id`` null) | the last assistant message (text, error, stop reason) answers the pending user-driven refinement turn; stop reason ``aborted`` withdraws it instead; with none pending, the last withdrawn turn's id is quoted (``outcome_ignored``); castor's own turns (``turn_id`` set) are answered by ``agent.turn_ended``, never here |
+| ``agent_settled`` (a user run) | a user-driven turn still pending lost its ``agent_end``: withdrawn, reason ``settled_without_end`` (``aborted: true``: ``aborted``); after a normal end nothing is pending and nothing changes |
+| ``session_shutdown`` | every pending user-driven turn is withdrawn (``session_shutdown``) |
 
 A failure here is logged and the event answered with nothing: harness events are ambient.
 
-On close nothing extra is persisted (every transition already is); the session supervisor
-stops the SessionActor, then the SocketActors (their turns are cancelled), then the casts —
-which stay *active* on disk and are resumed by ``recast`` (the lease is released).
+On close (``session.close``, the connection closing, runtime shutdown) a pending user-driven turn is
+withdrawn first (``session_closed``: nobody can report it any more); nothing else needs persisting
+(every transition already is). Then the session supervisor stops the SessionActor, the SocketActors
+(their turns are cancelled), then the casts — which stay *active* on disk (paused, or awaiting
+castor's own turn) and are resumed by ``recast`` (the lease is released).
 """
 
 from __future__ import annotations
@@ -49,8 +54,14 @@ def _last_assistant(data: dict[str, Any]) -> dict[str, Any]:
     return {"text": None, "error": None, "stop_reason": None}
 
 
+def _castor_turn_id(data: dict[str, Any]) -> str | None:
+    """The castor turn a harness run belongs to (``turn_id``); ``None`` for the user's own run."""
+    turn_id = data.get("turn_id")
+    return turn_id if isinstance(turn_id, str) and turn_id else None
+
+
 def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
-    if event not in ("before_agent_start", "agent_end", "context"):
+    if event not in ("before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context"):
         return None
     try:
         actor = session_actor(ctx.runtime, ctx.info.session_id)
@@ -65,12 +76,30 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
             refined = actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
             answer = {key: refined[key] for key in ("system_prompt_append", "turn_settings") if refined.get(key)}
             return answer or None
+        if event == "agent_settled":
+            actor.ask(SessionCall(verb="settled", params={"aborted": data.get("aborted") is True,
+                                                          "turn_id": _castor_turn_id(data)}), timeout=EVENT_TIMEOUT_S)
+            return None
+        if event == "session_shutdown":
+            actor.ask(SessionCall(verb="session_end", params={"reason": "session_shutdown"}), timeout=EVENT_TIMEOUT_S)
+            return None
         entry_id = data.get("entry_id") if isinstance(data.get("entry_id"), str) else None
-        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": entry_id}),
-                  timeout=EVENT_TIMEOUT_S)
+        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": entry_id,
+                                                        "turn_id": _castor_turn_id(data)}), timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)
     return None
+
+
+def _on_close(ctx: Any) -> None:
+    """Before the session's actors stop: withdraw a pending user-driven turn (nobody can report it
+    now), so the cast is saved paused. Best effort: a failure leaves the turn pending on disk, and
+    the recast that resumes the cast withdraws it then (reason ``restart``)."""
+    try:
+        actor = session_actor(ctx.runtime, ctx.info.session_id)
+        actor.ask(SessionCall(verb="session_end", params={"reason": "session_closed"}), timeout=EVENT_TIMEOUT_S)
+    except CastorError as exc:
+        logger.bind(actor=ctx.path).warning("materia close handling failed: {exc}", exc=exc)
 
 
 def _children(ctx: Any) -> list[ChildSpec]:
@@ -84,4 +113,4 @@ def _children(ctx: Any) -> list[ChildSpec]:
 def materia_component() -> Any:
     from castor.runtime import SessionComponent
 
-    return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=None)
+    return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=_on_close)

@@ -7,6 +7,9 @@
 | ``WorkLost(visit_id, reason)`` | CastActor | tell | the actor doing that work died before answering |
 | ``CastStatusQuery()`` | CastActor | ask | the current status dict |
 | ``UserTurnContextQuery()`` | CastActor | ask | the isolated-context text of a pending user-driven refinement turn, else ``None`` |
+| ``UserRunEnded(text, error, entry_id, stop_reason, late)`` | CastActor | ask | the harness's user run ended (``agent_end``): answers the pending user-driven turn (``late``: the last *withdrawn* one, which the engine reports as ``outcome_ignored``); the visit id it quoted, else ``None`` |
+| ``WithdrawUserTurn(reason)`` | CastActor | ask | the pending user-driven turn will never be reported: apply ``RefinementTurnAbandoned``; the withdrawn visit id, else ``None`` |
+| ``UserTurnExpired(visit_id)`` | CastActor | tell | the opt-in bound on a user-driven turn (``RuntimeSettings.user_turn_timeout_s``) passed |
 | ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
 | ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
 | ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from castor.domain.materia.cast_messages import AbandonReason
 from castor.messages.base import LocalMessage
 
 
@@ -38,6 +42,22 @@ class CastStatusQuery(LocalMessage, type_name="materia.cast.status"):
 
 class UserTurnContextQuery(LocalMessage, type_name="materia.cast.user_turn_context"):
     pass
+
+
+class UserRunEnded(LocalMessage, type_name="materia.cast.user_run_ended"):
+    text: str | None = None
+    error: str | None = None
+    entry_id: str | None = None
+    stop_reason: str | None = None
+    late: bool = False
+
+
+class WithdrawUserTurn(LocalMessage, type_name="materia.cast.withdraw_user_turn"):
+    reason: AbandonReason
+
+
+class UserTurnExpired(LocalMessage, type_name="materia.cast.user_turn_expired"):
+    visit_id: str
 
 
 class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):

@@ -12,8 +12,10 @@ cast is read from the state store under the session's artifact root.
 | ``abort`` / ``continue`` | cast_id? | the cast, else the newest live cast |
 | ``recast`` | cast_id? | id-less: newest resumable (failed, aborted or orphaned); ``conflict`` if it is live or the session is at its limit |
 | ``revive`` | cast_id? | id-less: newest revivable; then as recast |
-| ``refine`` | — | ``before_agent_start`` while a cast is paused → ``RefinementTurnStarted`` |
-| ``agent_end`` | text, entry_id? | answers a user-driven refinement turn |
+| ``refine`` | — | ``before_agent_start`` (a user message) while a cast is paused, or still waits for an earlier user turn → ``RefinementTurnStarted`` |
+| ``agent_end`` | text, error?, entry_id?, stop_reason?, turn_id? | a user run (``turn_id`` null) answers the pending user-driven refinement turn; with none pending, the last withdrawn one (→ ``outcome_ignored``) |
+| ``settled`` | aborted, turn_id? | a user run settled: a user-driven turn still pending lost its end → withdrawn (``settled_without_end``, or ``aborted``) |
+| ``session_end`` | reason | ``session_shutdown`` / the session closing: every pending user-driven turn is withdrawn |
 | ``loadouts`` / ``set_loadout`` / ``grid`` / ``validate`` | | config reads/writes through the config loader |
 
 A cast that is not live in this runtime is brought in by spawning its CastActor in *resume*
@@ -31,10 +33,11 @@ from castor.actors.materia.cast_actor import CastEnv, cast_spec
 from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.messages import (
     CastApply,
-    CastOutcome,
     CastStatusQuery,
     SessionCall,
+    UserRunEnded,
     UserTurnContextQuery,
+    WithdrawUserTurn,
 )
 from castor.actors.materia.views import (
     cast_rows,
@@ -56,7 +59,6 @@ from castor.domain.materia.cast_messages import (
     RecastRequested,
     RefinementTurnStarted,
     ReviveRequested,
-    TurnEnded,
 )
 from castor.domain.materia.config import ConfigError, ResolvedConfig
 from castor.domain.materia.grid import render_grid
@@ -125,7 +127,8 @@ class SessionActor(Actor):
         system = self.runtime.system
         return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
                        agent=harness.agent, ui=harness.ui, session_log=self.mirror, start_event=start,
-                       lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under))
+                       lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
+                       user_turn_timeout_s=self.runtime.settings.user_turn_timeout_s)
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""
@@ -359,6 +362,10 @@ class SessionActor(Actor):
             return {**view, "text": f"pi-materia cast {cast_id} is {view['status']}; the artifacts of its last "
                                     "step were written again.", "level": "info"}
         verb = "revived" if revive else "recast"
+        if view.get("paused"):  # resumed where it waited for the user: nothing was re-sent
+            return {**view, "text": f"pi-materia cast {cast_id} {verb}: paused for refinement at socket "
+                                    f"{view.get('current_socket')}; reply to refine, or /materia continue to finalize.",
+                    "level": "info"}
         return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
                 "level": "info"}
 
@@ -388,7 +395,7 @@ class SessionActor(Actor):
         the harness to apply to the user's turn; ``{}`` when no cast is paused.
         """
         for cast_id, handle, view in self._statuses():
-            if view.get("paused"):
+            if view.get("paused") or view.get("user_turn_visit_id"):  # the engine supersedes a stale user turn
                 applied = handle.ask(CastApply(event=RefinementTurnStarted(at=time.time())), timeout=ASK_TIMEOUT_S)
                 turn = applied.get("user_turn") or {}
                 out: dict[str, Any] = {"cast_id": cast_id, "refining": True, "turn_settings": harness_turn_settings(
@@ -412,15 +419,52 @@ class SessionActor(Actor):
                 return {"messages": isolate_context([m for m in messages if isinstance(m, dict)], synthetic)}
         return {}
 
-    def _verb_agent_end(self, text: str | None = None, error: str | None = None,
-                        entry_id: str | None = None, stop_reason: str | None = None) -> dict[str, Any]:
-        for cast_id, handle, view in self._statuses():
-            visit_id = view.get("user_turn_visit_id")
-            if visit_id:
-                handle.tell(CastOutcome(event=TurnEnded(visit_id=visit_id, text=text, error=error, entry_id=entry_id,
-                                                        stop_reason=stop_reason, at=time.time())))
-                return {"cast_id": cast_id}
+    def _verb_agent_end(self, text: str | None = None, error: str | None = None, entry_id: str | None = None,
+                        stop_reason: str | None = None, turn_id: str | None = None) -> dict[str, Any]:
+        """A user run ended: answer the pending user-driven turn (newest cast first); with none
+        pending, quote the last withdrawn one, which the engine reports as ``outcome_ignored`` (a late
+        end is never applied). A run of castor's own turn (``turn_id``) is answered by
+        ``agent.turn_ended``, never here. Answered once the transition is saved."""
+        if turn_id is not None:
+            return {}
+        live = sorted(self._live().items(), reverse=True)
+        for late in (False, True):
+            for cast_id, handle in live:
+                try:
+                    visit_id = handle.ask(UserRunEnded(text=text, error=error, entry_id=entry_id,
+                                                       stop_reason=stop_reason, late=late), timeout=ASK_TIMEOUT_S)
+                except CastorError:
+                    continue
+                if visit_id:
+                    return {"cast_id": cast_id, "visit_id": visit_id, "late": late}
         return {}
+
+    def _verb_settled(self, aborted: bool = False, turn_id: str | None = None) -> dict[str, Any]:
+        """A user run settled (``agent_settled``, sent after its ``agent_end``). A user-driven turn still
+        pending now lost its end (mistyped, lost, or an abort that produced none): withdraw it. After a
+        normal end nothing is pending any more and nothing changes."""
+        if turn_id is not None:
+            return {}
+        return self._withdraw_user_turns("aborted" if aborted else "settled_without_end")
+
+    def _verb_session_end(self, reason: str) -> dict[str, Any]:
+        """The harness session ends (``session_shutdown``, ``session.close``, its connection closed):
+        nobody will report a pending user turn now, so it is withdrawn and saved paused before the
+        casts stop — they stay resumable, and a recast resumes them paused."""
+        return self._withdraw_user_turns(reason)
+
+    def _withdraw_user_turns(self, reason: str) -> dict[str, Any]:
+        withdrawn: dict[str, str] = {}
+        for cast_id, handle in sorted(self._live().items(), reverse=True):
+            try:
+                visit_id = handle.ask(WithdrawUserTurn(reason=reason), timeout=ASK_TIMEOUT_S)
+            except CastorError as exc:
+                self.log.warning("cannot withdraw the user turn of cast {cast} ({reason}): {exc}", cast=cast_id,
+                                 reason=reason, exc=exc)
+                continue
+            if visit_id:
+                withdrawn[cast_id] = visit_id
+        return {"withdrawn": withdrawn} if withdrawn else {}
 
     # ------------------------------------------------------------------ loadouts and config
     def _verb_loadouts(self, config_path: str | None = None) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
         "item_key": state.current_item_key,
         "item_label": short_label(state.current_item_label),
         "visits": dict(state.visits),
-        "pending": pending.model_dump(include={"kind", "visit_id", "socket_id", "visit", "mode"}) if pending else None,
+        "pending": pending.model_dump(include={"kind", "visit_id", "socket_id", "visit", "mode", "user_driven"}) if pending else None,
         "paused": state.paused,
         "resumable": state.resumable or (orphaned and state.active),
         "revivable": revivable(state),

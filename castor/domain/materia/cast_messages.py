@@ -100,6 +100,32 @@ class RefinementTurnStarted(_Input):
     at: float
 
 
+#: Why a pending user-driven refinement turn was withdrawn (``refinement_turn_abandoned.reason``).
+#: Sent by the host: ``settled_without_end`` (the harness's run settled, ``agent_settled``, but its
+#: ``agent_end`` never reached the cast: mistyped, lost), ``aborted`` (the user's run was aborted,
+#: e.g. Esc), ``session_shutdown`` / ``session_closed`` (the harness session ended: shutdown event,
+#: ``session.close``, connection closed, runtime shutdown), ``timed_out`` (the host's opt-in bound).
+#: Decided by the engine itself: ``aborted`` (a ``TurnEnded`` with ``stop_reason`` "aborted"),
+#: ``superseded`` (a new user message while the turn is pending), ``restart`` (a resume after the
+#: runtime or the cast's actor restarted).
+AbandonReason = Literal["settled_without_end", "aborted", "session_shutdown", "session_closed", "timed_out",
+                        "superseded", "restart"]
+
+
+class RefinementTurnAbandoned(_Input):
+    """The harness will never report the end of the pending user-driven refinement turn ``visit_id``.
+
+    The turn is withdrawn: the cast goes back to ``awaiting_refinement`` (paused) with its drafts
+    intact. Like every outcome it must quote the pending ``visit_id``; any other id (the turn already
+    ended, or castor's own turn is pending) is ignored and reported as ``outcome_ignored``.
+    """
+
+    kind: Literal["refinement_turn_abandoned"] = "refinement_turn_abandoned"
+    visit_id: str
+    reason: AbandonReason
+    at: float
+
+
 class ContinueRequested(_Input):
     kind: Literal["continue_requested"] = "continue_requested"
     at: float
@@ -127,7 +153,7 @@ class ReviveRequested(_Input):
 
 CastEvent = Annotated[
     CastStarted | TurnEnded | UtilityFinished | CompactionFinished | DispatchFailed | RefinementTurnStarted
-    | ContinueRequested | AbortRequested | RecastRequested | ReviveRequested,
+    | RefinementTurnAbandoned | ContinueRequested | AbortRequested | RecastRequested | ReviveRequested,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[CastEvent] = TypeAdapter(CastEvent)

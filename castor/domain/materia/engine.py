@@ -4,8 +4,8 @@ API (everything a host actor needs)::
 
     from castor.domain.materia.engine import step, Transition, CastRejected
     from castor.domain.materia.cast_messages import (CastStarted, TurnEnded, UtilityFinished,
-        CompactionFinished, DispatchFailed, RefinementTurnStarted, ContinueRequested,
-        AbortRequested, RecastRequested, ReviveRequested,            # events (inputs)
+        CompactionFinished, DispatchFailed, RefinementTurnStarted, RefinementTurnAbandoned,
+        ContinueRequested, AbortRequested, RecastRequested, ReviveRequested,   # events (inputs)
         RunAgentTurn, RunUtility, Compact, EmitEvent, WriteArtifact, AddManifestEntry,
         Notify, CancelWork, Finished, Failed)                          # effects (outputs)
     from castor.domain.materia.state import CastState
@@ -27,6 +27,14 @@ Contract:
 - Failures inside the cast (invalid JSON, limits, budget, utility errors, terminal turn
   failures) never raise: they produce a failed state, ``cast_end{ok:false}`` and a ``Failed`` effect.
 - Effects are ordered; perform them in order (artifact writes before the events that name them).
+- A *user-driven* refinement turn (``RunAgentTurn.user_driven``, ``Pending.user_driven``) is run by
+  the harness, never by castor, so castor can neither cancel nor redo it. It ends exactly once: by its
+  ``TurnEnded`` (the harness's ``agent_end``), by ``AbortRequested``, or by being *withdrawn* back to
+  paused — ``RefinementTurnAbandoned`` from the host (settled without an end, aborted, session
+  ended, timed out), a ``TurnEnded`` whose ``stop_reason`` is "aborted", a new
+  ``RefinementTurnStarted`` (superseded) or a ``RecastRequested(after_restart)`` (restart). A
+  withdrawal emits ``refinement_turn_abandoned`` and keeps every draft and counter; anything
+  quoting the withdrawn visit id afterwards is ``outcome_ignored``.
 
 Decision table (trigger → state → effects/events → next state):
 
@@ -48,12 +56,19 @@ Decision table (trigger → state → effects/events → next state):
 | TurnEnded error | anything else | ``cast_end{ok:false}`` "Non-recoverable turn failure" | failed |
 | UtilityFinished | ok | command artifacts + ``utility_command``; then as TurnEnded ok | next |
 | UtilityFinished | timeout / exit≠0 / spawn or built-in error | artifacts, ``cast_end{ok:false}`` | failed |
-| RefinementTurnStarted | paused | refinement context artifact, ``context_refinement``, RunAgentTurn(user_driven) | awaiting_agent_response |
+| RefinementTurnStarted | paused | refinement context artifact, ``context_refinement``, RunAgentTurn(user_driven) | awaiting_agent_response (a user turn) |
+| RefinementTurnStarted | user turn pending (its end and settle were never reported) | ``refinement_turn_abandoned{superseded}``, Notify warning, then as paused | awaiting_agent_response (the new user turn) |
+| RefinementTurnStarted | anything else | CastRejected(``not-paused``) | unchanged |
+| TurnEnded ``stop_reason`` "aborted" | user turn pending | usage; ``refinement_turn_abandoned{aborted}``, Notify warning; no draft, no retry | awaiting_user_refinement (paused) |
+| RefinementTurnAbandoned | user turn pending, visit_id matches | ``refinement_turn_abandoned{visitId, reason, refinementTurn}``, Notify warning; drafts and counters untouched | awaiting_user_refinement (paused) |
+| RefinementTurnAbandoned | castor's own turn pending, other visit_id, or inactive | ``outcome_ignored`` | unchanged |
 | ContinueRequested | paused | ``materia_model_settings{finalization}``, RunAgentTurn(finalization prompt) | awaiting finalization |
 | ContinueRequested | awaiting / inactive | CastRejected | unchanged |
 | AbortRequested | active | CancelWork, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
-| RecastRequested(after_restart) | active, work pending | CancelWork(the pending visit id), then as recast | awaiting |
+| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id), then as recast | awaiting |
+| RecastRequested(after_restart) | active, user turn pending | ``refinement_turn_abandoned{restart}``, then as paused (castor can never redo the user's own turn) | paused |
+| RecastRequested(after_restart) | active, paused | ``cast_recast{paused:true, reusedActivePrompt:false}``, Notify; no turn (nothing was lost) | paused |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
 | DispatchFailed | pending matches | ``cast_end{ok:false}`` | failed |
 | any outcome | visit_id ≠ pending | ``outcome_ignored`` | unchanged |
@@ -83,6 +98,7 @@ from castor.domain.materia.cast_messages import (
     Finished,
     Notify,
     RecastRequested,
+    RefinementTurnAbandoned,
     RefinementTurnStarted,
     ReviveRequested,
     RunAgentTurn,
@@ -455,7 +471,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
     s.active_turn_visit = visit
     s.awaiting_response = True
     s.socket_state = "awaiting_agent_response"
-    s.pending = Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode)
+    s.pending = Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
+                        user_driven=user_driven)
     label = context_label if context_label else ("" if mode == "normal" and not recovery else mode)
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
     name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
@@ -667,6 +684,11 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
                                               attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
                                               model=ev.model))
         ctx.write_usage()
+    if pending.user_driven and ev.stop_reason == "aborted":
+        # The user stopped their own run (Esc): a cut-off reply is not a draft, and retrying it
+        # would run a turn the user just cancelled.
+        _withdraw_user_turn(ctx, "aborted")
+        return
     failure = ev.error if ev.error else ("unknown agent error" if ev.stop_reason == "error" else None)
     text = (ev.text or "").strip()
     if failure:
@@ -871,8 +893,62 @@ def _on_dispatch_failed(ctx: _Ctx, ev: DispatchFailed) -> None:
 # =========================================================================== commands
 
 
+#: What the user is told when their refinement turn is withdrawn (``refinement_turn_abandoned``).
+_ABANDON_TEXT = {
+    "settled_without_end": "the harness never reported the end of your refinement turn",
+    "aborted": "your refinement turn was aborted",
+    "session_shutdown": "the session shut down during your refinement turn",
+    "session_closed": "the session closed during your refinement turn",
+    "timed_out": "your refinement turn did not end within the configured bound",
+    "superseded": "the end of your previous refinement turn was never reported",
+    "restart": "castor restarted during your refinement turn and cannot redo it",
+}
+
+
+def _withdraw_user_turn(ctx: _Ctx, reason: str) -> None:
+    """Withdraw the pending user-driven turn: back to paused, drafts and counters untouched.
+
+    Guarantees: the refinement counter is not incremented (the next reply is still turn N+1),
+    ``last_assistant_text`` / ``last_output`` / ``data`` are unchanged, and the turn's visit id is no
+    longer pending, so its late ``agent_end`` is ``outcome_ignored``. Emits
+    ``refinement_turn_abandoned{socket, materia, visitId, visit, reason, refinementTurn, item fields}``
+    and a warning notification.
+    """
+    s = ctx.s
+    pending = s.pending
+    assert pending is not None and pending.user_driven
+    rs = s.config.pipeline.sockets[pending.socket_id]
+    turn = s.refinement_turn() + 1
+    s.pending = None
+    s.awaiting_response = False
+    s.multi_turn_finalizing = False
+    s.socket_state = "awaiting_user_refinement"
+    s.last_message = (f"Refinement turn {turn} on {rs.id} withdrawn ({reason}); reply again, or run "
+                      "/materia continue to finalize.")
+    ctx.emit("refinement_turn_abandoned", {"socket": rs.id, "materia": rs.materia_name, "visitId": pending.visit_id,
+                                           "visit": pending.visit, "reason": reason, "refinementTurn": turn,
+                                           **s.item_fields()})
+    ctx.notify("warning", f"{rs.materia_name} ({rs.id}): {_ABANDON_TEXT.get(reason, reason)}; it was withdrawn and "
+                          "the drafts so far are kept. Reply again, or run /materia continue to finalize.")
+
+
+def _on_refinement_turn_abandoned(ctx: _Ctx, ev: RefinementTurnAbandoned) -> None:
+    s = ctx.s
+    if not s.active:
+        _ignored(ctx, "refinement_turn_abandoned", ev.visit_id, "cast-inactive")
+        return
+    if not s.user_turn_pending or s.pending is None or s.pending.visit_id != ev.visit_id:
+        _ignored(ctx, "refinement_turn_abandoned", ev.visit_id, "not-current-visit")
+        return
+    _withdraw_user_turn(ctx, ev.reason)
+
+
 def _on_refinement_turn(ctx: _Ctx, _ev: RefinementTurnStarted) -> None:
     s = ctx.s
+    if s.user_turn_pending:
+        # A new user run started, so the previous one is over although neither its end nor its
+        # settle was reported: that turn can never be answered now.
+        _withdraw_user_turn(ctx, "superseded")
     if not s.paused:
         raise _reject(f"pi-materia cast {s.cast_id} is not paused for refinement", "not-paused")
     rs = s.socket
@@ -937,6 +1013,19 @@ def _resume(ctx: _Ctx, previous_failure: str | None) -> None:
     _goto(ctx, sid, None)
 
 
+def _resume_paused(ctx: _Ctx, previous_failure: str | None, *, notify: bool) -> None:
+    """Resume an active cast that waits for the user (after a restart): nothing of castor's was lost,
+    so nothing is re-sent; the cast stays paused and (``notify``) the user is told it waits for them."""
+    s = ctx.s
+    rs = s.socket
+    s.last_message = f"Paused for refinement on {rs.id}; run /materia continue to finalize."
+    ctx.emit("cast_recast", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
+                             "previousFailure": previous_failure, **s.item_fields(), "visit": s.visit,
+                             "reusedActivePrompt": False, "paused": True})
+    if notify:
+        ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run /materia continue to finalize.")
+
+
 def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
     s = ctx.s
     if s.active and not ev.after_restart:
@@ -947,6 +1036,12 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         raise _reject(f"pi-materia cast {s.cast_id} is not failed or aborted (phase: {s.phase}, "
                       f"socket state: {s.socket_state}).", "not-failed")
     previous = s.failed_reason if not s.active else "runtime restarted while the cast was active"
+    withdrawn = s.active and s.user_turn_pending
+    if withdrawn:
+        _withdraw_user_turn(ctx, "restart")  # only the harness runs a user's turn; castor cannot redo it
+    if s.active and s.paused:
+        _resume_paused(ctx, previous, notify=not withdrawn)  # the withdrawal already told the user
+        return
     if s.active and s.pending is not None:
         # The work of the pending visit is redone under a new visit id: the old one must not
         # also run (a utility job still queued behind others, a turn still in flight).
@@ -977,6 +1072,7 @@ _HANDLERS: dict[type, Any] = {
     CompactionFinished: _on_compaction_finished,
     DispatchFailed: _on_dispatch_failed,
     RefinementTurnStarted: _on_refinement_turn,
+    RefinementTurnAbandoned: _on_refinement_turn_abandoned,
     ContinueRequested: _on_continue,
     AbortRequested: _on_abort,
     RecastRequested: _on_recast,

@@ -36,6 +36,9 @@ class Pending(BaseModel):
     socket_id: str
     visit: int
     mode: TurnMode = "normal"
+    # agent_turn only: driven by the user's own message (the harness's agent_end answers it; castor
+    # sent nothing and can never send it again)
+    user_driven: bool = False
     # compaction only: what to do after it and why
     recovery_key: str | None = None
     failure_class: str | None = None
@@ -138,6 +141,12 @@ class CastState(BaseModel):
     def paused(self) -> bool:
         return (self.active and not self.awaiting_response and self.socket_state == "awaiting_user_refinement"
                 and self.current_socket_id in self.config.pipeline.sockets and self.socket.multi_turn)
+
+    @property
+    def user_turn_pending(self) -> bool:
+        """An active cast waiting for a user-driven refinement turn that only the harness can end."""
+        p = self.pending
+        return self.active and p is not None and p.kind == "agent_turn" and p.user_driven
 
     @property
     def resumable(self) -> bool:
