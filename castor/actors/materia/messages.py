@@ -4,10 +4,13 @@
 |---|---|---|---|
 | ``CastApply(event)`` | CastActor | ask | apply a command event (continue/abort/recast/revive/refinement); answers the status |
 | ``CastOutcome(event)`` | CastActor | tell | the outcome of work the cast asked for (quotes a ``visit_id``) |
+| ``CastProgress(event)`` | CastActor | tell | a progress note about pending work (proactive compaction around a turn); applied like an outcome, but the work is still pending |
 | ``WorkLost(visit_id, reason)`` | CastActor | tell | the actor doing that work died before answering |
 | ``CastStatusQuery()`` | CastActor | ask | the current status dict |
 | ``UserTurnContextQuery()`` | CastActor | ask | the isolated-context text of a pending user-driven refinement turn, else ``None`` |
 | ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
+| ``UsageRead(usage, error)`` | SocketActor | tell | the host's context usage before the turn (None: unknown) |
+| ``ProactiveCompacted(outcome)`` | SocketActor | tell | the proactive compaction before the turn ended |
 | ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
 | ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
 """
@@ -27,6 +30,10 @@ class CastOutcome(LocalMessage, type_name="materia.cast.outcome"):
     event: Any
 
 
+class CastProgress(LocalMessage, type_name="materia.cast.progress"):
+    event: Any
+
+
 class WorkLost(LocalMessage, type_name="materia.cast.work_lost"):
     visit_id: str
     reason: str
@@ -42,6 +49,15 @@ class UserTurnContextQuery(LocalMessage, type_name="materia.cast.user_turn_conte
 
 class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):
     outcome: Any
+
+
+class UsageRead(LocalMessage, type_name="materia.socket.usage_read"):
+    usage: Any = None  # ContextUsage | None
+    error: str | None = None
+
+
+class ProactiveCompacted(LocalMessage, type_name="materia.socket.proactive_compacted"):
+    outcome: Any  # CompactionOutcome
 
 
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):

@@ -37,6 +37,13 @@ DEFAULT_TIERS = (("lt-128k", 0, 128_000, 75.0), ("128k-to-199999", 128_000, 200_
 #: The compaction result fields kept in events (spec §6.5); everything else a host sends is dropped.
 SUMMARY_NUMBERS = ("tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens")
 SUMMARY_KEYS = (*SUMMARY_NUMBERS, "firstKeptEntryId")
+#: What a proactive compaction (spec §6.5) asks the host to keep (the recovery one is
+#: ``engine.COMPACTION_INSTRUCTIONS``).
+PROACTIVE_COMPACTION_INSTRUCTIONS = (
+    "Compact the conversation before the next turn of an active materia cast. Preserve the active cast "
+    "state, the requirements of the current task and every durable artifact and event reference the next "
+    "turn needs."
+)
 #: The ``skipped`` marker of a compaction answered by a host that has no accumulated context.
 NO_HOST_CONTEXT = "no host context"
 
