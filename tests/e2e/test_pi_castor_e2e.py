@@ -283,3 +283,45 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
     fail_fast_on_error(pi, start)
     plain = next(r for r in reversed(fake_llm.log()) if "PLAIN-QUESTION" in json.dumps(r["messages"]))
     assert plain.get("tools"), "Pi's tool set must be restored after the refinement turn"
+
+
+def test_g_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi, castor_command, fake_llm, tmp_path):
+    """Spec §6.2 step 3 (conformance 54) in the real harness: the first materia turn overflows the
+    context window, castor asks Pi to compact its session (``session.compact`` → ``ctx.compact``; Pi
+    asks the model for the summary), and the same socket's retry completes the cast.
+
+    Pi's own overflow auto-recovery is off (``compaction.enabled: false``), else Pi would compact and
+    retry by itself and castor would never see the failure; ``keepRecentTokens`` is small so the
+    short test session has something before its cut point to summarise."""
+    project = project_with_loadout(tmp_path)
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    fake_llm.reply_text("CHECKPOINT-SUMMARY: the user chatted about the weather; a cast plans the thing.",
+                        when="context checkpoint summary")
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    _run_dir, events = wait_cast_end(pi, project, start=start, timeout=30)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    by_type = {e["type"]: e["data"] for e in events}
+    types = [e["type"] for e in events]
+    assert types.index("same_socket_recovery_start") < types.index("same_socket_recovery_action_start") \
+        < types.index("same_socket_recovery_action_complete") < types.index("same_socket_recovery_retry")
+    assert by_type["same_socket_recovery_start"]["reason"] == "context_window"
+    result = by_type["same_socket_recovery_action_complete"]["result"]
+    assert set(result) <= {"tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens", "firstKeptEntryId"}
+    assert result["tokensBefore"] > 0 and result["summaryTokens"] > 0 and result["entriesRemoved"] >= 1
+    assert "skipped" not in by_type["same_socket_recovery_action_complete"]
+    # Pi really compacted: its session has the compaction entry castor's result names...
+    compactions = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+    assert len(compactions) == 1 and compactions[0]["firstKeptEntryId"] == result["firstKeptEntryId"]
+    assert "CHECKPOINT-SUMMARY" in compactions[0]["summary"]
+    # ...with castor's instructions in the summary request, and the retry re-sent the same socket.
+    requests = [json.dumps(r["messages"]) for r in fake_llm.log()]
+    summary_requests = [r for r in requests if "context checkpoint summary" in r]
+    assert len(summary_requests) == 1 and "same-socket retry of an active materia cast" in summary_requests[0]
+    assert sum("PLANNER-MATERIA" in r and "context checkpoint summary" not in r for r in requests) == 2
+    assert [e["data"]["socket"] for e in events if e["type"] == "socket_start"] == ["Socket-1", "Socket-2"]
