@@ -325,3 +325,41 @@ def test_g_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi,
     assert len(summary_requests) == 1 and "same-socket retry of an active materia cast" in summary_requests[0]
     assert sum("PLANNER-MATERIA" in r and "context checkpoint summary" not in r for r in requests) == 2
     assert [e["data"]["socket"] for e in events if e["type"] == "socket_start"] == ["Socket-1", "Socket-2"]
+
+
+def test_h_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(start_pi, castor_command, fake_llm,
+                                                                            tmp_path):
+    """Spec §6.5 in the real harness: castor reads Pi's context usage (``session.context_usage`` →
+    ``ctx.getContextUsage``) before each materia turn; with a 0 % threshold it always fires, so Pi
+    compacts its session before Socket-1's prompt is sent, and the turn goes out afterwards.
+    (``keepRecentTokens: 1``: the two short chat turns before the cast are all there is to summarise.)"""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({**TWO_SOCKETS,
+                                                                 "compaction": {"proactiveThresholdPercent": 0}}))
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 1}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fail_fast_on_error(pi, pi.prompt("MORE-CHAT about the forecast for the weekend"))
+    fake_llm.reply_text("CHECKPOINT-SUMMARY: weather chat.", when="context checkpoint summary")
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    _run_dir, events = wait_cast_end(pi, project, start=start, timeout=30)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    first = [e for e in events if e["type"].startswith("proactive_compaction") and e["data"]["socket"] == "Socket-1"]
+    assert [e["type"] for e in first] == ["proactive_compaction_start", "proactive_compaction_complete"], [e["data"] for e in first][-1].get("error")
+    start_data = first[0]["data"]
+    assert start_data["thresholdPercent"] == 0 and start_data["thresholdMode"] == "single_percent"
+    assert start_data["contextWindow"] == 32000 and start_data["tokens"] > 0  # Pi's own usage figures
+    result = first[1]["data"]["result"]
+    assert result["tokensBefore"] > 0 and isinstance(result["firstKeptEntryId"], str)
+    types = [e["type"] for e in events]
+    first_turn_done = next(i for i, e in enumerate(events) if e["type"] == "socket_complete")
+    assert types.index("proactive_compaction_complete") < first_turn_done
+    compactions = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+    assert compactions and compactions[0]["firstKeptEntryId"] == result["firstKeptEntryId"]
+    # Socket-2's check also fired; whatever Pi answered (compacted again, or "nothing to compact"),
+    # its turn was sent and the cast completed.
+    assert [e["data"]["socket"] for e in events if e["type"] == "proactive_compaction_start"] == ["Socket-1", "Socket-2"]
