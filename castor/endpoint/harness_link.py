@@ -25,6 +25,7 @@ Host context (:class:`castor.actors.ports.host_context.HostContextPort`):
 | ``unknown_method`` / ``unsupported`` | None, and ``has_context`` turns False for the session: no later read is sent | ``ok=False``, ``unsupported=True``: the recovery fails ("…compact failed…") |
 | another error (``compaction_failed`` …) | raises (the caller skips) | ``ok=False`` with the harness's message |
 | no answer in time | raises ``Timeout`` | ``ok=False``, "timed out" |
+| the connection closed | raises ``ConnectionClosed`` | no reply (like a turn: the session closes with it and its casts stay resumable; the caller's deadline answers anyway) |
 
 Every request castor makes has a deadline. A turn whose connection dies is
 *not* answered: its cast stays persisted and resumable (``cast.recast``)
@@ -51,6 +52,7 @@ from castor.actors.ports.agent import (
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
 from castor.actors.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
 from castor.domain.materia.budget import non_negative_number
+from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
@@ -161,13 +163,23 @@ class WireHarness:
         params = {"session_id": self.session_id, "cast_id": request.cast_id, "instructions": request.instructions}
 
         def run() -> None:
-            reply(self._compact_outcome(params, timeout_s))
+            try:
+                outcome = self._compact_outcome(params, timeout_s)
+            except ConnectionClosed:
+                # As for a turn: the session closes with its connection and its casts stay
+                # resumable; a compaction is not failed by a transport the cast cannot see (the
+                # caller's deadline still answers if the cast is somehow still waiting).
+                self.log.info("session.compact for {cast} not answered: connection closed", cast=request.cast_id)
+                return
+            reply(outcome)
 
         threading.Thread(target=run, name=f"session-compact-{request.cast_id}", daemon=True).start()
 
     def _compact_outcome(self, params: dict[str, Any], timeout_s: float) -> CompactionOutcome:
         try:
             result = self.connection.call("session.compact", params, timeout=timeout_s)
+        except ConnectionClosed:
+            raise
         except CastorError as exc:
             if unsupported(exc):
                 return CompactionOutcome.failed(

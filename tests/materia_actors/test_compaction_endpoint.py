@@ -301,3 +301,42 @@ def test_a_harness_without_context_usage_gets_no_proactive_compaction_and_is_ask
     view = pi.wait_status(cast_id, "complete")
     assert pi.methods().count("session.context_usage") == 1 and "session.compact" not in pi.methods()
     assert not [t for t in _types(view) if t.startswith("proactive_compaction")]
+
+
+def test_a_connection_that_closes_during_a_compaction_leaves_the_cast_resumable(harness_factory, project, tmp_path):
+    """As for a turn: a compaction whose harness went away is not failed by that transport; the
+    session closes with its connection and the cast stays resumable (``cast.recast``)."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    def hang(_p: dict[str, Any]) -> Any:
+        entered.set()
+        release.wait(20)
+        return PI_RESULT
+
+    pi = harness_factory(compact=hang, usage=lambda _p: None)
+    try:
+        cast_id = pi.start(project)
+        pi.answer(pi.next_turn(), error=OVERFLOW)
+        assert entered.wait(10)
+        pi.client.close()
+    finally:
+        release.set()
+    again = Client.connect_unix(str(tmp_path / "castor-0.sock"), default_timeout=15)
+    try:
+        again.on_request("session.append_entry", lambda _p: {"ok": True, "entry_id": "e"})
+
+        def reopened() -> bool:  # the old session closes with its connection, shortly after
+            try:
+                again.call("session.open", {"session_id": SID, "cwd": str(project), "trusted": True})
+            except Conflict:
+                return False
+            return True
+
+        wait_for(reopened, what="the old session to close")
+        view = wait_for(lambda: (v := again.call("cast.status", {"session_id": SID, "cast_id": cast_id}))
+                        ["status"] != "active" and v, what="the cast to stop with its session")
+        assert view["status"] == "orphaned" and view["resumable"] is True, view
+        assert not [e for e in events(view["run_dir"]) if e["type"] == "same_socket_recovery_action_failed"]
+    finally:
+        again.close()

@@ -21,7 +21,10 @@ Contract for implementers
 - ``compact(request, reply, timeout_s=...)`` returns at once. ``reply`` is called **exactly once**,
   later, **never on the caller's stack**, with a :class:`CompactionOutcome`. Failures are
   outcomes (``ok=False`` with ``error``), never exceptions. ``unsupported=True`` marks a host that
-  does not implement compaction at all (``unknown_method``).
+  does not implement compaction at all (``unknown_method``). One exception, as for agent turns:
+  a harness link whose connection closed does not reply (the session closes with it and its
+  casts stay resumable); callers guard every compaction with a deadline of their own
+  (:class:`castor.actors.materia.compaction_call.CompactionCall`).
 - The instructions are never logged (``CompactionRequest.instructions`` is excluded from repr).
 """
 
