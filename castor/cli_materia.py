@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from castor.actors.ports.host_context import NoHostContext
 from castor.messages.errors import CastorError, InvalidParams, NotFound
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -145,7 +146,8 @@ class _Standalone:
         log = JsonlSessionLog(root / ".castor-cli-session.jsonl")
         try:
             self.runtime.open_session(SessionInfo(session_id=CLI_SESSION, cwd=str(cwd), trusted=True, flags=flags),
-                                      HarnessLink(agent=self.agent, session_log=log, ui=self.ui))
+                                      HarnessLink(agent=self.agent, session_log=log, ui=self.ui,
+                                                  host_context=NoHostContext()))
         except BaseException:
             self.close()
             raise

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from rich.live import Live
 from rich.table import Table
 
+from castor.actors.ports.host_context import NoHostContext
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.component import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
@@ -109,7 +110,8 @@ class _Scene:
             agent = ScriptedAgent(parse_script(script), max_workers=4)
             self.agents[sid] = agent
             self.runtime.open_session(SessionInfo(session_id=sid, cwd=str(project), trusted=True),
-                                      HarnessLink(agent=agent, session_log=None, ui=None))
+                                      HarnessLink(agent=agent, session_log=None, ui=None,
+                                                  host_context=NoHostContext()))
 
     def start_casts(self) -> None:
         for n in range(CASTS_PER_SESSION):

@@ -30,6 +30,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from castor.actors.ports.agent import AgentPort
+from castor.actors.ports.host_context import HostContextPort
 from castor.actors.ports.classifier import ClassifierPort
 from castor.actors.ports.session import SessionPort, SessionUiPort
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, MailboxFull, NotFound, Timeout
@@ -57,6 +58,10 @@ class RuntimeSettings(BaseModel):
     session_restart_intensity: int = 5
     max_sessions: int = Field(default=256, ge=1)
     session_open_timeout_s: float = Field(default=10.0, gt=0)
+    compaction_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    """Deadline of one host compaction (``session.compact``; Pi asks the model for a summary)."""
+    context_usage_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Deadline of the pre-turn context usage read (``session.context_usage``)."""
     """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
@@ -86,6 +91,7 @@ class HarnessLink:
     ui: SessionUiPort | None
     classifier: ClassifierPort | None = None
     kind: str = "standalone"  # "endpoint" when backed by a msgpack-rpc connection
+    host_context: HostContextPort | None = None  # the harness's own transcript; None = there is none
 
 
 @dataclass

@@ -12,7 +12,20 @@ SessionUiPort      ``message.send``, ``ui.notify``,      none (fire and forget)
                    ``ui.status`` (notifications)
 ClassifierPort     ``model.list``, ``classifier.         the models; the completion
                    complete`` (requests)
+HostContextPort    ``session.context_usage``,            ``{tokens, contextWindow, percent}`` | nil;
+                   ``session.compact`` (requests)        the compaction result summary
 =================  ====================================  ==========================================
+
+Host context (:class:`castor.actors.ports.host_context.HostContextPort`):
+
+| harness answer | ``context_usage`` | ``compact`` |
+|---|---|---|
+| a map | :class:`ContextUsage` | ``ok`` with the spec's summary fields only |
+| nil | None (skip proactive compaction) | ``ok`` with an empty summary |
+| ``unknown_method`` / ``unsupported`` | None, and ``has_context`` turns False for the session: no later read is sent | ``ok=False``, ``unsupported=True``: the recovery fails ("…compact failed…") |
+| another error (``compaction_failed`` …) | raises (the caller skips) | ``ok=False`` with the harness's message |
+| no answer in time | raises ``Timeout`` | ``ok=False``, "timed out" |
+| the connection closed | raises ``ConnectionClosed`` | no reply (like a turn: the session closes with it and its casts stay resumable; the caller's deadline answers anyway) |
 
 Every request castor makes has a deadline. A turn whose connection dies is
 *not* answered: its cast stays persisted and resumable (``cast.recast``)
@@ -37,7 +50,9 @@ from castor.actors.ports.agent import (
     harness_turn_settings,
 )
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
+from castor.actors.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
 from castor.domain.materia.budget import non_negative_number
+from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
@@ -46,14 +61,24 @@ if TYPE_CHECKING:
 
 UI_DEADLINE_S = 5.0
 
+#: Error codes that mean "this harness does not implement the method".
+UNSUPPORTED_CODES = frozenset({"unknown_method", "unsupported"})
+
+
+def unsupported(exc: CastorError) -> bool:
+    """True for a harness that does not implement the method it was asked for."""
+    return str(exc.code) == "unknown_method" or (exc.data or {}).get("wire_code") in UNSUPPORTED_CODES
+
+
 class WireHarness:
-    """AgentPort + SessionPort + SessionUiPort + ClassifierPort over one connection."""
+    """AgentPort + SessionPort + SessionUiPort + ClassifierPort + HostContextPort over one connection."""
 
     def __init__(self, connection: Connection, session_id: str) -> None:
         self.connection = connection
         self.session_id = session_id
         self._lock = threading.Lock()
         self._turns: dict[str, TurnReply] = {}
+        self._usage_supported = True  # until the harness answers unknown_method
         self.log = logger.bind(actor=f"/endpoint/harness/{session_id}")
 
     # -- AgentPort -------------------------------------------------------------
@@ -111,6 +136,60 @@ class WireHarness:
         result = self.connection.call("session.append_entry", {"custom_type": custom_type, "data": data}, timeout=left)
         if not (isinstance(result, dict) and result.get("ok") is True):
             raise CastorError("harness did not acknowledge the entry", data={"custom_type": custom_type})
+
+    # -- HostContextPort ----------------------------------------------------------
+    @property
+    def has_context(self) -> bool:
+        """A harness session has a transcript, unless the harness said it cannot report on it."""
+        return self._usage_supported
+
+    def context_usage(self, timeout_s: float) -> ContextUsage | None:
+        """``session.context_usage``; None for nil or a harness without the method (remembered:
+        later reads are not sent). Other errors and timeouts raise."""
+        if not self._usage_supported:
+            return None
+        try:
+            result = self.connection.call("session.context_usage", {"session_id": self.session_id}, timeout=timeout_s)
+        except CastorError as exc:
+            if unsupported(exc):
+                self._usage_supported = False
+                self.log.info("harness has no session.context_usage: no proactive compaction in this session")
+                return None
+            raise
+        return ContextUsage.from_wire(result)
+
+    def compact(self, request: CompactionRequest, reply: CompactionReply, *, timeout_s: float) -> None:
+        """``session.compact`` on a thread of its own; ``reply`` gets the outcome exactly once."""
+        params = {"session_id": self.session_id, "cast_id": request.cast_id, "instructions": request.instructions}
+
+        def run() -> None:
+            try:
+                outcome = self._compact_outcome(params, timeout_s)
+            except ConnectionClosed:
+                # As for a turn: the session closes with its connection and its casts stay
+                # resumable; a compaction is not failed by a transport the cast cannot see (the
+                # caller's deadline still answers if the cast is somehow still waiting).
+                self.log.info("session.compact for {cast} not answered: connection closed", cast=request.cast_id)
+                return
+            reply(outcome)
+
+        threading.Thread(target=run, name=f"session-compact-{request.cast_id}", daemon=True).start()
+
+    def _compact_outcome(self, params: dict[str, Any], timeout_s: float) -> CompactionOutcome:
+        try:
+            result = self.connection.call("session.compact", params, timeout=timeout_s)
+        except ConnectionClosed:
+            raise
+        except CastorError as exc:
+            if unsupported(exc):
+                return CompactionOutcome.failed(
+                    f"the harness does not implement session.compact ({exc.data.get('wire_code') or exc.code})",
+                    unsupported=True)
+            if isinstance(exc, Timeout):
+                return CompactionOutcome.failed(f"session.compact got no answer within {timeout_s:g}s")
+            code = exc.data.get("wire_code") or exc.code
+            return CompactionOutcome.failed(f"{exc.message} ({code})" if exc.message else str(code))
+        return CompactionOutcome.succeeded(result)
 
     # -- SessionUiPort -----------------------------------------------------------
     def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:

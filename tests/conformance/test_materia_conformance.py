@@ -22,6 +22,8 @@ from castor.domain.materia import compaction
 from castor.domain.materia.cast_messages import (
     CompactionFinished,
     Notify,
+    ProactiveCompactionFinished,
+    ProactiveCompactionStarted,
     RecastRequested,
     RefinementTurnStarted,
     RunAgentTurn,
@@ -217,11 +219,12 @@ def test_c57_transient_transport_warns_the_user() -> None:
     assert d.state.active and d.state.awaiting_response and not tr.events("cast_end")
 
 
-def test_c61_turn_is_always_sent_and_the_cast_stays_active_around_proactive_compaction() -> None:
-    """Deliberate difference (docs/materia.md): castor's turns are isolated prompts, so the actor
-    never compacts host context and no ``proactive_compaction_*`` event exists; the turn is sent
-    regardless and the cast stays active. The engine still marks every non-recovery turn for the
-    proactive check and hands the actor the compaction config; the decision itself is pure."""
+def test_c61_failed_proactive_compaction_warns_and_the_cast_stays_active_awaiting_its_turn() -> None:
+    """Conformance 61 at the engine: every non-recovery turn is marked for the proactive check with
+    the loadout's compaction config; when the actor's decision fires and the host compaction fails,
+    ``proactive_compaction_failed{warning:true}`` and a warning notification are emitted, and the cast
+    stays active, still awaiting that same turn (the SocketActor sends it either way: the endpoint
+    test tests/materia_actors/test_compaction_endpoint.py and real Pi, tests/e2e test h)."""
     cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, compaction={"proactiveThresholdPercent": 50})
     d = Driver(resolved(cfg))
     first = d.pending()
@@ -229,9 +232,13 @@ def test_c61_turn_is_always_sent_and_the_cast_stays_active_around_proactive_comp
     decision = compaction.decide_proactive({"tokens": 60_000, "contextWindow": 100_000},
                                            model_context_window=None, config=first.compaction)
     assert decision is not None and decision.event_data()["thresholdPercent"] == 50
-    assert d.state.active and d.state.awaiting_response
-    assert not [e for e in d.events() if e.type.startswith("proactive_compaction")]
-    d.fail_turn("context window exceeded")
+    d.send(ProactiveCompactionStarted, visit_id=first.visit_id, decision=decision)
+    tr = d.send(ProactiveCompactionFinished, visit_id=first.visit_id, decision=decision, ok=False, error="host said no")
+    [failed] = [e.data for e in d.events() if e.type == "proactive_compaction_failed"]
+    assert failed["warning"] is True and failed["error"] == "host said no" and failed["thresholdMode"] == "single_percent"
+    assert any(isinstance(e, Notify) and e.level == "warning" for e in tr.effects)
+    assert d.state.active and d.state.awaiting_response and d.pending() is first
+    d.fail_turn("context window exceeded")  # a later context_window error still goes to recovery
     d.send(CompactionFinished, visit_id=d.pending().visit_id, ok=True)
     assert d.pending().recovery and d.pending().proactive_compaction is False  # recovery sends skip the check
 

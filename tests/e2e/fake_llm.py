@@ -35,6 +35,7 @@ class Scripted:
     when: str | None = None
     status: int = 200
     delay: float = 0.0
+    error: dict[str, Any] | None = None  # the provider's error object for a status != 200
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -81,9 +82,18 @@ class FakeLLM:
         with self._lock:
             self.script.append(Scripted(tool_call=(name, arguments), when=when))
 
-    def reply_error(self, status: int = 500, *, when: str | None = None) -> None:
+    def reply_error(self, status: int = 500, *, when: str | None = None, message: str | None = None,
+                    code: str | None = None) -> None:
+        """Queue an HTTP error; ``message`` / ``code`` fill the OpenAI-style ``{"error": {...}}`` body."""
+        error = {"message": message or "fake upstream failure", "type": "invalid_request_error", "code": code}
         with self._lock:
-            self.script.append(Scripted(status=status, when=when))
+            self.script.append(Scripted(status=status, when=when, error=error))
+
+    def reply_context_overflow(self, *, when: str | None = None) -> None:
+        """Queue the 400 an OpenAI-compatible provider sends for a prompt over the context window."""
+        self.reply_error(400, when=when, code="context_length_exceeded",
+                         message="This model's maximum context length is 32000 tokens. However, your messages "
+                                 "resulted in 40000 tokens. Please reduce the length of the messages.")
 
     def take(self, body: dict[str, Any]) -> Scripted:
         text = request_text(body)
@@ -125,7 +135,8 @@ class FakeLLM:
                 if item.delay:
                     time.sleep(item.delay)  # a slow model, so a test can act mid-turn
                 if item.status != 200:
-                    self._plain(item.status, b'{"error":{"message":"fake upstream failure"}}')
+                    self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
+                                .encode())
                     return
                 self._stream(body.get("model", "fake-model"), item)
 

@@ -321,3 +321,83 @@ def test_g_an_aborted_user_refinement_turn_is_withdrawn_and_the_cast_still_final
     assert events[-1]["data"]["ok"] is True
     completes = [e["data"] for e in events if e["type"] == "socket_complete"]
     assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 1
+
+
+def test_h_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi, castor_command, fake_llm, tmp_path):
+    """Spec §6.2 step 3 (conformance 54) in the real harness: the first materia turn overflows the
+    context window, castor asks Pi to compact its session (``session.compact`` → ``ctx.compact``; Pi
+    asks the model for the summary), and the same socket's retry completes the cast.
+
+    Pi's own overflow auto-recovery is off (``compaction.enabled: false``), else Pi would compact and
+    retry by itself and castor would never see the failure; ``keepRecentTokens`` is small so the
+    short test session has something before its cut point to summarise."""
+    project = project_with_loadout(tmp_path)
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    fake_llm.reply_text("CHECKPOINT-SUMMARY: the user chatted about the weather; a cast plans the thing.",
+                        when="context checkpoint summary")
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    _run_dir, events = wait_cast_end(pi, project, start=start, timeout=30)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    by_type = {e["type"]: e["data"] for e in events}
+    types = [e["type"] for e in events]
+    assert types.index("same_socket_recovery_start") < types.index("same_socket_recovery_action_start") \
+        < types.index("same_socket_recovery_action_complete") < types.index("same_socket_recovery_retry")
+    assert by_type["same_socket_recovery_start"]["reason"] == "context_window"
+    result = by_type["same_socket_recovery_action_complete"]["result"]
+    assert set(result) <= {"tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens", "firstKeptEntryId"}
+    assert result["tokensBefore"] > 0 and result["summaryTokens"] > 0 and result["entriesRemoved"] >= 1
+    assert "skipped" not in by_type["same_socket_recovery_action_complete"]
+    # Pi really compacted: its session has the compaction entry castor's result names...
+    compactions = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+    assert len(compactions) == 1 and compactions[0]["firstKeptEntryId"] == result["firstKeptEntryId"]
+    assert "CHECKPOINT-SUMMARY" in compactions[0]["summary"]
+    # ...with castor's instructions in the summary request, and the retry re-sent the same socket.
+    requests = [json.dumps(r["messages"]) for r in fake_llm.log()]
+    summary_requests = [r for r in requests if "context checkpoint summary" in r]
+    assert len(summary_requests) == 1 and "same-socket retry of an active materia cast" in summary_requests[0]
+    assert sum("PLANNER-MATERIA" in r and "context checkpoint summary" not in r for r in requests) == 2
+    assert [e["data"]["socket"] for e in events if e["type"] == "socket_start"] == ["Socket-1", "Socket-2"]
+
+
+def test_i_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(start_pi, castor_command, fake_llm,
+                                                                            tmp_path):
+    """Spec §6.5 in the real harness: castor reads Pi's context usage (``session.context_usage`` →
+    ``ctx.getContextUsage``) before each materia turn; with a 0 % threshold it always fires, so Pi
+    compacts its session before Socket-1's prompt is sent, and the turn goes out afterwards.
+    (``keepRecentTokens: 1``: the two short chat turns before the cast are all there is to summarise.)"""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({**TWO_SOCKETS,
+                                                                 "compaction": {"proactiveThresholdPercent": 0}}))
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 1}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fail_fast_on_error(pi, pi.prompt("MORE-CHAT about the forecast for the weekend"))
+    fake_llm.reply_text("CHECKPOINT-SUMMARY: weather chat.", when="context checkpoint summary")
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia cast build the thing")
+    _run_dir, events = wait_cast_end(pi, project, start=start, timeout=30)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    first = [e for e in events if e["type"].startswith("proactive_compaction") and e["data"]["socket"] == "Socket-1"]
+    assert [e["type"] for e in first] == ["proactive_compaction_start", "proactive_compaction_complete"], [e["data"] for e in first][-1].get("error")
+    start_data = first[0]["data"]
+    assert start_data["thresholdPercent"] == 0 and start_data["thresholdMode"] == "single_percent"
+    assert start_data["contextWindow"] == 32000 and start_data["tokens"] > 0  # Pi's own usage figures
+    result = first[1]["data"]["result"]
+    assert result["tokensBefore"] > 0 and isinstance(result["firstKeptEntryId"], str)
+    types = [e["type"] for e in events]
+    first_turn_done = next(i for i, e in enumerate(events) if e["type"] == "socket_complete")
+    assert types.index("proactive_compaction_complete") < first_turn_done
+    compactions = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+    assert compactions and compactions[0]["firstKeptEntryId"] == result["firstKeptEntryId"]
+    # Socket-2's check also fired; whatever Pi answered (compacted again, or "nothing to compact"),
+    # its turn was sent and the cast completed.
+    assert [e["data"]["socket"] for e in events if e["type"] == "proactive_compaction_start"] == ["Socket-1", "Socket-2"]

@@ -124,6 +124,9 @@ def test_exhausted_recovery_is_revived_and_completes(runtime_factory, project):
     assert "Same-socket recovery exhausted" in failed["failed_reason"]
     types = event_types(failed["run_dir"])
     assert "same_socket_recovery_action_complete" in types and "same_socket_recovery_exhausted" in types
+    # A standalone agent has no host context: the compaction says so instead of pretending.
+    complete = next(e for e in events(failed["run_dir"]) if e["type"] == "same_socket_recovery_action_complete")
+    assert complete["data"]["result"] == {} and complete["data"]["skipped"] == "no host context"
     revived = materia_call(rt, "s1", "revive", {})  # id-less: the newest revivable cast
     assert revived["cast_id"] == started["cast_id"]
     view = wait_status(rt, "s1", started["cast_id"])

@@ -30,12 +30,16 @@ utility command the dead runtime left running has been killed (its record in the
 | ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
 | ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
-| ``Compact`` | answered at once with ``CompactionFinished(ok)``: castor's turns are isolated prompts, there is no accumulated host context to compact (see docs/materia.md) |
-| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn) or kills the utility tree |
+| ``Compact`` | :class:`CompactionCall` through the session's :class:`HostContextPort` (the harness's ``session.compact``) under ``CastEnv.compaction_timeout_s``; its answer is told back as ``CompactionFinished`` — a timeout, an error or a harness without ``session.compact`` (``unknown_method``) is ``ok=False`` and the recovery fails; a standalone agent (no host context) answers ``ok`` with ``skipped: "no host context"`` |
+| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn), stops waiting for its compaction, or kills the utility tree |
 | ``Notify`` | ``HarnessLink.ui.notify`` (errors swallowed) |
 | ``Finished`` / ``Failed`` | the incarnation stops after the effects (TRANSIENT: not restarted) |
 
 Outcomes (``CastOutcome``) arrive on this actor's handle, which is stable across restarts.
+Progress notes (``CastProgress``: a SocketActor's proactive compaction before its turn) are
+applied the same way — each one a persisted transition with its events — but the work stays
+pending. No harness round trip ever runs on this actor's thread: a compaction that never answers
+fails at its deadline, and an abort during one stops waiting at once.
 ``WorkLost(visit_id)`` (a SocketActor or utility slot died first) re-dispatches through
 ``RecastRequested(after_restart=True)``; more than :data:`MAX_LOST_IN_A_ROW` losses in a row
 fail the cast through ``DispatchFailed`` instead of looping.
@@ -61,9 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import (
     CastApply,
     CastOutcome,
+    CastProgress,
     CastStatusQuery,
     UserRunEnded,
     UserTurnContextQuery,
@@ -71,8 +77,10 @@ from castor.actors.materia.messages import (
     WithdrawUserTurn,
     WorkLost,
 )
+from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
+from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
 from castor.adapters.materia import command_records
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
@@ -125,10 +133,21 @@ class CastEnv:
     clock: Callable[[], float] = time.time
     user_turn_timeout_s: float | None = None  # opt-in bound on a user-driven turn (RuntimeSettings)
     extras: dict[str, Any] = field(default_factory=dict)
+    host_context: HostContextPort | None = None  # None: a standalone agent, no host context
+    compaction_timeout_s: float = COMPACTION_TIMEOUT_S
+    usage_timeout_s: float = USAGE_TIMEOUT_S
 
     @property
     def socket_supervisor(self) -> str:
         return f"{self.session_path}/socket"
+
+    @property
+    def host(self) -> HostContextPort:
+        """The session's host context; a standalone session has none and says so (NoHostContext)."""
+        return self.host_context if self.host_context is not None else _NO_HOST_CONTEXT
+
+
+_NO_HOST_CONTEXT = NoHostContext()
 
 
 class CastActor(Actor):
@@ -140,6 +159,7 @@ class CastActor(Actor):
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
         self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
         self._user_turn_timer: threading.Timer | None = None
+        self._compactions: dict[str, CompactionCall] = {}  # visit_id -> a recovery compaction in flight
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
         self._lost_in_a_row = 0
@@ -195,6 +215,9 @@ class CastActor(Actor):
         for handle in list(self._sockets.values()):
             self._stop_socket(handle)
         self._sockets.clear()
+        for call in list(self._compactions.values()):
+            call.cancel()
+        self._compactions.clear()
         if cause != "crashed" and self.env.lease is not None:
             self.env.lease.release()  # a crash keeps the lease: the restart reuses it
 
@@ -207,6 +230,15 @@ class CastActor(Actor):
         if pending is not None and getattr(message.event, "visit_id", None) == pending.visit_id:
             self._lost_in_a_row = 0
         self._sockets.pop(getattr(message.event, "visit_id", ""), None)
+        self._compactions.pop(getattr(message.event, "visit_id", ""), None)
+        self._apply(message.event)
+
+    @handles(CastProgress)
+    def _on_progress(self, message: CastProgress) -> None:
+        """A note about work still pending (proactive compaction): persisted like any event, but
+        the SocketActor doing the work stays registered and no loss counter is reset."""
+        if self.state is None:
+            return
         self._apply(message.event)
 
     @handles(WorkLost)
@@ -408,8 +440,7 @@ class CastActor(Actor):
         elif kind is RunUtility:
             self._run_utility(effect)
         elif kind is Compact:
-            self.handle.tell(CastOutcome(event=CompactionFinished(visit_id=effect.visit_id, ok=True, result={},
-                                                                  at=self.env.clock())))
+            self._compact(effect)
         elif kind is CancelWork:
             self._cancel(effect.visit_id)
         elif kind in (Finished, Failed):
@@ -438,11 +469,31 @@ class CastActor(Actor):
             return
         from castor.actors.materia.socket_actor import socket_spec
 
-        spec = socket_spec(effect, cast=self.handle, cast_id=self.env.cast_id, agent=self.env.agent)
+        spec = socket_spec(effect, cast=self.handle, cast_id=self.env.cast_id, agent=self.env.agent,
+                           host=self.env.host, usage_timeout_s=self.env.usage_timeout_s,
+                           compaction_timeout_s=self.env.compaction_timeout_s)
         try:
             self._sockets[effect.visit_id] = self.env.spawn_child(spec, self.env.socket_supervisor)
         except CastorError as exc:
             self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
+
+    def _compact(self, effect: Compact) -> None:
+        """Same-socket recovery compaction (spec §6.2 step 3) through the host context port.
+
+        Never waits: the port answers on another thread, and that answer — or the deadline's
+        failure — is told back as ``CompactionFinished`` with the effect's visit id (so one that
+        arrives after an abort or a restart is ignored by the engine).
+        """
+        cast, visit_id, clock = self.handle, effect.visit_id, self.env.clock
+
+        def deliver(outcome: CompactionOutcome) -> None:
+            cast.tell(CastOutcome(event=CompactionFinished(visit_id=visit_id, ok=outcome.ok, result=outcome.result,
+                                                           error=outcome.error, skipped=outcome.skipped,
+                                                           at=clock())))
+
+        request = CompactionRequest(cast_id=self.env.cast_id, instructions=effect.instructions, reason=effect.reason)
+        self._compactions[visit_id] = CompactionCall(self.env.host, request, timeout_s=self.env.compaction_timeout_s,
+                                                     deliver=deliver).start()
 
     def _run_utility(self, effect: RunUtility) -> None:
         from castor.actors.materia.messages import UtilityJob
@@ -458,6 +509,9 @@ class CastActor(Actor):
         handle = self._sockets.pop(visit_id, None)
         if handle is not None:
             self._stop_socket(handle)
+        compaction = self._compactions.pop(visit_id, None)
+        if compaction is not None:
+            compaction.cancel()  # the host may still finish it; its answer is no longer awaited
         from castor.actors.materia.utility import cancel_utility
 
         cancel_utility(self.env.registry, visit_id)

@@ -4,6 +4,7 @@
 |---|---|---|---|
 | ``CastApply(event)`` | CastActor | ask | apply a command event (continue/abort/recast/revive/refinement); answers the status |
 | ``CastOutcome(event)`` | CastActor | tell | the outcome of work the cast asked for (quotes a ``visit_id``) |
+| ``CastProgress(event)`` | CastActor | tell | a progress note about pending work (proactive compaction around a turn); applied like an outcome, but the work is still pending |
 | ``WorkLost(visit_id, reason)`` | CastActor | tell | the actor doing that work died before answering |
 | ``CastStatusQuery()`` | CastActor | ask | the current status dict |
 | ``UserTurnContextQuery()`` | CastActor | ask | the isolated-context text of a pending user-driven refinement turn, else ``None`` |
@@ -11,6 +12,8 @@
 | ``WithdrawUserTurn(reason)`` | CastActor | ask | the pending user-driven turn will never be reported: apply ``RefinementTurnAbandoned``; the withdrawn visit id, else ``None`` |
 | ``UserTurnExpired(visit_id)`` | CastActor | tell | the opt-in bound on a user-driven turn (``RuntimeSettings.user_turn_timeout_s``) passed |
 | ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
+| ``UsageRead(usage, error)`` | SocketActor | tell | the host's context usage before the turn (None: unknown) |
+| ``ProactiveCompacted(outcome)`` | SocketActor | tell | the proactive compaction before the turn ended |
 | ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
 | ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
 """
@@ -28,6 +31,10 @@ class CastApply(LocalMessage, type_name="materia.cast.apply"):
 
 
 class CastOutcome(LocalMessage, type_name="materia.cast.outcome"):
+    event: Any
+
+
+class CastProgress(LocalMessage, type_name="materia.cast.progress"):
     event: Any
 
 
@@ -62,6 +69,15 @@ class UserTurnExpired(LocalMessage, type_name="materia.cast.user_turn_expired"):
 
 class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):
     outcome: Any
+
+
+class UsageRead(LocalMessage, type_name="materia.socket.usage_read"):
+    usage: Any = None  # ContextUsage | None
+    error: str | None = None
+
+
+class ProactiveCompacted(LocalMessage, type_name="materia.socket.proactive_compacted"):
+    outcome: Any  # CompactionOutcome
 
 
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):

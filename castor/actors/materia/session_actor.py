@@ -125,10 +125,13 @@ class SessionActor(Actor):
     def _env(self, cast_id: str, root: Path, *, lease: CastLease, start: CastStarted | None = None) -> CastEnv:
         harness = self.ctx.harness
         system = self.runtime.system
+        settings = self.runtime.settings
         return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
                        agent=harness.agent, ui=harness.ui, session_log=self.mirror, start_event=start,
                        lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
-                       user_turn_timeout_s=self.runtime.settings.user_turn_timeout_s)
+                       user_turn_timeout_s=settings.user_turn_timeout_s,
+                       host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
+                       usage_timeout_s=settings.context_usage_timeout_s)
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""

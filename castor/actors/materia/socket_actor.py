@@ -2,13 +2,29 @@
 
 Path ``/root/session/<sid>/socket/<castId>.<dispatchSeq>``. Lifecycle::
 
-    on_start: agent.run_turn(TurnRequest(turn_id=visit_id, ...), reply=tell-myself)
+    on_start: proactive check wanted?  (effect.proactive_compaction and host.has_context)
+        no  -> send the turn
+        yes -> read host.context_usage() on a helper thread -> UsageRead
+    UsageRead -> decide_proactive(usage, config=effect.compaction)
+        None -> send the turn
+        a decision -> cast.tell(CastProgress(ProactiveCompactionStarted)); host compaction under
+                      a deadline (CompactionCall) -> ProactiveCompacted
+    ProactiveCompacted -> cast.tell(CastProgress(ProactiveCompactionFinished(ok | error))); send the turn
+    send the turn: agent.run_turn(TurnRequest(turn_id=visit_id, ...), reply=tell-myself)
     TurnReplied(outcome) -> cast.tell(CastOutcome(TurnEnded(visit_id, ...))); stop
+
+Proactive compaction (spec §6.5) never stops the turn: an unknown usage (None, a harness without
+``session.context_usage``, a failed read) skips it with no events; a failed or timed-out
+compaction is reported (the engine emits ``proactive_compaction_failed{warning}`` and warns) and
+the turn is sent anyway. The usage read and the compaction never run on this actor's thread, so
+a stop (abort, shutdown) is never held up by a harness round trip. The usage snapshot is taken
+before the turn's prompt is sent, so it excludes that prompt (the spec's known gap); the active
+model's window is the one the harness reports in its usage (Pi's ``getContextUsage``).
 
 | exit | what the cast hears |
 |---|---|
 | outcome delivered, stop | the ``TurnEnded`` |
-| stopped by the cast / session (abort, shutdown) | nothing; the agent turn is cancelled |
+| stopped by the cast / session (abort, shutdown) | nothing; the agent turn is cancelled, a proactive compaction is no longer waited for (the turn is then never sent) |
 | crashed or killed (fault injection) before answering | ``WorkLost(visit_id)``; the turn is cancelled; the cast re-dispatches under a new visit id |
 
 Guarantees: the outcome is handed on at most once; an answer that arrives after this actor
@@ -18,13 +34,28 @@ visit id is no longer pending). The AgentPort's reply never runs on this actor's
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
-from castor.actors.materia.messages import CastOutcome, TurnReplied, WorkLost
+from castor.actors.materia.compaction_call import CompactionCall
+from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
 from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest
-from castor.domain.materia.cast_messages import RunAgentTurn, TurnEnded
+from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
+from castor.domain.materia.cast_messages import (
+    ProactiveCompactionFinished,
+    ProactiveCompactionStarted,
+    RunAgentTurn,
+    TurnEnded,
+)
+from castor.domain.materia.compaction import PROACTIVE_COMPACTION_INSTRUCTIONS, ProactiveDecision, decide_proactive
 from castor.messages.errors import CastorError
 from castor.supervision import Actor, ChildSpec, Restart, handles
+
+#: Deadline of the pre-turn usage read (a harness that does not answer delays the turn this long).
+USAGE_TIMEOUT_S = 5.0
+#: Deadline of a host compaction (Pi's compaction asks the model for a summary).
+COMPACTION_TIMEOUT_S = 300.0
 
 _THINKING = {"off", "minimal", "low", "medium", "high", "xhigh"}
 
@@ -57,15 +88,94 @@ def turn_ended(visit_id: str, outcome: TurnOutcome, at: float) -> TurnEnded:
 
 
 class SocketActor(Actor):
-    def __init__(self, effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort) -> None:
+    def __init__(self, effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort,
+                 host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
+                 compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> None:
         super().__init__()
         self.effect = effect
         self.cast = cast
         self.cast_id = cast_id
         self.agent = agent
+        self.host = host
+        self.usage_timeout_s = usage_timeout_s
+        self.compaction_timeout_s = compaction_timeout_s
         self._delivered = False
+        self._sent = False
+        self._decision: ProactiveDecision | None = None
+        self._compaction: CompactionCall | None = None
 
     def on_start(self) -> None:
+        if self._wants_proactive_check():
+            self._read_usage()
+        else:
+            self._send_turn()
+
+    # ------------------------------------------------------------------ proactive compaction (§6.5)
+    def _wants_proactive_check(self) -> bool:
+        host = self.host
+        return (self.effect.proactive_compaction and not self.effect.user_driven and host is not None
+                and bool(host.has_context))
+
+    def _read_usage(self) -> None:
+        """Ask the host for its usage on a helper thread; the answer comes back as ``UsageRead``."""
+        handle, host, timeout = self.handle, self.host, self.usage_timeout_s
+        assert host is not None
+
+        def read() -> None:
+            try:
+                message = UsageRead(usage=host.context_usage(timeout))
+            except Exception as exc:  # noqa: BLE001 - an unknown usage only skips the check
+                message = UsageRead(error=getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
+            try:
+                handle.tell(message)
+            except CastorError:
+                pass  # the visit is over (stopped): nothing to do
+
+        threading.Thread(target=read, name=f"context-usage-{self.effect.visit_id}", daemon=True).start()
+
+    @handles(UsageRead)
+    def _on_usage(self, message: UsageRead) -> None:
+        if message.error is not None:
+            self.log.warning("host context usage unknown ({error}); no proactive compaction", error=message.error)
+        usage = message.usage.usage_map() if message.usage is not None else None
+        decision = decide_proactive(usage, model_context_window=None, config=self.effect.compaction)
+        if decision is None:
+            self._send_turn()
+            return
+        self._decision = decision
+        self._progress(ProactiveCompactionStarted(visit_id=self.effect.visit_id, decision=decision, at=time.time()))
+        handle = self.handle
+
+        def deliver(outcome: CompactionOutcome) -> None:
+            handle.tell(ProactiveCompacted(outcome=outcome))
+
+        assert self.host is not None
+        request = CompactionRequest(cast_id=self.cast_id, instructions=PROACTIVE_COMPACTION_INSTRUCTIONS,
+                                    reason="context_pressure")
+        self._compaction = CompactionCall(self.host, request, timeout_s=self.compaction_timeout_s,
+                                          deliver=deliver).start()
+
+    @handles(ProactiveCompacted)
+    def _on_compacted(self, message: ProactiveCompacted) -> None:
+        self._compaction = None
+        outcome: CompactionOutcome = message.outcome
+        assert self._decision is not None
+        self._progress(ProactiveCompactionFinished(visit_id=self.effect.visit_id, decision=self._decision,
+                                                   ok=outcome.ok, result=outcome.result, error=outcome.error,
+                                                   at=time.time()))
+        self._send_turn()  # spec §6.5: the turn is sent either way
+
+    def _progress(self, event: Any) -> None:
+        try:
+            self.cast.tell(CastProgress(event=event))
+        except CastorError:
+            pass  # the cast is gone; its restart re-dispatches from the saved state
+
+    # ------------------------------------------------------------------ the turn
+    def _send_turn(self) -> None:
+        if self._sent:
+            return
+        self._sent = True
         handle = self.handle
 
         def reply(outcome: TurnOutcome) -> None:
@@ -87,6 +197,9 @@ class SocketActor(Actor):
         self.stop_self()
 
     def on_terminate(self, cause: str) -> None:
+        if self._compaction is not None:
+            self._compaction.cancel()  # its late answer is dropped; the host may still compact
+            self._compaction = None
         if self._delivered:
             return
         try:
@@ -100,7 +213,12 @@ class SocketActor(Actor):
                 pass  # the cast is gone too; its restart re-dispatches from the saved state
 
 
-def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort) -> ChildSpec:
+def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort,
+                host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
+                compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> ChildSpec:
     seq = effect.visit_id.rsplit(":", 1)[-1]
-    return ChildSpec(id=f"{cast_id}.{seq}", factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent),
+    return ChildSpec(id=f"{cast_id}.{seq}",
+                     factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
+                                                 usage_timeout_s=usage_timeout_s,
+                                                 compaction_timeout_s=compaction_timeout_s),
                      restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True)

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from castor.domain.materia.compaction import ProactiveDecision
 from castor.domain.materia.config import Compaction, ResolvedConfig
 from castor.domain.text import well_formed
 
@@ -76,8 +77,41 @@ class UtilityFinished(_Input):
 
 
 class CompactionFinished(_Input):
+    """The outcome of a ``Compact`` (same-socket recovery, spec §6.2 step 3).
+
+    ``result`` is the host's compaction result (the engine keeps only the spec's summary
+    fields); ``skipped`` says why nothing was compacted although ``ok`` is true — a host with no
+    accumulated context answers ``skipped="no host context"`` and the marker is recorded in the
+    ``same_socket_recovery_action_complete`` event, never silently dropped.
+    """
+
     kind: Literal["compaction_finished"] = "compaction_finished"
     visit_id: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    skipped: str | None = None
+    at: float
+
+
+class ProactiveCompactionStarted(_Input):
+    """The actor decided to compact the host context before sending the turn ``visit_id``
+    (spec §6.5: ``decide_proactive`` fired on the pre-turn usage). A progress note: the turn is
+    still pending, and its ``TurnEnded`` comes later either way."""
+
+    kind: Literal["proactive_compaction_started"] = "proactive_compaction_started"
+    visit_id: str
+    decision: ProactiveDecision
+    at: float
+
+
+class ProactiveCompactionFinished(_Input):
+    """The proactive compaction before turn ``visit_id`` ended: ``ok`` with the host's ``result``,
+    or ``error`` (a failure only warns; the turn is sent regardless)."""
+
+    kind: Literal["proactive_compaction_finished"] = "proactive_compaction_finished"
+    visit_id: str
+    decision: ProactiveDecision
     ok: bool
     result: dict[str, Any] | None = None
     error: str | None = None
@@ -152,7 +186,8 @@ class ReviveRequested(_Input):
 
 
 CastEvent = Annotated[
-    CastStarted | TurnEnded | UtilityFinished | CompactionFinished | DispatchFailed | RefinementTurnStarted
+    CastStarted | TurnEnded | UtilityFinished | CompactionFinished | ProactiveCompactionStarted
+    | ProactiveCompactionFinished | DispatchFailed | RefinementTurnStarted
     | RefinementTurnAbandoned | ContinueRequested | AbortRequested | RecastRequested | ReviveRequested,
     Field(discriminator="kind"),
 ]
@@ -171,7 +206,9 @@ class RunAgentTurn(_Frozen):
     and the system prompt, but send no hidden prompt; ``isolated_context`` is the synthetic cast
     context that replaces the transcript before the socket's prompt while that turn runs.
     ``proactive_compaction``: call :func:`castor.domain.materia.compaction.decide_proactive`
-    before sending.
+    with the host's context usage before sending; if it fires, report
+    ``ProactiveCompactionStarted`` / ``ProactiveCompactionFinished`` around a host compaction,
+    then send the turn either way (a user-driven turn sends no prompt and is never compacted).
     """
 
     kind: Literal["run_agent_turn"] = "run_agent_turn"
@@ -215,7 +252,8 @@ class RunUtility(_Frozen):
 
 
 class Compact(_Frozen):
-    """Compact the host context, then answer ``CompactionFinished(visit_id=...)``."""
+    """Compact the host context with ``instructions``, then answer ``CompactionFinished(visit_id=...)``
+    — under a deadline: no answer in time is ``ok=False`` (the recovery fails)."""
 
     kind: Literal["compact"] = "compact"
     visit_id: str

@@ -1,10 +1,24 @@
-"""Proactive compaction decision (spec §6.5), for the actor to call before a non-recovery send.
+"""Host-context compaction rules (spec §6.2 step 3, §6.5): the proactive decision and the result summary.
 
 The engine cannot see the host's context usage, so a :class:`RunAgentTurn` effect carries
 ``proactive_compaction=True`` and the actor calls :func:`decide_proactive` with the usage it
-reads from the host. A non-None decision means: emit ``proactive_compaction_start`` with
-``decision.event_data()``, compact, then ``_complete`` / ``_failed{warning:true}`` — and send the
-turn either way.
+reads from the host. A non-None decision means: tell the cast ``ProactiveCompactionStarted``
+(the engine emits ``proactive_compaction_start`` with ``decision.event_data()``), compact, tell
+``ProactiveCompactionFinished`` (``_complete{result}`` / ``_failed{error, warning:true}``) — and
+send the turn either way.
+
+| usage read from the host | decision |
+|---|---|
+| None (no host context, harness does not say) | None: skip, no events |
+| ``tokens`` and a context window known | ``percent = tokens / cw * 100`` against the threshold |
+| only ``percent`` | that percent against the threshold |
+| neither | None: skip |
+| percent below the threshold | None: skip |
+| at or above | a :class:`ProactiveDecision` |
+
+:func:`compaction_summary` is the one place that cuts a host's compaction result down to the
+fields the spec keeps (``tokensBefore, tokensAfter, entriesRemoved, summaryTokens,
+firstKeptEntryId``); a field of the wrong type is dropped, never passed on.
 """
 
 from __future__ import annotations
@@ -12,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from castor.domain.materia.config import Compaction
 
@@ -20,7 +34,47 @@ DEFAULT_TIERS = (("lt-128k", 0, 128_000, 75.0), ("128k-to-199999", 128_000, 200_
                  ("gte-200k", 200_000, None, 55.0))
 
 
+#: The compaction result fields kept in events (spec §6.5); everything else a host sends is dropped.
+SUMMARY_NUMBERS = ("tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens")
+SUMMARY_KEYS = (*SUMMARY_NUMBERS, "firstKeptEntryId")
+#: What a proactive compaction (spec §6.5) asks the host to keep (the recovery one is
+#: ``engine.COMPACTION_INSTRUCTIONS``).
+PROACTIVE_COMPACTION_INSTRUCTIONS = (
+    "Compact the conversation before the next turn of an active materia cast. Preserve the active cast "
+    "state, the requirements of the current task and every durable artifact and event reference the next "
+    "turn needs."
+)
+#: The ``skipped`` marker of a compaction answered by a host that has no accumulated context.
+NO_HOST_CONTEXT = "no host context"
+
+
+def compaction_summary(result: Any) -> dict[str, Any]:
+    """The spec's result summary of a host compaction result.
+
+    Keeps only :data:`SUMMARY_KEYS`; the counts must be finite non-negative numbers (ints stay
+    ints) and ``firstKeptEntryId`` a non-empty string, else the field is left out. Anything that
+    is not a map gives ``{}``.
+    """
+    if not isinstance(result, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key in SUMMARY_NUMBERS:
+        value = result.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if value >= 0:
+            out[key] = value
+    kept = result.get("firstKeptEntryId")
+    if isinstance(kept, str) and kept:
+        out["firstKeptEntryId"] = kept
+    return out
+
+
 class Threshold(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     percent: float
     mode: str  # single_percent | configured_tiered | default_tiered
     tier: str | None = None
@@ -47,6 +101,10 @@ def threshold_for(config: Compaction | None, context_window: float | None) -> Th
 
 
 class ProactiveDecision(BaseModel):
+    """Why and at what threshold a proactive compaction runs; travels in the engine's events."""
+
+    model_config = ConfigDict(frozen=True)
+
     threshold: Threshold
     tokens: float | None
     context_window: float | None

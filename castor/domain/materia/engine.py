@@ -4,8 +4,9 @@ API (everything a host actor needs)::
 
     from castor.domain.materia.engine import step, Transition, CastRejected
     from castor.domain.materia.cast_messages import (CastStarted, TurnEnded, UtilityFinished,
-        CompactionFinished, DispatchFailed, RefinementTurnStarted, RefinementTurnAbandoned,
-        ContinueRequested, AbortRequested, RecastRequested, ReviveRequested,   # events (inputs)
+        CompactionFinished, ProactiveCompactionStarted, ProactiveCompactionFinished,
+        DispatchFailed, RefinementTurnStarted, RefinementTurnAbandoned, ContinueRequested,
+        AbortRequested, RecastRequested, ReviveRequested,            # events (inputs)
         RunAgentTurn, RunUtility, Compact, EmitEvent, WriteArtifact, AddManifestEntry,
         Notify, CancelWork, Finished, Failed)                          # effects (outputs)
     from castor.domain.materia.state import CastState
@@ -49,8 +50,11 @@ Decision table (trigger → state → effects/events → next state):
 | TurnEnded ok | multi-turn, not finalizing | refinement artifact, ``socket_refinement``, Notify | awaiting_user_refinement (paused) |
 | TurnEnded error | transient_transport | ``transient_transport_turn_failure{warning}``, Notify warning; nothing resent | unchanged: active, awaiting, same visit_id |
 | TurnEnded error | context_window, attempts < max | ``same_socket_recovery_start``, ``…_action_start``, Compact | awaiting compaction |
-| CompactionFinished ok | awaiting compaction | ``…_action_complete``, RunAgentTurn(same prompt, recovery), ``…_retry`` | awaiting_agent_response (no new visit) |
+| CompactionFinished ok | awaiting compaction | ``…_action_complete{result[, skipped]}``, RunAgentTurn(same prompt, recovery), ``…_retry`` | awaiting_agent_response (no new visit) |
 | CompactionFinished error | awaiting compaction | ``…_action_failed``, ``…_retry_failed``, ``cast_end{ok:false}`` | failed (not revivable) |
+| ProactiveCompactionStarted | awaiting that agent turn | ``proactive_compaction_start{decision, socket, item fields, visit, mode}`` | unchanged (the turn is still pending) |
+| ProactiveCompactionFinished ok | awaiting that agent turn | ``proactive_compaction_complete{…, result}`` | unchanged |
+| ProactiveCompactionFinished error | awaiting that agent turn | ``proactive_compaction_failed{…, error, warning:true}``, Notify warning | unchanged: active, the turn is sent anyway |
 | TurnEnded error | tool_timeout / turn_failure, attempts < max | ``same_socket_recovery_start``, RunAgentTurn(same prompt), ``…_retry`` | awaiting_agent_response |
 | TurnEnded error | recoverable, attempts ≥ max | ``same_socket_recovery_exhausted``, ``cast_end{ok:false}`` | failed, revivable |
 | TurnEnded error | anything else | ``cast_end{ok:false}`` "Non-recoverable turn failure" | failed |
@@ -97,6 +101,8 @@ from castor.domain.materia.cast_messages import (
     Failed,
     Finished,
     Notify,
+    ProactiveCompactionFinished,
+    ProactiveCompactionStarted,
     RecastRequested,
     RefinementTurnAbandoned,
     RefinementTurnStarted,
@@ -121,6 +127,7 @@ from castor.domain.materia.expressions import (
     evaluate_condition,
     resolve_value,
 )
+from castor.domain.materia.compaction import compaction_summary
 from castor.domain.materia.failures import (
     RECOVERABLE,
     allowance_for,
@@ -819,9 +826,10 @@ def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:
               "maxAttempts": allowance.effective_max_attempts, "entryId": p.entry_id, "socket": rs.id,
               "itemKey": s.current_item_key, "mode": p.mode}
     if ev.ok:
-        keep = ("tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens", "firstKeptEntryId")
-        result = {k: v for k, v in (ev.result or {}).items() if k in keep}
-        ctx.emit("same_socket_recovery_action_complete", {**common, "result": result})
+        data: dict[str, Any] = {**common, "result": compaction_summary(ev.result)}
+        if ev.skipped:
+            data["skipped"] = ev.skipped  # a host with nothing to compact says so in the record
+        ctx.emit("same_socket_recovery_action_complete", data)
         _retry(ctx, rs, p.mode, p.recovery_key, p.failure_class or "context_window", attempt)
         return
     error = ev.error or "unknown compaction error"
@@ -834,6 +842,35 @@ def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:
                                                    "entryId": p.entry_id, "socket": rs.id,
                                                    "itemKey": s.current_item_key, "mode": p.mode})
     raise _Fail(message, p.entry_id)
+
+
+def _proactive_common(ctx: _Ctx, decision_data: dict[str, Any]) -> dict[str, Any]:
+    s = ctx.s
+    p = s.pending
+    assert p is not None
+    return {**decision_data, "socket": p.socket_id, **s.item_fields(), "visit": p.visit, "mode": p.mode}
+
+
+def _on_proactive_started(ctx: _Ctx, ev: ProactiveCompactionStarted) -> None:
+    """Spec §6.5 step 5.1: record the decision; the turn stays pending (it is sent after)."""
+    if not _matches(ctx, "proactive_compaction_started", "agent_turn", ev.visit_id):
+        return
+    ctx.emit("proactive_compaction_start", _proactive_common(ctx, ev.decision.event_data()))
+
+
+def _on_proactive_finished(ctx: _Ctx, ev: ProactiveCompactionFinished) -> None:
+    """Spec §6.5 steps 5.2-5.3: ``_complete{result}``, or ``_failed{error, warning}`` and a warning
+    notification. Never fails the cast: the turn is sent either way, and a later context_window
+    error still goes to same-socket recovery."""
+    if not _matches(ctx, "proactive_compaction_finished", "agent_turn", ev.visit_id):
+        return
+    common = _proactive_common(ctx, ev.decision.event_data())
+    if ev.ok:
+        ctx.emit("proactive_compaction_complete", {**common, "result": compaction_summary(ev.result)})
+        return
+    error = ev.error or "unknown compaction error"
+    ctx.emit("proactive_compaction_failed", {**common, "error": error, "warning": True})
+    ctx.notify("warning", f"Proactive compaction before {common['socket']} failed: {error}. Sending the turn anyway.")
 
 
 def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:
@@ -1070,6 +1107,8 @@ _HANDLERS: dict[type, Any] = {
     TurnEnded: _on_turn_ended,
     UtilityFinished: _on_utility_finished,
     CompactionFinished: _on_compaction_finished,
+    ProactiveCompactionStarted: _on_proactive_started,
+    ProactiveCompactionFinished: _on_proactive_finished,
     DispatchFailed: _on_dispatch_failed,
     RefinementTurnStarted: _on_refinement_turn,
     RefinementTurnAbandoned: _on_refinement_turn_abandoned,

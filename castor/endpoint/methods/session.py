@@ -76,7 +76,8 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
                 session_file=params.flags.get("session_file") if isinstance(params.flags.get("session_file"), str) else None,
             )
             session = runtime.open_session(
-                info, HarnessLink(agent=link, session_log=link, ui=link, classifier=link, kind="endpoint")
+                info, HarnessLink(agent=link, session_log=link, ui=link, classifier=link, kind="endpoint",
+                                  host_context=link)
             )
             owned[params.session_id] = link
             if not ctx.state.get("close_hook"):

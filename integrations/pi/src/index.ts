@@ -6,7 +6,8 @@
  * - `/materia …`, `/icarus …` and `/castor status|restart` forward to castor methods.
  * - Fabric tools that castor announces are registered and forwarded as `icarus.tool`.
  * - castor's calls (`agent.run_turn`, `session.append_entry`, `message.send`, `ui.notify`,
- *   `ui.status`, `classifier.complete`, `model.list`) act on Pi.
+ *   `ui.status`, `classifier.complete`, `model.list`, `session.context_usage`, `session.compact`)
+ *   act on Pi (compaction.ts: Pi's own `ctx.getContextUsage()` / `ctx.compact()`).
  *
  * Failure behaviour: every bridge call has a deadline. Lifecycle failures are ambient
  * (swallowed, Pi continues without the injection). When the runtime dies Pi shows an
@@ -19,6 +20,7 @@
  */
 import { VERSION } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, resultText, type Planned } from "./commands";
+import { compactSession, contextUsage } from "./compaction";
 import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
 import { RpcError, type Params } from "./rpc";
 import { CastorRuntime, parseCommand, type Hello } from "./runtime";
@@ -28,7 +30,17 @@ import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
-const HARNESS_METHODS = ["agent.run_turn", "session.append_entry", "message.send", "ui.notify", "ui.status", "classifier.complete", "model.list"];
+const HARNESS_METHODS = [
+	"agent.run_turn",
+	"session.append_entry",
+	"message.send",
+	"ui.notify",
+	"ui.status",
+	"classifier.complete",
+	"model.list",
+	"session.context_usage",
+	"session.compact",
+];
 
 type Ctx = any; // Pi's ExtensionContext (typed loosely: the extension runs on Pi 0.73 and 1.x)
 type Level = "info" | "warning" | "error";
@@ -196,6 +208,8 @@ export default function castorExtension(pi: any): void {
 			"ui.status": (p) => setStatus(String(p.key ?? STATUS_KEY), typeof p.text === "string" ? p.text : undefined),
 			"classifier.complete": (p) => classifierComplete(p),
 			"model.list": () => modelList(),
+			"session.context_usage": () => contextUsage(lastCtx),
+			"session.compact": (p) => compactSession(lastCtx, p),
 		};
 	}
 

@@ -1,0 +1,111 @@
+/**
+ * castor's host-context methods on Pi's own session: `session.context_usage` and `session.compact`.
+ *
+ * castor's materia turns run inside the Pi session, whose transcript (each turn's hidden prompt,
+ * its tool output, its answer) accumulates. castor reads its usage before a turn (proactive
+ * compaction, materia spec §6.5) and compacts it for a same-socket retry after a context-window
+ * failure (spec §6.2 step 3) — through Pi's own `ctx.getContextUsage()` and
+ * `ctx.compact({customInstructions, onComplete, onError})` (Pi ≥ 0.73; compaction asks the session
+ * model for a summary).
+ *
+ * | castor asks | Pi answer | castor gets |
+ * |---|---|---|
+ * | `session.context_usage {session_id}` | `ContextUsage` | `{tokens, contextWindow, percent}` (nulls where Pi does not know) |
+ * | | undefined (no model, no window) | nil: "usage unknown", no proactive compaction |
+ * | `session.compact {session_id, cast_id, instructions}` | `onComplete(result)` | `{tokensBefore, tokensAfter, entriesRemoved, summaryTokens, firstKeptEntryId}` |
+ * | | `onError(err)` ("Nothing to compact (session too small)", "Already compacted", …) | error `compaction_failed` with Pi's message |
+ * | either, on a Pi without the API | – | error `unsupported` (castor: "no host context" / a failed recovery compaction) |
+ *
+ * The summary's text is never sent back (castor keeps only the counts). `entriesRemoved` is the
+ * number of branch entries before the first kept one, since the previous compaction;
+ * `summaryTokens` is the summary call's output tokens, else an estimate (chars / 4).
+ * Guarantee: `compactSession` settles exactly once (Pi calls one of its callbacks once).
+ */
+import { RpcError, type Params } from "./rpc";
+
+type Ctx = any; // Pi's ExtensionContext (loosely typed: Pi 0.73 and 1.x)
+
+export interface WireContextUsage {
+	tokens: number | null;
+	contextWindow: number | null;
+	percent: number | null;
+}
+
+export interface CompactionSummary {
+	tokensBefore: number | null;
+	tokensAfter: number | null;
+	entriesRemoved: number | null;
+	summaryTokens: number | null;
+	firstKeptEntryId: string | null;
+}
+
+function finite(value: unknown): number | null {
+	return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
+}
+
+/** `session.context_usage`: Pi's usage now, or null when Pi cannot tell. */
+export function contextUsage(ctx: Ctx): WireContextUsage | null {
+	if (typeof ctx?.getContextUsage !== "function") throw new RpcError("unsupported", "this Pi has no getContextUsage()");
+	const usage = ctx.getContextUsage();
+	if (!usage) return null;
+	return { tokens: finite(usage.tokens), contextWindow: finite(usage.contextWindow), percent: finite(usage.percent) };
+}
+
+interface BranchEntry {
+	id?: string;
+	type?: string;
+}
+
+function branchOf(ctx: Ctx): BranchEntry[] {
+	try {
+		const branch = ctx?.sessionManager?.getBranch?.();
+		return Array.isArray(branch) ? branch : [];
+	} catch {
+		return [];
+	}
+}
+
+/** Entries summarised away: those before the first kept entry, after the previous compaction. */
+export function entriesRemoved(branch: BranchEntry[], firstKeptEntryId: unknown): number | null {
+	const kept = branch.findIndex((e) => e?.id === firstKeptEntryId);
+	if (kept < 0) return null;
+	let start = 0;
+	for (let i = kept - 1; i >= 0; i--) {
+		if (branch[i]?.type === "compaction") {
+			start = i + 1;
+			break;
+		}
+	}
+	return kept - start;
+}
+
+/** Pi's `CompactionResult` cut down to the counts castor records (never the summary text). */
+export function compactionSummary(result: any, before: BranchEntry[]): CompactionSummary {
+	const summary = typeof result?.summary === "string" ? result.summary : "";
+	const outputTokens = finite(result?.usage?.output);
+	return {
+		tokensBefore: finite(result?.tokensBefore),
+		tokensAfter: finite(result?.estimatedTokensAfter ?? result?.tokensAfter),
+		entriesRemoved: entriesRemoved(before, result?.firstKeptEntryId),
+		summaryTokens: outputTokens && outputTokens > 0 ? outputTokens : summary ? Math.ceil(summary.length / 4) : null,
+		firstKeptEntryId: typeof result?.firstKeptEntryId === "string" ? result.firstKeptEntryId : null,
+	};
+}
+
+/** `session.compact`: run Pi's compaction with castor's instructions; resolves with the summary. */
+export function compactSession(ctx: Ctx, p: Params): Promise<CompactionSummary> {
+	if (typeof ctx?.compact !== "function") return Promise.reject(new RpcError("unsupported", "this Pi has no compact()"));
+	const instructions = typeof p.instructions === "string" && p.instructions ? p.instructions : undefined;
+	const before = branchOf(ctx);
+	return new Promise((resolve, reject) => {
+		try {
+			ctx.compact({
+				customInstructions: instructions,
+				onComplete: (result: unknown) => resolve(compactionSummary(result, before)),
+				onError: (err: unknown) => reject(new RpcError("compaction_failed", err instanceof Error ? err.message : String(err))),
+			});
+		} catch (err) {
+			reject(new RpcError("compaction_failed", err instanceof Error ? err.message : String(err)));
+		}
+	});
+}
