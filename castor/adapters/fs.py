@@ -131,6 +131,8 @@ def ensure_dir(path: str | os.PathLike[str]) -> Path:
 
 _TEMP_SEQ = itertools.count()  # next() on a count is atomic under the GIL
 _TEMP_TAG = secrets.token_hex(4)  # per process: pids repeat across hosts sharing a directory
+_TEMP_PREFIX = [f"{os.getpid()}.{_TEMP_TAG}"]  # no getpid() per write; a forked child gets its own
+os.register_at_fork(after_in_child=lambda: _TEMP_PREFIX.__setitem__(0, f"{os.getpid()}.{_TEMP_TAG}"))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False,
@@ -148,7 +150,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     directory = directory or "."
     # The temp name is unique per call (pid, a random tag per process, a counter) so concurrent
     # writers, in this process or another, never share one.
-    tmp = f"{directory}/.{name}.{os.getpid()}.{_TEMP_TAG}{next(_TEMP_SEQ)}.tmp"
+    tmp = f"{directory}/.{name}.{_TEMP_PREFIX[0]}{next(_TEMP_SEQ)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:

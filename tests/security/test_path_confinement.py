@@ -110,6 +110,29 @@ def test_a_planted_symlink_inside_the_run_dir_cannot_redirect_a_write(tmp_path):
     assert list(outside.iterdir()) == []
 
 
+def test_a_transition_batch_never_writes_through_a_planted_symlink(tmp_path):
+    """write_transition checks each directory once and never follows a final component: a
+    directory link leading out is refused, a linked file is replaced (the link itself, by the
+    rename), a linked event log is refused — and nothing outside the run dir changes."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "usage.json").write_text("victim")
+    arts = CastArtifacts(tmp_path / "artifacts", "c-3").create()
+    arts.init_manifest(request="r", config_source="test")
+    (arts.run_dir / "sockets" / "Socket-1").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(Forbidden):
+        arts.write_transition({"sockets/Socket-1/1.md": "through the link"}, [], [])
+    (arts.run_dir / "usage.json").symlink_to(outside / "usage.json")
+    arts.write_transition({"usage.json": "{}\n"}, [{"phase": "p"}], [("e", {"n": 1}, 1)])
+    assert not (arts.run_dir / "usage.json").is_symlink() and (arts.run_dir / "usage.json").read_text() == "{}\n"
+    (arts.run_dir / "events.jsonl").unlink()
+    (arts.run_dir / "events.jsonl").symlink_to(outside / "events.jsonl")
+    with pytest.raises(Forbidden):
+        arts.write_transition({}, [], [("e", {"n": 2}, 2)])
+    assert sorted(p.name for p in outside.iterdir()) == ["usage.json"]
+    assert (outside / "usage.json").read_text() == "victim"
+
+
 def test_list_casts_ignores_hostile_directory_names(tmp_path):
     root = tmp_path / "artifacts"
     CastStateStore(root).save("c-ok", {"request": "r"}, incarnation=1)

@@ -60,6 +60,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -280,6 +281,16 @@ def _iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _event_records(events: list[tuple[str, dict[str, Any], int]]) -> list[dict[str, Any]]:
+    """``events.jsonl`` records of ``(type, data, ts_ms)`` tuples; ValueError for an empty type."""
+    records = []
+    for type_, data, ts_ms in events:
+        if not isinstance(type_, str) or not type_:
+            raise ValueError("event type must be a non-empty string")
+        records.append({"ts": int(ts_ms), "type": type_, "data": data or {}})
+    return records
+
+
 # --------------------------------------------------------------------------- the run directory
 
 
@@ -299,6 +310,7 @@ class CastArtifacts:
         self.run_dir = Path(ConfinedRoot(self.artifact_root, resolved=True).join_text(self.cast_id))
         self._lock = _lock_for(self.run_dir)
         self._root = ConfinedRoot(self.run_dir, resolved=True)
+        self._run_prefix = str(self.run_dir)
         self._made: set[str] = set()  # directories known to exist: no mkdir per write
         self._fitted: dict[str, str] = {}  # relative path -> checked, fitted relative path
         # The manifest as last written by this object, and the file identity it was written
@@ -337,6 +349,9 @@ class CastArtifacts:
         The text checks and name fitting of a relative path never change, so they are done once
         per path; the containment walk (``lstat`` of each existing component) runs every call.
         """
+        return self._root.join_text(self._fitted_path(relative))
+
+    def _fitted_path(self, relative: str) -> str:
         fitted = self._fitted.get(relative)
         if fitted is None:
             text = str(relative)
@@ -344,7 +359,29 @@ class CastArtifacts:
             fitted = "/".join(fit_name(part) for part in text.split("/"))
             if len(self._fitted) < _FITTED_CACHE_SIZE:
                 self._fitted[relative] = fitted
-        return self._root.join_text(fitted)
+        return fitted
+
+    def _transition_targets(self, relatives: Iterable[str]) -> list[str]:
+        """The targets of one transition's writes, each *directory* walked once.
+
+        Same containment as :meth:`_target` for everything that can redirect a write: every
+        directory component is ``lstat``-ed (a planted directory symlink leading out is refused);
+        the final component is not, because a transition never writes *through* it — a whole
+        file is replaced by ``rename`` (which replaces a planted link itself) and an event log is
+        opened with ``O_NOFOLLOW`` (refused).
+        """
+        checked: dict[str, str] = {}
+        out = []
+        for relative in relatives:
+            head, _, name = self._fitted_path(relative).rpartition("/")
+            if not head:
+                out.append(f"{self._run_prefix}/{name}")
+                continue
+            directory = checked.get(head)
+            if directory is None:
+                directory = checked[head] = self._root.join_text(head)
+            out.append(f"{directory}/{name}")
+        return out
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the run dir, with ``/`` separators."""
@@ -398,14 +435,14 @@ class CastArtifacts:
         """
         with self._lock:
             synced: set[str] = set()
-            for relative, content in files.items():
-                synced.add(os.path.dirname(self._replace(self._target(relative), content, sync_dir=False)))
+            for target, content in zip(self._transition_targets(files), files.values()):
+                synced.add(os.path.dirname(self._replace(target, content, sync_dir=False)))
             for directory in synced:
                 fsync_dir(directory)
             if entries:
-                self.add_manifest_entries(entries)
+                self._add_manifest_entries_at(f"{self._run_prefix}/{self.MANIFEST}", entries)
             if events:
-                self.append_events(events)
+                append_json_lines(f"{self._run_prefix}/{self.EVENTS}", _event_records(events))
 
     # -- whole-file documents ------------------------------------------------
 
@@ -441,18 +478,16 @@ class CastArtifacts:
         restart). Raises NotFound if there is no manifest yet, ArtifactCorrupt if it is broken.
         """
         with self._lock:
-            meta, lines = self._manifest_now()
-            stored = []
-            for entry in entries:
-                record = dict(entry)
-                record.setdefault("timestamp", _iso_now())
-                stored.append(record)
-            if stored:
-                self._write_manifest(meta, lines + [_manifest_line(r) for r in stored])
-            return stored
+            return self._add_manifest_entries_at(self._target(self.MANIFEST), entries)
 
-    def _manifest_now(self) -> tuple[dict[str, Any], list[str]]:
-        target = self._target(self.MANIFEST)
+    def _add_manifest_entries_at(self, target: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        meta, lines = self._manifest_now(target)
+        stored = [entry if "timestamp" in entry else {**entry, "timestamp": _iso_now()} for entry in entries]
+        if stored:
+            self._write_manifest(meta, lines + [_manifest_line(r) for r in stored], target)
+        return stored
+
+    def _manifest_now(self, target: str) -> tuple[dict[str, Any], list[str]]:
         if self._manifest_meta is not None and _file_sig(target) == self._manifest_sig:
             return self._manifest_meta, self._manifest_lines
         manifest = self.read_manifest()
@@ -462,9 +497,9 @@ class CastArtifacts:
         entries = manifest.pop("entries", None)
         return manifest, [_manifest_line(e) for e in entries or []]
 
-    def _write_manifest(self, meta: dict[str, Any], lines: list[str]) -> Path:
+    def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None) -> Path:
         with self._lock:
-            target = self._replace(self._target(self.MANIFEST), render_manifest(meta, lines), sync_dir=True)
+            target = self._replace(target or self._target(self.MANIFEST), render_manifest(meta, lines), sync_dir=True)
             self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
         return Path(target)
 
@@ -488,11 +523,7 @@ class CastArtifacts:
         Everything is serialised first, so a bad record appends nothing; after a crash at most
         the last line is torn (readers skip it, the next append seals it).
         """
-        records = []
-        for type_, data, ts_ms in events:
-            if not isinstance(type_, str) or not type_:
-                raise ValueError("event type must be a non-empty string")
-            records.append({"ts": int(ts_ms), "type": type_, "data": dict(data or {})})
+        records = _event_records(events)
         with self._lock:
             append_json_lines(self._target(self.EVENTS), records)
 

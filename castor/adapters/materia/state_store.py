@@ -214,13 +214,18 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     layout (an older writer, a hand edit) is parsed in full. A corrupt file raises StateCorrupt.
     """
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(_HEADER_BYTES)
+        # A raw descriptor, not a file object: this runs on every save (no buffer, no extra fstat).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            head = os.read(fd, _HEADER_BYTES)
             match = _HEADER.match(head)
             if match is None or int(match.group(1)) != FORMAT:
-                raw = (head + handle.read()).decode("utf-8")
+                with open(fd, "rb", closefd=False) as handle:
+                    raw = (head + handle.read()).decode("utf-8")
                 stored = _parse_document(path, raw)
                 return stored.revision, stored.incarnation
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
