@@ -111,9 +111,16 @@ class ChildSpec:
     short-lived workers started often; others go through the supervisor's mailbox (so a
     delay fault on the supervisor delays their start)."""
 
+    await_start: bool = True
+    """``direct_start`` only. False: ``spawn`` returns once the child's loop is handed to a thread,
+    without waiting for its ``on_start`` (which then runs concurrently; raising there is a crash
+    like any other). For a child whose starter has nothing to order after its start."""
+
     def __post_init__(self) -> None:
         if self.direct_start and self.restart is not Restart.TEMPORARY:
             raise ValueError("direct_start is for TEMPORARY children only")
+        if not self.await_start and not self.direct_start:
+            raise ValueError("await_start=False needs direct_start")
 
 
 def supervisor_spec(
@@ -225,8 +232,9 @@ class Supervisor(Actor):
         """Start a TEMPORARY child from the calling thread; None if this incarnation is ending.
 
         Same answers as a ``StartChild``: the handle once the child's ``on_start`` has finished
-        (at most ``start_timeout``), ``Conflict`` for an id in use, the factory's error if it
-        cannot start. Its exit is bookkept on its own thread (see the module doc).
+        (at most ``start_timeout``; at once with ``await_start=False``), ``Conflict`` for an id
+        in use, the factory's error if it cannot start. Its exit is bookkept on its own thread
+        (see the module doc).
         """
         if not spec.direct_start:
             raise ValueError("start_temporary takes direct_start children only")
@@ -247,7 +255,7 @@ class Supervisor(Actor):
                 self._slots.pop(path, None)
                 handle.close("failed to start")
                 raise
-        if started is not None and not started.wait(start_timeout):
+        if started is not None and spec.await_start and not started.wait(start_timeout):
             handle._log_slow_start(start_timeout)
         return handle
 

@@ -17,7 +17,7 @@ from castor.supervision import ActorSystem, ChildSpec, Restart, supervisor_spec
 from castor.supervision import faults
 from castor.supervision.supervisor import WhichChildren
 
-from .helpers import Journal, Ping, Quit, poll_until, worker
+from .helpers import Journal, Ping, Quit, Worker, poll_until, worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -141,3 +141,35 @@ def test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start():
         assert refused > 0 or len(started) == 400
     finally:
         system.shutdown(10)
+
+
+class _GatedStart(Worker):
+    """on_start waits for a gate (so a test can see whether spawn waited for it)."""
+
+    def __init__(self, name: str, journal: Journal, gate: threading.Event) -> None:
+        super().__init__(name, journal)
+        self.gate = gate
+
+    def on_start(self) -> None:
+        self.gate.wait(10)
+        super().on_start()
+
+
+def test_await_start_false_returns_before_on_start_and_the_child_then_runs():
+    journal = Journal()
+    gate = threading.Event()
+    system = _system()
+    try:
+        spec = ChildSpec("g", lambda: _GatedStart("g", journal, gate), restart=Restart.TEMPORARY,
+                         direct_start=True, await_start=False)
+        handle = system.spawn(spec, under=POOL, timeout=5)
+        assert journal.count("start", "g") == 0  # spawn did not wait for on_start
+        pending = handle.ask_pending(Ping(n=3), timeout=10)  # queued behind on_start
+        gate.set()
+        assert pending.result() == ("g", 1, 3)
+        assert journal.count("start", "g") == 1
+    finally:
+        gate.set()
+        system.shutdown(10)
+    with pytest.raises(ValueError):
+        ChildSpec("x", worker("x", journal), restart=Restart.TEMPORARY, await_start=False)

@@ -221,4 +221,5 @@ def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPo
                      factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
                                                  usage_timeout_s=usage_timeout_s,
                                                  compaction_timeout_s=compaction_timeout_s),
-                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True)
+                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True,
+                     await_start=False)  # the cast orders nothing after a visit's start

@@ -210,13 +210,17 @@ class _Ctx:
         self.s = state
         self.at = at
         self.effects: list[Effect] = []
+        self._iso: str | None = None
 
     @property
     def ts_ms(self) -> int:
         return int(round(self.at * 1000))
 
     def iso(self) -> str:
-        return datetime.fromtimestamp(self.at, tz=UTC).isoformat().replace("+00:00", "Z")
+        iso = self._iso
+        if iso is None:  # one clock reading per step: every timestamp of a transition is the same
+            iso = self._iso = datetime.fromtimestamp(self.at, tz=UTC).isoformat().replace("+00:00", "Z")
+        return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:
         self.effects.append(EmitEvent(type=type_, data=data, ts_ms=self.ts_ms))
@@ -465,12 +469,13 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
     s = ctx.s
     visit = s.visit
     synthetic = prompts.synthetic_context(rs, s, mode=mode) if user_driven else None
+    fresh, system_prompt = prompts.socket_prompt_and_suffix(rs, s, mode=mode)
     if reuse and s.active_turn_prompt is not None:
         prompt = s.active_turn_prompt
     elif synthetic is not None:
         prompt = prompts.refinement_turn_prompt(rs, s, synthetic)
     else:
-        prompt = prompts.socket_prompt(rs, s, mode=mode)
+        prompt = fresh
     visit_id = _next_visit_id(s, rs.id, visit)
     s.active_turn_prompt = prompt
     s.active_turn_mode = mode  # type: ignore[assignment]
@@ -498,7 +503,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
         summary += f"\n\n{s.current_item_label or s.current_item_key}"
     effect = RunAgentTurn(
         visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
-        prompt=prompt, system_prompt=prompts.system_prompt_suffix(rs, s, mode=mode), visible_summary=summary,
+        prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
         model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
@@ -642,7 +647,10 @@ def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) ->
 
 def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     s = ctx.s
-    result = check_budget(s.config.budget, s.usage, already_warned=s.budget_warned)
+    budget = s.config.budget
+    if not (budget.max_tokens or budget.max_cost_usd):
+        return  # no limit configured: check_budget could neither warn nor stop
+    result = check_budget(budget, s.usage, already_warned=s.budget_warned)
     if not (result.warn or result.limit_hit):
         return
     usage = s.usage.model_dump(mode="json", exclude={"turns"})

@@ -133,9 +133,15 @@ def refinement_turn_prompt(rs: ResolvedSocket, state: CastState, synthetic: str)
 
 def system_prompt_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
     """Appended to the host's system prompt while the turn runs (``before_agent_start``)."""
+    return socket_prompt_and_suffix(rs, state, mode=mode)[1]
+
+
+def socket_prompt_and_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> tuple[str, str]:
+    """:func:`socket_prompt` and :func:`system_prompt_suffix` of one turn, rendering once."""
     rendered = render_template(rs.materia.prompt if rs.materia else "", state)
-    body = "\n\n".join([rendered, *_tail_sections(rs, state, mode)])
-    return f"Materia active materia ({rs.id}):\n{body}"
+    tail = _tail_sections(rs, state, mode)
+    prompt = "\n\n".join([f"{OPEN_TAG}\n{rendered}\n{CLOSE_TAG}", *tail])
+    return prompt, f"Materia active materia ({rs.id}):\n" + "\n\n".join([rendered, *tail])
 
 
 def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:

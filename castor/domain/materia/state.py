@@ -7,6 +7,7 @@ equals ``s`` exactly; the actor persists it on every transition. Field names are
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Literal
@@ -168,18 +169,28 @@ def short_label(label: str | None) -> str | None:
     return collapsed if len(collapsed) <= 80 else collapsed[:80] + "…"
 
 
+@functools.lru_cache(maxsize=4096)
 def refinement_counter_key(socket_id: str, item_key: str | None, visit: int) -> str:
     return json.dumps([socket_id, item_key if item_key is not None else "__singleton__", visit], separators=(",", ":"))
 
 
+@functools.lru_cache(maxsize=4096)
 def task_attempt_key(socket_id: str, item_key: str | None) -> str:
     return json.dumps([socket_id, item_key if item_key is not None else "__singleton__"], separators=(",", ":"))
 
 
 def seg(value: Any) -> str:
     """An artifact path segment (§8.1); leading dots are also trimmed so it never means '..'."""
-    text = re.sub(r"[^A-Za-z0-9._-]+", "-", str(value)).strip("-").lstrip(".")
+    return _seg_text(value if type(value) is str else str(value))
+
+
+@functools.lru_cache(maxsize=4096)  # socket ids and item keys repeat on every transition
+def _seg_text(text: str) -> str:
+    text = _NOT_SEGMENT.sub("-", text).strip("-").lstrip(".")
     return text or "task"
+
+
+_NOT_SEGMENT = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def config_hash(config: dict[str, Any]) -> str:
