@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest
+from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only, may_reply_inline
 from castor.adapters.agents import make_agent
 from castor.adapters.agents.scripted import ScriptedAgent, load_script, parse_script
 from castor.messages.errors import Conflict, InvalidConfig, InvalidParams
@@ -62,6 +62,24 @@ def test_zero_latency_reply_is_off_the_callers_stack_and_in_order():
     assert (one.text, one.stop_reason, one.ok) == ("first", "stop", True)
     assert two.text == "second" and two.usage.input_tokens == 3 and two.usage.output_tokens is None
     assert inbox.threads["t1"] != caller and inbox.threads["t2"] != caller
+    agent.close()
+
+
+def test_an_enqueue_only_reply_is_told_at_once_on_the_callers_thread_and_only_once():
+    """A reply marked enqueues_only (an actor tell) needs no hop: a ready answer arrives before
+    run_turn returns, on the calling thread; a plain callback still never does."""
+    agent = ScriptedAgent(parse_script({"*": ["now", {"text": "later", "delay_ms": 30}, "plain"]}))
+    inbox = Inbox()
+    caller = threading.get_ident()
+    agent.run_turn(req("t1"), enqueues_only(inbox.reply_for("t1")))
+    assert inbox.events["t1"].is_set() and inbox.threads["t1"] == caller  # delivered inline
+    agent.cancel("t1")  # settled already: nothing more
+    agent.run_turn(req("t2"), enqueues_only(inbox.reply_for("t2")))
+    assert inbox.get("t2").text == "later" and inbox.threads["t2"] != caller  # from the timer thread
+    agent.run_turn(req("t3"), inbox.reply_for("t3"))
+    assert inbox.get("t3").text == "plain" and inbox.threads["t3"] != caller
+    assert [len(inbox.outcomes[t]) for t in ("t1", "t2", "t3")] == [1, 1, 1]
+    assert may_reply_inline(enqueues_only(lambda _o: None)) and not may_reply_inline(lambda _o: None)
     agent.close()
 
 

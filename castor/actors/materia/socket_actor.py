@@ -40,7 +40,7 @@ from typing import Any
 
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
-from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest
+from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only
 from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 from castor.domain.materia.cast_messages import (
     ProactiveCompactionFinished,
@@ -178,6 +178,7 @@ class SocketActor(Actor):
         self._sent = True
         handle = self.handle
 
+        @enqueues_only  # a tell: an answer ready at once may be delivered on this very thread
         def reply(outcome: TurnOutcome) -> None:
             try:
                 handle.tell(TurnReplied(outcome=outcome))

@@ -9,7 +9,10 @@ Contract for implementers
 - ``run_turn(request, reply)`` returns at once; it never blocks on the model.
 - ``reply`` is called **exactly once** per accepted ``turn_id`` and **never on
   the caller's stack** (always from another thread), so an actor that calls
-  ``run_turn`` from its own message handler is never re-entered.
+  ``run_turn`` from its own message handler is never re-entered — unless the
+  caller marked it :func:`enqueues_only` (it only *tells* an actor, which can
+  never re-enter anyone): such a reply may be called on any thread, the
+  caller's included, so an answer that is ready at once costs no thread hop.
 - ``cancel(turn_id)`` is idempotent. If the turn has not replied yet, it
   replies with ``stop_reason="aborted"`` and ``error.kind="cancelled"``; a
   late answer from the model is then dropped. Unknown ids are ignored.
@@ -45,7 +48,9 @@ __all__ = [
     "TurnRequest",
     "TurnUsage",
     "TOOL_SCOPES",
+    "enqueues_only",
     "harness_turn_settings",
+    "may_reply_inline",
 ]
 
 ToolScope = Literal["none", "readOnly", "coding"]
@@ -137,6 +142,21 @@ class TurnOutcome(BaseModel):
 
 
 TurnReply = Callable[[TurnOutcome], None]
+
+
+def enqueues_only(reply: TurnReply) -> TurnReply:
+    """Mark ``reply`` as one that only enqueues (an actor ``tell``) and returns.
+
+    Such a reply can never re-enter the code that called ``run_turn``, so an adapter may call
+    it on the caller's own stack (see the contract above). Returns ``reply`` itself.
+    """
+    reply.enqueues_only = True  # type: ignore[attr-defined]
+    return reply
+
+
+def may_reply_inline(reply: TurnReply) -> bool:
+    """Whether an adapter may call ``reply`` on the thread that settles the turn, even the caller's."""
+    return getattr(reply, "enqueues_only", False) is True
 
 
 @runtime_checkable

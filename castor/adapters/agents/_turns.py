@@ -5,7 +5,9 @@
 - ``accept`` registers a turn (``Conflict`` for a duplicate in-flight id,
   ``ActorStopped`` once closed);
 - ``settle`` delivers the outcome at most once, on the book's own small
-  thread pool (never on the caller's stack); a second settle is a no-op;
+  thread pool (never on the caller's stack) — or at once, on the settling
+  thread, for a reply marked :func:`~castor.actors.ports.agent.enqueues_only`
+  (it only tells an actor, so no thread hop is needed); a second settle is a no-op;
 - ``cancel`` settles with an ``aborted``/``cancelled`` outcome and runs the
   turn's cancel hook (so the adapter can stop its timer or socket);
 - ``close`` cancels everything in flight, then stops the pool.
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
-from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest
+from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.messages.errors import ActorStopped, Conflict
 
 __all__ = ["TurnBook", "cancelled_outcome", "error_outcome"]
@@ -92,12 +94,15 @@ class TurnBook:
             pending = self._pending.pop(turn_id, None)
             if pending is None:
                 return False
-            try:
-                self._pool.submit(self._deliver, pending, outcome)
-            except RuntimeError:
-                # Pool already shut down (close raced us): still never reply on the caller's stack.
-                threading.Thread(target=self._deliver, args=(pending, outcome), daemon=True).start()
-            return True
+            if not may_reply_inline(pending.reply):
+                try:
+                    self._pool.submit(self._deliver, pending, outcome)
+                except RuntimeError:
+                    # Pool already shut down (close raced us): still never reply on the caller's stack.
+                    threading.Thread(target=self._deliver, args=(pending, outcome), daemon=True).start()
+                return True
+        self._deliver(pending, outcome)  # an enqueue-only reply: outside the lock, on this thread
+        return True
 
     def cancel(self, turn_id: str) -> bool:
         with self._lock:

@@ -21,7 +21,9 @@ Guarantees
   get the same sequence, independent of how their turns interleave. Cursors
   are per (cast, socket) for keyed lists and per cast for the shared list.
 - Replies come from a small thread pool (zero-latency mode) or a timer
-  (``delay_ms``), never on the caller's stack; exactly once per turn;
+  (``delay_ms``), never on the caller's stack — except a reply marked
+  ``enqueues_only`` (an actor tell), which a ready answer reaches at once, on
+  the calling thread, with no hop; exactly once per turn;
   ``cancel`` replies ``aborted`` at once and drops the scripted answer.
 - Running out of answers is a clear error outcome
   (``error.kind == "exhausted"``), not an exception and not a hang.
