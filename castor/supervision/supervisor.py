@@ -23,17 +23,19 @@ more than R restarts   —               stop every child (reverse start order),
 within T seconds                       crash itself: the parent applies *its* policy
 =====================  ==============  ===============================================  ========================================
 
-**Direct temporary children are started and bookkept without the supervisor's thread.** A
-TEMPORARY child is never restarted, so nothing about its exit needs the supervisor's
-decision. For a spec with ``direct_start`` (short-lived per-request workers),
-:meth:`Supervisor.start_temporary` (any thread; ``ActorSystem.spawn`` uses it) adds it to
-the child table and starts it on the caller's thread, and its own exit removes
-it from the table on the child's thread (closing its handle, then ``on_removed``; an exit
-the supervisor caused is bookkept by the supervisor, as before). The
-table is shared under one lock; once the supervisor begins to terminate, the table is
-closed and a start is refused (``spawn`` then queues it for the next incarnation like any
-``StartChild``), so no temporary child outlives its supervisor. A per-visit worker thus
-costs no supervisor round trip to start and no message to end.
+**Direct children are started without the supervisor's thread.** For a spec with
+``direct_start`` (children started often: per-request workers, per-cast actors),
+:meth:`Supervisor.start_direct` (any thread; ``ActorSystem.spawn`` uses it) adds the child to
+the child table and starts it on the caller's thread: no round trip through the supervisor's
+mailbox. The table is shared under one lock; once the supervisor begins to terminate, the
+table is closed and a direct start is refused (``spawn`` then queues it for the next
+incarnation like any ``StartChild``), so no child outlives its supervisor. Exits still follow
+the table above: a permanent or transient direct child reports them as ``ChildExited``, and
+the supervisor decides on its own thread. A TEMPORARY one is never restarted, so nothing about
+its exit needs the supervisor: its own exit removes it from the table on the child's thread
+(closing its handle, then ``on_removed``; an exit the supervisor caused is bookkept by the
+supervisor, as before). A per-visit worker thus costs no supervisor round trip to start and
+no message to end.
 
 Strategies: ``one_for_one`` restarts only the exited child; ``one_for_all``
 stops the other children (reverse order) and restarts all (start order);
@@ -106,21 +108,19 @@ class ChildSpec:
     thread, except for a temporary child's own exit, which runs it on the child's thread.
     Lets a child's owner release what outlives incarnations (a lease)."""
     direct_start: bool = False
-    """TEMPORARY only: ``ActorSystem.spawn`` starts it on the calling thread and its exit is
-    bookkept on its own thread, with no supervisor round trip (see the module doc). For
-    short-lived workers started often; others go through the supervisor's mailbox (so a
-    delay fault on the supervisor delays their start)."""
+    """``ActorSystem.spawn`` starts it on the calling thread, with no supervisor round trip; a
+    TEMPORARY one also bookkeeps its own exit (see the module doc). For children started often;
+    others go through the supervisor's mailbox (so a delay fault on the supervisor delays their
+    start)."""
 
     await_start: bool = True
-    """``direct_start`` only. False: ``spawn`` returns once the child's loop is handed to a thread,
-    without waiting for its ``on_start`` (which then runs concurrently; raising there is a crash
-    like any other). For a child whose starter has nothing to order after its start."""
+    """TEMPORARY ``direct_start`` only. False: ``spawn`` returns once the child's loop is handed to
+    a thread, without waiting for its ``on_start`` (which then runs concurrently; raising there is
+    a crash like any other). For a child whose starter has nothing to order after its start."""
 
     def __post_init__(self) -> None:
-        if self.direct_start and self.restart is not Restart.TEMPORARY:
-            raise ValueError("direct_start is for TEMPORARY children only")
-        if not self.await_start and not self.direct_start:
-            raise ValueError("await_start=False needs direct_start")
+        if not self.await_start and not (self.direct_start and self.restart is Restart.TEMPORARY):
+            raise ValueError("await_start=False is for TEMPORARY direct_start children only")
 
 
 def supervisor_spec(
@@ -227,26 +227,28 @@ class Supervisor(Actor):
         with self._table:
             self._slots.clear()
 
-    # -- temporary children (any thread) -----------------------------------
-    def start_temporary(self, spec: ChildSpec, *, start_timeout: float) -> ActorHandle | None:
-        """Start a TEMPORARY child from the calling thread; None if this incarnation is ending.
+    # -- direct children (any thread) ----------------------------------------
+    def start_direct(self, spec: ChildSpec, *, start_timeout: float) -> ActorHandle | None:
+        """Start a ``direct_start`` child from the calling thread; None if this incarnation is ending.
 
         Same answers as a ``StartChild``: the handle once the child's ``on_start`` has finished
         (at most ``start_timeout``; at once with ``await_start=False``), ``Conflict`` for an id
-        in use, the factory's error if it cannot start. Its exit is bookkept on its own thread
-        (see the module doc).
+        in use, the factory's error if it cannot start. A temporary child's exit is bookkept on
+        its own thread; any other reports ``ChildExited`` (see the module doc).
         """
         if not spec.direct_start:
-            raise ValueError("start_temporary takes direct_start children only")
+            raise ValueError("start_direct takes direct_start children only")
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
-        handle._on_exit = self._temporary_exited
+        slot = self._new_slot(spec, handle)
+        if spec.restart is Restart.TEMPORARY:
+            handle._on_exit = self._temporary_exited
         with self._table:
             if self._closed:
                 return None
             if path in self._slots:
                 raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})
-            self._slots[path] = _Slot(spec, handle)
+            self._slots[path] = slot
             try:
                 # Under the table lock, so a terminating supervisor either sees this child
                 # running (and stops it) or refuses it; the wait for on_start is outside.
@@ -278,7 +280,7 @@ class Supervisor(Actor):
     def _on_start_child(self, message: StartChild) -> ActorHandle:
         spec = message.spec
         if spec.direct_start:  # its exit is bookkept the direct way, wherever it was started
-            handle = self.start_temporary(spec, start_timeout=START_TIMEOUT)
+            handle = self.start_direct(spec, start_timeout=START_TIMEOUT)
             if handle is None:
                 raise ActorStopped(f"{self.path} is stopping", may_have_started=False)
             return handle
@@ -383,12 +385,15 @@ class Supervisor(Actor):
             revive_on_demand=spec.revive_on_demand and spec.restart is not Restart.TEMPORARY,
         )
 
+    def _new_slot(self, spec: ChildSpec, handle: ActorHandle) -> _Slot:
+        handle._on_exit = _report_exit_to(self.handle)
+        return _Slot(spec, handle, intensity=(
+            _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
+
     def _start(self, spec: ChildSpec) -> ActorHandle:
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
-        handle._on_exit = _report_exit_to(self.handle)
-        slot = _Slot(spec, handle, intensity=(
-            _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
+        slot = self._new_slot(spec, handle)
         with self._table:
             if path in self._slots:
                 raise Conflict(f"child {spec.id!r} already exists under {self.path}", data={"path": path})

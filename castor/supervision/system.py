@@ -70,14 +70,14 @@ class ActorSystem:
         """Start a dynamic child under the supervisor at ``under``.
 
         A ``direct_start`` child is started on the calling thread when the supervisor is
-        running (:meth:`Supervisor.start_temporary`: no round trip through the supervisor's
+        running (:meth:`Supervisor.start_direct`: no round trip through the supervisor's
         mailbox); otherwise, and for every other child, this is a ``StartChild`` ask.
         """
         supervisor = self.registry.lookup(under)
         if spec.direct_start:
             current = supervisor.actor
             if isinstance(current, Supervisor):
-                handle = current.start_temporary(spec, start_timeout=timeout)
+                handle = current.start_direct(spec, start_timeout=timeout)
                 if handle is not None:
                     return handle
         return supervisor.ask(StartChild(spec=spec), timeout=timeout)

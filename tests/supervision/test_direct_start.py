@@ -32,11 +32,30 @@ def _direct(name: str, journal: Journal, **kw) -> ChildSpec:
     return ChildSpec(name, worker(name, journal), restart=Restart.TEMPORARY, direct_start=True, **kw)
 
 
-def test_direct_start_is_refused_for_children_that_can_restart():
+def test_not_awaiting_the_start_is_refused_for_children_that_can_restart():
     journal = Journal()
     for restart in (Restart.PERMANENT, Restart.TRANSIENT):
         with pytest.raises(ValueError):
-            ChildSpec("x", worker("x", journal), restart=restart, direct_start=True)
+            ChildSpec("x", worker("x", journal), restart=restart, direct_start=True, await_start=False)
+
+
+def test_a_direct_transient_child_is_started_without_the_supervisor_and_restarted_by_it():
+    journal = Journal()
+    system = _system()
+    try:
+        pool = system.lookup(POOL)
+        before = pool.snapshot().mailbox.processed
+        spec = ChildSpec("t", worker("t", journal), restart=Restart.TRANSIENT, direct_start=True)
+        handle = system.spawn(spec, under=POOL, timeout=5)
+        assert journal.count("start", "t") == 1 and pool.snapshot().mailbox.processed == before
+        handle.kill("test")  # a crash: its ChildExited reaches the supervisor, which restarts it
+        assert poll_until(lambda: handle.incarnation == 2 and handle.alive, timeout=5)
+        assert handle.ask(Ping(n=4), timeout=5) == ("t", 2, 4)
+        handle.tell(Quit())  # a normal exit of a transient child: removed, not restarted
+        assert handle.closed.wait(5)
+        assert pool.ask(WhichChildren(), timeout=5) == []
+    finally:
+        system.shutdown(10)
 
 
 def test_a_direct_child_starts_and_ends_without_a_message_to_its_supervisor():

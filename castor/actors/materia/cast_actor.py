@@ -133,6 +133,9 @@ class CastEnv:
     clock: Callable[[], float] = time.time
     user_turn_timeout_s: float | None = None  # opt-in bound on a user-driven turn (RuntimeSettings)
     extras: dict[str, Any] = field(default_factory=dict)
+    # The status view right after a new cast's start, set by its first incarnation's on_start;
+    # the starter reads it once spawn has returned (spawn waits for on_start), instead of an ask.
+    started_view: dict[str, Any] | None = None
     host_context: HostContextPort | None = None  # None: a standalone agent, no host context
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S
     usage_timeout_s: float = USAGE_TIMEOUT_S
@@ -170,6 +173,8 @@ class CastActor(Actor):
     def on_start(self) -> None:
         try:
             self._start()
+            if self.state is not None and self.env.start_event is not None and self.incarnation == 1:
+                self.env.started_view = self._status()
         except (NotFound, StateCorrupt, InvalidMessage) as exc:
             # Permanent: restarting cannot help, and a crash loop would exhaust the cast
             # supervisor's intensity and take the session's other casts down with it.
@@ -598,4 +603,4 @@ def cast_spec(env: CastEnv) -> ChildSpec:
 
     return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
                      shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S,
-                     on_removed=given_up)
+                     on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop

@@ -207,8 +207,9 @@ class SessionActor(Actor):
                 raise
         start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
                             run_dir=str(root / cast_id), artifact_root=str(root), at=time.time())
-        handle = self._spawn(self._env(cast_id, root, lease=lease, start=start), lease)
-        view = self._ask_status(handle, root, cast_id)
+        env = self._env(cast_id, root, lease=lease, start=start)
+        handle = self._spawn(env, lease)
+        view = env.started_view or self._ask_status(handle, root, cast_id)
         return {**view, "text": f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name}).",
                 "level": "info"}
 
