@@ -61,11 +61,13 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "compact_json",
     "ConfinedRoot",
     "dump_json",
     "ensure_dir",
     "fsync_dir",
     "make_durable_dirs",
+    "one_line_json",
     "read_regular_file",
     "read_json_lines",
     "safe_join",
@@ -178,6 +180,21 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
                       keep_mode: bool = False) -> None:
     """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
     atomic_write_bytes(path, text.encode(encoding), keep_mode=keep_mode)
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_ONE_LINE = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def compact_json(value: Any) -> str:
+    """Strict JSON on one line without spaces (``json.dumps(..., separators=(",", ":"))``),
+    through one shared encoder: no encoder is built per call on the write paths."""
+    return _COMPACT.encode(value)
+
+
+def one_line_json(value: Any) -> str:
+    """Strict JSON on one line with json's default ``", "``/``": "`` spacing, shared encoder."""
+    return _ONE_LINE.encode(value)
 
 
 def dump_json(value: Any, *, indent: int | None = 2) -> str:
@@ -340,7 +357,7 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
         return
     lines = []
     for record in records:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        line = _COMPACT.encode(record)
         if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
             raise ValueError("JSON line contains a newline")
         lines.append(line)

@@ -24,6 +24,7 @@ mode (the lease is taken first: a cast another live runtime holds is a ``conflic
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from pathlib import Path
@@ -67,6 +68,12 @@ from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidPara
 from castor.supervision import Actor, handles
 
 ASK_TIMEOUT_S = 10.0
+
+
+@functools.lru_cache(maxsize=64)
+def _verb_signature(cls: type, verb: str) -> inspect.Signature:
+    """The signature of ``cls._verb_<verb>`` (unbound), computed once per verb."""
+    return inspect.signature(getattr(cls, f"_verb_{verb}"))
 
 
 class SessionActor(Actor):
@@ -167,7 +174,7 @@ class SessionActor(Actor):
         if handler is None:
             raise InvalidParams(f"unknown materia verb {call.verb!r}")
         try:
-            inspect.signature(handler).bind(**call.params)
+            _verb_signature(type(self), call.verb).bind(self, **call.params)
         except TypeError as exc:  # a parameter the verb does not have, or a missing one
             raise InvalidParams(f"invalid parameters for materia {call.verb}: {exc}", data={"verb": call.verb}) from None
         try:

@@ -74,6 +74,7 @@ from castor.adapters.fs import (
     dump_json,
     fsync_dir,
     make_durable_dirs,
+    one_line_json,
     read_json_lines,
 )
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
@@ -258,7 +259,7 @@ def _file_sig(path: Path) -> tuple[int, int, int] | None:
 
 
 def _manifest_line(entry: Any) -> str:
-    return json.dumps(entry, ensure_ascii=False, allow_nan=False)
+    return one_line_json(entry)
 
 
 def render_manifest(meta: dict[str, Any], entry_lines: list[str]) -> str:
@@ -267,8 +268,7 @@ def render_manifest(meta: dict[str, Any], entry_lines: list[str]) -> str:
     Same document as before (spec §8.2), laid out so it is serialised by the C JSON encoder
     (an entry per line stays readable and diffable) instead of a pretty-printer per rewrite.
     """
-    fields = [f"  {json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False, allow_nan=False)}"
-              for k, v in meta.items() if k != "entries"]
+    fields = [f"  {one_line_json(k)}: {one_line_json(v)}" for k, v in meta.items() if k != "entries"]
     entries = '"entries": [\n    ' + ",\n    ".join(entry_lines) + "\n  ]" if entry_lines else '"entries": []'
     return "{\n" + "".join(f"{f},\n" for f in fields) + f"  {entries}\n}}\n"
 

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import ConfinedRoot, atomic_write_bytes
+from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
 
@@ -202,8 +202,8 @@ _HEADER_BYTES = 512
 
 def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: str) -> bytes:
     """The stored document, header fields first (the fence check reads only those)."""
-    head = json.dumps({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
-                       "savedAt": saved_at}, separators=(",", ":"))
+    head = compact_json({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
+                         "savedAt": saved_at})
     return f'{head[:-1]},"state":{state_json}}}\n'.encode("utf-8")
 
 
