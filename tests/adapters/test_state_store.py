@@ -45,6 +45,21 @@ def test_zombie_incarnation_is_refused_and_leaves_state_untouched(tmp_path):
     assert store.load(CAST).state == {"owner": "new"}
 
 
+def test_a_fresh_claim_writes_nothing_and_a_restart_still_fences_an_incarnation_that_never_saved(tmp_path):
+    store = CastStateStore(tmp_path)
+    first, stored = store.claim_loaded(CAST, at_least=1, fresh=True)
+    assert (first, stored.revision, stored.state) == (1, 0, {})
+    assert not (tmp_path / CAST / "state.json").exists()  # the first save will create it
+    restart, _ = store.claim_loaded(CAST, at_least=2)  # the actor's 2nd incarnation: nothing saved yet
+    assert restart == 2 and store.load(CAST).incarnation == 2
+    with pytest.raises(Conflict) as info:  # the abandoned first incarnation's late first save
+        store.save(CAST, {"owner": "zombie"}, incarnation=first)
+    assert info.value.data["reason"] == "stale_incarnation"
+    store.save(CAST, {"owner": "restart"}, incarnation=restart)
+    again, stored = store.claim_loaded(CAST, at_least=1, fresh=True)  # a stored document: claimed as usual
+    assert again == 3 and stored.state == {"owner": "restart"} and store.load(CAST).incarnation == 3
+
+
 def test_expected_revision_gives_compare_and_swap(tmp_path):
     store = CastStateStore(tmp_path)
     inc = store.claim(CAST)

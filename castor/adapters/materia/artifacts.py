@@ -322,14 +322,26 @@ class CastArtifacts:
     # -- basics -------------------------------------------------------------
 
     def create(self) -> CastArtifacts:
-        """Create the run directory with ``sockets/`` and ``contexts/`` (idempotent)."""
+        """Create the run directory with ``sockets/`` and ``contexts/`` (idempotent).
+
+        Each directory created here is made durable in its parent; one that already existed
+        (a run dir ``allocate_cast_id`` made, a resumed cast's) costs no fsync.
+        """
         with self._lock:
-            self.artifact_root.mkdir(parents=True, exist_ok=True)
-            self.run_dir.mkdir(exist_ok=True)
+            run_dir = self._run_prefix
+            if not os.path.isdir(run_dir):
+                make_durable_dirs(run_dir)
+            made = False
             for sub in ("sockets", "contexts"):
-                self.path(sub).mkdir(exist_ok=True)
-            fsync_dir(self.run_dir)
-            fsync_dir(self.artifact_root)
+                target = self._target(sub)
+                try:
+                    os.mkdir(target)
+                    made = True
+                except FileExistsError:
+                    if not os.path.isdir(target):
+                        raise  # a file in its place: refused, as Path.mkdir(exist_ok=True) does
+            if made:
+                fsync_dir(run_dir)
         return self
 
     def exists(self) -> bool:

@@ -314,13 +314,24 @@ class CastStateStore:
         """
         return self.claim_loaded(cast_id)[0]
 
-    def claim_loaded(self, cast_id: str) -> tuple[int, StoredState]:
-        """:meth:`claim`, also returning the document as it stands after the claim (one read)."""
+    def claim_loaded(self, cast_id: str, *, at_least: int = 1, fresh: bool = False) -> tuple[int, StoredState]:
+        """:meth:`claim`, also returning the document as it stands after the claim (one read).
+
+        ``at_least``: the incarnation handed out is never lower (a caller's own restart count,
+        so a restarted actor outranks every earlier one of this process even if none of them
+        saved). ``fresh``: the caller is creating this cast and nothing is stored yet — the
+        claim then writes no fence document (the first save creates it with this incarnation,
+        and an earlier incarnation that never saved cannot exist); a stored document is
+        claimed as usual.
+        """
         tlock, lock_path, path = self._locked(cast_id)
         with tlock, _flocked(lock_path):
-            self._remove_orphan_temps(path)
             current = self._load_or_none(cast_id)
-            incarnation = (current.incarnation if current else 0) + 1
+            incarnation = max((current.incarnation if current else 0) + 1, at_least)
+            if current is None and fresh:
+                return incarnation, StoredState(cast_id=cast_id, revision=0, incarnation=incarnation,
+                                                saved_at=_iso_now(), state={})
+            self._remove_orphan_temps(path)
             stored = self._write(path, cast_id, current.revision if current else 0, incarnation,
                                  current.state if current else {})
             return incarnation, stored
