@@ -12,8 +12,8 @@
     entries, its event lines as one fsynced append, usage.json and state.json — with no
     actors and no engine. Ratio = runtime / baseline per socket.
     The same run also measures the **visit floor**: the real SocketActor's lifecycle alone
-    (spawned under the session's socket supervisor, one zero-latency scripted turn through
-    the AgentPort's reply thread, the outcome told to a parent actor, stop) with no engine
+    (started as a direct child of the session's socket supervisor, one zero-latency scripted
+    turn through the AgentPort, the outcome told to a parent actor, stop) with no engine
     and no files. It is what the brief's one-actor-per-visit design costs before castor
     writes a byte, printed beside the ratio so the two can be told apart.
 (b) **1,000 concurrent casts** of the same loadout across 10 sessions (agent latency 200 ms so
@@ -367,7 +367,7 @@ def transition_cost(base: Path, medium: str, reps: int, casts: int) -> float:
     print(f"(a) {medium}: per socket transition: runtime {runtime:.0f} us, plain writes {plain:.0f} us "
           f"(median of {reps} x {casts} casts, {base.parent}); ratio {statistics.median(ratios):.2f} "
           f"(runs {min(ratios):.2f}-{max(ratios):.2f})")
-    print(f"(a) {medium}: of which the visit floor (SocketActor spawn, agent reply hop, outcome, stop; no engine, "
+    print(f"(a) {medium}: of which the visit floor (SocketActor spawn, agent turn, outcome, stop; no engine, "
           f"no files) {floor:.0f} us = {floor / plain:.2f}x the plain writes; engine + persistence "
           f"{runtime - floor:.0f} us = {(runtime - floor) / plain:.2f}x")
     return statistics.median(ratios)
