@@ -37,15 +37,32 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_path: dict[str, ActorHandle] = {}
+        self._by_parent: dict[str, dict[str, ActorHandle]] = {}  # parent path -> its children by path
 
     def register(self, handle: ActorHandle) -> None:
+        path = handle.path
         with self._lock:
-            self._by_path[handle.path] = handle
+            self._by_path[path] = handle
+            self._by_parent.setdefault(path.rpartition("/")[0], {})[path] = handle
 
     def unregister(self, handle: ActorHandle) -> None:
+        path = handle.path
         with self._lock:
-            if self._by_path.get(handle.path) is handle:
-                del self._by_path[handle.path]
+            if self._by_path.get(path) is handle:
+                del self._by_path[path]
+                parent = path.rpartition("/")[0]
+                siblings = self._by_parent.get(parent)
+                if siblings is not None:
+                    siblings.pop(path, None)
+                    if not siblings:
+                        del self._by_parent[parent]
+
+    def children(self, parent: str) -> list[ActorHandle]:
+        """The registered direct children of ``parent``, in path order (cost: its children only)."""
+        with self._lock:
+            siblings = self._by_parent.get(parent.rstrip("/"))
+            items = sorted(siblings.items()) if siblings else []
+        return [handle for _path, handle in items]
 
     def lookup(self, path: str) -> ActorHandle:
         with self._lock:

@@ -103,12 +103,9 @@ class SessionActor(Actor):
 
     def _live(self) -> dict[str, Any]:
         """cast id -> handle of every live CastActor of this session."""
-        prefix = self.cast_sup + "/"
-        out = {}
-        for handle in self.runtime.system.registry.handles(self.cast_sup):
-            if handle.path.startswith(prefix) and "/" not in handle.path[len(prefix):] and handle.alive:
-                out[handle.path[len(prefix):]] = handle
-        return out
+        prefix = len(self.cast_sup) + 1
+        return {handle.path[prefix:]: handle for handle in self.runtime.system.registry.children(self.cast_sup)
+                if handle.alive}
 
     def _resolved(self, loadout: str | None = None, config_path: str | None = None) -> ResolvedConfig:
         return self.configs.load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)
