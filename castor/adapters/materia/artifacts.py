@@ -179,7 +179,8 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     """
     root = Path(artifact_root)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if not os.path.isdir(root):
+            root.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise Conflict(f"the artifact directory {root} is not a directory",
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None

@@ -42,9 +42,13 @@ class CastLease:
                     root_resolved: bool = False) -> CastLease | None:
         """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
         run_dir = ConfinedRoot(artifact_root, resolved=root_resolved).join_text(validate_cast_id(cast_id))
-        os.makedirs(run_dir, exist_ok=True)
         path = Path(run_dir) / LEASE_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:  # the run dir is not there yet (a fresh id allocates it first)
+            os.makedirs(run_dir, exist_ok=True)
+            fd = os.open(path, flags, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

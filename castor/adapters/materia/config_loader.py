@@ -18,6 +18,7 @@ FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON beco
 from __future__ import annotations
 
 import json
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -135,7 +136,19 @@ def load_resolved(
     return resolve_config(load(cwd, config_path=config_path, env=env, home=home), loadout)
 
 
-def _file_sig(path: Path) -> tuple[int, int, int, int] | None:
+@functools.lru_cache(maxsize=256)
+def _layer_paths(cwd: str, config_path: str | None, profile_env: str | None, config_env: str | None,
+                 home_env: str | None, home: str | None) -> tuple[str | None, str, str | None]:
+    """The user, project and explicit layer files (as :func:`gather_layers` finds them), by the
+    environment values that choose them (so a changed variable is a different key)."""
+    env = {name: value for name, value in (("PI_MATERIA_PROFILE_DIR", profile_env), ("MATERIA_CONFIG", config_env))
+           if value is not None}
+    explicit = explicit_path(Path(cwd), config_path, env)
+    return (str(profile_dir(env, None if home is None else Path(home)) / PROFILE_FILE), str(Path(cwd) / PROJECT_CONFIG),
+            None if explicit is None else str(explicit))
+
+
+def _file_sig(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -169,9 +182,10 @@ class ResolvedConfigCache:
         home: Path | None = None,
     ) -> ResolvedConfig:
         key = (str(cwd), loadout, None if config_path is None else str(config_path))
-        paths = [profile_dir(env, home) / PROFILE_FILE, Path(cwd) / PROJECT_CONFIG,
-                 explicit_path(Path(cwd), config_path, env)]
-        signature = tuple((str(p), _file_sig(p)) if p is not None else None for p in paths)
+        environ = os.environ if env is None else env
+        paths = _layer_paths(key[0], key[2], environ.get("PI_MATERIA_PROFILE_DIR"), environ.get("MATERIA_CONFIG"),
+                             os.environ.get("HOME"), None if home is None else str(home))  # Path.home() reads it
+        signature = tuple((p, _file_sig(p)) if p is not None else None for p in paths)
         with self._lock:
             hit = self._entries.get(key)
         if hit is not None and hit[0] == signature:

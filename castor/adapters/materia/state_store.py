@@ -280,7 +280,8 @@ class CastStateStore:
             entry = None
         if entry is None:
             path = self.state_path(cast_id)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not os.path.isdir(path.parent):
+                path.parent.mkdir(parents=True, exist_ok=True)
             entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path)
         return entry
 
@@ -288,7 +289,10 @@ class CastStateStore:
 
     def load(self, cast_id: str) -> StoredState:
         """The stored document; NotFound if none, StateCorrupt if unreadable."""
-        path = self.state_path(cast_id)
+        return self._load_at(self.state_path(cast_id), cast_id)
+
+    @staticmethod
+    def _load_at(path: Path, cast_id: str) -> StoredState:
         try:
             raw = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -297,9 +301,12 @@ class CastStateStore:
             raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
         return _parse_document(path, raw)
 
-    def _load_or_none(self, cast_id: str) -> StoredState | None:
+    def _load_or_none(self, path: Path, cast_id: str) -> StoredState | None:
+        """The stored document at ``path`` (the cast's checked state path), or None if there is none."""
+        if not os.path.lexists(path):
+            return None
         try:
-            return self.load(cast_id)
+            return self._load_at(path, cast_id)
         except NotFound:
             return None
 
@@ -326,7 +333,7 @@ class CastStateStore:
         """
         tlock, lock_path, path = self._locked(cast_id)
         with tlock, _flocked(lock_path):
-            current = self._load_or_none(cast_id)
+            current = self._load_or_none(path, cast_id)
             incarnation = max((current.incarnation if current else 0) + 1, at_least)
             if current is None and fresh:
                 return incarnation, StoredState(cast_id=cast_id, revision=0, incarnation=incarnation,
