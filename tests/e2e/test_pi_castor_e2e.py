@@ -235,6 +235,18 @@ REFINE = {
 }
 
 
+def continue_to_completion(pi, project, fake_llm, *, refinement_turn: int) -> None:
+    """``/materia continue`` on a paused REFINE cast: the finalization turn is parsed and routed,
+    the writer completes the cast, and the planner's completion says it finalized ``refinement_turn``."""
+    fake_llm.reply_text(PLAN, when="Command-triggered finalization")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    start = pi.command("/materia continue")
+    _run_dir, events = wait_cast_end(pi, project, start=start)
+    assert events[-1]["data"]["ok"] is True
+    completes = [e["data"] for e in events if e["type"] == "socket_complete"]
+    assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == refinement_turn
+
+
 def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(start_pi, castor_command, fake_llm,
                                                                            tmp_path):
     """Spec §5.7 step 3: the user's own message drives a refinement turn, and the materia's model and
@@ -270,13 +282,7 @@ def test_f_user_refinement_turn_runs_with_the_materias_model_and_tool_scope(star
                                           what="the second draft")
     assert (run_dir / second["data"]["artifact"]).read_text() == "DRAFT-2: postgres it is."
 
-    fake_llm.reply_text(PLAN, when="Command-triggered finalization")
-    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
-    start = pi.command("/materia continue")
-    _run_dir, events = wait_cast_end(pi, project, start=start)
-    assert events[-1]["data"]["ok"] is True
-    completes = [e["data"] for e in events if e["type"] == "socket_complete"]
-    assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 2
+    continue_to_completion(pi, project, fake_llm, refinement_turn=2)
     # The refinement turn's tool scope was put back when that run settled: a plain prompt now has
     # Pi's tools again (castor's later turns restore whatever they found, so a leak would persist).
     start = pi.prompt("PLAIN-QUESTION after the cast")
@@ -314,13 +320,7 @@ def test_g_an_aborted_user_refinement_turn_is_withdrawn_and_the_cast_still_final
     warning = pi.wait_ui("notify", lambda e: "withdrawn" in str(e.get("message")), start=start)
     assert warning.get("notifyType") == "warning"
 
-    fake_llm.reply_text(PLAN, when="Command-triggered finalization")
-    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
-    start = pi.command("/materia continue")
-    _run_dir, events = wait_cast_end(pi, project, start=start)
-    assert events[-1]["data"]["ok"] is True
-    completes = [e["data"] for e in events if e["type"] == "socket_complete"]
-    assert completes[0]["finalizedRefinement"] is True and completes[0]["refinementTurn"] == 1
+    continue_to_completion(pi, project, fake_llm, refinement_turn=1)
 
 
 def test_h_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi, castor_command, fake_llm, tmp_path):

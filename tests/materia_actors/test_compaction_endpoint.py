@@ -210,7 +210,8 @@ def test_a_compaction_that_never_answers_fails_at_its_deadline(harness_factory, 
         release.set()
 
 
-def test_abort_during_a_compaction_returns_at_once_and_the_late_answer_changes_nothing(harness_factory, project):
+def _hanging_compaction() -> tuple[Any, threading.Event, threading.Event]:
+    """A harness ``session.compact`` that blocks until ``release`` (``entered`` once it is called)."""
     release = threading.Event()
     entered = threading.Event()
 
@@ -219,6 +220,11 @@ def test_abort_during_a_compaction_returns_at_once_and_the_late_answer_changes_n
         release.wait(20)
         return PI_RESULT
 
+    return hang, entered, release
+
+
+def test_abort_during_a_compaction_returns_at_once_and_the_late_answer_changes_nothing(harness_factory, project):
+    hang, entered, release = _hanging_compaction()
     pi = harness_factory(compact=hang, usage=lambda _p: None)
     try:
         cast_id = pi.start(project)
@@ -306,14 +312,7 @@ def test_a_harness_without_context_usage_gets_no_proactive_compaction_and_is_ask
 def test_a_connection_that_closes_during_a_compaction_leaves_the_cast_resumable(harness_factory, project, tmp_path):
     """As for a turn: a compaction whose harness went away is not failed by that transport; the
     session closes with its connection and the cast stays resumable (``cast.recast``)."""
-    release = threading.Event()
-    entered = threading.Event()
-
-    def hang(_p: dict[str, Any]) -> Any:
-        entered.set()
-        release.wait(20)
-        return PI_RESULT
-
+    hang, entered, release = _hanging_compaction()
     pi = harness_factory(compact=hang, usage=lambda _p: None)
     try:
         cast_id = pi.start(project)
