@@ -33,7 +33,9 @@ def well_formed(value: Any) -> Any:
     if kind is dict:
         fixed = None
         for key, item in value.items():
-            new_key, new_item = well_formed(key), well_formed(item)
+            # ASCII keys and values (nearly all of them) are checked inline, without a call.
+            new_key = key if type(key) is str and key.isascii() else well_formed(key)
+            new_item = item if type(item) is str and item.isascii() else well_formed(item)
             if fixed is None and (new_key is not key or new_item is not item):
                 fixed = {}
                 for done_key, done_item in value.items():  # the unchanged ones before this item

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from _thread import allocate_lock as _allocate_lock
-from collections import Counter, deque
+from collections import deque
 from typing import Any, Callable
 
 from castor.messages.base import type_name_of
@@ -160,7 +160,7 @@ class Mailbox:
         self._waiters: deque[Any] = deque()
         self._queue: deque[Envelope] = deque()
         self._control: deque[Control] = deque()
-        self._by_type: Counter[str] = Counter()
+        self._by_type: dict[str, int] = {}  # queued messages by type name (a plain dict: made per mailbox)
         self._closed: Callable[[], CastorError] | None = None
         self._revivable = False
         self.rejected = 0
@@ -180,7 +180,8 @@ class Mailbox:
                     may_have_started=False,
                 )
             self._queue.append(envelope)
-            self._by_type[envelope.type_name] += 1
+            by_type = self._by_type
+            by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
             if self._waiters:
                 self._waiters.popleft().release()
 
@@ -211,7 +212,7 @@ class Mailbox:
             if self._control:
                 return self._control.popleft()
             envelope = self._queue.popleft()
-            self._by_type[envelope.type_name] -= 1
+            self._by_type[envelope.type_name] -= 1  # it was counted by its put
             envelope.state = STARTED
             return envelope
 
@@ -224,7 +225,7 @@ class Mailbox:
                 else:
                     item.state = QUEUED
                     self._queue.appendleft(item)
-                    self._by_type[item.type_name] += 1
+                    self._by_type[item.type_name] = self._by_type.get(item.type_name, 0) + 1
             elif self._closed is None:
                 self._control.appendleft(item)
             if self._waiters:

@@ -431,18 +431,14 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         # Deliberate difference (§12 item 7): no stale loop item leaks into non-loop sockets.
         for key in ("item", "currentWorkItem", "workItem"):
             s.data.pop(key, None)
-    s.phase = rs.id
-    s.current_socket_id = rs.id
-    s.current_materia = rs.materia_name
+    s.assign(phase=rs.id, current_socket_id=rs.id, current_materia=rs.materia_name)
     try:
         visit = count_visit(rs.id, rs.socket, s.visits, s.config.limits)
     except LimitExceeded as exc:
         raise _Fail(exc.message) from None
     akey = task_attempt_key(rs.id, s.current_item_key)
     s.task_attempts[akey] = s.task_attempts.get(akey, 0) + 1
-    s.attempt = s.task_attempts[akey]
-    s.multi_turn_finalizing = False
-    s.last_message = rs.id
+    s.assign(attempt=s.task_attempts[akey], multi_turn_finalizing=False, last_message=rs.id)
     ctx.emit("socket_start", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
                               **s.item_fields(), "visit": visit})
     if not rs.is_agent:
@@ -477,14 +473,10 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
     else:
         prompt = fresh
     visit_id = _next_visit_id(s, rs.id, visit)
-    s.active_turn_prompt = prompt
-    s.active_turn_mode = mode  # type: ignore[assignment]
-    s.active_turn_socket_id = rs.id
-    s.active_turn_visit = visit
-    s.awaiting_response = True
-    s.socket_state = "awaiting_agent_response"
-    s.pending = Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
-                        user_driven=user_driven)
+    s.assign(active_turn_prompt=prompt, active_turn_mode=mode, active_turn_socket_id=rs.id, active_turn_visit=visit,
+             awaiting_response=True, socket_state="awaiting_agent_response",
+             pending=Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
+                             user_driven=user_driven))
     label = context_label if context_label else ("" if mode == "normal" and not recovery else mode)
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
     name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
@@ -572,9 +564,7 @@ def _complete_socket(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str, *,
     s = ctx.s
     sock = rs.socket
     visit = s.visit
-    s.pending = None
-    s.awaiting_response = False
-    s.socket_state = "idle"
+    s.assign(pending=None, awaiting_response=False, socket_state="idle")
     if sock.limits and sock.limits.max_output_bytes and len(text.encode("utf-8")) > sock.limits.max_output_bytes:
         raise _Fail(f'Output of socket "{rs.id}" is {len(text.encode("utf-8"))} bytes, over its '
                     f"limits.maxOutputBytes ({sock.limits.max_output_bytes}).", entry_id)

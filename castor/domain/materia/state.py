@@ -103,6 +103,12 @@ class CastState(BaseModel):
     budget_warned: bool = False
 
     # ------------------------------------------------------------------ helpers
+    def assign(self, **values: Any) -> None:
+        """Set several fields at once, exactly as that many attribute assignments would (no
+        validation on assignment is configured): the engine's hot path sets them in groups."""
+        self.__dict__.update(values)
+        self.__pydantic_fields_set__.update(values)
+
     def to_json(self) -> str:
         return self.model_dump_json()
 
