@@ -111,6 +111,9 @@ from castor.supervision import Actor, ChildSpec, Restart, handles
 
 MAX_LOST_IN_A_ROW = 3
 OUTBOX_KEY = "outbox"  # the last transition's file effects, saved with the state (see _replay_outbox)
+_OUTBOX_OPEN = f',"{OUTBOX_KEY}":['.encode()
+_STATE_SERIALIZER = CastState.__pydantic_serializer__
+_NOT_IN_BODY = {"config"}  # spliced in from its cached JSON (see _encode)
 FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
 
@@ -359,20 +362,21 @@ class CastActor(Actor):
         if self._user_turn is None:
             self._disarm_user_turn_bound()
 
-    def _encode(self, state: CastState, files: list[Any]) -> str:
-        """The state document (state + outbox) as JSON, reusing the resolved config's JSON.
+    def _encode(self, state: CastState, files: list[Any]) -> bytes:
+        """The state document (state + outbox) as UTF-8 JSON, reusing the resolved config's JSON.
 
         The resolved config is immutable and shared (between the states of a cast, and between
         casts started from unchanged config files), so its JSON is derived once per config
         object (:mod:`castor.domain.materia.memo`) and spliced in; the rest is serialised per
-        transition by pydantic's own JSON serialiser (no intermediate dicts).
+        transition by pydantic's own JSON serialiser straight to bytes (what ``model_dump_json``
+        returns before decoding it: no intermediate dicts, no str round trip of the document).
         """
         config = state.config
-        config_json = derived(config, "state_json",
-                              lambda: json.dumps(config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False))
-        body = state.model_dump_json(exclude={"config"})
-        outbox = ",".join(effect.model_dump_json() for effect in files)
-        return f'{body[:-1]},"{OUTBOX_KEY}":[{outbox}],"config":{config_json}}}'
+        config_json = derived(config, "state_json_bytes", lambda: json.dumps(
+            config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode("utf-8"))
+        body = _STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY)
+        outbox = b",".join(type(effect).__pydantic_serializer__.to_json(effect) for effect in files)
+        return b"".join((body[:-1], _OUTBOX_OPEN, outbox, b'],"config":', config_json, b"}"))
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.

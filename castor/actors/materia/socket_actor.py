@@ -189,8 +189,6 @@ class SocketActor(Actor):
 
     @handles(TurnReplied)
     def _on_reply(self, message: TurnReplied) -> None:
-        import time
-
         if self._delivered:
             return
         self._delivered = True

@@ -200,11 +200,12 @@ _HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\
 _HEADER_BYTES = 512
 
 
-def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: str) -> bytes:
+def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: str | bytes) -> bytes:
     """The stored document, header fields first (the fence check reads only those)."""
     head = compact_json({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
                          "savedAt": saved_at})
-    return f'{head[:-1]},"state":{state_json}}}\n'.encode("utf-8")
+    body = state_json if isinstance(state_json, bytes) else state_json.encode("utf-8")
+    return b"".join((head[:-1].encode("utf-8"), b',"state":', body, b"}\n"))
 
 
 def _read_header(path: Path) -> tuple[int, int] | None:
@@ -373,7 +374,7 @@ class CastStateStore:
     def save_encoded(
         self,
         cast_id: str,
-        state_json: str,
+        state_json: str | bytes,
         *,
         incarnation: int,
         expected_revision: int | None = None,
