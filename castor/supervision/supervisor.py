@@ -209,7 +209,8 @@ class Supervisor(Actor):
         self._intensity = _Intensity(max_restarts, within_seconds)
         self._initial = list(children)
         self._slots: dict[str, _Slot] = {}  # by path, in start order (O(1) find/remove with many children)
-        # Guards _slots and _closed: temporary children are added and removed on other threads.
+        # Guards _slots and _closed: direct children are added, and temporary ones removed, on
+        # other threads.
         self._table = threading.Lock()
         self._closed = False
 
@@ -220,7 +221,7 @@ class Supervisor(Actor):
 
     def on_terminate(self, cause: str) -> None:
         with self._table:
-            self._closed = True  # no temporary child can be added from now on
+            self._closed = True  # no direct child can be added from now on
             slots = list(self._slots.values())
         for slot in reversed(slots):
             self._shutdown(slot, close=True, reason=f"supervisor {self.path} {cause}")
@@ -241,8 +242,7 @@ class Supervisor(Actor):
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
         slot = self._new_slot(spec, handle)
-        if spec.restart is Restart.TEMPORARY:
-            handle._on_exit = self._temporary_exited
+        handle._on_exit = self._temporary_exited if spec.restart is Restart.TEMPORARY else _report_exit_to(self.handle)
         with self._table:
             if self._closed:
                 return None
@@ -385,14 +385,15 @@ class Supervisor(Actor):
             revive_on_demand=spec.revive_on_demand and spec.restart is not Restart.TEMPORARY,
         )
 
-    def _new_slot(self, spec: ChildSpec, handle: ActorHandle) -> _Slot:
-        handle._on_exit = _report_exit_to(self.handle)
+    @staticmethod
+    def _new_slot(spec: ChildSpec, handle: ActorHandle) -> _Slot:
         return _Slot(spec, handle, intensity=(
             _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
 
     def _start(self, spec: ChildSpec) -> ActorHandle:
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
+        handle._on_exit = _report_exit_to(self.handle)
         slot = self._new_slot(spec, handle)
         with self._table:
             if path in self._slots:
