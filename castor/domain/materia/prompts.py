@@ -99,8 +99,11 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
 
 
 def _instructions(rs: ResolvedSocket, state: CastState) -> str:
-    prompt = rs.materia.prompt if rs.materia else ""
-    return f"{OPEN_TAG}\n{render_template(prompt, state)}\n{CLOSE_TAG}"
+    return _wrap_instructions(render_template(rs.materia.prompt if rs.materia else "", state))
+
+
+def _wrap_instructions(rendered: str) -> str:
+    return f"{OPEN_TAG}\n{rendered}\n{CLOSE_TAG}"
 
 
 def _tail_sections(rs: ResolvedSocket, state: CastState, mode: str) -> list[str]:
@@ -120,27 +123,19 @@ def _tail_sections(rs: ResolvedSocket, state: CastState, mode: str) -> list[str]
     return sections
 
 
-def socket_prompt(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
-    """The hidden prompt of an agent turn in ``mode`` (normal | refinement | finalization)."""
-    return "\n\n".join([_instructions(rs, state), *_tail_sections(rs, state, mode)])
-
-
 def refinement_turn_prompt(rs: ResolvedSocket, state: CastState, synthetic: str) -> str:
     """The prompt stored for a user-driven refinement turn: instructions, ``synthetic`` (its
     :func:`synthetic_context`, which also heads its isolated transcript) and guidance."""
     return "\n\n".join([_instructions(rs, state), synthetic, handoff.REFINEMENT_GUIDANCE])
 
 
-def system_prompt_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
-    """Appended to the host's system prompt while the turn runs (``before_agent_start``)."""
-    return socket_prompt_and_suffix(rs, state, mode=mode)[1]
-
-
 def socket_prompt_and_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> tuple[str, str]:
-    """:func:`socket_prompt` and :func:`system_prompt_suffix` of one turn, rendering once."""
+    """One agent turn's hidden prompt in ``mode`` (normal | refinement | finalization) and the
+    suffix appended to the host's system prompt while it runs (``before_agent_start``),
+    rendering the materia prompt once."""
     rendered = render_template(rs.materia.prompt if rs.materia else "", state)
     tail = _tail_sections(rs, state, mode)
-    prompt = "\n\n".join([f"{OPEN_TAG}\n{rendered}\n{CLOSE_TAG}", *tail])
+    prompt = "\n\n".join([_wrap_instructions(rendered), *tail])
     return prompt, f"Materia active materia ({rs.id}):\n" + "\n\n".join([rendered, *tail])
 
 
