@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, seg
+from castor.adapters.materia.artifacts import ArtifactCorrupt, CastArtifacts, allocate_cast_id, seg
 from castor.messages.errors import Conflict, Forbidden, NotFound
 
 HOSTILE = ["../x", "..", ".", "/etc", "a/b", "a\x00b", "x" * 129, "", "-lead", "sp ace", "a\\b", 12]
@@ -158,6 +158,22 @@ def test_manifest_batch_is_one_rewrite_and_an_outside_rewrite_is_noticed(cast):
     cast.add_manifest_entry({"phase": "q"})
     manifest = cast.read_manifest()
     assert manifest["sessionFile"] == "s" and [e["phase"] for e in manifest["entries"]] == ["p", "q"]
+
+
+def test_a_transition_that_writes_the_whole_manifest_keeps_castors_layout_and_appends_without_a_read(
+        cast, monkeypatch):
+    compact = json.dumps({"castId": cast.cast_id, "request": "r", "configSource": "c", "entries": []})
+    cast.write_transition({"manifest.json": compact}, [{"phase": "Socket-1", "kind": "context"}], [])
+    text = cast.path("manifest.json").read_text()
+    assert text.startswith('{\n  "castId": ') and '\n    {"phase": "Socket-1", "kind": "context"' in text
+    monkeypatch.setattr(CastArtifacts, "read_manifest", lambda self: pytest.fail("manifest read back"))
+    cast.write_transition({}, [{"phase": "Socket-2"}], [])
+    monkeypatch.undo()
+    manifest = cast.read_manifest()
+    assert manifest["request"] == "r" and [e["phase"] for e in manifest["entries"]] == ["Socket-1", "Socket-2"]
+    with pytest.raises(ArtifactCorrupt):  # a whole manifest that is not a JSON object writes nothing
+        cast.write_transition({"manifest.json": "[1]"}, [], [])
+    assert cast.read_manifest() == manifest
 
 
 def test_append_events_batch_round_trips_in_order(cast):

@@ -60,6 +60,29 @@ def test_a_fresh_claim_writes_nothing_and_a_restart_still_fences_an_incarnation_
     assert again == 3 and stored.state == {"owner": "restart"} and store.load(CAST).incarnation == 3
 
 
+def test_a_save_knows_its_own_last_document_but_any_other_writer_is_seen(tmp_path):
+    """Saves skip the header read only while the file is the one this store wrote last."""
+    root = tmp_path / "root"
+    mine, other = CastStateStore(root), CastStateStore(root)
+    old = mine.claim(CAST)
+    for n in range(3):  # the signature path: revisions still count up from the stored ones
+        assert mine.save_encoded(CAST, json.dumps({"n": n}), incarnation=old)[:2] == (n + 1, old)
+    new = other.claim(CAST)  # another actor (or process) takes over through its own store
+    with pytest.raises(Conflict) as info:
+        mine.save_encoded(CAST, json.dumps({"owner": "zombie"}), incarnation=old)
+    assert info.value.data == {"reason": "stale_incarnation", "stored": new, "given": old}
+    assert other.save_encoded(CAST, json.dumps({"owner": "new"}), incarnation=new)[:2] == (4, new)
+    # A symlink planted in place of the document this store wrote last is refused, not followed.
+    path = root / CAST / "state.json"
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    path.unlink()
+    path.symlink_to(outside)
+    with pytest.raises(Forbidden):
+        other.save_encoded(CAST, json.dumps({"owner": "new"}), incarnation=new)
+    assert outside.read_text() == "{}"
+
+
 def test_expected_revision_gives_compare_and_swap(tmp_path):
     store = CastStateStore(tmp_path)
     inc = store.claim(CAST)

@@ -269,9 +269,18 @@ def render_manifest(meta: dict[str, Any], entry_lines: list[str]) -> str:
     Same document as before (spec §8.2), laid out so it is serialised by the C JSON encoder
     (an entry per line stays readable and diffable) instead of a pretty-printer per rewrite.
     """
+    return _manifest_fields(meta) + _manifest_entries(entry_lines)
+
+
+def _manifest_fields(meta: dict[str, Any]) -> str:
+    """The manifest's opening and top-level fields (all but ``entries``): fixed per cast."""
     fields = [f"  {one_line_json(k)}: {one_line_json(v)}" for k, v in meta.items() if k != "entries"]
+    return "{\n" + "".join(f"{f},\n" for f in fields)
+
+
+def _manifest_entries(entry_lines: list[str]) -> str:
     entries = '"entries": [\n    ' + ",\n    ".join(entry_lines) + "\n  ]" if entry_lines else '"entries": []'
-    return "{\n" + "".join(f"{f},\n" for f in fields) + f"  {entries}\n}}\n"
+    return f"  {entries}\n}}\n"
 
 
 def _now_ms() -> int:
@@ -319,6 +328,7 @@ class CastArtifacts:
         self._manifest_meta: dict[str, Any] | None = None
         self._manifest_lines: list[str] = []
         self._manifest_sig: tuple[int, int, int] | None = None
+        self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
 
     # -- basics -------------------------------------------------------------
 
@@ -444,11 +454,17 @@ class CastArtifacts:
         :meth:`append_events`, with each directory fsynced once instead of once per file: the
         whole files are replaced, their directories fsynced (so they are durable before the
         manifest or an event names them), then the manifest is rewritten and the events
-        appended. ``files`` maps run-dir-relative paths to their content.
+        appended. ``files`` maps run-dir-relative paths to their content; a whole
+        ``manifest.json`` among them (a cast's start) is written in castor's manifest layout and
+        kept in memory, so the entries that follow it are appended without reading it back.
         """
         with self._lock:
             synced: set[str] = set()
-            for target, content in zip(self._transition_targets(files), files.values()):
+            for relative, target, content in zip(files, self._transition_targets(files), files.values()):
+                if relative == self.MANIFEST:  # castor's own layout, and the next append needs no re-read
+                    self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
+                    synced.add(self._run_prefix)
+                    continue
                 synced.add(os.path.dirname(self._replace(target, content, sync_dir=False)))
             for directory in synced:
                 fsync_dir(directory)
@@ -510,11 +526,28 @@ class CastArtifacts:
         entries = manifest.pop("entries", None)
         return manifest, [_manifest_line(e) for e in entries or []]
 
-    def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None) -> Path:
+    def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None, *,
+                        sync_dir: bool = True) -> Path:
         with self._lock:
-            target = self._replace(target or self._target(self.MANIFEST), render_manifest(meta, lines), sync_dir=True)
+            head = self._manifest_head if meta is self._manifest_meta else _manifest_fields(meta)
+            target = self._replace(target or self._target(self.MANIFEST), head + _manifest_entries(lines),
+                                   sync_dir=sync_dir)
             self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
+            self._manifest_head = head
         return Path(target)
+
+    def _manifest_document(self, content: str | bytes, target: str) -> tuple[dict[str, Any], list[str]]:
+        """A whole manifest handed to :meth:`write_transition`, split into its fields and entry lines."""
+        try:
+            manifest = json.loads(content)
+        except json.JSONDecodeError as exc:
+            raise ArtifactCorrupt(f"a {self.MANIFEST} for cast {self.cast_id} that is not JSON",
+                                  data={"path": target, "error": str(exc)}) from None
+        if not isinstance(manifest, dict):
+            raise ArtifactCorrupt(f"a {self.MANIFEST} for cast {self.cast_id} that is not an object",
+                                  data={"path": target})
+        entries = manifest.pop("entries", None)
+        return manifest, [_manifest_line(e) for e in entries or []]
 
     def read_manifest(self) -> dict[str, Any]:
         return self._read_json(self.MANIFEST)

@@ -38,6 +38,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -234,6 +235,10 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     return int(match.group(2)), int(match.group(3))
 
 
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _parse_document(path: Path, raw: str) -> StoredState:
     try:
         doc = json.loads(raw)
@@ -261,6 +266,9 @@ class CastStateStore:
         self.artifact_root = Path(artifact_root) if resolved else Path(artifact_root).resolve()
         self._root = ConfinedRoot(self.artifact_root, resolved=True)
         self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
+        # cast id -> (file signature, revision, incarnation) of the document this store last
+        # wrote: a save whose file still has that signature knows its header without reading it.
+        self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
 
     # -- paths ---------------------------------------------------------------
 
@@ -332,6 +340,7 @@ class CastStateStore:
         and an earlier incarnation that never saved cannot exist); a stored document is
         claimed as usual.
         """
+        self._written.pop(cast_id, None)
         tlock, lock_path, path = self._locked(cast_id)
         with tlock, _flocked(lock_path):
             current = self._load_or_none(path, cast_id)
@@ -386,9 +395,7 @@ class CastStateStore:
         a bounded read finds it; anything unexpected falls back to a full parse), so the cost
         of a save does not grow with the state.
         """
-        tlock, lock_path, path = self._locked(cast_id)
-        with tlock, _flocked(lock_path):
-            current = _read_header(path)
+        with self._save_lock(cast_id) as (path, current):
             stored_incarnation = current[1] if current else 0
             if current is not None and incarnation < stored_incarnation:
                 raise Conflict(
@@ -404,7 +411,37 @@ class CastStateStore:
             new_incarnation = max(incarnation, stored_incarnation)
             saved_at = _iso_now()
             atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
+            self._written[cast_id] = (_signature(os.lstat(path)), revision + 1, new_incarnation)
             return revision + 1, new_incarnation, saved_at
+
+    @contextmanager
+    def _save_lock(self, cast_id: str) -> Iterator[tuple[Path, tuple[int, int] | None]]:
+        """Hold the cast's locks and yield its state path and stored ``(revision, incarnation)``.
+
+        Under the locks no castor writer can change the file, and every castor writer replaces it
+        by ``rename`` (a new inode, new ctime). So when the file is still the regular file this
+        store last wrote (same inode, size, mtime and ctime, one ``lstat``), its header is the
+        one written and needs no read; anything else (another writer, a hand edit, a planted
+        link) goes through the checked path and the header read.
+        """
+        path = None
+        last = self._written.get(cast_id)
+        if last is not None:
+            tlock, lock_path, path = self._locks[cast_id]
+        else:
+            tlock, lock_path, path = self._locked(cast_id)
+        with tlock, _flocked(lock_path):
+            if last is not None:
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and stat.S_ISREG(st.st_mode) and _signature(st) == last[0]:
+                    yield path, (last[1], last[2])
+                    return
+                self._written.pop(cast_id, None)
+                path = self._locked(cast_id)[2]
+            yield path, _read_header(path)
 
     @staticmethod
     def _write(path: Path, cast_id: str, revision: int, incarnation: int, state: dict[str, Any]) -> StoredState:

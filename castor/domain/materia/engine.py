@@ -305,8 +305,9 @@ def _start_cast(ev: CastStarted) -> Transition:
     ctx = _Ctx(state, ev.at)
     ctx.write(("config.resolved.json",),
               derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False)))
+    # Compact: the artifacts adapter writes every manifest in its own layout (render_manifest).
     ctx.write(("manifest.json",), json.dumps({"castId": ev.cast_id, "request": ev.request,
-                                              "configSource": cfg.source, "entries": []}, indent=2))
+                                              "configSource": cfg.source, "entries": []}))
     name = cfg.pipeline.loadout_name
     loadout_cfg = (cfg.config.get("loadouts") or {}).get(name)
     ctx.emit("cast_start", {"request": ev.request, "configSource": cfg.source, "artifactRoot": ev.artifact_root,
