@@ -173,7 +173,8 @@ class Actor(pykka.ThreadingActor):
         self._retire_request = (reason, error)
 
     def stop_self(self) -> None:
-        """End this incarnation normally after the current handler (``on_terminate("stopped")`` runs)."""
+        """End this incarnation normally after the current handler, or right after ``on_start`` when
+        called there (``on_terminate("stopped")`` runs)."""
         self._stop_requested = True
 
     # -- the loop (replaces pykka's) ---------------------------------------
@@ -189,6 +190,7 @@ class Actor(pykka.ThreadingActor):
     def _actor_loop_running(self) -> None:
         mailbox = self.actor_inbox
         handle = self.handle
+        self._honour_requests()  # a stop or retire asked for by on_start
         while self._exit_kind is None:
             item = mailbox.get()
             if self._abandoned:
@@ -203,11 +205,17 @@ class Actor(pykka.ThreadingActor):
                 self._control(item)
             if self._exit_kind is not None:
                 break
-            if self._retire_request is not None:
-                self._retire_now(*self._retire_request)
-            elif self._stop_requested:
-                self._terminate("stopped")
-                self._exit_kind = "stopped"
+            self._honour_requests()
+
+    def _honour_requests(self) -> None:
+        """Act on ``retire`` / ``stop_self`` asked for by the handler (or ``on_start``) that just ran."""
+        if self._exit_kind is not None:
+            return
+        if self._retire_request is not None:
+            self._retire_now(*self._retire_request)
+        elif self._stop_requested:
+            self._terminate("stopped")
+            self._exit_kind = "stopped"
 
     def _actor_loop_teardown(self) -> None:
         kind = self._exit_kind or "stopped"

@@ -192,3 +192,32 @@ def test_await_start_false_returns_before_on_start_and_the_child_then_runs():
         system.shutdown(10)
     with pytest.raises(ValueError):
         ChildSpec("x", worker("x", journal), restart=Restart.TEMPORARY, await_start=False)
+
+
+class _EndsAtStart(Worker):
+    """Asks to stop (or retire) from on_start, before any message arrives."""
+
+    def __init__(self, name: str, journal: Journal, how: str) -> None:
+        super().__init__(name, journal)
+        self.how = how
+
+    def on_start(self) -> None:
+        super().on_start()
+        if self.how == "stop":
+            self.stop_self()
+        else:
+            self.retire("nothing to do")
+
+
+@pytest.mark.parametrize("how,cause", [("stop", "stopped"), ("retire", "retired")])
+def test_a_stop_or_retire_asked_for_in_on_start_ends_the_incarnation_without_a_message(how, cause):
+    journal = Journal()
+    system = _system()
+    try:
+        spec = ChildSpec("s", lambda: _EndsAtStart("s", journal, how), restart=Restart.TEMPORARY, direct_start=True)
+        handle = system.spawn(spec, under=POOL, timeout=5)
+        assert handle.wait_exited(5)  # no message was ever sent to it
+        assert journal.wait_for(lambda e: ("end", "s", 1, cause) in e)
+        assert handle.processed == 0
+    finally:
+        system.shutdown(10)

@@ -29,7 +29,10 @@ model's window is the one the harness reports in its usage (Pi's ``getContextUsa
 
 Guarantees: the outcome is handed on at most once; an answer that arrives after this actor
 died is dropped by the closed mailbox (and would be ignored by the engine anyway: its
-visit id is no longer pending). The AgentPort's reply never runs on this actor's stack.
+visit id is no longer pending). The AgentPort's reply is marked ``enqueues_only``: an answer
+from another thread is told to this actor (``TurnReplied``); one a port gives at once, on this
+thread inside ``run_turn``, is only kept and handed on after ``run_turn`` has returned (so
+nothing runs re-entrantly, and no message is queued to itself).
 """
 
 from __future__ import annotations
@@ -177,22 +180,36 @@ class SocketActor(Actor):
             return
         self._sent = True
         handle = self.handle
+        me = threading.get_ident()
+        ready: list[TurnOutcome] = []  # an answer given on this thread while run_turn is running
+        sending = True
 
-        @enqueues_only  # a tell: an answer ready at once may be delivered on this very thread
+        @enqueues_only  # an answer ready at once may be given on this very thread
         def reply(outcome: TurnOutcome) -> None:
+            if sending and threading.get_ident() == me:
+                ready.append(outcome)  # handled below, once run_turn has returned: no self-tell
+                return
             try:
                 handle.tell(TurnReplied(outcome=outcome))
             except CastorError:
                 pass  # this visit is over (stopped, killed): the answer has nowhere to go
 
-        self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
+        try:
+            self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
+        finally:
+            sending = False
+        if ready:
+            self._deliver(ready[0])
 
     @handles(TurnReplied)
     def _on_reply(self, message: TurnReplied) -> None:
+        self._deliver(message.outcome)
+
+    def _deliver(self, outcome: TurnOutcome) -> None:
         if self._delivered:
             return
         self._delivered = True
-        self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, message.outcome, time.time())))
+        self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time())))
         self.stop_self()
 
     def on_terminate(self, cause: str) -> None:
