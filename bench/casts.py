@@ -11,7 +11,10 @@
     same durability points — per transition: that transition's files (temp + fsync + rename
     + directory fsync, as castor's atomic writes), one manifest rewrite when it gained
     entries, its event lines as one fsynced append, usage.json and state.json — with no
-    actors and no engine. Ratio = runtime / baseline per socket.
+    actors and no engine. Ratio = runtime / baseline per socket, taken in *pairs*: a few casts
+    are timed, then at once the baseline writes what they wrote, so the two sides of each
+    ratio are measured within tens of milliseconds of each other (a shared host's speed
+    drifts); the figure is the median over every pair of every repetition.
     The same run also measures the **visit floor**: the real SocketActor's lifecycle alone
     (started as a direct child of the session's socket supervisor, one zero-latency scripted
     turn through the AgentPort, the outcome told to a parent actor, stop) with no engine
@@ -121,27 +124,53 @@ def check_complete(rt: Runtime, started: list[tuple[str, str]]) -> None:
 
 
 # --------------------------------------------------------------------------- (a)
-def runtime_per_socket(base: Path, casts: int) -> tuple[float, list[Path]]:
-    project = make_project(base, f"a-{time.monotonic_ns()}")
-    rt = Runtime(RuntimeSettings(), components=[materia_component()])
-    try:
-        open_sessions(rt, project, 1, "ok")
-        # One untimed cast first: this runtime's one-off costs (the session's first config load,
-        # ~5 ms, and its first threads) are not a per-transition cost; its run is not a baseline run.
-        warm = materia_call(rt, "bench-0", "start", {"request": "warm-up"})
-        wait_ended(rt, [("bench-0", warm["cast_id"])], 60)
-        runs, started = [], []
+class CastTimer:
+    """A warmed-up runtime with one session that times casts run one at a time.
+
+    Entering creates the runtime and runs one untimed cast: this runtime's one-off costs (the
+    session's first config load, ~5 ms, and its first threads) are not a per-transition cost,
+    and its run is not a baseline run. Leaving checks that every timed cast completed.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.started: list[tuple[str, str]] = []
+
+    def __enter__(self) -> CastTimer:
+        project = make_project(self.base, f"a-{time.monotonic_ns()}")
+        self.rt = Runtime(RuntimeSettings(), components=[materia_component()])
+        try:
+            open_sessions(self.rt, project, 1, "ok")
+            warm = materia_call(self.rt, "bench-0", "start", {"request": "warm-up"})
+            wait_ended(self.rt, [("bench-0", warm["cast_id"])], 60)
+        except BaseException:
+            self.rt.shutdown(30)
+            raise
+        return self
+
+    def time_casts(self, casts: int) -> tuple[float, list[Path]]:
+        """Seconds per socket transition of ``casts`` casts, one at a time, and their run dirs."""
+        runs = []
         t0 = time.perf_counter()
         for _ in range(casts):  # one at a time: the per-transition cost, not concurrency
-            view = materia_call(rt, "bench-0", "start", {"request": "bench"})
-            wait_ended(rt, [("bench-0", view["cast_id"])], 60)
-            started.append(("bench-0", view["cast_id"]))
+            view = materia_call(self.rt, "bench-0", "start", {"request": "bench"})
+            wait_ended(self.rt, [("bench-0", view["cast_id"])], 60)
+            self.started.append(("bench-0", view["cast_id"]))
             runs.append(Path(view["run_dir"]))
-        elapsed = time.perf_counter() - t0
-        check_complete(rt, started)
-    finally:
-        rt.shutdown(30)
-    return elapsed / (casts * SOCKETS), runs
+        return (time.perf_counter() - t0) / (casts * SOCKETS), runs
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if exc_info[0] is None:
+                check_complete(self.rt, self.started)
+        finally:
+            self.rt.shutdown(30)
+
+
+def runtime_per_socket(base: Path, casts: int) -> tuple[float, list[Path]]:
+    """Seconds per socket transition of ``casts`` casts in a fresh (warmed-up) runtime, and their run dirs."""
+    with CastTimer(base) as timer:
+        return timer.time_casts(casts)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -336,12 +365,12 @@ def main() -> None:
         return
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     media = [("chosen", Path(args.dir))] if args.dir else [("tmpfs", shm), ("disk", Path(__file__).resolve().parent)]
-    reps_a, casts_a = (3, 5) if args.quick else (5, 20)
+    reps_a, pairs_a, casts_a = (3, 5, 1) if args.quick else (5, 10, 2)
     reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
     ratios = {}
     for medium, where in media:
         with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=where) as tmp:
-            ratios[medium] = transition_cost(Path(tmp), medium, reps_a, casts_a)
+            ratios[medium] = transition_cost(Path(tmp), medium, reps_a, pairs_a, casts_a)
     rates, per_cast = [], []
     with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=shm) as tmp:
         for _ in range(reps_b):
@@ -356,26 +385,39 @@ def main() -> None:
     print(f"RESULT cast_peak_rss_kib_per_cast {statistics.median(per_cast) / 1024:.1f} target<=64")
 
 
-def transition_cost(base: Path, medium: str, reps: int, casts: int) -> float:
-    """(a) on the file system of ``base``: prints the medians, returns the median ratio."""
+def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int) -> float:
+    """(a) on the file system of ``base``: prints the medians, returns the median ratio.
+
+    Each repetition is one warmed-up runtime; in it, ``pairs`` times, ``casts`` casts are timed
+    and at once the baseline writes what they wrote, so each ratio compares the two sides within
+    a few tens of milliseconds of each other (a shared host's speed drifts over seconds). The
+    visit floor is measured once per repetition.
+    """
     ratios, runtime_us, baseline_us, floor_us = [], [], [], []
     baseline_per_socket(base, runtime_per_socket(base, 2)[1])  # warm-up: first-use costs are not per transition
     for _ in range(reps):
-        per_socket, runs = runtime_per_socket(base, casts)
-        plain = baseline_per_socket(base, runs)
-        floor = visit_floor(base, casts * SOCKETS)
-        ratios.append(per_socket / plain)
-        runtime_us.append(per_socket * 1e6)
-        baseline_us.append(plain * 1e6)
-        floor_us.append(floor * 1e6)
+        with CastTimer(base) as timer:
+            for _ in range(pairs):
+                per_socket, runs = timer.time_casts(casts)
+                plain = baseline_per_socket(base, runs)
+                ratios.append(per_socket / plain)
+                runtime_us.append(per_socket * 1e6)
+                baseline_us.append(plain * 1e6)
+        floor_us.append(visit_floor(base, pairs * casts * SOCKETS) * 1e6)
     runtime, plain, floor = (statistics.median(v) for v in (runtime_us, baseline_us, floor_us))
     print(f"(a) {medium}: per socket transition: runtime {runtime:.0f} us, plain writes {plain:.0f} us "
-          f"(median of {reps} x {casts} casts, {base.parent}); ratio {statistics.median(ratios):.2f} "
-          f"(runs {min(ratios):.2f}-{max(ratios):.2f})")
+          f"(medians of {reps} runtimes x {pairs} pairs of {casts} casts, {base.parent}); ratio "
+          f"{statistics.median(ratios):.2f} (pairs {min(ratios):.2f}-{max(ratios):.2f}, middle half "
+          f"{_quantile(ratios, 0.25):.2f}-{_quantile(ratios, 0.75):.2f})")
     print(f"(a) {medium}: of which the visit floor (SocketActor spawn, agent turn, outcome, stop; no engine, "
           f"no files) {floor:.0f} us = {floor / plain:.2f}x the plain writes; engine + persistence "
           f"{runtime - floor:.0f} us = {(runtime - floor) / plain:.2f}x")
     return statistics.median(ratios)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 if __name__ == "__main__":
