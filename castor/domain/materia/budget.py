@@ -130,6 +130,8 @@ class BudgetCheck(BaseModel):
 
 
 def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -> BudgetCheck:
+    """Where ``report`` stands against ``budget``: the percentage used (the larger of tokens and
+    cost), whether to warn now (once, at ``warnAtPercent``), and whether a limit is hit."""
     tokens_ratio = report.tokens.total / budget.max_tokens if budget.max_tokens else 0.0
     cost_ratio = report.cost.total / budget.max_cost_usd if budget.max_cost_usd else 0.0
     percent = max(tokens_ratio, cost_ratio) * 100

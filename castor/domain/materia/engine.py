@@ -286,7 +286,17 @@ def _fork(state: CastState) -> CastState:
     ``apply_assign``) works on its own deep copy and the handlers only add, replace or pop
     top-level keys. The purity test in tests/domain/materia proves the input is never touched.
     """
-    return state.model_copy(update={name: dict(getattr(state, name)) for name in _MUTABLE_CONTAINERS})
+    values = state.__dict__
+    fork = _new_state(CastState)
+    # What model_copy(update=...) does for these fields, without its generic copy steps.
+    object.__setattr__(fork, "__dict__", {**values, **{name: dict(values[name]) for name in _MUTABLE_CONTAINERS}})
+    object.__setattr__(fork, "__pydantic_fields_set__", set(state.__pydantic_fields_set__).union(_MUTABLE_CONTAINERS))
+    object.__setattr__(fork, "__pydantic_extra__", None)
+    object.__setattr__(fork, "__pydantic_private__", None)
+    return fork
+
+
+_new_state = object.__new__
 
 
 # =========================================================================== start / finish / fail
@@ -408,6 +418,12 @@ def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
 
 
 def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
+    """The socket's ``materiaModel`` record (events, manifest): fixed per resolved socket, so made
+    once; events and entries share it as a value and nothing mutates it."""
+    return derived(rs, "materia_model", lambda: _make_materia_model(rs))
+
+
+def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     if rs.materia is None:
         return None
     model = (rs.materia.model or "").strip() or None

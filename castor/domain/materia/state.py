@@ -103,6 +103,15 @@ class CastState(BaseModel):
     budget_warned: bool = False
 
     # ------------------------------------------------------------------ helpers
+    def __setattr__(self, name: str, value: Any) -> None:
+        # What pydantic does for a field of a model without validate_assignment (store it, mark
+        # it set), minus its handler lookup: the engine assigns fields on every step.
+        if name in _CAST_STATE_FIELDS:
+            self.__dict__[name] = value
+            self.__pydantic_fields_set__.add(name)
+        else:
+            super().__setattr__(name, value)
+
     def assign(self, **values: Any) -> None:
         """Set several fields at once, exactly as that many attribute assignments would (no
         validation on assignment is configured): the engine's hot path sets them in groups."""
@@ -160,12 +169,20 @@ class CastState(BaseModel):
         return not self.active and not self.complete and self.failed
 
     def item_fields(self) -> dict[str, Any]:
-        return {"itemKey": self.current_item_key, "itemLabel": self.current_item_label,
-                "itemLabelShort": short_label(self.current_item_label)}
+        """The item fields of events and manifest entries (a fresh dict: callers may keep it)."""
+        return dict(_item_fields(self.current_item_key, self.current_item_label))
 
     def refinement_turn(self) -> int:
         return self.multi_turn_refinements.get(refinement_counter_key(self.current_socket_id,
                                                                       self.current_item_key, self.visit), 0)
+
+
+_CAST_STATE_FIELDS = frozenset(CastState.model_fields)
+
+
+@functools.lru_cache(maxsize=1024)
+def _item_fields(key: str | None, label: str | None) -> dict[str, Any]:
+    return {"itemKey": key, "itemLabel": label, "itemLabelShort": short_label(label)}
 
 
 def short_label(label: str | None) -> str | None:
