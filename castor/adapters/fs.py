@@ -45,7 +45,8 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 def _write_all(fd: int, data: bytes) -> None:
     """``os.write`` until every byte is written (a write may be short)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    written = os.write(fd, data)
+    if written < len(data):
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def make_durable_dirs(directory: str) -> None:
@@ -148,8 +151,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     """
     # Plain string paths: this runs several times per cast transition (pathlib is slow here).
     target = os.fspath(path)
-    directory, name = os.path.split(target)
-    directory = directory or "."
+    head, slash, name = target.rpartition("/")  # os.path.split without its Python-level steps
+    directory = head or slash or "."
     # The temp name is unique per call (pid, a random tag per process, a counter) so concurrent
     # writers, in this process or another, never share one.
     tmp = f"{directory}/.{name}.{_TEMP_PREFIX[0]}{next(_TEMP_SEQ)}.tmp"
@@ -182,19 +185,30 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
     atomic_write_bytes(path, text.encode(encoding), keep_mode=keep_mode)
 
 
-_COMPACT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-_ONE_LINE = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+def _strict_one_line_encoder(item_separator: str, key_separator: str) -> Callable[[Any], str]:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False, separators=...)``, made once.
+
+    ``JSONEncoder.encode`` builds json's C encoder again on every call (a few dozen lines of
+    Python per call, several calls per cast transition); this builds it once and calls it. One
+    difference: no circular-reference bookkeeping (castor's records are trees), so a cycle ends in
+    ``RecursionError`` instead of ``ValueError`` — before anything is written either way.
+    """
+    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(item_separator, key_separator))
+    if c_make_encoder is None:  # no C accelerator (another interpreter): json's own path
+        return fallback.encode
+    encode = c_make_encoder(None, fallback.default, encode_basestring, None, key_separator, item_separator,
+                            False, False, False)
+
+    def dumps(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return dumps
 
 
-def compact_json(value: Any) -> str:
-    """Strict JSON on one line without spaces (``json.dumps(..., separators=(",", ":"))``),
-    through one shared encoder: no encoder is built per call on the write paths."""
-    return _COMPACT.encode(value)
-
-
-def one_line_json(value: Any) -> str:
-    """Strict JSON on one line with json's default ``", "``/``": "`` spacing, shared encoder."""
-    return _ONE_LINE.encode(value)
+compact_json = _strict_one_line_encoder(",", ":")
+compact_json.__doc__ = """Strict JSON on one line without spaces (``json.dumps(..., separators=(",", ":"))``)."""
+one_line_json = _strict_one_line_encoder(", ", ": ")
+one_line_json.__doc__ = """Strict JSON on one line with json's default ``", "``/``": "`` spacing."""
 
 
 def dump_json(value: Any, *, indent: int | None = 2) -> str:
@@ -232,11 +246,10 @@ def _check_part(root: Path, part: str | os.PathLike[str]) -> str:
         raise _refuse("NUL byte in path", root, text)
     if text == "":
         raise _refuse("empty path part", root, text)
-    if os.path.isabs(text):
+    if text.startswith("/"):  # os.path.isabs on POSIX
         raise _refuse("absolute path part", root, text)
-    for component in text.split("/"):
-        if component == "..":
-            raise _refuse("parent-directory component", root, text)
+    if ".." in text.split("/"):
+        raise _refuse("parent-directory component", root, text)
     return text
 
 
@@ -357,7 +370,7 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
         return
     lines = []
     for record in records:
-        line = _COMPACT.encode(record)
+        line = compact_json(record)
         if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
             raise ValueError("JSON line contains a newline")
         lines.append(line)

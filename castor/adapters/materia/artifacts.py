@@ -259,6 +259,12 @@ def _file_sig(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def _parent(target: str) -> str:
+    """``os.path.dirname`` of a normalised path (the run dir's own paths), without its Python steps."""
+    head, slash, _name = target.rpartition("/")
+    return head or slash
+
+
 def _manifest_line(entry: Any) -> str:
     return one_line_json(entry)
 
@@ -429,7 +435,7 @@ class CastArtifacts:
 
     def _replace(self, target: str, content: str | bytes | dict[str, Any] | list[Any], *, sync_dir: bool) -> str:
         """Atomically replace ``target`` (under the lock); with ``sync_dir=False`` the caller fsyncs its directory."""
-        parent = os.path.dirname(target)
+        parent = _parent(target)
         if parent not in self._made:
             make_durable_dirs(parent)
             self._made.add(parent)
@@ -465,7 +471,7 @@ class CastArtifacts:
                     self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
                     synced.add(self._run_prefix)
                     continue
-                synced.add(os.path.dirname(self._replace(target, content, sync_dir=False)))
+                synced.add(_parent(self._replace(target, content, sync_dir=False)))
             for directory in synced:
                 fsync_dir(directory)
             if entries:
@@ -493,7 +499,7 @@ class CastArtifacts:
         if session_file is not None:
             manifest["sessionFile"] = session_file
         with self._lock:
-            return self._write_manifest(manifest, [])
+            return Path(self._write_manifest(manifest, []))
 
     def add_manifest_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
         """Append one entry (a ``timestamp`` is added if absent) and rewrite the manifest atomically."""
@@ -527,14 +533,14 @@ class CastArtifacts:
         return manifest, [_manifest_line(e) for e in entries or []]
 
     def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None, *,
-                        sync_dir: bool = True) -> Path:
+                        sync_dir: bool = True) -> str:
         with self._lock:
             head = self._manifest_head if meta is self._manifest_meta else _manifest_fields(meta)
             target = self._replace(target or self._target(self.MANIFEST), head + _manifest_entries(lines),
                                    sync_dir=sync_dir)
             self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
             self._manifest_head = head
-        return Path(target)
+        return target
 
     def _manifest_document(self, content: str | bytes, target: str) -> tuple[dict[str, Any], list[str]]:
         """A whole manifest handed to :meth:`write_transition`, split into its fields and entry lines."""
