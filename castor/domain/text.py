@@ -31,24 +31,40 @@ def well_formed(value: Any) -> Any:
             return value
         return _LONE_SURROGATE.sub("\ufffd", value)
     if kind is dict:
-        fixed = None
-        for key, item in value.items():
-            # ASCII keys and values (nearly all of them) are checked inline, without a call.
-            new_key = key if type(key) is str and key.isascii() else well_formed(key)
-            new_item = item if type(item) is str and item.isascii() else well_formed(item)
-            if fixed is None and (new_key is not key or new_item is not item):
-                fixed = {}
-                for done_key, done_item in value.items():  # the unchanged ones before this item
-                    if done_key is key:
-                        break
-                    fixed[done_key] = done_item
-            if fixed is not None:
-                fixed[new_key] = new_item
-        return value if fixed is None else fixed
+        for key, item in value.items():  # the common case first: ASCII text and scalars only
+            if (type(key) is not str or not key.isascii() or type(item) in _NESTED
+                    or (type(item) is str and not item.isascii())):
+                return _well_formed_dict(value)
+        return value
     if kind is list or kind is tuple:
         items = [well_formed(item) for item in value]
         return value if all(a is b for a, b in zip(value, items)) else kind(items)
     return value
+
+
+_NESTED = frozenset((dict, list, tuple))
+
+
+def _well_formed_dict(value: dict[Any, Any]) -> dict[Any, Any]:
+    fixed = None
+    for key, item in value.items():
+        new_key = key if type(key) is str and key.isascii() else well_formed(key)
+        item_kind = type(item)
+        if item_kind is str:
+            new_item = item if item.isascii() else well_formed(item)
+        elif item_kind in _NESTED:
+            new_item = well_formed(item)
+        else:
+            new_item = item  # what well_formed returns for anything else
+        if fixed is None and (new_key is not key or new_item is not item):
+            fixed = {}
+            for done_key, done_item in value.items():  # the unchanged ones before this item
+                if done_key is key:
+                    break
+                fixed[done_key] = done_item
+        if fixed is not None:
+            fixed[new_key] = new_item
+    return value if fixed is None else fixed
 
 
 def _reject_constant(name: str) -> Any:

@@ -48,3 +48,7 @@ def test_well_formed_replaces_lone_surrogates_everywhere_and_keeps_clean_values(
     fixed_text = json.dumps(fixed, ensure_ascii=False)
     assert fixed_text.encode("utf-8")  # UTF-8 can write it now
     assert dirty["k\udcff"][1]["b"] == "x\ud800y"  # the input is not changed in place
+    flat_clean = {"a": "plain", "n": 2, "none": None, "u": "é"}
+    assert well_formed(flat_clean) is flat_clean
+    late = {"a": "plain", "n": 2, "u": "é", "bad": "x\ud800", "z": 0.5}
+    assert list(well_formed(late).items()) == [("a", "plain"), ("n", 2), ("u", "é"), ("bad", "x\ufffd"), ("z", 0.5)]
