@@ -40,6 +40,7 @@ Failure behaviour
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import os
@@ -231,14 +232,14 @@ def _printable(part: str) -> str:
     return part.encode("unicode_escape", "backslashreplace").decode("ascii")[:200]
 
 
-def _refuse(reason: str, root: Path, part: str | None = None) -> Forbidden:
+def _refuse(reason: str, root: str | Path, part: str | None = None) -> Forbidden:
     data: dict[str, Any] = {"reason": reason, "root": str(root)}
     if part is not None:
         data["part"] = _printable(part)
     return Forbidden(f"path refused ({reason}) under {root}", data=data)
 
 
-def _check_part(root: Path, part: str | os.PathLike[str]) -> str:
+def _check_part(root: str | Path, part: str | os.PathLike[str]) -> str:
     text = os.fspath(part)
     if not isinstance(text, str):
         raise _refuse("non-text path part", root, repr(text))
@@ -284,19 +285,32 @@ class ConfinedRoot:
 
     def __init__(self, root: str | os.PathLike[str], *, resolved: bool = False) -> None:
         # resolved=True: the caller passes a path it already resolved (or one this class
-        # returned), so the realpath walk of a deep root is not paid again.
-        self.root = Path(root) if resolved else Path(root).resolve()
-        self._prefix = str(self.root).rstrip("/")  # "" for "/", so joins never double the slash
+        # returned), so the realpath walk of a deep root is not paid again (nor pathlib's parse:
+        # a cast's start makes several of these; ``root`` is made when first asked for).
+        text = os.fspath(root) if resolved else str(Path(root).resolve())
+        if "//" in text or "/./" in text or text.endswith(("/", "/.")) or not text.startswith("/"):
+            text = str(Path(text))  # pathlib's spelling of what it was given (a resolved path already has it)
+        self._prefix = text.rstrip("/")  # "" for "/", so joins never double the slash
+        self._label = self._prefix or "/"  # the root as refusals name it
+
+    @functools.cached_property
+    def root(self) -> Path:
+        return Path(self._label)
+
+    @property
+    def text(self) -> str:
+        """The root as a string (what :attr:`root` spells)."""
+        return self._label
 
     def check(self, relative: str) -> str:
         """The refusals of :meth:`join` that need no disk access (NUL, empty, absolute, ``..``)."""
-        return _check_part(self.root, relative)
+        return _check_part(self._label, relative)
 
     def join(self, relative: str) -> Path:
         return Path(self.join_text(relative))
 
     def join_text(self, relative: str) -> str:
-        text = _check_part(self.root, relative)
+        text = _check_part(self._label, relative)
         parts = text.split("/")
         if "" in parts or "." in parts:
             return str(safe_join(self.root, text))  # unusual spellings: the general path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +182,14 @@ def test_appending_through_a_planted_symlink_is_refused_and_the_target_untouched
         append_json_line(log, {"type": "custom"})
     assert err.value.data["reason"] == "symlink"
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("given", ["/a/.pi/b", "/a//b/", "/a/./b", "/", "/a/b/.", "/x/..hidden/y"])
+def test_a_resolved_confined_root_is_spelled_as_pathlib_spells_it(given):
+    """A root handed over as already resolved keeps pathlib's spelling, whatever string form it came in."""
+    from castor.adapters.fs import ConfinedRoot
+
+    root = ConfinedRoot(given, resolved=True)
+    assert root.text == str(Path(given)) and root.root == Path(given)
+    joined = root.join_text("sub/file.txt")
+    assert joined == f"{str(Path(given)).rstrip('/')}/sub/file.txt"

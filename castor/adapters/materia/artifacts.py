@@ -52,6 +52,7 @@ Failure behaviour
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -241,7 +242,7 @@ _LOCKS_GUARD = threading.Lock()
 _FITTED_CACHE_SIZE = 4096  # distinct relative paths remembered per cast directory
 
 
-def _lock_for(run_dir: Path) -> threading.RLock:
+def _lock_for(run_dir: str | Path) -> threading.RLock:
     key = str(run_dir)
     with _LOCKS_GUARD:
         lock = _LOCKS.get(key)
@@ -321,12 +322,13 @@ class CastArtifacts:
     def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str, *, root_resolved: bool = False) -> None:
         """``root_resolved``: ``artifact_root`` is already symlink-resolved (a store passes its own)."""
         self.cast_id = validate_cast_id(cast_id)
-        self.artifact_root = Path(artifact_root) if root_resolved else Path(artifact_root).resolve()
+        root = ConfinedRoot(artifact_root, resolved=root_resolved)
         # The run dir, resolved once: join_text answers with a symlink-free or resolved path.
-        self.run_dir = Path(ConfinedRoot(self.artifact_root, resolved=True).join_text(self.cast_id))
-        self._lock = _lock_for(self.run_dir)
-        self._root = ConfinedRoot(self.run_dir, resolved=True)
-        self._run_prefix = str(self.run_dir)
+        # Plain strings here (a cast's start makes one of these); the Path views are made on demand.
+        self._run_prefix = root.join_text(self.cast_id)
+        self._artifact_root_text = root.text
+        self._lock = _lock_for(self._run_prefix)
+        self._root = ConfinedRoot(self._run_prefix, resolved=True)
         self._made: set[str] = set()  # directories known to exist: no mkdir per write
         self._fitted: dict[str, str] = {}  # relative path -> checked, fitted relative path
         # The manifest as last written by this object, and the file identity it was written
@@ -335,6 +337,14 @@ class CastArtifacts:
         self._manifest_lines: list[str] = []
         self._manifest_sig: tuple[int, int, int] | None = None
         self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
+
+    @functools.cached_property
+    def run_dir(self) -> Path:
+        return Path(self._run_prefix)
+
+    @functools.cached_property
+    def artifact_root(self) -> Path:
+        return Path(self._artifact_root_text)
 
     # -- basics -------------------------------------------------------------
 
