@@ -344,8 +344,10 @@ class CastActor(Actor):
             self._fenced = True
             self._stop()
             return
+        had_user_turn = self._user_turn is not None
         self.state = transition.state
-        self._note_withdrawals(transition)
+        if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
+            self._note_withdrawals(transition)
         self._perform_files(files)
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
