@@ -155,9 +155,10 @@ class CastTimer:
         for _ in range(casts):  # one at a time: the per-transition cost, not concurrency
             view = materia_call(self.rt, "bench-0", "start", {"request": "bench"})
             wait_ended(self.rt, [("bench-0", view["cast_id"])], 60)
-            self.started.append(("bench-0", view["cast_id"]))
-            runs.append(Path(view["run_dir"]))
-        return (time.perf_counter() - t0) / (casts * SOCKETS), runs
+            runs.append(view)
+        elapsed = time.perf_counter() - t0
+        self.started += [("bench-0", view["cast_id"]) for view in runs]
+        return elapsed / (casts * SOCKETS), [Path(view["run_dir"]) for view in runs]
 
     def __exit__(self, *exc_info: object) -> None:
         try:

@@ -210,7 +210,7 @@ class SessionActor(Actor):
                 lease.release()
                 raise
         start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
-                            run_dir=str(root / cast_id), artifact_root=str(root), at=time.time())
+                            run_dir=f"{root}/{cast_id}", artifact_root=str(root), at=time.time())
         env = self._env(cast_id, root, lease=lease, start=start)
         handle = self._spawn(env, lease)
         view = env.started_view or self._ask_status(handle, root, cast_id)

@@ -178,10 +178,10 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     Uniqueness holds across threads *and* processes because the directory is
     claimed with an exclusive ``mkdir``.
     """
-    root = Path(artifact_root)
+    root = os.fspath(artifact_root)
     try:
         if not os.path.isdir(root):
-            root.mkdir(parents=True, exist_ok=True)
+            os.makedirs(root, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise Conflict(f"the artifact directory {root} is not a directory",
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None

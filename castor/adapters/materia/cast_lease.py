@@ -32,7 +32,7 @@ LEASE_FILE = "owner.lock"
 class CastLease:
     """A held lease; call :meth:`release` when the cast leaves this runtime."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: str | Path, fd: int) -> None:
         self.path = path
         self._fd: int | None = fd
         self._lock = threading.Lock()
@@ -42,7 +42,7 @@ class CastLease:
                     root_resolved: bool = False) -> CastLease | None:
         """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
         run_dir = ConfinedRoot(artifact_root, resolved=root_resolved).join_text(validate_cast_id(cast_id))
-        path = Path(run_dir) / LEASE_FILE
+        path = f"{run_dir}/{LEASE_FILE}"
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, 0o644)

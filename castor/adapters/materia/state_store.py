@@ -35,6 +35,7 @@ Failure behaviour
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -263,12 +264,15 @@ class CastStateStore:
 
     def __init__(self, artifact_root: str | os.PathLike[str], *, resolved: bool = False) -> None:
         """``resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
-        self.artifact_root = Path(artifact_root) if resolved else Path(artifact_root).resolve()
-        self._root = ConfinedRoot(self.artifact_root, resolved=True)
+        self._root = ConfinedRoot(artifact_root, resolved=resolved)
         self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
         # cast id -> (file signature, revision, incarnation) of the document this store last
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
+
+    @functools.cached_property
+    def artifact_root(self) -> Path:
+        return self._root.root
 
     # -- paths ---------------------------------------------------------------
 
@@ -277,7 +281,7 @@ class CastStateStore:
 
     def artifacts(self, cast_id: str) -> CastArtifacts:
         """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root."""
-        return CastArtifacts(self.artifact_root, cast_id, root_resolved=True)
+        return CastArtifacts(self._root.text, cast_id, root_resolved=True)
 
     def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
