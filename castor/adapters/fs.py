@@ -67,12 +67,14 @@ __all__ = [
     "ConfinedRoot",
     "dump_json",
     "ensure_dir",
+    "file_signature",
     "fsync_dir",
     "make_durable_dirs",
     "one_line_json",
     "read_regular_file",
     "read_json_lines",
     "safe_join",
+    "stat_signature",
 ]
 
 
@@ -95,6 +97,23 @@ def _write_all(fd: int, data: bytes) -> None:
         view = memoryview(data)[written:]
         while view:
             view = view[os.write(fd, view):]
+
+
+def stat_signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one version of a file from the next: inode, size, mtime and ctime.
+
+    A file replaced by ``rename`` has a new inode (and ctime); one rewritten in place a new
+    mtime or size. The caches that skip a re-read while a file is "still the one seen" use it.
+    """
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def file_signature(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
+    """:func:`stat_signature` of ``path`` (symlinks followed), or None if it cannot be stat-ed."""
+    try:
+        return stat_signature(os.stat(path))
+    except OSError:
+        return None
 
 
 def make_durable_dirs(directory: str) -> None:

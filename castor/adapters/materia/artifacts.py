@@ -73,6 +73,7 @@ from castor.adapters.fs import (
     append_json_lines,
     atomic_write_bytes,
     dump_json,
+    file_signature,
     fsync_dir,
     make_durable_dirs,
     one_line_json,
@@ -251,15 +252,6 @@ def _lock_for(run_dir: str | Path) -> threading.RLock:
         return lock
 
 
-def _file_sig(path: Path) -> tuple[int, int, int] | None:
-    """Identity of a file's current content as far as a rewrite is concerned (None if missing)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 def _parent(target: str) -> str:
     """``os.path.dirname`` of a normalised path (the run dir's own paths), without its Python steps."""
     head, slash, _name = target.rpartition("/")
@@ -270,15 +262,9 @@ def _manifest_line(entry: Any) -> str:
     return one_line_json(entry)
 
 
-def render_manifest(meta: dict[str, Any], entry_lines: list[str]) -> str:
-    """The manifest text: the top-level fields, then ``entries`` with one entry per line.
-
-    Same document as before (spec §8.2), laid out so it is serialised by the C JSON encoder
-    (an entry per line stays readable and diffable) instead of a pretty-printer per rewrite.
-    """
-    return _manifest_fields(meta) + _manifest_entries(entry_lines)
-
-
+# The manifest text is its top-level fields, then ``entries`` with one entry per line: the same
+# document (spec §8.2), laid out so the C JSON encoder writes it (an entry per line stays
+# readable and diffable) instead of a pretty-printer per rewrite.
 def _manifest_fields(meta: dict[str, Any]) -> str:
     """The manifest's opening and top-level fields (all but ``entries``): fixed per cast."""
     fields = [f"  {one_line_json(k)}: {one_line_json(v)}" for k, v in meta.items() if k != "entries"]
@@ -335,7 +321,7 @@ class CastArtifacts:
         # as: an append rewrites it from memory unless the file changed underneath.
         self._manifest_meta: dict[str, Any] | None = None
         self._manifest_lines: list[str] = []
-        self._manifest_sig: tuple[int, int, int] | None = None
+        self._manifest_sig: tuple[int, int, int, int] | None = None
         self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
 
     @functools.cached_property
@@ -533,9 +519,13 @@ class CastArtifacts:
         return stored
 
     def _manifest_now(self, target: str) -> tuple[dict[str, Any], list[str]]:
-        if self._manifest_meta is not None and _file_sig(target) == self._manifest_sig:
+        if self._manifest_meta is not None and file_signature(target) == self._manifest_sig:
             return self._manifest_meta, self._manifest_lines
-        manifest = self.read_manifest()
+        return self._split_manifest(self.read_manifest(), target)
+
+    def _split_manifest(self, manifest: Any, target: str) -> tuple[dict[str, Any], list[str]]:
+        """A manifest document as its top-level fields and its entry lines; ArtifactCorrupt if it is
+        not an object."""
         if not isinstance(manifest, dict):
             raise ArtifactCorrupt(f"{self.MANIFEST} of cast {self.cast_id} is not an object",
                                   data={"path": str(target)})
@@ -548,22 +538,18 @@ class CastArtifacts:
             head = self._manifest_head if meta is self._manifest_meta else _manifest_fields(meta)
             target = self._replace(target or self._target(self.MANIFEST), head + _manifest_entries(lines),
                                    sync_dir=sync_dir)
-            self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, _file_sig(target)
+            self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, file_signature(target)
             self._manifest_head = head
         return target
 
     def _manifest_document(self, content: str | bytes, target: str) -> tuple[dict[str, Any], list[str]]:
-        """A whole manifest handed to :meth:`write_transition`, split into its fields and entry lines."""
+        """A whole manifest handed to :meth:`write_transition`, split as :meth:`_split_manifest` does."""
         try:
             manifest = json.loads(content)
         except json.JSONDecodeError as exc:
             raise ArtifactCorrupt(f"a {self.MANIFEST} for cast {self.cast_id} that is not JSON",
                                   data={"path": target, "error": str(exc)}) from None
-        if not isinstance(manifest, dict):
-            raise ArtifactCorrupt(f"a {self.MANIFEST} for cast {self.cast_id} that is not an object",
-                                  data={"path": target})
-        entries = manifest.pop("entries", None)
-        return manifest, [_manifest_line(e) for e in entries or []]
+        return self._split_manifest(manifest, target)
 
     def read_manifest(self) -> dict[str, Any]:
         return self._read_json(self.MANIFEST)

@@ -17,15 +17,15 @@ FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON beco
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from castor.adapters.fs import atomic_write_bytes, read_regular_file
+from castor.adapters.fs import atomic_write_bytes, file_signature, read_regular_file
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.text import well_formed
@@ -148,14 +148,6 @@ def _layer_paths(cwd: str, config_path: str | None, profile_env: str | None, con
             None if explicit is None else str(explicit))
 
 
-def _file_sig(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-
-
 class ResolvedConfigCache:
     """:func:`load_resolved`, skipping the reading, merging and validation when no layer changed.
 
@@ -185,7 +177,7 @@ class ResolvedConfigCache:
         environ = os.environ if env is None else env
         paths = _layer_paths(key[0], key[2], environ.get("PI_MATERIA_PROFILE_DIR"), environ.get("MATERIA_CONFIG"),
                              os.environ.get("HOME"), None if home is None else str(home))  # Path.home() reads it
-        signature = tuple((p, _file_sig(p)) if p is not None else None for p in paths)
+        signature = tuple((p, file_signature(p)) if p is not None else None for p in paths)
         with self._lock:
             hit = self._entries.get(key)
         if hit is not None and hit[0] == signature:

@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json
+from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json, stat_signature
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
 
@@ -236,10 +236,6 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     return int(match.group(2)), int(match.group(3))
 
 
-def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def _parse_document(path: Path, raw: str) -> StoredState:
     try:
         doc = json.loads(raw)
@@ -415,7 +411,7 @@ class CastStateStore:
             new_incarnation = max(incarnation, stored_incarnation)
             saved_at = _iso_now()
             atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
-            self._written[cast_id] = (_signature(os.lstat(path)), revision + 1, new_incarnation)
+            self._written[cast_id] = (stat_signature(os.lstat(path)), revision + 1, new_incarnation)
             return revision + 1, new_incarnation, saved_at
 
     @contextmanager
@@ -428,23 +424,18 @@ class CastStateStore:
         one written and needs no read; anything else (another writer, a hand edit, a planted
         link) goes through the checked path and the header read.
         """
-        path = None
-        last = self._written.get(cast_id)
-        if last is not None:
-            tlock, lock_path, path = self._locks[cast_id]
-        else:
-            tlock, lock_path, path = self._locked(cast_id)
+        last = self._written.pop(cast_id, None)  # put back by the save, if it succeeds
+        tlock, lock_path, path = self._locks[cast_id] if last is not None else self._locked(cast_id)
         with tlock, _flocked(lock_path):
             if last is not None:
                 try:
                     st = os.lstat(path)
                 except FileNotFoundError:
                     st = None
-                if st is not None and stat.S_ISREG(st.st_mode) and _signature(st) == last[0]:
+                if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0]:
                     yield path, (last[1], last[2])
                     return
-                self._written.pop(cast_id, None)
-                path = self._locked(cast_id)[2]
+                path = self._locked(cast_id)[2]  # changed underneath: the checked path
             yield path, _read_header(path)
 
     @staticmethod

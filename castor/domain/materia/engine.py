@@ -287,16 +287,13 @@ def _fork(state: CastState) -> CastState:
     top-level keys. The purity test in tests/domain/materia proves the input is never touched.
     """
     values = state.__dict__
-    fork = _new_state(CastState)
+    fork = object.__new__(CastState)
     # What model_copy(update=...) does for these fields, without its generic copy steps.
     object.__setattr__(fork, "__dict__", {**values, **{name: dict(values[name]) for name in _MUTABLE_CONTAINERS}})
     object.__setattr__(fork, "__pydantic_fields_set__", set(state.__pydantic_fields_set__).union(_MUTABLE_CONTAINERS))
     object.__setattr__(fork, "__pydantic_extra__", None)
     object.__setattr__(fork, "__pydantic_private__", None)
     return fork
-
-
-_new_state = object.__new__
 
 
 # =========================================================================== start / finish / fail
@@ -315,7 +312,7 @@ def _start_cast(ev: CastStarted) -> Transition:
     ctx = _Ctx(state, ev.at)
     ctx.write(("config.resolved.json",),
               derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False)))
-    # Compact: the artifacts adapter writes every manifest in its own layout (render_manifest).
+    # Compact: the artifacts adapter writes every manifest in its own layout (CastArtifacts.write_transition).
     ctx.write(("manifest.json",), json.dumps({"castId": ev.cast_id, "request": ev.request,
                                               "configSource": cfg.source, "entries": []}))
     name = cfg.pipeline.loadout_name
