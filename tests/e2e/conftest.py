@@ -80,9 +80,13 @@ def start_pi(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Iterat
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSONL file another process may still be appending to: a last line
+    without its newline is not written yet (a poll can catch it half-written), so it is left out."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    complete = text if text.endswith("\n") else text[:text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def session_entries(session_dir: Path) -> list[dict[str, Any]]:
