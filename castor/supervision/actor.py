@@ -23,6 +23,7 @@ handler raises anything else            reply failed; incarnation ends ``crashed
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import threading
@@ -72,6 +73,13 @@ class Actor(pykka.ThreadingActor):
     """
 
     use_daemon_thread = True  # a stuck handler must never keep the process alive
+    #: Run ``on_start`` on the thread that starts the incarnation (inside ``spawn``, or the
+    #: supervisor's thread for a restart), not on the loop thread: ``spawn`` then returns once it
+    #: has run (whatever ``await_start`` says), with no thread hand-off for it, and an
+    #: incarnation that ends in ``on_start`` never takes a loop thread (see :meth:`_begin`).
+    #: Only for classes whose ``on_start`` never blocks and never asks its starter: the starter
+    #: waits for it without ``start_timeout``. castor's SocketActor opts in.
+    start_on_caller: ClassVar[bool] = False
     _dispatch: ClassVar[dict[type, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -113,12 +121,40 @@ class Actor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Any:  # type: ignore[override]
         return None  # castor binds the handle's mailbox instead (see _bind)
 
-    def _start_actor_loop(self) -> None:
-        """Run this incarnation's loop on a parked daemon thread (see threads.py), else a new one."""
-        if not self.use_daemon_thread:
-            super()._start_actor_loop()
+    def _begin(self) -> None:
+        """Start this bound, registered incarnation.
+
+        Normally its whole loop, ``on_start`` included, goes to a loop thread. A class that
+        :attr:`starts on the caller <start_on_caller>` runs ``on_start`` here first, in a fresh
+        context (what a loop thread gives its loop); the rest of the loop then goes to a loop
+        thread, or runs here too when ``on_start`` has ended the incarnation (a stop, a
+        retirement, a crash): what is left of it cannot block, so it needs no thread. No thread
+        to be had for the loop is a failed start, so a crash.
+        """
+        if not self.start_on_caller:
+            self._start_actor_loop(self._actor_loop)
             return
-        LOOP_THREADS.run(self._actor_loop, type(self).__name__)
+        context = contextvars.Context()
+        context.run(self._actor_loop_setup)
+        if self._exit_kind is None and self._retire_request is None and not self._stop_requested:
+            try:
+                self._start_actor_loop(self._actor_loop_after_start)
+                return
+            except Exception as exc:  # noqa: BLE001 - e.g. "can't start new thread"
+                context.run(self._crash, exc, None)
+        context.run(self._actor_loop_after_start)
+
+    def _actor_loop_after_start(self) -> None:
+        self._actor_loop_running()
+        self._actor_loop_teardown()
+
+    def _start_actor_loop(self, loop: Callable[[], None] | None = None) -> None:  # type: ignore[override]
+        """Run ``loop`` (the whole loop by default) on a parked daemon thread (see threads.py), else a new one."""
+        loop = loop or self._actor_loop
+        if not self.use_daemon_thread:
+            threading.Thread(target=loop, name=type(self).__name__, daemon=False).start()
+            return
+        LOOP_THREADS.run(loop, type(self).__name__)
 
     # -- binding (called by the handle before the thread starts) -----------
     def _bind(self, handle: ActorHandle, mailbox: Mailbox, incarnation: int) -> None:
@@ -138,7 +174,8 @@ class Actor(pykka.ThreadingActor):
 
     # -- hooks for subclasses --------------------------------------------
     def on_start(self) -> None:
-        """Runs on the actor thread before the first message; raising is a crash."""
+        """Runs on the actor thread before the first message (on the starting thread for a class
+        that :attr:`starts on the caller <start_on_caller>`); raising is a crash."""
 
     def receive(self, message: Any) -> Any:
         """Dispatch to the method registered for the message's class."""

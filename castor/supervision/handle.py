@@ -188,7 +188,16 @@ class ActorHandle:
 
     def begin_launch(self) -> Latch | None:
         """:meth:`launch` without the wait: the incarnation's loop is running (or queued to run)
-        when this returns; the latch, if any, is set once its ``on_start`` has finished."""
+        when this returns; the latch, if any, is set once its ``on_start`` has finished. (A class
+        that starts on the caller has finished ``on_start`` here already: see
+        :attr:`Actor.start_on_caller`.)"""
+        actor = self.prepare_launch()
+        actor._begin()
+        return actor._started
+
+    def prepare_launch(self) -> Actor:
+        """Make, bind and register the next incarnation without starting it; the caller starts
+        it with ``actor._begin()`` (a direct start does so outside its supervisor's table lock)."""
         actor = self.factory()
         with self._lock:
             self.incarnation += 1
@@ -202,8 +211,7 @@ class ActorHandle:
             self.started_at = time.monotonic()
             self.retired_reason = None
         self.registry.register(self)
-        actor._start_actor_loop()
-        return actor._started
+        return actor
 
     def _log_slow_start(self, waited: float) -> None:
         from loguru import logger

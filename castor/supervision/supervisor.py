@@ -252,11 +252,17 @@ class Supervisor(Actor):
             try:
                 # Under the table lock, so a terminating supervisor either sees this child
                 # running (and stops it) or refuses it; the wait for on_start is outside.
-                started = handle.begin_launch()
+                actor = handle.prepare_launch()
+                if not actor.start_on_caller:
+                    actor._begin()
             except Exception:
                 self._slots.pop(path, None)
                 handle.close("failed to start")
                 raise
+        if actor.start_on_caller:
+            # Outside the lock: its on_start may end the incarnation, whose exit takes the lock.
+            actor._begin()
+        started = actor._started
         if started is not None and spec.await_start and not started.wait(start_timeout):
             handle._log_slow_start(start_timeout)
         return handle

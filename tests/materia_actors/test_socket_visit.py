@@ -36,8 +36,11 @@ class _Port:
     def __init__(self, *, inline: bool) -> None:
         self.inline = inline
         self.reply_threads: list[int] = []
+        self.turn_threads: list[int] = []
+        self.release = threading.Event()  # a later answer waits for it
 
     def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
+        self.turn_threads.append(threading.get_ident())
         def answer() -> None:
             self.reply_threads.append(threading.get_ident())
             for text in ("first", "second"):
@@ -47,7 +50,7 @@ class _Port:
             assert may_reply_inline(reply)
             answer()
         else:
-            threading.Thread(target=answer, daemon=True).start()
+            threading.Thread(target=lambda: self.release.wait(10) and answer(), daemon=True).start()
 
     def cancel(self, turn_id: str) -> None:
         pass
@@ -70,10 +73,15 @@ def test_a_visit_hands_on_the_first_answer_once_and_exits(tmp_path, inline):
         port = _Port(inline=inline)
         visit = rt.system.spawn(socket_spec(_effect(), cast=cast, cast_id="c", agent=port),
                                 under=rt.session("s").child("socket"))
+        # on_start (which sends the turn) ran on the spawner's thread, inside spawn; a visit
+        # answered there had ended by the time spawn returned, without a loop thread.
+        assert port.turn_threads == [threading.get_ident()]
+        assert visit.wait_exited(0) is inline
+        port.release.set()
         assert arrived.wait(10)
         assert visit.wait_exited(10)
         assert [m.event.text for m in got] == ["first"] and got[0].event.visit_id == "c:Socket-1:1:1"
-        # Answered inline, inside run_turn on the visit's own thread: handed on after run_turn
+        # Answered inline, inside run_turn on the visit's thread: handed on after run_turn
         # returned, with no message to itself; answered later: one TurnReplied was processed.
         assert visit.processed == (0 if inline else 1)
     finally:

@@ -1,6 +1,8 @@
 """SocketActor: one agent-socket visit (one ``RunAgentTurn``), TEMPORARY.
 
-Path ``/root/session/<sid>/socket/<castId>.<dispatchSeq>``. Lifecycle::
+Path ``/root/session/<sid>/socket/<castId>.<dispatchSeq>``. ``on_start`` runs on the thread of
+the CastActor that starts the visit, inside ``spawn`` (``start_on_caller``: it never blocks);
+the rest of the visit, if there is any, on a loop thread of its own. Lifecycle::
 
     on_start: proactive check wanted?  (effect.proactive_compaction and host.has_context)
         no  -> send the turn
@@ -30,9 +32,10 @@ model's window is the one the harness reports in its usage (Pi's ``getContextUsa
 Guarantees: the outcome is handed on at most once; an answer that arrives after this actor
 died is dropped by the closed mailbox (and would be ignored by the engine anyway: its
 visit id is no longer pending). The AgentPort's reply is marked ``enqueues_only``: an answer
-from another thread is told to this actor (``TurnReplied``); one a port gives at once, on this
-thread inside ``run_turn``, is only kept and handed on after ``run_turn`` has returned (so
-nothing runs re-entrantly, and no message is queued to itself).
+from another thread is told to this actor (``TurnReplied``); one a port gives at once, on the
+thread running ``run_turn``, is only kept and handed on after ``run_turn`` has returned (so
+nothing runs re-entrantly, and no message is queued to itself). The visit then ends inside
+``spawn``: the cast finds its ``CastOutcome`` queued once the handler that started it returns.
 """
 
 from __future__ import annotations
@@ -91,6 +94,10 @@ def turn_ended(visit_id: str, outcome: TurnOutcome, at: float) -> TurnEnded:
 
 
 class SocketActor(Actor):
+    # on_start only sends the turn (AgentPort.run_turn returns at once), so it runs on the cast's
+    # thread: a turn answered at once ends the visit there, with no thread hand-off.
+    start_on_caller = True
+
     def __init__(self, effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort,
                  host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
                  compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> None:
@@ -237,5 +244,4 @@ def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPo
                      factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
                                                  usage_timeout_s=usage_timeout_s,
                                                  compaction_timeout_s=compaction_timeout_s),
-                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True,
-                     await_start=False)  # the cast orders nothing after a visit's start
+                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True)
