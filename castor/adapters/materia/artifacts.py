@@ -79,6 +79,7 @@ from castor.adapters.fs import (
     one_line_json,
     read_json_lines,
 )
+from castor.domain.timestamps import iso_now_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
 
 __all__ = [
@@ -278,10 +279,6 @@ def _manifest_entries(entry_lines: list[str]) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _event_records(events: list[tuple[str, dict[str, Any], int]]) -> list[dict[str, Any]]:
@@ -513,7 +510,7 @@ class CastArtifacts:
 
     def _add_manifest_entries_at(self, target: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         meta, lines = self._manifest_now(target)
-        stored = [entry if "timestamp" in entry else {**entry, "timestamp": _iso_now()} for entry in entries]
+        stored = [entry if "timestamp" in entry else {**entry, "timestamp": iso_now_ms()} for entry in entries]
         if stored:
             self._write_manifest(meta, lines + [_manifest_line(r) for r in stored], target)
         return stored

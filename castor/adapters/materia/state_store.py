@@ -43,7 +43,6 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json, stat_signature
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
+from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
 
 __all__ = [
@@ -121,10 +121,6 @@ class CastListing(BaseModel):
     problems: list[UnreadableCast]
 
 
-def _iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
     """Status and resumability of a state document (spec §5.13/§5.14).
 
@@ -168,7 +164,7 @@ def _iso_field(state: dict[str, Any]) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return datetime.fromtimestamp(value, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return iso_utc_ms(value)
     return None
 
 
@@ -347,7 +343,7 @@ class CastStateStore:
             incarnation = max((current.incarnation if current else 0) + 1, at_least)
             if current is None and fresh:
                 return incarnation, StoredState(cast_id=cast_id, revision=0, incarnation=incarnation,
-                                                saved_at=_iso_now(), state={})
+                                                saved_at=iso_now_ms(), state={})
             self._remove_orphan_temps(path)
             stored = self._write(path, cast_id, current.revision if current else 0, incarnation,
                                  current.state if current else {})
@@ -409,7 +405,7 @@ class CastStateStore:
                     data={"reason": "revision_mismatch", "stored": revision, "expected": expected_revision},
                 )
             new_incarnation = max(incarnation, stored_incarnation)
-            saved_at = _iso_now()
+            saved_at = iso_now_ms()
             atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
             self._written[cast_id] = (stat_signature(os.lstat(path)), revision + 1, new_incarnation)
             return revision + 1, new_incarnation, saved_at
@@ -441,7 +437,7 @@ class CastStateStore:
     @staticmethod
     def _write(path: Path, cast_id: str, revision: int, incarnation: int, state: dict[str, Any]) -> StoredState:
         stored = StoredState(
-            cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=_iso_now(), state=state
+            cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=iso_now_ms(), state=state
         )
         encoded = json.dumps(state, ensure_ascii=False, allow_nan=False)
         atomic_write_bytes(path, _document(cast_id, revision, incarnation, stored.saved_at, encoded))

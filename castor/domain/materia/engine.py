@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from castor.domain.materia import prompts
@@ -154,6 +153,7 @@ from castor.domain.materia.loops import (
 )
 from castor.domain.materia.revive import RecoveryExhaustion, grant_revive
 from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
+from castor.domain.timestamps import iso_utc
 from castor.domain.materia.state import (
     CastState,
     Pending,
@@ -219,7 +219,7 @@ class _Ctx:
     def iso(self) -> str:
         iso = self._iso
         if iso is None:  # one clock reading per step: every timestamp of a transition is the same
-            iso = self._iso = datetime.fromtimestamp(self.at, tz=UTC).isoformat().replace("+00:00", "Z")
+            iso = self._iso = iso_utc(self.at)
         return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:
