@@ -130,9 +130,15 @@ def test_a_duplicate_id_is_a_conflict_and_a_failing_factory_raises():
         system.shutdown(10)
 
 
-def test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start():
+class _StartsOnCaller(Worker):
+    start_on_caller = True  # on_start on the spawning thread, outside the table lock
+
+
+@pytest.mark.parametrize("on_caller", [False, True], ids=["loop-thread-start", "start-on-caller"])
+def test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start(on_caller):
     """Starts race the supervisor's termination: each one is either refused or stopped with it."""
     journal = Journal()
+    cls = _StartsOnCaller if on_caller else Worker
     system = _system()
     started: list = []
     refused = 0
@@ -143,7 +149,9 @@ def test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start():
         go.wait(5)
         for n in range(400):
             try:
-                started.append(system.spawn(_direct(f"r{n}", journal), under=POOL, timeout=5))
+                spec = ChildSpec(f"r{n}", lambda n=n: cls(f"r{n}", journal), restart=Restart.TEMPORARY,
+                                 direct_start=True)
+                started.append(system.spawn(spec, under=POOL, timeout=5))
             except CastorError:
                 refused += 1
     try:

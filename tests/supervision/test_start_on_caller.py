@@ -5,7 +5,8 @@ caller's thread, in a fresh ``contextvars.Context``; an incarnation still runnin
 its loop on a loop thread (messages never run on the caller); one that ends in ``on_start``
 (stop, retire, crash) ends there too and never takes a loop thread; a crash is a crash (a
 temporary child is removed, a transient one restarted by its supervisor, on the supervisor's
-thread); and no child outlives a supervisor that terminates while such children start.
+thread), and so is no thread for its loop. (No child outlives a supervisor that terminates while
+such children start: test_direct_start.py's race, run for both kinds of start.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import threading
 
 import pytest
 
-from castor.messages.errors import CastorError
 from castor.supervision import ActorSystem, ChildSpec, Restart, supervisor_spec
 from castor.supervision import actor as actor_module
 from castor.supervision.supervisor import WhichChildren
@@ -140,37 +140,6 @@ def test_a_transient_child_that_crashes_in_on_start_is_restarted_by_its_supervis
         assert [s[2] for s in starts] == [1, 2]
         assert starts[0][3] == threading.get_ident()
         assert starts[1][3] != threading.get_ident()  # the restart: on the supervisor's thread
-    finally:
-        system.shutdown(10)
-
-
-def test_no_child_that_starts_on_the_caller_outlives_a_supervisor_that_stops_meanwhile():
-    journal = Journal()
-    system = _system()
-    started: list = []
-    refused = 0
-    go = threading.Event()
-
-    def starter() -> None:
-        nonlocal refused
-        go.wait(5)
-        for n in range(400):
-            try:
-                started.append(system.spawn(_spec(f"r{n}", journal), under=POOL, timeout=5))
-            except CastorError:
-                refused += 1
-
-    try:
-        thread = threading.Thread(target=starter)
-        thread.start()
-        go.set()
-        assert poll_until(lambda: len(started) >= 20, timeout=10)
-        system.stop_child(POOL, timeout=20)
-        thread.join(20)
-        assert not thread.is_alive()
-        assert started, "the race was not exercised"
-        assert [h.path for h in started if h.alive or not h.closed.is_set()] == []
-        assert refused > 0 or len(started) == 400
     finally:
         system.shutdown(10)
 
