@@ -268,7 +268,7 @@ class Supervisor(Actor):
         return handle
 
     def _temporary_exited(self, child: ActorHandle, _incarnation: int, kind: str) -> None:
-        """A temporary child ended (on its own thread): it leaves the table, never restarted.
+        """A temporary child ended (on the thread it ended on): it leaves the table, never restarted.
 
         An exit the supervisor caused (a stop by request, a sibling restart, its own
         shutdown: the slot is ``stopping``) is left to the stopper, as a ``ChildExited``
