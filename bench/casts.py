@@ -19,7 +19,10 @@
     (started as a direct child of the session's socket supervisor, one zero-latency scripted
     turn through the AgentPort, the outcome told to a parent actor, stop) with no engine
     and no files. It is what the brief's one-actor-per-visit design costs before castor
-    writes a byte, printed beside the ratio so the two can be told apart.
+    writes a byte, printed beside the ratio so the two can be told apart. Each pair is also
+    split: a cast's ``start`` call (the session's verb, the run directory and lease, the
+    CastActor's start and first transition, the first visit) against the baseline's first
+    transition, and the cast's other transitions against the baseline's others.
 (b) **1,000 concurrent casts** of the same loadout across 10 sessions (agent latency 200 ms so
     all of them are in flight at once): transitions per second, and peak RSS above the idle
     runtime (psutil, sampled every 20 ms) divided by the number of casts. Every repetition
@@ -135,6 +138,7 @@ class CastTimer:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.started: list[tuple[str, str]] = []
+        self.start_seconds: list[float] = []  # each timed cast's ``start`` call (its first transition)
 
     def __enter__(self) -> CastTimer:
         project = make_project(self.base, f"a-{time.monotonic_ns()}")
@@ -153,7 +157,9 @@ class CastTimer:
         runs = []
         t0 = time.perf_counter()
         for _ in range(casts):  # one at a time: the per-transition cost, not concurrency
+            called = time.perf_counter()
             view = materia_call(self.rt, "bench-0", "start", {"request": "bench"})
+            self.start_seconds.append(time.perf_counter() - called)
             wait_ended(self.rt, [("bench-0", view["cast_id"])], 60)
             runs.append(view)
         elapsed = time.perf_counter() - t0
@@ -230,8 +236,11 @@ def transition_plan(run: Path) -> list[dict]:
     return plan
 
 
-def baseline_per_socket(base: Path, runs: list[Path]) -> float:
-    """Write what the runtime wrote for ``runs``, with plain file writes of the same durability."""
+def baseline_per_socket(base: Path, runs: list[Path], first_seconds: list[float] | None = None) -> float:
+    """Write what the runtime wrote for ``runs``, with plain file writes of the same durability.
+
+    ``first_seconds``, if given, gets each run's first transition (what castor's ``start`` call
+    wrote: the run directory, ``config.resolved.json``, the manifest, the first context...)."""
     plans = [(transition_plan(run), json.loads((run / "manifest.json").read_text()),
               (run / "usage.json").read_bytes(), (run / "state.json").read_bytes()) for run in runs]
     target = base / f"baseline-{time.monotonic_ns()}"
@@ -244,6 +253,7 @@ def baseline_per_socket(base: Path, runs: list[Path]) -> float:
         _fsync_dir(run)
         _fsync_dir(target)
         entries: list[dict] = []
+        run_began = time.perf_counter()
         for number, step in enumerate(plan):
             for rel, data in step["files"]:
                 (run / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +266,8 @@ def baseline_per_socket(base: Path, runs: list[Path]) -> float:
             _append(run / "events.jsonl", step["events"])
             _atomic(run / "usage.json", usage)
             _atomic(run / "state.json", state)
+            if number == 0 and first_seconds is not None:
+                first_seconds.append(time.perf_counter() - run_began)
     return (time.perf_counter() - t0) / (len(plans) * SOCKETS)
 
 
@@ -395,15 +407,23 @@ def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int) 
     visit floor is measured once per repetition.
     """
     ratios, runtime_us, baseline_us, floor_us = [], [], [], []
+    start_ratios, rest_ratios, start_us, first_us = [], [], [], []
     baseline_per_socket(base, runtime_per_socket(base, 2)[1])  # warm-up: first-use costs are not per transition
     for _ in range(reps):
         with CastTimer(base) as timer:
             for _ in range(pairs):
                 per_socket, runs = timer.time_casts(casts)
-                plain = baseline_per_socket(base, runs)
+                firsts: list[float] = []
+                plain = baseline_per_socket(base, runs, firsts)
                 ratios.append(per_socket / plain)
                 runtime_us.append(per_socket * 1e6)
                 baseline_us.append(plain * 1e6)
+                # The same pair split: each cast's start (its first transition) and the rest.
+                start, first = sum(timer.start_seconds[-casts:]) / casts, sum(firsts) / casts
+                start_ratios.append(start / first)
+                rest_ratios.append((per_socket * SOCKETS - start) / (plain * SOCKETS - first))
+                start_us.append(start * 1e6)
+                first_us.append(first * 1e6)
         floor_us.append(visit_floor(base, pairs * casts * SOCKETS) * 1e6)
     runtime, plain, floor = (statistics.median(v) for v in (runtime_us, baseline_us, floor_us))
     print(f"(a) {medium}: per socket transition: runtime {runtime:.0f} us, plain writes {plain:.0f} us "
@@ -413,6 +433,10 @@ def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int) 
     print(f"(a) {medium}: of which the visit floor (SocketActor spawn, agent turn, outcome, stop; no engine, "
           f"no files) {floor:.0f} us = {floor / plain:.2f}x the plain writes; engine + persistence "
           f"{runtime - floor:.0f} us = {(runtime - floor) / plain:.2f}x")
+    print(f"(a) {medium}: split: a cast's start (the start call: session, run dir, lease, first transition, first "
+          f"visit) {statistics.median(start_us):.0f} us against the baseline's first transition "
+          f"{statistics.median(first_us):.0f} us = {statistics.median(start_ratios):.2f}x; the cast's other "
+          f"transitions {statistics.median(rest_ratios):.2f}x their baseline (medians of the pairs)")
     return statistics.median(ratios)
 
 
