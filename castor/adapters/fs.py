@@ -74,6 +74,7 @@ __all__ = [
     "read_regular_file",
     "read_json_lines",
     "safe_join",
+    "split_text",
     "stat_signature",
 ]
 
@@ -97,6 +98,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = memoryview(data)[written:]
         while view:
             view = view[os.write(fd, view):]
+
+
+def split_text(path: str) -> tuple[str, str]:
+    """``os.path.split`` of a plain string path, without its Python-level steps (the write paths
+    split several paths per cast transition); the directory of a bare name is ``"."``."""
+    head, slash, name = path.rpartition("/")
+    return head or slash or ".", name
 
 
 def stat_signature(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -171,8 +179,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     """
     # Plain string paths: this runs several times per cast transition (pathlib is slow here).
     target = os.fspath(path)
-    head, slash, name = target.rpartition("/")  # os.path.split without its Python-level steps
-    directory = head or slash or "."
+    directory, name = split_text(target)
     # The temp name is unique per call (pid, a random tag per process, a counter) so concurrent
     # writers, in this process or another, never share one.
     tmp = f"{directory}/.{name}.{_TEMP_PREFIX[0]}{next(_TEMP_SEQ)}.tmp"

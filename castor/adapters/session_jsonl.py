@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from castor.adapters.fs import append_json_line, ensure_dir, read_json_lines
+from castor.domain.timestamps import iso_now_ms
 from castor.messages.errors import InvalidParams, Timeout
 
 
@@ -40,7 +40,7 @@ class JsonlSessionLog:
             "type": "custom",
             "customType": custom_type,
             "data": data,
-            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "timestamp": iso_now_ms(),
         }
         with self._lock:
             if time.monotonic() >= deadline:

@@ -148,9 +148,9 @@ class Actor(pykka.ThreadingActor):
         self._actor_loop_running()
         self._actor_loop_teardown()
 
-    def _start_actor_loop(self, loop: Callable[[], None] | None = None) -> None:  # type: ignore[override]
-        """Run ``loop`` (the whole loop by default) on a parked daemon thread (see threads.py), else a new one."""
-        loop = loop or self._actor_loop
+    def _start_actor_loop(self, loop: Callable[[], None]) -> None:  # type: ignore[override]
+        """Run ``loop`` (the whole loop, or what follows an on_start run on the caller) on a parked
+        daemon thread (see threads.py), else a new one."""
         if not self.use_daemon_thread:
             threading.Thread(target=loop, name=type(self).__name__, daemon=False).start()
             return

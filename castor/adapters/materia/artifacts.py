@@ -78,6 +78,7 @@ from castor.adapters.fs import (
     make_durable_dirs,
     one_line_json,
     read_json_lines,
+    split_text,
 )
 from castor.domain.timestamps import iso_now_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
@@ -253,12 +254,6 @@ def _lock_for(run_dir: str | Path) -> threading.RLock:
         return lock
 
 
-def _parent(target: str) -> str:
-    """``os.path.dirname`` of a normalised path (the run dir's own paths), without its Python steps."""
-    head, slash, _name = target.rpartition("/")
-    return head or slash
-
-
 def _manifest_line(entry: Any) -> str:
     return one_line_json(entry)
 
@@ -428,7 +423,7 @@ class CastArtifacts:
 
     def _replace(self, target: str, content: str | bytes | dict[str, Any] | list[Any], *, sync_dir: bool) -> str:
         """Atomically replace ``target`` (under the lock); with ``sync_dir=False`` the caller fsyncs its directory."""
-        parent = _parent(target)
+        parent = split_text(target)[0]
         if parent not in self._made:
             make_durable_dirs(parent)
             self._made.add(parent)
@@ -464,7 +459,7 @@ class CastArtifacts:
                     self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
                     synced.add(self._run_prefix)
                     continue
-                synced.add(_parent(self._replace(target, content, sync_dir=False)))
+                synced.add(split_text(self._replace(target, content, sync_dir=False))[0])
             for directory in synced:
                 fsync_dir(directory)
             if entries:
