@@ -29,17 +29,24 @@
     runtime (psutil, sampled every 20 ms) divided by the number of casts. Every repetition
     runs in a fresh Python process, so no rep inherits another's warmed-up heap.
 
-Figures are medians of the repetitions. (a) runs twice, on two file systems, each against its
-own baseline: on **tmpfs** (/dev/shm), where an fsync costs almost nothing, so the ratio is
-castor's CPU per transition against the bare syscalls (the strict figure, and the
-``cast_transition_vs_plain_writes_ratio`` line); and on **the disk** (a temp dir beside this
-file, on the file system a checkout -- and so a project's ``.pi/pi-materia`` -- lives on), where
-the same writes pay the device's fsync latency, as a user's casts do
-(``cast_transition_vs_plain_writes_ratio_on_disk``). Both sides issue the same durability
-operations (per transition five renames and 11 fsyncs; castor one more fsync, for the socket's new
-directory: strace counts 134 fsyncs per 10-socket cast for castor, 123 for the baseline). ``--dir DIR``
-measures (a) on DIR alone. (b) writes to tmpfs. Ends with ``RESULT <name> <value> target<=<target>``
-lines.
+Figures are medians of the repetitions. (a) runs three times, each against its own baseline:
+on **tmpfs** (/dev/shm), where an fsync costs almost nothing, so the ratio is castor's CPU per
+transition against the bare syscalls -- once with the whole process on **one CPU** (a child
+process pinned with ``sched_setaffinity`` before it starts a thread: the strict figure, and the
+``cast_transition_vs_plain_writes_ratio`` line) and once **unpinned**, as the scheduler places the
+threads (``..._unpinned``); and on **the disk** (a temp dir beside this file, on the file system a
+checkout -- and so a project's ``.pi/pi-materia`` -- lives on), unpinned, where the same writes pay
+the device's fsync latency, as a user's casts do (``..._on_disk``). Why two placements: on a small
+VM the placement moves both sides more than castor's own cost does (``shared/reference/
+microbench.md`` measures every hand-off in placements for the same reason). Unpinned, waking a
+thread on the other, idle vCPU costs ~40 us, and the baseline's one thread is bimodal: ~500 us per
+transition while the scheduler keeps it on one vCPU, ~800 us while it moves it, from one runtime
+to the next -- so the unpinned ratio swings with the placement luck of either side. On one CPU
+both sides run under the same placement and the ratio holds still. Both sides issue the same
+durability operations (per transition five renames and 11 fsyncs; castor one more fsync, for the
+socket's new directory: strace counts 134 fsyncs per 10-socket cast for castor, 123 for the
+baseline). ``--dir DIR`` measures (a) on DIR alone, in both placements. (b) writes to tmpfs,
+unpinned. Ends with ``RESULT <name> <value> target<=<target>`` lines.
 """
 
 from __future__ import annotations
@@ -371,45 +378,77 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer casts and repetitions")
     parser.add_argument("--dir", help="measure (a) on DIR only (default: tmpfs and the disk)")
     parser.add_argument("--child-b", nargs=3, metavar=("CASTS", "SESSIONS", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-a", nargs=6, metavar=("DIR", "LABEL", "REPS", "PAIRS", "CASTS", "CPU"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_a:  # (a) in a process pinned to one CPU, run by the parent
+        where, label, reps, pairs, casts, cpu = args.child_a
+        os.sched_setaffinity(0, {int(cpu)})  # before any thread exists: every later thread inherits it
+        configure_logging("ERROR")
+        ratio = transition_cost(Path(where), label, int(reps), int(pairs), int(casts), one_cpu=True)
+        print(json.dumps({"ratio": ratio}))
+        return
     configure_logging("ERROR")
     if args.child_b:  # one repetition of (b), run by the parent in a fresh process
         rate, rss = concurrent(Path(args.child_b[2]), int(args.child_b[0]), int(args.child_b[1]))
         print(json.dumps({"rate": rate, "rss_per_cast": rss}))
         return
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    media = [("chosen", Path(args.dir))] if args.dir else [("tmpfs", shm), ("disk", Path(__file__).resolve().parent)]
+    # (result name suffix, label, directory, pinned to one CPU)
+    if args.dir:
+        media = [("", "chosen, one CPU", Path(args.dir), True), ("_unpinned", "chosen, unpinned", Path(args.dir), False)]
+    else:
+        media = [("", "tmpfs, one CPU", shm, True), ("_unpinned", "tmpfs, unpinned", shm, False),
+                 ("_on_disk", "disk, unpinned", Path(__file__).resolve().parent, False)]
     # (runtimes, pairs per runtime, casts per pair). tmpfs gets the larger sample: its pairs are
     # short (a shared host's hiccups move single pairs by up to +-50%) and cheap to repeat.
-    sampling_a = {"tmpfs": (12, 16, 2), "disk": (5, 10, 2), "chosen": (12, 16, 2)}
-    if args.quick:
-        sampling_a = dict.fromkeys(sampling_a, (3, 5, 1))
-    reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
+    sampling_a = (3, 5, 1) if args.quick else (12, 16, 2)
+    sampling_disk = (3, 5, 1) if args.quick else (5, 10, 2)
     ratios = {}
-    for medium, where in media:
+    for suffix, label, where, pinned in media:
+        sampling = sampling_disk if suffix == "_on_disk" else sampling_a
         with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=where) as tmp:
-            ratios[medium] = transition_cost(Path(tmp), medium, *sampling_a[medium])
+            if pinned:
+                ratios[suffix] = transition_cost_on_one_cpu(Path(tmp), label, *sampling)
+            else:
+                ratios[suffix] = transition_cost(Path(tmp), label, *sampling)
     rates, per_cast = [], []
+    reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
     with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=shm) as tmp:
         for _ in range(reps_b):
             rate, rss = concurrent_in_fresh_process(Path(tmp), casts_b, 10)
             rates.append(rate)
             per_cast.append(rss)
             print(f"(b) {casts_b} concurrent casts: {rate:.0f} transitions/s, {rss / 1024:.1f} KiB peak RSS per cast")
-    for medium, ratio in ratios.items():
-        suffix = {"tmpfs": "", "disk": "_on_disk", "chosen": ""}[medium]
+    for suffix, ratio in ratios.items():
         print(f"RESULT cast_transition_vs_plain_writes_ratio{suffix} {ratio:.2f} target<=2")
     print(f"RESULT cast_transitions_per_second {statistics.median(rates):.0f} target>=0")
     print(f"RESULT cast_peak_rss_kib_per_cast {statistics.median(per_cast) / 1024:.1f} target<=64")
 
 
-def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int) -> float:
+def transition_cost_on_one_cpu(base: Path, label: str, reps: int, pairs: int, casts: int) -> float:
+    """:func:`transition_cost` in a child process pinned to one CPU (the first this one may use):
+    castor's threads and the baseline's one thread all run on it, so neither side's figure
+    depends on where the scheduler happens to put a woken thread."""
+    if not hasattr(os, "sched_getaffinity"):
+        raise SystemExit("bench/casts.py: the one-CPU measurement needs os.sched_setaffinity (Linux)")
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, __file__, "--child-a", str(base), f"{label} (CPU {cpu})", str(reps), str(pairs),
+                          str(casts), str(cpu)], check=True, capture_output=True, text=True, timeout=900).stdout
+    *lines, last = out.strip().splitlines()
+    print("\n".join(lines))
+    return json.loads(last)["ratio"]
+
+
+def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int, *, one_cpu: bool = False) -> float:
     """(a) on the file system of ``base``: prints the medians, returns the median ratio.
 
     Each repetition is one warmed-up runtime; in it, ``pairs`` times, ``casts`` casts are timed
     and at once the baseline writes what they wrote, so each ratio compares the two sides within
     a few tens of milliseconds of each other (a shared host's speed drifts over seconds). The
-    visit floor is measured once per repetition.
+    visit floor is measured once per repetition. ``one_cpu``: this process runs on one CPU (the
+    start/rest split is then not printed: the start call returns only when the cast lets go of the
+    CPU, so it would count later transitions as the start's).
     """
     ratios, runtime_us, baseline_us, floor_us = [], [], [], []
     start_ratios, rest_ratios, start_us, first_us = [], [], [], []
@@ -438,6 +477,8 @@ def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int) 
     print(f"(a) {medium}: of which the visit floor (SocketActor spawn, agent turn, outcome, stop; no engine, "
           f"no files) {floor:.0f} us = {floor / plain:.2f}x the plain writes; engine + persistence "
           f"{runtime - floor:.0f} us = {(runtime - floor) / plain:.2f}x")
+    if one_cpu:  # the start call's reply then waits for the CPU while the cast runs on: no split to show
+        return statistics.median(ratios)
     print(f"(a) {medium}: split: a cast's start (the start call: session, run dir, lease, first transition, first "
           f"visit) {statistics.median(start_us):.0f} us against the baseline's first transition "
           f"{statistics.median(first_us):.0f} us = {statistics.median(start_ratios):.2f}x; the cast's other "
