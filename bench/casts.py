@@ -42,7 +42,8 @@ microbench.md`` measures every hand-off in placements for the same reason). Unpi
 thread on the other, idle vCPU costs ~40 us, and the baseline's one thread is bimodal: ~500 us per
 transition while the scheduler keeps it on one vCPU, ~800 us while it moves it, from one runtime
 to the next -- so the unpinned ratio swings with the placement luck of either side. On one CPU
-both sides run under the same placement and the ratio holds still. Both sides issue the same
+both sides run under the same placement and the ratio holds far steadier (the host's own slow
+and fast phases remain). Both sides issue the same
 durability operations (per transition five renames and 11 fsyncs; castor one more fsync, for the
 socket's new directory: strace counts 134 fsyncs per 10-socket cast for castor, 123 for the
 baseline). ``--dir DIR`` measures (a) on DIR alone, in both placements. (b) writes to tmpfs,
@@ -367,9 +368,7 @@ def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
 
 def concurrent_in_fresh_process(base: Path, casts: int, sessions: int) -> tuple[float, float]:
     """:func:`concurrent` in a new interpreter: each repetition starts from a cold heap."""
-    out = subprocess.run([sys.executable, __file__, "--child-b", str(casts), str(sessions), str(base)],
-                         check=True, capture_output=True, text=True, timeout=900).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    result = json.loads(_run_child(["--child-b", str(casts), str(sessions), str(base)])[-1])
     return result["rate"], result["rss_per_cast"]
 
 
@@ -433,11 +432,19 @@ def transition_cost_on_one_cpu(base: Path, label: str, reps: int, pairs: int, ca
     if not hasattr(os, "sched_getaffinity"):
         raise SystemExit("bench/casts.py: the one-CPU measurement needs os.sched_setaffinity (Linux)")
     cpu = min(os.sched_getaffinity(0))
-    out = subprocess.run([sys.executable, __file__, "--child-a", str(base), f"{label} (CPU {cpu})", str(reps), str(pairs),
-                          str(casts), str(cpu)], check=True, capture_output=True, text=True, timeout=900).stdout
-    *lines, last = out.strip().splitlines()
+    *lines, last = _run_child(["--child-a", str(base), f"{label} (CPU {cpu})", str(reps), str(pairs), str(casts),
+                               str(cpu)])
     print("\n".join(lines))
     return json.loads(last)["ratio"]
+
+
+def _run_child(args: list[str]) -> list[str]:
+    """Run this script with ``args`` in a fresh interpreter; its output lines (its last is a JSON
+    result). A failed child ends the benchmark with the child's own error output."""
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"bench/casts.py {args[0]} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return done.stdout.strip().splitlines()
 
 
 def transition_cost(base: Path, medium: str, reps: int, pairs: int, casts: int, *, one_cpu: bool = False) -> float:
