@@ -393,19 +393,18 @@ def main() -> None:
         print(json.dumps({"rate": rate, "rss_per_cast": rss}))
         return
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    # (result name suffix, label, directory, pinned to one CPU)
+    # Samples are (runtimes, pairs per runtime, casts per pair). tmpfs gets the larger one: its
+    # pairs are short (a shared host's hiccups move single pairs by up to +-50%) and cheap to repeat.
+    short, slow = ((3, 5, 1), (3, 5, 1)) if args.quick else ((12, 16, 2), (5, 10, 2))
+    # (result name suffix, label, directory, pinned to one CPU, sample)
     if args.dir:
-        media = [("", "chosen, one CPU", Path(args.dir), True), ("_unpinned", "chosen, unpinned", Path(args.dir), False)]
+        media = [("", "chosen, one CPU", Path(args.dir), True, short),
+                 ("_unpinned", "chosen, unpinned", Path(args.dir), False, short)]
     else:
-        media = [("", "tmpfs, one CPU", shm, True), ("_unpinned", "tmpfs, unpinned", shm, False),
-                 ("_on_disk", "disk, unpinned", Path(__file__).resolve().parent, False)]
-    # (runtimes, pairs per runtime, casts per pair). tmpfs gets the larger sample: its pairs are
-    # short (a shared host's hiccups move single pairs by up to +-50%) and cheap to repeat.
-    sampling_a = (3, 5, 1) if args.quick else (12, 16, 2)
-    sampling_disk = (3, 5, 1) if args.quick else (5, 10, 2)
+        media = [("", "tmpfs, one CPU", shm, True, short), ("_unpinned", "tmpfs, unpinned", shm, False, short),
+                 ("_on_disk", "disk, unpinned", Path(__file__).resolve().parent, False, slow)]
     ratios = {}
-    for suffix, label, where, pinned in media:
-        sampling = sampling_disk if suffix == "_on_disk" else sampling_a
+    for suffix, label, where, pinned, sampling in media:
         with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=where) as tmp:
             if pinned:
                 ratios[suffix] = transition_cost_on_one_cpu(Path(tmp), label, *sampling)

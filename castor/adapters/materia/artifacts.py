@@ -59,7 +59,7 @@ import os
 import re
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
@@ -80,7 +80,7 @@ from castor.adapters.fs import (
     read_json_lines,
     split_text,
 )
-from castor.domain.timestamps import iso_now_ms
+from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
 
 __all__ = [
@@ -167,8 +167,8 @@ def _check_visit(visit: object) -> int:
     return visit
 
 
-def _timestamp_id(now: datetime) -> str:
-    iso = now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _timestamp_id(now: datetime | None) -> str:
+    iso = iso_now_ms() if now is None else iso_utc_ms(now.timestamp())
     return iso.replace(":", "-").replace(".", "-")
 
 
@@ -189,7 +189,7 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
         raise Conflict(f"the artifact directory {root} is not a directory",
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
-    base = _timestamp_id(now or datetime.now(UTC))
+    base = _timestamp_id(now)
     for n in range(10_000):
         candidate = base if n == 0 else f"{base}-{n}"
         try:
