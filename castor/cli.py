@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 from castor import __version__
 from castor.logs import configure_logging
 from castor.messages.errors import CastorError, Forbidden
+from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--user-turn-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
+    add_backend_flags(serve)
     serve.set_defaults(run=_cmd_serve)
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
@@ -117,15 +119,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.tcp and not is_loopback_host(args.tcp[0]):  # before a runtime starts; same rule as bind_tcp
         raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint has no "
                         "authentication; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+    backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
     runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                       max_casts_per_session=args.max_casts_per_session,
-                                      user_turn_timeout_s=args.user_turn_timeout))
+                                      user_turn_timeout_s=args.user_turn_timeout),
+                      components=scaleout_components(backend), scaleout=backend)
     dispatcher = build_dispatcher(runtime)
     try:
         serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
               on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal)
     finally:
         runtime.shutdown(30.0)
+        if backend is not None:
+            backend.shutdown()
     if runtime.system.fatal.is_set():
         _fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR

@@ -31,6 +31,7 @@ from typing import Any
 
 from castor.actors.ports.host_context import NoHostContext
 from castor.messages.errors import CastorError, InvalidParams, NotFound
+from castor.scaleout.options import add_backend_flags, make_backend, materia_component_for
 
 EXIT_OK, EXIT_FAILED = 0, 1
 CLI_SESSION = "cli"
@@ -48,6 +49,7 @@ def add_materia_subcommands(subparsers: Any) -> None:
     _add_agent(cast)
     _add_cwd(cast)
     cast.add_argument("--quiet", action="store_true", help="no live progress; print the outcome only")
+    add_backend_flags(cast)
     cast.set_defaults(run=cmd_cast)
 
     casts = subparsers.add_parser("casts", help="list the casts of a project")
@@ -127,8 +129,7 @@ class _Standalone:
     """An in-process Runtime with one trusted session and a standalone harness link."""
 
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
-                 printer: Any = None) -> None:
-        from castor.actors.materia.component import materia_component
+                 printer: Any = None, backend: Any = None) -> None:
         from castor.adapters.agents.factory import make_agent
         from castor.adapters.console_ui import ConsoleUi
         from castor.adapters.session_jsonl import JsonlSessionLog
@@ -140,7 +141,8 @@ class _Standalone:
         self.agent = make_agent(agent_spec)
         self._signals = _StopSignals()
         self.ui = ConsoleUi(printer)
-        self.runtime = Runtime(RuntimeSettings(), components=[materia_component()])
+        self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
+        self.runtime = Runtime(RuntimeSettings(), components=[materia_component_for(backend)])
         flags = {"materia_config": config_path} if config_path else {}
         root = _artifact_root(cwd, config_path)
         log = JsonlSessionLog(root / ".castor-cli-session.jsonl")
@@ -161,6 +163,8 @@ class _Standalone:
         self._signals.escalate()
         try:
             self.runtime.shutdown(10.0)
+            if self.backend is not None:
+                self.backend.shutdown()
         finally:
             self._signals.restore()
         close = getattr(self.agent, "close", None)
@@ -333,7 +337,7 @@ def _finish(view: dict[str, Any]) -> int:
 def cmd_cast(args: argparse.Namespace) -> int:
     cwd = _cwd(args)
     spec = _agent_spec(args)
-    session = _Standalone(cwd, spec, config_path=args.config)
+    session = _Standalone(cwd, spec, config_path=args.config, backend=make_backend(args))
     try:
         assert spec is not None
         started = session.call("start", {"request": args.request, "loadout": args.loadout,

@@ -134,8 +134,10 @@ class Runtime:
         *,
         components: list[SessionComponent] | None = None,
         extra_children: list[ChildSpec] | None = None,
+        scaleout: Any = None,
     ) -> None:
         self.settings = settings or RuntimeSettings()
+        self.scaleout = scaleout  # castor.scaleout's RayBackend when casts run on a cluster, else None
         self.components = list(components if components is not None else default_components())
         self._sessions: dict[str, SessionContext] = {}
         self._lock = threading.Lock()

@@ -51,6 +51,7 @@ class UtilityPoolState:
         self._ledger: OrderedDict[str, UtilityFinished] = OrderedDict()
         self._running: dict[str, RunningUtility | None] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
+        self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
 
     def pick(self) -> int:
         with self._lock:
@@ -217,8 +218,9 @@ class UtilityExecutorActor(Actor):
             try:
                 if self.pool.is_cancelled(effect.visit_id):
                     return None  # given up between being claimed and starting (CancelWork)
+                remote = self.pool.remote_runner
                 try:
-                    running = spawn(cmd)
+                    running = remote.spawn(cmd, effect.resources) if remote is not None else spawn(cmd)
                 except UtilitySpawnError as exc:
                     return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
                                            at=time.time())
@@ -226,6 +228,9 @@ class UtilityExecutorActor(Actor):
                 self.pool.started(effect.visit_id, running)
                 try:
                     result = running.wait()
+                except UtilitySpawnError as exc:  # a cluster task learns it only on its node
+                    return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
+                                           at=time.time())
                 finally:
                     self._running = None
             finally:

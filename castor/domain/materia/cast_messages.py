@@ -249,6 +249,7 @@ class RunUtility(_Frozen):
     timeout_ms: float
     max_output_bytes: int
     cwd: str = ""
+    resources: dict[str, float] = Field(default_factory=dict)  # the socket's ``resources`` (e.g. cpus)
 
 
 class Compact(_Frozen):

@@ -183,6 +183,12 @@ class SocketLimits(_Model):
     max_output_bytes: int | None = Field(default=None, ge=0)
 
 
+class SocketResources(_Model):
+    """What a utility command needs where it runs (used by the Ray backend to place it)."""
+
+    cpus: float = Field(default=1.0, gt=0, le=1024)
+
+
 class Socket(_Model):
     type: Literal["agent", "utility"]
     materia: str | None = None
@@ -196,6 +202,7 @@ class Socket(_Model):
     foreach: Foreach | None = None
     advance: Advance | None = None
     limits: SocketLimits | None = None
+    resources: SocketResources | None = None
     socket_kind: Literal["entry", "normal"] | None = None
 
     @property

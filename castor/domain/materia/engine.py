@@ -550,7 +550,8 @@ def _dispatch_utility(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Inline:
                             command=list(sock.command), timeout_ms=timeout)
         ctx.effects.append(RunUtility(visit_id=visit_id, socket_id=rs.id, visit=visit, command=tuple(sock.command),
                                       params=params, stdin_json=payload, timeout_ms=timeout,
-                                      max_output_bytes=max_bytes, cwd=s.cwd))
+                                      max_output_bytes=max_bytes, cwd=s.cwd,
+                                      resources=sock.resources.model_dump() if sock.resources else {}))
         return _Dispatched()
     if "output" in params:
         out = params["output"]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import psutil
 
 from castor.endpoint.dispatch import Context, Dispatcher, Params
-from castor.messages.errors import Forbidden, InvalidParams
+from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.runtime import Runtime
 from castor.supervision import faults
 
@@ -25,12 +25,16 @@ class MailboxParams(Params):
     path: str
 
 
+class HostsParams(Params):
+    pass
+
+
 class WorkerParams(Params):
     session_id: str | None = None
 
 
 class FaultParams(Params):
-    kind: Literal["kill", "crash_next", "delay_next", "kill_process", "retire"]
+    kind: Literal["kill", "crash_next", "delay_next", "kill_process", "retire", "kill_host"]
     path: str
     message_type: str | None = None
     seconds: float = 0.0
@@ -74,6 +78,13 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     def fault(params: FaultParams, _ctx: Context) -> dict[str, Any]:
         if not runtime.settings.allow_faults:
             raise Forbidden("fault injection is disabled (start castor serve with --allow-faults)")
+        if params.kind == "kill_host":  # path: a cast host's id (``ops.hosts``)
+            if runtime.scaleout is None:
+                raise InvalidParams("kill_host needs castor serve --backend ray")
+            if params.path not in runtime.scaleout.hosts:
+                raise NotFound(f"no cast host {params.path!r}", data={"path": params.path})
+            runtime.scaleout.kill_host(params.path)
+            return {"injected": params.kind, "path": params.path}
         handle = runtime.system.lookup(params.path)
         if params.kind == "kill":
             faults.kill(handle, params.reason)
@@ -89,6 +100,13 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
             handle.retire(params.reason)
         return {"injected": params.kind, "path": params.path}
 
+    def hosts(_params: HostsParams, _ctx: Context) -> dict[str, Any]:
+        """Where casts run: ``local`` (this process), or the cast hosts of the Ray backend."""
+        if runtime.scaleout is None:
+            return {"backend": "local", "hosts": []}
+        return {"backend": "ray", "hosts": runtime.scaleout.hosts_view()}
+
+    dispatcher.register("ops.hosts", hosts, HostsParams)
     dispatcher.register("ops.actors", actors, ActorsParams)
     dispatcher.register("ops.mailbox", mailbox, MailboxParams)
     dispatcher.register("ops.worker", worker, WorkerParams)

@@ -1,0 +1,8 @@
+"""Scale-out: casts and their utility work on a Ray cluster (the optional ``castor[ray]`` extra).
+
+Nothing here imports Ray at module level: ``castor`` without the extra never imports it. The
+design, its guarantees and how to run it are in docs/scale-out.md.
+"""
+
+BACKENDS = ("local", "ray")
+"""The values of ``--backend`` on ``castor serve``, ``castor cast`` and ``castor soak``."""

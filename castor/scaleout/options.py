@@ -1,0 +1,57 @@
+"""``--backend`` and ``--ray-address`` for the commands that run casts (serve, cast, soak)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from castor.messages.errors import InvalidParams
+from castor.scaleout import BACKENDS
+
+
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
+                        help="where casts run: in this process (local, the default) or on a Ray cluster (ray; "
+                             "needs the castor[ray] extra)")
+    parser.add_argument("--ray-address", metavar="ADDR", default=None,
+                        help="with --backend ray: a running cluster's address (default: start a local one)")
+    parser.add_argument("--ray-hosts", metavar="N", type=int, default=None,
+                        help="with --backend ray: cast hosts to start (default: one per node)")
+
+
+def make_backend(args: argparse.Namespace) -> Any:
+    """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
+    if getattr(args, "backend", "local") != "ray":
+        if getattr(args, "ray_address", None):
+            raise InvalidParams("--ray-address needs --backend ray", data={"reason": "bad_flag"})
+        return None
+    try:
+        import ray  # noqa: F401 - only to say clearly what is missing
+    except ImportError:
+        raise InvalidParams("--backend ray needs Ray: pip install 'castor[ray]'",
+                            data={"reason": "ray_missing"}) from None
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+
+    hosts = getattr(args, "ray_hosts", None)
+    if hosts is not None and hosts < 1:
+        raise InvalidParams("--ray-hosts must be at least 1", data={"reason": "bad_flag"})
+    return RayBackend(RayBackendSettings(address=args.ray_address, hosts=hosts))
+
+
+def materia_component_for(backend: Any) -> Any:
+    from castor.actors.materia.component import materia_component
+
+    if backend is None:
+        return materia_component()
+    from castor.scaleout.ray_backend import ray_materia_component
+
+    return ray_materia_component(backend)
+
+
+def scaleout_components(backend: Any) -> Any:
+    """The runtime's session components for ``backend`` (None: the runtime's defaults)."""
+    if backend is None:
+        return None
+    from castor.actors.icarus_session import icarus_component
+
+    return [materia_component_for(backend), icarus_component()]

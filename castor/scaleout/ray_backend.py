@@ -1,0 +1,409 @@
+"""The serving process's side of the Ray backend: hosts, the session directory, the relay drain.
+
+``castor serve --backend ray`` (and ``castor cast``/``castor soak --backend ray``) build one
+:class:`RayBackend` and give the runtime :func:`ray_materia_component` instead of the local
+materia component. Everything above it — the endpoint's ``cast.*`` methods, the CLI, the harness
+link — is unchanged: they ask ``/root/session/<sid>/materia``, which here is a
+:class:`RemoteSessionActor` forwarding each verb to the session's cast host.
+
+The directory (one rule, kept here because the serving process is the only router):
+
+| when | what |
+|---|---|
+| a session opens | it is placed on the live host with the fewest sessions; all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
+| a host answers a call | its answer (a result or a castor wire error) is returned as is |
+| a host dies (``RayActorError``: its process was killed, its node removed) | it is marked lost; a replacement host is started on a live node; every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
+| a call meets a lost host | ``actor_crashed`` with ``may_have_started: true`` (the host may have run it); a Ray ``GetTimeoutError`` is ``timeout`` with ``may_have_started: true`` |
+
+Two hosts never advance one cast: a session lives on one host at a time (this directory), a cast's
+lease is taken on the shared file system by the host that runs it, and every state save is fenced
+by the cast's incarnation, so a host that was presumed dead but still writes is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from castor.actors.materia.messages import SessionCall
+from castor.actors.ports.agent import TurnOutcome, TurnRequest, enqueues_only
+from castor.actors.ports.host_context import CompactionRequest
+from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
+from castor.supervision import Actor, ChildSpec, Restart, handles
+
+RAY_NAMESPACE = "castor"
+DRAIN_WAIT_S = 1.0
+CALL_TIMEOUT_S = 14.0  # under the endpoint's 15 s ask deadline, so the castor error is the one seen
+
+
+class RayBackendSettings(BaseModel):
+    """How the serving process uses the cluster (CLI flags; never project files)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    address: str | None = None  # a running cluster (``ray start --head``); None starts a local one
+    hosts: int | None = Field(default=None, ge=1, le=1024)  # default: one per alive node
+    host_utility_slots: int = Field(default=16, ge=1, le=1024)
+    replace_lost_hosts: bool = True
+
+
+@dataclass
+class HostRef:
+    host_id: str
+    actor: Any
+    node_id: str = ""
+    pid: int = 0
+    alive: bool = True
+    sessions: set[str] = field(default_factory=set)
+    lost_at: float | None = None
+    drainer: threading.Thread | None = None
+
+
+@dataclass
+class _Placed:
+    ctx: Any  # castor.runtime.SessionContext (the serving process's session)
+    host_id: str | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+def ray_errors() -> tuple[type[BaseException], ...]:
+    import ray.exceptions as rex
+
+    return (rex.RayActorError,)
+
+
+class RayBackend:
+    """Cast hosts on a Ray cluster and the routing of sessions to them."""
+
+    def __init__(self, settings: RayBackendSettings | None = None, *, host_runtime: dict[str, Any] | None = None) -> None:
+        import ray
+
+        self.settings = settings or RayBackendSettings()
+        self.log = logger.bind(actor="/ray")
+        if not ray.is_initialized():
+            ray.init(address=self.settings.address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                     include_dashboard=False, configure_logging=False)
+        self._ray = ray
+        self._host_runtime = {"utility_slots": self.settings.host_utility_slots, **(host_runtime or {})}
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self.hosts: dict[str, HostRef] = {}
+        self._placed: dict[str, _Placed] = {}
+        self._counter = 0
+        self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="castor-ray-relay-io")
+        self.recoveries: list[dict[str, Any]] = []  # host lost -> casts running again (for bench/ops)
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        count = self.settings.hosts or max(1, len(nodes))
+        refs = [self._start_host(nodes[i % len(nodes)]["NodeID"] if nodes else None) for i in range(count)]
+        for ref in refs:
+            self._await_host(ref)
+
+    # -- hosts -----------------------------------------------------------------
+    def _start_host(self, node_id: str | None) -> HostRef:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from castor.scaleout.host import CastHost
+
+        with self._lock:
+            self._counter += 1
+            host_id = f"host-{self._counter}"
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64, "max_restarts": 0,
+                                   "name": f"castor-{host_id}-{id(self):x}", "lifetime": None}
+        if node_id:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime)
+        ref = HostRef(host_id=host_id, actor=actor)
+        with self._lock:
+            self.hosts[host_id] = ref
+        return ref
+
+    def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
+        info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
+        ref.node_id, ref.pid = info["node_id"], info["pid"]
+        ref.drainer = threading.Thread(target=self._drain, args=(ref,), name=f"castor-ray-drain-{ref.host_id}",
+                                       daemon=True)
+        ref.drainer.start()
+        self.log.info("cast host {host} up on node {node} (pid {pid})", host=ref.host_id, node=ref.node_id[:12],
+                      pid=ref.pid)
+
+    def live_hosts(self) -> list[HostRef]:
+        with self._lock:
+            return [h for h in self.hosts.values() if h.alive]
+
+    def hosts_view(self) -> list[dict[str, Any]]:
+        """Every host, its node, its sessions and (for live ones) its live casts."""
+        out = []
+        for ref in list(self.hosts.values()):
+            row: dict[str, Any] = {"host_id": ref.host_id, "node_id": ref.node_id, "pid": ref.pid, "alive": ref.alive,
+                                   "sessions": sorted(ref.sessions), "casts": []}
+            if ref.alive:
+                try:
+                    row["casts"] = self._ray.get(ref.actor.ping.remote(), timeout=5.0)["casts"]
+                except Exception as exc:  # noqa: BLE001 - shown as it is
+                    row["error"] = type(exc).__name__
+            out.append(row)
+        return out
+
+    # -- sessions ----------------------------------------------------------------
+    def open_session(self, ctx: Any) -> str:
+        sid = ctx.info.session_id
+        with self._lock:
+            placed = self._placed.setdefault(sid, _Placed(ctx=ctx))
+            placed.ctx = ctx
+        return self._place(placed)
+
+    def _place(self, placed: _Placed, avoid: str | None = None) -> str:
+        sid = placed.ctx.info.session_id
+        deadline = time.monotonic() + 60.0
+        while True:
+            with self._lock:
+                live = [h for h in self.hosts.values() if h.alive and h.host_id != avoid and h.drainer is not None]
+                if not live:
+                    live = [h for h in self.hosts.values() if h.alive and h.drainer is not None]
+            if live:
+                break
+            if time.monotonic() > deadline:
+                raise CastorError("no live cast host on the cluster", data={"session_id": sid})
+            time.sleep(0.05)
+        host = min(live, key=lambda h: (len(h.sessions), h.host_id))
+        has_context = bool(placed.ctx.harness.host_context and placed.ctx.harness.host_context.has_context)
+        answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None))
+        if "error" in answer:
+            raise CastorError.from_wire(answer["error"])
+        with self._lock:
+            host.sessions.add(sid)
+            placed.host_id = host.host_id
+            placed.ready.set()
+        self.log.info("session {sid} placed on {host}", sid=sid, host=host.host_id)
+        return host.host_id
+
+    def close_session(self, sid: str) -> None:
+        with self._lock:
+            placed = self._placed.pop(sid, None)
+            host = self.hosts.get(placed.host_id) if placed and placed.host_id else None
+            if host is not None:
+                host.sessions.discard(sid)
+        if host is not None and host.alive:
+            try:
+                self._ray.get(host.actor.close_session.remote(sid), timeout=30.0)
+            except Exception as exc:  # noqa: BLE001 - the host may be gone; its casts stay on disk
+                self.log.warning("closing session {sid} on {host}: {exc}", sid=sid, host=host.host_id, exc=exc)
+
+    def host_of(self, sid: str, timeout_s: float) -> HostRef:
+        with self._lock:
+            placed = self._placed.get(sid)
+        if placed is None:
+            raise NotFound(f"session {sid!r} has no cast host", data={"session_id": sid})
+        if not placed.ready.wait(timeout_s):
+            raise Timeout(f"session {sid!r} is being placed on a new cast host", may_have_started=False,
+                          data={"session_id": sid})
+        with self._lock:
+            return self.hosts[placed.host_id or ""]
+
+    def call(self, sid: str, verb: str, params: dict[str, Any], timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        started = time.monotonic()
+        host = self.host_of(sid, timeout_s)
+        left = max(0.1, timeout_s - (time.monotonic() - started))
+        answer = self._get(host, host.actor.call.remote(sid, verb, params, left), timeout_s=left + 0.5)
+        if "error" in answer:
+            raise CastorError.from_wire(answer["error"])
+        return answer["ok"]
+
+    def _get(self, host: HostRef, ref: Any, timeout_s: float = 30.0) -> Any:
+        """``ray.get`` with Ray's failures as castor's typed errors (``may_have_started`` truthful)."""
+        import ray.exceptions as rex
+
+        try:
+            return self._ray.get(ref, timeout=timeout_s)
+        except rex.GetTimeoutError:
+            raise Timeout(f"cast host {host.host_id} did not answer within {timeout_s:.1f}s", may_have_started=True,
+                          data={"host_id": host.host_id}) from None
+        except rex.RayActorError as exc:
+            self._host_lost(host, type(exc).__name__)
+            raise ActorCrashed(f"cast host {host.host_id} was lost ({type(exc).__name__})", may_have_started=True,
+                               data={"host_id": host.host_id}) from None
+        except rex.RayError as exc:
+            raise CastorError(f"cluster error on {host.host_id}: {type(exc).__name__}", may_have_started=True,
+                              data={"host_id": host.host_id}) from None
+
+    # -- the relay -----------------------------------------------------------------
+    def _drain(self, host: HostRef) -> None:
+        errors = ray_errors()
+        while not self._closed.is_set() and host.alive:
+            try:
+                items = self._ray.get(host.actor.drain.remote(256, DRAIN_WAIT_S), timeout=DRAIN_WAIT_S + 30.0)
+            except errors as exc:
+                self._host_lost(host, type(exc).__name__)
+                return
+            except Exception as exc:  # noqa: BLE001 - a slow cluster: try again
+                if self._closed.is_set():
+                    return
+                self.log.warning("draining {host}: {exc}", host=host.host_id, exc=type(exc).__name__)
+                continue
+            for item in items:
+                try:
+                    self._deliver(host, item)
+                except Exception as exc:  # noqa: BLE001 - one bad item must not stop the relay
+                    self.log.opt(exception=exc).error("relay item {op} of {sid} failed", op=item.get("op"),
+                                                      sid=item.get("session_id"))
+
+    def _deliver(self, host: HostRef, item: dict[str, Any]) -> None:
+        sid, op, args, request_id = item["session_id"], item["op"], item["args"], item.get("request_id")
+        with self._lock:
+            placed = self._placed.get(sid)
+        if placed is None:
+            if request_id is not None:
+                host.actor.answer.remote(request_id, False, NotFound("session closed").to_wire())
+            return
+        harness = placed.ctx.harness
+        if op == "run_turn":
+            def reply(outcome: TurnOutcome, host: HostRef = host) -> None:
+                host.actor.turn_ended.remote(sid, outcome.model_dump(mode="json"))
+
+            if harness.agent is None:
+                reply(TurnOutcome(turn_id=args["turn_id"], stop_reason="error"))
+                return
+            harness.agent.run_turn(TurnRequest.model_validate(args), enqueues_only(reply))
+        elif op == "cancel":
+            if harness.agent is not None:
+                harness.agent.cancel(args["turn_id"])
+        elif op == "notify":
+            if harness.ui is not None:
+                harness.ui.notify(args["message"], args.get("level", "info"))
+        elif op == "status":
+            if harness.ui is not None:
+                harness.ui.set_status(args["key"], args.get("text"))
+        elif op == "send_message":
+            if harness.ui is not None:
+                harness.ui.send_message(args["custom_type"], args["content"], display=args["display"],
+                                        trigger_turn=args.get("trigger_turn", False))
+        elif op in ("append_entry", "context_usage", "compact"):
+            self._io.submit(self._answer_request, host, harness, op, args, int(request_id or 0))
+        else:
+            raise InvalidParams(f"unknown relay op {op!r}")
+
+    def _answer_request(self, host: HostRef, harness: Any, op: str, args: dict[str, Any], request_id: int) -> None:
+        try:
+            if op == "append_entry":
+                if harness.session_log is not None:
+                    harness.session_log.append_entry(args["custom_type"], args["data"],
+                                                     time.monotonic() + float(args.get("timeout_s", 10.0)))
+                value: Any = None
+            elif op == "context_usage":
+                usage = harness.host_context.context_usage(float(args["timeout_s"])) if harness.host_context else None
+                value = usage.usage_map() if usage is not None else None
+            else:
+                done = threading.Event()
+                out: list[Any] = []
+
+                def compacted(outcome: Any) -> None:
+                    out.append(outcome.model_dump(mode="json"))
+                    done.set()
+
+                harness.host_context.compact(CompactionRequest.model_validate(args["request"]), compacted,
+                                             timeout_s=float(args["timeout_s"]))
+                done.wait(float(args["timeout_s"]) + 1)
+                value = out[0] if out else None
+            host.actor.answer.remote(request_id, True, value)
+        except CastorError as exc:
+            host.actor.answer.remote(request_id, False, exc.to_wire())
+
+    # -- faults ----------------------------------------------------------------------
+    def _host_lost(self, host: HostRef, why: str) -> None:
+        with self._lock:
+            if not host.alive or self._closed.is_set():
+                return
+            host.alive = False
+            host.lost_at = time.monotonic()
+            sessions = sorted(host.sessions)
+            host.sessions.clear()
+            for sid in sessions:
+                placed = self._placed.get(sid)
+                if placed is not None:
+                    placed.ready.clear()
+        self.log.warning("cast host {host} lost ({why}); re-placing {n} session(s)", host=host.host_id, why=why,
+                         n=len(sessions))
+        if not self._closed.is_set():
+            threading.Thread(target=self._recover, args=(host, sessions), name=f"castor-ray-recover-{host.host_id}",
+                             daemon=True).start()
+
+    def _recover(self, lost: HostRef, sessions: list[str]) -> None:
+        started = time.monotonic()
+        if self.settings.replace_lost_hosts:
+            nodes = [n["NodeID"] for n in self._ray.nodes() if n.get("Alive")]
+            try:
+                ref = self._start_host(nodes[0] if nodes else None)
+                self._await_host(ref)
+            except Exception as exc:  # noqa: BLE001 - the other live hosts take the sessions
+                self.log.warning("no replacement for {host}: {exc}", host=lost.host_id, exc=exc)
+        recast = 0
+        for sid in sessions:
+            with self._lock:
+                placed = self._placed.get(sid)
+            if placed is None:
+                continue
+            for turn_id in list(getattr(placed.ctx.harness.agent, "pending_turns", lambda: [])()):
+                placed.ctx.harness.agent.cancel(turn_id)  # the dead host's turns: their answers go nowhere
+            try:
+                self._place(placed, avoid=lost.host_id)
+                listing = self.call(sid, "list", {})
+                for cast in listing.get("casts", []):
+                    if cast.get("status") == "orphaned":
+                        self.call(sid, "recast", {"cast_id": cast["cast_id"]})
+                        recast += 1
+            except CastorError as exc:
+                self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
+                placed.ready.set()  # callers get the host's own error rather than waiting forever
+        self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
+                                "seconds": time.monotonic() - started})
+
+    def kill_host(self, host_id: str) -> None:
+        """Fault injection (``--allow-faults``): SIGKILL a host's process."""
+        self._ray.kill(self.hosts[host_id].actor, no_restart=True)
+
+    def shutdown(self) -> None:
+        self._closed.set()
+        for ref in list(self.hosts.values()):
+            if ref.alive:
+                try:
+                    self._ray.get(ref.actor.shutdown.remote(), timeout=30.0)
+                except Exception:  # noqa: BLE001 - best effort: casts persist their state
+                    pass
+                self._ray.kill(ref.actor, no_restart=True)
+        self._io.shutdown(wait=False)
+
+
+class RemoteSessionActor(Actor):
+    """``/root/session/<sid>/materia`` of the Ray backend: each verb runs on the session's cast host."""
+
+    def __init__(self, ctx: Any, backend: RayBackend) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.backend = backend
+
+    def on_start(self) -> None:
+        self.backend.open_session(self.ctx)
+
+    @handles(SessionCall)
+    def _on_call(self, call: SessionCall) -> dict[str, Any]:
+        return self.backend.call(self.ctx.info.session_id, call.verb, dict(call.params))
+
+    def on_terminate(self, cause: str) -> None:
+        self.backend.close_session(self.ctx.info.session_id)
+
+
+def ray_materia_component(backend: RayBackend) -> Any:
+    """The materia session component with every cast on the cluster (same events and close hook)."""
+    from castor.actors.materia import component as local
+    from castor.runtime import SessionComponent
+
+    def children(ctx: Any) -> list[ChildSpec]:
+        return [ChildSpec(id="materia", factory=lambda: RemoteSessionActor(ctx, backend), restart=Restart.PERMANENT)]
+
+    return SessionComponent(name="materia", children=children, on_event=local._on_event, on_close=local._on_close)

@@ -1,0 +1,146 @@
+"""Ray backend scenarios, run by tests/scaleout/test_ray_backend.py INSIDE a private network namespace.
+
+``python ray_scenarios.py SCENARIO WORKDIR`` starts a multi-node ``ray.cluster_utils.Cluster`` on
+this machine (every node binds 127.0.0.1: the namespace has nothing else), a castor runtime whose
+materia component is the Ray backend (the serving process's side), and standalone harness links
+(the scripted agent, here in the serving process: turns reach it through the relay). It prints one
+``RESULT {json}`` line that the test asserts on.
+
+Scenarios: ``complete`` (casts with utility commands complete across nodes), ``kill_host`` (a host
+SIGKILLed mid-cast), ``remove_node`` (a whole node removed mid-cast), ``two_hosts`` (two hosts
+try to advance one cast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SLOW_COMMAND = (
+    "import os, sys, json, time\n"
+    "sys.stdin.readline()\n"
+    "log = os.environ['VISIT_LOG']\n"
+    "with open(log, 'a') as f: f.write(os.environ['CASTOR_VISIT_ID'] + ' ' + os.environ.get('CASTOR_NODE_ID', '?') + '\\n')\n"
+    "time.sleep(float(os.environ.get('SLOW_S', '0')))\n"
+    "print(json.dumps({'visit': os.environ['CASTOR_VISIT_ID'], 'node': os.environ.get('CASTOR_NODE_ID', '?')}))\n"
+)
+
+
+def project(root: Path, name: str, visit_log: Path) -> Path:
+    proj = root / name
+    (proj / ".pi").mkdir(parents=True)
+    config = {
+        "activeLoadout": "dist",
+        "loadouts": {"dist": {"entry": "Socket-1", "sockets": {
+            "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
+            "Socket-2": {"type": "utility", "command": [sys.executable, "-c", SLOW_COMMAND], "parse": "json",
+                         "resources": {"cpus": 1}, "timeoutMs": 60000, "assign": {"built": "$"},
+                         "edges": [{"when": "always", "to": "Socket-3"}]},
+            "Socket-3": {"type": "agent", "materia": "summarizer"}}}},
+    }
+    (proj / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (proj / "answers.json").write_text(json.dumps({"*": [{"text": "step done", "delay_ms": 200}] * 20}))
+    return proj
+
+
+def open_session(runtime: Any, sid: str, proj: Path) -> None:
+    from castor.actors.ports.host_context import NoHostContext
+    from castor.adapters.agents.scripted import ScriptedAgent
+    from castor.adapters.console_ui import ConsoleUi
+    from castor.adapters.session_jsonl import JsonlSessionLog
+    from castor.runtime import HarnessLink, SessionInfo
+
+    runtime.open_session(SessionInfo(session_id=sid, cwd=str(proj), trusted=True),
+                         HarnessLink(agent=ScriptedAgent(str(proj / "answers.json")),
+                                     session_log=JsonlSessionLog(proj / "session.jsonl"),
+                                     ui=ConsoleUi(lambda _line: None), host_context=NoHostContext()))
+
+
+def wait_all(runtime: Any, started: list[tuple[str, str]], timeout_s: float) -> dict[str, str]:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        for sid, cast_id in started:
+            try:
+                status[cast_id] = materia_call(runtime, sid, "status", {"cast_id": cast_id})["status"]
+            except CastorError as exc:
+                status[cast_id] = f"error:{exc.code}"
+        if all(v in ("complete", "failed", "aborted") for v in status.values()):
+            break
+        time.sleep(0.2)
+    return status
+
+
+def main() -> None:
+    scenario, workdir = sys.argv[1], Path(sys.argv[2])
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from castor.actors.materia.api import materia_call
+    from castor.runtime import Runtime, RuntimeSettings
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings, ray_materia_component
+
+    visit_log = workdir / "visits.log"
+    os.environ["VISIT_LOG"] = str(visit_log)
+    os.environ["SLOW_S"] = "1.5" if scenario in ("kill_host", "remove_node") else "0.2"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
+    worker = cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+    backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2))
+    runtime = Runtime(RuntimeSettings(max_casts_per_session=2), components=[ray_materia_component(backend)],
+                      scaleout=backend)
+    result: dict[str, Any] = {"scenario": scenario}
+    try:
+        started: list[tuple[str, str]] = []
+        for n in range(4):
+            sid = f"s{n}"
+            proj = project(workdir, f"p{n}", visit_log)
+            open_session(runtime, sid, proj)
+            view = materia_call(runtime, sid, "start", {"request": f"request {n}"})
+            started.append((sid, view["cast_id"]))
+        result["hosts_before"] = [{k: h[k] for k in ("host_id", "node_id", "sessions")} for h in backend.hosts_view()]
+        if scenario == "kill_host":
+            time.sleep(0.6)  # mid-cast: turns and commands in flight
+            victim = next(h for h in backend.live_hosts() if h.sessions)
+            result["killed"] = victim.host_id
+            backend.kill_host(victim.host_id)
+        elif scenario == "remove_node":
+            time.sleep(0.6)
+            result["removed_node"] = worker.unique_id
+            cluster.remove_node(worker)
+        elif scenario == "two_hosts":
+            sid, cast_id = started[0]
+            holder = backend.host_of(sid, 10)
+            other = next(h for h in backend.live_hosts() if h.host_id != holder.host_id)
+            info = runtime.session(sid).info.model_dump()
+            info["session_id"] = "intruder"
+            ray.get(other.actor.open_session.remote(info, False, None), timeout=30)
+            answer = ray.get(other.actor.call.remote("intruder", "recast", {"cast_id": cast_id}, 10.0), timeout=30)
+            result["intruder"] = answer.get("error") or {"unexpected": "recast accepted"}
+        status = wait_all(runtime, started, 120.0)
+        result["status"] = status
+        visits = [line.split()[0] for line in visit_log.read_text().splitlines()] if visit_log.exists() else []
+        result["visits"] = len(visits)
+        result["duplicate_visits"] = len(visits) - len(set(visits))
+        result["nodes_used"] = sorted({line.split()[1] for line in visit_log.read_text().splitlines()}) \
+            if visit_log.exists() else []
+        result["recoveries"] = backend.recoveries
+        result["hosts_after"] = [{k: h[k] for k in ("host_id", "alive", "sessions")} for h in backend.hosts_view()]
+    finally:
+        runtime.shutdown(30.0)
+        backend.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

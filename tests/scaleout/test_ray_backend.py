@@ -1,0 +1,60 @@
+"""Casts on a multi-node Ray cluster (``ray.cluster_utils.Cluster``) inside a private network namespace.
+
+Each test runs one scenario of ray_scenarios.py in its own namespace and cluster (2 nodes, 1 CPU
+each), 4 sessions with a cast each: agent turn → utility command (1 CPU, on whichever node Ray
+picks) → agent turn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .netns import require_ray, scenario
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def _ray_here() -> None:
+    require_ray()
+
+
+def _all_complete(result: dict) -> None:
+    assert result["status"] and set(result["status"].values()) == {"complete"}, result
+
+
+def test_casts_complete_across_nodes_with_their_utility_commands(tmp_path: Path) -> None:
+    result = scenario("complete", tmp_path)
+    _all_complete(result)
+    assert result["visits"] == 4 and result["duplicate_visits"] == 0, result
+    placed = {h["host_id"]: len(h["sessions"]) for h in result["hosts_before"]}
+    assert sorted(placed.values()) == [2, 2], placed  # sessions spread over both hosts
+    assert len({h["node_id"] for h in result["hosts_before"]}) == 2, result  # one host per node
+    assert all(node != "?" for node in result["nodes_used"]), result  # commands ran as cluster tasks
+
+
+def test_a_killed_host_s_casts_continue_on_another_host(tmp_path: Path) -> None:
+    result = scenario("kill_host", tmp_path)
+    _all_complete(result)
+    assert result["duplicate_visits"] == 0, result  # no command ran twice for one visit id
+    assert [r["host_id"] for r in result["recoveries"]] == [result["killed"]], result
+    assert result["recoveries"][0]["sessions"] == 2, result
+    lost = next(h for h in result["hosts_after"] if h["host_id"] == result["killed"])
+    assert lost["alive"] is False and lost["sessions"] == [], result
+
+
+def test_a_removed_node_s_casts_continue_on_a_live_node(tmp_path: Path) -> None:
+    result = scenario("remove_node", tmp_path)
+    _all_complete(result)
+    assert result["duplicate_visits"] == 0, result
+    assert len(result["recoveries"]) >= 1, result
+
+
+def test_two_hosts_never_both_advance_one_cast(tmp_path: Path) -> None:
+    result = scenario("two_hosts", tmp_path)
+    _all_complete(result)
+    intruder = result["intruder"]
+    assert intruder.get("code") == "conflict", intruder
+    assert intruder.get("data", {}).get("reason") in ("held_elsewhere", "running"), intruder
