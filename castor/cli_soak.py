@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from castor.soak import SoakReport, SoakSettings, run_soak
+from castor.scaleout.options import add_backend_flags
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -40,6 +41,7 @@ def add_soak_subcommand(subparsers: Any) -> None:
     soak.add_argument("--no-icarus", action="store_true", help="no Icarus worker calls or worker faults")
     soak.add_argument("--workdir", help="keep the run's files here (default: a temp dir, removed)")
     soak.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_backend_flags(soak)
     soak.set_defaults(run=cmd_soak)
 
 
@@ -53,7 +55,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
             configure_logging("INFO", sink=str(workdir / "soak.log"))
         settings = SoakSettings(sessions=args.sessions, casts=args.casts, seconds=args.seconds, seed=args.seed,
                                 concurrency=args.concurrency, delay_ms_max=args.delay_ms,
-                                icarus=not args.no_icarus, workdir=str(workdir))
+                                icarus=not args.no_icarus, workdir=str(workdir), backend=args.backend,
+                                ray_address=args.ray_address)
         console = Console(stderr=True, quiet=bool(args.json))
         command = "castor " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "castor soak"
         report = run_soak(settings, command=command, on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))

@@ -65,7 +65,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -370,6 +370,8 @@ class SoakSettings(BaseModel):
     fault_interval_s: tuple[float, float] = (0.1, 0.5)
     icarus: bool = True
     workdir: str | None = None
+    backend: Literal["local", "ray"] = "local"  # ray: casts on cast hosts of a cluster (castor.scaleout)
+    ray_address: str | None = None  # None with the ray backend: the soak starts a 2-node cluster of its own
 
 
 class SoakReport(BaseModel):
@@ -398,6 +400,53 @@ class SoakReport(BaseModel):
     @property
     def ok(self) -> bool:
         return not self.must_be_zero.violations()
+
+
+def fault_targets(registry: Any, prefix_kind: str) -> list[Any]:
+    """The live actors of one fault family (cast, socket, utility, worker) in ``registry``."""
+    out = []
+    for handle in registry.handles("/root"):
+        path = handle.path
+        parts = path.split("/")
+        if prefix_kind == "cast" and len(parts) == 6 and parts[2] == "session" and parts[4] == "cast":
+            out.append(handle)
+        elif prefix_kind == "socket" and len(parts) == 6 and parts[2] == "session" and parts[4] == "socket":
+            out.append(handle)
+        elif prefix_kind == "utility" and path.startswith("/root/utility/slot-"):
+            out.append(handle)
+        elif prefix_kind == "worker" and len(parts) == 6 and parts[4] == "icarus" and parts[5] == "worker":
+            out.append(handle)
+    return sorted((h for h in out if h.alive), key=lambda h: h.path)
+
+
+def inject_into(registry: Any, kind: str, family: str, pick: float, delay_s: Callable[[], float]) -> str | None:
+    """Inject one fault of ``kind`` into the ``pick``-th target of ``family`` in ``registry`` (the
+    soak's own runtime, or a cast host's); returns the kind injected, None without a target."""
+    from castor.supervision import faults
+
+    targets = fault_targets(registry, family)
+    if kind in ("kill_utility_process", "kill_utility", "kill_worker_process"):
+        busy = [h for h in targets if h.actor is not None and h.actor.owned_pids()]
+        targets = busy or ([] if kind != "kill_utility" else targets)
+    if not targets:
+        return None
+    handle = targets[int(pick * len(targets)) % len(targets)]
+    try:
+        if kind in ("kill_cast", "kill_socket", "kill_utility", "kill_worker"):
+            faults.kill(handle, f"soak: {kind}")
+        elif kind == "crash_cast":
+            faults.crash_next(handle, "materia.cast.outcome")
+        elif kind == "crash_utility":
+            faults.crash_next(handle, "materia.utility.job")
+        elif kind in ("kill_utility_process", "kill_worker_process"):
+            if not faults.kill_process(handle):
+                return None
+        else:
+            faults.delay_next(handle, delay_s())
+            kind = f"delay_{family}"
+    except CastorError:
+        return None
+    return kind
 
 
 # =========================================================================== the run
@@ -441,13 +490,22 @@ class Soak:
         for stale in (self.visit_log, self.call_log):
             stale.unlink(missing_ok=True)
         components = [materia_component()]
+        self.scaleout: Any = None
+        self.cluster: Any = None
+        if s.backend == "ray":
+            from castor.scaleout.soak_support import start_cluster_backend
+
+            self.cluster, self.scaleout = start_cluster_backend(s.ray_address)
+            from castor.scaleout.options import materia_component_for
+
+            components = [materia_component_for(self.scaleout)]
         if s.icarus:
             component = self._icarus_component(root)
             if component is not None:
                 components.append(component)
         self.runtime = Runtime(RuntimeSettings(allow_faults=True, max_casts_per_session=max(s.casts, s.concurrency),
                                                utility_slots=4),
-                               components=components)
+                               components=components, scaleout=self.scaleout)
         return self.runtime
 
     def _icarus_component(self, root: Path) -> Any:
@@ -544,55 +602,26 @@ class Soak:
                      ("kill_utility_process", 2), ("crash_utility", 1), ("kill_worker", 2),
                      ("kill_worker_process", 3), ("delay", 3))
 
-    def _targets(self, prefix_kind: str) -> list[Any]:
-        registry = self.runtime.system.registry
-        out = []
-        for handle in registry.handles("/root"):
-            path = handle.path
-            parts = path.split("/")
-            if prefix_kind == "cast" and len(parts) == 6 and parts[2] == "session" and parts[4] == "cast":
-                out.append(handle)
-            elif prefix_kind == "socket" and len(parts) == 6 and parts[2] == "session" and parts[4] == "socket":
-                out.append(handle)
-            elif prefix_kind == "utility" and path.startswith("/root/utility/slot-"):
-                out.append(handle)
-            elif prefix_kind == "worker" and len(parts) == 6 and parts[4] == "icarus" and parts[5] == "worker":
-                out.append(handle)
-        return sorted((h for h in out if h.alive), key=lambda h: h.path)
-
     def inject_one(self, rng: random.Random) -> str | None:
         """Inject one random fault; returns its kind, or None if it found no target."""
-        from castor.supervision import faults
-
         kinds, weights = zip(*self.FAULT_WEIGHTS)
         kind = rng.choices(kinds, weights)[0]
         pick = rng.random()
         family = {"kill_cast": "cast", "crash_cast": "cast", "kill_socket": "socket", "kill_utility": "utility",
                   "kill_utility_process": "utility", "crash_utility": "utility", "kill_worker": "worker",
                   "kill_worker_process": "worker"}.get(kind) or rng.choice(["cast", "socket", "utility", "worker"])
-        targets = self._targets(family)
-        if kind in ("kill_utility_process", "kill_utility", "kill_worker_process"):
-            busy = [h for h in targets if h.actor is not None and h.actor.owned_pids()]
-            targets = busy or ([] if kind != "kill_utility" else targets)
-        if not targets:
-            return None
-        handle = targets[int(pick * len(targets)) % len(targets)]
-        try:
-            if kind in ("kill_cast", "kill_socket", "kill_utility", "kill_worker"):
-                faults.kill(handle, f"soak: {kind}")
-            elif kind == "crash_cast":
-                faults.crash_next(handle, "materia.cast.outcome")
-            elif kind == "crash_utility":
-                faults.crash_next(handle, "materia.utility.job")
-            elif kind in ("kill_utility_process", "kill_worker_process"):
-                if not faults.kill_process(handle):
-                    return None
-            else:
-                faults.delay_next(handle, round(0.05 + 0.45 * rng.random(), 3))
-                kind = f"delay_{family}"
-        except CastorError:
-            return None
-        return kind
+        def delay_s() -> float:
+            return round(0.05 + 0.45 * rng.random(), 3)
+
+        if self.scaleout is not None:
+            from castor.scaleout.soak_support import inject_on_cluster
+
+            return inject_on_cluster(self, rng, kind, family, pick, delay_s)
+        return inject_into(self.runtime.system.registry, kind, family, pick, delay_s)
+
+    def _targets(self, prefix_kind: str) -> list[Any]:
+        return fault_targets(self.runtime.system.registry, prefix_kind)
+
 
     def _inject(self) -> None:
         rng = random.Random(self.rng.random())
@@ -625,6 +654,10 @@ class Soak:
                 self.stop_faults.set()
                 self.stop_worker_load.set()
                 self.runtime.shutdown(30)
+                if self.scaleout is not None:
+                    from castor.scaleout.soak_support import stop_cluster_backend
+
+                    stop_cluster_backend(self.cluster, self.scaleout)
             self._check_files(report)
             report.elapsed_s = round(time.monotonic() - started, 1)
             report.notes = self.notes

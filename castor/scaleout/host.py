@@ -115,6 +115,12 @@ class CastHost:
     def drain(self, max_items: int = 256, timeout_s: float = 1.0) -> list[dict[str, Any]]:
         return self.outbox.drain(max_items, timeout_s)
 
+    def inject(self, kind: str, family: str, pick: float, delay_s: float) -> str | None:
+        """A soak fault inside this host's runtime (its casts, visits, utility slots)."""
+        from castor.soak import inject_into
+
+        return inject_into(self.runtime.system.registry, kind, family, pick, lambda: delay_s)
+
     def snapshot(self) -> list[dict[str, Any]]:
         """Every actor of this host's runtime, as ``ops.actors`` shows them (paths unchanged)."""
         return [snap.model_dump(mode="json") for snap in self.runtime.system.snapshot().actors]

@@ -264,7 +264,13 @@ class RayBackend:
         harness = placed.ctx.harness
         if op == "run_turn":
             def reply(outcome: TurnOutcome, host: HostRef = host) -> None:
-                host.actor.turn_ended.remote(sid, outcome.model_dump(mode="json"))
+                if self._closed.is_set() or not host.alive:
+                    return  # its cast is gone with its host (re-placed casts re-dispatch) or we are closing
+                try:
+                    host.actor.turn_ended.remote(sid, outcome.model_dump(mode="json"))
+                except Exception as exc:  # noqa: BLE001 - a late answer to a lost host is dropped
+                    self.log.info("turn {turn} answered after its host went: {exc}", turn=outcome.turn_id,
+                                  exc=type(exc).__name__)
 
             if harness.agent is None:
                 reply(TurnOutcome(turn_id=args["turn_id"], stop_reason="error"))
@@ -361,6 +367,7 @@ class RayBackend:
                 self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
                 placed.ready.set()  # callers get the host's own error rather than waiting forever
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
+                                "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
 
     def kill_host(self, host_id: str) -> None:
