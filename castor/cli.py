@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from castor import __version__
 from castor.logs import configure_logging
 from castor.messages.errors import CastorError, Forbidden
-from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
+from castor.scaleout.options import add_backend_flags, backend_flag_problem, make_backend, scaleout_components
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -160,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = backend_flag_problem(args)  # before a runtime (or a cluster) starts
+    if problem is not None:
+        parser.error(problem)
     configure_logging(args.log_level, json=args.log_json or None)
     run: Callable[[argparse.Namespace], int] = args.run
     try:

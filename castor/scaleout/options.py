@@ -19,23 +19,33 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
                         help="with --backend ray: cast hosts to start (default: one per node)")
 
 
-def make_backend(args: argparse.Namespace) -> Any:
-    """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
-    if getattr(args, "backend", "local") != "ray":
-        if getattr(args, "ray_address", None):
-            raise InvalidParams("--ray-address needs --backend ray", data={"reason": "bad_flag"})
+def backend_flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the backend flags, checked before anything starts (a usage error)."""
+    backend = getattr(args, "backend", "local")
+    if backend != "ray":
+        if getattr(args, "ray_address", None) or getattr(args, "ray_hosts", None) is not None:
+            return "--ray-address and --ray-hosts need --backend ray"
         return None
+    hosts = getattr(args, "ray_hosts", None)
+    if hosts is not None and not 1 <= hosts <= 1024:
+        return f"--ray-hosts must be between 1 and 1024, got {hosts}"
     try:
         import ray  # noqa: F401 - only to say clearly what is missing
     except ImportError:
-        raise InvalidParams("--backend ray needs Ray: pip install 'castor[ray]'",
-                            data={"reason": "ray_missing"}) from None
+        return "--backend ray needs Ray: pip install 'castor[ray]'"
+    return None
+
+
+def make_backend(args: argparse.Namespace) -> Any:
+    """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
+    problem = backend_flag_problem(args)
+    if problem is not None:
+        raise InvalidParams(problem, data={"reason": "bad_flag"})
+    if getattr(args, "backend", "local") != "ray":
+        return None
     from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
 
-    hosts = getattr(args, "ray_hosts", None)
-    if hosts is not None and hosts < 1:
-        raise InvalidParams("--ray-hosts must be at least 1", data={"reason": "bad_flag"})
-    return RayBackend(RayBackendSettings(address=args.ray_address, hosts=hosts))
+    return RayBackend(RayBackendSettings(address=args.ray_address, hosts=args.ray_hosts))
 
 
 def materia_component_for(backend: Any) -> Any:

@@ -413,4 +413,5 @@ def ray_materia_component(backend: RayBackend) -> Any:
     def children(ctx: Any) -> list[ChildSpec]:
         return [ChildSpec(id="materia", factory=lambda: RemoteSessionActor(ctx, backend), restart=Restart.PERMANENT)]
 
-    return SessionComponent(name="materia", children=children, on_event=local._on_event, on_close=local._on_close)
+    return SessionComponent(name="materia", children=children, on_event=local.on_materia_event,
+                            on_close=local.on_materia_close)

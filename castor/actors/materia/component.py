@@ -114,3 +114,9 @@ def materia_component() -> Any:
     from castor.runtime import SessionComponent
 
     return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=_on_close)
+
+
+on_materia_event = _on_event
+"""The materia component's harness-event listener, shared by the Ray backend's component."""
+on_materia_close = _on_close
+"""The materia component's close hook, shared by the Ray backend's component."""

@@ -1,0 +1,52 @@
+"""Without ``--backend ray`` castor never imports Ray; with it and no Ray, one clear error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .netns import REPO
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=100,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_a_local_cast_and_every_help_never_import_ray(tmp_path: Path) -> None:
+    (tmp_path / "answers.json").write_text(json.dumps(["hello"]))
+    code = (
+        "import sys\n"
+        "from castor.cli import main, build_parser\n"
+        "for cmd in ('serve', 'cast', 'soak'):\n"
+        "    try:\n"
+        "        build_parser().parse_args([cmd, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "rc = main(['cast', 'hi', '--loadout', 'hello', '--agent', 'script:answers.json', '--quiet'])\n"
+        "print('RC', rc, 'RAY', any(m == 'ray' or m.startswith('ray.') for m in sys.modules))\n"
+    )
+    proc = _python(code, tmp_path)
+    assert "RC 0 RAY False" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_backend_ray_without_ray_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    code = ("import sys\nsys.modules['ray'] = None  # as if the extra were not installed\n"
+            "from castor.cli import main\n"
+            "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray']))\n")
+    proc = _python(code, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "castor[ray]" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
+    proc = _python("import sys\nfrom castor.cli import main\n"
+                   "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--ray-address', '127.0.0.1:6379']))\n",
+                   tmp_path)
+    assert proc.returncode == 2 and "--ray-address and --ray-hosts need --backend ray" in proc.stderr, proc.stderr
