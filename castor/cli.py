@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
     _add_endpoint_choice(inspect, stdio=False)
-    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "mailbox", "worker"])
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "mailbox", "worker", "hosts"])
     inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
     inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
     inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")

@@ -70,6 +70,17 @@ def mailbox_table(actor: dict[str, Any]) -> Table:
     return table
 
 
+def hosts_table(data: dict[str, Any]) -> Table:
+    """``ops.hosts``: where casts run (the Ray backend's cast hosts, their nodes and casts)."""
+    table = Table(title=f"cast hosts ({data.get('backend')})")
+    for column in ("host", "node", "pid", "alive", "sessions", "casts"):
+        table.add_column(column)
+    for host in data.get("hosts", []):
+        table.add_row(host["host_id"], str(host["node_id"])[:12], str(host["pid"]), "yes" if host["alive"] else "no",
+                      ", ".join(host["sessions"]), "\n".join(c.rsplit("/", 1)[-1] for c in host["casts"]) or "-")
+    return table
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from castor.client import Client
 
@@ -83,6 +94,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                 if not args.path:
                     raise InvalidParams("inspect mailbox needs an actor PATH")
                 return client.call("ops.mailbox", {"path": args.path}, timeout=10)
+            if args.what == "hosts":
+                return client.call("ops.hosts", {}, timeout=10)
             return client.call("ops.worker", {"session_id": args.session_id}, timeout=10)
 
         def render(data: Any) -> Any:
@@ -92,6 +105,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                 return actor_tree(data)
             if args.what == "mailbox":
                 return mailbox_table(data)
+            if args.what == "hosts":
+                return hosts_table(data)
             return json.dumps(data, indent=2)
 
         if not args.follow:
