@@ -456,7 +456,7 @@ class CastActor(Actor):
         elif kind is Compact:
             self._compact(effect)
         elif kind is CancelWork:
-            self._cancel(effect.visit_id)
+            self._cancel(effect.visit_id, effect.reason)
         elif kind in (Finished, Failed):
             self._done = True
             self._set_status(None)
@@ -519,9 +519,13 @@ class CastActor(Actor):
         except CastorError as exc:
             self._dispatch_failed(effect.visit_id, f"cannot queue the utility: {exc.message}")
 
-    def _cancel(self, visit_id: str) -> None:
+    def _cancel(self, visit_id: str, reason: str = "cast_aborted") -> None:
         handle = self._sockets.pop(visit_id, None)
         if handle is not None:
+            # The socket actor cancels its turn on the way out; a harness hears why (agent.abort_turn).
+            note = getattr(self.env.agent, "note_stop_reason", None)
+            if note is not None:
+                note(visit_id, reason)
             self._stop_socket(handle)
         compaction = self._compactions.pop(visit_id, None)
         if compaction is not None:

@@ -37,6 +37,10 @@ Contract:
   withdrawal emits ``refinement_turn_abandoned`` and keeps every draft and counter; anything
   quoting the withdrawn visit id afterwards is ``outcome_ignored``.
 
+Every command event may carry ``surface`` (``harness`` | ``cli``): the cast keeps it and its texts
+name that surface's commands (``/materia continue`` / ``castor continue <id>``). A failure text names
+the agent of the turn (``TurnEnded.agent``: "Pi agent", "scripted agent (...)", ...).
+
 Decision table (trigger → state → effects/events → next state):
 
 | trigger | state | effects / events | next |
@@ -64,13 +68,19 @@ Decision table (trigger → state → effects/events → next state):
 | RefinementTurnStarted | user turn pending (its end and settle were never reported) | ``refinement_turn_abandoned{superseded}``, Notify warning, then as paused | awaiting_agent_response (the new user turn) |
 | RefinementTurnStarted | anything else | CastRejected(``not-paused``) | unchanged |
 | TurnEnded ``stop_reason`` "aborted" | user turn pending | usage; ``refinement_turn_abandoned{aborted}``, Notify warning; no draft, no retry | awaiting_user_refinement (paused) |
+| TurnEnded ``stop_reason`` "aborted" (Esc, a cancel; with or without text or error) | castor's own turn pending, any mode (normal, first draft, finalization, retry) | usage; ``turn_interrupted{socket, materia, visitId, visit, mode, reason, textDiscarded, item fields}``, Notify warning naming continue/abort; no output artifact, no parse, no draft, no retry | interrupted (active, nothing pending) |
+| ContinueRequested | interrupted | ``turn_resumed{socket, materia, visit, mode, by:"continue"}``, RunAgentTurn(same prompt and mode, same visit, new visit id) | awaiting_agent_response |
+| RecastRequested | interrupted | as ContinueRequested, ``by:"recast"`` | awaiting_agent_response |
+| RecastRequested(after_restart) | interrupted | ``cast_recast{interrupted:true, reusedActivePrompt:false}``, Notify; nothing sent (nothing was lost) | interrupted |
+| RefinementTurnStarted / ReviveRequested | interrupted | CastRejected(``not-paused``) / NotRevivable(``active``) | unchanged |
 | RefinementTurnAbandoned | user turn pending, visit_id matches | ``refinement_turn_abandoned{visitId, reason, refinementTurn}``, Notify warning; drafts and counters untouched | awaiting_user_refinement (paused) |
 | RefinementTurnAbandoned | castor's own turn pending, other visit_id, or inactive | ``outcome_ignored`` | unchanged |
 | ContinueRequested | paused | ``materia_model_settings{finalization}``, RunAgentTurn(finalization prompt) | awaiting finalization |
 | ContinueRequested | awaiting / inactive | CastRejected | unchanged |
-| AbortRequested | active | CancelWork, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| AbortRequested | inactive (a second abort) | CastRejected(``not-active``) | unchanged |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
-| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id), then as recast | awaiting |
+| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``), then as recast | awaiting |
 | RecastRequested(after_restart) | active, user turn pending | ``refinement_turn_abandoned{restart}``, then as paused (castor can never redo the user's own turn) | paused |
 | RecastRequested(after_restart) | active, paused | ``cast_recast{paused:true, reusedActivePrompt:false}``, Notify; no turn (nothing was lost) | paused |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
