@@ -284,6 +284,7 @@ def test_the_harness_quitting_mid_turn_leaves_the_cast_resumable_and_recast_redo
     first = world.connect()
     cast_id, _run_dir, turn = start(first)
     first.client.close()  # Pi quit mid-turn
+    wait_for(lambda: not world.runtime.has_session(SID), what="the session closed")
     second = world.connect()
     view = wait_for(lambda: (v := second.status(cast_id))["status"] == "orphaned" and v, 10, "orphaned")
     assert view["resumable"] is True
