@@ -263,3 +263,10 @@ def test_ids_are_exact_a_unique_prefix_or_latest_and_an_ambiguous_prefix_lists_t
     assert unknown.returncode == 1 and last_error(unknown).startswith("castor: not_found: ")
     hostile = castor(tmp_path, "abort", "../../etc", cwd=root)
     assert hostile.returncode == 1 and last_error(hostile).startswith("castor: forbidden: ")
+
+
+def test_docs_show_the_same_complete_example_as_the_help() -> None:
+    text = (REPO / "docs" / "materia.md").read_text()
+    section = text[text.index("#### The scripted agent"):]
+    block = section[section.index("```json\n") + 8:section.index("\n```", section.index("```json\n"))]
+    assert json.loads(block) == help_example()
