@@ -294,3 +294,22 @@ def test_the_harness_quitting_mid_turn_leaves_the_cast_resumable_and_recast_redo
     second.end_turn(again, "BUILT")
     second.end_turn(second.next_turn(), "REVIEWED")
     wait_for(lambda: second.status(cast_id)["status"] == "complete", 10, "complete")
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_of_the_cast_actor_mid_turn_stops_the_old_run_and_resends_the_turn(world, pi) -> None:
+    from castor.supervision import faults
+
+    cast_id, run_dir, turn = start(pi)
+    handle = world.runtime.system.lookup(f"/root/session/{SID}/cast/{cast_id}")
+    faults.kill(handle)  # the actor crashes; its restart resumes from state.json
+    stop = pi.aborts.get(timeout=10)
+    assert stop == {"session_id": SID, "turn_id": turn["turn_id"], "reason": "cast_restarted"}
+    again = pi.next_turn()
+    assert again["turn_id"] != turn["turn_id"] and again["prompt"] == turn["prompt"]
+    assert handle.incarnation == 2
+    # Pi's end of the stopped run is acknowledged and ignored; the re-sent turn goes on.
+    assert pi.end_turn(turn, "OLD RUN", aborted=True) == {"ok": True, "ignored": True}
+    assert pi.end_turn(again, "BUILT") == {"ok": True}
+    assert "REVIEW" in pi.next_turn()["prompt"]
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "BUILT" and pi.run_turns.empty()

@@ -223,7 +223,10 @@ class CastActor(Actor):
 
     def _release(self, cause: str) -> None:
         self._disarm_user_turn_bound()
-        for handle in list(self._sockets.values()):
+        note = getattr(self.env.agent, "note_stop_reason", None)
+        for visit_id, handle in list(self._sockets.items()):
+            if note is not None and cause == "crashed":
+                note(visit_id, "cast_restarted")  # the restart re-sends it under a new visit id
             self._stop_socket(handle)
         self._sockets.clear()
         for call in list(self._compactions.values()):
