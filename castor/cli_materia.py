@@ -555,7 +555,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     from castor.messages.errors import Conflict
 
     for row in cast_rows(_artifact_root(cwd, config_path), set()):
-        if row["status"] in ("active", "awaiting_refinement"):
+        if row["status"] in ("active", "awaiting_refinement") or (row["status"] == "interrupted" and not row["resumable"]):
             raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it (`castor abort {row['cast_id']}`) "
                            "before changing the loadout.", data={"reason": "active", "cast_id": row["cast_id"]})
 

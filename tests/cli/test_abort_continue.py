@@ -166,6 +166,8 @@ def test_an_interrupted_turn_stops_the_cli_and_castor_continue_reruns_it(tmp_pat
     assert not (run_dir / "sockets" / "Socket-1" / "1.md").exists()  # the cut-off text is no output
     shown = castor(tmp_path, "status", cast_id[:-3], cwd=root)  # a unique prefix
     assert shown.returncode == 0 and "[interrupted]" in shown.stdout and f"castor continue {cast_id}" in shown.stdout
+    listed = castor(tmp_path, "casts", cwd=root)
+    assert f"{cast_id}  interrupted" in listed.stdout and f"castor recast {cast_id}" in listed.stdout
     (root / "answers.json").write_text(json.dumps(["REAL ANSWER"]))
     done = castor(tmp_path, "continue", "latest", "--quiet", cwd=root)
     assert done.returncode == 0, done.stderr

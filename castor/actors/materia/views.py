@@ -171,10 +171,18 @@ def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:
         row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
                "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
                "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids, "revivable": False}
+        if summary.status == "active":
+            try:  # an interrupted cast says so, live or not (nothing of it was lost)
+                if load_state(artifact_root, summary.cast_id).interrupted:
+                    row["status"] = "interrupted"
+            except (CastorError, OSError):
+                pass
         if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
             try:
                 if not CastLease.is_held(artifact_root, summary.cast_id):
-                    row["status"], row["resumable"] = "orphaned", True
+                    row["resumable"] = True
+                    if row["status"] != "interrupted":
+                        row["status"] = "orphaned"
             except (CastorError, OSError):
                 pass
         if row["resumable"] and summary.status == "failed":

@@ -164,6 +164,20 @@ def test_esc_on_a_recovery_retry_is_not_retried_again() -> None:
     assert d.pending().socket_id == REVIEWER
 
 
+def test_esc_on_the_retry_after_a_recovery_compaction_keeps_nothing() -> None:
+    d = text_cast()
+    d.fail_turn("context_length_exceeded: too many tokens")
+    d.compacted(ok=True, result={"tokensBefore": 100, "tokensAfter": 10})
+    retry = d.pending()
+    assert retry.recovery
+    esc(d)
+    assert_interrupted(d, BUILDER, retry)
+    d.send(ContinueRequested)
+    assert d.pending().prompt == retry.prompt
+    d.reply("BUILT")
+    assert d.artifacts()["sockets/Socket-1/1.md"].content == "BUILT"
+
+
 def test_an_aborted_turn_that_also_carries_an_error_is_interrupted_not_retried() -> None:
     """A cancel outcome (``stop_reason`` "aborted", ``error`` "agent turn cancelled") is an interruption:
     no same-socket recovery runs a turn the user stopped."""
