@@ -280,7 +280,9 @@ def test_abort_while_the_turn_is_ending_never_leaves_a_turn_running(pi, repeat: 
 
 
 @pytest.mark.timeout(60)
-def test_the_harness_quitting_mid_turn_leaves_the_cast_resumable_and_recast_redoes_the_turn(world) -> None:
+@pytest.mark.parametrize("verb", ["cast.recast", "cast.continue"])
+def test_the_harness_quitting_mid_turn_leaves_the_cast_resumable_and_one_command_redoes_the_turn(world,
+                                                                                               verb: str) -> None:
     first = world.connect()
     cast_id, _run_dir, turn = start(first)
     first.client.close()  # Pi quit mid-turn
@@ -288,7 +290,7 @@ def test_the_harness_quitting_mid_turn_leaves_the_cast_resumable_and_recast_redo
     second = world.connect()
     view = wait_for(lambda: (v := second.status(cast_id))["status"] == "orphaned" and v, 10, "orphaned")
     assert view["resumable"] is True
-    second.call("cast.recast", cast_id=cast_id)
+    assert second.call(verb)["cast_id"] == cast_id  # id-less: the new session's user types one command
     again = second.next_turn()
     assert again["turn_id"] != turn["turn_id"] and again["prompt"] == turn["prompt"]
     second.end_turn(again, "BUILT")

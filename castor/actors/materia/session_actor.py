@@ -10,7 +10,7 @@ cast is read from the state store under the session's artifact root.
 | ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
 | ``list`` | — | every cast under the artifact root, newest first (views.py table) |
 | ``abort`` | cast_id? | the cast, else the newest live cast; a live turn is stopped through the harness (``agent.abort_turn``) and the answer never waits for the model; a cast already aborted (a second abort; id-less: the newest cast when none is live) answers ``already: true``, level info |
-| ``continue`` | cast_id? | the cast, else the newest live cast: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
+| ``continue`` | cast_id? | the cast, else the newest live cast, else the newest interrupted or orphaned one: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
 | ``recast`` | cast_id? | id-less: a live interrupted cast (re-runs its turn), else newest resumable (failed, aborted or orphaned); ``conflict`` if it is live (and not interrupted) or the session is at its limit |
 | ``revive`` | cast_id? | id-less: newest revivable; then as recast |
 | ``refine`` | — | ``before_agent_start`` (a user message) while a cast is paused, or still waits for an earlier user turn → ``RefinementTurnStarted`` |
@@ -376,7 +376,15 @@ class SessionActor(Actor):
 
     def _verb_continue(self, cast_id: str | None = None) -> dict[str, Any]:
         root = self._artifact_root()
-        cast_id, handle = self._target(self._ref(cast_id, root))
+        cast_id = self._ref(cast_id, root)
+        if cast_id is None and not self._live():
+            # None live here (a new harness session, a new process): the newest active cast no
+            # runtime holds — interrupted, or orphaned with its work lost.
+            for row in cast_rows(root, set()):
+                if row["resumable"] and row["status"] in ("interrupted", "orphaned"):
+                    cast_id = row["cast_id"]
+                    break
+        cast_id, handle = self._target(cast_id)
         event: Any = ContinueRequested(surface=self.surface, at=time.time())
         if handle is None:
             # Not running here: a CLI process resuming it, or its runtime died. Bring it in.
