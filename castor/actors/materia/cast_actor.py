@@ -31,7 +31,7 @@ utility command the dead runtime left running has been killed (its record in the
 | ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
 | ``Compact`` | :class:`CompactionCall` through the session's :class:`HostContextPort` (the harness's ``session.compact``) under ``CastEnv.compaction_timeout_s``; its answer is told back as ``CompactionFinished`` — a timeout, an error or a harness without ``session.compact`` (``unknown_method``) is ``ok=False`` and the recovery fails; a standalone agent (no host context) answers ``ok`` with ``skipped: "no host context"`` |
-| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn), stops waiting for its compaction, or kills the utility tree |
+| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn; a harness hears why — ``agent.abort_turn`` with the effect's reason — and nothing waits for the model), stops waiting for its compaction, or kills the utility tree |
 | ``Notify`` | ``HarnessLink.ui.notify`` (errors swallowed) |
 | ``Finished`` / ``Failed`` | the incarnation stops after the effects (TRANSIENT: not restarted) |
 
