@@ -222,15 +222,23 @@ class ScriptedAgent:
         self._order = sorted(range(len(answers)), key=lambda i: (-answers[i].specificity, i))
         self._answers = answers
         self._used: dict[str, set[int]] = {}  # cast id -> indexes of the answers it used
+        self._skip: dict[str, int] = {}  # cast id -> how many of _order, from the start, it has used
         self._history: list[TurnRequest] = []
 
     def _next_answer(self, request: TurnRequest) -> ScriptAnswer | None:
         with self._lock:
             self._history.append(request)
-            used = self._used.setdefault(request.cast_id, set())
-            for index in self._order:
+            cast = request.cast_id
+            used = self._used.setdefault(cast, set())
+            order = self._order
+            start = self._skip.get(cast, 0)
+            for position in range(start, len(order)):
+                index = order[position]
                 if index not in used and self._answers[index].belongs_to(request):
                     used.add(index)
+                    while start < len(order) and order[start] in used:  # a list used in order: O(1) a turn
+                        start += 1
+                    self._skip[cast] = start
                     return self._answers[index]
         return None
 
