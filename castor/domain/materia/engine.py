@@ -68,7 +68,7 @@ Decision table (trigger → state → effects/events → next state):
 | RefinementTurnStarted | user turn pending (its end and settle were never reported) | ``refinement_turn_abandoned{superseded}``, Notify warning, then as paused | awaiting_agent_response (the new user turn) |
 | RefinementTurnStarted | anything else | CastRejected(``not-paused``) | unchanged |
 | TurnEnded ``stop_reason`` "aborted" | user turn pending | usage; ``refinement_turn_abandoned{aborted}``, Notify warning; no draft, no retry | awaiting_user_refinement (paused) |
-| TurnEnded ``stop_reason`` "aborted" (Esc, a cancel; with or without text or error) | castor's own turn pending, any mode (normal, first draft, finalization, retry) | usage; ``turn_interrupted{socket, materia, visitId, visit, mode, reason, textDiscarded, item fields}``, Notify warning naming continue/abort; no output artifact, no parse, no draft, no retry | interrupted (active, nothing pending) |
+| TurnEnded ``stop_reason`` "aborted" (Esc, a cancel; with or without text or error) | castor's own turn pending, any mode (normal, first draft, finalization, retry) | usage; ``turn_interrupted{socket, materia, visitId, visit, mode, reason, textDiscarded, item fields}``, Notify warning naming continue/abort; no output artifact, no parse, no draft, no retry; the budget check | interrupted (active, nothing pending); failed if a stopping budget limit was crossed |
 | ContinueRequested | interrupted | ``turn_resumed{socket, materia, visit, mode, by:"continue"}``, RunAgentTurn(same prompt and mode, same visit, new visit id) | awaiting_agent_response |
 | RecastRequested | interrupted | as ContinueRequested, ``by:"recast"`` | awaiting_agent_response |
 | RecastRequested(after_restart) | interrupted | ``cast_recast{interrupted:true, reusedActivePrompt:false}``, Notify; nothing sent (nothing was lost) | interrupted |
@@ -760,6 +760,8 @@ def _interrupt(ctx: _Ctx, rs: ResolvedSocket, ev: TurnEnded) -> None:
                                   "textDiscarded": bool((ev.text or "").strip()), **s.item_fields()})
     ctx.notify("warning", f"{rs.materia_name} ({rs.id}): the turn was interrupted and nothing of it was kept. "
                           f"Run {_cmd(s, 'continue')} to run it again, or {_cmd(s, 'abort')} to stop the cast.")
+    if ev.usage is not None:
+        _check_budget(ctx, ev.entry_id or pending.visit_id)  # its usage counts: a stopping limit still stops
 
 
 def _rerun_interrupted(ctx: _Ctx, by: str) -> None:

@@ -361,3 +361,14 @@ def test_revive_of_a_cast_that_has_not_failed_points_at_no_refusing_command() ->
     with pytest.raises(NotRevivable) as err:
         d.send(ReviveRequested, surface="cli")
     assert "recast" not in err.value.message
+
+
+def test_an_interrupted_turn_that_crosses_a_stopping_budget_ends_the_cast() -> None:
+    d = Driver(resolved(config({
+        BUILDER: {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": REVIEWER}]},
+        REVIEWER: {"type": "agent", "materia": "A"},
+    }, budget={"maxTokens": 10, "stopAtLimit": True})))
+    esc(d)  # 18 tokens: over the limit
+    assert d.state.failed and d.state.failed_reason == "pi-materia budget limit reached"
+    assert d.events("turn_interrupted") and d.events("budget_limit")
+    no_partial_text_kept(d)
