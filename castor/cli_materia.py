@@ -6,6 +6,8 @@
 | ``castor casts [--cwd D]`` | lists the casts under the artifact root, newest first |
 | ``castor status CAST_ID [--cwd D]`` | one cast's persisted status |
 | ``castor recast CAST_ID [--agent SPEC] [--cwd D]`` / ``castor revive CAST_ID ...`` | resumes a persisted cast in this new process and runs it to the end |
+| ``castor continue CAST_ID [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
+| ``castor abort CAST_ID [--cwd D]`` | ends an active cast ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
 | ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
 | ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
 | ``castor validate CONFIG_PATH`` | every config problem on its own line; exit 1 if any |
@@ -16,7 +18,12 @@
 back from the project tree (a checkout must not choose where prompts are sent) and has to be
 given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
 
-Exit codes: 0 success; 1 a failed cast or any error (one line on stderr: ``castor: <code>: <message>``).
+``CAST_ID`` everywhere is the exact id, ``latest`` (the newest cast) or a unique prefix of one; an
+ambiguous prefix is ``invalid_params`` listing the candidates. Every message names ``castor``
+commands (a cast started in Pi names ``/materia`` ones there).
+
+Exit codes: 0 success; 1 a failed, aborted or interrupted cast or any error (one line on stderr:
+``castor: <code>: <message>``).
 """
 
 from __future__ import annotations
@@ -37,12 +44,47 @@ EXIT_OK, EXIT_FAILED = 0, 1
 CLI_SESSION = "cli"
 POLL_S = 0.1
 TERMINAL = {"complete", "failed", "aborted"}
+#: ``castor abort`` of a cast another process runs: the request it leaves in the cast's run
+#: directory (the running ``castor cast`` / ``recast`` / ``continue`` looks for it on every poll),
+#: and how long it waits for that process to abort.
+ABORT_REQUEST = "abort.request"
+ABORT_WAIT_S = 5.0
+CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
+
+SCRIPT_HELP = """\
+agents:
+  --agent script:FILE     replay answers from FILE (JSON or JSONL); no model is called
+  --agent openai:URL[#M]  an OpenAI-compatible /v1/chat/completions endpoint (model M)
+
+the scripted agent's FILE: a list of answers, or an object of lists keyed
+SOCKET[/ITEM[/VISIT]] ("*": any turn). An answer is a string, or an object
+  {"text", "stop_reason", "error", "usage", "delay_ms",
+   "socket", "item", "visit", "mode", "key"}
+where socket / item (a work item key) / visit (from 1) / mode (normal,
+refinement, finalization) / key ("SOCKET[/ITEM[/VISIT]]") say which turns it
+belongs to. A turn gets the first unused answer that belongs to it, those naming
+more of these fields first, then in file order; so a cast recast in a new
+process finds the answers of the turns it resumes at. "stop_reason": "aborted"
+plays the user's Esc (the cast is interrupted; castor continue ID re-runs it).
+A complete example for the bundled build loadout (planner, then a builder and a
+reviewer per work item):
+
+  [
+    {"key": "Socket-3", "text": "{\\"workItems\\": [{\\"id\\": \\"w1\\", \\"title\\": \\"Parser\\"}, {\\"id\\": \\"w2\\", \\"title\\": \\"CLI\\"}]}"},
+    {"key": "Socket-4/w1", "text": "Built the parser."},
+    {"key": "Socket-5/w1", "text": "{\\"satisfied\\": true}"},
+    {"key": "Socket-4/w2", "text": "Built the CLI.", "usage": {"input_tokens": 120, "output_tokens": 40}},
+    {"key": "Socket-5/w2", "text": "{\\"satisfied\\": true}"},
+    "Summary: parser and CLI built."
+  ]
+"""
 
 
 # --------------------------------------------------------------------------- argparse
 def add_materia_subcommands(subparsers: Any) -> None:
     """Declare the materia subcommands on the ``castor`` parser's subparsers."""
-    cast = subparsers.add_parser("cast", help="run a materia cast for REQUEST")
+    cast = subparsers.add_parser("cast", help="run a materia cast for REQUEST", epilog=SCRIPT_HELP,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     cast.add_argument("request", metavar="REQUEST", help="what the cast should do")
     cast.add_argument("--loadout", metavar="NAME", help="loadout to run (default: activeLoadout)")
     cast.add_argument("--config", metavar="PATH", help="explicit config layer (beats $MATERIA_CONFIG)")
@@ -59,21 +101,29 @@ def add_materia_subcommands(subparsers: Any) -> None:
     casts.set_defaults(run=cmd_casts)
 
     status = subparsers.add_parser("status", help="show one cast's status")
-    status.add_argument("cast_id", metavar="CAST_ID")
+    status.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
     _add_config(status)
     _add_cwd(status)
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=cmd_status)
 
-    for name, func, text in (("recast", "cmd_recast", "resume a failed, aborted or orphaned cast"),
-                             ("revive", "cmd_revive", "lift exhausted same-socket recovery and resume")):
+    for name, func, text in (("recast", "cmd_recast", "resume a failed, aborted, interrupted or orphaned cast"),
+                             ("revive", "cmd_revive", "lift exhausted same-socket recovery and resume"),
+                             ("continue", "cmd_continue", "go on with an active cast: re-run an interrupted "
+                                                          "turn, finalize a paused socket, redo lost work")):
         parser = subparsers.add_parser(name, help=text)
-        parser.add_argument("cast_id", metavar="CAST_ID")
+        parser.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
         _add_agent(parser)
         _add_config(parser)
         _add_cwd(parser)
         parser.add_argument("--quiet", action="store_true", help="no live progress")
         parser.set_defaults(run=globals()[func])
+
+    abort = subparsers.add_parser("abort", help="end an active cast aborted (recastable)")
+    abort.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
+    _add_config(abort)
+    _add_cwd(abort)
+    abort.set_defaults(run=cmd_abort)
 
     grid = subparsers.add_parser("grid", help="render the resolved loadout graph")
     grid.add_argument("--loadout", metavar="NAME")
@@ -129,16 +179,16 @@ class _Standalone:
     """An in-process Runtime with one trusted session and a standalone harness link."""
 
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
-                 printer: Any = None, backend: Any = None) -> None:
+                 printer: Any = None, need_agent: bool = True, backend: Any = None) -> None:
         from castor.adapters.agents.factory import make_agent
         from castor.adapters.console_ui import ConsoleUi
         from castor.adapters.session_jsonl import JsonlSessionLog
         from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 
-        if not agent_spec:
+        if not agent_spec and need_agent:
             raise InvalidParams("no agent: pass --agent script:FILE or --agent openai:BASE_URL[#MODEL] "
                                 "(or set CASTOR_AGENT)", data={"reason": "no_agent"})
-        self.agent = make_agent(agent_spec)
+        self.agent = make_agent(agent_spec) if agent_spec else None
         self._signals = _StopSignals()
         self.ui = ConsoleUi(printer)
         self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
@@ -167,7 +217,7 @@ class _Standalone:
                 self.backend.shutdown()
         finally:
             self._signals.restore()
-        close = getattr(self.agent, "close", None)
+        close = getattr(self.agent, "close", None) if self.agent is not None else None
         if close is not None:
             close()
 
@@ -278,7 +328,18 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
     console = Console(stderr=True)
     last: dict[str, Any] = {}
 
+    request = Path(str(session.call("status", {"cast_id": cast_id})["run_dir"])) / ABORT_REQUEST
+
     def poll() -> dict[str, Any]:
+        if os.path.lexists(request):  # `castor abort` from another process asks this one to abort
+            try:
+                os.unlink(request)
+            except OSError:
+                pass
+            try:
+                session.call("abort", {"cast_id": cast_id})
+            except CastorError as exc:  # it ended meanwhile: the status below says how
+                session.ui.notify(f"abort request not applied: {exc.message}", "warning")
         view = session.call("status", {"cast_id": cast_id})
         if view.get("paused") and view.get("live"):
             session.ui.notify(f"{view.get('current_socket')} asks for refinement; finalizing (no user in the CLI)")
@@ -286,17 +347,23 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
             view = session.call("status", {"cast_id": cast_id})
         return view
 
+    def over(view: dict[str, Any]) -> bool:
+        # interrupted: no user here can press Esc again or answer; the process ends and
+        # `castor continue ID` goes on (the cast stays active, resumable, in its run directory)
+        return (view["status"] in TERMINAL or view["status"] == "interrupted"
+                or (not view.get("live") and view["status"] != "active"))
+
     if quiet or not console.is_terminal:
         while True:
             last = poll()
-            if last["status"] in TERMINAL or (not last.get("live") and last["status"] != "active"):
+            if over(last):
                 return last
             time.sleep(POLL_S)
     with Live(_progress(last or {"cast_id": cast_id}), console=console, refresh_per_second=8, transient=False) as live:
         while True:
             last = poll()
             live.update(_progress(last))
-            if last["status"] in TERMINAL or (not last.get("live") and last["status"] != "active"):
+            if over(last):
                 return last
             time.sleep(POLL_S)
 
@@ -325,11 +392,20 @@ def _finish(view: dict[str, Any]) -> int:
         print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
               f"be written (see the log above); `castor recast {view['cast_id']}` writes them", file=sys.stderr)
         return EXIT_FAILED
+    cast_id = view["cast_id"]
     if view["status"] == "complete":
-        _out(f"cast {view['cast_id']} complete: {view['run_dir']}")
+        _out(f"cast {cast_id} complete: {view['run_dir']}")
         return EXIT_OK
+    if view["status"] == "interrupted":
+        print(f"castor: cast {cast_id} interrupted at socket {view.get('current_socket')}: nothing of that turn was "
+              f"kept; `castor continue {cast_id}` runs it again, `castor abort {cast_id}` ends the cast",
+              file=sys.stderr)
+        return EXIT_FAILED
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
-    print(f"castor: cast {view['cast_id']} {view['status']}: {reason}", file=sys.stderr)
+    hint = ""
+    if view["status"] in ("failed", "aborted"):
+        hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it"
+    print(f"castor: cast {cast_id} {view['status']}: {reason}{hint}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -348,14 +424,18 @@ def cmd_cast(args: argparse.Namespace) -> int:
         session.close()
 
 
-def _resume(args: argparse.Namespace, verb: str) -> int:
-    from castor.adapters.materia.artifacts import validate_cast_id
+def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
+    """(cwd, artifact root, the cast id ``CAST_ID`` means: exact, ``latest`` or a unique prefix)."""
+    from castor.actors.materia.views import resolve_cast_id
 
     cwd = _cwd(args)
-    cast_id = validate_cast_id(args.cast_id)
     root = _artifact_root(cwd, args.config)
-    if not (root / cast_id / "state.json").is_file():  # before asking for an agent it would not need
-        raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\" under {root}.", data={"cast_id": cast_id})
+    return cwd, root, resolve_cast_id(root, args.cast_id)  # before asking for an agent it would not need
+
+
+def _resume(args: argparse.Namespace, verb: str) -> int:
+    cwd, root, cast_id = _cast_ref(args)
+    _refuse_a_pointless_resume(root, cast_id, verb)
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
     try:
         view = session.call(verb, {"cast_id": cast_id})
@@ -373,22 +453,80 @@ def cmd_revive(args: argparse.Namespace) -> int:
     return _resume(args, "revive")
 
 
+def cmd_continue(args: argparse.Namespace) -> int:
+    return _resume(args, "continue")
+
+
+def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
+    """A complete cast can be neither recast, revived nor continued: say so before an agent is
+    asked for, and point at no command that would refuse too."""
+    from castor.actors.materia.views import persisted_view
+    from castor.messages.errors import Conflict
+
+    view = persisted_view(root, cast_id, live=False)
+    if view["status"] == "complete":
+        raise Conflict(f"pi-materia cast {cast_id} is complete: there is nothing to {verb}; "
+                       f"`castor cast REQUEST` starts a new one.", data={"reason": "complete", "cast_id": cast_id})
+    if verb == "continue" and not view["active"]:
+        hint = f" `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it." if view.get(
+            "resumable") else ""
+        raise Conflict(f"pi-materia cast {cast_id} is {view['status']}, not active.{hint}",
+                       data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    from castor.actors.materia.views import persisted_view
+    from castor.adapters.fs import atomic_write_json
+    from castor.adapters.materia.cast_lease import CastLease
+    from castor.messages.errors import Conflict
+
+    cwd, root, cast_id = _cast_ref(args)
+    view = persisted_view(root, cast_id, live=False)
+    if view["active"] and CastLease.is_held(root, cast_id):
+        # Another process runs it: ask it (a running castor cast/recast/continue looks on every poll).
+        atomic_write_json(root / cast_id / ABORT_REQUEST, {"requested_at": time.time(), "pid": os.getpid()})
+        deadline = time.monotonic() + ABORT_WAIT_S
+        while time.monotonic() < deadline:
+            view = persisted_view(root, cast_id, live=False)
+            if not view["active"]:
+                break
+            time.sleep(POLL_S)
+        else:
+            try:
+                os.unlink(root / cast_id / ABORT_REQUEST)
+            except OSError:
+                pass
+            raise Conflict(f"pi-materia cast {cast_id} runs in another castor runtime that did not take the abort "
+                           f"request within {ABORT_WAIT_S:g}s (a harness session: abort it there with /materia abort)",
+                           data={"reason": "held_elsewhere", "cast_id": cast_id})
+        if view["status"] != "aborted":
+            raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
+                           data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
+        _out(f"pi-materia cast {cast_id} aborted. Recast it with `castor recast {cast_id}`.")
+        return EXIT_OK
+    session = _Standalone(cwd, None, config_path=args.config, need_agent=False)
+    try:
+        _out(session.call("abort", {"cast_id": cast_id})["text"])
+        return EXIT_OK
+    finally:
+        session.close()
+
+
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_rows, casts_text
 
     root = _artifact_root(_cwd(args), args.config)
     rows = cast_rows(root, set())
-    _out(json.dumps(rows, indent=2) if args.json else casts_text(rows, root))
+    _out(json.dumps(rows, indent=2) if args.json else casts_text(rows, root, "cli"))
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view, status_text
-    from castor.adapters.materia.artifacts import validate_cast_id
 
-    root = _artifact_root(_cwd(args), args.config)
-    view = persisted_view(root, validate_cast_id(args.cast_id), live=False)
-    _out(json.dumps(view, indent=2) if args.json else status_text(view))
+    _cwd_, root, cast_id = _cast_ref(args)
+    view = persisted_view(root, cast_id, live=False)
+    _out(json.dumps(view, indent=2) if args.json else status_text(view, "cli"))
     return EXIT_OK
 
 
@@ -421,9 +559,9 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     from castor.messages.errors import Conflict
 
     for row in cast_rows(_artifact_root(cwd, config_path), set()):
-        if row["status"] in ("active", "awaiting_refinement"):
-            raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it before changing the loadout.",
-                           data={"reason": "active", "cast_id": row["cast_id"]})
+        if row["status"] in ("active", "awaiting_refinement") or (row["status"] == "interrupted" and not row["resumable"]):
+            raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it (`castor abort {row['cast_id']}`) "
+                           "before changing the loadout.", data={"reason": "active", "cast_id": row["cast_id"]})
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

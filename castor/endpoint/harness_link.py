@@ -7,6 +7,8 @@ port               castor → harness                      answer
 =================  ====================================  ==========================================
 AgentPort          ``agent.run_turn`` (notification)     later, ``agent.turn_ended`` (request from
                                                          the harness) → :meth:`turn_ended`
+                   ``agent.abort_turn`` (notification)   none: the harness stops that run; its
+                                                         ``agent.turn_ended`` is answered ``ignored``
 SessionPort        ``session.append_entry`` (request)    ``{ok, entry_id}`` once persisted
 SessionUiPort      ``message.send``, ``ui.notify``,      none (fire and forget)
                    ``ui.status`` (notifications)
@@ -30,6 +32,16 @@ Host context (:class:`castor.actors.ports.host_context.HostContextPort`):
 Every request castor makes has a deadline. A turn whose connection dies is
 *not* answered: its cast stays persisted and resumable (``cast.recast``)
 rather than being failed by a transport it cannot see.
+
+Stopping a turn castor sent (:meth:`abort_turn`, and :meth:`cancel`, the AgentPort's): the turn is
+forgotten, its reply gets the ``aborted`` / ``cancelled`` outcome at once (the caller never waits
+for the model), and the harness is told with the ``agent.abort_turn`` notification
+``{session_id, turn_id, reason}`` so it stops the run in flight — ``reason`` is ``cast_aborted``
+(the user aborted the cast), ``cast_restarted`` (castor redoes the turn under a new id) or
+``cast_stopped`` (castor stops the cast's work: the session closes, the runtime shuts down). The
+harness's later ``agent.turn_ended`` for such a turn (the run ended as it was being stopped) is
+answered ``{ok: true, ignored: true}``, never an error; the last :data:`REMEMBERED_STOPPED`
+stopped ids are remembered for that.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
 from loguru import logger
@@ -60,6 +73,8 @@ if TYPE_CHECKING:
     from castor.endpoint.connection import Connection
 
 UI_DEADLINE_S = 5.0
+#: How many stopped turn ids a session remembers (their late ``agent.turn_ended`` is ``ignored``).
+REMEMBERED_STOPPED = 256
 
 #: Error codes that mean "this harness does not implement the method".
 UNSUPPORTED_CODES = frozenset({"unknown_method", "unsupported"})
@@ -78,6 +93,8 @@ class WireHarness:
         self.session_id = session_id
         self._lock = threading.Lock()
         self._turns: dict[str, TurnReply] = {}
+        self._stopped: OrderedDict[str, str] = OrderedDict()  # turn id -> why castor stopped it
+        self._reasons: dict[str, str] = {}  # pending turn id -> why its coming cancel happens
         self._usage_supported = True  # until the harness answers unknown_method
         self.log = logger.bind(actor=f"/endpoint/harness/{session_id}")
 
@@ -106,19 +123,54 @@ class WireHarness:
         if not self.connection.notify("agent.run_turn", params):
             self.log.warning("agent.run_turn for {turn} not sent: connection closed", turn=request.turn_id)
 
+    #: What failure texts call the agent of this port's turns.
+    agent_label = "Pi agent"
+
     def cancel(self, turn_id: str) -> None:
+        """AgentPort: stop the turn (see :meth:`abort_turn`), for the reason noted by
+        :meth:`note_stop_reason`, else ``cast_stopped``."""
+        with self._lock:
+            reason = self._reasons.pop(turn_id, "cast_stopped")
+        self.abort_turn(turn_id, reason)
+
+    def note_stop_reason(self, turn_id: str, reason: str) -> None:
+        """Say why the next :meth:`cancel` of ``turn_id`` happens (the cast stops its socket actor,
+        which cancels the turn on its way out). Only for a pending turn; forgotten with it."""
+        with self._lock:
+            if turn_id in self._turns:
+                self._reasons[turn_id] = reason
+
+    def abort_turn(self, turn_id: str, reason: str = "cast_aborted") -> bool:
+        """Stop a turn castor sent: answer its reply ``aborted`` now and send ``agent.abort_turn``.
+
+        Idempotent; False (and nothing sent) for a turn that is not pending (answered, unknown,
+        already stopped). Never waits for the harness."""
         with self._lock:
             reply = self._turns.pop(turn_id, None)
-        if reply is not None:
-            reply(TurnOutcome(turn_id=turn_id, stop_reason="aborted",
-                              error=TurnError(message="turn cancelled by castor", kind="cancelled")))
+            self._reasons.pop(turn_id, None)
+            if reply is None:
+                return False
+            self._stopped[turn_id] = reason
+            while len(self._stopped) > REMEMBERED_STOPPED:
+                self._stopped.popitem(last=False)
+        if not self.connection.notify("agent.abort_turn", {"session_id": self.session_id, "turn_id": turn_id,
+                                                           "reason": reason}):
+            self.log.info("agent.abort_turn for {turn} not sent: connection closed", turn=turn_id)
+        reply(TurnOutcome(turn_id=turn_id, stop_reason="aborted",
+                          error=TurnError(message=f"turn stopped by castor ({reason})", kind="cancelled")))
+        return True
 
     def turn_ended(self, params: dict[str, Any]) -> bool:
-        """Deliver the harness's ``agent.turn_ended``; NotFound for an unknown or answered turn."""
+        """Deliver the harness's ``agent.turn_ended``: True once delivered; False for a turn castor
+        stopped (``abort_turn``): nothing is delivered. NotFound for an unknown or answered turn."""
         turn_id = str(params.get("turn_id") or "")
         outcome = outcome_from_wire(turn_id, params)  # before the turn is taken: a bad answer keeps it pending
         with self._lock:
             reply = self._turns.pop(turn_id, None)
+            self._reasons.pop(turn_id, None)
+            stopped = reply is None and self._stopped.pop(turn_id, None) is not None
+        if stopped:
+            return False
         if reply is None:
             raise NotFound(f"no pending turn {turn_id!r}", data={"turn_id": turn_id})
         reply(outcome)

@@ -31,7 +31,7 @@ utility command the dead runtime left running has been killed (its record in the
 | ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
 | ``Compact`` | :class:`CompactionCall` through the session's :class:`HostContextPort` (the harness's ``session.compact``) under ``CastEnv.compaction_timeout_s``; its answer is told back as ``CompactionFinished`` — a timeout, an error or a harness without ``session.compact`` (``unknown_method``) is ``ok=False`` and the recovery fails; a standalone agent (no host context) answers ``ok`` with ``skipped: "no host context"`` |
-| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn), stops waiting for its compaction, or kills the utility tree |
+| ``CancelWork`` | stops the visit's SocketActor (which cancels the turn; a harness hears why — ``agent.abort_turn`` with the effect's reason — and nothing waits for the model), stops waiting for its compaction, or kills the utility tree |
 | ``Notify`` | ``HarnessLink.ui.notify`` (errors swallowed) |
 | ``Finished`` / ``Failed`` | the incarnation stops after the effects (TRANSIENT: not restarted) |
 
@@ -223,7 +223,10 @@ class CastActor(Actor):
 
     def _release(self, cause: str) -> None:
         self._disarm_user_turn_bound()
-        for handle in list(self._sockets.values()):
+        note = getattr(self.env.agent, "note_stop_reason", None)
+        for visit_id, handle in list(self._sockets.items()):
+            if note is not None and cause == "crashed":
+                note(visit_id, "cast_restarted")  # the restart re-sends it under a new visit id
             self._stop_socket(handle)
         self._sockets.clear()
         for call in list(self._compactions.values()):
@@ -456,7 +459,7 @@ class CastActor(Actor):
         elif kind is Compact:
             self._compact(effect)
         elif kind is CancelWork:
-            self._cancel(effect.visit_id)
+            self._cancel(effect.visit_id, effect.reason)
         elif kind in (Finished, Failed):
             self._done = True
             self._set_status(None)
@@ -519,9 +522,13 @@ class CastActor(Actor):
         except CastorError as exc:
             self._dispatch_failed(effect.visit_id, f"cannot queue the utility: {exc.message}")
 
-    def _cancel(self, visit_id: str) -> None:
+    def _cancel(self, visit_id: str, reason: str = "cast_aborted") -> None:
         handle = self._sockets.pop(visit_id, None)
         if handle is not None:
+            # The socket actor cancels its turn on the way out; a harness hears why (agent.abort_turn).
+            note = getattr(self.env.agent, "note_stop_reason", None)
+            if note is not None:
+                note(visit_id, reason)
             self._stop_socket(handle)
         compaction = self._compactions.pop(visit_id, None)
         if compaction is not None:

@@ -9,8 +9,9 @@ cast is read from the state store under the session's artifact root.
 | ``start`` | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
 | ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
 | ``list`` | — | every cast under the artifact root, newest first (views.py table) |
-| ``abort`` / ``continue`` | cast_id? | the cast, else the newest live cast |
-| ``recast`` | cast_id? | id-less: newest resumable (failed, aborted or orphaned); ``conflict`` if it is live or the session is at its limit |
+| ``abort`` | cast_id? | the cast, else the newest live cast; a live turn is stopped through the harness (``agent.abort_turn``) and the answer never waits for the model; a cast already aborted (a second abort; id-less: the newest cast when none is live) answers ``already: true``, level info |
+| ``continue`` | cast_id? | the cast, else the newest live cast, else the newest interrupted or orphaned one: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
+| ``recast`` | cast_id? | id-less: a live interrupted cast (re-runs its turn), else newest resumable (failed, aborted or orphaned); ``conflict`` if it is live (and not interrupted) or the session is at its limit |
 | ``revive`` | cast_id? | id-less: newest revivable; then as recast |
 | ``refine`` | — | ``before_agent_start`` (a user message) while a cast is paused, or still waits for an earlier user turn → ``RefinementTurnStarted`` |
 | ``agent_end`` | text, error?, entry_id?, stop_reason?, turn_id? | a user run (``turn_id`` null) answers the pending user-driven refinement turn; with none pending, the last withdrawn one (→ ``outcome_ignored``) |
@@ -20,6 +21,10 @@ cast is read from the state store under the session's artifact root.
 
 A cast that is not live in this runtime is brought in by spawning its CastActor in *resume*
 mode (the lease is taken first: a cast another live runtime holds is a ``conflict``).
+
+Every ``cast_id`` is a reference (:func:`castor.actors.materia.views.resolve_cast_id`): the exact id,
+``latest`` or a unique prefix. Every text names the commands of the session's *surface*: a
+harness over the endpoint (``/materia continue``) or the standalone CLI (``castor continue <id>``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from castor.actors.materia.views import (
     load_state,
     loadout_line,
     persisted_view,
+    resolve_cast_id,
     status_text,
 )
 from castor.actors.ports.agent import harness_turn_settings
@@ -62,8 +68,10 @@ from castor.domain.materia.cast_messages import (
     ReviveRequested,
 )
 from castor.domain.materia.config import ConfigError, ResolvedConfig
+from castor.domain.materia.engine import CastRejected
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
+from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
 from castor.supervision import Actor, handles
 
@@ -87,6 +95,8 @@ class SessionActor(Actor):
         self.mirror: SessionMirror | None = None
         self.configs = ResolvedConfigCache()  # re-read only when a layer file changed
         self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
+        # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones.
+        self.surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
 
     def on_start(self) -> None:
         log = self.ctx.harness.session_log
@@ -97,6 +107,15 @@ class SessionActor(Actor):
             self.mirror.close()
 
     # ------------------------------------------------------------------ plumbing
+    def _cmd(self, verb: str, cast_id: str | None = None) -> str:
+        return command(self.surface, verb, cast_id)
+
+    def _ref(self, cast_id: str | None, root: Path | None = None) -> str | None:
+        """The cast id a reference (exact, ``latest``, a unique prefix) means; None stays None."""
+        if cast_id is None:
+            return None
+        return resolve_cast_id(root if root is not None else self._artifact_root(), cast_id, set(self._live()))
+
     @property
     def cast_sup(self) -> str:
         return self.ctx.child("cast")
@@ -159,8 +178,8 @@ class SessionActor(Actor):
         limit = self.runtime.settings.max_casts_per_session
         if len(live) >= limit:
             newest = max(live)
-            raise Conflict(f"pi-materia cast already active ({newest}). Use /materia status or /materia abort.",
-                           data={"reason": "active", "cast_id": newest, "limit": limit})
+            raise Conflict(f"pi-materia cast already active ({newest}). Use {self._cmd('status', newest)} or "
+                           f"{self._cmd('abort', newest)}.", data={"reason": "active", "cast_id": newest, "limit": limit})
 
     # ------------------------------------------------------------------ dispatch
     @handles(SessionCall)
@@ -191,7 +210,7 @@ class SessionActor(Actor):
         the start leaves it with the cast."""
         request = " ".join(request.split())
         if not request:
-            raise InvalidParams("/materia cast needs a request.", data={"reason": "empty_request"})
+            raise InvalidParams(f"{self._cmd('cast')} needs a request.", data={"reason": "empty_request"})
         self._check_capacity()
         try:
             resolved = self._resolved(loadout, config_path)
@@ -210,7 +229,7 @@ class SessionActor(Actor):
                 lease.release()
                 raise
         start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
-                            run_dir=f"{root}/{cast_id}", artifact_root=str(root), at=time.time())
+                            run_dir=f"{root}/{cast_id}", artifact_root=str(root), surface=self.surface, at=time.time())
         env = self._env(cast_id, root, lease=lease, start=start)
         handle = self._spawn(env, lease)
         view = env.started_view or self._ask_status(handle, root, cast_id)
@@ -283,6 +302,7 @@ class SessionActor(Actor):
                 pass
 
     def _verb_status(self, cast_id: str | None = None) -> dict[str, Any]:
+        cast_id = self._ref(cast_id)
         live = self._live()
         if cast_id is None:
             if live:
@@ -304,61 +324,131 @@ class SessionActor(Actor):
         if view is None:
             view = persisted_view(self._artifact_root(), cast_id, live=False)
         view.pop("user_turn_visit_id", None)
-        return {**view, "text": status_text(view), "level": "info"}
+        return {**view, "text": status_text(view, self.surface), "level": "info"}
 
     def _verb_list(self) -> dict[str, Any]:
         root = self._artifact_root()
         rows = cast_rows(root, set(self._live()))
-        return {"casts": rows, "artifact_root": str(root), "text": casts_text(rows, root), "level": "info"}
+        return {"casts": rows, "artifact_root": str(root), "text": casts_text(rows, root, self.surface),
+                "level": "info"}
+
+    def _already_ended(self, view: dict[str, Any]) -> dict[str, Any]:
+        """The answer to aborting a cast that is not active any more (a second abort, a race)."""
+        cast_id = view["cast_id"]
+        if view.get("status") == "aborted":
+            return {**view, "already": True, "level": "info",
+                    "text": f"pi-materia cast {cast_id} is already aborted. Recast it with "
+                            f"{self._cmd('recast', cast_id)}."}
+        raise Conflict(f"pi-materia cast {cast_id} is {view.get('status')}: there is nothing to abort.",
+                       data={"reason": "not-active", "cast_id": cast_id, "status": view.get("status")})
 
     def _verb_abort(self, cast_id: str | None = None) -> dict[str, Any]:
-        cast_id, handle = self._target(cast_id)
         root = self._artifact_root()
+        cast_id = self._ref(cast_id, root)
+        live = self._live()
+        if cast_id is None:
+            if not live:  # the newest cast, if the user's abort already ended it
+                rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
+                if rows and rows[0]["status"] == "aborted":
+                    return self._already_ended(persisted_view(root, rows[0]["cast_id"], live=False))
+                raise NotFound("No active pi-materia cast in this session.", data={"reason": "no_active_cast"})
+            cast_id = max(live)
+        handle = live.get(cast_id)
         if handle is None:
             self._await_exit(cast_id)
+            before = persisted_view(root, cast_id, live=False)
+            if not before["active"]:
+                return self._already_ended(before)
             handle = self._bring_in(cast_id, root)
-        view = self._apply(handle, AbortRequested(at=time.time()), root=root, cast_id=cast_id, stop_if_idle=True)
-        return {**view, "text": f"pi-materia cast {cast_id} aborted. Recast it with /materia recast {cast_id}.",
+        try:
+            view = self._apply(handle, AbortRequested(surface=self.surface, at=time.time()), root=root,
+                               cast_id=cast_id, stop_if_idle=True)
+        except CastorError as exc:
+            # Aborted meanwhile (a second abort racing the first), or its actor stopped as it ended.
+            if isinstance(exc, CastRejected) or not handle.alive:
+                self._await_exit(cast_id)
+                after = persisted_view(root, cast_id, live=False)
+                if not after["active"]:
+                    return self._already_ended(after)
+            raise
+        return {**view, "text": f"pi-materia cast {cast_id} aborted. Recast it with {self._cmd('recast', cast_id)}.",
                 "level": "warning"}
 
     def _verb_continue(self, cast_id: str | None = None) -> dict[str, Any]:
+        root = self._artifact_root()
+        cast_id = self._ref(cast_id, root)
+        if cast_id is None and not self._live():
+            # None live here (a new harness session, a new process): the newest active cast no
+            # runtime holds — interrupted, or orphaned with its work lost.
+            for row in cast_rows(root, set()):
+                if row["resumable"] and row["status"] in ("interrupted", "orphaned"):
+                    cast_id = row["cast_id"]
+                    break
         cast_id, handle = self._target(cast_id)
+        event: Any = ContinueRequested(surface=self.surface, at=time.time())
         if handle is None:
-            raise Conflict(f"pi-materia cast {cast_id} is not active.", data={"reason": "not-active"})
-        view = self._apply(handle, ContinueRequested(at=time.time()), root=self._artifact_root(), cast_id=cast_id,
-                           stop_if_idle=False)
+            # Not running here: a CLI process resuming it, or its runtime died. Bring it in.
+            self._await_exit(cast_id)
+            before = persisted_view(root, cast_id, live=False)
+            if not before["active"]:
+                hint = (f" Resume it with {self._cmd('recast', cast_id)}." if before.get("resumable") else "")
+                raise Conflict(f"pi-materia cast {cast_id} is {before['status']}, not active.{hint}",
+                               data={"reason": "not-active", "cast_id": cast_id, "status": before["status"]})
+            if len(self._active()) >= self.runtime.settings.max_casts_per_session:
+                raise Conflict(f"pi-materia cast {max(self._active())} is active. Abort it before continuing "
+                               f"{cast_id}.", data={"reason": "active", "cast_id": cast_id})
+            if before.get("pending") is not None:  # its work was lost with its runtime: redo it
+                event = RecastRequested(after_restart=True, surface=self.surface, at=time.time())
+            handle = self._bring_in(cast_id, root)
+        view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=False)
         return {**view, "text": f"pi-materia cast {cast_id} continues at {view.get('current_socket')}.", "level": "info"}
 
     def _pick_resumable(self, root: Path, *, revive: bool) -> str:
         live = set(self._live())
+        if not revive:
+            for cast_id, _handle, view in self._statuses():  # an interrupted cast goes on where it is
+                if view.get("status") == "interrupted":
+                    return cast_id
         for row in cast_rows(root, live):
             if row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live:
                 return row["cast_id"]
         if revive:
-            raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use /materia recast.",
-                           data={"reason": "none_revivable"})
+            raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use "
+                           f"{self._cmd('recast')}.", data={"reason": "none_revivable"})
         raise NotFound("No failed or aborted pi-materia cast to recast.", data={"reason": "none_resumable"})
 
     def _resume(self, cast_id: str | None, *, revive: bool) -> dict[str, Any]:
         root = self._artifact_root()
-        cast_id = cast_id if cast_id is not None else self._pick_resumable(root, revive=revive)
+        cast_id = self._ref(cast_id, root) if cast_id is not None else self._pick_resumable(root, revive=revive)
         validate_cast_id(cast_id)
         live = self._active()
+        if cast_id in live and not revive:
+            try:
+                interrupted = live[cast_id].ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S).get("status") == "interrupted"
+            except CastorError:
+                interrupted = False
+            if interrupted:  # the engine re-runs the interrupted turn: one command is enough
+                view = self._apply(live[cast_id], RecastRequested(surface=self.surface, at=time.time()), root=root,
+                                   cast_id=cast_id, stop_if_idle=False)
+                return {**view, "text": f"pi-materia cast {cast_id} recast from socket {view.get('current_socket')}.",
+                        "level": "info"}
         if cast_id in live:
             raise Conflict(f"pi-materia cast {cast_id} is already running.", data={"reason": "running"})
         self._await_exit(cast_id)
         if len(live) >= self.runtime.settings.max_casts_per_session:
-            raise Conflict(f"pi-materia cast {max(live)} is active. Abort it before recasting.",
-                           data={"reason": "active", "cast_id": max(live)})
+            raise Conflict(f"pi-materia cast {max(live)} is active. Abort it ({self._cmd('abort', max(live))}) "
+                           "before recasting.", data={"reason": "active", "cast_id": max(live)})
         try:
             before = persisted_view(root, cast_id, live=False)
         except NotFound:
             raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\".", data={"cast_id": cast_id}) from None
         handle = self._bring_in(cast_id, root)  # its start performs the saved outbox again
         if revive:
-            event: Any = ReviveRequested(at=time.time())
+            event: Any = ReviveRequested(surface=self.surface, at=time.time())
         else:
-            event = RecastRequested(after_restart=before["active"], at=time.time())
+            # An interrupted cast lost nothing: the user's recast re-runs its turn (the engine's rule).
+            event = RecastRequested(after_restart=before["active"] and before.get("socket_state") != "interrupted",
+                                    surface=self.surface, at=time.time())
         try:
             view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=True)
         except Conflict:
@@ -372,7 +462,8 @@ class SessionActor(Actor):
         verb = "revived" if revive else "recast"
         if view.get("paused"):  # resumed where it waited for the user: nothing was re-sent
             return {**view, "text": f"pi-materia cast {cast_id} {verb}: paused for refinement at socket "
-                                    f"{view.get('current_socket')}; reply to refine, or /materia continue to finalize.",
+                                    f"{view.get('current_socket')}; reply to refine, or "
+                                    f"{self._cmd('continue', cast_id)} to finalize.",
                     "level": "info"}
         return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
                 "level": "info"}

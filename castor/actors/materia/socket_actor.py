@@ -69,7 +69,8 @@ _THINKING = {"off", "minimal", "low", "medium", "high", "xhigh"}
 def turn_request(effect: RunAgentTurn, cast_id: str) -> TurnRequest:
     return TurnRequest(turn_id=effect.visit_id, cast_id=cast_id, socket_id=effect.socket_id, visit=effect.visit,
                        prompt=effect.prompt, summary=effect.visible_summary, model=effect.model,
-                       thinking=effect.thinking if effect.thinking in _THINKING else None, tools=effect.tools)
+                       thinking=effect.thinking if effect.thinking in _THINKING else None, tools=effect.tools,
+                       item_key=effect.item_key, mode=effect.mode)
 
 
 def usage_map(outcome: TurnOutcome) -> dict[str, Any] | None:
@@ -87,10 +88,16 @@ def usage_map(outcome: TurnOutcome) -> dict[str, Any] | None:
     return out
 
 
-def turn_ended(visit_id: str, outcome: TurnOutcome, at: float) -> TurnEnded:
+def agent_label(agent: Any) -> str | None:
+    """What failure texts call ``agent`` (its ``agent_label``: "Pi agent", "scripted agent (...)")."""
+    label = getattr(agent, "agent_label", None)
+    return label if isinstance(label, str) and label.strip() else None
+
+
+def turn_ended(visit_id: str, outcome: TurnOutcome, at: float, *, agent: str | None = None) -> TurnEnded:
     error = outcome.error.message if outcome.error is not None else None
     return TurnEnded(visit_id=visit_id, text=outcome.text, stop_reason=outcome.stop_reason, error=error,
-                     usage=usage_map(outcome), model=outcome.model, entry_id=outcome.entry_id, at=at)
+                     usage=usage_map(outcome), model=outcome.model, entry_id=outcome.entry_id, agent=agent, at=at)
 
 
 class SocketActor(Actor):
@@ -216,7 +223,8 @@ class SocketActor(Actor):
         if self._delivered:
             return
         self._delivered = True
-        self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time())))
+        self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time(),
+                                                    agent=agent_label(self.agent))))
         self.stop_self()
 
     def on_terminate(self, cause: str) -> None:

@@ -8,6 +8,7 @@ Cast status (``status`` field), first match wins:
 | persisted state | live here | lease | status | resumable |
 |---|---|---|---|---|
 | active, awaiting_user_refinement | any | any | ``awaiting_refinement`` | no |
+| active, interrupted (its turn was stopped: Esc) | yes, or lease held elsewhere | held | ``interrupted`` | no: ``continue`` (or ``recast``) re-runs the turn |
 | active | yes, or lease held elsewhere | held | ``active`` | no |
 | active | no | free | ``orphaned`` (its runtime died) | yes: ``recast`` resumes it |
 | complete | | | ``complete`` | no |
@@ -30,11 +31,14 @@ from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import CastStateStore, list_casts
 from castor.domain.materia.state import CastState, short_label
-from castor.messages.errors import CastorError, NotFound
+from castor.domain.materia.surface import command
+from castor.messages.errors import CastorError, InvalidParams, NotFound
 
 
 def _status_of(state: CastState) -> str:
     if state.active:
+        if state.socket_state == "interrupted":
+            return "interrupted"
         return "awaiting_refinement" if state.socket_state == "awaiting_user_refinement" else "active"
     if state.complete:
         return "complete"
@@ -52,7 +56,8 @@ def revivable(state: CastState) -> bool:
 
 def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict[str, Any]:
     """The structured status of one cast (the ``cast.status`` result without ``text``)."""
-    status = "orphaned" if orphaned and state.active else _status_of(state)
+    # An interrupted cast lost nothing when its runtime ended: it still waits for continue.
+    status = "orphaned" if orphaned and state.active and not state.interrupted else _status_of(state)
     pending = state.pending
     return {
         "cast_id": state.cast_id,
@@ -82,8 +87,9 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
     }
 
 
-def status_text(view: dict[str, Any]) -> str:
-    """One readable block for ``/materia status`` and ``castor status``."""
+def status_text(view: dict[str, Any], surface: str = "harness") -> str:
+    """One readable block for ``/materia status`` and ``castor status`` (``surface``: whose commands it names)."""
+    cast_id = view["cast_id"]
     lines = [f"cast {view['cast_id']} [{view['status']}] loadout {view['loadout']}"]
     if view.get("current_socket"):
         where = f"socket {view['current_socket']}"
@@ -96,14 +102,18 @@ def status_text(view: dict[str, Any]) -> str:
     if visits:
         lines.append("visits: " + ", ".join(f"{k}×{v}" for k, v in visits.items()))
     if view.get("paused"):
-        lines.append("paused for refinement: run /materia continue (castor: cast.continue) to finalize")
+        lines.append(f"paused for refinement: run {command(surface, 'continue', cast_id)} to finalize")
+    if view.get("status") == "interrupted":
+        lines.append(f"interrupted: run {command(surface, 'continue', cast_id)} to run the turn again, or "
+                     f"{command(surface, 'abort', cast_id)} to stop the cast")
     if view.get("failed_reason"):
         lines.append(f"reason: {view['failed_reason']}")
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
-        lines.append(f"↻ RECAST TARGET: {verb} {view['cast_id']}")
+        lines.append(f"↻ RECAST TARGET: {command(surface, verb, cast_id)}")
     if view.get("artifacts_pending"):
-        lines.append(f"! the artifacts of its last step are not all written: recast {view['cast_id']} writes them")
+        lines.append(f"! the artifacts of its last step are not all written: {command(surface, 'recast', cast_id)} "
+                     "writes them")
     lines.append(f"artifacts: {view['run_dir']}")
     return "\n".join(lines)
 
@@ -161,10 +171,18 @@ def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:
         row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
                "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
                "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids, "revivable": False}
+        if summary.status == "active":
+            try:  # an interrupted cast says so, live or not (nothing of it was lost)
+                if load_state(artifact_root, summary.cast_id).interrupted:
+                    row["status"] = "interrupted"
+            except (CastorError, OSError):
+                pass
         if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
             try:
                 if not CastLease.is_held(artifact_root, summary.cast_id):
-                    row["status"], row["resumable"] = "orphaned", True
+                    row["resumable"] = True
+                    if row["status"] != "interrupted":
+                        row["status"] = "orphaned"
             except (CastorError, OSError):
                 pass
         if row["resumable"] and summary.status == "failed":
@@ -181,7 +199,7 @@ def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def casts_text(rows: list[dict[str, Any]], artifact_root: Path) -> str:
+def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "harness") -> str:
     if not rows:
         return f"No pi-materia casts under {artifact_root}."
     lines = [f"casts under {artifact_root}:"]
@@ -191,7 +209,7 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path) -> str:
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
         if row.get("resumable"):
             verb = "revive" if row.get("revivable") else "recast"
-            lines.append(f"    ↻ RECAST TARGET — {verb}: /materia {verb} {row['cast_id']}")
+            lines.append(f"    ↻ RECAST TARGET — {verb}: {command(surface, verb, row['cast_id'])}")
     return "\n".join(lines)
 
 
@@ -200,3 +218,40 @@ def loadout_line(active: str | None, names: list[str]) -> str:
     shown = [f"{n}*" if n == active else n for n in names[:4]]
     more = f" +{len(names) - 4}" if len(names) > 4 else ""
     return f"⌘ {active} ({', '.join(shown)}{more})"
+
+
+LATEST = "latest"
+#: How many candidates an ambiguous id prefix lists.
+MAX_CANDIDATES = 10
+
+
+def resolve_cast_id(artifact_root: Path, ref: str, live_ids: set[str] | None = None) -> str:
+    """The cast a user means by ``ref``: its exact id, ``latest`` (the newest cast), or a unique prefix.
+
+    Raises ``NotFound`` (no such cast; no casts at all for ``latest``) or ``InvalidParams``
+    (``data.reason: ambiguous_cast_id``, ``data.candidates``: the matching ids, newest first) —
+    never a guess. ``ref`` must be a safe path segment (``Forbidden`` otherwise).
+    """
+    from castor.adapters.materia.artifacts import validate_cast_id
+
+    validate_cast_id(ref)
+    if ref != LATEST and (artifact_root / ref / "state.json").is_file():
+        return ref
+    ids = {row["cast_id"] for row in cast_rows(artifact_root, set()) if row["status"] != "unreadable"}
+    ids |= set(live_ids or ())
+    newest_first = sorted(ids, reverse=True)
+    if ref == LATEST:
+        if not newest_first:
+            raise NotFound(f"No pi-materia casts under {artifact_root}.", data={"reason": "no_casts"})
+        return newest_first[0]
+    matches = [cast_id for cast_id in newest_first if cast_id.startswith(ref)]
+    if ref in matches:
+        return ref
+    if not matches:
+        raise NotFound(f"Unknown pi-materia cast id \"{ref}\" under {artifact_root}.", data={"cast_id": ref})
+    if len(matches) > 1:
+        shown = ", ".join(matches[:MAX_CANDIDATES]) + (f" (+{len(matches) - MAX_CANDIDATES} more)"
+                                                       if len(matches) > MAX_CANDIDATES else "")
+        raise InvalidParams(f"cast id prefix \"{ref}\" is ambiguous: it matches {len(matches)} casts: {shown}",
+                            data={"reason": "ambiguous_cast_id", "candidates": matches[:MAX_CANDIDATES]})
+    return matches[0]

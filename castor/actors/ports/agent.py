@@ -96,6 +96,8 @@ class TurnRequest(BaseModel):
     model: str | None = None  # ``provider/model-id`` or an id; None = the host's current model
     thinking: ThinkingLevel | None = None
     tools: ToolScope = "none"
+    item_key: str | None = None  # the work item of a loop socket's turn, if any
+    mode: Literal["normal", "refinement", "finalization"] = "normal"  # the socket turn's mode
 
 
 class TurnUsage(BaseModel):

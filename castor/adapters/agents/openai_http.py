@@ -161,6 +161,9 @@ class OpenAIChatAgent:
         send_reasoning_effort: bool = False,
     ) -> None:
         self.url = chat_completions_url(base_url)
+        parts = urlsplit(self.url)
+        # What failure texts call this agent: the endpoint's address, never a credential in the URL.
+        self.agent_label = f"openai HTTP agent ({parts.hostname}{f':{parts.port}' if parts.port else ''})"
         self.model = model
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.deadline_s = deadline_s

@@ -1,32 +1,48 @@
-"""A scripted agent: replays answers from a file (tests and the demo; no model).
+"""A scripted agent: replays answers from a file (tests, the demo, offline use; no model).
 
-Script formats
---------------
-- JSON list: ``["answer 1", {"text": "...", "delay_ms": 50}, ...]`` — every
-  socket takes the next answer from this one list.
-- JSON object keyed by socket id: ``{"Socket-1": [...], "Socket-2": [...],
-  "*": [...]}`` — a socket takes from its own list, else from ``"*"``.
-- JSONL: one answer per line; an object line may carry ``"socket": "Socket-2"``
-  to go to that socket's list (else it goes to the shared list).
+Script formats (docs/materia.md "The scripted agent" has a complete example)
+----------------------------------------------------------------------------
+- JSON list: ``["answer 1", {"text": "...", "delay_ms": 50}, ...]``.
+- JSON object of lists: ``{"Socket-1": [...], "Socket-4/w2": [...], "*": [...]}``
+  — each list's answers belong to the turns its name says (a key, below),
+  those of ``"*"`` to any turn.
+- JSONL: one answer per line; an object line may carry ``"socket"``.
 
 An answer is a string (the text) or an object
-``{text?, stop_reason?, error?, usage?, delay_ms?}``: ``error`` is a string or
-``{message, kind?, payload?, status?}`` (then ``stop_reason`` defaults to
-``"error"``); ``usage`` uses TurnUsage field names (anything else is kept in
-``usage.raw``).
+``{text?, stop_reason?, error?, usage?, delay_ms?, socket?, item?, visit?, mode?, key?}``:
+``error`` is a string or ``{message, kind?, payload?, status?}`` (then
+``stop_reason`` defaults to ``"error"``); ``usage`` uses TurnUsage field names
+(anything else is kept in ``usage.raw``); ``stop_reason: "aborted"`` plays the
+user's Esc.
+
+Which answer a turn gets
+------------------------
+``socket`` (socket id), ``item`` (the work item key of a loop socket),
+``visit`` (that socket's visit number, from 1) and ``mode`` (``normal``,
+``refinement``, ``finalization``) say which turns an answer belongs to;
+``key: "SOCKET[/ITEM[/VISIT]]"`` says the same in one string. An answer that
+names none of them belongs to any turn. A turn gets the first answer, in this
+order, that belongs to it and that its cast has not used yet: the answers that
+name more of those fields first, then file order. So plain answers are used one
+after the other (the old plain-list behaviour), and an answer keyed to its
+socket and work item is found again by a recast in a new process — a cast
+resumed at work item ``w2`` gets ``w2``'s answer, never the first of the file.
 
 Guarantees
 ----------
-- Each *cast* has its own cursors: concurrent casts replaying one script each
-  get the same sequence, independent of how their turns interleave. Cursors
-  are per (cast, socket) for keyed lists and per cast for the shared list.
+- Each *cast* uses the answers on its own: concurrent casts replaying one
+  script each get the same answers, however their turns interleave. What a cast
+  used is remembered per process: a new process (``castor recast``) starts with
+  every answer unused, which is why keyed answers resume correctly and a plain
+  list starts again from its first answer.
 - Replies come from a small thread pool (zero-latency mode) or a timer
   (``delay_ms``), never on the caller's stack — except a reply marked
   ``enqueues_only`` (an actor tell), which a ready answer reaches at once, on
   the calling thread, with no hop; exactly once per turn;
   ``cancel`` replies ``aborted`` at once and drops the scripted answer.
 - Running out of answers is a clear error outcome
-  (``error.kind == "exhausted"``), not an exception and not a hang.
+  (``error.kind == "exhausted"``) naming the socket, item and visit, not an
+  exception and not a hang.
 
 Failure behaviour: a malformed script file raises ``InvalidConfig`` at load
 with the reason (and line number for JSONL); nothing is replayed.
@@ -38,9 +54,9 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.adapters.agents._turns import TurnBook, error_outcome
@@ -62,6 +78,45 @@ class ScriptAnswer(BaseModel):
     error: TurnError | None = None
     usage: TurnUsage | None = None
     delay_ms: int = Field(default=0, ge=0)
+    # which turns the answer belongs to (None: any)
+    socket: str | None = Field(default=None, min_length=1)
+    item: str | None = Field(default=None, min_length=1)
+    visit: int | None = Field(default=None, ge=1)
+    mode: Literal["normal", "refinement", "finalization"] | None = None
+    key: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key(cls, value: Any) -> Any:
+        """``key: "SOCKET[/ITEM[/VISIT]]"`` sets the fields it names; a field also given must agree."""
+        if not isinstance(value, dict) or not isinstance(value.get("key"), str):
+            return value
+        parts = value["key"].split("/")
+        if len(parts) > 3 or not all(parts):
+            raise ValueError(f"key {value['key']!r} is not SOCKET, SOCKET/ITEM or SOCKET/ITEM/VISIT")
+        named: dict[str, Any] = {"socket": parts[0]}
+        if len(parts) > 1:
+            named["item"] = parts[1]
+        if len(parts) > 2:
+            if not parts[2].isdigit():
+                raise ValueError(f"key {value['key']!r}: the visit must be a number")
+            named["visit"] = int(parts[2])
+        out = dict(value)
+        for field, given in named.items():
+            if out.get(field) is not None and out[field] != given:
+                raise ValueError(f"key {value['key']!r} disagrees with {field} {out[field]!r}")
+            out[field] = given
+        return out
+
+    @property
+    def specificity(self) -> int:
+        return sum(v is not None for v in (self.socket, self.item, self.visit, self.mode))
+
+    def belongs_to(self, request: TurnRequest) -> bool:
+        return ((self.socket is None or self.socket == request.socket_id)
+                and (self.item is None or self.item == request.item_key)
+                and (self.visit is None or self.visit == request.visit)
+                and (self.mode is None or self.mode == request.mode))
 
     @field_validator("error", mode="before")
     @classmethod
@@ -95,6 +150,19 @@ def _answer(raw: Any, where: str) -> ScriptAnswer:
                             data={"reason": "bad_answer", "where": where}) from None
 
 
+def _keyed(raw: Any, key: str, where: str) -> ScriptAnswer:
+    """An answer of the list under ``key`` (``SOCKET[/ITEM[/VISIT]]``) belongs to the turns it names."""
+    if key == SHARED:
+        return _answer(raw, where)
+    obj = {"text": raw} if isinstance(raw, str) else raw
+    if isinstance(obj, dict):
+        if obj.get("key") not in (None, key):
+            raise InvalidConfig(f"bad scripted answer at {where}: its key {obj['key']!r} is not its list's {key!r}",
+                                data={"reason": "bad_answer", "where": where})
+        obj = {**obj, "key": key}
+    return _answer(obj, where)
+
+
 def parse_script(value: Any) -> AgentScript:
     """Build a script from parsed JSON (list or socket-keyed object)."""
     if isinstance(value, list):
@@ -104,7 +172,7 @@ def parse_script(value: Any) -> AgentScript:
         for key, answers in value.items():
             if not isinstance(answers, list):
                 raise InvalidConfig(f"script entry {key!r} must be a list of answers", data={"reason": "bad_script"})
-            lists[key] = [_answer(a, f"{key}[{i}]") for i, a in enumerate(answers)]
+            lists[key] = [_keyed(a, key, f"{key}[{i}]") for i, a in enumerate(answers)]
         return AgentScript(by_socket=lists)
     raise InvalidConfig("a script is a list of answers or an object of socket id -> answers",
                         data={"reason": "bad_script"})
@@ -120,11 +188,8 @@ def _parse_jsonl(text: str) -> AgentScript:
         except json.JSONDecodeError as exc:
             raise InvalidConfig(f"script line {line_no} is not JSON: {exc.msg}",
                                 data={"reason": "bad_script", "line": line_no}) from None
-        socket = SHARED
-        if isinstance(raw, dict) and "socket" in raw:
-            raw = dict(raw)
-            socket = str(raw.pop("socket"))
-        lists.setdefault(socket, []).append(_answer(raw, f"line {line_no}"))
+        answer = _answer(raw, f"line {line_no}")
+        lists.setdefault(answer.socket or SHARED, []).append(answer)
     return AgentScript(by_socket=lists)
 
 
@@ -149,27 +214,43 @@ class ScriptedAgent:
 
     def __init__(self, script: AgentScript | str | os.PathLike[str], *, max_workers: int = 2) -> None:
         self.script = script if isinstance(script, AgentScript) else load_script(script)
+        self.agent_label = "scripted agent" if isinstance(script, AgentScript) else f"scripted agent ({Path(script).name})"
         self._book = TurnBook("scripted", max_workers=max_workers)
         self._lock = threading.Lock()
-        self._cursors: dict[tuple[str, str], int] = {}
+        # Every answer once, the most specific first, then in file order (the module's rule).
+        answers = [a for lst in self.script.by_socket.values() for a in lst]
+        self._order = sorted(range(len(answers)), key=lambda i: (-answers[i].specificity, i))
+        self._answers = answers
+        self._used: dict[str, set[int]] = {}  # cast id -> indexes of the answers it used
+        self._skip: dict[str, int] = {}  # cast id -> how many of _order, from the start, it has used
         self._history: list[TurnRequest] = []
 
     def _next_answer(self, request: TurnRequest) -> ScriptAnswer | None:
-        key = request.socket_id if request.socket_id in self.script.by_socket else SHARED
-        answers = self.script.by_socket.get(key, [])
         with self._lock:
             self._history.append(request)
-            index = self._cursors.get((request.cast_id, key), 0)
-            self._cursors[(request.cast_id, key)] = index + 1
-        return answers[index] if index < len(answers) else None
+            cast = request.cast_id
+            used = self._used.setdefault(cast, set())
+            order = self._order
+            start = self._skip.get(cast, 0)
+            for position in range(start, len(order)):
+                index = order[position]
+                if index not in used and self._answers[index].belongs_to(request):
+                    used.add(index)
+                    while start < len(order) and order[start] in used:  # a list used in order: O(1) a turn
+                        start += 1
+                    self._skip[cast] = start
+                    return self._answers[index]
+        return None
 
     def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
         self._book.accept(request, reply)
         answer = self._next_answer(request)
         if answer is None:
+            item = f", item {request.item_key}" if request.item_key is not None else ""
             self._book.settle(request.turn_id, error_outcome(
                 request.turn_id,
-                f"scripted agent exhausted: no answer left for socket {request.socket_id} of cast {request.cast_id}",
+                f"scripted agent exhausted: no answer left for socket {request.socket_id}{item}, visit "
+                f"{request.visit} ({request.mode}) of cast {request.cast_id}",
                 "exhausted",
             ))
             return

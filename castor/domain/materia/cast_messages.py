@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from castor.domain.materia.compaction import ProactiveDecision
 from castor.domain.materia.config import Compaction, ResolvedConfig
+from castor.domain.materia.surface import Surface
 from castor.domain.text import well_formed
 
 
@@ -42,11 +43,17 @@ class CastStarted(_Input):
     run_dir: str = ""
     artifact_root: str = ""
     data: dict[str, Any] = Field(default_factory=dict)  # seed data (e.g. linked context)
+    surface: Surface = "harness"
     at: float
 
 
 class TurnEnded(_Input):
-    """The outcome of an agent turn the cast asked for (``RunAgentTurn.visit_id``)."""
+    """The outcome of an agent turn the cast asked for (``RunAgentTurn.visit_id``).
+
+    ``stop_reason`` "aborted" means the turn was interrupted (the user's Esc, a cancel): whatever
+    ``text`` it carries is never taken as the socket's output; ``usage`` is still recorded.
+    ``agent`` names the agent that ran the turn ("Pi agent", "scripted agent", ...) for failure texts.
+    """
 
     kind: Literal["turn_ended"] = "turn_ended"
     visit_id: str
@@ -56,6 +63,7 @@ class TurnEnded(_Input):
     usage: dict[str, Any] | None = None
     entry_id: str | None = None
     model: str | None = None
+    agent: str | None = None
     at: float
 
 
@@ -160,18 +168,25 @@ class RefinementTurnAbandoned(_Input):
     at: float
 
 
-class ContinueRequested(_Input):
+class _Command(_Input):
+    """A user's command. ``surface``: where it came from (None: keep the cast's); the engine's texts
+    name that surface's commands from then on."""
+
+    surface: Surface | None = None
+
+
+class ContinueRequested(_Command):
     kind: Literal["continue_requested"] = "continue_requested"
     at: float
 
 
-class AbortRequested(_Input):
+class AbortRequested(_Command):
     kind: Literal["abort_requested"] = "abort_requested"
     reason: str = "aborted by user"
     at: float
 
 
-class RecastRequested(_Input):
+class RecastRequested(_Command):
     """``after_restart=True``: the runtime lost the in-flight work of an *active* cast (its actor
     or the whole process died); resume it as if it had failed there."""
 
@@ -180,7 +195,7 @@ class RecastRequested(_Input):
     at: float
 
 
-class ReviveRequested(_Input):
+class ReviveRequested(_Command):
     kind: Literal["revive_requested"] = "revive_requested"
     at: float
 
@@ -293,11 +308,19 @@ class Notify(_Frozen):
     message: str
 
 
+#: Why castor stops a turn in flight (``CancelWork.reason``; the harness hears it in ``agent.abort_turn``).
+CancelReason = Literal["cast_aborted", "cast_restarted", "cast_stopped"]
+
+
 class CancelWork(_Frozen):
-    """Stop the outside work of ``visit_id`` if it still runs (abort); its outcome will be ignored."""
+    """Stop the outside work of ``visit_id`` if it still runs; its outcome will be ignored.
+
+    ``reason``: ``cast_aborted`` (the user aborted the cast), ``cast_restarted`` (the work is redone
+    under a new visit id after a restart)."""
 
     kind: Literal["cancel_work"] = "cancel_work"
     visit_id: str
+    reason: CancelReason = "cast_aborted"
 
 
 class Finished(_Frozen):

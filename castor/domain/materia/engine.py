@@ -37,6 +37,10 @@ Contract:
   withdrawal emits ``refinement_turn_abandoned`` and keeps every draft and counter; anything
   quoting the withdrawn visit id afterwards is ``outcome_ignored``.
 
+Every command event may carry ``surface`` (``harness`` | ``cli``): the cast keeps it and its texts
+name that surface's commands (``/materia continue`` / ``castor continue <id>``). A failure text names
+the agent of the turn (``TurnEnded.agent``: "Pi agent", "scripted agent (...)", ...).
+
 Decision table (trigger → state → effects/events → next state):
 
 | trigger | state | effects / events | next |
@@ -64,13 +68,19 @@ Decision table (trigger → state → effects/events → next state):
 | RefinementTurnStarted | user turn pending (its end and settle were never reported) | ``refinement_turn_abandoned{superseded}``, Notify warning, then as paused | awaiting_agent_response (the new user turn) |
 | RefinementTurnStarted | anything else | CastRejected(``not-paused``) | unchanged |
 | TurnEnded ``stop_reason`` "aborted" | user turn pending | usage; ``refinement_turn_abandoned{aborted}``, Notify warning; no draft, no retry | awaiting_user_refinement (paused) |
+| TurnEnded ``stop_reason`` "aborted" (Esc, a cancel; with or without text or error) | castor's own turn pending, any mode (normal, first draft, finalization, retry) | usage; ``turn_interrupted{socket, materia, visitId, visit, mode, reason, textDiscarded, item fields}``, Notify warning naming continue/abort; no output artifact, no parse, no draft, no retry; the budget check | interrupted (active, nothing pending); failed if a stopping budget limit was crossed |
+| ContinueRequested | interrupted | ``turn_resumed{socket, materia, visit, mode, by:"continue"}``, RunAgentTurn(same prompt and mode, same visit, new visit id) | awaiting_agent_response |
+| RecastRequested | interrupted | as ContinueRequested, ``by:"recast"`` | awaiting_agent_response |
+| RecastRequested(after_restart) | interrupted | ``cast_recast{interrupted:true, reusedActivePrompt:false}``, Notify; nothing sent (nothing was lost) | interrupted |
+| RefinementTurnStarted / ReviveRequested | interrupted | CastRejected(``not-paused``) / NotRevivable(``active``) | unchanged |
 | RefinementTurnAbandoned | user turn pending, visit_id matches | ``refinement_turn_abandoned{visitId, reason, refinementTurn}``, Notify warning; drafts and counters untouched | awaiting_user_refinement (paused) |
 | RefinementTurnAbandoned | castor's own turn pending, other visit_id, or inactive | ``outcome_ignored`` | unchanged |
 | ContinueRequested | paused | ``materia_model_settings{finalization}``, RunAgentTurn(finalization prompt) | awaiting finalization |
 | ContinueRequested | awaiting / inactive | CastRejected | unchanged |
-| AbortRequested | active | CancelWork, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| AbortRequested | inactive (a second abort) | CastRejected(``not-active``) | unchanged |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
-| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id), then as recast | awaiting |
+| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``), then as recast | awaiting |
 | RecastRequested(after_restart) | active, user turn pending | ``refinement_turn_abandoned{restart}``, then as paused (castor can never redo the user's own turn) | paused |
 | RecastRequested(after_restart) | active, paused | ``cast_recast{paused:true, reusedActivePrompt:false}``, Notify; no turn (nothing was lost) | paused |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
@@ -153,6 +163,7 @@ from castor.domain.materia.loops import (
 )
 from castor.domain.materia.revive import RecoveryExhaustion, grant_revive
 from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
+from castor.domain.materia.surface import command
 from castor.domain.timestamps import iso_utc
 from castor.domain.materia.state import (
     CastState,
@@ -261,6 +272,9 @@ def step(state: CastState | None, event: Any) -> Transition:
     if handler is None:
         raise _reject(f"unsupported cast event {type(event).__name__}", "unsupported")
     ctx = _Ctx(_fork(state), event.at)
+    surface = getattr(event, "surface", None)
+    if surface is not None:  # a user's command: its texts name the commands of where the user is
+        ctx.s.surface = surface
     try:
         handler(ctx, event)
     except _Fail as failure:
@@ -307,7 +321,7 @@ def _start_cast(ev: CastStarted) -> Transition:
         config_source=cfg.source, config_hash=derived(cfg, "config_hash", lambda: config_hash(cfg.config)),
         config=cfg, active=True, phase=entry,
         current_socket_id=entry, awaiting_response=True, socket_state="awaiting_agent_response",
-        started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.",
+        started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.", surface=ev.surface,
     )
     ctx = _Ctx(state, ev.at)
     ctx.write(("config.resolved.json",),
@@ -704,15 +718,18 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
                                               attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
                                               model=ev.model))
         ctx.write_usage()
-    if pending.user_driven and ev.stop_reason == "aborted":
-        # The user stopped their own run (Esc): a cut-off reply is not a draft, and retrying it
-        # would run a turn the user just cancelled.
-        _withdraw_user_turn(ctx, "aborted")
+    if ev.stop_reason == "aborted":
+        # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
+        # never an output, a draft or a failure to retry, whatever the socket's kind.
+        if pending.user_driven:
+            _withdraw_user_turn(ctx, "aborted")
+        else:
+            _interrupt(ctx, rs, ev)
         return
     failure = ev.error if ev.error else ("unknown agent error" if ev.stop_reason == "error" else None)
     text = (ev.text or "").strip()
     if failure:
-        _turn_failure(ctx, rs, failure, entry_id, produced_output=bool(text))
+        _turn_failure(ctx, rs, failure, entry_id, produced_output=bool(text), agent=ev.agent)
         return
     s.last_entry_id = entry_id
     s.last_assistant_text = text
@@ -722,6 +739,43 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     s.multi_turn_finalizing = False
     target = _complete_socket(ctx, rs, text, entry_id, finalized=rs.multi_turn)
     _goto(ctx, target, entry_id)
+
+
+def _interrupt(ctx: _Ctx, rs: ResolvedSocket, ev: TurnEnded) -> None:
+    """castor's own turn was stopped before it answered: the cast waits at the same socket.
+
+    Nothing of the turn is kept as output (no artifact, no draft, no JSON parse, no retry); its
+    usage was recorded by the caller. Drafts, data, counters, the visit and the turn's prompt stay
+    as they were, so ``continue`` (or ``recast``) re-runs exactly that turn under a new visit id.
+    """
+    s = ctx.s
+    pending = s.pending
+    assert pending is not None and not pending.user_driven
+    s.pending = None
+    s.awaiting_response = False
+    s.socket_state = "interrupted"
+    s.last_message = (f"The turn of {rs.id} was interrupted; run {_cmd(s, 'continue')} to run it again, or "
+                      f"{_cmd(s, 'abort')} to stop the cast.")
+    ctx.emit("turn_interrupted", {"socket": rs.id, "materia": rs.materia_name, "visitId": pending.visit_id,
+                                  "visit": pending.visit, "mode": pending.mode, "reason": "aborted",
+                                  "textDiscarded": bool((ev.text or "").strip()), **s.item_fields()})
+    ctx.notify("warning", f"{rs.materia_name} ({rs.id}): the turn was interrupted and nothing of it was kept. "
+                          f"Run {_cmd(s, 'continue')} to run it again, or {_cmd(s, 'abort')} to stop the cast.")
+    if ev.usage is not None:
+        _check_budget(ctx, ev.entry_id or pending.visit_id)  # its usage counts: a stopping limit still stops
+
+
+def _rerun_interrupted(ctx: _Ctx, by: str) -> None:
+    """Run the interrupted turn again: same socket, visit, mode and prompt; a new visit id."""
+    s = ctx.s
+    rs = s.socket
+    mode = s.active_turn_mode if s.active_turn_socket_id == rs.id else ("refinement" if rs.multi_turn else "normal")
+    s.multi_turn_finalizing = mode == "finalization"
+    ctx.emit("turn_resumed", {"socket": rs.id, "materia": rs.materia_name, "visit": s.visit, "mode": mode, "by": by,
+                              **s.item_fields()})
+    s.last_message = f"Running {rs.id} again after its interrupted turn."
+    _dispatch_agent(ctx, rs, mode, reuse=s.active_turn_socket_id == rs.id and s.active_turn_visit == s.visit,
+                    context_label=f"resume-{by}")
 
 
 def _record_refinement(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str) -> None:
@@ -740,15 +794,23 @@ def _record_refinement(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str) 
     ctx.emit("socket_refinement", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
                                    "artifact": artifact, "entryId": entry_id, "refinementTurn": turn,
                                    **s.item_fields(), "materiaModel": _materia_model(rs)})
-    s.last_message = f"Paused for refinement on {rs.id}; run /materia continue to finalize."
-    ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run /materia continue to finalize.")
+    s.last_message = f"Paused for refinement on {rs.id}; run {_cmd(s, 'continue')} to finalize."
+    ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run {_cmd(s, 'continue')} to finalize.")
 
 
-def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *, produced_output: bool) -> None:
+def _cmd(s: CastState, verb: str) -> str:
+    """The command to ``verb`` this cast on its surface (the harness's acts on the newest cast)."""
+    return command(s.surface, verb, s.cast_id, bare_in_harness=True)
+
+
+def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *, produced_output: bool,
+                  agent: str | None = None) -> None:
     s = ctx.s
     pending = s.pending
     assert pending is not None
-    lead = "Pi agent turn failed" if produced_output else "Pi agent turn failed before producing an assistant response"
+    who = (agent or "agent").strip() or "agent"
+    who = who[0].upper() + who[1:]
+    lead = f"{who} turn failed" if produced_output else f"{who} turn failed before producing an assistant response"
     full = f'{lead} for socket "{rs.id}": {message}'
     failure = classify_turn_failure(message, allow_generic=not produced_output)
     s.last_entry_id = entry_id
@@ -974,12 +1036,12 @@ def _withdraw_user_turn(ctx: _Ctx, reason: str) -> None:
     s.multi_turn_finalizing = False
     s.socket_state = "awaiting_user_refinement"
     s.last_message = (f"Refinement turn {turn} on {rs.id} withdrawn ({reason}); reply again, or run "
-                      "/materia continue to finalize.")
+                      f"{_cmd(s, 'continue')} to finalize.")
     ctx.emit("refinement_turn_abandoned", {"socket": rs.id, "materia": rs.materia_name, "visitId": pending.visit_id,
                                            "visit": pending.visit, "reason": reason, "refinementTurn": turn,
                                            **s.item_fields()})
     ctx.notify("warning", f"{rs.materia_name} ({rs.id}): {_ABANDON_TEXT.get(reason, reason)}; it was withdrawn and "
-                          "the drafts so far are kept. Reply again, or run /materia continue to finalize.")
+                          f"the drafts so far are kept. Reply again, or run {_cmd(s, 'continue')} to finalize.")
 
 
 def _on_refinement_turn_abandoned(ctx: _Ctx, ev: RefinementTurnAbandoned) -> None:
@@ -1016,6 +1078,9 @@ def _on_continue(ctx: _Ctx, _ev: ContinueRequested) -> None:
         raise _reject(f"pi-materia cast {s.cast_id} is not active.", "not-active")
     if s.awaiting_response or s.pending is not None:
         raise _reject(f"pi-materia cast {s.cast_id} is already awaiting a Pi agent response.", "awaiting")
+    if s.interrupted:
+        _rerun_interrupted(ctx, "continue")
+        return
     if s.paused:
         rs = s.socket
         s.multi_turn_finalizing = True
@@ -1032,7 +1097,7 @@ def _on_abort(ctx: _Ctx, ev: AbortRequested) -> None:
     if not s.active:
         raise _reject("No active pi-materia cast to abort.", "not-active")
     if s.pending is not None:
-        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id))
+        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_aborted"))
     _fail_cast(ctx, ev.reason, None, aborted=True)
 
 
@@ -1068,16 +1133,29 @@ def _resume_paused(ctx: _Ctx, previous_failure: str | None, *, notify: bool) -> 
     so nothing is re-sent; the cast stays paused and (``notify``) the user is told it waits for them."""
     s = ctx.s
     rs = s.socket
-    s.last_message = f"Paused for refinement on {rs.id}; run /materia continue to finalize."
+    s.last_message = f"Paused for refinement on {rs.id}; run {_cmd(s, 'continue')} to finalize."
     ctx.emit("cast_recast", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
                              "previousFailure": previous_failure, **s.item_fields(), "visit": s.visit,
                              "reusedActivePrompt": False, "paused": True})
     if notify:
-        ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run /materia continue to finalize.")
+        ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run {_cmd(s, 'continue')} to "
+                           "finalize.")
 
 
 def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
     s = ctx.s
+    if s.interrupted:
+        if ev.after_restart:  # nothing was lost: the cast still waits for the user's word
+            rs = s.socket
+            ctx.emit("cast_recast", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
+                                     "previousFailure": "runtime restarted while the cast was interrupted",
+                                     **s.item_fields(), "visit": s.visit, "reusedActivePrompt": False,
+                                     "interrupted": True})
+            ctx.notify("info", f"{rs.materia_name} ({rs.id}) is still interrupted. Run {_cmd(s, 'continue')} to run "
+                               f"it again, or {_cmd(s, 'abort')} to stop the cast.")
+            return
+        _rerun_interrupted(ctx, "recast")  # the user asked to go on: one command is enough
+        return
     if s.active and not ev.after_restart:
         raise _reject(f"pi-materia cast {s.cast_id} is already running.", "running")
     if s.complete:
@@ -1095,14 +1173,14 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
     if s.active and s.pending is not None:
         # The work of the pending visit is redone under a new visit id: the old one must not
         # also run (a utility job still queued behind others, a turn still in flight).
-        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id))
+        ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_restarted"))
     _resume(ctx, previous)
 
 
 def _on_revive(ctx: _Ctx, _ev: ReviveRequested) -> None:
     s = ctx.s
     grant = grant_revive(cast_id=s.cast_id, active=s.active, failed=s.failed, failed_reason=s.failed_reason,
-                         exhaustion=s.recovery_exhaustion, allowances=s.recovery_allowances)
+                         exhaustion=s.recovery_exhaustion, allowances=s.recovery_allowances, surface=s.surface)
     ex = s.recovery_exhaustion
     assert ex is not None
     s.recovery_allowances[grant.key] = grant.allowance

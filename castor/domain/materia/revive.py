@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from castor.domain.materia.failures import RecoveryAllowance
+from castor.domain.materia.surface import command
 from castor.messages.errors import Conflict
 
 
@@ -42,9 +43,10 @@ class ReviveGrant(BaseModel):
     allowance: RecoveryAllowance
 
 
-def _reject(cast_id: str, reason: str, text: str) -> NotRevivable:
-    return NotRevivable(f"pi-materia cast {cast_id} is not revivable: {text}. Use /materia recast {cast_id} instead.",
-                        data={"reason": reason})
+def _reject(cast_id: str, reason: str, text: str, surface: str | None) -> NotRevivable:
+    # Only a failed cast can be recast: never point at a command that would refuse too.
+    hint = "" if reason in ("active", "not-failed") else f" Use {command(surface, 'recast', cast_id)} instead."
+    return NotRevivable(f"pi-materia cast {cast_id} is not revivable: {text}.{hint}", data={"reason": reason})
 
 
 def grant_revive(
@@ -55,20 +57,21 @@ def grant_revive(
     failed_reason: str | None,
     exhaustion: RecoveryExhaustion | None,
     allowances: dict[str, RecoveryAllowance],
+    surface: str | None = "harness",
 ) -> ReviveGrant:
     """Check eligibility and compute the new allowance. Raises NotRevivable."""
     if active:
-        raise _reject(cast_id, "active", "it is still active")
+        raise _reject(cast_id, "active", "it is still active", surface)
     if not failed:
-        raise _reject(cast_id, "not-failed", "it has not failed")
+        raise _reject(cast_id, "not-failed", "it has not failed", surface)
     if exhaustion is None or not exhaustion.key:
-        raise _reject(cast_id, "missing-metadata", "missing structured same-socket recovery exhaustion metadata")
+        raise _reject(cast_id, "missing-metadata", "missing structured same-socket recovery exhaustion metadata", surface)
     if exhaustion.failed_reason != failed_reason:
         raise _reject(cast_id, "stale-metadata",
-                      "its recovery exhaustion metadata does not match the current terminal failure")
+                      "its recovery exhaustion metadata does not match the current terminal failure", surface)
     allowance = allowances.get(exhaustion.key)
     if allowance is None or not allowance.valid():
-        raise _reject(cast_id, "bad-allowance", "recovery allowance metadata is missing or invalid")
+        raise _reject(cast_id, "bad-allowance", "recovery allowance metadata is missing or invalid", surface)
     increment = allowance.original_max_attempts
     new = allowance.model_copy(update={
         "effective_max_attempts": allowance.effective_max_attempts + increment,

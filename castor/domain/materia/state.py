@@ -18,12 +18,16 @@ from castor.domain.materia.budget import UsageReport
 from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
 from castor.domain.materia.failures import RecoveryAllowance
 from castor.domain.materia.revive import RecoveryExhaustion
+from castor.domain.materia.surface import Surface
 from castor.messages.errors import InvalidMessage
 
 CAST_STATE_VERSION = 1
 
+#: ``interrupted``: castor's own turn on the current socket was stopped before it answered (the
+#: user's Esc); nothing of it was taken as output and the cast waits for ``continue`` (re-run it),
+#: ``recast`` (the same) or ``abort`` (see the engine's decision table).
 SocketState = Literal["awaiting_agent_response", "awaiting_user_refinement", "running_utility", "idle",
-                      "complete", "failed"]
+                      "complete", "failed", "interrupted"]
 TurnMode = Literal["normal", "refinement", "finalization"]
 
 
@@ -99,6 +103,7 @@ class CastState(BaseModel):
 
     attempt: int = 0
     last_message: str = ""
+    surface: Surface = "harness"  # where the user drives the cast from (the commands its texts name)
     usage: UsageReport = Field(default_factory=UsageReport)
     budget_warned: bool = False
 
@@ -157,6 +162,11 @@ class CastState(BaseModel):
     def paused(self) -> bool:
         return (self.active and not self.awaiting_response and self.socket_state == "awaiting_user_refinement"
                 and self.current_socket_id in self.config.pipeline.sockets and self.socket.multi_turn)
+
+    @property
+    def interrupted(self) -> bool:
+        """An active cast whose own turn was stopped (Esc) and that waits for continue / recast / abort."""
+        return self.active and self.pending is None and self.socket_state == "interrupted"
 
     @property
     def user_turn_pending(self) -> bool:

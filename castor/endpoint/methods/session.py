@@ -99,7 +99,8 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
 
     def turn_ended(params: TurnEndedParams, ctx: Context) -> dict[str, Any]:
         link = _check_owned(ctx, params.session_id)
-        link.turn_ended(params.model_dump())
+        if not link.turn_ended(params.model_dump()):
+            return {"ok": True, "ignored": True}  # a turn castor stopped (agent.abort_turn): nothing to apply
         return {"ok": True}
 
     dispatcher.register("session.open", session_open, SessionOpenParams)

@@ -1,0 +1,33 @@
+"""Which surface a user drives a cast from, and how its commands are spelled there.
+
+A cast can be started in a harness (the Pi extension's ``/materia`` commands) and resumed from
+the ``castor`` CLI, or the other way round. Every text castor shows a user names the command of
+the surface that user is in: the harness spells it ``/materia continue`` (the extension picks the
+session's newest cast when no id is given), the CLI ``castor continue <cast id>`` (a CLI process
+has no "current" cast, so the id is always part of it).
+
+The surface is saved with the cast (``CastState.surface``); every command event may carry the
+surface it came from, and the engine switches to it, so the next message names a command the
+user can type where they are.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Surface = Literal["harness", "cli"]
+SURFACES: tuple[str, ...] = ("harness", "cli")
+
+
+def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_in_harness: bool = False) -> str:
+    """The command a user types on ``surface`` to run ``verb`` (``continue``, ``recast``...) on a cast.
+
+    ``bare_in_harness``: leave the id out of the harness's spelling (``/materia continue`` acts on
+    the session's newest live cast, the one the message is about); the CLI always names it.
+    """
+    if surface == "cli":
+        return f"castor {verb} {cast_id}" if cast_id else f"castor {verb}"
+    return f"/materia {verb} {cast_id}" if cast_id and not bare_in_harness else f"/materia {verb}"
+
+
+__all__ = ["Surface", "SURFACES", "command"]

@@ -1,0 +1,274 @@
+"""The CLI at parity with the harness: ``castor abort`` / ``castor continue``, ids as a unique
+prefix or ``latest``, messages naming ``castor`` commands, the scripted agent's documented file
+and its answers found again by a recast. Each test drives ``python -m castor`` in a fresh project."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+            "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+
+
+def castor(tmp_path: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=_env(tmp_path), text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def spawn(tmp_path: Path, *args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "castor", *args], cwd=cwd, env=_env(tmp_path), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def project(tmp_path: Path, answers: Any, config: dict | None = None) -> Path:
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    if config is not None:
+        (root / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (root / "answers.json").write_text(json.dumps(answers))
+    return root
+
+
+def casts_dir(root: Path) -> Path:
+    return root / ".pi" / "pi-materia"
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in casts_dir(root).iterdir() if p.is_dir()) if casts_dir(root).is_dir() else []
+
+
+def state(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "state.json").read_text())["state"]
+
+
+def state_or_none(run_dir: Path) -> dict[str, Any]:
+    """The saved state, or {} while it is not written yet (the run directory comes first)."""
+    try:
+        return state(run_dir)
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def last_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def help_example() -> list[Any]:
+    """The complete example file printed by ``castor cast --help``."""
+    text = subprocess.run([sys.executable, "-m", "castor", "cast", "--help"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          text=True, capture_output=True, timeout=60, check=True).stdout
+    start = text.index("\n  [\n") + 1
+    return json.loads(text[start:text.index("\n  ]", start) + 4])
+
+
+HELLO = {"activeLoadout": "hello"}
+
+
+def build_answers(*, w2_delay_ms: int = 0) -> list[Any]:
+    answers = help_example()
+    for answer in answers:
+        if isinstance(answer, dict) and answer.get("key") == "Socket-4/w2":
+            answer["delay_ms"] = w2_delay_ms
+    return answers
+
+
+def outputs(run_dir: Path, socket: str) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((run_dir / "sockets" / socket).glob("*.md"))}
+
+
+def wait_pending(run_dir: Path, socket: str, item: str) -> None:
+    def there() -> bool:
+        try:
+            s = state(run_dir)
+        except (OSError, ValueError, KeyError):
+            return False
+        pending = s.get("pending") or {}
+        return pending.get("socket_id") == socket and s.get("current_item_key") == item
+    wait_for(there, 60, f"{socket} {item} to be pending")
+
+
+# ----------------------------------------------------------------------------- the scripted agent
+
+
+@pytest.mark.timeout(90)
+def test_the_help_example_is_a_complete_script_for_the_build_loadout(tmp_path) -> None:
+    root = project(tmp_path, help_example())
+    result = castor(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
+                    "--quiet", cwd=root)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(root)
+    assert outputs(run_dir, "Socket-4") == {"1-w1.md": "Built the parser.", "2-w2.md": "Built the CLI."}
+    assert outputs(run_dir, "Socket-7") == {"1.md": "Summary: parser and CLI built."}
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_at_work_item_w2_then_recast_latest_resumes_with_w2s_answer(tmp_path) -> None:
+    root = project(tmp_path, build_answers(w2_delay_ms=3000))
+    proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
+                 "--quiet", cwd=root)
+    try:
+        wait_for(lambda: run_dirs(root), 60, "the run directory")
+        (run_dir,) = run_dirs(root)
+        wait_pending(run_dir, "Socket-4", "w2")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    listed = castor(tmp_path, "status", "latest", cwd=root)
+    assert listed.returncode == 0 and "[orphaned]" in listed.stdout and "castor recast" in listed.stdout
+    assert "/materia" not in listed.stdout
+    # A new process, the same script: the turn it resumes at finds its own answer, not the file's first.
+    result = castor(tmp_path, "recast", "latest", "--quiet", cwd=root, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert outputs(run_dir, "Socket-4") == {"1-w1.md": "Built the parser.", "2-w2.md": "Built the CLI."}
+    assert state(run_dir)["phase"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_scripted_failure_names_the_scripted_agent_not_pi(tmp_path) -> None:
+    root = project(tmp_path, [{"error": "invalid api key", "text": "partial"}], HELLO)
+    result = castor(tmp_path, "cast", "hi", "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert result.returncode == 1
+    line = last_error(result)
+    assert "Scripted agent (answers.json) turn failed" in line and "Pi agent" not in line
+    assert "castor recast" in line
+
+
+# ----------------------------------------------------------------------------- Esc and continue
+
+
+@pytest.mark.timeout(90)
+def test_an_interrupted_turn_stops_the_cli_and_castor_continue_reruns_it(tmp_path) -> None:
+    root = project(tmp_path, [{"stop_reason": "aborted", "text": "CUT-OFF"}], HELLO)
+    first = castor(tmp_path, "cast", "hi", "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert first.returncode == 1
+    (run_dir,) = run_dirs(root)
+    cast_id = run_dir.name
+    line = last_error(first)
+    assert "interrupted" in line and f"castor continue {cast_id}" in line and "/materia" not in line
+    assert not (run_dir / "sockets" / "Socket-1" / "1.md").exists()  # the cut-off text is no output
+    shown = castor(tmp_path, "status", cast_id[:-3], cwd=root)  # a unique prefix
+    assert shown.returncode == 0 and "[interrupted]" in shown.stdout and f"castor continue {cast_id}" in shown.stdout
+    listed = castor(tmp_path, "casts", cwd=root)
+    assert f"{cast_id}  interrupted" in listed.stdout and f"castor recast {cast_id}" in listed.stdout
+    (root / "answers.json").write_text(json.dumps(["REAL ANSWER"]))
+    done = castor(tmp_path, "continue", "latest", "--quiet", cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "REAL ANSWER"
+    types = [json.loads(line)["type"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert types.count("turn_interrupted") == 1 and "turn_resumed" in types
+
+
+@pytest.mark.timeout(60)
+def test_continue_refuses_a_complete_or_failed_cast_naming_only_commands_that_work(tmp_path) -> None:
+    root = project(tmp_path, ["hello"], HELLO)
+    assert castor(tmp_path, "cast", "hi", "--agent", "script:answers.json", "--quiet", cwd=root).returncode == 0
+    for verb in ("continue", "recast", "revive"):
+        refused = castor(tmp_path, verb, "latest", cwd=root)
+        line = last_error(refused)
+        assert refused.returncode == 1 and line.startswith("castor: conflict: ") and "complete" in line
+        assert "castor recast" not in line and "castor revive" not in line and "/materia" not in line
+
+
+# ----------------------------------------------------------------------------- abort
+
+
+@pytest.mark.timeout(120)
+def test_castor_abort_stops_a_cast_another_cli_process_runs_and_recast_completes_it(tmp_path) -> None:
+    root = project(tmp_path, build_answers(w2_delay_ms=60_000))
+    proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
+                 "--quiet", cwd=root)
+    try:
+        wait_for(lambda: run_dirs(root), 60, "the run directory")
+        (run_dir,) = run_dirs(root)
+        wait_pending(run_dir, "Socket-4", "w2")
+        refused = castor(tmp_path, "loadout", "hello", cwd=root)
+        assert refused.returncode == 1 and f"castor abort {run_dir.name}" in last_error(refused)
+        aborted = castor(tmp_path, "abort", "latest", cwd=root)
+        assert aborted.returncode == 0, aborted.stderr
+        assert "aborted" in aborted.stdout and f"castor recast {run_dir.name}" in aborted.stdout
+        _out, err = proc.communicate(timeout=30)  # the running process ended the cast and exits
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "aborted" in err and f"castor recast {run_dir.name}" in err
+    s = state(run_dir)
+    assert s["aborted"] is True and s["active"] is False
+    assert "2-w2.md" not in outputs(run_dir, "Socket-4")
+    again = castor(tmp_path, "abort", run_dir.name, cwd=root)  # a second abort is no error
+    assert again.returncode == 0 and "already aborted" in again.stdout
+    (root / "answers.json").write_text(json.dumps(build_answers()))  # no more 60 s wait for w2
+    done = castor(tmp_path, "recast", run_dir.name[:-2], "--quiet", cwd=root, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert outputs(run_dir, "Socket-4") == {"1-w1.md": "Built the parser.", "2-w2.md": "Built the CLI."}
+
+
+@pytest.mark.timeout(90)
+def test_castor_abort_of_an_orphaned_cast_and_of_an_ended_one(tmp_path) -> None:
+    root = project(tmp_path, [{"text": "slow", "delay_ms": 60_000}], HELLO)
+    proc = spawn(tmp_path, "cast", "hi", "--agent", "script:answers.json", "--quiet", cwd=root)
+    try:
+        wait_for(lambda: run_dirs(root), 60, "the run directory")
+        (run_dir,) = run_dirs(root)
+        wait_for(lambda: (state_or_none(run_dir).get("pending") or {}).get("kind") == "agent_turn", 60, "the turn")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    t0 = time.monotonic()
+    aborted = castor(tmp_path, "abort", run_dir.name, cwd=root)  # no --agent needed to stop a cast
+    assert aborted.returncode == 0, aborted.stderr
+    assert time.monotonic() - t0 < 30  # generous: a process start under load; it never waits for the model
+    assert state(run_dir)["aborted"] is True
+    shown = castor(tmp_path, "casts", cwd=root)
+    assert f"castor recast {run_dir.name}" in shown.stdout and "/materia" not in shown.stdout
+
+
+# ----------------------------------------------------------------------------- ids
+
+
+@pytest.mark.timeout(90)
+def test_ids_are_exact_a_unique_prefix_or_latest_and_an_ambiguous_prefix_lists_the_candidates(tmp_path) -> None:
+    root = project(tmp_path, ["one", "two"], HELLO)
+    for _ in range(2):
+        assert castor(tmp_path, "cast", "hi", "--agent", "script:answers.json", "--quiet", cwd=root).returncode == 0
+    older, newer = (p.name for p in run_dirs(root))
+    common = os.path.commonprefix([older, newer])
+    assert common
+    ambiguous = castor(tmp_path, "status", common, cwd=root)
+    line = last_error(ambiguous)
+    assert ambiguous.returncode == 1 and line.startswith("castor: invalid_params: ")
+    assert "ambiguous" in line and older in line and newer in line
+    latest = castor(tmp_path, "status", "latest", "--json", cwd=root)
+    assert json.loads(latest.stdout)["cast_id"] == newer
+    exact = castor(tmp_path, "status", older, "--json", cwd=root)
+    assert json.loads(exact.stdout)["cast_id"] == older
+    unknown = castor(tmp_path, "status", "1999-", cwd=root)
+    assert unknown.returncode == 1 and last_error(unknown).startswith("castor: not_found: ")
+    hostile = castor(tmp_path, "abort", "../../etc", cwd=root)
+    assert hostile.returncode == 1 and last_error(hostile).startswith("castor: forbidden: ")
+
+
+def test_docs_show_the_same_complete_example_as_the_help() -> None:
+    text = (REPO / "docs" / "materia.md").read_text()
+    section = text[text.index("#### The scripted agent"):]
+    block = section[section.index("```json\n") + 8:section.index("\n```", section.index("```json\n"))]
+    assert json.loads(block) == help_example()
