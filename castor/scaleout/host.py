@@ -11,7 +11,7 @@ nodes):
 | method | does | answers |
 |---|---|---|
 | ``ping()`` | liveness and placement | ``{host_id, node_id, pid, sessions, casts}`` |
-| ``open_session(info, has_context, agent_spec)`` | opens the session in this host's runtime with relay ports (``agent_spec`` set: the agent runs here instead, e.g. the scripted agent of ``castor cast``) | ``{session_id}`` or ``{error}`` |
+| ``open_session(info, has_context, agent_spec, agent_label)`` | opens the session in this host's runtime with relay ports (``agent_spec`` set: the agent runs here instead, e.g. the scripted agent of ``castor cast``) | ``{session_id}`` or ``{error}`` |
 | ``call(session_id, verb, params, timeout_s)`` | one materia verb (what ``cast.*`` methods do) | ``{ok: result}`` or ``{error: wire error}`` |
 | ``turn_ended(session_id, outcome)`` | the harness's answer to a relayed turn | ``True`` if a turn was waiting for it |
 | ``answer(request_id, ok, value)`` | the harness's answer to a relayed request | ``True`` if someone still waits |
@@ -60,7 +60,8 @@ class CastHost:
                 "outbox": len(self.outbox)}
 
     # -- sessions --------------------------------------------------------------
-    def open_session(self, info: dict[str, Any], has_context: bool, agent_spec: str | None) -> dict[str, Any]:
+    def open_session(self, info: dict[str, Any], has_context: bool, agent_spec: str | None,
+                     agent_label: str = "Pi agent") -> dict[str, Any]:
         from castor.actors.ports.host_context import NoHostContext
         from castor.adapters.agents.factory import make_agent
         from castor.runtime import HarnessLink, SessionInfo
@@ -71,7 +72,7 @@ class CastHost:
                 agent: Any = make_agent(agent_spec)
                 context: Any = NoHostContext()
             else:
-                agent = RelayAgent(self.outbox, sid)
+                agent = RelayAgent(self.outbox, sid, agent_label)
                 context = RelayHostContext(self.outbox, sid, has_context)
             with self._lock:
                 self._agents[sid] = agent

@@ -39,7 +39,9 @@ from castor.supervision import Actor, ChildSpec, Restart, handles
 
 RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
-CALL_TIMEOUT_S = 14.0  # under the endpoint's 15 s ask deadline, so the castor error is the one seen
+CALL_TIMEOUT_S = 14.0
+READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
+"""Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""  # under the endpoint's 15 s ask deadline, so the castor error is the one seen
 
 
 class RayBackendSettings(BaseModel):
@@ -173,7 +175,9 @@ class RayBackend:
             time.sleep(0.05)
         host = min(live, key=lambda h: (len(h.sessions), h.host_id))
         has_context = bool(placed.ctx.harness.host_context and placed.ctx.harness.host_context.has_context)
-        answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None))
+        label = str(getattr(placed.ctx.harness.agent, "agent_label", "Pi agent"))
+        answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None,
+                                                                label))
         if "error" in answer:
             raise CastorError.from_wire(answer["error"])
         with self._lock:
@@ -207,10 +211,19 @@ class RayBackend:
             return self.hosts[placed.host_id or ""]
 
     def call(self, sid: str, verb: str, params: dict[str, Any], timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        """Run one materia verb on the session's host. A read-only verb that meets a lost host is
+        asked again of the host the session moves to (it changed nothing); any other verb fails
+        ``actor_crashed`` with ``may_have_started: true``, because the lost host may have run it."""
         started = time.monotonic()
-        host = self.host_of(sid, timeout_s)
-        left = max(0.1, timeout_s - (time.monotonic() - started))
-        answer = self._get(host, host.actor.call.remote(sid, verb, params, left), timeout_s=left + 0.5)
+        while True:
+            host = self.host_of(sid, max(0.1, timeout_s - (time.monotonic() - started)))
+            left = max(0.1, timeout_s - (time.monotonic() - started))
+            try:
+                answer = self._get(host, host.actor.call.remote(sid, verb, params, left), timeout_s=left + 0.5)
+                break
+            except ActorCrashed:
+                if verb not in READ_ONLY_VERBS or time.monotonic() - started >= timeout_s:
+                    raise
         if "error" in answer:
             raise CastorError.from_wire(answer["error"])
         return answer["ok"]
@@ -278,6 +291,9 @@ class RayBackend:
             harness.agent.run_turn(TurnRequest.model_validate(args), enqueues_only(reply))
         elif op == "cancel":
             if harness.agent is not None:
+                note = getattr(harness.agent, "note_stop_reason", None)
+                if note is not None and args.get("reason"):
+                    note(args["turn_id"], args["reason"])  # agent.abort_turn carries why (cast_aborted, …)
                 harness.agent.cancel(args["turn_id"])
         elif op == "notify":
             if harness.ui is not None:

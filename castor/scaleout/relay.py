@@ -129,21 +129,31 @@ class Outbox:
 class RelayAgent:
     """``AgentPort`` of a host's session: turns go to the serving process's harness."""
 
-    def __init__(self, outbox: Outbox, session_id: str) -> None:
+    def __init__(self, outbox: Outbox, session_id: str, agent_label: str = "Pi agent") -> None:
         self.outbox = outbox
         self.session_id = session_id
+        self.agent_label = agent_label  # what failure texts call the serving process's agent
         self._lock = threading.Lock()
         self._replies: dict[str, TurnReply] = {}
+        self._reasons: dict[str, str] = {}
 
     def run_turn(self, request: TurnRequest, reply: TurnReply) -> None:
         with self._lock:
             self._replies[request.turn_id] = reply
         self.outbox.put(RelayItem(session_id=self.session_id, op="run_turn", args=request.model_dump(mode="json")))
 
+    def note_stop_reason(self, turn_id: str, reason: str) -> None:
+        """Why the next ``cancel`` of ``turn_id`` happens (relayed with it, as the harness link takes it)."""
+        with self._lock:
+            if turn_id in self._replies:
+                self._reasons[turn_id] = reason
+
     def cancel(self, turn_id: str) -> None:
         with self._lock:
             reply = self._replies.pop(turn_id, None)
-        self.outbox.put(RelayItem(session_id=self.session_id, op="cancel", args={"turn_id": turn_id}))
+            reason = self._reasons.pop(turn_id, None)
+        self.outbox.put(RelayItem(session_id=self.session_id, op="cancel", args={"turn_id": turn_id,
+                                                                                 "reason": reason}))
         if reply is not None:
             reply(TurnOutcome(turn_id=turn_id, stop_reason="aborted"))
 
@@ -152,6 +162,7 @@ class RelayAgent:
         parsed = TurnOutcome.model_validate(outcome)
         with self._lock:
             reply = self._replies.pop(parsed.turn_id, None)
+            self._reasons.pop(parsed.turn_id, None)
         if reply is None:
             return False
         reply(parsed)
