@@ -5,8 +5,9 @@
   then renamed into place: a client that sees the file can connect). An
   existing path is replaced only if it is a socket nobody is listening on
   (stale); a live socket or any other file is refused.
-* :func:`bind_tcp` refuses every host that is not loopback: the endpoint has
-  no authentication, so it must never be reachable from another machine.
+* :func:`bind_tcp` refuses every host that is not loopback: the token that guards
+  a TCP endpoint (:mod:`castor.endpoint.auth`) travels in clear text, so the
+  endpoint must never be reachable from another machine.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     """Listen on a loopback address (``port`` 0 picks a free one)."""
     if not is_loopback_host(host):
         raise Forbidden(
-            f"refusing to listen on non-loopback host {host!r}: the castor endpoint has no "
-            "authentication; use 127.0.0.1, ::1 or localhost",
+            f"refusing to listen on non-loopback host {host!r}: the castor endpoint serves "
+            "this machine only; use 127.0.0.1, ::1 or localhost",
             data={"host": host})
     if host == "localhost":
         host = "127.0.0.1"
