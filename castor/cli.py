@@ -48,6 +48,23 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _log_level(text: str) -> str:
+    from castor.logs import parse_level
+
+    try:
+        return parse_level(text)
+    except LogSettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--log-level: ")) from None
+
+
+def _socket_path(text: str) -> str:
+    import os
+
+    if not text or len(os.fsencode(os.path.abspath(text))) > 107:
+        raise argparse.ArgumentTypeError(f"expected a Unix socket path of at most 107 bytes, got {text[:60]!r}")
+    return text
+
+
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -73,7 +90,7 @@ def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> Non
     group = parser.add_mutually_exclusive_group(required=True)
     if stdio:
         group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
-    group.add_argument("--socket", metavar="PATH", help="a Unix socket path")
+    group.add_argument("--socket", metavar="PATH", type=_socket_path, help="a Unix socket path")
     group.add_argument("--tcp", metavar="HOST:PORT", type=_tcp_address, help="a loopback TCP address")
 
 
@@ -89,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
     )
     parser.add_argument("--version", action="version", version=f"castor {__version__}")
-    parser.add_argument("--log-level", default=None, help="stderr log level (default WARNING, env CASTOR_LOG_LEVEL)")
+    parser.add_argument("--log-level", default=None, type=_log_level,
+                        help="stderr log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL or 0-50 "
+                             "(default WARNING, env CASTOR_LOG_LEVEL)")
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line (env CASTOR_LOG_JSON=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
