@@ -134,6 +134,7 @@ def _private_dir(path: str) -> None:
 def new_token_file(directory: str | None = None, *, label: str = "serve") -> tuple[str, str]:
     """Generate a token and write it to a new ``0600`` file; return ``(token, path)``."""
     directory = directory or runtime_dir()
+    _remove_stale(directory, label)
     token = secrets.token_urlsafe(32)
     path = os.path.join(directory, f"{label}-{os.getpid()}-{secrets.token_hex(4)}.token")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -144,6 +145,27 @@ def new_token_file(directory: str | None = None, *, label: str = "serve") -> tup
     finally:
         os.close(fd)
     return token, path
+
+
+def _remove_stale(directory: str, label: str) -> None:
+    """Token files of serves that died without removing theirs (``kill -9``): their pid is gone."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != label or not name.endswith(".token") or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            remove_token_file(os.path.join(directory, name))
+        except OSError:
+            pass  # alive (another user's pid would be EPERM): keep it
 
 
 def read_token_file(path: str) -> str:
