@@ -175,10 +175,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from castor.endpoint.listeners import is_loopback_host
 
-    if args.tcp and not is_loopback_host(args.tcp[0]):  # before a runtime starts; same rule as bind_tcp
-        raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint serves "
-                        "this machine only; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+    # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
     try:
+        if args.tcp and not is_loopback_host(args.tcp[0]):  # same rule as bind_tcp
+            raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint "
+                            "serves this machine only; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+        if args.socket:
+            import os
+
+            from castor.endpoint.listeners import check_socket_dir
+
+            check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
         token, generated = _serve_token(args)
     except CastorError as exc:
         _fail(exc.code, exc.message)

@@ -110,3 +110,15 @@ def test_good_log_levels_are_accepted(value, tmp_path):
 ])
 def test_bad_numbers_addresses_and_paths_are_one_line_and_exit_2(argv, needle, tmp_path):
     _assert_one_line_usage_error(_run(argv, tmp_path), needle)
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["serve", "--tcp", "10.1.2.3:9000"], "forbidden"),
+    (["serve", "--socket", "/nonexistent-dir/castor.sock"], "invalid_config"),
+    (["serve", "--tcp", "127.0.0.1:1", "--token-file", "/nonexistent.token"], "invalid_config"),
+])
+def test_values_refused_before_the_runtime_starts_are_one_line_and_exit_2(argv, code, tmp_path):
+    done = _run(argv, tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"castor: {code}: ") and "Traceback" not in done.stderr

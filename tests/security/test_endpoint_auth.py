@@ -419,3 +419,26 @@ def test_a_connection_holding_a_session_is_never_idle(tcp_serve, tmp_path):
             assert not holder.closed
             time.sleep(0.1)
         assert holder.call("ops.actors", {})["actors"]
+
+
+@pytest.mark.parametrize("mode, ok", [(0o777, False), (0o770, False), (0o1777, True), (0o755, True), (0o700, True)])
+def test_a_socket_directory_others_may_write_to_is_refused(tmp_path, mode, ok):
+    from castor.endpoint.listeners import bind_unix
+
+    directory = tmp_path / "d"
+    directory.mkdir()
+    directory.chmod(mode)
+    if ok:
+        sock, _inode = bind_unix(str(directory / "c.sock"))
+        sock.close()
+        assert stat.S_IMODE(os.lstat(directory / "c.sock").st_mode) == 0o600
+    else:
+        with pytest.raises(Forbidden) as refused:
+            bind_unix(str(directory / "c.sock"))
+        assert refused.value.data["reason"] == "socket_dir_not_private"
+        assert os.listdir(directory) == []
+    done = subprocess.run(castor_argv("serve", "--socket", str(directory / "x.sock")), env=serve_env(tmp_path),
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL) if not ok else None
+    if done is not None:
+        assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ")
+        assert len(done.stderr.strip().splitlines()) == 1
