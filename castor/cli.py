@@ -2,6 +2,9 @@
 
 Every command exits 0 on success and non-zero with one line on stderr
 otherwise (``castor: <code>: <message>``). Logging goes to stderr only.
+A bad value at the edge — a flag, ``CASTOR_LOG_LEVEL``/``CASTOR_LOG_JSON``, a
+number, an address, a socket or token path refused before a runtime starts — is
+exit status 2 and nothing runs; a failure while running is 1.
 """
 
 from __future__ import annotations
