@@ -71,6 +71,7 @@ class Server:
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
         self._reaper: threading.Thread | None = None
+        self._reaper_stop = threading.Event()
         self._seen: dict[int, tuple[int, int, float]] = {}  # conn id -> (frames in, frames out, since)
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
@@ -157,6 +158,7 @@ class Server:
         if self._accept_thread is not None:
             self._accept_thread.join(5.0)
         if self._reaper is not None:
+            self._reaper_stop.set()
             self._reaper.join(5.0)
         if self._listener is not None:
             self._listener.close()
@@ -236,7 +238,7 @@ class Server:
     def _reap_loop(self) -> None:
         bounds = [t for t in (self.idle_timeout, self.hello_timeout if self.token else None) if t is not None]
         tick = min(1.0, max(0.02, min(bounds) / 4))
-        while not self._stopped.wait(tick) and not self._stopping:
+        while not self._reaper_stop.wait(tick) and not self._stopping:
             now = time.monotonic()
             for conn in self.connections():
                 try:
