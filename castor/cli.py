@@ -242,8 +242,18 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 # -- inspect ----------------------------------------------------------------------
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
     from castor.inspect_view import run_inspect
 
+    token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
+    if token_file:
+        try:
+            read_token_file(token_file)  # a bad token file is a bad flag: exit 2 before connecting
+        except CastorError as exc:
+            _fail(exc.code, exc.message)
+            return EXIT_USAGE
     return run_inspect(args)
 
 

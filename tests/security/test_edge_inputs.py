@@ -116,6 +116,8 @@ def test_bad_numbers_addresses_and_paths_are_one_line_and_exit_2(argv, needle, t
     (["serve", "--tcp", "10.1.2.3:9000"], "forbidden"),
     (["serve", "--socket", "/nonexistent-dir/castor.sock"], "invalid_config"),
     (["serve", "--tcp", "127.0.0.1:1", "--token-file", "/nonexistent.token"], "invalid_config"),
+    (["inspect", "--tcp", "127.0.0.1:1", "--token-file", "/nonexistent.token"], "invalid_config"),
+    (["inspect", "--tcp", "127.0.0.1:1", "--token-file", "/etc/hostname"], "forbidden"),
 ])
 def test_values_refused_before_the_runtime_starts_are_one_line_and_exit_2(argv, code, tmp_path):
     done = _run(argv, tmp_path)
