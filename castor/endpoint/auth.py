@@ -94,12 +94,12 @@ def check_trusted_assertion(trusted: bool, ctx: Context) -> None:
 
 
 def runtime_dir(env: dict[str, str] | None = None) -> str:
-    """castor's private runtime directory: ``$XDG_RUNTIME_DIR/castor`` if that is set and absolute,
-    else ``~/.castor/run``. Created ``0700``; refused (``forbidden``) if it is a symlink, not a
+    """castor's private runtime directory: ``$XDG_RUNTIME_DIR/castor`` if that is set, absolute and
+    an existing directory, else ``~/.castor/run``. Created ``0700``; refused (``forbidden``) if it is a symlink, not a
     directory, owned by another user or reachable by group/others."""
     env = dict(os.environ if env is None else env)
     xdg = env.get("XDG_RUNTIME_DIR") or ""
-    if xdg and os.path.isabs(xdg):
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
         base, leaf = xdg, "castor"
         directory = os.path.join(base, leaf)
         _private_dir(directory)

@@ -442,3 +442,17 @@ def test_a_socket_directory_others_may_write_to_is_refused(tmp_path, mode, ok):
     if done is not None:
         assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ")
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_runtime_directory_falls_back_to_home_when_xdg_runtime_dir_is_missing(tmp_path, monkeypatch):
+    from castor.endpoint.auth import new_token_file, runtime_dir
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    directory = runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone")})
+    assert directory == str(home / ".castor" / "run")
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(home / ".castor").st_mode) == 0o700
+    token, path = new_token_file(directory)
+    assert Path(path).read_text().strip() == token and stat.S_IMODE(os.stat(path).st_mode) == 0o600
