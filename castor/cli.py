@@ -2,6 +2,9 @@
 
 Every command exits 0 on success and non-zero with one line on stderr
 otherwise (``castor: <code>: <message>``). Logging goes to stderr only.
+A bad value at the edge — a flag, ``CASTOR_LOG_LEVEL``/``CASTOR_LOG_JSON``, a
+number, an address, a socket or token path refused before a runtime starts — is
+exit status 2 and nothing runs; a failure while running is 1.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ import sys
 from typing import Any, Callable, Sequence
 
 from castor import __version__
-from castor.logs import configure_logging
-from castor.messages.errors import CastorError, Forbidden
+from castor.logs import LogSettingError, configure_logging
+from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.scaleout.options import add_backend_flags, backend_flag_problem, make_backend, scaleout_components
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# The endpoint's defaults (documented in docs/protocol.md "Limits"); the same numbers as
+# castor.endpoint.server's, kept here so building the parser imports no endpoint code.
+DEFAULT_HELLO_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 300.0
 
 
 def _tcp_address(text: str) -> tuple[str, int]:
@@ -45,11 +52,49 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _log_level(text: str) -> str:
+    from castor.logs import parse_level
+
+    try:
+        return parse_level(text)
+    except LogSettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--log-level: ")) from None
+
+
+def _socket_path(text: str) -> str:
+    import os
+
+    if not text or len(os.fsencode(os.path.abspath(text))) > 107:
+        raise argparse.ArgumentTypeError(f"expected a Unix socket path of at most 107 bytes, got {text[:60]!r}")
+    return text
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _timeout_or_off(text: str) -> float | None:
+    """Seconds (> 0), or ``0``/``off`` for no timeout."""
+    if text.strip().lower() in ("0", "off", "none"):
+        return None
+    return _positive_seconds(text)
+
+
 def _add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     if stdio:
         group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
-    group.add_argument("--socket", metavar="PATH", help="a Unix socket path")
+    group.add_argument("--socket", metavar="PATH", type=_socket_path, help="a Unix socket path")
     group.add_argument("--tcp", metavar="HOST:PORT", type=_tcp_address, help="a loopback TCP address")
 
 
@@ -65,15 +110,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
     )
     parser.add_argument("--version", action="version", version=f"castor {__version__}")
-    parser.add_argument("--log-level", default=None, help="stderr log level (default WARNING, env CASTOR_LOG_LEVEL)")
+    parser.add_argument("--log-level", default=None, type=_log_level,
+                        help="stderr log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL or 0-50 "
+                             "(default WARNING, env CASTOR_LOG_LEVEL)")
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line (env CASTOR_LOG_JSON=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser("serve", help="run the msgpack-rpc endpoint for harness plugins")
     _add_endpoint_choice(serve, stdio=True)
     serve.add_argument("--allow-faults", action="store_true", help="enable ops.fault (tests and drills only)")
-    serve.add_argument("--utility-slots", type=int, default=4, help="concurrent utility commands (default 4)")
-    serve.add_argument("--max-casts-per-session", type=int, default=1, help="concurrent casts per session (default 1)")
+    serve.add_argument("--utility-slots", type=_bounded_int(1, 256), default=4,
+                       help="concurrent utility commands (default 4)")
+    serve.add_argument("--max-casts-per-session", type=_bounded_int(1, 10_000), default=1,
+                       help="concurrent casts per session (default 1)")
+    serve.add_argument("--token-file", metavar="PATH", default=None,
+                       help="read the endpoint's token from PATH (a 0600 file of yours; env CASTOR_TOKEN_FILE) "
+                            "instead of generating one; --tcp always needs a token")
+    serve.add_argument("--require-token", action="store_true",
+                       help="with --socket: require the token as --tcp does (the socket is owner-only either way)")
+    serve.add_argument("--hello-timeout", type=_positive_seconds, default=DEFAULT_HELLO_TIMEOUT_S,
+                       metavar="SECONDS", help="close a connection that has not presented the token within SECONDS "
+                                               f"(default {DEFAULT_HELLO_TIMEOUT_S:g})")
+    serve.add_argument("--idle-timeout", type=_timeout_or_off, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                       help="close a connection holding no session that is silent for SECONDS "
+                            f"(default {DEFAULT_IDLE_TIMEOUT_S:g}; 0 or off: never)")
+    serve.add_argument("--max-connections", type=_bounded_int(1, 4096), default=64,
+                       help="connections served at once (default 64)")
     serve.add_argument("--user-turn-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
@@ -89,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--interval", type=_interval, default=1.0,
                          help="seconds between refreshes with --follow (0.1 to 3600)")
     inspect.add_argument("--json", action="store_true", help="print raw JSON")
+    inspect.add_argument("--token-file", metavar="PATH", default=None,
+                         help="the endpoint's token file (printed by castor serve; env CASTOR_TOKEN_FILE)")
     inspect.set_defaults(run=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
@@ -116,32 +180,87 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from castor.endpoint.listeners import is_loopback_host
 
-    if args.tcp and not is_loopback_host(args.tcp[0]):  # before a runtime starts; same rule as bind_tcp
-        raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint has no "
-                        "authentication; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
-    backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
-    runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
-                                      max_casts_per_session=args.max_casts_per_session,
-                                      user_turn_timeout_s=args.user_turn_timeout),
-                      components=scaleout_components(backend), scaleout=backend)
-    dispatcher = build_dispatcher(runtime)
+    # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
     try:
-        serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
-              on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal)
+        if args.tcp and not is_loopback_host(args.tcp[0]):  # same rule as bind_tcp
+            raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint "
+                            "serves this machine only; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+        if args.socket:
+            import os
+
+            from castor.endpoint.listeners import check_socket_dir
+
+            check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
+        token, generated = _serve_token(args)
+    except CastorError as exc:
+        _fail(exc.code, exc.message)
+        return EXIT_USAGE
+    backend = None
+    try:
+        backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
+        runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
+                                          max_casts_per_session=args.max_casts_per_session,
+                                          user_turn_timeout_s=args.user_turn_timeout),
+                          components=scaleout_components(backend), scaleout=backend)
+        dispatcher = build_dispatcher(runtime)
+        try:
+            serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
+                  on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
+                  hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
+                  max_connections=args.max_connections)
+        finally:
+            runtime.shutdown(30.0)
     finally:
-        runtime.shutdown(30.0)
         if backend is not None:
             backend.shutdown()
+        if generated is not None:
+            from castor.endpoint.auth import remove_token_file
+
+            remove_token_file(generated)
     if runtime.system.fatal.is_set():
         _fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR
     return EXIT_OK
 
 
+def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(token, path of a generated token file to remove at exit)`` for ``castor serve``."""
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV, new_token_file, read_token_file
+
+    if args.stdio:
+        if args.token_file or args.require_token:
+            raise InvalidParams("--stdio trusts the process that started it: --token-file and --require-token "
+                                "are for --socket and --tcp")
+        return None, None
+    if args.socket and not args.require_token:
+        if args.token_file:
+            raise InvalidParams("--token-file with --socket needs --require-token")
+        return None, None
+    path = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
+    if path:
+        return read_token_file(path), None
+    token, generated = new_token_file()
+    print(f"castor: token file: {generated} (present its token in runtime.hello {{token}}; removed at exit)",
+          file=sys.stderr, flush=True)
+    return token, generated
+
+
 # -- inspect ----------------------------------------------------------------------
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
     from castor.inspect_view import run_inspect
 
+    token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
+    if token_file:
+        try:
+            read_token_file(token_file)  # a bad token file is a bad flag: exit 2 before connecting
+        except CastorError as exc:
+            _fail(exc.code, exc.message)
+            return EXIT_USAGE
     return run_inspect(args)
 
 
@@ -163,7 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = backend_flag_problem(args)  # before a runtime (or a cluster) starts
     if problem is not None:
         parser.error(problem)
-    configure_logging(args.log_level, json=args.log_json or None)
+    try:
+        configure_logging(args.log_level, json=args.log_json or None)
+    except LogSettingError as exc:
+        _fail("invalid_params", str(exc))
+        return EXIT_USAGE
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return int(run(args) or 0)

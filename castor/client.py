@@ -11,6 +11,14 @@ Example::
     with Client.connect_unix("/run/castor.sock") as client:
         client.on_request("session.append_entry", lambda params: {"ok": True})
         print(client.call("runtime.hello", {}))
+
+An endpoint that requires a token (``castor serve --tcp``, or ``--socket --require-token``)
+refuses every method until ``runtime.hello {token}``; pass ``token=`` or ``token_file=`` (the
+path ``castor serve`` prints) to any constructor and the client says hello with it at once
+(the answer is in :attr:`Client.hello_result`)::
+
+    with Client.connect_tcp("127.0.0.1", 7777, token_file=path) as client:
+        client.call("ops.actors", {})
 """
 
 from __future__ import annotations
@@ -35,8 +43,18 @@ class Client:
 
     def __init__(self, transport: SocketTransport | PipeTransport, *, settings: ConnectionSettings | None = None,
                  default_timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None,
-                 name: str = "client") -> None:
+                 name: str = "client", token: str | None = None, token_file: str | None = None) -> None:
         self.default_timeout = default_timeout
+        if token is None and token_file is not None:
+            from castor.endpoint.auth import read_token_file
+
+            try:
+                token = read_token_file(token_file)
+            except BaseException:
+                transport.close()
+                raise
+        self._token = token
+        self.hello_result: dict[str, Any] | None = None
         self.process = process
         self._dispatcher = Dispatcher(builtin_hello=False)
         self._dispatcher.register("error", self._on_error_notification)
@@ -45,6 +63,12 @@ class Client:
         settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
         self.connection = Connection(transport, self._dispatcher, settings=settings, name=name)
         self.connection.start()
+        if token is not None:
+            try:
+                self.hello_result = self.call("runtime.hello", {"client": "castor.client"})
+            except BaseException:
+                self.close()
+                raise
 
     # ---------------------------------------------------------------- constructors
     @classmethod
@@ -80,6 +104,8 @@ class Client:
     # ---------------------------------------------------------------- calls
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """Call and wait; raises the ``CastorError`` subclass sent by the server."""
+        if method == "runtime.hello" and self._token is not None:
+            params = {**(params or {}), "token": (params or {}).get("token", self._token)}
         return self.connection.call(method, params or {},
                                     timeout=self.default_timeout if timeout is None else timeout)
 

@@ -84,7 +84,13 @@ def hosts_table(data: dict[str, Any]) -> Table:
 def run_inspect(args: argparse.Namespace) -> int:
     from castor.client import Client
 
-    client = Client.connect_unix(args.socket) if args.socket else Client.connect_tcp(*args.tcp)
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV
+
+    token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
+    client = (Client.connect_unix(args.socket, token_file=token_file) if args.socket
+              else Client.connect_tcp(*args.tcp, token_file=token_file))
     console = Console()
     try:
         def fetch() -> Any:

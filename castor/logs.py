@@ -23,11 +23,47 @@ _HUMAN = (
 )
 
 
+LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+class LogSettingError(ValueError):
+    """A log level or format (flag or environment) castor does not know; the message is one line."""
+
+
+def parse_level(value: str, *, source: str = "--log-level") -> str:
+    """A loguru level name (case-insensitive) or a number 0-50; :class:`LogSettingError` otherwise."""
+    text = value.strip().upper()
+    if text in LEVELS or (text.isdigit() and int(text) <= 50):
+        return text
+    shown = value[:40].encode("unicode_escape", "backslashreplace").decode("ascii")
+    raise LogSettingError(f"{source}: unknown log level {shown!r} (expected one of {', '.join(LEVELS)}, "
+                          "or a number 0-50)")
+
+
+def parse_json_flag(value: str, *, source: str = "CASTOR_LOG_JSON") -> bool:
+    text = value.strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    shown = value[:40].encode("unicode_escape", "backslashreplace").decode("ascii")
+    raise LogSettingError(f"{source}: expected 1/true/yes/on or 0/false/no/off, got {shown!r}")
+
+
 def configure_logging(level: str | None = None, *, json: bool | None = None, sink=None) -> None:
-    """Replace loguru's default handler with castor's (idempotent)."""
-    level = (level or os.environ.get("CASTOR_LOG_LEVEL") or "WARNING").upper()
+    """Replace loguru's default handler with castor's (idempotent).
+
+    ``level`` (else ``CASTOR_LOG_LEVEL``, else WARNING) and ``CASTOR_LOG_JSON`` are checked
+    first: a bad value raises :class:`LogSettingError` and leaves the logging as it was."""
+    if level:
+        level = parse_level(level)
+    elif os.environ.get("CASTOR_LOG_LEVEL"):
+        level = parse_level(os.environ["CASTOR_LOG_LEVEL"], source="CASTOR_LOG_LEVEL")
+    else:
+        level = "WARNING"
     if json is None:
-        json = os.environ.get("CASTOR_LOG_JSON", "") in ("1", "true", "yes")
+        json = parse_json_flag(os.environ.get("CASTOR_LOG_JSON", ""))
+    if level.isdigit():
+        level = int(level)  # type: ignore[assignment]
     logger.remove()
     logger.configure(extra={"actor": "-"})
     logger.add(

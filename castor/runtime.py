@@ -295,15 +295,18 @@ def check_project_dir(cwd: str) -> None:
 
 def project_artifact_root(cwd: str, configured: str | None) -> Path:
     """A project's artifact root: ``configured`` (default ``.pi/pi-materia``) resolved against the
-    project, symlinks included; ``forbidden`` unless it stays inside the project."""
+    project, symlinks included; ``forbidden`` unless it stays inside the project (the one rule of
+    castor.domain.paths: no ``..``, an absolute path only inside the project)."""
+    from castor.adapters.fs import confine
+
     project = Path(cwd).resolve()
-    root = (project / (configured or ".pi/pi-materia")).resolve()
-    if root != project and project not in root.parents:
+    try:
+        return confine(project, configured or ".pi/pi-materia", allow_absolute=True)
+    except Forbidden as exc:
         raise Forbidden(
             "artifactDir must stay inside the project directory",
-            data={"artifactDir": str(configured)[:200], "cwd": str(project)},
-        )
-    return root
+            data={"artifactDir": str(configured)[:200], "cwd": str(project), "reason": exc.data.get("reason")},
+        ) from None
 
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:

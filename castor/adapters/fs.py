@@ -14,7 +14,9 @@ Guarantees
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
   disk, then resolves the result so a symlink inside the root that points
-  outside it is refused too.
+  outside it is refused too. ``confine(root, value)`` is the same rule for one user path
+  (a config's ``artifactDir``, ``config.validate``'s ``path``): the decision is
+  :mod:`castor.domain.paths`' (pure), the symlink resolution this module's.
   :class:`ConfinedRoot` gives the same answers for many paths under one root,
   resolving the root once and ``lstat``-ing only the components below it.
 - ``append_json_line`` appends exactly one complete line per call
@@ -53,6 +55,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from castor.domain import paths
 from castor.messages.errors import Forbidden
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "atomic_write_text",
     "compact_json",
     "ConfinedRoot",
+    "confine",
     "dump_json",
     "ensure_dir",
     "file_signature",
@@ -267,17 +271,32 @@ def _refuse(reason: str, root: str | Path, part: str | None = None) -> Forbidden
 
 def _check_part(root: str | Path, part: str | os.PathLike[str]) -> str:
     text = os.fspath(part)
-    if not isinstance(text, str):
-        raise _refuse("non-text path part", root, repr(text))
-    if "\x00" in text:
-        raise _refuse("NUL byte in path", root, text)
-    if text == "":
-        raise _refuse("empty path part", root, text)
-    if text.startswith("/"):  # os.path.isabs on POSIX
-        raise _refuse("absolute path part", root, text)
-    if ".." in text.split("/"):
-        raise _refuse("parent-directory component", root, text)
+    reason = paths.refusal(text)  # the one rule (castor.domain.paths)
+    if reason is not None:
+        raise _refuse(reason, root, text if isinstance(text, str) else repr(text))
     return text
+
+
+def confine(root: str | os.PathLike[str], value: str, *, allow_absolute: bool = False) -> Path:
+    """The real location of the user path ``value`` under ``root``, or ``Forbidden``.
+
+    :mod:`castor.domain.paths` decides first, without touching the disk (NUL, empty, ``..``,
+    absolute — allowed with ``allow_absolute`` only when it lies inside the root); then the
+    path is resolved (``realpath``: ``lstat``/``readlink`` of its components, never an
+    ``open`` of the target) and refused if a symlink takes it outside the resolved root.
+    Nothing is read, created or opened, so a refusal leaks nothing about what lies outside.
+    """
+    root_resolved = os.path.realpath(os.fspath(root))
+    lexical_root = os.path.normpath(os.path.abspath(os.fspath(root)))
+    target, reason = paths.lexical_target(lexical_root, value, allow_absolute=allow_absolute)
+    if target is None and reason == paths.REASON_OUTSIDE and lexical_root != root_resolved:
+        target, reason = paths.lexical_target(root_resolved, value, allow_absolute=allow_absolute)
+    if target is None:
+        raise _refuse(reason or paths.REASON_OUTSIDE, root_resolved, value if isinstance(value, str) else repr(value))
+    resolved = os.path.realpath(target)
+    if not paths.inside(root_resolved, resolved):
+        raise _refuse(paths.REASON_SYMLINK, root_resolved, value)
+    return Path(resolved)
 
 
 def safe_join(root: str | os.PathLike[str], *parts: str | os.PathLike[str]) -> Path:
@@ -291,8 +310,8 @@ def safe_join(root: str | os.PathLike[str], *parts: str | os.PathLike[str]) -> P
     checked = [_check_part(root_resolved, p) for p in parts]
     joined = root_resolved.joinpath(*checked)
     resolved = joined.resolve()
-    if resolved != root_resolved and not resolved.is_relative_to(root_resolved):
-        raise _refuse("path escapes root (symlink)", root_resolved, "/".join(checked))
+    if not paths.inside(str(root_resolved), str(resolved)):
+        raise _refuse(paths.REASON_SYMLINK, root_resolved, "/".join(checked))
     return resolved
 
 

@@ -852,6 +852,9 @@ class Connection:
                     self._send(encode_response(msgid, exc.to_wire(), None))
                 else:
                     self._log.warning("notification {} failed: {} {}", job.method, exc.code, exc.message)
+                closing = self.state.pop("_close_after_reply", None)  # castor.endpoint.auth.CLOSE_AFTER_REPLY
+                if closing:
+                    self.close(closing, flush_timeout=0.5)
                 return
             if is_request:
                 try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import castor
 from castor.messages.errors import CastorError, Internal, InvalidParams, UnknownMethod
@@ -94,6 +94,7 @@ class HelloParams(Params):
     client_version: str | None = None
     protocol: int | None = None
     capabilities: list[str] = []
+    token: str | None = Field(default=None, max_length=4096)  # the endpoint's token (castor.endpoint.auth)
 
 
 @dataclass
@@ -167,7 +168,7 @@ class Dispatcher:
         return result
 
     def _hello(self, params: HelloParams, ctx: Context) -> dict[str, Any]:
-        ctx.state["hello"] = params.model_dump()
+        ctx.state["hello"] = params.model_dump(exclude={"token"})  # a secret is never kept or logged
         return {
             "name": self.name,
             "version": self.version,

@@ -5,8 +5,12 @@
   then renamed into place: a client that sees the file can connect). An
   existing path is replaced only if it is a socket nobody is listening on
   (stale); a live socket or any other file is refused.
-* :func:`bind_tcp` refuses every host that is not loopback: the endpoint has
-  no authentication, so it must never be reachable from another machine.
+* The socket's directory must be owned by castor's user (or root) and not writable
+  by group or others unless sticky (``/tmp``): otherwise another user could swap
+  the socket for their own (``forbidden``).
+* :func:`bind_tcp` refuses every host that is not loopback: the token that guards
+  a TCP endpoint (:mod:`castor.endpoint.auth`) travels in clear text, so the
+  endpoint must never be reachable from another machine.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
     path = os.path.abspath(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
         raise InvalidConfig(f"unix socket path is longer than {_SUN_PATH_MAX} bytes: {path}")
-    _clear_stale(path)
     parent = os.path.dirname(path)
+    check_socket_dir(parent)
+    _clear_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         tmpdir = tempfile.mkdtemp(prefix=".cs", dir=parent)  # 0700: unreachable until renamed
@@ -49,6 +54,22 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
         sock.close()
         raise
     return sock, os.lstat(path).st_ino
+
+
+def check_socket_dir(parent: str) -> None:
+    """The socket's directory must not let another user swap the socket for theirs: owned by
+    castor's user or root, and not writable by others unless sticky (like ``/tmp``)."""
+    try:
+        st = os.stat(parent)
+    except FileNotFoundError:
+        raise InvalidConfig(f"the socket's directory {parent} does not exist", data={"path": parent}) from None
+    if st.st_uid not in (os.geteuid(), 0):
+        raise Forbidden(f"the socket's directory {parent} belongs to another user; refusing to listen there",
+                        data={"path": parent, "reason": "socket_dir_not_private"})
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise Forbidden(f"the socket's directory {parent} is writable by other users (and not sticky); "
+                        "another user could replace the socket", data={"path": parent,
+                                                                       "reason": "socket_dir_not_private"})
 
 
 def _bind_with_umask(sock: socket.socket, path: str) -> None:
@@ -115,8 +136,8 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     """Listen on a loopback address (``port`` 0 picks a free one)."""
     if not is_loopback_host(host):
         raise Forbidden(
-            f"refusing to listen on non-loopback host {host!r}: the castor endpoint has no "
-            "authentication; use 127.0.0.1, ::1 or localhost",
+            f"refusing to listen on non-loopback host {host!r}: the castor endpoint serves "
+            "this machine only; use 127.0.0.1, ::1 or localhost",
             data={"host": host})
     if host == "localhost":
         host = "127.0.0.1"

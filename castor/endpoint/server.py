@@ -12,6 +12,12 @@ Guarantees:
   every connection (pending calls fail with ``ConnectionClosed``), run the
   ``on_shutdown`` hook (its failure is logged, never raised), remove the
   Unix socket file if it is still ours.
+* Who may talk (see :mod:`castor.endpoint.auth`): TCP always needs the token, a Unix
+  socket when ``token`` is given (its peer must also run as castor's user or root), stdio
+  never. Until ``runtime.hello {token}`` every method is ``unauthenticated``.
+* Fair slots: a connection that has not authenticated within ``hello_timeout`` is closed,
+  and so is one that holds no session and has sent and received nothing for
+  ``idle_timeout`` (stdio is exempt from both: it is the runtime's lifetime).
 """
 
 from __future__ import annotations
@@ -20,18 +26,26 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
 
+from castor.endpoint.auth import MAY_TRUST, AuthGate
 from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.framing import encode_error_notification
-from castor.endpoint.listeners import bind_tcp, bind_unix, unlink_if_ours
+from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, unlink_if_ours
 from castor.endpoint.transport import PipeTransport, SocketTransport
-from castor.messages.errors import InvalidConfig, MailboxFull
+from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
+
+DEFAULT_HELLO_TIMEOUT_S = 10.0
+"""A connection that must authenticate and has not within this long is closed."""
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+"""A connection holding no session that has sent and received nothing for this long is closed."""
 
 
 class Server:
@@ -40,10 +54,25 @@ class Server:
     def __init__(self, dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
                  tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
                  on_shutdown: Callable[[], Any] | None = None, max_connections: int = 64,
-                 stdin_fd: int = 0, stdout_fd: int = 1) -> None:
+                 stdin_fd: int = 0, stdout_fd: int = 1, token: str | None = None,
+                 hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
+                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
         modes = sum(1 for m in (stdio, unix_path is not None, tcp is not None) if m)
         if modes != 1:
             raise InvalidConfig("serve exactly one of: stdio, unix_path, tcp")
+        if tcp is not None and not token and is_loopback_host(tcp[0]):  # (any other host: forbidden at start)
+            raise InvalidConfig("a TCP endpoint needs a token (castor.endpoint.auth.new_token_file)")
+        if stdio and token:
+            raise InvalidConfig("stdio trusts its parent process: it takes no token")
+        for name, value in (("hello_timeout", hello_timeout), ("idle_timeout", idle_timeout)):
+            if value is not None and not 0 < value < float("inf"):
+                raise InvalidConfig(f"{name} must be a positive number of seconds or None")
+        self.token = token
+        self.hello_timeout = hello_timeout
+        self.idle_timeout = idle_timeout
+        self._reaper: threading.Thread | None = None
+        self._reaper_stop = threading.Event()
+        self._seen: dict[int, tuple[int, int, float]] = {}  # conn id -> (frames in, frames out, since)
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
         self.on_shutdown = on_shutdown
@@ -79,6 +108,9 @@ class Server:
             self._accept_thread = threading.Thread(target=self._accept_loop, args=(kind,),
                                                    name="castor-accept", daemon=True)
             self._accept_thread.start()
+            if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
+                self._reaper = threading.Thread(target=self._reap_loop, name="castor-reaper", daemon=True)
+                self._reaper.start()
         logger.info("castor endpoint listening on {}", self.address)
         return self
 
@@ -91,6 +123,7 @@ class Server:
         conn = Connection(PipeTransport(self._stdin_fd, out_fd, peer="stdio"), self.dispatcher,
                           settings=self.settings, name="stdio")
         self.address = "stdio"
+        conn.state[MAY_TRUST] = True  # the parent process that started castor
         self._track(conn)
         # EOF on stdin means the harness is gone: shut the whole runtime down.
         conn.add_close_callback(lambda _c: self._stop_in_background("stdio closed"))
@@ -124,6 +157,9 @@ class Server:
             pass
         if self._accept_thread is not None:
             self._accept_thread.join(5.0)
+        if self._reaper is not None:
+            self._reaper_stop.set()
+            self._reaper.join(5.0)
         if self._listener is not None:
             self._listener.close()
         for conn in self.connections():
@@ -171,15 +207,24 @@ class Server:
         if full:
             self._refuse(sock)
             return
+        same_user = kind == "unix" and _peer_is_us(sock)
+        if kind == "unix" and not same_user:
+            self._refuse(sock, Unauthenticated("the peer runs as another user", data={"reason": "peer_uid"}))
+            return
         conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)
         conn.name = f"{kind}-{conn.id}"
+        conn.state["accepted_at"] = time.monotonic()
+        if self.token:
+            conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]
+        else:
+            conn.state[MAY_TRUST] = same_user
         self._track(conn)
         conn.start()
         logger.debug("accepted connection {}", conn.name)
 
-    def _refuse(self, sock: socket.socket) -> None:
-        err = MailboxFull(f"too many connections (limit {self.max_connections})",
-                          data={"limit": self.max_connections})
+    def _refuse(self, sock: socket.socket, err: Any = None) -> None:
+        err = err or MailboxFull(f"too many connections (limit {self.max_connections})",
+                                 data={"limit": self.max_connections})
         try:
             sock.settimeout(0.5)
             sock.sendall(encode_error_notification(err.to_wire()))
@@ -187,7 +232,49 @@ class Server:
             pass
         finally:
             sock.close()
-        logger.warning("refused a connection: limit of {} reached", self.max_connections)
+        logger.warning("refused a connection: {}", err.message)
+
+    # ---------------------------------------------------------------- fair slots
+    def _reap_loop(self) -> None:
+        bounds = [t for t in (self.idle_timeout, self.hello_timeout if self.token else None) if t is not None]
+        tick = min(1.0, max(0.02, min(bounds) / 4))
+        while not self._reaper_stop.wait(tick) and not self._stopping:
+            now = time.monotonic()
+            for conn in self.connections():
+                try:
+                    self._reap_one(conn, now)
+                except Exception:  # pragma: no cover - the reaper must not die
+                    logger.exception("connection reaper failed on {}", conn.name)
+
+    def _reap_one(self, conn: Connection, now: float) -> None:
+        if conn.closed or conn.name == "stdio":
+            return
+        if (self.token and self.hello_timeout is not None and isinstance(conn.dispatcher, AuthGate)
+                and now - conn.state.get("accepted_at", now) >= self.hello_timeout):
+            self._close_slot(conn, Unauthenticated(
+                f"no runtime.hello with the token within {self.hello_timeout:g} s; closing",
+                data={"reason": "hello_timeout", "seconds": self.hello_timeout}))
+            return
+        if self.idle_timeout is None:
+            return
+        counters = conn.counters
+        activity = (counters["frames_in"], counters["frames_out"])
+        seen = self._seen.get(conn.id)
+        if seen is None or seen[:2] != activity:
+            self._seen[conn.id] = (*activity, now)
+            return
+        if conn.state.get("sessions") or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
+            self._seen[conn.id] = (*activity, now)  # holds a session or work: never idle
+            return
+        if now - seen[2] >= self.idle_timeout:
+            self._close_slot(conn, Timeout(
+                f"idle for {self.idle_timeout:g} s with no session open; closing",
+                data={"reason": "idle_timeout", "seconds": self.idle_timeout}))
+
+    def _close_slot(self, conn: Connection, err: Any) -> None:
+        logger.info("closing {}: {}", conn.name, err.message)
+        conn.notify("error", err.to_wire())
+        conn.close(str(err.data.get("reason", "reaped")), flush_timeout=0.5)
 
     def _track(self, conn: Connection) -> None:
         with self._lock:
@@ -197,12 +284,28 @@ class Server:
     def _untrack(self, conn: Connection) -> None:
         with self._lock:
             self._conns.pop(conn.id, None)
+        self._seen.pop(conn.id, None)
+
+
+def _peer_is_us(sock: socket.socket) -> bool:
+    """A Unix socket peer runs as castor's user or as root (``SO_PEERCRED``; ``True`` where the
+    platform cannot tell: the socket file's ``0600`` mode is then the only check)."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # pragma: no cover - not Linux
+        return True
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid in (os.geteuid(), 0)
 
 
 def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
           tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
           on_shutdown: Callable[[], Any] | None = None, on_ready: Callable[[Server], Any] | None = None,
-          max_connections: int = 64, fatal: threading.Event | None = None) -> None:
+          max_connections: int = 64, fatal: threading.Event | None = None, token: str | None = None,
+          hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
+          idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
     """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT, ``stop()`` or ``fatal`` is set
     (the runtime behind it failed for good: serving on would only answer ``not_found``); then
     return.
@@ -211,7 +314,8 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     restored on return. ``on_ready(server)`` runs once the endpoint listens.
     """
     server = Server(dispatcher, stdio=stdio, unix_path=unix_path, tcp=tcp, settings=settings,
-                    on_shutdown=on_shutdown, max_connections=max_connections)
+                    on_shutdown=on_shutdown, max_connections=max_connections, token=token,
+                    hello_timeout=hello_timeout, idle_timeout=idle_timeout)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         def _on_signal(signum: int, _frame: Any) -> None:

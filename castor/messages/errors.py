@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     INVALID_MESSAGE = "invalid_message"
     INVALID_CONFIG = "invalid_config"
+    UNAUTHENTICATED = "unauthenticated"
 
 
 class CastorError(Exception):
@@ -108,6 +109,12 @@ class Conflict(CastorError):
 
 class Forbidden(CastorError):
     code = ErrorCode.FORBIDDEN
+
+
+class Unauthenticated(CastorError):
+    """The connection has not presented the endpoint's token (``runtime.hello {token}``)."""
+
+    code = ErrorCode.UNAUTHENTICATED
 
 
 class Timeout(CastorError):
@@ -188,3 +195,4 @@ _BY_CODE: dict[ErrorCode, type[CastorError]] = {
         MailboxFull, Cancelled, InvalidMessage, InvalidConfig,
     )
 }
+_BY_CODE[ErrorCode.UNAUTHENTICATED] = Unauthenticated

@@ -45,10 +45,10 @@ def test_unix_round_trip(client: Client) -> None:
 
 
 def test_tcp_round_trip(gates) -> None:
-    srv = Server(build_dispatcher(gates), tcp=("127.0.0.1", 0)).start()
+    srv = Server(build_dispatcher(gates), tcp=("127.0.0.1", 0), token="t" * 32).start()
     try:
         host, port = srv.address
-        with Client.connect_tcp(host, port, default_timeout=10) as client:
+        with Client.connect_tcp(host, port, default_timeout=10, token="t" * 32) as client:
             exercise(client)
             sock = client.connection.transport._sock
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

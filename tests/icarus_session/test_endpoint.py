@@ -68,12 +68,12 @@ def wired(world):
     register_session_methods(dispatcher, rt)
     register_ops_methods(dispatcher, rt)
     register_icarus_methods(dispatcher, rt)
-    server = Server(dispatcher, tcp=("127.0.0.1", 0)).start()
+    server = Server(dispatcher, tcp=("127.0.0.1", 0), token="t" * 32).start()
     host, port = server.address
     clients: list[Client] = []
 
     def connect() -> tuple[Client, FakeHarness]:
-        client = Client.connect_tcp(host, port, default_timeout=20)
+        client = Client.connect_tcp(host, port, default_timeout=20, token="t" * 32)
         clients.append(client)
         return client, FakeHarness(client)
 

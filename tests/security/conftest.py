@@ -44,8 +44,11 @@ def serve_env(tmp: Path) -> dict[str, str]:
     """A clean environment for ``castor serve``: its own HOME and agent dir (no Icarus package)."""
     home = tmp / "home"
     (home / "agent").mkdir(parents=True, exist_ok=True)
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-            "PI_CODING_AGENT_DIR": str(home / "agent"), "PYTHONUNBUFFERED": "1"}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "PI_CODING_AGENT_DIR": str(home / "agent"), "PYTHONUNBUFFERED": "1"}
+    if os.environ.get("PYTHONPATH"):  # a checkout run with its tree first on the path: serve that tree
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 def castor_argv(*args: str) -> list[str]:

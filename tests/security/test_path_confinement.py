@@ -165,7 +165,7 @@ def _start(tmp_path: Path, project: Path, config: dict, *, trusted: bool) -> tup
 
 @pytest.mark.parametrize("trusted", [False, True])
 @pytest.mark.parametrize("artifact_dir", ["../outside", "../../outside", "/tmp/castor-sec-abs-escape",
-                                          "a/../../outside", "symlink-out"])
+                                          "a/../../outside", "symlink-out", "build/../arts"])
 def test_cast_start_with_a_hostile_artifact_dir_is_forbidden_and_writes_nothing_outside(
         tmp_path, artifact_dir, trusted):
     project = tmp_path / "project"
@@ -189,14 +189,14 @@ def test_a_confined_artifact_dir_works_and_every_file_stays_inside_it(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     before = files_under(tmp_path)
-    rt, started = _start(tmp_path, project, {**SINGLE, "artifactDir": "build/../arts"}, trusted=False)
+    rt, started = _start(tmp_path, project, {**SINGLE, "artifactDir": "build/./arts"}, trusted=False)
     try:
         assert isinstance(started, dict), started
         wait_until(lambda: materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})["status"]
                    in ("complete", "failed", "aborted"), 15, "the cast to end")
     finally:
         rt.shutdown(10)
-    root = project / "arts"
+    root = project / "build" / "arts"
     new = files_under(tmp_path) - before
     assert any(p.name == "events.jsonl" for p in new)
     assert [p for p in new if p.name != "pi-materia.json" and not p.resolve().is_relative_to(root)] == []

@@ -58,6 +58,7 @@ from castor.actors.ports.agent import harness_turn_settings
 from castor.adapters.fs import atomic_write_json
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
+from castor.adapters.fs import confine
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
 from castor.domain.materia.cast_messages import (
     AbortRequested,
@@ -588,8 +589,7 @@ class SessionActor(Actor):
         return {"loadout": resolved.pipeline.loadout_name, "grid": text, "text": text, "level": "info"}
 
     def _verb_validate(self, path: str) -> dict[str, Any]:
-        target = Path(path)
-        target = target if target.is_absolute() else self.cwd / target
+        target = confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
         issues = validate_file(target)
         errors = [str(i) for i in issues]
         text = f"{target}: valid" if not errors else "\n".join(errors)

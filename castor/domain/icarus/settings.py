@@ -133,9 +133,13 @@ BACKEND_ENV: dict[str, str] = {
     "FABRIC_DIR": "fabricDir", "HERMES_AGENT_NAME": "agent", "FABRIC_PROJECT_ID": "projectId",
     "STATE_DB_PATH": "stateDbPath",
 }
-# Settings-file paths resolved against the file's directory (python/stateDbPath are
-# resolved later, at spawn, against the caller's cwd).
+# Settings-file paths resolved against the file's directory.
 _SETTINGS_RELATIVE_PATHS = frozenset({"icarusDir", "hermesHome", "fabricDir"})
+# Executable-ish paths: a value with a separator is resolved against the directory of the settings
+# file that wrote it, like the paths above — never against the session's cwd (an untrusted project:
+# a relative global ``python`` must not run the project's ``.venv/bin/python``). A bare name
+# (``python3``) stays a name for the launcher's PATH lookup, which skips the project.
+_SETTINGS_SPAWN_PATHS = frozenset({"python", "stateDbPath"})
 # Extra places a file may hold fabricDir, checked in order after the section.
 _FABRIC_TOP_LEVEL: tuple[tuple[str, ...], ...] = (
     ("fabricDir",), ("fabric_dir",), ("fabric", "dir"), ("fabric", "fabricDir"),
@@ -245,8 +249,10 @@ def resolve_path(value: str, base_dir: str, home: str) -> str:
 
 
 def resolve_spawn_path(value: str, cwd: str, home: str) -> str:
-    """``python``/``stateDbPath``: a value with a separator is a path against ``cwd``;
-    a bare name (``python3``) is returned unchanged for a PATH lookup."""
+    """``python``/``stateDbPath``: a value with a separator is a path against ``cwd`` (for a
+    value from a settings file: that file's directory, see ``_SETTINGS_SPAWN_PATHS``; only an
+    environment variable the user set is taken against the session's cwd); a bare name
+    (``python3``) is returned unchanged for a PATH lookup."""
     expanded = expand_home(value, home)
     if "/" not in expanded:
         return expanded
@@ -334,6 +340,8 @@ def _backend_from_layers(key: str, layers: list[SettingsLayer], home: str) -> tu
                 continue
             if key in _SETTINGS_RELATIVE_PATHS:
                 text = resolve_path(text, layer.directory, home)
+            elif key in _SETTINGS_SPAWN_PATHS:
+                text = resolve_spawn_path(text, layer.directory, home)
             return text, Source(layer.scope)
     return None, Source.BUILTIN
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
+from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
 from castor.messages.errors import Conflict, Forbidden, MailboxFull
@@ -60,6 +61,7 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     lock = threading.Lock()
 
     def session_open(params: SessionOpenParams, ctx: Context) -> dict[str, Any]:
+        check_trusted_assertion(params.trusted, ctx)  # who may say "trusted": castor.endpoint.auth
         owned = _owned(ctx)
         with lock:
             if params.session_id in owned:

@@ -1,0 +1,74 @@
+"""The one confinement rule for a path that comes from a client or a project file.
+
+A user path is taken relative to the root it belongs to (the project directory, an
+artifact root, a cast's run directory) and must stay inside it:
+
+| the value                                   | answer                                  |
+|---------------------------------------------|-----------------------------------------|
+| not text, empty, or with a NUL byte         | refused                                 |
+| a ``..`` component anywhere                 | refused (even ``a/../b``: no walking up) |
+| absolute                                    | refused, unless the caller allows an absolute path that lies inside the root |
+| relative, none of the above                 | ``root/value``, normalised (``.`` and ``//`` dropped) |
+| ... whose real location (symlinks resolved) is outside the root | refused — checked by the adapter (:func:`castor.adapters.fs.confine`), which is the only part that looks at the disk |
+
+This module is pure: it never touches the disk, so it can say *why* before anything is
+opened, stat-ed or created. Every refusal is one of the ``REASON_*`` strings below (they
+appear as ``data.reason`` of the ``forbidden`` error the adapters raise).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+REASON_NOT_TEXT = "non-text path part"
+REASON_NUL = "NUL byte in path"
+REASON_EMPTY = "empty path part"
+REASON_ABSOLUTE = "absolute path part"
+REASON_PARENT = "parent-directory component"
+REASON_OUTSIDE = "absolute path outside root"
+REASON_SYMLINK = "path escapes root (symlink)"
+
+CONFINEMENT_REASONS = frozenset({REASON_NOT_TEXT, REASON_NUL, REASON_EMPTY, REASON_ABSOLUTE, REASON_PARENT,
+                                 REASON_OUTSIDE, REASON_SYMLINK})
+
+
+def refusal(value: object, *, allow_absolute: bool = False) -> str | None:
+    """Why ``value`` may not name a path under a root (a ``REASON_*``), or ``None``.
+
+    With ``allow_absolute`` an absolute value passes here; :func:`lexical_target` then
+    checks that it lies inside the root."""
+    if not isinstance(value, str):
+        return REASON_NOT_TEXT
+    if "\x00" in value:
+        return REASON_NUL
+    if value == "":
+        return REASON_EMPTY
+    if value.startswith("/") and not allow_absolute:  # os.path.isabs on POSIX
+        return REASON_ABSOLUTE
+    if ".." in value.split("/"):
+        return REASON_PARENT
+    return None
+
+
+def inside(root: str, path: str) -> bool:
+    """``path`` is ``root`` or below it (both absolute and normalised; no disk access)."""
+    if path == root:
+        return True
+    prefix = root if root.endswith("/") else root + "/"
+    return path.startswith(prefix)
+
+
+def lexical_target(root: str, value: object, *, allow_absolute: bool = False) -> tuple[str | None, str | None]:
+    """``(absolute normalised path, None)`` for an acceptable ``value`` under ``root`` (an
+    absolute, normalised path), else ``(None, reason)``. Symlinks are the adapter's part."""
+    reason = refusal(value, allow_absolute=allow_absolute)
+    if reason is not None:
+        return None, reason
+    assert isinstance(value, str)
+    target = posixpath.normpath(value if value.startswith("/") else posixpath.join(root, value))
+    if target.startswith("//"):  # normpath keeps a leading double slash
+        target = "/" + target.lstrip("/")
+    if not inside(root, target):
+        return None, REASON_OUTSIDE
+    return target, None
+

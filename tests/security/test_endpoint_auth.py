@@ -1,0 +1,460 @@
+"""Authenticated endpoints: ``castor serve --tcp`` (and ``--socket --require-token``) needs the token.
+
+Every test drives a real ``python -m castor serve`` subprocess over real sockets with raw
+msgpack (so nothing in castor's own client can hide a refusal) or ``castor.client``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from castor.client import Client
+from castor.messages.errors import Forbidden, Unauthenticated
+
+from .conftest import RawPeer, castor_argv, serve_env, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN_LINE = re.compile(r"castor: token file: (\S+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TcpServe:
+    """``castor serve --tcp 127.0.0.1:PORT [extra]`` with its own HOME and XDG_RUNTIME_DIR."""
+
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.env = {**serve_env(tmp), "XDG_RUNTIME_DIR": str(tmp / "xdg"), **(env or {})}
+        (tmp / "xdg").mkdir(mode=0o700, exist_ok=True)
+        self.stderr_path = tmp / f"serve-{self.port}.stderr"
+        self._err = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(castor_argv("serve", "--tcp", f"127.0.0.1:{self.port}", *extra),
+                                     env=self.env, cwd=str(tmp), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self._err)
+        wait_until(lambda: self._accepting() or self.proc.poll() is not None, 20, "the TCP port")
+        assert self.proc.poll() is None, self.stderr_path.read_text()
+        found = TOKEN_LINE.search(self.stderr_path.read_text())
+        self.token_file = found.group(1) if found else None
+
+    def _accepting(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    @property
+    def token(self) -> str:
+        assert self.token_file is not None
+        return Path(self.token_file).read_text().strip()
+
+    def raw(self) -> RawPeer:
+        return RawPeer(socket.create_connection(("127.0.0.1", self.port), timeout=5))
+
+    def client(self, **kwargs) -> Client:
+        return Client.connect_tcp("127.0.0.1", self.port, default_timeout=10, **kwargs)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._err.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def tcp_serve(tmp_path):
+    servers: list[TcpServe] = []
+
+    def start(*extra: str, **kwargs) -> TcpServe:
+        server = TcpServe(tmp_path, *extra, **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def request(msgid: int, method: str, params: dict) -> bytes:
+    return msgpack.packb([0, msgid, method, [params]], use_bin_type=True)
+
+
+def responses(values: list) -> dict[int, list]:
+    return {v[1]: v for v in values if isinstance(v, list) and len(v) == 4 and v[0] == 1}
+
+
+# Plausible params for each method, so a refusal cannot be an invalid_params in disguise.
+def _params_for(method: str, project: str) -> dict:
+    if method == "session.open":
+        return {"session_id": "intruder", "cwd": project, "trusted": True}
+    if method == "ops.fault":
+        return {"kind": "kill", "path": "/root/session"}
+    if method == "ops.mailbox":
+        return {"path": "/root"}
+    if method.startswith(("cast.", "loadout.", "grid.", "config.", "icarus.", "session.", "harness.", "agent.")):
+        return {"session_id": "intruder"}
+    return {}
+
+
+def test_an_unauthenticated_tcp_client_is_refused_on_every_method(tcp_serve, tmp_path):
+    server = tcp_serve()
+    # The token file: printed on stderr, 0600, in a 0700 directory of castor's user.
+    assert server.token_file is not None, server.stderr_path.read_text()
+    token_path = Path(server.token_file)
+    assert token_path.is_relative_to(tmp_path / "xdg" / "castor")
+    assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token_path.parent.stat().st_mode) == 0o700
+    assert len(server.token) >= 32
+
+    with server.client(token=server.token) as good:
+        catalog = good.hello_result["methods"]
+    assert len(catalog) >= 20 and "session.open" in catalog and "config.validate" in catalog
+
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = tmp_path / "ran"
+    (project / ".pi").mkdir()
+    # A utility command a trusted session would run: it must never run for an intruder.
+    (project / ".pi" / "pi-materia.json").write_text(f'{{"utility": ["sh", "-c", "touch {marker}"]}}')
+
+    peer = server.raw()
+    methods = [m for m in catalog if m != "runtime.hello"]
+    for msgid, method in enumerate(methods, 1):
+        peer.send(request(msgid, method, _params_for(method, str(project))))
+    got = responses(peer.read(10, until=lambda vs: len(responses(vs)) >= len(methods)))
+    assert sorted(got) == list(range(1, len(methods) + 1))
+    codes = {methods[msgid - 1]: reply[2]["code"] for msgid, reply in got.items()}
+    assert codes == {m: "unauthenticated" for m in methods}
+    # A notification is dropped, not run; the connection is still open and the hello still works.
+    peer.send(msgpack.packb([2, "harness.event", [{"session_id": "intruder", "event": "agent_end"}]]))
+    peer.send(request(999, "runtime.hello", {"token": server.token}))
+    hello = responses(peer.read(5, until=lambda vs: 999 in responses(vs)))[999]
+    assert hello[2] is None and hello[3]["methods"] == catalog
+    peer.close()
+
+    with server.client(token=server.token) as good:
+        sessions = good.call("ops.actors", {"prefix": "/root/session"})
+    assert "intruder" not in str(sessions) and not marker.exists()
+    print(f"methods tried unauthenticated and refused: {len(methods)}")
+
+
+def test_a_wrong_token_is_refused_and_the_connection_closed_after_three_tries(tcp_serve):
+    server = tcp_serve()
+    wrong = "x" * len(server.token)
+    peer = server.raw()
+    for msgid, params in enumerate([{}, {"token": wrong}, {"token": server.token[:-1] + "?"}], 1):
+        peer.send(request(msgid, "runtime.hello", params))
+        reply = responses(peer.read(5, until=lambda vs, m=msgid: m in responses(vs)))[msgid]
+        assert reply[2]["code"] == "unauthenticated"
+        assert reply[2]["data"]["attempts_left"] == 3 - msgid
+        assert server.token not in str(reply)
+    peer.read(5)  # the server closes the connection after the third answer
+    assert peer.eof
+    peer.close()
+    # castor.client raises the typed error; the right token still works on a new connection.
+    with pytest.raises(Unauthenticated):
+        server.client(token=wrong)
+    with server.client(token=server.token) as good:
+        assert good.call("ops.actors", {})["actors"]
+    assert server.token not in server.stderr_path.read_text().replace(server.token_file, "")
+
+
+def test_the_token_file_is_removed_at_exit_and_a_given_token_file_is_used(tcp_serve, tmp_path):
+    # A serve killed with -9 left its token file: the next serve removes it (its pid is gone).
+    runtime_dir = tmp_path / "xdg" / "castor"
+    runtime_dir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "xdg").chmod(0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = runtime_dir / f"serve-{dead.pid}-deadbeef.token"
+    stale.write_text("stale-token-0123456789abcdef")
+    alive = runtime_dir / f"serve-{os.getpid()}-cafebabe.token"  # a live pid: kept
+    alive.write_text("live-token-0123456789abcdef")
+    server = tcp_serve()
+    token_file = Path(server.token_file)
+    assert token_file.exists() and not stale.exists() and alive.exists()
+    assert server.stop() == 0
+    assert not token_file.exists()
+
+    mine = tmp_path / "my.token"
+    mine.write_text("a-token-of-mine-0123456789abcdef\n")
+    mine.chmod(0o600)
+    given = tcp_serve("--token-file", str(mine))
+    assert given.token_file is None  # nothing generated, nothing printed
+    with given.client(token_file=str(mine)) as good:
+        assert "ops.actors" in good.hello_result["methods"]
+    with pytest.raises(Unauthenticated):
+        given.client(token="a-token-of-mine-0123456789abcdeX")
+    assert mine.exists()  # a given file is the user's: never removed
+    # The environment names a token file too (for the server and for castor inspect).
+    via_env = tcp_serve(env={"CASTOR_TOKEN_FILE": str(mine)})
+    done = subprocess.run(castor_argv("inspect", "--tcp", f"127.0.0.1:{via_env.port}", "--json"),
+                          env={**serve_env(tmp_path), "CASTOR_TOKEN_FILE": str(mine)}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0 and '"actors"' in done.stdout, done.stderr
+    done = subprocess.run(castor_argv("inspect", "--tcp", f"127.0.0.1:{via_env.port}", "--token-file", str(mine)),
+                          env=serve_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(castor_argv("inspect", "--tcp", f"127.0.0.1:{via_env.port}"),
+                          env=serve_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and done.stderr.startswith("castor: unauthenticated: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("setup, expect", [
+    ("symlinked-runtime-dir", "forbidden"),
+    ("group-readable-token-file", "forbidden"),
+    ("symlinked-token-file", "forbidden"),
+    ("short-token-file", "invalid_config"),
+    ("missing-token-file", "invalid_config"),
+])
+def test_unsafe_token_files_and_runtime_dirs_are_refused_with_one_line_and_exit_2(tmp_path, setup, expect):
+    env = {**serve_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
+    (tmp_path / "xdg").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["serve", "--tcp", f"127.0.0.1:{free_port()}"]
+    token = tmp_path / "t.token"
+    if setup == "symlinked-runtime-dir":
+        (tmp_path / "xdg" / "castor").symlink_to(elsewhere)
+    elif setup == "group-readable-token-file":
+        token.write_text("z" * 40)
+        token.chmod(0o640)
+        argv += ["--token-file", str(token)]
+    elif setup == "symlinked-token-file":
+        (elsewhere / "real").write_text("z" * 40)
+        (elsewhere / "real").chmod(0o600)
+        token.symlink_to(elsewhere / "real")
+        argv += ["--token-file", str(token)]
+    elif setup == "short-token-file":
+        token.write_text("short")
+        token.chmod(0o600)
+        argv += ["--token-file", str(token)]
+    else:
+        argv += ["--token-file", str(tmp_path / "nope.token")]
+    done = subprocess.run(castor_argv(*argv), env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"castor: {expect}: "), done.stderr
+    assert os.listdir(elsewhere) in ([], ["real"])  # nothing written through the symlink
+
+
+def test_a_unix_socket_may_require_the_token_too(tmp_path):
+    path = str(tmp_path / "c.sock")
+    env = {**serve_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    err = open(tmp_path / "err", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(castor_argv("serve", "--socket", path, "--require-token"), env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: os.path.exists(path) or proc.poll() is not None, 20, "the socket")
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        token_file = TOKEN_LINE.search((tmp_path / "err").read_text()).group(1)
+        with Client.connect_unix(path, default_timeout=10) as anonymous:
+            with pytest.raises(Unauthenticated):
+                anonymous.call("ops.actors", {})
+        with Client.connect_unix(path, default_timeout=10, token_file=token_file) as good:
+            assert good.call("ops.actors", {})["actors"]
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        err.close()
+
+
+def test_stdio_refuses_token_flags(tmp_path):
+    done = subprocess.run(castor_argv("serve", "--stdio", "--require-token"), env=serve_env(tmp_path),
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stderr.startswith("castor: invalid_params: ")
+
+
+# --------------------------------------------------------------------------- who may say "trusted"
+
+
+def test_trusted_is_granted_to_authenticated_peers_only(tcp_serve, tmp_path, socket_server):
+    project = tmp_path / "proj"
+    project.mkdir()
+    server = tcp_serve()
+    # Unauthenticated: refused before anything is opened (the catalog loop above covers it too).
+    peer = server.raw()
+    peer.send(request(1, "session.open", {"session_id": "t1", "cwd": str(project), "trusted": True}))
+    assert responses(peer.read(5, until=lambda vs: 1 in responses(vs)))[1][2]["code"] == "unauthenticated"
+    peer.close()
+    # With the token: may assert trusted.
+    with server.client(token=server.token) as good:
+        good.on_request("ui.notify", lambda p: {"ok": True})
+        opened = good.call("session.open", {"session_id": "t1", "cwd": str(project), "trusted": True})
+        assert opened["session_id"] == "t1"
+    # A Unix socket peer of castor's own user (SO_PEERCRED) may too, without a token.
+    with socket_server.client() as local:
+        local.on_request("ui.notify", lambda p: {"ok": True})
+        assert local.call("session.open", {"session_id": "t2", "cwd": str(project), "trusted": True})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_a_unix_socket_peer_of_another_user_is_refused_even_if_the_socket_mode_lets_it_in(tmp_path):
+    import shutil
+    import tempfile
+
+    from .conftest import SocketServer
+
+    reachable = Path(tempfile.mkdtemp(prefix="castor-peer-"))  # under /tmp: every parent is searchable
+    reachable.chmod(0o755)
+    socket_server = SocketServer(reachable)
+    os.chmod(socket_server.path, 0o666)  # simulate a mistake: the mode alone would let anyone in
+    try:
+        _connect_as_nobody(socket_server)
+    finally:
+        socket_server.stop()
+        shutil.rmtree(reachable, ignore_errors=True)
+
+
+def _connect_as_nobody(socket_server) -> None:
+    script = (
+        "import os, socket, msgpack\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        f"s = socket.socket(socket.AF_UNIX); s.connect({socket_server.path!r}); s.settimeout(5)\n"
+        "try:\n"
+        "    s.sendall(msgpack.packb([0, 1, 'ops.actors', [{}]]))\n"
+        "except BrokenPipeError:\n"
+        "    pass  # already closed: what it was told is read below\n"
+        "u = msgpack.Unpacker(raw=False)\n"
+        "data = b''\n"
+        "while True:\n"
+        "    try:\n"
+        "        chunk = s.recv(65536)\n"
+        "    except ConnectionResetError:\n"
+        "        break\n"
+        "    if not chunk: break\n"
+        "    u.feed(chunk)\n"
+        "print([v for v in u])\n"
+    )
+    done = subprocess.run([os.sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
+                          env={**os.environ})
+    assert done.returncode == 0, done.stderr
+    assert "unauthenticated" in done.stdout and "'actors'" not in done.stdout
+    assert socket_server.alive()
+
+
+def test_check_trusted_assertion_refuses_a_connection_without_the_grant():
+    from types import SimpleNamespace
+
+    from castor.endpoint.auth import check_trusted_assertion
+
+    check_trusted_assertion(False, SimpleNamespace(state={}))
+    check_trusted_assertion(True, SimpleNamespace(state={"may_trust": True}))
+    with pytest.raises(Forbidden) as refused:
+        check_trusted_assertion(True, SimpleNamespace(state={}))
+    assert refused.value.data["reason"] == "trust_not_allowed"
+
+
+# --------------------------------------------------------------------------- fair slots
+
+
+@pytest.mark.timeout(180)
+def test_64_idle_connections_are_closed_by_the_idle_timeout_and_a_65th_is_served(tcp_serve):
+    # 5 s: long enough that all 64 are still open when the 65th knocks, even on a loaded machine.
+    server = tcp_serve("--idle-timeout", "5", "--hello-timeout", "60")
+    idle = []
+    for _ in range(64):
+        client = server.client(token=server.token)  # authenticated, then silent
+        idle.append(client)
+    assert not any(c.closed for c in idle), "the connect phase outlasted the idle timeout; the lockout is not shown"
+    # The slots are full: the next one is refused now ...
+    locked_out = server.raw()
+    refusal = locked_out.read(5)
+    assert locked_out.eof and refusal and refusal[0][2][0]["code"] == "mailbox_full"
+    locked_out.close()
+    # ... and every idle one is closed by the idle timeout, with an error notification saying why.
+    wait_until(lambda: all(c.closed for c in idle), 30, "the idle connections to be closed")
+    reasons = {e.get("data", {}).get("reason") for c in idle for e in c.errors}
+    assert reasons == {"idle_timeout"}
+    for c in idle:
+        c.close()
+    with server.client(token=server.token) as the_65th:
+        assert the_65th.call("ops.actors", {})["actors"]
+
+
+def test_connections_that_never_say_hello_are_closed_by_the_hello_deadline(tcp_serve):
+    server = tcp_serve("--hello-timeout", "0.5", "--idle-timeout", "off")
+    peers = [server.raw() for _ in range(64)]
+    for peer in peers:
+        peer.send(request(1, "ops.actors", {}))  # busy, but never authenticated
+    for peer in peers:
+        values = peer.read(10)
+        assert peer.eof, "a connection without hello outlived the deadline"
+        notes = [v for v in values if v[0] == 2 and v[1] == "error"]
+        assert notes and notes[-1][2][0]["data"]["reason"] == "hello_timeout"
+        peer.close()
+    with server.client(token=server.token) as served:
+        assert served.call("ops.actors", {})["actors"]
+
+
+def test_a_connection_holding_a_session_is_never_idle(tcp_serve, tmp_path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    server = tcp_serve("--idle-timeout", "2")  # room for connect + session.open on a loaded machine
+    with server.client(token=server.token) as holder, server.client(token=server.token) as bystander:
+        holder.on_request("ui.notify", lambda p: {"ok": True})
+        holder.call("session.open", {"session_id": "held", "cwd": str(project)})
+        wait_until(lambda: bystander.closed, 20, "the bystander's idle timeout")
+        deadline = time.monotonic() + 4  # two idle timeouts more
+        while time.monotonic() < deadline:
+            assert not holder.closed
+            time.sleep(0.1)
+        assert holder.call("ops.actors", {})["actors"]
+
+
+@pytest.mark.parametrize("mode, ok", [(0o777, False), (0o770, False), (0o1777, True), (0o755, True), (0o700, True)])
+def test_a_socket_directory_others_may_write_to_is_refused(tmp_path, mode, ok):
+    from castor.endpoint.listeners import bind_unix
+
+    directory = tmp_path / "d"
+    directory.mkdir()
+    directory.chmod(mode)
+    if ok:
+        sock, _inode = bind_unix(str(directory / "c.sock"))
+        sock.close()
+        assert stat.S_IMODE(os.lstat(directory / "c.sock").st_mode) == 0o600
+    else:
+        with pytest.raises(Forbidden) as refused:
+            bind_unix(str(directory / "c.sock"))
+        assert refused.value.data["reason"] == "socket_dir_not_private"
+        assert os.listdir(directory) == []
+    done = subprocess.run(castor_argv("serve", "--socket", str(directory / "x.sock")), env=serve_env(tmp_path),
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL) if not ok else None
+    if done is not None:
+        assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ")
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_runtime_directory_falls_back_to_home_when_xdg_runtime_dir_is_missing(tmp_path, monkeypatch):
+    from castor.endpoint.auth import new_token_file, runtime_dir
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    directory = runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone")})
+    assert directory == str(home / ".castor" / "run")
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(home / ".castor").st_mode) == 0o700
+    token, path = new_token_file(directory)
+    assert Path(path).read_text().strip() == token and stat.S_IMODE(os.stat(path).st_mode) == 0o600
