@@ -194,7 +194,8 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
     """Issues of one config file layered over the bundled default (``castor validate``).
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
-    socket ``multiTurn``...) are reported. Empty list = valid.
+    socket ``multiTurn``...) are reported, and every other loadout for its warnings. Warnings
+    (``severity == "warning"``) come after the errors; no error = valid.
     """
     path = Path(path)
     data, issues = read_layer(path)
@@ -202,12 +203,22 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
         return issues
     loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
     if loaded.issues:
-        return loaded.issues
+        return loaded.issues + loaded.warnings
     try:
-        resolve_config(loaded)
+        active = resolve_config(loaded)
     except ConfigError as exc:
         return [i if i.source else i.model_copy(update={"source": str(path)}) for i in exc.issues]
-    return []
+    # Warnings of every loadout (a problem in one that is not active yet is still worth saying).
+    warnings = list(active.warnings)
+    for name in loaded.merged.get("loadouts") or {}:
+        if name != active.pipeline.loadout_name:
+            try:
+                warnings.extend(resolve_config(loaded, name).warnings)
+            except ConfigError:
+                pass  # refused only when it becomes the active loadout, as in pi-materia
+    seen: set[tuple[str, str]] = set()
+    unique = [w for w in warnings if (w.code, w.path) not in seen and not seen.add((w.code, w.path))]
+    return [w if w.source else w.model_copy(update={"source": str(path)}) for w in unique]
 
 
 def save_active_loadout(

@@ -48,10 +48,19 @@ OTHER_CODES = (
     "invalid-generator",
     "invalid-field",
 )
+#: Warning codes: castor loads and runs the config (the way pi-materia does) and says why it is suspect.
+WARNING_CODES = (
+    "text-socket-guarded-edge",
+    "unknown-thinking",
+    "socket-limit-enforced",
+)
 
 
 class ConfigIssue(BaseModel):
-    """One config problem: a stable ``code``, where it is, and a readable message."""
+    """One config problem: a stable ``code``, where it is, and a readable message.
+
+    ``severity`` ``"error"`` refuses the config; ``"warning"`` loads and runs it and reports it
+    (``castor validate``, the cast's ``config_warning`` events, the cast start result)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -59,10 +68,20 @@ class ConfigIssue(BaseModel):
     path: str = ""
     message: str
     source: str | None = None
+    severity: Literal["error", "warning"] = "error"
+
+    @property
+    def is_warning(self) -> bool:
+        return self.severity == "warning"
 
     def __str__(self) -> str:
         where = f"{self.source or '<config>'}#{self.path or '/'}"
-        return f"[{self.code}] {where}: {self.message}"
+        label = f"warning {self.code}" if self.is_warning else self.code
+        return f"[{label}] {where}: {self.message}"
+
+
+def warning(code: str, path: str, message: str, source: str | None = None) -> ConfigIssue:
+    return ConfigIssue(code=code, path=path, message=message, source=source, severity="warning")
 
 
 class ConfigError(InvalidConfig):
@@ -141,7 +160,7 @@ class AgentMateria(_Model):
     prompt: str
     tools: Literal["none", "readOnly", "coding"]
     model: str | None = None
-    thinking: Literal["off", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking: str | None = None  # a level castor does not know is warned about and not applied
     multi_turn: bool = False
     generator: bool = False
     parse: str | None = None  # palette metadata only (§1.3)
@@ -303,6 +322,7 @@ class ResolvedConfig(_Model):
     budget: Budget = Field(default_factory=Budget)
     limits: Limits = Field(default_factory=Limits)
     compaction: Compaction | None = None
+    warnings: list[ConfigIssue] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- helpers

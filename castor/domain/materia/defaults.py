@@ -145,6 +145,10 @@ _DEFAULT: dict[str, Any] = {
                     "sockets": ["Socket-4", "Socket-5", "Socket-6"],
                     "consumes": {"from": "Socket-3", "output": "workItems"},
                     "exit": {"from": "Socket-6", "when": "always", "to": "Socket-7"},
+                    # An empty work list enters the loop at Socket-4: this route takes it to the
+                    # summary (with no route from the entered member the cast would end there).
+                    "exits": [{"id": "exit:Socket-4:always", "from": "Socket-4", "condition": "always",
+                               "targetSocketId": "Socket-7"}],
                 }
             },
         },

@@ -116,6 +116,7 @@ from castor.domain.materia.config import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_UTILITY_TIMEOUT_MS,
     END,
+    THINKING_LEVELS,
     ResolvedSocket,
 )
 from castor.domain.materia.expressions import (
@@ -320,6 +321,10 @@ def _start_cast(ev: CastStarted) -> Transition:
     ctx.emit("cast_start", {"request": ev.request, "configSource": cfg.source, "artifactRoot": ev.artifact_root,
                             "pipeline": loadout_cfg, "loadout": name, "nativeSession": True,
                             "isolatedMateriaContext": True})
+    for warning in cfg.warnings:  # loaded and run the way pi-materia does; said once per cast
+        ctx.emit("config_warning", {"code": warning.code, "path": warning.path, "source": warning.source,
+                                    "message": warning.message})
+        ctx.notify("warning", f"materia config warning [{warning.code}] {warning.path}: {warning.message}")
     ctx.write_usage()
     try:
         _goto(ctx, entry, None)
@@ -510,7 +515,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
     effect = RunAgentTurn(
         visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
         prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
-        model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
+        model=(rs.materia.model or "").strip() or None, tools=rs.materia.tools,
+        thinking=rs.materia.thinking if rs.materia.thinking in THINKING_LEVELS else None,  # else: warned at load
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
         isolated_context=synthetic,
