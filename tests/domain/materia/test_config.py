@@ -108,7 +108,7 @@ def test_sockets_replaced_wholesale_and_loops_dropped_without_override() -> None
 def test_budget_limits_shallow_merge() -> None:
     merged = merge_layers([(DEFAULT_LABEL, default_config()), ("p", {"limits": {"maxSocketVisits": 3},
                                                                      "budget": {"maxCostUsd": None}})]).merged
-    assert merged["limits"] == {"maxSocketVisits": 3, "maxEdgeTraversals": 50}
+    assert merged["limits"] == {"maxSocketVisits": 3, "maxEdgeTraversals": 25}
     assert "maxCostUsd" not in merged["budget"] and merged["budget"]["maxTokens"] == 4_000_000
 
 
