@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from castor.messages.errors import ErrorCode, InvalidConfig
@@ -217,6 +217,12 @@ class Socket(_Model):
     limits: SocketLimits | None = None
     socket_kind: Literal["entry", "normal"] | None = None
 
+    @field_validator("assign", "edges", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any, info: Any) -> Any:
+        # pi-materia reads an explicit null (as an editor may save it) as "none".
+        return ({} if info.field_name == "assign" else []) if value is None else value
+
     @property
     def is_json(self) -> bool:
         return self.parse == "json"
@@ -242,6 +248,11 @@ class LoopExit(_Model):
     when: Literal["always", "satisfied", "not_satisfied"] = "always"
     to: str = END
 
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when_alias(cls, value: Any) -> Any:
+        return "always" if value is None or value in ("", "flow", "Flow") else value  # as edges
+
 
 class LoopExitRoute(_Model):
     id: str
@@ -257,6 +268,11 @@ class Loop(_Model):
     iterator: LoopIterator | None = None
     exit: LoopExit | None = None
     exits: list[LoopExitRoute] = Field(default_factory=list)
+
+    @field_validator("exits", mode="before")
+    @classmethod
+    def _null_exits(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
 class Loadout(_Model):

@@ -160,3 +160,34 @@ def test_a_name_needing_escapes_is_written_as_valid_json() -> None:
 def test_text_that_is_not_one_object_is_refused(text: str) -> None:
     with pytest.raises(EditRefused):
         set_top_level_string(text, "activeLoadout", "Y")
+
+
+# --------------------------------------------------------------------------- shapes pi-materia tolerates
+
+
+def test_explicit_nulls_an_editor_may_save_load_as_empty() -> None:
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "G", "parse": "json", "assign": None,
+                             "edges": [{"when": "always", "to": "Socket-2"}]},
+                "Socket-2": {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": "Socket-3"}]},
+                "Socket-3": {"type": "agent", "materia": "A", "parse": "json", "edges": None, "assign": None}},
+               loops={"lp": {"sockets": ["Socket-2", "Socket-3"], "consumes": {"from": "Socket-1"}, "exits": None,
+                             "exit": {"from": "Socket-3", "when": "Flow", "to": "end"}}})
+    cfg["loadouts"]["L"]["sockets"]["Socket-3"]["edges"] = [{"when": "always", "to": "Socket-2"}]
+    rc = resolve_config(load_config([("t.json", cfg)]))
+    assert rc.warnings == []
+    assert rc.pipeline.loops["lp"].exit is not None and rc.pipeline.loops["lp"].exit.when == "always"
+    lone = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edges": None, "assign": None}})
+    assert resolve_config(load_config([("t.json", lone)])).pipeline.sockets["Socket-1"].socket.edges == []
+
+
+@pytest.mark.parametrize(("where", "code"), [("edge", "invalid-socket"), ("limits", "invalid-limits")])
+def test_limits_that_can_only_fail_every_cast_are_refused(where: str, code: str) -> None:
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": "Socket-2"}]},
+                "Socket-2": {"type": "agent", "materia": "A"}})
+    if where == "edge":
+        cfg["loadouts"]["L"]["sockets"]["Socket-1"]["edges"][0]["maxTraversals"] = -1
+    else:
+        cfg["limits"] = {"maxSocketVisits": 0}
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t.json", cfg)]))
+    assert code in [i.code for i in err.value.issues]
