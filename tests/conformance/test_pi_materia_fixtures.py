@@ -238,6 +238,27 @@ def test_pi_materias_own_definitions_as_a_layer_get_no_bundled_setting_pi_materi
                                            **layer[rs.materia_name]}.get("thinking"), rs.materia_name
 
 
+def test_pi_materias_default_json_as_a_layer_merges_to_exactly_its_own_definitions() -> None:
+    """Every key castor's bundled definition of a pi-materia name has, pi-materia's has too, so
+    layering pi-materia's whole bundled default over castor's gives pi-materia's definitions
+    exactly — not one field (not even a UI label) of castor's left in them."""
+    from castor.domain.materia.graph import normalize_loadout
+
+    pi = fixture_json("default.json")
+    ours = default_config()
+    for name, entry in pi["materia"].items():
+        assert set(ours["materia"][name]) <= set(entry), name
+    merged = load_config(_layers("default.json")).merged
+    for name, entry in pi["materia"].items():
+        assert merged["materia"][name] == entry, name
+    for name, loadout in pi["loadouts"].items():
+        prepared = load_config([("pi-only", pi)]).merged["loadouts"][name]
+        assert merged["loadouts"][name] == prepared, name
+        assert normalize_loadout(loadout)["sockets"].keys() == merged["loadouts"][name]["sockets"].keys()
+    for key in ("activeLoadout", "artifactDir", "limits", "budget"):
+        assert merged[key] == pi[key], key
+
+
 def test_castors_bundled_definitions_of_pi_materias_names_match_pi_materias_settings() -> None:
     """Structure and settings as data: every bundled materia and loadout named like one of
     pi-materia's has pi-materia's settings (UI labels, prompts and the editor's layout aside)."""

@@ -321,8 +321,8 @@ _DEFAULT: dict[str, Any] = {
         "greeter": {"prompt": _GREETER, "tools": "readOnly", "label": "Greeter",
                     "description": "Answers a request in one turn."},
         # Shared with pi-materia's bundled names: the same settings (no thinking level of its own).
-        "planner": {"prompt": _PLANNER, "tools": "readOnly", "generator": True, "parse": "json",
-                    "label": "Planner", "description": "Turns a request into work items."},
+        # (no UI label either: a field pi-materia's planner lacks would survive in a user's planner)
+        "planner": {"prompt": _PLANNER, "tools": "readOnly", "generator": True, "parse": "json"},
         "interactivePlanner": {"prompt": _INTERACTIVE_PLANNER, "tools": "readOnly", "generator": True,
                                "multiTurn": True, "label": "Interactive planner",
                                "description": "Plans with the user; /materia continue finalises."},
