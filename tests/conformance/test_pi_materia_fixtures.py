@@ -74,11 +74,12 @@ WORK_ITEM = {"id": "alpha", "title": "Alpha", "description": "Make alpha.", "acc
              "context": {"architecture": "", "constraints": [], "dependencies": [], "risks": []}}
 
 
-def script_for(fixture: str, loadout: str, *, work_items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def script_for(fixture: str | None, loadout: str, *, work_items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A socket-keyed answer script that satisfies every socket of ``loadout`` (JSON sockets get
     a valid envelope; generators the work items; multi-turn sockets one refinement reply, then the
-    final JSON the CLI's finalization asks for)."""
-    pipeline = resolve_config(load_config(_layers(fixture)), loadout).pipeline
+    final JSON the CLI's finalization asks for). ``fixture`` None: castor's bundled layer alone."""
+    layers = _layers(fixture) if fixture else [(DEFAULT_LABEL, default_config())]
+    pipeline = resolve_config(load_config(layers), loadout).pipeline
     items = [WORK_ITEM] if work_items is None else work_items
     script: dict[str, list[Any]] = {}
     for sid, rs in pipeline.sockets.items():
@@ -162,6 +163,18 @@ def test_a_scripted_cast_of_every_loadout_completes(tmp_path: Path, fixture: str
     assert set(started(run_dir)) == set(fixture_json(fixture)["loadouts"][loadout]["sockets"])
     state = json.loads((run_dir / "state.json").read_text())["state"]
     assert state["phase"] == "complete" and state["cursors"].get("workItemIndex") == 1
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("loadout", ["Full-Auto", "Planning-Consult", "Hojo-Consult"])
+def test_castors_own_bundled_pi_materia_loadouts_run_with_no_project_config(tmp_path: Path, loadout: str) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    result, run_dir = run_cast(tmp_path, project, loadout, script_for(None, loadout))
+    assert result.returncode == 0, result.stderr
+    assert set(started(run_dir)) == set(default_config()["loadouts"][loadout]["sockets"])
+    contexts = "".join(p.read_text() for p in (run_dir / "contexts").iterdir())
+    assert "Add the alpha feature" in contexts and "{{" not in contexts  # castor's prompts, rendered
 
 
 @pytest.mark.timeout(240)
@@ -326,3 +339,31 @@ def test_an_unknown_loadout_leaves_the_file_byte_for_byte(tmp_path: Path) -> Non
     result = castor(tmp_path, "loadout", "Nope", cwd=project)
     assert result.returncode == 1 and "Unknown Materia loadout" in result.stderr
     assert target.read_bytes() == original
+
+
+@pytest.mark.timeout(120)
+def test_castor_loadout_through_a_symlinked_config_never_writes_outside_the_project(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    outside = tmp_path / "elsewhere.json"
+    shutil.copyfile(fixture_path("default.json"), outside)
+    original = outside.read_bytes()
+    (project / ".pi" / "pi-materia.json").symlink_to(outside)
+    result = castor(tmp_path, "loadout", "Hojo-Consult", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert outside.read_bytes() == original  # the link's target is untouched
+    written = project / ".pi" / "pi-materia.json"
+    assert not written.is_symlink()
+    assert written.read_text(encoding="utf-8") == original.decode("utf-8").replace(
+        '"activeLoadout": "Full-Auto"', '"activeLoadout": "Hojo-Consult"', 1)
+
+
+@pytest.mark.timeout(120)
+def test_castor_loadout_refuses_a_file_that_is_not_json_and_leaves_it(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    target = project / ".pi" / "pi-materia.json"
+    target.write_text('{"activeLoadout": "build", oops')
+    result = castor(tmp_path, "loadout", "build", cwd=project)
+    assert result.returncode == 1 and "invalid_config" in result.stderr and "Traceback" not in result.stderr
+    assert target.read_text() == '{"activeLoadout": "build", oops'
