@@ -152,7 +152,7 @@ def resolve_config(
             loops_out[loop_id] = loop
     issues.extend(_text_guard_issues(name, sockets_out, source))
     issues.extend(_enforced_limit_warnings(name, sockets_out, source))
-    warnings = [i for i in issues if i.is_warning]
+    warnings = [_attribute(i, provenance) for i in issues if i.is_warning]
     issues = [i for i in issues if not i.is_warning]
     if issues:
         raise ConfigError(issues)
@@ -260,6 +260,18 @@ def _derived_iterator(loop: Loop):
     assert c is not None
     return LoopIterator.model_validate({"items": "state.workItems", "as": c.as_ or "workItem",
                                         "cursor": c.cursor or "workItemIndex", "done": c.done or END})
+
+
+def _attribute(issue: ConfigIssue, provenance: Provenance) -> ConfigIssue:
+    """The warning's ``source`` narrowed from the merged layers to the layer file that set the
+    place it points at (the loadout's, or the materia field's), when provenance knows it."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in issue.path.split("/")[1:]]
+    label = None
+    if len(parts) >= 2 and parts[0] == "loadouts" and parts[1] not in provenance.protected_loadouts:
+        label = provenance.loadouts.get(parts[1])  # (a bundled loadout always reports the default layer)
+    elif len(parts) >= 3 and parts[0] == "materia":
+        label = provenance.materia.get(parts[1], {}).get(parts[2])
+    return issue.model_copy(update={"source": label}) if label else issue
 
 
 def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: str | None) -> list[ConfigIssue]:

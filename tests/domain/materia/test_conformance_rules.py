@@ -191,3 +191,12 @@ def test_limits_that_can_only_fail_every_cast_are_refused(where: str, code: str)
     with pytest.raises(ConfigError) as err:
         resolve_config(load_config([("t.json", cfg)]))
     assert code in [i.code for i in err.value.issues]
+
+
+def test_a_warning_names_the_layer_file_that_set_the_place() -> None:
+    user = {"materia": {"A": {"prompt": "p", "tools": "none", "thinking": "ultra"}}}
+    project = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"when": "satisfied", "to": "Socket-1"}]}})
+    del project["materia"]
+    rc = resolve_config(load_config([(DEFAULT_LABEL, default_config()), ("user.json", user), ("project.json", project)]))
+    assert {(w.code, w.source) for w in rc.warnings} == {("unknown-thinking", "user.json"),
+                                                         ("text-socket-guarded-edge", "project.json")}
