@@ -200,3 +200,24 @@ def test_a_warning_names_the_layer_file_that_set_the_place() -> None:
     rc = resolve_config(load_config([(DEFAULT_LABEL, default_config()), ("user.json", user), ("project.json", project)]))
     assert {(w.code, w.source) for w in rc.warnings} == {("unknown-thinking", "user.json"),
                                                          ("text-socket-guarded-edge", "project.json")}
+
+
+# --------------------------------------------------------------------------- nulls in a higher layer
+
+
+def test_nulls_in_a_higher_layer_merge_as_in_pi_materia() -> None:
+    from castor.domain.materia.layers import merge_layers
+
+    base = default_config()
+    merged = merge_layers([(DEFAULT_LABEL, base), ("p", {"activeLoadout": None, "budget": None, "limits": None,
+                                                         "materia": None, "loadouts": None})]).merged
+    assert merged["activeLoadout"] == base["activeLoadout"] and merged["budget"] == base["budget"]
+    assert merged["limits"] == base["limits"] and merged["materia"] == base["materia"]
+    assert merged["loadouts"] == base["loadouts"]
+    loops_null = merge_layers([(DEFAULT_LABEL, base), ("p", {"loadouts": {"Full-Auto": {"loops": None}}})]).merged
+    assert loops_null["loadouts"]["Full-Auto"]["loops"] == base["loadouts"]["Full-Auto"]["loops"]  # no sockets key
+    sockets_null = merge_layers([(DEFAULT_LABEL, base), ("p", {"loadouts": {"Full-Auto": {"sockets": None}}})]).merged
+    assert sockets_null["loadouts"]["Full-Auto"]["sockets"] == base["loadouts"]["Full-Auto"]["sockets"]
+    assert "loops" not in sockets_null["loadouts"]["Full-Auto"]  # a sockets key, even null, drops the loops
+    entry_null = load_config([(DEFAULT_LABEL, base), ("p", {"loadouts": {"build": {"entry": None}}})])
+    assert entry_null.merged["loadouts"]["build"]["entry"] == "Socket-1"  # null entry: the first socket
