@@ -429,8 +429,13 @@ def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     if rs.materia is None:
         return None
     model = (rs.materia.model or "").strip() or None
-    return {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
-            "source": "configured" if model or rs.materia.thinking else "active"}
+    record = {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
+              "source": "configured" if model or rs.materia.thinking else "active"}
+    if rs.materia.thinking and rs.materia.thinking not in THINKING_LEVELS:
+        # Not applied (warned at load): the turn keeps the harness's level, as pi-materia falls back.
+        record.update(thinking=None, requestedThinking=rs.materia.thinking, thinkingFallbackReason="unknown_thinking",
+                      source="configured" if model else "active")
+    return record
 
 
 def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:

@@ -69,6 +69,9 @@ def test_an_unknown_thinking_level_loads_with_a_warning_and_is_not_applied() -> 
     assert [(w.code, w.path) for w in rc.warnings] == [("unknown-thinking", "/materia/A/thinking")]
     d = Driver(rc)
     assert d.pending().thinking is None  # the harness keeps its own level, as pi-materia falls back
+    (settings,) = d.events("materia_model_settings")
+    assert settings.data["materiaModel"]["thinkingFallbackReason"] == "unknown_thinking"
+    assert settings.data["materiaModel"]["requestedThinking"] == "max" and settings.data["materiaModel"]["thinking"] is None
     assert [e.data["code"] for e in d.events("config_warning")] == ["unknown-thinking"]
 
 
