@@ -67,3 +67,15 @@ def test_castor_validate_prints_warnings_and_still_exits_zero(tmp_path, project)
     result = subprocess.run([sys.executable, "-m", "castor", "validate", ".pi/pi-materia.json"], cwd=project,
                             env=env, text=True, capture_output=True, timeout=60)
     assert result.returncode == 1 and "[unknown-materia]" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_castor_grid_lists_the_warnings_of_the_loadout(tmp_path, project):
+    write_project_config(project, GUARDED_TEXT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    result = subprocess.run([sys.executable, "-m", "castor", "grid"], cwd=project, env=env, text=True,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    tail = result.stdout.split("\nwarnings:\n", 1)[1]
+    assert tail.startswith(f"  [text-socket-guarded-edge] {WHERE}: ")
