@@ -367,3 +367,22 @@ def test_castor_loadout_refuses_a_file_that_is_not_json_and_leaves_it(tmp_path: 
     result = castor(tmp_path, "loadout", "build", cwd=project)
     assert result.returncode == 1 and "invalid_config" in result.stderr and "Traceback" not in result.stderr
     assert target.read_text() == '{"activeLoadout": "build", oops'
+
+
+@pytest.mark.timeout(120)
+def test_two_castor_loadout_runs_at_once_leave_one_whole_edit(tmp_path: Path) -> None:
+    """Each write is a complete temp file renamed over the config: whichever lands last, the
+    file is pi-materia's text with exactly one of the two names, never a mix or a torn file."""
+    project = project_with(tmp_path, "default.json")
+    target = project / ".pi" / "pi-materia.json"
+    original = target.read_text(encoding="utf-8")
+    procs = [subprocess.Popen([sys.executable, "-m", "castor", "loadout", name], cwd=project, env=_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("Planning-Consult", "Hojo-Consult")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err
+    final = target.read_text(encoding="utf-8")
+    assert final in {original.replace('"activeLoadout": "Full-Auto"', f'"activeLoadout": "{name}"', 1)
+                     for name in ("Planning-Consult", "Hojo-Consult")}
+    assert [p.name for p in target.parent.iterdir()] == ["pi-materia.json"]  # no temp file left behind
