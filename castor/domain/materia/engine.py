@@ -41,7 +41,7 @@ Decision table (trigger → state → effects/events → next state):
 
 | trigger | state | effects / events | next |
 |---|---|---|---|
-| CastStarted | — | write config.resolved.json, manifest.json; ``cast_start``; start entry | awaiting entry socket |
+| CastStarted | — | write config.resolved.json, manifest.json; ``cast_start``; ``config_warning`` per config warning; start entry | awaiting entry socket |
 | start socket | loop socket, no item | (no visit, no ``socket_start``) route to empty-loop target | next socket / complete |
 | start socket | visits+1 > limit | ``cast_end{ok:false}`` | failed |
 | start socket | agent | ``socket_start``, ``materia_model_settings``, context artifact, RunAgentTurn | awaiting_agent_response |
