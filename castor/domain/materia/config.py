@@ -235,6 +235,11 @@ class LoopConsumes(_Model):
     cursor: str | None = None
     done: str | None = None
 
+    @field_validator("output", mode="before")
+    @classmethod
+    def _null_output(cls, value: Any) -> Any:
+        return "workItems" if value is None else value  # pi-materia: output ?? "workItems"
+
 
 class LoopIterator(_Model):
     items: str

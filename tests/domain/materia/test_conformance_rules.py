@@ -173,12 +173,14 @@ def test_explicit_nulls_an_editor_may_save_load_as_empty() -> None:
                              "edges": [{"when": "always", "to": "Socket-2"}]},
                 "Socket-2": {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": "Socket-3"}]},
                 "Socket-3": {"type": "agent", "materia": "A", "parse": "json", "edges": None, "assign": None}},
-               loops={"lp": {"sockets": ["Socket-2", "Socket-3"], "consumes": {"from": "Socket-1"}, "exits": None,
+               loops={"lp": {"sockets": ["Socket-2", "Socket-3"], "consumes": {"from": "Socket-1", "output": None},
+                             "exits": None,
                              "exit": {"from": "Socket-3", "when": "Flow", "to": "end"}}})
     cfg["loadouts"]["L"]["sockets"]["Socket-3"]["edges"] = [{"when": "always", "to": "Socket-2"}]
     rc = resolve_config(load_config([("t.json", cfg)]))
     assert rc.warnings == []
     assert rc.pipeline.loops["lp"].exit is not None and rc.pipeline.loops["lp"].exit.when == "always"
+    assert rc.pipeline.loops["lp"].consumes is not None and rc.pipeline.loops["lp"].consumes.output == "workItems"
     lone = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edges": None, "assign": None}})
     assert resolve_config(load_config([("t.json", lone)])).pipeline.sockets["Socket-1"].socket.edges == []
 
