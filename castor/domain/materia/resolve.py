@@ -64,7 +64,8 @@ def load_config(
     source = merged_result.provenance.source or None
     issues.extend(validate_merged(merged, source=source))
     return LoadedConfig(merged=merged, provenance=merged_result.provenance, layers=layer_info or [],
-                        issues=[i for i in issues if not i.is_warning], warnings=[i for i in issues if i.is_warning])
+                        issues=[i for i in issues if not i.is_warning],
+                        warnings=[_attribute(i, merged_result.provenance) for i in issues if i.is_warning])
 
 
 def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> list[ConfigIssue]:
