@@ -568,11 +568,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from castor.adapters.materia.config_loader import validate_file
 
     issues = validate_file(args.config_path)
-    if not issues:
+    for issue in issues:
+        print(str(issue), file=sys.stderr)  # errors first, then warnings ("[warning <code>] ...")
+    if not any(not issue.is_warning for issue in issues):
         _out(f"{args.config_path}: valid")
         return EXIT_OK
-    for issue in issues:
-        print(str(issue), file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -46,7 +46,6 @@ stopped ids are remembered for that.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -64,7 +63,7 @@ from castor.actors.ports.agent import (
 )
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
 from castor.actors.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
-from castor.domain.materia.budget import non_negative_number
+from castor.domain.materia.budget import non_negative_number, plain_usage
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
@@ -296,11 +295,9 @@ class WireHarness:
 def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
     """The harness's usage map as TurnUsage. Usage is telemetry: a figure that is not a finite,
     non-negative number is *not reported* (None), never a reason to lose the turn; ``raw`` keeps
-    the map only if it is plain JSON (no NaN or infinity), so the cast's state can be written."""
-    try:
-        raw = json.loads(json.dumps(usage, allow_nan=False))
-    except (TypeError, ValueError):
-        raw = None
+    the map as plain JSON (a NaN or infinity dropped, the rest kept), so the cast's state can be
+    written and the engine reads every alias pi-materia reads (castor.domain.materia.budget)."""
+    raw = plain_usage(usage) or None
     tokens = {name: non_negative_number(usage.get(key)) for name, key in (
         ("input_tokens", "input"), ("output_tokens", "output"), ("cache_read_tokens", "cache_read"),
         ("cache_write_tokens", "cache_write"), ("total_tokens", "total_tokens"))}

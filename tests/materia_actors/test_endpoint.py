@@ -73,7 +73,7 @@ def test_cast_methods_over_msgpack_rpc(served, project):
     assert listing["casts"][0]["cast_id"] == started["cast_id"] and "RECAST" not in listing["text"]
 
     loadouts = client.call("loadout.list", {"session_id": "pi-1"})
-    assert loadouts["active"] == "Two" and "Two*" in loadouts["text"]
+    assert loadouts["active"] == "Two" and loadouts["text"].startswith("⌘ Two (") and "Two" in loadouts["loadouts"]
     switched = client.call("loadout.set", {"session_id": "pi-1", "name": "hello"})
     assert switched["active"] == "hello"
     assert json.loads((project / ".pi" / "pi-materia.json").read_text())["activeLoadout"] == "hello"

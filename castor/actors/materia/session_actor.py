@@ -234,8 +234,11 @@ class SessionActor(Actor):
         env = self._env(cast_id, root, lease=lease, start=start)
         handle = self._spawn(env, lease)
         view = env.started_view or self._ask_status(handle, root, cast_id)
-        return {**view, "text": f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name}).",
-                "level": "info"}
+        text = f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name})."
+        warnings = [w.model_dump() for w in resolved.warnings]  # also config_warning events of the cast
+        if warnings:
+            text += "".join(f"\nwarning [{w['code']}] {w['path']}: {w['message']}" for w in warnings)
+        return {**view, "text": text, "level": "warning" if warnings else "info", "warnings": warnings}
 
     def _check_trust(self, resolved: ResolvedConfig) -> None:
         if self.ctx.info.trusted:
@@ -591,7 +594,9 @@ class SessionActor(Actor):
     def _verb_validate(self, path: str) -> dict[str, Any]:
         target = confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
         issues = validate_file(target)
-        errors = [str(i) for i in issues]
-        text = f"{target}: valid" if not errors else "\n".join(errors)
-        return {"ok": not errors, "path": str(target), "errors": errors,
-                "issues": [i.model_dump() for i in issues], "text": text, "level": "info" if not errors else "error"}
+        errors = [str(i) for i in issues if not i.is_warning]
+        warnings = [str(i) for i in issues if i.is_warning]
+        text = "\n".join(errors + warnings) if errors else "\n".join([f"{target}: valid", *warnings])
+        return {"ok": not errors, "path": str(target), "errors": errors, "warnings": warnings,
+                "issues": [i.model_dump() for i in issues], "text": text,
+                "level": "error" if errors else "warning" if warnings else "info"}

@@ -27,6 +27,7 @@ from typing import Any
 
 from castor.adapters.fs import atomic_write_bytes, file_signature, read_regular_file
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
+from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.text import well_formed
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
@@ -194,7 +195,8 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
     """Issues of one config file layered over the bundled default (``castor validate``).
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
-    socket ``multiTurn``...) are reported. Empty list = valid.
+    socket ``multiTurn``...) are reported, and every other loadout for its warnings. Warnings
+    (``severity == "warning"``) come after the errors; no error = valid.
     """
     path = Path(path)
     data, issues = read_layer(path)
@@ -202,12 +204,22 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
         return issues
     loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
     if loaded.issues:
-        return loaded.issues
+        return loaded.issues + loaded.warnings
     try:
-        resolve_config(loaded)
+        active = resolve_config(loaded)
     except ConfigError as exc:
         return [i if i.source else i.model_copy(update={"source": str(path)}) for i in exc.issues]
-    return []
+    # Warnings of every loadout (a problem in one that is not active yet is still worth saying).
+    warnings = list(active.warnings)
+    for name in loaded.merged.get("loadouts") or {}:
+        if name != active.pipeline.loadout_name:
+            try:
+                warnings.extend(resolve_config(loaded, name).warnings)
+            except ConfigError:
+                pass  # refused only when it becomes the active loadout, as in pi-materia
+    seen: set[tuple[str, str]] = set()
+    unique = [w for w in warnings if (w.code, w.path) not in seen and not seen.add((w.code, w.path))]
+    return [w if w.source else w.model_copy(update={"source": str(path)}) for w in unique]
 
 
 def save_active_loadout(
@@ -220,8 +232,11 @@ def save_active_loadout(
 ) -> Path:
     """Persist ``activeLoadout`` only (spec §2.4), to the explicit config if one is configured, else
     ``<cwd>/.pi/pi-materia.json``. The name must exist in the merged config (ConfigError
-    ``unknown-loadout`` otherwise, and nothing is written). Other keys are preserved; the write
-    is atomic (temp file + fsync + rename)."""
+    ``unknown-loadout`` otherwise, and nothing is written). Only the ``activeLoadout`` value's
+    text changes: every other byte of the file (formatting, key order, literal unicode) stays
+    (:mod:`castor.domain.materia.config_edit`; an absent key is appended as the last member).
+    A missing file is created as ``{"activeLoadout": NAME}``. The write is atomic (temp file +
+    fsync + rename)."""
     loaded = load(cwd, config_path=config_path, env=env, home=home)
     loadouts = loaded.merged.get("loadouts") or {}
     if name not in loadouts:
@@ -229,14 +244,22 @@ def save_active_loadout(
                                        message=f"Unknown Materia loadout \"{name}\". Available loadouts: "
                                                f"{', '.join(loadouts)}")])
     target = explicit_path(Path(cwd), config_path, env) or Path(cwd) / PROJECT_CONFIG
-    current: dict[str, Any] = {}
-    if target.exists():
-        data, issues = read_layer(target)
-        if data is None:
-            raise ConfigError(issues)
-        current = data
-    current["activeLoadout"] = name
-    _atomic_write_json(target, current)
+    if not target.exists():
+        _atomic_write_json(target, {"activeLoadout": name})
+        return target
+    data, issues = read_layer(target)
+    if data is None:
+        raise ConfigError(issues)
+    text = read_regular_file(target, MAX_CONFIG_BYTES).decode("utf-8")
+    try:
+        edited = set_top_level_string(text, "activeLoadout", name)
+    except EditRefused:
+        # Not editable in place (it parsed, so this is a JSON oddity such as a NaN literal): the
+        # whole object is written back, literal unicode kept.
+        data["activeLoadout"] = name
+        _atomic_write_json(target, data)
+        return target
+    atomic_write_bytes(target, edited.encode("utf-8"), keep_mode=True)
     return target
 
 
@@ -244,4 +267,4 @@ def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` atomically and durably, keeping an existing file's mode (a new one
     gets 0644 less the umask, like any file the user creates)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"), keep_mode=True)
+    atomic_write_bytes(path, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), keep_mode=True)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -16,13 +17,54 @@ from pydantic import BaseModel, Field
 from castor.domain.materia.config import DEFAULT_WARN_AT_PERCENT, Budget
 
 PARTS = ("input", "output", "cacheRead", "cacheWrite")
-_TOKEN_ALIASES = {
+
+# The alias spellings pi-materia reads, in its order of preference (the first present wins).
+# docs/materia.md "Usage and cost" has the same lists as a table.
+TOKEN_ALIASES: dict[str, tuple[str, ...]] = {
     "input": ("input", "inputTokens", "input_tokens", "promptTokens", "prompt_tokens"),
     "output": ("output", "outputTokens", "output_tokens", "completionTokens", "completion_tokens"),
-    "cacheRead": ("cacheRead", "cacheReadTokens", "cache_read", "cached_tokens", "cache_read_input_tokens"),
-    "cacheWrite": ("cacheWrite", "cacheWriteTokens", "cache_write", "cache_creation_input_tokens"),
+    "cacheRead": ("cacheRead", "cacheReadTokens", "cache_read", "cache_read_tokens", "cache_read_input_tokens",
+                  "cachedInputTokens", "cached_input_tokens", "cachedTokens", "cached_tokens"),
+    "cacheWrite": ("cacheWrite", "cacheWriteTokens", "cache_write", "cache_write_tokens",
+                   "cache_creation_input_tokens", "cacheCreationTokens", "cache_creation_tokens"),
 }
-_TOTAL_ALIASES = ("totalTokens", "total", "tokens", "total_tokens")
+TOTAL_TOKEN_ALIASES = ("totalTokens", "total", "tokens", "total_tokens")
+
+
+def _spellings(*stems: str) -> tuple[str, ...]:
+    """camelCase and snake_case of ``<stem>Cost``, ``<stem>Usd`` and ``<stem>CostUsd``."""
+    out: list[str] = []
+    for stem in stems:
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
+        out += [f"{stem}Cost", f"{snake}_cost", f"{stem}CostUsd", f"{snake}_cost_usd", f"{stem}Usd", f"{snake}_usd"]
+    return tuple(out)
+
+
+def _nested(*stems: str) -> tuple[str, ...]:
+    """Names read inside a nested ``usage.cost`` object: the bare stem first, then the suffixed forms."""
+    out: list[str] = []
+    for stem in stems:
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
+        out += [stem] + ([snake] if snake != stem else [])
+        out += [f"{stem}Cost", f"{snake}_cost", f"{stem}Usd", f"{snake}_usd", f"{stem}CostUsd", f"{snake}_cost_usd"]
+    return tuple(out)
+
+
+_COST_STEMS = {
+    "input": ("input", "prompt"),
+    "output": ("output", "completion"),
+    "cacheRead": ("cacheRead", "cachedInput"),
+    "cacheWrite": ("cacheWrite", "cacheCreation"),
+}
+#: Cost component names inside ``usage.cost`` (an object).
+NESTED_COST_ALIASES: dict[str, tuple[str, ...]] = {part: _nested(*stems) for part, stems in _COST_STEMS.items()}
+#: Cost component names at the top level of ``usage`` (read only when ``usage.cost`` has none).
+FLAT_COST_ALIASES: dict[str, tuple[str, ...]] = {part: _spellings(*stems) for part, stems in _COST_STEMS.items()}
+#: Provided cost totals: inside ``usage.cost``; else ``usage.cost`` itself as a number; else top level.
+NESTED_TOTAL_COST_ALIASES = ("total", "totalCost", "total_cost", "totalUsd", "total_usd", "totalCostUsd",
+                             "total_cost_usd", "costUsd", "cost_usd", "usd")
+FLAT_TOTAL_COST_ALIASES = ("totalCost", "total_cost", "totalCostUsd", "total_cost_usd", "totalUsd", "total_usd",
+                           "costUsd", "cost_usd", "usd")
 
 
 class Amounts(BaseModel):
@@ -89,7 +131,9 @@ def non_negative_number(value: Any) -> float | None:
     return float(value)
 
 
-def _first(raw: dict[str, Any], names: tuple[str, ...]) -> float | None:
+def _first(raw: Any, names: tuple[str, ...]) -> float | None:
+    if not isinstance(raw, dict):
+        return None
     for name in names:
         value = non_negative_number(raw.get(name))
         if value is not None:
@@ -98,26 +142,62 @@ def _first(raw: dict[str, Any], names: tuple[str, ...]) -> float | None:
 
 
 def extract_usage(raw: Any) -> TurnUsage:
-    """Usage of one assistant turn; anything unreadable counts as 0."""
+    """Usage of one assistant turn, read the way pi-materia reads it; anything unreadable counts as 0.
+
+    - tokens: each part from its first present alias (:data:`TOKEN_ALIASES`); the total is the
+      provided one (:data:`TOTAL_TOKEN_ALIASES`), else the sum of the parts;
+    - cost parts: from the nested ``usage.cost`` object (:data:`NESTED_COST_ALIASES`), else from
+      the top level (:data:`FLAT_COST_ALIASES`);
+    - cost total: ``max(provided, sum of the parts)`` (a provided total never under-reports), the
+      provided one read inside ``usage.cost``, else ``usage.cost`` as a number, else the top level.
+
+    One difference from pi-materia, on purpose: a negative or non-finite figure counts as *not
+    reported* (the next alias is tried), so a malformed payload can never lower a cast's total.
+    """
     if not isinstance(raw, dict):
         return TurnUsage()
-    tokens = {part: _first(raw, names) or 0.0 for part, names in _TOKEN_ALIASES.items()}
-    total = _first(raw, _TOTAL_ALIASES)
+    tokens = {part: _first(raw, names) or 0.0 for part, names in TOKEN_ALIASES.items()}
+    total = _first(raw, TOTAL_TOKEN_ALIASES)
     tokens["total"] = total if total is not None else sum(tokens[p] for p in PARTS)
-    cost_raw = raw.get("cost") if isinstance(raw.get("cost"), dict) else {}
+    nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
     cost: dict[str, float] = {}
     for part in PARTS:
-        snake = {"cacheRead": "cache_read", "cacheWrite": "cache_write"}.get(part, part)
-        cost[part] = (non_negative_number(cost_raw.get(part)) or non_negative_number(raw.get(f"{part}Cost"))
-                      or non_negative_number(raw.get(f"{snake}_cost_usd")) or 0.0)
-    provided = non_negative_number(cost_raw.get("total"))
+        value = _first(nested, NESTED_COST_ALIASES[part])
+        if value is None:
+            value = _first(raw, FLAT_COST_ALIASES[part])
+        cost[part] = value or 0.0
+    provided = _first(nested, NESTED_TOTAL_COST_ALIASES)
     if provided is None:
-        provided = non_negative_number(raw.get("totalCost")) or non_negative_number(raw.get("total_cost_usd")) or non_negative_number(raw.get("costUsd"))
-    if provided is None and non_negative_number(raw.get("cost")) is not None:
         provided = non_negative_number(raw.get("cost"))
+    if provided is None:
+        provided = _first(raw, FLAT_TOTAL_COST_ALIASES)
     parts_sum = sum(cost[p] for p in PARTS)
-    cost["total"] = max(provided or 0.0, parts_sum)
+    cost["total"] = parts_sum if provided is None else max(provided, parts_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
+
+
+def plain_usage(raw: Any, _depth: int = 0) -> Any:
+    """``raw`` as plain JSON: non-finite numbers and values that are not JSON dropped (so a usage
+    map with one NaN keeps its other figures), nesting cut at 8 levels."""
+    if isinstance(raw, dict):
+        if _depth >= 8:
+            return {}
+        out = {}
+        for key, value in raw.items():
+            clean = plain_usage(value, _depth + 1)
+            if isinstance(key, str) and clean is not _DROP:
+                out[key] = clean
+        return out
+    if isinstance(raw, list):
+        return [v for v in (plain_usage(x, _depth + 1) for x in raw[:64]) if v is not _DROP] if _depth < 8 else []
+    if raw is None or isinstance(raw, (str, bool)):
+        return raw
+    if isinstance(raw, (int, float)):
+        return raw if math.isfinite(raw) else _DROP
+    return _DROP
+
+
+_DROP = object()
 
 
 class BudgetCheck(BaseModel):

@@ -14,6 +14,7 @@ from castor.domain.materia.config import (
     ConfigIssue,
     is_plain_object,
     pointer,
+    warning,
 )
 
 OBSOLETE_TOP = {"roles": "use \"materia\"", "materiaDefinitions": "use \"materia\""}
@@ -100,8 +101,14 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
         if model is not None and not isinstance(model, str):
             bad("model", "model must be a string")
         thinking = entry.get("thinking")
-        if thinking is not None and thinking not in THINKING_LEVELS:
-            bad("thinking", f"invalid thinking {thinking!r} (one of {', '.join(THINKING_LEVELS)})")
+        if thinking is not None and not isinstance(thinking, str):
+            bad("thinking", "invalid thinking (a string is required)")
+        elif isinstance(thinking, str) and thinking.strip() and thinking not in THINKING_LEVELS:
+            # pi-materia accepts any string and falls back to the host's level at run time.
+            issues.append(warning("unknown-thinking", pointer(*base, "thinking"), source=source,
+                                  message=f"materia \"{name}\": unknown thinking level {thinking!r} (one of "
+                                          f"{', '.join(THINKING_LEVELS)}); its turns keep the harness's "
+                                          "current thinking level"))
         for flag in ("multiTurn", "generator"):
             if flag in entry and entry[flag] is not None and not isinstance(entry[flag], bool):
                 bad(flag, f"{flag} must be a boolean")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from castor.messages.errors import ErrorCode, InvalidConfig
@@ -48,10 +48,19 @@ OTHER_CODES = (
     "invalid-generator",
     "invalid-field",
 )
+#: Warning codes: castor loads and runs the config (the way pi-materia does) and says why it is suspect.
+WARNING_CODES = (
+    "text-socket-guarded-edge",
+    "unknown-thinking",
+    "socket-limit-enforced",
+)
 
 
 class ConfigIssue(BaseModel):
-    """One config problem: a stable ``code``, where it is, and a readable message."""
+    """One config problem: a stable ``code``, where it is, and a readable message.
+
+    ``severity`` ``"error"`` refuses the config; ``"warning"`` loads and runs it and reports it
+    (``castor validate``, the cast's ``config_warning`` events, the cast start result)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -59,10 +68,20 @@ class ConfigIssue(BaseModel):
     path: str = ""
     message: str
     source: str | None = None
+    severity: Literal["error", "warning"] = "error"
+
+    @property
+    def is_warning(self) -> bool:
+        return self.severity == "warning"
 
     def __str__(self) -> str:
         where = f"{self.source or '<config>'}#{self.path or '/'}"
-        return f"[{self.code}] {where}: {self.message}"
+        label = f"warning {self.code}" if self.is_warning else self.code
+        return f"[{label}] {where}: {self.message}"
+
+
+def warning(code: str, path: str, message: str, source: str | None = None) -> ConfigIssue:
+    return ConfigIssue(code=code, path=path, message=message, source=source, severity="warning")
 
 
 class ConfigError(InvalidConfig):
@@ -141,7 +160,7 @@ class AgentMateria(_Model):
     prompt: str
     tools: Literal["none", "readOnly", "coding"]
     model: str | None = None
-    thinking: Literal["off", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking: str | None = None  # a level castor does not know is warned about and not applied
     multi_turn: bool = False
     generator: bool = False
     parse: str | None = None  # palette metadata only (§1.3)
@@ -205,6 +224,12 @@ class Socket(_Model):
     resources: SocketResources | None = None
     socket_kind: Literal["entry", "normal"] | None = None
 
+    @field_validator("assign", "edges", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any, info: Any) -> Any:
+        # pi-materia reads an explicit null (as an editor may save it) as "none".
+        return ({} if info.field_name == "assign" else []) if value is None else value
+
     @property
     def is_json(self) -> bool:
         return self.parse == "json"
@@ -216,6 +241,11 @@ class LoopConsumes(_Model):
     as_: str | None = Field(default=None, alias="as")
     cursor: str | None = None
     done: str | None = None
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _null_output(cls, value: Any) -> Any:
+        return "workItems" if value is None else value  # pi-materia: output ?? "workItems"
 
 
 class LoopIterator(_Model):
@@ -229,6 +259,11 @@ class LoopExit(_Model):
     from_: str = Field(alias="from")
     when: Literal["always", "satisfied", "not_satisfied"] = "always"
     to: str = END
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when_alias(cls, value: Any) -> Any:
+        return "always" if value is None or value in ("", "flow", "Flow") else value  # as edges
 
 
 class LoopExitRoute(_Model):
@@ -245,6 +280,11 @@ class Loop(_Model):
     iterator: LoopIterator | None = None
     exit: LoopExit | None = None
     exits: list[LoopExitRoute] = Field(default_factory=list)
+
+    @field_validator("exits", mode="before")
+    @classmethod
+    def _null_exits(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
 class Loadout(_Model):
@@ -310,6 +350,7 @@ class ResolvedConfig(_Model):
     budget: Budget = Field(default_factory=Budget)
     limits: Limits = Field(default_factory=Limits)
     compaction: Compaction | None = None
+    warnings: list[ConfigIssue] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- helpers

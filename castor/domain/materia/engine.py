@@ -45,7 +45,7 @@ Decision table (trigger → state → effects/events → next state):
 
 | trigger | state | effects / events | next |
 |---|---|---|---|
-| CastStarted | — | write config.resolved.json, manifest.json; ``cast_start``; start entry | awaiting entry socket |
+| CastStarted | — | write config.resolved.json, manifest.json; ``cast_start``; ``config_warning`` per config warning; start entry | awaiting entry socket |
 | start socket | loop socket, no item | (no visit, no ``socket_start``) route to empty-loop target | next socket / complete |
 | start socket | visits+1 > limit | ``cast_end{ok:false}`` | failed |
 | start socket | agent | ``socket_start``, ``materia_model_settings``, context artifact, RunAgentTurn | awaiting_agent_response |
@@ -126,6 +126,7 @@ from castor.domain.materia.config import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_UTILITY_TIMEOUT_MS,
     END,
+    THINKING_LEVELS,
     ResolvedSocket,
 )
 from castor.domain.materia.expressions import (
@@ -334,6 +335,10 @@ def _start_cast(ev: CastStarted) -> Transition:
     ctx.emit("cast_start", {"request": ev.request, "configSource": cfg.source, "artifactRoot": ev.artifact_root,
                             "pipeline": loadout_cfg, "loadout": name, "nativeSession": True,
                             "isolatedMateriaContext": True})
+    for warning in cfg.warnings:  # loaded and run the way pi-materia does; said once per cast
+        ctx.emit("config_warning", {"code": warning.code, "path": warning.path, "source": warning.source,
+                                    "message": warning.message})
+        ctx.notify("warning", f"materia config warning [{warning.code}] {warning.path}: {warning.message}")
     ctx.write_usage()
     try:
         _goto(ctx, entry, None)
@@ -438,8 +443,13 @@ def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     if rs.materia is None:
         return None
     model = (rs.materia.model or "").strip() or None
-    return {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
-            "source": "configured" if model or rs.materia.thinking else "active"}
+    record = {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
+              "source": "configured" if model or rs.materia.thinking else "active"}
+    if rs.materia.thinking and rs.materia.thinking not in THINKING_LEVELS:
+        # Not applied (warned at load): the turn keeps the harness's level, as pi-materia falls back.
+        record.update(thinking=None, requestedThinking=rs.materia.thinking, thinkingFallbackReason="unknown_thinking",
+                      source="configured" if model else "active")
+    return record
 
 
 def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:
@@ -524,7 +534,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool 
     effect = RunAgentTurn(
         visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
         prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
-        model=(rs.materia.model or "").strip() or None, thinking=rs.materia.thinking, tools=rs.materia.tools,
+        model=(rs.materia.model or "").strip() or None, tools=rs.materia.tools,
+        thinking=rs.materia.thinking if rs.materia.thinking in THINKING_LEVELS else None,  # else: warned at load
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
         isolated_context=synthetic,

@@ -4,8 +4,9 @@ All functions work on plain JSON dicts (the shape of the config file) so that th
 exactly what a saved config would contain. They never mutate their input.
 
 - :func:`normalize_loadout` — legacy ``next`` → trailing ``always`` edge; ``when`` aliases
-  (absent, ``""``, ``"flow"``, ``"Flow"``) → ``always``; missing ``entry`` → first socket; legacy
-  per-socket ``layout`` moved under ``layout.sockets``; ``socketKind`` derived. Idempotent.
+  (absent, ``""``, ``"flow"``, ``"Flow"``) → ``always``; missing ``entry`` → first socket;
+  ``layout.sockets`` rebuilt from the sockets that exist (stale entries dropped, a legacy
+  per-socket ``layout`` moved there); ``socketKind`` derived. Idempotent.
 - :func:`prepare_loadout` — normalize, then generator socket normalization (§3.5), loop consumer
   reconciliation, loop materialization from ``consumes``/``exit`` and the legacy exit shim (§3.6).
   Idempotent: preparing a prepared loadout changes nothing. Conflicts come back as issues.
@@ -74,14 +75,43 @@ def normalize_loadout(loadout: dict[str, Any]) -> dict[str, Any]:
             for edge in sock["edges"]:
                 if is_plain_object(edge):
                     edge["when"] = normalize_when(edge.get("when"))
-        if "layout" in sock:
-            layout = out.setdefault("layout", {})
-            if is_plain_object(layout):
-                layout.setdefault("sockets", {})
-                if is_plain_object(layout["sockets"]):
-                    layout["sockets"].setdefault(sid, sock.pop("layout"))
         sock["socketKind"] = "entry" if sid == out.get("entry") else "normal"
+    _normalize_layout(out, sockets)
     return out
+
+
+def _socket_layout(value: Any) -> dict[str, Any] | None:
+    """``{x?, y?}`` with only the numeric coordinates, or None when it has neither."""
+    if not is_plain_object(value):
+        return None
+    kept = {axis: value[axis] for axis in ("x", "y")
+            if isinstance(value.get(axis), (int, float)) and not isinstance(value.get(axis), bool)}
+    return kept or None
+
+
+def _normalize_layout(loadout: dict[str, Any], sockets: dict[str, Any]) -> None:
+    """``layout.sockets`` rebuilt from the sockets that exist (as pi-materia does on load and on
+    every save): an entry for a socket that is gone is dropped; a legacy per-socket ``layout`` is
+    moved here when ``layout.sockets`` has no usable entry for it; only numeric ``x``/``y`` are
+    kept; an empty map (and then an empty ``layout``) is removed. Other ``layout`` keys stay."""
+    existing = loadout.get("layout") if is_plain_object(loadout.get("layout")) else {}
+    current = existing.get("sockets") if is_plain_object(existing.get("sockets")) else {}
+    rebuilt: dict[str, Any] = {}
+    for sid in sorted(sockets):
+        sock = sockets[sid]
+        legacy = sock.pop("layout", None) if is_plain_object(sock) else None
+        chosen = _socket_layout(current.get(sid)) or _socket_layout(legacy)
+        if chosen:
+            rebuilt[sid] = chosen
+    layout = dict(existing)
+    if rebuilt:
+        layout["sockets"] = rebuilt
+    else:
+        layout.pop("sockets", None)
+    if layout:
+        loadout["layout"] = layout
+    else:
+        loadout.pop("layout", None)
 
 
 def default_generator_detector(materia: dict[str, Any]) -> GeneratorDetector:

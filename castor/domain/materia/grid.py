@@ -62,4 +62,7 @@ def render_grid(resolved: ResolvedConfig) -> str:
             lines.append("  " + " ".join(parts))
             for route in loop.exits:
                 lines.append(f"      exit route {route.id}: {route.from_} {route.condition} -> {route.target_socket_id}")
+    if resolved.warnings:
+        lines += ["", "warnings:"]
+        lines += [f"  [{w.code}] {w.path}: {w.message}" for w in resolved.warnings]
     return "\n".join(lines) + "\n"

@@ -4,11 +4,13 @@ Rules, applied layer by layer in order:
 
 | key | rule |
 |---|---|
-| top-level scalars (``activeLoadout``, ``artifactDir``...) | replaced when the higher layer defines them; ``null`` deletes |
-| ``budget``, ``limits``, ``compaction`` | shallow object merge; a ``null`` field deletes that field |
+| top-level scalars (``artifactDir``...) | replaced when the higher layer defines them; ``null`` deletes |
+| ``activeLoadout`` | replaced when the higher layer sets a value; ``null`` keeps the lower layer's (pi-materia's ``??``) |
+| ``budget``, ``limits``, ``compaction`` | shallow object merge; a ``null`` field deletes that field; the whole key ``null`` keeps the lower layer's |
+| ``materia`` / ``loadouts`` set to ``null`` | the lower layer's are kept |
 | ``materia.<name>`` | per-name shallow merge; a ``null`` field deletes it; ``materia.<name>: null`` deletes the materia |
 | ``loadouts.<name>: null`` | deletes the loadout, **except** loadouts of the first (bundled default) layer: ignored |
-| ``loadouts.<name>: {...}`` | shallow merge; ``sockets`` replaced wholesale; ``loops`` from the override if given, dropped when the override gives ``sockets`` without ``loops`` |
+| ``loadouts.<name>: {...}`` | shallow merge (a ``null`` field is set to ``null``: ``entry: null`` then means the first socket); ``sockets`` replaced wholesale (``sockets: null`` keeps the base sockets); ``loops`` from the override if it gives an object, else dropped when the override has a ``sockets`` key, else the base loops |
 
 Pure: inputs are never mutated; the result is a fresh dict. Provenance records which layer
 last set each top-level key, each materia field and each loadout.
@@ -22,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 OBJECT_MERGED = ("budget", "limits", "compaction")
+KEEP_ON_NULL = ("activeLoadout", "materia", "loadouts")
 
 
 class Provenance(BaseModel):
@@ -50,21 +53,19 @@ def _shallow(base: Any, override: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge_loadout(base: dict[str, Any] | None, override: dict[str, Any]) -> dict[str, Any]:
-    """One loadout over its base: shallow, ``sockets`` wholesale, ``loops`` per §2.2."""
+    """One loadout over its base, as pi-materia merges it (see the module table)."""
     if base is None:
         return copy.deepcopy(override)
-    out = _shallow(base, {k: v for k, v in override.items() if k not in ("sockets", "loops")})
-    if "sockets" in override:
+    out = dict(base)
+    for key, value in override.items():
+        if key not in ("sockets", "loops"):
+            out[key] = copy.deepcopy(value)
+    if override.get("sockets") is not None:
         out["sockets"] = copy.deepcopy(override["sockets"])
-        if "loops" in override:
-            out["loops"] = copy.deepcopy(override["loops"])
-        else:
-            out.pop("loops", None)
-    elif "loops" in override:
-        if override["loops"] is None:
-            out.pop("loops", None)
-        else:
-            out["loops"] = copy.deepcopy(override["loops"])
+    if override.get("loops") is not None:
+        out["loops"] = copy.deepcopy(override["loops"])
+    elif "sockets" in override:
+        out.pop("loops", None)
     return out
 
 
@@ -78,6 +79,8 @@ def merge_layers(layers: list[tuple[str, dict[str, Any]]]) -> MergeResult:
             protected = {k for k, v in layer["loadouts"].items() if v is not None}
             prov.protected_loadouts = sorted(protected)
         for key, value in layer.items():
+            if value is None and key in (*KEEP_ON_NULL, *OBJECT_MERGED):
+                continue  # pi-materia keeps the lower layer's value here
             if key == "materia":
                 _merge_materia(merged, value, label, prov)
             elif key == "loadouts":

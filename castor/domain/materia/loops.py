@@ -12,10 +12,11 @@ Exhaustion target precedence (post-final-item), over the loops indexing the sock
 
 No route → ``"end"``. A socket in no loop uses its legacy ``advance.done`` ?? ``"end"``.
 
-Empty loop on entry: same resolver with ``satisfied`` unknown and ``from`` = the entered socket.
-**Deliberate difference (§12 item 9):** when the entered socket has no route of its own, castor
-falls back to the loop's own ``always`` exit routes (from any member), so an empty work list
-still reaches the post-loop socket (e.g. the final summary) instead of silently ending.
+Empty loop on entry: same resolver with ``satisfied`` unknown and ``from`` = the entered socket,
+exactly as pi-materia does it: when the entered socket has no ``always`` route of its own, the
+cast ends there (``"end"``), even if another member's ``always`` exit leads on. A loadout that
+wants an empty work list to reach the post-loop socket says so with an ``always`` exit route
+from the loop member it enters first (castor's bundled ``build`` does).
 """
 
 from __future__ import annotations
@@ -123,12 +124,4 @@ def empty_loop_target(pipeline: ResolvedPipeline, socket_id: str, it: Iteration)
     loop_ids = _loops_indexing(pipeline, socket_id)
     if not loop_ids:
         return it.done or END
-    target = _route(pipeline, loop_ids, socket_id, None)
-    if target is not None:
-        return target
-    # Deliberate difference: fall back to the loop's own unconditional exit routes.
-    for loop_id in loop_ids:
-        for route in pipeline.loops[loop_id].exits:
-            if route.condition == "always":
-                return route.target_socket_id
-    return END
+    return _route(pipeline, loop_ids, socket_id, None) or END

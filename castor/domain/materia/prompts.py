@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from castor.domain.materia import handoff
-from castor.domain.materia.config import ResolvedSocket
+from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
 from castor.domain.materia.jsontext import pretty_json
 from castor.domain.materia.state import CastState
@@ -88,7 +88,7 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
         f"Current item: {state.current_item_label or state.current_item_key or '-'}",
         f"Mode: {mode}",
         f"Effective model: {(m.model or '').strip() or 'active model'}" if m else "Effective model: -",
-        f"Effective thinking: {m.thinking or 'active thinking'}" if m else "Effective thinking: -",
+        f"Effective thinking: {_applied_thinking(m.thinking) or 'active thinking'}" if m else "Effective thinking: -",
         f"Artifact directory: {state.run_dir}",
         "Generic cast data:",
         pretty_json(state.data),
@@ -150,8 +150,8 @@ def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt:
         f"- visit: {state.visit}",
         f"- model: {(m.model or '').strip() if m and m.model else 'active model'}",
         f"- model source: {'configured' if m and (m.model or '').strip() else 'active'}",
-        f"- thinking: {m.thinking if m and m.thinking else 'active thinking'}",
-        f"- thinking source: {'configured' if m and m.thinking else 'active'}",
+        f"- thinking: {(_applied_thinking(m.thinking) if m else None) or 'active thinking'}",
+        f"- thinking source: {'configured' if m and _applied_thinking(m.thinking) else 'active'}",
         f"- active tools: {m.tools if m else 'none'}",
         f"- timestamp: {at_iso}",
         "", "## Synthetic cast context", "", synthetic_context(rs, state, mode=mode),
@@ -180,3 +180,8 @@ def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict
         if OPEN_TAG in text and CLOSE_TAG in text:
             return [{"role": "user", "content": [{"type": "text", "text": synthetic}]}, *messages[index:]]
     return list(messages)
+
+
+def _applied_thinking(level: str | None) -> str | None:
+    """The thinking level a turn runs with: an unknown one is not applied (warned at load)."""
+    return level if level in THINKING_LEVELS else None

@@ -31,6 +31,7 @@ from castor.domain.materia.config import (
     is_plain_object,
     issues_from_validation_error,
     pointer,
+    warning,
 )
 from castor.domain.materia.layers import Provenance, merge_layers
 
@@ -39,7 +40,8 @@ class LoadedConfig(BaseModel):
     merged: dict[str, Any]
     provenance: Provenance
     layers: list[LayerInfo] = Field(default_factory=list)
-    issues: list[ConfigIssue] = Field(default_factory=list)
+    issues: list[ConfigIssue] = Field(default_factory=list)  # errors only
+    warnings: list[ConfigIssue] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -62,7 +64,8 @@ def load_config(
     source = merged_result.provenance.source or None
     issues.extend(validate_merged(merged, source=source))
     return LoadedConfig(merged=merged, provenance=merged_result.provenance, layers=layer_info or [],
-                        issues=issues)
+                        issues=[i for i in issues if not i.is_warning],
+                        warnings=[_attribute(i, merged_result.provenance) for i in issues if i.is_warning])
 
 
 def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> list[ConfigIssue]:
@@ -149,6 +152,9 @@ def resolve_config(
         if loop is not None:
             loops_out[loop_id] = loop
     issues.extend(_text_guard_issues(name, sockets_out, source))
+    issues.extend(_enforced_limit_warnings(name, sockets_out, source))
+    warnings = [_attribute(i, provenance) for i in issues if i.is_warning]
+    issues = [i for i in issues if not i.is_warning]
     if issues:
         raise ConfigError(issues)
     pipeline = ResolvedPipeline(loadout_name=name, entry=prepared["entry"], sockets=sockets_out, loops=loops_out)
@@ -164,6 +170,7 @@ def resolve_config(
             budget=Budget.model_validate(merged.get("budget") or {}),
             limits=Limits.model_validate(merged.get("limits") or {}),
             compaction=Compaction.model_validate(merged["compaction"]) if merged.get("compaction") else None,
+            warnings=warnings,
         )
     except ValidationError as exc:
         raise ConfigError(issues_from_validation_error(exc, base=(), code="invalid-field", source=source,
@@ -256,10 +263,24 @@ def _derived_iterator(loop: Loop):
                                         "cursor": c.cursor or "workItemIndex", "done": c.done or END})
 
 
-def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: str | None) -> list[ConfigIssue]:
-    """Deliberate difference (§12 item 3): a text socket cannot route on ``satisfied``.
+def _attribute(issue: ConfigIssue, provenance: Provenance) -> ConfigIssue:
+    """The warning's ``source`` narrowed from the merged layers to the layer file that set the
+    place it points at (the loadout's, or the materia field's), when provenance knows it."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in issue.path.split("/")[1:]]
+    label = None
+    if len(parts) >= 2 and parts[0] == "loadouts" and parts[1] not in provenance.protected_loadouts:
+        label = provenance.loadouts.get(parts[1])  # (a bundled loadout always reports the default layer)
+    elif len(parts) >= 3 and parts[0] == "materia":
+        label = provenance.materia.get(parts[1], {}).get(parts[2])
+    return issue.model_copy(update={"source": label}) if label else issue
 
-    The reference silently ends the cast there; castor rejects the loadout at resolve time.
+
+def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: str | None) -> list[ConfigIssue]:
+    """A text socket with a ``satisfied``/``not_satisfied`` edge: a warning, not a refusal.
+
+    pi-materia loads it (its own editor once saved this shape) and runs it: a text output never
+    carries ``satisfied``, so a guarded edge never matches and, with no ``always`` edge after
+    it, the cast ends at that socket. castor runs it the same way and says so here.
     """
     issues = []
     for sid, rs in sockets.items():
@@ -267,10 +288,30 @@ def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: s
             continue
         for i, edge in enumerate(rs.socket.edges):
             if edge.when != "always":
-                issues.append(ConfigIssue(
-                    code="invalid-edge-condition", path=pointer("loadouts", lname, "sockets", sid, "edges", i, "when"),
+                issues.append(warning(
+                    "text-socket-guarded-edge", pointer("loadouts", lname, "sockets", sid, "edges", i, "when"),
                     source=source,
-                    message=(f"{sid}.edges[{i}] routes on {edge.when} but {sid} has parse \"text\": a text "
-                             "socket never produces \"satisfied\", so the edge could never match; set "
-                             "parse \"json\"")))
+                    message=(f"loadout \"{lname}\": {sid}.edges[{i}] routes on {edge.when} but {sid} has parse "
+                             "\"text\": a text output never carries \"satisfied\", so this edge never matches "
+                             "(the cast takes the next matching edge, or ends at "
+                             f"{sid}); set parse \"json\" on {sid} to route on it")))
+    return issues
+
+
+def _enforced_limit_warnings(lname: str, sockets: dict[str, ResolvedSocket],
+                             source: str | None) -> list[ConfigIssue]:
+    """Socket ``limits.maxEdgeTraversals`` / ``limits.maxOutputBytes``: pi-materia parses and
+    ignores them; castor enforces them (a declared limit is a limit). Said once per socket."""
+    issues = []
+    for sid, rs in sockets.items():
+        lim = rs.socket.limits
+        if lim is None:
+            continue
+        for field, value in (("maxEdgeTraversals", lim.max_edge_traversals), ("maxOutputBytes", lim.max_output_bytes)):
+            if value is not None:
+                issues.append(warning(
+                    "socket-limit-enforced", pointer("loadouts", lname, "sockets", sid, "limits", field),
+                    source=source,
+                    message=(f"loadout \"{lname}\": {sid}.limits.{field} = {value} is enforced by castor "
+                             "(pi-materia accepts it but never applies it): a cast that goes past it fails")))
     return issues

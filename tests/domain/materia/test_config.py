@@ -108,7 +108,7 @@ def test_sockets_replaced_wholesale_and_loops_dropped_without_override() -> None
 def test_budget_limits_shallow_merge() -> None:
     merged = merge_layers([(DEFAULT_LABEL, default_config()), ("p", {"limits": {"maxSocketVisits": 3},
                                                                      "budget": {"maxCostUsd": None}})]).merged
-    assert merged["limits"] == {"maxSocketVisits": 3, "maxEdgeTraversals": 50}
+    assert merged["limits"] == {"maxSocketVisits": 3, "maxEdgeTraversals": 25}
     assert "maxCostUsd" not in merged["budget"] and merged["budget"]["maxTokens"] == 4_000_000
 
 
@@ -398,14 +398,14 @@ def test_resolve_reports_every_issue_with_pointer() -> None:
     assert len(err.value.to_wire()["data"]["issues"]) == len(err.value.issues)
 
 
-def test_text_socket_with_guarded_edges_is_rejected_at_resolve() -> None:
-    """Deliberate difference (§12 item 3, conformance 31): never silently end a cast."""
+def test_text_socket_with_guarded_edges_loads_with_a_warning() -> None:
+    """pi-materia loads this shape (conformance 31): castor loads it too and warns where it is."""
     cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"when": "satisfied", "to": "Socket-2"}]},
                   "Socket-2": {"type": "agent", "materia": "A"}})
-    with pytest.raises(ConfigError) as err:
-        resolve_config(load_config([("t", cfg)]))
-    assert codes(err.value.issues) == ["invalid-edge-condition"]
-    assert 'parse "text"' in err.value.issues[0].message
+    rc = resolve_config(load_config([("t", cfg)]))
+    assert [(w.code, w.path, w.severity) for w in rc.warnings] == [
+        ("text-socket-guarded-edge", "/loadouts/L/sockets/Socket-1/edges/0/when", "warning")]
+    assert 'parse "text"' in rc.warnings[0].message
 
 
 def test_every_loadout_graph_validated_at_load() -> None:

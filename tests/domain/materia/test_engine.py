@@ -90,7 +90,7 @@ def test_empty_work_items_still_reach_summary() -> None:
     d = build_driver()
     d.reply({"workItems": []})
     work = d.pending()
-    assert work.socket_id == "Socket-7"  # deliberate difference §12 item 9
+    assert work.socket_id == "Socket-7"  # the bundled loop's always exit route from Socket-4
     assert d.state.visits.get("Socket-4") is None
     assert "Socket-4" not in [e.data["socket"] for e in d.events("socket_start")]
 

@@ -1,0 +1,128 @@
+"""Usage and cost in every provider format pi-materia reads, through a real cast.
+
+Each test runs ``python -m castor cast`` in a fresh project with the scripted agent reporting the
+provider's usage shape on every turn, then reads ``usage.json`` and checks that the budget
+(``budget.maxCostUsd``) stopped the cast at the socket where the total crossed it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from castor.domain.materia.budget import extract_usage, plain_usage
+
+REPO = Path(__file__).resolve().parents[2]
+
+# One turn's usage in each provider's own shape; each costs $0.60 and reports 165 tokens.
+PI_USAGE = {"input": 100, "output": 50, "cacheRead": 10, "cacheWrite": 5, "totalTokens": 165,
+            "cost": {"input": 0.2, "output": 0.3, "cacheRead": 0.05, "cacheWrite": 0.05, "total": 0.6}}
+CODEX_USAGE = {"input_tokens": 100, "output_tokens": 50, "cached_input_tokens": 10, "cache_creation_tokens": 5,
+               "total_tokens": 165,
+               "cost": {"input_cost_usd": 0.2, "output_cost_usd": 0.3, "cached_input_cost_usd": 0.05,
+                        "cache_creation_cost_usd": 0.05, "total_cost_usd": 0.6}}
+ANTHROPIC_USAGE = {"input_tokens": 100, "output_tokens": 50, "cache_read_input_tokens": 10,
+                   "cache_creation_input_tokens": 5,
+                   "input_cost_usd": 0.2, "output_cost_usd": 0.3, "cache_read_cost_usd": 0.05,
+                   "cache_creation_cost_usd": 0.05}
+FORMATS = {"pi": PI_USAGE, "openai-codex": CODEX_USAGE, "anthropic": ANTHROPIC_USAGE}
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+            "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+
+
+def _three_sockets(budget: dict[str, Any]) -> dict[str, Any]:
+    step = {"prompt": "Step for {{request}}", "tools": "none"}
+    sockets = {f"Socket-{i}": {"type": "agent", "materia": "Step",
+                               **({"edges": [{"when": "always", "to": f"Socket-{i + 1}"}]} if i < 3 else {})}
+               for i in (1, 2, 3)}
+    return {"activeLoadout": "Three", "budget": budget, "materia": {"Step": step},
+            "loadouts": {"Three": {"entry": "Socket-1", "sockets": sockets}}}
+
+
+def _cast(tmp_path: Path, config: dict[str, Any], usage: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (project / "answers.json").write_text(json.dumps([{"text": f"done {i}", "usage": usage} for i in range(3)]))
+    result = subprocess.run([sys.executable, "-m", "castor", "cast", "build it", "--quiet",
+                             "--agent", "script:answers.json"], cwd=project, env=_env(tmp_path), text=True,
+                            capture_output=True, timeout=90)
+    (run_dir,) = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    return result, run_dir
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_the_budget_stops_a_cast_at_max_cost_usd_in_each_provider_format(tmp_path: Path, fmt: str) -> None:
+    result, run_dir = _cast(tmp_path, _three_sockets({"maxCostUsd": 1.0, "maxTokens": 10_000_000}), FORMATS[fmt])
+    assert result.returncode == 1, result.stdout
+    assert "budget limit reached" in result.stderr, result.stderr
+    usage = json.loads((run_dir / "usage.json").read_text())
+    assert math.isclose(usage["cost"]["total"], 1.2)  # two turns of $0.60: the second crossed $1.00
+    assert math.isclose(usage["cost"]["input"], 0.4) and math.isclose(usage["cost"]["cacheWrite"], 0.1)
+    assert usage["tokens"]["total"] == 330 and usage["tokens"]["cacheRead"] == 20 and usage["tokens"]["cacheWrite"] == 10
+    assert sorted(usage["bySocket"]) == ["Socket-1", "Socket-2"]
+    events = _events(run_dir)
+    limit = [e for e in events if e["type"] == "budget_limit"]
+    assert len(limit) == 1 and limit[0]["data"]["overCost"] is True and limit[0]["data"]["overToken"] is False
+    assert not any(e["type"] == "socket_start" and e["data"]["socket"] == "Socket-3" for e in events)
+
+
+@pytest.mark.timeout(120)
+def test_without_a_stop_the_same_usage_only_warns_and_the_cast_completes(tmp_path: Path) -> None:
+    result, run_dir = _cast(tmp_path, _three_sockets({"maxCostUsd": 1.0, "stopAtLimit": False}), CODEX_USAGE)
+    assert result.returncode == 0, result.stderr
+    usage = json.loads((run_dir / "usage.json").read_text())
+    assert math.isclose(usage["cost"]["total"], 1.8)
+    kinds = [e["type"] for e in _events(run_dir)]
+    assert kinds.count("budget_warning") == 1 and kinds.count("budget_limit") == 2  # repeats, never stops
+
+
+# --------------------------------------------------------------------------- the alias rules themselves
+
+
+def test_a_provided_total_never_under_reports_and_a_bare_number_cost_is_a_total() -> None:
+    low_total = extract_usage({"cost": {"input": 0.005, "output": 0.03, "cacheRead": 0.0005, "total": 0.005}})
+    assert math.isclose(low_total.cost.total, 0.0355)
+    assert extract_usage({"cost": 0.25}).cost.total == 0.25
+    assert extract_usage({"total_cost_usd": 0.5, "input_cost_usd": 0.1}).cost.total == 0.5
+
+
+def test_nested_cost_names_win_over_flat_ones_and_aliases_follow_pi_materias_order() -> None:
+    usage = extract_usage({"cost": {"prompt_cost_usd": 0.1}, "input_cost_usd": 9.0,
+                           "prompt_tokens": 7, "inputTokens": 3, "cached_tokens": 4, "cache_read_input_tokens": 2})
+    assert usage.cost.input == 0.1  # the nested object has a component: the flat one is not read
+    assert usage.tokens.input == 3  # inputTokens precedes prompt_tokens
+    assert usage.tokens.cacheRead == 2  # cache_read_input_tokens precedes cached_tokens
+    assert usage.tokens.total == 5  # no total given: the sum of the parts
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "0.5", None])
+def test_a_malformed_figure_counts_as_not_reported_and_the_next_alias_is_read(bad: Any) -> None:
+    usage = extract_usage({"input": bad, "inputTokens": 4, "cost": {"input": bad, "inputCost": 0.2}})
+    assert usage.tokens.input == 4 and usage.cost.input == 0.2 and usage.cost.total == 0.2
+
+
+def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
+    raw = {"input": 1, "cost": {"total": float("nan"), "output": 0.5}, "odd": object(), "list": [1, float("inf")]}
+    assert plain_usage(raw) == {"input": 1, "cost": {"output": 0.5}, "list": [1]}
+    deep: dict[str, Any] = {}
+    cursor = deep
+    for _ in range(50):
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    json.dumps(plain_usage(deep))  # bounded, no recursion error
