@@ -232,3 +232,40 @@ def test_the_runtime_pool_refuses_a_job_past_its_queue_bound_and_the_cast_fails_
     wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the pool to drain")
     submit_utility(rt.system.registry, _job("c1:Socket-1:10:10", argv, project, inbox))  # room again
     assert inbox.next().event.stdout == "done\n"
+
+
+@pytest.mark.timeout(60)
+def test_the_runtime_pool_never_runs_more_commands_than_slots_under_20_submissions(runtime_factory, project):
+    from castor.actors.materia.utility import pool_of, submit_utility
+
+    go, starts = project / "go", project / "starts"
+    rt = runtime_factory(utility_slots=3, utility_queue_limit=50)
+    inbox = _Inbox()
+    argv = [sys.executable, "-c", _WAIT_FOR_GO, str(go), str(starts)]
+    for n in range(20):
+        submit_utility(rt.system.registry, _job(f"c1:Socket-1:{n}:{n}", argv, project, inbox))
+    wait_for(lambda: starts.exists() and len(starts.read_text()) == 3, what="three commands running")
+    slots = list(rt.system.registry.handles("/root/utility"))
+    wait_for(lambda: sum(1 for h in slots if h.actor and h.actor.owned_pids()) == 3, what="three slots busy")
+    assert pool_of(rt.system.registry).outstanding() == 20
+    assert len(starts.read_text()) == 3  # nobody got past the slots while three run
+    go.touch()
+    done = sorted(inbox.next().event.visit_id for _ in range(20))
+    assert done == sorted(f"c1:Socket-1:{n}:{n}" for n in range(20))
+    assert len(starts.read_text()) == 20
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the pool to drain")
+
+
+def test_a_command_that_cannot_start_is_a_spawn_error_and_frees_its_slot(runtime_factory, project):
+    from castor.actors.materia.utility import pool_of, submit_utility
+
+    rt = runtime_factory(utility_slots=1, utility_queue_limit=1)
+    inbox = _Inbox()
+    for n in range(3):  # more than slots + queue in total: each one freed its place
+        submit_utility(rt.system.registry, _job(f"c1:Socket-1:{n}:{n}", [str(project / "missing-binary")],
+                                                project, inbox))
+        outcome = inbox.next().event
+        assert outcome.spawn_error and outcome.exit_code is None
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the slot freed")
+    submit_utility(rt.system.registry, _job("c1:Socket-1:9:9", [sys.executable, "-c", "print('ok')"], project, inbox))
+    assert inbox.next().event.stdout == "ok\n"
