@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from castor.actors.materia.api import materia_call
-from castor.actors.materia.messages import CastOutcome
+from castor.actors.materia.messages import CastOutcome, WorkLost
 from castor.actors.ports.agent import TurnError, TurnOutcome
 from castor.adapters.console_ui import ConsoleUi
 from castor.domain.materia.cast_messages import TurnEnded
@@ -128,8 +128,12 @@ def test_late_duplicate_outcome_is_ignored_never_applied_twice(runtime_factory, 
     recorded = wait_for(ignored, what="the late outcome recorded as ignored")
     assert recorded == [{"outcome": "turn_ended", "visitId": old.turn_id, "expected": new.turn_id,
                          "reason": "not-current-visit"}]
+    # A late loss report of the old visit is stale too: no third dispatch. (The status ask is
+    # answered after the report: one mailbox, in order.)
+    handle.tell(WorkLost(visit_id=old.turn_id, reason="a late loss report of the old visit"))
     view = materia_call(rt, "s1", "status", {"cast_id": cast_id})
     assert view["status"] == "active" and view["pending"]["visit_id"] == new.turn_id  # still waiting
+    assert agent.turns.empty()
     assert "socket_complete" not in event_types(run_dir)
     agent.answer(new.turn_id, "fast")
     view = wait_status(rt, "s1", cast_id)
