@@ -138,8 +138,15 @@ class DyingOs:
 
 
 dirs = set()
-fs.os = DyingOs()
-fs.atomic_write_json(target, new)
+if len(sys.argv) > 3:  # through the cast state store: ROOT CAST_ID INCARNATION
+    from castor.adapters.materia.state_store import CastStateStore
+
+    store = CastStateStore(sys.argv[3])
+    fs.os = DyingOs()
+    store.save(sys.argv[4], new, incarnation=int(sys.argv[5]))
+else:
+    fs.os = DyingOs()
+    fs.atomic_write_json(target, new)
 real._exit(3)  # the write finished: the step was never reached
 '''
 
@@ -163,3 +170,20 @@ def test_a_process_dying_at_each_step_leaves_the_old_or_the_new_document_never_a
     assert (strays != []) == (step in ("mid_write", "write", "fsync"))  # a dead writer's temp file stays
     fs.atomic_write_json(target, {"revision": 3})  # and a later write is not disturbed by it
     assert json.loads(target.read_text()) == {"revision": 3}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step, expected", [("mid_write", "old"), ("fsync", "old"), ("replace", "new")])
+def test_a_cast_state_save_dying_at_each_step_loads_as_the_old_or_the_new_state(tmp_path, step, expected):
+    from castor.adapters.materia.state_store import CastStateStore
+
+    store = CastStateStore(tmp_path)
+    incarnation = store.claim("c1")
+    store.save("c1", OLD, incarnation=incarnation)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(fs.__file__).parents[2]),
+                                                                    os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", _DIE_AT, "-", step, str(tmp_path), "c1", str(incarnation)],
+                          input=json.dumps(NEW), env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    stored = CastStateStore(tmp_path).load("c1")  # a fresh store: nothing remembered, the file decides
+    assert (stored.state, stored.revision) == ((OLD, 1) if expected == "old" else (NEW, 2))
