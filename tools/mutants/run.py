@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="run only these mutants (default: all)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print the mutant table and exit")
+    parser.add_argument("--markdown", action="store_true", help="with --list: as the docs/reliability.md table")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the backing tests")
     args = parser.parse_args(argv)
 
@@ -150,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         mutants = [m for m in mutants if m.name in args.names]
     if args.list:
+        if args.markdown:
+            print("| mutant | guarantee it breaks | tests that kill it |\n|---|---|---|")
         for m in mutants:
-            print(f"{m.name}\t{m.guarantee}\t{' '.join(m.tests)}")
+            if args.markdown:
+                tests = "<br>".join(f"`{t}`" for t in m.tests)
+                print(f"| `{m.name}` | {m.guarantee} | {tests} |")
+            else:
+                print(f"{m.name}\t{m.guarantee}\t{' '.join(m.tests)}")
         return 0
 
     problems = drift(list(MUTANTS))
