@@ -68,6 +68,8 @@ class _Spy:
 
     def call(self, method, params=None, *, timeout=None):
         self.timeouts.append((method, timeout))
+        if timeout is None or timeout > 1:  # fail now rather than wait out a missing bound
+            raise AssertionError(f"{method} sent without the expected short deadline: {timeout!r}")
         return self.conn.call(method, params, timeout=timeout)
 
     def notify(self, method, params=None):

@@ -127,11 +127,17 @@ def _failed_line(stdout: str) -> str:
     return _tail(stdout, 1)
 
 
-def baseline(mutants: list[Mutant]) -> subprocess.CompletedProcess:
+def baseline(mutants: list[Mutant], workers: int = 1) -> list[subprocess.CompletedProcess]:
+    """The backing tests on unmutated copies, split over ``workers`` parallel runs."""
     node_ids = sorted({t for m in mutants for t in m.tests})
-    with tempfile.TemporaryDirectory(prefix="castor-mutant-baseline-") as tmp:
-        tree = scratch_copy(Path(tmp))
-        return pytest_in(tree, node_ids, stop_first=False, timeout_s=PER_MUTANT_TIMEOUT_S * 2)
+    chunks = [node_ids[n::workers] for n in range(workers) if node_ids[n::workers]]
+
+    def run(chunk: list[str]) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory(prefix="castor-mutant-baseline-") as tmp:
+            return pytest_in(scratch_copy(Path(tmp)), chunk, stop_first=False, timeout_s=PER_MUTANT_TIMEOUT_S * 2)
+
+    with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+        return list(pool.map(run, chunks))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     if not args.no_baseline:
-        base = baseline(mutants)
-        if base.returncode != 0:
+        failing = [b for b in baseline(mutants, max(1, args.workers)) if b.returncode != 0]
+        for base in failing:
             print(f"the backing tests fail on the unmutated tree (pytest exit {base.returncode}):\n"
                   f"{_tail(base.stdout + base.stderr, 30)}", file=sys.stderr)
+        if failing:
             return 1
         print(f"baseline: the backing tests pass on the unmutated tree ({time.monotonic() - started:.0f}s)",
               flush=True)
