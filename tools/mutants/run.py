@@ -5,14 +5,16 @@ to a temporary directory; the real tree is never written):
 
 1. **drift check** — every edit's old snippet must occur exactly once in its file of the real tree
    (a snippet that matches zero or several times is reported, and the run fails: code drift is loud);
-2. **baseline** — the union of the mutants' tests runs once on an unmutated copy and must pass
+2. **probe** — a scratch copy's tests must import the copy's ``castor`` (not an installed one);
+   **baseline** — the union of the mutants' tests runs once on an unmutated copy and must pass
    (a mutant "killed" by a test that fails anyway proves nothing);
 3. **mutants** — for each mutant, a fresh copy gets its edits and runs only its named test node ids
    with ``-x``; the mutant is *killed* when pytest reports a failure (exit code 1), *survives* when
    they pass (exit 0); any other outcome (no tests collected, usage or collection error) is an
    error. Mutants run in ``--workers`` parallel workers (default 2).
 
-Exit status 0 only when there is no drift, the baseline passes, and every mutant is killed.
+Exit status 0 only when there is no drift, the copy is what gets imported, the baseline passes, and
+every mutant is killed.
 """
 
 from __future__ import annotations
@@ -127,6 +129,17 @@ def _failed_line(stdout: str) -> str:
     return _tail(stdout, 1)
 
 
+def imports_the_copy() -> str | None:
+    """None when a scratch copy's ``castor`` is the one its tests import, else where it came from."""
+    with tempfile.TemporaryDirectory(prefix="castor-mutant-probe-") as tmp:
+        tree = scratch_copy(Path(tmp))
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        done = subprocess.run([sys.executable, "-c", "import castor; print(castor.__file__)"], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=60)
+        where = done.stdout.strip()
+        return None if where.startswith(str(tree)) else (where or done.stderr.strip())
+
+
 def baseline(mutants: list[Mutant], workers: int = 1) -> list[subprocess.CompletedProcess]:
     """The backing tests on unmutated copies, split over ``workers`` parallel runs."""
     node_ids = sorted({t for m in mutants for t in m.tests})
@@ -176,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(mutants)} mutants; every snippet matches exactly once", flush=True)
 
     started = time.monotonic()
+    elsewhere = imports_the_copy()
+    if elsewhere is not None:
+        print(f"a scratch copy's tests import castor from {elsewhere}, not from the copy", file=sys.stderr)
+        return 1
     if not args.no_baseline:
         failing = [b for b in baseline(mutants, max(1, args.workers)) if b.returncode != 0]
         for base in failing:
