@@ -195,6 +195,7 @@ def test_state_file_always_parses_after_kill_9_mid_write(tmp_path):
             line = proc.stdout.readline()
             assert line, "writer died early"
             seen = int(line)
+        assert seen >= kill_after, "the writer did not reach its kill point in time"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         proc.stdout.close()

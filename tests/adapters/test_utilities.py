@@ -1,29 +1,14 @@
-"""castor.adapters.materia.utilities: §7.1 precedence and §7.2 built-ins."""
+"""castor.adapters.materia.utilities: the built-ins (the output-source precedence is the engine's:
+tests/domain/materia/test_engine.py; the pool is tests/materia_actors/test_utilities.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from castor.adapters.materia.utilities import (
-    UtilityError,
-    UtilitySpec,
-    ensure_ignored,
-    produce_utility_output,
-    run_builtin,
-    vcs_detect,
-)
-from castor.adapters.materia.utility_runner import UtilityPool
+from castor.adapters.materia.utilities import UtilityError, ensure_ignored, run_builtin, vcs_detect
 from castor.messages.errors import ErrorCode, Forbidden
-
-
-@pytest.fixture
-def pool():
-    p = UtilityPool(2, max_queue=4)
-    yield p
-    p.close()
 
 
 def test_builtin_noop_and_echo(tmp_path):
@@ -35,37 +20,11 @@ def test_builtin_noop_and_echo(tmp_path):
     assert run_builtin("echo", {}, cwd=tmp_path) == ""
 
 
-def test_precedence_command_then_params_output_then_builtin_then_error(tmp_path, pool):
-    input_obj = {"castId": "c", "socketId": "Socket-1", "params": {}, "state": {}, "item": None}
-    cmd = [sys.executable, "-c", "import sys, json; print(json.load(sys.stdin)['socketId'])"]
-    out = produce_utility_output(
-        UtilitySpec(utility="echo", command=cmd, params={"output": "ignored"}),
-        socket_id="Socket-1", input_obj=input_obj, cwd=tmp_path, pool=pool,
-    )
-    assert (out.source, out.output, out.command.exit_code) == ("command", "Socket-1\n", 0)
-    out = produce_utility_output(
-        UtilitySpec(utility="whatever-unknown", params={"output": {"k": 1}}),
-        socket_id="Socket-1", input_obj=input_obj, cwd=tmp_path, pool=pool,
-    )
-    assert (out.source, out.output, out.command) == ("params.output", '{"k":1}', None)
-    out = produce_utility_output(
-        UtilitySpec(utility="echo", params={"text": "HELLO WORLD"}),
-        socket_id="Socket-1", input_obj=input_obj, cwd=tmp_path, pool=pool,
-    )
-    assert (out.source, out.output) == ("builtin", "HELLO WORLD")
+def test_an_unknown_alias_is_a_typed_invalid_config_error(tmp_path):
     with pytest.raises(UtilityError) as info:
-        produce_utility_output(UtilitySpec(utility="nope"), socket_id="Socket-4", input_obj=input_obj,
-                               cwd=tmp_path, pool=pool)
-    assert info.value.message == 'Unknown utility alias "nope" for socket "Socket-4".'
+        run_builtin("nope", {}, cwd=tmp_path)
+    assert info.value.message == 'Unknown utility alias "nope".'
     assert info.value.code == ErrorCode.INVALID_CONFIG and info.value.data["reason"] == "unknown_alias"
-
-
-def test_command_timeout_from_spec_is_applied(tmp_path, pool):
-    out = produce_utility_output(
-        UtilitySpec(command=[sys.executable, "-c", "import time; time.sleep(5)"], timeout_ms=50),
-        socket_id="Socket-1", input_obj={}, cwd=tmp_path, pool=pool,
-    )
-    assert out.command.timed_out and out.command.timeout_ms == 50
 
 
 def test_ensure_ignored_is_idempotent(tmp_path):
@@ -129,29 +88,3 @@ def test_vcs_detect_git_marker_and_none(tmp_path, monkeypatch):
     result = vcs_detect(plain)
     if not result["available"]["jj"]:
         assert result == {"kind": "none", "root": None, "available": result["available"]}
-
-
-def test_run_utility_socket_writes_command_artifacts_and_failure(tmp_path, pool):
-    from castor.adapters.materia.artifacts import CastArtifacts
-    from castor.adapters.materia.utilities import run_utility_socket
-
-    cast = CastArtifacts(tmp_path / "art", "c1").create()
-    code = "import sys; sys.stdout.write('o' * (1048576 + 100)); sys.stderr.write('exact err'); sys.exit(7)"
-    run = run_utility_socket(
-        cast, UtilitySpec(command=[sys.executable, "-c", code]), socket_id="Socket-1", visit=2,
-        input_obj={"castId": "c1"}, cwd=tmp_path, pool=pool, item_key="WI-1",
-    )
-    assert run.source == "command" and len(run.output) == 1048576
-    assert "exited with code 7" in run.failure and "exact err" in run.failure
-    assert str(run.artifacts.stdout) in run.failure
-    assert run.artifacts.stderr.read_text() == "exact err"
-    assert run.artifacts.stderr_rel == "sockets/Socket-1/2-WI-1.command.stderr.txt"
-    meta = json.loads(run.artifacts.meta.read_text())
-    assert (meta["stdoutTruncated"], meta["stderrTruncated"]) == (True, False)
-    assert run.command_event["code"] == 7 and run.command_event["timedOut"] is False
-    ok = run_utility_socket(
-        cast, UtilitySpec(utility="echo", params={"text": "HELLO WORLD"}), socket_id="Socket-2", visit=1,
-        input_obj={}, cwd=tmp_path, pool=pool,
-    )
-    assert (ok.output, ok.failure, ok.artifacts) == ("HELLO WORLD", None, None)
-    assert not (cast.run_dir / "sockets" / "Socket-2").exists()

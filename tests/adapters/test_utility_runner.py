@@ -1,4 +1,5 @@
-"""castor.adapters.materia.utility_runner: real subprocesses, trees, caps, pool."""
+"""castor.adapters.materia.utility_runner: real subprocesses, trees, caps (the runtime's bounded pool is
+tested in tests/materia_actors/test_utilities.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import pytest
 
 from castor.adapters.materia.utility_runner import (
     UtilityCommand,
-    UtilityPool,
     UtilitySpawnError,
     command_failure_message,
     run_command,
     spawn,
     stderr_summary,
 )
-from castor.messages.errors import Cancelled, ErrorCode, MailboxFull, Timeout
+from castor.messages.errors import ErrorCode
 from tests.support.processes import process_gone
 from tests.support.waiting import poll_until
 
@@ -183,106 +183,3 @@ def test_kill_from_another_thread(tmp_path):
     assert all(process_gone(p) for p in grandchildren)
     msg = command_failure_message(results[0], socket_id="Socket-1", stdout_artifact="o", stderr_artifact="e")
     assert "was killed" in msg
-
-
-_WAIT_FOR_GO = "import json, os, sys, time\njson.load(sys.stdin)\nd = time.time() + 30\n" \
-    "while not os.path.exists(sys.argv[1]) and time.time() < d:\n    time.sleep(0.01)\nprint('done')"
-
-
-@pytest.mark.timeout(60)
-def test_pool_bound_respected_under_20_concurrent_submissions(tmp_path):
-    go = tmp_path / "go"
-    pool = UtilityPool(3, max_queue=50)
-    lock = threading.Lock()
-    started: list = []
-    max_live = [0]
-    three = threading.Event()
-
-    def on_start(handle):
-        with lock:
-            live = sum(1 for h in started if not h.finished) + 1
-            max_live[0] = max(max_live[0], live)
-            started.append(handle)
-            if len(started) == 3:
-                three.set()
-
-    results = []
-    cmd = py(_WAIT_FOR_GO, str(go), cwd=tmp_path, stdin={"n": 1})
-    threads = [threading.Thread(target=lambda: results.append(pool.run(cmd, on_start=on_start))) for _ in range(20)]
-    for t in threads:
-        t.start()
-    assert three.wait(20)
-    assert poll_until(lambda: pool.stats().waiting == 17, timeout=10.0)
-    stats = pool.stats()
-    assert (stats.running, stats.waiting) == (3, 17)
-    with lock:
-        assert len(started) == 3  # nobody got past the gate while three run
-    assert len(pool.running()) == 3
-    go.touch()
-    for t in threads:
-        t.join(30)
-    assert len(results) == 20 and all(r.ok and r.stdout == "done\n" for r in results)
-    assert max_live[0] == 3
-    assert pool.stats().running == 0 and pool.stats().waiting == 0
-
-
-@pytest.mark.timeout(30)
-def test_pool_queue_limit_timeout_and_close(tmp_path):
-    go = tmp_path / "go"
-    pool = UtilityPool(1, max_queue=1)
-    running = threading.Event()
-    outcomes: list = []
-
-    def submit(**kw):
-        try:
-            outcomes.append(pool.run(py(_WAIT_FOR_GO, str(go), cwd=tmp_path), **kw))
-        except Exception as exc:  # noqa: BLE001 - recorded for the assertions
-            outcomes.append(exc)
-
-    first = threading.Thread(target=submit, kwargs={"on_start": lambda h: running.set()})
-    first.start()
-    assert running.wait(10)
-    second = threading.Thread(target=submit)
-    second.start()
-    assert poll_until(lambda: pool.stats().waiting == 1, timeout=10.0)
-    with pytest.raises(MailboxFull) as info:
-        pool.run(py("pass", cwd=tmp_path))
-    assert info.value.may_have_started is False
-    # The queue is full, so a timed wait is refused too; free a queue place first.
-    pool.close()  # cancels the waiter and kills the runner
-    first.join(15)
-    second.join(15)
-    kinds = sorted(type(o).__name__ for o in outcomes)
-    assert kinds == ["Cancelled", "UtilityResult"]
-    killed = next(o for o in outcomes if not isinstance(o, Exception))
-    assert killed.killed
-    with pytest.raises(Cancelled):
-        pool.run(py("pass", cwd=tmp_path))
-
-
-@pytest.mark.timeout(30)
-def test_pool_queue_wait_deadline(tmp_path):
-    go = tmp_path / "go"
-    pool = UtilityPool(1, max_queue=5)
-    running = threading.Event()
-    holder = threading.Thread(
-        target=lambda: pool.run(py(_WAIT_FOR_GO, str(go), cwd=tmp_path), on_start=lambda h: running.set())
-    )
-    holder.start()
-    assert running.wait(10)
-    with pytest.raises(Timeout) as info:
-        pool.run(py("pass", cwd=tmp_path), queue_timeout_s=0.2)
-    assert info.value.may_have_started is False
-    assert pool.stats().waiting == 0
-    go.touch()
-    holder.join(15)
-    assert pool.stats().running == 0
-
-
-def test_pool_releases_the_slot_when_spawn_fails(tmp_path):
-    pool = UtilityPool(1, max_queue=0)
-    for _ in range(3):
-        with pytest.raises(UtilitySpawnError):
-            pool.run(UtilityCommand(argv=[str(tmp_path / "missing-binary")], cwd=tmp_path))
-    assert pool.stats().running == 0
-    assert pool.run(py("print('ok')", cwd=tmp_path)).stdout == "ok\n"

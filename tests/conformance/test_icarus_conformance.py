@@ -213,12 +213,14 @@ class ScriptedClassifier:
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
         self.requests: list[ClassifierRequest] = []
+        self.budgets: list[float] = []  # seconds left before each request's deadline, as received
 
     def list_models(self, deadline: float | None = None) -> list[ModelEndpoint]:
         return [LOCAL_MODEL]
 
     def complete(self, request: ClassifierRequest, deadline: float) -> ClassifierResponse:
         self.requests.append(request)
+        self.budgets.append(deadline - time.monotonic())
         if self.mode == "slow":
             threading.Event().wait(max(0.0, deadline - time.monotonic()))
             raise Timeout("scripted classifier: deadline passed", may_have_started=True)
@@ -319,14 +321,15 @@ def test_i45_classifier_timeout_garbage_or_absence_keeps_the_original_and_the_re
     original = rt.dispatch_event("reference", "before_agent_start", prompt)["message"]["content"]
     assert "chocolate cake recipe" in original and original != filtered
     world.write_global(classifier="ollama/qwen3:4b", classifierTimeoutMs=400)
-    sess = world.open(rt, "failing", classifier=None if mode == "absent" else ScriptedClassifier(mode))
+    scripted = None if mode == "absent" else ScriptedClassifier(mode)
+    sess = world.open(rt, "failing", classifier=scripted)
     rt.dispatch_event("failing", "session_start", {})
     pid = sess.current_worker_pid()
     assert pid is not None
-    started = time.monotonic()
     result = rt.dispatch_event("failing", "before_agent_start", prompt)
     assert result["message"]["content"] == original  # exactly the original text
-    assert time.monotonic() - started < 0.4 + 2.0  # about the deadline, not the worker timeout
+    if scripted is not None:  # the classifier had the configured 400 ms, not the worker's timeout
+        assert len(scripted.budgets) == 1 and 0 < scripted.budgets[0] <= 0.4
     assert sess.current_worker_pid() == pid and not gone(pid)  # the Python worker was never touched
     audits = world.audits()
     assert (audits[-1]["outcome"], audits[-1]["reason"]) == ("fallback", reason)

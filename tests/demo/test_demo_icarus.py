@@ -22,12 +22,13 @@ def _report() -> DemoReport:
     return DemoReport(Console(quiet=True))
 
 
-@pytest.mark.timeout(40)
-def test_the_icarus_section_passes_every_check_quickly(tmp_path):
+@pytest.mark.timeout(60)
+def test_the_icarus_section_passes_every_check_and_its_artifacts_show_each_claim(tmp_path):
+    """The demo's own verdicts must all pass, and the claims are checked again from the files it
+    left (the audit in the session log, the backend's own call log), independently of the demo's
+    code. (How long the section takes is bench material: docs/reliability.md gives the figure.)"""
     report = _report()
-    started = time.monotonic()
     demo_icarus.section_icarus(report, tmp_path)
-    elapsed = time.monotonic() - started
     failed = [(c.name, c.detail) for c in report.checks if not c.ok]
     assert failed == []
     names = " | ".join(c.name for c in report.checks)
@@ -35,14 +36,19 @@ def test_the_icarus_section_passes_every_check_quickly(tmp_path):
                  "no queued call ever executed", "did not re-run on_session_start"):
         assert must in names
     assert len(report.checks) >= 10 and all(c.section == "icarus" for c in report.checks)
-    assert elapsed < 15
     # The evidence is on disk where the demo says: the audit in the session log, the calls in the backend log.
     base = tmp_path / "icarus"
     audits = [json.loads(line) for line in (base / "session.jsonl").read_text().splitlines()]
     assert [a["customType"] for a in audits] == ["icarus-context-filter"] * 2
     calls = [json.loads(line) for line in (base / "backend-calls.jsonl").read_text().splitlines()]
     assert not any("QUEUED-WRITE" in json.dumps(c.get("args")) for c in calls)
-    assert len({c["pid"] for c in calls if c["call"] == "hooks.pre_llm_call"}) == 2
+    assert len({c["pid"] for c in calls if c["call"] == "hooks.pre_llm_call"}) == 2  # a fresh worker
+    starts = [c for c in calls if c["call"] == "hooks.on_session_start" and c.get("phase", "start") == "start"]
+    assert len(starts) == 1  # the fresh worker did not re-run session start-up
+    # no raw prompt or memory text in the audits: no 12-character run of either appears in them
+    raw = json.dumps(audits)
+    for secret in (demo_icarus.PROMPT, demo_icarus.RELEVANT, demo_icarus.OFF_TOPIC):
+        assert not any(secret[i:i + 12] in raw for i in range(len(secret) - 11)), secret
 
 
 @pytest.mark.timeout(20)

@@ -309,7 +309,7 @@ def test_g_an_aborted_user_refinement_turn_is_withdrawn_and_the_cast_still_final
     fake_llm.reply_text("DRAFT-2 that never arrives", when="REFINE-SLOW", delay=8)  # a slow model
     start = pi.mark()
     pi.request({"type": "prompt", "message": "REFINE-SLOW use postgres please"})
-    poll_until(lambda: any("REFINE-SLOW" in json.dumps(r["messages"]) for r in fake_llm.log()), timeout=15)
+    assert poll_until(lambda: any("REFINE-SLOW" in json.dumps(r["messages"]) for r in fake_llm.log()), timeout=15)
     pi.request({"type": "abort"})  # Esc
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start)
     run_dir, events, abandoned = wait_event(pi, project, lambda e: e.get("type") == "refinement_turn_abandoned",

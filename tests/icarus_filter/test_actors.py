@@ -30,6 +30,8 @@ from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import Cancelled, InvalidParams, Timeout
 from castor.supervision import ActorSystem, ChildSpec
 
+from tests.support.waiting import wait_for
+
 from .fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
 
 FILTERED = SAMPLE.replace("\n  [2026-01-02 11:00] pi-agent: grandma's chocolate cake needs three eggs", "").replace(
@@ -114,11 +116,10 @@ def test_45_slow_classifier_keeps_original_within_deadline_worker_untouched(syst
     rig = Rig(system, classifier=slow, classifier_timeout=0.3)
     rig.start()
     pid = rig.worker.pid
-    t0 = time.monotonic()
+    # The classifier never answers: only its 0.3 s deadline can give the original back (the hook
+    # facade's own bound, 40 s, would answer None instead).
     out = rig.client.event("before_agent_start", {"prompt": "q"})
-    elapsed = time.monotonic() - t0
     assert out["message"]["content"] == SAMPLE
-    assert elapsed < 2.0
     assert rig.worker.pid == pid and rig.worker.closed == 0
     assert rig.worker.functions() == ["on_session_start", "pre_llm_call"]
     (entry,) = [d for _, d in rig.log.entries]
@@ -126,15 +127,19 @@ def test_45_slow_classifier_keeps_original_within_deadline_worker_untouched(syst
 
 
 def test_port_ignoring_its_deadline_is_still_bounded(system):
+    gate = threading.Event()
+
     class Stubborn(FakeClassifier):
         def complete(self, request, deadline):
-            threading.Event().wait(3)  # ignores the deadline
+            gate.wait(30)  # ignores the deadline: released only once the event has been answered
             raise AssertionError("unreachable in time")
     rig = Rig(system, classifier=Stubborn(), classifier_timeout=0.3)
     rig.start()
-    t0 = time.monotonic()
-    out = rig.client.event("before_agent_start", {"prompt": "q"})
-    assert out["message"]["content"] == SAMPLE and time.monotonic() - t0 < 2.0
+    try:
+        out = rig.client.event("before_agent_start", {"prompt": "q"})
+        assert out["message"]["content"] == SAMPLE and not gate.is_set()
+    finally:
+        gate.set()
 
 
 def test_46_abort_mid_classification_injects_nothing(system):
@@ -142,13 +147,9 @@ def test_46_abort_mid_classification_injects_nothing(system):
     rig = Rig(system, classifier=slow, classifier_timeout=5.0)
     rig.start()
     req, fut = rig.client.submit("before_agent_start", {"prompt": "q"})
-    deadline = time.monotonic() + 5
-    while not slow.requests and time.monotonic() < deadline:
-        threading.Event().wait(0.01)  # poll for the classifier request to be in flight
-    assert slow.requests
-    t0 = time.monotonic()
+    wait_for(lambda: slow.requests, timeout=5, what="the classifier request in flight")
     rig.client.abort(req)
-    assert fut.result(2) is None and time.monotonic() - t0 < 1.0
+    assert fut.result(2) is None  # the classifier's own deadline (5 s) cannot have answered first
 
 
 def test_28_off_on_during_retrieval_injects_nothing(system):
@@ -252,10 +253,8 @@ def test_classifier_actor_none_and_registry_missing(system):
 
 def test_run_bounded_deadline_and_cancel():
     hold = threading.Event()
-    t0 = time.monotonic()
-    with pytest.raises(Timeout):
+    with pytest.raises(Timeout):  # the work takes 5 s: only the 0.1 s deadline raises
         run_bounded(lambda: hold.wait(5), time.monotonic() + 0.1, None)
-    assert time.monotonic() - t0 < 1
     token = CancelToken()
     threading.Timer(0.05, token.cancel).start()
     with pytest.raises(Cancelled):

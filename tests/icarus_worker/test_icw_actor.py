@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ from castor.supervision import ActorSystem
 from castor.supervision.faults import kill_process
 
 from tests.support.icarus import gone
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -35,10 +35,7 @@ def bridge(harness):
 
 
 def wait_started(harness, name: str, count: int = 1, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(harness.calls(name)) < count:
-        assert time.monotonic() < deadline, f"{name} never started"
-        time.sleep(0.005)
+    wait_for(lambda: len(harness.calls(name)) >= count, timeout=timeout, what=f"{name} to start")
 
 
 def test_lazy_start_and_one_persistent_worker(bridge):
@@ -96,11 +93,9 @@ def test_external_kill_of_the_worker_process(bridge):
     running = bridge.client.submit("hooks", "sleep", [30])
     queued = bridge.client.submit("hooks", "echo", ["never"])
     wait_started(bridge.harness, "hooks.sleep")
-    started = time.monotonic()
     assert kill_process(bridge.handle) == [bridge.spawned[0].pid]
-    with pytest.raises(WorkerCrashed):
+    with pytest.raises(WorkerCrashed):  # not Timeout (10 s call deadline, 30 s sleep): the kill ended it
         running.result()
-    assert time.monotonic() - started < 2
     with pytest.raises(WorkerCrashed):
         queued.result()
     assert bridge.harness.calls("hooks.echo") == []
@@ -112,11 +107,10 @@ def test_cancel_in_flight_retires_and_rejects_queued(bridge):
     queued = [bridge.client.submit("hooks", "echo", [i]) for i in range(3)]
     wait_started(bridge.harness, "hooks.sleep")
     pid = bridge.spawned[0].pid
-    started = time.monotonic()
     token.cancel()
-    with pytest.raises(Cancelled) as info:
+    with pytest.raises(Cancelled) as info:  # not Timeout (10 s call deadline, 30 s sleep): the cancel ended it
         running.result()
-    assert info.value.may_have_started is True and time.monotonic() - started < 2
+    assert info.value.may_have_started is True
     for pending in queued:
         with pytest.raises(WorkerRetired):
             pending.result()

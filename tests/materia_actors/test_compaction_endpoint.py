@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -230,9 +229,10 @@ def test_abort_during_a_compaction_returns_at_once_and_the_late_answer_changes_n
         cast_id = pi.start(project)
         pi.answer(pi.next_turn(), error=OVERFLOW)
         assert entered.wait(10)
-        t0 = time.monotonic()
+        # The compaction hangs until ``release`` (20 s): an abort that waited for it would miss
+        # its own 10 s deadline.
         aborted = pi.client.call("cast.abort", {"session_id": SID, "cast_id": cast_id}, timeout=10)
-        assert aborted["status"] == "aborted" and time.monotonic() - t0 < 5.0
+        assert aborted["status"] == "aborted" and not release.is_set()
     finally:
         release.set()
     view = pi.wait_status(cast_id, "aborted")

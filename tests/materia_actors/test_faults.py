@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from castor.actors.materia.api import materia_call
-from castor.actors.materia.messages import CastOutcome
+from castor.actors.materia.messages import CastOutcome, WorkLost
+from castor.actors.ports.agent import TurnError, TurnOutcome
+from castor.adapters.console_ui import ConsoleUi
 from castor.domain.materia.cast_messages import TurnEnded
+from castor.runtime import HarnessLink, SessionInfo
 from castor.supervision import faults
 
 from .helpers import event_types, events, open_session, wait_for, wait_status
@@ -68,27 +73,74 @@ def test_killed_socket_actor_is_redispatched_and_its_late_outcome_ignored(runtim
     assert agent.requests()[1].turn_id != first_visit
 
 
-def test_late_duplicate_outcome_is_ignored_never_applied_twice(runtime_factory, project):
-    rt = runtime_factory()
-    agent, _ui = open_session(rt, "s1", project, [{"text": "slow", "delay_ms": 5000}, "fast"])
-    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
-    wait_for(lambda: _socket_handles(rt, "s1"), what="the socket actor")
-    old_visit = materia_call(rt, "s1", "status", {})["pending"]["visit_id"]
-    handle = _cast_handle(rt, "s1", started["cast_id"])
-    faults.kill(_socket_handles(rt, "s1")[0])
-    def redispatched() -> bool:
-        pending = materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})["pending"]
-        return pending is None or pending["visit_id"] != old_visit
+class _HeldAgent:
+    """An AgentPort whose turns wait, unanswered, until the test answers them (no timers)."""
 
-    wait_for(redispatched, what="re-dispatch")
-    try:
-        handle.tell(CastOutcome(event=TurnEnded(visit_id=old_visit, text="LATE", at=time.time())))
-    except Exception:
-        pass  # the cast may already have finished and exited: then nothing can apply it either
-    view = wait_status(rt, "s1", started["cast_id"])
-    run_dir = Path(view["run_dir"])
-    assert "LATE" not in (run_dir / "sockets" / "Socket-1" / "1.md").read_text()
+    def __init__(self) -> None:
+        self.turns: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._replies: dict = {}
+
+    def run_turn(self, request, reply) -> None:
+        with self._lock:
+            self._replies[request.turn_id] = reply
+        self.turns.put(request)
+
+    def next_turn(self, timeout: float = 10.0):
+        try:
+            return self.turns.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no agent turn within {timeout}s") from None
+
+    def answer(self, turn_id: str, text: str) -> None:
+        with self._lock:
+            reply = self._replies.pop(turn_id)
+        reply(TurnOutcome(turn_id=turn_id, text=text, stop_reason="stop"))
+
+    def cancel(self, turn_id: str) -> None:
+        with self._lock:
+            reply = self._replies.pop(turn_id, None)
+        if reply is not None:
+            reply(TurnOutcome(turn_id=turn_id, stop_reason="aborted",
+                              error=TurnError(message="cancelled", kind="cancelled")))
+
+
+def test_late_duplicate_outcome_is_ignored_never_applied_twice(runtime_factory, project):
+    """The old visit's answer reaches the cast while it waits (unanswered) for the re-dispatched
+    visit: it is recorded ``outcome_ignored`` and never applied; the new visit's answer is."""
+    rt = runtime_factory()
+    agent = _HeldAgent()
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=ConsoleUi(printer=lambda _line: None)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
+    old = agent.next_turn()
+    handle = _cast_handle(rt, "s1", cast_id)
+    faults.kill(wait_for(lambda: _socket_handles(rt, "s1"), what="the socket actor")[0])
+    new = agent.next_turn()  # the re-dispatched turn: a new visit id, held unanswered
+    assert new.turn_id != old.turn_id
+    assert materia_call(rt, "s1", "status", {"cast_id": cast_id})["pending"]["visit_id"] == new.turn_id
+    handle.tell(CastOutcome(event=TurnEnded(visit_id=old.turn_id, text="LATE", at=time.time())))
+
+    def ignored():
+        return [e["data"] for e in events(run_dir) if e["type"] == "outcome_ignored"]
+
+    recorded = wait_for(ignored, what="the late outcome recorded as ignored")
+    assert recorded == [{"outcome": "turn_ended", "visitId": old.turn_id, "expected": new.turn_id,
+                         "reason": "not-current-visit"}]
+    # A late loss report of the old visit is stale too: no third dispatch. (The status ask is
+    # answered after the report: one mailbox, in order.)
+    handle.tell(WorkLost(visit_id=old.turn_id, reason="a late loss report of the old visit"))
+    view = materia_call(rt, "s1", "status", {"cast_id": cast_id})
+    assert view["status"] == "active" and view["pending"]["visit_id"] == new.turn_id  # still waiting
+    assert agent.turns.empty()
+    assert "socket_complete" not in event_types(run_dir)
+    agent.answer(new.turn_id, "fast")
+    view = wait_status(rt, "s1", cast_id)
+    assert view["status"] == "complete"
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "fast"
     assert event_types(run_dir).count("socket_complete") == 1
+    assert ignored() == recorded  # applied never, recorded once
 
 
 def test_cast_actor_crash_restart_resumes_from_persisted_state(runtime_factory, project):

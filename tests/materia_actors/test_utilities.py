@@ -118,3 +118,154 @@ def test_a_queued_job_cancelled_before_it_starts_never_runs():
     started = Started()
     pool.started("cast:Socket-1:2:2", started)
     assert pool.is_cancelled("cast:Socket-1:2:2") and started.killed
+
+
+# -- the live pool (/root/utility): at most one run per dispatch, a bounded queue --------------------------
+
+class _Inbox:
+    """Stands in for the cast's handle: what the pool tells the cast, in order."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.messages: queue.Queue = queue.Queue()
+
+    def tell(self, message) -> None:
+        self.messages.put(message)
+
+    def next(self, timeout: float = 15.0):
+        import queue
+
+        try:
+            return self.messages.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"the pool told the cast nothing within {timeout}s") from None
+
+
+def _job(visit_id: str, argv: list[str], cwd: Path, inbox: _Inbox):
+    from castor.actors.materia.messages import UtilityJob
+    from castor.domain.materia.cast_messages import RunUtility
+
+    effect = RunUtility(visit_id=visit_id, socket_id="Socket-1", visit=1, command=tuple(argv), stdin_json={},
+                        timeout_ms=20_000, max_output_bytes=4096, cwd=str(cwd))
+    return UtilityJob(effect=effect, cast=inbox)
+
+
+_APPEND_VISIT = ("import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(os.environ['CASTOR_VISIT_ID'] + '\\n')\n"
+                 "print('ran')")
+
+
+@pytest.mark.timeout(30)
+def test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent(runtime_factory, project):
+    from castor.actors.materia.messages import CastOutcome
+    from castor.actors.materia.utility import submit_utility
+
+    log = project / "runs.log"
+    rt = runtime_factory(utility_slots=2)
+    inbox = _Inbox()
+    job = _job("c1:Socket-1:1:1", [sys.executable, "-c", _APPEND_VISIT, str(log)], project, inbox)
+    submit_utility(rt.system.registry, job)
+    first = inbox.next()
+    assert isinstance(first, CastOutcome) and first.event.exit_code == 0 and first.event.stdout == "ran\n"
+    submit_utility(rt.system.registry, job)  # the same dispatch delivered again (a re-sent job)
+    again = inbox.next()
+    assert isinstance(again, CastOutcome) and again.event == first.event  # the recorded outcome, same `at`
+    assert log.read_text() == "c1:Socket-1:1:1\n"  # the command ran once
+    # A different dispatch of the same socket is new work: it runs.
+    submit_utility(rt.system.registry, _job("c1:Socket-1:2:2", [sys.executable, "-c", _APPEND_VISIT, str(log)],
+                                            project, inbox))
+    assert inbox.next().event.visit_id == "c1:Socket-1:2:2"
+    assert log.read_text() == "c1:Socket-1:1:1\nc1:Socket-1:2:2\n"
+
+
+_WAIT_FOR_GO = ("import os, sys, time\nopen(sys.argv[2], 'a').write('x')\nd = time.time() + 30\n"
+                "while not os.path.exists(sys.argv[1]) and time.time() < d:\n    time.sleep(0.01)\nprint('done')")
+
+
+@pytest.mark.timeout(40)
+def test_a_duplicate_of_a_running_job_is_dropped_not_started_again(runtime_factory, project):
+    from castor.actors.materia.utility import pool_of, submit_utility
+
+    go, starts = project / "go", project / "starts"
+    rt = runtime_factory(utility_slots=2)
+    inbox = _Inbox()
+    job = _job("c1:Socket-1:1:1", [sys.executable, "-c", _WAIT_FOR_GO, str(go), str(starts)], project, inbox)
+    submit_utility(rt.system.registry, job)
+    wait_for(lambda: starts.exists(), what="the first run to start")
+    submit_utility(rt.system.registry, job)  # lands on the other, idle slot while the first still runs
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 1, what="the duplicate to be handled")
+    go.touch()
+    assert inbox.next().event.stdout == "done\n"
+    assert starts.read_text() == "x"  # started once
+    assert inbox.messages.empty()  # and answered once
+
+
+@pytest.mark.timeout(40)
+def test_the_runtime_pool_refuses_a_job_past_its_queue_bound_and_the_cast_fails_the_visit(runtime_factory, project):
+    """slots + utility_queue_limit jobs outstanding: one more is MailboxFull at once (the sender never
+    blocks), and a cast whose utility dispatch is refused fails that visit with DispatchFailed."""
+    from castor.actors.materia.utility import pool_of, submit_utility
+    from castor.messages.errors import MailboxFull
+
+    go, starts = project / "go", project / "starts"
+    rt = runtime_factory(utility_slots=1, utility_queue_limit=2)
+    inbox = _Inbox()
+    argv = [sys.executable, "-c", _WAIT_FOR_GO, str(go), str(starts)]
+    for n in range(3):  # one runs, two queue
+        submit_utility(rt.system.registry, _job(f"c1:Socket-1:{n}:{n}", argv, project, inbox))
+    wait_for(lambda: starts.exists(), what="the running job")
+    with pytest.raises(MailboxFull) as full:
+        submit_utility(rt.system.registry, _job("c1:Socket-1:9:9", argv, project, inbox))
+    assert full.value.may_have_started is False
+    assert (full.value.data["slots"], full.value.data["queue_limit"]) == (1, 2)
+    assert pool_of(rt.system.registry).outstanding() == 3  # the refused job took no place
+
+    # A cast whose command meets the full pool: its visit fails DispatchFailed (recastable).
+    write_project_config(project, _config([sys.executable, "-c", "print('{}')"]))
+    open_session(rt, "s1", project, ["unused"])
+    started = materia_call(rt, "s1", "start", {"request": "x"})
+    view = wait_status(rt, "s1", started["cast_id"], timeout=15)
+    assert view["status"] == "failed" and "utility pool full" in view["failed_reason"], view
+    assert view["resumable"] is True
+    go.touch()
+    assert sorted(inbox.next().event.visit_id for _ in range(3)) == [f"c1:Socket-1:{n}:{n}" for n in range(3)]
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the pool to drain")
+    submit_utility(rt.system.registry, _job("c1:Socket-1:10:10", argv, project, inbox))  # room again
+    assert inbox.next().event.stdout == "done\n"
+
+
+@pytest.mark.timeout(60)
+def test_the_runtime_pool_never_runs_more_commands_than_slots_under_20_submissions(runtime_factory, project):
+    from castor.actors.materia.utility import pool_of, submit_utility
+
+    go, starts = project / "go", project / "starts"
+    rt = runtime_factory(utility_slots=3, utility_queue_limit=50)
+    inbox = _Inbox()
+    argv = [sys.executable, "-c", _WAIT_FOR_GO, str(go), str(starts)]
+    for n in range(20):
+        submit_utility(rt.system.registry, _job(f"c1:Socket-1:{n}:{n}", argv, project, inbox))
+    wait_for(lambda: starts.exists() and len(starts.read_text()) == 3, what="three commands running")
+    slots = list(rt.system.registry.handles("/root/utility"))
+    wait_for(lambda: sum(1 for h in slots if h.actor and h.actor.owned_pids()) == 3, what="three slots busy")
+    assert pool_of(rt.system.registry).outstanding() == 20
+    assert len(starts.read_text()) == 3  # nobody got past the slots while three run
+    go.touch()
+    done = sorted(inbox.next().event.visit_id for _ in range(20))
+    assert done == sorted(f"c1:Socket-1:{n}:{n}" for n in range(20))
+    assert len(starts.read_text()) == 20
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the pool to drain")
+
+
+def test_a_command_that_cannot_start_is_a_spawn_error_and_frees_its_slot(runtime_factory, project):
+    from castor.actors.materia.utility import pool_of, submit_utility
+
+    rt = runtime_factory(utility_slots=1, utility_queue_limit=1)
+    inbox = _Inbox()
+    for n in range(3):  # more than slots + queue in total: each one freed its place
+        submit_utility(rt.system.registry, _job(f"c1:Socket-1:{n}:{n}", [str(project / "missing-binary")],
+                                                project, inbox))
+        outcome = inbox.next().event
+        assert outcome.spawn_error and outcome.exit_code is None
+    wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the slot freed")
+    submit_utility(rt.system.registry, _job("c1:Socket-1:9:9", [sys.executable, "-c", "print('ok')"], project, inbox))
+    assert inbox.next().event.stdout == "ok\n"

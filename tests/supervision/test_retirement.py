@@ -74,6 +74,7 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
         owner = system.lookup("/root/owner")
         assert journal.wait_for(lambda e: any(x[0] == "spawned" for x in e))
         pid = next(x[2] for x in journal.entries if x[0] == "spawned")
+        heard = system.root.processed  # the supervisor's messages handled so far
         # Queue the retirement, then 50 requests behind it.
         retire = owner.ask_pending(Retire(reason="timed out"), timeout=5)
         queued = [owner.ask_pending(Ping(n=i), timeout=5) for i in range(50)]
@@ -85,6 +86,9 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
             assert info.value.data["reason"] == "timed out"
         assert poll_until(lambda: process_gone(pid))
         assert owner.wait_exited(5) and owner.snapshot().state == "retired"
+        # Once the supervisor has handled the exit (nothing else is sent to it here), it has not
+        # restarted the retired child: no new incarnation without new demand.
+        assert poll_until(lambda: system.root.processed > heard, timeout=10)
         assert owner.incarnation == 1 and owner.restarts == 0  # the supervisor did not restart it
         # New demand: a fresh incarnation handles only the new message.
         assert owner.ask(Ping(n=999), timeout=5) == (2, 999)

@@ -1,13 +1,10 @@
-"""Utility socket output (spec §7.1) and the built-in utilities (spec §7.2).
+"""The built-in utilities a utility socket can name, run by the runtime's utility pool.
 
-Output source precedence, first match wins:
-
-| socket has                                  | output comes from                               |
-|---------------------------------------------|-------------------------------------------------|
-| ``command``                                 | the command's raw stdout (via the pool)         |
-| ``params`` with its own key ``output``      | that value; a string as is, else compact JSON   |
-| ``utility`` naming a built-in               | the built-in                                    |
-| anything else                               | ``UtilityError`` "Unknown utility alias ..."    |
+Which source a utility socket's output comes from (its ``command``, its
+``params.output``, a built-in, else an "Unknown utility alias" error) is the
+engine's decision (:mod:`castor.domain.materia.engine`); commands run in the
+runtime's pool (:mod:`castor.actors.materia.utility`); this module runs the
+built-ins that need IO.
 
 Built-ins: ``noop`` (""), ``echo`` (``params.output`` else ``text`` else
 ``message`` else ""; non-strings as JSON), ``project.ensureIgnored`` and
@@ -15,9 +12,6 @@ Built-ins: ``noop`` (""), ``echo`` (``params.output`` else ``text`` else
 
 Guarantees and failure behaviour
 --------------------------------
-- A command's *result* is returned whatever its exit status; the caller
-  decides failure with ``command_failure_message`` and writes the command
-  artifacts. Only a spawn failure raises (``UtilitySpawnError``).
 - Bad built-in params and unknown aliases raise :class:`UtilityError`
   (code ``invalid_config``, ``data.reason``); nothing is written.
 - ``project.ensureIgnored`` keeps its file inside the project: the root must
@@ -33,34 +27,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from castor.adapters.fs import atomic_write_text
-from castor.adapters.materia.artifacts import CastArtifacts, CommandArtifacts
-from castor.adapters.materia.utility_runner import (
-    RunningUtility,
-    UtilityCommand,
-    command_failure_message,
-    UtilityPool,
-    UtilityResult,
-    UtilitySpawnError,
-    run_command,
-)
+from castor.adapters.materia.utility_runner import UtilityCommand, UtilitySpawnError, run_command
 from castor.messages.errors import CastorError, ErrorCode, Forbidden
 
 __all__ = [
     "BUILTIN_ALIASES",
     "UtilityError",
-    "UtilityOutput",
-    "UtilitySocketRun",
-    "UtilitySpec",
     "ensure_ignored",
-    "produce_utility_output",
-    "run_utility_socket",
     "run_builtin",
     "vcs_detect",
 ]
@@ -73,27 +50,6 @@ class UtilityError(CastorError):
     """A utility socket that cannot produce output (bad alias or params)."""
 
     code = ErrorCode.INVALID_CONFIG
-
-
-class UtilitySpec(BaseModel):
-    """The utility fields of a socket (spec §1.6)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    utility: str | None = None
-    command: list[str] | None = None
-    params: dict[str, Any] | None = None
-    timeout_ms: int | None = None
-
-
-class UtilityOutput(BaseModel):
-    """Where a utility socket's output came from, and the command result if one ran."""
-
-    model_config = ConfigDict(frozen=True)
-
-    source: Literal["command", "params.output", "builtin"]
-    output: str
-    command: UtilityResult | None = None
 
 
 def _as_text(value: Any) -> str:
@@ -120,7 +76,7 @@ def _command_root(argv: list[str], cwd: Path) -> Path | None:
 
 
 def vcs_detect(cwd: str | os.PathLike[str]) -> dict[str, Any]:
-    """``{kind: jj|git|none, root, available:{jj,git}}`` (spec §7.2)."""
+    """``{kind: jj|git|none, root, available:{jj,git}}``."""
     base = Path(cwd).resolve()
     available = {"jj": shutil.which("jj") is not None, "git": shutil.which("git") is not None}
     roots: dict[str, Path | None] = {}
@@ -164,7 +120,7 @@ def _ignore_root(params: dict[str, Any], cwd: Path) -> Path:
 
 
 def ensure_ignored(params: dict[str, Any], cwd: str | os.PathLike[str]) -> dict[str, Any]:
-    """Append missing patterns to an ignore file, idempotently (spec §7.2)."""
+    """Append missing patterns to an ignore file, idempotently."""
     base = Path(cwd).resolve()
     patterns = _patterns(params)
     root = _ignore_root(params, base)
@@ -223,96 +179,3 @@ def run_builtin(alias: str, params: dict[str, Any] | None, *, cwd: str | os.Path
     if alias == "vcs.detect":
         return _as_text(vcs_detect(cwd))
     raise UtilityError(f'Unknown utility alias "{alias}".', data={"reason": "unknown_alias", "alias": alias})
-
-
-def produce_utility_output(
-    spec: UtilitySpec,
-    *,
-    socket_id: str,
-    input_obj: dict[str, Any],
-    cwd: str | os.PathLike[str],
-    pool: UtilityPool,
-    on_start: Callable[[RunningUtility], None] | None = None,
-    queue_timeout_s: float | None = None,
-) -> UtilityOutput:
-    """Apply §7.1 precedence. Commands run through ``pool`` with ``input_obj`` on stdin."""
-    if spec.command:
-        cmd_kwargs: dict[str, Any] = {"argv": list(spec.command), "cwd": Path(cwd), "stdin": input_obj}
-        if spec.timeout_ms is not None:
-            cmd_kwargs["timeout_ms"] = spec.timeout_ms
-        result = pool.run(UtilityCommand(**cmd_kwargs), on_start=on_start, queue_timeout_s=queue_timeout_s)
-        return UtilityOutput(source="command", output=result.stdout, command=result)
-    params = spec.params or {}
-    if "output" in params:
-        return UtilityOutput(source="params.output", output=_as_text(params["output"]))
-    if spec.utility in BUILTIN_ALIASES:
-        with pool.slot(queue_timeout_s=queue_timeout_s):
-            return UtilityOutput(source="builtin", output=run_builtin(spec.utility, params, cwd=cwd))
-    raise UtilityError(
-        f'Unknown utility alias "{spec.utility}" for socket "{socket_id}".',
-        data={"reason": "unknown_alias", "alias": spec.utility, "socket": socket_id},
-    )
-
-
-class UtilitySocketRun(BaseModel):
-    """A utility socket's output plus, for commands, the written artifacts and event data."""
-
-    model_config = ConfigDict(frozen=True)
-
-    source: Literal["command", "params.output", "builtin"]
-    output: str
-    failure: str | None = None  # spec wording; None = success
-    command: UtilityResult | None = None
-    artifacts: CommandArtifacts | None = None
-    command_event: dict[str, Any] | None = None  # ``data`` of the ``utility_command`` event
-
-
-def run_utility_socket(
-    artifacts: CastArtifacts,
-    spec: UtilitySpec,
-    *,
-    socket_id: str,
-    visit: int,
-    input_obj: dict[str, Any],
-    cwd: str | os.PathLike[str],
-    pool: UtilityPool,
-    item_key: str | None = None,
-    on_start: Callable[[RunningUtility], None] | None = None,
-    queue_timeout_s: float | None = None,
-) -> UtilitySocketRun:
-    """Produce a utility socket's output; for a command, write its three artifacts (spec §7.3 step 4).
-
-    The caller still records the input artifact before, and appends the
-    manifest entries and the ``utility_command`` event (``command_event``)
-    after. A spawn failure raises ``UtilitySpawnError`` and writes nothing.
-    """
-    produced = produce_utility_output(
-        spec, socket_id=socket_id, input_obj=input_obj, cwd=cwd, pool=pool, on_start=on_start,
-        queue_timeout_s=queue_timeout_s,
-    )
-    result = produced.command
-    if result is None:
-        return UtilitySocketRun(source=produced.source, output=produced.output)
-    written = artifacts.write_command_result(
-        socket_id, visit, stdout=result.stdout, stderr=result.stderr, stdout_truncated=result.stdout_truncated,
-        stderr_truncated=result.stderr_truncated, max_bytes=result.max_bytes, item_key=item_key,
-    )
-    event = {
-        "socket": socket_id,
-        "command": list(result.argv),
-        "code": result.exit_code,
-        "signal": result.signal_name,
-        "timedOut": result.timed_out,
-        "timeoutMs": result.timeout_ms,
-        "stdoutArtifact": str(written.stdout),
-        "stderrArtifact": str(written.stderr),
-        "stdoutTruncated": result.stdout_truncated,
-        "stderrTruncated": result.stderr_truncated,
-    }
-    failure = command_failure_message(
-        result, socket_id=socket_id, stdout_artifact=str(written.stdout), stderr_artifact=str(written.stderr)
-    )
-    return UtilitySocketRun(
-        source="command", output=result.stdout, failure=failure, command=result, artifacts=written,
-        command_event=event,
-    )

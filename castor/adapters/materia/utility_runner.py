@@ -23,16 +23,15 @@ Guarantees
 - **Result.** exit code or signal, ``timed_out``, ``killed``, wall duration.
   A non-zero exit is *not* an exception here: callers turn results into
   failures with :func:`command_failure_message` (spec wording).
-- **Bounded concurrency.** :class:`UtilityPool` lets at most
-  ``max_concurrent`` commands run; up to ``max_queue`` callers wait in FIFO
-  order; one more is refused at once with ``MailboxFull``. A queue wait may
-  have a deadline (``Timeout`` with ``may_have_started=False``).
+- **Bounded concurrency** is not this module's job: the runtime's pool
+  (``/root/utility``, :mod:`castor.actors.materia.utility`) runs at most one
+  command per slot and refuses a job past its queue bound with ``MailboxFull``.
 
 Failure behaviour
 -----------------
 - A binary that cannot be started raises :class:`UtilitySpawnError` (code
   ``not_found`` for a missing file, ``forbidden`` for permission, else
-  ``internal``) and nothing runs; no slot stays taken.
+  ``internal``) and nothing runs.
 - Background processes that a *successful* command leaves behind after
   closing its stdout/stderr are not hunted down (that is ordinary Unix
   behaviour); ones that keep the pipes open hold the deadline and are killed
@@ -54,9 +53,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,14 +61,12 @@ import psutil
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from castor.messages.errors import Cancelled, CastorError, ErrorCode, MailboxFull, Timeout
+from castor.messages.errors import CastorError, ErrorCode
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
-    "PoolStats",
     "RunningUtility",
     "UtilityCommand",
-    "UtilityPool",
     "UtilityResult",
     "UtilitySpawnError",
     "command_failure_message",
@@ -450,139 +445,3 @@ def run_command(cmd: UtilityCommand, *, on_start: Callable[[RunningUtility], Non
             running.wait()
             raise
     return running.wait()
-
-
-# --------------------------------------------------------------------------- the bounded pool
-
-
-class PoolStats(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    running: int
-    waiting: int
-    max_concurrent: int
-    max_queue: int
-
-
-class _Ticket:
-    __slots__ = ("event", "granted", "cancelled")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.granted = False
-        self.cancelled = False
-
-
-class UtilityPool:
-    """A FIFO gate: at most ``max_concurrent`` commands run, ``max_queue`` wait, more are refused."""
-
-    def __init__(self, max_concurrent: int, *, max_queue: int = 1000) -> None:
-        if max_concurrent < 1 or max_queue < 0:
-            raise ValueError("max_concurrent must be >= 1 and max_queue >= 0")
-        self.max_concurrent = max_concurrent
-        self.max_queue = max_queue
-        self._lock = threading.Lock()
-        self._slots_taken = 0
-        self._waiters: deque[_Ticket] = deque()
-        self._running: set[RunningUtility] = set()
-        self._closed = False
-
-    def stats(self) -> PoolStats:
-        with self._lock:
-            return PoolStats(
-                running=self._slots_taken,
-                waiting=len(self._waiters),
-                max_concurrent=self.max_concurrent,
-                max_queue=self.max_queue,
-            )
-
-    def running(self) -> list[RunningUtility]:
-        """Handles of the commands running now (for kill/pids from another thread)."""
-        with self._lock:
-            return list(self._running)
-
-    def _acquire(self, queue_timeout_s: float | None) -> None:
-        with self._lock:
-            if self._closed:
-                raise Cancelled("utility pool is closed", may_have_started=False)
-            if self._slots_taken < self.max_concurrent and not self._waiters:
-                self._slots_taken += 1
-                return
-            if len(self._waiters) >= self.max_queue:
-                raise MailboxFull(
-                    f"utility pool full: {self._slots_taken} running, {len(self._waiters)} waiting",
-                    data={"max_concurrent": self.max_concurrent, "max_queue": self.max_queue},
-                    may_have_started=False,
-                )
-            ticket = _Ticket()
-            self._waiters.append(ticket)
-        ticket.event.wait(queue_timeout_s)
-        with self._lock:
-            if ticket.granted:
-                return  # the releaser handed its slot straight to us
-            if ticket in self._waiters:
-                self._waiters.remove(ticket)
-        if ticket.cancelled:
-            raise Cancelled("utility pool closed while waiting", may_have_started=False)
-        raise Timeout(f"no utility slot within {queue_timeout_s}s", may_have_started=False)
-
-    def _release(self) -> None:
-        with self._lock:
-            if self._waiters:
-                ticket = self._waiters.popleft()
-                ticket.granted = True
-                ticket.event.set()
-            else:
-                self._slots_taken -= 1
-
-    @contextmanager
-    def slot(self, *, queue_timeout_s: float | None = None) -> Iterator[None]:
-        """Hold one slot for the duration of the block (for built-ins that spawn)."""
-        self._acquire(queue_timeout_s)
-        try:
-            yield
-        finally:
-            self._release()
-
-    def run(
-        self,
-        cmd: UtilityCommand,
-        *,
-        on_start: Callable[[RunningUtility], None] | None = None,
-        queue_timeout_s: float | None = None,
-    ) -> UtilityResult:
-        """Wait for a slot (bounded), run ``cmd`` to the end, release the slot."""
-        with self.slot(queue_timeout_s=queue_timeout_s):
-            running = spawn(cmd)
-            with self._lock:
-                self._running.add(running)
-            try:
-                if on_start is not None:
-                    on_start(running)
-                return running.wait()
-            except BaseException:
-                running.kill()
-                if not running.finished:
-                    running.wait()
-                raise
-            finally:
-                with self._lock:
-                    self._running.discard(running)
-
-    def kill_all(self) -> int:
-        """Kill every running tree; return how many were killed."""
-        handles = self.running()
-        for handle in handles:
-            handle.kill()
-        return len(handles)
-
-    def close(self) -> None:
-        """Refuse new work, cancel waiters and kill running commands."""
-        with self._lock:
-            self._closed = True
-            waiters = list(self._waiters)
-            self._waiters.clear()
-        for ticket in waiters:
-            ticket.cancelled = True
-            ticket.event.set()
-        self.kill_all()

@@ -1,0 +1,235 @@
+"""The guarantee mutants: each breaks one promise of docs/reliability.md / docs/supervision.md.
+
+A mutant is a name, the guarantee it breaks (the row of docs/reliability.md's "Promises" table, or
+the docs/supervision.md section), one or more edits — ``(file, exact old snippet, new snippet)``,
+each old snippet occurring exactly once in its file — and the test node ids that back the
+guarantee, fastest killer first (they run with ``-x``).
+
+Keep snippets small and on stable lines; when the code moves, the runner's drift check names the
+mutant whose snippet no longer matches, and the snippet is updated here, never dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Edit:
+    file: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    guarantee: str
+    edits: tuple[Edit, ...]
+    tests: tuple[str, ...]
+
+
+def mutant(name: str, guarantee: str, edits: list[tuple[str, str, str]], tests: list[str]) -> Mutant:
+    return Mutant(name, guarantee, tuple(Edit(*e) for e in edits), tuple(tests))
+
+
+SUP = "tests/supervision"
+MAT = "tests/materia_actors"
+ADA = "tests/adapters"
+ICW = "tests/icarus_worker"
+
+MUTANTS: list[Mutant] = [
+    # ---- row 1: one failure model, restarts, intensity ---------------------------------------------
+    mutant("ask-failure-does-not-crash", "R1 failure model",
+           [("castor/supervision/actor.py",
+             "                reply.fail(exc)\n            self._crash(exc, envelope)",
+             "                reply.fail(exc)\n            if reply is None:\n                self._crash(exc, envelope)")],
+           [f"{SUP}/test_strategies.py::test_restart_types",
+            f"{SUP}/test_strategies.py::test_one_for_one_restarts_only_the_failed_child"]),
+    mutant("failing-message-redelivered", "R1 failure model",
+           [("castor/supervision/actor.py",
+             "            handle.failed += 1\n            if reply is not None:\n                reply.fail(exc)\n"
+             "            self._crash(exc, envelope)",
+             "            handle.failed += 1\n            if reply is not None:\n                reply.fail(exc)\n"
+             "            self.actor_inbox.put_back(envelope)\n            self._crash(exc, envelope)")],
+           [f"{SUP}/test_strategies.py::test_queued_messages_survive_a_restart_but_the_failing_one_is_not_redelivered"]),
+    mutant("intensity-never-exceeded", "R1 failure model (R restarts in T s, then escalate)",
+           [("castor/supervision/supervisor.py",
+             "        if not self._intensity.allow():\n            raise RestartIntensityExceeded(\n",
+             "        if False:\n            raise RestartIntensityExceeded(\n")],
+           [f"{SUP}/test_escalation_and_shutdown.py::test_intensity_escalates_through_two_levels_to_a_fatal_root"]),
+    mutant("child-never-given-up", "R1 failure model (a child past its own intensity is given up)",
+           [("castor/supervision/supervisor.py",
+             "if failed.intensity is not None and not failed.intensity.allow():",
+             "if False and failed.intensity is not None and not failed.intensity.allow():")],
+           [f"{SUP}/test_escalation_and_shutdown.py::test_a_child_past_its_own_intensity_is_given_up_without_failing_its_supervisor"]),
+    # ---- row 2: no ask is ever stranded ---------------------------------------------------------------
+    mutant("stranded-ask-race", "R2 no stranded ask",
+           [("castor/supervision/mailbox.py",
+             "        with self._lock:\n            if self._closed is not None:\n                self.rejected += 1\n"
+             "                raise MailboxClosed(self._closed(), self._revivable)",
+             "        closed = self._closed  # pykka's window: checked outside the lock that close() takes\n"
+             "        time.sleep(0.0005)\n"
+             "        with self._lock:\n            if closed is not None:\n                self.rejected += 1\n"
+             "                raise MailboxClosed(self._closed(), self._revivable)")],
+           [f"{SUP}/test_asks_and_mailboxes.py::test_no_ask_is_ever_stranded_by_a_racing_stop_crash_or_retirement"]),
+    mutant("queued-asks-not-failed-on-close", "R2 no stranded ask",
+           [("castor/supervision/handle.py",
+             "            if envelope.reply is not None:\n                envelope.reply.fail(make())",
+             "            if False:\n                envelope.reply.fail(make())")],
+           [f"{SUP}/test_direct_start.py::test_a_crashed_direct_child_is_removed_and_its_queued_asks_fail",
+            f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
+    mutant("ask-deadline-dropped", "R2 every ask has a deadline",
+           [("castor/supervision/handle.py",
+             "(DEFAULT_ASK_TIMEOUT if timeout is None else timeout)",
+             "(1e9 if timeout is None else timeout)")],
+           [f"{SUP}/test_default_deadlines.py"]),
+    mutant("ask-default-deadline-infinite", "R2 every ask has a deadline",
+           [("castor/supervision/handle.py", "DEFAULT_ASK_TIMEOUT = 10.0", "DEFAULT_ASK_TIMEOUT = 1e9")],
+           [f"{SUP}/test_default_deadlines.py"]),
+    mutant("may-have-started-wrong", "R2 a timed-out ask says whether it may have started",
+           [("castor/supervision/handle.py", "may_have_started=not withdrawn,", "may_have_started=withdrawn,")],
+           [f"{SUP}/test_asks_and_mailboxes.py::test_ask_timeout_says_whether_the_work_may_have_started"]),
+    mutant("connection-call-deadline-dropped", "R2 every ask has a deadline (the endpoint's calls)",
+           [("castor/endpoint/connection.py",
+             "timeout = self.settings.default_call_timeout if timeout is None else timeout",
+             "timeout = 1e9 if timeout is None else timeout")],
+           ["tests/endpoint/test_default_deadlines.py"]),
+    mutant("harness-request-deadline-dropped", "R2 every ask has a deadline (the endpoint's calls to the harness)",
+           [("castor/endpoint/harness_link.py",
+             "timeout = UI_DEADLINE_S if deadline is None else",
+             "timeout = None if deadline is None else")],
+           ["tests/endpoint/test_default_deadlines.py"]),
+    mutant("icarus-client-ask-unbounded", "R2 every ask has a deadline (the Icarus client)",
+           [("castor/actors/icarus_worker.py",
+             "return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)",
+             "return self._handle.ask(message, timeout=1e9)")],
+           [f"{ICW}/test_icw_default_deadline.py"]),
+    # ---- supervision.md "Retirement" ------------------------------------------------------------------
+    mutant("retirement-queue-not-rejected", "supervision: retirement rejects the queue, never replays it",
+           [("castor/supervision/actor.py",
+             "        self.handle._reject_all(reason, error, revivable=True)\n",
+             "")],
+           [f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
+    mutant("retired-child-restarted", "supervision: a retired child is never restarted",
+           [("castor/supervision/supervisor.py",
+             '        if message.kind == "retired":\n',
+             '        if message.kind == "retired-never":\n')],
+           [f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it",
+            f"{SUP}/test_retirement.py::test_a_retired_temporary_child_is_removed_not_revived"]),
+    mutant("retired-temporary-child-kept", "supervision: a retired temporary child is removed, not revived",
+           [("castor/supervision/supervisor.py",
+             "            if not slot.handle.revive_on_demand:\n                self._remove(slot, \"retired\")",
+             "            if False:\n                self._remove(slot, \"retired\")")],
+           [f"{SUP}/test_retirement.py::test_a_retired_temporary_child_is_removed_not_revived"]),
+    # ---- supervision.md: ordered, bounded shutdown; direct starts -----------------------------------
+    mutant("shutdown-waits-for-a-stuck-child", "supervision: a child past its shutdown timeout is killed",
+           [("castor/supervision/supervisor.py", "                slot.handle.abandon()\n",
+             "                slot.handle.stop(60)\n")],
+           [f"{SUP}/test_escalation_and_shutdown.py::test_a_child_that_overruns_its_shutdown_timeout_is_killed_and_shutdown_is_bounded"]),
+    mutant("direct-child-outlives-supervisor", "supervision: no direct child outlives its supervisor",
+           [("castor/supervision/supervisor.py",
+             "            if self._closed:\n                return None\n            if path in self._slots:",
+             "            if False:\n                return None\n            if path in self._slots:")],
+           [f"{SUP}/test_direct_start.py::test_no_direct_child_outlives_a_supervisor_that_stops_while_they_start"]),
+    # ---- row 3: the cast loses nothing -----------------------------------------------------------------
+    mutant("incarnation-fence-off", "R3 a zombie incarnation cannot write",
+           [("castor/adapters/materia/state_store.py",
+             "if current is not None and incarnation < stored_incarnation:",
+             "if False and current is not None and incarnation < stored_incarnation:")],
+           [f"{ADA}/test_state_store.py::test_zombie_incarnation_is_refused_and_leaves_state_untouched"]),
+    mutant("outbox-replay-skipped", "R3 the restarted CastActor replays the outbox",
+           [("castor/actors/materia/cast_actor.py",
+             "        self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])\n",
+             "")],
+           [f"{MAT}/test_faults.py::test_restart_replays_the_last_transitions_file_effects_without_duplicates"]),
+    mutant("outbox-replay-duplicates-events", "R3 replay never duplicates an event",
+           [("castor/actors/materia/cast_actor.py",
+             "                if json.dumps(json.loads(json.dumps(record)), sort_keys=True) not in seen_events:",
+             "                if True:")],
+           [f"{MAT}/test_faults.py::test_restart_replays_the_last_transitions_file_effects_without_duplicates"]),
+    mutant("visit-id-reused", "R3/R4 lost work is re-dispatched under a new visit id",
+           [("castor/domain/materia/engine.py", "    s.dispatch_seq += 1\n", "    s.dispatch_seq += 0\n")],
+           [f"{MAT}/test_faults.py::test_late_duplicate_outcome_is_ignored_never_applied_twice",
+            f"{MAT}/test_faults.py::test_killed_socket_actor_is_redispatched_and_its_late_outcome_ignored"]),
+    mutant("stale-outcome-accepted", "R3 a late answer to an old visit is ignored",
+           [("castor/domain/materia/engine.py",
+             "    if s.pending is None or s.pending.kind != pending_kind or s.pending.visit_id != visit_id:",
+             "    if s.pending is None or s.pending.kind != pending_kind:")],
+           [f"{MAT}/test_faults.py::test_late_duplicate_outcome_is_ignored_never_applied_twice"]),
+    mutant("stale-work-lost-accepted", "R3 a late loss report of an old visit is ignored",
+           [("castor/actors/materia/cast_actor.py",
+             "        if s is None or not s.active or s.pending is None or s.pending.visit_id != message.visit_id:",
+             "        if s is None or not s.active or s.pending is None:")],
+           [f"{MAT}/test_faults.py::test_late_duplicate_outcome_is_ignored_never_applied_twice"]),
+    # ---- row 3/6: atomic durable state ------------------------------------------------------------------
+    mutant("non-atomic-write", "R3/R6 state is saved atomically",
+           [("castor/adapters/fs.py",
+             "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)",
+             "fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)"),
+            ("castor/adapters/fs.py",
+             "        os.replace(tmp, target)\n    except BaseException:",
+             "        pass\n    except BaseException:")],
+           [f"{ADA}/test_atomic_write.py"]),
+    mutant("file-fsync-dropped", "R3/R6 state is saved durably (file fsync before the rename)",
+           [("castor/adapters/fs.py",
+             "            _write_all(fd, data)\n            os.fsync(fd)\n",
+             "            _write_all(fd, data)\n")],
+           [f"{ADA}/test_atomic_write.py::test_temp_write_then_file_fsync_then_rename_then_directory_fsync_in_that_order"]),
+    mutant("dir-fsync-dropped", "R3/R6 state is saved durably (directory fsync after the rename)",
+           [("castor/adapters/fs.py",
+             "    if sync_dir:\n        fsync_dir(directory)",
+             "    if False:\n        fsync_dir(directory)")],
+           [f"{ADA}/test_atomic_write.py::test_temp_write_then_file_fsync_then_rename_then_directory_fsync_in_that_order"]),
+    # ---- row 4: at most one run of a utility command per dispatch ----------------------------------------
+    mutant("duplicate-job-re-run", "R4 a duplicate job is answered from the ledger, never re-run",
+           [("castor/actors/materia/utility.py",
+             "            if visit_id in self._ledger:\n                return self._ledger[visit_id]",
+             "            if False:\n                return self._ledger[visit_id]")],
+           [f"{MAT}/test_utilities.py::test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent"]),
+    mutant("running-duplicate-started", "R4 a duplicate of a running job is dropped",
+           [("castor/actors/materia/utility.py",
+             '            if visit_id in self._running:\n                return "running"',
+             '            if False:\n                return "running"')],
+           [f"{MAT}/test_utilities.py::test_a_duplicate_of_a_running_job_is_dropped_not_started_again"]),
+    mutant("visit-id-env-missing", "R4 the command sees CASTOR_VISIT_ID",
+           [("castor/actors/materia/utility.py",
+             "env={**os.environ, VISIT_ID_ENV: effect.visit_id, ",
+             "env={**os.environ, ")],
+           [f"{MAT}/test_utilities.py::test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent"]),
+    # ---- row 5: the Icarus worker ----------------------------------------------------------------------
+    mutant("worker-not-retired-on-timeout", "R5 a timed-out worker retires; its queue is rejected, never replayed",
+           [("castor/actors/icarus_worker.py",
+             '            self.retire(f"call {target} timed out", error=WorkerRetired)\n',
+             ""),
+            ("castor/actors/icarus_worker.py",  # and the next call quietly gets a fresh worker
+             "if worker is not None and worker.exited_while_idle():",
+             "if worker is not None and (worker.exited_while_idle() or not worker.usable):")],
+           [f"{ICW}/test_icw_actor.py::test_timeout_rejects_all_100_queued_calls_none_ever_executes"]),
+    mutant("expired-call-sent-anyway", "R5 a call whose deadline passed in the queue is never sent",
+           [("castor/actors/icarus_worker.py", "        if time.monotonic() >= deadline:\n", "        if False:\n")],
+           [f"{ICW}/test_icw_actor.py::test_deadline_expired_in_queue_is_not_sent_and_keeps_the_worker"]),
+    mutant("worker-queue-not-rejected-on-crash", "R5 a crashed worker retires; its queue is rejected",
+           [("castor/actors/icarus_worker.py",
+             '            self.retire(f"worker crashed during {target}", error=WorkerCrashed)\n',
+             "")],
+           [f"{ICW}/test_icw_actor.py::test_crash_rejects_pending_with_worker_crashed"]),
+    # ---- row 6: the whole runtime process dies -----------------------------------------------------------
+    mutant("lease-never-taken", "R6 a cast held by a live runtime is a conflict (flock lease)",
+           [("castor/adapters/materia/cast_lease.py",
+             "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        except BlockingIOError:\n"
+             "            os.close(fd)\n            return None",
+             "            pass\n        except BlockingIOError:\n            os.close(fd)\n            return None")],
+           [f"{ADA}/test_cast_lease.py::test_one_holder_at_a_time_and_the_probe_sees_it"]),
+    # ---- row 7: load beyond capacity --------------------------------------------------------------------
+    mutant("mailbox-unbounded", "R7 a bounded mailbox rejects overflow at once",
+           [("castor/supervision/mailbox.py",
+             "if self.capacity is not None and len(self._queue) >= self.capacity:",
+             "if False:")],
+           [f"{SUP}/test_asks_and_mailboxes.py::test_a_bounded_mailbox_rejects_overflow_at_once_and_never_blocks_the_sender"]),
+    mutant("utility-queue-unbounded", "R7 the utility pool's queue bound fails the visit DispatchFailed",
+           [("castor/actors/materia/utility.py",
+             "if sum(self._load) >= self.slots + self.queue_limit:",
+             "if False:")],
+           [f"{MAT}/test_utilities.py::test_the_runtime_pool_refuses_a_job_past_its_queue_bound_and_the_cast_fails_the_visit"]),
+]
