@@ -13,7 +13,8 @@ Replies:
   else ``FAKE-REPLY: `` + the user-side texts since the last assistant message joined
   with `` | `` (so injected context shows in the reply).
 
-Every request body is kept in :attr:`FakeLLM.requests` (thread-safe) for assertions.
+Every request body is kept in :attr:`FakeLLM.requests` (thread-safe) for assertions, with its
+arrival time (``time.monotonic()``) in :attr:`FakeLLM.received_at`.
 Run standalone: ``python fake_llm.py --port 0`` prints ``PORT n``.
 """
 
@@ -69,6 +70,7 @@ class FakeLLM:
     """The server plus its script and request log. Use as a context manager."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
+    received_at: list[float] = field(default_factory=list)  # time.monotonic() of each request, same order
     script: list[Scripted] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
@@ -99,6 +101,7 @@ class FakeLLM:
         text = request_text(body)
         with self._lock:
             self.requests.append(body)
+            self.received_at.append(time.monotonic())
             for i, item in enumerate(self.script):
                 if item.when is None or item.when in text:
                     return self.script.pop(i)
@@ -107,6 +110,11 @@ class FakeLLM:
     def log(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.requests)
+
+    def timed_log(self) -> list[tuple[float, dict[str, Any]]]:
+        """``(time.monotonic() at arrival, body)`` of every request, in arrival order."""
+        with self._lock:
+            return list(zip(self.received_at, self.requests, strict=True))
 
     @property
     def base_url(self) -> str:
@@ -134,11 +142,14 @@ class FakeLLM:
                 item = fake.take(body)
                 if item.delay:
                     time.sleep(item.delay)  # a slow model, so a test can act mid-turn
-                if item.status != 200:
-                    self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
-                                .encode())
-                    return
-                self._stream(body.get("model", "fake-model"), item)
+                try:
+                    if item.status != 200:
+                        self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
+                                    .encode())
+                        return
+                    self._stream(body.get("model", "fake-model"), item)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up (an aborted turn): nothing to answer
 
             def _plain(self, status: int, payload: bytes) -> None:
                 self.send_response(status)

@@ -19,7 +19,7 @@
  * line), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000).
  */
 import { VERSION } from "@mariozechner/pi-coding-agent";
-import { planIcarus, planMateria, resultText, type Planned } from "./commands";
+import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands";
 import { compactSession, contextUsage } from "./compaction";
 import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
 import { RpcError, type Params } from "./rpc";
@@ -29,9 +29,12 @@ import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
+/** How long a refused turn end waits for castor's abort notice that may trail it. */
+const ABORT_NOTICE_GRACE_MS = 500;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
+	"agent.abort_turn",
 	"session.append_entry",
 	"message.send",
 	"ui.notify",
@@ -186,6 +189,7 @@ export default function castorExtension(pi: any): void {
 					});
 				}
 			},
+			"agent.abort_turn": (p) => abortTurn(p),
 			"session.append_entry": (p) => {
 				if (typeof p.custom_type !== "string" || !p.custom_type) throw new RpcError("invalid_params", "custom_type must be a non-empty string");
 				pi.appendEntry(p.custom_type, p.data ?? null);
@@ -217,7 +221,39 @@ export default function castorExtension(pi: any): void {
 		try {
 			await getRuntime().call("agent.turn_ended", outcome, { spawn: false });
 		} catch (err) {
+			// castor aborted this turn itself: it no longer waits for the end (it answers a late
+			// one with {ok, ignored}; an older castor with not_found) — nothing to tell the user.
+			// A not_found may overtake the abort notice on the wire: give that notice a moment.
+			if (err instanceof RpcError && err.code === "not_found" && !turns.wasAborted(String(outcome.turn_id))) {
+				await new Promise((resolve) => setTimeout(resolve, ABORT_NOTICE_GRACE_MS));
+			}
+			if (turns.wasAborted(String(outcome.turn_id))) {
+				log(`end of aborted turn ${String(outcome.turn_id)} not taken: ${errorText(err)}`);
+				return;
+			}
 			notify(`castor did not take the end of turn ${String(outcome.turn_id)}: ${errorText(err)}`, "error");
+		}
+	}
+
+	/**
+	 * `agent.abort_turn {session_id, turn_id, reason}` (notification): castor aborted the cast whose
+	 * turn this is. The run in flight is aborted now (Pi's `ctx.abort()`; the outcome still goes out
+	 * at settlement, `aborted: true`); a queued turn is dropped; an unknown or already ended turn is
+	 * remembered only (so its late end raises no error toast).
+	 */
+	function abortTurn(p: Params): void {
+		if (typeof p.turn_id !== "string" || !p.turn_id) throw new RpcError("invalid_params", "turn_id must be a non-empty string");
+		if (typeof p.session_id === "string" && sessionId && p.session_id !== sessionId) return; // another session's turn
+		const found = turns.abort(p.turn_id);
+		log(`castor aborted turn ${p.turn_id} (${typeof p.reason === "string" ? p.reason : "no reason"}): ${found}`);
+		if (found === "active") abortRun(lastCtx);
+	}
+
+	function abortRun(ctx: Ctx): void {
+		try {
+			ctx?.abort?.();
+		} catch (err) {
+			log(`abort failed: ${errorText(err)}`); // a stale ctx: the run it belonged to is gone
 		}
 	}
 
@@ -295,8 +331,11 @@ export default function castorExtension(pi: any): void {
 	pi.registerCommand("materia", {
 		description: "castor materia casts: cast, continue, abort, recast, revive, status, casts, grid, loadout",
 		handler: async (args: string, ctx: Ctx) => {
-			await waitIdle(ctx);
-			await runCommand(planMateria(args ?? ""), ctx, "materia");
+			const planned = planMateria(args ?? "");
+			// abort and the read-only commands answer while a turn runs; the others start or
+			// resume turns, so they wait until Pi is idle.
+			if (!runsWhileBusy(planned)) await waitIdle(ctx);
+			await runCommand(planned, ctx, "materia");
 		},
 	});
 
@@ -351,6 +390,12 @@ export default function castorExtension(pi: any): void {
 	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const custom = event?.messageType === "custom";
+		if (custom && turns.isAbortedMessage(event.message)) {
+			// The hidden prompt of a turn castor aborted while Pi held it: stop the run before its
+			// first request (Pi aborts a run at agent_start when asked during before_agent_start).
+			abortRun(ctx);
+			return undefined;
+		}
 		if (custom) turns.bindFromMessage(event.message);
 		const result = await forward("before_agent_start", {
 			prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
@@ -409,10 +454,16 @@ export default function castorExtension(pi: any): void {
 		}
 		const turnId = turns.active?.turnId ?? null;
 		const outcome = turns.settle(sessionId, aborted, entryId);
-		if (outcome) await reportTurn(outcome as unknown as Params);
-		else turns.settleUserRun();
-		await forward("agent_settled", { aborted, turn_id: turnId });
+		if (!outcome) turns.settleUserRun();
+		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
+		// command (a /materia abort included) until the settle handlers return, so waiting here for
+		// castor's answer would hold the user's next command for as long as castor takes.
+		settleChain = settleChain.then(async () => {
+			if (outcome) await reportTurn(outcome as unknown as Params);
+			await forward("agent_settled", { aborted, turn_id: turnId });
+		});
 	}
+	let settleChain: Promise<void> = Promise.resolve();
 
 	pi.on("agent_settled", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
