@@ -3,7 +3,8 @@
 It stands in for a model provider, the one part of the harness that cannot exist
 offline. Pi (provider ``api: "openai-completions"``) POSTs ``{baseUrl}/chat/completions``
 with ``stream: true`` and reads SSE ``chat.completion.chunk`` frames; this server speaks
-exactly that.
+exactly that. A request with ``stream: false`` (castor's own ``openai:`` agent) gets one
+``chat.completion`` JSON body.
 
 Replies:
 * a scripted queue (:meth:`FakeLLM.reply_text`, :meth:`FakeLLM.reply_tool_call`); a
@@ -147,7 +148,10 @@ class FakeLLM:
                         self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
                                     .encode())
                         return
-                    self._stream(body.get("model", "fake-model"), item)
+                    if body.get("stream") is False:
+                        self._complete(body.get("model", "fake-model"), item)
+                    else:
+                        self._stream(body.get("model", "fake-model"), item)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the client gave up (an aborted turn): nothing to answer
 
@@ -157,6 +161,21 @@ class FakeLLM:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _complete(self, model: str, item: Scripted) -> None:
+                """A non-streaming chat completion (castor's own OpenAI-compatible agent asks for one)."""
+                message: dict[str, Any] = {"role": "assistant", "content": item.text or ""}
+                finish = "stop"
+                if item.tool_call is not None:
+                    name, args = item.tool_call
+                    message = {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": f"call_{time.monotonic_ns()}", "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)}}]}
+                    finish = "tool_calls"
+                self._plain(200, json.dumps({
+                    "id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
+                    "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}).encode())
 
             def _stream(self, model: str, item: Scripted) -> None:
                 cid, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())

@@ -47,8 +47,8 @@ def start_stalled_turn(pi, log, fake_llm, marker: str) -> int:
 def probe(start_pi, probe_command):
     def start(**env):
         command, log = probe_command
-        pi = start_pi(command, env={"CASTOR_PROBE_LOG": str(log), **env})
-        pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"))
+        pi = start_pi(command, env={"CASTOR_PROBE_LOG": str(log), **env}, timeout_ms=15000)
+        pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), timeout=40)
         assert poll_until(lambda: calls(log, "session.open"), timeout=10)
         return pi, log
     return start
@@ -91,6 +91,7 @@ def test_abort_twice_is_one_abort(probe, fake_llm):
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=cmd, timeout=5)
     again = pi.command("/materia abort")  # the second command: no turn any more
     pi.wait_ui("notify", lambda e: "probe cast.abort no turn" in e.get("message", ""), start=again, timeout=5)
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=5)
     assert [e["turn_id"] for e in calls(log, "agent.turn_ended")] == ["probe-1"]
     assert calls(log, "agent.turn_ended")[0]["aborted"] is True
     no_error_toasts(pi, start)

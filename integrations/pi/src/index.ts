@@ -29,6 +29,8 @@ import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
+/** How long an aborted turn's end waits to tell an Esc from Pi shutting the session down. */
+const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
 const ABORT_NOTICE_GRACE_MS = 500;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
@@ -375,6 +377,7 @@ export default function castorExtension(pi: any): void {
 			sessionId = "";
 		}
 		openedGeneration = -1; // a new or replaced session must be opened again
+		closingSession = false;
 		try {
 			await ready(true);
 		} catch (err) {
@@ -459,11 +462,24 @@ export default function castorExtension(pi: any): void {
 		// command (a /materia abort included) until the settle handlers return, so waiting here for
 		// castor's answer would hold the user's next command for as long as castor takes.
 		settleChain = settleChain.then(async () => {
+			if (outcome?.aborted) {
+				// Pi quitting (or replacing the session) aborts the run first and then shuts the
+				// session down: that turn was not ended by the user, the harness went away. Its end is
+				// not reported; castor learns it from the session closing mid-turn (the cast stays
+				// resumable). An Esc is reported (after the same short wait).
+				await new Promise((resolve) => setTimeout(resolve, QUIT_GRACE_MS));
+				if (closingSession) {
+					log(`turn ${outcome.turn_id} was aborted by Pi shutting the session down: not reported as its end`);
+					return;
+				}
+			}
 			if (outcome) await reportTurn(outcome as unknown as Params);
-			await forward("agent_settled", { aborted, turn_id: turnId });
+			if (!closingSession) await forward("agent_settled", { aborted, turn_id: turnId });
 		});
 	}
 	let settleChain: Promise<void> = Promise.resolve();
+	/** session_shutdown began (Pi quits or replaces the session); reset by the next session_start. */
+	let closingSession = false;
 
 	pi.on("agent_settled", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -487,6 +503,7 @@ export default function castorExtension(pi: any): void {
 
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		closingSession = true;
 		const rt = runtime;
 		try {
 			if (rt?.isUp) {
