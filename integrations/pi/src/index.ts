@@ -14,18 +14,22 @@
  * error notification and the footer status `castor: down`; lifecycle events then fail
  * fast, and the next command respawns the runtime and reopens the session.
  *
- * Configuration (never from project files): flag `--castor-command` or env
- * `CASTOR_COMMAND` (default `castor serve --stdio`; a JSON array or a space-separated
- * line), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000).
+ * Configuration (never from project files): which castor runs (locate.ts: flag `--castor-command`
+ * / env `CASTOR_COMMAND`, else flag `--castor-python` / env `CASTOR_PYTHON` as `python -m castor`,
+ * else `castor` on PATH), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000),
+ * flag `--materia-config PATH` (the session's explicit materia config layer, like pi-materia's flag;
+ * castor itself also reads `MATERIA_CONFIG`).
  */
-import { VERSION } from "@mariozechner/pi-coding-agent";
-import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands";
-import { compactSession, contextUsage } from "./compaction";
-import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
-import { RpcError, type Params } from "./rpc";
-import { CastorRuntime, parseCommand, type Hello } from "./runtime";
-import { FabricTools } from "./tools";
-import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
+import { accessSync, constants, statSync } from "node:fs";
+import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
+import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
+import { compactSession, contextUsage } from "./compaction.ts";
+import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
+import { RpcError, type Params } from "./rpc.ts";
+import { locateCastor } from "./locate.ts";
+import { CastorRuntime, type Hello } from "./runtime.ts";
+import { FabricTools } from "./tools.ts";
+import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
@@ -54,8 +58,24 @@ function errorText(err: unknown): string {
 	return err instanceof Error ? err.message : String(err);
 }
 
-export default function castorExtension(pi: any): void {
-	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio)" });
+function isExecutable(file: string): boolean {
+	try {
+		accessSync(file, constants.X_OK);
+		return statSync(file).isFile();
+	} catch {
+		return false;
+	}
+}
+
+/** Pi's delivery modes for a message sent while a run streams; anything else is "not given". */
+function deliveryMode(value: unknown): "steer" | "followUp" | "nextTurn" | undefined {
+	return value === "steer" || value === "followUp" || value === "nextTurn" ? value : undefined;
+}
+
+export default function castorExtension(pi: ExtensionAPI): void {
+	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio, castor from PATH)" });
+	pi.registerFlag("castor-python", { type: "string", description: "Python interpreter that has castor installed: runs <python> -m castor serve --stdio" });
+	pi.registerFlag("materia-config", { type: "string", description: "Explicit materia config file for this session (relative to the project directory)" });
 	pi.registerFlag("castor-timeout-ms", { type: "string", description: "Deadline for each castor call in ms (default 15000)" });
 
 	let lastCtx: Ctx | undefined;
@@ -80,6 +100,11 @@ export default function castorExtension(pi: any): void {
 		getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }),
 	);
 
+	function stringFlag(name: string): string | undefined {
+		const value = pi.getFlag(name);
+		return typeof value === "string" && value.trim() ? value.trim() : undefined;
+	}
+
 	function timeoutMs(): number {
 		const raw = pi.getFlag("castor-timeout-ms") || process.env.CASTOR_TIMEOUT_MS;
 		const n = Number.parseInt(String(raw ?? ""), 10);
@@ -88,9 +113,14 @@ export default function castorExtension(pi: any): void {
 
 	function getRuntime(): CastorRuntime {
 		if (runtime) return runtime;
-		const commandText = (pi.getFlag("castor-command") as string | undefined) || process.env.CASTOR_COMMAND || "castor serve --stdio";
+		const located = locateCastor({
+			command: stringFlag("castor-command") || process.env.CASTOR_COMMAND,
+			python: stringFlag("castor-python") || process.env.CASTOR_PYTHON,
+			path: process.env.PATH,
+			isExecutable,
+		});
 		runtime = new CastorRuntime({
-			command: parseCommand(commandText),
+			command: located.argv,
 			cwd: lastCtx?.cwd ?? process.cwd(),
 			timeoutMs: timeoutMs(),
 			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
@@ -144,7 +174,14 @@ export default function castorExtension(pi: any): void {
 			session_id: sessionId,
 			cwd: ctx?.cwd ?? process.cwd(),
 			trusted,
-			flags: { harness: "pi", harness_version: String(VERSION), extension_version: EXTENSION_VERSION, has_agent_settled: HAS_SETTLED, session_file: sessionFile },
+			flags: {
+				harness: "pi",
+				harness_version: String(VERSION),
+				extension_version: EXTENSION_VERSION,
+				has_agent_settled: HAS_SETTLED,
+				session_file: sessionFile,
+				...(stringFlag("materia-config") ? { materia_config: stringFlag("materia-config") } : {}),
+			},
 		};
 	}
 
@@ -207,7 +244,7 @@ export default function castorExtension(pi: any): void {
 				const msg = toPiCustomMessage(p, "castor");
 				if (!msg) return;
 				const trigger = p.trigger_turn === true;
-				const deliverAs = typeof p.deliver_as === "string" ? p.deliver_as : trigger && !lastCtx?.isIdle?.() ? "followUp" : undefined;
+				const deliverAs = deliveryMode(p.deliver_as) ?? (trigger && !lastCtx?.isIdle?.() ? "followUp" : undefined);
 				pi.sendMessage(msg, { triggerTurn: trigger, ...(deliverAs ? { deliverAs } : {}) });
 			},
 			"ui.notify": (p) => notify(String(p.message ?? ""), p.level === "warning" || p.level === "error" ? p.level : "info"),

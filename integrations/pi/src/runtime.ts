@@ -14,7 +14,7 @@
  * never from project files (project files must not choose what runs).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc";
+import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
 export interface Hello {
 	name?: string;
@@ -63,7 +63,10 @@ export class CastorRuntime {
 	/** false after an unexpected death: lifecycle events then stop respawning until a command does. */
 	autoSpawn = true;
 
-	constructor(private readonly opts: RuntimeOptions) {
+	private readonly opts: RuntimeOptions;
+
+	constructor(opts: RuntimeOptions) {
+		this.opts = opts;
 		process.once("exit", () => this.child?.kill("SIGKILL"));
 	}
 

@@ -20,7 +20,7 @@
  * dispatch failure reported immediately) unless castor aborted it before it ran; a user
  * run never reports a castor turn.
  */
-import { addUsage, emptyUsage, flattenText, type WireUsage } from "./messages";
+import { addUsage, emptyUsage, flattenText, type WireUsage } from "./messages.ts";
 
 export const TURN_MESSAGE_TYPE = "castor-turn";
 
