@@ -26,7 +26,7 @@ import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from
 import { compactSession, contextUsage } from "./compaction.ts";
 import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { RpcError, type Params } from "./rpc.ts";
-import { locateCastor } from "./locate.ts";
+import { locateCastor, parseEndpoint } from "./locate.ts";
 import { CastorRuntime, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
@@ -75,6 +75,8 @@ function deliveryMode(value: unknown): "steer" | "followUp" | "nextTurn" | undef
 export default function castorExtension(pi: ExtensionAPI): void {
 	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio, castor from PATH)" });
 	pi.registerFlag("castor-python", { type: "string", description: "Python interpreter that has castor installed: runs <python> -m castor serve --stdio" });
+	pi.registerFlag("castor-endpoint", { type: "string", description: "Connect to a running castor (unix:PATH or tcp:HOST:PORT) instead of starting one" });
+	pi.registerFlag("castor-token-file", { type: "string", description: "File holding the token the castor endpoint requires (presented in runtime.hello)" });
 	pi.registerFlag("materia-config", { type: "string", description: "Explicit materia config file for this session (relative to the project directory)" });
 	pi.registerFlag("castor-timeout-ms", { type: "string", description: "Deadline for each castor call in ms (default 15000)" });
 
@@ -113,14 +115,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	function getRuntime(): CastorRuntime {
 		if (runtime) return runtime;
-		const located = locateCastor({
-			command: stringFlag("castor-command") || process.env.CASTOR_COMMAND,
-			python: stringFlag("castor-python") || process.env.CASTOR_PYTHON,
-			path: process.env.PATH,
-			isExecutable,
-		});
+		const endpointValue = stringFlag("castor-endpoint") || process.env.CASTOR_ENDPOINT;
+		const endpoint = endpointValue ? parseEndpoint(endpointValue) : undefined;
+		const located = endpoint
+			? undefined
+			: locateCastor({
+					command: stringFlag("castor-command") || process.env.CASTOR_COMMAND,
+					python: stringFlag("castor-python") || process.env.CASTOR_PYTHON,
+					path: process.env.PATH,
+					isExecutable,
+				});
 		runtime = new CastorRuntime({
-			command: located.argv,
+			command: located?.argv ?? [],
+			endpoint,
+			tokenFile: stringFlag("castor-token-file") || process.env.CASTOR_TOKEN_FILE,
 			cwd: lastCtx?.cwd ?? process.cwd(),
 			timeoutMs: timeoutMs(),
 			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
@@ -133,7 +141,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			},
 			onDown: (reason: string) => {
 				setStatus(STATUS_KEY, "castor: down");
-				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command restarts it.`, "error");
+				const next = endpoint ? "reconnects" : "restarts it";
+				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.`, "error");
 			},
 		});
 		return runtime;
@@ -399,7 +408,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 					return;
 				}
 				const rt = await ready(true);
-				notify(`castor ${rt.hello?.version ?? "?"} up (pid ${rt.pid ?? "?"}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
+				const where = rt.endpoint ? `at ${rt.endpoint}` : `pid ${rt.pid ?? "?"}`;
+				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
 			} catch (err) {
 				notify(`castor: ${errorText(err)}`, "error");
 			}
@@ -419,7 +429,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			await ready(true);
 		} catch (err) {
 			setStatus(STATUS_KEY, "castor: down");
-			notify(`castor runtime unavailable: ${errorText(err)}`, "error");
+			const code = err instanceof RpcError ? ` [${err.code}]` : "";
+			notify(`castor runtime unavailable: ${errorText(err)}${code}`, "error");
 			return;
 		}
 		const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });

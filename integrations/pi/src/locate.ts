@@ -66,3 +66,49 @@ export function locateCastor(input: LocateInput): Located {
 			"or --castor-command '<command that runs castor serve --stdio>'",
 	);
 }
+
+/** An already running castor endpoint (`castor serve --socket PATH | --tcp HOST:PORT`). */
+export type Endpoint = { kind: "unix"; path: string } | { kind: "tcp"; host: string; port: number };
+
+/** `unix:/abs/path` or `tcp:HOST:PORT` (`tcp:[::1]:PORT` for IPv6); anything else is a LocateError. */
+export function parseEndpoint(text: string): Endpoint {
+	const value = text.trim();
+	if (value.startsWith("unix:")) {
+		const path = value.slice("unix:".length);
+		if (!path.startsWith("/")) throw new LocateError(`--castor-endpoint ${value}: a Unix socket path must be absolute`);
+		return { kind: "unix", path };
+	}
+	if (value.startsWith("tcp:")) {
+		const rest = value.slice("tcp:".length);
+		const colon = rest.lastIndexOf(":");
+		const rawHost = colon > 0 ? rest.slice(0, colon) : "";
+		const host = rawHost.startsWith("[") && rawHost.endsWith("]") ? rawHost.slice(1, -1) : rawHost;
+		const portText = colon > 0 ? rest.slice(colon + 1) : "";
+		const port = /^[0-9]{1,5}$/.test(portText) ? Number(portText) : Number.NaN;
+		if (!host || host.includes("[") || !(port >= 1 && port <= 65535)) {
+			throw new LocateError(`--castor-endpoint ${value}: expected tcp:HOST:PORT with a port from 1 to 65535`);
+		}
+		return { kind: "tcp", host, port };
+	}
+	throw new LocateError(`--castor-endpoint ${value}: expected unix:PATH or tcp:HOST:PORT`);
+}
+
+/** An endpoint as the status line and errors show it. */
+export function endpointText(endpoint: Endpoint): string {
+	return endpoint.kind === "unix" ? `unix:${endpoint.path}` : `tcp:${endpoint.host.includes(":") ? `[${endpoint.host}]` : endpoint.host}:${endpoint.port}`;
+}
+
+/**
+ * The token in a token file's text (surrounding whitespace dropped). A file that group or others
+ * may read is refused (`mode` is its permission bits): castor writes its token 0600, and a token
+ * others can read authenticates them too.
+ */
+export function tokenFromFile(text: string, mode: number, file: string): string {
+	if ((mode & 0o077) !== 0) {
+		throw new LocateError(`--castor-token-file ${file} is readable by others (mode ${(mode & 0o777).toString(8)}): chmod 600 it`);
+	}
+	const token = text.trim();
+	if (!token) throw new LocateError(`--castor-token-file ${file} is empty`);
+	if (/\s/.test(token)) throw new LocateError(`--castor-token-file ${file} holds more than one word`);
+	return token;
+}
