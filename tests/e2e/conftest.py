@@ -62,7 +62,7 @@ def start_pi(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Iterat
     """Start Pi (RPC mode + extension) in a fresh project dir; every Pi is torn down."""
     started: list[PiRpc] = []
 
-    def start(castor_command: list[str], *, env: dict[str, str] | None = None, timeout_ms: int = 5000,
+    def start(castor_command: list[str], *, env: dict[str, str] | None = None, timeout_ms: int = 15000,
               cwd: Path | None = None, settings: dict[str, Any] | None = None) -> PiRpc:
         project = cwd or tmp_path / "project"
         project.mkdir(parents=True, exist_ok=True)
