@@ -509,6 +509,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
 		// command (a /materia abort included) until the settle handlers return, so waiting here for
 		// castor's answer would hold the user's next command for as long as castor takes.
+		const epoch = sessionEpoch;
+		const closed = () => closingSession || sessionEpoch !== epoch;
 		settleChain = settleChain.then(async () => {
 			if (outcome?.aborted) {
 				// Pi quitting (or replacing the session) aborts the run first and then shuts the
@@ -516,18 +518,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				// not reported; castor learns it from the session closing mid-turn (the cast stays
 				// resumable). An Esc is reported (after the same short wait).
 				await new Promise((resolve) => setTimeout(resolve, QUIT_GRACE_MS));
-				if (closingSession) {
+				if (closed()) {
 					log(`turn ${outcome.turn_id} was aborted by Pi shutting the session down: not reported as its end`);
 					return;
 				}
 			}
 			if (outcome) await reportTurn(outcome as unknown as Params);
-			if (!closingSession) await forward("agent_settled", { aborted, turn_id: turnId });
+			if (!closed()) await forward("agent_settled", { aborted, turn_id: turnId });
 		});
 	}
 	let settleChain: Promise<void> = Promise.resolve();
 	/** session_shutdown began (Pi quits or replaces the session); reset by the next session_start. */
 	let closingSession = false;
+	/** Counts session shutdowns: work queued for one session is dropped once it has ended. */
+	let sessionEpoch = 0;
 
 	pi.on("agent_settled", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -552,6 +556,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		closingSession = true;
+		sessionEpoch++;
 		const rt = runtime;
 		try {
 			if (rt?.isUp) {
