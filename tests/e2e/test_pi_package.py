@@ -163,3 +163,25 @@ def test_the_installed_extension_finds_castor_on_path_or_says_how_to_point_at_it
         assert pi.proc.poll() is None
     finally:
         pi.close()
+
+
+def test_pi_install_of_the_unpacked_package_directory_loads_it_in_place(pi_install, tarball, fake_llm, tmp_path):
+    """The other install form: a local directory (Pi loads it where it is; its bundled dependency
+    makes it complete without npm)."""
+    home, agent_dir = tmp_path / "home", tmp_path / "agent"
+    home.mkdir()
+    write_agent_dir(agent_dir, fake_llm.base_url)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    package_dir = tmp_path / "unpacked" / "package"
+    run = subprocess.run([str(pi_install.node), str(pi_install.cli), "install", str(package_dir)],
+                         env=node_env(pi_install, home, agent_dir), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, (run.stdout, run.stderr)
+    assert not (agent_dir / "npm").exists(), "a local package is not copied"
+    project = tmp_path / "project"
+    project.mkdir()
+    pi = start(pi_install, tmp_path, agent_dir, home, project, ["--castor-python", sys.executable])
+    try:
+        assert up(pi)["statusText"].startswith("castor: up"), pi.stderr()[-3000:]
+    finally:
+        pi.close()
