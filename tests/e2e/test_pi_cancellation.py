@@ -269,3 +269,27 @@ def test_e_materia_status_answers_within_a_second_while_a_turn_runs(start_pi, ca
         assert note.get("notifyType") != "error" and expect in str(note.get("message")), (command, note)
     assert pi.request({"type": "get_state"})["data"]["isStreaming"] is True, "the turn was still running"
     assert error_toasts(pi, start) == []
+
+
+def test_materia_config_flag_is_the_sessions_config_and_a_missing_file_is_a_clear_error(start_pi, castor_command,
+                                                                                        fake_llm, tmp_path):
+    """``--materia-config`` (pi-materia's flag) reaches castor as the session's explicit config layer:
+    a relative path resolves in the project; a missing file fails the command that needs it, typed."""
+    root = tmp_path / "project"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "build.json").write_text(json.dumps(loadout("text")))
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--materia-config", "configs/build.json"])
+    up(pi)
+    cmd = pi.command("/materia grid")
+    grid = pi.wait_ui("notify", start=cmd, timeout=20)
+    assert grid.get("notifyType") != "error" and "Socket-1" in str(grid.get("message")), grid
+    pi.close()
+
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--materia-config", "configs/missing.json"])
+    up(pi)
+    cmd = pi.command("/materia cast build it")
+    note = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
+    assert "config file not found" in note["message"] and "missing.json" in note["message"], note
+    assert not (root / ".pi" / "pi-materia").exists(), "nothing was started"
