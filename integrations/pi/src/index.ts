@@ -5,7 +5,7 @@
  *   context, agent_end, agent_settled, session_shutdown); the results say what to inject.
  * - `/materia …`, `/icarus …` and `/castor status|restart` forward to castor methods.
  * - Fabric tools that castor announces are registered and forwarded as `icarus.tool`.
- * - castor's calls (`agent.run_turn`, `session.append_entry`, `message.send`, `ui.notify`,
+ * - castor's calls (`agent.run_turn`, `agent.abort_turn`, `session.append_entry`, `message.send`, `ui.notify`,
  *   `ui.status`, `classifier.complete`, `model.list`, `session.context_usage`, `session.compact`)
  *   act on Pi (compaction.ts: Pi's own `ctx.getContextUsage()` / `ctx.compact()`).
  *
