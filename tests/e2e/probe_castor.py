@@ -13,6 +13,7 @@ and prompts starting with ``PROBE`` make it act through the harness methods:
 | ``PROBE notify``      | notifies ``ui.notify`` and ``ui.status``                                    |
 | ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``TURN: <x>``     |
 | ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
+| ``PROBE busyturn <x>``| sends ``agent.run_turn`` (``TURN: <x>``) 0.3 s into that prompt's own run    |
 
 ``cast.abort`` answers at once and, while a probe turn runs (sent, no ``agent.turn_ended`` yet),
 sends ``agent.abort_turn`` for it first (``$CASTOR_PROBE_ABORT_TWICE=1``: twice). ``agent.turn_ended``
@@ -81,6 +82,12 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         ctx.notify("ui.status", {"key": "probe", "text": "probe: on"})
     if verb == "turn":
         STATE["pending_turn"] = arg
+    if verb == "busyturn":  # castor asks while Pi is busy: the extension sends a follow-up
+        STATE["turns"] += 1
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {arg}",
+                "isolate": True}
+        STATE["running"] = turn["turn_id"]
+        threading.Timer(0.3, lambda: ctx.notify("agent.run_turn", turn)).start()
     if verb == "models":
         record("model.list", ctx.call("model.list", {}, timeout=5))
         try:

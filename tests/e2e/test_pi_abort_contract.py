@@ -140,3 +140,18 @@ def test_read_only_commands_answer_while_a_turn_runs(probe, fake_llm):
     state = pi.request({"type": "get_state"})
     assert state["data"]["isStreaming"] is True, "the turn is still running"
     pi.request({"type": "abort"})
+
+
+def test_a_turn_asked_for_while_pi_is_busy_runs_as_a_follow_up_and_reports_its_own_answer(probe, fake_llm):
+    """castor asks for a turn while the user's run streams: Pi delivers it inside that run (no
+    before_agent_start); the extension binds it there and reports only the turn's own answer."""
+    pi, log = probe()
+    fake_llm.reply_text("USER-ANSWER", when="PROBE busyturn", delay=1.5)  # the user's run is busy meanwhile
+    fake_llm.reply_text("FOLLOW-UP-ANSWER", when="TURN: BUSY-ONE")
+    start = pi.mark()
+    pi.request({"type": "prompt", "message": "PROBE busyturn BUSY-ONE"})
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=20), pi.tail()
+    (ended,) = calls(log, "agent.turn_ended")
+    assert ended["turn_id"] == "probe-1" and ended["text"] == "FOLLOW-UP-ANSWER" and ended["aborted"] is False
+    assert ended["usage"]["input"] == 10, "the user's answer is not counted as the turn's"
+    no_error_toasts(pi, start)

@@ -481,6 +481,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("context", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
+		if (turns.bindFromContext(messages) === "aborted") abortRun(ctx); // a follow-up turn castor aborted
 		const isolated = turns.isolate(messages);
 		if (process.env.CASTOR_PI_DEBUG) log(`context: turn=${turns.active?.turnId} isolate=${turns.active?.isolate} n=${messages.length} isolated=${isolated?.length} ${JSON.stringify(messages.map((m: any) => [m.role, m.customType, m.details]))}`);
 		const result = await forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages });

@@ -67,6 +67,8 @@ export type AbortFound = "active" | "queued" | "unknown";
 
 interface Turn {
 	turnId: string;
+	/** Bound inside a run that was already going on (a follow-up): only what follows its prompt counts. */
+	inRun?: boolean;
 	/** castor asked to abort this turn while it ran. */
 	abortRequested?: boolean;
 	customType: string;
@@ -186,6 +188,31 @@ export class TurnTracker {
 		return true;
 	}
 
+	/**
+	 * Pi 1.x delivers a turn sent as a follow-up (castor asked while Pi was busy) inside the run that
+	 * was going on, without a `before_agent_start`: bind it when its hidden prompt shows up after the
+	 * last assistant message of that run's context. `aborted`: that prompt is of a turn castor aborted
+	 * (the caller aborts the run). Nothing happens while a turn is bound.
+	 */
+	bindFromContext(messages: unknown[]): "bound" | "aborted" | undefined {
+		if (this.current) return undefined;
+		for (let i = messages.length - 1; i >= 0; i--) {
+			const m = messages[i] as { role?: unknown; details?: { castor_turn_id?: unknown } } | undefined;
+			if (m?.role === "assistant") return undefined;
+			const id = m?.details?.castor_turn_id;
+			if (typeof id !== "string") continue;
+			if (this.abortedIds.has(id)) return "aborted";
+			const index = this.queued.findIndex((t) => t.turnId === id);
+			if (index < 0) return undefined;
+			const [turn] = this.queued.splice(index, 1);
+			if (!turn) return undefined;
+			turn.inRun = true;
+			this.current = turn;
+			return "bound";
+		}
+		return undefined;
+	}
+
 	/** Pi 0.73 fallback: a run that starts while a turn is queued and none is bound is that turn. */
 	bindOnAgentStart(): void {
 		if (!this.current && this.queued.length > 0) this.current = this.queued.shift();
@@ -194,7 +221,13 @@ export class TurnTracker {
 	onAgentEnd(messages: unknown[]): void {
 		const turn = this.current;
 		if (!turn) return;
-		for (const m of messages) {
+		let from = 0;
+		if (turn.inRun) {
+			// The run began as something else (the user's prompt): its earlier answers are not this turn's.
+			const start = messages.findIndex((m) => (m as { details?: { castor_turn_id?: unknown } })?.details?.castor_turn_id === turn.turnId);
+			if (start >= 0) from = start + 1;
+		}
+		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
 			if (msg?.role !== "assistant") continue;
 			turn.usage = addUsage(turn.usage, msg.usage);

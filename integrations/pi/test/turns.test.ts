@@ -152,3 +152,30 @@ test("isolate: the context from the turn's hidden prompt on", async () => {
 	const messages = [{ role: "user", content: "old" }, { role: "custom", details: { castor_turn_id: "t1" } }, { role: "assistant" }];
 	assert.deepEqual(turns.isolate(messages), messages.slice(1));
 });
+
+test("a follow-up turn delivered inside the user's run binds at its context and counts only its own answer", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, busy);
+	const prompt = { role: "custom", customType: "castor-turn", content: "P", details: { castor_turn_id: "t1" } };
+	const userAnswer = assistant("USER ANSWER");
+	assert.equal(turns.bindFromContext([{ role: "user", content: "hi" }, userAnswer]), undefined, "not yet in the context");
+	assert.equal(turns.bindFromContext([{ role: "user", content: "hi" }, userAnswer, prompt]), "bound");
+	assert.equal(turns.active?.turnId, "t1");
+	turns.onAgentEnd([{ role: "user", content: "hi" }, userAnswer, prompt, assistant("TURN ANSWER")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.text, "TURN ANSWER");
+	assert.equal(outcome?.usage.input, 10, "the user's answer's usage is not the turn's");
+});
+
+test("an old castor prompt before the last answer never binds; an aborted follow-up says so", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	const old = { role: "custom", details: { castor_turn_id: "t0" } };
+	turns.abort("t0");
+	assert.equal(turns.bindFromContext([old, assistant("A"), { role: "user", content: "next" }]), undefined);
+	await turns.dispatch({ turn_id: "t2", prompt: "P" }, busy);
+	turns.abort("t2");
+	assert.equal(turns.bindFromContext([assistant("A"), { role: "custom", details: { castor_turn_id: "t2" } }]), "aborted");
+	assert.equal(turns.active, undefined);
+});
