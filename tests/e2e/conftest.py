@@ -62,15 +62,16 @@ def start_pi(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Iterat
     """Start Pi (RPC mode + extension) in a fresh project dir; every Pi is torn down."""
     started: list[PiRpc] = []
 
-    def start(castor_command: list[str], *, env: dict[str, str] | None = None, timeout_ms: int = 5000,
-              cwd: Path | None = None, settings: dict[str, Any] | None = None) -> PiRpc:
+    def start(castor_command: list[str], *, env: dict[str, str] | None = None, timeout_ms: int = 15000,
+              cwd: Path | None = None, settings: dict[str, Any] | None = None,
+              extra_args: list[str] | None = None) -> PiRpc:
         project = cwd or tmp_path / "project"
         project.mkdir(parents=True, exist_ok=True)
         agent_dir = tmp_path / "agent"
         write_agent_dir(agent_dir, fake_llm.base_url, settings)
         pi = PiRpc(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
                    castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home"), **(env or {})},
-                   timeout_ms=timeout_ms)
+                   timeout_ms=timeout_ms, extra_args=extra_args)
         started.append(pi)
         return pi
 

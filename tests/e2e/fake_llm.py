@@ -3,7 +3,8 @@
 It stands in for a model provider, the one part of the harness that cannot exist
 offline. Pi (provider ``api: "openai-completions"``) POSTs ``{baseUrl}/chat/completions``
 with ``stream: true`` and reads SSE ``chat.completion.chunk`` frames; this server speaks
-exactly that.
+exactly that. A request with ``stream: false`` (castor's own ``openai:`` agent) gets one
+``chat.completion`` JSON body.
 
 Replies:
 * a scripted queue (:meth:`FakeLLM.reply_text`, :meth:`FakeLLM.reply_tool_call`); a
@@ -13,7 +14,8 @@ Replies:
   else ``FAKE-REPLY: `` + the user-side texts since the last assistant message joined
   with `` | `` (so injected context shows in the reply).
 
-Every request body is kept in :attr:`FakeLLM.requests` (thread-safe) for assertions.
+Every request body is kept in :attr:`FakeLLM.requests` (thread-safe) for assertions, with its
+arrival time (``time.monotonic()``) in :attr:`FakeLLM.received_at`.
 Run standalone: ``python fake_llm.py --port 0`` prints ``PORT n``.
 """
 
@@ -69,6 +71,7 @@ class FakeLLM:
     """The server plus its script and request log. Use as a context manager."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
+    received_at: list[float] = field(default_factory=list)  # time.monotonic() of each request, same order
     script: list[Scripted] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
@@ -99,6 +102,7 @@ class FakeLLM:
         text = request_text(body)
         with self._lock:
             self.requests.append(body)
+            self.received_at.append(time.monotonic())
             for i, item in enumerate(self.script):
                 if item.when is None or item.when in text:
                     return self.script.pop(i)
@@ -107,6 +111,11 @@ class FakeLLM:
     def log(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.requests)
+
+    def timed_log(self) -> list[tuple[float, dict[str, Any]]]:
+        """``(time.monotonic() at arrival, body)`` of every request, in arrival order."""
+        with self._lock:
+            return list(zip(self.received_at, self.requests, strict=True))
 
     @property
     def base_url(self) -> str:
@@ -134,11 +143,17 @@ class FakeLLM:
                 item = fake.take(body)
                 if item.delay:
                     time.sleep(item.delay)  # a slow model, so a test can act mid-turn
-                if item.status != 200:
-                    self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
-                                .encode())
-                    return
-                self._stream(body.get("model", "fake-model"), item)
+                try:
+                    if item.status != 200:
+                        self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
+                                    .encode())
+                        return
+                    if body.get("stream") is False:
+                        self._complete(body.get("model", "fake-model"), item)
+                    else:
+                        self._stream(body.get("model", "fake-model"), item)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up (an aborted turn): nothing to answer
 
             def _plain(self, status: int, payload: bytes) -> None:
                 self.send_response(status)
@@ -146,6 +161,21 @@ class FakeLLM:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _complete(self, model: str, item: Scripted) -> None:
+                """A non-streaming chat completion (castor's own OpenAI-compatible agent asks for one)."""
+                message: dict[str, Any] = {"role": "assistant", "content": item.text or ""}
+                finish = "stop"
+                if item.tool_call is not None:
+                    name, args = item.tool_call
+                    message = {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": f"call_{time.monotonic_ns()}", "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)}}]}
+                    finish = "tool_calls"
+                self._plain(200, json.dumps({
+                    "id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
+                    "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}).encode())
 
             def _stream(self, model: str, item: Scripted) -> None:
                 cid, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())

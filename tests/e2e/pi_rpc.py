@@ -62,8 +62,11 @@ class PiRpc:
     """One Pi RPC process. Events are appended to :attr:`events` in arrival order."""
 
     def __init__(self, install: PiInstall, *, cwd: Path, agent_dir: Path, session_dir: Path,
-                 castor_command: list[str], env: dict[str, str] | None = None,
-                 timeout_ms: int = 5000, stderr_path: Path | None = None) -> None:
+                 castor_command: list[str] | None, env: dict[str, str] | None = None,
+                 timeout_ms: int = 5000, stderr_path: Path | None = None,
+                 load_extension: bool = True, extra_args: list[str] | None = None) -> None:
+        """``load_extension=False``: no ``--no-extensions -e <extension>``, so Pi loads what its agent
+        dir has installed (``pi install``); ``castor_command=None``: no ``--castor-command`` flag."""
         self.events: list[Event] = []
         self._cond = threading.Condition()
         self._ids = 0
@@ -75,10 +78,12 @@ class PiRpc:
             "PI_OFFLINE": "1",
             "PATH": f"{install.node.parent}{os.pathsep}{full_env.get('PATH', '')}",
         })
-        argv = [str(install.node), str(install.cli), "--mode", "rpc", "--no-extensions",
-                "-e", str(install.extension), "--session-dir", str(session_dir),
+        argv = [str(install.node), str(install.cli), "--mode", "rpc",
+                *(["--no-extensions", "-e", str(install.extension)] if load_extension else []),
+                "--session-dir", str(session_dir),
                 "--no-skills", "--no-prompt-templates", "--no-context-files", "--offline",
-                "--castor-command", json.dumps(castor_command), "--castor-timeout-ms", str(timeout_ms)]
+                *(["--castor-command", json.dumps(castor_command)] if castor_command is not None else []),
+                "--castor-timeout-ms", str(timeout_ms), *(extra_args or [])]
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr, start_new_session=True)

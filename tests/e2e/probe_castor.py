@@ -13,6 +13,13 @@ and prompts starting with ``PROBE`` make it act through the harness methods:
 | ``PROBE notify``      | notifies ``ui.notify`` and ``ui.status``                                    |
 | ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``TURN: <x>``     |
 | ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
+| ``PROBE busyturn <x>``| sends ``agent.run_turn`` (``TURN: <x>``) 0.3 s into that prompt's own run    |
+
+``cast.abort`` answers at once and, while a probe turn runs (sent, no ``agent.turn_ended`` yet),
+sends ``agent.abort_turn`` for it first (``$CASTOR_PROBE_ABORT_TWICE=1``: twice). ``agent.turn_ended``
+for a turn it aborted answers ``{ok: true, ignored: true}`` (castor's contract for a late end);
+``$CASTOR_PROBE_HOLD_TURN_END=S`` holds a turn's end up to S seconds (until an abort) and then
+answers ``not_found`` for an aborted one, as a castor without that contract would.
 
 ``icarus.config`` announces the tool ``probe_echo`` (``icarus.tool`` echoes ``text``;
 ``text == "bad"`` returns ``{error: ...}``). Other methods answer ``{text: "probe <method>"}``.
@@ -24,14 +31,16 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from castor.endpoint.connection import Connection
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.transport import PipeTransport
+from castor.messages.errors import NotFound
 
 LOG_LOCK = threading.Lock()
-STATE: dict[str, Any] = {"pending_turn": None, "turns": 0}
+STATE: dict[str, Any] = {"pending_turn": None, "turns": 0, "running": None, "aborted": set()}
 
 
 def record(method: str, params: Any) -> None:
@@ -52,6 +61,7 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {prompt}",
                 "summary": "probe turn", "isolate": True}
         # Like an actor would: answer the event first, then ask for the turn.
+        STATE["running"] = turn["turn_id"]
         threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()
         return None
     if event != "before_agent_start":
@@ -72,6 +82,12 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         ctx.notify("ui.status", {"key": "probe", "text": "probe: on"})
     if verb == "turn":
         STATE["pending_turn"] = arg
+    if verb == "busyturn":  # castor asks while Pi is busy: the extension sends a follow-up
+        STATE["turns"] += 1
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {arg}",
+                "isolate": True}
+        STATE["running"] = turn["turn_id"]
+        threading.Timer(0.3, lambda: ctx.notify("agent.run_turn", turn)).start()
     if verb == "models":
         record("model.list", ctx.call("model.list", {}, timeout=5))
         try:
@@ -91,6 +107,37 @@ def icarus_tool(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"echo": text}
 
 
+def cast_abort(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    record("cast.abort", params)
+    running, STATE["running"] = STATE["running"], None
+    if running:
+        STATE["aborted"].add(running)
+        for _ in range(2 if os.environ.get("CASTOR_PROBE_ABORT_TWICE") else 1):
+            ctx.notify("agent.abort_turn", {"session_id": params.get("session_id"), "turn_id": running,
+                                            "reason": "user"})
+    return {"text": f"probe cast.abort {running or 'no turn'}"}
+
+
+def turn_ended(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    record("agent.turn_ended", params)
+    hold = float(os.environ.get("CASTOR_PROBE_HOLD_TURN_END") or 0)
+    if hold and params.get("turn_id") == STATE["running"]:
+        # The turn is ending (Pi settled, its end is on the wire) and castor has not taken it yet:
+        # the window a /materia abort can land in. Then answer as a castor without the late-end
+        # contract would: not_found.
+        record("turn_end_held", {"turn_id": params.get("turn_id")})
+        deadline = time.monotonic() + hold
+        while time.monotonic() < deadline and params.get("turn_id") not in STATE["aborted"]:
+            time.sleep(0.01)
+        if params.get("turn_id") in STATE["aborted"]:
+            raise NotFound(f"no pending turn {params.get('turn_id')!r}")
+    if params.get("turn_id") in STATE["aborted"]:
+        return {"ok": True, "ignored": True}
+    if STATE["running"] == params.get("turn_id"):
+        STATE["running"] = None
+    return {"ok": True}
+
+
 def generic(method: str):
     def handler(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         record(method, params)
@@ -106,7 +153,9 @@ def build() -> Dispatcher:
     d = Dispatcher(name="castor-probe")
     d.register("harness.event", harness_event)
     d.register("icarus.tool", icarus_tool)
-    for method in ["session.open", "session.close", "agent.turn_ended", "icarus.config", "icarus.command",
+    d.register("cast.abort", cast_abort)
+    d.register("agent.turn_ended", turn_ended)
+    for method in ["session.open", "session.close", "icarus.config", "icarus.command",
                    "cast.start", "cast.status", "loadout.list"]:
         d.register(method, generic(method))
     return d

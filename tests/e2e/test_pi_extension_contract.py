@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+from tests.support.waiting import poll_until
+
 from .conftest import read_jsonl, session_entries
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(60)]
@@ -40,6 +42,8 @@ def probe_pi(start_pi, probe_command):
 def test_session_open_and_lifecycle_events_reach_castor(probe_pi):
     pi, log = probe_pi
     pi.prompt("plain prompt")
+    # agent_settled reaches castor just after Pi's own event (sent outside Pi's settle emission)
+    assert poll_until(lambda: events(log, "agent_settled"), timeout=10)
     opened = calls(log, "session.open")
     assert len(opened) == 1 and opened[0]["session_id"] and opened[0]["cwd"].endswith("project")
     assert opened[0]["flags"]["has_agent_settled"] is True

@@ -15,8 +15,12 @@
  * | /materia loadout <name>      | loadout.set     | name                              |
  * | /icarus <args>               | icarus.command  | args (the raw argument string)    |
  *
- * Arguments are split on whitespace and the rest rejoined with single spaces (materia
- * spec §9). Anything else is a usage error (no call is made).
+ * Arguments are split on whitespace and the rest rejoined with single spaces. Anything else
+ * is a usage error (no call is made).
+ *
+ * While Pi runs a turn, `abort` and the read-only commands (`status`, `casts`, `grid`,
+ * `loadout` without a name) and usage errors run at once ({@link runsWhileBusy}); the
+ * commands that start or resume turns wait until Pi is idle.
  */
 
 export const MATERIA_SUBCOMMANDS = ["cast", "continue", "abort", "recast", "revive", "status", "casts", "grid", "loadout"] as const;
@@ -24,6 +28,9 @@ export const MATERIA_SUBCOMMANDS = ["cast", "continue", "abort", "recast", "revi
 export const MATERIA_USAGE =
 	"Usage: /materia cast <request> | continue | abort | recast [cast-id] | revive [cast-id] | status | casts | grid [loadout] | loadout [name]. " +
 	"A cast paused for refinement resumes with /materia continue.";
+
+/** Methods a `/materia` command calls without waiting for Pi to be idle. */
+export const IMMEDIATE_METHODS: ReadonlySet<string> = new Set(["cast.abort", "cast.status", "cast.list", "grid.render", "loadout.list"]);
 
 export type Planned = { method: string; params: Record<string, unknown> } | { usage: string };
 
@@ -51,6 +58,11 @@ export function planMateria(args: string): Planned {
 		default:
 			return { usage: sub ? `Unknown /materia subcommand "${sub}". ${MATERIA_USAGE}` : MATERIA_USAGE };
 	}
+}
+
+/** Whether a planned `/materia` command runs while a turn is in flight (else it waits for idle). */
+export function runsWhileBusy(planned: Planned): boolean {
+	return "usage" in planned || IMMEDIATE_METHODS.has(planned.method);
 }
 
 export function planIcarus(args: string): Planned {

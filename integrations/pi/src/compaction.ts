@@ -21,7 +21,7 @@
  * `summaryTokens` is the summary call's output tokens, else an estimate (chars / 4).
  * Guarantee: `compactSession` settles exactly once (Pi calls one of its callbacks once).
  */
-import { RpcError, type Params } from "./rpc";
+import { RpcError, type Params } from "./rpc.ts";
 
 type Ctx = any; // Pi's ExtensionContext (loosely typed: Pi 0.73 and 1.x)
 

@@ -5,7 +5,7 @@
  *   context, agent_end, agent_settled, session_shutdown); the results say what to inject.
  * - `/materia …`, `/icarus …` and `/castor status|restart` forward to castor methods.
  * - Fabric tools that castor announces are registered and forwarded as `icarus.tool`.
- * - castor's calls (`agent.run_turn`, `session.append_entry`, `message.send`, `ui.notify`,
+ * - castor's calls (`agent.run_turn`, `agent.abort_turn`, `session.append_entry`, `message.send`, `ui.notify`,
  *   `ui.status`, `classifier.complete`, `model.list`, `session.context_usage`, `session.compact`)
  *   act on Pi (compaction.ts: Pi's own `ctx.getContextUsage()` / `ctx.compact()`).
  *
@@ -14,24 +14,33 @@
  * error notification and the footer status `castor: down`; lifecycle events then fail
  * fast, and the next command respawns the runtime and reopens the session.
  *
- * Configuration (never from project files): flag `--castor-command` or env
- * `CASTOR_COMMAND` (default `castor serve --stdio`; a JSON array or a space-separated
- * line), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000).
+ * Configuration (never from project files): which castor runs (locate.ts: flag `--castor-command`
+ * / env `CASTOR_COMMAND`, else flag `--castor-python` / env `CASTOR_PYTHON` as `python -m castor`,
+ * else `castor` on PATH), flag `--castor-timeout-ms` or env `CASTOR_TIMEOUT_MS` (default 15000),
+ * flag `--materia-config PATH` (the session's explicit materia config layer, like pi-materia's flag;
+ * castor itself also reads `MATERIA_CONFIG`).
  */
-import { VERSION } from "@mariozechner/pi-coding-agent";
-import { planIcarus, planMateria, resultText, type Planned } from "./commands";
-import { compactSession, contextUsage } from "./compaction";
-import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages";
-import { RpcError, type Params } from "./rpc";
-import { CastorRuntime, parseCommand, type Hello } from "./runtime";
-import { FabricTools } from "./tools";
-import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns";
+import { accessSync, constants, statSync } from "node:fs";
+import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
+import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
+import { compactSession, contextUsage } from "./compaction.ts";
+import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
+import { RpcError, type Params } from "./rpc.ts";
+import { locateCastor, parseEndpoint } from "./locate.ts";
+import { CastorRuntime, type Hello } from "./runtime.ts";
+import { FabricTools } from "./tools.ts";
+import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
+/** How long an aborted turn's end waits to tell an Esc from Pi shutting the session down. */
+const QUIT_GRACE_MS = 50;
+/** How long a refused turn end waits for castor's abort notice that may trail it. */
+const ABORT_NOTICE_GRACE_MS = 500;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
+	"agent.abort_turn",
 	"session.append_entry",
 	"message.send",
 	"ui.notify",
@@ -49,8 +58,26 @@ function errorText(err: unknown): string {
 	return err instanceof Error ? err.message : String(err);
 }
 
-export default function castorExtension(pi: any): void {
-	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio)" });
+function isExecutable(file: string): boolean {
+	try {
+		accessSync(file, constants.X_OK);
+		return statSync(file).isFile();
+	} catch {
+		return false;
+	}
+}
+
+/** Pi's delivery modes for a message sent while a run streams; anything else is "not given". */
+function deliveryMode(value: unknown): "steer" | "followUp" | "nextTurn" | undefined {
+	return value === "steer" || value === "followUp" || value === "nextTurn" ? value : undefined;
+}
+
+export default function castorExtension(pi: ExtensionAPI): void {
+	pi.registerFlag("castor-command", { type: "string", description: "Command that starts the castor runtime (default: castor serve --stdio, castor from PATH)" });
+	pi.registerFlag("castor-python", { type: "string", description: "Python interpreter that has castor installed: runs <python> -m castor serve --stdio" });
+	pi.registerFlag("castor-endpoint", { type: "string", description: "Connect to a running castor (unix:PATH or tcp:HOST:PORT) instead of starting one" });
+	pi.registerFlag("castor-token-file", { type: "string", description: "File holding the token the castor endpoint requires (presented in runtime.hello)" });
+	pi.registerFlag("materia-config", { type: "string", description: "Explicit materia config file for this session (relative to the project directory)" });
 	pi.registerFlag("castor-timeout-ms", { type: "string", description: "Deadline for each castor call in ms (default 15000)" });
 
 	let lastCtx: Ctx | undefined;
@@ -75,6 +102,11 @@ export default function castorExtension(pi: any): void {
 		getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }),
 	);
 
+	function stringFlag(name: string): string | undefined {
+		const value = pi.getFlag(name);
+		return typeof value === "string" && value.trim() ? value.trim() : undefined;
+	}
+
 	function timeoutMs(): number {
 		const raw = pi.getFlag("castor-timeout-ms") || process.env.CASTOR_TIMEOUT_MS;
 		const n = Number.parseInt(String(raw ?? ""), 10);
@@ -83,9 +115,20 @@ export default function castorExtension(pi: any): void {
 
 	function getRuntime(): CastorRuntime {
 		if (runtime) return runtime;
-		const commandText = (pi.getFlag("castor-command") as string | undefined) || process.env.CASTOR_COMMAND || "castor serve --stdio";
+		const endpointValue = stringFlag("castor-endpoint") || process.env.CASTOR_ENDPOINT;
+		const endpoint = endpointValue ? parseEndpoint(endpointValue) : undefined;
+		const located = endpoint
+			? undefined
+			: locateCastor({
+					command: stringFlag("castor-command") || process.env.CASTOR_COMMAND,
+					python: stringFlag("castor-python") || process.env.CASTOR_PYTHON,
+					path: process.env.PATH,
+					isExecutable,
+				});
 		runtime = new CastorRuntime({
-			command: parseCommand(commandText),
+			command: located?.argv ?? [],
+			endpoint,
+			tokenFile: stringFlag("castor-token-file") || process.env.CASTOR_TOKEN_FILE,
 			cwd: lastCtx?.cwd ?? process.cwd(),
 			timeoutMs: timeoutMs(),
 			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
@@ -98,7 +141,8 @@ export default function castorExtension(pi: any): void {
 			},
 			onDown: (reason: string) => {
 				setStatus(STATUS_KEY, "castor: down");
-				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command restarts it.`, "error");
+				const next = endpoint ? "reconnects" : "restarts it";
+				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.`, "error");
 			},
 		});
 		return runtime;
@@ -139,7 +183,14 @@ export default function castorExtension(pi: any): void {
 			session_id: sessionId,
 			cwd: ctx?.cwd ?? process.cwd(),
 			trusted,
-			flags: { harness: "pi", harness_version: String(VERSION), extension_version: EXTENSION_VERSION, has_agent_settled: HAS_SETTLED, session_file: sessionFile },
+			flags: {
+				harness: "pi",
+				harness_version: String(VERSION),
+				extension_version: EXTENSION_VERSION,
+				has_agent_settled: HAS_SETTLED,
+				session_file: sessionFile,
+				...(stringFlag("materia-config") ? { materia_config: stringFlag("materia-config") } : {}),
+			},
 		};
 	}
 
@@ -186,6 +237,7 @@ export default function castorExtension(pi: any): void {
 					});
 				}
 			},
+			"agent.abort_turn": (p) => abortTurn(p),
 			"session.append_entry": (p) => {
 				if (typeof p.custom_type !== "string" || !p.custom_type) throw new RpcError("invalid_params", "custom_type must be a non-empty string");
 				pi.appendEntry(p.custom_type, p.data ?? null);
@@ -201,7 +253,7 @@ export default function castorExtension(pi: any): void {
 				const msg = toPiCustomMessage(p, "castor");
 				if (!msg) return;
 				const trigger = p.trigger_turn === true;
-				const deliverAs = typeof p.deliver_as === "string" ? p.deliver_as : trigger && !lastCtx?.isIdle?.() ? "followUp" : undefined;
+				const deliverAs = deliveryMode(p.deliver_as) ?? (trigger && !lastCtx?.isIdle?.() ? "followUp" : undefined);
 				pi.sendMessage(msg, { triggerTurn: trigger, ...(deliverAs ? { deliverAs } : {}) });
 			},
 			"ui.notify": (p) => notify(String(p.message ?? ""), p.level === "warning" || p.level === "error" ? p.level : "info"),
@@ -217,7 +269,39 @@ export default function castorExtension(pi: any): void {
 		try {
 			await getRuntime().call("agent.turn_ended", outcome, { spawn: false });
 		} catch (err) {
+			// castor aborted this turn itself: it no longer waits for the end (it answers a late
+			// one with {ok, ignored}; an older castor with not_found) — nothing to tell the user.
+			// A not_found may overtake the abort notice on the wire: give that notice a moment.
+			if (err instanceof RpcError && err.code === "not_found" && !turns.wasAborted(String(outcome.turn_id))) {
+				await new Promise((resolve) => setTimeout(resolve, ABORT_NOTICE_GRACE_MS));
+			}
+			if (turns.wasAborted(String(outcome.turn_id))) {
+				log(`end of aborted turn ${String(outcome.turn_id)} not taken: ${errorText(err)}`);
+				return;
+			}
 			notify(`castor did not take the end of turn ${String(outcome.turn_id)}: ${errorText(err)}`, "error");
+		}
+	}
+
+	/**
+	 * `agent.abort_turn {session_id, turn_id, reason}` (notification): castor aborted the cast whose
+	 * turn this is. The run in flight is aborted now (Pi's `ctx.abort()`; the outcome still goes out
+	 * at settlement, `aborted: true`); a queued turn is dropped; an unknown or already ended turn is
+	 * remembered only (so its late end raises no error toast).
+	 */
+	function abortTurn(p: Params): void {
+		if (typeof p.turn_id !== "string" || !p.turn_id) throw new RpcError("invalid_params", "turn_id must be a non-empty string");
+		if (typeof p.session_id === "string" && sessionId && p.session_id !== sessionId) return; // another session's turn
+		const found = turns.abort(p.turn_id);
+		log(`castor aborted turn ${p.turn_id} (${typeof p.reason === "string" ? p.reason : "no reason"}): ${found}`);
+		if (found === "active") abortRun(lastCtx);
+	}
+
+	function abortRun(ctx: Ctx): void {
+		try {
+			ctx?.abort?.();
+		} catch (err) {
+			log(`abort failed: ${errorText(err)}`); // a stale ctx: the run it belonged to is gone
 		}
 	}
 
@@ -295,8 +379,11 @@ export default function castorExtension(pi: any): void {
 	pi.registerCommand("materia", {
 		description: "castor materia casts: cast, continue, abort, recast, revive, status, casts, grid, loadout",
 		handler: async (args: string, ctx: Ctx) => {
-			await waitIdle(ctx);
-			await runCommand(planMateria(args ?? ""), ctx, "materia");
+			const planned = planMateria(args ?? "");
+			// abort and the read-only commands answer while a turn runs; the others start or
+			// resume turns, so they wait until Pi is idle.
+			if (!runsWhileBusy(planned)) await waitIdle(ctx);
+			await runCommand(planned, ctx, "materia");
 		},
 	});
 
@@ -321,7 +408,8 @@ export default function castorExtension(pi: any): void {
 					return;
 				}
 				const rt = await ready(true);
-				notify(`castor ${rt.hello?.version ?? "?"} up (pid ${rt.pid ?? "?"}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
+				const where = rt.endpoint ? `at ${rt.endpoint}` : `pid ${rt.pid ?? "?"}`;
+				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
 			} catch (err) {
 				notify(`castor: ${errorText(err)}`, "error");
 			}
@@ -336,11 +424,13 @@ export default function castorExtension(pi: any): void {
 			sessionId = "";
 		}
 		openedGeneration = -1; // a new or replaced session must be opened again
+		closingSession = false;
 		try {
 			await ready(true);
 		} catch (err) {
 			setStatus(STATUS_KEY, "castor: down");
-			notify(`castor runtime unavailable: ${errorText(err)}`, "error");
+			const code = err instanceof RpcError ? ` [${err.code}]` : "";
+			notify(`castor runtime unavailable: ${errorText(err)}${code}`, "error");
 			return;
 		}
 		const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });
@@ -351,6 +441,12 @@ export default function castorExtension(pi: any): void {
 	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const custom = event?.messageType === "custom";
+		if (custom && turns.isAbortedMessage(event.message)) {
+			// The hidden prompt of a turn castor aborted while Pi held it: stop the run before its
+			// first request (Pi aborts a run at agent_start when asked during before_agent_start).
+			abortRun(ctx);
+			return undefined;
+		}
 		if (custom) turns.bindFromMessage(event.message);
 		const result = await forward("before_agent_start", {
 			prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
@@ -385,6 +481,7 @@ export default function castorExtension(pi: any): void {
 	pi.on("context", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
+		if (turns.bindFromContext(messages) === "aborted") abortRun(ctx); // a follow-up turn castor aborted
 		const isolated = turns.isolate(messages);
 		if (process.env.CASTOR_PI_DEBUG) log(`context: turn=${turns.active?.turnId} isolate=${turns.active?.isolate} n=${messages.length} isolated=${isolated?.length} ${JSON.stringify(messages.map((m: any) => [m.role, m.customType, m.details]))}`);
 		const result = await forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages });
@@ -409,10 +506,33 @@ export default function castorExtension(pi: any): void {
 		}
 		const turnId = turns.active?.turnId ?? null;
 		const outcome = turns.settle(sessionId, aborted, entryId);
-		if (outcome) await reportTurn(outcome as unknown as Params);
-		else turns.settleUserRun();
-		await forward("agent_settled", { aborted, turn_id: turnId });
+		if (!outcome) turns.settleUserRun();
+		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
+		// command (a /materia abort included) until the settle handlers return, so waiting here for
+		// castor's answer would hold the user's next command for as long as castor takes.
+		const epoch = sessionEpoch;
+		const closed = () => closingSession || sessionEpoch !== epoch;
+		settleChain = settleChain.then(async () => {
+			if (outcome?.aborted) {
+				// Pi quitting (or replacing the session) aborts the run first and then shuts the
+				// session down: that turn was not ended by the user, the harness went away. Its end is
+				// not reported; castor learns it from the session closing mid-turn (the cast stays
+				// resumable). An Esc is reported (after the same short wait).
+				await new Promise((resolve) => setTimeout(resolve, QUIT_GRACE_MS));
+				if (closed()) {
+					log(`turn ${outcome.turn_id} was aborted by Pi shutting the session down: not reported as its end`);
+					return;
+				}
+			}
+			if (outcome) await reportTurn(outcome as unknown as Params);
+			if (!closed()) await forward("agent_settled", { aborted, turn_id: turnId });
+		});
 	}
+	let settleChain: Promise<void> = Promise.resolve();
+	/** session_shutdown began (Pi quits or replaces the session); reset by the next session_start. */
+	let closingSession = false;
+	/** Counts session shutdowns: work queued for one session is dropped once it has ended. */
+	let sessionEpoch = 0;
 
 	pi.on("agent_settled", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -436,6 +556,8 @@ export default function castorExtension(pi: any): void {
 
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		closingSession = true;
+		sessionEpoch++;
 		const rt = runtime;
 		try {
 			if (rt?.isUp) {

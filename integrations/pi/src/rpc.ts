@@ -70,12 +70,14 @@ export class MsgpackRpcPeer {
 	private closed = false;
 	private closeReason = "connection closed";
 	private readonly closeListeners: Array<(reason: string) => void> = [];
+	private readonly input: Readable;
+	private readonly output: Writable;
+	private readonly log: (msg: string) => void;
 
-	constructor(
-		private readonly input: Readable,
-		private readonly output: Writable,
-		private readonly log: (msg: string) => void = () => {},
-	) {
+	constructor(input: Readable, output: Writable, log: (msg: string) => void = () => {}) {
+		this.input = input;
+		this.output = output;
+		this.log = log;
 		output.on("error", (err) => this.close(`write failed: ${err.message}`));
 		void this.readLoop();
 	}

@@ -14,7 +14,10 @@
  * never from project files (project files must not choose what runs).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc";
+import { readFileSync, statSync } from "node:fs";
+import { connect, type Socket } from "node:net";
+import { endpointText, tokenFromFile, type Endpoint } from "./locate.ts";
+import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
 export interface Hello {
 	name?: string;
@@ -26,7 +29,12 @@ export interface Hello {
 }
 
 export interface RuntimeOptions {
+	/** The child to spawn (`castor serve --stdio`), unless `endpoint` is given. */
 	command: string[];
+	/** Connect to an already running castor instead of spawning one; it is never stopped by Pi. */
+	endpoint?: Endpoint;
+	/** A file holding the endpoint's token, presented as `runtime.hello` `token` (read at each connect). */
+	tokenFile?: string;
 	cwd: string;
 	timeoutMs: number;
 	helloParams: Params;
@@ -53,8 +61,46 @@ export function parseCommand(text: string): string[] {
 	return words;
 }
 
+/** Connect a stream socket to `endpoint` within `timeoutMs`. */
+function connectEndpoint(endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
+	return new Promise((resolve, reject) => {
+		const socket = endpoint.kind === "unix" ? connect({ path: endpoint.path }) : connect({ host: endpoint.host, port: endpoint.port });
+		const timer = setTimeout(() => {
+			socket.destroy();
+			reject(new RpcError("timeout", `cannot reach castor at ${endpointText(endpoint)} within ${timeoutMs} ms`));
+		}, timeoutMs);
+		socket.once("connect", () => {
+			clearTimeout(timer);
+			resolve(socket);
+		});
+		socket.once("error", (err) => {
+			clearTimeout(timer);
+			socket.destroy();
+			reject(new RpcError("runtime_unreachable", `cannot reach castor at ${endpointText(endpoint)}: ${err.message}`));
+		});
+	});
+}
+
+/** The token a token file holds (see {@link tokenFromFile}); a file that cannot be read is an error. */
+export function readToken(file: string): string {
+	let text: string;
+	let mode: number;
+	try {
+		mode = statSync(file).mode;
+		text = readFileSync(file, "utf8");
+	} catch (err) {
+		throw new RpcError("invalid_config", `cannot read --castor-token-file ${file}: ${err instanceof Error ? err.message : String(err)}`);
+	}
+	try {
+		return tokenFromFile(text, mode, file);
+	} catch (err) {
+		throw new RpcError("invalid_config", err instanceof Error ? err.message : String(err));
+	}
+}
+
 export class CastorRuntime {
 	private child: ChildProcess | undefined;
+	private socket: Socket | undefined;
 	private peer: MsgpackRpcPeer | undefined;
 	private starting: Promise<MsgpackRpcPeer> | undefined;
 	private stopping = false;
@@ -63,12 +109,20 @@ export class CastorRuntime {
 	/** false after an unexpected death: lifecycle events then stop respawning until a command does. */
 	autoSpawn = true;
 
-	constructor(private readonly opts: RuntimeOptions) {
+	private readonly opts: RuntimeOptions;
+
+	constructor(opts: RuntimeOptions) {
+		this.opts = opts;
 		process.once("exit", () => this.child?.kill("SIGKILL"));
 	}
 
 	get pid(): number | undefined {
 		return this.peer && !this.peer.isClosed ? this.child?.pid : undefined;
+	}
+
+	/** Where castor runs: the endpoint connected to, or undefined for a child on stdio. */
+	get endpoint(): string | undefined {
+		return this.opts.endpoint ? endpointText(this.opts.endpoint) : undefined;
 	}
 
 	get isUp(): boolean {
@@ -102,20 +156,43 @@ export class CastorRuntime {
 		return this.starting;
 	}
 
-	private async start(timeoutMs: number): Promise<MsgpackRpcPeer> {
+	/** Spawn the child (stdio) or connect to the endpoint; the peer over it. */
+	private async open(generation: number, timeoutMs: number): Promise<{ peer: MsgpackRpcPeer; release: () => void }> {
+		const log = (m: string) => this.opts.log(`[castor#${generation}] ${m}`);
+		if (this.opts.endpoint) {
+			const socket = await connectEndpoint(this.opts.endpoint, timeoutMs);
+			this.socket = socket;
+			this.child = undefined;
+			const peer = new MsgpackRpcPeer(socket, socket, log);
+			socket.once("error", (err) => peer.close(`connection to ${endpointText(this.opts.endpoint!)} failed: ${err.message}`));
+			socket.once("close", () => peer.close(`connection to ${endpointText(this.opts.endpoint!)} closed`));
+			return { peer, release: () => socket.destroy() };
+		}
 		const [cmd, ...args] = this.opts.command;
+		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", "inherit"], env: process.env });
+		this.child = child;
+		this.socket = undefined;
+		const peer = new MsgpackRpcPeer(child.stdout!, child.stdin!, log);
+		child.once("error", (err) => peer.close(`cannot start ${cmd}: ${err.message}`));
+		child.once("exit", (code, signal) => peer.close(signal ? `killed by ${signal}` : `exit code ${code}`));
+		return {
+			peer,
+			release: () => {
+				if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+			},
+		};
+	}
+
+	private async start(timeoutMs: number): Promise<MsgpackRpcPeer> {
 		const generation = ++this.generation;
 		this.hello = undefined;
 		this.stopping = false;
-		const child = spawn(cmd, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", "inherit"], env: process.env });
-		this.child = child;
-		const peer = new MsgpackRpcPeer(child.stdout!, child.stdin!, (m) => this.opts.log(`[castor#${generation}] ${m}`));
+		const helloParams = this.opts.tokenFile ? { ...this.opts.helloParams, token: readToken(this.opts.tokenFile) } : this.opts.helloParams;
+		const { peer, release } = await this.open(generation, timeoutMs);
 		this.peer = peer;
 		for (const [name, handler] of Object.entries(this.opts.handlers)) peer.on(name, handler);
-		child.once("error", (err) => peer.close(`cannot start ${cmd}: ${err.message}`));
-		child.once("exit", (code, signal) => peer.close(signal ? `killed by ${signal}` : `exit code ${code}`));
 		peer.onClose((reason) => {
-			if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+			release();
 			if (this.stopping || generation !== this.generation) return;
 			const wasUp = this.hello !== undefined;
 			this.hello = undefined;
@@ -125,7 +202,7 @@ export class CastorRuntime {
 			this.opts.onDown(reason, generation);
 		});
 		try {
-			const hello = (await peer.request("runtime.hello", this.opts.helloParams, timeoutMs)) as Hello;
+			const hello = (await peer.request("runtime.hello", helloParams, timeoutMs)) as Hello;
 			if (hello === null || typeof hello !== "object") throw new RpcError("invalid_frame", "runtime.hello returned no map");
 			this.hello = hello;
 		} catch (err) {
@@ -138,11 +215,26 @@ export class CastorRuntime {
 		return peer;
 	}
 
-	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`. */
+	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`; for an endpoint, disconnect only. */
 	stop(graceMs = 2000): Promise<void> {
 		const child = this.child;
 		this.stopping = true;
 		this.hello = undefined;
+		const socket = this.socket;
+		if (socket) {
+			this.socket = undefined;
+			return new Promise((resolve) => {
+				const timer = setTimeout(() => {
+					socket.destroy();
+					resolve();
+				}, graceMs);
+				socket.once("close", () => {
+					clearTimeout(timer);
+					resolve();
+				});
+				socket.end();
+			});
+		}
 		if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
 		return new Promise((resolve) => {
 			const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);

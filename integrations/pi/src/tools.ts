@@ -11,6 +11,7 @@
  * error response) are thrown so Pi marks the call failed; they are never retried.
  * A tool already registered under the same name is not registered again.
  */
+import type { ExtensionAPI, ToolDefinition } from "@mariozechner/pi-coding-agent";
 import * as typebox from "typebox";
 
 export interface ToolSpec {
@@ -24,9 +25,7 @@ export interface ToolSpec {
 
 export type ToolCaller = (name: string, params: Record<string, unknown>, toolCallId: string, signal?: AbortSignal) => Promise<unknown>;
 
-interface ToolHost {
-	registerTool(tool: Record<string, unknown>): void;
-}
+type ToolHost = Pick<ExtensionAPI, "registerTool">;
 
 export function toolSpecs(result: unknown): ToolSpec[] {
 	const tools = (result as { tools?: unknown } | null | undefined)?.tools;
@@ -44,10 +43,13 @@ export function toolResult(value: unknown): { content: { type: "text"; text: str
 export class FabricTools {
 	private readonly registered = new Set<string>();
 
-	constructor(
-		private readonly pi: ToolHost,
-		private readonly call: ToolCaller,
-	) {}
+	private readonly pi: ToolHost;
+	private readonly call: ToolCaller;
+
+	constructor(pi: ToolHost, call: ToolCaller) {
+		this.pi = pi;
+		this.call = call;
+	}
 
 	get names(): string[] {
 		return [...this.registered];
@@ -60,12 +62,12 @@ export class FabricTools {
 			if (this.registered.has(spec.name)) continue;
 			const schema = spec.parameters && typeof spec.parameters === "object" ? spec.parameters : { type: "object", properties: {}, additionalProperties: true };
 			const call = this.call;
-			const tool: Record<string, unknown> = {
+			const tool: ToolDefinition = {
 				name: spec.name,
 				label: spec.label ?? spec.name,
 				description: spec.description ?? spec.name,
 				parameters: typebox.Type.Unsafe(schema as never),
-				async execute(toolCallId: string, params: unknown, signal?: AbortSignal) {
+				async execute(toolCallId: string, params: unknown, signal: AbortSignal | undefined) {
 					const value = await call(spec.name, (params ?? {}) as Record<string, unknown>, toolCallId, signal);
 					return toolResult(value);
 				},

@@ -11,10 +11,16 @@
  * A user-driven refinement turn (castor's `turn_settings` answer to `before_agent_start`) gets the
  * same model/thinking/tool application; its tool scope is restored when the user's run settles.
  *
+ * castor may abort a turn (`agent.abort_turn`, see {@link TurnTracker.abort}): the running turn is
+ * marked so the caller aborts Pi's run (its outcome still goes out, `aborted: true`); a queued or
+ * not yet dispatched one is dropped and never started; a run that still starts from its hidden
+ * message is recognised ({@link TurnTracker.isAbortedMessage}) and aborted before its first request.
+ *
  * Guarantees: each dispatched turn yields exactly one outcome (success, error, or a
- * dispatch failure reported immediately); a user run never reports a castor turn.
+ * dispatch failure reported immediately) unless castor aborted it before it ran; a user
+ * run never reports a castor turn.
  */
-import { addUsage, emptyUsage, flattenText, type WireUsage } from "./messages";
+import { addUsage, emptyUsage, flattenText, type WireUsage } from "./messages.ts";
 
 export const TURN_MESSAGE_TYPE = "castor-turn";
 
@@ -53,8 +59,18 @@ export interface TurnOutcome {
 	entry_id: string | null;
 }
 
+/** How many aborted turn ids are remembered (late frames for older ones are simply unknown). */
+const ABORTED_MEMORY = 256;
+
+/** Where an aborted turn was: running now, waiting in the queue, or not (any more) known. */
+export type AbortFound = "active" | "queued" | "unknown";
+
 interface Turn {
 	turnId: string;
+	/** Bound inside a run that was already going on (a follow-up): only what follows its prompt counts. */
+	inRun?: boolean;
+	/** castor asked to abort this turn while it ran. */
+	abortRequested?: boolean;
 	customType: string;
 	isolate: boolean;
 	restoreTools?: string[];
@@ -75,8 +91,12 @@ export class TurnTracker {
 	private readonly queued: Turn[] = [];
 	private current: Turn | undefined;
 	private userRestoreTools: string[] | undefined;
+	private readonly abortedIds = new Set<string>();
+	private readonly pi: TurnHost;
 
-	constructor(private readonly pi: TurnHost) {}
+	constructor(pi: TurnHost) {
+		this.pi = pi;
+	}
 
 	get active(): Turn | undefined {
 		return this.current;
@@ -93,7 +113,12 @@ export class TurnTracker {
 			isolate: params.isolate === true,
 			usage: emptyUsage(),
 		};
+		if (this.abortedIds.has(turn.turnId)) return; // castor withdrew it before it was sent
 		turn.restoreTools = await this.applySettings(params, ctx);
+		if (this.abortedIds.has(turn.turnId)) {
+			this.restore(turn); // aborted while the settings were applied
+			return;
+		}
 		if (params.summary) {
 			this.pi.sendMessage({ customType: "pi-materia", content: params.summary, display: true }, { triggerTurn: false });
 		}
@@ -108,6 +133,50 @@ export class TurnTracker {
 		}
 	}
 
+	/**
+	 * castor aborted turn `turnId` (`agent.abort_turn`). The running turn is marked (the caller
+	 * aborts Pi's run; its outcome is still reported, `aborted: true`); a queued one is dropped
+	 * (its hidden message, if Pi already holds it, is aborted when its run starts). The id is
+	 * remembered either way, so a later `agent.run_turn` for it is not started and a refused late
+	 * `agent.turn_ended` is not an error. Idempotent: a second abort finds the turn `unknown`.
+	 */
+	abort(turnId: string): AbortFound {
+		this.remember(turnId);
+		if (this.current?.turnId === turnId) {
+			if (this.current.abortRequested) return "unknown";
+			this.current.abortRequested = true;
+			return "active";
+		}
+		const index = this.queued.findIndex((t) => t.turnId === turnId);
+		if (index >= 0) {
+			const [turn] = this.queued.splice(index, 1);
+			if (turn) this.restore(turn);
+			return "queued";
+		}
+		return "unknown";
+	}
+
+	/** Whether castor aborted `turnId` (remembered for the last {@link ABORTED_MEMORY} aborts). */
+	wasAborted(turnId: string): boolean {
+		return this.abortedIds.has(turnId);
+	}
+
+	/** Whether a run's starting custom message is the hidden prompt of an aborted turn. */
+	isAbortedMessage(message: unknown): boolean {
+		const id = (message as { details?: { castor_turn_id?: unknown } } | undefined)?.details?.castor_turn_id;
+		return typeof id === "string" && this.abortedIds.has(id) && this.current?.turnId !== id;
+	}
+
+	private remember(turnId: string): void {
+		this.abortedIds.delete(turnId);
+		this.abortedIds.add(turnId);
+		while (this.abortedIds.size > ABORTED_MEMORY) {
+			const oldest = this.abortedIds.values().next().value;
+			if (oldest === undefined) break;
+			this.abortedIds.delete(oldest);
+		}
+	}
+
 	/** Pi 1.x: bind by the custom message that started the run. */
 	bindFromMessage(message: unknown): boolean {
 		const details = (message as { details?: { castor_turn_id?: unknown } } | undefined)?.details;
@@ -119,6 +188,31 @@ export class TurnTracker {
 		return true;
 	}
 
+	/**
+	 * Pi 1.x delivers a turn sent as a follow-up (castor asked while Pi was busy) inside the run that
+	 * was going on, without a `before_agent_start`: bind it when its hidden prompt shows up after the
+	 * last assistant message of that run's context. `aborted`: that prompt is of a turn castor aborted
+	 * (the caller aborts the run). Nothing happens while a turn is bound.
+	 */
+	bindFromContext(messages: unknown[]): "bound" | "aborted" | undefined {
+		if (this.current) return undefined;
+		for (let i = messages.length - 1; i >= 0; i--) {
+			const m = messages[i] as { role?: unknown; details?: { castor_turn_id?: unknown } } | undefined;
+			if (m?.role === "assistant") return undefined;
+			const id = m?.details?.castor_turn_id;
+			if (typeof id !== "string") continue;
+			if (this.abortedIds.has(id)) return "aborted";
+			const index = this.queued.findIndex((t) => t.turnId === id);
+			if (index < 0) return undefined;
+			const [turn] = this.queued.splice(index, 1);
+			if (!turn) return undefined;
+			turn.inRun = true;
+			this.current = turn;
+			return "bound";
+		}
+		return undefined;
+	}
+
 	/** Pi 0.73 fallback: a run that starts while a turn is queued and none is bound is that turn. */
 	bindOnAgentStart(): void {
 		if (!this.current && this.queued.length > 0) this.current = this.queued.shift();
@@ -127,7 +221,13 @@ export class TurnTracker {
 	onAgentEnd(messages: unknown[]): void {
 		const turn = this.current;
 		if (!turn) return;
-		for (const m of messages) {
+		let from = 0;
+		if (turn.inRun) {
+			// The run began as something else (the user's prompt): its earlier answers are not this turn's.
+			const start = messages.findIndex((m) => (m as { details?: { castor_turn_id?: unknown } })?.details?.castor_turn_id === turn.turnId);
+			if (start >= 0) from = start + 1;
+		}
+		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
 			if (msg?.role !== "assistant") continue;
 			turn.usage = addUsage(turn.usage, msg.usage);
@@ -164,7 +264,7 @@ export class TurnTracker {
 			stop_reason: stopReason,
 			error,
 			usage: turn.usage,
-			aborted: aborted || stopReason === "aborted",
+			aborted: aborted || stopReason === "aborted" || turn.abortRequested === true,
 			entry_id: entryId,
 		};
 	}

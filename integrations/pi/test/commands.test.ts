@@ -1,0 +1,59 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { IMMEDIATE_METHODS, planIcarus, planMateria, resultText, runsWhileBusy } from "../src/commands.ts";
+
+test("cast takes the rest as its request, single-spaced", () => {
+	assert.deepEqual(planMateria("  cast   build  a\tthing "), { method: "cast.start", params: { request: "build a thing" } });
+});
+
+test("cast without a request is a usage error, no call", () => {
+	const planned = planMateria("cast");
+	assert.ok("usage" in planned && planned.usage.startsWith("/materia cast needs a request."));
+});
+
+test("each subcommand maps to its method", () => {
+	const cases: Array<[string, string, Record<string, unknown>]> = [
+		["continue", "cast.continue", {}],
+		["abort", "cast.abort", {}],
+		["status", "cast.status", {}],
+		["casts", "cast.list", {}],
+		["recast", "cast.recast", {}],
+		["recast 2026-01-01T00-00-00-000Z", "cast.recast", { cast_id: "2026-01-01T00-00-00-000Z" }],
+		["revive abc", "cast.revive", { cast_id: "abc" }],
+		["grid", "grid.render", {}],
+		["grid Full Auto", "grid.render", { loadout: "Full Auto" }],
+		["loadout", "loadout.list", {}],
+		["loadout Build", "loadout.set", { name: "Build" }],
+	];
+	for (const [args, method, params] of cases) assert.deepEqual(planMateria(args), { method, params }, args);
+});
+
+test("extra words and unknown subcommands are usage errors", () => {
+	for (const args of ["abort now", "status x", "casts all", "recast a b", "", "frobnicate"]) {
+		assert.ok("usage" in planMateria(args), args);
+	}
+	const unknown = planMateria("frobnicate");
+	assert.ok("usage" in unknown && unknown.usage.includes('Unknown /materia subcommand "frobnicate"'));
+});
+
+test("abort and the read-only commands run while a turn is in flight; turn starters wait", () => {
+	for (const args of ["abort", "status", "casts", "grid", "grid X", "loadout", "bogus", "cast"]) {
+		assert.equal(runsWhileBusy(planMateria(args)), true, args);
+	}
+	for (const args of ["cast build it", "continue", "recast", "revive", "loadout Build"]) {
+		assert.equal(runsWhileBusy(planMateria(args)), false, args);
+	}
+	assert.deepEqual([...IMMEDIATE_METHODS].sort(), ["cast.abort", "cast.list", "cast.status", "grid.render", "loadout.list"]);
+});
+
+test("icarus passes its words through", () => {
+	assert.deepEqual(planIcarus("  context   hide "), { method: "icarus.command", params: { args: "context hide" } });
+});
+
+test("result text: text, else message, else JSON; level from the result", () => {
+	assert.deepEqual(resultText("plain"), { text: "plain", level: "info" });
+	assert.deepEqual(resultText({ text: "t", message: "m", level: "warning" }), { text: "t", level: "warning" });
+	assert.deepEqual(resultText({ message: "m", level: "bogus" }), { text: "m", level: "info" });
+	assert.deepEqual(resultText({ a: 1 }), { text: '{"a":1}', level: "info" });
+	assert.deepEqual(resultText(null), { text: "null", level: "info" });
+});

@@ -1,0 +1,56 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
+import { addUsage, emptyUsage, flattenText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
+import { RpcError, unwrapParams } from "../src/rpc.ts";
+import { parseCommand } from "../src/runtime.ts";
+
+test("flattenText: strings, text blocks, nested arrays; other blocks are dropped", () => {
+	assert.equal(flattenText("a"), "a");
+	assert.equal(flattenText([{ type: "text", text: "a" }, { type: "thinking", thinking: "x" }, "", [{ content: "b" }]]), "a\nb");
+	assert.equal(flattenText(null), "");
+	assert.equal(flattenText({ type: "image" }), "");
+});
+
+test("addUsage sums Pi usage into wire usage; unknown cost stays null", () => {
+	const once = addUsage(emptyUsage(), { input: 1, output: 2, cacheRead: 3, cacheWrite: 4, totalTokens: 10 });
+	assert.deepEqual(once, { input: 1, output: 2, cache_read: 3, cache_write: 4, total_tokens: 10, cost: null });
+	const twice = addUsage(once, { input: 1, cost: { total: 0.25 } });
+	assert.equal(twice.input, 2);
+	assert.equal(twice.cost, 0.25);
+	assert.deepEqual(addUsage(once, "junk"), once);
+	assert.equal(addUsage(once, { input: Number.NaN }).input, 1);
+});
+
+test("summarizeMessage and toPiCustomMessage", () => {
+	assert.deepEqual(summarizeMessage({ role: "assistant", content: "x", stopReason: "aborted" }), { role: "assistant", text: "x", stop_reason: "aborted", error: null });
+	assert.deepEqual(toPiCustomMessage({ content: "hi", display: true, details: { a: 1 } }, "fb"), { customType: "fb", content: "hi", display: true, details: { a: 1 } });
+	assert.equal(toPiCustomMessage({ content: "   " }, "fb"), undefined);
+	assert.equal(toPiCustomMessage("x", "fb"), undefined);
+});
+
+test("parseCommand: JSON array or quoted words; empty and bad JSON are errors", () => {
+	assert.deepEqual(parseCommand(`a "b c" 'd e' f`), ["a", "b c", "d e", "f"]);
+	assert.deepEqual(parseCommand('["x", "y z"]'), ["x", "y z"]);
+	assert.throws(() => parseCommand("   "), /empty/);
+	assert.throws(() => parseCommand("[1]"), /non-empty array of strings/);
+	assert.throws(() => parseCommand("[]"), /non-empty array of strings/);
+});
+
+test("unwrapParams and RpcError wire form", () => {
+	assert.deepEqual(unwrapParams([{ a: 1 }]), { a: 1 });
+	assert.deepEqual(unwrapParams({ a: 1 }), { a: 1 });
+	assert.deepEqual(unwrapParams([1, 2]), {});
+	assert.deepEqual(unwrapParams("x"), {});
+	assert.deepEqual(new RpcError("not_found", "gone").toWire(), { code: "not_found", message: "gone" });
+	assert.deepEqual(new RpcError("x", "m", { d: 1 }).toWire(), { code: "x", message: "m", data: { d: 1 } });
+});
+
+test("compaction counts: entries since the previous compaction; never the summary text", () => {
+	const branch = [{ id: "a" }, { id: "c1", type: "compaction" }, { id: "b" }, { id: "c" }, { id: "keep" }];
+	assert.equal(entriesRemoved(branch, "keep"), 2);
+	assert.equal(entriesRemoved(branch, "missing"), null);
+	const summary = compactionSummary({ summary: "SECRET".repeat(4), tokensBefore: 100, estimatedTokensAfter: 40, firstKeptEntryId: "keep" }, branch);
+	assert.deepEqual(summary, { tokensBefore: 100, tokensAfter: 40, entriesRemoved: 2, summaryTokens: 6, firstKeptEntryId: "keep" });
+	assert.ok(!JSON.stringify(summary).includes("SECRET"));
+});

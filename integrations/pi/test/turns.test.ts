@@ -1,0 +1,181 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { TurnTracker, type TurnHost } from "../src/turns.ts";
+
+interface Sent {
+	message: { customType: string; content: string; display: boolean; details?: unknown };
+	options?: { triggerTurn?: boolean; deliverAs?: string };
+}
+
+function host(tools = ["read", "bash"]) {
+	const sent: Sent[] = [];
+	let active = [...tools];
+	const pi: TurnHost & { sent: Sent[]; active(): string[] } = {
+		sent,
+		active: () => active,
+		sendMessage: (message, options) => void sent.push({ message, options }),
+		getActiveTools: () => [...active],
+		setActiveTools: (names) => {
+			active = [...names];
+		},
+		setModel: async () => true,
+		setThinkingLevel: () => {},
+	};
+	return pi;
+}
+
+const idle = { isIdle: () => true };
+const busy = { isIdle: () => false };
+const assistant = (text: string, stopReason = "stop") => ({
+	role: "assistant",
+	content: [{ type: "text", text }],
+	stopReason,
+	usage: { input: 10, output: 5, cacheRead: 1, cacheWrite: 0, totalTokens: 16, cost: { total: 0.5 } },
+});
+const started = (pi: ReturnType<typeof host>, i = 0) => pi.sent.filter((s) => s.message.display === false)[i]?.message;
+
+test("a dispatched turn is a hidden prompt that triggers a run; its end is reported once", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "DO IT", summary: "sum" }, idle);
+	assert.deepEqual(pi.sent[0], { message: { customType: "pi-materia", content: "sum", display: true }, options: { triggerTurn: false } });
+	assert.deepEqual(pi.sent[1]?.options, { triggerTurn: true });
+	assert.ok(turns.bindFromMessage(started(pi)));
+	turns.onAgentEnd([assistant("DONE")]);
+	const outcome = turns.settle("s", false, "e1");
+	assert.deepEqual(outcome, {
+		session_id: "s", turn_id: "t1", text: "DONE", stop_reason: "stop", error: null,
+		usage: { input: 10, output: 5, cache_read: 1, cache_write: 0, total_tokens: 16, cost: 0.5 }, aborted: false, entry_id: "e1",
+	});
+	assert.equal(turns.settle("s", false, null), undefined, "settles once");
+});
+
+test("a turn sent while Pi is busy is a follow-up", async () => {
+	const pi = host();
+	await new TurnTracker(pi).dispatch({ turn_id: "t1", prompt: "P" }, busy);
+	assert.deepEqual(pi.sent[0]?.options, { triggerTurn: true, deliverAs: "followUp" });
+});
+
+test("Esc: the outcome says aborted, keeps the partial text and the usage", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	turns.onAgentEnd([assistant("half", "aborted")]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.aborted, true);
+	assert.equal(outcome?.stop_reason, "aborted");
+	assert.equal(outcome?.text, "half");
+	assert.equal(outcome?.usage.input, 10);
+});
+
+test("castor aborts the running turn: found active once, its outcome says aborted, tools restored", async () => {
+	const pi = host(["read", "bash"]);
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P", tools: ["read"] }, idle);
+	assert.deepEqual(pi.active(), ["read"]);
+	turns.bindFromMessage(started(pi));
+	assert.equal(turns.abort("t1"), "active");
+	assert.equal(turns.abort("t1"), "unknown", "a second abort does not abort Pi's run again");
+	turns.onAgentEnd([assistant("", "aborted")]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.aborted, true);
+	assert.deepEqual(pi.active(), ["read", "bash"]);
+	assert.ok(turns.wasAborted("t1"));
+});
+
+test("abort while the turn is ending (already settled): unknown, but remembered", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	turns.onAgentEnd([assistant("ALL DONE")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.aborted, false);
+	assert.equal(turns.abort("t1"), "unknown");
+	assert.ok(turns.wasAborted("t1"), "its refused late end is then no error");
+});
+
+test("castor aborts a queued turn: it is dropped and its run, if Pi still starts it, is recognised", async () => {
+	const pi = host(["read", "bash"]);
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P", tools: [] }, busy);
+	assert.deepEqual(pi.active(), []);
+	assert.equal(turns.abort("t1"), "queued");
+	assert.deepEqual(pi.active(), ["read", "bash"], "the queued turn's tool scope is undone");
+	const message = started(pi);
+	assert.ok(turns.isAbortedMessage(message));
+	assert.equal(turns.bindFromMessage(message), false, "an aborted turn never binds a run");
+	assert.equal(turns.settle("s", false, null), undefined, "so it reports nothing");
+});
+
+test("a turn aborted before it was dispatched is never sent", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	assert.equal(turns.abort("t9"), "unknown");
+	await turns.dispatch({ turn_id: "t9", prompt: "P", summary: "S" }, idle);
+	assert.equal(pi.sent.length, 0);
+});
+
+test("an abort for another turn leaves the running one alone", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	assert.equal(turns.abort("other"), "unknown");
+	turns.onAgentEnd([assistant("OK")]);
+	assert.equal(turns.settle("s", false, null)?.aborted, false);
+	assert.equal(turns.isAbortedMessage(started(pi)), false);
+});
+
+test("aborted ids are remembered up to a bound", () => {
+	const turns = new TurnTracker(host());
+	for (let i = 0; i < 300; i++) turns.abort(`t${i}`);
+	assert.equal(turns.wasAborted("t0"), false);
+	assert.equal(turns.wasAborted("t299"), true);
+});
+
+test("a turn without an assistant answer is an error outcome", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.error, "Pi agent turn ended without an assistant response");
+});
+
+test("isolate: the context from the turn's hidden prompt on", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P", isolate: true }, idle);
+	turns.bindFromMessage(started(pi));
+	const messages = [{ role: "user", content: "old" }, { role: "custom", details: { castor_turn_id: "t1" } }, { role: "assistant" }];
+	assert.deepEqual(turns.isolate(messages), messages.slice(1));
+});
+
+test("a follow-up turn delivered inside the user's run binds at its context and counts only its own answer", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, busy);
+	const prompt = { role: "custom", customType: "castor-turn", content: "P", details: { castor_turn_id: "t1" } };
+	const userAnswer = assistant("USER ANSWER");
+	assert.equal(turns.bindFromContext([{ role: "user", content: "hi" }, userAnswer]), undefined, "not yet in the context");
+	assert.equal(turns.bindFromContext([{ role: "user", content: "hi" }, userAnswer, prompt]), "bound");
+	assert.equal(turns.active?.turnId, "t1");
+	turns.onAgentEnd([{ role: "user", content: "hi" }, userAnswer, prompt, assistant("TURN ANSWER")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.text, "TURN ANSWER");
+	assert.equal(outcome?.usage.input, 10, "the user's answer's usage is not the turn's");
+});
+
+test("an old castor prompt before the last answer never binds; an aborted follow-up says so", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	const old = { role: "custom", details: { castor_turn_id: "t0" } };
+	turns.abort("t0");
+	assert.equal(turns.bindFromContext([old, assistant("A"), { role: "user", content: "next" }]), undefined);
+	await turns.dispatch({ turn_id: "t2", prompt: "P" }, busy);
+	turns.abort("t2");
+	assert.equal(turns.bindFromContext([assistant("A"), { role: "custom", details: { castor_turn_id: "t2" } }]), "aborted");
+	assert.equal(turns.active, undefined);
+});
