@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ from castor.actors.materia.views import (
     status_text,
 )
 from castor.actors.ports.agent import harness_turn_settings
-from castor.adapters.fs import atomic_write_json
+from castor.adapters.fs import atomic_write_json, storage_unavailable
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
@@ -64,7 +66,7 @@ from castor.domain.materia.cast_messages import (
 from castor.domain.materia.config import ConfigError, ResolvedConfig
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
 from castor.supervision import Actor, handles
 
 ASK_TIMEOUT_S = 10.0
@@ -74,6 +76,14 @@ ASK_TIMEOUT_S = 10.0
 def _verb_signature(cls: type, verb: str) -> inspect.Signature:
     """The signature of ``cls._verb_<verb>`` (unbound), computed once per verb."""
     return inspect.signature(getattr(cls, f"_verb_{verb}"))
+
+
+def _discard_unstarted(root: Path, cast_id: str) -> None:
+    """Remove the run directory of a cast whose start failed before its first state was saved (a
+    full disk, a refused lease): it was never a cast, and must not list as one."""
+    run_dir = root / cast_id
+    if not os.path.lexists(run_dir / "state.json"):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class SessionActor(Actor):
@@ -180,8 +190,8 @@ class SessionActor(Actor):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InvalidParams(f"invalid input for materia {call.verb}: {first}", data={"verb": call.verb}) from None
         except OSError as exc:  # the project's files, not castor: a typed answer, not a crash
-            raise CastorError(f"materia {call.verb} failed on the file system: {exc}",
-                              data={"verb": call.verb, "errno": exc.errno}) from None
+            error = storage_unavailable(exc, base=self.cwd, action=f"run materia {call.verb}")
+            raise StorageUnavailable(error.message, data={**error.data, "verb": call.verb}) from None
 
     # ------------------------------------------------------------------ casts
     def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None,
@@ -200,19 +210,23 @@ class SessionActor(Actor):
         self._check_trust(resolved)
         root = self._root_for(resolved.artifact_dir)
         cast_id = allocate_cast_id(root, root_resolved=True)
-        lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
-        if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
-            raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
-        if cli_note is not None:
-            try:
-                atomic_write_json(root / cast_id / "cli.json", cli_note)
-            except BaseException:
-                lease.release()
-                raise
-        start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
-                            run_dir=f"{root}/{cast_id}", artifact_root=str(root), at=time.time())
-        env = self._env(cast_id, root, lease=lease, start=start)
-        handle = self._spawn(env, lease)
+        try:
+            lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+            if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
+                raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
+            if cli_note is not None:
+                try:
+                    atomic_write_json(root / cast_id / "cli.json", cli_note)
+                except BaseException:
+                    lease.release()
+                    raise
+            start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
+                                run_dir=f"{root}/{cast_id}", artifact_root=str(root), at=time.time())
+            env = self._env(cast_id, root, lease=lease, start=start)
+            handle = self._spawn(env, lease)
+        except BaseException:
+            _discard_unstarted(root, cast_id)
+            raise
         view = env.started_view or self._ask_status(handle, root, cast_id)
         return {**view, "text": f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name}).",
                 "level": "info"}
@@ -229,10 +243,13 @@ class SessionActor(Actor):
 
     def _spawn(self, env: CastEnv, lease: CastLease) -> Any:
         try:
-            return self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
+            handle = self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
         except BaseException:
             lease.release()
             raise
+        if env.start_error is not None:  # its start met a storage fault: stopped, told here
+            raise env.start_error
+        return handle
 
     def _ask_status(self, handle: Any, root: Path, cast_id: str) -> dict[str, Any]:
         try:

@@ -146,6 +146,8 @@ def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any
         records = read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
     except (CastorError, OSError):
         return False
+    while records and isinstance(records[-1], dict) and records[-1].get("type") == "storage_unavailable":
+        records.pop()  # a note of a storage fault, appended after the outbox's events (cast_actor.py)
     if not records:
         return False
     tail = records[-1]
