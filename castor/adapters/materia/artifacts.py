@@ -59,6 +59,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from datetime import datetime
 from pathlib import Path
 from collections.abc import Iterable
@@ -238,7 +239,10 @@ class CommandArtifacts(BaseModel):
 
 # --------------------------------------------------------------------------- per-directory locks
 
-_LOCKS: dict[str, threading.RLock] = {}
+# Held weakly: a directory's lock lives as long as a CastArtifacts object of it does, so a
+# long-lived process keeps none per finished cast (every writer of a directory shares one lock
+# while any of them exists; with none left, nothing is writing).
+_LOCKS: weakref.WeakValueDictionary[str, threading.RLock] = weakref.WeakValueDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 

@@ -41,6 +41,7 @@ import os
 import re
 import stat
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,13 +185,20 @@ def _flocked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
+# One lock per state file, shared by every store of this process that writes it. Held weakly:
+# a lock lives as long as a store holds it (a CastActor's store, for as long as the actor runs),
+# so a long-lived process keeps none per finished cast.
+_THREAD_LOCKS: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 def _thread_lock(path: Path) -> threading.Lock:
+    key = str(path)
     with _THREAD_LOCKS_GUARD:
-        return _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+        lock = _THREAD_LOCKS.get(key)
+        if lock is None:
+            lock = _THREAD_LOCKS[key] = threading.Lock()
+        return lock
 
 
 _HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\s*"revision":\s*(\d+),'
