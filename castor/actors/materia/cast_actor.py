@@ -75,8 +75,6 @@ Any other ``OSError`` is still a crash, and the restart resumes from the saved s
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -102,7 +100,7 @@ from castor.actors.ports.host_context import CompactionOutcome, CompactionReques
 from castor.adapters.fs import is_storage_fault, storage_unavailable
 from castor.adapters.materia import command_records
 from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
+from castor.adapters.materia.state_store import CastStateStore, StateCorrupt, discard_unsaved
 from castor.domain.materia.cast_messages import (
     AddManifestEntry,
     CancelWork,
@@ -223,11 +221,9 @@ class CastActor(Actor):
             return
         if env.lease is not None:
             env.lease.release()
-        run_dir = Path(env.artifact_root) / env.cast_id
-        if os.path.lexists(run_dir / "state.json"):
-            return  # saved after all (or someone else's): keep it
-        shutil.rmtree(run_dir, ignore_errors=True)
-        self.log.info("removed the run directory of cast {cast}: its first state could not be saved", cast=env.cast_id)
+        if discard_unsaved(env.artifact_root, env.cast_id):  # kept if a state was saved after all
+            self.log.info("removed the run directory of cast {cast}: its first state could not be saved",
+                          cast=env.cast_id)
 
     def _start(self) -> None:
         env = self.env
@@ -381,7 +377,8 @@ class CastActor(Actor):
             return
         files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
         try:
-            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence)
+            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence,
+                                    index=transition.state)
         except Conflict as exc:
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
@@ -430,7 +427,8 @@ class CastActor(Actor):
                 failed = step(self.state, DispatchFailed(visit_id=pending.visit_id, at=env.clock(),
                                                          error=error.message))
                 files = [e for e in failed.effects if type(e) in FILE_EFFECTS]
-                self.store.save_encoded(env.cast_id, self._encode(failed.state, files), incarnation=self.fence)
+                self.store.save_encoded(env.cast_id, self._encode(failed.state, files), incarnation=self.fence,
+                                        index=failed.state)
                 self.state = failed.state
                 self._perform_files(files)
             except (OSError, CastorError) as again:

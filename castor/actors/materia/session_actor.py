@@ -8,7 +8,7 @@ cast is read from the state store under the session's artifact root.
 |---|---|---|
 | ``start`` | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
 | ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
-| ``list`` | — | every cast under the artifact root, newest first (views.py table) |
+| ``list`` | limit?, cursor? | one page (default 50) of the casts under the artifact root, newest first (views.py table), from the cast index; ``next_cursor`` for the next page |
 | ``abort`` / ``continue`` | cast_id? | the cast, else the newest live cast |
 | ``recast`` | cast_id? | id-less: newest resumable (failed, aborted or orphaned); ``conflict`` if it is live or the session is at its limit |
 | ``revive`` | cast_id? | id-less: newest revivable; then as recast |
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +41,9 @@ from castor.actors.materia.messages import (
     WithdrawUserTurn,
 )
 from castor.actors.materia.views import (
-    cast_rows,
+    cast_page,
     casts_text,
+    find_cast,
     load_state,
     loadout_line,
     persisted_view,
@@ -55,6 +54,7 @@ from castor.adapters.fs import atomic_write_json, storage_unavailable
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
+from castor.adapters.materia.state_store import DEFAULT_PAGE, discard_unsaved
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     CastStarted,
@@ -76,14 +76,6 @@ ASK_TIMEOUT_S = 10.0
 def _verb_signature(cls: type, verb: str) -> inspect.Signature:
     """The signature of ``cls._verb_<verb>`` (unbound), computed once per verb."""
     return inspect.signature(getattr(cls, f"_verb_{verb}"))
-
-
-def _discard_unstarted(root: Path, cast_id: str) -> None:
-    """Remove the run directory of a cast whose start failed before its first state was saved (a
-    full disk, a refused lease): it was never a cast, and must not list as one."""
-    run_dir = root / cast_id
-    if not os.path.lexists(run_dir / "state.json"):
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class SessionActor(Actor):
@@ -225,7 +217,7 @@ class SessionActor(Actor):
             env = self._env(cast_id, root, lease=lease, start=start)
             handle = self._spawn(env, lease)
         except BaseException:
-            _discard_unstarted(root, cast_id)
+            discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
             raise
         view = env.started_view or self._ask_status(handle, root, cast_id)
         return {**view, "text": f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name}).",
@@ -305,11 +297,10 @@ class SessionActor(Actor):
             if live:
                 cast_id = max(live)
             else:
-                root = self._artifact_root()
-                rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
-                if not rows:
+                found = find_cast(self._artifact_root(), set(), "readable")
+                if found is None:
                     raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
-                cast_id = rows[0]["cast_id"]
+                cast_id = found["cast_id"]
         validate_cast_id(cast_id)
         handle = live.get(cast_id)
         view = None
@@ -323,10 +314,13 @@ class SessionActor(Actor):
         view.pop("user_turn_visit_id", None)
         return {**view, "text": status_text(view), "level": "info"}
 
-    def _verb_list(self) -> dict[str, Any]:
+    def _verb_list(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         root = self._artifact_root()
-        rows = cast_rows(root, set(self._live()))
-        return {"casts": rows, "artifact_root": str(root), "text": casts_text(rows, root), "level": "info"}
+        page = cast_page(root, set(self._live()), limit=limit or DEFAULT_PAGE, cursor=cursor)
+        rows = page["casts"]
+        more = page["total"] - len(rows) if page["next_cursor"] and cursor is None else 0
+        return {"casts": rows, "next_cursor": page["next_cursor"], "total": page["total"], "artifact_root": str(root),
+                "text": casts_text(rows, root, more=more), "level": "info"}
 
     def _verb_abort(self, cast_id: str | None = None) -> dict[str, Any]:
         cast_id, handle = self._target(cast_id)
@@ -348,9 +342,10 @@ class SessionActor(Actor):
 
     def _pick_resumable(self, root: Path, *, revive: bool) -> str:
         live = set(self._live())
-        for row in cast_rows(root, live):
-            if row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live:
-                return row["cast_id"]
+        found = find_cast(root, live, "revivable" if revive else "candidate",
+                          lambda row: row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live)
+        if found is not None:
+            return found["cast_id"]
         if revive:
             raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use /materia recast.",
                            data={"reason": "none_revivable"})

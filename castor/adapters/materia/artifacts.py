@@ -81,6 +81,7 @@ from castor.adapters.fs import (
     read_json_lines,
     split_text,
 )
+from castor.adapters.materia import cast_index
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
 
@@ -191,13 +192,20 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now)
+    cast_index.open_index(confined.text)  # made before the root's "before" signature is taken
     for n in range(10_000):
         candidate = base if n == 0 else f"{base}-{n}"
+        before = cast_index.root_signature(confined.text)
         try:
             os.mkdir(confined.join_text(candidate))
         except FileExistsError:
             continue
         fsync_dir(root)
+        after = cast_index.root_signature(confined.text)
+        # Its row (active: unverified until its first save) and the root's signature moved along,
+        # so the next listing needs no rescan of the root (see cast_index.py).
+        cast_index.best_effort(confined.text, lambda index: index.moved(
+            before, after, insert=cast_index.IndexRow(cast_id=candidate, status="active")))
         return candidate
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
 
