@@ -549,10 +549,12 @@ def _state_sig(root: str, cast_id: str) -> str | None:
         return "?"
 
 
-def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
-    """A cast's row read from its ``state.json`` (the truth)."""
+def _read_row(store: CastStateStore, cast_id: str, sig: str, *, listed: bool = False) -> IndexRow:
+    """A cast's row read from its ``state.json`` (the truth). ``listed``: the cast directory was
+    just listed from the root as a real directory (not a link), so only ``state.json`` itself needs
+    the no-symlink check (``O_NOFOLLOW``), not the whole containment walk: the rebuild's path."""
     try:
-        stored = store.load(cast_id)
+        stored = _load_listed(store, cast_id) if listed else store.load(cast_id)
     except NotFound:
         return _unreadable(cast_id, "no state.json", sig)
     except CastorError as exc:
@@ -560,6 +562,24 @@ def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
     if stored.revision == 0:
         return _unreadable(cast_id, "claimed, no state saved yet", sig)
     return _row_from_fields(cast_id, stored.state, sig, saved_at=stored.saved_at)
+
+
+def _load_listed(store: CastStateStore, cast_id: str) -> StoredState:
+    path = f"{store._root.text}/{cast_id}/{STATE_FILE}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
+    except OSError as exc:
+        raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": path}) from None
+    try:
+        with open(fd, "rb", closefd=False) as handle:
+            raw = handle.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": path}) from None
+    finally:
+        os.close(fd)
+    return _parse_document(Path(path), raw)
 
 
 def _cast_dir_names(root: str) -> list[str] | None:
@@ -594,7 +614,7 @@ def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
         logger.info("cast index of {root}: adding {n} cast(s) it did not know", root=root, n=len(missing))
     for start in range(0, len(missing), 1000):
         batch = missing[start:start + 1000]
-        index.upsert([_read_row(store, n, _state_sig(root, n) or "") for n in batch])
+        index.upsert([_read_row(store, n, _state_sig(root, n) or "", listed=True) for n in batch])
     gone = known - on_disk
     if gone:
         index.delete(gone)
@@ -687,7 +707,7 @@ def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = 
             cast_index.forget(root)
             if isinstance(exc, cast_index._Corrupt):
                 cast_index.remove_database(root)
-    rows = [_read_row(store, n, _state_sig(root, n) or "") for n in _cast_dir_names(root) or []]
+    rows = [_read_row(store, n, _state_sig(root, n) or "", listed=True) for n in _cast_dir_names(root) or []]
     rows.sort(key=lambda r: r.cast_id, reverse=True)
     rows.sort(key=lambda r: r.unreadable)
     for row in rows:

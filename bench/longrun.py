@@ -1,0 +1,236 @@
+"""A long-lived server stays flat: one ``castor serve``, thousands of casts, hundreds of sessions.
+
+    python bench/longrun.py [--quick] [--casts N] [--sessions M] [--dir DIR]
+
+One real ``castor serve --socket`` process; a harness written here drives it over the Unix
+socket with castor's own msgpack-rpc client (``castor.client``), as a Pi extension would: each
+*session* is a new connection that says hello, opens a session on one shared project, runs its
+share of casts one after another (the one-socket ``hello`` loadout; the harness answers every
+``agent.run_turn`` at once with ``agent.turn_ended``, a scripted agent with no model; a cast has
+ended when its mirrored state entry says so), closes the session and disconnects. Every
+project's casts land in one artifact root, so the listing grows with the run.
+
+Sampled from outside (psutil on the server's pid, ``ops.actors`` over the endpoint) after every
+session past the warm-up (the first fifth of the casts): RSS, threads, open fds, live actors.
+Each figure's slope is a least-squares fit against casts done:
+
+- ``longrun_rss_mb_per_1000_casts`` (target <= 0.5): memory kept per finished cast;
+- ``longrun_threads_per_1000_casts``, ``longrun_fds_per_1000_casts``,
+  ``longrun_actors_per_1000_casts`` (target 0: reported as the fitted slope; a leak of one per
+  cast reads 1000, so anything under 5 is noise between samples);
+- ``longrun_cast_list_ratio_10x`` (target <= 1.2): ``cast.list`` (one default page) at the end,
+  with 10x the casts, against the same call when a tenth of them existed — the median of 30
+  calls each, measured the same way in the same run.
+
+The casts run on tmpfs (/dev/shm) unless ``--dir`` names another place: this benchmark is about
+what the process keeps, not the disk. ``--quick`` (CI): 800 casts in 80 sessions, well under a
+minute; the full run: 5,000 casts in 500 sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from castor.client import Client
+from castor.logs import configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys against xs (0 with fewer than two distinct xs)."""
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den
+
+
+class Server:
+    def __init__(self, work: Path) -> None:
+        self.sock = str(work / "castor.sock")
+        home = work / "home"
+        (home / "agent").mkdir(parents=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+               "PI_CODING_AGENT_DIR": str(home / "agent"), "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        self.stderr = open(work / "serve.stderr", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "castor", "serve", "--socket", self.sock], env=env,
+                                     cwd=str(work), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self.stderr)
+        deadline = time.monotonic() + 30
+        while not self._accepting():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"castor serve did not start: {(work / 'serve.stderr').read_text()[-2000:]}")
+            time.sleep(0.05)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def _accepting(self) -> bool:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(self.sock)
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    def connect(self) -> Client:
+        return Client.connect_unix(self.sock, default_timeout=30)
+
+    def sample(self, ops: Client) -> dict[str, float]:
+        with self.ps.oneshot():
+            rss, threads, fds = self.ps.memory_info().rss, self.ps.num_threads(), self.ps.num_fds()
+        actors = len(ops.call("ops.actors", {})["actors"])
+        return {"rss": rss, "threads": threads, "fds": fds, "actors": actors}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.stderr.close()
+
+
+class Harness:
+    """One harness session on its own connection: answers turns at once, sees casts end."""
+
+    def __init__(self, server: Server, sid: str, project: Path) -> None:
+        self.client = server.connect()
+        self.sid = sid
+        self._ended: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.client.on_notification("agent.run_turn", self._run_turn)
+        self.client.on_request("session.append_entry", self._entry)
+        for name in ("ui.notify", "ui.status", "message.send"):
+            self.client.on_notification(name, lambda _p: None)
+        self.client.call("runtime.hello", {"client": "bench-longrun"})
+        self.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+
+    def _event(self, cast_id: str) -> threading.Event:
+        with self._lock:
+            return self._ended.setdefault(cast_id, threading.Event())
+
+    def _run_turn(self, params: dict) -> None:
+        def answer() -> None:
+            self.client.call("agent.turn_ended", {"session_id": self.sid, "turn_id": params["turn_id"],
+                                                  "text": "done", "stop_reason": "stop"})
+
+        threading.Thread(target=answer, daemon=True).start()  # not on the client's reader thread
+
+    def _entry(self, params: dict) -> dict:
+        data = params.get("data") or {}
+        if data.get("phase") in ("complete", "failed") and data.get("castId"):
+            self._event(data["castId"]).set()
+        return {"ok": True, "entry_id": "e"}
+
+    def cast(self) -> None:
+        cast_id = self.client.call("cast.start", {"session_id": self.sid, "request": "flat for weeks"})["cast_id"]
+        if not self._event(cast_id).wait(30):
+            raise RuntimeError(f"cast {cast_id} did not end")
+        with self._lock:
+            self._ended.pop(cast_id, None)
+
+    def list_time(self, calls: int = 30) -> float:
+        timings = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            self.client.call("cast.list", {"session_id": self.sid})
+            timings.append(time.perf_counter() - started)
+        return statistics.median(timings)
+
+    def close(self) -> None:
+        self.client.call("session.close", {"session_id": self.sid})
+        self.client.close()
+
+
+def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
+    work = Path(tempfile.mkdtemp(prefix="castor-longrun-", dir=base))
+    project = work / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "hello"}))
+    server = Server(work)
+    ops = server.connect()
+    per_session = max(1, casts // sessions)
+    warmup = casts // 5
+    tenth = casts // 10
+    done = 0
+    samples: list[tuple[int, dict[str, float]]] = []
+    list_1x = list_10x = None
+    started = time.monotonic()
+    try:
+        for n in range(sessions):
+            harness = Harness(server, f"longrun-{n}", project)
+            for _ in range(per_session):
+                harness.cast()
+                done += 1
+                if done == tenth:
+                    list_1x = harness.list_time()
+            if n == sessions - 1:
+                list_10x = harness.list_time()
+            harness.close()
+            if done >= warmup:
+                samples.append((done, server.sample(ops)))
+        elapsed = time.monotonic() - started
+        final = server.sample(ops)
+    finally:
+        ops.close()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    xs = [d / 1000 for d, _ in samples]
+    fit = {key: slope(xs, [s[key] for _, s in samples]) for key in ("rss", "threads", "fds", "actors")}
+    return {"casts": done, "sessions": sessions, "seconds": elapsed, "casts_per_second": done / elapsed,
+            "rss_mb_per_1000": fit["rss"] / 2**20, "threads_per_1000": fit["threads"], "fds_per_1000": fit["fds"],
+            "actors_per_1000": fit["actors"], "list_1x_ms": (list_1x or 0) * 1000, "list_10x_ms": (list_10x or 0) * 1000,
+            "final_rss_mb": final["rss"] / 2**20, "final_threads": final["threads"], "final_fds": final["fds"],
+            "final_actors": final["actors"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI size: 800 casts, 80 sessions")
+    parser.add_argument("--casts", type=int, default=None)
+    parser.add_argument("--sessions", type=int, default=None)
+    parser.add_argument("--dir", default=None, help="where the project lives (default /dev/shm, else the temp dir)")
+    args = parser.parse_args()
+    configure_logging("ERROR")
+    casts = args.casts or (800 if args.quick else 5000)
+    sessions = args.sessions or (80 if args.quick else 500)
+    if args.dir:
+        base = Path(args.dir)
+    elif os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        base = Path("/dev/shm")
+    else:
+        base = Path(tempfile.gettempdir())
+    r = run(casts, sessions, base)
+    print(f"{r['casts']} casts in {r['sessions']} sessions, {r['seconds']:.1f} s ({r['casts_per_second']:.0f}/s) "
+          f"on {base}")
+    print(f"end of run: RSS {r['final_rss_mb']:.1f} MB, {r['final_threads']:.0f} threads, {r['final_fds']:.0f} fds, "
+          f"{r['final_actors']:.0f} actors")
+    print(f"cast.list (one page): {r['list_1x_ms']:.2f} ms at {r['casts'] // 10} casts, "
+          f"{r['list_10x_ms']:.2f} ms at {r['casts']}")
+    ratio = r["list_10x_ms"] / r["list_1x_ms"] if r["list_1x_ms"] else float("inf")
+    print(f"RESULT longrun_rss_mb_per_1000_casts {r['rss_mb_per_1000']:.2f} target<=0.5")
+    print(f"RESULT longrun_threads_per_1000_casts {r['threads_per_1000']:.2f} target<=0")
+    print(f"RESULT longrun_fds_per_1000_casts {r['fds_per_1000']:.2f} target<=0")
+    print(f"RESULT longrun_actors_per_1000_casts {r['actors_per_1000']:.2f} target<=0")
+    print(f"RESULT longrun_cast_list_ratio_10x {ratio:.2f} target<=1.2")
+
+
+if __name__ == "__main__":
+    main()
