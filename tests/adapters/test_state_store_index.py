@@ -221,6 +221,7 @@ def test_kill_9_mid_update_never_leaves_the_listing_wrong(tmp_path):
         assert dict(_all(tmp_path)) == _truth(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_listing_100000_casts_is_fast_once_indexed(tmp_path, request):
     """The issue's bound is 100 ms; asserted here with a wide margin for a loaded CI host

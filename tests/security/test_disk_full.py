@@ -328,3 +328,26 @@ def test_a_full_tmpfs_project_over_the_real_endpoint(tmp_path, tiny_disk, monkey
         assert "actor crashed" not in log, log[-3000:]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("raised", [CastorError("a castor bug"), RuntimeError("another castor bug")])
+def test_internal_always_carries_an_error_id_that_is_in_the_log(raised):
+    """``internal`` is castor's own bug: the caller gets an error_id, the log line has the same id."""
+    from castor.endpoint.dispatch import Context, Dispatcher
+
+    dispatcher = Dispatcher()
+
+    def broken(_params, _ctx):
+        raise raised
+
+    dispatcher.register("test.broken", broken)
+    logged: list[dict] = []
+    sink = logger.add(lambda m: logged.append(dict(m.record["extra"])), level="ERROR")
+    try:
+        with pytest.raises(CastorError) as answered:
+            dispatcher.dispatch("test.broken", {}, Context(connection=None, state={}, method="test.broken"))
+    finally:
+        logger.remove(sink)
+    wire = answered.value.to_wire()
+    assert wire["code"] == "internal" and len(wire["data"]["error_id"]) == 12, wire
+    assert any(extra.get("error_id") == wire["data"]["error_id"] for extra in logged), logged

@@ -48,6 +48,7 @@ DB_NAME = ".castor-index.sqlite3"
 SCHEMA = 1
 MAX_OPEN = 8  # connections kept per process (one per artifact root in use, least recently used out)
 BUSY_TIMEOUT_MS = 2000
+CACHE_KIB = 256  # SQLite's page cache per open index (its default is 2 MiB)
 REQUEST_CHARS = 4096  # the listing shows a request's head; the full text stays in state.json
 ACTIVE = ("active", "awaiting_refinement")
 
@@ -136,6 +137,7 @@ class CastIndex:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode=PERSIST")  # no journal file made and removed per commit
             conn.execute("PRAGMA synchronous=OFF")  # a cache (see the module doc): no fsync per commit
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")  # a page touches few pages: keep memory small
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA:
                 conn.execute("BEGIN IMMEDIATE")
