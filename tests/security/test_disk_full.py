@@ -179,6 +179,28 @@ def test_a_one_off_fault_mid_run_fails_the_cast_with_its_reason_and_its_own_even
     assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
 
 
+def test_a_state_that_cannot_be_read_is_storage_unavailable_not_internal(runtime, tmp_path, monkeypatch, crashes):
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, ["hi"])
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id = started["cast_id"]
+    assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
+    real = Path.read_text
+
+    def failing(self, *args, **kwargs):
+        if self.name == "state.json" and str(self).startswith(str(project.resolve())):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing)
+    for verb in ("status", "recast"):
+        with pytest.raises(StorageUnavailable) as refused:
+            materia_call(runtime, "s1", verb, {"cast_id": cast_id})
+        assert refused.value.data["errno"] == "EIO", refused.value.to_wire()
+    assert crashes == []
+
+
 def test_a_file_error_from_a_verb_is_typed_never_internal(runtime, tmp_path, monkeypatch):
     """Any OSError under a verb is the project's storage, not castor: storage_unavailable."""
     project = tmp_path / "project"

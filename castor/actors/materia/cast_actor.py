@@ -204,8 +204,10 @@ class CastActor(Actor):
             # supervisor's intensity and take the session's other casts down with it.
             self.log.error("cast cannot start: {exc}", exc=exc)
             self._stop()
-        except StorageUnavailable as exc:  # raised by _commit, which already stopped this incarnation
+        except StorageUnavailable as exc:  # from _commit (which told the harness), or reading the state
+            self.log.error("cast cannot start: {exc}", exc=exc.message)
             self.env.start_error = exc
+            self._stop()
             self._discard_unsaved_start()
         except OSError as exc:
             if not is_storage_fault(exc):

@@ -55,7 +55,8 @@ from typing import Any, Literal
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json, stat_signature
+from castor.adapters.fs import (ConfinedRoot, atomic_write_bytes, compact_json, is_storage_fault, stat_signature,
+                               storage_unavailable)
 from castor.adapters.materia import cast_index
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
@@ -265,6 +266,8 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
+        if is_storage_fault(exc):
+            raise  # the storage, not the document: the caller types it (storage_unavailable)
         raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
     return int(match.group(2)), int(match.group(3))
 
@@ -341,6 +344,8 @@ class CastStateStore:
         except FileNotFoundError:
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
         except (OSError, UnicodeDecodeError) as exc:
+            if is_storage_fault(exc):
+                raise storage_unavailable(exc, path=path, action="read") from None
             raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
         return _parse_document(path, raw)
 
