@@ -702,10 +702,11 @@ def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = 
                 rows = index.page(after, batch, where=_WHERE[where])
                 if not rows:
                     return
-                after = (1 if rows[-1].unreadable else 0, rows[-1].cast_id)
+                fetched_to = (1 if rows[-1].unreadable else 0, rows[-1].cast_id)
                 for row in _verify(index, store, rows):
                     if _matches(row, where):
                         yield row, _cursor_of(row)
+                after = fetched_to  # and where a fallback below resumes
                 batch = min(batch * 2, MAX_PAGE)
         except cast_index.IndexUnavailable as exc:
             logger.warning("cast index of {root} unusable ({exc}); listing from every state.json", root=root, exc=exc)
