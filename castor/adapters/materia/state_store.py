@@ -461,9 +461,14 @@ class CastStateStore:
         return revision + 1, new_incarnation, saved_at
 
     def _index(self, cast_id: str, state: Any, st: os.stat_result) -> None:
-        row = _row_from_fields(cast_id, _fields_of(state), signature_text(st), saved_at=None)
-        if self._indexed.get(cast_id) == row.key:
+        # The key first (a few attribute reads): most transitions change none of it.
+        status, resumable = _status_of_state(state)
+        exhaustion = state.recovery_exhaustion
+        revivable = bool(resumable and exhaustion is not None and state.failed_reason is not None
+                         and exhaustion.failed_reason == state.failed_reason)
+        if self._indexed.get(cast_id) == (status, resumable, revivable, state.failed_reason):
             return
+        row = _row_from_fields(cast_id, _fields_of(state), signature_text(st), saved_at=None)
         if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
             self._indexed[cast_id] = row.key
 
@@ -508,6 +513,23 @@ class CastStateStore:
 
 def _summary(stored: StoredState) -> CastSummary:
     return _to_summary(_row_from_fields(stored.cast_id, stored.state, "", saved_at=stored.saved_at))
+
+
+def _status_of_state(state: Any) -> tuple[CastStatus, bool]:
+    """:func:`cast_status` of a ``CastState`` object, without building its document."""
+    socket_state = state.socket_state
+    complete = state.phase == "complete" or socket_state == "complete"
+    failed = state.phase == "failed" or socket_state == "failed"
+    resumable = not state.active and not complete and failed
+    if state.active:
+        return ("awaiting_refinement" if socket_state == "awaiting_user_refinement" else "active"), False
+    if complete:
+        return "complete", False
+    if failed and (state.failed_reason == "aborted by user" or state.aborted is True):
+        return "aborted", resumable
+    if failed:
+        return "failed", resumable
+    return "idle", resumable
 
 
 def _fields_of(state: Any) -> dict[str, Any]:
