@@ -11,7 +11,7 @@ ended when its mirrored state entry says so), closes the session and disconnects
 project's casts land in one artifact root, so the listing grows with the run.
 
 Sampled from outside (psutil on the server's pid, ``ops.actors`` over the endpoint) after every
-session past the warm-up (the first fifth of the casts, at least 300 of them or half the run):
+session past the warm-up (the first fifth of the casts, at least 600 of them or half the run):
 RSS, threads, open fds, live actors, each against the casts done so far:
 
 - ``longrun_rss_mb_per_1000_casts`` (target <= 0.5): memory kept per finished cast, the
@@ -24,6 +24,11 @@ RSS, threads, open fds, live actors, each against the casts done so far:
   holding 10x the casts against the same call on one holding 1x (one session in eleven ran its
   casts there), at the end of the run, calls alternating between the two (40 each, medians), so
   the host's drift hits both sides alike.
+
+- ``longrun_cast_list_ms_at_<N>`` (target <= 100): ``cast.list`` over the endpoint on a project
+  holding N finished casts (100,000; ``--quick`` 20,000; ``--scale``), made cheaply as minimal
+  state files beside a fresh server, after one call that rebuilt the index (timed and printed,
+  not a target: a one-off).
 
 The casts run on tmpfs (/dev/shm) unless ``--dir`` names another place: this benchmark is about
 what the process keeps, not the disk. ``--quick`` (CI): 1,500 casts in 150 sessions, under a
@@ -203,13 +208,47 @@ def list_ratio(server: Server, big: Path, small: Path, pairs: int = 40) -> tuple
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+_MINIMAL = ('{"format":1,"castId":"%s","revision":1,"incarnation":1,"savedAt":"2026-01-01T00:00:00.000Z",'
+            '"state":{"active":false,"phase":"complete","socketState":"complete","request":"r"}}')
+
+
+def listing_at_scale(count: int, base: Path) -> tuple[float, float]:
+    """``cast.list`` over the endpoint on a project holding ``count`` finished casts (minimal state
+    files made directly: cheap). The first call rebuilds the index from every state.json (a
+    one-off); returns (that first call, the median of 20 calls after it), in seconds."""
+    work = Path(tempfile.mkdtemp(prefix="castor-longrun-scale-", dir=base))
+    project = _project(work, "scale")
+    root = project / ".pi" / "pi-materia"
+    root.mkdir()
+    for n in range(count):
+        cast_id = f"2026-01-01T00-00-00-000Z-{n:06d}"
+        os.mkdir(root / cast_id)
+        fd = os.open(root / cast_id / "state.json", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, (_MINIMAL % cast_id).encode())
+        os.close(fd)
+    server = Server(work)
+    try:
+        harness = Harness(server, "scale", project)
+        started = time.perf_counter()
+        first = harness.client.call("cast.list", {"session_id": "scale"}, timeout=600)
+        rebuild = time.perf_counter() - started
+        if first["total"] != count:
+            raise RuntimeError(f"listed {first['total']} of {count} casts")
+        steady = harness.list_time(20)
+        harness.close()
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return rebuild, steady
+
+
 def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="castor-longrun-", dir=base))
     big, small = _project(work, "big"), _project(work, "small")
     server = Server(work)
     ops = server.connect()
     per_session = max(1, casts // sessions)
-    warmup = max(casts // 5, min(300, casts // 2))
+    warmup = max(casts // 5, min(600, casts // 2))
     done = 0
     samples: list[tuple[int, dict[str, float]]] = []
     started = time.monotonic()
@@ -246,6 +285,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CI size: 1,500 casts, 150 sessions")
     parser.add_argument("--casts", type=int, default=None)
     parser.add_argument("--sessions", type=int, default=None)
+    parser.add_argument("--scale", type=int, default=None,
+                        help="finished casts in the listing-at-scale project (default 100,000; --quick 20,000)")
     parser.add_argument("--dir", default=None, help="where the project lives (default /dev/shm, else the temp dir)")
     args = parser.parse_args()
     configure_logging("ERROR")
@@ -258,6 +299,8 @@ def main() -> None:
     else:
         base = Path(tempfile.gettempdir())
     r = run(casts, sessions, base)
+    scale = args.scale or (20_000 if args.quick else 100_000)
+    rebuild, steady = listing_at_scale(scale, base)
     print(f"{r['casts']} casts in {r['sessions']} sessions, {r['seconds']:.1f} s ({r['casts_per_second']:.0f}/s) "
           f"on {base}")
     print(f"end of run: RSS {r['final_rss_mb']:.1f} MB, {r['final_threads']:.0f} threads, {r['final_fds']:.0f} fds, "
@@ -265,11 +308,14 @@ def main() -> None:
     print(f"cast.list (one page, median of 40 alternating calls): {r['list_1x_ms']:.2f} ms on a project with "
           f"{r['small_casts']} casts, {r['list_10x_ms']:.2f} ms on one with {r['big_casts']}")
     ratio = r["list_10x_ms"] / r["list_1x_ms"] if r["list_1x_ms"] else float("inf")
+    print(f"cast.list with {scale} finished casts: {steady * 1000:.2f} ms (median of 20; the first call, which "
+          f"rebuilt the index from every state.json, {rebuild:.1f} s)")
     print(f"RESULT longrun_rss_mb_per_1000_casts {r['rss_mb_per_1000']:.2f} target<=0.5")
     print(f"RESULT longrun_threads_per_1000_casts {r['threads_per_1000']:.2f} target<=0")
     print(f"RESULT longrun_fds_per_1000_casts {r['fds_per_1000']:.2f} target<=0")
     print(f"RESULT longrun_actors_per_1000_casts {r['actors_per_1000']:.2f} target<=0")
     print(f"RESULT longrun_cast_list_ratio_10x {ratio:.2f} target<=1.2")
+    print(f"RESULT longrun_cast_list_ms_at_{scale} {steady * 1000:.2f} target<=100")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ DB_NAME = ".castor-index.sqlite3"
 SCHEMA = 1
 MAX_OPEN = 8  # connections kept per process (one per artifact root in use, least recently used out)
 BUSY_TIMEOUT_MS = 2000
-CACHE_KIB = 256  # SQLite's page cache per open index (its default is 2 MiB)
+CACHE_KIB = 64  # SQLite's page cache per open index (its default is 2 MiB); a page reads a few of them
 REQUEST_CHARS = 4096  # the listing shows a request's head; the full text stays in state.json
 ACTIVE = ("active", "awaiting_refinement")
 
