@@ -250,3 +250,36 @@ def test_listing_100000_casts_is_fast_once_indexed(tmp_path, request):
         timings.append(time.perf_counter() - started)
     assert len(page.casts) == 50 and page.next_cursor is not None
     assert min(timings) < 0.5, timings
+
+
+def test_index_files_a_checkout_ships_are_never_trusted(tmp_path):
+    """A link in the index's place is removed (never written through), a FIFO never blocks, and
+    a database with extra schema objects (a trigger) is rebuilt."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    store = CastStateStore(root)
+    cast_id = allocate_cast_id(root)
+    _save(store, cast_id, "failed")
+    cast_index.forget(str(root.resolve()))
+    for name in (DB_NAME, DB_NAME + "-journal"):
+        os.unlink(root / name) if (root / name).exists() else None
+    (root / DB_NAME).symlink_to(outside / "victim.db")
+    (root / (DB_NAME + "-journal")).symlink_to(outside / "victim.journal")
+    assert dict(_all(root)) == {cast_id: "failed"}
+    assert list(outside.iterdir()) == [] and not (root / DB_NAME).is_symlink()
+
+    cast_index.forget(str(root.resolve()))
+    conn = sqlite3.connect(root / DB_NAME)
+    conn.execute("CREATE TRIGGER evil AFTER INSERT ON casts BEGIN DELETE FROM casts; END")
+    conn.commit()
+    conn.close()
+    assert dict(_all(root)) == {cast_id: "failed"}
+    names = {r[0] for r in sqlite3.connect(root / DB_NAME).execute("SELECT name FROM sqlite_master")}
+    assert "evil" not in names
+
+    cast_index.forget(str(root.resolve()))
+    os.unlink(root / DB_NAME)
+    os.mkfifo(root / DB_NAME)
+    assert dict(_all(root)) == {cast_id: "failed"}  # from every state.json: the FIFO is left alone

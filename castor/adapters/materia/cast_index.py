@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -108,6 +109,10 @@ def root_signature(root: str) -> str | None:
     return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_nlink}:{st.st_size}"
 
 
+_SCHEMA_OBJECTS = {("table", "casts"), ("table", "meta"), ("index", "casts_order"), ("index", "casts_candidate"),
+                   ("index", "casts_revivable"), ("index", "sqlite_autoindex_meta_1")}
+
+
 class IndexUnavailable(Exception):
     """The index cannot be used here (read-only, full, locked, corrupt beyond a rebuild)."""
 
@@ -125,6 +130,26 @@ class CastIndex:
 
     # -- the connection -------------------------------------------------------
     def _open(self, *, create: bool) -> None:
+        # The files live in the project, so a checkout could ship them: a link in their place (SQLite
+        # would write through it, outside the project) is removed; anything but a regular file
+        # (a FIFO would block the open) makes the index unusable here; a schema that is not
+        # exactly castor's (triggers, views) is rebuilt (_Corrupt).
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            target = self.path + suffix
+            try:
+                st = os.lstat(target)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise IndexUnavailable(f"cannot check {target}: {exc}") from None
+            if stat.S_ISLNK(st.st_mode):
+                logger.warning("cast index: removing the link {path} (castor's index is never a link)", path=target)
+                try:
+                    os.unlink(target)
+                except OSError as exc:
+                    raise IndexUnavailable(f"cannot remove the link {target}: {exc}") from None
+            elif not stat.S_ISREG(st.st_mode):
+                raise IndexUnavailable(f"{target} is not a regular file")
         existed = os.path.exists(self.path)
         if not existed and (not create or not os.path.isdir(self.root)):
             raise IndexUnavailable("no index")
@@ -135,6 +160,7 @@ class CastIndex:
             raise IndexUnavailable(f"cannot open {self.path}: {exc}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA trusted_schema=OFF")
             conn.execute("PRAGMA journal_mode=PERSIST")  # no journal file made and removed per commit
             conn.execute("PRAGMA synchronous=OFF")  # a cache (see the module doc): no fsync per commit
             conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")  # a page touches few pages: keep memory small
@@ -156,6 +182,10 @@ class CastIndex:
                 self.fresh = True
             elif not existed:
                 self.fresh = True
+            else:
+                objects = set(conn.execute("SELECT type, name FROM sqlite_master"))
+                if objects - _SCHEMA_OBJECTS:
+                    raise sqlite3.DatabaseError(f"unexpected schema objects {sorted(objects - _SCHEMA_OBJECTS)[:5]}")
         except sqlite3.Error as exc:
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
