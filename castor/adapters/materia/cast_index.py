@@ -46,7 +46,7 @@ from typing import Any
 from loguru import logger
 
 DB_NAME = ".castor-index.sqlite3"
-SCHEMA = 1
+SCHEMA = 3
 MAX_OPEN = 8  # connections kept per process (one per artifact root in use, least recently used out)
 BUSY_TIMEOUT_MS = 2000
 CACHE_KIB = 64  # SQLite's page cache per open index (its default is 2 MiB); a page reads a few of them
@@ -92,8 +92,20 @@ def _values(row: IndexRow) -> tuple[Any, ...]:
             row.current_socket, row.updated_at, request, row.failed_reason, row.sig)
 
 
-_UPSERT = ("INSERT OR REPLACE INTO casts (id, unreadable, status, resumable, revivable, candidate, current_socket,"
+_INSERT = ("INSERT OR IGNORE INTO casts (id, unreadable, status, resumable, revivable, candidate, current_socket,"
            " updated_at, request, failed_reason, sig) VALUES (?,?,?,?,?,?,?,?,?,?,?)")
+_UPDATE = ("UPDATE casts SET unreadable = ?, status = ?, resumable = ?, revivable = ?, candidate = ?,"
+           " current_socket = ?, updated_at = ?, request = ?, failed_reason = ?, sig = ? WHERE id = ?")
+_COUNT = "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = 'count'"
+
+
+def _upsert(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> None:
+    """Insert or update rows, keeping the stored row count (new rows only) current."""
+    inserted = conn.executemany(_INSERT, values).rowcount
+    if inserted < len(values):  # some existed: update those (re-writing a row just inserted is harmless)
+        conn.executemany(_UPDATE, [v[1:] + v[:1] for v in values])
+    if inserted:
+        conn.execute(_COUNT, (inserted,))
 
 
 def signature_text(st: os.stat_result) -> str:
@@ -177,6 +189,8 @@ class CastIndex:
                 conn.execute("CREATE INDEX casts_candidate ON casts (candidate, id DESC)")
                 conn.execute("CREATE INDEX casts_revivable ON casts (revivable, id DESC)")
                 conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+                # The row count, kept with every insert and delete: a page's total costs no count of the table.
+                conn.execute("INSERT INTO meta (key, value) VALUES ('count', 0)")
                 conn.execute(f"PRAGMA user_version={SCHEMA}")
                 conn.execute("COMMIT")
                 self.fresh = True
@@ -226,11 +240,13 @@ class CastIndex:
     # -- writes ---------------------------------------------------------------
     def upsert(self, rows: Iterable[IndexRow]) -> None:
         with self._db(write=True) as conn:
-            conn.executemany(_UPSERT, [_values(r) for r in rows])
+            _upsert(conn, [_values(r) for r in rows])
 
     def delete(self, cast_ids: Iterable[str]) -> None:
         with self._db(write=True) as conn:
-            conn.executemany("DELETE FROM casts WHERE id = ?", [(c,) for c in cast_ids])
+            deleted = conn.executemany("DELETE FROM casts WHERE id = ?", [(c,) for c in cast_ids]).rowcount
+            if deleted:
+                conn.execute(_COUNT, (-deleted,))
 
     def moved(self, before: str | None, after: str | None, *, insert: IndexRow | None = None,
               delete: str | None = None) -> None:
@@ -238,9 +254,9 @@ class CastIndex:
         stored root signature from ``before`` to ``after`` if it still is ``before``."""
         with self._db(write=True) as conn:
             if insert is not None:
-                conn.execute(_UPSERT, _values(insert))
-            if delete is not None:
-                conn.execute("DELETE FROM casts WHERE id = ?", (delete,))
+                _upsert(conn, [_values(insert)])
+            if delete is not None and conn.execute("DELETE FROM casts WHERE id = ?", (delete,)).rowcount:
+                conn.execute(_COUNT, (-1,))
             if before is not None and after is not None:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'root' AND value = ?", (after, before))
 
@@ -258,11 +274,11 @@ class CastIndex:
         with self._db() as conn:
             return {r[0] for r in conn.execute("SELECT id FROM casts")}
 
-    def count(self) -> tuple[int, int]:
-        """(readable casts, unreadable ones)."""
+    def count(self) -> int:
+        """The number of rows (kept by triggers: no scan of the table)."""
         with self._db() as conn:
-            found = dict(conn.execute("SELECT unreadable, COUNT(*) FROM casts GROUP BY unreadable").fetchall())
-        return int(found.get(0, 0)), int(found.get(1, 0))
+            found = conn.execute("SELECT value FROM meta WHERE key = 'count'").fetchone()
+        return int(found[0]) if found else 0
 
     def page(self, after: tuple[int, str] | None, limit: int, *, where: str = "") -> list[IndexRow]:
         """Rows newest id first, readable ones before unreadable ones, strictly after ``after``."""
