@@ -66,9 +66,10 @@ supervisor's restart intensity in a millisecond). Instead:
 | a transition's save | the transition is dropped (nothing of it was performed); the cast is failed once more through ``DispatchFailed`` (reason ``storage unavailable: ...``) if that save still fits, else it stays as last saved (``orphaned`` once the lease is freed); either way recastable |
 | a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
 
-Every case tells the harness (``ui.notify``, level ``error``), appends a ``storage_unavailable``
-event (``{errno, path}``) to the cast's ``events.jsonl`` where it still fits, answers the ask
-in flight with ``storage_unavailable``, and stops the incarnation normally (lease released).
+Every case but a new cast's start (whose caller gets the error, and which leaves no cast) tells the
+harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
+path}``) to the cast's ``events.jsonl`` where it still fits; every case answers the ask in flight
+with ``storage_unavailable`` and stops the incarnation normally (lease released).
 Any other ``OSError`` is still a crash, and the restart resumes from the saved state.
 """
 
