@@ -314,7 +314,7 @@ def _os_error_code(exc: OSError) -> str:
         return "forbidden"
     if isinstance(exc, (FileExistsError, NotADirectoryError, IsADirectoryError)):
         return "conflict"
-    return "internal"
+    return "storage_unavailable"  # full, failing, read-only...: the environment's, never "internal"
 
 
 def _fail(code: str, message: str) -> None:

@@ -3,7 +3,7 @@
 | command | what it does |
 |---|---|
 | ``castor cast REQUEST [--loadout N] [--config P] [--agent SPEC] [--cwd D]`` | runs a cast in an in-process runtime with a standalone harness (the agent adapter, a JSONL session log, a console UI) and shows live progress; exit 0 when it completes |
-| ``castor casts [--cwd D]`` | lists the casts under the artifact root, newest first |
+| ``castor casts [--cwd D] [--limit N] [--cursor C] [--json]`` | lists the casts under the artifact root, newest first, one page (default 50) from the cast index; the last line (or ``next_cursor`` in ``--json``) names the next page |
 | ``castor status CAST_ID [--cwd D]`` | one cast's persisted status |
 | ``castor recast CAST_ID [--agent SPEC] [--cwd D]`` / ``castor revive CAST_ID ...`` | resumes a persisted cast in this new process and runs it to the end |
 | ``castor continue CAST_ID [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
@@ -97,7 +97,11 @@ def add_materia_subcommands(subparsers: Any) -> None:
     casts = subparsers.add_parser("casts", help="list the casts of a project")
     _add_config(casts)
     _add_cwd(casts)
-    casts.add_argument("--json", action="store_true", help="print JSON")
+    casts.add_argument("--json", action="store_true", help="print JSON (the rows; with --cursor or --limit, "
+                       "{casts, next_cursor, total})")
+    casts.add_argument("--limit", type=_page_size, default=None, metavar="N",
+                       help="casts per page, 1..1000 (default 50)")
+    casts.add_argument("--cursor", default=None, metavar="C", help="the next_cursor of the page before")
     casts.set_defaults(run=cmd_casts)
 
     status = subparsers.add_parser("status", help="show one cast's status")
@@ -512,12 +516,31 @@ def cmd_abort(args: argparse.Namespace) -> int:
         session.close()
 
 
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError("must be 1..1000")
+    return value
+
+
 def cmd_casts(args: argparse.Namespace) -> int:
-    from castor.actors.materia.views import cast_rows, casts_text
+    from castor.actors.materia.views import cast_page, casts_text
+    from castor.adapters.materia.state_store import DEFAULT_PAGE
 
     root = _artifact_root(_cwd(args), args.config)
-    rows = cast_rows(root, set())
-    _out(json.dumps(rows, indent=2) if args.json else casts_text(rows, root, "cli"))
+    page = cast_page(root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
+    rows = page["casts"]
+    if args.json:
+        paged = args.limit is not None or args.cursor is not None
+        _out(json.dumps(page if paged else rows, indent=2))
+        return EXIT_OK
+    text = casts_text(rows, root, "cli")
+    if page["next_cursor"]:
+        text += f"\n  … more: castor casts --cursor {page['next_cursor']} ({page['total']} in all)"
+    _out(text)
     return EXIT_OK
 
 
@@ -555,13 +578,15 @@ def cmd_loadout(args: argparse.Namespace) -> int:
 def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     """Spec §11 item 72 (``loadout.set`` refused while a cast is active), across processes: a
     cast whose runtime holds its lease is running somewhere."""
-    from castor.actors.materia.views import cast_rows
+    from castor.actors.materia.views import find_cast
     from castor.messages.errors import Conflict
 
-    for row in cast_rows(_artifact_root(cwd, config_path), set()):
-        if row["status"] in ("active", "awaiting_refinement") or (row["status"] == "interrupted" and not row["resumable"]):
-            raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it (`castor abort {row['cast_id']}`) "
-                           "before changing the loadout.", data={"reason": "active", "cast_id": row["cast_id"]})
+    row = find_cast(_artifact_root(cwd, config_path), set(), "candidate",
+                    lambda r: r["status"] in ("active", "awaiting_refinement")
+                    or (r["status"] == "interrupted" and not r["resumable"]))
+    if row is not None:
+        raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it (`castor abort {row['cast_id']}`) "
+                       "before changing the loadout.", data={"reason": "active", "cast_id": row["cast_id"]})
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

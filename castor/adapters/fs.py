@@ -56,7 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from castor.domain import paths
-from castor.messages.errors import Forbidden
+from castor.messages.errors import Forbidden, StorageUnavailable
 
 __all__ = [
     "JsonLinesRead",
@@ -80,6 +80,9 @@ __all__ = [
     "safe_join",
     "split_text",
     "stat_signature",
+    "STORAGE_ERRNOS",
+    "is_storage_fault",
+    "storage_unavailable",
 ]
 
 
@@ -142,6 +145,56 @@ def make_durable_dirs(directory: str) -> None:
     fsync_dir(parent)
 
 
+# --------------------------------------------------------------------------- storage faults
+
+#: errnos that mean "this storage cannot take castor's writes (or reads) now": full, over
+#: quota, failing, read-only, not permitted. A restart cannot fix any of them.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _name_target(exc: BaseException, target: str) -> None:
+    """Name the file a failed write was for (``os.write``/``fsync`` errors carry no name)."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        try:
+            exc.filename = target
+        except (AttributeError, TypeError):  # pragma: no cover - every OSError allows it
+            pass
+
+
+def is_storage_fault(exc: BaseException) -> bool:
+    """True for an ``OSError`` whose errno is one of :data:`STORAGE_ERRNOS`."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
+
+def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = None,
+                        base: str | os.PathLike[str] | None = None, action: str = "write") -> StorageUnavailable:
+    """The typed error (code ``storage_unavailable``) for a file-system error.
+
+    ``data``: ``errno`` (its name, ``ENOSPC``...; ``EUNKNOWN`` when the error has none) and
+    ``path`` (the file named by the error, else ``path``), relative to ``base`` (the project)
+    when it lies inside it. The message says what to do, never holds file contents.
+    """
+    name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
+    target = exc.filename if exc.filename is not None else path
+    shown = None
+    if target is not None:
+        shown = os.fspath(target)
+        if isinstance(shown, bytes):
+            shown = shown.decode("utf-8", "backslashreplace")
+        if base is not None:
+            try:
+                shown = Path(shown).relative_to(base).as_posix()
+            except ValueError:
+                pass
+        shown = _printable(shown)
+    where = f" on {shown}" if shown else ""
+    data: dict[str, Any] = {"errno": name}
+    if shown is not None:
+        data["path"] = shown
+    return StorageUnavailable(f"storage unavailable: cannot {action}{where} ({name}: "
+                              f"{exc.strerror or 'error'})", data=data)
+
+
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``; ``ValueError`` for anything else.
 
@@ -200,11 +253,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
         finally:
             os.close(fd)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        _name_target(exc, target)
         raise
     if sync_dir:
         fsync_dir(directory)
@@ -449,6 +503,9 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
             payload = b"\n" + payload
         _write_all(fd, payload)
         os.fsync(fd)
+    except OSError as exc:
+        _name_target(exc, os.fspath(path))
+        raise
     finally:
         os.close(fd)
 

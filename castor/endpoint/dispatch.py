@@ -6,7 +6,9 @@ Guarantees of :meth:`Dispatcher.dispatch`:
 |---------------------------------------------|----------------------------------------------|
 | method not registered                       | ``UnknownMethod`` (``unknown_method``)        |
 | params fail the model (type/missing/extra)  | ``InvalidParams`` with ``data.errors`` detail |
-| handler raises a ``CastorError``            | that error, unchanged (its own code)          |
+| handler raises a ``CastorError``            | that error, unchanged (its own code); one     |
+|                                             | coded ``internal`` gets a ``data.error_id``   |
+|                                             | (also in its log line) if it has none         |
 | handler raises anything else                | ``Internal`` with ``data.error_id``; the      |
 |                                             | traceback goes to the log, never the wire     |
 | handler returns a pydantic model            | its ``model_dump(mode="json")`` is the result |
@@ -30,7 +32,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import castor
-from castor.messages.errors import CastorError, Internal, InvalidParams, UnknownMethod
+from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
 
 if TYPE_CHECKING:
     from castor.endpoint.connection import Connection
@@ -156,7 +158,11 @@ class Dispatcher:
                     "error_count": len(details)}) from None
         try:
             result = entry.handler(args, ctx)
-        except CastorError:
+        except CastorError as exc:
+            if exc.code == ErrorCode.INTERNAL and "error_id" not in exc.data:  # castor's bug: traceable
+                exc.data["error_id"] = uuid.uuid4().hex[:12]
+                logger.bind(method=method, error_id=exc.data["error_id"]).opt(exception=exc).error(
+                    "handler for {} answered internal: {}", method, exc.message)
             raise
         except Exception as exc:
             error_id = uuid.uuid4().hex[:12]

@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     INVALID_MESSAGE = "invalid_message"
     INVALID_CONFIG = "invalid_config"
     UNAUTHENTICATED = "unauthenticated"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 class CastorError(Exception):
@@ -187,12 +188,21 @@ class InvalidConfig(CastorError):
     code = ErrorCode.INVALID_CONFIG
 
 
+class StorageUnavailable(CastorError):
+    """The file system refused a write or read castor needs (disk full, quota, I/O error,
+    read-only, permission): the environment's fault, not castor's. ``data.errno`` is the errno
+    name (``ENOSPC``...), ``data.path`` the path (relative to the project where possible).
+    Retrying is useless until the storage is fixed."""
+
+    code = ErrorCode.STORAGE_UNAVAILABLE
+
+
 _BY_CODE: dict[ErrorCode, type[CastorError]] = {
     klass.code: klass
     for klass in (
         InvalidFrame, UnknownMethod, InvalidParams, NotFound, Conflict, Forbidden,
         Timeout, WorkerRetired, WorkerCrashed, Internal, ActorStopped, ActorCrashed, Retired,
-        MailboxFull, Cancelled, InvalidMessage, InvalidConfig,
+        MailboxFull, Cancelled, InvalidMessage, InvalidConfig, StorageUnavailable,
     )
 }
 _BY_CODE[ErrorCode.UNAUTHENTICATED] = Unauthenticated

@@ -52,8 +52,25 @@ session ended); the opt-in bound ``CastEnv.user_turn_timeout_s`` withdraws it to
 starts, so one late ``agent_end`` is applied to *that* id and reported as ``outcome_ignored``.
 
 Failure behaviour: a stale incarnation (fenced) stops without performing anything; an effect
-that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable); an OS error
-while writing artifacts crashes the incarnation, and the restart resumes from the saved state.
+that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable).
+
+Storage faults (``ENOSPC``, ``EDQUOT``, ``EIO``, ``EROFS``, ``EACCES``, ``EPERM`` on the state or
+an artifact: :data:`castor.adapters.fs.STORAGE_ERRNOS`) are the environment's, and a restart
+cannot fix them, so they never crash the incarnation (a crash loop would spend the cast
+supervisor's restart intensity in a millisecond). Instead:
+
+| where | outcome |
+|---|---|
+| a new cast's first save (``on_start``) | nothing of it is kept: the lease is released and the run directory removed (it was never a cast); the starter raises ``storage_unavailable`` (``CastEnv.start_error``) |
+| a resumed cast's start (outbox replay) | the incarnation stops; the starter raises ``storage_unavailable``; the saved state is untouched |
+| a transition's save | the transition is dropped (nothing of it was performed); the cast is failed once more through ``DispatchFailed`` (reason ``storage unavailable: ...``) if that save still fits, else it stays as last saved (``orphaned`` once the lease is freed); either way recastable |
+| a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
+
+Every case but a new cast's start (whose caller gets the error, and which leaves no cast) tells the
+harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
+path}``) to the cast's ``events.jsonl`` where it still fits; every case answers the ask in flight
+with ``storage_unavailable`` and stops the incarnation normally (lease released).
+Any other ``OSError`` is still a crash, and the restart resumes from the saved state.
 """
 
 from __future__ import annotations
@@ -81,9 +98,10 @@ from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEO
 from castor.actors.materia.views import status_view
 from castor.actors.ports.agent import AgentPort
 from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
+from castor.adapters.fs import is_storage_fault, storage_unavailable
 from castor.adapters.materia import command_records
 from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import CastStateStore, StateCorrupt
+from castor.adapters.materia.state_store import CastStateStore, StateCorrupt, discard_unsaved
 from castor.domain.materia.cast_messages import (
     AddManifestEntry,
     CancelWork,
@@ -106,7 +124,7 @@ from castor.domain.materia.cast_messages import (
 from castor.domain.materia.engine import Transition, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
-from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound
+from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
 from castor.supervision import Actor, ChildSpec, Restart, handles
 
 MAX_LOST_IN_A_ROW = 3
@@ -142,6 +160,9 @@ class CastEnv:
     host_context: HostContextPort | None = None  # None: a standalone agent, no host context
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S
     usage_timeout_s: float = USAGE_TIMEOUT_S
+    # Why the last incarnation's start ended without a running cast (storage_unavailable): the
+    # starter (SessionActor) raises it once spawn has returned. None: started, or crashed.
+    start_error: CastorError | None = None
 
     @property
     def socket_supervisor(self) -> str:
@@ -171,6 +192,7 @@ class CastActor(Actor):
         self._lost_in_a_row = 0
         self._done = False
         self._fenced = False
+        self._storage_failed = False
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -183,6 +205,28 @@ class CastActor(Actor):
             # supervisor's intensity and take the session's other casts down with it.
             self.log.error("cast cannot start: {exc}", exc=exc)
             self._stop()
+        except StorageUnavailable as exc:  # from _commit (which told the harness), or reading the state
+            self.log.error("cast cannot start: {exc}", exc=exc.message)
+            self.env.start_error = exc
+            self._stop()
+            self._discard_unsaved_start()
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            self.env.start_error = self._storage_fault(exc, where="start")
+            self._discard_unsaved_start()
+
+    def _discard_unsaved_start(self) -> None:
+        """A new cast whose first state never reached the disk was never a cast: free its lease and
+        remove its run directory, so nothing is left to list as unreadable."""
+        env = self.env
+        if env.start_event is None or self.incarnation != 1:
+            return
+        if env.lease is not None:
+            env.lease.release()
+        if discard_unsaved(env.artifact_root, env.cast_id):  # kept if a state was saved after all
+            self.log.info("removed the run directory of cast {cast}: its first state could not be saved",
+                          cast=env.cast_id)
 
     def _start(self) -> None:
         env = self.env
@@ -335,11 +379,12 @@ class CastActor(Actor):
         self._commit(step(self.state, event))  # CastRejected propagates to the asker; state unchanged
 
     def _commit(self, transition: Transition) -> None:
-        if self._fenced:
+        if self._fenced or self._storage_failed:
             return
         files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
         try:
-            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence)
+            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence,
+                                    index=transition.state)
         except Conflict as exc:
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
@@ -347,17 +392,63 @@ class CastActor(Actor):
             self._fenced = True
             self._stop()
             return
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            raise self._storage_fault(exc, where="save") from None
         had_user_turn = self._user_turn is not None
         self.state = transition.state
         if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
             self._note_withdrawals(transition)
-        self._perform_files(files)
+        try:
+            self._perform_files(files)
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            raise self._storage_fault(exc, where="files") from None
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
                 self._perform(effect)
         self._mirror_to_session()
         if self._done:
             self._stop()
+
+    def _storage_fault(self, exc: OSError, *, where: str) -> StorageUnavailable:
+        """End this incarnation on a storage fault with a defined, recastable state (see the module
+        doc's table); the typed error for the asker (and the starter)."""
+        env = self.env
+        base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None)
+        error = storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
+        self.log.error("storage unavailable ({where}): {message}", where=where, message=error.message)
+        self._storage_failed = True
+        if self.state is None:  # a new cast's first save: the starter reports it, nothing is kept
+            self._stop()
+            return error
+        pending = self.state.pending
+        if pending is not None:
+            self._cancel(pending.visit_id)  # its outcome could not be saved either
+        if where == "save" and self.state.active and pending is not None:
+            # Nothing of the dropped transition ran. Fail the cast for the record, if that still fits.
+            try:
+                failed = step(self.state, DispatchFailed(visit_id=pending.visit_id, at=env.clock(),
+                                                         error=error.message))
+                files = [e for e in failed.effects if type(e) in FILE_EFFECTS]
+                self.store.save_encoded(env.cast_id, self._encode(failed.state, files), incarnation=self.fence,
+                                        index=failed.state)
+                self.state = failed.state
+                self._perform_files(files)
+            except (OSError, CastorError) as again:
+                self.log.warning("the failed state could not be written either: {exc}", exc=again)
+        try:
+            self.artifacts.append_event("storage_unavailable", {"errno": error.data.get("errno"),
+                                                                 "path": error.data.get("path")})
+        except Exception as again:  # noqa: BLE001 - the log is on the same storage: best effort
+            self.log.debug("storage_unavailable event not written: {exc}", exc=again)
+        self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. Free space (or fix the "
+                     f"storage), then /materia recast {env.cast_id}.", "error")
+        self._set_status(None)
+        self._stop()
+        return error
 
     def _note_withdrawals(self, transition: Transition) -> None:
         """Remember a withdrawn user turn (its late end must be ignored, not lost) and drop its bound."""

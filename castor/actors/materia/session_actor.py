@@ -8,7 +8,7 @@ cast is read from the state store under the session's artifact root.
 |---|---|---|
 | ``start`` | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
 | ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
-| ``list`` | — | every cast under the artifact root, newest first (views.py table) |
+| ``list`` | limit?, cursor? | one page (default 50) of the casts under the artifact root, newest first (views.py table), from the cast index; ``next_cursor`` for the next page |
 | ``abort`` | cast_id? | the cast, else the newest live cast; a live turn is stopped through the harness (``agent.abort_turn``) and the answer never waits for the model; a cast already aborted (a second abort; id-less: the newest cast when none is live) answers ``already: true``, level info |
 | ``continue`` | cast_id? | the cast, else the newest live cast, else the newest interrupted or orphaned one: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
 | ``recast`` | cast_id? | id-less: a live interrupted cast (re-runs its turn), else newest resumable (failed, aborted or orphaned); ``conflict`` if it is live (and not interrupted) or the session is at its limit |
@@ -46,8 +46,9 @@ from castor.actors.materia.messages import (
     WithdrawUserTurn,
 )
 from castor.actors.materia.views import (
-    cast_rows,
+    cast_page,
     casts_text,
+    find_cast,
     load_state,
     loadout_line,
     persisted_view,
@@ -55,11 +56,12 @@ from castor.actors.materia.views import (
     status_text,
 )
 from castor.actors.ports.agent import harness_turn_settings
-from castor.adapters.fs import atomic_write_json
+from castor.adapters.fs import atomic_write_json, storage_unavailable
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.fs import confine
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
+from castor.adapters.materia.state_store import DEFAULT_PAGE, discard_unsaved
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     CastStarted,
@@ -73,7 +75,7 @@ from castor.domain.materia.engine import CastRejected
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import command
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
 from castor.supervision import Actor, handles
 
 ASK_TIMEOUT_S = 10.0
@@ -200,8 +202,8 @@ class SessionActor(Actor):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InvalidParams(f"invalid input for materia {call.verb}: {first}", data={"verb": call.verb}) from None
         except OSError as exc:  # the project's files, not castor: a typed answer, not a crash
-            raise CastorError(f"materia {call.verb} failed on the file system: {exc}",
-                              data={"verb": call.verb, "errno": exc.errno}) from None
+            error = storage_unavailable(exc, base=self.cwd, action=f"run materia {call.verb}")
+            raise StorageUnavailable(error.message, data={**error.data, "verb": call.verb}) from None
 
     # ------------------------------------------------------------------ casts
     def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None,
@@ -220,19 +222,24 @@ class SessionActor(Actor):
         self._check_trust(resolved)
         root = self._root_for(resolved.artifact_dir)
         cast_id = allocate_cast_id(root, root_resolved=True)
-        lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
-        if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
-            raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
-        if cli_note is not None:
-            try:
-                atomic_write_json(root / cast_id / "cli.json", cli_note)
-            except BaseException:
-                lease.release()
-                raise
-        start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
-                            run_dir=f"{root}/{cast_id}", artifact_root=str(root), surface=self.surface, at=time.time())
-        env = self._env(cast_id, root, lease=lease, start=start)
-        handle = self._spawn(env, lease)
+        try:
+            lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+            if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
+                raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
+            if cli_note is not None:
+                try:
+                    atomic_write_json(root / cast_id / "cli.json", cli_note)
+                except BaseException:
+                    lease.release()
+                    raise
+            start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
+                                run_dir=f"{root}/{cast_id}", artifact_root=str(root), surface=self.surface,
+                                at=time.time())
+            env = self._env(cast_id, root, lease=lease, start=start)
+            handle = self._spawn(env, lease)
+        except BaseException:
+            discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
+            raise
         view = env.started_view or self._ask_status(handle, root, cast_id)
         text = f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name})."
         warnings = [w.model_dump() for w in resolved.warnings]  # also config_warning events of the cast
@@ -252,10 +259,13 @@ class SessionActor(Actor):
 
     def _spawn(self, env: CastEnv, lease: CastLease) -> Any:
         try:
-            return self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
+            handle = self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
         except BaseException:
             lease.release()
             raise
+        if env.start_error is not None:  # its start met a storage fault: stopped, told here
+            raise env.start_error
+        return handle
 
     def _ask_status(self, handle: Any, root: Path, cast_id: str) -> dict[str, Any]:
         try:
@@ -312,11 +322,10 @@ class SessionActor(Actor):
             if live:
                 cast_id = max(live)
             else:
-                root = self._artifact_root()
-                rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
-                if not rows:
+                found = find_cast(self._artifact_root(), set(), "readable")
+                if found is None:
                     raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
-                cast_id = rows[0]["cast_id"]
+                cast_id = found["cast_id"]
         validate_cast_id(cast_id)
         handle = live.get(cast_id)
         view = None
@@ -330,11 +339,13 @@ class SessionActor(Actor):
         view.pop("user_turn_visit_id", None)
         return {**view, "text": status_text(view, self.surface), "level": "info"}
 
-    def _verb_list(self) -> dict[str, Any]:
+    def _verb_list(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         root = self._artifact_root()
-        rows = cast_rows(root, set(self._live()))
-        return {"casts": rows, "artifact_root": str(root), "text": casts_text(rows, root, self.surface),
-                "level": "info"}
+        page = cast_page(root, set(self._live()), limit=limit or DEFAULT_PAGE, cursor=cursor)
+        rows = page["casts"]
+        more = page["total"] - len(rows) if page["next_cursor"] and cursor is None else 0
+        return {"casts": rows, "next_cursor": page["next_cursor"], "total": page["total"], "artifact_root": str(root),
+                "text": casts_text(rows, root, self.surface, more=more), "level": "info"}
 
     def _already_ended(self, view: dict[str, Any]) -> dict[str, Any]:
         """The answer to aborting a cast that is not active any more (a second abort, a race)."""
@@ -413,9 +424,10 @@ class SessionActor(Actor):
             for cast_id, _handle, view in self._statuses():  # an interrupted cast goes on where it is
                 if view.get("status") == "interrupted":
                     return cast_id
-        for row in cast_rows(root, live):
-            if row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live:
-                return row["cast_id"]
+        found = find_cast(root, live, "revivable" if revive else "candidate",
+                          lambda row: row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live)
+        if found is not None:
+            return found["cast_id"]
         if revive:
             raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use "
                            f"{self._cmd('recast')}.", data={"reason": "none_revivable"})

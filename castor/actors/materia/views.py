@@ -29,7 +29,7 @@ from typing import Any
 from castor.adapters.fs import read_json_lines
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import CastStateStore, list_casts
+from castor.adapters.materia.state_store import DEFAULT_PAGE, CastStateStore, list_page, newest
 from castor.domain.materia.state import CastState, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidParams, NotFound
@@ -156,6 +156,8 @@ def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any
         records = read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
     except (CastorError, OSError):
         return False
+    while records and isinstance(records[-1], dict) and records[-1].get("type") == "storage_unavailable":
+        records.pop()  # a note of a storage fault, appended after the outbox's events (cast_actor.py)
     if not records:
         return False
     tail = records[-1]
@@ -163,43 +165,66 @@ def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any
             and tail.get("data") == json.loads(json.dumps(last.get("data"))))
 
 
-def cast_rows(artifact_root: Path, live_ids: set[str]) -> list[dict[str, Any]]:
-    """Every cast under ``artifact_root``, newest first, with status/resumable (see table)."""
-    listing = list_casts(artifact_root)
-    rows: list[dict[str, Any]] = []
-    for summary in listing.casts:
-        row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
-               "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
-               "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids, "revivable": False}
-        if summary.status == "active":
-            try:  # an interrupted cast says so, live or not (nothing of it was lost)
-                if load_state(artifact_root, summary.cast_id).interrupted:
-                    row["status"] = "interrupted"
-            except (CastorError, OSError):
-                pass
-        if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
-            try:
-                if not CastLease.is_held(artifact_root, summary.cast_id):
-                    row["resumable"] = True
-                    if row["status"] != "interrupted":
-                        row["status"] = "orphaned"
-            except (CastorError, OSError):
-                pass
-        if row["resumable"] and summary.status == "failed":
-            try:
-                row["revivable"] = revivable(load_state(artifact_root, summary.cast_id))
-            except CastorError:
-                pass
-        rows.append(row)
-    rows.sort(key=lambda r: r["cast_id"], reverse=True)  # ids are UTC timestamps: newest first
-    for problem in listing.problems:
-        rows.append({"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
-                     "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
-                     "live": problem.cast_id in live_ids})
-    return rows
+def _cast_row(summary: Any, artifact_root: Path, live_ids: set[str]) -> dict[str, Any]:
+    row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
+           "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
+           "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids,
+           "revivable": bool(summary.revivable and summary.resumable and summary.status == "failed")}
+    if summary.status == "active":
+        try:  # an interrupted cast says so, live or not (nothing of it was lost)
+            if load_state(artifact_root, summary.cast_id).interrupted:
+                row["status"] = "interrupted"
+        except (CastorError, OSError):
+            pass
+    if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
+        try:
+            if not CastLease.is_held(artifact_root, summary.cast_id):
+                row["resumable"] = True
+                if row["status"] != "interrupted":
+                    row["status"] = "orphaned"
+        except (CastorError, OSError):
+            pass
+    return row
 
 
-def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "harness") -> str:
+def _problem_row(problem: Any, live_ids: set[str]) -> dict[str, Any]:
+    return {"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
+            "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
+            "live": problem.cast_id in live_ids}
+
+
+def cast_page(artifact_root: Path, live_ids: set[str], *, limit: int | None = DEFAULT_PAGE,
+              cursor: str | None = None) -> dict[str, Any]:
+    """One page of casts under ``artifact_root`` (see table): ``{casts, next_cursor, total}``, casts
+    newest id first, then unreadable directories. From the cast index: ``O(limit)``."""
+    page = list_page(artifact_root, limit=limit, cursor=cursor)
+    rows = [_cast_row(summary, artifact_root, live_ids) for summary in page.casts]
+    rows += [_problem_row(problem, live_ids) for problem in page.problems]
+    return {"casts": rows, "next_cursor": page.next_cursor, "total": page.total}
+
+
+def cast_rows(artifact_root: Path, live_ids: set[str], *, limit: int | None = None,
+              cursor: str | None = None) -> list[dict[str, Any]]:
+    """Every cast under ``artifact_root`` (or one page: ``limit``/``cursor``), newest first, with
+    status/resumable (see table)."""
+    return cast_page(artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+
+
+def find_cast(artifact_root: Path, live_ids: set[str], where: str,
+              accept: Any = lambda row: True) -> dict[str, Any] | None:
+    """The newest cast row that ``accept``s, among those the index says may match ``where``
+    (``readable``, ``candidate``: resumable or active, ``revivable``); None if there is none.
+    Reads the index newest first and stops at the first match (no state.json read per cast)."""
+    for summary in newest(artifact_root, where):
+        row = _cast_row(summary, artifact_root, live_ids)
+        if accept(row):
+            return row
+    return None
+
+
+def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "harness", *, more: int = 0) -> str:
+    """``more``: how many further casts the listing holds beyond these rows (paged); commands are
+    named for ``surface`` (the CLI's or the harness's)."""
     if not rows:
         return f"No pi-materia casts under {artifact_root}."
     lines = [f"casts under {artifact_root}:"]
@@ -210,6 +235,8 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
         if row.get("resumable"):
             verb = "revive" if row.get("revivable") else "recast"
             lines.append(f"    ↻ RECAST TARGET — {verb}: {command(surface, verb, row['cast_id'])}")
+    if more > 0:
+        lines.append(f"  … {more} more (next page: its cursor)")
     return "\n".join(lines)
 
 

@@ -59,6 +59,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from datetime import datetime
 from pathlib import Path
 from collections.abc import Iterable
@@ -80,6 +81,7 @@ from castor.adapters.fs import (
     read_json_lines,
     split_text,
 )
+from castor.adapters.materia import cast_index
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
 
@@ -190,13 +192,20 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now)
+    cast_index.open_index(confined.text)  # made before the root's "before" signature is taken
     for n in range(10_000):
         candidate = base if n == 0 else f"{base}-{n}"
+        before = cast_index.root_signature(confined.text)
         try:
             os.mkdir(confined.join_text(candidate))
         except FileExistsError:
             continue
         fsync_dir(root)
+        after = cast_index.root_signature(confined.text)
+        # Its row (active: unverified until its first save) and the root's signature moved along,
+        # so the next listing needs no rescan of the root (see cast_index.py).
+        cast_index.best_effort(confined.text, lambda index: index.moved(
+            before, after, insert=cast_index.IndexRow(cast_id=candidate, status="active")))
         return candidate
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
 
@@ -238,7 +247,10 @@ class CommandArtifacts(BaseModel):
 
 # --------------------------------------------------------------------------- per-directory locks
 
-_LOCKS: dict[str, threading.RLock] = {}
+# Held weakly: a directory's lock lives as long as a CastArtifacts object of it does, so a
+# long-lived process keeps none per finished cast (every writer of a directory shares one lock
+# while any of them exists; with none left, nothing is writing).
+_LOCKS: weakref.WeakValueDictionary[str, threading.RLock] = weakref.WeakValueDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 

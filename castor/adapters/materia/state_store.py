@@ -20,8 +20,12 @@ Guarantees
   optional ``expected_revision`` gives compare-and-swap on top.
 - Claims and saves of one cast are serialised across threads (a lock) and
   across processes (``flock`` on ``state.lock``).
-- ``list_casts`` never raises for a bad cast directory: unreadable, corrupt
+- ``list_casts`` / ``list_page`` never raise for a bad cast directory: unreadable, corrupt
   or missing state files are returned in ``problems`` with the reason.
+- Listing reads the cast index (``cast_index.py``): a page costs ``O(page)`` whatever the
+  number of casts, and every row returned was checked against its ``state.json`` (the truth).
+  ``save_encoded(..., index=state)`` keeps the index current: the row is rewritten when the
+  cast's summary changes (status, resumability, failure reason), a few times per cast.
 
 Failure behaviour
 -----------------
@@ -40,21 +44,29 @@ import json
 import os
 import re
 import stat
+import shutil
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import ConfinedRoot, atomic_write_bytes, compact_json, stat_signature
+from castor.adapters.fs import (ConfinedRoot, atomic_write_bytes, compact_json, is_storage_fault, stat_signature,
+                               storage_unavailable)
+from castor.adapters.materia import cast_index
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
+from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
-from castor.messages.errors import CastorError, Conflict, ErrorCode, NotFound
+from castor.messages.errors import CastorError, Conflict, ErrorCode, InvalidParams, NotFound
 
 __all__ = [
     "CastListing",
+    "CastPage",
+    "DEFAULT_PAGE",
     "CastStateStore",
     "CastStatus",
     "CastSummary",
@@ -62,7 +74,10 @@ __all__ = [
     "StoredState",
     "UnreadableCast",
     "cast_status",
+    "discard_unsaved",
     "list_casts",
+    "list_page",
+    "newest",
 ]
 
 STATE_FILE = "state.json"
@@ -102,6 +117,7 @@ class CastSummary(BaseModel):
     resumable: bool
     request: str | None = None
     failed_reason: str | None = None
+    revivable: bool = False
 
 
 class UnreadableCast(BaseModel):
@@ -119,6 +135,21 @@ class CastListing(BaseModel):
 
     casts: list[CastSummary]
     problems: list[UnreadableCast]
+
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 1000
+
+
+class CastPage(BaseModel):
+    """One page of a listing: casts newest id first, then the unreadable directories."""
+
+    model_config = ConfigDict(frozen=True)
+
+    casts: list[CastSummary]
+    problems: list[UnreadableCast]
+    next_cursor: str | None = None  # pass it back as ``cursor`` for the next page; None: the last page
+    total: int = 0  # casts + unreadable directories in the whole listing
 
 
 def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
@@ -184,13 +215,20 @@ def _flocked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
+# One lock per state file, shared by every store of this process that writes it. Held weakly:
+# a lock lives as long as a store holds it (a CastActor's store, for as long as the actor runs),
+# so a long-lived process keeps none per finished cast.
+_THREAD_LOCKS: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 def _thread_lock(path: Path) -> threading.Lock:
+    key = str(path)
     with _THREAD_LOCKS_GUARD:
-        return _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+        lock = _THREAD_LOCKS.get(key)
+        if lock is None:
+            lock = _THREAD_LOCKS[key] = threading.Lock()
+        return lock
 
 
 _HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\s*"revision":\s*(\d+),'
@@ -228,6 +266,8 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
+        if is_storage_fault(exc):
+            raise  # the storage, not the document: the caller types it (storage_unavailable)
         raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
     return int(match.group(2)), int(match.group(3))
 
@@ -261,6 +301,7 @@ class CastStateStore:
         # cast id -> (file signature, revision, incarnation) of the document this store last
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
+        self._indexed: dict[str, tuple[Any, ...]] = {}  # cast id -> the summary key this store last indexed
 
     @functools.cached_property
     def artifact_root(self) -> Path:
@@ -303,6 +344,8 @@ class CastStateStore:
         except FileNotFoundError:
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
         except (OSError, UnicodeDecodeError) as exc:
+            if is_storage_fault(exc):
+                raise storage_unavailable(exc, path=path, action="read") from None
             raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
         return _parse_document(path, raw)
 
@@ -383,6 +426,7 @@ class CastStateStore:
         *,
         incarnation: int,
         expected_revision: int | None = None,
+        index: Any = None,
     ) -> tuple[int, int, str]:
         """:meth:`save` for a state already serialised as a JSON object; returns
         ``(revision, incarnation, saved_at)`` of the written document.
@@ -390,6 +434,9 @@ class CastStateStore:
         The fence is checked against the stored document's *header* (it is written first, so
         a bounded read finds it; anything unexpected falls back to a full parse), so the cost
         of a save does not grow with the state.
+
+        ``index``: the state just serialised (a ``CastState``); its listing row is written to the
+        cast index, after the save, when its summary differs from what this store last indexed.
         """
         with self._save_lock(cast_id) as (path, current):
             stored_incarnation = current[1] if current else 0
@@ -407,8 +454,23 @@ class CastStateStore:
             new_incarnation = max(incarnation, stored_incarnation)
             saved_at = iso_now_ms()
             atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
-            self._written[cast_id] = (stat_signature(os.lstat(path)), revision + 1, new_incarnation)
-            return revision + 1, new_incarnation, saved_at
+            st = os.lstat(path)
+            self._written[cast_id] = (stat_signature(st), revision + 1, new_incarnation)
+        if index is not None:
+            self._index(cast_id, index, st)
+        return revision + 1, new_incarnation, saved_at
+
+    def _index(self, cast_id: str, state: Any, st: os.stat_result) -> None:
+        # The key first (a few attribute reads): most transitions change none of it.
+        status, resumable = _status_of_state(state)
+        exhaustion = state.recovery_exhaustion
+        revivable = bool(resumable and exhaustion is not None and state.failed_reason is not None
+                         and exhaustion.failed_reason == state.failed_reason)
+        if self._indexed.get(cast_id) == (status, resumable, revivable, state.failed_reason):
+            return
+        row = _row_from_fields(cast_id, _fields_of(state), signature_text(st), saved_at=None)
+        if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
+            self._indexed[cast_id] = row.key
 
     @contextmanager
     def _save_lock(self, cast_id: str) -> Iterator[tuple[Path, tuple[int, int] | None]]:
@@ -450,20 +512,326 @@ class CastStateStore:
 
 
 def _summary(stored: StoredState) -> CastSummary:
-    state = stored.state
+    return _to_summary(_row_from_fields(stored.cast_id, stored.state, "", saved_at=stored.saved_at))
+
+
+def _status_of_state(state: Any) -> tuple[CastStatus, bool]:
+    """:func:`cast_status` of a ``CastState`` object, without building its document."""
+    socket_state = state.socket_state
+    complete = state.phase == "complete" or socket_state == "complete"
+    failed = state.phase == "failed" or socket_state == "failed"
+    resumable = not state.active and not complete and failed
+    if state.active:
+        return ("awaiting_refinement" if socket_state == "awaiting_user_refinement" else "active"), False
+    if complete:
+        return "complete", False
+    if failed and (state.failed_reason == "aborted by user" or state.aborted is True):
+        return "aborted", resumable
+    if failed:
+        return "failed", resumable
+    return "idle", resumable
+
+
+def _fields_of(state: Any) -> dict[str, Any]:
+    """The fields of a ``CastState`` a listing row is made of, as the state document holds them."""
+    exhaustion = state.recovery_exhaustion
+    return {"active": state.active, "phase": state.phase, "socket_state": state.socket_state,
+            "failed_reason": state.failed_reason, "aborted": state.aborted,
+            "current_socket_id": state.current_socket_id, "updated_at": state.updated_at, "request": state.request,
+            "recovery_exhaustion": None if exhaustion is None else {"failed_reason": exhaustion.failed_reason}}
+
+
+def _row_from_fields(cast_id: str, state: dict[str, Any], sig: str, *, saved_at: str | None) -> IndexRow:
     status, resumable = cast_status(state)
     current = _field(state, "currentSocketId", "current_socket_id")
     request = state.get("request")
     reason = _field(state, "failedReason", "failed_reason")
-    return CastSummary(
-        cast_id=stored.cast_id,
-        status=status,
-        current_socket=current if isinstance(current, str) else None,
-        updated_at=_iso_field(state) or stored.saved_at,
-        resumable=resumable,
-        request=request if isinstance(request, str) else None,
-        failed_reason=reason if isinstance(reason, str) else None,
-    )
+    exhaustion = _field(state, "recoveryExhaustion", "recovery_exhaustion")
+    revivable = bool(resumable and isinstance(exhaustion, dict) and reason is not None
+                     and _field(exhaustion, "failedReason", "failed_reason") == reason)
+    return IndexRow(cast_id=cast_id, status=status, resumable=resumable, revivable=revivable,
+                    current_socket=current if isinstance(current, str) else None,
+                    updated_at=_iso_field(state) or saved_at or iso_now_ms(),
+                    request=request if isinstance(request, str) else None,
+                    failed_reason=reason if isinstance(reason, str) else None, sig=sig)
+
+
+def _to_summary(row: IndexRow) -> CastSummary:
+    return CastSummary(cast_id=row.cast_id, status=row.status, current_socket=row.current_socket,  # type: ignore[arg-type]
+                       updated_at=row.updated_at or "", resumable=row.resumable, request=row.request,
+                       failed_reason=row.failed_reason, revivable=row.revivable)
+
+
+def _unreadable(cast_id: str, reason: str, sig: str) -> IndexRow:
+    return IndexRow(cast_id=cast_id, status="unreadable", failed_reason=reason, sig=sig)
+
+
+def _state_sig(root: str, cast_id: str) -> str | None:
+    """The stat signature of a cast's ``state.json``: "" if there is none, None if its directory is gone."""
+    try:
+        return signature_text(os.lstat(f"{root}/{cast_id}/{STATE_FILE}"))
+    except FileNotFoundError:
+        return "" if os.path.isdir(f"{root}/{cast_id}") else None
+    except OSError:
+        return "?"
+
+
+def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
+    """A cast's row read from its ``state.json`` (the truth)."""
+    try:
+        stored = store.load(cast_id)
+    except NotFound:
+        return _unreadable(cast_id, "no state.json", sig)
+    except CastorError as exc:
+        return _unreadable(cast_id, exc.message, sig)
+    if stored.revision == 0:
+        return _unreadable(cast_id, "claimed, no state saved yet", sig)
+    return _row_from_fields(cast_id, stored.state, sig, saved_at=stored.saved_at)
+
+
+def _listed_row(root: str, cast_id: str) -> IndexRow:
+    """:func:`_read_row` for a cast directory just listed from the root as a real directory (not a
+    link): ``state.json`` is opened with ``O_NOFOLLOW`` (no containment walk needed below a checked
+    directory), its signature taken from the open file, the document parsed without building a
+    model: the rebuild's path, ``O(casts)`` once, so every microsecond counts."""
+    path = f"{root}/{cast_id}/{STATE_FILE}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return _unreadable(cast_id, "no state.json", "")
+    except OSError as exc:
+        return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
+    try:
+        st = os.fstat(fd)
+        sig = signature_text(st)
+        if not stat.S_ISREG(st.st_mode):
+            return _unreadable(cast_id, f"{path} is not a regular file", sig)
+        with open(fd, "rb", closefd=False) as handle:
+            raw = handle.read()
+    except OSError as exc:
+        return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return _unreadable(cast_id, f"{path} is not valid JSON", sig)
+    if not isinstance(doc, dict) or not isinstance(doc.get("state"), dict):
+        return _unreadable(cast_id, f"{path} is not a state document", sig)
+    revision, saved_at = doc.get("revision"), doc.get("savedAt")
+    if not isinstance(revision, int) or not isinstance(saved_at, str) or "castId" not in doc \
+            or "incarnation" not in doc:
+        return _unreadable(cast_id, f"{path} misses state fields", sig)
+    if revision == 0:
+        return _unreadable(cast_id, "claimed, no state saved yet", sig)
+    return _row_from_fields(cast_id, doc["state"], sig, saved_at=saved_at)
+
+
+def _cast_dir_names(root: str) -> list[str] | None:
+    """The names under ``root`` that are cast directories (not hidden, not symlinks, valid ids)."""
+    try:
+        entries = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    names = []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            validate_cast_id(entry.name)
+        except CastorError:
+            continue
+        names.append(entry.name)
+    return names
+
+
+def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
+    """Bring the index in line with the root's directories if someone else changed them."""
+    root = store._root.text
+    before = root_signature(root)
+    if not index.fresh and before is not None and index.root_signature_stored() == before:
+        return
+    names = _cast_dir_names(root) or []
+    known = index.ids()
+    on_disk = set(names)
+    missing = [n for n in names if n not in known]
+    if missing:
+        logger.info("cast index of {root}: adding {n} cast(s) it did not know", root=root, n=len(missing))
+    for start in range(0, len(missing), 1000):
+        batch = missing[start:start + 1000]
+        index.upsert([_listed_row(root, n) for n in batch])
+    gone = known - on_disk
+    if gone:
+        index.delete(gone)
+    index.set_root_signature(before)
+    index.fresh = False
+
+
+def _verify(index: cast_index.CastIndex | None, store: CastStateStore, rows: list[IndexRow]) -> list[IndexRow]:
+    """Each row as its ``state.json`` has it now: cheap (one ``lstat``) for a finished cast whose
+    file is the one the row was made from; re-read otherwise. Rows of vanished directories drop out."""
+    root = store._root.text
+    out: list[IndexRow] = []
+    fixed: list[IndexRow] = []
+    gone: list[str] = []
+    for row in rows:
+        sig = _state_sig(root, row.cast_id)
+        if sig is None:
+            gone.append(row.cast_id)
+            continue
+        if sig == row.sig and sig != "?" and row.status not in ACTIVE:
+            out.append(row)
+            continue
+        fresh = _read_row(store, row.cast_id, sig)
+        if fresh.key != row.key or (fresh.status not in ACTIVE and fresh.sig != row.sig):
+            fixed.append(fresh)  # an active row is re-read every time: its changing signature is not kept
+        out.append(fresh)
+    if index is not None and (fixed or gone):
+        try:
+            if fixed:
+                index.upsert(fixed)
+            if gone:
+                index.delete(gone)
+        except cast_index.IndexUnavailable as exc:
+            logger.debug("cast index of {root} not corrected: {exc}", root=root, exc=exc)
+    return out
+
+
+def _parse_cursor(cursor: str | None) -> tuple[int, str] | None:
+    if cursor is None:
+        return None
+    flag, sep, cast_id = str(cursor).partition(":")
+    if not sep or flag not in ("0", "1"):
+        raise InvalidParams(f"invalid cursor {str(cursor)[:80]!r}", data={"reason": "invalid_cursor"})
+    try:
+        validate_cast_id(cast_id)
+    except CastorError:
+        raise InvalidParams(f"invalid cursor {str(cursor)[:80]!r}", data={"reason": "invalid_cursor"}) from None
+    return int(flag), cast_id
+
+
+def _cursor_of(row: IndexRow) -> str:
+    return f"{1 if row.unreadable else 0}:{row.cast_id}"
+
+
+_WHERE = {None: "", "readable": "unreadable = 0", "candidate": "candidate = 1", "revivable": "revivable = 1"}
+
+
+def _after(row: IndexRow, after: tuple[int, str] | None) -> bool:
+    """Whether ``row`` comes after the cursor position ``after`` in listing order."""
+    if after is None:
+        return True
+    flag = 1 if row.unreadable else 0
+    return flag > after[0] or (flag == after[0] and row.cast_id < after[1])
+
+
+def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = None, batch: int = DEFAULT_PAGE,
+                  after: tuple[int, str] | None = None) -> Iterator[tuple[IndexRow, str]]:
+    """Every row (verified) after the cursor position ``after``, newest id first, readable before
+    unreadable, with its cursor; from the index, or from a scan of every ``state.json`` when the
+    index cannot be used."""
+    store = CastStateStore(artifact_root)
+    root = store._root.text
+    if not os.path.isdir(root):
+        return
+    index = cast_index.open_index(root)
+    if index is not None:
+        try:
+            _reconcile(index, store)
+            while True:
+                rows = index.page(after, batch, where=_WHERE[where])
+                if not rows:
+                    return
+                fetched_to = (1 if rows[-1].unreadable else 0, rows[-1].cast_id)
+                for row in _verify(index, store, rows):
+                    if _matches(row, where):
+                        yield row, _cursor_of(row)
+                after = fetched_to  # and where a fallback below resumes
+                batch = min(batch * 2, MAX_PAGE)
+        except cast_index.IndexUnavailable as exc:
+            logger.warning("cast index of {root} unusable ({exc}); listing from every state.json", root=root, exc=exc)
+            cast_index.forget(root)
+            if isinstance(exc, cast_index._Corrupt):
+                cast_index.remove_database(root)
+    rows = [_listed_row(root, n) for n in _cast_dir_names(root) or []]
+    rows.sort(key=lambda r: r.cast_id, reverse=True)
+    rows.sort(key=lambda r: r.unreadable)
+    for row in rows:
+        if _after(row, after) and _matches(row, where):
+            yield row, _cursor_of(row)
+
+
+def _matches(row: IndexRow, where: str | None) -> bool:
+    if where == "readable":
+        return not row.unreadable
+    if where == "candidate":
+        return row.resumable or row.status in ACTIVE
+    if where == "revivable":
+        return row.revivable
+    return True
+
+
+def list_page(artifact_root: str | os.PathLike[str], *, limit: int | None = DEFAULT_PAGE,
+              cursor: str | None = None) -> CastPage:
+    """One page of the casts under ``artifact_root``: casts newest id first, then unreadable
+    directories; ``limit`` None lists everything. ``cursor``: a previous page's ``next_cursor``.
+    Costs ``O(limit)`` with a current index (see ``cast_index.py``)."""
+    if limit is not None and (limit < 1 or limit > MAX_PAGE):
+        raise InvalidParams(f"limit must be 1..{MAX_PAGE}", data={"reason": "invalid_limit"})
+    after = _parse_cursor(cursor)
+    casts: list[CastSummary] = []
+    problems: list[UnreadableCast] = []
+    next_cursor = None
+    taken = 0
+    store = CastStateStore(artifact_root)
+    root = store._root.text
+    rows = _indexed_rows(artifact_root, batch=min(limit or MAX_PAGE, MAX_PAGE) + 1, after=after)
+    last_cursor = None
+    for row, row_cursor in rows:
+        if limit is not None and taken == limit:
+            next_cursor = last_cursor
+            break
+        taken += 1
+        last_cursor = row_cursor
+        if row.unreadable:
+            problems.append(UnreadableCast(cast_id=row.cast_id, path=f"{root}/{row.cast_id}/{STATE_FILE}",
+                                           reason=row.failed_reason or "unreadable"))
+        else:
+            casts.append(_to_summary(row))
+    rows.close()
+    return CastPage(casts=casts, problems=problems, next_cursor=next_cursor, total=_total(root))
+
+
+def _total(root: str) -> int:
+    index = cast_index.open_index(root, create=False) if os.path.isdir(root) else None
+    if index is None:
+        names = _cast_dir_names(root) if os.path.isdir(root) else None
+        return len(names or [])
+    try:
+        return index.count()
+    except cast_index.IndexUnavailable:
+        return 0
+
+
+def newest(artifact_root: str | os.PathLike[str], where: str) -> Iterator[CastSummary]:
+    """Casts newest id first that may match ``where`` (``readable``, ``candidate``: resumable or
+    active, ``revivable``), each verified against its ``state.json``; stop iterating when found."""
+    for row, _cursor in _indexed_rows(artifact_root, where=where):
+        yield _to_summary(row)
+
+
+def discard_unsaved(artifact_root: str | os.PathLike[str], cast_id: str) -> bool:
+    """Remove the run directory of a cast whose first state was never saved (a failed start), and
+    its index row; True if it was removed. A directory holding a ``state.json`` is kept."""
+    root = os.fspath(artifact_root)
+    run_dir = f"{root}/{validate_cast_id(cast_id)}"
+    if os.path.lexists(f"{run_dir}/{STATE_FILE}") or not os.path.isdir(run_dir):
+        return False
+    before = root_signature(root)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    after = root_signature(root)
+    cast_index.best_effort(root, lambda index: index.moved(before, after, delete=cast_id), create=False)
+    return not os.path.lexists(run_dir)
 
 
 def list_casts(artifact_root: str | os.PathLike[str]) -> CastListing:
@@ -473,30 +841,7 @@ def list_casts(artifact_root: str | os.PathLike[str]) -> CastListing:
     state is missing, unreadable or corrupt are reported in ``problems``.
     A missing root lists nothing.
     """
-    store = CastStateStore(artifact_root)
-    casts: list[CastSummary] = []
-    problems: list[UnreadableCast] = []
-    try:
-        entries = sorted(os.scandir(store.artifact_root), key=lambda e: e.name)
-    except FileNotFoundError:
-        return CastListing(casts=[], problems=[])
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            validate_cast_id(entry.name)
-        except CastorError:
-            continue
-        path = Path(entry.path) / STATE_FILE
-        try:
-            stored = store.load(entry.name)
-            if stored.revision == 0:
-                problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason="claimed, no state saved yet"))
-                continue
-            casts.append(_summary(stored))
-        except NotFound:
-            problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason="no state.json"))
-        except CastorError as exc:
-            problems.append(UnreadableCast(cast_id=entry.name, path=str(path), reason=exc.message))
-    casts.sort(key=lambda c: c.updated_at, reverse=True)
-    return CastListing(casts=casts, problems=problems)
+    page = list_page(artifact_root, limit=None)
+    casts = sorted(page.casts, key=lambda c: c.updated_at, reverse=True)
+    return CastListing(casts=casts, problems=page.problems)
+

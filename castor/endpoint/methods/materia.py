@@ -37,6 +37,11 @@ class SessionOnlyParams(_SessionParams):
     pass
 
 
+class CastListParams(_SessionParams):
+    limit: int | None = Field(default=None, ge=1, le=1000)  # a page; default 50
+    cursor: str | None = Field(default=None, min_length=1, max_length=200)  # a page's next_cursor
+
+
 class LoadoutSetParams(_SessionParams):
     name: str = Field(min_length=1, max_length=200)
 
@@ -57,7 +62,7 @@ _METHODS: dict[str, tuple[str, type[Params], tuple[str, ...]]] = {
     "cast.recast": ("recast", CastRefParams, ("cast_id",)),
     "cast.revive": ("revive", CastRefParams, ("cast_id",)),
     "cast.status": ("status", CastRefParams, ("cast_id",)),
-    "cast.list": ("list", SessionOnlyParams, ()),
+    "cast.list": ("list", CastListParams, ("limit", "cursor")),
     "loadout.list": ("loadouts", SessionOnlyParams, ()),
     "loadout.set": ("set_loadout", LoadoutSetParams, ("name",)),
     "grid.render": ("grid", GridParams, ("loadout",)),

@@ -1,0 +1,375 @@
+"""Storage faults are typed outcomes: a full (or failing, read-only, forbidden) disk under a cast's
+state or artifacts gives ``storage_unavailable`` to the caller, never a crash loop, never debris
+that lists as ``unreadable``, and a cast that meets one mid-run stays recastable.
+
+Two layers:
+- fault injection in-process (the file layer's one ``write`` raising ``OSError(errno)`` for files
+  under the project), once per errno;
+- a real 2 MiB tmpfs project (mounted by the test; root only, skipped otherwise) driven through a
+  real ``castor serve`` over its Unix socket, with a second session on a normal disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from castor.actors.materia.api import materia_call
+from castor.adapters import fs
+from castor.messages.errors import CastorError, StorageUnavailable
+from tests.materia_actors.helpers import make_runtime, open_session, wait_for, wait_status
+
+from . import conftest as security
+from .conftest import SocketServer, castor_argv
+
+
+_CLEAN_ENV = security.serve_env
+
+
+def serve_env(tmp: Path) -> dict[str, str]:
+    """The security tests' clean environment, keeping PYTHONPATH (so a worktree runs its own code)."""
+    env = _CLEAN_ENV(tmp)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+ERRNOS = ["ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES"]
+
+
+class DiskFault:
+    """Makes the file layer's ``write`` fail with ``errno`` for files under ``root`` while on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+        self.root = str(root.resolve())
+        self.errno: int | None = None
+        self.times: int | None = None  # None: every write; N: the next N writes only
+        self.hits = 0
+        real = fs._write_all
+
+        def write_all(fd: int, data: bytes) -> None:
+            if self.errno is not None and (self.times is None or self.times > 0):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    target = ""
+                if target.startswith(self.root):
+                    self.hits += 1
+                    if self.times is not None:
+                        self.times -= 1
+                    raise OSError(self.errno, os.strerror(self.errno))
+            real(fd, data)
+
+        monkeypatch.setattr(fs, "_write_all", write_all)
+
+    def on(self, name: str, times: int | None = None) -> None:
+        self.errno, self.times = getattr(errno, name), times
+
+    def off(self) -> None:
+        self.errno = None
+
+
+@pytest.fixture
+def crashes():
+    """Every "actor crashed" log record while the test runs."""
+    seen: list[str] = []
+    sink = logger.add(lambda m: seen.append(m.record["extra"].get("actor", "?")),
+                      filter=lambda r: "actor crashed" in r["message"], level="ERROR")
+    yield seen
+    logger.remove(sink)
+
+
+@pytest.fixture
+def runtime():
+    rt = make_runtime()
+    yield rt
+    rt.shutdown(10.0)
+
+
+def _cast_dirs(project: Path) -> list[Path]:
+    root = project / ".pi" / "pi-materia"
+    return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
+
+
+def _artifact_root(rt, sid: str) -> Path:
+    return Path(materia_call(rt, sid, "list", {})["artifact_root"])
+
+
+@pytest.mark.parametrize("name", ERRNOS)
+def test_a_start_on_failing_storage_is_storage_unavailable_and_leaves_nothing(
+        runtime, tmp_path, monkeypatch, crashes, name):
+    project = tmp_path / "project"
+    project.mkdir()
+    _agent, _ui = open_session(runtime, "s1", project, ["hi", "hi again"])
+    fault = DiskFault(monkeypatch, project)
+    fault.on(name)
+    with pytest.raises(StorageUnavailable) as refused:
+        materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    err = refused.value
+    assert err.code == "storage_unavailable" and err.data["errno"] == name, err.to_wire()
+    assert not err.data["path"].startswith("/") and err.data["path"].startswith(".pi/"), err.data
+    assert fault.hits >= 1
+    assert crashes == [], "a storage fault must not crash (and restart) the cast actor"
+    root = _artifact_root(runtime, "s1")
+    assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == []  # no debris
+    rows = materia_call(runtime, "s1", "list", {})["casts"]
+    assert [r for r in rows if r["status"] == "unreadable"] == []
+    fault.off()  # fixed: the same session starts and completes a cast
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    assert wait_status(runtime, "s1", started["cast_id"])["status"] == "complete"
+
+
+@pytest.mark.parametrize("name", ERRNOS)
+def test_a_cast_that_meets_a_storage_fault_mid_run_stops_tells_the_harness_and_recasts(
+        runtime, tmp_path, monkeypatch, crashes, name):
+    project = tmp_path / "project"
+    project.mkdir()
+    _agent, ui = open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
+    fault = DiskFault(monkeypatch, project)
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id = started["cast_id"]
+    fault.on(name)  # before the turn's answer: its transition cannot be saved
+    wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
+             what="the cast actor stopped")
+    assert crashes == []
+    view = materia_call(runtime, "s1", "status", {"cast_id": cast_id})
+    # Every write fails, so the failed state cannot be saved either: it stays as last saved
+    # (active, lease free) = orphaned, resumable.
+    assert view["status"] == "orphaned" and view["resumable"] is True, view
+    told = [m for level, m in ui.notifications if level == "error" and cast_id in m]
+    assert told and "storage unavailable" in told[0] and name in told[0], ui.notifications
+    fault.off()
+    materia_call(runtime, "s1", "recast", {"cast_id": cast_id})
+    done = wait_status(runtime, "s1", cast_id)
+    assert done["status"] == "complete", done
+    assert (Path(done["run_dir"]) / "sockets" / "Socket-1" / "1.md").read_text().strip() == "after recast"
+
+
+def test_a_one_off_fault_mid_run_fails_the_cast_with_its_reason_and_its_own_event(
+        runtime, tmp_path, monkeypatch, crashes):
+    project = tmp_path / "project"
+    project.mkdir()
+    _agent, ui = open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
+    fault = DiskFault(monkeypatch, project)
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
+    fault.on("ENOSPC", times=1)  # the answer's save fails; the space is back for the failed state
+    wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
+             what="the cast actor stopped")
+    assert crashes == []
+    view = materia_call(runtime, "s1", "status", {"cast_id": cast_id})
+    assert view["status"] == "failed" and view["resumable"] is True, view
+    assert "storage unavailable" in view["failed_reason"] and "ENOSPC" in view["failed_reason"]
+    assert view.get("artifacts_pending") is False
+    records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    types = [r["type"] for r in records]
+    assert "cast_end" in types and types[-1] == "storage_unavailable", types
+    assert records[-1]["data"]["errno"] == "ENOSPC"
+    assert any(level == "error" for level, _m in ui.notifications)
+    materia_call(runtime, "s1", "recast", {"cast_id": cast_id})
+    assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
+
+
+def test_a_state_that_cannot_be_read_is_storage_unavailable_not_internal(runtime, tmp_path, monkeypatch, crashes):
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, ["hi"])
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id = started["cast_id"]
+    assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
+    real = Path.read_text
+
+    def failing(self, *args, **kwargs):
+        if self.name == "state.json" and str(self).startswith(str(project.resolve())):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing)
+    for verb in ("status", "recast"):
+        with pytest.raises(StorageUnavailable) as refused:
+            materia_call(runtime, "s1", verb, {"cast_id": cast_id})
+        assert refused.value.data["errno"] == "EIO", refused.value.to_wire()
+    assert crashes == []
+
+
+def test_a_file_error_from_a_verb_is_typed_never_internal(runtime, tmp_path, monkeypatch):
+    """Any OSError under a verb is the project's storage, not castor: storage_unavailable."""
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, ["hi"])
+    from castor.actors.materia import session_actor
+
+    def refuse(*_a: Any, **_k: Any) -> str:
+        raise OSError(errno.ENOTDIR, "Not a directory", str(project / ".pi" / "pi-materia"))
+
+    monkeypatch.setattr(session_actor, "allocate_cast_id", refuse)
+    with pytest.raises(CastorError) as refused:
+        materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    assert refused.value.code == "storage_unavailable", refused.value.to_wire()
+    assert refused.value.data == {"errno": "ENOTDIR", "path": ".pi/pi-materia", "verb": "start"}
+
+
+# --------------------------------------------------------------------------- a real full disk
+
+
+class Harness:
+    """A harness client over the real socket: answers agent.run_turn (after ``hold`` is set, if any)."""
+
+    def __init__(self, server: SocketServer, sid: str, cwd: Path) -> None:
+        self.client = server.client()
+        self.sid = sid
+        self.notes: list[dict] = []
+        self.turns: list[dict] = []
+        self.hold: threading.Event | None = None
+        self.client.on_notification("agent.run_turn", self._run_turn)
+        self.client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+        self.client.on_notification("ui.notify", self.notes.append)
+        self.client.on_notification("ui.status", lambda _p: None)
+        self.client.on_notification("message.send", lambda _p: None)
+        self.client.call("session.open", {"session_id": sid, "cwd": str(cwd), "trusted": True}, timeout=20)
+        self.client.call("loadout.set", {"session_id": sid, "name": "hello"}, timeout=20)
+
+    def _run_turn(self, params: dict) -> None:
+        self.turns.append(params)
+
+        def answer() -> None:
+            if self.hold is not None:
+                self.hold.wait(30)
+            try:
+                self.client.call("agent.turn_ended", {"session_id": self.sid, "turn_id": params["turn_id"],
+                                                      "text": "answer", "stop_reason": "stop"}, timeout=20)
+            except CastorError:
+                pass
+
+        threading.Thread(target=answer, daemon=True).start()
+
+    def call(self, method: str, **params: Any) -> Any:
+        return self.client.call(method, {"session_id": self.sid, **params}, timeout=20)
+
+    def run_cast(self) -> dict:
+        cast_id = self.call("cast.start", request="x")["cast_id"]
+        return wait_for(lambda: (v := self.call("cast.status", cast_id=cast_id))["status"] in
+                        ("complete", "failed", "orphaned") and v, timeout=20, what="the cast to end")
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler.bin"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def _casts_json(project: Path, tmp: Path) -> list[dict]:
+    done = subprocess.run(castor_argv("casts", "--cwd", str(project), "--json"), env=serve_env(tmp),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_tmpfs_project_over_the_real_endpoint(tmp_path, tiny_disk, monkeypatch):
+    monkeypatch.setattr(security, "serve_env", serve_env)
+    project = tiny_disk / "project"
+    project.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    server = SocketServer(tmp_path)
+    try:
+        full = Harness(server, "full", project)
+        normal = Harness(server, "normal", other)
+        assert full.run_cast()["status"] == "complete"  # fits while there is room
+
+        # 1. a full disk: cast.start answers storage_unavailable, and leaves nothing behind
+        filler = _fill(tiny_disk)
+        for _ in range(3):
+            with pytest.raises(CastorError) as refused:
+                full.call("cast.start", request="x")
+            assert refused.value.code == "storage_unavailable", refused.value.to_wire()
+            assert refused.value.data["errno"] == "ENOSPC" and not refused.value.data["path"].startswith("/")
+            assert normal.run_cast()["status"] == "complete"  # the other session keeps working
+        rows = _casts_json(project, tmp_path)
+        assert [r for r in rows if r["status"] == "unreadable"] == [] and len(rows) == 1, rows
+        assert server.alive()
+
+        # 2. mid-run: the disk fills while a turn runs; the harness is told, the cast recastable
+        filler.unlink()
+        full.hold = threading.Event()
+        cast_id = full.call("cast.start", request="y")["cast_id"]
+        wait_for(lambda: full.turns and full.turns[-1].get("turn_id"), timeout=20, what="the turn")
+        filler = _fill(tiny_disk)
+        full.hold.set()
+        ended = wait_for(lambda: (v := full.call("cast.status", cast_id=cast_id))["status"] in ("failed", "orphaned")
+                         and not v["live"] and v, timeout=20, what="the cast stopped")
+        assert ended["resumable"] is True, ended
+        wait_for(lambda: any(cast_id in n.get("message", "") and n.get("level") == "error" for n in full.notes),
+                 timeout=10, what="ui.notify of the storage fault")
+        assert normal.run_cast()["status"] == "complete"
+        assert [r for r in _casts_json(project, tmp_path) if r["status"] == "unreadable"] == []
+
+        # 3. space freed: `castor recast` completes it
+        filler.unlink()
+        script = tmp_path / "script.json"
+        script.write_text(json.dumps(["recast answer"]))
+        done = subprocess.run(castor_argv("recast", cast_id, "--cwd", str(project), "--agent", f"script:{script}",
+                                          "--quiet"), env=serve_env(tmp_path), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        row = next(r for r in _casts_json(project, tmp_path) if r["cast_id"] == cast_id)
+        assert row["status"] == "complete", row
+        assert server.alive()
+        log = server.stderr_path.read_text(errors="replace")
+        assert "actor crashed" not in log, log[-3000:]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("raised", [CastorError("a castor bug"), RuntimeError("another castor bug")])
+def test_internal_always_carries_an_error_id_that_is_in_the_log(raised):
+    """``internal`` is castor's own bug: the caller gets an error_id, the log line has the same id."""
+    from castor.endpoint.dispatch import Context, Dispatcher
+
+    dispatcher = Dispatcher()
+
+    def broken(_params, _ctx):
+        raise raised
+
+    dispatcher.register("test.broken", broken)
+    logged: list[dict] = []
+    sink = logger.add(lambda m: logged.append(dict(m.record["extra"])), level="ERROR")
+    try:
+        with pytest.raises(CastorError) as answered:
+            dispatcher.dispatch("test.broken", {}, Context(connection=None, state={}, method="test.broken"))
+    finally:
+        logger.remove(sink)
+    wire = answered.value.to_wire()
+    assert wire["code"] == "internal" and len(wire["data"]["error_id"]) == 12, wire
+    assert any(extra.get("error_id") == wire["data"]["error_id"] for extra in logged), logged
