@@ -47,6 +47,7 @@ from castor.actors.materia.messages import (
 )
 from castor.actors.materia.views import (
     cast_page,
+    cast_rows,
     casts_text,
     find_cast,
     load_state,
