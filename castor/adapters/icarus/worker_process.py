@@ -50,13 +50,21 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
-from castor.domain.text import loads_strict, well_formed
+from castor.domain.text import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# ``loads_strict`` (castor.domain.text) with its decoder made once, not per reply.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
 _READ_CHUNK = 1 << 16
@@ -471,9 +479,13 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     """A reply dict, or None for a line that is not one. Lone surrogates (a backend's escaped
     text) become U+FFFD, so the reply can be audited, filtered and sent on as UTF-8."""
     try:
-        reply = well_formed(loads_strict(line))
+        reply = _DECODER.decode(line.decode("utf-8"))  # UnicodeDecodeError is a ValueError
     except (ValueError, RecursionError):
         return None
+    if b"\\u" in line:
+        # Only a \u escape can carry a lone surrogate (UTF-8 cannot encode one, and a byte
+        # that is not UTF-8 failed above), so a line without one needs no walk.
+        reply = well_formed(reply)
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
         return None
     return reply

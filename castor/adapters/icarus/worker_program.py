@@ -66,6 +66,7 @@ def _scrub_sys_path():
 _scrub_sys_path()
 
 import importlib  # noqa: E402  (must follow the sys.path scrub)
+import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -101,30 +102,98 @@ def _isolate_stdio():
 
 # --------------------------------------------------------------------------- package
 
+class OutsidePackage(ImportError):
+    """A module of the package whose real file is outside the configured directory: refused
+    before any of its code runs."""
+
+    def __init__(self, message, module):
+        ImportError.__init__(self, message)
+        self.module = module
+
+
 def _inside(path, root):
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
 
 
+_ROOT = []  # [root] or [ImportError]: the configured directory, resolved once
+
+
 def _package_dir():
-    raw = os.environ.get(PACKAGE_DIR_ENV, "")
-    if not raw or not os.path.isabs(raw):
-        raise ImportError("%s must name the configured icarus directory by absolute path" % PACKAGE_DIR_ENV)
-    return os.path.realpath(raw)
+    if not _ROOT:
+        raw = os.environ.get(PACKAGE_DIR_ENV, "")
+        if not raw or not os.path.isabs(raw):
+            _ROOT.append(ImportError("%s must name the configured icarus directory by absolute path"
+                                     % PACKAGE_DIR_ENV))
+        else:
+            _ROOT.append(os.path.realpath(raw))
+    if isinstance(_ROOT[0], BaseException):
+        raise _ROOT[0]
+    return _ROOT[0]
+
+
+def _check_spec(spec, root):
+    """Refuse a spec whose code (its file, its bytecode cache, its search path) resolves outside
+    ``root``. Runs before the module's code does."""
+    places = []
+    if spec.origin is not None and getattr(spec, "has_location", False):
+        places.append(spec.origin)
+        cached = getattr(spec, "cached", None)
+        if cached and getattr(sys, "pycache_prefix", None) is None:
+            places.append(cached)  # a __pycache__ that is a symlink out would feed outside bytecode
+    elif spec.submodule_search_locations is None:
+        places.append(spec.origin or "")  # a builtin/frozen "icarus.x" is not the package's
+    places.extend(spec.submodule_search_locations or ())
+    for place in places:
+        if not place or not _inside(place, root):
+            raise OutsidePackage("%s resolves outside the configured icarus directory; refused before import"
+                                 % spec.name, spec.name)
+    return spec
+
+
+class _PackageFinder(object):
+    """First on ``sys.meta_path``: every module of the package is found under the configured
+    directory only, and its real location is checked before its code runs."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != PACKAGE and not fullname.startswith(PACKAGE + "."):
+            return None
+        root = _package_dir()
+        if fullname == PACKAGE:
+            init = os.path.join(root, "__init__.py")
+            if not os.path.isfile(init):
+                raise ImportError("no icarus package at %s" % root)
+            spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+        else:
+            parent = sys.modules.get(fullname.rpartition(".")[0])
+            search = getattr(parent, "__path__", None)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, list(search)) if search is not None else None
+            if spec is None:
+                raise ModuleNotFoundError("No module named %r" % fullname, name=fullname)
+        return _check_spec(spec, root)
+
+    def invalidate_caches(self):
+        pass
+
+
+_FINDER = _PackageFinder()
+_PACKAGE_MODULE = []  # [the loaded package module]
+_MODULES = {}  # full name -> the module object checked when it was first resolved
 
 
 def _load_package():
     """Load (once) the configured ``icarus`` package by path."""
     root = _package_dir()
     current = sys.modules.get(PACKAGE)
-    if current is not None and getattr(current, "__castor_root__", None) == root:
+    if current is not None and _PACKAGE_MODULE and current is _PACKAGE_MODULE[0]:
         return root
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
     for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
         del sys.modules[name]
-    init = os.path.join(root, "__init__.py")
-    if not os.path.isfile(init):
-        raise ImportError("no icarus package at %s" % root)
-    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+    _MODULES.clear()
+    del _PACKAGE_MODULE[:]
+    spec = _FINDER.find_spec(PACKAGE)
     module = importlib.util.module_from_spec(spec)
     module.__castor_root__ = root
     sys.modules[PACKAGE] = module
@@ -135,18 +204,30 @@ def _load_package():
         raise
     if not _inside(module.__file__, root):
         raise ImportError("icarus resolved outside the configured directory")
+    _PACKAGE_MODULE.append(module)
     return root
 
 
 def _target(module_name, function_name):
-    root = _load_package()
-    module = importlib.import_module(PACKAGE + "." + module_name)
-    if not _inside(getattr(module, "__file__", "") or "", root):
-        raise ImportError("icarus.%s resolved outside the configured directory" % module_name)
+    full = PACKAGE + "." + module_name
+    module = sys.modules.get(full)
+    package = _PACKAGE_MODULE[0] if _PACKAGE_MODULE else None
+    if module is None or _MODULES.get(full) is not module or package is None or sys.modules.get(PACKAGE) is not package:
+        module = _resolve(full)
     fn = getattr(module, function_name, None)
     if fn is None or not callable(fn):
         raise AttributeError("icarus.%s has no callable %r" % (module_name, function_name))
     return fn
+
+
+def _resolve(full):
+    """The slow path of :func:`_target`: import and check once per module object."""
+    root = _load_package()
+    module = importlib.import_module(full)
+    if not _inside(getattr(module, "__file__", "") or "", root):
+        raise ImportError("%s resolved outside the configured directory" % full)
+    _MODULES[full] = module
+    return module
 
 
 # --------------------------------------------------------------------------- protocol
@@ -188,11 +269,14 @@ def normalise(value):
     return value
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)
+
+
 def _encode(reply):
     # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
-        text = json.dumps(reply, ensure_ascii=True, default=str, allow_nan=False)
+        text = _ENCODER.encode(reply)
     except (ValueError, TypeError, RecursionError):
         text = json.dumps(
             {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
@@ -212,6 +296,9 @@ def handle(line):
         return {"id": request_id, "ok": True, "result": normalise(result)}
     except KeyboardInterrupt:
         raise
+    except OutsidePackage as exc:
+        return {"id": request_id, "ok": False, "error": str(exc), "traceback": "",
+                "refused": "outside_package", "module": exc.module}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
         return {
             "id": request_id,
