@@ -137,6 +137,10 @@ class WorkerInspect(_Local, type_name="icarus.worker.inspect"):
 class IcarusWorkerActor(Actor):
     """See the module docstring; one incarnation, at most one worker process."""
 
+    # An idle worker actor runs a call on the asker's thread (no hand-off to its loop thread and
+    # back): every call is bounded by its own deadline, which kills the worker when it passes.
+    inline_asks = True
+
     def __init__(self, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         super().__init__()
@@ -244,8 +248,10 @@ class IcarusWorkerClient:
              token: CancelToken | None = None) -> Any:
         timeout_s = self._timeout_s if timeout is None else timeout
         token = token or CancelToken()
-        message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),
-                             deadline=time.monotonic() + timeout_s, token=token)
+        # Every field is built here with its declared type, so validation would only copy them.
+        message = WorkerCall.model_construct(module=module, function=function, args=list(args or []),
+                                             kwargs=dict(kwargs or {}), deadline=time.monotonic() + timeout_s,
+                                             token=token)
         with self._lock:
             self._outstanding.add(token)
         try:

@@ -195,6 +195,14 @@ class Mailbox:
                 self._waiters.popleft().release()
             return True
 
+    def claim_idle(self, turn: Any) -> bool:
+        """Take ``turn`` (without blocking) only if the consumer is parked in :meth:`get` on an
+        empty, open mailbox: whatever is put from then on is taken after ``turn`` is released."""
+        with self._lock:
+            if self._closed is not None or self._queue or self._control or not self._waiters:
+                return False
+            return turn.acquire(False)
+
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
         """Block until a control item or an envelope is available; controls first."""

@@ -57,6 +57,11 @@ _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
+# The C encoder JSONEncoder.encode builds on every call, built once: ASCII, no NaN, str() for
+# the rest. Without a markers dict a cycle ends in RecursionError (refused like any bad argument).
+_C_ENCODER = (json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                                          False, False, False)
+              if json.encoder.c_make_encoder is not None else None)
 
 
 def _reject_constant(name: str) -> Any:
@@ -65,8 +70,10 @@ def _reject_constant(name: str) -> Any:
 
 # ``loads_strict`` (castor.domain.text) with its decoder made once, not per reply.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_SCAN = _DECODER.scan_once
 _STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
+_LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
 _READ_CHUNK = 1 << 16
 
 
@@ -189,8 +196,10 @@ class WorkerProcess:
             raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
-        os.set_blocking(self._proc.stdin.fileno(), False)
-        out_fd = self._proc.stdout.fileno()
+        self._in_fd = self._proc.stdin.fileno()
+        os.set_blocking(self._in_fd, False)
+        out_fd = self._out_fd = self._proc.stdout.fileno()
+        os.set_blocking(out_fd, False)  # a wake-up that was not for stdout never blocks a read
         self._stale_poller = select.poll()
         self._stale_poller.register(out_fd, select.POLLIN)
         self._reply_poller = select.poll()
@@ -286,13 +295,25 @@ class WorkerProcess:
         if not self._call_lock.acquire(blocking=False):
             raise Conflict("a call is already in progress on this worker", may_have_started=False)
         try:
-            self._check_usable(may_have_started=False)
+            if self._retired is not None or self._crashed:
+                self._check_usable(may_have_started=False)
             target = f"{module}.{function}"
             line = _encode_request(request_id, module, function, args, kwargs)  # before anything starts
-            self.start()
-            self._drain_stale()
+            if self._proc is None:
+                self.start()
+            if self._buffer or self._stale_poller.poll(0):
+                self._drain_stale()
             self._calls += 1
-            self._write(line, deadline, target)
+            try:  # the whole line in one write, as a rule (the pipe is empty between calls)
+                written = os.write(self._in_fd, line)
+            except BlockingIOError:
+                written = 0
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
+                    raise
+                raise self._crash(target, may_have_started=False) from None
+            if written < len(line):
+                self._write(memoryview(line)[written:], deadline, target)
             return self._await_reply(request_id, deadline, target)
         finally:
             if not self.usable:
@@ -342,28 +363,35 @@ class WorkerProcess:
             poller.poll(_poll_ms(remaining))
 
     def _await_reply(self, request_id: int, deadline: float | None, target: str) -> dict[str, Any]:
-        out_fd = self._proc.stdout.fileno()
+        """Wait on stdout and the wake pipe (one poll), read what is there, until the reply."""
+        out_fd = self._out_fd
         poller = self._reply_poller
         while True:
-            reply = self._take_reply(request_id, target)
-            if reply is not None:
-                return reply
-            remaining = self._remaining(deadline)
-            if remaining is not None and remaining <= 0:
-                raise self._timeout(target, request_id, started=True)
-            events = poller.poll(_poll_ms(remaining))
-            self._check_usable(may_have_started=True, target=target)
+            if b"\n" in self._buffer:
+                reply = self._take_reply(request_id, target)
+                if reply is not None:
+                    return reply
+            if deadline is None:
+                events = poller.poll(_LIVENESS_POLL_MS)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(target, request_id, started=True)
+                events = poller.poll(_poll_ms(remaining))
+            if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
+                self._check_usable(may_have_started=True, target=target)
             if not events:
                 if self._proc.poll() is not None:
                     raise self._crash(target, may_have_started=True)
                 continue
-            for fd, _mask in events:
-                if fd == out_fd:
-                    chunk = os.read(out_fd, _READ_CHUNK)
-                    if not chunk:
-                        self._check_usable(may_have_started=True, target=target)
-                        raise self._crash(target, may_have_started=True)
-                    self._buffer += chunk
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:  # the wake pipe alone (the worker is being killed) or a spurious wake
+                continue
+            if not chunk:  # end of file: the child is gone
+                self._check_usable(may_have_started=True, target=target)
+                raise self._crash(target, may_have_started=True)
+            self._buffer += chunk
 
     def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
         while b"\n" in self._buffer:
@@ -385,9 +413,12 @@ class WorkerProcess:
 
     def _drain_stale(self) -> None:
         """Consume whatever arrived between calls: stale replies and garbage are counted."""
-        out_fd = self._proc.stdout.fileno()
+        out_fd = self._out_fd
         while self._stale_poller.poll(0):
-            chunk = os.read(out_fd, _READ_CHUNK)
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
             if not chunk:
                 raise self._crash("(between calls)", may_have_started=False)
             self._buffer += chunk
@@ -466,9 +497,11 @@ def _poll_ms(remaining: float | None) -> int:
 def _encode_request(request_id: int, module: str, function: str, args: Any, kwargs: Any) -> bytes:
     """One request line (ASCII JSON). Arguments JSON cannot carry (NaN, infinity, a cycle) are
     the caller's error, raised before anything is sent: ``InvalidParams``."""
+    request = {"id": request_id, "module": module, "function": function,
+               "args": args if type(args) is list else list(args or ()),
+               "kwargs": kwargs if type(kwargs) is dict else dict(kwargs or {})}
     try:
-        line = _ENCODER.encode({"id": request_id, "module": module, "function": function,
-                                "args": list(args or ()), "kwargs": dict(kwargs or {})})
+        line = "".join(_C_ENCODER(request, 0)) if _C_ENCODER is not None else _ENCODER.encode(request)
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidParams(f"arguments for {module}.{function} cannot be sent to the worker: {exc}",
                             data={"target": f"{module}.{function}"}, may_have_started=False) from None
@@ -479,8 +512,11 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     """A reply dict, or None for a line that is not one. Lone surrogates (a backend's escaped
     text) become U+FFFD, so the reply can be audited, filtered and sent on as UTF-8."""
     try:
-        reply = _DECODER.decode(line.decode("utf-8"))  # UnicodeDecodeError is a ValueError
-    except (ValueError, RecursionError):
+        text = line.decode("utf-8")  # UnicodeDecodeError is a ValueError
+        reply, end = _SCAN(text, 0)  # the line is stripped: one value must fill it
+    except (ValueError, RecursionError, StopIteration):
+        return None
+    if end != len(text):
         return None
     if b"\\u" in line:
         # Only a \u escape can carry a lone surrogate (UTF-8 cannot encode one, and a byte

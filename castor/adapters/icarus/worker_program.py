@@ -232,10 +232,15 @@ def _resolve(full):
 
 # --------------------------------------------------------------------------- protocol
 
+_SCAN = json.JSONDecoder().scan_once  # json.loads without its per-call wrapper
+
+
 def _parse(line):
     try:
-        request = json.loads(line)
-    except ValueError:
+        request, end = _SCAN(line, 0)  # the line is stripped: one value must fill it
+    except (ValueError, StopIteration, RecursionError):
+        raise InvalidRequest("invalid request: not JSON")
+    if end != len(line):
         raise InvalidRequest("invalid request: not JSON")
     if not isinstance(request, dict):
         raise InvalidRequest("invalid request: not an object")
@@ -270,13 +275,20 @@ def normalise(value):
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)
+# The C encoder JSONEncoder.encode builds per call, built once (without a markers dict a cycle
+# ends in RecursionError, which is "unserializable result" like any other).
+try:
+    _C_ENCODER = json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                                             False, False, False)
+except (AttributeError, TypeError):  # no C accelerator (or another signature): the plain encoder
+    _C_ENCODER = None
 
 
 def _encode(reply):
     # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
-        text = _ENCODER.encode(reply)
+        text = "".join(_C_ENCODER(reply, 0)) if _C_ENCODER is not None else _ENCODER.encode(reply)
     except (ValueError, TypeError, RecursionError):
         text = json.dumps(
             {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
