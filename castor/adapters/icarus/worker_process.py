@@ -144,7 +144,10 @@ class WorkerProcess:
         self._buffer = b""
         self._call_lock = threading.Lock()
         self._kill_lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
+        # The self-pipe that wakes a blocked call; made by start(), closed with the other pipes
+        # (under _fd_lock, so a late wake never writes to a descriptor number reused since).
+        self._wake_r = self._wake_w = -1
+        self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
         self._killed = False
@@ -185,6 +188,8 @@ class WorkerProcess:
             return
         if not self.usable:
             raise WorkerRetired("worker was retired before it started", may_have_started=False)
+        with self._fd_lock:
+            self._wake_r, self._wake_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
                 list(self._launch.argv), cwd=self._launch.cwd, env=self._launch.env,
@@ -193,6 +198,7 @@ class WorkerProcess:
             )
         except OSError as exc:
             self._crashed = True
+            self._close_wake_pipe()
             raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
@@ -208,6 +214,10 @@ class WorkerProcess:
         self._stderr_thread = threading.Thread(target=self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
                                                daemon=True)
         self._stderr_thread.start()
+        with self._kill_lock:
+            late = self._retired  # retired while it was being spawned: kill_tree saw no process
+        if late is not None:
+            self.kill_tree(late)
 
     def _drain_stderr(self) -> None:
         stream = self._proc.stderr
@@ -218,6 +228,11 @@ class WorkerProcess:
                 self._stderr.add(line)
         except (OSError, ValueError):
             pass  # pipe closed under us during kill
+        finally:
+            try:
+                stream.close()  # end of file: the whole tree is gone, so is the pipe
+            except (OSError, ValueError):
+                pass
 
     def stderr_tail(self) -> str:
         return self._stderr.text()
@@ -232,6 +247,11 @@ class WorkerProcess:
             proc = self._proc
             if proc is None or self._killed:
                 self._wake()
+                if proc is None and self._call_lock.acquire(blocking=False):
+                    try:
+                        self._close_wake_pipe()  # a start after retirement is refused: nothing uses it
+                    finally:
+                        self._call_lock.release()
                 return
             self._killed = True
         try:
@@ -257,30 +277,48 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
             pass
         psutil.wait_procs(descendants, timeout=2)
+        if self._stderr_thread is not None and self._stderr_thread is not threading.current_thread():
+            self._stderr_thread.join(timeout=1.0)  # it closes stderr at the end of file
         if self._call_lock.acquire(blocking=False):
             try:
                 self._close_pipes()
             finally:
                 self._call_lock.release()
+        # else: the running call closes them on its way out (see call)
 
     def close(self) -> None:
         self.kill_tree("closed")
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        with self._fd_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
+    def _close_wake_pipe(self) -> None:
+        with self._fd_lock:
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self._wake_r = self._wake_w = -1
 
     def _close_pipes(self) -> None:
+        """Close stdin, stdout and the wake pipe: the worker is finished (no call is running).
+        stderr is closed by its drain thread at the end of file."""
         proc = self._proc
-        if proc is None:
-            return
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except (OSError, ValueError):
-                pass
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except (OSError, ValueError):
+                    pass
+        self._close_wake_pipe()
 
     # ------------------------------------------------------------------ call
 
@@ -304,6 +342,8 @@ class WorkerProcess:
             if self._buffer or self._stale_poller.poll(0):
                 self._drain_stale()
             self._calls += 1
+            if self._retired is not None or self._crashed:
+                self._check_usable(may_have_started=False, target=target)
             try:  # the whole line in one write, as a rule (the pipe is empty between calls)
                 written = os.write(self._in_fd, line)
             except BlockingIOError:
@@ -479,13 +519,9 @@ class WorkerProcess:
                 pass
         return WorkerStats(**base)
 
-    def __del__(self) -> None:  # best effort: never leak the self-pipe
-        for fd in (getattr(self, "_wake_r", None), getattr(self, "_wake_w", None)):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+    def __del__(self) -> None:  # a last resort only: kill_tree / a failed call close everything
+        if getattr(self, "_fd_lock", None) is not None:
+            self._close_wake_pipe()
 
 
 def _poll_ms(remaining: float | None) -> int:
