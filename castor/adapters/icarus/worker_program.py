@@ -14,9 +14,16 @@ Guarantees
 - **Exact package.** The package ``icarus`` is loaded from the directory named
   by ``CASTOR_ICARUS_DIR`` via its ``__init__.py`` with
   ``submodule_search_locations=[that dir]``; any ``icarus`` module already in
-  ``sys.modules`` is dropped first, and every loaded module's ``__file__`` must
-  resolve inside that directory. Another ``icarus`` on ``sys.path`` is never
+  ``sys.modules`` is dropped first. Another ``icarus`` on ``sys.path`` is never
   used. Import errors surface per call as ``ok: false``.
+- **No code from outside the directory.** A finder first on ``sys.meta_path``
+  finds ``icarus`` and every ``icarus.*`` module (the backend's own imports
+  too) and resolves the real path of its file, its bytecode cache and its
+  search path *before* the module's code runs; anything outside the directory
+  (a symlink out, a symlinked sub-directory, ``__init__.py`` or
+  ``__pycache__``) is refused: the reply is ``ok: false`` with ``refused:
+  "outside_package"`` and ``module``. A module is checked once, when it is
+  first resolved; later calls find it in a table (no path resolution per call).
 - **stdout is the protocol alone.** At start the real fd 1 is duplicated to a
   private fd used only for replies, fd 1 is pointed at stderr (so native writes
   from C extensions land on stderr) and ``sys.stdout`` is ``sys.stderr``.
