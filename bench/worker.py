@@ -34,8 +34,9 @@ reference backend, ``examples/icarus_reference/icarus``):
      a real ``Runtime`` with the Icarus component. Their floor is ``raw`` plus ``echo``: a raw
      msgpack echo over the same kind of socket (bench/endpoint.py's baseline).
 
-   Each round runs every path in turn: 2,000 warm-up calls, 2,000 timed small calls
-   (``hooks.echo`` with one small argument), 500 timed calls carrying 10 KiB each way. Every
+   Each round warms every path (2,000 calls), then times 2,000 small calls (``hooks.echo``
+   with one small argument) and 500 calls carrying 10 KiB each way per path, in ten slices with
+   every path in turn within a slice (so the paths compared ran close together in time). Every
    call is timed on its own; the figures are per-round medians and p99s, and each ratio is the
    median over the rounds of (path / floor) within the round.
 
@@ -211,22 +212,30 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def _timed(one, warm: int, small: int, big: int) -> dict[str, float]:
-    """Per-call latencies (us) of ``one(i, big)``: median and p99 of the small calls, median of the big."""
+SLICES = 10  # each round's calls are timed in this many slices, every path in turn within a slice
+
+
+def _round(calls: dict[str, object], warm: int, small: int, big: int) -> dict[str, dict[str, float]]:
+    """One round: every path warmed, then its small and its 10 KiB calls timed in slices, every path
+    in turn within a slice, so paths compared with each other ran tens of milliseconds apart (a
+    shared machine's speed drifts by more than the overheads measured here, second to second).
+    Each call is timed on its own (us): per path the small calls' median and p99, the big ones' median."""
     clock = time.perf_counter_ns
-    for i in range(warm):
-        one(i, False)
-    small_us, big_us = [], []
-    for i in range(small):
-        started = clock()
-        one(i, False)
-        small_us.append((clock() - started) / 1e3)
-    for i in range(big):
-        started = clock()
-        one(i, True)
-        big_us.append((clock() - started) / 1e3)
-    return {"median": statistics.median(small_us), "p99": _percentile(small_us, 0.99),
-            "big": statistics.median(big_us)}
+    for one in calls.values():
+        for i in range(warm):
+            one(i, False)
+    small_us: dict[str, list[float]] = {name: [] for name in calls}
+    big_us: dict[str, list[float]] = {name: [] for name in calls}
+    for part in range(SLICES):
+        for count, big_call, samples in ((small // SLICES, False, small_us), (big // SLICES, True, big_us)):
+            for name, one in calls.items():
+                out = samples[name]
+                for i in range(part * count, (part + 1) * count):
+                    started = clock()
+                    one(i, big_call)
+                    out.append((clock() - started) / 1e3)
+    return {name: {"median": statistics.median(small_us[name]), "p99": _percentile(small_us[name], 0.99),
+                   "big": statistics.median(big_us[name])} for name in calls}
 
 
 class RawChild:
@@ -377,8 +386,9 @@ def user_paths(rounds: int, warm: int, small: int, big: int) -> dict[str, list[d
         calls = {"raw": raw.one, "actor": actor.one, "echo": echo.one, "hook": endpoint.hook, "tool": endpoint.tool}
         try:
             for _ in range(rounds):
+                figures = _round(calls, warm, small, big)
                 for name in PATHS:
-                    out[name].append(_timed(calls[name], warm, small, big))
+                    out[name].append(figures[name])
         finally:
             for thing in (endpoint, echo, actor, raw):
                 thing.close()

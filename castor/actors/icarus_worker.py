@@ -189,11 +189,12 @@ class IcarusWorkerActor(Actor):
     @handles(WorkerCall)
     def _on_call(self, call: WorkerCall) -> Any:
         target = f"{call.module}.{call.function}"
-        deadline = call.deadline if call.deadline is not None else time.monotonic() + self._timeout_s
+        now = time.monotonic()
+        deadline = call.deadline if call.deadline is not None else now + self._timeout_s
         if call.token is not None and call.token.cancelled:
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
-        if time.monotonic() >= deadline:
+        if now >= deadline:
             raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
                           data={"target": target}, may_have_started=False)
         worker = self._ensure_worker()
@@ -262,7 +263,6 @@ class IcarusWorkerClient:
     def __init__(self, handle: ActorHandle, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         self._handle = handle
         self._timeout_s = timeout_ms / 1000.0
-        self._lock = threading.Lock()
         self._outstanding: set[CancelToken] = set()
 
     def call(self, module: str, function: str, args: list[Any] | None = None,
@@ -272,8 +272,8 @@ class IcarusWorkerClient:
         token = token or CancelToken()
         message = _worker_call(module, function, list(args or []), dict(kwargs or {}),
                                time.monotonic() + timeout_s, token)
-        with self._lock:
-            self._outstanding.add(token)
+        outstanding = self._outstanding
+        outstanding.add(token)  # set.add / discard / list(set) are atomic (the GIL): no lock
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
         except Retired as exc:
@@ -287,8 +287,7 @@ class IcarusWorkerClient:
                 self._await_retirement()
             raise
         finally:
-            with self._lock:
-                self._outstanding.discard(token)
+            outstanding.discard(token)
 
     def _await_retirement(self, bound_s: float = 1.0) -> None:
         """Return once the failed incarnation has closed its mailbox and ended.
@@ -321,8 +320,7 @@ class IcarusWorkerClient:
             return None
 
     def close(self) -> None:
-        with self._lock:
-            tokens = list(self._outstanding)
+        tokens = list(self._outstanding)
         for token in tokens:
             token.cancel()
         self._handle.retire("closed")

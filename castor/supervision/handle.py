@@ -140,7 +140,10 @@ class ActorHandle:
         if actor is not None and actor.inline_asks:
             answered = self._ask_inline(actor, message, timeout)
             if answered is not None:
-                return answered.result()
+                reply = answered._envelope.reply
+                if reply.error is None:
+                    return reply.value
+                return answered.result()  # the error, mapped as for a queued ask
         return self.ask_pending(message, timeout=timeout).result()
 
     def _ask_inline(self, actor: Actor, message: Any, timeout: float | None) -> PendingAsk | None:
@@ -159,6 +162,7 @@ class ActorHandle:
                 mailbox.put_control(Control("honour"))  # the loop thread ends the incarnation
         finally:
             self.turn.release()
+            mailbox.end_inline()
         deadline = time.monotonic() + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout)
         return PendingAsk(self, envelope, mailbox, deadline)
 

@@ -88,8 +88,10 @@ def test_a_message_sent_during_an_inline_handler_runs_after_it(world):
     thread, box = in_thread(lambda: handle.ask(Block(key="i1"), timeout=10))  # inline, on that thread
     assert journal.event("i1:entered").wait(5)
     later = handle.ask_pending(Ping(n=9), timeout=10)
-    # The loop thread took the ping but waits for the turn: it has not run.
+    # The ping stays queued (and shown as queued) behind the inline handler: it has not run.
     assert not journal.wait_for(lambda es: ("ping", "w", 9) in es, timeout=0.2)
+    snapshot = handle.snapshot().mailbox
+    assert snapshot.depth == 1 and snapshot.in_flight is not None and snapshot.in_flight.message_type == "test.block"
     journal.event("i1").set()
     thread.join(10)
     assert box["value"] == "i1" and later.result() == ("w", 1, 9)

@@ -54,7 +54,6 @@ from castor.domain.text import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
-_ids_lock = threading.Lock()
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
 # The C encoder JSONEncoder.encode builds on every call, built once: ASCII, no NaN, str() for
@@ -74,6 +73,7 @@ _SCAN = _DECODER.scan_once
 _STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
+_IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
 
 
@@ -82,9 +82,11 @@ __all__ = ["IcarusCallError", "StderrTail", "WorkerProcess", "WorkerProtocolErro
 
 
 def next_request_id() -> int:
-    """Process-wide monotonic request id (never reused, even across workers)."""
-    with _ids_lock:
-        return next(_ids)
+    """Process-wide monotonic request id (never reused, even across workers).
+
+    ``next`` on an ``itertools.count`` runs in C under the GIL, so concurrent callers never
+    get the same id (tests/icarus_worker: request ids unique across workers and threads)."""
+    return next(_ids)
 
 
 class WorkerStats(BaseModel):
@@ -147,6 +149,9 @@ class WorkerProcess:
         # The self-pipe that wakes a blocked call; made by start(), closed with the other pipes
         # (under _fd_lock, so a late wake never writes to a descriptor number reused since).
         self._wake_r = self._wake_w = -1
+        self._pidfd = -1
+        self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
+        self._idle_at = 0.0
         self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
@@ -174,9 +179,24 @@ class WorkerProcess:
         return self._proc is not None
 
     def exited_while_idle(self) -> bool:
-        """True when the started child is gone although no call was running (killed or died idle)."""
+        """True when the started child is gone although no call was running (killed or died idle).
+
+        With a pidfd (Linux) this is the same ``poll(0)`` the next call's drain needs: the
+        events are handed to it (when it follows within a millisecond), so the check costs no
+        syscall of its own."""
         proc = self._proc
-        return proc is not None and not self._killed and proc.poll() is not None
+        if proc is None or self._killed:
+            return False
+        if proc.returncode is not None:
+            return True
+        if self._pidfd < 0:
+            return proc.poll() is not None
+        events = self._stale_poller.poll(0)
+        self._idle_events, self._idle_at = events, time.monotonic()
+        for fd, _mask in events:
+            if fd == self._pidfd:  # readable once the child has exited
+                return proc.poll() is not None
+        return False
 
     @property
     def usable(self) -> bool:
@@ -208,6 +228,12 @@ class WorkerProcess:
         os.set_blocking(out_fd, False)  # a wake-up that was not for stdout never blocks a read
         self._stale_poller = select.poll()
         self._stale_poller.register(out_fd, select.POLLIN)
+        try:
+            self._pidfd = os.pidfd_open(self._proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: exited_while_idle asks waitpid
+            self._pidfd = -1
+        else:
+            self._stale_poller.register(self._pidfd, select.POLLIN)
         self._reply_poller = select.poll()
         self._reply_poller.register(out_fd, select.POLLIN)
         self._reply_poller.register(self._wake_r, select.POLLIN)
@@ -299,14 +325,15 @@ class WorkerProcess:
                 pass
 
     def _close_wake_pipe(self) -> None:
+        """Close the wake pipe and the pidfd (the worker is finished)."""
         with self._fd_lock:
-            for fd in (self._wake_r, self._wake_w):
+            for fd in (self._wake_r, self._wake_w, self._pidfd):
                 if fd >= 0:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
-            self._wake_r = self._wake_w = -1
+            self._wake_r = self._wake_w = self._pidfd = -1
 
     def _close_pipes(self) -> None:
         """Close stdin, stdout and the wake pipe: the worker is finished (no call is running).
@@ -339,7 +366,11 @@ class WorkerProcess:
             line = _encode_request(request_id, module, function, args, kwargs)  # before anything starts
             if self._proc is None:
                 self.start()
-            if self._buffer or self._stale_poller.poll(0):
+            events = self._idle_events
+            if events is None or time.monotonic() - self._idle_at > _IDLE_EVENTS_FRESH_S:
+                events = self._stale_poller.poll(0)
+            self._idle_events = None
+            if self._buffer or (events and any(fd == self._out_fd for fd, _mask in events)):
                 self._drain_stale()
             self._calls += 1
             if self._retired is not None or self._crashed:
@@ -454,7 +485,7 @@ class WorkerProcess:
     def _drain_stale(self) -> None:
         """Consume whatever arrived between calls: stale replies and garbage are counted."""
         out_fd = self._out_fd
-        while self._stale_poller.poll(0):
+        while any(fd == out_fd for fd, _mask in self._stale_poller.poll(0)):
             try:
                 chunk = os.read(out_fd, _READ_CHUNK)
             except BlockingIOError:
