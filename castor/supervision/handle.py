@@ -79,6 +79,32 @@ class PendingAsk:
         ) from error
 
 
+class _InlineReply:
+    """The reply slot of an inline ask: set and read on the asking thread, so no lock or gate."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> bool:
+        if self.done:
+            return False
+        self.done, self.value = True, value
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        if self.done:
+            return False
+        self.done, self.error = True, error
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        return self.done
+
+
 class ActorHandle:
     """Send to, inspect and control one supervised child, across its incarnations."""
 
@@ -155,7 +181,7 @@ class ActorHandle:
             if (actor is not self._actor or actor.actor_inbox is not mailbox or actor._exit_kind is not None
                     or actor._retire_request is not None or actor._stop_requested or actor._abandoned):
                 return None
-            envelope = Envelope(message, Reply())
+            envelope = Envelope(message, _InlineReply())
             envelope.state = STARTED
             actor._process(envelope, self)
             if actor._exit_kind is not None or actor._retire_request is not None or actor._stop_requested:
