@@ -16,18 +16,45 @@ reference backend, ``examples/icarus_reference/icarus``):
    reject the queue ``worker_retired``). Median of ``--drain-runs`` runs, each
    on a fresh, warmed worker.
 
+5. **What users wait on** (``--user-rounds`` rounds, in two placements: a child process pinned
+   to one CPU with ``sched_setaffinity`` before it starts a thread, so the whole tree -- its
+   threads and the worker it spawns -- shares that CPU, and an unpinned child), against a
+   fake ``icarus`` package this benchmark writes (``hooks.echo`` returns its arguments;
+   ``tools.fabric_recall`` returns its query as JSON; nothing else runs per call):
+
+   - ``raw`` -- the floor: a parent writing one JSON line to a tiny Python child (no castor
+     code: ``RAW_CHILD``) that imports the same package, calls the function and writes one
+     JSON line back; the parent reads it with ``readline`` and parses it.
+   - ``actor`` -- the call a harness makes inside castor minus the endpoint:
+     ``IcarusWorkerClient.call`` -> ``IcarusWorkerActor`` ask -> ``WorkerProcess`` ->
+     castor's worker program -> the same package.
+   - ``hook`` / ``tool`` -- a hook call (``harness.event`` ``before_agent_start``, which runs
+     ``hooks.pre_llm_call`` once) and a Fabric tool call (``icarus.tool`` ``fabric_recall``)
+     through the endpoint over a Unix socket from a ``castor.client`` msgpack-rpc client, in
+     a real ``Runtime`` with the Icarus component. Their floor is ``raw`` plus ``echo``: a raw
+     msgpack echo over the same kind of socket (bench/endpoint.py's baseline).
+
+   Each round warms every path (2,000 calls), then times 2,000 small calls (``hooks.echo``
+   with one small argument) and 500 calls carrying 10 KiB each way per path, in ten slices with
+   every path in turn within a slice (so the paths compared ran close together in time). Every
+   call is timed on its own; the figures are per-round medians and p99s, and each ratio is the
+   median over the rounds of (path / floor) within the round.
+
 Runs are interleaved (raw, bridge, raw, bridge, ...) so machine noise hits both;
 each run's value is the mean over ``--calls`` round trips; medians of the runs
 are reported, and the ratio is the median of the per-pair (adjacent raw/bridge
 runs) ratios, which cancels most of the load drift of a shared machine. Ends with ``RESULT <name> <value> target<=<target>`` lines.
 
-Usage: ``python bench/worker.py [--runs 9] [--calls 1000] [--cold 7] [--queued 1000] [--drain-runs 5]``
+Usage: ``python bench/worker.py [--quick] [--runs 9] [--calls 1000] [--cold 7] [--queued 1000] [--drain-runs 5]
+[--user-rounds 3]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +78,40 @@ RATIO_TARGET = 1.3
 COLD_START_TARGET_MS = 250.0
 DRAIN_TARGET_MS = 20.0
 DRAIN_DEADLINE_S = 0.5  # how long the blocking call runs before its deadline fires
+USER_RATIO_TARGET = 1.25  # the actor call's median against the raw child's
+USER_P99_TARGET = 1.5
+USER_BIG_TARGET = 1.2  # 10 KiB each way
+ENDPOINT_TARGET = 1.5  # a hook / tool call through the endpoint against raw child + raw msgpack echo
+WARM, SMALL, BIG, BIG_BYTES = 2000, 2000, 500, 10 * 1024
+
+FAKE_PACKAGE = {
+    "__init__.py": '"""A fake icarus package for bench/worker.py: nothing runs per call but the function."""\n',
+    "hooks.py": (
+        "def echo(*args, **kwargs):\n"
+        "    return {'args': list(args), 'kwargs': kwargs}\n\n\n"
+        "def on_session_start(**kwargs):\n    return None\n\n\n"
+        "def pre_llm_call(**kwargs):\n    return None\n\n\n"
+        "def post_llm_call(**kwargs):\n    return None\n\n\n"
+        "def on_session_end(**kwargs):\n    return None\n"),
+    "tools.py": (
+        "import json\n\n\n"
+        "def fabric_recall(args, **kwargs):\n"
+        "    return json.dumps({'query': args.get('query'), 'count': 0, 'entries': []})\n"),
+    "state.py": "", "obsidian.py": "", "parsing.py": "",
+}
+
+# The floor's child: no castor code, the same package, one JSON line in, one out.
+RAW_CHILD = """import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+import icarus.hooks, icarus.tools
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    fn = getattr(importlib.import_module("icarus." + req["module"]), req["function"])
+    reply = {"id": req["id"], "ok": True, "result": fn(*req["args"], **req["kwargs"])}
+    out.write(json.dumps(reply).encode() + b"\\n")
+    out.flush()
+"""
 
 
 def make_launch(workdir: str) -> WorkerLaunch:
@@ -133,6 +194,245 @@ def timeout_drain_ms(launch: WorkerLaunch, queued: int) -> float:
         system.shutdown(10)
 
 
+# ---------------------------------------------------------------- what users wait on
+def write_fake_package(root: Path) -> Path:
+    package = root / "icarus"
+    package.mkdir(parents=True, exist_ok=True)
+    for name, text in FAKE_PACKAGE.items():
+        (package / name).write_text(text)
+    return package
+
+
+def _payload(i: int, big: bool) -> str:
+    return ("x" * BIG_BYTES) if big else f"ping-{i}"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+SLICES = 10  # each round's calls are timed in this many slices, every path in turn within a slice
+
+
+def _round(calls: dict[str, object], warm: int, small: int, big: int) -> dict[str, dict[str, float]]:
+    """One round: every path warmed, then its small and its 10 KiB calls timed in slices, every path
+    in turn within a slice, so paths compared with each other ran tens of milliseconds apart (a
+    shared machine's speed drifts by more than the overheads measured here, second to second).
+    Each call is timed on its own (us): per path the small calls' median and p99, the big ones' median."""
+    clock = time.perf_counter_ns
+    for one in calls.values():
+        for i in range(warm):
+            one(i, False)
+    small_us: dict[str, list[float]] = {name: [] for name in calls}
+    big_us: dict[str, list[float]] = {name: [] for name in calls}
+    for part in range(SLICES):
+        for count, big_call, samples in ((small // SLICES, False, small_us), (big // SLICES, True, big_us)):
+            for name, one in calls.items():
+                out = samples[name]
+                for i in range(part * count, (part + 1) * count):
+                    started = clock()
+                    one(i, big_call)
+                    out.append((clock() - started) / 1e3)
+    return {name: {"median": statistics.median(small_us[name]), "p99": _percentile(small_us[name], 0.99),
+                   "big": statistics.median(big_us[name])} for name in calls}
+
+
+class RawChild:
+    """The floor: JSON lines to a tiny child that imports the same package (no castor code)."""
+
+    def __init__(self, package: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", RAW_CHILD, str(package.parent)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def one(self, i: int, big: bool) -> None:
+        value = _payload(i, big)
+        line = json.dumps({"id": i, "module": "hooks", "function": "echo", "args": [value], "kwargs": {}})
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline())
+        assert reply["result"]["args"][0] == value
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class ActorPath:
+    """``IcarusWorkerClient.call`` through a supervised ``IcarusWorkerActor`` (the harness's path)."""
+
+    def __init__(self, package: Path, workdir: str) -> None:
+        from castor.actors.icarus_worker import IcarusWorkerClient
+
+        settings = IcarusSettings(icarus_dir=str(package), fabric_dir=f"{workdir}/fabric", python=sys.executable)
+        launch = build_launch(settings, cwd=workdir)
+        self.system = ActorSystem([icarus_worker_spec("bench-user-worker", worker_factory(launch), next_request_id)])
+        self.client = IcarusWorkerClient(self.system.lookup("/root/bench-user-worker"))
+
+    def one(self, i: int, big: bool) -> None:
+        value = _payload(i, big)
+        assert self.client.call("hooks", "echo", [value])["args"][0] == value
+
+    def close(self) -> None:
+        self.client.close()
+        self.system.shutdown(10)
+
+
+class RawEcho:
+    """A raw msgpack echo over a Unix socket (bench/endpoint.py's floor), for the endpoint paths."""
+
+    def __init__(self, path: str) -> None:
+        import msgpack
+
+        self.msgpack = msgpack
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        import threading
+
+        threading.Thread(target=self._serve, daemon=True).start()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.unpacker = msgpack.Unpacker(raw=False, max_buffer_size=16 << 20)
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        unpacker = self.msgpack.Unpacker(raw=False, max_buffer_size=16 << 20)
+        with conn:
+            while True:
+                data = conn.recv(256 * 1024)
+                if not data:
+                    return
+                unpacker.feed(data)
+                for obj in unpacker:
+                    conn.sendall(self.msgpack.packb([1, obj[1], None, obj[3][0]], use_bin_type=True))
+
+    def one(self, i: int, big: bool) -> None:
+        params = {"session_id": "bench", "name": "fabric_recall", "params": {"query": _payload(i, big)}}
+        self.sock.sendall(self.msgpack.packb([0, i, "echo", [params]], use_bin_type=True))
+        while True:
+            try:
+                reply = next(self.unpacker)
+                break
+            except StopIteration:
+                self.unpacker.feed(self.sock.recv(256 * 1024))
+        assert reply[1] == i
+
+    def close(self) -> None:
+        self.sock.close()
+        self.listener.close()
+
+
+class EndpointPaths:
+    """A real Runtime with the Icarus component behind a Server on a Unix socket; a castor.client."""
+
+    def __init__(self, package: Path, workdir: str) -> None:
+        from castor.actors.icarus_session import icarus_component
+        from castor.client import Client
+        from castor.endpoint import Server
+        from castor.endpoint.app import build_dispatcher
+        from castor.runtime import Runtime, RuntimeSettings
+
+        root = Path(workdir)
+        agent, project = root / "agent", root / "project"
+        agent.mkdir()
+        project.mkdir()
+        (agent / "settings.json").write_text(json.dumps({"piIcarusHook": {
+            "icarusDir": str(package), "python": sys.executable, "fabricDir": str(root / "fabric"),
+            "timeoutMs": 30000}}))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PI_CODING_AGENT_DIR": str(agent)}
+        self.runtime = Runtime(RuntimeSettings(), components=[icarus_component(env=env, home=str(root))])
+        self.server = Server(build_dispatcher(self.runtime), unix_path=str(root / "castor.sock")).start()
+        self.client = Client.connect_unix(str(root / "castor.sock"), default_timeout=30)
+        self.client.on_notification("message.send", lambda _p: None)
+        self.client.on_notification("ui.status", lambda _p: None)
+        self.client.on_notification("ui.notify", lambda _p: None)
+        self.client.call("session.open", {"session_id": "bench", "cwd": str(project), "trusted": False,
+                                          "flags": {"harness": "pi", "has_agent_settled": True}})
+        self.client.call("harness.event", {"session_id": "bench", "event": "session_start",
+                                           "data": {"reason": "startup", "previous_session_file": None}})
+
+    def hook(self, i: int, big: bool) -> None:
+        result = self.client.call("harness.event", {"session_id": "bench", "event": "before_agent_start", "data": {
+            "prompt": _payload(i, big), "message_type": "user", "custom_type": None, "turn_id": None,
+            "system_prompt": "sys", "images": 0}})
+        assert not result, result
+
+    def tool(self, i: int, big: bool) -> None:
+        value = _payload(i, big)
+        result = self.client.call("icarus.tool", {"session_id": "bench", "name": "fabric_recall",
+                                                  "params": {"query": value}, "tool_call_id": f"t{i}"})
+        assert result["query"] == value, result
+
+    def close(self) -> None:
+        try:
+            self.client.call("session.close", {"session_id": "bench"})
+        finally:
+            self.client.close()
+            self.server.stop()
+            self.runtime.shutdown(timeout=10)
+
+
+PATHS = ("raw", "actor", "echo", "hook", "tool")
+
+
+def user_paths(rounds: int, warm: int, small: int, big: int) -> dict[str, list[dict[str, float]]]:
+    """Every path, ``rounds`` times in turn, in this process (its placement is the caller's)."""
+    out: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
+    with tempfile.TemporaryDirectory(prefix="castor-bench-user-") as workdir:
+        package = write_fake_package(Path(workdir) / "pkg")
+        raw, actor = RawChild(package), ActorPath(package, workdir)
+        echo, endpoint = RawEcho(f"{workdir}/echo.sock"), EndpointPaths(package, workdir)
+        calls = {"raw": raw.one, "actor": actor.one, "echo": echo.one, "hook": endpoint.hook, "tool": endpoint.tool}
+        try:
+            for _ in range(rounds):
+                figures = _round(calls, warm, small, big)
+                for name in PATHS:
+                    out[name].append(figures[name])
+        finally:
+            for thing in (endpoint, echo, actor, raw):
+                thing.close()
+    return out
+
+
+def user_paths_child(pinned: bool, rounds: int, warm: int, small: int, big: int) -> dict[str, list[dict[str, float]]]:
+    """:func:`user_paths` in a child process, pinned to one CPU (before any thread) or not."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-user", "pinned" if pinned else "unpinned",
+           "--user-rounds", str(rounds), "--user-calls", f"{warm},{small},{big}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("CHILD "):
+            return json.loads(line[6:])
+    raise SystemExit(f"bench/worker.py: the {'one-CPU' if pinned else 'unpinned'} child failed:\n"
+                     f"{proc.stderr[-3000:]}")
+
+
+def report_user(label: str, suffix: str, data: dict[str, list[dict[str, float]]]) -> None:
+    med = statistics.median
+
+    def ratio(path: str, key: str, floor: tuple[str, ...] = ("raw",)) -> float:
+        return med(data[path][i][key] / sum(data[f][i][key] for f in floor) for i in range(len(data[path])))
+
+    for name in PATHS:
+        rows = data[name]
+        big = f"  10 KiB median {med(r['big'] for r in rows):7.1f}"
+        print(f"{label:9} {name:6} median {med(r['median'] for r in rows):7.1f} us  "
+              f"p99 {med(r['p99'] for r in rows):7.1f} us{big}  "
+              "(rounds: " + ", ".join(format(r["median"], ".1f") for r in rows) + ")")
+    print(f"RESULT worker_actor_vs_raw_child_ratio{suffix} {ratio('actor', 'median'):.3f} target<={USER_RATIO_TARGET}")
+    print(f"RESULT worker_actor_p99_vs_raw_child_ratio{suffix} {ratio('actor', 'p99'):.3f} target<={USER_P99_TARGET}")
+    print(f"RESULT worker_actor_10k_vs_raw_child_ratio{suffix} {ratio('actor', 'big'):.3f} target<={USER_BIG_TARGET}")
+    floor = ("raw", "echo")
+    print(f"RESULT worker_endpoint_hook_vs_raw_ratio{suffix} {ratio('hook', 'median', floor):.3f} "
+          f"target<={ENDPOINT_TARGET}")
+    print(f"RESULT worker_endpoint_tool_vs_raw_ratio{suffix} {ratio('tool', 'median', floor):.3f} "
+          f"target<={ENDPOINT_TARGET}")
+    print(f"RESULT worker_endpoint_tool_10k_vs_raw_ratio{suffix} {ratio('tool', 'big', floor):.3f} "
+          f"target<={ENDPOINT_TARGET}")
+    print(f"RESULT worker_actor_us{suffix} {med(r['median'] for r in data['actor']):.1f} "
+          f"target<={USER_RATIO_TARGET * med(r['median'] for r in data['raw']):.1f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
@@ -140,8 +440,29 @@ def main() -> int:
     parser.add_argument("--cold", type=int, default=7)
     parser.add_argument("--queued", type=int, default=1000)
     parser.add_argument("--drain-runs", type=int, default=5)
+    parser.add_argument("--user-rounds", type=int, default=3)
+    parser.add_argument("--user-calls", default=f"{WARM},{SMALL},{BIG}", help="warm-up,small,10 KiB calls per round")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and calls (CI)")
+    parser.add_argument("--only-user", action="store_true", help="only the user-path measurements")
+    parser.add_argument("--child-user", choices=("pinned", "unpinned"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("ERROR")  # the retirements below log warnings by design
+    if args.quick:
+        args.runs, args.calls, args.cold, args.drain_runs, args.user_rounds = 3, 500, 3, 2, 2
+        args.user_calls = "500,1000,200"
+    warm, small, big = (int(n) for n in args.user_calls.split(","))
+    if args.child_user:
+        if args.child_user == "pinned":
+            # Before any thread exists: every later thread, and the worker it spawns, inherits it.
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        print("CHILD " + json.dumps(user_paths(args.user_rounds, warm, small, big)), flush=True)
+        return 0
+    pinned = user_paths_child(True, args.user_rounds, warm, small, big)
+    unpinned = user_paths_child(False, args.user_rounds, warm, small, big)
+    report_user("one CPU", "_one_cpu", pinned)
+    report_user("unpinned", "_unpinned", unpinned)
+    if args.only_user:
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="castor-bench-worker-") as workdir:
         launch = make_launch(workdir)

@@ -130,12 +130,38 @@ class WorkerCall(_Local, type_name="icarus.worker.call"):
     token: CancelToken | None = None
 
 
+_FIELDS = frozenset(WorkerCall.model_fields)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, Any], deadline: float,
+                 token: CancelToken) -> WorkerCall:
+    """A ``WorkerCall`` from values that already have its field types (the client's hot path).
+
+    Pydantic's validation (and ``model_construct``) costs several microseconds a call and would
+    only copy what the client has just built: this sets the same instance state pydantic does
+    (a test pins it equal to the validated model, frozen as well).
+    """
+    message = _new(WorkerCall)
+    _set(message, "__dict__", {"module": module, "function": function, "args": args, "kwargs": kwargs,
+                               "deadline": deadline, "token": token})
+    _set(message, "__pydantic_fields_set__", set(_FIELDS))
+    _set(message, "__pydantic_extra__", None)
+    _set(message, "__pydantic_private__", None)
+    return message
+
+
 class WorkerInspect(_Local, type_name="icarus.worker.inspect"):
     """The worker process's stats (None before the first call)."""
 
 
 class IcarusWorkerActor(Actor):
     """See the module docstring; one incarnation, at most one worker process."""
+
+    # An idle worker actor runs a call on the asker's thread (no hand-off to its loop thread and
+    # back): every call is bounded by its own deadline, which kills the worker when it passes.
+    inline_asks = True
 
     def __init__(self, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
@@ -163,11 +189,12 @@ class IcarusWorkerActor(Actor):
     @handles(WorkerCall)
     def _on_call(self, call: WorkerCall) -> Any:
         target = f"{call.module}.{call.function}"
-        deadline = call.deadline if call.deadline is not None else time.monotonic() + self._timeout_s
+        now = time.monotonic()
+        deadline = call.deadline if call.deadline is not None else now + self._timeout_s
         if call.token is not None and call.token.cancelled:
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
-        if time.monotonic() >= deadline:
+        if now >= deadline:
             raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
                           data={"target": target}, may_have_started=False)
         worker = self._ensure_worker()
@@ -236,7 +263,6 @@ class IcarusWorkerClient:
     def __init__(self, handle: ActorHandle, *, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         self._handle = handle
         self._timeout_s = timeout_ms / 1000.0
-        self._lock = threading.Lock()
         self._outstanding: set[CancelToken] = set()
 
     def call(self, module: str, function: str, args: list[Any] | None = None,
@@ -244,10 +270,10 @@ class IcarusWorkerClient:
              token: CancelToken | None = None) -> Any:
         timeout_s = self._timeout_s if timeout is None else timeout
         token = token or CancelToken()
-        message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),
-                             deadline=time.monotonic() + timeout_s, token=token)
-        with self._lock:
-            self._outstanding.add(token)
+        message = _worker_call(module, function, list(args or []), dict(kwargs or {}),
+                               time.monotonic() + timeout_s, token)
+        outstanding = self._outstanding
+        outstanding.add(token)  # set.add / discard / list(set) are atomic (the GIL): no lock
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
         except Retired as exc:
@@ -261,8 +287,7 @@ class IcarusWorkerClient:
                 self._await_retirement()
             raise
         finally:
-            with self._lock:
-                self._outstanding.discard(token)
+            outstanding.discard(token)
 
     def _await_retirement(self, bound_s: float = 1.0) -> None:
         """Return once the failed incarnation has closed its mailbox and ended.
@@ -295,8 +320,7 @@ class IcarusWorkerClient:
             return None
 
     def close(self) -> None:
-        with self._lock:
-            tokens = list(self._outstanding)
+        tokens = list(self._outstanding)
         for token in tokens:
             token.cancel()
         self._handle.retire("closed")

@@ -80,6 +80,13 @@ class Actor(pykka.ThreadingActor):
     #: Only for classes whose ``on_start`` never blocks and never asks its starter: the starter
     #: waits for it without ``start_timeout``. castor's SocketActor opts in.
     start_on_caller: ClassVar[bool] = False
+    #: Let :meth:`ActorHandle.ask` run the handler on the asking thread when the incarnation is
+    #: idle (parked on an empty mailbox): no thread hand-off either way. The handle's *turn* lock
+    #: keeps one message at a time, in arrival order (see ActorHandle.ask); a stop, kill or
+    #: retirement still happens on the loop thread, at the next message boundary. Only for classes
+    #: whose handlers bound their own run time (the ask's timeout cannot interrupt a handler that
+    #: runs on the asker's thread) and never ask their own actor. castor's IcarusWorkerActor opts in.
+    inline_asks: ClassVar[bool] = False
     _dispatch: ClassVar[dict[type, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -228,6 +235,7 @@ class Actor(pykka.ThreadingActor):
         mailbox = self.actor_inbox
         handle = self.handle
         self._honour_requests()  # a stop or retire asked for by on_start
+        turn = handle.turn
         while self._exit_kind is None:
             item = mailbox.get()
             if self._abandoned:
@@ -236,13 +244,23 @@ class Actor(pykka.ThreadingActor):
                 if item.__class__ is Envelope and item.state == REJECTED and item.reply is not None:
                     item.reply.fail(ActorStopped(f"{self.handle.path} stopped", may_have_started=False))
                 return
-            if item.__class__ is Envelope:
-                self._process(item, handle)
-            else:
-                self._control(item)
-            if self._exit_kind is not None:
-                break
-            self._honour_requests()
+            with turn:  # an inline ask (see inline_asks) may be running a handler: wait for it
+                if self._exit_kind is not None or self._retire_request is not None or self._stop_requested:
+                    # That handler ended this incarnation or asked it to end: honour it first, and
+                    # hand this item on as if it had stayed queued (rejected by a retirement).
+                    if item.__class__ is Envelope or item.kind != "honour":
+                        mailbox.put_back(item)
+                        if item.__class__ is Envelope and item.state == REJECTED and item.reply is not None:
+                            item.reply.fail(self._retired_error())
+                    self._honour_requests()
+                    break
+                if item.__class__ is Envelope:
+                    self._process(item, handle)
+                else:
+                    self._control(item)
+                if self._exit_kind is not None:
+                    break
+                self._honour_requests()
 
     def _honour_requests(self) -> None:
         """Act on ``retire`` / ``stop_self`` asked for by the handler (or ``on_start``) that just ran."""
@@ -291,6 +309,12 @@ class Actor(pykka.ThreadingActor):
                 reply.set(result)
         finally:
             handle.current = None
+
+    def _retired_error(self) -> CastorError:
+        """What a message taken just before a retirement gets (as the queue it was in)."""
+        reason, error = self._retire_request or (self.handle.retired_reason or "retired", Retired)
+        path = self.handle.path
+        return error(f"{path}: {reason}", data={"path": path, "reason": reason}, may_have_started=False)
 
     def _control(self, item: Control) -> None:
         if item.kind == "stop":

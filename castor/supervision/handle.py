@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
 from castor.messages.inspection import ActorSnapshot, InFlight, MailboxSnapshot
 from castor.supervision.faults import FaultPlan
-from castor.supervision.mailbox import Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
+from castor.supervision.mailbox import STARTED, Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
 
 if TYPE_CHECKING:
     from castor.supervision.actor import Actor
@@ -79,6 +79,32 @@ class PendingAsk:
         ) from error
 
 
+class _InlineReply:
+    """The reply slot of an inline ask: set and read on the asking thread, so no lock or gate."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> bool:
+        if self.done:
+            return False
+        self.done, self.value = True, value
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        if self.done:
+            return False
+        self.done, self.error = True, error
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        return self.done
+
+
 class ActorHandle:
     """Send to, inspect and control one supervised child, across its incarnations."""
 
@@ -117,6 +143,8 @@ class ActorHandle:
         self.last_error: BaseException | None = None
         self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
         self.closed = Latch()  # set once the handle is closed for good
+        #: Held while a message is handled, on the loop thread or inline (see :meth:`ask`).
+        self.turn = threading.Lock()
         self._closing = threading.Lock()  # serialises close(): see there
 
     # -- sending -----------------------------------------------------------
@@ -125,8 +153,44 @@ class ActorHandle:
         self._enqueue(Envelope(message, None))
 
     def ask(self, message: Any, *, timeout: float | None = None) -> Any:
-        """Send and wait for the answer, at most ``timeout`` seconds."""
+        """Send and wait for the answer, at most ``timeout`` seconds.
+
+        For a class that opts in (:attr:`Actor.inline_asks`) an ask that finds the incarnation
+        idle -- its loop parked on an empty, open mailbox -- runs the handler on this thread
+        instead, holding the handle's :attr:`turn`: a message sent meanwhile queues behind it
+        (the loop waits for the turn), so the order is the order of arrival as ever, and a
+        stop, kill or retirement is carried out by the loop thread before it takes anything
+        else. Otherwise (busy, starting, retired) the ask queues as usual.
+        """
+        actor = self._actor
+        if actor is not None and actor.inline_asks:
+            answered = self._ask_inline(actor, message, timeout)
+            if answered is not None:
+                reply = answered._envelope.reply
+                if reply.error is None:
+                    return reply.value
+                return answered.result()  # the error, mapped as for a queued ask
         return self.ask_pending(message, timeout=timeout).result()
+
+    def _ask_inline(self, actor: Actor, message: Any, timeout: float | None) -> PendingAsk | None:
+        """Handle ``message`` on this thread if ``actor`` is idle; None when it is not."""
+        mailbox = self._mailbox
+        if not mailbox.claim_idle(self.turn):
+            return None
+        try:
+            if (actor is not self._actor or actor.actor_inbox is not mailbox or actor._exit_kind is not None
+                    or actor._retire_request is not None or actor._stop_requested or actor._abandoned):
+                return None
+            envelope = Envelope(message, _InlineReply())
+            envelope.state = STARTED
+            actor._process(envelope, self)
+            if actor._exit_kind is not None or actor._retire_request is not None or actor._stop_requested:
+                mailbox.put_control(Control("honour"))  # the loop thread ends the incarnation
+        finally:
+            self.turn.release()
+            mailbox.end_inline()
+        deadline = time.monotonic() + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout)
+        return PendingAsk(self, envelope, mailbox, deadline)
 
     def ask_pending(self, message: Any, *, timeout: float | None = None) -> PendingAsk:
         """Send now, wait later (fan-out); the deadline starts now."""

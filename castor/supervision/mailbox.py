@@ -163,6 +163,7 @@ class Mailbox:
         self._by_type: dict[str, int] = {}  # queued messages by type name (a plain dict: made per mailbox)
         self._closed: Callable[[], CastorError] | None = None
         self._revivable = False
+        self._inline = False  # a handler runs on an asker's thread (claim_idle .. end_inline)
         self.rejected = 0
 
     # -- producers -------------------------------------------------------
@@ -195,12 +196,30 @@ class Mailbox:
                 self._waiters.popleft().release()
             return True
 
+    def claim_idle(self, turn: Any) -> bool:
+        """Take ``turn`` (without blocking) only if the consumer is parked in :meth:`get` on an
+        empty, open mailbox. Until :meth:`end_inline`, :meth:`get` hands out nothing: what is put
+        meanwhile stays queued (and counted in the depth) behind the inline handler."""
+        with self._lock:
+            if (self._closed is not None or self._inline or self._queue or self._control
+                    or not self._waiters or not turn.acquire(False)):
+                return False
+            self._inline = True
+            return True
+
+    def end_inline(self) -> None:
+        """The inline handler is done: the consumer may take what queued behind it."""
+        with self._lock:
+            self._inline = False
+            if (self._queue or self._control) and self._waiters:
+                self._waiters.popleft().release()
+
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
         """Block until a control item or an envelope is available; controls first."""
         lock = self._lock
         with lock:
-            while not self._control and not self._queue:
+            while self._inline or (not self._control and not self._queue):
                 waiter = _allocate_lock()
                 waiter.acquire()
                 self._waiters.append(waiter)

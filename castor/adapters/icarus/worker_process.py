@@ -50,15 +50,30 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
-from castor.domain.text import loads_strict, well_formed
+from castor.domain.text import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
-_ids_lock = threading.Lock()
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
+# The C encoder JSONEncoder.encode builds on every call, built once: ASCII, no NaN, str() for
+# the rest. Without a markers dict a cycle ends in RecursionError (refused like any bad argument).
+_C_ENCODER = (json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                                          False, False, False)
+              if json.encoder.c_make_encoder is not None else None)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# ``loads_strict`` (castor.domain.text) with its decoder made once, not per reply.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_SCAN = _DECODER.scan_once
 _STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
+_LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
+_IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
 
 
@@ -67,9 +82,11 @@ __all__ = ["IcarusCallError", "StderrTail", "WorkerProcess", "WorkerProtocolErro
 
 
 def next_request_id() -> int:
-    """Process-wide monotonic request id (never reused, even across workers)."""
-    with _ids_lock:
-        return next(_ids)
+    """Process-wide monotonic request id (never reused, even across workers).
+
+    ``next`` on an ``itertools.count`` runs in C under the GIL, so concurrent callers never
+    get the same id (tests/icarus_worker: request ids unique across workers and threads)."""
+    return next(_ids)
 
 
 class WorkerStats(BaseModel):
@@ -129,7 +146,13 @@ class WorkerProcess:
         self._buffer = b""
         self._call_lock = threading.Lock()
         self._kill_lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
+        # The self-pipe that wakes a blocked call; made by start(), closed with the other pipes
+        # (under _fd_lock, so a late wake never writes to a descriptor number reused since).
+        self._wake_r = self._wake_w = -1
+        self._pidfd = -1
+        self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
+        self._idle_at = 0.0
+        self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
         self._killed = False
@@ -156,9 +179,24 @@ class WorkerProcess:
         return self._proc is not None
 
     def exited_while_idle(self) -> bool:
-        """True when the started child is gone although no call was running (killed or died idle)."""
+        """True when the started child is gone although no call was running (killed or died idle).
+
+        With a pidfd (Linux) this is the same ``poll(0)`` the next call's drain needs: the
+        events are handed to it (when it follows within a millisecond), so the check costs no
+        syscall of its own."""
         proc = self._proc
-        return proc is not None and not self._killed and proc.poll() is not None
+        if proc is None or self._killed:
+            return False
+        if proc.returncode is not None:
+            return True
+        if self._pidfd < 0:
+            return proc.poll() is not None
+        events = self._stale_poller.poll(0)
+        self._idle_events, self._idle_at = events, time.monotonic()
+        for fd, _mask in events:
+            if fd == self._pidfd:  # readable once the child has exited
+                return proc.poll() is not None
+        return False
 
     @property
     def usable(self) -> bool:
@@ -170,6 +208,8 @@ class WorkerProcess:
             return
         if not self.usable:
             raise WorkerRetired("worker was retired before it started", may_have_started=False)
+        with self._fd_lock:
+            self._wake_r, self._wake_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
                 list(self._launch.argv), cwd=self._launch.cwd, env=self._launch.env,
@@ -178,19 +218,32 @@ class WorkerProcess:
             )
         except OSError as exc:
             self._crashed = True
+            self._close_wake_pipe()
             raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
-        os.set_blocking(self._proc.stdin.fileno(), False)
-        out_fd = self._proc.stdout.fileno()
+        self._in_fd = self._proc.stdin.fileno()
+        os.set_blocking(self._in_fd, False)
+        out_fd = self._out_fd = self._proc.stdout.fileno()
+        os.set_blocking(out_fd, False)  # a wake-up that was not for stdout never blocks a read
         self._stale_poller = select.poll()
         self._stale_poller.register(out_fd, select.POLLIN)
+        try:
+            self._pidfd = os.pidfd_open(self._proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: exited_while_idle asks waitpid
+            self._pidfd = -1
+        else:
+            self._stale_poller.register(self._pidfd, select.POLLIN)
         self._reply_poller = select.poll()
         self._reply_poller.register(out_fd, select.POLLIN)
         self._reply_poller.register(self._wake_r, select.POLLIN)
         self._stderr_thread = threading.Thread(target=self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
                                                daemon=True)
         self._stderr_thread.start()
+        with self._kill_lock:
+            late = self._retired  # retired while it was being spawned: kill_tree saw no process
+        if late is not None:
+            self.kill_tree(late)
 
     def _drain_stderr(self) -> None:
         stream = self._proc.stderr
@@ -201,6 +254,11 @@ class WorkerProcess:
                 self._stderr.add(line)
         except (OSError, ValueError):
             pass  # pipe closed under us during kill
+        finally:
+            try:
+                stream.close()  # end of file: the whole tree is gone, so is the pipe
+            except (OSError, ValueError):
+                pass
 
     def stderr_tail(self) -> str:
         return self._stderr.text()
@@ -215,6 +273,11 @@ class WorkerProcess:
             proc = self._proc
             if proc is None or self._killed:
                 self._wake()
+                if proc is None and self._call_lock.acquire(blocking=False):
+                    try:
+                        self._close_wake_pipe()  # a start after retirement is refused: nothing uses it
+                    finally:
+                        self._call_lock.release()
                 return
             self._killed = True
         try:
@@ -240,30 +303,49 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
             pass
         psutil.wait_procs(descendants, timeout=2)
+        if self._stderr_thread is not None and self._stderr_thread is not threading.current_thread():
+            self._stderr_thread.join(timeout=1.0)  # it closes stderr at the end of file
         if self._call_lock.acquire(blocking=False):
             try:
                 self._close_pipes()
             finally:
                 self._call_lock.release()
+        # else: the running call closes them on its way out (see call)
 
     def close(self) -> None:
         self.kill_tree("closed")
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        with self._fd_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+
+    def _close_wake_pipe(self) -> None:
+        """Close the wake pipe and the pidfd (the worker is finished)."""
+        with self._fd_lock:
+            for fd in (self._wake_r, self._wake_w, self._pidfd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self._wake_r = self._wake_w = self._pidfd = -1
 
     def _close_pipes(self) -> None:
+        """Close stdin, stdout and the wake pipe: the worker is finished (no call is running).
+        stderr is closed by its drain thread at the end of file."""
         proc = self._proc
-        if proc is None:
-            return
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except (OSError, ValueError):
-                pass
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except (OSError, ValueError):
+                    pass
+        self._close_wake_pipe()
 
     # ------------------------------------------------------------------ call
 
@@ -278,13 +360,31 @@ class WorkerProcess:
         if not self._call_lock.acquire(blocking=False):
             raise Conflict("a call is already in progress on this worker", may_have_started=False)
         try:
-            self._check_usable(may_have_started=False)
+            if self._retired is not None or self._crashed:
+                self._check_usable(may_have_started=False)
             target = f"{module}.{function}"
             line = _encode_request(request_id, module, function, args, kwargs)  # before anything starts
-            self.start()
-            self._drain_stale()
+            if self._proc is None:
+                self.start()
+            events = self._idle_events
+            if events is None or time.monotonic() - self._idle_at > _IDLE_EVENTS_FRESH_S:
+                events = self._stale_poller.poll(0)
+            self._idle_events = None
+            if self._buffer or (events and any(fd == self._out_fd for fd, _mask in events)):
+                self._drain_stale()
             self._calls += 1
-            self._write(line, deadline, target)
+            if self._retired is not None or self._crashed:
+                self._check_usable(may_have_started=False, target=target)
+            try:  # the whole line in one write, as a rule (the pipe is empty between calls)
+                written = os.write(self._in_fd, line)
+            except BlockingIOError:
+                written = 0
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
+                    raise
+                raise self._crash(target, may_have_started=False) from None
+            if written < len(line):
+                self._write(memoryview(line)[written:], deadline, target)
             return self._await_reply(request_id, deadline, target)
         finally:
             if not self.usable:
@@ -334,28 +434,35 @@ class WorkerProcess:
             poller.poll(_poll_ms(remaining))
 
     def _await_reply(self, request_id: int, deadline: float | None, target: str) -> dict[str, Any]:
-        out_fd = self._proc.stdout.fileno()
+        """Wait on stdout and the wake pipe (one poll), read what is there, until the reply."""
+        out_fd = self._out_fd
         poller = self._reply_poller
         while True:
-            reply = self._take_reply(request_id, target)
-            if reply is not None:
-                return reply
-            remaining = self._remaining(deadline)
-            if remaining is not None and remaining <= 0:
-                raise self._timeout(target, request_id, started=True)
-            events = poller.poll(_poll_ms(remaining))
-            self._check_usable(may_have_started=True, target=target)
+            if b"\n" in self._buffer:
+                reply = self._take_reply(request_id, target)
+                if reply is not None:
+                    return reply
+            if deadline is None:
+                events = poller.poll(_LIVENESS_POLL_MS)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(target, request_id, started=True)
+                events = poller.poll(_poll_ms(remaining))
+            if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
+                self._check_usable(may_have_started=True, target=target)
             if not events:
                 if self._proc.poll() is not None:
                     raise self._crash(target, may_have_started=True)
                 continue
-            for fd, _mask in events:
-                if fd == out_fd:
-                    chunk = os.read(out_fd, _READ_CHUNK)
-                    if not chunk:
-                        self._check_usable(may_have_started=True, target=target)
-                        raise self._crash(target, may_have_started=True)
-                    self._buffer += chunk
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:  # the wake pipe alone (the worker is being killed) or a spurious wake
+                continue
+            if not chunk:  # end of file: the child is gone
+                self._check_usable(may_have_started=True, target=target)
+                raise self._crash(target, may_have_started=True)
+            self._buffer += chunk
 
     def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
         while b"\n" in self._buffer:
@@ -377,9 +484,12 @@ class WorkerProcess:
 
     def _drain_stale(self) -> None:
         """Consume whatever arrived between calls: stale replies and garbage are counted."""
-        out_fd = self._proc.stdout.fileno()
-        while self._stale_poller.poll(0):
-            chunk = os.read(out_fd, _READ_CHUNK)
+        out_fd = self._out_fd
+        while any(fd == out_fd for fd, _mask in self._stale_poller.poll(0)):
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
             if not chunk:
                 raise self._crash("(between calls)", may_have_started=False)
             self._buffer += chunk
@@ -440,13 +550,9 @@ class WorkerProcess:
                 pass
         return WorkerStats(**base)
 
-    def __del__(self) -> None:  # best effort: never leak the self-pipe
-        for fd in (getattr(self, "_wake_r", None), getattr(self, "_wake_w", None)):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+    def __del__(self) -> None:  # a last resort only: kill_tree / a failed call close everything
+        if getattr(self, "_fd_lock", None) is not None:
+            self._close_wake_pipe()
 
 
 def _poll_ms(remaining: float | None) -> int:
@@ -458,9 +564,11 @@ def _poll_ms(remaining: float | None) -> int:
 def _encode_request(request_id: int, module: str, function: str, args: Any, kwargs: Any) -> bytes:
     """One request line (ASCII JSON). Arguments JSON cannot carry (NaN, infinity, a cycle) are
     the caller's error, raised before anything is sent: ``InvalidParams``."""
+    request = {"id": request_id, "module": module, "function": function,
+               "args": args if type(args) is list else list(args or ()),
+               "kwargs": kwargs if type(kwargs) is dict else dict(kwargs or {})}
     try:
-        line = _ENCODER.encode({"id": request_id, "module": module, "function": function,
-                                "args": list(args or ()), "kwargs": dict(kwargs or {})})
+        line = "".join(_C_ENCODER(request, 0)) if _C_ENCODER is not None else _ENCODER.encode(request)
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidParams(f"arguments for {module}.{function} cannot be sent to the worker: {exc}",
                             data={"target": f"{module}.{function}"}, may_have_started=False) from None
@@ -471,9 +579,16 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     """A reply dict, or None for a line that is not one. Lone surrogates (a backend's escaped
     text) become U+FFFD, so the reply can be audited, filtered and sent on as UTF-8."""
     try:
-        reply = well_formed(loads_strict(line))
-    except (ValueError, RecursionError):
+        text = line.decode("utf-8")  # UnicodeDecodeError is a ValueError
+        reply, end = _SCAN(text, 0)  # the line is stripped: one value must fill it
+    except (ValueError, RecursionError, StopIteration):
         return None
+    if end != len(text):
+        return None
+    if b"\\u" in line:
+        # Only a \u escape can carry a lone surrogate (UTF-8 cannot encode one, and a byte
+        # that is not UTF-8 failed above), so a line without one needs no walk.
+        reply = well_formed(reply)
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
         return None
     return reply

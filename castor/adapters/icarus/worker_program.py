@@ -14,9 +14,16 @@ Guarantees
 - **Exact package.** The package ``icarus`` is loaded from the directory named
   by ``CASTOR_ICARUS_DIR`` via its ``__init__.py`` with
   ``submodule_search_locations=[that dir]``; any ``icarus`` module already in
-  ``sys.modules`` is dropped first, and every loaded module's ``__file__`` must
-  resolve inside that directory. Another ``icarus`` on ``sys.path`` is never
+  ``sys.modules`` is dropped first. Another ``icarus`` on ``sys.path`` is never
   used. Import errors surface per call as ``ok: false``.
+- **No code from outside the directory.** A finder first on ``sys.meta_path``
+  finds ``icarus`` and every ``icarus.*`` module (the backend's own imports
+  too) and resolves the real path of its file, its bytecode cache and its
+  search path *before* the module's code runs; anything outside the directory
+  (a symlink out, a symlinked sub-directory, ``__init__.py`` or
+  ``__pycache__``) is refused: the reply is ``ok: false`` with ``refused:
+  "outside_package"`` and ``module``. A module is checked once, when it is
+  first resolved; later calls find it in a table (no path resolution per call).
 - **stdout is the protocol alone.** At start the real fd 1 is duplicated to a
   private fd used only for replies, fd 1 is pointed at stderr (so native writes
   from C extensions land on stderr) and ``sys.stdout`` is ``sys.stderr``.
@@ -66,6 +73,7 @@ def _scrub_sys_path():
 _scrub_sys_path()
 
 import importlib  # noqa: E402  (must follow the sys.path scrub)
+import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -101,30 +109,98 @@ def _isolate_stdio():
 
 # --------------------------------------------------------------------------- package
 
+class OutsidePackage(ImportError):
+    """A module of the package whose real file is outside the configured directory: refused
+    before any of its code runs."""
+
+    def __init__(self, message, module):
+        ImportError.__init__(self, message)
+        self.module = module
+
+
 def _inside(path, root):
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
 
 
+_ROOT = []  # [root] or [ImportError]: the configured directory, resolved once
+
+
 def _package_dir():
-    raw = os.environ.get(PACKAGE_DIR_ENV, "")
-    if not raw or not os.path.isabs(raw):
-        raise ImportError("%s must name the configured icarus directory by absolute path" % PACKAGE_DIR_ENV)
-    return os.path.realpath(raw)
+    if not _ROOT:
+        raw = os.environ.get(PACKAGE_DIR_ENV, "")
+        if not raw or not os.path.isabs(raw):
+            _ROOT.append(ImportError("%s must name the configured icarus directory by absolute path"
+                                     % PACKAGE_DIR_ENV))
+        else:
+            _ROOT.append(os.path.realpath(raw))
+    if isinstance(_ROOT[0], BaseException):
+        raise _ROOT[0]
+    return _ROOT[0]
+
+
+def _check_spec(spec, root):
+    """Refuse a spec whose code (its file, its bytecode cache, its search path) resolves outside
+    ``root``. Runs before the module's code does."""
+    places = []
+    if spec.origin is not None and getattr(spec, "has_location", False):
+        places.append(spec.origin)
+        cached = getattr(spec, "cached", None)
+        if cached and getattr(sys, "pycache_prefix", None) is None:
+            places.append(cached)  # a __pycache__ that is a symlink out would feed outside bytecode
+    elif spec.submodule_search_locations is None:
+        places.append(spec.origin or "")  # a builtin/frozen "icarus.x" is not the package's
+    places.extend(spec.submodule_search_locations or ())
+    for place in places:
+        if not place or not _inside(place, root):
+            raise OutsidePackage("%s resolves outside the configured icarus directory; refused before import"
+                                 % spec.name, spec.name)
+    return spec
+
+
+class _PackageFinder(object):
+    """First on ``sys.meta_path``: every module of the package is found under the configured
+    directory only, and its real location is checked before its code runs."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != PACKAGE and not fullname.startswith(PACKAGE + "."):
+            return None
+        root = _package_dir()
+        if fullname == PACKAGE:
+            init = os.path.join(root, "__init__.py")
+            if not os.path.isfile(init):
+                raise ImportError("no icarus package at %s" % root)
+            spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+        else:
+            parent = sys.modules.get(fullname.rpartition(".")[0])
+            search = getattr(parent, "__path__", None)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, list(search)) if search is not None else None
+            if spec is None:
+                raise ModuleNotFoundError("No module named %r" % fullname, name=fullname)
+        return _check_spec(spec, root)
+
+    def invalidate_caches(self):
+        pass
+
+
+_FINDER = _PackageFinder()
+_PACKAGE_MODULE = []  # [the loaded package module]
+_MODULES = {}  # full name -> the module object checked when it was first resolved
 
 
 def _load_package():
     """Load (once) the configured ``icarus`` package by path."""
     root = _package_dir()
     current = sys.modules.get(PACKAGE)
-    if current is not None and getattr(current, "__castor_root__", None) == root:
+    if current is not None and _PACKAGE_MODULE and current is _PACKAGE_MODULE[0]:
         return root
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
     for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
         del sys.modules[name]
-    init = os.path.join(root, "__init__.py")
-    if not os.path.isfile(init):
-        raise ImportError("no icarus package at %s" % root)
-    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+    _MODULES.clear()
+    del _PACKAGE_MODULE[:]
+    spec = _FINDER.find_spec(PACKAGE)
     module = importlib.util.module_from_spec(spec)
     module.__castor_root__ = root
     sys.modules[PACKAGE] = module
@@ -135,26 +211,43 @@ def _load_package():
         raise
     if not _inside(module.__file__, root):
         raise ImportError("icarus resolved outside the configured directory")
+    _PACKAGE_MODULE.append(module)
     return root
 
 
 def _target(module_name, function_name):
-    root = _load_package()
-    module = importlib.import_module(PACKAGE + "." + module_name)
-    if not _inside(getattr(module, "__file__", "") or "", root):
-        raise ImportError("icarus.%s resolved outside the configured directory" % module_name)
+    full = PACKAGE + "." + module_name
+    module = sys.modules.get(full)
+    package = _PACKAGE_MODULE[0] if _PACKAGE_MODULE else None
+    if module is None or _MODULES.get(full) is not module or package is None or sys.modules.get(PACKAGE) is not package:
+        module = _resolve(full)
     fn = getattr(module, function_name, None)
     if fn is None or not callable(fn):
         raise AttributeError("icarus.%s has no callable %r" % (module_name, function_name))
     return fn
 
 
+def _resolve(full):
+    """The slow path of :func:`_target`: import and check once per module object."""
+    root = _load_package()
+    module = importlib.import_module(full)
+    if not _inside(getattr(module, "__file__", "") or "", root):
+        raise ImportError("%s resolved outside the configured directory" % full)
+    _MODULES[full] = module
+    return module
+
+
 # --------------------------------------------------------------------------- protocol
+
+_SCAN = json.JSONDecoder().scan_once  # json.loads without its per-call wrapper
+
 
 def _parse(line):
     try:
-        request = json.loads(line)
-    except ValueError:
+        request, end = _SCAN(line, 0)  # the line is stripped: one value must fill it
+    except (ValueError, StopIteration, RecursionError):
+        raise InvalidRequest("invalid request: not JSON")
+    if end != len(line):
         raise InvalidRequest("invalid request: not JSON")
     if not isinstance(request, dict):
         raise InvalidRequest("invalid request: not an object")
@@ -188,11 +281,21 @@ def normalise(value):
     return value
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)
+# The C encoder JSONEncoder.encode builds per call, built once (without a markers dict a cycle
+# ends in RecursionError, which is "unserializable result" like any other).
+try:
+    _C_ENCODER = json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                                             False, False, False)
+except (AttributeError, TypeError):  # no C accelerator (or another signature): the plain encoder
+    _C_ENCODER = None
+
+
 def _encode(reply):
     # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
-        text = json.dumps(reply, ensure_ascii=True, default=str, allow_nan=False)
+        text = "".join(_C_ENCODER(reply, 0)) if _C_ENCODER is not None else _ENCODER.encode(reply)
     except (ValueError, TypeError, RecursionError):
         text = json.dumps(
             {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
@@ -212,6 +315,9 @@ def handle(line):
         return {"id": request_id, "ok": True, "result": normalise(result)}
     except KeyboardInterrupt:
         raise
+    except OutsidePackage as exc:
+        return {"id": request_id, "ok": False, "error": str(exc), "traceback": "",
+                "refused": "outside_package", "module": exc.module}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
         return {
             "id": request_id,

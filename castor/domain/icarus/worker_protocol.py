@@ -21,6 +21,13 @@ class IcarusCallError(CastorError):
     code = ErrorCode.INTERNAL
 
 
+class IcarusModuleRefused(CastorError):
+    """A module of the configured package resolves outside ``icarusDir`` (a symlink out, a
+    ``__pycache__`` that points elsewhere): the worker refused it before any of its code ran."""
+
+    code = ErrorCode.FORBIDDEN
+
+
 class WorkerProtocolError(CastorError):
     """The worker's stdout carried a line that is not a protocol reply."""
 
@@ -32,11 +39,17 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
 
     The error message is the backend's ``error`` text, or ``"Icarus call
     failed"`` when it is empty. ``may_have_started`` is always true: the
-    function ran, at least in part.
+    function ran, at least in part. A reply the worker marks ``refused:
+    "outside_package"`` is :class:`IcarusModuleRefused` (``forbidden``, reason
+    ``outside_package``, ``may_have_started`` false: the function never ran).
     """
     if reply.get("ok") is True:
         return reply.get("result")
     message = str(reply.get("error") or "") or "Icarus call failed"
+    if reply.get("refused") == "outside_package":
+        raise IcarusModuleRefused(message, data={"reason": "outside_package", "target": target,
+                                                 "module": str(reply.get("module") or "")},
+                                  may_have_started=False)
     raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
                                          "traceback": str(reply.get("traceback") or "")},
                           may_have_started=True)
