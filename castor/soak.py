@@ -695,10 +695,17 @@ class Soak:
         report.faults_skipped_no_target = self.skipped
 
     def _rows(self, session: _Session) -> dict[str, dict[str, Any]]:
-        view, err = self.call(session.sid, "list")
-        if err is not None:
-            return {}
-        return {r["cast_id"]: r for r in view["casts"] if r["cast_id"] in set(session.cast_ids)}
+        """Every cast row of the session's project (``list`` is paged: all pages, 1,000 a page)."""
+        rows: dict[str, dict[str, Any]] = {}
+        cursor = None
+        while True:
+            view, err = self.call(session.sid, "list", {"limit": 1000, "cursor": cursor})
+            if err is not None:
+                return rows
+            rows.update((r["cast_id"], r) for r in view["casts"] if r["cast_id"] in set(session.cast_ids))
+            cursor = view.get("next_cursor")
+            if not cursor:
+                return rows
 
     def _wait_terminal(self, session: _Session, cast_ids: Iterable[str], timeout: float,
                        settled: tuple[str, ...] = SETTLED) -> None:

@@ -374,11 +374,16 @@ class RayBackend:
                 placed.ctx.harness.agent.cancel(turn_id)  # the dead host's turns: their answers go nowhere
             try:
                 self._place(placed, avoid=lost.host_id)
-                listing = self.call(sid, "list", {})
-                for cast in listing.get("casts", []):
-                    if cast.get("status") == "orphaned":
-                        self.call(sid, "recast", {"cast_id": cast["cast_id"]})
-                        recast += 1
+                orphaned, cursor = [], None
+                while True:  # ``list`` is paged
+                    listing = self.call(sid, "list", {"limit": 1000, "cursor": cursor})
+                    orphaned += [c["cast_id"] for c in listing.get("casts", []) if c.get("status") == "orphaned"]
+                    cursor = listing.get("next_cursor")
+                    if not cursor:
+                        break
+                for cast_id in orphaned:
+                    self.call(sid, "recast", {"cast_id": cast_id})
+                    recast += 1
             except CastorError as exc:
                 self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
                 placed.ready.set()  # callers get the host's own error rather than waiting forever
