@@ -37,8 +37,8 @@ process pinned with ``sched_setaffinity`` before it starts a thread: the strict 
 threads (``..._unpinned``); and on **the disk** (a temp dir beside this file, on the file system a
 checkout -- and so a project's ``.pi/pi-materia`` -- lives on), unpinned, where the same writes pay
 the device's fsync latency, as a user's casts do (``..._on_disk``). Why two placements: on a small
-VM the placement moves both sides more than castor's own cost does (``shared/reference/
-microbench.md`` measures every hand-off in placements for the same reason). Unpinned, waking a
+VM the placement moves both sides more than castor's own cost does (so both placements
+are measured). Unpinned, waking a
 thread on the other, idle vCPU costs ~40 us, and the baseline's one thread is bimodal: ~500 us per
 transition while the scheduler keeps it on one vCPU, ~800 us while it moves it, from one runtime
 to the next -- so the unpinned ratio swings with the placement luck of either side. On one CPU

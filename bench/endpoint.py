@@ -12,7 +12,7 @@ In one run, interleaved so machine noise hits both alike:
 
 The round trips are measured twice: unpinned (as the scheduler places the
 threads) and, in a child interpreter, with every thread pinned to one CPU
-(the stable "same core" floor of shared/reference/microbench.md §6; on a
+(the stable "same core" floor; on a
 2-vCPU VM a cross-core wake-up costs ~40 us and dominates the unpinned
 numbers).
 

@@ -576,7 +576,7 @@ def cmd_loadout(args: argparse.Namespace) -> int:
 
 
 def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
-    """Spec §11 item 72 (``loadout.set`` refused while a cast is active), across processes: a
+    """Conformance item 72 (``loadout.set`` refused while a cast is active), across processes: a
     cast whose runtime holds its lease is running somewhere."""
     from castor.actors.materia.views import find_cast
     from castor.messages.errors import Conflict

@@ -1,6 +1,6 @@
 """ClassifierActor: relevance classification of retrieved context under one deadline.
 
-One per session. It runs the pure §4.9 matrix
+One per session. It runs the pure fallback matrix
 (:func:`castor.domain.icarus.classify.classify_context`) against a
 :class:`~castor.actors.ports.classifier.ClassifierPort`.
 

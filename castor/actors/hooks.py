@@ -26,12 +26,12 @@ Guarantees
 * The actor never blocks on the worker, the classifier or the harness: all
   waiting happens on the lane and job threads, so ``/icarus off``, a new
   ``session_start`` or a turn abort is handled while a retrieval is in flight
-  (that is what makes the generation rules of §3.6 observable).
-* Worker-lane failure policy (§2): when a call fails with ``timeout``,
+  (that is what makes the session-generation rules observable).
+* Worker-lane failure policy: when a call fails with ``timeout``,
   ``worker_retired``, ``worker_crashed`` or ``cancelled``, every call still
   queued on the lane is failed *without being sent*, so queued mutations never
   run later on a fresh worker. Queued ``close`` requests still run.
-* Ambient failure policy (§3.8): every harness event gets ``None`` or its
+* Ambient failure policy: every harness event gets ``None`` or its
   injection, never an error, even when the worker, classifier or audit fail;
   a classifier-or-audit actor failure releases the original context.
 * On any exit of an incarnation every unanswered caller gets ``None`` and
@@ -61,7 +61,7 @@ from castor.messages.base import LocalMessage
 from castor.messages.errors import CastorError, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 
-#: Error codes after which the worker's queued calls must not be sent (§2).
+#: Error codes after which the worker's queued calls must not be sent.
 LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "cancelled", "actor_retired"})
 #: Extra seconds an internal ask may take beyond its own budget.
 ASK_GRACE = 1.0
@@ -373,7 +373,7 @@ class HookController(Actor):
     def _ui(self, call: Callable[[], None]) -> None:
         try:
             call()
-        except Exception as exc:  # noqa: BLE001 - UI failures are swallowed (§3.7)
+        except Exception as exc:  # noqa: BLE001 - UI failures are swallowed
             self.log.bind(error=type(exc).__name__).debug("session ui call failed")
 
     def _start_filter(self, effect: lc.Filter) -> None:

@@ -24,7 +24,7 @@ event (data)             sent to the HookController as          result returned 
 =======================  =====================================  ==============================================
 ``session_start``        ``session_start{session_id}`` — the    ``None``; startup context goes out through
                          session's own id (payload ids are       ``message.send`` (never filtered)
-                         ignored, spec §3.2)
+                         ignored)
 ``before_agent_start``   ``prompt``; ``custom`` when             ``{message: {custom_type:
 {prompt, message_type}   ``message_type == "custom"``            "icarus-memory-context", content, display}}``
                                                                 or ``None``

@@ -5,7 +5,7 @@ implemented by :class:`castor.adapters.icarus.worker_process.WorkerProcess`),
 started lazily by the first call. The mailbox *is* the bridge's pending queue:
 calls run one at a time, in arrival order.
 
-Failure table (spec §2; codes are ``castor.messages.errors`` codes):
+Failure table (codes are ``castor.messages.errors`` codes):
 
 =====================================  =========================  ======================================  ==========
 event                                  the call itself            every queued call                       worker
@@ -224,7 +224,7 @@ class IcarusWorkerActor(Actor):
         worker = self._worker
         if worker is not None and worker.exited_while_idle():
             # Nothing was pending, so nothing is lost or replayed: this call simply
-            # gets a fresh worker (spec §8.13). Session start-up is not re-run.
+            # gets a fresh worker. Session start-up is not re-run.
             self.log.warning("worker pid exited while idle; starting a fresh one for the next call")
             worker.kill_tree("exited while idle")
             self._worker = None

@@ -1,7 +1,7 @@
 """The error model: every failure that crosses an actor or wire boundary.
 
-Each error carries a stable string ``code`` (the wire contract of
-``contracts.md``), a human ``message`` and optional structured ``data``.
+Each error carries a stable string ``code`` (the wire contract,
+docs/protocol.md 'Errors'), a human ``message`` and optional structured ``data``.
 Codes are never renamed; new ones may be added. ``may_have_started`` tells a
 caller whether the work it asked for may already have run (and so must not be
 blindly retried).
@@ -14,7 +14,7 @@ from typing import Any
 
 
 class ErrorCode(StrEnum):
-    """Stable error codes. The first ten are fixed by contracts.md."""
+    """Stable error codes. The first ten are part of the external contract."""
 
     INVALID_FRAME = "invalid_frame"
     UNKNOWN_METHOD = "unknown_method"

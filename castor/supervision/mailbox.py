@@ -5,7 +5,7 @@ Guarantees:
 * **No stranded request.** ``put`` and ``close`` take the same lock, so a
   message either lands before the mailbox closes (and is then handed to the
   closer, which rejects it) or is refused at ``put`` with the closing error.
-  This closes pykka's check-then-put window (anchors.md §0.3).
+  This closes pykka's window between checking the actor is alive and putting.
 * **Bounded.** With a capacity, a ``put`` beyond it raises
   :class:`~castor.messages.errors.MailboxFull` at once; a sender never blocks.
   Control items (stop, kill) are never refused by capacity and jump the queue.

@@ -371,7 +371,7 @@ class CastActor(Actor):
 
     @handles(UserTurnContextQuery)
     def _on_user_turn_context(self, _message: UserTurnContextQuery) -> str | None:
-        """The synthetic context a pending user-driven turn's transcript is cut to (spec §5.4)."""
+        """The synthetic context a pending user-driven turn's transcript is cut to."""
         return self._user_turn_isolated if self._user_turn is not None else None
 
     # ------------------------------------------------------------------ the one transition rule
@@ -586,7 +586,7 @@ class CastActor(Actor):
             self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
 
     def _compact(self, effect: Compact) -> None:
-        """Same-socket recovery compaction (spec §6.2 step 3) through the host context port.
+        """Same-socket recovery compaction (before the retry) through the host context port.
 
         Never waits: the port answers on another thread, and that answer — or the deadline's
         failure — is told back as ``CompactionFinished`` with the effect's visit id (so one that

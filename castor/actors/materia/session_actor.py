@@ -504,10 +504,10 @@ class SessionActor(Actor):
     def _verb_refine(self) -> dict[str, Any]:
         """Start a user-driven refinement turn on the newest paused cast, if any.
 
-        Answers ``system_prompt_append`` (spec §5.1: the host's system prompt + "Materia active
+        Answers ``system_prompt_append`` (the host's system prompt + "Materia active
         materia (<socketId>):" + the turn prompt — materia instructions, synthetic cast context,
         refinement guidance) and ``turn_settings``: the materia's ``model`` / ``thinking`` / ``tools``
-        (spec §5.7 step 3: re-applied for the refinement turn; encoded as in ``agent.run_turn``) for
+        (re-applied for the refinement turn; encoded as in ``agent.run_turn``) for
         the harness to apply to the user's turn; ``{}`` when no cast is paused.
         """
         for cast_id, handle, view in self._statuses():
@@ -523,7 +523,7 @@ class SessionActor(Actor):
         return {}
 
     def _verb_context(self, messages: list[Any]) -> dict[str, Any]:
-        """Cut the transcript of a user-driven refinement turn to the spec's isolated context (§5.4):
+        """Cut the transcript of a user-driven refinement turn to the isolated context:
         everything before the socket's prompt becomes one synthetic message. ``{}`` when no cast
         of this session has such a turn pending (the harness keeps its messages)."""
         for _cast_id, handle in self._live().items():

@@ -15,7 +15,7 @@ the rest of the visit, if there is any, on a loop thread of its own. Lifecycle::
     send the turn: agent.run_turn(TurnRequest(turn_id=visit_id, ...), reply=tell-myself)
     TurnReplied(outcome) -> cast.tell(CastOutcome(TurnEnded(visit_id, ...))); stop
 
-Proactive compaction (spec §6.5) never stops the turn: an unknown usage (None, a harness without
+Proactive compaction never stops the turn: an unknown usage (None, a harness without
 ``session.context_usage``, a failed read) skips it with no events; a failed or timed-out
 compaction is reported (the engine emits ``proactive_compaction_failed{warning}`` and warns) and
 the turn is sent anyway. The usage read and the compaction never run on this actor's thread, so
@@ -127,7 +127,7 @@ class SocketActor(Actor):
         else:
             self._send_turn()
 
-    # ------------------------------------------------------------------ proactive compaction (§6.5)
+    # ------------------------------------------------------------------ proactive compaction
     def _wants_proactive_check(self) -> bool:
         host = self.host
         return (self.effect.proactive_compaction and not self.effect.user_driven and host is not None
@@ -180,7 +180,7 @@ class SocketActor(Actor):
         self._progress(ProactiveCompactionFinished(visit_id=self.effect.visit_id, decision=self._decision,
                                                    ok=outcome.ok, result=outcome.result, error=outcome.error,
                                                    at=time.time()))
-        self._send_turn()  # spec §6.5: the turn is sent either way
+        self._send_turn()  # the turn is sent either way
 
     def _progress(self, event: Any) -> None:
         try:

@@ -241,7 +241,7 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
 
 
 def loadout_line(active: str | None, names: list[str]) -> str:
-    """``⌘ <active> (<first 4 names, active marked *> +N)`` (spec §9)."""
+    """``⌘ <active> (<first 4 names, active marked *> +N)``."""
     shown = [f"{n}*" if n == active else n for n in names[:4]]
     more = f" +{len(names) - 4}" if len(names) > 4 else ""
     return f"⌘ {active} ({', '.join(shown)}{more})"

@@ -2,8 +2,8 @@
 
 In a harness session (Pi) castor's materia turns run *inside* the harness session, whose
 transcript — including each turn's own tool output — accumulates. Same-socket recovery after a
-``context_window`` failure compacts it before the retry (spec §6.2 step 3), and a non-recovery
-send compacts it first when its usage is over the threshold (spec §6.5).
+``context_window`` failure compacts it before the retry, and a non-recovery
+send compacts it first when its usage is over the threshold.
 
 Implemented by the harness link (``session.context_usage`` / ``session.compact`` requests,
 :mod:`castor.endpoint.harness_link`) and, for standalone agents (scripted, OpenAI HTTP), by

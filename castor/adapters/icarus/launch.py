@@ -13,7 +13,7 @@ Guarantees
   (Python >= 3.11 then adds no script/cwd entry) and the worker program scrubs
   ``sys.path`` itself for older interpreters.
 - ``PYTHONPATH`` = parent of ``icarusDir``, then the parent's entries in order
-  minus empty, relative and project (cwd or below) entries (spec §1.3, Q3).
+  minus empty, relative and project (cwd or below) entries.
 - Identity/path variables for the plugin: ``FABRIC_DIR``,
   ``HERMES_AGENT_NAME``, ``FABRIC_PROJECT_ID`` always; ``HERMES_HOME`` and
   ``STATE_DB_PATH`` only when known. ``CASTOR_ICARUS_DIR`` tells the worker
@@ -57,7 +57,7 @@ def _inside(path: str, root: str) -> bool:
 
 
 def sanitise_pythonpath(icarus_dir: str, inherited: str | None, cwd: str) -> str:
-    """Parent of ``icarusDir`` first, then safe inherited entries (spec §1.3)."""
+    """Parent of ``icarusDir`` first, then safe inherited entries."""
     entries = [posixpath.dirname(posixpath.normpath(icarus_dir))]
     for entry in (inherited or "").split(os.pathsep):
         if not entry or not posixpath.isabs(entry):

@@ -45,7 +45,7 @@ Guarantees
 Environment: ``CASTOR_ICARUS_DIR`` (required, absolute); the backend's own
 identity/path variables (``FABRIC_DIR``, ``HERMES_AGENT_NAME``,
 ``FABRIC_PROJECT_ID``, ``HERMES_HOME``, ``STATE_DB_PATH``) are set by the bridge
-and read by the plugin itself at import time (spec §6.3).
+and read by the plugin itself at import time.
 """
 import sys
 
@@ -270,7 +270,7 @@ def _parse(line):
 
 
 def normalise(value):
-    """JSON-looking strings become structures when they parse (spec §1.6)."""
+    """JSON-looking strings become structures when they parse."""
     if isinstance(value, str):
         stripped = value.strip()
         if stripped[:1] in ("{", "["):

@@ -1,4 +1,4 @@
-"""The artifact directory of one cast: ``<artifactRoot>/<castId>/`` (spec §8.1).
+"""The artifact directory of one cast: ``<artifactRoot>/<castId>/``.
 
 Layout (names kept from pi-materia so its tools keep working)::
 
@@ -137,7 +137,7 @@ def validate_socket_id(socket_id: object) -> str:
 
 
 def seg(value: object) -> str:
-    """Spec §8.1 ``seg``: a safe file-name segment for free text (never empty, capped).
+    """pi-materia's ``seg``: a safe file-name segment for free text (never empty, capped).
 
     A segment over ``MAX_SEG_LENGTH`` keeps its head and ends in a hash of the
     whole text, so two long keys sharing a prefix never name the same file.
@@ -176,7 +176,7 @@ def _timestamp_id(now: datetime | None) -> str:
 
 def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | None = None,
                      root_resolved: bool = False) -> str:
-    """Allocate a fresh cast id (spec §5.2) and create its run directory.
+    """Allocate a fresh cast id and create its run directory.
 
     The id is the UTC ISO timestamp with ``:`` and ``.`` replaced by ``-``
     (``2026-05-12T19-40-40-605Z``); a collision adds ``-1``, ``-2``, ...
@@ -271,7 +271,7 @@ def _manifest_line(entry: Any) -> str:
 
 
 # The manifest text is its top-level fields, then ``entries`` with one entry per line: the same
-# document (spec §8.2), laid out so the C JSON encoder writes it (an entry per line stays
+# document, laid out so the C JSON encoder writes it (an entry per line stays
 # readable and diffable) instead of a pretty-printer per rewrite.
 def _manifest_fields(meta: dict[str, Any]) -> str:
     """The manifest's opening and top-level fields (all but ``entries``): fixed per cast."""
@@ -494,7 +494,7 @@ class CastArtifacts:
         return self._read_json(self.USAGE)
 
     def init_manifest(self, *, request: str, config_source: str, session_file: str | None = None) -> Path:
-        """Write a manifest with no entries (spec §8.2). Overwrites an existing one."""
+        """Write a manifest with no entries. Overwrites an existing one."""
         manifest: dict[str, Any] = {"castId": self.cast_id, "request": request, "configSource": config_source}
         if session_file is not None:
             manifest["sessionFile"] = session_file
@@ -607,7 +607,7 @@ class CastArtifacts:
         return self._write(self.socket_output_path(socket_id, visit, item_key=item_key), text)
 
     def write_socket_json(self, socket_id: str, visit: int, value: Any) -> Path:
-        """The parsed JSON of a visit; no item suffix (spec §12 item 7)."""
+        """The parsed JSON of a visit; no item suffix (as in pi-materia)."""
         target = self.path(f"{self._socket_dir_rel(socket_id)}/{_check_visit(visit)}.json")
         return self._write(target, value if isinstance(value, (dict, list)) else json.dumps(value))
 
@@ -636,7 +636,7 @@ class CastArtifacts:
         max_bytes: int,
         item_key: str | None = None,
     ) -> CommandArtifacts:
-        """Write ``.command.stdout.txt``, ``.command.stderr.txt`` and ``.command.json`` (spec §7.3 step 4)."""
+        """Write ``.command.stdout.txt``, ``.command.stderr.txt`` and ``.command.json``."""
         base = f"{self._socket_dir_rel(socket_id)}/{self._stem(_check_visit(visit), item_key)}.command"
         out, err, meta = (self.path(f"{base}.{suffix}") for suffix in ("stdout.txt", "stderr.txt", "json"))
         with self._lock:

@@ -1,4 +1,4 @@
-"""Finding, reading and merging the four materia config layers (spec §2.1), from disk.
+"""Finding, reading and merging the four materia config layers, from disk.
 
 | scope | where | when |
 |---|---|---|
@@ -230,7 +230,7 @@ def save_active_loadout(
     env: Mapping[str, str] | None = None,
     home: Path | None = None,
 ) -> Path:
-    """Persist ``activeLoadout`` only (spec §2.4), to the explicit config if one is configured, else
+    """Persist ``activeLoadout`` only, to the explicit config if one is configured, else
     ``<cwd>/.pi/pi-materia.json``. The name must exist in the merged config (ConfigError
     ``unknown-loadout`` otherwise, and nothing is written). Only the ``activeLoadout`` value's
     text changes: every other byte of the file (formatting, key order, literal unicode) stays

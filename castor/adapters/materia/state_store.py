@@ -1,7 +1,7 @@
 """Durable cast state: ``<artifactRoot>/<castId>/state.json`` with fencing.
 
 castor persists a cast's state document in its run directory (pi-materia kept
-it as a session custom entry, spec §5.13; the document's fields are the same,
+it as a session custom entry; the document's fields are the same,
 the engine owns them). The file is::
 
     {"format": 1, "castId": ..., "revision": N, "incarnation": K,
@@ -153,7 +153,7 @@ class CastPage(BaseModel):
 
 
 def cast_status(state: dict[str, Any]) -> tuple[CastStatus, bool]:
-    """Status and resumability of a state document (spec §5.13/§5.14).
+    """Status and resumability of a state document.
 
     | condition (first match wins)                              | status               |
     |-----------------------------------------------------------|----------------------|

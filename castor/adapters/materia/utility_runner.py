@@ -1,6 +1,6 @@
 """Running utility commands: no shell, bounded output, deadline, whole tree killed.
 
-This is the IO half of spec §7.3 (the engine decides *when* to run; this
+This is the IO half of running a utility (the engine decides *when* to run; this
 module runs). ``spawn(cmd)`` starts ``cmd.argv`` directly (never through a
 shell, so ``;``, ``|``, ``$()`` and globs are plain argument text), in
 ``cmd.cwd``, in a new session (its own process group), with
@@ -137,7 +137,7 @@ class UtilityResult(BaseModel):
         return self.exit_code == 0 and not self.timed_out and not self.killed
 
 
-# --------------------------------------------------------------------------- failure wording (spec §7.3)
+# --------------------------------------------------------------------------- failure wording
 
 
 def stderr_summary(stderr: str, truncated: bool) -> str:

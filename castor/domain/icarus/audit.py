@@ -1,4 +1,4 @@
-"""The ``icarus-context-filter`` audit entry (spec §5) and the release rule.
+"""The ``icarus-context-filter`` audit entry and the release rule.
 
 Privacy guarantees (enforced by construction, proven by a property test):
 

@@ -1,4 +1,4 @@
-"""Relevance classification of retrieved context: the pure rules (spec §4.4–4.9).
+"""Relevance classification of retrieved context: the pure rules.
 
 What this module decides
 ------------------------
@@ -16,8 +16,8 @@ What this module decides
 * The fallback matrix (:func:`classify_context`): every classifier failure
   keeps the original context; only a turn abort yields nothing.
 
-Fallback matrix (§4.9)
-----------------------
+Fallback matrix
+---------------
 =====================================================  ============  ==========================
 situation                                              text          audit outcome / reason
 =====================================================  ============  ==========================
@@ -174,7 +174,7 @@ class ClassifierResponse(BaseModel):
 
 
 # ---------------------------------------------------------------------------
-# Model selection (§4.4)
+# Model selection
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +282,7 @@ def select_model(
 
 
 # ---------------------------------------------------------------------------
-# The request (§4.5)
+# The request
 
 SYSTEM_TEXT = (
     "You decide whether retrieved memory snippets are relevant to a user's current request. "
@@ -332,7 +332,7 @@ def build_request(plan: FilterPlan, model: ModelEndpoint) -> ClassifierRequest:
 
 
 # ---------------------------------------------------------------------------
-# Decision validation (§4.6)
+# Decision validation
 
 
 class MalformedAnswer(ValueError):
@@ -403,7 +403,7 @@ def parse_decisions(answer: str, known_ids: Sequence[str]) -> dict[str, Decision
 
 
 # ---------------------------------------------------------------------------
-# Results and exact-slice retention (§4.8)
+# Results and exact-slice retention
 
 
 class SpanDecision(StrEnum):
@@ -574,7 +574,7 @@ def classify_context(
     limits: SelectionLimits | None = None,
     retrievable: dict[str, Grammar] | None = None,
 ) -> FilterResult | None:
-    """Run the §4.9 matrix. Returns ``None`` for ``classifier: none`` (pass through, no audit).
+    """Run the fallback matrix. Returns ``None`` for ``classifier: none`` (pass through, no audit).
 
     ``list_models`` returns ``None`` when the host lacks a registry API. Either
     callable may raise; the exception is mapped by :func:`failure_reason`.

@@ -1,4 +1,4 @@
-"""The ``/icarus`` command grammar (spec §6.5): text -> typed command, or a typed error.
+"""The ``/icarus`` command grammar: text -> typed command, or a typed error.
 
 Parsing is pure and total: every input gives exactly one :class:`IcarusCommand`
 or raises :class:`CommandError` (``invalid_params``) carrying :data:`USAGE`.

@@ -1,4 +1,4 @@
-"""The hook controller's rules as a pure state machine (spec §3).
+"""The hook controller's rules as a pure state machine.
 
 :func:`step` maps ``(state, event) -> (next_state, effects)``. It never blocks
 and never performs IO: the HookController actor interprets the effects (call
@@ -58,7 +58,7 @@ context                 any                                   Reply(None)       
 ======================  ====================================  ===========================================  =====================================
 
 ``inject`` is ``{"message": {"customType": "icarus-memory-context",
-"content": text, "display": visible}}``. Ambient failure policy (§3.8): a
+"content": text, "display": visible}}``. Ambient failure policy: a
 failed worker call in any of these handlers only omits that step's context or
 capture; the harness always gets ``Reply(None)``, never an error. Explicit
 tool calls do not pass through this machine and surface their errors.
@@ -227,7 +227,7 @@ class HookConfig(_Frozen):
     hooks_registered: bool = True  # settings ``hooks``
     filtering: bool = True  # settings ``classifier`` != "none"
     context_display: bool = True
-    # The harness session's own id, known when the session opens (spec §3.2: hooks use the
+    # The harness session's own id, known when the session opens (hooks use the
     # session manager's id, never a payload's). Hooks use it from the start, so a prompt
     # before any ``session_start`` -- a runtime respawned mid-session, or a restarted
     # controller -- still reaches Icarus with the real id rather than "".
@@ -271,7 +271,7 @@ def initial_state(config: HookConfig | None = None) -> HookState:
 
 
 # ---------------------------------------------------------------------------
-# Text flattening (§3.3)
+# Text flattening
 
 
 def flatten(content: Any) -> str:

@@ -4,8 +4,8 @@ Pure rules only: the caller (``castor.adapters.icarus.settings_store``) reads th
 files and hands each in as a :class:`SettingsLayer`; nothing here touches the
 filesystem (an ``exists`` predicate is injected for the one rule that needs it).
 
-Resolution (spec §6.1–6.3)
---------------------------
+Resolution
+----------
 =====================  ==========================================================
 layer order            trusted project ``<cwd>/.pi/settings.json`` -> global
                        ``${PI_CODING_AGENT_DIR:-~/.pi/agent}/settings.json`` ->
@@ -435,7 +435,7 @@ def resolve_settings(
 # --------------------------------------------------------------------------- inspection
 
 class BoolInspection(BaseModel):
-    """Where a boolean setting's effective value comes from (spec §6.4)."""
+    """Where a boolean setting's effective value comes from."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -489,7 +489,7 @@ class WritePlan(BaseModel):
 
 def plan_default_write(key: str, *, scope: WriteScope | None, trusted: bool,
                        project: SettingsLayer, global_: SettingsLayer) -> WritePlan | str:
-    """Choose the file for ``/icarus context default …`` (spec §6.4 scope rules).
+    """Choose the file for ``/icarus context default …`` (the scope rules).
 
     Returns a plan, or a refusal message (nothing may be written). Without an
     explicit scope: the scope already defining the key (project first, only when

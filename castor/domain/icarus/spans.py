@@ -1,4 +1,4 @@
-"""Span extraction from the context text Icarus returns (spec §4.1–4.3).
+"""Span extraction from the context text Icarus returns.
 
 Guarantees
 ----------
@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Grammar = Literal["line", "block"]
 
 #: Recognised retrievable sections and the grammar of their items. Installations
-#: may pass their own mapping (spec §4.2 says the set should be configurable).
+#: may pass their own mapping (the set is configurable on purpose).
 DEFAULT_RETRIEVABLE: dict[str, Grammar] = {"fabric": "line", "qdrant": "block", "sessions": "line"}
 
 #: Protected section names that may appear in audits. Unknown headers are
@@ -205,7 +205,7 @@ def _is_continuation(line: str, grammar: Grammar) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Bounded candidate selection (§4.3)
+# Bounded candidate selection
 
 
 class SelectionLimits(BaseModel):

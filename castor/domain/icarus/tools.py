@@ -1,4 +1,4 @@
-"""Fabric tools (spec §7): schemas, registration, validation, result translation.
+"""Fabric tools: schemas, registration, validation, result translation.
 
 Pure rules; the actor forwards a prepared call to the worker as
 ``{module: "tools", function: <name>, args: [params]}``.

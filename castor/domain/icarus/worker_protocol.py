@@ -1,7 +1,7 @@
 """The worker's JSON-lines protocol, as pure rules shared by the adapter and the actor.
 
 Request ``{id, module, function, args, kwargs}``; reply ``{id, ok: true, result}``
-or ``{id, ok: false, error, traceback}`` (spec §1.2). The worker program itself
+or ``{id, ok: false, error, traceback}``. The worker program itself
 (``castor.adapters.icarus.worker_program``) must stay import-free of castor, so
 it carries its own copy of :data:`ALLOWED_MODULES`; a test pins the two together.
 """

@@ -1,4 +1,4 @@
-"""Usage accounting and the budget rule (spec §5.11, §8.3).
+"""Usage accounting and the budget rule.
 
 - :func:`extract_usage` reads a provider/harness usage map with the many alias spellings and
   never under-reports cost (``total = max(provided, sum of parts)``).

@@ -85,7 +85,7 @@ class UtilityFinished(_Input):
 
 
 class CompactionFinished(_Input):
-    """The outcome of a ``Compact`` (same-socket recovery, spec §6.2 step 3).
+    """The outcome of a ``Compact`` (same-socket recovery).
 
     ``result`` is the host's compaction result (the engine keeps only the spec's summary
     fields); ``skipped`` says why nothing was compacted although ``ok`` is true — a host with no
@@ -104,7 +104,7 @@ class CompactionFinished(_Input):
 
 class ProactiveCompactionStarted(_Input):
     """The actor decided to compact the host context before sending the turn ``visit_id``
-    (spec §6.5: ``decide_proactive`` fired on the pre-turn usage). A progress note: the turn is
+    (``decide_proactive`` fired on the pre-turn usage). A progress note: the turn is
     still pending, and its ``TurnEnded`` comes later either way."""
 
     kind: Literal["proactive_compaction_started"] = "proactive_compaction_started"
@@ -244,7 +244,7 @@ class RunAgentTurn(_Frozen):
     item_label: str | None = None
     recovery: bool = False
     user_driven: bool = False
-    isolated_context: str | None = None  # user-driven only: the synthetic message of §5.4 "Isolated context"
+    isolated_context: str | None = None  # user-driven only: the synthetic isolated-context message
     proactive_compaction: bool = True
     compaction: Compaction | None = None
 

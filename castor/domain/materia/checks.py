@@ -33,7 +33,7 @@ def _obsolete(path: str, field: str, source: str | None, hint: str) -> ConfigIss
 
 
 def check_obsolete(raw: dict[str, Any], source: str | None) -> list[ConfigIssue]:
-    """Obsolete fields of one layer file (§1.2). ``generates`` non-null is rejected too."""
+    """Obsolete fields of one layer file. ``generates`` non-null is rejected too."""
     issues: list[ConfigIssue] = []
     for field, hint in OBSOLETE_TOP.items():
         if field in raw:
@@ -78,7 +78,7 @@ def check_obsolete(raw: dict[str, Any], source: str | None) -> list[ConfigIssue]
 
 
 def check_materia_entry(name: str, entry: Any, source: str | None = None) -> list[ConfigIssue]:
-    """One materia definition (§1.3 agent, §1.4 utility)."""
+    """One materia definition (agent or utility)."""
     base = ("materia", name)
     if not is_plain_object(entry):
         return [ConfigIssue(code="invalid-materia", path=pointer(*base), source=source,
@@ -189,7 +189,7 @@ def check_budget_limits(config: dict[str, Any], source: str | None = None) -> li
 
 
 def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigIssue]:
-    """Compaction config (§6.5): a percent in [0,100] and/or a contiguous tier list."""
+    """Compaction config: a percent in [0,100] and/or a contiguous tier list."""
     if compaction is None:
         return []
     base = ("compaction",)

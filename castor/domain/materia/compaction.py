@@ -1,4 +1,4 @@
-"""Host-context compaction rules (spec §6.2 step 3, §6.5): the proactive decision and the result summary.
+"""Host-context compaction rules: the proactive decision and the result summary.
 
 The engine cannot see the host's context usage, so a :class:`RunAgentTurn` effect carries
 ``proactive_compaction=True`` and the actor calls :func:`decide_proactive` with the usage it
@@ -34,10 +34,10 @@ DEFAULT_TIERS = (("lt-128k", 0, 128_000, 75.0), ("128k-to-199999", 128_000, 200_
                  ("gte-200k", 200_000, None, 55.0))
 
 
-#: The compaction result fields kept in events (spec §6.5); everything else a host sends is dropped.
+#: The compaction result fields kept in events; everything else a host sends is dropped.
 SUMMARY_NUMBERS = ("tokensBefore", "tokensAfter", "entriesRemoved", "summaryTokens")
 SUMMARY_KEYS = (*SUMMARY_NUMBERS, "firstKeptEntryId")
-#: What a proactive compaction (spec §6.5) asks the host to keep (the recovery one is
+#: What a proactive compaction asks the host to keep (the recovery one is
 #: ``engine.COMPACTION_INSTRUCTIONS``).
 PROACTIVE_COMPACTION_INSTRUCTIONS = (
     "Compact the conversation before the next turn of an active materia cast. Preserve the active cast "

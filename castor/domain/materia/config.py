@@ -5,7 +5,7 @@ Guarantees:
   (models use aliases), and palette/UI fields the runtime ignores (``label``, ``description``,
   ``group``, ``color``, ``layout``, ``empty`` ...) are kept (``extra="allow"``) so a resolved
   config dumps back to what was read.
-- Obsolete fields named by the spec (§1.2) are rejected with the file they came from.
+- Obsolete pi-materia fields are rejected with the file they came from.
 - Every problem is a :class:`ConfigIssue` ``(code, path, message, source)``; ``path`` is a JSON
   pointer into the file (or the merged config), ``source`` the file path / layer label.
   A :class:`ConfigError` carries the full list, never only the first problem.
@@ -22,7 +22,7 @@ from castor.messages.errors import ErrorCode, InvalidConfig
 
 # --------------------------------------------------------------------------- issues
 
-#: Issue codes. The graph codes are the spec's (§3.1); the others are castor's.
+#: Issue codes. The graph codes are pi-materia's; the others are castor's.
 GRAPH_CODES = (
     "missing-endpoint",
     "unknown-endpoint",
@@ -163,7 +163,7 @@ class AgentMateria(_Model):
     thinking: str | None = None  # a level castor does not know is warned about and not applied
     multi_turn: bool = False
     generator: bool = False
-    parse: str | None = None  # palette metadata only (§1.3)
+    parse: str | None = None  # palette metadata only
 
 
 class UtilityMateria(_Model):
@@ -294,7 +294,7 @@ class Loadout(_Model):
 
 
 class MateriaFileConfig(_Model):
-    """The merged top-level config (§1.2). ``materia`` stays raw: it is validated per entry."""
+    """The merged top-level config. ``materia`` stays raw: it is validated per entry."""
 
     artifact_dir: str | None = None
     budget: Budget = Field(default_factory=Budget)

@@ -466,7 +466,7 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         s.current_item_key, s.current_item_label = sel.key, sel.label
     else:
         s.current_item_key = s.current_item_label = None
-        # Deliberate difference (§12 item 7): no stale loop item leaks into non-loop sockets.
+        # Deliberate difference: no stale loop item leaks into non-loop sockets.
         for key in ("item", "currentWorkItem", "workItem"):
             s.data.pop(key, None)
     s.assign(phase=rs.id, current_socket_id=rs.id, current_materia=rs.materia_name)
@@ -635,7 +635,7 @@ def _complete_socket(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str, *,
                                                           last_output=s.last_output))
     except AssignError as exc:
         raise _Fail(f'socket "{rs.id}": {exc.message}', entry_id) from None
-    item_fields = s.item_fields()  # of the completed item (deliberate difference §12 item 7)
+    item_fields = s.item_fields()  # of the completed item (a deliberate difference)
     advance_target = _apply_advance(ctx, rs, parsed, entry_id)
     event: dict[str, Any] = {"socket": rs.id, "materia": rs.materia_name, "type": sock.type, "artifact": artifact,
                              "parsed": sock.is_json, "entryId": entry_id, **item_fields,
@@ -938,14 +938,14 @@ def _proactive_common(ctx: _Ctx, decision_data: dict[str, Any]) -> dict[str, Any
 
 
 def _on_proactive_started(ctx: _Ctx, ev: ProactiveCompactionStarted) -> None:
-    """Spec §6.5 step 5.1: record the decision; the turn stays pending (it is sent after)."""
+    """Record the decision; the turn stays pending (it is sent after)."""
     if not _matches(ctx, "proactive_compaction_started", "agent_turn", ev.visit_id):
         return
     ctx.emit("proactive_compaction_start", _proactive_common(ctx, ev.decision.event_data()))
 
 
 def _on_proactive_finished(ctx: _Ctx, ev: ProactiveCompactionFinished) -> None:
-    """Spec §6.5 steps 5.2-5.3: ``_complete{result}``, or ``_failed{error, warning}`` and a warning
+    """``_complete{result}``, or ``_failed{error, warning}`` and a warning
     notification. Never fails the cast: the turn is sent either way, and a later context_window
     error still goes to same-socket recovery."""
     if not _matches(ctx, "proactive_compaction_finished", "agent_turn", ev.visit_id):

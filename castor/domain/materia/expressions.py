@@ -1,4 +1,4 @@
-"""Value expressions, assignment paths and conditions (spec §5.6 "Value expressions", §5.8).
+"""Value expressions, assignment paths and conditions.
 
 Expressions (used by ``assign`` sources, ``advance.items``, ``foreach.items``, conditions):
 

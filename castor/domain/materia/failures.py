@@ -1,4 +1,4 @@
-"""Turn-failure classification and the same-socket recovery bound (seed; spec §6, Appendix A).
+"""Turn-failure classification and the same-socket recovery bound (pi-materia's rules).
 
 :func:`classify_turn_failure` — precedence (first match wins):
 
@@ -105,7 +105,7 @@ class RecoveryAllowance(BaseModel):
 
 
 def recovery_key(mode: str, socket_id: str, item_key: str | None, visit: int, refinement_turn: int) -> str:
-    """Deliberate difference (§12 item 6): the refinement turn is the real one, not always 0."""
+    """Deliberate difference: the refinement turn is the real one, not always 0."""
     return json.dumps([mode, socket_id, item_key if item_key is not None else "__singleton__", visit,
                        refinement_turn], separators=(",", ":"))
 

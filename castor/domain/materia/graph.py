@@ -7,10 +7,10 @@ exactly what a saved config would contain. They never mutate their input.
   (absent, ``""``, ``"flow"``, ``"Flow"``) → ``always``; missing ``entry`` → first socket;
   ``layout.sockets`` rebuilt from the sockets that exist (stale entries dropped, a legacy
   per-socket ``layout`` moved there); ``socketKind`` derived. Idempotent.
-- :func:`prepare_loadout` — normalize, then generator socket normalization (§3.5), loop consumer
-  reconciliation, loop materialization from ``consumes``/``exit`` and the legacy exit shim (§3.6).
+- :func:`prepare_loadout` — normalize, then generator socket normalization, loop consumer
+  reconciliation, loop materialization from ``consumes``/``exit`` and the legacy exit shim.
   Idempotent: preparing a prepared loadout changes nothing. Conflicts come back as issues.
-- :func:`validate_graph` — the rules of §3.2–§3.3 with the spec's codes. Cycles are allowed.
+- :func:`validate_graph` — the graph rules with pi-materia's codes. Cycles are allowed.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _inbound_generators(sockets: dict[str, Any], members: list[str], is_gen: Gen
 def prepare_loadout(
     loadout: dict[str, Any], materia: dict[str, Any], *, name: str = "", source: str | None = None
 ) -> tuple[dict[str, Any], list[ConfigIssue]]:
-    """Normalize and materialize (§3.5–§3.6). Returns the prepared copy and any conflicts."""
+    """Normalize and materialize. Returns the prepared copy and any conflicts."""
     out = normalize_loadout(loadout)
     issues: list[ConfigIssue] = []
     sockets = out.get("sockets")
@@ -311,7 +311,7 @@ def validate_graph(
     """Validate one (normalized) loadout graph. Returns every issue; empty means valid.
 
     ``generator_detector`` is given at resolve time only; it enables the inbound generator
-    edge count of §3.3 rule 5.
+    edge count (exactly one edge from a generator outside the loop into it).
     """
     col = _Collector(("loadouts", name) if name else (), source)
     if not is_plain_object(loadout):

@@ -1,4 +1,4 @@
-"""Render a resolved loadout as readable text (``castor grid``, spec §9 ``grid``)."""
+"""Render a resolved loadout as readable text (``castor grid``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """The handoff contract: JSON extraction, envelope validation and application, ``assign``,
-and the contract text each JSON socket's prompt carries (spec §4).
+and the contract text each JSON socket's prompt carries.
 
-Extraction (:func:`extract_json`) — castor's version of §4.4, deliberately more forgiving
-(§12 item 12): candidates are every fenced block in order, then the whole text; in each, every
+Extraction (:func:`extract_json`) — more forgiving than pi-materia's (a deliberate difference):
+candidates are every fenced block in order, then the whole text; in each, every
 ``{``/``[`` is tried in order (a prefix parse, then a balanced scan that honours strings and
 escapes). The first JSON **object** found wins; if there is none, the first JSON value; if
 nothing parses, :class:`HandoffError`. So prose with stray brackets before the real object no
 longer breaks a cast. The only exception it ever raises is :class:`HandoffError`.
 
-Validation (:func:`validate_handoff`) — §4.2: a top-level object; ``satisfied`` a boolean
+Validation (:func:`validate_handoff`) — a top-level object; ``satisfied`` a boolean
 when present and **required** when routing depends on it; ``feedback`` a string; ``missing``
 a list. ``passed`` is never read; its presence only adds a note to the error.
 """
@@ -146,7 +146,7 @@ def requires_satisfied(socket: Socket) -> bool:
 
 
 def validate_handoff(parsed: Any, socket_id: str, *, require_satisfied: bool) -> dict[str, Any]:
-    """§4.2. Returns the object; raises HandoffError(reason="invalid-handoff") with every problem."""
+    """Returns the object; raises HandoffError(reason="invalid-handoff") with every problem."""
     prefix = f'Invalid handoff JSON output for socket "{socket_id}":'
     if not isinstance(parsed, dict):
         raise HandoffError(f"{prefix} expected a JSON object at the top level", data={"reason": "invalid-handoff"})
@@ -167,7 +167,7 @@ def validate_handoff(parsed: Any, socket_id: str, *, require_satisfied: bool) ->
 
 
 def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool) -> dict[str, Any]:
-    """§4.5 on a copy of ``data``. ``adopt_work_items``: the socket is a generator agent socket."""
+    """Apply the envelope to a copy of ``data``. ``adopt_work_items``: the socket is a generator agent socket."""
     out = copy.deepcopy(data)
     if not isinstance(parsed, dict):
         return out

@@ -1,4 +1,4 @@
-"""Merging the config layers (spec §2.2): default < user < project < explicit.
+"""Merging the config layers: default < user < project < explicit.
 
 Rules, applied layer by layer in order:
 

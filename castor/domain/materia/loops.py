@@ -1,5 +1,5 @@
 """Loop iteration: which iterator applies to a socket, the current item, and exhaustion targets
-(spec §5.5, §5.8 ``applyAdvance``, §5.9).
+(``applyAdvance`` in pi-materia).
 
 Exhaustion target precedence (post-final-item), over the loops indexing the socket (member,
 ``exit.from`` or some ``exits[].from``) in declaration order, first route *from this socket*:
@@ -74,7 +74,7 @@ def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int]) ->
 
 
 def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:
-    """The ``state.data`` keys that expose the current item (§5.5)."""
+    """The ``state.data`` keys that expose the current item."""
     updates = {"item": item, "currentWorkItem": item}
     if it.as_ != "item":
         updates[it.as_] = item

@@ -1,4 +1,4 @@
-"""Prompt assembly (spec §5.4, §4.3): template rendering, socket prompts, the synthetic cast
+"""Prompt assembly: template rendering, socket prompts, the synthetic cast
 context, the system-prompt suffix, context artifacts and transcript isolation.
 
 Socket prompt = sections joined by blank lines:
@@ -162,7 +162,7 @@ def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt:
 
 def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict[str, Any]]:
     """Replace everything before the newest non-assistant message holding the materia tags with one
-    synthetic user message (§5.4 "Isolated context"). Unchanged if no such message exists."""
+    synthetic user message (the isolated context). Unchanged if no such message exists."""
 
     def text_of(message: dict[str, Any]) -> str:
         content = message.get("content")

@@ -1,9 +1,9 @@
 """From layer dicts to a validated config, and from a config to the resolved active loadout.
 
-- :func:`load_config` — §2.1–§2.2: per-layer obsolete checks (with the layer's path), merge,
+- :func:`load_config` — per-layer obsolete checks (with the layer's path), merge,
   materia/budget/limits/compaction checks, prepare and validate **every** loadout graph.
   Returns a :class:`LoadedConfig` whose ``issues`` lists every problem (empty = valid).
-- :func:`resolve_config` — §3.4: resolve one loadout (default: ``activeLoadout``) into the
+- :func:`resolve_config` — resolve one loadout (default: ``activeLoadout``) into the
   typed :class:`ResolvedConfig` a cast runs on, or raise :class:`ConfigError` with every issue.
 """
 
@@ -69,7 +69,7 @@ def load_config(
 
 
 def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> list[ConfigIssue]:
-    """The post-merge checks of §2.2. Prepares loadouts in place (idempotent normalization)."""
+    """The post-merge checks. Prepares loadouts in place (idempotent normalization)."""
     issues: list[ConfigIssue] = []
     materia = merged.get("materia")
     if not is_plain_object(materia):
@@ -103,7 +103,7 @@ def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> lis
 def resolve_config(
     loaded: LoadedConfig | dict[str, Any], loadout_name: str | None = None, *, source: str | None = None
 ) -> ResolvedConfig:
-    """Resolve a loadout for a cast or the grid (§3.4). Raises ConfigError with every issue."""
+    """Resolve a loadout for a cast or the grid. Raises ConfigError with every issue."""
     if isinstance(loaded, LoadedConfig):
         loaded.raise_if_invalid()
         merged, provenance, layers = loaded.merged, loaded.provenance, loaded.layers

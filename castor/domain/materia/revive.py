@@ -1,4 +1,4 @@
-"""Revive eligibility and the additive allowance rule (spec §6.4).
+"""Revive eligibility and the additive allowance rule.
 
 Eligible only when the cast is inactive and failed, carries same-socket recovery exhaustion
 metadata with a key, that metadata's ``failed_reason`` equals the cast's ``failed_reason`` (no

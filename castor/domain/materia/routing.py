@@ -1,9 +1,9 @@
-"""Edge routing and traversal/visit limits (spec §5.4 step 3, §5.8).
+"""Edge routing and traversal/visit limits.
 
 | rule | behaviour |
 |---|---|
 | edge choice | the socket's edges in order; the first whose ``when`` matches wins: ``always``; ``satisfied`` iff ``$.satisfied is True``; ``not_satisfied`` iff ``is False``; no match → ``"end"`` |
-| edge limit | counter key ``"<from>-><to>"``, cumulative for the cast, incremented **before** the check; limit = ``edge.maxTraversals`` ?? socket ``limits.maxEdgeTraversals`` (castor enforces it, §12 item 11) ?? ``limits.maxEdgeTraversals`` ?? 25 |
+| edge limit | counter key ``"<from>-><to>"``, cumulative for the cast, incremented **before** the check; limit = ``edge.maxTraversals`` ?? socket ``limits.maxEdgeTraversals`` (castor enforces it: a deliberate difference) ?? ``limits.maxEdgeTraversals`` ?? 25 |
 | visit limit | ``visits[id] + 1`` checked against socket ``limits.maxVisits`` ?? ``limits.maxSocketVisits`` ?? 25 |
 
 Exhaustion targets returned by ``advance`` never count as edge traversals.

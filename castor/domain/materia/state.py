@@ -1,4 +1,4 @@
-"""The persisted cast state (castor's version of spec §5.13).
+"""The persisted cast state (castor's version of pi-materia's).
 
 :class:`CastState` is JSON-serialisable and versioned (``version``). ``CastState.from_json(s.to_json())``
 equals ``s`` exactly; the actor persists it on every transition. Field names are snake_case
@@ -213,7 +213,7 @@ def task_attempt_key(socket_id: str, item_key: str | None) -> str:
 
 
 def seg(value: Any) -> str:
-    """An artifact path segment (§8.1); leading dots are also trimmed so it never means '..'."""
+    """An artifact path segment; leading dots are also trimmed so it never means '..'."""
     return _seg_text(value if type(value) is str else str(value))
 
 

@@ -8,7 +8,7 @@ behaviour (and its guarantees) lives there. Documented in docs/protocol.md
 method              result                                       errors
 ==================  ===========================================  ===============================================
 ``icarus.tool``     the backend's value (``format: "value"``,    ``not_found`` (no session, tool not offered,
-                    the Pi extension's contract) or the §7.4     Icarus unavailable), ``timeout``,
+                    the Pi extension's contract) or the tool     Icarus unavailable), ``timeout``,
                     result ``{content, details, is_error}``      ``worker_retired``, ``worker_crashed``,
                     (``format: "result"``); a backend            ``internal`` (the backend raised) — transport
                     ``{error}`` or a validation failure is a     failures are never retried
