@@ -143,7 +143,7 @@ def needs_audit(result: FilterResult | None) -> bool:
 
     Required whenever filtering could discard text (``filtered``). Fallbacks,
     ``no_candidates`` and ``aborted`` release the original or nothing, so their
-    audit is best effort (spec Q9). ``None`` (classifier ``none``) has no audit.
+    audit is best effort. ``None`` (classifier ``none``) has no audit.
     """
     return result is not None and result.outcome is Outcome.FILTERED
 

@@ -73,7 +73,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SESSION_CONTEXT_TYPE = "icarus-session-context"
 MEMORY_CONTEXT_TYPE = "icarus-memory-context"
 STATUS_KEY = "icarus"
-#: Separator joining queued user messages of one settlement (spec Q6, our decision).
+#: Separator joining queued user messages of one settlement (castor's decision).
 USER_JOIN = "\n\n"
 
 

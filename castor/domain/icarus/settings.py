@@ -17,7 +17,7 @@ per key                first layer whose section defines the key (canonical
                        name before its aliases) wins.
 strings                need a non-empty trimmed string, else fall through.
 bools / ints           the first *defined* value wins; an invalid one gives the
-                       built-in default plus a warning (spec quirk Q5, kept).
+                       built-in default plus a warning (a pi-icarus-hook quirk, kept).
 backend paths/identity environment overrides settings; see ``BACKEND_ENV``.
 =====================  ==========================================================
 

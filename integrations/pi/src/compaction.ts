@@ -3,8 +3,8 @@
  *
  * castor's materia turns run inside the Pi session, whose transcript (each turn's hidden prompt,
  * its tool output, its answer) accumulates. castor reads its usage before a turn (proactive
- * compaction, materia spec §6.5) and compacts it for a same-socket retry after a context-window
- * failure (spec §6.2 step 3) — through Pi's own `ctx.getContextUsage()` and
+ * compaction, docs/materia.md) and compacts it for a same-socket retry after a context-window
+ * failure — through Pi's own `ctx.getContextUsage()` and
  * `ctx.compact({customInstructions, onComplete, onError})` (Pi ≥ 0.73; compaction asks the session
  * model for a summary).
  *

@@ -1,7 +1,7 @@
 /**
  * Pure helpers over Pi's message shapes (no Pi imports, no IO).
  *
- * Flattening (icarus spec §3.3): a string is used as is; an array is flattened element by
+ * Flattening (as the Icarus hooks read text): a string is used as is; an array is flattened element by
  * element, empty parts dropped, joined with "\n"; an object contributes its string `text`
  * (text blocks) or string `content`; anything else (thinking, tool calls, images) is "".
  */

@@ -5,7 +5,7 @@
  * Tool spec on the wire: `{name, description, parameters (JSON schema), label?,
  * prompt_snippet?, prompt_guidelines?}`.
  *
- * Result translation (icarus spec §7.4): the value castor returns becomes
+ * Result translation (docs/icarus.md, 'Tools'): the value castor returns becomes
  * `{content:[{type:"text", text: JSON (2-space)}], details: value}`; an object value with
  * an `error` key adds `isError: true`. Transport failures (timeout, dead runtime, an
  * error response) are thrown so Pi marks the call failed; they are never retried.

@@ -291,7 +291,7 @@ export class TurnTracker {
 		if (tools) this.pi.setActiveTools(tools);
 	}
 
-	/** Model first, then thinking, then the tool scope (spec §5.10); returns the tools to restore. */
+	/** Model first, then thinking, then the tool scope; returns the tools to restore. */
 	private async applySettings(settings: TurnSettings, ctx: SettingsCtx): Promise<string[] | undefined> {
 		if (settings.model?.provider && settings.model?.id) {
 			const model = ctx?.modelRegistry?.find?.(settings.model.provider, settings.model.id);
