@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(run=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
-    demo.add_argument("--workdir", help="where the demo writes its project and artifacts (default: a temp dir)")
+    demo.add_argument("--workdir", help="where the demo writes its projects, artifacts and log; kept "
+                                         "(default: a new ./castor-demo-<UTC date-time>)")
     demo.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     demo.set_defaults(run=_cmd_demo)
 
@@ -143,7 +144,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from castor.demo import run_demo
 
-    return run_demo(workdir=args.workdir, quiet=args.quiet)
+    return run_demo(workdir=args.workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
