@@ -124,13 +124,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     dispatcher = build_dispatcher(runtime)
     try:
         serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
-              on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal)
+              on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal,
+              on_ready=lambda server: _print_ready(server, token_file=None, console_url=None))
     finally:
         runtime.shutdown(30.0)
     if runtime.system.fatal.is_set():
         _fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR
     return EXIT_OK
+
+
+def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
+    """The one line ``castor serve`` prints on stderr once it listens."""
+    if address is None:
+        where = "stdio"
+    elif isinstance(address, str):
+        where = f"unix:{address}"
+    else:
+        host, port = address[0], address[1]
+        where = f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+    return (f"castor serve: listening on {one_line(where)}; token file: {one_line(token_file) if token_file else '-'}; "
+            f"console: {console_url or '-'}")
+
+
+def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
+    print(serving_line(server.address, token_file=token_file, console_url=console_url), file=sys.stderr, flush=True)
 
 
 # -- inspect ----------------------------------------------------------------------
