@@ -201,6 +201,29 @@ class Actor(pykka.ThreadingActor):
         kill_process_trees(self.owned_pids())
 
     # -- lifecycle requests from inside ------------------------------------
+    def report_activity(self, kind: str | None, text: str = "", data: dict[str, Any] | None = None, *,
+                        lasting: bool = False, since: float | None = None, **more: Any) -> None:
+        """Say what this actor is doing now, in words and data (scalars), for snapshots.
+
+        Cheap (one assignment; nothing is built until a snapshot is taken). Said while handling
+        a message, it lasts until that message is handled, unless ``lasting``; said elsewhere
+        (``on_start``, or with ``lasting``) it lasts until replaced, cleared (``kind=None``) or
+        the incarnation ends. ``since`` (monotonic) defaults to now. ``data`` and keyword
+        arguments are scalars (msgpack- and JSON-safe).
+        """
+        handle = self.handle
+        if kind is None:
+            handle.activity = None
+            return
+        facts = {**data, **more} if data is not None else more
+        handle.activity = (kind, text, facts, time.monotonic() if since is None else since,
+                           None if lasting else handle.current)
+
+    def describe_activity(self, describe: Callable[[], tuple[str, str, dict[str, Any], float] | None]) -> None:
+        """Register ``describe() -> (kind, text, data, since) | None``, called only when a
+        snapshot is taken (on the snapshotting thread: it must only read, and be quick)."""
+        self.handle.describe = describe
+
     def retire(self, reason: str, *, error: type[CastorError] = Retired) -> None:
         """Retire after the current handler: kill owned, reject everything queued, stop.
 
@@ -291,6 +314,7 @@ class Actor(pykka.ThreadingActor):
                 reply.set(result)
         finally:
             handle.current = None
+            handle.idle_since = time.monotonic()
 
     def _control(self, item: Control) -> None:
         if item.kind == "stop":
@@ -307,6 +331,8 @@ class Actor(pykka.ThreadingActor):
             "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=exc
         )
         self.handle.last_error = exc
+        self.handle.last_failure = (type(exc).__name__, envelope.type_name if envelope is not None else None,
+                                    time.monotonic(), time.time())
         self._terminate("crashed")
         self._exit_kind = "crashed"
 

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
-from castor.messages.inspection import ActorSnapshot, InFlight, MailboxSnapshot
+from castor.messages.inspection import Activity, ActorSnapshot, Failure, InFlight, MailboxSnapshot
 from castor.supervision.faults import FaultPlan
 from castor.supervision.mailbox import Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
 
@@ -115,6 +115,16 @@ class ActorHandle:
         self.current_since = 0.0
         self.retired_reason: str | None = None
         self.last_error: BaseException | None = None
+        # (error type, message type or None, monotonic, wall clock) of the last crash
+        self.last_failure: tuple[str, str | None, float, float] | None = None
+        # What the actor says it does: (kind, text, data, since (monotonic), envelope or None).
+        # Written by the actor's own thread (one assignment), read by snapshots; see
+        # Actor.report_activity. ``describe`` is a callable giving the same tuple, evaluated
+        # only when a snapshot is taken (a cast describes its state that way).
+        self.activity: tuple[str, str, dict[str, Any], float, Any] | None = None
+        self.describe: Callable[[], tuple[str, str, dict[str, Any], float] | None] | None = None
+        self.idle_since: float | None = None
+        self.labels: dict[str, str] = {}
         self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
         self.closed = Latch()  # set once the handle is closed for good
         self._closing = threading.Lock()  # serialises close(): see there
@@ -209,6 +219,9 @@ class ActorHandle:
             self.kind = type(actor).__name__
             self.state = "running"
             self.started_at = time.monotonic()
+            self.idle_since = self.started_at
+            self.activity = None
+            self.describe = None
             self.retired_reason = None
         self.registry.register(self)
         return actor
@@ -341,6 +354,7 @@ class ActorHandle:
                 is_ask=current.reply is not None,
             )
         now = time.monotonic()
+        failure = self.last_failure
         return ActorSnapshot(
             path=self.path,
             kind=self.kind,
@@ -360,7 +374,35 @@ class ActorHandle:
                 rejected=mailbox.rejected,
                 dead_letters=self.dead_letters,
             ),
+            activity=self._activity(now, current, in_flight),
+            last_failure=Failure(error_type=failure[0], message_type=failure[1], age_s=max(0.0, now - failure[2]),
+                                 at=failure[3]) if failure is not None else None,
+            labels=dict(self.labels),
         )
+
+    def _activity(self, now: float, current: Envelope | None, in_flight: InFlight | None) -> Activity | None:
+        """What the actor does now: its own description or report, else derived from its mailbox."""
+        if self._actor is None:
+            return None
+        described = None
+        describe = self.describe
+        if describe is not None:
+            try:
+                described = describe()
+            except Exception as exc:  # noqa: BLE001 - a snapshot must never fail on a description
+                described = ("unknown", f"activity unavailable ({type(exc).__name__})", {}, now)
+        reported = self.activity
+        if reported is not None and reported[4] is not None and reported[4] is not current:
+            reported = None  # said while handling a message that is done now
+        chosen = reported or described
+        if chosen is not None:
+            kind, text, data, since = chosen[0], chosen[1], chosen[2], chosen[3]
+            return Activity(kind=kind, text=text, age_s=max(0.0, now - since), data=data)
+        if in_flight is not None:
+            return Activity(kind="handling", text=f"handling {in_flight.message_type}", age_s=in_flight.since_s,
+                            data={"message_type": in_flight.message_type})
+        since = self.idle_since if self.idle_since is not None else now
+        return Activity(kind="idle", text="idle", age_s=max(0.0, now - since))
 
     def __repr__(self) -> str:
         return f"<ActorHandle {self.path} {self.state} #{self.incarnation}>"

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
 from castor.adapters.materia import command_records
 from castor.adapters.materia.utilities import run_builtin
@@ -224,6 +225,7 @@ class UtilityExecutorActor(Actor):
                                            at=time.time())
                 self._running = running
                 self.pool.started(effect.visit_id, running)
+                self.report_activity(*running_utility(effect, cmd.argv, running.pids()))
                 try:
                     result = running.wait()
                 finally:
