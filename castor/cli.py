@@ -80,13 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
     _add_endpoint_choice(inspect, stdio=False)
-    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "mailbox", "worker"])
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "casts", "mailbox", "worker"])
     inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
+    inspect.add_argument("--sort", default="path", choices=["path", "oldest", "depth", "age", "restarts"],
+                         help="actors: a flat list, worst first, by oldest message age, mailbox depth, "
+                              "activity age or restarts (default: the tree by path)")
+    inspect.add_argument("--prefix", metavar="PATH", help="actors: only those at or under PATH")
+    inspect.add_argument("--filter", metavar="TEXT",
+                         help="only actors (or casts) whose path, kind, labels or activity contain TEXT")
     inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
     inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
     inspect.add_argument("--interval", type=_interval, default=1.0,
                          help="seconds between refreshes with --follow (0.1 to 3600)")
-    inspect.add_argument("--json", action="store_true", help="print raw JSON")
+    inspect.add_argument("--json", action="store_true",
+                         help="print JSON (always valid, never wrapped; one document per line with --follow)")
     inspect.set_defaults(run=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
