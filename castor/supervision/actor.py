@@ -219,6 +219,14 @@ class Actor(pykka.ThreadingActor):
         handle.activity = (kind, text, facts, time.monotonic() if since is None else since,
                            None if lasting else handle.current)
 
+    def count_metric(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` of this actor's kind (``castor_<name>_total`` in /metrics)."""
+        self.handle.registry.meters.count(name, self.handle.kind, n)
+
+    def observe_metric(self, name: str, seconds: float) -> None:
+        """Record a duration in the histogram ``name`` of this actor's kind (``castor_<name>`` in /metrics)."""
+        self.handle.registry.meters.observe(name, self.handle.kind, seconds)
+
     def describe_activity(self, describe: Callable[[], tuple[str, str, dict[str, Any], float] | None]) -> None:
         """Register ``describe() -> (kind, text, data, since) | None``, called only when a
         snapshot is taken (on the snapshotting thread: it must only read, and be quick)."""
@@ -331,6 +339,7 @@ class Actor(pykka.ThreadingActor):
             "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=exc
         )
         self.handle.last_error = exc
+        self.handle.registry.meters.count("crashes", self.handle.kind)
         self.handle.last_failure = (type(exc).__name__, envelope.type_name if envelope is not None else None,
                                     time.monotonic(), time.time())
         self._terminate("crashed")
@@ -339,6 +348,7 @@ class Actor(pykka.ThreadingActor):
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
         self.log.warning("retiring: {reason}", reason=reason)
         self.handle.retired_reason = reason
+        self.handle.registry.meters.count("retirements", self.handle.kind)
         # Reject the queue first: callers learn at once, before any slow cleanup.
         self.kill_owned()
         self.handle._reject_all(reason, error, revivable=True)

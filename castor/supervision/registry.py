@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from castor.messages.errors import InvalidParams, NotFound
 from castor.messages.inspection import TreeSnapshot
@@ -35,6 +35,9 @@ class Registry:
     """Thread-safe map of path -> handle for one actor system."""
 
     def __init__(self) -> None:
+        from castor.supervision.meters import Meters
+
+        self.meters = Meters()  # counters and latencies by actor kind, for /metrics
         self._lock = threading.Lock()
         self._by_path: dict[str, ActorHandle] = {}
         self._by_parent: dict[str, dict[str, ActorHandle]] = {}  # parent path -> its children by path
@@ -82,4 +85,8 @@ class Registry:
 
     def snapshot(self, prefix: str = "") -> TreeSnapshot:
         """Every actor under ``prefix`` (all when empty), parents before children."""
-        return TreeSnapshot(actors=[h.snapshot() for h in self.handles(prefix)])
+        return TreeSnapshot.model_validate(self.snapshot_data(prefix))
+
+    def snapshot_data(self, prefix: str = "") -> dict[str, Any]:
+        """:meth:`snapshot` as plain data (``TreeSnapshot.model_dump(mode="json")``'s shape), cheap."""
+        return {"actors": [h.snapshot_data() for h in self.handles(prefix)]}

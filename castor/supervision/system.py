@@ -96,6 +96,10 @@ class ActorSystem:
     def snapshot(self, prefix: str = "") -> TreeSnapshot:
         return self.registry.snapshot(prefix)
 
+    def snapshot_data(self, prefix: str = "") -> dict[str, Any]:
+        """:meth:`snapshot` as plain JSON/msgpack-ready data, without building models (cheap)."""
+        return self.registry.snapshot_data(prefix)
+
     def mailbox(self, path: str) -> ActorSnapshot:
         return self.registry.lookup(path).snapshot()
 

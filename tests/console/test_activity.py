@@ -183,3 +183,22 @@ def test_a_crash_is_the_last_failure_and_a_reported_activity_ends_with_its_messa
         assert snap.activity.kind == "idle" and snap.incarnation == 2
     finally:
         system.shutdown(10)
+
+
+def test_the_cheap_snapshot_data_is_exactly_the_typed_snapshots_shape():
+    from castor.messages.inspection import TreeSnapshot
+    from castor.supervision import Actor, ActorSystem, ChildSpec, supervisor_spec
+
+    class Quiet(Actor):
+        pass
+
+    system = ActorSystem([supervisor_spec("t", [ChildSpec("q", Quiet)])])
+    try:
+        data = system.snapshot_data()
+        typed = TreeSnapshot.model_validate(data)  # every field valid, nothing missing or extra
+        assert [a.path for a in typed.actors] == [a["path"] for a in data["actors"]]
+        dumped = typed.model_dump(mode="json")
+        assert [set(a) for a in dumped["actors"]] == [set(a) for a in data["actors"]]
+        assert msgpack.unpackb(msgpack.packb(data)) == data
+    finally:
+        system.shutdown(10)

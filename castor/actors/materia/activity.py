@@ -45,6 +45,7 @@ def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
                             "materia": state.current_materia, "item": item,
                             "visit": state.visits.get(socket or "", 0) if socket else None,
                             "socket_state": state.socket_state, "active": state.active,
+                            "run_dir": state.run_dir or None,
                             "cast_age_s": round(max(0.0, time.time() - state.started_at), 3)
                             if state.started_at else None}
     # The state's wall-clock time of its last transition, as a monotonic instant.

@@ -228,6 +228,7 @@ class UtilityExecutorActor(Actor):
                 self.report_activity(*running_utility(effect, cmd.argv, running.pids()))
                 try:
                     result = running.wait()
+                    self.observe_metric("utility_run_seconds", result.duration_ms / 1000.0)
                 finally:
                     self._running = None
             finally:

@@ -58,7 +58,7 @@ def process_stats(pid: int | None = None) -> dict[str, Any]:
 
 def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     def actors(params: ActorsParams, _ctx: Context) -> dict[str, Any]:
-        return runtime.system.snapshot(params.prefix).model_dump(mode="json")
+        return runtime.system.snapshot_data(params.prefix)  # TreeSnapshot's JSON shape, built without models
 
     def mailbox(params: MailboxParams, _ctx: Context) -> dict[str, Any]:
         return runtime.system.mailbox(params.path).model_dump(mode="json")
