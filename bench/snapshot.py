@@ -3,12 +3,12 @@
     python bench/snapshot.py [--quick] [--interval SECONDS]
 
 1,000 concurrent casts of the 10-socket text loadout of ``bench/casts.py`` across 10 sessions
-(tmpfs, a scripted agent answering each turn after 1 s, so all of them are in flight at once
+(tmpfs, a scripted agent answering each turn after 3 s, so all of them are in flight at once
 while the runtime stays CPU-bound) run to the end, once **unwatched** and once **watched**: a thread takes
 the whole tree's snapshot — every actor's activity, mailbox, last failure and labels, some
 2,000 actors here — as ``ops.actors`` and the console take it (``snapshot_data()``) and
-serialises it to JSON, every ``--interval`` seconds (default 0.5: twice as often as ``castor inspect --follow`` and
-the web console refresh). Figure: the transition rate watched / unwatched. Each run is a fresh
+serialises it to JSON, every ``--interval`` seconds (default 1.0: as often as ``castor inspect --follow`` and the
+web console push). Figure: the transition rate watched / unwatched. Each run is a fresh
 Python process (no run inherits another's heap); the two kinds alternate, so machine noise
 hits them alike; the figure is the median of the per-pair ratios. The same run prints the
 snapshot's own cost (median ms per snapshot of the whole tree, taken while the casts run).
@@ -42,7 +42,7 @@ from castor.runtime import Runtime, RuntimeSettings  # noqa: E402
 #: The scripted agent's latency per turn: long enough that every cast is in flight at once
 #: (11 transitions each), short enough that the runtime stays CPU-bound (the worst case for
 #: the watcher: its CPU is taken from the casts').
-DELAY_MS = 1000
+DELAY_MS = 3000
 
 
 def run(base: Path, casts: int, sessions: int, interval: float | None) -> dict:
@@ -80,7 +80,7 @@ def run(base: Path, casts: int, sessions: int, interval: float | None) -> dict:
             watcher.join(10)
         castbench.check_complete(rt, started)
         rate = casts * (castbench.SOCKETS + 1) / elapsed
-        busy = [s for s in snaps if s[1] >= casts // 2]  # taken while most casts' actors existed
+        busy = [s for s in snaps if s[1] >= casts]  # taken while (nearly) every cast was in flight
         return {"rate": rate, "snapshots": len(snaps),
                 "snapshot_s": statistics.median([s[0] for s in busy]) if busy else None,
                 "actors": statistics.median([s[1] for s in busy]) if busy else None}
@@ -99,7 +99,7 @@ def child(base: Path, casts: int, sessions: int, interval: float | None) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="300 casts, 2 pairs")
-    parser.add_argument("--interval", type=float, default=0.5, help="seconds between snapshots (default 0.5)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots (default 1.0)")
     parser.add_argument("--child", nargs=4, metavar=("DIR", "CASTS", "SESSIONS", "INTERVAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("ERROR")

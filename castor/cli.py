@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from castor import __version__
 from castor.logs import configure_logging
-from castor.messages.errors import CastorError, Forbidden
+from castor.messages.errors import CastorError, Forbidden, InvalidParams
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -21,6 +21,13 @@ def _tcp_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _console_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -76,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--user-turn-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
+    serve.add_argument("--console", metavar="HOST:PORT", type=_console_address,
+                       help="also serve the live web console and /metrics on this loopback address")
+    serve.add_argument("--console-token-file", metavar="PATH",
+                       help="require the token in PATH (first line, 16+ characters) on every console request")
     serve.set_defaults(run=_cmd_serve)
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
@@ -128,17 +139,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                       max_casts_per_session=args.max_casts_per_session,
                                       user_turn_timeout_s=args.user_turn_timeout))
+    console = _start_console(args, runtime)
     dispatcher = build_dispatcher(runtime)
     try:
         serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
               on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal,
-              on_ready=lambda server: _print_ready(server, token_file=None, console_url=None))
+              on_ready=lambda server: _print_ready(server, token_file=None,
+                                                   console_url=_console_shown(console, args)))
     finally:
+        if console is not None:
+            console.stop()
         runtime.shutdown(30.0)
     if runtime.system.fatal.is_set():
         _fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _start_console(args: argparse.Namespace, runtime: Any) -> Any:
+    """The web console of ``--console`` (None without it); a bad address or token file fails the
+    command before anything listens."""
+    if args.console is None:
+        if args.console_token_file:
+            raise InvalidParams("--console-token-file needs --console HOST:PORT")
+        return None
+    from castor.console.server import ConsoleServer, read_token_file
+
+    token = read_token_file(args.console_token_file) if args.console_token_file else None
+    try:
+        return ConsoleServer(runtime, *args.console, token=token).start()
+    except BaseException:
+        runtime.shutdown(30.0)
+        raise
+
+
+def _console_shown(console: Any, args: argparse.Namespace) -> str | None:
+    if console is None:
+        return None
+    return console.url + (f" (token from {args.console_token_file})" if args.console_token_file else "")
 
 
 def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import socket
 import threading
 import time
 from http import HTTPStatus
@@ -34,11 +35,11 @@ from loguru import logger
 from castor.console import pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
-from castor.messages.errors import Forbidden, InvalidParams
+from castor.messages.errors import CastorError, Forbidden, InvalidParams
 
 COOKIE = "castor_console_token"
 #: Seconds between two pushes of a live page.
-PUSH_INTERVAL_S = 0.5
+PUSH_INTERVAL_S = 1.0
 #: A live stream ends after this long (the page's EventSource reconnects by itself).
 STREAM_MAX_S = 600.0
 
@@ -69,9 +70,8 @@ class ConsoleServer:
             server_console = console
 
         family_host = host.strip("[]")
-        ThreadingHTTPServer.address_family = __import__("socket").AF_INET6 if ":" in family_host \
-            else __import__("socket").AF_INET
-        self.httpd = _Server((family_host, port), Handler)
+        server_class = _Server6 if ":" in family_host else _Server
+        self.httpd = server_class((family_host, port), Handler)
         self.host, self.port = family_host, self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
 
@@ -106,6 +106,10 @@ class ConsoleServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -143,6 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._get()
         except (BrokenPipeError, ConnectionResetError):
             pass
+        except CastorError as exc:  # a bad id, an unknown cast: the stable code, one line
+            status = {"not_found": HTTPStatus.NOT_FOUND, "invalid_params": HTTPStatus.BAD_REQUEST,
+                      "forbidden": HTTPStatus.FORBIDDEN}.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
+            self._send(status, f"{exc.code}: {exc.message}\n".encode(), "text/plain; charset=utf-8")
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the console
             logger.bind(actor="/console").opt(exception=exc).error("console request {} failed", self.path[:200])
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from castor.messages.errors import InvalidParams, NotFound
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
     from castor.supervision.handle import ActorHandle
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+SNAPSHOT_CHUNK = 32
+"""A tree snapshot yields the interpreter lock after this many actors (see ``snapshot_data``)."""
 
 
 def check_segment(segment: str) -> str:
@@ -89,4 +94,9 @@ class Registry:
 
     def snapshot_data(self, prefix: str = "") -> dict[str, Any]:
         """:meth:`snapshot` as plain data (``TreeSnapshot.model_dump(mode="json")``'s shape), cheap."""
-        return {"actors": [h.snapshot_data() for h in self.handles(prefix)]}
+        actors = []
+        for n, handle in enumerate(self.handles(prefix)):
+            if n % SNAPSHOT_CHUNK == SNAPSHOT_CHUNK - 1:
+                time.sleep(0)  # let the actors' threads in: a long run holding the GIL would stall them
+            actors.append(handle.snapshot_data())
+        return {"actors": actors}
