@@ -72,7 +72,7 @@ def run(base: Path, casts: int, sessions: int, interval: float | None) -> dict:
         for n in range(per_session):
             for s in range(sessions):
                 sid = f"bench-{s}"
-                started.append((sid, materia_call(rt, sid, "start", {"request": f"c{n}"})["cast_id"]))
+                started.append((sid, materia_call(rt, sid, "start", {"request": f"c{n}"}, timeout=300)["cast_id"]))
         castbench.wait_ended(rt, started, 600)
         elapsed = time.perf_counter() - t0
         stop.set()
@@ -107,7 +107,7 @@ def main() -> None:
         where, casts, sessions, interval = args.child
         print(json.dumps(run(Path(where), int(casts), int(sessions), float(interval) or None)))
         return
-    casts, pairs = (300, 2) if args.quick else (1000, 4)
+    casts, pairs = (300, 2) if args.quick else (1000, 3)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     ratios, costs = [], []
     with tempfile.TemporaryDirectory(prefix="castor-bench-snap-", dir=shm) as tmp:

@@ -290,16 +290,19 @@ function render(doc) {
     card.append(ul); sess.append(card);
   }
   const wk = document.getElementById('workers'); wk.replaceChildren();
+  const off = [];
   for (const w of doc.workers) {
-    const p = w.process || {}; const card = $('div', {class: 'card', 'data-worker': w.session_id});
+    if (w.state !== 'active') { off.push(w.session_id); continue; }
+    const p = w.process || {}; const wa = w.actor || {}; const card = $('div', {class: 'card', 'data-worker': w.session_id});
     card.append($('b', {}, 'Icarus worker — ' + w.session_id),
-      $('div', {}, 'state ' + w.state + ', workers started ' + w.workers_started),
-      $('div', {}, 'pid ' + (p.pid ?? '-') + (p.alive ? ' (alive)' : '') + ', calls ' + (p.calls ?? '-') +
-                   ', RSS ' + (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-')),
-      $('div', {}, 'mailbox depth ' + ((w.actor || {}).mailbox || {}).depth + ', ' +
-                   (((w.actor || {}).activity || {}).text || '-')));
+      $('div', {}, 'workers started ' + w.workers_started + ', pid ' + (p.pid ?? '-') + (p.alive ? ' (alive)' : ' (none running)')),
+      $('div', {}, 'calls ' + (p.calls ?? 0) + ', RSS ' + (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
+                   ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
+      $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
+                   ((wa.activity || {}).text || '-')));
     wk.append(card);
   }
+  if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));
   if (!doc.workers.length) wk.append($('div', {class: 'muted'}, 'no Icarus workers'));
 }
 const source = new EventSource('/events');

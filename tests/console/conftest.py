@@ -16,6 +16,8 @@ from castor.client import Client
 from tests.support.waiting import wait_for
 
 CASTOR = [sys.executable, "-m", "castor"]
+#: The bundled build loop (planner, builder, reviewer, ... with a rework edge): a graph worth drawing.
+LOADOUT = "build"
 
 
 @dataclass
@@ -67,7 +69,7 @@ def open_busy(client: Client, tmp_path: Path, sessions: int, casts: int) -> Live
         project = tmp_path / f"project-{n + 1}"
         project.mkdir()
         client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
-        client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": "hello"}, timeout=20)
+        client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
         live.projects[sid] = project
         live.casts[sid] = []
         for c in range(casts):
