@@ -29,7 +29,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     if json is None:
         json = os.environ.get("CASTOR_LOG_JSON", "") in ("1", "true", "yes")
     logger.remove()
-    logger.configure(extra={"actor": "-"})
+    logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(
         sink or sys.stderr,
         level=level,

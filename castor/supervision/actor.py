@@ -114,8 +114,17 @@ class Actor(pykka.ThreadingActor):
 
     @functools.cached_property
     def log(self) -> Any:
-        """This incarnation's logger, bound to its path and number (made on first use)."""
-        return logger.bind(actor=self.handle.path, incarnation=self.incarnation)
+        """This incarnation's logger, bound to its path and number (made on first use); a line
+        that names no ``msg_type`` gets the type of the message being handled ("-" between)."""
+        handle = self.handle
+
+        def patch(record: Any) -> None:
+            extra = record["extra"]
+            if "msg_type" not in extra:
+                current = handle.current
+                extra["msg_type"] = current.type_name if current is not None else "-"
+
+        return logger.bind(actor=handle.path, incarnation=self.incarnation).patch(patch)
 
     @staticmethod
     def _create_actor_inbox() -> Any:  # type: ignore[override]

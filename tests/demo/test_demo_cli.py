@@ -93,3 +93,21 @@ def test_demo_refuses_a_workdir_that_is_a_file(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip().startswith("castor: conflict:")
     assert target.read_text() == "x"
+
+
+@pytest.mark.timeout(120)
+def test_the_json_log_names_the_actor_and_message_type_on_every_line(tmp_path):
+    work = tmp_path / "run"
+    done = _run(["--log-json", "demo", "--quiet", "--workdir", str(work)], tmp_path, tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = (work / "demo.log").read_text().splitlines()
+    assert len(lines) >= 5
+    records = [json.loads(line)["record"] for line in lines]  # every line is one JSON object
+    for record in records:
+        assert record["extra"]["actor"] and record["extra"]["msg_type"], record["message"]
+        assert record["level"]["name"] and record["time"]["timestamp"]
+    crash = next(r for r in records if "actor crashed: InjectedCrash" in r["message"])
+    assert crash["extra"]["actor"] == "/root/math/squarer" and crash["extra"]["msg_type"] == "demo.square"
+    assert crash["exception"]["type"] == "InjectedCrash"
+    killed = next(r for r in records if "ActorKilled" in r["message"])
+    assert killed["extra"]["actor"].startswith("/root/session/demo-b/socket/") and killed["extra"]["msg_type"] == "-"
