@@ -39,6 +39,8 @@ def tree_data(runtime: Any) -> dict[str, Any]:
         data = (actor.get("activity") or {}).get("data") or {}
         if actor["kind"] == "CastActor" and data.get("run_dir"):
             parts = actor["path"].split("/")
+            if len(_RUN_DIRS) >= 10_000:
+                _RUN_DIRS.clear()  # a bound, not a cache policy: live casts put theirs back at once
             _RUN_DIRS[(parts[3], parts[5])] = str(data["run_dir"])
     return {"at": time.time(), "actors": actors, "sessions": session_casts(actors), "workers": worker_data(runtime)}
 

@@ -42,6 +42,10 @@ COOKIE = "castor_console_token"
 PUSH_INTERVAL_S = 1.0
 #: A live stream ends after this long (the page's EventSource reconnects by itself).
 STREAM_MAX_S = 600.0
+#: Live streams open at once, at most (each is a thread); one more is answered 503.
+MAX_STREAMS = 16
+#: Seconds a connection may stay silent while sending its request, or not take a pushed event.
+SOCKET_TIMEOUT_S = 10.0
 
 
 def read_token_file(path: str) -> str:
@@ -64,6 +68,9 @@ class ConsoleServer:
         self.runtime = runtime
         self.token = token
         self.stopping = threading.Event()
+        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._tree_lock = threading.Lock()
+        self._tree: tuple[float, Any] = (0.0, None)
         console = self
 
         class Handler(_Handler):
@@ -94,6 +101,16 @@ class ConsoleServer:
         if self._thread is not None:
             self._thread.join(5)
 
+    def tree(self) -> Any:
+        """The main page's data, shared by every open page within one push interval (several
+        watchers cost one snapshot a push, not one each)."""
+        with self._tree_lock:
+            taken, data = self._tree
+            if data is None or time.monotonic() - taken >= PUSH_INTERVAL_S * 0.8:
+                data = pages.tree_data(self.runtime)
+                self._tree = (time.monotonic(), data)
+            return data
+
     def allowed_hosts(self) -> set[str]:
         names = {self.host, "localhost"} | ({"127.0.0.1"} if self.host == "localhost" else set())
         hosts = set()
@@ -116,6 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_console: ConsoleServer
     protocol_version = "HTTP/1.1"
     server_version = "castor-console"
+    timeout = SOCKET_TIMEOUT_S  # a request that never finishes arriving does not hold a thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         logger.bind(actor="/console").debug("{} " + format, self.address_string(), *args)
@@ -145,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         try:
             self._get()
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass
         except CastorError as exc:  # a bad id, an unknown cast: the stable code, one line
             status = {"not_found": HTTPStatus.NOT_FOUND, "invalid_params": HTTPStatus.BAD_REQUEST,
@@ -177,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not parts:
             self._send(HTTPStatus.OK, pages.tree_page().encode(), "text/html; charset=utf-8")
         elif parts == ["events"]:
-            self._stream(lambda: pages.tree_data(runtime))
+            self._stream(console.tree)
         elif parts == ["api", "actors"]:
             self._send(HTTPStatus.OK, json.dumps(pages.tree_data(runtime)).encode(), "application/json")
         elif parts == ["metrics"]:
@@ -215,6 +233,17 @@ class _Handler(BaseHTTPRequestHandler):
         client goes, the console stops, or STREAM_MAX_S passed (the browser reconnects)."""
         console = self.server_console
         self.close_connection = True
+        if not console.streams.acquire(blocking=False):
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, f"too many live streams (at most {MAX_STREAMS})\n".encode(),
+                       "text/plain; charset=utf-8")
+            return
+        try:
+            self._stream_until_done(produce)
+        finally:
+            console.streams.release()
+
+    def _stream_until_done(self, produce: Any) -> None:
+        console = self.server_console
         self._headers(HTTPStatus.OK, "text/event-stream; charset=utf-8", None)
         self.wfile.write(b"retry: 500\n\n")
         ends = time.monotonic() + STREAM_MAX_S

@@ -4,13 +4,15 @@ selenium with both paths given, so nothing downloads a browser or a driver).
 A real ``castor serve --console --allow-faults`` with 3 sessions x 2 casts in flight (casts
 whose agent turns no one answers): the tree shows the casts' actors, a cast's page draws its
 loadout's sockets, and a kill injected over the endpoint shows up as a restart within 2 s.
-Each test saves what the browser showed (``docs/console.png`` comes from the first).
+Each test saves what the browser showed under ``$TMPDIR/castor-console-shots``;
+``CASTOR_SAVE_DOCS_SHOT=1`` makes the first one refresh ``docs/console.png``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,8 +24,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 CHROMIUM = os.environ.get("CASTOR_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CASTOR_CHROMEDRIVER", "/usr/bin/chromedriver")
-#: Where a run leaves its screenshots (CASTOR_CONSOLE_SHOTS overrides; CI keeps them as evidence).
-SHOTS = Path(os.environ.get("CASTOR_CONSOLE_SHOTS", "") or Path(__file__).resolve().parents[2] / ".ci" / "shots")
+#: Where a run leaves its screenshots (CASTOR_CONSOLE_SHOTS overrides): evidence to look at, never committed.
+SHOTS = Path(os.environ.get("CASTOR_CONSOLE_SHOTS", "") or Path(tempfile.gettempdir()) / "castor-console-shots")
 
 
 def _browser_missing() -> str | None:

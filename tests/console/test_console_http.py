@@ -138,3 +138,39 @@ def test_a_short_token_is_refused(tmp_path):
                            "--console", "127.0.0.1:0", "--console-token-file", str(tmp_path / "token")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "castor: invalid_params:" in done.stderr
+
+
+def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_console):
+    from castor.console.server import MAX_STREAMS
+
+    live = busy_console
+    parsed = urlsplit(live.url)
+    held = []
+    try:
+        for _ in range(MAX_STREAMS):
+            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+            conn.request("GET", "/events")
+            response = conn.getresponse()
+            assert response.status == 200
+            held.append(conn)
+        one_more = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        one_more.request("GET", "/events")
+        assert one_more.getresponse().status == 503
+        one_more.close()
+        # Pages still answer while the streams are full.
+        assert _get(live.url + "api/actors")[0] == 200
+    finally:
+        for conn in held:
+            conn.close()
+    # Once they are gone, a new stream is served again.
+    def reopened() -> bool:
+        conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        conn.request("GET", "/events")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    wait_for(reopened, timeout=15, what="a stream slot freed by a closed client")
+    # A client that sends half a request and goes silent is dropped after the socket timeout.
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x")
+        assert raw.recv(100) == b""  # closed by the server (SOCKET_TIMEOUT_S), not held open
