@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from castor.supervision.meters import BUCKETS
+from castor.supervision.registry import WATCH_PACE_S
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _KIND_COUNTERS = {"restarts": "restarts by a supervisor", "crashes": "crashes (a handler raised, or a kill)",
@@ -51,7 +52,7 @@ class RuntimeCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         system = self.runtime.system
-        actors = system.snapshot_data()["actors"]
+        actors = system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
         states = GaugeMetricFamily("castor_actors", "actors by kind and state", labels=["kind", "state"])
         depth = GaugeMetricFamily("castor_mailbox_depth", "queued messages, summed over the kind", labels=["kind"])
         oldest = GaugeMetricFamily("castor_mailbox_oldest_age_seconds",

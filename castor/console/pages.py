@@ -16,7 +16,7 @@ from typing import Any
 
 from castor.inspect_view import session_casts
 from castor.messages.errors import NotFound
-from castor.supervision.registry import check_segment
+from castor.supervision.registry import WATCH_PACE_S, check_segment
 
 #: Events of a cast's feed shown on its page (the newest).
 FEED_EVENTS = 40
@@ -34,7 +34,7 @@ def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
 # -- data -------------------------------------------------------------------------------------
 def tree_data(runtime: Any) -> dict[str, Any]:
     """One push of the main page: every actor, the casts of each session, the Icarus workers."""
-    actors = runtime.system.snapshot_data()["actors"]
+    actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
     for actor in actors:
         data = (actor.get("activity") or {}).get("data") or {}
         if actor["kind"] == "CastActor" and data.get("run_dir"):

@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 _SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-SNAPSHOT_CHUNK = 32
-"""A tree snapshot yields the interpreter lock after this many actors (see ``snapshot_data``)."""
+PACE_EVERY = 64
+"""A paced tree snapshot sleeps after this many actors (see ``Registry.snapshot_data``)."""
+WATCH_PACE_S = 0.001
+"""The pace of the snapshots watchers take (``ops.actors``, the web console, /metrics)."""
 
 
 def check_segment(segment: str) -> str:
@@ -92,11 +94,19 @@ class Registry:
         """Every actor under ``prefix`` (all when empty), parents before children."""
         return TreeSnapshot.model_validate(self.snapshot_data(prefix))
 
-    def snapshot_data(self, prefix: str = "") -> dict[str, Any]:
-        """:meth:`snapshot` as plain data (``TreeSnapshot.model_dump(mode="json")``'s shape), cheap."""
+    def snapshot_data(self, prefix: str = "", *, pace_s: float = 0.0) -> dict[str, Any]:
+        """:meth:`snapshot` as plain data (``TreeSnapshot.model_dump(mode="json")``'s shape), cheap.
+
+        ``pace_s`` > 0: sleep that long after every :data:`PACE_EVERY` actors. A watcher that
+        snapshots a big tree in one go holds the interpreter lock for its whole run, and every
+        actor thread woken meanwhile waits for it (CPython hands the lock over only every few
+        ms): paced, its bursts stay short and the actors run between them.
+        """
+        if pace_s <= 0:
+            return {"actors": [h.snapshot_data() for h in self.handles(prefix)]}
         actors = []
-        for n, handle in enumerate(self.handles(prefix)):
-            if n % SNAPSHOT_CHUNK == SNAPSHOT_CHUNK - 1:
-                time.sleep(0)  # let the actors' threads in: a long run holding the GIL would stall them
+        for n, handle in enumerate(self.handles(prefix), 1):
             actors.append(handle.snapshot_data())
+            if n % PACE_EVERY == 0:
+                time.sleep(pace_s)
         return {"actors": actors}

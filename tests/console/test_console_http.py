@@ -152,7 +152,7 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
             conn.request("GET", "/events")
             response = conn.getresponse()
             assert response.status == 200
-            held.append(conn)
+            held.append((conn, response))  # the response owns the socket: keep it open
         one_more = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
         one_more.request("GET", "/events")
         assert one_more.getresponse().status == 503
@@ -160,7 +160,8 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
         # Pages still answer while the streams are full.
         assert _get(live.url + "api/actors")[0] == 200
     finally:
-        for conn in held:
+        for conn, response in held:
+            response.close()
             conn.close()
     # Once they are gone, a new stream is served again.
     def reopened() -> bool:
