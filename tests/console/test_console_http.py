@@ -175,3 +175,35 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
     with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\nHost: x")
         assert raw.recv(100) == b""  # closed by the server (SOCKET_TIMEOUT_S), not held open
+
+
+@pytest.mark.timeout(90)
+def test_the_icarus_worker_stats_are_on_the_console(tmp_path):
+    import sys
+
+    from castor.demo_icarus import reference_backend
+
+    agent_dir = tmp_path / "home" / ".pi" / "agent"
+    agent_dir.mkdir(parents=True)
+    section = {"icarusDir": str(reference_backend()), "python": sys.executable,
+               "fabricDir": str(tmp_path / "fabric"), "timeoutMs": 10000}
+    (agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
+    server, url, sock = start_console(tmp_path)
+    try:
+        project = tmp_path / "project"
+        project.mkdir()
+        with Client.connect_unix(str(sock)) as client:
+            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+            client.call("session.open", {"session_id": "mem", "cwd": str(project), "trusted": True}, timeout=20)
+            written = client.call("icarus.tool", {"session_id": "mem", "name": "fabric_write",
+                                                  "params": {"type": "note", "summary": "s", "content": "c"}},
+                                  timeout=30)
+            assert written.get("status") == "written", written
+            doc = json.loads(_get(url + "api/actors")[1])
+            (worker,) = [w for w in doc["workers"] if w["session_id"] == "mem"]
+            assert worker["state"] == "active" and worker["workers_started"] == 1
+            assert worker["process"]["pid"] > 0 and worker["process"]["calls"] >= 1
+            text = _get(url + "metrics")[1]
+            assert _metric(text, "castor_worker_calls_total") >= 1
+    finally:
+        stop(server)
