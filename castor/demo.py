@@ -15,7 +15,6 @@ exits 0 only if every check passed. Sections:
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass, field
