@@ -32,6 +32,13 @@ def _tcp_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _console_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
+    return host.strip("[]"), int(port)
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -140,23 +147,35 @@ def build_parser() -> argparse.ArgumentParser:
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
     add_backend_flags(serve)
+    serve.add_argument("--console", metavar="HOST:PORT", type=_console_address,
+                       help="also serve the live web console and /metrics on this loopback address")
+    serve.add_argument("--console-token-file", metavar="PATH",
+                       help="require the token in PATH (first line, 16+ characters) on every console request")
     serve.set_defaults(run=_cmd_serve)
 
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
     _add_endpoint_choice(inspect, stdio=False)
-    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "mailbox", "worker", "hosts"])
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "casts", "mailbox", "worker", "hosts"])
     inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
+    inspect.add_argument("--sort", default="path", choices=["path", "oldest", "depth", "age", "restarts"],
+                         help="actors: a flat list, worst first, by oldest message age, mailbox depth, "
+                              "activity age or restarts (default: the tree by path)")
+    inspect.add_argument("--prefix", metavar="PATH", help="actors: only those at or under PATH")
+    inspect.add_argument("--filter", metavar="TEXT",
+                         help="only actors (or casts) whose path, kind, labels or activity contain TEXT")
     inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
     inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
     inspect.add_argument("--interval", type=_interval, default=1.0,
                          help="seconds between refreshes with --follow (0.1 to 3600)")
-    inspect.add_argument("--json", action="store_true", help="print raw JSON")
+    inspect.add_argument("--json", action="store_true",
+                         help="print JSON (always valid, never wrapped; one document per line with --follow)")
     inspect.add_argument("--token-file", metavar="PATH", default=None,
                          help="the endpoint's token file (printed by castor serve; env CASTOR_TOKEN_FILE)")
     inspect.set_defaults(run=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
-    demo.add_argument("--workdir", help="where the demo writes its project and artifacts (default: a temp dir)")
+    demo.add_argument("--workdir", help="where the demo writes its projects, artifacts and log; kept "
+                                         "(default: a new ./castor-demo-<UTC date-time>)")
     demo.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     demo.set_defaults(run=_cmd_demo)
 
@@ -174,6 +193,9 @@ def _add_system_subcommands(sub: Any) -> None:
 
 # -- serve ------------------------------------------------------------------------
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV
     from castor.endpoint.app import build_dispatcher
     from castor.endpoint.server import serve
     from castor.runtime import Runtime, RuntimeSettings
@@ -195,20 +217,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except CastorError as exc:
         _fail(exc.code, exc.message)
         return EXIT_USAGE
-    backend = None
+    backend = console = None
     try:
         backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
         runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                           max_casts_per_session=args.max_casts_per_session,
                                           user_turn_timeout_s=args.user_turn_timeout),
                           components=scaleout_components(backend), scaleout=backend)
+        console = _start_console(args, runtime)
         dispatcher = build_dispatcher(runtime)
+        shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
             serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
                   on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
-                  max_connections=args.max_connections)
+                  max_connections=args.max_connections,
+                  on_ready=lambda server: _print_ready(server, token_file=shown_token,
+                                                       console_url=_console_shown(console, args)))
         finally:
+            if console is not None:
+                console.stop()
             runtime.shutdown(30.0)
     finally:
         if backend is not None:
@@ -247,6 +275,46 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return token, generated
 
 
+def _start_console(args: argparse.Namespace, runtime: Any) -> Any:
+    """The web console of ``--console`` (None without it); a bad address or token file fails the
+    command before anything listens."""
+    if args.console is None:
+        if args.console_token_file:
+            raise InvalidParams("--console-token-file needs --console HOST:PORT")
+        return None
+    from castor.console.server import ConsoleServer, read_token_file
+
+    token = read_token_file(args.console_token_file) if args.console_token_file else None
+    try:
+        return ConsoleServer(runtime, *args.console, token=token).start()
+    except BaseException:
+        runtime.shutdown(30.0)
+        raise
+
+
+def _console_shown(console: Any, args: argparse.Namespace) -> str | None:
+    if console is None:
+        return None
+    return console.url + (f" (token from {args.console_token_file})" if args.console_token_file else "")
+
+
+def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
+    """The one line ``castor serve`` prints on stderr once it listens."""
+    if address is None:
+        where = "stdio"
+    elif isinstance(address, str):
+        where = f"unix:{address}"
+    else:
+        host, port = address[0], address[1]
+        where = f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+    return (f"castor serve: listening on {one_line(where)}; token file: {one_line(token_file) if token_file else '-'}; "
+            f"console: {console_url or '-'}")
+
+
+def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
+    print(serving_line(server.address, token_file=token_file, console_url=console_url), file=sys.stderr, flush=True)
+
+
 # -- inspect ----------------------------------------------------------------------
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import os
@@ -268,7 +336,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from castor.demo import run_demo
 
-    return run_demo(workdir=args.workdir, quiet=args.quiet)
+    return run_demo(workdir=args.workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

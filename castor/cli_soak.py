@@ -9,7 +9,8 @@ Prints the figures (a table, or the report as JSON with ``--json``) and exits 0 
 every must-be-zero figure is zero (see :mod:`castor.soak`). The runtime's own log goes to
 ``<workdir>/soak.log`` unless ``--log-level`` was given (faults make actors log crashes by
 design; they are evidence, not noise on the terminal). Without ``--workdir`` the run's files
-live in a temp dir that is removed at the end.
+go to a new ``./castor-soak-<UTC date-time>`` under the current directory. Either way the
+directory is kept and its path printed (on stderr at the start, in the report at the end).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,31 +39,44 @@ def add_soak_subcommand(subparsers: Any) -> None:
     soak.add_argument("--concurrency", type=int, default=3, help="casts running at once per session (default 3)")
     soak.add_argument("--delay-ms", type=int, default=150, help="max scripted agent delay per turn (default 150)")
     soak.add_argument("--no-icarus", action="store_true", help="no Icarus worker calls or worker faults")
-    soak.add_argument("--workdir", help="keep the run's files here (default: a temp dir, removed)")
+    soak.add_argument("--workdir", help="where the run's files and log go; kept "
+                                         "(default: a new ./castor-soak-<UTC date-time>)")
     soak.add_argument("--json", action="store_true", help="print the report as JSON")
     add_backend_flags(soak)
     soak.set_defaults(run=cmd_soak)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="castor-soak-") as tmp:
-        workdir = Path(args.workdir or tmp).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        if getattr(args, "log_level", None) is None:
-            from castor.logs import configure_logging
+    from castor.demo import new_workdir
 
-            configure_logging("INFO", sink=str(workdir / "soak.log"))
-        settings = SoakSettings(sessions=args.sessions, casts=args.casts, seconds=args.seconds, seed=args.seed,
-                                concurrency=args.concurrency, delay_ms_max=args.delay_ms,
-                                icarus=not args.no_icarus, workdir=str(workdir), backend=args.backend,
-                                ray_address=args.ray_address)
-        console = Console(stderr=True, quiet=bool(args.json))
-        command = "castor " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "castor soak"
-        report = run_soak(settings, command=command, on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))
-        if args.json:
-            print(report.model_dump_json(indent=2))
-        else:
-            print_report(report, Console())
+    workdir = Path(args.workdir).resolve() if args.workdir else new_workdir("castor-soak")
+    workdir.mkdir(parents=True, exist_ok=True)
+    logged_here = getattr(args, "log_level", None) is None
+    if logged_here:
+        from castor.logs import configure_logging
+
+        configure_logging("INFO", sink=str(workdir / "soak.log"))
+    settings = SoakSettings(sessions=args.sessions, casts=args.casts, seconds=args.seconds, seed=args.seed,
+                            concurrency=args.concurrency, delay_ms_max=args.delay_ms,
+                            icarus=not args.no_icarus, workdir=str(workdir), backend=args.backend,
+                            ray_address=args.ray_address)
+    # Piped or redirected: never wrap or cut a line (paths must survive `| cat`).
+    wide = {} if sys.stdout.isatty() else {"width": 100_000, "soft_wrap": True, "no_color": True}
+    console = Console(stderr=True, quiet=bool(args.json))
+    print(f"castor soak: workdir {workdir}" + (f" (log {workdir / 'soak.log'})" if logged_here else ""),
+          file=sys.stderr, flush=True)
+    command = "castor " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "castor soak"
+    report = run_soak(settings, command=command, on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))
+    if args.json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        sys.stdout.flush()
+    else:
+        print_report(report, Console(**wide))  # type: ignore[arg-type]
+        print(f"kept: {report.workdir}")
+        projects = sorted(p for p in (workdir / "projects").iterdir() if p.is_dir()) \
+            if (workdir / "projects").is_dir() else []
+        for project in projects:
+            print(f"inspect the kept casts: castor casts --cwd {shlex.quote(str(project))}")
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

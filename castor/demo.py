@@ -15,13 +15,14 @@ exits 0 only if every check passed. Sections:
 
 from __future__ import annotations
 
-import tempfile
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from castor.messages.base import LocalMessage
@@ -45,7 +46,7 @@ class DemoReport:
     def check(self, section: str, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(section, name, bool(ok), detail))
         mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
-        self.console.print(f"  {mark} {name}" + (f" [dim]({detail})[/dim]" if detail else ""))
+        self.console.print(f"  {mark} {escape(name)}" + (f" [dim]({escape(detail)})[/dim]" if detail else ""))
         return bool(ok)
 
     @property
@@ -95,7 +96,7 @@ class Squarer(Actor):
 
 def section_supervision(report: DemoReport) -> None:
     console = report.console
-    console.rule("[bold]1. supervision")
+    section_header(console, "1. supervision")
     system = ActorSystem([
         supervisor_spec("math", [ChildSpec("squarer", Squarer), ChildSpec("spare", Squarer)],
                         strategy=Strategy.ONE_FOR_ONE),
@@ -150,6 +151,36 @@ def section_supervision(report: DemoReport) -> None:
         system.shutdown(10)
 
 
+def section_header(console: Console, title: str) -> None:
+    """A section title that never wraps or truncates (a rich rule would cut a long one)."""
+    console.print()
+    console.print(f"[bold]== {title} ==[/bold]")
+
+
+def make_console(*, quiet: bool = False, file: Any = None) -> Console:
+    """The demo's console. On a terminal, rich as usual; piped or redirected, no wrapping or
+    truncation at all (a very wide virtual line, soft wrap), so full paths survive ``| cat``."""
+    stream = file if file is not None else sys.stdout
+    if getattr(stream, "isatty", lambda: False)():
+        return Console(file=stream, quiet=quiet)
+    return Console(file=stream, quiet=quiet, width=100_000, soft_wrap=True, no_color=True)
+
+
+def new_workdir(prefix: str, parent: Path | None = None) -> Path:
+    """A fresh, named directory ``<parent>/<prefix>-<UTC date-time>[-n]`` (default parent: the
+    current directory); created exclusively, never reused, and kept after the run."""
+    parent = (parent or Path.cwd()).resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for n in range(1, 1000):
+        candidate = parent / (f"{prefix}-{stamp}" if n == 1 else f"{prefix}-{stamp}-{n}")
+        try:
+            candidate.mkdir(parents=False)
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"no fresh {prefix}-{stamp}-N directory under {parent}")
+
+
 def _sections() -> list[tuple[str, Callable[[DemoReport, Path], None]]]:
     from castor.demo_casts import section_casts
     from castor.demo_icarus import section_icarus
@@ -157,22 +188,55 @@ def _sections() -> list[tuple[str, Callable[[DemoReport, Path], None]]]:
     return [("casts", section_casts), ("icarus", section_icarus)]
 
 
-def run_demo(*, workdir: str | None = None, quiet: bool = False) -> int:
-    console = Console(stderr=False, quiet=quiet)
+def run_demo(*, workdir: str | None = None, quiet: bool = False, log_level: str | None = None,
+             log_json: bool = False) -> int:
+    """Run every section in ``workdir`` (default: a new ``./castor-demo-<date-time>``), keep it,
+    and end with how to look at what it left. The runtime's log (the injected crashes' ERROR
+    lines and tracebacks included: they are evidence, not news) goes to ``<workdir>/demo.log``
+    unless ``log_level`` asks for it on stderr."""
+    from castor.logs import configure_logging
+
+    console = make_console(quiet=quiet)
+    out = make_console()
+    root = Path(workdir).resolve() if workdir else new_workdir("castor-demo")
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "demo.log"
+    if log_level is None:
+        configure_logging("INFO", json=log_json or None, sink=str(log_path))
     report = DemoReport(console)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="castor-demo-") as tmp:
-        root = Path(workdir or tmp).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        console.print(f"[bold]castor demo[/bold] — working in {root}")
-        section_supervision(report)
-        for name, section in _sections():
-            try:
-                section(report, root)
-            except Exception as exc:  # noqa: BLE001 - a broken section fails the demo, visibly
-                report.check(name, f"section {name} ran to the end", False, f"{type(exc).__name__}: {exc}")
-        elapsed = time.monotonic() - started
-        Console(quiet=False).print(report.table())
-        verdict = "[green]all checks passed[/green]" if report.ok else "[red]some checks FAILED[/red]"
-        Console(quiet=False).print(f"{verdict} in {elapsed:.1f}s")
+    out.print(f"[bold]castor demo[/bold] — working in {root}")
+    if log_level is None:
+        out.print(f"runtime log (injected crashes and their tracebacks): {log_path}")
+    section_supervision(report)
+    for name, section in _sections():
+        try:
+            section(report, root)
+        except Exception as exc:  # noqa: BLE001 - a broken section fails the demo, visibly
+            report.check(name, f"section {name} ran to the end", False, f"{type(exc).__name__}: {exc}")
+    elapsed = time.monotonic() - started
+    out.print(report.table())
+    verdict = "[green]all checks passed[/green]" if report.ok else "[red]some checks FAILED[/red]"
+    out.print(f"{verdict} in {elapsed:.1f}s")
+    for line in kept_run_lines(root, log_path if log_level is None else None):
+        out.print(line, markup=False, highlight=False)
     return 0 if report.ok else 1
+
+
+def kept_run_lines(root: Path, log_path: Path | None) -> list[str]:
+    """What the demo left and the commands to look at it (plain text: paths are never cut)."""
+    import shlex
+
+    lines = [f"kept: {root}"]
+    if log_path is not None:
+        lines.append(f"log:  {log_path}")
+    casts = root / "casts"
+    projects = sorted(p for p in casts.iterdir() if p.is_dir()) if casts.is_dir() else []
+    if projects:
+        lines.append("inspect the kept casts:")
+        for project in projects:
+            lines.append(f"  castor casts --cwd {shlex.quote(str(project))}")
+        lines.append(f"  castor status CAST_ID --cwd {shlex.quote(str(projects[0]))}")
+    lines.append("watch a live runtime in the browser: castor serve --socket castor.sock "
+                 "--console 127.0.0.1:8765, then open http://127.0.0.1:8765/")
+    return lines

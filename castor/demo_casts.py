@@ -228,8 +228,10 @@ def _artifacts(scene: _Scene) -> Table:
 
 def section_casts(report: DemoReport, root: Path) -> None:
     """Run the casts section under ``root / "casts"``; every outcome is a ``report.check``."""
+    from castor.demo import section_header
+
     console = report.console
-    console.rule("[bold]2. casts: concurrent build loops, rework, real commands, a killed SocketActor")
+    section_header(console, "2. casts: concurrent build loops, rework, real commands, a killed SocketActor")
     scene = _Scene(root)
     try:
         scene.open_sessions()

@@ -249,8 +249,10 @@ class _Scene:
 
 def section_icarus(report: DemoReport, root: Path) -> None:
     """Run the Icarus section under ``root / "icarus"``; every outcome is a ``report.check``."""
+    from castor.demo import section_header
+
     console = report.console
-    console.rule("[bold]3. icarus memory bridge (reference backend)")
+    section_header(console, "3. icarus memory bridge (reference backend)")
     backend = reference_backend()
     if not report.check(SECTION, "reference backend present", (backend / "__init__.py").is_file(), str(backend)):
         return

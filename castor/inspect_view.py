@@ -1,11 +1,28 @@
-"""``castor inspect``: the live actor tree and mailboxes of a running runtime."""
+"""``castor inspect``: the live actor tree, the casts of each session and mailboxes of a running runtime.
+
+Views (``castor inspect --socket PATH VIEW``):
+
+* ``actors`` — the tree; each line says what the actor does now (its activity and for how
+  long), its mailbox (depth, oldest message age), incarnation, restarts and last failure.
+  With ``--sort oldest|depth|age|restarts`` a flat list, worst first, instead of the tree.
+* ``casts`` — per session (its label and project directory), each cast's phase, socket,
+  work item, visit, what it waits on and for how long, and its age.
+* ``mailbox PATH`` — one actor's mailbox in detail; ``worker`` — process and worker stats.
+
+``--prefix PATH`` keeps the actors at or under PATH; ``--filter TEXT`` those whose path,
+kind or activity contains TEXT (case-insensitive). ``--json`` writes the same data as JSON
+with :func:`json.dumps` straight to stdout — never through the terminal renderer, so a pipe
+always gets valid JSON whatever the paths' length; with ``--follow`` one JSON document per
+line per refresh. Text output on a pipe is not wrapped or cut either.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.live import Live
@@ -15,9 +32,83 @@ from rich.tree import Tree
 
 from castor.messages.errors import InvalidParams
 
+SORT_KEYS = ("path", "oldest", "depth", "age", "restarts")
 
+
+# -- selecting and sorting -----------------------------------------------------------
+def _oldest(actor: dict[str, Any]) -> float:
+    return actor["mailbox"].get("oldest_age_s") or 0.0
+
+
+def _activity_age(actor: dict[str, Any]) -> float:
+    activity = actor.get("activity") or {}
+    if activity.get("kind") in (None, "idle"):
+        return 0.0  # being idle for long is not "stuck"
+    return float(activity.get("age_s") or 0.0)
+
+
+SORTERS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "oldest": _oldest,
+    "depth": lambda a: a["mailbox"].get("depth") or 0,
+    "age": _activity_age,
+    "restarts": lambda a: a.get("restarts") or 0,
+}
+
+
+def select(actors: list[dict[str, Any]], *, prefix: str | None = None, text: str | None = None,
+           sort: str = "path") -> list[dict[str, Any]]:
+    """The actors at or under ``prefix`` whose path, kind or activity holds ``text``, sorted
+    by path, or worst first by ``sort`` (ties by path)."""
+    chosen = actors
+    if prefix:
+        base = prefix.rstrip("/") or "/"
+        chosen = [a for a in chosen if a["path"] == base or a["path"].startswith(base.rstrip("/") + "/")]
+    if text:
+        needle = text.lower()
+        chosen = [a for a in chosen if needle in a["path"].lower() or needle in str(a.get("kind", "")).lower()
+                  or needle in str((a.get("activity") or {}).get("text", "")).lower()
+                  or any(needle in str(v).lower() for v in (a.get("labels") or {}).values())]
+    if sort == "path":
+        return sorted(chosen, key=lambda a: a["path"])
+    key = SORTERS[sort]
+    return sorted(chosen, key=lambda a: (-key(a), a["path"]))
+
+
+def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each session (id, label, project) with its casts, from an ``ops.actors`` snapshot."""
+    by_path = {a["path"]: a for a in actors}
+    sessions: list[dict[str, Any]] = []
+    for actor in sorted(actors, key=lambda a: a["path"]):
+        parts = actor["path"].split("/")
+        if len(parts) != 4 or parts[:3] != ["", "root", "session"]:
+            continue
+        sid = parts[3]
+        casts = []
+        for cast in actors:
+            cparts = cast["path"].split("/")
+            if len(cparts) != 6 or cparts[:5] != ["", "root", "session", sid, "cast"]:
+                continue
+            activity = cast.get("activity") or {}
+            data = activity.get("data") or {}
+            sockets = [a for p, a in by_path.items() if p.startswith(f"/root/session/{sid}/socket/{cparts[5]}.")]
+            casts.append({
+                "cast_id": cparts[5], "path": cast["path"], "state": cast["state"],
+                "phase": data.get("phase"), "socket": data.get("socket"), "materia": data.get("materia"),
+                "item": data.get("item"), "visit": data.get("visit"), "pending": data.get("pending"),
+                "activity": activity.get("text"), "waiting_s": activity.get("age_s"),
+                "age_s": data.get("cast_age_s"), "restarts": cast.get("restarts", 0),
+                "socket_actors": [s["path"] for s in sockets],
+            })
+        labels = actor.get("labels") or {}
+        sessions.append({"session_id": sid, "label": labels.get("label"), "project": labels.get("project"),
+                         "path": actor["path"], "state": actor["state"], "restarts": actor.get("restarts", 0),
+                         "casts": sorted(casts, key=lambda c: c["cast_id"])})
+    return sessions
+
+
+# -- text rendering -----------------------------------------------------------------------
 def actor_tree(snapshot: dict[str, Any]) -> Tree:
-    """Render ``ops.actors`` as a tree with each mailbox's depth and oldest age."""
+    """Render ``ops.actors`` as a tree: what each actor does now and its mailbox figures."""
     root = Tree("[bold]castor actors[/bold]")
     nodes: dict[str, Tree] = {}
     for actor in snapshot.get("actors", []):
@@ -26,6 +117,45 @@ def actor_tree(snapshot: dict[str, Any]) -> Tree:
         parent = nodes.get(parent_path, root)
         nodes[path] = parent.add(_actor_line(actor))
     return root
+
+
+def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
+    """A flat table of actors in the given (worst-first) order."""
+    table = Table(title=f"castor actors by {sort}, worst first")
+    for column in ("path", "kind", "state", "depth", "oldest", "doing", "for", "restarts", "last failure"):
+        table.add_column(column)
+    for actor in actors:
+        box = actor["mailbox"]
+        activity = actor.get("activity") or {}
+        failure = actor.get("last_failure")
+        table.add_row(escape(actor["path"]), escape(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
+                      _seconds(box.get("oldest_age_s")), escape(str(activity.get("text", "-"))),
+                      _seconds(activity.get("age_s")), str(actor.get("restarts", 0)),
+                      escape(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
+    return table
+
+
+def casts_table(sessions: list[dict[str, Any]]) -> Table:
+    table = Table(title="castor casts by session")
+    for column in ("session", "cast", "phase", "socket", "item", "visit", "doing", "for", "age", "restarts"):
+        table.add_column(column)
+    for session in sessions:
+        name = f"{session['session_id']} ({session.get('label') or '-'}) {session.get('project') or ''}".strip()
+        if not session["casts"]:
+            table.add_row(escape(name), "-", "", "", "", "", "no casts", "", "", "")
+        for cast in session["casts"]:
+            socket = cast.get("socket") or "-"
+            if cast.get("materia"):
+                socket += f" ({cast['materia']})"
+            table.add_row(escape(name), escape(cast["cast_id"]), escape(str(cast.get("phase") or "-")),
+                          escape(socket), escape(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
+                          escape(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
+                          _seconds(cast.get("age_s")), str(cast.get("restarts", 0)))
+    return table
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.1f}s" if isinstance(value, (int, float)) else "-"
 
 
 def _actor_line(actor: dict[str, Any]) -> str:
@@ -41,12 +171,23 @@ def _actor_line(actor: dict[str, Any]) -> str:
         f"oldest={age:.3f}s" if age is not None else "oldest=-",
         f"done={box['processed']}",
     ]
+    labels = actor.get("labels") or {}
+    if labels.get("label") or labels.get("project"):
+        parts.append(f"[bold]{escape(str(labels.get('label') or '-'))}[/bold] {escape(str(labels.get('project') or ''))}")
     if box.get("failed"):
         parts.append(f"[red]failed={box['failed']}[/red]")
     if actor.get("restarts"):
         parts.append(f"[yellow]restarts={actor['restarts']}[/yellow]")
+    activity = actor.get("activity")
+    if activity and activity.get("kind") not in (None, "idle", "handling"):
+        parts.append(f"[blue]{escape(str(activity['text']))} for {activity['age_s']:.1f}s[/blue]")
+    elif activity and activity.get("kind") == "idle":
+        parts.append(f"[dim]idle {activity['age_s']:.1f}s[/dim]")
     if flight:
         parts.append(f"busy={escape(str(flight['message_type']))} {flight['since_s']:.2f}s")
+    failure = actor.get("last_failure")
+    if failure:
+        parts.append(f"[red]last failure {escape(str(failure['error_type']))} {failure['age_s']:.1f}s ago[/red]")
     if actor.get("retired_reason"):  # runtime data, shown as text: never rich markup
         parts.append(f"[magenta]retired: {escape(str(actor['retired_reason']))}[/magenta]")
     return "  ".join(parts)
@@ -59,14 +200,17 @@ def _state(state: str) -> str:
 
 def mailbox_table(actor: dict[str, Any]) -> Table:
     box = actor["mailbox"]
-    table = Table(title=f"mailbox of {actor['path']}")
+    table = Table(title=f"mailbox of {escape(actor['path'])}")
     table.add_column("field")
     table.add_column("value")
     for key in ("depth", "capacity", "oldest_age_s", "processed", "failed", "rejected", "dead_letters"):
         table.add_row(key, str(box.get(key)))
-    table.add_row("in_flight", json.dumps(box.get("in_flight")))
+    table.add_row("in_flight", escape(json.dumps(box.get("in_flight"))))
+    activity = actor.get("activity")
+    if activity:
+        table.add_row("activity", escape(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"))
     for type_name, count in sorted(box.get("by_type", {}).items()):
-        table.add_row(f"queued {type_name}", str(count))
+        table.add_row(f"queued {escape(type_name)}", str(count))
     return table
 
 
@@ -81,9 +225,37 @@ def hosts_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def terminal_console(stream: Any = None) -> Console:
+    """rich on a terminal; on a pipe or file, a console that never wraps or cuts a line."""
+    stream = stream if stream is not None else sys.stdout
+    if getattr(stream, "isatty", lambda: False)():
+        return Console(file=stream)
+    return Console(file=stream, width=100_000, soft_wrap=True, no_color=True)
+
+
+# -- the command ----------------------------------------------------------------------------
+def shape(args: argparse.Namespace, data: Any) -> Any:
+    """What ``--json`` prints for a view (and the text views render)."""
+    if args.what == "actors":
+        actors = select(data.get("actors", []), prefix=args.prefix, text=args.filter, sort=args.sort)
+        return {"actors": actors, "sort": args.sort}
+    if args.what == "casts":
+        sessions = session_casts(data.get("actors", []))
+        if args.filter:
+            needle = args.filter.lower()
+            sessions = [s for s in sessions if needle in json.dumps(s).lower()]
+        return {"sessions": sessions}
+    return data
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from castor.client import Client
 
+    sort = getattr(args, "sort", "path")
+    if sort not in SORT_KEYS:
+        raise InvalidParams(f"--sort must be one of {', '.join(SORT_KEYS)}")
+    if args.what == "mailbox" and not args.path:
+        raise InvalidParams("inspect mailbox needs an actor PATH")
     import os
 
     from castor.endpoint.auth import TOKEN_FILE_ENV
@@ -91,29 +263,34 @@ def run_inspect(args: argparse.Namespace) -> int:
     token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
     client = (Client.connect_unix(args.socket, token_file=token_file) if args.socket
               else Client.connect_tcp(*args.tcp, token_file=token_file))
-    console = Console()
     try:
         def fetch() -> Any:
-            if args.what == "actors":
-                return client.call("ops.actors", {}, timeout=10)
+            if args.what in ("actors", "casts"):
+                prefix = args.prefix if args.what == "actors" and args.prefix else ""
+                return client.call("ops.actors", {"prefix": prefix}, timeout=10)
             if args.what == "mailbox":
-                if not args.path:
-                    raise InvalidParams("inspect mailbox needs an actor PATH")
                 return client.call("ops.mailbox", {"path": args.path}, timeout=10)
             if args.what == "hosts":
                 return client.call("ops.hosts", {}, timeout=10)
             return client.call("ops.worker", {"session_id": args.session_id}, timeout=10)
 
+        if args.json:
+            return _json_loop(args, fetch)
+        console = terminal_console()
+
         def render(data: Any) -> Any:
-            if args.json:
-                return json.dumps(data, indent=2)
+            shaped = shape(args, data)
             if args.what == "actors":
-                return actor_tree(data)
+                if args.sort == "path":
+                    return actor_tree(shaped)
+                return actor_list(shaped["actors"], args.sort)
+            if args.what == "casts":
+                return casts_table(shaped["sessions"])
             if args.what == "mailbox":
-                return mailbox_table(data)
+                return mailbox_table(shaped)
             if args.what == "hosts":
-                return hosts_table(data)
-            return json.dumps(data, indent=2)
+                return hosts_table(shaped)
+            return escape(json.dumps(shaped, indent=2))
 
         if not args.follow:
             console.print(render(fetch()))
@@ -124,5 +301,32 @@ def run_inspect(args: argparse.Namespace) -> int:
                 live.update(render(fetch()))
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return 0
     finally:
         client.close()
+
+
+def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any]) -> int:
+    """JSON straight to stdout: one document (indented), or one per line with ``--follow``."""
+    out = sys.stdout
+    if not args.follow:
+        out.write(json.dumps(shape(args, fetch()), indent=2) + "\n")
+        out.flush()
+        return 0
+    while True:
+        out.write(json.dumps(shape(args, fetch())) + "\n")
+        out.flush()
+        time.sleep(max(0.1, args.interval))  # a refresh period, not synchronisation
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``| head``): end quietly, and keep Python from complaining at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass

@@ -65,7 +65,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     if level.isdigit():
         level = int(level)  # type: ignore[assignment]
     logger.remove()
-    logger.configure(extra={"actor": "-"})
+    logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(
         sink or sys.stderr,
         level=level,

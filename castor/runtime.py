@@ -188,6 +188,7 @@ class Runtime:
                 threading.Thread(target=self._stop_late_child, args=(path,), daemon=True,
                                  name=f"late-session-{info.session_id}").start()
             raise
+        _label_session(self.system.find(path), info)
         self.log.info("session opened: {sid}", sid=info.session_id)
         return ctx
 
@@ -281,6 +282,13 @@ class Runtime:
         if self.settings.artifact_root:
             return Path(self.settings.artifact_root).resolve()
         return project_artifact_root(cwd, configured)
+
+
+def _label_session(handle: ActorHandle | None, info: SessionInfo) -> None:
+    """What an operator sees for a session besides its id: its project directory and a label."""
+    if handle is not None:
+        label = info.flags.get("label") if isinstance(info.flags.get("label"), str) else None
+        handle.labels = {"project": info.cwd, "label": (label or Path(info.cwd).name or info.cwd)[:200]}
 
 
 def check_project_dir(cwd: str) -> None:

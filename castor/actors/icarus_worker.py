@@ -201,9 +201,12 @@ class IcarusWorkerActor(Actor):
         if call.token is not None and not call.token._bind(lambda: worker.kill_tree("cancelled")):
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
+        self.report_activity("worker_call", f"worker call {target}", target=target, pid=worker.running_pid)
+        self.count_metric("worker_calls")
         try:
             reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
         except Timeout:
+            self.count_metric("worker_timeouts")
             self.retire(f"call {target} timed out", error=WorkerRetired)
             raise
         except WorkerRetired as exc:

@@ -6,7 +6,7 @@ measured on the runtime's monotonic clock at the moment of the snapshot.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Union
 
 from castor.messages.base import Message
 
@@ -33,6 +33,34 @@ class MailboxSnapshot(Message, type_name="inspect.mailbox"):
     dead_letters: int  # tells dropped because the actor stopped for good
 
 
+ActivityValue = Union[str, int, float, bool, None]
+
+
+class Activity(Message, type_name="inspect.activity"):
+    """What an actor is doing now, in words (``text``) and data.
+
+    ``kind`` is a stable word: ``idle``, ``handling`` (a message, nothing more said),
+    ``awaiting_turn`` (an agent turn), ``utility`` (a running command), ``worker_call``
+    (a call into the Icarus worker process), ``cast`` (a cast's phase), ``reading_usage``,
+    ``compacting``, ``starting``, ``ended``. ``age_s`` is how long it has been doing it.
+    ``data`` holds the same facts as scalars (cast_id, socket, materia, visit, item, pid, ...).
+    """
+
+    kind: str
+    text: str
+    age_s: float
+    data: dict[str, ActivityValue] = {}
+
+
+class Failure(Message, type_name="inspect.failure"):
+    """The last crash of an actor (across its incarnations)."""
+
+    error_type: str
+    message_type: str | None  # the message it crashed on; None when it crashed between messages
+    age_s: float  # how long ago
+    at: float  # when, in seconds since the epoch
+
+
 class ActorSnapshot(Message, type_name="inspect.actor"):
     path: str
     kind: str  # the actor class name
@@ -42,6 +70,9 @@ class ActorSnapshot(Message, type_name="inspect.actor"):
     uptime_s: float | None
     retired_reason: str | None = None
     mailbox: MailboxSnapshot
+    activity: Activity | None = None
+    last_failure: Failure | None = None
+    labels: dict[str, str] = {}  # what the runtime says the actor stands for (a session: project, label)
 
 
 class TreeSnapshot(Message, type_name="inspect.tree"):

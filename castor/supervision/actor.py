@@ -121,8 +121,17 @@ class Actor(pykka.ThreadingActor):
 
     @functools.cached_property
     def log(self) -> Any:
-        """This incarnation's logger, bound to its path and number (made on first use)."""
-        return logger.bind(actor=self.handle.path, incarnation=self.incarnation)
+        """This incarnation's logger, bound to its path and number (made on first use); a line
+        that names no ``msg_type`` gets the type of the message being handled ("-" between)."""
+        handle = self.handle
+
+        def patch(record: Any) -> None:
+            extra = record["extra"]
+            if "msg_type" not in extra:
+                current = handle.current
+                extra["msg_type"] = current.type_name if current is not None else "-"
+
+        return logger.bind(actor=handle.path, incarnation=self.incarnation).patch(patch)
 
     @staticmethod
     def _create_actor_inbox() -> Any:  # type: ignore[override]
@@ -208,6 +217,37 @@ class Actor(pykka.ThreadingActor):
         kill_process_trees(self.owned_pids())
 
     # -- lifecycle requests from inside ------------------------------------
+    def report_activity(self, kind: str | None, text: str = "", data: dict[str, Any] | None = None, *,
+                        lasting: bool = False, since: float | None = None, **more: Any) -> None:
+        """Say what this actor is doing now, in words and data (scalars), for snapshots.
+
+        Cheap (one assignment; nothing is built until a snapshot is taken). Said while handling
+        a message, it lasts until that message is handled, unless ``lasting``; said elsewhere
+        (``on_start``, or with ``lasting``) it lasts until replaced, cleared (``kind=None``) or
+        the incarnation ends. ``since`` (monotonic) defaults to now. ``data`` and keyword
+        arguments are scalars (msgpack- and JSON-safe).
+        """
+        handle = self.handle
+        if kind is None:
+            handle.activity = None
+            return
+        facts = {**data, **more} if data is not None else more
+        handle.activity = (kind, text, facts, time.monotonic() if since is None else since,
+                           None if lasting else handle.current)
+
+    def count_metric(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` of this actor's kind (``castor_<name>_total`` in /metrics)."""
+        self.handle.registry.meters.count(name, self.handle.kind, n)
+
+    def observe_metric(self, name: str, seconds: float) -> None:
+        """Record a duration in the histogram ``name`` of this actor's kind (``castor_<name>`` in /metrics)."""
+        self.handle.registry.meters.observe(name, self.handle.kind, seconds)
+
+    def describe_activity(self, describe: Callable[[], tuple[str, str, dict[str, Any], float] | None]) -> None:
+        """Register ``describe() -> (kind, text, data, since) | None``, called only when a
+        snapshot is taken (on the snapshotting thread: it must only read, and be quick)."""
+        self.handle.describe = describe
+
     def retire(self, reason: str, *, error: type[CastorError] = Retired) -> None:
         """Retire after the current handler: kill owned, reject everything queued, stop.
 
@@ -309,6 +349,7 @@ class Actor(pykka.ThreadingActor):
                 reply.set(result)
         finally:
             handle.current = None
+            handle.idle_since = time.monotonic()
 
     def _retired_error(self) -> CastorError:
         """What a message taken just before a retirement gets (as the queue it was in)."""
@@ -331,12 +372,16 @@ class Actor(pykka.ThreadingActor):
             "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=exc
         )
         self.handle.last_error = exc
+        self.handle.registry.meters.count("crashes", self.handle.kind)
+        self.handle.last_failure = (type(exc).__name__, envelope.type_name if envelope is not None else None,
+                                    time.monotonic(), time.time())
         self._terminate("crashed")
         self._exit_kind = "crashed"
 
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
         self.log.warning("retiring: {reason}", reason=reason)
         self.handle.retired_reason = reason
+        self.handle.registry.meters.count("retirements", self.handle.kind)
         # Reject the queue first: callers learn at once, before any slow cleanup.
         self.kill_owned()
         self.handle._reject_all(reason, error, revivable=True)

@@ -367,6 +367,7 @@ class Supervisor(Actor):
                 self._remove(slot, "temporary sibling not restarted")
                 continue
             slot.handle.restarts += 1
+            slot.handle.registry.meters.count("restarts", slot.handle.kind)
             self.log.info("restarting {path} ({strategy})", path=slot.handle.path, strategy=self.strategy)
             self._launch_or_escalate(slot)
 

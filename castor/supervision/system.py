@@ -96,6 +96,11 @@ class ActorSystem:
     def snapshot(self, prefix: str = "") -> TreeSnapshot:
         return self.registry.snapshot(prefix)
 
+    def snapshot_data(self, prefix: str = "", *, pace_s: float = 0.0) -> dict[str, Any]:
+        """:meth:`snapshot` as plain JSON/msgpack-ready data, without building models (cheap);
+        ``pace_s``: see :meth:`Registry.snapshot_data` (watchers pass ``WATCH_PACE_S``)."""
+        return self.registry.snapshot_data(prefix, pace_s=pace_s)
+
     def mailbox(self, path: str) -> ActorSnapshot:
         return self.registry.lookup(path).snapshot()
 

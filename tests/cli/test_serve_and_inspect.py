@@ -154,3 +154,33 @@ def test_serve_exits_non_zero_when_its_runtime_fails_fatally(tmp_path):
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", ["socket", "tcp"])
+def test_serve_prints_one_line_on_stderr_once_it_listens(tmp_path, mode):
+    sock = tmp_path / "a dir" / "castor.sock"
+    sock.parent.mkdir()
+    port = _free_port()
+    argv = ["--socket", str(sock)] if mode == "socket" else ["--tcp", f"127.0.0.1:{port}"]
+    server = subprocess.Popen([*CASTOR, "serve", *argv], env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline().rstrip("\n")  # blocks until the line is written (or EOF)
+        where = f"unix:{sock}" if mode == "socket" else f"tcp:127.0.0.1:{port}"
+        assert line == f"castor serve: listening on {where}; token file: -; console: -"
+        # It is printed once it listens: a client connects right away.
+        client = Client.connect_unix(str(sock)) if mode == "socket" else Client.connect_tcp("127.0.0.1", port)
+        with client:
+            assert client.call("ops.actors", {}, timeout=10)["actors"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(20) == 0
+    assert "Traceback" not in server.stderr.read()

@@ -58,7 +58,7 @@ def test_two_hundred_ended_workers_leave_no_descriptor_behind(harness):
             _end_one(worker, hows[i % len(hows)])
             ended.append(worker)
         after = _fds()
-        assert after == before, f"open fds grew from {before} to {after} over {ROUNDS} ended workers"
+        assert after <= before, f"open fds grew from {before} to {after} over {ROUNDS} ended workers"
         # A never-started worker holds no descriptor either.
         unused = [WorkerProcess(launch) for _ in range(50)]
         assert _fds() == after
@@ -91,4 +91,4 @@ def test_actor_retirements_leave_no_descriptor_behind(harness):
         gc.enable()
         client.close()
         system.shutdown(10)
-    assert after == before, f"open fds grew from {before} to {after} over {ROUNDS // 4} retirements"
+    assert after <= before, f"open fds grew from {before} to {after} over {ROUNDS // 4} retirements"

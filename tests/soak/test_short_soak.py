@@ -44,3 +44,28 @@ def test_castor_soak_command_prints_json_and_exits_zero(tmp_path, capsys):
     assert report["casts_started"] == 2 and report["must_be_zero"]["stranded_asks"] == 0
     assert report["worker_calls"] == {}  # --no-icarus: no worker in this run
     assert (tmp_path / "soak.log").exists()  # the runtime's log went to the workdir, not the terminal
+
+
+@pytest.mark.timeout(90)
+def test_castor_soak_without_workdir_keeps_a_named_one_and_says_where(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, HOME=str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-m", "castor", "soak", "--sessions", "1", "--casts", "1", "--seconds",
+                           "2", "--no-icarus"], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=80)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    first = done.stderr.splitlines()[0]
+    match = re.match(r"castor soak: workdir (\S+) \(log (\S+)\)$", first)
+    assert match, first
+    workdir = Path(match.group(1))
+    assert workdir.parent == tmp_path and workdir.name.startswith("castor-soak-") and workdir.is_dir()
+    assert Path(match.group(2)).is_file()
+    assert f"kept: {workdir}" in done.stdout  # whole, never wrapped
+    assert "Traceback" not in done.stdout + done.stderr
+    listed = re.findall(r"castor casts --cwd (\S+)", done.stdout)
+    assert listed and all(Path(p).is_dir() for p in listed)

@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from castor.actors.materia.activity import cast_activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import (
     CastApply,
@@ -196,6 +197,7 @@ class CastActor(Actor):
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
+        self.describe_activity(lambda: cast_activity(self))
         try:
             self._start()
             if self.state is not None and self.env.start_event is not None and self.incarnation == 1:

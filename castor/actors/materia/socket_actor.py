@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Any
 
+from castor.actors.materia import activity as _activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
 from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only
@@ -135,6 +136,7 @@ class SocketActor(Actor):
 
     def _read_usage(self) -> None:
         """Ask the host for its usage on a helper thread; the answer comes back as ``UsageRead``."""
+        self.report_activity("reading_usage", f"reading the host's context usage before {self.effect.socket_id}")
         handle, host, timeout = self.handle, self.host, self.usage_timeout_s
         assert host is not None
 
@@ -208,6 +210,7 @@ class SocketActor(Actor):
             except CastorError:
                 pass  # this visit is over (stopped, killed): the answer has nowhere to go
 
+        self.report_activity(*_activity.awaiting_turn(self.effect, self.cast_id), lasting=True)
         try:
             self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
         finally:

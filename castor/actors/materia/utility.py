@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
 from castor.adapters.materia import command_records
 from castor.adapters.materia.utilities import run_builtin
@@ -226,8 +227,10 @@ class UtilityExecutorActor(Actor):
                                            at=time.time())
                 self._running = running
                 self.pool.started(effect.visit_id, running)
+                self.report_activity(*running_utility(effect, cmd.argv, running.pids()))
                 try:
                     result = running.wait()
+                    self.observe_metric("utility_run_seconds", result.duration_ms / 1000.0)
                 except UtilitySpawnError as exc:  # a cluster task learns it only on its node
                     return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
                                            at=time.time())

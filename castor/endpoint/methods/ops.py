@@ -15,6 +15,7 @@ from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.runtime import Runtime
 from castor.supervision import faults
+from castor.supervision.registry import WATCH_PACE_S
 
 
 class ActorsParams(Params):
@@ -62,7 +63,7 @@ def process_stats(pid: int | None = None) -> dict[str, Any]:
 
 def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     def actors(params: ActorsParams, _ctx: Context) -> dict[str, Any]:
-        return runtime.system.snapshot(params.prefix).model_dump(mode="json")
+        return runtime.system.snapshot_data(params.prefix, pace_s=WATCH_PACE_S)  # TreeSnapshot's JSON shape
 
     def mailbox(params: MailboxParams, _ctx: Context) -> dict[str, Any]:
         return runtime.system.mailbox(params.path).model_dump(mode="json")

@@ -1,0 +1,63 @@
+"""What materia actors say they are doing, for snapshots (``Actor.report_activity``).
+
+Each function builds the ``(kind, text, data)`` of one activity, or the whole
+``(kind, text, data, since)`` a cast's description returns when a snapshot is taken.
+They only read: a description runs on the snapshotting thread.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+_PENDING_WORDS = {"agent_turn": "awaiting the agent's turn for", "utility": "awaiting utility", "compaction":
+                  "awaiting a compaction for"}
+
+
+def awaiting_turn(effect: Any, cast_id: str) -> tuple[str, str, dict[str, Any]]:
+    """A SocketActor that sent its turn and waits for the agent's answer."""
+    text = f"awaiting the agent's turn for {effect.socket_id} ({effect.materia}) of cast {cast_id}"
+    return "awaiting_turn", text, {"cast_id": cast_id, "socket": effect.socket_id, "materia": effect.materia,
+                                   "visit": effect.visit, "visit_id": effect.visit_id, "mode": effect.mode}
+
+
+def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str, str, dict[str, Any]]:
+    """A utility slot whose command runs now."""
+    command = shlex.join(argv)
+    if len(command) > 200:
+        command = command[:199] + "…"
+    pid = pids[0] if pids else None
+    return "utility", f"running utility {command} (pid {pid})", {"command": command, "pid": pid,
+                                                                 "visit_id": effect.visit_id,
+                                                                 "socket": getattr(effect, "socket_id", None)}
+
+
+def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
+    """A CastActor's phase, socket, work item, visit and age, read from its current state."""
+    state = actor.state
+    if state is None:
+        return "starting", "loading its state", {"cast_id": actor.env.cast_id}, time.monotonic()
+    socket = state.current_socket_id or None
+    item = state.current_item_label or state.current_item_key
+    pending = state.pending
+    data: dict[str, Any] = {"cast_id": state.cast_id, "phase": state.phase or None, "socket": socket,
+                            "materia": state.current_materia, "item": item,
+                            "visit": state.visits.get(socket or "", 0) if socket else None,
+                            "socket_state": state.socket_state, "active": state.active,
+                            "run_dir": state.run_dir or None,
+                            "cast_age_s": round(max(0.0, time.time() - state.started_at), 3)
+                            if state.started_at else None}
+    # The state's wall-clock time of its last transition, as a monotonic instant.
+    since = time.monotonic() - max(0.0, time.time() - (state.updated_at or time.time()))
+    where = f"{socket} ({state.current_materia})" if state.current_materia else str(socket or "-")
+    if not state.active:
+        return "ended", f"cast {state.cast_id} ended: {state.phase or 'done'}", data, since
+    if pending is not None:
+        data.update(pending=pending.kind, visit=pending.visit, visit_id=pending.visit_id)
+        words = _PENDING_WORDS.get(pending.kind, f"awaiting {pending.kind} for")
+        text = f"{words} {where} of cast {state.cast_id}"
+        if item:
+            text += f", item {item}"
+        return "cast", text + f", visit {pending.visit}", data, since
+    return "cast", f"cast {state.cast_id} at {where}, phase {state.phase or '-'}", data, since

@@ -1,0 +1,139 @@
+"""``/metrics``: the runtime's figures as Prometheus text (prometheus-client's exposition).
+
+Gauges are read from one snapshot of the actor tree at scrape time (nothing is messaged);
+counters and histograms come from the actor system's meters (castor/supervision/meters.py).
+Labels are bounded: actor *kinds* (class names), cast *phases*, never paths or ids, so 1,000
+casts do not make 1,000 series.
+
+=========================================  =========  ==========================================
+metric                                     type       what
+=========================================  =========  ==========================================
+castor_actors{kind,state}                  gauge      actors by kind and state
+castor_mailbox_depth{kind}                 gauge      queued messages, summed over the kind
+castor_mailbox_oldest_age_seconds{kind}    gauge      age of the oldest queued message (max)
+castor_actor_restarts{kind}                gauge      restarts of the live actors (sum)
+castor_restarts_total{kind}                counter    restarts by a supervisor
+castor_crashes_total{kind}                 counter    crashes (a handler raised, a kill)
+castor_retirements_total{kind}             counter    retirements (mailbox rejected)
+castor_starts_total{kind}                  counter    incarnations started
+castor_ask_timeouts_total{kind}            counter    asks to the kind that timed out
+castor_ask_seconds{kind}                   histogram  ask latency (send to answer), by target kind
+castor_casts{phase}                        gauge      live casts by phase
+castor_socket_visits_total                 counter    agent socket visits (SocketActor starts)
+castor_utility_runs_total                  counter    utility commands run (= histogram count)
+castor_utility_run_seconds                 histogram  utility command durations
+castor_worker_calls_total                  counter    calls into Icarus worker processes
+castor_worker_timeouts_total               counter    worker calls that timed out (worker retired)
+castor_sessions                            gauge      open harness sessions
+=========================================  =========  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from castor.supervision.meters import BUCKETS
+from castor.supervision.registry import WATCH_PACE_S
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_KIND_COUNTERS = {"restarts": "restarts by a supervisor", "crashes": "crashes (a handler raised, or a kill)",
+                  "retirements": "retirements (the mailbox is rejected)", "starts": "incarnations started",
+                  "ask_timeouts": "asks to actors of the kind that timed out"}
+
+
+class RuntimeCollector(Collector):
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Any]:
+        system = self.runtime.system
+        actors = system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
+        states = GaugeMetricFamily("castor_actors", "actors by kind and state", labels=["kind", "state"])
+        depth = GaugeMetricFamily("castor_mailbox_depth", "queued messages, summed over the kind", labels=["kind"])
+        oldest = GaugeMetricFamily("castor_mailbox_oldest_age_seconds",
+                                   "age of the oldest queued message of the kind", labels=["kind"])
+        restarts = GaugeMetricFamily("castor_actor_restarts", "restarts of the live actors of the kind",
+                                     labels=["kind"])
+        casts = GaugeMetricFamily("castor_casts", "live casts by phase", labels=["phase"])
+        by_state: dict[tuple[str, str], int] = defaultdict(int)
+        depths: dict[str, int] = defaultdict(int)
+        ages: dict[str, float] = defaultdict(float)
+        restart_sum: dict[str, int] = defaultdict(int)
+        phases: dict[str, int] = defaultdict(int)
+        for actor in actors:
+            kind, box, activity = actor["kind"], actor["mailbox"], actor["activity"]
+            by_state[(kind, actor["state"])] += 1
+            depths[kind] += box["depth"]
+            ages[kind] = max(ages[kind], box["oldest_age_s"] or 0.0)
+            restart_sum[kind] += actor["restarts"]
+            if kind == "CastActor" and activity is not None:
+                phases[str(activity["data"].get("phase") or activity["kind"])] += 1
+        for (kind, state), n in sorted(by_state.items()):
+            states.add_metric([kind, state], n)
+        for kind in sorted(depths):
+            depth.add_metric([kind], depths[kind])
+            oldest.add_metric([kind], ages[kind])
+            restarts.add_metric([kind], restart_sum[kind])
+        for phase, n in sorted(phases.items()):
+            casts.add_metric([phase], n)
+        yield from (states, depth, oldest, restarts, casts)
+        sessions = GaugeMetricFamily("castor_sessions", "open harness sessions")
+        sessions.add_metric([], len(self.runtime.sessions()))
+        yield sessions
+
+        counters, histograms = system.registry.meters.collect()
+        for name, help_text in _KIND_COUNTERS.items():
+            family = CounterMetricFamily(f"castor_{name}", help_text, labels=["kind"])
+            for (counter, kind), n in sorted(counters.items()):
+                if counter == name:
+                    family.add_metric([kind], n)
+            yield family
+        visits = CounterMetricFamily("castor_socket_visits", "agent socket visits (SocketActor starts)")
+        visits.add_metric([], counters.get(("starts", "SocketActor"), 0))
+        yield visits
+        for name, help_text in (("worker_calls", "calls into Icarus worker processes"),
+                                ("worker_timeouts", "worker calls that timed out (the worker is retired)")):
+            family = CounterMetricFamily(f"castor_{name}", help_text)
+            family.add_metric([], sum(n for (c, _k), n in counters.items() if c == name))
+            yield family
+        asks = HistogramMetricFamily("castor_ask_seconds", "ask latency, send to answer, by target kind",
+                                     labels=["kind"])
+        runs = HistogramMetricFamily("castor_utility_run_seconds", "utility command durations")
+        utility_total = 0
+        merged_runs: list[float] | None = None
+        for (name, kind), row in sorted(histograms.items()):
+            if name == "ask_seconds":
+                buckets, total = _cumulative(row)
+                asks.add_metric([kind], buckets, total)
+            elif name == "utility_run_seconds":
+                merged_runs = row if merged_runs is None else [a + b for a, b in zip(merged_runs, row)]
+        yield asks
+        if merged_runs is not None:
+            buckets, total = _cumulative(merged_runs)
+            runs.add_metric([], buckets, total)
+            utility_total = int(sum(merged_runs[:-1]))
+        yield runs
+        runs_total = CounterMetricFamily("castor_utility_runs", "utility commands run")
+        runs_total.add_metric([], utility_total)
+        yield runs_total
+
+
+def _cumulative(row: list[float]) -> tuple[list[tuple[str, float]], float]:
+    """Meters' per-bucket counts (+Inf last, then the sum) as Prometheus cumulative buckets."""
+    out, running = [], 0.0
+    for bound, n in zip([*map(str, BUCKETS), "+Inf"], row[:-1]):
+        running += n
+        out.append((bound, running))
+    return out, row[-1]
+
+
+def metrics_text(runtime: Any) -> bytes:
+    """The exposition of one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RuntimeCollector(runtime))
+    return generate_latest(registry)

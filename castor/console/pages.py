@@ -1,0 +1,368 @@
+"""The console's pages and the data its live streams push.
+
+Server-side: the data (plain JSON from snapshots and a cast's own files) and a cast's loadout
+graph as SVG. Client-side: a page of vanilla JavaScript that renders each pushed document with
+``textContent`` only (runtime data is never parsed as HTML), so there is no build step.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from castor.inspect_view import session_casts
+from castor.messages.errors import NotFound
+from castor.supervision.registry import WATCH_PACE_S, check_segment
+
+#: Events of a cast's feed shown on its page (the newest).
+FEED_EVENTS = 40
+#: At most this much of the end of events.jsonl is read for the feed.
+FEED_TAIL_BYTES = 256 * 1024
+#: run dirs of casts seen live, so a cast's page still finds its files once its actor ended.
+_RUN_DIRS: dict[tuple[str, str], str] = {}
+
+
+def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
+    """Both ids are actor path segments (``invalid_params`` otherwise): no path tricks."""
+    return check_segment(sid), check_segment(cast_id)
+
+
+# -- data -------------------------------------------------------------------------------------
+def tree_data(runtime: Any) -> dict[str, Any]:
+    """One push of the main page: every actor, the casts of each session, the Icarus workers."""
+    actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
+    for actor in actors:
+        data = (actor.get("activity") or {}).get("data") or {}
+        if actor["kind"] == "CastActor" and data.get("run_dir"):
+            parts = actor["path"].split("/")
+            if len(_RUN_DIRS) >= 10_000:
+                _RUN_DIRS.clear()  # a bound, not a cache policy: live casts put theirs back at once
+            _RUN_DIRS[(parts[3], parts[5])] = str(data["run_dir"])
+    return {"at": time.time(), "actors": actors, "sessions": session_casts(actors), "workers": worker_data(runtime)}
+
+
+def worker_data(runtime: Any) -> list[dict[str, Any]]:
+    """The Icarus worker of each session that has one (its actor's mailbox, its process)."""
+    from castor.actors.icarus_session import session_of
+
+    out = []
+    for ctx in runtime.sessions():
+        try:
+            sess = session_of(ctx)
+        except NotFound:
+            continue
+        try:
+            stats = sess.worker_stats()
+        except Exception as exc:  # noqa: BLE001 - one session's stats must not blank the page
+            stats = {"session_id": ctx.info.session_id, "error": f"{type(exc).__name__}"}
+        out.append(stats)
+    return out
+
+
+def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
+    known = _RUN_DIRS.get((sid, cast_id))
+    if known is None:
+        handle = runtime.system.find(f"/root/session/{sid}/cast/{cast_id}")
+        data = (handle.snapshot_data().get("activity") or {}).get("data") if handle is not None else None
+        known = (data or {}).get("run_dir")
+    if known is None:
+        try:
+            cwd = runtime.session(sid).info.cwd
+        except NotFound:
+            raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id}) from None
+        candidate = Path(cwd) / ".pi" / "pi-materia" / cast_id
+        if not (candidate / "state.json").is_file():
+            raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id})
+        known = str(candidate)
+    _RUN_DIRS[(sid, cast_id)] = known
+    return Path(known)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _feed(path: Path) -> list[dict[str, Any]]:
+    """The newest events of ``events.jsonl`` (a torn last line is skipped, never fatal)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - FEED_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return []
+    events = []
+    for line in tail.splitlines()[-FEED_EVENTS - 1:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            summary = json.dumps(event.get("data"), ensure_ascii=False)
+            events.append({"ts": event.get("ts"), "type": str(event.get("type")),
+                           "data": summary if len(summary) <= 300 else summary[:299] + "…"})
+    return events[-FEED_EVENTS:]
+
+
+def cast_data(runtime: Any, sid: str, cast_id: str) -> dict[str, Any]:
+    """One push of a cast's page: its state, the graph (SVG), the newest events, its usage."""
+    run_dir = _run_dir(runtime, sid, cast_id)
+    stored = _read_json(run_dir / "state.json") or {}
+    state = stored.get("state") or {}
+    usage = _read_json(run_dir / "usage.json") or {}
+    handle = runtime.system.find(f"/root/session/{sid}/cast/{cast_id}")
+    live = handle.snapshot_data() if handle is not None else None
+    sockets = [a for a in runtime.system.snapshot_data(f"/root/session/{sid}/socket")["actors"]
+               if a["path"].rsplit("/", 1)[-1].startswith(f"{cast_id}.")]
+    return {
+        "at": time.time(), "session_id": sid, "cast_id": cast_id, "run_dir": str(run_dir),
+        "phase": state.get("phase"), "active": state.get("active"), "current_socket": state.get("current_socket_id"),
+        "item": state.get("current_item_label") or state.get("current_item_key"), "visits": state.get("visits") or {},
+        "failed_reason": state.get("failed_reason"), "request": str(state.get("request") or "")[:500],
+        "svg": loadout_svg(state),
+        "events": _feed(run_dir / "events.jsonl"),
+        "usage": {"tokens": (usage.get("tokens") or {}).get("total"), "cost_usd": (usage.get("cost") or {}).get("total"),
+                  "turns": len(usage.get("turns") or []), "by_socket": usage.get("bySocket") or {}},
+        "actor": live, "socket_actors": sockets,
+    }
+
+
+# -- the loadout graph -----------------------------------------------------------------------
+BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 170, 54, 60, 22, 24
+
+
+def _layers(entry: str, sockets: dict[str, Any]) -> dict[str, int]:
+    """Column of each socket: its breadth-first distance from the entry (unreached ones last)."""
+    layer = {entry: 0} if entry in sockets else {}
+    queue = [entry] if entry in sockets else []
+    while queue:
+        node = queue.pop(0)
+        for edge in (sockets[node].get("socket") or {}).get("edges") or []:
+            to = edge.get("to")
+            if to in sockets and to not in layer:
+                layer[to] = layer[node] + 1
+                queue.append(to)
+    last = max(layer.values(), default=-1) + 1
+    for sid in sockets:
+        layer.setdefault(sid, last)
+    return layer
+
+
+def loadout_svg(state: dict[str, Any]) -> str:
+    """The cast's loadout as an SVG: a box per socket (the current one highlighted, visited ones
+    tinted, each with its visit count), an arrow per edge labelled with its condition."""
+    pipeline = ((state.get("config") or {}).get("pipeline") or {})
+    sockets: dict[str, Any] = pipeline.get("sockets") or {}
+    if not sockets:
+        return '<svg xmlns="http://www.w3.org/2000/svg" width="300" height="40"><text x="10" y="25">no loadout</text></svg>'
+    entry = pipeline.get("entry") or next(iter(sockets))
+    current = state.get("current_socket_id") if state.get("active") else None
+    visits = state.get("visits") or {}
+    layers = _layers(entry, sockets)
+    rows: dict[int, int] = {}
+    pos: dict[str, tuple[int, int]] = {}
+    for sid in sockets:
+        column = layers[sid]
+        row = rows.get(column, 0)
+        rows[column] = row + 1
+        pos[sid] = (PAD + column * (BOX_W + GAP_X), PAD + row * (BOX_H + GAP_Y))
+    width = PAD * 2 + (max(layers.values()) + 1) * (BOX_W + GAP_X)
+    height = PAD * 2 + max(rows.values()) * (BOX_H + GAP_Y) + 60
+    e = html.escape
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="loadout" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+           'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>']
+    for sid, spec in sockets.items():
+        x1, y1 = pos[sid]
+        for edge in (spec.get("socket") or {}).get("edges") or []:
+            to = edge.get("to")
+            if to not in pos:
+                continue
+            x2, y2 = pos[to]
+            when = str(edge.get("when") or "always")
+            if layers[to] > layers[sid]:
+                sx, sy, tx, ty = x1 + BOX_W, y1 + BOX_H // 2, x2, y2 + BOX_H // 2
+                mx = (sx + tx) // 2
+                path = f"M {sx} {sy} C {mx} {sy}, {mx} {ty}, {tx} {ty}"
+                lx, ly = mx, (sy + ty) // 2 - 4
+            else:  # a loop back (or a sideways edge): under the boxes
+                sx, sy, tx, ty = x1 + BOX_W // 2, y1 + BOX_H, x2 + BOX_W // 2, y2 + BOX_H
+                dip = max(sy, ty) + 30 + 6 * abs(layers[sid] - layers[to])
+                path = f"M {sx} {sy} C {sx} {dip}, {tx} {dip}, {tx} {ty}"
+                lx, ly = (sx + tx) // 2, dip - 4
+            out.append(f'<path class="edge" data-from="{e(sid)}" data-to="{e(str(to))}" d="{path}" fill="none" '
+                       f'stroke="#555" stroke-width="1.4" marker-end="url(#arrow)"/>')
+            if when != "always":
+                out.append(f'<text x="{lx}" y="{ly}" text-anchor="middle" fill="#444" font-size="10">{e(when)}</text>')
+    for sid, spec in sockets.items():
+        x, y = pos[sid]
+        socket = spec.get("socket") or {}
+        is_current = sid == current
+        fill = "#ffd54f" if is_current else ("#c8e6c9" if visits.get(sid) else "#ffffff")
+        stroke, width_px = ("#e65100", 3) if is_current else ("#37474f", 1.2)
+        what = spec.get("materia_name") if socket.get("type") == "agent" else \
+            ("utility " + str(socket.get("utility") or " ".join(map(str, socket.get("command") or [])[:1])))
+        label = f"{sid}" + (" ▶" if sid == entry else "")
+        out.append(f'<g class="socket{" current" if is_current else ""}" data-socket="{e(sid)}">'
+                   f'<rect x="{x}" y="{y}" rx="8" width="{BOX_W}" height="{BOX_H}" fill="{fill}" stroke="{stroke}" '
+                   f'stroke-width="{width_px}"/>'
+                   f'<text x="{x + 10}" y="{y + 20}" font-weight="bold">{e(label)}</text>'
+                   f'<text x="{x + 10}" y="{y + 38}" fill="#333">{e(str(what or "-")[:24])}</text>'
+                   f'<text x="{x + BOX_W - 10}" y="{y + 20}" text-anchor="end" fill="#1b5e20">'
+                   f'{"×" + str(visits[sid]) if visits.get(sid) else ""}</text></g>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+# -- pages ------------------------------------------------------------------------------------
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
+h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:18px 0 6px}
+table{border-collapse:collapse;font-size:12px;background:#fff}
+td,th{border-bottom:1px solid #e0e0e0;padding:3px 8px;text-align:left;vertical-align:middle;white-space:nowrap}
+th{background:#eceff1;position:sticky;top:0}
+.bar{display:inline-block;height:9px;background:#42a5f5;vertical-align:middle;margin-right:4px}
+.bar.age{background:#ef6c00}
+.restarted{background:#ffebee;color:#b71c1c;font-weight:bold}
+.muted{color:#888} .state-running{color:#2e7d32} .state-crashed,.state-failed{color:#c62828}
+.state-retired{color:#6a1b9a} a{color:#1565c0}
+#status{font-size:12px;color:#666}
+.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px}
+"""
+
+_TREE_JS = r"""
+const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text; return el; };
+const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
+function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
+  const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
+function render(doc) {
+  document.getElementById('status').textContent =
+    'updated ' + new Date(doc.at * 1000).toLocaleTimeString() + ' — ' + doc.actors.length + ' actors';
+  const body = document.getElementById('tree'); body.replaceChildren();
+  for (const a of doc.actors) {
+    const depthLevel = a.path.split('/').length - 2;
+    const tr = $('tr', {'data-path': a.path, 'data-kind': a.kind});
+    const name = $('td', {class: 'name', style: 'padding-left:' + (8 + depthLevel * 16) + 'px'});
+    const parts = a.path.split('/');
+    if (a.kind === 'CastActor' && parts.length === 6) {
+      name.append($('a', {href: '/cast/' + encodeURIComponent(parts[3]) + '/' + encodeURIComponent(parts[5])},
+                  parts[parts.length - 1]));
+    } else { name.textContent = parts[parts.length - 1]; }
+    tr.append(name, $('td', {}, a.kind), $('td', {class: 'state-' + a.state}, a.state + ' #' + a.incarnation));
+    const d = $('td', {class: 'depth'}); d.append(bar(a.mailbox.depth, v => v * 4, 'depth'),
+      document.createTextNode(String(a.mailbox.depth))); tr.append(d);
+    const o = $('td', {class: 'oldest'}); const age = a.mailbox.oldest_age_s;
+    o.append(bar(age || 0, v => v > 0 ? 12 * Math.log2(1 + v * 10) : 0, 'age'), document.createTextNode(secs(age)));
+    tr.append(o);
+    const act = a.activity || {};
+    const what = act.kind && act.kind !== 'idle' ? act.text + ' for ' + secs(act.age_s)
+                                                  : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
+    tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
+    tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
+    const f = a.last_failure;
+    tr.append($('td', {class: 'failure'}, f ? f.error_type + ' ' + secs(f.age_s) + ' ago' : '-'));
+    const labels = a.labels || {};
+    tr.append($('td', {class: 'muted'}, labels.label ? labels.label + ' — ' + labels.project : ''));
+    body.append(tr);
+  }
+  const sess = document.getElementById('sessions'); sess.replaceChildren();
+  for (const s of doc.sessions) {
+    const card = $('div', {class: 'card', 'data-session': s.session_id});
+    card.append($('b', {}, s.label || s.session_id), $('div', {class: 'muted'}, s.project || ''),
+                $('div', {class: 'muted'}, s.session_id));
+    const ul = $('ul');
+    for (const c of s.casts) {
+      const li = $('li', {'data-cast': c.cast_id});
+      li.append($('a', {href: '/cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
+                c.cast_id), document.createTextNode(' ' + (c.activity || c.phase || '') + ' ' + secs(c.waiting_s)));
+      ul.append(li);
+    }
+    if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));
+    card.append(ul); sess.append(card);
+  }
+  const wk = document.getElementById('workers'); wk.replaceChildren();
+  const off = [];
+  for (const w of doc.workers) {
+    if (w.state !== 'active') { off.push(w.session_id); continue; }
+    const p = w.process || {}; const wa = w.actor || {}; const card = $('div', {class: 'card', 'data-worker': w.session_id});
+    card.append($('b', {}, 'Icarus worker — ' + w.session_id),
+      $('div', {}, 'workers started ' + w.workers_started + ', pid ' + (p.pid ?? '-') + (p.alive ? ' (alive)' : ' (none running)')),
+      $('div', {}, 'calls ' + (p.calls ?? 0) + ', RSS ' + (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
+                   ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
+      $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
+                   ((wa.activity || {}).text || '-')));
+    wk.append(card);
+  }
+  if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));
+  if (!doc.workers.length) wk.append($('div', {class: 'muted'}, 'no Icarus workers'));
+}
+const source = new EventSource('/events');
+source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc); };
+source.onerror = () => { document.getElementById('status').textContent = 'disconnected; retrying…'; };
+"""
+
+_CAST_JS = r"""
+const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text; return el; };
+const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
+function render(doc) {
+  document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
+  const facts = document.getElementById('facts'); facts.replaceChildren();
+  const act = ((doc.actor || {}).activity || {});
+  for (const [k, v] of [['phase', doc.phase], ['socket', doc.current_socket], ['item', doc.item],
+                        ['doing', act.text ? act.text + ' for ' + secs(act.age_s) : '-'],
+                        ['request', doc.request], ['run dir', doc.run_dir], ['failed', doc.failed_reason],
+                        ['tokens', doc.usage.tokens], ['cost (USD)', doc.usage.cost_usd], ['turns', doc.usage.turns]]) {
+    const tr = $('tr'); tr.append($('th', {}, k), $('td', {}, v === null || v === undefined ? '-' : String(v)));
+    facts.append(tr);
+  }
+  const feed = document.getElementById('feed'); feed.replaceChildren();
+  for (const e of doc.events.slice().reverse()) {
+    const tr = $('tr'); tr.append($('td', {}, e.ts ? new Date(e.ts).toLocaleTimeString() : '-'),
+                                  $('td', {}, e.type), $('td', {class: 'muted'}, e.data));
+    feed.append(tr);
+  }
+  document.getElementById('status').textContent = 'updated ' + new Date(doc.at * 1000).toLocaleTimeString();
+}
+const source = new EventSource(EVENTS_URL);
+source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc);
+  else document.getElementById('status').textContent = doc.error; };
+"""
+
+
+def tree_page() -> str:
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>castor console</title>
+<style>{_STYLE}</style></head><body>
+<h1>castor console</h1><div id="status">connecting…</div>
+<h2>sessions and casts</h2><div id="sessions" class="cards"></div>
+<h2>Icarus workers</h2><div id="workers" class="cards"></div>
+<h2>actors</h2>
+<table><thead><tr><th>actor</th><th>kind</th><th>state</th><th>depth</th><th>oldest message</th>
+<th>doing now</th><th>restarts</th><th>last failure</th><th></th></tr></thead><tbody id="tree"></tbody></table>
+<p class="muted"><a href="/metrics">/metrics</a> (Prometheus)</p>
+<script>{_TREE_JS}</script></body></html>"""
+
+
+def cast_page(runtime: Any, sid: str, cast_id: str) -> str:
+    first = cast_data(runtime, sid, cast_id)  # not_found before any page is sent
+    events_url = json.dumps(f"/events/cast/{sid}/{cast_id}")
+    e = html.escape
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>cast {e(cast_id)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>cast {e(cast_id)}</h1><div><a href="/">← all actors</a> · session {e(sid)} · <span id="status"></span></div>
+<h2>loadout</h2><div id="graph">{first["svg"]}</div>
+<h2>now</h2><table id="facts"></table>
+<h2>events (newest first)</h2><table><tbody id="feed"></tbody></table>
+<script>const EVENTS_URL = {events_url};{_CAST_JS}</script></body></html>"""

@@ -1,0 +1,257 @@
+"""The live web console: the actor tree, each cast's loadout graph and feed, worker stats, /metrics.
+
+Served by the standard library's :class:`http.server.ThreadingHTTPServer` on a loopback
+address only (see docs/dependencies.md for why no web framework). Pages are plain HTML with
+a little vanilla JavaScript; live updates are pushed by the server as Server-Sent Events.
+Nothing here sends a message to an actor: every figure comes from snapshots (handles) and
+files a cast already wrote.
+
+Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream; ``/cast/<sid>/<cast_id>``
+one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream;
+``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text.
+
+Access: when a token is set, every request must carry it — ``?token=…`` (answered with a
+cookie, so the page's own requests need not repeat it), the cookie, or ``Authorization:
+Bearer …``; anything else is ``401``. A ``Host`` header that does not name this loopback
+listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import threading
+import time
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from loguru import logger
+
+from castor.console import pages
+from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
+from castor.console.metrics import metrics_text
+from castor.messages.errors import CastorError, Forbidden, InvalidParams
+
+COOKIE = "castor_console_token"
+#: Seconds between two pushes of a live page.
+PUSH_INTERVAL_S = 1.0
+#: A live stream ends after this long (the page's EventSource reconnects by itself).
+STREAM_MAX_S = 600.0
+#: Live streams open at once, at most (each is a thread); one more is answered 503.
+MAX_STREAMS = 16
+#: Seconds a connection may stay silent while sending its request, or not take a pushed event.
+SOCKET_TIMEOUT_S = 10.0
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` (first line, stripped): ``invalid_params`` if empty."""
+    text = Path(path).read_text(encoding="utf-8").strip()
+    token = text.splitlines()[0].strip() if text else ""
+    if len(token) < 16:
+        raise InvalidParams(f"the console token file {path} holds no token of at least 16 characters")
+    return token
+
+
+class ConsoleServer:
+    """``start()`` binds and serves on a thread; ``stop()`` ends every stream and the listener."""
+
+    def __init__(self, runtime: Any, host: str, port: int, *, token: str | None = None) -> None:
+        from castor.endpoint.listeners import is_loopback_host
+
+        if not is_loopback_host(host):
+            raise Forbidden(f"refusing to serve the console on non-loopback host {host!r}", data={"host": host})
+        self.runtime = runtime
+        self.token = token
+        self.stopping = threading.Event()
+        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._tree_lock = threading.Lock()
+        self._tree: tuple[float, Any] = (0.0, None)
+        console = self
+
+        class Handler(_Handler):
+            server_console = console
+
+        family_host = host.strip("[]")
+        server_class = _Server6 if ":" in family_host else _Server
+        self.httpd = server_class((family_host, port), Handler)
+        self.host, self.port = family_host, self.httpd.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def start(self) -> ConsoleServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="castor-console", daemon=True)
+        self._thread.start()
+        logger.bind(actor="/console").info("console serving on {}", self.url)
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def tree(self) -> Any:
+        """The main page's data, shared by every open page within one push interval (several
+        watchers cost one snapshot a push, not one each)."""
+        with self._tree_lock:
+            taken, data = self._tree
+            if data is None or time.monotonic() - taken >= PUSH_INTERVAL_S * 0.8:
+                data = pages.tree_data(self.runtime)
+                self._tree = (time.monotonic(), data)
+            return data
+
+    def allowed_hosts(self) -> set[str]:
+        names = {self.host, "localhost"} | ({"127.0.0.1"} if self.host == "localhost" else set())
+        hosts = set()
+        for name in names:
+            shown = f"[{name}]" if ":" in name else name
+            hosts |= {f"{shown}:{self.port}".lower()}
+        return hosts
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_console: ConsoleServer
+    protocol_version = "HTTP/1.1"
+    server_version = "castor-console"
+    timeout = SOCKET_TIMEOUT_S  # a request that never finishes arriving does not hold a thread
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        logger.bind(actor="/console").debug("{} " + format, self.address_string(), *args)
+
+    # -- access ---------------------------------------------------------------------
+    def _authorised(self, query: dict[str, list[str]]) -> tuple[bool, bool]:
+        """(allowed, set the cookie)."""
+        token = self.server_console.token
+        if token is None:
+            return True, False
+        given = (query.get("token") or [None])[0]
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            return True, True
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), token.encode()):
+            return True, False
+        cookie = SimpleCookie()
+        try:
+            cookie.load(self.headers.get("Cookie", ""))
+        except Exception:  # noqa: BLE001 - a malformed cookie header is no token
+            return False, False
+        morsel = cookie.get(COOKIE)
+        if morsel is not None and hmac.compare_digest(morsel.value.encode(), token.encode()):
+            return True, False
+        return False, False
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass
+        except CastorError as exc:  # a bad id, an unknown cast: the stable code, one line
+            status = {"not_found": HTTPStatus.NOT_FOUND, "invalid_params": HTTPStatus.BAD_REQUEST,
+                      "forbidden": HTTPStatus.FORBIDDEN}.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
+            self._send(status, f"{exc.code}: {exc.message}\n".encode(), "text/plain; charset=utf-8")
+        except Exception as exc:  # noqa: BLE001 - one bad request must not end the console
+            logger.bind(actor="/console").opt(exception=exc).error("console request {} failed", self.path[:200])
+            try:
+                self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain; charset=utf-8")
+            except OSError:
+                pass
+
+    def _get(self) -> None:
+        console = self.server_console
+        host = (self.headers.get("Host") or "").lower()
+        if host not in console.allowed_hosts():
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: unexpected Host header\n", "text/plain; charset=utf-8")
+            return
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        allowed, set_cookie = self._authorised(query)
+        if not allowed:
+            self._send(HTTPStatus.UNAUTHORIZED, b"unauthorized: this console needs its token (?token=...)\n",
+                       "text/plain; charset=utf-8")
+            return
+        self._cookie = set_cookie
+        parts = [p for p in url.path.split("/") if p]
+        runtime = console.runtime
+        if not parts:
+            self._send(HTTPStatus.OK, pages.tree_page().encode(), "text/html; charset=utf-8")
+        elif parts == ["events"]:
+            self._stream(console.tree)
+        elif parts == ["api", "actors"]:
+            self._send(HTTPStatus.OK, json.dumps(pages.tree_data(runtime)).encode(), "application/json")
+        elif parts == ["metrics"]:
+            self._send(HTTPStatus.OK, metrics_text(runtime), METRICS_TYPE)
+        elif len(parts) == 3 and parts[0] == "cast":
+            sid, cast_id = pages.check_ids(parts[1], parts[2])
+            self._send(HTTPStatus.OK, pages.cast_page(runtime, sid, cast_id).encode(), "text/html; charset=utf-8")
+        elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
+            sid, cast_id = pages.check_ids(parts[2], parts[3])
+            self._stream(lambda: pages.cast_data(runtime, sid, cast_id))
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+
+    # -- responses ------------------------------------------------------------------
+    def _headers(self, status: int, content_type: str, length: int | None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy",
+                         "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; "
+                         "connect-src 'self'; img-src 'self' data:")
+        if getattr(self, "_cookie", False) and self.server_console.token:
+            self.send_header("Set-Cookie", f"{COOKIE}={self.server_console.token}; Path=/; HttpOnly; SameSite=Strict")
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._headers(status, content_type, len(body))
+        self.wfile.write(body)
+
+    def _stream(self, produce: Any) -> None:
+        """Server-Sent Events: one ``data:`` JSON document every PUSH_INTERVAL_S until the
+        client goes, the console stops, or STREAM_MAX_S passed (the browser reconnects)."""
+        console = self.server_console
+        self.close_connection = True
+        if not console.streams.acquire(blocking=False):
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, f"too many live streams (at most {MAX_STREAMS})\n".encode(),
+                       "text/plain; charset=utf-8")
+            return
+        try:
+            self._stream_until_done(produce)
+        finally:
+            console.streams.release()
+
+    def _stream_until_done(self, produce: Any) -> None:
+        console = self.server_console
+        self._headers(HTTPStatus.OK, "text/event-stream; charset=utf-8", None)
+        self.wfile.write(b"retry: 500\n\n")
+        ends = time.monotonic() + STREAM_MAX_S
+        while not console.stopping.is_set() and time.monotonic() < ends:
+            try:
+                payload = json.dumps(produce())
+            except Exception as exc:  # noqa: BLE001 - say what went wrong, keep streaming
+                payload = json.dumps({"error": f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"})
+            self.wfile.write(f"data: {payload}\n\n".encode())
+            self.wfile.flush()
+            console.stopping.wait(PUSH_INTERVAL_S)

@@ -1,0 +1,160 @@
+"""``castor inspect`` for operators, against a real ``castor serve`` over its socket.
+
+Long actor paths (128-character session ids, the longest allowed), output through a real
+shell pipe: ``--json`` must always parse, text must never be wrapped or cut; ``--sort``,
+``--prefix``, ``--filter`` and the ``casts`` view are checked on live data (casts waiting on
+agent turns that a harness never answers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+CASTOR = [sys.executable, "-m", "castor"]
+LONG = ["s" + "a" * 127, "t-" + "b" * 126]  # two sessions with 128-character ids
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
+    env.pop("MATERIA_CONFIG", None)
+    env["COLUMNS"] = "80"  # what a narrow terminal would say; a pipe must ignore it
+    return env
+
+
+@pytest.fixture
+def live(tmp_path):
+    """A serving runtime with two long-named sessions, one cast each waiting on its agent turn."""
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = None
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+        client = Client.connect_unix(str(sock))
+        turns: list[dict] = []
+        client.on_notification("agent.run_turn", turns.append)
+        client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+        casts = {}
+        for sid in LONG:
+            project = tmp_path / f"proj-{sid[:4]}"
+            project.mkdir()
+            client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
+            client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": "hello"}, timeout=20)
+            started = client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "hi"},
+                                  timeout=20)
+            casts[sid] = (started.get("cast_id") or started["cast"]["cast_id"], project)
+        wait_for(lambda: len(turns) >= 2, timeout=20, what="both agent turns")
+        yield sock, casts
+    finally:
+        if client is not None:
+            client.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+
+
+def _piped(tmp_path: Path, sock: Path, *args: str) -> str:
+    """Run ``castor inspect`` with its stdout into a real shell pipe (``| cat``)."""
+    argv = " ".join(shlex.quote(a) for a in [*CASTOR, "inspect", "--socket", str(sock), *args])
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {argv} | cat"], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_json_through_a_pipe_is_valid_with_the_longest_paths(tmp_path, live):
+    sock, casts = live
+    out = _piped(tmp_path, sock, "actors", "--json")
+    data = json.loads(out)  # the whole output is one JSON document
+    paths = {a["path"] for a in data["actors"]}
+    for sid, (cast_id, _project) in casts.items():
+        assert f"/root/session/{sid}/cast/{cast_id}" in paths
+        assert any(p.startswith(f"/root/session/{sid}/socket/{cast_id}.") for p in paths)
+    assert max(len(p) for p in paths) > 160
+    waiting = [a for a in data["actors"] if (a.get("activity") or {}).get("kind") == "awaiting_turn"]
+    assert len(waiting) == 2
+
+
+def test_text_through_a_pipe_is_never_wrapped_or_cut(tmp_path, live):
+    sock, casts = live
+    out = _piped(tmp_path, sock, "actors", "--sort", "age")
+    for sid, (cast_id, _project) in casts.items():
+        assert f"/root/session/{sid}/cast/{cast_id}" in out  # whole, on one line
+    assert "…" not in out
+    lines = [ln for ln in out.splitlines() if "awaiting the agent's turn" in ln]
+    assert len(lines) >= 2  # each socket actor (and cast) says it on one line
+
+
+def test_sort_puts_the_longest_waits_first_and_prefix_and_filter_select(tmp_path, live):
+    sock, casts = live
+    by_age = json.loads(_piped(tmp_path, sock, "actors", "--sort", "age", "--json"))["actors"]
+    ages = [a["activity"]["age_s"] if a["activity"]["kind"] != "idle" else 0.0 for a in by_age]
+    assert ages == sorted(ages, reverse=True) and ages[0] > 0
+    assert by_age[0]["activity"]["kind"] in ("awaiting_turn", "cast")
+    by_depth = json.loads(_piped(tmp_path, sock, "actors", "--sort", "depth", "--json"))["actors"]
+    depths = [a["mailbox"]["depth"] for a in by_depth]
+    assert depths == sorted(depths, reverse=True)
+    sid = LONG[1]
+    under = json.loads(_piped(tmp_path, sock, "actors", "--prefix", f"/root/session/{sid}", "--json"))["actors"]
+    assert under and all(a["path"].startswith(f"/root/session/{sid}") for a in under)
+    assert not any(LONG[0] in a["path"] for a in under)
+    matched = json.loads(_piped(tmp_path, sock, "actors", "--filter", "SOCKETACTOR", "--json"))["actors"]
+    assert len(matched) == 2 and all(a["kind"] == "SocketActor" for a in matched)
+    nothing = json.loads(_piped(tmp_path, sock, "actors", "--filter", "no-such-actor-anywhere", "--json"))
+    assert nothing["actors"] == []
+
+
+def test_the_casts_view_lists_each_sessions_casts_with_what_they_wait_on(tmp_path, live):
+    sock, casts = live
+    data = json.loads(_piped(tmp_path, sock, "casts", "--json"))
+    sessions = {s["session_id"]: s for s in data["sessions"]}
+    assert set(sessions) == set(LONG)
+    for sid, (cast_id, project) in casts.items():
+        s = sessions[sid]
+        assert s["project"] == str(project) and s["label"] == project.name
+        (cast,) = s["casts"]
+        assert cast["cast_id"] == cast_id and cast["pending"] == "agent_turn" and cast["visit"] == 1
+        assert cast["socket"] and cast["waiting_s"] >= 0 and cast["socket_actors"]
+    text = _piped(tmp_path, sock, "casts")
+    for sid, (cast_id, project) in casts.items():
+        assert sid in text and cast_id in text and str(project) in text
+
+
+def test_follow_json_is_one_valid_document_per_line(tmp_path, live):
+    sock, _casts = live
+    argv = [*CASTOR, "inspect", "--socket", str(sock), "casts", "--json", "--follow", "--interval", "0.1"]
+    proc = subprocess.Popen(argv, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        assert all(len(d["sessions"]) == 2 for d in docs)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+
+
+def test_json_to_a_reader_that_goes_away_ends_quietly(tmp_path, live):
+    sock, _casts = live
+    argv = " ".join(shlex.quote(a) for a in [*CASTOR, "inspect", "--socket", str(sock), "actors", "--json"])
+    done = subprocess.run(["bash", "-c", f"{argv} | head -c 10"], env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout == '{\n  "actor' and "Traceback" not in done.stderr
+
+
+def test_a_bad_sort_is_a_usage_error(tmp_path):
+    done = subprocess.run([*CASTOR, "inspect", "--socket", str(tmp_path / "x.sock"), "--sort", "worst"],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stderr.startswith("castor: invalid_params: ")

@@ -1,0 +1,94 @@
+"""A real ``castor serve --console`` with busy sessions, shared by the console tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from tests.support.waiting import wait_for
+
+CASTOR = [sys.executable, "-m", "castor"]
+#: The bundled build loop (planner, builder, reviewer, ... with a rework edge): a graph worth drawing.
+LOADOUT = "build"
+
+
+@dataclass
+class Live:
+    url: str
+    sock: Path
+    client: Client
+    casts: dict[str, list[str]] = field(default_factory=dict)  # session id -> cast ids
+    projects: dict[str, Path] = field(default_factory=dict)
+
+
+def serve_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
+    env.pop("MATERIA_CONFIG", None)
+    return env
+
+
+def start_console(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--console", "127.0.0.1:0", *extra],
+                              env=serve_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = server.stderr.readline()
+    match = re.search(r"console: (http://127\.0\.0\.1:\d+/)", line)
+    if match is None:
+        server.kill()
+        raise AssertionError(f"no console URL in {line!r}: {server.stderr.read()[-2000:]}")
+    return server, match.group(1), sock
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
+
+
+def open_busy(client: Client, tmp_path: Path, sessions: int, casts: int) -> Live:
+    """``sessions`` sessions with ``casts`` casts each, all waiting on agent turns no one answers."""
+    turns: list[dict] = []
+    client.on_notification("agent.run_turn", turns.append)
+    client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+    live = Live(url="", sock=Path(), client=client)
+    for n in range(sessions):
+        sid = f"session-{n + 1}"
+        project = tmp_path / f"project-{n + 1}"
+        project.mkdir()
+        client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
+        client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+        live.projects[sid] = project
+        live.casts[sid] = []
+        for c in range(casts):
+            started = client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": f"task {c}"},
+                                  timeout=20)
+            live.casts[sid].append(started.get("cast_id") or started["cast"]["cast_id"])
+    wait_for(lambda: len(turns) >= sessions * casts, timeout=30, what="every cast's first agent turn")
+    return live
+
+
+@pytest.fixture
+def busy_console(tmp_path):
+    """3 sessions x 2 casts in flight behind a console; faults allowed."""
+    server, url, sock = start_console(tmp_path, "--allow-faults", "--max-casts-per-session", "2")
+    client = Client.connect_unix(str(sock))
+    try:
+        live = open_busy(client, tmp_path, 3, 2)
+        live.url, live.sock = url, sock
+        yield live
+    finally:
+        client.close()
+        stop(server)

@@ -1,0 +1,204 @@
+"""Every actor says what it is doing now, in words and data, in every snapshot.
+
+Driven as an operator meets it: ``ops.actors`` over a real socket of a real ``castor serve``
+(so the activity also crosses msgpack), and a runtime whose utility slot runs a real command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import psutil
+import pytest
+
+from castor.client import Client
+from castor.messages.inspection import ActorSnapshot
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+CASTOR = [sys.executable, "-m", "castor"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
+    env.pop("MATERIA_CONFIG", None)
+    return env
+
+
+def _by_path(snapshot: dict) -> dict[str, dict]:
+    return {a["path"]: a for a in snapshot["actors"]}
+
+
+def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path), cwd=str(project),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+        with Client.connect_unix(str(sock)) as client:
+            turns: list[dict] = []
+            client.on_notification("agent.run_turn", turns.append)  # a harness whose agent never answers
+            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
+            started = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "say hi"},
+                                  timeout=20)
+            cast_id = started.get("cast_id") or started.get("cast", {}).get("cast_id")
+            wait_for(lambda: turns, timeout=20, what="the agent turn")
+
+            def waiting() -> dict | None:
+                actors = client.call("ops.actors", {}, timeout=10)["actors"]
+                return next((a for a in actors if (a.get("activity") or {}).get("kind") == "awaiting_turn"), None)
+
+            first = wait_for(waiting, timeout=10, what="a SocketActor awaiting its turn")
+            activity = first["activity"]
+            assert first["path"].startswith("/root/session/s1/socket/")
+            assert activity["data"]["cast_id"] == cast_id
+            socket, materia = activity["data"]["socket"], activity["data"]["materia"]
+            assert socket and materia
+            assert activity["text"] == f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}"
+            assert activity["data"]["visit"] == 1
+            # The age grows while the turn is pending (and nothing else about it changes).
+            later = wait_for(lambda: (w := waiting()) and w["activity"]["age_s"] >= activity["age_s"] + 0.2 and w,
+                             timeout=10, what="a growing age")
+            assert later["activity"]["text"] == activity["text"]
+            # The cast itself shows its phase, socket, visit and age.
+            actors = _by_path(client.call("ops.actors", {}, timeout=10))
+            cast = actors[f"/root/session/s1/cast/{cast_id}"]["activity"]
+            assert cast["kind"] == "cast" and cast["data"]["pending"] == "agent_turn"
+            assert cast["data"]["socket"] == socket and cast["data"]["visit"] == 1
+            assert cast["text"].startswith(f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}")
+            assert cast["data"]["cast_age_s"] >= 0 and cast["age_s"] >= 0
+            # The session shows its project directory and a label, not only an id.
+            session = actors["/root/session/s1"]
+            assert session["labels"] == {"project": str(project), "label": "project"}
+            # An idle actor says since when.
+            idle = [a for a in actors.values() if a["path"].startswith("/root/utility/slot-")]
+            assert idle and all(a["activity"]["kind"] == "idle" and a["activity"]["age_s"] >= 0 for a in idle)
+            assert all(a["uptime_s"] is not None and a["restarts"] == 0 and a["last_failure"] is None for a in idle)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_utility_slot_reports_its_command_and_pid(tmp_path):
+    from castor.actors.ports.host_context import NoHostContext
+    from castor.actors.materia.api import materia_call
+    from castor.actors.materia.component import materia_component
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from castor.soak import build_script, write_project
+
+    project = tmp_path / "p"
+    project.mkdir()
+    write_project(project, tmp_path / "visits.log", command_sleep_s=30.0)  # Socket-6 runs a real, slow command
+    runtime = Runtime(RuntimeSettings(allow_faults=True), components=[materia_component()])
+    try:
+        agent = ScriptedAgent(parse_script(build_script(items=1, delay_ms=lambda: 0, spare=2)), max_workers=2)
+        runtime.open_session(SessionInfo(session_id="u", cwd=str(project), trusted=True),
+                             HarnessLink(agent=agent, session_log=None, ui=None, host_context=NoHostContext()))
+        cast_id = materia_call(runtime, "u", "start", {"request": "build it"})["cast_id"]
+
+        def busy() -> ActorSnapshot | None:
+            return next((a for a in runtime.system.snapshot("/root/utility").actors
+                         if a.activity is not None and a.activity.kind == "utility"), None)
+
+        slot = wait_for(busy, timeout=30, what="a busy utility slot")
+        activity = slot.activity
+        pid = activity.data["pid"]
+        assert isinstance(pid, int) and psutil.pid_exists(pid)
+        assert str(pid) in activity.text and activity.text.startswith("running utility ")
+        assert Path(sys.executable).name in str(activity.data["command"])
+        assert activity.data["visit_id"].startswith(cast_id)
+        # Its age grows; the snapshot survives msgpack (what ops.actors sends).
+        again = wait_for(lambda: (b := busy()) and b.activity.age_s > activity.age_s and b, timeout=10,
+                         what="a growing age")
+        assert again.activity.data["pid"] == pid
+        wire = msgpack.unpackb(msgpack.packb(again.model_dump(mode="json")))
+        assert ActorSnapshot.model_validate(wire).activity == again.activity
+        # The cast that waits for it says what it waits on.
+        cast = runtime.system.registry.lookup(f"/root/session/u/cast/{cast_id}").snapshot().activity
+        assert cast.data["pending"] == "utility" and cast.data["socket"] == "Socket-6"
+    finally:
+        runtime.shutdown(10)
+    assert wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                    timeout=10, what="the command ended with the runtime")
+
+
+def test_a_crash_is_the_last_failure_and_a_reported_activity_ends_with_its_message():
+    import threading
+
+    from castor.messages.base import LocalMessage
+    from castor.supervision import Actor, ActorSystem, ChildSpec, handles, supervisor_spec
+
+    class Work(LocalMessage, type_name="test.activity.work"):
+        pass
+
+    class Boom(LocalMessage, type_name="test.activity.boom"):
+        pass
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    class Busy(Actor):
+        @handles(Work)
+        def work(self, _m: Work) -> None:
+            self.report_activity("testing", "doing test work", step=3)
+            entered.set()
+            gate.wait(10)
+
+        @handles(Boom)
+        def boom(self, _m: Boom) -> None:
+            raise ValueError("boom")
+
+    system = ActorSystem([supervisor_spec("t", [ChildSpec("busy", Busy)])])
+    try:
+        handle = system.lookup("/root/t/busy")
+        handle.tell(Work())
+        assert entered.wait(10)
+        snap = handle.snapshot()
+        assert (snap.activity.kind, snap.activity.text, snap.activity.data) == ("testing", "doing test work",
+                                                                                 {"step": 3})
+        gate.set()
+        wait_for(lambda: handle.snapshot().activity.kind == "idle", timeout=10, what="idle after the message")
+        before = time.time()
+        with pytest.raises(Exception):
+            handle.ask(Boom(), timeout=5)
+        wait_for(lambda: handle.restarts == 1 and handle.alive, timeout=10, what="the restart")
+        snap = handle.snapshot()
+        assert snap.last_failure is not None and snap.last_failure.error_type == "ValueError"
+        assert snap.last_failure.message_type == "test.activity.boom" and snap.last_failure.at >= before - 1
+        assert snap.activity.kind == "idle" and snap.incarnation == 2
+    finally:
+        system.shutdown(10)
+
+
+def test_the_cheap_snapshot_data_is_exactly_the_typed_snapshots_shape():
+    from castor.messages.inspection import TreeSnapshot
+    from castor.supervision import Actor, ActorSystem, ChildSpec, supervisor_spec
+
+    class Quiet(Actor):
+        pass
+
+    system = ActorSystem([supervisor_spec("t", [ChildSpec("q", Quiet)])])
+    try:
+        data = system.snapshot_data()
+        typed = TreeSnapshot.model_validate(data)  # every field valid, nothing missing or extra
+        assert [a.path for a in typed.actors] == [a["path"] for a in data["actors"]]
+        dumped = typed.model_dump(mode="json")
+        assert [set(a) for a in dumped["actors"]] == [set(a) for a in data["actors"]]
+        assert msgpack.unpackb(msgpack.packb(data)) == data
+    finally:
+        system.shutdown(10)

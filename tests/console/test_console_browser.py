@@ -1,0 +1,145 @@
+"""The web console in a real headless Chromium (Debian's chromium + chromium-driver, driven by
+selenium with both paths given, so nothing downloads a browser or a driver).
+
+A real ``castor serve --console --allow-faults`` with 3 sessions x 2 casts in flight (casts
+whose agent turns no one answers): the tree shows the casts' actors, a cast's page draws its
+loadout's sockets, and a kill injected over the endpoint shows up as a restart within 2 s.
+Each test saves what the browser showed under ``$TMPDIR/castor-console-shots``;
+``CASTOR_SAVE_DOCS_SHOT=1`` makes the restart test refresh ``docs/console.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+CHROMIUM = os.environ.get("CASTOR_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CASTOR_CHROMEDRIVER", "/usr/bin/chromedriver")
+#: Where a run leaves its screenshots (CASTOR_CONSOLE_SHOTS overrides): evidence to look at, never committed.
+SHOTS = Path(os.environ.get("CASTOR_CONSOLE_SHOTS", "") or Path(tempfile.gettempdir()) / "castor-console-shots")
+
+
+def _browser_missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return f"{path} is missing (run .ci/install-browser.sh)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
+
+
+@pytest.fixture
+def browser():
+    missing = _browser_missing()
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests need a browser in CI: {missing}")
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium's manager must never fetch anything
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1500,1100", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _rows(driver) -> dict[str, dict[str, str]]:
+    """The tree's rows as the page shows them: path -> {kind, restarts, activity}."""
+    script = """return Array.from(document.querySelectorAll('#tree tr')).map(tr => [tr.dataset.path,
+        tr.dataset.kind, tr.querySelector('.restarts').textContent, tr.querySelector('.activity').textContent]);"""
+    return {p: {"kind": k, "restarts": r, "activity": a} for p, k, r, a in driver.execute_script(script)}
+
+
+def _shot(driver, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / name
+    driver.save_screenshot(str(path))
+    return path
+
+
+def test_the_tree_shows_every_running_casts_actors(browser, busy_console):
+    live = busy_console
+    browser.get(live.url)
+    want = {f"/root/session/{sid}/cast/{c}" for sid, casts in live.casts.items() for c in casts}
+    rows = wait_for(lambda: (r := _rows(browser)) and want <= set(r) and r, timeout=15, what="the casts in the tree")
+    assert all(rows[p]["kind"] == "CastActor" for p in want)
+    waiting = [r for p, r in rows.items() if r["kind"] == "SocketActor"]
+    assert len(waiting) == 6 and all("awaiting the agent's turn" in r["activity"] for r in waiting)
+    cards = browser.execute_script("return Array.from(document.querySelectorAll('[data-session]')).map(e => e.textContent)")
+    assert len(cards) == 3 and all(str(live.projects[f"session-{n + 1}"]) in cards[n] for n in range(3))
+    # Live: the waits' ages grow without a reload.
+    first = _rows(browser)[next(iter(sorted(want)))]["activity"]
+    wait_for(lambda: _rows(browser)[next(iter(sorted(want)))]["activity"] != first, timeout=5,
+             what="a pushed update")
+    path = _shot(browser, "console-tree.png")
+    assert path.stat().st_size > 10_000
+
+
+def test_a_casts_page_draws_its_loadout_with_the_current_socket(browser, busy_console):
+    live = busy_console
+    sid, cast_id = "session-3", live.casts["session-3"][0]
+    browser.get(live.url)
+    link = wait_for(lambda: browser.execute_script(
+        f"return document.querySelector('#tree a[href=\"/cast/{sid}/{cast_id}\"]')"), timeout=15,
+        what="the cast's link")
+    link.click()
+    wait_for(lambda: browser.execute_script("return document.querySelectorAll('#graph g.socket').length"),
+             timeout=15, what="the graph")
+    sockets = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#graph g.socket')).map(g => g.dataset.socket)")
+    current = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#graph g.socket.current')).map(g => g.dataset.socket)")
+    edges = browser.execute_script("return document.querySelectorAll('#graph path.edge').length")
+    from castor.adapters.materia.config_loader import load_resolved
+
+    resolved = load_resolved(live.projects[sid])
+    assert set(sockets) == set(resolved.pipeline.sockets)
+    assert len(current) == 1 and current[0] in sockets
+    assert edges == sum(len(s.socket.edges) for s in resolved.pipeline.sockets.values())
+    facts = wait_for(lambda: browser.execute_script("return document.getElementById('facts').textContent"),
+                     timeout=10, what="the cast's facts")
+    assert "awaiting the agent's turn" in facts and current[0] in facts
+    feed = browser.execute_script("return document.getElementById('feed').textContent")
+    assert "cast_start" in feed or "socket_start" in feed
+    _shot(browser, "console-cast.png")
+
+
+def test_a_kill_injected_over_the_endpoint_shows_as_a_restart_within_2_s(browser, busy_console):
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][1]
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    browser.get(live.url)
+    wait_for(lambda: path in _rows(browser), timeout=15, what="the cast in the tree")
+    assert _rows(browser)[path]["restarts"] == "0"
+    live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)
+    killed = time.monotonic()
+    # The issue's bound: the restart is on the page within 2 s of the kill (a push every second).
+    wait_for(lambda: _rows(browser).get(path, {}).get("restarts") == "1", timeout=2.0,
+             what="the restart on the page within 2 s")
+    shown_after = time.monotonic() - killed
+    cell = browser.execute_script(f"return document.querySelector('#tree tr[data-path=\"{path}\"] .restarts')"
+                                  ".className")
+    assert "restarted" in cell and shown_after < 2.0
+    path = _shot(browser, "console-restart.png")
+    if os.environ.get("CASTOR_SAVE_DOCS_SHOT"):  # the README's picture: 3 sessions x 2 casts, one restart
+        shutil.copy(path, Path(__file__).resolve().parents[2] / "docs" / "console.png")

@@ -1,0 +1,209 @@
+"""The console and /metrics over real HTTP against a real ``castor serve --console``."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+
+from castor.client import Client
+from tests.console.conftest import start_console, stop
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), dict(err.headers)
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{want} not in /metrics")
+
+
+def test_metrics_count_casts_visits_restarts_and_asks(busy_console):
+    live = busy_console
+    status, text, headers = _get(live.url + "metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert _metric(text, "castor_sessions") == 3
+    assert _metric(text, "castor_actors", kind="CastActor", state="running") == 6
+    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("castor_casts{")) == 6
+    assert _metric(text, "castor_socket_visits_total") >= 6
+    assert _metric(text, "castor_ask_seconds_count", kind="SessionActor") >= 6
+    assert _metric(text, "castor_mailbox_depth", kind="CastActor") == 0
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    live.client.call("ops.fault", {"kind": "kill", "path": f"/root/session/{sid}/cast/{cast_id}"}, timeout=10)
+
+    def restarted() -> float:
+        return _metric(_get(live.url + "metrics")[1], "castor_restarts_total", kind="CastActor") >= 1 and \
+            _metric(_get(live.url + "metrics")[1], "castor_crashes_total", kind="CastActor")
+    assert wait_for(restarted, timeout=10, what="the restart in /metrics") == 1
+
+
+def test_the_cast_page_and_its_stream_carry_the_graph_feed_and_usage(busy_console):
+    live = busy_console
+    sid, cast_id = "session-2", live.casts["session-2"][1]
+    status, page, _ = _get(f"{live.url}cast/{sid}/{cast_id}")
+    assert status == 200 and 'class="socket current"' in page and "<svg" in page
+    parsed = urlsplit(live.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    conn.request("GET", f"/events/cast/{sid}/{cast_id}")
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    line = b""
+    while not line.startswith(b"data: "):
+        line = response.fp.readline()
+    doc = json.loads(line[6:])
+    conn.close()
+    assert doc["cast_id"] == cast_id and doc["current_socket"] and doc["active"] is True
+    assert f'data-socket="{doc["current_socket"]}"' in doc["svg"]
+    assert any(e["type"] for e in doc["events"]) and "tokens" in doc["usage"]
+    assert doc["actor"]["activity"]["data"]["pending"] == "agent_turn"
+
+
+def test_bad_paths_hosts_and_methods_are_refused(busy_console):
+    live = busy_console
+    assert _get(live.url + "cast/session-1/..")[0] in (400, 404)
+    assert _get(live.url + "cast/session-1/no-such-cast")[0] == 404
+    assert _get(live.url + "cast/bad%20id/x")[0] == 400
+    assert _get(live.url + "nope")[0] == 404
+    # A page elsewhere reaching the console by DNS rebinding sends its own Host: refused.
+    assert _get(live.url, {"Host": "attacker.example:80"})[0] == 403
+    parsed = urlsplit(live.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    conn.request("POST", "/", body=b"x")
+    assert conn.getresponse().status == 501
+    conn.close()
+    # Garbage on the socket does not take the console down.
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=5) as raw:
+        raw.sendall(b"\x00\xff garbage\r\n\r\n")
+        raw.recv(100)
+    assert _get(live.url + "api/actors")[0] == 200
+
+
+def test_a_token_file_guards_every_route(tmp_path):
+    token = "t0ken-" + "x" * 26
+    (tmp_path / "token").write_text(token + "\n")
+    server, url, sock = start_console(tmp_path, "--console-token-file", str(tmp_path / "token"))
+    try:
+        for route in ("", "events", "api/actors", "metrics"):
+            assert _get(url + route)[0] == 401, route
+        assert _get(url + "metrics?token=wrong")[0] == 401
+        assert _get(url + "metrics", {"Authorization": f"Bearer {token}"})[0] == 200
+        status, _page, headers = _get(f"{url}?token={token}")
+        assert status == 200 and "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert _get(url + "api/actors", {"Cookie": cookie})[0] == 200
+        assert _get(url + "api/actors", {"Cookie": "castor_console_token=nope"})[0] == 401
+    finally:
+        stop(server)
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--console", "10.0.0.1:8080"], "forbidden"),
+    (["--console", "127.0.0.1:0", "--console-token-file", "/nonexistent/token"], "not_found"),
+    (["--console-token-file", "x"], "invalid_params"),
+])
+def test_a_bad_console_setting_fails_the_command_before_it_listens(tmp_path, argv, code):
+    import subprocess
+    import sys
+
+    sock = tmp_path / "s.sock"
+    done = subprocess.run([sys.executable, "-m", "castor", "serve", "--socket", str(sock), *argv],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1].startswith(f"castor: {code}:")
+    assert not sock.exists()
+
+
+def test_a_short_token_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "token").write_text("short\n")
+    done = subprocess.run([sys.executable, "-m", "castor", "serve", "--socket", str(tmp_path / "s.sock"),
+                           "--console", "127.0.0.1:0", "--console-token-file", str(tmp_path / "token")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "castor: invalid_params:" in done.stderr
+
+
+def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_console):
+    from castor.console.server import MAX_STREAMS
+
+    live = busy_console
+    parsed = urlsplit(live.url)
+    held = []
+    try:
+        for _ in range(MAX_STREAMS):
+            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+            conn.request("GET", "/events")
+            response = conn.getresponse()
+            assert response.status == 200
+            held.append((conn, response))  # the response owns the socket: keep it open
+        one_more = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        one_more.request("GET", "/events")
+        assert one_more.getresponse().status == 503
+        one_more.close()
+        # Pages still answer while the streams are full.
+        assert _get(live.url + "api/actors")[0] == 200
+    finally:
+        for conn, response in held:
+            response.close()
+            conn.close()
+    # Once they are gone, a new stream is served again.
+    def reopened() -> bool:
+        conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        conn.request("GET", "/events")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    wait_for(reopened, timeout=15, what="a stream slot freed by a closed client")
+    # A client that sends half a request and goes silent is dropped after the socket timeout.
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x")
+        assert raw.recv(100) == b""  # closed by the server (SOCKET_TIMEOUT_S), not held open
+
+
+@pytest.mark.timeout(90)
+def test_the_icarus_worker_stats_are_on_the_console(tmp_path):
+    import sys
+
+    from castor.demo_icarus import reference_backend
+
+    agent_dir = tmp_path / "home" / ".pi" / "agent"
+    agent_dir.mkdir(parents=True)
+    section = {"icarusDir": str(reference_backend()), "python": sys.executable,
+               "fabricDir": str(tmp_path / "fabric"), "timeoutMs": 10000}
+    (agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}))
+    server, url, sock = start_console(tmp_path)
+    try:
+        project = tmp_path / "project"
+        project.mkdir()
+        with Client.connect_unix(str(sock)) as client:
+            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+            client.call("session.open", {"session_id": "mem", "cwd": str(project), "trusted": True}, timeout=20)
+            written = client.call("icarus.tool", {"session_id": "mem", "name": "fabric_write",
+                                                  "params": {"type": "note", "summary": "s", "content": "c"}},
+                                  timeout=30)
+            assert written.get("status") == "written", written
+            doc = json.loads(_get(url + "api/actors")[1])
+            (worker,) = [w for w in doc["workers"] if w["session_id"] == "mem"]
+            assert worker["state"] == "active" and worker["workers_started"] == 1
+            assert worker["process"]["pid"] > 0 and worker["process"]["calls"] >= 1
+            text = _get(url + "metrics")[1]
+            assert _metric(text, "castor_worker_calls_total") >= 1
+    finally:
+        stop(server)
