@@ -224,7 +224,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                           max_casts_per_session=args.max_casts_per_session,
                                           user_turn_timeout_s=args.user_turn_timeout),
                           components=scaleout_components(backend), scaleout=backend)
-        console = _start_console(args, runtime)
+        console = _start_console(args, runtime, endpoint_token=token)
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
@@ -275,16 +275,17 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return token, generated
 
 
-def _start_console(args: argparse.Namespace, runtime: Any) -> Any:
+def _start_console(args: argparse.Namespace, runtime: Any, *, endpoint_token: str | None = None) -> Any:
     """The web console of ``--console`` (None without it); a bad address or token file fails the
-    command before anything listens."""
+    command before anything listens. Its token: ``--console-token-file``'s, else the endpoint's
+    own where it has one (``--tcp``, ``--require-token``), so one secret opens both."""
     if args.console is None:
         if args.console_token_file:
             raise InvalidParams("--console-token-file needs --console HOST:PORT")
         return None
     from castor.console.server import ConsoleServer, read_token_file
 
-    token = read_token_file(args.console_token_file) if args.console_token_file else None
+    token = read_token_file(args.console_token_file) if args.console_token_file else endpoint_token
     try:
         return ConsoleServer(runtime, *args.console, token=token).start()
     except BaseException:
@@ -295,7 +296,9 @@ def _start_console(args: argparse.Namespace, runtime: Any) -> Any:
 def _console_shown(console: Any, args: argparse.Namespace) -> str | None:
     if console is None:
         return None
-    return console.url + (f" (token from {args.console_token_file})" if args.console_token_file else "")
+    if args.console_token_file:
+        return console.url + f" (token from {args.console_token_file})"
+    return console.url + (" (the endpoint's token)" if console.token else "")
 
 
 def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
