@@ -207,3 +207,18 @@ def test_the_icarus_worker_stats_are_on_the_console(tmp_path):
             assert _metric(text, "castor_worker_calls_total") >= 1
     finally:
         stop(server)
+
+
+def test_the_endpoint_s_token_guards_the_console_when_it_has_no_token_file_of_its_own(tmp_path):
+    import os
+
+    token = "endp0int-" + "y" * 30
+    token_file = tmp_path / "endpoint.token"
+    token_file.write_text(token + "\n")
+    os.chmod(token_file, 0o600)
+    server, url, _sock = start_console(tmp_path, "--require-token", "--token-file", str(token_file))
+    try:
+        assert _get(url + "api/actors")[0] == 401
+        assert _get(url + "api/actors", {"Authorization": f"Bearer {token}"})[0] == 200
+    finally:
+        stop(server)
