@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = backend_flag_problem(args)  # before a runtime (or a cluster) starts
+    problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
     if problem is not None:
         parser.error(problem)
     try:
@@ -371,6 +371,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         _fail("invalid_params", str(exc))
     return EXIT_ERROR
+
+
+def _agent_problem(args: argparse.Namespace) -> str | None:
+    """A malformed ``--agent`` or ``CASTOR_AGENT`` of a command that takes an agent (a usage error)."""
+    if not hasattr(args, "agent"):
+        return None
+    import os
+
+    from castor.adapters.agents.factory import agent_spec_problem
+
+    flag = getattr(args, "agent", None)
+    problem = agent_spec_problem(flag or os.environ.get("CASTOR_AGENT") or None)
+    if problem is not None and not flag:
+        problem = f"CASTOR_AGENT: {problem}"
+    return problem
 
 
 class Terminated(KeyboardInterrupt):
