@@ -269,9 +269,7 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     path = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
     if path:
         return read_token_file(path), None
-    token, generated = new_token_file()
-    print(f"castor: token file: {generated} (present its token in runtime.hello {{token}}; removed at exit)",
-          file=sys.stderr, flush=True)
+    token, generated = new_token_file()  # its path is in the one line serve prints once it listens
     return token, generated
 
 

@@ -22,6 +22,8 @@ CASTOR = [sys.executable, "-m", "castor"]
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["HOME"] = str(tmp_path / "home")  # no user profile config, no Pi settings
+    (tmp_path / "home").mkdir(exist_ok=True)  # a user's home exists (a TCP serve keeps its token under it)
+    env.pop("XDG_RUNTIME_DIR", None)
     env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
     env.pop("MATERIA_CONFIG", None)
     return env
@@ -174,10 +176,14 @@ def test_serve_prints_one_line_on_stderr_once_it_listens(tmp_path, mode):
                               stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline().rstrip("\n")  # blocks until the line is written (or EOF)
-        where = f"unix:{sock}" if mode == "socket" else f"tcp:127.0.0.1:{port}"
-        assert line == f"castor serve: listening on {where}; token file: -; console: -"
-        # It is printed once it listens: a client connects right away.
-        client = Client.connect_unix(str(sock)) if mode == "socket" else Client.connect_tcp("127.0.0.1", port)
+        if mode == "socket":
+            assert line == f"castor serve: listening on unix:{sock}; token file: -; console: -"
+            client = Client.connect_unix(str(sock))  # printed once it listens: a client connects right away
+        else:  # TCP always has a token: the line names the file it is in (0600, removed at exit)
+            prefix = f"castor serve: listening on tcp:127.0.0.1:{port}; token file: "
+            assert line.startswith(prefix) and line.endswith("; console: -"), line
+            token_file = line[len(prefix):-len("; console: -")]
+            client = Client.connect_tcp("127.0.0.1", port, token_file=token_file)
         with client:
             assert client.call("ops.actors", {}, timeout=10)["actors"]
     finally:

@@ -263,7 +263,7 @@ class Harness:
 
 def _fill(directory: Path) -> Path:
     filler = directory / "filler.bin"
-    with open(filler, "wb") as handle:
+    with open(filler, "wb", buffering=0) as handle:  # unbuffered: close() has nothing left to flush
         try:
             while True:
                 handle.write(b"\0" * 65536)

@@ -24,7 +24,7 @@ from .conftest import RawPeer, castor_argv, serve_env, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-TOKEN_LINE = re.compile(r"castor: token file: (\S+)")
+TOKEN_LINE = re.compile(r"castor serve: listening on \S+; token file: ([^;\s]+);")
 
 
 def free_port() -> int:
@@ -47,6 +47,9 @@ class TcpServe:
                                      stdout=subprocess.DEVNULL, stderr=self._err)
         wait_until(lambda: self._accepting() or self.proc.poll() is not None, 20, "the TCP port")
         assert self.proc.poll() is None, self.stderr_path.read_text()
+        # The one line serve prints once it listens names the token file (it may trail the accept).
+        wait_until(lambda: "castor serve: listening on" in self.stderr_path.read_text() or self.proc.poll() is not None,
+                   20, "the serving line")
         found = TOKEN_LINE.search(self.stderr_path.read_text())
         self.token_file = found.group(1) if found else None
 
@@ -199,7 +202,7 @@ def test_the_token_file_is_removed_at_exit_and_a_given_token_file_is_used(tcp_se
     mine.write_text("a-token-of-mine-0123456789abcdef\n")
     mine.chmod(0o600)
     given = tcp_serve("--token-file", str(mine))
-    assert given.token_file is None  # nothing generated, nothing printed
+    assert given.token_file == str(mine)  # nothing generated: the line names the given file
     with given.client(token_file=str(mine)) as good:
         assert "ops.actors" in good.hello_result["methods"]
     with pytest.raises(Unauthenticated):
@@ -268,6 +271,8 @@ def test_a_unix_socket_may_require_the_token_too(tmp_path):
     try:
         wait_until(lambda: os.path.exists(path) or proc.poll() is not None, 20, "the socket")
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        wait_until(lambda: TOKEN_LINE.search((tmp_path / "err").read_text()) is not None or proc.poll() is not None,
+                   20, "the serving line")
         token_file = TOKEN_LINE.search((tmp_path / "err").read_text()).group(1)
         with Client.connect_unix(path, default_timeout=10) as anonymous:
             with pytest.raises(Unauthenticated):

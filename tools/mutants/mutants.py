@@ -81,10 +81,8 @@ MUTANTS: list[Mutant] = [
             f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
     mutant("ask-deadline-dropped", "R2 every ask has a deadline",
            [("castor/supervision/handle.py",
-             "        mailbox = self._enqueue(envelope)\n"
-             "        deadline = time.monotonic() + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout)",
-             "        mailbox = self._enqueue(envelope)\n"
-             "        deadline = time.monotonic() + (1e9 if timeout is None else timeout)")],
+             "return PendingAsk(self, envelope, mailbox, now + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout), now)",
+             "return PendingAsk(self, envelope, mailbox, now + (1e9 if timeout is None else timeout), now)")],
            [f"{SUP}/test_default_deadlines.py"]),
     mutant("ask-default-deadline-infinite", "R2 every ask has a deadline",
            [("castor/supervision/handle.py", "DEFAULT_ASK_TIMEOUT = 10.0", "DEFAULT_ASK_TIMEOUT = 1e9")],
