@@ -49,8 +49,11 @@ def test_metrics_count_casts_visits_restarts_and_asks(busy_console):
     live.client.call("ops.fault", {"kind": "kill", "path": f"/root/session/{sid}/cast/{cast_id}"}, timeout=10)
 
     def restarted() -> float:
-        return _metric(_get(live.url + "metrics")[1], "castor_restarts_total", kind="CastActor") >= 1 and \
-            _metric(_get(live.url + "metrics")[1], "castor_crashes_total", kind="CastActor")
+        text = _get(live.url + "metrics")[1]
+        if 'castor_restarts_total{kind="CastActor"}' not in text:
+            return 0.0  # not yet: the series appears with the first restart
+        return _metric(text, "castor_restarts_total", kind="CastActor") >= 1 and \
+            _metric(text, "castor_crashes_total", kind="CastActor")
     assert wait_for(restarted, timeout=10, what="the restart in /metrics") == 1
 
 
