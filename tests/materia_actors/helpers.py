@@ -62,3 +62,38 @@ def plan_json(*items: str) -> str:
 
 def verdict(satisfied: bool, feedback: str = "") -> str:
     return json.dumps({"satisfied": satisfied, "feedback": feedback, "missing": []})
+
+
+class ServedRuntime:
+    """One runtime behind a real Unix-socket server; :meth:`connect` attaches one Pi-like harness
+    process to it (``harness_class(client)``) and opens session ``session_id`` as Pi does."""
+
+    def __init__(self, tmp_path: Path, project: Path, harness_class: Any, session_id: str, **settings: Any) -> None:
+        from castor.endpoint.app import build_dispatcher
+        from castor.endpoint.server import Server
+
+        self.project = project
+        self.sock = str(tmp_path / "castor.sock")
+        self.runtime = make_runtime(**settings)
+        self.server = Server(build_dispatcher(self.runtime), unix_path=self.sock).start()
+        self.clients: list[Any] = []
+        self._harness_class = harness_class
+        self._session_id = session_id
+
+    def connect(self) -> Any:
+        from castor.client import Client
+
+        client = Client.connect_unix(self.sock, default_timeout=15)
+        self.clients.append(client)
+        pi = self._harness_class(client)
+        client.call("runtime.hello", {"client": "pi-like-test"})
+        client.call("session.open", {"session_id": self._session_id, "cwd": str(self.project), "trusted": True,
+                                     "flags": {"harness": "pi", "has_agent_settled": True}})
+        return pi
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.server.stop()
+        self.runtime.shutdown(10)
+

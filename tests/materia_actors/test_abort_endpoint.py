@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 
 from castor.client import Client
-from castor.endpoint.app import build_dispatcher
-from castor.endpoint.server import Server
 from castor.messages.errors import NotFound
 
-from .helpers import events, make_runtime, wait_for, write_project_config
+from .helpers import ServedRuntime, events, wait_for, write_project_config
 from .test_refinement_e2e import PiLikeHarness
 
 SID = "pi-cancel"
@@ -65,29 +63,10 @@ class Pi(PiLikeHarness):
         return [n["message"] for n in self.notes if n.get("level") == "warning"]
 
 
-class World:
+class World(ServedRuntime):
     def __init__(self, tmp_path: Path, project: Path) -> None:
         write_project_config(project, CONFIG)
-        self.project = project
-        self.sock = str(tmp_path / "castor.sock")
-        self.runtime = make_runtime()
-        self.server = Server(build_dispatcher(self.runtime), unix_path=self.sock).start()
-        self.clients: list[Client] = []
-
-    def connect(self) -> Pi:
-        client = Client.connect_unix(self.sock, default_timeout=15)
-        self.clients.append(client)
-        pi = Pi(client)
-        client.call("runtime.hello", {"client": "pi-like-test"})
-        client.call("session.open", {"session_id": SID, "cwd": str(self.project), "trusted": True,
-                                     "flags": {"harness": "pi", "has_agent_settled": True}})
-        return pi
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        self.server.stop()
-        self.runtime.shutdown(10)
+        super().__init__(tmp_path, project, Pi, SID)
 
 
 @pytest.fixture

@@ -15,42 +15,20 @@ from typing import Any
 
 import pytest
 
-from castor.client import Client
-from castor.endpoint.app import build_dispatcher
-from castor.endpoint.server import Server
 from castor.messages.errors import Conflict, InvalidParams
 from castor.supervision import faults
 
-from .helpers import events, make_runtime, plan_json, wait_for, write_project_config
+from .helpers import ServedRuntime, events, plan_json, wait_for, write_project_config
 from .test_refinement_e2e import CONFIG, SID, PiLikeHarness
 
 DRAFT_1 = "Draft 1: which database?"
 
 
-class World:
+class World(ServedRuntime):
     """One runtime behind a real server; :meth:`connect` is one Pi process attaching to it."""
 
     def __init__(self, tmp_path: Path, project: Path, **settings: Any) -> None:
-        self.project = project
-        self.sock = str(tmp_path / "castor.sock")
-        self.runtime = make_runtime(**settings)
-        self.server = Server(build_dispatcher(self.runtime), unix_path=self.sock).start()
-        self.clients: list[Client] = []
-
-    def connect(self) -> PiLikeHarness:
-        client = Client.connect_unix(self.sock, default_timeout=15)
-        self.clients.append(client)
-        pi = PiLikeHarness(client)
-        client.call("runtime.hello", {"client": "pi-like-test"})
-        client.call("session.open", {"session_id": SID, "cwd": str(self.project), "trusted": True,
-                                     "flags": {"harness": "pi", "has_agent_settled": True}})
-        return pi
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        self.server.stop()
-        self.runtime.shutdown(10)
+        super().__init__(tmp_path, project, PiLikeHarness, SID, **settings)
 
 
 @pytest.fixture
