@@ -11,7 +11,7 @@ import pytest
 
 from castor.actors.hooks import HookClient
 from castor.actors.icarus_worker import ASK_GRACE_S, DEFAULT_TIMEOUT_MS, IcarusWorkerClient, icarus_worker_spec
-from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
+from castor.adapters.icarus.worker_process import next_request_id
 from castor.domain.icarus.settings import IcarusSettings
 from castor.messages.errors import Timeout
 from castor.supervision import ActorSystem

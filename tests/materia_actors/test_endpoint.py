@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from castor.client import Client
-from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound
+from castor.messages.errors import Forbidden, InvalidParams, NotFound
 
 from .helpers import plan_json, wait_for, write_project_config
 
