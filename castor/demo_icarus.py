@@ -78,9 +78,19 @@ RELEVANT = "sqlite WAL mode fixed the build cache lock contention"
 OFF_TOPIC = "grandma's chocolate cake needs three eggs"
 
 
+REFERENCE_BACKEND_DATA = ("share", "castor", "icarus_reference", "icarus")
+"""Where a wheel installs the reference backend, under the environment's prefix (pyproject's
+``[tool.setuptools.data-files]``)."""
+
+
 def reference_backend() -> Path:
-    """Where the reference backend lives in a source checkout / editable install."""
-    return Path(castor.__file__).resolve().parents[1] / "examples" / "icarus_reference" / "icarus"
+    """The reference backend: ``examples/icarus_reference/icarus`` of a source checkout (or an
+    editable install), else the copy a wheel installed under ``<sys.prefix>/share/castor/``."""
+    checkout = Path(castor.__file__).resolve().parents[1] / "examples" / "icarus_reference" / "icarus"
+    installed = Path(sys.prefix).joinpath(*REFERENCE_BACKEND_DATA)
+    if not (checkout / "__init__.py").is_file() and (installed / "__init__.py").is_file():
+        return installed
+    return checkout
 
 
 # ---------------------------------------------------------------------------
