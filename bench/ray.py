@@ -78,7 +78,7 @@ class _Session:
     """One session of ``runtime`` with a scripted agent and a UI that signals each cast's end."""
 
     def __init__(self, runtime: Any, sid: str, proj: Path) -> None:
-        from castor.actors.ports.host_context import NoHostContext
+        from castor.ports.host_context import NoHostContext
         from castor.adapters.agents.scripted import ScriptedAgent
         from castor.adapters.console_ui import ConsoleUi
         from castor.adapters.session_jsonl import JsonlSessionLog

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from castor.actors.ports.host_context import NoHostContext
+from castor.ports.host_context import NoHostContext
 from castor.messages.errors import CastorError, InvalidParams, NotFound
 from castor.scaleout.options import add_backend_flags, make_backend, materia_component_for
 

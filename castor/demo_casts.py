@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from rich.live import Live
 from rich.table import Table
 
-from castor.actors.ports.host_context import NoHostContext
+from castor.ports.host_context import NoHostContext
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.component import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script

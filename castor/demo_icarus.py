@@ -50,7 +50,7 @@ from rich.table import Table
 
 import castor
 from castor.actors.icarus_session import IcarusSession, icarus_component, session_of
-from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.messages.errors import CastorError
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo

@@ -29,10 +29,10 @@ from typing import Any, Callable, Protocol
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from castor.actors.ports.agent import AgentPort
-from castor.actors.ports.host_context import HostContextPort
-from castor.actors.ports.classifier import ClassifierPort
-from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.ports.agent import AgentPort
+from castor.ports.host_context import HostContextPort
+from castor.ports.classifier import ClassifierPort
+from castor.ports.session import SessionPort, SessionUiPort
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, MailboxFull, NotFound, Timeout
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
 from castor.supervision.registry import check_segment

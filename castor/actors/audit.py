@@ -3,7 +3,7 @@
 One per session. Given the original context and a
 :class:`~castor.domain.icarus.classify.FilterResult`, it builds the
 ``icarus-context-filter`` entry (:mod:`castor.domain.icarus.audit`), appends
-it through :class:`~castor.actors.ports.session.SessionPort` and only then
+it through :class:`~castor.ports.session.SessionPort` and only then
 releases text.
 
 Guarantees
@@ -26,7 +26,7 @@ from typing import Any
 
 
 from castor.actors.classifier import run_bounded
-from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
 from castor.domain.icarus.classify import FilterResult
 from castor.messages.base import LocalMessage

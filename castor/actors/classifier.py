@@ -2,7 +2,7 @@
 
 One per session. It runs the pure fallback matrix
 (:func:`castor.domain.icarus.classify.classify_context`) against a
-:class:`~castor.actors.ports.classifier.ClassifierPort`.
+:class:`~castor.ports.classifier.ClassifierPort`.
 
 Guarantees
 ----------
@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-from castor.actors.ports.classifier import ClassifierPort, ModelEndpoint
+from castor.ports.classifier import ClassifierPort, ModelEndpoint
 from castor.domain.icarus.classify import (
     ClassifierChoice,
     ClassifierRequest,

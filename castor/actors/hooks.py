@@ -7,7 +7,7 @@ It interprets the effects of the pure machine :mod:`castor.domain.icarus.lifecyc
 effect             interpretation
 =================  ===========================================================================
 CallWorker         queued on the session's *worker lane*: one thread that submits calls to
-                   :class:`~castor.actors.ports.worker.WorkerCalls` one at a time, in order;
+                   :class:`~castor.ports.worker.WorkerCalls` one at a time, in order;
                    the outcome comes back to this actor as ``WorkerDone``
 CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
                    that follow it in the same step are given only once the worker is closed
@@ -15,7 +15,7 @@ Filter             a filter job thread: ``ClassifierActor`` (one total deadline,
                    request's :class:`CancelToken`) then ``AuditActor`` (persist before
                    release); the released text comes back as ``FilterDone``
 CancelFilter       cancels that request's token (wakes the classifier wait at once)
-SendMessage,       the :class:`~castor.actors.ports.session.SessionUiPort`; errors swallowed
+SendMessage,       the :class:`~castor.ports.session.SessionUiPort`; errors swallowed
 SetStatus
 Reply              resolves the caller's future for that request (exactly once)
 Log                loguru, codes only (never context or error text)
@@ -54,8 +54,8 @@ from typing import Any
 
 from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditAndRelease
 from castor.actors.classifier import CancelToken, Classify
-from castor.actors.ports.session import SessionUiPort
-from castor.actors.ports.worker import WorkerCalls
+from castor.ports.session import SessionUiPort
+from castor.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
 from castor.messages.base import LocalMessage
 from castor.messages.errors import CastorError, InvalidParams

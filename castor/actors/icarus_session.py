@@ -85,8 +85,8 @@ from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.classifier import ClassifierActor
 from castor.actors.hooks import HookClient, HookController
 from castor.actors.icarus_worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
-from castor.actors.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
-from castor.actors.ports.session import SessionPort, SessionUiPort
+from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
 from castor.domain.icarus.commands import (

@@ -30,7 +30,7 @@ lazily, a fresh worker. Nothing here re-runs session initialisation (that is
 the hook controller's business, and it must not either).
 
 Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
-``WorkerCalls`` port (:mod:`castor.actors.ports.worker`) over the handle.
+``WorkerCalls`` port (:mod:`castor.ports.worker`) over the handle.
 """
 
 from __future__ import annotations

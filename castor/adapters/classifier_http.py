@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from castor.actors.ports.classifier import (
+from castor.ports.classifier import (
     ClassifierRequest,
     ClassifierResponse,
     ClassifierUsage,

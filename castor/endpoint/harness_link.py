@@ -18,7 +18,7 @@ HostContextPort    ``session.context_usage``,            ``{tokens, contextWindo
                    ``session.compact`` (requests)        the compaction result summary
 =================  ====================================  ==========================================
 
-Host context (:class:`castor.actors.ports.host_context.HostContextPort`):
+Host context (:class:`castor.ports.host_context.HostContextPort`):
 
 | harness answer | ``context_usage`` | ``compact`` |
 |---|---|---|
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from loguru import logger
 
-from castor.actors.ports.agent import (
+from castor.ports.agent import (
     TurnError,
     TurnOutcome,
     TurnReply,
@@ -61,8 +61,8 @@ from castor.actors.ports.agent import (
     TurnUsage,
     harness_turn_settings,
 )
-from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
-from castor.actors.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
+from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
 from castor.domain.materia.budget import non_negative_number, plain_usage
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits

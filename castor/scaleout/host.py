@@ -62,7 +62,7 @@ class CastHost:
     # -- sessions --------------------------------------------------------------
     def open_session(self, info: dict[str, Any], has_context: bool, agent_spec: str | None,
                      agent_label: str = "Pi agent") -> dict[str, Any]:
-        from castor.actors.ports.host_context import NoHostContext
+        from castor.ports.host_context import NoHostContext
         from castor.adapters.agents.factory import make_agent
         from castor.runtime import HarnessLink, SessionInfo
 

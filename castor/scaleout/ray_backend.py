@@ -32,8 +32,8 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from castor.actors.materia.messages import SessionCall
-from castor.actors.ports.agent import TurnOutcome, TurnRequest, enqueues_only
-from castor.actors.ports.host_context import CompactionRequest
+from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
+from castor.ports.host_context import CompactionRequest
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
 from castor.supervision import Actor, ChildSpec, Restart, handles
 

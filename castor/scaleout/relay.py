@@ -30,8 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from castor.actors.ports.agent import TurnOutcome, TurnReply, TurnRequest
-from castor.actors.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
+from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest
+from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
 from castor.messages.errors import CastorError, Timeout
 
 OUTBOX_LIMIT = 10_000

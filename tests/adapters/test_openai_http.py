@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from castor.actors.ports.agent import TurnOutcome, TurnRequest
+from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.adapters.agents import make_agent
 from castor.adapters.agents.openai_http import OpenAIChatAgent, chat_completions_url
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from castor.actors.ports.agent import TurnOutcome, TurnRequest
+from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.adapters.agents.scripted import ScriptedAgent, load_script, parse_script
 from castor.messages.errors import InvalidConfig
 

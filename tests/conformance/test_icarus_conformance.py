@@ -29,7 +29,7 @@ import pytest
 from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, gone, read_jsonl, wait_until
 from castor.actors.icarus_session import session_of
 from castor.actors.icarus_worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
-from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.icarus.launch import WorkerLaunch, build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.adapters.session_jsonl import JsonlSessionLog

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 import castor.demo_icarus as demo_icarus
-from castor.actors.ports.classifier import ChatMessage, ClassifierRequest
+from castor.ports.classifier import ChatMessage, ClassifierRequest
 from castor.demo import DemoReport
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from castor.actors.ports.agent import TurnOutcome, TurnRequest
+from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server

@@ -1,6 +1,6 @@
 """TEST FAKES (no network, no LLM): a deterministic classifier and a session log.
 
-``FakeClassifier`` satisfies ``castor.actors.ports.classifier.ClassifierPort``.
+``FakeClassifier`` satisfies ``castor.ports.classifier.ClassifierPort``.
 It reads the candidates from the real request JSON and answers per a script:
 
 * ``reject_words``: a candidate whose text contains one of these words is
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from castor.actors.ports.classifier import (
+from castor.ports.classifier import (
     ClassifierRequest,
     ClassifierResponse,
     ClassifierUsage,

@@ -22,9 +22,9 @@ from castor.actors.classifier import (
     run_bounded,
 )
 from castor.actors.hooks import HookClient, HookController
-from castor.actors.ports.classifier import ClassifierPort
-from castor.actors.ports.session import SessionPort, SessionUiPort
-from castor.actors.ports.worker import WorkerCalls
+from castor.ports.classifier import ClassifierPort
+from castor.ports.session import SessionPort, SessionUiPort
+from castor.ports.worker import WorkerCalls
 from castor.domain.icarus.classify import Outcome, Reason, parse_choice
 from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import Cancelled, InvalidParams, Timeout

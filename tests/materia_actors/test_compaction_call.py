@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from castor.actors.materia.compaction_call import CompactionCall
-from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, NoHostContext
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, NoHostContext
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -11,7 +11,7 @@ import pytest
 
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.messages import CastOutcome, WorkLost
-from castor.actors.ports.agent import TurnError, TurnOutcome
+from castor.ports.agent import TurnError, TurnOutcome
 from castor.adapters.console_ui import ConsoleUi
 from castor.domain.materia.cast_messages import TurnEnded
 from castor.runtime import HarnessLink, SessionInfo

@@ -48,7 +48,7 @@ def project(root: Path, name: str, visit_log: Path) -> Path:
 
 
 def open_session(runtime: Any, sid: str, proj: Path) -> None:
-    from castor.actors.ports.host_context import NoHostContext
+    from castor.ports.host_context import NoHostContext
     from castor.adapters.agents.scripted import ScriptedAgent
     from castor.adapters.console_ui import ConsoleUi
     from castor.adapters.session_jsonl import JsonlSessionLog

@@ -25,7 +25,7 @@ import pytest
 from tests.support.icarus import IcarusWorldBase, wait_until
 from tests.support.icarus import REFERENCE_ICARUS, read_jsonl  # noqa: F401 - re-exported for the security tests
 from castor.actors.icarus_session import session_of
-from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.client import Client
 from castor.runtime import HarnessLink, Runtime, SessionInfo

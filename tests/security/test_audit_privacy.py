@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from loguru import logger
 
-from castor.actors.ports.classifier import ClassifierResponse
+from castor.ports.classifier import ClassifierResponse
 
 from .conftest import read_jsonl
 

@@ -97,8 +97,8 @@ from castor.actors.materia.messages import (
 )
 from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
 from castor.actors.materia.views import status_view
-from castor.actors.ports.agent import AgentPort
-from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
+from castor.ports.agent import AgentPort
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
 from castor.adapters.fs import is_storage_fault, storage_unavailable
 from castor.adapters.materia import command_records
 from castor.adapters.materia.cast_lease import CastLease

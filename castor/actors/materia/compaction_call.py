@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 
 Deliver = Callable[[CompactionOutcome], None]
 

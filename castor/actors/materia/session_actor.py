@@ -56,7 +56,7 @@ from castor.actors.materia.views import (
     resolve_cast_id,
     status_text,
 )
-from castor.actors.ports.agent import harness_turn_settings
+from castor.ports.agent import harness_turn_settings
 from castor.adapters.fs import atomic_write_json, storage_unavailable
 from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease

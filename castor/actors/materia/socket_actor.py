@@ -47,8 +47,8 @@ from typing import Any
 from castor.actors.materia import activity as _activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
-from castor.actors.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only
-from castor.actors.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
+from castor.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 from castor.domain.materia.cast_messages import (
     ProactiveCompactionFinished,
     ProactiveCompactionStarted,

@@ -6,7 +6,7 @@
   ``ActorStopped`` once closed);
 - ``settle`` delivers the outcome at most once, on the book's own small
   thread pool (never on the caller's stack) — or at once, on the settling
-  thread, for a reply marked :func:`~castor.actors.ports.agent.enqueues_only`
+  thread, for a reply marked :func:`~castor.ports.agent.enqueues_only`
   (it only tells an actor, so no thread hop is needed); a second settle is a no-op;
 - ``cancel`` settles with an ``aborted``/``cancelled`` outcome and runs the
   turn's cancel hook (so the adapter can stop its timer or socket);
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
-from castor.actors.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
+from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.messages.errors import ActorStopped, Conflict
 
 __all__ = ["TurnBook", "cancelled_outcome", "error_outcome"]

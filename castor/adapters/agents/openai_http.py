@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 from loguru import logger
 
-from castor.actors.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.messages.errors import InvalidParams
 

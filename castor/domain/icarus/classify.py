@@ -93,7 +93,7 @@ class Reason(StrEnum):
 
 
 # ---------------------------------------------------------------------------
-# Wire-neutral models shared with castor.actors.ports.classifier
+# Wire-neutral models shared with castor.ports.classifier
 
 
 class ModelEndpoint(BaseModel):
