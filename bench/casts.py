@@ -67,7 +67,7 @@ from pathlib import Path
 import psutil
 
 from castor.actors.materia.api import materia_call
-from castor.actors.materia.component import materia_component
+from castor.composition import materia_component
 from castor.actors.materia.messages import CastOutcome
 from castor.actors.materia.socket_actor import socket_spec
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script

@@ -150,7 +150,7 @@ def _close(runtime: Any, backend: Any, cluster: Any) -> None:
 
 
 def bench_transition(root: Path, casts: int) -> dict[str, float]:
-    from castor.actors.materia.component import materia_component
+    from castor.composition import materia_component
     from castor.runtime import Runtime, RuntimeSettings
 
     noops = 20

@@ -327,7 +327,7 @@ class EndpointPaths:
     """A real Runtime with the Icarus component behind a Server on a Unix socket; a castor.client."""
 
     def __init__(self, package: Path, workdir: str) -> None:
-        from castor.actors.icarus_session import icarus_component
+        from castor.composition import icarus_component
         from castor.client import Client
         from castor.endpoint import Server
         from castor.endpoint.app import build_dispatcher

@@ -43,7 +43,7 @@ from rich.table import Table
 
 from castor.ports.host_context import NoHostContext
 from castor.actors.materia.api import materia_call
-from castor.actors.materia.component import materia_component
+from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
 from castor.inspect_view import actor_tree
 from castor.messages.errors import CastorError

@@ -1,4 +1,4 @@
-"""The composition root: one actor system, its session tree and shared pools.
+"""The runtime: one actor system, its session tree and shared pools.
 
 Actor tree (paths are stable; see docs/architecture.md)::
 
@@ -11,29 +11,32 @@ Actor tree (paths are stable; see docs/architecture.md)::
                                             (materia: ``materia``, ``cast/<id>``;
                                             icarus: ``icarus/...``)
 
-A *session component* is a function ``(SessionContext) -> list[ChildSpec]``
-that contributes children to every session supervisor, plus optional
-``harness.event`` listeners. Components are how the materia and Icarus
-systems plug into a session without the runtime knowing either.
+A *session component* (the contract is :mod:`castor.ports.session_component`) contributes
+children to every session supervisor, plus optional ``harness.event`` listeners. Components
+are how the materia and Icarus systems plug into a session without the runtime knowing either;
+:mod:`castor.composition` passes the default ones in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, Field
 
-from castor.ports.agent import AgentPort
-from castor.ports.host_context import HostContextPort
-from castor.ports.classifier import ClassifierPort
-from castor.ports.session import SessionPort, SessionUiPort
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, MailboxFull, NotFound, Timeout
+from castor.adapters.fs import check_project_dir, project_artifact_root
+from castor.ports.session_component import (
+    EventListener,
+    HarnessLink,
+    RuntimeSettings,
+    SessionComponent,
+    SessionContext,
+    SessionInfo,
+)
+from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
 from castor.supervision.registry import check_segment
 
@@ -45,100 +48,27 @@ UTILITY_STOP_GRACE_S = 1.0
 """On shutdown a running utility command gets SIGTERM, then SIGKILL after this long."""
 
 
-class RuntimeSettings(BaseModel):
-    """Runtime-wide settings (CLI flags and environment; never project files)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    allow_faults: bool = False
-    utility_slots: int = Field(default=4, ge=1, le=256)
-    utility_queue_limit: int = Field(default=1000, ge=1)
-    max_casts_per_session: int = Field(default=1, ge=1)
-    artifact_root: str | None = None  # overrides the config's artifactDir when set
-    session_restart_intensity: int = 5
-    max_sessions: int = Field(default=256, ge=1)
-    session_open_timeout_s: float = Field(default=10.0, gt=0)
-    compaction_timeout_s: float = Field(default=300.0, gt=0, le=3600)
-    """Deadline of one host compaction (``session.compact``; Pi asks the model for a summary)."""
-    context_usage_timeout_s: float = Field(default=5.0, gt=0, le=600)
-    """Deadline of the pre-turn context usage read (``session.context_usage``)."""
-    """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
-    user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
-    reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —
-    a user's run may legitimately take hours, and withdrawing one that still runs loses its draft
-    (see docs/materia.md "When the harness never reports a user turn")."""
-
-
-class SessionInfo(BaseModel):
-    """What the harness says about a session when it opens it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    session_id: str
-    cwd: str
-    trusted: bool = False
-    flags: dict[str, Any] = {}
-    session_file: str | None = None
-
-
-@dataclass
-class HarnessLink:
-    """The harness-side ports of one session (over the wire, or standalone stand-ins)."""
-
-    agent: AgentPort | None
-    session_log: SessionPort | None
-    ui: SessionUiPort | None
-    classifier: ClassifierPort | None = None
-    kind: str = "standalone"  # "endpoint" when backed by a msgpack-rpc connection
-    host_context: HostContextPort | None = None  # the harness's own transcript; None = there is none
-
-
-@dataclass
-class SessionContext:
-    """Everything a session component needs to build its children."""
-
-    info: SessionInfo
-    harness: HarnessLink
-    runtime: Runtime
-    path: str
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def child(self, *segments: str) -> str:
-        return "/".join([self.path, *segments])
-
-    def lookup(self, *segments: str) -> ActorHandle:
-        return self.runtime.system.lookup(self.child(*segments))
-
-
-class EventListener(Protocol):
-    def __call__(self, ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None: ...
-
-
-@dataclass
-class SessionComponent:
-    """One system's contribution to every session."""
-
-    name: str
-    children: Callable[[SessionContext], list[ChildSpec]]
-    on_event: EventListener | None = None
-    on_close: Callable[[SessionContext], None] | None = None
-
-
 class Runtime:
-    """One castor runtime: actor system, sessions, components, shared pools."""
+    """One castor runtime: actor system, sessions, components, shared pools.
+
+    The runtime builds no session component itself: ``components`` are what every session gets,
+    in order (default: none — a bare runtime whose sessions have no children). The materia and
+    Icarus components with their file and process adapters are put together by
+    :mod:`castor.composition` (``castor.composition.build_runtime(settings)``, or
+    ``Runtime(settings, components=castor.composition.default_components())``).
+    """
 
     def __init__(
         self,
         settings: RuntimeSettings | None = None,
         *,
-        components: list[SessionComponent] | None = None,
+        components: Sequence[SessionComponent] = (),
         extra_children: list[ChildSpec] | None = None,
         scaleout: Any = None,
     ) -> None:
         self.settings = settings or RuntimeSettings()
         self.scaleout = scaleout  # castor.scaleout's RayBackend when casts run on a cluster, else None
-        self.components = list(components if components is not None else default_components())
+        self.components = list(components)
         self._sessions: dict[str, SessionContext] = {}
         self._lock = threading.Lock()
         children = [
@@ -291,41 +221,13 @@ def _label_session(handle: ActorHandle | None, info: SessionInfo) -> None:
         handle.labels = {"project": info.cwd, "label": (label or Path(info.cwd).name or info.cwd)[:200]}
 
 
-def check_project_dir(cwd: str) -> None:
-    """A session's ``cwd`` is its project: an absolute path to an existing directory. Anything
-    else is refused before a session exists (a relative path would be taken against the
-    runtime's own working directory; a missing one would be created by the first cast)."""
-    if "\x00" in cwd or not os.path.isabs(cwd):
-        raise InvalidParams("cwd must be an absolute path", data={"cwd": cwd[:200].replace("\x00", "\\0")})
-    if not os.path.isdir(cwd):
-        raise NotFound(f"cwd {cwd[:200]} is not an existing directory", data={"cwd": cwd[:200]})
-
-
-def project_artifact_root(cwd: str, configured: str | None) -> Path:
-    """A project's artifact root: ``configured`` (default ``.pi/pi-materia``) resolved against the
-    project, symlinks included; ``forbidden`` unless it stays inside the project (the one rule of
-    castor.domain.paths: no ``..``, an absolute path only inside the project)."""
-    from castor.adapters.fs import confine
-
-    project = Path(cwd).resolve()
-    try:
-        return confine(project, configured or ".pi/pi-materia", allow_absolute=True)
-    except Forbidden as exc:
-        raise Forbidden(
-            "artifactDir must stay inside the project directory",
-            data={"artifactDir": str(configured)[:200], "cwd": str(project), "reason": exc.data.get("reason")},
-        ) from None
-
-
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
     from castor.actors.materia.utility import utility_pool_spec
 
     return [utility_pool_spec(settings)]
 
 
-def default_components() -> list[SessionComponent]:
-    """The components every runtime has unless told otherwise: materia, then icarus."""
-    from castor.actors.icarus_session import icarus_component
-    from castor.actors.materia.component import materia_component
-
-    return [materia_component(), icarus_component()]
+__all__ = [
+    "SESSIONS_PATH", "UTILITY_PATH", "EventListener", "HarnessLink", "Runtime", "RuntimeSettings", "SessionComponent",
+    "SessionContext", "SessionInfo", "check_project_dir", "project_artifact_root",
+]

@@ -480,7 +480,7 @@ class Soak:
 
     # -- set-up ----------------------------------------------------------------
     def _prepare(self, root: Path) -> Any:
-        from castor.actors.materia.component import materia_component
+        from castor.composition import materia_component
         from castor.runtime import Runtime, RuntimeSettings
 
         s = self.settings
@@ -509,7 +509,7 @@ class Soak:
         return self.runtime
 
     def _icarus_component(self, root: Path) -> Any:
-        from castor.actors.icarus_session import icarus_component
+        from castor.composition import icarus_component
         from castor.demo_icarus import reference_backend
 
         backend = reference_backend()

@@ -64,27 +64,27 @@ Guarantees
   a value the caller marks ``is_error``.
 
 Layering: actors do not import adapters. Files and processes are reached
-through :class:`IcarusBackend`; ``icarus_component()`` called without one
-builds the default (file settings store + worker subprocess) by importing the
-adapters lazily -- the runtime calls it without arguments, so that import is
-this module's composition seam.
+through the :class:`~castor.ports.icarus_backend.IcarusBackend` port given to
+``icarus_component(backend)``; :mod:`castor.composition` passes the file and
+process one in.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from loguru import logger
 
 from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.classifier import ClassifierActor
 from castor.actors.hooks import HookClient, HookController
-from castor.actors.icarus_worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
+from castor.actors.icarus_worker import IcarusWorkerClient, icarus_worker_spec
+from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
+from castor.ports.session_component import SessionComponent, SessionContext
 from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus import lifecycle as lc
@@ -101,7 +101,6 @@ from castor.domain.icarus.commands import (
 )
 from castor.domain.icarus.settings import (
     IcarusSettings,
-    SettingsLayer,
     Source,
     apply_bool_default,
     config_inspection,
@@ -121,9 +120,6 @@ from castor.messages.errors import CastorError, NotFound
 from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
 from castor.supervision.supervisor import WhichChildren
 
-if TYPE_CHECKING:
-    from castor.runtime import SessionComponent, SessionContext
-
 COMPONENT = "icarus"
 EXTRAS_KEY = "icarus"
 STATUS_KEY = lc.STATUS_KEY
@@ -141,69 +137,6 @@ _WARN_CODES = {"timeout": "timed out; the worker was stopped and starts fresh on
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
 _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
                  Source.PROJECT: "project settings", Source.ENV: "environment"}
-
-
-# ---------------------------------------------------------------------------
-# The backend port: files and processes, injected
-
-
-class IcarusBackend(Protocol):
-    """What the component needs from the filesystem and the process table."""
-
-    def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
-        """Effective settings (never raises for bad files; see settings_store)."""
-        ...
-
-    def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
-        """(project, global) layers as read now; an untrusted project file is not opened."""
-        ...
-
-    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-        """Locked read-modify-write; raises typed errors and then writes nothing."""
-        ...
-
-    def package_present(self, icarus_dir: str) -> bool:
-        """True when ``icarus_dir`` holds an importable package (``__init__.py``)."""
-        ...
-
-    def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
-        """A callable that *constructs* (does not start) one worker process."""
-        ...
-
-    def next_request_id(self) -> int:
-        """Process-wide monotonic request ids (never reused across workers)."""
-        ...
-
-
-def default_backend(*, env: Mapping[str, str] | None = None, home: str | None = None) -> IcarusBackend:
-    """The file/process backend (adapters imported here, lazily: the composition seam)."""
-    from castor.adapters.icarus.launch import build_launch
-    from castor.adapters.icarus.settings_store import load_layers, load_settings, update_settings
-    from castor.adapters.icarus.worker_process import next_request_id, worker_factory
-
-    class _FileBackend:
-        def _env(self) -> dict[str, str]:
-            return dict(os.environ if env is None else env)
-
-        def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
-            return load_settings(cwd, trusted=trusted, env=self._env(), home=home)
-
-        def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
-            return load_layers(cwd, trusted=trusted, env=self._env(), home=home)
-
-        def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-            return update_settings(path, mutate)
-
-        def package_present(self, icarus_dir: str) -> bool:
-            return os.path.isfile(os.path.join(icarus_dir, "__init__.py"))
-
-        def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
-            return worker_factory(build_launch(settings, cwd=cwd, parent_env=self._env(), home=home))
-
-        def next_request_id(self) -> int:
-            return next_request_id()
-
-    return _FileBackend()
 
 
 # ---------------------------------------------------------------------------
@@ -663,16 +596,10 @@ def session_of(ctx: SessionContext) -> IcarusSession:
     return sess
 
 
-def icarus_component(backend: IcarusBackend | None = None, *, env: Mapping[str, str] | None = None,
-                     home: str | None = None) -> SessionComponent:
-    """The Icarus session component (see the module docstring).
-
-    ``env``/``home`` feed the default backend: settings resolution (global
-    settings path, backend env overrides) and the worker's parent environment.
-    """
-    from castor.runtime import SessionComponent
-
-    chosen = backend if backend is not None else default_backend(env=env, home=home)
+def icarus_component(backend: IcarusBackend) -> SessionComponent:
+    """The Icarus session component (see the module docstring) over ``backend``, its files and
+    processes (:func:`castor.composition.icarus_component` gives it the file/process one)."""
+    chosen = backend
 
     def children(ctx: SessionContext) -> list[ChildSpec]:
         sess = _build_session(ctx, chosen)
@@ -694,6 +621,6 @@ def icarus_component(backend: IcarusBackend | None = None, *, env: Mapping[str, 
 
 
 __all__ = [
-    "COMPONENT", "IcarusBackend", "IcarusSession", "controller_payload", "default_backend", "icarus_component",
+    "COMPONENT", "IcarusBackend", "IcarusSession", "controller_payload", "icarus_component",
     "session_of", "wire_result",
 ]

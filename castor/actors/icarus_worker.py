@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, runtime_checkable
 
 
 from castor.domain.icarus.worker_protocol import reply_result
@@ -54,6 +54,7 @@ from castor.messages.errors import (
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import ActorHandle
 from castor.supervision.supervisor import ChildSpec, Restart
+from castor.ports.icarus_backend import WorkerProcessPort
 
 DEFAULT_TIMEOUT_MS = 30000
 ASK_GRACE_S = 5.0
@@ -61,22 +62,6 @@ ASK_GRACE_S = 5.0
 
 
 @runtime_checkable
-class WorkerProcessPort(Protocol):
-    """What the actor needs from one worker process (see WorkerProcess for the contract)."""
-
-    @property
-    def running_pid(self) -> int | None: ...
-
-    def call(self, request_id: int, module: str, function: str, args: list[Any] | None,
-             kwargs: dict[str, Any] | None, deadline: float | None) -> dict[str, Any]: ...
-
-    def kill_tree(self, reason: str = "retired") -> None: ...
-
-    def exited_while_idle(self) -> bool: ...
-
-    def stats(self) -> Any: ...
-
-
 class CancelToken:
     """Cancels one worker call from any thread.
 

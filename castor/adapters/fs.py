@@ -56,7 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from castor.domain import paths
-from castor.messages.errors import Forbidden, StorageUnavailable
+from castor.messages.errors import Forbidden, NotFound, StorageUnavailable
 
 __all__ = [
     "JsonLinesRead",
@@ -545,3 +545,23 @@ def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             skipped.append(SkippedLine(line_no=line_no, reason=f"invalid JSON: {exc.__class__.__name__}"))
     return JsonLinesRead(records=records, skipped=skipped)
+
+
+def check_project_dir(cwd: str) -> None:
+    """A session's ``cwd`` is its project: an absolute path to an existing directory. Anything
+    else is refused before a session exists (the path rule is :func:`castor.domain.paths.check_project_path`;
+    a missing directory is ``not_found`` here, since the first cast would otherwise create it)."""
+    paths.check_project_path(cwd)
+    if not os.path.isdir(cwd):
+        raise NotFound(f"cwd {cwd[:200]} is not an existing directory", data={"cwd": cwd[:200]})
+
+
+def project_artifact_root(cwd: str, configured: str | None) -> Path:
+    """A project's artifact root: ``configured`` (default ``.pi/pi-materia``) resolved against the
+    project, symlinks included; ``forbidden`` unless it stays inside the project (the one rule of
+    castor.domain.paths: no ``..``, an absolute path only inside the project)."""
+    project = Path(cwd).resolve()
+    try:
+        return confine(project, configured or paths.DEFAULT_ARTIFACT_DIR, allow_absolute=True)
+    except Forbidden as exc:
+        raise paths.artifact_dir_outside(configured, str(project), exc) from None

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import posixpath
 
+from castor.messages.errors import Forbidden, InvalidParams
+
 REASON_NOT_TEXT = "non-text path part"
 REASON_NUL = "NUL byte in path"
 REASON_EMPTY = "empty path part"
@@ -72,3 +74,27 @@ def lexical_target(root: str, value: object, *, allow_absolute: bool = False) ->
         return None, REASON_OUTSIDE
     return target, None
 
+
+
+# ---------------------------------------------------------------------------
+# A session's project directory and the artifact directory a project configures
+
+DEFAULT_ARTIFACT_DIR = ".pi/pi-materia"
+"""Where a project's casts write when its config names no ``artifactDir`` (relative to the project)."""
+
+
+def check_project_path(cwd: str) -> None:
+    """A session's ``cwd`` is its project and must be an absolute path without a NUL byte
+    (``invalid_params`` otherwise): a relative one would be taken against the runtime's own
+    working directory. That it exists is the adapter's part (it looks at the disk)."""
+    if "\x00" in cwd or not posixpath.isabs(cwd):
+        raise InvalidParams("cwd must be an absolute path", data={"cwd": cwd[:200].replace("\x00", "\\0")})
+
+
+def artifact_dir_outside(configured: str | None, project: str, refused: Forbidden) -> Forbidden:
+    """The ``forbidden`` error for a configured ``artifactDir`` that would leave the project:
+    a hostile config may not make a cast write into ``/etc`` or a sibling checkout."""
+    return Forbidden(
+        "artifactDir must stay inside the project directory",
+        data={"artifactDir": str(configured)[:200], "cwd": project, "reason": refused.data.get("reason")},
+    )

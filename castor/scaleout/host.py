@@ -36,7 +36,7 @@ class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
     def __init__(self, host_id: str, settings: dict[str, Any]) -> None:
-        from castor.actors.materia.component import materia_component
+        from castor.composition import materia_component
         from castor.actors.materia.utility import pool_of
         from castor.runtime import Runtime, RuntimeSettings
         from castor.scaleout.utility_tasks import RayUtilityRunner

@@ -49,7 +49,7 @@ def make_backend(args: argparse.Namespace) -> Any:
 
 
 def materia_component_for(backend: Any) -> Any:
-    from castor.actors.materia.component import materia_component
+    from castor.composition import materia_component
 
     if backend is None:
         return materia_component()
@@ -59,9 +59,10 @@ def materia_component_for(backend: Any) -> Any:
 
 
 def scaleout_components(backend: Any) -> Any:
-    """The runtime's session components for ``backend`` (None: the runtime's defaults)."""
+    """The runtime's session components for ``backend`` (None: the composition's defaults)."""
+    from castor.composition import default_components, icarus_component
+
     if backend is None:
-        return None
-    from castor.actors.icarus_session import icarus_component
+        return default_components()
 
     return [materia_component_for(backend), icarus_component()]

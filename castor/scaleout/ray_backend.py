@@ -429,7 +429,7 @@ class RemoteSessionActor(Actor):
 def ray_materia_component(backend: RayBackend) -> Any:
     """The materia session component with every cast on the cluster (same events and close hook)."""
     from castor.actors.materia import component as local
-    from castor.runtime import SessionComponent
+    from castor.ports.session_component import SessionComponent
 
     def children(ctx: Any) -> list[ChildSpec]:
         return [ChildSpec(id="materia", factory=lambda: RemoteSessionActor(ctx, backend), restart=Restart.PERMANENT)]

@@ -278,7 +278,7 @@ def test_c71_recast_of_an_idle_cast_that_is_not_failed_is_rejected() -> None:
 
 
 def _runtime(**settings: Any) -> Any:
-    from castor.actors.materia.component import materia_component
+    from castor.composition import materia_component
     from castor.runtime import Runtime, RuntimeSettings
 
     return Runtime(RuntimeSettings(**settings), components=[materia_component()])

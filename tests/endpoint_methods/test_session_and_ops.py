@@ -181,7 +181,7 @@ def test_ops_fault_kills_and_the_supervisor_restarts(served):
 @pytest.mark.timeout(60)
 def test_a_session_whose_supervisor_gave_up_or_whose_parent_restarted_can_be_opened_again(tmp_path):
     """docs/reliability.md: after a session's supervisor gives up, the harness opens it again."""
-    from castor.actors.materia.component import materia_component
+    from castor.composition import materia_component
     from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
     from castor.supervision import faults
     from tests.support.waiting import wait_for
@@ -210,7 +210,7 @@ def test_a_session_whose_supervisor_gave_up_or_whose_parent_restarted_can_be_ope
 def test_a_session_open_that_timed_out_does_not_hold_its_id_forever(tmp_path):
     """The sessions supervisor answered too late: the child it then starts is stopped, so the
     id can be opened again."""
-    from castor.actors.materia.component import materia_component
+    from castor.composition import materia_component
     from castor.messages.errors import Timeout
     from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
     from castor.supervision import faults

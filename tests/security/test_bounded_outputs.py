@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from castor.actors.materia.api import materia_call
-from castor.actors.materia.component import materia_component
+from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
 from castor.adapters.console_ui import ConsoleUi
 from castor.messages.base import LocalMessage

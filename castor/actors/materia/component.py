@@ -1,4 +1,4 @@
-"""The materia session component: what every harness session gets (see castor.runtime).
+"""The materia session component: what every harness session gets (the contract is castor.ports.session_component).
 
 Children of ``/root/session/<sid>`` (started in this order, stopped in reverse)::
 
@@ -37,6 +37,7 @@ from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import SessionCall
 from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
+from castor.ports.session_component import SessionComponent, SessionContext
 from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
 
 EVENT_TIMEOUT_S = 5.0
@@ -60,7 +61,7 @@ def _castor_turn_id(data: dict[str, Any]) -> str | None:
     return turn_id if isinstance(turn_id, str) and turn_id else None
 
 
-def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
+def _on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
     if event not in ("before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context"):
         return None
     try:
@@ -91,7 +92,7 @@ def _on_event(ctx: Any, event: str, data: dict[str, Any]) -> dict[str, Any] | No
     return None
 
 
-def _on_close(ctx: Any) -> None:
+def _on_close(ctx: SessionContext) -> None:
     """Before the session's actors stop: withdraw a pending user-driven turn (nobody can report it
     now), so the cast is saved paused. Best effort: a failure leaves the turn pending on disk, and
     the recast that resumes the cast withdraws it then (reason ``restart``)."""
@@ -102,7 +103,7 @@ def _on_close(ctx: Any) -> None:
         logger.bind(actor=ctx.path).warning("materia close handling failed: {exc}", exc=exc)
 
 
-def _children(ctx: Any) -> list[ChildSpec]:
+def _children(ctx: SessionContext) -> list[ChildSpec]:
     return [
         supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
         supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
@@ -110,9 +111,8 @@ def _children(ctx: Any) -> list[ChildSpec]:
     ]
 
 
-def materia_component() -> Any:
-    from castor.runtime import SessionComponent
-
+def materia_component() -> SessionComponent:
+    """The materia session component (see the module docstring)."""
     return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=_on_close)
 
 

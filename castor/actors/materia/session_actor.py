@@ -63,6 +63,7 @@ from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.fs import confine
 from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
 from castor.adapters.materia.state_store import DEFAULT_PAGE, discard_unsaved
+from castor.ports.session_component import SessionContext
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     CastStarted,
@@ -89,7 +90,7 @@ def _verb_signature(cls: type, verb: str) -> inspect.Signature:
 
 
 class SessionActor(Actor):
-    def __init__(self, ctx: Any) -> None:  # castor.runtime.SessionContext
+    def __init__(self, ctx: SessionContext) -> None:
         super().__init__()
         self.ctx = ctx
         self.runtime = ctx.runtime

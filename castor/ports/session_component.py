@@ -1,0 +1,133 @@
+"""The session-component contract: what a session component gets and what it gives.
+
+A *session component* is one system's contribution to every harness session (materia and Icarus
+are the two castor ships). When a session opens, the runtime builds a :class:`SessionContext` and
+asks each component for the children of the session's supervisor (``children(ctx)``); it offers
+every harness event to each component's ``on_event`` and calls each ``on_close`` when the session
+closes. The runtime knows no component; components know the runtime only through
+:class:`SessionHost`, the part of it this module names.
+
+Guarantees: the context's ``path`` is the session supervisor's path and does not change for the
+session's life; ``extras`` is the components' own scratch space (the runtime never reads it).
+Not guaranteed: the order in which components see an event beyond the order they were given to
+the runtime, or that ``on_close`` runs for a session whose supervisor gave up on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from castor.ports.agent import AgentPort
+from castor.ports.classifier import ClassifierPort
+from castor.ports.host_context import HostContextPort
+from castor.ports.session import SessionPort, SessionUiPort
+from castor.supervision import ActorHandle, ActorSystem, ChildSpec
+
+
+class RuntimeSettings(BaseModel):
+    """Runtime-wide settings (CLI flags and environment; never project files)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allow_faults: bool = False
+    utility_slots: int = Field(default=4, ge=1, le=256)
+    utility_queue_limit: int = Field(default=1000, ge=1)
+    max_casts_per_session: int = Field(default=1, ge=1)
+    artifact_root: str | None = None  # overrides the config's artifactDir when set
+    session_restart_intensity: int = 5
+    max_sessions: int = Field(default=256, ge=1)
+    session_open_timeout_s: float = Field(default=10.0, gt=0)
+    compaction_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    """Deadline of one host compaction (``session.compact``; Pi asks the model for a summary)."""
+    context_usage_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Deadline of the pre-turn context usage read (``session.context_usage``)."""
+    """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
+    user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
+    reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —
+    a user's run may legitimately take hours, and withdrawing one that still runs loses its draft
+    (see docs/materia.md "When the harness never reports a user turn")."""
+
+
+class SessionInfo(BaseModel):
+    """What the harness says about a session when it opens it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    cwd: str
+    trusted: bool = False
+    flags: dict[str, Any] = {}
+    session_file: str | None = None
+
+
+@dataclass
+class HarnessLink:
+    """The harness-side ports of one session (over the wire, or standalone stand-ins)."""
+
+    agent: AgentPort | None
+    session_log: SessionPort | None
+    ui: SessionUiPort | None
+    classifier: ClassifierPort | None = None
+    kind: str = "standalone"  # "endpoint" when backed by a msgpack-rpc connection
+    host_context: HostContextPort | None = None  # the harness's own transcript; None = there is none
+
+
+class SessionHost(Protocol):
+    """The part of the runtime a session component may use (``castor.runtime.Runtime`` is one)."""
+
+    settings: RuntimeSettings
+    system: ActorSystem
+    scaleout: Any  # castor.scaleout's RayBackend when casts run on a cluster, else None
+
+    def session(self, session_id: str) -> SessionContext:
+        """The open session's context; ``not_found`` when it is not open."""
+        ...
+
+    def artifact_root_for(self, cwd: str, configured: str | None) -> Path:
+        """Where a session's casts write artifacts (``forbidden`` when it would leave the project)."""
+        ...
+
+
+@dataclass
+class SessionContext:
+    """Everything a session component needs to build its children."""
+
+    info: SessionInfo
+    harness: HarnessLink
+    runtime: SessionHost
+    path: str
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def child(self, *segments: str) -> str:
+        return "/".join([self.path, *segments])
+
+    def lookup(self, *segments: str) -> ActorHandle:
+        return self.runtime.system.lookup(self.child(*segments))
+
+
+class EventListener(Protocol):
+    """A component's harness-event hook: a dict to merge into the event's reply, or None."""
+
+    def __call__(self, ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class SessionComponent:
+    """One system's contribution to every session."""
+
+    name: str
+    children: Callable[[SessionContext], list[ChildSpec]]
+    on_event: EventListener | None = None
+    on_close: Callable[[SessionContext], None] | None = None
+
+
+__all__ = [
+    "EventListener", "HarnessLink", "RuntimeSettings", "SessionComponent", "SessionContext", "SessionHost",
+    "SessionInfo",
+]
