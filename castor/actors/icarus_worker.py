@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, runtime_checkable
+from typing import Any
 
 
 from castor.domain.icarus.worker_protocol import reply_result
@@ -61,7 +61,6 @@ ASK_GRACE_S = 5.0
 """Extra seconds a client's ask waits beyond the call deadline (kill + reap + reply)."""
 
 
-@runtime_checkable
 class CancelToken:
     """Cancels one worker call from any thread.
 

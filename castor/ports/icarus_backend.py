@@ -10,11 +10,12 @@ process. Both reach the disk and the process table only through the protocols be
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from castor.domain.icarus.settings import IcarusSettings, SettingsLayer
 
 
+@runtime_checkable
 class WorkerProcessPort(Protocol):
     """What the worker actor needs from one worker process (the adapter's ``WorkerProcess``
     states the contract: one call at a time, a deadline per call, a kill that takes the tree)."""
