@@ -34,3 +34,12 @@ def test_the_runtime_override_wins(tmp_path):
         assert rt.artifact_root_for("/anywhere", "../x") == (tmp_path / "override").resolve()
     finally:
         rt.shutdown(10)
+
+
+def test_a_session_cwd_that_is_not_an_existing_directory_is_not_found(tmp_path):
+    from castor.adapters.fs import check_project_dir
+    from castor.messages.errors import NotFound
+
+    with pytest.raises(NotFound):
+        check_project_dir(str(tmp_path / "missing"))
+    check_project_dir(str(tmp_path))
