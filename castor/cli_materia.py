@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from castor.adapters.materia.storage import FILE_CAST_STORAGE
 from castor.ports.host_context import NoHostContext
 from castor.messages.errors import CastorError, InvalidParams, NotFound
 from castor.scaleout.options import add_backend_flags, make_backend, materia_component_for
@@ -434,7 +435,7 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
 
     cwd = _cwd(args)
     root = _artifact_root(cwd, args.config)
-    return cwd, root, resolve_cast_id(root, args.cast_id)  # before asking for an agent it would not need
+    return cwd, root, resolve_cast_id(FILE_CAST_STORAGE, root, args.cast_id)  # before asking for an agent it would not need
 
 
 def _resume(args: argparse.Namespace, verb: str) -> int:
@@ -467,7 +468,7 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
     from castor.actors.materia.views import persisted_view
     from castor.messages.errors import Conflict
 
-    view = persisted_view(root, cast_id, live=False)
+    view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["status"] == "complete":
         raise Conflict(f"pi-materia cast {cast_id} is complete: there is nothing to {verb}; "
                        f"`castor cast REQUEST` starts a new one.", data={"reason": "complete", "cast_id": cast_id})
@@ -485,13 +486,13 @@ def cmd_abort(args: argparse.Namespace) -> int:
     from castor.messages.errors import Conflict
 
     cwd, root, cast_id = _cast_ref(args)
-    view = persisted_view(root, cast_id, live=False)
+    view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["active"] and CastLease.is_held(root, cast_id):
         # Another process runs it: ask it (a running castor cast/recast/continue looks on every poll).
         atomic_write_json(root / cast_id / ABORT_REQUEST, {"requested_at": time.time(), "pid": os.getpid()})
         deadline = time.monotonic() + ABORT_WAIT_S
         while time.monotonic() < deadline:
-            view = persisted_view(root, cast_id, live=False)
+            view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
             if not view["active"]:
                 break
             time.sleep(POLL_S)
@@ -531,7 +532,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
     from castor.adapters.materia.state_store import DEFAULT_PAGE
 
     root = _artifact_root(_cwd(args), args.config)
-    page = cast_page(root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
+    page = cast_page(FILE_CAST_STORAGE, root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
     rows = page["casts"]
     if args.json:
         paged = args.limit is not None or args.cursor is not None
@@ -548,7 +549,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view, status_text
 
     _cwd_, root, cast_id = _cast_ref(args)
-    view = persisted_view(root, cast_id, live=False)
+    view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     _out(json.dumps(view, indent=2) if args.json else status_text(view, "cli"))
     return EXIT_OK
 
@@ -581,7 +582,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     from castor.actors.materia.views import find_cast
     from castor.messages.errors import Conflict
 
-    row = find_cast(_artifact_root(cwd, config_path), set(), "candidate",
+    row = find_cast(FILE_CAST_STORAGE, _artifact_root(cwd, config_path), set(), "candidate",
                     lambda r: r["status"] in ("active", "awaiting_refinement")
                     or (r["status"] == "interrupted" and not r["resumable"]))
     if row is not None:

@@ -5,7 +5,7 @@ systems meet their file and process implementations:
 
 | component | its ports                              | the implementation passed in here |
 |-----------|----------------------------------------|-----------------------------------|
-| materia   | session, agent, host context (harness) | the harness link of each session  |
+| materia   | :class:`~castor.ports.cast_storage.CastStorage` | :data:`castor.adapters.materia.storage.FILE_CAST_STORAGE` |
 | icarus    | :class:`~castor.ports.icarus_backend.IcarusBackend` | :class:`castor.adapters.icarus.backend.FileIcarusBackend` |
 
 Callers that run castor (the endpoint server, the CLI, the demo and the soak, the scale-out
@@ -19,15 +19,18 @@ from collections.abc import Mapping, Sequence
 from castor.actors.icarus_session import icarus_component as _icarus_over
 from castor.actors.materia.component import materia_component as _materia_component
 from castor.adapters.icarus.backend import FileIcarusBackend
+from castor.adapters.materia.storage import FILE_CAST_STORAGE
+from castor.ports.cast_storage import CastStorage
 from castor.ports.icarus_backend import IcarusBackend
 from castor.ports.session_component import RuntimeSettings, SessionComponent
 from castor.runtime import Runtime
 from castor.supervision import ChildSpec
 
 
-def materia_component() -> SessionComponent:
-    """The materia component: cast and socket supervisors and the session's SessionActor."""
-    return _materia_component()
+def materia_component(storage: CastStorage | None = None) -> SessionComponent:
+    """The materia component (cast and socket supervisors and the session's SessionActor) over
+    ``storage``; by default the file-system cast storage."""
+    return _materia_component(storage if storage is not None else FILE_CAST_STORAGE)
 
 
 def icarus_component(backend: IcarusBackend | None = None, *, env: Mapping[str, str] | None = None,

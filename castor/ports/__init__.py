@@ -7,6 +7,7 @@
 | :mod:`.classifier` | ``ClassifierPort``: the Icarus classification call |
 | :mod:`.host_context` | ``HostContextPort``: the harness's own transcript (compaction, usage) |
 | :mod:`.worker` | ``WorkerCalls``: calls into the Icarus worker |
+| :mod:`.cast_storage` | ``CastStorage``: materia's state documents, artifacts, leases, index and config |
 | :mod:`.icarus_backend` | ``IcarusBackend``, ``WorkerProcessPort``: Icarus's files and processes |
 | :mod:`.session_component` | the session-component contract: ``SessionComponent``, ``SessionContext``, ``SessionHost``, ``SessionInfo``, ``HarnessLink``, ``RuntimeSettings`` |
 

@@ -205,12 +205,12 @@ def test_a_file_error_from_a_verb_is_typed_never_internal(runtime, tmp_path, mon
     project = tmp_path / "project"
     project.mkdir()
     open_session(runtime, "s1", project, ["hi"])
-    from castor.actors.materia import session_actor
+    from castor.adapters.materia.storage import FileCastStorage
 
     def refuse(*_a: Any, **_k: Any) -> str:
         raise OSError(errno.ENOTDIR, "Not a directory", str(project / ".pi" / "pi-materia"))
 
-    monkeypatch.setattr(session_actor, "allocate_cast_id", refuse)
+    monkeypatch.setattr(FileCastStorage, "allocate_cast_id", refuse)  # the session's cast storage
     with pytest.raises(CastorError) as refused:
         materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
     assert refused.value.code == "storage_unavailable", refused.value.to_wire()

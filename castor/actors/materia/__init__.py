@@ -2,7 +2,7 @@
 
 | module | what |
 |---|---|
-| :mod:`.component` | ``materia_component()``: the session component (cast/socket supervisors + SessionActor) |
+| :mod:`.component` | ``materia_component(storage)``: the session component (cast/socket supervisors + SessionActor) |
 | :mod:`.session_actor` | ``SessionActor``: a session's ``/materia`` verbs |
 | :mod:`.cast_actor` | ``CastActor``: one cast; persists every transition before its effects |
 | :mod:`.socket_actor` | ``SocketActor``: one agent-socket visit through the session's AgentPort |

@@ -99,10 +99,7 @@ from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEO
 from castor.actors.materia.views import status_view
 from castor.ports.agent import AgentPort
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
-from castor.adapters.fs import is_storage_fault, storage_unavailable
-from castor.adapters.materia import command_records
-from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import CastStateStore, StateCorrupt, discard_unsaved
+from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
 from castor.domain.materia.cast_messages import (
     AddManifestEntry,
     CancelWork,
@@ -146,11 +143,12 @@ class CastEnv:
     session_path: str
     registry: Any  # castor.supervision.registry.Registry
     agent: AgentPort | None
+    storage: CastStorage  # the cast's state, artifacts, lease and command records (castor.ports.cast_storage)
     ui: Any = None  # SessionUiPort | None
     session_log: Any = None  # SessionMirror | None (never a blocking SessionPort: see session_mirror.py)
     start_event: CastStarted | None = None  # None: resume a persisted cast
     resume_active: bool = False  # first incarnation re-dispatches an active (orphaned) cast
-    lease: CastLease | None = None
+    lease: CastHold | None = None
     spawn_child: Callable[[ChildSpec, str], Any] | None = None  # (spec, under) -> handle
     clock: Callable[[], float] = time.time
     user_turn_timeout_s: float | None = None  # opt-in bound on a user-driven turn (RuntimeSettings)
@@ -213,7 +211,7 @@ class CastActor(Actor):
             self._stop()
             self._discard_unsaved_start()
         except OSError as exc:
-            if not is_storage_fault(exc):
+            if not self.env.storage.is_storage_fault(exc):
                 raise
             self.env.start_error = self._storage_fault(exc, where="start")
             self._discard_unsaved_start()
@@ -226,14 +224,14 @@ class CastActor(Actor):
             return
         if env.lease is not None:
             env.lease.release()
-        if discard_unsaved(env.artifact_root, env.cast_id):  # kept if a state was saved after all
+        if env.storage.discard_unsaved(env.artifact_root, env.cast_id):  # kept if a state was saved after all
             self.log.info("removed the run directory of cast {cast}: its first state could not be saved",
                           cast=env.cast_id)
 
     def _start(self) -> None:
         env = self.env
-        self.store = CastStateStore(env.artifact_root, resolved=True)
-        self.artifacts = self.store.artifacts(env.cast_id)
+        self.store: CastStore = env.storage.store(env.artifact_root, resolved=True)
+        self.artifacts: CastFiles = self.store.artifacts(env.cast_id)
         # A new cast's first incarnation claims without a fence write (its first save makes the
         # document); any later one outranks every earlier incarnation of this process.
         self.fence, stored = self.store.claim_loaded(env.cast_id, at_least=self.incarnation,
@@ -247,7 +245,7 @@ class CastActor(Actor):
         self.state = CastState.from_json(json.dumps(stored.state))
         # A command an earlier runtime (or incarnation) left running is killed before the
         # cast can run it again: never two copies at once.
-        command_records.kill_recorded(self.artifacts.run_dir, env.cast_id)
+        env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
         if not self.state.active and self.incarnation > 1:
             self._stop()  # restarted after its last transition: the replay above was all that was left
@@ -395,7 +393,7 @@ class CastActor(Actor):
             self._stop()
             return
         except OSError as exc:
-            if not is_storage_fault(exc):
+            if not self.env.storage.is_storage_fault(exc):
                 raise
             raise self._storage_fault(exc, where="save") from None
         had_user_turn = self._user_turn is not None
@@ -405,7 +403,7 @@ class CastActor(Actor):
         try:
             self._perform_files(files)
         except OSError as exc:
-            if not is_storage_fault(exc):
+            if not self.env.storage.is_storage_fault(exc):
                 raise
             raise self._storage_fault(exc, where="files") from None
         for effect in transition.effects:
@@ -420,7 +418,7 @@ class CastActor(Actor):
         doc's table); the typed error for the asker (and the starter)."""
         env = self.env
         base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None)
-        error = storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
+        error = env.storage.storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
         self.log.error("storage unavailable ({where}): {message}", where=where, message=error.message)
         self._storage_failed = True
         if self.state is None:  # a new cast's first save: the starter reports it, nothing is kept

@@ -37,6 +37,7 @@ from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import SessionCall
 from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
+from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
 from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
 
@@ -103,17 +104,18 @@ def _on_close(ctx: SessionContext) -> None:
         logger.bind(actor=ctx.path).warning("materia close handling failed: {exc}", exc=exc)
 
 
-def _children(ctx: SessionContext) -> list[ChildSpec]:
-    return [
-        supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-        supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-        ChildSpec(id="materia", factory=lambda: SessionActor(ctx), restart=Restart.PERMANENT),
-    ]
+def materia_component(storage: CastStorage) -> SessionComponent:
+    """The materia session component (see the module docstring) over ``storage``, the casts' files
+    (:func:`castor.composition.materia_component` gives it the file-system one)."""
 
+    def children(ctx: SessionContext) -> list[ChildSpec]:
+        return [
+            supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
+            supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
+            ChildSpec(id="materia", factory=lambda: SessionActor(ctx, storage), restart=Restart.PERMANENT),
+        ]
 
-def materia_component() -> SessionComponent:
-    """The materia session component (see the module docstring)."""
-    return SessionComponent(name="materia", children=_children, on_event=_on_event, on_close=_on_close)
+    return SessionComponent(name="materia", children=children, on_event=_on_event, on_close=_on_close)
 
 
 on_materia_event = _on_event

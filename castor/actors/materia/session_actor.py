@@ -57,12 +57,7 @@ from castor.actors.materia.views import (
     status_text,
 )
 from castor.ports.agent import harness_turn_settings
-from castor.adapters.fs import atomic_write_json, storage_unavailable
-from castor.adapters.materia.artifacts import allocate_cast_id, validate_cast_id
-from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.fs import confine
-from castor.adapters.materia.config_loader import ResolvedConfigCache, load, save_active_loadout, validate_file
-from castor.adapters.materia.state_store import DEFAULT_PAGE, discard_unsaved
+from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
 from castor.ports.session_component import SessionContext
 from castor.domain.materia.cast_messages import (
     AbortRequested,
@@ -90,15 +85,16 @@ def _verb_signature(cls: type, verb: str) -> inspect.Signature:
 
 
 class SessionActor(Actor):
-    def __init__(self, ctx: SessionContext) -> None:
+    def __init__(self, ctx: SessionContext, storage: CastStorage) -> None:
         super().__init__()
         self.ctx = ctx
+        self.storage = storage  # the casts' files, leases, index and config (castor.ports.cast_storage)
         self.runtime = ctx.runtime
         self.cwd = Path(ctx.info.cwd)
         flags = ctx.info.flags or {}
         self.config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
         self.mirror: SessionMirror | None = None
-        self.configs = ResolvedConfigCache()  # re-read only when a layer file changed
+        self.configs = storage.config_cache()  # re-read only when a layer file changed
         self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
         # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones.
         self.surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
@@ -119,7 +115,7 @@ class SessionActor(Actor):
         """The cast id a reference (exact, ``latest``, a unique prefix) means; None stays None."""
         if cast_id is None:
             return None
-        return resolve_cast_id(root if root is not None else self._artifact_root(), cast_id, set(self._live()))
+        return resolve_cast_id(self.storage, root if root is not None else self._artifact_root(), cast_id, set(self._live()))
 
     @property
     def cast_sup(self) -> str:
@@ -136,7 +132,7 @@ class SessionActor(Actor):
 
     def _artifact_root(self, config_path: str | None = None) -> Path:
         try:
-            configured = load(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
+            configured = self.storage.load_config(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
         except ConfigError:
             configured = None
         return self._root_for(configured if isinstance(configured, str) else None)
@@ -150,12 +146,12 @@ class SessionActor(Actor):
             root = self._roots[configured] = self.runtime.artifact_root_for(str(self.cwd), configured)
         return root
 
-    def _env(self, cast_id: str, root: Path, *, lease: CastLease, start: CastStarted | None = None) -> CastEnv:
+    def _env(self, cast_id: str, root: Path, *, lease: CastHold, start: CastStarted | None = None) -> CastEnv:
         harness = self.ctx.harness
         system = self.runtime.system
         settings = self.runtime.settings
         return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
-                       agent=harness.agent, ui=harness.ui, session_log=self.mirror, start_event=start,
+                       agent=harness.agent, storage=self.storage, ui=harness.ui, session_log=self.mirror, start_event=start,
                        lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
@@ -204,7 +200,7 @@ class SessionActor(Actor):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InvalidParams(f"invalid input for materia {call.verb}: {first}", data={"verb": call.verb}) from None
         except OSError as exc:  # the project's files, not castor: a typed answer, not a crash
-            error = storage_unavailable(exc, base=self.cwd, action=f"run materia {call.verb}")
+            error = self.storage.storage_unavailable(exc, base=self.cwd, action=f"run materia {call.verb}")
             raise StorageUnavailable(error.message, data={**error.data, "verb": call.verb}) from None
 
     # ------------------------------------------------------------------ casts
@@ -223,14 +219,14 @@ class SessionActor(Actor):
             raise ConfigError(exc.issues, headline=f"cast failed to start: {exc.message}") from None
         self._check_trust(resolved)
         root = self._root_for(resolved.artifact_dir)
-        cast_id = allocate_cast_id(root, root_resolved=True)
+        cast_id = self.storage.allocate_cast_id(root, root_resolved=True)
         try:
-            lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+            lease = self.storage.try_lease(root, cast_id, root_resolved=True)
             if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
                 raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
             if cli_note is not None:
                 try:
-                    atomic_write_json(root / cast_id / "cli.json", cli_note)
+                    self.storage.write_json(root / cast_id / "cli.json", cli_note)
                 except BaseException:
                     lease.release()
                     raise
@@ -240,7 +236,7 @@ class SessionActor(Actor):
             env = self._env(cast_id, root, lease=lease, start=start)
             handle = self._spawn(env, lease)
         except BaseException:
-            discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
+            self.storage.discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
             raise
         view = env.started_view or self._ask_status(handle, root, cast_id)
         text = f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name})."
@@ -259,7 +255,7 @@ class SessionActor(Actor):
                             f"({', '.join(commands)}); trust the project first",
                             data={"reason": "untrusted_project", "sockets": commands})
 
-    def _spawn(self, env: CastEnv, lease: CastLease) -> Any:
+    def _spawn(self, env: CastEnv, lease: CastHold) -> Any:
         try:
             handle = self.runtime.system.spawn(cast_spec(env), under=self.cast_sup)
         except BaseException:
@@ -273,12 +269,12 @@ class SessionActor(Actor):
         try:
             return handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
         except CastorError:
-            return persisted_view(root, cast_id, live=False)  # it already finished (or stopped)
+            return persisted_view(self.storage, root, cast_id, live=False)  # it already finished (or stopped)
 
     def _target(self, cast_id: str | None) -> tuple[str, Any | None]:
         live = self._live()
         if cast_id is not None:
-            validate_cast_id(cast_id)
+            self.storage.validate_cast_id(cast_id)
             return cast_id, live.get(cast_id)
         if live:
             newest = max(live)
@@ -287,9 +283,9 @@ class SessionActor(Actor):
 
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
-        load_state(root, cast_id)  # NotFound / StateCorrupt before anything starts
+        load_state(self.storage, root, cast_id)  # NotFound / StateCorrupt before anything starts
         try:
-            lease = CastLease.try_acquire(root, cast_id, root_resolved=True)
+            lease = self.storage.try_lease(root, cast_id, root_resolved=True)
         except PermissionError as exc:
             raise Forbidden(f"pi-materia cast {cast_id} cannot be taken over: its run directory is not writable "
                             f"({exc.strerror})", data={"reason": "not_writable", "cast_id": cast_id}) from None
@@ -324,11 +320,11 @@ class SessionActor(Actor):
             if live:
                 cast_id = max(live)
             else:
-                found = find_cast(self._artifact_root(), set(), "readable")
+                found = find_cast(self.storage, self._artifact_root(), set(), "readable")
                 if found is None:
                     raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
                 cast_id = found["cast_id"]
-        validate_cast_id(cast_id)
+        self.storage.validate_cast_id(cast_id)
         handle = live.get(cast_id)
         view = None
         if handle is not None:
@@ -337,13 +333,13 @@ class SessionActor(Actor):
             except CastorError:
                 view = None  # it ended meanwhile: read what it persisted
         if view is None:
-            view = persisted_view(self._artifact_root(), cast_id, live=False)
+            view = persisted_view(self.storage, self._artifact_root(), cast_id, live=False)
         view.pop("user_turn_visit_id", None)
         return {**view, "text": status_text(view, self.surface), "level": "info"}
 
     def _verb_list(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         root = self._artifact_root()
-        page = cast_page(root, set(self._live()), limit=limit or DEFAULT_PAGE, cursor=cursor)
+        page = cast_page(self.storage, root, set(self._live()), limit=limit or DEFAULT_PAGE, cursor=cursor)
         rows = page["casts"]
         more = page["total"] - len(rows) if page["next_cursor"] and cursor is None else 0
         return {"casts": rows, "next_cursor": page["next_cursor"], "total": page["total"], "artifact_root": str(root),
@@ -365,15 +361,15 @@ class SessionActor(Actor):
         live = self._live()
         if cast_id is None:
             if not live:  # the newest cast, if the user's abort already ended it
-                rows = [r for r in cast_rows(root, set()) if r["status"] != "unreadable"]
+                rows = [r for r in cast_rows(self.storage, root, set()) if r["status"] != "unreadable"]
                 if rows and rows[0]["status"] == "aborted":
-                    return self._already_ended(persisted_view(root, rows[0]["cast_id"], live=False))
+                    return self._already_ended(persisted_view(self.storage, root, rows[0]["cast_id"], live=False))
                 raise NotFound("No active pi-materia cast in this session.", data={"reason": "no_active_cast"})
             cast_id = max(live)
         handle = live.get(cast_id)
         if handle is None:
             self._await_exit(cast_id)
-            before = persisted_view(root, cast_id, live=False)
+            before = persisted_view(self.storage, root, cast_id, live=False)
             if not before["active"]:
                 return self._already_ended(before)
             handle = self._bring_in(cast_id, root)
@@ -384,7 +380,7 @@ class SessionActor(Actor):
             # Aborted meanwhile (a second abort racing the first), or its actor stopped as it ended.
             if isinstance(exc, CastRejected) or not handle.alive:
                 self._await_exit(cast_id)
-                after = persisted_view(root, cast_id, live=False)
+                after = persisted_view(self.storage, root, cast_id, live=False)
                 if not after["active"]:
                     return self._already_ended(after)
             raise
@@ -397,7 +393,7 @@ class SessionActor(Actor):
         if cast_id is None and not self._live():
             # None live here (a new harness session, a new process): the newest active cast no
             # runtime holds — interrupted, or orphaned with its work lost.
-            for row in cast_rows(root, set()):
+            for row in cast_rows(self.storage, root, set()):
                 if row["resumable"] and row["status"] in ("interrupted", "orphaned"):
                     cast_id = row["cast_id"]
                     break
@@ -406,7 +402,7 @@ class SessionActor(Actor):
         if handle is None:
             # Not running here: a CLI process resuming it, or its runtime died. Bring it in.
             self._await_exit(cast_id)
-            before = persisted_view(root, cast_id, live=False)
+            before = persisted_view(self.storage, root, cast_id, live=False)
             if not before["active"]:
                 hint = (f" Resume it with {self._cmd('recast', cast_id)}." if before.get("resumable") else "")
                 raise Conflict(f"pi-materia cast {cast_id} is {before['status']}, not active.{hint}",
@@ -426,7 +422,7 @@ class SessionActor(Actor):
             for cast_id, _handle, view in self._statuses():  # an interrupted cast goes on where it is
                 if view.get("status") == "interrupted":
                     return cast_id
-        found = find_cast(root, live, "revivable" if revive else "candidate",
+        found = find_cast(self.storage, root, live, "revivable" if revive else "candidate",
                           lambda row: row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live)
         if found is not None:
             return found["cast_id"]
@@ -438,7 +434,7 @@ class SessionActor(Actor):
     def _resume(self, cast_id: str | None, *, revive: bool) -> dict[str, Any]:
         root = self._artifact_root()
         cast_id = self._ref(cast_id, root) if cast_id is not None else self._pick_resumable(root, revive=revive)
-        validate_cast_id(cast_id)
+        self.storage.validate_cast_id(cast_id)
         live = self._active()
         if cast_id in live and not revive:
             try:
@@ -457,7 +453,7 @@ class SessionActor(Actor):
             raise Conflict(f"pi-materia cast {max(live)} is active. Abort it ({self._cmd('abort', max(live))}) "
                            "before recasting.", data={"reason": "active", "cast_id": max(live)})
         try:
-            before = persisted_view(root, cast_id, live=False)
+            before = persisted_view(self.storage, root, cast_id, live=False)
         except NotFound:
             raise NotFound(f"Unknown pi-materia cast id \"{cast_id}\".", data={"cast_id": cast_id}) from None
         handle = self._bring_in(cast_id, root)  # its start performs the saved outbox again
@@ -474,7 +470,7 @@ class SessionActor(Actor):
                 raise
             # An ended cast whose last artifacts were cut short: starting it wrote them; that
             # was the work to do, and the cast stays as it ended.
-            view = persisted_view(root, cast_id, live=False)
+            view = persisted_view(self.storage, root, cast_id, live=False)
             return {**view, "text": f"pi-materia cast {cast_id} is {view['status']}; the artifacts of its last "
                                     "step were written again.", "level": "info"}
         verb = "revived" if revive else "recast"
@@ -585,7 +581,7 @@ class SessionActor(Actor):
 
     # ------------------------------------------------------------------ loadouts and config
     def _verb_loadouts(self, config_path: str | None = None) -> dict[str, Any]:
-        loaded = load(self.cwd, config_path=config_path or self.config_path)
+        loaded = self.storage.load_config(self.cwd, config_path=config_path or self.config_path)
         names = list((loaded.merged.get("loadouts") or {}).keys())
         active = loaded.merged.get("activeLoadout")
         return {"active": active, "loadouts": names, "source": " < ".join(l.path for l in loaded.layers if l.loaded),
@@ -596,7 +592,7 @@ class SessionActor(Actor):
         if live:
             raise Conflict(f"Cannot change active loadout during active cast {max(live)}.",
                            data={"reason": "active", "cast_id": max(live)})
-        path = save_active_loadout(self.cwd, name, config_path=config_path or self.config_path)
+        path = self.storage.save_active_loadout(self.cwd, name, config_path=config_path or self.config_path)
         listing = self._verb_loadouts(config_path)
         return {**listing, "path": str(path), "text": f"Active loadout: {name} (saved to {path})\n{listing['text']}"}
 
@@ -606,8 +602,8 @@ class SessionActor(Actor):
         return {"loadout": resolved.pipeline.loadout_name, "grid": text, "text": text, "level": "info"}
 
     def _verb_validate(self, path: str) -> dict[str, Any]:
-        target = confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
-        issues = validate_file(target)
+        target = self.storage.confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
+        issues = self.storage.validate_config_file(target)
         errors = [str(i) for i in issues if not i.is_warning]
         warnings = [str(i) for i in issues if i.is_warning]
         text = "\n".join(errors + warnings) if errors else "\n".join([f"{target}: valid", *warnings])

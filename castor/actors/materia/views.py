@@ -1,7 +1,8 @@
 """Read-only views of casts and loadouts, shared by the SessionActor, the endpoint and the CLI.
 
-Everything here reads through the adapters (state store, lease, config loader) and formats
-plain dicts/strings; nothing writes.
+Everything here reads through the cast-storage port (state store, lease, index; see
+:mod:`castor.ports.cast_storage`), passed in by the caller, and formats plain dicts/strings;
+nothing writes.
 
 Cast status (``status`` field), first match wins:
 
@@ -26,13 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from castor.adapters.fs import read_json_lines
-from castor.adapters.materia.artifacts import CastArtifacts
-from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import DEFAULT_PAGE, CastStateStore, list_page, newest
 from castor.domain.materia.state import CastState, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidParams, NotFound
+from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, UnreadableCastView
 
 
 def _status_of(state: CastState) -> str:
@@ -118,31 +116,31 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     return "\n".join(lines)
 
 
-def _load_saved(artifact_root: Path, cast_id: str) -> tuple[CastState, dict[str, Any]]:
+def _load_saved(storage: CastStorage, artifact_root: Path, cast_id: str) -> tuple[CastState, dict[str, Any]]:
     """The persisted state of a cast and its raw document (NotFound if none was saved yet)."""
-    stored = CastStateStore(artifact_root).load(cast_id)
+    stored = storage.store(artifact_root).load(cast_id)
     if stored.revision == 0:
         raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
     return CastState.from_json(json.dumps(stored.state)), stored.state
 
 
-def load_state(artifact_root: Path, cast_id: str) -> CastState:
+def load_state(storage: CastStorage, artifact_root: Path, cast_id: str) -> CastState:
     """The persisted state of a cast (NotFound if none was saved yet)."""
-    return _load_saved(artifact_root, cast_id)[0]
+    return _load_saved(storage, artifact_root, cast_id)[0]
 
 
-def persisted_view(artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
-    state, document = _load_saved(artifact_root, cast_id)
-    orphaned = state.active and not live and not CastLease.is_held(artifact_root, cast_id)
+def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
+    state, document = _load_saved(storage, artifact_root, cast_id)
+    orphaned = state.active and not live and not storage.lease_held(artifact_root, cast_id)
     view = status_view(state, live=live, orphaned=orphaned)
     if not state.active and not live:
         # Not while a runtime holds the cast: it may be writing them right now.
-        view["artifacts_pending"] = (not outbox_on_disk(artifact_root, cast_id, document.get("outbox") or [])
-                                     and not CastLease.is_held(artifact_root, cast_id))
+        view["artifacts_pending"] = (not outbox_on_disk(storage, artifact_root, cast_id, document.get("outbox") or [])
+                                     and not storage.lease_held(artifact_root, cast_id))
     return view
 
 
-def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any]]) -> bool:
+def outbox_on_disk(storage: CastStorage, artifact_root: Path, cast_id: str, outbox: list[dict[str, Any]]) -> bool:
     """Whether the file effects saved with a cast's last state were all performed.
 
     A transition appends its events last, in one write, after its whole files and manifest
@@ -153,7 +151,7 @@ def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any
         return True
     last = events[-1]
     try:
-        records = read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
+        records = storage.event_lines(artifact_root, cast_id)
     except (CastorError, OSError):
         return False
     while records and isinstance(records[-1], dict) and records[-1].get("type") == "storage_unavailable":
@@ -165,20 +163,20 @@ def outbox_on_disk(artifact_root: Path, cast_id: str, outbox: list[dict[str, Any
             and tail.get("data") == json.loads(json.dumps(last.get("data"))))
 
 
-def _cast_row(summary: Any, artifact_root: Path, live_ids: set[str]) -> dict[str, Any]:
+def _cast_row(storage: CastStorage, summary: CastSummaryView, artifact_root: Path, live_ids: set[str]) -> dict[str, Any]:
     row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
            "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
            "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids,
            "revivable": bool(summary.revivable and summary.resumable and summary.status == "failed")}
     if summary.status == "active":
         try:  # an interrupted cast says so, live or not (nothing of it was lost)
-            if load_state(artifact_root, summary.cast_id).interrupted:
+            if load_state(storage, artifact_root, summary.cast_id).interrupted:
                 row["status"] = "interrupted"
         except (CastorError, OSError):
             pass
     if summary.status in ("active", "awaiting_refinement") and summary.cast_id not in live_ids:
         try:
-            if not CastLease.is_held(artifact_root, summary.cast_id):
+            if not storage.lease_held(artifact_root, summary.cast_id):
                 row["resumable"] = True
                 if row["status"] != "interrupted":
                     row["status"] = "orphaned"
@@ -187,36 +185,36 @@ def _cast_row(summary: Any, artifact_root: Path, live_ids: set[str]) -> dict[str
     return row
 
 
-def _problem_row(problem: Any, live_ids: set[str]) -> dict[str, Any]:
+def _problem_row(problem: UnreadableCastView, live_ids: set[str]) -> dict[str, Any]:
     return {"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
             "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
             "live": problem.cast_id in live_ids}
 
 
-def cast_page(artifact_root: Path, live_ids: set[str], *, limit: int | None = DEFAULT_PAGE,
+def cast_page(storage: CastStorage, artifact_root: Path, live_ids: set[str], *, limit: int | None = DEFAULT_PAGE,
               cursor: str | None = None) -> dict[str, Any]:
     """One page of casts under ``artifact_root`` (see table): ``{casts, next_cursor, total}``, casts
     newest id first, then unreadable directories. From the cast index: ``O(limit)``."""
-    page = list_page(artifact_root, limit=limit, cursor=cursor)
-    rows = [_cast_row(summary, artifact_root, live_ids) for summary in page.casts]
+    page = storage.list_page(artifact_root, limit=limit, cursor=cursor)
+    rows = [_cast_row(storage, summary, artifact_root, live_ids) for summary in page.casts]
     rows += [_problem_row(problem, live_ids) for problem in page.problems]
     return {"casts": rows, "next_cursor": page.next_cursor, "total": page.total}
 
 
-def cast_rows(artifact_root: Path, live_ids: set[str], *, limit: int | None = None,
+def cast_rows(storage: CastStorage, artifact_root: Path, live_ids: set[str], *, limit: int | None = None,
               cursor: str | None = None) -> list[dict[str, Any]]:
     """Every cast under ``artifact_root`` (or one page: ``limit``/``cursor``), newest first, with
     status/resumable (see table)."""
-    return cast_page(artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+    return cast_page(storage, artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
 
 
-def find_cast(artifact_root: Path, live_ids: set[str], where: str,
+def find_cast(storage: CastStorage, artifact_root: Path, live_ids: set[str], where: str,
               accept: Any = lambda row: True) -> dict[str, Any] | None:
     """The newest cast row that ``accept``s, among those the index says may match ``where``
     (``readable``, ``candidate``: resumable or active, ``revivable``); None if there is none.
     Reads the index newest first and stops at the first match (no state.json read per cast)."""
-    for summary in newest(artifact_root, where):
-        row = _cast_row(summary, artifact_root, live_ids)
+    for summary in storage.newest(artifact_root, where):
+        row = _cast_row(storage, summary, artifact_root, live_ids)
         if accept(row):
             return row
     return None
@@ -252,19 +250,17 @@ LATEST = "latest"
 MAX_CANDIDATES = 10
 
 
-def resolve_cast_id(artifact_root: Path, ref: str, live_ids: set[str] | None = None) -> str:
+def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_ids: set[str] | None = None) -> str:
     """The cast a user means by ``ref``: its exact id, ``latest`` (the newest cast), or a unique prefix.
 
     Raises ``NotFound`` (no such cast; no casts at all for ``latest``) or ``InvalidParams``
     (``data.reason: ambiguous_cast_id``, ``data.candidates``: the matching ids, newest first) —
     never a guess. ``ref`` must be a safe path segment (``Forbidden`` otherwise).
     """
-    from castor.adapters.materia.artifacts import validate_cast_id
-
-    validate_cast_id(ref)
+    storage.validate_cast_id(ref)
     if ref != LATEST and (artifact_root / ref / "state.json").is_file():
         return ref
-    ids = {row["cast_id"] for row in cast_rows(artifact_root, set()) if row["status"] != "unreadable"}
+    ids = {row["cast_id"] for row in cast_rows(storage, artifact_root, set()) if row["status"] != "unreadable"}
     ids |= set(live_ids or ())
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:

@@ -61,7 +61,8 @@ from castor.adapters.materia import cast_index
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
-from castor.messages.errors import CastorError, Conflict, ErrorCode, InvalidParams, NotFound
+from castor.messages.errors import CastorError, Conflict, InvalidParams, NotFound
+from castor.ports.cast_storage import DEFAULT_PAGE, StateCorrupt
 
 __all__ = [
     "CastListing",
@@ -85,12 +86,6 @@ LOCK_FILE = "state.lock"
 FORMAT = 1
 
 CastStatus = Literal["active", "awaiting_refinement", "complete", "failed", "aborted", "idle"]
-
-
-class StateCorrupt(CastorError):
-    """``state.json`` exists but is not a valid state document."""
-
-    code = ErrorCode.INTERNAL
 
 
 class StoredState(BaseModel):
@@ -137,7 +132,6 @@ class CastListing(BaseModel):
     problems: list[UnreadableCast]
 
 
-DEFAULT_PAGE = 50
 MAX_PAGE = 1000
 
 

@@ -1,0 +1,96 @@
+"""The file-system implementation of the cast-storage port (:mod:`castor.ports.cast_storage`).
+
+:class:`FileCastStorage` holds no state of its own: each method is the adapter function of the
+same job (state store, artifacts, lease, index listing, config loader, command records), so
+every guarantee those modules state holds unchanged. :data:`FILE_CAST_STORAGE` is the one
+instance the composition root and the CLI pass around.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from castor.adapters import fs
+from castor.adapters.materia import command_records
+from castor.adapters.materia import config_loader
+from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, validate_cast_id
+from castor.adapters.materia.cast_lease import CastLease
+from castor.adapters.materia.state_store import CastPage, CastStateStore, CastSummary, discard_unsaved, list_page, newest
+from castor.domain.materia.config import ConfigIssue
+from castor.domain.materia.resolve import LoadedConfig
+from castor.messages.errors import StorageUnavailable
+from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage
+
+
+class FileCastStorage:
+    """Casts as directories under an artifact root (see the adapter modules for the formats)."""
+
+    def is_storage_fault(self, exc: BaseException) -> bool:
+        return fs.is_storage_fault(exc)
+
+    def storage_unavailable(self, exc: OSError, *, path: str | os.PathLike[str] | None = None,
+                            base: str | os.PathLike[str] | None = None, action: str = "write") -> StorageUnavailable:
+        return fs.storage_unavailable(exc, path=path, base=base, action=action)
+
+    def validate_cast_id(self, cast_id: object) -> str:
+        return validate_cast_id(cast_id)
+
+    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False) -> str:
+        return allocate_cast_id(artifact_root, root_resolved=root_resolved)
+
+    def store(self, artifact_root: Path, *, resolved: bool = False) -> CastStateStore:
+        return CastStateStore(artifact_root, resolved=resolved)
+
+    def files(self, artifact_root: Path, cast_id: str) -> CastArtifacts:
+        return CastArtifacts(artifact_root, cast_id)
+
+    def event_lines(self, artifact_root: Path, cast_id: str) -> list[Any]:
+        return fs.read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
+
+    def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
+        return discard_unsaved(artifact_root, cast_id)
+
+    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False) -> CastLease | None:
+        return CastLease.try_acquire(artifact_root, cast_id, root_resolved=root_resolved)
+
+    def lease_held(self, artifact_root: Path, cast_id: str) -> bool:
+        return CastLease.is_held(artifact_root, cast_id)
+
+    def list_page(self, artifact_root: Path, *, limit: int | None = DEFAULT_PAGE,
+                  cursor: str | None = None) -> CastPage:
+        return list_page(artifact_root, limit=limit, cursor=cursor)
+
+    def newest(self, artifact_root: Path, where: str) -> Iterator[CastSummary]:
+        return newest(artifact_root, where)
+
+    def write_json(self, path: Path, value: Any) -> None:
+        fs.atomic_write_json(path, value)
+
+    def kill_recorded(self, run_dir: Path, cast_id: str) -> list[int]:
+        return command_records.kill_recorded(run_dir, cast_id)
+
+    def config_cache(self) -> config_loader.ResolvedConfigCache:
+        return config_loader.ResolvedConfigCache()
+
+    def load_config(self, cwd: str | os.PathLike[str], *,
+                    config_path: str | os.PathLike[str] | None = None) -> LoadedConfig:
+        return config_loader.load(cwd, config_path=config_path)
+
+    def save_active_loadout(self, cwd: str | os.PathLike[str], name: str, *,
+                            config_path: str | os.PathLike[str] | None = None) -> Path:
+        return config_loader.save_active_loadout(cwd, name, config_path=config_path)
+
+    def confine(self, root: str | os.PathLike[str], value: str, *, allow_absolute: bool = False) -> Path:
+        return fs.confine(root, value, allow_absolute=allow_absolute)
+
+    def validate_config_file(self, path: str | os.PathLike[str]) -> list[ConfigIssue]:
+        return config_loader.validate_file(path)
+
+
+FILE_CAST_STORAGE: CastStorage = FileCastStorage()
+"""The file-system cast storage (stateless: one instance serves every runtime)."""
+
+__all__ = ["FILE_CAST_STORAGE", "FileCastStorage"]

@@ -1,0 +1,239 @@
+"""The cast-storage port: what materia's actors need of the disk.
+
+A cast persists its state document (revisioned, fenced by incarnation), writes its run
+directory's artifacts (files, manifest, event log), and is held by one runtime at a time through
+a lease; a session lists casts through an index, allocates new cast ids, reads and edits the
+project's materia config, and kills the utility commands a dead runtime left running. The
+actors reach all of it through :class:`CastStorage`, which
+``castor.adapters.materia.storage.FileCastStorage`` implements over the file system and
+:mod:`castor.composition` passes in (the way Icarus gets its backend).
+
+The protocols name only what the actors use. Every method raises castor's typed errors
+(``not_found``, ``forbidden``, ``conflict``, ``storage_unavailable``...) or an ``OSError`` the
+caller classifies with :meth:`CastStorage.is_storage_fault`; none of them blocks on another
+runtime (a held lease is an answer, not a wait).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from castor.domain.materia.config import ConfigIssue, ResolvedConfig
+from castor.domain.materia.resolve import LoadedConfig
+from castor.messages.errors import CastorError, ErrorCode, StorageUnavailable
+
+DEFAULT_PAGE = 50
+"""Casts per page of a listing unless the caller asks for another size."""
+
+
+class StateCorrupt(CastorError):
+    """``state.json`` exists but is not a valid state document."""
+
+    code = ErrorCode.INTERNAL
+
+
+class StoredDocument(Protocol):
+    """A persisted state document, as the actors read it."""
+
+    @property
+    def revision(self) -> int: ...
+
+    @property
+    def state(self) -> dict[str, Any]: ...
+
+
+class CastSummaryView(Protocol):
+    """One row of a cast listing (from the index; no state document read)."""
+
+    @property
+    def cast_id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def current_socket(self) -> str | None: ...
+
+    @property
+    def updated_at(self) -> str: ...
+
+    @property
+    def resumable(self) -> bool: ...
+
+    @property
+    def request(self) -> str | None: ...
+
+    @property
+    def failed_reason(self) -> str | None: ...
+
+    @property
+    def revivable(self) -> bool: ...
+
+
+class UnreadableCastView(Protocol):
+    """A cast directory whose state could not be read, and why."""
+
+    @property
+    def cast_id(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class CastPageView(Protocol):
+    """One page of a listing: casts newest id first, then the unreadable directories."""
+
+    @property
+    def casts(self) -> Sequence[CastSummaryView]: ...
+
+    @property
+    def problems(self) -> Sequence[UnreadableCastView]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+    @property
+    def total(self) -> int: ...
+
+
+class EventRecordView(Protocol):
+    """One line of a cast's event log."""
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+class EventLogView(Protocol):
+    """The readable events of a cast (torn or corrupt lines are left out)."""
+
+    @property
+    def events(self) -> Sequence[EventRecordView]: ...
+
+
+class CastFiles(Protocol):
+    """One cast's run directory: atomic files, the manifest, the append-only event log."""
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    def create(self) -> object: ...
+
+    def init_manifest(self, *, request: str, config_source: str, session_file: str | None = None) -> Path: ...
+
+    def add_manifest_entry(self, entry: dict[str, Any]) -> dict[str, Any]: ...
+
+    def read_manifest(self) -> dict[str, Any]: ...
+
+    def append_event(self, type: str, data: dict[str, Any] | None = None, *, ts_ms: int | None = None) -> object: ...
+
+    def read_events(self) -> EventLogView: ...
+
+    def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path: ...
+
+    def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
+                         events: list[tuple[str, dict[str, Any], int]]) -> None: ...
+
+
+class CastStore(Protocol):
+    """The state documents under one (resolved) artifact root."""
+
+    def artifacts(self, cast_id: str) -> CastFiles: ...
+
+    def load(self, cast_id: str) -> StoredDocument: ...
+
+    def claim_loaded(self, cast_id: str, *, at_least: int = 1, fresh: bool = False) -> tuple[int, StoredDocument]: ...
+
+    def save_encoded(self, cast_id: str, state_json: str | bytes, *, incarnation: int,
+                     expected_revision: int | None = None, index: Any = None) -> tuple[int, int, str]: ...
+
+
+class CastHold(Protocol):
+    """This runtime's lease on one cast (released exactly once; releasing again does nothing)."""
+
+    def release(self) -> None: ...
+
+
+class ConfigCache(Protocol):
+    """Resolved configs, re-read only when a layer file changed."""
+
+    def load_resolved(self, cwd: str | os.PathLike[str], *, loadout: str | None = None,
+                      config_path: str | os.PathLike[str] | None = None) -> ResolvedConfig: ...
+
+
+class CastStorage(Protocol):
+    """Everything materia's actors do on disk (see the module docstring)."""
+
+    # -- errors
+    def is_storage_fault(self, exc: BaseException) -> bool:
+        """True for an ``OSError`` that means the storage failed (disk full, read-only, I/O error)."""
+        ...
+
+    def storage_unavailable(self, exc: OSError, *, path: str | os.PathLike[str] | None = None,
+                            base: str | os.PathLike[str] | None = None, action: str = "write") -> StorageUnavailable:
+        """The typed ``storage_unavailable`` error for ``exc`` (paths relative to ``base``)."""
+        ...
+
+    # -- casts
+    def validate_cast_id(self, cast_id: object) -> str:
+        """``cast_id`` if it is a safe single path segment, else ``forbidden``."""
+        ...
+
+    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False) -> str:
+        """A new, unused cast id under ``artifact_root`` (its directory is created)."""
+        ...
+
+    def store(self, artifact_root: Path, *, resolved: bool = False) -> CastStore: ...
+
+    def files(self, artifact_root: Path, cast_id: str) -> CastFiles: ...
+
+    def event_lines(self, artifact_root: Path, cast_id: str) -> list[Any]:
+        """Every complete, parseable line of the cast's event log, in order."""
+        ...
+
+    def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
+        """Remove a cast directory that holds no saved state; True if it was removed."""
+        ...
+
+    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False) -> CastHold | None:
+        """This runtime's lease on the cast, or None when a live runtime holds it."""
+        ...
+
+    def lease_held(self, artifact_root: Path, cast_id: str) -> bool:
+        """Whether some live runtime holds the cast's lease now (a read-only probe)."""
+        ...
+
+    def list_page(self, artifact_root: Path, *, limit: int | None = DEFAULT_PAGE,
+                  cursor: str | None = None) -> CastPageView: ...
+
+    def newest(self, artifact_root: Path, where: str) -> Iterator[CastSummaryView]: ...
+
+    def write_json(self, path: Path, value: Any) -> None:
+        """Atomically replace ``path`` with ``value`` as JSON."""
+        ...
+
+    def kill_recorded(self, run_dir: Path, cast_id: str) -> list[int]:
+        """Kill the utility commands recorded as running in ``run_dir``; their pids."""
+        ...
+
+    # -- the project's materia config
+    def config_cache(self) -> ConfigCache: ...
+
+    def load_config(self, cwd: str | os.PathLike[str], *,
+                    config_path: str | os.PathLike[str] | None = None) -> LoadedConfig: ...
+
+    def save_active_loadout(self, cwd: str | os.PathLike[str], name: str, *,
+                            config_path: str | os.PathLike[str] | None = None) -> Path: ...
+
+    def confine(self, root: str | os.PathLike[str], value: str, *, allow_absolute: bool = False) -> Path:
+        """The real location of the user path ``value`` under ``root``, or ``forbidden``."""
+        ...
+
+    def validate_config_file(self, path: str | os.PathLike[str]) -> list[ConfigIssue]: ...
+
+
+__all__ = [
+    "DEFAULT_PAGE", "CastFiles", "CastHold", "CastPageView", "CastStorage", "CastStore", "CastSummaryView",
+    "ConfigCache", "EventLogView", "EventRecordView", "StateCorrupt", "StoredDocument", "UnreadableCastView",
+]
