@@ -21,9 +21,9 @@ FORBIDDEN = ("§", "../shared", "shared/specs", "shared/seeds", "shared/referenc
 
 def _scanned_files(root: Path) -> list[Path]:
     files: list[Path] = []
-    readme = root / "README.md"
-    if readme.is_file():
-        files.append(readme)
+    for top in ("README.md", "CONTRIBUTING.md"):
+        if (root / top).is_file():
+            files.append(root / top)
     for sub, pattern in (("docs", "*"), ("castor", "*.py"), ("bench", "*")):
         base = root / sub
         if not base.is_dir():
@@ -50,7 +50,7 @@ def _offences(root: Path) -> list[str]:
 
 def test_the_scan_covers_the_docs_the_code_and_the_benchmarks() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in _scanned_files(ROOT)}
-    assert "README.md" in names
+    assert "README.md" in names and "CONTRIBUTING.md" in names
     assert "docs/materia.md" in names and "docs/icarus.md" in names
     assert "castor/cli.py" in names
     assert any(n.startswith("bench/") for n in names)

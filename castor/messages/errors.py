@@ -89,26 +89,38 @@ class CastorError(Exception):
 
 
 class InvalidFrame(CastorError):
+    """A frame that is not a well-formed msgpack-rpc message; the connection may be closed."""
+
     code = ErrorCode.INVALID_FRAME
 
 
 class UnknownMethod(CastorError):
+    """No method of that name is registered at the endpoint."""
+
     code = ErrorCode.UNKNOWN_METHOD
 
 
 class InvalidParams(CastorError):
+    """A request's parameters failed validation (``data`` says which field and why)."""
+
     code = ErrorCode.INVALID_PARAMS
 
 
 class NotFound(CastorError):
+    """The named thing (a session, cast, actor path, file) does not exist."""
+
     code = ErrorCode.NOT_FOUND
 
 
 class Conflict(CastorError):
+    """The request clashes with the current state (for example a second cast while one runs)."""
+
     code = ErrorCode.CONFLICT
 
 
 class Forbidden(CastorError):
+    """The caller may not do this (trust, ownership, or a path outside the project)."""
+
     code = ErrorCode.FORBIDDEN
 
 
@@ -127,10 +139,14 @@ class Timeout(CastorError):
 
 
 class WorkerCrashed(CastorError):
+    """The Icarus worker process exited while calls were pending (``data.exit_code``)."""
+
     code = ErrorCode.WORKER_CRASHED
 
 
 class Internal(CastorError):
+    """A bug or an unexpected failure inside castor; the message carries no private data."""
+
     code = ErrorCode.INTERNAL
 
 
@@ -175,6 +191,8 @@ class MailboxFull(CastorError):
 
 
 class Cancelled(CastorError):
+    """The caller cancelled the work before it finished."""
+
     code = ErrorCode.CANCELLED
 
 
@@ -185,6 +203,8 @@ class InvalidMessage(CastorError):
 
 
 class InvalidConfig(CastorError):
+    """A configuration file or value is malformed or breaks a rule (``data`` says where)."""
+
     code = ErrorCode.INVALID_CONFIG
 
 

@@ -1,25 +1,23 @@
 """Actor paths and the registry that maps them to live handles.
 
 Paths look like ``/root/session/<id>/cast/<id>``. A path names the *slot*,
-not an incarnation: restarts keep the path. Path segments are restricted to
-``[A-Za-z0-9._:-]`` (1-128 chars) so ids from clients cannot forge paths.
+not an incarnation: restarts keep the path. Each segment satisfies the safe-id rule
+(``castor.messages.ids``: 1-128 ASCII letters, digits, ``.``, ``_``, ``-``, starting with a
+letter or digit) so ids from clients cannot forge paths.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from castor.messages.errors import InvalidParams, NotFound
+from castor.messages.errors import NotFound
+from castor.messages.ids import check_safe_id
 from castor.messages.inspection import TreeSnapshot
 
 if TYPE_CHECKING:
     from castor.supervision.handle import ActorHandle
-
-_SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
 
 PACE_EVERY = 64
 """A paced tree snapshot sleeps after this many actors (see ``Registry.snapshot_data``)."""
@@ -28,10 +26,8 @@ WATCH_PACE_S = 0.001
 
 
 def check_segment(segment: str) -> str:
-    """Return ``segment`` if it is a safe path segment, else raise InvalidParams."""
-    if not isinstance(segment, str) or not _SEGMENT.match(segment) or segment in (".", ".."):
-        raise InvalidParams(f"invalid actor path segment {segment!r}", data={"segment": str(segment)[:140]})
-    return segment
+    """Return ``segment`` if it satisfies the safe-id rule, else raise ``Forbidden``."""
+    return check_safe_id(segment, "segment")
 
 
 def child_path(parent: str, child_id: str) -> str:

@@ -224,7 +224,7 @@ def test_c61_failed_proactive_compaction_warns_and_the_cast_stays_active_awaitin
     the loadout's compaction config; when the actor's decision fires and the host compaction fails,
     ``proactive_compaction_failed{warning:true}`` and a warning notification are emitted, and the cast
     stays active, still awaiting that same turn (the SocketActor sends it either way: the endpoint
-    test tests/materia_actors/test_compaction_endpoint.py and real Pi, tests/e2e test h)."""
+    test tests/actors/materia/test_compaction_endpoint.py and real Pi, tests/e2e test h)."""
     cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, compaction={"proactiveThresholdPercent": 50})
     d = Driver(resolved(cfg))
     first = d.pending()

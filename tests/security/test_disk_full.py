@@ -26,7 +26,7 @@ from loguru import logger
 from castor.actors.materia.api import materia_call
 from castor.adapters import fs
 from castor.messages.errors import CastorError, StorageUnavailable
-from tests.materia_actors.helpers import make_runtime, open_session, wait_for, wait_status
+from tests.actors.materia.helpers import make_runtime, open_session, wait_for, wait_status
 
 from . import conftest as security
 from .conftest import SocketServer, castor_argv

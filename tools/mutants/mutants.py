@@ -34,9 +34,10 @@ def mutant(name: str, guarantee: str, edits: list[tuple[str, str, str]], tests: 
 
 
 SUP = "tests/supervision"
-MAT = "tests/materia_actors"
+MAT = "tests/actors/materia"
 ADA = "tests/adapters"
-ICW = "tests/icarus_worker"
+ADM = "tests/adapters/materia"
+AIC = "tests/actors/icarus"
 
 MUTANTS: list[Mutant] = [
     # ---- row 1: one failure model, restarts, intensity ---------------------------------------------
@@ -104,7 +105,7 @@ MUTANTS: list[Mutant] = [
            [("castor/actors/icarus_worker.py",
              "return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)",
              "return self._handle.ask(message, timeout=1e9)")],
-           [f"{ICW}/test_icw_default_deadline.py"]),
+           [f"{AIC}/test_worker_default_deadline.py"]),
     # ---- supervision.md "Retirement" ------------------------------------------------------------------
     mutant("retirement-queue-not-rejected", "supervision: retirement rejects the queue, never replays it",
            [("castor/supervision/actor.py",
@@ -137,7 +138,7 @@ MUTANTS: list[Mutant] = [
            [("castor/adapters/materia/state_store.py",
              "if current is not None and incarnation < stored_incarnation:",
              "if False and current is not None and incarnation < stored_incarnation:")],
-           [f"{ADA}/test_state_store.py::test_zombie_incarnation_is_refused_and_leaves_state_untouched"]),
+           [f"{ADM}/test_state_store.py::test_zombie_incarnation_is_refused_and_leaves_state_untouched"]),
     mutant("outbox-replay-skipped", "R3 the restarted CastActor replays the outbox",
            [("castor/actors/materia/cast_actor.py",
              "        self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])\n",
@@ -205,22 +206,22 @@ MUTANTS: list[Mutant] = [
             ("castor/actors/icarus_worker.py",  # and the next call quietly gets a fresh worker
              "if worker is not None and worker.exited_while_idle():",
              "if worker is not None and (worker.exited_while_idle() or not worker.usable):")],
-           [f"{ICW}/test_icw_actor.py::test_timeout_rejects_all_100_queued_calls_none_ever_executes"]),
+           [f"{AIC}/test_worker_actor.py::test_timeout_rejects_all_100_queued_calls_none_ever_executes"]),
     mutant("expired-call-sent-anyway", "R5 a call whose deadline passed in the queue is never sent",
            [("castor/actors/icarus_worker.py", "        if now >= deadline:\n", "        if False:\n")],
-           [f"{ICW}/test_icw_actor.py::test_deadline_expired_in_queue_is_not_sent_and_keeps_the_worker"]),
+           [f"{AIC}/test_worker_actor.py::test_deadline_expired_in_queue_is_not_sent_and_keeps_the_worker"]),
     mutant("worker-queue-not-rejected-on-crash", "R5 a crashed worker retires; its queue is rejected",
            [("castor/actors/icarus_worker.py",
              '            self.retire(f"worker crashed during {target}", error=WorkerCrashed)\n',
              "")],
-           [f"{ICW}/test_icw_actor.py::test_crash_rejects_pending_with_worker_crashed"]),
+           [f"{AIC}/test_worker_actor.py::test_crash_rejects_pending_with_worker_crashed"]),
     # ---- row 6: the whole runtime process dies -----------------------------------------------------------
     mutant("lease-never-taken", "R6 a cast held by a live runtime is a conflict (flock lease)",
            [("castor/adapters/materia/cast_lease.py",
              "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        except BlockingIOError:\n"
              "            os.close(fd)\n            return None",
              "            pass\n        except BlockingIOError:\n            os.close(fd)\n            return None")],
-           [f"{ADA}/test_cast_lease.py::test_one_holder_at_a_time_and_the_probe_sees_it"]),
+           [f"{ADM}/test_cast_lease.py::test_one_holder_at_a_time_and_the_probe_sees_it"]),
     # ---- row 7: load beyond capacity --------------------------------------------------------------------
     mutant("mailbox-unbounded", "R7 a bounded mailbox rejects overflow at once",
            [("castor/supervision/mailbox.py",

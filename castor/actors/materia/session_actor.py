@@ -72,6 +72,7 @@ from castor.domain.materia.engine import CastRejected
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import command
+from castor.domain.materia.trust import check_project_trust
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
 from castor.supervision import Actor, handles
 
@@ -246,14 +247,7 @@ class SessionActor(Actor):
         return {**view, "text": text, "level": "warning" if warnings else "info", "warnings": warnings}
 
     def _check_trust(self, resolved: ResolvedConfig) -> None:
-        if self.ctx.info.trusted:
-            return
-        project_loaded = any(layer.scope == "project" and layer.loaded for layer in resolved.layers)
-        commands = [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
-        if project_loaded and commands:
-            raise Forbidden("this project is not trusted: its materia config runs utility commands "
-                            f"({', '.join(commands)}); trust the project first",
-                            data={"reason": "untrusted_project", "sockets": commands})
+        check_project_trust(resolved, trusted=self.ctx.info.trusted)  # the rule: castor.domain.materia.trust
 
     def _spawn(self, env: CastEnv, lease: CastHold) -> Any:
         try:

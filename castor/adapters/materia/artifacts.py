@@ -84,6 +84,7 @@ from castor.adapters.fs import (
 from castor.adapters.materia import cast_index
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
+from castor.messages.ids import check_safe_id
 
 __all__ = [
     "ArtifactCorrupt",
@@ -98,13 +99,11 @@ __all__ = [
     "validate_socket_id",
 ]
 
-MAX_ID_LENGTH = 128
 MAX_SEG_LENGTH = 120
 #: Longest file name castor writes, in bytes: NAME_MAX (255) minus room for the
 #: atomic writer's temp name ``.<name>.<pid>.<hex>.tmp``.
 MAX_NAME_BYTES = 200
 _NAME_TAIL = 32
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SEG_RUN = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -117,23 +116,14 @@ class ArtifactCorrupt(CastorError):
 # --------------------------------------------------------------------------- ids and segments
 
 
-def _validate_id(kind: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise Forbidden(f"{kind} must be a string", data={"reason": f"invalid {kind}"})
-    shown = value.encode("unicode_escape", "backslashreplace").decode("ascii")[:80]
-    if len(value) > MAX_ID_LENGTH or not _ID_RE.fullmatch(value) or set(value) <= {"."}:
-        raise Forbidden(f"invalid {kind}: {shown!r}", data={"reason": f"invalid {kind}", kind: shown})
-    return value
-
-
 def validate_cast_id(cast_id: object) -> str:
-    """Return ``cast_id`` if it is a safe single path segment, else raise Forbidden."""
-    return _validate_id("cast_id", cast_id)
+    """Return ``cast_id`` if it satisfies the safe-id rule (``castor.messages.ids``), else raise Forbidden."""
+    return check_safe_id(cast_id, "cast_id")
 
 
 def validate_socket_id(socket_id: object) -> str:
-    """Return ``socket_id`` if it is a safe single path segment, else raise Forbidden."""
-    return _validate_id("socket_id", socket_id)
+    """Return ``socket_id`` if it satisfies the safe-id rule (``castor.messages.ids``), else raise Forbidden."""
+    return check_safe_id(socket_id, "socket_id")
 
 
 def seg(value: object) -> str:

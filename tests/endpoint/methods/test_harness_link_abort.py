@@ -1,7 +1,7 @@
 """WireHarness: stopping a turn castor sent (``agent.abort_turn``) and the harness's late end of it.
 
 The connection is a recording stand-in (only ``notify`` and its settings are used here); the
-endpoint-level behaviour is in tests/materia_actors/test_abort_endpoint.py.
+endpoint-level behaviour is in tests/actors/materia/test_abort_endpoint.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from castor.actors.materia.api import materia_call
 from castor.adapters.materia import artifacts, state_store
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.state_store import CastStateStore
-from tests.materia_actors.helpers import make_runtime, open_session, wait_status
+from tests.actors.materia.helpers import make_runtime, open_session, wait_status
 
 
 def _ours(table, root) -> int:

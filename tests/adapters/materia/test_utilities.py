@@ -1,5 +1,5 @@
 """castor.adapters.materia.utilities: the built-ins (the output-source precedence is the engine's:
-tests/domain/materia/test_engine.py; the pool is tests/materia_actors/test_utilities.py)."""
+tests/domain/materia/test_engine.py; the pool is tests/actors/materia/test_utilities.py)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from castor.supervision import ActorSystem, ChildSpec
 
 from tests.support.waiting import wait_for
 
-from .fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
+from tests.support.icarus_fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
 
 FILTERED = SAMPLE.replace("\n  [2026-01-02 11:00] pi-agent: grandma's chocolate cake needs three eggs", "").replace(
     "\n  ### notes: baking (score: 0.40)\n  the cake frosting recipe uses butter and icing sugar", "")

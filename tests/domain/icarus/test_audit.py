@@ -18,7 +18,7 @@ from castor.domain.icarus.classify import (
 )
 from castor.messages.errors import Timeout
 
-from .fakes import SAMPLE, FakeClassifier
+from tests.support.icarus_fakes import SAMPLE, FakeClassifier
 
 AT = datetime(2026, 11, 29, 18, 0, 0, 123456, tzinfo=UTC)
 

@@ -28,7 +28,7 @@ from castor.domain.icarus.classify import (
 from castor.domain.icarus.spans import PieceKind
 from castor.messages.errors import Cancelled, Timeout
 
-from .fakes import LOCAL, REMOTE, SAMPLE, FakeClassifier
+from tests.support.icarus_fakes import LOCAL, REMOTE, SAMPLE, FakeClassifier
 
 
 def run(fake: FakeClassifier, choice: str = "default", context: str = SAMPLE, prompt: str = "fix sqlite locks"):

@@ -13,7 +13,7 @@ from castor.domain.icarus.spans import (
     select_candidates,
     truncate_middle,
 )
-from .fakes import SAMPLE
+from tests.support.icarus_fakes import SAMPLE
 
 
 def kinds(text: str) -> list[tuple[str, str, str]]:

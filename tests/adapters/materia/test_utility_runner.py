@@ -1,5 +1,5 @@
 """castor.adapters.materia.utility_runner: real subprocesses, trees, caps (the runtime's bounded pool is
-tested in tests/materia_actors/test_utilities.py)."""
+tested in tests/actors/materia/test_utilities.py)."""
 
 from __future__ import annotations
 

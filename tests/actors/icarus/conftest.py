@@ -1,6 +1,6 @@
 """Fixtures: a real Runtime with the Icarus component over the REFERENCE BACKEND (a stand-in
 for the private Icarus plugin) in real worker subprocesses. Only what cannot exist here is
-faked: the classifier model (tests/icarus_filter/fakes.FakeClassifier) and the harness UI
+faked: the classifier model (tests/support/icarus_fakes.FakeClassifier) and the harness UI
 (a recorder). The session log is the real JSONL adapter in tmp.
 """
 
@@ -20,7 +20,8 @@ from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
 from castor.actors.icarus_session import session_of
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.runtime import HarnessLink, Runtime, SessionInfo
-from tests.icarus_filter.fakes import FakeClassifier
+from tests.support.icarus_fakes import FakeClassifier
+from tests.support.icarus_worker import harness  # noqa: F401 - the worker tests' fixture, re-exported for this directory
 
 
 

@@ -24,7 +24,7 @@ from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, Wo
 from tests.support.icarus import gone, read_jsonl as read_call_log
 from tests.support.waiting import wait_for
 
-from .conftest import REFERENCE_ICARUS
+from tests.support.icarus import REFERENCE_ICARUS
 
 
 def call(worker: WorkerProcess, module: str, function: str, *args, deadline_s: float | None = 10, **kwargs):

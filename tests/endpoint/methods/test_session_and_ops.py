@@ -78,7 +78,7 @@ def test_bad_params_and_foreign_sessions_are_typed_errors(served):
         other.call("harness.event", {"session_id": "mine", "event": "agent_end", "data": {}})
     with pytest.raises(InvalidParams):
         owner.call("harness.event", {"session_id": "mine", "event": "not_an_event", "data": {}})
-    with pytest.raises(InvalidParams):
+    with pytest.raises(Forbidden):  # the one safe-id rule: the same refusal as a hostile cast id
         owner.call("session.open", {"session_id": "../../etc", "cwd": "/tmp"})
     with pytest.raises(UnknownMethod):
         owner.call("cast.teleport", {})

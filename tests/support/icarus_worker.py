@@ -1,4 +1,7 @@
-"""Fixtures for the Icarus worker tests: the reference backend in a real subprocess."""
+"""The Icarus worker harness: the reference backend in a real subprocess, per test.
+
+The ``harness`` fixture is re-exported by the conftest of each directory whose tests use it
+(tests/actors/icarus, tests/adapters/icarus)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,39 @@
+"""The materia trust rule: what an untrusted project may not make castor do.
+
+A session is *trusted* when the user said so (``session.open {trusted: true}``, given only by a
+peer that may assert it). An untrusted session may still run casts, and may still load its
+project's materia config layer (``<cwd>/.pi/pi-materia.json``) — prompts, loadouts and models are
+the project's to choose — but a loadout whose sockets run utility ``command``\\ s is refused
+(``forbidden``, ``data.reason`` ``"untrusted_project"``, ``data.sockets`` naming them) while a
+project layer is loaded: those commands would run as castor's user, chosen by whoever wrote the
+project's files. The same commands from the user's own (global) or an explicit config layer are
+allowed. The Icarus counterpart (``castor.domain.icarus.settings``) goes further: an untrusted
+project's ``.pi/settings.json`` is not read at all.
+
+The rule is pure: it decides from the resolved config and the session's trust flag, and touches
+nothing.
+"""
+
+from __future__ import annotations
+
+from castor.domain.materia.config import ResolvedConfig
+from castor.messages.errors import Forbidden
+
+
+def untrusted_commands(resolved: ResolvedConfig, *, trusted: bool) -> list[str]:
+    """The ids of the command sockets the rule refuses (empty when the cast may start)."""
+    if trusted:
+        return []
+    project_loaded = any(layer.scope == "project" and layer.loaded for layer in resolved.layers)
+    if not project_loaded:
+        return []
+    return [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
+
+
+def check_project_trust(resolved: ResolvedConfig, *, trusted: bool) -> None:
+    """Raise ``Forbidden`` if an untrusted session's config would run a project's commands."""
+    commands = untrusted_commands(resolved, trusted=trusted)
+    if commands:
+        raise Forbidden("this project is not trusted: its materia config runs utility commands "
+                        f"({', '.join(commands)}); trust the project first",
+                        data={"reason": "untrusted_project", "sockets": commands})
