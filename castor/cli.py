@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from castor import __version__
+from castor.version import __version__
 from castor.logs import LogSettingError, configure_logging
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.scaleout.options import add_backend_flags, backend_flag_problem, make_backend, scaleout_components

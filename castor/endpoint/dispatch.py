@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-import castor
+from castor.version import __version__
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ MAX_ERROR_DETAILS = 20
 
 
 def _castor_version() -> str:
-    version = getattr(castor, "__version__", None)
+    version = __version__
     if version:
         return str(version)
     try:  # a stale editable install can import castor as a namespace package
