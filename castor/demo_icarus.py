@@ -49,7 +49,7 @@ import psutil
 from rich.table import Table
 
 import castor
-from castor.actors.icarus_session import IcarusSession, icarus_component, session_of
+from castor.actors.icarus import IcarusSession, icarus_component, session_of
 from castor.actors.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.messages.errors import CastorError

@@ -261,7 +261,7 @@ class Runtime:
         """Close every session (casts stay resumable), end running utility commands gently
         (SIGTERM to each tree, SIGKILL after a second: after the casts, so none re-dispatches),
         then stop every actor."""
-        from castor.actors.materia.utility import terminate_running
+        from castor.actors.materia.utility_pool import terminate_running
 
         for ctx in self.sessions():
             try:
@@ -318,14 +318,14 @@ def project_artifact_root(cwd: str, configured: str | None) -> Path:
 
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
-    from castor.actors.materia.utility import utility_pool_spec
+    from castor.actors.materia.utility_pool import utility_pool_spec
 
     return [utility_pool_spec(settings)]
 
 
 def default_components() -> list[SessionComponent]:
     """The components every runtime has unless told otherwise: materia, then icarus."""
-    from castor.actors.icarus_session import icarus_component
+    from castor.actors.icarus.component import icarus_component
     from castor.actors.materia.component import materia_component
 
     return [materia_component(), icarus_component()]

@@ -62,6 +62,6 @@ def scaleout_components(backend: Any) -> Any:
     """The runtime's session components for ``backend`` (None: the runtime's defaults)."""
     if backend is None:
         return None
-    from castor.actors.icarus_session import icarus_component
+    from castor.actors.icarus.component import icarus_component
 
     return [materia_component_for(backend), icarus_component()]

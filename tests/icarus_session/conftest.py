@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
-from castor.actors.icarus_session import session_of
+from castor.actors.icarus.component import session_of
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 from tests.icarus_filter.fakes import FakeClassifier
-
+from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
 
 
 class GatedLog:

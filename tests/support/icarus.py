@@ -97,7 +97,7 @@ class IcarusWorldBase:
 
     # -- runtime and observations -------------------------------------------------
     def runtime(self) -> Any:
-        from castor.actors.icarus_session import icarus_component
+        from castor.actors.icarus.component import icarus_component
         from castor.runtime import Runtime, RuntimeSettings
 
         rt = Runtime(RuntimeSettings(), components=[icarus_component(env=self.env, home=str(self.tmp))])

@@ -51,13 +51,21 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-
-from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditAndRelease
-from castor.actors.classifier import CancelToken, Classify
+from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
+from castor.actors.icarus.classifier import CancelToken
+from castor.actors.icarus.messages import (
+    AuditAndRelease,
+    Classify,
+    Feedback,
+    HarnessEvent,
+    HookStatus,
+    HookStatusReply,
+    SetContextVisible,
+    SetHooksEnabled,
+)
 from castor.actors.ports.session import SessionUiPort
 from castor.actors.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
-from castor.messages.base import LocalMessage
 from castor.messages.errors import CastorError, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 
@@ -65,43 +73,6 @@ from castor.supervision import Actor, ActorHandle, handles
 LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "cancelled", "actor_retired"})
 #: Extra seconds an internal ask may take beyond its own budget.
 ASK_GRACE = 1.0
-
-
-_Local = LocalMessage
-
-
-class HarnessEvent(_Local, type_name="icarus.hooks.event"):
-    """A harness lifecycle event; ``reply`` receives the result (or None)."""
-
-    event: Any  # a lifecycle event with its request id
-    reply: Any  # concurrent.futures.Future
-    current_model: tuple[str, str] | None = None
-
-
-class Feedback(_Local, type_name="icarus.hooks.feedback"):
-    """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
-
-    event: Any
-
-
-class SetHooksEnabled(_Local, type_name="icarus.hooks.set_enabled"):
-    enabled: bool | None = None  # None toggles
-
-
-class SetContextVisible(_Local, type_name="icarus.hooks.set_visible"):
-    visible: bool | None = None  # None toggles
-
-
-class HookStatus(_Local, type_name="icarus.hooks.status"):
-    pass
-
-
-class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
-    enabled: bool
-    visible: bool
-    generation: int
-    session_id: str
-    in_flight: int
 
 
 # ---------------------------------------------------------------------------

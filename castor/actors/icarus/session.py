@@ -1,21 +1,9 @@
-"""The Icarus session component: one memory bridge per harness session.
+"""IcarusSession: one harness session's Icarus bridge, the facade the endpoint methods use.
 
-``icarus_component()`` is the :class:`~castor.runtime.SessionComponent` the
-runtime loads by default. For every session it resolves the effective
-settings from the session's cwd (a project layer only when the harness said
-the project is trusted, so an untrusted checkout never chooses the Python
-executable or the package) and, when the configured ``icarusDir`` holds a
-package, starts::
-
-    /root/session/<sid>/icarus              supervisor (one_for_one)
-    /root/session/<sid>/icarus/worker       IcarusWorkerActor (lazy process; retires on timeout)
-    /root/session/<sid>/icarus/classifier   ClassifierActor   (only when filtering)
-    /root/session/<sid>/icarus/audit        AuditActor        (only when filtering)
-    /root/session/<sid>/icarus/hooks        HookController
-
-and keeps an :class:`IcarusSession` facade in ``SessionContext.extras["icarus"]``
-for the endpoint methods (``icarus.tool``, ``icarus.command``,
-``icarus.config``, ``ops.worker``).
+:mod:`castor.actors.icarus.component` builds one per session and keeps it in
+``SessionContext.extras["icarus"]``; it knows the session's settings, the
+children it asked the runtime to start, and how to reach them (``icarus.tool``,
+``icarus.command``, ``icarus.config``, ``ops.worker``).
 
 Harness events (``on_event``)
 -----------------------------
@@ -62,18 +50,11 @@ Guarantees
   transport errors (``timeout``, ``worker_crashed``, ``worker_retired``,
   ``internal``) are raised typed and never retried; a backend ``{error}`` is
   a value the caller marks ``is_error``.
-
-Layering: actors do not import adapters. Files and processes are reached
-through :class:`IcarusBackend`; ``icarus_component()`` called without one
-builds the default (file settings store + worker subprocess) by importing the
-adapters lazily -- the runtime calls it without arguments, so that import is
-this module's composition seam.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -81,10 +62,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from loguru import logger
 
-from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
-from castor.actors.classifier import ClassifierActor
-from castor.actors.hooks import HookClient, HookController
-from castor.actors.icarus_worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
+from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
+from castor.actors.icarus.classifier import ClassifierActor
+from castor.actors.icarus.hook_controller import HookClient, HookController
+from castor.actors.icarus.worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
 from castor.actors.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.actors.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus import lifecycle as lc
@@ -122,7 +103,7 @@ from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
 from castor.supervision.supervisor import WhichChildren
 
 if TYPE_CHECKING:
-    from castor.runtime import SessionComponent, SessionContext
+    from castor.runtime import SessionContext
 
 COMPONENT = "icarus"
 EXTRAS_KEY = "icarus"
@@ -175,52 +156,8 @@ class IcarusBackend(Protocol):
         ...
 
 
-def default_backend(*, env: Mapping[str, str] | None = None, home: str | None = None) -> IcarusBackend:
-    """The file/process backend (adapters imported here, lazily: the composition seam)."""
-    from castor.adapters.icarus.launch import build_launch
-    from castor.adapters.icarus.settings_store import load_layers, load_settings, update_settings
-    from castor.adapters.icarus.worker_process import next_request_id, worker_factory
-
-    class _FileBackend:
-        def _env(self) -> dict[str, str]:
-            return dict(os.environ if env is None else env)
-
-        def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
-            return load_settings(cwd, trusted=trusted, env=self._env(), home=home)
-
-        def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
-            return load_layers(cwd, trusted=trusted, env=self._env(), home=home)
-
-        def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-            return update_settings(path, mutate)
-
-        def package_present(self, icarus_dir: str) -> bool:
-            return os.path.isfile(os.path.join(icarus_dir, "__init__.py"))
-
-        def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
-            return worker_factory(build_launch(settings, cwd=cwd, parent_env=self._env(), home=home))
-
-        def next_request_id(self) -> int:
-            return next_request_id()
-
-    return _FileBackend()
-
-
 # ---------------------------------------------------------------------------
 # Stand-ins for ports the harness may not offer
-
-
-class _NoUi:
-    """The harness has no UI: status and toasts go nowhere."""
-
-    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
-        pass
-
-    def set_status(self, key: str, text: str | None) -> None:
-        pass
-
-    def notify(self, message: str, level: str = "info") -> None:
-        pass
 
 
 class _NoRegistry:
@@ -633,67 +570,6 @@ class IcarusSession:
         return latest.running_pid if latest is not None else None
 
 
-# ---------------------------------------------------------------------------
-# The component
-
-
-def _build_session(ctx: SessionContext, backend: IcarusBackend) -> IcarusSession:
-    info = ctx.info
-    settings = backend.load_settings(info.cwd, trusted=info.trusted)
-    available = backend.package_present(settings.icarus_dir)
-    filtering, filtering_reason = True, None
-    if settings.classifier.strip().lower() == "none":
-        filtering, filtering_reason = False, "classifier_none"
-    elif ctx.harness.session_log is None:
-        filtering, filtering_reason = False, "no_session_log"
-    return IcarusSession(
-        ctx=ctx, backend=backend, settings=settings, available=available,
-        reason=None if available else "icarus_dir_missing",
-        filtering=filtering and available, filtering_reason=filtering_reason if available else "icarus_unavailable",
-        ui=ctx.harness.ui or _NoUi(),
-    )
-
-
-def session_of(ctx: SessionContext) -> IcarusSession:
-    """The session's Icarus facade; ``NotFound`` when the component is not loaded."""
-    sess = ctx.extras.get(EXTRAS_KEY)
-    if not isinstance(sess, IcarusSession):
-        raise NotFound("the icarus component is not loaded in this runtime",
-                       data={"session_id": ctx.info.session_id, "reason": "no_icarus_component"})
-    return sess
-
-
-def icarus_component(backend: IcarusBackend | None = None, *, env: Mapping[str, str] | None = None,
-                     home: str | None = None) -> SessionComponent:
-    """The Icarus session component (see the module docstring).
-
-    ``env``/``home`` feed the default backend: settings resolution (global
-    settings path, backend env overrides) and the worker's parent environment.
-    """
-    from castor.runtime import SessionComponent
-
-    chosen = backend if backend is not None else default_backend(env=env, home=home)
-
-    def children(ctx: SessionContext) -> list[ChildSpec]:
-        sess = _build_session(ctx, chosen)
-        ctx.extras[EXTRAS_KEY] = sess
-        if not sess.available:
-            logger.bind(actor=sess.path(), reason=sess.reason).debug("icarus unavailable for this session")
-        return sess.children()
-
-    def on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
-        sess = ctx.extras.get(EXTRAS_KEY)
-        return sess.event(event, data) if isinstance(sess, IcarusSession) else None
-
-    def on_close(ctx: SessionContext) -> None:
-        sess = ctx.extras.get(EXTRAS_KEY)
-        if isinstance(sess, IcarusSession):
-            sess.close()
-
-    return SessionComponent(name=COMPONENT, children=children, on_event=on_event, on_close=on_close)
-
-
 __all__ = [
-    "COMPONENT", "IcarusBackend", "IcarusSession", "controller_payload", "default_backend", "icarus_component",
-    "session_of", "wire_result",
+    "COMPONENT", "EXTRAS_KEY", "IcarusBackend", "IcarusSession", "controller_payload", "wire_result",
 ]
