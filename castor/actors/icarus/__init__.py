@@ -2,8 +2,8 @@
 
 | module | what |
 |---|---|
-| :mod:`.component` | ``icarus_component()``: the session component (icarus supervisor, worker, classifier, audit, hooks); ``session_of(ctx)`` |
-| :mod:`.session` | ``IcarusSession``: one session's facade for the endpoint methods; the ``IcarusBackend`` port |
+| :mod:`.component` | ``icarus_component()``: the session component (the icarus supervisor and its actors) |
+| :mod:`.session` | ``IcarusSession``: one session's facade for the endpoint methods; ``IcarusBackend`` |
 | :mod:`.hook_controller` | ``HookController``: runs the pure hook lifecycle; ``HookClient`` for the harness events |
 | :mod:`.worker` | ``IcarusWorkerActor``: the one persistent Python worker; ``IcarusWorkerClient`` |
 | :mod:`.classifier` | ``ClassifierActor``: the context filter's model call, bounded and cancellable |

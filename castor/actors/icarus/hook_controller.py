@@ -58,6 +58,7 @@ from castor.actors.icarus.messages import (
     Classify,
     Feedback,
     HarnessEvent,
+    HarnessEventName,
     HookStatus,
     HookStatusReply,
     SetContextVisible,
@@ -66,11 +67,12 @@ from castor.actors.icarus.messages import (
 from castor.actors.ports.session import SessionUiPort
 from castor.actors.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
-from castor.messages.errors import CastorError, InvalidParams
+from castor.messages.errors import CastorError, ErrorCode, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 
 #: Error codes after which the worker's queued calls must not be sent.
-LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "cancelled", "actor_retired"})
+LANE_FATAL_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.WORKER_RETIRED, ErrorCode.WORKER_CRASHED,
+                              ErrorCode.CANCELLED, ErrorCode.ACTOR_RETIRED})
 #: Extra seconds an internal ask may take beyond its own budget.
 ASK_GRACE = 1.0
 
@@ -78,33 +80,33 @@ ASK_GRACE = 1.0
 # ---------------------------------------------------------------------------
 # Harness payload -> lifecycle event
 
-HARNESS_EVENTS = ("session_start", "before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context")
+HARNESS_EVENTS = tuple(HarnessEventName)
 
 
 def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.Event:
     """Validate a ``harness.event`` and build the lifecycle event. Raises :class:`InvalidParams`."""
     if not isinstance(payload, dict):
         raise InvalidParams("event payload must be a map", data={"reason": "bad_payload"})
-    if name == "session_start":
+    if name == HarnessEventName.SESSION_START:
         sid = payload.get("session_id", "")
         return lc.SessionStart(request=request, session_id=sid if isinstance(sid, str) else "")
-    if name == "before_agent_start":
+    if name == HarnessEventName.BEFORE_AGENT_START:
         return lc.BeforeAgentStart(request=request, prompt=payload.get("prompt"),
                                    custom=bool(payload.get("custom", False)))
-    if name in ("agent_end", "agent_settled"):
+    if name in (HarnessEventName.AGENT_END, HarnessEventName.AGENT_SETTLED):
         messages = payload.get("messages") or ()
         if not isinstance(messages, (list, tuple)):
             raise InvalidParams("messages must be a list", data={"reason": "bad_messages"})
-        if name == "agent_end":
+        if name == HarnessEventName.AGENT_END:
             return lc.AgentEnd(request=request, messages=tuple(messages))
         return lc.AgentSettled(request=request, aborted=bool(payload.get("aborted", False)),
                                messages=tuple(messages))
-    if name == "session_shutdown":
+    if name == HarnessEventName.SESSION_SHUTDOWN:
         return lc.SessionShutdown(request=request)
-    if name == "context":
+    if name == HarnessEventName.CONTEXT:
         return lc.ContextEvent(request=request)
     raise InvalidParams(f"unknown harness event {name!r}", data={"reason": "unknown_event",
-                                                                  "known": list(HARNESS_EVENTS)})
+                                                                  "known": [str(e) for e in HARNESS_EVENTS]})
 
 
 def _current_model(payload: dict[str, Any]) -> tuple[str, str] | None:

@@ -21,6 +21,7 @@ the model declares); they are re-exported here so every Icarus message is found 
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
@@ -31,6 +32,18 @@ _Local = LocalMessage
 
 # ---------------------------------------------------------------------------
 # HookController
+
+
+class HarnessEventName(StrEnum):
+    """The harness lifecycle events Icarus takes part in (their wire names); any other event
+    name is not forwarded to the HookController."""
+
+    SESSION_START = "session_start"
+    BEFORE_AGENT_START = "before_agent_start"
+    AGENT_END = "agent_end"
+    AGENT_SETTLED = "agent_settled"
+    SESSION_SHUTDOWN = "session_shutdown"
+    CONTEXT = "context"
 
 
 class HarnessEvent(_Local, type_name="icarus.hooks.event"):
@@ -102,6 +115,7 @@ class Released(_Local, type_name="icarus.audit.released"):
 
 
 __all__ = [
-    "AuditAndRelease", "Classified", "Classify", "Feedback", "HarnessEvent", "HookStatus", "HookStatusReply",
+    "AuditAndRelease", "Classified", "Classify", "Feedback", "HarnessEvent", "HarnessEventName", "HookStatus",
+    "HookStatusReply",
     "Released", "SetContextVisible", "SetHooksEnabled", "WorkerCall", "WorkerInspect",
 ]

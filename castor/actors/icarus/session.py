@@ -65,6 +65,7 @@ from loguru import logger
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController
+from castor.actors.icarus.messages import HarnessEventName
 from castor.actors.icarus.worker import IcarusWorkerClient, WorkerProcessPort, icarus_worker_spec
 from castor.actors.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.actors.ports.session import SessionPort, SessionUiPort
@@ -98,7 +99,7 @@ from castor.domain.icarus.tools import (
     prepare_call,
     registered_tools,
 )
-from castor.messages.errors import CastorError, NotFound
+from castor.messages.errors import CastorError, ErrorCode, NotFound
 from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
 from castor.supervision.supervisor import WhichChildren
 
@@ -116,9 +117,9 @@ QUICK_EVENT_S = 5.0
 READY_TIMEOUT_S = 10.0
 
 #: Worker error codes a hook call warns about (queued rejections and closes stay quiet).
-_WARN_CODES = {"timeout": "timed out; the worker was stopped and starts fresh on the next call",
-               "worker_crashed": "lost the worker process; a fresh one starts on the next call",
-               "internal": "failed in the memory backend"}
+_WARN_CODES = {ErrorCode.TIMEOUT: "timed out; the worker was stopped and starts fresh on the next call",
+               ErrorCode.WORKER_CRASHED: "lost the worker process; a fresh one starts on the next call",
+               ErrorCode.INTERNAL: "failed in the memory backend"}
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
 _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
                  Source.PROJECT: "project settings", Source.ENV: "environment"}
@@ -218,19 +219,19 @@ def _messages(data: Mapping[str, Any]) -> list[Any]:
 
 def controller_payload(event: str, data: Mapping[str, Any], session_id: str) -> dict[str, Any] | None:
     """The HookController payload for a harness event, or None when Icarus ignores the event."""
-    if event == "session_start":
+    if event == HarnessEventName.SESSION_START:
         return {"session_id": session_id}
-    if event == "before_agent_start":
+    if event == HarnessEventName.BEFORE_AGENT_START:
         custom = data.get("message_type") == "custom" or data.get("custom") is True
         payload: dict[str, Any] = {"prompt": data.get("prompt"), "custom": custom}
         if isinstance(data.get("model"), dict):
             payload["model"] = data["model"]
         return payload
-    if event == "agent_end":
+    if event == HarnessEventName.AGENT_END:
         return {"messages": _messages(data)}
-    if event == "agent_settled":
+    if event == HarnessEventName.AGENT_SETTLED:
         return {"aborted": data.get("aborted") is True, "messages": _messages(data)}
-    if event in ("session_shutdown", "context"):
+    if event in (HarnessEventName.SESSION_SHUTDOWN, HarnessEventName.CONTEXT):
         return {}
     return None
 
@@ -371,9 +372,10 @@ class IcarusSession:
     def wait_bound(self, event: str) -> float:
         s = self.settings
         worker = s.timeout_ms / 1000.0 + WAIT_GRACE_S
-        if event == "before_agent_start":
+        if event == HarnessEventName.BEFORE_AGENT_START:
             return worker + s.classifier_timeout_ms / 1000.0 + DEFAULT_AUDIT_TIMEOUT
-        if event in ("session_start", "agent_settled", "session_shutdown"):
+        if event in (HarnessEventName.SESSION_START, HarnessEventName.AGENT_SETTLED,
+                     HarnessEventName.SESSION_SHUTDOWN):
             return worker
         return QUICK_EVENT_S
 
@@ -381,7 +383,7 @@ class IcarusSession:
         """Offer one harness event; never raises (ambient policy)."""
         if not self.available:
             return None
-        if not self.settings.hooks and event != "session_shutdown":
+        if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
             return None
         payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.session_id)
         if payload is None:
@@ -399,7 +401,7 @@ class IcarusSession:
         if not self.available:
             return
         try:
-            self.event("session_shutdown", {})
+            self.event(HarnessEventName.SESSION_SHUTDOWN, {})
         finally:
             try:
                 self.ui.set_status(STATUS_KEY, None)
