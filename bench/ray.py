@@ -80,7 +80,7 @@ class _Session:
     def __init__(self, runtime: Any, sid: str, proj: Path) -> None:
         from castor.ports.host_context import NoHostContext
         from castor.adapters.agents.scripted import ScriptedAgent
-        from castor.adapters.console_ui import ConsoleUi
+        from castor.adapters.stderr_ui import StderrUi
         from castor.adapters.session_jsonl import JsonlSessionLog
         from castor.runtime import HarnessLink, SessionInfo
 
@@ -90,7 +90,7 @@ class _Session:
         runtime.open_session(SessionInfo(session_id=sid, cwd=str(proj), trusted=True),
                              HarnessLink(agent=ScriptedAgent(str(proj / "answers.json")),
                                          session_log=JsonlSessionLog(proj / "session.jsonl"),
-                                         ui=ConsoleUi(self._line), host_context=NoHostContext()))
+                                         ui=StderrUi(self._line), host_context=NoHostContext()))
 
     def _line(self, line: str) -> None:
         if " complete" in line or " failed" in line:

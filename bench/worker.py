@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from castor.adapters.icarus.launch import WorkerLaunch, build_launch  # noqa: E402
-from castor.actors.icarus_worker import WorkerCall, icarus_worker_spec  # noqa: E402
+from castor.actors.icarus.worker import WorkerCall, icarus_worker_spec  # noqa: E402
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id, worker_factory  # noqa: E402
 from castor.domain.icarus.settings import IcarusSettings  # noqa: E402
 from castor.logs import configure_logging  # noqa: E402
@@ -262,7 +262,7 @@ class ActorPath:
     """``IcarusWorkerClient.call`` through a supervised ``IcarusWorkerActor`` (the harness's path)."""
 
     def __init__(self, package: Path, workdir: str) -> None:
-        from castor.actors.icarus_worker import IcarusWorkerClient
+        from castor.actors.icarus.worker import IcarusWorkerClient
 
         settings = IcarusSettings(icarus_dir=str(package), fabric_dir=f"{workdir}/fabric", python=sys.executable)
         launch = build_launch(settings, cwd=workdir)

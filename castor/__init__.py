@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from castor.version import __version__
+from castor.version import __version__ as __version__
 
 _ERRORS = "castor.messages.errors"
 

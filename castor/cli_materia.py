@@ -186,7 +186,7 @@ class _Standalone:
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
                  printer: Any = None, need_agent: bool = True, backend: Any = None) -> None:
         from castor.adapters.agents.factory import make_agent
-        from castor.adapters.console_ui import ConsoleUi
+        from castor.adapters.stderr_ui import StderrUi
         from castor.adapters.session_jsonl import JsonlSessionLog
         from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 
@@ -195,7 +195,7 @@ class _Standalone:
                                 "(or set CASTOR_AGENT)", data={"reason": "no_agent"})
         self.agent = make_agent(agent_spec) if agent_spec else None
         self._signals = _StopSignals()
-        self.ui = ConsoleUi(printer)
+        self.ui = StderrUi(printer)
         self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
         self.runtime = Runtime(RuntimeSettings(), components=[materia_component_for(backend)])
         flags = {"materia_config": config_path} if config_path else {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from castor.actors.icarus_session import icarus_component as _icarus_over
+from castor.actors.icarus.component import icarus_component as _icarus_over
 from castor.actors.materia.component import materia_component as _materia_component
 from castor.adapters.icarus.backend import FileIcarusBackend
 from castor.adapters.materia.storage import FILE_CAST_STORAGE

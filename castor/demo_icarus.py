@@ -49,7 +49,7 @@ import psutil
 from rich.table import Table
 
 import castor
-from castor.actors.icarus_session import IcarusSession, session_of
+from castor.actors.icarus import IcarusSession, session_of
 from castor.composition import icarus_component
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog

@@ -191,7 +191,7 @@ class Runtime:
         """Close every session (casts stay resumable), end running utility commands gently
         (SIGTERM to each tree, SIGKILL after a second: after the casts, so none re-dispatches),
         then stop every actor."""
-        from castor.actors.materia.utility import terminate_running
+        from castor.actors.materia.utility_pool import terminate_running
 
         for ctx in self.sessions():
             try:
@@ -222,7 +222,7 @@ def _label_session(handle: ActorHandle | None, info: SessionInfo) -> None:
 
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
-    from castor.actors.materia.utility import utility_pool_spec
+    from castor.actors.materia.utility_pool import utility_pool_spec
 
     return [utility_pool_spec(settings)]
 

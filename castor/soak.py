@@ -528,7 +528,7 @@ class Soak:
         return icarus_component(env=env, home=str(base))
 
     def _open_sessions(self) -> None:
-        from castor.actors.icarus_session import session_of
+        from castor.actors.icarus.component import session_of
         from castor.adapters.agents.scripted import ScriptedAgent, parse_script
         from castor.runtime import HarnessLink, SessionInfo
 
@@ -580,7 +580,7 @@ class Soak:
             time.sleep(0.05)
 
     def _worker_load(self, session: _Session, lane: int) -> None:
-        from castor.actors.icarus_worker import ASK_GRACE_S as WORKER_GRACE_S
+        from castor.actors.icarus.worker import ASK_GRACE_S as WORKER_GRACE_S
 
         n = 0
         while not self.stop_worker_load.is_set():

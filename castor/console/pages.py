@@ -47,7 +47,7 @@ def tree_data(runtime: Any) -> dict[str, Any]:
 
 def worker_data(runtime: Any) -> list[dict[str, Any]]:
     """The Icarus worker of each session that has one (its actor's mailbox, its process)."""
-    from castor.actors.icarus_session import session_of
+    from castor.actors.icarus.component import session_of
 
     out = []
     for ctx in runtime.sessions():

@@ -2,7 +2,7 @@
 
 ``IcarusWorkerActor`` (or a handle-backed client of it) satisfies this
 protocol; tests use a fake. The hook controller submits calls one at a time,
-in order, from one lane (see :mod:`castor.actors.hooks`).
+in order, from one lane (see :mod:`castor.actors.icarus.hook_controller`).
 
 Contract for implementers:
 

@@ -37,7 +37,7 @@ class CastHost:
 
     def __init__(self, host_id: str, settings: dict[str, Any]) -> None:
         from castor.composition import materia_component
-        from castor.actors.materia.utility import pool_of
+        from castor.actors.materia.utility_pool import pool_of
         from castor.runtime import Runtime, RuntimeSettings
         from castor.scaleout.utility_tasks import RayUtilityRunner
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from castor.adapters.materia.utility_runner import UtilityCommand, UtilityResult, UtilitySpawnError
+from castor.adapters.materia.process_runner import UtilityCommand, UtilityResult, UtilitySpawnError
 
 DEFAULT_CPUS = 1.0
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
@@ -32,7 +32,7 @@ def _run_on_node(cmd_map: dict[str, Any]) -> dict[str, Any]:
     """The task body: run the command where Ray placed this task; kill its tree if cancelled."""
     import os
 
-    from castor.adapters.materia.utility_runner import spawn
+    from castor.adapters.materia.process_runner import spawn
 
     import ray
 

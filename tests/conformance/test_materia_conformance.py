@@ -286,12 +286,12 @@ def _runtime(**settings: Any) -> Any:
 
 def _open_session(rt: Any, sid: str, cwd: Path, script: Any) -> Any:
     from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-    from castor.adapters.console_ui import ConsoleUi
+    from castor.adapters.stderr_ui import StderrUi
     from castor.runtime import HarnessLink, SessionInfo
 
     scripted = ScriptedAgent(parse_script(script))
     rt.open_session(SessionInfo(session_id=sid, cwd=str(cwd), trusted=True),
-                    HarnessLink(agent=scripted, session_log=None, ui=ConsoleUi(printer=lambda _line: None)))
+                    HarnessLink(agent=scripted, session_log=None, ui=StderrUi(printer=lambda _line: None)))
     return scripted
 
 

@@ -50,14 +50,14 @@ def project(root: Path, name: str, visit_log: Path) -> Path:
 def open_session(runtime: Any, sid: str, proj: Path) -> None:
     from castor.ports.host_context import NoHostContext
     from castor.adapters.agents.scripted import ScriptedAgent
-    from castor.adapters.console_ui import ConsoleUi
+    from castor.adapters.stderr_ui import StderrUi
     from castor.adapters.session_jsonl import JsonlSessionLog
     from castor.runtime import HarnessLink, SessionInfo
 
     runtime.open_session(SessionInfo(session_id=sid, cwd=str(proj), trusted=True),
                          HarnessLink(agent=ScriptedAgent(str(proj / "answers.json")),
                                      session_log=JsonlSessionLog(proj / "session.jsonl"),
-                                     ui=ConsoleUi(lambda _line: None), host_context=NoHostContext()))
+                                     ui=StderrUi(lambda _line: None), host_context=NoHostContext()))
 
 
 def wait_all(runtime: Any, started: list[tuple[str, str]], timeout_s: float) -> dict[str, str]:

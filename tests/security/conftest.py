@@ -22,13 +22,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.support.icarus import IcarusWorldBase, wait_until
-from tests.support.icarus import REFERENCE_ICARUS, read_jsonl  # noqa: F401 - re-exported for the security tests
-from castor.actors.icarus_session import session_of
+from castor.actors.icarus.component import session_of
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.client import Client
 from castor.runtime import HarnessLink, Runtime, SessionInfo
+from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl, wait_until  # noqa: F401 - re-exported for the security tests
 
 
 def files_under(root: Path) -> set[Path]:

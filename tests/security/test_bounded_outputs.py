@@ -22,7 +22,7 @@ import pytest
 from castor.actors.materia.api import materia_call
 from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.adapters.console_ui import ConsoleUi
+from castor.adapters.stderr_ui import StderrUi
 from castor.messages.base import LocalMessage
 from castor.messages.errors import MailboxFull
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
@@ -48,7 +48,7 @@ def test_a_utility_command_printing_5_mib_is_capped_at_1_mib_with_truncation_rec
     try:
         rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
                         HarnessLink(agent=ScriptedAgent(parse_script(["summarised"])), session_log=None,
-                                    ui=ConsoleUi(printer=lambda _line: None)))
+                                    ui=StderrUi(printer=lambda _line: None)))
         started = materia_call(rt, "s1", "start", {"request": "be loud"})
         view = wait_until(lambda: (v := materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]}))
                           ["status"] in ("complete", "failed", "aborted") and v, 30, "the cast to end")

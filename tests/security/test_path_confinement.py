@@ -16,7 +16,7 @@ import pytest
 from castor.actors.materia.api import materia_call
 from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.adapters.console_ui import ConsoleUi
+from castor.adapters.stderr_ui import StderrUi
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.state_store import CastStateStore, list_casts
 from castor.messages.errors import CastorError, Forbidden
@@ -156,7 +156,7 @@ def _start(tmp_path: Path, project: Path, config: dict, *, trusted: bool) -> tup
     rt = Runtime(RuntimeSettings(), components=[materia_component()])
     rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=trusted),
                     HarnessLink(agent=ScriptedAgent(parse_script(["hello"] * 5)), session_log=None,
-                                ui=ConsoleUi(printer=lambda _line: None)))
+                                ui=StderrUi(printer=lambda _line: None)))
     try:
         return rt, materia_call(rt, "s1", "start", {"request": "write a file"})
     except CastorError as exc:
@@ -234,7 +234,7 @@ def test_a_model_chosen_work_item_id_of_any_length_cannot_wedge_a_cast(tmp_path)
     try:
         rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
                         HarnessLink(agent=ScriptedAgent(parse_script(script)), session_log=None,
-                                    ui=ConsoleUi(printer=lambda _line: None)))
+                                    ui=StderrUi(printer=lambda _line: None)))
         started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "build"})
         view = wait_until(lambda: (v := materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]}))
                           ["status"] in ("complete", "failed", "aborted") and v, 15, "the cast to end")

@@ -6,7 +6,7 @@
 | :mod:`.session_actor` | ``SessionActor``: a session's ``/materia`` verbs |
 | :mod:`.cast_actor` | ``CastActor``: one cast; persists every transition before its effects |
 | :mod:`.socket_actor` | ``SocketActor``: one agent-socket visit through the session's AgentPort |
-| :mod:`.utility` | ``utility_pool_spec()``, ``UtilityExecutorActor``: the bounded utility pool |
+| :mod:`.utility_pool` | ``utility_pool_spec()``, ``UtilityExecutorActor``: the bounded utility pool |
 | :mod:`.views` | read-only status/listing views shared with the endpoint and CLI |
 | :mod:`.api` | ``materia_call(runtime, session_id, verb, params)`` |
 | :mod:`.messages` | the process-local messages between them |

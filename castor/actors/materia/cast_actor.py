@@ -29,7 +29,7 @@ utility command the dead runtime left running has been killed (its record in the
 |---|---|
 | ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
 | ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
-| ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility.submit_utility`) |
+| ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility_pool.submit_utility`) |
 | ``Compact`` | :class:`CompactionCall` through the session's :class:`HostContextPort` (the harness's ``session.compact``) under ``CastEnv.compaction_timeout_s``; its answer is told back as ``CompactionFinished`` — a timeout, an error or a harness without ``session.compact`` (``unknown_method``) is ``ok=False`` and the recovery fails; a standalone agent (no host context) answers ``ok`` with ``skipped: "no host context"`` |
 | ``CancelWork`` | stops the visit's SocketActor (which cancels the turn; a harness hears why — ``agent.abort_turn`` with the effect's reason — and nothing waits for the model), stops waiting for its compaction, or kills the utility tree |
 | ``Notify`` | ``HarnessLink.ui.notify`` (errors swallowed) |
@@ -605,7 +605,7 @@ class CastActor(Actor):
 
     def _run_utility(self, effect: RunUtility) -> None:
         from castor.actors.materia.messages import UtilityJob
-        from castor.actors.materia.utility import submit_utility
+        from castor.actors.materia.utility_pool import submit_utility
 
         try:
             submit_utility(self.env.registry, UtilityJob(effect=effect, cast=self.handle,
@@ -624,7 +624,7 @@ class CastActor(Actor):
         compaction = self._compactions.pop(visit_id, None)
         if compaction is not None:
             compaction.cancel()  # the host may still finish it; its answer is no longer awaited
-        from castor.actors.materia.utility import cancel_utility
+        from castor.actors.materia.utility_pool import cancel_utility
 
         cancel_utility(self.env.registry, visit_id)
 

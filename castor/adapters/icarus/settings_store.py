@@ -37,7 +37,6 @@ from typing import Any
 import filelock
 
 from castor.adapters.fs import atomic_write_text, read_regular_file
-
 from castor.domain.icarus.settings import (
     IcarusSettings,
     SettingsDocumentError,
@@ -45,7 +44,7 @@ from castor.domain.icarus.settings import (
     resolve_settings,
     settings_paths,
 )
-from castor.domain.text import loads_strict, well_formed
+from castor.domain.jsontext import loads_strict, well_formed
 from castor.messages.errors import ErrorCode, InvalidConfig, Timeout
 
 STALE_AFTER_S = 10.0

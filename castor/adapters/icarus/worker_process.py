@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
-from castor.domain.text import well_formed
+from castor.domain.jsontext import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 
 _ids = itertools.count(1)
@@ -67,7 +67,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# ``loads_strict`` (castor.domain.text) with its decoder made once, not per reply.
+# ``loads_strict`` (castor.domain.jsontext) with its decoder made once, not per reply.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _SCAN = _DECODER.scan_once
 _STDERR_LINE_MAX = 64 * 1024

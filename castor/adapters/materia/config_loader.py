@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters.fs import atomic_write_bytes, file_signature, read_regular_file
+from castor.domain.jsontext import well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
-from castor.domain.text import well_formed
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
 
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"

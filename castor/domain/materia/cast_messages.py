@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from castor.domain.jsontext import well_formed
 from castor.domain.materia.compaction import ProactiveDecision
 from castor.domain.materia.config import Compaction, ResolvedConfig
 from castor.domain.materia.surface import Surface
-from castor.domain.text import well_formed
 
 
 class _Frozen(BaseModel):

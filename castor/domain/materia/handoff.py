@@ -20,10 +20,9 @@ import json
 import re
 from typing import Any
 
+from castor.domain.jsontext import pretty_json, well_formed
 from castor.domain.materia.config import Socket
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
-from castor.domain.materia.jsontext import pretty_json
-from castor.domain.text import well_formed
 from castor.messages.errors import CastorError, ErrorCode
 
 CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "satisfied", "feedback", "missing")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from castor.domain.jsontext import pretty_json
 from castor.domain.materia import handoff
 from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
-from castor.domain.materia.jsontext import pretty_json
 from castor.domain.materia.state import CastState
 
 OPEN_TAG = "<materia-instructions>"

@@ -1,6 +1,6 @@
 """Icarus methods: ``icarus.tool``, ``icarus.command``, ``icarus.config`` (+ ``worker_stats``).
 
-Thin wire layer over :class:`castor.actors.icarus_session.IcarusSession`; the
+Thin wire layer over :class:`castor.actors.icarus.session.IcarusSession`; the
 behaviour (and its guarantees) lives there. Documented in docs/protocol.md
 ("Methods: harness → castor").
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from castor.actors.icarus_session import IcarusSession, session_of
+from castor.actors.icarus import IcarusSession, session_of
 from castor.domain.icarus.tools import tool_result
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.messages.errors import Forbidden

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
-from castor.actors.icarus_session import session_of
+from castor.actors.icarus.component import session_of
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.runtime import HarnessLink, Runtime, SessionInfo
+from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
 from tests.support.icarus_fakes import FakeClassifier
 from tests.support.icarus_worker import harness  # noqa: F401 - the worker tests' fixture, re-exported for this directory
 

@@ -13,15 +13,10 @@ import time
 
 import pytest
 
-from castor.actors.audit import AUDIT_WARNING, AuditActor, AuditAndRelease
-from castor.actors.classifier import (
-    REMOTE_NOTICE,
-    CancelToken,
-    ClassifierActor,
-    Classify,
-    run_bounded,
-)
-from castor.actors.hooks import HookClient, HookController
+from castor.actors.icarus.audit import AUDIT_WARNING, AuditActor
+from castor.actors.icarus.classifier import REMOTE_NOTICE, CancelToken, ClassifierActor, run_bounded
+from castor.actors.icarus.hook_controller import HookClient, HookController
+from castor.actors.icarus.messages import AuditAndRelease, Classify
 from castor.ports.classifier import ClassifierPort
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.ports.worker import WorkerCalls
@@ -29,7 +24,6 @@ from castor.domain.icarus.classify import Outcome, Reason, parse_choice
 from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import Cancelled, InvalidParams, Timeout
 from castor.supervision import ActorSystem, ChildSpec
-
 from tests.support.waiting import wait_for
 
 from tests.support.icarus_fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker

@@ -6,13 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from castor.actors.icarus_worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
+from castor.actors.icarus.worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.domain.icarus.worker_protocol import IcarusCallError
 from castor.messages.errors import Cancelled, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
 from castor.supervision import ActorSystem
 from castor.supervision.faults import kill_process
-
 from tests.support.icarus import gone
 from tests.support.waiting import wait_for
 

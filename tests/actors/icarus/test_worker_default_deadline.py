@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from castor.actors.hooks import HookClient
-from castor.actors.icarus_worker import ASK_GRACE_S, DEFAULT_TIMEOUT_MS, IcarusWorkerClient, icarus_worker_spec
+from castor.actors.icarus.hook_controller import HookClient
+from castor.actors.icarus.worker import ASK_GRACE_S, DEFAULT_TIMEOUT_MS, IcarusWorkerClient, icarus_worker_spec
 from castor.adapters.icarus.worker_process import next_request_id
 from castor.domain.icarus.settings import IcarusSettings
 from castor.messages.errors import Timeout

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from castor.actors.icarus_worker import IcarusWorkerClient, icarus_worker_spec
+from castor.actors.icarus.worker import IcarusWorkerClient, icarus_worker_spec
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id, worker_factory
 from castor.logs import configure_logging
 from castor.messages.errors import Timeout, WorkerCrashed, WorkerRetired

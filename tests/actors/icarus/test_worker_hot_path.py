@@ -10,7 +10,7 @@ def test_the_clients_fast_worker_call_is_the_validated_message():
     must be the very model validation gives (equal, same fields set, frozen)."""
     from pydantic import ValidationError
 
-    from castor.actors.icarus_worker import CancelToken, WorkerCall, _worker_call
+    from castor.actors.icarus.worker import CancelToken, WorkerCall, _worker_call
 
     token = CancelToken()
     fast = _worker_call("hooks", "echo", [1, "x"], {"k": [2]}, 12.5, token)

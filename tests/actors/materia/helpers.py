@@ -9,7 +9,7 @@ from typing import Any
 from castor.actors.materia.api import materia_call
 from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.adapters.console_ui import ConsoleUi
+from castor.adapters.stderr_ui import StderrUi
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 from tests.support.waiting import wait_for  # noqa: F401 - re-exported for the materia actor tests
@@ -22,9 +22,9 @@ def make_runtime(**settings: Any) -> Runtime:
 
 
 def open_session(rt: Runtime, sid: str, cwd: Path, script: Any, *, trusted: bool = True,
-                 session_log: Any = None) -> tuple[ScriptedAgent, ConsoleUi]:
+                 session_log: Any = None) -> tuple[ScriptedAgent, StderrUi]:
     agent = ScriptedAgent(parse_script(script))
-    ui = ConsoleUi(printer=lambda _line: None)
+    ui = StderrUi(printer=lambda _line: None)
     rt.open_session(SessionInfo(session_id=sid, cwd=str(cwd), trusted=trusted),
                     HarnessLink(agent=agent, session_log=session_log, ui=ui))
     return agent, ui

@@ -12,7 +12,7 @@ import pytest
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.messages import CastOutcome, WorkLost
 from castor.ports.agent import TurnError, TurnOutcome
-from castor.adapters.console_ui import ConsoleUi
+from castor.adapters.stderr_ui import StderrUi
 from castor.domain.materia.cast_messages import TurnEnded
 from castor.runtime import HarnessLink, SessionInfo
 from castor.supervision import faults
@@ -111,7 +111,7 @@ def test_late_duplicate_outcome_is_ignored_never_applied_twice(runtime_factory, 
     rt = runtime_factory()
     agent = _HeldAgent()
     rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
-                    HarnessLink(agent=agent, session_log=None, ui=ConsoleUi(printer=lambda _line: None)))
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lambda _line: None)))
     started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
     cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
     old = agent.next_turn()

@@ -101,7 +101,7 @@ def test_untrusted_session_refuses_project_utility_commands(runtime_factory, pro
 
 
 def test_a_queued_job_cancelled_before_it_starts_never_runs():
-    from castor.actors.materia.utility import UtilityPoolState
+    from castor.actors.materia.utility_pool import UtilityPoolState
 
     pool = UtilityPoolState(slots=1, queue_limit=10)
     pool.cancel_queued("cast:Socket-1:1:1")
@@ -158,7 +158,7 @@ _APPEND_VISIT = ("import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write
 @pytest.mark.timeout(30)
 def test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent(runtime_factory, project):
     from castor.actors.materia.messages import CastOutcome
-    from castor.actors.materia.utility import submit_utility
+    from castor.actors.materia.utility_pool import submit_utility
 
     log = project / "runs.log"
     rt = runtime_factory(utility_slots=2)
@@ -184,7 +184,7 @@ _WAIT_FOR_GO = ("import os, sys, time\nopen(sys.argv[2], 'a').write('x')\nd = ti
 
 @pytest.mark.timeout(40)
 def test_a_duplicate_of_a_running_job_is_dropped_not_started_again(runtime_factory, project):
-    from castor.actors.materia.utility import pool_of, submit_utility
+    from castor.actors.materia.utility_pool import pool_of, submit_utility
 
     go, starts = project / "go", project / "starts"
     rt = runtime_factory(utility_slots=2)
@@ -204,7 +204,7 @@ def test_a_duplicate_of_a_running_job_is_dropped_not_started_again(runtime_facto
 def test_the_runtime_pool_refuses_a_job_past_its_queue_bound_and_the_cast_fails_the_visit(runtime_factory, project):
     """slots + utility_queue_limit jobs outstanding: one more is MailboxFull at once (the sender never
     blocks), and a cast whose utility dispatch is refused fails that visit with DispatchFailed."""
-    from castor.actors.materia.utility import pool_of, submit_utility
+    from castor.actors.materia.utility_pool import pool_of, submit_utility
     from castor.messages.errors import MailboxFull
 
     go, starts = project / "go", project / "starts"
@@ -236,7 +236,7 @@ def test_the_runtime_pool_refuses_a_job_past_its_queue_bound_and_the_cast_fails_
 
 @pytest.mark.timeout(60)
 def test_the_runtime_pool_never_runs_more_commands_than_slots_under_20_submissions(runtime_factory, project):
-    from castor.actors.materia.utility import pool_of, submit_utility
+    from castor.actors.materia.utility_pool import pool_of, submit_utility
 
     go, starts = project / "go", project / "starts"
     rt = runtime_factory(utility_slots=3, utility_queue_limit=50)
@@ -257,7 +257,7 @@ def test_the_runtime_pool_never_runs_more_commands_than_slots_under_20_submissio
 
 
 def test_a_command_that_cannot_start_is_a_spawn_error_and_frees_its_slot(runtime_factory, project):
-    from castor.actors.materia.utility import pool_of, submit_utility
+    from castor.actors.materia.utility_pool import pool_of, submit_utility
 
     rt = runtime_factory(utility_slots=1, utility_queue_limit=1)
     inbox = _Inbox()

@@ -1,4 +1,4 @@
-"""castor.adapters.materia.utilities: the built-ins (the output-source precedence is the engine's:
+"""castor.adapters.materia.builtins: the built-ins (the output-source precedence is the engine's:
 tests/domain/materia/test_engine.py; the pool is tests/actors/materia/test_utilities.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from castor.adapters.materia.utilities import UtilityError, ensure_ignored, run_builtin, vcs_detect
+from castor.adapters.materia.builtins import UtilityError, ensure_ignored, run_builtin, vcs_detect
 from castor.messages.errors import ErrorCode, Forbidden
 
 

@@ -1,4 +1,4 @@
-"""castor.adapters.materia.utility_runner: real subprocesses, trees, caps (the runtime's bounded pool is
+"""castor.adapters.materia.process_runner: real subprocesses, trees, caps (the runtime's bounded pool is
 tested in tests/actors/materia/test_utilities.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from castor.adapters.materia.utility_runner import (
+from castor.adapters.materia.process_runner import (
     UtilityCommand,
     UtilitySpawnError,
     command_failure_message,

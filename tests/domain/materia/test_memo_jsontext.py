@@ -1,4 +1,4 @@
-"""castor.domain.materia.memo (derived values live exactly as long as their object) and jsontext."""
+"""castor.domain.materia.memo (derived values live exactly as long as their object) and castor.domain.jsontext."""
 
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ def test_computed_once_per_object_and_forgotten_with_it() -> None:
 def test_pretty_json_is_exactly_the_indented_encoder() -> None:
     import json
 
-    from castor.domain.materia.jsontext import pretty_json
+    from castor.domain.jsontext import pretty_json
 
     for value in [None, {}, [], "x\n\"é", 0, -1.5, True, False, float("inf"), {"a": [1, {"b": None}]}, [[]], ["é"]]:
         assert pretty_json(value) == json.dumps(value, indent=2, ensure_ascii=False)
 
 
 def test_well_formed_replaces_lone_surrogates_everywhere_and_keeps_clean_values() -> None:
-    from castor.domain.text import well_formed
+    from castor.domain.jsontext import well_formed
 
     clean = {"a": ["x", {"b": "\U0001f642"}], "n": 1}
     assert well_formed(clean) is clean  # nothing to fix: the very same object, no copy

@@ -1,21 +1,9 @@
-"""The Icarus session component: one memory bridge per harness session.
+"""IcarusSession: one harness session's Icarus bridge, the facade the endpoint methods use.
 
-``icarus_component()`` is the :class:`~castor.runtime.SessionComponent` the
-runtime loads by default. For every session it resolves the effective
-settings from the session's cwd (a project layer only when the harness said
-the project is trusted, so an untrusted checkout never chooses the Python
-executable or the package) and, when the configured ``icarusDir`` holds a
-package, starts::
-
-    /root/session/<sid>/icarus              supervisor (one_for_one)
-    /root/session/<sid>/icarus/worker       IcarusWorkerActor (lazy process; retires on timeout)
-    /root/session/<sid>/icarus/classifier   ClassifierActor   (only when filtering)
-    /root/session/<sid>/icarus/audit        AuditActor        (only when filtering)
-    /root/session/<sid>/icarus/hooks        HookController
-
-and keeps an :class:`IcarusSession` facade in ``SessionContext.extras["icarus"]``
-for the endpoint methods (``icarus.tool``, ``icarus.command``,
-``icarus.config``, ``ops.worker``).
+:mod:`castor.actors.icarus.component` builds one per session and keeps it in
+``SessionContext.extras["icarus"]``; it knows the session's settings, the
+children it asked the runtime to start, and how to reach them (``icarus.tool``,
+``icarus.command``, ``icarus.config``, ``ops.worker``).
 
 Harness events (``on_event``)
 -----------------------------
@@ -62,11 +50,6 @@ Guarantees
   transport errors (``timeout``, ``worker_crashed``, ``worker_retired``,
   ``internal``) are raised typed and never retried; a backend ``{error}`` is
   a value the caller marks ``is_error``.
-
-Layering: actors do not import adapters. Files and processes are reached
-through the :class:`~castor.ports.icarus_backend.IcarusBackend` port given to
-``icarus_component(backend)``; :mod:`castor.composition` passes the file and
-process one in.
 """
 
 from __future__ import annotations
@@ -79,12 +62,13 @@ from typing import Any
 
 from loguru import logger
 
-from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
-from castor.actors.classifier import ClassifierActor
-from castor.actors.hooks import HookClient, HookController
-from castor.actors.icarus_worker import IcarusWorkerClient, icarus_worker_spec
+from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
+from castor.actors.icarus.classifier import ClassifierActor
+from castor.actors.icarus.hook_controller import HookClient, HookController
+from castor.actors.icarus.messages import HarnessEventName
+from castor.actors.icarus.worker import IcarusWorkerClient, icarus_worker_spec
 from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
-from castor.ports.session_component import SessionComponent, SessionContext
+from castor.ports.session_component import SessionContext
 from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus import lifecycle as lc
@@ -116,7 +100,7 @@ from castor.domain.icarus.tools import (
     prepare_call,
     registered_tools,
 )
-from castor.messages.errors import CastorError, NotFound
+from castor.messages.errors import CastorError, ErrorCode, NotFound
 from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
 from castor.supervision.supervisor import WhichChildren
 
@@ -131,9 +115,9 @@ QUICK_EVENT_S = 5.0
 READY_TIMEOUT_S = 10.0
 
 #: Worker error codes a hook call warns about (queued rejections and closes stay quiet).
-_WARN_CODES = {"timeout": "timed out; the worker was stopped and starts fresh on the next call",
-               "worker_crashed": "lost the worker process; a fresh one starts on the next call",
-               "internal": "failed in the memory backend"}
+_WARN_CODES = {ErrorCode.TIMEOUT: "timed out; the worker was stopped and starts fresh on the next call",
+               ErrorCode.WORKER_CRASHED: "lost the worker process; a fresh one starts on the next call",
+               ErrorCode.INTERNAL: "failed in the memory backend"}
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
 _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
                  Source.PROJECT: "project settings", Source.ENV: "environment"}
@@ -141,19 +125,6 @@ _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global sett
 
 # ---------------------------------------------------------------------------
 # Stand-ins for ports the harness may not offer
-
-
-class _NoUi:
-    """The harness has no UI: status and toasts go nowhere."""
-
-    def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
-        pass
-
-    def set_status(self, key: str, text: str | None) -> None:
-        pass
-
-    def notify(self, message: str, level: str = "info") -> None:
-        pass
 
 
 class _NoRegistry:
@@ -214,19 +185,19 @@ def _messages(data: Mapping[str, Any]) -> list[Any]:
 
 def controller_payload(event: str, data: Mapping[str, Any], session_id: str) -> dict[str, Any] | None:
     """The HookController payload for a harness event, or None when Icarus ignores the event."""
-    if event == "session_start":
+    if event == HarnessEventName.SESSION_START:
         return {"session_id": session_id}
-    if event == "before_agent_start":
+    if event == HarnessEventName.BEFORE_AGENT_START:
         custom = data.get("message_type") == "custom" or data.get("custom") is True
         payload: dict[str, Any] = {"prompt": data.get("prompt"), "custom": custom}
         if isinstance(data.get("model"), dict):
             payload["model"] = data["model"]
         return payload
-    if event == "agent_end":
+    if event == HarnessEventName.AGENT_END:
         return {"messages": _messages(data)}
-    if event == "agent_settled":
+    if event == HarnessEventName.AGENT_SETTLED:
         return {"aborted": data.get("aborted") is True, "messages": _messages(data)}
-    if event in ("session_shutdown", "context"):
+    if event in (HarnessEventName.SESSION_SHUTDOWN, HarnessEventName.CONTEXT):
         return {}
     return None
 
@@ -367,9 +338,10 @@ class IcarusSession:
     def wait_bound(self, event: str) -> float:
         s = self.settings
         worker = s.timeout_ms / 1000.0 + WAIT_GRACE_S
-        if event == "before_agent_start":
+        if event == HarnessEventName.BEFORE_AGENT_START:
             return worker + s.classifier_timeout_ms / 1000.0 + DEFAULT_AUDIT_TIMEOUT
-        if event in ("session_start", "agent_settled", "session_shutdown"):
+        if event in (HarnessEventName.SESSION_START, HarnessEventName.AGENT_SETTLED,
+                     HarnessEventName.SESSION_SHUTDOWN):
             return worker
         return QUICK_EVENT_S
 
@@ -377,7 +349,7 @@ class IcarusSession:
         """Offer one harness event; never raises (ambient policy)."""
         if not self.available:
             return None
-        if not self.settings.hooks and event != "session_shutdown":
+        if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
             return None
         payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.session_id)
         if payload is None:
@@ -395,7 +367,7 @@ class IcarusSession:
         if not self.available:
             return
         try:
-            self.event("session_shutdown", {})
+            self.event(HarnessEventName.SESSION_SHUTDOWN, {})
         finally:
             try:
                 self.ui.set_status(STATUS_KEY, None)
@@ -566,61 +538,6 @@ class IcarusSession:
         return latest.running_pid if latest is not None else None
 
 
-# ---------------------------------------------------------------------------
-# The component
-
-
-def _build_session(ctx: SessionContext, backend: IcarusBackend) -> IcarusSession:
-    info = ctx.info
-    settings = backend.load_settings(info.cwd, trusted=info.trusted)
-    available = backend.package_present(settings.icarus_dir)
-    filtering, filtering_reason = True, None
-    if settings.classifier.strip().lower() == "none":
-        filtering, filtering_reason = False, "classifier_none"
-    elif ctx.harness.session_log is None:
-        filtering, filtering_reason = False, "no_session_log"
-    return IcarusSession(
-        ctx=ctx, backend=backend, settings=settings, available=available,
-        reason=None if available else "icarus_dir_missing",
-        filtering=filtering and available, filtering_reason=filtering_reason if available else "icarus_unavailable",
-        ui=ctx.harness.ui or _NoUi(),
-    )
-
-
-def session_of(ctx: SessionContext) -> IcarusSession:
-    """The session's Icarus facade; ``NotFound`` when the component is not loaded."""
-    sess = ctx.extras.get(EXTRAS_KEY)
-    if not isinstance(sess, IcarusSession):
-        raise NotFound("the icarus component is not loaded in this runtime",
-                       data={"session_id": ctx.info.session_id, "reason": "no_icarus_component"})
-    return sess
-
-
-def icarus_component(backend: IcarusBackend) -> SessionComponent:
-    """The Icarus session component (see the module docstring) over ``backend``, its files and
-    processes (:func:`castor.composition.icarus_component` gives it the file/process one)."""
-    chosen = backend
-
-    def children(ctx: SessionContext) -> list[ChildSpec]:
-        sess = _build_session(ctx, chosen)
-        ctx.extras[EXTRAS_KEY] = sess
-        if not sess.available:
-            logger.bind(actor=sess.path(), reason=sess.reason).debug("icarus unavailable for this session")
-        return sess.children()
-
-    def on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
-        sess = ctx.extras.get(EXTRAS_KEY)
-        return sess.event(event, data) if isinstance(sess, IcarusSession) else None
-
-    def on_close(ctx: SessionContext) -> None:
-        sess = ctx.extras.get(EXTRAS_KEY)
-        if isinstance(sess, IcarusSession):
-            sess.close()
-
-    return SessionComponent(name=COMPONENT, children=children, on_event=on_event, on_close=on_close)
-
-
 __all__ = [
-    "COMPONENT", "IcarusBackend", "IcarusSession", "controller_payload", "icarus_component",
-    "session_of", "wire_result",
+    "COMPONENT", "EXTRAS_KEY", "IcarusBackend", "IcarusSession", "controller_payload", "wire_result",
 ]

@@ -1,4 +1,5 @@
-"""JSON text from outside, made safe to keep: ``loads_strict`` and ``well_formed``.
+"""JSON text: reading it safely from outside (``loads_strict``, ``well_formed``) and writing
+it for people (``pretty_json``).
 
 ``loads_strict``: ``json.loads`` that refuses ``NaN``, ``Infinity`` and ``-Infinity`` (Python
 accepts them; JSON and every other reader do not), raising ``ValueError`` like any bad JSON.
@@ -11,6 +12,12 @@ output, a config or settings file) or an undecodable byte in a command-line argu
 encode it, so nothing holding it could be written to a file or sent as msgpack, and every
 retry would fail the same way. Each lone surrogate becomes U+FFFD (what a UTF-8 decoder shows
 for a broken sequence); everything else is returned unchanged, as the same object.
+
+``pretty_json``: the 2-space JSON that prompts and artifacts show, without the slow path when
+it is not needed. ``json.dumps(value, indent=2)`` always runs the pure-Python encoder; for the
+values prompts render most (no item, no guidance, an empty ``data``, a scalar) the indented text
+equals the compact one, which the C encoder produces. The result is always exactly
+``json.dumps(value, indent=2, ensure_ascii=False)``.
 """
 
 from __future__ import annotations
@@ -74,3 +81,17 @@ def _reject_constant(name: str) -> Any:
 def loads_strict(text: str | bytes) -> Any:
     """``json.loads`` without the non-standard constants (see the module doc)."""
     return json.loads(text, parse_constant=_reject_constant)
+
+
+def pretty_json(value: Any) -> str:
+    """``json.dumps(value, indent=2, ensure_ascii=False)``, by the C encoder when that gives the
+    same text (see the module doc)."""
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        if not value:
+            return "{}" if isinstance(value, dict) else "[]"
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    if isinstance(value, (str, int, float)):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, indent=2, ensure_ascii=False)

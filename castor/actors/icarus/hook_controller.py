@@ -51,89 +51,62 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-
-from castor.actors.audit import DEFAULT_AUDIT_TIMEOUT, AuditAndRelease
-from castor.actors.classifier import CancelToken, Classify
+from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
+from castor.actors.icarus.classifier import CancelToken
+from castor.actors.icarus.messages import (
+    AuditAndRelease,
+    Classify,
+    Feedback,
+    HarnessEvent,
+    HarnessEventName,
+    HookStatus,
+    HookStatusReply,
+    SetContextVisible,
+    SetHooksEnabled,
+)
 from castor.ports.session import SessionUiPort
 from castor.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
-from castor.messages.base import LocalMessage
-from castor.messages.errors import CastorError, InvalidParams
+from castor.messages.errors import CastorError, ErrorCode, InvalidParams
 from castor.supervision import Actor, ActorHandle, handles
 
 #: Error codes after which the worker's queued calls must not be sent.
-LANE_FATAL_CODES = frozenset({"timeout", "worker_retired", "worker_crashed", "cancelled", "actor_retired"})
+LANE_FATAL_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.WORKER_RETIRED, ErrorCode.WORKER_CRASHED,
+                              ErrorCode.CANCELLED, ErrorCode.ACTOR_RETIRED})
 #: Extra seconds an internal ask may take beyond its own budget.
 ASK_GRACE = 1.0
-
-
-_Local = LocalMessage
-
-
-class HarnessEvent(_Local, type_name="icarus.hooks.event"):
-    """A harness lifecycle event; ``reply`` receives the result (or None)."""
-
-    event: Any  # a lifecycle event with its request id
-    reply: Any  # concurrent.futures.Future
-    current_model: tuple[str, str] | None = None
-
-
-class Feedback(_Local, type_name="icarus.hooks.feedback"):
-    """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
-
-    event: Any
-
-
-class SetHooksEnabled(_Local, type_name="icarus.hooks.set_enabled"):
-    enabled: bool | None = None  # None toggles
-
-
-class SetContextVisible(_Local, type_name="icarus.hooks.set_visible"):
-    visible: bool | None = None  # None toggles
-
-
-class HookStatus(_Local, type_name="icarus.hooks.status"):
-    pass
-
-
-class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
-    enabled: bool
-    visible: bool
-    generation: int
-    session_id: str
-    in_flight: int
 
 
 # ---------------------------------------------------------------------------
 # Harness payload -> lifecycle event
 
-HARNESS_EVENTS = ("session_start", "before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context")
+HARNESS_EVENTS = tuple(HarnessEventName)
 
 
 def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.Event:
     """Validate a ``harness.event`` and build the lifecycle event. Raises :class:`InvalidParams`."""
     if not isinstance(payload, dict):
         raise InvalidParams("event payload must be a map", data={"reason": "bad_payload"})
-    if name == "session_start":
+    if name == HarnessEventName.SESSION_START:
         sid = payload.get("session_id", "")
         return lc.SessionStart(request=request, session_id=sid if isinstance(sid, str) else "")
-    if name == "before_agent_start":
+    if name == HarnessEventName.BEFORE_AGENT_START:
         return lc.BeforeAgentStart(request=request, prompt=payload.get("prompt"),
                                    custom=bool(payload.get("custom", False)))
-    if name in ("agent_end", "agent_settled"):
+    if name in (HarnessEventName.AGENT_END, HarnessEventName.AGENT_SETTLED):
         messages = payload.get("messages") or ()
         if not isinstance(messages, (list, tuple)):
             raise InvalidParams("messages must be a list", data={"reason": "bad_messages"})
-        if name == "agent_end":
+        if name == HarnessEventName.AGENT_END:
             return lc.AgentEnd(request=request, messages=tuple(messages))
         return lc.AgentSettled(request=request, aborted=bool(payload.get("aborted", False)),
                                messages=tuple(messages))
-    if name == "session_shutdown":
+    if name == HarnessEventName.SESSION_SHUTDOWN:
         return lc.SessionShutdown(request=request)
-    if name == "context":
+    if name == HarnessEventName.CONTEXT:
         return lc.ContextEvent(request=request)
     raise InvalidParams(f"unknown harness event {name!r}", data={"reason": "unknown_event",
-                                                                  "known": list(HARNESS_EVENTS)})
+                                                                  "known": [str(e) for e in HARNESS_EVENTS]})
 
 
 def _current_model(payload: dict[str, Any]) -> tuple[str, str] | None:

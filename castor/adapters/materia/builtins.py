@@ -3,7 +3,7 @@
 Which source a utility socket's output comes from (its ``command``, its
 ``params.output``, a built-in, else an "Unknown utility alias" error) is the
 engine's decision (:mod:`castor.domain.materia.engine`); commands run in the
-runtime's pool (:mod:`castor.actors.materia.utility`); this module runs the
+runtime's pool (:mod:`castor.actors.materia.utility_pool`); this module runs the
 built-ins that need IO.
 
 Built-ins: ``noop`` (""), ``echo`` (``params.output`` else ``text`` else
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters.fs import atomic_write_text
-from castor.adapters.materia.utility_runner import UtilityCommand, UtilitySpawnError, run_command
+from castor.adapters.materia.process_runner import UtilityCommand, UtilitySpawnError, run_command
 from castor.messages.errors import CastorError, ErrorCode, Forbidden
 
 __all__ = [

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
+from castor.actors.icarus.messages import Classified, Classify
 from castor.ports.classifier import ClassifierPort, ModelEndpoint
 from castor.domain.icarus.classify import (
     ClassifierChoice,
@@ -41,7 +41,6 @@ from castor.domain.icarus.classify import (
     classify_context,
 )
 from castor.domain.icarus.spans import Grammar, SelectionLimits
-from castor.messages.base import LocalMessage
 from castor.messages.errors import Cancelled, Timeout
 from castor.supervision import Actor, handles
 
@@ -81,23 +80,6 @@ class CancelToken:
                 self._wakers.append(event)
                 return
         event.set()
-
-
-_Local = LocalMessage
-
-
-class Classify(_Local, type_name="icarus.classifier.classify"):
-    context: str
-    prompt: str
-    deadline: float  # absolute time.monotonic()
-    cancel: Any = None  # CancelToken | None
-    current_model: tuple[str, str] | None = None
-
-
-class Classified(_Local, type_name="icarus.classifier.classified"):
-    result: Any  # FilterResult | None (None: classifier "none", pass through)
-    duration_ms: int
-    notices: tuple[str, ...] = ()
 
 
 def run_bounded(fn: Callable[[], Any], deadline: float, cancel: CancelToken | None) -> Any:

@@ -24,12 +24,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-
-from castor.actors.classifier import run_bounded
+from castor.actors.icarus.classifier import run_bounded
+from castor.actors.icarus.messages import AuditAndRelease, Released
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
 from castor.domain.icarus.classify import FilterResult
-from castor.messages.base import LocalMessage
 from castor.supervision import Actor, handles
 
 DEFAULT_AUDIT_TIMEOUT = 2.0
@@ -37,21 +36,6 @@ AUDIT_WARNING = (
     "Icarus context filter: the decision audit could not be saved, "
     "so the unfiltered memory context was kept."
 )
-
-
-_Local = LocalMessage
-
-
-class AuditAndRelease(_Local, type_name="icarus.audit.release"):
-    original: str
-    result: Any  # FilterResult | None
-    duration_ms: int | None = None
-
-
-class Released(_Local, type_name="icarus.audit.released"):
-    text: str | None  # None: inject nothing
-    persisted: bool  # an audit entry was acknowledged
-    warned: bool  # filtered text was withheld because the audit failed
 
 
 class AuditActor(Actor):

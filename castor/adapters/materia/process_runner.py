@@ -24,7 +24,7 @@ Guarantees
   A non-zero exit is *not* an exception here: callers turn results into
   failures with :func:`command_failure_message` (spec wording).
 - **Bounded concurrency** is not this module's job: the runtime's pool
-  (``/root/utility``, :mod:`castor.actors.materia.utility`) runs at most one
+  (``/root/utility``, :mod:`castor.actors.materia.utility_pool`) runs at most one
   command per slot and refuses a job past its queue bound with ``MailboxFull``.
 
 Failure behaviour

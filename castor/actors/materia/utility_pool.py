@@ -7,8 +7,8 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | step | rule |
 |---|---|
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
-| command | :func:`castor.adapters.materia.utility_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
-| built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.utilities.run_builtin` |
+| command | :func:`castor.adapters.materia.process_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
+| built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.builtins.run_builtin` |
 | while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
@@ -29,8 +29,8 @@ from typing import Any
 from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
 from castor.adapters.materia import command_records
-from castor.adapters.materia.utilities import run_builtin
-from castor.adapters.materia.utility_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
+from castor.adapters.materia.builtins import run_builtin
+from castor.adapters.materia.process_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
 from castor.messages.errors import CastorError, MailboxFull, NotFound
 from castor.supervision import Actor, ChildSpec, Restart, Strategy, handles, supervisor_spec

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 
-class ConsoleUi:
+class StderrUi:
     def __init__(self, printer: Callable[[str], None] | None = None) -> None:
         self._printer = printer
         self._lock = threading.Lock()

@@ -1,0 +1,121 @@
+"""The messages the Icarus session actors exchange (all local: none ever crosses a process).
+
+=====================  ==================  ===========================================================
+message                handled by          reply
+=====================  ==================  ===========================================================
+``HarnessEvent``       HookController      none (the result goes to the message's ``reply`` future)
+``Feedback``           HookController      none (a worker, filter or abort completion)
+``SetHooksEnabled``    HookController      the new ``enabled`` flag
+``SetContextVisible``  HookController      the new ``visible`` flag
+``HookStatus``         HookController      ``HookStatusReply``
+``Classify``           ClassifierActor     ``Classified``
+``AuditAndRelease``    AuditActor          ``Released``
+``WorkerCall``         IcarusWorkerActor   the backend function's value (or a typed error)
+``WorkerInspect``      IcarusWorkerActor   the worker process's stats (None before the first call)
+=====================  ==================  ===========================================================
+
+``WorkerCall`` and ``WorkerInspect`` are defined in :mod:`castor.actors.icarus.worker`, beside
+the client's allocation-light constructor for ``WorkerCall`` (which must set exactly the fields
+the model declares); they are re-exported here so every Icarus message is found in one place.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from castor.actors.icarus.worker import WorkerCall, WorkerInspect
+from castor.messages.base import LocalMessage
+
+_Local = LocalMessage
+
+
+# ---------------------------------------------------------------------------
+# HookController
+
+
+class HarnessEventName(StrEnum):
+    """The harness lifecycle events Icarus takes part in (their wire names); any other event
+    name is not forwarded to the HookController."""
+
+    SESSION_START = "session_start"
+    BEFORE_AGENT_START = "before_agent_start"
+    AGENT_END = "agent_end"
+    AGENT_SETTLED = "agent_settled"
+    SESSION_SHUTDOWN = "session_shutdown"
+    CONTEXT = "context"
+
+
+class HarnessEvent(_Local, type_name="icarus.hooks.event"):
+    """A harness lifecycle event; ``reply`` receives the result (or None)."""
+
+    event: Any  # a lifecycle event with its request id
+    reply: Any  # concurrent.futures.Future
+    current_model: tuple[str, str] | None = None
+
+
+class Feedback(_Local, type_name="icarus.hooks.feedback"):
+    """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
+
+    event: Any
+
+
+class SetHooksEnabled(_Local, type_name="icarus.hooks.set_enabled"):
+    enabled: bool | None = None  # None toggles
+
+
+class SetContextVisible(_Local, type_name="icarus.hooks.set_visible"):
+    visible: bool | None = None  # None toggles
+
+
+class HookStatus(_Local, type_name="icarus.hooks.status"):
+    pass
+
+
+class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
+    enabled: bool
+    visible: bool
+    generation: int
+    session_id: str
+    in_flight: int
+
+
+# ---------------------------------------------------------------------------
+# ClassifierActor
+
+
+class Classify(_Local, type_name="icarus.classifier.classify"):
+    context: str
+    prompt: str
+    deadline: float  # absolute time.monotonic()
+    cancel: Any = None  # castor.actors.icarus.classifier.CancelToken | None
+    current_model: tuple[str, str] | None = None
+
+
+class Classified(_Local, type_name="icarus.classifier.classified"):
+    result: Any  # FilterResult | None (None: classifier "none", pass through)
+    duration_ms: int
+    notices: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# AuditActor
+
+
+class AuditAndRelease(_Local, type_name="icarus.audit.release"):
+    original: str
+    result: Any  # FilterResult | None
+    duration_ms: int | None = None
+
+
+class Released(_Local, type_name="icarus.audit.released"):
+    text: str | None  # None: inject nothing
+    persisted: bool  # an audit entry was acknowledged
+    warned: bool  # filtered text was withheld because the audit failed
+
+
+__all__ = [
+    "AuditAndRelease", "Classified", "Classify", "Feedback", "HarnessEvent", "HarnessEventName", "HookStatus",
+    "HookStatusReply",
+    "Released", "SetContextVisible", "SetHooksEnabled", "WorkerCall", "WorkerInspect",
+]
