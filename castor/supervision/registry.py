@@ -10,13 +10,11 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from castor.messages.errors import InvalidParams, NotFound
 from castor.messages.inspection import TreeSnapshot
-
-if TYPE_CHECKING:
-    from castor.supervision.handle import ActorHandle
+from castor.supervision.meters import Meters
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -38,12 +36,24 @@ def child_path(parent: str, child_id: str) -> str:
     return f"{parent}/{check_segment(child_id)}"
 
 
-class Registry:
+class Registered(Protocol):
+    """What the registry needs of a handle: its path, and its snapshot as plain data."""
+
+    @property
+    def path(self) -> str: ...
+
+    def snapshot_data(self) -> dict[str, Any]: ...
+
+
+ActorHandle = TypeVar("ActorHandle", bound=Registered)
+"""The handle type a registry holds (``castor.supervision.handle.ActorHandle``; a type variable so
+that this module, below the handle, does not import it)."""
+
+
+class Registry(Generic[ActorHandle]):
     """Thread-safe map of path -> handle for one actor system."""
 
     def __init__(self) -> None:
-        from castor.supervision.meters import Meters
-
         self.meters = Meters()  # counters and latencies by actor kind, for /metrics
         self._lock = threading.Lock()
         self._by_path: dict[str, ActorHandle] = {}

@@ -112,12 +112,15 @@ class LoopThreads:
         worker.gate.acquire()  # claimed while the wait timed out: its task is being handed over
         return True
 
+    def forget_parked(self) -> None:
+        """In a forked child: drop the parent's parked threads (they do not exist here)."""
+        self._lock = threading.Lock()
+        self._parked = []
 
 
 def _forget_parked(park: LoopThreads | None) -> None:
     if park is not None:
-        park._lock = threading.Lock()
-        park._parked = []
+        park.forget_parked()
 
 
 LOOP_THREADS = LoopThreads()
