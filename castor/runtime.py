@@ -34,7 +34,8 @@ from castor.actors.ports.host_context import HostContextPort
 from castor.actors.ports.classifier import ClassifierPort
 from castor.actors.ports.session import SessionPort, SessionUiPort
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, MailboxFull, NotFound, Timeout
-from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
+from castor import tree
+from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 from castor.supervision.registry import check_segment
 
 SESSIONS_PATH = "/root/session"
@@ -55,7 +56,7 @@ class RuntimeSettings(BaseModel):
     utility_queue_limit: int = Field(default=1000, ge=1)
     max_casts_per_session: int = Field(default=1, ge=1)
     artifact_root: str | None = None  # overrides the config's artifactDir when set
-    session_restart_intensity: int = 5
+    session_restart_intensity: int = tree.SESSION_INTENSITY.max_restarts
     max_sessions: int = Field(default=256, ge=1)
     session_open_timeout_s: float = Field(default=10.0, gt=0)
     compaction_timeout_s: float = Field(default=300.0, gt=0, le=3600)
@@ -143,11 +144,10 @@ class Runtime:
         self._lock = threading.Lock()
         children = [
             *_utility_children(self.settings),
-            supervisor_spec(SESSIONS_PATH.rsplit("/", 1)[1], [], strategy=Strategy.ONE_FOR_ONE,
-                            max_restarts=100, within_seconds=10),
+            tree.SESSIONS.supervisor_spec(),
             *(extra_children or []),
         ]
-        self.system = ActorSystem(children)
+        self.system = ActorSystem(children, **tree.ROOT.supervisor_args())
         self.log = logger.bind(actor="/runtime")
 
     # -- sessions ------------------------------------------------------------
@@ -173,9 +173,8 @@ class Runtime:
             specs: list[ChildSpec] = []
             for component in self.components:
                 specs.extend(component.children(ctx))
-            spec = supervisor_spec(info.session_id, specs, strategy=Strategy.ONE_FOR_ONE,
-                                   max_restarts=self.settings.session_restart_intensity, within_seconds=10,
-                                   restart=Restart.TEMPORARY)
+            spec = tree.SESSION.supervisor_spec(specs, id=info.session_id,
+                                                max_restarts=self.settings.session_restart_intensity)
             spec = dataclasses.replace(spec, on_removed=lambda reason: self._forget(ctx, reason))
             self.system.spawn(spec, under=SESSIONS_PATH, timeout=self.settings.session_open_timeout_s)
         except BaseException as exc:

@@ -35,7 +35,8 @@ from castor.actors.materia.messages import SessionCall
 from castor.actors.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.actors.ports.host_context import CompactionRequest
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
-from castor.supervision import Actor, ChildSpec, Restart, handles
+from castor import tree
+from castor.supervision import Actor, ChildSpec, handles
 
 RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
@@ -432,7 +433,7 @@ def ray_materia_component(backend: RayBackend) -> Any:
     from castor.runtime import SessionComponent
 
     def children(ctx: Any) -> list[ChildSpec]:
-        return [ChildSpec(id="materia", factory=lambda: RemoteSessionActor(ctx, backend), restart=Restart.PERMANENT)]
+        return [tree.MATERIA.child_spec(lambda: RemoteSessionActor(ctx, backend))]
 
     return SessionComponent(name="materia", children=children, on_event=local.on_materia_event,
                             on_close=local.on_materia_close)

@@ -126,7 +126,8 @@ from castor.domain.materia.engine import Transition, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
-from castor.supervision import Actor, ChildSpec, Restart, handles
+from castor import tree
+from castor.supervision import Actor, ChildSpec, handles
 
 MAX_LOST_IN_A_ROW = 3
 OUTBOX_KEY = "outbox"  # the last transition's file effects, saved with the state (see _replay_outbox)
@@ -692,8 +693,8 @@ class CastActor(Actor):
         log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
 
 
-CAST_MAX_RESTARTS = 5
-CAST_RESTART_WINDOW_S = 30.0
+CAST_MAX_RESTARTS = tree.CAST_GIVE_UP.max_restarts
+CAST_RESTART_WINDOW_S = tree.CAST_GIVE_UP.within_seconds
 
 
 def cast_spec(env: CastEnv) -> ChildSpec:
@@ -710,6 +711,5 @@ def cast_spec(env: CastEnv) -> ChildSpec:
         if env.lease is not None:
             env.lease.release()
 
-    return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
-                     shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S,
-                     on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop
+    return tree.CAST.child_spec(lambda: CastActor(env), id=env.cast_id,
+                                on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop

@@ -37,7 +37,8 @@ from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import SessionCall
 from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
-from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
+from castor import tree
+from castor.supervision import ChildSpec
 
 EVENT_TIMEOUT_S = 5.0
 
@@ -104,9 +105,9 @@ def _on_close(ctx: Any) -> None:
 
 def _children(ctx: Any) -> list[ChildSpec]:
     return [
-        supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-        supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-        ChildSpec(id="materia", factory=lambda: SessionActor(ctx), restart=Restart.PERMANENT),
+        tree.CASTS.supervisor_spec(),
+        tree.SOCKETS.supervisor_spec(),
+        tree.MATERIA.child_spec(lambda: SessionActor(ctx)),
     ]
 
 
