@@ -37,6 +37,7 @@ from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidPara
 from castor import tree
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 from castor.supervision.registry import check_segment
+from castor.supervision.threads import start_thread
 
 SESSIONS_PATH = "/root/session"
 UTILITY_PATH = "/root/utility"
@@ -184,8 +185,8 @@ class Runtime:
             if isinstance(exc, Timeout):
                 # The supervisor may still start it after the answer came too late: stop it then
                 # (its StartChild is ahead in the same mailbox), so the id is not held forever.
-                threading.Thread(target=self._stop_late_child, args=(path,), daemon=True,
-                                 name=f"late-session-{info.session_id}").start()
+                start_thread(self._stop_late_child, args=(path,), name=f"late-session-{info.session_id}",
+                             owner=SESSIONS_PATH, purpose="stops a session that started after its open timed out")
             raise
         _label_session(self.system.find(path), info)
         self.log.info("session opened: {sid}", sid=info.session_id)

@@ -24,10 +24,11 @@ from castor.supervision.supervisor import (
     supervisor_spec,
 )
 from castor.supervision.system import ROOT_PATH, ActorSystem
+from castor.supervision.timers import CancelToken, tell_later
 
 __all__ = [
     "Actor", "ActorKilled", "InjectedCrash", "handles", "DEFAULT_ASK_TIMEOUT", "ActorHandle", "PendingAsk",
     "DEFAULT_MAX_RESTARTS", "DEFAULT_SHUTDOWN_TIMEOUT", "DEFAULT_WITHIN_SECONDS", "ChildSpec", "Restart",
     "RestartIntensityExceeded", "Strategy", "Supervisor", "supervisor_spec", "ROOT_PATH", "ActorSystem",
-    "ExitKind", "HandleState",
+    "ExitKind", "HandleState", "CancelToken", "tell_later",
 ]

@@ -40,6 +40,7 @@ from castor.supervision.handle import ActorHandle
 from castor.supervision.kinds import ActorKilled, ControlKind, ExitKind, InjectedCrash
 from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch, Mailbox
 from castor.supervision.threads import LOOP_THREADS
+from castor.supervision.timers import CancelToken, tell_later
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -259,6 +260,12 @@ class Actor(pykka.ThreadingActor):
         supervisor never restarts this incarnation or replays its mailbox.
         """
         self._retire_request = (reason, error)
+
+    def tell_self_later(self, message: Any, delay: float) -> CancelToken:
+        """A timer as a message: ``message`` is told to this actor after ``delay`` seconds and handled
+        like any other (on this actor's thread); cancel the token to call it off. The handle is the
+        target, so a timer outlives a restart of this incarnation (see castor.supervision.timers)."""
+        return tell_later(self.handle, message, delay)
 
     def stop_self(self) -> None:
         """End this incarnation normally after the current handler, or right after ``on_start`` when

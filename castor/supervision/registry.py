@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from castor.messages.errors import InvalidParams, NotFound
 from castor.messages.inspection import TreeSnapshot
 from castor.supervision.meters import Meters
+from castor.supervision.threads import running_threads
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -113,10 +114,10 @@ class Registry(Generic[ActorHandle]):
         ms): paced, its bursts stay short and the actors run between them.
         """
         if pace_s <= 0:
-            return {"actors": [h.snapshot_data() for h in self.handles(prefix)]}
+            return {"actors": [h.snapshot_data() for h in self.handles(prefix)], "threads": running_threads(prefix)}
         actors = []
         for n, handle in enumerate(self.handles(prefix), 1):
             actors.append(handle.snapshot_data())
             if n % PACE_EVERY == 0:
                 time.sleep(pace_s)
-        return {"actors": actors}
+        return {"actors": actors, "threads": running_threads(prefix)}

@@ -59,6 +59,7 @@ from castor.domain.materia.compaction import PROACTIVE_COMPACTION_INSTRUCTIONS, 
 from castor.messages.errors import CastorError
 from castor import tree
 from castor.supervision import Actor, ChildSpec, handles
+from castor.supervision.threads import start_thread
 
 #: Deadline of the pre-turn usage read (a harness that does not answer delays the turn this long).
 USAGE_TIMEOUT_S = 5.0
@@ -151,7 +152,8 @@ class SocketActor(Actor):
             except CastorError:
                 pass  # the visit is over (stopped): nothing to do
 
-        threading.Thread(target=read, name=f"context-usage-{self.effect.visit_id}", daemon=True).start()
+        start_thread(read, name=f"context-usage-{self.effect.visit_id}", owner=self.path,
+                     purpose="reads the context usage after the turn")
 
     @handles(UsageRead)
     def _on_usage(self, message: UsageRead) -> None:
