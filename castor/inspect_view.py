@@ -116,6 +116,11 @@ def actor_tree(snapshot: dict[str, Any]) -> Tree:
         parent_path = path.rsplit("/", 1)[0]
         parent = nodes.get(parent_path, root)
         nodes[path] = parent.add(_actor_line(actor))
+    threads = snapshot.get("threads") or []
+    if threads:  # the threads castor runs that are not actor loops (castor.supervision.threads)
+        branch = root.add(f"[bold]threads[/bold] ({len(threads)})")
+        for row in threads:
+            branch.add(escape(f"{row['name']}  for {row['owner']}: {row['purpose']}  ({row['age_s']:.0f}s)"))
     return root
 
 
@@ -238,7 +243,7 @@ def shape(args: argparse.Namespace, data: Any) -> Any:
     """What ``--json`` prints for a view (and the text views render)."""
     if args.what == "actors":
         actors = select(data.get("actors", []), prefix=args.prefix, text=args.filter, sort=args.sort)
-        return {"actors": actors, "sort": args.sort}
+        return {"actors": actors, "threads": data.get("threads", []), "sort": args.sort}
     if args.what == "casts":
         sessions = session_casts(data.get("actors", []))
         if args.filter:

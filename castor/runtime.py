@@ -37,8 +37,10 @@ from castor.ports.session_component import (
     SessionInfo,
 )
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
-from castor.supervision import ActorHandle, ActorSystem, ChildSpec, Restart, Strategy, supervisor_spec
+from castor import tree
+from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 from castor.supervision.registry import check_segment
+from castor.supervision.threads import start_thread
 
 SESSIONS_PATH = "/root/session"
 UTILITY_PATH = "/root/utility"
@@ -73,11 +75,10 @@ class Runtime:
         self._lock = threading.Lock()
         children = [
             *_utility_children(self.settings),
-            supervisor_spec(SESSIONS_PATH.rsplit("/", 1)[1], [], strategy=Strategy.ONE_FOR_ONE,
-                            max_restarts=100, within_seconds=10),
+            tree.SESSIONS.supervisor_spec(),
             *(extra_children or []),
         ]
-        self.system = ActorSystem(children)
+        self.system = ActorSystem(children, **tree.ROOT.supervisor_args())
         self.log = logger.bind(actor="/runtime")
 
     # -- sessions ------------------------------------------------------------
@@ -103,9 +104,8 @@ class Runtime:
             specs: list[ChildSpec] = []
             for component in self.components:
                 specs.extend(component.children(ctx))
-            spec = supervisor_spec(info.session_id, specs, strategy=Strategy.ONE_FOR_ONE,
-                                   max_restarts=self.settings.session_restart_intensity, within_seconds=10,
-                                   restart=Restart.TEMPORARY)
+            spec = tree.SESSION.supervisor_spec(specs, id=info.session_id,
+                                                max_restarts=self.settings.session_restart_intensity)
             spec = dataclasses.replace(spec, on_removed=lambda reason: self._forget(ctx, reason))
             self.system.spawn(spec, under=SESSIONS_PATH, timeout=self.settings.session_open_timeout_s)
         except BaseException as exc:
@@ -115,8 +115,8 @@ class Runtime:
             if isinstance(exc, Timeout):
                 # The supervisor may still start it after the answer came too late: stop it then
                 # (its StartChild is ahead in the same mailbox), so the id is not held forever.
-                threading.Thread(target=self._stop_late_child, args=(path,), daemon=True,
-                                 name=f"late-session-{info.session_id}").start()
+                start_thread(self._stop_late_child, args=(path,), name=f"late-session-{info.session_id}",
+                             owner=SESSIONS_PATH, purpose="stops a session that started after its open timed out")
             raise
         _label_session(self.system.find(path), info)
         self.log.info("session opened: {sid}", sid=info.session_id)

@@ -14,9 +14,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 PENDING: set[frozenset[str]] = {
-    # supervision's parts import each other's names (a bottom module for what they share ends it)
-    frozenset({"castor.supervision.actor", "castor.supervision.faults", "castor.supervision.handle",
-               "castor.supervision.registry", "castor.supervision.supervisor"}),
     # the dispatcher names the connection type (a type-checking import)
     frozenset({"castor.endpoint.connection", "castor.endpoint.dispatch"}),
     # the demo, the soak and the scale-out soak support (moving to castor.testing)

@@ -36,6 +36,7 @@ from castor.console import pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
+from castor.supervision.threads import start_thread
 
 COOKIE = "castor_console_token"
 #: Seconds between two pushes of a live page.
@@ -88,9 +89,8 @@ class ConsoleServer:
         return f"http://{host}:{self.port}/"
 
     def start(self) -> ConsoleServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="castor-console", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="castor-console",
+                                    owner="/console", purpose="serves the web console")
         logger.bind(actor="/console").info("console serving on {}", self.url)
         return self
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type stubs or py.typed marker
 from pydantic import ValidationError
 
 from castor.messages.base import Message, message_type
@@ -50,7 +50,8 @@ def encode(message: Message) -> bytes:
     """Serialise a message to msgpack bytes; unencodable values raise InvalidMessage."""
     wire = to_wire(message)
     try:
-        return msgpack.packb(wire, use_bin_type=True)
+        packed: bytes = msgpack.packb(wire, use_bin_type=True)
+        return packed
     except (OverflowError, TypeError, ValueError) as exc:
         raise InvalidMessage(f"{message.type_name!r} cannot be encoded: {type(exc).__name__}") from None
 

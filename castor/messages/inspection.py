@@ -75,7 +75,19 @@ class ActorSnapshot(Message, type_name="inspect.actor"):
     labels: dict[str, str] = {}  # what the runtime says the actor stands for (a session: project, label)
 
 
+class ThreadSnapshot(Message, type_name="inspect.thread"):
+    """A thread castor started that is not an actor's loop (a reader, a watchdog, a timer)."""
+
+    name: str
+    owner: str  # the actor path (or component) it works for
+    purpose: str
+    age_s: float
+    daemon: bool
+
+
 class TreeSnapshot(Message, type_name="inspect.tree"):
-    """Every registered actor, sorted by path (parents before children)."""
+    """Every registered actor, sorted by path (parents before children), and the other threads
+    castor runs (those whose owner is under the snapshot's prefix)."""
 
     actors: list[ActorSnapshot]
+    threads: list[ThreadSnapshot] = []

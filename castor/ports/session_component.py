@@ -26,6 +26,7 @@ from castor.ports.agent import AgentPort
 from castor.ports.classifier import ClassifierPort
 from castor.ports.host_context import HostContextPort
 from castor.ports.session import SessionPort, SessionUiPort
+from castor import tree
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 
 
@@ -39,7 +40,7 @@ class RuntimeSettings(BaseModel):
     utility_queue_limit: int = Field(default=1000, ge=1)
     max_casts_per_session: int = Field(default=1, ge=1)
     artifact_root: str | None = None  # overrides the config's artifactDir when set
-    session_restart_intensity: int = 5
+    session_restart_intensity: int = tree.SESSION_INTENSITY.max_restarts
     max_sessions: int = Field(default=256, ge=1)
     session_open_timeout_s: float = Field(default=10.0, gt=0)
     compaction_timeout_s: float = Field(default=300.0, gt=0, le=3600)

@@ -35,7 +35,9 @@ from castor.actors.materia.messages import SessionCall
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
-from castor.supervision import Actor, ChildSpec, Restart, handles
+from castor import tree
+from castor.supervision import Actor, ChildSpec, handles
+from castor.supervision.threads import start_thread
 
 RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
@@ -128,9 +130,8 @@ class RayBackend:
     def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
         info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
         ref.node_id, ref.pid = info["node_id"], info["pid"]
-        ref.drainer = threading.Thread(target=self._drain, args=(ref,), name=f"castor-ray-drain-{ref.host_id}",
-                                       daemon=True)
-        ref.drainer.start()
+        ref.drainer = start_thread(self._drain, args=(ref,), name=f"castor-ray-drain-{ref.host_id}",
+                                   owner="/scaleout", purpose="drains a cast host's events")
         self.log.info("cast host {host} up on node {node} (pid {pid})", host=ref.host_id, node=ref.node_id[:12],
                       pid=ref.pid)
 
@@ -352,8 +353,8 @@ class RayBackend:
         self.log.warning("cast host {host} lost ({why}); re-placing {n} session(s)", host=host.host_id, why=why,
                          n=len(sessions))
         if not self._closed.is_set():
-            threading.Thread(target=self._recover, args=(host, sessions), name=f"castor-ray-recover-{host.host_id}",
-                             daemon=True).start()
+            start_thread(self._recover, args=(host, sessions), name=f"castor-ray-recover-{host.host_id}",
+                         owner="/scaleout", purpose="moves a lost host's sessions to another host")
 
     def _recover(self, lost: HostRef, sessions: list[str]) -> None:
         started = time.monotonic()
@@ -432,7 +433,7 @@ def ray_materia_component(backend: RayBackend) -> Any:
     from castor.ports.session_component import SessionComponent
 
     def children(ctx: Any) -> list[ChildSpec]:
-        return [ChildSpec(id="materia", factory=lambda: RemoteSessionActor(ctx, backend), restart=Restart.PERMANENT)]
+        return [tree.MATERIA.child_spec(lambda: RemoteSessionActor(ctx, backend))]
 
     return SessionComponent(name="materia", children=children, on_event=local.on_materia_event,
                             on_close=local.on_materia_close)

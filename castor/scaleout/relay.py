@@ -33,6 +33,7 @@ from typing import Any
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest
 from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
 from castor.messages.errors import CastorError, Timeout
+from castor.supervision.threads import start_thread
 
 OUTBOX_LIMIT = 10_000
 """Items an outbox holds at most; past it the oldest *notification* is dropped."""
@@ -230,4 +231,5 @@ class RelayHostContext:
             except CastorError as exc:
                 reply(CompactionOutcome.failed(exc.message))
 
-        threading.Thread(target=run, name=f"relay-compact-{self.session_id}", daemon=True).start()
+        start_thread(run, name=f"relay-compact-{self.session_id}", owner=f"/root/session/{self.session_id}",
+                     purpose="relays a host compaction to the harness")

@@ -29,28 +29,20 @@ import sys
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import pykka
 from loguru import logger
 
 from castor.messages.errors import ActorStopped, CastorError, Retired
-from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch
+from castor.supervision.fault_plan import kill_process_trees
+from castor.supervision.handle import ActorHandle
+from castor.supervision.kinds import ActorKilled, ControlKind, ExitKind, InjectedCrash
+from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch, Mailbox
 from castor.supervision.threads import LOOP_THREADS
-
-if TYPE_CHECKING:
-    from castor.supervision.handle import ActorHandle
-    from castor.supervision.mailbox import Mailbox
+from castor.supervision.timers import CancelToken, tell_later
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class InjectedCrash(Exception):
-    """Raised inside an actor by fault injection; a crash like any other."""
-
-
-class ActorKilled(Exception):
-    """The actor was killed from outside (fault injection or brutal shutdown)."""
 
 
 def handles(*message_types: type) -> Callable[[F], F]:
@@ -76,7 +68,7 @@ class Actor(pykka.ThreadingActor):
     #: Run ``on_start`` on the thread that starts the incarnation (inside ``spawn``, or the
     #: supervisor's thread for a restart), not on the loop thread: ``spawn`` then returns once it
     #: has run (whatever ``await_start`` says), with no thread hand-off for it, and an
-    #: incarnation that ends in ``on_start`` never takes a loop thread (see :meth:`_begin`).
+    #: incarnation that ends in ``on_start`` never takes a loop thread (see :meth:`begin_incarnation`).
     #: Only for classes whose ``on_start`` never blocks and never asks its starter: the starter
     #: waits for it without ``start_timeout``. castor's SocketActor opts in.
     start_on_caller: ClassVar[bool] = False
@@ -134,10 +126,10 @@ class Actor(pykka.ThreadingActor):
         return logger.bind(actor=handle.path, incarnation=self.incarnation).patch(patch)
 
     @staticmethod
-    def _create_actor_inbox() -> Any:  # type: ignore[override]
-        return None  # castor binds the handle's mailbox instead (see _bind)
+    def _create_actor_inbox() -> Any:
+        return None  # castor binds the handle's mailbox instead (see bind_to)
 
-    def _begin(self) -> None:
+    def begin_incarnation(self) -> None:
         """Start this bound, registered incarnation.
 
         Normally its whole loop, ``on_start`` included, goes to a loop thread. A class that
@@ -173,20 +165,34 @@ class Actor(pykka.ThreadingActor):
         LOOP_THREADS.run(loop, type(self).__name__)
 
     # -- binding (called by the handle before the thread starts) -----------
-    def _bind(self, handle: ActorHandle, mailbox: Mailbox, incarnation: int) -> None:
+    def bind_to(self, handle: ActorHandle, mailbox: Mailbox, incarnation: int) -> None:
+        """Attach this incarnation to its handle and mailbox (the handle calls it, before the start)."""
         self.handle = handle
-        self.actor_inbox = mailbox
+        self.inbox = mailbox
+        # pykka's own name for the inbox, for pykka code that reads it (castor's loop replaces
+        # pykka's, and castor's mailbox is not pykka's ActorInbox type: hence setattr).
+        setattr(self, "actor_inbox", mailbox)  # noqa: B010 - see the line above
         self.incarnation = incarnation
-        self._exit_kind: str | None = None
+        self._exit_kind: ExitKind | None = None
         self._retire_request: tuple[str, type[CastorError]] | None = None
         self._stop_requested = False
         self._abandoned = False
         # launch waits for on_start (ordered start); with the base no-op there is nothing to wait for.
-        self._started: Latch | None = Latch() if type(self).on_start is not Actor.on_start else None
+        self.start_latch: Latch | None = Latch() if type(self).on_start is not Actor.on_start else None
 
     @property
     def path(self) -> str:
         return self.handle.path
+
+    @property
+    def is_ending(self) -> bool:
+        """True once this incarnation ended, was cut loose, or asked to stop or retire."""
+        return (self._exit_kind is not None or self._retire_request is not None or self._stop_requested
+                or self._abandoned)
+
+    def cut_loose(self) -> None:
+        """Brutal shutdown (the handle's ``abandon``): the loop hands on whatever it takes next and ends."""
+        self._abandoned = True
 
     # -- hooks for subclasses --------------------------------------------
     def on_start(self) -> None:
@@ -200,10 +206,11 @@ class Actor(pykka.ThreadingActor):
             raise TypeError(f"{type(self).__name__} has no handler for {type(message).__name__}")
         return getattr(self, name)(message)
 
-    def on_terminate(self, cause: str) -> None:
+    def on_terminate(self, cause: ExitKind) -> None:
         """Release what this incarnation owns. Runs once, on every kind of exit.
 
-        ``cause`` is one of ``stopped``, ``crashed``, ``retired``.
+        ``cause`` is an :class:`~castor.supervision.kinds.ExitKind` (a ``str``: ``stopped``,
+        ``crashed`` or ``retired``).
         """
 
     def owned_pids(self) -> list[int]:
@@ -212,8 +219,6 @@ class Actor(pykka.ThreadingActor):
 
     def kill_owned(self) -> None:
         """Kill owned OS processes; safe from any thread. Default: SIGKILL each pid's tree."""
-        from castor.supervision.faults import kill_process_trees
-
         kill_process_trees(self.owned_pids())
 
     # -- lifecycle requests from inside ------------------------------------
@@ -256,6 +261,12 @@ class Actor(pykka.ThreadingActor):
         """
         self._retire_request = (reason, error)
 
+    def tell_self_later(self, message: Any, delay: float) -> CancelToken:
+        """A timer as a message: ``message`` is told to this actor after ``delay`` seconds and handled
+        like any other (on this actor's thread); cancel the token to call it off. The handle is the
+        target, so a timer outlives a restart of this incarnation (see castor.supervision.timers)."""
+        return tell_later(self.handle, message, delay)
+
     def stop_self(self) -> None:
         """End this incarnation normally after the current handler, or right after ``on_start`` when
         called there (``on_terminate("stopped")`` runs)."""
@@ -268,11 +279,11 @@ class Actor(pykka.ThreadingActor):
         except BaseException as exc:  # noqa: BLE001 - a failed start is a crash
             self._crash(exc, None)
         finally:
-            if self._started is not None:
-                self._started.set()
+            if self.start_latch is not None:
+                self.start_latch.set()
 
     def _actor_loop_running(self) -> None:
-        mailbox = self.actor_inbox
+        mailbox = self.inbox
         handle = self.handle
         self._honour_requests()  # a stop or retire asked for by on_start
         turn = handle.turn
@@ -281,21 +292,21 @@ class Actor(pykka.ThreadingActor):
             if self._abandoned:
                 # Cut loose by a brutal shutdown: this item belongs to the next incarnation.
                 mailbox.put_back(item)
-                if item.__class__ is Envelope and item.state == REJECTED and item.reply is not None:
+                if type(item) is Envelope and item.state == REJECTED and item.reply is not None:
                     item.reply.fail(ActorStopped(f"{self.handle.path} stopped", may_have_started=False))
                 return
             with turn:  # an inline ask (see inline_asks) may be running a handler: wait for it
                 if self._exit_kind is not None or self._retire_request is not None or self._stop_requested:
                     # That handler ended this incarnation or asked it to end: honour it first, and
                     # hand this item on as if it had stayed queued (rejected by a retirement).
-                    if item.__class__ is Envelope or item.kind != "honour":
+                    if type(item) is Envelope or item.kind is not ControlKind.HONOUR:
                         mailbox.put_back(item)
-                        if item.__class__ is Envelope and item.state == REJECTED and item.reply is not None:
+                        if type(item) is Envelope and item.state == REJECTED and item.reply is not None:
                             item.reply.fail(self._retired_error())
                     self._honour_requests()
                     break
-                if item.__class__ is Envelope:
-                    self._process(item, handle)
+                if type(item) is Envelope:
+                    self.handle_envelope(item, handle)
                 else:
                     self._control(item)
                 if self._exit_kind is not None:
@@ -309,20 +320,21 @@ class Actor(pykka.ThreadingActor):
         if self._retire_request is not None:
             self._retire_now(*self._retire_request)
         elif self._stop_requested:
-            self._terminate("stopped")
-            self._exit_kind = "stopped"
+            self._terminate(ExitKind.STOPPED)
+            self._exit_kind = ExitKind.STOPPED
 
     def _actor_loop_teardown(self) -> None:
-        kind = self._exit_kind or "stopped"
+        kind = self._exit_kind or ExitKind.STOPPED
         self._loop_ended = True
         stopped = self.__dict__.get("actor_stopped")
         if stopped is not None:
             stopped.set()
         if self._abandoned:
             return
-        self.handle._incarnation_ended(self, kind)
+        self.handle.incarnation_ended(self, kind)
 
-    def _process(self, envelope: Envelope, handle: ActorHandle) -> None:
+    def handle_envelope(self, envelope: Envelope, handle: ActorHandle) -> None:
+        """Handle one message (faults first) and resolve its reply; a crash ends the incarnation."""
         reply = envelope.reply
         handle.current = envelope
         handle.current_since = time.monotonic()
@@ -358,12 +370,12 @@ class Actor(pykka.ThreadingActor):
         return error(f"{path}: {reason}", data={"path": path, "reason": reason}, may_have_started=False)
 
     def _control(self, item: Control) -> None:
-        if item.kind == "stop":
-            self._terminate("stopped")
-            self._exit_kind = "stopped"
-        elif item.kind == "kill":
+        if item.kind is ControlKind.STOP:
+            self._terminate(ExitKind.STOPPED)
+            self._exit_kind = ExitKind.STOPPED
+        elif item.kind is ControlKind.KILL:
             self._crash(ActorKilled(str(item.payload or "killed")), None)
-        elif item.kind == "retire":
+        elif item.kind is ControlKind.RETIRE:
             self._retire_now(str(item.payload), Retired)
 
     def _crash(self, exc: BaseException, envelope: Envelope | None) -> None:
@@ -375,8 +387,8 @@ class Actor(pykka.ThreadingActor):
         self.handle.registry.meters.count("crashes", self.handle.kind)
         self.handle.last_failure = (type(exc).__name__, envelope.type_name if envelope is not None else None,
                                     time.monotonic(), time.time())
-        self._terminate("crashed")
-        self._exit_kind = "crashed"
+        self._terminate(ExitKind.CRASHED)
+        self._exit_kind = ExitKind.CRASHED
 
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
         self.log.warning("retiring: {reason}", reason=reason)
@@ -384,14 +396,17 @@ class Actor(pykka.ThreadingActor):
         self.handle.registry.meters.count("retirements", self.handle.kind)
         # Reject the queue first: callers learn at once, before any slow cleanup.
         self.kill_owned()
-        self.handle._reject_all(reason, error, revivable=True)
-        self._terminate("retired")
-        self._exit_kind = "retired"
+        self.handle.reject_all(reason, error, revivable=True)
+        self._terminate(ExitKind.RETIRED)
+        self._exit_kind = ExitKind.RETIRED
 
-    def _terminate(self, cause: str) -> None:
+    def _terminate(self, cause: ExitKind) -> None:
         try:
-            if cause != "stopped":  # a clean stop releases through on_terminate alone
+            if cause is not ExitKind.STOPPED:  # a clean stop releases through on_terminate alone
                 self.kill_owned()
             self.on_terminate(cause)
         except BaseException:  # noqa: BLE001 - cleanup must not mask the exit
             self.log.opt(exception=sys.exc_info()[1]).error("on_terminate failed")
+
+
+__all__ = ["Actor", "ActorKilled", "InjectedCrash", "handles"]

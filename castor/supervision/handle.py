@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
 from castor.messages.inspection import ActorSnapshot
-from castor.supervision.faults import FaultPlan
+from castor.supervision.fault_plan import FaultPlan
+from castor.supervision.incarnation import Incarnation
+from castor.supervision.kinds import ControlKind, ExitKind, HandleState, ReviveChild
 from castor.supervision.mailbox import STARTED, Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
 
 if TYPE_CHECKING:
-    from castor.supervision.actor import Actor
     from castor.supervision.registry import Registry
 
 DEFAULT_ASK_TIMEOUT = 10.0
@@ -56,6 +57,11 @@ class PendingAsk:
     def done(self) -> bool:
         reply = self._envelope.reply
         return reply is not None and reply.done
+
+    @property
+    def envelope(self) -> Envelope:
+        """The envelope this ask sent (its reply slot holds the answer once ``done``)."""
+        return self._envelope
 
     def result(self) -> Any:
         reply = self._envelope.reply
@@ -122,9 +128,9 @@ class ActorHandle:
         self,
         path: str,
         *,
-        factory: Callable[[], Actor],
+        factory: Callable[[], Incarnation],
         supervisor: ActorHandle | None,
-        registry: Registry,
+        registry: Registry[ActorHandle],
         mailbox_capacity: int | None = None,
         revive_on_demand: bool = True,
     ) -> None:
@@ -138,9 +144,9 @@ class ActorHandle:
         self.faults = FaultPlan()
         self._lock = threading.Lock()
         self._mailbox = Mailbox(mailbox_capacity)
-        self._actor: Actor | None = None
+        self._actor: Incarnation | None = None
         self._exited = Latch()  # the first incarnation's; each later one gets its own
-        self.state = "starting"
+        self.state = HandleState.STARTING
         self.incarnation = 0
         self.restarts = 0
         self.processed = 0
@@ -161,7 +167,9 @@ class ActorHandle:
         self.describe: Callable[[], tuple[str, str, dict[str, Any], float] | None] | None = None
         self.idle_since: float | None = None
         self.labels: dict[str, str] = {}
-        self._on_exit: Callable[[ActorHandle, int, str], None] | None = None
+        #: Called with (handle, incarnation, exit kind) when an incarnation ends, on its thread;
+        #: set by whoever supervises this handle (a supervisor, or the system for the root).
+        self.on_exit: Callable[[ActorHandle, int, ExitKind], None] | None = None
         self.closed = Latch()  # set once the handle is closed for good
         #: Held while a message is handled, on the loop thread or inline (see :meth:`ask`).
         self.turn = threading.Lock()
@@ -186,26 +194,26 @@ class ActorHandle:
         if actor is not None and actor.inline_asks:
             answered = self._ask_inline(actor, message, timeout)
             if answered is not None:
-                reply = answered._envelope.reply
+                reply = answered.envelope.reply
+                assert reply is not None  # an inline ask always has its reply slot
                 if reply.error is None:
                     return reply.value
                 return answered.result()  # the error, mapped as for a queued ask
         return self.ask_pending(message, timeout=timeout).result()
 
-    def _ask_inline(self, actor: Actor, message: Any, timeout: float | None) -> PendingAsk | None:
+    def _ask_inline(self, actor: Incarnation, message: Any, timeout: float | None) -> PendingAsk | None:
         """Handle ``message`` on this thread if ``actor`` is idle; None when it is not."""
         mailbox = self._mailbox
         if not mailbox.claim_idle(self.turn):
             return None
         try:
-            if (actor is not self._actor or actor.actor_inbox is not mailbox or actor._exit_kind is not None
-                    or actor._retire_request is not None or actor._stop_requested or actor._abandoned):
+            if actor is not self._actor or actor.inbox is not mailbox or actor.is_ending:
                 return None
             envelope = Envelope(message, _InlineReply())
             envelope.state = STARTED
-            actor._process(envelope, self)
-            if actor._exit_kind is not None or actor._retire_request is not None or actor._stop_requested:
-                mailbox.put_control(Control("honour"))  # the loop thread ends the incarnation
+            actor.handle_envelope(envelope, self)
+            if actor.is_ending:
+                mailbox.put_control(Control(ControlKind.HONOUR))  # the loop thread ends the incarnation
         finally:
             self.turn.release()
             mailbox.end_inline()
@@ -245,13 +253,11 @@ class ActorHandle:
                 return None
             fresh = Mailbox(self.mailbox_capacity)
             self._mailbox = fresh
-            self.state = "starting"
-        from castor.supervision.supervisor import ReviveChild
-
+            self.state = HandleState.STARTING
         try:
             self.supervisor.tell(ReviveChild(path=self.path))
         except CastorError:
-            self._reject_all("supervisor gone", ActorStopped, revivable=False)
+            self.reject_all("supervisor gone", ActorStopped, revivable=False)
             return None
         return fresh
 
@@ -268,7 +274,7 @@ class ActorHandle:
         """
         started = self.begin_launch()
         if started is not None and not started.wait(start_timeout):
-            self._log_slow_start(start_timeout)
+            self.log_slow_start(start_timeout)
 
     def begin_launch(self) -> Latch | None:
         """:meth:`launch` without the wait: the incarnation's loop is running (or queued to run)
@@ -276,23 +282,24 @@ class ActorHandle:
         that starts on the caller has finished ``on_start`` here already: see
         :attr:`Actor.start_on_caller`.)"""
         actor = self.prepare_launch()
-        actor._begin()
-        return actor._started
+        actor.begin_incarnation()
+        return actor.start_latch
 
-    def prepare_launch(self) -> Actor:
+    def prepare_launch(self) -> Incarnation:
         """Make, bind and register the next incarnation without starting it; the caller starts
-        it with ``actor._begin()`` (a direct start does so outside its supervisor's table lock)."""
+        it with ``actor.begin_incarnation()`` (a direct start does so outside its supervisor's
+        table lock)."""
         actor = self.factory()
         with self._lock:
             self.incarnation += 1
             if self._exited.is_set():
                 self._exited = Latch()
             self._mailbox.clear_control()  # a stop/kill left for the previous incarnation is not for this one
-            actor._bind(self, self._mailbox, self.incarnation)
+            actor.bind_to(self, self._mailbox, self.incarnation)
             self._actor = actor
             self.kind = type(actor).__name__
             self.registry.meters.count("starts", self.kind)
-            self.state = "running"
+            self.state = HandleState.RUNNING
             self.started_at = time.monotonic()
             self.idle_since = self.started_at
             self.activity = None
@@ -301,23 +308,25 @@ class ActorHandle:
         self.registry.register(self)
         return actor
 
-    def _log_slow_start(self, waited: float) -> None:
+    def log_slow_start(self, waited: float) -> None:
+        """Log that an incarnation's ``on_start`` outran the ``waited`` seconds its starter gave it."""
         from loguru import logger
 
         logger.bind(actor=self.path).warning("on_start still running after {s}s; not waiting longer", s=waited)
 
-    def _incarnation_ended(self, actor: Actor, kind: str) -> None:
-        """Called on the ending actor's thread, last thing it does."""
+    def incarnation_ended(self, actor: Incarnation, kind: ExitKind) -> None:
+        """Called on the ending actor's thread, last thing it does; ignored for an incarnation
+        that is no longer this handle's (cut loose, or replaced)."""
         with self._lock:
             if actor is not self._actor:
                 return
             self._actor = None
-            self.state = kind
+            self.state = HandleState.after(kind)
             incarnation = self.incarnation
             exited = self._exited
         exited.set()
-        if self._on_exit is not None:
-            self._on_exit(self, incarnation, kind)
+        if self.on_exit is not None:
+            self.on_exit(self, incarnation, kind)
 
     def stop(self, timeout: float) -> bool:
         """Ask the current incarnation to stop after its current message; True if it ended in time."""
@@ -326,8 +335,8 @@ class ActorHandle:
             exited = self._exited
             if actor is None:
                 return True
-            self.state = "stopping"
-        self._mailbox.put_control(Control("stop"))
+            self.state = HandleState.STOPPING
+        self._mailbox.put_control(Control(ControlKind.STOP))
         return exited.wait(timeout)
 
     def abandon(self) -> None:
@@ -337,11 +346,11 @@ class ActorHandle:
             self._actor = None
             exited = self._exited
         if actor is not None:
-            actor._abandoned = True
+            actor.cut_loose()
             try:
                 actor.kill_owned()
             finally:
-                self.state = "stopped"
+                self.state = HandleState.STOPPED
                 exited.set()
 
     def kill(self, reason: str = "killed") -> None:
@@ -349,14 +358,14 @@ class ActorHandle:
         actor = self._actor
         if actor is not None:
             actor.kill_owned()
-        self._mailbox.put_control(Control("kill", reason))
+        self._mailbox.put_control(Control(ControlKind.KILL, reason))
 
     def retire(self, reason: str) -> None:
         """Retire from outside: owned processes die now, the mailbox is rejected at the next boundary."""
         actor = self._actor
         if actor is not None:
             actor.kill_owned()
-        self._mailbox.put_control(Control("retire", reason))
+        self._mailbox.put_control(Control(ControlKind.RETIRE, reason))
 
     def kill_process(self) -> list[int]:
         """Kill the OS processes the actor owns (fault injection); returns their pids."""
@@ -375,14 +384,16 @@ class ActorHandle:
         has been failed, whichever caller drained them.
         """
         with self._closing:
-            self._reject_all(reason, ActorStopped, revivable=False)
+            self.reject_all(reason, ActorStopped, revivable=False)
         self.closed.set()
         with self._lock:
-            if self._actor is None and self.state not in ("retired",):
-                self.state = "stopped"
+            if self._actor is None and self.state is not HandleState.RETIRED:
+                self.state = HandleState.STOPPED
         self.registry.unregister(self)
 
-    def _reject_all(self, reason: str, error: type[CastorError], *, revivable: bool) -> None:
+    def reject_all(self, reason: str, error: type[CastorError], *, revivable: bool) -> None:
+        """Close the mailbox and fail every queued ask with ``error`` (``may_have_started=False``);
+        ``revivable``: a later send may create new demand (after a retirement)."""
         path = self.path
 
         def make() -> CastorError:
@@ -411,7 +422,7 @@ class ActorHandle:
         return self._actor is not None
 
     @property
-    def actor(self) -> Actor | None:
+    def actor(self) -> Incarnation | None:
         """The current incarnation (tests and faults only; never call it directly)."""
         return self._actor
 
@@ -436,7 +447,7 @@ class ActorHandle:
         return {
             "path": self.path,
             "kind": self.kind,
-            "state": self.state,
+            "state": self.state.value,
             "incarnation": self.incarnation,
             "restarts": self.restarts,
             "uptime_s": (now - self.started_at) if (self.started_at and self._actor is not None) else None,
@@ -465,7 +476,7 @@ class ActorHandle:
         reported = self.activity
         if reported is not None and reported[4] is not None and reported[4] is not self.current:
             reported = None  # said while handling a message that is done now
-        chosen = reported
+        chosen = reported[:4] if reported is not None else None
         if chosen is None and self.describe is not None:
             try:
                 chosen = self.describe()

@@ -21,14 +21,31 @@ import threading
 import time
 from _thread import allocate_lock as _allocate_lock
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, final
 
 from castor.messages.base import type_name_of
 from castor.messages.errors import CastorError, MailboxFull
+from castor.supervision.kinds import ControlKind
 
 QUEUED, STARTED, CANCELLED, REJECTED = 0, 1, 2, 3
 
 _REPLY_GUARD = threading.Lock()  # makes the first set/fail of a Reply win; uncontended in practice
+
+
+class ReplySlot(Protocol):
+    """Where the answer to one ask goes: resolved once (the first outcome wins), then read."""
+
+    value: Any
+    error: BaseException | None
+
+    @property
+    def done(self) -> bool: ...
+
+    def set(self, value: Any) -> bool: ...
+
+    def fail(self, error: BaseException) -> bool: ...
+
+    def wait(self, timeout: float | None) -> bool: ...
 
 
 class Reply:
@@ -112,12 +129,13 @@ class Latch:
         return got
 
 
+@final
 class Envelope:
     """A message on its way through a mailbox, with its reply slot for asks."""
 
     __slots__ = ("message", "reply", "enqueued_at", "state", "type_name")
 
-    def __init__(self, message: Any, reply: Reply | None) -> None:
+    def __init__(self, message: Any, reply: ReplySlot | None) -> None:
         self.message = message
         self.reply = reply
         self.enqueued_at = time.monotonic()
@@ -125,17 +143,18 @@ class Envelope:
         self.type_name = type_name_of(message)
 
 
+@final
 class Control:
     """A lifecycle instruction for the actor loop; never counted as a message."""
 
     __slots__ = ("kind", "payload")
 
-    def __init__(self, kind: str, payload: Any = None) -> None:
+    def __init__(self, kind: ControlKind, payload: Any = None) -> None:
         self.kind = kind
         self.payload = payload
 
     def __repr__(self) -> str:
-        return f"Control({self.kind!r})"
+        return f"Control({self.kind.value!r})"
 
 
 class MailboxClosed(Exception):
@@ -238,7 +257,7 @@ class Mailbox:
     def put_back(self, item: Envelope | Control) -> None:
         """Return an item taken by a consumer that must not handle it (an abandoned loop), at the front."""
         with self._lock:
-            if item.__class__ is Envelope:
+            if type(item) is Envelope:
                 if self._closed is not None:
                     item.state = REJECTED  # the closer already rejected the rest; this one fails below
                 else:

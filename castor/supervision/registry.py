@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from castor.messages.errors import NotFound
 from castor.messages.ids import check_safe_id
 from castor.messages.inspection import TreeSnapshot
-
-if TYPE_CHECKING:
-    from castor.supervision.handle import ActorHandle
+from castor.supervision.meters import Meters
+from castor.supervision.threads import running_threads
 
 PACE_EVERY = 64
 """A paced tree snapshot sleeps after this many actors (see ``Registry.snapshot_data``)."""
@@ -34,12 +33,24 @@ def child_path(parent: str, child_id: str) -> str:
     return f"{parent}/{check_segment(child_id)}"
 
 
-class Registry:
+class Registered(Protocol):
+    """What the registry needs of a handle: its path, and its snapshot as plain data."""
+
+    @property
+    def path(self) -> str: ...
+
+    def snapshot_data(self) -> dict[str, Any]: ...
+
+
+ActorHandle = TypeVar("ActorHandle", bound=Registered)
+"""The handle type a registry holds (``castor.supervision.handle.ActorHandle``; a type variable so
+that this module, below the handle, does not import it)."""
+
+
+class Registry(Generic[ActorHandle]):
     """Thread-safe map of path -> handle for one actor system."""
 
     def __init__(self) -> None:
-        from castor.supervision.meters import Meters
-
         self.meters = Meters()  # counters and latencies by actor kind, for /metrics
         self._lock = threading.Lock()
         self._by_path: dict[str, ActorHandle] = {}
@@ -99,10 +110,10 @@ class Registry:
         ms): paced, its bursts stay short and the actors run between them.
         """
         if pace_s <= 0:
-            return {"actors": [h.snapshot_data() for h in self.handles(prefix)]}
+            return {"actors": [h.snapshot_data() for h in self.handles(prefix)], "threads": running_threads(prefix)}
         actors = []
         for n, handle in enumerate(self.handles(prefix), 1):
             actors.append(handle.snapshot_data())
             if n % PACE_EVERY == 0:
                 time.sleep(pace_s)
-        return {"actors": actors}
+        return {"actors": actors, "threads": running_threads(prefix)}

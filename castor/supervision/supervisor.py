@@ -51,14 +51,22 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Callable, Sequence
-
+from typing import Callable, Sequence
 
 from castor.messages.base import LocalMessage
 from castor.messages.errors import ActorStopped, CastorError, Conflict, NotFound
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import START_TIMEOUT, ActorHandle
+from castor.supervision.kinds import (
+    ChildExited,
+    ExitKind,
+    Restart,
+    RestartIntensityExceeded,
+    ReviveChild,
+    StopChild,
+    Strategy,
+    WhichChildren,
+)
 from castor.supervision.registry import child_path
 
 DEFAULT_MAX_RESTARTS = 3
@@ -69,22 +77,6 @@ DEFAULT_SHUTDOWN_TIMEOUT = 5.0
 """Seconds a worker child gets to stop before it is killed brutally."""
 SUPERVISOR_SHUTDOWN_TIMEOUT = 30.0
 """Seconds a supervisor child gets (it must first stop its own children)."""
-
-
-class Strategy(StrEnum):
-    ONE_FOR_ONE = "one_for_one"
-    ONE_FOR_ALL = "one_for_all"
-    REST_FOR_ONE = "rest_for_one"
-
-
-class Restart(StrEnum):
-    PERMANENT = "permanent"
-    TRANSIENT = "transient"
-    TEMPORARY = "temporary"
-
-
-class RestartIntensityExceeded(Exception):
-    """A supervisor saw more than R restarts in T seconds; it fails to its parent."""
 
 
 @dataclass(frozen=True)
@@ -143,31 +135,10 @@ def supervisor_spec(
     )
 
 
-# -- messages the supervisor handles (local only: they carry callables) -------
-_Local = LocalMessage
-
-
-class StartChild(_Local, type_name="supervisor.start_child"):
-    spec: Any  # ChildSpec
-
-
-class StopChild(_Local, type_name="supervisor.stop_child"):
-    id: str
-
-
-class ChildExited(_Local, type_name="supervisor.child_exited"):
-    path: str
-    incarnation: int
-    kind: str  # stopped | crashed | retired
-    error: str | None = None
-
-
-class ReviveChild(_Local, type_name="supervisor.revive_child"):
-    path: str
-
-
-class WhichChildren(_Local, type_name="supervisor.which_children"):
-    pass
+# -- the supervisor's messages: StartChild carries a ChildSpec (callables), so it is defined
+# here; the others are in castor.supervision.kinds (the handle and the system send them too).
+class StartChild(LocalMessage, type_name="supervisor.start_child"):
+    spec: ChildSpec
 
 
 @dataclass
@@ -219,7 +190,7 @@ class Supervisor(Actor):
         for spec in self._initial:
             self._start(spec)
 
-    def on_terminate(self, cause: str) -> None:
+    def on_terminate(self, cause: ExitKind) -> None:
         with self._table:
             self._closed = True  # no direct child can be added from now on
             slots = list(self._slots.values())
@@ -242,7 +213,7 @@ class Supervisor(Actor):
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
         slot = self._new_slot(spec, handle)
-        handle._on_exit = self._temporary_exited if spec.restart is Restart.TEMPORARY else _report_exit_to(self.handle)
+        handle.on_exit = self._temporary_exited if spec.restart is Restart.TEMPORARY else _report_exit_to(self.handle)
         with self._table:
             if self._closed:
                 return None
@@ -254,20 +225,20 @@ class Supervisor(Actor):
                 # running (and stops it) or refuses it; the wait for on_start is outside.
                 actor = handle.prepare_launch()
                 if not actor.start_on_caller:
-                    actor._begin()
+                    actor.begin_incarnation()
             except Exception:
                 self._slots.pop(path, None)
                 handle.close("failed to start")
                 raise
         if actor.start_on_caller:
             # Outside the lock: its on_start may end the incarnation, whose exit takes the lock.
-            actor._begin()
-        started = actor._started
+            actor.begin_incarnation()
+        started = actor.start_latch
         if started is not None and spec.await_start and not started.wait(start_timeout):
-            handle._log_slow_start(start_timeout)
+            handle.log_slow_start(start_timeout)
         return handle
 
-    def _temporary_exited(self, child: ActorHandle, _incarnation: int, kind: str) -> None:
+    def _temporary_exited(self, child: ActorHandle, _incarnation: int, kind: ExitKind) -> None:
         """A temporary child ended (on the thread it ended on): it leaves the table, never restarted.
 
         An exit the supervisor caused (a stop by request, a sibling restart, its own
@@ -322,7 +293,7 @@ class Supervisor(Actor):
         if slot is None or slot.stopping or slot.handle.incarnation != message.incarnation or slot.handle.alive:
             return  # stale: an exit we caused, or of an incarnation already replaced
         restart = slot.spec.restart
-        if message.kind == "retired":
+        if message.kind is ExitKind.RETIRED:
             if not slot.handle.revive_on_demand:
                 self._remove(slot, "retired")
             elif slot.handle.has_new_demand:
@@ -330,7 +301,7 @@ class Supervisor(Actor):
                 # exiting; its ReviveChild was ignored then (still alive). Serve it now.
                 self._launch_or_escalate(slot)
             return
-        if message.kind == "crashed":
+        if message.kind is ExitKind.CRASHED:
             wanted = restart is not Restart.TEMPORARY
         else:
             wanted = restart is Restart.PERMANENT
@@ -400,7 +371,7 @@ class Supervisor(Actor):
     def _start(self, spec: ChildSpec) -> ActorHandle:
         path = child_path(self.path, spec.id)
         handle = self._new_handle(path, spec)
-        handle._on_exit = _report_exit_to(self.handle)
+        handle.on_exit = _report_exit_to(self.handle)
         slot = self._new_slot(spec, handle)
         with self._table:
             if path in self._slots:
@@ -445,12 +416,19 @@ class Supervisor(Actor):
         return self._slots.get(path)  # a single dict read: atomic, no table lock needed
 
 
-def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, str], None]:
-    def report(child: ActorHandle, incarnation: int, kind: str) -> None:
-        error = repr(child.last_error) if kind == "crashed" and child.last_error is not None else None
+def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, ExitKind], None]:
+    def report(child: ActorHandle, incarnation: int, kind: ExitKind) -> None:
+        error = repr(child.last_error) if kind is ExitKind.CRASHED and child.last_error is not None else None
         try:
             supervisor.tell(ChildExited(path=child.path, incarnation=incarnation, kind=kind, error=error))
         except CastorError:
             child.close("supervisor gone")  # nobody will restart it: reject what is queued
 
     return report
+
+
+__all__ = [
+    "DEFAULT_MAX_RESTARTS", "DEFAULT_SHUTDOWN_TIMEOUT", "DEFAULT_WITHIN_SECONDS", "SUPERVISOR_SHUTDOWN_TIMEOUT",
+    "ChildExited", "ChildSpec", "Restart", "RestartIntensityExceeded", "ReviveChild", "StartChild", "StopChild",
+    "Strategy", "Supervisor", "WhichChildren", "supervisor_spec",
+]

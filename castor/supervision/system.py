@@ -15,16 +15,14 @@ from loguru import logger
 from castor.messages.errors import ActorStopped
 from castor.messages.inspection import ActorSnapshot, TreeSnapshot
 from castor.supervision.handle import ActorHandle
+from castor.supervision.kinds import ExitKind, StopChild, Strategy, WhichChildren
 from castor.supervision.registry import Registry
 from castor.supervision.supervisor import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_WITHIN_SECONDS,
     ChildSpec,
     StartChild,
-    StopChild,
-    Strategy,
     Supervisor,
-    WhichChildren,
 )
 
 ROOT_PATH = "/root"
@@ -41,7 +39,7 @@ class ActorSystem:
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         within_seconds: float = DEFAULT_WITHIN_SECONDS,
     ) -> None:
-        self.registry = Registry()
+        self.registry: Registry[ActorHandle] = Registry()
         self.fatal = threading.Event()
         self.fatal_error: BaseException | None = None
         self.root = ActorHandle(
@@ -53,13 +51,13 @@ class ActorSystem:
             registry=self.registry,
             revive_on_demand=False,
         )
-        self.root._on_exit = self._root_exited
+        self.root.on_exit = self._root_exited
         self.root.launch()
         # on_start of the root starts the initial children; this ask returns after it.
         self.root.ask(WhichChildren(), timeout=30.0)
 
-    def _root_exited(self, root: ActorHandle, _incarnation: int, kind: str) -> None:
-        if kind != "stopped":
+    def _root_exited(self, root: ActorHandle, _incarnation: int, kind: ExitKind) -> None:
+        if kind is not ExitKind.STOPPED:
             self.fatal_error = root.last_error
             logger.bind(actor=ROOT_PATH).critical("root supervisor {kind}: {err!r}", kind=kind, err=root.last_error)
             self.fatal.set()
@@ -80,7 +78,9 @@ class ActorSystem:
                 handle = current.start_direct(spec, start_timeout=timeout)
                 if handle is not None:
                     return handle
-        return supervisor.ask(StartChild(spec=spec), timeout=timeout)
+        started = supervisor.ask(StartChild(spec=spec), timeout=timeout)
+        assert isinstance(started, ActorHandle)  # a supervisor answers StartChild with the child's handle
+        return started
 
     def stop_child(self, path: str, *, timeout: float = 30.0) -> None:
         parent, _, child_id = path.rpartition("/")

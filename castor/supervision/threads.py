@@ -1,4 +1,4 @@
-"""Reusable daemon threads for actor loops.
+"""Reusable daemon threads for actor loops, and the registry of every other thread castor starts.
 
 Starting an OS thread per incarnation (pykka's way) costs more than the
 rest of a short-lived actor's life. :class:`LoopThreads` keeps a few
@@ -20,6 +20,11 @@ Guarantees:
 
 Failure behaviour: a loop that raises (castor's loop never should) is logged
 and the thread parks as usual; nothing is re-run.
+
+A thread castor starts for anything but an actor loop (a stream reader, a watchdog, a timer) is
+started with :func:`start_thread`: it is named, says which actor (or component) it works for
+and why, and is listed in the tree snapshot (``threads``) while it runs, so ``castor inspect``
+and ``ops.actors`` show everything that runs. The registry holds no thread past its end.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import contextvars
 import itertools
 import os
 import threading
+import time
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 from loguru import logger
 
@@ -112,13 +118,59 @@ class LoopThreads:
         worker.gate.acquire()  # claimed while the wait timed out: its task is being handed over
         return True
 
+    def forget_parked(self) -> None:
+        """In a forked child: drop the parent's parked threads (they do not exist here)."""
+        self._lock = threading.Lock()
+        self._parked = []
 
 
 def _forget_parked(park: LoopThreads | None) -> None:
     if park is not None:
-        park._lock = threading.Lock()
-        park._parked = []
+        park.forget_parked()
 
 
 LOOP_THREADS = LoopThreads()
 """The process's shared park of actor-loop threads."""
+
+
+_running_lock = threading.Lock()
+_running: dict[int, tuple[threading.Thread, str, str, float]] = {}  # serial -> (thread, owner, purpose, since)
+_serials = itertools.count(1)
+
+
+def start_thread(target: Callable[..., Any], *, name: str, owner: str, purpose: str, args: tuple[Any, ...] = (),
+                 kwargs: dict[str, Any] | None = None, daemon: bool = True) -> threading.Thread:
+    """Start a named thread that the tree snapshot lists (under ``owner``) until ``target`` returns."""
+    serial = next(_serials)
+
+    def run() -> None:
+        try:
+            target(*args, **(kwargs or {}))
+        finally:
+            with _running_lock:
+                _running.pop(serial, None)
+
+    thread = threading.Thread(target=run, name=name, daemon=daemon)
+    with _running_lock:
+        _running[serial] = (thread, owner, purpose, time.monotonic())
+    try:
+        thread.start()
+    except BaseException:
+        with _running_lock:
+            _running.pop(serial, None)
+        raise
+    return thread
+
+
+def running_threads(prefix: str = "") -> list[dict[str, Any]]:
+    """The registered threads still running whose owner is ``prefix`` or under it (all when empty),
+    as ``ThreadSnapshot`` data, by owner then name."""
+    now = time.monotonic()
+    with _running_lock:
+        rows = list(_running.values())
+    wanted = prefix.rstrip("/")
+    return sorted(({"name": thread.name, "owner": owner, "purpose": purpose, "age_s": max(0.0, now - since),
+                    "daemon": thread.daemon}
+                   for thread, owner, purpose, since in rows
+                   if not wanted or owner == wanted or owner.startswith(wanted + "/")),
+                  key=lambda row: (row["owner"], row["name"]))

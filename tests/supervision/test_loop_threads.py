@@ -142,5 +142,5 @@ def test_spawn_still_waits_for_an_overridden_on_start():
 def test_a_child_without_on_start_is_not_waited_for_and_still_answers():
     with ActorSystem() as system:
         handle = system.spawn(ChildSpec("plain", _NoStart, restart=Restart.TEMPORARY))
-        assert handle.actor is not None and handle.actor._started is None
+        assert handle.actor is not None and handle.actor.start_latch is None
         assert handle.ask(Ping(n=7), timeout=5) == 7

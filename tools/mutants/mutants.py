@@ -52,7 +52,7 @@ MUTANTS: list[Mutant] = [
              "            handle.failed += 1\n            if reply is not None:\n                reply.fail(exc)\n"
              "            self._crash(exc, envelope)",
              "            handle.failed += 1\n            if reply is not None:\n                reply.fail(exc)\n"
-             "            self.actor_inbox.put_back(envelope)\n            self._crash(exc, envelope)")],
+             "            self.inbox.put_back(envelope)\n            self._crash(exc, envelope)")],
            [f"{SUP}/test_strategies.py::test_queued_messages_survive_a_restart_but_the_failing_one_is_not_redelivered"]),
     mutant("intensity-never-exceeded", "R1 failure model (R restarts in T s, then escalate)",
            [("castor/supervision/supervisor.py",
@@ -109,12 +109,12 @@ MUTANTS: list[Mutant] = [
     # ---- supervision.md "Retirement" ------------------------------------------------------------------
     mutant("retirement-queue-not-rejected", "supervision: retirement rejects the queue, never replays it",
            [("castor/supervision/actor.py",
-             "        self.handle._reject_all(reason, error, revivable=True)\n",
+             "        self.handle.reject_all(reason, error, revivable=True)\n",
              "")],
            [f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
     mutant("retired-child-restarted", "supervision: a retired child is never restarted",
            [("castor/supervision/supervisor.py",
-             '        if message.kind == "retired":\n',
+             '        if message.kind is ExitKind.RETIRED:\n',
              '        if message.kind == "retired-never":\n')],
            [f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it",
             f"{SUP}/test_retirement.py::test_a_retired_temporary_child_is_removed_not_revived"]),

@@ -101,7 +101,8 @@ from castor.domain.icarus.tools import (
     registered_tools,
 )
 from castor.messages.errors import CastorError, ErrorCode, NotFound
-from castor.supervision import ActorHandle, ChildSpec, Strategy, supervisor_spec
+from castor import tree
+from castor.supervision import ActorHandle, ChildSpec
 from castor.supervision.supervisor import WhichChildren
 
 COMPONENT = "icarus"
@@ -304,12 +305,11 @@ class IcarusSession:
             port: ClassifierPort = self.ctx.harness.classifier or _NoRegistry()
             log: SessionPort = self.ctx.harness.session_log  # type: ignore[assignment]
             choice = parse_choice(s.classifier)
-            specs.append(ChildSpec(id="classifier", factory=lambda: ClassifierActor(port, choice)))
-            specs.append(ChildSpec(id="audit", factory=lambda: AuditActor(log, self.ui,
-                                                                        audit_timeout=DEFAULT_AUDIT_TIMEOUT)))
-        specs.append(ChildSpec(id="hooks", factory=self._controller))
-        return [supervisor_spec(COMPONENT, specs, strategy=Strategy.ONE_FOR_ONE, max_restarts=10,
-                                within_seconds=10)]
+            specs.append(tree.ICARUS_CLASSIFIER.child_spec(lambda: ClassifierActor(port, choice)))
+            specs.append(tree.ICARUS_AUDIT.child_spec(lambda: AuditActor(log, self.ui,
+                                                                         audit_timeout=DEFAULT_AUDIT_TIMEOUT)))
+        specs.append(tree.ICARUS_HOOKS.child_spec(self._controller))
+        return [tree.ICARUS.supervisor_spec(specs, id=COMPONENT)]
 
     def _controller(self) -> HookController:
         s = self.settings

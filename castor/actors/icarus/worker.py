@@ -53,7 +53,8 @@ from castor.messages.errors import (
 )
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import ActorHandle
-from castor.supervision.supervisor import ChildSpec, Restart
+from castor import tree
+from castor.supervision.supervisor import ChildSpec
 from castor.ports.icarus_backend import WorkerProcessPort
 
 DEFAULT_TIMEOUT_MS = 30000
@@ -227,13 +228,8 @@ def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id:
     ``spawn`` must *construct* the worker without starting it (the first call
     starts it), so a fresh incarnation costs nothing until it is used.
     """
-    return ChildSpec(
-        id=id,
-        factory=lambda: IcarusWorkerActor(spawn, next_id, timeout_ms=timeout_ms),
-        restart=Restart.PERMANENT,
-        mailbox_capacity=mailbox_capacity,
-        revive_on_demand=True,
-    )
+    return tree.ICARUS_WORKER.child_spec(lambda: IcarusWorkerActor(spawn, next_id, timeout_ms=timeout_ms), id=id,
+                                         mailbox_capacity=mailbox_capacity, revive_on_demand=True)
 
 
 class IcarusWorkerClient:

@@ -76,7 +76,6 @@ Any other ``OSError`` is still a crash, and the restart resumes from the saved s
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,7 +122,8 @@ from castor.domain.materia.engine import Transition, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
-from castor.supervision import Actor, ChildSpec, Restart, handles
+from castor import tree
+from castor.supervision import Actor, CancelToken, ChildSpec, handles
 
 MAX_LOST_IN_A_ROW = 3
 OUTBOX_KEY = "outbox"  # the last transition's file effects, saved with the state (see _replay_outbox)
@@ -184,7 +184,7 @@ class CastActor(Actor):
         self.fence = 0
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
         self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
-        self._user_turn_timer: threading.Timer | None = None
+        self._user_turn_timer: CancelToken | None = None
         self._compactions: dict[str, CompactionCall] = {}  # visit_id -> a recovery compaction in flight
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
@@ -634,18 +634,8 @@ class CastActor(Actor):
         limit = self.env.user_turn_timeout_s
         if not limit:
             return
-        handle = self.handle
-
-        def expire() -> None:
-            try:
-                handle.tell(UserTurnExpired(visit_id=visit_id))
-            except Exception:  # noqa: BLE001 - the cast ended meanwhile: nothing to bound
-                pass
-
-        timer = threading.Timer(limit, expire)
-        timer.daemon = True
-        timer.start()
-        self._user_turn_timer = timer
+        # A timer as a message; a tell the cast no longer takes (it ended meanwhile) is dropped.
+        self._user_turn_timer = self.tell_self_later(UserTurnExpired(visit_id=visit_id), limit)
 
     def _disarm_user_turn_bound(self) -> None:
         timer, self._user_turn_timer = self._user_turn_timer, None
@@ -690,8 +680,8 @@ class CastActor(Actor):
         log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
 
 
-CAST_MAX_RESTARTS = 5
-CAST_RESTART_WINDOW_S = 30.0
+CAST_MAX_RESTARTS = tree.CAST_GIVE_UP.max_restarts
+CAST_RESTART_WINDOW_S = tree.CAST_GIVE_UP.within_seconds
 
 
 def cast_spec(env: CastEnv) -> ChildSpec:
@@ -708,6 +698,5 @@ def cast_spec(env: CastEnv) -> ChildSpec:
         if env.lease is not None:
             env.lease.release()
 
-    return ChildSpec(id=env.cast_id, factory=lambda: CastActor(env), restart=Restart.TRANSIENT,
-                     shutdown_timeout=5.0, max_restarts=CAST_MAX_RESTARTS, within_seconds=CAST_RESTART_WINDOW_S,
-                     on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop
+    return tree.CAST.child_spec(lambda: CastActor(env), id=env.cast_id,
+                                on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop

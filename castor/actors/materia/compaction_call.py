@@ -44,9 +44,11 @@ class CompactionCall:
         try:
             self.port.compact(self.request, self._settle, timeout_s=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - a port must not raise; if it does, it is an outcome
+            from castor.supervision.threads import start_thread  # only this rare path starts a thread
+
             outcome = CompactionOutcome.failed(f"could not start the host compaction: {exc}")
-            threading.Thread(target=self._settle, args=(outcome,), daemon=True,
-                             name=f"compaction-failed-{self.request.cast_id}").start()
+            start_thread(self._settle, args=(outcome,), name=f"compaction-failed-{self.request.cast_id}",
+                         owner=f"cast {self.request.cast_id}", purpose="reports a compaction that could not start")
         return self
 
     def cancel(self) -> None:

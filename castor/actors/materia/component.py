@@ -39,7 +39,8 @@ from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
-from castor.supervision import ChildSpec, Restart, Strategy, supervisor_spec
+from castor import tree
+from castor.supervision import ChildSpec
 
 EVENT_TIMEOUT_S = 5.0
 
@@ -110,9 +111,9 @@ def materia_component(storage: CastStorage) -> SessionComponent:
 
     def children(ctx: SessionContext) -> list[ChildSpec]:
         return [
-            supervisor_spec("cast", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-            supervisor_spec("socket", [], strategy=Strategy.ONE_FOR_ONE, max_restarts=100, within_seconds=10),
-            ChildSpec(id="materia", factory=lambda: SessionActor(ctx, storage), restart=Restart.PERMANENT),
+            tree.CASTS.supervisor_spec(),
+            tree.SOCKETS.supervisor_spec(),
+            tree.MATERIA.child_spec(lambda: SessionActor(ctx, storage)),
         ]
 
     return SessionComponent(name="materia", children=children, on_event=_on_event, on_close=_on_close)

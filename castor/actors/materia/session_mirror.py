@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 from loguru import logger
+from castor.supervision.threads import start_thread
 
 DEADLINE_S = 5.0
 
@@ -35,8 +36,8 @@ class SessionMirror:
         self._cond = threading.Condition()
         self._closed = False
         self._log = logger.bind(actor=f"{name}/session-mirror")
-        self._thread = threading.Thread(target=self._run, name=f"session-mirror:{name}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, name=f"session-mirror:{name}", owner=name,
+                                    purpose="appends the session log entries in order")
 
     def submit(self, custom_type: str, data: dict[str, Any]) -> None:
         with self._cond:

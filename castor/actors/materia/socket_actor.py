@@ -57,7 +57,9 @@ from castor.domain.materia.cast_messages import (
 )
 from castor.domain.materia.compaction import PROACTIVE_COMPACTION_INSTRUCTIONS, ProactiveDecision, decide_proactive
 from castor.messages.errors import CastorError
-from castor.supervision import Actor, ChildSpec, Restart, handles
+from castor import tree
+from castor.supervision import Actor, ChildSpec, handles
+from castor.supervision.threads import start_thread
 
 #: Deadline of the pre-turn usage read (a harness that does not answer delays the turn this long).
 USAGE_TIMEOUT_S = 5.0
@@ -150,7 +152,8 @@ class SocketActor(Actor):
             except CastorError:
                 pass  # the visit is over (stopped): nothing to do
 
-        threading.Thread(target=read, name=f"context-usage-{self.effect.visit_id}", daemon=True).start()
+        start_thread(read, name=f"context-usage-{self.effect.visit_id}", owner=self.path,
+                     purpose="reads the context usage after the turn")
 
     @handles(UsageRead)
     def _on_usage(self, message: UsageRead) -> None:
@@ -251,8 +254,7 @@ def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPo
                 host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
                 compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> ChildSpec:
     seq = effect.visit_id.rsplit(":", 1)[-1]
-    return ChildSpec(id=f"{cast_id}.{seq}",
-                     factory=lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
-                                                 usage_timeout_s=usage_timeout_s,
-                                                 compaction_timeout_s=compaction_timeout_s),
-                     restart=Restart.TEMPORARY, shutdown_timeout=2.0, direct_start=True)
+    return tree.SOCKET.child_spec(lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
+                                                      usage_timeout_s=usage_timeout_s,
+                                                      compaction_timeout_s=compaction_timeout_s),
+                                  id=f"{cast_id}.{seq}", direct_start=True)

@@ -33,7 +33,8 @@ from castor.adapters.materia.builtins import run_builtin
 from castor.adapters.materia.process_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
 from castor.messages.errors import CastorError, MailboxFull, NotFound
-from castor.supervision import Actor, ChildSpec, Restart, Strategy, handles, supervisor_spec
+from castor import tree
+from castor.supervision import Actor, ChildSpec, handles
 
 POOL_PATH = "/root/utility"
 VISIT_ID_ENV = command_records.VISIT_ID_ENV  # the dispatch's visit id: an idempotency key for the command
@@ -282,6 +283,6 @@ class UtilityExecutorActor(Actor):
 def utility_pool_spec(settings: Any) -> ChildSpec:
     """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs."""
     pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit)
-    slots = [ChildSpec(id=f"slot-{n}", factory=(lambda n=n: UtilityExecutorActor(pool, n)), restart=Restart.PERMANENT,
-                       shutdown_timeout=3.0) for n in range(settings.utility_slots)]
-    return supervisor_spec("utility", slots, strategy=Strategy.ONE_FOR_ONE, max_restarts=20, within_seconds=10)
+    slots = [tree.UTILITY_SLOT.child_spec((lambda n=n: UtilityExecutorActor(pool, n)), id=f"slot-{n}")
+             for n in range(settings.utility_slots)]
+    return tree.UTILITY.supervisor_spec(slots)

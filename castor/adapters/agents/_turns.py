@@ -26,6 +26,7 @@ from loguru import logger
 
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.messages.errors import ActorStopped, Conflict
+from castor.supervision.threads import start_thread
 
 __all__ = ["TurnBook", "cancelled_outcome", "error_outcome"]
 
@@ -99,7 +100,8 @@ class TurnBook:
                     self._pool.submit(self._deliver, pending, outcome)
                 except RuntimeError:
                     # Pool already shut down (close raced us): still never reply on the caller's stack.
-                    threading.Thread(target=self._deliver, args=(pending, outcome), daemon=True).start()
+                    start_thread(self._deliver, args=(pending, outcome), name="agent-turn-reply", owner="agent",
+                                 purpose="delivers a turn's outcome after the pool closed")
                 return True
         self._deliver(pending, outcome)  # an enqueue-only reply: outside the lock, on this thread
         return True

@@ -52,6 +52,7 @@ from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
 from castor.domain.jsontext import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
+from castor.supervision.threads import start_thread
 
 _ids = itertools.count(1)
 
@@ -237,9 +238,8 @@ class WorkerProcess:
         self._reply_poller = select.poll()
         self._reply_poller.register(out_fd, select.POLLIN)
         self._reply_poller.register(self._wake_r, select.POLLIN)
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
-                                               daemon=True)
-        self._stderr_thread.start()
+        self._stderr_thread = start_thread(self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
+                                           owner="icarus-worker", purpose="drains the worker's stderr")
         with self._kill_lock:
             late = self._retired  # retired while it was being spawned: kill_tree saw no process
         if late is not None:

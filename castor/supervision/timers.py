@@ -1,0 +1,159 @@
+"""One cancel token, and timers as messages: a delayed ``tell`` that can be called off.
+
+Guarantees:
+
+* **A cancel token is one-shot and idempotent.** :meth:`CancelToken.cancel` runs each armed
+  callback exactly once, on the cancelling thread, outside the token's lock; a callback armed
+  after the cancellation is refused (``on_cancel`` returns False), so the caller knows not to
+  start what it would have to call off.
+* **A timer is a message.** :func:`tell_later` tells ``message`` to a handle once ``delay``
+  seconds have passed, from one shared daemon thread (``castor-timers``); the handler runs on
+  the actor's own thread like any message, so a timer never races the actor's state. The
+  returned token cancels it: a timer cancelled before it fires is never told.
+* **A timer never fails its scheduler.** A tell that the handle refuses (the actor is gone,
+  its mailbox closed or full) is dropped and logged at debug level: a timer's target that
+  went away has nothing to be reminded of.
+
+Not guaranteed: a timer fires no earlier than its delay, but it may fire later under load
+(one thread serves every timer, in deadline order), and a cancel that races the firing may
+come too late (the message is then in the mailbox; handlers check that it is still wanted,
+as for any message).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Protocol
+
+from loguru import logger
+
+from castor.messages.errors import CastorError
+from castor.supervision.threads import start_thread
+
+
+class CancelToken:
+    """Cancels one piece of work from any thread (a call, a wait, a timer)."""
+
+    __slots__ = ("_lock", "_cancelled", "_callbacks")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Cancel (idempotent): every armed callback runs once, here, outside the lock."""
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> bool:
+        """Arm ``callback`` for the cancellation; False (not armed) when already cancelled."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._callbacks.append(callback)
+            return True
+
+    def disarm(self, callback: Callable[[], None]) -> None:
+        """Forget an armed ``callback`` (the work it would call off is over)."""
+        with self._lock:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+
+    def wake(self, event: threading.Event) -> None:
+        """Set ``event`` on cancellation (at once when already cancelled): for waiters."""
+        if not self.on_cancel(event.set):
+            event.set()
+
+
+class Tellable(Protocol):
+    """What a timer tells: an actor handle (anything with ``tell``)."""
+
+    @property
+    def path(self) -> str: ...
+
+    def tell(self, message: Any) -> None: ...
+
+
+class Timers:
+    """A heap of delayed tells served by one daemon thread, started on first use."""
+
+    def __init__(self, name: str = "castor-timers") -> None:
+        self.name = name
+        self._lock = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Tellable, Any, CancelToken]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _reset(me()))
+
+    def tell_later(self, handle: Tellable, message: Any, delay: float) -> CancelToken:
+        """Tell ``message`` to ``handle`` after ``delay`` seconds; cancel the token to call it off."""
+        token = CancelToken()
+        due = time.monotonic() + max(delay, 0.0)
+        with self._lock:
+            heapq.heappush(self._heap, (due, next(self._order), handle, message, token))
+            if self._thread is None:
+                self._thread = start_thread(self._run, name=self.name, owner="/root",
+                                            purpose="fires delayed tells (timers as messages)")
+            self._lock.notify()
+        return token
+
+    @property
+    def pending(self) -> int:
+        """Timers not yet fired (cancelled ones included until their deadline passes)."""
+        with self._lock:
+            return len(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._lock.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _due, _n, handle, message, token = heapq.heappop(self._heap)
+            if token.cancelled:
+                continue
+            try:
+                handle.tell(message)
+            except CastorError as exc:
+                logger.bind(actor=handle.path).debug("timer dropped: {exc}", exc=exc)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's timer thread does not exist here; start afresh."""
+        self._lock = threading.Condition(threading.Lock())
+        self._heap = []
+        self._thread = None
+
+
+def _reset(timers: Timers | None) -> None:
+    if timers is not None:
+        timers.reset_after_fork()
+
+
+TIMERS = Timers()
+"""The process's timer thread."""
+
+
+def tell_later(handle: Tellable, message: Any, delay: float) -> CancelToken:
+    """Tell ``message`` to ``handle`` after ``delay`` seconds (see the module doc); returns the
+    token that calls it off."""
+    return TIMERS.tell_later(handle, message, delay)
+
+
+__all__ = ["TIMERS", "CancelToken", "Tellable", "Timers", "tell_later"]
