@@ -39,6 +39,7 @@ from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.framing import encode_error_notification
 from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, unlink_if_ours
+from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
 
@@ -265,7 +266,7 @@ class Server:
         if seen is None or seen[:2] != activity:
             self._seen[conn.id] = (*activity, now)
             return
-        if conn.state.get("sessions") or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
+        if conn.state.get(SESSIONS_KEY) or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
             self._seen[conn.id] = (*activity, now)  # holds a session or work: never idle
             return
         if now - seen[2] >= self.idle_timeout:

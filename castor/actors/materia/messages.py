@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from castor.domain.materia.cast_messages import AbandonReason
+from castor.domain.materia.cast_messages import AbandonReason, RunUtility
 from castor.messages.base import LocalMessage
 
 
@@ -103,7 +103,7 @@ class ProactiveCompacted(LocalMessage, type_name="materia.socket.proactive_compa
 
 
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):
-    effect: Any  # RunUtility
+    effect: RunUtility
     cast: Any  # ActorHandle of the CastActor
     run_dir: str | None = None  # where the running command is recorded (command_records)
 
