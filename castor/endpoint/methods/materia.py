@@ -5,6 +5,10 @@ session's own cwd is authoritative, so a client cannot point a session at anothe
 Results of commands carry ``text`` and ``level`` for the harness to show, plus structured
 fields. See docs/protocol.md "Methods: harness → castor" for each method's params, result and
 errors.
+
+:data:`METHODS` is the one table: each method name, its params model, and the SessionActor
+message its params become. Every method checks first that the calling connection opened the
+session (:func:`castor.endpoint.methods.ownership.owned_session`, ``forbidden``), then asks.
 """
 
 from __future__ import annotations
