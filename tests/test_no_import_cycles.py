@@ -14,8 +14,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 PENDING: set[frozenset[str]] = {
-    # the dispatcher names the connection type (a type-checking import)
-    frozenset({"castor.endpoint.connection", "castor.endpoint.dispatch"}),
     # the demo, the soak and the scale-out soak support (moving to castor.testing)
     frozenset({"castor.demo", "castor.demo_casts", "castor.demo_icarus", "castor.scaleout.host",
                "castor.scaleout.options", "castor.scaleout.ray_backend", "castor.scaleout.soak_support",

@@ -109,7 +109,7 @@ _CALLER_RECHECK = 0.05
 class PendingCall:
     """An outgoing request waiting for its response; ``result()`` honours the deadline."""
 
-    __slots__ = ("msgid", "method", "deadline", "_conn", "_gate", "_done", "_timed_out", "_error", "_result")
+    __slots__ = ("msgid", "method", "deadline", "resolved", "_conn", "_gate", "_timed_out", "_error", "_result")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
@@ -119,25 +119,33 @@ class PendingCall:
         # A pre-acquired lock is the cheapest one-shot gate CPython has.
         self._gate = threading.Lock()
         self._gate.acquire()
-        self._done = False
+        self.resolved = False  # set once, by resolve(): read without a lock on the reader's path
         self._timed_out = False
         self._error: CastorError | None = None
         self._result: Any = None
 
-    def _resolve(self, error: CastorError | None, result: Any) -> None:
+    def resolve(self, error: CastorError | None, result: Any) -> None:
+        """Settle the call with the peer's error or result (the connection calls it exactly once)."""
         self._error, self._result = error, result
-        self._done = True
+        self.resolved = True
         self._gate.release()
 
+    def wait_resolved(self, timeout: float) -> bool:
+        """Block until :meth:`resolve` ran or ``timeout`` passed; ``True`` if it ran."""
+        if self._gate.acquire(timeout=timeout):
+            self._gate.release()
+            return True
+        return False
+
     def done(self) -> bool:
-        return self._done
+        return self.resolved
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        if not self._done and not self._timed_out:
-            self._conn._await(self)
-        if not self._done:
-            if self._timed_out or self._conn._expire(self):
+        if not self.resolved and not self._timed_out:
+            self._conn.await_reply(self)
+        if not self.resolved:
+            if self._timed_out or self._conn.expire(self):
                 self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
@@ -328,8 +336,9 @@ class Connection:
         with self._plock:
             self._pending.pop(msgid, None)
 
-    def _expire(self, pending: PendingCall) -> bool:
-        """Called by a caller whose deadline passed; ``False`` if the reply raced in first."""
+    def expire(self, pending: PendingCall) -> bool:
+        """Forget ``pending`` (its caller's deadline passed; a late reply is counted, not matched);
+        ``False`` if the reply raced in first. :meth:`PendingCall.result` calls it."""
         with self._plock:
             if self._pending.pop(pending.msgid, None) is None:
                 return False
@@ -353,9 +362,9 @@ class Connection:
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
         if error is not None:
-            pending._resolve(error_from_wire(error), None)
+            pending.resolve(error_from_wire(error), None)
         else:
-            pending._resolve(None, result)
+            pending.resolve(None, result)
         if self._callers_waiting:
             with self._mutex:
                 self._cond.notify_all()
@@ -367,7 +376,7 @@ class Connection:
             call = old.pop(msgid, None)  # a racing reply may have popped it: resolve exactly once
             if call is None:
                 continue
-            call._resolve(ConnectionClosed(f"{call.method}: connection closed ({reason})",
+            call.resolve(ConnectionClosed(f"{call.method}: connection closed ({reason})",
                                            may_have_started=True, data={"reason": reason}), None)
 
     # ------------------------------------------------------------------ writing
@@ -508,7 +517,7 @@ class Connection:
             else:
                 self._read_as_worker(me)
 
-    def _watchdog_check(self, now: float) -> bool:
+    def watchdog_check(self, now: float) -> bool:
         """Called by the watchdog every tick; ``True`` to stay watched.
 
         Wakes the workers when the role holder has been inside a handler for
@@ -531,6 +540,11 @@ class Connection:
                 return True
             self._watched = False
             return False
+
+    @property
+    def watched(self) -> bool:
+        """Registered with the process-wide watchdog (it drops a connection that is not)."""
+        return self._watched
 
     def _wake_worker_locked(self) -> None:
         if self._idle:
@@ -585,7 +599,7 @@ class Connection:
                     cond.notify_all()
                     return
 
-    def _await(self, call: PendingCall) -> None:
+    def await_reply(self, call: PendingCall) -> None:
         """Wait for ``call`` until its deadline, reading the transport ourselves when we can.
 
         A caller that waited for the role may leave without reading: its reply was read (and
@@ -599,12 +613,12 @@ class Connection:
         mutex = self._mutex
         waited = False
         try:
-            while not call._done:
+            while not call.resolved:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 with mutex:
-                    if call._done:
+                    if call.resolved:
                         return
                     if self._closed or self._eof:
                         read, held = False, False
@@ -621,8 +635,7 @@ class Connection:
                         waited = True
                         continue
                 if not read:
-                    if call._gate.acquire(timeout=remaining):
-                        call._gate.release()
+                    call.wait_resolved(remaining)
                     return
                 waited = False  # _read_as_caller hands the role back itself
                 self._read_as_caller(call, me, held)
@@ -638,7 +651,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         try:
-            while not call._done:
+            while not call.resolved:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
@@ -720,7 +733,7 @@ class Connection:
                     and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
                     and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
                 self._on_response(value[1], value[2], value[3])
-                if call is not None and call._done:
+                if call is not None and call.resolved:
                     return None
                 continue
             try:
@@ -730,7 +743,7 @@ class Connection:
                 continue
             if type(frame) is Response:
                 self._on_response(frame.msgid, frame.error, frame.result)
-                if call is not None and call._done:
+                if call is not None and call.resolved:
                     return None
                 continue
             return frame
@@ -751,7 +764,7 @@ class Connection:
         if deadline is None:
             if not self._poll_workers:
                 return self._feed(me, transport.read_available(), True)
-            # Flag protocol with _await (which increments _callers_waiting, then
+            # Flag protocol with await_reply (which increments _callers_waiting, then
             # pokes if _polling): one of the two always sees the other's write.
             self._polling = True
             if self._callers_waiting:
@@ -939,7 +952,7 @@ class _Watchdog:
             done = []
             for conn in watched:
                 try:
-                    if not conn._watchdog_check(now):
+                    if not conn.watchdog_check(now):
                         done.append(conn)
                 except Exception:  # pragma: no cover - never let the watchdog die
                     logger.exception("endpoint watchdog check failed")
@@ -947,7 +960,7 @@ class _Watchdog:
             if done:
                 with self._cond:
                     for conn in done:
-                        if not conn._watched:
+                        if not conn.watched:
                             self._active.discard(conn)
 
 

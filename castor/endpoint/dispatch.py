@@ -13,7 +13,9 @@ Guarantees of :meth:`Dispatcher.dispatch`:
 |                                             | traceback goes to the log, never the wire     |
 | handler returns a pydantic model            | its ``model_dump(mode="json")`` is the result |
 
-Handlers are plain callables ``handler(params, ctx)``; ``params`` is the
+Handlers are plain callables ``handler(params, ctx)``; ``ctx.connection`` is the calling
+connection seen through :class:`Peer` (what a handler may use of it: this module never imports
+the connection, which imports it); ``params`` is the
 validated model instance, or the raw ``dict`` when no model was registered
 (the cheap path for trivial methods). Params models always forbid unknown
 fields: a model registered without ``extra="forbid"`` is wrapped in a
@@ -26,16 +28,14 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from castor.version import __version__
+from castor.endpoint.framing import FrameLimits
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
-
-if TYPE_CHECKING:
-    from castor.endpoint.connection import Connection
 
 PROTOCOL_VERSION = 1
 MAX_ERROR_DETAILS = 20
@@ -55,6 +55,34 @@ def _castor_version() -> str:
 Handler = Callable[[Any, "Context"], Any]
 
 
+class PeerSettings(Protocol):
+    """The connection limits a handler reads (``ConnectionSettings`` has them all)."""
+
+    @property
+    def frame_limits(self) -> FrameLimits: ...
+
+    @property
+    def max_sessions(self) -> int: ...
+
+
+class Peer(Protocol):
+    """What a handler may use of the connection it runs on (``castor.endpoint.connection.Connection``
+    is one): call or notify the peer, read its limits, swap its dispatcher (the auth gate), and run
+    something when it closes. Calls honour their deadline; a notify answers ``False`` once the
+    connection is closed."""
+
+    dispatcher: Dispatcher
+
+    @property
+    def settings(self) -> PeerSettings: ...
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any: ...
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> bool: ...
+
+    def add_close_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
 class Params(BaseModel):
     """Base for params models: unknown fields are an ``invalid_params`` error."""
 
@@ -71,7 +99,7 @@ class Context:
     notification.
     """
 
-    connection: Connection
+    connection: Peer
     state: dict[str, Any]
     method: str
     msgid: int | None = None

@@ -69,7 +69,7 @@ from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
 if TYPE_CHECKING:
-    from castor.endpoint.connection import Connection
+    from castor.endpoint.dispatch import Peer
 
 UI_DEADLINE_S = 5.0
 #: How many stopped turn ids a session remembers (their late ``agent.turn_ended`` is ``ignored``).
@@ -87,7 +87,7 @@ def unsupported(exc: CastorError) -> bool:
 class WireHarness:
     """AgentPort + SessionPort + SessionUiPort + ClassifierPort + HostContextPort over one connection."""
 
-    def __init__(self, connection: Connection, session_id: str) -> None:
+    def __init__(self, connection: Peer, session_id: str) -> None:
         self.connection = connection
         self.session_id = session_id
         self._lock = threading.Lock()

@@ -39,6 +39,7 @@ from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.framing import encode_error_notification
 from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, unlink_if_ours
+from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
 
@@ -126,7 +127,7 @@ class Server:
         conn.state[MAY_TRUST] = True  # the parent process that started castor
         self._track(conn)
         # EOF on stdin means the harness is gone: shut the whole runtime down.
-        conn.add_close_callback(lambda _c: self._stop_in_background("stdio closed"))
+        conn.add_close_callback(lambda _c: self.stop_in_background("stdio closed"))
         conn.start()
 
     def connections(self) -> list[Connection]:
@@ -176,7 +177,9 @@ class Server:
         self._stopped.set()
         logger.info("castor endpoint stopped")
 
-    def _stop_in_background(self, reason: str) -> None:
+    def stop_in_background(self, reason: str) -> None:
+        """Start :meth:`stop` on its own (non-daemon) thread and return at once: for a signal
+        handler or a close callback, which must not wait for the connections to drain."""
         threading.Thread(target=self.stop, args=(reason,), name="castor-shutdown", daemon=False).start()
 
     # ---------------------------------------------------------------- accepting
@@ -263,7 +266,7 @@ class Server:
         if seen is None or seen[:2] != activity:
             self._seen[conn.id] = (*activity, now)
             return
-        if conn.state.get("sessions") or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
+        if conn.state.get(SESSIONS_KEY) or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
             self._seen[conn.id] = (*activity, now)  # holds a session or work: never idle
             return
         if now - seen[2] >= self.idle_timeout:
@@ -319,7 +322,7 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         def _on_signal(signum: int, _frame: Any) -> None:
-            server._stop_in_background(f"signal {signal.Signals(signum).name}")
+            server.stop_in_background(f"signal {signal.Signals(signum).name}")
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _on_signal)

@@ -31,7 +31,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from castor.actors.materia.messages import SessionCall
+from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
@@ -419,9 +419,9 @@ class RemoteSessionActor(Actor):
     def on_start(self) -> None:
         self.backend.open_session(self.ctx)
 
-    @handles(SessionCall)
-    def _on_call(self, call: SessionCall) -> dict[str, Any]:
-        return self.backend.call(self.ctx.info.session_id, call.verb, dict(call.params))
+    @handles(*SESSION_VERBS.values())
+    def _on_call(self, call: SessionVerb) -> dict[str, Any]:
+        return self.backend.call(self.ctx.info.session_id, call.verb, call.arguments())
 
     def on_terminate(self, cause: str) -> None:
         self.backend.close_session(self.ctx.info.session_id)

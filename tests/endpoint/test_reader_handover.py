@@ -27,7 +27,7 @@ def test_peer_requests_are_read_after_every_castor_call_on_a_pipe(monkeypatch) -
     # Widen the race the way a busy scheduler does: the caller is descheduled between sending its
     # call and waiting for it (the reply is read by the worker meanwhile), and the worker between
     # reading that reply and resolving it (the caller starts waiting for the role meanwhile).
-    resolve, wait_for_reply = Connection._on_response, Connection._await
+    resolve, wait_for_reply = Connection._on_response, Connection.await_reply
 
     def slow_resolve(self: Connection, msgid: int, error: object, result: object) -> None:
         time.sleep(0.01)
@@ -38,7 +38,7 @@ def test_peer_requests_are_read_after_every_castor_call_on_a_pipe(monkeypatch) -
         wait_for_reply(self, call)
 
     monkeypatch.setattr(Connection, "_on_response", slow_resolve)
-    monkeypatch.setattr(Connection, "_await", late_wait)
+    monkeypatch.setattr(Connection, "await_reply", late_wait)
     to_server_r, to_server_w = os.pipe()
     to_client_r, to_client_w = os.pipe()
     dispatcher = Dispatcher()

@@ -8,6 +8,6 @@
 | :mod:`.socket_actor` | ``SocketActor``: one agent-socket visit through the session's AgentPort |
 | :mod:`.utility_pool` | ``utility_pool_spec()``, ``UtilityExecutorActor``: the bounded utility pool |
 | :mod:`.views` | read-only status/listing views shared with the endpoint and CLI |
-| :mod:`.api` | ``materia_call(runtime, session_id, verb, params)`` |
-| :mod:`.messages` | the process-local messages between them |
+| :mod:`.api` | ``materia_ask(runtime, session_id, message)``; ``materia_call(runtime, session_id, verb, params)`` by verb name |
+| :mod:`.messages` | the process-local messages between them, one typed message per SessionActor verb |
 """

@@ -34,7 +34,13 @@ from typing import Any
 from loguru import logger
 
 from castor.actors.materia.api import session_actor
-from castor.actors.materia.messages import SessionCall
+from castor.actors.materia.messages import (
+    BeginRefinement,
+    IsolateContext,
+    SessionEnding,
+    UserAgentEnded,
+    UserRunSettled,
+)
 from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
@@ -71,24 +77,24 @@ def _on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str
         if event == "context":
             if data.get("turn_id") is not None or not isinstance(data.get("messages"), list):
                 return None  # castor's own turns are isolated by the harness from their hidden prompt on
-            cut = actor.ask(SessionCall(verb="context", params={"messages": data["messages"]}), timeout=EVENT_TIMEOUT_S)
+            cut = actor.ask(IsolateContext(messages=data["messages"]), timeout=EVENT_TIMEOUT_S)
             return {"messages": cut["messages"]} if "messages" in cut else None
         if event == "before_agent_start":
             if data.get("message_type") == "custom":
                 return None  # castor's own hidden prompts are not user refinement messages
-            refined = actor.ask(SessionCall(verb="refine"), timeout=EVENT_TIMEOUT_S)
+            refined = actor.ask(BeginRefinement(), timeout=EVENT_TIMEOUT_S)
             answer = {key: refined[key] for key in ("system_prompt_append", "turn_settings") if refined.get(key)}
             return answer or None
         if event == "agent_settled":
-            actor.ask(SessionCall(verb="settled", params={"aborted": data.get("aborted") is True,
-                                                          "turn_id": _castor_turn_id(data)}), timeout=EVENT_TIMEOUT_S)
+            actor.ask(UserRunSettled(aborted=data.get("aborted") is True, turn_id=_castor_turn_id(data)),
+                      timeout=EVENT_TIMEOUT_S)
             return None
         if event == "session_shutdown":
-            actor.ask(SessionCall(verb="session_end", params={"reason": "session_shutdown"}), timeout=EVENT_TIMEOUT_S)
+            actor.ask(SessionEnding(reason="session_shutdown"), timeout=EVENT_TIMEOUT_S)
             return None
         entry_id = data.get("entry_id") if isinstance(data.get("entry_id"), str) else None
-        actor.ask(SessionCall(verb="agent_end", params={**_last_assistant(data), "entry_id": entry_id,
-                                                        "turn_id": _castor_turn_id(data)}), timeout=EVENT_TIMEOUT_S)
+        actor.ask(UserAgentEnded(**_last_assistant(data), entry_id=entry_id, turn_id=_castor_turn_id(data)),
+                  timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)
     return None
@@ -100,7 +106,7 @@ def _on_close(ctx: SessionContext) -> None:
     the recast that resumes the cast withdraws it then (reason ``restart``)."""
     try:
         actor = session_actor(ctx.runtime, ctx.info.session_id)
-        actor.ask(SessionCall(verb="session_end", params={"reason": "session_closed"}), timeout=EVENT_TIMEOUT_S)
+        actor.ask(SessionEnding(reason="session_closed"), timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia close handling failed: {exc}", exc=exc)
 

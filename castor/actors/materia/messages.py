@@ -15,14 +15,36 @@
 | ``UsageRead(usage, error)`` | SocketActor | tell | the host's context usage before the turn (None: unknown) |
 | ``ProactiveCompacted(outcome)`` | SocketActor | tell | the proactive compaction before the turn ended |
 | ``UtilityJob(effect, cast)`` | UtilityExecutorActor | tell | run one ``RunUtility`` and tell ``cast`` the outcome |
-| ``SessionCall(verb, params)`` | SessionActor | ask | one ``/materia`` verb (see session_actor.py) |
+
+The SessionActor's verbs are one typed message each (all ask, all answer a dict with the
+fields the verb documents in session_actor.py); :data:`SESSION_VERBS` maps each verb's name
+(the CLI's and :func:`castor.actors.materia.api.materia_call`'s) to its message:
+
+| verb | message | fields |
+|---|---|---|
+| ``start`` | ``StartCast`` | request, loadout?, config_path?, cli_note? |
+| ``status`` | ``ShowCast`` | cast_id? |
+| ``list`` | ``ListCasts`` | limit?, cursor? |
+| ``abort`` | ``AbortCast`` | cast_id? |
+| ``continue`` | ``ContinueCast`` | cast_id? |
+| ``recast`` | ``RecastCast`` | cast_id? |
+| ``revive`` | ``ReviveCast`` | cast_id? |
+| ``refine`` | ``BeginRefinement`` | — |
+| ``context`` | ``IsolateContext`` | messages |
+| ``agent_end`` | ``UserAgentEnded`` | text?, error?, entry_id?, stop_reason?, turn_id? |
+| ``settled`` | ``UserRunSettled`` | aborted, turn_id? |
+| ``session_end`` | ``SessionEnding`` | reason |
+| ``loadouts`` | ``ListLoadouts`` | config_path? |
+| ``set_loadout`` | ``SetActiveLoadout`` | name, config_path? |
+| ``grid`` | ``RenderGrid`` | loadout?, config_path? |
+| ``validate`` | ``ValidateConfig`` | path |
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from castor.domain.materia.cast_messages import AbandonReason
+from castor.domain.materia.cast_messages import AbandonReason, RunUtility
 from castor.messages.base import LocalMessage
 
 
@@ -81,11 +103,117 @@ class ProactiveCompacted(LocalMessage, type_name="materia.socket.proactive_compa
 
 
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):
-    effect: Any  # RunUtility
+    effect: RunUtility
     cast: Any  # ActorHandle of the CastActor
     run_dir: str | None = None  # where the running command is recorded (command_records)
 
 
-class SessionCall(LocalMessage, type_name="materia.session.call"):
-    verb: str
-    params: dict[str, Any] = {}
+class SessionVerb(LocalMessage, type_name="materia.session.verb"):
+    """Base of the SessionActor's verb messages. ``verb`` names the verb (errors quote it, and
+    :data:`SESSION_VERBS` finds the message by it); it is not a field and never travels."""
+
+    verb: ClassVar[str] = ""
+
+    def arguments(self) -> dict[str, Any]:
+        """The fields that are set (not ``None``): what :func:`materia_call` would pass for this verb."""
+        return self.model_dump(exclude_none=True)
+
+
+class StartCast(SessionVerb, type_name="materia.session.start"):
+    """Start a cast. ``cli_note`` (in-process callers only: the standalone CLI) is written to
+    ``<runDir>/cli.json`` before the cast's first save."""
+
+    verb: ClassVar[str] = "start"
+    request: str
+    loadout: str | None = None
+    config_path: str | None = None
+    cli_note: dict[str, Any] | None = None  # free-form JSON the CLI keeps beside the cast
+
+
+class ShowCast(SessionVerb, type_name="materia.session.status"):
+    verb: ClassVar[str] = "status"
+    cast_id: str | None = None
+
+
+class ListCasts(SessionVerb, type_name="materia.session.list"):
+    verb: ClassVar[str] = "list"
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class AbortCast(SessionVerb, type_name="materia.session.abort"):
+    verb: ClassVar[str] = "abort"
+    cast_id: str | None = None
+
+
+class ContinueCast(SessionVerb, type_name="materia.session.continue"):
+    verb: ClassVar[str] = "continue"
+    cast_id: str | None = None
+
+
+class RecastCast(SessionVerb, type_name="materia.session.recast"):
+    verb: ClassVar[str] = "recast"
+    cast_id: str | None = None
+
+
+class ReviveCast(SessionVerb, type_name="materia.session.revive"):
+    verb: ClassVar[str] = "revive"
+    cast_id: str | None = None
+
+
+class BeginRefinement(SessionVerb, type_name="materia.session.refine"):
+    verb: ClassVar[str] = "refine"
+
+
+class IsolateContext(SessionVerb, type_name="materia.session.context"):
+    verb: ClassVar[str] = "context"
+    messages: list[Any]  # the harness's transcript entries as it sent them; non-dict entries are skipped
+
+
+class UserAgentEnded(SessionVerb, type_name="materia.session.agent_end"):
+    verb: ClassVar[str] = "agent_end"
+    text: str | None = None
+    error: str | None = None
+    entry_id: str | None = None
+    stop_reason: str | None = None
+    turn_id: str | None = None
+
+
+class UserRunSettled(SessionVerb, type_name="materia.session.settled"):
+    verb: ClassVar[str] = "settled"
+    aborted: bool = False
+    turn_id: str | None = None
+
+
+class SessionEnding(SessionVerb, type_name="materia.session.session_end"):
+    verb: ClassVar[str] = "session_end"
+    reason: AbandonReason
+
+
+class ListLoadouts(SessionVerb, type_name="materia.session.loadouts"):
+    verb: ClassVar[str] = "loadouts"
+    config_path: str | None = None
+
+
+class SetActiveLoadout(SessionVerb, type_name="materia.session.set_loadout"):
+    verb: ClassVar[str] = "set_loadout"
+    name: str
+    config_path: str | None = None
+
+
+class RenderGrid(SessionVerb, type_name="materia.session.grid"):
+    verb: ClassVar[str] = "grid"
+    loadout: str | None = None
+    config_path: str | None = None
+
+
+class ValidateConfig(SessionVerb, type_name="materia.session.validate"):
+    verb: ClassVar[str] = "validate"
+    path: str
+
+
+#: verb name -> its message class (every SessionActor verb, one each)
+SESSION_VERBS: dict[str, type[SessionVerb]] = {cls.verb: cls for cls in (
+    StartCast, ShowCast, ListCasts, AbortCast, ContinueCast, RecastCast, ReviveCast, BeginRefinement,
+    IsolateContext, UserAgentEnded, UserRunSettled, SessionEnding, ListLoadouts, SetActiveLoadout, RenderGrid,
+    ValidateConfig)}

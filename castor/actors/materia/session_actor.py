@@ -4,20 +4,21 @@ It owns no cast state of its own — casts persist theirs — so a restart of th
 nothing: live casts are the live children of ``/root/session/<sid>/cast``, and every other
 cast is read from the state store under the session's artifact root.
 
-| verb (``SessionCall``) | params | rule |
+| verb (message) | params | rule |
 |---|---|---|
-| ``start`` | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
-| ``status`` | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
-| ``list`` | limit?, cursor? | one page (default 50) of the casts under the artifact root, newest first (views.py table), from the cast index; ``next_cursor`` for the next page |
-| ``abort`` | cast_id? | the cast, else the newest live cast; a live turn is stopped through the harness (``agent.abort_turn``) and the answer never waits for the model; a cast already aborted (a second abort; id-less: the newest cast when none is live) answers ``already: true``, level info |
-| ``continue`` | cast_id? | the cast, else the newest live cast, else the newest interrupted or orphaned one: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
-| ``recast`` | cast_id? | id-less: a live interrupted cast (re-runs its turn), else newest resumable (failed, aborted or orphaned); ``conflict`` if it is live (and not interrupted) or the session is at its limit |
-| ``revive`` | cast_id? | id-less: newest revivable; then as recast |
-| ``refine`` | — | ``before_agent_start`` (a user message) while a cast is paused, or still waits for an earlier user turn → ``RefinementTurnStarted`` |
-| ``agent_end`` | text, error?, entry_id?, stop_reason?, turn_id? | a user run (``turn_id`` null) answers the pending user-driven refinement turn; with none pending, the last withdrawn one (→ ``outcome_ignored``) |
-| ``settled`` | aborted, turn_id? | a user run settled: a user-driven turn still pending lost its end → withdrawn (``settled_without_end``, or ``aborted``) |
-| ``session_end`` | reason | ``session_shutdown`` / the session closing: every pending user-driven turn is withdrawn |
-| ``loadouts`` / ``set_loadout`` / ``grid`` / ``validate`` | | config reads/writes through the config loader |
+| ``start`` (``StartCast``) | request, loadout?, config_path? | live casts ≥ ``max_casts_per_session`` → ``conflict``; config errors → ``invalid_config`` and nothing is created; an untrusted session may not run a loadout with ``command`` sockets while a project config layer is loaded (``forbidden``) |
+| ``status`` (``ShowCast``) | cast_id? | the cast, else the newest live cast, else the newest persisted cast; none → ``not_found`` |
+| ``list`` (``ListCasts``) | limit?, cursor? | one page (default 50) of the casts under the artifact root, newest first (views.py table), from the cast index; ``next_cursor`` for the next page |
+| ``abort`` (``AbortCast``) | cast_id? | the cast, else the newest live cast; a live turn is stopped through the harness (``agent.abort_turn``) and the answer never waits for the model; a cast already aborted (a second abort; id-less: the newest cast when none is live) answers ``already: true``, level info |
+| ``continue`` (``ContinueCast``) | cast_id? | the cast, else the newest live cast, else the newest interrupted or orphaned one: an interrupted cast re-runs its turn, a paused one finalizes; a cast no runtime holds is brought in first (an orphaned one whose work was lost resumes it) |
+| ``recast`` (``RecastCast``) | cast_id? | id-less: a live interrupted cast (re-runs its turn), else newest resumable (failed, aborted or orphaned); ``conflict`` if it is live (and not interrupted) or the session is at its limit |
+| ``revive`` (``ReviveCast``) | cast_id? | id-less: newest revivable; then as recast |
+| ``context`` (``IsolateContext``) | messages | a user-driven refinement turn's transcript cut to its isolated context; ``{}`` when none is pending |
+| ``refine`` (``BeginRefinement``) | — | ``before_agent_start`` (a user message) while a cast is paused, or still waits for an earlier user turn → ``RefinementTurnStarted`` |
+| ``agent_end`` (``UserAgentEnded``) | text, error?, entry_id?, stop_reason?, turn_id? | a user run (``turn_id`` null) answers the pending user-driven refinement turn; with none pending, the last withdrawn one (→ ``outcome_ignored``) |
+| ``settled`` (``UserRunSettled``) | aborted, turn_id? | a user run settled: a user-driven turn still pending lost its end → withdrawn (``settled_without_end``, or ``aborted``) |
+| ``session_end`` (``SessionEnding``) | reason | ``session_shutdown`` / the session closing: every pending user-driven turn is withdrawn |
+| ``loadouts`` / ``set_loadout`` / ``grid`` / ``validate`` (``ListLoadouts`` / ``SetActiveLoadout`` / ``RenderGrid`` / ``ValidateConfig``) | | config reads/writes through the config loader |
 
 A cast that is not live in this runtime is brought in by spawning its CastActor in *resume*
 mode (the lease is taken first: a cast another live runtime holds is a ``conflict``).
@@ -30,19 +31,35 @@ harness over the endpoint (``/materia continue``) or the standalone CLI (``casto
 from __future__ import annotations
 
 import functools
-import inspect
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from castor.actors.materia.cast_actor import CastEnv, cast_spec
 from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.messages import (
+    AbortCast,
+    BeginRefinement,
     CastApply,
     CastStatusQuery,
-    SessionCall,
+    ContinueCast,
+    IsolateContext,
+    ListCasts,
+    ListLoadouts,
+    RecastCast,
+    RenderGrid,
+    ReviveCast,
+    SessionEnding,
+    SessionVerb,
+    SetActiveLoadout,
+    ShowCast,
+    StartCast,
+    UserAgentEnded,
     UserRunEnded,
+    UserRunSettled,
     UserTurnContextQuery,
+    ValidateConfig,
     WithdrawUserTurn,
 )
 from castor.actors.materia.views import (
@@ -60,6 +77,7 @@ from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
 from castor.ports.session_component import SessionContext
 from castor.domain.materia.cast_messages import (
+    AbandonReason,
     AbortRequested,
     CastStarted,
     ContinueRequested,
@@ -79,10 +97,28 @@ from castor.supervision import Actor, handles
 ASK_TIMEOUT_S = 10.0
 
 
-@functools.lru_cache(maxsize=64)
-def _verb_signature(cls: type, verb: str) -> inspect.Signature:
-    """The signature of ``cls._verb_<verb>`` (unbound), computed once per verb."""
-    return inspect.signature(getattr(cls, f"_verb_{verb}"))
+def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable[[Any, Any], dict[str, Any]]:
+    """Wrap one verb's handler so bad input is the caller's error, answered and survived: the same
+    input would crash every restart, and enough crashes would take the session down with it.
+
+    A ``ValueError`` (pydantic's ``ValidationError`` too: a value no event or path can hold) answers
+    ``invalid_params``; an ``OSError`` (the project's files, not castor) ``storage_unavailable``;
+    both quote the verb. Anything else is a crash, as for any handler.
+    """
+
+    @functools.wraps(handler)
+    def run(self: SessionActor, message: SessionVerb) -> dict[str, Any]:
+        try:
+            return handler(self, message)
+        except ValueError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InvalidParams(f"invalid input for materia {message.verb}: {first}",
+                                data={"verb": message.verb}) from None
+        except OSError as exc:
+            error = self.storage.storage_unavailable(exc, base=self.cwd, action=f"run materia {message.verb}")
+            raise StorageUnavailable(error.message, data={**error.data, "verb": message.verb}) from None
+
+    return run
 
 
 class SessionActor(Actor):
@@ -183,34 +219,15 @@ class SessionActor(Actor):
             raise Conflict(f"pi-materia cast already active ({newest}). Use {self._cmd('status', newest)} or "
                            f"{self._cmd('abort', newest)}.", data={"reason": "active", "cast_id": newest, "limit": limit})
 
-    # ------------------------------------------------------------------ dispatch
-    @handles(SessionCall)
-    def _on_call(self, call: SessionCall) -> dict[str, Any]:
-        """Run one verb. Bad input is the caller's error, answered and survived: the same input
-        would crash every restart, and enough crashes would take the session down with it."""
-        handler = getattr(self, f"_verb_{call.verb}", None)
-        if handler is None:
-            raise InvalidParams(f"unknown materia verb {call.verb!r}")
-        try:
-            _verb_signature(type(self), call.verb).bind(self, **call.params)
-        except TypeError as exc:  # a parameter the verb does not have, or a missing one
-            raise InvalidParams(f"invalid parameters for materia {call.verb}: {exc}", data={"verb": call.verb}) from None
-        try:
-            return handler(**call.params)
-        except ValueError as exc:  # pydantic's ValidationError too: a value no event or path can hold
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InvalidParams(f"invalid input for materia {call.verb}: {first}", data={"verb": call.verb}) from None
-        except OSError as exc:  # the project's files, not castor: a typed answer, not a crash
-            error = self.storage.storage_unavailable(exc, base=self.cwd, action=f"run materia {call.verb}")
-            raise StorageUnavailable(error.message, data={**error.data, "verb": call.verb}) from None
-
     # ------------------------------------------------------------------ casts
-    def _verb_start(self, request: str, loadout: str | None = None, config_path: str | None = None,
-                    cli_note: dict[str, Any] | None = None) -> dict[str, Any]:
+    @handles(StartCast)
+    @answers_bad_input
+    def _on_start(self, message: StartCast) -> dict[str, Any]:
         """``cli_note`` (in-process callers only: the standalone CLI) is written to
         ``<runDir>/cli.json`` before the cast's first save, so a kill at any point after
         the start leaves it with the cast."""
-        request = " ".join(request.split())
+        loadout, config_path, cli_note = message.loadout, message.config_path, message.cli_note
+        request = " ".join(message.request.split())
         if not request:
             raise InvalidParams(f"{self._cmd('cast')} needs a request.", data={"reason": "empty_request"})
         self._check_capacity()
@@ -307,7 +324,10 @@ class SessionActor(Actor):
             except CastorError:
                 pass
 
-    def _verb_status(self, cast_id: str | None = None) -> dict[str, Any]:
+    @handles(ShowCast)
+    @answers_bad_input
+    def _on_status(self, message: ShowCast) -> dict[str, Any]:
+        cast_id = message.cast_id
         cast_id = self._ref(cast_id)
         live = self._live()
         if cast_id is None:
@@ -331,7 +351,10 @@ class SessionActor(Actor):
         view.pop("user_turn_visit_id", None)
         return {**view, "text": status_text(view, self.surface), "level": "info"}
 
-    def _verb_list(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+    @handles(ListCasts)
+    @answers_bad_input
+    def _on_list(self, message: ListCasts) -> dict[str, Any]:
+        limit, cursor = message.limit, message.cursor
         root = self._artifact_root()
         page = cast_page(self.storage, root, set(self._live()), limit=limit or DEFAULT_PAGE, cursor=cursor)
         rows = page["casts"]
@@ -349,7 +372,10 @@ class SessionActor(Actor):
         raise Conflict(f"pi-materia cast {cast_id} is {view.get('status')}: there is nothing to abort.",
                        data={"reason": "not-active", "cast_id": cast_id, "status": view.get("status")})
 
-    def _verb_abort(self, cast_id: str | None = None) -> dict[str, Any]:
+    @handles(AbortCast)
+    @answers_bad_input
+    def _on_abort(self, message: AbortCast) -> dict[str, Any]:
+        cast_id = message.cast_id
         root = self._artifact_root()
         cast_id = self._ref(cast_id, root)
         live = self._live()
@@ -381,7 +407,10 @@ class SessionActor(Actor):
         return {**view, "text": f"pi-materia cast {cast_id} aborted. Recast it with {self._cmd('recast', cast_id)}.",
                 "level": "warning"}
 
-    def _verb_continue(self, cast_id: str | None = None) -> dict[str, Any]:
+    @handles(ContinueCast)
+    @answers_bad_input
+    def _on_continue(self, message: ContinueCast) -> dict[str, Any]:
+        cast_id = message.cast_id
         root = self._artifact_root()
         cast_id = self._ref(cast_id, root)
         if cast_id is None and not self._live():
@@ -476,11 +505,15 @@ class SessionActor(Actor):
         return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
                 "level": "info"}
 
-    def _verb_recast(self, cast_id: str | None = None) -> dict[str, Any]:
-        return self._resume(cast_id, revive=False)
+    @handles(RecastCast)
+    @answers_bad_input
+    def _on_recast(self, message: RecastCast) -> dict[str, Any]:
+        return self._resume(message.cast_id, revive=False)
 
-    def _verb_revive(self, cast_id: str | None = None) -> dict[str, Any]:
-        return self._resume(cast_id, revive=True)
+    @handles(ReviveCast)
+    @answers_bad_input
+    def _on_revive(self, message: ReviveCast) -> dict[str, Any]:
+        return self._resume(message.cast_id, revive=True)
 
     # ------------------------------------------------------------------ harness events
     def _statuses(self) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -492,7 +525,9 @@ class SessionActor(Actor):
                 continue
         return out
 
-    def _verb_refine(self) -> dict[str, Any]:
+    @handles(BeginRefinement)
+    @answers_bad_input
+    def _on_refine(self, message: BeginRefinement) -> dict[str, Any]:
         """Start a user-driven refinement turn on the newest paused cast, if any.
 
         Answers ``system_prompt_append`` (the host's system prompt + "Materia active
@@ -513,7 +548,9 @@ class SessionActor(Actor):
                 return out
         return {}
 
-    def _verb_context(self, messages: list[Any]) -> dict[str, Any]:
+    @handles(IsolateContext)
+    @answers_bad_input
+    def _on_context(self, message: IsolateContext) -> dict[str, Any]:
         """Cut the transcript of a user-driven refinement turn to the isolated context:
         everything before the socket's prompt becomes one synthetic message. ``{}`` when no cast
         of this session has such a turn pending (the harness keeps its messages)."""
@@ -523,44 +560,50 @@ class SessionActor(Actor):
             except CastorError:
                 continue
             if synthetic:
-                return {"messages": isolate_context([m for m in messages if isinstance(m, dict)], synthetic)}
+                return {"messages": isolate_context([m for m in message.messages if isinstance(m, dict)], synthetic)}
         return {}
 
-    def _verb_agent_end(self, text: str | None = None, error: str | None = None, entry_id: str | None = None,
-                        stop_reason: str | None = None, turn_id: str | None = None) -> dict[str, Any]:
+    @handles(UserAgentEnded)
+    @answers_bad_input
+    def _on_agent_end(self, message: UserAgentEnded) -> dict[str, Any]:
         """A user run ended: answer the pending user-driven turn (newest cast first); with none
         pending, quote the last withdrawn one, which the engine reports as ``outcome_ignored`` (a late
         end is never applied). A run of castor's own turn (``turn_id``) is answered by
         ``agent.turn_ended``, never here. Answered once the transition is saved."""
-        if turn_id is not None:
+        if message.turn_id is not None:
             return {}
         live = sorted(self._live().items(), reverse=True)
         for late in (False, True):
             for cast_id, handle in live:
                 try:
-                    visit_id = handle.ask(UserRunEnded(text=text, error=error, entry_id=entry_id,
-                                                       stop_reason=stop_reason, late=late), timeout=ASK_TIMEOUT_S)
+                    visit_id = handle.ask(UserRunEnded(text=message.text, error=message.error, entry_id=message.entry_id,
+                                                       stop_reason=message.stop_reason, late=late),
+                                          timeout=ASK_TIMEOUT_S)
                 except CastorError:
                     continue
                 if visit_id:
                     return {"cast_id": cast_id, "visit_id": visit_id, "late": late}
         return {}
 
-    def _verb_settled(self, aborted: bool = False, turn_id: str | None = None) -> dict[str, Any]:
+    @handles(UserRunSettled)
+    @answers_bad_input
+    def _on_settled(self, message: UserRunSettled) -> dict[str, Any]:
         """A user run settled (``agent_settled``, sent after its ``agent_end``). A user-driven turn still
         pending now lost its end (mistyped, lost, or an abort that produced none): withdraw it. After a
         normal end nothing is pending any more and nothing changes."""
-        if turn_id is not None:
+        if message.turn_id is not None:
             return {}
-        return self._withdraw_user_turns("aborted" if aborted else "settled_without_end")
+        return self._withdraw_user_turns("aborted" if message.aborted else "settled_without_end")
 
-    def _verb_session_end(self, reason: str) -> dict[str, Any]:
+    @handles(SessionEnding)
+    @answers_bad_input
+    def _on_session_end(self, message: SessionEnding) -> dict[str, Any]:
         """The harness session ends (``session_shutdown``, ``session.close``, its connection closed):
         nobody will report a pending user turn now, so it is withdrawn and saved paused before the
         casts stop — they stay resumable, and a recast resumes them paused."""
-        return self._withdraw_user_turns(reason)
+        return self._withdraw_user_turns(message.reason)
 
-    def _withdraw_user_turns(self, reason: str) -> dict[str, Any]:
+    def _withdraw_user_turns(self, reason: AbandonReason) -> dict[str, Any]:
         withdrawn: dict[str, str] = {}
         for cast_id, handle in sorted(self._live().items(), reverse=True):
             try:
@@ -574,28 +617,42 @@ class SessionActor(Actor):
         return {"withdrawn": withdrawn} if withdrawn else {}
 
     # ------------------------------------------------------------------ loadouts and config
-    def _verb_loadouts(self, config_path: str | None = None) -> dict[str, Any]:
+    @handles(ListLoadouts)
+    @answers_bad_input
+    def _on_loadouts(self, message: ListLoadouts) -> dict[str, Any]:
+        return self._loadouts(message.config_path)
+
+    def _loadouts(self, config_path: str | None) -> dict[str, Any]:
         loaded = self.storage.load_config(self.cwd, config_path=config_path or self.config_path)
         names = list((loaded.merged.get("loadouts") or {}).keys())
         active = loaded.merged.get("activeLoadout")
         return {"active": active, "loadouts": names, "source": " < ".join(l.path for l in loaded.layers if l.loaded),
                 "text": loadout_line(active, names), "level": "info"}
 
-    def _verb_set_loadout(self, name: str, config_path: str | None = None) -> dict[str, Any]:
+    @handles(SetActiveLoadout)
+    @answers_bad_input
+    def _on_set_loadout(self, message: SetActiveLoadout) -> dict[str, Any]:
+        name, config_path = message.name, message.config_path
         live = self._active()
         if live:
             raise Conflict(f"Cannot change active loadout during active cast {max(live)}.",
                            data={"reason": "active", "cast_id": max(live)})
         path = self.storage.save_active_loadout(self.cwd, name, config_path=config_path or self.config_path)
-        listing = self._verb_loadouts(config_path)
+        listing = self._loadouts(config_path)
         return {**listing, "path": str(path), "text": f"Active loadout: {name} (saved to {path})\n{listing['text']}"}
 
-    def _verb_grid(self, loadout: str | None = None, config_path: str | None = None) -> dict[str, Any]:
+    @handles(RenderGrid)
+    @answers_bad_input
+    def _on_grid(self, message: RenderGrid) -> dict[str, Any]:
+        loadout, config_path = message.loadout, message.config_path
         resolved = self._resolved(loadout, config_path)
         text = render_grid(resolved)
         return {"loadout": resolved.pipeline.loadout_name, "grid": text, "text": text, "level": "info"}
 
-    def _verb_validate(self, path: str) -> dict[str, Any]:
+    @handles(ValidateConfig)
+    @answers_bad_input
+    def _on_validate(self, message: ValidateConfig) -> dict[str, Any]:
+        path = message.path
         target = self.storage.confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
         issues = self.storage.validate_config_file(target)
         errors = [str(i) for i in issues if not i.is_warning]

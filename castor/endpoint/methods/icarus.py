@@ -30,7 +30,7 @@ from typing import Any, Literal
 from castor.actors.icarus import IcarusSession, session_of
 from castor.domain.icarus.tools import tool_result
 from castor.endpoint.dispatch import Context, Dispatcher, Params
-from castor.messages.errors import Forbidden
+from castor.endpoint.methods.ownership import owned_session
 from castor.runtime import Runtime
 
 
@@ -60,12 +60,11 @@ def icarus_session(runtime: Runtime, session_id: str) -> IcarusSession:
 def _owned_session(runtime: Runtime, ctx: Context, session_id: str) -> IcarusSession:
     """As :func:`icarus_session`, for a session opened on this connection only (``forbidden``).
 
-    Uses the connection state kept by ``session.open`` (methods/session.py):
-    one harness cannot call another session's memory tools.
+    The ownership rule of every session method (:func:`owned_session`): one harness cannot call
+    another session's memory tools.
     """
     sess = icarus_session(runtime, session_id)
-    if session_id not in ctx.state.get("sessions", {}):
-        raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
+    owned_session(ctx, session_id)
     return sess
 
 

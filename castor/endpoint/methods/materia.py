@@ -5,17 +5,37 @@ session's own cwd is authoritative, so a client cannot point a session at anothe
 Results of commands carry ``text`` and ``level`` for the harness to show, plus structured
 fields. See docs/protocol.md "Methods: harness → castor" for each method's params, result and
 errors.
+
+:data:`METHODS` is the one table: each method name, its params model, and the SessionActor
+message its params become. Every method checks first that the calling connection opened the
+session (:func:`castor.endpoint.methods.ownership.owned_session`, ``forbidden``), then asks.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import Field
 
-from castor.actors.materia.api import materia_call
+from castor.actors.materia.api import materia_ask
+from castor.actors.materia.messages import (
+    AbortCast,
+    ContinueCast,
+    ListCasts,
+    ListLoadouts,
+    RecastCast,
+    RenderGrid,
+    ReviveCast,
+    SessionVerb,
+    SetActiveLoadout,
+    ShowCast,
+    StartCast,
+    ValidateConfig,
+)
 from castor.endpoint.dispatch import Context, Dispatcher, Params
-from castor.messages.errors import Forbidden
+from castor.endpoint.methods.ownership import owned_session
 from castor.runtime import Runtime
 
 
@@ -54,38 +74,46 @@ class ValidateParams(_SessionParams):
     path: str = Field(min_length=1, max_length=4096)
 
 
-#: method -> (SessionActor verb, params model, which params to pass on)
-_METHODS: dict[str, tuple[str, type[Params], tuple[str, ...]]] = {
-    "cast.start": ("start", CastStartParams, ("request", "loadout")),
-    "cast.abort": ("abort", CastRefParams, ("cast_id",)),
-    "cast.continue": ("continue", CastRefParams, ("cast_id",)),
-    "cast.recast": ("recast", CastRefParams, ("cast_id",)),
-    "cast.revive": ("revive", CastRefParams, ("cast_id",)),
-    "cast.status": ("status", CastRefParams, ("cast_id",)),
-    "cast.list": ("list", CastListParams, ("limit", "cursor")),
-    "loadout.list": ("loadouts", SessionOnlyParams, ()),
-    "loadout.set": ("set_loadout", LoadoutSetParams, ("name",)),
-    "grid.render": ("grid", GridParams, ("loadout",)),
-    "config.validate": ("validate", ValidateParams, ("path",)),
+P = TypeVar("P", bound=_SessionParams)
+
+
+@dataclass(frozen=True, slots=True)
+class MateriaMethod(Generic[P]):
+    """One msgpack-rpc method: its params model, and how its params become the SessionActor's
+    message. The result is the verb's answer dict as the actor gives it (``text``, ``level`` and
+    the verb's structured fields)."""
+
+    params: type[P]
+    message: Callable[[P], SessionVerb]
+
+
+#: method name -> its params model and the SessionActor message it sends (the one table)
+METHODS: dict[str, MateriaMethod[Any]] = {
+    "cast.start": MateriaMethod(CastStartParams, lambda p: StartCast(request=p.request, loadout=p.loadout)),
+    "cast.abort": MateriaMethod(CastRefParams, lambda p: AbortCast(cast_id=p.cast_id)),
+    "cast.continue": MateriaMethod(CastRefParams, lambda p: ContinueCast(cast_id=p.cast_id)),
+    "cast.recast": MateriaMethod(CastRefParams, lambda p: RecastCast(cast_id=p.cast_id)),
+    "cast.revive": MateriaMethod(CastRefParams, lambda p: ReviveCast(cast_id=p.cast_id)),
+    "cast.status": MateriaMethod(CastRefParams, lambda p: ShowCast(cast_id=p.cast_id)),
+    "cast.list": MateriaMethod(CastListParams, lambda p: ListCasts(limit=p.limit, cursor=p.cursor)),
+    "loadout.list": MateriaMethod(SessionOnlyParams, lambda p: ListLoadouts()),
+    "loadout.set": MateriaMethod(LoadoutSetParams, lambda p: SetActiveLoadout(name=p.name)),
+    "grid.render": MateriaMethod(GridParams, lambda p: RenderGrid(loadout=p.loadout)),
+    "config.validate": MateriaMethod(ValidateParams, lambda p: ValidateConfig(path=p.path)),
 }
 
 
-def _handler(runtime: Runtime, verb: str, fields: tuple[str, ...]):
+def _handler(runtime: Runtime, method: MateriaMethod[Any]) -> Callable[[Any, Context], dict[str, Any]]:
     def handle(params: Any, ctx: Context) -> dict[str, Any]:
-        # Same ownership rule as the session methods: only the connection that opened a
-        # session may drive its casts (ctx.state["sessions"] is filled by session.open).
-        if params.session_id not in ctx.state.get("sessions", {}):
-            raise Forbidden(f"session {params.session_id!r} is not open on this connection",
-                            data={"session_id": params.session_id})
-        args = {name: getattr(params, name) for name in fields}
-        return materia_call(runtime, params.session_id, verb, args)
+        owned_session(ctx, params.session_id)  # only the connection that opened a session drives its casts
+        return materia_ask(runtime, params.session_id, method.message(params))
 
     return handle
 
 
 def register_materia_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
-    for method, (verb, model, fields) in _METHODS.items():
-        dispatcher.register(method, _handler(runtime, verb, fields), model)
+    for name, method in METHODS.items():
+        dispatcher.register(name, _handler(runtime, method), method.params)
 
 
-__all__ = ["register_materia_methods"]
+__all__ = ["METHODS", "MateriaMethod", "register_materia_methods"]

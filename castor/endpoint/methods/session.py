@@ -15,7 +15,8 @@ from loguru import logger
 from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
-from castor.messages.errors import Conflict, Forbidden, MailboxFull
+from castor.endpoint.methods.ownership import opened_sessions, owned_session
+from castor.messages.errors import Conflict, MailboxFull
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 
 HarnessEventName = Literal[
@@ -53,16 +54,12 @@ class TurnEndedParams(Params):
     model: Any = None
 
 
-def _owned(ctx: Context) -> dict[str, WireHarness]:
-    return ctx.state.setdefault("sessions", {})
-
-
 def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     lock = threading.Lock()
 
     def session_open(params: SessionOpenParams, ctx: Context) -> dict[str, Any]:
         check_trusted_assertion(params.trusted, ctx)  # who may say "trusted": castor.endpoint.auth
-        owned = _owned(ctx)
+        owned = opened_sessions(ctx)
         with lock:
             if params.session_id in owned:
                 if runtime.has_session(params.session_id):
@@ -88,19 +85,18 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         return {"session_id": params.session_id, "path": session.path}
 
     def session_close(params: SessionRef, ctx: Context) -> dict[str, Any]:
-        owned = _owned(ctx)
-        if params.session_id not in owned:
-            raise Forbidden(f"session {params.session_id!r} was not opened on this connection")
+        owned_session(ctx, params.session_id)
+        owned = opened_sessions(ctx)
         runtime.close_session(params.session_id)
         owned.pop(params.session_id, None)
         return {"closed": True}
 
     def harness_event(params: HarnessEventParams, ctx: Context) -> dict[str, Any]:
-        _check_owned(ctx, params.session_id)
+        owned_session(ctx, params.session_id)
         return runtime.dispatch_event(params.session_id, params.event, params.data)
 
     def turn_ended(params: TurnEndedParams, ctx: Context) -> dict[str, Any]:
-        link = _check_owned(ctx, params.session_id)
+        link = owned_session(ctx, params.session_id)
         if not link.turn_ended(params.model_dump()):
             return {"ok": True, "ignored": True}  # a turn castor stopped (agent.abort_turn): nothing to apply
         return {"ok": True}
@@ -109,13 +105,6 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     dispatcher.register("session.close", session_close, SessionRef)
     dispatcher.register("harness.event", harness_event, HarnessEventParams)
     dispatcher.register("agent.turn_ended", turn_ended, TurnEndedParams)
-
-
-def _check_owned(ctx: Context, session_id: str) -> WireHarness:
-    link = _owned(ctx).get(session_id)
-    if link is None:
-        raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
-    return link
 
 
 def _close_owned(runtime: Runtime, owned: dict[str, WireHarness]) -> None:

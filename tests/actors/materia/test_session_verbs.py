@@ -1,0 +1,57 @@
+"""Every SessionActor verb is one typed message with its own handler, and the endpoint's materia
+methods are one table of (params model, message): a verb cannot be reached by a name or argument
+its message does not declare."""
+
+from __future__ import annotations
+
+import pytest
+
+from castor.actors.materia.api import materia_ask, materia_call, verb_message
+from castor.actors.materia.messages import SESSION_VERBS, ListCasts, SessionVerb, StartCast, ValidateConfig
+from castor.actors.materia.session_actor import SessionActor
+from castor.endpoint.methods.materia import METHODS
+from castor.messages.errors import Forbidden, InvalidParams
+
+from .helpers import open_session
+
+
+def test_every_verb_is_a_message_with_its_own_handler() -> None:
+    assert all(issubclass(cls, SessionVerb) and SESSION_VERBS[cls.verb] is cls for cls in SESSION_VERBS.values())
+    handlers = {cls: SessionActor._dispatch[cls] for cls in SESSION_VERBS.values()}
+    assert len(set(handlers.values())) == len(SESSION_VERBS)  # one handler each, no shared dispatcher
+
+
+def test_the_endpoint_table_builds_each_methods_message_from_its_params() -> None:
+    samples = {"request": "do it", "name": "hello", "path": "materia.json", "cast_id": "c1", "limit": 5}
+    sent = {}
+    for name, method in METHODS.items():
+        fields = {k: v for k, v in samples.items() if k in method.params.model_fields}
+        message = method.message(method.params(session_id="s1", **fields))
+        assert isinstance(message, SessionVerb)
+        sent[name] = message.verb
+        assert message.arguments() == fields
+    assert sent == {"cast.start": "start", "cast.abort": "abort", "cast.continue": "continue",
+                    "cast.recast": "recast", "cast.revive": "revive", "cast.status": "status", "cast.list": "list",
+                    "loadout.list": "loadouts", "loadout.set": "set_loadout", "grid.render": "grid",
+                    "config.validate": "validate"}
+
+
+def test_a_verb_by_name_is_its_message_and_bad_arguments_are_invalid_params() -> None:
+    assert verb_message("start", {"request": "x", "loadout": None}) == StartCast(request="x")
+    with pytest.raises(InvalidParams, match="unknown materia verb"):
+        verb_message("explode")
+    with pytest.raises(InvalidParams) as missing:
+        verb_message("start", {})
+    assert missing.value.data == {"verb": "start"}
+    with pytest.raises(InvalidParams) as extra:
+        verb_message("status", {"cast_id": "c1", "colour": "red"})
+    assert extra.value.data == {"verb": "status"}
+
+
+def test_the_typed_ask_and_the_call_by_name_give_one_answer(runtime_factory, project) -> None:
+    rt = runtime_factory()
+    open_session(rt, "s1", project, [])
+    assert materia_ask(rt, "s1", ListCasts()) == materia_call(rt, "s1", "list")
+    with pytest.raises(Forbidden, match="NUL byte"):
+        materia_ask(rt, "s1", ValidateConfig(path="materia\x00.json"))  # a path no file system holds
+    assert materia_ask(rt, "s1", ListCasts())["casts"] == []  # answered and survived
