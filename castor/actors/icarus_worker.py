@@ -202,9 +202,7 @@ class IcarusWorkerActor(Actor):
             target = f"{call.module}.{call.function}"
             raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
                           data={"target": target}, may_have_started=False)
-        worker = self._worker
-        if worker is None or worker.exited_while_idle():
-            worker = self._ensure_worker()
+        worker = self._ensure_worker()
         target = f"{call.module}.{call.function}"
         if token is not None and not token._bind(lambda: worker.kill_tree("cancelled")):
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
