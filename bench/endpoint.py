@@ -207,7 +207,7 @@ def main() -> None:
     print(f"unpinned   castor, 16 clients (requests/s)    {fmt(unpinned['rps'])}")
     print(f"RESULT endpoint_roundtrip_ratio {med(unpinned['ratio']):.2f} target<=1.5")
     if pinned:
-        print(f"RESULT endpoint_roundtrip_ratio_same_core {med(pinned['ratio']):.2f} target<=1.5")
+        print(f"RESULT endpoint_roundtrip_ratio_same_core {med(pinned['ratio']):.2f} target<=1.25")
     print(f"RESULT endpoint_roundtrip_us {med(unpinned['castor']):.1f} target<={1.5 * med(unpinned['raw']):.1f}")
     # No target in the brief for throughput; 10k/s is ~100x what a busy harness needs.
     print(f"RESULT endpoint_rps_16_clients {med(unpinned['rps']):.0f} target>=10000")

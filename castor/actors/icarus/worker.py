@@ -173,20 +173,26 @@ class IcarusWorkerActor(Actor):
 
     @handles(WorkerCall)
     def _on_call(self, call: WorkerCall) -> Any:
-        target = f"{call.module}.{call.function}"
+        # The hot path of every worker call: locals, no helper calls where a test would do.
+        token = call.token
         now = time.monotonic()
-        deadline = call.deadline if call.deadline is not None else now + self._timeout_s
-        if call.token is not None and call.token.cancelled:
+        deadline = call.deadline
+        if deadline is None:
+            deadline = now + self._timeout_s
+        if token is not None and token._cancelled:
+            target = f"{call.module}.{call.function}"
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
         if now >= deadline:
+            target = f"{call.module}.{call.function}"
             raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
                           data={"target": target}, may_have_started=False)
         worker = self._ensure_worker()
-        if call.token is not None and not call.token._bind(lambda: worker.kill_tree("cancelled")):
+        target = f"{call.module}.{call.function}"
+        if token is not None and not token._bind(lambda: worker.kill_tree("cancelled")):
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
-        self.report_activity("worker_call", f"worker call {target}", target=target, pid=worker.running_pid)
+        self.report_activity("worker_call", "worker call " + target, target=target, pid=worker.running_pid)
         self.count_metric("worker_calls")
         try:
             reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
@@ -196,7 +202,7 @@ class IcarusWorkerActor(Actor):
             raise
         except WorkerRetired as exc:
             self.retire(f"worker killed during {target}", error=WorkerRetired)
-            if call.token is not None and call.token.cancelled:
+            if token is not None and token._cancelled:
                 raise Cancelled(f"icarus call {target} cancelled; the worker was retired",
                                 data={"target": target}, may_have_started=True) from None
             raise exc
@@ -204,8 +210,10 @@ class IcarusWorkerActor(Actor):
             self.retire(f"worker crashed during {target}", error=WorkerCrashed)
             raise
         finally:
-            if call.token is not None:
-                call.token._unbind()
+            if token is not None:
+                token._on_cancel = None  # _unbind without its lock: one reference store is atomic
+        if reply.get("ok") is True:
+            return reply.get("result")
         return reply_result(reply, target)
 
     def _ensure_worker(self) -> WorkerProcessPort:

@@ -168,10 +168,16 @@ class SessionActor(Actor):
         return self.configs.load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)
 
     def _artifact_root(self, config_path: str | None = None) -> Path:
+        # The cached resolved config carries the merged layers (re-read only when a layer file
+        # changed): status, list and recast no longer merge and validate every layer per call.
+        # A config that does not resolve (a bad loadout) still names its artifactDir: read it.
         try:
-            configured = self.storage.load_config(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
+            configured = self._resolved(None, config_path).config.get("artifactDir")
         except ConfigError:
-            configured = None
+            try:
+                configured = self.storage.load_config(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
+            except ConfigError:
+                configured = None
         return self._root_for(configured if isinstance(configured, str) else None)
 
     def _root_for(self, configured: str | None) -> Path:
