@@ -59,9 +59,9 @@ def test_stdio_bad_input_gets_typed_errors_and_the_runtime_keeps_serving(tmp_pat
 
             # hostile session ids: refused before any actor or file exists
             for sid in HOSTILE_SESSION_IDS:
-                with pytest.raises(InvalidParams) as bad:
+                with pytest.raises(Forbidden) as bad:  # the one safe-id rule: forbidden, reason "invalid session_id"
                     client.call("session.open", {"session_id": sid, "cwd": str(project)})
-                assert bad.value.code == "invalid_params"
+                assert bad.value.code == "forbidden"
                 with pytest.raises((Forbidden, NotFound, InvalidParams)):
                     client.call("harness.event", {"session_id": sid, "event": "context", "data": {}})
             assert client.call("ops.actors", {}) is not None
