@@ -52,7 +52,7 @@ def test_the_scan_covers_the_docs_the_code_and_the_benchmarks() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in _scanned_files(ROOT)}
     assert "README.md" in names and "CONTRIBUTING.md" in names
     assert "docs/materia.md" in names and "docs/icarus.md" in names
-    assert "castor/cli.py" in names
+    assert "castor/cli/app.py" in names
     assert any(n.startswith("bench/") for n in names)
     assert not any(n.startswith("tests/") for n in names)
 

@@ -13,14 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(60)
 
-PENDING: set[frozenset[str]] = {
-    # the demo, the soak and the scale-out soak support (moving to castor.testing)
-    frozenset({"castor.demo", "castor.demo_casts", "castor.demo_icarus", "castor.scaleout.host",
-               "castor.scaleout.options", "castor.scaleout.ray_backend", "castor.scaleout.soak_support",
-               "castor.soak"}),
-    # the CLI modules (moving to the castor.cli package)
-    frozenset({"castor.cli", "castor.cli_materia"}),
-}
+PENDING: set[frozenset[str]] = set()
 
 
 def import_cycles(package: str = "castor") -> set[frozenset[str]]:

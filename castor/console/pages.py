@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from castor.inspect_view import session_casts
+from castor.console.terminal import session_casts
 from castor.messages.errors import NotFound
 from castor.supervision.registry import WATCH_PACE_S, check_segment
 

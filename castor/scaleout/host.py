@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from castor.messages.errors import CastorError, NotFound
 from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySessionLog, RelayUi
@@ -116,11 +116,12 @@ class CastHost:
     def drain(self, max_items: int = 256, timeout_s: float = 1.0) -> list[dict[str, Any]]:
         return self.outbox.drain(max_items, timeout_s)
 
-    def inject(self, kind: str, family: str, pick: float, delay_s: float) -> str | None:
-        """A soak fault inside this host's runtime (its casts, visits, utility slots)."""
-        from castor.soak import inject_into
-
-        return inject_into(self.runtime.system.registry, kind, family, pick, lambda: delay_s)
+    def inject(self, injector: Callable[..., str | None], kind: str, family: str, pick: float,
+               delay_s: float) -> str | None:
+        """A fault inside this host's runtime (its casts, visits, utility slots): runs
+        ``injector(registry, kind, family, pick, delay)`` here and returns what it answers. The
+        host knows no fault itself; the soak hands it its injector (scale-out sits below testing)."""
+        return injector(self.runtime.system.registry, kind, family, pick, lambda: delay_s)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every actor of this host's runtime, as ``ops.actors`` shows them (paths unchanged)."""

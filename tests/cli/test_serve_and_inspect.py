@@ -131,7 +131,7 @@ def test_usage_errors_are_one_line_with_a_code_and_exit_2(tmp_path, argv):
 def test_actor_data_is_shown_as_text_never_as_markup():
     from rich.console import Console
 
-    from castor.inspect_view import _actor_line
+    from castor.console.terminal import _actor_line
 
     actor = {"path": "/root/utility/slot-3", "kind": "UtilityExecutorActor", "state": "retired", "incarnation": 1,
              "restarts": 0, "retired_reason": "[/magenta] oops [bold]",

@@ -99,7 +99,7 @@ def test_a_busy_utility_slot_reports_its_command_and_pid(tmp_path):
     from castor.composition import materia_component
     from castor.adapters.agents.scripted import ScriptedAgent, parse_script
     from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
-    from castor.soak import build_script, write_project
+    from castor.testing.soak import build_script, write_project
 
     project = tmp_path / "p"
     project.mkdir()

@@ -184,7 +184,7 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
 def test_the_icarus_worker_stats_are_on_the_console(tmp_path):
     import sys
 
-    from castor.demo_icarus import reference_backend
+    from castor.testing.reference_backend import reference_backend
 
     agent_dir = tmp_path / "home" / ".pi" / "agent"
     agent_dir.mkdir(parents=True)

@@ -16,7 +16,7 @@ import castor
 
 
 def cli_has_serve() -> bool:
-    cli = Path(castor.__file__).with_name("cli.py")
+    cli = Path(castor.__file__).with_name("cli") / "serve.py"
     main = Path(castor.__file__).with_name("__main__.py")
     return cli.exists() and main.exists() and "serve" in cli.read_text(encoding="utf-8")
 

@@ -2,7 +2,7 @@
 
 The section drives a real Runtime over the reference backend (a stand-in for
 the private Icarus plugin) in real worker subprocesses; only the classifier
-model is a stand-in (castor/demo_icarus.py WordOverlapClassifier).
+model is a stand-in (castor/testing/demo_icarus.py WordOverlapClassifier).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 import pytest
 from rich.console import Console
 
-import castor.demo_icarus as demo_icarus
+import castor.testing.demo_icarus as demo_icarus
 from castor.ports.classifier import ChatMessage, ClassifierRequest
-from castor.demo import DemoReport
+from castor.testing.report import DemoReport
 
 
 def _report() -> DemoReport:

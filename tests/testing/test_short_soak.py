@@ -11,7 +11,7 @@ import json
 import pytest
 
 from castor.cli import main
-from castor.soak import SoakSettings, run_soak
+from castor.testing.soak import SoakSettings, run_soak
 
 
 @pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from castor.messages.errors import Timeout, WorkerRetired
-from castor.soak import (
+from castor.testing.soak import (
     SOAK_SUMMARY_PREFIX,
     AskLedger,
     AskRecord,

@@ -51,7 +51,7 @@ def stop_cluster_backend(cluster: Any, backend: Any) -> None:
 def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pick: float,
                       delay_s: Any) -> str | None:
     """One fault of a Ray soak (see the module doc); None when it found no target."""
-    from castor.soak import inject_into
+    from castor.testing.faults import inject_into
 
     backend = soak.scaleout
     kinds, weights = zip(*CLUSTER_FAULTS)
@@ -83,7 +83,7 @@ def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pic
     try:
         import ray
 
-        injected = ray.get(host.actor.inject.remote(kind, family, pick, delay_s()), timeout=10)
+        injected = ray.get(host.actor.inject.remote(inject_into, kind, family, pick, delay_s()), timeout=10)
     except Exception:  # noqa: BLE001 - the host died meanwhile: no fault injected
         return None
     return f"host_{injected}" if injected else None

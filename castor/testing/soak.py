@@ -71,6 +71,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from castor.domain.materia.defaults import default_config
 from castor.messages.errors import CastorError
+from castor.testing.faults import fault_targets, inject_into
 
 TERMINAL = ("complete", "failed", "aborted")
 SETTLED = (*TERMINAL, "orphaned")
@@ -402,53 +403,6 @@ class SoakReport(BaseModel):
         return not self.must_be_zero.violations()
 
 
-def fault_targets(registry: Any, prefix_kind: str) -> list[Any]:
-    """The live actors of one fault family (cast, socket, utility, worker) in ``registry``."""
-    out = []
-    for handle in registry.handles("/root"):
-        path = handle.path
-        parts = path.split("/")
-        if prefix_kind == "cast" and len(parts) == 6 and parts[2] == "session" and parts[4] == "cast":
-            out.append(handle)
-        elif prefix_kind == "socket" and len(parts) == 6 and parts[2] == "session" and parts[4] == "socket":
-            out.append(handle)
-        elif prefix_kind == "utility" and path.startswith("/root/utility/slot-"):
-            out.append(handle)
-        elif prefix_kind == "worker" and len(parts) == 6 and parts[4] == "icarus" and parts[5] == "worker":
-            out.append(handle)
-    return sorted((h for h in out if h.alive), key=lambda h: h.path)
-
-
-def inject_into(registry: Any, kind: str, family: str, pick: float, delay_s: Callable[[], float]) -> str | None:
-    """Inject one fault of ``kind`` into the ``pick``-th target of ``family`` in ``registry`` (the
-    soak's own runtime, or a cast host's); returns the kind injected, None without a target."""
-    from castor.supervision import faults
-
-    targets = fault_targets(registry, family)
-    if kind in ("kill_utility_process", "kill_utility", "kill_worker_process"):
-        busy = [h for h in targets if h.actor is not None and h.actor.owned_pids()]
-        targets = busy or ([] if kind != "kill_utility" else targets)
-    if not targets:
-        return None
-    handle = targets[int(pick * len(targets)) % len(targets)]
-    try:
-        if kind in ("kill_cast", "kill_socket", "kill_utility", "kill_worker"):
-            faults.kill(handle, f"soak: {kind}")
-        elif kind == "crash_cast":
-            faults.crash_next(handle, "materia.cast.outcome")
-        elif kind == "crash_utility":
-            faults.crash_next(handle, "materia.utility.job")
-        elif kind in ("kill_utility_process", "kill_worker_process"):
-            if not faults.kill_process(handle):
-                return None
-        else:
-            faults.delay_next(handle, delay_s())
-            kind = f"delay_{family}"
-    except CastorError:
-        return None
-    return kind
-
-
 # =========================================================================== the run
 @dataclass
 class _Session:
@@ -493,7 +447,7 @@ class Soak:
         self.scaleout: Any = None
         self.cluster: Any = None
         if s.backend == "ray":
-            from castor.scaleout.soak_support import start_cluster_backend
+            from castor.testing.soak_on_ray import start_cluster_backend
 
             self.cluster, self.scaleout = start_cluster_backend(s.ray_address)
             from castor.scaleout.options import materia_component_for
@@ -510,7 +464,7 @@ class Soak:
 
     def _icarus_component(self, root: Path) -> Any:
         from castor.composition import icarus_component
-        from castor.demo_icarus import reference_backend
+        from castor.testing.reference_backend import reference_backend
 
         backend = reference_backend()
         if not (backend / "__init__.py").is_file():
@@ -614,7 +568,7 @@ class Soak:
             return round(0.05 + 0.45 * rng.random(), 3)
 
         if self.scaleout is not None:
-            from castor.scaleout.soak_support import inject_on_cluster
+            from castor.testing.soak_on_ray import inject_on_cluster
 
             return inject_on_cluster(self, rng, kind, family, pick, delay_s)
         return inject_into(self.runtime.system.registry, kind, family, pick, delay_s)
@@ -655,7 +609,7 @@ class Soak:
                 self.stop_worker_load.set()
                 self.runtime.shutdown(30)
                 if self.scaleout is not None:
-                    from castor.scaleout.soak_support import stop_cluster_backend
+                    from castor.testing.soak_on_ray import stop_cluster_backend
 
                     stop_cluster_backend(self.cluster, self.scaleout)
             self._check_files(report)

@@ -3,7 +3,7 @@
 One :class:`~castor.runtime.Runtime` with the materia component. A simulated harness — the
 scripted agent (:mod:`castor.adapters.agents.scripted`, no model) — drives three sessions with
 two concurrent casts each of the bundled ``build`` loadout, whose ``Socket-6`` runs a real
-command here (it records ``$CASTOR_VISIT_ID``; see :func:`castor.soak.build_loadout_config`),
+command here (it records ``$CASTOR_VISIT_ID``; see :func:`castor.testing.soak.build_loadout_config`),
 and whose ``vcs.detect`` / ``project.ensureIgnored`` built-ins touch the real project. The
 reviewer rejects item 1 once, so every cast goes round the rework loop.
 
@@ -45,10 +45,10 @@ from castor.ports.host_context import NoHostContext
 from castor.actors.materia.api import materia_call
 from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.inspect_view import actor_tree
+from castor.console.terminal import actor_tree
 from castor.messages.errors import CastorError
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
-from castor.soak import (
+from castor.testing.soak import (
     TERMINAL,
     build_script,
     cast_dirs,
@@ -63,7 +63,7 @@ from castor.soak import (
 from castor.supervision import faults
 
 if TYPE_CHECKING:
-    from castor.demo import DemoReport
+    from castor.testing.report import DemoReport
 
 SECTION = "casts"
 SESSIONS = ("demo-a", "demo-b", "demo-c")
@@ -228,7 +228,7 @@ def _artifacts(scene: _Scene) -> Table:
 
 def section_casts(report: DemoReport, root: Path) -> None:
     """Run the casts section under ``root / "casts"``; every outcome is a ``report.check``."""
-    from castor.demo import section_header
+    from castor.testing.report import section_header
 
     console = report.console
     section_header(console, "2. casts: concurrent build loops, rework, real commands, a killed SocketActor")

@@ -6,7 +6,7 @@
                 [--delay-ms D] [--no-icarus] [--workdir DIR] [--json]
 
 Prints the figures (a table, or the report as JSON with ``--json``) and exits 0 only when
-every must-be-zero figure is zero (see :mod:`castor.soak`). The runtime's own log goes to
+every must-be-zero figure is zero (see :mod:`castor.testing.soak`). The runtime's own log goes to
 ``<workdir>/soak.log`` unless ``--log-level`` was given (faults make actors log crashes by
 design; they are evidence, not noise on the terminal). Without ``--workdir`` the run's files
 go to a new ``./castor-soak-<UTC date-time>`` under the current directory. Either way the
@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from castor.soak import SoakReport, SoakSettings, run_soak
+from castor.testing.soak import SoakReport, SoakSettings, run_soak
 from castor.scaleout.options import add_backend_flags
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -47,7 +47,7 @@ def add_soak_subcommand(subparsers: Any) -> None:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from castor.demo import new_workdir
+    from castor.testing.report import new_workdir
 
     workdir = Path(args.workdir).resolve() if args.workdir else new_workdir("castor-soak")
     workdir.mkdir(parents=True, exist_ok=True)

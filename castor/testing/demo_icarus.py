@@ -48,16 +48,16 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from rich.table import Table
 
-import castor
 from castor.actors.icarus import IcarusSession, session_of
 from castor.composition import icarus_component
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.messages.errors import CastorError
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from castor.testing.reference_backend import reference_backend
 
 if TYPE_CHECKING:
-    from castor.demo import DemoReport
+    from castor.testing.report import DemoReport
 
 SECTION = "icarus"
 SESSION_ID = "demo-icarus"
@@ -77,21 +77,6 @@ PROMPT = "how do I fix the sqlite lock contention in the build cache"
 STARTUP = "[startup] Last session: you were migrating the build cache to sqlite."
 RELEVANT = "sqlite WAL mode fixed the build cache lock contention"
 OFF_TOPIC = "grandma's chocolate cake needs three eggs"
-
-
-REFERENCE_BACKEND_DATA = ("share", "castor", "icarus_reference", "icarus")
-"""Where a wheel installs the reference backend, under the environment's prefix (pyproject's
-``[tool.setuptools.data-files]``)."""
-
-
-def reference_backend() -> Path:
-    """The reference backend: ``examples/icarus_reference/icarus`` of a source checkout (or an
-    editable install), else the copy a wheel installed under ``<sys.prefix>/share/castor/``."""
-    checkout = Path(castor.__file__).resolve().parents[1] / "examples" / "icarus_reference" / "icarus"
-    installed = Path(sys.prefix).joinpath(*REFERENCE_BACKEND_DATA)
-    if not (checkout / "__init__.py").is_file() and (installed / "__init__.py").is_file():
-        return installed
-    return checkout
 
 
 # ---------------------------------------------------------------------------
@@ -260,7 +245,7 @@ class _Scene:
 
 def section_icarus(report: DemoReport, root: Path) -> None:
     """Run the Icarus section under ``root / "icarus"``; every outcome is a ``report.check``."""
-    from castor.demo import section_header
+    from castor.testing.report import section_header
 
     console = report.console
     section_header(console, "3. icarus memory bridge (reference backend)")

@@ -172,7 +172,7 @@ def _cwd(args: argparse.Namespace) -> Path:
 def _out(text: str) -> None:
     """Print ``text``; control characters from cast data (a request with terminal escapes) are
     shown escaped, line breaks kept."""
-    from castor.cli import one_line
+    from castor.cli.common import one_line
 
     shown = "\n".join(one_line(line) for line in text.split("\n"))
     sys.stdout.write(shown + ("\n" if not shown.endswith("\n") else ""))
@@ -264,7 +264,7 @@ class _StopSignals:
 
 
 def _raise_terminated(_signum: int, _frame: Any) -> None:
-    from castor.cli import Terminated
+    from castor.cli.common import Terminated
 
     raise Terminated()
 

@@ -7,64 +7,24 @@ exits 0 only if every check passed. Sections:
    a retirement with its rejected queue, a mailbox snapshot.
 2. casts — concurrent casts of the bundled build loop with the scripted agent
    (rework loop, utility sockets running real commands), a killed SocketActor
-   whose cast recovers (see castor/demo_casts.py).
+   whose cast recovers (see castor/testing/demo_casts.py).
 3. icarus — the worker bridge against the reference backend: retrieval,
    filtering with audit, and a worker timeout that retires the worker while
-   its queued calls are rejected (see castor/demo_icarus.py).
+   its queued calls are rejected (see castor/testing/demo_icarus.py).
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import Callable
 
 from castor.messages.base import LocalMessage
 from castor.messages.errors import Retired
 from castor.supervision import Actor, ActorSystem, ChildSpec, Strategy, faults, handles, supervisor_spec
+from castor.testing.report import DemoReport, make_console, new_workdir, section_header
 
 
-@dataclass
-class Check:
-    section: str
-    name: str
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class DemoReport:
-    console: Console
-    checks: list[Check] = field(default_factory=list)
-
-    def check(self, section: str, name: str, ok: bool, detail: str = "") -> bool:
-        self.checks.append(Check(section, name, bool(ok), detail))
-        mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
-        self.console.print(f"  {mark} {escape(name)}" + (f" [dim]({escape(detail)})[/dim]" if detail else ""))
-        return bool(ok)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    def table(self) -> Table:
-        table = Table(title="castor demo summary")
-        table.add_column("section")
-        table.add_column("check")
-        table.add_column("result")
-        table.add_column("detail")
-        for c in self.checks:
-            table.add_row(c.section, c.name, "[green]ok[/green]" if c.ok else "[red]FAILED[/red]", c.detail)
-        return table
-
-
-# -- section 1: supervision -------------------------------------------------------
 class Square(LocalMessage, type_name="demo.square"):
     n: int
 
@@ -144,46 +104,16 @@ def section_supervision(report: DemoReport) -> None:
                      f"depth={snap.mailbox.depth} by_type={snap.mailbox.by_type}")
         spare.ask(Square(n=0), timeout=5)
         report.check("supervision", "the delayed mailbox drains in order", time.monotonic() - gate_open >= 0.3)
-        from castor.inspect_view import actor_tree
+        from castor.console.terminal import actor_tree
 
         console.print(actor_tree(system.snapshot().model_dump(mode="json")))
     finally:
         system.shutdown(10)
 
 
-def section_header(console: Console, title: str) -> None:
-    """A section title that never wraps or truncates (a rich rule would cut a long one)."""
-    console.print()
-    console.print(f"[bold]== {title} ==[/bold]")
-
-
-def make_console(*, quiet: bool = False, file: Any = None) -> Console:
-    """The demo's console. On a terminal, rich as usual; piped or redirected, no wrapping or
-    truncation at all (a very wide virtual line, soft wrap), so full paths survive ``| cat``."""
-    stream = file if file is not None else sys.stdout
-    if getattr(stream, "isatty", lambda: False)():
-        return Console(file=stream, quiet=quiet)
-    return Console(file=stream, quiet=quiet, width=100_000, soft_wrap=True, no_color=True)
-
-
-def new_workdir(prefix: str, parent: Path | None = None) -> Path:
-    """A fresh, named directory ``<parent>/<prefix>-<UTC date-time>[-n]`` (default parent: the
-    current directory); created exclusively, never reused, and kept after the run."""
-    parent = (parent or Path.cwd()).resolve()
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    for n in range(1, 1000):
-        candidate = parent / (f"{prefix}-{stamp}" if n == 1 else f"{prefix}-{stamp}-{n}")
-        try:
-            candidate.mkdir(parents=False)
-        except FileExistsError:
-            continue
-        return candidate
-    raise FileExistsError(f"no fresh {prefix}-{stamp}-N directory under {parent}")
-
-
 def _sections() -> list[tuple[str, Callable[[DemoReport, Path], None]]]:
-    from castor.demo_casts import section_casts
-    from castor.demo_icarus import section_icarus
+    from castor.testing.demo_casts import section_casts
+    from castor.testing.demo_icarus import section_icarus
 
     return [("casts", section_casts), ("icarus", section_icarus)]
 

@@ -1,0 +1,94 @@
+"""The ``castor`` command line.
+
+Every command exits 0 on success and non-zero with one line on stderr
+otherwise (``castor: <code>: <message>``). Logging goes to stderr only.
+A bad value at the edge — a flag, ``CASTOR_LOG_LEVEL``/``CASTOR_LOG_JSON``, a
+number, an address, a socket or token path refused before a runtime starts — is
+exit status 2 and nothing runs; a failure while running is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from castor.version import __version__
+from castor.cli.common import EXIT_ERROR, EXIT_USAGE, CliParser, Terminated, fail, log_level, os_error_code
+from castor.cli.demo import add_demo_subcommand
+from castor.cli.inspect import add_inspect_subcommand
+from castor.cli.materia import add_materia_subcommands
+from castor.cli.serve import add_serve_subcommand
+from castor.cli.soak import add_soak_subcommand
+from castor.logs import LogSettingError, configure_logging
+from castor.messages.errors import CastorError
+from castor.scaleout.options import backend_flag_problem
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CliParser(
+        prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
+    )
+    parser.add_argument("--version", action="version", version=f"castor {__version__}")
+    parser.add_argument("--log-level", default=None, type=log_level,
+                        help="stderr log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL or 0-50 "
+                             "(default WARNING, env CASTOR_LOG_LEVEL)")
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line (env CASTOR_LOG_JSON=1)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    add_serve_subcommand(sub)
+    add_inspect_subcommand(sub)
+    add_demo_subcommand(sub)
+    add_materia_subcommands(sub)
+    add_soak_subcommand(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A path or request with undecodable bytes must print (escaped), not fail the command.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
+    if problem is not None:
+        parser.error(problem)
+    try:
+        configure_logging(args.log_level, json=args.log_json or None)
+    except LogSettingError as exc:
+        fail("invalid_params", str(exc))
+        return EXIT_USAGE
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return int(run(args) or 0)
+    except CastorError as exc:
+        fail(exc.code, exc.message)
+    except KeyboardInterrupt as exc:
+        print("castor: interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except OSError as exc:
+        fail(os_error_code(exc), str(exc))
+    except ValueError as exc:
+        fail("invalid_params", str(exc))
+    return EXIT_ERROR
+
+
+def _agent_problem(args: argparse.Namespace) -> str | None:
+    """A malformed ``--agent`` or ``CASTOR_AGENT`` of a command that takes an agent (a usage error)."""
+    if not hasattr(args, "agent"):
+        return None
+    import os
+
+    from castor.adapters.agents.factory import agent_spec_problem
+
+    flag = getattr(args, "agent", None)
+    problem = agent_spec_problem(flag or os.environ.get("CASTOR_AGENT") or None)
+    if problem is not None and not flag:
+        problem = f"CASTOR_AGENT: {problem}"
+    return problem
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""What the ``castor`` commands share: exit statuses, the one-line error, the argument types and
+the endpoint choice (``--stdio``/``--socket``/``--tcp``).
+
+Guarantees: every command exits 0 on success and non-zero with one line on stderr otherwise
+(``castor: <code>: <message>``, control characters shown escaped); a bad value at the edge — a
+flag, a number, an address, a socket path — is refused by argparse with exit status 2 before a
+runtime starts. Building a parser from these imports no endpoint or runtime code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from castor.logs import LogSettingError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# The endpoint's defaults (documented in docs/protocol.md "Limits"); the same numbers as
+# castor.endpoint.server's, kept here so building the parser imports no endpoint code.
+DEFAULT_HELLO_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
+def tcp_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def console_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def interval_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 3600:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.1 and 3600, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def log_level(text: str) -> str:
+    from castor.logs import parse_level
+
+    try:
+        return parse_level(text)
+    except LogSettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--log-level: ")) from None
+
+
+def socket_path(text: str) -> str:
+    import os
+
+    if not text or len(os.fsencode(os.path.abspath(text))) > 107:
+        raise argparse.ArgumentTypeError(f"expected a Unix socket path of at most 107 bytes, got {text[:60]!r}")
+    return text
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def timeout_or_off(text: str) -> float | None:
+    """Seconds (> 0), or ``0``/``off`` for no timeout."""
+    if text.strip().lower() in ("0", "off", "none"):
+        return None
+    return positive_seconds(text)
+
+
+def add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    if stdio:
+        group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
+    group.add_argument("--socket", metavar="PATH", type=socket_path, help="a Unix socket path")
+    group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_address, help="a loopback TCP address")
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with the contract's one-line error (exit 2) instead of a usage block."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"castor: invalid_params: {one_line(message)} (see {self.prog} --help)\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread of a command that shuts a runtime down cleanly."""
+
+
+def os_error_code(exc: OSError) -> str:
+    """The stable code of a file-system error the command could not get past."""
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, PermissionError):
+        return "forbidden"
+    if isinstance(exc, (FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return "conflict"
+    return "storage_unavailable"  # full, failing, read-only...: the environment's, never "internal"
+
+
+def fail(code: str, message: str) -> None:
+    """The contract's one-line error on stderr: control characters (a newline in a loadout
+    name, terminal escapes in a request) are shown escaped, never acted on."""
+    print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
+
+
+def one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for ch in text)

@@ -1,0 +1,21 @@
+"""``castor demo``: the whole system on this machine, no network (the scenarios are
+:mod:`castor.testing.demo`'s); exit 0 only if every check passed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_demo_subcommand(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
+    demo.add_argument("--workdir", help="where the demo writes its projects, artifacts and log; kept "
+                                         "(default: a new ./castor-demo-<UTC date-time>)")
+    demo.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    demo.set_defaults(run=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from castor.testing.demo import run_demo
+
+    return run_demo(workdir=args.workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))

@@ -1,0 +1,177 @@
+"""``castor inspect``: the live actor tree, the casts of each session and mailboxes of a running runtime.
+
+Views (``castor inspect --socket PATH VIEW``):
+
+* ``actors`` — the tree; each line says what the actor does now (its activity and for how
+  long), its mailbox (depth, oldest message age), incarnation, restarts and last failure.
+  With ``--sort oldest|depth|age|restarts`` a flat list, worst first, instead of the tree.
+* ``casts`` — per session (its label and project directory), each cast's phase, socket,
+  work item, visit, what it waits on and for how long, and its age.
+* ``mailbox PATH`` — one actor's mailbox in detail; ``worker`` — process and worker stats.
+
+``--prefix PATH`` keeps the actors at or under PATH; ``--filter TEXT`` those whose path,
+kind or activity contains TEXT (case-insensitive). ``--json`` writes the same data as JSON
+with :func:`json.dumps` straight to stdout — never through the terminal renderer, so a pipe
+always gets valid JSON whatever the paths' length; with ``--follow`` one JSON document per
+line per refresh. Text output on a pipe is not wrapped or cut either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable
+
+from rich.live import Live
+from rich.markup import escape
+
+from castor.console.terminal import (
+    SORT_KEYS,
+    actor_list,
+    actor_tree,
+    casts_table,
+    hosts_table,
+    mailbox_table,
+    select,
+    session_casts,
+    terminal_console,
+)
+from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
+from castor.messages.errors import CastorError, InvalidParams
+
+def add_inspect_subcommand(sub: Any) -> None:
+    inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
+    add_endpoint_choice(inspect, stdio=False)
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "casts", "mailbox", "worker", "hosts"])
+    inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
+    inspect.add_argument("--sort", default="path", choices=["path", "oldest", "depth", "age", "restarts"],
+                         help="actors: a flat list, worst first, by oldest message age, mailbox depth, "
+                              "activity age or restarts (default: the tree by path)")
+    inspect.add_argument("--prefix", metavar="PATH", help="actors: only those at or under PATH")
+    inspect.add_argument("--filter", metavar="TEXT",
+                         help="only actors (or casts) whose path, kind, labels or activity contain TEXT")
+    inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
+    inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
+    inspect.add_argument("--interval", type=interval_seconds, default=1.0,
+                         help="seconds between refreshes with --follow (0.1 to 3600)")
+    inspect.add_argument("--json", action="store_true",
+                         help="print JSON (always valid, never wrapped; one document per line with --follow)")
+    inspect.add_argument("--token-file", metavar="PATH", default=None,
+                         help="the endpoint's token file (printed by castor serve; env CASTOR_TOKEN_FILE)")
+    inspect.set_defaults(run=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
+
+    token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
+    if token_file:
+        try:
+            read_token_file(token_file)  # a bad token file is a bad flag: exit 2 before connecting
+        except CastorError as exc:
+            fail(exc.code, exc.message)
+            return EXIT_USAGE
+    return run_inspect(args)
+
+
+# -- the command ----------------------------------------------------------------------------
+def shape(args: argparse.Namespace, data: Any) -> Any:
+    """What ``--json`` prints for a view (and the text views render)."""
+    if args.what == "actors":
+        actors = select(data.get("actors", []), prefix=args.prefix, text=args.filter, sort=args.sort)
+        return {"actors": actors, "threads": data.get("threads", []), "sort": args.sort}
+    if args.what == "casts":
+        sessions = session_casts(data.get("actors", []))
+        if args.filter:
+            needle = args.filter.lower()
+            sessions = [s for s in sessions if needle in json.dumps(s).lower()]
+        return {"sessions": sessions}
+    return data
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from castor.client import Client
+
+    sort = getattr(args, "sort", "path")
+    if sort not in SORT_KEYS:
+        raise InvalidParams(f"--sort must be one of {', '.join(SORT_KEYS)}")
+    if args.what == "mailbox" and not args.path:
+        raise InvalidParams("inspect mailbox needs an actor PATH")
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV
+
+    token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
+    client = (Client.connect_unix(args.socket, token_file=token_file) if args.socket
+              else Client.connect_tcp(*args.tcp, token_file=token_file))
+    try:
+        def fetch() -> Any:
+            if args.what in ("actors", "casts"):
+                prefix = args.prefix if args.what == "actors" and args.prefix else ""
+                return client.call("ops.actors", {"prefix": prefix}, timeout=10)
+            if args.what == "mailbox":
+                return client.call("ops.mailbox", {"path": args.path}, timeout=10)
+            if args.what == "hosts":
+                return client.call("ops.hosts", {}, timeout=10)
+            return client.call("ops.worker", {"session_id": args.session_id}, timeout=10)
+
+        if args.json:
+            return _json_loop(args, fetch)
+        console = terminal_console()
+
+        def render(data: Any) -> Any:
+            shaped = shape(args, data)
+            if args.what == "actors":
+                if args.sort == "path":
+                    return actor_tree(shaped)
+                return actor_list(shaped["actors"], args.sort)
+            if args.what == "casts":
+                return casts_table(shaped["sessions"])
+            if args.what == "mailbox":
+                return mailbox_table(shaped)
+            if args.what == "hosts":
+                return hosts_table(shaped)
+            return escape(json.dumps(shaped, indent=2))
+
+        if not args.follow:
+            console.print(render(fetch()))
+            return 0
+        with Live(render(fetch()), console=console, refresh_per_second=4) as live:
+            while True:
+                time.sleep(max(0.1, args.interval))  # a refresh period, not synchronisation
+                live.update(render(fetch()))
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return 0
+    finally:
+        client.close()
+
+
+def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any]) -> int:
+    """JSON straight to stdout: one document (indented), or one per line with ``--follow``."""
+    out = sys.stdout
+    if not args.follow:
+        out.write(json.dumps(shape(args, fetch()), indent=2) + "\n")
+        out.flush()
+        return 0
+    while True:
+        out.write(json.dumps(shape(args, fetch())) + "\n")
+        out.flush()
+        time.sleep(max(0.1, args.interval))  # a refresh period, not synchronisation
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``| head``): end quietly, and keep Python from complaining at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass

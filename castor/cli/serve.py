@@ -1,0 +1,185 @@
+"""``castor serve``: the msgpack-rpc endpoint for harness plugins (stdio, a Unix socket or loopback
+TCP), with the web console beside it on request.
+
+Every flag value is checked before a runtime starts (a refused one is exit status 2); the
+runtime, a scale-out backend and a generated token file are shut down or removed on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from castor.cli.common import (
+    DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_endpoint_choice,
+    bounded_int,
+    console_address,
+    fail,
+    one_line,
+    positive_seconds,
+    timeout_or_off,
+)
+from castor.messages.errors import CastorError, Forbidden, InvalidParams
+from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
+
+
+def add_serve_subcommand(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run the msgpack-rpc endpoint for harness plugins")
+    add_endpoint_choice(serve, stdio=True)
+    serve.add_argument("--allow-faults", action="store_true", help="enable ops.fault (tests and drills only)")
+    serve.add_argument("--utility-slots", type=bounded_int(1, 256), default=4,
+                       help="concurrent utility commands (default 4)")
+    serve.add_argument("--max-casts-per-session", type=bounded_int(1, 10_000), default=1,
+                       help="concurrent casts per session (default 1)")
+    serve.add_argument("--token-file", metavar="PATH", default=None,
+                       help="read the endpoint's token from PATH (a 0600 file of yours; env CASTOR_TOKEN_FILE) "
+                            "instead of generating one; --tcp always needs a token")
+    serve.add_argument("--require-token", action="store_true",
+                       help="with --socket: require the token as --tcp does (the socket is owner-only either way)")
+    serve.add_argument("--hello-timeout", type=positive_seconds, default=DEFAULT_HELLO_TIMEOUT_S,
+                       metavar="SECONDS", help="close a connection that has not presented the token within SECONDS "
+                                               f"(default {DEFAULT_HELLO_TIMEOUT_S:g})")
+    serve.add_argument("--idle-timeout", type=timeout_or_off, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                       help="close a connection holding no session that is silent for SECONDS "
+                            f"(default {DEFAULT_IDLE_TIMEOUT_S:g}; 0 or off: never)")
+    serve.add_argument("--max-connections", type=bounded_int(1, 4096), default=64,
+                       help="connections served at once (default 64)")
+    serve.add_argument("--user-turn-timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                       help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
+                            "(default: no bound)")
+    add_backend_flags(serve)
+    serve.add_argument("--console", metavar="HOST:PORT", type=console_address,
+                       help="also serve the live web console and /metrics on this loopback address")
+    serve.add_argument("--console-token-file", metavar="PATH",
+                       help="require the token in PATH (first line, 16+ characters) on every console request")
+    serve.set_defaults(run=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV
+    from castor.endpoint.app import build_dispatcher
+    from castor.endpoint.server import serve
+    from castor.runtime import Runtime, RuntimeSettings
+
+    from castor.endpoint.listeners import is_loopback_host
+
+    # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
+    try:
+        if args.tcp and not is_loopback_host(args.tcp[0]):  # same rule as bind_tcp
+            raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint "
+                            "serves this machine only; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+        if args.socket:
+            import os
+
+            from castor.endpoint.listeners import check_socket_dir
+
+            check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
+        token, generated = _serve_token(args)
+    except CastorError as exc:
+        fail(exc.code, exc.message)
+        return EXIT_USAGE
+    backend = console = None
+    try:
+        backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
+        runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
+                                          max_casts_per_session=args.max_casts_per_session,
+                                          user_turn_timeout_s=args.user_turn_timeout),
+                          components=scaleout_components(backend), scaleout=backend)
+        console = _start_console(args, runtime, endpoint_token=token)
+        dispatcher = build_dispatcher(runtime)
+        shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
+        try:
+            serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
+                  on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
+                  hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
+                  max_connections=args.max_connections,
+                  on_ready=lambda server: _print_ready(server, token_file=shown_token,
+                                                       console_url=_console_shown(console, args)))
+        finally:
+            if console is not None:
+                console.stop()
+            runtime.shutdown(30.0)
+    finally:
+        if backend is not None:
+            backend.shutdown()
+        if generated is not None:
+            from castor.endpoint.auth import remove_token_file
+
+            remove_token_file(generated)
+    if runtime.system.fatal.is_set():
+        fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(token, path of a generated token file to remove at exit)`` for ``castor serve``."""
+    import os
+
+    from castor.endpoint.auth import TOKEN_FILE_ENV, new_token_file, read_token_file
+
+    if args.stdio:
+        if args.token_file or args.require_token:
+            raise InvalidParams("--stdio trusts the process that started it: --token-file and --require-token "
+                                "are for --socket and --tcp")
+        return None, None
+    if args.socket and not args.require_token:
+        if args.token_file:
+            raise InvalidParams("--token-file with --socket needs --require-token")
+        return None, None
+    path = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
+    if path:
+        return read_token_file(path), None
+    token, generated = new_token_file()  # its path is in the one line serve prints once it listens
+    return token, generated
+
+
+def _start_console(args: argparse.Namespace, runtime: Any, *, endpoint_token: str | None = None) -> Any:
+    """The web console of ``--console`` (None without it); a bad address or token file fails the
+    command before anything listens. Its token: ``--console-token-file``'s, else the endpoint's
+    own where it has one (``--tcp``, ``--require-token``), so one secret opens both."""
+    if args.console is None:
+        if args.console_token_file:
+            raise InvalidParams("--console-token-file needs --console HOST:PORT")
+        return None
+    from castor.console.server import ConsoleServer, read_token_file
+
+    token = read_token_file(args.console_token_file) if args.console_token_file else endpoint_token
+    try:
+        return ConsoleServer(runtime, *args.console, token=token).start()
+    except BaseException:
+        runtime.shutdown(30.0)
+        raise
+
+
+def _console_shown(console: Any, args: argparse.Namespace) -> str | None:
+    if console is None:
+        return None
+    if args.console_token_file:
+        return console.url + f" (token from {args.console_token_file})"
+    return console.url + (" (the endpoint's token)" if console.token else "")
+
+
+def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
+    """The one line ``castor serve`` prints on stderr once it listens."""
+    if address is None:
+        where = "stdio"
+    elif isinstance(address, str):
+        where = f"unix:{address}"
+    else:
+        host, port = address[0], address[1]
+        where = f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+    return (f"castor serve: listening on {one_line(where)}; token file: {one_line(token_file) if token_file else '-'}; "
+            f"console: {console_url or '-'}")
+
+
+def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
+    print(serving_line(server.address, token_file=token_file, console_url=console_url), file=sys.stderr, flush=True)
