@@ -50,7 +50,8 @@ def encode(message: Message) -> bytes:
     """Serialise a message to msgpack bytes; unencodable values raise InvalidMessage."""
     wire = to_wire(message)
     try:
-        return msgpack.packb(wire, use_bin_type=True)
+        packed: bytes = msgpack.packb(wire, use_bin_type=True)
+        return packed
     except (OverflowError, TypeError, ValueError) as exc:
         raise InvalidMessage(f"{message.type_name!r} cannot be encoded: {type(exc).__name__}") from None
 

@@ -73,7 +73,8 @@ class CastorError(Exception):
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> CastorError:
         """Rebuild the most specific error class for a wire error map."""
-        data = wire.get("data") if isinstance(wire.get("data"), dict) else {}
+        raw_data = wire.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
         try:
             code = ErrorCode(wire.get("code", "internal"))
         except ValueError:  # a peer's own code: keep it, classify as internal

@@ -154,7 +154,7 @@ class ClassifierUsage(BaseModel):
         1.5 tokens, a negative count) is *not reported*, never a reason to drop a valid answer."""
         if not isinstance(values, dict):
             return values
-        out = {}
+        out: dict[str, float | int | None] = {}
         for key, value in values.items():
             number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
             if number is None or not math.isfinite(number) or not 0 <= number <= 2 ** 53:
