@@ -378,3 +378,10 @@ def issues_from_validation_error(
 def is_plain_object(value: Any) -> TypeIs[dict[str, Any]]:
     """True when ``value`` is a JSON object (a dict); narrows it for the type checker."""
     return isinstance(value, dict)
+
+
+def object_at(container: dict[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object under ``key`` itself (not a copy), or a new empty dict when the key is
+    missing or holds something else."""
+    value = container.get(key)
+    return value if is_plain_object(value) else {}
