@@ -204,8 +204,9 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
         after = cast_index.root_signature(confined.text)
         # Its row (active: unverified until its first save) and the root's signature moved along,
         # so the next listing needs no rescan of the root (see cast_index.py).
-        cast_index.best_effort(confined.text, lambda index: index.moved(
-            before, after, insert=cast_index.IndexRow(cast_id=candidate, status="active")))
+        row = cast_index.IndexRow(cast_id=candidate, status="active")
+        cast_index.best_effort(confined.text, lambda index, before=before, after=after, row=row: index.moved(
+            before, after, insert=row))
         return candidate
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
 
@@ -466,7 +467,7 @@ class CastArtifacts:
         """
         with self._lock:
             synced: set[str] = set()
-            for relative, target, content in zip(files, self._transition_targets(files), files.values()):
+            for relative, target, content in zip(files, self._transition_targets(files), files.values(), strict=True):
                 if relative == self.MANIFEST:  # castor's own layout, and the next append needs no re-read
                     self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
                     synced.add(self._run_prefix)
