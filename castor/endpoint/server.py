@@ -334,5 +334,5 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     finally:
         if not server.stopped:
             server.stop("serve() exiting")
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

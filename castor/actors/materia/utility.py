@@ -18,6 +18,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -282,6 +283,6 @@ class UtilityExecutorActor(Actor):
 def utility_pool_spec(settings: Any) -> ChildSpec:
     """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs."""
     pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit)
-    slots = [ChildSpec(id=f"slot-{n}", factory=(lambda n=n: UtilityExecutorActor(pool, n)), restart=Restart.PERMANENT,
-                       shutdown_timeout=3.0) for n in range(settings.utility_slots)]
+    slots = [ChildSpec(id=f"slot-{n}", factory=functools.partial(UtilityExecutorActor, pool, n),
+                       restart=Restart.PERMANENT, shutdown_timeout=3.0) for n in range(settings.utility_slots)]
     return supervisor_spec("utility", slots, strategy=Strategy.ONE_FOR_ONE, max_restarts=20, within_seconds=10)

@@ -207,7 +207,8 @@ def cast_rows(artifact_root: Path, live_ids: set[str], *, limit: int | None = No
               cursor: str | None = None) -> list[dict[str, Any]]:
     """Every cast under ``artifact_root`` (or one page: ``limit``/``cursor``), newest first, with
     status/resumable (see table)."""
-    return cast_page(artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+    rows: list[dict[str, Any]] = cast_page(artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+    return rows
 
 
 def find_cast(artifact_root: Path, live_ids: set[str], where: str,
@@ -264,7 +265,7 @@ def resolve_cast_id(artifact_root: Path, ref: str, live_ids: set[str] | None = N
     validate_cast_id(ref)
     if ref != LATEST and (artifact_root / ref / "state.json").is_file():
         return ref
-    ids = {row["cast_id"] for row in cast_rows(artifact_root, set()) if row["status"] != "unreadable"}
+    ids: set[str] = {row["cast_id"] for row in cast_rows(artifact_root, set()) if row["status"] != "unreadable"}
     ids |= set(live_ids or ())
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:

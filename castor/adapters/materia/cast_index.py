@@ -331,6 +331,7 @@ def open_index(root: str, *, create: bool = True) -> CastIndex | None:
                 if create:
                     logger.debug("cast index of {root} unavailable: {exc}", root=root, exc=exc)
                 return None
+        assert index is not None  # the loop above either opened it or returned
         _OPEN[root] = index
         while len(_OPEN) > MAX_OPEN:
             _OPEN.popitem(last=False)[1].close()

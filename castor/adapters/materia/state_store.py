@@ -47,7 +47,7 @@ import stat
 import shutil
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -731,7 +731,7 @@ def _after(row: IndexRow, after: tuple[int, str] | None) -> bool:
 
 
 def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = None, batch: int = DEFAULT_PAGE,
-                  after: tuple[int, str] | None = None) -> Iterator[tuple[IndexRow, str]]:
+                  after: tuple[int, str] | None = None) -> Generator[tuple[IndexRow, str], None, None]:
     """Every row (verified) after the cursor position ``after``, newest id first, readable before
     unreadable, with its cursor; from the index, or from a scan of every ``state.json`` when the
     index cannot be used."""

@@ -54,7 +54,8 @@ class TurnEndedParams(Params):
 
 
 def _owned(ctx: Context) -> dict[str, WireHarness]:
-    return ctx.state.setdefault("sessions", {})
+    owned: dict[str, WireHarness] = ctx.state.setdefault("sessions", {})
+    return owned
 
 
 def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
