@@ -64,7 +64,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     if json is None:
         json = parse_json_flag(os.environ.get("CASTOR_LOG_JSON", ""))
     if level.isdigit():
-        level = int(level)  # type: ignore[assignment]
+        level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
     logger.remove()
     logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(

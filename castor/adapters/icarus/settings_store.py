@@ -99,7 +99,8 @@ def _parse(path: str) -> dict[str, Any]:
         doc = loads_strict(text)
         if not isinstance(doc, dict):
             raise _Unusable("top level is not an object")
-        checked: dict[str, Any] = well_formed(doc)  # recursive too: nesting deep enough for the parser can still overflow it
+        # recursive too: nesting deep enough for the parser can still overflow it
+        checked: dict[str, Any] = well_formed(doc)
     except (ValueError, RecursionError):
         raise _Unusable("not valid JSON") from None
     return checked

@@ -196,7 +196,7 @@ def parse_choice(value: str | None) -> ClassifierChoice:
         return ClassifierChoice("default")
     raw = value.strip()
     if raw.lower() in ("default", "none"):
-        return ClassifierChoice(raw.lower())  # type: ignore[arg-type]
+        return ClassifierChoice("default" if raw.lower() == "default" else "none")
     provider, sep, model = raw.partition("/")
     if not sep or not provider.strip() or not model.strip():
         return ClassifierChoice("invalid")

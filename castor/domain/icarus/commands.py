@@ -46,7 +46,8 @@ USAGE = (
 HookAction = Literal["toggle", "on", "off", "status"]
 ContextAction = Literal["toggle", "show", "hide", "status"]
 
-_HOOK_WORDS: dict[str, HookAction] = {"toggle": "toggle", "on": "on", "enable": "on", "off": "off", "disable": "off", "status": "status"}
+_HOOK_WORDS: dict[str, HookAction] = {
+    "toggle": "toggle", "on": "on", "enable": "on", "off": "off", "disable": "off", "status": "status"}
 _STATE_WORDS: dict[str, ContextAction] = {"status": "status", "toggle": "toggle"}
 _INSPECT_WORDS: dict[str, Literal["config", "schema"]] = {"config": "config", "schema": "schema"}
 _SHOW_WORDS = frozenset({"on", "show", "visible", "enable"})

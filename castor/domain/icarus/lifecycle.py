@@ -318,6 +318,7 @@ def step(state: HookState, event: Event) -> Step:
     if state.shut_down and event.kind in _AFTER_SHUTDOWN_IGNORED:
         # The session is over and its worker closed (or closing): nothing may
         # spawn a new one or close it twice until the next session_start.
+        # every kind in _AFTER_SHUTDOWN_IGNORED is an event that carries a request to answer
         return state, [Reply(request=event.request)]  # type: ignore[union-attr]
     handler = _HANDLERS[event.kind]
     return handler(state, event)

@@ -536,7 +536,8 @@ def _has_cycle(members: set[str], sockets: dict[str, Any]) -> bool:
     return any(state.get(m) is None and visit(m) for m in sorted(members))
 
 
-def _validate_executable_exit(col: _Collector, label: str, at: tuple[str | int, ...], loop: dict[str, Any], exit_: dict[str, Any],
+def _validate_executable_exit(col: _Collector, label: str, at: tuple[str | int, ...], loop: dict[str, Any],
+                              exit_: dict[str, Any],
                               consumes: dict[str, Any], sockets: dict[str, Any], members: set[str]) -> None:
     frm = exit_["from"]
     src = sockets.get(frm)
