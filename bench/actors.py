@@ -128,13 +128,13 @@ def main() -> None:
     system.shutdown(10)
 
     # Ratios per repetition pair, then the median: each pair ran back to back.
-    hop_ratio = statistics.median(c / p for c, p in zip(c_hop, p_hop))
-    tell_ratio = statistics.median(p / c for c, p in zip(c_tell, p_tell))  # >1: castor slower
+    hop_ratio = statistics.median(c / p for c, p in zip(c_hop, p_hop, strict=True))
+    tell_ratio = statistics.median(p / c for c, p in zip(c_tell, p_tell, strict=True))  # >1: castor slower
     print(f"pykka ask round trip      median {statistics.median(p_hop) * 1e6:8.1f} us  (reps {reps} x {asks})")
     print(f"castor ask round trip     median {statistics.median(c_hop) * 1e6:8.1f} us")
     print(f"pykka tell throughput     median {statistics.median(p_tell):10.0f} msg/s (reps {reps} x {tells})")
     print(f"castor tell throughput    median {statistics.median(c_tell):10.0f} msg/s")
-    spawn_ratio = statistics.median(c / p for c, p in zip(c_spawn, p_spawn))
+    spawn_ratio = statistics.median(c / p for c, p in zip(c_spawn, p_spawn, strict=True))
     print(f"pykka start+ask+stop      median {statistics.median(p_spawn) * 1e6:8.1f} us  (reps {reps} x {spawns})")
     print(f"castor spawn+ask+stop     median {statistics.median(c_spawn) * 1e6:8.1f} us  (temporary child, until removed)")
     print(f"RESULT ask_hop_ratio {hop_ratio:.3f} target<=1.25")

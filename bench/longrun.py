@@ -77,7 +77,7 @@ def slope(xs: list[float], ys: list[float]) -> float:
         return 0.0
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
 
 
 class Server:

@@ -95,9 +95,9 @@ class _Session:
     def _line(self, line: str) -> None:
         if " complete" in line or " failed" in line:
             cast_id = line.split("cast ", 1)[1].split(" ", 1)[0]
-            self._event(cast_id).set()
+            self.event_for(cast_id).set()
 
-    def _event(self, cast_id: str) -> threading.Event:
+    def event_for(self, cast_id: str) -> threading.Event:
         with self._lock:
             return self.ended.setdefault(cast_id, threading.Event())
 
@@ -105,13 +105,13 @@ class _Session:
         from castor.actors.materia.api import materia_call
 
         cast_id = materia_call(self.runtime, self.sid, "start", {"request": "bench"})["cast_id"]
-        self._event(cast_id)
+        self.event_for(cast_id)
         return cast_id
 
     def run(self, timeout_s: float = 60.0) -> float:
         t0 = time.perf_counter()
         cast_id = self.start()
-        if not self._event(cast_id).wait(timeout_s):
+        if not self.event_for(cast_id).wait(timeout_s):
             raise RuntimeError(f"cast {cast_id} did not end within {timeout_s}s")
         return time.perf_counter() - t0
 
@@ -185,11 +185,11 @@ def bench_utility_throughput(root: Path, casts: int) -> dict[str, float]:
             session = _Session(runtime, f"u{nodes}", _project(root, f"burn{nodes}", sockets, []))
             warm = [session.start() for _ in range(2 * nodes)]  # Ray's task workers started on every node
             for cast_id in warm:
-                session._event(cast_id).wait(300)
+                session.event_for(cast_id).wait(300)
             t0 = time.perf_counter()
             ids = [session.start() for _ in range(casts)]
             for cast_id in ids:
-                if not session._event(cast_id).wait(300):
+                if not session.event_for(cast_id).wait(300):
                     raise RuntimeError("a burn cast did not end")
             rates[nodes] = casts / (time.perf_counter() - t0)
         finally:

@@ -476,7 +476,7 @@ def main() -> int:
 
     raw_med, bridge_med = statistics.median(raw), statistics.median(bridge)
     # Adjacent runs share the machine's load, so the per-pair ratio is the robust figure.
-    ratio = statistics.median(b / r for b, r in zip(bridge, raw))
+    ratio = statistics.median(b / r for b, r in zip(bridge, raw, strict=True))
     cold_med = statistics.median(cold)
     print(f"raw JSON-lines round trip   median {raw_med:.1f} us  [{min(raw):.1f}..{max(raw):.1f}]")
     print(f"WorkerProcess.call round trip median {bridge_med:.1f} us  [{min(bridge):.1f}..{max(bridge):.1f}]")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from loguru import logger
 
@@ -49,7 +50,7 @@ def parse_json_flag(value: str, *, source: str = "CASTOR_LOG_JSON") -> bool:
     raise LogSettingError(f"{source}: expected 1/true/yes/on or 0/false/no/off, got {shown!r}")
 
 
-def configure_logging(level: str | None = None, *, json: bool | None = None, sink=None) -> None:
+def configure_logging(level: str | None = None, *, json: bool | None = None, sink: Any = None) -> None:
     """Replace loguru's default handler with castor's (idempotent).
 
     ``level`` (else ``CASTOR_LOG_LEVEL``, else WARNING) and ``CASTOR_LOG_JSON`` are checked
@@ -63,7 +64,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     if json is None:
         json = parse_json_flag(os.environ.get("CASTOR_LOG_JSON", ""))
     if level.isdigit():
-        level = int(level)  # type: ignore[assignment]
+        level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
     logger.remove()
     logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(

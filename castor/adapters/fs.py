@@ -49,11 +49,13 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Sequence
+# c_make_encoder is the C encoder the json module itself uses; typeshed does not declare it.
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeIs  # typing.TypeIs is 3.13+; castor supports 3.11
 
 from castor.domain import paths
 from castor.messages.errors import Forbidden, NotFound, StorageUnavailable
@@ -161,7 +163,7 @@ def _name_target(exc: BaseException, target: str) -> None:
             pass
 
 
-def is_storage_fault(exc: BaseException) -> bool:
+def is_storage_fault(exc: BaseException) -> TypeIs[OSError]:
     """True for an ``OSError`` whose errno is one of :data:`STORAGE_ERRNOS`."""
     return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
 

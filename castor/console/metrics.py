@@ -111,7 +111,7 @@ class RuntimeCollector(Collector):
                 buckets, total = _cumulative(row)
                 asks.add_metric([kind], buckets, total)
             elif name == "utility_run_seconds":
-                merged_runs = row if merged_runs is None else [a + b for a, b in zip(merged_runs, row)]
+                merged_runs = row if merged_runs is None else [a + b for a, b in zip(merged_runs, row, strict=True)]
         yield asks
         if merged_runs is not None:
             buckets, total = _cumulative(merged_runs)
@@ -126,7 +126,7 @@ class RuntimeCollector(Collector):
 def _cumulative(row: list[float]) -> tuple[list[tuple[str, float]], float]:
     """Meters' per-bucket counts (+Inf last, then the sum) as Prometheus cumulative buckets."""
     out, running = [], 0.0
-    for bound, n in zip([*map(str, BUCKETS), "+Inf"], row[:-1]):
+    for bound, n in zip([*map(str, BUCKETS), "+Inf"], row[:-1], strict=True):
         running += n
         out.append((bound, running))
     return out, row[-1]

@@ -209,7 +209,7 @@ def loadout_svg(state: dict[str, Any]) -> str:
         fill = "#ffd54f" if is_current else ("#c8e6c9" if visits.get(sid) else "#ffffff")
         stroke, width_px = ("#e65100", 3) if is_current else ("#37474f", 1.2)
         what = spec.get("materia_name") if socket.get("type") == "agent" else \
-            ("utility " + str(socket.get("utility") or " ".join(map(str, socket.get("command") or [])[:1])))
+            ("utility " + str(socket.get("utility") or " ".join(map(str, (socket.get("command") or [])[:1]))))
         label = f"{sid}" + (" ▶" if sid == entry else "")
         out.append(f'<g class="socket{" current" if is_current else ""}" data-socket="{e(sid)}">'
                    f'<rect x="{x}" y="{y}" rx="8" width="{BOX_W}" height="{BOX_H}" fill="{fill}" stroke="{stroke}" '

@@ -144,7 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.server_console.token
         if token is None:
             return True, False
-        given = (query.get("token") or [None])[0]
+        values = query.get("token")
+        given = values[0] if values else None
         if given is not None and hmac.compare_digest(given.encode(), token.encode()):
             return True, True
         auth = self.headers.get("Authorization", "")

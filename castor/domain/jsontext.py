@@ -45,7 +45,7 @@ def well_formed(value: Any) -> Any:
         return value
     if kind is list or kind is tuple:
         items = [well_formed(item) for item in value]
-        return value if all(a is b for a, b in zip(value, items)) else kind(items)
+        return value if all(a is b for a, b in zip(value, items, strict=True)) else kind(items)
     return value
 
 

@@ -26,7 +26,7 @@ def error_from_wire(wire: Any) -> CastorError:
         return CastorError(f"malformed error from peer: {wire!r:.200}")
     code = wire.get("code")
     try:
-        ErrorCode(code)
+        ErrorCode(str(code))  # a missing code (None) is no ErrorCode either
     except ValueError:
         data = dict(wire.get("data") or {}) if isinstance(wire.get("data"), dict) else {}
         data["wire_code"] = str(code)

@@ -197,7 +197,7 @@ def parse_frame(value: Any) -> Frame:
     raise BadFrame("frame type must be 0 (request), 1 (response) or 2 (notification)")
 
 
-def _parse_slow(value: list, kind: int, size: int) -> Frame:
+def _parse_slow(value: list[Any], kind: int, size: int) -> Frame:
     if kind == REQUEST:
         if size != 4:
             raise BadFrame("a request must have 4 elements",
@@ -238,7 +238,8 @@ def _pack(obj: Any) -> bytes:
     except AttributeError:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
     try:
-        return packer.pack(obj)
+        packed: bytes = packer.pack(obj)
+        return packed
     except BaseException:
         _local.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
         raise

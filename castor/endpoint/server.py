@@ -102,7 +102,7 @@ class Server:
                 self.address = self._unix_path
                 kind = "unix"
             else:
-                host, port = self._tcp  # type: ignore[misc]
+                host, port = self._tcp  # type: ignore[misc]  # exactly one mode is set, checked in __init__
                 self._listener = bind_tcp(host, port)
                 self.address = self._listener.getsockname()[:2]
                 kind = "tcp"
@@ -199,7 +199,7 @@ class Server:
 
     def _accept_one(self, kind: str) -> None:
         try:
-            sock, _addr = self._listener.accept()  # type: ignore[union-attr]
+            sock, _addr = self._listener.accept()  # type: ignore[union-attr]  # bound in start() before any accept
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -218,6 +218,7 @@ class Server:
         conn.name = f"{kind}-{conn.id}"
         conn.state["accepted_at"] = time.monotonic()
         if self.token:
+            # AuthGate has the Dispatcher's interface without being one
             conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]
         else:
             conn.state[MAY_TRUST] = same_user
@@ -337,5 +338,5 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     finally:
         if not server.stopped:
             server.stop("serve() exiting")
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]  # msgpack ships no type stubs or py.typed marker
+import msgpack
 from pydantic import ValidationError
 
 from castor.messages.base import Message, message_type

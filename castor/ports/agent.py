@@ -152,7 +152,7 @@ def enqueues_only(reply: TurnReply) -> TurnReply:
     Such a reply can never re-enter the code that called ``run_turn``, so an adapter may call
     it on the caller's own stack (see the contract above). Returns ``reply`` itself.
     """
-    reply.enqueues_only = True  # type: ignore[attr-defined]
+    reply.enqueues_only = True  # type: ignore[attr-defined]  # a marker attribute on a function object
     return reply
 
 

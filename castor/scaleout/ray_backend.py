@@ -227,7 +227,8 @@ class RayBackend:
                     raise
         if "error" in answer:
             raise CastorError.from_wire(answer["error"])
-        return answer["ok"]
+        result: dict[str, Any] = answer["ok"]
+        return result
 
     def _get(self, host: HostRef, ref: Any, timeout_s: float = 30.0) -> Any:
         """``ray.get`` with Ray's failures as castor's typed errors (``may_have_started`` truthful)."""

@@ -85,7 +85,7 @@ class Outbox:
                 if left <= 0:
                     return []
                 self._cond.wait(left)
-            out = []
+            out: list[dict[str, Any]] = []
             while self._items and len(out) < max_items:
                 out.append(self._items.popleft().to_wire())
             return out

@@ -13,7 +13,7 @@ import threading
 import time
 from enum import StrEnum
 
-import psutil  # type: ignore[import-untyped]  # psutil ships no type stubs (types-psutil is not installed)
+import psutil
 
 from castor.supervision.kinds import InjectedCrash
 
@@ -41,7 +41,7 @@ class FaultPlan:
     def apply_before(self, message_type: str) -> None:
         """Run on the actor thread before a message of ``message_type`` is handled."""
         with self._lock:
-            for index, (kind, wanted, seconds) in enumerate(self._faults):
+            for index, (kind, wanted, seconds) in enumerate(self._faults):  # noqa: B007 - kind and seconds are read after the break
                 if wanted is None or wanted == message_type:
                     del self._faults[index]
                     self.pending = bool(self._faults)

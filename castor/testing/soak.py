@@ -558,7 +558,7 @@ class Soak:
 
     def inject_one(self, rng: random.Random) -> str | None:
         """Inject one random fault; returns its kind, or None if it found no target."""
-        kinds, weights = zip(*self.FAULT_WEIGHTS)
+        kinds, weights = zip(*self.FAULT_WEIGHTS, strict=True)
         kind = rng.choices(kinds, weights)[0]
         pick = rng.random()
         family = {"kill_cast": "cast", "crash_cast": "cast", "kill_socket": "socket", "kill_utility": "utility",

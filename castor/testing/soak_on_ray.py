@@ -54,7 +54,7 @@ def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pic
     from castor.testing.faults import inject_into
 
     backend = soak.scaleout
-    kinds, weights = zip(*CLUSTER_FAULTS)
+    kinds, weights = zip(*CLUSTER_FAULTS, strict=True)
     where = rng.choices(kinds, weights)[0]
     if soak.faults["kill_host"] == 0:
         where = "kill_host"  # every Ray soak has at least one of each cluster fault, first

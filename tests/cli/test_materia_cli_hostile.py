@@ -174,7 +174,8 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143, proc.stderr.read() if proc.stderr else ""
         for child in tree:
-            assert poll_until(lambda: process_gone(child.pid), timeout=10), f"utility process {child.pid} left running"
+            assert poll_until(lambda pid=child.pid: process_gone(pid), timeout=10), \
+                f"utility process {child.pid} left running"
         assert poll_until(lambda: all(process_gone(p.pid) for p in _sleepers("sleep 97")), timeout=10), \
             "the double-forked orphan was left running"
     finally:

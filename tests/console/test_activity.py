@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from castor.client import Client
+from castor.messages.errors import ActorCrashed
 from castor.messages.inspection import ActorSnapshot
 from tests.support.waiting import wait_for
 
@@ -174,7 +175,7 @@ def test_a_crash_is_the_last_failure_and_a_reported_activity_ends_with_its_messa
         gate.set()
         wait_for(lambda: handle.snapshot().activity.kind == "idle", timeout=10, what="idle after the message")
         before = time.time()
-        with pytest.raises(Exception):
+        with pytest.raises(ActorCrashed):
             handle.ask(Boom(), timeout=5)
         wait_for(lambda: handle.restarts == 1 and handle.alive, timeout=10, what="the restart")
         snap = handle.snapshot()

@@ -52,7 +52,7 @@ def test_peer_requests_are_read_after_every_castor_call_on_a_pipe(monkeypatch) -
             done = threading.Event()
             outcome: list[object] = []
 
-            def append() -> None:
+            def append(outcome: list[object] = outcome, done: threading.Event = done) -> None:
                 try:
                     outcome.append(server.call("session.append_entry", {}, timeout=5))
                 except Exception as exc:  # noqa: BLE001 - reported by the assertion below

@@ -14,7 +14,7 @@ from castor.endpoint import Server
 from castor.endpoint.listeners import bind_unix
 from castor.endpoint.transport import PipeTransport
 from castor.endpoint.dispatch import Dispatcher
-from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound
+from castor.messages.errors import Conflict, Forbidden, InvalidConfig, InvalidParams, NotFound
 
 from .conftest import build_dispatcher, start_server
 
@@ -154,9 +154,9 @@ def test_stop_closes_connections_fails_pending_and_runs_hook(gates, sock_dir) ->
 
 
 def test_exactly_one_mode_is_required() -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidConfig):
         Server(Dispatcher(), stdio=True, tcp=("127.0.0.1", 0))
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidConfig):
         Server(Dispatcher())
 
 

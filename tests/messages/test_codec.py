@@ -9,6 +9,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import castor
 from castor.messages import decode, encode, registered_types
@@ -109,7 +110,7 @@ def test_local_messages_are_not_encodable():
 
 def test_messages_are_immutable():
     snap = ActorSnapshot.model_construct(path="/root")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         snap.path = "/elsewhere"  # type: ignore[misc]
 
 

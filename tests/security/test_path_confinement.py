@@ -56,13 +56,14 @@ def test_hostile_socket_ids_and_relative_paths_never_leave_the_run_dir(tmp_path)
     before = files_under(tmp_path)
     for socket_id in HOSTILE_IDS:
         writes = [
-            lambda: arts.write_socket_output(socket_id, 1, "text"),
-            lambda: arts.write_socket_json(socket_id, 1, {"a": 1}),
-            lambda: arts.write_utility_input(socket_id, 1, {"a": 1}),
-            lambda: arts.write_context(socket_id, 1, "ctx"),
-            lambda: arts.write_refinement(socket_id, 1, 1, "e1", "r"),
-            lambda: arts.write_command_result(socket_id, 1, stdout="o", stderr="e", stdout_truncated=False,
-                                              stderr_truncated=False, max_bytes=10),
+            lambda socket_id=socket_id: arts.write_socket_output(socket_id, 1, "text"),
+            lambda socket_id=socket_id: arts.write_socket_json(socket_id, 1, {"a": 1}),
+            lambda socket_id=socket_id: arts.write_utility_input(socket_id, 1, {"a": 1}),
+            lambda socket_id=socket_id: arts.write_context(socket_id, 1, "ctx"),
+            lambda socket_id=socket_id: arts.write_refinement(socket_id, 1, 1, "e1", "r"),
+            lambda socket_id=socket_id: arts.write_command_result(socket_id, 1, stdout="o", stderr="e",
+                                                                  stdout_truncated=False, stderr_truncated=False,
+                                                                  max_bytes=10),
         ]
         for write in writes:
             with pytest.raises(Forbidden):

@@ -483,7 +483,7 @@ class CastActor(Actor):
         exists before an event or manifest entry names it, and after a crash anywhere in here
         the outbox saved with the state redoes the rest without duplicates.
         """
-        writes: dict[str, str] = {}
+        writes: dict[str, str | bytes] = {}
         entries: list[dict[str, Any]] = []
         events: list[tuple[str, dict[str, Any], int]] = []
         for effect in files:

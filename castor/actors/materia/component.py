@@ -53,8 +53,8 @@ EVENT_TIMEOUT_S = 5.0
 
 def _last_assistant(data: dict[str, Any]) -> dict[str, Any]:
     """text, error and stop_reason of the newest assistant message (Pi's ``summarizeMessage`` shape)."""
-    messages = data.get("messages") if isinstance(data.get("messages"), list) else []
-    for message in reversed(messages):
+    messages = data.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else []):
         if isinstance(message, dict) and message.get("role") == "assistant":
             error = message.get("error")
             stop = message.get("stop_reason")

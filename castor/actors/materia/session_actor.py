@@ -632,7 +632,7 @@ class SessionActor(Actor):
         loaded = self.storage.load_config(self.cwd, config_path=config_path or self.config_path)
         names = list((loaded.merged.get("loadouts") or {}).keys())
         active = loaded.merged.get("activeLoadout")
-        return {"active": active, "loadouts": names, "source": " < ".join(l.path for l in loaded.layers if l.loaded),
+        return {"active": active, "loadouts": names, "source": " < ".join(layer.path for layer in loaded.layers if layer.loaded),
                 "text": loadout_line(active, names), "level": "info"}
 
     @handles(SetActiveLoadout)

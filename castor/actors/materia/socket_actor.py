@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, get_args
 
 from castor.actors.materia import activity as _activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
-from castor.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only
+from castor.ports.agent import AgentPort, ThinkingLevel, TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 from castor.domain.materia.cast_messages import (
     ProactiveCompactionFinished,
@@ -66,13 +66,13 @@ USAGE_TIMEOUT_S = 5.0
 #: Deadline of a host compaction (Pi's compaction asks the model for a summary).
 COMPACTION_TIMEOUT_S = 300.0
 
-_THINKING = {"off", "minimal", "low", "medium", "high", "xhigh"}
+_THINKING: dict[str, ThinkingLevel] = {level: level for level in get_args(ThinkingLevel)}
 
 
 def turn_request(effect: RunAgentTurn, cast_id: str) -> TurnRequest:
     return TurnRequest(turn_id=effect.visit_id, cast_id=cast_id, socket_id=effect.socket_id, visit=effect.visit,
                        prompt=effect.prompt, summary=effect.visible_summary, model=effect.model,
-                       thinking=effect.thinking if effect.thinking in _THINKING else None, tools=effect.tools,
+                       thinking=_THINKING.get(effect.thinking or ""), tools=effect.tools,
                        item_key=effect.item_key, mode=effect.mode)
 
 

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
-from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
+from castor.ports.agent import ErrorKind, TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.messages.errors import ActorStopped, Conflict
 from castor.supervision.threads import start_thread
 
 __all__ = ["TurnBook", "cancelled_outcome", "error_outcome"]
 
 
-def error_outcome(turn_id: str, message: str, kind: str, **fields) -> TurnOutcome:
+def error_outcome(turn_id: str, message: str, kind: ErrorKind, **fields: Any) -> TurnOutcome:
     return TurnOutcome(turn_id=turn_id, stop_reason="error", error=TurnError(message=message, kind=kind, **fields))
 
 

@@ -98,7 +98,8 @@ class _Call:
 def _usage(raw: Any) -> TurnUsage | None:
     if not isinstance(raw, dict):
         return None
-    details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
+    raw_details = raw.get("prompt_tokens_details")
+    details = raw_details if isinstance(raw_details, dict) else {}
 
     def num(value: Any) -> Any:
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -228,6 +229,8 @@ class OpenAIChatAgent:
 
     def _connection(self) -> http.client.HTTPConnection:
         parts = urlsplit(self.url)
+        if not parts.hostname:
+            raise ValueError(f"no host in the endpoint URL {self.url!r}")
         klass = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         # The watchdog enforces the deadline; the socket timeout is only a backstop.
         return klass(parts.hostname, parts.port, timeout=self.deadline_s + 1.0)
@@ -288,6 +291,7 @@ class OpenAIChatAgent:
         if content is None:
             return error_outcome(turn_id, "invalid response: not a chat completion", "invalid_response",
                                  payload=text[:4096], status=status)
+        assert first is not None  # no first choice means no content, answered above
         finish = first.get("finish_reason")
         return TurnOutcome(
             turn_id=turn_id,

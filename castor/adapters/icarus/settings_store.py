@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import filelock
 
@@ -98,13 +98,15 @@ def _parse(path: str) -> dict[str, Any]:
         doc = loads_strict(text)
         if not isinstance(doc, dict):
             raise _Unusable("top level is not an object")
-        return well_formed(doc)  # recursive too: nesting deep enough for the parser can still overflow it
+        # recursive too: nesting deep enough for the parser can still overflow it
+        checked: dict[str, Any] = well_formed(doc)
     except (ValueError, RecursionError):
         raise _Unusable("not valid JSON") from None
+    return checked
 
 
 
-def read_layer(path: str, scope: str) -> SettingsLayer:
+def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
     """Tolerant read of one settings file."""
     try:
         doc = _parse(path)

@@ -246,7 +246,7 @@ def _parse(line):
     try:
         request, end = _SCAN(line, 0)  # the line is stripped: one value must fill it
     except (ValueError, StopIteration, RecursionError):
-        raise InvalidRequest("invalid request: not JSON")
+        raise InvalidRequest("invalid request: not JSON") from None
     if end != len(line):
         raise InvalidRequest("invalid request: not JSON")
     if not isinstance(request, dict):

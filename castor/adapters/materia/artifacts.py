@@ -194,8 +194,13 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
         after = cast_index.root_signature(confined.text)
         # Its row (active: unverified until its first save) and the root's signature moved along,
         # so the next listing needs no rescan of the root (see cast_index.py).
-        cast_index.best_effort(confined.text, lambda index: index.moved(
-            before, after, insert=cast_index.IndexRow(cast_id=candidate, status="active")))
+        row = cast_index.IndexRow(cast_id=candidate, status="active")
+
+        def record(index: cast_index.CastIndex, before: Any = before, after: Any = after,
+                   row: cast_index.IndexRow = row) -> None:
+            index.moved(before, after, insert=row)
+
+        cast_index.best_effort(confined.text, record)
         return candidate
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
 
@@ -456,7 +461,7 @@ class CastArtifacts:
         """
         with self._lock:
             synced: set[str] = set()
-            for relative, target, content in zip(files, self._transition_targets(files), files.values()):
+            for relative, target, content in zip(files, self._transition_targets(files), files.values(), strict=True):
                 if relative == self.MANIFEST:  # castor's own layout, and the next append needs no re-read
                     self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
                     synced.add(self._run_prefix)
@@ -475,13 +480,15 @@ class CastArtifacts:
         return self._write(self.path(self.CONFIG), config)
 
     def read_config_resolved(self) -> dict[str, Any]:
-        return self._read_json(self.CONFIG)
+        data: dict[str, Any] = self._read_json(self.CONFIG)
+        return data
 
     def write_usage(self, usage: dict[str, Any]) -> Path:
         return self._write(self._target(self.USAGE), usage)
 
     def read_usage(self) -> dict[str, Any]:
-        return self._read_json(self.USAGE)
+        data: dict[str, Any] = self._read_json(self.USAGE)
+        return data
 
     def init_manifest(self, *, request: str, config_source: str, session_file: str | None = None) -> Path:
         """Write a manifest with no entries. Overwrites an existing one."""
@@ -546,7 +553,8 @@ class CastArtifacts:
         return self._split_manifest(manifest, target)
 
     def read_manifest(self) -> dict[str, Any]:
-        return self._read_json(self.MANIFEST)
+        data: dict[str, Any] = self._read_json(self.MANIFEST)
+        return data
 
     # -- events --------------------------------------------------------------
 

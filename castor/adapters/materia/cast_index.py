@@ -145,7 +145,7 @@ class CastIndex:
         # The files live in the project, so a checkout could ship them: a link in their place (SQLite
         # would write through it, outside the project) is removed; anything but a regular file
         # (a FIFO would block the open) makes the index unusable here; a schema that is not
-        # exactly castor's (triggers, views) is rebuilt (_Corrupt).
+        # exactly castor's (triggers, views) is rebuilt (IndexCorrupt).
         for suffix in ("", "-journal", "-wal", "-shm"):
             target = self.path + suffix
             try:
@@ -203,7 +203,7 @@ class CastIndex:
         except sqlite3.Error as exc:
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-                raise _Corrupt(str(exc)) from None
+                raise IndexCorrupt(str(exc)) from None
             raise IndexUnavailable(f"cannot use {self.path}: {exc}") from None
         self._conn = conn
 
@@ -232,7 +232,7 @@ class CastIndex:
                     except sqlite3.Error:
                         pass
                 if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-                    raise _Corrupt(str(exc)) from None
+                    raise IndexCorrupt(str(exc)) from None
                 if isinstance(exc, sqlite3.Error):
                     raise IndexUnavailable(str(exc)) from None
                 raise
@@ -296,7 +296,7 @@ class CastIndex:
             return [_row(v) for v in conn.execute(sql, args)]
 
 
-class _Corrupt(IndexUnavailable):
+class IndexCorrupt(IndexUnavailable):
     """The database file is not a usable SQLite database: delete and rebuild it."""
 
 
@@ -320,7 +320,7 @@ def open_index(root: str, *, create: bool = True) -> CastIndex | None:
             try:
                 index = CastIndex(root, create=create)
                 break
-            except _Corrupt as exc:
+            except IndexCorrupt as exc:
                 if attempt == 2:
                     logger.warning("cast index {path} unusable: {exc}", path=f"{root}/{DB_NAME}", exc=exc)
                     return None
@@ -331,6 +331,7 @@ def open_index(root: str, *, create: bool = True) -> CastIndex | None:
                 if create:
                     logger.debug("cast index of {root} unavailable: {exc}", root=root, exc=exc)
                 return None
+        assert index is not None  # the loop above either opened it or returned
         _OPEN[root] = index
         while len(_OPEN) > MAX_OPEN:
             _OPEN.popitem(last=False)[1].close()
@@ -362,7 +363,7 @@ def best_effort(root: str, action: Callable[[CastIndex], Any], *, create: bool =
     try:
         action(index)
         return True
-    except _Corrupt as exc:
+    except IndexCorrupt as exc:
         logger.warning("cast index of {root} is corrupt ({exc}); it will be rebuilt", root=root, exc=exc)
         forget(root)
         remove_database(root)

@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from castor.adapters.fs import atomic_write_bytes, file_signature, read_regular_file
 from castor.domain.jsontext import well_formed
@@ -90,7 +90,7 @@ def gather_layers(
     layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_LABEL, default_config())]
     infos = [LayerInfo(scope="default", path=DEFAULT_LABEL, loaded=True)]
     issues: list[ConfigIssue] = []
-    candidates: list[tuple[str, Path, bool]] = [
+    candidates: list[tuple[Literal["default", "user", "project", "explicit"], Path, bool]] = [
         ("user", profile_dir(env, home) / PROFILE_FILE, False),
         ("project", cwd / PROJECT_CONFIG, False),
     ]
@@ -218,7 +218,11 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
             except ConfigError:
                 pass  # refused only when it becomes the active loadout, as in pi-materia
     seen: set[tuple[str, str]] = set()
-    unique = [w for w in warnings if (w.code, w.path) not in seen and not seen.add((w.code, w.path))]
+    unique = []
+    for w in warnings:
+        if (w.code, w.path) not in seen:
+            seen.add((w.code, w.path))
+            unique.append(w)
     return [w if w.source else w.model_copy(update={"source": str(path)}) for w in unique]
 
 

@@ -217,7 +217,7 @@ def _feed_stdin(stream: Any, payload: bytes) -> None:
 
 def _alive(proc: psutil.Process) -> bool:
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -250,6 +250,7 @@ class RunningUtility:
         self._known: dict[int, psutil.Process] = {}
         # The output pipes, by inode: whoever holds them open (even a grandchild that left the
         # process group after its parent died) is part of the command for the deadline.
+        assert popen.stdout is not None and popen.stderr is not None  # started with both piped
         self._pipes = {f"pipe:[{os.fstat(stream.fileno()).st_ino}]" for stream in (popen.stdout, popen.stderr)}
         self._stdout = _CappedReader(popen.stdout, cmd.max_output_bytes, f"utility-{self.pid}-stdout")
         self._stderr = _CappedReader(popen.stderr, cmd.max_output_bytes, f"utility-{self.pid}-stderr")

@@ -47,7 +47,7 @@ import stat
 import shutil
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -296,6 +296,11 @@ class CastStateStore:
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
         self._indexed: dict[str, tuple[Any, ...]] = {}  # cast id -> the summary key this store last indexed
+
+    @property
+    def root(self) -> ConfinedRoot:
+        """The confined artifact root this store reads and writes under."""
+        return self._root
 
     @functools.cached_property
     def artifact_root(self) -> Path:
@@ -551,6 +556,7 @@ def _row_from_fields(cast_id: str, state: dict[str, Any], sig: str, *, saved_at:
 
 
 def _to_summary(row: IndexRow) -> CastSummary:
+    # status: the index stores only valid ones (the str column is narrower than its type says)
     return CastSummary(cast_id=row.cast_id, status=row.status, current_socket=row.current_socket,  # type: ignore[arg-type]
                        updated_at=row.updated_at or "", resumable=row.resumable, request=row.request,
                        failed_reason=row.failed_reason, revivable=row.revivable)
@@ -641,7 +647,7 @@ def _cast_dir_names(root: str) -> list[str] | None:
 
 def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
     """Bring the index in line with the root's directories if someone else changed them."""
-    root = store._root.text
+    root = store.root.text
     before = root_signature(root)
     if not index.fresh and before is not None and index.root_signature_stored() == before:
         return
@@ -664,7 +670,7 @@ def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
 def _verify(index: cast_index.CastIndex | None, store: CastStateStore, rows: list[IndexRow]) -> list[IndexRow]:
     """Each row as its ``state.json`` has it now: cheap (one ``lstat``) for a finished cast whose
     file is the one the row was made from; re-read otherwise. Rows of vanished directories drop out."""
-    root = store._root.text
+    root = store.root.text
     out: list[IndexRow] = []
     fixed: list[IndexRow] = []
     gone: list[str] = []
@@ -720,12 +726,12 @@ def _after(row: IndexRow, after: tuple[int, str] | None) -> bool:
 
 
 def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = None, batch: int = DEFAULT_PAGE,
-                  after: tuple[int, str] | None = None) -> Iterator[tuple[IndexRow, str]]:
+                  after: tuple[int, str] | None = None) -> Generator[tuple[IndexRow, str], None, None]:
     """Every row (verified) after the cursor position ``after``, newest id first, readable before
     unreadable, with its cursor; from the index, or from a scan of every ``state.json`` when the
     index cannot be used."""
     store = CastStateStore(artifact_root)
-    root = store._root.text
+    root = store.root.text
     if not os.path.isdir(root):
         return
     index = cast_index.open_index(root)
@@ -745,7 +751,7 @@ def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = 
         except cast_index.IndexUnavailable as exc:
             logger.warning("cast index of {root} unusable ({exc}); listing from every state.json", root=root, exc=exc)
             cast_index.forget(root)
-            if isinstance(exc, cast_index._Corrupt):
+            if isinstance(exc, cast_index.IndexCorrupt):
                 cast_index.remove_database(root)
     rows = [_listed_row(root, n) for n in _cast_dir_names(root) or []]
     rows.sort(key=lambda r: r.cast_id, reverse=True)
@@ -778,7 +784,7 @@ def list_page(artifact_root: str | os.PathLike[str], *, limit: int | None = DEFA
     next_cursor = None
     taken = 0
     store = CastStateStore(artifact_root)
-    root = store._root.text
+    root = store.root.text
     rows = _indexed_rows(artifact_root, batch=min(limit or MAX_PAGE, MAX_PAGE) + 1, after=after)
     last_cursor = None
     for row, row_cursor in rows:

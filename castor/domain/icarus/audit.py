@@ -32,7 +32,7 @@ from castor.domain.icarus.classify import (
 from castor.domain.icarus.spans import PieceKind
 
 CUSTOM_TYPE = "icarus-context-filter"
-AUDIT_VERSION = 1
+AUDIT_VERSION: Literal[1] = 1
 #: Confidences are rounded in the audit: enough to explain a decision, and it
 #: keeps an arbitrary float from the provider from becoming a side channel.
 CONFIDENCE_DIGITS = 3
@@ -117,14 +117,14 @@ def build_audit(result: FilterResult, *, at: datetime, duration_ms: int | None) 
     classifier = None
     if sel is not None and sel.model is not None and sel.selection in ("default", "exact"):
         classifier = AuditClassifier(provider=sel.model.provider, model=sel.model.id,
-                                     local=sel.model.local, selection=sel.selection)  # type: ignore[arg-type]
+                                     local=sel.model.local, selection=sel.selection)
     return AuditEntry(
         at=iso_utc(at),
         outcome=result.outcome,
         reason=result.reason,
         classifier=classifier,
         spans=tuple(spans),
-        injectedIds=tuple(injected),
+        injected_ids=tuple(injected),
         counts=AuditCounts(
             candidates=candidates,
             kept=decisions.count(SpanDecision.KEEP),
@@ -134,7 +134,7 @@ def build_audit(result: FilterResult, *, at: datetime, duration_ms: int | None) 
         ),
         chars=AuditChars(original=result.original_chars, injected=result.text_len),
         usage=result.usage,
-        durationMs=None if duration_ms is None else max(0, int(duration_ms)),
+        duration_ms=None if duration_ms is None else max(0, int(duration_ms)),
     )
 
 

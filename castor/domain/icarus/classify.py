@@ -154,7 +154,7 @@ class ClassifierUsage(BaseModel):
         1.5 tokens, a negative count) is *not reported*, never a reason to drop a valid answer."""
         if not isinstance(values, dict):
             return values
-        out = {}
+        out: dict[str, float | int | None] = {}
         for key, value in values.items():
             number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
             if number is None or not math.isfinite(number) or not 0 <= number <= 2 ** 53:
@@ -196,7 +196,7 @@ def parse_choice(value: str | None) -> ClassifierChoice:
         return ClassifierChoice("default")
     raw = value.strip()
     if raw.lower() in ("default", "none"):
-        return ClassifierChoice(raw.lower())  # type: ignore[arg-type]
+        return ClassifierChoice("default" if raw.lower() == "default" else "none")
     provider, sep, model = raw.partition("/")
     if not sep or not provider.strip() or not model.strip():
         return ClassifierChoice("invalid")

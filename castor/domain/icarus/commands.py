@@ -43,7 +43,13 @@ USAGE = (
     "/icarus context default [status|show|hide|toggle] [project|global] | /icarus config | /icarus schema"
 )
 
-_HOOK_WORDS = {"toggle": "toggle", "on": "on", "enable": "on", "off": "off", "disable": "off", "status": "status"}
+HookAction = Literal["toggle", "on", "off", "status"]
+ContextAction = Literal["toggle", "show", "hide", "status"]
+
+_HOOK_WORDS: dict[str, HookAction] = {
+    "toggle": "toggle", "on": "on", "enable": "on", "off": "off", "disable": "off", "status": "status"}
+_STATE_WORDS: dict[str, ContextAction] = {"status": "status", "toggle": "toggle"}
+_INSPECT_WORDS: dict[str, Literal["config", "schema"]] = {"config": "config", "schema": "schema"}
 _SHOW_WORDS = frozenset({"on", "show", "visible", "enable"})
 _HIDE_WORDS = frozenset({"off", "hide", "hidden", "disable"})
 _SCOPE_WORDS: dict[str, Scope] = {"project": "project", "local": "project", "global": "global", "user": "global"}
@@ -59,19 +65,19 @@ class CommandError(InvalidParams):
 class HooksCommand(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["hooks"] = "hooks"
-    action: Literal["toggle", "on", "off", "status"]
+    action: HookAction
 
 
 class ContextCommand(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["context"] = "context"
-    action: Literal["toggle", "show", "hide", "status"]
+    action: ContextAction
 
 
 class ContextDefaultCommand(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["context_default"] = "context_default"
-    action: Literal["status", "show", "hide", "toggle"]
+    action: ContextAction
     scope: Scope | None = None
 
     @property
@@ -109,12 +115,9 @@ def _parse_default(words: list[str]) -> ContextDefaultCommand:
     if word in _SCOPE_WORDS:
         _no_more(words, 3)
         return ContextDefaultCommand(action="status", scope=_SCOPE_WORDS[word])
-    if word in ("status", "toggle"):
-        action = word
-    else:
-        action = _visibility(word)
-        if action is None:
-            raise CommandError(f"unknown context default action {word!r}")
+    action: ContextAction | None = _STATE_WORDS.get(word) or _visibility(word)
+    if action is None:
+        raise CommandError(f"unknown context default action {word!r}")
     scope: Scope | None = None
     if len(words) > 3:
         scope_word = words[3]
@@ -132,8 +135,8 @@ def _parse_context(words: list[str]) -> IcarusCommand:
     if word == "default":
         return _parse_default(words)
     _no_more(words, 2)
-    if word in ("toggle", "status"):
-        return ContextCommand(action=word)
+    if word in _STATE_WORDS:
+        return ContextCommand(action=_STATE_WORDS[word])
     action = _visibility(word)
     if action is None:
         raise CommandError(f"unknown context action {word!r}")
@@ -149,9 +152,9 @@ def parse_command(text: str | None) -> IcarusCommand:
     if head in _HOOK_WORDS:
         _no_more(words, 1)
         return HooksCommand(action=_HOOK_WORDS[head])
-    if head in ("config", "schema"):
+    if head in _INSPECT_WORDS:
         _no_more(words, 1)
-        return InspectCommand(what=head)
+        return InspectCommand(what=_INSPECT_WORDS[head])
     if head == "context":
         return _parse_context(words)
     raise CommandError(f"unknown /icarus command {head!r}")

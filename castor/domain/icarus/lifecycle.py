@@ -66,6 +66,7 @@ tool calls do not pass through this machine and surface their errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -284,8 +285,9 @@ def flatten(content: Any) -> str:
         return "\n".join(part for part in (flatten(c) for c in content) if part)
     if isinstance(content, dict):
         for key in ("content", "text"):
-            if isinstance(content.get(key), str):
-                return content[key]
+            value = content.get(key)
+            if isinstance(value, str):
+                return value
         if isinstance(content.get("content"), (list, tuple)):
             return flatten(content["content"])
     return ""
@@ -316,6 +318,7 @@ def step(state: HookState, event: Event) -> Step:
     if state.shut_down and event.kind in _AFTER_SHUTDOWN_IGNORED:
         # The session is over and its worker closed (or closing): nothing may
         # spawn a new one or close it twice until the next session_start.
+        # every kind in _AFTER_SHUTDOWN_IGNORED is an event that carries a request to answer
         return state, [Reply(request=event.request)]  # type: ignore[union-attr]
     handler = _HANDLERS[event.kind]
     return handler(state, event)
@@ -398,9 +401,8 @@ def _inject(state: HookState, request: str, text: str | None) -> Reply:
 
 
 def _context_of(result: Any) -> str | None:
-    if isinstance(result, dict) and isinstance(result.get("context"), str):
-        return result["context"]
-    return None
+    context = result.get("context") if isinstance(result, dict) else None
+    return context if isinstance(context, str) else None
 
 
 def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
@@ -532,7 +534,8 @@ def _on_context(state: HookState, ev: ContextEvent) -> Step:
     return state, [Reply(request=ev.request)]
 
 
-_HANDLERS: dict[str, Any] = {
+# Each handler takes its own event class; the table is keyed by that class's ``kind``.
+_HANDLERS: dict[str, Callable[[HookState, Any], Step]] = {
     "session_start": _on_session_start,
     "before_agent_start": _on_before_agent_start,
     "agent_end": _on_agent_end,

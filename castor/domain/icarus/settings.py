@@ -308,11 +308,11 @@ def _resolve_extension_key(spec: KeySpec, layers: list[SettingsLayer],
                     return spec.default, Source.BUILTIN
                 return parsed, source
             return text, source
-        parsed = parse_bool(raw) if spec.kind == "bool" else parse_positive_int(raw)
-        if parsed is None:
+        value = parse_bool(raw) if spec.kind == "bool" else parse_positive_int(raw)
+        if value is None:
             warnings.append(f"{layer.scope} settings: invalid {spec.key} value; using default {spec.default!r}")
             return spec.default, Source.BUILTIN
-        return parsed, source
+        return value, source
     return spec.default, Source.BUILTIN
 
 

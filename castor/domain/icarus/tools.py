@@ -206,7 +206,7 @@ _TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "num
 
 def _check_value(name: str, value: Any, schema: dict[str, Any]) -> None:
     kind = schema.get("type")
-    allowed = _TYPES.get(kind, (object,))
+    allowed = _TYPES.get(kind, (object,)) if isinstance(kind, str) else (object,)
     if (kind in ("integer", "number") and isinstance(value, bool)) or not isinstance(value, allowed):
         raise ToolValidationError(f"{name} must be of type {kind}", data={"reason": "invalid_type", "param": name})
     if "enum" in schema and value not in schema["enum"]:
@@ -246,10 +246,9 @@ def prepare_call(name: str, params: Any, settings: IcarusSettings) -> dict[str, 
     if not isinstance(params, dict):
         raise ToolValidationError("tool parameters must be an object", data={"reason": "invalid_params"})
     spec = TOOLS_BY_NAME[name]
-    if name == "fabric_write":
-        params = _validate_fabric_write(params)
-    _check_schema(spec, params)
-    return params
+    checked: dict[str, Any] = _validate_fabric_write(params) if name == "fabric_write" else params
+    _check_schema(spec, checked)
+    return checked
 
 
 # --------------------------------------------------------------------------- results

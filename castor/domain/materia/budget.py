@@ -216,8 +216,9 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     cost_ratio = report.cost.total / budget.max_cost_usd if budget.max_cost_usd else 0.0
     percent = max(tokens_ratio, cost_ratio) * 100
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
-    over_token = bool(budget.max_tokens) and report.tokens.total >= budget.max_tokens
-    over_cost = bool(budget.max_cost_usd) and report.cost.total >= budget.max_cost_usd
+    over_token = budget.max_tokens is not None and bool(budget.max_tokens) and report.tokens.total >= budget.max_tokens
+    over_cost = (budget.max_cost_usd is not None and bool(budget.max_cost_usd)
+                 and report.cost.total >= budget.max_cost_usd)
     limit_hit = over_token or over_cost
     return BudgetCheck(
         percent=percent,

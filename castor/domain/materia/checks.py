@@ -127,7 +127,7 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
     return issues
 
 
-def _command_issues(command: Any, base: tuple, source: str | None, who: str) -> list[ConfigIssue]:
+def _command_issues(command: Any, base: tuple[str | int, ...], source: str | None, who: str) -> list[ConfigIssue]:
     if command is None:
         return []
     if not isinstance(command, list) or not command:
@@ -141,7 +141,7 @@ def _command_issues(command: Any, base: tuple, source: str | None, who: str) -> 
     return out
 
 
-def _timeout_issues(timeout: Any, base: tuple, source: str | None, who: str) -> list[ConfigIssue]:
+def _timeout_issues(timeout: Any, base: tuple[str | int, ...], source: str | None, who: str) -> list[ConfigIssue]:
     if timeout is None:
         return []
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
@@ -216,7 +216,7 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
             issues.append(issue("each tier must be an object", *at))
             return issues
         threshold = tier.get("thresholdPercent")
-        if not _number(threshold) or not 0 <= threshold <= 100:
+        if not isinstance(threshold, (int, float)) or not _number(threshold) or not 0 <= threshold <= 100:
             issues.append(issue("thresholdPercent must be a number in [0, 100]", *at, "thresholdPercent"))
         lo = tier.get("minContextWindow", 0)
         hi = tier.get("maxContextWindow")

@@ -14,6 +14,7 @@ Guarantees:
 from __future__ import annotations
 
 from typing import Any, Literal
+from typing_extensions import TypeIs  # typing.TypeIs is 3.13+; castor supports 3.11
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -374,5 +375,13 @@ def issues_from_validation_error(
     return out
 
 
-def is_plain_object(value: Any) -> bool:
+def is_plain_object(value: Any) -> TypeIs[dict[str, Any]]:
+    """True when ``value`` is a JSON object (a dict); narrows it for the type checker."""
     return isinstance(value, dict)
+
+
+def object_at(container: dict[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object under ``key`` itself (not a copy), or a new empty dict when the key is
+    missing or holds something else."""
+    value = container.get(key)
+    return value if is_plain_object(value) else {}

@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage
@@ -169,6 +169,7 @@ from castor.domain.timestamps import iso_utc
 from castor.domain.materia.state import (
     CastState,
     Pending,
+    TurnMode,
     config_hash,
     refinement_counter_key,
     seg,
@@ -247,7 +248,7 @@ class _Ctx:
     def manifest(self, entry: dict[str, Any]) -> None:
         self.effects.append(AddManifestEntry(entry={**entry, "timestamp": self.iso()}))
 
-    def notify(self, level: str, message: str) -> None:
+    def notify(self, level: Literal["info", "warning", "error"], message: str) -> None:
         self.effects.append(Notify(level=level, message=message))
 
     def write_usage(self) -> None:
@@ -498,7 +499,7 @@ def _next_visit_id(s: CastState, socket_id: str, visit: int) -> str:
     return f"{s.cast_id}:{socket_id}:{visit}:{s.dispatch_seq}"
 
 
-def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: str, *, recovery: bool = False, reuse: bool = False,
+def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: bool = False, reuse: bool = False,
                     user_driven: bool = False, context_label: str | None = None) -> RunAgentTurn:
     s = ctx.s
     visit = s.visit
@@ -886,7 +887,7 @@ def _recover(ctx: _Ctx, rs: ResolvedSocket, failure: str, full: str, entry_id: s
     _retry(ctx, rs, mode, key, failure, decision.attempt)
 
 
-def _retry(ctx: _Ctx, rs: ResolvedSocket, mode: str, key: str, failure: str, attempt: int) -> None:
+def _retry(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, key: str, failure: str, attempt: int) -> None:
     s = ctx.s
     allowance = s.recovery_allowances[key]
     _dispatch_agent(ctx, rs, mode, recovery=True, reuse=True, context_label=f"retry-{attempt}")

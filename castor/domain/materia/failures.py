@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -54,7 +54,7 @@ def _collapse(message: str) -> str:
     return re.sub(r"\s+", " ", message.strip())
 
 
-def _embedded_provider_error(message: str) -> dict | None:
+def _embedded_provider_error(message: str) -> dict[str, Any] | None:
     """The first JSON object embedded in the message, if it looks like a provider error."""
     start = message.find("{")
     while start != -1:

@@ -26,6 +26,7 @@ from castor.domain.materia.config import (
     SOCKET_ID_PATTERN,
     ConfigIssue,
     is_plain_object,
+    object_at,
     pointer,
 )
 
@@ -34,7 +35,8 @@ WHEN_ALIASES = ("", "flow", "Flow")
 OPPOSITE = {"satisfied": "not_satisfied", "not_satisfied": "satisfied"}
 GUARDED = ("satisfied", "not_satisfied")
 
-GeneratorDetector = Callable[[str, dict[str, Any]], bool]
+# Takes a socket id and whatever the loadout holds under it (a socket object, or not).
+GeneratorDetector = Callable[[str, Any], bool]
 
 
 def is_socket_id(value: Any) -> bool:
@@ -94,8 +96,8 @@ def _normalize_layout(loadout: dict[str, Any], sockets: dict[str, Any]) -> None:
     every save): an entry for a socket that is gone is dropped; a legacy per-socket ``layout`` is
     moved here when ``layout.sockets`` has no usable entry for it; only numeric ``x``/``y`` are
     kept; an empty map (and then an empty ``layout``) is removed. Other ``layout`` keys stay."""
-    existing = loadout.get("layout") if is_plain_object(loadout.get("layout")) else {}
-    current = existing.get("sockets") if is_plain_object(existing.get("sockets")) else {}
+    existing = object_at(loadout, "layout")
+    current = object_at(existing, "sockets")
     rebuilt: dict[str, Any] = {}
     for sid in sorted(sockets):
         sock = sockets[sid]
@@ -117,10 +119,11 @@ def _normalize_layout(loadout: dict[str, Any], sockets: dict[str, Any]) -> None:
 def default_generator_detector(materia: dict[str, Any]) -> GeneratorDetector:
     """A socket is a generator when it is an agent socket whose materia says ``generator: true``."""
 
-    def detect(_sid: str, sock: dict[str, Any]) -> bool:
+    def detect(_sid: str, sock: Any) -> bool:
         if not is_plain_object(sock) or sock.get("type") != "agent":
             return False
-        entry = materia.get(sock.get("materia")) if isinstance(sock.get("materia"), str) else None
+        name = sock.get("materia")
+        entry = materia.get(name) if isinstance(name, str) else None
         return is_plain_object(entry) and entry.get("generator") is True
 
     return detect
@@ -188,7 +191,7 @@ def prepare_loadout(
     for sid in sorted(producing):
         sock = sockets[sid]
         sock["parse"] = "json"
-        assign = sock.get("assign") if is_plain_object(sock.get("assign")) else {}
+        assign = object_at(sock, "assign")
         assign["workItems"] = "$.workItems"
         sock["assign"] = assign
 
@@ -223,7 +226,7 @@ def _materialize_loop(
     loop: dict[str, Any],
     sockets: dict[str, Any],
     is_gen: GeneratorDetector,
-    base: tuple,
+    base: tuple[str | int, ...],
     source: str | None,
 ) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
@@ -235,7 +238,8 @@ def _materialize_loop(
         exit_when = normalize_when(exit_.get("when"))
         exit_from = exit_.get("from")
         src = sockets.get(exit_from) if isinstance(exit_from, str) else None
-        if isinstance(producer, str) and is_gen(producer, sockets.get(producer)) and is_plain_object(src):
+        if (isinstance(producer, str) and is_gen(producer, sockets.get(producer)) and isinstance(exit_from, str)
+                and is_plain_object(src)):
             exit_["when"] = exit_when
             if exit_when in GUARDED:
                 if src.get("parse") is None:
@@ -284,17 +288,17 @@ def _materialize_loop(
 
 
 class _Collector:
-    def __init__(self, base: tuple, source: str | None) -> None:
+    def __init__(self, base: tuple[str | int, ...], source: str | None) -> None:
         self.base = base
         self.source = source
         self.issues: list[ConfigIssue] = []
 
-    def add(self, code: str, parts: tuple, message: str) -> None:
+    def add(self, code: str, parts: tuple[str | int, ...], message: str) -> None:
         self.issues.append(ConfigIssue(code=code, path=pointer(*self.base, *parts), message=message,
                                        source=self.source))
 
 
-def _dotted(parts: tuple) -> str:
+def _dotted(parts: tuple[str | int, ...]) -> str:
     text = ""
     for p in parts:
         text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
@@ -322,7 +326,7 @@ def validate_graph(
         col.add("missing-endpoint", ("sockets",), f"loadout \"{name}\" needs a non-empty \"sockets\" object")
         return col.issues
 
-    def check_target(target: Any, parts: tuple, *, required: bool) -> bool:
+    def check_target(target: Any, parts: tuple[str | int, ...], *, required: bool) -> bool:
         """True when the target is fine. ``"end"`` is always accepted."""
         where = _dotted(parts[1:] if parts[:1] == ("sockets",) else parts)  # messages name the socket
         if target is None:
@@ -517,7 +521,8 @@ def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, 
 
 
 def _has_cycle(members: set[str], sockets: dict[str, Any]) -> bool:
-    graph = {m: [e.get("to") for e in _edges(sockets.get(m)) if e.get("to") in members] for m in members}
+    graph: dict[str, list[str]] = {
+        m: [e["to"] for e in _edges(sockets.get(m)) if e.get("to") in members] for m in members}
     state: dict[str, int] = {}
 
     def visit(node: str) -> bool:
@@ -531,8 +536,9 @@ def _has_cycle(members: set[str], sockets: dict[str, Any]) -> bool:
     return any(state.get(m) is None and visit(m) for m in sorted(members))
 
 
-def _validate_executable_exit(col: _Collector, label: str, at: tuple, loop: dict, exit_: dict,
-                              consumes: dict, sockets: dict, members: set[str]) -> None:
+def _validate_executable_exit(col: _Collector, label: str, at: tuple[str | int, ...], loop: dict[str, Any],
+                              exit_: dict[str, Any],
+                              consumes: dict[str, Any], sockets: dict[str, Any], members: set[str]) -> None:
     frm = exit_["from"]
     src = sockets.get(frm)
     if not is_plain_object(src):

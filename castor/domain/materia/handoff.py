@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from castor.domain.jsontext import pretty_json, well_formed
-from castor.domain.materia.config import Socket
+from castor.domain.materia.config import Socket, object_at
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
 from castor.messages.errors import CastorError, ErrorCode
 
@@ -182,7 +182,7 @@ def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool)
             out["workItems"] = copy.deepcopy(items)
     guidance = parsed.get("guidance")
     if isinstance(guidance, dict):
-        base = out.get("guidance") if isinstance(out.get("guidance"), dict) else {}
+        base = object_at(out, "guidance")
         out["guidance"] = {**base, **copy.deepcopy(guidance)}
     summary = parsed.get("summary")
     if isinstance(summary, str) and summary.strip():

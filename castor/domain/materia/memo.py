@@ -27,13 +27,17 @@ def derived(obj: Any, name: str, compute: Callable[[], T]) -> T:
     key = id(obj)
     entry = _ENTRIES.get(key)
     if entry is None or entry[0]() is not obj:
-        ref = weakref.ref(obj, lambda dead, key=key: _forget(key, dead))
+        def forget(dead: weakref.ref[Any], key: int = key) -> None:
+            _forget(key, dead)
+
+        ref = weakref.ref(obj, forget)
         entry = (ref, {})
         _ENTRIES[key] = entry
     values = entry[1]
     if name not in values:
         values[name] = compute()
-    return values[name]
+    value: T = values[name]
+    return value
 
 
 def _forget(key: int, dead: weakref.ref[Any]) -> None:

@@ -24,11 +24,13 @@ from castor.domain.materia.config import (
     LayerInfo,
     Limits,
     Loop,
+    LoopIterator,
     ResolvedConfig,
     ResolvedPipeline,
     ResolvedSocket,
     Socket,
     is_plain_object,
+    object_at,
     issues_from_validation_error,
     pointer,
     warning,
@@ -92,6 +94,7 @@ def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> lis
                                       message=f"loadout \"{name}\" must be an object"))
             continue
         prepared, prep_issues = graph.prepare_loadout(loadout, materia, name=name, source=source)
+        assert loadouts is not None  # the loop runs over its items
         loadouts[name] = prepared
         graph_issues = prep_issues + graph.validate_graph(prepared, name=name, source=source)
         for issue in graph_issues:
@@ -115,9 +118,9 @@ def resolve_config(
         if key in merged:
             issues.append(ConfigIssue(code="obsolete-field", path=pointer(key), source=source,
                                       message=f"obsolete field \"{key}\": use \"materia\""))
-    materia = merged.get("materia") if is_plain_object(merged.get("materia")) else {}
-    for name, entry in materia.items():
-        issues.extend(checks.check_materia_entry(name, entry, source))
+    materia = object_at(merged, "materia")
+    for materia_name, entry in materia.items():
+        issues.extend(checks.check_materia_entry(materia_name, entry, source))
     loadouts = merged.get("loadouts")
     if not is_plain_object(loadouts) or not loadouts:
         raise ConfigError([*issues, ConfigIssue(code="missing-loadouts", path=pointer("loadouts"), source=source,
@@ -217,7 +220,7 @@ def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],
             try:
                 agent = AgentMateria.model_validate(entry)
             except ValidationError as exc:
-                issues.extend(issues_from_validation_error(exc, base=("materia", mname), code="invalid-materia",
+                issues.extend(issues_from_validation_error(exc, base=("materia", str(mname)), code="invalid-materia",
                                                            source=source, what=f"materia {mname}"))
     if issues:
         return None, issues
@@ -254,9 +257,7 @@ def _resolve_loop(lname: str, loop_id: str, raw: Any, sockets: dict[str, Resolve
     return loop, issues
 
 
-def _derived_iterator(loop: Loop):
-    from castor.domain.materia.config import LoopIterator
-
+def _derived_iterator(loop: Loop) -> LoopIterator:
     c = loop.consumes
     assert c is not None
     return LoopIterator.model_validate({"items": "state.workItems", "as": c.as_ or "workItem",

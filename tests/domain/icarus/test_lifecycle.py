@@ -402,17 +402,22 @@ def test_every_request_gets_exactly_one_reply_in_a_long_random_walk():
     for _ in range(600):
         choice = rng.randrange(9)
         if choice == 0:
-            r = d.req(); d.send(SessionStart(request=r, session_id=rng.choice(["", "A", "B"])))
+            r = d.req()
+            d.send(SessionStart(request=r, session_id=rng.choice(["", "A", "B"])))
         elif choice == 1:
             r = d.prompt(rng.choice(["", "q", "hello"]), custom=rng.random() < 0.2)
         elif choice == 2:
-            r = d.req(); d.send(AgentEnd(request=r, messages=(user("u"), asst("a", rng.choice(["stop", "error"])))))
+            r = d.req()
+            d.send(AgentEnd(request=r, messages=(user("u"), asst("a", rng.choice(["stop", "error"])))))
         elif choice == 3:
-            r = d.req(); d.send(AgentSettled(request=r, aborted=rng.random() < 0.2))
+            r = d.req()
+            d.send(AgentSettled(request=r, aborted=rng.random() < 0.2))
         elif choice == 4:
-            r = d.req(); d.send(SessionShutdown(request=r))
+            r = d.req()
+            d.send(SessionShutdown(request=r))
         elif choice == 5:
-            d.send(SetEnabled(enabled=rng.choice([None, True, False]))); continue
+            d.send(SetEnabled(enabled=rng.choice([None, True, False])))
+            continue
         elif choice in (6, 7) and open_reqs:
             r = rng.choice(open_reqs)
             if choice == 6:
@@ -421,7 +426,8 @@ def test_every_request_gets_exactly_one_reply_in_a_long_random_walk():
                 d.send(FilterDone(request=r, text=rng.choice([None, "kept"])))
             continue
         elif choice == 8 and open_reqs:
-            d.send(TurnAborted(request=rng.choice(open_reqs))); continue
+            d.send(TurnAborted(request=rng.choice(open_reqs)))
+            continue
         else:
             continue
         all_reqs.append(r)

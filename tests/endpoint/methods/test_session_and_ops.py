@@ -11,7 +11,7 @@ from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server
-from castor.messages.errors import Conflict, Forbidden, InvalidParams, NotFound, UnknownMethod
+from castor.messages.errors import ActorCrashed, Conflict, Forbidden, InvalidParams, NotFound, UnknownMethod
 from castor.runtime import Runtime, RuntimeSettings, SessionComponent
 from castor.supervision import ChildSpec
 
@@ -169,7 +169,7 @@ def test_ops_fault_kills_and_the_supervisor_restarts(served):
     assert client.call("ops.fault", {"kind": "kill", "path": probe.path}) == {"injected": "kill", "path": probe.path}
     assert probe.ask(Ping(n=2), timeout=5) == ("probe-k", 2, 2)
     client.call("ops.fault", {"kind": "crash_next", "path": probe.path, "message_type": "test.ping"})
-    with pytest.raises(Exception):
+    with pytest.raises(ActorCrashed):
         probe.ask(Ping(n=3), timeout=5)
     assert probe.ask(Ping(n=4), timeout=5)[1] == 3
     for seconds in (0, float("nan"), float("inf"), 601):
