@@ -67,10 +67,10 @@ from pathlib import Path
 import psutil
 
 from castor.actors.materia.api import materia_call
-from castor.composition import materia_component
 from castor.actors.materia.messages import CastOutcome
 from castor.actors.materia.socket_actor import socket_spec
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+from castor.composition import materia_component
 from castor.domain.materia.cast_messages import RunAgentTurn
 from castor.logs import configure_logging
 from castor.messages.base import LocalMessage

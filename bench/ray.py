@@ -78,10 +78,10 @@ class _Session:
     """One session of ``runtime`` with a scripted agent and a UI that signals each cast's end."""
 
     def __init__(self, runtime: Any, sid: str, proj: Path) -> None:
-        from castor.ports.host_context import NoHostContext
         from castor.adapters.agents.scripted import ScriptedAgent
-        from castor.adapters.stderr_ui import StderrUi
         from castor.adapters.session_jsonl import JsonlSessionLog
+        from castor.adapters.stderr_ui import StderrUi
+        from castor.ports.host_context import NoHostContext
         from castor.runtime import HarnessLink, SessionInfo
 
         self.runtime, self.sid = runtime, sid

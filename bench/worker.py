@@ -65,8 +65,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from castor.adapters.icarus.launch import WorkerLaunch, build_launch  # noqa: E402
 from castor.actors.icarus.worker import WorkerCall, icarus_worker_spec  # noqa: E402
+from castor.adapters.icarus.launch import WorkerLaunch, build_launch  # noqa: E402
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id, worker_factory  # noqa: E402
 from castor.domain.icarus.settings import IcarusSettings  # noqa: E402
 from castor.logs import configure_logging  # noqa: E402
@@ -327,8 +327,8 @@ class EndpointPaths:
     """A real Runtime with the Icarus component behind a Server on a Unix socket; a castor.client."""
 
     def __init__(self, package: Path, workdir: str) -> None:
-        from castor.composition import icarus_component
         from castor.client import Client
+        from castor.composition import icarus_component
         from castor.endpoint import Server
         from castor.endpoint.app import build_dispatcher
         from castor.runtime import Runtime, RuntimeSettings

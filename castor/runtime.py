@@ -27,7 +27,9 @@ from typing import Any
 
 from loguru import logger
 
+from castor import tree
 from castor.adapters.fs import check_project_dir, project_artifact_root
+from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
 from castor.ports.session_component import (
     EventListener,
     HarnessLink,
@@ -36,8 +38,6 @@ from castor.ports.session_component import (
     SessionContext,
     SessionInfo,
 )
-from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
-from castor import tree
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 from castor.supervision.registry import check_segment
 from castor.supervision.threads import start_thread

@@ -29,13 +29,13 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from castor.messages.errors import Internal, InvalidParams, Timeout
 from castor.ports.classifier import (
     ClassifierRequest,
     ClassifierResponse,
     ClassifierUsage,
     ModelEndpoint,
 )
-from castor.messages.errors import Internal, InvalidParams, Timeout
 
 
 class HttpClassifier:

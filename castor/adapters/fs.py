@@ -49,6 +49,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Sequence
+
 # c_make_encoder is the C encoder the json module itself uses; typeshed does not declare it.
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from pathlib import Path

@@ -13,7 +13,6 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from castor.version import __version__
 from castor.cli.common import EXIT_ERROR, EXIT_USAGE, CliParser, Terminated, fail, log_level, os_error_code
 from castor.cli.demo import add_demo_subcommand
 from castor.cli.inspect import add_inspect_subcommand
@@ -23,6 +22,7 @@ from castor.cli.soak import add_soak_subcommand
 from castor.logs import LogSettingError, configure_logging
 from castor.messages.errors import CastorError
 from castor.scaleout.options import backend_flag_problem
+from castor.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

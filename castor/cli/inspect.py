@@ -27,6 +27,7 @@ from typing import Any, Callable
 from rich.live import Live
 from rich.markup import escape
 
+from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
 from castor.console.terminal import (
     SORT_KEYS,
     actor_list,
@@ -38,8 +39,8 @@ from castor.console.terminal import (
     session_casts,
     terminal_console,
 )
-from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
 from castor.messages.errors import CastorError, InvalidParams
+
 
 def add_inspect_subcommand(sub: Any) -> None:
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")

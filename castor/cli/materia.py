@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters.materia.storage import FILE_CAST_STORAGE
-from castor.ports.host_context import NoHostContext
 from castor.messages.errors import CastorError, InvalidParams, NotFound
+from castor.ports.host_context import NoHostContext
 from castor.scaleout.options import add_backend_flags, make_backend, materia_component_for
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -186,8 +186,8 @@ class _Standalone:
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
                  printer: Any = None, need_agent: bool = True, backend: Any = None) -> None:
         from castor.adapters.agents.factory import make_agent
-        from castor.adapters.stderr_ui import StderrUi
         from castor.adapters.session_jsonl import JsonlSessionLog
+        from castor.adapters.stderr_ui import StderrUi
         from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 
         if not agent_spec and need_agent:

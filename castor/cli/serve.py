@@ -64,12 +64,11 @@ def add_serve_subcommand(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    from castor.endpoint.auth import TOKEN_FILE_ENV
     from castor.endpoint.app import build_dispatcher
+    from castor.endpoint.auth import TOKEN_FILE_ENV
+    from castor.endpoint.listeners import is_loopback_host
     from castor.endpoint.server import serve
     from castor.runtime import Runtime, RuntimeSettings
-
-    from castor.endpoint.listeners import is_loopback_host
 
     # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
     try:

@@ -24,8 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from castor.testing.soak import SoakReport, SoakSettings, run_soak
 from castor.scaleout.options import add_backend_flags
+from castor.testing.soak import SoakReport, SoakSettings, run_soak
 
 EXIT_OK, EXIT_FAILED = 0, 1
 

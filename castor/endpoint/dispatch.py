@@ -33,9 +33,9 @@ from typing import Any, Protocol
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from castor.version import __version__
 from castor.endpoint.framing import FrameLimits
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
+from castor.version import __version__
 
 PROTOCOL_VERSION = 1
 MAX_ERROR_DETAILS = 20

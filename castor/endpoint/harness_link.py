@@ -53,6 +53,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from loguru import logger
 
+from castor.domain.materia.budget import non_negative_number, plain_usage
+from castor.endpoint.errors import ConnectionClosed
+from castor.endpoint.framing import element_over_limits
+from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 from castor.ports.agent import (
     TurnError,
     TurnOutcome,
@@ -63,10 +67,6 @@ from castor.ports.agent import (
 )
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
 from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
-from castor.domain.materia.budget import non_negative_number, plain_usage
-from castor.endpoint.errors import ConnectionClosed
-from castor.endpoint.framing import element_over_limits
-from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
 
 if TYPE_CHECKING:
     from castor.endpoint.dispatch import Peer

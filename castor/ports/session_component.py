@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor import tree
 from castor.ports.agent import AgentPort
 from castor.ports.classifier import ClassifierPort
 from castor.ports.host_context import HostContextPort
 from castor.ports.session import SessionPort, SessionUiPort
-from castor import tree
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 
 

@@ -36,8 +36,8 @@ class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
     def __init__(self, host_id: str, settings: dict[str, Any]) -> None:
-        from castor.composition import materia_component
         from castor.actors.materia.utility_pool import pool_of
+        from castor.composition import materia_component
         from castor.runtime import Runtime, RuntimeSettings
         from castor.scaleout.utility_tasks import RayUtilityRunner
 
@@ -62,8 +62,8 @@ class CastHost:
     # -- sessions --------------------------------------------------------------
     def open_session(self, info: dict[str, Any], has_context: bool, agent_spec: str | None,
                      agent_label: str = "Pi agent") -> dict[str, Any]:
-        from castor.ports.host_context import NoHostContext
         from castor.adapters.agents.factory import make_agent
+        from castor.ports.host_context import NoHostContext
         from castor.runtime import HarnessLink, SessionInfo
 
         sid = str(info.get("session_id"))

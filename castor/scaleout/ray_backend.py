@@ -31,11 +31,11 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor import tree
 from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
+from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
-from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
-from castor import tree
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 

@@ -30,9 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from castor.messages.errors import CastorError, Timeout
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest
 from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
-from castor.messages.errors import CastorError, Timeout
 from castor.supervision.threads import start_thread
 
 OUTBOX_LIMIT = 10_000

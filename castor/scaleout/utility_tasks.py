@@ -32,9 +32,9 @@ def _run_on_node(cmd_map: dict[str, Any]) -> dict[str, Any]:
     """The task body: run the command where Ray placed this task; kill its tree if cancelled."""
     import os
 
-    from castor.adapters.materia.process_runner import spawn
-
     import ray
+
+    from castor.adapters.materia.process_runner import spawn
 
     cmd = UtilityCommand.model_validate(cmd_map)
     cmd = cmd.model_copy(update={"env": {**(cmd.env or {}), NODE_ID_ENV: ray.get_runtime_context().get_node_id()}})

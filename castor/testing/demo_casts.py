@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 from rich.live import Live
 from rich.table import Table
 
-from castor.ports.host_context import NoHostContext
 from castor.actors.materia.api import materia_call
-from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+from castor.composition import materia_component
 from castor.console.terminal import actor_tree
 from castor.messages.errors import CastorError
+from castor.ports.host_context import NoHostContext
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+from castor.supervision import faults
 from castor.testing.soak import (
     TERMINAL,
     build_script,
@@ -60,7 +61,6 @@ from castor.testing.soak import (
     socket_sequence,
     write_project,
 )
-from castor.supervision import faults
 
 if TYPE_CHECKING:
     from castor.testing.report import DemoReport

@@ -49,10 +49,10 @@ import psutil
 from rich.table import Table
 
 from castor.actors.icarus import IcarusSession, session_of
-from castor.composition import icarus_component
-from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
+from castor.composition import icarus_component
 from castor.messages.errors import CastorError
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 from castor.testing.reference_backend import reference_backend
 

@@ -28,12 +28,12 @@ import pytest
 
 from castor.actors.icarus.component import session_of
 from castor.actors.icarus.worker import CancelToken, IcarusWorkerClient, icarus_worker_spec
-from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.icarus.launch import WorkerLaunch, build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.domain.icarus.settings import IcarusSettings, SettingsLayer, Source, resolve_settings
 from castor.messages.errors import Cancelled, ErrorCode, InvalidConfig, Timeout, WorkerCrashed, WorkerRetired
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 from castor.supervision import ActorSystem
 from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, gone, read_jsonl, wait_until

@@ -33,8 +33,8 @@ from castor.domain.materia.config import ResolvedConfig
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.resolve import load_config, resolve_config
-from tests.support.waiting import wait_for
 from tests.domain.materia.scripted import Driver  # the engine driver the domain tests use (asserts purity too)
+from tests.support.waiting import wait_for
 
 # =========================================================================== engine helpers
 

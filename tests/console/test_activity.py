@@ -95,10 +95,10 @@ def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_busy_utility_slot_reports_its_command_and_pid(tmp_path):
-    from castor.ports.host_context import NoHostContext
     from castor.actors.materia.api import materia_call
-    from castor.composition import materia_component
     from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.composition import materia_component
+    from castor.ports.host_context import NoHostContext
     from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
     from castor.testing.soak import build_script, write_project
 

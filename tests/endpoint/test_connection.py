@@ -13,9 +13,9 @@ import pytest
 from castor.client import Client
 from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
 from castor.messages.errors import CastorError, MailboxFull, Timeout
+from tests.support.waiting import poll_until
 
 from .conftest import SMALL_QUEUE, RawPeer, start_server
-from tests.support.waiting import poll_until
 
 
 def test_slow_client_never_stalls_another(gates, sock_dir) -> None:

@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from castor.endpoint import ConnectionSettings, Dispatcher
-from castor.endpoint import harness_link
+from castor.endpoint import ConnectionSettings, Dispatcher, harness_link
 from castor.endpoint.connection import Connection
 from castor.endpoint.transport import PipeTransport
 from castor.messages.errors import Timeout

@@ -6,8 +6,17 @@ import msgpack
 import pytest
 
 from castor.endpoint.framing import (
-    BadFrame, BadParams, FrameDecoder, FrameLimits, Notification, Request, Response,
-    UndecodableStream, encode_error_notification, encode_request, parse_frame,
+    BadFrame,
+    BadParams,
+    FrameDecoder,
+    FrameLimits,
+    Notification,
+    Request,
+    Response,
+    UndecodableStream,
+    encode_error_notification,
+    encode_request,
+    parse_frame,
 )
 
 

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from castor.client import Client
 from castor.endpoint import ConnectionSettings, FrameLimits, Server
+from tests.support.waiting import poll_until
 
 from .conftest import Gates, RawPeer, build_dispatcher
-from tests.support.waiting import poll_until
 
 LIMITS = FrameLimits(max_map_len=256, max_array_len=256, max_str_len=4096, max_bin_len=4096,
                      max_buffer_size=64 * 1024)

@@ -11,9 +11,9 @@ import pytest
 
 from castor.client import Client
 from castor.endpoint import Server
+from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.listeners import bind_unix
 from castor.endpoint.transport import PipeTransport
-from castor.endpoint.dispatch import Dispatcher
 from castor.messages.errors import Conflict, Forbidden, InvalidConfig, InvalidParams, NotFound
 
 from .conftest import build_dispatcher, start_server

@@ -48,10 +48,10 @@ def project(root: Path, name: str, visit_log: Path) -> Path:
 
 
 def open_session(runtime: Any, sid: str, proj: Path) -> None:
-    from castor.ports.host_context import NoHostContext
     from castor.adapters.agents.scripted import ScriptedAgent
-    from castor.adapters.stderr_ui import StderrUi
     from castor.adapters.session_jsonl import JsonlSessionLog
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.ports.host_context import NoHostContext
     from castor.runtime import HarnessLink, SessionInfo
 
     runtime.open_session(SessionInfo(session_id=sid, cwd=str(proj), trusted=True),

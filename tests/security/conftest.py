@@ -23,9 +23,9 @@ import msgpack
 import pytest
 
 from castor.actors.icarus.component import session_of
-from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.client import Client
+from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl, wait_until  # noqa: F401 - re-exported for the security tests
 

@@ -20,9 +20,9 @@ import msgpack
 import pytest
 
 from castor.actors.materia.api import materia_call
-from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
 from castor.adapters.stderr_ui import StderrUi
+from castor.composition import materia_component
 from castor.messages.base import LocalMessage
 from castor.messages.errors import MailboxFull
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo

@@ -31,7 +31,6 @@ from tests.actors.materia.helpers import make_runtime, open_session, wait_for, w
 from . import conftest as security
 from .conftest import SocketServer, castor_argv
 
-
 _CLEAN_ENV = security.serve_env
 
 

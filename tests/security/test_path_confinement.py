@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from castor.actors.materia.api import materia_call
-from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.adapters.stderr_ui import StderrUi
 from castor.adapters.materia.artifacts import CastArtifacts
 from castor.adapters.materia.state_store import CastStateStore, list_casts
+from castor.adapters.stderr_ui import StderrUi
+from castor.composition import materia_component
 from castor.messages.errors import CastorError, Forbidden
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 

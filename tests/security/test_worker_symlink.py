@@ -23,7 +23,6 @@ from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.domain.icarus.settings import IcarusSettings
 from castor.domain.icarus.worker_protocol import IcarusModuleRefused, reply_result
 from castor.messages.errors import CastorError, ErrorCode
-
 from tests.security import conftest as security
 
 HOOKS = '''

@@ -13,8 +13,7 @@ import threading
 import pytest
 
 from castor.messages.errors import ActorStopped, CastorError, Conflict
-from castor.supervision import ActorSystem, ChildSpec, Restart, supervisor_spec
-from castor.supervision import faults
+from castor.supervision import ActorSystem, ChildSpec, Restart, faults, supervisor_spec
 from castor.supervision.supervisor import WhichChildren
 
 from .helpers import Journal, Ping, Quit, Worker, poll_until, worker

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from castor.messages.errors import ActorCrashed, ActorStopped

@@ -10,7 +10,7 @@ import pytest
 from castor.messages.errors import ActorCrashed
 from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
 
-from .helpers import Block, Journal, Ping, process_gone, poll_until, worker
+from .helpers import Block, Journal, Ping, poll_until, process_gone, worker
 from .test_retirement import ProcessOwner, ReadChild
 
 pytestmark = pytest.mark.timeout(15)

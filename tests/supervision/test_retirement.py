@@ -11,7 +11,7 @@ from castor.messages.base import Message
 from castor.messages.errors import ActorStopped, Retired, WorkerRetired
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 
-from .helpers import Journal, Ping, process_gone, poll_until
+from .helpers import Journal, Ping, poll_until, process_gone
 
 pytestmark = pytest.mark.timeout(20)
 

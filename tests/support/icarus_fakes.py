@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from castor.messages.errors import Cancelled, Timeout
 from castor.ports.classifier import (
     ClassifierRequest,
     ClassifierResponse,
     ClassifierUsage,
     ModelEndpoint,
 )
-from castor.messages.errors import Cancelled, Timeout
 
 LOCAL = ModelEndpoint(provider="ollama", id="qwen3:4b", base_url="http://127.0.0.1:11434/v1", has_auth=False)
 REMOTE = ModelEndpoint(provider="openai", id="gpt-x", base_url="https://api.openai.com/v1", has_auth=True)

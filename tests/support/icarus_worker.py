@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.icarus import REFERENCE_ICARUS, read_jsonl
 from castor.adapters.icarus.launch import build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess
 from castor.domain.icarus.settings import IcarusSettings
+from tests.support.icarus import REFERENCE_ICARUS, read_jsonl
 
 
 class Harness:

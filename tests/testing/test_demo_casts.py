@@ -11,8 +11,8 @@ import json
 import pytest
 from rich.console import Console
 
-from castor.testing.report import DemoReport
 from castor.testing.demo_casts import CASTS_PER_SESSION, ITEMS, SESSIONS, section_casts
+from castor.testing.report import DemoReport
 
 
 def _events(run_dir):

@@ -51,9 +51,9 @@ def test_events_check_counts_garbled_torn_and_typeless_lines(tmp_path):
 
 
 def _state_doc(cast_id: str, run_dir: Path) -> dict:
-    from castor.domain.materia.engine import step
-    from castor.domain.materia.cast_messages import CastStarted
     from castor.adapters.materia.config_loader import load_resolved
+    from castor.domain.materia.cast_messages import CastStarted
+    from castor.domain.materia.engine import step
 
     project = run_dir.parent.parent.parent
     resolved = load_resolved(project)

@@ -26,9 +26,9 @@ from typing import Any
 
 from castor.actors.icarus.classifier import run_bounded
 from castor.actors.icarus.messages import AuditAndRelease, Released
-from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
 from castor.domain.icarus.classify import FilterResult
+from castor.ports.session import SessionPort, SessionUiPort
 from castor.supervision import Actor, handles
 
 DEFAULT_AUDIT_TIMEOUT = 2.0

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from castor.actors.icarus.messages import Classified, Classify
-from castor.ports.classifier import ClassifierPort, ModelEndpoint
 from castor.domain.icarus.classify import (
     ClassifierChoice,
     ClassifierRequest,
@@ -42,6 +41,7 @@ from castor.domain.icarus.classify import (
 )
 from castor.domain.icarus.spans import Grammar, SelectionLimits
 from castor.messages.errors import Cancelled, Timeout
+from castor.ports.classifier import ClassifierPort, ModelEndpoint
 from castor.supervision import Actor, handles
 
 REMOTE_NOTICE = (

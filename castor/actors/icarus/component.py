@@ -33,11 +33,10 @@ from typing import Any
 from loguru import logger
 
 from castor.actors.icarus.session import COMPONENT, EXTRAS_KEY, IcarusSession
+from castor.messages.errors import NotFound
 from castor.ports.icarus_backend import IcarusBackend
 from castor.ports.session_component import SessionComponent, SessionContext
-from castor.messages.errors import NotFound
 from castor.supervision import ChildSpec
-
 
 
 class _NoUi:

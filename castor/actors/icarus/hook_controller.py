@@ -64,10 +64,10 @@ from castor.actors.icarus.messages import (
     SetContextVisible,
     SetHooksEnabled,
 )
-from castor.ports.session import SessionUiPort
-from castor.ports.worker import WorkerCalls
 from castor.domain.icarus import lifecycle as lc
 from castor.messages.errors import CastorError, ErrorCode, InvalidParams
+from castor.ports.session import SessionUiPort
+from castor.ports.worker import WorkerCalls
 from castor.supervision import Actor, ActorHandle, handles
 
 #: Error codes after which the worker's queued calls must not be sent.

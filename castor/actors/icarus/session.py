@@ -62,15 +62,12 @@ from typing import Any
 
 from loguru import logger
 
+from castor import tree
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.actors.icarus.messages import HarnessEventName
 from castor.actors.icarus.worker import IcarusWorkerClient, icarus_worker_spec
-from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
-from castor.ports.session_component import SessionContext
-from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
-from castor.ports.session import SessionPort, SessionUiPort
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
 from castor.domain.icarus.commands import (
@@ -101,7 +98,10 @@ from castor.domain.icarus.tools import (
     registered_tools,
 )
 from castor.messages.errors import CastorError, ErrorCode, NotFound
-from castor import tree
+from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
+from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
+from castor.ports.session import SessionPort, SessionUiPort
+from castor.ports.session_component import SessionContext
 from castor.supervision import ActorHandle, ChildSpec
 from castor.supervision.supervisor import WhichChildren
 

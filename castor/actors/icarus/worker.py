@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
+from castor import tree
 from castor.domain.icarus.worker_protocol import reply_result
 from castor.messages.base import LocalMessage
 from castor.messages.errors import (
@@ -51,11 +51,10 @@ from castor.messages.errors import (
     WorkerCrashed,
     WorkerRetired,
 )
+from castor.ports.icarus_backend import WorkerProcessPort
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import ActorHandle
-from castor import tree
 from castor.supervision.supervisor import ChildSpec
-from castor.ports.icarus_backend import WorkerProcessPort
 
 DEFAULT_TIMEOUT_MS = 30000
 ASK_GRACE_S = 5.0

@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from castor import tree
 from castor.actors.materia.activity import cast_activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import (
@@ -96,16 +97,13 @@ from castor.actors.materia.messages import (
 )
 from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
 from castor.actors.materia.views import status_view
-from castor.ports.agent import AgentPort
-from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
-from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
 from castor.domain.materia.cast_messages import (
+    EFFECT_ADAPTER,
     AddManifestEntry,
     CancelWork,
     CastStarted,
     Compact,
     CompactionFinished,
-    EFFECT_ADAPTER,
     DispatchFailed,
     EmitEvent,
     Failed,
@@ -122,7 +120,9 @@ from castor.domain.materia.engine import Transition, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
-from castor import tree
+from castor.ports.agent import AgentPort
+from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
 from castor.supervision import Actor, CancelToken, ChildSpec, handles
 
 MAX_LOST_IN_A_ROW = 3

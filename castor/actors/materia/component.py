@@ -33,6 +33,7 @@ from typing import Any
 
 from loguru import logger
 
+from castor import tree
 from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import (
     BeginRefinement,
@@ -45,7 +46,6 @@ from castor.actors.materia.session_actor import SessionActor
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
-from castor import tree
 from castor.supervision import ChildSpec
 
 EVENT_TIMEOUT_S = 5.0

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from castor.actors.materia.cast_actor import CastEnv, cast_spec
-from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.messages import (
     AbortCast,
     BeginRefinement,
@@ -62,6 +61,7 @@ from castor.actors.materia.messages import (
     ValidateConfig,
     WithdrawUserTurn,
 )
+from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.views import (
     cast_page,
     cast_rows,
@@ -73,9 +73,6 @@ from castor.actors.materia.views import (
     resolve_cast_id,
     status_text,
 )
-from castor.ports.agent import harness_turn_settings
-from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
-from castor.ports.session_component import SessionContext
 from castor.domain.materia.cast_messages import (
     AbandonReason,
     AbortRequested,
@@ -92,6 +89,9 @@ from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import command
 from castor.domain.materia.trust import check_project_trust
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
+from castor.ports.agent import harness_turn_settings
+from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
+from castor.ports.session_component import SessionContext
 from castor.supervision import Actor, handles
 
 ASK_TIMEOUT_S = 10.0

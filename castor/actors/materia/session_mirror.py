@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 from loguru import logger
+
 from castor.supervision.threads import start_thread
 
 DEADLINE_S = 5.0

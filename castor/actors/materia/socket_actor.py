@@ -44,11 +44,17 @@ import threading
 import time
 from typing import Any, get_args
 
+from castor import tree
 from castor.actors.materia import activity as _activity
 from castor.actors.materia.compaction_call import CompactionCall
-from castor.actors.materia.messages import CastOutcome, CastProgress, ProactiveCompacted, TurnReplied, UsageRead, WorkLost
-from castor.ports.agent import AgentPort, ThinkingLevel, TurnOutcome, TurnRequest, enqueues_only
-from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
+from castor.actors.materia.messages import (
+    CastOutcome,
+    CastProgress,
+    ProactiveCompacted,
+    TurnReplied,
+    UsageRead,
+    WorkLost,
+)
 from castor.domain.materia.cast_messages import (
     ProactiveCompactionFinished,
     ProactiveCompactionStarted,
@@ -57,7 +63,8 @@ from castor.domain.materia.cast_messages import (
 )
 from castor.domain.materia.compaction import PROACTIVE_COMPACTION_INSTRUCTIONS, ProactiveDecision, decide_proactive
 from castor.messages.errors import CastorError
-from castor import tree
+from castor.ports.agent import AgentPort, ThinkingLevel, TurnOutcome, TurnRequest, enqueues_only
+from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 

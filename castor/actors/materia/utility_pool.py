@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from castor import tree
 from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
 from castor.adapters.materia import command_records
@@ -33,7 +34,6 @@ from castor.adapters.materia.builtins import run_builtin
 from castor.adapters.materia.process_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
 from castor.messages.errors import CastorError, MailboxFull, NotFound
-from castor import tree
 from castor.supervision import Actor, ChildSpec, handles
 
 POOL_PATH = "/root/utility"

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from loguru import logger
 
-from castor.ports.agent import ErrorKind, TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.messages.errors import ActorStopped, Conflict
+from castor.ports.agent import ErrorKind, TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.supervision.threads import start_thread
 
 __all__ = ["TurnBook", "cancelled_outcome", "error_outcome"]

@@ -46,9 +46,9 @@ from urllib.parse import urlsplit
 
 from loguru import logger
 
-from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.messages.errors import InvalidParams
+from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 
 __all__ = ["OpenAIChatAgent", "chat_completions_url"]
 

@@ -58,9 +58,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.messages.errors import InvalidConfig
+from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 
 __all__ = ["AgentScript", "ScriptAnswer", "ScriptedAgent", "load_script", "parse_script"]
 

@@ -60,9 +60,9 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict

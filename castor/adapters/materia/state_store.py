@@ -43,8 +43,8 @@ import functools
 import json
 import os
 import re
-import stat
 import shutil
+import stat
 import threading
 import weakref
 from collections.abc import Generator, Iterator
@@ -55,8 +55,14 @@ from typing import Any, Literal
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
-from castor.adapters.fs import (ConfinedRoot, atomic_write_bytes, compact_json, is_storage_fault, stat_signature,
-                               storage_unavailable)
+from castor.adapters.fs import (
+    ConfinedRoot,
+    atomic_write_bytes,
+    compact_json,
+    is_storage_fault,
+    stat_signature,
+    storage_unavailable,
+)
 from castor.adapters.materia import cast_index
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text

@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters import fs
-from castor.adapters.materia import command_records
-from castor.adapters.materia import config_loader
+from castor.adapters.materia import command_records, config_loader
 from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
-from castor.adapters.materia.state_store import CastPage, CastStateStore, CastSummary, discard_unsaved, list_page, newest
+from castor.adapters.materia.state_store import (
+    CastPage,
+    CastStateStore,
+    CastSummary,
+    discard_unsaved,
+    list_page,
+    newest,
+)
 from castor.domain.materia.config import ConfigIssue
 from castor.domain.materia.resolve import LoadedConfig
 from castor.messages.errors import StorageUnavailable

@@ -9,8 +9,8 @@ import math
 from typing import Any
 
 from castor.domain.materia.config import (
-    TOOL_SCOPES,
     THINKING_LEVELS,
+    TOOL_SCOPES,
     ConfigIssue,
     is_plain_object,
     pointer,

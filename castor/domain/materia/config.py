@@ -14,10 +14,10 @@ Guarantees:
 from __future__ import annotations
 
 from typing import Any, Literal
-from typing_extensions import TypeIs  # typing.TypeIs is 3.13+; castor supports 3.11
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
+from typing_extensions import TypeIs  # typing.TypeIs is 3.13+; castor supports 3.11
 
 from castor.messages.errors import ErrorCode, InvalidConfig
 

@@ -122,6 +122,7 @@ from castor.domain.materia.cast_messages import (
     UtilityFinished,
     WriteArtifact,
 )
+from castor.domain.materia.compaction import compaction_summary
 from castor.domain.materia.config import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_UTILITY_TIMEOUT_MS,
@@ -130,6 +131,7 @@ from castor.domain.materia.config import (
     ResolvedSocket,
 )
 from castor.domain.materia.expressions import (
+    MISSING,
     AssignError,
     ConditionError,
     Scope,
@@ -137,7 +139,6 @@ from castor.domain.materia.expressions import (
     evaluate_condition,
     resolve_value,
 )
-from castor.domain.materia.compaction import compaction_summary
 from castor.domain.materia.failures import (
     RECOVERABLE,
     allowance_for,
@@ -146,7 +147,6 @@ from castor.domain.materia.failures import (
     recovery_key,
 )
 from castor.domain.materia.graph import socket_ordinal
-from castor.domain.materia.memo import derived
 from castor.domain.materia.handoff import (
     HandoffError,
     apply_assign,
@@ -162,10 +162,9 @@ from castor.domain.materia.loops import (
     iteration_for,
     select_item,
 )
+from castor.domain.materia.memo import derived
 from castor.domain.materia.revive import RecoveryExhaustion, grant_revive
 from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
-from castor.domain.materia.surface import command
-from castor.domain.timestamps import iso_utc
 from castor.domain.materia.state import (
     CastState,
     Pending,
@@ -175,7 +174,8 @@ from castor.domain.materia.state import (
     seg,
     task_attempt_key,
 )
-from castor.domain.materia.expressions import MISSING
+from castor.domain.materia.surface import command
+from castor.domain.timestamps import iso_utc
 from castor.messages.errors import Conflict, NotFound
 
 #: Built-in utilities that need IO and therefore run outside the engine.

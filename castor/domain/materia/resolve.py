@@ -30,8 +30,8 @@ from castor.domain.materia.config import (
     ResolvedSocket,
     Socket,
     is_plain_object,
-    object_at,
     issues_from_validation_error,
+    object_at,
     pointer,
     warning,
 )

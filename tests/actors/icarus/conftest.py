@@ -24,7 +24,6 @@ from tests.support.icarus_fakes import FakeClassifier
 from tests.support.icarus_worker import harness  # noqa: F401 - the worker tests' fixture, re-exported for this directory
 
 
-
 class GatedLog:
     """The real JSONL session log behind a gate the test opens (to observe ordering)."""
 

@@ -17,16 +17,15 @@ from castor.actors.icarus.audit import AUDIT_WARNING, AuditActor
 from castor.actors.icarus.classifier import REMOTE_NOTICE, CancelToken, ClassifierActor, run_bounded
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.actors.icarus.messages import AuditAndRelease, Classify
-from castor.ports.classifier import ClassifierPort
-from castor.ports.session import SessionPort, SessionUiPort
-from castor.ports.worker import WorkerCalls
 from castor.domain.icarus.classify import Outcome, Reason, parse_choice
 from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import Cancelled, InvalidParams, Timeout
+from castor.ports.classifier import ClassifierPort
+from castor.ports.session import SessionPort, SessionUiPort
+from castor.ports.worker import WorkerCalls
 from castor.supervision import ActorSystem, ChildSpec
-from tests.support.waiting import wait_for
-
 from tests.support.icarus_fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
+from tests.support.waiting import wait_for
 
 FILTERED = SAMPLE.replace("\n  [2026-01-02 11:00] pi-agent: grandma's chocolate cake needs three eggs", "").replace(
     "\n  ### notes: baking (score: 0.40)\n  the cake frosting recipe uses butter and icing sugar", "")

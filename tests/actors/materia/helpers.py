@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from castor.actors.materia.api import materia_call
-from castor.composition import materia_component
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-from castor.adapters.stderr_ui import StderrUi
 from castor.adapters.materia.artifacts import CastArtifacts
+from castor.adapters.stderr_ui import StderrUi
+from castor.composition import materia_component
 from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
 from tests.support.waiting import wait_for  # noqa: F401 - re-exported for the materia actor tests
 

@@ -9,9 +9,9 @@ import pytest
 
 from castor.client import Client
 from castor.messages.errors import CastorError, InvalidParams, NotFound
+from tests.support.waiting import wait_for
 
 from .helpers import write_project_config
-from tests.support.waiting import wait_for
 
 TWO = {"activeLoadout": "Two", "materia": {"W": {"prompt": "{{lastOutput}} {{lastOutput}}", "tools": "none"}},
        "loadouts": {"Two": {"entry": "Socket-1", "sockets": {

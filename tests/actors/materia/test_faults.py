@@ -11,9 +11,9 @@ import pytest
 
 from castor.actors.materia.api import materia_call
 from castor.actors.materia.messages import CastOutcome, WorkLost
-from castor.ports.agent import TurnError, TurnOutcome
 from castor.adapters.stderr_ui import StderrUi
 from castor.domain.materia.cast_messages import TurnEnded
+from castor.ports.agent import TurnError, TurnOutcome
 from castor.runtime import HarnessLink, SessionInfo
 from castor.supervision import faults
 

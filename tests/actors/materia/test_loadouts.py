@@ -84,6 +84,7 @@ def test_plan_loadout_pauses_for_refinement_and_continue_finalizes(runtime_facto
 
 def test_per_session_limit_refuses_a_second_cast_with_conflict(runtime_factory, project):
     import pytest
+
     from castor.messages.errors import Conflict
 
     rt = runtime_factory()

@@ -8,8 +8,8 @@ import pytest
 
 from castor.actors.materia.messages import CastOutcome
 from castor.actors.materia.socket_actor import socket_spec
-from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.domain.materia.cast_messages import RunAgentTurn
+from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.supervision import Actor, ChildSpec, Restart, handles
 
 from .helpers import make_runtime, open_session

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.adapters.agents import make_agent
 from castor.adapters.agents.openai_http import OpenAIChatAgent, chat_completions_url
+from castor.ports.agent import TurnOutcome, TurnRequest
 
 CONTEXT_ERROR = {
     "error": {

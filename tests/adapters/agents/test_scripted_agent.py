@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from castor.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only, may_reply_inline
 from castor.adapters.agents import make_agent
 from castor.adapters.agents.scripted import ScriptedAgent, load_script, parse_script
 from castor.messages.errors import Conflict, InvalidConfig, InvalidParams
+from castor.ports.agent import AgentPort, TurnOutcome, TurnRequest, enqueues_only, may_reply_inline
 
 
 class Inbox:

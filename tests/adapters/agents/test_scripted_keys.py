@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.adapters.agents.scripted import ScriptedAgent, load_script, parse_script
 from castor.messages.errors import InvalidConfig
+from castor.ports.agent import TurnOutcome, TurnRequest
 
 
 def ask(agent: ScriptedAgent, turn_id: str, *, cast_id: str = "c1", socket: str = "Socket-1",

@@ -20,11 +20,9 @@ from castor.adapters.icarus.worker_process import (
     reply_result,
 )
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
-
-from tests.support.icarus import gone, read_jsonl as read_call_log
+from tests.support.icarus import REFERENCE_ICARUS, gone
+from tests.support.icarus import read_jsonl as read_call_log
 from tests.support.waiting import wait_for
-
-from tests.support.icarus import REFERENCE_ICARUS
 
 
 def call(worker: WorkerProcess, module: str, function: str, *args, deadline_s: float | None = 10, **kwargs):

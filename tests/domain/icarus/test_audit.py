@@ -17,7 +17,6 @@ from castor.domain.icarus.classify import (
     parse_choice,
 )
 from castor.messages.errors import Timeout
-
 from tests.support.icarus_fakes import SAMPLE, FakeClassifier
 
 AT = datetime(2026, 11, 29, 18, 0, 0, 123456, tzinfo=UTC)

@@ -27,7 +27,6 @@ from castor.domain.icarus.classify import (
 )
 from castor.domain.icarus.spans import PieceKind
 from castor.messages.errors import Cancelled, Timeout
-
 from tests.support.icarus_fakes import LOCAL, REMOTE, SAMPLE, FakeClassifier
 
 

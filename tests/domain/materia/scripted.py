@@ -14,11 +14,11 @@ from castor.domain.materia.cast_messages import (
     CastStarted,
     Compact,
     CompactionFinished,
+    EmitEvent,
     RunAgentTurn,
     RunUtility,
     TurnEnded,
     UtilityFinished,
-    EmitEvent,
     WriteArtifact,
 )
 from castor.domain.materia.config import ResolvedConfig

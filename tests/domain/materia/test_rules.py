@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from castor.domain.materia import compaction
-from castor.domain.materia.budget import UsageReport, TurnRecord, check_budget, extract_usage
+from castor.domain.materia.budget import TurnRecord, UsageReport, check_budget, extract_usage
 from castor.domain.materia.config import Budget, Compaction, Edge, Limits, Socket
 from castor.domain.materia.expressions import MISSING, ConditionError, Scope, evaluate_condition, resolve_value
 from castor.domain.materia.failures import (

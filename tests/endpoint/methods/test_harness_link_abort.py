@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.endpoint.connection import ConnectionSettings
 from castor.endpoint.harness_link import REMEMBERED_STOPPED, WireHarness
 from castor.messages.errors import NotFound
+from castor.ports.agent import TurnOutcome, TurnRequest
 
 
 class RecordingConnection:

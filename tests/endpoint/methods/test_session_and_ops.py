@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server
 from castor.messages.errors import ActorCrashed, Conflict, Forbidden, InvalidParams, NotFound, UnknownMethod
+from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.runtime import Runtime, RuntimeSettings, SessionComponent
 from castor.supervision import ChildSpec
-
 from tests.supervision.helpers import Journal, Ping, poll_until, worker
 
 pytestmark = pytest.mark.timeout(30)
