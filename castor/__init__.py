@@ -21,6 +21,7 @@ _ERRORS = "castor.messages.errors"
 
 _WHERE: dict[str, str] = {
     "Runtime": "castor.runtime",
+    "build_runtime": "castor.composition",
     "RuntimeSettings": "castor.runtime",
     "SessionInfo": "castor.runtime",
     "HarnessLink": "castor.runtime",
@@ -79,10 +80,12 @@ __all__ = [
     "UnknownMethod",
     "WorkerCrashed",
     "WorkerRetired",
+    "build_runtime",
 ]
 
 if TYPE_CHECKING:  # static checkers see real imports; at run time __getattr__ loads them lazily
     from castor.client import Client
+    from castor.composition import build_runtime
     from castor.messages.errors import (
         ActorCrashed,
         ActorStopped,

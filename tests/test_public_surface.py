@@ -15,6 +15,8 @@ import castor.messages.errors as errors
 EMBEDDING_API = {
     # the runtime, its settings, and what a session is opened with
     "Runtime", "RuntimeSettings", "SessionInfo", "HarnessLink",
+    # the runtime with materia and Icarus over their file and process adapters (what `castor serve` runs)
+    "build_runtime",
     # the actor system under it, and the endpoint's client
     "ActorSystem", "Client",
     # the error model: the code enum, the base and every typed error
