@@ -44,20 +44,22 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from castor.domain.materia.cast_messages import AbandonReason, RunUtility
+from castor.domain.materia.cast_messages import AbandonReason, CastEvent, RunUtility
 from castor.messages.base import LocalMessage
+from castor.ports.agent import TurnOutcome
+from castor.ports.host_context import CompactionOutcome, ContextUsage
 
 
 class CastApply(LocalMessage, type_name="materia.cast.apply"):
-    event: Any
+    event: CastEvent
 
 
 class CastOutcome(LocalMessage, type_name="materia.cast.outcome"):
-    event: Any
+    event: CastEvent
 
 
 class CastProgress(LocalMessage, type_name="materia.cast.progress"):
-    event: Any
+    event: CastEvent
 
 
 class WorkLost(LocalMessage, type_name="materia.cast.work_lost"):
@@ -90,21 +92,21 @@ class UserTurnExpired(LocalMessage, type_name="materia.cast.user_turn_expired"):
 
 
 class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):
-    outcome: Any
+    outcome: TurnOutcome
 
 
 class UsageRead(LocalMessage, type_name="materia.socket.usage_read"):
-    usage: Any = None  # ContextUsage | None
+    usage: ContextUsage | None = None
     error: str | None = None
 
 
 class ProactiveCompacted(LocalMessage, type_name="materia.socket.proactive_compacted"):
-    outcome: Any  # CompactionOutcome
+    outcome: CompactionOutcome
 
 
 class UtilityJob(LocalMessage, type_name="materia.utility.job"):
     effect: RunUtility
-    cast: Any  # ActorHandle of the CastActor
+    cast: Any  # the CastActor's handle (a test may hand a recording stand-in)
     run_dir: str | None = None  # where the running command is recorded (command_records)
 
 
