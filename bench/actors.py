@@ -136,7 +136,9 @@ def main() -> None:
     print(f"castor tell throughput    median {statistics.median(c_tell):10.0f} msg/s")
     spawn_ratio = statistics.median(c / p for c, p in zip(c_spawn, p_spawn, strict=True))
     print(f"pykka start+ask+stop      median {statistics.median(p_spawn) * 1e6:8.1f} us  (reps {reps} x {spawns})")
-    print(f"castor spawn+ask+stop     median {statistics.median(c_spawn) * 1e6:8.1f} us  (temporary child, until removed)")
+    print(
+        f"castor spawn+ask+stop     median {statistics.median(c_spawn) * 1e6:8.1f} us  (temporary child, until removed)"
+    )
     print(f"RESULT ask_hop_ratio {hop_ratio:.3f} target<=1.25")
     print(f"RESULT tell_cost_ratio {tell_ratio:.3f} target<=1.5")
     print(f"RESULT spawn_stop_ratio {spawn_ratio:.3f} target<=1.5")

@@ -265,7 +265,9 @@ def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
         elapsed = time.monotonic() - started
         final = server.sample(ops)
         list_10x, list_1x = list_ratio(server, big, small)
-        counts = [len([p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]) for project in (big, small)]
+        counts = [
+            len([p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]) for project in (big, small)
+        ]
     finally:
         ops.close()
         server.stop()
@@ -273,11 +275,24 @@ def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
     xs = [d / 1000 for d, _ in samples]
     fit = {"rss": slope(xs, [s["rss"] for _, s in samples])}
     fit.update({key: step_slope(xs, [s[key] for _, s in samples]) for key in ("threads", "fds", "actors")})
-    return {"casts": done, "sessions": sessions, "seconds": elapsed, "casts_per_second": done / elapsed,
-            "rss_mb_per_1000": fit["rss"] / 2**20, "threads_per_1000": fit["threads"], "fds_per_1000": fit["fds"],
-            "actors_per_1000": fit["actors"], "list_1x_ms": (list_1x or 0) * 1000, "list_10x_ms": (list_10x or 0) * 1000,
-            "big_casts": counts[0], "small_casts": counts[1], "final_rss_mb": final["rss"] / 2**20, "final_threads": final["threads"], "final_fds": final["fds"],
-            "final_actors": final["actors"]}
+    return {
+        "casts": done,
+        "sessions": sessions,
+        "seconds": elapsed,
+        "casts_per_second": done / elapsed,
+        "rss_mb_per_1000": fit["rss"] / 2**20,
+        "threads_per_1000": fit["threads"],
+        "fds_per_1000": fit["fds"],
+        "actors_per_1000": fit["actors"],
+        "list_1x_ms": (list_1x or 0) * 1000,
+        "list_10x_ms": (list_10x or 0) * 1000,
+        "big_casts": counts[0],
+        "small_casts": counts[1],
+        "final_rss_mb": final["rss"] / 2**20,
+        "final_threads": final["threads"],
+        "final_fds": final["fds"],
+        "final_actors": final["actors"],
+    }
 
 
 def main() -> None:

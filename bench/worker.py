@@ -43,7 +43,8 @@ reference backend, ``examples/icarus_reference/icarus``):
 Runs are interleaved (raw, bridge, raw, bridge, ...) so machine noise hits both;
 each run's value is the mean over ``--calls`` round trips; medians of the runs
 are reported, and the ratio is the median of the per-pair (adjacent raw/bridge
-runs) ratios, which cancels most of the load drift of a shared machine. Ends with ``RESULT <name> <value> target<=<target>`` lines.
+runs) ratios, which cancels most of the load drift of a shared machine. Ends with ``RESULT <name> <value>
+target<=<target>`` lines.
 
 Usage: ``python bench/worker.py [--quick] [--runs 9] [--calls 1000] [--cold 7] [--queued 1000] [--drain-runs 5]
 [--user-rounds 3]``

@@ -10,7 +10,7 @@ systems meet their file and process implementations:
 
 Callers that run castor (the endpoint server, the CLI, the demo and the soak, the scale-out
 host) take their components from here; an embedder may do the same or hand ``Runtime`` its own.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ def deepest_product() -> int:
     return max(worst_case(node)[0] for node in TREE)
 
 
-__all__ = ["BY_PATH", "CAST", "CAST_GIVE_UP", "CASTS", "SESSION_INTENSITY", "ICARUS", "ICARUS_AUDIT", "ICARUS_CLASSIFIER", "ICARUS_HOOKS",
-           "ICARUS_WORKER", "Intensity", "MATERIA", "Node", "ROOT", "SESSION", "SESSIONS", "SOCKET", "SOCKETS",
-           "TREE", "UTILITY", "UTILITY_SLOT", "ancestors", "deepest_product", "render_limits",
-           "render_tree", "worst_case"]
+__all__ = ["BY_PATH", "CAST", "CAST_GIVE_UP", "CASTS", "SESSION_INTENSITY", "ICARUS", "ICARUS_AUDIT",
+           "ICARUS_CLASSIFIER", "ICARUS_HOOKS", "ICARUS_WORKER", "Intensity", "MATERIA", "Node", "ROOT", "SESSION",
+           "SESSIONS", "SOCKET", "SOCKETS", "TREE", "UTILITY", "UTILITY_SLOT", "ancestors", "deepest_product",
+           "render_limits", "render_tree", "worst_case"]

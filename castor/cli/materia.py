@@ -14,8 +14,8 @@
 
 ``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
 ``castor cast`` records a ``script:`` agent (a data file, never an executable) in
-``<runDir>/cli.json`` (before the cast's first save) so ``castor recast`` can replay it; an ``openai:`` agent is never read
-back from the project tree (a checkout must not choose where prompts are sent) and has to be
+``<runDir>/cli.json`` (before the cast's first save) so ``castor recast`` can replay it; an
+``openai:`` agent is never read back from the project tree (a checkout must not choose where prompts are sent) and has to be
 given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
 
 ``CAST_ID`` everywhere is the exact id, ``latest`` (the newest cast) or a unique prefix of one; an
@@ -24,7 +24,7 @@ commands (a cast started in Pi names ``/materia`` ones there).
 
 Exit codes: 0 success; 1 a failed, aborted or interrupted cast or any error (one line on stderr:
 ``castor: <code>: <message>``).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ reviewer per work item):
     {"key": "Socket-5/w2", "text": "{\\"satisfied\\": true}"},
     "Summary: parser and CLI built."
   ]
-"""
+"""  # noqa: E501 - the example file is printed as is, one JSON answer a line, as docs/materia.md shows it
 
 
 # --------------------------------------------------------------------------- argparse
@@ -237,7 +237,7 @@ class _StopSignals:
 
     Only the main thread can install handlers; elsewhere (tests driving the CLI from a thread)
     the defaults stay.
-    """
+    """  # noqa: E501 - table rows cannot wrap
 
     def __init__(self) -> None:
         import signal
@@ -435,7 +435,11 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
 
     cwd = _cwd(args)
     root = _artifact_root(cwd, args.config)
-    return cwd, root, resolve_cast_id(FILE_CAST_STORAGE, root, args.cast_id)  # before asking for an agent it would not need
+    return (
+        cwd,
+        root,
+        resolve_cast_id(FILE_CAST_STORAGE, root, args.cast_id),
+    )  # before asking for an agent it would not need
 
 
 def _resume(args: argparse.Namespace, verb: str) -> int:

@@ -122,15 +122,27 @@ def cast_data(runtime: Any, sid: str, cast_id: str) -> dict[str, Any]:
     sockets = [a for a in runtime.system.snapshot_data(f"/root/session/{sid}/socket")["actors"]
                if a["path"].rsplit("/", 1)[-1].startswith(f"{cast_id}.")]
     return {
-        "at": time.time(), "session_id": sid, "cast_id": cast_id, "run_dir": str(run_dir),
-        "phase": state.get("phase"), "active": state.get("active"), "current_socket": state.get("current_socket_id"),
-        "item": state.get("current_item_label") or state.get("current_item_key"), "visits": state.get("visits") or {},
-        "failed_reason": state.get("failed_reason"), "request": str(state.get("request") or "")[:500],
+        "at": time.time(),
+        "session_id": sid,
+        "cast_id": cast_id,
+        "run_dir": str(run_dir),
+        "phase": state.get("phase"),
+        "active": state.get("active"),
+        "current_socket": state.get("current_socket_id"),
+        "item": state.get("current_item_label") or state.get("current_item_key"),
+        "visits": state.get("visits") or {},
+        "failed_reason": state.get("failed_reason"),
+        "request": str(state.get("request") or "")[:500],
         "svg": loadout_svg(state),
         "events": _feed(run_dir / "events.jsonl"),
-        "usage": {"tokens": (usage.get("tokens") or {}).get("total"), "cost_usd": (usage.get("cost") or {}).get("total"),
-                  "turns": len(usage.get("turns") or []), "by_socket": usage.get("bySocket") or {}},
-        "actor": live, "socket_actors": sockets,
+        "usage": {
+            "tokens": (usage.get("tokens") or {}).get("total"),
+            "cost_usd": (usage.get("cost") or {}).get("total"),
+            "turns": len(usage.get("turns") or []),
+            "by_socket": usage.get("bySocket") or {},
+        },
+        "actor": live,
+        "socket_actors": sockets,
     }
 
 
@@ -161,7 +173,10 @@ def loadout_svg(state: dict[str, Any]) -> str:
     pipeline = ((state.get("config") or {}).get("pipeline") or {})
     sockets: dict[str, Any] = pipeline.get("sockets") or {}
     if not sockets:
-        return '<svg xmlns="http://www.w3.org/2000/svg" width="300" height="40"><text x="10" y="25">no loadout</text></svg>'
+        return (
+            '<svg xmlns="http://www.w3.org/2000/svg" width="300" height="40">'
+            '<text x="10" y="25">no loadout</text></svg>'
+        )
     entry = pipeline.get("entry") or next(iter(sockets))
     current = state.get("current_socket_id") if state.get("active") else None
     visits = state.get("visits") or {}
@@ -295,10 +310,13 @@ function render(doc) {
   const off = [];
   for (const w of doc.workers) {
     if (w.state !== 'active') { off.push(w.session_id); continue; }
-    const p = w.process || {}; const wa = w.actor || {}; const card = $('div', {class: 'card', 'data-worker': w.session_id});
+    const p = w.process || {}; const wa = w.actor || {};
+    const card = $('div', {class: 'card', 'data-worker': w.session_id});
     card.append($('b', {}, 'Icarus worker — ' + w.session_id),
-      $('div', {}, 'workers started ' + w.workers_started + ', pid ' + (p.pid ?? '-') + (p.alive ? ' (alive)' : ' (none running)')),
-      $('div', {}, 'calls ' + (p.calls ?? 0) + ', RSS ' + (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
+      $('div', {}, 'workers started ' + w.workers_started + ', pid ' + (p.pid ?? '-') +
+                   (p.alive ? ' (alive)' : ' (none running)')),
+      $('div', {}, 'calls ' + (p.calls ?? 0) + ', RSS ' +
+                   (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
                    ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
       $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
                    ((wa.activity || {}).text || '-')));

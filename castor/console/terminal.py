@@ -160,7 +160,9 @@ def _actor_line(actor: dict[str, Any]) -> str:
     ]
     labels = actor.get("labels") or {}
     if labels.get("label") or labels.get("project"):
-        parts.append(f"[bold]{escape(str(labels.get('label') or '-'))}[/bold] {escape(str(labels.get('project') or ''))}")
+        parts.append(
+            f"[bold]{escape(str(labels.get('label') or '-'))}[/bold] {escape(str(labels.get('project') or ''))}"
+        )
     if box.get("failed"):
         parts.append(f"[red]failed={box['failed']}[/red]")
     if actor.get("restarts"):

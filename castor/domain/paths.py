@@ -14,7 +14,7 @@ artifact root, a cast's run directory) and must stay inside it:
 This module is pure: it never touches the disk, so it can say *why* before anything is
 opened, stat-ed or created. Every refusal is one of the ``REASON_*`` strings below (they
 appear as ``data.reason`` of the ``forbidden`` error the adapters raise).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

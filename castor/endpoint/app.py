@@ -13,7 +13,9 @@ HARNESS_CAPABILITIES = {"casts", "icarus", "inspection"}
 
 
 def build_dispatcher(runtime: Runtime) -> Dispatcher:
-    dispatcher = Dispatcher(capabilities=set(HARNESS_CAPABILITIES) | ({"faults"} if runtime.settings.allow_faults else set()))
+    dispatcher = Dispatcher(
+        capabilities=set(HARNESS_CAPABILITIES) | ({"faults"} if runtime.settings.allow_faults else set())
+    )
     register_session_methods(dispatcher, runtime)
     register_ops_methods(dispatcher, runtime)
     register_materia_methods(dispatcher, runtime)

@@ -42,7 +42,7 @@ for the model), and the harness is told with the ``agent.abort_turn`` notificati
 harness's later ``agent.turn_ended`` for such a turn (the run ended as it was being stopped) is
 answered ``{ok: true, ignored: true}``, never an error; the last :data:`REMEMBERED_STOPPED`
 stopped ids are remembered for that.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -13,4 +13,4 @@
 
 Ports import only ``castor.domain``, ``castor.messages`` and (for the component contract's
 ``ChildSpec`` and ``ActorSystem``) ``castor.supervision``; never an actor or an adapter.
-"""
+"""  # noqa: E501 - table rows cannot wrap

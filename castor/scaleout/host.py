@@ -20,7 +20,7 @@ nodes):
 
 Utility commands of this host's casts run as Ray tasks (:mod:`castor.scaleout.utility_tasks`),
 so they land on a node with the CPUs their socket declares.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ The directory (one rule, kept here because the serving process is the only route
 Two hosts never advance one cast: a session lives on one host at a time (this directory), a cast's
 lease is taken on the shared file system by the host that runs it, and every state save is fenced
 by the cast's incarnation, so a host that was presumed dead but still writes is refused.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ from castor.supervision.threads import start_thread
 
 RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
+# under the endpoint's 15 s ask deadline, so the castor error is the one seen
 CALL_TIMEOUT_S = 14.0
 READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
-"""Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""  # under the endpoint's 15 s ask deadline, so the castor error is the one seen
+"""Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""
 
 
 class RayBackendSettings(BaseModel):
@@ -85,7 +86,9 @@ def ray_errors() -> tuple[type[BaseException], ...]:
 class RayBackend:
     """Cast hosts on a Ray cluster and the routing of sessions to them."""
 
-    def __init__(self, settings: RayBackendSettings | None = None, *, host_runtime: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, settings: RayBackendSettings | None = None, *, host_runtime: dict[str, Any] | None = None
+    ) -> None:
         import ray
 
         self.settings = settings or RayBackendSettings()

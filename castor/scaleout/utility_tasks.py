@@ -14,7 +14,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 
 What it does not do: move the project's files — every node must see the project at the same
 path (see docs/scale-out.md).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ handler raises anything else            reply failed; incarnation ends ``crashed
 ``Control("kill")`` / injected crash    treated exactly as a crash                   as a crash
 ``BaseException`` in a handler          treated as a crash of this actor only        (pykka would stop every actor)
 ======================================  ===========================================  ===========================================
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

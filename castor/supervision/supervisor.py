@@ -43,7 +43,7 @@ stops the other children (reverse order) and restarts all (start order);
 Children start in list order and stop in reverse order, each within its
 ``shutdown_timeout``; a child that overruns is killed brutally (its owned
 processes are killed and its thread abandoned).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

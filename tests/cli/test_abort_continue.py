@@ -71,8 +71,14 @@ def last_error(result: subprocess.CompletedProcess[str]) -> str:
 
 def help_example() -> list[Any]:
     """The complete example file printed by ``castor cast --help``."""
-    text = subprocess.run([sys.executable, "-m", "castor", "cast", "--help"], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          text=True, capture_output=True, timeout=60, check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "castor", "cast", "--help"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout
     start = text.index("\n  [\n") + 1
     return json.loads(text[start:text.index("\n  ]", start) + 4])
 

@@ -95,7 +95,10 @@ def test_c4_a_shipped_default_loadout_cannot_be_deleted(tmp_path: Path) -> None:
 
 
 def test_c27_single_percent_wins_over_tiers_in_a_loaded_config() -> None:
-    tiers = [{"thresholdPercent": 70, "maxContextWindow": 100_000}, {"thresholdPercent": 60, "minContextWindow": 100_000}]
+    tiers = [
+        {"thresholdPercent": 70, "maxContextWindow": 100_000},
+        {"thresholdPercent": 60, "minContextWindow": 100_000},
+    ]
     cfg = config({"Socket-1": {"type": "agent", "materia": "A"}},
                  compaction={"proactiveThresholdPercent": 42, "proactiveThresholdTiers": tiers})
     rc = resolved(cfg)
@@ -124,7 +127,9 @@ def test_c30_bad_handoff_fails_the_cast_with_the_validation_message(output: Any,
     tr = d.reply(output)
     s = d.state
     assert s.phase == "failed" and not s.active
-    assert s.failed_reason.startswith('Invalid handoff JSON output for socket "Socket-1"') and fragment in s.failed_reason
+    assert (
+        s.failed_reason.startswith('Invalid handoff JSON output for socket "Socket-1"') and fragment in s.failed_reason
+    )
     end = tr.events("cast_end")
     assert end and end[-1].data["ok"] is False
     assert len(d.turns()) == 1  # Socket-2 never started
@@ -235,7 +240,9 @@ def test_c61_failed_proactive_compaction_warns_and_the_cast_stays_active_awaitin
     d.send(ProactiveCompactionStarted, visit_id=first.visit_id, decision=decision)
     tr = d.send(ProactiveCompactionFinished, visit_id=first.visit_id, decision=decision, ok=False, error="host said no")
     [failed] = [e.data for e in d.events() if e.type == "proactive_compaction_failed"]
-    assert failed["warning"] is True and failed["error"] == "host said no" and failed["thresholdMode"] == "single_percent"
+    assert (
+        failed["warning"] is True and failed["error"] == "host said no" and failed["thresholdMode"] == "single_percent"
+    )
     assert any(isinstance(e, Notify) and e.level == "warning" for e in tr.effects)
     assert d.state.active and d.state.awaiting_response and d.pending() is first
     d.fail_turn("context window exceeded")  # a later context_window error still goes to recovery

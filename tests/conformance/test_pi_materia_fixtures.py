@@ -96,9 +96,15 @@ def script_for(fixture: str | None, loadout: str, *, work_items: list[dict[str, 
     return script
 
 
-def run_cast(tmp_path: Path, project: Path, loadout: str, script: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run_cast(
+    tmp_path: Path, project: Path, loadout: str, script: dict[str, Any]
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     (project / "answers.json").write_text(json.dumps(script))
-    before = {p.name for p in (project / ".pi" / "pi-materia").iterdir()} if (project / ".pi" / "pi-materia").is_dir() else set()
+    before = (
+        {p.name for p in (project / ".pi" / "pi-materia").iterdir()}
+        if (project / ".pi" / "pi-materia").is_dir()
+        else set()
+    )
     result = castor(tmp_path, "cast", "Add the alpha feature", "--quiet", "--loadout", loadout,
                     "--agent", "script:answers.json", cwd=project, timeout=180)
     runs = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir() and p.name not in before]
@@ -119,7 +125,9 @@ def started(run_dir: Path) -> list[str]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fixture", FIXTURES)
-def test_the_fixture_loads_unchanged_validates_and_every_loadout_renders_in_the_grid(tmp_path: Path, fixture: str) -> None:
+def test_the_fixture_loads_unchanged_validates_and_every_loadout_renders_in_the_grid(
+    tmp_path: Path, fixture: str
+) -> None:
     project = project_with(tmp_path, fixture)
     original = (project / ".pi" / "pi-materia.json").read_bytes()
     checked = castor(tmp_path, "validate", ".pi/pi-materia.json", cwd=project)

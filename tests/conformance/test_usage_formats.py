@@ -49,7 +49,9 @@ def _three_sockets(budget: dict[str, Any]) -> dict[str, Any]:
             "loadouts": {"Three": {"entry": "Socket-1", "sockets": sockets}}}
 
 
-def _cast(tmp_path: Path, config: dict[str, Any], usage: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _cast(
+    tmp_path: Path, config: dict[str, Any], usage: dict[str, Any]
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     project = tmp_path / "project"
     (project / ".pi").mkdir(parents=True)
     (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
@@ -74,7 +76,9 @@ def test_the_budget_stops_a_cast_at_max_cost_usd_in_each_provider_format(tmp_pat
     usage = json.loads((run_dir / "usage.json").read_text())
     assert math.isclose(usage["cost"]["total"], 1.2)  # two turns of $0.60: the second crossed $1.00
     assert math.isclose(usage["cost"]["input"], 0.4) and math.isclose(usage["cost"]["cacheWrite"], 0.1)
-    assert usage["tokens"]["total"] == 330 and usage["tokens"]["cacheRead"] == 20 and usage["tokens"]["cacheWrite"] == 10
+    assert (
+        usage["tokens"]["total"] == 330 and usage["tokens"]["cacheRead"] == 20 and usage["tokens"]["cacheWrite"] == 10
+    )
     assert sorted(usage["bySocket"]) == ["Socket-1", "Socket-2"]
     events = _events(run_dir)
     limit = [e for e in events if e["type"] == "budget_limit"]

@@ -85,7 +85,9 @@ def test_the_tree_shows_every_running_casts_actors(browser, busy_console):
     assert all(rows[p]["kind"] == "CastActor" for p in want)
     waiting = [r for p, r in rows.items() if r["kind"] == "SocketActor"]
     assert len(waiting) == 6 and all("awaiting the agent's turn" in r["activity"] for r in waiting)
-    cards = browser.execute_script("return Array.from(document.querySelectorAll('[data-session]')).map(e => e.textContent)")
+    cards = browser.execute_script(
+        "return Array.from(document.querySelectorAll('[data-session]')).map(e => e.textContent)"
+    )
     assert len(cards) == 3 and all(str(live.projects[f"session-{n + 1}"]) in cards[n] for n in range(3))
     # Live: the waits' ages grow without a reload.
     first = _rows(browser)[next(iter(sorted(want)))]["activity"]

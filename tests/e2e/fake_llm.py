@@ -145,8 +145,10 @@ class FakeLLM:
                     time.sleep(item.delay)  # a slow model, so a test can act mid-turn
                 try:
                     if item.status != 200:
-                        self._plain(item.status, json.dumps({"error": item.error or {"message": "fake upstream failure"}})
-                                    .encode())
+                        self._plain(
+                            item.status,
+                            json.dumps({"error": item.error or {"message": "fake upstream failure"}}).encode(),
+                        )
                         return
                     if body.get("stream") is False:
                         self._complete(body.get("model", "fake-model"), item)

@@ -129,10 +129,14 @@ class PiRpc:
                     if pred(event):
                         return event
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.events and self.events[-1].get("type") == "_eof" and not pred(self.events[-1])):
+                if remaining <= 0 or (
+                    self.events and self.events[-1].get("type") == "_eof" and not pred(self.events[-1])
+                ):
                     break
                 self._cond.wait(remaining)
-        raise AssertionError(f"no matching Pi event within {timeout}s; last events: {self.tail()}\nstderr: {self.stderr()[-3000:]}")
+        raise AssertionError(
+            f"no matching Pi event within {timeout}s; last events: {self.tail()}\nstderr: {self.stderr()[-3000:]}"
+        )
 
     def mark(self) -> int:
         with self._cond:
@@ -141,7 +145,9 @@ class PiRpc:
     def request(self, command: dict[str, Any], *, timeout: float = 15.0) -> Event:
         start = self.mark()
         cid = self.send(command)
-        response = self.wait_for(lambda e: e.get("type") == "response" and e.get("id") == cid, timeout=timeout, start=start)
+        response = self.wait_for(
+            lambda e: e.get("type") == "response" and e.get("id") == cid, timeout=timeout, start=start
+        )
         assert response.get("success"), f"Pi refused {command}: {response}"
         return response
 
@@ -161,11 +167,18 @@ class PiRpc:
 
     def ui(self, method: str, *, start: int = 0) -> list[Event]:
         with self._cond:
-            return [e for e in self.events[start:] if e.get("type") == "extension_ui_request" and e.get("method") == method]
+            return [
+                e for e in self.events[start:] if e.get("type") == "extension_ui_request" and e.get("method") == method
+            ]
 
-    def wait_ui(self, method: str, pred: Callable[[Event], bool] = lambda e: True, *, timeout: float = 15.0, start: int = 0) -> Event:
-        return self.wait_for(lambda e: e.get("type") == "extension_ui_request" and e.get("method") == method and pred(e),
-                             timeout=timeout, start=start)
+    def wait_ui(
+        self, method: str, pred: Callable[[Event], bool] = lambda e: True, *, timeout: float = 15.0, start: int = 0
+    ) -> Event:
+        return self.wait_for(
+            lambda e: e.get("type") == "extension_ui_request" and e.get("method") == method and pred(e),
+            timeout=timeout,
+            start=start,
+        )
 
     def tail(self, n: int = 12) -> list[str]:
         with self._cond:

@@ -58,8 +58,13 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
     if event == "agent_settled" and STATE["pending_turn"]:
         prompt, STATE["pending_turn"] = STATE["pending_turn"], None
         STATE["turns"] += 1
-        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {prompt}",
-                "summary": "probe turn", "isolate": True}
+        turn = {
+            "session_id": params.get("session_id"),
+            "turn_id": f"probe-{STATE['turns']}",
+            "prompt": f"TURN: {prompt}",
+            "summary": "probe turn",
+            "isolate": True,
+        }
         # Like an actor would: answer the event first, then ask for the turn.
         STATE["running"] = turn["turn_id"]
         threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()
@@ -74,7 +79,9 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         return {"message": {"custom_type": "probe-context", "content": f"PROBE-CONTEXT {arg}", "display": False},
                 "system_prompt_append": "\n\nPROBE-SYS"}
     if verb == "audit":
-        ack = ctx.call("session.append_entry", {"custom_type": "probe-audit", "data": {"version": 1, "n": 1}}, timeout=5)
+        ack = ctx.call(
+            "session.append_entry", {"custom_type": "probe-audit", "data": {"version": 1, "n": 1}}, timeout=5
+        )
         record("ack", ack)
         return {"message": {"custom_type": "probe-context", "content": "PROBE-AUDITED", "display": False}}
     if verb == "notify":

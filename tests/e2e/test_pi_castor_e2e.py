@@ -1,8 +1,8 @@
 """Real Pi + extension + the real castor runtime (``castor serve --stdio``).
 
 These are the issue's end-to-end scenarios (issue 5, 6a-e), plus (f) a user-driven refinement
-turn (issue 3) and (g) one the user aborts (Esc), which castor withdraws. Each one fails fast (an error toast from the extension ends the wait) so a broken
-runtime costs little time.
+turn (issue 3) and (g) one the user aborts (Esc), which castor withdraws. Each one fails fast (an error
+toast from the extension ends the wait) so a broken runtime costs little time.
 """
 
 from __future__ import annotations
@@ -133,14 +133,19 @@ def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command,
     assert poll_until(final_state_recorded, timeout=10.0)
 
 
-def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(start_pi, castor_command, fake_llm, tmp_path):
+def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(
+    start_pi, castor_command, fake_llm, tmp_path
+):
     seed_fabric(tmp_path, ("ZEBRA-FACT zebra migration notes", "zebras migrate in the dry season"))
     pi = start_pi(castor_command, settings=icarus_settings(tmp_path))
     up(pi)
     start = pi.prompt("tell me about the zebra herd")
     fail_fast_on_error(pi, start)
-    main_request = next(r for r in reversed(fake_llm.log()) if "tell me about the zebra herd" in json.dumps(r["messages"])
-                        and r["messages"][-1]["role"] != "system")
+    main_request = next(
+        r
+        for r in reversed(fake_llm.log())
+        if "tell me about the zebra herd" in json.dumps(r["messages"]) and r["messages"][-1]["role"] != "system"
+    )
     assert "ZEBRA-FACT" in json.dumps(main_request["messages"])
     audits = [e for e in session_entries(tmp_path / "sessions") if e.get("customType") == "icarus-context-filter"]
     assert len(audits) == 1
@@ -151,15 +156,21 @@ def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(s
 def test_c_fabric_tool_called_by_the_model_round_trips(start_pi, castor_command, fake_llm, tmp_path):
     pi = start_pi(castor_command, settings=icarus_settings(tmp_path))
     up(pi)
-    fake_llm.reply_tool_call("fabric_write", {"type": "note", "summary": "TOOL-ROUND-TRIP", "content": "written by the model"})
+    fake_llm.reply_tool_call(
+        "fabric_write", {"type": "note", "summary": "TOOL-ROUND-TRIP", "content": "written by the model"}
+    )
     start = pi.prompt("save a note")
     fail_fast_on_error(pi, start)
-    end = pi.wait_for(lambda e: e.get("type") == "tool_execution_end" and e.get("toolName") == "fabric_write", start=start)
+    end = pi.wait_for(
+        lambda e: e.get("type") == "tool_execution_end" and e.get("toolName") == "fabric_write", start=start
+    )
     assert end["isError"] is False
     db = tmp_path / "fabric" / "icarus_reference.sqlite3"
     rows = sqlite3.connect(db).execute("SELECT summary, content FROM entries").fetchall()
     assert rows == [("TOOL-ROUND-TRIP", "written by the model")]
-    assert "TOOL_RESULT_SEEN" in json.dumps(pi.wait_for(lambda e: e.get("type") == "agent_end", start=start)["messages"])
+    assert "TOOL_RESULT_SEEN" in json.dumps(
+        pi.wait_for(lambda e: e.get("type") == "agent_end", start=start)["messages"]
+    )
 
 
 def test_d_icarus_off_stops_retrieval_on_the_next_prompt(start_pi, castor_command, fake_llm, tmp_path):
@@ -170,15 +181,21 @@ def test_d_icarus_off_stops_retrieval_on_the_next_prompt(start_pi, castor_comman
     start = pi.prompt("what about the zebra")
     fail_fast_on_error(pi, start)
     assert "ZEBRA-FACT" in json.dumps(fake_llm.log()[-1]["messages"])
-    retrievals_on = [c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"]
+    retrievals_on = [
+        c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"
+    ]
     assert len(retrievals_on) == 1
     start = pi.command("/icarus off")
     pi.wait_ui("notify", lambda e: "hooks are off" in e.get("message", ""), start=start)
-    retrievals_before = [c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"]
+    retrievals_before = [
+        c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"
+    ]
     start = pi.prompt("what about the giraffe")
     fail_fast_on_error(pi, start)
     assert "GIRAFFE-FACT" not in json.dumps(fake_llm.log()[-1]["messages"])
-    retrievals_after = [c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"]
+    retrievals_after = [
+        c for c in read_jsonl(call_log) if c.get("call") == "hooks.pre_llm_call" and c.get("phase") == "start"
+    ]
     assert retrievals_after == retrievals_before
 
 
@@ -387,7 +404,8 @@ def test_i_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(sta
     _run_dir, events = wait_cast_end(pi, project, start=start, timeout=30)
     assert events[-1]["data"]["ok"] is True, events[-1]
     first = [e for e in events if e["type"].startswith("proactive_compaction") and e["data"]["socket"] == "Socket-1"]
-    assert [e["type"] for e in first] == ["proactive_compaction_start", "proactive_compaction_complete"], [e["data"] for e in first][-1].get("error")
+    assert [e["type"] for e in first] == ["proactive_compaction_start", "proactive_compaction_complete"], (
+        [e["data"] for e in first][-1].get("error"))
     start_data = first[0]["data"]
     assert start_data["thresholdPercent"] == 0 and start_data["thresholdMode"] == "single_percent"
     assert start_data["contextWindow"] == 32000 and start_data["tokens"] > 0  # Pi's own usage figures
@@ -400,4 +418,7 @@ def test_i_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(sta
     assert compactions and compactions[0]["firstKeptEntryId"] == result["firstKeptEntryId"]
     # Socket-2's check also fired; whatever Pi answered (compacted again, or "nothing to compact"),
     # its turn was sent and the cast completed.
-    assert [e["data"]["socket"] for e in events if e["type"] == "proactive_compaction_start"] == ["Socket-1", "Socket-2"]
+    assert [e["data"]["socket"] for e in events if e["type"] == "proactive_compaction_start"] == [
+        "Socket-1",
+        "Socket-2",
+    ]

@@ -81,9 +81,19 @@ class TokenProbe:
                     if method == "runtime.hello":
                         self.hellos.append(p)
                         if p.get("token") == self.token:
-                            reply = [1, msgid, None, {"name": "token-probe", "version": "0", "methods": ["runtime.hello"]}]
+                            reply = [
+                                1,
+                                msgid,
+                                None,
+                                {"name": "token-probe", "version": "0", "methods": ["runtime.hello"]},
+                            ]
                         else:
-                            reply = [1, msgid, {"code": "unauthenticated", "message": "a valid token is required"}, None]
+                            reply = [
+                                1,
+                                msgid,
+                                {"code": "unauthenticated", "message": "a valid token is required"},
+                                None,
+                            ]
                     else:
                         reply = [1, msgid, {"code": "unknown_method", "message": method}, None]
                     conn.sendall(msgpack.packb(reply))

@@ -148,7 +148,9 @@ def test_commands_forward_and_unknown_subcommands_get_usage(probe_pi):
 
 def test_dead_runtime_shows_an_error_pi_keeps_working_and_a_command_respawns(probe_pi, fake_llm):
     pi, log = probe_pi
-    children = [p for p in psutil.Process(pi.proc.pid).children(recursive=True) if "probe_castor" in " ".join(p.cmdline())]
+    children = [
+        p for p in psutil.Process(pi.proc.pid).children(recursive=True) if "probe_castor" in " ".join(p.cmdline())
+    ]
     assert len(children) == 1
     start = pi.mark()
     children[0].kill()
@@ -156,7 +158,9 @@ def test_dead_runtime_shows_an_error_pi_keeps_working_and_a_command_respawns(pro
     assert "castor runtime stopped" in note["message"]
     pi.wait_ui("setStatus", lambda e: e.get("statusText") == "castor: down", start=start)
     start = pi.prompt("no runtime now")  # lifecycle events fail fast; the prompt still completes
-    assert "FAKE-REPLY: no runtime now" in str(pi.wait_for(lambda e: e.get("type") == "agent_end", start=start)["messages"])
+    assert "FAKE-REPLY: no runtime now" in str(
+        pi.wait_for(lambda e: e.get("type") == "agent_end", start=start)["messages"]
+    )
     start = pi.command("/materia status")
     pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), start=start)
     pi.wait_ui("notify", lambda e: "probe cast.status" in e.get("message", ""), start=start)

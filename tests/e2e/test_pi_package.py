@@ -67,8 +67,13 @@ def installed(pi_install: PiInstall, tarball: Path, fake_llm, tmp_path: Path) ->
     home.mkdir()
     write_agent_dir(agent_dir, fake_llm.base_url)
     source = f"npm:{PACKAGE}@file:{tarball}"
-    run = subprocess.run([str(pi_install.node), str(pi_install.cli), "install", source], env=node_env(pi_install, home, agent_dir),
-                         capture_output=True, text=True, timeout=90)
+    run = subprocess.run(
+        [str(pi_install.node), str(pi_install.cli), "install", source],
+        env=node_env(pi_install, home, agent_dir),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert run.returncode == 0, (run.stdout, run.stderr)
     yield agent_dir, home
 

@@ -64,8 +64,10 @@ destructive = st.one_of(
     st.builds(lambda v, cut: msgpack.packb([0, 1, "echo", [v]])[:cut], values, st.integers(1, 40)),
     st.builds(lambda n: msgpack.packb([0, 1, "echo", [{str(i): i for i in range(n)}]]), st.integers(257, 2000)),
     st.builds(lambda n: msgpack.packb([0, 1, "echo", [{"s": "x" * n}]]), st.integers(4097, 70000)),
-    st.builds(lambda d: b"\x91" * d + b"\xc0", st.integers(100, 5000)),   # deep nesting
-    st.builds(lambda k: msgpack.packb({k: 1}), st.integers(min_value=-(2**63), max_value=2**64 - 1)),  # non-string map key
+    st.builds(lambda d: b"\x91" * d + b"\xc0", st.integers(100, 5000)),  # deep nesting
+    st.builds(
+        lambda k: msgpack.packb({k: 1}), st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    ),  # non-string map key
 )
 
 

@@ -24,7 +24,8 @@ SLOW_COMMAND = (
     "import os, sys, json, time\n"
     "sys.stdin.readline()\n"
     "log = os.environ['VISIT_LOG']\n"
-    "with open(log, 'a') as f: f.write(os.environ['CASTOR_VISIT_ID'] + ' ' + os.environ.get('CASTOR_NODE_ID', '?') + '\\n')\n"
+    "with open(log, 'a') as f: "
+    "f.write(os.environ['CASTOR_VISIT_ID'] + ' ' + os.environ.get('CASTOR_NODE_ID', '?') + '\\n')\n"
     "time.sleep(float(os.environ.get('SLOW_S', '0')))\n"
     "print(json.dumps({'visit': os.environ['CASTOR_VISIT_ID'], 'node': os.environ.get('CASTOR_NODE_ID', '?')}))\n"
 )

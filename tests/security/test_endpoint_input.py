@@ -47,8 +47,12 @@ def test_stdio_bad_input_gets_typed_errors_and_the_runtime_keeps_serving(tmp_pat
             assert unknown.value.code == "unknown_method"
 
             # wrong types: typed invalid_params naming the field, never echoing the value
-            for params in ({"session_id": 7, "cwd": str(project)}, {"session_id": "ok", "cwd": {"a": 1}},
-                           {"session_id": ["x"], "cwd": None}, {"session_id": "ok", "cwd": "/", "flags": "SECRET-FLAG"}):
+            for params in (
+                {"session_id": 7, "cwd": str(project)},
+                {"session_id": "ok", "cwd": {"a": 1}},
+                {"session_id": ["x"], "cwd": None},
+                {"session_id": "ok", "cwd": "/", "flags": "SECRET-FLAG"},
+            ):
                 with pytest.raises(InvalidParams) as bad:
                     client.call("session.open", params)
                 assert "SECRET-FLAG" not in str(bad.value.to_wire())

@@ -244,6 +244,8 @@ def test_a_model_chosen_work_item_id_of_any_length_cannot_wedge_a_cast(tmp_path)
     assert view["status"] == "complete", view
     run_dir = Path(view["run_dir"]).resolve()
     # the build loadout's project.ensureIgnored step legitimately edits the project's .gitignore
-    written = [p for p in files_under(tmp_path) if p not in (project / ".pi" / "pi-materia.json", project / ".gitignore")]
+    written = [
+        p for p in files_under(tmp_path) if p not in (project / ".pi" / "pi-materia.json", project / ".gitignore")
+    ]
     assert written and [p for p in written if not p.resolve().is_relative_to(run_dir.parent)] == []
     assert all(len(p.name.encode()) <= 200 for p in written)

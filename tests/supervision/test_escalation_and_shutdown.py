@@ -25,7 +25,9 @@ def test_intensity_escalates_through_two_levels_to_a_fatal_root():
 
     # Level 1: the leaf restarts once within mid's intensity.
     crash_leaf()
-    assert poll_until(lambda: system.find("/root/mid/leaf") is not None and system.lookup("/root/mid/leaf").incarnation == 2)
+    assert poll_until(
+        lambda: system.find("/root/mid/leaf") is not None and system.lookup("/root/mid/leaf").incarnation == 2
+    )
     # The second leaf crash exceeds mid (R=1): mid stops its children and fails to root,
     # which restarts mid (its first restart) with a fresh leaf.
     crash_leaf()

@@ -98,4 +98,8 @@ def test_the_specs_built_from_the_tree_carry_its_numbers():
     assert (cast.restart, cast.shutdown_timeout, cast.max_restarts, cast.within_seconds) == (
         Restart.TRANSIENT, tree.CAST.shutdown_timeout, tree.CAST_GIVE_UP.max_restarts, tree.CAST_GIVE_UP.within_seconds)
     session = tree.SESSION.supervisor_spec([], id="s1", max_restarts=7)
-    assert (session.id, session.restart, session.shutdown_timeout) == ("s1", Restart.TEMPORARY, SUPERVISOR_SHUTDOWN_TIMEOUT)
+    assert (session.id, session.restart, session.shutdown_timeout) == (
+        "s1",
+        Restart.TEMPORARY,
+        SUPERVISOR_SHUTDOWN_TIMEOUT,
+    )

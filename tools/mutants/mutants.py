@@ -44,7 +44,8 @@ MUTANTS: list[Mutant] = [
     mutant("ask-failure-does-not-crash", "R1 failure model",
            [("castor/supervision/actor.py",
              "                reply.fail(exc)\n            self._crash(exc, envelope)",
-             "                reply.fail(exc)\n            if reply is None:\n                self._crash(exc, envelope)")],
+             "                reply.fail(exc)\n            if reply is None:\n"
+             "                self._crash(exc, envelope)")],
            [f"{SUP}/test_strategies.py::test_restart_types",
             f"{SUP}/test_strategies.py::test_one_for_one_restarts_only_the_failed_child"]),
     mutant("failing-message-redelivered", "R1 failure model",
@@ -82,7 +83,8 @@ MUTANTS: list[Mutant] = [
             f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
     mutant("ask-deadline-dropped", "R2 every ask has a deadline",
            [("castor/supervision/handle.py",
-             "return PendingAsk(self, envelope, mailbox, now + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout), now)",
+             "return PendingAsk(self, envelope, mailbox, now + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout),"
+             " now)",
              "return PendingAsk(self, envelope, mailbox, now + (1e9 if timeout is None else timeout), now)")],
            [f"{SUP}/test_default_deadlines.py"]),
     mutant("ask-default-deadline-infinite", "R2 every ask has a deadline",

@@ -10,4 +10,4 @@
 | :mod:`.views` | read-only status/listing views shared with the endpoint and CLI |
 | :mod:`.api` | ``materia_ask(runtime, session_id, message)``; ``materia_call(runtime, session_id, verb, params)`` by verb name |
 | :mod:`.messages` | the process-local messages between them, one typed message per SessionActor verb |
-"""
+"""  # noqa: E501 - table rows cannot wrap

@@ -71,7 +71,7 @@ harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` e
 path}``) to the cast's ``events.jsonl`` where it still fits; every case answers the ask in flight
 with ``storage_unavailable`` and stops the incarnation normally (lease released).
 Any other ``OSError`` is still a crash, and the restart resumes from the saved state.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ withdrawn first (``session_closed``: nobody can report it any more); nothing els
 (every transition already is). Then the session supervisor stops the SessionActor, the SocketActors
 (their turns are cancelled), then the casts — which stay *active* on disk (paused, or awaiting
 castor's own turn) and are resumed by ``recast`` (the lease is released).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ fields the verb documents in session_actor.py); :data:`SESSION_VERBS` maps each 
 | ``set_loadout`` | ``SetActiveLoadout`` | name, config_path? |
 | ``grid`` | ``RenderGrid`` | loadout?, config_path? |
 | ``validate`` | ``ValidateConfig`` | path |
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

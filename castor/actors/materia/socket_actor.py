@@ -36,7 +36,7 @@ from another thread is told to this actor (``TurnReplied``); one a port gives at
 thread running ``run_turn``, is only kept and handed on after ``run_turn`` has returned (so
 nothing runs re-entrantly, and no message is queued to itself). The visit then ends inside
 ``spawn``: the cast finds its ``CastOutcome`` queued once the handler that started it returns.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

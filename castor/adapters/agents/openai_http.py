@@ -30,7 +30,7 @@ Guarantees
 - The API key (argument, else ``OPENAI_API_KEY``) is only sent as a bearer
   header; it is never logged or put in an outcome.
 - Response bodies over 16 MiB are refused (``invalid_response``).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -214,7 +214,9 @@ class ScriptedAgent:
 
     def __init__(self, script: AgentScript | str | os.PathLike[str], *, max_workers: int = 2) -> None:
         self.script = script if isinstance(script, AgentScript) else load_script(script)
-        self.agent_label = "scripted agent" if isinstance(script, AgentScript) else f"scripted agent ({Path(script).name})"
+        self.agent_label = (
+            "scripted agent" if isinstance(script, AgentScript) else f"scripted agent ({Path(script).name})"
+        )
         self._book = TurnBook("scripted", max_workers=max_workers)
         self._lock = threading.Lock()
         # Every answer once, the most specific first, then in file order (the module's rule).

@@ -37,8 +37,8 @@ Guarantees
   complete, valid document after every rewrite and after ``kill -9``.
 - Paths go through one :class:`castor.adapters.fs.ConfinedRoot` per object:
   the run dir is resolved once, every component below it is checked on every
-  call (a symlink planted later is still refused if it leads outside). All writes of one cast directory are serialised by one
-  process-wide lock per directory, so concurrent appends from several threads
+  call (a symlink planted later is still refused if it leads outside). All writes of one cast directory are serialised
+  by one process-wide lock per directory, so concurrent appends from several threads
   (and several ``CastArtifacts`` objects for the same cast) never interleave
   and manifest read-modify-writes never lose an entry.
 

@@ -29,7 +29,7 @@ files, not directories: nothing that walks the root for cast directories sees th
 failure (disk full, read-only project, a locked or corrupt database) is logged and skipped: it
 never fails a save, and a reader that cannot use the index scans every ``state.json`` as castor
 did before the index (slow, never wrong).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

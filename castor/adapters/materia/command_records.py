@@ -3,8 +3,8 @@ before the cast runs the command again.
 
 A utility command runs in its own session (process group) with ``CASTOR_VISIT_ID`` (its
 dispatch's visit id, which starts with the cast id), ``CASTOR_RUN_DIR`` (its cast's run
-directory) and ``CASTOR_RUNTIME_PID`` in its environment. When its runtime dies by ``kill -9`` the tree is reparented to init and keeps
-running, with no deadline; a recast in a new process would then start a second copy beside it.
+directory) and ``CASTOR_RUNTIME_PID`` in its environment. When its runtime dies by ``kill -9`` the tree is reparented to
+init and keeps running, with no deadline; a recast in a new process would then start a second copy beside it.
 So every command leaves a record in its cast's run directory while it may run:
 
 | when | what happens |
@@ -23,7 +23,7 @@ emptied: the records are skipped, with a warning.
 
 Limits: a descendant that both cleared its environment and outlived its parent cannot be found
 (that would take a cgroup); one whose parent still runs dies as a descendant.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ included; nothing here lets a traceback escape for bad input. :func:`load_resolv
 :class:`ConfigError` holding **every** issue. Reading never executes anything from the project.
 Only a regular file of at most :data:`MAX_CONFIG_BYTES` is read (a path to ``/dev/zero`` or a
 FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON becomes U+FFFD.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -68,13 +68,23 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     try:
         data = well_formed(json.loads(text))
     except json.JSONDecodeError as exc:
-        return None, [ConfigIssue(code="invalid-json", source=source,
-                                  message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}")]
+        return None, [
+            ConfigIssue(
+                code="invalid-json",
+                source=source,
+                message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}",
+            )
+        ]
     except RecursionError:
         return None, [ConfigIssue(code="invalid-json", source=source, message=f"JSON in {source} is nested too deeply")]
     if not isinstance(data, dict):
-        return None, [ConfigIssue(code="not-an-object", source=source,
-                                  message=f"config file {source} must contain a JSON object, not {type(data).__name__}")]
+        return None, [
+            ConfigIssue(
+                code="not-an-object",
+                source=source,
+                message=f"config file {source} must contain a JSON object, not {type(data).__name__}",
+            )
+        ]
     return data, []
 
 

@@ -527,7 +527,9 @@ def no_candidates(plan: FilterPlan) -> FilterResult:
     return FilterResult(Outcome.NO_CANDIDATES, None, _nonblank(seg.text), len(seg.text), verdicts)
 
 
-def aborted(plan: FilterPlan, selection: ModelSelection | None = None, usage: ClassifierUsage | None = None) -> FilterResult:
+def aborted(
+    plan: FilterPlan, selection: ModelSelection | None = None, usage: ClassifierUsage | None = None
+) -> FilterResult:
     """The turn was aborted or invalidated: inject nothing."""
     seg = plan.segmentation
     verdicts = _verdicts(seg, lambda p: (SpanDecision.UNCLASSIFIED, None))

@@ -62,7 +62,7 @@ context                 any                                   Reply(None)       
 failed worker call in any of these handlers only omits that step's context or
 capture; the harness always gets ``Reply(None)``, never an error. Explicit
 tool calls do not pass through this machine and surface their errors.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

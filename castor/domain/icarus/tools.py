@@ -86,7 +86,8 @@ _WRITE_DESCRIPTION = (
 NORMAL_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="fabric_write", description=_WRITE_DESCRIPTION,
-        prompt_snippet="fabric_write: only set verified=\"true\" with evidence and source_tool when you verified the result.",
+        prompt_snippet=("fabric_write: only set verified=\"true\" with evidence and source_tool "
+                        "when you verified the result."),
         parameters=_params({
             "type": _s("Entry type, e.g. note, decision, result, review."),
             "summary": _s("One-line summary."),

@@ -240,6 +240,8 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
                                     *at, "maxContextWindow"))
                 return issues
             if last:
-                issues.append(issue("the last tier must be open-ended (omit maxContextWindow)", *at, "maxContextWindow"))
+                issues.append(
+                    issue("the last tier must be open-ended (omit maxContextWindow)", *at, "maxContextWindow")
+                )
         previous_max = hi
     return issues

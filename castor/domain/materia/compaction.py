@@ -92,7 +92,11 @@ def threshold_for(config: Compaction | None, context_window: float | None) -> Th
     if config and config.proactive_threshold_tiers:
         for i, tier in enumerate(config.proactive_threshold_tiers):
             hi = tier.max_context_window
-            if context_window is not None and tier.min_context_window <= context_window and (hi is None or context_window < hi):
+            if (
+                context_window is not None
+                and tier.min_context_window <= context_window
+                and (hi is None or context_window < hi)
+            ):
                 return Threshold(percent=tier.threshold_percent, mode="configured_tiered", tier=tier.id or f"tier-{i}")
     for tier_id, lo, hi, pct in DEFAULT_TIERS:
         if context_window is not None and lo <= context_window and (hi is None or context_window < hi):

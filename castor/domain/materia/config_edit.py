@@ -12,7 +12,7 @@ literal unicode (``→`` would come back as ``\\u2192``). :func:`set_top_level_s
 
 The result is parsed again and must equal the intended object (the parsed file with the key
 set); :class:`EditRefused` otherwise, and the caller falls back to a full rewrite. Pure.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

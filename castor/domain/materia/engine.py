@@ -86,7 +86,7 @@ Decision table (trigger → state → effects/events → next state):
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
 | DispatchFailed | pending matches | ``cast_end{ok:false}`` | failed |
 | any outcome | visit_id ≠ pending | ``outcome_ignored`` | unchanged |
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -391,8 +391,15 @@ def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool 
                   "itemKey": s.current_item_key, "entryId": entry_id})
     ctx.notify("warning" if aborted else "error", f"pi-materia cast {s.cast_id} {'aborted' if aborted else 'failed'}: "
                                                    f"{message}")
-    ctx.effects.append(Failed(cast_id=s.cast_id, reason=message, revivable=preserve and s.recovery_exhaustion is not None,
-                              aborted=aborted, entry_id=entry_id))
+    ctx.effects.append(
+        Failed(
+            cast_id=s.cast_id,
+            reason=message,
+            revivable=preserve and s.recovery_exhaustion is not None,
+            aborted=aborted,
+            entry_id=entry_id,
+        )
+    )
 
 
 # =========================================================================== routing driver
@@ -520,9 +527,19 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
     name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
     kind = "context_refinement" if user_driven else "context"
-    artifact = ctx.write(("contexts", name), prompts.context_artifact(rs, s, mode=mode, prompt=prompt, at_iso=ctx.iso()),
-                         manifest={"phase": rs.id, "socket": rs.id, "materia": rs.materia_name, **s.item_fields(),
-                                   "visit": visit, "kind": kind, "materiaModel": _materia_model(rs)})
+    artifact = ctx.write(
+        ("contexts", name),
+        prompts.context_artifact(rs, s, mode=mode, prompt=prompt, at_iso=ctx.iso()),
+        manifest={
+            "phase": rs.id,
+            "socket": rs.id,
+            "materia": rs.materia_name,
+            **s.item_fields(),
+            "visit": visit,
+            "kind": kind,
+            "materiaModel": _materia_model(rs),
+        },
+    )
     if user_driven:
         ctx.emit("context_refinement", {"socket": rs.id, "materia": rs.materia_name, "artifact": artifact,
                                         "refinementTurn": s.refinement_turn() + 1, **s.item_fields(),

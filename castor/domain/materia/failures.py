@@ -13,7 +13,7 @@
 Recovery is bounded per key ``[mode, socket, itemKey|"__singleton__", visit, refinementTurn]``
 by an allowance (original/effective max attempts, revive count). ``revive`` raises the effective
 maximum additively (see :mod:`.revive`).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -141,7 +141,9 @@ def _members(loop: Any) -> list[str]:
     return [m for m in loop["sockets"] if isinstance(m, str)]
 
 
-def _inbound_generators(sockets: dict[str, Any], members: list[str], is_gen: GeneratorDetector) -> list[tuple[str, int]]:
+def _inbound_generators(
+    sockets: dict[str, Any], members: list[str], is_gen: GeneratorDetector
+) -> list[tuple[str, int]]:
     """(generator socket, edge index) for each edge from a generator outside the loop into a member."""
     found = []
     for sid, sock in sockets.items():

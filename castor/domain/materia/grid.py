@@ -17,8 +17,10 @@ def render_grid(resolved: ResolvedConfig) -> str:
         f"artifactDir: {resolved.artifact_dir}",
         f"limits: maxSocketVisits={resolved.limits.max_socket_visits or RUNTIME_LIMIT_FALLBACK} "
         f"maxEdgeTraversals={resolved.limits.max_edge_traversals or RUNTIME_LIMIT_FALLBACK}",
-        f"budget: maxTokens={_fmt_limit(resolved.budget.max_tokens)} maxCostUsd={_fmt_limit(resolved.budget.max_cost_usd)} "
-        f"warnAt={_fmt_limit(resolved.budget.warn_at_percent)}% stopAtLimit={resolved.budget.stop_at_limit is not False}",
+        f"budget: maxTokens={_fmt_limit(resolved.budget.max_tokens)} "
+        f"maxCostUsd={_fmt_limit(resolved.budget.max_cost_usd)} "
+        f"warnAt={_fmt_limit(resolved.budget.warn_at_percent)}% "
+        f"stopAtLimit={resolved.budget.stop_at_limit is not False}",
         f"entry: {p.entry}",
         "",
         "sockets:",
@@ -61,7 +63,9 @@ def render_grid(resolved: ResolvedConfig) -> str:
                 parts.append(f"exit={loop.exit.from_}.{loop.exit.when}->{loop.exit.to}")
             lines.append("  " + " ".join(parts))
             for route in loop.exits:
-                lines.append(f"      exit route {route.id}: {route.from_} {route.condition} -> {route.target_socket_id}")
+                lines.append(
+                    f"      exit route {route.id}: {route.from_} {route.condition} -> {route.target_socket_id}"
+                )
     if resolved.warnings:
         lines += ["", "warnings:"]
         lines += [f"  [{w.code}] {w.path}: {w.message}" for w in resolved.warnings]

@@ -14,7 +14,7 @@ Rules, applied layer by layer in order:
 
 Pure: inputs are never mutated; the result is a fresh dict. Provenance records which layer
 last set each top-level key, each materia field and each loadout.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Socket prompt = sections joined by blank lines:
 
 1. ``<materia-instructions>`` rendered materia prompt ``</materia-instructions>``
 2. adapter context — text socket: current work item + guidance; JSON generator socket (not refining): generator block
-3. multi-turn: refinement guidance (refinement turns); finalization = synthetic context + adapter + "Command-triggered finalization" + final format
+3. multi-turn: refinement guidance (refinement turns); finalization = synthetic context + adapter + "Command-triggered
+finalization" + final format
 4. single-turn JSON socket: "Return only JSON" final instruction + handoff contract
 """
 

@@ -33,7 +33,8 @@ class RecoveryExhaustion(BaseModel):
 
 
 class NotRevivable(Conflict):
-    """``data["reason"]``: ``active`` | ``not-failed`` | ``missing-metadata`` | ``stale-metadata`` | ``bad-allowance``."""
+    """``data["reason"]``: ``active`` | ``not-failed`` | ``missing-metadata`` | ``stale-metadata`` |
+    ``bad-allowance``."""
 
 
 class ReviveGrant(BaseModel):
@@ -65,7 +66,9 @@ def grant_revive(
     if not failed:
         raise _reject(cast_id, "not-failed", "it has not failed", surface)
     if exhaustion is None or not exhaustion.key:
-        raise _reject(cast_id, "missing-metadata", "missing structured same-socket recovery exhaustion metadata", surface)
+        raise _reject(
+            cast_id, "missing-metadata", "missing structured same-socket recovery exhaustion metadata", surface
+        )
     if exhaustion.failed_reason != failed_reason:
         raise _reject(cast_id, "stale-metadata",
                       "its recovery exhaustion metadata does not match the current terminal failure", surface)

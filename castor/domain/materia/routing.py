@@ -7,7 +7,7 @@
 | visit limit | ``visits[id] + 1`` checked against socket ``limits.maxVisits`` ?? ``limits.maxSocketVisits`` ?? 25 |
 
 Exhaustion targets returned by ``advance`` never count as edge traversals.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -134,8 +134,11 @@ class CastState(BaseModel):
         except ValueError as exc:
             raise InvalidMessage(f"cast state is not JSON: {exc}") from None
         if not isinstance(raw, dict) or raw.get("version") != CAST_STATE_VERSION:
-            raise InvalidMessage(f"unsupported cast state version {raw.get('version') if isinstance(raw, dict) else None!r}"
-                                 f" (expected {CAST_STATE_VERSION})", data={"reason": "version"})
+            raise InvalidMessage(
+                f"unsupported cast state version {raw.get('version') if isinstance(raw, dict) else None!r}"
+                f" (expected {CAST_STATE_VERSION})",
+                data={"reason": "version"},
+            )
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:

@@ -71,8 +71,13 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
                                   data={"limit": limit})
             link = WireHarness(ctx.connection, params.session_id)
             info = SessionInfo(
-                session_id=params.session_id, cwd=params.cwd, trusted=params.trusted, flags=params.flags,
-                session_file=params.flags.get("session_file") if isinstance(params.flags.get("session_file"), str) else None,
+                session_id=params.session_id,
+                cwd=params.cwd,
+                trusted=params.trusted,
+                flags=params.flags,
+                session_file=params.flags.get("session_file")
+                if isinstance(params.flags.get("session_file"), str)
+                else None,
             )
             session = runtime.open_session(
                 info, HarnessLink(agent=link, session_log=link, ui=link, classifier=link, kind="endpoint",
@@ -112,5 +117,7 @@ def _close_owned(runtime: Runtime, owned: dict[str, WireHarness]) -> None:
         try:
             runtime.close_session(session_id)
         except Exception as exc:  # noqa: BLE001 - closing one must not stop closing the rest
-            logger.bind(actor="/endpoint").opt(exception=exc).warning("closing {sid} after disconnect failed", sid=session_id)
+            logger.bind(actor="/endpoint").opt(exception=exc).warning(
+                "closing {sid} after disconnect failed", sid=session_id
+            )
         owned.pop(session_id, None)

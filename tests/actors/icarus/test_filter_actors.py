@@ -46,7 +46,9 @@ class Rig:
         self.worker = worker or FakeWorker({"pre_llm_call": {"context": SAMPLE}})
         self.ui = ui or FakeUi()
         n = next(_ids)
-        self.cls = system.spawn(ChildSpec(id=f"cls{n}", factory=lambda: ClassifierActor(self.fake, parse_choice(choice))))
+        self.cls = system.spawn(
+            ChildSpec(id=f"cls{n}", factory=lambda: ClassifierActor(self.fake, parse_choice(choice)))
+        )
         self.aud = system.spawn(ChildSpec(id=f"aud{n}", factory=lambda: AuditActor(self.log, self.ui,
                                                                                   audit_timeout=audit_timeout)))
         cfg = HookConfig(filtering=filtering, context_display=context_display)

@@ -28,8 +28,14 @@ def test_session_start_injects_startup_context_once(world):
     assert rt.dispatch_event("s1", "session_start", {"reason": "startup"}) == {}
     assert rt.dispatch_event("s1", "session_start", {"reason": "startup"}) == {}  # same id: deduped
     messages = world.ui.of("message")
-    assert messages == [{"custom_type": "icarus-session-context", "content": "[startup] STARTUP-CTX you were here before",
-                         "display": True, "trigger_turn": False}]
+    assert messages == [
+        {
+            "custom_type": "icarus-session-context",
+            "content": "[startup] STARTUP-CTX you were here before",
+            "display": True,
+            "trigger_turn": False,
+        }
+    ]
     starts = world.calls("hooks.on_session_start")
     assert [c["kwargs"] for c in starts] == [{"session_id": "s1", "platform": "pi"}]
     assert ("icarus", "\U0001fabd Icarus") in world.ui.of("status")
@@ -118,7 +124,9 @@ def test_agent_settled_captures_exactly_once(world):
                                                 "assistant_response": "the answer", "platform": "pi"}]
     # an aborted or non-stop settlement captures nothing
     rt.dispatch_event("s1", "before_agent_start", {"prompt": "second"})
-    rt.dispatch_event("s1", "agent_end", {"messages": [{"role": "assistant", "text": "partial", "stop_reason": "length"}]})
+    rt.dispatch_event(
+        "s1", "agent_end", {"messages": [{"role": "assistant", "text": "partial", "stop_reason": "length"}]}
+    )
     rt.dispatch_event("s1", "agent_settled", {"aborted": False})
     assert len(world.calls("hooks.post_llm_call")) == 1
 
@@ -236,7 +244,9 @@ def test_a_json_py_planted_in_the_project_is_not_imported(world):
     world.seed(("sqlite WAL notes", "WAL"))
     rt = world.runtime()
     _, sess = world.open(rt)
-    assert "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
+    assert (
+        "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
+    )
     assert sess.tool("fabric_brief", {})["recent"] == ["sqlite WAL notes"]
     assert not marker.exists()
 
@@ -318,4 +328,6 @@ def test_ambient_events_never_fail_the_run_even_with_garbage_or_a_crashed_contro
     assert rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"}) == {}
     # the supervisor restarted the controller; the next prompt retrieves again
     wait_until(lambda: hooks.snapshot().state == "running", 5, "the controller restart")
-    assert "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
+    assert (
+        "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
+    )

@@ -1,6 +1,7 @@
 """A worker's pipes are closed when it ends -- killed, crashed, timed out or retired -- not when
 the garbage collector or a reference count gets to it: 200 workers end and stay referenced (gc
-disabled) and the test process's open descriptor count is where it started. Real worker subprocesses on the reference backend."""
+disabled) and the test process's open descriptor count is where it started. Real worker subprocesses on the reference
+backend."""
 
 from __future__ import annotations
 

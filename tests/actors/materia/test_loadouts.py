@@ -50,7 +50,9 @@ def test_build_loop_with_rework_runs_every_item_and_reworks_the_rejected_one(run
     assert view["status"] == "complete", view
     run_dir = Path(view["run_dir"])
     _layout_ok(run_dir)
-    completed = [(e["data"]["socket"], e["data"].get("itemKey")) for e in events(run_dir) if e["type"] == "socket_complete"]
+    completed = [
+        (e["data"]["socket"], e["data"].get("itemKey")) for e in events(run_dir) if e["type"] == "socket_complete"
+    ]
     assert completed == [("Socket-1", None), ("Socket-2", None), ("Socket-3", None),
                          ("Socket-4", "a"), ("Socket-5", "a"), ("Socket-4", "a"), ("Socket-5", "a"), ("Socket-6", "a"),
                          ("Socket-4", "b"), ("Socket-5", "b"), ("Socket-6", "b"), ("Socket-7", None)]

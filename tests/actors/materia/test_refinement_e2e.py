@@ -159,7 +159,9 @@ def _types(run_dir: Path) -> list[str]:
 def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, project):
     pi = harness
     write_project_config(project, CONFIG)
-    cast_id = pi.client.call("cast.start", {"session_id": SID, "cwd": str(project), "request": "plan the db"})["cast_id"]
+    cast_id = pi.client.call("cast.start", {"session_id": SID, "cwd": str(project), "request": "plan the db"})[
+        "cast_id"
+    ]
 
     # 1. The first turn is castor's own (refinement mode: guidance, no JSON contract).
     first = pi.next_turn()

@@ -156,7 +156,9 @@ def test_a_late_agent_end_after_the_withdrawal_is_ignored_never_applied(world_fa
 
     pi.end_user_turn("use postgres", "Draft 2 (late)")
     ignored = _of(run_dir, "outcome_ignored")
-    assert [(i["outcome"], i["visitId"], i["reason"]) for i in ignored] == [("turn_ended", visit_id, "not-current-visit")]
+    assert [(i["outcome"], i["visitId"], i["reason"]) for i in ignored] == [
+        ("turn_ended", visit_id, "not-current-visit")
+    ]
     assert _drafts(run_dir) == [1] and _status(pi, cast_id)["paused"] is True
     assert not any("late" in p.name for p in (run_dir / "sockets" / "Socket-1").iterdir())
     before = events(run_dir)

@@ -81,7 +81,9 @@ def test_killed_utility_process_is_rerun_under_a_new_visit_and_the_cast_complete
     open_session(rt, "s1", project, ["done"])
     started = materia_call(rt, "s1", "start", {"request": "work"})
     first = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="first run"))
-    slot = next(h for h in rt.system.registry.handles("/root/utility") if first in (h.actor.owned_pids() if h.actor else []))
+    slot = next(
+        h for h in rt.system.registry.handles("/root/utility") if first in (h.actor.owned_pids() if h.actor else [])
+    )
     killed = faults.kill_process(slot)
     assert first in killed
     view = wait_status(rt, "s1", started["cast_id"], timeout=15)
@@ -151,8 +153,10 @@ def _job(visit_id: str, argv: list[str], cwd: Path, inbox: _Inbox):
     return UtilityJob(effect=effect, cast=inbox)
 
 
-_APPEND_VISIT = ("import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(os.environ['CASTOR_VISIT_ID'] + '\\n')\n"
-                 "print('ran')")
+_APPEND_VISIT = (
+    "import os, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(os.environ['CASTOR_VISIT_ID'] + '\\n')\n"
+    "print('ran')"
+)
 
 
 @pytest.mark.timeout(30)

@@ -49,10 +49,19 @@ class FakeHandler(BaseHTTPRequestHandler):
         if mode == "ok":
             body = {
                 "model": request["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "echo: " + request["messages"][0]["content"]},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
-                          "prompt_tokens_details": {"cached_tokens": 2}},
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "echo: " + request["messages"][0]["content"]},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 11,
+                    "completion_tokens": 7,
+                    "total_tokens": 18,
+                    "prompt_tokens_details": {"cached_tokens": 2},
+                },
             }
             self._send(200, json.dumps(body).encode())
         elif mode == "context":

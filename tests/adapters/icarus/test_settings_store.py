@@ -233,6 +233,8 @@ def test_a_timeout_over_a_day_is_invalid_and_the_default_applies(tmp_path):
     home, cwd = tmp_path / "home", tmp_path / "proj"
     (home / ".pi" / "agent").mkdir(parents=True)
     cwd.mkdir()
-    (home / ".pi" / "agent" / "settings.json").write_text(json.dumps({"piIcarusHook": {"timeoutMs": 99_999_999_999_999}}))
+    (home / ".pi" / "agent" / "settings.json").write_text(
+        json.dumps({"piIcarusHook": {"timeoutMs": 99_999_999_999_999}})
+    )
     settings = load_settings(str(cwd), trusted=True, env={"PATH": os.environ.get("PATH", "")}, home=str(home))
     assert settings.timeout_ms == 30000

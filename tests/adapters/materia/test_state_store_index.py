@@ -165,7 +165,8 @@ from castor.adapters.materia.state_store import CastStateStore
 root, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = CastStateStore(root)
 def state(status):
-    return SimpleNamespace(active=False, phase=status, socket_state=status, failed_reason="x" if status == "failed" else None,
+    return SimpleNamespace(active=False, phase=status, socket_state=status,
+                           failed_reason="x" if status == "failed" else None,
                            aborted=False, current_socket_id="S", updated_at=time.time(), request="r",
                            recovery_exhaustion=None)
 def save(cid, status, inc):

@@ -28,7 +28,9 @@ from castor.domain.materia.resolve import load_config, resolve_config
 from castor.domain.materia.state import CastState
 
 
-def resolved(config: dict[str, Any] | None = None, loadout: str | None = None, *, over_default: bool = False) -> ResolvedConfig:
+def resolved(
+    config: dict[str, Any] | None = None, loadout: str | None = None, *, over_default: bool = False
+) -> ResolvedConfig:
     layers = [(DEFAULT_LABEL, default_config())] if over_default or config is None else []
     if config is not None:
         layers.append(("test.json", config))

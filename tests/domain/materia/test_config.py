@@ -285,7 +285,10 @@ def test_20_inbound_generator_edges_counted_at_resolve() -> None:
     none["sockets"]["Socket-1"]["edges"] = [{"when": "always", "to": "Socket-4"}]
     assert any("found none" in i.message for i in graph.validate_graph(none, generator_detector=detector))
     two = _loop_loadout()
-    two["sockets"]["Socket-1"]["edges"] = [{"when": "satisfied", "to": "Socket-2"}, {"when": "always", "to": "Socket-3"}]
+    two["sockets"]["Socket-1"]["edges"] = [
+        {"when": "satisfied", "to": "Socket-2"},
+        {"when": "always", "to": "Socket-3"},
+    ]
     assert any("found 2" in i.message for i in graph.validate_graph(two, generator_detector=detector))
     assert graph.validate_graph(_loop_loadout(), generator_detector=detector) == []
     assert not any("found" in i.message for i in graph.validate_graph(none))  # load time: not counted

@@ -27,11 +27,18 @@ def _cfg(sockets: dict[str, Any], **loadout: Any) -> dict[str, Any]:
 
 
 def test_layout_sockets_are_rebuilt_from_the_sockets_that_exist() -> None:
-    loadout = {"entry": "Socket-1", "layout": {"sockets": {"Socket-1": {"x": 1, "y": 2, "w": 9},
-                                                           "Socket-9": {"x": 5}, "Socket-2": {"x": True}},
-                                               "zoom": 2},
-               "sockets": {"Socket-2": {"type": "agent", "materia": "A", "layout": {"y": 3}},
-                           "Socket-1": {"type": "agent", "materia": "A"}, "Socket-3": {"type": "agent", "materia": "A"}}}
+    loadout = {
+        "entry": "Socket-1",
+        "layout": {
+            "sockets": {"Socket-1": {"x": 1, "y": 2, "w": 9}, "Socket-9": {"x": 5}, "Socket-2": {"x": True}},
+            "zoom": 2,
+        },
+        "sockets": {
+            "Socket-2": {"type": "agent", "materia": "A", "layout": {"y": 3}},
+            "Socket-1": {"type": "agent", "materia": "A"},
+            "Socket-3": {"type": "agent", "materia": "A"},
+        },
+    }
     out = normalize_loadout(loadout)
     assert out["layout"] == {"sockets": {"Socket-1": {"x": 1, "y": 2}, "Socket-2": {"y": 3}}, "zoom": 2}
     assert "layout" not in out["sockets"]["Socket-2"]
@@ -71,7 +78,10 @@ def test_an_unknown_thinking_level_loads_with_a_warning_and_is_not_applied() -> 
     assert d.pending().thinking is None  # the harness keeps its own level, as pi-materia falls back
     (settings,) = d.events("materia_model_settings")
     assert settings.data["materiaModel"]["thinkingFallbackReason"] == "unknown_thinking"
-    assert settings.data["materiaModel"]["requestedThinking"] == "max" and settings.data["materiaModel"]["thinking"] is None
+    assert (
+        settings.data["materiaModel"]["requestedThinking"] == "max"
+        and settings.data["materiaModel"]["thinking"] is None
+    )
     assert [e.data["code"] for e in d.events("config_warning")] == ["unknown-thinking"]
 
 
@@ -104,7 +114,9 @@ def test_a_text_socket_with_guarded_edges_runs_as_pi_materia_runs_it_and_says_so
 
 
 def test_warnings_never_hide_errors() -> None:
-    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "Missing", "edges": [{"when": "satisfied", "to": "Socket-1"}]}})
+    cfg = _cfg(
+        {"Socket-1": {"type": "agent", "materia": "Missing", "edges": [{"when": "satisfied", "to": "Socket-1"}]}}
+    )
     with pytest.raises(ConfigError) as err:
         resolve_config(load_config([("t.json", cfg)]))
     assert all(not i.is_warning for i in err.value.issues)
@@ -202,7 +214,9 @@ def test_a_warning_names_the_layer_file_that_set_the_place() -> None:
     user = {"materia": {"A": {"prompt": "p", "tools": "none", "thinking": "ultra"}}}
     project = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"when": "satisfied", "to": "Socket-1"}]}})
     del project["materia"]
-    rc = resolve_config(load_config([(DEFAULT_LABEL, default_config()), ("user.json", user), ("project.json", project)]))
+    rc = resolve_config(
+        load_config([(DEFAULT_LABEL, default_config()), ("user.json", user), ("project.json", project)])
+    )
     assert {(w.code, w.source) for w in rc.warnings} == {("unknown-thinking", "user.json"),
                                                          ("text-socket-guarded-edge", "project.json")}
 

@@ -420,7 +420,12 @@ def test_64_foreach_retry_keeps_cursor_and_visits() -> None:
     before = (dict(d.state.cursors), d.state.current_item_key, dict(d.state.task_attempts), dict(d.state.visits))
     d.fail_turn("context window exceeded")
     d.compacted()
-    assert (dict(d.state.cursors), d.state.current_item_key, dict(d.state.task_attempts), dict(d.state.visits)) == before
+    assert (
+        dict(d.state.cursors),
+        d.state.current_item_key,
+        dict(d.state.task_attempts),
+        dict(d.state.visits),
+    ) == before
     d.reply({"satisfied": True})
     assert d.pending().item_key == "beta" and d.state.visits["Socket-4"] == 2
 

@@ -192,6 +192,8 @@ def test_the_new_event_and_the_pending_flag_round_trip() -> None:
     d, turn = paused_with_user_turn()
     event = RefinementTurnAbandoned(visit_id=turn.visit_id, reason="aborted", at=5.0)
     assert EVENT_ADAPTER.validate_python(event.model_dump(mode="json")) == event
-    assert CastState.from_json(d.state.to_json()) == d.state and CastState.from_json(d.state.to_json()).pending.user_driven
+    assert (
+        CastState.from_json(d.state.to_json()) == d.state and CastState.from_json(d.state.to_json()).pending.user_driven
+    )
     with pytest.raises(ValueError):
         RefinementTurnAbandoned(visit_id=turn.visit_id, reason="because", at=5.0)
