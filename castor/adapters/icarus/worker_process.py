@@ -43,6 +43,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -599,6 +600,6 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     return reply
 
 
-def worker_factory(launch: WorkerLaunch, **kwargs: Any):
+def worker_factory(launch: WorkerLaunch, **kwargs: Any) -> Callable[[], WorkerProcess]:
     """A ``spawn`` callable for the actor: constructs (does not start) a WorkerProcess."""
     return lambda: WorkerProcess(launch, **kwargs)
