@@ -261,7 +261,8 @@ def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_id
     storage.validate_cast_id(ref)
     if ref != LATEST and (artifact_root / ref / "state.json").is_file():
         return ref
-    ids: set[str] = {row["cast_id"] for row in cast_rows(storage, artifact_root, set()) if row["status"] != "unreadable"}
+    ids: set[str] = {row["cast_id"] for row in cast_rows(storage, artifact_root, set())
+                     if row["status"] != "unreadable"}
     ids |= set(live_ids or ())
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:
