@@ -31,7 +31,7 @@ from typing import Any
 
 from loguru import logger
 
-from castor.endpoint.connection import Connection, ConnectionSettings
+from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.transport import PipeTransport, SocketTransport
 
@@ -109,7 +109,8 @@ class Client:
         return self.connection.call(method, params or {},
                                     timeout=self.default_timeout if timeout is None else timeout)
 
-    def call_async(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None):
+    def call_async(self, method: str, params: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> PendingCall:
         """Send now, wait later: returns a pending call whose ``result()`` honours the deadline."""
         return self.connection.call_async(method, params or {},
                                           timeout=self.default_timeout if timeout is None else timeout)

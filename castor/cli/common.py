@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from typing import Callable, NoReturn
 
 from castor.logs import LogSettingError
 
@@ -105,7 +105,7 @@ def add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None
 class CliParser(argparse.ArgumentParser):
     """argparse with the contract's one-line error (exit 2) instead of a usage block."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"castor: invalid_params: {one_line(message)} (see {self.prog} --help)\n")
 
 

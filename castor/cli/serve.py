@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from castor.cli.common import (
     DEFAULT_HELLO_TIMEOUT_S,
@@ -27,6 +27,9 @@ from castor.cli.common import (
 )
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
+
+if TYPE_CHECKING:
+    from castor.console.server import ConsoleServer
 
 
 def add_serve_subcommand(sub: Any) -> None:
@@ -141,7 +144,8 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return token, generated
 
 
-def _start_console(args: argparse.Namespace, runtime: Any, *, endpoint_token: str | None = None) -> Any:
+def _start_console(args: argparse.Namespace, runtime: Any, *,
+                   endpoint_token: str | None = None) -> ConsoleServer | None:
     """The web console of ``--console`` (None without it); a bad address or token file fails the
     command before anything listens. Its token: ``--console-token-file``'s, else the endpoint's
     own where it has one (``--tcp``, ``--require-token``), so one secret opens both."""
@@ -159,7 +163,7 @@ def _start_console(args: argparse.Namespace, runtime: Any, *, endpoint_token: st
         raise
 
 
-def _console_shown(console: Any, args: argparse.Namespace) -> str | None:
+def _console_shown(console: ConsoleServer | None, args: argparse.Namespace) -> str | None:
     if console is None:
         return None
     if args.console_token_file:

@@ -380,7 +380,7 @@ class Connection:
                                            may_have_started=True, data={"reason": reason}), None)
 
     # ------------------------------------------------------------------ writing
-    def _send(self, data: bytes) -> bool:
+    def _send(self, data: bytes | memoryview) -> bool:
         """Write now if the kernel takes it, else queue for the writer; never blocks."""
         overflow = None
         with self._wmutex:
@@ -741,7 +741,7 @@ class Connection:
             except (BadParams, BadFrame) as exc:
                 self._reject(exc, exc.msgid)
                 continue
-            if type(frame) is Response:
+            if isinstance(frame, Response):  # no subclasses: as type() is
                 self._on_response(frame.msgid, frame.error, frame.result)
                 if call is not None and call.resolved:
                     return None
@@ -853,15 +853,14 @@ class Connection:
 
     def _run(self, job: Request | Notification) -> None:
         """Dispatch one admitted job and answer it; the caller decrements ``_in_flight``."""
-        is_request = type(job) is Request
-        msgid = job.msgid if is_request else None
+        msgid = job.msgid if type(job) is Request else None  # None: a notification
         try:
             ctx = Context(self, self.state, job.method, msgid)
             try:
                 result = self.dispatcher.dispatch(job.method, job.params, ctx)
             except CastorError as exc:
                 self.counters["handler_errors"] += 1
-                if is_request:
+                if msgid is not None:
                     self._send(encode_response(msgid, exc.to_wire(), None))
                 else:
                     self._log.warning("notification {} failed: {} {}", job.method, exc.code, exc.message)
@@ -869,7 +868,7 @@ class Connection:
                 if closing:
                     self.close(closing, flush_timeout=0.5)
                 return
-            if is_request:
+            if msgid is not None:
                 try:
                     frame = encode_response(msgid, None, result)
                 except (TypeError, ValueError, OverflowError) as exc:

@@ -166,7 +166,7 @@ def expected_sequence(items: int) -> list[str]:
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """The parseable events of a cast (unparseable lines are counted by :func:`count_bad_event_lines`)."""
     path = Path(run_dir) / "events.jsonl"
-    out = []
+    out: list[dict[str, Any]] = []
     if not path.exists():
         return out
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():

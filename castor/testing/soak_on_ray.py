@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-CLUSTER_FAULTS = (("kill_host", 2), ("kill_node", 1), ("in_host", 12))
+CLUSTER_FAULTS: tuple[tuple[str, int], ...] = (("kill_host", 2), ("kill_node", 1), ("in_host", 12))
 
 
 def start_cluster_backend(address: str | None) -> tuple[Any, Any]:

@@ -139,10 +139,14 @@ class ClassifierActor(Actor):
         cancel = msg.cancel if isinstance(msg.cancel, CancelToken) else None
 
         def list_models() -> Sequence[ModelEndpoint] | None:
-            return run_bounded(lambda: self.port.list_models(msg.deadline), msg.deadline, cancel)
+            models: Sequence[ModelEndpoint] | None = run_bounded(lambda: self.port.list_models(msg.deadline),
+                                                                 msg.deadline, cancel)
+            return models
 
         def complete(request: ClassifierRequest) -> ClassifierResponse:
-            return run_bounded(lambda: self.port.complete(request, msg.deadline), msg.deadline, cancel)
+            response: ClassifierResponse = run_bounded(lambda: self.port.complete(request, msg.deadline),
+                                                       msg.deadline, cancel)
+            return response
 
         result: FilterResult | None = classify_context(
             msg.context, msg.prompt, self.choice,

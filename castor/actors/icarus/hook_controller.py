@@ -49,18 +49,21 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import Any
 
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
 from castor.actors.icarus.classifier import CancelToken
 from castor.actors.icarus.messages import (
     AuditAndRelease,
+    Classified,
     Classify,
     Feedback,
     HarnessEvent,
     HarnessEventName,
     HookStatus,
     HookStatusReply,
+    Released,
     SetContextVisible,
     SetHooksEnabled,
 )
@@ -312,7 +315,7 @@ class HookController(Actor):
         for effect in effects:
             if isinstance(effect, lc.CloseWorker):
                 closing = []
-                self._lane.submit_close(lambda futs=closing: _resolve_all(futs))
+                self._lane.submit_close(partial(_resolve_all, closing))  # bound now: a later close has its own list
             elif closing is not None and isinstance(effect, lc.Reply):
                 # A reply that follows a close is given once the worker is closed.
                 fut = self._futures.pop(effect.request, None)
@@ -390,7 +393,7 @@ class _FilterJob:
         assert self.classifier is not None and self.audit is not None
         try:
             deadline = time.monotonic() + self.classifier_timeout
-            classified = self.classifier.ask(
+            classified: Classified = self.classifier.ask(
                 Classify(context=ctx, prompt=self.effect.prompt, deadline=deadline, cancel=self.token,
                          current_model=self.current_model),
                 timeout=self.classifier_timeout + ASK_GRACE,
@@ -400,7 +403,7 @@ class _FilterJob:
                     self.ui.notify(notice, "warning")
                 except Exception:  # noqa: BLE001
                     pass
-            released = self.audit.ask(
+            released: Released = self.audit.ask(
                 AuditAndRelease(original=ctx, result=classified.result, duration_ms=classified.duration_ms),
                 timeout=self.audit_timeout + ASK_GRACE,
             )
@@ -449,7 +452,7 @@ class HookClient:
         deadline = time.monotonic() + bound
         req = request or self.new_request()
         data = payload or {}
-        fut: Future[Any] = Future()
+        fut: Future[dict[str, Any] | None] = Future()
         taken = self.handle.ask_pending(
             HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data)),
             timeout=bound)
@@ -471,10 +474,13 @@ class HookClient:
             pass
 
     def set_enabled(self, enabled: bool | None = None, timeout: float = 5.0) -> bool:
-        return self.handle.ask(SetHooksEnabled(enabled=enabled), timeout=timeout)
+        enabled_now: bool = self.handle.ask(SetHooksEnabled(enabled=enabled), timeout=timeout)
+        return enabled_now
 
     def set_visible(self, visible: bool | None = None, timeout: float = 5.0) -> bool:
-        return self.handle.ask(SetContextVisible(visible=visible), timeout=timeout)
+        visible_now: bool = self.handle.ask(SetContextVisible(visible=visible), timeout=timeout)
+        return visible_now
 
     def status(self, timeout: float = 5.0) -> HookStatusReply:
-        return self.handle.ask(HookStatus(), timeout=timeout)
+        reply: HookStatusReply = self.handle.ask(HookStatus(), timeout=timeout)
+        return reply

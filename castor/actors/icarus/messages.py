@@ -27,9 +27,6 @@ from typing import Any
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
 from castor.messages.base import LocalMessage
 
-_Local = LocalMessage
-
-
 # ---------------------------------------------------------------------------
 # HookController
 
@@ -46,7 +43,7 @@ class HarnessEventName(StrEnum):
     CONTEXT = "context"
 
 
-class HarnessEvent(_Local, type_name="icarus.hooks.event"):
+class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
     """A harness lifecycle event; ``reply`` receives the result (or None)."""
 
     event: Any  # a lifecycle event with its request id
@@ -54,25 +51,25 @@ class HarnessEvent(_Local, type_name="icarus.hooks.event"):
     current_model: tuple[str, str] | None = None
 
 
-class Feedback(_Local, type_name="icarus.hooks.feedback"):
+class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):
     """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
 
     event: Any
 
 
-class SetHooksEnabled(_Local, type_name="icarus.hooks.set_enabled"):
+class SetHooksEnabled(LocalMessage, type_name="icarus.hooks.set_enabled"):
     enabled: bool | None = None  # None toggles
 
 
-class SetContextVisible(_Local, type_name="icarus.hooks.set_visible"):
+class SetContextVisible(LocalMessage, type_name="icarus.hooks.set_visible"):
     visible: bool | None = None  # None toggles
 
 
-class HookStatus(_Local, type_name="icarus.hooks.status"):
+class HookStatus(LocalMessage, type_name="icarus.hooks.status"):
     pass
 
 
-class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
+class HookStatusReply(LocalMessage, type_name="icarus.hooks.status_reply"):
     enabled: bool
     visible: bool
     generation: int
@@ -84,7 +81,7 @@ class HookStatusReply(_Local, type_name="icarus.hooks.status_reply"):
 # ClassifierActor
 
 
-class Classify(_Local, type_name="icarus.classifier.classify"):
+class Classify(LocalMessage, type_name="icarus.classifier.classify"):
     context: str
     prompt: str
     deadline: float  # absolute time.monotonic()
@@ -92,7 +89,7 @@ class Classify(_Local, type_name="icarus.classifier.classify"):
     current_model: tuple[str, str] | None = None
 
 
-class Classified(_Local, type_name="icarus.classifier.classified"):
+class Classified(LocalMessage, type_name="icarus.classifier.classified"):
     result: Any  # FilterResult | None (None: classifier "none", pass through)
     duration_ms: int
     notices: tuple[str, ...] = ()
@@ -102,13 +99,13 @@ class Classified(_Local, type_name="icarus.classifier.classified"):
 # AuditActor
 
 
-class AuditAndRelease(_Local, type_name="icarus.audit.release"):
+class AuditAndRelease(LocalMessage, type_name="icarus.audit.release"):
     original: str
     result: Any  # FilterResult | None
     duration_ms: int | None = None
 
 
-class Released(_Local, type_name="icarus.audit.released"):
+class Released(LocalMessage, type_name="icarus.audit.released"):
     text: str | None  # None: inject nothing
     persisted: bool  # an audit entry was acknowledged
     warned: bool  # filtered text was withheld because the audit failed

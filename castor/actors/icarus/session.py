@@ -116,7 +116,7 @@ QUICK_EVENT_S = 5.0
 READY_TIMEOUT_S = 10.0
 
 #: Worker error codes a hook call warns about (queued rejections and closes stay quiet).
-_WARN_CODES = {ErrorCode.TIMEOUT: "timed out; the worker was stopped and starts fresh on the next call",
+_WARN_CODES: dict[str, str] = {ErrorCode.TIMEOUT: "timed out; the worker was stopped and starts fresh on the next call",
                ErrorCode.WORKER_CRASHED: "lost the worker process; a fresh one starts on the next call",
                ErrorCode.INTERNAL: "failed in the memory backend"}
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
@@ -270,7 +270,7 @@ class IcarusSession:
 
     def _worker_client(self, attr: str) -> IcarusWorkerClient:
         with self._lock:
-            client = getattr(self, attr)
+            client: IcarusWorkerClient | None = getattr(self, attr)
             if client is None:
                 client = IcarusWorkerClient(self._lookup("worker"),
                                             timeout_ms=self.settings.timeout_ms)

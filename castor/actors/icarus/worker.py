@@ -53,7 +53,7 @@ from castor.messages.errors import (
 )
 from castor.ports.icarus_backend import WorkerProcessPort
 from castor.supervision.actor import Actor, handles
-from castor.supervision.handle import ActorHandle
+from castor.supervision.handle import ActorHandle, PendingAsk
 from castor.supervision.supervisor import ChildSpec
 
 DEFAULT_TIMEOUT_MS = 30000
@@ -100,10 +100,7 @@ class CancelToken:
             self._on_cancel = None
 
 
-_Local = LocalMessage
-
-
-class WorkerCall(_Local, type_name="icarus.worker.call"):
+class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
     """Run ``icarus.<module>.<function>(*args, **kwargs)`` in the worker."""
 
     module: str
@@ -136,7 +133,7 @@ def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, 
     return message
 
 
-class WorkerInspect(_Local, type_name="icarus.worker.inspect"):
+class WorkerInspect(LocalMessage, type_name="icarus.worker.inspect"):
     """The worker process's stats (None before the first call)."""
 
 
@@ -296,7 +293,7 @@ class IcarusWorkerClient:
 
     def submit(self, module: str, function: str, args: list[Any] | None = None,
                kwargs: dict[str, Any] | None = None, timeout: float | None = None,
-               token: CancelToken | None = None):
+               token: CancelToken | None = None) -> PendingAsk:
         """Send now, wait later: returns the supervision core's ``PendingAsk``."""
         timeout_s = self._timeout_s if timeout is None else timeout
         message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),

@@ -55,7 +55,8 @@ def verb_message(verb: str, params: dict[str, Any] | None = None) -> SessionVerb
 def materia_ask(runtime: Any, session_id: str, message: SessionVerb, *,
                 timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """Ask the session's SessionActor to run one verb (``not_found`` for an unknown session)."""
-    return session_actor(runtime, session_id).ask(message, timeout=timeout)
+    reply: dict[str, Any] = session_actor(runtime, session_id).ask(message, timeout=timeout)
+    return reply
 
 
 def materia_call(runtime: Any, session_id: str, verb: str, params: dict[str, Any] | None = None,

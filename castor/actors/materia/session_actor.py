@@ -34,7 +34,7 @@ import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from castor.actors.materia.cast_actor import CastEnv, cast_spec
 from castor.actors.materia.messages import (
@@ -86,7 +86,7 @@ from castor.domain.materia.config import ConfigError, ResolvedConfig
 from castor.domain.materia.engine import CastRejected
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
-from castor.domain.materia.surface import command
+from castor.domain.materia.surface import Surface, command
 from castor.domain.materia.trust import check_project_trust
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
 from castor.ports.agent import harness_turn_settings
@@ -134,7 +134,7 @@ class SessionActor(Actor):
         self.configs = storage.config_cache()  # re-read only when a layer file changed
         self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
         # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones.
-        self.surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
+        self.surface: Surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
 
     def on_start(self) -> None:
         log = self.ctx.harness.session_log
@@ -147,6 +147,12 @@ class SessionActor(Actor):
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, verb: str, cast_id: str | None = None) -> str:
         return command(self.surface, verb, cast_id)
+
+    @overload
+    def _ref(self, cast_id: str, root: Path | None = None) -> str: ...
+
+    @overload
+    def _ref(self, cast_id: None, root: Path | None = None) -> None: ...
 
     def _ref(self, cast_id: str | None, root: Path | None = None) -> str | None:
         """The cast id a reference (exact, ``latest``, a unique prefix) means; None stays None."""
@@ -284,7 +290,8 @@ class SessionActor(Actor):
 
     def _ask_status(self, handle: Any, root: Path, cast_id: str) -> dict[str, Any]:
         try:
-            return handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
+            status: dict[str, Any] = handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
+            return status
         except CastorError:
             return persisted_view(self.storage, root, cast_id, live=False)  # it already finished (or stopped)
 
@@ -313,7 +320,8 @@ class SessionActor(Actor):
 
     def _apply(self, handle: Any, event: Any, *, root: Path, cast_id: str, stop_if_idle: bool) -> dict[str, Any]:
         try:
-            return handle.ask(CastApply(event=event), timeout=ASK_TIMEOUT_S)
+            view: dict[str, Any] = handle.ask(CastApply(event=event), timeout=ASK_TIMEOUT_S)
+            return view
         except CastorError:
             if stop_if_idle:
                 self._stop_if_inactive(handle, cast_id)
@@ -454,7 +462,8 @@ class SessionActor(Actor):
         found = find_cast(self.storage, root, live, "revivable" if revive else "candidate",
                           lambda row: row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live)
         if found is not None:
-            return found["cast_id"]
+            newest: str = found["cast_id"]
+            return newest
         if revive:
             raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use "
                            f"{self._cmd('recast')}.", data={"reason": "none_revivable"})

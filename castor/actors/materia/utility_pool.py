@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,10 @@ class UtilityExecutorActor(Actor):
 def utility_pool_spec(settings: Any) -> ChildSpec:
     """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs."""
     pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit)
-    slots = [tree.UTILITY_SLOT.child_spec((lambda n=n: UtilityExecutorActor(pool, n)), id=f"slot-{n}")
+
+    def slot_factory(n: int) -> Callable[[], UtilityExecutorActor]:
+        return lambda: UtilityExecutorActor(pool, n)
+
+    slots = [tree.UTILITY_SLOT.child_spec(slot_factory(n), id=f"slot-{n}")
              for n in range(settings.utility_slots)]
     return tree.UTILITY.supervisor_spec(slots)

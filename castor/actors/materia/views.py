@@ -205,7 +205,8 @@ def cast_rows(storage: CastStorage, artifact_root: Path, live_ids: set[str], *, 
               cursor: str | None = None) -> list[dict[str, Any]]:
     """Every cast under ``artifact_root`` (or one page: ``limit``/``cursor``), newest first, with
     status/resumable (see table)."""
-    return cast_page(storage, artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+    rows: list[dict[str, Any]] = cast_page(storage, artifact_root, live_ids, limit=limit, cursor=cursor)["casts"]
+    return rows
 
 
 def find_cast(storage: CastStorage, artifact_root: Path, live_ids: set[str], where: str,
@@ -260,7 +261,8 @@ def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_id
     storage.validate_cast_id(ref)
     if ref != LATEST and (artifact_root / ref / "state.json").is_file():
         return ref
-    ids = {row["cast_id"] for row in cast_rows(storage, artifact_root, set()) if row["status"] != "unreadable"}
+    ids: set[str] = {row["cast_id"] for row in cast_rows(storage, artifact_root, set())
+                     if row["status"] != "unreadable"}
     ids |= set(live_ids or ())
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:

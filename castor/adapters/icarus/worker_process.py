@@ -43,6 +43,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -59,9 +60,11 @@ _ids = itertools.count(1)
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, default=str)
 # The C encoder JSONEncoder.encode builds on every call, built once: ASCII, no NaN, str() for
 # the rest. Without a markers dict a cycle ends in RecursionError (refused like any bad argument).
-_C_ENCODER = (json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-                                          False, False, False)
-              if json.encoder.c_make_encoder is not None else None)
+# c_make_encoder: CPython's private C accelerator (None without it), which typeshed leaves out.
+_MAKE_ENCODER: Callable[..., Any] | None = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODER = (_MAKE_ENCODER(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                            False, False, False)
+              if _MAKE_ENCODER is not None else None)
 
 
 def _reject_constant(name: str) -> Any:
@@ -70,7 +73,7 @@ def _reject_constant(name: str) -> Any:
 
 # ``loads_strict`` (castor.domain.jsontext) with its decoder made once, not per reply.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-_SCAN = _DECODER.scan_once
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__; typeshed omits it
 _STDERR_LINE_MAX = 64 * 1024
 _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is alive
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
@@ -228,6 +231,7 @@ class WorkerProcess:
             raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # both opened as PIPEs
         self._in_fd = self._proc.stdin.fileno()
         os.set_blocking(self._in_fd, False)
         out_fd = self._out_fd = self._proc.stdout.fileno()
@@ -251,7 +255,9 @@ class WorkerProcess:
             self.kill_tree(late)
 
     def _drain_stderr(self) -> None:
-        stream = self._proc.stderr
+        proc = self._proc
+        assert proc is not None and proc.stderr is not None  # started (stderr a PIPE) before this thread
+        stream = proc.stderr
         try:
             # A bounded readline: a flood without newlines must not grow without limit here
             # (the tail keeps only the end anyway).
@@ -346,6 +352,7 @@ class WorkerProcess:
         proc = self._proc
         if proc is not None:
             for stream in (proc.stdin, proc.stdout):
+                assert stream is not None  # both opened as PIPEs
                 try:
                     stream.close()
                 except (OSError, ValueError):
@@ -415,8 +422,10 @@ class WorkerProcess:
                        data={"target": target, "request_id": request_id, "pid": pid},
                        may_have_started=started)
 
-    def _write(self, data: bytes, deadline: float | None, target: str) -> None:
-        fd = self._proc.stdin.fileno()
+    def _write(self, data: bytes | memoryview, deadline: float | None, target: str) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None  # only a started worker is written to
+        fd = proc.stdin.fileno()
         view = memoryview(data)
         while view:
             self._check_usable(may_have_started=False, target=target)
@@ -457,6 +466,7 @@ class WorkerProcess:
             if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
                 self._check_usable(may_have_started=True, target=target)
             if not events:
+                assert self._proc is not None  # only a started worker is awaited
                 if self._proc.poll() is not None:
                     raise self._crash(target, may_have_started=True)
                 continue
@@ -512,6 +522,7 @@ class WorkerProcess:
         """The child ended on its own: reap it, collect the stderr tail, retire."""
         self._crashed = True
         proc = self._proc
+        assert proc is not None  # a crash is only seen on a started worker
         try:
             exit_code = proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -524,7 +535,7 @@ class WorkerProcess:
         error = WorkerCrashed(f"icarus worker exited (code {exit_code}) during {target}",
                               data={"exit_code": exit_code, "target": target, "pid": proc.pid},
                               may_have_started=may_have_started)
-        error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]
+        error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]  # an extra, off-wire attribute
         return error
 
     # ------------------------------------------------------------------ stats
@@ -599,6 +610,6 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     return reply
 
 
-def worker_factory(launch: WorkerLaunch, **kwargs: Any):
+def worker_factory(launch: WorkerLaunch, **kwargs: Any) -> Callable[[], WorkerProcess]:
     """A ``spawn`` callable for the actor: constructs (does not start) a WorkerProcess."""
     return lambda: WorkerProcess(launch, **kwargs)

@@ -50,7 +50,7 @@ and read by the plugin itself at import time.
 import sys
 
 
-def _scrub_sys_path():
+def _scrub_sys_path() -> None:
     """Drop cwd-like, relative and script-dir entries. Uses only builtins.
 
     ``os`` is already imported by interpreter start-up, so taking it from
@@ -61,9 +61,9 @@ def _scrub_sys_path():
     script_dir = _os.path.dirname(_os.path.abspath(__file__)) if _os is not None else None
     kept = []
     for entry in sys.path:
-        if not entry or not _os.path.isabs(entry):
+        if not entry or not _os.path.isabs(entry):  # type: ignore[union-attr]  # os is loaded: no -S
             continue
-        norm = _os.path.normpath(entry)
+        norm = _os.path.normpath(entry)  # type: ignore[union-attr]  # as above
         if norm == cwd or norm == script_dir:
             continue
         kept.append(entry)
@@ -79,6 +79,16 @@ import json  # noqa: E402
 import os  # noqa: E402
 import traceback  # noqa: E402
 
+# Annotations are strings where Python 3.8 could not evaluate them; the names they use are
+# read by mypy only (it takes ``TYPE_CHECKING`` as true), so nothing more is imported.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from io import FileIO
+    from types import ModuleType
+    from typing import Any
+
 ALLOWED_MODULES = ("hooks", "tools", "state", "obsidian", "parsing")
 PACKAGE = "icarus"
 PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
@@ -87,14 +97,14 @@ PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
 class InvalidRequest(Exception):
     """A request line that cannot be dispatched; carries the id when known."""
 
-    def __init__(self, message, request_id=None):
+    def __init__(self, message: str, request_id: "int | None" = None) -> None:
         Exception.__init__(self, message)
         self.request_id = request_id
 
 
 # --------------------------------------------------------------------------- streams
 
-def _isolate_stdio():
+def _isolate_stdio() -> "tuple[FileIO, FileIO]":
     """Return (protocol_in, protocol_out) binary files; leave fds 0/1 harmless."""
     proto_out_fd = os.dup(1)
     proto_in_fd = os.dup(0)
@@ -113,20 +123,20 @@ class OutsidePackage(ImportError):
     """A module of the package whose real file is outside the configured directory: refused
     before any of its code runs."""
 
-    def __init__(self, message, module):
+    def __init__(self, message: str, module: str) -> None:
         ImportError.__init__(self, message)
         self.module = module
 
 
-def _inside(path, root):
+def _inside(path: str, root: str) -> bool:
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
 
 
-_ROOT = []  # [root] or [ImportError]: the configured directory, resolved once
+_ROOT: "list[str | ImportError]" = []  # [root] or [ImportError]: the configured directory, resolved once
 
 
-def _package_dir():
+def _package_dir() -> str:
     if not _ROOT:
         raw = os.environ.get(PACKAGE_DIR_ENV, "")
         if not raw or not os.path.isabs(raw):
@@ -139,10 +149,10 @@ def _package_dir():
     return _ROOT[0]
 
 
-def _check_spec(spec, root):
+def _check_spec(spec: "ModuleSpec", root: str) -> "ModuleSpec":
     """Refuse a spec whose code (its file, its bytecode cache, its search path) resolves outside
     ``root``. Runs before the module's code does."""
-    places = []
+    places: "list[str]" = []
     if spec.origin is not None and getattr(spec, "has_location", False):
         places.append(spec.origin)
         cached = getattr(spec, "cached", None)
@@ -162,7 +172,8 @@ class _PackageFinder(object):
     """First on ``sys.meta_path``: every module of the package is found under the configured
     directory only, and its real location is checked before its code runs."""
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: "Sequence[str] | None" = None,
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         if fullname != PACKAGE and not fullname.startswith(PACKAGE + "."):
             return None
         root = _package_dir()
@@ -171,6 +182,7 @@ class _PackageFinder(object):
             if not os.path.isfile(init):
                 raise ImportError("no icarus package at %s" % root)
             spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[root])
+            assert spec is not None  # a .py file always has a loader
         else:
             parent = sys.modules.get(fullname.rpartition(".")[0])
             search = getattr(parent, "__path__", None)
@@ -179,16 +191,16 @@ class _PackageFinder(object):
                 raise ModuleNotFoundError("No module named %r" % fullname, name=fullname)
         return _check_spec(spec, root)
 
-    def invalidate_caches(self):
+    def invalidate_caches(self) -> None:
         pass
 
 
 _FINDER = _PackageFinder()
-_PACKAGE_MODULE = []  # [the loaded package module]
-_MODULES = {}  # full name -> the module object checked when it was first resolved
+_PACKAGE_MODULE: "list[ModuleType]" = []  # [the loaded package module]
+_MODULES: "dict[str, ModuleType]" = {}  # full name -> the module object checked when it was first resolved
 
 
-def _load_package():
+def _load_package() -> str:
     """Load (once) the configured ``icarus`` package by path."""
     root = _package_dir()
     current = sys.modules.get(PACKAGE)
@@ -201,33 +213,34 @@ def _load_package():
     _MODULES.clear()
     del _PACKAGE_MODULE[:]
     spec = _FINDER.find_spec(PACKAGE)
+    assert spec is not None and spec.loader is not None  # the package's own spec: find_spec raises otherwise
     module = importlib.util.module_from_spec(spec)
-    module.__castor_root__ = root
+    module.__castor_root__ = root  # type: ignore[attr-defined]  # a marker on the module, no declared field
     sys.modules[PACKAGE] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(PACKAGE, None)
         raise
-    if not _inside(module.__file__, root):
+    if not _inside(module.__file__ or "", root):  # its file was checked: None is refused too
         raise ImportError("icarus resolved outside the configured directory")
     _PACKAGE_MODULE.append(module)
     return root
 
 
-def _target(module_name, function_name):
+def _target(module_name: str, function_name: str) -> "Callable[..., Any]":
     full = PACKAGE + "." + module_name
     module = sys.modules.get(full)
     package = _PACKAGE_MODULE[0] if _PACKAGE_MODULE else None
     if module is None or _MODULES.get(full) is not module or package is None or sys.modules.get(PACKAGE) is not package:
         module = _resolve(full)
-    fn = getattr(module, function_name, None)
+    fn: "Callable[..., Any] | None" = getattr(module, function_name, None)
     if fn is None or not callable(fn):
         raise AttributeError("icarus.%s has no callable %r" % (module_name, function_name))
     return fn
 
 
-def _resolve(full):
+def _resolve(full: str) -> "ModuleType":
     """The slow path of :func:`_target`: import and check once per module object."""
     root = _load_package()
     module = importlib.import_module(full)
@@ -239,10 +252,11 @@ def _resolve(full):
 
 # --------------------------------------------------------------------------- protocol
 
-_SCAN = json.JSONDecoder().scan_once  # json.loads without its per-call wrapper
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by __init__; typeshed omits it
+# (json.loads without its per-call wrapper)
 
 
-def _parse(line):
+def _parse(line: str) -> "tuple[int, str, str, list[Any], dict[str, Any]]":
     try:
         request, end = _SCAN(line, 0)  # the line is stripped: one value must fill it
     except (ValueError, StopIteration, RecursionError):
@@ -269,7 +283,7 @@ def _parse(line):
     return request_id, module, function, args, kwargs
 
 
-def normalise(value):
+def normalise(value: "Any") -> "Any":
     """JSON-looking strings become structures when they parse."""
     if isinstance(value, str):
         stripped = value.strip()
@@ -285,13 +299,13 @@ _ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)
 # The C encoder JSONEncoder.encode builds per call, built once (without a markers dict a cycle
 # ends in RecursionError, which is "unserializable result" like any other).
 try:
-    _C_ENCODER = json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-                                             False, False, False)
+    _C_ENCODER = json.encoder.c_make_encoder(  # type: ignore[attr-defined]  # CPython-private, not in typeshed
+        None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False)
 except (AttributeError, TypeError):  # no C accelerator (or another signature): the plain encoder
     _C_ENCODER = None
 
 
-def _encode(reply):
+def _encode(reply: "dict[str, Any]") -> bytes:
     # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
@@ -304,7 +318,7 @@ def _encode(reply):
     return (text + "\n").encode("ascii")
 
 
-def handle(line):
+def handle(line: str) -> "dict[str, Any]":
     """One request line -> one reply dict. Never raises (except KeyboardInterrupt)."""
     try:
         request_id, module, function, args, kwargs = _parse(line)
@@ -327,14 +341,14 @@ def handle(line):
         }
 
 
-def _write_all(stream, data):
+def _write_all(stream: "FileIO", data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = stream.write(view)
         view = view[written:]
 
 
-def main():
+def main() -> int:
     proto_in, proto_out = _isolate_stdio()
     buffered = b""
     while True:

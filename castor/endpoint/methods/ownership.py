@@ -25,12 +25,13 @@ SESSIONS_KEY = "sessions"
 
 def opened_sessions(ctx: Context) -> dict[str, WireHarness]:
     """The sessions opened on the calling connection (session id → its link), created empty."""
-    return ctx.state.setdefault(SESSIONS_KEY, {})
+    sessions: dict[str, WireHarness] = ctx.state.setdefault(SESSIONS_KEY, {})
+    return sessions
 
 
 def owned_session(ctx: Context, session_id: str) -> WireHarness:
     """The link of ``session_id`` if the calling connection opened it; ``Forbidden`` otherwise."""
-    link = ctx.state.get(SESSIONS_KEY, {}).get(session_id)
+    link: WireHarness | None = ctx.state.get(SESSIONS_KEY, {}).get(session_id)
     if link is None:
         raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
     return link
