@@ -223,8 +223,9 @@ def _label_session(handle: ActorHandle | None, info: SessionInfo) -> None:
 
 def _utility_children(settings: RuntimeSettings) -> list[ChildSpec]:
     from castor.actors.materia.utility_pool import utility_pool_spec
+    from castor.adapters.materia.local_utilities import LOCAL_UTILITY_RUNNER
 
-    return [utility_pool_spec(settings)]
+    return [utility_pool_spec(settings, LOCAL_UTILITY_RUNNER)]
 
 
 __all__ = [

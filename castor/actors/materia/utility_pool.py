@@ -7,8 +7,8 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | step | rule |
 |---|---|
 | submit | :func:`submit_utility` picks the slot with the fewest outstanding jobs; more than ``slots + utility_queue_limit`` outstanding → ``MailboxFull`` (the cast fails that visit with ``DispatchFailed``) |
-| command | :func:`castor.adapters.materia.process_runner.spawn`: no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
-| built-in | ``project.ensureIgnored`` / ``vcs.detect`` via :func:`castor.adapters.materia.builtins.run_builtin` |
+| command | the pool's :class:`~castor.ports.utility_runner.UtilityRunner` (locally :func:`castor.adapters.materia.process_runner.spawn`): no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
+| built-in | ``project.ensureIgnored`` / ``vcs.detect`` via the runner (locally :func:`castor.adapters.materia.builtins.run_builtin`) |
 | while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
@@ -30,29 +30,34 @@ from typing import Any
 from castor import tree
 from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
-from castor.adapters.materia import command_records
-from castor.adapters.materia.builtins import run_builtin
-from castor.adapters.materia.process_runner import RunningUtility, UtilityCommand, UtilitySpawnError, spawn
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
 from castor.messages.errors import CastorError, MailboxFull, NotFound
+from castor.ports.utility_runner import (
+    RUN_DIR_ENV,
+    RUNTIME_PID_ENV,
+    VISIT_ID_ENV,
+    RunningCommand,
+    UtilityCommand,
+    UtilityRunner,
+    UtilitySpawnError,
+)
 from castor.supervision import Actor, ChildSpec, handles
 
 POOL_PATH = "/root/utility"
-VISIT_ID_ENV = command_records.VISIT_ID_ENV  # the dispatch's visit id: an idempotency key for the command
-RUNTIME_PID_ENV = command_records.RUNTIME_PID_ENV  # which runtime started it (the CLI's last-resort kill)
 LEDGER_SIZE = 10_000
 
 
 class UtilityPoolState:
     """Shared by the slots of one pool (survives slot restarts): load, ledger, running jobs."""
 
-    def __init__(self, slots: int, queue_limit: int) -> None:
+    def __init__(self, slots: int, queue_limit: int, runner: UtilityRunner | None = None) -> None:
         self.slots = slots
         self.queue_limit = queue_limit
+        self.runner = runner  # how commands and built-ins run (the runtime passes the local one)
         self._lock = threading.Lock()
         self._load = [0] * slots
         self._ledger: OrderedDict[str, UtilityFinished] = OrderedDict()
-        self._running: dict[str, RunningUtility | None] = {}
+        self._running: dict[str, RunningCommand | None] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
         self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
 
@@ -82,7 +87,7 @@ class UtilityPoolState:
             self._running[visit_id] = None
             return None
 
-    def started(self, visit_id: str, running: RunningUtility) -> None:
+    def started(self, visit_id: str, running: RunningCommand) -> None:
         with self._lock:
             if visit_id in self._running:
                 self._running[visit_id] = running
@@ -102,11 +107,11 @@ class UtilityPoolState:
                 while len(self._ledger) > LEDGER_SIZE:
                     self._ledger.popitem(last=False)
 
-    def running_of(self, visit_id: str) -> RunningUtility | None:
+    def running_of(self, visit_id: str) -> RunningCommand | None:
         with self._lock:
             return self._running.get(visit_id)
 
-    def all_running(self) -> list[RunningUtility]:
+    def all_running(self) -> list[RunningCommand]:
         with self._lock:
             return [r for r in self._running.values() if r is not None]
 
@@ -181,7 +186,7 @@ class UtilityExecutorActor(Actor):
         self.pool = pool
         self.slot = slot
         self._job: UtilityJob | None = None
-        self._running: RunningUtility | None = None
+        self._running: RunningCommand | None = None
 
     def on_start(self) -> None:
         _POOLS[self.handle.registry] = self.pool
@@ -214,16 +219,17 @@ class UtilityExecutorActor(Actor):
             cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
                                  timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes,
                                  env={**os.environ, VISIT_ID_ENV: effect.visit_id, RUNTIME_PID_ENV: str(os.getpid()),
-                                      **({command_records.RUN_DIR_ENV: run_dir} if run_dir else {})})
-            record = command_records.record_path(run_dir, effect.visit_id) if run_dir else None
+                                      **({RUN_DIR_ENV: run_dir} if run_dir else {})})
+            runner = self._runner()
+            record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
             if record is not None:
-                command_records.record_running(record, effect.visit_id)  # before it can run at all
+                runner.record_running(record, effect.visit_id)  # before it can run at all
             try:
                 if self.pool.is_cancelled(effect.visit_id):
                     return None  # given up between being claimed and starting (CancelWork)
                 remote = self.pool.remote_runner
                 try:
-                    running = remote.spawn(cmd, effect.resources) if remote is not None else spawn(cmd)
+                    running = remote.spawn(cmd, effect.resources) if remote is not None else runner.spawn(cmd)
                 except UtilitySpawnError as exc:
                     return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
                                            at=time.time())
@@ -240,7 +246,7 @@ class UtilityExecutorActor(Actor):
                     self._running = None
             finally:
                 if record is not None:
-                    command_records.forget(record)
+                    runner.forget(record)
             if result.killed:
                 return None
             return UtilityFinished(visit_id=effect.visit_id, stdout=result.stdout, stderr=result.stderr,
@@ -248,10 +254,16 @@ class UtilityExecutorActor(Actor):
                                    stdout_truncated=result.stdout_truncated, stderr_truncated=result.stderr_truncated,
                                    at=time.time())
         try:
-            text = run_builtin(effect.builtin or "", effect.params, cwd=effect.cwd or ".")
+            text = self._runner().run_builtin(effect.builtin or "", effect.params, cwd=effect.cwd or ".")
         except (CastorError, OSError) as exc:
             return UtilityFinished(visit_id=effect.visit_id, error=str(getattr(exc, "message", exc)), at=time.time())
         return UtilityFinished(visit_id=effect.visit_id, stdout=text, at=time.time())
+
+    def _runner(self) -> UtilityRunner:
+        runner = self.pool.runner
+        if runner is None:  # a pool built without one: castor's own wiring bug, not the caller's
+            raise RuntimeError("this utility pool was built without a utility runner")
+        return runner
 
     # -- faults and exits ---------------------------------------------------
     def owned_pids(self) -> list[int]:
@@ -281,9 +293,10 @@ class UtilityExecutorActor(Actor):
             pass
 
 
-def utility_pool_spec(settings: Any) -> ChildSpec:
-    """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs."""
-    pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit)
+def utility_pool_spec(settings: Any, runner: UtilityRunner) -> ChildSpec:
+    """``/root/utility``: ``settings.utility_slots`` slots, ``settings.utility_queue_limit`` queued jobs,
+    commands and built-ins run by ``runner``."""
+    pool = UtilityPoolState(settings.utility_slots, settings.utility_queue_limit, runner)
 
     def slot_factory(n: int) -> Callable[[], UtilityExecutorActor]:
         return lambda: UtilityExecutorActor(pool, n)

@@ -38,11 +38,11 @@ import psutil
 from loguru import logger
 
 from castor.adapters.fs import atomic_write_bytes
+from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
+from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV
+from castor.ports.utility_runner import VISIT_ID_ENV as VISIT_ID_ENV
 
 RECORDS_DIR = ".commands"
-VISIT_ID_ENV = "CASTOR_VISIT_ID"
-RUN_DIR_ENV = "CASTOR_RUN_DIR"
-RUNTIME_PID_ENV = "CASTOR_RUNTIME_PID"
 
 
 def _real_dir(directory: Path) -> bool:

@@ -54,14 +54,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from castor.messages.errors import CastorError, ErrorCode
+from castor.messages.errors import ErrorCode
+from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
+from castor.ports.utility_runner import UtilityCommand as UtilityCommand
+from castor.ports.utility_runner import UtilityResult as UtilityResult
+from castor.ports.utility_runner import UtilitySpawnError as UtilitySpawnError
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
@@ -75,66 +77,9 @@ __all__ = [
     "stderr_summary",
 ]
 
-MAX_OUTPUT_BYTES = 1024 * 1024
-DEFAULT_TIMEOUT_MS = 30_000
-DEFAULT_GRACE_MS = 1_000
 _READ_CHUNK = 64 * 1024
 _PIPE_DRAIN_AFTER_KILL_S = 2.0
 
-
-class UtilitySpawnError(CastorError):
-    """The command could not be started at all (no process ran)."""
-
-    code = ErrorCode.INTERNAL
-
-
-class UtilityCommand(BaseModel):
-    """One command to run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    argv: list[str] = Field(min_length=1)
-    cwd: Path
-    stdin: Any = None
-    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, gt=0)
-    grace_ms: int = Field(default=DEFAULT_GRACE_MS, ge=0)
-    max_output_bytes: int = Field(default=MAX_OUTPUT_BYTES, gt=0)
-    env: dict[str, str] | None = None  # None: inherit the process environment unchanged
-
-    @field_validator("argv")
-    @classmethod
-    def _argv_is_clean(cls, argv: list[str]) -> list[str]:
-        for arg in argv:
-            if "\x00" in arg:
-                raise ValueError("argv entries must not contain NUL")
-        if not argv[0]:
-            raise ValueError("argv[0] must be a non-empty program name")
-        return argv
-
-
-class UtilityResult(BaseModel):
-    """What happened to one command."""
-
-    model_config = ConfigDict(frozen=True)
-
-    argv: list[str]
-    pid: int
-    exit_code: int | None
-    signal: int | None
-    signal_name: str | None
-    timed_out: bool
-    killed: bool
-    duration_ms: float
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    max_bytes: int
-    timeout_ms: int
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.killed
 
 
 # --------------------------------------------------------------------------- failure wording
