@@ -148,7 +148,8 @@ def _table(casts: list[_Cast]) -> Table:
         v = cast.view
         status = v.get("status", "?")
         color = {"complete": "green", "failed": "red", "aborted": "red", "active": "yellow"}.get(status, "white")
-        socket = f"{v.get('current_socket') or '-'}" + (f" ({v['current_materia']})" if v.get("current_materia") else "")
+        materia = f" ({v['current_materia']})" if v.get("current_materia") else ""
+        socket = f"{v.get('current_socket') or '-'}" + materia
         visits = sum((v.get("visits") or {}).values())
         table.add_row(cast.sid, cast.cast_id, f"[{color}]{status}[/{color}]", socket, str(v.get("item_key") or "-"),
                       str(visits), cast.note)
@@ -211,7 +212,8 @@ def _check(report: DemoReport, scene: _Scene, max_active: int, fault: dict[str, 
     roots = [scene.project(sid) / ".pi" / "pi-materia" for sid in SESSIONS]
     unreadable = count_unreadable_states(roots)
     dirs = sum(len(cast_dirs(r)) for r in roots)
-    check(SECTION, "every state.json loads", unreadable == 0 and dirs == total, f"{dirs} casts, {unreadable} unreadable")
+    check(SECTION, "every state.json loads", unreadable == 0 and dirs == total,
+          f"{dirs} casts, {unreadable} unreadable")
 
 
 def _artifacts(scene: _Scene) -> Table:

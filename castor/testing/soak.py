@@ -181,7 +181,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def socket_sequence(run_dir: Path) -> list[str]:
     """Socket ids in the order their visits completed (``socket_complete`` events)."""
-    return [str((e.get("data") or {}).get("socket")) for e in read_events(run_dir) if e.get("type") == "socket_complete"]
+    return [str((e.get("data") or {}).get("socket"))
+            for e in read_events(run_dir) if e.get("type") == "socket_complete"]
 
 
 # =========================================================================== invariant checks
@@ -545,7 +546,8 @@ class Soak:
                                        lambda: session.icarus.tool("fabric_write", params))
             ok = err is None and not (isinstance(value, dict) and "error" in value)
             code = None if err is None else str(getattr(err, "code", type(err).__name__))
-            outcome = WorkerOutcome(call_id=call_id, ok=ok, code=code if err is not None else ("ok" if ok else "tool_error"),
+            outcome = WorkerOutcome(call_id=call_id, ok=ok,
+                                    code=code if err is not None else ("ok" if ok else "tool_error"),
                                     may_have_started=getattr(err, "may_have_started", None), ended_at=time.time())
             with self._outcomes_lock:
                 self.outcomes.append(outcome)

@@ -11,7 +11,7 @@ host's runtime: casts, visits, utility slots and commands):
 | ``kill_node`` | a worker node is removed, one that runs a host if any (every host and task on it dies); one worker node is always kept |
 
 The Icarus worker stays in the serving process, with its faults as before.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ the hook controller's business, and it must not either).
 
 Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
 ``WorkerCalls`` port (:mod:`castor.ports.worker`) over the handle.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ mode (the lease is taken first: a cast another live runtime holds is a ``conflic
 Every ``cast_id`` is a reference (:func:`castor.actors.materia.views.resolve_cast_id`): the exact id,
 ``latest`` or a unique prefix. Every text names the commands of the session's *surface*: a
 harness over the endpoint (``/materia continue``) or the standalone CLI (``castor continue <id>``).
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -158,7 +158,8 @@ class SessionActor(Actor):
         """The cast id a reference (exact, ``latest``, a unique prefix) means; None stays None."""
         if cast_id is None:
             return None
-        return resolve_cast_id(self.storage, root if root is not None else self._artifact_root(), cast_id, set(self._live()))
+        artifact_root = root if root is not None else self._artifact_root()
+        return resolve_cast_id(self.storage, artifact_root, cast_id, set(self._live()))
 
     @property
     def cast_sup(self) -> str:
@@ -181,7 +182,8 @@ class SessionActor(Actor):
             configured = self._resolved(None, config_path).config.get("artifactDir")
         except ConfigError:
             try:
-                configured = self.storage.load_config(self.cwd, config_path=config_path or self.config_path).merged.get("artifactDir")
+                loaded = self.storage.load_config(self.cwd, config_path=config_path or self.config_path)
+                configured = loaded.merged.get("artifactDir")
             except ConfigError:
                 configured = None
         return self._root_for(configured if isinstance(configured, str) else None)
@@ -200,8 +202,8 @@ class SessionActor(Actor):
         system = self.runtime.system
         settings = self.runtime.settings
         return CastEnv(cast_id=cast_id, artifact_root=root, session_path=self.ctx.path, registry=system.registry,
-                       agent=harness.agent, storage=self.storage, ui=harness.ui, session_log=self.mirror, start_event=start,
-                       lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
+                       agent=harness.agent, storage=self.storage, ui=harness.ui, session_log=self.mirror,
+                       start_event=start, lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
                        usage_timeout_s=settings.context_usage_timeout_s)
@@ -229,7 +231,8 @@ class SessionActor(Actor):
         if len(live) >= limit:
             newest = max(live)
             raise Conflict(f"pi-materia cast already active ({newest}). Use {self._cmd('status', newest)} or "
-                           f"{self._cmd('abort', newest)}.", data={"reason": "active", "cast_id": newest, "limit": limit})
+                           f"{self._cmd('abort', newest)}.",
+                           data={"reason": "active", "cast_id": newest, "limit": limit})
 
     # ------------------------------------------------------------------ casts
     @handles(StartCast)
@@ -451,7 +454,8 @@ class SessionActor(Actor):
                 event = RecastRequested(after_restart=True, surface=self.surface, at=time.time())
             handle = self._bring_in(cast_id, root)
         view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=False)
-        return {**view, "text": f"pi-materia cast {cast_id} continues at {view.get('current_socket')}.", "level": "info"}
+        return {**view, "text": f"pi-materia cast {cast_id} continues at {view.get('current_socket')}.",
+                "level": "info"}
 
     def _pick_resumable(self, root: Path, *, revive: bool) -> str:
         live = set(self._live())
@@ -460,7 +464,8 @@ class SessionActor(Actor):
                 if view.get("status") == "interrupted":
                     return cast_id
         found = find_cast(self.storage, root, live, "revivable" if revive else "candidate",
-                          lambda row: row["resumable"] and (row["revivable"] or not revive) and row["cast_id"] not in live)
+                          lambda row: (row["resumable"] and (row["revivable"] or not revive)
+                                       and row["cast_id"] not in live))
         if found is not None:
             newest: str = found["cast_id"]
             return newest
@@ -591,8 +596,9 @@ class SessionActor(Actor):
         for late in (False, True):
             for cast_id, handle in live:
                 try:
-                    visit_id = handle.ask(UserRunEnded(text=message.text, error=message.error, entry_id=message.entry_id,
-                                                       stop_reason=message.stop_reason, late=late),
+                    visit_id = handle.ask(UserRunEnded(text=message.text, error=message.error,
+                                                       entry_id=message.entry_id, stop_reason=message.stop_reason,
+                                                       late=late),
                                           timeout=ASK_TIMEOUT_S)
                 except CastorError:
                     continue
@@ -641,7 +647,8 @@ class SessionActor(Actor):
         loaded = self.storage.load_config(self.cwd, config_path=config_path or self.config_path)
         names = list((loaded.merged.get("loadouts") or {}).keys())
         active = loaded.merged.get("activeLoadout")
-        return {"active": active, "loadouts": names, "source": " < ".join(layer.path for layer in loaded.layers if layer.loaded),
+        source = " < ".join(layer.path for layer in loaded.layers if layer.loaded)
+        return {"active": active, "loadouts": names, "source": source,
                 "text": loadout_line(active, names), "level": "info"}
 
     @handles(SetActiveLoadout)
@@ -668,7 +675,8 @@ class SessionActor(Actor):
     @answers_bad_input
     def _on_validate(self, message: ValidateConfig) -> dict[str, Any]:
         path = message.path
-        target = self.storage.confine(self.cwd, path, allow_absolute=True)  # forbidden outside the project; nothing read
+        # forbidden outside the project; nothing read
+        target = self.storage.confine(self.cwd, path, allow_absolute=True)
         issues = self.storage.validate_config_file(target)
         errors = [str(i) for i in issues if not i.is_warning]
         warnings = [str(i) for i in issues if i.is_warning]

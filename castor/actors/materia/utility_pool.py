@@ -14,7 +14,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ Cast status (``status`` field), first match wins:
 An ended cast whose last transition's file effects may not all be on disk (its runtime died
 between saving the state and finishing the writes) has ``artifacts_pending: true``: ``recast``
 writes them from the outbox saved with the state, and then answers as for any ended cast.
-"""
+"""  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
         "item_key": state.current_item_key,
         "item_label": short_label(state.current_item_label),
         "visits": dict(state.visits),
-        "pending": pending.model_dump(include={"kind", "visit_id", "socket_id", "visit", "mode", "user_driven"}) if pending else None,
+        "pending": (pending.model_dump(include={"kind", "visit_id", "socket_id", "visit", "mode", "user_driven"})
+                    if pending else None),
         "paused": state.paused,
         "resumable": state.resumable or (orphaned and state.active),
         "revivable": revivable(state),
@@ -163,7 +164,9 @@ def outbox_on_disk(storage: CastStorage, artifact_root: Path, cast_id: str, outb
             and tail.get("data") == json.loads(json.dumps(last.get("data"))))
 
 
-def _cast_row(storage: CastStorage, summary: CastSummaryView, artifact_root: Path, live_ids: set[str]) -> dict[str, Any]:
+def _cast_row(
+    storage: CastStorage, summary: CastSummaryView, artifact_root: Path, live_ids: set[str]
+) -> dict[str, Any]:
     row = {"cast_id": summary.cast_id, "status": summary.status, "current_socket": summary.current_socket,
            "updated_at": summary.updated_at, "resumable": summary.resumable, "request": summary.request,
            "failed_reason": summary.failed_reason, "live": summary.cast_id in live_ids,
