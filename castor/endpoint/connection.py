@@ -73,6 +73,7 @@ from castor.endpoint.framing import (
 )
 from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
+from castor.supervision.mailbox import Reply
 
 _conn_ids = itertools.count(1)
 _NOTHING = object()
@@ -107,53 +108,55 @@ _CALLER_RECHECK = 0.05
 
 
 class PendingCall:
-    """An outgoing request waiting for its response; ``result()`` honours the deadline."""
+    """An outgoing request waiting for its response; ``result()`` honours the deadline.
 
-    __slots__ = ("msgid", "method", "deadline", "resolved", "_conn", "_gate", "_timed_out", "_error", "_result")
+    Its answer lives in supervision's one-shot reply slot (:class:`castor.supervision.mailbox.Reply`),
+    the same primitive an actor's ask waits on: resolved once, the first outcome wins.
+    """
+
+    __slots__ = ("msgid", "method", "deadline", "_conn", "_reply", "_timed_out")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
         self.msgid = msgid
         self.method = method
         self.deadline = deadline
-        # A pre-acquired lock is the cheapest one-shot gate CPython has.
-        self._gate = threading.Lock()
-        self._gate.acquire()
-        self.resolved = False  # set once, by resolve(): read without a lock on the reader's path
+        self._reply = Reply()
         self._timed_out = False
-        self._error: CastorError | None = None
-        self._result: Any = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether :meth:`resolve` ran (read without a lock on the reader's path)."""
+        return self._reply.done
 
     def resolve(self, error: CastorError | None, result: Any) -> None:
         """Settle the call with the peer's error or result (the connection calls it exactly once)."""
-        self._error, self._result = error, result
-        self.resolved = True
-        self._gate.release()
+        if error is not None:
+            self._reply.fail(error)
+        else:
+            self._reply.set(result)
 
     def wait_resolved(self, timeout: float) -> bool:
         """Block until :meth:`resolve` ran or ``timeout`` passed; ``True`` if it ran."""
-        if self._gate.acquire(timeout=timeout):
-            self._gate.release()
-            return True
-        return False
+        return self._reply.wait(timeout)
 
     def done(self) -> bool:
-        return self.resolved
+        return self._reply.done
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        if not self.resolved and not self._timed_out:
+        if not self._reply.done and not self._timed_out:
             self._conn.await_reply(self)
-        if not self.resolved:
+        if not self._reply.done:
             if self._timed_out or self._conn.expire(self):
                 self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
-            self._gate.acquire()  # the reply won the race with the deadline
-            self._gate.release()
-        if self._error is not None:
-            raise self._error
-        return self._result
+            self._reply.wait(None)  # the reply won the race with the deadline
+        error = self._reply.error
+        if error is not None:
+            raise error
+        return self._reply.value
 
 
 class Connection:
