@@ -53,7 +53,6 @@ from functools import partial
 from typing import Any
 
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
-from castor.actors.icarus.classifier import CancelToken
 from castor.actors.icarus.messages import (
     AuditAndRelease,
     Classified,
@@ -71,7 +70,7 @@ from castor.domain.icarus import lifecycle as lc
 from castor.messages.errors import CastorError, ErrorCode, InvalidParams
 from castor.ports.session import SessionUiPort
 from castor.ports.worker import WorkerCalls
-from castor.supervision import Actor, ActorHandle, handles
+from castor.supervision import Actor, ActorHandle, CancelToken, handles
 
 #: Error codes after which the worker's queued calls must not be sent.
 LANE_FATAL_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.WORKER_RETIRED, ErrorCode.WORKER_CRASHED,
