@@ -36,6 +36,7 @@ from castor.adapters.materia.process_runner import RunningUtility, UtilityComman
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
 from castor.messages.errors import CastorError, MailboxFull, NotFound
 from castor.supervision import Actor, ChildSpec, handles
+from castor.supervision.threads import start_thread
 
 POOL_PATH = "/root/utility"
 VISIT_ID_ENV = command_records.VISIT_ID_ENV  # the dispatch's visit id: an idempotency key for the command
@@ -165,9 +166,9 @@ def terminate_running(registry: Any, grace_s: float) -> int:
     message. Returns how many were running."""
     pool = _POOLS.get(registry)
     running = pool.all_running() if pool is not None else []
-    threads = [threading.Thread(target=r.terminate, args=(grace_s,), daemon=True) for r in running]
-    for thread in threads:
-        thread.start()
+    threads = [start_thread(r.terminate, args=(grace_s,), name=f"utility-terminate-{i}", owner="/root/utility",
+                            purpose="end a running utility command at shutdown")
+               for i, r in enumerate(running)]
     for thread in threads:
         thread.join(grace_s + 2.0)
     return len(running)

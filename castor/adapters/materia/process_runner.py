@@ -62,6 +62,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from castor.messages.errors import CastorError, ErrorCode
+from castor.supervision.threads import start_thread
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
@@ -257,8 +258,8 @@ class RunningUtility:
         self._stdout.start()
         self._stderr.start()
         payload = (json.dumps(cmd.stdin, ensure_ascii=False) + "\n").encode("utf-8")
-        threading.Thread(target=_feed_stdin, args=(popen.stdin, payload), daemon=True,
-                         name=f"utility-{self.pid}-stdin").start()
+        start_thread(_feed_stdin, args=(popen.stdin, payload), name=f"utility-{self.pid}-stdin",
+                     owner="/root/utility", purpose="feed a utility command its stdin")
         self._log = logger.bind(utility_pid=self.pid, argv0=cmd.argv[0])
 
     @property
