@@ -74,6 +74,7 @@ from castor.endpoint.framing import (
 from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
 from castor.supervision.mailbox import Reply
+from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
 _NOTHING = object()
@@ -228,7 +229,8 @@ class Connection:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Connection:
-        threading.Thread(target=self._writer, name=f"castor-{self.name}-writer", daemon=True).start()
+        start_thread(self._writer, name=f"castor-{self.name}-writer", owner=f"/endpoint/{self.name}",
+                     purpose="write this connection's outgoing frames")
         with self._mutex:
             self._spawn_locked()
         return self
@@ -453,8 +455,8 @@ class Connection:
     # ------------------------------------------------------------------ reading and dispatch
     def _spawn_locked(self) -> None:
         self._threads += 1
-        threading.Thread(target=self._worker, name=f"castor-{self.name}-w{self._threads}",
-                         daemon=True).start()
+        start_thread(self._worker, name=f"castor-{self.name}-w{self._threads}", owner=f"/endpoint/{self.name}",
+                     purpose="read and dispatch this connection's frames")
 
     def _maybe_release_fds(self) -> None:
         """Close the wake pipe once closed and no thread can poll or poke it (caller holds ``_cond``)."""
@@ -841,7 +843,8 @@ class Connection:
         if in_worker:
             self._on_eof()
         else:  # a caller found EOF: it must not wait for the drain itself
-            threading.Thread(target=self._on_eof, name=f"castor-{self.name}-eof", daemon=True).start()
+            start_thread(self._on_eof, name=f"castor-{self.name}-eof", owner=f"/endpoint/{self.name}",
+                         purpose="drain this connection after its end of stream")
 
     def _refuse(self, frame: Request | Notification) -> None:
         """Over ``max_in_flight``: answer ``mailbox_full`` (or an ``error`` notification)."""
@@ -939,8 +942,8 @@ class _Watchdog:
         with self._cond:
             self._active.add(conn)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="castor-endpoint-watchdog", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, name="castor-endpoint-watchdog", owner="/endpoint",
+                                            purpose="enforce the connections' call deadlines")
             self._cond.notify()
 
     def _run(self) -> None:

@@ -67,6 +67,7 @@ from castor.ports.agent import (
 )
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ClassifierUsage, ModelEndpoint
 from castor.ports.host_context import CompactionOutcome, CompactionReply, CompactionRequest, ContextUsage
+from castor.supervision.threads import start_thread
 
 if TYPE_CHECKING:
     from castor.endpoint.dispatch import Peer
@@ -90,6 +91,7 @@ class WireHarness:
     def __init__(self, connection: Peer, session_id: str) -> None:
         self.connection = connection
         self.session_id = session_id
+        self.owner = f"/root/session/{session_id}"
         self._lock = threading.Lock()
         self._turns: dict[str, TurnReply] = {}
         self._stopped: OrderedDict[str, str] = OrderedDict()  # turn id -> why castor stopped it
@@ -115,7 +117,8 @@ class WireHarness:
             # error no retry can fix.
             outcome = TurnOutcome(turn_id=request.turn_id, stop_reason="error", error=TurnError(
                 message=f"invalid_request: agent.run_turn cannot be sent: {too_big}", kind="internal"))
-            threading.Thread(target=reply, args=(outcome,), name=f"oversized-{request.turn_id}", daemon=True).start()
+            start_thread(reply, args=(outcome,), name=f"oversized-{request.turn_id}", owner=self.owner,
+                         purpose="answer a turn too large to send")
             return
         with self._lock:
             self._turns[request.turn_id] = reply
@@ -224,7 +227,8 @@ class WireHarness:
                 return
             reply(outcome)
 
-        threading.Thread(target=run, name=f"session-compact-{request.cast_id}", daemon=True).start()
+        start_thread(run, name=f"session-compact-{request.cast_id}", owner=self.owner,
+                     purpose="ask the harness to compact its session")
 
     def _compact_outcome(self, params: dict[str, Any], timeout_s: float) -> CompactionOutcome:
         try:

@@ -42,6 +42,7 @@ from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, unl
 from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
+from castor.supervision.threads import start_thread
 
 DEFAULT_HELLO_TIMEOUT_S = 10.0
 """A connection that must authenticate and has not within this long is closed."""
@@ -106,12 +107,11 @@ class Server:
                 self._listener = bind_tcp(host, port)
                 self.address = self._listener.getsockname()[:2]
                 kind = "tcp"
-            self._accept_thread = threading.Thread(target=self._accept_loop, args=(kind,),
-                                                   name="castor-accept", daemon=True)
-            self._accept_thread.start()
+            self._accept_thread = start_thread(self._accept_loop, args=(kind,), name="castor-accept",
+                                               owner="/endpoint", purpose="accept connections")
             if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
-                self._reaper = threading.Thread(target=self._reap_loop, name="castor-reaper", daemon=True)
-                self._reaper.start()
+                self._reaper = start_thread(self._reap_loop, name="castor-reaper", owner="/endpoint",
+                                            purpose="close idle and unauthenticated connections")
         logger.info("castor endpoint listening on {}", self.address)
         return self
 
@@ -180,7 +180,8 @@ class Server:
     def stop_in_background(self, reason: str) -> None:
         """Start :meth:`stop` on its own (non-daemon) thread and return at once: for a signal
         handler or a close callback, which must not wait for the connections to drain."""
-        threading.Thread(target=self.stop, args=(reason,), name="castor-shutdown", daemon=False).start()
+        start_thread(self.stop, args=(reason,), name="castor-shutdown", owner="/endpoint",
+                     purpose="stop the endpoint and drain its connections", daemon=False)
 
     # ---------------------------------------------------------------- accepting
     def _accept_loop(self, kind: str) -> None:

@@ -30,7 +30,6 @@ Contract for implementers
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from castor.domain.materia.budget import non_negative_number
 from castor.domain.materia.compaction import NO_HOST_CONTEXT, compaction_summary
+from castor.supervision.threads import start_thread
 
 __all__ = ["CompactionOutcome", "CompactionReply", "CompactionRequest", "ContextUsage", "HostContextPort",
            "NO_HOST_CONTEXT", "NoHostContext"]
@@ -138,4 +138,5 @@ class NoHostContext:
 
     def compact(self, request: CompactionRequest, reply: CompactionReply, *, timeout_s: float) -> None:
         outcome = CompactionOutcome(ok=True, skipped=NO_HOST_CONTEXT)
-        threading.Thread(target=reply, args=(outcome,), name=f"no-host-context-{request.cast_id}", daemon=True).start()
+        start_thread(reply, args=(outcome,), name=f"no-host-context-{request.cast_id}", owner="/root",
+                     purpose="answer a compaction with no host context")

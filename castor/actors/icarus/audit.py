@@ -71,7 +71,8 @@ class AuditActor(Actor):
             deadline = time.monotonic() + self.audit_timeout
             # Bounded even if the port ignores its deadline: a late ack only
             # means the original text was released with a trail -- harmless.
-            run_bounded(lambda: self.session.append_entry(CUSTOM_TYPE, data, deadline), deadline, None)
+            run_bounded(lambda: self.session.append_entry(CUSTOM_TYPE, data, deadline), deadline, None,
+                        owner=self.path)
             return True
         except Exception as exc:  # noqa: BLE001 - any failure means "not persisted"
             self.log.bind(required=required, error=type(exc).__name__).warning("filter audit not persisted")

@@ -42,7 +42,8 @@ from castor.domain.icarus.classify import (
 from castor.domain.icarus.spans import Grammar, SelectionLimits
 from castor.messages.errors import Cancelled, Timeout
 from castor.ports.classifier import ClassifierPort, ModelEndpoint
-from castor.supervision import Actor, handles
+from castor.supervision import Actor, CancelToken, handles
+from castor.supervision.threads import start_thread
 
 REMOTE_NOTICE = (
     "Icarus context filter: classifier 'default' selected a remote model; "
@@ -54,35 +55,8 @@ INVALID_NOTICE = (
 )
 
 
-class CancelToken:
-    """A one-shot cancellation flag that can wake waiters on other threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._wakers: list[threading.Event] = []
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            wakers, self._wakers = self._wakers, []
-        for w in wakers:
-            w.set()
-
-    def attach(self, event: threading.Event) -> None:
-        """Set ``event`` on cancellation (at once if already cancelled)."""
-        with self._lock:
-            if not self._cancelled:
-                self._wakers.append(event)
-                return
-        event.set()
-
-
-def run_bounded(fn: Callable[[], Any], deadline: float, cancel: CancelToken | None) -> Any:
+def run_bounded(fn: Callable[[], Any], deadline: float, cancel: CancelToken | None, *,
+                owner: str = "/icarus") -> Any:
     """Run ``fn`` on a helper thread; return its value or raise by ``deadline``/cancellation.
 
     Raises :class:`Cancelled` if cancelled first, :class:`Timeout` if the
@@ -103,9 +77,9 @@ def run_bounded(fn: Callable[[], Any], deadline: float, cancel: CancelToken | No
         finally:
             done.set()
 
-    threading.Thread(target=run, name="classifier-call", daemon=True).start()
+    start_thread(run, name="classifier-call", owner=owner, purpose="one bounded classifier/session call")
     if cancel is not None:
-        cancel.attach(done)
+        cancel.wake(done)
     done.wait(max(0.0, deadline - time.monotonic()))
     if cancel is not None and cancel.cancelled:
         raise Cancelled("classification cancelled")
@@ -140,12 +114,12 @@ class ClassifierActor(Actor):
 
         def list_models() -> Sequence[ModelEndpoint] | None:
             models: Sequence[ModelEndpoint] | None = run_bounded(lambda: self.port.list_models(msg.deadline),
-                                                                 msg.deadline, cancel)
+                                                                 msg.deadline, cancel, owner=self.path)
             return models
 
         def complete(request: ClassifierRequest) -> ClassifierResponse:
             response: ClassifierResponse = run_bounded(lambda: self.port.complete(request, msg.deadline),
-                                                       msg.deadline, cancel)
+                                                       msg.deadline, cancel, owner=self.path)
             return response
 
         result: FilterResult | None = classify_context(

@@ -53,7 +53,6 @@ from functools import partial
 from typing import Any
 
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
-from castor.actors.icarus.classifier import CancelToken
 from castor.actors.icarus.messages import (
     AuditAndRelease,
     Classified,
@@ -71,7 +70,8 @@ from castor.domain.icarus import lifecycle as lc
 from castor.messages.errors import CastorError, ErrorCode, InvalidParams
 from castor.ports.session import SessionUiPort
 from castor.ports.worker import WorkerCalls
-from castor.supervision import Actor, ActorHandle, handles
+from castor.supervision import Actor, ActorHandle, CancelToken, handles
+from castor.supervision.threads import start_thread
 
 #: Error codes after which the worker's queued calls must not be sent.
 LANE_FATAL_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.WORKER_RETIRED, ErrorCode.WORKER_CRASHED,
@@ -138,7 +138,9 @@ class _Close:
 class WorkerLane:
     """Submits worker calls one at a time, in order, on its own daemon thread."""
 
-    def __init__(self, worker: WorkerCalls, timeout: float, feedback: Callable[[lc.WorkerDone], None]) -> None:
+    def __init__(self, worker: WorkerCalls, timeout: float, feedback: Callable[[lc.WorkerDone], None], *,
+                 owner: str = "/icarus") -> None:
+        self._owner = owner
         self._worker = worker
         self._timeout = timeout
         self._feedback = feedback
@@ -176,8 +178,8 @@ class WorkerLane:
                 return
             self._queue.append(item)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="icarus-hook-lane", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, name="icarus-hook-lane", owner=self._owner,
+                                            purpose="submit the hook controller's worker calls in order")
             self._cond.notify()
 
     def _run(self) -> None:
@@ -264,7 +266,7 @@ class HookController(Actor):
         self._current_model: tuple[str, str] | None = None
         handle = self.handle
         self._lane = WorkerLane(self.worker, self.worker_timeout,
-                                lambda done: handle.tell(Feedback(event=done)))
+                                lambda done: handle.tell(Feedback(event=done)), owner=self.path)
 
     def on_terminate(self, cause: str) -> None:
         lane = getattr(self, "_lane", None)
@@ -356,7 +358,7 @@ class HookController(Actor):
         token = CancelToken()
         self._cancels[effect.request] = token
         job = _FilterJob(self, effect, token, self._current_model)
-        threading.Thread(target=job.run, name="icarus-filter", daemon=True).start()
+        start_thread(job.run, name="icarus-filter", owner=self.path, purpose="classify and release one prompt")
 
 
 def _resolve_all(futures: list[Future[Any]]) -> None:

@@ -25,7 +25,9 @@ from enum import StrEnum
 from typing import Any
 
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
+from castor.domain.icarus.classify import FilterResult
 from castor.messages.base import LocalMessage
+from castor.supervision import CancelToken
 
 # ---------------------------------------------------------------------------
 # HookController
@@ -85,12 +87,12 @@ class Classify(LocalMessage, type_name="icarus.classifier.classify"):
     context: str
     prompt: str
     deadline: float  # absolute time.monotonic()
-    cancel: Any = None  # castor.actors.icarus.classifier.CancelToken | None
+    cancel: CancelToken | None = None  # the turn's abort (or an interrupt) cancels the classification
     current_model: tuple[str, str] | None = None
 
 
 class Classified(LocalMessage, type_name="icarus.classifier.classified"):
-    result: Any  # FilterResult | None (None: classifier "none", pass through)
+    result: FilterResult | None  # None: classifier "none", pass through
     duration_ms: int
     notices: tuple[str, ...] = ()
 
@@ -101,7 +103,7 @@ class Classified(LocalMessage, type_name="icarus.classifier.classified"):
 
 class AuditAndRelease(LocalMessage, type_name="icarus.audit.release"):
     original: str
-    result: Any  # FilterResult | None
+    result: FilterResult | None
     duration_ms: int | None = None
 
 

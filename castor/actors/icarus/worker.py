@@ -35,7 +35,6 @@ Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,49 +54,11 @@ from castor.ports.icarus_backend import WorkerProcessPort
 from castor.supervision.actor import Actor, handles
 from castor.supervision.handle import ActorHandle, PendingAsk
 from castor.supervision.supervisor import ChildSpec
+from castor.supervision.timers import CancelToken
 
 DEFAULT_TIMEOUT_MS = 30000
 ASK_GRACE_S = 5.0
 """Extra seconds a client's ask waits beyond the call deadline (kill + reap + reply)."""
-
-
-class CancelToken:
-    """Cancels one worker call from any thread.
-
-    Before submission the call is rejected with ``cancelled`` and never sent;
-    once submitted, cancelling kills the worker (the only way to stop Python
-    code mid-call) and the actor retires. Idempotent.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._on_cancel: Callable[[], None] | None = None
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self._cancelled:
-                return
-            self._cancelled = True
-            callback = self._on_cancel
-        if callback is not None:
-            callback()
-
-    def _bind(self, callback: Callable[[], None]) -> bool:
-        """Arm the in-flight callback; False when already cancelled (do not submit)."""
-        with self._lock:
-            if self._cancelled:
-                return False
-            self._on_cancel = callback
-            return True
-
-    def _unbind(self) -> None:
-        with self._lock:
-            self._on_cancel = None
 
 
 class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
@@ -175,7 +136,7 @@ class IcarusWorkerActor(Actor):
         deadline = call.deadline
         if deadline is None:
             deadline = now + self._timeout_s
-        if token is not None and token._cancelled:
+        if token is not None and token.cancelled:
             target = f"{call.module}.{call.function}"
             raise Cancelled(f"icarus call {target} cancelled before it was sent",
                             data={"target": target}, may_have_started=False)
@@ -185,9 +146,13 @@ class IcarusWorkerActor(Actor):
                           data={"target": target}, may_have_started=False)
         worker = self._ensure_worker()
         target = f"{call.module}.{call.function}"
-        if token is not None and not token._bind(lambda: worker.kill_tree("cancelled")):
-            raise Cancelled(f"icarus call {target} cancelled before it was sent",
-                            data={"target": target}, may_have_started=False)
+        kill: Callable[[], None] | None = None
+        if token is not None:
+            # Before this the call is rejected unsent; after it, cancelling kills the worker tree.
+            kill = lambda: worker.kill_tree("cancelled")  # noqa: E731 - one closure, armed then disarmed
+            if not token.on_cancel(kill):
+                raise Cancelled(f"icarus call {target} cancelled before it was sent",
+                                data={"target": target}, may_have_started=False)
         self.report_activity("worker_call", "worker call " + target, target=target, pid=worker.running_pid)
         self.count_metric("worker_calls")
         try:
@@ -198,7 +163,7 @@ class IcarusWorkerActor(Actor):
             raise
         except WorkerRetired as exc:
             self.retire(f"worker killed during {target}", error=WorkerRetired)
-            if token is not None and token._cancelled:
+            if token is not None and token.cancelled:
                 raise Cancelled(f"icarus call {target} cancelled; the worker was retired",
                                 data={"target": target}, may_have_started=True) from None
             raise exc
@@ -206,8 +171,8 @@ class IcarusWorkerActor(Actor):
             self.retire(f"worker crashed during {target}", error=WorkerCrashed)
             raise
         finally:
-            if token is not None:
-                token._on_cancel = None  # _unbind without its lock: one reference store is atomic
+            if token is not None and kill is not None:
+                token.disarm(kill)  # the same callback object that was armed
         if reply.get("ok") is True:
             return reply.get("result")
         return reply_result(reply, target)

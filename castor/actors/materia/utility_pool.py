@@ -42,6 +42,7 @@ from castor.ports.utility_runner import (
     UtilitySpawnError,
 )
 from castor.supervision import Actor, ChildSpec, handles
+from castor.supervision.threads import start_thread
 
 POOL_PATH = "/root/utility"
 LEDGER_SIZE = 10_000
@@ -170,9 +171,9 @@ def terminate_running(registry: Any, grace_s: float) -> int:
     message. Returns how many were running."""
     pool = _POOLS.get(registry)
     running = pool.all_running() if pool is not None else []
-    threads = [threading.Thread(target=r.terminate, args=(grace_s,), daemon=True) for r in running]
-    for thread in threads:
-        thread.start()
+    threads = [start_thread(r.terminate, args=(grace_s,), name=f"utility-terminate-{i}", owner="/root/utility",
+                            purpose="end a running utility command at shutdown")
+               for i, r in enumerate(running)]
     for thread in threads:
         thread.join(grace_s + 2.0)
     return len(running)

@@ -60,6 +60,7 @@ import psutil
 from loguru import logger
 
 from castor.messages.errors import ErrorCode
+from castor.supervision.threads import start_thread
 from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
 from castor.ports.utility_runner import UtilityCommand as UtilityCommand
 from castor.ports.utility_runner import UtilityResult as UtilityResult
@@ -202,8 +203,8 @@ class RunningUtility:
         self._stdout.start()
         self._stderr.start()
         payload = (json.dumps(cmd.stdin, ensure_ascii=False) + "\n").encode("utf-8")
-        threading.Thread(target=_feed_stdin, args=(popen.stdin, payload), daemon=True,
-                         name=f"utility-{self.pid}-stdin").start()
+        start_thread(_feed_stdin, args=(popen.stdin, payload), name=f"utility-{self.pid}-stdin",
+                     owner="/root/utility", purpose="feed a utility command its stdin")
         self._log = logger.bind(utility_pid=self.pid, argv0=cmd.argv[0])
 
     @property

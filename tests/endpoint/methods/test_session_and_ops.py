@@ -151,6 +151,18 @@ def test_ops_actors_and_mailbox_show_the_live_tree(served):
     assert stats["runtime"]["pid"] > 0 and stats["runtime"]["rss_bytes"] > 0
 
 
+def test_ops_actors_lists_the_endpoints_named_threads(served):
+    runtime, connect, _ = served
+    client = connect()
+    threads = client.call("ops.actors", {})["threads"]
+    by_name = {t["name"]: t for t in threads}
+    accept = by_name["castor-accept"]
+    assert accept["owner"] == "/endpoint" and accept["purpose"] and accept["daemon"] is True
+    per_connection = [t for t in threads if t["owner"].startswith("/endpoint/")]
+    assert any(t["name"].endswith("-writer") for t in per_connection)
+    assert any(t["purpose"] == "read and dispatch this connection's frames" for t in per_connection)
+
+
 def test_ops_fault_is_forbidden_without_allow_faults(served):
     runtime, connect, _ = served
     client = connect()
