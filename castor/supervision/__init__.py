@@ -24,11 +24,11 @@ from castor.supervision.supervisor import (
     supervisor_spec,
 )
 from castor.supervision.system import ROOT_PATH, ActorSystem
-from castor.supervision.timers import CancelToken, tell_later
+from castor.supervision.timers import CancelToken, call_later, tell_later
 
 __all__ = [
     "Actor", "ActorKilled", "InjectedCrash", "handles", "DEFAULT_ASK_TIMEOUT", "ActorHandle", "PendingAsk",
     "DEFAULT_MAX_RESTARTS", "DEFAULT_SHUTDOWN_TIMEOUT", "DEFAULT_WITHIN_SECONDS", "ChildSpec", "Restart",
     "RestartIntensityExceeded", "Strategy", "Supervisor", "supervisor_spec", "ROOT_PATH", "ActorSystem",
-    "ExitKind", "HandleState", "CancelToken", "tell_later",
+    "ExitKind", "HandleState", "CancelToken", "call_later", "tell_later",
 ]

@@ -92,12 +92,16 @@ class Tellable(Protocol):
 
 
 class Timers:
-    """A heap of delayed tells served by one daemon thread, started on first use."""
+    """A heap of delayed tells (and short callbacks) served by one daemon thread, started on first use.
+
+    A callback runs on that thread, so it must be short (set a flag, close a socket, tell an
+    actor); anything longer belongs in an actor the callback tells.
+    """
 
     def __init__(self, name: str = "castor-timers") -> None:
         self.name = name
         self._lock = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, Tellable, Any, CancelToken]] = []
+        self._heap: list[tuple[float, int, Callable[[], object], str, CancelToken]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         me = weakref.ref(self)
@@ -105,10 +109,15 @@ class Timers:
 
     def tell_later(self, handle: Tellable, message: Any, delay: float) -> CancelToken:
         """Tell ``message`` to ``handle`` after ``delay`` seconds; cancel the token to call it off."""
+        return self.call_later(delay, lambda: handle.tell(message), owner=handle.path)
+
+    def call_later(self, delay: float, callback: Callable[[], object], *, owner: str = "/root") -> CancelToken:
+        """Run ``callback`` on the timer thread after ``delay`` seconds (short work only: see the
+        class doc); cancel the token to call it off. A typed error it raises is logged and dropped."""
         token = CancelToken()
         due = time.monotonic() + max(delay, 0.0)
         with self._lock:
-            heapq.heappush(self._heap, (due, next(self._order), handle, message, token))
+            heapq.heappush(self._heap, (due, next(self._order), callback, owner, token))
             if self._thread is None:
                 self._thread = start_thread(self._run, name=self.name, owner="/root",
                                             purpose="fires delayed tells (timers as messages)")
@@ -126,13 +135,15 @@ class Timers:
             with self._lock:
                 while not self._heap or self._heap[0][0] > time.monotonic():
                     self._lock.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
-                _due, _n, handle, message, token = heapq.heappop(self._heap)
+                _due, _n, callback, owner, token = heapq.heappop(self._heap)
             if token.cancelled:
                 continue
             try:
-                handle.tell(message)
+                callback()
             except CastorError as exc:
-                logger.bind(actor=handle.path).debug("timer dropped: {exc}", exc=exc)
+                logger.bind(actor=owner).debug("timer dropped: {exc}", exc=exc)
+            except Exception as exc:  # a callback's bug must not stop every other timer
+                logger.bind(actor=owner).exception("timer callback failed: {exc}", exc=exc)
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's timer thread does not exist here; start afresh."""
@@ -156,4 +167,10 @@ def tell_later(handle: Tellable, message: Any, delay: float) -> CancelToken:
     return TIMERS.tell_later(handle, message, delay)
 
 
-__all__ = ["TIMERS", "CancelToken", "Tellable", "Timers", "tell_later"]
+def call_later(delay: float, callback: Callable[[], object], *, owner: str = "/root") -> CancelToken:
+    """Run a short ``callback`` on the process's timer thread after ``delay`` seconds; returns the
+    token that calls it off."""
+    return TIMERS.call_later(delay, callback, owner=owner)
+
+
+__all__ = ["TIMERS", "CancelToken", "Tellable", "Timers", "call_later", "tell_later"]

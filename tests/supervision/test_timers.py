@@ -132,3 +132,22 @@ def test_a_started_thread_is_listed_in_the_tree_snapshot_until_it_ends():
         release.set()
         thread.join(5)
         assert "test-reader" not in [row["name"] for row in running_threads()]
+
+
+@pytest.mark.timeout(10)
+def test_call_later_runs_short_callbacks_once_and_a_failing_one_does_not_stop_the_thread():
+    timers = Timers(name="test-call-later")
+    fired: list[str] = []
+    done = threading.Event()
+
+    def boom() -> None:
+        raise ValueError("a callback's bug")
+
+    timers.call_later(0.01, boom)
+    cancelled = timers.call_later(0.02, lambda: fired.append("cancelled"))
+    cancelled.cancel()
+    timers.call_later(0.03, lambda: fired.append("late"))
+    timers.call_later(0.0, lambda: fired.append("first"))
+    timers.call_later(0.05, done.set)
+    assert done.wait(5), "the timer thread stopped after a failing callback"
+    assert fired == ["first", "late"]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from loguru import logger
 
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
+from castor.supervision.timers import CancelToken, call_later
 
 Deliver = Callable[[CompactionOutcome], None]
 
@@ -35,12 +36,10 @@ class CompactionCall:
         self._deliver = deliver
         self._lock = threading.Lock()
         self._done = False
-        self._timer = threading.Timer(timeout_s, self._expire)
-        self._timer.daemon = True
-        self._timer.name = f"compaction-deadline-{request.cast_id}"
+        self._timer: CancelToken | None = None  # the deadline, armed by start()
 
     def start(self) -> CompactionCall:
-        self._timer.start()
+        self._timer = call_later(self.timeout_s, self._expire, owner=f"compaction/{self.request.cast_id}")
         try:
             self.port.compact(self.request, self._settle, timeout_s=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - a port must not raise; if it does, it is an outcome
@@ -55,7 +54,8 @@ class CompactionCall:
         """Stop waiting: nothing is delivered after this returns (the host may still compact)."""
         with self._lock:
             self._done = True
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
     @property
     def done(self) -> bool:
@@ -71,7 +71,8 @@ class CompactionCall:
             self._done = True
             # Delivered under the lock so a cancel() that returned can never be followed by a
             # delivery; deliver only puts a message in a mailbox.
-            self._timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
             try:
                 self._deliver(outcome)
             except Exception as exc:  # noqa: BLE001

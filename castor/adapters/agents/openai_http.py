@@ -49,6 +49,7 @@ from loguru import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.supervision.timers import call_later
 
 __all__ = ["OpenAIChatAgent", "chat_completions_url"]
 
@@ -209,9 +210,7 @@ class OpenAIChatAgent:
 
     def _run(self, request: TurnRequest, model: str, call: _Call) -> None:
         log = logger.bind(turn_id=request.turn_id, cast_id=request.cast_id, socket_id=request.socket_id)
-        watchdog = threading.Timer(self.deadline_s, call.interrupt, args=("deadline",))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = call_later(self.deadline_s, lambda: call.interrupt("deadline"), owner="/agent/openai")
         try:
             outcome = self._exchange(request, model, call)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an outcome

@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
+from castor.supervision.timers import call_later
 
 __all__ = ["AgentScript", "ScriptAnswer", "ScriptedAgent", "load_script", "parse_script"]
 
@@ -260,10 +261,10 @@ class ScriptedAgent:
         if answer.delay_ms == 0:
             self._book.settle(request.turn_id, outcome)
             return
-        timer = threading.Timer(answer.delay_ms / 1000, self._book.settle, args=(request.turn_id, outcome))
-        timer.daemon = True
+        turn_id = request.turn_id
+        timer = call_later(answer.delay_ms / 1000, lambda: self._book.settle(turn_id, outcome),
+                           owner="/agent/scripted")
         self._book.set_cancel_hook(request.turn_id, timer.cancel)
-        timer.start()
 
     def cancel(self, turn_id: str) -> None:
         self._book.cancel(turn_id)

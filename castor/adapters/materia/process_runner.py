@@ -60,11 +60,11 @@ import psutil
 from loguru import logger
 
 from castor.messages.errors import ErrorCode
-from castor.supervision.threads import start_thread
 from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
 from castor.ports.utility_runner import UtilityCommand as UtilityCommand
 from castor.ports.utility_runner import UtilityResult as UtilityResult
 from castor.ports.utility_runner import UtilitySpawnError as UtilitySpawnError
+from castor.supervision.threads import start_thread
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
