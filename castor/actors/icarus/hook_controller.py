@@ -86,7 +86,7 @@ ASK_GRACE = 1.0
 HARNESS_EVENTS = tuple(HarnessEventName)
 
 
-def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.Event:
+def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.HarnessLifecycleEvent:
     """Validate a ``harness.event`` and build the lifecycle event. Raises :class:`InvalidParams`."""
     if not isinstance(payload, dict):
         raise InvalidParams("event payload must be a map", data={"reason": "bad_payload"})

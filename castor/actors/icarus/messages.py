@@ -21,10 +21,12 @@ the model declares); they are re-exported here so every Icarus message is found 
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from enum import StrEnum
 from typing import Any
 
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
+from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import FilterResult
 from castor.messages.base import LocalMessage
 from castor.supervision import CancelToken
@@ -48,15 +50,15 @@ class HarnessEventName(StrEnum):
 class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
     """A harness lifecycle event; ``reply`` receives the result (or None)."""
 
-    event: Any  # a lifecycle event with its request id
-    reply: Any  # concurrent.futures.Future
+    event: lc.HarnessLifecycleEvent  # carries the request id its answer goes to
+    reply: Future[Any]  # receives the machine's answer for the harness (or None)
     current_model: tuple[str, str] | None = None
 
 
 class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):
     """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
 
-    event: Any
+    event: lc.WorkerDone | lc.FilterDone | lc.TurnAborted
 
 
 class SetHooksEnabled(LocalMessage, type_name="icarus.hooks.set_enabled"):

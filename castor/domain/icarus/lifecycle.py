@@ -151,10 +151,10 @@ class TurnAborted(_Frozen):
     request: str
 
 
-Event = (
-    SessionStart | BeforeAgentStart | AgentEnd | AgentSettled | SessionShutdown | ContextEvent
-    | SetEnabled | SetVisible | WorkerDone | FilterDone | TurnAborted
-)
+HarnessLifecycleEvent = SessionStart | BeforeAgentStart | AgentEnd | AgentSettled | SessionShutdown | ContextEvent
+"""An event the harness reports (each carries the request id its answer goes to)."""
+
+Event = HarnessLifecycleEvent | SetEnabled | SetVisible | WorkerDone | FilterDone | TurnAborted
 
 
 # ---------------------------------------------------------------------------
