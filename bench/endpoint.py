@@ -38,10 +38,10 @@ import msgpack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loguru import logger  # noqa: E402
+from loguru import logger  # noqa: E402 - after the sys.path set-up above, on purpose
 
-from castor.client import Client  # noqa: E402
-from castor.endpoint import Dispatcher, Server  # noqa: E402
+from castor.client import Client  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.endpoint import Dispatcher, Server  # noqa: E402 - after the sys.path set-up above, on purpose
 
 PARAMS = {"text": "ping", "n": 1}
 

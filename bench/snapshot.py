@@ -43,12 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import casts as castbench  # noqa: E402  (bench/casts.py: the loadout, sessions and waits)
 
-from castor.actors.materia.api import materia_call  # noqa: E402
-from castor.adapters.agents.scripted import ScriptedAgent, parse_script  # noqa: E402
-from castor.composition import materia_component  # noqa: E402
-from castor.logs import configure_logging  # noqa: E402
-from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo  # noqa: E402
-from castor.supervision.registry import WATCH_PACE_S  # noqa: E402
+from castor.actors.materia.api import materia_call  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.adapters.agents.scripted import ScriptedAgent, parse_script  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.composition import materia_component  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.logs import configure_logging  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.supervision.registry import WATCH_PACE_S  # noqa: E402 - after the sys.path set-up above, on purpose
 
 #: The scripted agent's latency per turn (see the module docstring).
 DELAY_MS = 5000

@@ -66,13 +66,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from castor.actors.icarus.worker import WorkerCall, icarus_worker_spec  # noqa: E402
-from castor.adapters.icarus.launch import WorkerLaunch, build_launch  # noqa: E402
-from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id, worker_factory  # noqa: E402
-from castor.domain.icarus.settings import IcarusSettings  # noqa: E402
-from castor.logs import configure_logging  # noqa: E402
-from castor.messages.errors import Timeout, WorkerRetired  # noqa: E402
-from castor.supervision import ActorSystem  # noqa: E402
+from castor.actors.icarus.worker import WorkerCall, icarus_worker_spec  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.adapters.icarus.launch import WorkerLaunch, build_launch  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id, worker_factory  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.domain.icarus.settings import IcarusSettings  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.logs import configure_logging  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.messages.errors import Timeout, WorkerRetired  # noqa: E402 - after the sys.path set-up above, on purpose
+from castor.supervision import ActorSystem  # noqa: E402 - after the sys.path set-up above, on purpose
 
 REFERENCE = REPO / "examples" / "icarus_reference" / "icarus"
 RATIO_TARGET = 1.3

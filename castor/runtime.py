@@ -196,7 +196,7 @@ class Runtime:
         for ctx in self.sessions():
             try:
                 self.close_session(ctx.info.session_id, timeout=timeout)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever one component's close raises
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
         terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)
         return self.system.shutdown(timeout)

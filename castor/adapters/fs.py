@@ -51,7 +51,7 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 
 # c_make_encoder is the C encoder the json module itself uses; typeshed does not declare it.
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # CPython's C JSON encoder; typeshed does not declare it
 from pathlib import Path
 from typing import Any
 

@@ -71,7 +71,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
         sys.stdout.flush()
     else:
-        print_report(report, Console(**wide))  # type: ignore[arg-type]
+        print_report(report, Console(**wide))  # type: ignore[arg-type]  # rich's Console keywords are typed narrower than the dict built from flags
         print(f"kept: {report.workdir}")
         projects = sorted(p for p in (workdir / "projects").iterdir() if p.is_dir()) \
             if (workdir / "projects").is_dir() else []

@@ -220,7 +220,7 @@ class Server:
         conn.state["accepted_at"] = time.monotonic()
         if self.token:
             # AuthGate has the Dispatcher's interface without being one
-            conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]
+            conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]  # the gate wraps the dispatcher with the same call surface
         else:
             conn.state[MAY_TRUST] = same_user
         self._track(conn)

@@ -49,7 +49,7 @@ def handles(*message_types: type) -> Callable[[F], F]:
     """Mark a method as the handler of the given message classes."""
 
     def mark(method: F) -> F:
-        method.__castor_handles__ = message_types  # type: ignore[attr-defined]
+        method.__castor_handles__ = message_types  # type: ignore[attr-defined]  # the handler registry marks the function object itself
         return method
 
     return mark
@@ -97,15 +97,15 @@ class Actor(pykka.ThreadingActor):
         pass
 
     @functools.cached_property
-    def actor_urn(self) -> str:  # type: ignore[override]
+    def actor_urn(self) -> str:  # type: ignore[override]  # pykka declares it an attribute; castor computes it
         return uuid.uuid4().urn
 
     @functools.cached_property
-    def _actor_ref(self) -> pykka.ActorRef[Any]:  # type: ignore[override]
+    def _actor_ref(self) -> pykka.ActorRef[Any]:  # type: ignore[override]  # pykka declares it an attribute; castor computes it
         return pykka.ActorRef(self)
 
     @functools.cached_property
-    def actor_stopped(self) -> threading.Event:  # type: ignore[override]
+    def actor_stopped(self) -> threading.Event:  # type: ignore[override]  # pykka declares it an attribute; castor computes it
         stopped = threading.Event()
         if self.__dict__.get("_loop_ended"):
             stopped.set()
@@ -156,7 +156,7 @@ class Actor(pykka.ThreadingActor):
         self._actor_loop_running()
         self._actor_loop_teardown()
 
-    def _start_actor_loop(self, loop: Callable[[], None]) -> None:  # type: ignore[override]
+    def _start_actor_loop(self, loop: Callable[[], None]) -> None:  # type: ignore[override]  # pykka's signature takes no loop; castor's start hands its own
         """Run ``loop`` (the whole loop, or what follows an on_start run on the caller) on a parked
         daemon thread (see threads.py), else a new one."""
         if not self.use_daemon_thread:

@@ -33,7 +33,7 @@ def _browser_missing() -> str | None:
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             return f"{path} is missing (run .ci/install-browser.sh)"
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 - only whether selenium imports
     except ImportError:
         return "selenium is not installed (pip install -e '.[test]')"
     return None

@@ -81,7 +81,7 @@ def test_every_harness_request_carries_a_finite_deadline_also_without_one_from_t
     assert math.isfinite(harness_link.UI_DEADLINE_S) and 0 < harness_link.UI_DEADLINE_S <= 60
     monkeypatch.setattr(harness_link, "UI_DEADLINE_S", 0.2)
     spy = _Spy(silent_peer(default_call_timeout=3600))  # a dropped bound would wait for an hour
-    harness = harness_link.WireHarness(spy, "s1")  # type: ignore[arg-type]
+    harness = harness_link.WireHarness(spy, "s1")  # type: ignore[arg-type]  # a recording stand-in connection
     with pytest.raises(Timeout):
         harness.list_models()  # no deadline from the caller
     with pytest.raises(Timeout):

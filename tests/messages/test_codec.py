@@ -111,7 +111,7 @@ def test_local_messages_are_not_encodable():
 def test_messages_are_immutable():
     snap = ActorSnapshot.model_construct(path="/root")
     with pytest.raises(ValidationError):
-        snap.path = "/elsewhere"  # type: ignore[misc]
+        snap.path = "/elsewhere"  # type: ignore[misc]  # the test proves the snapshot is frozen
 
 
 def test_error_wire_round_trip_keeps_class_and_code():

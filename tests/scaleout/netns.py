@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def ray_available() -> str | None:
     """None when the Ray tests can run here, else the one-line reason they cannot."""
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401 - only whether ray imports
     except ImportError:
         return "Ray is not installed (pip install '.[ray]')"
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:

@@ -265,7 +265,7 @@ def test_a_unix_socket_may_require_the_token_too(tmp_path):
     path = str(tmp_path / "c.sock")
     env = {**serve_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
     (tmp_path / "xdg").mkdir(mode=0o700)
-    err = open(tmp_path / "err", "wb")  # noqa: SIM115
+    err = open(tmp_path / "err", "wb")  # noqa: SIM115 - the file outlives this block: the server writes to it
     proc = subprocess.Popen(castor_argv("serve", "--socket", path, "--require-token"), env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     try:

@@ -33,7 +33,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python tools/mutants/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.mutants.mutants import MUTANTS, Mutant  # noqa: E402
+from tools.mutants.mutants import MUTANTS, Mutant  # noqa: E402 - after the sys.path set-up above, on purpose
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIED = ("castor", "tests", "examples", "pyproject.toml")

@@ -403,7 +403,7 @@ class _FilterJob:
             for notice in classified.notices:
                 try:
                     self.ui.notify(notice, "warning")
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - a broken future callback must not stop the controller
                     pass
             released: Released = self.audit.ask(
                 AuditAndRelease(original=ctx, result=classified.result, duration_ms=classified.duration_ms),

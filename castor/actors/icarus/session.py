@@ -303,7 +303,7 @@ class IcarusSession:
                                     timeout_ms=s.timeout_ms)]
         if self.filtering:
             port: ClassifierPort = self.ctx.harness.classifier or _NoRegistry()
-            log: SessionPort = self.ctx.harness.session_log  # type: ignore[assignment]
+            log: SessionPort = self.ctx.harness.session_log  # type: ignore[assignment]  # checked for None just above; the harness link types it optional
             choice = parse_choice(s.classifier)
             specs.append(tree.ICARUS_CLASSIFIER.child_spec(lambda: ClassifierActor(port, choice)))
             specs.append(tree.ICARUS_AUDIT.child_spec(lambda: AuditActor(log, self.ui,
@@ -371,7 +371,7 @@ class IcarusSession:
         finally:
             try:
                 self.ui.set_status(STATUS_KEY, None)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort on close: a backend failure is logged, not raised
                 pass
             for client in (self._hook_client, self._tool_client):
                 if client is not None:
@@ -481,7 +481,7 @@ class IcarusSession:
         written: dict[str, bool] = {}
 
         def mutate(doc: dict[str, Any]) -> dict[str, Any]:
-            new_doc, written["value"] = apply_bool_default(doc, key, cmd.action)  # type: ignore[arg-type]
+            new_doc, written["value"] = apply_bool_default(doc, key, cmd.action)  # type: ignore[arg-type]  # the command parser guarantees one of the two boolean actions here
             return new_doc
 
         self.backend.update_settings(plan.path, mutate)

@@ -664,7 +664,7 @@ class CastActor(Actor):
             return
         try:
             ui.set_status(f"materia-{self.env.cast_id}", text)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - an outcome that cannot be delivered is logged, never a crash loop
             self.log.debug("ui.set_status failed: {exc}", exc=exc)
 
     def _mirror_to_session(self) -> None:

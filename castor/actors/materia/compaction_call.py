@@ -75,6 +75,6 @@ class CompactionCall:
                 self._timer.cancel()
             try:
                 self._deliver(outcome)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the outcome's recipient may be gone; nothing to tell
                 logger.debug("compaction outcome for {cast} had nowhere to go: {exc}", cast=self.request.cast_id,
                              exc=exc)

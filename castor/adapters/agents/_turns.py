@@ -115,7 +115,7 @@ class TurnBook:
         if delivered and hook is not None:
             try:
                 hook()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken reply callback must not stop the turn book
                 logger.bind(adapter=self._name, turn_id=turn_id).exception("agent cancel hook raised")
         return delivered
 

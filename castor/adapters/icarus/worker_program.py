@@ -73,11 +73,11 @@ def _scrub_sys_path() -> None:
 _scrub_sys_path()
 
 import importlib  # noqa: E402  (must follow the sys.path scrub)
-import importlib.machinery  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import traceback  # noqa: E402
+import importlib.machinery  # noqa: E402 - imported only after the search path is scrubbed above
+import importlib.util  # noqa: E402 - imported only after the search path is scrubbed above
+import json  # noqa: E402 - imported only after the search path is scrubbed above
+import os  # noqa: E402 - imported only after the search path is scrubbed above
+import traceback  # noqa: E402 - imported only after the search path is scrubbed above
 
 # Annotations are strings where Python 3.8 could not evaluate them; the names they use are
 # read by mypy only (it takes ``TYPE_CHECKING`` as true), so nothing more is imported.

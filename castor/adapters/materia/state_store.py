@@ -563,7 +563,7 @@ def _row_from_fields(cast_id: str, state: dict[str, Any], sig: str, *, saved_at:
 
 def _to_summary(row: IndexRow) -> CastSummary:
     # status: the index stores only valid ones (the str column is narrower than its type says)
-    return CastSummary(cast_id=row.cast_id, status=row.status, current_socket=row.current_socket,  # type: ignore[arg-type]
+    return CastSummary(cast_id=row.cast_id, status=row.status, current_socket=row.current_socket,  # type: ignore[arg-type]  # the index row's status is one of the summary's literals
                        updated_at=row.updated_at or "", resumable=row.resumable, request=row.request,
                        failed_reason=row.failed_reason, revivable=row.revivable)
 

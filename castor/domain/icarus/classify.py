@@ -597,7 +597,7 @@ def classify_context(
         return fallback(plan, selection.reason or Reason.NO_MODEL, selection)
     try:
         response = complete(build_request(plan, selection.model))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a model reply that cannot be parsed is a classifier failure, answered typed
         return _failed(plan, failure_reason(exc), selection, None)
     try:
         decisions = parse_decisions(response.text, [c.request_id for c in plan.selection.sent])

@@ -319,7 +319,7 @@ def step(state: HookState, event: Event) -> Step:
         # The session is over and its worker closed (or closing): nothing may
         # spawn a new one or close it twice until the next session_start.
         # every kind in _AFTER_SHUTDOWN_IGNORED is an event that carries a request to answer
-        return state, [Reply(request=event.request)]  # type: ignore[union-attr]
+        return state, [Reply(request=event.request)]  # type: ignore[union-attr]  # only request-carrying events reach this branch
     handler = _HANDLERS[event.kind]
     return handler(state, event)
 

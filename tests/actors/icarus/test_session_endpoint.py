@@ -128,7 +128,7 @@ def test_fabric_tools_round_trip_errors_are_typed_and_kill_9_is_surfaced(wired):
     world, connect = wired
     client, _ = connect()
     open_session(client, world)
-    call = lambda name, params, **kw: client.call("icarus.tool", {"session_id": "pi-1", "name": name,  # noqa: E731
+    call = lambda name, params, **kw: client.call("icarus.tool", {"session_id": "pi-1", "name": name,  # noqa: E731 - a short local helper
                                                                   "params": params, "tool_call_id": "t1", **kw})
     written = call("fabric_write", {"type": "note", "summary": "WIRE-WRITE", "content": "x"})
     assert written["status"] == "written"
@@ -157,7 +157,7 @@ def test_icarus_off_over_the_wire_and_another_connection_is_forbidden(wired):
     world.seed(("sqlite WAL notes", "WAL"))
     client, _ = connect()
     open_session(client, world)
-    event = lambda: client.call("harness.event", {"session_id": "pi-1", "event": "before_agent_start",  # noqa: E731
+    event = lambda: client.call("harness.event", {"session_id": "pi-1", "event": "before_agent_start",  # noqa: E731 - a short local helper
                                                   "data": {"prompt": "sqlite", "message_type": "user"}})
     assert "message" in event()
     off = client.call("icarus.command", {"session_id": "pi-1", "cwd": str(world.project), "args": "off"})

@@ -158,7 +158,7 @@ def test_close_rejects_pending_and_a_later_call_gets_a_fresh_worker(bridge):
     def run():
         try:
             bridge.client.call("hooks", "sleep", [30])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the test records whatever the call raised
             results["running"] = exc
 
     thread = threading.Thread(target=run)

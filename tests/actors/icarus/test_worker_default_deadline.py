@@ -38,7 +38,7 @@ def test_a_call_without_timeout_carries_the_default_call_deadline_and_a_bounded_
     assert math.isfinite(DEFAULT_TIMEOUT_MS) and 0 < DEFAULT_TIMEOUT_MS <= 120_000
     assert IcarusSettings(icarus_dir="/x", fabric_dir="/y").timeout_ms == DEFAULT_TIMEOUT_MS  # nothing set
     handle = _RecordingHandle()
-    client = IcarusWorkerClient(handle)  # type: ignore[arg-type]
+    client = IcarusWorkerClient(handle)  # type: ignore[arg-type]  # a stand-in handle
     before = time.monotonic()
     assert client.call("hooks", "counter") == "answered"
     client.submit("hooks", "counter")
@@ -48,7 +48,7 @@ def test_a_call_without_timeout_carries_the_default_call_deadline_and_a_bounded_
         assert before + default_s <= message.deadline <= after + default_s
         assert ask_timeout == default_s + ASK_GRACE_S
     configured = _RecordingHandle()
-    IcarusWorkerClient(configured, timeout_ms=1500).call("hooks", "counter")  # type: ignore[arg-type]
+    IcarusWorkerClient(configured, timeout_ms=1500).call("hooks", "counter")  # type: ignore[arg-type]  # a stand-in handle
     assert configured.asks[0][1] == 1.5 + ASK_GRACE_S
 
 
@@ -69,7 +69,7 @@ def test_a_call_without_timeout_ends_timeout_at_the_configured_call_deadline(har
 
 def test_a_hook_event_without_timeout_carries_the_facade_default_bound():
     handle = _RecordingHandle()
-    hooks = HookClient(handle)  # type: ignore[arg-type]
+    hooks = HookClient(handle)  # type: ignore[arg-type]  # a stand-in handle
     assert math.isfinite(hooks.default_timeout) and 0 < hooks.default_timeout <= 120
     hooks.event("session_start", {})
     assert handle.asks[0][1] == hooks.default_timeout

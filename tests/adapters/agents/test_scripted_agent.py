@@ -46,7 +46,7 @@ def test_turn_request_hides_prompt_and_is_frozen():
     r = req("t1", summary="Socket-1: plan")
     assert "SECRET PROMPT" not in repr(r)
     with pytest.raises(ValueError):
-        r.prompt = "x"  # type: ignore[misc]
+        r.prompt = "x"  # type: ignore[misc]  # the test proves the request is frozen
     with pytest.raises(ValueError):
         TurnRequest(turn_id="t", cast_id="c", socket_id="s", visit=1, prompt="p", tools="everything")
 

@@ -30,7 +30,7 @@ class RecordingConnection:
 
 def link_with_turn(turn_id: str = "cast:Socket-1:1:1", *, open_: bool = True):
     conn = RecordingConnection(open_=open_)
-    link = WireHarness(conn, "s1")  # type: ignore[arg-type]
+    link = WireHarness(conn, "s1")  # type: ignore[arg-type]  # a recording stand-in connection
     got: list[TurnOutcome] = []
     link.run_turn(TurnRequest(turn_id=turn_id, cast_id="cast", socket_id="Socket-1", visit=1, prompt="p"), got.append)
     return conn, link, got
@@ -87,7 +87,7 @@ def test_a_closed_connection_still_answers_the_turn_and_ignores_its_end() -> Non
 
 def test_only_the_last_stopped_turns_are_remembered() -> None:
     conn = RecordingConnection()
-    link = WireHarness(conn, "s1")  # type: ignore[arg-type]
+    link = WireHarness(conn, "s1")  # type: ignore[arg-type]  # a recording stand-in connection
     for n in range(REMEMBERED_STOPPED + 10):
         turn_id = f"cast:Socket-1:1:{n}"
         link.run_turn(TurnRequest(turn_id=turn_id, cast_id="cast", socket_id="Socket-1", visit=1, prompt="p"),
