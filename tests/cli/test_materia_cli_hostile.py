@@ -211,11 +211,14 @@ def test_loadout_set_is_refused_while_another_process_runs_a_cast_and_an_empty_n
 @pytest.mark.timeout(60)
 def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp_path):
     """Shutdown ends a running command gently (SIGTERM first, SIGKILL after a grace), and the
-    command's record in the run dir goes with it."""
+    command's record in the run dir goes with it. (The command loops on ``wait``: the group's
+    SIGTERM may end ``sleep`` first, and a script that then simply ended could exit before its
+    shell ran the pending trap; the loop makes the shell run it before its next command.)"""
     marker = tmp_path / "got-term"
     project = _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
         "Socket-1": {"type": "utility", "timeoutMs": 120_000,
-                     "command": ["sh", "-c", f"trap 'echo TERM > {marker}; exit 0' TERM; sleep 96 & wait"]}}}}})
+                     "command": ["sh", "-c", f"trap 'echo TERM > {marker}; exit 0' TERM; "
+                                 "while :; do sleep 96 & wait; done"]}}}}})
     proc = _start_cast(project, tmp_path)
     try:
         wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")) or None, timeout=30,
