@@ -6,56 +6,15 @@ from __future__ import annotations
 import grimp
 import pytest
 
+from tests.test_no_import_cycles import import_cycles  # the one Tarjan over grimp's graph
+
 pytestmark = pytest.mark.timeout(120)
 
 TOP = ("castor.cli", "castor.testing", "castor.scaleout")
 
 
-def _strongly_connected(graph: grimp.ImportGraph) -> list[set[str]]:
-    """Tarjan's components of more than one module (iterative: no recursion limit)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[set[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, edges = work[-1]
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph.find_modules_directly_imported_by(nxt)))))
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = set()
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.add(member)
-                        if member == node:
-                            break
-                    if len(component) > 1:
-                        found.append(component)
-    return found
-
-
 def test_no_import_cycle_touches_the_cli_the_testing_code_or_the_scaleout() -> None:
-    graph = grimp.build_graph("castor", cache_dir=None)
-    cycles = [sorted(c) for c in _strongly_connected(graph) if any(m.startswith(TOP) for m in c)]
+    cycles = [sorted(c) for c in import_cycles("castor") if any(m.startswith(TOP) for m in c)]
     assert cycles == []
 
 
