@@ -179,7 +179,8 @@ def test_arming_and_disarming_across_threads_never_runs_a_disarmed_callback_or_l
         state = {"armed": False}
         start = threading.Barrier(2)
 
-        def work(token: CancelToken = token, ran: threading.Event = ran, state: dict = state) -> None:
+        def work(token: CancelToken = token, ran: threading.Event = ran, state: dict = state,
+                 start: threading.Barrier = start) -> None:
             start.wait(5)
             kill = ran.set
             if token.on_cancel(kill):
