@@ -322,7 +322,8 @@ class Actor(pykka.ThreadingActor):
                     self._control(item)
                 if self._exit_kind is not None:
                     break
-                self._honour_requests()
+                if self._retire_request is not None or self._stop_requested:  # asked by that handler
+                    self._honour_requests()
 
     def _honour_requests(self) -> None:
         """Act on ``retire`` / ``stop_self`` asked for by the handler (or ``on_start``) that just ran."""

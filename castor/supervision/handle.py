@@ -224,7 +224,11 @@ class ActorHandle:
     def ask_pending(self, message: Any, *, timeout: float | None = None) -> PendingAsk:
         """Send now, wait later (fan-out); the deadline starts now."""
         envelope = Envelope(message, Reply())
-        mailbox = self._enqueue(envelope)
+        mailbox = self._mailbox
+        try:
+            mailbox.put(envelope)  # _enqueue, inline (a queued ask's hot path)
+        except MailboxClosed as closed:
+            mailbox = self._enqueue_closed(envelope, mailbox, closed)
         now = time.monotonic()
         return PendingAsk(self, envelope, mailbox, now + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout), now)
 
@@ -234,16 +238,21 @@ class ActorHandle:
             mailbox.put(envelope)
             return mailbox
         except MailboxClosed as closed:
-            if not closed.revivable:
-                raise closed.error from None
-            fresh = self._demand_fresh_incarnation(mailbox)
-            if fresh is None:
-                raise closed.error from None
-            try:
-                fresh.put(envelope)
-            except MailboxClosed as again:
-                raise again.error from None
-            return fresh
+            return self._enqueue_closed(envelope, mailbox, closed)
+
+    def _enqueue_closed(self, envelope: Envelope, mailbox: Mailbox, closed: MailboxClosed) -> Mailbox:
+        """``mailbox`` refused ``envelope`` as closed: raise the closing error, or (closed by a
+        retirement) create new demand and queue it in the fresh mailbox."""
+        if not closed.revivable:
+            raise closed.error from None
+        fresh = self._demand_fresh_incarnation(mailbox)
+        if fresh is None:
+            raise closed.error from None
+        try:
+            fresh.put(envelope)
+        except MailboxClosed as again:
+            raise again.error from None
+        return fresh
 
     def _demand_fresh_incarnation(self, retired_mailbox: Mailbox) -> Mailbox | None:
         """New demand after retirement: a fresh mailbox and a request to the supervisor."""

@@ -399,7 +399,7 @@ class WorkerProcess:
                 self._write(memoryview(line)[written:], deadline, target)
             return self._await_reply(request_id, deadline, target)
         finally:
-            if not self.usable:
+            if self._retired is not None or self._crashed:  # not usable (the property, inline)
                 self._close_pipes()
             self._call_lock.release()
 
@@ -462,7 +462,8 @@ class WorkerProcess:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._timeout(target, request_id, started=True)
-                events = poller.poll(_poll_ms(remaining))
+                wait_ms = int(remaining * 1000) + 1  # _poll_ms(remaining), inline: remaining > 0 here
+                events = poller.poll(wait_ms if wait_ms < _LIVENESS_POLL_MS else _LIVENESS_POLL_MS)
             if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
                 self._check_usable(may_have_started=True, target=target)
             if not events:
