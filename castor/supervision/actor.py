@@ -207,10 +207,12 @@ class Actor(pykka.ThreadingActor):
 
     def receive(self, message: Any) -> Any:
         """Dispatch to the method registered for the message's class."""
-        handler = self._handlers.get(type(message))
-        if handler is None:
+        # handle_envelope finds a handler in the bound table itself; this is reached for a message
+        # without one, or from a subclass that overrides receive and delegates here.
+        name = self._dispatch.get(type(message))
+        if name is None:
             raise TypeError(f"{type(self).__name__} has no handler for {type(message).__name__}")
-        return handler(message)
+        return getattr(self, name)(message)
 
     def on_terminate(self, cause: ExitKind) -> None:
         """Release what this incarnation owns. Runs once, on every kind of exit.
