@@ -491,7 +491,17 @@ class WorkerProcess:
             if not chunk:  # end of file: the child is gone
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
-            self._buffer += chunk
+            if self._buffer:
+                self._buffer += chunk
+                continue
+            if chunk.endswith(b"\n") and chunk.count(b"\n") == 1:
+                # The common case: nothing was buffered and the chunk is one whole line, the reply.
+                # Anything else it could be (blank, not a reply, a stale id) is left to _take_reply,
+                # which counts or raises as ever.
+                reply = _decode_reply(chunk.strip())
+                if reply is not None and reply.get("id") == request_id:
+                    return reply
+            self._buffer = chunk
 
     def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
         while b"\n" in self._buffer:
