@@ -80,25 +80,30 @@ class PendingAsk:
         error = reply.error
         if error is None:
             return reply.value
-        if isinstance(error, CastorError):
-            raise error
-        raise ActorCrashed(
-            f"{self._handle.path} crashed handling {self._envelope.type_name}: {type(error).__name__}",
-            data={"path": self._handle.path, "message_type": self._envelope.type_name,
-                  "error_type": type(error).__name__},
-            may_have_started=True,
-        ) from error
+        raise _answer_error(self._handle, self._envelope.type_name, error)
+
+
+def _answer_error(handle: ActorHandle, type_name: str, error: BaseException) -> BaseException:
+    """What an ask raises for a handler's error: a ``CastorError`` as it is (an answer), anything
+    else (a crash) as ``ActorCrashed`` chained to it."""
+    if isinstance(error, CastorError):
+        return error
+    crashed = ActorCrashed(
+        f"{handle.path} crashed handling {type_name}: {type(error).__name__}",
+        data={"path": handle.path, "message_type": type_name, "error_type": type(error).__name__},
+        may_have_started=True,
+    )
+    crashed.__cause__ = error
+    return crashed
 
 
 class _InlineReply:
-    """The reply slot of an inline ask: set and read on the asking thread, so no lock or gate."""
+    """The reply slot of an inline ask: set and read on the asking thread, so no lock or gate.
+    (No ``__init__``: the class attributes are the empty slot; ``set``/``fail`` shadow them.)"""
 
-    __slots__ = ("done", "value", "error")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.value: Any = None
-        self.error: BaseException | None = None
+    done = False
+    value: Any = None
+    error: BaseException | None = None
 
     def set(self, value: Any) -> bool:
         if self.done:
@@ -192,38 +197,38 @@ class ActorHandle:
         """
         actor = self._actor
         if actor is not None and actor.inline_asks:
-            answered = self._ask_inline(actor, message, timeout)
-            if answered is not None:
-                reply = answered.envelope.reply
-                assert reply is not None  # an inline ask always has its reply slot
-                if reply.error is None:
-                    return reply.value
-                return answered.result()  # the error, mapped as for a queued ask
+            mailbox = self._mailbox
+            turn = self.turn
+            if mailbox.claim_idle(turn):
+                # Idle: handle it here. No deadline is kept: nothing here waits (the class
+                # bounds its handlers' run time itself, see Actor.inline_asks).
+                envelope: Envelope | None = None
+                try:
+                    if actor is self._actor and actor.inbox is mailbox and not actor.is_ending:
+                        envelope = Envelope(message, _InlineReply(), STARTED)
+                        actor.handle_envelope(envelope, self, envelope.enqueued_at)
+                        if actor.is_ending:
+                            mailbox.put_control(Control(ControlKind.HONOUR))  # the loop thread ends the incarnation
+                finally:
+                    mailbox.end_inline(turn)
+                if envelope is not None:
+                    reply = envelope.reply
+                    assert reply is not None  # an inline ask always has its reply slot
+                    error = reply.error
+                    if error is None:
+                        return reply.value
+                    raise _answer_error(self, envelope.type_name, error)
+                # replaced, rebound or ending meanwhile: queue it as usual
         return self.ask_pending(message, timeout=timeout).result()
-
-    def _ask_inline(self, actor: Incarnation, message: Any, timeout: float | None) -> PendingAsk | None:
-        """Handle ``message`` on this thread if ``actor`` is idle; None when it is not."""
-        mailbox = self._mailbox
-        if not mailbox.claim_idle(self.turn):
-            return None
-        try:
-            if actor is not self._actor or actor.inbox is not mailbox or actor.is_ending:
-                return None
-            envelope = Envelope(message, _InlineReply())
-            envelope.state = STARTED
-            actor.handle_envelope(envelope, self)
-            if actor.is_ending:
-                mailbox.put_control(Control(ControlKind.HONOUR))  # the loop thread ends the incarnation
-        finally:
-            self.turn.release()
-            mailbox.end_inline()
-        deadline = time.monotonic() + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout)
-        return PendingAsk(self, envelope, mailbox, deadline)
 
     def ask_pending(self, message: Any, *, timeout: float | None = None) -> PendingAsk:
         """Send now, wait later (fan-out); the deadline starts now."""
         envelope = Envelope(message, Reply())
-        mailbox = self._enqueue(envelope)
+        mailbox = self._mailbox
+        try:
+            mailbox.put(envelope)  # _enqueue, inline (a queued ask's hot path)
+        except MailboxClosed as closed:
+            mailbox = self._enqueue_closed(envelope, mailbox, closed)
         now = time.monotonic()
         return PendingAsk(self, envelope, mailbox, now + (DEFAULT_ASK_TIMEOUT if timeout is None else timeout), now)
 
@@ -233,16 +238,21 @@ class ActorHandle:
             mailbox.put(envelope)
             return mailbox
         except MailboxClosed as closed:
-            if not closed.revivable:
-                raise closed.error from None
-            fresh = self._demand_fresh_incarnation(mailbox)
-            if fresh is None:
-                raise closed.error from None
-            try:
-                fresh.put(envelope)
-            except MailboxClosed as again:
-                raise again.error from None
-            return fresh
+            return self._enqueue_closed(envelope, mailbox, closed)
+
+    def _enqueue_closed(self, envelope: Envelope, mailbox: Mailbox, closed: MailboxClosed) -> Mailbox:
+        """``mailbox`` refused ``envelope`` as closed: raise the closing error, or (closed by a
+        retirement) create new demand and queue it in the fresh mailbox."""
+        if not closed.revivable:
+            raise closed.error from None
+        fresh = self._demand_fresh_incarnation(mailbox)
+        if fresh is None:
+            raise closed.error from None
+        try:
+            fresh.put(envelope)
+        except MailboxClosed as again:
+            raise again.error from None
+        return fresh
 
     def _demand_fresh_incarnation(self, retired_mailbox: Mailbox) -> Mailbox | None:
         """New demand after retirement: a fresh mailbox and a request to the supervisor."""

@@ -41,8 +41,9 @@ class Incarnation(Protocol):
     def begin_incarnation(self) -> None:
         """Start the bound incarnation (its loop on a loop thread; see ``Actor.start_on_caller``)."""
 
-    def handle_envelope(self, envelope: Envelope, handle: Any) -> None:
-        """Handle one message and resolve its reply."""
+    def handle_envelope(self, envelope: Envelope, handle: Any, since: float | None = None) -> None:
+        """Handle one message and resolve its reply; ``since`` is when its handling began
+        (monotonic; None: now)."""
 
     def cut_loose(self) -> None:
         """Brutal shutdown: the loop hands on whatever it takes next and ends."""

@@ -23,7 +23,7 @@ from _thread import allocate_lock as _allocate_lock
 from collections import deque
 from typing import Any, Callable, Protocol, final
 
-from castor.messages.base import type_name_of
+from castor.messages.base import Message, type_name_of
 from castor.messages.errors import CastorError, MailboxFull
 from castor.supervision.kinds import ControlKind
 
@@ -129,18 +129,31 @@ class Latch:
         return got
 
 
+# Type names of message classes, found once per class: a Message's ``type_name`` is a class
+# attribute (set by Message.__init_subclass__), so its class decides it -- unless an instance
+# carries its own (a field of that name), and then it is never cached.
+_TYPE_NAMES: dict[type, str] = {}
+
+
+def _type_name(message: Any) -> str:
+    name = type_name_of(message)
+    if isinstance(message, Message) and "type_name" not in message.__dict__:
+        _TYPE_NAMES[type(message)] = name
+    return name
+
+
 @final
 class Envelope:
     """A message on its way through a mailbox, with its reply slot for asks."""
 
     __slots__ = ("message", "reply", "enqueued_at", "state", "type_name")
 
-    def __init__(self, message: Any, reply: ReplySlot | None) -> None:
+    def __init__(self, message: Any, reply: ReplySlot | None, state: int = QUEUED) -> None:
         self.message = message
         self.reply = reply
         self.enqueued_at = time.monotonic()
-        self.state = QUEUED
-        self.type_name = type_name_of(message)
+        self.state = state
+        self.type_name = _TYPE_NAMES.get(type(message)) or _type_name(message)
 
 
 @final
@@ -226,9 +239,11 @@ class Mailbox:
             self._inline = True
             return True
 
-    def end_inline(self) -> None:
-        """The inline handler is done: the consumer may take what queued behind it."""
+    def end_inline(self, turn: Any) -> None:
+        """The inline handler is done: release ``turn`` (taken by :meth:`claim_idle`); the
+        consumer may take what queued behind it. One lock round trip for both."""
         with self._lock:
+            turn.release()
             self._inline = False
             if (self._queue or self._control) and self._waiters:
                 self._waiters.popleft().release()

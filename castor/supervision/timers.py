@@ -35,51 +35,85 @@ from loguru import logger
 from castor.messages.errors import CastorError
 from castor.supervision.threads import start_thread
 
+_GUARD = threading.Lock()
+"""Guards the arming state of every :class:`CancelToken` (see there)."""
+
 
 class CancelToken:
-    """Cancels one piece of work from any thread (a call, a wait, a timer)."""
+    """Cancels one piece of work from any thread (a call, a wait, a timer).
 
-    __slots__ = ("_lock", "_cancelled", "_callbacks")
+    Made, armed and disarmed once per worker call, so the common case is kept cheap: no lock
+    or list of its own. One callback is held in a slot (what nearly every token carries),
+    further ones in a list made only when needed. Every read-modify-write of that state takes
+    one process-wide guard lock: the critical sections are a few attribute stores and never
+    call out (callbacks run after it is released), so the guard is uncontended in practice
+    and cannot take part in a deadlock.
+    """
+
+    __slots__ = ("_cancelled", "_callback", "_more")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._cancelled = False
-        self._callbacks: list[Callable[[], None]] = []
+        self._callback: Callable[[], None] | None = None  # the first armed callback
+        self._more: list[Callable[[], None]] | None = None  # the others, in arming order
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled
 
     def cancel(self) -> None:
-        """Cancel (idempotent): every armed callback runs once, here, outside the lock."""
-        with self._lock:
+        """Cancel (idempotent): every armed callback runs once, here, outside the lock, in the
+        order they were armed."""
+        with _GUARD:
             if self._cancelled:
                 return
             self._cancelled = True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
+            first, more = self._callback, self._more
+            self._callback = self._more = None
+        if first is not None:
+            first()
+        if more:
+            for callback in more:
+                callback()
 
     def on_cancel(self, callback: Callable[[], None]) -> bool:
         """Arm ``callback`` for the cancellation; False (not armed) when already cancelled."""
-        with self._lock:
+        with _GUARD:
             if self._cancelled:
                 return False
-            self._callbacks.append(callback)
+            if self._callback is None and not self._more:  # the slot runs first: keep the order
+                self._callback = callback
+            elif self._more is None:
+                self._more = [callback]
+            else:
+                self._more.append(callback)
             return True
 
     def disarm(self, callback: Callable[[], None]) -> None:
-        """Forget an armed ``callback`` (the work it would call off is over)."""
-        with self._lock:
-            try:
-                self._callbacks.remove(callback)
-            except ValueError:
-                pass
+        """Forget an armed ``callback`` (the work it would call off is over); one arming of it
+        per call, as :meth:`on_cancel` armed it."""
+        with _GUARD:
+            if self._callback is callback:
+                self._callback = None
+            elif self._more:
+                try:
+                    self._more.remove(callback)
+                except ValueError:
+                    pass
 
     def wake(self, event: threading.Event) -> None:
         """Set ``event`` on cancellation (at once when already cancelled): for waiters."""
         if not self.on_cancel(event.set):
             event.set()
+
+
+def _reset_guard() -> None:
+    """In a forked child: a guard held by a thread of the parent would never be released."""
+    global _GUARD
+    _GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_guard)
 
 
 class Tellable(Protocol):

@@ -151,3 +151,47 @@ def test_call_later_runs_short_callbacks_once_and_a_failing_one_does_not_stop_th
     timers.call_later(0.05, done.set)
     assert done.wait(5), "the timer thread stopped after a failing callback"
     assert fired == ["first", "late"]
+
+
+@pytest.mark.timeout(10)
+def test_cancel_token_keeps_the_arming_order_across_its_slot_and_its_list():
+    """One callback sits in the token's slot, the rest in a list: cancel still runs them in the
+    order they were armed, each once, whichever were disarmed in between."""
+    token = CancelToken()
+    calls: list[str] = []
+    first = lambda: calls.append("first")  # noqa: E731 - named callbacks to disarm
+    second = lambda: calls.append("second")  # noqa: E731 - named callbacks to disarm
+    assert token.on_cancel(first) and token.on_cancel(second)
+    token.disarm(first)  # the slot is free again, but "second" was armed before "third"
+    assert token.on_cancel(lambda: calls.append("third"))
+    token.disarm(lambda: None)  # never armed: nothing happens
+    token.cancel()
+    assert calls == ["second", "third"]
+
+
+@pytest.mark.timeout(10)
+def test_arming_and_disarming_across_threads_never_runs_a_disarmed_callback_or_loses_an_armed_one():
+    """The worker call's pattern (arm, work, disarm) racing a cancel: a callback runs only if the
+    cancel came while it was armed, and one armed when the cancel came always runs."""
+    for _ in range(200):
+        token = CancelToken()
+        ran = threading.Event()
+        state = {"armed": False}
+        start = threading.Barrier(2)
+
+        def work(token: CancelToken = token, ran: threading.Event = ran, state: dict = state,
+                 start: threading.Barrier = start) -> None:
+            start.wait(5)
+            kill = ran.set
+            if token.on_cancel(kill):
+                state["armed"] = True
+                token.disarm(kill)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        start.wait(5)
+        token.cancel()
+        thread.join(5)
+        assert token.on_cancel(lambda: None) is False
+        if ran.is_set():
+            assert state["armed"]  # it ran only because it was armed when the cancel came

@@ -206,8 +206,8 @@ MUTANTS: list[Mutant] = [
              '            self.retire(f"call {target} timed out", error=WorkerRetired)\n',
              ""),
             ("castor/actors/icarus/worker.py",  # and the next call quietly gets a fresh worker
-             "if worker is not None and worker.exited_while_idle():",
-             "if worker is not None and (worker.exited_while_idle() or not worker.usable):")],
+             "if worker is None or worker.exited_while_idle():",
+             "if worker is None or worker.exited_while_idle() or not worker.usable:")],
            [f"{AIC}/test_worker_actor.py::test_timeout_rejects_all_100_queued_calls_none_ever_executes"]),
     mutant("expired-call-sent-anyway", "R5 a call whose deadline passed in the queue is never sent",
            [("castor/actors/icarus/worker.py", "        if now >= deadline:\n", "        if False:\n")],

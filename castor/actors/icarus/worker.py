@@ -112,6 +112,10 @@ class IcarusWorkerActor(Actor):
         self._next_id = next_id
         self._timeout_s = timeout_ms / 1000.0
         self._worker: WorkerProcessPort | None = None
+        # The call being run: (target, since (monotonic), worker), for the activity the snapshot
+        # describes (describe_activity: nothing is built per call); None between calls.
+        self._running: tuple[str, float, WorkerProcessPort] | None = None
+        self._count_call: Callable[[], object] = _no_tally  # the worker_calls tally, from the first spawn
 
     # -- ownership -----------------------------------------------------------
     def owned_pids(self) -> list[int]:
@@ -144,7 +148,9 @@ class IcarusWorkerActor(Actor):
             target = f"{call.module}.{call.function}"
             raise Timeout(f"icarus call {target} expired in the queue; it was never sent",
                           data={"target": target}, may_have_started=False)
-        worker = self._ensure_worker()
+        worker = self._worker
+        if worker is None or worker.exited_while_idle():
+            worker = self._fresh_worker(worker)
         target = f"{call.module}.{call.function}"
         kill: Callable[[], None] | None = None
         if token is not None:
@@ -153,8 +159,8 @@ class IcarusWorkerActor(Actor):
             if not token.on_cancel(kill):
                 raise Cancelled(f"icarus call {target} cancelled before it was sent",
                                 data={"target": target}, may_have_started=False)
-        self.report_activity("worker_call", "worker call " + target, target=target, pid=worker.running_pid)
-        self.count_metric("worker_calls")
+        self._running = (target, now, worker)  # what a snapshot shows meanwhile (see _describe)
+        self._count_call()
         try:
             reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
         except Timeout:
@@ -171,23 +177,38 @@ class IcarusWorkerActor(Actor):
             self.retire(f"worker crashed during {target}", error=WorkerCrashed)
             raise
         finally:
+            self._running = None
             if token is not None and kill is not None:
                 token.disarm(kill)  # the same callback object that was armed
         if reply.get("ok") is True:
             return reply.get("result")
         return reply_result(reply, target)
 
-    def _ensure_worker(self) -> WorkerProcessPort:
-        worker = self._worker
-        if worker is not None and worker.exited_while_idle():
-            # Nothing was pending, so nothing is lost or replayed: this call simply
-            # gets a fresh worker. Session start-up is not re-run.
+    def _describe(self) -> tuple[str, str, dict[str, Any], float] | None:
+        """The activity while a call runs (read by snapshots only; None between calls)."""
+        running = self._running
+        if running is None:
+            return None
+        target, since, worker = running
+        return "worker_call", "worker call " + target, {"target": target, "pid": worker.running_pid}, since
+
+    def _fresh_worker(self, gone: WorkerProcessPort | None) -> WorkerProcessPort:
+        """The first worker of this incarnation, or a fresh one for ``gone``, which exited while
+        idle: nothing was pending, so nothing is lost or replayed; this call simply gets a fresh
+        worker. Session start-up is not re-run."""
+        if gone is not None:
             self.log.warning("worker pid exited while idle; starting a fresh one for the next call")
-            worker.kill_tree("exited while idle")
+            gone.kill_tree("exited while idle")
             self._worker = None
-        if self._worker is None:
-            self._worker = self._spawn()
-        return self._worker
+        if self._count_call is _no_tally:  # once per incarnation: the handle is bound by now
+            self._count_call = self.tally_metric("worker_calls")
+            self.describe_activity(self._describe)
+        worker = self._worker = self._spawn()
+        return worker
+
+
+def _no_tally() -> None:
+    """The call counter before the first spawn has fetched the real one (never called)."""
 
 
 def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,

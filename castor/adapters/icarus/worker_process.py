@@ -79,6 +79,12 @@ _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is 
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
 _IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
+# The two waits of a call (the idle check and the reply) are epoll sets where there is epoll: the
+# descriptors are registered once per worker, not copied into the kernel and hooked onto their
+# wait queues on every poll as poll(2) does (about half the cost of an idle check here). epoll
+# takes its timeout in seconds, poll in milliseconds: _POLL_UNIT converts the milliseconds.
+_EPOLL = getattr(select, "epoll", None)
+_POLL_UNIT = 0.001 if _EPOLL is not None else 1.0
 
 
 __all__ = ["IcarusCallError", "StderrTail", "WorkerProcess", "WorkerProtocolError", "WorkerStats",
@@ -154,6 +160,8 @@ class WorkerProcess:
         # (under _fd_lock, so a late wake never writes to a descriptor number reused since).
         self._wake_r = self._wake_w = -1
         self._pidfd = -1
+        self._stale_poller: Any = None  # stdout and the pidfd (an epoll, else a poll): between calls
+        self._reply_poller: Any = None  # stdout and the wake pipe: during a call
         self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
         self._idle_at = 0.0
         self._fd_lock = threading.Lock()
@@ -236,17 +244,18 @@ class WorkerProcess:
         os.set_blocking(self._in_fd, False)
         out_fd = self._out_fd = self._proc.stdout.fileno()
         os.set_blocking(out_fd, False)  # a wake-up that was not for stdout never blocks a read
-        self._stale_poller = select.poll()
-        self._stale_poller.register(out_fd, select.POLLIN)
-        try:
-            self._pidfd = os.pidfd_open(self._proc.pid)
-        except (AttributeError, OSError):  # not Linux >= 5.3: exited_while_idle asks waitpid
-            self._pidfd = -1
-        else:
-            self._stale_poller.register(self._pidfd, select.POLLIN)
-        self._reply_poller = select.poll()
-        self._reply_poller.register(out_fd, select.POLLIN)
-        self._reply_poller.register(self._wake_r, select.POLLIN)
+        with self._fd_lock:  # closed with the wake pipe (_close_wake_pipe), under the same lock
+            self._stale_poller = _EPOLL() if _EPOLL is not None else select.poll()
+            self._stale_poller.register(out_fd, select.POLLIN)
+            try:
+                self._pidfd = os.pidfd_open(self._proc.pid)
+            except (AttributeError, OSError):  # not Linux >= 5.3: exited_while_idle asks waitpid
+                self._pidfd = -1
+            else:
+                self._stale_poller.register(self._pidfd, select.POLLIN)
+            self._reply_poller = _EPOLL() if _EPOLL is not None else select.poll()
+            self._reply_poller.register(out_fd, select.POLLIN)
+            self._reply_poller.register(self._wake_r, select.POLLIN)
         self._stderr_thread = start_thread(self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
                                            owner="icarus-worker", purpose="drains the worker's stderr")
         with self._kill_lock:
@@ -336,7 +345,7 @@ class WorkerProcess:
                 pass
 
     def _close_wake_pipe(self) -> None:
-        """Close the wake pipe and the pidfd (the worker is finished)."""
+        """Close the wake pipe, the pidfd and the epoll sets (the worker is finished)."""
         with self._fd_lock:
             for fd in (self._wake_r, self._wake_w, self._pidfd):
                 if fd >= 0:
@@ -345,6 +354,10 @@ class WorkerProcess:
                     except OSError:
                         pass
             self._wake_r = self._wake_w = self._pidfd = -1
+            for poller in (self._stale_poller, self._reply_poller):
+                close = getattr(poller, "close", None)  # an epoll holds a descriptor; a poll does not
+                if close is not None:
+                    close()
 
     def _close_pipes(self) -> None:
         """Close stdin, stdout and the wake pipe: the worker is finished (no call is running).
@@ -399,7 +412,7 @@ class WorkerProcess:
                 self._write(memoryview(line)[written:], deadline, target)
             return self._await_reply(request_id, deadline, target)
         finally:
-            if not self.usable:
+            if self._retired is not None or self._crashed:  # not usable (the property, inline)
                 self._close_pipes()
             self._call_lock.release()
 
@@ -457,12 +470,13 @@ class WorkerProcess:
                 if reply is not None:
                     return reply
             if deadline is None:
-                events = poller.poll(_LIVENESS_POLL_MS)
+                events = poller.poll(_LIVENESS_POLL_MS * _POLL_UNIT)
             else:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._timeout(target, request_id, started=True)
-                events = poller.poll(_poll_ms(remaining))
+                wait_ms = int(remaining * 1000) + 1  # _poll_ms(remaining), inline: remaining > 0 here
+                events = poller.poll((wait_ms if wait_ms < _LIVENESS_POLL_MS else _LIVENESS_POLL_MS) * _POLL_UNIT)
             if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
                 self._check_usable(may_have_started=True, target=target)
             if not events:
@@ -477,7 +491,17 @@ class WorkerProcess:
             if not chunk:  # end of file: the child is gone
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
-            self._buffer += chunk
+            if self._buffer:
+                self._buffer += chunk
+                continue
+            if chunk.endswith(b"\n") and chunk.count(b"\n") == 1:
+                # The common case: nothing was buffered and the chunk is one whole line, the reply.
+                # Anything else it could be (blank, not a reply, a stale id) is left to _take_reply,
+                # which counts or raises as ever.
+                reply = _decode_reply(chunk.strip())
+                if reply is not None and reply.get("id") == request_id:
+                    return reply
+            self._buffer = chunk
 
     def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
         while b"\n" in self._buffer:

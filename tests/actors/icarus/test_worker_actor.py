@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -186,3 +187,23 @@ def test_spawn_failure_is_worker_crashed(harness):
         assert info.value.data["reason"] == "spawn_failed"
     finally:
         system.shutdown(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_a_running_call_shows_as_its_activity_and_is_counted(bridge):
+    """The activity a snapshot shows is described from the running call (nothing is built per
+    call): the target and the worker's pid while it runs, idle after; every call is counted."""
+    assert bridge.client.call("hooks", "counter") == 1  # spawned; the loop parks again
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(bridge.client.call("hooks", "sleep", [0.5])))
+    thread.start()
+    wait_for(lambda: (bridge.handle.snapshot_data()["activity"] or {}).get("kind") == "worker_call",
+             timeout=5, what="the call's activity")
+    activity = bridge.handle.snapshot_data()["activity"]
+    assert activity["text"] == "worker call hooks.sleep"
+    assert activity["data"] == {"target": "hooks.sleep", "pid": bridge.spawned[0].pid}
+    thread.join(10)
+    assert done == [{"slept": True, "tag": None}]
+    assert bridge.handle.snapshot_data()["activity"]["kind"] == "idle"
+    counters, _histograms = bridge.system.registry.meters.collect()
+    assert counters[("worker_calls", "IcarusWorkerActor")] == 2

@@ -1,0 +1,52 @@
+"""Meters: counters (locked and lock-free tallies) add up, and a read never loses or invents a tick."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from castor.supervision.meters import Meters
+
+
+@pytest.mark.timeout(10)
+def test_a_tally_and_count_add_up_and_reading_consumes_nothing():
+    meters = Meters()
+    tick = meters.tally("worker_calls", "W")
+    assert meters.collect()[0] == {}  # an untouched tally shows nothing
+    meters.count("worker_calls", "W", 5)
+    tick()
+    tick()
+    assert meters.collect()[0] == {("worker_calls", "W"): 7}
+    assert meters.collect()[0] == {("worker_calls", "W"): 7}  # reading twice counts nothing
+    assert meters.tally("worker_calls", "W")() is not None  # the same tally, fetched again
+    assert meters.collect()[0] == {("worker_calls", "W"): 8}
+
+
+@pytest.mark.timeout(30)
+def test_tallies_from_many_threads_while_collect_reads_lose_nothing():
+    meters = Meters()
+    threads, per_thread = 4, 20000
+    start = threading.Barrier(threads + 1)
+    done = threading.Event()
+
+    def bump() -> None:
+        tick = meters.tally("n", "K")
+        start.wait(5)
+        for _ in range(per_thread):
+            tick()
+
+    def read() -> None:
+        start.wait(5)
+        while not done.is_set():
+            meters.collect()
+
+    workers = [threading.Thread(target=bump) for _ in range(threads)]
+    reader = threading.Thread(target=read)
+    for thread in (*workers, reader):
+        thread.start()
+    for thread in workers:
+        thread.join(20)
+    done.set()
+    reader.join(5)
+    assert meters.collect()[0] == {("n", "K"): threads * per_thread}
