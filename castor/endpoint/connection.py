@@ -73,10 +73,10 @@ from castor.endpoint.framing import (
 )
 from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
-from castor.supervision.mailbox import Reply
 from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
+_GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
 
 
@@ -106,58 +106,86 @@ class ConnectionSettings(BaseModel):
 _RETAKE_AFTER = 0.002
 # Longest a waiting caller sleeps before re-checking the reader role (a safety net).
 _CALLER_RECHECK = 0.05
+# A connection stays registered with the watchdog this long after its last frame. Registering
+# wakes the watchdog's thread; a busy connection that dropped out between two calls and came back
+# at the next one woke it about once a millisecond, a thread hand-off on one CPU. While frames
+# flow it now stays registered (one tick a millisecond, as before, and no wake-up per call).
+_WATCH_LINGER = 0.005
 
 
 class PendingCall:
     """An outgoing request waiting for its response; ``result()`` honours the deadline.
 
-    Its answer lives in supervision's one-shot reply slot (:class:`castor.supervision.mailbox.Reply`),
-    the same primitive an actor's ask waits on: resolved once, the first outcome wins.
+    Resolved exactly once: only the thread that removed the call from the connection's pending
+    table (the reader that matched its response, or close failing it) calls :meth:`resolve`, and
+    :meth:`Connection.expire` removes it without resolving. The common path needs no lock: the
+    caller usually reads its own response, so it resolves and reads the slot on one thread. A
+    thread that must *wait* for another to resolve it makes an ``Event`` on the way (the waiter
+    stores the event and then re-reads ``settled``; the resolver stores ``settled`` and then reads the
+    event: one of the two always sees the other's store).
     """
 
-    __slots__ = ("msgid", "method", "deadline", "_conn", "_reply", "_timed_out")
+    __slots__ = ("msgid", "method", "deadline", "_conn", "settled", "_value", "_error", "_gate", "_timed_out")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
         self.msgid = msgid
         self.method = method
         self.deadline = deadline
-        self._reply = Reply()
+        #: Set once :meth:`resolve` ran (read without a lock on the reader's path).
+        self.settled = False
+        self._value: Any = None
+        self._error: CastorError | None = None
+        self._gate: threading.Event | None = None
         self._timed_out = False
 
     @property
     def resolved(self) -> bool:
         """Whether :meth:`resolve` ran (read without a lock on the reader's path)."""
-        return self._reply.done
+        return self.settled
 
     def resolve(self, error: CastorError | None, result: Any) -> None:
         """Settle the call with the peer's error or result (the connection calls it exactly once)."""
-        if error is not None:
-            self._reply.fail(error)
-        else:
-            self._reply.set(result)
+        if self.settled:
+            return  # never reached (one resolver); kept so a second outcome could not win
+        self._error = error
+        self._value = result
+        self.settled = True
+        gate = self._gate
+        if gate is not None:
+            gate.set()
 
-    def wait_resolved(self, timeout: float) -> bool:
+    def wait_resolved(self, timeout: float | None) -> bool:
         """Block until :meth:`resolve` ran or ``timeout`` passed; ``True`` if it ran."""
-        return self._reply.wait(timeout)
+        if self.settled:
+            return True
+        gate = self._gate
+        if gate is None:
+            with _GATE_LOCK:
+                gate = self._gate
+                if gate is None:
+                    gate = self._gate = threading.Event()
+        if self.settled:  # resolved before the resolver could see the gate
+            return True
+        return gate.wait(timeout)
 
     def done(self) -> bool:
-        return self._reply.done
+        return self.settled
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        if not self._reply.done and not self._timed_out:
+        if not self.settled and not self._timed_out:
             self._conn.await_reply(self)
-        if not self._reply.done:
+        if not self.settled:
             if self._timed_out or self._conn.expire(self):
                 self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
-            self._reply.wait(None)  # the reply won the race with the deadline
-        error = self._reply.error
+            self.wait_resolved(None)  # the reply won the race with the deadline: its reader is resolving it
+        error = self._error
         if error is not None:
             raise error
-        return self._reply.value
+        return self._value
 
 
 class Connection:
@@ -188,6 +216,8 @@ class Connection:
         self._inline_since: float | None = None  # the role holder is running a handler
         self._released_at = 0.0
         self._watched = False  # registered with the process-wide watchdog
+        self._watch_frames = -1  # frames_in at the watchdog's last look (see watchdog_check)
+        self._watch_seen = 0.0  # when the watchdog last saw frames_in move
         self._callers_waiting = 0
         self._polling = False
         self._poked = False
@@ -206,6 +236,8 @@ class Connection:
         # _fed - _frame_start does. Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
+        # over_limits' free case, read once: no frame this short can break a limit.
+        self._smallest_limit = self.settings.frame_limits.smallest
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
@@ -318,7 +350,7 @@ class Connection:
             self._forget(msgid)
             raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
                            may_have_started=False) from None
-        too_big = over_limits(frame, params, self.settings.frame_limits)
+        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
         if too_big is not None:
             self._forget(msgid)
             raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
@@ -331,7 +363,7 @@ class Connection:
         """Queue a notification; ``False`` if the connection is closed or the notification is over
         the protocol's limits (never sent: the peer would drop the connection on it; logged)."""
         frame = encode_notification(method, params or {})
-        too_big = over_limits(frame, params, self.settings.frame_limits)
+        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
         if too_big is not None:
             self._log.error("{} not sent: {}", method, too_big)
             return False
@@ -528,7 +560,10 @@ class Connection:
         Wakes the workers when the role holder has been inside a handler for
         ``inline_grace`` (one steals the role), or when callers left the role
         free for ``_RETAKE_AFTER`` (one takes it back, so frames the peer
-        sends on its own are read while no call is waiting).
+        sends on its own are read while no call is waiting). With nothing to
+        watch, a connection whose frames still flow stays registered for
+        ``_WATCH_LINGER`` after the last one the watchdog saw, so a busy
+        connection does not wake the watchdog's thread again at its next call.
         """
         with self._mutex:
             if self._closed or self._eof:
@@ -542,6 +577,12 @@ class Connection:
             if self._role is None and not self._callers_waiting:
                 if now - self._released_at >= _RETAKE_AFTER:
                     self._wake_worker_locked()
+                return True
+            frames = self.counters["frames_in"]
+            if frames != self._watch_frames:
+                self._watch_frames, self._watch_seen = frames, now
+                return True
+            if now - self._watch_seen < _WATCH_LINGER:
                 return True
             self._watched = False
             return False
@@ -618,12 +659,12 @@ class Connection:
         mutex = self._mutex
         waited = False
         try:
-            while not call.resolved:
+            while not call.settled:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 with mutex:
-                    if call.resolved:
+                    if call.settled:
                         return
                     if self._closed or self._eof:
                         read, held = False, False
@@ -656,7 +697,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         try:
-            while not call.resolved:
+            while not call.settled:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
@@ -738,7 +779,7 @@ class Connection:
                     and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
                     and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
                 self._on_response(value[1], value[2], value[3])
-                if call is not None and call.resolved:
+                if call is not None and call.settled:
                     return None
                 continue
             try:
@@ -748,7 +789,7 @@ class Connection:
                 continue
             if isinstance(frame, Response):  # no subclasses: as type() is
                 self._on_response(frame.msgid, frame.error, frame.result)
-                if call is not None and call.resolved:
+                if call is not None and call.settled:
                     return None
                 continue
             return frame
@@ -882,7 +923,8 @@ class Connection:
                     err = Internal(f"internal error in {job.method}: unserialisable result")
                     frame = encode_response(msgid, err.to_wire(), None)
                 else:
-                    too_big = over_limits(frame, result, self.settings.frame_limits)
+                    too_big = (None if len(frame) <= self._smallest_limit
+                               else over_limits(frame, result, self.settings.frame_limits))
                     if too_big is not None:  # the peer would drop the connection on it
                         self._log.error("result of {} not sent: {}", job.method, too_big)
                         err = Internal(f"the result of {job.method} is too large to send: {too_big}",
