@@ -536,7 +536,13 @@ class Connection:
                         job = self._jobs.popleft()
                         break
                     if not self._eof:
-                        if self._role is None and not self._callers_waiting:
+                        # A role a caller gave up is taken back only after _RETAKE_AFTER (the
+                        # watchdog wakes a worker then): the caller's next call usually comes
+                        # first, and a worker holding the role would have to be poked out of poll
+                        # for it -- a hand-off each way. A worker that just ran a notification the
+                        # caller read for it used to do exactly that at every call.
+                        if (self._role is None and not self._callers_waiting
+                                and time.monotonic() - self._released_at >= _RETAKE_AFTER):
                             self._role = me
                             break
                         since = self._inline_since
