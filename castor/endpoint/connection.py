@@ -106,6 +106,9 @@ class ConnectionSettings(BaseModel):
 _RETAKE_AFTER = 0.002
 # Longest a waiting caller sleeps before re-checking the reader role (a safety net).
 _CALLER_RECHECK = 0.05
+# The most a cork holds; a frame that would take it past this writes it out at once (the cork is
+# for a handler's few small notifications, and what it holds is not yet under the outbound bound).
+_CORK_MAX_BYTES = 64 * 1024
 # A connection stays registered with the watchdog this long after its last frame. Registering
 # wakes the watchdog's thread; a busy connection that dropped out between two calls and came back
 # at the next one woke it about once a millisecond, a thread hand-off on one CPU. While frames
@@ -247,6 +250,11 @@ class Connection:
         self._out: deque[bytes | memoryview] = deque()
         self._out_bytes = 0
         self._writer_busy = False
+        # The cork (under _wmutex): frames an inline handler sends wait here for its response and
+        # go out with it in one write (see _send). At most one handler is corked at a time.
+        self._cork: list[bytes | memoryview] | None = None
+        self._cork_thread: int | None = None
+        self._cork_bytes = 0
         # Outgoing calls.
         self._plock = threading.Lock()
         self._pending: dict[int, PendingCall] = {}
@@ -284,6 +292,8 @@ class Connection:
 
     def close(self, reason: str = "closed", *, flush_timeout: float = 0.0) -> None:
         """Close once: optionally flush queued output, wake every thread, fail pending calls."""
+        if flush_timeout > 0 and not self._closed:
+            self._uncork()  # a corked response (an auth refusal's) is flushed like the rest
         with self._mutex:
             if self._closed:
                 return
@@ -356,7 +366,7 @@ class Connection:
             raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
                            data={"reason": "params_too_large"})
         self.counters["calls_out"] += 1
-        self._send(frame)
+        self._send(frame, urgent=True)
         return pending
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
@@ -417,36 +427,86 @@ class Connection:
                                            may_have_started=True, data={"reason": reason}), None)
 
     # ------------------------------------------------------------------ writing
-    def _send(self, data: bytes | memoryview) -> bool:
-        """Write now if the kernel takes it, else queue for the writer; never blocks."""
-        overflow = None
+    def _send(self, data: bytes | memoryview, *, urgent: bool = False) -> bool:
+        """Write now if the kernel takes it, else queue for the writer; never blocks.
+
+        A frame sent by the thread running a corked inline handler (not ``urgent`` -- a request is, its
+        caller waits for the answer -- and within ``_CORK_MAX_BYTES``) joins the cork; any other send first
+        writes the cork out, so frames leave in the order ``_send`` was called. The cork is also
+        written when the handler returns (with its response), when the watchdog finds it past
+        ``inline_grace``, when it is overtaken, and before a close that flushes.
+        """
         with self._wmutex:
             if self._closed:
                 return False
-            if not self._out and not self._writer_busy:
-                try:
-                    sent = self.transport.send_nowait(data)
-                except OSError as exc:
-                    overflow = f"write failed: {exc}"
-                    sent = None
-                if overflow is None and sent is not None:
-                    if sent == len(data):
-                        self.counters["frames_out"] += 1
-                        return True
-                    data = memoryview(data)[sent:]  # the writer sends the rest, in order
+            cork = self._cork
+            if cork is None:
+                frames = 1
+            elif (not urgent and self._cork_thread == threading.get_ident()
+                  and self._cork_bytes + len(data) <= _CORK_MAX_BYTES):
+                cork.append(data)
+                self._cork_bytes += len(data)
+                return True
+            else:
+                self._cork = self._cork_thread = None
+                cork.append(data)
+                frames = len(cork)
+                data = b"".join(cork)
+            overflow = self._write_locked(data, frames)
             if overflow is None:
-                if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
-                        or len(self._out) >= self.settings.max_outbound_frames):
-                    overflow = (f"outbound queue overflow ({len(self._out)} frames, "
-                                f"{self._out_bytes} bytes queued): peer is not reading")
-                else:
-                    self._out.append(data)
-                    self._out_bytes += len(data)
-                    self._wlock.notify()
-                    return True
+                return True
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
         return False
+
+    def _cork_inline(self, me: int) -> None:
+        """Cork the frames the inline handler about to run on ``me`` sends (unless one is corked)."""
+        with self._wmutex:
+            if self._cork is None:
+                self._cork_thread = me
+                self._cork = []
+                self._cork_bytes = 0
+
+    def _uncork(self, me: int | None = None) -> None:
+        """Write the corked frames out (only ``me``'s cork, if given) and end the cork."""
+        with self._wmutex:
+            cork = self._cork
+            if cork is None or (me is not None and self._cork_thread != me):
+                return
+            self._cork = self._cork_thread = None
+            if not cork or self._closed:
+                return
+            overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+            if overflow is None:
+                return
+        self._log.warning("closing connection: {}", overflow)
+        self.close(overflow)
+
+    def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
+        """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
+        overflow = None
+        if not self._out and not self._writer_busy:
+            try:
+                sent = self.transport.send_nowait(data)
+            except OSError as exc:
+                overflow = f"write failed: {exc}"
+                sent = None
+            if overflow is None and sent is not None:
+                if sent == len(data):
+                    self.counters["frames_out"] += frames
+                    return None
+                data = memoryview(data)[sent:]  # the writer sends the rest, in order
+        if overflow is None:
+            if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
+                    or len(self._out) >= self.settings.max_outbound_frames):
+                overflow = (f"outbound queue overflow ({len(self._out)} frames, "
+                            f"{self._out_bytes} bytes queued): peer is not reading")
+            else:
+                self._out.append(data)
+                self._out_bytes += len(data)
+                self._wlock.notify()
+                return None
+        return overflow
 
     def _writer(self) -> None:
         while True:
@@ -517,6 +577,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         finished = False
+        stole = False
         while True:
             job = None
             with mutex:
@@ -550,6 +611,7 @@ class Connection:
                             # The holder is stuck in a handler: reading continues here.
                             self._role, self._inline_since = me, None
                             self.counters["role_steals"] += 1
+                            stole = True
                             break
                     self._idle += 1
                     cond.wait()
@@ -558,6 +620,9 @@ class Connection:
                 self._run(job)
                 finished = True
             else:
+                if stole:  # the overtaken handler's frames go out now (it may run for long)
+                    stole = False
+                    self._uncork()
                 self._read_as_worker(me)
 
     def watchdog_check(self, now: float) -> bool:
@@ -577,21 +642,26 @@ class Connection:
                 return False
             since = self._inline_since
             if since is not None:
-                if now - since >= self._grace:
-                    self._wake_worker_locked()
-                return True
-            if self._role is None and not self._callers_waiting:
+                if now - since < self._grace:
+                    return True
+                self._wake_worker_locked()
+            elif self._role is None and not self._callers_waiting:
                 if now - self._released_at >= _RETAKE_AFTER:
                     self._wake_worker_locked()
                 return True
-            frames = self.counters["frames_in"]
-            if frames != self._watch_frames:
-                self._watch_frames, self._watch_seen = frames, now
-                return True
-            if now - self._watch_seen < _WATCH_LINGER:
-                return True
-            self._watched = False
-            return False
+            else:
+                frames = self.counters["frames_in"]
+                if frames != self._watch_frames:
+                    self._watch_frames, self._watch_seen = frames, now
+                    return True
+                if now - self._watch_seen < _WATCH_LINGER:
+                    return True
+                self._watched = False
+                return False
+        # A handler past its grace: the frames it sent are not held for its response. Written
+        # outside the mutex (a failed write closes the connection, which takes it).
+        self._uncork()
+        return True
 
     @property
     def watched(self) -> bool:
@@ -638,7 +708,9 @@ class Connection:
                 continue
             if not inline:
                 continue
+            self._cork_inline(me)
             self._run(frame)
+            self._uncork(me)
             with mutex:
                 self._in_flight -= 1
                 if self._eof and not self._in_flight:

@@ -6,9 +6,12 @@ It interprets the effects of the pure machine :mod:`castor.domain.icarus.lifecyc
 =================  ===========================================================================
 effect             interpretation
 =================  ===========================================================================
-CallWorker         queued on the session's *worker lane*: one thread that submits calls to
-                   :class:`~castor.ports.worker.WorkerCalls` one at a time, in order;
-                   the outcome comes back to this actor as ``WorkerDone``
+CallWorker         made on the session's *worker lane*: one at a time, in order, through
+                   :class:`~castor.ports.worker.WorkerCalls`; the outcome comes back to this
+                   actor as ``WorkerDone``. The lane's own thread makes a queued call; when
+                   the lane is free and empty and the event's blocking asker offered
+                   (``HookClient.event``), the asker makes the call on its own thread and
+                   reports the outcome itself (see "The asker's call" below)
 CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
                    that follow it in the same step are given only once the worker is closed
 Filter             a filter job thread: ``ClassifierActor`` (one total deadline, honours the
@@ -24,7 +27,7 @@ Log                loguru, codes only (never context or error text)
 Guarantees
 ----------
 * The actor never blocks on the worker, the classifier or the harness: all
-  waiting happens on the lane and job threads, so ``/icarus off``, a new
+  waiting happens on the lane, job and asking threads, so ``/icarus off``, a new
   ``session_start`` or a turn abort is handled while a retrieval is in flight
   (that is what makes the session-generation rules observable).
 * Worker-lane failure policy: when a call fails with ``timeout``,
@@ -37,6 +40,30 @@ Guarantees
 * On any exit of an incarnation every unanswered caller gets ``None`` and
   every filter is cancelled. A restarted incarnation starts from the initial
   state (first turn armed, nothing pending) and ignores late completions.
+
+The asker's call
+----------------
+A hook call used to cost four thread hand-offs on top of the worker call (asker → controller →
+lane → controller → asker). Now the controller takes asks inline (``inline_asks``: its handlers
+never block), and ``HookClient.event`` sends a :class:`~castor.actors.icarus.messages.CallerRun`
+slot with the event. If the step asks for a worker call for that request and the lane can be
+claimed (:meth:`WorkerLane.claim`: free and nothing queued), the controller offers the call to the
+slot instead of queueing it; the asker makes it after its ask returned, then reports the outcome
+with an ask (handled inline by an idle controller), so the reply is set before the asker waits
+for it: no hand-off on the common path. Why this is the lane's behaviour:
+
+* **Order and mutual exclusion.** A claimed lane is busy until the asker has reported: calls and
+  closes queued meanwhile wait behind it, exactly as behind a call the lane thread makes.
+* **Failure policy.** :meth:`WorkerLane.run_claimed` fails the queued calls after a fatal outcome
+  and reports the outcome, in the lane thread's order; a lane stopped before the asker got to the
+  call fails it ``actor_stopped`` unsent, as a dropped queued call.
+* **Exactly once.** The slot's ``take`` closes it: an offer after the asker stopped waiting (its
+  ask timed out while the controller was handling it) is refused and the call goes on the lane.
+* **The controller stays free.** The asker waits for the worker, not this actor: ``/icarus off``,
+  an abort or another hook is handled meanwhile (the other hook's call queues on the busy lane).
+  The one difference a caller can see: an ``event()`` whose request is invalidated while its own
+  thread is in the worker call returns its ``None`` when that call returns (within the worker's
+  deadline), not at the invalidation; :meth:`HookClient.submit` (a future) always uses the lane.
 """
 
 from __future__ import annotations
