@@ -670,7 +670,10 @@ class Connection:
 
     def _wake_worker_locked(self) -> None:
         if self._idle:
-            self._cond.notify_all()
+            # One idle worker is enough (all of them woke before, and all but one went back to
+            # sleep: a switch each on one CPU). Callers wait on the same condition, so wake one
+            # more than there are callers: at least one of the woken is a worker.
+            self._cond.notify(1 + self._callers_waiting)
         elif self._threads < self.settings.max_workers:
             self._spawn_locked()
 
