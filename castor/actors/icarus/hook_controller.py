@@ -576,7 +576,10 @@ class HookClient:
         The event is sent as an ask whose answer only says the controller took
         it (it never blocks), so a controller that crashes on this very message
         -- before it could register the reply -- answers None at once instead
-        of leaving the caller to its deadline.
+        of leaving the caller to its deadline. An idle controller handles the
+        ask on this thread; if it hands this event's worker call over (a free
+        lane: see "The asker's call" in the module docstring), the call is
+        made here, after the ask, and its outcome reported before the wait.
         """
         bound = self.default_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
