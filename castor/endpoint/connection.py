@@ -73,10 +73,10 @@ from castor.endpoint.framing import (
 )
 from castor.endpoint.transport import Transport
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
-from castor.supervision.mailbox import Reply
 from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
+_GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
 
 
@@ -106,58 +106,89 @@ class ConnectionSettings(BaseModel):
 _RETAKE_AFTER = 0.002
 # Longest a waiting caller sleeps before re-checking the reader role (a safety net).
 _CALLER_RECHECK = 0.05
+# The most a cork holds; a frame that would take it past this writes it out at once (the cork is
+# for a handler's few small notifications, and what it holds is not yet under the outbound bound).
+_CORK_MAX_BYTES = 64 * 1024
+# A connection stays registered with the watchdog this long after its last frame. Registering
+# wakes the watchdog's thread; a busy connection that dropped out between two calls and came back
+# at the next one woke it about once a millisecond, a thread hand-off on one CPU. While frames
+# flow it now stays registered (one tick a millisecond, as before, and no wake-up per call).
+_WATCH_LINGER = 0.005
 
 
 class PendingCall:
     """An outgoing request waiting for its response; ``result()`` honours the deadline.
 
-    Its answer lives in supervision's one-shot reply slot (:class:`castor.supervision.mailbox.Reply`),
-    the same primitive an actor's ask waits on: resolved once, the first outcome wins.
+    Resolved exactly once: only the thread that removed the call from the connection's pending
+    table (the reader that matched its response, or close failing it) calls :meth:`resolve`, and
+    :meth:`Connection.expire` removes it without resolving. The common path needs no lock: the
+    caller usually reads its own response, so it resolves and reads the slot on one thread. A
+    thread that must *wait* for another to resolve it makes an ``Event`` on the way (the waiter
+    stores the event and then re-reads ``settled``; the resolver stores ``settled`` and then reads the
+    event: one of the two always sees the other's store).
     """
 
-    __slots__ = ("msgid", "method", "deadline", "_conn", "_reply", "_timed_out")
+    __slots__ = ("msgid", "method", "deadline", "_conn", "settled", "_value", "_error", "_gate", "_timed_out")
 
     def __init__(self, conn: Connection, msgid: int, method: str, deadline: float) -> None:
         self._conn = conn
         self.msgid = msgid
         self.method = method
         self.deadline = deadline
-        self._reply = Reply()
+        #: Set once :meth:`resolve` ran (read without a lock on the reader's path).
+        self.settled = False
+        self._value: Any = None
+        self._error: CastorError | None = None
+        self._gate: threading.Event | None = None
         self._timed_out = False
 
     @property
     def resolved(self) -> bool:
         """Whether :meth:`resolve` ran (read without a lock on the reader's path)."""
-        return self._reply.done
+        return self.settled
 
     def resolve(self, error: CastorError | None, result: Any) -> None:
         """Settle the call with the peer's error or result (the connection calls it exactly once)."""
-        if error is not None:
-            self._reply.fail(error)
-        else:
-            self._reply.set(result)
+        if self.settled:
+            return  # never reached (one resolver); kept so a second outcome could not win
+        self._error = error
+        self._value = result
+        self.settled = True
+        gate = self._gate
+        if gate is not None:
+            gate.set()
 
-    def wait_resolved(self, timeout: float) -> bool:
+    def wait_resolved(self, timeout: float | None) -> bool:
         """Block until :meth:`resolve` ran or ``timeout`` passed; ``True`` if it ran."""
-        return self._reply.wait(timeout)
+        if self.settled:
+            return True
+        gate = self._gate
+        if gate is None:
+            with _GATE_LOCK:
+                gate = self._gate
+                if gate is None:
+                    gate = self._gate = threading.Event()
+        if self.settled:  # resolved before the resolver could see the gate
+            return True
+        return gate.wait(timeout)
 
     def done(self) -> bool:
-        return self._reply.done
+        return self.settled
 
     def result(self) -> Any:
         """The result, or raise the peer's error / ``Timeout`` / ``ConnectionClosed``."""
-        if not self._reply.done and not self._timed_out:
+        if not self.settled and not self._timed_out:
             self._conn.await_reply(self)
-        if not self._reply.done:
+        if not self.settled:
             if self._timed_out or self._conn.expire(self):
                 self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
-            self._reply.wait(None)  # the reply won the race with the deadline
-        error = self._reply.error
+            self.wait_resolved(None)  # the reply won the race with the deadline: its reader is resolving it
+        error = self._error
         if error is not None:
             raise error
-        return self._reply.value
+        return self._value
 
 
 class Connection:
@@ -188,6 +219,8 @@ class Connection:
         self._inline_since: float | None = None  # the role holder is running a handler
         self._released_at = 0.0
         self._watched = False  # registered with the process-wide watchdog
+        self._watch_frames = -1  # frames_in at the watchdog's last look (see watchdog_check)
+        self._watch_seen = 0.0  # when the watchdog last saw frames_in move
         self._callers_waiting = 0
         self._polling = False
         self._poked = False
@@ -206,6 +239,8 @@ class Connection:
         # _fed - _frame_start does. Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
+        # over_limits' free case, read once: no frame this short can break a limit.
+        self._smallest_limit = self.settings.frame_limits.smallest
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
@@ -215,6 +250,11 @@ class Connection:
         self._out: deque[bytes | memoryview] = deque()
         self._out_bytes = 0
         self._writer_busy = False
+        # The cork (under _wmutex): frames an inline handler sends wait here for its response and
+        # go out with it in one write (see _send). At most one handler is corked at a time.
+        self._cork: list[bytes | memoryview] | None = None
+        self._cork_thread: int | None = None
+        self._cork_bytes = 0
         # Outgoing calls.
         self._plock = threading.Lock()
         self._pending: dict[int, PendingCall] = {}
@@ -252,6 +292,8 @@ class Connection:
 
     def close(self, reason: str = "closed", *, flush_timeout: float = 0.0) -> None:
         """Close once: optionally flush queued output, wake every thread, fail pending calls."""
+        if flush_timeout > 0 and not self._closed:
+            self._uncork()  # a corked response (an auth refusal's) is flushed like the rest
         with self._mutex:
             if self._closed:
                 return
@@ -318,20 +360,20 @@ class Connection:
             self._forget(msgid)
             raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
                            may_have_started=False) from None
-        too_big = over_limits(frame, params, self.settings.frame_limits)
+        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
         if too_big is not None:
             self._forget(msgid)
             raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
                            data={"reason": "params_too_large"})
         self.counters["calls_out"] += 1
-        self._send(frame)
+        self._send(frame, urgent=True)
         return pending
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
         """Queue a notification; ``False`` if the connection is closed or the notification is over
         the protocol's limits (never sent: the peer would drop the connection on it; logged)."""
         frame = encode_notification(method, params or {})
-        too_big = over_limits(frame, params, self.settings.frame_limits)
+        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
         if too_big is not None:
             self._log.error("{} not sent: {}", method, too_big)
             return False
@@ -385,36 +427,86 @@ class Connection:
                                            may_have_started=True, data={"reason": reason}), None)
 
     # ------------------------------------------------------------------ writing
-    def _send(self, data: bytes | memoryview) -> bool:
-        """Write now if the kernel takes it, else queue for the writer; never blocks."""
-        overflow = None
+    def _send(self, data: bytes | memoryview, *, urgent: bool = False) -> bool:
+        """Write now if the kernel takes it, else queue for the writer; never blocks.
+
+        A frame sent by the thread running a corked inline handler (not ``urgent`` -- a request is, its
+        caller waits for the answer -- and within ``_CORK_MAX_BYTES``) joins the cork; any other send first
+        writes the cork out, so frames leave in the order ``_send`` was called. The cork is also
+        written when the handler returns (with its response), when the watchdog finds it past
+        ``inline_grace``, when it is overtaken, and before a close that flushes.
+        """
         with self._wmutex:
             if self._closed:
                 return False
-            if not self._out and not self._writer_busy:
-                try:
-                    sent = self.transport.send_nowait(data)
-                except OSError as exc:
-                    overflow = f"write failed: {exc}"
-                    sent = None
-                if overflow is None and sent is not None:
-                    if sent == len(data):
-                        self.counters["frames_out"] += 1
-                        return True
-                    data = memoryview(data)[sent:]  # the writer sends the rest, in order
+            cork = self._cork
+            if cork is None:
+                frames = 1
+            elif (not urgent and self._cork_thread == threading.get_ident()
+                  and self._cork_bytes + len(data) <= _CORK_MAX_BYTES):
+                cork.append(data)
+                self._cork_bytes += len(data)
+                return True
+            else:
+                self._cork = self._cork_thread = None
+                cork.append(data)
+                frames = len(cork)
+                data = b"".join(cork)
+            overflow = self._write_locked(data, frames)
             if overflow is None:
-                if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
-                        or len(self._out) >= self.settings.max_outbound_frames):
-                    overflow = (f"outbound queue overflow ({len(self._out)} frames, "
-                                f"{self._out_bytes} bytes queued): peer is not reading")
-                else:
-                    self._out.append(data)
-                    self._out_bytes += len(data)
-                    self._wlock.notify()
-                    return True
+                return True
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
         return False
+
+    def _cork_inline(self, me: int) -> None:
+        """Cork the frames the inline handler about to run on ``me`` sends (unless one is corked)."""
+        with self._wmutex:
+            if self._cork is None:
+                self._cork_thread = me
+                self._cork = []
+                self._cork_bytes = 0
+
+    def _uncork(self, me: int | None = None) -> None:
+        """Write the corked frames out (only ``me``'s cork, if given) and end the cork."""
+        with self._wmutex:
+            cork = self._cork
+            if cork is None or (me is not None and self._cork_thread != me):
+                return
+            self._cork = self._cork_thread = None
+            if not cork or self._closed:
+                return
+            overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+            if overflow is None:
+                return
+        self._log.warning("closing connection: {}", overflow)
+        self.close(overflow)
+
+    def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
+        """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
+        overflow = None
+        if not self._out and not self._writer_busy:
+            try:
+                sent = self.transport.send_nowait(data)
+            except OSError as exc:
+                overflow = f"write failed: {exc}"
+                sent = None
+            if overflow is None and sent is not None:
+                if sent == len(data):
+                    self.counters["frames_out"] += frames
+                    return None
+                data = memoryview(data)[sent:]  # the writer sends the rest, in order
+        if overflow is None:
+            if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
+                    or len(self._out) >= self.settings.max_outbound_frames):
+                overflow = (f"outbound queue overflow ({len(self._out)} frames, "
+                            f"{self._out_bytes} bytes queued): peer is not reading")
+            else:
+                self._out.append(data)
+                self._out_bytes += len(data)
+                self._wlock.notify()
+                return None
+        return overflow
 
     def _writer(self) -> None:
         while True:
@@ -485,6 +577,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         finished = False
+        stole = False
         while True:
             job = None
             with mutex:
@@ -504,7 +597,13 @@ class Connection:
                         job = self._jobs.popleft()
                         break
                     if not self._eof:
-                        if self._role is None and not self._callers_waiting:
+                        # A role a caller gave up is taken back only after _RETAKE_AFTER (the
+                        # watchdog wakes a worker then): the caller's next call usually comes
+                        # first, and a worker holding the role would have to be poked out of poll
+                        # for it -- a hand-off each way. A worker that just ran a notification the
+                        # caller read for it used to do exactly that at every call.
+                        if (self._role is None and not self._callers_waiting
+                                and time.monotonic() - self._released_at >= _RETAKE_AFTER):
                             self._role = me
                             break
                         since = self._inline_since
@@ -512,6 +611,7 @@ class Connection:
                             # The holder is stuck in a handler: reading continues here.
                             self._role, self._inline_since = me, None
                             self.counters["role_steals"] += 1
+                            stole = True
                             break
                     self._idle += 1
                     cond.wait()
@@ -520,6 +620,9 @@ class Connection:
                 self._run(job)
                 finished = True
             else:
+                if stole:  # the overtaken handler's frames go out now (it may run for long)
+                    stole = False
+                    self._uncork()
                 self._read_as_worker(me)
 
     def watchdog_check(self, now: float) -> bool:
@@ -528,7 +631,10 @@ class Connection:
         Wakes the workers when the role holder has been inside a handler for
         ``inline_grace`` (one steals the role), or when callers left the role
         free for ``_RETAKE_AFTER`` (one takes it back, so frames the peer
-        sends on its own are read while no call is waiting).
+        sends on its own are read while no call is waiting). With nothing to
+        watch, a connection whose frames still flow stays registered for
+        ``_WATCH_LINGER`` after the last one the watchdog saw, so a busy
+        connection does not wake the watchdog's thread again at its next call.
         """
         with self._mutex:
             if self._closed or self._eof:
@@ -536,15 +642,26 @@ class Connection:
                 return False
             since = self._inline_since
             if since is not None:
-                if now - since >= self._grace:
-                    self._wake_worker_locked()
-                return True
-            if self._role is None and not self._callers_waiting:
+                if now - since < self._grace:
+                    return True
+                self._wake_worker_locked()
+            elif self._role is None and not self._callers_waiting:
                 if now - self._released_at >= _RETAKE_AFTER:
                     self._wake_worker_locked()
                 return True
-            self._watched = False
-            return False
+            else:
+                frames = self.counters["frames_in"]
+                if frames != self._watch_frames:
+                    self._watch_frames, self._watch_seen = frames, now
+                    return True
+                if now - self._watch_seen < _WATCH_LINGER:
+                    return True
+                self._watched = False
+                return False
+        # A handler past its grace: the frames it sent are not held for its response. Written
+        # outside the mutex (a failed write closes the connection, which takes it).
+        self._uncork()
+        return True
 
     @property
     def watched(self) -> bool:
@@ -553,7 +670,10 @@ class Connection:
 
     def _wake_worker_locked(self) -> None:
         if self._idle:
-            self._cond.notify_all()
+            # One idle worker is enough (all of them woke before, and all but one went back to
+            # sleep: a switch each on one CPU). Callers wait on the same condition, so wake one
+            # more than there are callers: at least one of the woken is a worker.
+            self._cond.notify(1 + self._callers_waiting)
         elif self._threads < self.settings.max_workers:
             self._spawn_locked()
 
@@ -591,7 +711,9 @@ class Connection:
                 continue
             if not inline:
                 continue
+            self._cork_inline(me)
             self._run(frame)
+            self._uncork(me)
             with mutex:
                 self._in_flight -= 1
                 if self._eof and not self._in_flight:
@@ -618,12 +740,12 @@ class Connection:
         mutex = self._mutex
         waited = False
         try:
-            while not call.resolved:
+            while not call.settled:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 with mutex:
-                    if call.resolved:
+                    if call.settled:
                         return
                     if self._closed or self._eof:
                         read, held = False, False
@@ -656,7 +778,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         try:
-            while not call.resolved:
+            while not call.settled:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
@@ -738,7 +860,7 @@ class Connection:
                     and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
                     and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
                 self._on_response(value[1], value[2], value[3])
-                if call is not None and call.resolved:
+                if call is not None and call.settled:
                     return None
                 continue
             try:
@@ -748,7 +870,7 @@ class Connection:
                 continue
             if isinstance(frame, Response):  # no subclasses: as type() is
                 self._on_response(frame.msgid, frame.error, frame.result)
-                if call is not None and call.resolved:
+                if call is not None and call.settled:
                     return None
                 continue
             return frame
@@ -882,7 +1004,8 @@ class Connection:
                     err = Internal(f"internal error in {job.method}: unserialisable result")
                     frame = encode_response(msgid, err.to_wire(), None)
                 else:
-                    too_big = over_limits(frame, result, self.settings.frame_limits)
+                    too_big = (None if len(frame) <= self._smallest_limit
+                               else over_limits(frame, result, self.settings.frame_limits))
                     if too_big is not None:  # the peer would drop the connection on it
                         self._log.error("result of {} not sent: {}", job.method, too_big)
                         err = Internal(f"the result of {job.method} is too large to send: {too_big}",

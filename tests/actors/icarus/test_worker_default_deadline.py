@@ -27,6 +27,9 @@ class _RecordingHandle:
 
     def ask(self, message, *, timeout=None):
         self.asks.append((message, timeout))
+        reply = getattr(message, "reply", None)
+        if reply is not None:  # a HarnessEvent: the controller answers its future (nothing to inject)
+            reply.set_result(None)
         return "answered"
 
     def ask_pending(self, message, *, timeout=None):
