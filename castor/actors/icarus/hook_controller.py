@@ -6,12 +6,10 @@ It interprets the effects of the pure machine :mod:`castor.domain.icarus.lifecyc
 =================  ===========================================================================
 effect             interpretation
 =================  ===========================================================================
-CallWorker         made on the session's *worker lane*: one at a time, in order, through
-                   :class:`~castor.ports.worker.WorkerCalls`; the outcome comes back to this
-                   actor as ``WorkerDone``. The lane's own thread makes a queued call; when
-                   the lane is free and empty and the event's blocking asker offered
-                   (``HookClient.event``), the asker makes the call on its own thread and
-                   reports the outcome itself (see "The asker's call" below)
+CallWorker         queued on the session's *worker lane*: one thread that submits calls to
+                   :class:`~castor.ports.worker.WorkerCalls` one at a time, in order;
+                   the outcome comes back to this actor as ``WorkerDone``, asked from the
+                   lane thread (so an idle controller handles it there, see below)
 CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
                    that follow it in the same step are given only once the worker is closed
 Filter             a filter job thread: ``ClassifierActor`` (one total deadline, honours the
@@ -27,7 +25,7 @@ Log                loguru, codes only (never context or error text)
 Guarantees
 ----------
 * The actor never blocks on the worker, the classifier or the harness: all
-  waiting happens on the lane, job and asking threads, so ``/icarus off``, a new
+  waiting happens on the lane and job threads, so ``/icarus off``, a new
   ``session_start`` or a turn abort is handled while a retrieval is in flight
   (that is what makes the session-generation rules observable).
 * Worker-lane failure policy: when a call fails with ``timeout``,
@@ -41,29 +39,16 @@ Guarantees
   every filter is cancelled. A restarted incarnation starts from the initial
   state (first turn armed, nothing pending) and ignores late completions.
 
-The asker's call
-----------------
-A hook call used to cost four thread hand-offs on top of the worker call (asker → controller →
-lane → controller → asker). Now the controller takes asks inline (``inline_asks``: its handlers
-never block), and ``HookClient.event`` sends a :class:`~castor.actors.icarus.messages.CallerRun`
-slot with the event. If the step asks for a worker call for that request and the lane can be
-claimed (:meth:`WorkerLane.claim`: free and nothing queued), the controller offers the call to the
-slot instead of queueing it; the asker makes it after its ask returned, then reports the outcome
-with an ask (handled inline by an idle controller), so the reply is set before the asker waits
-for it: no hand-off on the common path. Why this is the lane's behaviour:
-
-* **Order and mutual exclusion.** A claimed lane is busy until the asker has reported: calls and
-  closes queued meanwhile wait behind it, exactly as behind a call the lane thread makes.
-* **Failure policy.** :meth:`WorkerLane.run_claimed` fails the queued calls after a fatal outcome
-  and reports the outcome, in the lane thread's order; a lane stopped before the asker got to the
-  call fails it ``actor_stopped`` unsent, as a dropped queued call.
-* **Exactly once.** The slot's ``take`` closes it: an offer after the asker stopped waiting (its
-  ask timed out while the controller was handling it) is refused and the call goes on the lane.
-* **The controller stays free.** The asker waits for the worker, not this actor: ``/icarus off``,
-  an abort or another hook is handled meanwhile (the other hook's call queues on the busy lane).
-  The one difference a caller can see: an ``event()`` whose request is invalidated while its own
-  thread is in the worker call returns its ``None`` when that call returns (within the worker's
-  deadline), not at the invalidation; :meth:`HookClient.submit` (a future) always uses the lane.
+Hand-offs
+---------
+Because the handlers never block, the controller takes asks inline (``inline_asks``): a
+harness event that finds it idle is handled on the asking thread, and the lane's ``WorkerDone``
+is *asked* from the lane thread, so an idle controller resolves the caller's future there. A
+hook call then costs two thread hand-offs on top of the worker call (asker -> lane -> asker)
+instead of four (asker -> controller -> lane -> controller -> asker). What this deliberately
+does *not* do is let the asking thread make the worker call itself: an ``/icarus off``, a new
+session or an abort must answer the waiting caller at once, while its retrieval is still in
+flight, and a thread inside the worker call could not be answered before the call returns.
 """
 
 from __future__ import annotations
@@ -82,7 +67,6 @@ from typing import Any, ClassVar
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
 from castor.actors.icarus.messages import (
     AuditAndRelease,
-    CallerRun,
     Classified,
     Classify,
     Feedback,
@@ -164,15 +148,7 @@ class _Close:
 
 
 class WorkerLane:
-    """Makes worker calls one at a time, in order: on its own daemon thread, or on a caller's.
-
-    The lane is *busy* while a call or a close runs. An item queued while it is busy waits for
-    it; the lane thread takes the next item only when it is free. :meth:`claim` reserves a free,
-    empty lane for one call that the asking thread makes itself (:meth:`run_claimed`); the lane
-    is then busy until that call has finished and its outcome has been reported, exactly as if
-    the lane thread had made it -- so the order of calls, the failure policy and the position of
-    a close are the same whichever thread makes a call.
-    """
+    """Submits worker calls one at a time, in order, on its own daemon thread."""
 
     def __init__(self, worker: WorkerCalls, timeout: float, feedback: Callable[[lc.WorkerDone], None], *,
                  owner: str = "/icarus") -> None:
@@ -184,7 +160,6 @@ class WorkerLane:
         # An item is a call (request, function, kwargs) or a close callback.
         self._queue: deque[Any] = deque()
         self._stopped = False
-        self._busy = False  # a call or close is running (on the lane thread or a claimant's)
         self._thread: threading.Thread | None = None
 
     def submit(self, request: str, function: str, kwargs: dict[str, Any]) -> None:
@@ -193,50 +168,6 @@ class WorkerLane:
     def submit_close(self, then: Callable[[], None] | None = None) -> None:
         """Close the worker after every call queued before; then run ``then``."""
         self._put(_Close(then))
-
-    def claim(self) -> bool:
-        """Reserve the lane for one call made by the caller (:meth:`run_claimed`).
-
-        Only a free lane with nothing queued can be claimed, so the claimed call is the next
-        one in order; ``False`` otherwise (queue the call with :meth:`submit`).
-        """
-        with self._cond:
-            if self._stopped or self._busy or self._queue:
-                return False
-            self._busy = True
-            return True
-
-    def submit_claimed(self, request: str, function: str, kwargs: dict[str, Any]) -> None:
-        """Give a claim back with its call: the lane thread makes it (it is next in order)."""
-        with self._cond:
-            self._busy = False
-            stopped = self._stopped
-        if not stopped:
-            self._put((request, function, kwargs))
-
-    def run_claimed(self, request: str, function: str, kwargs: dict[str, Any],
-                    feedback: Callable[[lc.WorkerDone], None]) -> None:
-        """Make a claimed call on this thread, report its outcome with ``feedback``, free the lane.
-
-        What the lane thread does with an item, in the same order: the call (not sent once
-        the lane is stopped: it then fails ``actor_stopped``, as a dropped item does), the
-        queued calls failed after a fatal outcome, the outcome reported; then the next item.
-        """
-        try:
-            with self._cond:
-                stopped = self._stopped
-            if stopped:
-                done = lc.WorkerDone(request=request, ok=False, error_code="actor_stopped")
-            else:
-                done = self._call(request, function, kwargs)
-                if not done.ok and done.error_code in LANE_FATAL_CODES:
-                    self._fail_queued()
-            try:
-                feedback(done)
-            except CastorError:
-                pass  # the controller is gone; its callers were answered on exit
-        finally:
-            self._release()
 
     def stop(self) -> None:
         """Stop after the current call; calls still queued are failed without being sent."""
@@ -263,34 +194,23 @@ class WorkerLane:
                                             purpose="submit the hook controller's worker calls in order")
             self._cond.notify()
 
-    def _release(self) -> None:
-        with self._cond:
-            self._busy = False
-            if self._queue:
-                self._cond.notify()
-
     def _run(self) -> None:
         while True:
             with self._cond:
-                while (not self._queue or self._busy) and not self._stopped:
+                while not self._queue and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return
                 item = self._queue.popleft()
-                self._busy = True
-            try:
-                if isinstance(item, _Close):
-                    self._close()
-                    item.finish()
-                    continue
-                request, function, kwargs = item
-                done = self._call(request, function, kwargs)
-                if not done.ok and done.error_code in LANE_FATAL_CODES:
-                    self._fail_queued()
-                self._safe_feedback(done)
-            finally:
-                with self._cond:
-                    self._busy = False
+            if isinstance(item, _Close):
+                self._close()
+                item.finish()
+                continue
+            request, function, kwargs = item
+            done = self._call(request, function, kwargs)
+            if not done.ok and done.error_code in LANE_FATAL_CODES:
+                self._fail_queued()
+            self._safe_feedback(done)
 
     def _call(self, request: str, function: str, kwargs: dict[str, Any]) -> lc.WorkerDone:
         try:
@@ -327,8 +247,8 @@ class WorkerLane:
 
 
 class HookController(Actor):
-    #: Its handlers never block (every wait is on the lane, a filter job or a caller): an ask
-    #: that finds it idle is handled on the asking thread, with no thread hand-off.
+    #: Its handlers never block (every wait is on the lane or a filter job), so an ask that
+    #: finds it idle is handled on the asking thread: no thread hand-off ("Hand-offs" above).
     inline_asks: ClassVar[bool] = True
 
     def __init__(
@@ -360,10 +280,20 @@ class HookController(Actor):
         self._futures: dict[str, Future[Any]] = {}
         self._cancels: dict[str, CancelToken] = {}
         self._current_model: tuple[str, str] | None = None
-        self._run_here: CallerRun | None = None  # the asker of the message being handled, if it offered
         handle = self.handle
-        self._lane = WorkerLane(self.worker, self.worker_timeout,
-                                lambda done: handle.tell(Feedback(event=done)), owner=self.path)
+        bound = ASK_GRACE + self.worker_timeout
+
+        def feedback(done: lc.WorkerDone) -> None:
+            # An ask, not a tell: an idle controller handles it on the lane thread, which then
+            # resolves the caller's future itself (one hand-off fewer each way). The controller
+            # never waits on the lane, so the lane waiting on the controller cannot deadlock.
+            try:
+                handle.ask(Feedback(event=done), timeout=bound)
+            except Timeout as exc:
+                if not exc.may_have_started:  # withdrawn unhandled: deliver it queued instead
+                    handle.tell(Feedback(event=done))
+
+        self._lane = WorkerLane(self.worker, self.worker_timeout, feedback, owner=self.path)
 
     def on_terminate(self, cause: str) -> None:
         lane = getattr(self, "_lane", None)
@@ -384,11 +314,7 @@ class HookController(Actor):
         self._futures[msg.event.request] = msg.reply
         if msg.current_model is not None:
             self._current_model = msg.current_model
-        self._run_here = msg.run_here
-        try:
-            self._apply(msg.event)
-        finally:
-            self._run_here = None
+        self._apply(msg.event)
 
     @handles(Feedback)
     def on_feedback(self, msg: Feedback) -> None:
@@ -434,7 +360,7 @@ class HookController(Actor):
             if fut is not None and not fut.done():
                 fut.set_result(effect.result)
         elif isinstance(effect, lc.CallWorker):
-            self._call_worker(effect)
+            self._lane.submit(effect.request, effect.function, effect.kwargs)
         elif isinstance(effect, lc.Filter):
             self._start_filter(effect)
         elif isinstance(effect, lc.CancelFilter):
@@ -448,33 +374,6 @@ class HookController(Actor):
             self._ui(lambda: self.ui.set_status(effect.key, effect.text))
         elif isinstance(effect, lc.Log):
             self.log.bind(function=effect.function, code=effect.code).log(effect.level.upper(), effect.event)
-
-    def _call_worker(self, effect: lc.CallWorker) -> None:
-        """Queue the call on the lane -- or, when the lane is free and the event's asker offered
-        to (``run_here``), hand it to the asker, which makes it on its own thread and reports the
-        outcome like the lane would (:meth:`WorkerLane.run_claimed`). Either way this actor does
-        not wait for the worker; only the thread that makes the call does."""
-        here = self._run_here
-        lane = self._lane
-        if here is not None and here.request == effect.request and lane.claim():
-            self._run_here = None  # one call per offer
-            handle = self.handle
-            request, function, kwargs = effect.request, effect.function, effect.kwargs
-
-            def report(done: lc.WorkerDone) -> None:
-                # An ask, not a tell: an idle controller handles it on this thread, so the
-                # caller's answer is set before the caller waits for it (no hand-off).
-                try:
-                    handle.ask(Feedback(event=done), timeout=ASK_GRACE + self.worker_timeout)
-                except Timeout as exc:
-                    if not exc.may_have_started:  # withdrawn unhandled: queue it as the lane would
-                        handle.tell(Feedback(event=done))
-
-            if here.offer(partial(lane.run_claimed, request, function, kwargs, report)):
-                return
-            lane.submit_claimed(request, function, kwargs)  # the asker stopped waiting: the lane makes it
-            return
-        lane.submit(effect.request, effect.function, effect.kwargs)
 
     def _ui(self, call: Callable[[], None]) -> None:
         try:
@@ -576,28 +475,17 @@ class HookClient:
         The event is sent as an ask whose answer only says the controller took
         it (it never blocks), so a controller that crashes on this very message
         -- before it could register the reply -- answers None at once instead
-        of leaving the caller to its deadline. An idle controller handles the
-        ask on this thread; if it hands this event's worker call over (a free
-        lane: see "The asker's call" in the module docstring), the call is
-        made here, after the ask, and its outcome reported before the wait.
+        of leaving the caller to its deadline.
         """
         bound = self.default_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
         req = request or self.new_request()
         data = payload or {}
         fut: Future[dict[str, Any] | None] = Future()
-        here = CallerRun(req)
-        message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut,
-                               current_model=_current_model(data), run_here=here)
-        try:
+        message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data))
+        try:  # an idle controller handles it on this thread (inline_asks)
             self.handle.ask(message, timeout=bound)
-            taken = True
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
-            taken = False
-        call = here.take()
-        if call is not None:
-            call()  # the worker call, on this thread; its outcome goes back to the controller
-        if not taken:
             return fut.result(0) if fut.done() else None
         try:
             return fut.result(max(0.0, deadline - time.monotonic()))

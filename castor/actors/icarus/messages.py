@@ -21,8 +21,6 @@ the model declares); they are re-exported here so every Icarus message is found 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from enum import StrEnum
 from typing import Any
@@ -49,52 +47,12 @@ class HarnessEventName(StrEnum):
     CONTEXT = "context"
 
 
-class CallerRun:
-    """A one-shot hand-over of one worker call from the HookController to the thread that asked.
-
-    The controller offers the call with :meth:`offer` (a callable that makes it and reports its outcome)
-    while it handles the asker's :class:`HarnessEvent`; the asker takes it with :meth:`take` once the ask
-    returned or failed. ``take`` closes the slot, so an offer that comes later (an ask that timed
-    out while the controller was still handling it) fails and the controller queues the call on
-    its worker lane instead: the call is made exactly once, by exactly one thread.
-    """
-
-    __slots__ = ("request", "_lock", "_closed", "_call")
-
-    def __init__(self, request: str) -> None:
-        self.request = request
-        self._lock = threading.Lock()
-        self._closed = False
-        self._call: Callable[[], None] | None = None
-
-    def offer(self, call: Callable[[], None]) -> bool:
-        """Hand ``call`` to the asker; ``False`` when the asker has stopped waiting for one."""
-        with self._lock:
-            if self._closed or self._call is not None:
-                return False
-            self._call = call
-            return True
-
-    def take(self) -> Callable[[], None] | None:
-        """Close the slot; the call offered before, if any (the taker must run it)."""
-        with self._lock:
-            self._closed = True
-            call, self._call = self._call, None
-            return call
-
-
 class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
-    """A harness lifecycle event; ``reply`` receives the result (or None).
-
-    With ``run_here`` the asking thread offers to make the event's worker call itself (see
-    :class:`CallerRun` and ``HookController``): the controller hands it over only when its
-    worker lane is idle, so the call keeps its place in the lane's order.
-    """
+    """A harness lifecycle event; ``reply`` receives the result (or None)."""
 
     event: lc.HarnessLifecycleEvent  # carries the request id its answer goes to
     reply: Future[Any]  # receives the machine's answer for the harness (or None)
     current_model: tuple[str, str] | None = None
-    run_here: CallerRun | None = None
 
 
 class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):
