@@ -177,6 +177,17 @@ _NO_HOST_CONTEXT = NoHostContext()
 
 
 class CastActor(Actor):
+    @property  # type: ignore[misc]  # Actor declares a class flag; a cast decides per incarnation
+    def start_on_caller(self) -> bool:
+        """A new cast's first incarnation starts on its starter's thread (the SessionActor's
+        handler, inside ``spawn``): its ``on_start`` — the claim, the first save, the first file
+        effects, the first visit sent — never blocks and never asks its starter, so ``cast.start``
+        crosses no thread to run it and waits for no loop thread to report back; the loop thread
+        is handed the rest (the first outcome) afterwards. A restart or a resume (outbox replay,
+        killing a recorded command) starts on a loop thread as before: its starter is a
+        supervisor, which must not run it."""
+        return self.env.start_event is not None and self.incarnation == 1
+
     def __init__(self, env: CastEnv) -> None:
         super().__init__()
         self.env = env
