@@ -177,8 +177,8 @@ _NO_HOST_CONTEXT = NoHostContext()
 
 
 class CastActor(Actor):
-    @property  # type: ignore[misc]  # Actor declares a class flag; a cast decides per incarnation
-    def start_on_caller(self) -> bool:
+    @property
+    def start_on_caller(self) -> bool:  # type: ignore[override]  # Actor's class flag; a cast decides per incarnation
         """A new cast's first incarnation starts on its starter's thread (the SessionActor's
         handler, inside ``spawn``): its ``on_start`` — the claim, the first save, the first file
         effects, the first visit sent — never blocks and never asks its starter, so ``cast.start``
