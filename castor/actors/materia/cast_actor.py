@@ -116,7 +116,7 @@ from castor.domain.materia.cast_messages import (
     TurnEnded,
     WriteArtifact,
 )
-from castor.domain.materia.engine import Transition, step
+from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_config_text, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
@@ -131,6 +131,12 @@ _OUTBOX_OPEN = f',"{OUTBOX_KEY}":['.encode()
 _STATE_SERIALIZER = CastState.__pydantic_serializer__
 _NOT_IN_BODY = {"config"}  # spliced in from its cached JSON (see _encode)
 FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
+# An outbox WriteArtifact of config.resolved.json saved without its text: the text is a function
+# of the state's config (saved in the same document), so it is not encoded twice (see _encode).
+FROM_CONFIG_KEY = "content_from_config"
+_WRITE_SERIALIZER = WriteArtifact.__pydantic_serializer__
+_NO_CONTENT = {"content"}
+_FROM_CONFIG_CLOSE = f',"{FROM_CONFIG_KEY}":true}}'.encode()
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
 
 
@@ -177,6 +183,17 @@ _NO_HOST_CONTEXT = NoHostContext()
 
 
 class CastActor(Actor):
+    @property
+    def start_on_caller(self) -> bool:  # type: ignore[override]  # Actor's class flag; a cast decides per incarnation
+        """A new cast's first incarnation starts on its starter's thread (the SessionActor's
+        handler, inside ``spawn``): its ``on_start`` — the claim, the first save, the first file
+        effects, the first visit sent — never blocks and never asks its starter, so ``cast.start``
+        crosses no thread to run it and waits for no loop thread to report back; the loop thread
+        is handed the rest (the first outcome) afterwards. A restart or a resume (outbox replay,
+        killing a recorded command) starts on a loop thread as before: its starter is a
+        supervisor, which must not run it."""
+        return self.env.start_event is not None and self.incarnation == 1
+
     def __init__(self, env: CastEnv) -> None:
         super().__init__()
         self.env = env
@@ -466,12 +483,15 @@ class CastActor(Actor):
         object (:mod:`castor.domain.materia.memo`) and spliced in; the rest is serialised per
         transition by pydantic's own JSON serialiser straight to bytes (what ``model_dump_json``
         returns before decoding it: no intermediate dicts, no str round trip of the document).
+        A start's ``config.resolved.json`` goes into the outbox without its text (the config's
+        JSON is in the document already; the replay derives the text from it): the first state
+        document is about half as large, and its ~30 KB of indented text is not escaped again.
         """
         config = state.config
         config_json = derived(config, "state_json_bytes", lambda: json.dumps(
             config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode("utf-8"))
         body = _STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY)
-        outbox = b",".join(type(effect).__pydantic_serializer__.to_json(effect) for effect in files)
+        outbox = b",".join(_outbox_json(effect, config) for effect in files)
         return b"".join((body[:-1], _OUTBOX_OPEN, outbox, b'],"config":', config_json, b"}"))
 
     def _perform_files(self, files: list[Any]) -> None:
@@ -508,6 +528,10 @@ class CastActor(Actor):
         self.artifacts.create()
         seen_events = {json.dumps(e.model_dump(), sort_keys=True) for e in self.artifacts.read_events().events}
         for raw in outbox:
+            if raw.get(FROM_CONFIG_KEY) is True:  # saved without its text: derive it from the saved config
+                assert self.state is not None  # loaded before the replay
+                raw = {**{k: v for k, v in raw.items() if k != FROM_CONFIG_KEY},
+                       "content": resolved_config_text(self.state.config)}
             effect = EFFECT_ADAPTER.validate_python(raw)
             if isinstance(effect, EmitEvent):
                 record = {"ts": effect.ts_ms, "type": effect.type, "data": effect.data}
@@ -678,6 +702,16 @@ class CastActor(Actor):
                   "currentItemKey": s.current_item_key, "failedReason": s.failed_reason,
                   "runDir": s.run_dir, "updatedAt": s.updated_at}
         log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
+
+
+def _outbox_json(effect: Any, config: Any) -> bytes:
+    """One outbox entry's JSON; ``config.resolved.json`` of ``config`` without its text (see _encode)."""
+    if type(effect) is WriteArtifact and effect.path == CONFIG_FILE and effect.manifest is None:
+        text = resolved_config_text(config)
+        if effect.content is text or effect.content == text:
+            return _WRITE_SERIALIZER.to_json(effect, exclude=_NO_CONTENT)[:-1] + _FROM_CONFIG_CLOSE
+    serialized: bytes = type(effect).__pydantic_serializer__.to_json(effect)
+    return serialized
 
 
 CAST_MAX_RESTARTS = tree.CAST_GIVE_UP.max_restarts

@@ -122,6 +122,12 @@ def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable
 
 
 class SessionActor(Actor):
+    # An ask that finds the session idle runs its verb on the asking thread (docs/supervision.md
+    # "Inline asks"): a verb costs no thread hand-off there and back. Every handler bounds its own
+    # run time (each ask or wait inside has its own deadline, ASK_TIMEOUT_S; the rest is file
+    # work), and none asks this actor.
+    inline_asks = True
+
     def __init__(self, ctx: SessionContext, storage: CastStorage) -> None:
         super().__init__()
         self.ctx = ctx

@@ -10,7 +10,7 @@ trusted further than it can be checked cheaply:
 | who | when | what |
 |---|---|---|
 | ``allocate_cast_id`` | a new run directory | inserts its row (``active``: unverified) and moves the stored root signature along (see below) |
-| ``CastStateStore.save_encoded`` (with ``index=``) | a save whose summary differs from what this store last indexed (a start, an end, a recast: a few per cast, not one per transition) | upserts the row, with the new file's signature |
+| ``CastStateStore.save_encoded`` (with ``index=``) | a save whose summary differs from what this store last indexed (an end, a recast, a pause: a few per cast, not one per transition; a new cast's first save, still active as ``allocate_cast_id``'s row says, writes none) | upserts the row, with the new file's signature |
 | ``discard_unsaved`` | a failed start's run directory removed | deletes its row, moves the root signature along |
 | a reader | every row it returns | ``lstat``s the row's ``state.json``: a row that is active, unreadable, or whose signature differs is re-read from ``state.json`` and rewritten; a row whose directory is gone is deleted |
 | a reader | the root directory's signature (inode, mtime, link count, size) differs from the stored one | *reconciles*: lists the root's names, adds the directories it does not know (reading their state), deletes rows of directories that are gone, then stores the signature taken before the scan |

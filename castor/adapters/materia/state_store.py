@@ -231,6 +231,8 @@ def _thread_lock(path: Path) -> threading.Lock:
         return lock
 
 
+_ALLOCATED_ROW_KEY = cast_index.IndexRow(cast_id="", status="active").key  # allocate_cast_id's row
+
 _HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\s*"revision":\s*(\d+),'
                      rb'\s*"incarnation":\s*(\d+),')
 _HEADER_BYTES = 512
@@ -382,14 +384,25 @@ class CastStateStore:
         saved). ``fresh``: the caller is creating this cast and nothing is stored yet — the
         claim then writes no fence document (the first save creates it with this incarnation,
         and an earlier incarnation that never saved cannot exist); a stored document is
-        claimed as usual.
+        claimed as usual. A fresh cast's run directory is one ``allocate_cast_id`` just made:
+        its index row says "active", which every reader re-reads from ``state.json`` anyway, so
+        the first save (still active) writes no index row.
         """
         self._written.pop(cast_id, None)
         tlock, lock_path, path = self._locked(cast_id)
+        if fresh and not os.path.lexists(path):
+            # Nothing to fence and nothing to read, so no lock either: the first save takes the
+            # locks and reads whatever header is there by then (a writer that got in first is
+            # seen there, exactly as it would be after a claim made under the lock).
+            self._indexed[cast_id] = _ALLOCATED_ROW_KEY
+            first = max(1, at_least)
+            return first, StoredState(cast_id=cast_id, revision=0, incarnation=first, saved_at=iso_now_ms(),
+                                      state={})
         with tlock, _flocked(lock_path):
             current = self._load_or_none(path, cast_id)
             incarnation = max((current.incarnation if current else 0) + 1, at_least)
-            if current is None and fresh:
+            if current is None and fresh:  # created meanwhile, then removed: as above
+                self._indexed[cast_id] = _ALLOCATED_ROW_KEY
                 return incarnation, StoredState(cast_id=cast_id, revision=0, incarnation=incarnation,
                                                 saved_at=iso_now_ms(), state={})
             self._remove_orphan_temps(path)

@@ -128,6 +128,7 @@ from castor.domain.materia.config import (
     DEFAULT_UTILITY_TIMEOUT_MS,
     END,
     THINKING_LEVELS,
+    ResolvedConfig,
     ResolvedSocket,
 )
 from castor.domain.materia.expressions import (
@@ -315,6 +316,16 @@ def _fork(state: CastState) -> CastState:
 # =========================================================================== start / finish / fail
 
 
+CONFIG_FILE = ("config.resolved.json",)  # the run dir's copy of the resolved config, written at start
+
+
+def resolved_config_text(cfg: ResolvedConfig) -> str:
+    """``config.resolved.json``'s text for ``cfg`` (made once per config object): a function of the
+    config alone, so a saved state's config re-derives it exactly (its JSON round trip keeps
+    every key, in order, and every value)."""
+    return derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False))
+
+
 def _start_cast(ev: CastStarted) -> Transition:
     cfg = ev.config
     entry = cfg.pipeline.entry
@@ -326,8 +337,7 @@ def _start_cast(ev: CastStarted) -> Transition:
         started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.", surface=ev.surface,
     )
     ctx = _Ctx(state, ev.at)
-    ctx.write(("config.resolved.json",),
-              derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False)))
+    ctx.write(CONFIG_FILE, resolved_config_text(cfg))
     # Compact: the artifacts adapter writes every manifest in its own layout (CastArtifacts.write_transition).
     ctx.write(("manifest.json",), json.dumps({"castId": ev.cast_id, "request": ev.request,
                                               "configSource": cfg.source, "entries": []}))

@@ -14,7 +14,7 @@ import pytest
 from .helpers import wait_for, write_project_config
 from .test_endpoint import FakeHarness
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout: tests/actors/materia/<file>
 
 GUARDED_TEXT = {"activeLoadout": "G", "materia": {"A": {"prompt": "A {{request}}", "tools": "none"},
                                                   "B": {"prompt": "B", "tools": "none"}},

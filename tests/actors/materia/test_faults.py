@@ -167,6 +167,7 @@ def test_restart_replays_the_last_transitions_file_effects_without_duplicates(ru
     started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
     wait_for(lambda: agent.in_flight(), what="the first turn")
     run_dir = Path(started["run_dir"])
+    written = (run_dir / "config.resolved.json").read_bytes()
     # As if kill -9 had landed between saving state.json and performing the transition's effects:
     (run_dir / "manifest.json").unlink()
     (run_dir / "config.resolved.json").unlink()
@@ -177,7 +178,8 @@ def test_restart_replays_the_last_transitions_file_effects_without_duplicates(ru
     assert view["status"] == "complete"
     types = event_types(run_dir)
     assert types.count("cast_start") == 1 and types.count("socket_start") == 1 and "cast_recast" in types
-    assert (run_dir / "config.resolved.json").is_file()
+    # The outbox saved it without its text (derived from the saved config): the same bytes again.
+    assert (run_dir / "config.resolved.json").read_bytes() == written
     import json
 
     assert json.loads((run_dir / "manifest.json").read_text())["entries"][-1]["phase"] == "complete"

@@ -13,7 +13,7 @@ import pytest
 
 from .helpers import event_types, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout: tests/actors/materia/<file>
 
 
 def _castor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
