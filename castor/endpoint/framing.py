@@ -111,6 +111,11 @@ class BadParams(InvalidParams):
         self.method = method
 
 
+#: The unpacker's first buffer (msgpack's default is 1 MiB per connection, allocated up front); it
+#: grows on demand up to ``max_buffer_size``, so a big frame still decodes.
+READ_SIZE = 64 * 1024
+
+
 class FrameDecoder:
     """Incremental decoder fed from ``os.read`` / ``sock.recv`` chunks.
 
@@ -130,6 +135,7 @@ class FrameDecoder:
             use_list=True,
             strict_map_key=True,
             max_buffer_size=lim.max_buffer_size,
+            read_size=min(READ_SIZE, lim.max_buffer_size),
             max_str_len=lim.max_str_len,
             max_bin_len=lim.max_bin_len,
             max_array_len=lim.max_array_len,

@@ -23,7 +23,13 @@ import socket
 import struct
 import threading
 
-RECV_CHUNK = 256 * 1024
+#: The most one read takes. Each transport reads into one buffer of this size, kept for its life,
+#: and returns a copy of what arrived: a per-read ``recv(RECV_CHUNK)`` would allocate and shrink a
+#: buffer of this size on every frame, which either costs mmap/mremap/munmap per read (glibc's
+#: first mmap threshold is 128 KiB) or, once that threshold has risen, churns big blocks through
+#: the malloc arenas of long-lived servers (RSS that grows with the casts served; docs/performance.md,
+#: bench/longrun.py). Below the 128 KiB threshold, so the buffer itself never raises it.
+RECV_CHUNK = 64 * 1024
 
 
 class SocketTransport:
@@ -41,6 +47,7 @@ class SocketTransport:
             # Small request/response frames: never wait for Nagle.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
+        self._buffer = memoryview(bytearray(RECV_CHUNK))  # only the connection's reader reads: one at a time
         self.read_fd = sock.fileno()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -63,7 +70,7 @@ class SocketTransport:
     def read_available(self) -> bytes | None:
         """Bytes, ``b""`` at end of stream, ``None`` if a receive timeout expired."""
         try:
-            return self._sock.recv(RECV_CHUNK)
+            return bytes(self._buffer[:self._sock.recv_into(self._buffer)])
         except (BlockingIOError, InterruptedError):
             return None if not self._closed else b""
         except OSError:
@@ -103,6 +110,7 @@ class PipeTransport:
 
     def __init__(self, read_fd: int, write_fd: int, *, owns_fds: bool = True, peer: str = "pipe") -> None:
         self.read_fd = read_fd
+        self._buffer = memoryview(bytearray(RECV_CHUNK))  # as SocketTransport's
         self._wfd = write_fd
         self._owns = owns_fds
         self._closed = False
@@ -113,7 +121,7 @@ class PipeTransport:
         if self._closed:
             return b""
         try:
-            return os.read(self.read_fd, RECV_CHUNK)
+            return bytes(self._buffer[:os.readv(self.read_fd, (self._buffer,))])
         except OSError:
             return b""
 

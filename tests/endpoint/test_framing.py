@@ -94,3 +94,25 @@ def test_frame_over_buffer_limit_is_undecodable() -> None:
 def test_error_notification_shape() -> None:
     frame = msgpack.unpackb(encode_error_notification({"code": "invalid_frame", "message": "m"}))
     assert frame == [2, "error", [{"code": "invalid_frame", "message": "m"}]]
+
+
+@pytest.mark.timeout(30)
+def test_a_decoder_starts_small_and_grows_for_a_big_frame() -> None:
+    """A connection's decoder does not take msgpack's default 1 MiB up front (a long-lived server
+    opens one per connection: bench/longrun.py), and a frame far bigger than its first buffer
+    still decodes."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        decoder = FrameDecoder()
+        assert tracemalloc.get_traced_memory()[0] - before < 128 * 1024
+    finally:
+        tracemalloc.stop()
+    big = "x" * (3 * 1024 * 1024)
+    data = encode_request(1, "echo", {"s": big})
+    for start in range(0, len(data), 60_000):
+        decoder.feed(data[start:start + 60_000])
+    ok, value = decoder.next_value()
+    assert ok and parse_frame(value) == Request(1, "echo", {"s": big})

@@ -172,3 +172,44 @@ def test_connection_limit_refuses_extra_clients(gates, sock_dir) -> None:
             assert first.call("add", {"a": 2}) == 2
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["socket", "pipe"])
+def test_a_read_allocates_what_arrived_and_big_writes_arrive_whole(kind: str) -> None:
+    """A read copies out what arrived from the transport's own buffer: no RECV_CHUNK-sized block
+    per read (that churned the malloc arenas of a long-lived server, or cost mmap/munmap per frame;
+    docs/performance.md, bench/longrun.py), and a write bigger than the buffer arrives intact."""
+    import tracemalloc
+
+    from castor.endpoint.transport import RECV_CHUNK, SocketTransport
+
+    if kind == "socket":
+        left, right = socket.socketpair()
+        reader, writer = SocketTransport(left), SocketTransport(right)
+    else:
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        reader, writer = PipeTransport(r1, w2), PipeTransport(r2, w1)
+    try:
+        writer.sendall(b"x" * 100)
+        tracemalloc.start()
+        try:
+            assert reader.read_available() == b"x" * 100
+            assert tracemalloc.get_traced_memory()[1] < RECV_CHUNK // 4
+        finally:
+            tracemalloc.stop()
+        payload = os.urandom(3 * RECV_CHUNK + 17)
+        sender = threading.Thread(target=writer.sendall, args=(payload,))
+        sender.start()
+        got = bytearray()
+        while len(got) < len(payload):
+            chunk = reader.read_available()
+            assert chunk
+            assert len(chunk) <= RECV_CHUNK
+            got += chunk
+        sender.join(10)
+        assert bytes(got) == payload
+    finally:
+        reader.close()
+        writer.close()
