@@ -146,9 +146,14 @@ def test_finished_casts_and_closed_sessions_leave_nothing_in_memory(tmp_path: Pa
                  if min(first[name] - base[name], last[name] - first[name]) >= measured}
         assert not grown, f"kept per session or per cast ({measured} sessions of {CASTS_PER_SESSION} casts): {grown}"
         # Objects the collector does not track (a dict of strings, a string, bytes), by where castor
-        # allocated them: a site holding one more block per session or more after both rounds.
-        first_kept = _kept(rounds[0][2], rounds[1][2], measured)
-        last_kept = _kept(rounds[1][2], rounds[2][2], measured)
+        # allocated them: a site holding two more blocks per session or more after both rounds. Why
+        # two: a config-merge site was seen 16 then 13 blocks up over 12 sessions (allocator-level
+        # reuse of a bounded cache's slots), so one per session would fail now and then on nothing;
+        # a block kept per cast is 3 per session here, and an entry kept per session is a key and
+        # a value (two blocks at least), so both still fail this.
+        per_site = 2 * measured
+        first_kept = _kept(rounds[0][2], rounds[1][2], per_site)
+        last_kept = _kept(rounds[1][2], rounds[2][2], per_site)
         both = {where: (first_kept[where], last_kept[where]) for where in first_kept.keys() & last_kept.keys()}
         assert not both, f"castor kept blocks per session or per cast at: {both}"
         # Nothing a user can still ask for was lost: every cast is listed and its status read.
