@@ -214,6 +214,8 @@ class ActorHandle:
                 if envelope is not None:
                     reply = envelope.reply
                     assert reply is not None  # an inline ask always has its reply slot
+                    # Latency is observed for every ask, inline or queued (the /metrics histogram).
+                    self.registry.meters.observe("ask_seconds", self.kind, time.monotonic() - envelope.enqueued_at)
                     error = reply.error
                     if error is None:
                         return reply.value

@@ -138,3 +138,18 @@ def test_a_stop_waits_for_the_inline_handler(world):
     assert box["value"] == "s1"
     ends = [e for e in journal.entries if e[0] in ("blocked", "end")]
     assert ends[-2:] == [("blocked", "w", "s1"), ("end", "w", 1, "stopped")]
+
+
+@pytest.mark.timeout(30)
+def test_an_inline_ask_is_counted_in_the_ask_latency_histogram(world):
+    _journal, handle = world
+    meters = handle.registry.meters
+
+    def asks_seen() -> float:
+        _counters, histograms = meters.collect()
+        row = histograms.get(("ask_seconds", "InlineWorker"))
+        return sum(row[:-1]) if row else 0
+
+    before = asks_seen()
+    assert handle.ask(WhoRuns(), timeout=5) == threading.get_ident()  # ran inline
+    assert asks_seen() == before + 1
