@@ -164,7 +164,9 @@ class RayBackend:
             placed.ctx = ctx
         return self._place(placed)
 
-    def _place(self, placed: _Placed, avoid: str | None = None) -> str:
+    def _place(self, placed: _Placed, avoid: str | None = None, *, ready: bool = True) -> str:
+        """Open the session on the least-loaded live host. With ``ready=False`` callers keep
+        waiting (``host_of``) until the placer sets ``placed.ready`` itself."""
         sid = placed.ctx.info.session_id
         deadline = time.monotonic() + 60.0
         while True:
@@ -187,7 +189,8 @@ class RayBackend:
         with self._lock:
             host.sessions.add(sid)
             placed.host_id = host.host_id
-            placed.ready.set()
+            if ready:
+                placed.ready.set()
         self.log.info("session {sid} placed on {host}", sid=sid, host=host.host_id)
         return host.host_id
 
@@ -223,11 +226,14 @@ class RayBackend:
             host = self.host_of(sid, max(0.1, timeout_s - (time.monotonic() - started)))
             left = max(0.1, timeout_s - (time.monotonic() - started))
             try:
-                answer = self._get(host, host.actor.call.remote(sid, verb, params, left), timeout_s=left + 0.5)
-                break
+                return self._call_on(host, sid, verb, params, left)
             except ActorCrashed:
                 if verb not in READ_ONLY_VERBS or time.monotonic() - started >= timeout_s:
                     raise
+
+    def _call_on(self, host: HostRef, sid: str, verb: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One materia verb on ``host``, whether or not the session's placement is ready."""
+        answer = self._get(host, host.actor.call.remote(sid, verb, params, timeout_s), timeout_s=timeout_s + 0.5)
         if "error" in answer:
             raise CastorError.from_wire(answer["error"])
         result: dict[str, Any] = answer["ok"]
@@ -378,20 +384,25 @@ class RayBackend:
             for turn_id in list(getattr(placed.ctx.harness.agent, "pending_turns", lambda: [])()):
                 placed.ctx.harness.agent.cancel(turn_id)  # the dead host's turns: their answers go nowhere
             try:
-                self._place(placed, avoid=lost.host_id)
+                # Callers wait until the lost host's casts are recast: a cast the harness started
+                # on the new host first would take the session's cast slot and refuse the recast.
+                host_id = self._place(placed, avoid=lost.host_id, ready=False)
+                with self._lock:
+                    host = self.hosts[host_id]
                 orphaned, cursor = [], None
                 while True:  # ``list`` is paged
-                    listing = self.call(sid, "list", {"limit": 1000, "cursor": cursor})
+                    listing = self._call_on(host, sid, "list", {"limit": 1000, "cursor": cursor}, CALL_TIMEOUT_S)
                     orphaned += [c["cast_id"] for c in listing.get("casts", []) if c.get("status") == "orphaned"]
                     cursor = listing.get("next_cursor")
                     if not cursor:
                         break
                 for cast_id in orphaned:
-                    self.call(sid, "recast", {"cast_id": cast_id})
+                    self._call_on(host, sid, "recast", {"cast_id": cast_id}, CALL_TIMEOUT_S)
                     recast += 1
             except CastorError as exc:
                 self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
-                placed.ready.set()  # callers get the host's own error rather than waiting forever
+            finally:
+                placed.ready.set()  # callers go on: with the recast casts, or get the host's own error
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
                                 "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
