@@ -93,7 +93,9 @@ class CancelToken:
         """Forget an armed ``callback`` (the work it would call off is over); one arming of it
         per call, as :meth:`on_cancel` armed it."""
         with _GUARD:
-            if self._callback is callback:
+            slot = self._callback
+            # Equal, not only the same object: a bound method is a new object at every lookup.
+            if slot is not None and (slot is callback or slot == callback):
                 self._callback = None
             elif self._more:
                 try:

@@ -195,3 +195,22 @@ def test_arming_and_disarming_across_threads_never_runs_a_disarmed_callback_or_l
         assert token.on_cancel(lambda: None) is False
         if ran.is_set():
             assert state["armed"]  # it ran only because it was armed when the cancel came
+
+
+@pytest.mark.timeout(10)
+def test_disarming_a_bound_method_looked_up_again_forgets_it() -> None:
+    from castor.supervision.timers import CancelToken
+
+    class Work:
+        def __init__(self) -> None:
+            self.killed = 0
+
+        def kill(self) -> None:
+            self.killed += 1
+
+    work = Work()
+    token = CancelToken()
+    assert token.on_cancel(work.kill)
+    token.disarm(work.kill)  # a different bound-method object, equal to the armed one
+    token.cancel()
+    assert work.killed == 0
