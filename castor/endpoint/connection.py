@@ -244,6 +244,10 @@ class Connection:
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
+        # Of those, the ones whose response is already on its way (counted before it is written,
+        # released with their slot): a peer that waits for a reply before its next request is
+        # never refused for a slot the finished request still held.
+        self._replied = 0
         # Outbound queue.
         self._wmutex = threading.Lock()
         self._wlock = threading.Condition(self._wmutex)
@@ -577,6 +581,7 @@ class Connection:
         cond = self._cond
         mutex = self._mutex
         finished = False
+        replied = 0
         stole = False
         while True:
             job = None
@@ -584,6 +589,7 @@ class Connection:
                 if finished:
                     finished = False
                     self._in_flight -= 1
+                    self._replied -= replied
                     if self._eof and not self._in_flight:
                         cond.notify_all()
                 while True:
@@ -617,7 +623,7 @@ class Connection:
                     cond.wait()
                     self._idle -= 1
             if job is not None:
-                self._run(job)
+                replied = self._run(job)
                 finished = True
             else:
                 if stole:  # the overtaken handler's frames go out now (it may run for long)
@@ -693,7 +699,7 @@ class Connection:
             if frame is None:
                 return
             with mutex:  # admission and the inline decision in one critical section
-                if self._in_flight >= max_in_flight:
+                if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
                 else:
                     self._in_flight += 1
@@ -712,10 +718,11 @@ class Connection:
             if not inline:
                 continue
             self._cork_inline(me)
-            self._run(frame)
+            replied = self._run(frame)
             self._uncork(me)
             with mutex:
                 self._in_flight -= 1
+                self._replied -= replied
                 if self._eof and not self._in_flight:
                     cond.notify_all()
                 if self._role != me:
@@ -783,7 +790,7 @@ class Connection:
                 if frame is None:
                     return
                 with mutex:  # a request for us: a worker runs it, this thread keeps waiting
-                    admitted = self._in_flight < self.settings.max_in_flight
+                    admitted = self._in_flight - self._replied < self.settings.max_in_flight
                     if admitted:
                         self._in_flight += 1
                         self._jobs.append(frame)
@@ -979,9 +986,12 @@ class Connection:
         else:
             self._send(encode_error_notification(err.to_wire()))
 
-    def _run(self, job: Request | Notification) -> None:
-        """Dispatch one admitted job and answer it; the caller decrements ``_in_flight``."""
+    def _run(self, job: Request | Notification) -> int:
+        """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
+        ``_replied`` (just before it was written), else 0; the caller then decrements
+        ``_in_flight`` by one and ``_replied`` by what this returned."""
         msgid = job.msgid if type(job) is Request else None  # None: a notification
+        replied = 0
         try:
             ctx = Context(self, self.state, job.method, msgid)
             try:
@@ -989,13 +999,15 @@ class Connection:
             except CastorError as exc:
                 self.counters["handler_errors"] += 1
                 if msgid is not None:
-                    self._send(encode_response(msgid, exc.to_wire(), None))
+                    frame = encode_response(msgid, exc.to_wire(), None)
+                    replied = self._count_replied()
+                    self._send(frame)
                 else:
                     self._log.warning("notification {} failed: {} {}", job.method, exc.code, exc.message)
                 closing = self.state.pop("_close_after_reply", None)  # castor.endpoint.auth.CLOSE_AFTER_REPLY
                 if closing:
                     self.close(closing, flush_timeout=0.5)
-                return
+                return replied
             if msgid is not None:
                 try:
                     frame = encode_response(msgid, None, result)
@@ -1011,9 +1023,18 @@ class Connection:
                         err = Internal(f"the result of {job.method} is too large to send: {too_big}",
                                        data={"reason": "result_too_large"})
                         frame = encode_response(msgid, err.to_wire(), None)
+                replied = self._count_replied()
                 self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
+        return replied
+
+    def _count_replied(self) -> int:
+        """A response is about to be written: its request stops counting against
+        ``max_in_flight`` (a peer that waits for the reply may send its next request at once)."""
+        with self._mutex:
+            self._replied += 1
+        return 1
 
     def _reject(self, exc: CastorError, msgid: int | None) -> None:
         """A frame with a bad shape: answer its msgid if known, else an ``error`` notification."""

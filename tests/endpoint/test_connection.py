@@ -248,3 +248,30 @@ def test_a_result_or_notification_over_the_limits_is_never_sent(client: Client) 
     assert too_long.value.data["reason"] == "result_too_large"
     assert len(client.call("many", {"count": elements})) == elements
     assert client.call("add", {"a": 1, "b": 2}) == 3  # the same connection, still fine
+
+
+@pytest.mark.timeout(60)
+def test_a_client_that_waits_for_each_reply_is_never_refused_at_the_in_flight_limit(
+        gates, sock_dir, monkeypatch) -> None:
+    # The request's slot stops counting for the limit before its response is written: the next
+    # request, sent the moment the reply arrives, may reach the reader before the handler's thread
+    # is done. The handler's thread is held back after each response here to make that certain.
+    from castor.endpoint import connection as connection_module
+
+    real_send = connection_module.Connection._send
+
+    def send_then_stall(self, frame, *args, **kwargs):
+        sent = real_send(self, frame, *args, **kwargs)
+        if bytes(frame[:2]) == b"\x94\x01":  # a response frame: [1, msgid, error, result]
+            time.sleep(0.005)
+        return sent
+
+    monkeypatch.setattr(connection_module.Connection, "_send", send_then_stall)
+    settings = ConnectionSettings(max_in_flight=1, max_workers=2)
+    srv = start_server(gates, sock_dir, settings=settings)
+    try:
+        with Client.connect_unix(srv.address, default_timeout=10) as c:
+            for n in range(50):
+                assert c.call("echo", {"n": n}) == {"n": n}
+    finally:
+        srv.stop()
