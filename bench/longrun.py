@@ -46,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -54,6 +53,7 @@ import psutil
 
 from castor.client import Client
 from castor.logs import configure_logging
+from castor.testing.instant_harness import InstantHarness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,44 +135,14 @@ class Server:
         self.stderr.close()
 
 
-class Harness:
-    """One harness session on its own connection: answers turns at once, sees casts end."""
+class Harness(InstantHarness):
+    """One harness session on its own connection (castor.testing.instant_harness), timing ``cast.list``."""
 
     def __init__(self, server: Server, sid: str, project: Path) -> None:
-        self.client = server.connect()
-        self.sid = sid
-        self._ended: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-        self.client.on_notification("agent.run_turn", self._run_turn)
-        self.client.on_request("session.append_entry", self._entry)
-        for name in ("ui.notify", "ui.status", "message.send"):
-            self.client.on_notification(name, lambda _p: None)
-        self.client.call("runtime.hello", {"client": "bench-longrun"})
-        self.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+        super().__init__(server.connect(), sid, project, client_name="bench-longrun")
 
-    def _event(self, cast_id: str) -> threading.Event:
-        with self._lock:
-            return self._ended.setdefault(cast_id, threading.Event())
-
-    def _run_turn(self, params: dict) -> None:
-        def answer() -> None:
-            self.client.call("agent.turn_ended", {"session_id": self.sid, "turn_id": params["turn_id"],
-                                                  "text": "done", "stop_reason": "stop"})
-
-        threading.Thread(target=answer, daemon=True).start()  # not on the client's reader thread
-
-    def _entry(self, params: dict) -> dict:
-        data = params.get("data") or {}
-        if data.get("phase") in ("complete", "failed") and data.get("castId"):
-            self._event(data["castId"]).set()
-        return {"ok": True, "entry_id": "e"}
-
-    def cast(self) -> None:
-        cast_id = self.client.call("cast.start", {"session_id": self.sid, "request": "flat for weeks"})["cast_id"]
-        if not self._event(cast_id).wait(30):
-            raise RuntimeError(f"cast {cast_id} did not end")
-        with self._lock:
-            self._ended.pop(cast_id, None)
+    def cast(self) -> None:  # type: ignore[override]  # the bench's one request and deadline
+        super().cast("flat for weeks", timeout_s=30)
 
     def list_time(self, calls: int = 30) -> float:
         timings = []
@@ -182,9 +152,6 @@ class Harness:
             timings.append(time.perf_counter() - started)
         return statistics.median(timings)
 
-    def close(self) -> None:
-        self.client.call("session.close", {"session_id": self.sid})
-        self.client.close()
 
 
 def _project(work: Path, name: str) -> Path:

@@ -15,10 +15,8 @@ from __future__ import annotations
 import collections
 import gc
 import json
-import threading
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,52 +24,21 @@ import castor
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server
+from castor.testing.instant_harness import InstantHarness
 
 from .helpers import make_runtime, wait_for
 
 CASTS_PER_SESSION = 3
 
 
-class _Session:
-    """One harness connection: answers every turn at once and sees its casts end."""
+class _Session(InstantHarness):
+    """One harness connection on the test's socket (castor.testing.instant_harness)."""
 
     def __init__(self, sock: str, sid: str, project: Path) -> None:
-        self.client = Client.connect_unix(sock, default_timeout=15)
-        self.sid = sid
-        self._ended: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-        self.client.on_notification("agent.run_turn", self._run_turn)
-        self.client.on_request("session.append_entry", self._entry)
-        for name in ("ui.notify", "ui.status", "message.send"):
-            self.client.on_notification(name, lambda _p: None)
-        self.client.call("runtime.hello", {"client": "test-retention"})
-        self.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+        super().__init__(Client.connect_unix(sock, default_timeout=15), sid, project, client_name="test-retention")
 
-    def _event(self, cast_id: str) -> threading.Event:
-        with self._lock:
-            return self._ended.setdefault(cast_id, threading.Event())
-
-    def _run_turn(self, params: dict[str, Any]) -> None:
-        def answer() -> None:
-            self.client.call("agent.turn_ended", {"session_id": self.sid, "turn_id": params["turn_id"],
-                                                  "text": "done", "stop_reason": "stop"})
-
-        threading.Thread(target=answer, daemon=True).start()  # not on the client's reader thread
-
-    def _entry(self, params: dict[str, Any]) -> dict[str, Any]:
-        data = params.get("data") or {}
-        if data.get("phase") in ("complete", "failed") and data.get("castId"):
-            self._event(data["castId"]).set()
-        return {"ok": True, "entry_id": "e"}
-
-    def cast(self) -> str:
-        cast_id: str = self.client.call("cast.start", {"session_id": self.sid, "request": "flat"})["cast_id"]
-        assert self._event(cast_id).wait(15), f"cast {cast_id} did not end"
-        return cast_id
-
-    def close(self) -> None:
-        self.client.call("session.close", {"session_id": self.sid})
-        self.client.close()
+    def cast(self) -> str:  # type: ignore[override]  # the test's one request and deadline
+        return super().cast("flat", timeout_s=15)
 
 
 def _live_types() -> collections.Counter[str]:
