@@ -157,9 +157,19 @@ class Runtime:
         with self._lock:
             return list(self._sessions.values())
 
-    def close_session(self, session_id: str, *, timeout: float = 30.0) -> None:
-        """Run component close hooks, then stop the session's actors (casts persist their state)."""
+    def close_session(self, session_id: str, *, timeout: float = 30.0, opened_by: object | None = None) -> None:
+        """Run component close hooks, then stop the session's actors (casts persist their state).
+
+        ``opened_by`` (the harness agent link the session was opened with) makes the close
+        conditional: a connection that closes after its session gave up, and after another
+        connection opened the same id again, must close nothing of that newer session — when the
+        id's current session was opened with another link, this returns without doing anything.
+        Whatever the caller, the id's entry is forgotten only if it is still the session this call
+        closed (a reopen that slipped in once the actors stopped keeps its entry).
+        """
         ctx = self.session(session_id)
+        if opened_by is not None and ctx.harness.agent is not opened_by:
+            return
         for component in self.components:
             if component.on_close is not None:
                 try:
@@ -171,7 +181,8 @@ class Runtime:
         except NotFound:
             pass
         with self._lock:
-            self._sessions.pop(session_id, None)
+            if self._sessions.get(session_id) is ctx:
+                self._sessions.pop(session_id, None)
         self.log.info("session closed: {sid}", sid=session_id)
 
     def dispatch_event(self, session_id: str, event: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -97,6 +97,9 @@ class WireHarness:
         self._stopped: OrderedDict[str, str] = OrderedDict()  # turn id -> why castor stopped it
         self._reasons: dict[str, str] = {}  # pending turn id -> why its coming cancel happens
         self._usage_supported = True  # until the harness answers unknown_method
+        #: Another connection opened this session id again after this one's session gave up: the
+        #: link no longer drives anything (``owned_session`` answers ``forbidden`` for it).
+        self.superseded = False
         self.log = logger.bind(actor=f"/endpoint/harness/{session_id}")
 
     # -- AgentPort -------------------------------------------------------------

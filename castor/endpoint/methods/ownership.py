@@ -6,7 +6,9 @@ drive it — its casts, its harness events, its memory tools, closing it. Every 
 the same for all of them. ``ops.*`` methods inspect any session and do not call this.
 
 What it does not check: that the session's actors still run (a session whose supervisor gave up
-is still owned until it is closed or opened again; the methods answer ``not_found`` then).
+is still owned until it is closed or opened again; the methods answer ``not_found`` then). Once
+another connection opens that id again, the first connection's link is *superseded*: it owns
+nothing any more and every method naming the id answers ``forbidden`` to it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def owned_session(ctx: Context, session_id: str) -> WireHarness:
     link: WireHarness | None = ctx.state.get(SESSIONS_KEY, {}).get(session_id)
     if link is None:
         raise Forbidden(f"session {session_id!r} is not open on this connection", data={"session_id": session_id})
+    if link.superseded:
+        raise Forbidden(f"session {session_id!r} was opened again by another connection after it gave up here",
+                        data={"session_id": session_id})
     return link
 
 

@@ -8,6 +8,7 @@ persisted state and stay resumable; workers are stopped.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 from loguru import logger
@@ -56,13 +57,14 @@ class TurnEndedParams(Params):
 
 def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     lock = threading.Lock()
+    owners: dict[str, WireHarness] = {}  # session id -> the link of the connection that drives it now
 
     def session_open(params: SessionOpenParams, ctx: Context) -> dict[str, Any]:
         check_trusted_assertion(params.trusted, ctx)  # who may say "trusted": castor.endpoint.auth
         owned = opened_sessions(ctx)
         with lock:
             if params.session_id in owned:
-                if runtime.has_session(params.session_id):
+                if runtime.has_session(params.session_id) and not owned[params.session_id].superseded:
                     raise Conflict(f"session {params.session_id!r} is already open on this connection")
                 owned.pop(params.session_id, None)  # its actors are gone (gave up): open it again
             limit = ctx.connection.settings.max_sessions
@@ -84,16 +86,29 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
                                   host_context=link)
             )
             owned[params.session_id] = link
+            previous = owners.get(params.session_id)
+            if previous is not None:
+                previous.superseded = True  # its session gave up (or it could not open this again)
+            owners[params.session_id] = link
             if not ctx.state.get("close_hook"):
                 ctx.state["close_hook"] = True
-                ctx.connection.add_close_callback(lambda _conn: _close_owned(runtime, owned))
+                ctx.connection.add_close_callback(lambda _conn: _close_owned(runtime, owned, forget))
         return {"session_id": params.session_id, "path": session.path}
 
+    def forget(session_id: str, link: WireHarness) -> None:
+        with lock:
+            if owners.get(session_id) is link:
+                owners.pop(session_id, None)
+
     def session_close(params: SessionRef, ctx: Context) -> dict[str, Any]:
-        owned_session(ctx, params.session_id)
         owned = opened_sessions(ctx)
-        runtime.close_session(params.session_id)
+        link = owned.get(params.session_id)
+        if link is None or not link.superseded:
+            link = owned_session(ctx, params.session_id)
+            runtime.close_session(params.session_id, opened_by=link)
+        # superseded: this connection's session is long gone and the id drives another one now
         owned.pop(params.session_id, None)
+        forget(params.session_id, link)
         return {"closed": True}
 
     def harness_event(params: HarnessEventParams, ctx: Context) -> dict[str, Any]:
@@ -112,10 +127,16 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     dispatcher.register("agent.turn_ended", turn_ended, TurnEndedParams)
 
 
-def _close_owned(runtime: Runtime, owned: dict[str, WireHarness]) -> None:
-    for session_id in list(owned):
+def _close_owned(runtime: Runtime, owned: dict[str, WireHarness],
+                 forget: Callable[[str, WireHarness], None]) -> None:
+    """A connection went away: close what it still drives, never a session another opened since."""
+    for session_id, link in list(owned.items()):
+        forget(session_id, link)
+        if link.superseded:
+            owned.pop(session_id, None)
+            continue
         try:
-            runtime.close_session(session_id)
+            runtime.close_session(session_id, opened_by=link)
         except Exception as exc:  # noqa: BLE001 - closing one must not stop closing the rest
             logger.bind(actor="/endpoint").opt(exception=exc).warning(
                 "closing {sid} after disconnect failed", sid=session_id

@@ -218,6 +218,77 @@ def test_a_session_whose_supervisor_gave_up_or_whose_parent_restarted_can_be_ope
 
 
 @pytest.mark.timeout(60)
+def test_a_connection_that_closes_after_its_session_gave_up_leaves_the_reopened_session_alone(tmp_path):
+    """Connection A's session gives up, connection B opens the same id again: A's entry drives
+    nothing of B's session (``forbidden``), and neither A's ``session.close`` nor its disconnect
+    closes it."""
+    from castor.supervision import faults
+    from tests.support.waiting import wait_for
+
+    journal = Journal()
+    runtime = Runtime(RuntimeSettings(allow_faults=True), components=[_probe_component(journal)])
+    sock = str(tmp_path / "castor.sock")
+    server = Server(build_dispatcher(runtime), unix_path=sock).start()
+    first = Client.connect_unix(sock)
+    second: Client | None = None
+    try:
+        first.call("session.open", {"session_id": "g1", "cwd": "/tmp", "trusted": False})
+        (conn_a,) = server.connections()
+        cleaned = threading.Event()
+        conn_a.add_close_callback(lambda _c: cleaned.set())  # runs after the session's own close hook
+        faults.kill(runtime.system.lookup("/root/session/g1"), "test: the session supervisor gives up")
+        wait_for(lambda: not runtime.has_session("g1"), timeout=10, what="the session to be gone")
+        second = Client.connect_unix(sock)
+        second.call("session.open", {"session_id": "g1", "cwd": "/tmp", "trusted": False})
+        reopened = runtime.session("g1")
+        with pytest.raises(Forbidden):  # A's stale entry drives nothing of B's session
+            first.call("harness.event", {"session_id": "g1", "event": "turn_start", "data": {}})
+        assert first.call("session.close", {"session_id": "g1"}) == {"closed": True}  # A's own entry only
+        assert runtime.session("g1") is reopened and runtime.has_session("g1")
+        first.call("session.open", {"session_id": "g2", "cwd": "/tmp", "trusted": False})
+        first.close()
+        assert cleaned.wait(10)
+        assert not runtime.has_session("g2")  # A's disconnect did close what A still had open
+        assert runtime.session("g1") is reopened and runtime.has_session("g1")
+        assert journal.count("closed", "g1") == 0
+        seen = second.call("harness.event", {"session_id": "g1", "event": "turn_start", "data": {}})
+        assert seen["seen"] == "turn_start"
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        server.stop()
+        runtime.shutdown(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_session_reopened_while_its_close_was_finishing_keeps_its_entry(tmp_path, monkeypatch):
+    """A close stops the session's actors, then forgets the id; a reopen that lands between the
+    two (the old actors are gone, so it is allowed) must not be forgotten by the old close."""
+    from castor.composition import materia_component
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+
+    rt = Runtime(RuntimeSettings(), components=[materia_component()])
+    try:
+        info = SessionInfo(session_id="r1", cwd=str(tmp_path))
+        rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None))
+        real_stop = rt.system.stop_child
+        reopened: list[object] = []
+
+        def stop_then_reopen(path: str, **kw):
+            real_stop(path, **kw)
+            if not reopened:
+                reopened.append(rt.open_session(info, HarnessLink(agent=None, session_log=None, ui=None)))
+
+        monkeypatch.setattr(rt.system, "stop_child", stop_then_reopen)
+        rt.close_session("r1")
+        monkeypatch.setattr(rt.system, "stop_child", real_stop)
+        assert reopened and rt.session("r1") is reopened[0] and rt.has_session("r1")
+    finally:
+        rt.shutdown(10)
+
+
+@pytest.mark.timeout(60)
 def test_a_session_open_that_timed_out_does_not_hold_its_id_forever(tmp_path):
     """The sessions supervisor answered too late: the child it then starts is stopped, so the
     id can be opened again."""
