@@ -242,17 +242,39 @@ def test_abort_while_the_turn_is_ending_never_leaves_a_turn_running(pi, repeat: 
         t.join(20)
     assert results["abort"]["status"] == "aborted"
     assert results["end"]["ok"] is True
-    # castor sends agent.abort_turn before it answers cast.abort, on the same connection: both are here.
-    sent = {pi.run_turns.get_nowait()["turn_id"] for _ in range(pi.run_turns.qsize())}
-    stopped = {pi.aborts.get_nowait()["turn_id"] for _ in range(pi.aborts.qsize())}
+    # castor sends agent.abort_turn before it answers cast.abort, on the same connection; the
+    # client runs notification handlers beside the delivery of answers, so one sent just before
+    # the answer may be queued here just after it: wait for what each order implies.
     built = (run_dir / "sockets" / "Socket-1" / "1.md").exists()
-    if results["end"].get("ignored"):  # the abort stopped the turn first: its end was not applied
+    ignored = bool(results["end"].get("ignored"))
+    sent = turn_ids(pi.run_turns, 1 if built else 0)
+    stopped = turn_ids(pi.aborts, 1 if (built or ignored) else 0)
+    assert pi.status(cast_id)["status"] == "aborted"  # a round trip: anything else sent is read by now
+    sent |= turn_ids(pi.run_turns, 0)
+    stopped |= turn_ids(pi.aborts, 0)
+    if ignored:  # the abort stopped the turn first: its end was not applied
         assert stopped == {turn["turn_id"]} and not built and not sent
     elif built:  # the end was applied first: the next turn was sent, and stopped at once
         assert len(sent) == 1 and stopped == sent
     else:  # the end was taken but the abort reached the cast first: dropped or ignored, nothing else ran
         assert not sent and not stopped and "socket_complete" not in types(run_dir)
-    assert pi.status(cast_id)["status"] == "aborted"
+
+
+def turn_ids(notes: queue.Queue[dict[str, Any]], expected: int, deadline_s: float = 5.0) -> set[str]:
+    """The turn ids of the notifications queued in ``notes``: at least ``expected`` of them (waited
+    for until ``deadline_s``), plus whatever else is already there."""
+    ids: set[str] = set()
+    end = time.monotonic() + deadline_s
+    while len(ids) < expected and (left := end - time.monotonic()) > 0:
+        try:
+            ids.add(notes.get(timeout=left)["turn_id"])
+        except queue.Empty:
+            break
+    while True:
+        try:
+            ids.add(notes.get_nowait()["turn_id"])
+        except queue.Empty:
+            return ids
 
 
 # ----------------------------------------------------------------------------- the harness goes away
