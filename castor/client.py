@@ -124,6 +124,13 @@ class Client:
         self._dispatcher.register(method, _adapt(fn), replace=True)
 
     def on_notification(self, method: str, fn: Callable[[dict[str, Any]], None]) -> None:
+        """Run ``fn(params)`` for each notification ``method``, on one of the client's worker threads.
+
+        Frames arrive in the order the server sent them, so a notification sent before a call's
+        answer is read before it; but handlers run beside the caller (and beside each other when
+        the client has several workers free): a call can return before the handler of a
+        notification read ahead of its answer has finished.
+        """
         self._dispatcher.register(method, _adapt(fn), replace=True)
 
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
