@@ -123,11 +123,16 @@ def _stubborn_utility_project(tmp_path: Path) -> Path:
 
 def _sleeping_descendants(pid: int) -> list[psutil.Process] | None:
     """The ``sleep`` processes under ``pid`` (None while there are none); a process that ends
-    while it is looked at (a zombie, gone) is skipped, not an error."""
+    while it is looked at (a zombie, gone) is skipped, not an error.
+
+    Matched by the program's name, not by "sleep" anywhere in the command line: the utility's
+    own ``sh -c "trap ...; ... sleep ..."`` has it in its script, and matching that shell let a
+    test signal it before it had run its ``trap`` (a flake seen in CI). A ``sleep`` the script
+    started means every line before it has run."""
     found = []
     for proc in psutil.Process(pid).children(recursive=True):
         try:
-            if "sleep" in " ".join(proc.cmdline()):
+            if proc.name() == "sleep":
                 found.append(proc)
         except psutil.Error:
             continue
