@@ -136,8 +136,9 @@ def test_a_recast_right_after_an_abort_waits_for_the_cast_to_leave_its_superviso
             if "/cast/" not in child.path:
                 return report(child, incarnation, kind)
             held.set()
-            threading.Thread(target=lambda: (threading.Event().wait(0.3), report(child, incarnation, kind)),
-                             daemon=True).start()
+            late = threading.Timer(0.3, report, (child, incarnation, kind))
+            late.daemon = True
+            late.start()
 
         return deferred
 
