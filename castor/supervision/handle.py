@@ -126,6 +126,10 @@ def _scalars(data: dict[str, Any]) -> dict[str, Any]:
     return {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in data.items()}
 
 
+# How often wait_gone looks whether a child whose removal is pending was restarted instead.
+_GONE_RECHECK_S = 0.01
+
+
 class ActorHandle:
     """Send to, inspect and control one supervised child, across its incarnations."""
 
@@ -427,7 +431,28 @@ class ActorHandle:
         return not self._mailbox.closed
 
     def wait_exited(self, timeout: float) -> bool:
+        """True once the current incarnation has ended. Its supervisor may not have bookkept the
+        exit yet (a ``ChildExited`` is handled on the supervisor's thread): see :meth:`wait_gone`."""
         return self._exited.wait(timeout)
+
+    def wait_gone(self, timeout: float) -> bool:
+        """True once the actor has ended and been removed for good (``closed``: its supervisor
+        took it out of its table, so a new child may start under the same id).
+
+        False when the timeout passes, or when it runs again (its supervisor restarted it)
+        -- which ends the wait early, as a restart is no removal. Polls ``alive`` every
+        ``_GONE_RECHECK_S`` while the removal is pending (usually well under a millisecond).
+        """
+        deadline = time.monotonic() + timeout
+        if self.alive and not self._exited.wait(timeout):
+            return False
+        while not self.alive:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.closed.wait(min(remaining, _GONE_RECHECK_S)):
+                return True
+        return False
 
     @property
     def alive(self) -> bool:

@@ -14,6 +14,7 @@ import pytest
 
 from castor.messages.errors import ActorStopped, CastorError, Conflict
 from castor.supervision import ActorSystem, ChildSpec, Restart, faults, supervisor_spec
+from castor.supervision.kinds import ChildExited
 from castor.supervision.supervisor import WhichChildren
 
 from .helpers import Journal, Ping, Quit, Worker, poll_until, worker
@@ -226,5 +227,32 @@ def test_a_stop_or_retire_asked_for_in_on_start_ends_the_incarnation_without_a_m
         assert handle.wait_exited(5)  # no message was ever sent to it
         assert journal.wait_for(lambda e: ("end", "s", 1, cause) in e)
         assert handle.processed == 0
+    finally:
+        system.shutdown(10)
+
+
+def test_wait_gone_answers_once_the_supervisor_removed_the_child_or_restarted_it():
+    # wait_exited is the incarnation's end; the ChildExited that removes (or restarts) a direct
+    # transient child is handled later, on the supervisor's thread -- held back here for 0.3 s.
+    journal = Journal()
+    system = _system()
+    try:
+        pool = system.lookup(POOL)
+        spec = ChildSpec("t", worker("t", journal), restart=Restart.TRANSIENT, direct_start=True)
+        handle = system.spawn(spec, under=POOL, timeout=5)
+        faults.delay_next(pool, 0.3, ChildExited.type_name)
+        handle.kill("test")  # a crash: restarted once the supervisor handles its exit
+        assert handle.wait_exited(5)
+        assert handle.wait_gone(5) is False and handle.alive  # running again, not removed
+        faults.delay_next(pool, 0.3, ChildExited.type_name)
+        handle.tell(Quit())  # a normal exit: removed, not restarted
+        assert handle.wait_exited(5) and not handle.closed.is_set()
+        with pytest.raises(Conflict):  # the id is still taken until the supervisor removes it
+            system.spawn(ChildSpec("t", worker("t", journal), restart=Restart.TRANSIENT, direct_start=True),
+                         under=POOL, timeout=5)
+        assert handle.wait_gone(5) is True
+        again = system.spawn(ChildSpec("t", worker("t", journal), restart=Restart.TRANSIENT, direct_start=True),
+                             under=POOL, timeout=5)
+        assert again.ask(Ping(n=1), timeout=5) == ("t", 1, 1)
     finally:
         system.shutdown(10)

@@ -95,8 +95,6 @@ from castor.ports.session_component import SessionContext
 from castor.supervision import Actor, handles
 
 ASK_TIMEOUT_S = 10.0
-# How often a wait for a cast to leave its supervisor looks whether it was restarted instead.
-_REMOVAL_RECHECK_S = 0.01
 
 
 def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable[[Any, Any], dict[str, Any]]:
@@ -230,22 +228,13 @@ class SessionActor(Actor):
     def _await_exit(self, cast_id: str) -> None:
         """Wait for an ended cast's actor to stop and leave the cast supervisor (at most ``ASK_TIMEOUT_S``).
 
-        It releases the lease on its way out; the supervisor then removes it from its table on
-        the supervisor's own thread (its ``ChildExited``), and only after that can an actor under
-        the same id start. A recast right after an abort used to start it in between (``Conflict``:
-        the child still existed). A cast that crashed and is being restarted is alive again: that
-        ends the wait, and the caller sees it running.
+        It releases the lease on its way out; only once its supervisor has removed it can an actor
+        start under the same id (a recast right after an abort used to start it in between:
+        ``Conflict``). A cast being restarted after a crash ends the wait, and is seen running.
         """
         handle = self.runtime.system.registry.find(f"{self.cast_sup}/{cast_id}")
-        if handle is None:
-            return
-        deadline = time.monotonic() + ASK_TIMEOUT_S
-        if handle.alive:
-            handle.wait_exited(ASK_TIMEOUT_S)
-        while not handle.alive:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or handle.closed.wait(min(remaining, _REMOVAL_RECHECK_S)):
-                return
+        if handle is not None:
+            handle.wait_gone(ASK_TIMEOUT_S)
 
     def _check_capacity(self) -> None:
         live = self._active()

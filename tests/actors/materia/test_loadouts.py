@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from castor.actors.materia.api import materia_call
+from castor.supervision import faults
+from castor.supervision.kinds import ChildExited
 
 from .helpers import event_types, events, open_session, plan_json, verdict, wait_for, wait_status
 
@@ -117,38 +119,16 @@ def test_abort_then_recast_completes(runtime_factory, project):
     assert "cast_recast" in event_types(view["run_dir"])
 
 
-def test_a_recast_right_after_an_abort_waits_for_the_cast_to_leave_its_supervisor(runtime_factory, project,
-                                                                                   monkeypatch):
+def test_a_recast_right_after_an_abort_waits_for_the_cast_to_leave_its_supervisor(runtime_factory, project):
     # The cast supervisor bookkeeps a cast's exit on its own thread (its ChildExited). Held back
     # here, as a busy supervisor would hold it: the recast must wait for the removal instead of
     # starting a second actor under the same id (CI saw `Conflict: child ... already exists`).
-    import threading
-
-    from castor.supervision import supervisor
-
-    real_report = supervisor._report_exit_to
-    held = threading.Event()
-
-    def late_report(sup):
-        report = real_report(sup)
-
-        def deferred(child, incarnation, kind):
-            if "/cast/" not in child.path:
-                return report(child, incarnation, kind)
-            held.set()
-            late = threading.Timer(0.3, report, (child, incarnation, kind))
-            late.daemon = True
-            late.start()
-
-        return deferred
-
-    monkeypatch.setattr(supervisor, "_report_exit_to", late_report)
     rt = runtime_factory()
     agent, _ui = open_session(rt, "s1", project, [{"text": "never used", "delay_ms": 5000}, "after recast"])
     started = materia_call(rt, "s1", "start", {"request": "slow one", "loadout": "hello"})
     wait_for(lambda: agent.in_flight(), what="the turn in flight")
+    faults.delay_next(rt.system.lookup("/root/session/s1/cast"), 0.3, ChildExited.type_name)
     assert materia_call(rt, "s1", "abort", {})["status"] == "aborted"
-    assert held.wait(5)  # the aborted cast's exit report is on its way, not yet bookkept
     recast = materia_call(rt, "s1", "recast", {"cast_id": started["cast_id"]})
     assert recast["cast_id"] == started["cast_id"] and recast["level"] == "info", recast
     assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
