@@ -189,9 +189,11 @@ class Mailbox:
         self._lock = threading.Lock()
         # Consumers parked in get(), each on its own pre-acquired lock: a lean Condition
         # (no ownership checks, no waiter-list scans); a put wakes at most one of them.
-        self._waiters: deque[Any] = deque()
+        # The waiters and the control lane hold an item or two at a time: plain lists (an
+        # empty deque is 760 bytes, an empty list 56, and every actor has a mailbox).
+        self._waiters: list[Any] = []
         self._queue: deque[Envelope] = deque()
-        self._control: deque[Control] = deque()
+        self._control: list[Control] = []
         self._by_type: dict[str, int] = {}  # queued messages by type name (a plain dict: made per mailbox)
         self._closed: Callable[[], CastorError] | None = None
         self._revivable = False
@@ -216,7 +218,7 @@ class Mailbox:
             by_type = self._by_type
             by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
             if self._waiters:
-                self._waiters.popleft().release()
+                self._waiters.pop(0).release()
 
     def put_control(self, item: Control) -> bool:
         """Queue a control item ahead of every message; False when closed."""
@@ -225,7 +227,7 @@ class Mailbox:
                 return False
             self._control.append(item)
             if self._waiters:
-                self._waiters.popleft().release()
+                self._waiters.pop(0).release()
             return True
 
     def claim_idle(self, turn: Any) -> bool:
@@ -246,7 +248,7 @@ class Mailbox:
             turn.release()
             self._inline = False
             if (self._queue or self._control) and self._waiters:
-                self._waiters.popleft().release()
+                self._waiters.pop(0).release()
 
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
@@ -263,7 +265,7 @@ class Mailbox:
                 finally:
                     lock.acquire()
             if self._control:
-                return self._control.popleft()
+                return self._control.pop(0)
             envelope = self._queue.popleft()
             self._by_type[envelope.type_name] -= 1  # it was counted by its put
             envelope.state = STARTED
@@ -280,9 +282,9 @@ class Mailbox:
                     self._queue.appendleft(item)
                     self._by_type[item.type_name] = self._by_type.get(item.type_name, 0) + 1
             elif self._closed is None:
-                self._control.appendleft(item)
+                self._control.insert(0, item)
             if self._waiters:
-                self._waiters.popleft().release()
+                self._waiters.pop(0).release()
 
     def clear_control(self) -> None:
         """Drop control items left for an incarnation that is gone (before a new one starts)."""
@@ -319,7 +321,7 @@ class Mailbox:
             for envelope in drained:
                 envelope.state = REJECTED
             while self._waiters:
-                self._waiters.popleft().release()
+                self._waiters.pop(0).release()
             return drained
 
     @property

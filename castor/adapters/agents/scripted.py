@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,6 +67,8 @@ from castor.supervision.timers import call_later
 __all__ = ["AgentScript", "ScriptAnswer", "ScriptedAgent", "load_script", "parse_script"]
 
 SHARED = "*"
+HISTORY_KEPT = 1000
+"""How many of the latest requests :meth:`ScriptedAgent.requests` keeps."""
 _USAGE_FIELDS = set(TurnUsage.model_fields) - {"raw"}
 
 
@@ -226,7 +229,8 @@ class ScriptedAgent:
         self._answers = answers
         self._used: dict[str, set[int]] = {}  # cast id -> indexes of the answers it used
         self._skip: dict[str, int] = {}  # cast id -> how many of _order, from the start, it has used
-        self._history: list[TurnRequest] = []
+        # The latest requests only: a scripted server that runs for days must not keep every prompt.
+        self._history: deque[TurnRequest] = deque(maxlen=HISTORY_KEPT)
 
     def _next_answer(self, request: TurnRequest) -> ScriptAnswer | None:
         with self._lock:
@@ -270,7 +274,7 @@ class ScriptedAgent:
         self._book.cancel(turn_id)
 
     def requests(self) -> list[TurnRequest]:
-        """Every request received so far, in arrival order (for tests and the demo)."""
+        """The latest :data:`HISTORY_KEPT` requests received, in arrival order (for tests and the demo)."""
         with self._lock:
             return list(self._history)
 

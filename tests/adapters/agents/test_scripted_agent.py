@@ -120,6 +120,20 @@ def test_socket_keyed_answers_with_per_cast_cursors():
     agent.close()
 
 
+def test_the_request_history_keeps_only_the_latest_requests(monkeypatch):
+    # A scripted server that runs for days must not keep every prompt it was sent.
+    import castor.adapters.agents.scripted as scripted
+
+    monkeypatch.setattr(scripted, "HISTORY_KEPT", 3)
+    agent = ScriptedAgent(parse_script({"*": ["ok"] * 5}))
+    inbox = Inbox()
+    for n in range(5):
+        agent.run_turn(req(f"t{n}", "cast-a"), inbox.reply_for(f"t{n}"))
+        inbox.get(f"t{n}")
+    assert [r.turn_id for r in agent.requests()] == ["t2", "t3", "t4"]
+    agent.close()
+
+
 def test_exhaustion_is_a_clear_error_outcome():
     agent = ScriptedAgent(parse_script(["only"]))
     inbox = Inbox()
