@@ -417,6 +417,19 @@ def test_a_lone_surrogate_in_backend_text_is_replaced_not_a_crash(harness, tmp_p
     assert worker.usable  # the same worker goes on
 
 
+@pytest.mark.parametrize("escape, text", [
+    ("\\ud800", "\ufffd"), ("\\uDFFF", "\ufffd"), ("\\uDc00", "\ufffd"),  # lone, any case of hex digit
+    ("\\ud83d\\ude00", "\U0001f600"),  # a pair is one astral character, kept
+    ("\\u00e9", "\u00e9"), ("\\\\ud800", "\\ud800"),  # not a surrogate; an escaped backslash
+])
+def test_a_reply_line_is_checked_for_every_surrogate_escape(escape, text):
+    from castor.adapters.icarus.worker_process import _decode_reply
+
+    reply = _decode_reply(('{"id": 1, "ok": true, "result": "a' + escape + 'b"}').encode())
+    assert reply == {"id": 1, "ok": True, "result": "a" + text + "b"}
+    reply["result"].encode("utf-8")  # well formed: it can be audited and sent on
+
+
 def test_arguments_json_cannot_carry_are_refused_before_anything_is_sent(harness, tmp_path):
     worker = _backend(harness, tmp_path, "def echo(x):\n    return x\n")
     assert call(worker, "tools", "echo", 1) == 1
