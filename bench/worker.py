@@ -345,9 +345,10 @@ class EndpointPaths:
         self.runtime = Runtime(RuntimeSettings(), components=[icarus_component(env=env, home=str(root))])
         self.server = Server(build_dispatcher(self.runtime), unix_path=str(root / "castor.sock")).start()
         self.client = Client.connect_unix(str(root / "castor.sock"), default_timeout=30)
-        self.client.on_notification("message.send", lambda _p: None)
-        self.client.on_notification("ui.status", lambda _p: None)
-        self.client.on_notification("ui.notify", lambda _p: None)
+        # A harness's footer and toasts are quick updates: handled on the reading thread (the
+        # caller waiting for its answer), as castor.client recommends for such handlers.
+        for method in ("message.send", "ui.status", "ui.notify"):
+            self.client.on_notification(method, lambda _p: None, on_reading_thread=True)
         self.client.call("session.open", {"session_id": "bench", "cwd": str(project), "trusted": False,
                                           "flags": {"harness": "pi", "has_agent_settled": True}})
         self.client.call("harness.event", {"session_id": "bench", "event": "session_start",

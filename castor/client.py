@@ -123,15 +123,24 @@ class Client:
         """Answer server requests ``method`` with ``fn(params) -> result`` (raise CastorError to fail)."""
         self._dispatcher.register(method, _adapt(fn), replace=True)
 
-    def on_notification(self, method: str, fn: Callable[[dict[str, Any]], None]) -> None:
+    def on_notification(self, method: str, fn: Callable[[dict[str, Any]], None], *,
+                        on_reading_thread: bool = False) -> None:
         """Run ``fn(params)`` for each notification ``method``, on one of the client's worker threads.
 
         Frames arrive in the order the server sent them, so a notification sent before a call's
         answer is read before it; but handlers run beside the caller (and beside each other when
         the client has several workers free): a call can return before the handler of a
         notification read ahead of its answer has finished.
+
+        ``on_reading_thread=True`` runs ``fn`` on the thread that read the notification instead
+        -- usually the caller waiting for its own answer: the handler has finished before that
+        call returns, in the server's order, and no thread is woken for it (a footer update on
+        every prompt costs no hand-off). Such a handler must be quick and must not block or use
+        this client: nothing is read while it runs.
         """
         self._dispatcher.register(method, _adapt(fn), replace=True)
+        if on_reading_thread:
+            self.connection.run_notifications_on_reading_thread(method)
 
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
         logger.warning("server reported an error: {}", params)

@@ -69,6 +69,23 @@ def test_server_notification_while_client_is_idle(client: Client) -> None:
     assert got.wait(5), "nobody was reading the idle client's socket"
 
 
+def test_a_reading_thread_handler_has_run_before_the_call_that_read_it_returns(client: Client) -> None:
+    seen: list[int] = []
+    client.on_notification("ui.status", lambda p: seen.append(threading.get_ident()), on_reading_thread=True)
+    for n in range(1, 101):
+        assert client.call("push", {"size": 1, "count": 3}) == {"sent": 3}
+        # Sent before the answer, so handled before the call returned, and on the calling thread.
+        assert len(seen) == 3 * n
+    assert set(seen) == {threading.get_ident()}
+
+
+def test_a_reading_thread_handler_still_runs_while_no_call_waits(client: Client) -> None:
+    got = threading.Event()
+    client.on_notification("ui.notify", lambda p: got.set(), on_reading_thread=True)
+    assert client.call("push_later", {"delay": 0.05}) == "scheduled"
+    assert got.wait(5), "a notification read by the client's own worker was not handled"
+
+
 def test_server_calls_client_from_a_non_handler_thread(client: Client, server: Server) -> None:
     client.on_request("model.list", lambda p: {"models": [{"id": "m"}]})
     assert client.call("echo", {}) == {}
