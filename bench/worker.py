@@ -31,7 +31,9 @@ reference backend, ``examples/icarus_reference/icarus``):
    - ``hook`` / ``tool`` -- a hook call (``harness.event`` ``before_agent_start``, which runs
      ``hooks.pre_llm_call`` once) and a Fabric tool call (``icarus.tool`` ``fabric_recall``)
      through the endpoint over a Unix socket from a ``castor.client`` msgpack-rpc client, in
-     a real ``Runtime`` with the Icarus component. Their floor is ``raw`` plus ``echo``: a raw
+     a real ``Runtime`` with the Icarus component (the client handles the footer and toast
+     notifications on its reading thread, as a harness's quick UI updates are registered:
+     ``on_notification(..., on_reading_thread=True)``). Their floor is ``raw`` plus ``echo``: a raw
      msgpack echo over the same kind of socket (bench/endpoint.py's baseline).
 
    Each round warms every path (2,000 calls), then times 2,000 small calls (``hooks.echo``
