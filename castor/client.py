@@ -139,8 +139,7 @@ class Client:
         this client: nothing is read while it runs.
         """
         self._dispatcher.register(method, _adapt(fn), replace=True)
-        if on_reading_thread:
-            self.connection.run_notifications_on_reading_thread(method)
+        self.connection.run_notifications_on_reading_thread(method, on_reading_thread)
 
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
         logger.warning("server reported an error: {}", params)

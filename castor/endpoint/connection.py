@@ -784,8 +784,9 @@ class Connection:
                         self._released_at = time.monotonic()
                         self._watch_locked()
 
-    def run_notifications_on_reading_thread(self, method: str) -> None:
-        """Run ``method``'s notification handler on the thread that read the notification.
+    def run_notifications_on_reading_thread(self, method: str, on: bool = True) -> None:
+        """Run ``method``'s notification handler on the thread that read the notification
+        (``on=False``: back on a worker thread, the default).
 
         A caller reading its own reply then handles such a notification before its call
         returns, in the order the peer sent it, with no hand-off to a worker thread. The
@@ -793,7 +794,7 @@ class Connection:
         while it runs (the caller's deadline still holds once it returns).
         """
         with self._mutex:
-            self._read_inline = self._read_inline | {method}
+            self._read_inline = self._read_inline | {method} if on else self._read_inline - {method}
 
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         cond = self._cond

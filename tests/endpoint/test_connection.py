@@ -77,6 +77,17 @@ def test_a_reading_thread_handler_has_run_before_the_call_that_read_it_returns(c
         # Sent before the answer, so handled before the call returned, and on the calling thread.
         assert len(seen) == 3 * n
     assert set(seen) == {threading.get_ident()}
+    # Registered again without the flag: back on the client's worker threads.
+    done = threading.Event()
+    elsewhere: list[int] = []
+
+    def on_worker(_p: dict) -> None:
+        elsewhere.append(threading.get_ident())
+        done.set()
+
+    client.on_notification("ui.status", on_worker)
+    assert client.call("push", {"size": 1, "count": 1}) == {"sent": 1}
+    assert done.wait(5) and elsewhere[0] != threading.get_ident()
 
 
 def test_a_reading_thread_handler_still_runs_while_no_call_waits(client: Client) -> None:
