@@ -138,8 +138,7 @@ class Client:
         every prompt costs no hand-off). Such a handler must be quick and must not block or use
         this client: nothing is read while it runs.
         """
-        self._dispatcher.register(method, _adapt(fn), replace=True)
-        self.connection.run_notifications_on_reading_thread(method, on_reading_thread)
+        self._dispatcher.register(method, _adapt(fn), replace=True, on_reading_thread=on_reading_thread)
 
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
         logger.warning("server reported an error: {}", params)

@@ -242,9 +242,6 @@ class Connection:
         # over_limits' free case, read once: no frame this short can break a limit.
         self._smallest_limit = self.settings.frame_limits.smallest
         self._eof = False
-        #: Notification methods whose handlers run on whichever thread read them, a caller
-        #: waiting for its reply included (see :meth:`run_notifications_on_reading_thread`).
-        self._read_inline: frozenset[str] = frozenset()
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
         # Of those, the ones whose response is already on its way (counted before it is written,
@@ -784,18 +781,6 @@ class Connection:
                         self._released_at = time.monotonic()
                         self._watch_locked()
 
-    def run_notifications_on_reading_thread(self, method: str, on: bool = True) -> None:
-        """Run ``method``'s notification handler on the thread that read the notification
-        (``on=False``: back on a worker thread, the default).
-
-        A caller reading its own reply then handles such a notification before its call
-        returns, in the order the peer sent it, with no hand-off to a worker thread. The
-        handler must be quick and must not block or call this connection: nothing is read
-        while it runs (the caller's deadline still holds once it returns).
-        """
-        with self._mutex:
-            self._read_inline = self._read_inline | {method} if on else self._read_inline - {method}
-
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         cond = self._cond
         mutex = self._mutex
@@ -804,7 +789,7 @@ class Connection:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
-                if type(frame) is Notification and frame.method in self._read_inline:
+                if type(frame) is Notification and self.dispatcher.runs_on_reading_thread(frame.method):
                     self._run(frame)  # a notification has no response and no in-flight slot to hold
                     continue
                 with mutex:  # a request for us: a worker runs it, this thread keeps waiting

@@ -115,6 +115,8 @@ class Context:
 class _Entry:
     handler: Handler
     model: type[BaseModel] | None
+    #: A notification handler run by the thread that read it (see Dispatcher.register).
+    on_reading_thread: bool = False
 
 
 class HelloParams(Params):
@@ -143,8 +145,14 @@ class Dispatcher:
             self.register("runtime.hello", self._hello, HelloParams)
 
     def register(self, name: str, handler: Handler, params_model: type[BaseModel] | None = None,
-                 *, replace: bool = False) -> None:
-        """Add a method. Registering a taken name raises ``ValueError`` unless ``replace``."""
+                 *, replace: bool = False, on_reading_thread: bool = False) -> None:
+        """Add a method. Registering a taken name raises ``ValueError`` unless ``replace``.
+
+        ``on_reading_thread``: a notification of this method is handled by the thread that read
+        it, a caller waiting for its own reply included (its handler has then run before that
+        call returns, and no worker is woken for it). The handler must be quick and must not
+        block or use the connection: nothing is read while it runs.
+        """
         if not name or not isinstance(name, str):
             raise ValueError("method name must be a non-empty string")
         model = _forbidding_extra(params_model) if params_model is not None else None
@@ -153,7 +161,7 @@ class Dispatcher:
                 raise ValueError(f"method {name!r} is already registered")
             # Copy-on-write: dispatch reads the dict without the lock.
             methods = dict(self._methods)
-            methods[name] = _Entry(handler, model)
+            methods[name] = _Entry(handler, model, on_reading_thread)
             self._methods = methods
 
     def method(self, name: str, params_model: type[BaseModel] | None = None) -> Callable[[Handler], Handler]:
@@ -170,6 +178,11 @@ class Dispatcher:
 
     def has(self, name: str) -> bool:
         return name in self._methods
+
+    def runs_on_reading_thread(self, name: str) -> bool:
+        """Whether ``name`` was registered ``on_reading_thread`` (see :meth:`register`)."""
+        entry = self._methods.get(name)
+        return entry is not None and entry.on_reading_thread
 
     def dispatch(self, method: str, params: dict[str, Any], ctx: Context) -> Any:
         entry = self._methods.get(method)

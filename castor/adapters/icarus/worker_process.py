@@ -44,7 +44,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -508,12 +508,17 @@ class WorkerProcess:
                     return reply
             self._buffer = chunk
 
-    def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
+    def _buffered_lines(self) -> Iterator[bytes]:
+        """Take the whole, non-blank lines out of the buffer, stripped, one at a time (a partial
+        last line stays). ``partition``, not ``split``: it finds the newline with memchr."""
         while b"\n" in self._buffer:
             raw, _newline, self._buffer = self._buffer.partition(b"\n")
             line = raw.strip()
-            if not line:
-                continue
+            if line:
+                yield line
+
+    def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
+        for line in self._buffered_lines():
             reply = _decode_reply(line)
             if reply is None:
                 self._garbage += 1
@@ -537,11 +542,7 @@ class WorkerProcess:
             if not chunk:
                 raise self._crash("(between calls)", may_have_started=False)
             self._buffer += chunk
-        while b"\n" in self._buffer:
-            raw, _newline, self._buffer = self._buffer.partition(b"\n")
-            line = raw.strip()
-            if not line:
-                continue
+        for line in self._buffered_lines():
             if _decode_reply(line) is None:
                 self._garbage += 1
             else:
