@@ -29,6 +29,7 @@ from loguru import logger
 
 from castor import tree
 from castor.adapters.fs import check_project_dir, project_artifact_root
+from castor.adapters.memory_return import MemoryReturn
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
 from castor.ports.session_component import (
     EventListener,
@@ -80,6 +81,10 @@ class Runtime:
         ]
         self.system = ActorSystem(children, **tree.ROOT.supervisor_args())
         self.log = logger.bind(actor="/runtime")
+        meters = self.system.registry.meters
+        #: Returns the allocator's free pages after each closed session (castor.adapters.memory_return).
+        self.memory_return = MemoryReturn(self.settings.memory_return_interval_s,
+                                          on_trim=lambda s: meters.observe("memory_trim_seconds", "runtime", s))
 
     # -- sessions ------------------------------------------------------------
     def open_session(self, info: SessionInfo, harness: HarnessLink) -> SessionContext:
@@ -184,6 +189,7 @@ class Runtime:
             if self._sessions.get(session_id) is ctx:
                 self._sessions.pop(session_id, None)
         self.log.info("session closed: {sid}", sid=session_id)
+        self.memory_return.work_ended()
 
     def dispatch_event(self, session_id: str, event: str, data: dict[str, Any]) -> dict[str, Any]:
         """Offer a harness event to every component; merge their results (later keys win)."""
@@ -210,6 +216,7 @@ class Runtime:
             except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever one component's close raises
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
         terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)
+        self.memory_return.stop()
         return self.system.shutdown(timeout)
 
     def artifact_root_for(self, cwd: str, configured: str | None) -> Path:

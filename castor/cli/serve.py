@@ -26,6 +26,7 @@ from castor.cli.common import (
     timeout_or_off,
 )
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
+from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S
 from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ def add_serve_subcommand(sub: Any) -> None:
     serve.add_argument("--user-turn-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
+    serve.add_argument("--memory-return", type=timeout_or_off, default=DEFAULT_MEMORY_RETURN_S, metavar="SECONDS",
+                       help="after a session closes, give the allocator's free pages back to the system "
+                            f"(malloc_trim), at most once per SECONDS (default {DEFAULT_MEMORY_RETURN_S:g}; "
+                            "0 or off: never)")
     add_backend_flags(serve)
     serve.add_argument("--console", metavar="HOST:PORT", type=console_address,
                        help="also serve the live web console and /metrics on this loopback address")
@@ -93,7 +98,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
         runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                           max_casts_per_session=args.max_casts_per_session,
-                                          user_turn_timeout_s=args.user_turn_timeout),
+                                          user_turn_timeout_s=args.user_turn_timeout,
+                                          memory_return_interval_s=args.memory_return or 0.0),
                           components=scaleout_components(backend), scaleout=backend)
         console = _start_console(args, runtime, endpoint_token=token)
         dispatcher = build_dispatcher(runtime)

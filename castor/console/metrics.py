@@ -25,6 +25,7 @@ castor_utility_run_seconds                 histogram  utility command durations
 castor_worker_calls_total                  counter    calls into Icarus worker processes
 castor_worker_timeouts_total               counter    worker calls that timed out (worker retired)
 castor_sessions                            gauge      open harness sessions
+castor_memory_trim_seconds                 histogram  allocator trims after closed sessions (malloc_trim)
 =========================================  =========  ==========================================
 """
 
@@ -104,6 +105,8 @@ class RuntimeCollector(Collector):
         asks = HistogramMetricFamily("castor_ask_seconds", "ask latency, send to answer, by target kind",
                                      labels=["kind"])
         runs = HistogramMetricFamily("castor_utility_run_seconds", "utility command durations")
+        trims = HistogramMetricFamily("castor_memory_trim_seconds",
+                                      "allocator trims after closed sessions (malloc_trim), how long each took")
         utility_total = 0
         merged_runs: list[float] | None = None
         for (name, kind), row in sorted(histograms.items()):
@@ -112,7 +115,11 @@ class RuntimeCollector(Collector):
                 asks.add_metric([kind], buckets, total)
             elif name == "utility_run_seconds":
                 merged_runs = row if merged_runs is None else [a + b for a, b in zip(merged_runs, row, strict=True)]
+            elif name == "memory_trim_seconds":
+                buckets, total = _cumulative(row)
+                trims.add_metric([], buckets, total)
         yield asks
+        yield trims
         if merged_runs is not None:
             buckets, total = _cumulative(merged_runs)
             runs.add_metric([], buckets, total)
