@@ -49,7 +49,7 @@ runs) ratios, which cancels most of the load drift of a shared machine. Ends wit
 target<=<target>`` lines.
 
 Usage: ``python bench/worker.py [--quick] [--runs 9] [--calls 1000] [--cold 7] [--queued 1000] [--drain-runs 5]
-[--user-rounds 3]``
+[--user-rounds 5]``
 """
 
 from __future__ import annotations
@@ -444,7 +444,7 @@ def main() -> int:
     parser.add_argument("--cold", type=int, default=7)
     parser.add_argument("--queued", type=int, default=1000)
     parser.add_argument("--drain-runs", type=int, default=5)
-    parser.add_argument("--user-rounds", type=int, default=3)
+    parser.add_argument("--user-rounds", type=int, default=5)
     parser.add_argument("--user-calls", default=f"{WARM},{SMALL},{BIG}", help="warm-up,small,10 KiB calls per round")
     parser.add_argument("--quick", action="store_true", help="fewer runs and calls (CI)")
     parser.add_argument("--only-user", action="store_true", help="only the user-path measurements")
