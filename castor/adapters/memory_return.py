@@ -4,7 +4,8 @@ A long-lived server's resident memory is mostly what glibc's allocator keeps, no
 the threads that ran a session's casts leave free but touched pages in their malloc arenas, and
 glibc only gives back what sits at the top of a heap. Measured over thousands of casts, the live
 Python data stays flat while the resident size creeps up by a few hundred kilobytes per thousand
-casts and does not come down when the server goes idle (docs/performance.md, "Flat for weeks").
+casts and does not come down when the server goes idle (docs/performance.md, "Giving free pages
+back").
 ``malloc_trim(0)`` hands every whole free page of every arena back to the kernel (it stays
 mapped; touching it again faults in a zero page), which is what "comes back when idle" means for
 an operator reading RSS.
