@@ -22,6 +22,8 @@ an operator reading RSS.
 * **No allocator, no-op.** Where there is no glibc ``malloc_trim`` (musl, macOS) ``available`` is
   False and nothing runs; this changes no behaviour, only how much idle memory the process holds.
 * **Stops.** :meth:`stop` ends the thread (joined, bounded); a later ``work_ended`` does nothing.
+* **Never fails the caller.** A thread that cannot be started disables the trim (logged once); a
+  failing trim ends the thread (logged); ``work_ended`` itself never raises.
 
 What it does not do: free live objects (nothing is dropped that is still referenced) or bound
 the heap; a process that keeps more live data still grows.
@@ -82,8 +84,13 @@ class MemoryReturn:
             if self._stop.is_set():
                 return
             if self._thread is None:
-                self._thread = start_thread(self._run, name="castor-memory-return", owner=self._owner,
-                                            purpose="give the allocator's free pages back after work ends")
+                try:
+                    self._thread = start_thread(self._run, name="castor-memory-return", owner=self._owner,
+                                                purpose="give the allocator's free pages back after work ends")
+                except RuntimeError as exc:  # no thread to spare: the caller's work is not affected
+                    self._stop.set()
+                    logger.warning("memory return disabled: cannot start its thread ({exc})", exc=exc)
+                    return
         self._wake.set()
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -114,4 +121,7 @@ class MemoryReturn:
             last = time.monotonic()
             self.trims += 1
             if self._on_trim is not None:
-                self._on_trim(last - started)
+                try:
+                    self._on_trim(last - started)
+                except Exception:  # noqa: BLE001 - a metrics sink must not end the trimming
+                    logger.opt(exception=True).debug("memory return: the trim observer failed")

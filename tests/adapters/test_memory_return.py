@@ -149,3 +149,34 @@ def test_a_runtime_trims_after_a_session_closes_and_stops_the_thread_on_shutdown
     finally:
         rt.shutdown(10)
     assert "castor-memory-return" not in {t.name for t in threading.enumerate()}
+
+
+def test_no_thread_to_spare_disables_it_without_failing_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    import castor.adapters.memory_return as memory_return
+
+    def refuse(*_args: object, **_kwargs: object) -> threading.Thread:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(memory_return, "start_thread", refuse)
+    trim = CountingTrim()
+    memory = MemoryReturn(0.01, trim=trim)
+    memory.work_ended()  # does not raise
+    memory.work_ended()  # nor does a second close
+    assert not trim.calls
+    memory.stop()
+
+
+def test_a_failing_observer_does_not_end_the_trimming() -> None:
+    trim = CountingTrim()
+
+    def broken(_seconds: float) -> None:
+        raise ValueError("sink down")
+
+    memory = MemoryReturn(0.01, trim=trim, on_trim=broken)
+    try:
+        memory.work_ended()
+        trim.wait_for(1)
+        memory.work_ended()
+        trim.wait_for(2)  # still trimming after the observer failed
+    finally:
+        memory.stop()
