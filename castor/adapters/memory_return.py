@@ -14,9 +14,9 @@ an operator reading RSS.
 (:meth:`MemoryReturn.work_ended`: the runtime calls it when a session closes), at most once per
 ``min_interval_s``. Guarantees:
 
-* **Never on a caller's thread.** ``work_ended`` sets a flag and returns; the trim (about a
-  millisecond per 50 MB of heap on these machines: it walks the arenas' free lists) runs on the
-  ``castor-memory-return`` thread, started on the first ``work_ended``.
+* **Never on a caller's thread.** ``work_ended`` sets a flag and returns; the trim (it walks the
+  arenas' free lists: under 0.1 ms in a 50 MB castor process, 15-23 ms for a 550 MB heap of freed
+  small blocks, on these machines) runs on the ``castor-memory-return`` thread, started on the first ``work_ended``.
 * **Rate-limited.** Two trims are at least ``min_interval_s`` apart; work that ends meanwhile is
   covered by the next one. ``min_interval_s <= 0`` disables it (no thread is ever started).
 * **No allocator, no-op.** Where there is no glibc ``malloc_trim`` (musl, macOS) ``available`` is
