@@ -57,7 +57,8 @@ def add_serve_subcommand(sub: Any) -> None:
     serve.add_argument("--user-turn-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                        help="withdraw a user-driven refinement turn the harness never reports within SECONDS "
                             "(default: no bound)")
-    serve.add_argument("--memory-return", type=timeout_or_off, default=DEFAULT_MEMORY_RETURN_S, metavar="SECONDS",
+    serve.add_argument("--memory-return", type=_memory_return_seconds, default=DEFAULT_MEMORY_RETURN_S,
+                       metavar="SECONDS",
                        help="after a session closes, give the allocator's free pages back to the system "
                             f"(malloc_trim), at most once per SECONDS (default {DEFAULT_MEMORY_RETURN_S:g}; "
                             "0 or off: never)")
@@ -67,6 +68,17 @@ def add_serve_subcommand(sub: Any) -> None:
     serve.add_argument("--console-token-file", metavar="PATH",
                        help="require the token in PATH (first line, 16+ characters) on every console request")
     serve.set_defaults(run=cmd_serve)
+
+
+MAX_MEMORY_RETURN_S = 3600.0  # RuntimeSettings.memory_return_interval_s's bound
+
+
+def _memory_return_seconds(text: str) -> float | None:
+    """``--memory-return``: seconds in (0, 3600], or ``0``/``off`` (never)."""
+    value = timeout_or_off(text)
+    if value is not None and value > MAX_MEMORY_RETURN_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_MEMORY_RETURN_S:g} seconds (or off), got {text!r}")
+    return value
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -128,6 +128,16 @@ def test_usage_errors_are_one_line_with_a_code_and_exit_2(tmp_path, argv):
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("castor: invalid_params: ")
 
 
+@pytest.mark.parametrize("value", ["99999", "-1", "soon"])
+def test_a_bad_memory_return_interval_is_a_usage_error_naming_the_flag(tmp_path, value):
+    done = subprocess.run([*CASTOR, "serve", "--socket", str(tmp_path / "s.sock"), "--memory-return", value],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=30, cwd=str(tmp_path))
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("castor: invalid_params: argument --memory-return: ")
+    assert not (tmp_path / "s.sock").exists()  # refused before anything listens
+
+
 def test_actor_data_is_shown_as_text_never_as_markup():
     from rich.console import Console
 
