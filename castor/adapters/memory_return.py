@@ -32,7 +32,7 @@ the heap; a process that keeps more live data still grows.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -43,11 +43,14 @@ from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S
 from castor.supervision.threads import start_thread
 
 
+@functools.cache
 def glibc_trim() -> Callable[[], int] | None:
-    """``malloc_trim(0)`` of the C library this process runs on, or None where there is none."""
+    """``malloc_trim(0)`` of the C library this process runs on, or None where there is none.
+
+    Looked up once per process, among the symbols the running program already has loaded
+    (``dlopen(NULL)``: no library search, no ``ldconfig`` run)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -62,19 +65,23 @@ class MemoryReturn:
                  trim: Callable[[], int] | None = None, owner: str = "/runtime",
                  on_trim: Callable[[float], None] | None = None) -> None:
         self.min_interval_s = min_interval_s
-        self._trim = trim if trim is not None else glibc_trim()
+        self._trim = trim  # None: the C library's, looked up when work first ends (not at start-up)
+        self._looked_up = trim is not None
         self._owner = owner
         self._on_trim = on_trim  # told each trim's duration (seconds), on the trimming thread
         self._lock = threading.Lock()
         self._wake = threading.Event()  # work ended since the last trim
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.trims = 0
 
     @property
     def available(self) -> bool:
         """Whether a trim can run here (an allocator that has one, and not disabled)."""
-        return self._trim is not None and self.min_interval_s > 0
+        if self.min_interval_s <= 0:
+            return False
+        if self._trim is None and not self._looked_up:
+            self._trim, self._looked_up = glibc_trim(), True
+        return self._trim is not None
 
     def work_ended(self) -> None:
         """Some work ended (a session closed): trim soon, on the trimming thread. Never blocks."""
@@ -119,7 +126,6 @@ class MemoryReturn:
                 logger.opt(exception=True).warning("malloc_trim failed; idle memory is no longer returned")
                 return
             last = time.monotonic()
-            self.trims += 1
             if self._on_trim is not None:
                 try:
                     self._on_trim(last - started)

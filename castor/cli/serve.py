@@ -26,7 +26,7 @@ from castor.cli.common import (
     timeout_or_off,
 )
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
-from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S
+from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S, MAX_MEMORY_RETURN_S
 from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
 
 if TYPE_CHECKING:
@@ -70,11 +70,8 @@ def add_serve_subcommand(sub: Any) -> None:
     serve.set_defaults(run=cmd_serve)
 
 
-MAX_MEMORY_RETURN_S = 3600.0  # RuntimeSettings.memory_return_interval_s's bound
-
-
 def _memory_return_seconds(text: str) -> float | None:
-    """``--memory-return``: seconds in (0, 3600], or ``0``/``off`` (never)."""
+    """``--memory-return``: seconds in (0, MAX_MEMORY_RETURN_S], or ``0``/``off`` (never)."""
     value = timeout_or_off(text)
     if value is not None and value > MAX_MEMORY_RETURN_S:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_MEMORY_RETURN_S:g} seconds (or off), got {text!r}")

@@ -31,6 +31,8 @@ from castor.supervision import ActorHandle, ActorSystem, ChildSpec
 
 DEFAULT_MEMORY_RETURN_S = 2.0
 """Default of ``RuntimeSettings.memory_return_interval_s`` (``castor serve --memory-return``)."""
+MAX_MEMORY_RETURN_S = 3600.0
+"""The longest ``memory_return_interval_s`` accepted."""
 
 
 class RuntimeSettings(BaseModel):
@@ -51,7 +53,7 @@ class RuntimeSettings(BaseModel):
     context_usage_timeout_s: float = Field(default=5.0, gt=0, le=600)
     """Deadline of the pre-turn context usage read (``session.context_usage``)."""
     """Open sessions at most (each runs a handful of actor threads): one more is ``mailbox_full``."""
-    memory_return_interval_s: float = Field(default=DEFAULT_MEMORY_RETURN_S, ge=0, le=3600)
+    memory_return_interval_s: float = Field(default=DEFAULT_MEMORY_RETURN_S, ge=0, le=MAX_MEMORY_RETURN_S)
     """After a session closes, give the allocator's free pages back to the system
     (``malloc_trim``, on its own thread), at most once per this many seconds; 0: never."""
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
