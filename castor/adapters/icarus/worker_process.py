@@ -82,6 +82,9 @@ _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is 
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
 _IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
+#: After a reply was not there yet when a call first looked (see ``_await_reply``), this many
+#: calls wait in poll first before a call tries reading first again.
+_READ_FIRST_BACKOFF = 16
 # The two waits of a call (the idle check and the reply) are epoll sets where there is epoll: the
 # descriptors are registered once per worker, not copied into the kernel and hooked onto their
 # wait queues on every poll as poll(2) does (about half the cost of an idle check here). epoll
@@ -167,6 +170,7 @@ class WorkerProcess:
         self._reply_poller: Any = None  # stdout and the wake pipe: during a call
         self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
         self._idle_at = 0.0
+        self._poll_first = 0  # calls left that wait in poll before reading (_await_reply)
         self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
@@ -464,9 +468,36 @@ class WorkerProcess:
             poller.poll(_poll_ms(remaining))
 
     def _await_reply(self, request_id: int, deadline: float | None, target: str) -> dict[str, Any]:
-        """Wait on stdout and the wake pipe (one poll), read what is there, until the reply."""
+        """Wait on stdout and the wake pipe (one poll), read what is there, until the reply.
+
+        Read first, when that has been paying: on one CPU the worker, woken by the request,
+        runs before ``write`` returns (the kernel preempts the writer for it), so its reply is
+        already there and the poll would only say so (98 % of calls, measured). Unpinned the
+        reply is there about one time in four, and a read that finds nothing costs a syscall:
+        after such a miss the next ``_READ_FIRST_BACKOFF`` calls poll first. A reply read this
+        way on a worker killed meanwhile is not taken: the loop below raises as it would have.
+        """
         out_fd = self._out_fd
         poller = self._reply_poller
+        if self._poll_first:
+            self._poll_first -= 1
+        elif not self._buffer:
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:
+                self._poll_first = _READ_FIRST_BACKOFF
+            else:  # what the end of the loop below does with a chunk, in the same order
+                if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
+                    self._check_usable(may_have_started=True, target=target)
+                if not chunk:  # end of file: the child is gone
+                    raise self._crash(target, may_have_started=True)
+                if chunk.find(b"\n") == len(chunk) - 1:  # the common case: one whole line
+                    reply = _decode_reply(chunk.strip())
+                    if reply is not None and reply.get("id") == request_id:
+                        return reply
+                # Anything else (a partial or second line, noise, a stale id) is the loop's to
+                # read on, count or raise, as ever.
+                self._buffer = chunk
         while True:
             if b"\n" in self._buffer:
                 reply = self._take_reply(request_id, target)
