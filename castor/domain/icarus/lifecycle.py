@@ -67,7 +67,7 @@ tool calls do not pass through this machine and surface their errors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,6 +80,23 @@ USER_JOIN = "\n\n"
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+    def evolve(self: _F, **update: Any) -> _F:
+        """``model_copy(update=update)`` without pydantic's generic copy steps (a hook call makes
+        four or five of these; 0.8 against 2.8 us each). The same result: the fields' values with
+        ``update`` applied (not validated, as ``model_copy`` does not validate either), the updated
+        names added to the set fields; a frozen model has no extra or private state to copy."""
+        copy = _new(type(self))
+        _set(copy, "__dict__", {**self.__dict__, **update})
+        _set(copy, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
+        _set(copy, "__pydantic_extra__", None)
+        _set(copy, "__pydantic_private__", None)
+        return copy
+
+
+_F = TypeVar("_F", bound=_Frozen)
+_new = object.__new__
+_set = object.__setattr__
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +361,7 @@ def _invalidate(state: HookState) -> Step:
         if fl.stage == "filter":
             effects.append(CancelFilter(request=req))
         effects.append(Reply(request=req))
-    nxt = state.model_copy(update={"generation": state.generation + 1, "pending": None, "inflight": keep})
+    nxt = state.evolve(generation=state.generation + 1, pending=None, inflight=keep)
     return nxt, effects
 
 
@@ -354,7 +371,7 @@ def _with_inflight(state: HookState, request: str, fl: InFlight | None) -> HookS
         inflight.pop(request, None)
     else:
         inflight[request] = fl
-    return state.model_copy(update={"inflight": inflight})
+    return state.evolve(inflight=inflight)
 
 
 def _on_session_start(state: HookState, ev: SessionStart) -> Step:
@@ -363,9 +380,7 @@ def _on_session_start(state: HookState, ev: SessionStart) -> Step:
     if ev.session_id and ev.session_id == state.session_id and state.started:
         return state, [Reply(request=ev.request)]
     state, effects = _invalidate(state)
-    state = state.model_copy(
-        update={"session_id": ev.session_id, "started": True, "first_turn": True, "shut_down": False}
-    )
+    state = state.evolve(session_id=ev.session_id, started=True, first_turn=True, shut_down=False)
     if not state.enabled:
         return state, [*effects, SetStatus(text=None), Reply(request=ev.request)]
     kwargs = {"session_id": state.session_id, "platform": state.config.platform}
@@ -387,8 +402,8 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
     if pending is None or pending.generation != state.generation:
         pending = Pending(generation=state.generation, prompt=prompt)
     elif pending.prompt is None:
-        pending = pending.model_copy(update={"prompt": prompt})
-    state = state.model_copy(update={"first_turn": False, "pending": pending})
+        pending = pending.evolve(prompt=prompt)
+    state = state.evolve(first_turn=False, pending=pending)
     state = _with_inflight(state, ev.request, InFlight(kind="prompt", generation=state.generation, prompt=prompt))
     return state, [_footer(state), CallWorker(request=ev.request, function="pre_llm_call", kwargs=kwargs)]
 
@@ -426,7 +441,7 @@ def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
         return state, [*effects, Reply(request=ev.request)]
     if fl.kind == "prompt" and context is not None and context.strip():
         if state.config.filtering:
-            state = _with_inflight(state, ev.request, fl.model_copy(update={"stage": "filter"}))
+            state = _with_inflight(state, ev.request, fl.evolve(stage="filter"))
             return state, [*effects, Filter(request=ev.request, context=context, prompt=fl.prompt)]
         state = _with_inflight(state, ev.request, None)
         return state, [*effects, _inject(state, ev.request, context)]
@@ -468,8 +483,8 @@ def _buffer(state: HookState, messages: tuple[Any, ...]) -> HookState:
                 users.append(body)
         elif role == "assistant":
             text, stop = flatten(msg.get("content")), _stop_reason(msg)
-    pending = pending.model_copy(update={"users": tuple(users), "assistant_text": text, "assistant_stop": stop})
-    return state.model_copy(update={"pending": pending})
+    pending = pending.evolve(users=tuple(users), assistant_text=text, assistant_stop=stop)
+    return state.evolve(pending=pending)
 
 
 def _on_agent_end(state: HookState, ev: AgentEnd) -> Step:
@@ -493,11 +508,11 @@ def _capture_kwargs(state: HookState, aborted: bool) -> dict[str, Any] | None:
 
 def _on_agent_settled(state: HookState, ev: AgentSettled) -> Step:
     if not (state.config.hooks_registered and state.enabled):
-        return state.model_copy(update={"pending": None}), [Reply(request=ev.request)]
+        return state.evolve(pending=None), [Reply(request=ev.request)]
     if ev.messages:
         state = _buffer(state, ev.messages)
     kwargs = _capture_kwargs(state, ev.aborted)
-    state = state.model_copy(update={"pending": None})
+    state = state.evolve(pending=None)
     if kwargs is None:
         return state, [Reply(request=ev.request)]
     state = _with_inflight(state, ev.request, InFlight(kind="capture", generation=state.generation))
@@ -506,7 +521,7 @@ def _on_agent_settled(state: HookState, ev: AgentSettled) -> Step:
 
 def _on_session_shutdown(state: HookState, ev: SessionShutdown) -> Step:
     state, effects = _invalidate(state)
-    state = state.model_copy(update={"started": False, "shut_down": True})
+    state = state.evolve(started=False, shut_down=True)
     if state.config.hooks_registered and state.enabled:
         kwargs = {"session_id": state.session_id, "platform": state.config.platform}
         state = _with_inflight(state, ev.request, InFlight(kind="shutdown", generation=state.generation))
@@ -520,14 +535,14 @@ def _on_set_enabled(state: HookState, ev: SetEnabled) -> Step:
     target = (not state.enabled) if ev.enabled is None else ev.enabled
     if not target:
         state, effects = _invalidate(state)
-        return state.model_copy(update={"enabled": False}), [*effects, SetStatus(text=None)]
-    state = state.model_copy(update={"enabled": True})
+        return state.evolve(enabled=False), [*effects, SetStatus(text=None)]
+    state = state.evolve(enabled=True)
     return state, [_footer(state)]
 
 
 def _on_set_visible(state: HookState, ev: SetVisible) -> Step:
     target = (not state.visible) if ev.visible is None else ev.visible
-    return state.model_copy(update={"visible": target}), []
+    return state.evolve(visible=target), []
 
 
 def _on_context(state: HookState, ev: ContextEvent) -> Step:

@@ -17,6 +17,8 @@ from castor.domain.icarus.lifecycle import (
     Filter,
     FilterDone,
     HookConfig,
+    InFlight,
+    Pending,
     Reply,
     SendMessage,
     SessionShutdown,
@@ -447,3 +449,25 @@ def test_flatten_rules():
     assert flatten("s") == "s"
     assert flatten(["a", "", {"text": "b"}, {"type": "thinking", "thinking": "x"}, {"content": "c"}, 5]) == "a\nb\nc"
     assert flatten(None) == "" and flatten({"type": "toolCall", "name": "x"}) == ""
+
+
+# --------------------------------------------------------------------------- evolve == model_copy
+
+@pytest.mark.parametrize("make, update", [
+    (lambda: initial_state(HookConfig(session_id="s1")), {"first_turn": False, "generation": 3}),
+    (lambda: initial_state(), {"inflight": {"r": InFlight(kind="prompt", generation=0)}, "pending": None}),
+    (lambda: Pending(generation=1, prompt="p"), {"users": ("a", "b"), "assistant_text": None}),
+    (lambda: InFlight(kind="capture", generation=2), {"stage": "filter"}),
+    (lambda: initial_state(), {}),
+])
+def test_evolve_is_model_copy_with_update(make, update):
+    original = make()
+    before = original.model_dump()
+    evolved, copied = original.evolve(**update), original.model_copy(update=update)
+    assert evolved == copied and type(evolved) is type(copied)
+    assert list(evolved.__dict__) == list(copied.__dict__)
+    assert evolved.model_fields_set == copied.model_fields_set
+    assert evolved.model_dump_json() == copied.model_dump_json()
+    assert original.model_dump() == before  # the original is untouched
+    with pytest.raises(ValueError):  # still frozen
+        evolved.generation = 99
