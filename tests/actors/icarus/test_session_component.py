@@ -331,3 +331,24 @@ def test_ambient_events_never_fail_the_run_even_with_garbage_or_a_crashed_contro
     assert (
         "sqlite WAL notes" in rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite"})["message"]["content"]
     )
+
+
+def test_a_tool_call_logs_its_actor_tool_and_call_id_at_debug_and_nothing_of_its_arguments(world):
+    """The tool call's debug record (its fields passed with the call, not a bound logger) carries
+    the worker's actor path, the tool and the call id; never the arguments (private text)."""
+    from loguru import logger
+
+    rt = world.runtime()
+    _, sess = world.open(rt)
+    records: list[dict] = []
+    sink = logger.add(lambda message: records.append(message.record), level="DEBUG",
+                      filter=lambda record: record["message"] == "icarus tool call")
+    try:
+        sess.tool("fabric_brief", {"query": "PRIVATE-ARGUMENT"}, tool_call_id="call-7")
+    finally:
+        logger.remove(sink)
+    (record,) = records
+    assert record["level"].name == "DEBUG"
+    assert record["extra"]["actor"] == sess.path("worker")
+    assert record["extra"]["tool"] == "fabric_brief" and record["extra"]["tool_call_id"] == "call-7"
+    assert "PRIVATE-ARGUMENT" not in repr(record["extra"]) + record["message"]
