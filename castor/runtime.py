@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from loguru import logger
 
@@ -32,6 +32,8 @@ from castor.adapters.fs import check_project_dir, project_artifact_root
 from castor.adapters.memory_return import MemoryReturn
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
 from castor.ports.session_component import (
+    AnsweringEventListener,
+    EarlyAnswer,
     EventListener,
     HarnessLink,
     RuntimeSettings,
@@ -49,6 +51,15 @@ UTILITY_PATH = "/root/utility"
 
 UTILITY_STOP_GRACE_S = 1.0
 """On shutdown a running utility command gets SIGTERM, then SIGKILL after this long."""
+
+
+def _merged_answer(before: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> EarlyAnswer:
+    """An early answer for the last component: its part merged over the parts answered before it."""
+
+    def answer_part(result: dict[str, Any] | None) -> None:
+        answer({**before, **result} if result else before)
+
+    return answer_part
 
 
 class Runtime:
@@ -191,14 +202,24 @@ class Runtime:
         self.log.info("session closed: {sid}", sid=session_id)
         self.memory_return.work_ended()
 
-    def dispatch_event(self, session_id: str, event: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Offer a harness event to every component; merge their results (later keys win)."""
+    def dispatch_event(self, session_id: str, event: str, data: dict[str, Any], *,
+                       answer: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Offer a harness event to every component; merge their results (later keys win).
+
+        ``answer``: how to answer the caller before this returns (the endpoint's early answer),
+        handed to the last component with a listener if it ``answers_early``, merged with what
+        the components before it answered (an early answer must carry their parts too)."""
         ctx = self.session(session_id)
         merged: dict[str, Any] = {}
-        for component in self.components:
-            if component.on_event is None:
-                continue
-            result = component.on_event(ctx, event, data)
+        listeners = [component for component in self.components if component.on_event is not None]
+        last = listeners[-1] if listeners else None
+        for component in listeners:
+            assert component.on_event is not None
+            if answer is not None and component is last and component.answers_early:
+                listener = cast(AnsweringEventListener, component.on_event)  # answers_early: it takes answer=
+                result = listener(ctx, event, data, answer=_merged_answer(dict(merged), answer))
+            else:
+                result = component.on_event(ctx, event, data)
             if result:
                 merged.update(result)
         return merged

@@ -989,6 +989,40 @@ class Connection:
         else:
             self._send(encode_error_notification(err.to_wire()))
 
+    def answer_early(self, ctx: Context, result: Any) -> bool:
+        """Send ``ctx``'s response with ``result`` now (see :meth:`Context.early_answer`);
+        ``False`` when it was answered already (or has no response to give)."""
+        token, msgid = ctx.early, ctx.msgid
+        if not token or msgid is None:
+            return False
+        frame = self._result_frame(msgid, ctx.method, result)
+        self._count_replied()  # before the token: a response is counted before it is written
+        try:
+            token.pop()
+        except IndexError:  # the handler's own answer (or another early one) took it
+            with self._mutex:
+                self._replied -= 1
+            return False
+        self._send(frame)
+        return True
+
+    def _result_frame(self, msgid: int, method: str, result: Any) -> bytes:
+        """The response frame for ``result``, or an ``internal`` error response when the result
+        cannot be sent (not msgpack, or over the frame limits the peer would drop us for)."""
+        try:
+            frame = encode_response(msgid, None, result)
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._log.error("result of {} is not msgpack-serialisable: {}", method, exc)
+            err = Internal(f"internal error in {method}: unserialisable result")
+            return encode_response(msgid, err.to_wire(), None)
+        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, result, self.settings.frame_limits)
+        if too_big is not None:  # the peer would drop the connection on it
+            self._log.error("result of {} not sent: {}", method, too_big)
+            err = Internal(f"the result of {method} is too large to send: {too_big}",
+                           data={"reason": "result_too_large"})
+            return encode_response(msgid, err.to_wire(), None)
+        return frame
+
     def _run(self, job: Request | Notification) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
@@ -1002,6 +1036,9 @@ class Connection:
             except CastorError as exc:
                 self.counters["handler_errors"] += 1
                 if msgid is not None:
+                    if ctx.early is not None and not _take(ctx.early):  # answered early: that answer stands
+                        self._log.debug("{} failed after its early answer: {} {}", job.method, exc.code, exc.message)
+                        return 1
                     frame = encode_response(msgid, exc.to_wire(), None)
                     replied = self._count_replied()
                     self._send(frame)
@@ -1012,20 +1049,9 @@ class Connection:
                     self.close(closing, flush_timeout=0.5)
                 return replied
             if msgid is not None:
-                try:
-                    frame = encode_response(msgid, None, result)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    self._log.error("result of {} is not msgpack-serialisable: {}", job.method, exc)
-                    err = Internal(f"internal error in {job.method}: unserialisable result")
-                    frame = encode_response(msgid, err.to_wire(), None)
-                else:
-                    too_big = (None if len(frame) <= self._smallest_limit
-                               else over_limits(frame, result, self.settings.frame_limits))
-                    if too_big is not None:  # the peer would drop the connection on it
-                        self._log.error("result of {} not sent: {}", job.method, too_big)
-                        err = Internal(f"the result of {job.method} is too large to send: {too_big}",
-                                       data={"reason": "result_too_large"})
-                        frame = encode_response(msgid, err.to_wire(), None)
+                if ctx.early is not None and not _take(ctx.early):
+                    return 1  # answered early (and counted there): this return value is dropped
+                frame = self._result_frame(msgid, job.method, result)
                 replied = self._count_replied()
                 self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors
@@ -1068,6 +1094,15 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout)
 
+
+
+def _take(token: list[bool]) -> bool:
+    """Take an early-answer token (``True``), or learn that another answer took it (``False``)."""
+    try:
+        token.pop()
+    except IndexError:
+        return False
+    return True
 
 
 class _Watchdog:

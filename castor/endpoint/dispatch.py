@@ -82,6 +82,8 @@ class Peer(Protocol):
 
     def add_close_callback(self, fn: Callable[[Any], None]) -> None: ...
 
+    def answer_early(self, ctx: Context, result: Any) -> bool: ...
+
 
 class Params(BaseModel):
     """Base for params models: unknown fields are an ``invalid_params`` error."""
@@ -103,6 +105,30 @@ class Context:
     state: dict[str, Any]
     method: str
     msgid: int | None = None
+    #: Armed by :meth:`early_answer`: one token, taken (``list.pop``, atomic) by whichever answers first.
+    early: list[bool] | None = None
+
+    def early_answer(self) -> Callable[[Any], None] | None:
+        """A callable that sends this request's response *now*, from any thread, before the
+        handler returns; ``None`` for a notification (it has no response).
+
+        Guarantees: exactly one response goes out, whichever comes first -- the early answer or
+        the handler's own return (or error), the other is dropped (a dropped error is logged);
+        frames the handler sent before are written ahead of it. The handler's request still
+        counts as running (``inline`` reading, the in-flight slot) until the handler returns; the
+        peer's next request is admitted as soon as the early answer is out. Use it when a waiting
+        caller must be answered at once by another thread while the handler's own work (a worker
+        call that may run on) goes on: the Icarus hook path does.
+        """
+        if self.msgid is None:
+            return None
+        self.early = [True]
+        connection, ctx = self.connection, self
+
+        def answer(result: Any) -> None:
+            connection.answer_early(ctx, result)
+
+        return answer
 
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
         return self.connection.call(method, params or {}, timeout=timeout)

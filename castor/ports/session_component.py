@@ -121,9 +121,30 @@ class SessionContext:
 
 
 class EventListener(Protocol):
-    """A component's harness-event hook: a dict to merge into the event's reply, or None."""
+    """A component's harness-event hook: a dict to merge into the event's reply, or None.
+
+    A component that sets :attr:`SessionComponent.answers_early` is also given ``answer=`` (an
+    :class:`EarlyAnswer`, or None when the caller cannot be answered early) when it is the last
+    component with a listener."""
 
     def __call__(self, ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
+class AnsweringEventListener(Protocol):
+    """The listener of a component that :attr:`~SessionComponent.answers_early`."""
+
+    def __call__(self, ctx: SessionContext, event: str, data: dict[str, Any], *,
+                 answer: EarlyAnswer | None = None) -> dict[str, Any] | None: ...
+
+
+class EarlyAnswer(Protocol):
+    """Answers the harness's event *now* with this component's part of the reply (merged with
+    the parts of the components before it), from any thread, before the listener returns; at
+    most once counts. What the listener returns after it is dropped. The Icarus hooks use it so
+    that a waiting harness is answered at once (an ``/icarus off``, an abort) while the thread
+    that asked is still inside the worker call it chose to make itself."""
+
+    def __call__(self, result: dict[str, Any] | None) -> None: ...
 
 
 @dataclass
@@ -134,9 +155,12 @@ class SessionComponent:
     children: Callable[[SessionContext], list[ChildSpec]]
     on_event: EventListener | None = None
     on_close: Callable[[SessionContext], None] | None = None
+    #: ``on_event`` is an :class:`AnsweringEventListener` (it takes ``answer=``); offered to the last listener only,
+    #: as an early answer must carry every other component's part of the reply already.
+    answers_early: bool = False
 
 
 __all__ = [
-    "EventListener", "HarnessLink", "RuntimeSettings", "SessionComponent", "SessionContext", "SessionHost",
-    "SessionInfo",
+    "AnsweringEventListener", "EarlyAnswer", "EventListener", "HarnessLink", "RuntimeSettings",
+    "SessionComponent", "SessionContext", "SessionHost", "SessionInfo",
 ]

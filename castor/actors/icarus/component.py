@@ -35,7 +35,7 @@ from loguru import logger
 from castor.actors.icarus.session import COMPONENT, EXTRAS_KEY, IcarusSession
 from castor.messages.errors import NotFound
 from castor.ports.icarus_backend import IcarusBackend
-from castor.ports.session_component import SessionComponent, SessionContext
+from castor.ports.session_component import EarlyAnswer, SessionComponent, SessionContext
 from castor.supervision import ChildSpec
 
 
@@ -94,16 +94,18 @@ def icarus_component(backend: IcarusBackend) -> SessionComponent:
             logger.bind(actor=sess.path(), reason=sess.reason).debug("icarus unavailable for this session")
         return sess.children()
 
-    def on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    def on_event(ctx: SessionContext, event: str, data: dict[str, Any], *,
+                 answer: EarlyAnswer | None = None) -> dict[str, Any] | None:
         sess = ctx.extras.get(EXTRAS_KEY)
-        return sess.event(event, data) if isinstance(sess, IcarusSession) else None
+        return sess.event(event, data, answer=answer) if isinstance(sess, IcarusSession) else None
 
     def on_close(ctx: SessionContext) -> None:
         sess = ctx.extras.get(EXTRAS_KEY)
         if isinstance(sess, IcarusSession):
             sess.close()
 
-    return SessionComponent(name=COMPONENT, children=children, on_event=on_event, on_close=on_close)
+    return SessionComponent(name=COMPONENT, children=children, on_event=on_event, on_close=on_close,
+                            answers_early=True)
 
 
 __all__ = ["COMPONENT", "icarus_component", "session_of"]

@@ -6,10 +6,11 @@ It interprets the effects of the pure machine :mod:`castor.domain.icarus.lifecyc
 =================  ===========================================================================
 effect             interpretation
 =================  ===========================================================================
-CallWorker         queued on the session's *worker lane*: one thread that submits calls to
-                   :class:`~castor.ports.worker.WorkerCalls` one at a time, in order;
-                   the outcome comes back to this actor as ``WorkerDone``, asked from the
-                   lane thread (so an idle controller handles it there, see below)
+CallWorker         queued on the session's *worker lane*, which submits calls to
+                   :class:`~castor.ports.worker.WorkerCalls` one at a time, in order, on its
+                   own thread or on a helping asker's (see "Hand-offs"); the outcome comes
+                   back to this actor as ``WorkerDone``, asked from that thread (so an idle
+                   controller handles it there)
 CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
                    that follow it in the same step are given only once the worker is closed
 Filter             a filter job thread: ``ClassifierActor`` (one total deadline, honours the
@@ -25,9 +26,10 @@ Log                loguru, codes only (never context or error text)
 Guarantees
 ----------
 * The actor never blocks on the worker, the classifier or the harness: all
-  waiting happens on the lane and job threads, so ``/icarus off``, a new
-  ``session_start`` or a turn abort is handled while a retrieval is in flight
-  (that is what makes the session-generation rules observable).
+  waiting happens on the lane (its thread, or a helping asker's) and on job
+  threads, so ``/icarus off``, a new ``session_start`` or a turn abort is
+  handled while a retrieval is in flight (that is what makes the
+  session-generation rules observable).
 * Worker-lane failure policy: when a call fails with ``timeout``,
   ``worker_retired``, ``worker_crashed`` or ``cancelled``, every call still
   queued on the lane is failed *without being sent*, so queued mutations never
@@ -43,12 +45,19 @@ Hand-offs
 ---------
 Because the handlers never block, the controller takes asks inline (``inline_asks``): a
 harness event that finds it idle is handled on the asking thread, and the lane's ``WorkerDone``
-is *asked* from the lane thread, so an idle controller resolves the caller's future there. A
-hook call then costs two thread hand-offs on top of the worker call (asker -> lane -> asker)
-instead of four (asker -> controller -> lane -> controller -> asker). What this deliberately
-does *not* do is let the asking thread make the worker call itself: an ``/icarus off``, a new
-session or an abort must answer the waiting caller at once, while its retrieval is still in
-flight, and a thread inside the worker call could not be answered before the call returns.
+is *asked*, so an idle controller resolves the caller's future on the thread that made the
+worker call.
+
+Who makes the worker call: the lane's own thread, unless the asker offers to (``HookClient.event``
+with ``answer=``, which the endpoint gives: its early answer). Then the event is stepped on the
+asking thread without waking the lane's thread, and the asker runs the queued call itself while
+no other call runs (``WorkerLane.help_until``): a hook over the endpoint crosses no thread at
+all. A waiting caller must still be answered at once by an ``/icarus off``, a new session or an
+abort while its retrieval is in flight -- and the asking thread is then inside that retrieval. So
+the answer does not go through it: the caller's future calls ``answer`` on whichever thread
+settles it (the one handling the ``/icarus off``), and the endpoint writes the response from
+there, before the asking thread's handler returns (``Context.early_answer``). Without ``answer``
+(a direct caller) the lane's thread makes the call and the caller waits on the future, as ever.
 """
 
 from __future__ import annotations
@@ -148,7 +157,12 @@ class _Close:
 
 
 class WorkerLane:
-    """Submits worker calls one at a time, in order, on its own daemon thread."""
+    """Runs worker calls one at a time, in order: on its own daemon thread, or on the thread of a
+    caller that helps (:meth:`help_until`) while no call runs.
+
+    Guarantees: one job at a time, in the order submitted, whichever thread runs it; a job is
+    run once; the failure policy (a fatal error fails every queued call unsent) holds for both;
+    a job nobody helps with is run by the lane's thread (woken, or started, for it)."""
 
     def __init__(self, worker: WorkerCalls, timeout: float, feedback: Callable[[lc.WorkerDone], None], *,
                  owner: str = "/icarus") -> None:
@@ -160,14 +174,17 @@ class WorkerLane:
         # An item is a call (request, function, kwargs) or a close callback.
         self._queue: deque[Any] = deque()
         self._stopped = False
+        self._running = False  # a job runs (on the lane's thread or a helper's)
         self._thread: threading.Thread | None = None
 
-    def submit(self, request: str, function: str, kwargs: dict[str, Any]) -> None:
-        self._put((request, function, kwargs))
+    def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
+        """Queue a call. ``wake=False``: the caller's own thread is about to :meth:`help_until`
+        (waking the lane's thread would only have it take the job first, a hand-off)."""
+        self._put((request, function, kwargs), wake)
 
-    def submit_close(self, then: Callable[[], None] | None = None) -> None:
+    def submit_close(self, then: Callable[[], None] | None = None, *, wake: bool = True) -> None:
         """Close the worker after every call queued before; then run ``then``."""
-        self._put(_Close(then))
+        self._put(_Close(then), wake)
 
     def stop(self) -> None:
         """Stop after the current call; calls still queued are failed without being sent."""
@@ -182,35 +199,68 @@ class WorkerLane:
             else:
                 self._safe_feedback(lc.WorkerDone(request=item[0], ok=False, error_code="actor_stopped"))
 
-    def _put(self, item: Any) -> None:
+    def help_until(self, done: Future[Any], deadline: float) -> None:
+        """Run queued jobs on this thread, in order, while no other thread runs one, until ``done``
+        is done (or ``deadline``, a ``time.monotonic()`` instant, passes); then leave what is left
+        to the lane's thread."""
+        try:
+            while not done.done() and time.monotonic() < deadline:
+                with self._cond:
+                    if self._stopped or self._running or not self._queue:
+                        return
+                    item = self._queue.popleft()
+                    self._running = True
+                try:
+                    self._run_item(item)
+                finally:
+                    with self._cond:
+                        self._running = False
+        finally:
+            with self._cond:
+                if self._queue and not self._stopped and not self._running:
+                    self._wake_locked()
+
+    def _put(self, item: Any, wake: bool) -> None:
         with self._cond:
             if self._stopped:
                 if isinstance(item, _Close):
                     item.finish()
                 return
             self._queue.append(item)
-            if self._thread is None:
-                self._thread = start_thread(self._run, name="icarus-hook-lane", owner=self._owner,
-                                            purpose="submit the hook controller's worker calls in order")
-            self._cond.notify()
+            if wake:
+                self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._thread is None:
+            self._thread = start_thread(self._run, name="icarus-hook-lane", owner=self._owner,
+                                        purpose="submit the hook controller's worker calls in order")
+        self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopped:
+                while (not self._queue or self._running) and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return
                 item = self._queue.popleft()
-            if isinstance(item, _Close):
-                self._close()
-                item.finish()
-                continue
-            request, function, kwargs = item
-            done = self._call(request, function, kwargs)
-            if not done.ok and done.error_code in LANE_FATAL_CODES:
-                self._fail_queued()
-            self._safe_feedback(done)
+                self._running = True
+            try:
+                self._run_item(item)
+            finally:
+                with self._cond:
+                    self._running = False
+
+    def _run_item(self, item: Any) -> None:
+        if isinstance(item, _Close):
+            self._close()
+            item.finish()
+            return
+        request, function, kwargs = item
+        done = self._call(request, function, kwargs)
+        if not done.ok and done.error_code in LANE_FATAL_CODES:
+            self._fail_queued()
+        self._safe_feedback(done)
 
     def _call(self, request: str, function: str, kwargs: dict[str, Any]) -> lc.WorkerDone:
         try:
@@ -294,6 +344,7 @@ class HookController(Actor):
                     handle.tell(Feedback(event=done))
 
         self._lane = WorkerLane(self.worker, self.worker_timeout, feedback, owner=self.path)
+        self._lane_wakes = True  # False while stepping an event whose asker helps (on_harness_event)
 
     def on_terminate(self, cause: str) -> None:
         lane = getattr(self, "_lane", None)
@@ -310,11 +361,19 @@ class HookController(Actor):
     # -- messages ---------------------------------------------------------
 
     @handles(HarnessEvent)
-    def on_harness_event(self, msg: HarnessEvent) -> None:
+    def on_harness_event(self, msg: HarnessEvent) -> WorkerLane | None:
+        """Step the event; the lane to help with its worker calls when its asker offered to
+        (``helper``) and this runs on the asker's thread, else None."""
         self._futures[msg.event.request] = msg.reply
         if msg.current_model is not None:
             self._current_model = msg.current_model
-        self._apply(msg.event)
+        helped = msg.helper is not None and msg.helper == threading.get_ident()
+        self._lane_wakes = not helped
+        try:
+            self._apply(msg.event)
+        finally:
+            self._lane_wakes = True
+        return self._lane if helped else None
 
     @handles(Feedback)
     def on_feedback(self, msg: Feedback) -> None:
@@ -344,7 +403,8 @@ class HookController(Actor):
         for effect in effects:
             if isinstance(effect, lc.CloseWorker):
                 closing = []
-                self._lane.submit_close(partial(_resolve_all, closing))  # bound now: a later close has its own list
+                self._lane.submit_close(partial(_resolve_all, closing),  # bound now: a later close has its own list
+                                        wake=self._lane_wakes)
             elif closing is not None and isinstance(effect, lc.Reply):
                 # A reply that follows a close is given once the worker is closed.
                 fut = self._futures.pop(effect.request, None)
@@ -360,7 +420,7 @@ class HookController(Actor):
             if fut is not None and not fut.done():
                 fut.set_result(effect.result)
         elif isinstance(effect, lc.CallWorker):
-            self._lane.submit(effect.request, effect.function, effect.kwargs)
+            self._lane.submit(effect.request, effect.function, effect.kwargs, wake=self._lane_wakes)
         elif isinstance(effect, lc.Filter):
             self._start_filter(effect)
         elif isinstance(effect, lc.CancelFilter):
@@ -469,24 +529,37 @@ class HookClient:
         return req, fut
 
     def event(self, name: str, payload: dict[str, Any] | None = None, *, request: str | None = None,
-              timeout: float | None = None) -> dict[str, Any] | None:
+              timeout: float | None = None,
+              answer: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any] | None:
         """Send and wait. A caller-side timeout aborts the turn and returns None (ambient policy).
 
         The event is sent as an ask whose answer only says the controller took
         it (it never blocks), so a controller that crashes on this very message
         -- before it could register the reply -- answers None at once instead
         of leaving the caller to its deadline.
+
+        ``answer``: how to answer the real caller before this returns (the endpoint's early
+        answer). Given, it is called with the result as soon as there is one, on whichever thread
+        settles it, and this thread makes the event's worker calls itself when the lane is idle
+        (no hand-off to the lane's thread and back). An ``/icarus off``, a new session or an abort
+        then still answers the caller at once -- through ``answer`` -- while this thread is inside
+        the worker call; what this returns afterwards is the same result.
         """
         bound = self.default_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
         req = request or self.new_request()
         data = payload or {}
         fut: Future[dict[str, Any] | None] = Future()
-        message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data))
+        message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data),
+                               helper=None if answer is None else threading.get_ident())
         try:  # an idle controller handles it on this thread (inline_asks)
-            self.handle.ask(message, timeout=bound)
+            lane = self.handle.ask(message, timeout=bound)
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
             return fut.result(0) if fut.done() else None
+        if answer is not None:
+            fut.add_done_callback(lambda done: answer(done.result()))
+            if isinstance(lane, WorkerLane):
+                lane.help_until(fut, deadline)
         try:
             return fut.result(max(0.0, deadline - time.monotonic()))
         except FutureTimeout:

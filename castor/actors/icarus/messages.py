@@ -53,6 +53,10 @@ class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
     event: lc.HarnessLifecycleEvent  # carries the request id its answer goes to
     reply: Future[Any]  # receives the machine's answer for the harness (or None)
     current_model: tuple[str, str] | None = None
+    #: The thread id of an asker that will make the worker calls itself (``WorkerLane.help_until``):
+    #: handled on that very thread (inline), the event's calls do not wake the lane's thread, and
+    #: the answer is the lane to help. None: the lane's thread makes them, as ever.
+    helper: int | None = None
 
 
 class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):

@@ -101,7 +101,7 @@ from castor.messages.errors import CastorError, ErrorCode, NotFound
 from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
 from castor.ports.session import SessionPort, SessionUiPort
-from castor.ports.session_component import SessionContext
+from castor.ports.session_component import EarlyAnswer, SessionContext
 from castor.supervision import ActorHandle, ChildSpec
 from castor.supervision.supervisor import WhichChildren
 
@@ -348,8 +348,14 @@ class IcarusSession:
             return worker
         return QUICK_EVENT_S
 
-    def event(self, event: str, data: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """Offer one harness event; never raises (ambient policy)."""
+    def event(self, event: str, data: Mapping[str, Any] | None, *,
+              answer: EarlyAnswer | None = None) -> dict[str, Any] | None:
+        """Offer one harness event; never raises (ambient policy).
+
+        ``answer`` (the endpoint's early answer): given, the calling thread makes the hook's worker
+        calls itself when the worker lane is idle, and the harness is answered through it as soon
+        as the lifecycle answers -- at once on an ``/icarus off`` or an abort, even while this
+        thread is still inside the worker call (see :class:`HookClient`)."""
         if not self.available:
             return None
         if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
@@ -357,8 +363,9 @@ class IcarusSession:
         payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.session_id)
         if payload is None:
             return None
+        early = None if answer is None else (lambda result: answer(wire_result(result)))
         try:
-            return wire_result(self.hooks().event(event, payload, timeout=self.wait_bound(event)))
+            return wire_result(self.hooks().event(event, payload, timeout=self.wait_bound(event), answer=early))
         except Exception as exc:  # noqa: BLE001 - ambient: the run goes on without memory
             code = str(exc.code) if isinstance(exc, CastorError) else "internal"
             logger.bind(actor=self.path(), event=event, code=code).warning("icarus hook event failed")

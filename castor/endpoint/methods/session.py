@@ -113,7 +113,9 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
 
     def harness_event(params: HarnessEventParams, ctx: Context) -> dict[str, Any]:
         owned_session(ctx, params.session_id)
-        return runtime.dispatch_event(params.session_id, params.event, params.data)
+        # The reply may go out before this returns: the Icarus hooks answer a harness at once
+        # (an /icarus off, an abort) while this thread is still inside a worker call it made itself.
+        return runtime.dispatch_event(params.session_id, params.event, params.data, answer=ctx.early_answer())
 
     def turn_ended(params: TurnEndedParams, ctx: Context) -> dict[str, Any]:
         link = owned_session(ctx, params.session_id)

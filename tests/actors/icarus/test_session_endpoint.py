@@ -179,3 +179,51 @@ def test_icarus_off_over_the_wire_and_another_connection_is_forbidden(wired):
     with pytest.raises(CastorError) as invalid:
         client.call("icarus.tool", {"session_id": "pi-1", "name": "fabric_brief", "params": [], "extra": 1})
     assert invalid.value.code == "invalid_params"
+
+
+def _before_agent_start(prompt: str) -> dict[str, Any]:
+    return {"session_id": "pi-lane", "event": "before_agent_start", "data": {"prompt": prompt, "message_type": "user"}}
+
+
+def test_hooks_over_the_wire_make_their_worker_calls_on_the_thread_that_reads_them(wired):
+    """The asking thread makes a hook's worker call itself when the lane is idle: no hand-off to
+    the lane's thread and back, so that thread is never even started for these events."""
+    from castor.supervision.threads import running_threads
+
+    world, connect = wired
+    topics = ("sqlite", "zebra", "giraffe")
+    world.seed(*((f"{topic} notes", topic) for topic in topics))
+    client, _ = connect()
+    open_session(client, world, "pi-lane")
+    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
+    for topic in topics:
+        assert f"{topic} notes" in client.call("harness.event", _before_agent_start(topic))["message"]["content"]
+    assert len(world.calls("hooks.pre_llm_call")) == 3 and len(world.calls("hooks.on_session_start")) == 1
+    lanes = [t for t in running_threads("/root/session/pi-lane") if t["name"] == "icarus-hook-lane"]
+    assert lanes == []
+
+
+def test_a_hook_whose_retrieval_hangs_is_answered_at_once_by_icarus_off_on_the_same_connection(wired):
+    """The hook's worker call runs on the connection's reading thread; an /icarus off read meanwhile
+    (by the worker that takes the reading over) answers the waiting hook at once -- the early
+    answer -- long before the retrieval returns; the connection and the next hooks carry on."""
+    import time
+
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"), ("zebra notes", "stripes"))
+    client, _ = connect()
+    open_session(client, world, "pi-lane")
+    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
+    world.controls({"hooks.pre_llm_call": {"sleep_ms": 4000}})
+    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
+    wait_until(lambda: world.calls("hooks.pre_llm_call"), what="the retrieval running in the worker")
+    started = time.monotonic()
+    off = client.call("icarus.command", {"session_id": "pi-lane", "args": "off"}, timeout=5)
+    assert "hooks are off" in off["text"]
+    assert pending.result() == {}  # answered None (no memory) at the invalidation
+    assert time.monotonic() - started < 2.0  # not after the 4 s retrieval
+    assert not world.calls("hooks.pre_llm_call", phase="end")  # it is still running
+    world.controls({})
+    assert client.call("harness.event", _before_agent_start("sqlite"), timeout=20) == {}  # hooks are off
+    client.call("icarus.command", {"session_id": "pi-lane", "args": "on"}, timeout=20)
+    assert "zebra notes" in client.call("harness.event", _before_agent_start("zebra"), timeout=20)["message"]["content"]
