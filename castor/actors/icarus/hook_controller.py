@@ -170,7 +170,10 @@ class WorkerLane:
         self._worker = worker
         self._timeout = timeout
         self._feedback = feedback
-        self._cond = threading.Condition()
+        # ``with self._mutex`` (a C-level lock) for plain critical sections; ``_cond`` (the same
+        # lock) to wait and notify -- Condition.__enter__ is Python code, on every hook call.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         # An item is a call (request, function, kwargs) or a close callback.
         self._queue: deque[Any] = deque()
         self._stopped = False
@@ -188,7 +191,7 @@ class WorkerLane:
 
     def stop(self) -> None:
         """Stop after the current call; calls still queued are failed without being sent."""
-        with self._cond:
+        with self._mutex:
             self._stopped = True
             dropped = list(self._queue)
             self._queue.clear()
@@ -205,7 +208,7 @@ class WorkerLane:
         to the lane's thread."""
         try:
             while not done.done() and time.monotonic() < deadline:
-                with self._cond:
+                with self._mutex:
                     if self._stopped or self._running or not self._queue:
                         return
                     item = self._queue.popleft()
@@ -213,15 +216,15 @@ class WorkerLane:
                 try:
                     self._run_item(item)
                 finally:
-                    with self._cond:
+                    with self._mutex:
                         self._running = False
         finally:
-            with self._cond:
+            with self._mutex:
                 if self._queue and not self._stopped and not self._running:
                     self._wake_locked()
 
     def _put(self, item: Any, wake: bool) -> None:
-        with self._cond:
+        with self._mutex:
             if self._stopped:
                 if isinstance(item, _Close):
                     item.finish()
@@ -248,7 +251,7 @@ class WorkerLane:
             try:
                 self._run_item(item)
             finally:
-                with self._cond:
+                with self._mutex:
                     self._running = False
 
     def _run_item(self, item: Any) -> None:
@@ -272,7 +275,7 @@ class WorkerLane:
             return lc.WorkerDone(request=request, ok=False, error_code="internal")
 
     def _fail_queued(self) -> None:
-        with self._cond:
+        with self._mutex:
             failed = [item for item in self._queue if not isinstance(item, _Close)]
             kept = [item for item in self._queue if isinstance(item, _Close)]
             self._queue = deque(kept)
