@@ -213,11 +213,7 @@ class WorkerLane:
                         return
                     item = self._queue.popleft()
                     self._running = True
-                try:
-                    self._run_item(item)
-                finally:
-                    with self._mutex:
-                        self._running = False
+                self._run_taken(item)
         finally:
             with self._mutex:
                 if self._queue and not self._stopped and not self._running:
@@ -248,11 +244,15 @@ class WorkerLane:
                     return
                 item = self._queue.popleft()
                 self._running = True
-            try:
-                self._run_item(item)
-            finally:
-                with self._mutex:
-                    self._running = False
+            self._run_taken(item)
+
+    def _run_taken(self, item: Any) -> None:
+        """Run a job this thread took off the queue (``_running`` set); no one else runs one meanwhile."""
+        try:
+            self._run_item(item)
+        finally:
+            with self._mutex:
+                self._running = False
 
     def _run_item(self, item: Any) -> None:
         if isinstance(item, _Close):
