@@ -83,6 +83,8 @@ class Runtime:
         self.settings = settings or RuntimeSettings()
         self.scaleout = scaleout  # castor.scaleout's RayBackend when casts run on a cluster, else None
         self.components = list(components)
+        # The components with a harness-event listener, in order (dispatch_event), found once.
+        self._listeners = tuple(component for component in self.components if component.on_event is not None)
         self._sessions: dict[str, SessionContext] = {}
         self._lock = threading.Lock()
         children = [
@@ -211,11 +213,10 @@ class Runtime:
         the components before it answered (an early answer must carry their parts too)."""
         ctx = self.session(session_id)
         merged: dict[str, Any] = {}
-        listeners = [component for component in self.components if component.on_event is not None]
-        last = listeners[-1] if listeners else None
+        listeners = self._listeners
         for component in listeners:
             assert component.on_event is not None
-            if answer is not None and component is last and component.answers_early:
+            if answer is not None and component is listeners[-1] and component.answers_early:
                 listener = cast(AnsweringEventListener, component.on_event)  # answers_early: it takes answer=
                 result = listener(ctx, event, data, answer=_merged_answer(dict(merged), answer))
             else:

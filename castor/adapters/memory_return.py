@@ -65,8 +65,7 @@ class MemoryReturn:
                  trim: Callable[[], int] | None = None, owner: str = "/runtime",
                  on_trim: Callable[[float], None] | None = None) -> None:
         self.min_interval_s = min_interval_s
-        self._trim = trim  # None: the C library's, looked up when work first ends (not at start-up)
-        self._looked_up = trim is not None
+        self._trim = trim  # None: the C library's (glibc_trim, looked up when work first ends, not at start-up)
         self._owner = owner
         self._on_trim = on_trim  # told each trim's duration (seconds), on the trimming thread
         self._lock = threading.Lock()
@@ -77,11 +76,10 @@ class MemoryReturn:
     @property
     def available(self) -> bool:
         """Whether a trim can run here (an allocator that has one, and not disabled)."""
-        if self.min_interval_s <= 0:
-            return False
-        if self._trim is None and not self._looked_up:
-            self._trim, self._looked_up = glibc_trim(), True
-        return self._trim is not None
+        return self.min_interval_s > 0 and self._trimmer() is not None
+
+    def _trimmer(self) -> Callable[[], int] | None:
+        return self._trim if self._trim is not None else glibc_trim()
 
     def work_ended(self) -> None:
         """Some work ended (a session closed): trim soon, on the trimming thread. Never blocks."""
@@ -110,7 +108,7 @@ class MemoryReturn:
             thread.join(timeout)
 
     def _run(self) -> None:
-        trim = self._trim
+        trim = self._trimmer()
         assert trim is not None  # started only when available
         last = float("-inf")
         while True:

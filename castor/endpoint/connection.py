@@ -1051,13 +1051,7 @@ class Connection:
             if msgid is not None:
                 if ctx.early is not None and not _take(ctx.early):
                     return 1  # answered early (and counted there): this return value is dropped
-                try:  # the common case inline; anything unusual is _result_frame's (it logs why)
-                    frame = encode_response(msgid, None, result)
-                except (TypeError, ValueError, OverflowError):
-                    frame = self._result_frame(msgid, job.method, result)
-                else:
-                    if len(frame) > self._smallest_limit:
-                        frame = self._result_frame(msgid, job.method, result)
+                frame = self._result_frame(msgid, job.method, result)
                 replied = self._count_replied()
                 self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors

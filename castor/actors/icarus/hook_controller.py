@@ -347,7 +347,6 @@ class HookController(Actor):
                     handle.tell(Feedback(event=done))
 
         self._lane = WorkerLane(self.worker, self.worker_timeout, feedback, owner=self.path)
-        self._lane_wakes = True  # False while stepping an event whose asker helps (on_harness_event)
 
     def on_terminate(self, cause: str) -> None:
         lane = getattr(self, "_lane", None)
@@ -371,11 +370,7 @@ class HookController(Actor):
         if msg.current_model is not None:
             self._current_model = msg.current_model
         helped = msg.helper is not None and msg.helper == threading.get_ident()
-        self._lane_wakes = not helped
-        try:
-            self._apply(msg.event)
-        finally:
-            self._lane_wakes = True
+        self._apply(msg.event, lane_wakes=not helped)  # a helping asker runs the calls: no wake-up
         return self._lane if helped else None
 
     @handles(Feedback)
@@ -400,30 +395,32 @@ class HookController(Actor):
 
     # -- effects ------------------------------------------------------------
 
-    def _apply(self, event: lc.Event) -> None:
+    def _apply(self, event: lc.Event, *, lane_wakes: bool = True) -> None:
+        """Step ``event`` and carry out its effects. ``lane_wakes=False``: the asker runs the
+        calls queued here itself (``WorkerLane.help_until``), so the lane's thread is not woken."""
         self.state, effects = lc.step(self.state, event)
         closing: list[Future[Any]] | None = None
         for effect in effects:
             if isinstance(effect, lc.CloseWorker):
                 closing = []
                 self._lane.submit_close(partial(_resolve_all, closing),  # bound now: a later close has its own list
-                                        wake=self._lane_wakes)
+                                        wake=lane_wakes)
             elif closing is not None and isinstance(effect, lc.Reply):
                 # A reply that follows a close is given once the worker is closed.
                 fut = self._futures.pop(effect.request, None)
                 if fut is not None:
                     closing.append(fut)
             else:
-                self._interpret(effect)
+                self._interpret(effect, lane_wakes)
 
-    def _interpret(self, effect: lc.Effect) -> None:
+    def _interpret(self, effect: lc.Effect, lane_wakes: bool) -> None:
         if isinstance(effect, lc.Reply):
             fut = self._futures.pop(effect.request, None)
             self._cancels.pop(effect.request, None)
             if fut is not None and not fut.done():
                 fut.set_result(effect.result)
         elif isinstance(effect, lc.CallWorker):
-            self._lane.submit(effect.request, effect.function, effect.kwargs, wake=self._lane_wakes)
+            self._lane.submit(effect.request, effect.function, effect.kwargs, wake=lane_wakes)
         elif isinstance(effect, lc.Filter):
             self._start_filter(effect)
         elif isinstance(effect, lc.CancelFilter):

@@ -475,53 +475,48 @@ class WorkerProcess:
         already there and the poll would only say so (98 % of calls, measured). Unpinned the
         reply is there about one time in four, and a read that finds nothing costs a syscall:
         after such a miss the next ``_READ_FIRST_BACKOFF`` calls poll first. A reply read this
-        way on a worker killed meanwhile is not taken: the loop below raises as it would have.
+        way on a worker killed meanwhile is not taken: the call raises as it would after a poll.
         """
         out_fd = self._out_fd
         poller = self._reply_poller
+        read_first = not self._poll_first and not self._buffer
         if self._poll_first:
             self._poll_first -= 1
-        elif not self._buffer:
-            try:
-                chunk = os.read(out_fd, _READ_CHUNK)
-            except BlockingIOError:
-                self._poll_first = _READ_FIRST_BACKOFF
-            else:  # what the end of the loop below does with a chunk, in the same order
-                if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
-                    self._check_usable(may_have_started=True, target=target)
-                if not chunk:  # end of file: the child is gone
-                    raise self._crash(target, may_have_started=True)
-                if chunk.find(b"\n") == len(chunk) - 1:  # the common case: one whole line
-                    reply = _decode_reply(chunk.strip())
-                    if reply is not None and reply.get("id") == request_id:
-                        return reply
-                # Anything else (a partial or second line, noise, a stale id) is the loop's to
-                # read on, count or raise, as ever.
-                self._buffer = chunk
         while True:
             if b"\n" in self._buffer:
                 reply = self._take_reply(request_id, target)
                 if reply is not None:
                     return reply
-            if deadline is None:
-                events = poller.poll(_LIVENESS_POLL_MS * _POLL_UNIT)
+            if read_first:
+                read_first = False
+                try:
+                    chunk = os.read(out_fd, _READ_CHUNK)
+                except BlockingIOError:  # not there yet: poll, and poll first for the next calls
+                    self._poll_first = _READ_FIRST_BACKOFF
+                    continue
+                if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
+                    self._check_usable(may_have_started=True, target=target)
             else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._timeout(target, request_id, started=True)
-                wait_ms = int(remaining * 1000) + 1  # _poll_ms(remaining), inline: remaining > 0 here
-                events = poller.poll((wait_ms if wait_ms < _LIVENESS_POLL_MS else _LIVENESS_POLL_MS) * _POLL_UNIT)
-            if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
-                self._check_usable(may_have_started=True, target=target)
-            if not events:
-                assert self._proc is not None  # only a started worker is awaited
-                if self._proc.poll() is not None:
-                    raise self._crash(target, may_have_started=True)
-                continue
-            try:
-                chunk = os.read(out_fd, _READ_CHUNK)
-            except BlockingIOError:  # the wake pipe alone (the worker is being killed) or a spurious wake
-                continue
+                if deadline is None:
+                    events = poller.poll(_LIVENESS_POLL_MS * _POLL_UNIT)
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._timeout(target, request_id, started=True)
+                    wait_ms = int(remaining * 1000) + 1  # _poll_ms(remaining), inline: remaining > 0 here
+                    events = poller.poll((wait_ms if wait_ms < _LIVENESS_POLL_MS else _LIVENESS_POLL_MS)
+                                         * _POLL_UNIT)
+                if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
+                    self._check_usable(may_have_started=True, target=target)
+                if not events:
+                    assert self._proc is not None  # only a started worker is awaited
+                    if self._proc.poll() is not None:
+                        raise self._crash(target, may_have_started=True)
+                    continue
+                try:
+                    chunk = os.read(out_fd, _READ_CHUNK)
+                except BlockingIOError:  # the wake pipe alone (the worker is being killed) or a spurious wake
+                    continue
             if not chunk:  # end of file: the child is gone
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
