@@ -78,6 +78,8 @@ from castor.supervision.threads import start_thread
 _conn_ids = itertools.count(1)
 _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
+# Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
+_new_request = tuple.__new__
 
 
 class ConnectionSettings(BaseModel):
@@ -209,8 +211,11 @@ class Connection:
         self._closed_event = threading.Event()
         self._close_callbacks: list[Callable[[Connection], None]] = []
         # Worker/reader coordination.
-        # ``with self._mutex`` (C-level) for plain critical sections; ``_cond`` (same lock)
-        # only to wait/notify — Condition.__enter__ is Python code on the hot path.
+        # ``_mutex`` (C-level) for plain critical sections; ``_cond`` (same lock) only to
+        # wait/notify — Condition.__enter__ is Python code on the hot path. The sections a round
+        # trip passes through take the lock as ``acquire()`` / ``try`` / ``finally: release()``:
+        # on CPython 3.11 that costs ~110 ns against ~210 ns for ``with lock:`` (the statement
+        # looks up and calls ``__enter__`` / ``__exit__``), and a round trip passes eight of them.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         self._threads = 0
@@ -412,10 +417,7 @@ class Connection:
             self.counters[key] += 1
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
-        if error is not None:
-            pending.resolve(error_from_wire(error), None)
-        else:
-            pending.resolve(None, result)
+        pending.resolve(None if error is None else error_from_wire(error), result)
         if self._callers_waiting:
             with self._mutex:
                 self._cond.notify_all()
@@ -440,7 +442,8 @@ class Connection:
         written when the handler returns (with its response), when the watchdog finds it past
         ``inline_grace``, when it is overtaken, and before a close that flushes.
         """
-        with self._wmutex:
+        self._wmutex.acquire()
+        try:
             if self._closed:
                 return False
             cork = self._cork
@@ -459,30 +462,49 @@ class Connection:
             overflow = self._write_locked(data, frames)
             if overflow is None:
                 return True
+        finally:
+            self._wmutex.release()
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
         return False
 
     def _cork_inline(self, me: int) -> None:
         """Cork the frames the inline handler about to run on ``me`` sends (unless one is corked)."""
-        with self._wmutex:
+        self._wmutex.acquire()
+        try:
             if self._cork is None:
                 self._cork_thread = me
                 self._cork = []
                 self._cork_bytes = 0
+        finally:
+            self._wmutex.release()
 
-    def _uncork(self, me: int | None = None) -> None:
-        """Write the corked frames out (only ``me``'s cork, if given) and end the cork."""
-        with self._wmutex:
+    def _uncork(self, me: int | None = None, tail: bytes | None = None) -> None:
+        """Write the corked frames out (only ``me``'s cork, if given) and end the cork; ``tail``
+        (an inline handler's response) goes out last, in the same write when the cork is still
+        ``me``'s, else as any other frame (the cork was overtaken and written meanwhile)."""
+        self._wmutex.acquire()
+        try:
             cork = self._cork
             if cork is None or (me is not None and self._cork_thread != me):
-                return
-            self._cork = self._cork_thread = None
-            if not cork or self._closed:
-                return
-            overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
-            if overflow is None:
-                return
+                if tail is None:
+                    return
+                overflow = None  # not ours to end: the tail is sent below, outside the lock
+            else:
+                self._cork = self._cork_thread = None
+                if tail is not None:
+                    cork.append(tail)
+                    tail = None
+                if not cork or self._closed:
+                    return
+                overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+                if overflow is None:
+                    return
+        finally:
+            self._wmutex.release()
+        if tail is not None:
+            self._send(tail)
+            return
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
 
@@ -698,7 +720,8 @@ class Connection:
             frame = self._read_frame(me, None)
             if frame is None:
                 return
-            with mutex:  # admission and the inline decision in one critical section
+            mutex.acquire()  # admission and the inline decision in one critical section
+            try:
                 if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
                 else:
@@ -712,15 +735,17 @@ class Connection:
                     else:
                         self._jobs.append(frame)
                         inline = False
+            finally:
+                mutex.release()
             if not admitted:
                 self._refuse(frame)
                 continue
             if not inline:
                 continue
             self._cork_inline(me)
-            replied = self._run(frame)
-            self._uncork(me)
-            with mutex:
+            replied = self._run(frame, me)  # ends the cork
+            mutex.acquire()
+            try:
                 self._in_flight -= 1
                 self._replied -= replied
                 if self._eof and not self._in_flight:
@@ -732,6 +757,8 @@ class Connection:
                     self._role = None
                     cond.notify_all()
                     return
+            finally:
+                mutex.release()
 
     def await_reply(self, call: PendingCall) -> None:
         """Wait for ``call`` until its deadline, reading the transport ourselves when we can.
@@ -751,7 +778,8 @@ class Connection:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                with mutex:
+                mutex.acquire()
+                try:
                     if call.settled:
                         return
                     if self._closed or self._eof:
@@ -768,6 +796,8 @@ class Connection:
                         self._callers_waiting -= 1
                         waited = True
                         continue
+                finally:
+                    mutex.release()
                 if not read:
                     call.wait_resolved(remaining)
                     return
@@ -804,7 +834,8 @@ class Connection:
                 if not admitted:
                     self._refuse(frame)
         finally:
-            with mutex:
+            mutex.acquire()
+            try:
                 if self._role == me:
                     if held and not self._closed:
                         self._inline_since = time.monotonic()  # back inside the handler
@@ -815,8 +846,12 @@ class Connection:
                         elif not self._closed:
                             # A worker takes the role back unless another call comes soon.
                             self._released_at = time.monotonic()
-                            self._watch_locked()
-                self._maybe_release_fds()
+                            if not self._watched:
+                                self._watch_locked()
+                if self._closed:
+                    self._maybe_release_fds()
+            finally:
+                mutex.release()
 
     def _read_frame(self, me: int, deadline: float | None,
                     call: PendingCall | None = None) -> Request | Notification | None:
@@ -865,14 +900,19 @@ class Connection:
                     return None
                 continue
             counters["frames_in"] += 1
-            # Fast path for the commonest frame: a well-formed response to our call.
-            if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
-                    and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
-                    and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
-                self._on_response(value[1], value[2], value[3])
-                if call is not None and call.settled:
-                    return None
-                continue
+            # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
+            # response to our call, a request with its params in one map.
+            if type(value) is list and len(value) == 4 and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID:
+                kind = value[0]
+                if (kind == 1 and type(kind) is int
+                        and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
+                    self._on_response(value[1], value[2], value[3])
+                    if call is not None and call.settled:
+                        return None
+                    continue
+                if (kind == 0 and type(kind) is int and type(value[2]) is str and value[2]
+                        and type(value[3]) is list and len(value[3]) == 1 and type(value[3][0]) is dict):
+                    return _new_request(Request, (value[1], value[2], value[3][0]))
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
@@ -1023,12 +1063,17 @@ class Connection:
             return encode_response(msgid, err.to_wire(), None)
         return frame
 
-    def _run(self, job: Request | Notification) -> int:
+    def _run(self, job: Request | Notification, corked_by: int | None = None) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
-        ``_in_flight`` by one and ``_replied`` by what this returned."""
+        ``_in_flight`` by one and ``_replied`` by what this returned.
+
+        ``corked_by``: the thread that corked for this job (an inline run, see
+        :meth:`_cork_inline`); the cork ends here, on every path, and a response goes out in the
+        same write as the frames the handler corked."""
         msgid = job.msgid if type(job) is Request else None  # None: a notification
         replied = 0
+        tail = None
         try:
             ctx = Context(self, self.state, job.method, msgid)
             try:
@@ -1053,16 +1098,25 @@ class Connection:
                     return 1  # answered early (and counted there): this return value is dropped
                 frame = self._result_frame(msgid, job.method, result)
                 replied = self._count_replied()
-                self._send(frame)
+                if corked_by is None:
+                    self._send(frame)
+                else:
+                    tail = frame
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
+        finally:
+            if corked_by is not None:
+                self._uncork(corked_by, tail)
         return replied
 
     def _count_replied(self) -> int:
         """A response is about to be written: its request stops counting against
         ``max_in_flight`` (a peer that waits for the reply may send its next request at once)."""
-        with self._mutex:
+        self._mutex.acquire()
+        try:
             self._replied += 1
+        finally:
+            self._mutex.release()
         return 1
 
     def _reject(self, exc: CastorError, msgid: int | None) -> None:
