@@ -502,8 +502,9 @@ class Connection:
                     return
         finally:
             self._wmutex.release()
-        if tail is not None:
-            self._send(tail)
+        if overflow is None:  # the tail, not ours to write with a cork
+            if tail is not None:
+                self._send(tail)
             return
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
