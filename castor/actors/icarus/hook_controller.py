@@ -68,13 +68,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any, ClassVar
 
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT
 from castor.actors.icarus.messages import (
+    Answer,
     AuditAndRelease,
     Classified,
     Classify,
@@ -202,7 +201,7 @@ class WorkerLane:
             else:
                 self._safe_feedback(lc.WorkerDone(request=item[0], ok=False, error_code="actor_stopped"))
 
-    def help_until(self, done: Future[Any], deadline: float) -> None:
+    def help_until(self, done: Answer, deadline: float) -> None:
         """Run queued jobs on this thread, in order, while no other thread runs one, until ``done``
         is done (or ``deadline``, a ``time.monotonic()`` instant, passes); then leave what is left
         to the lane's thread."""
@@ -330,7 +329,7 @@ class HookController(Actor):
 
     def on_start(self) -> None:
         self.state = lc.initial_state(self.config)
-        self._futures: dict[str, Future[Any]] = {}
+        self._futures: dict[str, Answer] = {}
         self._cancels: dict[str, CancelToken] = {}
         self._current_model: tuple[str, str] | None = None
         handle = self.handle
@@ -399,7 +398,7 @@ class HookController(Actor):
         """Step ``event`` and carry out its effects. ``lane_wakes=False``: the asker runs the
         calls queued here itself (``WorkerLane.help_until``), so the lane's thread is not woken."""
         self.state, effects = lc.step(self.state, event)
-        closing: list[Future[Any]] | None = None
+        closing: list[Answer] | None = None
         for effect in effects:
             if isinstance(effect, lc.CloseWorker):
                 closing = []
@@ -448,7 +447,7 @@ class HookController(Actor):
         start_thread(job.run, name="icarus-filter", owner=self.path, purpose="classify and release one prompt")
 
 
-def _resolve_all(futures: list[Future[Any]]) -> None:
+def _resolve_all(futures: list[Answer]) -> None:
     for fut in futures:
         if not fut.done():
             fut.set_result(None)
@@ -519,12 +518,12 @@ class HookClient:
         return f"{self._prefix}-{next(self._ids)}"
 
     def submit(self, name: str, payload: dict[str, Any] | None = None, *,
-               request: str | None = None) -> tuple[str, Future[Any]]:
+               request: str | None = None) -> tuple[str, Answer]:
         """Send an event now; the future gets its result (or None). Raises InvalidParams at once."""
         req = request or self.new_request()
         data = payload or {}
         event = event_from_harness(name, data, req)
-        fut: Future[Any] = Future()
+        fut = Answer()
         self.handle.tell(HarnessEvent(event=event, reply=fut, current_model=_current_model(data)))
         return req, fut
 
@@ -549,7 +548,7 @@ class HookClient:
         deadline = time.monotonic() + bound
         req = request or self.new_request()
         data = payload or {}
-        fut: Future[dict[str, Any] | None] = Future()
+        fut = Answer()
         message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data),
                                helper=None if answer is None else threading.get_ident())
         try:  # an idle controller handles it on this thread (inline_asks)
@@ -557,14 +556,15 @@ class HookClient:
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
             return fut.result(0) if fut.done() else None
         if answer is not None:
-            fut.add_done_callback(lambda done: answer(done.result()))
+            fut.add_done_callback(answer)
             if isinstance(lane, WorkerLane):
                 lane.help_until(fut, deadline)
         try:
-            return fut.result(max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
+            result: dict[str, Any] | None = fut.result(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
             self.abort(req)
             return None
+        return result
 
     def abort(self, request: str) -> None:
         """The turn's abort signal for ``before_agent_start`` request ``request``."""

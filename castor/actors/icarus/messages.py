@@ -3,7 +3,7 @@
 =====================  ==================  ===========================================================
 message                handled by          reply
 =====================  ==================  ===========================================================
-``HarnessEvent``       HookController      none (the result goes to the message's ``reply`` future)
+``HarnessEvent``       HookController      none (the result goes to the message's ``reply`` Answer)
 ``Feedback``           HookController      none (a worker, filter or abort completion)
 ``SetHooksEnabled``    HookController      the new ``enabled`` flag
 ``SetContextVisible``  HookController      the new ``visible`` flag
@@ -21,9 +21,13 @@ the model declares); they are re-exported here so every Icarus message is found 
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import threading
+from _thread import allocate_lock
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
+
+from loguru import logger
 
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
 from castor.domain.icarus import lifecycle as lc
@@ -33,6 +37,80 @@ from castor.supervision import CancelToken
 
 # ---------------------------------------------------------------------------
 # HookController
+
+_ANSWER_GUARD = threading.Lock()  # makes the first set of an Answer win; uncontended in practice
+
+
+class Answer:
+    """Where a harness event's answer goes: set once (the first ``set_result`` wins, later ones are
+    ignored), read with a deadline by any number of threads, and handed to at most one callback on
+    whichever thread sets it.
+
+    What a hook call needs of ``concurrent.futures.Future`` and no more: a Future builds a
+    ``Condition`` (an RLock and a waiter list) and takes it, in Python code, at every ``done``,
+    ``set_result``, ``add_done_callback`` and ``result`` -- eight times per hook call. This is a
+    pre-acquired lock as the gate (as the actors' reply slots are) and one short guard section per
+    outcome. It carries no exception: the hook controller answers ``None`` when it cannot answer.
+    """
+
+    __slots__ = ("_gate", "_done", "_value", "_callback")
+
+    def __init__(self) -> None:
+        self._gate = allocate_lock()
+        self._gate.acquire()
+        self._done = False
+        self._value: Any = None
+        self._callback: Callable[[Any], None] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value: Any) -> bool:
+        """Answer with ``value``; ``False`` (and nothing changes) when answered already. The
+        callback, if any, runs here, on this thread; its failure is logged, never raised."""
+        _ANSWER_GUARD.acquire()
+        try:
+            if self._done:
+                return False
+            self._value = value
+            self._done = True
+            callback = self._callback
+        finally:
+            _ANSWER_GUARD.release()
+        self._gate.release()
+        if callback is not None:
+            _run_callback(callback, value)
+        return True
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(value)`` once answered: now, on this thread, when answered already. One only."""
+        _ANSWER_GUARD.acquire()
+        try:
+            if not self._done:
+                if self._callback is not None:
+                    raise RuntimeError("an Answer takes one callback")
+                self._callback = fn
+                return
+        finally:
+            _ANSWER_GUARD.release()
+        _run_callback(fn, self._value)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The answer; waits up to ``timeout`` seconds (``None``: no limit) and raises
+        ``TimeoutError`` when none came."""
+        if not self._done:
+            if not self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                raise TimeoutError("no answer in time")
+            self._gate.release()  # the next waiter passes at once
+        return self._value
+
+
+def _run_callback(fn: Callable[[Any], None], value: Any) -> None:
+    try:
+        fn(value)
+    except Exception:  # noqa: BLE001 - the answer stands; the callback's failure is its own
+        logger.exception("a hook answer's callback failed")
+
 
 
 class HarnessEventName(StrEnum):
@@ -51,7 +129,7 @@ class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
     """A harness lifecycle event; ``reply`` receives the result (or None)."""
 
     event: lc.HarnessLifecycleEvent  # carries the request id its answer goes to
-    reply: Future[Any]  # receives the machine's answer for the harness (or None)
+    reply: Answer  # receives the machine's answer for the harness (or None)
     current_model: tuple[str, str] | None = None
     #: The thread id of an asker that will make the worker calls itself (``WorkerLane.help_until``):
     #: handled on that very thread (inline), the event's calls do not wake the lane's thread, and
