@@ -31,10 +31,6 @@ QUEUED, STARTED, CANCELLED, REJECTED = 0, 1, 2, 3
 
 _REPLY_GUARD = threading.Lock()  # makes the first set/fail of a Reply win; uncontended in practice
 
-# The sections every message passes through (put, get, the inline claim and its end, a reply's
-# set) take their lock as ``acquire()`` / ``try`` / ``finally: release()``: on CPython 3.11 that is
-# ~110 ns against ~210 ns for ``with lock:``, which looks up and calls ``__enter__`` / ``__exit__``.
-
 
 class ReplySlot(Protocol):
     """Where the answer to one ask goes: resolved once (the first outcome wins), then read."""
@@ -66,27 +62,21 @@ class Reply:
 
     def set(self, value: Any) -> bool:
         """Resolve with a value; False when already resolved (the first outcome wins)."""
-        _REPLY_GUARD.acquire()
-        try:
+        with _REPLY_GUARD:
             if self._done:
                 return False
             self._done = True
             self.value = value
-        finally:
-            _REPLY_GUARD.release()
         self._gate.release()
         return True
 
     def fail(self, error: BaseException) -> bool:
         """Resolve with an error; False when already resolved."""
-        _REPLY_GUARD.acquire()
-        try:
+        with _REPLY_GUARD:
             if self._done:
                 return False
             self._done = True
             self.error = error
-        finally:
-            _REPLY_GUARD.release()
         self._gate.release()
         return True
 
@@ -120,13 +110,10 @@ class Latch:
         self._set = False
 
     def set(self) -> None:
-        _REPLY_GUARD.acquire()
-        try:
+        with _REPLY_GUARD:
             if self._set:
                 return
             self._set = True
-        finally:
-            _REPLY_GUARD.release()
         self._gate.release()
 
     def is_set(self) -> bool:
@@ -216,8 +203,7 @@ class Mailbox:
     # -- producers -------------------------------------------------------
     def put(self, envelope: Envelope) -> None:
         """Enqueue or raise: MailboxClosed when closed, MailboxFull when at capacity."""
-        self._lock.acquire()
-        try:
+        with self._lock:
             if self._closed is not None:
                 self.rejected += 1
                 raise MailboxClosed(self._closed(), self._revivable)
@@ -233,8 +219,6 @@ class Mailbox:
             by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
             if self._waiters:
                 self._waiters.pop(0).release()
-        finally:
-            self._lock.release()
 
     def put_control(self, item: Control) -> bool:
         """Queue a control item ahead of every message; False when closed."""
@@ -250,34 +234,27 @@ class Mailbox:
         """Take ``turn`` (without blocking) only if the consumer is parked in :meth:`get` on an
         empty, open mailbox. Until :meth:`end_inline`, :meth:`get` hands out nothing: what is put
         meanwhile stays queued (and counted in the depth) behind the inline handler."""
-        self._lock.acquire()
-        try:
+        with self._lock:
             if (self._closed is not None or self._inline or self._queue or self._control
                     or not self._waiters or not turn.acquire(False)):
                 return False
             self._inline = True
             return True
-        finally:
-            self._lock.release()
 
     def end_inline(self, turn: Any) -> None:
         """The inline handler is done: release ``turn`` (taken by :meth:`claim_idle`); the
         consumer may take what queued behind it. One lock round trip for both."""
-        self._lock.acquire()
-        try:
+        with self._lock:
             turn.release()
             self._inline = False
             if (self._queue or self._control) and self._waiters:
                 self._waiters.pop(0).release()
-        finally:
-            self._lock.release()
 
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
         """Block until a control item or an envelope is available; controls first."""
         lock = self._lock
-        lock.acquire()
-        try:
+        with lock:
             while self._inline or (not self._control and not self._queue):
                 waiter = _allocate_lock()
                 waiter.acquire()
@@ -293,8 +270,6 @@ class Mailbox:
             self._by_type[envelope.type_name] -= 1  # it was counted by its put
             envelope.state = STARTED
             return envelope
-        finally:
-            lock.release()
 
     def put_back(self, item: Envelope | Control) -> None:
         """Return an item taken by a consumer that must not handle it (an abandoned loop), at the front."""

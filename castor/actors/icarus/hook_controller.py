@@ -519,7 +519,7 @@ class HookClient:
 
     def submit(self, name: str, payload: dict[str, Any] | None = None, *,
                request: str | None = None) -> tuple[str, Answer]:
-        """Send an event now; the future gets its result (or None). Raises InvalidParams at once."""
+        """Send an event now; the returned ``Answer`` gets its result (or None). Raises InvalidParams at once."""
         req = request or self.new_request()
         data = payload or {}
         event = event_from_harness(name, data, req)

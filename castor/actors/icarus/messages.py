@@ -68,15 +68,12 @@ class Answer:
     def set_result(self, value: Any) -> bool:
         """Answer with ``value``; ``False`` (and nothing changes) when answered already. The
         callback, if any, runs here, on this thread; its failure is logged, never raised."""
-        _ANSWER_GUARD.acquire()
-        try:
+        with _ANSWER_GUARD:
             if self._done:
                 return False
             self._value = value
             self._done = True
             callback = self._callback
-        finally:
-            _ANSWER_GUARD.release()
         self._gate.release()
         if callback is not None:
             _run_callback(callback, value)
@@ -84,15 +81,12 @@ class Answer:
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(value)`` once answered: now, on this thread, when answered already. One only."""
-        _ANSWER_GUARD.acquire()
-        try:
+        with _ANSWER_GUARD:
             if not self._done:
                 if self._callback is not None:
                     raise RuntimeError("an Answer takes one callback")
                 self._callback = fn
                 return
-        finally:
-            _ANSWER_GUARD.release()
         _run_callback(fn, self._value)
 
     def result(self, timeout: float | None = None) -> Any:

@@ -94,12 +94,12 @@ def test_racing_setters_one_wins_and_the_callback_sees_the_winner() -> None:
         wins: list[object] = []
         go = threading.Event()
 
-        def set_(value: object) -> None:
+        def set_(value: object, go: threading.Event, answer: Answer, wins: list[object]) -> None:
             go.wait(5)
             if answer.set_result(value):
                 wins.append(value)
 
-        threads = [threading.Thread(target=set_, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=set_, args=(i, go, answer, wins)) for i in range(4)]
         for t in threads:
             t.start()
         go.set()
