@@ -78,8 +78,6 @@ from castor.supervision.threads import start_thread
 _conn_ids = itertools.count(1)
 _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
-# Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
-_new_request = tuple.__new__
 
 
 class ConnectionSettings(BaseModel):
@@ -211,15 +209,8 @@ class Connection:
         self._closed_event = threading.Event()
         self._close_callbacks: list[Callable[[Connection], None]] = []
         # Worker/reader coordination.
-        # ``with self._mutex`` (C-level) for plain critical sections; ``_cond`` (same lock) only
-        # to wait/notify — Condition.__enter__ is Python code on the hot path. The worker loop's
-        # two sections per request (admission, the end of an inline run) and its cork take their
-        # lock as ``acquire()`` / ``try`` / ``finally: release()``: ~110 ns against ~210 ns for
-        # ``with lock:`` on CPython 3.11. Only there: an exception raised asynchronously (a signal
-        # handler's KeyboardInterrupt) can land between ``acquire()`` returning and the ``try``
-        # and leave the lock held, which ``with`` rules out, and signal handlers run on the main
-        # thread only -- never on a connection's worker threads. Every path a caller's thread (the
-        # main thread of a CLI or a harness) can run keeps ``with``.
+        # ``with self._mutex`` (C-level) for plain critical sections; ``_cond`` (same lock)
+        # only to wait/notify — Condition.__enter__ is Python code on the hot path.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         self._threads = 0
@@ -421,7 +412,10 @@ class Connection:
             self.counters[key] += 1
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
-        pending.resolve(None if error is None else error_from_wire(error), result)
+        if error is not None:
+            pending.resolve(error_from_wire(error), None)
+        else:
+            pending.resolve(None, result)
         if self._callers_waiting:
             with self._mutex:
                 self._cond.notify_all()
@@ -471,39 +465,24 @@ class Connection:
 
     def _cork_inline(self, me: int) -> None:
         """Cork the frames the inline handler about to run on ``me`` sends (unless one is corked)."""
-        self._wmutex.acquire()
-        try:
+        with self._wmutex:
             if self._cork is None:
                 self._cork_thread = me
                 self._cork = []
                 self._cork_bytes = 0
-        finally:
-            self._wmutex.release()
 
-    def _uncork(self, me: int | None = None, tail: bytes | None = None) -> None:
-        """Write the corked frames out (only ``me``'s cork, if given) and end the cork; ``tail``
-        (an inline handler's response) goes out last, in the same write when the cork is still
-        ``me``'s, else as any other frame (the cork was overtaken and written meanwhile)."""
+    def _uncork(self, me: int | None = None) -> None:
+        """Write the corked frames out (only ``me``'s cork, if given) and end the cork."""
         with self._wmutex:
             cork = self._cork
             if cork is None or (me is not None and self._cork_thread != me):
-                if tail is None:
-                    return
-                overflow = None  # not ours to end: the tail is sent below, outside the lock
-            else:
-                self._cork = self._cork_thread = None
-                if tail is not None:
-                    cork.append(tail)
-                    tail = None
-                if not cork or self._closed:
-                    return
-                overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
-                if overflow is None:
-                    return
-        if overflow is None:  # the tail, not ours to write with a cork
-            if tail is not None:
-                self._send(tail)
-            return
+                return
+            self._cork = self._cork_thread = None
+            if not cork or self._closed:
+                return
+            overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+            if overflow is None:
+                return
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
 
@@ -719,8 +698,7 @@ class Connection:
             frame = self._read_frame(me, None)
             if frame is None:
                 return
-            mutex.acquire()  # admission and the inline decision in one critical section
-            try:
+            with mutex:  # admission and the inline decision in one critical section
                 if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
                 else:
@@ -734,17 +712,15 @@ class Connection:
                     else:
                         self._jobs.append(frame)
                         inline = False
-            finally:
-                mutex.release()
             if not admitted:
                 self._refuse(frame)
                 continue
             if not inline:
                 continue
             self._cork_inline(me)
-            replied = self._run(frame, me)  # ends the cork
-            mutex.acquire()
-            try:
+            replied = self._run(frame)
+            self._uncork(me)
+            with mutex:
                 self._in_flight -= 1
                 self._replied -= replied
                 if self._eof and not self._in_flight:
@@ -756,8 +732,6 @@ class Connection:
                     self._role = None
                     cond.notify_all()
                     return
-            finally:
-                mutex.release()
 
     def await_reply(self, call: PendingCall) -> None:
         """Wait for ``call`` until its deadline, reading the transport ourselves when we can.
@@ -841,10 +815,8 @@ class Connection:
                         elif not self._closed:
                             # A worker takes the role back unless another call comes soon.
                             self._released_at = time.monotonic()
-                            if not self._watched:
-                                self._watch_locked()
-                if self._closed:
-                    self._maybe_release_fds()
+                            self._watch_locked()
+                self._maybe_release_fds()
 
     def _read_frame(self, me: int, deadline: float | None,
                     call: PendingCall | None = None) -> Request | Notification | None:
@@ -893,19 +865,14 @@ class Connection:
                     return None
                 continue
             counters["frames_in"] += 1
-            # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
-            # response to our call, a request with its params in one map.
-            if type(value) is list and len(value) == 4 and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID:
-                kind = value[0]
-                if (kind == 1 and type(kind) is int
-                        and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
-                    self._on_response(value[1], value[2], value[3])
-                    if call is not None and call.settled:
-                        return None
-                    continue
-                if (kind == 0 and type(kind) is int and type(value[2]) is str and value[2]
-                        and type(value[3]) is list and len(value[3]) == 1 and type(value[3][0]) is dict):
-                    return _new_request(Request, (value[1], value[2], value[3][0]))
+            # Fast path for the commonest frame: a well-formed response to our call.
+            if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
+                    and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
+                    and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
+                self._on_response(value[1], value[2], value[3])
+                if call is not None and call.settled:
+                    return None
+                continue
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
@@ -1056,17 +1023,12 @@ class Connection:
             return encode_response(msgid, err.to_wire(), None)
         return frame
 
-    def _run(self, job: Request | Notification, corked_by: int | None = None) -> int:
+    def _run(self, job: Request | Notification) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
-        ``_in_flight`` by one and ``_replied`` by what this returned.
-
-        ``corked_by``: the thread that corked for this job (an inline run, see
-        :meth:`_cork_inline`); the cork ends here, on every path, and a response goes out in the
-        same write as the frames the handler corked."""
+        ``_in_flight`` by one and ``_replied`` by what this returned."""
         msgid = job.msgid if type(job) is Request else None  # None: a notification
         replied = 0
-        tail = None
         try:
             ctx = Context(self, self.state, job.method, msgid)
             try:
@@ -1091,15 +1053,9 @@ class Connection:
                     return 1  # answered early (and counted there): this return value is dropped
                 frame = self._result_frame(msgid, job.method, result)
                 replied = self._count_replied()
-                if corked_by is None:
-                    self._send(frame)
-                else:
-                    tail = frame
+                self._send(frame)
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
-        finally:
-            if corked_by is not None:
-                self._uncork(corked_by, tail)
         return replied
 
     def _count_replied(self) -> int:
