@@ -137,13 +137,22 @@ def test_the_casts_view_lists_each_sessions_casts_with_what_they_wait_on(tmp_pat
 def test_follow_json_is_one_valid_document_per_line(tmp_path, live):
     sock, _casts = live
     argv = [*CASTOR, "inspect", "--socket", str(sock), "casts", "--json", "--follow", "--interval", "0.1"]
-    proc = subprocess.Popen(argv, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # faulthandler on: if Ctrl-C ever leaves the viewer running, SIGABRT makes it print every
+    # thread's stack, and the failure carries it (a hang seen once in a loaded full-suite run).
+    env = {**_env(tmp_path), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
         assert all(len(d["sessions"]) == 2 for d in docs)
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _out, err = proc.communicate(timeout=20)
+            pytest.fail(f"castor inspect --follow still running 20 s after Ctrl-C; its threads:\n{err[-8000:]}")
+    assert code == 0, proc.stderr.read()
 
 
 def test_json_to_a_reader_that_goes_away_ends_quietly(tmp_path, live):
