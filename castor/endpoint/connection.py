@@ -78,6 +78,8 @@ from castor.supervision.threads import start_thread
 _conn_ids = itertools.count(1)
 _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
+# Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
+_new_request = tuple.__new__
 
 
 class ConnectionSettings(BaseModel):
@@ -412,10 +414,7 @@ class Connection:
             self.counters[key] += 1
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
-        if error is not None:
-            pending.resolve(error_from_wire(error), None)
-        else:
-            pending.resolve(None, result)
+        pending.resolve(None if error is None else error_from_wire(error), result)
         if self._callers_waiting:
             with self._mutex:
                 self._cond.notify_all()
@@ -471,18 +470,30 @@ class Connection:
                 self._cork = []
                 self._cork_bytes = 0
 
-    def _uncork(self, me: int | None = None) -> None:
-        """Write the corked frames out (only ``me``'s cork, if given) and end the cork."""
+    def _uncork(self, me: int | None = None, tail: bytes | None = None) -> None:
+        """Write the corked frames out (only ``me``'s cork, if given) and end the cork; ``tail``
+        (an inline handler's response) goes out last, in the same write when the cork is still
+        ``me``'s, else as any other frame (the cork was overtaken and written meanwhile)."""
         with self._wmutex:
             cork = self._cork
             if cork is None or (me is not None and self._cork_thread != me):
-                return
-            self._cork = self._cork_thread = None
-            if not cork or self._closed:
-                return
-            overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
-            if overflow is None:
-                return
+                if tail is None:
+                    return
+                overflow = None  # not ours to end: the tail is sent below, outside the lock
+            else:
+                self._cork = self._cork_thread = None
+                if tail is not None:
+                    cork.append(tail)
+                    tail = None
+                if not cork or self._closed:
+                    return
+                overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+                if overflow is None:
+                    return
+        if overflow is None:  # the tail, not ours to write with a cork
+            if tail is not None:
+                self._send(tail)
+            return
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
 
@@ -718,8 +729,7 @@ class Connection:
             if not inline:
                 continue
             self._cork_inline(me)
-            replied = self._run(frame)
-            self._uncork(me)
+            replied = self._run(frame, me)  # ends the cork
             with mutex:
                 self._in_flight -= 1
                 self._replied -= replied
@@ -815,8 +825,10 @@ class Connection:
                         elif not self._closed:
                             # A worker takes the role back unless another call comes soon.
                             self._released_at = time.monotonic()
-                            self._watch_locked()
-                self._maybe_release_fds()
+                            if not self._watched:
+                                self._watch_locked()
+                if self._closed:
+                    self._maybe_release_fds()
 
     def _read_frame(self, me: int, deadline: float | None,
                     call: PendingCall | None = None) -> Request | Notification | None:
@@ -865,14 +877,19 @@ class Connection:
                     return None
                 continue
             counters["frames_in"] += 1
-            # Fast path for the commonest frame: a well-formed response to our call.
-            if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
-                    and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID
-                    and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
-                self._on_response(value[1], value[2], value[3])
-                if call is not None and call.settled:
-                    return None
-                continue
+            # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
+            # response to our call, a request with its params in one map.
+            if type(value) is list and len(value) == 4 and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID:
+                kind = value[0]
+                if (kind == 1 and type(kind) is int
+                        and (value[2] is None or (type(value[2]) is dict and type(value[2].get("code")) is str))):
+                    self._on_response(value[1], value[2], value[3])
+                    if call is not None and call.settled:
+                        return None
+                    continue
+                if (kind == 0 and type(kind) is int and type(value[2]) is str and value[2]
+                        and type(value[3]) is list and len(value[3]) == 1 and type(value[3][0]) is dict):
+                    return _new_request(Request, (value[1], value[2], value[3][0]))
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
@@ -1023,12 +1040,17 @@ class Connection:
             return encode_response(msgid, err.to_wire(), None)
         return frame
 
-    def _run(self, job: Request | Notification) -> int:
+    def _run(self, job: Request | Notification, corked_by: int | None = None) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
-        ``_in_flight`` by one and ``_replied`` by what this returned."""
+        ``_in_flight`` by one and ``_replied`` by what this returned.
+
+        ``corked_by``: the thread that corked for this job (an inline run, see
+        :meth:`_cork_inline`); the cork ends here, on every path, and a response goes out in the
+        same write as the frames the handler corked."""
         msgid = job.msgid if type(job) is Request else None  # None: a notification
         replied = 0
+        tail = None
         try:
             ctx = Context(self, self.state, job.method, msgid)
             try:
@@ -1053,9 +1075,15 @@ class Connection:
                     return 1  # answered early (and counted there): this return value is dropped
                 frame = self._result_frame(msgid, job.method, result)
                 replied = self._count_replied()
-                self._send(frame)
+                if corked_by is None:
+                    self._send(frame)
+                else:
+                    tail = frame
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
+        finally:
+            if corked_by is not None:
+                self._uncork(corked_by, tail)
         return replied
 
     def _count_replied(self) -> int:
