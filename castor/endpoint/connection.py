@@ -102,6 +102,10 @@ class ConnectionSettings(BaseModel):
     #: Pipes always poll (closing a pipe does not wake a blocked read).
     poll_workers: bool = False
     max_sessions: int = Field(32, ge=1)  # sessions one connection may hold open; one more is mailbox_full
+    #: A worker idle this long ends, unless it is the connection's last: a burst of slow handlers
+    #: grows the pool up to ``max_workers``, and a long-lived connection (a harness's, an
+    #: operator's) gives those threads back afterwards instead of keeping them for its lifetime.
+    worker_idle_exit: float = Field(10.0, gt=0)
 
 
 # A worker takes back a reader role that callers left free after this long without a caller.
@@ -216,6 +220,7 @@ class Connection:
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         self._threads = 0
+        self._worker_numbers = itertools.count(1)  # names only (workers end and start again)
         self._idle = 0
         self._role: int | None = None          # thread ident holding the reader role
         self._inline_since: float | None = None  # the role holder is running a handler
@@ -270,7 +275,7 @@ class Connection:
         self.counters = {
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
-            "handler_errors": 0, "role_steals": 0,
+            "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -562,8 +567,8 @@ class Connection:
     # ------------------------------------------------------------------ reading and dispatch
     def _spawn_locked(self) -> None:
         self._threads += 1
-        start_thread(self._worker, name=f"castor-{self.name}-w{self._threads}", owner=f"/endpoint/{self.name}",
-                     purpose="read and dispatch this connection's frames")
+        start_thread(self._worker, name=f"castor-{self.name}-w{next(self._worker_numbers)}",
+                     owner=f"/endpoint/{self.name}", purpose="read and dispatch this connection's frames")
 
     def _maybe_release_fds(self) -> None:
         """Close the wake pipe once closed and no thread can poll or poke it (caller holds ``_cond``)."""
@@ -594,6 +599,8 @@ class Connection:
         finished = False
         replied = 0
         stole = False
+        idle_exit = self.settings.worker_idle_exit
+        timed_out = False  # the last idle wait ended without a wake-up
         while True:
             job = None
             with mutex:
@@ -630,8 +637,15 @@ class Connection:
                             self.counters["role_steals"] += 1
                             stole = True
                             break
+                    if timed_out and self._threads > 1:
+                        # Idle for ``worker_idle_exit`` with nothing found to do (the checks above
+                        # ran after the wait, so a wake-up lost to the timeout is not missed).
+                        # Another thread remains: the watchdog spawns again if it is ever needed.
+                        self._threads -= 1
+                        self.counters["workers_exited_idle"] += 1
+                        return
                     self._idle += 1
-                    cond.wait()
+                    timed_out = not cond.wait(idle_exit)
                     self._idle -= 1
             if job is not None:
                 replied = self._run(job)

@@ -307,3 +307,36 @@ def test_a_client_that_waits_for_each_reply_is_never_refused_at_the_in_flight_li
                 assert c.call("echo", {"n": n}) == {"n": n}
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(30)
+def test_workers_a_burst_of_slow_handlers_grew_end_once_idle_and_the_pool_grows_again(gates, sock_dir) -> None:
+    """A long-lived connection gives back the threads a burst needed, keeps one, and grows again."""
+    srv = start_server(gates, sock_dir, settings=ConnectionSettings(worker_idle_exit=0.2))
+    client = Client.connect_unix(srv.address, default_timeout=10)
+    try:
+        slow = [client.call_async("block", timeout=10) for _ in range(3)]
+        assert gates.entered.wait(5)
+        conn = srv.connections()[0]
+        # Each slow handler overtaken keeps its thread; reading went on, on a new one.
+        assert poll_until(lambda: conn.stats()["threads"] >= 3, timeout=5)
+        assert client.call("add", {"a": 1}, timeout=5) == 1
+        gates.release.set()
+        assert [c.result() for c in slow] == ["released"] * 3
+        assert poll_until(lambda: conn.stats()["threads"] == 1, timeout=10), conn.stats()
+        assert conn.counters["workers_exited_idle"] >= 2
+        assert conn.stats()["threads"] == 1  # the last one stays
+        for i in range(20):
+            assert client.call("add", {"a": i}, timeout=5) == i
+        # The pool grows again: a slow handler is overtaken and calls are still answered meanwhile.
+        gates.release.clear()
+        gates.entered.clear()
+        again = client.call_async("block", timeout=10)
+        assert gates.entered.wait(5)
+        assert client.call("add", {"a": 2}, timeout=5) == 2
+        gates.release.set()
+        assert again.result() == "released"
+    finally:
+        gates.release.set()
+        client.close()
+        srv.stop()
