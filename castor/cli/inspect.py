@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 from rich.live import Live
@@ -141,10 +145,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not args.follow:
             console.print(render(fetch()))
             return 0
-        with Live(render(fetch()), console=console, refresh_per_second=4) as live:
-            while True:
-                time.sleep(max(0.1, args.interval))  # a refresh period, not synchronisation
+        with _stop_on_ctrl_c() as stop, Live(render(fetch()), console=console, refresh_per_second=4) as live:
+            while not stop.wait(max(0.1, args.interval)):  # a refresh period, or Ctrl-C
                 live.update(render(fetch()))
+        return 0
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
@@ -161,10 +165,59 @@ def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any]) -> int:
         out.write(json.dumps(shape(args, fetch()), indent=2) + "\n")
         out.flush()
         return 0
-    while True:
-        out.write(json.dumps(shape(args, fetch())) + "\n")
-        out.flush()
-        time.sleep(max(0.1, args.interval))  # a refresh period, not synchronisation
+    with _stop_on_ctrl_c() as stop:
+        while not stop.pressed:
+            out.write(json.dumps(shape(args, fetch())) + "\n")
+            out.flush()
+            stop.wait(max(0.1, args.interval))  # a refresh period, or Ctrl-C
+    return 0
+
+
+class _CtrlC:
+    """Whether Ctrl-C was pressed; see :func:`_stop_on_ctrl_c`."""
+
+    SLICE = 0.05  # how soon a wait notices it
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until Ctrl-C; ``True`` if it was pressed."""
+        deadline = time.monotonic() + seconds
+        while not self.pressed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.SLICE, left))
+        return True
+
+
+@contextmanager
+def _stop_on_ctrl_c() -> Iterator[_CtrlC]:
+    """Ctrl-C ends a ``--follow`` loop between two refreshes, never inside a call.
+
+    A ``KeyboardInterrupt`` raised wherever the main thread happens to be can land inside the
+    client's connection (between a counter's increment and its decrement, inside a condition's
+    wait) and leave it inconsistent, so the first Ctrl-C only marks the returned flag, and the
+    loop ends after the call in progress (at most its 10 s deadline). The handler takes no lock
+    (it runs on the main thread wherever that is, perhaps holding one). A second Ctrl-C raises
+    at once, as usual. Off the main thread (no handler can be set there) nothing changes.
+    """
+    ctrl_c = _CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if ctrl_c.pressed:
+            raise KeyboardInterrupt
+        ctrl_c.pressed = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield ctrl_c
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _quiet_broken_pipe() -> None:

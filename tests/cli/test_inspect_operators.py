@@ -14,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,38 @@ def test_a_bad_sort_is_a_usage_error(tmp_path):
     done = subprocess.run([*CASTOR, "inspect", "--socket", str(tmp_path / "x.sock"), "--sort", "worst"],
                           env=_env(tmp_path), capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and done.stderr.startswith("castor: invalid_params: ")
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_in_follow_mode_marks_a_stop_and_never_raises_inside_a_call():
+    """The first Ctrl-C only marks the stop (no KeyboardInterrupt inside the client's call in
+    progress), a waiting refresh ends at once, a second Ctrl-C raises, and the old handler is back."""
+    import threading
+
+    from castor.cli.inspect import _stop_on_ctrl_c
+
+    before = signal.getsignal(signal.SIGINT)
+    with _stop_on_ctrl_c() as stop:
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        assert stop.wait(10) is True  # woken by the Ctrl-C, not by the 10 s
+        assert time.monotonic() - started < 5 and stop.pressed
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here, at once
+    assert signal.getsignal(signal.SIGINT) is before
+    with _stop_on_ctrl_c() as fresh:
+        assert fresh.wait(0.01) is False and not fresh.pressed
+
+
+def test_follow_json_ends_at_a_second_ctrl_c_too(tmp_path, live):
+    sock, _casts = live
+    argv = [*CASTOR, "inspect", "--socket", str(sock), "casts", "--json", "--follow", "--interval", "0.1"]
+    proc = subprocess.Popen(argv, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline())["sessions"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(20)
+    assert code == 0 and "Traceback" not in proc.stderr.read()
