@@ -69,8 +69,8 @@ def test_an_exception_from_a_signal_handler_can_land_between_acquire_and_try() -
     try:
         for use_with in (False, True):
             for _ in range(300):
-                signal.setitimer(signal.ITIMER_REAL, 0.0001)
-                try:
+                try:  # the timer can fire as setitimer returns (a loaded machine): inside the try
+                    signal.setitimer(signal.ITIMER_REAL, 0.0001)
                     while True:
                         if use_with:
                             with lock:
