@@ -196,10 +196,10 @@ class _CtrlC:
 def _stop_on_ctrl_c() -> Iterator[_CtrlC]:
     """Ctrl-C ends a ``--follow`` loop between two refreshes, never inside a call.
 
-    A ``KeyboardInterrupt`` raised wherever the main thread happens to be can land inside the
-    client's connection (between a counter's increment and its decrement, inside a condition's
-    wait) and leave it inconsistent, so the first Ctrl-C only marks the returned flag, and the
-    loop ends after the call in progress (at most its 10 s deadline). The handler takes no lock
+    A ``KeyboardInterrupt`` raised inside the client's call would close the connection (the
+    stream cannot be trusted after it: see ``Connection.close_interrupted``), and the view would
+    end on a traceback instead of its last refresh, so the first Ctrl-C only marks the returned
+    flag, and the loop ends after the call in progress (at most its 10 s deadline). The handler takes no lock
     (it runs on the main thread wherever that is, perhaps holding one). A second Ctrl-C raises
     at once, as usual. Off the main thread (no handler can be set there) nothing changes.
     """

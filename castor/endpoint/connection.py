@@ -32,6 +32,16 @@ Both peers use this class: the server for each accepted client, the
 * **Close is prompt.** Every pending outgoing call fails with
   :class:`~castor.endpoint.errors.ConnectionClosed`; threads blocked in the
   transport are woken; close callbacks run once.
+* **An interrupted call leaves a connection that works or one that is closed, and nothing
+  hangs.** An exception raised into a call from outside -- a signal handler's, such as Ctrl-C's
+  ``KeyboardInterrupt`` on the main thread -- propagates unchanged. Struck while the call wrote
+  its request or waited for its reply, it closes the connection (reason ``interrupted``): it
+  may have landed between a ``recv`` and the decoder or halfway through a write, so the stream
+  is no longer trusted. Struck before the request was handed to the writer, or after the reply
+  was taken, it leaves the connection as it was (a reply still to come is discarded when it
+  arrives). The waits a call makes hold no lock while they wait (see ``PendingCall`` and
+  ``_waiting_callers``), so no lock is left released under another thread's hold
+  (tests/endpoint/test_interrupted_call.py).
 * **Bad frames never crash anything.** See :mod:`castor.endpoint.framing`
   for which ones keep the connection open.
 """
@@ -129,9 +139,15 @@ class PendingCall:
     table (the reader that matched its response, or close failing it) calls :meth:`resolve`, and
     :meth:`Connection.expire` removes it without resolving. The common path needs no lock: the
     caller usually reads its own response, so it resolves and reads the slot on one thread. A
-    thread that must *wait* for another to resolve it makes an ``Event`` on the way (the waiter
-    stores the event and then re-reads ``settled``; the resolver stores ``settled`` and then reads the
-    event: one of the two always sees the other's store).
+    thread that must *wait* for another to resolve it makes a gate on the way (the waiter
+    stores the gate and then re-reads ``settled``; the resolver stores ``settled`` and then reads the
+    gate: one of the two always sees the other's store).
+
+    The gate is a plain lock made locked, which the resolver releases once and each waiter passes
+    on after taking it, not an ``Event``: an ``Event``'s wait re-takes an inner lock on its way out,
+    and an exception raised into that wait by a signal handler (Ctrl-C's ``KeyboardInterrupt``) can
+    leave that lock released under the resolver's hold. A plain lock's wait holds nothing while
+    it waits, so an interrupted wait leaves nothing behind.
     """
 
     __slots__ = ("msgid", "method", "deadline", "_conn", "settled", "_value", "_error", "_gate", "_timed_out")
@@ -145,7 +161,7 @@ class PendingCall:
         self.settled = False
         self._value: Any = None
         self._error: CastorError | None = None
-        self._gate: threading.Event | None = None
+        self._gate: threading.Lock | None = None
         self._timed_out = False
 
     @property
@@ -162,7 +178,7 @@ class PendingCall:
         self.settled = True
         gate = self._gate
         if gate is not None:
-            gate.set()
+            gate.release()  # made locked; released once, here (one resolver)
 
     def wait_resolved(self, timeout: float | None) -> bool:
         """Block until :meth:`resolve` ran or ``timeout`` passed; ``True`` if it ran."""
@@ -173,10 +189,15 @@ class PendingCall:
             with _GATE_LOCK:
                 gate = self._gate
                 if gate is None:
-                    gate = self._gate = threading.Event()
+                    gate = threading.Lock()
+                    gate.acquire()
+                    self._gate = gate
         if self.settled:  # resolved before the resolver could see the gate
             return True
-        return gate.wait(timeout)
+        if not gate.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            return self.settled
+        gate.release()  # for the next waiter, if any
+        return True
 
     def done(self) -> bool:
         return self.settled
@@ -190,7 +211,11 @@ class PendingCall:
                 self._timed_out = True
                 raise Timeout(f"{self.method} got no reply in time", may_have_started=True,
                               data={"method": self.method, "msgid": self.msgid})
-            self.wait_resolved(None)  # the reply won the race with the deadline: its reader is resolving it
+            try:
+                self.wait_resolved(None)  # the reply won the race with the deadline: its reader is resolving it
+            except BaseException as exc:
+                self._conn.close_interrupted(threading.get_ident(), None, exc)
+                raise
         error = self._error
         if error is not None:
             raise error
@@ -228,7 +253,12 @@ class Connection:
         self._watched = False  # registered with the process-wide watchdog
         self._watch_frames = -1  # frames_in at the watchdog's last look (see watchdog_check)
         self._watch_seen = 0.0  # when the watchdog last saw frames_in move
-        self._callers_waiting = 0
+        # Callers waiting for the reader role, each as its gate: a lock made locked, which a thread
+        # that frees the role (or reads a reply) releases; the caller takes it outside the mutex.
+        # Not the condition the workers wait on: a wait on a condition re-takes the mutex on its
+        # way out, and an exception a signal handler raises there (Ctrl-C on the main thread)
+        # would leave the mutex released under another thread's hold.
+        self._waiting_callers: list[threading.Lock] = []
         self._polling = False
         self._poked = False
         self._grace = self.settings.inline_grace
@@ -275,7 +305,7 @@ class Connection:
         self.counters = {
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
-            "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0,
+            "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -313,6 +343,7 @@ class Connection:
             callbacks, self._close_callbacks = self._close_callbacks, []
             self._poke(force=True)  # under the lock: the wake fds cannot be released yet
             self._cond.notify_all()
+            self._wake_callers_locked()
         if flush_timeout > 0:
             self._flush(flush_timeout)
         with self._wlock:
@@ -323,7 +354,7 @@ class Connection:
         self.transport.close()
         self._fail_pending(reason)
         with self._mutex:
-            self._cond.notify_all()  # callers waiting for the reader role see their failure
+            self._wake_callers_locked()  # callers waiting for the reader role see their failure
             self._maybe_release_fds()
         self._log.info("connection closed: {} (dropped {} queued frames)", reason, dropped)
         self._closed_event.set()
@@ -360,24 +391,31 @@ class Connection:
         # itertools.count is atomic under the GIL; a msgid repeats only after 2**32 calls.
         msgid = next(self._msgids) & MAX_MSGID
         pending = PendingCall(self, msgid, method, deadline)
-        self._pending[msgid] = pending
-        if self._closed:  # lost a race with close(): it may have swapped the table already
-            self._pending.pop(msgid, None)
-            raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
-                                   data={"reason": self.close_reason})
         try:
-            frame = encode_request(msgid, method, params or {})
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._forget(msgid)
-            raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
-                           may_have_started=False) from None
-        too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
-        if too_big is not None:
-            self._forget(msgid)
-            raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
-                           data={"reason": "params_too_large"})
-        self.counters["calls_out"] += 1
-        self._send(frame, urgent=True)
+            self._pending[msgid] = pending
+            if self._closed:  # lost a race with close(): it may have swapped the table already
+                self._pending.pop(msgid, None)
+                raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
+                                       data={"reason": self.close_reason})
+            try:
+                frame = encode_request(msgid, method, params or {})
+            except (TypeError, ValueError, OverflowError) as exc:
+                self._forget(msgid)
+                raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
+                               may_have_started=False) from None
+            too_big = (None if len(frame) <= self._smallest_limit
+                       else over_limits(frame, params, self.settings.frame_limits))
+            if too_big is not None:
+                self._forget(msgid)
+                raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
+                               data={"reason": "params_too_large"})
+            self.counters["calls_out"] += 1
+            self._send(frame, urgent=True)  # closes the connection if interrupted while writing
+        except CastorError:
+            raise
+        except BaseException:  # interrupted from outside (Ctrl-C): the call is not kept
+            self._pending.pop(msgid, None)
+            raise
         return pending
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
@@ -420,9 +458,9 @@ class Connection:
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
         pending.resolve(None if error is None else error_from_wire(error), result)
-        if self._callers_waiting:
+        if self._waiting_callers:
             with self._mutex:
-                self._cond.notify_all()
+                self._wake_callers_locked()
 
     def _fail_pending(self, reason: str) -> None:
         with self._plock:
@@ -443,26 +481,33 @@ class Connection:
         writes the cork out, so frames leave in the order ``_send`` was called. The cork is also
         written when the handler returns (with its response), when the watchdog finds it past
         ``inline_grace``, when it is overtaken, and before a close that flushes.
+
+        An exception raised into it from outside (Ctrl-C on the main thread) may leave part of
+        a frame on the wire and the rest nowhere: the connection closes (:meth:`close_interrupted`).
         """
-        with self._wmutex:
-            if self._closed:
-                return False
-            cork = self._cork
-            if cork is None:
-                frames = 1
-            elif (not urgent and self._cork_thread == threading.get_ident()
-                  and self._cork_bytes + len(data) <= _CORK_MAX_BYTES):
-                cork.append(data)
-                self._cork_bytes += len(data)
-                return True
-            else:
-                self._cork = self._cork_thread = None
-                cork.append(data)
-                frames = len(cork)
-                data = b"".join(cork)
-            overflow = self._write_locked(data, frames)
-            if overflow is None:
-                return True
+        try:
+            with self._wmutex:
+                if self._closed:
+                    return False
+                cork = self._cork
+                if cork is None:
+                    frames = 1
+                elif (not urgent and self._cork_thread == threading.get_ident()
+                      and self._cork_bytes + len(data) <= _CORK_MAX_BYTES):
+                    cork.append(data)
+                    self._cork_bytes += len(data)
+                    return True
+                else:
+                    self._cork = self._cork_thread = None
+                    cork.append(data)
+                    frames = len(cork)
+                    data = b"".join(cork)
+                overflow = self._write_locked(data, frames)
+                if overflow is None:
+                    return True
+        except BaseException as exc:
+            self.close_interrupted(threading.get_ident(), None, exc)
+            raise
         self._log.warning("closing connection: {}", overflow)
         self.close(overflow)
         return False
@@ -509,6 +554,8 @@ class Connection:
             try:
                 sent = self.transport.send_nowait(data)
             except OSError as exc:
+                if exc.errno is None:  # raised into the write by a signal handler (see _send)
+                    raise
                 overflow = f"write failed: {exc}"
                 sent = None
             if overflow is None and sent is not None:
@@ -626,7 +673,7 @@ class Connection:
                         # first, and a worker holding the role would have to be poked out of poll
                         # for it -- a hand-off each way. A worker that just ran a notification the
                         # caller read for it used to do exactly that at every call.
-                        if (self._role is None and not self._callers_waiting
+                        if (self._role is None and not self._waiting_callers
                                 and time.monotonic() - self._released_at >= _RETAKE_AFTER):
                             self._role = me
                             break
@@ -676,7 +723,7 @@ class Connection:
                 if now - since < self._grace:
                     return True
                 self._wake_worker_locked()
-            elif self._role is None and not self._callers_waiting:
+            elif self._role is None and not self._waiting_callers:
                 if now - self._released_at >= _RETAKE_AFTER:
                     self._wake_worker_locked()
                 return True
@@ -702,9 +749,8 @@ class Connection:
     def _wake_worker_locked(self) -> None:
         if self._idle:
             # One idle worker is enough (all of them woke before, and all but one went back to
-            # sleep: a switch each on one CPU). Callers wait on the same condition, so wake one
-            # more than there are callers: at least one of the woken is a worker.
-            self._cond.notify(1 + self._callers_waiting)
+            # sleep: a switch each on one CPU). Callers wait on their own gates, not here.
+            self._cond.notify()
         elif self._threads < self.settings.max_workers:
             self._spawn_locked()
 
@@ -752,9 +798,9 @@ class Connection:
                 if self._role != me:
                     return  # stolen while the handler ran: back to the pool
                 self._inline_since = None
-                if self._callers_waiting:
+                if self._waiting_callers:
                     self._role = None
-                    cond.notify_all()
+                    self._wake_callers_locked()
                     return
 
     def await_reply(self, call: PendingCall) -> None:
@@ -765,17 +811,26 @@ class Connection:
         role may then be free with no caller left to take it, so on the way out the caller
         arranges, as ``_read_as_caller`` does, for a worker to take it back — else nothing
         would read what the peer sends next until the next outgoing call.
+
+        An exception raised into the wait from outside (a signal handler's: Ctrl-C's
+        ``KeyboardInterrupt`` on the main thread) ends the call and closes the connection
+        (see :meth:`close_interrupted`); it propagates unchanged.
         """
         me = threading.get_ident()
-        cond = self._cond
         mutex = self._mutex
+        waiting = self._waiting_callers
         waited = False
+        gate: threading.Lock | None = None  # ours while registered in _waiting_callers
         try:
+            waited = False  # an instruction ahead of the loop, inside the try: see _read_as_caller
             while not call.settled:
                 remaining = call.deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 with mutex:
+                    if gate is not None:
+                        waiting.remove(gate)
+                        gate = None
                     if call.settled:
                         return
                     if self._closed or self._eof:
@@ -786,29 +841,77 @@ class Connection:
                         self._inline_since = None
                         read = True
                     else:
-                        self._callers_waiting += 1
+                        gate = threading.Lock()
+                        gate.acquire()
+                        waiting.append(gate)
                         self._poke()
-                        cond.wait(min(remaining, _CALLER_RECHECK))
-                        self._callers_waiting -= 1
                         waited = True
-                        continue
+                if gate is not None:  # the role holder releases it when it gives the role up
+                    gate.acquire(True, min(remaining, _CALLER_RECHECK))
+                    continue
                 if not read:
                     call.wait_resolved(remaining)
                     return
                 waited = False  # _read_as_caller hands the role back itself
                 self._read_as_caller(call, me, held)
+        except BaseException as exc:
+            self.close_interrupted(me, gate, exc)
+            raise
         finally:
-            if waited:
+            if gate is not None or waited:
                 with mutex:
-                    if (self._role is None and not self._callers_waiting and not self._closed
+                    if gate is not None and gate in waiting:  # left at its deadline or settled
+                        waiting.remove(gate)
+                    if (waited and self._role is None and not waiting and not self._closed
                             and not self._eof):
                         self._released_at = time.monotonic()
                         self._watch_locked()
+
+    def _wake_callers_locked(self) -> None:
+        """Open the gate of every caller waiting for the reader role (caller holds the mutex);
+        each takes its gate out of ``_waiting_callers`` itself when it next holds the mutex."""
+        for gate in self._waiting_callers:
+            if gate.locked():
+                gate.release()
+
+    def close_interrupted(self, me: int, gate: threading.Lock | None, exc: BaseException) -> None:
+        """An exception not of the connection's own making left a call on thread ``me``.
+
+        It may have struck anywhere: between a ``recv`` returning and its bytes reaching the
+        decoder, halfway through writing a frame, inside the bookkeeping of the reader role. The
+        stream can no longer be trusted either way, so the connection closes with reason
+        ``interrupted``, as an HTTP client drops a connection whose request was interrupted:
+        later calls raise ``ConnectionClosed`` at once, calls waiting on other threads fail with
+        it, and the peer sees the connection end (and cancels what it ran for it, as for any
+        client that goes away). The role and the caller's gate are handed back first, so every
+        thread can see the close and leave.
+        """
+        try:
+            with self._mutex:
+                if gate is not None and gate in self._waiting_callers:
+                    self._waiting_callers.remove(gate)
+                if self._role == me:
+                    self._role = None
+                    self._inline_since = None
+                if self._closed:
+                    return  # closed already (by this interrupt's first catcher, or before it)
+            self.counters["calls_interrupted"] += 1
+            self._log.warning("closing connection: a call was interrupted by {}", type(exc).__name__)
+            self.close("interrupted")
+        except BaseException:  # a second interrupt while closing: close() can be called again
+            pass
 
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         cond = self._cond
         mutex = self._mutex
         try:
+            # A statement ahead of the loop, inside the try. CPython 3.11 takes a pending signal
+            # at a loop's backward jump after jumping, and looks its handler up at the
+            # instruction *before* the loop's head: were that instruction outside the try, an
+            # interrupt taken at ``continue`` would skip this ``finally`` (and the reader role
+            # would stay with a thread that left). tests/endpoint/test_lock_sections.py checks
+            # every loop in castor for it.
+            frame = None
             while not call.settled:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
@@ -834,8 +937,8 @@ class Connection:
                         self._inline_since = time.monotonic()  # back inside the handler
                     else:
                         self._role = None
-                        if self._callers_waiting:
-                            cond.notify_all()
+                        if self._waiting_callers:
+                            self._wake_callers_locked()
                         elif not self._closed:
                             # A worker takes the role back unless another call comes soon.
                             self._released_at = time.monotonic()
@@ -932,15 +1035,15 @@ class Connection:
         if deadline is None:
             if not self._poll_workers:
                 return self._feed(me, transport.read_available(), True)
-            # Flag protocol with await_reply (which increments _callers_waiting, then
+            # Flag protocol with await_reply (which adds to _waiting_callers, then
             # pokes if _polling): one of the two always sees the other's write.
             self._polling = True
-            if self._callers_waiting:
+            if self._waiting_callers:
                 self._polling = False
                 with self._mutex:
-                    if self._callers_waiting:
+                    if self._waiting_callers:
                         self._role = None  # a caller reads from here on
-                        self._cond.notify_all()
+                        self._wake_callers_locked()
                         return None
                 return False
             timeout_ms = None
@@ -996,6 +1099,7 @@ class Connection:
             if self._role == me:
                 self._role = None
                 self._cond.notify_all()
+                self._wake_callers_locked()
 
     def _begin_eof(self, me: int, *, in_worker: bool) -> None:
         with self._mutex:
@@ -1003,6 +1107,7 @@ class Connection:
             if self._role == me:
                 self._role = None
             self._cond.notify_all()
+            self._wake_callers_locked()
         if in_worker:
             self._on_eof()
         else:  # a caller found EOF: it must not wait for the drain itself

@@ -73,7 +73,9 @@ class SocketTransport:
             return bytes(self._buffer[:self._sock.recv_into(self._buffer)])
         except (BlockingIOError, InterruptedError):
             return None if not self._closed else b""
-        except OSError:
+        except OSError as exc:
+            if exc.errno is None:  # raised into the call by a signal handler (an alarm's TimeoutError)
+                raise
             return b""
 
     def send_nowait(self, data: memoryview | bytes) -> int | None:
@@ -122,7 +124,9 @@ class PipeTransport:
             return b""
         try:
             return bytes(self._buffer[:os.readv(self.read_fd, (self._buffer,))])
-        except OSError:
+        except OSError as exc:
+            if exc.errno is None:  # raised into the call by a signal handler, not by the read
+                raise
             return b""
 
     def send_nowait(self, data: memoryview | bytes) -> int | None:

@@ -8,13 +8,25 @@ and leave the lock held: the CLI's ``finally: client.close()`` then waits on it 
 ``castor inspect --follow`` stopped with Ctrl-C hung that way once). ``with`` rules that window
 out. So the cheaper form is allowed only where no signal handler ever runs: the functions below
 run on a connection's own worker threads only. The first test shows the window is real.
+
+A second window of the same kind, in CPython 3.11 itself: a pending signal is taken at a loop's
+backward jump (``continue``, a ``while``'s end) *after* the jump, and the handler that catches its
+exception is looked up at the instruction *before* the loop's head. When a loop is the first
+statement of a ``try``, that instruction is outside it: the exception skips the ``except`` and the
+``finally`` (a caller interrupted at ``continue`` left the connection's reader role held by a
+thread that had gone). So no loop in castor may head a ``try`` body; a statement ahead of it
+closes the window. The last tests show the window and check every loop.
 """
 
 from __future__ import annotations
 
 import ast
+import dis
 import signal
+import sys
 import threading
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,3 +122,92 @@ def test_the_check_finds_the_form_it_forbids() -> None:
     tree = ast.parse("def f(self):\n    self._lock.acquire()\n    try:\n        pass\n"
                      "    finally:\n        self._lock.release()\n")
     assert _acquire_then_try(tree) == [("f", 2)]
+
+
+_CPYTHON_311 = pytest.mark.skipif(sys.version_info[:2] != (3, 11) or sys.implementation.name != "cpython",
+                                  reason="the exception-table layout checked is CPython 3.11's")
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _loops_heading_a_try(code: types.CodeType) -> list[tuple[str, int]]:
+    """(function, line) of each backward jump whose target is covered by a handler that the
+    instruction just before the target is not: an exception taken at that jump misses it."""
+    table = dis._parse_exception_table(code)  # type: ignore[attr-defined]
+    found = []
+    for ins in dis.get_instructions(code):
+        if "BACKWARD" not in ins.opname:
+            continue
+        target = ins.argval
+        at = {e.target for e in table if e.start <= target < e.end}
+        before = {e.target for e in table if e.start <= target - 2 < e.end}
+        if at - before:
+            found.append((code.co_qualname, ins.positions.lineno if ins.positions else 0))
+    return found
+
+
+@_CPYTHON_311
+@pytest.mark.parametrize("statement_ahead", [False, True], ids=["loop-heads-the-try", "statement-ahead"])
+def test_an_interrupt_at_a_loops_backward_jump_can_skip_the_try_the_loop_heads(statement_ahead: bool) -> None:
+    class Boom(Exception):
+        pass
+
+    def boom(*_args: object) -> None:
+        raise Boom
+
+    ahead = "        ahead = None\n" if statement_ahead else ""
+    namespace: dict[str, object] = {}
+    exec(compile(  # noqa: S102 - a fixed snippet, compiled to show the bytecode's behaviour
+        "def spin(state):\n"
+        "    try:\n" + ahead +
+        "        while True:\n"
+        "            state['n'] += 1\n"
+        "            continue\n"
+        "    finally:\n"
+        "        state['cleaned'] += 1\n", "<spin>", "exec"), namespace)
+    spin = namespace["spin"]
+    previous = signal.signal(signal.SIGALRM, boom)
+    state = {"n": 0, "cleaned": 0}
+    raised = 0
+    try:
+        for _ in range(200):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.0002)
+                spin(state)  # type: ignore[operator]
+            except Boom:
+                raised += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert raised == 200
+    if statement_ahead:
+        assert state["cleaned"] == raised
+    else:
+        assert state["cleaned"] < raised  # the finally was skipped: the window is real
+
+
+@_CPYTHON_311
+def test_no_loop_in_castor_heads_a_try() -> None:
+    root = Path(castor.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        module = compile(path.read_text(), str(path), "exec")
+        for code in _code_objects(module):
+            offenders += [f"{path.relative_to(root).as_posix()}:{line} in {name}"
+                          for name, line in _loops_heading_a_try(code)]
+    assert offenders == [], "put a statement ahead of the loop, inside the try: " + ", ".join(offenders)
+
+
+@_CPYTHON_311
+def test_the_loop_check_finds_the_form_it_forbids() -> None:
+    bad = compile("def f(x):\n    try:\n        while x:\n            continue\n    finally:\n        pass\n",
+                  "<bad>", "exec")
+    good = compile("def f(x):\n    try:\n        y = 0\n        while x:\n            continue\n"
+                   "    finally:\n        pass\n", "<good>", "exec")
+    assert [name for code in _code_objects(bad) for name, _ in _loops_heading_a_try(code)] == ["f"]
+    assert [name for code in _code_objects(good) for name, _ in _loops_heading_a_try(code)] == []
