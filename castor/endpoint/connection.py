@@ -635,8 +635,9 @@ class Connection:
             self._poked = True
             try:
                 os.write(self._wake_w, b"x")
-            except OSError:
-                pass
+            except OSError as exc:
+                if exc.errno is None:  # a signal handler's (an alarm's TimeoutError): the caller's
+                    raise
 
     def _worker(self) -> None:
         """Run a queued job, else take the free reader role, else steal it from a slow handler, else idle."""
@@ -1063,8 +1064,9 @@ class Connection:
             if any(fd == self._wake_r for fd, _ in events):
                 try:
                     os.read(self._wake_r, 64)
-                except OSError:
-                    pass
+                except OSError as exc:
+                    if exc.errno is None:  # a signal handler's, raised into a caller's wait
+                        raise
                 self._poked = False
                 return False
             if not events:

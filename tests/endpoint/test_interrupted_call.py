@@ -16,6 +16,7 @@ condition's wait, and left idle clients deaf to the server's notifications.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -25,8 +26,11 @@ from types import FrameType
 import pytest
 
 from castor.client import Client
+from castor.endpoint import Server
+from castor.endpoint.connection import Connection
 from castor.endpoint.errors import ConnectionClosed
-from tests.endpoint.conftest import Gates, start_server
+from castor.endpoint.transport import PipeTransport
+from tests.endpoint.conftest import Gates, build_dispatcher, start_server
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                                 reason="signal handlers run on the main thread only")
@@ -77,11 +81,36 @@ def _wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-unt
     return predicate()
 
 
+class _PipeServer:
+    """A server connection on a pair of pipes, in this process: a client on pipes has no receive
+    timeout, so its callers wait in ``poll`` (the other waiting path)."""
+
+    def __init__(self, gates: Gates) -> None:
+        self.gates = gates
+        self.connections: list[Connection] = []
+
+    def connect(self) -> Client:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        self.connections.append(Connection(PipeTransport(up_r, down_w), build_dispatcher(self.gates)).start())
+        return Client(PipeTransport(down_r, up_w), default_timeout=10)
+
+    def stop(self) -> None:
+        for conn in self.connections:
+            conn.close("test over")
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["unix", "pipe"])
 @pytest.mark.parametrize("kind", [Interrupted, AlarmTimeout], ids=["base-exception", "exception"])
 def test_a_call_interrupted_anywhere_closes_its_connection_and_nothing_hangs(
-        kind: type[BaseException], gates: Gates, sock_dir: str, thread_failures: list[str]) -> None:
-    srv = start_server(gates, sock_dir)
+        kind: type[BaseException], transport: str, gates: Gates, sock_dir: str,
+        thread_failures: list[str]) -> None:
+    srv: Server | _PipeServer = start_server(gates, sock_dir) if transport == "unix" else _PipeServer(gates)
+
+    def connect() -> Client:
+        return (Client.connect_unix(srv.address, default_timeout=10) if isinstance(srv, Server)
+                else srv.connect())
     struck = {"n": 0, "missed": 0}
 
     def handler(_signum: int, frame: FrameType | None) -> None:
@@ -97,7 +126,7 @@ def test_a_call_interrupted_anywhere_closes_its_connection_and_nothing_hangs(
         n = 0
         while time.monotonic() < deadline and interrupted < 60:
             n += 1
-            client = Client.connect_unix(srv.address, default_timeout=10)
+            client = connect()
             conn = client.connection
             try:
                 # A second thread's call on the same connection, waiting when the interrupt comes:
@@ -175,7 +204,7 @@ def test_a_call_interrupted_anywhere_closes_its_connection_and_nothing_hangs(
         assert interrupted >= 20 and closed >= 5, (interrupted, closed, kept, completed, struck)
         assert thread_failures == []
         # The server is unharmed: a fresh client still works, and notifications still reach it.
-        with Client.connect_unix(srv.address, default_timeout=10) as client:
+        with connect() as client:
             got = threading.Event()
             client.on_notification("ui.notify", lambda _p: got.set())
             assert client.call("push_later", {"delay": 0.02}) == "scheduled"
