@@ -19,6 +19,12 @@ path ``castor serve`` prints) to any constructor and the client says hello with 
 
     with Client.connect_tcp("127.0.0.1", 7777, token_file=path) as client:
         client.call("ops.actors", {})
+
+Ctrl-C during a call raises ``KeyboardInterrupt`` from it as usual (any exception a signal
+handler raises propagates unchanged). If it struck while the call was writing or waiting, the
+stream can no longer be trusted and the connection is closed (``client.closed``; later calls
+raise ``ConnectionClosed`` with ``data["reason"] == "interrupted"``): connect again to go on.
+Struck before the request was written or after the answer was read, the client stays usable.
 """
 
 from __future__ import annotations
@@ -103,7 +109,8 @@ class Client:
 
     # ---------------------------------------------------------------- calls
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
-        """Call and wait; raises the ``CastorError`` subclass sent by the server."""
+        """Call and wait; raises the ``CastorError`` subclass sent by the server (and an
+        interrupt's exception unchanged: see the module's note on Ctrl-C)."""
         if method == "runtime.hello" and self._token is not None:
             params = {**(params or {}), "token": (params or {}).get("token", self._token)}
         return self.connection.call(method, params or {},
