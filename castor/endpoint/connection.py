@@ -81,7 +81,7 @@ from castor.endpoint.framing import (
     parse_frame,
     undecodable,
 )
-from castor.endpoint.transport import Transport
+from castor.endpoint.transport import Transport, raised_by_the_os
 from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
 from castor.supervision.threads import start_thread
 
@@ -554,7 +554,7 @@ class Connection:
             try:
                 sent = self.transport.send_nowait(data)
             except OSError as exc:
-                if exc.errno is None:  # raised into the write by a signal handler (see _send)
+                if not raised_by_the_os(exc):
                     raise
                 overflow = f"write failed: {exc}"
                 sent = None
@@ -636,7 +636,7 @@ class Connection:
             try:
                 os.write(self._wake_w, b"x")
             except OSError as exc:
-                if exc.errno is None:  # a signal handler's (an alarm's TimeoutError): the caller's
+                if not raised_by_the_os(exc):
                     raise
 
     def _worker(self) -> None:
@@ -903,7 +903,6 @@ class Connection:
             pass
 
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
-        cond = self._cond
         mutex = self._mutex
         try:
             # A statement ahead of the loop, inside the try. CPython 3.11 takes a pending signal
@@ -912,7 +911,7 @@ class Connection:
             # interrupt taken at ``continue`` would skip this ``finally`` (and the reader role
             # would stay with a thread that left). tests/endpoint/test_lock_sections.py checks
             # every loop in castor for it.
-            frame = None
+            cond = self._cond
             while not call.settled:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
@@ -1065,7 +1064,7 @@ class Connection:
                 try:
                     os.read(self._wake_r, 64)
                 except OSError as exc:
-                    if exc.errno is None:  # a signal handler's, raised into a caller's wait
+                    if not raised_by_the_os(exc):
                         raise
                 self._poked = False
                 return False

@@ -23,6 +23,15 @@ import socket
 import struct
 import threading
 
+
+def raised_by_the_os(exc: OSError) -> bool:
+    """Whether ``exc`` came from a system call (it has an ``errno``), not from a signal handler
+    that raised an ``OSError`` subclass into the call -- an alarm's ``TimeoutError``. Only the
+    first kind is a transport's failure to read or write; the second is the caller's and must
+    propagate (see ``Connection.close_interrupted``)."""
+    return exc.errno is not None
+
+
 #: The most one read takes. Each transport reads into one buffer of this size, kept for its life,
 #: and returns a copy of what arrived: a per-read ``recv(RECV_CHUNK)`` would allocate and shrink a
 #: buffer of this size on every frame, which either costs mmap/mremap/munmap per read (glibc's
@@ -74,7 +83,7 @@ class SocketTransport:
         except (BlockingIOError, InterruptedError):
             return None if not self._closed else b""
         except OSError as exc:
-            if exc.errno is None:  # raised into the call by a signal handler (an alarm's TimeoutError)
+            if not raised_by_the_os(exc):
                 raise
             return b""
 
@@ -125,7 +134,7 @@ class PipeTransport:
         try:
             return bytes(self._buffer[:os.readv(self.read_fd, (self._buffer,))])
         except OSError as exc:
-            if exc.errno is None:  # raised into the call by a signal handler, not by the read
+            if not raised_by_the_os(exc):
                 raise
             return b""
 

@@ -15,6 +15,8 @@ import pytest
 
 from castor.client import Client
 from castor.endpoint import ConnectionSettings, Context, Dispatcher, Params, Server
+from castor.endpoint.connection import Connection
+from castor.endpoint.transport import PipeTransport
 from castor.messages.errors import CastorError
 
 
@@ -109,6 +111,16 @@ def sock_dir() -> Iterator[str]:
         except OSError:
             pass
     os.rmdir(d)
+
+
+def connect_over_pipes(dispatcher: Dispatcher, **client_kwargs: Any) -> tuple[Connection, Client]:
+    """A server-side connection and a client joined by two pipes in this process (the stdio case,
+    where callers wait in ``poll``: pipes have no receive timeout). Close both when done."""
+    to_server_r, to_server_w = os.pipe()
+    to_client_r, to_client_w = os.pipe()
+    server = Connection(PipeTransport(to_server_r, to_client_w, peer="test-stdio"), dispatcher,
+                        name="pipe-srv").start()
+    return server, Client(PipeTransport(to_client_r, to_server_w, peer="test-stdio"), **client_kwargs)
 
 
 def start_server(gates: Gates, sock_dir: str, **kwargs: Any) -> Server:

@@ -16,7 +16,6 @@ condition's wait, and left idle clients deaf to the server's notifications.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -29,8 +28,7 @@ from castor.client import Client
 from castor.endpoint import Server
 from castor.endpoint.connection import Connection
 from castor.endpoint.errors import ConnectionClosed
-from castor.endpoint.transport import PipeTransport
-from tests.endpoint.conftest import Gates, build_dispatcher, start_server
+from tests.endpoint.conftest import Gates, build_dispatcher, connect_over_pipes, start_server
 from tests.support.waiting import poll_until
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
@@ -84,10 +82,9 @@ class _PipeServer:
         self.connections: list[Connection] = []
 
     def connect(self) -> Client:
-        up_r, up_w = os.pipe()
-        down_r, down_w = os.pipe()
-        self.connections.append(Connection(PipeTransport(up_r, down_w), build_dispatcher(self.gates)).start())
-        return Client(PipeTransport(down_r, up_w), default_timeout=10)
+        server, client = connect_over_pipes(build_dispatcher(self.gates), default_timeout=10)
+        self.connections.append(server)
+        return client
 
     def stop(self) -> None:
         for conn in self.connections:

@@ -8,16 +8,14 @@ must still read what the peer sends next — before the fix, nobody did until ca
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
-from castor.client import Client
 from castor.endpoint.connection import Connection
 from castor.endpoint.dispatch import Dispatcher
-from castor.endpoint.transport import PipeTransport
+from tests.endpoint.conftest import connect_over_pipes
 
 ROUNDS = 60
 
@@ -39,12 +37,9 @@ def test_peer_requests_are_read_after_every_castor_call_on_a_pipe(monkeypatch) -
 
     monkeypatch.setattr(Connection, "_on_response", slow_resolve)
     monkeypatch.setattr(Connection, "await_reply", late_wait)
-    to_server_r, to_server_w = os.pipe()
-    to_client_r, to_client_w = os.pipe()
     dispatcher = Dispatcher()
     dispatcher.register("ping", lambda _p, _ctx: "pong")
-    server = Connection(PipeTransport(to_server_r, to_client_w, peer="test-stdio"), dispatcher, name="pipe-srv").start()
-    client = Client(PipeTransport(to_client_r, to_server_w, peer="test-stdio"), default_timeout=2.0)
+    server, client = connect_over_pipes(dispatcher, default_timeout=2.0)
     client.on_request("session.append_entry", lambda _p: {"ok": True})
     try:
         assert client.call("ping") == "pong"
