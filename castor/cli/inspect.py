@@ -28,22 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from rich.live import Live
-from rich.markup import escape
-
 from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
-from castor.console.terminal import (
-    SORT_KEYS,
-    actor_list,
-    actor_tree,
-    casts_table,
-    hosts_table,
-    mailbox_table,
-    select,
-    session_casts,
-    terminal_console,
-)
-from castor.messages.errors import CastorError, InvalidParams
 
 
 def add_inspect_subcommand(sub: Any) -> None:
@@ -72,6 +57,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import os
 
     from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
+    from castor.messages.errors import CastorError
 
     token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
     if token_file:
@@ -86,6 +72,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # -- the command ----------------------------------------------------------------------------
 def shape(args: argparse.Namespace, data: Any) -> Any:
     """What ``--json`` prints for a view (and the text views render)."""
+    from castor.console.terminal import select, session_casts
+
     if args.what == "actors":
         actors = select(data.get("actors", []), prefix=args.prefix, text=args.filter, sort=args.sort)
         return {"actors": actors, "threads": data.get("threads", []), "sort": args.sort}
@@ -100,6 +88,16 @@ def shape(args: argparse.Namespace, data: Any) -> Any:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from castor.client import Client
+    from castor.console.terminal import (
+        SORT_KEYS,
+        actor_list,
+        actor_tree,
+        casts_table,
+        hosts_table,
+        mailbox_table,
+        terminal_console,
+    )
+    from castor.messages.errors import InvalidParams
 
     sort = getattr(args, "sort", "path")
     if sort not in SORT_KEYS:
@@ -140,11 +138,15 @@ def run_inspect(args: argparse.Namespace) -> int:
                 return mailbox_table(shaped)
             if args.what == "hosts":
                 return hosts_table(shaped)
+            from rich.markup import escape
+
             return escape(json.dumps(shaped, indent=2))
 
         if not args.follow:
             console.print(render(fetch()))
             return 0
+        from rich.live import Live
+
         with _stop_on_ctrl_c() as stop, Live(render(fetch()), console=console, refresh_per_second=4) as live:
             while not stop.wait(max(0.1, args.interval)):  # a refresh period, or Ctrl-C
                 live.update(render(fetch()))

@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from castor.adapters.materia.storage import FILE_CAST_STORAGE
-from castor.messages.errors import CastorError, InvalidParams, NotFound
-from castor.ports.host_context import NoHostContext
-from castor.scaleout.options import add_backend_flags, make_backend, materia_component_for
+from castor.cli.common import add_backend_flags
+
+# What a command runs (the runtime, the cast storage, the typed errors) is imported inside it:
+# building the parser, ``--help`` and a refused flag import none of it.
 
 EXIT_OK, EXIT_FAILED = 0, 1
 CLI_SESSION = "cli"
@@ -165,6 +165,8 @@ def _add_cwd(parser: argparse.ArgumentParser) -> None:
 def _cwd(args: argparse.Namespace) -> Path:
     cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
     if not cwd.is_dir():
+        from castor.messages.errors import NotFound
+
         raise NotFound(f"--cwd {cwd} is not a directory", data={"cwd": str(cwd)})
     return cwd
 
@@ -185,10 +187,23 @@ class _Standalone:
 
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
                  printer: Any = None, need_agent: bool = True, backend: Any = None) -> None:
+        # What the main thread needs while a cast runs is imported here, before _StopSignals arms
+        # SIGTERM (rich and the cast storage: for _watch and _progress, not used below): a signal
+        # that arrives while the main thread is inside a first import can make the handler raise
+        # in importlib's module-lock callback, where Python ignores the exception and the SIGTERM
+        # is lost.
+        import rich.console  # noqa: F401
+        import rich.live  # noqa: F401
+        import rich.table  # noqa: F401
+
+        import castor.adapters.materia.storage  # noqa: F401
         from castor.adapters.agents.factory import make_agent
         from castor.adapters.session_jsonl import JsonlSessionLog
         from castor.adapters.stderr_ui import StderrUi
+        from castor.messages.errors import InvalidParams
+        from castor.ports.host_context import NoHostContext
         from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+        from castor.scaleout.options import materia_component_for
 
         if not agent_spec and need_agent:
             raise InvalidParams("no agent: pass --agent script:FILE or --agent openai:BASE_URL[#MODEL] "
@@ -295,9 +310,9 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
 def _artifact_root(cwd: Path, config_path: str | None) -> Path:
     """Where this project's casts are, by the same rule as a runtime's sessions (inside the
     project; ``forbidden`` otherwise). A config that does not load leaves the default."""
+    from castor.adapters.fs import project_artifact_root  # what castor.runtime's sessions use
     from castor.adapters.materia.config_loader import load
     from castor.domain.materia.config import ConfigError
-    from castor.runtime import project_artifact_root
 
     try:
         configured = load(cwd, config_path=config_path).merged.get("artifactDir")
@@ -328,7 +343,8 @@ def _cli_note(spec: str) -> dict[str, Any] | None:
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
     """Poll the cast until it ends, with a rich live view unless quiet; finalizes refinement pauses."""
     from rich.console import Console
-    from rich.live import Live
+
+    from castor.messages.errors import CastorError
 
     console = Console(stderr=True)
     last: dict[str, Any] = {}
@@ -364,6 +380,8 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
             if over(last):
                 return last
             time.sleep(POLL_S)
+    from rich.live import Live
+
     with Live(_progress(last or {"cast_id": cast_id}), console=console, refresh_per_second=8, transient=False) as live:
         while True:
             last = poll()
@@ -416,6 +434,8 @@ def _finish(view: dict[str, Any]) -> int:
 
 # --------------------------------------------------------------------------- commands
 def cmd_cast(args: argparse.Namespace) -> int:
+    from castor.scaleout.options import make_backend
+
     cwd = _cwd(args)
     spec = _agent_spec(args)
     session = _Standalone(cwd, spec, config_path=args.config, backend=make_backend(args))
@@ -432,6 +452,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
 def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
     """(cwd, artifact root, the cast id ``CAST_ID`` means: exact, ``latest`` or a unique prefix)."""
     from castor.actors.materia.views import resolve_cast_id
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     cwd = _cwd(args)
     root = _artifact_root(cwd, args.config)
@@ -470,6 +491,7 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
     """A complete cast can be neither recast, revived nor continued: say so before an agent is
     asked for, and point at no command that would refuse too."""
     from castor.actors.materia.views import persisted_view
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
@@ -487,6 +509,7 @@ def cmd_abort(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view
     from castor.adapters.fs import atomic_write_json
     from castor.adapters.materia.cast_lease import CastLease
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
     cwd, root, cast_id = _cast_ref(args)
@@ -534,6 +557,7 @@ def _page_size(text: str) -> int:
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_page, casts_text
     from castor.adapters.materia.state_store import DEFAULT_PAGE
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     root = _artifact_root(_cwd(args), args.config)
     page = cast_page(FILE_CAST_STORAGE, root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
@@ -551,6 +575,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view, status_text
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     _cwd_, root, cast_id = _cast_ref(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
@@ -584,6 +609,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     """Conformance item 72 (``loadout.set`` refused while a cast is active), across processes: a
     cast whose runtime holds its lease is running somewhere."""
     from castor.actors.materia.views import find_cast
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
     row = find_cast(FILE_CAST_STORAGE, _artifact_root(cwd, config_path), set(), "candidate",
@@ -609,6 +635,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run only the materia commands (tests and scripts; ``castor`` itself is castor.cli)."""
     from castor.logs import configure_logging
+    from castor.messages.errors import CastorError
 
     parser = argparse.ArgumentParser(prog="castor")
     add_materia_subcommands(parser.add_subparsers(dest="command", required=True))

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 from castor.cli.common import (
     DEFAULT_HELLO_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MEMORY_RETURN_S,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    MAX_MEMORY_RETURN_S,
+    add_backend_flags,
     add_endpoint_choice,
     bounded_int,
     console_address,
@@ -25,9 +28,6 @@ from castor.cli.common import (
     positive_seconds,
     timeout_or_off,
 )
-from castor.messages.errors import CastorError, Forbidden, InvalidParams
-from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S, MAX_MEMORY_RETURN_S
-from castor.scaleout.options import add_backend_flags, make_backend, scaleout_components
 
 if TYPE_CHECKING:
     from castor.console.server import ConsoleServer
@@ -85,7 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from castor.endpoint.auth import TOKEN_FILE_ENV
     from castor.endpoint.listeners import is_loopback_host
     from castor.endpoint.server import serve
+    from castor.messages.errors import CastorError, Forbidden
     from castor.runtime import Runtime, RuntimeSettings
+    from castor.scaleout.options import make_backend, scaleout_components
 
     # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
     try:
@@ -142,6 +144,7 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     import os
 
     from castor.endpoint.auth import TOKEN_FILE_ENV, new_token_file, read_token_file
+    from castor.messages.errors import InvalidParams
 
     if args.stdio:
         if args.token_file or args.require_token:
@@ -166,6 +169,8 @@ def _start_console(args: argparse.Namespace, runtime: Any, *,
     own where it has one (``--tcp``, ``--require-token``), so one secret opens both."""
     if args.console is None:
         if args.console_token_file:
+            from castor.messages.errors import InvalidParams
+
             raise InvalidParams("--console-token-file needs --console HOST:PORT")
         return None
     from castor.console.server import ConsoleServer, read_token_file

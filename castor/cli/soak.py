@@ -19,13 +19,15 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+from castor.cli.common import add_backend_flags
 
-from castor.scaleout.options import add_backend_flags
-from castor.testing.soak import SoakReport, SoakSettings, run_soak
+if TYPE_CHECKING:  # imported where the command runs: building the parser pays for none of them
+    from rich.console import Console
+    from rich.table import Table
+
+    from castor.testing.soak import SoakReport
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -47,7 +49,11 @@ def add_soak_subcommand(subparsers: Any) -> None:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    import rich.table  # noqa: F401 - print_report's, loaded before the run rather than first after it
+    from rich.console import Console
+
     from castor.testing.report import new_workdir
+    from castor.testing.soak import SoakSettings, run_soak
 
     workdir = Path(args.workdir).resolve() if args.workdir else new_workdir("castor-soak")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +87,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def report_table(report: SoakReport) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"castor soak — {report.command} — {report.started_at}")
     table.add_column("figure")
     table.add_column("value", justify="right")
