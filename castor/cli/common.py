@@ -4,8 +4,9 @@ the endpoint choice (``--stdio``/``--socket``/``--tcp``).
 Guarantees: every command exits 0 on success and non-zero with one line on stderr otherwise
 (``castor: <code>: <message>``, control characters shown escaped); a bad value at the edge — a
 flag, a number, an address, a socket path — is refused by argparse with exit status 2 before a
-runtime starts. Building a parser from these imports nothing of castor but :mod:`castor.version`
-and :mod:`castor.scaleout`'s package (no pydantic, loguru, rich, endpoint or runtime code): the
+runtime starts. Building a parser from these (and :mod:`castor.scaleout.options`' backend flags)
+imports nothing of castor but :mod:`castor.version` and :mod:`castor.scaleout` (no pydantic,
+loguru, rich, endpoint or runtime code): the
 ``castor`` command starts in a fresh process for every call, and ``--version``, ``--help`` and a
 refused flag pay only for argparse (tests/cli/test_cli_startup.py holds this).
 """
@@ -15,8 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Callable, NoReturn
-
-from castor.scaleout import BACKENDS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # The endpoint's defaults (documented in docs/protocol.md "Limits"); the same numbers as
@@ -108,20 +107,6 @@ def add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None
         group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
     group.add_argument("--socket", metavar="PATH", type=socket_path, help="a Unix socket path")
     group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_address, help="a loopback TCP address")
-
-
-def add_backend_flags(parser: argparse.ArgumentParser) -> None:
-    """``--backend``, ``--ray-address`` and ``--ray-hosts`` of the commands that run casts (serve,
-    cast, soak): the same flags as :func:`castor.scaleout.options.add_backend_flags` (which
-    tests/cli/test_cli_startup.py compares them with), declared here because that module imports
-    the typed errors (pydantic), which building the parser must not."""
-    parser.add_argument("--backend", choices=BACKENDS, default="local",
-                        help="where casts run: in this process (local, the default) or on a Ray cluster (ray; "
-                             "needs the castor[ray] extra)")
-    parser.add_argument("--ray-address", metavar="ADDR", default=None,
-                        help="with --backend ray: a running cluster's address (default: start a local one)")
-    parser.add_argument("--ray-hosts", metavar="N", type=int, default=None,
-                        help="with --backend ray: cast hosts to start (default: one per node)")
 
 
 class CliParser(argparse.ArgumentParser):

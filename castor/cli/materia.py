@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from castor.cli.common import add_backend_flags
+from castor.scaleout.options import add_backend_flags
 
 # What a command runs (the runtime, the cast storage, the typed errors) is imported inside it:
 # building the parser, ``--help`` and a refused flag import none of it.

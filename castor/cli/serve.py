@@ -19,7 +19,6 @@ from castor.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     MAX_MEMORY_RETURN_S,
-    add_backend_flags,
     add_endpoint_choice,
     bounded_int,
     console_address,
@@ -28,6 +27,7 @@ from castor.cli.common import (
     positive_seconds,
     timeout_or_off,
 )
+from castor.scaleout.options import add_backend_flags
 
 if TYPE_CHECKING:
     from castor.console.server import ConsoleServer

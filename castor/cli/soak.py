@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from castor.cli.common import add_backend_flags
+from castor.scaleout.options import add_backend_flags
 
 if TYPE_CHECKING:  # imported where the command runs: building the parser pays for none of them
     from rich.console import Console

@@ -1,11 +1,14 @@
-"""``--backend`` and ``--ray-address`` for the commands that run casts (serve, cast, soak)."""
+"""``--backend`` and ``--ray-address`` for the commands that run casts (serve, cast, soak).
+
+Importing this module imports nothing but argparse and :mod:`castor.scaleout`'s backend names:
+the CLI builds its parser from :func:`add_backend_flags` without loading pydantic or any runtime
+code (tests/cli/test_cli_startup.py); what a flag starts is imported when it starts it."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from castor.messages.errors import InvalidParams
 from castor.scaleout import BACKENDS
 
 
@@ -40,6 +43,8 @@ def make_backend(args: argparse.Namespace) -> Any:
     """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
     problem = backend_flag_problem(args)
     if problem is not None:
+        from castor.messages.errors import InvalidParams
+
         raise InvalidParams(problem, data={"reason": "bad_flag"})
     if getattr(args, "backend", "local") != "ray":
         return None

@@ -6,11 +6,9 @@ Icarus code."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,19 +74,10 @@ def test_the_commands_that_read_files_import_no_runtime_console_or_icarus(tmp_pa
 
 @pytest.mark.timeout(60)
 def test_the_parsers_copies_match_their_sources() -> None:
-    """The flags and numbers the CLI declares itself (so its parser imports no pydantic) are the
-    scale-out's and the session component's."""
+    """The numbers the CLI declares itself (so its parser imports no pydantic) are the session
+    component's."""
     from castor.cli import common
     from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S, MAX_MEMORY_RETURN_S
-    from castor.scaleout.options import add_backend_flags
 
     assert (common.DEFAULT_MEMORY_RETURN_S, common.MAX_MEMORY_RETURN_S) == (DEFAULT_MEMORY_RETURN_S,
                                                                            MAX_MEMORY_RETURN_S)
-
-    def flags(add: Callable[[argparse.ArgumentParser], None]) -> list[tuple[object, ...]]:
-        parser = argparse.ArgumentParser()
-        add(parser)
-        return [(tuple(a.option_strings), a.dest, a.default, a.choices, a.type, a.metavar, a.help, a.nargs)
-                for a in parser._actions]
-
-    assert flags(common.add_backend_flags) == flags(add_backend_flags)
