@@ -23,6 +23,7 @@ from castor.cli.inspect import add_inspect_subcommand
 from castor.cli.materia import add_materia_subcommands
 from castor.cli.serve import add_serve_subcommand
 from castor.cli.soak import add_soak_subcommand
+from castor.scaleout.options import backend_flag_problem
 from castor.version import __version__
 
 
@@ -53,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = _backend_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
+    problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
     if problem is not None:
         parser.error(problem)
     from castor.logs import LogSettingError, configure_logging
@@ -77,16 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         fail("invalid_params", str(exc))
     return EXIT_ERROR
-
-
-def _backend_problem(args: argparse.Namespace) -> str | None:
-    """A bad ``--backend``/``--ray-address``/``--ray-hosts`` (a usage error); a command without
-    these flags has none to check (and does not import the scale-out options)."""
-    if not hasattr(args, "backend"):
-        return None
-    from castor.scaleout.options import backend_flag_problem
-
-    return backend_flag_problem(args)
 
 
 def _agent_problem(args: argparse.Namespace) -> str | None:
