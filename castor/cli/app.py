@@ -57,6 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
     if problem is not None:
         parser.error(problem)
+    try:
+        return _run(args)
+    except KeyboardInterrupt as exc:  # also while the command's first imports load
+        print("castor: interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Configure logging and run the parsed command; its failures as one line and an exit status."""
     from castor.logs import LogSettingError, configure_logging
     from castor.messages.errors import CastorError
 
@@ -70,9 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args) or 0)
     except CastorError as exc:
         fail(exc.code, exc.message)
-    except KeyboardInterrupt as exc:
-        print("castor: interrupted", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
     except OSError as exc:
         fail(os_error_code(exc), str(exc))
     except ValueError as exc:

@@ -81,3 +81,19 @@ def test_the_parsers_copies_match_their_sources() -> None:
 
     assert (common.DEFAULT_MEMORY_RETURN_S, common.MAX_MEMORY_RETURN_S) == (DEFAULT_MEMORY_RETURN_S,
                                                                            MAX_MEMORY_RETURN_S)
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_while_a_command_loads_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C landing before the command runs (its first imports, logging's set-up) ends the
+    command as one landing inside it does: ``castor: interrupted``, exit 130, no traceback."""
+    import castor.logs
+    from castor.cli.app import main
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(castor.logs, "configure_logging", interrupted)
+    assert main(["casts"]) == 130
+    assert capsys.readouterr().err == "castor: interrupted\n"
