@@ -52,14 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
-    if problem is not None:
-        parser.error(problem)
-    try:
+    try:  # an interrupt anywhere in here, first imports included, ends the command alike
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
+        if problem is not None:
+            parser.error(problem)
         return _run(args)
-    except KeyboardInterrupt as exc:  # also while the command's first imports load
+    except KeyboardInterrupt as exc:
         print("castor: interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
 
