@@ -2,9 +2,10 @@
 
 A cast can be started in a harness (the Pi extension's ``/materia`` commands) and resumed from
 the ``castor`` CLI, or the other way round. Every text castor shows a user names the command of
-the surface that user is in: the harness spells it ``/materia continue`` (the extension picks the
-session's newest cast when no id is given), the CLI ``castor continue <cast id>`` (a CLI process
-has no "current" cast, so the id is always part of it).
+the surface that user is in: the harness spells it ``/materia continue`` (the extension's
+``continue``, ``abort`` and ``status`` take no id: they act on the session's newest cast, and the
+extension refuses an id with its usage text; only ``recast`` and ``revive`` name one), the CLI
+``castor continue <cast id>`` (a CLI process has no "current" cast, so the id is always part of it).
 
 The surface is saved with the cast (``CastState.surface``); every command event may carry the
 surface it came from, and the engine switches to it, so the next message names a command the
@@ -18,6 +19,9 @@ from typing import Literal
 Surface = Literal["harness", "cli"]
 SURFACES: tuple[str, ...] = ("harness", "cli")
 
+# The /materia subcommands that take a cast id in the harness; every other one refuses an argument.
+HARNESS_VERBS_WITH_AN_ID = frozenset({"recast", "revive"})
+
 
 def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_in_harness: bool = False) -> str:
     """The command a user types on ``surface`` to run ``verb`` (``continue``, ``recast``...) on a cast.
@@ -27,7 +31,9 @@ def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_
     """
     if surface == "cli":
         return f"castor {verb} {cast_id}" if cast_id else f"castor {verb}"
-    return f"/materia {verb} {cast_id}" if cast_id and not bare_in_harness else f"/materia {verb}"
+    if cast_id and not bare_in_harness and verb in HARNESS_VERBS_WITH_AN_ID:
+        return f"/materia {verb} {cast_id}"
+    return f"/materia {verb}"
 
 
-__all__ = ["Surface", "SURFACES", "command"]
+__all__ = ["HARNESS_VERBS_WITH_AN_ID", "Surface", "SURFACES", "command"]

@@ -55,3 +55,18 @@ def test_the_typed_ask_and_the_call_by_name_give_one_answer(runtime_factory, pro
     with pytest.raises(Forbidden, match="NUL byte"):
         materia_ask(rt, "s1", ValidateConfig(path="materia\x00.json"))  # a path no file system holds
     assert materia_ask(rt, "s1", ListCasts())["casts"] == []  # answered and survived
+
+
+def test_status_texts_in_the_harness_name_commands_the_extension_accepts() -> None:
+    """The extension's /materia continue, abort and status take no argument (an id gets its usage
+    text back); recast and revive take one. A status block names each the way the user can type it."""
+    from castor.actors.materia.views import status_text
+
+    interrupted = status_text({"cast_id": "c-1", "status": "interrupted", "run_dir": "/r", "loadout": "L"}, "harness")
+    assert "run /materia continue to run the turn again, or /materia abort to stop the cast" in interrupted
+    paused = status_text({"cast_id": "c-1", "status": "active", "paused": True, "run_dir": "/r", "loadout": "L"}, "harness")
+    assert "run /materia continue to finalize" in paused
+    failed = status_text({"cast_id": "c-1", "status": "failed", "resumable": True, "run_dir": "/r", "loadout": "L"}, "harness")
+    assert "/materia recast c-1" in failed
+    cli = status_text({"cast_id": "c-1", "status": "interrupted", "run_dir": "/r", "loadout": "L"}, "cli")
+    assert "castor continue c-1" in cli and "castor abort c-1" in cli

@@ -26,6 +26,7 @@ from castor.domain.materia.cast_messages import (
 from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.revive import NotRevivable
 from castor.domain.materia.state import CastState
+from castor.domain.materia.surface import command
 
 from .scripted import Driver, config, resolved
 
@@ -343,6 +344,19 @@ def test_texts_name_the_commands_of_the_surface_the_user_is_in() -> None:
     d.send(ContinueRequested, surface="harness")
     esc(d)
     assert "/materia continue" in d.state.last_message and "castor" not in d.state.last_message
+
+
+
+def test_a_harness_text_names_an_id_only_where_the_extension_takes_one() -> None:
+    """The extension's /materia continue, abort and status refuse an argument (its usage text):
+    a hint naming "/materia status <id>" would send the user into that refusal. Only recast and
+    revive take an id there; the CLI always names it."""
+    for verb in ("continue", "abort", "status"):
+        assert command("harness", verb, "20261204-x") == f"/materia {verb}"
+        assert command("cli", verb, "20261204-x") == f"castor {verb} 20261204-x"
+    for verb in ("recast", "revive"):
+        assert command("harness", verb, "20261204-x") == f"/materia {verb} 20261204-x"
+        assert command("harness", verb, "20261204-x", bare_in_harness=True) == f"/materia {verb}"
 
 
 def test_a_failure_names_the_agent_that_failed() -> None:
