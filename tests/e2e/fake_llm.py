@@ -81,9 +81,11 @@ class FakeLLM:
         with self._lock:
             self.script.append(Scripted(text=text, when=when, delay=delay))
 
-    def reply_tool_call(self, name: str, arguments: dict[str, Any], *, when: str | None = None) -> None:
+    def reply_tool_call(self, name: str, arguments: dict[str, Any], *, when: str | None = None,
+                        delay: float = 0.0) -> None:
+        """Queue a tool call; ``delay`` seconds pass before the response starts."""
         with self._lock:
-            self.script.append(Scripted(tool_call=(name, arguments), when=when))
+            self.script.append(Scripted(tool_call=(name, arguments), when=when, delay=delay))
 
     def reply_error(self, status: int = 500, *, when: str | None = None, message: str | None = None,
                     code: str | None = None) -> None:

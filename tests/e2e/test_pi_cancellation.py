@@ -289,3 +289,83 @@ def test_materia_config_flag_is_the_sessions_config_and_a_missing_file_is_a_clea
     note = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
     assert "config file not found" in note["message"] and "missing.json" in note["message"], note
     assert not (root / ".pi" / "pi-materia").exists(), "nothing was started"
+
+
+# ----------------------------------------------------------------------------- the user types mid-turn
+USER_STALL_S = 3.0  # the builder's model call: long enough to type into, short enough for the test
+
+
+def start_stalled_builder(pi: PiRpc, fake_llm, root: Path) -> tuple[int, Path]:
+    start = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    return start, run
+
+
+@pytest.mark.parametrize("behaviour", ["followUp", "steer"])
+def test_f_a_message_typed_after_the_turn_answers_is_not_the_sockets_output(start_pi, castor_command, fake_llm,
+                                                                            tmp_path, behaviour):
+    """The user presses Enter while a JSON builder turn streams: Pi answers them in the same run,
+    after the builder's answer. The builder's answer is the socket's output, not Pi's reply to the
+    user (which would fail the JSON parse or reach the reviewer as the build)."""
+    root = project(tmp_path, "json")
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    fake_llm.reply_text(BUILT_JSON, when="BUILDER-MATERIA", delay=USER_STALL_S)
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    start, run = start_stalled_builder(pi, fake_llm, root)
+    pi.request({"type": "prompt", "message": "USER-INTERJECTION what time is it", "streamingBehavior": behaviour})
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert json.loads(builder_output(run))["summary"] == "BUILT-REAL-JSON"
+    assert requests_with(fake_llm, "USER-INTERJECTION"), "Pi answered the user's message"
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    assert error_toasts(pi, start) == []
+
+
+def test_g_a_steer_before_the_turn_answered_interrupts_it_and_continue_runs_it_again(start_pi, castor_command,
+                                                                                   fake_llm, tmp_path):
+    """The user steers between the builder's tool call and its answer: the run's answer is the
+    user's, so the turn is interrupted (nothing of it kept) and /materia continue re-runs it."""
+    root = project(tmp_path, "json")
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    fake_llm.reply_tool_call("read", {"path": "nothing-here.txt"}, when="BUILDER-MATERIA", delay=USER_STALL_S)
+    start, run = start_stalled_builder(pi, fake_llm, root)
+    pi.request({"type": "prompt", "message": "USER-STEER do something else", "streamingBehavior": "steer"})
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=20), \
+        f"the taken-over turn was not interrupted: {[e['type'] for e in events(run)]}"
+    assert completes(run) == [] and status(run) == "active"
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    assert error_toasts(pi, start) == []
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start, timeout=10)
+    fake_llm.reply_text(BUILT_JSON, when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    resumed = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert [e["data"]["by"] for e in done if e["type"] == "turn_resumed"] == ["continue"]
+    assert json.loads(builder_output(run))["summary"] == "BUILT-REAL-JSON"
+    assert error_toasts(pi, resumed) == []
+
+
+def test_h_continue_typed_during_a_turn_then_esc_runs_the_turn_again(start_pi, castor_command, fake_llm, tmp_path):
+    """/materia continue waits for Pi to be idle; Esc then ends the turn. The continue must reach
+    castor after the aborted turn's end (which the extension holds a moment to tell an Esc from a
+    quit), or castor refuses it: "already awaiting a Pi agent response"."""
+    root = project(tmp_path, "text")
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    start, run = start_stalled_builder(pi, fake_llm, root)
+    fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    # Sent without waiting for its response: Pi answers a command once its handler returns, and
+    # this one waits for Pi to be idle. Pi reads its input in order, so the abort comes after it.
+    pi.send({"type": "prompt", "message": "/materia continue"})
+    pi.request({"type": "abort"})
+    done = wait_cast_end(pi, run)
+    types = [e["type"] for e in done]
+    assert "turn_interrupted" in types and "turn_resumed" in types, types
+    assert done[-1]["data"]["ok"] is True and builder_output(run) == "BUILT-AFTER-ESC"
+    assert error_toasts(pi, start) == []

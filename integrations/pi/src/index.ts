@@ -37,6 +37,8 @@ const STATUS_KEY = "castor";
 const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
 const ABORT_NOTICE_GRACE_MS = 500;
+/** How long a command that waits for idle also waits for the last run's settle to be emitted. */
+const SETTLE_WAIT_MS = 2000;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
@@ -381,8 +383,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		handler: async (args: string, ctx: Ctx) => {
 			const planned = planMateria(args ?? "");
 			// abort and the read-only commands answer while a turn runs; the others start or
-			// resume turns, so they wait until Pi is idle.
-			if (!runsWhileBusy(planned)) await waitIdle(ctx);
+			// resume turns, so they wait until Pi is idle and the last run's end has reached castor
+			// (an Esc's end is held QUIT_GRACE_MS: a continue sent before it would be refused
+			// "already awaiting").
+			if (!runsWhileBusy(planned)) {
+				await waitIdle(ctx);
+				await endsReported();
+			}
 			await runCommand(planned, ctx, "materia");
 		},
 	});
@@ -475,6 +482,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	pi.on("agent_start", (_event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		runUnsettled = true;
 		turns.bindOnAgentStart();
 	});
 
@@ -505,6 +513,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			entryId = null;
 		}
 		const turnId = turns.active?.turnId ?? null;
+		runUnsettled = false;
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (!outcome) turns.settleUserRun();
 		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
@@ -529,6 +538,22 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		});
 	}
 	let settleChain: Promise<void> = Promise.resolve();
+	/** A run started (agent_start) and has not settled yet. */
+	let runUnsettled = false;
+	/**
+	 * Resolves once the last run has settled and its end has been reported to castor (see
+	 * `settled`); Pi may say it is idle a moment before it emits the settle. Bounded by
+	 * SETTLE_WAIT_MS, should a settle never come.
+	 */
+	async function endsReported(): Promise<void> {
+		const deadline = Date.now() + SETTLE_WAIT_MS;
+		while (runUnsettled && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5));
+		let chain: Promise<void>;
+		do {
+			chain = settleChain;
+			await chain.catch(() => undefined);
+		} while (chain !== settleChain);
+	}
 	/** session_shutdown began (Pi quits or replaces the session); reset by the next session_start. */
 	let closingSession = false;
 	/** Counts session shutdowns: work queued for one session is dropped once it has ended. */

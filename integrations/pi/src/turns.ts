@@ -8,6 +8,12 @@
  * usage; the latest assistant message gives text, stop reason and error. At settlement
  * the outcome is reported once and the tool scope that the turn changed is restored.
  *
+ * A message the user types while the turn runs (Pi's steer or follow-up) is answered inside the
+ * same run. Nothing from that message on belongs to the turn: its answer is the last assistant
+ * message before it when that one was final, and when the user's message came before the turn
+ * had answered (a steer between tool calls), the turn was taken over — it is reported as
+ * interrupted (`aborted`), so castor keeps none of it and `/materia continue` runs it again.
+ *
  * A user-driven refinement turn (castor's `turn_settings` answer to `before_agent_start`) gets the
  * same model/thinking/tool application; its tool scope is restored when the user's run settles.
  *
@@ -71,6 +77,13 @@ interface Turn {
 	inRun?: boolean;
 	/** castor asked to abort this turn while it ran. */
 	abortRequested?: boolean;
+	/**
+	 * A message the user sent while the turn ran (Pi's steer or follow-up) was answered in the same
+	 * run: what follows it is the user's exchange, never this turn's. `true` when it came before the
+	 * turn's final answer (the turn was taken over: reported as interrupted), `"after"` when the
+	 * turn had answered already (that answer stands).
+	 */
+	interjected?: true | "after";
 	customType: string;
 	isolate: boolean;
 	restoreTools?: string[];
@@ -85,6 +98,11 @@ export interface TurnHost {
 	setActiveTools(names: string[]): void;
 	setModel(model: unknown): Promise<boolean>;
 	setThinkingLevel(level: never): void;
+}
+
+/** An assistant message that ends its answer (not one that asks for tools and goes on). */
+function isFinalAnswer(message: Record<string, unknown>): boolean {
+	return message.stopReason !== "toolUse";
 }
 
 export class TurnTracker {
@@ -227,8 +245,15 @@ export class TurnTracker {
 			const start = messages.findIndex((m) => (m as { details?: { castor_turn_id?: unknown } })?.details?.castor_turn_id === turn.turnId);
 			if (start >= 0) from = start + 1;
 		}
+		if (turn.interjected) return; // the rest of the run is the user's exchange
 		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
+			if (msg?.role === "user") {
+				// The user typed while the turn ran and Pi answered them in this run: the turn's
+				// answer is the last one before their message, if it was a final one.
+				turn.interjected = turn.last && isFinalAnswer(turn.last) ? "after" : true;
+				return;
+			}
 			if (msg?.role !== "assistant") continue;
 			turn.usage = addUsage(turn.usage, msg.usage);
 			turn.last = msg;
@@ -255,7 +280,8 @@ export class TurnTracker {
 		const last = turn.last;
 		const stopReason = typeof last?.stopReason === "string" ? last.stopReason : null;
 		let error: string | null = null;
-		if (!last) error = "Pi agent turn ended without an assistant response";
+		if (turn.interjected === true) error = "a message the user sent during the turn took it over before it answered";
+		else if (!last) error = "Pi agent turn ended without an assistant response";
 		else if (stopReason === "error") error = typeof last.errorMessage === "string" ? last.errorMessage : "unknown agent error";
 		return {
 			session_id: sessionId,
@@ -264,7 +290,7 @@ export class TurnTracker {
 			stop_reason: stopReason,
 			error,
 			usage: turn.usage,
-			aborted: aborted || stopReason === "aborted" || turn.abortRequested === true,
+			aborted: aborted || stopReason === "aborted" || turn.abortRequested === true || turn.interjected === true,
 			entry_id: entryId,
 		};
 	}

@@ -69,6 +69,35 @@ test("Esc: the outcome says aborted, keeps the partial text and the usage", asyn
 	assert.equal(outcome?.usage.input, 10);
 });
 
+test("a message the user typed after the turn answered (follow-up): the turn keeps its own answer", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	const prompt = started(pi);
+	turns.bindFromMessage(prompt);
+	turns.onAgentEnd([{ role: "custom", ...prompt }, assistant("BUILDER ANSWER"),
+		{ role: "user", content: "what time is it" }, assistant("USER REPLY")]);
+	turns.onAgentEnd([assistant("LATER USER REPLY")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.text, "BUILDER ANSWER");
+	assert.equal(outcome?.aborted, false);
+	assert.equal(outcome?.error, null);
+	assert.equal(outcome?.usage.input, 10, "the user's exchange is not the turn's usage");
+});
+
+test("a message the user typed before the turn answered (a steer between tool calls): the turn was taken over", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	turns.onAgentEnd([assistant("", "toolUse"), { role: "toolResult", content: "ok" },
+		{ role: "user", content: "stop that, do X" }, assistant("DOING X")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.aborted, true, "reported as interrupted: castor keeps none of it");
+	assert.notEqual(outcome?.text, "DOING X");
+	assert.match(outcome?.error ?? "", /took it over/);
+});
+
 test("castor aborts the running turn: found active once, its outcome says aborted, tools restored", async () => {
 	const pi = host(["read", "bash"]);
 	const turns = new TurnTracker(pi);
