@@ -97,7 +97,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         mailbox_table,
         terminal_console,
     )
-    from castor.messages.errors import InvalidParams
+    from castor.messages.errors import InvalidParams, Unauthenticated
 
     sort = getattr(args, "sort", "path")
     if sort not in SORT_KEYS:
@@ -156,6 +156,11 @@ def run_inspect(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
+    except Unauthenticated as exc:  # the endpoint's words name runtime.hello; say what to type here
+        if token_file:
+            raise
+        raise Unauthenticated(f"{exc.message} (castor inspect: give it the endpoint's token file, printed by "
+                              f"castor serve: --token-file PATH or {TOKEN_FILE_ENV}=PATH)", data=exc.data) from None
     finally:
         client.close()
 

@@ -193,7 +193,7 @@ def _console_shown(console: ConsoleServer | None, args: argparse.Namespace) -> s
 
 def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
     """The one line ``castor serve`` prints on stderr once it listens."""
-    if address is None:
+    if address is None or address == "stdio":  # a Unix socket's address is an absolute path
         where = "stdio"
     elif isinstance(address, str):
         where = f"unix:{address}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.console.terminal import session_casts
-from castor.messages.errors import NotFound
+from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.supervision.registry import WATCH_PACE_S, check_segment
 
 #: Events of a cast's feed shown on its page (the newest).
@@ -27,8 +27,11 @@ _RUN_DIRS: dict[tuple[str, str], str] = {}
 
 
 def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
-    """Both ids are actor path segments (``invalid_params`` otherwise): no path tricks."""
-    return check_segment(sid), check_segment(cast_id)
+    """Both ids are actor path segments (``invalid_params`` otherwise, a 400): no path tricks."""
+    try:
+        return check_segment(sid), check_segment(cast_id)
+    except Forbidden as exc:  # the registry's refusal; in a URL it is a bad request, not a forbidden one
+        raise InvalidParams(exc.message, data={"reason": "invalid_id"}) from None
 
 
 # -- data -------------------------------------------------------------------------------------

@@ -206,6 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, pages.cast_page(runtime, sid, cast_id).encode(), "text/html; charset=utf-8")
         elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
             sid, cast_id = pages.check_ids(parts[2], parts[3])
+            pages.cast_data(runtime, sid, cast_id)  # an unknown cast is a 404 here, as its page is
             self._stream(lambda: pages.cast_data(runtime, sid, cast_id))
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")

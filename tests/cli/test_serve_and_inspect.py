@@ -200,3 +200,36 @@ def test_serve_prints_one_line_on_stderr_once_it_listens(tmp_path, mode):
         server.send_signal(signal.SIGTERM)
         assert server.wait(20) == 0
     assert "Traceback" not in server.stderr.read()
+
+
+def test_serve_stdio_says_stdio(tmp_path):
+    """The line the docs show for ``--stdio``: ``listening on stdio`` (not a Unix path)."""
+    server = subprocess.Popen([*CASTOR, "serve", "--stdio"], env=_env(tmp_path), stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr.readline().rstrip("\n") == "castor serve: listening on stdio; token file: -; console: -"
+    finally:
+        server.stdin.close()  # EOF on stdin: the harness went away, castor exits
+        assert server.wait(20) == 0
+
+
+def test_inspect_without_the_token_says_which_flag_gives_it(tmp_path):
+    """A server with a token: inspect without it is refused in one line naming --token-file (the
+    endpoint's own words name runtime.hello, which an operator at a shell never types)."""
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--require-token"], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        token_file = line.split("token file: ", 1)[1].split(";", 1)[0]
+        refused = subprocess.run([*CASTOR, "inspect", "--socket", str(sock)], env=_env(tmp_path),
+                                 capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert refused.stderr.startswith("castor: unauthenticated: ") and refused.stderr.count("\n") == 1
+        assert "--token-file PATH" in refused.stderr and "CASTOR_TOKEN_FILE" in refused.stderr
+        shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "--token-file", token_file, "hosts"],
+                               env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0 and "local" in shown.stdout, shown.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(20) == 0
