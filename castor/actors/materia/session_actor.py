@@ -87,7 +87,7 @@ from castor.domain.materia.engine import CastRejected
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import Surface, command
-from castor.domain.materia.trust import check_project_trust
+from castor.domain.materia.trust import check_project_trust, check_saved_cast_trust
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
 from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
@@ -321,7 +321,8 @@ class SessionActor(Actor):
 
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
-        load_state(self.storage, root, cast_id)  # NotFound / StateCorrupt before anything starts
+        saved = load_state(self.storage, root, cast_id)  # NotFound / StateCorrupt before anything starts
+        check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted)
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
         except PermissionError as exc:

@@ -7,7 +7,14 @@ the project's to choose — but a loadout whose sockets run utility ``command``\
 (``forbidden``, ``data.reason`` ``"untrusted_project"``, ``data.sockets`` naming them) while a
 project layer is loaded: those commands would run as castor's user, chosen by whoever wrote the
 project's files. The same commands from the user's own (global) or an explicit config layer are
-allowed. The Icarus counterpart (``castor.domain.icarus.settings``) goes further: an untrusted
+allowed.
+
+A cast saved on disk is a project file too: its ``state.json`` holds the whole resolved config,
+commands included, and nothing proves castor wrote it (a checkout can ship one, or edit one).
+So an untrusted session never *resumes* (recast, revive, continue) a saved cast whose config runs
+utility commands, whichever layer they came from (``forbidden``, ``untrusted_project``,
+``data.cast_id``): trusting the project, or resuming it from a trusted session, is the way on.
+The Icarus counterpart (``castor.domain.icarus.settings``) goes further: an untrusted
 project's ``.pi/settings.json`` is not read at all.
 
 The rule is pure: it decides from the resolved config and the session's trust flag, and touches
@@ -37,3 +44,16 @@ def check_project_trust(resolved: ResolvedConfig, *, trusted: bool) -> None:
         raise Forbidden("this project is not trusted: its materia config runs utility commands "
                         f"({', '.join(commands)}); trust the project first",
                         data={"reason": "untrusted_project", "sockets": commands})
+
+
+def check_saved_cast_trust(resolved: ResolvedConfig, cast_id: str, *, trusted: bool) -> None:
+    """Raise ``Forbidden`` if an untrusted session would resume a saved cast that runs commands
+    (its saved config is a project file: it may have been shipped or edited, see above)."""
+    if trusted:
+        return
+    commands = [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
+    if commands:
+        raise Forbidden(f"this project is not trusted: the saved cast {cast_id} runs utility commands "
+                        f"({', '.join(commands)}) and its saved config is a project file; trust the project "
+                        "first to resume it",
+                        data={"reason": "untrusted_project", "sockets": commands, "cast_id": cast_id})

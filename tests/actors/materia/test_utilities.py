@@ -273,3 +273,40 @@ def test_a_command_that_cannot_start_is_a_spawn_error_and_frees_its_slot(runtime
     wait_for(lambda: pool_of(rt.system.registry).outstanding() == 0, what="the slot freed")
     submit_utility(rt.system.registry, _job("c1:Socket-1:9:9", [sys.executable, "-c", "print('ok')"], project, inbox))
     assert inbox.next().event.stdout == "ok\n"
+
+
+def test_an_untrusted_session_never_resumes_a_shipped_cast_that_runs_commands(runtime_factory, project, tmp_path):
+    """A checkout can ship a saved cast (or edit one): its state.json holds the resolved config,
+    commands included, and nothing proves castor wrote it. Copied into a project with no config
+    at all, an untrusted session's recast and revive are refused before anything runs (continue
+    takes an active saved cast in through the same check); a trusted session resumes it (so the
+    tripwire works)."""
+    import shutil
+
+    marker = tmp_path / "shipped-command-ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('ran\\n'); raise SystemExit(3)"]
+    write_project_config(project, _config(command))
+    rt = runtime_factory()
+    open_session(rt, "maker", project, ["x"], trusted=True)
+    made = materia_call(rt, "maker", "start", {"request": "make a recastable failure"})
+    assert wait_status(rt, "maker", made["cast_id"])["status"] == "failed"
+    assert marker.read_text() == "ran\n"
+    marker.unlink()
+    rt.close_session("maker")
+
+    shipped = tmp_path / "checkout"
+    (shipped / ".pi").mkdir(parents=True)
+    shutil.copytree(project / ".pi" / "pi-materia", shipped / ".pi" / "pi-materia",
+                    ignore=shutil.ignore_patterns("*.lock", ".castor-index*"))
+    open_session(rt, "victim", shipped, ["x"], trusted=False)
+    for verb, params in (("recast", {}), ("recast", {"cast_id": made["cast_id"]}),
+                         ("revive", {"cast_id": made["cast_id"]})):
+        with pytest.raises(Forbidden) as refused:
+            materia_call(rt, "victim", verb, params)
+        assert refused.value.data["reason"] == "untrusted_project", (verb, refused.value)
+        assert refused.value.data["cast_id"] == made["cast_id"]
+    assert not marker.exists(), "a command of the shipped cast ran"
+
+    open_session(rt, "trusting", shipped, ["x"], trusted=True)
+    materia_call(rt, "trusting", "recast", {})
+    wait_for(marker.exists, timeout=10, what="the trusted recast to run the command")
