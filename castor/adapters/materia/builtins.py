@@ -14,10 +14,17 @@ Guarantees and failure behaviour
 --------------------------------
 - Bad built-in params and unknown aliases raise :class:`UtilityError`
   (code ``invalid_config``, ``data.reason``); nothing is written.
-- ``project.ensureIgnored`` keeps its file inside the project: the root must
-  be the cwd, a directory under it, or the discovered VCS root, and the file
-  must be inside that root (else ``Forbidden``). This is stricter than
-  pi-materia, which followed any path.
+- ``project.ensureIgnored`` never writes outside the project, and never through a link: the
+  root is ``params.root`` (inside the project), else the nearest enclosing VCS root whose marker
+  (``.jj``/``.git``) and directory belong to castor's user (or root) -- another user's ``/tmp/.git``
+  is not a root -- else the project. ``params.file`` must resolve inside that root and name an
+  ignore file (its name ends in ``ignore``; no ``.git``/``.jj`` component): appending lines to
+  any other file is how a config would plant code (``~/.bashrc`` under a home directory that is a
+  dotfiles repository, ``.git/config``'s ``fsmonitor``, ``.envrc``). The target
+  must not be a symlink, and an existing one must be a regular file: it is read without
+  following links and replaced atomically with its own permission bits (``Forbidden``
+  otherwise, nothing read or written). This is stricter than pi-materia, which followed any
+  path and any link.
 - ``vcs.detect`` runs only ``jj``/``git`` found on ``PATH`` (never a
   project-chosen binary), each with a 2 s deadline and a 1 MiB cap.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +70,21 @@ def _as_text(value: Any) -> str:
 def _marker_root(start: Path, marker: str) -> Path | None:
     for directory in (start, *start.parents):
         if (directory / marker).exists():
+            return directory
+    return None
+
+
+def _owned_marker_root(start: Path, marker: str) -> Path | None:
+    """The nearest enclosing directory holding ``marker`` that castor's user (or root) owns, as
+    the marker itself: one another user planted (``/tmp/.git``) names no root of ours."""
+    me = os.geteuid()
+    for directory in (start, *start.parents):
+        try:
+            marker_st = os.lstat(directory / marker)
+            dir_st = os.lstat(directory)
+        except OSError:
+            continue
+        if marker_st.st_uid in (me, 0) and dir_st.st_uid in (me, 0):
             return directory
     return None
 
@@ -107,8 +130,39 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
+def _check_ignore_file(relative: Path) -> None:
+    """``params.file`` names an ignore file (``.gitignore``, ``.ignore``, ``web/.dockerignore``...)
+    outside the VCS's own directories. Appending lines to any other file is how a config would
+    plant code: ``~/.bashrc`` under a home directory that is a repository, ``.git/config``'s
+    ``fsmonitor``, a hook, ``.envrc``."""
+    if not relative.name.endswith("ignore") or any(part in (".git", ".jj") for part in relative.parts):
+        raise Forbidden(f"params.file must name an ignore file (a name ending in 'ignore', outside .git and "
+                        f".jj), not {str(relative)!r}", data={"reason": "not_an_ignore_file"})
+
+
+def _read_plain_file(target: Path) -> str | None:
+    """The text of ``target`` (None if missing), read without following a link; ``Forbidden``
+    for a symlink or anything but a regular file (its content is never read)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.islink(target):  # a dangling link: writing would create its target
+            raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
+                            data={"reason": "symlink"}) from None
+        return None
+    except OSError as exc:
+        if os.path.islink(target):  # O_NOFOLLOW on a link: ELOOP
+            raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
+                            data={"reason": "symlink"}) from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise Forbidden(f"{target.name} is not a regular file", data={"reason": "not_a_file"})
+        return handle.read().decode("utf-8")
+
+
 def _ignore_root(params: dict[str, Any], cwd: Path) -> Path:
-    vcs_root = _marker_root(cwd, ".jj") or _marker_root(cwd, ".git")
+    vcs_root = _owned_marker_root(cwd, ".jj") or _owned_marker_root(cwd, ".git")
     if "root" not in params or params["root"] is None:
         return vcs_root or cwd
     if not isinstance(params["root"], str) or "\x00" in params["root"]:
@@ -127,12 +181,16 @@ def ensure_ignored(params: dict[str, Any], cwd: str | os.PathLike[str]) -> dict[
     file_param = params.get("file")
     if file_param is not None and (not isinstance(file_param, str) or "\x00" in file_param):
         raise UtilityError("params.file must be a string", data={"reason": "invalid_params"})
-    target = (root / file_param).resolve() if file_param else root / ".gitignore"
-    if not _inside(target, root):
-        raise Forbidden("params.file leaves the root", data={"reason": "file outside root"})
-    existing_text = target.read_text(encoding="utf-8") if target.exists() else ""
+    if file_param:
+        target = (root / file_param).resolve()
+        if not _inside(target, root):
+            raise Forbidden("params.file leaves the project", data={"reason": "file outside root"})
+        _check_ignore_file(target.relative_to(root))
+    else:
+        target = root / ".gitignore"
+    existing_text = _read_plain_file(target)
     existing = {
-        line.strip() for line in existing_text.splitlines() if line.strip() and not line.strip().startswith("#")
+        line.strip() for line in (existing_text or "").splitlines() if line.strip() and not line.strip().startswith("#")
     }
     added: list[str] = []
     unchanged: list[str] = []
@@ -142,11 +200,14 @@ def ensure_ignored(params: dict[str, Any], cwd: str | os.PathLike[str]) -> dict[
                 unchanged.append(pattern)
         elif pattern not in added:
             added.append(pattern)
-    if added or not target.exists():
-        prefix = "" if not existing_text or existing_text.endswith("\n") else "\n"
+    if added or existing_text is None:
+        text = existing_text or ""
+        prefix = "" if not text or text.endswith("\n") else "\n"
         addition = "".join(f"{p}\n" for p in added)
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target, existing_text + prefix + addition)
+        if not _inside(target.parent.resolve(), root):  # a link among the new file's directories
+            raise Forbidden("params.file leaves the project", data={"reason": "file outside root"})
+        atomic_write_text(target, text + prefix + addition, keep_mode=True)
     return {
         "ok": True,
         "root": str(root),

@@ -4,6 +4,8 @@ tests/domain/materia/test_engine.py; the pool is tests/actors/materia/test_utili
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +90,65 @@ def test_vcs_detect_git_marker_and_none(tmp_path, monkeypatch):
     result = vcs_detect(plain)
     if not result["available"]["jj"]:
         assert result == {"kind": "none", "root": None, "available": result["available"]}
+
+
+def test_ensure_ignored_never_plants_lines_in_a_file_that_is_not_an_ignore_file(tmp_path):
+    """A home directory that is a dotfiles repository encloses the project: a project config must
+    not append to ~/.bashrc through it, nor to .git/config (fsmonitor), a hook or .envrc."""
+    home = tmp_path / "home"
+    (home / ".git").mkdir(parents=True)
+    (home / ".bashrc").write_text("# mine\n")
+    project = home / "work" / "evil"
+    project.mkdir(parents=True)
+    for name in (".bashrc", ".git/config", ".git/hooks/pre-commit", "work/evil/.envrc", ".git/info/exclude-not"):
+        with pytest.raises(Forbidden) as refused:
+            ensure_ignored({"patterns": ["touch /tmp/pwned"], "file": name}, project)
+        assert refused.value.data["reason"] == "not_an_ignore_file", name
+    assert (home / ".bashrc").read_text() == "# mine\n"
+    assert not (home / ".git" / "config").exists() and not (project / ".envrc").exists()
+    nested = ensure_ignored({"patterns": ["dist/"], "file": "work/evil/.dockerignore"}, project)
+    assert Path(nested["file"]).read_text() == "dist/\n"
+
+
+def test_ensure_ignored_never_reads_or_writes_through_a_link(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET\n")
+    secret.chmod(0o600)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".gitignore").symlink_to(secret)
+    with pytest.raises(Forbidden) as refused:
+        ensure_ignored({"patterns": ["dist/"]}, project)
+    assert refused.value.data["reason"] == "symlink"
+    assert (project / ".gitignore").is_symlink() and secret.read_text() == "TOP-SECRET\n"
+    (project / ".gitignore").unlink()
+    (project / ".gitignore").symlink_to(tmp_path / "not-there-yet")  # dangling: a write would create it
+    with pytest.raises(Forbidden):
+        ensure_ignored({"patterns": ["dist/"]}, project)
+    assert not (tmp_path / "not-there-yet").exists()
+    (project / ".gitignore").unlink()
+    (project / ".gitignore").mkdir()
+    with pytest.raises((Forbidden, OSError)):
+        ensure_ignored({"patterns": ["dist/"]}, project)
+
+
+def test_ensure_ignored_keeps_the_files_own_mode(tmp_path):
+    (tmp_path / ".gitignore").write_text("a/\n")
+    (tmp_path / ".gitignore").chmod(0o600)
+    ensure_ignored({"patterns": ["b/"]}, tmp_path)
+    assert (tmp_path / ".gitignore").read_text() == "a/\nb/\n"
+    assert (tmp_path / ".gitignore").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_vcs_marker_another_user_planted_is_not_a_root(tmp_path):
+    """Another local user makes /tmp/.git (and links /tmp/.gitignore to a private file): a project
+    under /tmp must not take /tmp as its repository and copy the file out."""
+    shared = tmp_path / "shared"
+    (shared / ".git").mkdir(parents=True)
+    os.chown(shared / ".git", 54321, 54321)
+    project = shared / "project"
+    project.mkdir()
+    result = ensure_ignored({"patterns": ["dist/"]}, project)
+    assert result["root"] == str(project.resolve())
+    assert (project / ".gitignore").read_text() == "dist/\n" and not (shared / ".gitignore").exists()
