@@ -57,18 +57,38 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
 
 
 def check_socket_dir(parent: str) -> None:
-    """The socket's directory must not let another user swap the socket for theirs: owned by
-    castor's user or root, and not writable by others unless sticky (like ``/tmp``)."""
+    """The socket's directory must not let another user swap the socket for theirs: it and every
+    directory above it (as written, links included, and as resolved) owned by castor's user or
+    root, and not writable by others unless sticky (like ``/tmp``). One unsafe ancestor is enough
+    to swap the socket: whoever may rename an ancestor can put a directory of theirs, with their
+    own listener, in its place -- and a client would hand that listener its token."""
     try:
-        st = os.stat(parent)
+        os.stat(parent)
     except FileNotFoundError:
         raise InvalidConfig(f"the socket's directory {parent} does not exist", data={"path": parent}) from None
+    written = os.path.abspath(parent)
+    for path in (*_ancestors(written), *_ancestors(os.path.realpath(written))):
+        _check_one_dir(path, parent)
+
+
+def _ancestors(path: str) -> list[str]:
+    """``path`` and every directory above it, up to ``/``."""
+    out = [path]
+    while (up := os.path.dirname(out[-1])) != out[-1]:
+        out.append(up)
+    return out
+
+
+def _check_one_dir(path: str, parent: str) -> None:
+    st = os.lstat(path)  # a link is judged by its owner (who could point it elsewhere)
+    where = parent if path == parent else f"{parent} (its ancestor {path})"
     if st.st_uid not in (os.geteuid(), 0):
-        raise Forbidden(f"the socket's directory {parent} belongs to another user; refusing to listen there",
-                        data={"path": parent, "reason": "socket_dir_not_private"})
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise Forbidden(f"the socket's directory {parent} is writable by other users (and not sticky); "
-                        "another user could replace the socket", data={"path": parent,
+        raise Forbidden(f"the socket's directory {where} belongs to another user; refusing to listen there",
+                        data={"path": path, "reason": "socket_dir_not_private"})
+    if (stat.S_ISDIR(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            and not st.st_mode & stat.S_ISVTX):
+        raise Forbidden(f"the socket's directory {where} is writable by other users (and not sticky); "
+                        "another user could replace the socket", data={"path": path,
                                                                        "reason": "socket_dir_not_private"})
 
 

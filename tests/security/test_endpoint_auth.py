@@ -463,3 +463,43 @@ def test_the_runtime_directory_falls_back_to_home_when_xdg_runtime_dir_is_missin
     assert stat.S_IMODE(os.stat(home / ".castor").st_mode) == 0o700
     token, path = new_token_file(directory)
     assert Path(path).read_text().strip() == token and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("mode, ok", [(0o777, False), (0o775, False), (0o1777, True), (0o755, True)])
+def test_a_socket_under_an_ancestor_others_may_write_to_is_refused(tmp_path, mode, ok):
+    """The socket's own directory is private, but one above it is not: whoever may write there can
+    rename the private directory away and put one of theirs, with their listener, in its place (and
+    a client would send that listener its token)."""
+    from castor.endpoint.listeners import bind_unix
+
+    shared = tmp_path / "shared"
+    private = shared / "sub"
+    private.mkdir(parents=True)
+    private.chmod(0o700)
+    shared.chmod(mode)
+    if ok:
+        sock, _inode = bind_unix(str(private / "c.sock"))
+        sock.close()
+        return
+    with pytest.raises(Forbidden) as refused:
+        bind_unix(str(private / "c.sock"))
+    assert refused.value.data == {"path": str(shared), "reason": "socket_dir_not_private"}
+    assert os.listdir(private) == []
+    # reached through a link of this user's that points into the shared directory: the same answer
+    link = tmp_path / "link"
+    link.symlink_to(private)
+    with pytest.raises(Forbidden):
+        bind_unix(str(link / "c.sock"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_socket_under_another_users_directory_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    private = theirs / "sub"
+    private.mkdir(parents=True)
+    private.chmod(0o700)
+    os.chown(theirs, 54321, 54321)
+    done = subprocess.run(castor_argv("serve", "--socket", str(private / "c.sock"), "--require-token"),
+                          env=serve_env(tmp_path), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ") and "belongs to another user" in done.stderr
+    assert os.listdir(private) == []
