@@ -50,6 +50,8 @@ TERMINAL = {"complete", "failed", "aborted"}
 #: and how long it waits for that process to abort.
 ABORT_REQUEST = "abort.request"
 ABORT_WAIT_S = 5.0
+#: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
+CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
 
 SCRIPT_HELP = """\
@@ -183,7 +185,18 @@ def _out(text: str) -> None:
 
 # --------------------------------------------------------------------------- a standalone runtime
 class _Standalone:
-    """An in-process Runtime with one trusted session and a standalone harness link."""
+    """An in-process Runtime with one trusted session and a standalone harness link.
+
+    The runtime is built, and every verb runs, on one worker thread; the main thread only waits
+    for each in turn. A signal's exception (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's
+    ``Terminated``) is raised in the main thread, so it lands in that wait -- never inside actor
+    code (a session verb and a cast's first incarnation run on the thread that asks, and an
+    interrupt there was an actor crash: restarted, the cast ran on and the command exited 0),
+    nor inside a first import (pydantic wraps an interrupt taken while it builds a model's schema
+    into a ``SchemaError``). :meth:`close` shuts the runtime down at once (a verb in flight then
+    fails as its actors stop; one interrupted while the runtime is built is let finish first):
+    the cast stays resumable.
+    """
 
     def __init__(self, cwd: Path, agent_spec: str | None, *, config_path: str | None = None,
                  printer: Any = None, need_agent: bool = True, backend: Any = None) -> None:
@@ -192,11 +205,29 @@ class _Standalone:
         # that arrives while the main thread is inside a first import can make the handler raise
         # in importlib's module-lock callback, where Python ignores the exception and the SIGTERM
         # is lost.
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         import rich.console  # noqa: F401
         import rich.live  # noqa: F401
         import rich.table  # noqa: F401
 
         import castor.adapters.materia.storage  # noqa: F401
+
+        self.agent: Any = None
+        self.runtime: Any = None
+        self.ui: Any = None
+        self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castor-cli-runtime")
+        self._in_flight: Future[Any] | None = None
+        self._signals = _StopSignals()
+        try:
+            self._on_worker(self._build, cwd, agent_spec, config_path, printer, need_agent)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cwd: Path, agent_spec: str | None, config_path: str | None, printer: Any,
+               need_agent: bool) -> None:
         from castor.adapters.agents.factory import make_agent
         from castor.adapters.session_jsonl import JsonlSessionLog
         from castor.adapters.stderr_ui import StderrUi
@@ -209,33 +240,43 @@ class _Standalone:
             raise InvalidParams("no agent: pass --agent script:FILE or --agent openai:BASE_URL[#MODEL] "
                                 "(or set CASTOR_AGENT)", data={"reason": "no_agent"})
         self.agent = make_agent(agent_spec) if agent_spec else None
-        self._signals = _StopSignals()
         self.ui = StderrUi(printer)
-        self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
-        self.runtime = Runtime(RuntimeSettings(), components=[materia_component_for(backend)])
+        self.runtime = Runtime(RuntimeSettings(), components=[materia_component_for(self.backend)])
         flags = {"materia_config": config_path} if config_path else {}
         root = _artifact_root(cwd, config_path)
         log = JsonlSessionLog(root / ".castor-cli-session.jsonl")
-        try:
-            self.runtime.open_session(SessionInfo(session_id=CLI_SESSION, cwd=str(cwd), trusted=True, flags=flags),
-                                      HarnessLink(agent=self.agent, session_log=log, ui=self.ui,
-                                                  host_context=NoHostContext()))
-        except BaseException:
-            self.close()
-            raise
+        self.runtime.open_session(SessionInfo(session_id=CLI_SESSION, cwd=str(cwd), trusted=True, flags=flags),
+                                  HarnessLink(agent=self.agent, session_log=log, ui=self.ui,
+                                              host_context=NoHostContext()))
+
+    def _on_worker(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn`` on the worker thread and wait for it here (a signal interrupts the wait)."""
+        self._in_flight = self._worker.submit(fn, *args)
+        return self._in_flight.result()
 
     def call(self, verb: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         from castor.actors.materia.api import materia_call
 
-        return materia_call(self.runtime, CLI_SESSION, verb, params)
+        result: dict[str, Any] = self._on_worker(materia_call, self.runtime, CLI_SESSION, verb, params)
+        return result
 
     def close(self) -> None:
-        self._signals.escalate()
+        from concurrent.futures import wait
+
+        self._signals.escalate()  # from now on a signal kills what is left and exits
         try:
-            self.runtime.shutdown(10.0)
+            if self.runtime is None and self._in_flight is not None:
+                wait([self._in_flight], timeout=CLOSE_WAIT_S)  # interrupted while it was built: let it finish
+            if self.runtime is not None:
+                # At once, even with a verb in flight on the worker (it then fails: its actors stop),
+                # so an interrupted cast goes no further than the transition it is in.
+                self.runtime.shutdown(10.0)
+            if self._in_flight is not None:
+                wait([self._in_flight], timeout=CLOSE_WAIT_S)
             if self.backend is not None:
                 self.backend.shutdown()
         finally:
+            self._worker.shutdown(wait=False)
             self._signals.restore()
         close = getattr(self.agent, "close", None) if self.agent is not None else None
         if close is not None:

@@ -235,3 +235,52 @@ def test_the_first_sigterm_reaches_the_running_command_and_no_record_is_left(tmp
         _end(proc, "sleep 96")
     assert marker.read_text().strip() == "TERM"
     assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))
+
+
+INTERRUPTED_VERB = r"""
+import os, signal, sys, threading
+import castor.actors.materia.api as api
+from castor.cli.app import main
+
+real = api.materia_call
+seen = {}
+
+
+def interrupted_start(runtime, session_id, verb, params):
+    if verb == "start" and "thread" not in seen:
+        seen["thread"] = threading.current_thread().name
+        os.kill(os.getpid(), signal.SIGNAL_NAME)  # arrives while the session's verb runs
+        threading.Event().wait(0.3)  # the verb is busy meanwhile (a main thread would take the signal here)
+        seen["verb_done"] = True
+    return real(runtime, session_id, verb, params)
+
+
+api.materia_call = interrupted_start
+rc = main(["cast", "an interrupted start", "--agent", "script:answers.json", "--quiet"])
+print("SEEN", seen.get("thread"), seen.get("verb_done"), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_a_verb_runs_is_the_commands_never_an_actor_crash(tmp_path, signame, code):
+    """A session verb and a cast's first incarnation run on the thread that asks. Asked from the
+    main thread, Ctrl-C or SIGTERM landed inside actor code: logged as an actor crash, the actor
+    restarted, the cast ran to its end and the command exited 0 (or actor_crashed, 1). The CLI asks
+    from a worker thread; the signal ends the command (130 / 143, one line) and the cast stays
+    resumable."""
+    project = _project(tmp_path, {"activeLoadout": "T", "loadouts": {"T": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}, answers=[{"text": "one", "delay_ms": 2000}, "two"])
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_VERB.replace("SIGNAL_NAME", signame)], cwd=project,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                          capture_output=True, text=True, timeout=45)
+    assert done.returncode == code, done.stderr
+    assert "SEEN castor-cli-runtime" in done.stderr and "True" in done.stderr.splitlines()[-1], done.stderr
+    assert "Traceback" not in done.stderr and "crashed" not in done.stderr, done.stderr
+    assert "castor: interrupted" in done.stderr
+    listed = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    # The runtime shut down while the verb still ran: the cast never started, or it stopped where
+    # it was (its first turn takes 2 s) and can be recast.
+    assert all(cast["status"] != "complete" and cast["resumable"] for cast in listed), listed
