@@ -217,6 +217,8 @@ class _Standalone:
         self.runtime: Any = None
         self.ui: Any = None
         self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
+        # Before any verb takes a cast's lease: an abort request older than this is not for us.
+        self.began_at = time.time()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castor-cli-runtime")
         self._in_flight: Future[Any] | None = None
         self._signals = _StopSignals()
@@ -381,6 +383,15 @@ def _cli_note(spec: str) -> dict[str, Any] | None:
     return None
 
 
+def _requested_at(request: Path) -> float | None:
+    """When an abort request was written (its ``requested_at``); None if unreadable."""
+    try:
+        value = json.loads(request.read_text(encoding="utf-8")).get("requested_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
     """Poll the cast until it ends, with a rich live view unless quiet; finalizes refinement pauses."""
     from rich.console import Console
@@ -393,15 +404,21 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
     request = Path(str(session.call("status", {"cast_id": cast_id})["run_dir"])) / ABORT_REQUEST
 
     def poll() -> dict[str, Any]:
-        if os.path.lexists(request):  # `castor abort` from another process asks this one to abort
+        # `castor abort` from another process asks this one to abort -- unless the request is
+        # older than this command's verb: it was left for an earlier holder (a killed abort).
+        if os.path.lexists(request):
+            asked_at = _requested_at(request)
             try:
                 os.unlink(request)
             except OSError:
                 pass
-            try:
-                session.call("abort", {"cast_id": cast_id})
-            except CastorError as exc:  # it ended meanwhile: the status below says how
-                session.ui.notify(f"abort request not applied: {exc.message}", "warning")
+            if asked_at is not None and asked_at < session.began_at:
+                session.ui.notify("an abort request left from before this command was removed", "warning")
+            else:
+                try:
+                    session.call("abort", {"cast_id": cast_id})
+                except CastorError as exc:  # it ended meanwhile: the status below says how
+                    session.ui.notify(f"abort request not applied: {exc.message}", "warning")
         view = session.call("status", {"cast_id": cast_id})
         if view.get("paused") and view.get("live"):
             session.ui.notify(f"{view.get('current_socket')} asks for refinement; finalizing (no user in the CLI)")
@@ -548,7 +565,6 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
 
 def cmd_abort(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import persisted_view
-    from castor.adapters.fs import atomic_write_json
     from castor.adapters.materia.cast_lease import CastLease
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
@@ -556,33 +572,54 @@ def cmd_abort(args: argparse.Namespace) -> int:
     cwd, root, cast_id = _cast_ref(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["active"] and CastLease.is_held(root, cast_id):
-        # Another process runs it: ask it (a running castor cast/recast/continue looks on every poll).
-        atomic_write_json(root / cast_id / ABORT_REQUEST, {"requested_at": time.time(), "pid": os.getpid()})
+        return _abort_elsewhere(root, cast_id)
+    session = _Standalone(cwd, None, config_path=args.config, need_agent=False)
+    try:
+        text = session.call("abort", {"cast_id": cast_id})["text"]
+    except Conflict as exc:
+        if exc.data.get("reason") != "held_elsewhere":
+            raise
+        text = None  # a castor continue / recast took the cast between the check above and this
+    finally:
+        session.close()
+    if text is None:
+        return _abort_elsewhere(root, cast_id)
+    _out(text)
+    return EXIT_OK
+
+
+def _abort_elsewhere(root: Path, cast_id: str) -> int:
+    """Another process runs the cast: leave it an abort request (a running castor cast / recast /
+    continue looks on every poll) and wait for the cast to end. The request never outlives this
+    command: one left behind would abort the cast's next recast the moment it started."""
+    from castor.actors.materia.views import persisted_view
+    from castor.adapters.fs import atomic_write_json
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.messages.errors import Conflict
+
+    request = root / cast_id / ABORT_REQUEST
+    atomic_write_json(request, {"requested_at": time.time(), "pid": os.getpid()})
+    try:
         deadline = time.monotonic() + ABORT_WAIT_S
-        while time.monotonic() < deadline:
+        while True:
             view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
             if not view["active"]:
                 break
+            if time.monotonic() >= deadline:
+                raise Conflict(f"pi-materia cast {cast_id} runs in another castor runtime that did not take the "
+                               f"abort request within {ABORT_WAIT_S:g}s (a harness session: abort it there with "
+                               "/materia abort)", data={"reason": "held_elsewhere", "cast_id": cast_id})
             time.sleep(POLL_S)
-        else:
-            try:
-                os.unlink(root / cast_id / ABORT_REQUEST)
-            except OSError:
-                pass
-            raise Conflict(f"pi-materia cast {cast_id} runs in another castor runtime that did not take the abort "
-                           f"request within {ABORT_WAIT_S:g}s (a harness session: abort it there with /materia abort)",
-                           data={"reason": "held_elsewhere", "cast_id": cast_id})
-        if view["status"] != "aborted":
-            raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
-                           data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
-        _out(f"pi-materia cast {cast_id} aborted. Recast it with `castor recast {cast_id}`.")
-        return EXIT_OK
-    session = _Standalone(cwd, None, config_path=args.config, need_agent=False)
-    try:
-        _out(session.call("abort", {"cast_id": cast_id})["text"])
-        return EXIT_OK
     finally:
-        session.close()
+        try:
+            os.unlink(request)  # taken already (the holder removes it), or never to be taken
+        except OSError:
+            pass
+    if view["status"] != "aborted":
+        raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
+                       data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
+    _out(f"pi-materia cast {cast_id} aborted. Recast it with `castor recast {cast_id}`.")
+    return EXIT_OK
 
 
 def _page_size(text: str) -> int:

@@ -284,3 +284,66 @@ def test_a_signal_while_a_verb_runs_is_the_commands_never_an_actor_crash(tmp_pat
     # The runtime shut down while the verb still ran: the cast never started, or it stopped where
     # it was (its first turn takes 2 s) and can be recast.
     assert all(cast["status"] != "complete" and cast["resumable"] for cast in listed), listed
+
+
+TWO_AGENT_SOCKETS = {"activeLoadout": "T", "loadouts": {"T": {"entry": "Socket-1", "sockets": {
+    "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
+    "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+
+
+def _interrupted_cast(tmp_path: Path) -> tuple[Path, str]:
+    """A cast whose first turn was Esc'd (interrupted: active, resumable with continue)."""
+    project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "partial", "stop_reason": "aborted"}])
+    done = _castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=project)
+    (cast,) = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert cast["status"] == "interrupted", (done.stderr, cast)
+    return project, cast["cast_id"]
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_left_from_before_does_not_abort_the_next_recast(tmp_path):
+    """An abort request a killed `castor abort` left behind is not for the next holder: the recast
+    removes it and runs on (it used to abort itself on its first poll)."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    request = project / ".pi" / "pi-materia" / cast_id / "abort.request"
+    request.write_text(json.dumps({"requested_at": 1.0, "pid": 1}))
+    (project / "answers.json").write_text(json.dumps([{"text": "one", "delay_ms": 600}, "two"]))  # polled mid-turn
+    done = _castor(tmp_path, "continue", cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert not request.exists() and "abort request left from before" in done.stderr
+    assert json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)["status"] == "complete"
+
+
+LOSES_THE_RACE = r"""
+import sys
+from castor.adapters.materia.cast_lease import CastLease
+from castor.cli.app import main
+
+CastLease.is_held = staticmethod(lambda *a, **k: False)  # the check ran just before the other CLI took it
+sys.exit(main(["abort", sys.argv[1]]))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_that_loses_the_race_to_a_continue_still_aborts(tmp_path):
+    """`castor abort` found the cast free, and a `castor continue` took it the next moment: the
+    abort's own take is refused (held elsewhere), and it falls back to asking the holder."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    (project / "answers.json").write_text(json.dumps([{"text": "slow", "delay_ms": 20000}, "two"]))
+    holder = subprocess.Popen([sys.executable, "-m", "castor", "continue", cast_id, "--quiet", "--agent",
+                               "script:answers.json"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        from castor.adapters.materia.cast_lease import CastLease
+
+        root = project / ".pi" / "pi-materia"
+        wait_for(lambda: CastLease.is_held(root, cast_id) or None, timeout=30, what="the continue to hold the cast")
+        aborted = subprocess.run([sys.executable, "-c", LOSES_THE_RACE, cast_id], cwd=project, env=_env(tmp_path),
+                                 capture_output=True, text=True, timeout=45)
+        assert aborted.returncode == 0, aborted.stderr
+        assert f"pi-materia cast {cast_id} aborted" in aborted.stdout
+        assert holder.wait(30) == 1  # the continue ends with its cast: aborted
+        assert not (root / cast_id / "abort.request").exists()
+    finally:
+        _end(holder, "never")
+    assert json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)["status"] == "aborted"
