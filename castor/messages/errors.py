@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     INVALID_CONFIG = "invalid_config"
     UNAUTHENTICATED = "unauthenticated"
     STORAGE_UNAVAILABLE = "storage_unavailable"
+    STATE_CORRUPT = "state_corrupt"
 
 
 class CastorError(Exception):

@@ -30,9 +30,10 @@ DEFAULT_PAGE = 50
 
 
 class StateCorrupt(CastorError):
-    """``state.json`` exists but is not a valid state document."""
+    """``state.json`` exists but is not a valid state document: the data's fault (damaged,
+    truncated, written by something else), never castor's, so not ``internal``."""
 
-    code = ErrorCode.INTERNAL
+    code = ErrorCode.STATE_CORRUPT
 
 
 class StoredDocument(Protocol):

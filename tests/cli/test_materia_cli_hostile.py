@@ -347,3 +347,18 @@ def test_an_abort_that_loses_the_race_to_a_continue_still_aborts(tmp_path):
     finally:
         _end(holder, "never")
     assert json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)["status"] == "aborted"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content", ["", "{", "{}", "null", '{"version": 999}'])
+def test_a_damaged_state_file_is_state_corrupt_never_internal(tmp_path, content):
+    """`internal` means a bug of castor's; a state.json emptied, truncated or written by something
+    else is the data's fault: a stable code of its own, one line, for every command that reads it."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    (project / ".pi" / "pi-materia" / cast_id / "state.json").write_text(content)
+    for verb in ("status", "abort", "recast"):
+        args = [verb, cast_id] + (["--agent", "script:answers.json"] if verb == "recast" else [])
+        done = _castor(tmp_path, *args, cwd=project)
+        _one_clean_error_line(done, "state_corrupt")
+    listed = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert [row["status"] for row in listed] == ["unreadable"]

@@ -264,15 +264,19 @@ def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_id
     storage.validate_cast_id(ref)
     if ref != LATEST and (artifact_root / ref / "state.json").is_file():
         return ref
-    ids: set[str] = {row["cast_id"] for row in cast_rows(storage, artifact_root, set())
-                     if row["status"] != "unreadable"}
+    rows = cast_rows(storage, artifact_root, set())
+    ids: set[str] = {row["cast_id"] for row in rows if row["status"] != "unreadable"}
     ids |= set(live_ids or ())
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:
         if not newest_first:
             raise NotFound(f"No pi-materia casts under {artifact_root}.", data={"reason": "no_casts"})
         return newest_first[0]
-    matches = [cast_id for cast_id in newest_first if cast_id.startswith(ref)]
+    # A prefix is matched against the unreadable directories too: one it also names makes it
+    # ambiguous (never a silent pick of the readable one), and one it names alone is that
+    # directory (whose reader then says what is wrong with it).
+    unreadable = {row["cast_id"] for row in rows if row["status"] == "unreadable"} - ids
+    matches = [cast_id for cast_id in sorted(ids | unreadable, reverse=True) if cast_id.startswith(ref)]
     if ref in matches:
         return ref
     if not matches:

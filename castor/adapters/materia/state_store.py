@@ -734,6 +734,7 @@ def _cursor_of(row: IndexRow) -> str:
 
 
 _WHERE = {None: "", "readable": "unreadable = 0", "candidate": "candidate = 1", "revivable": "revivable = 1"}
+_UNREADABLE = "unreadable = 1"
 
 
 def _after(row: IndexRow, after: tuple[int, str] | None) -> bool:
@@ -757,16 +758,36 @@ def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = 
     if index is not None:
         try:
             _reconcile(index, store)
+            # A directory listed unreadable that was repaired since goes back to its place among the
+            # casts before the listing starts (there are few, and each costs one lstat when unchanged).
+            _verify(index, store, index.page(None, MAX_PAGE, where=_UNREADABLE))
+            # A row that turns out unreadable on the way moves to the unreadable ones (the index is
+            # corrected by _verify): it is listed there, once, not also where it was found.
+            listed: set[str] = set()
+            moved: dict[str, IndexRow] = {}
             while True:
                 rows = index.page(after, batch, where=_WHERE[where])
                 if not rows:
-                    return
+                    break
                 fetched_to = (1 if rows[-1].unreadable else 0, rows[-1].cast_id)
+                was_unreadable = {row.cast_id: row.unreadable for row in rows}
                 for row in _verify(index, store, rows):
+                    if row.cast_id in listed:
+                        continue
+                    if row.unreadable and not was_unreadable[row.cast_id]:
+                        moved[row.cast_id] = row
+                        continue
                     if _matches(row, where):
+                        listed.add(row.cast_id)
                         yield row, _cursor_of(row)
                 after = fetched_to  # and where a fallback below resumes
                 batch = min(batch * 2, MAX_PAGE)
+            for cast_id in sorted(moved, reverse=True):  # any the index could not be told about
+                row = moved[cast_id]
+                if cast_id not in listed and _matches(row, where):
+                    listed.add(cast_id)
+                    yield row, _cursor_of(row)
+            return
         except cast_index.IndexUnavailable as exc:
             logger.warning("cast index of {root} unusable ({exc}); listing from every state.json", root=root, exc=exc)
             cast_index.forget(root)

@@ -127,6 +127,26 @@ def test_changes_behind_the_index_are_seen(tmp_path):
     assert [s.cast_id for s in newest(tmp_path, "candidate")] == ["c-by-hand"]
 
 
+
+@pytest.mark.parametrize("limit", [50, 1])
+def test_a_cast_that_turns_unreadable_or_is_repaired_is_listed_once_in_its_place(tmp_path, limit):
+    """A state.json damaged behind the index moves the cast from the casts to the unreadable
+    directories: listed there once (it was listed twice, found first among the casts and then
+    again where the corrected index put it). Repaired, it is back among the casts, newest first
+    (it came after the older casts, from the unreadable section where the index still had it)."""
+    store = CastStateStore(tmp_path)
+    older, newer = allocate_cast_id(tmp_path), allocate_cast_id(tmp_path)
+    _save(store, older, "complete")
+    _save(store, newer, "failed")
+    assert _all(tmp_path, limit) == [(newer, "failed"), (older, "complete")]
+    good = (tmp_path / newer / "state.json").read_text()
+    (tmp_path / newer / "state.json").write_text("{")
+    assert _all(tmp_path, limit) == [(older, "complete"), (newer, "unreadable")]
+    assert list_page(tmp_path).total == 2
+    (tmp_path / newer / "state.json").write_text(good)
+    assert _all(tmp_path, limit) == [(newer, "failed"), (older, "complete")]
+
+
 def test_a_corrupt_or_deleted_index_is_rebuilt(tmp_path):
     store = CastStateStore(tmp_path)
     ids = [allocate_cast_id(tmp_path) for _ in range(5)]
@@ -284,3 +304,24 @@ def test_index_files_a_checkout_ships_are_never_trusted(tmp_path):
     os.unlink(root / DB_NAME)
     os.mkfifo(root / DB_NAME)
     assert dict(_all(root)) == {cast_id: "failed"}  # from every state.json: the FIFO is left alone
+
+
+def test_a_prefix_that_also_names_an_unreadable_cast_is_ambiguous_never_a_silent_pick(tmp_path):
+    from castor.actors.materia.views import resolve_cast_id
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.ports.cast_storage import StateCorrupt
+
+    store = CastStateStore(tmp_path)
+    older, newer = allocate_cast_id(tmp_path), allocate_cast_id(tmp_path)
+    _save(store, older, "complete")
+    _save(store, newer, "failed")
+    (tmp_path / newer / "state.json").write_text("{")
+    prefix = os.path.commonprefix([older, newer])
+    with pytest.raises(InvalidParams) as ambiguous:
+        resolve_cast_id(FILE_CAST_STORAGE, tmp_path, prefix)
+    assert ambiguous.value.data["candidates"] == [newer, older]
+    assert resolve_cast_id(FILE_CAST_STORAGE, tmp_path, "latest") == older  # the newest readable cast
+    assert resolve_cast_id(FILE_CAST_STORAGE, tmp_path, newer) == newer
+    with pytest.raises(StateCorrupt) as corrupt:  # what its reader then says: the data's fault, not castor's
+        CastStateStore(tmp_path).load(newer)
+    assert corrupt.value.code == "state_corrupt"
