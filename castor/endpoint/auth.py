@@ -79,6 +79,7 @@ class AuthGate:
         self.authenticated = True
         ctx.state[MAY_TRUST] = True
         ctx.connection.dispatcher = self.real
+        ctx.connection.limit_frames(None)  # the protocol's own frame limits from now on
         return result
 
 

@@ -320,6 +320,13 @@ class Connection:
     def closed(self) -> bool:
         return self._closed
 
+    def limit_frames(self, max_bytes: int | None) -> None:
+        """Cap an incoming frame at ``max_bytes`` (a tighter bound than the settings', e.g. before
+        a connection has authenticated); ``None`` restores the settings' own limit. Over it the
+        stream is undecodable and the connection closes."""
+        default = self.settings.frame_limits.max_buffer_size
+        self._max_frame = default if max_bytes is None else min(max_bytes, default)
+
     def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
         """Run ``fn(conn)`` once when the connection closes (immediately if it already did)."""
         with self._mutex:

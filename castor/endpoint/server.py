@@ -48,6 +48,9 @@ DEFAULT_HELLO_TIMEOUT_S = 10.0
 """A connection that must authenticate and has not within this long is closed."""
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 """A connection holding no session that has sent and received nothing for this long is closed."""
+PRE_AUTH_MAX_FRAME = 64 * 1024
+"""The largest frame a connection may send before it has authenticated (a hello is a few hundred
+bytes): anyone who can connect must not make castor buffer the protocol's full 16 MiB per slot."""
 
 
 class Server:
@@ -208,6 +211,15 @@ class Server:
             return
         with self._lock:
             full = len(self._conns) >= self.max_connections
+            # Full: the oldest connection that has not authenticated yet makes room (with a token,
+            # every connection starts unauthenticated, so refusing the newcomer would let anyone who
+            # can connect keep every slot with connections that never say hello).
+            evicted = self._oldest_unauthenticated_locked() if full else None
+        if evicted is not None:
+            self._close_slot(evicted, Unauthenticated(
+                "the endpoint is full and this connection has not authenticated; closing it to make room",
+                data={"reason": "evicted_unauthenticated"}))
+            full = False
         if full:
             self._refuse(sock)
             return
@@ -221,6 +233,7 @@ class Server:
         if self.token:
             # AuthGate has the Dispatcher's interface without being one
             conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]  # the gate wraps the dispatcher with the same call surface
+            conn.limit_frames(PRE_AUTH_MAX_FRAME)  # until the hello: no one buffers megabytes unasked
         else:
             conn.state[MAY_TRUST] = same_user
         self._track(conn)
@@ -280,6 +293,11 @@ class Server:
         logger.info("closing {}: {}", conn.name, err.message)
         conn.notify("error", err.to_wire())
         conn.close(str(err.data.get("reason", "reaped")), flush_timeout=0.5)
+
+    def _oldest_unauthenticated_locked(self) -> Connection | None:
+        """The longest-connected connection still behind its AuthGate, if any (under ``_lock``)."""
+        gated = [c for c in self._conns.values() if isinstance(c.dispatcher, AuthGate) and not c.closed]
+        return min(gated, key=lambda c: c.state.get("accepted_at", 0.0)) if gated else None
 
     def _track(self, conn: Connection) -> None:
         with self._lock:

@@ -503,3 +503,40 @@ def test_a_socket_under_another_users_directory_is_refused(tmp_path):
                           env=serve_env(tmp_path), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ") and "belongs to another user" in done.stderr
     assert os.listdir(private) == []
+
+
+def test_connections_that_never_say_hello_cannot_lock_a_token_holder_out(tcp_serve):
+    """Anyone on the machine can connect: 64 connections that never authenticate (and reconnect
+    when closed) filled every slot, so the token holder was refused. Full, the endpoint makes room
+    by closing the oldest connection that has not authenticated; authenticated ones keep theirs."""
+    server = tcp_serve("--hello-timeout", "60", "--idle-timeout", "off")
+    squatters = [server.raw() for _ in range(64)]
+    for msgid, peer in enumerate(squatters):  # answered `unauthenticated`: each holds a slot now
+        peer.send(request(msgid, "ops.actors", {}))
+        assert peer.read(5, until=lambda values: bool(values))
+    with server.client(token=server.token) as holder:
+        assert holder.call("ops.actors", {})["actors"]
+    oldest = squatters[0].read(5)
+    assert squatters[0].eof and any(v[0] == 2 and v[2][0].get("code") == "unauthenticated" for v in oldest), oldest
+    for peer in squatters[-3:]:  # the newest keep their slots (only the oldest made room)
+        peer.read(0.1)
+        assert not peer.eof
+    for peer in squatters:
+        peer.close()
+
+
+def test_a_connection_before_hello_cannot_make_castor_buffer_a_big_frame(tcp_serve):
+    """The protocol's frames go up to 16 MiB; before a connection has authenticated it may send
+    64 KiB at most (a hello is a few hundred bytes): 60 connections each sending most of a 16 MiB
+    frame made the server grow by a gigabyte. After the hello, the full limits apply."""
+    server = tcp_serve("--hello-timeout", "60")
+    peer = server.raw()
+    peer.send(b"\xc6" + (1 << 20).to_bytes(4, "big") + b"x" * (200 * 1024))  # the start of a 1 MiB bin frame
+    values = peer.read(5)
+    assert peer.eof and values and values[-1][2][0]["code"] == "invalid_frame", values
+    with server.client(token=server.token) as holder:
+        big = "x" * (1 << 20)
+        with pytest.raises(Exception) as refused:  # the call is answered (an unknown actor), not cut off
+            holder.call("ops.mailbox", {"path": "/root/" + big})
+        assert getattr(refused.value, "code", None) in ("not_found", "forbidden", "invalid_params")
+        assert holder.call("ops.actors", {})["actors"]
