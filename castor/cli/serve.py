@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except CastorError as exc:
         fail(exc.code, exc.message)
         return EXIT_USAGE
-    backend = console = None
+    backend = console = console_token_file = None
     try:
         backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
         runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
@@ -112,7 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                           user_turn_timeout_s=args.user_turn_timeout,
                                           memory_return_interval_s=args.memory_return or 0.0),
                           components=scaleout_components(backend), scaleout=backend)
-        console = _start_console(args, runtime, endpoint_token=token)
+        console, console_token_file = _start_console(args, runtime, endpoint_token=token)
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
@@ -121,7 +121,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
                   max_connections=args.max_connections,
                   on_ready=lambda server: _print_ready(server, token_file=shown_token,
-                                                       console_url=_console_shown(console, args)))
+                                                       console_url=_console_shown(console, args,
+                                                                                  console_token_file)))
         finally:
             if console is not None:
                 console.stop()
@@ -129,10 +130,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if backend is not None:
             backend.shutdown()
-        if generated is not None:
-            from castor.endpoint.auth import remove_token_file
+        from castor.endpoint.auth import remove_token_file
 
-            remove_token_file(generated)
+        for path in (generated, console_token_file):
+            if path is not None:
+                remove_token_file(path)
     if runtime.system.fatal.is_set():
         fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR
@@ -163,32 +165,49 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def _start_console(args: argparse.Namespace, runtime: Any, *,
-                   endpoint_token: str | None = None) -> ConsoleServer | None:
-    """The web console of ``--console`` (None without it); a bad address or token file fails the
-    command before anything listens. Its token: ``--console-token-file``'s, else the endpoint's
-    own where it has one (``--tcp``, ``--require-token``), so one secret opens both."""
+                   endpoint_token: str | None = None) -> tuple[ConsoleServer | None, str | None]:
+    """The web console of ``--console`` and the token file castor made for it, if it made one
+    (None, None without ``--console``); a bad address or token file fails the command before
+    anything listens. Its token: ``--console-token-file``'s, else the endpoint's own where it has
+    one (``--tcp``, ``--require-token``), so one secret opens both; else a token of its own in a
+    new ``0600`` file (removed at exit): a loopback port is open to every user of the machine, and
+    the console shows each cast's request, its run directory and the actor tree."""
     if args.console is None:
         if args.console_token_file:
             from castor.messages.errors import InvalidParams
 
             raise InvalidParams("--console-token-file needs --console HOST:PORT")
-        return None
+        return None, None
     from castor.console.server import ConsoleServer, read_token_file
 
-    token = read_token_file(args.console_token_file) if args.console_token_file else endpoint_token
+    generated = None
+    if args.console_token_file:
+        token = read_token_file(args.console_token_file)
+    elif endpoint_token:
+        token = endpoint_token
+    else:
+        from castor.endpoint.auth import new_token_file
+
+        token, generated = new_token_file(label="console")
     try:
-        return ConsoleServer(runtime, *args.console, token=token).start()
+        return ConsoleServer(runtime, *args.console, token=token).start(), generated
     except BaseException:
+        if generated is not None:
+            from castor.endpoint.auth import remove_token_file
+
+            remove_token_file(generated)
         runtime.shutdown(30.0)
         raise
 
 
-def _console_shown(console: ConsoleServer | None, args: argparse.Namespace) -> str | None:
+def _console_shown(console: ConsoleServer | None, args: argparse.Namespace, generated: str | None) -> str | None:
     if console is None:
         return None
     if args.console_token_file:
         return console.url + f" (token from {args.console_token_file})"
-    return console.url + (" (the endpoint's token)" if console.token else "")
+    if generated is not None:
+        return console.url + f" (token file: {generated})"
+    return console.url + " (the endpoint's token)"
 
 
 def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:

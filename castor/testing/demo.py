@@ -168,5 +168,6 @@ def kept_run_lines(root: Path, log_path: Path | None) -> list[str]:
             lines.append(f"  castor casts --cwd {shlex.quote(str(project))}")
         lines.append(f"  castor status CAST_ID --cwd {shlex.quote(str(projects[0]))}")
     lines.append("watch a live runtime in the browser: castor serve --socket castor.sock "
-                 "--console 127.0.0.1:8765, then open http://127.0.0.1:8765/")
+                 "--console 127.0.0.1:8765, then open http://127.0.0.1:8765/?token=... with the "
+                 "console's token (the file its serving line names)")
     return lines

@@ -20,11 +20,18 @@ CASTOR = [sys.executable, "-m", "castor"]
 LOADOUT = "build"
 
 
+#: console base URL -> the token castor made for it (a console always has one; tests/console's
+#: HTTP helper presents it unless a test sends its own credentials)
+TOKENS: dict[str, str] = {}
+TOKEN_FILES: dict[str, Path] = {}
+
+
 @dataclass
 class Live:
     url: str
     sock: Path
     client: Client
+    token: str = ""
     casts: dict[str, list[str]] = field(default_factory=dict)  # session id -> cast ids
     projects: dict[str, Path] = field(default_factory=dict)
 
@@ -39,13 +46,17 @@ def serve_env(tmp_path: Path) -> dict[str, str]:
 
 def start_console(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
     sock = tmp_path / "castor.sock"
+    (tmp_path / "home").mkdir(exist_ok=True)  # where castor keeps a token file it makes (~/.castor/run)
     server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--console", "127.0.0.1:0", *extra],
                               env=serve_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     line = server.stderr.readline()
-    match = re.search(r"console: (http://127\.0\.0\.1:\d+/)", line)
+    match = re.search(r"console: (http://127\.0\.0\.1:\d+/)(?: \(token file: ([^)]+)\))?", line)
     if match is None:
         server.kill()
         raise AssertionError(f"no console URL in {line!r}: {server.stderr.read()[-2000:]}")
+    if match.group(2):
+        TOKENS[match.group(1)] = Path(match.group(2)).read_text().strip()
+        TOKEN_FILES[match.group(1)] = Path(match.group(2))
     return server, match.group(1), sock
 
 
@@ -87,7 +98,7 @@ def busy_console(tmp_path):
     client = Client.connect_unix(str(sock))
     try:
         live = open_busy(client, tmp_path, 3, 2)
-        live.url, live.sock = url, sock
+        live.url, live.sock, live.token = url, sock, TOKENS.get(url, "")
         yield live
     finally:
         client.close()

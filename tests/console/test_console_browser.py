@@ -79,7 +79,7 @@ def _shot(driver, name: str) -> Path:
 
 def test_the_tree_shows_every_running_casts_actors(browser, busy_console):
     live = busy_console
-    browser.get(live.url)
+    browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
     want = {f"/root/session/{sid}/cast/{c}" for sid, casts in live.casts.items() for c in casts}
     rows = wait_for(lambda: (r := _rows(browser)) and want <= set(r) and r, timeout=15, what="the casts in the tree")
     assert all(rows[p]["kind"] == "CastActor" for p in want)
@@ -100,7 +100,7 @@ def test_the_tree_shows_every_running_casts_actors(browser, busy_console):
 def test_a_casts_page_draws_its_loadout_with_the_current_socket(browser, busy_console):
     live = busy_console
     sid, cast_id = "session-3", live.casts["session-3"][0]
-    browser.get(live.url)
+    browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
     link = wait_for(lambda: browser.execute_script(
         f"return document.querySelector('#tree a[href=\"/cast/{sid}/{cast_id}\"]')"), timeout=15,
         what="the cast's link")
@@ -130,7 +130,7 @@ def test_a_kill_injected_over_the_endpoint_shows_as_a_restart_within_2_s(browser
     live = busy_console
     sid, cast_id = "session-1", live.casts["session-1"][1]
     path = f"/root/session/{sid}/cast/{cast_id}"
-    browser.get(live.url)
+    browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
     wait_for(lambda: path in _rows(browser), timeout=15, what="the cast in the tree")
     assert _rows(browser)[path]["restarts"] == "0"
     live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)

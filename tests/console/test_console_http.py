@@ -12,14 +12,26 @@ from urllib.parse import urlsplit
 import pytest
 
 from castor.client import Client
-from tests.console.conftest import start_console, stop
+from tests.console.conftest import TOKEN_FILES, TOKENS, start_console, stop
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 
+def _auth(url: str, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus the console's own token (see conftest.TOKENS), unless the test sends its
+    own credentials (a header, a cookie, ``?token=``)."""
+    headers = dict(headers or {})
+    if "Authorization" in headers or "Cookie" in headers or "token=" in url:
+        return headers
+    for base, token in TOKENS.items():
+        if url.startswith(base):
+            headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
-    request = urllib.request.Request(url, headers=headers or {})
+    request = urllib.request.Request(url, headers=_auth(url, headers))
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read().decode(), dict(response.headers)
@@ -64,7 +76,7 @@ def test_the_cast_page_and_its_stream_carry_the_graph_feed_and_usage(busy_consol
     assert status == 200 and 'class="socket current"' in page and "<svg" in page
     parsed = urlsplit(live.url)
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-    conn.request("GET", f"/events/cast/{sid}/{cast_id}")
+    conn.request("GET", f"/events/cast/{sid}/{cast_id}", headers=_auth(live.url))
     response = conn.getresponse()
     assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
     line = b""
@@ -157,12 +169,12 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
     try:
         for _ in range(MAX_STREAMS):
             conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-            conn.request("GET", "/events")
+            conn.request("GET", "/events", headers=_auth(live.url))
             response = conn.getresponse()
             assert response.status == 200
             held.append((conn, response))  # the response owns the socket: keep it open
         one_more = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-        one_more.request("GET", "/events")
+        one_more.request("GET", "/events", headers=_auth(live.url))
         assert one_more.getresponse().status == 503
         one_more.close()
         # Pages still answer while the streams are full.
@@ -174,7 +186,7 @@ def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_con
     # Once they are gone, a new stream is served again.
     def reopened() -> bool:
         conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-        conn.request("GET", "/events")
+        conn.request("GET", "/events", headers=_auth(live.url))
         ok = conn.getresponse().status == 200
         conn.close()
         return ok
@@ -230,3 +242,24 @@ def test_the_endpoint_s_token_guards_the_console_when_it_has_no_token_file_of_it
         assert _get(url + "api/actors", {"Authorization": f"Bearer {token}"})[0] == 200
     finally:
         stop(server)
+
+
+def test_a_console_with_no_token_of_its_own_gets_one_and_refuses_everyone_else(tmp_path):
+    """`--socket` without a token and `--console`: the console's loopback port is open to every
+    user of the machine, and it shows each cast's request, run directory and the actor tree. castor
+    makes it a token of its own (a 0600 file, named in the serving line, removed at exit)."""
+    import stat
+
+    server, url, _sock = start_console(tmp_path)
+    token_file = TOKEN_FILES[url]
+    try:
+        token = TOKENS[url]
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token) >= 32
+        for route in ("", "api/actors", "metrics", "events", "cast/s/c"):
+            assert _get(url + route, {"Cookie": "none=1"})[0] == 401, route  # no credentials
+        assert _get(url + "api/actors", {"Authorization": f"Bearer {token}"})[0] == 200
+        status, _page, headers = _get(f"{url}?token={token}")
+        assert status == 200 and "HttpOnly" in headers.get("Set-Cookie", "")
+    finally:
+        stop(server)
+    assert not token_file.exists(), "the console's token file outlived the server"
