@@ -246,7 +246,8 @@ class WireHarness:
             if isinstance(exc, Timeout):
                 return CompactionOutcome.failed(f"session.compact got no answer within {timeout_s:g}s")
             code = exc.data.get("wire_code") or exc.code
-            return CompactionOutcome.failed(f"{exc.message} ({code})" if exc.message else str(code))
+            return CompactionOutcome.failed(f"{exc.message} ({code})" if exc.message else str(code),
+                                            cancelled=code == "cancelled")
         return CompactionOutcome.succeeded(result)
 
     # -- SessionUiPort -----------------------------------------------------------

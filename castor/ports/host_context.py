@@ -92,14 +92,15 @@ class CompactionOutcome(BaseModel):
     error: str | None = None
     skipped: str | None = None
     unsupported: bool = False
+    cancelled: bool = False  # the user stopped it (an Esc in the harness): not a failure of the cast
 
     @classmethod
     def succeeded(cls, raw: Any) -> CompactionOutcome:
         return cls(ok=True, result=compaction_summary(raw))
 
     @classmethod
-    def failed(cls, error: str, *, unsupported: bool = False) -> CompactionOutcome:
-        return cls(ok=False, error=error, unsupported=unsupported)
+    def failed(cls, error: str, *, unsupported: bool = False, cancelled: bool = False) -> CompactionOutcome:
+        return cls(ok=False, error=error, unsupported=unsupported, cancelled=cancelled)
 
 
 CompactionReply = Callable[[CompactionOutcome], None]

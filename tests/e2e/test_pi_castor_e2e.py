@@ -382,6 +382,37 @@ def test_h_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi,
     assert [e["data"]["socket"] for e in events if e["type"] == "socket_start"] == ["Socket-1", "Socket-2"]
 
 
+
+def test_h2_esc_during_the_recovery_compaction_interrupts_the_cast_and_continue_completes_it(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """The same recovery, but the user presses Esc while Pi's summary call runs: Pi cancels the
+    compaction, the extension says `cancelled`, and castor interrupts the cast (as for an Esc during
+    a turn) instead of failing it -- which only a recast recovered. /materia continue completes it."""
+    project = project_with_loadout(tmp_path)
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    fake_llm.reply_text("CHECKPOINT-SUMMARY never sent", when="context checkpoint summary", delay=8.0)
+    start = pi.command("/materia cast build the thing")
+    assert poll_until(lambda: any("context checkpoint summary" in json.dumps(r["messages"]) for r in fake_llm.log()),
+                      timeout=20), "the compaction's summary call never reached the model"
+    pi.request({"type": "abort"})
+    _run_dir, events, interrupted = wait_event(pi, project, lambda e: e.get("type") == "turn_interrupted",
+                                               start=start, what="turn_interrupted")
+    assert interrupted["data"]["reason"] == "compaction_cancelled"
+    types = [e["type"] for e in events]
+    assert "same_socket_recovery_action_cancelled" in types and "cast_end" not in types
+    assert "same_socket_recovery_action_failed" not in types
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    resumed = pi.command("/materia continue")
+    _run_dir, events = wait_cast_end(pi, project, start=resumed, timeout=30)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    assert [e["data"]["by"] for e in events if e["type"] == "turn_resumed"] == ["continue"]
+
+
 def test_i_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(start_pi, castor_command, fake_llm,
                                                                             tmp_path):
     """Spec §6.5 in the real harness: castor reads Pi's context usage (``session.context_usage`` →

@@ -621,7 +621,7 @@ class CastActor(Actor):
         def deliver(outcome: CompactionOutcome) -> None:
             cast.tell(CastOutcome(event=CompactionFinished(visit_id=visit_id, ok=outcome.ok, result=outcome.result,
                                                            error=outcome.error, skipped=outcome.skipped,
-                                                           at=clock())))
+                                                           cancelled=outcome.cancelled, at=clock())))
 
         request = CompactionRequest(cast_id=self.env.cast_id, instructions=effect.instructions, reason=effect.reason)
         self._compactions[visit_id] = CompactionCall(self.env.host, request, timeout_s=self.env.compaction_timeout_s,

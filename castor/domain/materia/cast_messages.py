@@ -90,7 +90,9 @@ class CompactionFinished(_Input):
     ``result`` is the host's compaction result (the engine keeps only the spec's summary
     fields); ``skipped`` says why nothing was compacted although ``ok`` is true — a host with no
     accumulated context answers ``skipped="no host context"`` and the marker is recorded in the
-    ``same_socket_recovery_action_complete`` event, never silently dropped.
+    ``same_socket_recovery_action_complete`` event, never silently dropped. ``cancelled``: the user
+    stopped the compaction (an Esc in the harness) -- the cast is interrupted, as by an Esc during
+    the turn, not failed.
     """
 
     kind: Literal["compaction_finished"] = "compaction_finished"
@@ -99,6 +101,7 @@ class CompactionFinished(_Input):
     result: dict[str, Any] | None = None
     error: str | None = None
     skipped: str | None = None
+    cancelled: bool = False
     at: float
 
 

@@ -56,6 +56,7 @@ Decision table (trigger → state → effects/events → next state):
 | TurnEnded error | context_window, attempts < max | ``same_socket_recovery_start``, ``…_action_start``, Compact | awaiting compaction |
 | CompactionFinished ok | awaiting compaction | ``…_action_complete{result[, skipped]}``, RunAgentTurn(same prompt, recovery), ``…_retry`` | awaiting_agent_response (no new visit) |
 | CompactionFinished error | awaiting compaction | ``…_action_failed``, ``…_retry_failed``, ``cast_end{ok:false}`` | failed (not revivable) |
+| CompactionFinished cancelled (the user's Esc) | awaiting compaction | ``…_action_cancelled``, ``turn_interrupted{reason:"compaction_cancelled"}``, Notify warning naming continue/abort | interrupted (continue re-runs the turn) |
 | ProactiveCompactionStarted | awaiting that agent turn | ``proactive_compaction_start{decision, socket, item fields, visit, mode}`` | unchanged (the turn is still pending) |
 | ProactiveCompactionFinished ok | awaiting that agent turn | ``proactive_compaction_complete{…, result}`` | unchanged |
 | ProactiveCompactionFinished error | awaiting that agent turn | ``proactive_compaction_failed{…, error, warning:true}``, Notify warning | unchanged: active, the turn is sent anyway |
@@ -787,6 +788,17 @@ def _interrupt(ctx: _Ctx, rs: ResolvedSocket, ev: TurnEnded) -> None:
     usage was recorded by the caller. Drafts, data, counters, the visit and the turn's prompt stay
     as they were, so ``continue`` (or ``recast``) re-runs exactly that turn under a new visit id.
     """
+    pending = ctx.s.pending
+    assert pending is not None
+    _stop_as_interrupted(ctx, rs, reason="aborted", text_discarded=bool((ev.text or "").strip()))
+    if ev.usage is not None:
+        _check_budget(ctx, ev.entry_id or pending.visit_id)  # its usage counts: a stopping limit still stops
+
+
+def _stop_as_interrupted(ctx: _Ctx, rs: ResolvedSocket, *, reason: str, text_discarded: bool) -> None:
+    """What castor waits for at this socket was stopped by the user (``reason``: ``aborted``, an
+    Esc during the turn; ``compaction_cancelled``, an Esc during the recovery compaction before its
+    retry): nothing pending, the cast ``interrupted`` at the same socket, ``continue`` re-runs the turn."""
     s = ctx.s
     pending = s.pending
     assert pending is not None and not pending.user_driven
@@ -796,12 +808,10 @@ def _interrupt(ctx: _Ctx, rs: ResolvedSocket, ev: TurnEnded) -> None:
     s.last_message = (f"The turn of {rs.id} was interrupted; run {_cmd(s, 'continue')} to run it again, or "
                       f"{_cmd(s, 'abort')} to stop the cast.")
     ctx.emit("turn_interrupted", {"socket": rs.id, "materia": rs.materia_name, "visitId": pending.visit_id,
-                                  "visit": pending.visit, "mode": pending.mode, "reason": "aborted",
-                                  "textDiscarded": bool((ev.text or "").strip()), **s.item_fields()})
+                                  "visit": pending.visit, "mode": pending.mode, "reason": reason,
+                                  "textDiscarded": text_discarded, **s.item_fields()})
     ctx.notify("warning", f"{rs.materia_name} ({rs.id}): the turn was interrupted and nothing of it was kept. "
                           f"Run {_cmd(s, 'continue')} to run it again, or {_cmd(s, 'abort')} to stop the cast.")
-    if ev.usage is not None:
-        _check_budget(ctx, ev.entry_id or pending.visit_id)  # its usage counts: a stopping limit still stops
 
 
 def _rerun_interrupted(ctx: _Ctx, by: str) -> None:
@@ -945,6 +955,10 @@ def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:
             data["skipped"] = ev.skipped  # a host with nothing to compact says so in the record
         ctx.emit("same_socket_recovery_action_complete", data)
         _retry(ctx, rs, p.mode, p.recovery_key, p.failure_class or "context_window", attempt)
+        return
+    if ev.cancelled:  # the user pressed Esc while the harness compacted: as an Esc during the turn
+        ctx.emit("same_socket_recovery_action_cancelled", {**common, "error": ev.error or "cancelled"})
+        _stop_as_interrupted(ctx, rs, reason="compaction_cancelled", text_discarded=False)
         return
     error = ev.error or "unknown compaction error"
     ctx.emit("same_socket_recovery_action_failed", {**common, "error": error})

@@ -14,6 +14,7 @@
  * | | undefined (no model, no window) | nil: "usage unknown", no proactive compaction |
  * | `session.compact {session_id, cast_id, instructions}` | `onComplete(result)` | `{tokensBefore, tokensAfter, entriesRemoved, summaryTokens, firstKeptEntryId}` |
  * | | `onError(err)` ("Nothing to compact (session too small)", "Already compacted", …) | error `compaction_failed` with Pi's message |
+ * | | `onError(err)` after the user pressed Esc ("Compaction cancelled", an `AbortError`) | error `cancelled` with Pi's message: castor keeps the cast (interrupted), as for an Esc during a turn |
  * | either, on a Pi without the API | – | error `unsupported` (castor: "no host context" / a failed recovery compaction) |
  *
  * The summary's text is never sent back (castor keeps only the counts). `entriesRemoved` is the
@@ -92,6 +93,13 @@ export function compactionSummary(result: any, before: BranchEntry[]): Compactio
 	};
 }
 
+/** Pi's compaction error on the wire: `cancelled` when the user stopped it (Esc), else `compaction_failed`. */
+export function compactionError(err: unknown): RpcError {
+	const message = err instanceof Error ? err.message : String(err);
+	const aborted = (err instanceof Error && err.name === "AbortError") || /\b(cancell?ed|aborted)\b/i.test(message);
+	return new RpcError(aborted ? "cancelled" : "compaction_failed", message);
+}
+
 /** `session.compact`: run Pi's compaction with castor's instructions; resolves with the summary. */
 export function compactSession(ctx: Ctx, p: Params): Promise<CompactionSummary> {
 	if (typeof ctx?.compact !== "function") return Promise.reject(new RpcError("unsupported", "this Pi has no compact()"));
@@ -102,7 +110,7 @@ export function compactSession(ctx: Ctx, p: Params): Promise<CompactionSummary> 
 			ctx.compact({
 				customInstructions: instructions,
 				onComplete: (result: unknown) => resolve(compactionSummary(result, before)),
-				onError: (err: unknown) => reject(new RpcError("compaction_failed", err instanceof Error ? err.message : String(err))),
+				onError: (err: unknown) => reject(compactionError(err)),
 			});
 		} catch (err) {
 			reject(new RpcError("compaction_failed", err instanceof Error ? err.message : String(err)));

@@ -10,6 +10,7 @@ import pytest
 from castor.domain.materia import compaction
 from castor.domain.materia.cast_messages import (
     EVENT_ADAPTER,
+    ContinueRequested,
     Notify,
     ProactiveCompactionFinished,
     ProactiveCompactionStarted,
@@ -57,6 +58,27 @@ def test_recovery_compaction_of_a_real_host_has_no_skipped_marker_and_only_summa
     assert "skipped" not in complete
     assert complete["result"] == {"tokensBefore": 50_000, "tokensAfter": 9_000, "entriesRemoved": 12,
                                   "summaryTokens": 800, "firstKeptEntryId": "abc"}
+
+
+
+def test_an_esc_during_the_recovery_compaction_interrupts_the_cast_and_continue_runs_the_turn_again() -> None:
+    """The user stops the harness's compaction (Esc) before the retry: the cast is interrupted,
+    as by an Esc during the turn -- not failed and not revivable, which only a recast recovered --
+    and continue re-runs the turn (a fresh context overflow goes to recovery again)."""
+    d = Driver(resolved(None, "hello"))
+    d.fail_turn("context window exceeded")
+    d.compacted(ok=False, cancelled=True, error="Compaction cancelled (cancelled)")
+    assert d.state.active and d.state.interrupted and not d.state.failed and d.state.pending is None
+    assert d.events("same_socket_recovery_action_cancelled")[0].data["error"] == "Compaction cancelled (cancelled)"
+    assert d.events("turn_interrupted")[-1].data["reason"] == "compaction_cancelled"
+    assert not d.events("same_socket_recovery_action_failed") and not d.events("cast_end")
+    d.send(ContinueRequested)
+    assert isinstance(d.pending(), RunAgentTurn) and d.events("turn_resumed")
+    # a compaction that failed (not stopped by the user) still fails the cast, as before
+    e = Driver(resolved(None, "hello"))
+    e.fail_turn("context window exceeded")
+    e.compacted(ok=False, error="Nothing to compact (session too small) (compaction_failed)")
+    assert e.state.failed and e.events("same_socket_recovery_action_failed")
 
 
 def test_proactive_compaction_complete_records_decision_socket_and_result_and_keeps_the_turn_pending() -> None:
