@@ -18,7 +18,7 @@ castor_retirements_total{kind}             counter    retirements (mailbox rejec
 castor_starts_total{kind}                  counter    incarnations started
 castor_ask_timeouts_total{kind}            counter    asks to the kind that timed out
 castor_ask_seconds{kind}                   histogram  ask latency (send to answer), by target kind
-castor_casts{phase}                        gauge      live casts by phase
+castor_casts{phase}                        gauge      live casts by phase (or interrupted / paused)
 castor_socket_visits_total                 counter    agent socket visits (SocketActor starts)
 castor_utility_runs_total                  counter    utility commands run (= histogram count)
 castor_utility_run_seconds                 histogram  utility command durations
@@ -73,7 +73,9 @@ class RuntimeCollector(Collector):
             ages[kind] = max(ages[kind], box["oldest_age_s"] or 0.0)
             restart_sum[kind] += actor["restarts"]
             if kind == "CastActor" and activity is not None:
-                phases[str(activity["data"].get("phase") or activity["kind"])] += 1
+                # an interrupted or paused cast counts as that, not as the socket it waits at
+                waiting = activity["kind"] if activity["kind"] in ("interrupted", "paused") else None
+                phases[str(waiting or activity["data"].get("phase") or activity["kind"])] += 1
         for (kind, state), n in sorted(by_state.items()):
             states.add_metric([kind, state], n)
         for kind in sorted(depths):

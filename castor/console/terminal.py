@@ -77,6 +77,8 @@ def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cast_id": cparts[5], "path": cast["path"], "state": cast["state"],
                 "phase": data.get("phase"), "socket": data.get("socket"), "materia": data.get("materia"),
                 "item": data.get("item"), "visit": data.get("visit"), "pending": data.get("pending"),
+                # interrupted (an Esc stopped its turn) or paused (refinement): it waits for the user
+                "waiting_for": data.get("waiting_for"),
                 "activity": activity.get("text"), "waiting_s": activity.get("age_s"),
                 "age_s": data.get("cast_age_s"), "restarts": cast.get("restarts", 0),
                 "socket_actors": [s["path"] for s in sockets],
@@ -134,7 +136,10 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
             socket = cast.get("socket") or "-"
             if cast.get("materia"):
                 socket += f" ({cast['materia']})"
-            table.add_row(escape(name), escape(cast["cast_id"]), escape(str(cast.get("phase") or "-")),
+            phase = str(cast.get("phase") or "-")
+            if cast.get("waiting_for"):
+                phase = f"{phase}, waiting for {cast['waiting_for']}"
+            table.add_row(escape(name), escape(cast["cast_id"]), escape(phase),
                           escape(socket), escape(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
                           escape(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
                           _seconds(cast.get("age_s")), str(cast.get("restarts", 0)))

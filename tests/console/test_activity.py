@@ -6,6 +6,7 @@ Driven as an operator meets it: ``ops.actors`` over a real socket of a real ``ca
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -203,3 +204,45 @@ def test_the_cheap_snapshot_data_is_exactly_the_typed_snapshots_shape():
         assert msgpack.unpackb(msgpack.packb(data)) == data
     finally:
         system.shutdown(10)
+
+
+def test_an_interrupted_cast_says_it_waits_for_the_user_in_inspect_and_metrics(tmp_path):
+    """An Esc stopped the cast's turn: nothing runs until continue, recast or abort. The operator
+    sees that -- in its activity, in `castor inspect casts` and in /metrics -- not the same line
+    as a cast whose turn is running."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.composition import materia_component
+    from castor.console.metrics import metrics_text
+    from castor.console.terminal import casts_table, session_casts
+    from castor.ports.host_context import NoHostContext
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from tests.support.waiting import wait_for as wait
+
+    project = tmp_path / "p"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "T", "loadouts": {"T": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "greeter"}}}}}))
+    runtime = Runtime(RuntimeSettings(), components=[materia_component()])
+    try:
+        agent = ScriptedAgent(parse_script([{"text": "half", "stop_reason": "aborted"}]))
+        runtime.open_session(SessionInfo(session_id="u", cwd=str(project), trusted=True),
+                             HarnessLink(agent=agent, session_log=None, ui=None, host_context=NoHostContext()))
+        cast_id = materia_call(runtime, "u", "start", {"request": "build it"})["cast_id"]
+        handle = runtime.system.registry.lookup(f"/root/session/u/cast/{cast_id}")
+        activity = wait(lambda: (a := handle.snapshot().activity) and a.kind == "interrupted" and a,
+                        timeout=10, what="the interrupted activity")
+        assert activity.text == (f"cast {cast_id} interrupted at Socket-1 (greeter): its turn was stopped; "
+                                 "waiting for continue, recast or abort")
+        actors = runtime.system.snapshot_data()["actors"]
+        (row,) = [c for s in session_casts(actors) for c in s["casts"]]
+        assert row["waiting_for"] == "continue, recast or abort"
+        from rich.console import Console
+
+        shown = Console(width=300, record=True)
+        shown.print(casts_table(session_casts(actors)))
+        assert "waiting for continue, recast or abort" in shown.export_text()
+        text = metrics_text(runtime).decode()
+        assert 'castor_casts{phase="interrupted"} 1.0' in text and 'phase="Socket-1"' not in text
+    finally:
+        runtime.shutdown(10)

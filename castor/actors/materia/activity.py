@@ -60,4 +60,12 @@ def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
         if item:
             text += f", item {item}"
         return "cast", text + f", visit {pending.visit}", data, since
+    if state.interrupted:  # an Esc stopped its turn: nothing runs until continue, recast or abort
+        data["waiting_for"] = "continue, recast or abort"
+        return ("interrupted", f"cast {state.cast_id} interrupted at {where}: its turn was stopped; "
+                               "waiting for continue, recast or abort", data, since)
+    if state.socket_state == "awaiting_user_refinement":
+        data["waiting_for"] = "the user's refinement, or continue"
+        return ("paused", f"cast {state.cast_id} paused at {where} for the user's refinement; "
+                          "waiting for the user, or continue", data, since)
     return "cast", f"cast {state.cast_id} at {where}, phase {state.phase or '-'}", data, since
