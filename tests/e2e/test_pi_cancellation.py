@@ -139,6 +139,9 @@ def esc_during_builder(pi: PiRpc, fake_llm, root: Path) -> Path:
     # castor takes the aborted end (or, wrongly, the reviewer starts): either shows within a few s.
     poll_until(lambda: requests_with(fake_llm, "REVIEWER-MATERIA") or status(run) not in (None, "active"), timeout=5)
     assert error_toasts(pi, start) == []
+    # The footer no longer names the stopped turn as running: it says what the cast waits for.
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith(
+        "materia: interrupted at Socket-1 — /materia continue"), start=esc, timeout=5)
     return run
 
 

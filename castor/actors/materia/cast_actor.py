@@ -119,6 +119,7 @@ from castor.domain.materia.cast_messages import (
 from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_config_text, step
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
+from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
 from castor.ports.agent import AgentPort
 from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
@@ -426,6 +427,11 @@ class CastActor(Actor):
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
                 self._perform(effect)
+        if transition.state.socket_state == "interrupted" and transition.state.interrupted:
+            # The footer said which turn runs; now none does until the user acts.
+            state = transition.state
+            self._set_status(f"materia: interrupted at {state.current_socket_id} — "
+                             f"{command(state.surface, 'continue')}")
         self._mirror_to_session()
         if self._done:
             self._stop()

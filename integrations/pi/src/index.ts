@@ -98,6 +98,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 	const notify = (message: string, level: Level = "info") => ui((u) => u.notify(message, level));
 	const setStatus = (key: string, text: string | undefined) => ui((u) => u.setStatus(key, text));
+	/** Footer entries castor set (a running cast's `materia-<id>`): a runtime that went away left them stale. */
+	const castorStatusKeys = new Set<string>();
+	function clearCastorStatuses(): void {
+		for (const key of castorStatusKeys) setStatus(key, undefined);
+		castorStatusKeys.clear();
+	}
 
 	const turns = new TurnTracker(pi);
 	const tools = new FabricTools(pi, (name, params, toolCallId) =>
@@ -143,6 +149,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			},
 			onDown: (reason: string) => {
 				setStatus(STATUS_KEY, "castor: down");
+				clearCastorStatuses(); // nothing of castor's runs any more (a cast it ran is orphaned)
 				const next = endpoint ? "reconnects" : "restarts it";
 				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.`, "error");
 			},
@@ -259,7 +266,15 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				pi.sendMessage(msg, { triggerTurn: trigger, ...(deliverAs ? { deliverAs } : {}) });
 			},
 			"ui.notify": (p) => notify(String(p.message ?? ""), p.level === "warning" || p.level === "error" ? p.level : "info"),
-			"ui.status": (p) => setStatus(String(p.key ?? STATUS_KEY), typeof p.text === "string" ? p.text : undefined),
+			"ui.status": (p) => {
+				const key = String(p.key ?? STATUS_KEY);
+				const text = typeof p.text === "string" ? p.text : undefined;
+				if (key !== STATUS_KEY) {
+					if (text === undefined) castorStatusKeys.delete(key);
+					else castorStatusKeys.add(key);
+				}
+				setStatus(key, text);
+			},
 			"classifier.complete": (p) => classifierComplete(p),
 			"model.list": () => modelList(),
 			"session.context_usage": () => contextUsage(lastCtx),
@@ -409,6 +424,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			try {
 				if (sub === "restart") {
 					await getRuntime().stop();
+					clearCastorStatuses();
 					openedGeneration = -1;
 				} else if (sub !== "" && sub !== "status") {
 					notify("Usage: /castor status | restart", "warning");
