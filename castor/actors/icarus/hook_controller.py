@@ -329,6 +329,8 @@ class HookController(Actor):
 
     def on_start(self) -> None:
         self.state = lc.initial_state(self.config)
+        self._busy_since: float | None = None
+        self.describe_activity(self._describe)
         self._futures: dict[str, Answer] = {}
         self._cancels: dict[str, CancelToken] = {}
         self._current_model: tuple[str, str] | None = None
@@ -392,12 +394,33 @@ class HookController(Actor):
         return HookStatusReply(enabled=s.enabled, visible=s.visible, generation=s.generation,
                                session_id=s.session_id, in_flight=len(s.inflight))
 
+    def _describe(self) -> tuple[str, str, dict[str, Any], float] | None:
+        """What the hooks are doing while a lifecycle call runs (read by snapshots; None when idle).
+        Never the prompt or a memory's text: request ids and stages only."""
+        inflight = self.state.inflight
+        since = self._busy_since
+        if not inflight or since is None:
+            return None
+        words = {("prompt", "worker"): "retrieving memories for a prompt",
+                 ("prompt", "filter"): "filtering the retrieved memories (classifier)",
+                 ("capture", "worker"): "capturing a finished turn into memory",
+                 ("start", "worker"): "starting the Icarus session", ("shutdown", "worker"): "ending the Icarus session"}
+        items = sorted(inflight.items())
+        text = "; ".join(words.get((f.kind, f.stage), f"{f.kind} ({f.stage})") for _, f in items)
+        return "hook_call", text, {"requests": ", ".join(r for r, _ in items),
+                                   "stages": ", ".join(f"{f.kind}:{f.stage}" for _, f in items)}, since
+
     # -- effects ------------------------------------------------------------
 
     def _apply(self, event: lc.Event, *, lane_wakes: bool = True) -> None:
         """Step ``event`` and carry out its effects. ``lane_wakes=False``: the asker runs the
         calls queued here itself (``WorkerLane.help_until``), so the lane's thread is not woken."""
         self.state, effects = lc.step(self.state, event)
+        if self.state.inflight:  # what a snapshot shows meanwhile (see _describe)
+            if self._busy_since is None:
+                self._busy_since = time.monotonic()
+        else:
+            self._busy_since = None
         closing: list[Answer] | None = None
         for effect in effects:
             if isinstance(effect, lc.CloseWorker):

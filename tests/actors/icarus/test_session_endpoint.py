@@ -227,3 +227,26 @@ def test_a_hook_whose_retrieval_hangs_is_answered_at_once_by_icarus_off_on_the_s
     assert client.call("harness.event", _before_agent_start("sqlite"), timeout=20) == {}  # hooks are off
     client.call("icarus.command", {"session_id": "pi-lane", "args": "on"}, timeout=20)
     assert "zebra notes" in client.call("harness.event", _before_agent_start("zebra"), timeout=20)["message"]["content"]
+
+
+def test_the_hooks_say_what_they_do_while_a_retrieval_runs(wired):
+    """An operator's `castor inspect` shows the HookController retrieving memories for a prompt
+    while the worker call runs (it read "idle"); request ids and stages only, never the prompt."""
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"))
+    client, _ = connect()
+    open_session(client, world, "pi-lane")
+    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
+    world.controls({"hooks.pre_llm_call": {"sleep_ms": 3000}})
+    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
+    wait_until(lambda: world.calls("hooks.pre_llm_call"), what="the retrieval running in the worker")
+    watcher, _ = connect()
+    actors = watcher.call("ops.actors", {"prefix": "/root/session/pi-lane"})["actors"]
+    (hooks,) = [a for a in actors if a["kind"] == "HookController"]
+    activity = hooks["activity"]
+    assert activity is not None and activity["text"] == "retrieving memories for a prompt", hooks
+    assert activity["data"]["stages"] == "prompt:worker" and "sqlite" not in str(activity)
+    world.controls({})
+    pending.result()
+    after = watcher.call("ops.actors", {"prefix": "/root/session/pi-lane"})["actors"]
+    assert [a["activity"]["kind"] for a in after if a["kind"] == "HookController"] == ["idle"]
