@@ -44,7 +44,8 @@ class IcarusBackend(Protocol):
         """(project, global) layers as read now; an untrusted project file is not opened."""
         ...
 
-    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]], *,
+                        confine_to: str | None = None) -> dict[str, Any]:
         """Locked read-modify-write; raises typed errors and then writes nothing."""
         ...
 

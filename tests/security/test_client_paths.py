@@ -108,3 +108,27 @@ def test_the_refusal_comes_before_any_open(tmp_path):
     # (an open would block: the test's timeout, not a wall-clock assert, is what catches it)
     os.mkfifo(root / "inner")
     assert confine(root, "inner") == root.resolve() / "inner"  # inside: resolved, still not opened
+
+
+def test_a_projects_materia_config_linked_outside_is_never_read_nor_copied(socket_server, tmp_path):
+    """`.pi/pi-materia.json` is a link to a file outside the project: config.validate refused it,
+    but loadout.list and cast.start read it and loadout.set copied its content into the project.
+    Every verb now refuses it (invalid_config, `path-escapes-project`) and reads nothing."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    secret = _secret_config(tmp_path / "outside" / "secret.json")
+    (project / ".pi" / "pi-materia.json").symlink_to(secret)
+    detector = _atime_detects_reads(tmp_path)
+    atime = _age_atime(secret)
+    with socket_server.client() as client:
+        client.call("session.open", {"session_id": "l1", "cwd": str(project)})
+        for method, params in (("loadout.list", {}), ("loadout.set", {"name": "build"}),
+                               ("cast.start", {"request": "go"})):
+            with pytest.raises(CastorError) as caught:
+                client.call(method, {"session_id": "l1", "cwd": str(project), **params})
+            assert caught.value.code == "invalid_config", (method, caught.value)
+            assert "path-escapes-project" in json.dumps(caught.value.data), (method, caught.value.data)
+            assert SECRET not in caught.value.message and SECRET not in json.dumps(caught.value.data)
+    assert (project / ".pi" / "pi-materia.json").is_symlink(), "the link was replaced by a copy"
+    if detector:
+        assert os.stat(secret).st_atime_ns == atime, "the file outside the project was read"

@@ -496,7 +496,8 @@ class IcarusSession:
             new_doc, written["value"] = apply_bool_default(doc, key, cmd.action)  # type: ignore[arg-type]  # the command parser guarantees one of the two boolean actions here
             return new_doc
 
-        self.backend.update_settings(plan.path, mutate)
+        self.backend.update_settings(plan.path, mutate,
+                                     confine_to=self.ctx.info.cwd if plan.scope == "project" else None)
         shown = "visible" if written["value"] else "hidden"
         text = (f"Saved startup default {shown} to {plan.scope} settings ({plan.path}) for future Pi sessions. "
                 f"Current session is still {current}.")

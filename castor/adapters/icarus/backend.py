@@ -38,8 +38,9 @@ class FileIcarusBackend:
     def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
         return load_layers(cwd, trusted=trusted, env=self._env(), home=self._home)
 
-    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-        return update_settings(path, mutate)
+    def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]], *,
+                        confine_to: str | None = None) -> dict[str, Any]:
+        return update_settings(path, mutate, confine_to=confine_to)
 
     def package_present(self, icarus_dir: str) -> bool:
         return os.path.isfile(os.path.join(icarus_dir, "__init__.py"))

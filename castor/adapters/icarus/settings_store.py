@@ -21,7 +21,8 @@ Writes are a locked read-modify-write:
 - **Write** ``json.dumps(doc, indent=2) + "\\n"`` to a temp file in the same
   directory, fsync, ``os.replace``, fsync the directory: readers see the old or
   the new file, never a torn one. A symlinked file is written through (its
-  target is replaced, the link stays). Unrelated keys are preserved because the
+  target is replaced, the link stays) -- a project's only while that target is
+  inside the project (``confine_to``). Unrelated keys are preserved because the
   mutation receives the whole current document.
 """
 
@@ -45,7 +46,7 @@ from castor.domain.icarus.settings import (
     settings_paths,
 )
 from castor.domain.jsontext import loads_strict, well_formed
-from castor.messages.errors import ErrorCode, InvalidConfig, Timeout
+from castor.messages.errors import ErrorCode, Forbidden, InvalidConfig, Timeout
 
 STALE_AFTER_S = 10.0
 LOCK_TIMEOUT_S = 5.0
@@ -191,15 +192,24 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]],
-                    *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+                    *, lock_timeout_s: float = LOCK_TIMEOUT_S, confine_to: str | None = None) -> dict[str, Any]:
     """Locked read-modify-write of one settings file; returns the written document.
 
     ``mutate`` gets the current document (``{}`` when missing) and returns the
     new one; if it raises, nothing is written. Raises
     :class:`SettingsFileMalformed` (file untouched), :class:`SettingsLockTimeout`,
-    or ``InvalidConfig`` when ``mutate`` rejects the document.
+    or ``InvalidConfig`` when ``mutate`` rejects the document. ``confine_to`` (a project's
+    directory, for its ``.pi/settings.json``): the file's real location must be inside it --
+    a project's link to a file elsewhere is ``Forbidden``, never written through (the user's
+    own global settings may be a link into their dotfiles: that one is).
     """
     path = os.path.abspath(path)
+    if confine_to is not None:
+        root = os.path.realpath(confine_to)
+        real = os.path.realpath(path)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise Forbidden(f"{path} leads outside the project ({real}); castor does not write through it",
+                            data={"reason": "symlink", "path": path})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with _thread_lock(path):
         lock = _acquire(path + ".lock", lock_timeout_s)

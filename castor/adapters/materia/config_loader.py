@@ -111,12 +111,26 @@ def gather_layers(
         if not required and not path.exists():
             infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
             continue
+        if scope == "project" and not _inside_project(path, cwd):
+            # A project's layer linked to a file elsewhere: the project would choose what castor
+            # reads (and, through loadout.set, copies into the project). Not read.
+            issues.append(ConfigIssue(code="path-escapes-project", source=str(path),
+                                      message=f"{path} leads outside the project ({os.path.realpath(path)}); "
+                                              "castor does not read a project's config through such a link"))
+            infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
+            continue
         data, read_issues = read_layer(path)
         issues.extend(read_issues)
         infos.append(LayerInfo(scope=scope, path=str(path), loaded=data is not None))
         if data is not None:
             layers.append((str(path), data))
     return layers, infos, issues
+
+
+def _inside_project(path: Path, cwd: Path) -> bool:
+    root = os.path.realpath(cwd)
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def load(

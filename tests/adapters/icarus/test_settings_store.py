@@ -238,3 +238,28 @@ def test_a_timeout_over_a_day_is_invalid_and_the_default_applies(tmp_path):
     )
     settings = load_settings(str(cwd), trusted=True, env={"PATH": os.environ.get("PATH", "")}, home=str(home))
     assert settings.timeout_ms == 30000
+
+
+def test_a_projects_settings_file_linked_outside_the_project_is_never_written_through(tmp_path):
+    """`/icarus context default show project` rewrote the file a project's .pi/settings.json links
+    to, wherever it was. Confined to the project, such a link is refused and nothing is written;
+    the user's global settings may still be a link into their dotfiles (written through)."""
+    from castor.messages.errors import Forbidden
+
+    outside = tmp_path / "outside" / "x.json"
+    outside.parent.mkdir()
+    outside.write_text('{"keep": true}\n')
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "settings.json").symlink_to(outside)
+    with pytest.raises(Forbidden) as refused:
+        update_settings(str(project / ".pi" / "settings.json"), set_key("a", 1), confine_to=str(project))
+    assert refused.value.data["reason"] == "symlink"
+    assert outside.read_text() == '{"keep": true}\n'
+    inside = project / ".pi" / "real.json"
+    inside.write_text("{}\n")
+    (project / ".pi" / "settings.json").unlink()
+    (project / ".pi" / "settings.json").symlink_to(inside)  # a link within the project is fine
+    update_settings(str(project / ".pi" / "settings.json"), set_key("a", 1), confine_to=str(project))
+    assert json.loads(inside.read_text()) == {"piIcarusHook": {"a": 1}}
+    update_settings(str(project / ".pi" / "settings.json"), set_key("b", 2))  # unconfined: as before
