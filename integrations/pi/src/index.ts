@@ -25,7 +25,7 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
-import { RpcError, type Params } from "./rpc.ts";
+import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { CastorRuntime, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
@@ -106,8 +106,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	const turns = new TurnTracker(pi);
-	const tools = new FabricTools(pi, (name, params, toolCallId) =>
-		getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }),
+	const tools = new FabricTools(pi, (name, params, toolCallId, signal) =>
+		untilAborted(getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }), signal),
 	);
 
 	function stringFlag(name: string): string | undefined {

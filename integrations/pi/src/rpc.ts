@@ -196,3 +196,27 @@ export class MsgpackRpcPeer {
 		}
 	}
 }
+
+/**
+ * `work`, or a rejection as soon as `signal` aborts (the user's Esc during a Fabric tool call):
+ * Pi's run ends at once instead of waiting for the tool. castor's call itself runs on (the
+ * protocol has no cancel for it): its answer is dropped, and what it did (a write) stands.
+ */
+export function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+	if (!signal) return work;
+	if (signal.aborted) return Promise.reject(new Error("aborted"));
+	return new Promise<T>((resolve, reject) => {
+		const onAbort = () => reject(new Error("aborted"));
+		signal.addEventListener("abort", onAbort, { once: true });
+		work.then(
+			(value) => {
+				signal.removeEventListener("abort", onAbort);
+				resolve(value);
+			},
+			(err) => {
+				signal.removeEventListener("abort", onAbort);
+				reject(err);
+			},
+		);
+	});
+}

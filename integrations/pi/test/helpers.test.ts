@@ -54,3 +54,21 @@ test("compaction counts: entries since the previous compaction; never the summar
 	assert.deepEqual(summary, { tokensBefore: 100, tokensAfter: 40, entriesRemoved: 2, summaryTokens: 6, firstKeptEntryId: "keep" });
 	assert.ok(!JSON.stringify(summary).includes("SECRET"));
 });
+
+test("untilAborted: the user's Esc ends the wait for a slow castor tool call at once", async () => {
+	const { untilAborted } = await import("../src/rpc.ts");
+	const controller = new AbortController();
+	let finish: (v: string) => void = () => {};
+	const slow = new Promise<string>((resolve) => {
+		finish = resolve;
+	});
+	const waiting = untilAborted(slow, controller.signal);
+	controller.abort();
+	await assert.rejects(waiting, /aborted/);
+	finish("late");
+	assert.equal(await untilAborted(Promise.resolve("ok"), new AbortController().signal), "ok");
+	assert.equal(await untilAborted(Promise.resolve("no signal"), undefined), "no signal");
+	const gone = new AbortController();
+	gone.abort();
+	await assert.rejects(untilAborted(Promise.resolve("x"), gone.signal), /aborted/);
+});
