@@ -206,9 +206,15 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     refused too. For user-edited files (configs, settings) whose path a project can choose.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):  # checked on the fd: a directory cannot even be wrapped (its error names the fd)
+        os.close(fd)
+        raise ValueError("a directory" if stat.S_ISDIR(mode) else "not a regular file")
     with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
         raw = handle.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise ValueError(f"larger than {max_bytes} bytes")

@@ -482,6 +482,10 @@ def _finish(view: dict[str, Any]) -> int:
               f"kept; `castor continue {cast_id}` runs it again, `castor abort {cast_id}` ends the cast",
               file=sys.stderr)
         return EXIT_FAILED
+    if view["status"] == "orphaned":  # its runtime stopped it mid-run (a storage fault, a shutdown)
+        print(f"castor: cast {cast_id} stopped at socket {view.get('current_socket')} before it ended (see the "
+              f"messages above); `castor recast {cast_id}` resumes it", file=sys.stderr)
+        return EXIT_FAILED
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
     hint = ""
     if view["status"] in ("failed", "aborted"):

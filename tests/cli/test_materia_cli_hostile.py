@@ -362,3 +362,26 @@ def test_a_damaged_state_file_is_state_corrupt_never_internal(tmp_path, content)
         _one_clean_error_line(done, "state_corrupt")
     listed = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
     assert [row["status"] for row in listed] == ["unreadable"]
+
+
+def test_a_cast_its_runtime_stopped_mid_run_ends_with_a_reason_and_the_recast_hint(capsys):
+    """A disk that filled mid-turn stops the cast (orphaned): the CLI said "orphaned: orphaned",
+    with neither what happened nor how to go on."""
+    from castor.cli.materia import EXIT_FAILED, _finish
+
+    assert _finish({"cast_id": "c-1", "status": "orphaned", "current_socket": "Socket-2"}) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "orphaned: orphaned" not in err
+    assert "stopped at socket Socket-2" in err and "`castor recast c-1` resumes it" in err
+
+
+def test_a_config_that_is_a_directory_and_a_script_that_is_not_utf8_are_named_clearly(tmp_path):
+    project = _project(tmp_path, TWO_AGENT_SOCKETS)
+    (project / "adir").mkdir()
+    shown = _castor(tmp_path, "validate", "adir", cwd=project)
+    assert shown.returncode != 0 and "a directory" in shown.stdout + shown.stderr
+    assert "Is a directory: 3" not in shown.stdout + shown.stderr  # the fd's number, not the path
+    (project / "u16.json").write_bytes("[\"x\"]".encode("utf-16"))
+    done = _castor(tmp_path, "cast", "x", "--agent", "script:u16.json", cwd=project)
+    _one_clean_error_line(done, "invalid_config")
+    assert "u16.json" in done.stderr and "not UTF-8" in done.stderr

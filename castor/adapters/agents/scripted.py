@@ -205,6 +205,9 @@ def load_script(path: str | os.PathLike[str]) -> AgentScript:
     except OSError as exc:
         raise InvalidConfig(f"cannot read agent script {file}: {exc.strerror}",
                             data={"reason": "unreadable", "path": str(file)}) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidConfig(f"cannot read agent script {file}: not UTF-8 text (byte {exc.start}); save it as "
+                            "UTF-8", data={"reason": "not_utf8", "path": str(file)}) from None
     if file.suffix == ".jsonl":
         return _parse_jsonl(text)
     try:
