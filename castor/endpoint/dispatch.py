@@ -67,8 +67,8 @@ class PeerSettings(Protocol):
 
 class Peer(Protocol):
     """What a handler may use of the connection it runs on (``castor.endpoint.connection.Connection``
-    is one): call or notify the peer, read its limits, swap its dispatcher (the auth gate), and run
-    something when it closes. Calls honour their deadline; a notify answers ``False`` once the
+    is one): call or notify the peer, read its limits, swap its dispatcher (the auth gate) and cap its
+    frames until it has authenticated, and run something when it closes. Calls honour their deadline; a notify answers ``False`` once the
     connection is closed."""
 
     dispatcher: Dispatcher
@@ -83,6 +83,8 @@ class Peer(Protocol):
     def add_close_callback(self, fn: Callable[[Any], None]) -> None: ...
 
     def answer_early(self, ctx: Context, result: Any) -> bool: ...
+
+    def limit_frames(self, max_bytes: int | None) -> None: ...
 
 
 class Params(BaseModel):

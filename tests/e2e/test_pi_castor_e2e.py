@@ -340,6 +340,18 @@ def test_g_an_aborted_user_refinement_turn_is_withdrawn_and_the_cast_still_final
     continue_to_completion(pi, project, fake_llm, refinement_turn=1)
 
 
+
+def _a_first_turn_that_overflows(start_pi, castor_command, fake_llm, tmp_path: Path) -> tuple[Path, PiRpc]:
+    """Pi with an earlier chat to summarise, its own overflow recovery off (else Pi would compact and
+    retry by itself and castor would never see the failure), and a planner turn that overflows."""
+    project = project_with_loadout(tmp_path)
+    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
+    pi = start_pi(castor_command, cwd=project, settings=settings)
+    up(pi)
+    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
+    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    return project, pi
+
 def test_h_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi, castor_command, fake_llm, tmp_path):
     """Spec §6.2 step 3 (conformance 54) in the real harness: the first materia turn overflows the
     context window, castor asks Pi to compact its session (``session.compact`` → ``ctx.compact``; Pi
@@ -348,12 +360,7 @@ def test_h_context_window_failure_is_recovered_by_a_real_pi_compaction(start_pi,
     Pi's own overflow auto-recovery is off (``compaction.enabled: false``), else Pi would compact and
     retry by itself and castor would never see the failure; ``keepRecentTokens`` is small so the
     short test session has something before its cut point to summarise."""
-    project = project_with_loadout(tmp_path)
-    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
-    pi = start_pi(castor_command, cwd=project, settings=settings)
-    up(pi)
-    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
-    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    project, pi = _a_first_turn_that_overflows(start_pi, castor_command, fake_llm, tmp_path)
     fake_llm.reply_text("CHECKPOINT-SUMMARY: the user chatted about the weather; a cast plans the thing.",
                         when="context checkpoint summary")
     fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
@@ -388,12 +395,7 @@ def test_h2_esc_during_the_recovery_compaction_interrupts_the_cast_and_continue_
     """The same recovery, but the user presses Esc while Pi's summary call runs: Pi cancels the
     compaction, the extension says `cancelled`, and castor interrupts the cast (as for an Esc during
     a turn) instead of failing it -- which only a recast recovered. /materia continue completes it."""
-    project = project_with_loadout(tmp_path)
-    settings = {"defaultProjectTrust": "always", "compaction": {"enabled": False, "keepRecentTokens": 50}}
-    pi = start_pi(castor_command, cwd=project, settings=settings)
-    up(pi)
-    fail_fast_on_error(pi, pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary"))
-    fake_llm.reply_context_overflow(when="PLANNER-MATERIA")
+    project, pi = _a_first_turn_that_overflows(start_pi, castor_command, fake_llm, tmp_path)
     fake_llm.reply_text("CHECKPOINT-SUMMARY never sent", when="context checkpoint summary", delay=8.0)
     start = pi.command("/materia cast build the thing")
     assert poll_until(lambda: any("context checkpoint summary" in json.dumps(r["messages"]) for r in fake_llm.log()),

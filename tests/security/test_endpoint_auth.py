@@ -501,7 +501,8 @@ def test_a_socket_under_another_users_directory_is_refused(tmp_path):
     os.chown(theirs, 54321, 54321)
     done = subprocess.run(castor_argv("serve", "--socket", str(private / "c.sock"), "--require-token"),
                           env=serve_env(tmp_path), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ") and "belongs to another user" in done.stderr
+    assert done.returncode == 2 and done.stderr.startswith("castor: forbidden: ")
+    assert "belongs to another user" in done.stderr
     assert os.listdir(private) == []
 
 

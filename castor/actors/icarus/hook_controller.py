@@ -404,7 +404,8 @@ class HookController(Actor):
         words = {("prompt", "worker"): "retrieving memories for a prompt",
                  ("prompt", "filter"): "filtering the retrieved memories (classifier)",
                  ("capture", "worker"): "capturing a finished turn into memory",
-                 ("start", "worker"): "starting the Icarus session", ("shutdown", "worker"): "ending the Icarus session"}
+                 ("start", "worker"): "starting the Icarus session",
+                 ("shutdown", "worker"): "ending the Icarus session"}
         items = sorted(inflight.items())
         text = "; ".join(words.get((f.kind, f.stage), f"{f.kind} ({f.stage})") for _, f in items)
         return "hook_call", text, {"requests": ", ".join(r for r, _ in items),

@@ -150,7 +150,7 @@ def _read_plain_file(target: Path) -> str | None:
             raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
                             data={"reason": "symlink"}) from None
         return None
-    except OSError as exc:
+    except OSError:
         if os.path.islink(target):  # O_NOFOLLOW on a link: ELOOP
             raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
                             data={"reason": "symlink"}) from None

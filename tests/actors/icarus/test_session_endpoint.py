@@ -203,6 +203,19 @@ def test_hooks_over_the_wire_make_their_worker_calls_on_the_thread_that_reads_th
     assert lanes == []
 
 
+
+def _hold_a_retrieval(world, connect, sleep_ms: int, *more_notes: tuple[str, str]) -> tuple[Any, Any]:
+    """A started "pi-lane" session whose before_agent_start ("sqlite") is in its worker call for
+    ``sleep_ms``; returns (the client, the pending call) once the worker runs it."""
+    world.seed(("sqlite WAL notes", "WAL"), *more_notes)
+    client, _ = connect()
+    open_session(client, world, "pi-lane")
+    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
+    world.controls({"hooks.pre_llm_call": {"sleep_ms": sleep_ms}})
+    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
+    wait_until(lambda: world.calls("hooks.pre_llm_call"), what="the retrieval running in the worker")
+    return client, pending
+
 def test_a_hook_whose_retrieval_hangs_is_answered_at_once_by_icarus_off_on_the_same_connection(wired):
     """The hook's worker call runs on the connection's reading thread; an /icarus off read meanwhile
     (by the worker that takes the reading over) answers the waiting hook at once -- the early
@@ -210,13 +223,7 @@ def test_a_hook_whose_retrieval_hangs_is_answered_at_once_by_icarus_off_on_the_s
     import time
 
     world, connect = wired
-    world.seed(("sqlite WAL notes", "WAL"), ("zebra notes", "stripes"))
-    client, _ = connect()
-    open_session(client, world, "pi-lane")
-    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
-    world.controls({"hooks.pre_llm_call": {"sleep_ms": 4000}})
-    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
-    wait_until(lambda: world.calls("hooks.pre_llm_call"), what="the retrieval running in the worker")
+    client, pending = _hold_a_retrieval(world, connect, 4000, ("zebra notes", "stripes"))
     started = time.monotonic()
     off = client.call("icarus.command", {"session_id": "pi-lane", "args": "off"}, timeout=5)
     assert "hooks are off" in off["text"]
@@ -233,13 +240,7 @@ def test_the_hooks_say_what_they_do_while_a_retrieval_runs(wired):
     """An operator's `castor inspect` shows the HookController retrieving memories for a prompt
     while the worker call runs (it read "idle"); request ids and stages only, never the prompt."""
     world, connect = wired
-    world.seed(("sqlite WAL notes", "WAL"))
-    client, _ = connect()
-    open_session(client, world, "pi-lane")
-    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
-    world.controls({"hooks.pre_llm_call": {"sleep_ms": 3000}})
-    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
-    wait_until(lambda: world.calls("hooks.pre_llm_call"), what="the retrieval running in the worker")
+    _client, pending = _hold_a_retrieval(world, connect, 3000)
     watcher, _ = connect()
     actors = watcher.call("ops.actors", {"prefix": "/root/session/pi-lane"})["actors"]
     (hooks,) = [a for a in actors if a["kind"] == "HookController"]

@@ -62,11 +62,12 @@ def test_status_texts_in_the_harness_name_commands_the_extension_accepts() -> No
     text back); recast and revive take one. A status block names each the way the user can type it."""
     from castor.actors.materia.views import status_text
 
-    interrupted = status_text({"cast_id": "c-1", "status": "interrupted", "run_dir": "/r", "loadout": "L"}, "harness")
+    view = {"cast_id": "c-1", "run_dir": "/r", "loadout": "L"}
+    interrupted = status_text({**view, "status": "interrupted"}, "harness")
     assert "run /materia continue to run the turn again, or /materia abort to stop the cast" in interrupted
-    paused = status_text({"cast_id": "c-1", "status": "active", "paused": True, "run_dir": "/r", "loadout": "L"}, "harness")
+    paused = status_text({**view, "status": "active", "paused": True}, "harness")
     assert "run /materia continue to finalize" in paused
-    failed = status_text({"cast_id": "c-1", "status": "failed", "resumable": True, "run_dir": "/r", "loadout": "L"}, "harness")
+    failed = status_text({**view, "status": "failed", "resumable": True}, "harness")
     assert "/materia recast c-1" in failed
-    cli = status_text({"cast_id": "c-1", "status": "interrupted", "run_dir": "/r", "loadout": "L"}, "cli")
+    cli = status_text({**view, "status": "interrupted"}, "cli")
     assert "castor continue c-1" in cli and "castor abort c-1" in cli
