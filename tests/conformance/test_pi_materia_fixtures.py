@@ -351,6 +351,10 @@ def test_an_unknown_loadout_leaves_the_file_byte_for_byte(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(120)
 def test_castor_loadout_through_a_symlinked_config_never_writes_outside_the_project(tmp_path: Path) -> None:
+    """A project's `.pi/pi-materia.json` that links to a file outside the project is not read at
+    all (a checkout could link it to a JSON file of the user's -- ~/.docker/config.json holds
+    tokens -- and `castor loadout` would copy it into the project, to be committed): refused,
+    nothing written anywhere, the link left. A link that stays inside the project is read."""
     project = tmp_path / "project"
     (project / ".pi").mkdir(parents=True)
     outside = tmp_path / "elsewhere.json"
@@ -358,12 +362,18 @@ def test_castor_loadout_through_a_symlinked_config_never_writes_outside_the_proj
     original = outside.read_bytes()
     (project / ".pi" / "pi-materia.json").symlink_to(outside)
     result = castor(tmp_path, "loadout", "Hojo-Consult", cwd=project)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and "path-escapes-project" in result.stderr, result.stderr
     assert outside.read_bytes() == original  # the link's target is untouched
-    written = project / ".pi" / "pi-materia.json"
-    assert not written.is_symlink()
-    assert written.read_text(encoding="utf-8") == original.decode("utf-8").replace(
-        '"activeLoadout": "Full-Auto"', '"activeLoadout": "Hojo-Consult"', 1)
+    assert (project / ".pi" / "pi-materia.json").is_symlink()
+    assert sorted(p.name for p in (project / ".pi").iterdir()) == ["pi-materia.json"]
+    (project / ".pi" / "pi-materia.json").unlink()
+    inside = project / "shared-materia.json"
+    shutil.copyfile(fixture_path("default.json"), inside)
+    (project / ".pi" / "pi-materia.json").symlink_to(inside)
+    result = castor(tmp_path, "loadout", "Hojo-Consult", cwd=project)
+    assert result.returncode == 0, result.stderr
+    written = (project / ".pi" / "pi-materia.json").read_text(encoding="utf-8")
+    assert '"activeLoadout": "Hojo-Consult"' in written
 
 
 @pytest.mark.timeout(120)
