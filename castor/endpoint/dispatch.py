@@ -68,8 +68,8 @@ class PeerSettings(Protocol):
 class Peer(Protocol):
     """What a handler may use of the connection it runs on (``castor.endpoint.connection.Connection``
     is one): call or notify the peer, read its limits, swap its dispatcher (the auth gate) and cap its
-    frames until it has authenticated, and run something when it closes. Calls honour their deadline; a notify answers ``False`` once the
-    connection is closed."""
+    frames until it has authenticated, and run something when it closes. Calls honour their
+    deadline; a notify answers ``False`` once the connection is closed."""
 
     dispatcher: Dispatcher
 
