@@ -350,16 +350,17 @@ def test_an_abort_that_loses_the_race_to_a_continue_still_aborts(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("content", ["", "{", "{}", "null", '{"version": 999}'])
-def test_a_damaged_state_file_is_state_corrupt_never_internal(tmp_path, content):
+def test_a_damaged_state_file_is_state_corrupt_never_internal(tmp_path):
     """`internal` means a bug of castor's; a state.json emptied, truncated or written by something
     else is the data's fault: a stable code of its own, one line, for every command that reads it."""
     project, cast_id = _interrupted_cast(tmp_path)
-    (project / ".pi" / "pi-materia" / cast_id / "state.json").write_text(content)
-    for verb in ("status", "abort", "recast"):
+    state = project / ".pi" / "pi-materia" / cast_id / "state.json"
+    for content in ("", "{", "{}", "null", '{"version": 999}'):
+        state.write_text(content)
+        _one_clean_error_line(_castor(tmp_path, "status", cast_id, cwd=project), "state_corrupt")
+    for verb in ("abort", "recast"):  # the verbs that would take the cast in: the same answer
         args = [verb, cast_id] + (["--agent", "script:answers.json"] if verb == "recast" else [])
-        done = _castor(tmp_path, *args, cwd=project)
-        _one_clean_error_line(done, "state_corrupt")
+        _one_clean_error_line(_castor(tmp_path, *args, cwd=project), "state_corrupt")
     listed = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
     assert [row["status"] for row in listed] == ["unreadable"]
 
