@@ -38,6 +38,7 @@ from typing import Any, Literal
 import filelock
 
 from castor.adapters.fs import atomic_write_text, read_regular_file
+from castor.domain import paths
 from castor.domain.icarus.settings import (
     IcarusSettings,
     SettingsDocumentError,
@@ -205,9 +206,8 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
     """
     path = os.path.abspath(path)
     if confine_to is not None:
-        root = os.path.realpath(confine_to)
         real = os.path.realpath(path)
-        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        if not paths.inside(os.path.realpath(confine_to), real):
             raise Forbidden(f"{path} leads outside the project ({real}); castor does not write through it",
                             data={"reason": "symlink", "path": path})
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -145,15 +145,13 @@ def _read_plain_file(target: Path) -> str | None:
     for a symlink or anything but a regular file (its content is never read)."""
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if os.path.islink(target):  # a dangling link: writing would create its target
+    except OSError as exc:
+        # O_NOFOLLOW on a link is ELOOP; a dangling link is ENOENT, and writing would create its target
+        if os.path.islink(target):
             raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
                             data={"reason": "symlink"}) from None
-        return None
-    except OSError:
-        if os.path.islink(target):  # O_NOFOLLOW on a link: ELOOP
-            raise Forbidden(f"{target.name} is a symlink; castor does not write through it",
-                            data={"reason": "symlink"}) from None
+        if isinstance(exc, FileNotFoundError):
+            return None
         raise
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):

@@ -31,6 +31,7 @@ from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, Re
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
+from castor.domain.paths import inside
 
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
 PROFILE_FILE = "materia.json"
@@ -128,9 +129,7 @@ def gather_layers(
 
 
 def _inside_project(path: Path, cwd: Path) -> bool:
-    root = os.path.realpath(cwd)
-    real = os.path.realpath(path)
-    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+    return inside(os.path.realpath(cwd), os.path.realpath(path))
 
 
 def load(
