@@ -12,7 +12,9 @@ never left blocked on a closed transport). Guarantees:
 * ``sendall`` blocks until everything is written, or raises ``OSError``
   (a socket writer stuck on a dead peer is freed by :meth:`close`; a pipe
   writer only when the peer reads or exits — see docs/protocol.md).
-* ``close`` is idempotent and callable from any thread.
+* ``close`` is idempotent and callable from any thread. A pipe's fds are
+  never closed under a read or write in progress (their numbers would be
+  reused at once by the next pipe the process opens).
 """
 
 from __future__ import annotations
@@ -125,11 +127,30 @@ class PipeTransport:
         self._wfd = write_fd
         self._owns = owns_fds
         self._closed = False
+        #: Threads inside a read or a write now. The fds are closed only when this is 0: closed
+        #: under a reader that had passed its ``_closed`` check, a number the process reuses at
+        #: once (the next ``os.pipe()``) would be read or written by the old transport's thread --
+        #: another connection's bytes taken or corrupted. Guarded by ``_close_lock``.
+        self._users = 0
         self._close_lock = threading.Lock()
         self.peer = peer
 
+    def _enter(self) -> bool:
+        with self._close_lock:
+            if self._closed:
+                return False
+            self._users += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._close_lock:
+            self._users -= 1
+            last = self._closed and self._users == 0
+        if last:
+            self._close_fds()
+
     def read_available(self) -> bytes:
-        if self._closed:
+        if not self._enter():
             return b""
         try:
             return bytes(self._buffer[:os.readv(self.read_fd, (self._buffer,))])
@@ -137,6 +158,8 @@ class PipeTransport:
             if not raised_by_the_os(exc):
                 raise
             return b""
+        finally:
+            self._leave()
 
     def send_nowait(self, data: memoryview | bytes) -> int | None:
         return None
@@ -144,16 +167,26 @@ class PipeTransport:
     def sendall(self, data: memoryview | bytes) -> None:
         view = memoryview(data)
         while view:
-            if self._closed:
+            if not self._enter():
                 raise OSError(errno.EPIPE, "transport closed")
-            written = os.write(self._wfd, view)
+            try:
+                written = os.write(self._wfd, view)
+            finally:
+                self._leave()
             view = view[written:]
 
     def close(self) -> None:
+        """Close once; the fds now, or when the last read or write in progress returns (never
+        under it: see ``_users``)."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+            now = self._users == 0
+        if now:
+            self._close_fds()
+
+    def _close_fds(self) -> None:
         if self._owns:
             # Closing the write end is what tells the peer "end of stream".
             for fd in (self._wfd, self.read_fd):

@@ -213,3 +213,70 @@ def test_a_read_allocates_what_arrived_and_big_writes_arrive_whole(kind: str) ->
     finally:
         reader.close()
         writer.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_a_pipe_closed_under_a_read_or_write_never_touches_the_pipe_that_reuses_its_numbers(
+        op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection's reader passes the transport's ``closed`` check and is descheduled before its
+    ``readv`` (a writer before its ``write``); another thread closes the transport, and the next
+    pipe the process opens takes the same fd numbers. Were the fds closed at once, the old thread
+    would read the new pipe's bytes (a request lost: the flake of the interrupted-call test) or
+    write into it. The fds stay open until the last read or write in progress returns."""
+    a_r, a_w = os.pipe()  # the transport reads a_r
+    b_r, b_w = os.pipe()  # and writes b_w
+    transport = PipeTransport(a_r, b_w)
+    os.write(a_w, b"old")  # what the paused read finds (poll said readable)
+    paused, go = threading.Event(), threading.Event()
+    real_readv, real_write = os.readv, os.write
+    me: list[int] = []
+
+    def gated_readv(fd: int, buffers: list) -> int:
+        if threading.get_ident() in me:
+            paused.set()
+            assert go.wait(10)
+        return real_readv(fd, buffers)
+
+    def gated_write(fd: int, data: bytes) -> int:
+        if threading.get_ident() in me:
+            paused.set()
+            assert go.wait(10)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "readv", gated_readv)
+    monkeypatch.setattr(os, "write", gated_write)
+    got: dict[str, object] = {}
+
+    def old_thread() -> None:
+        me.append(threading.get_ident())
+        try:
+            got["value"] = transport.read_available() if op == "read" else transport.sendall(b"stale")
+        except OSError as exc:
+            got["error"] = exc.errno
+
+    t = threading.Thread(target=old_thread)
+    t.start()
+    assert paused.wait(10)
+    transport.close()
+    new_r, new_w = os.pipe()  # the numbers a closed transport would have given back
+    new_b_r, new_b_w = os.pipe()
+    try:
+        os.write(new_w, b"new request")
+        go.set()
+        t.join(10)
+        assert not t.is_alive()
+        if op == "read":
+            assert got == {"value": b"old"}
+        # the new pipes carry only their own bytes
+        os.write(new_b_w, b"mine")
+        assert real_readv(new_r, [bytearray(64)]) == len(b"new request")
+        assert os.read(new_b_r, 64) == b"mine"
+        # and the old transport's fds are closed now: its peers see end of stream
+        assert os.read(b_r, 64) == (b"stale" if op == "write" else b"")
+        assert os.read(b_r, 64) == b""
+        with pytest.raises(OSError):
+            os.write(a_w, b"x")  # the read end is gone (EPIPE; SIGPIPE is ignored by Python)
+    finally:
+        for fd in (new_r, new_w, new_b_r, new_b_w, a_w, b_r):
+            os.close(fd)
