@@ -38,7 +38,8 @@ worker calls replayed               the backend's own call log: a call id starte
                                     or one that started after its rejection
 unparseable events.jsonl lines      every line of every cast's events.jsonl is a JSON          0
                                     object with a ``type``
-unreadable state files              every cast directory's state.json loads                    0
+unreadable state files              every cast directory's state.json loads (a start           0
+                                    killed before its first save is not a cast)
 casts neither terminal nor          after quiescence: status not complete/failed/aborted       0
 resumable                           and not resumable (e.g. stuck ``active``)
 casts not terminal after recast     after the recast round                                     0
@@ -218,14 +219,18 @@ def cast_dirs(artifact_root: Path) -> list[Path]:
 
 
 def count_unreadable_states(artifact_roots: Iterable[Path]) -> int:
-    """Cast directories whose state.json is missing, unreadable or not a valid cast state."""
-    from castor.adapters.materia.state_store import CastStateStore
+    """Cast directories whose state.json is missing, unreadable or not a valid cast state. A start
+    killed before its cast's first save (a cast host's ``kill -9``) is not one: it was never a cast
+    (its caller got an error, no id), and castor's listings remove it once it is left alone."""
+    from castor.adapters.materia.state_store import CastStateStore, is_abandoned_start
     from castor.domain.materia.state import CastState
 
     bad = 0
     for root in artifact_roots:
         store = CastStateStore(root)
         for run_dir in cast_dirs(root):
+            if is_abandoned_start(root, run_dir.name, min_age_s=0.0):
+                continue
             try:
                 stored = store.load(run_dir.name)
                 CastState.from_json(json.dumps(stored.state))
@@ -448,9 +453,10 @@ class Soak:
         self.scaleout: Any = None
         self.cluster: Any = None
         if s.backend == "ray":
-            from castor.testing.soak_on_ray import start_cluster_backend
+            from castor.testing.soak_on_ray import ClusterPacing, start_cluster_backend
 
             self.cluster, self.scaleout = start_cluster_backend(s.ray_address)
+            self.cluster_pacing = ClusterPacing()
             from castor.scaleout.options import materia_component_for
 
             components = [materia_component_for(self.scaleout)]

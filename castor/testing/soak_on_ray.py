@@ -10,15 +10,43 @@ host's runtime: casts, visits, utility slots and commands):
 | ``kill_host`` | a cast host's process is SIGKILLed; its sessions are re-placed and their orphaned casts recast |
 | ``kill_node`` | a worker node is removed, one that runs a host if any (every host and task on it dies); one worker node is always kept |
 
+A cluster fault waits until the cluster has recovered from the last one: every lost host's
+sessions re-placed and their casts recast, ``CLUSTER_FAULT_SPACING_S`` before; until then the
+injector adds an in-host fault instead. Without that pacing a loaded machine (hosts take seconds to
+come up) lost hosts faster than it replaced them, and no cast got far enough to end.
+
 The Icarus worker stays in the serving process, with its faults as before.
 """  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 CLUSTER_FAULTS: tuple[tuple[str, int], ...] = (("kill_host", 2), ("kill_node", 1), ("in_host", 12))
+CLUSTER_FAULT_SPACING_S = 2.0
+
+
+class ClusterPacing:
+    """When the next cluster fault may come (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.expect_lost = 0  # hosts the faults so far must have cost, once the backend has noticed
+        self.last_fault_at = float("-inf")
+
+    def settled(self, backend: Any, now: float) -> bool:
+        """Every host the faults killed is noticed lost and recovered from, the last recovery
+        ``CLUSTER_FAULT_SPACING_S`` ago (a kill the backend never notices stops blocking after 30 s)."""
+        lost = sum(1 for h in list(backend.hosts.values()) if not h.alive)
+        recoveries = list(backend.recoveries)
+        if (lost < self.expect_lost and now - self.last_fault_at < 30.0) or len(recoveries) < lost:
+            return False
+        return not recoveries or now - max(r["finished_at"] for r in recoveries) >= CLUSTER_FAULT_SPACING_S
+
+    def fault(self, backend: Any, hosts_killed: int, now: float) -> None:
+        self.expect_lost = sum(1 for h in list(backend.hosts.values()) if not h.alive) + hosts_killed
+        self.last_fault_at = now
 
 
 def start_cluster_backend(address: str | None) -> tuple[Any, Any]:
@@ -56,7 +84,10 @@ def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pic
     backend = soak.scaleout
     kinds, weights = zip(*CLUSTER_FAULTS, strict=True)
     where = rng.choices(kinds, weights)[0]
-    if soak.faults["kill_host"] == 0:
+    pacing: ClusterPacing = soak.cluster_pacing
+    if not pacing.settled(backend, time.monotonic()):
+        where = "in_host"  # the last cluster fault is still being recovered from
+    elif soak.faults["kill_host"] == 0:
         where = "kill_host"  # every Ray soak has at least one of each cluster fault, first
     elif soak.faults["kill_node"] == 0 and soak.cluster is not None:
         where = "kill_node"
@@ -67,6 +98,7 @@ def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pic
         return None
     if where == "kill_host":
         host = live[int(pick * len(live)) % len(live)]
+        pacing.fault(backend, 1, time.monotonic())
         backend.kill_host(host.host_id)
         return "kill_host"
     if where == "kill_node":
@@ -77,6 +109,7 @@ def inject_on_cluster(soak: Any, rng: random.Random, kind: str, family: str, pic
             return None  # keep a worker node: nodes cannot be added from this thread (Ray wants the main one)
         busy = {h.node_id for h in live}
         node = next((n for n in cluster.worker_nodes if n.unique_id in busy), next(iter(cluster.worker_nodes)))
+        pacing.fault(backend, sum(1 for h in live if h.node_id == node.unique_id), time.monotonic())
         cluster.remove_node(node)
         return "kill_node"
     host = live[int(pick * len(live)) % len(live)]

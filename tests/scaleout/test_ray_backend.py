@@ -70,17 +70,25 @@ def test_two_hosts_never_both_advance_one_cast(two_hosts_run: dict) -> None:
     assert intruder.get("data", {}).get("reason") in ("held_elsewhere", "running"), intruder
 
 
+@pytest.mark.timeout(420)
 def test_soak_over_ray_with_host_and_node_kills_reports_every_must_be_zero_figure_as_zero(tmp_path: Path) -> None:
+    """The soak ends when its six casts have (about 20 s here); ``--seconds`` only bounds the time
+    it may take to start them all, which a loaded machine stretches (each host kill costs seconds)."""
     import json
     import sys
 
     from .netns import run_in_netns
 
     proc = run_in_netns([sys.executable, "-m", "castor", "soak", "--backend", "ray", "--sessions", "2", "--casts", "3",
-                         "--seconds", "60", "--json", "--workdir", str(tmp_path / "soak")], timeout_s=280)
+                         "--seconds", "150", "--json", "--workdir", str(tmp_path / "soak")], timeout_s=400)
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    assert proc.returncode == 0, (report or proc.stderr[-4000:])
+    # What to read when it fails: the figures, not pytest's cut-down repr of the whole report.
+    brief = {k: report.get(k) for k in ("must_be_zero", "faults", "casts_started", "casts_completed", "casts_failed",
+                                        "casts_aborted", "casts_failed_before_recast", "casts_resumed_by_recast",
+                                        "elapsed_s", "notes")}
+    brief_text = json.dumps(brief, indent=1) if report else proc.stderr[-4000:]
+    assert proc.returncode == 0, brief_text
     assert all(v == 0 for v in report["must_be_zero"].values()), report["must_be_zero"]
     assert report["faults"].get("kill_host", 0) >= 1 and report["faults"].get("kill_node", 0) >= 1, report["faults"]
-    assert report["casts_started"] == 6 and report["casts_completed"] == 6, report
+    assert report["casts_started"] == 6 and report["casts_completed"] == 6, brief_text
     assert report["utility_executions"] > 0, report

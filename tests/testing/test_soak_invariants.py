@@ -76,7 +76,18 @@ def test_state_check_counts_corrupt_and_missing_state_files(tmp_path):
     assert count_unreadable_states([root]) == 0
     (root / "2026-01-01T00-00-01-000Z" / "state.json").write_text('{"revision": 3, "state": {"cast_')
     (root / "2026-01-01T00-00-02-000Z" / "state.json").unlink()
+    (root / "2026-01-01T00-00-02-000Z" / "events.jsonl").write_text(json.dumps(GOOD_EVENTS[0]) + "\n")  # a cast's
     assert count_unreadable_states([root]) == 2
+    # A start killed before its cast's first save (what a cast host's kill -9 can leave) is no cast:
+    # not counted. With anything of a cast's in it, it is.
+    bare = root / "2026-01-01T00-00-03-000Z"
+    for sub in ("sockets", "contexts"):
+        (bare / sub).mkdir(parents=True)
+    (bare / "owner.lock").touch()
+    (bare / ".state.json.123.9085c2e40.tmp").write_text("{")
+    assert count_unreadable_states([root]) == 2
+    (bare / "sockets" / "Socket-1").mkdir()
+    assert count_unreadable_states([root]) == 3
 
 
 def test_visit_check_counts_a_duplicated_visit_and_a_run_without_a_visit_id(tmp_path):

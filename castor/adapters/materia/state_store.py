@@ -46,6 +46,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
@@ -81,7 +82,9 @@ __all__ = [
     "StoredState",
     "UnreadableCast",
     "cast_status",
+    "discard_abandoned_start",
     "discard_unsaved",
+    "is_abandoned_start",
     "list_casts",
     "list_page",
     "newest",
@@ -664,6 +667,11 @@ def _cast_dir_names(root: str) -> list[str] | None:
     return names
 
 
+def _abandoned_and_removed(root: str, cast_id: str) -> bool:
+    """A listed directory without ``state.json`` that :func:`discard_abandoned_start` removed."""
+    return not os.path.lexists(f"{root}/{cast_id}/{STATE_FILE}") and discard_abandoned_start(root, cast_id)
+
+
 def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
     """Bring the index in line with the root's directories if someone else changed them."""
     root = store.root.text
@@ -672,6 +680,7 @@ def _reconcile(index: cast_index.CastIndex, store: CastStateStore) -> None:
         return
     names = _cast_dir_names(root) or []
     known = index.ids()
+    names = [n for n in names if n in known or not _abandoned_and_removed(root, n)]
     on_disk = set(names)
     missing = [n for n in names if n not in known]
     if missing:
@@ -695,7 +704,7 @@ def _verify(index: cast_index.CastIndex | None, store: CastStateStore, rows: lis
     gone: list[str] = []
     for row in rows:
         sig = _state_sig(root, row.cast_id)
-        if sig is None:
+        if sig is None or (sig == "" and discard_abandoned_start(root, row.cast_id)):
             gone.append(row.cast_id)
             continue
         if sig == row.sig and sig != "?" and row.status not in ACTIVE:
@@ -793,7 +802,7 @@ def _indexed_rows(artifact_root: str | os.PathLike[str], *, where: str | None = 
             cast_index.forget(root)
             if isinstance(exc, cast_index.IndexCorrupt):
                 cast_index.remove_database(root)
-    rows = [_listed_row(root, n) for n in _cast_dir_names(root) or []]
+    rows = [_listed_row(root, n) for n in _cast_dir_names(root) or [] if not _abandoned_and_removed(root, n)]
     rows.sort(key=lambda r: r.cast_id, reverse=True)
     rows.sort(key=lambda r: r.unreadable)
     for row in rows:
@@ -872,6 +881,78 @@ def discard_unsaved(artifact_root: str | os.PathLike[str], cast_id: str) -> bool
     after = root_signature(root)
     cast_index.best_effort(root, lambda index: index.moved(before, after, delete=cast_id), create=False)
     return not os.path.lexists(run_dir)
+
+
+#: What a start makes in its run directory before the cast's first save is in place: the lease, the
+#: store's lock, the CLI's note, the two empty artifact directories, and the temporary file of a
+#: first save (or note) cut off before its rename. Anything else (an events.jsonl, an artifact) is
+#: the user's and makes a directory without ``state.json`` damaged, never abandoned.
+_START_FILES = frozenset({"owner.lock", LOCK_FILE, "cli.json"})
+_START_DIRS = frozenset({"sockets", "contexts"})
+_START_TEMP = re.compile(r"\.(?:state|cli)\.json\.\d+\.[0-9a-f]+\.tmp")  # fs.atomic_write_bytes's temp names
+
+#: How long a run directory with nothing but a start's files must have been left alone before a
+#: reader takes it for a start that died before its first save (a ``kill -9`` between the id's
+#: ``mkdir`` and the first save). A live start holds the cast's lease from a moment after the
+#: ``mkdir`` and saves within milliseconds; the wait covers that moment, by a wide margin.
+ABANDONED_START_AFTER_S = 60.0
+
+
+def _bare_start(run_dir: str, min_age_s: float) -> bool:
+    """No ``state.json``, only a start's files (its two directories empty, no links), the directory
+    unchanged for ``min_age_s``."""
+    try:
+        st = os.lstat(run_dir)
+        if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < min_age_s:
+            return False
+        with os.scandir(run_dir) as entries:
+            for entry in entries:
+                if (entry.name in _START_FILES or _START_TEMP.fullmatch(entry.name)) \
+                        and entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.name in _START_DIRS and entry.is_dir(follow_symlinks=False) \
+                        and not os.listdir(entry.path):
+                    continue
+                return False  # state.json, an events log, an artifact, a link: not a bare start
+    except OSError:
+        return False
+    return True
+
+
+def is_abandoned_start(artifact_root: str | os.PathLike[str], cast_id: str, *,
+                       min_age_s: float = ABANDONED_START_AFTER_S) -> bool:
+    """Whether ``<root>/<cast_id>`` is a start that died before its cast's first save: no
+    ``state.json``, only a start's files (see ``_START_FILES``), unchanged for ``min_age_s``, and
+    its lease free. Such a directory was never a cast (its client got an error, no cast id): it
+    holds nothing to keep."""
+    from castor.adapters.materia.cast_lease import CastLease
+
+    run_dir = f"{os.fspath(artifact_root)}/{validate_cast_id(cast_id)}"
+    return _bare_start(run_dir, min_age_s) and not CastLease.is_held(artifact_root, cast_id)
+
+
+def discard_abandoned_start(artifact_root: str | os.PathLike[str], cast_id: str) -> bool:
+    """Remove ``cast_id``'s run directory if it is an abandoned start (:func:`is_abandoned_start`),
+    holding its lease while it looks again and removes it (a runtime taking the cast up meanwhile
+    keeps it); True if removed. Never raises for a directory it cannot remove."""
+    from castor.adapters.materia.cast_lease import CastLease
+
+    run_dir = f"{os.fspath(artifact_root)}/{validate_cast_id(cast_id)}"
+    if not _bare_start(run_dir, ABANDONED_START_AFTER_S):
+        return False
+    try:
+        lease = CastLease.try_acquire(artifact_root, cast_id)
+    except (OSError, CastorError):
+        return False
+    if lease is None:
+        return False  # a live start or runtime holds it
+    try:
+        removed = _bare_start(run_dir, 0.0) and discard_unsaved(artifact_root, cast_id)
+    finally:
+        lease.release()
+    if removed:
+        logger.info("removed {dir}: a cast start that died before its first save", dir=run_dir)
+    return removed
 
 
 def list_casts(artifact_root: str | os.PathLike[str]) -> CastListing:
