@@ -65,8 +65,9 @@ def test_a_direct_child_starts_and_ends_without_a_message_to_its_supervisor():
     try:
         pool = system.lookup(POOL)
         before = pool.snapshot().mailbox.processed
-        # A delayed supervisor would hold any StartChild for 5 s: a direct start must not wait.
-        faults.delay_next(pool, 5.0)
+        # A delayed supervisor would hold any StartChild for 3 s, past the spawn's 2 s: a direct
+        # start must not wait.
+        faults.delay_next(pool, 3.0)
         spec = _direct("w1", journal, on_removed=lambda reason: removed.append(
             (reason, threading.current_thread().name)))
         handle = system.spawn(spec, under=POOL, timeout=2.0)
