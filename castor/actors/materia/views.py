@@ -233,6 +233,8 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
     for row in rows:
         request = (row.get("request") or "")[:72]
         where = f" at {row['current_socket']}" if row.get("current_socket") else ""
+        if row["status"] == "unreadable" and row.get("failed_reason"):
+            request = f"({row['failed_reason']})"  # why: a damaged file reads differently from a start in progress
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
         if row.get("resumable"):
             verb = "revive" if row.get("revivable") else "recast"
