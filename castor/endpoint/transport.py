@@ -135,23 +135,25 @@ class PipeTransport:
         self._close_lock = threading.Lock()
         self.peer = peer
 
-    def _enter(self) -> bool:
-        with self._close_lock:
-            if self._closed:
-                return False
-            self._users += 1
-            return True
-
+    # The enter step is written out in each method (no helper call, no ``with``): it runs on
+    # every frame of a stdio endpoint.
     def _leave(self) -> None:
-        with self._close_lock:
-            self._users -= 1
-            last = self._closed and self._users == 0
+        lock = self._close_lock
+        lock.acquire()
+        self._users -= 1
+        last = self._closed and not self._users
+        lock.release()
         if last:
             self._close_fds()
 
     def read_available(self) -> bytes:
-        if not self._enter():
+        lock = self._close_lock
+        lock.acquire()
+        if self._closed:
+            lock.release()
             return b""
+        self._users += 1
+        lock.release()
         try:
             return bytes(self._buffer[:os.readv(self.read_fd, (self._buffer,))])
         except OSError as exc:
@@ -166,9 +168,14 @@ class PipeTransport:
 
     def sendall(self, data: memoryview | bytes) -> None:
         view = memoryview(data)
+        lock = self._close_lock
         while view:
-            if not self._enter():
+            lock.acquire()
+            if self._closed:
+                lock.release()
                 raise OSError(errno.EPIPE, "transport closed")
+            self._users += 1
+            lock.release()
             try:
                 written = os.write(self._wfd, view)
             finally:
