@@ -46,6 +46,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable, Sequence
@@ -169,6 +170,20 @@ def is_storage_fault(exc: BaseException) -> TypeIs[OSError]:
     return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
 
 
+#: The temporary file :func:`atomic_write_bytes` writes before its rename: ``.NAME.PID.TAGSEQ.tmp``.
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]+\.tmp")
+
+
+def shown_target(path: str) -> str:
+    """``path``, or the file an atomic write's temporary file at ``path`` stood for: an error names
+    the file the user knows (``settings.json``), not the write's scaffolding."""
+    directory, _sep, base = path.rpartition("/")
+    match = _TEMP_NAME.fullmatch(base)
+    if match is None:
+        return path
+    return f"{directory}/{match['name']}" if _sep else match["name"]
+
+
 def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = None,
                         base: str | os.PathLike[str] | None = None, action: str = "write") -> StorageUnavailable:
     """The typed error (code ``storage_unavailable``) for a file-system error.
@@ -184,6 +199,7 @@ def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = N
         shown = os.fspath(target)
         if isinstance(shown, bytes):
             shown = shown.decode("utf-8", "backslashreplace")
+        shown = shown_target(shown)
         if base is not None:
             try:
                 shown = Path(shown).relative_to(base).as_posix()

@@ -17,7 +17,16 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from castor.cli.common import EXIT_ERROR, EXIT_USAGE, CliParser, Terminated, fail, log_level, os_error_code
+from castor.cli.common import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    CliParser,
+    Terminated,
+    fail,
+    log_level,
+    os_error_code,
+    os_error_text,
+)
 from castor.cli.demo import add_demo_subcommand
 from castor.cli.inspect import add_inspect_subcommand
 from castor.cli.materia import add_materia_subcommands
@@ -80,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     except CastorError as exc:
         fail(exc.code, exc.message)
     except OSError as exc:
-        fail(os_error_code(exc), str(exc))
+        fail(os_error_code(exc), os_error_text(exc))
     except ValueError as exc:
         fail("invalid_params", str(exc))
     return EXIT_ERROR

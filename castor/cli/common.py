@@ -131,6 +131,26 @@ def os_error_code(exc: OSError) -> str:
     return "storage_unavailable"  # full, failing, read-only...: the environment's, never "internal"
 
 
+def os_error_text(exc: OSError, cwd: str | None = None) -> str:
+    """A file-system error as one line users can act on: the file (relative to ``cwd`` when inside
+    it; an atomic write's temporary file as the file it stood for), what the system said, and the
+    errno's name -- never Python's ``[Errno 30]``."""
+    import errno
+    import os
+
+    from castor.adapters.fs import shown_target
+
+    name = errno.errorcode.get(exc.errno or -1)
+    what = exc.strerror or str(exc)
+    if exc.filename is None:
+        return f"{what} ({name})" if name else what
+    path = shown_target(os.fsdecode(exc.filename))
+    base = cwd if cwd is not None else os.getcwd()
+    if os.path.isabs(path) and os.path.commonpath([base, path]) == base:
+        path = os.path.relpath(path, base)
+    return f"{path}: {what}" + (f" ({name})" if name else "")
+
+
 def fail(code: str, message: str) -> None:
     """The contract's one-line error on stderr: control characters (a newline in a loadout
     name, terminal escapes in a request) are shown escaped, never acted on."""

@@ -371,3 +371,64 @@ def test_internal_always_carries_an_error_id_that_is_in_the_log(raised):
     wire = answered.value.to_wire()
     assert wire["code"] == "internal" and len(wire["data"]["error_id"]) == 12, wire
     assert any(extra.get("error_id") == wire["data"]["error_id"] for extra in logged), logged
+
+
+@pytest.fixture
+def read_only_pi(tmp_path: Path):
+    """A project whose ``.pi`` is a real read-only bind mount (root only), with one failed cast in it."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root")
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text('{"activeLoadout": "Planning-Consult"}\n')
+    pi = project / ".pi"
+    done = subprocess.run(["mount", "--bind", str(pi), str(pi)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        done = subprocess.run(["mount", "-o", "remount,bind,ro", str(pi)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot remount read-only here: {done.stderr.decode(errors='replace').strip()}")
+        yield project
+    finally:
+        subprocess.run(["umount", "-l", str(pi)], capture_output=True)
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_on_a_read_only_project_names_the_file_and_the_errno_never_a_temp_file_or_errno_number(
+        tmp_path, read_only_pi):
+    """`castor loadout NAME` on a read-only project said ``[Errno 30] Read-only file system:
+    '/abs/.../.pi/.pi-materia.json.PID.TAG.tmp'``: Python's text, the atomic write's scaffolding.
+    It names the file the user knows, relative to the project, and the errno's name."""
+    def castor(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(castor_argv(*argv), cwd=read_only_pi, env=serve_env(tmp_path), capture_output=True,
+                              text=True, timeout=60)
+
+    done = castor("loadout", "Full-Auto")
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("castor: storage_unavailable: "), done.stderr
+    assert ".pi/pi-materia.json" in line and "EROFS" in line, line
+    assert "[Errno" not in line and ".tmp" not in line and str(tmp_path) not in line, line
+    assert json.loads((read_only_pi / ".pi" / "pi-materia.json").read_text()) == {"activeLoadout": "Planning-Consult"}
+    # A start: the same kind of line, naming where it could not write.
+    script = tmp_path / "answers.json"
+    script.write_text('{"answers": []}')
+    done = castor("cast", "--agent", f"script:{script}", "a request")
+    line = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and line.startswith("castor: storage_unavailable: "), done.stderr
+    assert "EROFS" in line and "[Errno" not in line, line
+
+
+@pytest.mark.timeout(30)
+def test_an_os_error_line_names_the_file_relative_to_the_project_and_the_errno_name(tmp_path):
+    from castor.cli.common import os_error_text
+
+    target = tmp_path / ".pi" / ".settings.json.4242.9085c2e47.tmp"
+    text = os_error_text(OSError(errno.EROFS, "Read-only file system", str(target)), cwd=str(tmp_path))
+    assert text == ".pi/settings.json: Read-only file system (EROFS)"
+    outside = os_error_text(OSError(errno.ENOSPC, "No space left on device", "/elsewhere/x"), cwd=str(tmp_path))
+    assert outside == "/elsewhere/x: No space left on device (ENOSPC)"
+    assert os_error_text(OSError(errno.EIO, "Input/output error")) == "Input/output error (EIO)"
+    assert fs.shown_target("/p/.state.json.1.ab.tmp") == "/p/state.json"
+    assert fs.shown_target("/p/.hidden.tmp") == "/p/.hidden.tmp"  # not an atomic write's name

@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from castor.adapters.fs import atomic_write_bytes, file_signature, read_regular_file
+from castor.adapters.fs import (
+    atomic_write_bytes,
+    file_signature,
+    is_storage_fault,
+    read_regular_file,
+    storage_unavailable,
+)
 from castor.domain.jsontext import well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
@@ -271,22 +277,29 @@ def save_active_loadout(
                                        message=f"Unknown Materia loadout \"{name}\". Available loadouts: "
                                                f"{', '.join(loadouts)}")])
     target = explicit_path(Path(cwd), config_path, env) or Path(cwd) / PROJECT_CONFIG
-    if not target.exists():
-        _atomic_write_json(target, {"activeLoadout": name})
-        return target
-    data, issues = read_layer(target)
-    if data is None:
-        raise ConfigError(issues)
-    text = read_regular_file(target, MAX_CONFIG_BYTES).decode("utf-8")
     try:
-        edited = set_top_level_string(text, "activeLoadout", name)
-    except EditRefused:
-        # Not editable in place (it parsed, so this is a JSON oddity such as a NaN literal): the
-        # whole object is written back, literal unicode kept.
-        data["activeLoadout"] = name
-        _atomic_write_json(target, data)
-        return target
-    atomic_write_bytes(target, edited.encode("utf-8"), keep_mode=True)
+        if not target.exists():
+            _atomic_write_json(target, {"activeLoadout": name})
+            return target
+        data, issues = read_layer(target)
+        if data is None:
+            raise ConfigError(issues)
+        text = read_regular_file(target, MAX_CONFIG_BYTES).decode("utf-8")
+        try:
+            edited = set_top_level_string(text, "activeLoadout", name)
+        except EditRefused:
+            # Not editable in place (it parsed, so this is a JSON oddity such as a NaN literal): the
+            # whole object is written back, literal unicode kept.
+            data["activeLoadout"] = name
+            _atomic_write_json(target, data)
+            return target
+        atomic_write_bytes(target, edited.encode("utf-8"), keep_mode=True)
+    except OSError as exc:
+        if not is_storage_fault(exc):
+            raise
+        # Read-only, full, failing: the environment's -- named by the file, relative to the project.
+        raise storage_unavailable(exc, path=target, base=Path(cwd).resolve(),
+                                  action="save the active loadout to") from None
     return target
 
 
