@@ -144,9 +144,13 @@ def os_error_text(exc: OSError, cwd: str | None = None) -> str:
     what = exc.strerror or str(exc)
     if exc.filename is None:
         return f"{what} ({name})" if name else what
-    path = shown_target(os.fsdecode(exc.filename))
-    base = cwd if cwd is not None else os.getcwd()
-    if os.path.isabs(path) and os.path.commonpath([base, path]) == base:
+    name_of = exc.filename
+    path = shown_target(os.fsdecode(name_of) if isinstance(name_of, (str, bytes)) else str(name_of))
+    try:
+        base = cwd if cwd is not None else os.getcwd()
+    except OSError:  # the working directory itself is gone: the path as it is
+        base = None
+    if base is not None and os.path.isabs(path) and os.path.commonpath([base, path]) == base:
         path = os.path.relpath(path, base)
     return f"{path}: {what}" + (f" ({name})" if name else "")
 
