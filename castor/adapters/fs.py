@@ -174,14 +174,35 @@ def is_storage_fault(exc: BaseException) -> TypeIs[OSError]:
 _TEMP_NAME = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]+\.tmp")
 
 
+def temp_target(name: str) -> str | None:
+    """The file name an atomic write's temporary file ``name`` stands for; None for any other name."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match["name"] if match is not None else None
+
+
 def shown_target(path: str) -> str:
     """``path``, or the file an atomic write's temporary file at ``path`` stood for: an error names
     the file the user knows (``settings.json``), not the write's scaffolding."""
     directory, _sep, base = path.rpartition("/")
-    match = _TEMP_NAME.fullmatch(base)
-    if match is None:
+    name = temp_target(base)
+    if name is None:
         return path
-    return f"{directory}/{match['name']}" if _sep else match["name"]
+    return f"{directory}/{name}" if _sep else name
+
+
+def shown_path(target: str | bytes | os.PathLike[str] | int, base: str | os.PathLike[str] | None) -> str:
+    """How an error names a file: text (bytes decoded), an atomic write's temporary file as the
+    file it stood for, relative to ``base`` (the project) when it lies inside it."""
+    shown = target if isinstance(target, str) else (
+        target.decode("utf-8", "backslashreplace") if isinstance(target, bytes) else
+        str(target) if isinstance(target, int) else os.fspath(target))
+    shown = shown_target(shown)
+    if base is not None:
+        try:
+            shown = Path(shown).relative_to(base).as_posix()
+        except ValueError:
+            pass
+    return shown
 
 
 def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = None,
@@ -194,18 +215,7 @@ def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = N
     """
     name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
     target = exc.filename if exc.filename is not None else path
-    shown = None
-    if target is not None:
-        shown = os.fspath(target)
-        if isinstance(shown, bytes):
-            shown = shown.decode("utf-8", "backslashreplace")
-        shown = shown_target(shown)
-        if base is not None:
-            try:
-                shown = Path(shown).relative_to(base).as_posix()
-            except ValueError:
-                pass
-        shown = _printable(shown)
+    shown = None if target is None else _printable(shown_path(target, base))
     where = f" on {shown}" if shown else ""
     data: dict[str, Any] = {"errno": name}
     if shown is not None:

@@ -138,21 +138,17 @@ def os_error_text(exc: OSError, cwd: str | None = None) -> str:
     import errno
     import os
 
-    from castor.adapters.fs import shown_target
+    from castor.adapters.fs import shown_path
 
     name = errno.errorcode.get(exc.errno or -1)
     what = exc.strerror or str(exc)
     if exc.filename is None:
         return f"{what} ({name})" if name else what
-    name_of = exc.filename
-    path = shown_target(os.fsdecode(name_of) if isinstance(name_of, (str, bytes)) else str(name_of))
     try:
         base = cwd if cwd is not None else os.getcwd()
     except OSError:  # the working directory itself is gone: the path as it is
         base = None
-    if base is not None and os.path.isabs(path) and os.path.commonpath([base, path]) == base:
-        path = os.path.relpath(path, base)
-    return f"{path}: {what}" + (f" ({name})" if name else "")
+    return f"{shown_path(exc.filename, base)}: {what}" + (f" ({name})" if name else "")
 
 
 def fail(code: str, message: str) -> None:

@@ -28,6 +28,10 @@ CLUSTER_FAULTS: tuple[tuple[str, int], ...] = (("kill_host", 2), ("kill_node", 1
 CLUSTER_FAULT_SPACING_S = 2.0
 
 
+def _lost_hosts(backend: Any) -> int:
+    return sum(1 for h in list(backend.hosts.values()) if not h.alive)
+
+
 class ClusterPacing:
     """When the next cluster fault may come (see the module doc)."""
 
@@ -38,14 +42,14 @@ class ClusterPacing:
     def settled(self, backend: Any, now: float) -> bool:
         """Every host the faults killed is noticed lost and recovered from, the last recovery
         ``CLUSTER_FAULT_SPACING_S`` ago (a kill the backend never notices stops blocking after 30 s)."""
-        lost = sum(1 for h in list(backend.hosts.values()) if not h.alive)
+        lost = _lost_hosts(backend)
         recoveries = list(backend.recoveries)
         if (lost < self.expect_lost and now - self.last_fault_at < 30.0) or len(recoveries) < lost:
             return False
         return not recoveries or now - max(r["finished_at"] for r in recoveries) >= CLUSTER_FAULT_SPACING_S
 
     def fault(self, backend: Any, hosts_killed: int, now: float) -> None:
-        self.expect_lost = sum(1 for h in list(backend.hosts.values()) if not h.alive) + hosts_killed
+        self.expect_lost = _lost_hosts(backend) + hosts_killed
         self.last_fault_at = now
 
 

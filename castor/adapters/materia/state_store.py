@@ -63,6 +63,7 @@ from castor.adapters.fs import (
     is_storage_fault,
     stat_signature,
     storage_unavailable,
+    temp_target,
 )
 from castor.adapters.materia import cast_index
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
@@ -889,7 +890,6 @@ def discard_unsaved(artifact_root: str | os.PathLike[str], cast_id: str) -> bool
 #: the user's and makes a directory without ``state.json`` damaged, never abandoned.
 _START_FILES = frozenset({"owner.lock", LOCK_FILE, "cli.json"})
 _START_DIRS = frozenset({"sockets", "contexts"})
-_START_TEMP = re.compile(r"\.(?:state|cli)\.json\.\d+\.[0-9a-f]+\.tmp")  # fs.atomic_write_bytes's temp names
 
 #: How long a run directory with nothing but a start's files must have been left alone before a
 #: reader takes it for a start that died before its first save (a ``kill -9`` between the id's
@@ -907,7 +907,7 @@ def _bare_start(run_dir: str, min_age_s: float) -> bool:
             return False
         with os.scandir(run_dir) as entries:
             for entry in entries:
-                if (entry.name in _START_FILES or _START_TEMP.fullmatch(entry.name)) \
+                if (entry.name in _START_FILES or temp_target(entry.name) in (STATE_FILE, "cli.json")) \
                         and entry.is_file(follow_symlinks=False):
                     continue
                 if entry.name in _START_DIRS and entry.is_dir(follow_symlinks=False) \
