@@ -409,6 +409,7 @@ def test_the_cli_on_a_read_only_project_names_the_file_and_the_errno_never_a_tem
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("castor: storage_unavailable: "), done.stderr
     assert ".pi/pi-materia.json" in line and "EROFS" in line, line
+    assert line.endswith("cannot save the active loadout on .pi/pi-materia.json (EROFS: Read-only file system)"), line
     assert "[Errno" not in line and ".tmp" not in line and str(tmp_path) not in line, line
     assert json.loads((read_only_pi / ".pi" / "pi-materia.json").read_text()) == {"activeLoadout": "Planning-Consult"}
     # A start: the same kind of line, naming where it could not write.

@@ -299,7 +299,7 @@ def save_active_loadout(
             raise
         # Read-only, full, failing: the environment's -- named by the file, relative to the project.
         raise storage_unavailable(exc, path=target, base=Path(cwd).resolve(),
-                                  action="save the active loadout to") from None
+                                  action="save the active loadout") from None
     return target
 
 
