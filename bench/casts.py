@@ -49,9 +49,12 @@ transition while the scheduler keeps it on one vCPU, ~800 us while it moves it, 
 to the next -- so the unpinned ratio swings with the placement luck of either side. On one CPU
 both sides run under the same placement and the ratio holds far steadier (the host's own slow
 and fast phases remain). Both sides issue the same
-durability operations (per transition five renames and 11 fsyncs; castor one more fsync, for the
-socket's new directory: strace counts 134 fsyncs per 10-socket cast for castor, 123 for the
-baseline). ``--dir DIR`` measures (a) on DIR alone, in both placements. (b) writes to tmpfs,
+durability operations: per transition five renames, each file fsynced, each directory a
+transition wrote into fsynced once after its files, and a new directory (a socket's) fsynced in its
+parent -- without that a crash could lose the directory with the files renamed into it, so a plain
+writer of the same durability pays it too (131 fsyncs per 10-socket cast for castor, 132 for the
+baseline, counted in-process; the baseline paid neither the new directories nor the grouping
+until 2026-12-04 and made 123). ``--dir DIR`` measures (a) on DIR alone, in both placements. (b) writes to tmpfs,
 unpinned. Ends with ``RESULT <name> <value> target<=<target>`` lines.
 """
 
@@ -202,15 +205,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` durably: temp + fsync + rename + directory fsync (castor's guarantee)."""
+def _atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` durably: temp + fsync + rename + directory fsync (castor's guarantee; with
+    ``sync_dir=False`` the caller fsyncs the directory, once for several files)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
+
+
+def _durable_parent(path: Path) -> None:
+    """Make ``path``'s directory if it is missing, durably: a directory made is fsynced in its
+    parent, or a crash could lose it with every file renamed into it (castor does the same for a
+    socket's directory, so a plain writer of the same durability must)."""
+    parent = path.parent
+    if not parent.is_dir():
+        _durable_parent(parent)
+        parent.mkdir()
+        _fsync_dir(parent.parent)
 
 
 def _append(path: Path, lines: list[bytes]) -> None:
@@ -271,11 +287,17 @@ def baseline_per_socket(base: Path, runs: list[Path], first_seconds: list[float]
         _fsync_dir(target)
         entries: list[dict] = []
         for number, step in enumerate(plan):
+            # The transition's whole files, each directory fsynced once after them (as castor does).
+            directories: dict[Path, None] = {}
             for rel, data in step["files"]:
-                (run / rel).parent.mkdir(parents=True, exist_ok=True)
-                _atomic(run / rel, data)
-            if number == 0:  # the cast's start writes the empty manifest, then adds its first entries
-                _atomic(run / "manifest.json", json.dumps({**manifest, "entries": []}).encode())
+                _durable_parent(run / rel)
+                _atomic(run / rel, data, sync_dir=False)
+                directories[(run / rel).parent] = None
+            if number == 0:  # the cast's start writes the empty manifest with them, then adds its first entries
+                _atomic(run / "manifest.json", json.dumps({**manifest, "entries": []}).encode(), sync_dir=False)
+                directories[run] = None
+            for directory in directories:
+                _fsync_dir(directory)
             if step["entries"]:
                 entries += step["entries"]
                 _atomic(run / "manifest.json", json.dumps({**manifest, "entries": entries}).encode())
