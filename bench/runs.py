@@ -26,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: What a full run is (bench/ray.py and bench/snapshot.py measure what the issue's targets do not name).
 BENCHMARKS = ("endpoint", "worker", "casts", "actors", "longrun")
+PER_RUN = "its run's (in each cell)"  # a target computed from that run's floor
 RESULT = re.compile(r"^RESULT (\S+) (\S+) target(<=|>=)(\S+)\s*$")
 
 
@@ -68,9 +69,17 @@ def table(runs: list[dict[str, Line]]) -> str:
     rows = ["| `RESULT` | target | " + " | ".join(f"run {n}" for n in range(1, len(runs) + 1)) + " |",
             "|---|---|" + "---|" * len(runs)]
     for name in names:
-        target = next(f"{run[name].op}{run[name].target}" for run in runs if name in run)
-        cells = [("--" if name not in run else run[name].value + ("" if run[name].met else " ✗")) for run in runs]
-        rows.append(f"| `{name}` | {target} | " + " | ".join(cells) + " |")
+        targets = {f"{run[name].op}{run[name].target}" for run in runs if name in run}
+        shared = targets.pop() if len(targets) == 1 else None  # else a target taken from its run's floor
+        cells = []
+        for run in runs:
+            line = run.get(name)
+            if line is None:
+                cells.append("--")
+                continue
+            own = "" if shared else f" ({line.op}{line.target})"
+            cells.append(line.value + own + ("" if line.met else " ✗"))
+        rows.append(f"| `{name}` | {shared or PER_RUN} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

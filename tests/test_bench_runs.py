@@ -63,3 +63,10 @@ def test_every_line_met_in_every_run_passes(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["runs.py", "--runs", "3"])
     assert runs.main() == 0
     assert "| `a_ratio` | <=1.25 | 1.0 | 1.0 | 1.0 |" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(10)
+def test_a_target_taken_from_each_run_s_floor_is_shown_in_each_cell():
+    runs = _module()
+    rows = runs.table([{"x_us": runs.Line("40.0", "<=", "45.0")}, {"x_us": runs.Line("40.0", "<=", "35.0")}])
+    assert "| `x_us` | its run's (in each cell) | 40.0 (<=45.0) | 40.0 (<=35.0) ✗ |" in rows
