@@ -421,7 +421,10 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
                     session.ui.notify(f"abort request not applied: {exc.message}", "warning")
         view = session.call("status", {"cast_id": cast_id})
         if view.get("paused") and view.get("live"):
-            session.ui.notify(f"{view.get('current_socket')} asks for refinement; finalizing (no user in the CLI)")
+            # Said after the engine's own notice ("... Run castor continue ID to finalize."), which
+            # holds if this process stops first; while it runs, it finalizes, so the user need not.
+            session.ui.notify(f"{view.get('current_socket')}: no user in the CLI to refine with, so this command "
+                              "finalizes it now (no castor continue needed)")
             session.call("continue", {"cast_id": cast_id})
             view = session.call("status", {"cast_id": cast_id})
         return view
