@@ -218,15 +218,19 @@ def _atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
         _fsync_dir(path.parent)
 
 
-def _durable_parent(path: Path) -> None:
+def _durable_parent(path: Path, known: set[Path]) -> None:
     """Make ``path``'s directory if it is missing, durably: a directory made is fsynced in its
     parent, or a crash could lose it with every file renamed into it (castor does the same for a
-    socket's directory, so a plain writer of the same durability must)."""
+    socket's directory, so a plain writer of the same durability must). ``known``: directories
+    known to exist, looked at no more (castor keeps the same set)."""
     parent = path.parent
+    if parent in known:
+        return
     if not parent.is_dir():
-        _durable_parent(parent)
+        _durable_parent(parent, known)
         parent.mkdir()
         _fsync_dir(parent.parent)
+    known.add(parent)
 
 
 def _append(path: Path, lines: list[bytes]) -> None:
@@ -286,11 +290,12 @@ def baseline_per_socket(base: Path, runs: list[Path], first_seconds: list[float]
         _fsync_dir(run)
         _fsync_dir(target)
         entries: list[dict] = []
+        known = {run, run / "sockets", run / "contexts"}
         for number, step in enumerate(plan):
             # The transition's whole files, each directory fsynced once after them (as castor does).
             directories: dict[Path, None] = {}
             for rel, data in step["files"]:
-                _durable_parent(run / rel)
+                _durable_parent(run / rel, known)
                 _atomic(run / rel, data, sync_dir=False)
                 directories[(run / rel).parent] = None
             if number == 0:  # the cast's start writes the empty manifest with them, then adds its first entries
