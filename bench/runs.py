@@ -91,6 +91,8 @@ def main() -> int:
     parser.add_argument("--keep", help="a directory for each run's whole output")
     args = parser.parse_args()
     names = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    if args.runs < 1 or not names:
+        parser.error("a check needs at least one run of at least one benchmark")  # else it passes on nothing
     unknown = [n for n in names if not (HERE / f"{n}.py").is_file() or n == "runs"]
     if unknown:
         parser.error(f"no benchmark named {', '.join(unknown)} (bench/*.py)")

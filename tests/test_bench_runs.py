@@ -39,6 +39,13 @@ def test_an_unknown_benchmark_is_refused():
     assert done.returncode == 2 and "no benchmark named nope" in done.stderr
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv", [["--runs", "0"], ["--only", ","]])
+def test_a_check_of_nothing_is_refused_not_passed(argv):
+    done = subprocess.run([sys.executable, str(RUNS), *argv], capture_output=True, text=True, timeout=25)
+    assert done.returncode == 2 and "at least one run of at least one benchmark" in done.stderr
+
+
 @pytest.mark.timeout(10)
 def test_a_missed_line_a_missing_line_and_a_failed_benchmark_fail_the_check(monkeypatch, capsys):
     runs = _module()
