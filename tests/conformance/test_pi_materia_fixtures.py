@@ -1,8 +1,9 @@
 """pi-materia's own shipped configs, used unchanged as a castor project config.
 
 The fixtures (pi-materia's bundled ``default.json`` and its graph-semantics example) are read at
-test time from ``$CASTOR_SHARED_DIR/fixtures/pi-materia/`` or ``<repo root>/../shared/...`` and
-never copied into castor. Without them these tests fail under ``CI=true`` and skip otherwise.
+test time from ``$CASTOR_SHARED_DIR/fixtures/pi-materia/``, ``<repo root>/../shared/...`` or, in a
+clone of a local checkout (``git clone . /tmp/x``), ``<that checkout>/../shared/...``, and never
+copied into castor. Without them these tests fail under ``CI=true`` and skip otherwise.
 
 Every test drives the CLI (``python -m castor ...``) in a fresh temporary project whose
 ``.pi/pi-materia.json`` holds the fixture's bytes, with the scripted agent standing in for a model.
@@ -28,10 +29,24 @@ FIXTURES = ("default.json", "graph-semantics-loadout.json")
 UI_FIELDS = {"label", "description", "group", "color"}
 
 
+def _local_origin() -> Path | None:
+    """The checkout this repository was cloned from, when that is a directory on this machine."""
+    try:
+        url = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = Path(url.removeprefix("file://")) if url else None
+    return path.resolve() if path is not None and path.is_absolute() and path.is_dir() else None
+
+
 def fixture_path(name: str) -> Path:
     """The fixture file, or fail (CI) / skip (elsewhere) when it is not there."""
     roots = [Path(os.environ["CASTOR_SHARED_DIR"])] if os.environ.get("CASTOR_SHARED_DIR") else []
     roots.append(REPO.parent / "shared")
+    origin = _local_origin()
+    if origin is not None and origin.parent / "shared" not in roots:
+        roots.append(origin.parent / "shared")
     for root in roots:
         path = root / "fixtures" / "pi-materia" / name
         if path.is_file():
