@@ -145,6 +145,10 @@ class ActorHandle:
     ) -> None:
         self.path = path
         self.kind = "?"
+        #: ``ask_seconds`` of this handle's kind for the inline path, bound by the launch of a class
+        #: that takes inline asks (and differs from the last one's) before its incarnation is
+        #: visible; see Meters.histogram.
+        self._observe_inline_ask: Callable[[float], None] | None = None
         self.factory = factory
         self.supervisor = supervisor
         self.registry = registry
@@ -219,7 +223,11 @@ class ActorHandle:
                     reply = envelope.reply
                     assert reply is not None  # an inline ask always has its reply slot
                     # Latency is observed for every ask, inline or queued (the /metrics histogram).
-                    self.registry.meters.observe("ask_seconds", self.kind, time.monotonic() - envelope.enqueued_at)
+                    observe = self._observe_inline_ask
+                    if observe is not None:
+                        observe(time.monotonic() - envelope.enqueued_at)
+                    else:  # not reached: an inline ask runs on a launched incarnation
+                        self.registry.meters.observe("ask_seconds", self.kind, time.monotonic() - envelope.enqueued_at)
                     error = reply.error
                     if error is None:
                         return reply.value
@@ -312,8 +320,11 @@ class ActorHandle:
                 self._exited = Latch()
             self._mailbox.clear_control()  # a stop/kill left for the previous incarnation is not for this one
             actor.bind_to(self, self._mailbox, self.incarnation)
+            kind = type(actor).__name__
+            if actor.inline_asks and kind != self.kind:  # bound before the incarnation is visible
+                self._observe_inline_ask = self.registry.meters.histogram("ask_seconds", kind)
             self._actor = actor
-            self.kind = type(actor).__name__
+            self.kind = kind
             self.registry.meters.count("starts", self.kind)
             self.state = HandleState.RUNNING
             self.started_at = time.monotonic()

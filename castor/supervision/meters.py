@@ -65,14 +65,36 @@ class Meters:
             return tally.ticker.__next__
 
     def observe(self, name: str, kind: str, seconds: float) -> None:
-        key = (name, kind)
         index = bisect_left(BUCKETS, seconds)
         with self._lock:
-            row = self._histograms.get(key)
-            if row is None:
-                row = self._histograms[key] = [0.0] * (len(BUCKETS) + 2)
+            row = self._row_locked(name, kind)
             row[index] += 1
             row[-1] += seconds
+
+    def histogram(self, name: str, kind: str) -> Callable[[float], None]:
+        """An observer for a hot path: calling what this returns records one duration in ``name``
+        of ``kind`` as :meth:`observe` does, in the same critical section, without building the
+        key and looking the histogram up at every call (an inline ask's latency: about 0.2 us of
+        the 0.45 an ``observe`` costs). Get it once, call it often."""
+        lock = self._lock
+        with lock:
+            row = self._row_locked(name, kind)
+
+        def observe(seconds: float) -> None:
+            index = bisect_left(BUCKETS, seconds)
+            with lock:
+                row[index] += 1
+                row[-1] += seconds
+
+        return observe
+
+    def _row_locked(self, name: str, kind: str) -> list[float]:
+        """The histogram ``name`` of ``kind``, made empty on first use (the caller holds the lock)."""
+        key = (name, kind)
+        row = self._histograms.get(key)
+        if row is None:
+            row = self._histograms[key] = [0.0] * (len(BUCKETS) + 2)
+        return row
 
     def collect(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], list[float]]]:
         """A consistent copy: counters, and per histogram its bucket counts (not cumulative,

@@ -50,3 +50,32 @@ def test_tallies_from_many_threads_while_collect_reads_lose_nothing():
     done.set()
     reader.join(5)
     assert meters.collect()[0] == {("n", "K"): threads * per_thread}
+
+
+@pytest.mark.timeout(30)
+def test_a_bound_histogram_and_observe_fill_the_same_buckets_from_many_threads():
+    meters = Meters()
+    observe = meters.histogram("ask_seconds", "K")
+    assert meters.collect()[1][("ask_seconds", "K")][-1] == 0.0  # bound: present, empty
+    threads, per_thread = 4, 5000
+    start = threading.Barrier(threads)
+
+    def record(n: int) -> None:
+        start.wait(5)
+        for _ in range(per_thread):
+            if n % 2:
+                observe(0.0001)  # first bucket
+            else:
+                meters.observe("ask_seconds", "K", 7.0)  # the 10 s bucket
+
+    workers = [threading.Thread(target=record, args=(n,)) for n in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(20)
+    row = meters.collect()[1][("ask_seconds", "K")]
+    assert row[0] == 2 * per_thread and sum(row[:-1]) == threads * per_thread
+    assert row[-1] == pytest.approx(2 * per_thread * (0.0001 + 7.0))
+    assert meters.histogram("ask_seconds", "K") is not observe  # a new observer, the same row
+    meters.histogram("ask_seconds", "K")(0.0001)
+    assert meters.collect()[1][("ask_seconds", "K")][0] == 2 * per_thread + 1

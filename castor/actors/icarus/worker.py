@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from castor import tree
 from castor.domain.icarus.worker_protocol import reply_result
 from castor.messages.base import LocalMessage
@@ -75,6 +77,11 @@ class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
 _FIELDS = frozenset(WorkerCall.model_fields)
 _new = object.__new__
 _set = object.__setattr__
+# The instance slots pydantic keeps beside ``__dict__``, set through their descriptors (no lookup
+# by name: about 0.17 of the 0.9 us the message costs to build).
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, Any], deadline: float,
@@ -88,9 +95,9 @@ def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, 
     message = _new(WorkerCall)
     _set(message, "__dict__", {"module": module, "function": function, "args": args, "kwargs": kwargs,
                                "deadline": deadline, "token": token})
-    _set(message, "__pydantic_fields_set__", set(_FIELDS))
-    _set(message, "__pydantic_extra__", None)
-    _set(message, "__pydantic_private__", None)
+    _set_fields_set(message, set(_FIELDS))
+    _set_extra(message, None)
+    _set_private(message, None)
     return message
 
 
