@@ -14,6 +14,8 @@ and prompts starting with ``PROBE`` make it act through the harness methods:
 | ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``TURN: <x>``     |
 | ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
 | ``PROBE busyturn <x>``| sends ``agent.run_turn`` (``TURN: <x>``) 0.3 s into that prompt's own run    |
+| ``PROBE slow <s>``    | answers before_agent_start after ``<s>`` seconds (a slow memory retrieval),   |
+|                       | with a hidden message ``PROBE-LATE``; logs ``slow_answered`` when it does    |
 
 ``cast.abort`` answers at once and, while a probe turn runs (sent, no ``agent.turn_ended`` yet),
 sends ``agent.abort_turn`` for it first (``$CASTOR_PROBE_ABORT_TWICE=1``: twice). ``agent.turn_ended``
@@ -89,6 +91,10 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         ctx.notify("ui.status", {"key": "probe", "text": "probe: on"})
     if verb == "turn":
         STATE["pending_turn"] = arg
+    if verb == "slow":
+        time.sleep(float(arg))
+        record("slow_answered", {"after_s": float(arg)})
+        return {"message": {"custom_type": "probe-context", "content": "PROBE-LATE", "display": False}}
     if verb == "busyturn":  # castor asks while Pi is busy: the extension sends a follow-up
         STATE["turns"] += 1
         turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": f"TURN: {arg}",

@@ -25,6 +25,8 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
+import { EscWatch } from "./interrupt.ts";
+import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { CastorRuntime, type Hello } from "./runtime.ts";
@@ -87,7 +89,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	let openedGeneration = -1;
 	let runtime: CastorRuntime | undefined;
 
-	const log = (msg: string) => process.stderr.write(`[castor-pi] ${msg}\n`);
+	// castor's stderr and these log lines: kept, and not drawn over Pi's terminal UI (stderr.ts).
+	const stderr = new StderrRoute(() => {
+		try {
+			return typeof lastCtx?.mode === "string" ? lastCtx.mode : undefined;
+		} catch {
+			return undefined; // a stale context (the session was replaced)
+		}
+	});
+	const log = (msg: string) => stderr.push(`[castor-pi] ${msg}\n`);
+	/** castor's last stderr lines, for a notice (empty when there are none). */
+	const stderrNote = () => {
+		const lines = stderr.lastLines(3);
+		return lines.length ? ` castor's last stderr lines: ${lines.join(" / ")}` : "";
+	};
 
 	function ui(fn: (u: any) => void): void {
 		try {
@@ -142,6 +157,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
 			handlers: harnessHandlers(),
 			log,
+			stderr: (text: string) => stderr.push(text),
 			onUp: (hello: Hello, generation: number) => {
 				setStatus(STATUS_KEY, `castor: up (${hello.version ?? "?"})`);
 				if (generation > 1) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
@@ -151,7 +167,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				setStatus(STATUS_KEY, "castor: down");
 				clearCastorStatuses(); // nothing of castor's runs any more (a cast it ran is orphaned)
 				const next = endpoint ? "reconnects" : "restarts it";
-				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.`, "error");
+				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.${stderrNote()}`, "error");
 			},
 		});
 		return runtime;
@@ -432,7 +448,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				}
 				const rt = await ready(true);
 				const where = rt.endpoint ? `at ${rt.endpoint}` : `pid ${rt.pid ?? "?"}`;
-				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods)`, "info");
+				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods).${stderrNote()}`, "info");
 			} catch (err) {
 				notify(`castor: ${errorText(err)}`, "error");
 			}
@@ -453,7 +469,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		} catch (err) {
 			setStatus(STATUS_KEY, "castor: down");
 			const code = err instanceof RpcError ? ` [${err.code}]` : "";
-			notify(`castor runtime unavailable: ${errorText(err)}${code}`, "error");
+			notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}`, "error");
 			return;
 		}
 		const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });
@@ -471,14 +487,26 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			return undefined;
 		}
 		if (custom) turns.bindFromMessage(event.message);
-		const result = await forward("before_agent_start", {
-			prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
-			message_type: custom ? "custom" : "user",
-			custom_type: custom ? (event.message?.customType ?? null) : null,
-			turn_id: turns.active?.turnId ?? null,
-			system_prompt: typeof event?.systemPrompt === "string" ? event.systemPrompt : null,
-			images: Array.isArray(event?.images) ? event.images.length : 0,
-		});
+		// An Esc while castor answers (a memory retrieval may take seconds) ends the wait: Pi holds
+		// its abort until this handler returns (interrupt.ts).
+		const esc = new EscWatch(ctx);
+		let result: Record<string, unknown> | undefined;
+		try {
+			result = await untilAborted(forward("before_agent_start", {
+				prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
+				message_type: custom ? "custom" : "user",
+				custom_type: custom ? (event.message?.customType ?? null) : null,
+				turn_id: turns.active?.turnId ?? null,
+				system_prompt: typeof event?.systemPrompt === "string" ? event.systemPrompt : null,
+				images: Array.isArray(event?.images) ? event.images.length : 0,
+			}), esc.signal);
+		} catch (err) {
+			if (!esc.pressed) throw err;
+			notify("castor: Esc — stopped waiting for this prompt's memory context", "info");
+			return undefined;
+		} finally {
+			esc.dispose();
+		}
 		if (!result) return undefined;
 		const out: Record<string, unknown> = {};
 		let systemPrompt = typeof result.system_prompt === "string" ? result.system_prompt : undefined;

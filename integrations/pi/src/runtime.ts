@@ -40,6 +40,8 @@ export interface RuntimeOptions {
 	helloParams: Params;
 	handlers: Record<string, Handler>;
 	log: (msg: string) => void;
+	/** Where the child's stderr goes, as it comes (stderr.ts); without it the child inherits Pi's. */
+	stderr?: (text: string) => void;
 	onUp: (hello: Hello, generation: number) => void;
 	onDown: (reason: string, generation: number) => void;
 }
@@ -169,8 +171,13 @@ export class CastorRuntime {
 			return { peer, release: () => socket.destroy() };
 		}
 		const [cmd, ...args] = this.opts.command;
-		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", "inherit"], env: process.env });
+		const sink = this.opts.stderr;
+		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", sink ? "pipe" : "inherit"], env: process.env });
 		this.child = child;
+		if (sink && child.stderr) {
+			child.stderr.setEncoding("utf8");
+			child.stderr.on("data", (text: string) => sink(text)); // always read: a full pipe would stall castor
+		}
 		this.socket = undefined;
 		const peer = new MsgpackRpcPeer(child.stdout!, child.stdin!, log);
 		child.once("error", (err) => peer.close(`cannot start ${cmd}: ${err.message}`));

@@ -72,3 +72,45 @@ test("untilAborted: the user's Esc ends the wait for a slow castor tool call at 
 	gone.abort();
 	await assert.rejects(untilAborted(Promise.resolve("x"), gone.signal), /aborted/);
 });
+
+test("isEscapeKey: a lone ESC and its keyboard-protocol forms; not an escape sequence, not a release", async () => {
+	const { isEscapeKey } = await import("../src/interrupt.ts");
+	for (const esc of ["\x1b", "\x1b[27u", "\x1b[27;1u", "\x1b[27;1:1u", "\x1b[27;1:2u", "\x1b[27;1;27~"]) assert.ok(isEscapeKey(esc), JSON.stringify(esc));
+	for (const other of ["\x1b[A", "\x1bx", "\x1b\x1b", "\x1b[27;1:3u", "\x1b[27;5u", "\x1b[27;2;27~", "q", ""]) assert.ok(!isEscapeKey(other), JSON.stringify(other));
+});
+
+test("EscWatch: an Esc on the terminal aborts the signal, other keys do not, dispose unsubscribes; no UI, no signal", async () => {
+	const { EscWatch } = await import("../src/interrupt.ts");
+	const handlers = new Set<(data: string) => unknown>();
+	const ctx = { hasUI: true, ui: { onTerminalInput: (h: (data: string) => unknown) => (handlers.add(h), () => handlers.delete(h)) } };
+	const watch = new EscWatch(ctx);
+	assert.ok(watch.signal && !watch.pressed);
+	for (const h of handlers) assert.equal(h("\x1b[A"), undefined); // watched, never consumed
+	assert.equal(watch.pressed, false);
+	for (const h of handlers) h("\x1b");
+	assert.equal(watch.pressed, true);
+	watch.dispose();
+	assert.equal(handlers.size, 0);
+	assert.equal(new EscWatch({ hasUI: false, ui: ctx.ui }).signal, undefined); // print / RPC mode
+	assert.equal(new EscWatch(undefined).signal, undefined);
+	assert.equal(new EscWatch({ hasUI: true, ui: { onTerminalInput: () => { throw new Error("no terminal"); } } }).signal, undefined);
+});
+
+test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
+	const { StderrRoute, TAIL_BYTES } = await import("../src/stderr.ts");
+	let mode: string | undefined = "rpc";
+	const written: string[] = [];
+	const route = new StderrRoute(() => mode, (text) => written.push(text));
+	route.push("castor serve: listening on stdio\n");
+	assert.deepEqual(written, ["castor serve: listening on stdio\n"]);
+	mode = "tui";
+	route.push("a warning\n\nhalf a li");
+	route.push("ne\n");
+	assert.equal(written.length, 1); // nothing drawn over Pi's screen
+	assert.deepEqual(route.lastLines(2), ["a warning", "half a line"]);
+	mode = undefined; // a Pi without ctx.mode: stderr as before
+	route.push("x\n");
+	assert.equal(written.at(-1), "x\n");
+	route.push("y".repeat(TAIL_BYTES * 2));
+	assert.deepEqual(route.lastLines(5), ["y".repeat(TAIL_BYTES)]);
+});
