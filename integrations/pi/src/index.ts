@@ -558,6 +558,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		const turnId = turns.active?.turnId ?? null;
 		runUnsettled = false;
+		for (const wake of settleWaiters.splice(0)) wake();
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (!outcome) turns.settleUserRun();
 		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
@@ -584,14 +585,26 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	let settleChain: Promise<void> = Promise.resolve();
 	/** A run started (agent_start) and has not settled yet. */
 	let runUnsettled = false;
+	/** Woken when the run settles (`endsReported` waits on one instead of polling). */
+	const settleWaiters: Array<() => void> = [];
 	/**
 	 * Resolves once the last run has settled and its end has been reported to castor (see
 	 * `settled`); Pi may say it is idle a moment before it emits the settle. Bounded by
 	 * SETTLE_WAIT_MS, should a settle never come.
 	 */
 	async function endsReported(): Promise<void> {
-		const deadline = Date.now() + SETTLE_WAIT_MS;
-		while (runUnsettled && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5));
+		if (runUnsettled) {
+			await new Promise<void>((resolve) => {
+				const timer = setTimeout(wake, SETTLE_WAIT_MS);
+				function wake(): void {
+					clearTimeout(timer);
+					const at = settleWaiters.indexOf(wake);
+					if (at >= 0) settleWaiters.splice(at, 1);
+					resolve();
+				}
+				settleWaiters.push(wake);
+			});
+		}
 		let chain: Promise<void>;
 		do {
 			chain = settleChain;
