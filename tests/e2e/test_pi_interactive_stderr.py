@@ -53,3 +53,25 @@ def test_castors_stderr_is_not_drawn_over_the_terminal_ui_and_status_shows_it(pi
         assert "listening on stdio" not in notice  # says nothing the notice does not
     finally:
         pi.close()
+
+
+def test_a_runtime_that_cannot_start_shows_why_in_the_notice(pi_install, fake_llm, tmp_path):
+    """Its traceback on stderr is the only clue: under the terminal UI it goes with the notice."""
+    agent_dir = tmp_path / "agent"
+    write_agent_dir(agent_dir, fake_llm.base_url)
+    project = tmp_path / "project"
+    project.mkdir()
+    fails = [sys.executable, "-c", "import sys; sys.stderr.write('Traceback (most recent call last):\\n"
+             "ModuleNotFoundError: No module named castor_x\\n'); sys.exit(3)"]
+    pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
+               castor_command=fails, env={**python_env(), "HOME": str(tmp_path / "home")})
+    try:
+        wait_for(lambda: "castor runtime unavailable" in pi.screen_tail(100_000), timeout=30,
+                 what=f"the runtime's failure notice; Pi drew: {pi.screen_tail()!r}")
+        def notice() -> str:
+            return pi.screen_tail(200_000).split("castor runtime unavailable", 1)[1]
+
+        wait_for(lambda: "No module named castor_x" in notice(), timeout=5,
+                 what=f"the runtime's last stderr line in the notice; Pi drew: {notice()!r}")
+    finally:
+        pi.close()

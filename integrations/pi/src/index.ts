@@ -503,7 +503,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			}), esc.signal);
 		} catch (err) {
 			if (!esc.pressed) throw err;
-			notify("castor: Esc — stopped waiting for this prompt's memory context", "info");
+			notify(custom ? "castor: Esc — stopped waiting for castor's answer to this turn"
+				: "castor: Esc — stopped waiting for this prompt's memory context", "info");
 			return undefined;
 		} finally {
 			esc.dispose();
