@@ -145,9 +145,9 @@ class ActorHandle:
     ) -> None:
         self.path = path
         self.kind = "?"
-        #: ``ask_seconds`` of this handle's kind for the inline path, bound by the launch of a class
-        #: that takes inline asks (and differs from the last one's) before its incarnation is
-        #: visible; see Meters.histogram.
+        #: ``ask_seconds`` of this handle's kind for the inline path, bound by each launch of a class
+        #: that takes inline asks before its incarnation is visible (see Meters.histogram); an
+        #: inline ask needs such an incarnation, so it always finds this bound.
         self._observe_inline_ask: Callable[[float], None] | None = None
         self.factory = factory
         self.supervisor = supervisor
@@ -224,10 +224,8 @@ class ActorHandle:
                     assert reply is not None  # an inline ask always has its reply slot
                     # Latency is observed for every ask, inline or queued (the /metrics histogram).
                     observe = self._observe_inline_ask
-                    if observe is not None:
-                        observe(time.monotonic() - envelope.enqueued_at)
-                    else:  # not reached: an inline ask runs on a launched incarnation
-                        self.registry.meters.observe("ask_seconds", self.kind, time.monotonic() - envelope.enqueued_at)
+                    assert observe is not None  # bound by the launch of this inline-ask incarnation
+                    observe(time.monotonic() - envelope.enqueued_at)
                     error = reply.error
                     if error is None:
                         return reply.value
@@ -321,7 +319,7 @@ class ActorHandle:
             self._mailbox.clear_control()  # a stop/kill left for the previous incarnation is not for this one
             actor.bind_to(self, self._mailbox, self.incarnation)
             kind = type(actor).__name__
-            if actor.inline_asks and kind != self.kind:  # bound before the incarnation is visible
+            if actor.inline_asks:  # bound before the incarnation is visible (launches are rare)
                 self._observe_inline_ask = self.registry.meters.histogram("ask_seconds", kind)
             self._actor = actor
             self.kind = kind

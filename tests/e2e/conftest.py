@@ -18,6 +18,7 @@ import pytest
 
 from .fake_llm import FakeLLM
 from .pi_rpc import REPO, PiInstall, PiRpc, write_agent_dir
+from .pi_tty import PiTty
 
 PROBE = Path(__file__).with_name("probe_castor.py")
 SERVE = Path(__file__).with_name("castor_serve.py")
@@ -72,6 +73,28 @@ def start_pi(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Iterat
         pi = PiRpc(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
                    castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home"), **(env or {})},
                    timeout_ms=timeout_ms, extra_args=extra_args)
+        started.append(pi)
+        return pi
+
+    yield start
+    for pi in started:
+        pi.close()
+
+
+@pytest.fixture
+def start_tty(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Iterator[Callable[..., PiTty]]:
+    """Start the interactive Pi (its terminal UI on a pseudo-terminal, pi_tty.py) with the extension in
+    a fresh project dir; every one is torn down."""
+    started: list[PiTty] = []
+
+    def start(castor_command: list[str], *, env: dict[str, str] | None = None,
+              settings: dict[str, Any] | None = None) -> PiTty:
+        agent_dir = tmp_path / "agent"
+        write_agent_dir(agent_dir, fake_llm.base_url, settings)
+        project = tmp_path / "project"
+        project.mkdir(exist_ok=True)
+        pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
+                   castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home"), **(env or {})})
         started.append(pi)
         return pi
 

@@ -19,9 +19,8 @@ import pytest
 
 from tests.support.waiting import poll_until, wait_for
 
-from .conftest import python_env, read_jsonl
-from .pi_rpc import write_agent_dir
-from .pi_tty import ESC, PiTty
+from .conftest import read_jsonl
+from .pi_tty import ESC
 from .test_pi_castor_e2e import icarus_settings
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(90)]
@@ -35,21 +34,12 @@ def events(log, name):
 
 
 @pytest.fixture
-def tty_pi(pi_install, fake_llm, probe_command, tmp_path):
+def tty_pi(start_tty, probe_command):
     command, log = probe_command
-    agent_dir = tmp_path / "agent"
-    write_agent_dir(agent_dir, fake_llm.base_url)
-    project = tmp_path / "project"
-    project.mkdir()
-    pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
-               castor_command=command,
-               env={**python_env(), "HOME": str(tmp_path / "home"), "CASTOR_PROBE_LOG": str(log)})
-    try:
-        wait_for(lambda: events(log, "session_start"), timeout=20,
-                 what=f"session_start at the probe; Pi drew: {pi.screen_tail()!r}")
-        yield pi, log
-    finally:
-        pi.close()
+    pi = start_tty(command, env={"CASTOR_PROBE_LOG": str(log)})
+    wait_for(lambda: events(log, "session_start"), timeout=20,
+             what=f"session_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    return pi, log
 
 
 def test_esc_during_a_slow_before_agent_start_aborts_the_run_at_once(tty_pi, fake_llm):
@@ -94,43 +84,35 @@ def test_keys_other_than_esc_do_not_end_the_wait(tty_pi, fake_llm):
     assert events(log, "agent_settled")[0][1].get("aborted") is not True
 
 
-def test_esc_during_a_slow_memory_retrieval_of_the_real_runtime(pi_install, fake_llm, castor_command, tmp_path):
+def test_esc_during_a_slow_memory_retrieval_of_the_real_runtime(start_tty, fake_llm, castor_command, tmp_path):
     """The real castor, the reference Icarus backend taking 5 s to retrieve: the Esc ends the wait at
     once; the retrieval runs to its end in the worker (the protocol has no cancel for it: its answer
     is dropped, the worker is not killed), and the next prompt is answered once it has."""
     call_log = tmp_path / "icarus-calls.jsonl"
-    agent_dir = tmp_path / "agent"
-    write_agent_dir(agent_dir, fake_llm.base_url, icarus_settings(tmp_path))
-    project = tmp_path / "project"
-    project.mkdir()
     controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 5000}})
-    pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
-               castor_command=castor_command,
-               env={**python_env(), "HOME": str(tmp_path / "home"), "ICARUS_REF_CALL_LOG": str(call_log),
-                    "ICARUS_REF_CONTROLS": controls})
-    try:
-        def retrievals(phase):
-            return [c for c in read_jsonl(call_log) if c["call"] == "hooks.pre_llm_call" and c["phase"] == phase]
+    pi = start_tty(castor_command, settings=icarus_settings(tmp_path),
+                   env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
 
-        # The first prompt may come before the worker is up: typed once the session has started it.
-        wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
-                 what=f"the Icarus session start; Pi drew: {pi.screen_tail()!r}")
-        pi.type("first prompt about zebras")
-        wait_for(lambda: retrievals("start"), timeout=15, what=f"the retrieval's start; Pi drew: {pi.screen_tail()!r}")
-        time.sleep(0.3)
-        pressed = time.monotonic()
-        pi.press(ESC)
-        wait_for(lambda: "stopped waiting" in pi.screen_tail(20000), timeout=3,
-                 what=f"the extension's Esc notice within 3 s; Pi drew: {pi.screen_tail()!r}")
-        assert time.monotonic() - pressed < 3.0
-        assert not poll_until(lambda: fake_llm.log(), timeout=1.0), "the aborted run made a model request"
-        assert not retrievals("end"), "the retrieval cannot have ended yet (it takes 5 s)"
+    def retrievals(phase):
+        return [c for c in read_jsonl(call_log) if c["call"] == "hooks.pre_llm_call" and c["phase"] == phase]
 
-        pi.type("second prompt")
-        wait_for(lambda: any("second prompt" in str(r) for r in fake_llm.log()), timeout=20,
-                 what=f"the next prompt's model request; Pi drew: {pi.screen_tail()!r}")
-        assert len(retrievals("end")) >= 1, "the first retrieval was not left to finish"
-        pids = {c["pid"] for c in read_jsonl(call_log)}
-        assert len(pids) == 1, f"the worker was replaced: {pids}"
-    finally:
-        pi.close()
+    # The first prompt may come before the worker is up: typed once the session has started it.
+    wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
+             what=f"the Icarus session start; Pi drew: {pi.screen_tail()!r}")
+    pi.type("first prompt about zebras")
+    wait_for(lambda: retrievals("start"), timeout=15, what=f"the retrieval's start; Pi drew: {pi.screen_tail()!r}")
+    time.sleep(0.3)
+    pressed = time.monotonic()
+    pi.press(ESC)
+    wait_for(lambda: "stopped waiting" in pi.screen_tail(20000), timeout=3,
+             what=f"the extension's Esc notice within 3 s; Pi drew: {pi.screen_tail()!r}")
+    assert time.monotonic() - pressed < 3.0
+    assert not poll_until(lambda: fake_llm.log(), timeout=1.0), "the aborted run made a model request"
+    assert not retrievals("end"), "the retrieval cannot have ended yet (it takes 5 s)"
+
+    pi.type("second prompt")
+    wait_for(lambda: any("second prompt" in str(r) for r in fake_llm.log()), timeout=20,
+             what=f"the next prompt's model request; Pi drew: {pi.screen_tail()!r}")
+    assert len(retrievals("end")) >= 1, "the first retrieval was not left to finish"
+    pids = {c["pid"] for c in read_jsonl(call_log)}
+    assert len(pids) == 1, f"the worker was replaced: {pids}"

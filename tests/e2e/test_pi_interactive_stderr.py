@@ -16,62 +16,40 @@ import pytest
 
 from tests.support.waiting import wait_for
 
-from .conftest import python_env
-from .pi_rpc import write_agent_dir
-from .pi_tty import PiTty
-
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(60)]
 
 
 MARKER = "STDERR-MARKER of the runtime"
 
 
-def test_castors_stderr_is_not_drawn_over_the_terminal_ui_and_status_shows_it(pi_install, fake_llm,
-                                                                              castor_command, tmp_path):
+def test_castors_stderr_is_not_drawn_over_the_terminal_ui_and_status_shows_it(start_tty, castor_command):
     # The real runtime, after a line on stderr (as a warning of castor's would be).
     say_then_serve = ("import os, sys; sys.stderr.write(%r + '\\n'); sys.stderr.flush(); "
                       "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])" % MARKER)
-    castor_command = [sys.executable, "-c", say_then_serve, *castor_command[1:]]
-    agent_dir = tmp_path / "agent"
-    write_agent_dir(agent_dir, fake_llm.base_url)
-    project = tmp_path / "project"
-    project.mkdir()
-    pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
-               castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home")})
-    try:
-        wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
-                 what=f"castor up in Pi's footer; Pi drew: {pi.screen_tail()!r}")
-        # Both lines come before the handshake that makes castor "up".
-        screen = pi.screen_tail(200_000)
-        drawn = [line for line in (MARKER, "castor serve: listening") if line in screen]
-        assert not drawn, f"castor's stderr was drawn on Pi's screen: {drawn}"
-        pi.type("/castor status")
-        wait_for(lambda: "last stderr lines" in pi.screen_tail(100_000), timeout=15,
-                 what=f"the status notice with castor's stderr; Pi drew: {pi.screen_tail()!r}")
-        notice = pi.screen_tail(200_000).split("last stderr lines", 1)[1]
-        assert MARKER in notice
-        assert "listening on stdio" not in notice  # says nothing the notice does not
-    finally:
-        pi.close()
+    pi = start_tty([sys.executable, "-c", say_then_serve, *castor_command[1:]])
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up in Pi's footer; Pi drew: {pi.screen_tail()!r}")
+    # Both lines come before the handshake that makes castor "up".
+    screen = pi.screen_tail(200_000)
+    drawn = [line for line in (MARKER, "castor serve: listening") if line in screen]
+    assert not drawn, f"castor's stderr was drawn on Pi's screen: {drawn}"
+    pi.type("/castor status")
+    wait_for(lambda: "last stderr lines" in pi.screen_tail(100_000), timeout=15,
+             what=f"the status notice with castor's stderr; Pi drew: {pi.screen_tail()!r}")
+    notice = pi.screen_tail(200_000).split("last stderr lines", 1)[1]
+    assert MARKER in notice
+    assert "listening on stdio" not in notice  # says nothing the notice does not
 
 
-def test_a_runtime_that_cannot_start_shows_why_in_the_notice(pi_install, fake_llm, tmp_path):
+def test_a_runtime_that_cannot_start_shows_why_in_the_notice(start_tty):
     """Its traceback on stderr is the only clue: under the terminal UI it goes with the notice."""
-    agent_dir = tmp_path / "agent"
-    write_agent_dir(agent_dir, fake_llm.base_url)
-    project = tmp_path / "project"
-    project.mkdir()
-    fails = [sys.executable, "-c", "import sys; sys.stderr.write('Traceback (most recent call last):\\n"
-             "ModuleNotFoundError: No module named castor_x\\n'); sys.exit(3)"]
-    pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
-               castor_command=fails, env={**python_env(), "HOME": str(tmp_path / "home")})
-    try:
-        wait_for(lambda: "castor runtime unavailable" in pi.screen_tail(100_000), timeout=30,
-                 what=f"the runtime's failure notice; Pi drew: {pi.screen_tail()!r}")
-        def notice() -> str:
-            return pi.screen_tail(200_000).split("castor runtime unavailable", 1)[1]
+    pi = start_tty([sys.executable, "-c", "import sys; sys.stderr.write('Traceback (most recent call last):\\n"
+                    "ModuleNotFoundError: No module named castor_x\\n'); sys.exit(3)"])
+    wait_for(lambda: "castor runtime unavailable" in pi.screen_tail(100_000), timeout=30,
+             what=f"the runtime's failure notice; Pi drew: {pi.screen_tail()!r}")
 
-        wait_for(lambda: "No module named castor_x" in notice(), timeout=5,
-                 what=f"the runtime's last stderr line in the notice; Pi drew: {notice()!r}")
-    finally:
-        pi.close()
+    def notice() -> str:
+        return pi.screen_tail(200_000).split("castor runtime unavailable", 1)[1]
+
+    wait_for(lambda: "No module named castor_x" in notice(), timeout=5,
+             what=f"the runtime's last stderr line in the notice; Pi drew: {notice()!r}")

@@ -101,7 +101,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	/** castor's last stderr lines, for a notice (empty when there are none). The line a runtime on
 	 * stdio prints as it starts says nothing the notice does not, so it is left out. */
 	const stderrNote = () => {
-		const lines = stderr.lastLines(4).filter((line) => !line.startsWith("castor serve: listening on stdio")).slice(-3);
+		const lines = stderr.lastLines(3, (line) => !line.startsWith("castor serve: listening on stdio"));
 		return lines.length ? ` castor's last stderr lines: ${lines.join(" / ")}` : "";
 	};
 

@@ -31,9 +31,9 @@ export class StderrRoute {
 		if (this.modeOf() !== "tui") this.write(text);
 	}
 
-	/** The last `n` non-empty lines kept, oldest first. */
-	lastLines(n: number): string[] {
-		const lines = this.tail.split("\n").map((line) => line.trimEnd()).filter((line) => line);
+	/** The last `n` non-empty lines kept that `wanted` accepts, oldest first. */
+	lastLines(n: number, wanted: (line: string) => boolean = () => true): string[] {
+		const lines = this.tail.split("\n").map((line) => line.trimEnd()).filter((line) => line && wanted(line));
 		return lines.slice(-n);
 	}
 }
