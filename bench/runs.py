@@ -6,8 +6,10 @@ A run is each benchmark of ``BENCHMARKS`` in turn, each in a fresh interpreter (
 bench/<name>.py``), as a user would start it; nothing else should run on the machine meanwhile.
 The table has one row per ``RESULT`` name and one column per run, a line that missed its target
 in that run marked ``✗``; a benchmark that failed (a non-zero exit, or no ``RESULT`` line) is
-named under the table with the end of its output. Exits 0 only when every line met its target in
-every run: this is the "every line meets its target in three full runs in a row" check.
+named under the table with the end of its output, and so is a line that one run printed and
+another did not (its ``--`` cell: a benchmark that exits 0 but skips a figure does not pass by
+omission). Exits 0 only when every line met its target in every run: this is the "every line
+meets its target in three full runs in a row" check.
 
 ``--keep DIR`` writes each run's whole output to ``DIR/run-<n>.txt`` (the figures behind the
 ratios: floors, per-round medians, profiles).
@@ -83,6 +85,13 @@ def table(runs: list[dict[str, Line]]) -> str:
     return "\n".join(rows)
 
 
+def missing_lines(runs: list[dict[str, Line]]) -> list[str]:
+    """A failure for each run that lacks a ``RESULT`` line another run printed."""
+    names = {name for run in runs for name in run}
+    return [f"run {n}: no RESULT {name} line (another run printed it)"
+            for n, run in enumerate(runs, 1) for name in sorted(names - run.keys())]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -109,6 +118,7 @@ def main() -> int:
         if keep is not None:
             (keep / f"run-{n}.txt").write_text(output)
     print(table(runs))
+    failures += missing_lines(runs)
     for failure in failures:
         print(f"\n{failure}")
     missed = sum(not line.met for run in runs for line in run.values())

@@ -61,6 +61,21 @@ def test_a_missed_line_a_missing_line_and_a_failed_benchmark_fail_the_check(monk
     assert "| `a_ratio` | <=1.25 | 1.10 | 1.30 ✗ |" in out
     assert "| `rps` | >=10000 | 12000 | -- |" in out
     assert "run 2: bench/x.py exited 1" in out and "1 line(s) missed" in out
+    assert "run 2: no RESULT rps line" in out and "2 benchmark run(s) failed" in out
+
+
+@pytest.mark.timeout(10)
+def test_a_line_one_run_skipped_fails_the_check_though_the_benchmark_exited_0(monkeypatch, capsys):
+    runs = _module()
+    line = runs.Line
+    results = iter([({"a": line("1.0", "<=", "1.25"), "b": line("1.0", "<=", "1.25")}, [], ""),
+                    ({"a": line("1.0", "<=", "1.25")}, [], "")])
+    monkeypatch.setattr(runs, "one_run", lambda names, quick: next(results))
+    monkeypatch.setattr(sys, "argv", ["runs.py", "--runs", "2"])
+    assert runs.main() == 1
+    out = capsys.readouterr().out
+    assert "| `b` | <=1.25 | 1.0 | -- |" in out and "run 2: no RESULT b line" in out
+    assert "0 line(s) missed a target across 2 run(s); 1 benchmark run(s) failed" in out
 
 
 @pytest.mark.timeout(10)
