@@ -20,8 +20,17 @@ from loguru import logger
 
 _HUMAN = (
     "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
-    "<cyan>{extra[actor]}</cyan> {message}"
+    "<cyan>{extra[actor]}</cyan> {message}\n{exception}"
 )
+#: C0 controls and DEL, as escapes: a message holds text a peer chose (a method name, a path), and a
+#: newline in it would start a line that reads as castor's own, an ESC would drive the terminal.
+_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(32), 127)} | {9: "\\t", 10: "\\n", 13: "\\r"}
+
+
+def _human_format(record: Any) -> str:
+    """The human sink's format: every record is one line (a traceback, castor's own, follows it)."""
+    record["message"] = record["message"].translate(_ESCAPES)
+    return _HUMAN
 
 
 LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -70,7 +79,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     logger.add(
         sink or sys.stderr,
         level=level,
-        format="{message}" if json else _HUMAN,
+        format="{message}" if json else _human_format,
         serialize=bool(json),
         backtrace=False,
         diagnose=False,

@@ -101,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
         token, generated = _serve_token(args)
+        console_token = _console_token(args)
     except CastorError as exc:
         fail(exc.code, exc.message)
         return EXIT_USAGE
@@ -112,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                           user_turn_timeout_s=args.user_turn_timeout,
                                           memory_return_interval_s=args.memory_return or 0.0),
                           components=scaleout_components(backend), scaleout=backend)
-        console, console_token_file = _start_console(args, runtime, endpoint_token=token)
+        console, console_token_file = _start_console(args, runtime, token=console_token or token)
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
@@ -164,28 +165,34 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return token, generated
 
 
-def _start_console(args: argparse.Namespace, runtime: Any, *,
-                   endpoint_token: str | None = None) -> tuple[ConsoleServer | None, str | None]:
-    """The web console of ``--console`` and the token file castor made for it, if it made one
-    (None, None without ``--console``); a bad address or token file fails the command before
-    anything listens. Its token: ``--console-token-file``'s, else the endpoint's own where it has
-    one (``--tcp``, ``--require-token``), so one secret opens both; else a token of its own in a
-    new ``0600`` file (removed at exit): a loopback port is open to every user of the machine, and
-    the console shows each cast's request, its run directory and the actor tree."""
+def _console_token(args: argparse.Namespace) -> str | None:
+    """The token of ``--console-token-file`` (None without it), read with the flags' checks: a
+    missing, unsafe or malformed file fails the command (exit 2) before a runtime starts."""
+    if args.console_token_file is None:
+        return None
     if args.console is None:
-        if args.console_token_file:
-            from castor.messages.errors import InvalidParams
+        from castor.messages.errors import InvalidParams
 
-            raise InvalidParams("--console-token-file needs --console HOST:PORT")
+        raise InvalidParams("--console-token-file needs --console HOST:PORT")
+    from castor.console.server import read_token_file
+
+    return read_token_file(args.console_token_file)
+
+
+def _start_console(args: argparse.Namespace, runtime: Any, *,
+                   token: str | None = None) -> tuple[ConsoleServer | None, str | None]:
+    """The web console of ``--console`` and the token file castor made for it, if it made one
+    (None, None without ``--console``); a bad address fails the command before anything listens.
+    Its token: ``token`` (``--console-token-file``'s, else the endpoint's own where it has one:
+    ``--tcp``, ``--require-token``, so one secret opens both); else a token of its own in a new
+    ``0600`` file (removed at exit): a loopback port is open to every user of the machine, and the
+    console shows each cast's request, its run directory and the actor tree."""
+    if args.console is None:
         return None, None
-    from castor.console.server import ConsoleServer, read_token_file
+    from castor.console.server import ConsoleServer
 
     generated = None
-    if args.console_token_file:
-        token = read_token_file(args.console_token_file)
-    elif endpoint_token:
-        token = endpoint_token
-    else:
+    if not token:
         from castor.endpoint.auth import new_token_file
 
         token, generated = new_token_file(label="console")

@@ -26,7 +26,6 @@ import time
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -50,11 +49,19 @@ SOCKET_TIMEOUT_S = 10.0
 
 
 def read_token_file(path: str) -> str:
-    """The token in ``path`` (first line, stripped): ``invalid_params`` if empty."""
-    text = Path(path).read_text(encoding="utf-8").strip()
+    """The token in ``path``: its first line, stripped, of at least 16 characters (else
+    ``invalid_params``), from a file that is as private as the endpoint's token file must be (owned
+    by castor's user, readable by no one else, not a symlink: else ``forbidden``; missing:
+    ``not_found``). The console shows each cast's request and the actor tree: a token other users
+    could read would open it to them."""
+    from castor.endpoint.auth import read_private_text
+    from castor.messages.errors import NotFound
+
+    text = read_private_text(path, what="console token file", missing=NotFound, malformed=InvalidParams).strip()
     token = text.splitlines()[0].strip() if text else ""
     if len(token) < 16:
-        raise InvalidParams(f"the console token file {path} holds no token of at least 16 characters")
+        raise InvalidParams(f"the console token file {path} holds no token of at least 16 characters",
+                            data={"path": path})
     return token
 
 

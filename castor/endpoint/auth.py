@@ -26,7 +26,7 @@ import secrets
 import stat
 from typing import TYPE_CHECKING, Any
 
-from castor.messages.errors import Forbidden, InvalidConfig, Unauthenticated
+from castor.messages.errors import CastorError, Forbidden, InvalidConfig, Unauthenticated
 
 if TYPE_CHECKING:
     from castor.endpoint.dispatch import Context, Dispatcher
@@ -169,34 +169,45 @@ def _remove_stale(directory: str, label: str) -> None:
             pass  # alive (another user's pid would be EPERM): keep it
 
 
-def read_token_file(path: str) -> str:
-    """The token in ``path``: a regular file of castor's user, not readable by group or others,
-    not a symlink. Any problem is ``invalid_config`` / ``forbidden`` with the path (never the
-    content)."""
+def read_private_text(path: str, *, what: str = "token file",
+                      missing: type[CastorError] = InvalidConfig, malformed: type[CastorError] = InvalidConfig) -> str:
+    """The UTF-8 text of ``path`` (at most :data:`MAX_TOKEN_BYTES` + 1 bytes read), when it is a
+    secret no one else could have read or planted: a regular file owned by castor's user, not
+    readable by group or others, not a symlink (opened without following one, and without
+    blocking on a FIFO). ``missing`` when it does not exist, ``malformed`` when it is not UTF-8,
+    ``forbidden`` for anything unsafe; each names the path, never the content."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise InvalidConfig(f"token file {path} does not exist", data={"path": path}) from None
+        raise missing(f"{what} {path} does not exist", data={"path": path}) from None
     except OSError as exc:
         reason = "is a symlink" if os.path.islink(path) else exc.strerror
-        raise Forbidden(f"cannot use token file {path}: {reason}", data={"path": path}) from None
+        raise Forbidden(f"cannot use {what} {path}: {reason}", data={"path": path}) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Forbidden(f"token file {path} is not a regular file", data={"path": path})
+            raise Forbidden(f"{what} {path} is not a regular file", data={"path": path})
         if st.st_uid != os.geteuid():
-            raise Forbidden(f"token file {path} belongs to another user", data={"path": path})
+            raise Forbidden(f"{what} {path} belongs to another user", data={"path": path})
         if st.st_mode & 0o077:
-            raise Forbidden(f"token file {path} is readable by group or others (chmod 600 it)",
+            raise Forbidden(f"{what} {path} is readable by group or others (chmod 600 it)",
                             data={"path": path, "mode": oct(st.st_mode & 0o777)})
         raw = os.read(fd, MAX_TOKEN_BYTES + 1)
     finally:
         os.close(fd)
     try:
-        token = raw.decode("utf-8").strip()
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidConfig(f"token file {path} is not UTF-8 text", data={"path": path}) from None
-    if len(raw) > MAX_TOKEN_BYTES or len(token) < MIN_TOKEN_CHARS or any(ch.isspace() for ch in token):
+        raise malformed(f"{what} {path} is not UTF-8 text", data={"path": path}) from None
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` (:func:`read_private_text`'s checks): one token of
+    :data:`MIN_TOKEN_CHARS` to :data:`MAX_TOKEN_BYTES` characters without spaces, else
+    ``invalid_config`` with the path (never the content)."""
+    text = read_private_text(path)
+    token = text.strip()
+    if len(text.encode("utf-8")) > MAX_TOKEN_BYTES or len(token) < MIN_TOKEN_CHARS or any(ch.isspace() for ch in token):
         raise InvalidConfig(f"token file {path} must hold one token of {MIN_TOKEN_CHARS} to {MAX_TOKEN_BYTES} "
                             "characters without spaces", data={"path": path})
     return token

@@ -82,7 +82,7 @@ from castor.endpoint.framing import (
     undecodable,
 )
 from castor.endpoint.transport import Transport, raised_by_the_os
-from castor.messages.errors import CastorError, Internal, MailboxFull, Timeout
+from castor.messages.errors import CastorError, ErrorCode, Internal, MailboxFull, Timeout
 from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
@@ -273,7 +273,9 @@ class Connection:
         self._fed = 0  # bytes fed to the unpacker (vs unpacker.tell(): is anything buffered?)
         # Where the frame being decoded began. msgpack frees the bytes of a partly decoded value
         # (it keeps the objects built so far), so max_buffer_size alone does not bound a frame:
-        # _fed - _frame_start does. Over the limit the stream is undecodable.
+        # _fed - _frame_start does, checked once every whole frame buffered has been taken (a
+        # read may end inside a frame and hold whole frames before it: they are not part of
+        # it). Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
         # over_limits' free case, read once: no frame this short can break a limit.
@@ -306,6 +308,7 @@ class Connection:
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
             "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
+            "unauthenticated_notifications": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -975,13 +978,20 @@ class Connection:
             if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
                 try:
                     value = next(unpacker)
-                    self._frame_start = unpacker.tell()
-                except StopIteration:
-                    pass
+                except StopIteration:  # what is buffered is the start of one frame
+                    if self._fed - self._frame_start > self._max_frame:
+                        self._over_the_frame_limit(me)
+                        return None
                 except Exception as exc:  # msgpack format / limit errors: the stream is lost
                     self._release_role(me)
                     self._on_undecodable(undecodable(exc))
                     return None
+                else:
+                    end = unpacker.tell()
+                    if end - self._frame_start > self._max_frame:  # whole, and over the limit
+                        self._over_the_frame_limit(me)
+                        return None
+                    self._frame_start = end
             if value is _NOTHING:
                 # Inlined common case of _fill/_feed: a blocking recv that returns bytes.
                 if (deadline is None and not poll_workers) or (deadline is not None and caller_recv):
@@ -1096,11 +1106,11 @@ class Connection:
             self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
             return False
         self._fed += len(data)
-        if self._fed - self._frame_start > self._max_frame:
-            self._release_role(me)
-            self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
-            return False
         return True
+
+    def _over_the_frame_limit(self, me: int) -> None:
+        self._release_role(me)
+        self._on_undecodable(UndecodableStream("frame exceeds the size limit"))
 
     def _release_role(self, me: int) -> None:
         with self._mutex:
@@ -1191,8 +1201,14 @@ class Connection:
                     frame = encode_response(msgid, exc.to_wire(), None)
                     replied = self._count_replied()
                     self._send(frame)
+                elif exc.code == ErrorCode.UNAUTHENTICATED:
+                    # Anyone who can reach the port may send these, as fast as they like: a
+                    # warning line each would let them fill the log (and its disk) without a
+                    # token. Dropped, counted; a debug line for whoever looks.
+                    self.counters["unauthenticated_notifications"] += 1
+                    self._log.debug("notification {!r} dropped: unauthenticated", job.method[:80])
                 else:
-                    self._log.warning("notification {} failed: {} {}", job.method, exc.code, exc.message)
+                    self._log.warning("notification {!r} failed: {} {}", job.method[:80], exc.code, exc.message)
                 closing = self.state.pop("_close_after_reply", None)  # castor.endpoint.auth.CLOSE_AFTER_REPLY
                 if closing:
                     self.close(closing, flush_timeout=0.5)

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor.endpoint.transport import RECV_CHUNK
 from castor.messages.errors import InvalidFrame, InvalidParams
 
 REQUEST = 0
@@ -134,7 +135,11 @@ class FrameDecoder:
             raw=False,
             use_list=True,
             strict_map_key=True,
-            max_buffer_size=lim.max_buffer_size,
+            # Room for a whole frame at the limit and one read after it (a transport reads
+            # RECV_CHUNK at most): the connection bounds each frame itself (its _frame_start),
+            # so a frame just under the limit and the start of the next, read together, are not
+            # refused as a buffer overflow.
+            max_buffer_size=lim.max_buffer_size + RECV_CHUNK,
             read_size=min(READ_SIZE, lim.max_buffer_size),
             max_str_len=lim.max_str_len,
             max_bin_len=lim.max_bin_len,

@@ -7,6 +7,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -118,6 +119,7 @@ def test_bad_paths_hosts_and_methods_are_refused(busy_console):
 def test_a_token_file_guards_every_route(tmp_path):
     token = "t0ken-" + "x" * 26
     (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "token").chmod(0o600)
     server, url, sock = start_console(tmp_path, "--console-token-file", str(tmp_path / "token"))
     try:
         for route in ("", "events", "api/actors", "metrics"):
@@ -154,10 +156,43 @@ def test_a_short_token_is_refused(tmp_path):
     import sys
 
     (tmp_path / "token").write_text("short\n")
+    (tmp_path / "token").chmod(0o600)
     done = subprocess.run([sys.executable, "-m", "castor", "serve", "--socket", str(tmp_path / "s.sock"),
                            "--console", "127.0.0.1:0", "--console-token-file", str(tmp_path / "token")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "castor: invalid_params:" in done.stderr
+
+
+def _private(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("make, code, says", [
+    (lambda d: _private(d / "t", "x" * 32).chmod(0o644) or d / "t", "forbidden", "readable by group or others"),
+    (lambda d: (d / "link").symlink_to(_private(d / "t", "x" * 32)) or d / "link", "forbidden", "is a symlink"),
+    (lambda d: (d / "dir").mkdir() or d / "dir", "forbidden", "not a regular file"),
+    (lambda d: _private(d / "t", b"\xff" * 32), "invalid_params", "is not UTF-8 text"),
+    (lambda d: d / "missing", "not_found", "does not exist"),
+])
+def test_a_console_token_file_others_could_read_or_plant_is_refused_before_a_runtime_starts(tmp_path, make, code,
+                                                                                           says):
+    """The console's token file gets the checks the endpoint's has: a 0644 one (or a link to one)
+    was used, so every user of the machine could read the token and open the console; a bad one
+    failed only after the runtime had started (exit 1, a path shown as "."). Now each is one line
+    naming the file, exit 2, and nothing listens."""
+    import subprocess
+    import sys
+
+    path = make(tmp_path)
+    sock = tmp_path / "s.sock"
+    done = subprocess.run([sys.executable, "-m", "castor", "serve", "--socket", str(sock), "--console", "127.0.0.1:0",
+                           "--console-token-file", str(path)], capture_output=True, text=True, timeout=30)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and last.startswith(f"castor: {code}:") and says in last and str(path) in last, \
+        done.stderr
+    assert not sock.exists()
 
 
 def test_streams_are_bounded_and_a_silent_client_does_not_hold_a_thread(busy_console):

@@ -85,10 +85,17 @@ def test_undecodable_or_over_limit_input_raises_undecodable(payload: bytes) -> N
     assert info.value.code == "invalid_frame"
 
 
-def test_frame_over_buffer_limit_is_undecodable() -> None:
+def test_the_decoder_buffers_a_frame_at_the_limit_and_one_read_more_but_no_further() -> None:
+    # The connection bounds each frame to the limit itself; the decoder's buffer leaves room for
+    # the read that ends such a frame and starts the next (RECV_CHUNK), and refuses past that.
+    from castor.endpoint.transport import RECV_CHUNK
+
     dec = FrameDecoder(FrameLimits(max_buffer_size=1024))
+    dec.feed(b"\xdb" + (1019).to_bytes(4, "big") + b"a" * 1019 + b"\xa1" + b"b" * (RECV_CHUNK - 8))
+    assert dec.next_value() == (True, "a" * 1019)
     with pytest.raises(UndecodableStream):
-        dec.feed(b"\xdb" + (5000).to_bytes(4, "big") + b"a" * 2000)
+        FrameDecoder(FrameLimits(max_buffer_size=1024)).feed(b"\xdb" + (RECV_CHUNK + 5000).to_bytes(4, "big")
+                                                             + b"a" * (RECV_CHUNK + 1100))
 
 
 def test_error_notification_shape() -> None:

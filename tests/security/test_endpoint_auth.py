@@ -24,6 +24,7 @@ from .conftest import RawPeer, castor_argv, serve_env, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
+MiB = 1 << 20
 TOKEN_LINE = re.compile(r"castor serve: listening on \S+; token file: ([^;\s]+);")
 
 
@@ -541,3 +542,68 @@ def test_a_connection_before_hello_cannot_make_castor_buffer_a_big_frame(tcp_ser
             holder.call("ops.mailbox", {"path": "/root/" + big})
         assert getattr(refused.value, "code", None) in ("not_found", "forbidden", "invalid_params")
         assert holder.call("ops.actors", {})["actors"]
+
+
+def test_small_frames_pipelined_before_the_hello_are_each_answered_not_taken_for_one_big_frame(tcp_serve):
+    """The 64 KiB cap before the hello bounds one frame. 300 requests of about 1 KiB in one write
+    were read in 64 KiB chunks and a chunk ending inside a frame counted the whole frames before it
+    as part of that frame: the connection was closed as "frame exceeds the size limit" after some
+    60 answers. Each gets its ``unauthenticated`` now, and the hello still works after them."""
+    server = tcp_serve("--hello-timeout", "60")
+    peer = server.raw()
+    frames = [request(msgid, "cast.list", {"session_id": "s", "pad": "x" * 1000}) for msgid in range(1, 301)]
+    assert max(map(len, frames)) < 1100 and sum(map(len, frames)) > 4 * 64 * 1024
+    peer.send(b"".join(frames))
+    got = responses(peer.read(20, until=lambda vs: len(responses(vs)) >= 300))
+    assert sorted(got) == list(range(1, 301)) and not peer.eof
+    assert {reply[2]["code"] for reply in got.values()} == {"unauthenticated"}
+    peer.send(request(999, "runtime.hello", {"token": server.token}))
+    assert responses(peer.read(5, until=lambda vs: 999 in responses(vs)))[999][2] is None
+    peer.close()
+
+
+def test_a_frame_just_under_the_limit_and_the_next_in_one_write_are_both_answered(tcp_serve):
+    """After the hello a frame may be 16 MiB: one just under it, with the start of the next frame in
+    the same read, was refused as over the limit (and the connection closed)."""
+    server = tcp_serve()
+    peer = server.raw()
+    peer.send(request(1, "runtime.hello", {"token": server.token}))
+    assert responses(peer.read(5, until=lambda vs: 1 in responses(vs)))[1][2] is None
+    half = 8 * MiB - 64  # a string may be 8 MiB
+    shell = request(2, "no.such.method", {"a": "", "b": ""})
+    big = request(2, "no.such.method", {"a": "x" * half, "b": "x" * (16 * MiB - len(shell) - half - 64)})
+    assert 16 * MiB - 100 < len(big) <= 16 * MiB
+    peer.send(big + request(3, "no.such.method", {"pad": "y" * 60_000}))
+    values = peer.read(20, until=lambda vs: {2, 3} <= responses(vs).keys())
+    got = responses(values)
+    codes = {msgid: reply[2]["code"] for msgid, reply in got.items()}
+    assert codes == {2: "unknown_method", 3: "unknown_method"}, values
+    assert not peer.eof
+    peer.send(request(4, "no.such.method", {"a": "z" * half, "b": "z" * half, "c": "z" * 1000}))  # over: refused
+    values = peer.read(20)
+    assert peer.eof and any(v[0] == 2 and v[2][0]["code"] == "invalid_frame" for v in values), values[-2:]
+    peer.close()
+
+
+def test_notifications_before_the_hello_cannot_flood_or_forge_the_log(tcp_serve):
+    """Each notification refused before the hello was a warning line with the peer's method name in
+    it, as sent: anyone on the machine could grow the log by twice what they sent, and a newline in
+    the name planted a line that read as castor's own. Refused notifications are dropped quietly now,
+    and no peer text starts a line of the log."""
+    server = tcp_serve("--hello-timeout", "60")
+    before = server.stderr_path.read_text()
+    peer = server.raw()
+    forged = "x\n00:00:00.000 INFO     - castor endpoint stopping: signal SIGTERM (FORGED)"
+    for _ in range(300):
+        peer.send(msgpack.packb([2, forged + "y" * 2000, [{}]]))
+    peer.send(request(1, "runtime.hello", {"token": server.token}))
+    assert responses(peer.read(10, until=lambda vs: 1 in responses(vs)))[1][2] is None
+    peer.send(msgpack.packb([2, forged, [{}]]))  # authenticated: an unknown method is worth a line
+    peer.send(request(2, "ops.actors", {}))
+    assert responses(peer.read(10, until=lambda vs: 2 in responses(vs)))[2][2] is None
+    wait_until(lambda: "FORGED" in server.stderr_path.read_text(), 10, "the authenticated peer's warning")
+    added = server.stderr_path.read_text()[len(before):]
+    assert len(added) < 2000, added[:2000]
+    assert not [line for line in added.splitlines() if "FORGED" in line and not line.split(" ")[1] == "WARNING"]
+    assert all("SIGTERM (FORGED)" not in line or "\\n" in line for line in added.splitlines())
+    peer.close()
