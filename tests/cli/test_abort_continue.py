@@ -278,3 +278,59 @@ def test_docs_show_the_same_complete_example_as_the_help() -> None:
     section = text[text.index("#### The scripted agent"):]
     block = section[section.index("```json\n") + 8:section.index("\n```", section.index("```json\n"))]
     assert json.loads(block) == help_example()
+
+
+UTILITY = {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+    "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"to": "Socket-2"}]},
+    "Socket-2": {"type": "utility", "command": ["sh", "-c", "pwd > where.txt; echo ok"]}}}}}
+
+
+def _interrupted_utility_cast(tmp_path: Path) -> tuple[Path, str]:
+    root = project(tmp_path, ["hi", "hi"], UTILITY)
+    (root / "esc.json").write_text(json.dumps([{"text": "x", "stop_reason": "aborted"}]))
+    assert castor(tmp_path, "cast", "A", "--agent", "script:esc.json", "--quiet", cwd=root).returncode == 1
+    [run] = run_dirs(root)
+    return root, run.name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["copied", "moved"])
+def test_a_cast_resumed_in_a_copied_or_moved_project_runs_its_commands_there(tmp_path, how):
+    """The state names the project's absolute path: a cast continued in a copy of its project ran
+    its utility command in the original (writing outside the project the user is in), and in a
+    moved one failed (no such directory) however often it was recast. Resumed elsewhere, a cast
+    now runs where it is, says so, and records the move in its events."""
+    root, cast_id = _interrupted_utility_cast(tmp_path)
+    other = tmp_path / "other"
+    if how == "copied":
+        import shutil
+
+        shutil.copytree(root, other, symlinks=True)
+    else:
+        root.rename(other)
+    done = castor(tmp_path, "continue", "latest", "--agent", "script:answers.json", cwd=other)
+    assert done.returncode == 0, done.stderr
+    assert (other / "where.txt").read_text().strip() == str(other)
+    assert not (root / "where.txt").exists()
+    assert f"moved or copied from {root}: it runs in {other} now" in done.stdout + done.stderr
+    run = casts_dir(other) / cast_id
+    assert state(run)["cwd"] == str(other) and state(run)["run_dir"] == str(run)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    [moved] = [e["data"] for e in events if e["type"] == "cast_relocated"]
+    assert moved["from"] == {"cwd": str(root), "runDir": str(root / ".pi" / "pi-materia" / cast_id)}
+    assert moved["to"] == {"cwd": str(other), "runDir": str(run)}
+
+
+@pytest.mark.timeout(120)
+def test_a_state_copied_from_another_casts_directory_is_refused_not_taken_for_that_cast(tmp_path):
+    root, first = _interrupted_utility_cast(tmp_path)
+    assert castor(tmp_path, "cast", "B", "--agent", "script:esc.json", "--quiet", cwd=root).returncode == 1
+    second = next(run.name for run in run_dirs(root) if run.name != first)
+    original = (casts_dir(root) / first / "state.json").read_bytes()
+    (casts_dir(root) / second / "state.json").write_bytes(original)
+    done = castor(tmp_path, "continue", second, "--agent", "script:answers.json", cwd=root)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and last.startswith("castor: state_corrupt:") and f"cast '{first}'" in last, done.stderr
+    assert "state_corrupt" in castor(tmp_path, "status", second, cwd=root).stderr
+    assert not (root / "where.txt").exists()
+    assert (casts_dir(root) / first / "state.json").read_bytes() == original

@@ -76,6 +76,7 @@ Any other ``OSError`` is still a crash, and the restart resumes from the saved s
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,7 @@ from castor.actors.materia.messages import (
     WorkLost,
 )
 from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
-from castor.actors.materia.views import status_view
+from castor.actors.materia.views import saved_state, status_view
 from castor.domain.materia.cast_messages import (
     EFFECT_ADAPTER,
     AddManifestEntry,
@@ -109,6 +110,7 @@ from castor.domain.materia.cast_messages import (
     Failed,
     Finished,
     Notify,
+    ProjectMoved,
     RecastRequested,
     RefinementTurnAbandoned,
     RunAgentTurn,
@@ -181,6 +183,25 @@ class CastEnv:
 
 
 _NO_HOST_CONTEXT = NoHostContext()
+
+
+def moved_to(state: CastState, run_dir: str, artifact_root: str, at: float) -> ProjectMoved | None:
+    """``ProjectMoved`` when the cast is now at ``run_dir`` but its state names another run
+    directory (its project was moved or copied), else None. Its project directory moves with it:
+    the run directory's place inside the project is kept (``<project>/.pi/pi-materia/<id>`` ->
+    ``<copy>/.pi/pi-materia/<id>``)."""
+    if state.run_dir == run_dir:
+        return None
+    inside = os.path.relpath(state.run_dir, state.cwd) if state.cwd and state.run_dir else ""
+    if inside.startswith("..") or os.path.isabs(inside) or not inside or inside == ".":
+        raise StateCorrupt(f"cast {state.cast_id}'s state names run directory {state.run_dir} outside its "
+                           f"project {state.cwd}", data={"cast_id": state.cast_id, "path": run_dir})
+    if not run_dir.endswith(os.sep + inside):
+        raise StateCorrupt(f"cast {state.cast_id} was moved to {run_dir}, where its project directory cannot be "
+                           f"told (its run directory was {inside} inside {state.cwd})",
+                           data={"reason": "project_moved", "cast_id": state.cast_id, "path": run_dir})
+    cwd = run_dir[:-len(os.sep + inside)] or os.sep
+    return ProjectMoved(cwd=cwd, run_dir=run_dir, artifact_root=artifact_root, at=at)
 
 
 class CastActor(Actor):
@@ -260,11 +281,16 @@ class CastActor(Actor):
             self.artifacts.create()
             self._commit(step(None, env.start_event))
             return
-        self.state = CastState.from_json(json.dumps(stored.state))
+        self.state = saved_state(stored.state, env.cast_id, env.artifact_root)
         # A command an earlier runtime (or incarnation) left running is killed before the
         # cast can run it again: never two copies at once.
         env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
+        moved = moved_to(self.state, str(self.artifacts.run_dir), str(env.artifact_root), env.clock())
+        if moved is not None:
+            self.log.info("cast {cast} was moved or copied from {old} to {new}: it runs there now",
+                          cast=env.cast_id, old=self.state.cwd, new=moved.cwd)
+            self._apply(moved)
         if not self.state.active and self.incarnation > 1:
             self._stop()  # restarted after its last transition: the replay above was all that was left
             return
@@ -468,7 +494,7 @@ class CastActor(Actor):
         except Exception as again:  # noqa: BLE001 - the log is on the same storage: best effort
             self.log.debug("storage_unavailable event not written: {exc}", exc=again)
         self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. Free space (or fix the "
-                     f"storage), then /materia recast {env.cast_id}.", "error")
+                     f"storage), then {command(self.state.surface, 'recast', env.cast_id)}.", "error")
         self._set_status(None)
         self._stop()
         return error

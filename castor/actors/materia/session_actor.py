@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
-from castor.actors.materia.cast_actor import CastEnv, cast_spec
+from castor.actors.materia.cast_actor import CastEnv, cast_spec, moved_to
 from castor.actors.materia.messages import (
     AbortCast,
     BeginRefinement,
@@ -322,6 +322,7 @@ class SessionActor(Actor):
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
         saved = load_state(self.storage, root, cast_id)  # NotFound / StateCorrupt before anything starts
+        moved_to(saved, f"{root}/{cast_id}", str(root), 0.0)  # a move it cannot follow: StateCorrupt, too
         check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted)
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)

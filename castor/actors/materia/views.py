@@ -29,8 +29,8 @@ from typing import Any
 
 from castor.domain.materia.state import CastState, short_label
 from castor.domain.materia.surface import command
-from castor.messages.errors import CastorError, InvalidParams, NotFound
-from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, UnreadableCastView
+from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
+from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, StateCorrupt, UnreadableCastView
 
 
 def _status_of(state: CastState) -> str:
@@ -122,7 +122,27 @@ def _load_saved(storage: CastStorage, artifact_root: Path, cast_id: str) -> tupl
     stored = storage.store(artifact_root).load(cast_id)
     if stored.revision == 0:
         raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
-    return CastState.from_json(json.dumps(stored.state)), stored.state
+    return saved_state(stored.state, cast_id, artifact_root), stored.state
+
+
+def saved_state(document: dict[str, Any], cast_id: str, artifact_root: Path | str) -> CastState:
+    """The cast state in a saved ``state.json``'s document, or ``state_corrupt`` naming the file:
+    a state castor cannot read (a field with a wrong value, a damaged file), or one that is another
+    cast's (a ``state.json`` copied from another cast's directory: never taken for this cast)."""
+    path = f"{artifact_root}/{cast_id}/state.json"
+    try:
+        state = CastState.from_json(json.dumps(document))
+    except InvalidMessage as exc:
+        errors = (exc.data or {}).get("errors") or []
+        fields = sorted({".".join(str(p) for p in e.get("loc", ())) for e in errors if isinstance(e, dict)})[:5]
+        where = f" (fields: {', '.join(fields)})" if fields else ""
+        raise StateCorrupt(f"{path} is not a cast state castor can read: {exc.message}{where}; "
+                           "restore it, or remove the cast's directory", data={"cast_id": cast_id, "path": path,
+                                                                              "fields": fields}) from None
+    if state.cast_id != cast_id:
+        raise StateCorrupt(f"{path} holds cast {state.cast_id!r}'s state, not {cast_id!r}'s (copied from another "
+                           "cast's directory?)", data={"cast_id": cast_id, "found": state.cast_id, "path": path})
+    return state
 
 
 def load_state(storage: CastStorage, artifact_root: Path, cast_id: str) -> CastState:

@@ -171,6 +171,18 @@ class RefinementTurnAbandoned(_Input):
     at: float
 
 
+class ProjectMoved(_Input):
+    """The cast was found, at its resume, in another run directory than its state names: its project
+    was moved or copied. ``cwd`` / ``run_dir`` / ``artifact_root``: where it is now (its commands run
+    there from now on, never in the project it was started in)."""
+
+    kind: Literal["project_moved"] = "project_moved"
+    cwd: str
+    run_dir: str
+    artifact_root: str
+    at: float
+
+
 class _Command(_Input):
     """A user's command. ``surface``: where it came from (None: keep the cast's); the engine's texts
     name that surface's commands from then on."""
@@ -206,7 +218,8 @@ class ReviveRequested(_Command):
 CastEvent = Annotated[
     CastStarted | TurnEnded | UtilityFinished | CompactionFinished | ProactiveCompactionStarted
     | ProactiveCompactionFinished | DispatchFailed | RefinementTurnStarted
-    | RefinementTurnAbandoned | ContinueRequested | AbortRequested | RecastRequested | ReviveRequested,
+    | RefinementTurnAbandoned | ProjectMoved | ContinueRequested | AbortRequested | RecastRequested
+    | ReviveRequested,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[CastEvent] = TypeAdapter(CastEvent)

@@ -113,6 +113,7 @@ from castor.domain.materia.cast_messages import (
     Notify,
     ProactiveCompactionFinished,
     ProactiveCompactionStarted,
+    ProjectMoved,
     RecastRequested,
     RefinementTurnAbandoned,
     RefinementTurnStarted,
@@ -1247,6 +1248,16 @@ def _on_revive(ctx: _Ctx, _ev: ReviveRequested) -> None:
     _resume(ctx, s.failed_reason)
 
 
+def _on_project_moved(ctx: _Ctx, ev: ProjectMoved) -> None:
+    """Re-root a cast whose project was moved or copied: its commands run in the project it is
+    resumed in (the copy), never in the one it was started in. Nothing else changes."""
+    s = ctx.s
+    ctx.emit("cast_relocated", {"castId": s.cast_id, "from": {"cwd": s.cwd, "runDir": s.run_dir},
+                                "to": {"cwd": ev.cwd, "runDir": ev.run_dir}})
+    ctx.notify("info", f"pi-materia cast {s.cast_id} was moved or copied from {s.cwd}: it runs in {ev.cwd} now.")
+    s.cwd, s.run_dir, s.artifact_root = ev.cwd, ev.run_dir, ev.artifact_root
+
+
 _HANDLERS: dict[type, Any] = {
     TurnEnded: _on_turn_ended,
     UtilityFinished: _on_utility_finished,
@@ -1260,6 +1271,7 @@ _HANDLERS: dict[type, Any] = {
     AbortRequested: _on_abort,
     RecastRequested: _on_recast,
     ReviveRequested: _on_revive,
+    ProjectMoved: _on_project_moved,
 }
 
 __all__ = ["step", "Transition", "CastRejected", "CastState"]
