@@ -526,13 +526,18 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
     try:
         # O_NOFOLLOW: a log is castor's own file; a symlink planted in its place (to a file
         # outside the project) is refused, never appended through.
-        fd = os.open(os.fspath(path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: a FIFO planted in its place must not block the write (it is refused below).
+        fd = os.open(os.fspath(path),
+                     os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
         raise Forbidden(f"refusing to append through a symlink: {_printable(os.fspath(path))}",
                         data={"reason": "symlink", "path": _printable(os.fspath(path))}) from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Forbidden(f"refusing to append to {_printable(os.fspath(path))}: not a regular file",
+                            data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))})
         if _tail_is_torn(fd):
             # Seal the torn fragment as its own (invalid) line.
             payload = b"\n" + payload
@@ -563,9 +568,20 @@ def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
     reads as empty.
     """
     try:
-        raw = Path(path).read_bytes()
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: refused, not waited on
     except FileNotFoundError:
         return JsonLinesRead(records=[], skipped=[])
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise Forbidden(f"refusing to read {_printable(os.fspath(path))}: not a regular file",
+                        data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))})
+    with open(fd, "rb") as handle:
+        raw = handle.read()
     records: list[Any] = []
     skipped: list[SkippedLine] = []
     for line_no, line, is_last in _parse_lines(raw):

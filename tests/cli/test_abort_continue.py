@@ -334,3 +334,50 @@ def test_a_state_copied_from_another_casts_directory_is_refused_not_taken_for_th
     assert "state_corrupt" in castor(tmp_path, "status", second, cwd=root).stderr
     assert not (root / "where.txt").exists()
     assert (casts_dir(root) / first / "state.json").read_bytes() == original
+
+
+def _plant(run: Path, what: str, outside: Path) -> None:
+    if what == "a link to outside as sockets/":
+        import shutil
+
+        shutil.rmtree(run / "sockets")
+        (run / "sockets").symlink_to(outside, target_is_directory=True)
+    elif what == "a directory as events.jsonl":
+        (run / "events.jsonl").unlink()
+        (run / "events.jsonl").mkdir()
+    elif what == "a FIFO as events.jsonl":
+        (run / "events.jsonl").unlink()
+        os.mkfifo(run / "events.jsonl")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("what, code", [("a link to outside as sockets/", "forbidden"),
+                                        ("a directory as events.jsonl", "forbidden"),
+                                        ("a FIFO as events.jsonl", "forbidden")])
+def test_something_planted_in_a_run_directory_stops_a_resume_with_one_line(tmp_path, what, code):
+    """A link, a directory or a FIFO where a resumed cast writes sent its actor into a crash loop
+    (six tracebacks, "giving up", `actor_stopped`) or hung it (a FIFO waits for a reader). Now the
+    resume stops at once with the typed error naming what is wrong, and nothing is written through."""
+    root, cast_id = _interrupted_utility_cast(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _plant(casts_dir(root) / cast_id, what, outside)
+    done = castor(tmp_path, "continue", "latest", "--agent", "script:answers.json", cwd=root, timeout=60)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith(f"castor: {code}:"), done.stderr
+    assert "Traceback" not in done.stderr and "giving up" not in done.stderr
+    assert list(outside.iterdir()) == [] and not (root / "where.txt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_fifo_planted_as_state_json_is_listed_unreadable_not_waited_on(tmp_path):
+    """``castor casts`` and ``castor status`` opened state.json blocking: a FIFO in its place hung
+    them (and every listing of the project) until killed."""
+    root, cast_id = _interrupted_utility_cast(tmp_path)
+    state_file = casts_dir(root) / cast_id / "state.json"
+    state_file.unlink()
+    os.mkfifo(state_file)
+    listed = castor(tmp_path, "casts", cwd=root, timeout=30)
+    assert listed.returncode == 0 and "unreadable" in listed.stdout and "not a regular file" in listed.stdout
+    status = castor(tmp_path, "status", cast_id, cwd=root, timeout=30)
+    assert status.returncode != 0 and "state_corrupt" in status.stderr and "not a regular file" in status.stderr

@@ -184,14 +184,16 @@ def test_a_state_that_cannot_be_read_is_storage_unavailable_not_internal(runtime
     started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
     cast_id = started["cast_id"]
     assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
-    real = Path.read_text
+    from castor.adapters.materia import state_store
 
-    def failing(self, *args, **kwargs):
-        if self.name == "state.json" and str(self).startswith(str(project.resolve())):
+    real = state_store._read_state_text
+
+    def failing(path):  # the disk fails where state.json is read
+        if path.name == "state.json" and str(path).startswith(str(project.resolve())):
             raise OSError(errno.EIO, "Input/output error")
-        return real(self, *args, **kwargs)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_text", failing)
+    monkeypatch.setattr(state_store, "_read_state_text", failing)
     for verb in ("status", "recast"):
         with pytest.raises(StorageUnavailable) as refused:
             materia_call(runtime, "s1", verb, {"cast_id": cast_id})

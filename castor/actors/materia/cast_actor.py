@@ -122,7 +122,7 @@ from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_confi
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.domain.materia.surface import command
-from castor.messages.errors import CastorError, Conflict, InvalidMessage, NotFound, StorageUnavailable
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidMessage, NotFound, StorageUnavailable
 from castor.ports.agent import AgentPort
 from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
@@ -239,10 +239,21 @@ class CastActor(Actor):
             self._start()
             if self.state is not None and self.env.start_event is not None and self.incarnation == 1:
                 self.env.started_view = self._status()
-        except (NotFound, StateCorrupt, InvalidMessage) as exc:
+        except (NotFound, StateCorrupt, InvalidMessage, Forbidden) as exc:
             # Permanent: restarting cannot help, and a crash loop would exhaust the cast
-            # supervisor's intensity and take the session's other casts down with it.
+            # supervisor's intensity and take the session's other casts down with it. (Forbidden:
+            # a link planted in the run directory, refused by its confinement.) The starter
+            # raises it.
             self.log.error("cast cannot start: {exc}", exc=exc)
+            self.env.start_error = exc
+            self._stop()
+        except (IsADirectoryError, NotADirectoryError) as exc:  # a directory where a file must be, or so
+            self.log.error("cast cannot start: {exc}", exc=exc)
+            why = (exc.strerror or type(exc).__name__).lower()
+            self.env.start_error = StateCorrupt(
+                f"cast {self.env.cast_id}'s run directory is damaged: {exc.filename} {why}; "
+                "restore it, or remove the cast's directory",
+                data={"cast_id": self.env.cast_id, "path": str(exc.filename)})
             self._stop()
         except StorageUnavailable as exc:  # from _commit (which told the harness), or reading the state
             self.log.error("cast cannot start: {exc}", exc=exc.message)

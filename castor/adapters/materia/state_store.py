@@ -258,7 +258,7 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     """
     try:
         # A raw descriptor, not a file object: this runs on every save (no buffer, no extra fstat).
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO reads empty: corrupt
         try:
             head = os.read(fd, _HEADER_BYTES)
             match = _HEADER.match(head)
@@ -351,7 +351,7 @@ class CastStateStore:
     @staticmethod
     def _load_at(path: Path, cast_id: str) -> StoredState:
         try:
-            raw = path.read_text(encoding="utf-8")
+            raw = _read_state_text(path)
         except FileNotFoundError:
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
         except (OSError, UnicodeDecodeError) as exc:
@@ -599,6 +599,22 @@ def _state_sig(root: str, cast_id: str) -> str | None:
         return "?"
 
 
+def _read_state_text(path: Path) -> str:
+    """``state.json``'s text. Opened without blocking and checked on the descriptor: a FIFO or a
+    device planted in its place is ``state_corrupt`` at once, never waited on or read forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:  # checked before wrapping: a directory cannot be wrapped
+        os.close(fd)
+        raise StateCorrupt(f"{path} is not a regular file", data={"path": str(path)})
+    with open(fd, "rb") as handle:
+        return handle.read().decode("utf-8")
+
+
 def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
     """A cast's row read from its ``state.json`` (the truth)."""
     try:
@@ -619,7 +635,8 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
     model: the rebuild's path, ``O(casts)`` once, so every microsecond counts."""
     path = f"{root}/{cast_id}/{STATE_FILE}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO planted as state.json must not hang the listing (it is refused below).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return _unreadable(cast_id, "no state.json", "")
     except OSError as exc:
