@@ -230,8 +230,12 @@ class Dispatcher:
         except CastorError as exc:
             if exc.code == ErrorCode.INTERNAL and "error_id" not in exc.data:  # castor's bug: traceable
                 exc.data["error_id"] = uuid.uuid4().hex[:12]
-                logger.bind(method=method, error_id=exc.data["error_id"]).opt(exception=exc).error(
-                    "handler for {} answered internal: {}", method, exc.message)
+                log = logger.bind(method=method, error_id=exc.data["error_id"])
+                if exc.private_message:  # someone else's text (a backend's error): its kind only, no traceback
+                    log.error("handler for {} answered internal: {} ({}; its text went to the caller only)",
+                              method, type(exc).__name__, exc.data.get("reason", "-"))
+                else:
+                    log.opt(exception=exc).error("handler for {} answered internal: {}", method, exc.message)
             raise
         except Exception as exc:
             error_id = uuid.uuid4().hex[:12]

@@ -10,7 +10,7 @@ blindly retried).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ErrorCode(StrEnum):
@@ -43,6 +43,10 @@ class CastorError(Exception):
     """Base of every typed castor error."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    #: The message is someone else's text that may quote a prompt or a memory (an Icarus backend's
+    #: own error): it goes to the caller, never into castor's log (which shows the code, reason and
+    #: error id instead).
+    private_message: ClassVar[bool] = False
 
     def __init__(
         self,

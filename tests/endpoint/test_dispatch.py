@@ -94,3 +94,30 @@ def test_duplicate_registration_is_refused() -> None:
     d = Dispatcher()
     with pytest.raises(ValueError):
         d.register("runtime.hello", lambda _p, _c: None)
+
+
+@pytest.mark.timeout(10)
+def test_an_icarus_backend_s_error_text_reaches_the_caller_but_never_castor_s_log():
+    """A backend's error may quote what the model searched for (an FTS syntax error names the
+    query): it was logged at ERROR with its traceback. The caller gets the text; the log gets the
+    kind, the reason and the error id."""
+    from loguru import logger
+
+    from castor.domain.icarus.worker_protocol import IcarusCallError
+
+    def tool(_params, _ctx):
+        raise IcarusCallError('fts5: syntax error near "SECRET-QUERY my pin is 1234"',
+                              data={"reason": "backend_error", "target": "tools.fabric_search"})
+
+    d = Dispatcher()
+    d.register("icarus.tool", tool)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG", format="{message} {extra}\n{exception}")
+    try:
+        with pytest.raises(IcarusCallError) as raised:
+            d.dispatch("icarus.tool", {}, ctx(d))
+    finally:
+        logger.remove(sink)
+    assert "SECRET-QUERY" in raised.value.to_wire()["message"]
+    log = "".join(lines)
+    assert "SECRET-QUERY" not in log and raised.value.data["error_id"] in log and "backend_error" in log

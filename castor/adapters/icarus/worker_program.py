@@ -310,7 +310,7 @@ def _encode(reply: "dict[str, Any]") -> bytes:
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
         text = "".join(_C_ENCODER(reply, 0)) if _C_ENCODER is not None else _ENCODER.encode(reply)
-    except (ValueError, TypeError, RecursionError):
+    except Exception:  # noqa: BLE001 - NaN, a cycle, a value whose __str__ raises: the worker lives on
         text = json.dumps(
             {"id": reply.get("id"), "ok": False, "error": "unserializable result", "traceback": ""},
             ensure_ascii=True,
@@ -333,12 +333,22 @@ def handle(line: str) -> "dict[str, Any]":
         return {"id": request_id, "ok": False, "error": str(exc), "traceback": "",
                 "refused": "outside_package", "module": exc.module}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
-        return {
-            "id": request_id,
-            "ok": False,
-            "error": str(exc) or type(exc).__name__,
-            "traceback": traceback.format_exc(),
-        }
+        return {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or its type's name when that is empty or raises (a backend's own exception)."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises must not end the worker
+        return type(exc).__name__
+
+
+def _traceback_text() -> str:
+    try:
+        return traceback.format_exc()
+    except Exception:  # noqa: BLE001 - formatting calls the exception's __str__ too
+        return ""
 
 
 def _write_all(stream: "FileIO", data: bytes) -> None:

@@ -415,6 +415,12 @@ def _inject(state: HookState, request: str, text: str | None) -> Reply:
         "customType": MEMORY_CONTEXT_TYPE, "content": text, "display": state.visible}})
 
 
+#: The longest memory context injected (characters). A backend that returns more (a runaway
+#: retrieval) gets its context dropped with a warning: the hook still answers as if there were none,
+#: where the whole answer would have been over the endpoint's frame limit and the hook an error.
+MAX_CONTEXT_CHARS = 1_000_000
+
+
 def _context_of(result: Any) -> str | None:
     context = result.get("context") if isinstance(result, dict) else None
     return context if isinstance(context, str) else None
@@ -433,6 +439,10 @@ def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
         return state, [*effects, SetStatus(text=None), CloseWorker(), Reply(request=ev.request)]
     stale = fl.generation != state.generation
     context = _context_of(ev.result) if ev.ok and not stale else None
+    if context is not None and len(context) > MAX_CONTEXT_CHARS:
+        effects.append(Log(level="warning", event="icarus.context_too_large", function=fl.kind,
+                           code=f"{len(context)}>{MAX_CONTEXT_CHARS}"))
+        context = None
     if fl.kind == "start":
         state = _with_inflight(state, ev.request, None)
         if context is not None and context.strip():

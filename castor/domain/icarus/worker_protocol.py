@@ -19,6 +19,7 @@ class IcarusCallError(CastorError):
     """The backend function raised; the worker is fine. ``data.traceback`` is diagnostic only."""
 
     code = ErrorCode.INTERNAL
+    private_message = True  # the backend's text: it may quote the query or a memory
 
 
 class IcarusModuleRefused(CastorError):

@@ -451,3 +451,48 @@ def test_a_stderr_flood_without_newlines_keeps_memory_bounded(harness, tmp_path)
     assert call(worker, "tools", "flood", deadline_s=50) == "done"
     assert psutil.Process().memory_info().rss - before < 64 * 1024 * 1024  # 200 MiB went through the pipe
     assert len(worker.stderr_tail()) <= 64 * 1024
+
+
+UNPRINTABLE_HOOKS = '''
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+class UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+def returns_unprintable():
+    return {"value": Unprintable()}
+
+
+def raises_unprintable():
+    raise UnprintableError()
+
+
+def counter():
+    global _n
+    _n = globals().get("_n", 0) + 1
+    return _n
+'''
+
+
+@pytest.mark.timeout(30)
+def test_a_value_or_an_error_whose_str_raises_is_an_error_reply_and_the_worker_lives_on(harness, tmp_path):
+    """The worker encoded a result's odd values with ``str`` and caught only the encoder's usual
+    errors, and wrote a failure's ``str(exc)`` unguarded: a backend value or exception whose
+    ``__str__`` raises ended the worker (exit 1: its state gone, every queued call failed)."""
+    package = tmp_path / "pkg" / "icarus"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "hooks.py").write_text(UNPRINTABLE_HOOKS)
+    worker = harness.worker(harness.launch(harness.settings(icarus_dir=str(package))))
+    assert call(worker, "hooks", "counter") == 1
+    pid = worker.pid
+    reply = worker.call(next_request_id(), "hooks", "returns_unprintable", [], {}, time.monotonic() + 10)
+    assert reply["ok"] is False and reply["error"] == "unserializable result"
+    reply = worker.call(next_request_id(), "hooks", "raises_unprintable", [], {}, time.monotonic() + 10)
+    assert reply["ok"] is False and reply["error"] == "UnprintableError"
+    assert call(worker, "hooks", "counter") == 2 and worker.pid == pid  # the same process, its state kept

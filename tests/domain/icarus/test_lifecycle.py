@@ -129,6 +129,30 @@ def test_26_context_injected_with_visibility():
     assert d.reply(r) == {"message": {"customType": "icarus-memory-context", "content": "m", "display": False}}
 
 
+@pytest.mark.parametrize("filtering", [False, True])
+def test_26c_a_runaway_context_is_dropped_with_a_warning_and_the_hook_answers_none(filtering):
+    """A 17 MB context made the hook's answer larger than a frame may be: ``harness.event`` answered
+    ``internal`` (result too large) instead of the ambient ``{}``. Over the bound it is not injected
+    (nor filtered); the warning carries its size, never its text."""
+    from castor.domain.icarus.lifecycle import MAX_CONTEXT_CHARS, Filter, Log, SendMessage
+
+    d = Driver(filtering=filtering)
+    d.start(context="s" * (MAX_CONTEXT_CHARS + 1))
+    r = d.prompt("hi")
+    d.send(WorkerDone(request=r, ok=True, result={"context": "y" * (MAX_CONTEXT_CHARS + 1)}))
+    assert d.reply(r) is None
+    assert not [e for e in d.effects if isinstance(e, (SendMessage, Filter))]
+    logs = [e for e in d.effects if isinstance(e, Log) and e.event == "icarus.context_too_large"]
+    assert [(e.function, e.code) for e in logs] == [("start", f"{MAX_CONTEXT_CHARS + 1}>{MAX_CONTEXT_CHARS}"),
+                                                   ("prompt", f"{MAX_CONTEXT_CHARS + 1}>{MAX_CONTEXT_CHARS}")]
+    r2 = d.prompt("again")  # the bound is on length only: a context of exactly the limit is injected
+    d.send(WorkerDone(request=r2, ok=True, result={"context": "z" * MAX_CONTEXT_CHARS}))
+    if filtering:
+        assert [e.context for e in d.effects if isinstance(e, Filter)] == ["z" * MAX_CONTEXT_CHARS]
+    else:
+        assert d.reply(r2)["message"]["content"] == "z" * MAX_CONTEXT_CHARS
+
+
 def test_26b_filtering_routes_through_filter_then_injects_filtered_text():
     d = Driver()
     d.start()
