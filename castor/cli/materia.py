@@ -59,7 +59,8 @@ agents:
   --agent script:FILE     replay answers from FILE (JSON or JSONL); no model is called
   --agent openai:URL[#M]  an OpenAI-compatible /v1/chat/completions endpoint (model M)
 
-the scripted agent's FILE: a list of answers, or an object of lists keyed
+the scripted agent's FILE (a regular file of at most 16 MiB; a FIFO or a device
+is refused): a list of answers, or an object of lists keyed
 SOCKET[/ITEM[/VISIT]] ("*": any turn). An answer is a string, or an object
   {"text", "stop_reason", "error", "usage", "delay_ms",
    "socket", "item", "visit", "mode", "key"}
@@ -175,12 +176,34 @@ def _cwd(args: argparse.Namespace) -> Path:
 
 def _out(text: str) -> None:
     """Print ``text``; control characters from cast data (a request with terminal escapes) are
-    shown escaped, line breaks kept."""
+    shown escaped, line breaks kept (a name that may hold one goes through :func:`_name` first)."""
     from castor.cli.common import one_line
 
     shown = "\n".join(one_line(line) for line in text.split("\n"))
     sys.stdout.write(shown + ("\n" if not shown.endswith("\n") else ""))
     sys.stdout.flush()
+
+
+def _name(value: Any) -> str:
+    """A name a config or a cast chose (a loadout, a socket, a materia, a work item) as
+    it is printed: every control character escaped, line breaks included -- :func:`_out` keeps the
+    breaks of the text it prints, so a loadout named ``"a\\nFAKE LINE"`` would print a line of its own."""
+    from castor.cli.common import one_line
+
+    return one_line(str(value))
+
+
+#: The names in a cast's view (``status``) and listing row (``casts``) that a config, a model or a
+#: project's saved state chose; their texts print them escaped (:func:`_name`).
+_CHOSEN_FIELDS = ("loadout", "current_socket", "current_materia", "item_label", "item_key")
+
+
+def _shown(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with its chosen names (and the socket names of its visit counts) escaped for printing."""
+    shown = {k: _name(v) if k in _CHOSEN_FIELDS and isinstance(v, str) else v for k, v in view.items()}
+    if isinstance(view.get("visits"), dict):
+        shown["visits"] = {_name(k): v for k, v in view["visits"].items()}
+    return shown
 
 
 # --------------------------------------------------------------------------- a standalone runtime
@@ -455,6 +478,7 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
 def _progress(view: dict[str, Any]) -> Any:
     from rich.table import Table
 
+    view = _shown(view)
     table = Table(title=f"cast {view.get('cast_id')}", show_header=False, box=None)
     table.add_row("status", str(view.get("status", "starting")))
     table.add_row("loadout", str(view.get("loadout", "")))
@@ -472,6 +496,7 @@ def _progress(view: dict[str, Any]) -> Any:
 
 
 def _finish(view: dict[str, Any]) -> int:
+    view = _shown(view)
     if view.get("artifacts_pending"):
         print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
               f"be written (see the log above); `castor recast {view['cast_id']}` writes them", file=sys.stderr)
@@ -508,7 +533,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         assert spec is not None
         started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                          "config_path": args.config, "cli_note": _cli_note(spec)})
-        _out(f"cast {started['cast_id']} started ({started['loadout']}): {started['run_dir']}")
+        _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {started['run_dir']}")
         return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:
         session.close()
@@ -534,7 +559,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
     try:
         view = session.call(verb, {"cast_id": cast_id})
-        _out(view["text"])
+        _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
         return _finish(_watch(session, cast_id, quiet=args.quiet))
     finally:
         session.close()
@@ -651,7 +676,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
         paged = args.limit is not None or args.cursor is not None
         _out(json.dumps(page if paged else rows, indent=2))
         return EXIT_OK
-    text = casts_text(rows, root, "cli")
+    text = casts_text([_shown(row) for row in rows], root, "cli")
     if page["next_cursor"]:
         text += f"\n  … more: castor casts --cursor {page['next_cursor']} ({page['total']} in all)"
     _out(text)
@@ -664,7 +689,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     _cwd_, root, cast_id = _cast_ref(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
-    _out(json.dumps(view, indent=2) if args.json else status_text(view, "cli"))
+    _out(json.dumps(view, indent=2) if args.json else status_text(_shown(view), "cli"))
     return EXIT_OK
 
 
@@ -684,9 +709,11 @@ def cmd_loadout(args: argparse.Namespace) -> int:
     if args.name is not None:
         _refuse_while_a_cast_runs(cwd, args.config)
         path = save_active_loadout(cwd, args.name, config_path=args.config)
-        _out(f"Active loadout: {args.name} (saved to {path})")
+        _out(f"Active loadout: {_name(args.name)} (saved to {path})")
     merged = load(cwd, config_path=args.config).merged
-    _out(loadout_line(merged.get("activeLoadout"), list((merged.get("loadouts") or {}).keys())))
+    active = merged.get("activeLoadout")
+    _out(loadout_line(None if active is None else _name(active),
+                      [_name(name) for name in (merged.get("loadouts") or {})]))
     return EXIT_OK
 
 

@@ -45,7 +45,9 @@ Guarantees
   exception and not a hang.
 
 Failure behaviour: a malformed script file raises ``InvalidConfig`` at load
-with the reason (and line number for JSONL); nothing is replayed.
+with the reason (and line number for JSONL); nothing is replayed. So does a path
+that is not a regular file (a FIFO, ``/dev/zero``, a directory: refused at once,
+never waited on or read) or a file over :data:`MAX_SCRIPT_BYTES` (16 MiB).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from castor.adapters.agents._turns import TurnBook, error_outcome
+from castor.adapters.fs import read_regular_file
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -67,6 +70,8 @@ from castor.supervision.timers import call_later
 __all__ = ["AgentScript", "ScriptAnswer", "ScriptedAgent", "load_script", "parse_script"]
 
 SHARED = "*"
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
+"""An answers file larger than this is refused (``InvalidConfig``), as is anything but a regular file."""
 HISTORY_KEPT = 1000
 """How many of the latest requests :meth:`ScriptedAgent.requests` keeps."""
 _USAGE_FIELDS = set(TurnUsage.model_fields) - {"raw"}
@@ -198,16 +203,25 @@ def _parse_jsonl(text: str) -> AgentScript:
 
 
 def load_script(path: str | os.PathLike[str]) -> AgentScript:
-    """Read a JSON or JSONL script file (JSONL if the name ends in .jsonl or JSON parsing fails per line)."""
+    """Read a JSON or JSONL script file (JSONL if the name ends in .jsonl or JSON parsing fails per line).
+
+    Only a regular file of at most :data:`MAX_SCRIPT_BYTES` is read, as a config layer is: a FIFO
+    (which would block until a writer came, past any SIGTERM), ``/dev/zero`` (read whole into
+    memory) or a directory is ``InvalidConfig`` naming the file, at once.
+    """
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_regular_file(file, MAX_SCRIPT_BYTES).decode("utf-8")
     except OSError as exc:
         raise InvalidConfig(f"cannot read agent script {file}: {exc.strerror}",
                             data={"reason": "unreadable", "path": str(file)}) from None
     except UnicodeDecodeError as exc:
         raise InvalidConfig(f"cannot read agent script {file}: not UTF-8 text (byte {exc.start}); save it as "
                             "UTF-8", data={"reason": "not_utf8", "path": str(file)}) from None
+    except ValueError as exc:  # not a regular file, or too large
+        raise InvalidConfig(f"cannot read agent script {file}: {exc} (an answers file is a regular file of at "
+                            f"most {MAX_SCRIPT_BYTES // (1024 * 1024)} MiB)",
+                            data={"reason": "unreadable", "path": str(file)}) from None
     if file.suffix == ".jsonl":
         return _parse_jsonl(text)
     try:
