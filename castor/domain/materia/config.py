@@ -358,12 +358,17 @@ class ResolvedConfig(_Model):
 
 
 def issues_from_validation_error(
-    exc: ValidationError, *, base: tuple[str | int, ...], code: str, source: str | None, what: str
+    exc: ValidationError, *, base: tuple[str | int, ...], code: str, source: str | None, what: str,
+    keys: dict[str, str] | None = None,
 ) -> list[ConfigIssue]:
-    """Turn pydantic's errors into ConfigIssues with JSON pointers under ``base``."""
+    """Turn pydantic's errors into ConfigIssues with JSON pointers under ``base``. ``keys``: the
+    config file's key for a field validated by its Python name (``artifact_dir`` -> ``artifactDir``),
+    so the pointer names what the user wrote."""
     out = []
     for err in exc.errors():
         loc = tuple(p for p in err.get("loc", ()) if not isinstance(p, str) or not p.startswith("function-"))
+        if keys and loc and isinstance(loc[0], str) and loc[0] in keys:
+            loc = (keys[loc[0]], *loc[1:])
         out.append(
             ConfigIssue(
                 code=code,

@@ -177,7 +177,7 @@ def resolve_config(
         )
     except ValidationError as exc:
         raise ConfigError(issues_from_validation_error(exc, base=(), code="invalid-field", source=source,
-                                                       what="config")) from None
+                                                       what="config", keys={"artifact_dir": "artifactDir"})) from None
 
 
 def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],

@@ -152,6 +152,14 @@ def test_7_socket_multiturn_fails_at_resolve() -> None:
     assert any("obsolete multiTurn" in i.message for i in err.value.issues)
 
 
+def test_a_bad_top_level_value_is_pointed_at_by_the_key_the_file_uses() -> None:
+    cfg = {**config({"Socket-1": {"type": "agent", "materia": "A"}}), "artifactDir": 5}
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", cfg)]))
+    assert [i.path for i in err.value.issues] == ["/artifactDir"], err.value.issues
+    assert "artifactDir" in err.value.issues[0].message and "artifact_dir" not in err.value.issues[0].message
+
+
 def test_8_generates_metadata() -> None:
     bad = checks.check_obsolete({"materia": {"m": {"prompt": "p", "tools": "none", "generates": {"x": 1}}}}, "f")
     assert "obsolete generates metadata" in bad[0].message
