@@ -94,7 +94,10 @@ def check_project_path(cwd: str) -> None:
 def artifact_dir_outside(configured: str | None, project: str, refused: Forbidden) -> Forbidden:
     """The ``forbidden`` error for a configured ``artifactDir`` that would leave the project:
     a hostile config may not make a cast write into ``/etc`` or a sibling checkout."""
+    reason = refused.data.get("reason")
+    shown = str(configured)[:200].encode("unicode_escape", "backslashreplace").decode("ascii")
     return Forbidden(
-        "artifactDir must stay inside the project directory",
-        data={"artifactDir": str(configured)[:200], "cwd": project, "reason": refused.data.get("reason")},
+        f"artifactDir must stay inside the project directory: {shown!r} is refused ({reason}); name a "
+        "directory below the project without '..', e.g. \".pi/pi-materia\"",
+        data={"artifactDir": str(configured)[:200], "cwd": project, "reason": reason},
     )
