@@ -381,3 +381,22 @@ def test_a_fifo_planted_as_state_json_is_listed_unreadable_not_waited_on(tmp_pat
     assert listed.returncode == 0 and "unreadable" in listed.stdout and "not a regular file" in listed.stdout
     status = castor(tmp_path, "status", cast_id, cwd=root, timeout=30)
     assert status.returncode != 0 and "state_corrupt" in status.stderr and "not a regular file" in status.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_state_with_a_field_castor_cannot_read_is_listed_unreadable_and_named_by_every_verb(tmp_path):
+    """A hand-edited state.json (``phase: 12345``) was listed as a recast target, and every verb on
+    it said only ``invalid_message: invalid cast state: 1 problem(s)``."""
+    root, cast_id = _interrupted_utility_cast(tmp_path)
+    path = casts_dir(root) / cast_id / "state.json"
+    document = json.loads(path.read_text())
+    document["state"]["phase"] = 12345
+    path.write_text(json.dumps(document))
+    listed = castor(tmp_path, "casts", cwd=root)
+    assert "unreadable" in listed.stdout and "phase" in listed.stdout and "RECAST" not in listed.stdout
+    for verb in ("status", "recast", "continue"):
+        done = castor(tmp_path, verb, cast_id, "--agent", "script:answers.json", cwd=root) if verb != "status" \
+            else castor(tmp_path, verb, cast_id, cwd=root)
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode != 0 and last.startswith("castor: state_corrupt:"), (verb, done.stderr)
+        assert str(path) in last and "phase" in last, (verb, last)

@@ -563,7 +563,20 @@ def _fields_of(state: Any) -> dict[str, Any]:
             "recovery_exhaustion": None if exhaustion is None else {"failed_reason": exhaustion.failed_reason}}
 
 
+#: The fields a listing row is read from, with the type a state castor wrote gives each: a hand-edited
+#: state holding anything else is listed unreadable (every verb on it is ``state_corrupt``), not
+#: offered as a recast target it cannot be. (name in pi-materia's document, in castor's, type, may be null or missing)
+_ROW_FIELDS = (("active", "active", bool, True), ("phase", "phase", str, True),
+               ("socketState", "socket_state", str, True), ("aborted", "aborted", bool, True),
+               ("currentSocketId", "current_socket_id", str, True), ("failedReason", "failed_reason", str, True))
+
+
 def _row_from_fields(cast_id: str, state: dict[str, Any], sig: str, *, saved_at: str | None) -> IndexRow:
+    wrong = [snake for camel, snake, kind, nullable in _ROW_FIELDS
+             if not isinstance(value := _field(state, camel, snake), kind) and not (nullable and value is None)]
+    if wrong:
+        return _unreadable(cast_id, f"state.json: {', '.join(wrong)} hold{'s' if len(wrong) == 1 else ''} a value "
+                                    "castor cannot read", sig)
     status, resumable = cast_status(state)
     current = _field(state, "currentSocketId", "current_socket_id")
     request = state.get("request")
