@@ -717,7 +717,8 @@ def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     if result.warn:
         s.budget_warned = True
         ctx.emit("budget_warning", {"percent": result.percent, "usage": usage})
-        ctx.notify("warning", f"pi-materia budget at {result.percent:.0f}%")
+        shown = f"{result.percent:.0f}%" if result.percent < 10_000 else "over 10000%"  # a 1e300-token report
+        ctx.notify("warning", f"pi-materia budget at {shown}")
     if result.limit_hit:
         ctx.emit("budget_limit", {"overToken": result.over_token, "overCost": result.over_cost, "usage": usage})
         if result.stop:

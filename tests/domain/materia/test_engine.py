@@ -117,6 +117,17 @@ def test_33_visit_limit_fails_cast() -> None:
     assert d.state.failed_reason == "Materia socket visit limit exceeded for Socket-1 (2/1)."
 
 
+def test_a_runaway_usage_report_warns_with_a_readable_percentage() -> None:
+    from castor.domain.materia.cast_messages import Notify
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}},
+                 budget={"maxTokens": 100, "warnAtPercent": 50, "stopAtLimit": False})
+    d = Driver(resolved(cfg))
+    d.reply("one", usage={"total": 1e300})
+    texts = [e.message for e in d.effects if isinstance(e, Notify) and "budget at" in e.message]
+    assert texts == ["pi-materia budget at over 10000%"], texts
+
+
 def test_budget_warns_once_then_stops() -> None:
     cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-2"}]},
                   "Socket-2": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-3"}]},
