@@ -69,4 +69,11 @@ def render_grid(resolved: ResolvedConfig) -> str:
     if resolved.warnings:
         lines += ["", "warnings:"]
         lines += [f"  [{w.code}] {w.path}: {w.message}" for w in resolved.warnings]
-    return "\n".join(lines) + "\n"
+    # One line each: a name the config chose (a loadout, a materia, a label) with a line break or
+    # an escape in it is shown escaped, so it cannot add a line of its own.
+    return "\n".join(_one_line(line) for line in lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for ch in text)

@@ -527,3 +527,12 @@ def test_a_negative_traversal_or_socket_limit_is_a_config_error_not_a_failed_cas
     limits = config({"Socket-1": {"type": "agent", "materia": "A", "limits": {"maxVisits": -2}}})
     with pytest.raises(ConfigError):
         resolve_config(load_config([("t.json", limits)]))
+
+
+def test_the_grid_shows_a_name_with_a_line_break_on_one_line() -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}})
+    cfg["loadouts"] = {"a\nFAKE LINE\x1b[2J": cfg["loadouts"][next(iter(cfg["loadouts"]))]}
+    cfg["activeLoadout"] = "a\nFAKE LINE\x1b[2J"
+    text = render_grid(resolve_config(load_config([("t", cfg)])))
+    assert "⌘ loadout a\\nFAKE LINE\\x1b[2J" in text.splitlines()
+    assert not any(line.startswith("FAKE LINE") for line in text.splitlines())
