@@ -70,7 +70,13 @@ Every case but a new cast's start (whose caller gets the error, and which leaves
 harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
 path}``) to the cast's ``events.jsonl`` where it still fits; every case answers the ask in flight
 with ``storage_unavailable`` and stops the incarnation normally (lease released).
-Any other ``OSError`` is still a crash, and the restart resumes from the saved state.
+Any other ``OSError`` is still a crash, and the restart resumes from the saved state -- except at
+a start, where a run directory damaged underneath (a link planted out of it: ``forbidden``; a
+directory or FIFO where a file goes: ``forbidden`` / ``state_corrupt``) is permanent like a corrupt
+state: the incarnation stops and the starter raises it, instead of a crash loop.
+
+A cast resumed from another run directory than its state names (its project moved or copied) is
+re-rooted by a ``ProjectMoved`` transition first (:func:`moved_to`): its commands run where it is.
 """  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
