@@ -2,11 +2,14 @@
 and the contract text each JSON socket's prompt carries.
 
 Extraction (:func:`extract_json`) — more forgiving than pi-materia's (a deliberate difference):
-candidates are every fenced block in order, then the whole text; in each, every
-``{``/``[`` is tried in order (a prefix parse, then a balanced scan that honours strings and
-escapes). The first JSON **object** found wins; if there is none, the first JSON value; if
-nothing parses, :class:`HandoffError`. So prose with stray brackets before the real object no
-longer breaks a cast. The only exception it ever raises is :class:`HandoffError`.
+candidates are every fenced block in order, then the whole text. A candidate that is JSON as a
+whole is the value (as ``JSON.parse`` of it: a whole-reply array is an array, and fails
+validation). Otherwise, in each, every ``{``/``[`` is tried in order (a prefix parse, then a
+balanced scan that honours strings and escapes). The first JSON **object** found wins; if there is
+none, the first JSON value; if nothing parses, :class:`HandoffError`. ``NaN``/``Infinity`` are not
+JSON (refused, as by ``JSON.parse``), a number out of range is ``null``, and a value nested deeper
+than :data:`MAX_DEPTH` is refused (a state holding it could not be saved). So prose with stray
+brackets before the real object no longer breaks a cast. The only exception it ever raises is :class:`HandoffError`.
 
 Validation (:func:`validate_handoff`) — a top-level object; ``satisfied`` a boolean
 when present and **required** when routing depends on it; ``feedback`` a string; ``missing``
@@ -34,7 +37,23 @@ _MAX_OPENERS = 256  # bounds the work on adversarial text (each attempt is linea
 _SCAN_BUDGET = 2 * 1024 * 1024
 """Characters the pure-Python balanced-span fallback may scan per extraction, over all openers:
 without it, a reply of a few MB of ``[`` would hold the cast's actor for minutes (abort too)."""
-_DECODER = json.JSONDecoder(strict=False)
+#: The deepest JSON castor takes from a reply: a state holding deeper data cannot be saved (its
+#: serializer stops at about 255 levels), so a deeper reply was a crash on every restart.
+MAX_DEPTH = 200
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # as JSON.parse: NaN and Infinity are not values
+
+
+def _finite(text: str) -> Any:
+    value = float(text)
+    return None if value in (float("inf"), float("-inf")) else value  # 1e999: null, as JSON.stringify writes it
+
+
+# strict=False: a raw line break or tab inside a string is taken (models write them; a deliberate
+# difference, docs/materia.md); NaN/Infinity literals are not JSON and are refused, as JSON.parse does.
+_DECODER = json.JSONDecoder(strict=False, parse_constant=_no_constant, parse_float=_finite)
 
 
 class HandoffError(CastorError):
@@ -109,8 +128,35 @@ def _candidates(text: str) -> list[str]:
 
 def extract_json(text: Any) -> Any:
     """The JSON value an assistant meant to return (see module doc). Raises HandoffError only."""
+    value = _extract(text)
+    if _deeper_than(value, MAX_DEPTH):
+        raise HandoffError(f"Agent output JSON is nested deeper than {MAX_DEPTH} levels: {_preview(text)}",
+                           data={"reason": "unparseable"})
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` deep (no recursion: any depth is safe)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return False
+
+
+def _extract(text: Any) -> Any:
     if not isinstance(text, str):
         raise HandoffError("No JSON found in agent output: <not text>", data={"reason": "no-json"})
+    for candidate in _candidates(text):  # a candidate that is JSON as a whole is the value (JSON.parse's)
+        if candidate[:1] in ("{", "["):
+            try:
+                return well_formed(_DECODER.decode(candidate))
+            except (ValueError, RecursionError):
+                pass
     first_value: Any = MISSING
     saw_opener = False
     tried = 0

@@ -50,6 +50,44 @@ def test_extraction_tolerates_stray_brackets_and_trailing_prose() -> None:
     assert extract_json('```\nnot json\n```\nActually: {"x": [1, {"y": "}"}]} bye') == {"x": [1, {"y": "}"}]}
     assert extract_json('{"a": "quote \\" and } brace"} tail {') == {"a": 'quote " and } brace'}
     assert extract_json('["x"]') == ["x"]  # a top-level array parses; validation rejects it
+    assert extract_json('{"note": "a raw\nline break"}') == {"note": "a raw\nline break"}  # taken (deliberate)
+
+
+@pytest.mark.parametrize("reply", ['[{"satisfied": true}]', '```json\n[{"satisfied": true}]\n```'])
+def test_30_a_reply_that_is_an_array_is_that_array_not_its_first_object(reply: str) -> None:
+    """A whole reply (or fenced block) that is JSON is taken as JSON.parse takes it: an array of
+    objects was searched for its first object and routed on it, though a top-level array must fail."""
+    assert extract_json(reply) == [{"satisfied": True}]
+    with pytest.raises(HandoffError) as err:
+        validate_handoff(extract_json(reply), "Socket-1", require_satisfied=True)
+    assert "expected a JSON object at the top level" in err.value.message
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json(literal: str) -> None:
+    """They were taken (and written as such into the socket's JSON and state.json, which no strict
+    reader then parses); JSON.parse refuses them, and so does castor now."""
+    with pytest.raises(HandoffError) as err:
+        extract_json(f'{{"satisfied": true, "x": {literal}}}')
+    assert err.value.reason == "unparseable"
+
+
+def test_a_number_out_of_range_is_null_as_json_stringify_writes_it() -> None:
+    assert extract_json('{"satisfied": true, "x": 1e999, "y": -1e999, "z": 1.5}') == {
+        "satisfied": True, "x": None, "y": None, "z": 1.5}
+
+
+def test_json_nested_deeper_than_the_bound_is_refused_not_a_crash_at_the_save() -> None:
+    """300 levels parsed, then the state could not be saved (its serializer stops near 255): the
+    cast's actor crashed, restarted, re-sent the turn (another paid turn), crashed again."""
+    from castor.domain.materia.handoff import MAX_DEPTH
+
+    ok = '{"x": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    assert extract_json(ok)["x"] is not None
+    deep = '{"satisfied": true, "x": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}"
+    with pytest.raises(HandoffError) as err:
+        extract_json(deep)
+    assert err.value.reason == "unparseable" and f"deeper than {MAX_DEPTH} levels" in err.value.message
 
 
 def test_unparseable_json_is_typed() -> None:
