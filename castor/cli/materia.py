@@ -577,6 +577,9 @@ def cmd_continue(args: argparse.Namespace) -> int:
     return _resume(args, "continue")
 
 
+_PAST = {"recast": "recast", "revive": "revived", "continue": "continued"}  # the engine's wording for recast
+
+
 def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
     """A complete cast can be neither recast, revived nor continued: say so before an agent is
     asked for, and point at no command that would refuse too."""
@@ -586,7 +589,7 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
 
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["status"] == "complete":
-        raise Conflict(f"pi-materia cast {cast_id} is complete: there is nothing to {verb}; "
+        raise Conflict(f"pi-materia cast {cast_id} is complete and cannot be {_PAST.get(verb, verb)}; "
                        f"`castor cast REQUEST` starts a new one.", data={"reason": "complete", "cast_id": cast_id})
     if verb == "continue" and not view["active"]:
         hint = f" `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it." if view.get(

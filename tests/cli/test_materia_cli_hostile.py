@@ -103,6 +103,7 @@ def test_a_cast_started_with_config_is_found_again_with_config(tmp_path):
                      cwd=project)
     _one_clean_error_line(recast, "conflict")  # found, and refused because it is complete
     assert "Unknown" not in recast.stderr
+    assert f"{run_dir.name} is complete and cannot be recast" in recast.stderr  # the engine's (and pi-materia's) words
 
 
 @pytest.mark.timeout(30)
