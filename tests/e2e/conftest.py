@@ -88,13 +88,14 @@ def start_tty(pi_install: PiInstall, fake_llm: FakeLLM, tmp_path: Path) -> Itera
     started: list[PiTty] = []
 
     def start(castor_command: list[str], *, env: dict[str, str] | None = None,
-              settings: dict[str, Any] | None = None) -> PiTty:
+              settings: dict[str, Any] | None = None, timeout_ms: int = 15000) -> PiTty:
         agent_dir = tmp_path / "agent"
         write_agent_dir(agent_dir, fake_llm.base_url, settings)
         project = tmp_path / "project"
         project.mkdir(exist_ok=True)
         pi = PiTty(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions",
-                   castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home"), **(env or {})})
+                   castor_command=castor_command, env={**python_env(), "HOME": str(tmp_path / "home"), **(env or {})},
+                   timeout_ms=timeout_ms)
         started.append(pi)
         return pi
 

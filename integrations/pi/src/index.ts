@@ -35,6 +35,10 @@ import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
 const EXTENSION_VERSION = "0.1.0";
 const STATUS_KEY = "castor";
+/** How long a silent castor gets to answer a probe before a hook skips it (at most the deadline). */
+const PROBE_MS = 2000;
+/** After a failed probe, hooks skip a silent castor without asking again for this long. */
+const PROBE_REST_MS = 10_000;
 /** How long an aborted turn's end waits to tell an Esc from Pi shutting the session down. */
 const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
@@ -164,6 +168,19 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				if (generation > 1) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
 				tools.registerFrom(hello);
 			},
+			onSilence: (silent: boolean) => {
+				if (silent) {
+					setStatus(STATUS_KEY, "castor: not answering");
+					notify(
+						`castor is not answering (nothing from it within ${timeoutMs()} ms). Pi goes on without it: its hooks ` +
+							`are skipped until it answers again. /castor status checks it, /castor restart restarts it.${stderrNote()}`,
+						"warning",
+					);
+				} else {
+					setStatus(STATUS_KEY, `castor: up (${runtime?.hello?.version ?? "?"})`);
+					notify("castor is answering again", "info");
+				}
+			},
 			onDown: (reason: string) => {
 				setStatus(STATUS_KEY, "castor: down");
 				clearCastorStatuses(); // nothing of castor's runs any more (a cast it ran is orphaned)
@@ -221,10 +238,34 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	/** Forward a lifecycle event; ambient: any failure is logged and yields undefined. */
+	/** When a probe of a silent castor last failed. */
+	let lastFailedProbeAt = 0;
+
+	/** A silent castor is asked this long whether it answers again before a hook skips it. */
+	function probeMs(): number {
+		return Math.min(PROBE_MS, timeoutMs());
+	}
+
+	/** Whether castor may be called now: not silent, or silent but answering a quick probe. A
+	 * stopped castor then costs each hook the probe, not the whole deadline. */
+	async function answering(rt: CastorRuntime): Promise<boolean> {
+		if (!rt.silent) return true;
+		// A probe that failed a moment ago is not repeated by every hook of the same turn (castor
+		// speaking again clears its silence at once, whatever this remembers).
+		if (Date.now() - lastFailedProbeAt < PROBE_REST_MS) return false;
+		if (await rt.probe(probeMs())) return true;
+		lastFailedProbeAt = Date.now();
+		return false;
+	}
+
 	async function forward(event: string, data: Params): Promise<Record<string, unknown> | undefined> {
 		try {
 			const rt = await ready(getRuntime().autoSpawn);
 			if (!rt.has("harness.event")) return undefined;
+			if (!(await answering(rt))) {
+				log(`harness.event ${event} skipped: castor is not answering`);
+				return undefined;
+			}
 			const result = await rt.call("harness.event", { session_id: sessionId, event, data }, { spawn: false });
 			applyEffects(result);
 			return result !== null && typeof result === "object" ? (result as Record<string, unknown>) : undefined;
@@ -449,6 +490,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				}
 				const rt = await ready(true);
 				const where = rt.endpoint ? `at ${rt.endpoint}` : `pid ${rt.pid ?? "?"}`;
+				if (!(await rt.probe(probeMs()))) {
+					// Asked, not remembered: a stopped castor is still "up" until it answers nothing.
+					notify(`castor ${rt.hello?.version ?? "?"} is not answering (${where}: nothing within ${probeMs()} ms). ` +
+						`/castor restart restarts it.${stderrNote()}`, "warning");
+					return;
+				}
 				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods).${stderrNote()}`, "info");
 			} catch (err) {
 				notify(`castor: ${errorText(err)}`, "error");
@@ -644,9 +691,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		sessionEpoch++;
 		const rt = runtime;
 		try {
-			if (rt?.isUp) {
+			// Asked first, always (one round trip): a stopped castor costs quitting the probe, not a deadline.
+			if (rt?.isUp && (await rt.probe(probeMs()))) {
 				await forward("session_shutdown", { reason: event?.reason ?? null });
-				if (rt.has("session.close")) await rt.call("session.close", { session_id: sessionId }, { spawn: false });
+				// Not after a shutdown event castor let pass its deadline: quitting costs one deadline at most.
+				if (rt.has("session.close") && !rt.silent) await rt.call("session.close", { session_id: sessionId }, { spawn: false });
 			}
 		} catch (err) {
 			log(`session.close failed: ${errorText(err)}`);

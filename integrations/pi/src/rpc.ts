@@ -70,6 +70,12 @@ export class MsgpackRpcPeer {
 	private closed = false;
 	private closeReason = "connection closed";
 	private readonly closeListeners: Array<(reason: string) => void> = [];
+	private readonly silenceListeners: Array<(silent: boolean) => void> = [];
+	/** When a frame last came from the peer. */
+	private lastHeardAt = Date.now();
+	/** Set when a request's deadline passed with nothing heard from the peer since it was sent (a
+	 * stopped or wedged process); cleared by the next frame that arrives. */
+	private silentSince: number | undefined;
 	private readonly input: Readable;
 	private readonly output: Writable;
 	private readonly log: (msg: string) => void;
@@ -86,6 +92,28 @@ export class MsgpackRpcPeer {
 		return this.closed;
 	}
 
+	/** Whether the peer went silent: a deadline passed with nothing heard since the request was sent. */
+	get silent(): boolean {
+		return this.silentSince !== undefined;
+	}
+
+	/** Told `true` when the peer goes silent, `false` when a frame comes from it again. */
+	onSilence(listener: (silent: boolean) => void): void {
+		this.silenceListeners.push(listener);
+	}
+
+	private setSilent(silent: boolean): void {
+		if (silent === this.silent) return;
+		this.silentSince = silent ? Date.now() : undefined;
+		for (const listener of this.silenceListeners) {
+			try {
+				listener(silent);
+			} catch (err) {
+				this.log(`silence listener failed: ${String(err)}`);
+			}
+		}
+	}
+
 	/** Register a handler for requests and notifications named `method`. */
 	on(method: string, handler: Handler): void {
 		this.handlers.set(method, handler);
@@ -99,9 +127,11 @@ export class MsgpackRpcPeer {
 	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
 		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
 		const msgid = this.nextId++;
+		const sentAt = Date.now();
 		return new Promise((resolve, reject) => {
 			const timer = setTimeout(() => {
 				this.pending.delete(msgid);
+				if (this.lastHeardAt < sentAt) this.setSilent(true); // not one frame since: stopped, not slow
 				reject(new RpcError("timeout", `castor did not answer ${method} within ${timeoutMs} ms`));
 			}, timeoutMs);
 			this.pending.set(msgid, { resolve, reject, timer, method });
@@ -154,6 +184,8 @@ export class MsgpackRpcPeer {
 	}
 
 	private dispatch(frame: unknown): void {
+		this.lastHeardAt = Date.now();
+		if (this.silentSince !== undefined) this.setSilent(false);
 		if (!Array.isArray(frame) || frame.length < 3) {
 			this.log(`ignoring malformed frame`);
 			return;

@@ -37,6 +37,8 @@ export interface RuntimeOptions {
 	tokenFile?: string;
 	cwd: string;
 	timeoutMs: number;
+	/** castor went silent (`true`: a deadline passed with nothing heard) or spoke again (`false`). */
+	onSilence?: (silent: boolean) => void;
 	helloParams: Params;
 	handlers: Record<string, Handler>;
 	log: (msg: string) => void;
@@ -131,6 +133,25 @@ export class CastorRuntime {
 		return this.peer !== undefined && !this.peer.isClosed && this.hello !== undefined;
 	}
 
+	/** Up, but a call's deadline passed with nothing heard from castor since it was sent (stopped,
+	 * wedged); false again as soon as anything comes from it. */
+	get silent(): boolean {
+		return this.isUp && this.peer!.silent;
+	}
+
+	/** Whether castor answers a cheap request (its hello) within `timeoutMs`: what a status shows,
+	 * and what decides whether a silent castor is asked again or skipped. */
+	async probe(timeoutMs: number): Promise<boolean> {
+		const peer = this.peer;
+		if (!this.isUp || !peer) return false;
+		try {
+			await peer.request("runtime.hello", this.opts.helloParams, timeoutMs);
+			return true;
+		} catch {
+			return false;
+		}
+	}
+
 	/** Whether the runtime announced `method` (true when it announced no list at all). */
 	has(method: string): boolean {
 		const methods = this.hello?.methods;
@@ -198,6 +219,9 @@ export class CastorRuntime {
 		const { peer, release } = await this.open(generation, timeoutMs);
 		this.peer = peer;
 		for (const [name, handler] of Object.entries(this.opts.handlers)) peer.on(name, handler);
+		peer.onSilence((silent) => {
+			if (generation === this.generation && this.hello !== undefined) this.opts.onSilence?.(silent);
+		});
 		peer.onClose((reason) => {
 			release();
 			if (this.stopping || generation !== this.generation) return;

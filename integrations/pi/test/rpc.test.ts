@@ -1,0 +1,38 @@
+import assert from "node:assert/strict";
+import { PassThrough } from "node:stream";
+import { test } from "node:test";
+import { Encoder } from "@msgpack/msgpack";
+import { MsgpackRpcPeer, RpcError } from "../src/rpc.ts";
+
+/** A peer whose other end is this test: `toPeer` carries frames to it, `fromPeer` what it writes. */
+function pair(): { peer: MsgpackRpcPeer; send: (frame: unknown[]) => void; close: () => void } {
+	const toPeer = new PassThrough();
+	const fromPeer = new PassThrough();
+	fromPeer.resume(); // what the peer writes is not read here
+	const peer = new MsgpackRpcPeer(toPeer, fromPeer);
+	const encoder = new Encoder();
+	return { peer, send: (frame) => toPeer.write(encoder.encode(frame)), close: () => peer.close("test over") };
+}
+
+test("a deadline passed with nothing heard since the request makes the peer silent, until a frame comes", async () => {
+	const { peer, send, close } = pair();
+	const heard: boolean[] = [];
+	peer.onSilence((silent) => heard.push(silent));
+	await assert.rejects(peer.request("harness.event", {}, 30), (err: unknown) => err instanceof RpcError && err.code === "timeout");
+	assert.equal(peer.silent, true);
+	assert.deepEqual(heard, [true]);
+	send([2, "ui.status", [{ key: "x" }]]); // anything from castor: it is not stopped
+	await new Promise((r) => setTimeout(r, 20));
+	assert.equal(peer.silent, false);
+	assert.deepEqual(heard, [true, false]);
+	close();
+});
+
+test("a slow answer while the peer keeps talking is a timeout, not silence", async () => {
+	const { peer, send, close } = pair();
+	const pending = peer.request("harness.event", {}, 60);
+	setTimeout(() => send([2, "ui.status", [{ key: "x" }]]), 10); // heard after the request was sent
+	await assert.rejects(pending, (err: unknown) => err instanceof RpcError && err.code === "timeout");
+	assert.equal(peer.silent, false);
+	close();
+});

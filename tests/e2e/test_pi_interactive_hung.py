@@ -1,0 +1,88 @@
+"""A castor that stops answering (SIGSTOP: wedged, not dead) under the interactive Pi.
+
+Its pipe stays open, so nothing tells the extension it is down: every hook used to wait its whole
+deadline -- ``before_agent_start`` and ``context`` before each model request, ``agent_end`` and
+``agent_settled`` after -- prompt after prompt, the footer still said ``castor: up``, and quitting
+Pi waited two deadlines (the shutdown event, then ``session.close``). Now a deadline that passes
+with nothing heard from castor since the call was sent marks it silent (footer ``castor: not
+answering``, one notice); hooks then skip it after a quick probe (one at most every few seconds)
+until anything comes from it again, and quitting asks one probe, not a deadline. Driven as a user
+drives it: the interactive Pi on a pseudo-terminal, the real runtime stopped with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.support.waiting import poll_until, wait_for
+
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
+
+DEADLINE_MS = 6000
+
+
+def castor_process(pi) -> psutil.Process:
+    found = [p for p in psutil.Process(pi.proc.pid).children(recursive=True)
+             if any("serve" in part for part in p.cmdline())]
+    assert len(found) == 1, [p.cmdline() for p in found]
+    return found[0]
+
+
+def reached_model(fake_llm, marker: str) -> bool:
+    return any(marker in json.dumps(r["messages"]) for r in fake_llm.log())
+
+
+@pytest.fixture
+def stopped(start_tty, castor_command):
+    pi = start_tty(castor_command, timeout_ms=DEADLINE_MS)
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up in Pi's footer; Pi drew: {pi.screen_tail()!r}")
+    castor = castor_process(pi)
+    os.kill(castor.pid, signal.SIGSTOP)
+    yield pi, castor
+    try:
+        os.kill(castor.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_stopped_castor_costs_one_deadline_then_prompts_skip_it_until_it_answers(stopped, fake_llm):
+    pi, castor = stopped
+    started = time.monotonic()
+    pi.type("first prompt")
+    wait_for(lambda: reached_model(fake_llm, "first prompt"), timeout=DEADLINE_MS / 1000 * 2 + 10,
+             what=f"the first prompt at the model; Pi drew: {pi.screen_tail()!r}")
+    first = time.monotonic() - started
+    wait_for(lambda: "castor is not answering" in pi.screen_tail(100_000), timeout=5,
+             what=f"the not-answering notice; Pi drew: {pi.screen_tail()!r}")
+    assert "castor: not answering" in pi.screen_tail(100_000)
+    wait_for(lambda: "FAKE-REPLY" in pi.screen_tail(100_000), timeout=10,
+             what=f"the first answer drawn; Pi drew: {pi.screen_tail()!r}")
+    started = time.monotonic()  # the first run's end hooks skip castor: the second prompt waits for none
+    pi.type("second prompt")
+    wait_for(lambda: reached_model(fake_llm, "second prompt"), timeout=DEADLINE_MS / 1000 * 2 + 10,
+             what=f"the second prompt at the model; Pi drew: {pi.screen_tail()!r}")
+    second = time.monotonic() - started
+    print(f"first prompt reached the model after {first:.1f} s, the second after {second:.1f} s")
+    assert first >= DEADLINE_MS / 1000 - 0.5  # the one deadline that finds castor silent
+    assert second < DEADLINE_MS / 1000 - 1.5, f"the second prompt waited {second:.1f} s for a silent castor"
+    os.kill(castor.pid, signal.SIGCONT)
+    wait_for(lambda: "castor is answering again" in pi.screen_tail(100_000), timeout=15,
+             what=f"the answering-again notice; Pi drew: {pi.screen_tail()!r}")
+
+
+def test_quitting_pi_with_a_stopped_castor_takes_a_probe_not_two_deadlines(stopped):
+    pi, castor = stopped
+    started = time.monotonic()
+    pi.press(b"\x04")  # Ctrl+D on the empty editor: quit
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=30), "Pi did not exit"
+    took = time.monotonic() - started
+    print(f"Pi exited {took:.1f} s after Ctrl+D")
+    assert took < 8, f"quitting took {took:.1f} s with castor stopped (the deadline is {DEADLINE_MS} ms)"
+    assert poll_until(lambda: not castor.is_running() or castor.status() == psutil.STATUS_ZOMBIE, timeout=5)
