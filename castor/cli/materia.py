@@ -456,7 +456,20 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
         # interrupted: no user here can press Esc again or answer; the process ends and
         # `castor continue ID` goes on (the cast stays active, resumable, in its run directory)
         return (view["status"] in TERMINAL or view["status"] == "interrupted"
-                or (not view.get("live") and view["status"] != "active"))
+                or (not view.get("live") and view["status"] != "active") or stranded(view))
+
+    waited: list[str | None] = [None]  # the pending visit the last poll found waiting for a retry
+
+    def stranded(view: dict[str, Any]) -> bool:
+        # Waiting for a retry no agent here makes -- not merely between a re-sent turn and its end:
+        # the agent runs no turn, and the same pending visit waited at the poll before.
+        visit = (view.get("pending") or {}).get("visit_id") if _awaits_a_retry(view) else None
+        busy = getattr(session.agent, "in_flight", None)
+        if visit is not None and busy is not None and busy():
+            visit = None  # its turn runs
+        again = visit is not None and visit == waited[0]
+        waited[0] = visit
+        return again
 
     if quiet or not console.is_terminal:
         while True:
@@ -473,6 +486,15 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
             if over(last):
                 return last
             time.sleep(POLL_S)
+
+
+def _awaits_a_retry(view: dict[str, Any]) -> bool:
+    """The cast waits on after a transient transport failure, as the spec says (in Pi, Pi retries the
+    turn and its next end completes it); no agent of the CLI retries, so nothing would ever end it."""
+    from castor.domain.materia.engine import TRANSIENT_WAIT
+
+    return (view["status"] == "active" and view.get("socket_state") == "awaiting_agent_response"
+            and str(view.get("last_message") or "").startswith(TRANSIENT_WAIT))
 
 
 def _progress(view: dict[str, Any]) -> Any:
@@ -509,6 +531,11 @@ def _finish(view: dict[str, Any]) -> int:
         print(f"castor: cast {cast_id} interrupted at socket {view.get('current_socket')}: nothing of that turn was "
               f"kept; `castor continue {cast_id}` runs it again, `castor abort {cast_id}` ends the cast",
               file=sys.stderr)
+        return EXIT_FAILED
+    if _awaits_a_retry(view):
+        print(f"castor: cast {cast_id}'s turn at socket {view.get('current_socket')} ended in a transient transport "
+              f"error; in Pi, Pi retries such a turn, but no agent here does: `castor continue {cast_id}` sends it "
+              f"again, `castor abort {cast_id}` ends the cast", file=sys.stderr)
         return EXIT_FAILED
     if view["status"] == "orphaned":  # its runtime stopped it mid-run (a storage fault, a shutdown)
         print(f"castor: cast {cast_id} stopped at socket {view.get('current_socket')} before it ended (see the "

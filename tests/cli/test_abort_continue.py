@@ -400,3 +400,18 @@ def test_a_state_with_a_field_castor_cannot_read_is_listed_unreadable_and_named_
         last = done.stderr.strip().splitlines()[-1]
         assert done.returncode != 0 and last.startswith("castor: state_corrupt:"), (verb, done.stderr)
         assert str(path) in last and "phase" in last, (verb, last)
+
+
+@pytest.mark.timeout(120)
+def test_a_turn_ending_in_a_transient_transport_error_does_not_leave_the_cli_waiting_forever(tmp_path):
+    """The cast waits for the turn's retry after a transient transport error, as the spec says: in Pi,
+    Pi retries such a turn itself and its next end completes it. No agent of the CLI retries, so
+    ``castor cast`` never returned (killed by hand). It now ends, saying how to go on."""
+    config = {"activeLoadout": "L", "materia": {"T": {"prompt": "say {{request}}", "tools": "none"}},
+              "loadouts": {"L": {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "T"}}}}}
+    root = project(tmp_path, [{"key": "Socket-1", "error": "WebSocket error"}], config)
+    done = castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root, timeout=60)
+    [run] = run_dirs(root)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "transient transport error" in last and f"castor continue {run.name}" in last
+    assert state(run)["active"] is True  # nothing lost: it still waits, and `castor continue` re-sends the turn

@@ -195,6 +195,10 @@ class OpenAIChatAgent:
     def cancel(self, turn_id: str) -> None:
         self._book.cancel(turn_id)
 
+    def in_flight(self) -> list[str]:
+        """The turns this agent runs now (a standalone caller tells a running turn from none)."""
+        return self._book.in_flight()
+
     def close(self) -> None:
         self._book.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -854,6 +854,12 @@ def _cmd(s: CastState, verb: str) -> str:
     return command(s.surface, verb, s.cast_id, bare_in_harness=True)
 
 
+#: How the last message of a cast left waiting after a transient transport failure begins: in Pi the
+#: harness retries such a turn itself (its next end completes it); a standalone agent does not, and
+#: the CLI tells its user so (castor.cli.materia) instead of waiting for a retry nobody makes.
+TRANSIENT_WAIT = "Transient transport failure while awaiting"
+
+
 def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *, produced_output: bool,
                   agent: str | None = None) -> None:
     s = ctx.s
@@ -869,7 +875,7 @@ def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *,
         s.active = True
         s.awaiting_response = True
         s.socket_state = "awaiting_agent_response"
-        s.last_message = (f"Transient transport failure while awaiting {rs.id}; preserving active Pi turn: {message}")
+        s.last_message = f"{TRANSIENT_WAIT} {rs.id}; preserving active Pi turn: {message}"
         ctx.emit("transient_transport_turn_failure", {"warning": True, "error": full, "entryId": entry_id,
                                                       "socket": rs.id, **s.item_fields(), "mode": pending.mode})
         ctx.notify("warning", f"Transient transport failure on {rs.id}; the cast keeps waiting for the turn.")
