@@ -237,7 +237,6 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		};
 	}
 
-	/** Forward a lifecycle event; ambient: any failure is logged and yields undefined. */
 	/** When a probe of a silent castor last failed. */
 	let lastFailedProbeAt = 0;
 
@@ -258,6 +257,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		return false;
 	}
 
+	/** Forward a lifecycle event; ambient: any failure is logged and yields undefined. */
 	async function forward(event: string, data: Params): Promise<Record<string, unknown> | undefined> {
 		try {
 			const rt = await ready(getRuntime().autoSpawn);
