@@ -11,13 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-
-def _escaped(text: str, *, keep_breaks: bool) -> str:
-    """``text`` with its control characters shown as escapes (an ESC from a model's error text
-    must not drive the user's terminal); line breaks kept only where asked."""
-    lines = text.split("\n") if keep_breaks else [text]
-    return "\n".join("".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
-                              for ch in line) for line in lines)
+from castor.shown import lines_kept, one_line
 
 
 class StderrUi:
@@ -40,7 +34,7 @@ class StderrUi:
 
     def notify(self, message: str, level: str = "info") -> None:
         self.notifications.append((level, message))
-        self._write(f"[{level}] {_escaped(message, keep_breaks=False)}")  # one line: no forged line after it
+        self._write(f"[{level}] {one_line(message)}")  # one line: no forged line after it
 
     def set_status(self, key: str, text: str | None) -> None:
         if text is None:
@@ -50,4 +44,4 @@ class StderrUi:
 
     def send_message(self, custom_type: str, content: str, *, display: bool, trigger_turn: bool = False) -> None:
         if display:
-            self._write(_escaped(content, keep_breaks=True))
+            self._write(lines_kept(content))

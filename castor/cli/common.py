@@ -5,7 +5,7 @@ Guarantees: every command exits 0 on success and non-zero with one line on stder
 (``castor: <code>: <message>``, control characters shown escaped); a bad value at the edge — a
 flag, a number, an address, a socket path — is refused by argparse with exit status 2 before a
 runtime starts. Building a parser from these (and :mod:`castor.scaleout.options`' backend flags)
-imports nothing of castor but :mod:`castor.version` and :mod:`castor.scaleout` (no pydantic,
+imports nothing of castor but :mod:`castor.version`, :mod:`castor.shown` and :mod:`castor.scaleout` (no pydantic,
 loguru, rich, endpoint or runtime code): the
 ``castor`` command starts in a fresh process for every call, and ``--version``, ``--help`` and a
 refused flag pay only for argparse (tests/cli/test_cli_startup.py holds this).
@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Callable, NoReturn
+
+from castor.shown import one_line
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # The endpoint's defaults (documented in docs/protocol.md "Limits"); the same numbers as
@@ -157,6 +159,3 @@ def fail(code: str, message: str) -> None:
     print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
 
 
-def one_line(text: str) -> str:
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for ch in text)

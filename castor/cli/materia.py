@@ -177,9 +177,9 @@ def _cwd(args: argparse.Namespace) -> Path:
 def _out(text: str) -> None:
     """Print ``text``; control characters from cast data (a request with terminal escapes) are
     shown escaped, line breaks kept (a name that may hold one goes through :func:`_name` first)."""
-    from castor.cli.common import one_line
+    from castor.shown import lines_kept
 
-    shown = "\n".join(one_line(line) for line in text.split("\n"))
+    shown = lines_kept(text)
     sys.stdout.write(shown + ("\n" if not shown.endswith("\n") else ""))
     sys.stdout.flush()
 
@@ -188,7 +188,7 @@ def _name(value: Any) -> str:
     """A name a config or a cast chose (a loadout, a socket, a materia, a work item) as
     it is printed: every control character escaped, line breaks included -- :func:`_out` keeps the
     breaks of the text it prints, so a loadout named ``"a\\nFAKE LINE"`` would print a line of its own."""
-    from castor.cli.common import one_line
+    from castor.shown import one_line
 
     return one_line(str(value))
 

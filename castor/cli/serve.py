@@ -23,11 +23,11 @@ from castor.cli.common import (
     bounded_int,
     console_address,
     fail,
-    one_line,
     positive_seconds,
     timeout_or_off,
 )
 from castor.scaleout.options import add_backend_flags
+from castor.shown import one_line
 
 if TYPE_CHECKING:
     from castor.console.server import ConsoleServer

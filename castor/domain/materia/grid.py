@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from castor.domain.materia.config import END, RUNTIME_LIMIT_FALLBACK, ResolvedConfig
+from castor.shown import one_line
 
 
 def _fmt_limit(value: object) -> str:
@@ -71,9 +72,4 @@ def render_grid(resolved: ResolvedConfig) -> str:
         lines += [f"  [{w.code}] {w.path}: {w.message}" for w in resolved.warnings]
     # One line each: a name the config chose (a loadout, a materia, a label) with a line break or
     # an escape in it is shown escaped, so it cannot add a line of its own.
-    return "\n".join(_one_line(line) for line in lines) + "\n"
-
-
-def _one_line(text: str) -> str:
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for ch in text)
+    return "\n".join(one_line(line) for line in lines) + "\n"
