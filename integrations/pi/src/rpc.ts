@@ -71,8 +71,9 @@ export class MsgpackRpcPeer {
 	private closeReason = "connection closed";
 	private readonly closeListeners: Array<(reason: string) => void> = [];
 	private readonly silenceListeners: Array<(silent: boolean) => void> = [];
-	/** When a frame last came from the peer. */
-	private lastHeardAt = Date.now();
+	/** How many frames have come from the peer (a count, not a time: two events in one millisecond
+	 * are still told apart). */
+	private framesHeard = 0;
 	/** Set when a request's deadline passed with nothing heard from the peer since it was sent (a
 	 * stopped or wedged process); cleared by the next frame that arrives. */
 	private silentSince: number | undefined;
@@ -127,11 +128,11 @@ export class MsgpackRpcPeer {
 	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
 		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
 		const msgid = this.nextId++;
-		const sentAt = Date.now();
+		const heardBefore = this.framesHeard;
 		return new Promise((resolve, reject) => {
 			const timer = setTimeout(() => {
 				this.pending.delete(msgid);
-				if (this.lastHeardAt < sentAt) this.setSilent(true); // not one frame since: stopped, not slow
+				if (this.framesHeard === heardBefore) this.setSilent(true); // not one frame since: stopped, not slow
 				reject(new RpcError("timeout", `castor did not answer ${method} within ${timeoutMs} ms`));
 			}, timeoutMs);
 			this.pending.set(msgid, { resolve, reject, timer, method });
@@ -184,7 +185,7 @@ export class MsgpackRpcPeer {
 	}
 
 	private dispatch(frame: unknown): void {
-		this.lastHeardAt = Date.now();
+		this.framesHeard++;
 		if (this.silentSince !== undefined) this.setSilent(false);
 		if (!Array.isArray(frame) || frame.length < 3) {
 			this.log(`ignoring malformed frame`);
