@@ -224,8 +224,9 @@ def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = N
                               f"{exc.strerror or 'error'})", data=data)
 
 
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; ``ValueError`` for anything else.
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (None: any size, for castor's own files);
+    ``ValueError`` for anything else.
 
     Opened first, then checked (what is checked is what is read), with ``O_NONBLOCK`` so a FIFO
     is refused at once instead of waiting for a writer; ``/dev/zero`` and other devices are
@@ -241,8 +242,8 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         os.close(fd)
         raise ValueError("a directory" if stat.S_ISDIR(mode) else "not a regular file")
     with open(fd, "rb") as handle:
-        raw = handle.read(max_bytes + 1)
-    if len(raw) > max_bytes:
+        raw = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
+    if max_bytes is not None and len(raw) > max_bytes:
         raise ValueError(f"larger than {max_bytes} bytes")
     return raw
 
@@ -568,20 +569,12 @@ def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
     reads as empty.
     """
     try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: refused, not waited on
+        raw = read_regular_file(path, None)  # a FIFO or a directory: refused, not waited on
     except FileNotFoundError:
         return JsonLinesRead(records=[], skipped=[])
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not regular:
-        os.close(fd)
+    except ValueError:
         raise Forbidden(f"refusing to read {_printable(os.fspath(path))}: not a regular file",
-                        data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))})
-    with open(fd, "rb") as handle:
-        raw = handle.read()
+                        data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))}) from None
     records: list[Any] = []
     skipped: list[SkippedLine] = []
     for line_no, line, is_last in _parse_lines(raw):

@@ -61,6 +61,7 @@ from castor.adapters.fs import (
     atomic_write_bytes,
     compact_json,
     is_storage_fault,
+    read_regular_file,
     stat_signature,
     storage_unavailable,
     temp_target,
@@ -613,19 +614,13 @@ def _state_sig(root: str, cast_id: str) -> str | None:
 
 
 def _read_state_text(path: Path) -> str:
-    """``state.json``'s text. Opened without blocking and checked on the descriptor: a FIFO or a
-    device planted in its place is ``state_corrupt`` at once, never waited on or read forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """``state.json``'s text, read as :func:`~castor.adapters.fs.read_regular_file` reads: a FIFO or
+    a device planted in its place is ``state_corrupt`` at once, never waited on or read forever."""
     try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not regular:  # checked before wrapping: a directory cannot be wrapped
-        os.close(fd)
-        raise StateCorrupt(f"{path} is not a regular file", data={"path": str(path)})
-    with open(fd, "rb") as handle:
-        return handle.read().decode("utf-8")
+        raw = read_regular_file(path, None)
+    except ValueError:
+        raise StateCorrupt(f"{path} is not a regular file", data={"path": str(path)}) from None
+    return raw.decode("utf-8")
 
 
 def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
