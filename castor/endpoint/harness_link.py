@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from loguru import logger
 
-from castor.domain.materia.budget import non_negative_number, plain_usage
+from castor.domain.materia.budget import answering_model, non_negative_number, plain_usage, sum_usage_maps, text_or_none
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
@@ -316,6 +316,12 @@ def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
 def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
     """Map ``agent.turn_ended`` params onto a TurnOutcome (unknown usage stays None)."""
     usage = params.get("usage") if isinstance(params.get("usage"), dict) else None
+    usages = params.get("usages")
+    if isinstance(usages, list) and usages:
+        # The raw map of every assistant message (a harness that sums them itself can only add the
+        # spellings it knows; each is read here with every alias pi-materia reads).
+        usage = sum_usage_maps([plain_usage(u) for u in usages[:_MAX_USAGES]])
+    model, provider, api = answering_model(params)
     error = params.get("error")
     turn_error = None
     if error:
@@ -333,9 +339,13 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
         stop_reason=str(stop_reason) if stop_reason is not None else None,
         error=turn_error,
         usage=usage_from_wire(usage) if usage else None,
-        model=params.get("model") if isinstance(params.get("model"), str) else None,
+        model=model, provider=provider, api=api,
+        thinking_level=text_or_none(params.get("thinking_level")),
         entry_id=str(params["entry_id"]) if params.get("entry_id") else None,
     )
+
+
+_MAX_USAGES = 1024  # assistant messages in one turn whose usage is read
 
 
 _KINDS = {"provider", "transport", "timeout", "cancelled", "exhausted", "invalid_response", "internal"}

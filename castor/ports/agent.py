@@ -136,6 +136,9 @@ class TurnOutcome(BaseModel):
     error: TurnError | None = None
     usage: TurnUsage | None = None
     model: str | None = None  # the model that actually answered, if known
+    provider: str | None = None  # ... its provider, api and the thinking level it ran with, if known
+    api: str | None = None
+    thinking_level: str | None = None
     entry_id: str | None = None  # the harness's transcript entry of the answer (Pi's message id), if any
 
     @property

@@ -455,3 +455,29 @@ def test_i_proactive_compaction_reads_pis_usage_and_compacts_before_the_turn(sta
         "Socket-1",
         "Socket-2",
     ]
+
+
+def test_j_a_materia_model_pi_cannot_use_falls_back_and_usage_json_names_who_answered(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """pi-materia's model fallback in the real harness: a materia whose model is not in Pi's
+    registry warns and runs on the active model (the cast completes); usage.json then names the
+    model, provider and api that answered, from Pi's own messages, and the selection requested."""
+    config = json.loads(json.dumps(TWO_SOCKETS))
+    config["materia"]["Planner"]["model"] = "fake/no-such-model"
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    start = pi.command("/materia cast build the thing")
+    run_dir, events = wait_cast_end(pi, project, start=start)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    warning = pi.wait_ui("notify", lambda e: "fake/no-such-model" in str(e.get("message")), start=start)
+    assert "(unknown_model)" in warning["message"] and warning["notifyType"] == "warning"
+    report = json.loads((run_dir / "usage.json").read_text())
+    assert len(report["turns"]) == 2 and report["tokens"]["input"] == 20
+    assert report["provider"] == "fake" and report["model"] and report["api"], report
+    assert all(t["provider"] == "fake" and t["api"] for t in report["turns"])
+    assert [s["requestedModel"] for s in report["modelSelections"]] == ["fake/no-such-model", None]

@@ -94,6 +94,10 @@ def test_run_turn_sends_a_hidden_isolated_prompt_and_reports_its_end(probe_pi, f
     assert outcome["turn_id"] == "probe-1" and outcome["text"] == '{"ok": true}'
     assert outcome["stop_reason"] == "stop" and outcome["error"] is None and outcome["aborted"] is False
     assert outcome["usage"]["input"] == 10 and outcome["usage"]["output"] == 5
+    # each answer's usage map as Pi wrote it, and who answered (usage.json's model fields)
+    [usage] = outcome["usages"]
+    assert usage["input"] == 10 and usage["output"] == 5 and "totalFromProvider" in usage["cost"]
+    assert set(outcome["model"]) == {"provider", "id", "api"} and all(outcome["model"].values()), outcome["model"]
     turn_request = next(r for r in fake_llm.log() if "TURN: HIDDEN-TURN-PROMPT" in str(r["messages"]))
     # isolate: the earlier user prompt is not part of the turn's context
     assert not any("PROBE turn" in str(m.get("content")) for m in turn_request["messages"]), turn_request["messages"]

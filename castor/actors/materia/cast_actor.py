@@ -101,6 +101,7 @@ from castor.actors.materia.messages import (
     UserTurnExpired,
     WithdrawUserTurn,
     WorkLost,
+    answer_fields,
 )
 from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
 from castor.actors.materia.views import saved_state, status_view
@@ -392,8 +393,7 @@ class CastActor(Actor):
             return None
         if message.late:
             self._withdrawn_user_turn = None  # one late end at most: the next user run is not it
-        self._apply(TurnEnded(visit_id=visit_id, text=message.text, error=message.error, entry_id=message.entry_id,
-                              stop_reason=message.stop_reason, at=self.env.clock()))
+        self._apply(TurnEnded(visit_id=visit_id, **answer_fields(message), at=self.env.clock()))
         return visit_id
 
     @handles(WithdrawUserTurn)

@@ -43,6 +43,7 @@ from castor.actors.materia.messages import (
     UserRunSettled,
 )
 from castor.actors.materia.session_actor import SessionActor
+from castor.domain.materia.budget import answering_model, plain_usage, sum_usage_maps, text_or_none
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
@@ -51,16 +52,24 @@ from castor.supervision import ChildSpec
 EVENT_TIMEOUT_S = 5.0
 
 
-def _last_assistant(data: dict[str, Any]) -> dict[str, Any]:
-    """text, error and stop_reason of the newest assistant message (Pi's ``summarizeMessage`` shape)."""
+def run_answer(data: dict[str, Any]) -> dict[str, Any]:
+    """text, error and stop_reason of the newest assistant message (Pi's ``summarizeMessage`` shape),
+    with the run's usage (every assistant message's ``usage`` map, summed as each is read by
+    :func:`~castor.domain.materia.budget.extract_usage`) and the newest one's model fields."""
     messages = data.get("messages")
-    for message in reversed(messages if isinstance(messages, list) else []):
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            error = message.get("error")
-            stop = message.get("stop_reason")
-            return {"text": message.get("text") if isinstance(message.get("text"), str) else None,
-                    "error": str(error) if error else None, "stop_reason": stop if isinstance(stop, str) else None}
-    return {"text": None, "error": None, "stop_reason": None}
+    answers = [m for m in (messages if isinstance(messages, list) else [])
+               if isinstance(m, dict) and m.get("role") == "assistant"]
+    if not answers:
+        return {"text": None, "error": None, "stop_reason": None}
+    last = answers[-1]
+    error = last.get("error")
+    stop = last.get("stop_reason")
+    usages = [plain_usage(m["usage"]) for m in answers if isinstance(m.get("usage"), dict)]
+    model, provider, api = answering_model(last)
+    return {"text": last.get("text") if isinstance(last.get("text"), str) else None,
+            "error": str(error) if error else None, "stop_reason": stop if isinstance(stop, str) else None,
+            "usage": sum_usage_maps(usages) if usages else None, "model": model, "provider": provider, "api": api,
+            "thinking_level": text_or_none(last.get("thinking_level"))}
 
 
 def _castor_turn_id(data: dict[str, Any]) -> str | None:
@@ -93,7 +102,7 @@ def _on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str
             actor.ask(SessionEnding(reason="session_shutdown"), timeout=EVENT_TIMEOUT_S)
             return None
         entry_id = data.get("entry_id") if isinstance(data.get("entry_id"), str) else None
-        actor.ask(UserAgentEnded(**_last_assistant(data), entry_id=entry_id, turn_id=_castor_turn_id(data)),
+        actor.ask(UserAgentEnded(**run_answer(data), entry_id=entry_id, turn_id=_castor_turn_id(data)),
                   timeout=EVENT_TIMEOUT_S)
     except CastorError as exc:
         logger.bind(actor=ctx.path).warning("materia {event} handling failed: {exc}", event=event, exc=exc)

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
 from castor.domain.materia.cast_messages import AbandonReason, CastEvent, RunUtility
 from castor.messages.base import LocalMessage
 from castor.ports.agent import TurnOutcome
@@ -75,11 +77,29 @@ class UserTurnContextQuery(LocalMessage, type_name="materia.cast.user_turn_conte
     pass
 
 
-class UserRunEnded(LocalMessage, type_name="materia.cast.user_run_ended"):
+class RunAnswer(BaseModel):
+    """What a harness run's end says of its answer: the newest assistant message's text, error,
+    stop reason and model fields, and the run's usage (``None``: not reported)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     text: str | None = None
     error: str | None = None
     entry_id: str | None = None
     stop_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    provider: str | None = None
+    api: str | None = None
+    thinking_level: str | None = None
+
+
+def answer_fields(answer: RunAnswer) -> dict[str, Any]:
+    """``answer``'s :class:`RunAnswer` fields, to build another message from (no other field)."""
+    return {name: getattr(answer, name) for name in RunAnswer.model_fields}
+
+
+class UserRunEnded(RunAnswer, LocalMessage, type_name="materia.cast.user_run_ended"):
     late: bool = False
 
 
@@ -172,12 +192,8 @@ class IsolateContext(SessionVerb, type_name="materia.session.context"):
     messages: list[Any]  # the harness's transcript entries as it sent them; non-dict entries are skipped
 
 
-class UserAgentEnded(SessionVerb, type_name="materia.session.agent_end"):
+class UserAgentEnded(RunAnswer, SessionVerb, type_name="materia.session.agent_end"):
     verb: ClassVar[str] = "agent_end"
-    text: str | None = None
-    error: str | None = None
-    entry_id: str | None = None
-    stop_reason: str | None = None
     turn_id: str | None = None
 
 

@@ -60,6 +60,7 @@ from castor.actors.materia.messages import (
     UserTurnContextQuery,
     ValidateConfig,
     WithdrawUserTurn,
+    answer_fields,
 )
 from castor.actors.materia.session_mirror import SessionMirror
 from castor.actors.materia.views import (
@@ -609,9 +610,7 @@ class SessionActor(Actor):
         for late in (False, True):
             for cast_id, handle in live:
                 try:
-                    visit_id = handle.ask(UserRunEnded(text=message.text, error=message.error,
-                                                       entry_id=message.entry_id, stop_reason=message.stop_reason,
-                                                       late=late),
+                    visit_id = handle.ask(UserRunEnded(**answer_fields(message), late=late),
                                           timeout=ASK_TIMEOUT_S)
                 except CastorError:
                     continue

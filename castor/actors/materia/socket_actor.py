@@ -107,7 +107,8 @@ def agent_label(agent: Any) -> str | None:
 def turn_ended(visit_id: str, outcome: TurnOutcome, at: float, *, agent: str | None = None) -> TurnEnded:
     error = outcome.error.message if outcome.error is not None else None
     return TurnEnded(visit_id=visit_id, text=outcome.text, stop_reason=outcome.stop_reason, error=error,
-                     usage=usage_map(outcome), model=outcome.model, entry_id=outcome.entry_id, agent=agent, at=at)
+                     usage=usage_map(outcome), model=outcome.model, provider=outcome.provider, api=outcome.api,
+                     thinking_level=outcome.thinking_level, entry_id=outcome.entry_id, agent=agent, at=at)
 
 
 class SocketActor(Actor):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -83,6 +83,12 @@ class TurnUsage(BaseModel):
     cost: Amounts = Field(default_factory=Amounts)
 
 
+CostKind = Literal["actual", "subscription", "estimated"]
+
+#: The model fields a turn and the report carry (pi-materia's names).
+MODEL_FIELDS = ("model", "provider", "api", "thinkingLevel")
+
+
 class TurnRecord(BaseModel):
     socket: str
     materia: str | None = None
@@ -91,18 +97,42 @@ class TurnRecord(BaseModel):
     tokens: Amounts
     cost: Amounts
     model: str | None = None
+    provider: str | None = None
+    api: str | None = None
+    thinkingLevel: str | None = None
+    costKind: CostKind = "estimated"
+
+
+def is_subscription(*names: str | None) -> bool:
+    """pi-materia's rule: a provider, api, model or requested model that contains ``openai-codex``
+    or starts with ``codex/`` is billed by subscription, not per token."""
+    return any(isinstance(n, str) and ("openai-codex" in n or n.startswith("codex/")) for n in names)
 
 
 class UsageReport(BaseModel):
-    """The ``usage.json`` document (camelCase on purpose: it is written as is)."""
+    """The ``usage.json`` document (camelCase on purpose: it is written as is).
+
+    ``model``/``provider``/``api``/``thinkingLevel`` are the latest turn's that reported them.
+    ``costKind``: ``subscription`` (and it stays so) once a turn's or a selection's model is one
+    :func:`is_subscription` names; else ``estimated`` once any turn's cost was not the provider's
+    billed figure (Pi marks a catalog estimate ``cost.totalFromProvider: false``; an agent that
+    reports no cost at all counts as an estimate of zero); else ``actual``.
+    ``modelSelections``: one record per materia model application (:func:`model_selection`).
+    """
 
     tokens: Amounts = Field(default_factory=Amounts)
     cost: Amounts = Field(default_factory=Amounts)
+    model: str | None = None
+    provider: str | None = None
+    api: str | None = None
+    thinkingLevel: str | None = None
+    costKind: CostKind = "actual"
     bySocket: dict[str, TurnUsage] = Field(default_factory=dict)
     byMateria: dict[str, TurnUsage] = Field(default_factory=dict)
     byTask: dict[str, TurnUsage] = Field(default_factory=dict)
     byAttempt: dict[str, TurnUsage] = Field(default_factory=dict)
     turns: list[TurnRecord] = Field(default_factory=list)
+    modelSelections: list[dict[str, Any]] = Field(default_factory=list)
 
     def add_turn(self, record: TurnRecord) -> UsageReport:
         out = self.model_copy(deep=True)
@@ -121,7 +151,101 @@ class UsageReport(BaseModel):
             bump(out.byTask, record.taskId)
             bump(out.byAttempt, f"{record.taskId}:{record.attempt}")
         out.turns.append(record)
+        for name in MODEL_FIELDS:
+            if getattr(record, name) is not None:
+                setattr(out, name, getattr(record, name))
+        out.costKind = _combined_kind(out.costKind, record.costKind)
         return out
+
+    def add_selection(self, selection: dict[str, Any]) -> UsageReport:
+        """A new report with ``selection`` (a :func:`model_selection` record) appended."""
+        out = self.model_copy(update={"modelSelections": [*self.modelSelections, selection]})
+        if is_subscription(selection.get("requestedModel"), selection.get("model"), selection.get("provider")):
+            out.costKind = "subscription"
+        return out
+
+
+def _combined_kind(report: CostKind, turn: CostKind) -> CostKind:
+    if "subscription" in (report, turn):
+        return "subscription"
+    return "estimated" if "estimated" in (report, turn) else "actual"
+
+
+def turn_cost_kind(raw: Any, *names: str | None) -> CostKind:
+    """A turn's cost kind: ``subscription`` by :func:`is_subscription` over its model names;
+    ``actual`` when its usage says the total is the provider's billed cost
+    (``cost.totalFromProvider: true``, Pi's marker); otherwise ``estimated``."""
+    if is_subscription(*names):
+        return "subscription"
+    cost = raw.get("cost") if isinstance(raw, dict) else None
+    return "actual" if isinstance(cost, dict) and cost.get("totalFromProvider") is True else "estimated"
+
+
+def model_selection(*, socket: str, materia: str | None, visit: int, requested_model: str | None,
+                    requested_thinking: str | None, thinking: str | None,
+                    thinking_fallback_reason: str | None, item_key: str | None = None) -> dict[str, Any]:
+    """The record of one materia model application (pi-materia's ``MateriaModelSelection``), as
+    castor knows it when it asks for the turn: what was requested and what castor applies. The
+    harness resolves the model against its registry; the model that answered is each turn's
+    ``model``/``provider``/``api`` (``effectiveModel`` is castor's request, not a confirmation)."""
+    model = (requested_model or "").strip() or None
+    provider, _, model_id = (model or "").partition("/")
+    configured = bool(model or thinking)
+    return {
+        "socket": socket, "materia": materia, "visit": visit, **({"itemKey": item_key} if item_key is not None else {}),
+        "model": (model_id or provider) if model else None,
+        "provider": provider if model and model_id else None,
+        "api": None,
+        "thinking": thinking,
+        "requestedModel": model,
+        "requestedThinking": requested_thinking,
+        "effectiveModel": model,
+        "effectiveThinking": thinking,
+        "modelFallbackReason": None,
+        "thinkingFallbackReason": thinking_fallback_reason,
+        "fallbackReason": thinking_fallback_reason,
+        "modelExplicit": model is not None,
+        "thinkingExplicit": requested_thinking is not None,
+        "source": "configured" if configured else "active",
+        "label": model or "active Pi model",
+    }
+
+
+def text_or_none(value: Any) -> str | None:
+    """``value`` if it is a non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def answering_model(params: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """(model, provider, api) of the turn's answer: ``model`` as an id, or as an object
+    ``{provider, id (or model), api}``; ``provider``/``api`` beside it fill what the object lacks."""
+    model = params.get("model")
+    if isinstance(model, dict):
+        return (text_or_none(model.get("id")) or text_or_none(model.get("model")),
+                text_or_none(model.get("provider")) or text_or_none(params.get("provider")),
+                text_or_none(model.get("api")) or text_or_none(params.get("api")))
+    return text_or_none(model), text_or_none(params.get("provider")), text_or_none(params.get("api"))
+
+
+def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
+    """Several usage maps (one per assistant message of a turn) as one map in the canonical
+    spellings, each read by :func:`extract_usage`; ``cost.totalFromProvider`` true only if every
+    map says so (absent when none says either way)."""
+    total = TurnUsage()
+    flags: list[bool | None] = []
+    for raw in maps:
+        turn = extract_usage(raw)
+        total = TurnUsage(tokens=total.tokens.plus(turn.tokens), cost=total.cost.plus(turn.cost))
+        cost = raw.get("cost") if isinstance(raw, dict) else None
+        flags.append(cost.get("totalFromProvider") is True if isinstance(cost, dict) and "totalFromProvider" in cost
+                     else None)
+    tokens = total.tokens.model_dump()
+    out: dict[str, Any] = {part: tokens[part] for part in PARTS}
+    out["totalTokens"] = tokens["total"]
+    out["cost"] = total.cost.model_dump()
+    if any(flag is not None for flag in flags):
+        out["cost"]["totalFromProvider"] = all(flags)
+    return out
 
 
 def non_negative_number(value: Any) -> float | None:

@@ -62,7 +62,10 @@ class TurnEnded(_Input):
     error: str | None = None
     usage: dict[str, Any] | None = None
     entry_id: str | None = None
-    model: str | None = None
+    model: str | None = None  # the model that answered, and its provider, api and thinking level, if known
+    provider: str | None = None
+    api: str | None = None
+    thinking_level: str | None = None
     agent: str | None = None
     at: float
 

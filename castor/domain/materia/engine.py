@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from castor.domain.materia import prompts
-from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage
+from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage, model_selection, turn_cost_kind
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     AddManifestEntry,
@@ -472,6 +472,21 @@ def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     return record
 
 
+def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: Any) -> None:
+    """An agent turn is about to be asked for: record the materia's model selection in the usage
+    report (``modelSelections``) and emit ``materia_model_settings`` (``extra``: refinementTurn,
+    finalization)."""
+    s = ctx.s
+    record = _materia_model(rs)
+    if record is not None:
+        s.usage = s.usage.add_selection(model_selection(
+            socket=rs.id, materia=rs.materia_name, visit=visit, item_key=s.current_item_key,
+            requested_model=record["model"], requested_thinking=record.get("requestedThinking", record["thinking"]),
+            thinking=record["thinking"], thinking_fallback_reason=record.get("thinkingFallbackReason")))
+    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
+                                        **s.item_fields(), "materiaModel": record, **extra})
+
+
 def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:
     s = ctx.s
     pipeline = s.config.pipeline
@@ -503,8 +518,7 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         s.awaiting_response = False
         s.socket_state = "running_utility"
         return _dispatch_utility(ctx, rs)
-    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
-                                        **s.item_fields(), "materiaModel": _materia_model(rs)})
+    _apply_model_settings(ctx, rs, visit)
     _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal")
     return _Dispatched()
 
@@ -756,9 +770,11 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     entry_id = ev.entry_id or ev.visit_id
     if ev.usage is not None:
         turn = extract_usage(ev.usage)
-        s.usage = s.usage.add_turn(TurnRecord(socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key,
-                                              attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
-                                              model=ev.model))
+        s.usage = s.usage.add_turn(TurnRecord(
+            socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
+            tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
+            thinkingLevel=ev.thinking_level,
+            costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)))
         ctx.write_usage()
     if ev.stop_reason == "aborted":
         # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
@@ -1126,9 +1142,7 @@ def _on_refinement_turn(ctx: _Ctx, _ev: RefinementTurnStarted) -> None:
         raise _reject(f"pi-materia cast {s.cast_id} is not paused for refinement", "not-paused")
     rs = s.socket
     s.multi_turn_finalizing = False
-    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": s.visit,
-                                        **s.item_fields(), "materiaModel": _materia_model(rs),
-                                        "refinementTurn": s.refinement_turn() + 1})
+    _apply_model_settings(ctx, rs, s.visit, refinementTurn=s.refinement_turn() + 1)
     _dispatch_agent(ctx, rs, "refinement", user_driven=True,
                     context_label=f"refinement-{s.refinement_turn() + 1}-{ctx.ts_ms}")
 
@@ -1145,9 +1159,7 @@ def _on_continue(ctx: _Ctx, _ev: ContinueRequested) -> None:
     if s.paused:
         rs = s.socket
         s.multi_turn_finalizing = True
-        ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": s.visit,
-                                            **s.item_fields(), "materiaModel": _materia_model(rs),
-                                            "refinementTurn": s.refinement_turn(), "finalization": True})
+        _apply_model_settings(ctx, rs, s.visit, refinementTurn=s.refinement_turn(), finalization=True)
         _dispatch_agent(ctx, rs, "finalization")
         return
     _goto(ctx, s.current_socket_id, None)

@@ -52,7 +52,11 @@ class TurnEndedParams(Params):
     usage: dict[str, Any] | None = None
     aborted: bool = False
     entry_id: str | None = None
-    model: Any = None
+    model: Any = None  # the model that answered: "id", or {provider, id, api}
+    usages: list[Any] | None = None  # one usage map per assistant message of the turn, as the provider wrote it
+    provider: str | None = None
+    api: str | None = None
+    thinking_level: str | None = None
 
 
 def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:

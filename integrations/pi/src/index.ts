@@ -125,7 +125,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		castorStatusKeys.clear();
 	}
 
-	const turns = new TurnTracker(pi);
+	const turns = new TurnTracker(pi, (text) => notify(`castor: ${text}`, "warning"));
 	const tools = new FabricTools(pi, (name, params, toolCallId, signal) =>
 		untilAborted(getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }), signal),
 	);

@@ -48,13 +48,38 @@ export function addUsage(total: WireUsage, usage: unknown): WireUsage {
 	};
 }
 
-/** A compact, wire-friendly view of a Pi message (role, text, stop reason, custom type). */
+/** A value as plain JSON (what JSON.stringify keeps), or null when it cannot be written. */
+export function plainJson(value: unknown): unknown {
+	try {
+		const text = JSON.stringify(value);
+		return text === undefined ? null : JSON.parse(text);
+	} catch {
+		return null;
+	}
+}
+
+/**
+ * What an assistant message says of who answered and at what cost, for castor's usage report:
+ * its `usage` map as the provider wrote it (castor reads every alias pi-materia reads, so nothing
+ * is summed or renamed here), and `model` `{provider, id, api}` and `thinking_level`.
+ */
+export function answerFields(message: Record<string, unknown>): Record<string, unknown> {
+	const str = (v: unknown) => (typeof v === "string" && v ? v : null);
+	const out: Record<string, unknown> = {};
+	if (message.usage !== null && typeof message.usage === "object") out.usage = plainJson(message.usage);
+	if (str(message.model)) out.model = { provider: str(message.provider), id: str(message.model), api: str(message.api) };
+	if (str(message.thinkingLevel)) out.thinking_level = message.thinkingLevel;
+	return out;
+}
+
+/** A compact, wire-friendly view of a Pi message (role, text, stop reason, custom type; an answer's usage and model). */
 export function summarizeMessage(message: unknown): Record<string, unknown> {
 	const m = (message ?? {}) as Record<string, unknown>;
 	const out: Record<string, unknown> = { role: m.role ?? null, text: flattenText(m.content) };
 	if (m.role === "assistant") {
 		out.stop_reason = m.stopReason ?? null;
 		out.error = typeof m.errorMessage === "string" ? m.errorMessage : null;
+		Object.assign(out, answerFields(m));
 	}
 	if (typeof m.customType === "string") out.custom_type = m.customType;
 	if (typeof m.toolName === "string") out.tool_name = m.toolName;

@@ -26,7 +26,7 @@
  * dispatch failure reported immediately) unless castor aborted it before it ran; a user
  * run never reports a castor turn.
  */
-import { addUsage, emptyUsage, flattenText, type WireUsage } from "./messages.ts";
+import { addUsage, answerFields, emptyUsage, flattenText, type WireUsage } from "./messages.ts";
 
 export const TURN_MESSAGE_TYPE = "castor-turn";
 
@@ -36,7 +36,7 @@ export interface RunTurnParams {
 	prompt: string;
 	summary?: string | null;
 	custom_type?: string | null;
-	model?: { provider: string; id: string } | null;
+	model?: { provider: string | null; id: string } | null;
 	thinking?: string | null;
 	tools?: string[] | null;
 	isolate?: boolean | null;
@@ -44,14 +44,37 @@ export interface RunTurnParams {
 
 /** A turn's model / thinking / tool scope, as castor encodes them (`agent.run_turn`, `turn_settings`). */
 export interface TurnSettings {
-	model?: { provider: string; id: string } | null;
+	model?: { provider: string | null; id: string } | null;
 	thinking?: string | null;
 	tools?: string[] | null;
 }
 
 /** What applying settings needs from Pi's extension context. */
 export interface SettingsCtx {
-	modelRegistry?: { find?(p: string, id: string): unknown };
+	modelRegistry?: ModelLookup;
+}
+
+/** The part of Pi's model registry that resolves a materia's model. */
+export interface ModelLookup {
+	find?(provider: string, id: string): unknown;
+	getAll?(): unknown[];
+}
+
+/**
+ * The registry's model for `provider/id`, or for a bare `id` the one model of that id; else why
+ * not: `unknown_model`, `ambiguous_model` (a bare id several providers serve), or
+ * `model_registry_unavailable`.
+ */
+export function resolveModel(registry: ModelLookup | undefined, provider: string | null | undefined, id: string): { model: unknown } | string {
+	if (provider) {
+		if (typeof registry?.find !== "function") return "model_registry_unavailable";
+		const model = registry.find(provider, id);
+		return model ? { model } : "unknown_model";
+	}
+	if (typeof registry?.getAll !== "function") return "model_registry_unavailable";
+	const matches = registry.getAll().filter((m) => (m as { id?: unknown })?.id === id);
+	if (matches.length === 1) return { model: matches[0] };
+	return matches.length === 0 ? "unknown_model" : "ambiguous_model";
 }
 
 export interface TurnOutcome {
@@ -61,6 +84,11 @@ export interface TurnOutcome {
 	stop_reason: string | null;
 	error: string | null;
 	usage: WireUsage;
+	/** Every assistant message's usage map as the provider wrote it (castor reads each with all of pi-materia's aliases). */
+	usages: unknown[];
+	/** The answering message's model `{provider, id, api}` and thinking level, when Pi names them. */
+	model?: unknown;
+	thinking_level?: unknown;
 	aborted: boolean;
 	entry_id: string | null;
 }
@@ -88,6 +116,7 @@ interface Turn {
 	isolate: boolean;
 	restoreTools?: string[];
 	usage: WireUsage;
+	usages: unknown[];
 	last?: Record<string, unknown>;
 }
 
@@ -98,6 +127,12 @@ export interface TurnHost {
 	setActiveTools(names: string[]): void;
 	setModel(model: unknown): Promise<boolean>;
 	setThinkingLevel(level: never): void;
+}
+
+/** The `model` and `thinking_level` fields of an answer, for the turn's outcome. */
+function modelOf(message: Record<string, unknown>): Record<string, unknown> {
+	const { model, thinking_level } = answerFields(message);
+	return { ...(model ? { model } : {}), ...(thinking_level ? { thinking_level } : {}) };
 }
 
 /** An assistant message that ends its answer (not one that asks for tools and goes on). */
@@ -112,8 +147,12 @@ export class TurnTracker {
 	private readonly abortedIds = new Set<string>();
 	private readonly pi: TurnHost;
 
-	constructor(pi: TurnHost) {
+	private readonly warn: (text: string) => void;
+
+	/** `warn` tells the user of a setting that could not be applied (a model Pi cannot use). */
+	constructor(pi: TurnHost, warn: (text: string) => void = () => {}) {
 		this.pi = pi;
+		this.warn = warn;
 	}
 
 	get active(): Turn | undefined {
@@ -130,6 +169,7 @@ export class TurnTracker {
 			customType: params.custom_type || TURN_MESSAGE_TYPE,
 			isolate: params.isolate === true,
 			usage: emptyUsage(),
+			usages: [],
 		};
 		if (this.abortedIds.has(turn.turnId)) return; // castor withdrew it before it was sent
 		turn.restoreTools = await this.applySettings(params, ctx);
@@ -256,6 +296,8 @@ export class TurnTracker {
 			}
 			if (msg?.role !== "assistant") continue;
 			turn.usage = addUsage(turn.usage, msg.usage);
+			const answer = answerFields(msg);
+			if (answer.usage !== undefined) turn.usages.push(answer.usage);
 			turn.last = msg;
 		}
 	}
@@ -290,6 +332,8 @@ export class TurnTracker {
 			stop_reason: stopReason,
 			error,
 			usage: turn.usage,
+			usages: turn.usages,
+			...(last ? modelOf(last) : {}),
 			aborted: aborted || stopReason === "aborted" || turn.abortRequested === true || turn.interjected === true,
 			entry_id: entryId,
 		};
@@ -317,12 +361,21 @@ export class TurnTracker {
 		if (tools) this.pi.setActiveTools(tools);
 	}
 
-	/** Model first, then thinking, then the tool scope; returns the tools to restore. */
+	/**
+	 * Model first, then thinking, then the tool scope; returns the tools to restore. A model Pi
+	 * cannot use falls back to the active one, as pi-materia does: the turn runs and {@link warn}
+	 * says why (`unknown_model`, `ambiguous_model`, `credentials_missing`,
+	 * `model_registry_unavailable`). Only a Pi that cannot set a model at all throws.
+	 */
 	private async applySettings(settings: TurnSettings, ctx: SettingsCtx): Promise<string[] | undefined> {
-		if (settings.model?.provider && settings.model?.id) {
-			const model = ctx?.modelRegistry?.find?.(settings.model.provider, settings.model.id);
-			if (!model) throw new Error(`unknown model ${settings.model.provider}/${settings.model.id}`);
-			await this.pi.setModel(model);
+		const wanted = settings.model;
+		if (wanted?.id) {
+			const label = wanted.provider ? `${wanted.provider}/${wanted.id}` : wanted.id;
+			if (typeof this.pi.setModel !== "function") throw new Error(`the materia model setting is unsupported: this Pi cannot set a model (${label})`);
+			const found = resolveModel(ctx?.modelRegistry, wanted.provider, wanted.id);
+			let reason = typeof found === "string" ? found : undefined;
+			if (typeof found !== "string" && !(await this.pi.setModel(found.model))) reason = "credentials_missing";
+			if (reason) this.warn(`materia model "${label}" is not used (${reason}); the turn runs on the active Pi model`);
 		}
 		if (settings.thinking) this.pi.setThinkingLevel(settings.thinking as never);
 		if (!Array.isArray(settings.tools)) return undefined;

@@ -45,7 +45,9 @@ test("a dispatched turn is a hidden prompt that triggers a run; its end is repor
 	const outcome = turns.settle("s", false, "e1");
 	assert.deepEqual(outcome, {
 		session_id: "s", turn_id: "t1", text: "DONE", stop_reason: "stop", error: null,
-		usage: { input: 10, output: 5, cache_read: 1, cache_write: 0, total_tokens: 16, cost: 0.5 }, aborted: false, entry_id: "e1",
+		usage: { input: 10, output: 5, cache_read: 1, cache_write: 0, total_tokens: 16, cost: 0.5 },
+		usages: [{ input: 10, output: 5, cacheRead: 1, cacheWrite: 0, totalTokens: 16, cost: { total: 0.5 } }],
+		aborted: false, entry_id: "e1",
 	});
 	assert.equal(turns.settle("s", false, null), undefined, "settles once");
 });
@@ -207,4 +209,47 @@ test("an old castor prompt before the last answer never binds; an aborted follow
 	turns.abort("t2");
 	assert.equal(turns.bindFromContext([assistant("A"), { role: "custom", details: { castor_turn_id: "t2" } }]), "aborted");
 	assert.equal(turns.active, undefined);
+});
+
+test("a turn's outcome carries each answer's usage map as the provider wrote it, and the answering model", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	assert.ok(turns.bindFromMessage(started(pi)));
+	// A provider (an extension's own) that reports usage in its own spellings: Pi's names are absent.
+	const toolCall = { role: "assistant", content: [], stopReason: "toolUse", usage: { prompt_tokens: 7, completion_tokens: 2, cost: { input: 0.01, output: 0.02 } } };
+	const answer = { ...assistant("DONE"), provider: "acme", model: "m-1", api: "openai-completions", thinkingLevel: "high",
+		usage: { inputTokens: 3, outputTokens: 4, costUsd: 0.25, bad: Number.NaN } };
+	turns.onAgentEnd([toolCall, answer]);
+	const outcome = turns.settle("s", false, null);
+	assert.deepEqual(outcome?.usages, [toolCall.usage, { inputTokens: 3, outputTokens: 4, costUsd: 0.25, bad: null }]);
+	assert.deepEqual(outcome?.model, { provider: "acme", id: "m-1", api: "openai-completions" });
+	assert.equal(outcome?.thinking_level, "high");
+	assert.equal(outcome?.usage.input, 0, "the summed legacy map knows only Pi's own names");
+});
+
+test("a materia model Pi cannot use falls back to the active model with a warning; the turn still runs", async () => {
+	const cases: [string, { provider: string | null; id: string }, unknown, boolean, string][] = [
+		["unknown", { provider: "acme", id: "nope" }, { find: () => undefined, getAll: () => [] }, true, "unknown_model"],
+		["no credentials", { provider: "acme", id: "m" }, { find: () => ({ id: "m" }) }, false, "credentials_missing"],
+		["ambiguous bare id", { provider: null, id: "m" }, { getAll: () => [{ id: "m", provider: "a" }, { id: "m", provider: "b" }] }, true, "ambiguous_model"],
+		["no registry", { provider: "acme", id: "m" }, undefined, true, "model_registry_unavailable"],
+	];
+	for (const [name, model, registry, setOk, reason] of cases) {
+		const pi = host();
+		const set: unknown[] = [];
+		pi.setModel = async (m) => (set.push(m), setOk);
+		const warned: string[] = [];
+		const turns = new TurnTracker(pi, (text) => warned.push(text));
+		await turns.dispatch({ turn_id: "t1", prompt: "P", model }, { ...idle, modelRegistry: registry as never });
+		assert.equal(started(pi)?.content, "P", `${name}: the turn is sent`);
+		assert.equal(warned.length, 1, name);
+		assert.match(warned[0] ?? "", new RegExp(`\\(${reason}\\); the turn runs on the active Pi model`), name);
+	}
+	const pi = host();
+	const set: unknown[] = [];
+	pi.setModel = async (m) => (set.push(m), true);
+	const turns = new TurnTracker(pi, () => assert.fail("no warning"));
+	await turns.dispatch({ turn_id: "t1", prompt: "P", model: { provider: null, id: "m" } }, { ...idle, modelRegistry: { getAll: () => [{ id: "m", provider: "a" }, { id: "x" }] } });
+	assert.deepEqual(set, [{ id: "m", provider: "a" }], "a bare id one provider serves is that model");
 });

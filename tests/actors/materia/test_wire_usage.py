@@ -52,3 +52,52 @@ def test_wire_usage_in_each_provider_format_counts_and_the_budget_stops_the_cast
     assert len(harness.turns) == 2
     report = json.loads((Path(done["run_dir"]) / "usage.json").read_text())
     assert math.isclose(report["cost"]["total"], 1.2) and report["tokens"]["total"] == 330
+
+
+class PerMessageHarness(FakeHarness):
+    """Reports a turn as the Pi extension does: each assistant message's usage map as the provider
+    wrote it (``usages``), the answering model as an object, and the thinking level."""
+
+    def __init__(self, client, session_id) -> None:
+        super().__init__(client, session_id, {"*": ["done"] * 3})
+
+    def _run_turn(self, params: dict) -> None:
+        self.turns.append(params)
+
+        def answer() -> None:
+            self.client.call("agent.turn_ended", {
+                "session_id": self.session_id, "turn_id": params["turn_id"], "text": "done", "stop_reason": "stop",
+                # the summed map an older extension sends: it knows Pi's own names only, so it saw 0
+                "usage": {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0, "total_tokens": 0, "cost": None},
+                "usages": [FORMATS["anthropic"], {"prompt_tokens": 7, "completion_tokens": 3,
+                                                  "cost": {"input": 0.01, "output": 0.02, "totalFromProvider": True}}],
+                "model": {"provider": "acme", "id": "m-1", "api": "openai-completions"}, "thinking_level": "high"})
+
+        threading.Thread(target=answer, daemon=True).start()
+
+
+@pytest.mark.timeout(60)
+def test_per_message_usage_in_any_spelling_and_the_model_fields_reach_usage_json(served, project):
+    write_project_config(project, {"activeLoadout": "One", "materia": {
+        "S": {"prompt": "Step {{request}}", "tools": "none", "model": "acme/m-1", "thinking": "high"}},
+        "loadouts": {"One": {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "S"}}}}})
+    client = served()
+    PerMessageHarness(client, "pi-1")
+    client.call("session.open", {"session_id": "pi-1", "cwd": str(project), "trusted": True})
+    started = client.call("cast.start", {"session_id": "pi-1", "cwd": str(project), "request": "go"})
+    done = wait_for(lambda: (v := client.call("cast.status", {"session_id": "pi-1", "cast_id": started["cast_id"]}))
+                    ["status"] == "complete" and v, what="the cast's end")
+    report = json.loads((Path(done["run_dir"]) / "usage.json").read_text())
+    assert report["tokens"]["input"] == 107 and report["tokens"]["output"] == 53
+    assert math.isclose(report["cost"]["total"], 0.63)
+    assert (report["model"], report["provider"], report["api"], report["thinkingLevel"]) == (
+        "m-1", "acme", "openai-completions", "high")
+    # one message's cost was the provider's billed figure, the other's not said: not all actual
+    assert report["costKind"] == "estimated"
+    [turn] = report["turns"]
+    assert (turn["model"], turn["provider"], turn["api"], turn["thinkingLevel"]) == (
+        "m-1", "acme", "openai-completions", "high")
+    [selection] = report["modelSelections"]
+    assert selection["requestedModel"] == "acme/m-1" and selection["provider"] == "acme"
+    assert selection["model"] == "m-1" and selection["thinking"] == "high" and selection["source"] == "configured"
+    assert selection["label"] == "acme/m-1" and selection["socket"] == "Socket-1"

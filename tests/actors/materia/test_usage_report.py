@@ -1,0 +1,94 @@
+"""usage.json's model fields, cost kind and model selections (pi-materia's UsageReport), and a
+harness run's usage read from each assistant message in any provider's spelling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from castor.actors.materia.component import run_answer
+from castor.domain.materia.budget import (
+    Amounts,
+    TurnRecord,
+    UsageReport,
+    model_selection,
+    sum_usage_maps,
+    turn_cost_kind,
+)
+
+
+def _turn(**fields) -> TurnRecord:
+    return TurnRecord(socket="Socket-1", tokens=Amounts(total=1), cost=Amounts(total=0.1), **fields)
+
+
+@pytest.mark.timeout(10)
+def test_the_report_takes_the_latest_model_fields_and_cost_kind_only_worsens() -> None:
+    report = UsageReport()
+    assert report.costKind == "actual" and report.model is None
+    report = report.add_turn(_turn(model="m-1", provider="acme", api="a", thinkingLevel="low", costKind="actual"))
+    assert (report.model, report.provider, report.api, report.thinkingLevel, report.costKind) == (
+        "m-1", "acme", "a", "low", "actual")
+    report = report.add_turn(_turn(model="m-2", costKind="estimated"))
+    assert (report.model, report.provider, report.costKind) == ("m-2", "acme", "estimated")
+    report = report.add_turn(_turn(costKind="actual"))
+    assert report.costKind == "estimated", "an estimate in the total stays an estimate"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("names", [("openai-codex", None, None), (None, None, "codex/gpt-5"),
+                                   ("m", "openai-codex-responses", None)])
+def test_a_codex_model_makes_the_cost_kind_subscription_for_good(names) -> None:
+    provider, api, model = names
+    kind = turn_cost_kind({"cost": {"totalFromProvider": True}}, model, provider, api, None)
+    assert kind == "subscription"
+    report = UsageReport().add_turn(_turn(costKind=kind)).add_turn(_turn(costKind="actual"))
+    assert report.costKind == "subscription"
+
+
+@pytest.mark.timeout(10)
+def test_a_requested_codex_model_in_a_selection_makes_it_subscription() -> None:
+    selection = model_selection(socket="Socket-1", materia="S", visit=1, requested_model="openai-codex/gpt-5",
+                                requested_thinking=None, thinking=None, thinking_fallback_reason=None)
+    assert selection["provider"] == "openai-codex" and selection["model"] == "gpt-5"
+    assert selection["modelExplicit"] and not selection["thinkingExplicit"] and selection["source"] == "configured"
+    assert UsageReport().add_selection(selection).costKind == "subscription"
+    active = model_selection(socket="Socket-1", materia="S", visit=1, requested_model=" ", requested_thinking=None,
+                             thinking=None, thinking_fallback_reason=None)
+    assert active["label"] == "active Pi model" and active["source"] == "active" and active["model"] is None
+
+
+@pytest.mark.timeout(10)
+def test_turn_cost_kind_follows_pis_provider_marker() -> None:
+    assert turn_cost_kind({"cost": {"total": 1, "totalFromProvider": True}}) == "actual"
+    assert turn_cost_kind({"cost": {"total": 1, "totalFromProvider": False}}) == "estimated"
+    assert turn_cost_kind({"costUsd": 1}) == "estimated"
+
+
+@pytest.mark.timeout(10)
+def test_a_user_runs_usage_is_every_assistant_messages_in_its_own_spelling() -> None:
+    data = {"messages": [
+        {"role": "user", "text": "hi"},
+        {"role": "assistant", "text": "", "stop_reason": "toolUse",
+         "usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+        {"role": "toolResult", "text": "ok"},
+        {"role": "assistant", "text": "final", "stop_reason": "stop",
+         "usage": {"inputTokens": 3, "outputTokens": 4, "cost": {"input": 0.5, "output": 0.25}},
+         "model": {"provider": "acme", "id": "m-1", "api": "x"}, "thinking_level": "medium"},
+    ]}
+    answer = run_answer(data)
+    assert answer["text"] == "final" and answer["stop_reason"] == "stop"
+    assert (answer["model"], answer["provider"], answer["api"], answer["thinking_level"]) == (
+        "m-1", "acme", "x", "medium")
+    usage = answer["usage"]
+    assert usage["input"] == 10 and usage["output"] == 5 and usage["totalTokens"] == 15
+    assert math.isclose(usage["cost"]["total"], 0.75)
+    assert run_answer({"messages": [{"role": "assistant", "text": "x"}]})["usage"] is None
+
+
+@pytest.mark.timeout(10)
+def test_summed_usage_keeps_every_provider_figure_and_drops_none() -> None:
+    summed = sum_usage_maps([{"input_tokens": 2, "cache_read_input_tokens": 1, "input_cost_usd": 0.1},
+                             {"input": 3, "cost": {"total": 0.2, "totalFromProvider": True}}, "junk", None])
+    assert summed["input"] == 5 and summed["cacheRead"] == 1 and summed["totalTokens"] == 6
+    assert math.isclose(summed["cost"]["total"], 0.3) and summed["cost"]["totalFromProvider"] is False
