@@ -23,7 +23,9 @@ equals the compact one, which the C encoder produces. The result is always exact
 from __future__ import annotations
 
 import json
+import math
 import re
+from decimal import Decimal
 from typing import Any
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -85,13 +87,125 @@ def loads_strict(text: str | bytes) -> Any:
 
 def pretty_json(value: Any) -> str:
     """``json.dumps(value, indent=2, ensure_ascii=False)``, by the C encoder when that gives the
-    same text (see the module doc)."""
+    same text (see the module doc), with a small number written as JavaScript writes it
+    (``1.5e-7``, ``0.00001``, not Python's ``1.5e-07``, ``1e-05``)."""
     if value is None:
         return "null"
     if isinstance(value, (dict, list)):
         if not value:
             return "{}" if isinstance(value, dict) else "[]"
-        return json.dumps(value, indent=2, ensure_ascii=False)
-    if isinstance(value, (str, int, float)):
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, indent=2, ensure_ascii=False)
+        text = json.dumps(value, indent=2, ensure_ascii=False)
+    elif isinstance(value, (str, int, float)):
+        text = json.dumps(value, ensure_ascii=False)
+    else:
+        text = json.dumps(value, indent=2, ensure_ascii=False)
+    # Only a float below 1e-4 is written with a negative exponent (Python's repr), and only those
+    # differ from JavaScript's text (integral floats are ints once read: js_float). A C-speed scan
+    # of the text decides; a string that merely looks like one costs a second encoding, no more.
+    if _NEGATIVE_EXPONENT.search(text) is None:
+        return text
+    return _with_js_small_numbers(value)
+
+
+_NEGATIVE_EXPONENT = re.compile(r"\de-\d")
+
+
+def _with_js_small_numbers(value: Any) -> str:
+    marks: dict[str, str] = {}
+    nonce = f"\x00castor-number-{id(marks)}-"
+
+    def mark(item: Any) -> Any:
+        if isinstance(item, float) and not isinstance(item, bool) and item != 0 and abs(item) < 1e-4:
+            key = f"{nonce}{len(marks)}"
+            marks[key] = js_number_text(item)
+            return key
+        if isinstance(item, dict):
+            return {k: mark(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [mark(v) for v in item]
+        return item
+
+    text = json.dumps(mark(value), indent=2, ensure_ascii=False)
+    for key, number in marks.items():
+        text = text.replace(json.dumps(key, ensure_ascii=False), number, 1)
+    return text
+
+
+# JavaScript's view of numbers and text. pi-materia is JavaScript: a JSON number has one type
+# there, so ``1.0`` in a model's reply *is* ``1`` and is written back as ``1``, and an item id is
+# turned into text by ``String(...)``. castor reads numbers the same way and turns ids into text
+# the same way, so artifact names, item keys and rendered prompts are the ones pi-materia makes.
+
+_JS_INTEGER_LIMIT = 1e21  # from here on JavaScript writes numbers with an exponent
+
+
+def js_float(text: str) -> int | float | None:
+    """A JSON number literal with a fraction or exponent, as JavaScript holds it: an integral value
+    below 1e21 as an ``int`` with the digits ``JSON.stringify`` writes (``"1.0"`` → ``1``,
+    ``"1e3"`` → ``1000``), else a float; out of range (``1e999``) → ``None``, the ``null``
+    ``JSON.stringify`` writes for it. For ``json`` decoders' ``parse_float``."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        return None
+    if value.is_integer() and abs(value) < _JS_INTEGER_LIMIT:
+        # the shortest digits that read back as this float, as JavaScript prints them (beyond 2**53
+        # the float's exact binary value has other trailing digits)
+        return int(Decimal(repr(value)))
+    return value
+
+
+def js_int(text: str) -> int | float | None:
+    """A JSON integer literal as JavaScript holds it: exact up to 2**53, beyond that the nearest
+    double (written with its shortest digits, as :func:`js_float`). For ``parse_int``."""
+    value = int(text)
+    return value if -_JS_SAFE <= value <= _JS_SAFE else js_float(text)
+
+
+_JS_SAFE = 2**53
+
+
+def js_string(value: Any) -> str:
+    """JavaScript's ``String(value)`` of a JSON value: ``true``, ``1`` (for ``1.0``), ``1.5``,
+    ``null``, arrays joined by commas (``null`` as empty), an object ``[object Object]``."""
+    if isinstance(value, str):
+        return value
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return js_number_text(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join("" if item is None else js_string(item) for item in value)
+    if isinstance(value, dict):
+        return "[object Object]"
+    return str(value)
+
+
+def js_number_text(value: float) -> str:
+    """JavaScript's text for a number (``Number.prototype.toString``): integral values without a
+    fraction, exponents from 1e21 up and below 1e-6, written ``1e+21`` / ``1.5e-7``."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    digits_tuple = Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, digits_tuple.digits))
+    exponent = int(digits_tuple.exponent)
+    k, n = len(digits), exponent + len(digits)  # digits × 10^(n-k)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * -n + digits
+    power = n - 1
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{sign}{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"

@@ -406,3 +406,40 @@ def test_c85_text_socket_prompt_without_loops() -> None:
                      "Global guidance JSON: {}"):
         assert fragment in prompt, fragment
     assert "Return only JSON" not in prompt
+
+
+# =========================================================================== JavaScript's numbers and String()
+
+
+def test_item_keys_and_artifact_names_are_javascripts_string_of_the_id() -> None:
+    """pi-materia is JavaScript: an item key is ``String(id ?? key ?? index)`` of the value
+    ``JSON.parse`` made, so ``1.0`` is ``"1"``, ``true`` ``"true"``, an object ``"[object Object]"``
+    and an array its items joined by commas. castor wrote ``1.0``, ``True`` and ``{'x': 1}``, so its
+    artifact names and ``byTask`` keys differed from pi-materia's for the same reply."""
+    d = Driver(resolved(_loop_config([])))
+    d.reply('{"workItems": [{"id": 1.0}, {"id": true}, {"id": {"x": 1}}, {"id": [1, null, 2.50]}, {"key": 1e3}]}')
+    keys = []
+    for _ in range(5):
+        keys.append(d.pending().item_key)
+        tr = d.reply({"satisfied": True})
+        assert tr.effects  # the socket completed
+    assert keys == ["1", "true", "[object Object]", "1,,2.5", "1000"]
+    outputs = [e.path[-1] for e in d.effects if isinstance(e, WriteArtifact)
+               and e.path[:2] == ("sockets", "Socket-2") and e.path[-1].endswith(".md")]
+    assert outputs[:2] == ["1-1.md", "2-true.md"], outputs
+
+
+def test_numbers_in_a_reply_are_read_and_written_as_javascript_holds_them() -> None:
+    """``JSON.parse`` has one number type: ``2.0`` is ``2`` and is rendered ``2`` in the next
+    prompt and in ``state.data``; integers past 2**53 are the nearest double; 1e999 is null."""
+    cfg = config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json",
+                               "assign": {"n": "$.n", "big": "$.big", "x": "$.x", "f": "$.f"},
+                               "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "P"}})
+    cfg["materia"]["P"] = agent(prompt="n={{n}} big={{big}} x={{x}} f={{f}}")
+    d = Driver(resolved(cfg))
+    d.reply('{"satisfied": true, "n": 2.0, "big": 123456789012345678901, "x": 1e999, "f": 1.5e-7}')
+    assert d.state.data["n"] == 2 and isinstance(d.state.data["n"], int)
+    assert d.state.data["big"] == 123456789012345680000
+    prompt = d.pending().prompt
+    assert "n=2 big=123456789012345680000 x= f=1.5e-7" in prompt, prompt

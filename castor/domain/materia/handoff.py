@@ -23,7 +23,7 @@ import json
 import re
 from typing import Any
 
-from castor.domain.jsontext import pretty_json, well_formed
+from castor.domain.jsontext import js_float, js_int, pretty_json, well_formed
 from castor.domain.materia.config import Socket, object_at
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, set_path
 from castor.messages.errors import CastorError, ErrorCode
@@ -46,14 +46,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # as JSON.parse: NaN and Infinity are not values
 
 
-def _finite(text: str) -> Any:
-    value = float(text)
-    return None if value in (float("inf"), float("-inf")) else value  # 1e999: null, as JSON.stringify writes it
-
-
 # strict=False: a raw line break or tab inside a string is taken (models write them; a deliberate
-# difference, docs/materia.md); NaN/Infinity literals are not JSON and are refused, as JSON.parse does.
-_DECODER = json.JSONDecoder(strict=False, parse_constant=_no_constant, parse_float=_finite)
+# difference, docs/materia.md); NaN/Infinity literals are not JSON and are refused, as JSON.parse does;
+# numbers are read as JavaScript holds them (1.0 is 1, 1e999 is null: castor.domain.jsontext.js_float).
+_DECODER = json.JSONDecoder(strict=False, parse_constant=_no_constant, parse_float=js_float, parse_int=js_int)
 
 
 class HandoffError(CastorError):

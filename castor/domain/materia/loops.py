@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from castor.domain.jsontext import js_string
 from castor.domain.materia.config import END, ResolvedPipeline
 from castor.domain.materia.expressions import MISSING, Scope, as_list, resolve_value
 
@@ -70,7 +71,7 @@ def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int]) ->
     if isinstance(item, dict):
         key = next((item[k] for k in ("id", "key") if item.get(k) is not None), index)
         label = next((item[k] for k in ("title", "name", "key") if item.get(k) is not None), None)
-    return ItemSelection(item, index, str(key), None if label is None else str(label))
+    return ItemSelection(item, index, js_string(key), None if label is None else js_string(label))
 
 
 def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:
