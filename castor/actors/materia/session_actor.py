@@ -68,6 +68,7 @@ from castor.actors.materia.views import (
     cast_rows,
     casts_text,
     find_cast,
+    held_elsewhere,
     load_state,
     loadout_line,
     persisted_view,
@@ -122,6 +123,9 @@ def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable
     return run
 
 
+_DRIVEN_KEPT = 64  # the casts a session remembers having driven (for an id-less status)
+
+
 class SessionActor(Actor):
     # An ask that finds the session idle runs its verb on the asking thread (docs/supervision.md
     # "Inline asks"): a verb costs no thread hand-off there and back. Every handler bounds its own
@@ -142,6 +146,9 @@ class SessionActor(Actor):
         self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
         # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones.
         self.surface: Surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
+        # The casts this session started or brought in, oldest first: an id-less status shows this
+        # session's own cast, not the newest another session (a second Pi in the project) runs.
+        self._driven: list[str] = []
 
     def on_start(self) -> None:
         log = self.ctx.harness.session_log
@@ -301,6 +308,9 @@ class SessionActor(Actor):
             raise
         if env.start_error is not None:  # its start met a storage fault: stopped, told here
             raise env.start_error
+        if env.cast_id in self._driven:
+            self._driven.remove(env.cast_id)
+        self._driven = [*self._driven[-(_DRIVEN_KEPT - 1):], env.cast_id]
         return handle
 
     def _ask_status(self, handle: Any, root: Path, cast_id: str) -> dict[str, Any]:
@@ -361,14 +371,9 @@ class SessionActor(Actor):
         cast_id = message.cast_id
         cast_id = self._ref(cast_id)
         live = self._live()
+        elsewhere = False
         if cast_id is None:
-            if live:
-                cast_id = max(live)
-            else:
-                found = find_cast(self.storage, self._artifact_root(), set(), "readable")
-                if found is None:
-                    raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
-                cast_id = found["cast_id"]
+            cast_id, elsewhere = (max(live), False) if live else self._newest_to_show()
         self.storage.validate_cast_id(cast_id)
         handle = live.get(cast_id)
         view = None
@@ -380,7 +385,30 @@ class SessionActor(Actor):
         if view is None:
             view = persisted_view(self.storage, self._artifact_root(), cast_id, live=False)
         view.pop("user_turn_visit_id", None)
-        return {**view, "text": status_text(view, self.surface), "level": "info"}
+        text = status_text(view, self.surface)
+        if elsewhere:
+            text = (f"No pi-materia cast in this session; the newest in this project runs in another session "
+                    f"(abort or continue it there):\n{text}")
+        return {**view, "text": text, "level": "info", **({"elsewhere": True} if elsewhere else {})}
+
+    def _newest_to_show(self) -> tuple[str, bool]:
+        """An id-less status with no live cast here: the newest cast this session drove that is
+        still on disk; else the newest one in the project that no other live session holds; else
+        the newest one, another session's running cast (the flag says so)."""
+        root = self._artifact_root()
+        for cast_id in reversed(self._driven):
+            try:
+                persisted_view(self.storage, root, cast_id, live=False)
+            except CastorError:
+                continue  # removed since, or unreadable now
+            return cast_id, False
+        found = find_cast(self.storage, root, set(), "readable", accept=lambda row: not held_elsewhere(row))
+        if found is not None:
+            return str(found["cast_id"]), False
+        found = find_cast(self.storage, root, set(), "readable")
+        if found is None:
+            raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
+        return str(found["cast_id"]), True
 
     @handles(ListCasts)
     @answers_bad_input

@@ -208,6 +208,12 @@ def _cast_row(
     return row
 
 
+def held_elsewhere(row: dict[str, Any]) -> bool:
+    """A listing row (:func:`find_cast`, with no live ids) of a cast another live session runs:
+    still going, and its lease held, so it is not ``resumable`` here."""
+    return row["status"] in ("active", "awaiting_refinement", "interrupted") and not row["resumable"]
+
+
 def _problem_row(problem: UnreadableCastView, live_ids: set[str]) -> dict[str, Any]:
     return {"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
             "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
