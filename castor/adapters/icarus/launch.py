@@ -52,7 +52,14 @@ class WorkerLaunch(BaseModel):
 
 
 def _inside(path: str, root: str) -> bool:
-    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    """``path`` is ``root`` or under it, as written or once links are followed (a ``PATH`` or
+    ``PYTHONPATH`` entry that reaches the project through a symlink is the project too, and so
+    is any entry when the project itself is reached through one)."""
+    return _under(posixpath.normpath(path), posixpath.normpath(root)) or _under(
+        os.path.realpath(path), os.path.realpath(root))
+
+
+def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 

@@ -58,3 +58,28 @@ def test_bare_python_never_resolves_into_the_project(tmp_path):
     path = os.pathsep.join([".", "bin", str(project / "bin"), str(good_dir)])
     launch = build_launch(settings(), cwd=str(project), parent_env={"PATH": path})
     assert launch.argv[0] == str(good)
+
+
+def test_entries_that_reach_the_project_through_a_link_are_the_project(tmp_path):
+    """A PATH or PYTHONPATH entry through a symlink to the project, or a project opened by a
+    symlinked path with entries naming its real directory, was kept: the project's own
+    ``bin/python3`` became the worker and its ``json.py`` was imported before trust."""
+    project = tmp_path / "proj"
+    (project / "bin").mkdir(parents=True)
+    (project / "src").mkdir()
+    evil = project / "bin" / "python3"
+    evil.write_text("#!/bin/sh\necho pwned\n")
+    evil.chmod(evil.stat().st_mode | stat.S_IEXEC)
+    link = tmp_path / "link"
+    link.symlink_to(project)
+    good_dir = tmp_path / "system"
+    good_dir.mkdir()
+    good = good_dir / "python3"
+    good.write_text("#!/bin/sh\n")
+    good.chmod(good.stat().st_mode | stat.S_IEXEC)
+    for cwd, entry in ((project, link), (link, project)):
+        assert sanitise_pythonpath("/opt/h/plugins/icarus", os.pathsep.join([str(entry), str(entry / "src"), "/abs"]),
+                                   str(cwd)) == os.pathsep.join(["/opt/h/plugins", "/abs"])
+        launch = build_launch(settings(), cwd=str(cwd),
+                              parent_env={"PATH": os.pathsep.join([str(entry / "bin"), str(good_dir)])})
+        assert launch.argv[0] == str(good), (cwd, entry)
