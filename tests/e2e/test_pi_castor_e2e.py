@@ -481,3 +481,21 @@ def test_j_a_materia_model_pi_cannot_use_falls_back_and_usage_json_names_who_ans
     assert report["provider"] == "fake" and report["model"] and report["api"], report
     assert all(t["provider"] == "fake" and t["api"] for t in report["turns"])
     assert [s["requestedModel"] for s in report["modelSelections"]] == ["fake/no-such-model", None]
+
+
+def test_k_a_retrieval_slower_than_the_extensions_deadline_but_within_timeout_ms_still_lands(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """The extension cut every Icarus call at its own per-call deadline (--castor-timeout-ms, 15 s by
+    default) whatever timeoutMs allowed (30 s by default): a slow retrieval's memories were lost
+    (and the backend marked them injected). It now waits as long as castor does
+    (``icarus.config`` ``deadlines_ms``). Here the extension's deadline is 2 s and the retrieval 4 s."""
+    seed_fabric(tmp_path, ("ZEBRA-FACT zebra migration notes", "zebras migrate in the dry season"))
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 4000}})
+    pi = start_pi(castor_command, settings=icarus_settings(tmp_path, classifier="none"), timeout_ms=2000,
+                  env={"ICARUS_REF_CONTROLS": controls})
+    up(pi)
+    start = pi.prompt("tell me about the zebra herd", timeout=30)
+    pi.wait_for(lambda e: e.get("type") == "agent_end", start=start, timeout=30)
+    main_request = next(r for r in reversed(fake_llm.log()) if "tell me about the zebra herd" in json.dumps(r["messages"]))
+    assert "ZEBRA-FACT" in json.dumps(main_request["messages"])
+    assert not [e for e in pi.ui("notify", start=start) if "not answering" in str(e.get("message"))]

@@ -55,6 +55,7 @@ Guarantees
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -527,7 +528,15 @@ class IcarusSession:
             "config": config_inspection(self.settings),
             "schema": config_schema(),
             "tools": self.tool_specs(),
+            "deadlines_ms": self.deadlines_ms(),
         }
+
+    def deadlines_ms(self) -> dict[str, int]:
+        """The longest castor itself waits on this session's memory backend, per harness method:
+        a harness whose own per-call deadline is shorter must wait this long instead (else a slow
+        retrieval or tool, within ``timeoutMs``, is cut off and its result lost)."""
+        return {"harness.event": math.ceil(self.wait_bound(HarnessEventName.BEFORE_AGENT_START) * 1000),
+                "icarus.tool": math.ceil((self.settings.timeout_ms / 1000.0 + WAIT_GRACE_S) * 1000)}
 
     def worker_stats(self) -> dict[str, Any]:
         """The worker actor's mailbox and the latest worker process (pid, RSS, CPU, files)."""

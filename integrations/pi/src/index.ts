@@ -39,6 +39,8 @@ const STATUS_KEY = "castor";
 const PROBE_MS = 2000;
 /** After a failed probe, hooks skip a silent castor without asking again for this long. */
 const PROBE_REST_MS = 10_000;
+/** Added to castor's own bound on a memory-backend call (`deadlines_ms`): the frames' way there and back. */
+const DEADLINE_MARGIN_MS = 2000;
 /** How long an aborted turn's end waits to tell an Esc from Pi shutting the session down. */
 const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
@@ -127,8 +129,18 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	const turns = new TurnTracker(pi, (text) => notify(`castor: ${text}`, "warning"));
 	const tools = new FabricTools(pi, (name, params, toolCallId, signal) =>
-		untilAborted(getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }), signal),
+		untilAborted(getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }, { timeoutMs: deadlineFor("icarus.tool") }), signal),
 	);
+	/** The longest castor waits on the memory backend per method (`icarus.config` `deadlines_ms`). */
+	let backendDeadlines: Record<string, number> = {};
+	function noteDeadlines(result: unknown): void {
+		const d = (result as { deadlines_ms?: unknown } | null)?.deadlines_ms;
+		if (d && typeof d === "object") backendDeadlines = Object.fromEntries(Object.entries(d).filter(([, v]) => typeof v === "number" && v > 0)) as Record<string, number>;
+	}
+	/** A call castor answers only once the memory backend has: its own bound, and a margin for the wire. */
+	function deadlineFor(method: string): number {
+		return Math.max(timeoutMs(), (backendDeadlines[method] ?? 0) + DEADLINE_MARGIN_MS);
+	}
 
 	function stringFlag(name: string): string | undefined {
 		const value = pi.getFlag(name);
@@ -199,7 +211,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			openedGeneration = rt.generation;
 			try {
 				if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
-				if (rt.has("icarus.config")) tools.registerFrom(await rt.call("icarus.config", { session_id: sessionId }, { spawn: false }));
+				if (rt.has("icarus.config")) {
+					const config = await rt.call("icarus.config", { session_id: sessionId }, { spawn: false });
+					noteDeadlines(config);
+					tools.registerFrom(config);
+				}
 			} catch (err) {
 				openedGeneration = -1;
 				throw err;
@@ -266,7 +282,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				log(`harness.event ${event} skipped: castor is not answering`);
 				return undefined;
 			}
-			const result = await rt.call("harness.event", { session_id: sessionId, event, data }, { spawn: false });
+			const result = await rt.call("harness.event", { session_id: sessionId, event, data }, { spawn: false, timeoutMs: deadlineFor("harness.event") });
 			applyEffects(result);
 			return result !== null && typeof result === "object" ? (result as Record<string, unknown>) : undefined;
 		} catch (err) {
