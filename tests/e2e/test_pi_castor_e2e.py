@@ -496,6 +496,7 @@ def test_k_a_retrieval_slower_than_the_extensions_deadline_but_within_timeout_ms
     up(pi)
     start = pi.prompt("tell me about the zebra herd", timeout=30)
     pi.wait_for(lambda e: e.get("type") == "agent_end", start=start, timeout=30)
-    main_request = next(r for r in reversed(fake_llm.log()) if "tell me about the zebra herd" in json.dumps(r["messages"]))
+    main_request = next(r for r in reversed(fake_llm.log())
+                        if "tell me about the zebra herd" in json.dumps(r["messages"]))
     assert "ZEBRA-FACT" in json.dumps(main_request["messages"])
     assert not [e for e in pi.ui("notify", start=start) if "not answering" in str(e.get("message"))]
