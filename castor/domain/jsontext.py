@@ -209,3 +209,26 @@ def js_number_text(value: float) -> str:
     power = n - 1
     mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
     return f"{sign}{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"
+
+
+_MSGPACK_INT_MIN, _MSGPACK_INT_MAX = -(2**63), 2**64 - 1
+
+
+def wide_integers_as_floats(value: Any) -> Any:
+    """``value`` with every integer outside msgpack's 64-bit range as the nearest double (as
+    JavaScript holds it; past the double's range ``None``, what ``JSON.stringify`` writes for it);
+    the rest unchanged. For a result that cannot be sent as it is: it walks the whole value."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if isinstance(value, dict):
+        return {k: wide_integers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [wide_integers_as_floats(v) for v in value]
+    return value

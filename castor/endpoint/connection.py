@@ -61,6 +61,7 @@ import msgpack
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor.domain.jsontext import wide_integers_as_floats
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import ConnectionClosed, error_from_wire
 from castor.endpoint.framing import (
@@ -1164,7 +1165,12 @@ class Connection:
         """The response frame for ``result``, or an ``internal`` error response when the result
         cannot be sent (not msgpack, or over the frame limits the peer would drop us for)."""
         try:
-            frame = encode_response(msgid, None, result)
+            try:
+                frame = encode_response(msgid, None, result)
+            except OverflowError:
+                # an integer msgpack cannot carry (a memory backend's 128-bit id): sent as the
+                # nearest double, what a JavaScript reader of the backend's JSON holds anyway
+                frame = encode_response(msgid, None, wide_integers_as_floats(result))
         except (TypeError, ValueError, OverflowError) as exc:
             self._log.error("result of {} is not msgpack-serialisable: {}", method, exc)
             err = Internal(f"internal error in {method}: unserialisable result")

@@ -256,3 +256,18 @@ def test_the_hooks_say_what_they_do_while_a_retrieval_runs(wired):
 
     # The answer goes out before the actor's bookkeeping ends its turn: idle a moment after it.
     wait_until(lambda: hook_kinds() == ["idle"], timeout=5, what="the HookController idle after its answer")
+
+
+def test_a_tool_result_with_an_integer_wider_than_64_bits_reaches_the_harness_as_a_number(wired):
+    """A backend's 128-bit id in a tool's result made the response unserialisable: the harness got
+    ``internal`` after the backend had written (and might retry the write). It is sent as the
+    nearest double, what pi-icarus-hook's JSON.parse holds."""
+    world, connect = wired
+    world.env["ICARUS_REF_CONTROLS"] = json.dumps({"tools.fabric_write": {
+        "result_json": '{"status": "written", "id": 24197857161011715162171839636988778104, "n": 7}'}})
+    client, _ = connect()
+    open_session(client, world)
+    written = client.call("icarus.tool", {"session_id": "pi-1", "name": "fabric_write", "tool_call_id": "t1",
+                                          "params": {"type": "note", "summary": "s", "content": "c"}})
+    assert written == {"status": "written", "id": 2.4197857161011715e37, "n": 7}
+    assert len(world.calls("tools.fabric_write")) == 1
