@@ -139,6 +139,8 @@ def raw_run(launch: WorkerLaunch, calls: int) -> float:
     proc = subprocess.Popen(list(launch.argv), cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
+        proc.stdout.readline()  # the program's ready line
+
         def one(i: int) -> None:
             line = json.dumps({"id": i, "module": "hooks", "function": "identity", "args": [i], "kwargs": {}})
             proc.stdin.write(line.encode() + b"\n")

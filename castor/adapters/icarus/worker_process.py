@@ -82,6 +82,10 @@ _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is 
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
 _IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
+#: The worker program's first line (worker_program.READY_LINE, stripped; a test pins them equal).
+_READY = b'{"ready": "castor-icarus-worker"}'
+#: What is kept of output before the ready line while it is awaited (it is dropped anyway).
+_READY_NOISE_MAX = 1 << 16
 #: After a reply was not there yet when a call first looked (see ``_await_reply``), this many
 #: calls wait in poll first before a call tries reading first again.
 _READ_FIRST_BACKOFF = 16
@@ -178,6 +182,7 @@ class WorkerProcess:
         self._calls = 0
         self._mismatched = 0
         self._garbage = 0
+        self._before_ready = True  # the program's ready line not read yet (_await_ready)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -398,6 +403,8 @@ class WorkerProcess:
             line = _encode_request(request_id, module, function, args, kwargs)  # before anything starts
             if self._proc is None:
                 self.start()
+            if self._before_ready:
+                self._await_ready(deadline, target)
             events = self._idle_events
             if events is None or time.monotonic() - self._idle_at > _IDLE_EVENTS_FRESH_S:
                 events = self._stale_poller.poll(0)
@@ -422,6 +429,42 @@ class WorkerProcess:
             if self._retired is not None or self._crashed:  # not usable (the property, inline)
                 self._close_pipes()
             self._call_lock.release()
+
+    def _await_ready(self, deadline: float | None, target: str) -> None:
+        """Read up to the worker program's ready line (``READY_LINE``), dropping what came before
+        it and counting it as noise: an interpreter's ``sitecustomize`` or a wrapper script that
+        prints a banner writes to the pipe before the program runs, and that output used to fail
+        the first call of every worker as a non-protocol line. Nothing has been sent yet, so a
+        deadline or a death here is ``may_have_started=False``."""
+        out_fd = self._out_fd
+        while True:
+            for line in self._buffered_lines():
+                if line == _READY:
+                    self._before_ready = False
+                    return
+                self._garbage += 1
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                raise self._timeout(target, -1, started=False)
+            wait_ms = _LIVENESS_POLL_MS if remaining is None else min(_poll_ms(remaining), _LIVENESS_POLL_MS)
+            events = self._reply_poller.poll(wait_ms * _POLL_UNIT)
+            if self._retired is not None or self._crashed:
+                self._check_usable(may_have_started=False, target=target)
+            if not events:
+                assert self._proc is not None  # only a started worker is awaited
+                if self._proc.poll() is not None:
+                    raise self._crash(target, may_have_started=False)
+                continue
+            try:
+                chunk = os.read(out_fd, _READ_CHUNK)
+            except BlockingIOError:
+                continue
+            if not chunk:  # it ended before it was ready (a wrapper that failed, a bad interpreter)
+                self._check_usable(may_have_started=False, target=target)
+                raise self._crash(target, may_have_started=False)
+            if len(self._buffer) > _READY_NOISE_MAX:
+                self._buffer = self._buffer[-_READY_NOISE_MAX:]  # a banner without an end: keep its tail only
+            self._buffer += chunk
 
     def _check_usable(self, *, may_have_started: bool, target: str | None = None) -> None:
         if self._retired is not None:

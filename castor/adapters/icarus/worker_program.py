@@ -29,6 +29,11 @@ Guarantees
   from C extensions land on stderr) and ``sys.stdout`` is ``sys.stderr``.
   fd 0 is likewise moved away and replaced by ``/dev/null`` so backend code
   cannot consume protocol lines.
+- **Ready line.** Once stdout is isolated, and before any request is read, the
+  program writes ``READY_LINE``. Whatever the pipe carries before it is not the
+  program's (an interpreter's ``sitecustomize`` or a wrapper script printing a
+  banner): the parent reads up to the ready line and drops the rest, so it never
+  lands in the first call's reply.
 - **Protocol.** One JSON object per line. Request
   ``{id, module, function, args?, kwargs?}``; reply ``{id, ok: true, result}``
   or ``{id, ok: false, error, traceback}``. Requests run one at a time, to
@@ -358,8 +363,12 @@ def _write_all(stream: "FileIO", data: bytes) -> None:
         view = view[written:]
 
 
+READY_LINE = b'{"ready": "castor-icarus-worker"}\n'
+
+
 def main() -> int:
     proto_in, proto_out = _isolate_stdio()
+    _write_all(proto_out, READY_LINE)
     buffered = b""
     while True:
         chunk = proto_in.read(65536)

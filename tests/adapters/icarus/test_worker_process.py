@@ -12,6 +12,7 @@ import time
 import pytest
 
 from castor.adapters.icarus.launch import WorkerLaunch
+from castor.adapters.icarus.worker_program import READY_LINE
 from castor.adapters.icarus.worker_process import (
     IcarusCallError,
     WorkerProcess,
@@ -290,11 +291,13 @@ def test_stats_report_process_resources(harness):
 
 
 # --------------------------------------------------------------------------- stream hygiene
-# A non-castor "worker" (e.g. a python wrapper that prints a banner) writes to the
+# A non-castor "worker" (a program that writes the ready line, then anything) writes to the
 # protocol stream directly; the bridge must survive and report it.
 
 _FAKE = r"""
 import json, sys
+sys.stdout.write('{"ready": "castor-icarus-worker"}\n')
+sys.stdout.flush()
 for line in sys.stdin:
     req = json.loads(line)
     if req["function"] == "garbage":
@@ -334,6 +337,7 @@ def _raw(harness):
     launch = harness.launch()
     proc = subprocess.Popen(list(launch.argv), cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout.readline() == READY_LINE  # the program's first line, before any request
     return proc
 
 
@@ -496,3 +500,32 @@ def test_a_value_or_an_error_whose_str_raises_is_an_error_reply_and_the_worker_l
     reply = worker.call(next_request_id(), "hooks", "raises_unprintable", [], {}, time.monotonic() + 10)
     assert reply["ok"] is False and reply["error"] == "UnprintableError"
     assert call(worker, "hooks", "counter") == 2 and worker.pid == pid  # the same process, its state kept
+
+
+def test_output_before_the_program_runs_is_dropped_not_the_first_calls_reply(harness, tmp_path):
+    """A wrapper script that prints a banner, or a sitecustomize that prints, writes to the pipe
+    before castor's program has isolated stdout: the first call of every worker failed as
+    "non-protocol line" (and a startup context was lost). The parent now reads up to the
+    program's ready line and drops the rest, counted as noise."""
+    base = harness.launch()
+    wrapper = WorkerLaunch(argv=("/bin/sh", "-c", 'echo "Welcome to the venv"; echo "{half"; exec "$0" "$@"',
+                                 *base.argv), cwd=base.cwd, env=base.env, icarus_dir=base.icarus_dir)
+    worker = harness.worker(wrapper)
+    assert call(worker, "hooks", "identity", 41) == 41
+    assert worker.stats().garbage_lines == 2
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('sitecustomize says hello')\n")
+    env = {**base.env, "PYTHONPATH": base.env["PYTHONPATH"] + os.pathsep + str(site)}
+    worker = harness.worker(WorkerLaunch(argv=base.argv, cwd=base.cwd, env=env, icarus_dir=base.icarus_dir))
+    assert call(worker, "hooks", "identity", 42) == 42
+    assert worker.stats().garbage_lines == 1
+
+
+def test_a_worker_that_dies_before_it_is_ready_fails_the_call_as_not_started(harness):
+    base = harness.launch()
+    dead = WorkerLaunch(argv=("/bin/sh", "-c", "echo 'no python here'; exit 3"), cwd=base.cwd, env=base.env,
+                        icarus_dir=base.icarus_dir)
+    with pytest.raises(CastorError) as info:
+        call(harness.worker(dead), "hooks", "identity", 1)
+    assert info.value.code == "worker_crashed" and info.value.may_have_started is False
