@@ -12,7 +12,6 @@ import time
 import pytest
 
 from castor.adapters.icarus.launch import WorkerLaunch
-from castor.adapters.icarus.worker_program import READY_LINE
 from castor.adapters.icarus.worker_process import (
     IcarusCallError,
     WorkerProcess,
@@ -20,6 +19,7 @@ from castor.adapters.icarus.worker_process import (
     next_request_id,
     reply_result,
 )
+from castor.adapters.icarus.worker_program import READY_LINE
 from castor.messages.errors import CastorError, Conflict, ErrorCode, Timeout, WorkerCrashed, WorkerRetired
 from tests.support.icarus import REFERENCE_ICARUS, gone
 from tests.support.icarus import read_jsonl as read_call_log
