@@ -49,8 +49,6 @@ SESSIONS_PATH = "/root/session"
 UTILITY_PATH = "/root/utility"
 
 
-UTILITY_STOP_GRACE_S = 1.0
-"""On shutdown a running utility command gets SIGTERM, then SIGKILL after this long."""
 
 
 def _merged_answer(before: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> EarlyAnswer:
@@ -230,7 +228,7 @@ class Runtime:
         """Close every session (casts stay resumable), end running utility commands gently
         (SIGTERM to each tree, SIGKILL after a second: after the casts, so none re-dispatches),
         then stop every actor."""
-        from castor.actors.materia.utility_pool import terminate_running
+        from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, terminate_running
 
         for ctx in self.sessions():
             try:

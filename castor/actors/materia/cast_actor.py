@@ -338,6 +338,14 @@ class CastActor(Actor):
         for call in list(self._compactions.values()):
             call.cancel()
         self._compactions.clear()
+        pending = self.state.pending if self.state is not None else None
+        if cause != "crashed" and pending is not None and pending.kind == "utility":
+            # The cast stops (its session closed, the runtime shuts down) while its command runs:
+            # nothing would take the command's outcome and a continue runs it again, so it ends now
+            # rather than going on unseen (a crash keeps it: the restart takes its outcome).
+            from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, stop_utility
+
+            stop_utility(self.env.registry, pending.visit_id, UTILITY_STOP_GRACE_S)
         if cause != "crashed" and self.env.lease is not None:
             self.env.lease.release()  # a crash keeps the lease: the restart reuses it
 

@@ -223,6 +223,10 @@ export class CastorRuntime {
 			if (generation === this.generation && this.hello !== undefined) this.opts.onSilence?.(silent);
 		});
 		peer.onClose((reason) => {
+			// Stopping: castor closes its end as it begins to shut down (stdin EOF), and must get
+			// the grace stop() gives it (SIGKILL only after that) to end the utility commands it
+			// runs -- killed at once, they went on after Pi was gone and a continue ran them again.
+			if (this.stopping && generation === this.generation) return;
 			release();
 			if (this.stopping || generation !== this.generation) return;
 			const wasUp = this.hello !== undefined;
@@ -239,6 +243,7 @@ export class CastorRuntime {
 		} catch (err) {
 			this.stopping = true;
 			peer.close("handshake failed");
+			release(); // no grace for a runtime that never answered its handshake
 			throw err instanceof RpcError ? err : new RpcError("internal", String(err));
 		}
 		this.autoSpawn = true;
