@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from castor.supervision import CancelToken
+
 
 @runtime_checkable
 class WorkerCalls(Protocol):
@@ -31,8 +33,10 @@ class WorkerCalls(Protocol):
         args: list[Any] | None = None,
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        token: CancelToken | None = None,
     ) -> Any:
-        """One worker call, finished or failed within ``timeout`` seconds."""
+        """One worker call, finished or failed within ``timeout`` seconds; ``token`` cancels it
+        (a running call fails ``cancelled`` and its worker is stopped)."""
         ...
 
     def close(self) -> None:

@@ -131,16 +131,23 @@ class FakeWorker:
         self.gates: dict[str, threading.Event] = {}
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed = 0
+        self.cancelled: list[str] = []
         self.pid = 4242
         self.entered = threading.Condition()
 
-    def call(self, module, function, args=None, kwargs=None, timeout=None):
+    def call(self, module, function, args=None, kwargs=None, timeout=None, token=None):
         with self.entered:
             self.calls.append((module, function, dict(kwargs or {})))
             self.entered.notify_all()
         gate = self.gates.get(function)
+        if gate is not None and token is not None:
+            token.on_cancel(gate.set)  # a cancel ends the held call (as the real worker is killed)
         if gate is not None and not gate.wait(timeout if timeout is not None else 10):
             raise Timeout(f"fake worker: {function} timed out", may_have_started=True)
+        if token is not None and token.cancelled:
+            self.cancelled.append(function)
+            self.pid = None  # the real worker is stopped: the next call gets a fresh one
+            raise Cancelled(f"fake worker: {function} cancelled", may_have_started=True)
         value = self.results.get(function)
         if isinstance(value, BaseException):
             raise value

@@ -178,6 +178,8 @@ class WorkerLane:
         self._stopped = False
         self._running = False  # a job runs (on the lane's thread or a helper's)
         self._thread: threading.Thread | None = None
+        self._current: tuple[str, CancelToken] | None = None  # the running call's function and token
+        self._abandoned: CancelToken | None = None  # the token abandon_running fired
 
     def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
         """Queue a call. ``wake=False``: the caller's own thread is about to :meth:`help_until`
@@ -200,6 +202,19 @@ class WorkerLane:
                 item.finish()
             else:
                 self._safe_feedback(lc.WorkerDone(request=item[0], ok=False, error_code="actor_stopped"))
+
+    def abandon_running(self, function: str) -> bool:
+        """Cancel the running call if it is a call of ``function`` whose answer nobody waits for
+        any more (a retrieval the session's shutdown answered already): its worker is stopped and
+        the calls queued behind it run at once on a fresh one, instead of after it. True if one
+        was cancelled."""
+        with self._mutex:
+            current = self._current
+            if current is None or current[0] != function:
+                return False
+            self._abandoned = current[1]
+        current[1].cancel()
+        return True
 
     def help_until(self, done: Answer, deadline: float) -> None:
         """Run queued jobs on this thread, in order, while no other thread runs one, until ``done``
@@ -259,14 +274,24 @@ class WorkerLane:
             item.finish()
             return
         request, function, kwargs = item
-        done = self._call(request, function, kwargs)
-        if not done.ok and done.error_code in LANE_FATAL_CODES:
+        token = CancelToken()
+        with self._mutex:
+            self._current = (function, token)
+        try:
+            done = self._call(request, function, kwargs, token)
+        finally:
+            with self._mutex:
+                self._current = None
+                abandoned, self._abandoned = self._abandoned is token, None
+        # A call the lane abandoned itself (abandon_running) stopped its worker on purpose: the
+        # calls behind it are what it was abandoned for, and run on a fresh worker.
+        if not done.ok and done.error_code in LANE_FATAL_CODES and not abandoned:
             self._fail_queued()
         self._safe_feedback(done)
 
-    def _call(self, request: str, function: str, kwargs: dict[str, Any]) -> lc.WorkerDone:
+    def _call(self, request: str, function: str, kwargs: dict[str, Any], token: CancelToken) -> lc.WorkerDone:
         try:
-            result = self._worker.call("hooks", function, None, kwargs, self._timeout)
+            result = self._worker.call("hooks", function, None, kwargs, self._timeout, token)
             return lc.WorkerDone(request=request, ok=True, result=result)
         except CastorError as exc:
             return lc.WorkerDone(request=request, ok=False, error_code=str(exc.code))
@@ -443,6 +468,10 @@ class HookController(Actor):
             if fut is not None and not fut.done():
                 fut.set_result(effect.result)
         elif isinstance(effect, lc.CallWorker):
+            if effect.function == "on_session_end":
+                # The shutdown answered a retrieval still running (nobody waits for it now): a quit
+                # no longer waits the rest of it before the session's end reaches the backend.
+                self._lane.abandon_running("pre_llm_call")
             self._lane.submit(effect.request, effect.function, effect.kwargs, wake=lane_wakes)
         elif isinstance(effect, lc.Filter):
             self._start_filter(effect)

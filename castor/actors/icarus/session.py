@@ -103,7 +103,7 @@ from castor.ports.classifier import ClassifierPort, ClassifierRequest, Classifie
 from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.ports.session_component import EarlyAnswer, SessionContext
-from castor.supervision import ActorHandle, ChildSpec
+from castor.supervision import ActorHandle, CancelToken, ChildSpec
 from castor.supervision.supervisor import WhichChildren
 
 COMPONENT = "icarus"
@@ -151,9 +151,10 @@ class _ObservedWorker:
         self._warn = warn
 
     def call(self, module: str, function: str, args: list[Any] | None = None,
-             kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+             kwargs: dict[str, Any] | None = None, timeout: float | None = None,
+             token: CancelToken | None = None) -> Any:
         try:
-            return self._client().call(module, function, args, kwargs, timeout)
+            return self._client().call(module, function, args, kwargs, timeout, token)
         except CastorError as exc:
             why = _WARN_CODES.get(str(exc.code))
             if why is not None:

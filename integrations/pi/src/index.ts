@@ -566,6 +566,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			}), esc.signal);
 		} catch (err) {
 			if (!esc.pressed) throw err;
+			if (esc.quitting) {
+				quitting = true; // the shutdown that follows does not wait behind this retrieval either
+				return undefined;
+			}
 			notify(custom ? "castor: Esc — stopped waiting for castor's answer to this turn"
 				: "castor: Esc — stopped waiting for this prompt's memory context", "info");
 			return undefined;
@@ -678,6 +682,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 	/** session_shutdown began (Pi quits or replaces the session); reset by the next session_start. */
 	let closingSession = false;
+	/** The user pressed Pi's quit keys while a hook waited for castor (EscWatch.quitting). */
+	let quitting = false;
 	/** Counts session shutdowns: work queued for one session is dropped once it has ended. */
 	let sessionEpoch = 0;
 

@@ -30,24 +30,67 @@ export function isEscapeKey(data: string): boolean {
 	return data === "\x1b[27;1;27~";
 }
 
+/** Ctrl+C as the terminal sends it: the ETX byte, or the kitty `CSI 99;5 u` press/repeat. */
+export function isCtrlC(data: string): boolean {
+	if (data === "\x03") return true;
+	const kitty = /^\x1b\[99;5(?::([123]))?u$/.exec(data);
+	return kitty !== null && kitty[1] !== "3";
+}
+
+/** Ctrl+D as the terminal sends it: the EOT byte, or the kitty `CSI 100;5 u` press/repeat. */
+export function isCtrlD(data: string): boolean {
+	if (data === "\x04") return true;
+	const kitty = /^\x1b\[100;5(?::([123]))?u$/.exec(data);
+	return kitty !== null && kitty[1] !== "3";
+}
+
+/** Pi quits on a second Ctrl+C within this long of the first (its `handleCtrlC`). */
+export const DOUBLE_CTRL_C_MS = 500;
+
 /** What listening needs from Pi's extension context (typed loosely: Pi 0.73 and 1.x). */
 export interface TerminalCtx {
 	hasUI?: boolean;
-	ui?: { onTerminalInput?: (handler: (data: string) => unknown) => () => void };
+	ui?: { onTerminalInput?: (handler: (data: string) => unknown) => () => void; getEditorText?: () => string };
 }
 
-/** Watches the terminal for an Esc until {@link EscWatch.dispose}; `signal` aborts at the first. */
+/**
+ * Watches the terminal for an Esc until {@link EscWatch.dispose}; `signal` aborts at the first.
+ * Pi's quit keys end the wait too (`quitting`): a second Ctrl+C within {@link DOUBLE_CTRL_C_MS},
+ * or Ctrl+D with an empty editor. Pi's quit waits for the run, and the run for this handler: a
+ * quit during a slow retrieval used to take the whole retrieval (20 s and more) to exit.
+ */
 export class EscWatch {
 	readonly signal: AbortSignal | undefined;
 	private readonly unsubscribe: (() => void) | undefined;
+	private quit = false;
 
-	constructor(ctx: TerminalCtx | undefined) {
+	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now) {
 		const subscribe = ctx?.hasUI ? ctx.ui?.onTerminalInput : undefined;
 		if (typeof subscribe !== "function") return;
 		const controller = new AbortController();
+		let lastCtrlC = Number.NEGATIVE_INFINITY;
+		const editorEmpty = () => {
+			try {
+				return typeof ctx?.ui?.getEditorText !== "function" || ctx.ui.getEditorText().length === 0;
+			} catch {
+				return true;
+			}
+		};
 		try {
 			this.unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
-				if (typeof data === "string" && isEscapeKey(data)) controller.abort();
+				if (typeof data !== "string") return undefined;
+				if (isEscapeKey(data)) controller.abort();
+				else if (isCtrlC(data)) {
+					const at = now();
+					if (at - lastCtrlC < DOUBLE_CTRL_C_MS) {
+						this.quit = true;
+						controller.abort();
+					}
+					lastCtrlC = at;
+				} else if (isCtrlD(data) && editorEmpty()) {
+					this.quit = true;
+					controller.abort();
+				}
 				return undefined; // never consumed: Pi handles the key as always
 			});
 		} catch {
@@ -56,9 +99,14 @@ export class EscWatch {
 		this.signal = controller.signal;
 	}
 
-	/** Whether an Esc was seen. */
+	/** Whether an Esc (or a quit key) was seen. */
 	get pressed(): boolean {
 		return this.signal?.aborted ?? false;
+	}
+
+	/** Whether the wait ended because the user is quitting Pi (no notice: Pi is going away). */
+	get quitting(): boolean {
+		return this.quit;
 	}
 
 	dispose(): void {

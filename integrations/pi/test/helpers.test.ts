@@ -96,6 +96,36 @@ test("EscWatch: an Esc on the terminal aborts the signal, other keys do not, dis
 	assert.equal(new EscWatch({ hasUI: true, ui: { onTerminalInput: () => { throw new Error("no terminal"); } } }).signal, undefined);
 });
 
+test("EscWatch: Pi's quit keys end the wait too -- a second Ctrl+C within 500 ms, Ctrl+D on an empty editor -- and say so", async () => {
+	const { EscWatch, DOUBLE_CTRL_C_MS } = await import("../src/interrupt.ts");
+	let clock = 1000;
+	let editor = "";
+	const handlers = new Set<(data: string) => unknown>();
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => (handlers.add(h), () => handlers.delete(h)), getEditorText: () => editor };
+	const press = (data: string) => { for (const h of handlers) h(data); };
+	const watch = new EscWatch({ hasUI: true, ui }, () => clock);
+	press("\x03"); // one Ctrl+C clears the editor: not a quit
+	clock += DOUBLE_CTRL_C_MS + 1;
+	press("\x03"); // too late for a double press
+	assert.equal(watch.pressed, false);
+	clock += 100;
+	press("\x1b[99;5u"); // the kitty form, within the window
+	assert.ok(watch.pressed && watch.quitting);
+	watch.dispose();
+	editor = "half a prompt";
+	const typing = new EscWatch({ hasUI: true, ui }, () => clock);
+	press("\x04"); // Ctrl+D deletes a character when the editor has text
+	assert.equal(typing.pressed, false);
+	editor = "";
+	press("\x04");
+	assert.ok(typing.pressed && typing.quitting);
+	typing.dispose();
+	const esc = new EscWatch({ hasUI: true, ui }, () => clock);
+	press("\x1b");
+	assert.ok(esc.pressed && !esc.quitting);
+	esc.dispose();
+});
+
 test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
 	const { StderrRoute, TAIL_BYTES } = await import("../src/stderr.ts");
 	let mode: string | undefined = "rpc";

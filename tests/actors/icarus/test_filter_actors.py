@@ -163,18 +163,38 @@ def test_28_off_on_during_retrieval_injects_nothing(system):
 
 
 def test_timeout_on_lane_drops_queued_calls_but_still_closes(system):
-    worker = FakeWorker({"pre_llm_call": Timeout("worker timed out", may_have_started=True)})
+    worker = FakeWorker({"post_llm_call": Timeout("worker timed out", may_have_started=True)})
+    gate = worker.gates["post_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    assert rig.client.event("before_agent_start", {"prompt": "q"}) is None
+    assert rig.client.event("agent_end", {"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}], "stopReason": "stop"}]}) is None
+    _, settled_fut = rig.client.submit("agent_settled", {})
+    assert worker.wait_calls(3)  # the capture runs, held
+    _, shut_fut = rig.client.submit("session_shutdown")
+    assert settled_fut.result(2) is None  # invalidated by the shutdown: on_session_end is queued
+    gate.set()  # now the in-flight capture fails with a timeout
+    assert shut_fut.result(5) is None
+    assert worker.functions() == ["on_session_start", "pre_llm_call", "post_llm_call"]  # on_session_end never sent
+    assert worker.closed == 1 and rig.ui.status[-1] == ("icarus", None)
+
+
+def test_a_shutdown_abandons_the_running_retrieval_and_ends_the_session_at_once(system):
+    """The shutdown answered the waiting prompt; the retrieval still running was abandoned (its
+    worker stopped) so on_session_end did not wait the rest of it; no calls were dropped."""
+    worker = FakeWorker()
     gate = worker.gates["pre_llm_call"] = threading.Event()
     rig = Rig(system, worker=worker, filtering=False)
     rig.start()
     _, prompt_fut = rig.client.submit("before_agent_start", {"prompt": "q"})
     assert worker.wait_calls(2)
-    _, shut_fut = rig.client.submit("session_shutdown")
-    assert prompt_fut.result(2) is None  # invalidated by the shutdown
-    gate.set()  # now the in-flight call fails with a timeout
-    assert shut_fut.result(5) is None
-    assert worker.functions() == ["on_session_start", "pre_llm_call"]  # on_session_end never sent
-    assert worker.closed == 1 and rig.ui.status[-1] == ("icarus", None)
+    assert rig.client.event("session_shutdown") is None
+    assert prompt_fut.result(2) is None
+    assert worker.cancelled == ["pre_llm_call"]
+    assert worker.functions() == ["on_session_start", "pre_llm_call", "on_session_end"]
+    assert worker.closed == 1
 
 
 def test_36_every_hook_failing_is_ambient(system):

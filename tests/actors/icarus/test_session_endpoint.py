@@ -271,3 +271,24 @@ def test_a_tool_result_with_an_integer_wider_than_64_bits_reaches_the_harness_as
                                           "params": {"type": "note", "summary": "s", "content": "c"}})
     assert written == {"status": "written", "id": 2.4197857161011715e37, "n": 7}
     assert len(world.calls("tools.fabric_write")) == 1
+
+
+def test_a_shutdown_during_a_retrieval_ends_it_and_runs_on_session_end_at_once(wired):
+    """Quitting while a retrieval runs: the shutdown answers the waiting hook and nobody wants the
+    retrieval's result, yet on_session_end queued behind it, so the quit waited for the whole
+    retrieval (20 s and more). The retrieval is now stopped (its worker with it) and
+    on_session_end runs at once on a fresh worker."""
+    import time
+
+    world, connect = wired
+    client, pending = _hold_a_retrieval(world, connect, 20_000)
+    first_pid = world.calls("hooks.pre_llm_call")[0]["pid"]
+    started = time.monotonic()
+    assert client.call("harness.event", {"session_id": "pi-lane", "event": "session_shutdown",
+                                         "data": {"reason": "quit"}}, timeout=10) == {}
+    took = time.monotonic() - started
+    assert pending.result() == {}
+    assert took < 3.0, f"the shutdown waited {took:.1f} s behind the retrieval"
+    [ended] = world.calls("hooks.on_session_end")
+    assert ended["pid"] != first_pid and not world.calls("hooks.pre_llm_call", phase="end")
+    wait_until(lambda: gone(first_pid), 5, "the retrieval's worker to be stopped")

@@ -1,4 +1,4 @@
-"""Quitting the interactive Pi while a cast's utility command runs.
+"""Quitting the interactive Pi while castor works: a cast's utility command, a memory retrieval.
 
 The extension killed castor (SIGKILL) the moment castor closed its end of the pipe on its way
 out, before castor could end the command: the command went on after Pi was gone (its outcome
@@ -15,6 +15,9 @@ import psutil
 import pytest
 
 from tests.support.waiting import poll_until, wait_for
+
+from .conftest import read_jsonl
+from .test_pi_castor_e2e import icarus_settings
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
@@ -52,3 +55,31 @@ def test_quitting_pi_ends_the_running_utility_command_instead_of_leaving_it_behi
                       timeout=10)
     assert gone, [p.cmdline() for p in tree if p.is_running()]
     assert (project / "util.log").read_text().split() == ["start", "TERM"], "ended gently, never ran on"
+
+
+def test_quitting_pi_during_a_slow_retrieval_exits_at_once_and_the_session_still_ends(start_tty, castor_command,
+                                                                                    tmp_path):
+    """Ctrl+C twice while the memory retrieval of a prompt runs (20 s here): Pi's quit waited for
+    the prompt's hook, the hook for the retrieval, and then the session's end queued behind it
+    -- Pi took the whole retrieval to exit. The hook's wait now ends at the quit keys, and castor
+    stops the retrieval nobody waits for: on_session_end runs at once on a fresh worker."""
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
+    pi = start_tty(castor_command, settings=icarus_settings(tmp_path),
+                   env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
+
+    def calls(name: str) -> list[dict]:
+        return [c for c in read_jsonl(call_log) if c["call"] == name and c["phase"] == "start"]
+
+    wait_for(lambda: calls("hooks.on_session_start"), timeout=30,
+             what=f"Icarus' session start; Pi drew: {pi.screen_tail()!r}")
+    pi.type("tell me about the zebra herd")
+    wait_for(lambda: calls("hooks.pre_llm_call"), timeout=15, what="the retrieval running")
+    started = time.monotonic()
+    pi.press(b"\x03")
+    pi.press(b"\x03")
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=30), "Pi did not exit"
+    took = time.monotonic() - started
+    print(f"Pi exited {took:.1f} s after the second Ctrl+C")
+    assert took < 5, f"quitting during the retrieval took {took:.1f} s"
+    assert calls("hooks.on_session_end"), "the session's end never reached the memory backend"
