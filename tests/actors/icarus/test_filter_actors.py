@@ -185,7 +185,7 @@ def test_a_shutdown_abandons_the_running_retrieval_and_ends_the_session_at_once(
     """The shutdown answered the waiting prompt; the retrieval still running was abandoned (its
     worker stopped) so on_session_end did not wait the rest of it; no calls were dropped."""
     worker = FakeWorker()
-    gate = worker.gates["pre_llm_call"] = threading.Event()
+    worker.gates["pre_llm_call"] = threading.Event()  # held until the shutdown cancels it
     rig = Rig(system, worker=worker, filtering=False)
     rig.start()
     _, prompt_fut = rig.client.submit("before_agent_start", {"prompt": "q"})
