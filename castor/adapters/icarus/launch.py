@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from castor.adapters.executables import inside, which_outside
 from castor.domain.icarus.settings import IcarusSettings, resolve_spawn_path
 
 WORKER_PROGRAM = str(Path(__file__).with_name("worker_program.py").resolve())
@@ -51,34 +51,20 @@ class WorkerLaunch(BaseModel):
         return self.argv[0]
 
 
-def _inside(path: str, root: str) -> bool:
-    """``path`` is ``root`` or under it, as written or once links are followed (a ``PATH`` or
-    ``PYTHONPATH`` entry that reaches the project through a symlink is the project too, and so
-    is any entry when the project itself is reached through one)."""
-    return _under(posixpath.normpath(path), posixpath.normpath(root)) or _under(
-        os.path.realpath(path), os.path.realpath(root))
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def sanitise_pythonpath(icarus_dir: str, inherited: str | None, cwd: str) -> str:
     """Parent of ``icarusDir`` first, then safe inherited entries."""
     entries = [posixpath.dirname(posixpath.normpath(icarus_dir))]
     for entry in (inherited or "").split(os.pathsep):
         if not entry or not posixpath.isabs(entry):
             continue
-        if _inside(entry, cwd) or entry in entries:
+        if inside(entry, cwd) or entry in entries:
             continue
         entries.append(entry)
     return os.pathsep.join(entries)
 
 
 def _safe_path_lookup(name: str, path_var: str | None, cwd: str) -> str:
-    safe = [d for d in (path_var or "").split(os.pathsep) if d and posixpath.isabs(d) and not _inside(d, cwd)]
-    found = shutil.which(name, path=os.pathsep.join(safe)) if safe else None
-    return found or name  # an unresolvable name fails at spawn as a typed error
+    return which_outside(name, path_var, cwd) or name  # an unresolvable name fails at spawn as a typed error
 
 
 def build_launch(settings: IcarusSettings, *, cwd: str, parent_env: Mapping[str, str] | None = None,

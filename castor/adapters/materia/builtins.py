@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
 
+from castor.adapters.executables import which_outside
 from castor.adapters.fs import atomic_write_text
 from castor.adapters.materia.process_runner import UtilityCommand, UtilitySpawnError, run_command
 from castor.messages.errors import CastorError, ErrorCode, Forbidden
@@ -101,7 +101,8 @@ def _command_root(argv: list[str], cwd: Path) -> Path | None:
 def vcs_detect(cwd: str | os.PathLike[str]) -> dict[str, Any]:
     """``{kind: jj|git|none, root, available:{jj,git}}``."""
     base = Path(cwd).resolve()
-    available = {"jj": shutil.which("jj") is not None, "git": shutil.which("git") is not None}
+    path_var = os.environ.get("PATH")
+    available = {name: which_outside(name, path_var, str(base)) is not None for name in ("jj", "git")}
     roots: dict[str, Path | None] = {}
     for name, marker, argv in (("jj", ".jj", ["jj", "root"]), ("git", ".git", ["git", "rev-parse", "--show-toplevel"])):
         root = _marker_root(base, marker)

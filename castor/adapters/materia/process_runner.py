@@ -5,6 +5,9 @@ module runs). ``spawn(cmd)`` starts ``cmd.argv`` directly (never through a
 shell, so ``;``, ``|``, ``$()`` and globs are plain argument text), in
 ``cmd.cwd``, in a new session (its own process group), with
 ``JSON(cmd.stdin) + "\\n"`` on stdin, which is then closed.
+A bare program name (``git``, ``make``) is looked up only in the absolute ``PATH``
+entries outside ``cmd.cwd`` (:func:`program_of`): an empty or relative entry, or one
+inside the project, would run the project's own file of that name.
 
 Guarantees
 ----------
@@ -59,6 +62,7 @@ from typing import Any
 import psutil
 from loguru import logger
 
+from castor.adapters.executables import which_outside
 from castor.messages.errors import ErrorCode
 from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
 from castor.ports.utility_runner import UtilityCommand as UtilityCommand
@@ -360,12 +364,33 @@ def _spawn_error(cmd: UtilityCommand, exc: OSError) -> UtilitySpawnError:
     )
 
 
+def program_of(cmd: UtilityCommand) -> str:
+    """The file ``cmd`` runs: a name with a slash as written (relative to its ``cwd``); a bare name
+    from the absolute ``PATH`` entries outside ``cmd.cwd`` only (castor.adapters.executables: an
+    empty, relative or in-project entry would run the project's own ``git`` or ``make``, whoever
+    chose the command). Raises UtilitySpawnError (``not_found``) when there is none."""
+    name = cmd.argv[0]
+    if "/" in name:
+        return name
+    path_var = (cmd.env if cmd.env is not None else os.environ).get("PATH")
+    found = which_outside(name, path_var, str(cmd.cwd))
+    if found is None:
+        raise UtilitySpawnError(
+            f"cannot start utility command {shlex.join(cmd.argv)}: {name!r} is not on PATH "
+            f"(only absolute PATH entries outside the project are searched; write a path to run a project's own)",
+            code=ErrorCode.NOT_FOUND, data={"argv0": name, "errno": errno.ENOENT, "cwd": str(cmd.cwd)},
+            may_have_started=False)
+    return found
+
+
 def spawn(cmd: UtilityCommand) -> RunningUtility:
     """Start ``cmd`` (see module doc). Raises UtilitySpawnError if it cannot start."""
     started = time.monotonic()
+    program = program_of(cmd)
     try:
         popen = subprocess.Popen(  # noqa: S603 - argv list, never a shell
             cmd.argv,
+            executable=program,  # argv[0] stays what the command says: the program's own name
             cwd=cmd.cwd,
             env=cmd.env,
             stdin=subprocess.PIPE,
