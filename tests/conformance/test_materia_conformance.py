@@ -443,3 +443,32 @@ def test_numbers_in_a_reply_are_read_and_written_as_javascript_holds_them() -> N
     assert d.state.data["big"] == 123456789012345680000
     prompt = d.pending().prompt
     assert "n=2 big=123456789012345680000 x= f=1.5e-7" in prompt, prompt
+
+
+def test_a_turn_without_usage_is_still_a_usage_turn_and_an_estimate() -> None:
+    """pi-materia captures usage at every answer; castor left a turn whose agent reported none out
+    of ``turns`` and ``bySocket`` and called the cast's cost ``actual``."""
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg))
+    d.reply("done")
+    report = d.state.usage
+    assert len(report.turns) == 1 and "Socket-1" in report.bySocket
+    assert report.turns[0].tokens.total == 0 and report.costKind == "estimated"
+
+
+def test_a_config_is_read_as_json_parse_reads_it(tmp_path: Path) -> None:
+    """NaN is not JSON (it was accepted, then written into input.json and state.json as NaN); a
+    number is what JavaScript holds (``maxSocketVisits: 5.0`` is 5 there; castor refused it)."""
+    from castor.adapters.materia.config_loader import read_layer
+
+    bad = tmp_path / "nan.json"
+    bad.write_text('{"materia": {"U": {"type": "utility", "utility": "echo", "params": {"n": NaN}}}}')
+    data, issues = read_layer(bad)
+    assert data is None and issues[0].code == "invalid-json" and "NaN" in issues[0].message
+    good = tmp_path / "limits.json"
+    good.write_text('{"limits": {"maxSocketVisits": 5.0, "maxEdgeTraversals": 2e1}}')
+    data, issues = read_layer(good)
+    assert not issues and data == {"limits": {"maxSocketVisits": 5, "maxEdgeTraversals": 20}}
+    assert isinstance(data["limits"]["maxSocketVisits"], int)
+    loaded = resolved(config({"Socket-1": {"type": "agent", "materia": "A"}}, **data))
+    assert loaded.limits.max_socket_visits == 5

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from castor.adapters.agents._turns import TurnBook, error_outcome
+from castor.domain.materia.budget import non_negative_number, plain_usage
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -97,22 +98,31 @@ class _Call:
 
 
 def _usage(raw: Any) -> TurnUsage | None:
+    """The server's ``usage`` as TurnUsage. Telemetry: a figure that is not a finite, non-negative
+    number (12.5 tokens is read as 12; NaN, 1e400, a string) counts as not reported -- it failed
+    the turn that had answered. ``raw`` keeps the map as plain JSON for the engine's alias-aware
+    reading, with OpenAI's nested ``prompt_tokens_details.cached_tokens`` lifted to the top level
+    (the engine reads ``cached_tokens`` there; nested, the cached tokens were lost)."""
     if not isinstance(raw, dict):
         return None
     raw_details = raw.get("prompt_tokens_details")
     details = raw_details if isinstance(raw_details, dict) else {}
 
-    def num(value: Any) -> Any:
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    def tokens(value: Any) -> int | None:
+        number = non_negative_number(value)
+        return int(number) if number is not None else None
 
-    cost = num(raw.get("cost"))
+    cached = tokens(details.get("cached_tokens"))
+    plain = plain_usage(raw)
+    if cached is not None and "cached_tokens" not in plain:
+        plain["cached_tokens"] = cached
     return TurnUsage(
-        input_tokens=num(raw.get("prompt_tokens")),
-        output_tokens=num(raw.get("completion_tokens")),
-        cache_read_tokens=num(details.get("cached_tokens")),
-        total_tokens=num(raw.get("total_tokens")),
-        cost_usd=float(cost) if cost is not None else None,
-        raw=raw,
+        input_tokens=tokens(raw.get("prompt_tokens")),
+        output_tokens=tokens(raw.get("completion_tokens")),
+        cache_read_tokens=cached,
+        total_tokens=tokens(raw.get("total_tokens")),
+        cost_usd=non_negative_number(raw.get("cost")),
+        raw=plain,
     )
 
 

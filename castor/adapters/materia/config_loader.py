@@ -32,7 +32,7 @@ from castor.adapters.fs import (
     read_regular_file,
     storage_unavailable,
 )
-from castor.domain.jsontext import well_formed
+from castor.domain.jsontext import js_float, js_int, well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
@@ -63,6 +63,19 @@ def explicit_path(cwd: Path, flag: str | os.PathLike[str] | None, env: Mapping[s
     return path if path.is_absolute() else Path(cwd) / path
 
 
+class _NotJson(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's reader takes them, ``JSON.parse`` does not."""
+
+
+def _not_json(name: str) -> Any:
+    raise _NotJson(name)
+
+
+# A layer is read as pi-materia's JSON.parse reads it: no NaN/Infinity, and numbers as JavaScript
+# holds them (``maxSocketVisits: 5.0`` is the integer 5 there, and here).
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, parse_int=js_int)
+
+
 def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [])`` or ``(None, [issue])``."""
     source = str(path)
@@ -73,7 +86,10 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [ConfigIssue(code="read-error", message=f"cannot read config file {source}: {exc}", source=source)]
     try:
-        data = well_formed(json.loads(text))
+        data = well_formed(_DECODER.decode(text))
+    except _NotJson as exc:
+        return None, [ConfigIssue(code="invalid-json", source=source,
+                                  message=f"malformed JSON in {source}: {exc} (JSON has no such value)")]
     except json.JSONDecodeError as exc:
         return None, [
             ConfigIssue(

@@ -75,7 +75,8 @@ class Amounts(BaseModel):
     total: float = 0
 
     def plus(self, other: Amounts) -> Amounts:
-        return Amounts(**{k: getattr(self, k) + getattr(other, k) for k in (*PARTS, "total")})
+        # capped: a sum of huge reported figures must stay a finite number the state can be saved with
+        return Amounts(**{k: min(getattr(self, k) + getattr(other, k), MAX_FIGURE) for k in (*PARTS, "total")})
 
 
 class TurnUsage(BaseModel):
@@ -248,11 +249,24 @@ def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
     return out
 
 
+#: The largest usage figure (tokens or USD) castor keeps: a larger report counts as this much, and so
+#: does a sum that would pass it. A report of 1e308 tokens summed to infinity, which no JSON can
+#: hold: the cast's state could not be saved and the cast was lost. Far above any real cast.
+MAX_FIGURE = 1e18
+
+
 def non_negative_number(value: Any) -> float | None:
-    """A finite, non-negative number as a float, else None (a usage figure that was not reported)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    """A finite, non-negative number as a float (at most :data:`MAX_FIGURE`), else None (a usage
+    figure that was not reported)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range: as large as castor counts
+        return MAX_FIGURE if value > 0 else None
+    if not math.isfinite(number) or number < 0:
+        return None
+    return min(number, MAX_FIGURE)
 
 
 def _first(raw: Any, names: tuple[str, ...]) -> float | None:
@@ -338,7 +352,7 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     cost), whether to warn now (once, at ``warnAtPercent``), and whether a limit is hit."""
     tokens_ratio = report.tokens.total / budget.max_tokens if budget.max_tokens else 0.0
     cost_ratio = report.cost.total / budget.max_cost_usd if budget.max_cost_usd else 0.0
-    percent = max(tokens_ratio, cost_ratio) * 100
+    percent = min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE)  # finite: it is written in an event
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
     over_token = budget.max_tokens is not None and bool(budget.max_tokens) and report.tokens.total >= budget.max_tokens
     over_cost = (budget.max_cost_usd is not None and bool(budget.max_cost_usd)

@@ -768,14 +768,15 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     assert pending is not None
     rs = s.config.pipeline.sockets[pending.socket_id]
     entry_id = ev.entry_id or ev.visit_id
-    if ev.usage is not None:
-        turn = extract_usage(ev.usage)
-        s.usage = s.usage.add_turn(TurnRecord(
-            socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
-            tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
-            thinkingLevel=ev.thinking_level,
-            costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)))
-        ctx.write_usage()
+    # Every turn is a usage turn (pi-materia captures usage at every answer): one whose agent
+    # reported none counts zero, its cost an estimate (so costKind never claims "actual" for it).
+    turn = extract_usage(ev.usage)
+    s.usage = s.usage.add_turn(TurnRecord(
+        socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
+        tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
+        thinkingLevel=ev.thinking_level,
+        costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)))
+    ctx.write_usage()
     if ev.stop_reason == "aborted":
         # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
         # never an output, a draft or a failure to retry, whatever the socket's kind.

@@ -92,3 +92,22 @@ def test_summed_usage_keeps_every_provider_figure_and_drops_none() -> None:
                              {"input": 3, "cost": {"total": 0.2, "totalFromProvider": True}}, "junk", None])
     assert summed["input"] == 5 and summed["cacheRead"] == 1 and summed["totalTokens"] == 6
     assert math.isclose(summed["cost"]["total"], 0.3) and summed["cost"]["totalFromProvider"] is False
+
+
+@pytest.mark.timeout(10)
+def test_huge_usage_figures_are_capped_so_the_state_can_always_be_saved() -> None:
+    """1e308 tokens twice summed to infinity: state.json could not be written (the cast's actor
+    crashed) nor read back (state_corrupt); the budget's percentage was infinite too."""
+    from castor.domain.materia.budget import MAX_FIGURE, check_budget, extract_usage
+    from castor.domain.materia.config import Budget
+
+    huge = extract_usage({"input": 1e308, "output": 10**400, "cost": {"total": 1e308}})
+    assert huge.tokens.input == MAX_FIGURE and huge.tokens.output == MAX_FIGURE
+    report = UsageReport()
+    for _ in range(3):
+        report = report.add_turn(TurnRecord(socket="Socket-1", tokens=huge.tokens, cost=huge.cost))
+    assert all(math.isfinite(v) for v in report.tokens.model_dump().values())
+    assert report.tokens.total == MAX_FIGURE
+    UsageReport.model_validate_json(report.model_dump_json())  # what state.json needs
+    check = check_budget(Budget(max_tokens=1, max_cost_usd=1e-9), report, already_warned=False)
+    assert math.isfinite(check.percent) and check.limit_hit

@@ -64,6 +64,11 @@ class FakeHandler(BaseHTTPRequestHandler):
                 },
             }
             self._send(200, json.dumps(body).encode())
+        elif mode == "odd_usage":
+            body = {"model": request["model"], "choices": [{"index": 0, "finish_reason": "stop",
+                                                            "message": {"role": "assistant", "content": "answered"}}]}
+            text = json.dumps(body)[:-1] + ', "usage": ' + server.usage_text + "}"
+            self._send(200, text.encode())
         elif mode == "context":
             self._send(400, json.dumps(CONTEXT_ERROR).encode())
         elif mode == "error_in_200":
@@ -223,4 +228,29 @@ def test_missing_model_is_refused_up_front(server):
 
     with pytest.raises(InvalidParams):
         agent.run_turn(TurnRequest(turn_id="t", cast_id="c", socket_id="s", visit=1, prompt="p"), lambda o: None)
+    agent.close()
+
+
+@pytest.mark.parametrize("usage_text", ['{"prompt_tokens": 12.5, "completion_tokens": 3}',
+                                        '{"prompt_tokens": NaN, "completion_tokens": 1e400}',
+                                        '{"prompt_tokens": "12", "completion_tokens": -4}', '"usage?"', "null"])
+def test_odd_usage_figures_never_cost_the_answer(server, usage_text):
+    """A fractional, NaN, out-of-range, string or negative figure failed the turn that had answered
+    ("internal adapter error: ValidationError"); usage is telemetry: such a figure is not reported."""
+    server.mode, server.usage_text = "odd_usage", usage_text
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.ok and out.text == "answered", out
+    if usage_text.startswith('{"prompt_tokens": 12.5'):
+        assert (out.usage.input_tokens, out.usage.output_tokens) == (12, 3)
+    agent.close()
+
+
+def test_cached_tokens_reach_the_engines_reading_of_the_usage(server):
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage
+
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert extract_usage(usage_map(out)).tokens.cacheRead == 2  # OpenAI nests it: it was read as 0
     agent.close()
