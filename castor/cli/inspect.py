@@ -145,6 +145,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         if not args.follow:
             console.print(render(fetch()))
             return 0
+        if not console.is_terminal:
+            # A pipe or a file: rich's live view draws nothing there until it stops, so `| head`
+            # got nothing and never ended. Each refresh is printed whole, and flushed, instead.
+            with _stop_on_ctrl_c() as stop:
+                while not stop.pressed:
+                    console.print(render(fetch()))
+                    console.file.flush()
+                    stop.wait(max(0.1, args.interval))
+            return 0
         from rich.live import Live
 
         with _stop_on_ctrl_c() as stop, Live(render(fetch()), console=console, refresh_per_second=4) as live:

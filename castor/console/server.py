@@ -185,6 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
 
     def _get(self) -> None:
+        # Per request: the handler lives as long as its keep-alive connection, and a refused
+        # request must never carry the cookie an earlier request on the connection earned.
+        self._cookie = False
         console = self.server_console
         host = (self.headers.get("Host") or "").lower()
         if host not in console.allowed_hosts():

@@ -14,12 +14,21 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from castor.shown import one_line
+
 SORT_KEYS = ("path", "oldest", "depth", "age", "restarts")
 
 
 # -- selecting and sorting -----------------------------------------------------------
 def _oldest(actor: dict[str, Any]) -> float:
     return actor["mailbox"].get("oldest_age_s") or 0.0
+
+
+def shown(value: object) -> str:
+    """``value`` as text an operator's terminal shows as it is: rich markup escaped, and every
+    control character (a line break, an ESC a model put in a work item's title) written as its
+    escape (castor.shown.one_line), so no name can forge a line or drive the terminal."""
+    return escape(one_line(str(value)))
 
 
 def _activity_age(actor: dict[str, Any]) -> float:
@@ -104,7 +113,7 @@ def actor_tree(snapshot: dict[str, Any]) -> Tree:
     if threads:  # the threads castor runs that are not actor loops (castor.supervision.threads)
         branch = root.add(f"[bold]threads[/bold] ({len(threads)})")
         for row in threads:
-            branch.add(escape(f"{row['name']}  for {row['owner']}: {row['purpose']}  ({row['age_s']:.0f}s)"))
+            branch.add(shown(f"{row['name']}  for {row['owner']}: {row['purpose']}  ({row['age_s']:.0f}s)"))
     return root
 
 
@@ -117,10 +126,10 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
         box = actor["mailbox"]
         activity = actor.get("activity") or {}
         failure = actor.get("last_failure")
-        table.add_row(escape(actor["path"]), escape(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
-                      _seconds(box.get("oldest_age_s")), escape(str(activity.get("text", "-"))),
+        table.add_row(shown(actor["path"]), shown(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
+                      _seconds(box.get("oldest_age_s")), shown(str(activity.get("text", "-"))),
                       _seconds(activity.get("age_s")), str(actor.get("restarts", 0)),
-                      escape(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
+                      shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
     return table
 
 
@@ -131,7 +140,7 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
     for session in sessions:
         name = f"{session['session_id']} ({session.get('label') or '-'}) {session.get('project') or ''}".strip()
         if not session["casts"]:
-            table.add_row(escape(name), "-", "", "", "", "", "no casts", "", "", "")
+            table.add_row(shown(name), "-", "", "", "", "", "no casts", "", "", "")
         for cast in session["casts"]:
             socket = cast.get("socket") or "-"
             if cast.get("materia"):
@@ -139,9 +148,9 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
             phase = str(cast.get("phase") or "-")
             if cast.get("waiting_for"):
                 phase = f"{phase}, waiting for {cast['waiting_for']}"
-            table.add_row(escape(name), escape(cast["cast_id"]), escape(phase),
-                          escape(socket), escape(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
-                          escape(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
+            table.add_row(shown(name), shown(cast["cast_id"]), shown(phase),
+                          shown(socket), shown(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
+                          shown(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
                           _seconds(cast.get("age_s")), str(cast.get("restarts", 0)))
     return table
 
@@ -152,11 +161,11 @@ def _seconds(value: Any) -> str:
 
 def _actor_line(actor: dict[str, Any]) -> str:
     box = actor["mailbox"]
-    name = escape(actor["path"].rsplit("/", 1)[1])
+    name = shown(actor["path"].rsplit("/", 1)[1])
     age = box.get("oldest_age_s")
     flight = box.get("in_flight")
     parts = [
-        f"[cyan]{name}[/cyan] {escape(str(actor['kind']))}",
+        f"[cyan]{name}[/cyan] {shown(str(actor['kind']))}",
         _state(actor["state"]),
         f"#{actor['incarnation']}",
         f"depth={box['depth']}",
@@ -166,7 +175,7 @@ def _actor_line(actor: dict[str, Any]) -> str:
     labels = actor.get("labels") or {}
     if labels.get("label") or labels.get("project"):
         parts.append(
-            f"[bold]{escape(str(labels.get('label') or '-'))}[/bold] {escape(str(labels.get('project') or ''))}"
+            f"[bold]{shown(str(labels.get('label') or '-'))}[/bold] {shown(str(labels.get('project') or ''))}"
         )
     if box.get("failed"):
         parts.append(f"[red]failed={box['failed']}[/red]")
@@ -174,16 +183,16 @@ def _actor_line(actor: dict[str, Any]) -> str:
         parts.append(f"[yellow]restarts={actor['restarts']}[/yellow]")
     activity = actor.get("activity")
     if activity and activity.get("kind") not in (None, "idle", "handling"):
-        parts.append(f"[blue]{escape(str(activity['text']))} for {activity['age_s']:.1f}s[/blue]")
+        parts.append(f"[blue]{shown(str(activity['text']))} for {activity['age_s']:.1f}s[/blue]")
     elif activity and activity.get("kind") == "idle":
         parts.append(f"[dim]idle {activity['age_s']:.1f}s[/dim]")
     if flight:
-        parts.append(f"busy={escape(str(flight['message_type']))} {flight['since_s']:.2f}s")
+        parts.append(f"busy={shown(str(flight['message_type']))} {flight['since_s']:.2f}s")
     failure = actor.get("last_failure")
     if failure:
-        parts.append(f"[red]last failure {escape(str(failure['error_type']))} {failure['age_s']:.1f}s ago[/red]")
+        parts.append(f"[red]last failure {shown(str(failure['error_type']))} {failure['age_s']:.1f}s ago[/red]")
     if actor.get("retired_reason"):  # runtime data, shown as text: never rich markup
-        parts.append(f"[magenta]retired: {escape(str(actor['retired_reason']))}[/magenta]")
+        parts.append(f"[magenta]retired: {shown(str(actor['retired_reason']))}[/magenta]")
     return "  ".join(parts)
 
 
@@ -194,17 +203,17 @@ def _state(state: str) -> str:
 
 def mailbox_table(actor: dict[str, Any]) -> Table:
     box = actor["mailbox"]
-    table = Table(title=f"mailbox of {escape(actor['path'])}")
+    table = Table(title=f"mailbox of {shown(actor['path'])}")
     table.add_column("field")
     table.add_column("value")
     for key in ("depth", "capacity", "oldest_age_s", "processed", "failed", "rejected", "dead_letters"):
         table.add_row(key, str(box.get(key)))
-    table.add_row("in_flight", escape(json.dumps(box.get("in_flight"))))
+    table.add_row("in_flight", shown(json.dumps(box.get("in_flight"))))
     activity = actor.get("activity")
     if activity:
-        table.add_row("activity", escape(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"))
+        table.add_row("activity", shown(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"))
     for type_name, count in sorted(box.get("by_type", {}).items()):
-        table.add_row(f"queued {escape(type_name)}", str(count))
+        table.add_row(f"queued {shown(type_name)}", str(count))
     return table
 
 

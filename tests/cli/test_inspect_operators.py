@@ -8,6 +8,7 @@ agent turns that a harness never answers).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from castor.client import Client
 from tests.support.waiting import wait_for
@@ -203,3 +205,31 @@ def test_follow_json_ends_at_a_second_ctrl_c_too(tmp_path, live):
         proc.send_signal(signal.SIGINT)
         code = proc.wait(20)
     assert code == 0 and "Traceback" not in proc.stderr.read()
+
+
+def test_text_follow_to_a_pipe_prints_each_refresh_and_head_ends_it(tmp_path, live):
+    """On a pipe, rich's live view printed nothing until it stopped: `--follow | head` showed
+    nothing and never ended. Each refresh is printed whole now."""
+    sock, casts = live
+    argv = " ".join(shlex.quote(a) for a in [*CASTOR, "inspect", "--socket", str(sock), "casts", "--follow",
+                                             "--interval", "0.1"])
+    done = subprocess.run(["bash", "-c", f"{argv} | head -n 40"], env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=30)
+    assert any(cast_id in done.stdout for cast_id, _project in casts.values()), done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_names_a_model_or_a_project_chose_are_shown_escaped_in_the_views():
+    """A work item titled with terminal escapes and a line break drove the operator's terminal and
+    forged a line in `castor inspect casts` and `actors`: shown escaped now."""
+    from castor.console.terminal import casts_table
+
+    hostile = "Parser\x1b[2J\x1b]0;pwned\x07\nroot  CastActor  running  FORGED"
+    sessions = [{"session_id": "s\x1b[31m", "label": "l\nx", "project": "/p\x1b", "casts": [
+        {"cast_id": "c1", "phase": "Socket-2", "socket": "Socket-2", "item": hostile, "visit": 1,
+         "activity": hostile, "waiting_s": 1.0, "pending": "agent_turn", "socket_actors": []}]}]
+    console = Console(file=io.StringIO(), width=400, color_system=None)
+    console.print(casts_table(sessions))
+    text = console.file.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "FORGED" in text
+    assert not any(line.startswith("root  CastActor") for line in text.splitlines())

@@ -131,6 +131,20 @@ def test_a_token_file_guards_every_route(tmp_path):
         cookie = headers["Set-Cookie"].split(";")[0]
         assert _get(url + "api/actors", {"Cookie": cookie})[0] == 200
         assert _get(url + "api/actors", {"Cookie": "castor_console_token=nope"})[0] == 401
+        # One keep-alive connection: a refused request after an admitted ?token= one carried the
+        # token in its Set-Cookie (401 and 403 alike).
+        parts = urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", f"/metrics?token={token}", headers={"Host": parts.netloc})
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200 and first.getheader("Set-Cookie")
+        for headers in ({"Host": parts.netloc}, {"Host": "evil.example"}):
+            conn.request("GET", "/metrics", headers=headers)
+            refused = conn.getresponse()
+            refused.read()
+            assert refused.status in (401, 403) and refused.getheader("Set-Cookie") is None, headers
+        conn.close()
     finally:
         stop(server)
 
