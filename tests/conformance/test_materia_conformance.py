@@ -472,3 +472,14 @@ def test_a_config_is_read_as_json_parse_reads_it(tmp_path: Path) -> None:
     assert isinstance(data["limits"]["maxSocketVisits"], int)
     loaded = resolved(config({"Socket-1": {"type": "agent", "materia": "A"}}, **data))
     assert loaded.limits.max_socket_visits == 5
+
+
+def test_the_grid_writes_figures_and_flags_as_the_config_does() -> None:
+    """It printed Python's text: maxTokens=4000000.0, stopAtLimit=True, multiTurn=False."""
+    from castor.domain.materia.grid import render_grid
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}},
+                 budget={"maxTokens": 4000000, "maxCostUsd": 20, "warnAtPercent": 75})
+    text = render_grid(resolved(cfg))
+    assert "budget: maxTokens=4000000 maxCostUsd=20 warnAt=75% stopAtLimit=true" in text, text
+    assert "multiTurn=false" in text and "True" not in text and "False" not in text

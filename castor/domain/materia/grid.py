@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from castor.domain.jsontext import js_string
 from castor.domain.materia.config import END, RUNTIME_LIMIT_FALLBACK, ResolvedConfig
 from castor.shown import one_line
 
 
 def _fmt_limit(value: object) -> str:
-    return "-" if value is None else str(value)
+    """A figure as the config would write it (``4000000``, not Python's ``4000000.0``)."""
+    return "-" if value is None else js_string(value)
 
 
 def render_grid(resolved: ResolvedConfig) -> str:
@@ -21,7 +23,7 @@ def render_grid(resolved: ResolvedConfig) -> str:
         f"budget: maxTokens={_fmt_limit(resolved.budget.max_tokens)} "
         f"maxCostUsd={_fmt_limit(resolved.budget.max_cost_usd)} "
         f"warnAt={_fmt_limit(resolved.budget.warn_at_percent)}% "
-        f"stopAtLimit={resolved.budget.stop_at_limit is not False}",
+        f"stopAtLimit={js_string(resolved.budget.stop_at_limit is not False)}",
         f"entry: {p.entry}",
         "",
         "sockets:",
@@ -30,8 +32,9 @@ def render_grid(resolved: ResolvedConfig) -> str:
         sock = rs.socket
         if rs.is_agent and rs.materia:
             m = rs.materia
-            what = (f"agent {rs.materia_name} tools={m.tools} multiTurn={m.multi_turn} model={m.model or '-'} "
-                    f"thinking={m.thinking or '-'}" + (" generator=workItems:array<workItem>" if m.generator else ""))
+            what = (f"agent {rs.materia_name} tools={m.tools} multiTurn={js_string(m.multi_turn)} "
+                    f"model={m.model or '-'} thinking={m.thinking or '-'}"
+                    + (" generator=workItems:array<workItem>" if m.generator else ""))
         else:
             what = f"utility {' '.join(sock.command) if sock.command else sock.utility}"
         marker = "▶ " if sid == p.entry else "  "
