@@ -89,7 +89,8 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
         f"Current item: {state.current_item_label or state.current_item_key or '-'}",
         f"Mode: {mode}",
         f"Effective model: {(m.model or '').strip() or 'active Pi model'}" if m else "Effective model: -",
-        f"Effective thinking: {_applied_thinking(m.thinking) or 'active Pi thinking'}" if m else "Effective thinking: -",
+        (f"Effective thinking: {_applied_thinking(m.thinking) or 'active Pi thinking'}" if m
+         else "Effective thinking: -"),
         f"Artifact directory: {state.run_dir}",
         "Generic cast data:",
         pretty_json(state.data),
