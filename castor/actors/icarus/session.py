@@ -529,7 +529,7 @@ class IcarusSession:
             "config": config_inspection(self.settings),
             "schema": config_schema(),
             "tools": self.tool_specs(),
-            "deadlines_ms": self.deadlines_ms(),
+            **({"deadlines_ms": self.deadlines_ms()} if self.available else {}),
         }
 
     def deadlines_ms(self) -> dict[str, int]:

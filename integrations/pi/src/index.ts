@@ -129,7 +129,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	const turns = new TurnTracker(pi, (text) => notify(`castor: ${text}`, "warning"));
 	const tools = new FabricTools(pi, (name, params, toolCallId, signal) =>
-		untilAborted(getRuntime().call("icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }, { timeoutMs: deadlineFor("icarus.tool") }), signal),
+		untilAborted(patientCall(getRuntime(), "icarus.tool", { session_id: sessionId, name, params, tool_call_id: toolCallId }), signal),
 	);
 	/** The longest castor waits on the memory backend per method (`icarus.config` `deadlines_ms`). */
 	let backendDeadlines: Record<string, number> = {};
@@ -140,6 +140,32 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	/** A call castor answers only once the memory backend has: its own bound, and a margin for the wire. */
 	function deadlineFor(method: string): number {
 		return Math.max(timeoutMs(), (backendDeadlines[method] ?? 0) + DEADLINE_MARGIN_MS);
+	}
+
+	/**
+	 * A call castor may rightly take long over (it waits on the memory backend: `deadlineFor`), yet
+	 * a castor that stopped answering must not cost that long. At each ordinary deadline
+	 * (`--castor-timeout-ms`) still waiting, castor is probed (`runtime.hello`): answered, the
+	 * wait goes on; not answered, the call fails now (and castor is marked not answering).
+	 */
+	async function patientCall(rt: CastorRuntime, method: string, params: Params, spawn?: boolean): Promise<unknown> {
+		const longMs = deadlineFor(method);
+		const step = timeoutMs();
+		const work = rt.call(method, params, { spawn, timeoutMs: longMs });
+		if (longMs <= step) return work;
+		const done = work.then(() => true, () => true);
+		for (;;) {
+			let timer: ReturnType<typeof setTimeout> | undefined;
+			const tick = new Promise<false>((resolve) => {
+				timer = setTimeout(() => resolve(false), step);
+			});
+			const settled = await Promise.race([done, tick]);
+			clearTimeout(timer);
+			if (settled) return work;
+			if (!(await rt.probe(probeMs()))) {
+				throw new RpcError("timeout", `castor did not answer ${method} within ${step} ms and is not answering`);
+			}
+		}
 	}
 
 	function stringFlag(name: string): string | undefined {
@@ -282,7 +308,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				log(`harness.event ${event} skipped: castor is not answering`);
 				return undefined;
 			}
-			const result = await rt.call("harness.event", { session_id: sessionId, event, data }, { spawn: false, timeoutMs: deadlineFor("harness.event") });
+			const result = await patientCall(rt, "harness.event", { session_id: sessionId, event, data }, false);
 			applyEffects(result);
 			return result !== null && typeof result === "object" ? (result as Record<string, unknown>) : undefined;
 		} catch (err) {
