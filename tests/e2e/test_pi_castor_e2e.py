@@ -45,10 +45,10 @@ TWO_SOCKETS = {
 PLAN = json.dumps({"summary": "PLAN-SUMMARY-42", "workItems": [], "satisfied": True})
 
 
-def project_with_loadout(tmp_path: Path) -> Path:
+def project_with_loadout(tmp_path: Path, config: dict[str, Any] = TWO_SOCKETS) -> Path:
     project = tmp_path / "project"
     (project / ".pi").mkdir(parents=True)
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps(TWO_SOCKETS))
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
     return project
 
 
@@ -464,9 +464,7 @@ def test_j_a_materia_model_pi_cannot_use_falls_back_and_usage_json_names_who_ans
     model, provider and api that answered, from Pi's own messages, and the selection requested."""
     config = json.loads(json.dumps(TWO_SOCKETS))
     config["materia"]["Planner"]["model"] = "fake/no-such-model"
-    project = tmp_path / "project"
-    (project / ".pi").mkdir(parents=True)
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    project = project_with_loadout(tmp_path, config)
     fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
     fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
     pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})

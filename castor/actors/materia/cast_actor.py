@@ -343,9 +343,9 @@ class CastActor(Actor):
             # The cast stops (its session closed, the runtime shuts down) while its command runs:
             # nothing would take the command's outcome and a continue runs it again, so it ends now
             # rather than going on unseen (a crash keeps it: the restart takes its outcome).
-            from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, stop_utility
+            from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, cancel_utility
 
-            stop_utility(self.env.registry, pending.visit_id, UTILITY_STOP_GRACE_S)
+            cancel_utility(self.env.registry, pending.visit_id, grace_s=UTILITY_STOP_GRACE_S)
         if cause != "crashed" and self.env.lease is not None:
             self.env.lease.release()  # a crash keeps the lease: the restart reuses it
 

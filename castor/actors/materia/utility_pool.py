@@ -151,36 +151,27 @@ def submit_utility(registry: Any, job: UtilityJob) -> None:
         raise
 
 
-def cancel_utility(registry: Any, visit_id: str) -> bool:
-    """Kill the tree of ``visit_id`` if it runs now (True), else make sure a queued job of it
-    never starts (False)."""
-    pool = _POOLS.get(registry)
-    running = pool.running_of(visit_id) if pool is not None else None
-    if running is None:
-        if pool is not None:
-            pool.cancel_queued(visit_id)
-        return False
-    running.kill()
-    return True
-
-
 UTILITY_STOP_GRACE_S = 1.0
 """A running command stopped with its cast or the runtime gets SIGTERM, then SIGKILL after this long."""
 
 
-def stop_utility(registry: Any, visit_id: str, grace_s: float) -> bool:
-    """End the command of ``visit_id`` gently if it runs now (SIGTERM to its tree, SIGKILL after
-    ``grace_s``, on a thread of its own: the caller does not wait), else make sure a queued job of
-    it never starts. For a cast that stops while its command runs (its session closed): nobody
-    would take the command's outcome, and a continue runs it again. True if one was running."""
+def cancel_utility(registry: Any, visit_id: str, *, grace_s: float | None = None) -> bool:
+    """End the tree of ``visit_id`` if it runs now (True), else make sure a queued job of it never
+    starts (False). ``grace_s`` None: SIGKILL at once (an abort). A number: gently -- SIGTERM,
+    SIGKILL after ``grace_s`` -- on a thread of its own, so the caller does not wait (a cast that
+    stops while its command runs: nobody would take the command's outcome, and a continue runs it
+    again)."""
     pool = _POOLS.get(registry)
     running = pool.running_of(visit_id) if pool is not None else None
     if running is None:
         if pool is not None:
             pool.cancel_queued(visit_id)
         return False
-    start_thread(running.terminate, args=(grace_s,), name="utility-stop", owner="/root/utility",
-                 purpose="end the command of a cast that stopped")
+    if grace_s is None:
+        running.kill()
+    else:
+        start_thread(running.terminate, args=(grace_s,), name="utility-stop", owner="/root/utility",
+                     purpose="end the command of a cast that stopped")
     return True
 
 
