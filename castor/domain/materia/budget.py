@@ -136,27 +136,31 @@ class UsageReport(BaseModel):
     modelSelections: list[dict[str, Any]] = Field(default_factory=list)
 
     def add_turn(self, record: TurnRecord) -> UsageReport:
-        out = self.model_copy(deep=True)
-        out.tokens = out.tokens.plus(record.tokens)
-        out.cost = out.cost.plus(record.cost)
+        """A new report with ``record`` counted in. Nothing in a report is changed in place (a
+        table is copied before an entry is replaced), so the copy is shallow: a deep copy of a
+        report grown with its turns cost a transition more than everything else it did."""
         usage = TurnUsage(tokens=record.tokens, cost=record.cost)
+        update: dict[str, Any] = {"tokens": self.tokens.plus(record.tokens), "cost": self.cost.plus(record.cost),
+                                  "turns": [*self.turns, record],
+                                  "costKind": _combined_kind(self.costKind, record.costKind)}
 
-        def bump(table: dict[str, TurnUsage], key: str) -> None:
-            cur = table.get(key, TurnUsage())
-            table[key] = TurnUsage(tokens=cur.tokens.plus(usage.tokens), cost=cur.cost.plus(usage.cost))
+        def bump(name: str, key: str) -> None:
+            table = dict(getattr(self, name))
+            cur = table.get(key)
+            table[key] = usage if cur is None else TurnUsage(tokens=cur.tokens.plus(usage.tokens),
+                                                             cost=cur.cost.plus(usage.cost))
+            update[name] = table
 
-        bump(out.bySocket, record.socket)
+        bump("bySocket", record.socket)
         if record.materia:
-            bump(out.byMateria, record.materia)
+            bump("byMateria", record.materia)
         if record.taskId is not None:
-            bump(out.byTask, record.taskId)
-            bump(out.byAttempt, f"{record.taskId}:{record.attempt}")
-        out.turns.append(record)
+            bump("byTask", record.taskId)
+            bump("byAttempt", f"{record.taskId}:{record.attempt}")
         for name in MODEL_FIELDS:
             if getattr(record, name) is not None:
-                setattr(out, name, getattr(record, name))
-        out.costKind = _combined_kind(out.costKind, record.costKind)
-        return out
+                update[name] = getattr(record, name)
+        return self.model_copy(update=update)
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
         """A new report with ``selection`` (a :func:`model_selection` record) appended."""

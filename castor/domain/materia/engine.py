@@ -227,6 +227,7 @@ class _Ctx:
         self.at = at
         self.effects: list[Effect] = []
         self._iso: str | None = None
+        self._usage_write: int | None = None  # where this transition's usage.json write is in effects
 
     @property
     def ts_ms(self) -> int:
@@ -259,7 +260,14 @@ class _Ctx:
         # derived once per report, not once per write.
         usage = self.s.usage
         # pydantic's serialiser: json.dumps with an indent runs the pure-Python encoder.
-        self.write(("usage.json",), derived(usage, "json", lambda: usage.model_dump_json(indent=2)))
+        content = derived(usage, "json", lambda: usage.model_dump_json(indent=2))
+        if self._usage_write is not None:
+            # One usage.json write a transition (a turn's end and its socket's completion both
+            # ask): the latest report, where the first ask put it (no other effect depends on it).
+            self.effects[self._usage_write] = WriteArtifact(path=("usage.json",), content=content)
+            return
+        self._usage_write = len(self.effects)
+        self.write(("usage.json",), content)
 
 
 # =========================================================================== entry point
@@ -768,15 +776,20 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     assert pending is not None
     rs = s.config.pipeline.sockets[pending.socket_id]
     entry_id = ev.entry_id or ev.visit_id
-    # Every turn is a usage turn (pi-materia captures usage at every answer): one whose agent
-    # reported none counts zero, its cost an estimate (so costKind never claims "actual" for it).
-    turn = extract_usage(ev.usage)
-    s.usage = s.usage.add_turn(TurnRecord(
-        socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
-        tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
-        thinkingLevel=ev.thinking_level,
-        costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)))
-    ctx.write_usage()
+    if ev.usage is not None:
+        turn = extract_usage(ev.usage)
+        s.usage = s.usage.add_turn(TurnRecord(
+            socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
+            tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
+            thinkingLevel=ev.thinking_level,
+            costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api,
+                                    rs.materia.model if rs.materia else None)))
+        ctx.write_usage()
+    elif s.usage.costKind == "actual":
+        # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
+        # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
+        # figures. Once: the report is then unchanged by such turns (its JSON stays cached).
+        s.usage = s.usage.model_copy(update={"costKind": "estimated"})
     if ev.stop_reason == "aborted":
         # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
         # never an output, a draft or a failure to retry, whatever the socket's kind.
