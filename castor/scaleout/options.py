@@ -29,6 +29,10 @@ def backend_flag_problem(args: argparse.Namespace) -> str | None:
         if getattr(args, "ray_address", None) or getattr(args, "ray_hosts", None) is not None:
             return "--ray-address and --ray-hosts need --backend ray"
         return None
+    address = getattr(args, "ray_address", None)
+    if address is not None and _address_parts(address) is None:
+        return (f"--ray-address must be a running cluster's HOST:PORT (its GCS, e.g. 10.0.0.5:6379), "
+                f"'auto', or ray://HOST:PORT, got {address!r}")
     hosts = getattr(args, "ray_hosts", None)
     if hosts is not None and not 1 <= hosts <= 1024:
         return f"--ray-hosts must be between 1 and 1024, got {hosts}"
@@ -50,7 +54,52 @@ def make_backend(args: argparse.Namespace) -> Any:
         return None
     from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
 
+    if args.ray_address:
+        check_reachable(args.ray_address)
     return RayBackend(RayBackendSettings(address=args.ray_address, hosts=args.ray_hosts))
+
+
+#: How long the cluster's address gets to accept a connection before castor says it cannot be reached.
+REACH_TIMEOUT_S = 5.0
+
+
+def _address_parts(address: str) -> tuple[str, int] | None | tuple[()]:
+    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; ``()`` for ``auto`` (Ray finds the
+    cluster itself); None when it is neither."""
+    text = address.strip()
+    if text == "auto":
+        return ()
+    if text.startswith("ray://"):
+        text = text[len("ray://"):]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise a typed error when nothing accepts a connection at ``address`` within ``timeout_s``.
+    Ray's own connect retries for minutes on an address nobody listens at (it only logs), so a
+    wrong --ray-address hung the command; this answers in seconds."""
+    import socket
+
+    from castor.messages.errors import NotFound, Timeout
+
+    parts = _address_parts(address)
+    if not parts:
+        return
+    host, port = parts
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except TimeoutError:
+        raise Timeout(f"the Ray cluster at {address} did not answer within {timeout_s:g} s; "
+                      f"check --ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs",
+                      data={"reason": "ray_unreachable", "address": address}) from None
+    except OSError as exc:
+        raise NotFound(f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc}); check "
+                       f"--ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs",
+                       data={"reason": "ray_unreachable", "address": address}) from None
 
 
 def materia_component_for(backend: Any) -> Any:

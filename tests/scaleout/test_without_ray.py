@@ -50,3 +50,27 @@ def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
                    "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--ray-address', '127.0.0.1:6379']))\n",
                    tmp_path)
     assert proc.returncode == 2 and "--ray-address and --ray-hosts need --backend ray" in proc.stderr, proc.stderr
+
+
+def test_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
+    """Ray's own connect retried for minutes on an address nobody listens at (castor printed
+    nothing; killed at 560 s); a malformed address is a usage error."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    with socket.socket() as probe:  # a port nothing listens at
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    proc = _python("import sys\nfrom castor.cli import main\n"
+                   f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
+                   f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+    assert time.monotonic() - started < 60
+    assert proc.returncode == 1 and "castor: not_found: the Ray cluster at 127.0.0.1:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    bad = _python("import sys\nfrom castor.cli import main\n"
+                  "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray', "
+                  "'--ray-address', 'notanaddress']))\n", tmp_path)
+    assert bad.returncode == 2 and "--ray-address must be" in bad.stderr, bad.stderr
