@@ -415,6 +415,18 @@ def _requested_at(request: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _watch_resumable(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
+    """:func:`_watch`; on Ctrl-C or SIGTERM (the runtime then shuts down as the exception unwinds,
+    the cast stays resumable) it says which cast and how to go on first -- "castor: interrupted"
+    alone named neither."""
+    try:
+        return _watch(session, cast_id, quiet=quiet)
+    except KeyboardInterrupt:
+        print(f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}",
+              file=sys.stderr)
+        raise
+
+
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
     """Poll the cast until it ends, with a rich live view unless quiet; finalizes refinement pauses."""
     from rich.console import Console
@@ -561,7 +573,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                          "config_path": args.config, "cli_note": _cli_note(spec)})
         _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {started['run_dir']}")
-        return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
+        return _finish(_watch_resumable(session, started["cast_id"], quiet=args.quiet))
     finally:
         session.close()
 
@@ -587,7 +599,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     try:
         view = session.call(verb, {"cast_id": cast_id})
         _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
-        return _finish(_watch(session, cast_id, quiet=args.quiet))
+        return _finish(_watch_resumable(session, cast_id, quiet=args.quiet))
     finally:
         session.close()
 
