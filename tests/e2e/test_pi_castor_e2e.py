@@ -110,14 +110,21 @@ def up(pi: PiRpc) -> None:
     pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"))
 
 
-def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command, fake_llm, tmp_path):
-    project = project_with_loadout(tmp_path)
+def cast_two_sockets(start_pi: Any, castor_command: list[str], fake_llm: Any,
+                     project: Path) -> tuple[PiRpc, int, Path, list[dict[str, Any]]]:
+    """The two-socket loadout's cast in ``project``, run to its end in a fresh Pi: (Pi, the
+    command's start index, the run directory, its events)."""
     fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
     fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
     pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
     up(pi)
     start = pi.command("/materia cast build the thing")
     run_dir, events = wait_cast_end(pi, project, start=start)
+    return pi, start, run_dir, events
+
+
+def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command, fake_llm, tmp_path):
+    _pi, _start, run_dir, events = cast_two_sockets(start_pi, castor_command, fake_llm, project_with_loadout(tmp_path))
     types = [e["type"] for e in events]
     assert types[0] == "cast_start" and events[-1]["type"] == "cast_end" and events[-1]["data"]["ok"] is True
     assert [e["data"]["socket"] for e in events if e["type"] == "socket_complete"] == ["Socket-1", "Socket-2"]
@@ -464,13 +471,8 @@ def test_j_a_materia_model_pi_cannot_use_falls_back_and_usage_json_names_who_ans
     model, provider and api that answered, from Pi's own messages, and the selection requested."""
     config = json.loads(json.dumps(TWO_SOCKETS))
     config["materia"]["Planner"]["model"] = "fake/no-such-model"
-    project = project_with_loadout(tmp_path, config)
-    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
-    fake_llm.reply_text("WRITTEN-RESULT", when="WRITER-MATERIA")
-    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
-    up(pi)
-    start = pi.command("/materia cast build the thing")
-    run_dir, events = wait_cast_end(pi, project, start=start)
+    pi, start, run_dir, events = cast_two_sockets(start_pi, castor_command, fake_llm,
+                                                  project_with_loadout(tmp_path, config))
     assert events[-1]["data"]["ok"] is True, events[-1]
     warning = pi.wait_ui("notify", lambda e: "fake/no-such-model" in str(e.get("message")), start=start)
     assert "(unknown_model)" in warning["message"] and warning["notifyType"] == "warning"
