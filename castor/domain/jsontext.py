@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -110,22 +111,28 @@ def pretty_json(value: Any) -> str:
 _NEGATIVE_EXPONENT = re.compile(r"\de-\d")
 
 
+def map_scalars(value: Any, change: Callable[[Any], Any]) -> Any:
+    """``value`` (JSON-shaped: dicts, lists, tuples as lists) with ``change`` applied to every
+    value that is neither a dict nor a list; keys unchanged."""
+    if isinstance(value, dict):
+        return {k: map_scalars(v, change) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [map_scalars(v, change) for v in value]
+    return change(value)
+
+
 def _with_js_small_numbers(value: Any) -> str:
     marks: dict[str, str] = {}
     nonce = f"\x00castor-number-{id(marks)}-"
 
     def mark(item: Any) -> Any:
-        if isinstance(item, float) and not isinstance(item, bool) and item != 0 and abs(item) < 1e-4:
+        if isinstance(item, float) and item != 0 and abs(item) < 1e-4:
             key = f"{nonce}{len(marks)}"
             marks[key] = js_number_text(item)
             return key
-        if isinstance(item, dict):
-            return {k: mark(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [mark(v) for v in item]
         return item
 
-    text = json.dumps(mark(value), indent=2, ensure_ascii=False)
+    text = json.dumps(map_scalars(value, mark), indent=2, ensure_ascii=False)
     for key, number in marks.items():
         text = text.replace(json.dumps(key, ensure_ascii=False), number, 1)
     return text
@@ -218,17 +225,13 @@ def wide_integers_as_floats(value: Any) -> Any:
     """``value`` with every integer outside msgpack's 64-bit range as the nearest double (as
     JavaScript holds it; past the double's range ``None``, what ``JSON.stringify`` writes for it);
     the rest unchanged. For a result that cannot be sent as it is: it walks the whole value."""
-    if isinstance(value, bool):
+    return map_scalars(value, _wide_integer_as_float)
+
+
+def _wide_integer_as_float(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX:
         return value
-    if isinstance(value, int):
-        if _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX:
-            return value
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    if isinstance(value, dict):
-        return {k: wide_integers_as_floats(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [wide_integers_as_floats(v) for v in value]
-    return value
+    try:
+        return float(value)
+    except OverflowError:
+        return None

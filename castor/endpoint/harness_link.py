@@ -320,7 +320,7 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
     if isinstance(usages, list) and usages:
         # The raw map of every assistant message (a harness that sums them itself can only add the
         # spellings it knows; each is read here with every alias pi-materia reads).
-        usage = sum_usage_maps([plain_usage(u) for u in usages[:_MAX_USAGES]])
+        usage = sum_usage_maps(usages)
     model, provider, api = answering_model(params)
     error = params.get("error")
     turn_error = None
@@ -343,9 +343,6 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
         thinking_level=text_or_none(params.get("thinking_level")),
         entry_id=str(params["entry_id"]) if params.get("entry_id") else None,
     )
-
-
-_MAX_USAGES = 1024  # assistant messages in one turn whose usage is read
 
 
 _KINDS = {"provider", "transport", "timeout", "cancelled", "exhausted", "invalid_response", "internal"}

@@ -43,7 +43,7 @@ from castor.actors.materia.messages import (
     UserRunSettled,
 )
 from castor.actors.materia.session_actor import SessionActor
-from castor.domain.materia.budget import answering_model, plain_usage, sum_usage_maps, text_or_none
+from castor.domain.materia.budget import answering_model, sum_usage_maps, text_or_none
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
@@ -64,7 +64,7 @@ def run_answer(data: dict[str, Any]) -> dict[str, Any]:
     last = answers[-1]
     error = last.get("error")
     stop = last.get("stop_reason")
-    usages = [plain_usage(m["usage"]) for m in answers if isinstance(m.get("usage"), dict)]
+    usages = [m["usage"] for m in answers if isinstance(m.get("usage"), dict)]
     model, provider, api = answering_model(last)
     return {"text": last.get("text") if isinstance(last.get("text"), str) else None,
             "error": str(error) if error else None, "stop_reason": stop if isinstance(stop, str) else None,

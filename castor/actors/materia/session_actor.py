@@ -372,11 +372,11 @@ class SessionActor(Actor):
         cast_id = self._ref(cast_id)
         live = self._live()
         elsewhere = False
+        view = None
         if cast_id is None:
-            cast_id, elsewhere = (max(live), False) if live else self._newest_to_show()
+            cast_id, elsewhere, view = (max(live), False, None) if live else self._newest_to_show()
         self.storage.validate_cast_id(cast_id)
         handle = live.get(cast_id)
-        view = None
         if handle is not None:
             try:
                 view = handle.ask(CastStatusQuery(), timeout=ASK_TIMEOUT_S)
@@ -391,24 +391,24 @@ class SessionActor(Actor):
                     f"(abort or continue it there):\n{text}")
         return {**view, "text": text, "level": "info", **({"elsewhere": True} if elsewhere else {})}
 
-    def _newest_to_show(self) -> tuple[str, bool]:
+    def _newest_to_show(self) -> tuple[str, bool, dict[str, Any] | None]:
         """An id-less status with no live cast here: the newest cast this session drove that is
-        still on disk; else the newest one in the project that no other live session holds; else
-        the newest one, another session's running cast (the flag says so)."""
+        still on disk (with the view read to find it); else the newest one in the project that no
+        other live session holds; else the newest one, another session's running cast (the flag
+        says so)."""
         root = self._artifact_root()
         for cast_id in reversed(self._driven):
             try:
-                persisted_view(self.storage, root, cast_id, live=False)
+                return cast_id, False, persisted_view(self.storage, root, cast_id, live=False)
             except CastorError:
                 continue  # removed since, or unreadable now
-            return cast_id, False
         found = find_cast(self.storage, root, set(), "readable", accept=lambda row: not held_elsewhere(row))
         if found is not None:
-            return str(found["cast_id"]), False
+            return str(found["cast_id"]), False, None
         found = find_cast(self.storage, root, set(), "readable")
         if found is None:
             raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
-        return str(found["cast_id"]), True
+        return str(found["cast_id"]), True, None
 
     @handles(ListCasts)
     @answers_bad_input

@@ -232,13 +232,18 @@ def answering_model(params: dict[str, Any]) -> tuple[str | None, str | None, str
     return text_or_none(model), text_or_none(params.get("provider")), text_or_none(params.get("api"))
 
 
+#: How many usage maps of one turn are read (one per assistant message).
+MAX_USAGE_MAPS = 1024
+
+
 def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
-    """Several usage maps (one per assistant message of a turn) as one map in the canonical
-    spellings, each read by :func:`extract_usage`; ``cost.totalFromProvider`` true only if every
-    map says so (absent when none says either way)."""
+    """Several usage maps as a harness sent them (one per assistant message of a turn, the first
+    :data:`MAX_USAGE_MAPS`) as one map in the canonical spellings, each read by
+    :func:`extract_usage` (anything unreadable counts 0); ``cost.totalFromProvider`` true only if
+    every map says so (absent when none says either way)."""
     total = TurnUsage()
     flags: list[bool | None] = []
-    for raw in maps:
+    for raw in maps[:MAX_USAGE_MAPS]:
         turn = extract_usage(raw)
         total = TurnUsage(tokens=total.tokens.plus(turn.tokens), cost=total.cost.plus(turn.cost))
         cost = raw.get("cost") if isinstance(raw, dict) else None
