@@ -33,6 +33,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -415,12 +417,13 @@ def _requested_at(request: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _watch_resumable(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
-    """:func:`_watch`; on Ctrl-C or SIGTERM (the runtime then shuts down as the exception unwinds,
-    the cast stays resumable) it says which cast and how to go on first -- "castor: interrupted"
-    alone named neither."""
+@contextmanager
+def _named_on_interrupt(cast_id: str) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM inside (the runtime then shuts down as the exception unwinds, the
+    cast stays resumable), say which cast stopped and how to go on -- "castor: interrupted" alone
+    named neither. Entered as soon as the cast's id is known, before anything is printed."""
     try:
-        return _watch(session, cast_id, quiet=quiet)
+        yield
     except KeyboardInterrupt:
         print(f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}",
               file=sys.stderr)
@@ -572,8 +575,9 @@ def cmd_cast(args: argparse.Namespace) -> int:
         assert spec is not None
         started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                          "config_path": args.config, "cli_note": _cli_note(spec)})
-        _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {started['run_dir']}")
-        return _finish(_watch_resumable(session, started["cast_id"], quiet=args.quiet))
+        with _named_on_interrupt(started["cast_id"]):
+            _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {started['run_dir']}")
+            return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:
         session.close()
 
@@ -597,9 +601,10 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     _refuse_a_pointless_resume(root, cast_id, verb)
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
     try:
-        view = session.call(verb, {"cast_id": cast_id})
-        _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
-        return _finish(_watch_resumable(session, cast_id, quiet=args.quiet))
+        with _named_on_interrupt(cast_id):
+            view = session.call(verb, {"cast_id": cast_id})
+            _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
+            return _finish(_watch(session, cast_id, quiet=args.quiet))
     finally:
         session.close()
 
