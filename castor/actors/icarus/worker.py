@@ -21,6 +21,8 @@ cancel token fired while running       ``cancelled``              ``worker_retir
 cancel token fired / deadline passed   ``cancelled`` / ``timeout``  unaffected                            kept
 before the call was submitted          (not started, not sent)
 worker crashed / exited / killed       ``worker_crashed``         ``worker_crashed``                      gone, actor retires
+worker died idle, seen only once the   runs on a fresh worker     unaffected                              replaced
+request sat unread in its pipe
 spawn failed                           ``worker_crashed``         ``worker_crashed``                      none, actor retires
 =====================================  =========================  ======================================  ==========
 
@@ -180,16 +182,29 @@ class IcarusWorkerActor(Actor):
                 raise Cancelled(f"icarus call {target} cancelled; the worker was retired",
                                 data={"target": target}, may_have_started=True) from None
             raise exc
-        except WorkerCrashed:
-            self.retire(f"worker crashed during {target}", error=WorkerCrashed)
-            raise
+        except WorkerCrashed as crash:
+            if not crash.data.get("died_idle"):
+                self.retire(f"worker crashed during {target}", error=WorkerCrashed)
+                raise
+            reply = None  # it died idle and the request never reached it: a fresh worker runs it
         finally:
             self._running = None
             if token is not None and kill is not None:
                 token.disarm(kill)  # the same callback object that was armed
+        if reply is None:
+            return self._on_call_again(call)
         if reply.get("ok") is True:
             return reply.get("result")
         return reply_result(reply, target)
+
+    def _on_call_again(self, call: WorkerCall) -> Any:
+        """The call again, on a fresh worker: the last one had died idle, which showed only once
+        this call's request was in its pipe, unread (``died_idle``). Its fresh worker answers
+        ``died_idle`` never (it has served no call before), so this runs at most once."""
+        self.log.warning("worker pid died idle (seen only by the next call); starting a fresh one")
+        self._worker = None  # _crash killed and reaped it already
+        self._fresh_worker(None)
+        return self._on_call(call)
 
     def _describe(self) -> tuple[str, str, dict[str, Any], float] | None:
         """The activity while a call runs (read by snapshots only; None between calls)."""

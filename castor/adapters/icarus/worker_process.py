@@ -20,6 +20,13 @@ Guarantees
   ``WorkerCrashed`` with the exit code in ``data`` and the stderr tail on
   ``.stderr_tail`` (kept off the wire: stderr is diagnostic, never shown to
   the model). A failed spawn is ``WorkerCrashed`` with ``may_have_started=False``.
+- **A death before the request was read is told apart.** A worker that died idle can still
+  look alive for a moment: its first thread is gone (a process listing shows it dead) while
+  its last one is still ending, and only then does its exit show. A call written into that
+  moment finds the worker gone; when the whole request still sits unread in the worker's
+  input pipe, the worker never saw it: ``WorkerCrashed`` with ``may_have_started=False`` and
+  ``data["died_idle"]`` true (on a worker that had answered a call before), which the actor
+  treats as it treats a worker found dead between calls -- a fresh worker runs the call.
 - **Stream hygiene.** Replies whose id is not the outstanding one are
   discarded and counted; blank lines are skipped; a line that is not a JSON
   object is counted and fails the current call with
@@ -33,8 +40,10 @@ Guarantees
 
 from __future__ import annotations
 
+import array
 import collections
 import errno
+import fcntl
 import itertools
 import json
 import os
@@ -42,6 +51,7 @@ import re
 import select
 import signal
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -180,6 +190,7 @@ class WorkerProcess:
         self._crashed = False
         self._killed = False
         self._calls = 0
+        self._request_bytes = 0  # the length of the request being answered (died_idle's check)
         self._mismatched = 0
         self._garbage = 0
         self._before_ready = True  # the program's ready line not read yet (_await_ready)
@@ -412,6 +423,7 @@ class WorkerProcess:
             if self._buffer or (events and any(fd == self._out_fd for fd, _mask in events)):
                 self._drain_stale()
             self._calls += 1
+            self._request_bytes = len(line)
             if self._retired is not None or self._crashed:
                 self._check_usable(may_have_started=False, target=target)
             try:  # the whole line in one write, as a rule (the pipe is empty between calls)
@@ -628,14 +640,27 @@ class WorkerProcess:
             exit_code = None
         with self._kill_lock:
             self._killed = False  # make sure a half-dead tree is still swept
+        died_idle = may_have_started and self._calls > 1 and self._request_unread()
         self.kill_tree("crashed")
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=0.5)
+        data: dict[str, Any] = {"exit_code": exit_code, "target": target, "pid": proc.pid}
+        if died_idle:
+            data["died_idle"] = True
         error = WorkerCrashed(f"icarus worker exited (code {exit_code}) during {target}",
-                              data={"exit_code": exit_code, "target": target, "pid": proc.pid},
-                              may_have_started=may_have_started)
+                              data=data, may_have_started=may_have_started and not died_idle)
         error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]  # an extra, off-wire attribute
         return error
+
+    def _request_unread(self) -> bool:
+        """Whether the whole request written last still sits in the worker's input pipe (the
+        pipe keeps its bytes while this side holds it open, whatever became of the reader)."""
+        unread = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._in_fd, termios.FIONREAD, unread, True)
+        except OSError:
+            return False
+        return unread[0] == self._request_bytes > 0
 
     # ------------------------------------------------------------------ stats
 

@@ -46,6 +46,12 @@ Guarantees
   a result that still cannot be serialised yields ``ok: false, error:
   "unserializable result"``.
 - End of stdin ends the worker with exit code 0.
+- **It does not outlive its parent.** A thread waits for the request pipe's hang-up (every
+  writer gone: the parent closed it or died, kill -9 included). An idle worker reads the end
+  of the pipe and exits by itself; one still running a call a second later (a backend call
+  that hangs, or requests left in the pipe) kills its process group -- itself and whatever the
+  backend started in it -- when it leads that group (the bridge starts it so), else itself.
+  Without it a castor killed during a hung call left the worker, and its children, running.
 
 Environment: ``CASTOR_ICARUS_DIR`` (required, absolute); the backend's own
 identity/path variables (``FABRIC_DIR``, ``HERMES_AGENT_NAME``,
@@ -82,6 +88,10 @@ import importlib.machinery  # noqa: E402 - imported only after the search path i
 import importlib.util  # noqa: E402 - imported only after the search path is scrubbed above
 import json  # noqa: E402 - imported only after the search path is scrubbed above
 import os  # noqa: E402 - imported only after the search path is scrubbed above
+import select  # noqa: E402 - imported only after the search path is scrubbed above
+import signal  # noqa: E402 - imported only after the search path is scrubbed above
+import threading  # noqa: E402 - imported only after the search path is scrubbed above
+import time  # noqa: E402 - imported only after the search path is scrubbed above
 import traceback  # noqa: E402 - imported only after the search path is scrubbed above
 
 # Annotations are strings where Python 3.8 could not evaluate them; the names they use are
@@ -364,10 +374,29 @@ def _write_all(stream: "FileIO", data: bytes) -> None:
 
 
 READY_LINE = b'{"ready": "castor-icarus-worker"}\n'
+PARENT_GONE_GRACE_S = 1.0  # how long an idle worker has to exit by itself once the pipe hangs up
+
+
+def _wait_for_hang_up(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, 0)  # no event asked for: only a hang-up (or an error) wakes it, never data
+    while not poller.poll():
+        pass
+
+
+def _end_with_the_parent(fd: int) -> None:
+    """Wait for the request pipe's hang-up, give an idle worker its grace, then end the group."""
+    _wait_for_hang_up(fd)
+    time.sleep(PARENT_GONE_GRACE_S)
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> int:
     proto_in, proto_out = _isolate_stdio()
+    threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(),), name="parent-watch",
+                     daemon=True).start()
     _write_all(proto_out, READY_LINE)
     buffered = b""
     while True:

@@ -229,13 +229,14 @@ def test_kill_9_of_an_idle_worker_gives_the_next_call_a_fresh_worker(world):
     rt = world.runtime()
     _, sess = world.open(rt)
     sess.tool("fabric_brief", {})
-    pid = sess.current_worker_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: gone(pid), what="the worker to die")
-    # Nothing was pending, so nothing is lost: the next call simply runs on a fresh worker (spec §8.13).
-    assert "recent" in sess.tool("fabric_brief", {})
-    assert sess.current_worker_pid() not in (None, pid)
+    for _ in range(5):  # the call right after the death is seen: in the moment a worker's last thread ends too
+        pid = sess.current_worker_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: gone(pid), what="the worker to die")  # noqa: B023 - called within the iteration
+        # Nothing was pending, so nothing is lost: the next call simply runs on a fresh worker.
+        assert "recent" in sess.tool("fabric_brief", {})
+        assert sess.current_worker_pid() not in (None, pid)
 
 
 def test_a_json_py_planted_in_the_project_is_not_imported(world):

@@ -101,6 +101,38 @@ def test_external_kill_of_the_worker_process(bridge):
     assert bridge.harness.calls("hooks.echo") == []
 
 
+def test_a_worker_that_died_before_reading_the_request_is_replaced_and_the_call_runs(bridge):
+    """A worker can die idle and still look alive to the next call's idle check (its last thread
+    still ending): the request then sits unread in its pipe. Made certain here by stopping the
+    worker, so it cannot read, and killing it once the call waits: the call must run on a fresh
+    worker, as after a death between calls, not fail ``worker_crashed``."""
+    import os
+    import signal
+
+    assert bridge.client.call("hooks", "counter") == 1
+    pid = bridge.spawned[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    pending = bridge.client.submit("hooks", "counter")
+    wait_for(bridge.spawned[0]._request_unread, timeout=5, what="the request to sit unread in the pipe")
+    os.kill(pid, signal.SIGKILL)
+    assert pending.result() == 1  # a fresh worker: fresh module state
+    assert len(bridge.spawned) == 2 and gone(pid)
+    assert bridge.client.call("hooks", "counter") == 2  # and it stays
+
+
+def test_a_worker_that_read_the_request_and_died_fails_the_call(bridge):
+    """The other side of the rule above: once the worker has read the request, its death fails
+    the call (it may have run), and nothing is run again."""
+    bridge.client.call("hooks", "counter")
+    running = bridge.client.submit("hooks", "sleep", [30])
+    wait_started(bridge.harness, "hooks.sleep")
+    kill_process(bridge.handle)
+    with pytest.raises(WorkerCrashed) as info:
+        running.result()
+    assert info.value.may_have_started is True and "died_idle" not in info.value.data
+    assert len(bridge.harness.calls("hooks.sleep")) == 1
+
+
 def test_cancel_in_flight_retires_and_rejects_queued(bridge):
     token = CancelToken()
     running = bridge.client.submit("hooks", "sleep", [30], token=token)

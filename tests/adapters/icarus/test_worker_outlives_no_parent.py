@@ -1,0 +1,133 @@
+"""The Icarus worker does not outlive the process that started it.
+
+A castor killed with SIGKILL while a backend call hangs used to leave the worker -- and whatever
+the backend had started -- running for ever (its parent gone, nobody to kill the tree). The
+worker program now watches its request pipe for the hang-up: idle, it reads the end of the pipe
+and exits by itself; busy, it kills its process group a second later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from castor.adapters.icarus.worker_program import PARENT_GONE_GRACE_S, READY_LINE
+from tests.support.icarus import gone
+from tests.support.waiting import wait_for
+
+HANGING_BACKEND = textwrap.dedent("""
+    import os, subprocess, sys, time
+
+    def hang(marker):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        with open(marker + ".tmp", "w") as out:
+            out.write(f"{os.getpid()} {child.pid}")
+        os.rename(marker + ".tmp", marker)
+        time.sleep(300)
+
+    def quick():
+        return os.getpid()
+""")
+
+# A parent that starts a worker the way castor does (WorkerProcess: its own process group) and
+# runs one call, then waits to be killed.
+PARENT = textwrap.dedent("""
+    import sys, time
+    from castor.adapters.icarus.launch import build_launch
+    from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
+    from castor.domain.icarus.settings import IcarusSettings
+
+    backend, project, function, marker = sys.argv[1:5]
+    settings = IcarusSettings(icarus_dir=backend, fabric_dir=project + "/fabric", python=sys.executable,
+                              agent="a", project_id="p")
+    worker = WorkerProcess(build_launch(settings, cwd=project))
+    kwargs = {"marker": marker} if function == "hang" else {}
+    reply = worker.call(next_request_id(), "tools", function, [], kwargs, time.monotonic() + 600)
+    print(reply["result"], flush=True)
+    time.sleep(600)
+""")
+
+
+def _backend(tmp_path: Path) -> Path:
+    backend = tmp_path / "icarus"
+    backend.mkdir()
+    (backend / "__init__.py").write_text("")
+    (backend / "tools.py").write_text(HANGING_BACKEND)
+    return backend
+
+
+def _parent(tmp_path: Path, function: str) -> tuple[subprocess.Popen, Path]:
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = tmp_path / "started"
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, str(_backend(tmp_path)), str(project), function,
+                             str(marker)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    return proc, marker
+
+
+@pytest.mark.timeout(60)
+def test_a_parent_killed_during_a_hung_call_takes_the_worker_and_its_children_with_it(tmp_path):
+    parent, marker = _parent(tmp_path, "hang")
+    try:
+        wait_for(marker.exists, timeout=20, what="the hanging call to start")
+        worker_pid, grandchild_pid = (int(x) for x in marker.read_text().split())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        started = time.monotonic()
+        wait_for(lambda: gone(worker_pid) and gone(grandchild_pid), timeout=10,
+                 what="the worker and the child its backend started to end with their parent")
+        assert time.monotonic() - started < PARENT_GONE_GRACE_S + 5
+    finally:
+        parent.kill()
+        for pid in (locals().get("worker_pid"), locals().get("grandchild_pid")):
+            if pid and not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_worker_ends_at_once_when_its_parent_is_killed(tmp_path):
+    parent, _marker = _parent(tmp_path, "quick")
+    try:
+        worker_pid = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        started = time.monotonic()
+        wait_for(lambda: gone(worker_pid), timeout=10, what="the idle worker to end")
+        assert time.monotonic() - started < PARENT_GONE_GRACE_S  # end of file, not the watch's kill
+    finally:
+        parent.kill()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_leads_no_group_kills_only_itself(tmp_path):
+    """Started in its parent's process group (not castor's way), a busy worker whose pipe hangs up
+    must not signal that group: here it is pytest's."""
+    backend = _backend(tmp_path)
+    env = {**os.environ, "CASTOR_ICARUS_DIR": str(backend)}
+    from castor.adapters.icarus.launch import WORKER_PROGRAM
+
+    proc = subprocess.Popen([sys.executable, "-u", str(WORKER_PROGRAM)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    assert proc.stdout.readline() == READY_LINE
+    marker = tmp_path / "started"
+    request = {"id": 1, "module": "tools", "function": "hang", "kwargs": {"marker": str(marker)}}
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    wait_for(marker.exists, timeout=20, what="the hanging call to start")
+    _worker, grandchild = (int(x) for x in marker.read_text().split())
+    try:
+        proc.stdin.close()
+        assert proc.wait(10) == -signal.SIGKILL
+        assert not gone(grandchild)  # not its group to kill: the test's own process group lives on
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
