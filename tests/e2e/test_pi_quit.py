@@ -83,3 +83,27 @@ def test_quitting_pi_during_a_slow_retrieval_exits_at_once_and_the_session_still
     print(f"Pi exited {took:.1f} s after the second Ctrl+C")
     assert took < 5, f"quitting during the retrieval took {took:.1f} s"
     assert calls("hooks.on_session_end"), "the session's end never reached the memory backend"
+
+
+def test_castor_killed_during_a_hung_retrieval_leaves_no_worker_behind(start_tty, castor_command, tmp_path):
+    """castor killed with SIGKILL while a memory retrieval hangs (an OOM kill, an operator's
+    kill -9): the Icarus worker, its parent gone, used to run on for ever. It now ends itself."""
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 600_000}})
+    pi = start_tty(castor_command, settings=icarus_settings(tmp_path),
+                   env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
+    wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
+             what=f"Icarus' session start; Pi drew: {pi.screen_tail()!r}")
+    pi.type("tell me about the zebra herd")
+    wait_for(lambda: any(c["call"] == "hooks.pre_llm_call" for c in read_jsonl(call_log)), timeout=15,
+             what="the retrieval running")
+    workers = [p for p in psutil.Process(pi.proc.pid).children(recursive=True)
+               if any("worker_program" in part for part in p.cmdline())]
+    assert len(workers) == 1, [p.cmdline() for p in psutil.Process(pi.proc.pid).children(recursive=True)]
+    castor = workers[0].parent()
+    castor.kill()
+    ended = poll_until(lambda: not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE,
+                       timeout=10)
+    if not ended:
+        workers[0].kill()
+    assert ended, "the Icarus worker outlived castor"
