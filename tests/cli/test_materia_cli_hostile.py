@@ -114,6 +114,18 @@ def test_errors_with_control_characters_stay_on_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "\x1b" not in result.stderr
 
 
+@pytest.mark.timeout(90)
+def test_a_project_path_with_a_line_break_is_printed_on_one_line(tmp_path):
+    """A directory name may hold a line break: ``castor casts`` and ``castor status`` printed the
+    path raw, so its second half read as a line of castor's own."""
+    project = _project(tmp_path / "a\nFAKE: all casts deleted", HELLO)
+    assert _castor(tmp_path, "cast", "x", "--quiet", "--agent", "script:answers.json", cwd=project).returncode == 0
+    for verb in (("casts",), ("status", "latest")):
+        out = _castor(tmp_path, *verb, cwd=project).stdout
+        assert "a\\nFAKE: all casts deleted" in out
+        assert not any(line.startswith("FAKE") for line in out.splitlines()), out
+
+
 def _stubborn_utility_project(tmp_path: Path) -> Path:
     # The command ignores SIGINT and SIGTERM, has a grandchild and a double-forked orphan (no
     # longer anyone's descendant): only killing the tree and the tagged processes ends it.

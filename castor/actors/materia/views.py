@@ -31,6 +31,7 @@ from castor.domain.materia.state import CastState, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
 from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, StateCorrupt, UnreadableCastView
+from castor.shown import one_line
 
 
 def _status_of(state: CastState) -> str:
@@ -113,7 +114,7 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     if view.get("artifacts_pending"):
         lines.append(f"! the artifacts of its last step are not all written: {command(surface, 'recast', cast_id)} "
                      "writes them")
-    lines.append(f"artifacts: {view['run_dir']}")
+    lines.append(f"artifacts: {one_line(str(view['run_dir']))}")  # a path may hold a line break
     return "\n".join(lines)
 
 
@@ -254,8 +255,8 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
     """``more``: how many further casts the listing holds beyond these rows (paged); commands are
     named for ``surface`` (the CLI's or the harness's)."""
     if not rows:
-        return f"No pi-materia casts under {artifact_root}."
-    lines = [f"casts under {artifact_root}:"]
+        return f"No pi-materia casts under {one_line(str(artifact_root))}."
+    lines = [f"casts under {one_line(str(artifact_root))}:"]  # a path may hold a line break
     for row in rows:
         request = (row.get("request") or "")[:72]
         where = f" at {row['current_socket']}" if row.get("current_socket") else ""
