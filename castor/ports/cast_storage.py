@@ -83,6 +83,12 @@ class UnreadableCastView(Protocol):
     @property
     def reason(self) -> str: ...
 
+    @property
+    def current_socket(self) -> str | None: ...  # a pi-materia run's latest socket, else None
+
+    @property
+    def request(self) -> str | None: ...  # a pi-materia run's request, else None
+
 
 class CastPageView(Protocol):
     """One page of a listing: casts newest id first, then the unreadable directories."""

@@ -216,8 +216,9 @@ def held_elsewhere(row: dict[str, Any]) -> bool:
 
 
 def _problem_row(problem: UnreadableCastView, live_ids: set[str]) -> dict[str, Any]:
-    return {"cast_id": problem.cast_id, "status": "unreadable", "current_socket": None, "updated_at": None,
-            "resumable": False, "revivable": False, "request": None, "failed_reason": problem.reason,
+    return {"cast_id": problem.cast_id, "status": "unreadable", "current_socket": problem.current_socket,
+            "updated_at": None, "resumable": False, "revivable": False, "request": problem.request,
+            "failed_reason": problem.reason,
             "live": problem.cast_id in live_ids}
 
 
@@ -258,10 +259,12 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
         return f"No pi-materia casts under {one_line(str(artifact_root))}."
     lines = [f"casts under {one_line(str(artifact_root))}:"]  # a path may hold a line break
     for row in rows:
-        request = (row.get("request") or "")[:72]
+        request = one_line((row.get("request") or "")[:72])  # a listing row is one line
         where = f" at {row['current_socket']}" if row.get("current_socket") else ""
         if row["status"] == "unreadable" and row.get("failed_reason"):
-            request = f"({row['failed_reason']})"  # why: a damaged file reads differently from a start in progress
+            # why: a damaged file reads differently from a start in progress, or pi-materia's own run
+            # (whose reason names its socket already)
+            where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
         if row.get("resumable"):
             verb = "revive" if row.get("revivable") else "recast"

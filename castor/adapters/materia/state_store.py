@@ -66,7 +66,7 @@ from castor.adapters.fs import (
     storage_unavailable,
     temp_target,
 )
-from castor.adapters.materia import cast_index
+from castor.adapters.materia import cast_index, pi_materia_runs
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
@@ -134,6 +134,8 @@ class UnreadableCast(BaseModel):
     cast_id: str
     path: str
     reason: str
+    current_socket: str | None = None  # a pi-materia run's latest socket (pi_materia_runs)
+    request: str | None = None  # and its request
 
 
 class CastListing(BaseModel):
@@ -354,6 +356,10 @@ class CastStateStore:
         try:
             raw = _read_state_text(path)
         except FileNotFoundError:
+            run = pi_materia_runs.describe(str(path.parent))
+            if run is not None:  # pi-materia kept its state in the harness's session, not here
+                raise NotFound(f"cast {cast_id} is {run.reason()}; castor has no state to show or resume it from",
+                               data={"cast_id": cast_id, "reason": "pi_materia_run"}) from None
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
         except (OSError, UnicodeDecodeError) as exc:
             if is_storage_fault(exc):
@@ -603,6 +609,30 @@ def _unreadable(cast_id: str, reason: str, sig: str) -> IndexRow:
     return IndexRow(cast_id=cast_id, status="unreadable", failed_reason=reason, sig=sig)
 
 
+def _without_state(root: str, cast_id: str, sig: str) -> IndexRow:
+    """The row of a cast directory with no ``state.json``: pi-materia's own run (its events say how
+    it stands: :mod:`~castor.adapters.materia.pi_materia_runs`), else a directory castor cannot
+    read. Either way unreadable -- no verb can take it up -- but a pi-materia run says what it was."""
+    events_sig = _events_sig(root, cast_id)  # taken first: a line appended meanwhile is read next time
+    run = pi_materia_runs.describe(f"{root}/{cast_id}")
+    if run is None:
+        return _unreadable(cast_id, "no state.json", sig)
+    return IndexRow(cast_id=cast_id, status="unreadable", failed_reason=run.reason(), sig=events_sig,
+                    current_socket=run.socket, request=run.request)
+
+
+#: The signature a pi-materia run's row keeps: its ``events.jsonl``'s, so a listing re-reads the run
+#: when pi-materia has written to it since (one ``lstat`` when it has not).
+_EVENTS_SIG = "events:"
+
+
+def _events_sig(root: str, cast_id: str) -> str:
+    try:
+        return _EVENTS_SIG + signature_text(os.lstat(f"{root}/{cast_id}/{CastArtifacts.EVENTS}"))
+    except OSError:
+        return _EVENTS_SIG + "?"
+
+
 def _state_sig(root: str, cast_id: str) -> str | None:
     """The stat signature of a cast's ``state.json``: "" if there is none, None if its directory is gone."""
     try:
@@ -628,7 +658,7 @@ def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
     try:
         stored = store.load(cast_id)
     except NotFound:
-        return _unreadable(cast_id, "no state.json", sig)
+        return _without_state(store.root.text, cast_id, sig)
     except CastorError as exc:
         return _unreadable(cast_id, exc.message, sig)
     if stored.revision == 0:
@@ -646,7 +676,7 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
         # O_NONBLOCK: a FIFO planted as state.json must not hang the listing (it is refused below).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
-        return _unreadable(cast_id, "no state.json", "")
+        return _without_state(root, cast_id, "")
     except OSError as exc:
         return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
     try:
@@ -733,6 +763,8 @@ def _verify(index: cast_index.CastIndex | None, store: CastStateStore, rows: lis
         if sig is None or (sig == "" and discard_abandoned_start(root, row.cast_id)):
             gone.append(row.cast_id)
             continue
+        if sig == "" and row.sig.startswith(_EVENTS_SIG):  # pi-materia's run: its events are what change
+            sig = _events_sig(root, row.cast_id)
         if sig == row.sig and sig != "?" and row.status not in ACTIVE:
             out.append(row)
             continue
@@ -870,7 +902,8 @@ def list_page(artifact_root: str | os.PathLike[str], *, limit: int | None = DEFA
         last_cursor = row_cursor
         if row.unreadable:
             problems.append(UnreadableCast(cast_id=row.cast_id, path=f"{root}/{row.cast_id}/{STATE_FILE}",
-                                           reason=row.failed_reason or "unreadable"))
+                                           reason=row.failed_reason or "unreadable",
+                                           current_socket=row.current_socket, request=row.request))
         else:
             casts.append(_to_summary(row))
     rows.close()
