@@ -400,3 +400,30 @@ def test_a_config_that_is_a_directory_and_a_script_that_is_not_utf8_are_named_cl
     _one_clean_error_line(done, "invalid_config")
     assert "u16.json" in done.stderr and "not UTF-8" in done.stderr
 
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_a_cast_runs_names_the_cast_and_how_to_go_on(tmp_path):
+    """It printed only "castor: interrupted"; the cast's id and the command that resumes it were
+    to be found with castor casts."""
+    project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "one", "delay_ms": 20_000}, "two"])
+    env = {**_env(tmp_path), "PYTHONFAULTHANDLER": "1"}  # a hang below prints every thread's stack
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        started = proc.stdout.readline()
+        cast_id = started.split()[1]
+        assert started.startswith(f"cast {cast_id} started"), started
+        proc.send_signal(signal.SIGINT)
+        try:
+            _out, err = proc.communicate(timeout=45)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler: the stacks, into the failure's text
+            _out, err = proc.communicate(timeout=10)
+            pytest.fail(f"the CLI did not end after Ctrl-C; its threads:\n{err[-8000:]}")
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}" in err
+    assert "Traceback" not in err
