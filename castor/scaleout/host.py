@@ -18,6 +18,14 @@ nodes):
 | ``drain(max_items, timeout_s)`` | the long-poll of the relay | ``[RelayItem maps]`` |
 | ``close_session(session_id)`` / ``shutdown()`` | ends sessions (casts stay resumable on disk) | – |
 
+**A host nobody drains ends itself.** The serving process drains every live host without pause (a
+long poll of at most a second). When it stops -- it took the host for lost: its node's raylet was
+killed while the host's own process lived on, the network between them parted -- the host would
+run on, holding its casts' leases, and the casts it was presumed to have lost could not be recast
+anywhere. After ``fence_after_s`` without a drain the host stops its runtime (every cast saved as
+it stands, its lease released) and exits: the serving process's recovery, which waits that long
+for a lost host's leases, then recasts them on a live host.
+
 Utility commands of this host's casts run as Ray tasks (:mod:`castor.scaleout.utility_tasks`),
 so they land on a node with the CPUs their socket declares.
 """  # noqa: E501 - table rows cannot wrap
@@ -26,7 +34,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Callable
+
+from loguru import logger
 
 from castor.messages.errors import CastorError, NotFound
 from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySessionLog, RelayUi
@@ -35,7 +46,7 @@ from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySes
 class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
-    def __init__(self, host_id: str, settings: dict[str, Any]) -> None:
+    def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None) -> None:
         from castor.actors.materia.utility_pool import pool_of
         from castor.composition import materia_component
         from castor.runtime import Runtime, RuntimeSettings
@@ -47,6 +58,18 @@ class CastHost:
         pool_of(self.runtime.system.registry).remote_runner = RayUtilityRunner()
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._fence = SilenceFence(fence_after_s, self._end_unclaimed) if fence_after_s else None
+
+    def _end_unclaimed(self) -> None:
+        """The serving process stopped draining this host: it took it for lost. Stop (casts saved,
+        leases released) and exit, so its casts can be recast on a live host."""
+        logger.bind(actor="/ray").error("cast host {host}: not drained for {s:.0f} s, taken for lost: "
+                                        "stopping its casts and exiting", host=self.host_id,
+                                        s=self._fence.silence_s if self._fence else 0.0)
+        try:
+            self.runtime.shutdown(10.0)
+        finally:
+            os._exit(75)
 
     # -- liveness ------------------------------------------------------------
     def ping(self) -> dict[str, Any]:
@@ -114,6 +137,8 @@ class CastHost:
         return self.outbox.answer(request_id, ok, value)
 
     def drain(self, max_items: int = 256, timeout_s: float = 1.0) -> list[dict[str, Any]]:
+        if self._fence is not None:
+            self._fence.heard()
         return self.outbox.drain(max_items, timeout_s)
 
     def inject(self, injector: Callable[..., str | None], kind: str, family: str, pick: float,
@@ -128,4 +153,34 @@ class CastHost:
         return [snap.model_dump(mode="json") for snap in self.runtime.system.snapshot().actors]
 
     def shutdown(self) -> bool:
+        if self._fence is not None:
+            self._fence.stop()  # the serving process ends it: no drain follows, and none is missed
         return self.runtime.shutdown(20.0)
+
+
+class SilenceFence:
+    """Calls ``on_silence`` once, from its own thread, when :meth:`heard` has not been called for
+    ``silence_s`` (counted from construction). It checks a few times per ``silence_s``, so it fires
+    between ``silence_s`` and 1.25 x ``silence_s`` after the last call; :meth:`stop` disarms it."""
+
+    def __init__(self, silence_s: float, on_silence: Callable[[], None]) -> None:
+        from castor.supervision.threads import start_thread
+
+        self.silence_s = silence_s
+        self._on_silence = on_silence
+        self._last = time.monotonic()
+        self._stopped = threading.Event()
+        start_thread(self._watch, name="castor-host-fence", owner="/ray",
+                     purpose="ends a cast host the serving process no longer drains")
+
+    def heard(self) -> None:
+        self._last = time.monotonic()  # one store: no lock needed (the GIL)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.silence_s / 4):
+            if time.monotonic() - self._last >= self.silence_s:
+                self._on_silence()
+                return

@@ -13,6 +13,7 @@ The directory (one rule, kept here because the serving process is the only route
 | a session opens | it is placed on the live host with the fewest sessions; all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
 | a host answers a call | its answer (a result or a castor wire error) is returned as is |
 | a host dies (``RayActorError``: its process was killed, its node removed) | it is marked lost; a replacement host is started on a live node; every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
+| a lost host's process still lives (its node's raylet was killed, the network parted) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`) |
 | a call meets a lost host | ``actor_crashed`` with ``may_have_started: true`` (the host may have run it); a Ray ``GetTimeoutError`` is ``timeout`` with ``may_have_started: true`` |
 
 Two hosts never advance one cast: a session lives on one host at a time (this directory), a cast's
@@ -43,6 +44,11 @@ RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
 # under the endpoint's 15 s ask deadline, so the castor error is the one seen
 CALL_TIMEOUT_S = 14.0
+# A host not drained this long takes itself for lost and exits (host.SilenceFence): longer than a
+# drain may take on a slow cluster (DRAIN_WAIT_S + the 30 s the drain's get allows).
+FENCE_AFTER_S = 45.0
+FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
+HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
 READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
 """Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""
 
@@ -56,6 +62,7 @@ class RayBackendSettings(BaseModel):
     hosts: int | None = Field(default=None, ge=1, le=1024)  # default: one per alive node
     host_utility_slots: int = Field(default=16, ge=1, le=1024)
     replace_lost_hosts: bool = True
+    fence_after_s: float = Field(default=FENCE_AFTER_S, gt=0)  # see host.SilenceFence
 
 
 @dataclass
@@ -124,7 +131,8 @@ class RayBackend:
                                    "name": f"castor-{host_id}-{id(self):x}", "lifetime": None}
         if node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime)
+        actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
+                                                                      self.settings.fence_after_s)
         ref = HostRef(host_id=host_id, actor=actor)
         with self._lock:
             self.hosts[host_id] = ref
@@ -389,16 +397,20 @@ class RayBackend:
                 host_id = self._place(placed, avoid=lost.host_id, ready=False)
                 with self._lock:
                     host = self.hosts[host_id]
-                orphaned, cursor = [], None
-                while True:  # ``list`` is paged
-                    listing = self._call_on(host, sid, "list", {"limit": 1000, "cursor": cursor}, CALL_TIMEOUT_S)
-                    orphaned += [c["cast_id"] for c in listing.get("casts", []) if c.get("status") == "orphaned"]
-                    cursor = listing.get("next_cursor")
-                    if not cursor:
+                # A lost host whose process lives on still holds its casts' leases until its fence
+                # ends it: re-list until none is held, recasting each as it comes free.
+                until = (lost.lost_at or time.monotonic()) + self.settings.fence_after_s + FENCE_MARGIN_S
+                while True:
+                    orphaned, held = self._casts_left(host, sid)
+                    for cast_id in orphaned:
+                        self._call_on(host, sid, "recast", {"cast_id": cast_id}, CALL_TIMEOUT_S)
+                        recast += 1
+                    if not held or time.monotonic() >= until or self._closed.wait(1.0):
                         break
-                for cast_id in orphaned:
-                    self._call_on(host, sid, "recast", {"cast_id": cast_id}, CALL_TIMEOUT_S)
-                    recast += 1
+                if held:
+                    self.log.error("casts {ids} of session {sid} are still held {s:.0f} s after their host {host} "
+                                   "was lost; recast them once it has ended", ids=held, sid=sid,
+                                   s=self.settings.fence_after_s + FENCE_MARGIN_S, host=lost.host_id)
             except CastorError as exc:
                 self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
             finally:
@@ -406,6 +418,23 @@ class RayBackend:
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
                                 "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
+
+    def _casts_left(self, host: HostRef, sid: str) -> tuple[list[str], list[str]]:
+        """The session's casts a lost host left: those ``orphaned`` (their lease free: recast them
+        now) and those still held (running, not resumable: the lost host may still live)."""
+        orphaned: list[str] = []
+        held: list[str] = []
+        cursor = None
+        while True:  # ``list`` is paged
+            listing = self._call_on(host, sid, "list", {"limit": 1000, "cursor": cursor}, CALL_TIMEOUT_S)
+            for cast in listing.get("casts", []):
+                if cast.get("status") == "orphaned":
+                    orphaned.append(cast["cast_id"])
+                elif cast.get("status") in HELD and not cast.get("resumable"):
+                    held.append(cast["cast_id"])
+            cursor = listing.get("next_cursor")
+            if not cursor:
+                return orphaned, held
 
     def kill_host(self, host_id: str) -> None:
         """Fault injection (``--allow-faults``): SIGKILL a host's process."""

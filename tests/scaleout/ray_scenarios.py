@@ -8,13 +8,16 @@ materia component is the Ray backend (the serving process's side), and standalon
 
 Scenarios: ``complete`` (casts with utility commands complete across nodes), ``kill_host`` (a host
 SIGKILLed mid-cast), ``remove_node`` (a whole node removed mid-cast), ``two_hosts`` (two hosts
-try to advance one cast).
+try to advance one cast), ``stop_raylet`` (the raylet of a host's node stopped mid-cast, SIGSTOP:
+the cluster takes the node for dead, as after a network partition, while the host's own process
+lives on; the host must end itself, and its casts complete elsewhere).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -90,12 +93,16 @@ def main() -> None:
 
     visit_log = workdir / "visits.log"
     os.environ["VISIT_LOG"] = str(visit_log)
-    os.environ["SLOW_S"] = "1.5" if scenario in ("kill_host", "remove_node") else "0.2"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
+    os.environ["SLOW_S"] = "1.5" if scenario in ("kill_host", "remove_node", "stop_raylet") else "0.2"
+    head: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    if scenario == "stop_raylet":  # a node is dead after three missed health checks a second apart
+        head["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                                  "health_check_timeout_ms": 1000}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     worker = cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
-    backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2))
+    backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2, fence_after_s=8.0))
     runtime = Runtime(RuntimeSettings(max_casts_per_session=2), components=[ray_materia_component(backend)],
                       scaleout=backend)
     result: dict[str, Any] = {"scenario": scenario}
@@ -117,6 +124,16 @@ def main() -> None:
             time.sleep(0.6)
             result["removed_node"] = worker.unique_id
             cluster.remove_node(worker)
+        elif scenario == "stop_raylet":
+            import psutil
+
+            time.sleep(0.6)
+            victim = next(h for h in backend.live_hosts() if h.node_id == worker.node_id)
+            result["killed"], result["host_pid"] = victim.host_id, victim.pid
+            raylet = worker.all_processes["raylet"][0].process
+            raylet.send_signal(signal.SIGSTOP)  # killed, the raylet takes its workers along only at times
+            host = psutil.Process(victim.pid)
+            result["host_alive_after_raylet"] = host.is_running() and host.status() != psutil.STATUS_ZOMBIE
         elif scenario == "two_hosts":
             sid, cast_id = started[0]
             holder = backend.host_of(sid, 10)
@@ -134,6 +151,14 @@ def main() -> None:
         result["nodes_used"] = sorted({line.split()[1] for line in visit_log.read_text().splitlines()}) \
             if visit_log.exists() else []
         result["recoveries"] = backend.recoveries
+        if "host_pid" in result:
+            import psutil
+
+            try:
+                host = psutil.Process(result["host_pid"])
+                result["host_alive_at_end"] = host.is_running() and host.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                result["host_alive_at_end"] = False
         result["hosts_after"] = [{k: h[k] for k in ("host_id", "alive", "sessions")} for h in backend.hosts_view()]
     finally:
         runtime.shutdown(30.0)

@@ -61,6 +61,20 @@ def test_a_removed_node_s_casts_continue_on_a_live_node(tmp_path: Path) -> None:
     assert len(result["recoveries"]) >= 1, result
 
 
+def test_a_host_cut_off_from_its_cluster_ends_itself_and_its_casts_complete_elsewhere(tmp_path: Path) -> None:
+    """The raylet of a host's node stopped (a partition, as the cluster sees it), the host's process
+    alive: taken for lost, it kept running and holding its casts' leases, so the recovery found
+    nothing orphaned and a cast never ended (``error:timeout`` here). Not drained any more, the
+    host now ends itself (after ``fence_after_s``: 8 s here) and the recovery, waiting for the
+    leases, recasts them."""
+    result = scenario("stop_raylet", tmp_path)
+    _all_complete(result)
+    assert result["duplicate_visits"] == 0, result
+    assert [r["host_id"] for r in result["recoveries"]] == [result["killed"]], result
+    assert result["recoveries"][0]["recast"] >= 1, result
+    assert result["host_alive_at_end"] is False, result
+
+
 def test_two_hosts_never_both_advance_one_cast(two_hosts_run: dict) -> None:
     result = two_hosts_run
     _all_complete(result)
