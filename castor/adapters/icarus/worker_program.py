@@ -47,11 +47,12 @@ Guarantees
   "unserializable result"``.
 - End of stdin ends the worker with exit code 0.
 - **It does not outlive its parent.** A thread waits for the request pipe's hang-up (every
-  writer gone: the parent closed it or died, kill -9 included). An idle worker reads the end
-  of the pipe and exits by itself; one still running a call a second later (a backend call
-  that hangs, or requests left in the pipe) kills its process group -- itself and whatever the
-  backend started in it -- when it leads that group (the bridge starts it so), else itself.
-  Without it a castor killed during a hung call left the worker, and its children, running.
+  writer gone). A parent that closed the pipe and lives on gets what it asked for: the requests
+  left run to their end and the worker exits 0 at the end of the pipe, as ever. Once the parent
+  itself is gone (the worker is handed to another parent: kill -9 included), a worker still
+  running kills its process group -- itself and whatever the backend started in it -- when it
+  leads that group (the bridge starts it so), else itself. Without it a castor killed during a
+  hung call left the worker, and its children, running.
 
 Environment: ``CASTOR_ICARUS_DIR`` (required, absolute); the backend's own
 identity/path variables (``FABRIC_DIR``, ``HERMES_AGENT_NAME``,
@@ -374,7 +375,7 @@ def _write_all(stream: "FileIO", data: bytes) -> None:
 
 
 READY_LINE = b'{"ready": "castor-icarus-worker"}\n'
-PARENT_GONE_GRACE_S = 1.0  # how long an idle worker has to exit by itself once the pipe hangs up
+PARENT_CHECK_S = 0.1  # once the pipe has hung up: how often the parent's presence is checked
 
 
 def _wait_for_hang_up(fd: int) -> None:
@@ -384,10 +385,12 @@ def _wait_for_hang_up(fd: int) -> None:
         pass
 
 
-def _end_with_the_parent(fd: int) -> None:
-    """Wait for the request pipe's hang-up, give an idle worker its grace, then end the group."""
+def _end_with_the_parent(fd: int, parent: int) -> None:
+    """Wait for the request pipe's hang-up; then, once ``parent`` is no longer this process's
+    parent, end the group (see the module's guarantees)."""
     _wait_for_hang_up(fd)
-    time.sleep(PARENT_GONE_GRACE_S)
+    while os.getppid() == parent:  # it closed the pipe and lives: the calls left run to their end
+        time.sleep(PARENT_CHECK_S)
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -395,7 +398,7 @@ def _end_with_the_parent(fd: int) -> None:
 
 def main() -> int:
     proto_in, proto_out = _isolate_stdio()
-    threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(),), name="parent-watch",
+    threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(), os.getppid()), name="parent-watch",
                      daemon=True).start()
     _write_all(proto_out, READY_LINE)
     buffered = b""
