@@ -12,7 +12,8 @@ request of ``cast_start``.
 Guarantees: reads at most :data:`HEAD_BYTES` from the start of ``events.jsonl`` and
 :data:`TAIL_BYTES` from its end, whatever its size; never follows a symlink in place of the file
 (``O_NOFOLLOW``), never waits on a FIFO (``O_NONBLOCK``, regular files only); never raises -- a
-file it cannot read describes nothing (``None``). What it does not do: tell a run pi-materia is
+file it cannot read describes nothing (``None``); a directory castor made (its lease file is there)
+is never taken for pi-materia's, whatever became of its ``state.json``. What it does not do: tell a run pi-materia is
 still writing from one that stopped (both read "active or unknown").
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from castor.adapters.materia.artifacts import CastArtifacts
+from castor.adapters.materia.cast_lease import LEASE_FILE
 
 HEAD_BYTES = 1 << 20  # cast_start carries the prepared loadout: allow a large one
 TAIL_BYTES = 256 * 1024
@@ -72,7 +74,9 @@ def _text(data: object, key: str) -> str | None:
 
 def describe(run_dir: str) -> PiMateriaRun | None:
     """The run in ``run_dir`` as its ``events.jsonl`` tells it; None when there is no such file,
-    it is not a regular file, or it holds no event record."""
+    it is not a regular file, or it holds no event record, or castor made the directory."""
+    if os.path.lexists(f"{run_dir}/{LEASE_FILE}"):
+        return None
     try:
         fd = os.open(f"{run_dir}/{CastArtifacts.EVENTS}",
                      os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))

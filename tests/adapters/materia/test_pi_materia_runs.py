@@ -66,6 +66,9 @@ def test_what_is_not_an_events_file_describes_nothing(tmp_path):
         make(tmp_path / name / "events.jsonl")
         assert pi_materia_runs.describe(str(tmp_path / name)) is None, name
     assert pi_materia_runs.describe(str(tmp_path / "absent")) is None
+    castors = _run(tmp_path, "castors", START)  # castor's own run whose state.json went missing
+    (castors / "owner.lock").write_text("")
+    assert pi_materia_runs.describe(str(castors)) is None
 
 
 @pytest.mark.timeout(30)
