@@ -427,3 +427,72 @@ def test_ctrl_c_while_a_cast_runs_names_the_cast_and_how_to_go_on(tmp_path):
     assert proc.returncode == 130, err
     assert f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("damage", ["manifest-not-json", "state-a-directory", "run-dir-removed"])
+def test_a_run_directory_damaged_mid_turn_stops_the_cast_with_a_typed_error(tmp_path, damage):
+    """A told turn outcome whose save or file effects met a damaged run directory was only logged:
+    the CLI waited for ever (a manifest made invalid, state.json made a directory), or the cast's
+    restart started it over in a recreated directory without its lease (the directory removed)."""
+    import shutil
+
+    project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "one", "delay_ms": 2500}, "two"])
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        cast_id = proc.stdout.readline().split()[1]
+        run_dir = project / ".pi" / "pi-materia" / cast_id
+        wait_for(lambda: (run_dir / "contexts").is_dir() and any((run_dir / "contexts").iterdir()), timeout=20,
+                 what="the first turn to be asked for")
+        if damage == "manifest-not-json":
+            (run_dir / "manifest.json").write_text("notjson")
+        elif damage == "state-a-directory":
+            (run_dir / "state.json").unlink()
+            (run_dir / "state.json").mkdir()
+        else:
+            shutil.rmtree(run_dir)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    if damage != "run-dir-removed":
+        assert "state_corrupt" in err and f"castor recast {cast_id}" in err, err
+    else:
+        assert not run_dir.exists(), "the cast was started over in a recreated directory"
+
+
+BUILD_ANSWERS = [
+    {"key": "Socket-3", "text": json.dumps({"workItems": [{"id": "w1", "title": "Parser"}]})},
+    {"key": "Socket-4/w1", "text": "Built the parser.", "delay_ms": 0},
+    {"key": "Socket-5/w1", "text": json.dumps({"satisfied": True})},
+    "Summary: the parser is built.",
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("manifest", [b'{"entries": [', b"", b"\xff\xfe not utf-8"],
+                         ids=["truncated", "empty", "binary"])
+def test_a_recast_over_a_damaged_manifest_is_one_state_corrupt_line(tmp_path, manifest):
+    """It crash-looped (six tracebacks) and ended ``actor_stopped``."""
+    slow = [dict(a, delay_ms=600_000) if isinstance(a, dict) and a["key"] == "Socket-4/w1" else a
+            for a in BUILD_ANSWERS]
+    project = _project(tmp_path, {}, answers=slow)
+    (project / "fast.json").write_text(json.dumps(BUILD_ANSWERS))
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        cast_id = proc.stdout.readline().split()[1]
+        run_dir = project / ".pi" / "pi-materia" / cast_id
+        wait_for(lambda: (run_dir / "contexts" / "Socket-4-w1-1.md").exists(), timeout=30,
+                 what="the work item's turn to be asked for")
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    (run_dir / "manifest.json").write_bytes(manifest)
+    done = _castor(tmp_path, "recast", cast_id, "--agent", "script:fast.json", "--quiet", cwd=project)
+    _one_clean_error_line(done, "state_corrupt")
+    assert "manifest.json" in done.stderr

@@ -65,6 +65,7 @@ supervisor's restart intensity in a millisecond). Instead:
 | a resumed cast's start (outbox replay) | the incarnation stops; the starter raises ``storage_unavailable``; the saved state is untouched |
 | a transition's save | the transition is dropped (nothing of it was performed); the cast is failed once more through ``DispatchFailed`` (reason ``storage unavailable: ...``) if that save still fits, else it stays as last saved (``orphaned`` once the lease is freed); either way recastable |
 | a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
+| the run directory damaged under a running cast (its ``state.json`` or ``manifest.json`` not a document, a directory where a file goes or the reverse, the directory removed) | as the two rows above, with ``state_corrupt`` (``forbidden`` for a link planted out of it) instead of ``storage_unavailable``, and "repair or remove what was damaged" as the advice: the incarnation stops rather than crash (a restart met the same damage, or started the cast over in a removed directory) or wait (a told message's fault was only logged, and the cast waited for ever) |
 
 Every case but a new cast's start (whose caller gets the error, and which leaves no cast) tells the
 harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
@@ -141,6 +142,9 @@ _OUTBOX_OPEN = f',"{OUTBOX_KEY}":['.encode()
 _STATE_SERIALIZER = CastState.__pydantic_serializer__
 _NOT_IN_BODY = {"config"}  # spliced in from its cached JSON (see _encode)
 FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
+# OSErrors of a run directory damaged under a running cast (not the disk's): a directory where a
+# file goes or the reverse, the directory removed. A restart would meet them again: the cast stops.
+_DAMAGE = (IsADirectoryError, NotADirectoryError, FileExistsError, FileNotFoundError)
 # An outbox WriteArtifact of config.resolved.json saved without its text: the text is a function
 # of the state's config (saved in the same document), so it is not encoded twice (see _encode).
 FROM_CONFIG_KEY = "content_from_config"
@@ -462,9 +466,13 @@ class CastActor(Actor):
             self._stop()
             return
         except OSError as exc:
-            if not self.env.storage.is_storage_fault(exc):
+            if self.env.storage.is_storage_fault(exc):
+                raise self._storage_fault(exc, where="save") from None
+            if not isinstance(exc, _DAMAGE):
                 raise
-            raise self._storage_fault(exc, where="save") from None
+            raise self._stopped_on(self._damaged(exc), where="save") from None
+        except (StateCorrupt, Forbidden) as exc:  # its state file damaged (or planted) under it
+            raise self._stopped_on(exc, where="save") from None
         had_user_turn = self._user_turn is not None
         self.state = transition.state
         if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
@@ -472,9 +480,13 @@ class CastActor(Actor):
         try:
             self._perform_files(files)
         except OSError as exc:
-            if not self.env.storage.is_storage_fault(exc):
+            if self.env.storage.is_storage_fault(exc):
+                raise self._storage_fault(exc, where="files") from None
+            if not isinstance(exc, _DAMAGE):
                 raise
-            raise self._storage_fault(exc, where="files") from None
+            raise self._stopped_on(self._damaged(exc), where="files") from None
+        except (StateCorrupt, Forbidden) as exc:  # an artifact damaged under it (a manifest not JSON)
+            raise self._stopped_on(exc, where="files") from None
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
                 self._perform(effect)
@@ -487,13 +499,28 @@ class CastActor(Actor):
         if self._done:
             self._stop()
 
-    def _storage_fault(self, exc: OSError, *, where: str) -> StorageUnavailable:
+    def _storage_fault(self, exc: OSError, *, where: str) -> CastorError:
         """End this incarnation on a storage fault with a defined, recastable state (see the module
         doc's table); the typed error for the asker (and the starter)."""
         env = self.env
         base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None)
         error = env.storage.storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
-        self.log.error("storage unavailable ({where}): {message}", where=where, message=error.message)
+        return self._stopped_on(error, where=where)
+
+    def _damaged(self, exc: OSError) -> StateCorrupt:
+        """The typed error for a run directory damaged under a running cast: a directory where a file
+        goes, a file where a directory goes, the directory itself removed."""
+        return StateCorrupt(f"the run directory of cast {self.env.cast_id} is damaged: {exc.strerror or exc}"
+                            + (f" ({exc.filename})" if exc.filename else ""),
+                            data={"path": str(exc.filename or Path(self.env.artifact_root) / self.env.cast_id)})
+
+    def _stopped_on(self, error: CastorError, *, where: str) -> CastorError:
+        """End this incarnation, with a defined, recastable state, on a fault of its storage that a
+        restart cannot mend: ``storage_unavailable`` (the disk) or ``state_corrupt`` / ``forbidden``
+        (its files damaged or replaced under it). A crash would restart it into the same fault, and a
+        fault in the handling of a told message would leave the cast waiting for ever."""
+        env = self.env
+        self.log.error("{code} ({where}): {message}", code=error.code.value, where=where, message=error.message)
         self._storage_failed = True
         if self.state is None:  # a new cast's first save: the starter reports it, nothing is kept
             self._stop()
@@ -514,12 +541,15 @@ class CastActor(Actor):
             except (OSError, CastorError) as again:
                 self.log.warning("the failed state could not be written either: {exc}", exc=again)
         try:
-            self.artifacts.append_event("storage_unavailable", {"errno": error.data.get("errno"),
-                                                                 "path": error.data.get("path")})
+            self.artifacts.append_event("storage_unavailable", {"errno": (error.data or {}).get("errno"),
+                                                                 "path": (error.data or {}).get("path"),
+                                                                 "code": error.code.value})
         except Exception as again:  # noqa: BLE001 - the log is on the same storage: best effort
             self.log.debug("storage_unavailable event not written: {exc}", exc=again)
-        self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. Free space (or fix the "
-                     f"storage), then {command(self.state.surface, 'recast', env.cast_id)}.", "error")
+        mend = "Free space (or fix the storage)" if isinstance(error, StorageUnavailable) else \
+            "Repair or remove what was damaged"
+        self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. {mend}, then "
+                     f"{command(self.state.surface, 'recast', env.cast_id)}.", "error")
         self._set_status(None)
         self._stop()
         return error

@@ -46,7 +46,7 @@ Failure behaviour
 -----------------
 - Invalid ids or escaping relative paths: ``Forbidden`` (code ``forbidden``).
 - Reading a missing JSON artifact: ``NotFound``; an unparseable one:
-  ``ArtifactCorrupt`` (code ``internal``, ``data.path``).
+  ``ArtifactCorrupt`` (code ``state_corrupt``, ``data.path``), not-UTF-8 text included.
 - OS errors (disk full, permissions) propagate as ``OSError``.
 """
 
@@ -83,8 +83,9 @@ from castor.adapters.fs import (
 )
 from castor.adapters.materia import cast_index
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
-from castor.messages.errors import CastorError, Conflict, ErrorCode, Forbidden, NotFound
+from castor.messages.errors import CastorError, Conflict, Forbidden, NotFound
 from castor.messages.ids import check_safe_id
+from castor.ports.cast_storage import StateCorrupt
 
 __all__ = [
     "ArtifactCorrupt",
@@ -107,10 +108,9 @@ _NAME_TAIL = 32
 _SEG_RUN = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class ArtifactCorrupt(CastorError):
-    """A JSON artifact exists but cannot be parsed."""
-
-    code = ErrorCode.INTERNAL
+class ArtifactCorrupt(StateCorrupt):
+    """A JSON artifact exists but cannot be parsed: the data's fault (damaged, truncated, not
+    UTF-8), never castor's -- ``state_corrupt``, as a damaged ``state.json`` is."""
 
 
 # --------------------------------------------------------------------------- ids and segments
@@ -417,6 +417,9 @@ class CastArtifacts:
             raw = target.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise NotFound(f"{relative} not found for cast {self.cast_id}", data={"path": str(target)}) from None
+        except UnicodeDecodeError:
+            raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is not UTF-8 text",
+                                  data={"path": str(target)}) from None
         try:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
