@@ -12,7 +12,9 @@ Expressions (used by ``assign`` sources, ``advance.items``, ``foreach.items``, c
 | anything else | a path into ``state.data`` |
 
 A step into a missing key, ``None`` or a primitive yields :data:`MISSING` (the reference's
-``undefined``). Numeric segments index lists. Nothing here raises except :class:`ConditionError`
+``undefined``); a key that holds ``None`` reads ``None`` (``null``), and conditions keep the two
+apart as ``===`` does: ``exists`` is true of a stored ``null``, ``null`` equals only ``null``.
+Numeric segments index lists, and ``length`` reads a list's length (an array is an object). Nothing here raises except :class:`ConditionError`
 for an unsupported condition and :class:`AssignError` for an empty target.
 """
 
@@ -73,6 +75,8 @@ def walk(value: Any, path: str) -> Any:
         elif isinstance(value, list) and segment.isdigit():
             index = int(segment)
             value = value[index] if index < len(value) else MISSING
+        elif isinstance(value, list) and segment == "length":  # an array is an object: its length reads
+            value = len(value)
         else:
             return MISSING
         if value is MISSING:
@@ -160,14 +164,13 @@ def evaluate_condition(condition: str, scope: Scope) -> bool:
         return flag is (cond == "satisfied")
     match = _EXISTS.match(cond)
     if match:
-        found = resolve_value(match.group(2), scope) not in (MISSING, None)
+        found = resolve_value(match.group(2), scope) is not MISSING  # a stored null exists (null !== undefined)
         return found if not match.group(1) else not found
     match = _COMPARE.match(cond)
     if match:
         left = resolve_value(match.group(1), scope)
         right = _literal(match.group(3), scope)
-        left = None if left is MISSING else left
-        right = None if right is MISSING else right
+        # MISSING is JavaScript's undefined: equal to itself only, never to null (===)
         equal = left == right and type(left) is type(right) if isinstance(left, bool) or isinstance(right, bool) \
             else left == right
         return equal if match.group(2) == "==" else not equal

@@ -471,3 +471,17 @@ def test_json_extraction_work_is_bounded_on_pathological_replies(monkeypatch) ->
         assert err.value.reason == "unparseable"
         assert 0 < sum(scanned) <= handoff._SCAN_BUDGET
     assert handoff.extract_json('prose [1, 2 ] then {"a": {"b": [1]}} } trailing') == {"a": {"b": [1]}}
+
+
+@pytest.mark.timeout(10)
+def test_conditions_keep_null_and_undefined_apart_and_read_an_arrays_length():
+    """As pi-materia's evaluateCondition: ``exists`` is ``!== undefined`` (a stored null exists),
+    ``==`` is ``===`` (a missing key is not null), and a path reads an array's ``length``. castor
+    took null for missing and missing for null, so a loadout's advance silently went the other way."""
+    scope = Scope(data={"xs": [1, 2, 3], "empty": []}, parsed={"x": None, "xs": ["a"]})
+    assert evaluate_condition("exists($.x)", scope) and not evaluate_condition("!exists($.x)", scope)
+    assert evaluate_condition("$.x == null", scope)
+    assert not evaluate_condition("state.nope == null", scope) and evaluate_condition("$.nope != null", scope)
+    assert evaluate_condition("state.xs.length == 3", scope) and evaluate_condition("empty.length == 0", scope)
+    assert evaluate_condition("exists($.xs.length)", scope) and resolve_value("$.xs.length", scope) == 1
+    assert resolve_value("state.xs.0.length", scope) is MISSING  # a number is a primitive: no length
