@@ -356,21 +356,32 @@ class BudgetCheck(BaseModel):
     stop: bool
 
 
+def _ratio(used: float, limit: float | None) -> float:
+    """``used / limit`` as JavaScript divides (an unset limit counts 0): over a limit of 0, anything
+    used is infinitely over and nothing used is ``NaN``, which no threshold reaches (0 here)."""
+    if limit is None:
+        return 0.0
+    if limit == 0:
+        return math.inf if used > 0 else 0.0
+    return used / limit
+
+
 def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -> BudgetCheck:
     """Where ``report`` stands against ``budget``: the percentage used (the larger of tokens and
     cost), whether to warn now (once, at ``warnAtPercent``), and whether a limit is hit."""
-    tokens_ratio = report.tokens.total / budget.max_tokens if budget.max_tokens else 0.0
-    cost_ratio = report.cost.total / budget.max_cost_usd if budget.max_cost_usd else 0.0
+    tokens_ratio = _ratio(report.tokens.total, budget.max_tokens)
+    cost_ratio = _ratio(report.cost.total, budget.max_cost_usd)
     percent = min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE)  # finite: it is written in an event
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
-    over_token = budget.max_tokens is not None and bool(budget.max_tokens) and report.tokens.total >= budget.max_tokens
-    over_cost = (budget.max_cost_usd is not None and bool(budget.max_cost_usd)
-                 and report.cost.total >= budget.max_cost_usd)
+    # A limit of 0 is a limit (pi-materia: ``maxTokens !== undefined && total >= maxTokens``): the
+    # first completion reaches it. Only an unset limit is none.
+    over_token = budget.max_tokens is not None and report.tokens.total >= budget.max_tokens
+    over_cost = budget.max_cost_usd is not None and report.cost.total >= budget.max_cost_usd
     limit_hit = over_token or over_cost
     return BudgetCheck(
         percent=percent,
-        warn=(not already_warned) and (budget.max_tokens or budget.max_cost_usd) is not None
-        and bool(budget.max_tokens or budget.max_cost_usd) and percent >= warn_at,
+        warn=(not already_warned) and (budget.max_tokens is not None or budget.max_cost_usd is not None)
+        and percent >= warn_at,
         limit_hit=limit_hit,
         over_token=over_token,
         over_cost=over_cost,

@@ -730,8 +730,8 @@ def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) ->
 def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     s = ctx.s
     budget = s.config.budget
-    if not (budget.max_tokens or budget.max_cost_usd):
-        return  # no limit configured: check_budget could neither warn nor stop
+    if budget.max_tokens is None and budget.max_cost_usd is None:
+        return  # no limit configured (0 is one): check_budget could neither warn nor stop
     result = check_budget(budget, s.usage, already_warned=s.budget_warned)
     if not (result.warn or result.limit_hit):
         return

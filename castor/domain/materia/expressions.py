@@ -14,8 +14,9 @@ Expressions (used by ``assign`` sources, ``advance.items``, ``foreach.items``, c
 A step into a missing key, ``None`` or a primitive yields :data:`MISSING` (the reference's
 ``undefined``); a key that holds ``None`` reads ``None`` (``null``), and conditions keep the two
 apart as ``===`` does: ``exists`` is true of a stored ``null``, ``null`` equals only ``null``.
-Numeric segments index lists, and ``length`` reads a list's length (an array is an object). Nothing here raises except :class:`ConditionError`
-for an unsupported condition and :class:`AssignError` for an empty target.
+Numeric segments index lists, and ``length`` reads a list's length (an array is an object).
+Nothing here raises except :class:`ConditionError` for an unsupported condition and
+:class:`AssignError` for an empty target.
 """
 
 from __future__ import annotations

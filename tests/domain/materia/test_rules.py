@@ -485,3 +485,17 @@ def test_conditions_keep_null_and_undefined_apart_and_read_an_arrays_length():
     assert evaluate_condition("state.xs.length == 3", scope) and evaluate_condition("empty.length == 0", scope)
     assert evaluate_condition("exists($.xs.length)", scope) and resolve_value("$.xs.length", scope) == 1
     assert resolve_value("state.xs.0.length", scope) is MISSING  # a number is a primitive: no length
+
+
+@pytest.mark.timeout(10)
+def test_a_budget_limit_of_zero_is_a_limit_not_none() -> None:
+    """pi-materia: ``maxTokens !== undefined && total >= maxTokens``. castor took 0 for "no limit",
+    so a spending cap of 0 let a cast spend without one."""
+    used = UsageReport().add_turn(TurnRecord(socket="s", tokens=extract_usage({"total": 50}).tokens,
+                                             cost=extract_usage({"cost": {"total": 1.0}}).cost))
+    for budget in (Budget(max_tokens=0), Budget(max_cost_usd=0)):
+        hit = check_budget(budget, used, already_warned=False)
+        assert hit.limit_hit and hit.stop and hit.warn and hit.percent > 100
+    nothing = check_budget(Budget(max_tokens=0), UsageReport(), already_warned=False)
+    assert nothing.limit_hit and nothing.percent == 0 and not nothing.warn  # 0 >= 0: reached, as pi-materia
+    assert not check_budget(Budget(), used, already_warned=False).limit_hit
