@@ -111,7 +111,12 @@ def test_a_worker_that_died_before_reading_the_request_is_replaced_and_the_call_
 
     assert bridge.client.call("hooks", "counter") == 1
     pid = bridge.spawned[0].pid
+    import psutil
+
     os.kill(pid, signal.SIGSTOP)
+    # Stopped for certain before the request is written: woken by the signal with the request
+    # already in its pipe, a worker blocked in read takes the request first and stops after.
+    wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, timeout=5, what="the worker to stop")
     pending = bridge.client.submit("hooks", "counter")
     wait_for(bridge.spawned[0]._request_unread, timeout=5, what="the request to sit unread in the pipe")
     os.kill(pid, signal.SIGKILL)
