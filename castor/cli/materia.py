@@ -540,7 +540,7 @@ def _finish(view: dict[str, Any]) -> int:
         return EXIT_FAILED
     cast_id = view["cast_id"]
     if view["status"] == "complete":
-        _out(f"cast {cast_id} complete: {view['run_dir']}")
+        _out(f"cast {cast_id} complete: {_name(view['run_dir'])}")
         return EXIT_OK
     if view["status"] == "interrupted":
         print(f"castor: cast {cast_id} interrupted at socket {view.get('current_socket')}: nothing of that turn was "
@@ -576,7 +576,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                          "config_path": args.config, "cli_note": _cli_note(spec)})
         with _named_on_interrupt(started["cast_id"]):
-            _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {started['run_dir']}")
+            _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:
         session.close()

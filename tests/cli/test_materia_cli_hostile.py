@@ -429,6 +429,26 @@ def test_ctrl_c_while_a_cast_runs_names_the_cast_and_how_to_go_on(tmp_path):
     assert "Traceback" not in err
 
 
+def _cast_in_its_turn(tmp_path: Path, project: Path,
+                      context: str | None = None) -> tuple[subprocess.Popen[str], str, Path]:
+    """``castor cast go`` started in ``project``, once the turn whose context file is ``context``
+    (the first turn, if None) has been asked for: the process, the cast's id and run directory."""
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        cast_id = proc.stdout.readline().split()[1]
+        run_dir = project / ".pi" / "pi-materia" / cast_id
+        contexts = run_dir / "contexts"
+        wait_for(lambda: (contexts / context).exists() if context else contexts.is_dir() and any(contexts.iterdir()),
+                 timeout=30, what=f"the turn of {context or 'the first socket'} to be asked for")
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=10)
+        raise
+    return proc, cast_id, run_dir
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("damage", ["manifest-not-json", "state-a-directory", "run-dir-removed"])
 def test_a_run_directory_damaged_mid_turn_stops_the_cast_with_a_typed_error(tmp_path, damage):
@@ -438,14 +458,8 @@ def test_a_run_directory_damaged_mid_turn_stops_the_cast_with_a_typed_error(tmp_
     import shutil
 
     project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "one", "delay_ms": 2500}, "two"])
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
-                             "--quiet"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc, cast_id, run_dir = _cast_in_its_turn(tmp_path, project)
     try:
-        cast_id = proc.stdout.readline().split()[1]
-        run_dir = project / ".pi" / "pi-materia" / cast_id
-        wait_for(lambda: (run_dir / "contexts").is_dir() and any((run_dir / "contexts").iterdir()), timeout=20,
-                 what="the first turn to be asked for")
         if damage == "manifest-not-json":
             (run_dir / "manifest.json").write_text("notjson")
         elif damage == "state-a-directory":
@@ -481,17 +495,9 @@ def test_a_recast_over_a_damaged_manifest_is_one_state_corrupt_line(tmp_path, ma
             for a in BUILD_ANSWERS]
     project = _project(tmp_path, {}, answers=slow)
     (project / "fast.json").write_text(json.dumps(BUILD_ANSWERS))
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "go", "--agent", "script:answers.json",
-                             "--quiet"], cwd=project, env=_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        cast_id = proc.stdout.readline().split()[1]
-        run_dir = project / ".pi" / "pi-materia" / cast_id
-        wait_for(lambda: (run_dir / "contexts" / "Socket-4-w1-1.md").exists(), timeout=30,
-                 what="the work item's turn to be asked for")
-    finally:
-        proc.kill()
-        proc.communicate(timeout=10)
+    proc, cast_id, run_dir = _cast_in_its_turn(tmp_path, project, "Socket-4-w1-1.md")
+    proc.kill()
+    proc.communicate(timeout=10)
     (run_dir / "manifest.json").write_bytes(manifest)
     done = _castor(tmp_path, "recast", cast_id, "--agent", "script:fast.json", "--quiet", cwd=project)
     _one_clean_error_line(done, "state_corrupt")
