@@ -93,7 +93,9 @@ def main() -> None:
 
     visit_log = workdir / "visits.log"
     os.environ["VISIT_LOG"] = str(visit_log)
-    os.environ["SLOW_S"] = "1.5" if scenario in ("kill_host", "remove_node", "stop_raylet") else "0.2"
+    # stop_raylet: commands outlast the node's death being noticed (about 4 s), so the host's casts
+    # still need it then (with short ones they could all end before, and nothing was lost to recover).
+    os.environ["SLOW_S"] = {"kill_host": "1.5", "remove_node": "1.5", "stop_raylet": "8"}.get(scenario, "0.2")
     head: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
     if scenario == "stop_raylet":  # a node is dead after three missed health checks a second apart
         head["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
