@@ -465,28 +465,16 @@ class CastActor(Actor):
             self._fenced = True
             self._stop()
             return
-        except OSError as exc:
-            if self.env.storage.is_storage_fault(exc):
-                raise self._storage_fault(exc, where="save") from None
-            if not isinstance(exc, _DAMAGE):
-                raise
-            raise self._stopped_on(self._damaged(exc), where="save") from None
-        except (StateCorrupt, Forbidden) as exc:  # its state file damaged (or planted) under it
-            raise self._stopped_on(exc, where="save") from None
+        except (OSError, StateCorrupt, Forbidden) as exc:  # the disk, or its state file damaged under it
+            raise self._stopped_by(exc, where="save") from None
         had_user_turn = self._user_turn is not None
         self.state = transition.state
         if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
             self._note_withdrawals(transition)
         try:
             self._perform_files(files)
-        except OSError as exc:
-            if self.env.storage.is_storage_fault(exc):
-                raise self._storage_fault(exc, where="files") from None
-            if not isinstance(exc, _DAMAGE):
-                raise
-            raise self._stopped_on(self._damaged(exc), where="files") from None
-        except (StateCorrupt, Forbidden) as exc:  # an artifact damaged under it (a manifest not JSON)
-            raise self._stopped_on(exc, where="files") from None
+        except (OSError, StateCorrupt, Forbidden) as exc:  # the disk, or an artifact damaged (a manifest not JSON)
+            raise self._stopped_by(exc, where="files") from None
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:
                 self._perform(effect)
@@ -506,6 +494,18 @@ class CastActor(Actor):
         base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None)
         error = env.storage.storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
         return self._stopped_on(error, where=where)
+
+    def _stopped_by(self, exc: OSError | CastorError, *, where: str) -> CastorError:
+        """The typed error for a fault of the cast's storage, the incarnation stopped on it
+        (:meth:`_stopped_on`); any other ``OSError`` is raised again as it is (a crash: the restart
+        resumes from the saved state)."""
+        if isinstance(exc, CastorError):
+            return self._stopped_on(exc, where=where)
+        if self.env.storage.is_storage_fault(exc):
+            return self._storage_fault(exc, where=where)
+        if isinstance(exc, _DAMAGE):
+            return self._stopped_on(self._damaged(exc), where=where)
+        raise exc
 
     def _damaged(self, exc: OSError) -> StateCorrupt:
         """The typed error for a run directory damaged under a running cast: a directory where a file

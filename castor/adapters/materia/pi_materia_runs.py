@@ -83,9 +83,10 @@ def describe(run_dir: str) -> PiMateriaRun | None:
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
+        size = st.st_size
         head = os.pread(fd, min(size, HEAD_BYTES), 0)
         tail_at = max(0, size - TAIL_BYTES)
         tail = head if tail_at == 0 else os.pread(fd, TAIL_BYTES, tail_at)
