@@ -5,8 +5,9 @@ Extraction (:func:`extract_json`) — more forgiving than pi-materia's (a delibe
 candidates are every fenced block in order, then the whole text. A candidate that is JSON as a
 whole is the value (as ``JSON.parse`` of it: a whole-reply array is an array, and fails
 validation). Otherwise, in each, every ``{``/``[`` is tried in order (a prefix parse, then a
-balanced scan that honours strings and escapes). The first JSON **object** found wins; if there is
-none, the first JSON value; if nothing parses, :class:`HandoffError`. ``NaN``/``Infinity`` are not
+balanced scan that honours strings and escapes); an opener inside a value already read, or inside
+a bracketed span that did not parse, is part of it and is skipped. The first JSON **object** found
+wins; if there is none, the first JSON value; if nothing parses, :class:`HandoffError`. ``NaN``/``Infinity`` are not
 JSON (refused, as by ``JSON.parse``), a number out of range is ``null``, and a value nested deeper
 than :data:`MAX_DEPTH` is refused (a state holding it could not be saved). So prose with stray
 brackets before the real object no longer breaks a cast. The only exception it ever raises is :class:`HandoffError`.
@@ -34,6 +35,7 @@ GUARDED = ("satisfied", "not_satisfied")
 
 _FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n?(.*?)```", re.IGNORECASE | re.DOTALL)
 _MAX_OPENERS = 256  # bounds the work on adversarial text (each attempt is linear)
+_JSON_NEXT = re.compile(r"\s*[\"{\[\]}]")
 _SCAN_BUDGET = 2 * 1024 * 1024
 """Characters the pure-Python balanced-span fallback may scan per extraction, over all openers:
 without it, a reply of a few MB of ``[`` would hold the cast's actor for minutes (abort too)."""
@@ -99,22 +101,26 @@ def _balanced_span(text: str, start: int, budget: list[int]) -> str | None:
     return None
 
 
-def _parse_at(text: str, start: int, budget: list[int]) -> tuple[bool, Any]:
-    """The JSON value at ``start`` (escapes of lone surrogates come out as U+FFFD)."""
+def _parse_at(text: str, start: int, budget: list[int]) -> tuple[bool, Any, int]:
+    """The JSON value at ``start`` (escapes of lone surrogates come out as U+FFFD), and on failure
+    where the broken value ends: the openers before that are its parts, never the reply's value (a
+    reply with one slip, a trailing comma, is "unparseable", not its first work item taken for the
+    whole handoff). A span that never closes covers the rest of the text when it starts as JSON does
+    (a quote or a bracket next: a truncated reply); a lone bracket in prose covers nothing."""
     try:
         value, _end = _DECODER.raw_decode(text, start)
-        return True, well_formed(value)
+        return True, well_formed(value), _end
     except (ValueError, RecursionError):
         pass
     if budget[0] <= 0:
-        return False, None
+        return False, None, start + 1
     span = _balanced_span(text, start, budget)
     if span is None:
-        return False, None
+        return False, None, len(text) if _JSON_NEXT.match(text, start + 1) else start + 1
     try:
-        return True, well_formed(_DECODER.decode(span))
+        return True, well_formed(_DECODER.decode(span)), start + len(span)
     except (ValueError, RecursionError):
-        return False, None
+        return False, None, start + len(span)
 
 
 def _candidates(text: str) -> list[str]:
@@ -158,12 +164,15 @@ def _extract(text: Any) -> Any:
     tried = 0
     budget = [_SCAN_BUDGET]
     for candidate in _candidates(text):
+        inside_until = 0  # openers before this lie inside a broken value
         for match in re.finditer(r"[\[{]", candidate):
+            if match.start() < inside_until:
+                continue
             saw_opener = True
             tried += 1
             if tried > _MAX_OPENERS:
                 break
-            ok, value = _parse_at(candidate, match.start(), budget)
+            ok, value, inside_until = _parse_at(candidate, match.start(), budget)
             if not ok:
                 continue
             if isinstance(value, dict):

@@ -53,6 +53,26 @@ def test_extraction_tolerates_stray_brackets_and_trailing_prose() -> None:
     assert extract_json('{"note": "a raw\nline break"}') == {"note": "a raw\nline break"}  # taken (deliberate)
 
 
+@pytest.mark.parametrize("reply", [
+    '```json\n{\n "summary": "two steps",\n "workItems": [\n  {"id": "a"},\n  {"id": "b"},\n ]\n}\n```',  # trailing comma
+    '{"summary": "cut short", "workItems": [{"id": "a"}, {"id": "b"',  # truncated: never closes
+    'Here: {"workItems": [{"id": "a"}] "risks": []}',  # a missing comma
+])
+def test_a_broken_reply_is_unparseable_not_its_first_inner_object(reply: str) -> None:
+    """Every opener used to be tried, so a reply with one slip was taken as its first work item: the
+    generator assigned no workItems, the loop ran nothing and the cast completed having done
+    nothing. An opener inside a value that does not parse is part of it, never the reply's value."""
+    with pytest.raises(HandoffError) as err:
+        extract_json(reply)
+    assert err.value.reason == "unparseable", err.value.message
+
+
+def test_the_first_value_not_inside_another_wins() -> None:
+    assert extract_json('Sure. [{"id": "a"}] done') == [{"id": "a"}]  # an array, then refused by validation
+    assert extract_json('list [1, 2] then {"b": 2}') == {"b": 2}
+    assert extract_json('a smiley :-{ and then {"a": 1}') == {"a": 1}  # a lone bracket in prose covers nothing
+
+
 @pytest.mark.parametrize("reply", ['[{"satisfied": true}]', '```json\n[{"satisfied": true}]\n```'])
 def test_30_a_reply_that_is_an_array_is_that_array_not_its_first_object(reply: str) -> None:
     """A whole reply (or fenced block) that is JSON is taken as JSON.parse takes it: an array of
