@@ -500,7 +500,7 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
     pipeline = s.config.pipeline
     it = iteration_for(pipeline, rs.id)
     if it is not None:
-        sel = select_item(it, s.data, s.cursors)
+        sel = select_item(it, s.data, s.cursors, s.last_json if s.last_json is not None else MISSING)
         s.cursors.setdefault(it.cursor, sel.index)
         if sel.item is MISSING:
             s.current_item_key = s.current_item_label = None

@@ -59,10 +59,14 @@ class ItemSelection:
     label: str | None
 
 
-def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int]) -> ItemSelection:
-    """The current item (does not mutate). ``key`` = ``id ?? key ?? index``; label ``title ?? name ?? key``."""
+def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int],
+                last_json: Any = MISSING) -> ItemSelection:
+    """The current item (does not mutate). ``key`` = ``id ?? key ?? index``; label ``title ?? name ?? key``.
+
+    ``items`` reads as any value expression; with no reply parsed yet at a socket's start, ``$``
+    is the last JSON reply (``lastJson``), as in pi-materia."""
     index = cursors.get(it.cursor, 0)
-    items = as_list(resolve_value(it.items, Scope(data=data)))
+    items = as_list(resolve_value(it.items, Scope(data=data, parsed=last_json, last_json=last_json)))
     if index >= len(items) or index < 0:
         return ItemSelection(MISSING, index, None, None)
     item = items[index]

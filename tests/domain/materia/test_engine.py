@@ -290,6 +290,26 @@ def test_41_42_foreach_items_and_attempts() -> None:
     assert "sockets/Socket-1/1-a.md" in d2.artifacts() and "sockets/Socket-1/3-b.md" in d2.artifacts()
 
 
+@pytest.mark.parametrize("items", ["lastJson.files", "$.files", "state.files"])
+def test_foreach_items_read_the_last_json_reply(items: str) -> None:
+    """A loop's items written as ``lastJson.x`` (or ``$.x``: with no reply parsed yet at the
+    socket's start, ``$`` is the last JSON reply) iterated nothing: the socket was skipped and the
+    cast completed having done nothing."""
+    cfg = config({
+        "Socket-1": {"type": "agent", "materia": "J", "parse": "json", "assign": {"files": "$.files"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "A", "foreach": {"items": items, "done": "end"},
+                     "advance": {"cursor": "Socket-2Index", "items": "state.files"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]}})
+    d = Driver(resolved(cfg))
+    d.reply({"files": ["a", "b"]}, usage={"total": 1})
+    seen = []
+    while d.state.phase not in ("complete", "failed"):
+        seen.append(d.state.data.get("item"))
+        d.reply(f"did {d.state.data.get('item')}", usage={"total": 1})  # text: lastJson stays
+    assert seen == ["a", "b"] and d.state.phase == "complete", (seen, d.state.failed_reason)
+
+
 # ----------------------------------------------------------------------------- failure classes
 
 
