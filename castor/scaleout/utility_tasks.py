@@ -10,6 +10,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 | at most once per dispatch | ``max_retries=0``: Ray never runs a task again (a lost node loses the dispatch; the cast re-dispatches under a **new** visit id, as after a slot crash) |
 | cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends |
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
+| a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node dead for ``NODE_LOST_AFTER_S``, or not started ``NODE_LOST_AFTER_S`` after a node died (Ray may have sent its lease request to that node, and it is then never answered), is cancelled and reported as lost work |
 | the command cannot start | ``spawn_error`` as for a local command |
 
 What it does not do: move the project's files — every node must see the project at the same
@@ -20,35 +21,90 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from castor.adapters.materia.process_runner import UtilityCommand, UtilityResult, UtilitySpawnError
 
 DEFAULT_CPUS = 1.0
+WATCH_S = 1.0  # how often a waiting command looks at the cluster's nodes
+NODE_LOST_AFTER_S = 5.0
+"""How long a command waits for an answer once a node it may be on is dead: a task whose node's
+raylet is stopped but whose worker lives still answers (so it is not re-run needlessly)."""
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
-def _run_on_node(cmd_map: dict[str, Any]) -> dict[str, Any]:
-    """The task body: run the command where Ray placed this task; kill its tree if cancelled."""
+def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The task body (a streaming generator): first where it started, then the command's answer;
+    kills the command's tree if cancelled."""
     import os
 
     import ray
 
     from castor.adapters.materia.process_runner import spawn
 
+    node_id = ray.get_runtime_context().get_node_id()
+    yield {"started_on": node_id}
     cmd = UtilityCommand.model_validate(cmd_map)
-    cmd = cmd.model_copy(update={"env": {**(cmd.env or {}), NODE_ID_ENV: ray.get_runtime_context().get_node_id()}})
+    cmd = cmd.model_copy(update={"env": {**(cmd.env or {}), NODE_ID_ENV: node_id}})
     try:
         running = spawn(cmd)
     except UtilitySpawnError as exc:
-        return {"spawn_error": exc.message, "node_pid": os.getpid()}
+        yield {"spawn_error": exc.message, "node_pid": os.getpid()}
+        return
     try:
         result = running.wait()
     except BaseException:  # KeyboardInterrupt from ray.cancel: the command must not outlive it
         running.kill()
         running.wait()
         raise
-    return {"result": result.model_dump(mode="json"), "node_pid": os.getpid()}
+    yield {"result": result.model_dump(mode="json"), "node_pid": os.getpid()}
+
+
+class NodeWatch:
+    """Which cluster nodes this process has seen dead, and since when; asks the cluster at most
+    once per ``period_s`` however many commands wait (one shared answer).
+
+    Guarantees a node's death time is when this process first saw it dead (never earlier); does
+    not tell a node cut off from the cluster from one that is gone."""
+
+    def __init__(self, period_s: float = WATCH_S) -> None:
+        self._period_s = period_s
+        self._lock = threading.Lock()
+        self._checked = -period_s
+        self._dead: dict[str, float] = {}
+
+    def dead_since(self) -> dict[str, float]:
+        import ray
+
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self._period_s:
+                self._checked = now
+                try:
+                    nodes = ray.nodes()  # type: ignore[no-untyped-call]
+                except Exception:  # noqa: BLE001 - the cluster's control plane is slow: ask next time
+                    nodes = []
+                for node in nodes:
+                    if not node.get("Alive") and node.get("NodeID") not in self._dead:
+                        self._dead[str(node.get("NodeID"))] = now
+            return dict(self._dead)
+
+    def stalled_by(self, started_on: str | None, submitted_at: float) -> str | None:
+        """Why a command not answered yet is taken for lost, or None: it started on a node that has
+        been dead ``NODE_LOST_AFTER_S``, or it has not started and a node died after it was
+        submitted that long ago (Ray may have sent its lease request there, and such a request is
+        never answered: ray-project/ray#63405)."""
+        now = time.monotonic()
+        dead = self.dead_since()
+        if started_on is not None:
+            since = dead.get(started_on)
+            return f"its node {started_on[:12]} died" if since is not None and now - since >= NODE_LOST_AFTER_S \
+                else None
+        for node_id, since in dead.items():
+            if since >= submitted_at and now - since >= NODE_LOST_AFTER_S:
+                return f"not started when node {node_id[:12]} died"
+        return None
 
 
 _TASK: Any = None
@@ -61,19 +117,21 @@ def _task() -> Any:
         if _TASK is None:
             import ray
 
-            _TASK = ray.remote(max_retries=0)(_run_on_node)
+            _TASK = ray.remote(max_retries=0, num_returns="streaming")(_run_on_node)
         return _TASK
 
 
 class RemoteRunningUtility:
     """A command started as a Ray task, with the interface of a local ``RunningUtility``."""
 
-    def __init__(self, cmd: UtilityCommand, ref: Any) -> None:
+    def __init__(self, cmd: UtilityCommand, answers: Any, watch: NodeWatch) -> None:
         self.cmd = cmd
-        self._ref = ref
+        self._answers = answers  # the task's ObjectRefGenerator: where it started, then its answer
+        self._watch = watch
         self._killed = threading.Event()
         self._finished = threading.Event()
         self._started = time.monotonic()
+        self.started_on: str | None = None
         self.spawn_error: str | None = None
 
     @property
@@ -88,7 +146,7 @@ class RemoteRunningUtility:
 
         self._killed.set()
         try:
-            ray.cancel(self._ref, force=False)
+            ray.cancel(self._answers, force=False)
         except Exception:  # noqa: BLE001 - already finished, or its node is gone
             pass
 
@@ -96,13 +154,11 @@ class RemoteRunningUtility:
         self.kill()
 
     def wait(self) -> UtilityResult:
-        import ray
-
         try:
-            answer = ray.get(self._ref)
-        except Exception as exc:  # noqa: BLE001 - cancelled, worker crashed, node died: lost work
+            answer = self._answer()
+        except _Lost as lost:
             self._finished.set()
-            return self._lost(type(exc).__name__)
+            return self._lost(str(lost))
         self._finished.set()
         if "spawn_error" in answer:
             self.spawn_error = str(answer["spawn_error"])
@@ -112,6 +168,28 @@ class RemoteRunningUtility:
             return result.model_copy(update={"killed": True})
         return result
 
+    def _answer(self) -> dict[str, Any]:
+        import ray
+
+        while True:
+            ready, _ = ray.wait([self._answers], timeout=WATCH_S)
+            if not ready:
+                why = self._watch.stalled_by(self.started_on, self._started)
+                if why is not None:
+                    self.kill()  # a task cancelled before it started never starts; one started is told to stop
+                    raise _Lost(why)
+                continue
+            try:
+                answer = ray.get(next(self._answers))
+            except StopIteration:
+                raise _Lost("the task ended without an answer") from None
+            except Exception as exc:  # noqa: BLE001 - cancelled, worker crashed, node died: lost work
+                raise _Lost(type(exc).__name__) from None
+            if "started_on" in answer:
+                self.started_on = str(answer["started_on"])
+                continue
+            return dict(answer)
+
     def _lost(self, why: str) -> UtilityResult:
         return UtilityResult(argv=list(self.cmd.argv), pid=0, exit_code=None, signal=None, signal_name=None,
                              timed_out=False, killed=True, duration_ms=(time.monotonic() - self._started) * 1000,
@@ -120,10 +198,17 @@ class RemoteRunningUtility:
                              timeout_ms=self.cmd.timeout_ms)
 
 
+class _Lost(Exception):
+    """The command's task is lost (its message says why): reported as lost work, never as its result."""
+
+
 class RayUtilityRunner:
     """What a cast host's utility pool uses instead of a local ``spawn``."""
 
+    def __init__(self) -> None:
+        self._watch = NodeWatch()
+
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))
-        ref = _task().options(num_cpus=cpus).remote(cmd.model_dump(mode="json"))
-        return RemoteRunningUtility(cmd, ref)
+        answers = _task().options(num_cpus=cpus).remote(cmd.model_dump(mode="json"))
+        return RemoteRunningUtility(cmd, answers, self._watch)

@@ -54,7 +54,8 @@ def test_extraction_tolerates_stray_brackets_and_trailing_prose() -> None:
 
 
 @pytest.mark.parametrize("reply", [
-    '```json\n{\n "summary": "two steps",\n "workItems": [\n  {"id": "a"},\n  {"id": "b"},\n ]\n}\n```',  # trailing comma
+    # a trailing comma
+    '```json\n{\n "summary": "two steps",\n "workItems": [\n  {"id": "a"},\n  {"id": "b"},\n ]\n}\n```',
     '{"summary": "cut short", "workItems": [{"id": "a"}, {"id": "b"',  # truncated: never closes
     'Here: {"workItems": [{"id": "a"}] "risks": []}',  # a missing comma
 ])
