@@ -10,7 +10,8 @@ Scenarios: ``complete`` (casts with utility commands complete across nodes), ``k
 SIGKILLed mid-cast), ``remove_node`` (a whole node removed mid-cast), ``two_hosts`` (two hosts
 try to advance one cast), ``stop_raylet`` (the raylet of a host's node stopped mid-cast, SIGSTOP:
 the cluster takes the node for dead, as after a network partition, while the host's own process
-lives on; the host must end itself, and its casts complete elsewhere).
+lives on; the host must end itself, and its casts complete elsewhere), ``lease_to_stopped_node``
+(a command whose lease request went to a node whose raylet is stopped comes back as lost work).
 """
 
 from __future__ import annotations
@@ -82,8 +83,58 @@ def wait_all(runtime: Any, started: list[tuple[str, str]], timeout_s: float) -> 
     return status
 
 
+def lease_to_stopped_node(workdir: Path) -> dict[str, Any]:
+    """A command submitted while the head's CPU is taken goes to the worker node, whose raylet is
+    stopped: Ray's lease request there is never answered (ray-project/ray#63405). The command must
+    come back as lost work once the cluster declares the node dead, not wait for ever."""
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from castor.adapters.materia.process_runner import UtilityCommand
+    from castor.scaleout.utility_tasks import RayUtilityRunner
+
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
+                                                            "_system_config": health})
+    worker = cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+    result: dict[str, Any] = {"scenario": "lease_to_stopped_node"}
+    try:
+        head_id = ray.get_runtime_context().get_node_id()
+
+        @ray.remote(num_cpus=1)
+        def hold(seconds: float) -> str:
+            time.sleep(seconds)
+            return "held"
+
+        blocker = hold.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False)).remote(90.0)
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("CPU", 0) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the head's CPU taken: the only free one is the worker's
+        psutil.Process(worker.all_processes["raylet"][0].process.pid).suspend()
+        marker = workdir / "ran"
+        cmd = UtilityCommand(argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"], cwd=workdir,
+                             timeout_ms=60000, max_output_bytes=4096, env=dict(os.environ))
+        started = time.monotonic()
+        running = RayUtilityRunner().spawn(cmd, {"cpus": 1})
+        outcome = running.wait()
+        result.update(seconds=round(time.monotonic() - started, 1), killed=outcome.killed, stderr=outcome.stderr,
+                      ran=marker.exists(), started_on=running.started_on)
+        ray.cancel(blocker, force=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return result
+
+
 def main() -> None:
     scenario, workdir = sys.argv[1], Path(sys.argv[2])
+    if scenario == "lease_to_stopped_node":
+        print("RESULT " + json.dumps(lease_to_stopped_node(workdir)), flush=True)
+        return
     import ray
     from ray.cluster_utils import Cluster
 

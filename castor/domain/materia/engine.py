@@ -1077,6 +1077,10 @@ def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:
             how = f"code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
             raise _Fail(f'Utility command for socket "{rs.id}" exited with {how}. stderr: {summary}. '
                         f"stdout: {out_a}; stderr: {err_a}", entry_id)
+        limit = rs.socket.limits.max_output_bytes if rs.socket.limits else None
+        if limit and ev.stdout_truncated:  # the cap is the limit: what was kept is at most it
+            raise _Fail(f'Output of socket "{rs.id}" is over its limits.maxOutputBytes ({limit}): the command '
+                        f"wrote more, and only its first {limit} bytes were kept (stdout: {out_a}).", entry_id)
     elif ev.error or ev.timed_out:
         raise _Fail(f'Utility "{rs.socket.utility}" failed for socket "{rs.id}": '
                     f"{ev.error or 'timed out'}", entry_id)

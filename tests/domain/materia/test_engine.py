@@ -559,6 +559,21 @@ def test_max_output_bytes_is_enforced() -> None:
     assert "maxOutputBytes" in d.state.failed_reason
 
 
+def test_a_command_over_max_output_bytes_fails_the_cast_not_cut_to_it() -> None:
+    """The command's output is capped at the limit, so its kept stdout was never over it: the cast
+    completed on the first N bytes (a JSON reply cut mid-way taken as text). Over the limit fails."""
+    cfg = config({"Socket-1": {"type": "utility", "command": ["sh", "-c", "echo 0123456789abc"],
+                               "limits": {"maxOutputBytes": 10}}})
+    d = Driver(resolved(cfg))
+    assert d.pending().max_output_bytes == 10
+    d.utility("0123456789", exit_code=0, stdout_truncated=True)
+    assert d.state.phase == "failed"
+    assert 'Output of socket "Socket-1" is over its limits.maxOutputBytes (10)' in d.state.failed_reason
+    d2 = Driver(resolved(cfg))
+    d2.utility("0123456789", exit_code=0)  # exactly the limit: within it
+    assert d2.state.phase == "complete", d2.state.failed_reason
+
+
 # ----------------------------------------------------------------------------- serialisation
 
 
