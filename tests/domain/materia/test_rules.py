@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from castor.domain.materia import compaction
 from castor.domain.materia.budget import TurnRecord, UsageReport, check_budget, extract_usage
 from castor.domain.materia.config import Budget, Compaction, Edge, Limits, Socket
-from castor.domain.materia.expressions import MISSING, ConditionError, Scope, evaluate_condition, resolve_value
+from castor.domain.materia.expressions import (
+    MISSING,
+    AssignError,
+    ConditionError,
+    Scope,
+    evaluate_condition,
+    resolve_value,
+)
 from castor.domain.materia.failures import (
     RecoveryAllowance,
     allowance_for,
@@ -211,6 +218,22 @@ def test_assign_paths() -> None:
     with pytest.raises(Exception) as err:
         apply_assign({}, {"": "$"}, scope)
     assert "non-empty" in str(err.value)
+
+
+@pytest.mark.parametrize(("target", "value"), [(".".join(["k"] * 300), 1), (".".join(["k"] * 150), "deep")])
+def test_an_assign_that_would_nest_data_too_deep_is_refused_not_a_crash_at_the_save(target: str, value: Any) -> None:
+    """A target of 300 segments (or 150 with a reply 100 deep, each within the bounds alone) made
+    the state unserializable: the cast's actor crashed at every save, re-sending the turn each time."""
+    parsed = {"x": 1}
+    if value == "deep":
+        inner: Any = 1
+        for _ in range(100):
+            inner = {"a": inner}
+        parsed = {"x": inner}
+    with pytest.raises(AssignError) as err:
+        apply_assign({}, {target: "$.x"}, Scope(data={}, parsed=parsed))
+    assert "deeper than 200 levels" in err.value.message and len(err.value.message) < 300
+    assert apply_assign({}, {".".join(["k"] * 150): "$.x"}, Scope(data={}, parsed={"x": 1}))["k"]["k"]
 
 
 def test_expressions_and_conditions() -> None:
