@@ -106,3 +106,14 @@ def test_soak_over_ray_with_host_and_node_kills_reports_every_must_be_zero_figur
     assert report["faults"].get("kill_host", 0) >= 1 and report["faults"].get("kill_node", 0) >= 1, report["faults"]
     assert report["casts_started"] == 6 and report["casts_completed"] == 6, brief_text
     assert report["utility_executions"] > 0, report
+
+
+def test_a_command_whose_lease_went_to_a_stopped_node_comes_back_as_lost_work(tmp_path: Path) -> None:
+    """Ray never answers a lease request sent to a node whose raylet is stopped (ray-project/ray#63405):
+    a cast on a healthy host whose command was spilled there waited for ever (one CI run: a cast of
+    four still active after 120 s). Once the node is declared dead the command is cancelled and
+    reported lost, so the cast re-dispatches it; it never ran."""
+    result = scenario("lease_to_stopped_node", tmp_path)
+    assert result["killed"] is True and result["ran"] is False and result["started_on"] is None, result
+    assert result["stderr"].startswith("lost on the cluster: not started when node"), result
+    assert result["seconds"] < 60, result

@@ -66,6 +66,7 @@ supervisor's restart intensity in a millisecond). Instead:
 | a transition's save | the transition is dropped (nothing of it was performed); the cast is failed once more through ``DispatchFailed`` (reason ``storage unavailable: ...``) if that save still fits, else it stays as last saved (``orphaned`` once the lease is freed); either way recastable |
 | a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
 | the run directory damaged under a running cast (its ``state.json`` or ``manifest.json`` not a document, a directory where a file goes or the reverse, the directory removed) | as the two rows above, with ``state_corrupt`` (``forbidden`` for a link planted out of it) instead of ``storage_unavailable``, and "repair or remove what was damaged" as the advice: the incarnation stops rather than crash (a restart met the same damage, or started the cast over in a removed directory) or wait (a told message's fault was only logged, and the cast waited for ever) |
+| a state castor cannot serialise (its own bug) | as a transition's save, with ``internal`` and "this is a castor bug: report it": stopped once, never a crash loop that re-sends the turn at every restart |
 
 Every case but a new cast's start (whose caller gets the error, and which leaves no cast) tells the
 harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
@@ -130,7 +131,15 @@ from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_confi
 from castor.domain.materia.memo import derived
 from castor.domain.materia.state import CastState
 from castor.domain.materia.surface import command
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidMessage, NotFound, StorageUnavailable
+from castor.messages.errors import (
+    CastorError,
+    Conflict,
+    Forbidden,
+    Internal,
+    InvalidMessage,
+    NotFound,
+    StorageUnavailable,
+)
 from castor.ports.agent import AgentPort
 from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
@@ -456,8 +465,12 @@ class CastActor(Actor):
             return
         files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
         try:
-            self.store.save_encoded(self.env.cast_id, self._encode(transition.state, files), incarnation=self.fence,
-                                    index=transition.state)
+            document = self._encode(transition.state, files)
+        except ValueError as exc:  # a state castor cannot serialise: its own bug, but never a crash loop
+            raise self._stopped_on(Internal(f"the state of cast {self.env.cast_id} cannot be saved: {exc}"),
+                                   where="save") from None
+        try:
+            self.store.save_encoded(self.env.cast_id, document, incarnation=self.fence, index=transition.state)
         except Conflict as exc:
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
@@ -538,7 +551,7 @@ class CastActor(Actor):
                                         index=failed.state)
                 self.state = failed.state
                 self._perform_files(files)
-            except (OSError, CastorError) as again:
+            except (OSError, ValueError, CastorError) as again:
                 self.log.warning("the failed state could not be written either: {exc}", exc=again)
         try:
             self.artifacts.append_event("storage_unavailable", {"errno": (error.data or {}).get("errno"),
@@ -547,7 +560,7 @@ class CastActor(Actor):
         except Exception as again:  # noqa: BLE001 - the log is on the same storage: best effort
             self.log.debug("storage_unavailable event not written: {exc}", exc=again)
         mend = "Free space (or fix the storage)" if isinstance(error, StorageUnavailable) else \
-            "Repair or remove what was damaged"
+            "This is a castor bug: report it" if isinstance(error, Internal) else "Repair or remove what was damaged"
         self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. {mend}, then "
                      f"{command(self.state.surface, 'recast', env.cast_id)}.", "error")
         self._set_status(None)

@@ -250,3 +250,33 @@ def test_an_ended_cast_whose_last_artifacts_were_cut_short_says_so_and_recast_wr
     with pytest.raises(Exception) as refused:  # settled now: an ended cast is refused as before
         materia_call(rt, "s1", "recast", {"cast_id": cast_id})
     assert getattr(refused.value, "code", None) == "conflict"
+
+
+@pytest.mark.timeout(60)
+def test_a_state_that_cannot_be_serialised_stops_the_cast_once_never_a_crash_loop(runtime_factory, project,
+                                                                                   monkeypatch):
+    """A state castor cannot serialise (its own bug: one such was data nested past the serialiser's
+    depth) crashed the cast's actor at every save: each restart re-sent the turn, burning an
+    answer, until the supervisor gave up. Now the cast stops on the first, typed ``internal``."""
+    from castor.actors.materia.cast_actor import CastActor
+
+    real_encode = CastActor._encode
+
+    def encode(self, state, files):
+        if state.last_output == "poison":
+            raise ValueError("Error serializing to JSON: ValueError: Maximum serialization depth exceeded")
+        return real_encode(self, state, files)
+
+    monkeypatch.setattr(CastActor, "_encode", encode)
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+
+    rt = runtime_factory()
+    lines: list[str] = []
+    agent = ScriptedAgent(parse_script(["poison"] * 8))
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lines.append)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    handle = _cast_handle(rt, "s1", started["cast_id"])
+    assert handle.closed.wait(20)
+    assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
+    assert any("cannot be saved" in line and "castor bug" in line for line in lines), lines
