@@ -44,7 +44,7 @@ class LogSettingError(ValueError):
 def parse_level(value: str, *, source: str = "--log-level") -> str:
     """A loguru level name (case-insensitive) or a number 0-50; :class:`LogSettingError` otherwise."""
     text = value.strip().upper()
-    if text in LEVELS or (text.isdigit() and int(text) <= 50):
+    if text in LEVELS or (text.isascii() and text.isdigit() and int(text) <= 50):
         return text
     shown = value[:40].encode("unicode_escape", "backslashreplace").decode("ascii")
     raise LogSettingError(f"{source}: unknown log level {shown!r} (expected one of {', '.join(LEVELS)}, "
@@ -72,7 +72,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
         level = "WARNING"
     if json is None:
         json = parse_json_flag(os.environ.get("CASTOR_LOG_JSON", ""))
-    if level.isdigit():
+    if level.isascii() and level.isdigit():
         level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
     logger.remove()
     logger.configure(extra={"actor": "-", "msg_type": "-"})

@@ -33,14 +33,14 @@ MAX_MEMORY_RETURN_S = 3600.0
 
 def tcp_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
 
 def console_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
     return host.strip("[]"), int(port)
 

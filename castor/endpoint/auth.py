@@ -156,7 +156,8 @@ def _remove_stale(directory: str, label: str) -> None:
         return
     for name in names:
         parts = name.split("-")
-        if len(parts) != 3 or parts[0] != label or not name.endswith(".token") or not parts[1].isdigit():
+        if len(parts) != 3 or parts[0] != label or not name.endswith(".token") \
+                or not (parts[1].isascii() and parts[1].isdigit()):
             continue
         pid = int(parts[1])
         if pid == os.getpid():

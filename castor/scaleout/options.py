@@ -72,7 +72,7 @@ def _address_parts(address: str) -> tuple[str, int] | None | tuple[()]:
     if text.startswith("ray://"):
         text = text[len("ray://"):]
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
     return host.strip("[]"), int(port)
 

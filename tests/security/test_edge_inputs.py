@@ -75,6 +75,12 @@ def test_bad_log_environment_is_one_line_and_exit_2_for_every_command(argv, tmp_
     assert not (tmp_path / ".pi").exists()  # nothing ran
 
 
+def test_a_log_level_of_digits_int_cannot_read_is_a_usage_error_not_a_traceback(tmp_path):
+    """"²" is a digit to str.isdigit, and int() refuses it: a traceback at every command's start."""
+    _assert_one_line_usage_error(_run(["casts", "--cwd", str(tmp_path)], tmp_path, CASTOR_LOG_LEVEL="²"),
+                                 "CASTOR_LOG_LEVEL")
+
+
 def test_the_runtime_a_harness_starts_fails_cleanly_on_a_bad_environment(tmp_path):
     """What the Pi extension runs: ``castor serve --stdio`` with stdin/stdout as pipes."""
     proc = subprocess.Popen(castor_argv("serve", "--stdio"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -141,7 +141,8 @@ def _read_body(response: http.client.HTTPResponse) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
-    if declared is not None and declared.isdigit() and size < int(declared) and size <= MAX_BODY_BYTES:
+    if declared is not None and declared.isascii() and declared.isdigit() and size < int(declared) \
+            and size <= MAX_BODY_BYTES:
         raise http.client.IncompleteRead(b"".join(chunks), int(declared) - size)
     return b"".join(chunks)
 

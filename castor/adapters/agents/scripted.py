@@ -107,7 +107,7 @@ class ScriptAnswer(BaseModel):
         if len(parts) > 1:
             named["item"] = parts[1]
         if len(parts) > 2:
-            if not parts[2].isdigit():
+            if not (parts[2].isascii() and parts[2].isdigit()):
                 raise ValueError(f"key {value['key']!r}: the visit must be a number")
             named["visit"] = int(parts[2])
         out = dict(value)

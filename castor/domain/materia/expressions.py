@@ -21,7 +21,6 @@ Nothing here raises except :class:`ConditionError` for an unsupported condition 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +72,7 @@ def walk(value: Any, path: str) -> Any:
     for segment in path.split("."):
         if isinstance(value, dict):
             value = value.get(segment, MISSING) if segment in value else MISSING
-        elif isinstance(value, list) and segment.isdigit():
+        elif isinstance(value, list) and segment.isascii() and segment.isdigit():  # "²" is a digit to isdigit
             index = int(segment)
             value = value[index] if index < len(value) else MISSING
         elif isinstance(value, list) and segment == "length":  # an array is an object: its length reads
@@ -137,7 +136,7 @@ def as_list(value: Any) -> list[Any]:
 
 _EXISTS = re.compile(r"^(!?)exists\((.*)\)$")
 _COMPARE = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")  # ASCII digits only, as JavaScript's \d
 
 
 def _literal(text: str, scope: Scope) -> Any:
@@ -148,8 +147,8 @@ def _literal(text: str, scope: Scope) -> Any:
         return False
     if text == "null":
         return None
-    if _NUMBER.match(text):
-        return json.loads(text)
+    if _NUMBER.match(text):  # as Number() reads it: "01" is 1 (json.loads refused it: a crash)
+        return int(text) if text.lstrip("-").isdigit() else float(text)
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return resolve_value(text, scope)

@@ -236,6 +236,15 @@ def test_an_assign_that_would_nest_data_too_deep_is_refused_not_a_crash_at_the_s
     assert apply_assign({}, {".".join(["k"] * 150): "$.x"}, Scope(data={}, parsed={"x": 1}))["k"]["k"]
 
 
+def test_digits_are_ascii_digits_as_in_javascript() -> None:
+    """"²" and "١" are digits to str.isdigit; int() and json.loads refused them, and the ValueError
+    crashed the cast's actor at every restart (re-sending the turn). "01" crashed json.loads too."""
+    scope = Scope(data={"n": 1}, parsed={"items": [1, 2, 3], "n": 1})
+    assert resolve_value("$.items.²", scope) is MISSING and resolve_value("$.items.2", scope) == 3
+    assert evaluate_condition("$.n == ١", scope) is False  # a path into state.data, as pi-materia reads it
+    assert evaluate_condition("$.n == 01", scope) is True and evaluate_condition("$.n == 1.0", scope) is True
+
+
 def test_expressions_and_conditions() -> None:
     scope = Scope(data={"item": {"id": "a"}, "n": 2, "list": [1]}, parsed={"done": True, "satisfied": False},
                   last_json={"k": "v"})
