@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from castor import tree
 from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
@@ -228,10 +230,17 @@ class UtilityExecutorActor(Actor):
     def _execute(self, effect: RunUtility, run_dir: str | None) -> UtilityFinished | None:
         """Run the job; None when it was killed from outside (work lost, not a result)."""
         if effect.command:
-            cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
-                                 timeout_ms=max(1, int(effect.timeout_ms)), max_output_bytes=effect.max_output_bytes,
-                                 env={**os.environ, VISIT_ID_ENV: effect.visit_id, RUNTIME_PID_ENV: str(os.getpid()),
-                                      **({RUN_DIR_ENV: run_dir} if run_dir else {})})
+            try:
+                cmd = UtilityCommand(argv=list(effect.command), cwd=Path(effect.cwd or "."), stdin=effect.stdin_json,
+                                     timeout_ms=max(1, int(effect.timeout_ms)),
+                                     max_output_bytes=effect.max_output_bytes,
+                                     env={**os.environ, VISIT_ID_ENV: effect.visit_id,
+                                          RUNTIME_PID_ENV: str(os.getpid()),
+                                          **({RUN_DIR_ENV: run_dir} if run_dir else {})})
+            except ValidationError as exc:  # a command no process can be given (a NUL in an argument)
+                why = "; ".join(str(e.get("msg", "")) for e in exc.errors())
+                return UtilityFinished(visit_id=effect.visit_id, spawn_error=f"the command cannot be run: {why}",
+                                       exit_code=None, at=time.time())
             runner = self._runner()
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
             if record is not None:

@@ -138,6 +138,9 @@ def _command_issues(command: Any, base: tuple[str | int, ...], source: str | Non
         if not isinstance(element, str) or not element:
             out.append(ConfigIssue(code="invalid-socket", path=pointer(*base, "command", i), source=source,
                                    message=f"{who}: malformed command element at index {i}"))
+        elif "\0" in element:  # no program can receive it: an argument ends at its first NUL
+            out.append(ConfigIssue(code="invalid-socket", path=pointer(*base, "command", i), source=source,
+                                   message=f"{who}: command element at index {i} holds a NUL character"))
     return out
 
 

@@ -182,6 +182,22 @@ def test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent(runt
     assert log.read_text() == "c1:Socket-1:1:1\nc1:Socket-1:2:2\n"
 
 
+@pytest.mark.timeout(30)
+def test_a_command_with_a_nul_in_an_argument_is_a_spawn_error_not_a_crashed_slot(runtime_factory, project):
+    """No process can be given such an argument: the slot crashed on it at every dispatch (four
+    ValidationError tracebacks, each a new visit) and the cast failed "work lost 4 times"."""
+    from castor.actors.materia.messages import CastOutcome
+    from castor.actors.materia.utility_pool import submit_utility
+
+    rt = runtime_factory(utility_slots=1)
+    inbox = _Inbox()
+    submit_utility(rt.system.registry, _job("c1:Socket-1:1:1", ["echo", "h\0i"], project, inbox))
+    outcome = inbox.next()
+    assert isinstance(outcome, CastOutcome) and "NUL" in (outcome.event.spawn_error or ""), outcome
+    submit_utility(rt.system.registry, _job("c1:Socket-1:2:2", ["echo", "ok"], project, inbox))
+    assert inbox.next().event.stdout == "ok\n"  # the slot lives on
+
+
 _WAIT_FOR_GO = ("import os, sys, time\nopen(sys.argv[2], 'a').write('x')\nd = time.time() + 30\n"
                 "while not os.path.exists(sys.argv[1]) and time.time() < d:\n    time.sleep(0.01)\nprint('done')")
 

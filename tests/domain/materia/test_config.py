@@ -396,12 +396,13 @@ def test_resolve_names_available_loadouts_and_unknown_materia() -> None:
 
 
 def test_resolve_reports_every_issue_with_pointer() -> None:
-    bad = config({"Socket-1": {"type": "utility", "command": ["ok", ""], "timeoutMs": -1, "parse": "yaml"},
+    bad = config({"Socket-1": {"type": "utility", "command": ["ok", "", "h\0i"], "timeoutMs": -1, "parse": "yaml"},
                   "Socket-2": {"type": "robot"}})
     with pytest.raises(ConfigError) as err:
         resolve_config(load_config([("t", bad)]))
     found = {(i.code, i.path) for i in err.value.issues}
     assert ("invalid-socket", "/loadouts/L/sockets/Socket-1/command/1") in found
+    assert ("invalid-socket", "/loadouts/L/sockets/Socket-1/command/2") in found  # a NUL no program can receive
     assert ("invalid-socket", "/loadouts/L/sockets/Socket-1/timeoutMs") in found
     assert ("invalid-socket", "/loadouts/L/sockets/Socket-1/parse") in found
     assert ("invalid-socket", "/loadouts/L/sockets/Socket-2/type") in found
