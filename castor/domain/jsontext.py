@@ -122,17 +122,30 @@ def map_scalars(value: Any, change: Callable[[Any], Any]) -> Any:
 
 
 def _with_js_small_numbers(value: Any) -> str:
+    return _with_js_numbers(value, indent=2, marked=lambda item: item != 0 and abs(item) < 1e-4)
+
+
+def js_stringify(value: Any) -> str:
+    """``JSON.stringify(value)``: no spaces, text as it is (``café``, not ``caf\\u00e9``), every
+    number as JavaScript writes it (``1`` for ``1.0``; NaN and Infinity as ``null``)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return _with_js_numbers(value, indent=None, marked=lambda _item: True)
+
+
+def _with_js_numbers(value: Any, *, indent: int | None, marked: Callable[[float], bool]) -> str:
     marks: dict[str, str] = {}
     nonce = f"\x00castor-number-{id(marks)}-"
 
     def mark(item: Any) -> Any:
-        if isinstance(item, float) and item != 0 and abs(item) < 1e-4:
+        if isinstance(item, float) and marked(item):
             key = f"{nonce}{len(marks)}"
-            marks[key] = js_number_text(item)
+            marks[key] = js_number_text(item) if math.isfinite(item) else "null"
             return key
         return item
 
-    text = json.dumps(map_scalars(value, mark), indent=2, ensure_ascii=False)
+    text = json.dumps(map_scalars(value, mark), indent=indent, separators=None if indent else (",", ":"),
+                      ensure_ascii=False)
     for key, number in marks.items():
         text = text.replace(json.dumps(key, ensure_ascii=False), number, 1)
     return text

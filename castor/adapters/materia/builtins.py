@@ -31,7 +31,6 @@ Guarantees and failure behaviour
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -40,6 +39,8 @@ from typing import Any
 from castor.adapters.executables import which_outside
 from castor.adapters.fs import atomic_write_text
 from castor.adapters.materia.process_runner import UtilityCommand, UtilitySpawnError, run_command
+from castor.domain.jsontext import js_stringify
+from castor.domain.materia.engine import echo_output
 from castor.messages.errors import CastorError, ErrorCode, Forbidden
 
 __all__ = [
@@ -61,7 +62,7 @@ class UtilityError(CastorError):
 
 
 def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return value if isinstance(value, str) else js_stringify(value)
 
 
 # --------------------------------------------------------------------------- vcs
@@ -220,11 +221,6 @@ def ensure_ignored(params: dict[str, Any], cwd: str | os.PathLike[str]) -> dict[
 # --------------------------------------------------------------------------- dispatch
 
 
-def _echo(params: dict[str, Any]) -> str:
-    if "output" in params:
-        return _as_text(params["output"])
-    value = params.get("text", params.get("message", ""))
-    return _as_text("" if value is None else value)
 
 
 def run_builtin(alias: str, params: dict[str, Any] | None, *, cwd: str | os.PathLike[str]) -> str:
@@ -233,7 +229,7 @@ def run_builtin(alias: str, params: dict[str, Any] | None, *, cwd: str | os.Path
     if alias == "noop":
         return ""
     if alias == "echo":
-        return _echo(params)
+        return echo_output(params)
     if alias == "project.ensureIgnored":
         return _as_text(ensure_ignored(params, cwd))
     if alias == "vcs.detect":

@@ -95,6 +95,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from castor.domain.jsontext import js_stringify
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage, model_selection, turn_cost_kind
 from castor.domain.materia.cast_messages import (
@@ -183,6 +184,16 @@ from castor.messages.errors import Conflict, NotFound
 
 #: Built-in utilities that need IO and therefore run outside the engine.
 IO_BUILTINS = ("project.ensureIgnored", "vcs.detect")
+
+
+def echo_output(params: dict[str, Any]) -> str:
+    """What ``params.output`` or the ``echo`` utility outputs: ``output``, else ``text ?? message ??
+    ""`` (a null is as absent), a value that is not text as ``JSON.stringify`` writes it."""
+    if "output" in params:
+        value = params["output"]
+    else:
+        value = next((params[k] for k in ("text", "message") if params.get(k) is not None), "")
+    return value if isinstance(value, str) else js_stringify(value)
 #: Built-ins the engine evaluates itself (pure).
 PURE_BUILTINS = ("noop", "echo")
 MAX_ROUTING_HOPS = 10_000
@@ -630,14 +641,10 @@ def _dispatch_utility(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Inline:
                                       max_output_bytes=max_bytes, cwd=s.cwd,
                                       resources=sock.resources.model_dump() if sock.resources else {}))
         return _Dispatched()
-    if "output" in params:
-        out = params["output"]
-        return _Inline(out if isinstance(out, str) else json.dumps(out, separators=(",", ":")), entry_id)
+    if "output" in params or sock.utility == "echo":
+        return _Inline(echo_output(params), entry_id)
     if sock.utility == "noop":
         return _Inline("", entry_id)
-    if sock.utility == "echo":
-        value = params.get("text", params.get("message", ""))
-        return _Inline(value if isinstance(value, str) else json.dumps(value, separators=(",", ":")), entry_id)
     if sock.utility in IO_BUILTINS:
         visit_id = _next_visit_id(s, rs.id, visit)
         s.pending = Pending(kind="utility", visit_id=visit_id, socket_id=rs.id, visit=visit, timeout_ms=timeout)

@@ -232,6 +232,21 @@ def test_77_echo_utility_runs_inline() -> None:
     assert d.artifacts()["sockets/Socket-1/1.md"].content == "HELLO WORLD"
 
 
+@pytest.mark.parametrize(("params", "output"), [
+    ({"output": {"name": "café 你好", "n": 1.0}}, '{"name":"café 你好","n":1}'),  # JSON.stringify's text
+    ({"text": None, "message": "m"}, "m"),  # text ?? message: a null is as absent
+    ({"text": None}, ""),
+    ({"text": ["a", 2]}, '["a",2]'),
+])
+def test_echo_writes_what_pi_materia_writes(params: dict, output: str) -> None:
+    """Non-ASCII text came out escaped (caf\\u00e9) and a null text as "null"."""
+    from castor.adapters.materia.builtins import run_builtin
+
+    d = Driver(resolved(config({"Socket-1": {"type": "utility", "utility": "echo", "params": params}})))
+    assert d.state.phase == "complete" and d.state.last_output == output
+    assert run_builtin("echo", params, cwd=".") == output  # the pool's built-in says the same
+
+
 def test_81_command_utility_input_and_78_80_failures() -> None:
     cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
                                "params": {"p": 1}}})
