@@ -231,6 +231,14 @@ class Socket(_Model):
         # pi-materia reads an explicit null (as an editor may save it) as "none".
         return ({} if info.field_name == "assign" else []) if value is None else value
 
+    @field_validator("assign")
+    @classmethod
+    def _targets_name_a_key(cls, value: dict[str, str]) -> dict[str, str]:
+        for target in value:
+            if not any(target.strip().split(".")):
+                raise ValueError(f"assign target {target!r} names no key (a dotted path such as \"result.items\")")
+        return value
+
     @property
     def is_json(self) -> bool:
         return self.parse == "json"

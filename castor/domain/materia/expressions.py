@@ -108,14 +108,21 @@ def resolve_value(expr: str, scope: Scope) -> Any:
     return walk(scope.data, expr)
 
 
+def path_segments(target: str) -> list[str]:
+    """The keys a dotted assign target names, empty segments dropped."""
+    return [part for part in target.strip().split(".") if part]
+
+
 def set_path(data: dict[str, Any], target: str, value: Any) -> None:
     """Write ``value`` at dotted ``target`` in ``data`` (in place).
 
     Intermediates are created; a non-object intermediate is replaced by an object. Writing
-    :data:`MISSING` removes the key (JSON has no ``undefined``).
+    :data:`MISSING` removes the key (JSON has no ``undefined``). Empty segments are dropped, as
+    pi-materia drops them (``"a..b"`` is ``a.b``, ``"result."`` is ``result``); a target with no
+    segment at all is refused (pi-materia writes it under the key ``"undefined"``).
     """
-    parts = [p for p in target.strip().split(".")] if target and target.strip() else []
-    if not parts or any(p == "" for p in parts):
+    parts = path_segments(target)
+    if not parts:
         raise AssignError(f"invalid assign target {target!r}: a non-empty dotted path is required")
     node = data
     for part in parts[:-1]:

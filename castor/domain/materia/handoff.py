@@ -26,7 +26,7 @@ from typing import Any
 
 from castor.domain.jsontext import js_float, js_int, pretty_json, well_formed
 from castor.domain.materia.config import Socket, object_at
-from castor.domain.materia.expressions import MISSING, AssignError, Scope, resolve_value, set_path
+from castor.domain.materia.expressions import MISSING, AssignError, Scope, path_segments, resolve_value, set_path
 from castor.messages.errors import CastorError, ErrorCode
 
 CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "satisfied", "feedback", "missing")
@@ -253,7 +253,7 @@ def apply_assign(data: dict[str, Any], assign: dict[str, str], scope: Scope) -> 
     for target, source in assign.items():
         value = resolve_value(source, Scope(data=out, parsed=scope.parsed, last_json=scope.last_json,
                                             last_output=scope.last_output))
-        depth = len(target.strip().split("."))
+        depth = len(path_segments(target))
         if depth > MAX_DEPTH or _deeper_than(value, MAX_DEPTH - depth):
             shown = target if len(target) <= 80 else target[:77] + "..."
             raise AssignError(f"assign target {shown!r} would nest the cast's data deeper than {MAX_DEPTH} levels "

@@ -218,6 +218,14 @@ def test_assign_paths() -> None:
     with pytest.raises(Exception) as err:
         apply_assign({}, {"": "$"}, scope)
     assert "non-empty" in str(err.value)
+    # pi-materia drops empty segments (split(".").filter(Boolean)); castor refused them after the paid turn
+    assert apply_assign({}, {"a..b": "$.feedback", "result.": "$.feedback", ".y": "$.feedback"}, scope) == \
+        {"a": {"b": "fb"}, "result": "fb", "y": "fb"}
+
+
+def test_an_assign_target_naming_no_key_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="names no key"):
+        Socket.model_validate({"type": "agent", "materia": "A", "assign": {" . ": "$.x"}})
 
 
 @pytest.mark.parametrize(("target", "value"), [(".".join(["k"] * 300), 1), (".".join(["k"] * 150), "deep")])
