@@ -517,7 +517,8 @@ class CastArtifacts:
 
     def _add_manifest_entries_at(self, target: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         meta, lines = self._manifest_now(target)
-        stored = [entry if "timestamp" in entry else {**entry, "timestamp": iso_now_ms()} for entry in entries]
+        now_ms = int(time.time() * 1000)  # Date.now(), as pi-materia writes an entry's timestamp
+        stored = [entry if "timestamp" in entry else {**entry, "timestamp": now_ms} for entry in entries]
         if stored:
             self._write_manifest(meta, lines + [_manifest_line(r) for r in stored], target)
         return stored

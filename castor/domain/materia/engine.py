@@ -256,12 +256,12 @@ class _Ctx:
     def write(self, path: tuple[str, ...], content: str, manifest: dict[str, Any] | None = None) -> str:
         rel = "/".join(path)
         if manifest is not None:
-            manifest = {**manifest, "artifact": rel, "timestamp": self.iso()}
+            manifest = {**manifest, "artifact": rel, "timestamp": self.ts_ms}  # Date.now(), as pi-materia
         self.effects.append(WriteArtifact(path=path, content=content, manifest=manifest))
         return rel
 
     def manifest(self, entry: dict[str, Any]) -> None:
-        self.effects.append(AddManifestEntry(entry={**entry, "timestamp": self.iso()}))
+        self.effects.append(AddManifestEntry(entry={**entry, "timestamp": self.ts_ms}))
 
     def notify(self, level: Literal["info", "warning", "error"], message: str) -> None:
         self.effects.append(Notify(level=level, message=message))
@@ -1060,15 +1060,15 @@ def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:
         base = f"{p.visit}{_item_suffix(s)}.command"
         entry = {"phase": rs.id, "socket": rs.id, **s.item_fields(), "visit": p.visit}
         out_a = ctx.write(("sockets", seg(rs.id), f"{base}.stdout.txt"), ev.stdout,
-                          manifest={**entry, "entryId": f"{entry_id}:stdout"})
+                          manifest={**entry, "entryId": f"{entry_id}:command:stdout"})
         err_a = ctx.write(("sockets", seg(rs.id), f"{base}.stderr.txt"), ev.stderr,
-                          manifest={**entry, "entryId": f"{entry_id}:stderr"})
+                          manifest={**entry, "entryId": f"{entry_id}:command:stderr"})
         max_bytes = (rs.socket.limits.max_output_bytes if rs.socket.limits and rs.socket.limits.max_output_bytes
                      else DEFAULT_MAX_OUTPUT_BYTES)
         ctx.write(("sockets", seg(rs.id), f"{base}.json"),
                   json.dumps({"stdoutArtifact": out_a, "stderrArtifact": err_a, "stdoutTruncated": ev.stdout_truncated,
                               "stderrTruncated": ev.stderr_truncated, "maxBytes": max_bytes}, indent=2),
-                  manifest={**entry, "entryId": f"{entry_id}:command"})
+                  manifest={**entry, "entryId": f"{entry_id}:command:meta"})
         ctx.emit("utility_command", {"socket": rs.id, "command": p.command, "code": ev.exit_code,
                                      "signal": ev.signal, "timedOut": ev.timed_out, "timeoutMs": p.timeout_ms,
                                      "stdoutArtifact": out_a, "stderrArtifact": err_a,

@@ -247,6 +247,19 @@ def test_echo_writes_what_pi_materia_writes(params: dict, output: str) -> None:
     assert run_builtin("echo", params, cwd=".") == output  # the pool's built-in says the same
 
 
+def test_manifest_entries_carry_pi_materia_s_entry_ids_and_epoch_millisecond_timestamps() -> None:
+    """pi-materia names a command's three entries ``utility:<id>:<visit>:command:stdout`` /
+    ``:command:stderr`` / ``:command:meta`` and stamps every entry with ``Date.now()``; castor wrote
+    ``:stdout`` / ``:stderr`` / ``:command`` and an ISO string, so a reader of either failed on the other."""
+    d = Driver(resolved(config({"Socket-1": {"type": "utility", "command": ["tool"]}})))
+    d.utility("out", exit_code=0)
+    entries = [e.manifest for e in d.artifacts().values() if e.manifest is not None]
+    ids = [e["entryId"] for e in entries if "command" in e["artifact"]]
+    assert ids == ["utility:Socket-1:1:command:stdout", "utility:Socket-1:1:command:stderr",
+                   "utility:Socket-1:1:command:meta"], ids
+    assert all(type(e["timestamp"]) is int for e in entries), entries  # milliseconds of the step's clock
+
+
 def test_81_command_utility_input_and_78_80_failures() -> None:
     cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
                                "params": {"p": 1}}})
