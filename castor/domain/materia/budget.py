@@ -68,11 +68,12 @@ FLAT_TOTAL_COST_ALIASES = ("totalCost", "total_cost", "totalCostUsd", "total_cos
 
 
 class Amounts(BaseModel):
-    input: float = 0
-    output: float = 0
-    cacheRead: float = 0
-    cacheWrite: float = 0
-    total: float = 0
+    # float | int: a whole count stays an int, written as JavaScript writes it (120, not 120.0)
+    input: float | int = 0
+    output: float | int = 0
+    cacheRead: float | int = 0
+    cacheWrite: float | int = 0
+    total: float | int = 0
 
     def plus(self, other: Amounts) -> Amounts:
         # capped: a sum of huge reported figures must stay a finite number the state can be saved with
@@ -275,7 +276,9 @@ def non_negative_number(value: Any) -> float | None:
         return MAX_FIGURE if value > 0 else None
     if not math.isfinite(number) or number < 0:
         return None
-    return min(number, MAX_FIGURE)
+    if number >= MAX_FIGURE:
+        return MAX_FIGURE
+    return int(number) if number.is_integer() else number  # 120.0 is 120, as JavaScript holds it
 
 
 def _first(raw: Any, names: tuple[str, ...]) -> float | None:
@@ -303,7 +306,7 @@ def extract_usage(raw: Any) -> TurnUsage:
     """
     if not isinstance(raw, dict):
         return TurnUsage()
-    tokens = {part: _first(raw, names) or 0.0 for part, names in TOKEN_ALIASES.items()}
+    tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
     tokens["total"] = total if total is not None else sum(tokens[p] for p in PARTS)
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
@@ -312,7 +315,7 @@ def extract_usage(raw: Any) -> TurnUsage:
         value = _first(nested, NESTED_COST_ALIASES[part])
         if value is None:
             value = _first(raw, FLAT_COST_ALIASES[part])
-        cost[part] = value or 0.0
+        cost[part] = value or 0
     provided = _first(nested, NESTED_TOTAL_COST_ALIASES)
     if provided is None:
         provided = non_negative_number(raw.get("cost"))

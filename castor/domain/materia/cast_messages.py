@@ -280,7 +280,7 @@ class RunUtility(_Frozen):
     builtin: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     stdin_json: dict[str, Any]
-    timeout_ms: float
+    timeout_ms: float | int
     max_output_bytes: int
     cwd: str = ""
     resources: dict[str, float] = Field(default_factory=dict)  # the socket's ``resources`` (e.g. cpus)

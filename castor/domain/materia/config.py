@@ -133,9 +133,10 @@ class _Model(BaseModel):
 
 
 class Budget(_Model):
-    max_tokens: float | None = None
-    max_cost_usd: float | None = None
-    warn_at_percent: float | None = None
+    # float | int: a whole number stays one, so it is written back as JavaScript writes it (300, not 300.0)
+    max_tokens: float | int | None = None
+    max_cost_usd: float | int | None = None
+    warn_at_percent: float | int | None = None
     stop_at_limit: bool | None = None
 
 
@@ -172,7 +173,7 @@ class UtilityMateria(_Model):
     utility: str | None = None
     command: list[str] | None = None
     params: dict[str, Any] | None = None
-    timeout_ms: float | None = None
+    timeout_ms: float | int | None = None
     assign: dict[str, str] | None = None
     parse: str | None = None
 
@@ -215,7 +216,7 @@ class Socket(_Model):
     utility: str | None = None
     command: list[str] | None = None
     params: dict[str, Any] | None = None
-    timeout_ms: float | None = None
+    timeout_ms: float | int | None = None
     parse: Literal["text", "json"] | None = None
     assign: dict[str, str] = Field(default_factory=dict)
     edges: list[Edge] = Field(default_factory=list)

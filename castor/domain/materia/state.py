@@ -51,7 +51,7 @@ class Pending(BaseModel):
     entry_id: str | None = None
     # utility only
     command: list[str] | None = None
-    timeout_ms: float | None = None
+    timeout_ms: float | int | None = None
 
 
 class CastState(BaseModel):

@@ -260,6 +260,25 @@ def test_manifest_entries_carry_pi_materia_s_entry_ids_and_epoch_millisecond_tim
     assert all(type(e["timestamp"]) is int for e in entries), entries  # milliseconds of the step's clock
 
 
+def test_whole_numbers_are_written_as_javascript_writes_them() -> None:
+    """usage.json's counts (120.0), a command's timeoutMs (30000.0) and a budget's limits (300.0)
+    came out as floats where pi-materia writes 120, 30000 and 300."""
+    from castor.domain.materia.cast_messages import EmitEvent
+
+    cfg = config({"Socket-1": {"type": "utility", "command": ["tool"], "edges": [{"when": "always", "to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}})
+    cfg["budget"] = {"maxTokens": 100, "warnAtPercent": 50}
+    d = Driver(resolved(cfg))
+    d.utility("out", exit_code=0)
+    d.reply("done", usage={"input": 120, "output": 3.0})
+    usage = d.artifacts()["usage.json"].content
+    assert '"input": 120,' in usage and '"output": 3,' in usage and ".0," not in usage, usage
+    events = {e.type: e.data for e in d.effects if isinstance(e, EmitEvent)}
+    assert type(events["utility_command"]["timeoutMs"]) is int
+    limit = events["budget_limit"]
+    assert '100.0' not in json.dumps(limit) and limit["usage"]["tokens"]["total"] == 123
+
+
 def test_81_command_utility_input_and_78_80_failures() -> None:
     cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
                                "params": {"p": 1}}})
