@@ -33,7 +33,7 @@ from castor import tree
 from castor.actors.materia.activity import running_utility
 from castor.actors.materia.messages import CastOutcome, UtilityJob, WorkLost
 from castor.domain.materia.cast_messages import RunUtility, UtilityFinished
-from castor.messages.errors import CastorError, MailboxFull, NotFound
+from castor.messages.errors import ActorStopped, CastorError, MailboxFull, NotFound
 from castor.ports.utility_runner import (
     RUN_DIR_ENV,
     RUNTIME_PID_ENV,
@@ -211,7 +211,7 @@ class UtilityExecutorActor(Actor):
         try:
             seen = self.pool.begin(effect.visit_id)
             if isinstance(seen, UtilityFinished):
-                job.cast.tell(CastOutcome(event=seen))  # a re-sent job: answer, never re-run
+                self._answer(job, CastOutcome(event=seen))  # a re-sent job: answer, never re-run
                 return
             if seen in ("running", "cancelled"):
                 return  # a duplicate of a running job, or one the cast gave up before it started
@@ -220,12 +220,21 @@ class UtilityExecutorActor(Actor):
             self._job = None
             self.pool.finish(effect.visit_id, outcome)
             if outcome is None:
-                job.cast.tell(WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}"))
+                self._answer(job, WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}"))
             else:
-                job.cast.tell(CastOutcome(event=outcome))
+                self._answer(job, CastOutcome(event=outcome))
         finally:
             if self._job is None:
                 self.pool.done(self.slot)
+
+    def _answer(self, job: UtilityJob, message: CastOutcome | WorkLost) -> None:
+        """Tell the cast how its job ended. A cast that has stopped meanwhile (aborted, ended, its
+        session closed) hears nothing: its outcome is in the ledger for a recast, and that is no
+        fault of this slot's (it was logged as a warning on every abort of a running command)."""
+        try:
+            job.cast.tell(message)
+        except ActorStopped:
+            self.log.debug("{visit}: its cast has stopped; the outcome stays in the ledger", visit=job.effect.visit_id)
 
     def _execute(self, effect: RunUtility, run_dir: str | None) -> UtilityFinished | None:
         """Run the job; None when it was killed from outside (work lost, not a result)."""

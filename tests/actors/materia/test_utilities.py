@@ -198,6 +198,35 @@ def test_a_command_with_a_nul_in_an_argument_is_a_spawn_error_not_a_crashed_slot
     assert inbox.next().event.stdout == "ok\n"  # the slot lives on
 
 
+@pytest.mark.timeout(30)
+def test_a_job_whose_cast_stopped_meanwhile_is_not_a_warning(runtime_factory, project):
+    """An abort of a cast whose command runs stops the cast first; the slot's answer then met a
+    stopped actor and was logged as a WARNING on the CLI after the abort's own notice."""
+    from loguru import logger
+
+    from castor.actors.materia.utility_pool import submit_utility
+    from castor.messages.errors import ActorStopped
+
+    class StoppedCast(_Inbox):
+        def tell(self, message) -> None:
+            super().tell(message)
+            raise ActorStopped("exited (stopped)")
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING")
+    try:
+        rt = runtime_factory(utility_slots=1)
+        gone = StoppedCast()
+        submit_utility(rt.system.registry, _job("c1:Socket-1:1:1", ["echo", "late"], project, gone))
+        gone.next()
+        inbox = _Inbox()
+        submit_utility(rt.system.registry, _job("c2:Socket-1:1:1", ["echo", "ok"], project, inbox))
+        assert inbox.next().event.stdout == "ok\n"
+    finally:
+        logger.remove(sink)
+    assert not [w for w in warnings if "actor_stopped" in w], warnings
+
+
 _WAIT_FOR_GO = ("import os, sys, time\nopen(sys.argv[2], 'a').write('x')\nd = time.time() + 30\n"
                 "while not os.path.exists(sys.argv[1]) and time.time() < d:\n    time.sleep(0.01)\nprint('done')")
 
