@@ -198,6 +198,19 @@ def main() -> None:
             result["intruder"] = answer.get("error") or {"unexpected": "recast accepted"}
         status = wait_all(runtime, started, 120.0)
         result["status"] = status
+        result["not_ended"] = {}  # what a cast still running waits on: the first thing a failure needs
+        for sid, cast_id in started:
+            if status.get(cast_id) not in ("complete", "failed", "aborted"):
+                try:
+                    view = materia_call(runtime, sid, "status", {"cast_id": cast_id})
+                    view = {k: view.get(k) for k in ("current_socket", "socket_state", "pending", "visits", "live",
+                                                      "last_message", "run_dir")}
+                    events = Path(str(view["run_dir"])) / "events.jsonl"
+                    view["last_events"] = [json.loads(line)["type"] for line in
+                                           events.read_text().splitlines()[-6:]] if events.exists() else []
+                except Exception as exc:  # noqa: BLE001 - a diagnostic only
+                    view = {"error": repr(exc)}
+                result["not_ended"][f"{sid} {cast_id}"] = view
         visits = [line.split()[0] for line in visit_log.read_text().splitlines()] if visit_log.exists() else []
         result["visits"] = len(visits)
         result["duplicate_visits"] = len(visits) - len(set(visits))

@@ -210,8 +210,8 @@ MUTANTS: list[Mutant] = [
            [f"{MAT}/test_utilities.py::test_a_duplicate_of_a_running_job_is_dropped_not_started_again"]),
     mutant("visit-id-env-missing", "R4 the command sees CASTOR_VISIT_ID",
            [("castor/actors/materia/utility_pool.py",
-             "env={**os.environ, VISIT_ID_ENV: effect.visit_id, ",
-             "env={**os.environ, ")],
+             "env={**os.environ, VISIT_ID_ENV: effect.visit_id,",
+             "env={**os.environ,")],
            [f"{MAT}/test_utilities.py::test_a_duplicate_job_is_never_run_twice_its_recorded_outcome_is_re_sent"]),
     # ---- row 5: the Icarus worker ----------------------------------------------------------------------
     mutant("worker-not-retired-on-timeout", "R5 a timed-out worker retires; its queue is rejected, never replayed",
