@@ -124,6 +124,20 @@ def lease_to_stopped_node(workdir: Path) -> dict[str, Any]:
         result.update(seconds=round(time.monotonic() - started, 1), killed=outcome.killed, stderr=outcome.stderr,
                       ran=marker.exists(), started_on=running.started_on)
         ray.cancel(blocker, force=True)
+        # The command dispatched again (the cast re-dispatches lost work) must run on the live node.
+        again = workdir / "again"
+        cmd2 = cmd.model_copy(update={"argv": [sys.executable, "-c", f"open({str(again)!r}, 'w').close()"]})
+        started = time.monotonic()
+        second = RayUtilityRunner().spawn(cmd2, {"cpus": 1})
+        import threading
+
+        done: list[Any] = []
+        waiter = threading.Thread(target=lambda: done.append(second.wait()), daemon=True)
+        waiter.start()
+        waiter.join(40)
+        result.update(again_seconds=round(time.monotonic() - started, 1), again_ran=again.exists(),
+                      again_exit=done[0].exit_code if done else "no answer in 40 s",
+                      again_stderr=done[0].stderr if done else None)
     finally:
         ray.shutdown()
         cluster.shutdown()

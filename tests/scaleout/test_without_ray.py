@@ -74,3 +74,14 @@ def test_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_p
                   "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray', "
                   "'--ray-address', 'notanaddress']))\n", tmp_path)
     assert bad.returncode == 2 and "--ray-address must be" in bad.stderr, bad.stderr
+
+
+def test_a_command_after_a_node_death_is_a_kind_of_task_no_earlier_command_was() -> None:
+    """Ray leases one task kind at a time and a lease request sent to a node that then stopped is
+    never answered: commands submitted after a death must be a new kind (see fresh_kind)."""
+    from castor.scaleout.utility_tasks import fresh_kind
+
+    kinds = [fresh_kind(1.0, deaths) for deaths in range(5)]
+    assert kinds == [1.0, 0.9999, 0.9998, 0.9997, 0.9996] and len(set(kinds)) == 5
+    assert all(2 * kind > 1 for kind in kinds)  # two commands still never share one CPU
+    assert fresh_kind(2.0, 150) == 1.995 and fresh_kind(0.01, 3) == 0.01

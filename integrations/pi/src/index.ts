@@ -557,7 +557,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		try {
 			await ready(true);
 		} catch (err) {
-			setStatus(STATUS_KEY, "castor: down");
+			// A deadline that passed has marked castor "not answering" (it is wedged, not down): the footer says so.
+			if (!(err instanceof RpcError && err.code === "timeout")) setStatus(STATUS_KEY, "castor: down");
 			const code = err instanceof RpcError ? ` [${err.code}]` : "";
 			notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}`, "error");
 			return;
