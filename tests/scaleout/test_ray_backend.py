@@ -117,3 +117,5 @@ def test_a_command_whose_lease_went_to_a_stopped_node_comes_back_as_lost_work(tm
     assert result["killed"] is True and result["ran"] is False and result["started_on"] is None, result
     assert result["stderr"].startswith("lost on the cluster: not started when node"), result
     assert result["seconds"] < 60, result
+    # dispatched again (as the cast does with lost work), the command runs on the live node
+    assert result["again_ran"] is True and result["again_exit"] == 0 and result["again_seconds"] < 30, result
