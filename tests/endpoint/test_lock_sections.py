@@ -186,9 +186,11 @@ def test_an_interrupt_at_a_loops_backward_jump_can_skip_the_try_the_loop_heads(s
         signal.signal(signal.SIGALRM, previous)
     assert raised == 200
     if statement_ahead:
-        assert state["cleaned"] == raised
+        # A timer that fires before spin's try is entered (on a loaded machine: once in 200 in a
+        # full CI run) skips no finally of it; the window under test skips nearly every one.
+        assert state["cleaned"] >= raised - 5, state
     else:
-        assert state["cleaned"] < raised  # the finally was skipped: the window is real
+        assert state["cleaned"] < raised - 5  # the finally was skipped: the window is real
 
 
 @_CPYTHON_311
