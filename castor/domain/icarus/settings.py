@@ -223,8 +223,11 @@ def parse_string(value: Any) -> str | None:
 
 
 def parse_classifier(value: str) -> str | None:
-    if value in ("default", "none"):
-        return value
+    """``default`` / ``none`` (any case, trimmed: written back lower-case) or ``provider/model``;
+    None for anything else (which then behaves like ``none``: see :func:`_resolve_key`)."""
+    keyword = value.strip().lower()
+    if keyword in ("default", "none"):
+        return keyword
     provider, sep, model = value.partition("/")
     if sep and provider.strip() and model.strip():
         return value
@@ -304,8 +307,13 @@ def _resolve_extension_key(spec: KeySpec, layers: list[SettingsLayer],
             if spec.kind == "classifier":
                 parsed = parse_classifier(text)
                 if parsed is None:
-                    warnings.append(f"{layer.scope} settings: invalid classifier {text!r}; using {spec.default!r}")
-                    return spec.default, Source.BUILTIN
+                    # Kept as written: the classifier reads it as invalid and behaves like "none" (no
+                    # model is asked, the text goes through as it is, the choice is audited). The
+                    # built-in "default" here sent the user's prompt to whatever model was
+                    # available -- a remote one included -- for a value like "None" or "off".
+                    warnings.append(f"{layer.scope} settings: invalid classifier {text!r}; filtering is off "
+                                    "(as with 'none')")
+                    return text, source
                 return parsed, source
             return text, source
         value = parse_bool(raw) if spec.kind == "bool" else parse_positive_int(raw)

@@ -95,10 +95,23 @@ def test_positive_int(raw, expected):
     assert parse_positive_int(raw) == expected
 
 
+@pytest.mark.parametrize("value", ["None", "NONE", " none ", "off", "gpt-4o", "/model", "provider/"])
+def test_a_classifier_value_that_is_not_default_or_a_model_turns_filtering_off(value):
+    """"None", "off" or "gpt-4o" became the built-in "default": the user's prompt went to whatever
+    model the harness had, a remote one included. Keywords are any case; anything else is invalid,
+    which behaves like "none" (no model asked, the text as it is) and is reported."""
+    from castor.domain.icarus.classify import parse_choice
+
+    s = resolve(global_={"piIcarusHook": {"classifier": value}})
+    assert parse_choice(s.classifier).kind in ("none", "invalid"), s.classifier
+    assert resolve(global_={"piIcarusHook": {"classifier": "DEFAULT"}}).classifier == "default"
+
+
 def test_invalid_values_give_defaults_and_warnings_never_raise():
     s = resolve(project={"piIcarusHook": {"timeoutMs": -5, "hooks": None, "classifier": "nonsense"}},
                 global_={"piIcarusHook": {"timeoutMs": 100, "hooks": False}})
-    assert s.timeout_ms == 30000 and s.hooks is True and s.classifier == "default"  # quirk Q5: built-in default
+    assert s.timeout_ms == 30000 and s.hooks is True  # quirk Q5: built-in default
+    assert s.classifier == "nonsense"  # kept: the classifier reads it as invalid, which behaves like "none"
     assert len(s.warnings) == 3
     assert resolve(global_={"piIcarusHook": {"classifier": "ollama/qwen3:4b"}}).classifier == "ollama/qwen3:4b"
 
