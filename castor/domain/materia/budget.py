@@ -107,8 +107,8 @@ class TurnRecord(BaseModel):
 
 def is_subscription(*names: str | None) -> bool:
     """pi-materia's rule: a provider, api, model or requested model that contains ``openai-codex``
-    or starts with ``codex/`` is billed by subscription, not per token."""
-    return any(isinstance(n, str) and ("openai-codex" in n or n.startswith("codex/")) for n in names)
+    or starts with ``codex/`` (in any case) is billed by subscription, not per token."""
+    return any(isinstance(n, str) and ("openai-codex" in n.lower() or n.lower().startswith("codex/")) for n in names)
 
 
 class UsageReport(BaseModel):
@@ -351,7 +351,7 @@ _DROP = object()
 
 
 class BudgetCheck(BaseModel):
-    percent: float
+    percent: float | int
     warn: bool
     limit_hit: bool
     over_token: bool
@@ -360,12 +360,10 @@ class BudgetCheck(BaseModel):
 
 
 def _ratio(used: float, limit: float | None) -> float:
-    """``used / limit`` as JavaScript divides (an unset limit counts 0): over a limit of 0, anything
-    used is infinitely over and nothing used is ``NaN``, which no threshold reaches (0 here)."""
-    if limit is None:
+    """``used / limit``, 0 for an unset limit or a limit of 0 (pi-materia's ``maxTokens ? … : 0``:
+    a 0 limit is reached at once -- see ``over_token`` -- but has no percentage to warn at)."""
+    if not limit:
         return 0.0
-    if limit == 0:
-        return math.inf if used > 0 else 0.0
     return used / limit
 
 
@@ -375,6 +373,8 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     tokens_ratio = _ratio(report.tokens.total, budget.max_tokens)
     cost_ratio = _ratio(report.cost.total, budget.max_cost_usd)
     percent = min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE)  # finite: it is written in an event
+    if percent.is_integer():
+        percent = int(percent)  # 75, not 75.0: as JavaScript writes it
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
     # A limit of 0 is a limit (pi-materia: ``maxTokens !== undefined && total >= maxTokens``): the
     # first completion reaches it. Only an unset limit is none.

@@ -549,6 +549,14 @@ def test_conditions_keep_null_and_undefined_apart_and_read_an_arrays_length():
 
 
 @pytest.mark.timeout(10)
+def test_codex_subscription_is_recognised_in_any_case() -> None:
+    """pi-materia lower-cases the names first: "OpenAI-Codex/gpt-5.5" is a subscription."""
+    from castor.domain.materia.budget import is_subscription
+
+    assert is_subscription("OpenAI-Codex/gpt-5.5") and is_subscription(None, "Codex/gpt-5.5")
+    assert is_subscription("OPENAI-CODEX-responses") and not is_subscription("openai/gpt-5", "codex-mini")
+
+
 def test_a_budget_limit_of_zero_is_a_limit_not_none() -> None:
     """pi-materia: ``maxTokens !== undefined && total >= maxTokens``. castor took 0 for "no limit",
     so a spending cap of 0 let a cast spend without one."""
@@ -556,7 +564,10 @@ def test_a_budget_limit_of_zero_is_a_limit_not_none() -> None:
                                              cost=extract_usage({"cost": {"total": 1.0}}).cost))
     for budget in (Budget(max_tokens=0), Budget(max_cost_usd=0)):
         hit = check_budget(budget, used, already_warned=False)
-        assert hit.limit_hit and hit.stop and hit.warn and hit.percent > 100
+        # reached at once, with no percentage (pi-materia's ``maxTokens ? … : 0``): no warning of 1e18 %
+        assert hit.limit_hit and hit.stop and not hit.warn and hit.percent == 0
+    half = check_budget(Budget(max_tokens=0, max_cost_usd=4), used, already_warned=False)
+    assert half.percent == 25 and type(half.percent) is int and half.limit_hit  # the cost's percentage shows
     nothing = check_budget(Budget(max_tokens=0), UsageReport(), already_warned=False)
     assert nothing.limit_hit and nothing.percent == 0 and not nothing.warn  # 0 >= 0: reached, as pi-materia
     assert not check_budget(Budget(), used, already_warned=False).limit_hit
