@@ -92,6 +92,10 @@ MODEL_FIELDS = ("model", "provider", "api", "thinkingLevel")
 
 
 class TurnRecord(BaseModel):
+    """One turn's usage, with what answered it: the answer's model / provider / api / thinking
+    where it named them, else the materia's selection's, and the selection's fields (pi-materia's
+    ``UsageTurn``). ``thinkingLevel`` is castor's older name for ``thinking``, kept for readers."""
+
     socket: str
     materia: str | None = None
     taskId: str | None = None
@@ -102,7 +106,24 @@ class TurnRecord(BaseModel):
     provider: str | None = None
     api: str | None = None
     thinkingLevel: str | None = None
+    thinking: str | None = None
+    requestedModel: str | None = None
+    requestedThinking: str | None = None
+    effectiveModel: str | None = None
+    effectiveThinking: str | None = None
+    modelFallbackReason: str | None = None
+    thinkingFallbackReason: str | None = None
+    fallbackReason: str | None = None
+    modelExplicit: bool | None = None
+    thinkingExplicit: bool | None = None
+    source: str | None = None
     costKind: CostKind = "estimated"
+
+
+#: The fields of a model selection a turn record carries (pi-materia's ``UsageTurn``).
+SELECTION_FIELDS = ("requestedModel", "requestedThinking", "effectiveModel", "effectiveThinking",
+                    "modelFallbackReason", "thinkingFallbackReason", "fallbackReason", "modelExplicit",
+                    "thinkingExplicit", "source")
 
 
 def is_subscription(*names: str | None) -> bool:
@@ -161,11 +182,17 @@ class UsageReport(BaseModel):
         for name in MODEL_FIELDS:
             if getattr(record, name) is not None:
                 update[name] = getattr(record, name)
+        if record.thinking is not None:
+            update["thinkingLevel"] = record.thinking
         return self.model_copy(update=update)
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
         """A new report with ``selection`` (a :func:`model_selection` record) appended."""
-        out = self.model_copy(update={"modelSelections": [*self.modelSelections, selection]})
+        update: dict[str, Any] = {"modelSelections": [*self.modelSelections, selection]}
+        for name, key in (("model", "model"), ("provider", "provider"), ("api", "api"), ("thinkingLevel", "thinking")):
+            if selection.get(key):  # the report names what was asked for until a turn says what answered
+                update[name] = selection[key]
+        out = self.model_copy(update=update)
         if is_subscription(selection.get("requestedModel"), selection.get("model"), selection.get("provider")):
             out.costKind = "subscription"
         return out
@@ -189,7 +216,8 @@ def turn_cost_kind(raw: Any, *names: str | None) -> CostKind:
 
 def model_selection(*, socket: str, materia: str | None, visit: int, requested_model: str | None,
                     requested_thinking: str | None, thinking: str | None,
-                    thinking_fallback_reason: str | None, item_key: str | None = None) -> dict[str, Any]:
+                    thinking_fallback_reason: str | None, item_key: str | None = None,
+                    attempt: int | None = None) -> dict[str, Any]:
     """The record of one materia model application (pi-materia's ``MateriaModelSelection``), as
     castor knows it when it asks for the turn: what was requested and what castor applies. The
     harness resolves the model against its registry; the model that answered is each turn's
@@ -199,6 +227,9 @@ def model_selection(*, socket: str, materia: str | None, visit: int, requested_m
     configured = bool(model or thinking)
     return {
         "socket": socket, "materia": materia, "visit": visit, **({"itemKey": item_key} if item_key is not None else {}),
+        # pi-materia's key of the selection: the task (the loop item) and its attempt
+        **({"taskId": item_key} if item_key is not None else {}),
+        **({"attempt": attempt} if attempt is not None else {}),
         "model": (model_id or provider) if model else None,
         "provider": provider if model and model_id else None,
         "api": None,

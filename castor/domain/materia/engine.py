@@ -97,7 +97,14 @@ from typing import Any, Literal
 
 from castor.domain.jsontext import js_stringify
 from castor.domain.materia import prompts
-from castor.domain.materia.budget import TurnRecord, check_budget, extract_usage, model_selection, turn_cost_kind
+from castor.domain.materia.budget import (
+    SELECTION_FIELDS,
+    TurnRecord,
+    check_budget,
+    extract_usage,
+    model_selection,
+    turn_cost_kind,
+)
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     AddManifestEntry,
@@ -501,7 +508,8 @@ def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: An
         s.usage = s.usage.add_selection(model_selection(
             socket=rs.id, materia=rs.materia_name, visit=visit, item_key=s.current_item_key,
             requested_model=record["model"], requested_thinking=record.get("requestedThinking", record["thinking"]),
-            thinking=record["thinking"], thinking_fallback_reason=record.get("thinkingFallbackReason")))
+            thinking=record["thinking"], thinking_fallback_reason=record.get("thinkingFallbackReason"),
+            attempt=max(s.attempt, 1)))
     ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
                                         **s.item_fields(), "materiaModel": record, **extra})
 
@@ -785,10 +793,18 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     entry_id = ev.entry_id or ev.visit_id
     if ev.usage is not None:
         turn = extract_usage(ev.usage)
+        # The answer's model fields where it named them, else the selection this turn was asked with
+        # (pi-materia's ``{...materiaModel, ...messageModel}``).
+        picked = s.usage.modelSelections[-1] if s.usage.modelSelections else {}
+        if picked.get("socket") != rs.id:
+            picked = {}
+        model, provider, api = (ev.model or picked.get("model"), ev.provider or picked.get("provider"),
+                                ev.api or picked.get("api"))
+        thinking = ev.thinking_level or picked.get("thinking")
         s.usage = s.usage.add_turn(TurnRecord(
             socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
-            tokens=turn.tokens, cost=turn.cost, model=ev.model, provider=ev.provider, api=ev.api,
-            thinkingLevel=ev.thinking_level,
+            tokens=turn.tokens, cost=turn.cost, model=model, provider=provider, api=api,
+            thinkingLevel=thinking, thinking=thinking, **{k: picked.get(k) for k in SELECTION_FIELDS},
             costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api,
                                     rs.materia.model if rs.materia else None)))
         ctx.write_usage()

@@ -279,6 +279,28 @@ def test_whole_numbers_are_written_as_javascript_writes_them() -> None:
     assert '100.0' not in json.dumps(limit) and limit["usage"]["tokens"]["total"] == 123
 
 
+def test_usage_names_the_selected_model_until_an_answer_names_its_own() -> None:
+    """pi-materia copies a selection's model, provider and thinking to usage.json's top level, keys a
+    selection by its task and attempt, and gives each turn the selection's fields under the answer's
+    own: castor left the top level null and the turns without ``thinking`` or the selection's fields."""
+    from .scripted import agent
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "M", "edges": [{"when": "always", "to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "M"}},
+                 materia={"M": agent(model="anthropic/claude-sonnet-4-5", thinking="medium")})
+    d = Driver(resolved(cfg))
+    d.reply("one", usage={"input": 100, "output": 50})
+    report = d.state.usage
+    assert (report.model, report.provider, report.thinkingLevel) == ("claude-sonnet-4-5", "anthropic", "medium")
+    first = report.turns[0]
+    assert (first.model, first.provider, first.thinking) == ("claude-sonnet-4-5", "anthropic", "medium")
+    assert first.requestedModel == "anthropic/claude-sonnet-4-5" and first.source == "configured"
+    assert report.modelSelections[0]["attempt"] == 1
+    d.reply("two", usage={"input": 1, "output": 1}, model="gpt-5", provider="openai")  # the answer names its own
+    assert (report := d.state.usage).turns[1].model == "gpt-5" and report.model == "gpt-5"
+    assert report.provider == "openai" and report.turns[1].thinking == "medium"
+
+
 def test_81_command_utility_input_and_78_80_failures() -> None:
     cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
                                "params": {"p": 1}}})
