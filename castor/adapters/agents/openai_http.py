@@ -116,6 +116,11 @@ def _usage(raw: Any) -> TurnUsage | None:
     plain = plain_usage(raw)
     if cached is not None and "cached_tokens" not in plain:
         plain["cached_tokens"] = cached
+        prompt, completion = tokens(raw.get("prompt_tokens")), tokens(raw.get("completion_tokens"))
+        if tokens(raw.get("total_tokens")) is None and prompt is not None and completion is not None:
+            # OpenAI's prompt_tokens already hold the cached ones: a total summed from the parts
+            # (input + output + cacheRead) would count them twice
+            plain["total_tokens"] = prompt + completion
     return TurnUsage(
         input_tokens=tokens(raw.get("prompt_tokens")),
         output_tokens=tokens(raw.get("completion_tokens")),

@@ -254,3 +254,18 @@ def test_cached_tokens_reach_the_engines_reading_of_the_usage(server):
     out = run(agent)
     assert extract_usage(usage_map(out)).tokens.cacheRead == 2  # OpenAI nests it: it was read as 0
     agent.close()
+
+
+def test_a_usage_without_a_total_counts_the_cached_tokens_once(server):
+    """OpenAI's prompt_tokens already hold the cached ones; lifted beside them, a total summed from
+    the parts (input + output + cacheRead) counted them twice."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage
+
+    server.mode = "odd_usage"
+    server.usage_text = json.dumps({"prompt_tokens": 11, "completion_tokens": 7,
+                                    "prompt_tokens_details": {"cached_tokens": 2}})
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    tokens = extract_usage(usage_map(run(agent))).tokens
+    assert tokens.total == 18 and tokens.cacheRead == 2
+    agent.close()
