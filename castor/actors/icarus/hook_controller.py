@@ -92,12 +92,16 @@ from castor.ports.session import SessionUiPort
 from castor.ports.worker import WorkerCalls
 from castor.supervision import Actor, ActorHandle, CancelToken, handles
 from castor.supervision.threads import start_thread
+from castor.supervision.timers import call_later
 
 #: Error codes after which the worker's queued calls must not be sent.
 LANE_FATAL_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.WORKER_RETIRED, ErrorCode.WORKER_CRASHED,
                               ErrorCode.CANCELLED, ErrorCode.ACTOR_RETIRED})
 #: Extra seconds an internal ask may take beyond its own budget.
 ASK_GRACE = 1.0
+#: How long a session's end waits for a retrieval still running on the worker that holds the
+#: session's state (most end well within it) before it is stopped so a quit does not wait for it.
+QUIT_GRACE_S = 1.0
 
 
 # ---------------------------------------------------------------------------
@@ -203,14 +207,20 @@ class WorkerLane:
             else:
                 self._safe_feedback(lc.WorkerDone(request=item[0], ok=False, error_code="actor_stopped"))
 
-    def abandon_running(self, function: str) -> bool:
-        """Cancel the running call if it is a call of ``function`` whose answer nobody waits for
-        any more (a retrieval the session's shutdown answered already): its worker is stopped and
-        the calls queued behind it run at once on a fresh one, instead of after it. True if one
-        was cancelled."""
+    def running(self, function: str) -> CancelToken | None:
+        """The token of the running call if it is a call of ``function``, else None."""
         with self._mutex:
             current = self._current
-            if current is None or current[0] != function:
+            return current[1] if current is not None and current[0] == function else None
+
+    def abandon_running(self, function: str, only: CancelToken | None = None) -> bool:
+        """Cancel the running call if it is a call of ``function`` (and, given ``only``, that very
+        call) whose answer nobody waits for any more (a retrieval the session's shutdown answered
+        already): its worker is stopped and the calls queued behind it run at once on a fresh
+        one, instead of after it. True if one was cancelled."""
+        with self._mutex:
+            current = self._current
+            if current is None or current[0] != function or (only is not None and current[1] is not only):
                 return False
             self._abandoned = current[1]
         current[1].cancel()
@@ -351,6 +361,7 @@ class HookController(Actor):
         self.worker_timeout = worker_timeout
         self.classifier_timeout = classifier_timeout
         self.audit_timeout = audit_timeout
+        self._quit_timer: CancelToken | None = None
 
     def on_start(self) -> None:
         self.state = lc.initial_state(self.config)
@@ -375,6 +386,9 @@ class HookController(Actor):
         self._lane = WorkerLane(self.worker, self.worker_timeout, feedback, owner=self.path)
 
     def on_terminate(self, cause: str) -> None:
+        timer = getattr(self, "_quit_timer", None)
+        if timer is not None:
+            timer.cancel()
         lane = getattr(self, "_lane", None)
         if lane is not None:
             lane.stop()
@@ -469,9 +483,16 @@ class HookController(Actor):
                 fut.set_result(effect.result)
         elif isinstance(effect, lc.CallWorker):
             if effect.function == "on_session_end":
-                # The shutdown answered a retrieval still running (nobody waits for it now): a quit
-                # no longer waits the rest of it before the session's end reaches the backend.
-                self._lane.abandon_running("pre_llm_call")
+                # The shutdown answered a retrieval still running (nobody waits for it now). The
+                # session's end queues behind it on the same worker, which holds what the backend
+                # gathered of the session (Icarus extracts its memories from it at the end); a
+                # retrieval still running QUIT_GRACE_S later is stopped, its worker with it, so a
+                # quit does not wait the rest of a hung one (the session's end then runs on a fresh
+                # worker, without that state: logged).
+                running = self._lane.running("pre_llm_call")
+                if running is not None:
+                    self._quit_timer = call_later(QUIT_GRACE_S, partial(self._stop_retrieval, running),
+                                                  owner=self.path)
             self._lane.submit(effect.request, effect.function, effect.kwargs, wake=lane_wakes)
         elif isinstance(effect, lc.Filter):
             self._start_filter(effect)
@@ -486,6 +507,12 @@ class HookController(Actor):
             self._ui(lambda: self.ui.set_status(effect.key, effect.text))
         elif isinstance(effect, lc.Log):
             self.log.bind(function=effect.function, code=effect.code).log(effect.level.upper(), effect.event)
+
+    def _stop_retrieval(self, running: CancelToken) -> None:
+        if self._lane.abandon_running("pre_llm_call", only=running):
+            self.log.warning("the session ended while a memory retrieval still ran {s:g} s later: it was stopped "
+                             "with its worker, so the session's end reached a fresh worker (what the old one "
+                             "gathered of the session is not extracted)", s=QUIT_GRACE_S)
 
     def _ui(self, call: Callable[[], None]) -> None:
         try:

@@ -197,6 +197,24 @@ def test_a_shutdown_abandons_the_running_retrieval_and_ends_the_session_at_once(
     assert worker.closed == 1
 
 
+def test_a_shutdown_lets_a_retrieval_ending_soon_finish_on_the_worker_that_holds_the_session(system):
+    """The backend keeps what it gathered of the session in its worker process and extracts it at
+    the session's end: stopping every running retrieval at a quit ran on_session_end on a fresh
+    worker, and the session's memories were lost. One that ends within the grace keeps its worker."""
+    worker = FakeWorker()
+    gate = worker.gates["pre_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    _, prompt_fut = rig.client.submit("before_agent_start", {"prompt": "q"})
+    assert worker.wait_calls(2)
+    threading.Timer(0.3, gate.set).start()  # the retrieval ends 0.3 s into the quit
+    assert rig.client.event("session_shutdown") is None
+    assert prompt_fut.result(2) is None
+    assert worker.cancelled == []  # not stopped: on_session_end ran after it, on the same worker
+    assert worker.functions() == ["on_session_start", "pre_llm_call", "on_session_end"]
+    assert worker.closed == 1
+
+
 def test_36_every_hook_failing_is_ambient(system):
     boom = RuntimeError("backend exploded")
     worker = FakeWorker({f: boom for f in ("on_session_start", "pre_llm_call", "post_llm_call", "on_session_end")})
