@@ -103,6 +103,7 @@ from castor.ports.classifier import ClassifierPort, ClassifierRequest, Classifie
 from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.ports.session_component import EarlyAnswer, SessionContext
+from castor.shown import one_line
 from castor.supervision import ActorHandle, CancelToken, ChildSpec
 from castor.supervision.supervisor import WhichChildren
 
@@ -149,6 +150,7 @@ class _ObservedWorker:
     def __init__(self, client: Callable[[], IcarusWorkerClient], warn: Callable[[str], None]) -> None:
         self._client = client
         self._warn = warn
+        self._told_cannot_start = False
 
     def call(self, module: str, function: str, args: list[Any] | None = None,
              kwargs: dict[str, Any] | None = None, timeout: float | None = None,
@@ -156,6 +158,16 @@ class _ObservedWorker:
         try:
             return self._client().call(module, function, args, kwargs, timeout, token)
         except CastorError as exc:
+            if (exc.data or {}).get("reason") == "spawn_failed":
+                # No worker ever ran (the settings' python is missing, say): "lost the worker" on
+                # every prompt named neither the cause nor a fix. Said once, with the cause.
+                if not self._told_cannot_start:
+                    self._told_cannot_start = True
+                    python = (exc.data or {}).get("python")
+                    named = f" (python {one_line(str(python))!r})" if python else ""
+                    self._warn(f"Icarus: {exc.message}{named}; hooks run without memory until it can start "
+                               "(check the python and icarusDir settings).")
+                raise
             why = _WARN_CODES.get(str(exc.code))
             if why is not None:
                 self._warn(f"Icarus: {function} {why}. This step ran without memory.")

@@ -308,3 +308,22 @@ def test_audit_actor_best_effort_for_fallback(system):
                            complete=lambda r: fake.complete(r, float("inf")))
     out = h.ask(AuditAndRelease(original=SAMPLE, result=res, duration_ms=3))
     assert out.text == SAMPLE and not out.persisted and not out.warned and ui.notices == []
+
+
+def test_a_worker_that_cannot_start_is_said_once_with_its_cause():
+    """A python that does not exist: every prompt said "lost the worker process; a fresh one starts
+    on the next call" -- no worker ever ran, and none would."""
+    from castor.actors.icarus.session import _ObservedWorker
+    from castor.messages.errors import WorkerCrashed
+
+    class NoWorker:
+        def call(self, *_args, **_kwargs):
+            raise WorkerCrashed("icarus worker could not start: No such file or directory", may_have_started=False,
+                                data={"reason": "spawn_failed", "python": "/opt/venv-typo/bin/python3"})
+
+    said: list[str] = []
+    observed = _ObservedWorker(lambda: NoWorker(), said.append)
+    for _ in range(3):
+        with pytest.raises(WorkerCrashed):
+            observed.call("hooks", "pre_llm_call", [], {})
+    assert len(said) == 1 and "could not start" in said[0] and "/opt/venv-typo/bin/python3" in said[0], said
