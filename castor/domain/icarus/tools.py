@@ -226,8 +226,10 @@ def _check_schema(spec: ToolSpec, params: dict[str, Any]) -> None:
     for name in spec.parameters["required"]:
         if name not in params or params[name] is None:
             raise ToolValidationError(f"{spec.name} requires {name}", data={"reason": "missing_param", "param": name})
-    for name, value in params.items():
+    for name, value in list(params.items()):
         if name in properties:
+            if properties[name].get("type") == "integer" and isinstance(value, float) and value.is_integer():
+                value = params[name] = int(value)  # 5.0 is an integer to JSON Schema (and JavaScript)
             _check_value(name, value, properties[name])
         elif not spec.parameters["additionalProperties"]:
             raise ToolValidationError(f"{spec.name} has no parameter {name}",
@@ -247,7 +249,7 @@ def prepare_call(name: str, params: Any, settings: IcarusSettings) -> dict[str, 
     if not isinstance(params, dict):
         raise ToolValidationError("tool parameters must be an object", data={"reason": "invalid_params"})
     spec = TOOLS_BY_NAME[name]
-    checked: dict[str, Any] = _validate_fabric_write(params) if name == "fabric_write" else params
+    checked: dict[str, Any] = _validate_fabric_write(params) if name == "fabric_write" else dict(params)
     _check_schema(spec, checked)
     return checked
 

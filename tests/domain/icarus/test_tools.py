@@ -88,7 +88,10 @@ def test_fabric_write_validation_errors(params, message):
 def test_generic_schema_checks_and_availability():
     s = settings()
     assert prepare_call("fabric_recall", {"query": "q", "max_results": 5}, s) == {"query": "q", "max_results": 5}
-    for params in ({"query": "q", "max_results": 0}, {"query": "q", "max_results": "5"}, {"query": 3}, {}):
+    # 5.0 is an integer to JSON Schema (and the number JavaScript sends): forwarded as 5
+    assert type(prepare_call("fabric_recall", {"query": "q", "max_results": 5.0}, s)["max_results"]) is int
+    for params in ({"query": "q", "max_results": 0}, {"query": "q", "max_results": "5"}, {"query": 3}, {},
+                   {"query": "q", "max_results": 5.5}):
         with pytest.raises(ToolValidationError):
             prepare_call("fabric_recall", params, s)
     with pytest.raises(ToolValidationError):
