@@ -34,6 +34,7 @@ from castor.domain.icarus.settings import IcarusSettings, resolve_spawn_path
 
 WORKER_PROGRAM = str(Path(__file__).with_name("worker_program.py").resolve())
 PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
+PARENT_PID_ENV = "CASTOR_WORKER_PARENT"  # the pid of the castor that starts the worker (see worker_program)
 
 
 class WorkerLaunch(BaseModel):
@@ -82,6 +83,7 @@ def build_launch(settings: IcarusSettings, *, cwd: str, parent_env: Mapping[str,
     env["PYTHONSAFEPATH"] = "1"
     env["PYTHONIOENCODING"] = "utf-8"
     env[PACKAGE_DIR_ENV] = icarus_dir
+    env[PARENT_PID_ENV] = str(os.getpid())
     env["FABRIC_DIR"] = settings.fabric_dir
     env["HERMES_AGENT_NAME"] = settings.agent
     env["FABRIC_PROJECT_ID"] = settings.project_id

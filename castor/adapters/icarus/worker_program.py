@@ -52,7 +52,9 @@ Guarantees
   itself is gone (the worker is handed to another parent: kill -9 included), a worker still
   running kills its process group -- itself and whatever the backend started in it -- when it
   leads that group (the bridge starts it so), else itself. Without it a castor killed during a
-  hung call left the worker, and its children, running.
+  hung call left the worker, and its children, running. The parent is also gone when the castor
+  named by ``CASTOR_WORKER_PARENT`` no longer exists: one that died before the worker ran at all
+  left it the reaper's child from the start, and a busy worker then ran on for ever.
 
 Environment: ``CASTOR_ICARUS_DIR`` (required, absolute); the backend's own
 identity/path variables (``FABRIC_DIR``, ``HERMES_AGENT_NAME``,
@@ -108,6 +110,7 @@ if TYPE_CHECKING:
 ALLOWED_MODULES = ("hooks", "tools", "state", "obsidian", "parsing")
 PACKAGE = "icarus"
 PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
+PARENT_PID_ENV = "CASTOR_WORKER_PARENT"
 
 
 class InvalidRequest(Exception):
@@ -385,11 +388,29 @@ def _wait_for_hang_up(fd: int) -> None:
         pass
 
 
-def _end_with_the_parent(fd: int, parent: int) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, another user's (EPERM)
+        return True
+    return True
+
+
+def _named_parent() -> "int | None":
+    """The castor that started this worker, as it named itself (``CASTOR_WORKER_PARENT``)."""
+    named = os.environ.get(PARENT_PID_ENV, "")
+    return int(named) if named.isascii() and named.isdigit() else None
+
+
+def _end_with_the_parent(fd: int, parent: int, named: "int | None") -> None:
     """Wait for the request pipe's hang-up; then, once ``parent`` is no longer this process's
-    parent, end the group (see the module's guarantees)."""
+    parent or the castor that named itself is gone (it may have died before this process ran at
+    all: then ``parent`` is already the reaper), end the group (see the module's guarantees)."""
     _wait_for_hang_up(fd)
-    while os.getppid() == parent:  # it closed the pipe and lives: the calls left run to their end
+    # it closed the pipe and lives: the calls left run to their end
+    while os.getppid() == parent and (named is None or _alive(named)):
         time.sleep(PARENT_CHECK_S)
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
@@ -398,8 +419,8 @@ def _end_with_the_parent(fd: int, parent: int) -> None:
 
 def main() -> int:
     proto_in, proto_out = _isolate_stdio()
-    threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(), os.getppid()), name="parent-watch",
-                     daemon=True).start()
+    threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(), os.getppid(), _named_parent()),
+                     name="parent-watch", daemon=True).start()
     _write_all(proto_out, READY_LINE)
     buffered = b""
     while True:

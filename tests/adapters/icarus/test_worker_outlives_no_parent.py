@@ -165,3 +165,33 @@ def test_a_worker_that_leads_no_group_kills_only_itself(tmp_path):
         parent.kill()
         if grandchild is not None and not gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_worker_whose_castor_died_before_it_ran_ends_with_it(tmp_path):
+    """A castor that died before its worker ran at all (killed right after the spawn) left the
+    worker the reaper's child from the start: its parent never changed, so a busy one ran for
+    ever. The worker now also ends when the castor that named itself (CASTOR_WORKER_PARENT) is gone."""
+    from castor.adapters.icarus.launch import PARENT_PID_ENV, WORKER_PROGRAM
+
+    gone_castor = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_castor.wait(10)
+    env = {**os.environ, "CASTOR_ICARUS_DIR": str(_backend(tmp_path)), PARENT_PID_ENV: str(gone_castor.pid)}
+    marker = tmp_path / "started"
+    worker = subprocess.Popen([sys.executable, "-u", str(WORKER_PROGRAM)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env, cwd=tmp_path, process_group=0)
+    grandchild = None
+    try:
+        assert worker.stdout.readline() == READY_LINE
+        worker.stdin.write(json.dumps({"id": 1, "module": "tools", "function": "hang",
+                                       "kwargs": {"marker": str(marker)}}).encode() + b"\n")
+        worker.stdin.flush()
+        wait_for(marker.exists, timeout=20, what="the hanging call to start")
+        grandchild = int(marker.read_text().split()[1])
+        worker.stdin.close()  # the pipe hangs up, as when the castor that wrote it died
+        worker.wait(10)
+        wait_for(lambda: gone(grandchild), timeout=10, what="the backend's child to end with the worker")
+    finally:
+        worker.kill()
+        if grandchild is not None and not gone(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
