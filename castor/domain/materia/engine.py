@@ -171,6 +171,7 @@ from castor.domain.materia.loops import (
     exhaustion_target,
     item_data_updates,
     iteration_for,
+    loop_aliases,
     select_item,
 )
 from castor.domain.materia.memo import derived
@@ -528,7 +529,12 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         s.current_item_key, s.current_item_label = sel.key, sel.label
     else:
         s.current_item_key = s.current_item_label = None
-        # Deliberate difference: no stale loop item leaks into non-loop sockets.
+        # Deliberate difference: no stale loop item leaks into non-loop sockets -- under a loop's
+        # own name for it (``as``) neither, while that name still holds the item (else it is data).
+        item = s.data.get("item", MISSING)
+        for alias in loop_aliases(pipeline):
+            if item is not MISSING and alias in s.data and s.data[alias] == item:
+                del s.data[alias]
         for key in ("item", "currentWorkItem", "workItem"):
             s.data.pop(key, None)
     s.assign(phase=rs.id, current_socket_id=rs.id, current_materia=rs.materia_name)

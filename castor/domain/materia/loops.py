@@ -27,6 +27,7 @@ from typing import Any
 from castor.domain.jsontext import js_string
 from castor.domain.materia.config import END, ResolvedPipeline
 from castor.domain.materia.expressions import MISSING, Scope, as_list, resolve_value
+from castor.domain.materia.memo import derived
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,17 @@ def iteration_for(pipeline: ResolvedPipeline, socket_id: str) -> Iteration | Non
             it = loop.iterator
             return Iteration(loop_id, it.items, it.as_ or "item", it.cursor or f"{socket_id}Index", it.done)
     return None
+
+
+def loop_aliases(pipeline: ResolvedPipeline) -> tuple[str, ...]:
+    """The names loops give their item in ``state.data`` besides ``item`` (``foreach.as`` /
+    ``iterator.as``), once per pipeline."""
+    def collect() -> tuple[str, ...]:
+        names = {rs.socket.foreach.as_ for rs in pipeline.sockets.values() if rs.socket.foreach is not None}
+        names |= {loop.iterator.as_ for loop in pipeline.loops.values() if loop.iterator is not None}
+        return tuple(sorted(name for name in names if name and name not in ("item", "currentWorkItem", "workItem")))
+
+    return derived(pipeline, "loop_aliases", collect)
 
 
 @dataclass(frozen=True)

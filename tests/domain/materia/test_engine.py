@@ -379,6 +379,25 @@ def test_foreach_items_read_the_last_json_reply(items: str) -> None:
     assert seen == ["a", "b"] and d.state.phase == "complete", (seen, d.state.failed_reason)
 
 
+def test_a_loop_s_own_name_for_its_item_does_not_outlive_the_loop() -> None:
+    """castor drops ``item`` / ``currentWorkItem`` / ``workItem`` when a non-loop socket starts (no
+    stale item leaks into it), but a loop's ``as`` name kept the last item; a key of the same name
+    that holds other data stays."""
+    cfg = config({
+        "Socket-1": {"type": "agent", "materia": "A",
+                     "foreach": {"items": "state.files", "as": "file", "done": "Socket-2"},
+                     "advance": {"cursor": "Socket-1Index", "items": "state.files", "done": "Socket-2"},
+                     "edges": [{"when": "always", "to": "Socket-1"}]},
+        "Socket-2": {"type": "agent", "materia": "A"}})
+    d = Driver(resolved(cfg), data={"files": ["a", "b"]})
+    d.reply("did a")
+    assert d.state.data["file"] == "b"
+    d.reply("did b")
+    assert d.pending().socket_id == "Socket-2" and "file" not in d.state.data and "item" not in d.state.data
+    kept = Driver(resolved(cfg), data={"files": [], "file": "notes.md"})  # an empty loop: "file" is data
+    assert kept.pending().socket_id == "Socket-2" and kept.state.data["file"] == "notes.md"
+
+
 # ----------------------------------------------------------------------------- failure classes
 
 
