@@ -202,6 +202,8 @@ def echo_output(params: dict[str, Any]) -> str:
     else:
         value = next((params[k] for k in ("text", "message") if params.get(k) is not None), "")
     return value if isinstance(value, str) else js_stringify(value)
+
+
 #: Built-ins the engine evaluates itself (pure).
 PURE_BUILTINS = ("noop", "echo")
 MAX_ROUTING_HOPS = 10_000
