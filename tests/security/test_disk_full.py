@@ -215,7 +215,10 @@ def test_a_file_error_from_a_verb_is_typed_never_internal(runtime, tmp_path, mon
     with pytest.raises(CastorError) as refused:
         materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
     assert refused.value.code == "storage_unavailable", refused.value.to_wire()
-    assert refused.value.data == {"errno": "ENOTDIR", "path": ".pi/pi-materia", "verb": "start"}
+    assert refused.value.data == {"errno": "ENOTDIR", "path": ".pi/pi-materia", "verb": "start",
+                                  "artifact_root": ".pi/pi-materia"}
+    assert refused.value.message == ("storage unavailable: cannot create the cast's run directory in "
+                                     ".pi/pi-materia (ENOTDIR: Not a directory)"), refused.value.message
 
 
 # --------------------------------------------------------------------------- a real full disk
@@ -421,6 +424,9 @@ def test_the_cli_on_a_read_only_project_names_the_file_and_the_errno_never_a_tem
     line = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1 and line.startswith("castor: storage_unavailable: "), done.stderr
     assert "EROFS" in line and "[Errno" not in line, line
+    # what could not be made, and where (it said "cannot run materia start on .pi")
+    assert line.endswith("cannot create the cast's run directory in .pi/pi-materia "
+                         "(EROFS: Read-only file system)"), line
 
 
 @pytest.mark.timeout(30)

@@ -271,7 +271,15 @@ class SessionActor(Actor):
             raise ConfigError(exc.issues, headline=f"cast failed to start: {exc.message}") from None
         self._check_trust(resolved)
         root = self._root_for(resolved.artifact_dir)
-        cast_id = self.storage.allocate_cast_id(root, root_resolved=True)
+        try:
+            cast_id = self.storage.allocate_cast_id(root, root_resolved=True)
+        except OSError as exc:  # a read-only or full project: say what could not be made, and where
+            error = self.storage.storage_unavailable(exc, base=self.cwd)
+            shown = self.storage.storage_unavailable(OSError(exc.errno, exc.strerror), path=root, base=self.cwd)
+            raise StorageUnavailable(
+                f"storage unavailable: cannot create the cast's run directory in {shown.data['path']} "
+                f"({error.data['errno']}: {exc.strerror or 'error'})",
+                data={**error.data, "verb": message.verb, "artifact_root": shown.data["path"]}) from None
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
             if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
