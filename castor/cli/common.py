@@ -32,9 +32,18 @@ MAX_MEMORY_RETURN_S = 3600.0
 
 
 def tcp_address(text: str) -> tuple[str, int]:
+    """An address to connect to: port 1-65535."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def tcp_listen_address(text: str) -> tuple[str, int]:
+    """An address to listen on: port 0 picks a free one (the ready line names the one bound)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -108,7 +117,11 @@ def add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None
     if stdio:
         group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
     group.add_argument("--socket", metavar="PATH", type=socket_path, help="a Unix socket path")
-    group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_address, help="a loopback TCP address")
+    if stdio:  # a server: it may ask for a free port, and its ready line names the port it got
+        group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_listen_address,
+                           help="a loopback TCP address (port 0 picks a free one)")
+    else:
+        group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_address, help="a loopback TCP address")
 
 
 class CliParser(argparse.ArgumentParser):

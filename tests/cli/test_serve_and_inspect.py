@@ -233,3 +233,28 @@ def test_inspect_without_the_token_says_which_flag_gives_it(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(20) == 0
+
+
+@pytest.mark.timeout(60)
+def test_serve_on_tcp_port_0_takes_a_free_port_and_its_line_names_it(tmp_path):
+    """``--tcp 127.0.0.1:0`` was refused ("expected HOST:PORT"), so a script had to guess a free
+    port and race others for it. Port 0 lets the kernel pick; the ready line names the port bound,
+    and a client (``castor inspect`` too, which needs the real port) reaches it there."""
+    server = subprocess.Popen([*CASTOR, "serve", "--tcp", "127.0.0.1:0"], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline().rstrip("\n")
+        prefix = "castor serve: listening on tcp:127.0.0.1:"
+        assert line.startswith(prefix), line
+        port_text, _, rest = line[len(prefix):].partition("; token file: ")
+        port, token_file = int(port_text), rest[:-len("; console: -")]
+        assert 0 < port < 65536
+        shown = subprocess.run([*CASTOR, "inspect", "--tcp", f"127.0.0.1:{port}", "--token-file", token_file,
+                                "hosts"], env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0 and "local" in shown.stdout, shown.stderr
+        refused = subprocess.run([*CASTOR, "inspect", "--tcp", "127.0.0.1:0"], env=_env(tmp_path),
+                                 capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 2 and "--tcp" in refused.stderr, refused.stderr  # nothing listens on 0
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(20) == 0
