@@ -31,6 +31,7 @@ from castor import tree
 from castor.adapters.fs import check_project_dir, project_artifact_root
 from castor.adapters.memory_return import MemoryReturn
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
+from castor.messages.ids import check_safe_id
 from castor.ports.session_component import (
     AnsweringEventListener,
     EarlyAnswer,
@@ -42,7 +43,6 @@ from castor.ports.session_component import (
     SessionInfo,
 )
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
-from castor.supervision.registry import check_segment
 from castor.supervision.threads import start_thread
 
 SESSIONS_PATH = "/root/session"
@@ -104,7 +104,7 @@ class Runtime:
         Opening an already-open session id replaces its harness link only if
         the old one is gone; otherwise it is a ``conflict``.
         """
-        check_segment(info.session_id)
+        check_safe_id(info.session_id, "session_id")  # the refusal names the field the caller sent
         check_project_dir(info.cwd)
         path = f"{SESSIONS_PATH}/{info.session_id}"
         with self._lock:

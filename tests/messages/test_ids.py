@@ -65,6 +65,6 @@ def test_a_session_id_outside_the_rule_is_refused_by_the_runtime_before_anything
         for sid in ("../../etc", "a:b", ".hidden", "x" * 200):
             with pytest.raises(Forbidden) as caught:
                 runtime.open_session(SessionInfo(session_id=sid, cwd=str(tmp_path)), None)  # type: ignore[arg-type]  # refused before the link is used
-            assert caught.value.data["reason"] == "invalid segment"
+            assert caught.value.data["reason"] == "invalid session_id"
     finally:
         runtime.shutdown(10)

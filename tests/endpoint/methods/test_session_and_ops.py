@@ -77,8 +77,11 @@ def test_bad_params_and_foreign_sessions_are_typed_errors(served):
         other.call("harness.event", {"session_id": "mine", "event": "agent_end", "data": {}})
     with pytest.raises(InvalidParams):
         owner.call("harness.event", {"session_id": "mine", "event": "not_an_event", "data": {}})
-    with pytest.raises(Forbidden):  # the one safe-id rule: the same refusal as a hostile cast id
+    with pytest.raises(Forbidden) as refused:  # the one safe-id rule: the same refusal as a hostile cast id
         owner.call("session.open", {"session_id": "../../etc", "cwd": "/tmp"})
+    # naming the field the caller sent (it said "invalid segment")
+    assert refused.value.message == "invalid session_id: '../../etc'", refused.value.message
+    assert refused.value.data == {"reason": "invalid session_id", "session_id": "../../etc"}
     with pytest.raises(UnknownMethod):
         owner.call("cast.teleport", {})
     with pytest.raises(NotFound):
