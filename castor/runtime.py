@@ -29,7 +29,7 @@ from loguru import logger
 
 from castor import tree
 from castor.adapters.fs import check_project_dir, project_artifact_root
-from castor.adapters.memory_return import MemoryReturn
+from castor.adapters.memory_return import MemoryReturn, limit_malloc_arenas
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout
 from castor.messages.ids import check_safe_id
 from castor.ports.session_component import (
@@ -81,6 +81,8 @@ class Runtime:
         self.settings = settings or RuntimeSettings()
         self.scaleout = scaleout  # castor.scaleout's RayBackend when casts run on a cluster, else None
         self.components = list(components)
+        # Before the first actor thread starts: the arenas threads made before stay (module doc).
+        limit_malloc_arenas(self.settings.malloc_arenas)
         # The components with a harness-event listener, in order (dispatch_event), found once.
         self._listeners = tuple(component for component in self.components if component.on_event is not None)
         self._sessions: dict[str, SessionContext] = {}

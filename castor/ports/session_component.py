@@ -56,6 +56,10 @@ class RuntimeSettings(BaseModel):
     memory_return_interval_s: float = Field(default=DEFAULT_MEMORY_RETURN_S, ge=0, le=MAX_MEMORY_RETURN_S)
     """After a session closes, give the allocator's free pages back to the system
     (``malloc_trim``, on its own thread), at most once per this many seconds; 0: never."""
+    malloc_arenas: int = Field(default=1, ge=0, le=1024)
+    """glibc malloc arenas at most in this process, set when the runtime is made (before its
+    threads start; ``castor.adapters.memory_return.limit_malloc_arenas``); 0: the allocator's
+    default (eight per CPU). Process-wide."""
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
     reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —

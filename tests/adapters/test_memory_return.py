@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from castor.adapters.memory_return import MemoryReturn, glibc_trim
+from castor.adapters.memory_return import MemoryReturn, glibc_trim, limit_malloc_arenas
 from castor.runtime import Runtime, RuntimeSettings
 
 pytestmark = pytest.mark.timeout(30)
@@ -180,3 +180,65 @@ def test_a_failing_observer_does_not_end_the_trimming() -> None:
         trim.wait_for(2)  # still trimming after the observer failed
     finally:
         memory.stop()
+
+
+# A child that starts eight threads, each allocating once, and prints how many malloc arenas
+# glibc's malloc_info reports (one ``<heap nr=...>`` per arena). ARENAS < 0: the allocator's default.
+_ARENA_CHILD = r"""
+import ctypes, sys, threading
+from castor.adapters.memory_return import limit_malloc_arenas
+arenas = int(sys.argv[1])
+if arenas >= 0:
+    assert limit_malloc_arenas(arenas) is True
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+go = threading.Barrier(8)
+def allocate():
+    go.wait()
+    libc.malloc(4096)  # kept: the thread's arena stays in use
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.open_memstream.restype = ctypes.c_void_p
+buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(buf.value.decode().count("<heap nr="))
+"""
+
+
+def _arenas_in_a_child(arenas: int) -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ARENA_CHILD, str(arenas)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def test_limit_malloc_arenas_keeps_threads_in_one_arena() -> None:
+    """The setting is real: eight threads that each allocate get arenas of their own by default
+    (glibc makes up to eight per CPU), and one arena between them all once limited to one."""
+    if glibc_trim() is None:
+        pytest.skip("not glibc")
+    assert _arenas_in_a_child(-1) > 1
+    assert _arenas_in_a_child(1) == 1
+    assert limit_malloc_arenas(0) is False  # 0: nothing changed
+
+
+def test_a_runtime_limits_the_arenas_before_its_threads_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    import castor.runtime as runtime_module
+
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(runtime_module, "limit_malloc_arenas",
+                        lambda n: seen.append((n, threading.active_count())) or True)
+    before = threading.active_count()
+    rt = Runtime(RuntimeSettings(malloc_arenas=3), components=[])
+    try:
+        assert seen == [(3, before)]  # asked once, with the setting, before the runtime's first thread
+        assert RuntimeSettings().malloc_arenas == 1
+    finally:
+        rt.shutdown(10)

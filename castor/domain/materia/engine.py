@@ -809,12 +809,17 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         model, provider, api = (ev.model or picked.get("model"), ev.provider or picked.get("provider"),
                                 ev.api or picked.get("api"))
         thinking = ev.thinking_level or picked.get("thinking")
+        named: dict[str, Any] = {"materia": rs.materia_name, "taskId": s.current_item_key, "model": model,
+                                 "provider": provider, "api": api, "thinkingLevel": thinking, "thinking": thinking,
+                                 **{k: picked.get(k) for k in SELECTION_FIELDS}}
+        # Only the fields that name something are given (the rest keep their None default, written
+        # the same): a record's set of given fields is kept with it, and a concurrent cast holds a
+        # record per turn (bench/casts.py's peak memory per cast).
         s.usage = s.usage.add_turn(TurnRecord(
-            socket=rs.id, materia=rs.materia_name, taskId=s.current_item_key, attempt=max(s.attempt, 1),
-            tokens=turn.tokens, cost=turn.cost, model=model, provider=provider, api=api,
-            thinkingLevel=thinking, thinking=thinking, **{k: picked.get(k) for k in SELECTION_FIELDS},
+            socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
             costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api,
-                                    rs.materia.model if rs.materia else None)))
+                                    rs.materia.model if rs.materia else None),
+            **{k: v for k, v in named.items() if v is not None}))
         ctx.write_usage()
     elif s.usage.costKind == "actual":
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
