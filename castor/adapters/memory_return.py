@@ -67,11 +67,11 @@ def limit_malloc_arenas(arenas: int) -> bool:
     ``True`` if it took the setting. ``arenas <= 0`` or a C library without ``mallopt`` (musl,
     macOS): nothing is changed, ``False``.
 
-    Why: glibc gives each thread that allocates while another holds an arena an arena of its
-    own, up to eight per CPU, and free memory inside one arena serves only the threads attached to
-    it. castor runs hundreds of actor threads, and almost all their allocations are made holding
-    the interpreter lock, one thread at a time, so per-thread arenas buy no parallelism -- only
-    memory left free in one arena while another grows. With one arena, 1,000 concurrent casts
+    Why: glibc gives the threads that allocate arenas of their own, up to eight per CPU, and
+    memory freed inside one arena serves only the threads attached to it. castor runs hundreds of
+    actor threads, and almost all their allocations are made holding the interpreter lock, one
+    thread at a time, so per-thread arenas buy no parallelism -- only memory left free in one arena
+    while another grows. With one arena, 1,000 concurrent casts
     peak at about 55 KiB of resident memory each instead of about 64 (docs/performance.md).
 
     Process-wide and not undone (arenas made before the call stay); the runtime applies it at
