@@ -39,15 +39,9 @@ def tcp_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def tcp_listen_address(text: str) -> tuple[str, int]:
-    """An address to listen on: port 0 picks a free one (the ready line names the one bound)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
-    return host.strip("[]"), int(port)
-
-
-def console_address(text: str) -> tuple[str, int]:
+def listen_address(text: str) -> tuple[str, int]:
+    """An address to listen on (the endpoint's ``--tcp``, the console): port 0 picks a free one
+    (the serving line names the one bound)."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 picks a free one), got {text!r}")
@@ -118,7 +112,7 @@ def add_endpoint_choice(parser: argparse.ArgumentParser, *, stdio: bool) -> None
         group.add_argument("--stdio", action="store_true", help="speak msgpack-rpc on stdin/stdout")
     group.add_argument("--socket", metavar="PATH", type=socket_path, help="a Unix socket path")
     if stdio:  # a server: it may ask for a free port, and its ready line names the port it got
-        group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_listen_address,
+        group.add_argument("--tcp", metavar="HOST:PORT", type=listen_address,
                            help="a loopback TCP address (port 0 picks a free one)")
     else:
         group.add_argument("--tcp", metavar="HOST:PORT", type=tcp_address, help="a loopback TCP address")

@@ -21,8 +21,8 @@ from castor.cli.common import (
     MAX_MEMORY_RETURN_S,
     add_endpoint_choice,
     bounded_int,
-    console_address,
     fail,
+    listen_address,
     positive_seconds,
     timeout_or_off,
 )
@@ -63,7 +63,7 @@ def add_serve_subcommand(sub: Any) -> None:
                             f"(malloc_trim), at most once per SECONDS (default {DEFAULT_MEMORY_RETURN_S:g}; "
                             "0 or off: never)")
     add_backend_flags(serve)
-    serve.add_argument("--console", metavar="HOST:PORT", type=console_address,
+    serve.add_argument("--console", metavar="HOST:PORT", type=listen_address,
                        help="also serve the live web console and /metrics on this loopback address")
     serve.add_argument("--console-token-file", metavar="PATH",
                        help="require the token in PATH (first line, 16+ characters) on every console request")
