@@ -16,7 +16,9 @@ import json
 import os
 import re
 import signal
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -26,6 +28,7 @@ from tests.support.waiting import poll_until, wait_for
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
 DEADLINE_MS = 6000
+STOP_AT_OPEN = Path(__file__).with_name("stop_at_open.py")
 
 
 def castor_process(pi) -> psutil.Process:
@@ -102,3 +105,32 @@ def test_quitting_pi_with_a_stopped_castor_takes_a_probe_not_two_deadlines(stopp
     print(f"Pi exited {took:.1f} s after Ctrl+D")
     assert took < 8, f"quitting took {took:.1f} s with castor stopped (the deadline is {DEADLINE_MS} ms)"
     assert poll_until(lambda: not castor.is_running() or castor.status() == psutil.STATUS_ZOMBIE, timeout=5)
+
+
+
+def test_a_castor_stopped_before_it_opened_the_session_costs_one_deadline_not_one_per_hook(start_tty, fake_llm):
+    """The session is opened by the first hook that needs castor, after the handshake; a castor
+    stopped between its hello and its answer to the open (what a loaded machine hit by chance) used
+    to be asked to open again, with a whole deadline, by every hook of every prompt: 18 s to the
+    first prompt's request, 12 s to the second's. Once a deadline has found castor silent, the open
+    costs the quick probe like any other call."""
+    pi = start_tty([sys.executable, str(STOP_AT_OPEN)], timeout_ms=DEADLINE_MS)
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up in Pi's footer; Pi drew: {pi.screen_tail()!r}")
+    castor = castor_process(pi)
+    wait_for(lambda: castor.status() == psutil.STATUS_STOPPED, timeout=10, what="castor stopped at the open")
+    wait_for(lambda: "castor is not answering" in pi.screen_tail(100_000), timeout=DEADLINE_MS / 1000 + 10,
+             what=f"the not-answering notice; Pi drew: {pi.screen_tail()!r}")
+    for prompt in ("first prompt", "second prompt"):
+        started = time.monotonic()
+        pi.type(prompt)
+        wait_for(lambda prompt=prompt: reached_model(fake_llm, prompt), timeout=DEADLINE_MS / 1000 * 3 + 10,
+                 what=f"{prompt} at the model; Pi drew: {pi.screen_tail()!r}")
+        took = time.monotonic() - started
+        print(f"{prompt} reached the model after {took:.1f} s")
+        assert took < DEADLINE_MS / 1000 - 1.5, f"{prompt} waited {took:.1f} s: the open asked again"
+        wait_for(lambda: "FAKE-REPLY" in pi.screen_tail(100_000), timeout=10,
+                 what=f"the answer drawn; Pi drew: {pi.screen_tail()!r}")
+    os.kill(castor.pid, signal.SIGCONT)
+    wait_for(lambda: "castor is answering again" in pi.screen_tail(100_000), timeout=15,
+             what=f"the answering-again notice; Pi drew: {pi.screen_tail()!r}")

@@ -234,6 +234,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		const rt = getRuntime();
 		await rt.ensure(spawn);
 		if (openedGeneration !== rt.generation) {
+			// A session not opened yet on a castor that went silent (stopped before it answered the
+			// open, or a new session on a stopped castor) is not asked again with a whole deadline by
+			// every hook: it costs the quick probe, like any other call (`answering`).
+			if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet");
 			openedGeneration = rt.generation;
 			try {
 				if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
