@@ -332,7 +332,8 @@ class Connection:
         self._max_frame = default if max_bytes is None else min(max_bytes, default)
 
     def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
-        """Run ``fn(conn)`` once when the connection closes (immediately if it already did)."""
+        """Run ``fn(conn)`` once when the connection closes -- on the closing thread, or at once on
+        the caller's if it already closed: never call this holding a lock ``fn`` takes."""
         with self._mutex:
             if not self._closed:
                 self._close_callbacks.append(fn)

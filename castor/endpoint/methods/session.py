@@ -94,9 +94,12 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
             if previous is not None:
                 previous.superseded = True  # its session gave up (or it could not open this again)
             owners[params.session_id] = link
-            if not ctx.state.get("close_hook"):
-                ctx.state["close_hook"] = True
-                ctx.connection.add_close_callback(lambda _conn: _close_owned(runtime, owned, forget))
+            first_open = not ctx.state.get("close_hook")
+            ctx.state["close_hook"] = True
+        if first_open:
+            # Outside the lock: a connection that closed while the open ran (its peer left) runs
+            # the hook at once, on this thread, and the hook takes the lock to forget the session.
+            ctx.connection.add_close_callback(lambda _conn: _close_owned(runtime, owned, forget))
         return {"session_id": params.session_id, "path": session.path}
 
     def forget(session_id: str, link: WireHarness) -> None:

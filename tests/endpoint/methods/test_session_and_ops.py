@@ -319,3 +319,30 @@ def test_a_session_open_that_timed_out_does_not_hold_its_id_forever(tmp_path):
         assert rt.has_session("d1")
     finally:
         rt.shutdown(10)
+
+
+@pytest.mark.parametrize("served", [True], indirect=True)
+def test_a_peer_that_leaves_during_its_session_open_does_not_wedge_later_opens(served, tmp_path):
+    """The open runs on after its peer left (here the sessions supervisor is held 3 s; the
+    connection's end-of-stream drain is shorter): the connection is closed when the open returns,
+    so its close hook runs at once. It used to run under the lock the open held and take that lock
+    again: every later session.open, close and disconnect, of every client, hung."""
+    import socket
+
+    import msgpack
+
+    from castor.supervision import faults
+    from tests.support.waiting import wait_for
+
+    runtime, connect, journal = served
+    faults.delay_next(runtime.system.lookup("/root/session"), 3.0)  # longer than the 2 s drain
+    leaver = socket.socket(socket.AF_UNIX)
+    leaver.connect(str(tmp_path / "castor.sock"))
+    leaver.sendall(msgpack.packb([0, 1, "session.open", [{"session_id": "left", "cwd": str(tmp_path)}]]))
+    leaver.close()
+    wait_for(lambda: ("closed", "left") in journal.entries, timeout=15,
+             what="the session of the peer that left closed when its open returned")
+    client = connect()
+    opened = client.call("session.open", {"session_id": "later", "cwd": str(tmp_path)}, timeout=5)
+    assert opened["session_id"] == "later"
+    assert client.call("session.close", {"session_id": "later"}, timeout=5) == {"closed": True}
