@@ -14,6 +14,14 @@ def one_line(text: str) -> str:
                    for ch in text)
 
 
+def clipped(text: str, limit: int = 200) -> str:
+    """:func:`one_line` of ``text``'s first ``limit`` characters, and how long it was when it was
+    longer: what an answer echoes of a name someone sent (a method, an id), whatever its size."""
+    if len(text) <= limit:
+        return one_line(text)
+    return f"{one_line(text[:limit])}... ({len(text)} characters)"
+
+
 def lines_kept(text: str) -> str:
     """:func:`one_line` for each line of ``text``: its line breaks kept, everything else escaped."""
     return "\n".join(one_line(line) for line in text.split("\n"))

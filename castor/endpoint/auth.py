@@ -27,6 +27,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from castor.messages.errors import CastorError, Forbidden, InvalidConfig, Unauthenticated
+from castor.shown import clipped
 
 if TYPE_CHECKING:
     from castor.endpoint.dispatch import Context, Dispatcher
@@ -64,8 +65,9 @@ class AuthGate:
         if self.authenticated:  # a request admitted before the switch
             return self.real.dispatch(method, params, ctx)
         if method != "runtime.hello":
-            raise Unauthenticated(f"{method} refused: present the endpoint's token in runtime.hello first",
-                                  data={"method": method})
+            # The method is echoed cut short: a peer without the token gets no answer larger than its ask.
+            raise Unauthenticated(f"{clipped(method, 64)} refused: present the endpoint's token in runtime.hello first",
+                                  data={"method": clipped(method, 64)})
         offered = params.get("token") if isinstance(params, dict) else None
         if not isinstance(offered, str) or not hmac.compare_digest(offered.encode("utf-8", "replace"), self._token):
             self.failures += 1
@@ -80,6 +82,7 @@ class AuthGate:
         ctx.state[MAY_TRUST] = True
         ctx.connection.dispatcher = self.real
         ctx.connection.limit_frames(None)  # the protocol's own frame limits from now on
+        ctx.connection.limit_outbound(None)
         return result
 
 

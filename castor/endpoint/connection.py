@@ -279,6 +279,7 @@ class Connection:
         # it). Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
+        self._max_out_bytes = self.settings.max_outbound_bytes
         # over_limits' free case, read once: no frame this short can break a limit.
         self._smallest_limit = self.settings.frame_limits.smallest
         self._eof = False
@@ -330,6 +331,13 @@ class Connection:
         stream is undecodable and the connection closes."""
         default = self.settings.frame_limits.max_buffer_size
         self._max_frame = default if max_bytes is None else min(max_bytes, default)
+
+    def limit_outbound(self, max_bytes: int | None) -> None:
+        """Cap the answers queued for a peer that is not reading at ``max_bytes`` (a tighter bound
+        than the settings', e.g. before a connection has authenticated); ``None`` restores the
+        settings' own. Over it the connection closes (outbound overflow), as over the settings'."""
+        default = self.settings.max_outbound_bytes
+        self._max_out_bytes = default if max_bytes is None else min(max_bytes, default)
 
     def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
         """Run ``fn(conn)`` once when the connection closes -- on the closing thread, or at once on
@@ -576,7 +584,7 @@ class Connection:
                     return None
                 data = memoryview(data)[sent:]  # the writer sends the rest, in order
         if overflow is None:
-            if (self._out_bytes + len(data) > self.settings.max_outbound_bytes
+            if (self._out_bytes + len(data) > self._max_out_bytes
                     or len(self._out) >= self.settings.max_outbound_frames):
                 overflow = (f"outbound queue overflow ({len(self._out)} frames, "
                             f"{self._out_bytes} bytes queued): peer is not reading")

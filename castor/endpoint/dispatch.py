@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from castor.endpoint.framing import FrameLimits
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
+from castor.shown import clipped
 from castor.version import __version__
 
 PROTOCOL_VERSION = 1
@@ -85,6 +86,8 @@ class Peer(Protocol):
     def answer_early(self, ctx: Context, result: Any) -> bool: ...
 
     def limit_frames(self, max_bytes: int | None) -> None: ...
+
+    def limit_outbound(self, max_bytes: int | None) -> None: ...
 
 
 class Params(BaseModel):
@@ -215,7 +218,7 @@ class Dispatcher:
     def dispatch(self, method: str, params: dict[str, Any], ctx: Context) -> Any:
         entry = self._methods.get(method)
         if entry is None:
-            raise UnknownMethod(f"unknown method {method!r}", data={"method": method})
+            raise UnknownMethod(f"unknown method {clipped(method)!r}", data={"method": clipped(method)})
         args: Any = params
         if entry.model is not None:
             try:

@@ -49,6 +49,9 @@ DEFAULT_HELLO_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 """A connection holding no session that has sent and received nothing for this long is closed."""
 PRE_AUTH_MAX_FRAME = 64 * 1024
+PRE_AUTH_MAX_OUTBOUND = 256 * 1024
+"""What castor queues for a peer that has not authenticated and does not read its refusals; over
+it the connection is closed. 64 connection slots hold 16 MiB at most between them."""
 """The largest frame a connection may send before it has authenticated (a hello is a few hundred
 bytes): anyone who can connect must not make castor buffer the protocol's full 16 MiB per slot."""
 
@@ -218,7 +221,7 @@ class Server:
         if evicted is not None:
             self._close_slot(evicted, Unauthenticated(
                 "the endpoint is full and this connection has not authenticated; closing it to make room",
-                data={"reason": "evicted_unauthenticated"}))
+                data={"reason": "evicted_unauthenticated"}), flush_timeout=0.0)
             full = False
         if full:
             self._refuse(sock)
@@ -233,7 +236,8 @@ class Server:
         if self.token:
             # AuthGate has the Dispatcher's interface without being one
             conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]  # the gate wraps the dispatcher with the same call surface
-            conn.limit_frames(PRE_AUTH_MAX_FRAME)  # until the hello: no one buffers megabytes unasked
+            conn.limit_frames(PRE_AUTH_MAX_FRAME)  # until the hello: no one buffers megabytes unasked,
+            conn.limit_outbound(PRE_AUTH_MAX_OUTBOUND)  # in or out
         else:
             conn.state[MAY_TRUST] = same_user
         self._track(conn)
@@ -289,10 +293,13 @@ class Server:
                 f"idle for {self.idle_timeout:g} s with no session open; closing",
                 data={"reason": "idle_timeout", "seconds": self.idle_timeout}))
 
-    def _close_slot(self, conn: Connection, err: Any) -> None:
+    def _close_slot(self, conn: Connection, err: Any, *, flush_timeout: float = 0.5) -> None:
+        """Tell the peer why (best effort) and close. An eviction runs on the accept thread: it does
+        not wait for a peer that is not reading (``flush_timeout=0``), or a crowd of such peers would
+        hold every accept -- the token holder's among them -- half a second each."""
         logger.info("closing {}: {}", conn.name, err.message)
         conn.notify("error", err.to_wire())
-        conn.close(str(err.data.get("reason", "reaped")), flush_timeout=0.5)
+        conn.close(str(err.data.get("reason", "reaped")), flush_timeout=flush_timeout)
 
     def _oldest_unauthenticated_locked(self) -> Connection | None:
         """The longest-connected connection still behind its AuthGate, if any (under ``_lock``)."""

@@ -69,10 +69,13 @@ class CastorError(Exception):
         return self.data.get("may_have_started")
 
     def to_wire(self) -> dict[str, Any]:
-        """The ``{code, message, data?}`` map of the msgpack-rpc error slot."""
-        wire: dict[str, Any] = {"code": str(self.code), "message": self.message}
+        """The ``{code, message, data?}`` map of the msgpack-rpc error slot. Its message is cut at
+        :data:`MAX_WIRE_MESSAGE_CHARS` and every string in its data at :data:`MAX_WIRE_DATA_CHARS`:
+        an error may echo what the peer sent (an unknown method, an id), and the peer may have sent
+        megabytes -- an answer repeating them would be larger than the peer may read."""
+        wire: dict[str, Any] = {"code": str(self.code), "message": _cut(self.message, MAX_WIRE_MESSAGE_CHARS)}
         if self.data:
-            wire["data"] = self.data
+            wire["data"] = _cut_strings(self.data)
         return wire
 
     @classmethod
@@ -232,3 +235,27 @@ _BY_CODE: dict[ErrorCode, type[CastorError]] = {
     )
 }
 _BY_CODE[ErrorCode.UNAUTHENTICATED] = Unauthenticated
+
+
+MAX_WIRE_MESSAGE_CHARS = 4096
+"""An error's message on the wire is cut here (see :meth:`CastorError.to_wire`)."""
+MAX_WIRE_DATA_CHARS = 16384
+"""Every string in an error's data on the wire is cut here (see :meth:`CastorError.to_wire`)."""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... (cut: {len(text)} characters)"
+
+
+def _cut_strings(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string in it cut at :data:`MAX_WIRE_DATA_CHARS` (maps and lists are
+    walked, a few levels deep; what is deeper is passed as it is)."""
+    if isinstance(value, str):
+        return _cut(value, MAX_WIRE_DATA_CHARS)
+    if depth >= 4:
+        return value
+    if isinstance(value, dict):
+        return {key: _cut_strings(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(item, depth + 1) for item in value]
+    return value

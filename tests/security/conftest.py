@@ -57,11 +57,11 @@ def castor_argv(*args: str) -> list[str]:
 class SocketServer:
     """``python -m castor serve --socket PATH`` in a subprocess."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *extra: str) -> None:
         self.path = str(tmp / "castor.sock")
         self.stderr_path = tmp / "serve.stderr"
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(castor_argv("serve", "--socket", self.path), env=serve_env(tmp),
+        self.proc = subprocess.Popen(castor_argv("serve", "--socket", self.path, *extra), env=serve_env(tmp),
                                      cwd=str(tmp), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self._err)
         wait_until(lambda: self._accepting() or self.proc.poll() is not None, 20, "the socket")

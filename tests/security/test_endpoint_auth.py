@@ -607,3 +607,66 @@ def test_notifications_before_the_hello_cannot_flood_or_forge_the_log(tcp_serve)
     assert not [line for line in added.splitlines() if "FORGED" in line and not line.split(" ")[1] == "WARNING"]
     assert all("SIGTERM (FORGED)" not in line or "\\n" in line for line in added.splitlines())
     peer.close()
+
+
+def test_a_peer_without_the_token_gets_refusals_no_larger_than_its_asks(tcp_serve):
+    """A refusal used to repeat the method it refused twice (message and data): a 60 KB name, the
+    most a peer without the token may send in one frame, came back as 120 KB, and a peer that sent
+    such requests without reading its answers made castor queue up to 32 MiB for it, per slot. The
+    name is echoed cut short now, and castor queues at most 256 KiB for a peer that has not
+    authenticated: over it, the connection is closed."""
+    server = tcp_serve()
+    peer = server.raw()
+    peer.send(request(1, "m" * 60_000, {}))
+    [answer] = peer.read(until=lambda values: len(values) >= 1)
+    assert answer[2]["code"] == "unauthenticated"
+    assert len(msgpack.packb(answer)) < 1024 and "(60000 characters)" in answer[2]["message"]
+    peer.close()
+
+
+
+def test_a_peer_without_the_token_that_does_not_read_is_closed_at_256_kib_queued(tmp_path):
+    """Refusals a peer without the token does not read are queued for it up to 256 KiB, not the
+    32 MiB (or 10,000 answers) an authenticated peer may have: over it castor closes the
+    connection. On a Unix socket (its buffers do not grow) ~2.4 MB of refusals are asked for."""
+    import select
+
+    from .conftest import SocketServer
+
+    server = SocketServer(tmp_path, "--require-token")
+    try:
+        flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        flood.connect(server.path)
+        asks = b"".join(request(i, "x" * 64, {}) for i in range(9_500))
+        flood.settimeout(10)
+        try:
+            flood.sendall(asks)  # nothing read meanwhile
+        except OSError:
+            pass  # castor closed it mid-way: what is asserted below
+        watch = select.poll()
+        watch.register(flood, select.POLLRDHUP | select.POLLHUP)
+        assert watch.poll(15_000), "castor still holds the connection of a peer that reads none of its refusals"
+        flood.close()
+        wait_until(lambda: TOKEN_LINE.search(server.stderr_path.read_text()), 10, "the serving line")
+        token = Path(TOKEN_LINE.search(server.stderr_path.read_text()).group(1)).read_text().strip()
+        with Client.connect_unix(server.path, token=token, default_timeout=10) as mine:  # still served
+            assert mine.call("ops.actors", {})
+    finally:
+        server.stop()
+
+
+def test_an_unknown_method_of_eight_mebibytes_is_answered_in_a_frame_the_client_can_read(tcp_serve):
+    """The longest string castor accepts (8 MiB) as a method name used to come back twice in the
+    unknown_method answer: a frame over the limits castor's own client reads, so the client's
+    connection was lost. Any error echoes what was sent cut short."""
+    server = tcp_serve()
+    with server.client(token=server.token) as client:
+        from castor.messages.errors import UnknownMethod
+
+        with pytest.raises(UnknownMethod) as refused:
+            client.call("m" * (8 * MiB - 64), {}, timeout=30)
+        assert len(refused.value.message) < 1024
+        with pytest.raises(Exception) as missing:  # an 8 MiB id in a not_found answer: cut the same way
+            client.call("ops.worker", {"session_id": "s" * (4 * MiB)}, timeout=30)
+        assert len(str(missing.value)) < 64 * 1024
+        assert client.call("ops.actors", {})  # the same connection, still served

@@ -35,6 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from castor.messages.errors import InvalidParams
+from castor.shown import clipped
 
 Scope = Literal["project", "global"]
 
@@ -157,4 +158,4 @@ def parse_command(text: str | None) -> IcarusCommand:
         return InspectCommand(what=_INSPECT_WORDS[head])
     if head == "context":
         return _parse_context(words)
-    raise CommandError(f"unknown /icarus command {head!r}")
+    raise CommandError(f"unknown /icarus command {clipped(head, 64)!r}")

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from castor.actors.icarus import IcarusSession, session_of
 from castor.domain.icarus.tools import tool_result
 from castor.endpoint.dispatch import Context, Dispatcher, Params
@@ -36,7 +38,7 @@ from castor.runtime import Runtime
 
 class ToolParams(Params):
     session_id: str
-    name: str
+    name: str = Field(max_length=256)  # a tool's name; a longer one names no tool
     params: dict[str, Any] | None = None
     tool_call_id: str | None = None
     format: Literal["value", "result"] = "value"
@@ -44,7 +46,7 @@ class ToolParams(Params):
 
 class CommandParams(Params):
     session_id: str
-    args: str = ""
+    args: str = Field("", max_length=65536)  # what the user typed after /icarus
     cwd: str | None = None  # sent by the Pi extension; the session's own cwd is authoritative
 
 

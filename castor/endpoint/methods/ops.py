@@ -10,6 +10,7 @@ import os
 from typing import Any, Literal
 
 import psutil
+from pydantic import Field
 
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
@@ -22,8 +23,12 @@ class ActorsParams(Params):
     prefix: str = ""
 
 
+MAX_ACTOR_PATH_CHARS = 1024
+"""An actor path longer than this names no actor: refused as invalid params, not looked up."""
+
+
 class MailboxParams(Params):
-    path: str
+    path: str = Field(max_length=MAX_ACTOR_PATH_CHARS)
 
 
 class HostsParams(Params):
@@ -36,7 +41,7 @@ class WorkerParams(Params):
 
 class FaultParams(Params):
     kind: Literal["kill", "crash_next", "delay_next", "kill_process", "retire", "kill_host"]
-    path: str
+    path: str = Field(max_length=MAX_ACTOR_PATH_CHARS)
     message_type: str | None = None
     seconds: float = 0.0
     reason: str = "fault injected over the endpoint"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from loguru import logger
+from pydantic import Field
 
 from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
@@ -45,7 +46,7 @@ class HarnessEventParams(Params):
 
 class TurnEndedParams(Params):
     session_id: str
-    turn_id: str
+    turn_id: str = Field(max_length=256)  # castor's own ids are short; a longer one names no turn
     text: str | None = None
     stop_reason: str | None = None
     error: Any = None
