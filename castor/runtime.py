@@ -232,14 +232,20 @@ class Runtime:
         then stop every actor."""
         from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, terminate_running
 
+        self.close_sessions(timeout)
+        terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)
+        self.memory_return.stop()
+        return self.system.shutdown(timeout)
+
+    def close_sessions(self, timeout: float = 30.0) -> None:
+        """Close every open session (casts stay resumable; a turn a harness runs for one is stopped
+        with ``agent.abort_turn {reason: cast_stopped}``), each given ``timeout``. A session whose
+        close fails is logged and the rest are closed all the same."""
         for ctx in self.sessions():
             try:
                 self.close_session(ctx.info.session_id, timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever one component's close raises
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
-        terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)
-        self.memory_return.stop()
-        return self.system.shutdown(timeout)
 
     def artifact_root_for(self, cwd: str, configured: str | None) -> Path:
         """Where a session's casts write artifacts.

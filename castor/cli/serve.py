@@ -32,6 +32,10 @@ from castor.shown import one_line
 if TYPE_CHECKING:
     from castor.console.server import ConsoleServer
 
+STOPPING_SESSION_CLOSE_S = 5.0
+"""How long each session gets to close while castor stops and its connections are still open (a
+running turn's stop is sent to its harness then); what is left is closed after the connections."""
+
 
 def add_serve_subcommand(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the msgpack-rpc endpoint for harness plugins")
@@ -118,6 +122,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
             serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
+                  # Sessions close while their connections are open: a harness hears its turns stop.
+                  on_stopping=lambda: runtime.close_sessions(STOPPING_SESSION_CLOSE_S),
                   on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
                   max_connections=args.max_connections,

@@ -8,10 +8,13 @@ Guarantees:
   duplicated for the protocol and fd 1 is pointed at stderr, so a stray
   ``print`` can never corrupt the stream. Logging goes to stderr.
 * Shutdown (stdio EOF, SIGTERM/SIGINT under :func:`serve`, or
-  :meth:`Server.stop`) happens once, in this order: stop accepting, close
-  every connection (pending calls fail with ``ConnectionClosed``), run the
-  ``on_shutdown`` hook (its failure is logged, never raised), remove the
-  Unix socket file if it is still ours.
+  :meth:`Server.stop`) happens once, in this order: stop accepting, run the
+  ``on_stopping`` hook while every connection is still open (what the runtime
+  tells its peers as it stops -- a running turn's ``agent.abort_turn`` --
+  still reaches them), close every connection (queued output flushed for a
+  moment; pending calls fail with ``ConnectionClosed``), run the
+  ``on_shutdown`` hook, remove the Unix socket file if it is still ours. A
+  hook's failure is logged, never raised.
 * Who may talk (see :mod:`castor.endpoint.auth`): TCP always needs the token, a Unix
   socket when ``token`` is given (its peer must also run as castor's user or root), stdio
   never. Until ``runtime.hello {token}`` every method is ``unauthenticated``.
@@ -62,6 +65,7 @@ class Server:
     def __init__(self, dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
                  tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
                  on_shutdown: Callable[[], Any] | None = None, max_connections: int = 64,
+                 on_stopping: Callable[[], Any] | None = None,
                  stdin_fd: int = 0, stdout_fd: int = 1, token: str | None = None,
                  hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
                  idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
@@ -84,6 +88,7 @@ class Server:
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
         self.on_shutdown = on_shutdown
+        self.on_stopping = on_stopping
         self.max_connections = max_connections
         self._stdio = stdio
         self._stdin_fd, self._stdout_fd = stdin_fd, stdout_fd
@@ -169,6 +174,11 @@ class Server:
             self._reaper.join(5.0)
         if self._listener is not None:
             self._listener.close()
+        if self.on_stopping is not None:
+            try:
+                self.on_stopping()
+            except Exception:
+                logger.exception("on_stopping hook failed")
         for conn in self.connections():
             conn.close(reason, flush_timeout=flush_timeout)
         if self.on_shutdown is not None:
@@ -333,6 +343,7 @@ def _peer_is_us(sock: socket.socket) -> bool:
 def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,
           tcp: tuple[str, int] | None = None, settings: ConnectionSettings | None = None,
           on_shutdown: Callable[[], Any] | None = None, on_ready: Callable[[Server], Any] | None = None,
+          on_stopping: Callable[[], Any] | None = None,
           max_connections: int = 64, fatal: threading.Event | None = None, token: str | None = None,
           hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
           idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
@@ -344,7 +355,7 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     restored on return. ``on_ready(server)`` runs once the endpoint listens.
     """
     server = Server(dispatcher, stdio=stdio, unix_path=unix_path, tcp=tcp, settings=settings,
-                    on_shutdown=on_shutdown, max_connections=max_connections, token=token,
+                    on_shutdown=on_shutdown, on_stopping=on_stopping, max_connections=max_connections, token=token,
                     hello_timeout=hello_timeout, idle_timeout=idle_timeout)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

@@ -316,3 +316,40 @@ def test_a_restart_of_the_cast_actor_mid_turn_stops_the_old_run_and_resends_the_
     assert pi.end_turn(again, "BUILT") == {"ok": True}
     assert "REVIEW" in pi.next_turn()["prompt"]
     assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "BUILT" and pi.run_turns.empty()
+
+
+@pytest.mark.timeout(60)
+def test_castor_stopping_stops_the_turn_it_asked_the_harness_for(tmp_path, project) -> None:
+    """SIGTERM to ``castor serve`` while a harness runs a cast's turn: the harness is told
+    ``agent.abort_turn {reason: cast_stopped}`` before its connection closes (castor used to close
+    every connection first, so the turn ran on -- a model spending for a runtime that was gone),
+    and the cast stays resumable on disk."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.security.conftest import serve_env
+
+    write_project_config(project, CONFIG)
+    sock = str(tmp_path / "castor.sock")
+    serve = subprocess.Popen([sys.executable, "-m", "castor", "serve", "--socket", sock], env=serve_env(tmp_path),
+                             cwd=str(tmp_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: Path(sock).exists() or serve.poll() is not None, 20, "castor serve listening")
+        client = Client.connect_unix(sock, default_timeout=15)
+        pi = Pi(client)
+        client.call("session.open", {"session_id": SID, "cwd": str(project), "trusted": True,
+                                     "flags": {"harness": "pi", "has_agent_settled": True}})
+        cast_id, run_dir, turn = start(pi)
+        serve.send_signal(signal.SIGTERM)
+        stop = pi.aborts.get(timeout=15)
+        assert stop == {"session_id": SID, "turn_id": turn["turn_id"], "reason": "cast_stopped"}
+        assert serve.wait(30) == 0
+        client.close()
+        state = (run_dir / "state.json").read_text()
+        assert cast_id in state or run_dir.name in state
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(10)
