@@ -333,9 +333,15 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
     stop_reason = params.get("stop_reason")
     if params.get("aborted"):
         stop_reason = "aborted"
+    text = str(params.get("text") or "")
+    cut_from = params.get("text_cut_from")
+    if isinstance(cut_from, int) and not isinstance(cut_from, bool) and cut_from > 0:
+        # The harness cut an answer over what the wire carries: the output says so where it ends.
+        text += (f"\n\n[castor: this answer was cut by the harness at {len(text.encode())} of its "
+                 f"{cut_from} bytes, over what castor's wire carries]")
     return TurnOutcome(
         turn_id=turn_id,
-        text=str(params.get("text") or ""),
+        text=text,
         stop_reason=str(stop_reason) if stop_reason is not None else None,
         error=turn_error,
         usage=usage_from_wire(usage) if usage else None,

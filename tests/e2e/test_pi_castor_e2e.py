@@ -500,3 +500,28 @@ def test_k_a_retrieval_slower_than_the_extensions_deadline_but_within_timeout_ms
                         if "tell me about the zebra herd" in json.dumps(r["messages"]))
     assert "ZEBRA-FACT" in json.dumps(main_request["messages"])
     assert not [e for e in pi.ui("notify", start=start) if "not answering" in str(e.get("message"))]
+
+
+def test_l_an_answer_larger_than_castor_reads_is_cut_and_the_cast_goes_on(start_pi, castor_command, fake_llm, tmp_path):
+    """A model's answer of 9 MiB (over the 8 MiB a string may be on castor's wire) used to be sent
+    whole: castor closed the connection, the runtime was down for Pi and the cast was orphaned.
+    The extension cuts it (at 6 MiB, on a character boundary) and says so; the cast completes with
+    the cut output, which ends with a line naming the cut, and castor stays up."""
+    project = project_with_loadout(tmp_path)
+    huge = "é" + "W" * (9 * 1024 * 1024)
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text(huge, when="WRITER-MATERIA")
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    start = pi.command("/materia cast build the thing")
+    run_dir, events = wait_cast_end(pi, project, start=start, timeout=45, tolerate_errors=True)
+    assert events[-1]["data"]["ok"] is True, events[-1]
+    outputs = list((run_dir / "sockets" / "Socket-2").glob("*.md"))
+    assert outputs, "the cut answer was not kept as the socket's output"
+    text = outputs[0].read_text(encoding="utf-8", errors="strict")
+    kept = text[:text.rindex("\n\n[castor:")]
+    assert 6 * 1024 * 1024 - 4 <= len(kept.encode()) <= 6 * 1024 * 1024
+    assert text.startswith("éWWW") and "cut" in text[-300:] and str(len(huge.encode())) in text[-300:]
+    warnings = [e.get("message", "") for e in pi.ui("notify", start=start) if e.get("notifyType") == "warning"]
+    assert any("MiB" in w and "cut" in w for w in warnings), warnings
+    assert not any("castor runtime stopped" in e.get("message", "") for e in pi.ui("notify", start=start))

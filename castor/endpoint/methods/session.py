@@ -48,6 +48,7 @@ class TurnEndedParams(Params):
     session_id: str
     turn_id: str = Field(max_length=256)  # castor's own ids are short; a longer one names no turn
     text: str | None = None
+    text_cut_from: int | None = Field(None, ge=0)  # the harness cut ``text`` from this many UTF-8 bytes
     stop_reason: str | None = None
     error: Any = None
     usage: dict[str, Any] | None = None

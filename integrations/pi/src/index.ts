@@ -24,7 +24,7 @@ import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
-import { flattenText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
+import { cutText, flattenText, MAX_TURN_TEXT_BYTES, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch } from "./interrupt.ts";
 import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
@@ -387,6 +387,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	async function reportTurn(outcome: Params): Promise<void> {
+		if (typeof outcome.text === "string") {
+			// An answer over what castor's wire carries would close the connection (and orphan the
+			// cast): its first 6 MiB go, castor marks the output as cut, the user is told.
+			const cut = cutText(outcome.text);
+			if (cut.cutFrom !== undefined) {
+				outcome = { ...outcome, text: cut.text, text_cut_from: cut.cutFrom };
+				notify(`castor: the answer of turn ${String(outcome.turn_id)} is ${(cut.cutFrom / 1048576).toFixed(1)} MiB; ` +
+					`castor keeps its first ${MAX_TURN_TEXT_BYTES / 1048576} MiB (cut, and marked so in the cast's output)`, "warning");
+			}
+		}
 		try {
 			await getRuntime().call("agent.turn_ended", outcome, { spawn: false });
 		} catch (err) {

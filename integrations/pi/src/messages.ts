@@ -75,7 +75,11 @@ export function answerFields(message: Record<string, unknown>): Record<string, u
 /** A compact, wire-friendly view of a Pi message (role, text, stop reason, custom type; an answer's usage and model). */
 export function summarizeMessage(message: unknown): Record<string, unknown> {
 	const m = (message ?? {}) as Record<string, unknown>;
-	const out: Record<string, unknown> = { role: m.role ?? null, text: flattenText(m.content) };
+	// A message's text goes to castor cut at 1 MiB (what it keeps of a turn for memory capture):
+	// a model's or a tool's megabytes would otherwise be over what castor's wire carries.
+	const text = cutText(flattenText(m.content), MAX_SUMMARY_TEXT_BYTES);
+	const out: Record<string, unknown> = { role: m.role ?? null, text: text.text };
+	if (text.cutFrom !== undefined) out.text_cut_from = text.cutFrom;
 	if (m.role === "assistant") {
 		out.stop_reason = m.stopReason ?? null;
 		out.error = typeof m.errorMessage === "string" ? m.errorMessage : null;
@@ -99,4 +103,24 @@ export function toPiCustomMessage(wire: unknown, fallbackType: string): { custom
 	};
 	if (w.details !== undefined && w.details !== null) msg.details = w.details;
 	return msg;
+}
+
+/** The most of a turn's answer sent to castor, in UTF-8 bytes: under the 8 MiB a string may be on
+ * castor's wire, with room for the rest of the frame. */
+export const MAX_TURN_TEXT_BYTES = 6 * 1024 * 1024;
+
+/** The most of one message's text sent in a lifecycle event's summary (`summarizeMessage`). */
+export const MAX_SUMMARY_TEXT_BYTES = 1024 * 1024;
+
+/**
+ * `text` cut to at most `maxBytes` of UTF-8 on a character boundary, and its whole length in
+ * bytes when it was cut (`cutFrom`); `text` itself when it fits.
+ */
+export function cutText(text: string, maxBytes: number = MAX_TURN_TEXT_BYTES): { text: string; cutFrom?: number } {
+	if (text.length <= maxBytes / 4) return { text }; // no UTF-8 character takes more than 4 bytes
+	const bytes = new TextEncoder().encode(text);
+	if (bytes.length <= maxBytes) return { text };
+	let end = maxBytes;
+	while (end > 0 && (bytes[end] & 0xc0) === 0x80) end--; // not inside a character's bytes
+	return { text: new TextDecoder().decode(bytes.subarray(0, end)), cutFrom: bytes.length };
 }

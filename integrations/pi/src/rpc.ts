@@ -62,6 +62,35 @@ function toRpcError(error: unknown): RpcError {
 	return new RpcError("internal", String(error));
 }
 
+/** castor reads no string longer than this (UTF-8 bytes) and no frame larger than twice it: one
+ * over either closes the connection. */
+export const MAX_WIRE_STRING_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Why `value` would be over what castor reads (a string over 8 MiB, or more than 16 MiB of text in
+ * all), or undefined. Strings are measured in UTF-8 only where their length could be over (a
+ * string of n UTF-16 units takes at most 3n bytes).
+ */
+export function oversize(value: unknown): string | undefined {
+	let total = 0;
+	const visit = (v: unknown, depth: number): string | undefined => {
+		if (typeof v === "string") {
+			const bytes = v.length * 3 > MAX_WIRE_STRING_BYTES ? Buffer.byteLength(v, "utf8") : v.length;
+			total += bytes;
+			if (bytes > MAX_WIRE_STRING_BYTES) return `a text of ${(bytes / 1048576).toFixed(1)} MiB is over the 8 MiB castor reads`;
+			if (total > 2 * MAX_WIRE_STRING_BYTES) return "more than 16 MiB of text in one message is over what castor reads";
+			return undefined;
+		}
+		if (v === null || typeof v !== "object" || depth > 64) return undefined;
+		for (const item of Array.isArray(v) ? v : Object.values(v as Record<string, unknown>)) {
+			const found = visit(item, depth + 1);
+			if (found) return found;
+		}
+		return undefined;
+	};
+	return visit(value, 0);
+}
+
 export class MsgpackRpcPeer {
 	private nextId = 1;
 	private readonly pending = new Map<number, Pending>();
@@ -124,9 +153,12 @@ export class MsgpackRpcPeer {
 		this.closeListeners.push(listener);
 	}
 
-	/** Send a request; settles within `timeoutMs` whatever the peer does. */
+	/** Send a request; settles within `timeoutMs` whatever the peer does. One larger than castor
+	 * reads (`oversize`) is refused here, `invalid_params`, and the connection stays up. */
 	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
 		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
+		const tooLarge = oversize(params);
+		if (tooLarge) return Promise.reject(new RpcError("invalid_params", `${method} not sent: ${tooLarge}`));
 		const msgid = this.nextId++;
 		const heardBefore = this.framesHeard;
 		return new Promise((resolve, reject) => {
@@ -141,7 +173,10 @@ export class MsgpackRpcPeer {
 	}
 
 	notify(method: string, params: Params): void {
-		if (!this.closed) this.write([NOTIFICATION, method, [params]]);
+		if (this.closed) return;
+		const tooLarge = oversize(params);
+		if (tooLarge) this.log(`${method} not sent: ${tooLarge}`);
+		else this.write([NOTIFICATION, method, [params]]);
 	}
 
 	/** Reject everything in flight and stop reading; idempotent. */
@@ -223,6 +258,8 @@ export class MsgpackRpcPeer {
 		}
 		try {
 			const result = await handler(params);
+			const tooLarge = oversize(result);
+			if (tooLarge) throw new RpcError("invalid_params", `the answer to ${method} is not sent: ${tooLarge}`);
 			this.write([RESPONSE, msgid, null, result ?? null]);
 		} catch (err) {
 			this.write([RESPONSE, msgid, toRpcError(err).toWire(), null]);

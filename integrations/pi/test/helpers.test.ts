@@ -144,3 +144,21 @@ test("StderrRoute: written through outside the terminal UI, only kept under it; 
 	route.push("y".repeat(TAIL_BYTES * 2));
 	assert.deepEqual(route.lastLines(5), ["y".repeat(TAIL_BYTES)]);
 });
+
+test("cutText keeps UTF-8 characters whole and says how long the text was", async () => {
+	const { cutText } = await import("../src/messages.ts");
+	assert.deepEqual(cutText("short", 16), { text: "short" });
+	const text = "aé€😀".repeat(10); // 1, 2, 3 and 4 bytes
+	const cut = cutText(text, 12);
+	assert.equal(cut.cutFrom, Buffer.byteLength(text));
+	assert.ok(Buffer.byteLength(cut.text) <= 12 && text.startsWith(cut.text));
+	assert.equal(cut.text, "aé€😀a"); // 1 + 2 + 3 + 4 + 1 = 11 bytes; the next é would be 13
+});
+
+test("oversize names a string or a message over what castor reads; under it, nothing", async () => {
+	const { oversize, MAX_WIRE_STRING_BYTES } = await import("../src/rpc.ts");
+	assert.equal(oversize({ a: ["x".repeat(1000)], b: 1 }), undefined);
+	assert.match(oversize({ messages: [{ text: "é".repeat(MAX_WIRE_STRING_BYTES / 2 + 1) }] }) ?? "", /8 MiB/);
+	const parts = Array.from({ length: 3 }, () => "x".repeat(MAX_WIRE_STRING_BYTES - 1));
+	assert.match(oversize({ parts }) ?? "", /16 MiB/);
+});
