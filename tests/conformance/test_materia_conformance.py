@@ -446,13 +446,14 @@ def test_numbers_in_a_reply_are_read_and_written_as_javascript_holds_them() -> N
 
 
 def test_a_turn_without_usage_makes_the_cost_an_estimate() -> None:
-    """castor called the cost of a cast whose agent reported no usage ``actual``. Such a turn adds
-    no (all-zero) turn record: a deliberate difference, docs/materia.md."""
+    """A cast whose agent reported no usage: its cost kind stays pi-materia's (``actual``), and
+    castor's own ``costEstimated`` says the figures are not all billed ones. Such a turn adds no
+    (all-zero) turn record: a deliberate difference, docs/materia.md."""
     cfg = config({"Socket-1": {"type": "agent", "materia": "A"}})
     d = Driver(resolved(cfg))
     d.reply("done")
     report = d.state.usage
-    assert report.costKind == "estimated" and not report.turns
+    assert report.costKind == "actual" and report.costEstimated and not report.turns
 
 
 def test_a_config_is_read_as_json_parse_reads_it(tmp_path: Path) -> None:

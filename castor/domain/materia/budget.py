@@ -86,6 +86,9 @@ class TurnUsage(BaseModel):
 
 
 CostKind = Literal["actual", "subscription", "estimated"]
+"""pi-materia's cost kinds. castor writes ``subscription`` or ``actual``, as pi-materia does;
+``estimated`` is what castor wrote before (a state saved then still reads); whether a cost was the
+provider's billed figure is ``costFromProvider`` (a turn) and ``costEstimated`` (the report)."""
 
 #: The model fields a turn and the report carry (pi-materia's names).
 MODEL_FIELDS = ("model", "provider", "api", "thinkingLevel")
@@ -117,7 +120,8 @@ class TurnRecord(BaseModel):
     modelExplicit: bool | None = None
     thinkingExplicit: bool | None = None
     source: str | None = None
-    costKind: CostKind = "estimated"
+    costKind: CostKind = "actual"
+    costFromProvider: bool | None = None  # Pi's cost.totalFromProvider, where the usage said
 
 
 #: The fields of a model selection a turn record carries (pi-materia's ``UsageTurn``).
@@ -137,9 +141,10 @@ class UsageReport(BaseModel):
 
     ``model``/``provider``/``api``/``thinkingLevel`` are the latest turn's that reported them.
     ``costKind``: ``subscription`` (and it stays so) once a turn's or a selection's model is one
-    :func:`is_subscription` names; else ``estimated`` once any turn's cost was not the provider's
-    billed figure (Pi marks a catalog estimate ``cost.totalFromProvider: false``; an agent that
-    reports no cost at all counts as an estimate of zero); else ``actual``.
+    :func:`is_subscription` names, else ``actual`` -- pi-materia's rule. ``costEstimated`` (castor's
+    own) is true once any turn's cost was not the provider's billed figure (Pi marks a catalog
+    estimate ``cost.totalFromProvider: false``; a usage map without the marker, or a turn that
+    reported no usage at all, counts as an estimate).
     ``modelSelections``: one record per materia model application (:func:`model_selection`).
     """
 
@@ -150,6 +155,7 @@ class UsageReport(BaseModel):
     api: str | None = None
     thinkingLevel: str | None = None
     costKind: CostKind = "actual"
+    costEstimated: bool = False
     bySocket: dict[str, TurnUsage] = Field(default_factory=dict)
     byMateria: dict[str, TurnUsage] = Field(default_factory=dict)
     byTask: dict[str, TurnUsage] = Field(default_factory=dict)
@@ -164,7 +170,8 @@ class UsageReport(BaseModel):
         usage = TurnUsage(tokens=record.tokens, cost=record.cost)
         update: dict[str, Any] = {"tokens": self.tokens.plus(record.tokens), "cost": self.cost.plus(record.cost),
                                   "turns": [*self.turns, record],
-                                  "costKind": _combined_kind(self.costKind, record.costKind)}
+                                  "costKind": _combined_kind(self.costKind, record.costKind),
+                                  "costEstimated": self.costEstimated or record.costFromProvider is not True}
 
         def bump(name: str, key: str) -> None:
             table = dict(getattr(self, name))
@@ -199,19 +206,22 @@ class UsageReport(BaseModel):
 
 
 def _combined_kind(report: CostKind, turn: CostKind) -> CostKind:
-    if "subscription" in (report, turn):
-        return "subscription"
-    return "estimated" if "estimated" in (report, turn) else "actual"
+    return "subscription" if "subscription" in (report, turn) else "actual"
 
 
-def turn_cost_kind(raw: Any, *names: str | None) -> CostKind:
-    """A turn's cost kind: ``subscription`` by :func:`is_subscription` over its model names;
-    ``actual`` when its usage says the total is the provider's billed cost
-    (``cost.totalFromProvider: true``, Pi's marker); otherwise ``estimated``."""
-    if is_subscription(*names):
-        return "subscription"
+def turn_cost_kind(*names: str | None) -> CostKind:
+    """A turn's cost kind, pi-materia's rule: ``subscription`` by :func:`is_subscription` over its
+    model names, else ``actual``."""
+    return "subscription" if is_subscription(*names) else "actual"
+
+
+def cost_from_provider(raw: Any) -> bool | None:
+    """Whether a usage map says its cost is the provider's billed figure: Pi's marker
+    ``cost.totalFromProvider`` (true, or false for its catalog estimate); None where it says
+    nothing."""
     cost = raw.get("cost") if isinstance(raw, dict) else None
-    return "actual" if isinstance(cost, dict) and cost.get("totalFromProvider") is True else "estimated"
+    marker = cost.get("totalFromProvider") if isinstance(cost, dict) else None
+    return marker if isinstance(marker, bool) else None
 
 
 def model_selection(*, socket: str, materia: str | None, visit: int, requested_model: str | None,

@@ -101,6 +101,7 @@ from castor.domain.materia.budget import (
     SELECTION_FIELDS,
     TurnRecord,
     check_budget,
+    cost_from_provider,
     extract_usage,
     model_selection,
     turn_cost_kind,
@@ -811,21 +812,21 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         thinking = ev.thinking_level or picked.get("thinking")
         named: dict[str, Any] = {"materia": rs.materia_name, "taskId": s.current_item_key, "model": model,
                                  "provider": provider, "api": api, "thinkingLevel": thinking, "thinking": thinking,
+                                 "costFromProvider": cost_from_provider(ev.usage),
                                  **{k: picked.get(k) for k in SELECTION_FIELDS}}
         # Only the fields that name something are given (the rest keep their None default, written
         # the same): a record's set of given fields is kept with it, and a concurrent cast holds a
         # record per turn (bench/casts.py's peak memory per cast).
         s.usage = s.usage.add_turn(TurnRecord(
             socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
-            costKind=turn_cost_kind(ev.usage, ev.model, ev.provider, ev.api,
-                                    rs.materia.model if rs.materia else None),
+            costKind=turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None),
             **{k: v for k, v in named.items() if v is not None}))
         ctx.write_usage()
-    elif s.usage.costKind == "actual":
+    elif not s.usage.costEstimated:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
         # figures. Once: the report is then unchanged by such turns (its JSON stays cached).
-        s.usage = s.usage.model_copy(update={"costKind": "estimated"})
+        s.usage = s.usage.model_copy(update={"costEstimated": True})
     if ev.stop_reason == "aborted":
         # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
         # never an output, a draft or a failure to retry, whatever the socket's kind.

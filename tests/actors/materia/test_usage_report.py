@@ -12,6 +12,7 @@ from castor.domain.materia.budget import (
     Amounts,
     TurnRecord,
     UsageReport,
+    cost_from_provider,
     model_selection,
     sum_usage_maps,
     turn_cost_kind,
@@ -24,15 +25,19 @@ def _turn(**fields) -> TurnRecord:
 
 @pytest.mark.timeout(10)
 def test_the_report_takes_the_latest_model_fields_and_cost_kind_only_worsens() -> None:
+    """costKind is pi-materia's (``actual`` unless a subscription model answered); whether every
+    cost was the provider's billed figure is castor's own ``costEstimated``."""
     report = UsageReport()
-    assert report.costKind == "actual" and report.model is None
-    report = report.add_turn(_turn(model="m-1", provider="acme", api="a", thinkingLevel="low", costKind="actual"))
+    assert report.costKind == "actual" and report.model is None and not report.costEstimated
+    report = report.add_turn(_turn(model="m-1", provider="acme", api="a", thinkingLevel="low", costFromProvider=True))
     assert (report.model, report.provider, report.api, report.thinkingLevel, report.costKind) == (
         "m-1", "acme", "a", "low", "actual")
-    report = report.add_turn(_turn(model="m-2", costKind="estimated"))
-    assert (report.model, report.provider, report.costKind) == ("m-2", "acme", "estimated")
-    report = report.add_turn(_turn(costKind="actual"))
-    assert report.costKind == "estimated", "an estimate in the total stays an estimate"
+    assert not report.costEstimated
+    report = report.add_turn(_turn(model="m-2", costFromProvider=False))
+    assert (report.model, report.provider, report.costKind, report.costEstimated) == ("m-2", "acme", "actual", True)
+    report = report.add_turn(_turn(costFromProvider=True))
+    assert report.costEstimated, "an estimate in the total stays an estimate"
+    assert UsageReport().add_turn(_turn()).costEstimated, "a cost the usage did not mark is an estimate"
 
 
 @pytest.mark.timeout(10)
@@ -40,7 +45,7 @@ def test_the_report_takes_the_latest_model_fields_and_cost_kind_only_worsens() -
                                    ("m", "openai-codex-responses", None)])
 def test_a_codex_model_makes_the_cost_kind_subscription_for_good(names) -> None:
     provider, api, model = names
-    kind = turn_cost_kind({"cost": {"totalFromProvider": True}}, model, provider, api, None)
+    kind = turn_cost_kind(model, provider, api, None)
     assert kind == "subscription"
     report = UsageReport().add_turn(_turn(costKind=kind)).add_turn(_turn(costKind="actual"))
     assert report.costKind == "subscription"
@@ -59,10 +64,13 @@ def test_a_requested_codex_model_in_a_selection_makes_it_subscription() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_turn_cost_kind_follows_pis_provider_marker() -> None:
-    assert turn_cost_kind({"cost": {"total": 1, "totalFromProvider": True}}) == "actual"
-    assert turn_cost_kind({"cost": {"total": 1, "totalFromProvider": False}}) == "estimated"
-    assert turn_cost_kind({"costUsd": 1}) == "estimated"
+def test_cost_kind_is_pi_materias_and_the_provider_marker_is_read_apart() -> None:
+    """pi-materia writes ``actual`` for every cost that is not a subscription's, Pi's catalog
+    estimates included; castor reads Pi's marker into ``costFromProvider`` beside it."""
+    assert turn_cost_kind("m", "acme", None, None) == "actual"
+    assert cost_from_provider({"cost": {"total": 1, "totalFromProvider": True}}) is True
+    assert cost_from_provider({"cost": {"total": 1, "totalFromProvider": False}}) is False
+    assert cost_from_provider({"costUsd": 1}) is None and cost_from_provider(None) is None
 
 
 @pytest.mark.timeout(10)

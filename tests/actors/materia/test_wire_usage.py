@@ -92,8 +92,9 @@ def test_per_message_usage_in_any_spelling_and_the_model_fields_reach_usage_json
     assert math.isclose(report["cost"]["total"], 0.63)
     assert (report["model"], report["provider"], report["api"], report["thinkingLevel"]) == (
         "m-1", "acme", "openai-completions", "high")
-    # one message's cost was the provider's billed figure, the other's not said: not all actual
-    assert report["costKind"] == "estimated"
+    # one message's cost was the provider's billed figure, the other's not said: pi-materia's kind
+    # (actual: no subscription model), and castor's own flag that not all of it was billed
+    assert report["costKind"] == "actual" and report["costEstimated"] is True
     [turn] = report["turns"]
     assert (turn["model"], turn["provider"], turn["api"], turn["thinkingLevel"]) == (
         "m-1", "acme", "openai-completions", "high")
