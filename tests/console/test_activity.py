@@ -124,6 +124,8 @@ def test_a_busy_utility_slot_reports_its_command_and_pid(tmp_path):
         assert str(pid) in activity.text and activity.text.startswith("running utility ")
         assert Path(sys.executable).name in str(activity.data["command"])
         assert activity.data["visit_id"].startswith(cast_id)
+        # which cast and socket the command runs for, in the text an operator reads
+        assert activity.data["cast_id"] == cast_id and activity.text.endswith(f"for Socket-6 of cast {cast_id}")
         # Its age grows; the snapshot survives msgpack (what ops.actors sends).
         again = wait_for(lambda: (b := busy()) and b.activity.age_s > activity.age_s and b, timeout=10,
                          what="a growing age")

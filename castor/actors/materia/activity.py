@@ -28,9 +28,18 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
     if len(command) > 200:
         command = command[:199] + "…"
     pid = pids[0] if pids else None
-    return "utility", f"running utility {command} (pid {pid})", {"command": command, "pid": pid,
-                                                                 "visit_id": effect.visit_id,
-                                                                 "socket": getattr(effect, "socket_id", None)}
+    socket = getattr(effect, "socket_id", None)
+    cast_id = cast_of_visit(effect.visit_id)
+    whose = f" for {socket} of cast {cast_id}" if socket and cast_id else ""
+    return "utility", f"running utility {command} (pid {pid}){whose}", {
+        "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
+
+
+def cast_of_visit(visit_id: str) -> str | None:
+    """The cast a visit id belongs to: ``<cast id>:<socket>:<visit>:<dispatch>`` (the engine's
+    ``_next_visit_id``); None for an id of another shape."""
+    parts = visit_id.rsplit(":", 3)
+    return parts[0] if len(parts) == 4 and parts[0] else None
 
 
 def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
