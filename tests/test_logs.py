@@ -35,3 +35,39 @@ def test_a_traceback_still_follows_its_record_on_lines_of_its_own(human_log):
     lines = human_log.getvalue().splitlines()
     assert lines[0].endswith("handler\\nfailed") and lines[1] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: boom"
+
+
+@pytest.mark.timeout(20)
+def test_the_json_log_names_the_message_an_actor_was_handling():
+    """An actor's line logged while it handles a message carries that message's type in the JSON
+    log; it used to read "-" on every line once castor's logging was configured (its defaults were
+    taken for a type the line named), and only without castor's configuration did it show."""
+    import json
+
+    from castor.messages.base import LocalMessage
+    from castor.supervision import Actor, ActorSystem, ChildSpec, Strategy, handles, supervisor_spec
+
+    class Nudge(LocalMessage, type_name="tests.logs.nudge"):
+        n: int
+
+    class Talker(Actor):
+        @handles(Nudge)
+        def nudge(self, message: Nudge) -> int:
+            self.log.warning("handling nudge {}", message.n)
+            self.log.bind(msg_type="tests.logs.named").warning("a line that names its own type")
+            return message.n
+
+    sink = io.StringIO()
+    configure_logging("DEBUG", json=True, sink=sink)
+    system = ActorSystem([supervisor_spec("grp", [ChildSpec("talker", Talker)], strategy=Strategy.ONE_FOR_ONE)])
+    try:
+        assert system.lookup("/root/grp/talker").ask(Nudge(n=1), timeout=5) == 1
+    finally:
+        system.shutdown(10)
+        configure_logging("ERROR", json=False)
+    records = [json.loads(line)["record"] for line in sink.getvalue().splitlines()]
+    [handling] = [r for r in records if "handling nudge" in r["message"]]
+    assert handling["extra"]["msg_type"] == "tests.logs.nudge" and handling["extra"]["actor"] == "/root/grp/talker"
+    [named] = [r for r in records if "names its own type" in r["message"]]
+    assert named["extra"]["msg_type"] == "tests.logs.named"
+    assert all(r["extra"]["msg_type"] for r in records)  # "-" outside a message, never missing

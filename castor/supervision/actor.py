@@ -114,12 +114,13 @@ class Actor(pykka.ThreadingActor):
     @functools.cached_property
     def log(self) -> Any:
         """This incarnation's logger, bound to its path and number (made on first use); a line
-        that names no ``msg_type`` gets the type of the message being handled ("-" between)."""
+        that names no ``msg_type`` gets the type of the message being handled ("-" between).
+        ``configure_logging`` gives every record ``msg_type`` "-" by default: that counts as none."""
         handle = self.handle
 
         def patch(record: Any) -> None:
             extra = record["extra"]
-            if "msg_type" not in extra:
+            if extra.get("msg_type", "-") == "-":
                 current = handle.current
                 extra["msg_type"] = current.type_name if current is not None else "-"
 
