@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import socket
 import threading
 import time
@@ -36,6 +37,9 @@ from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.supervision.threads import start_thread
+
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s\"]*")
+"""A ``token`` parameter in a request line (its value is never logged)."""
 
 COOKIE = "castor_console_token"
 #: Seconds between two pushes of a live page.
@@ -143,7 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S  # a request that never finishes arriving does not hold a thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        logger.bind(actor="/console").debug("{} " + format, self.address_string(), *args)
+        """The access line (``127.0.0.1 "GET /metrics HTTP/1.1" 200 -``), at debug level, with the
+        token a request carried in its query replaced: the log is no place for a credential."""
+        line = format % args if args else format
+        logger.bind(actor="/console").debug("{} {}", self.address_string(), _TOKEN_IN_QUERY.sub(r"\1…", line))
 
     # -- access ---------------------------------------------------------------------
     def _authorised(self, query: dict[str, list[str]]) -> tuple[bool, bool]:

@@ -312,3 +312,37 @@ def test_a_console_with_no_token_of_its_own_gets_one_and_refuses_everyone_else(t
     finally:
         stop(server)
     assert not token_file.exists(), "the console's token file outlived the server"
+
+
+@pytest.mark.timeout(30)
+def test_the_access_log_names_each_request_and_never_its_token(tmp_path):
+    """The console's access lines read `127.0.0.1 "%s" %s %s` (http.server's format handed to
+    loguru unformatted): no route, no status. They name both now, and the token a request
+    carried in its query is not written."""
+    import io
+    import urllib.request
+
+    from castor.console.server import ConsoleServer
+    from castor.logs import configure_logging
+    from castor.runtime import Runtime, RuntimeSettings
+
+    token = "t0ken-" + "x" * 40
+    sink = io.StringIO()
+    configure_logging("DEBUG", sink=sink)
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        with urllib.request.urlopen(f"{console.url}metrics?token={token}", timeout=10) as reply:
+            assert reply.status == 200
+        try:
+            urllib.request.urlopen(f"{console.url}metrics?token=wrong&x=1", timeout=10)
+        except urllib.error.HTTPError as refused:
+            assert refused.code in (401, 403)
+    finally:
+        console.stop()
+        runtime.shutdown(10)
+        configure_logging("ERROR")
+    lines = [line for line in sink.getvalue().splitlines() if '"GET /metrics' in line]
+    assert any('"GET /metrics?token=… HTTP/1.1" 200' in line for line in lines), lines
+    assert any('"GET /metrics?token=…&x=1 HTTP/1.1" 40' in line for line in lines), lines
+    assert token not in sink.getvalue() and "wrong" not in sink.getvalue() and "%s" not in sink.getvalue()
