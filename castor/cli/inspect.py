@@ -87,7 +87,6 @@ def shape(args: argparse.Namespace, data: Any) -> Any:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from castor.client import Client
     from castor.console.terminal import (
         SORT_KEYS,
         actor_list,
@@ -109,8 +108,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from castor.endpoint.auth import TOKEN_FILE_ENV
 
     token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
-    client = (Client.connect_unix(args.socket, token_file=token_file) if args.socket
-              else Client.connect_tcp(*args.tcp, token_file=token_file))
+    client = _connect(args, token_file)
     try:
         def fetch() -> Any:
             if args.what in ("actors", "casts"):
@@ -245,3 +243,21 @@ def _quiet_broken_pipe() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except OSError:
         pass
+
+
+def _connect(args: Any, token_file: str | None) -> Any:
+    """The client of the endpoint ``args`` names. Where nothing answers there (no socket file, a
+    stale one, a closed port) the error says so, names the address and how a castor is started:
+    it read ``storage_unavailable: Connection refused``, as if a disk had failed."""
+    from castor.client import Client
+    from castor.messages.errors import NotFound
+
+    where = f"unix:{args.socket}" if args.socket else f"tcp:{args.tcp[0]}:{args.tcp[1]}"
+    start = f"castor serve --socket {args.socket}" if args.socket else f"castor serve --tcp {args.tcp[0]}:{args.tcp[1]}"
+    try:
+        return (Client.connect_unix(args.socket, token_file=token_file) if args.socket
+                else Client.connect_tcp(*args.tcp, token_file=token_file))
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        why = "no such socket file" if isinstance(exc, FileNotFoundError) else "connection refused"
+        raise NotFound(f"no castor is listening on {where} ({why}); is `{start}` running?",
+                       data={"address": where}) from None

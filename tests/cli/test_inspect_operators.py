@@ -233,3 +233,28 @@ def test_names_a_model_or_a_project_chose_are_shown_escaped_in_the_views():
     text = console.file.getvalue()
     assert "\x1b" not in text and "\x07" not in text and "FORGED" in text
     assert not any(line.startswith("root  CastActor") for line in text.splitlines())
+
+
+@pytest.mark.timeout(60)
+def test_inspect_where_no_castor_serves_says_so_and_how_to_start_one(tmp_path):
+    """A stale socket file, a missing one and a closed port read "storage_unavailable: Connection
+    refused" (as if a disk had failed) naming no address; now one line names the address, why,
+    and the command that would serve there."""
+    import socket as sockets
+
+    stale = tmp_path / "stale.sock"
+    listener = sockets.socket(sockets.AF_UNIX)
+    listener.bind(str(stale))
+    listener.close()  # the file stays; nothing listens
+    with sockets.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    cases = [(["--socket", str(stale)], f"unix:{stale} (connection refused)"),
+             (["--socket", str(tmp_path / "missing.sock")], "(no such socket file)"),
+             (["--tcp", f"127.0.0.1:{closed_port}"], f"tcp:127.0.0.1:{closed_port} (connection refused)")]
+    for where, said in cases:
+        done = subprocess.run([sys.executable, "-m", "castor", "inspect", *where], cwd=tmp_path, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1, done
+        assert done.stderr.startswith("castor: not_found: no castor is listening on "), done.stderr
+        assert said in done.stderr and "running?" in done.stderr and "Traceback" not in done.stderr
