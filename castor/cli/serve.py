@@ -98,6 +98,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.tcp and not is_loopback_host(args.tcp[0]):  # same rule as bind_tcp
             raise Forbidden(f"refusing to listen on non-loopback host {args.tcp[0]!r}: the castor endpoint "
                             "serves this machine only; use 127.0.0.1, ::1 or localhost", data={"host": args.tcp[0]})
+        if args.console and not is_loopback_host(args.console[0]):  # same rule as ConsoleServer
+            raise Forbidden(f"refusing to serve the console on non-loopback host {args.console[0]!r}: use "
+                            "127.0.0.1, ::1 or localhost", data={"host": args.console[0]})
         if args.socket:
             import os
 

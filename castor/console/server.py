@@ -90,7 +90,12 @@ class ConsoleServer:
 
         family_host = host.strip("[]")
         server_class = _Server6 if ":" in family_host else _Server
-        self.httpd = server_class((family_host, port), Handler)
+        try:
+            self.httpd = server_class((family_host, port), Handler)
+        except OSError as exc:
+            from castor.endpoint.listeners import address_refused
+
+            raise address_refused("the console", family_host, port, exc) from None
         self.host, self.port = family_host, self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
 

@@ -22,7 +22,7 @@ import socket
 import stat
 import tempfile
 
-from castor.messages.errors import Conflict, Forbidden, InvalidConfig
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidConfig, StorageUnavailable
 
 _SUN_PATH_MAX = 107
 
@@ -167,7 +167,23 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise address_refused("the castor endpoint", host, port, exc) from None
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def address_refused(what: str, host: str, port: int, exc: OSError) -> CastorError:
+    """The error of a TCP listen that failed: an address another process holds is a ``conflict``
+    naming it (it read ``storage_unavailable: Address already in use``, naming neither the
+    listener nor the address); any other failure keeps its errno, named the same way."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return Conflict(f"{what} cannot listen on {shown}: another process holds that address (choose another "
+                        "port, or 0 for a free one)", data={"address": shown, "errno": "EADDRINUSE"})
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    return StorageUnavailable(f"{what} cannot listen on {shown}: {exc.strerror or exc} ({name})",
+                              data={"address": shown, "errno": name})

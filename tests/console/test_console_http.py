@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from castor.client import Client
-from tests.console.conftest import TOKEN_FILES, TOKENS, start_console, stop
+from tests.console.conftest import TOKEN_FILES, TOKENS, serve_env, start_console, stop
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -163,6 +163,32 @@ def test_a_bad_console_setting_fails_the_command_before_it_listens(tmp_path, arg
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and done.stderr.strip().splitlines()[-1].startswith(f"castor: {code}:")
     assert not sock.exists()
+    if code == "forbidden":  # a refused address is a usage error, as the endpoint's own --tcp
+        assert done.returncode == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("which", ["--console", "--tcp"])
+def test_a_port_another_process_holds_is_a_conflict_naming_the_listener_and_the_address(tmp_path, which):
+    """It read "storage_unavailable: Address already in use (EADDRINUSE)", naming neither the
+    console (or the endpoint) nor the address."""
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "home").mkdir()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        endpoint = ["--socket", str(tmp_path / "s.sock")] if which == "--console" else []
+        done = subprocess.run([sys.executable, "-m", "castor", "serve", *endpoint, which, f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=30, env=serve_env(tmp_path))
+    assert done.returncode == 1
+    listener = "the console" if which == "--console" else "the castor endpoint"
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"castor: conflict: {listener} cannot listen on 127.0.0.1:{port}: another process holds that address "
+        "(choose another port, or 0 for a free one)")
 
 
 def test_a_short_token_is_refused(tmp_path):
