@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,16 @@ def _layers(entry: str, sockets: dict[str, Any]) -> dict[str, int]:
     return layer
 
 
+_HIDDEN = re.compile("[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_html(text: str) -> str:
+    """``text`` escaped for HTML, its controls and bidirectional overrides as ``\\uXXXX`` escapes
+    (what the pages' ``visible`` does on the client): a socket or materia name with U+202E in it
+    would otherwise display reversed."""
+    return html.escape(_HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text)))
+
+
 def loadout_svg(state: dict[str, Any]) -> str:
     """The cast's loadout as an SVG: a box per socket (the current one highlighted, visited ones
     tinted, each with its visit count), an arrow per edge labelled with its condition."""
@@ -193,7 +204,7 @@ def loadout_svg(state: dict[str, Any]) -> str:
         pos[sid] = (PAD + column * (BOX_W + GAP_X), PAD + row * (BOX_H + GAP_Y))
     width = PAD * 2 + (max(layers.values()) + 1) * (BOX_W + GAP_X)
     height = PAD * 2 + max(rows.values()) * (BOX_H + GAP_Y) + 60
-    e = html.escape
+    e = visible_html
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="loadout" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
@@ -258,9 +269,13 @@ th{background:#eceff1;position:sticky;top:0}
 """
 
 _TREE_JS = r"""
+// Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
+// "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = text; return el; };
+  if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
@@ -276,7 +291,7 @@ function render(doc) {
     if (a.kind === 'CastActor' && parts.length === 6) {
       name.append($('a', {href: '/cast/' + encodeURIComponent(parts[3]) + '/' + encodeURIComponent(parts[5])},
                   parts[parts.length - 1]));
-    } else { name.textContent = parts[parts.length - 1]; }
+    } else { name.textContent = visible(parts[parts.length - 1]); }
     tr.append(name, $('td', {}, a.kind), $('td', {class: 'state-' + a.state}, a.state + ' #' + a.incarnation));
     const d = $('td', {class: 'depth'}); d.append(bar(a.mailbox.depth, v => v * 4, 'depth'),
       document.createTextNode(String(a.mailbox.depth))); tr.append(d);
@@ -303,7 +318,8 @@ function render(doc) {
     for (const c of s.casts) {
       const li = $('li', {'data-cast': c.cast_id});
       li.append($('a', {href: '/cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
-                c.cast_id), document.createTextNode(' ' + (c.activity || c.phase || '') + ' ' + secs(c.waiting_s)));
+                c.cast_id),
+                document.createTextNode(visible(' ' + (c.activity || c.phase || '') + ' ' + secs(c.waiting_s))));
       ul.append(li);
     }
     if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));
@@ -334,9 +350,13 @@ source.onerror = () => { document.getElementById('status').textContent = 'discon
 """
 
 _CAST_JS = r"""
+// Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
+// "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = text; return el; };
+  if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
 function render(doc) {
   document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
@@ -359,7 +379,7 @@ function render(doc) {
 }
 const source = new EventSource(EVENTS_URL);
 source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc);
-  else document.getElementById('status').textContent = doc.error; };
+  else document.getElementById('status').textContent = visible(doc.error); };
 """
 
 

@@ -145,3 +145,24 @@ def test_a_kill_injected_over_the_endpoint_shows_as_a_restart_within_2_s(browser
     path = _shot(browser, "console-restart.png")
     if os.environ.get("CASTOR_SAVE_DOCS_SHOT"):  # the README's picture: 3 sessions x 2 casts, one restart
         shutil.copy(path, Path(__file__).resolve().parents[2] / "docs" / "console.png")
+
+
+def test_a_bidirectional_override_in_a_project_path_shows_as_its_escape(browser, busy_console, tmp_path):
+    """A project directory ``safe\\u202etxt.exe`` displayed as ``safe...exe.txt`` (the override
+    reverses what follows it); ``castor inspect`` escaped it, the console did not. Now the page
+    shows the escape, and no override character reaches the page's text."""
+    live = busy_console
+    project = tmp_path / "safe\u202etxt.exe"
+    project.mkdir()
+    live.client.call("session.open", {"session_id": "bidi", "cwd": str(project), "trusted": True,
+                                      "flags": {"label": "prod\u202edlrow olleh"}}, timeout=20)
+    browser.get(f"{live.url}?token={live.token}")
+
+    def card() -> str | None:
+        texts = browser.execute_script(
+            "return Array.from(document.querySelectorAll('[data-session]')).map(e => e.textContent)")
+        return next((t for t in texts if "bidi" in t), None)
+
+    shown = wait_for(card, timeout=15, what="the bidi session's card")
+    assert "safe\\u202etxt.exe" in shown and "\u202e" not in shown, shown
+    assert "\u202e" not in browser.execute_script("return document.body.innerText")
