@@ -29,9 +29,8 @@ Guarantees
   treats as it treats a worker found dead between calls -- a fresh worker runs the call.
 - **Stream hygiene.** Replies whose id is not the outstanding one are
   discarded and counted; blank lines are skipped; a line that is not a JSON
-  object is counted and fails the current call with
-  :class:`WorkerProtocolError` (the worker itself stays usable; the current
-  call's own late reply is later discarded as a stale id).
+  reply object is dropped and counted (a warning the first time), and the
+  current call still gets its own reply, which carries its id.
 - **stderr** is drained by a daemon thread into a tail bounded by lines and
   bytes, so the child can never block on a full pipe.
 - **Ids.** :func:`next_request_id` is process-wide and monotonic, so ids are
@@ -58,6 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
+from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.icarus.launch import WorkerLaunch
@@ -599,13 +599,19 @@ class WorkerProcess:
                 yield line
 
     def _take_reply(self, request_id: int, target: str) -> dict[str, Any] | None:
+        """The reply to ``request_id`` among the whole lines buffered, or None (not yet). A line
+        that is not a reply is dropped and counted (``garbage_lines``), as pi-icarus-hook drops it:
+        replies carry their ids, so the call's own reply, which follows, still answers it; a
+        warning the first time says a worker writes there (its length only: it may be memory text)."""
         for line in self._buffered_lines():
             reply = _decode_reply(line)
             if reply is None:
                 self._garbage += 1
-                raise WorkerProtocolError(f"icarus worker wrote a non-protocol line during {target}",
-                                          data={"target": target, "reason": "protocol_garbage"},
-                                          may_have_started=True)
+                if self._garbage == 1:
+                    logger.bind(actor="/icarus/worker").warning(
+                        "icarus worker wrote a line that is not a reply during {} ({} bytes): dropped; "
+                        "later ones are counted in its stats (garbage_lines)", target, len(line))
+                continue
             if reply.get("id") != request_id:
                 self._mismatched += 1
                 continue
