@@ -58,6 +58,15 @@ class ToolResult(BaseModel):
     details: Any = None
     is_error: bool = Field(default=False, serialization_alias="isError")
 
+    def to_wire(self) -> dict[str, Any]:
+        """``icarus.tool``'s ``format: "result"`` answer: ``{content, details, is_error}``, and Pi's
+        own ``isError: true`` beside it on an error only (absent otherwise, as Pi's tool results
+        and pi-icarus-hook have it)."""
+        out = self.model_dump(mode="json")
+        if self.is_error:
+            out["isError"] = True
+        return out
+
 
 def _s(description: str, **extra: Any) -> dict[str, Any]:
     return {"type": "string", "description": description, **extra}

@@ -83,7 +83,7 @@ def register_icarus_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         sess = _owned_session(runtime, _ctx, params.session_id)
         value = sess.tool(params.name, params.params, tool_call_id=params.tool_call_id)
         if params.format == "result":
-            return tool_result(value).model_dump(mode="json")
+            return tool_result(value).to_wire()
         return value
 
     def command(params: CommandParams, _ctx: Context) -> dict[str, Any]:

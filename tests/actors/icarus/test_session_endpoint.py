@@ -133,8 +133,10 @@ def test_fabric_tools_round_trip_errors_are_typed_and_kill_9_is_surfaced(wired):
     written = call("fabric_write", {"type": "note", "summary": "WIRE-WRITE", "content": "x"})
     assert written["status"] == "written"
     as_result = call("fabric_curate", {"entry_id": "404", "training_value": "low"}, format="result")
-    assert as_result["is_error"] is True and "error" in as_result["details"]
+    assert as_result["is_error"] is True and as_result["isError"] is True and "error" in as_result["details"]
     assert json.loads(as_result["content"][0]["text"]) == as_result["details"]
+    ok = call("fabric_search", {"query": "WIRE-WRITE"}, format="result")
+    assert "isError" not in ok and ok["is_error"] is False  # Pi's key only on an error
     assert "requires evidence" in call("fabric_write", {"type": "n", "summary": "s", "content": "c",
                                                         "verified": "yes"})["error"]
     with pytest.raises(CastorError) as unknown:
