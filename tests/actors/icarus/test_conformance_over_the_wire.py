@@ -1,0 +1,280 @@
+"""Spec §8 behaviours whose only proof was the pure lifecycle / tools functions, driven here the
+way a harness meets them: ``harness.event``, ``icarus.tool`` and ``icarus.config`` over a real
+msgpack-rpc endpoint, hooks and tools running in real worker subprocesses of the REFERENCE
+BACKEND (a stand-in for the private Icarus plugin, whose own call log is the evidence of what
+ran). Faked only the harness side (``FakeHarness``). Tests are named ``test_<N>_…`` after the
+§8 item; the map in docs/icarus.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from castor.client import Client
+from tests.actors.icarus.test_session_endpoint import FakeHarness, open_session
+from tests.actors.icarus.test_session_endpoint import wired as wired  # noqa: F401 - the endpoint fixture, shared
+
+SID = "pi-1"
+
+
+class Pi:
+    """The harness's side of one session: events and commands as the Pi extension sends them."""
+
+    def __init__(self, client: Client, harness: FakeHarness) -> None:
+        self.client = client
+        self.harness = harness
+
+    def event(self, event: str, **data: Any) -> Any:
+        return self.client.call("harness.event", {"session_id": SID, "event": event, "data": data})
+
+    def prompt(self, text: str, message_type: str = "user") -> Any:
+        return self.event("before_agent_start", prompt=text, message_type=message_type)
+
+    def agent_end(self, *messages: tuple[str, str, str | None]) -> Any:
+        return self.event("agent_end", messages=[{"role": role, "text": text, "stop_reason": stop}
+                                                 for role, text, stop in messages])
+
+    def command(self, args: str) -> dict[str, Any]:
+        return self.client.call("icarus.command", {"session_id": SID, "args": args})
+
+    def tool(self, name: str, params: dict[str, Any], **extra: Any) -> Any:
+        return self.client.call("icarus.tool", {"session_id": SID, "name": name, "params": params,
+                                                "tool_call_id": "t1", **extra})
+
+
+@pytest.fixture
+def pi(wired):  # noqa: F811 - the shared fixture above
+    world, connect = wired
+    client, harness = connect()
+    open_session(client, world, SID)
+    return world, Pi(client, harness)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_22_blank_startup_context_sends_no_message(pi):
+    world, p = pi
+    world.env["ICARUS_REF_STARTUP_CONTEXT"] = "  \n "
+    assert p.event("session_start", reason="startup") == {}
+    assert len(world.calls("hooks.on_session_start")) == 1
+    p.prompt("anything")  # a later round trip: any message.send of the start would be before it
+    assert [m for m, _ in p.harness.notes if m == "message.send"] == []
+
+
+def test_24_27_disabled_blank_and_custom_prompts_do_not_consume_the_first_turn(pi):
+    world, p = pi
+    p.event("session_start", reason="startup")
+    assert "hooks are off" in p.command("off")["text"]
+    assert p.prompt("while off") == {}
+    assert "hooks are on" in p.command("on")["text"]
+    assert p.prompt("") == {} and p.prompt("   \n") == {}
+    assert p.prompt("castor's hidden prompt", message_type="custom") == {}
+    assert world.calls("hooks.pre_llm_call") == []
+    p.prompt("first real prompt")
+    p.prompt("second real prompt")
+    calls = world.calls("hooks.pre_llm_call")
+    assert [c["kwargs"] for c in calls] == [
+        {"session_id": SID, "user_message": "first real prompt", "is_first_turn": True},
+        {"session_id": SID, "user_message": "second real prompt", "is_first_turn": False}]
+
+
+def test_30_33_retries_then_settlement_capture_once_with_the_final_text_and_grouped_users(pi):
+    world, p = pi
+    p.event("session_start", reason="startup")
+    p.prompt("first ask")
+    assert p.agent_end(("user", "first ask", None), ("assistant", "draft", "error")) == {}
+    assert p.agent_end(("user", "queued follow-up", None), ("assistant", "FINAL ANSWER", "stop")) == {}
+    assert world.calls("hooks.post_llm_call") == []  # agent_end never captures by itself
+    assert p.event("agent_settled", aborted=False) == {}
+    [capture] = world.calls("hooks.post_llm_call")
+    assert capture["kwargs"] == {"session_id": SID, "user_message": "first ask\n\nqueued follow-up",
+                                 "assistant_response": "FINAL ANSWER", "platform": "pi"}
+    assert p.event("agent_settled", aborted=False) == {}  # a second settlement has nothing left to capture
+    assert len(world.calls("hooks.post_llm_call")) == 1
+
+
+def test_33_with_no_user_message_observed_the_prompt_is_the_user_message(pi):
+    world, p = pi
+    p.prompt("the original prompt")
+    p.agent_end(("assistant", "answer", "stop"))
+    p.event("agent_settled", aborted=False)
+    [capture] = world.calls("hooks.post_llm_call")
+    assert capture["kwargs"]["user_message"] == "the original prompt"
+
+
+def test_31_agent_end_without_settlement_never_captures(pi):
+    world, p = pi
+    p.prompt("ask")
+    p.agent_end(("user", "ask", None), ("assistant", "answer", "stop"))
+    p.prompt("next ask")  # a round trip after the end: a capture would have run by now
+    assert world.calls("hooks.post_llm_call") == []
+
+
+@pytest.mark.parametrize("stop, text, aborted", [
+    ("aborted", "answer", False), ("error", "answer", False), ("length", "answer", False),
+    ("toolUse", "answer", False), ("stop", "  ", False), ("stop", "answer", True)])
+def test_32_no_capture_unless_the_final_answer_stopped_normally_with_text(pi, stop, text, aborted):
+    world, p = pi
+    p.prompt("ask")
+    p.agent_end(("user", "ask", None), ("assistant", text, stop))
+    assert p.event("agent_settled", aborted=aborted) == {}
+    p.prompt("next ask")
+    assert world.calls("hooks.post_llm_call") == []
+
+
+def test_34_disable_and_reenable_before_settlement_drops_the_buffered_capture(pi):
+    world, p = pi
+    p.prompt("ask")
+    p.agent_end(("user", "ask", None), ("assistant", "answer", "stop"))
+    p.command("off")
+    p.command("on")
+    assert p.event("agent_settled", aborted=False) == {}
+    p.prompt("next ask")
+    assert world.calls("hooks.post_llm_call") == []
+
+
+def test_39_a_repeated_session_start_runs_on_session_start_once(pi):
+    world, p = pi
+    for _ in range(3):
+        assert p.event("session_start", reason="startup") == {}
+    assert [c["kwargs"] for c in world.calls("hooks.on_session_start")] == [{"session_id": SID, "platform": "pi"}]
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _written(world) -> list[dict[str, Any]]:
+    return [c["args"][0] for c in world.calls("tools.fabric_write")]
+
+
+@pytest.mark.parametrize("given, forwarded", [(True, "true"), ("True", "true"), (False, "false"),
+                                              ("false", "false"), (1, "true"), (" yes ", "true")])
+def test_71_verified_reaches_the_backend_as_the_strings_true_or_false(pi, given, forwarded):
+    world, p = pi
+    params = {"type": "note", "summary": "s", "content": "c", "verified": given, "evidence": "ran the tests"}
+    assert p.tool("fabric_write", params)["status"] == "written"
+    assert _written(world) == [{**params, "verified": forwarded}]
+
+
+def test_72_verified_left_out_stays_out(pi):
+    world, p = pi
+    params = {"type": "note", "summary": "s", "content": "c", "tags": "t", "customer_id": "c9"}
+    p.tool("fabric_write", params)
+    assert _written(world) == [params]  # unchanged: no key added, none renamed
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"verified": True}, "requires evidence"), ({"verified": "yes", "evidence": "  "}, "requires evidence"),
+    ({"verified": "maybe"}, "verified must be"), ({"verified": [1]}, "verified must be")])
+def test_73_74_invalid_verified_never_reaches_the_backend_and_is_a_tool_error(pi, params, message):
+    world, p = pi
+    result = p.tool("fabric_write", {"type": "note", "summary": "s", "content": "c", **params}, format="result")
+    assert result["is_error"] is True and message in result["details"]["error"]
+    assert message in result["content"][0]["text"]
+    assert world.calls("tools.fabric_write") == [] and world.calls() == []  # no worker call at all
+
+
+def test_75_76_backend_error_values_are_marked_and_success_values_are_passed_through(pi):
+    world, p = pi
+    failed = p.tool("fabric_search", {"query": ""}, format="result")
+    assert failed["is_error"] is True and failed["details"]["error"]
+    assert failed["details"]["error"] in failed["content"][0]["text"]
+    found = p.tool("fabric_search", {"query": "nothing-matches-this"})
+    assert found["count"] == 0 and found["results"] == [] and "error" not in found
+    as_result = p.tool("fabric_search", {"query": "nothing-matches-this"}, format="result")
+    assert as_result["details"] == found and not as_result["is_error"]
+    assert json.loads(as_result["content"][0]["text"]) == found
+
+
+def _tool_names(p: Pi) -> set[str]:
+    return {t["name"] for t in p.client.call("icarus.config", {"session_id": SID})["tools"]}
+
+
+@pytest.mark.parametrize("settings, has_tools, has_admin", [
+    ({}, True, False), ({"adminTools": True}, True, True), ({"adminTools": True, "tools": False}, False, False)])
+def test_77_admin_tools_only_with_tools_and_never_by_default(wired, settings, has_tools, has_admin):  # noqa: F811
+    world, connect = wired
+    world.write_global(**settings)
+    client, harness = connect()
+    open_session(client, world, SID)
+    names = _tool_names(Pi(client, harness))
+    assert ("fabric_write" in names) is has_tools and ("icarus_hook_config" in names) is has_tools
+    assert ("fabric_train" in names) is has_admin
+
+
+def test_78_fabric_search_offers_no_limit(pi):
+    _world, p = pi
+    tools = {t["name"]: t for t in p.client.call("icarus.config", {"session_id": SID})["tools"]}
+    schema = tools["fabric_search"]["parameters"]
+    assert schema["required"] == ["query"] and "limit" not in schema["properties"]
+
+
+# --------------------------------------------------------------------------- classifier and audit
+
+
+class ModelsHarness(FakeHarness):
+    """The fake harness with a chosen model registry; records which models were asked."""
+
+    def __init__(self, client: Client, models: list[dict[str, Any]]) -> None:
+        super().__init__(client)
+        self.asked: list[tuple[str, str]] = []
+        client.on_request("model.list", lambda _p: {"models": models, "current": None})
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append((params["provider"], params["model"]))
+        return super().complete(params)
+
+
+LOCAL = {"provider": "ollama", "id": "qwen3:4b", "base_url": "http://127.0.0.1:11434/v1", "available": True}
+REMOTE = {"provider": "openai", "id": "gpt-remote", "base_url": "https://api.openai.com/v1", "available": True}
+NAMED_LOCAL = {"provider": "local", "id": "remote-in-disguise", "base_url": "https://models.example.com/v1",
+               "available": True}
+
+
+def _session_with(wired, models: list[dict[str, Any]], **settings: Any) -> tuple[Any, Pi]:  # noqa: F811
+    world, connect = wired
+    world.write_global(**settings)
+    client, _ = connect()
+    harness = ModelsHarness(client, models)
+    open_session(client, world, SID)
+    return world, Pi(client, harness)
+
+
+def test_53_51_every_candidate_rejected_injects_nothing_yet_the_audit_is_written_with_unknown_usage(wired):  # noqa: F811
+    world, connect = wired
+    world.seed(("chocolate cake recipe", "eggs"), ("cake decorating notes", "icing"))
+    client, harness = connect()
+    open_session(client, world, SID)
+    p = Pi(client, harness)
+    assert p.prompt("cake") == {}  # retrieved, all rejected, nothing protected: nothing injected
+    assert len(world.calls("hooks.pre_llm_call", phase="end")) == 1
+    [entry] = harness.entries
+    audit = entry["data"]
+    assert entry["custom_type"] == "icarus-context-filter" and audit["outcome"] == "filtered"
+    assert audit["injectedIds"] == [] and audit["counts"]["rejected"] == 2 and audit["chars"]["injected"] == 0
+    assert audit["usage"] is None  # the classifier reported none: unknown, not zeros
+    assert "cake" not in json.dumps(entry)
+
+
+def test_47_an_exact_classifier_missing_from_the_registry_is_never_substituted(wired):  # noqa: F811
+    world, p = _session_with(wired, [LOCAL, REMOTE], classifier="anthropic/not-registered")
+    world.seed(("chocolate cake recipe", "eggs"))
+    result = p.prompt("cake")
+    assert "chocolate cake recipe" in result["message"]["content"]  # the original, unfiltered
+    assert p.harness.asked == []  # no model was called, not even the local one
+    [entry] = p.harness.entries
+    assert (entry["data"]["outcome"], entry["data"]["reason"]) == ("fallback", "model_unavailable")
+
+
+def test_48_default_picks_the_loopback_model_and_a_provider_named_local_is_not_local(wired):  # noqa: F811
+    world, p = _session_with(wired, [NAMED_LOCAL, REMOTE, LOCAL], classifier="default")
+    world.seed(("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs"))
+    content = p.prompt("sqlite cake")["message"]["content"]
+    assert "sqlite WAL notes" in content and "cake" not in content
+    assert p.harness.asked == [("ollama", "qwen3:4b")]
+    [entry] = p.harness.entries
+    assert entry["data"]["classifier"]["local"] is True
