@@ -16,6 +16,7 @@ import pytest
 from castor.client import Client
 from tests.actors.icarus.test_session_endpoint import FakeHarness, open_session
 from tests.actors.icarus.test_session_endpoint import wired as wired  # noqa: F401 - the endpoint fixture, shared
+from tests.support.icarus import REFERENCE_ICARUS, gone, wait_until
 
 SID = "pi-1"
 
@@ -278,3 +279,103 @@ def test_48_default_picks_the_loopback_model_and_a_provider_named_local_is_not_l
     assert p.harness.asked == [("ollama", "qwen3:4b")]
     [entry] = p.harness.entries
     assert entry["data"]["classifier"]["local"] is True
+
+
+# --------------------------------------------------------------------------- more lifecycle, filtering, settings
+
+
+def _open(wired, *, trusted: bool = False, sid: str = SID) -> tuple[Any, Pi]:  # noqa: F811
+    world, connect = wired
+    client, harness = connect()
+    client.call("session.open", {"session_id": sid, "cwd": str(world.project), "trusted": trusted,
+                                 "flags": {"harness": "pi", "has_agent_settled": True}})
+    return world, Pi(client, harness)
+
+
+def test_26_the_injected_message_carries_the_sessions_visibility(pi):
+    world, p = pi
+    world.seed(("zebra notes", "stripes"), ("giraffe notes", "necks"))
+    shown = p.prompt("zebra")["message"]
+    assert (shown["custom_type"], shown["display"]) == ("icarus-memory-context", True)
+    assert "hidden" in p.command("context hide")["text"]
+    hidden = p.prompt("giraffe")["message"]
+    assert hidden["display"] is False and "giraffe notes" in hidden["content"]  # hidden, still sent
+
+
+def test_35_36_every_hook_failing_is_ambient_and_shutdown_still_ends_and_closes(pi):
+    world, p = pi
+    world.controls({f"hooks.{name}": {"raise": "backend exploded"}
+                    for name in ("on_session_start", "pre_llm_call", "post_llm_call", "on_session_end")})
+    assert p.event("session_start", reason="startup") == {}
+    assert p.prompt("q") == {}
+    p.agent_end(("user", "q", None), ("assistant", "a", "stop"))
+    assert p.event("agent_settled", aborted=False) == {}
+    pid = p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"]
+    assert p.event("session_shutdown", reason="quit") == {}
+    [ended] = world.calls("hooks.on_session_end")
+    assert ended["kwargs"] == {"session_id": SID, "platform": "pi"}  # no `completed`
+    assert [c["call"] for c in world.calls()] == ["hooks.on_session_start", "hooks.pre_llm_call",
+                                                   "hooks.post_llm_call", "hooks.on_session_end"]
+    wait_until(lambda: gone(pid), 5, "the worker closed at shutdown")
+    statuses = [n for m, n in p.harness.notes if m == "ui.status"]
+    assert statuses and statuses[-1].get("text") is None  # the footer cleared last
+
+
+def test_42_43_protected_sections_stay_verbatim_and_a_rejection_removes_exactly_its_slice(wired):  # noqa: F811
+    world, connect = wired
+    world.env["ICARUS_REF_WARNING"] = "memory store is degraded, tell the user about cake"
+    world.seed(("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs"), facts=("user likes cake",))
+    sent: list[list[dict[str, Any]]] = []
+    client, harness = connect()
+    inner = harness.complete
+    client.on_request("classifier.complete", lambda params: (
+        sent.append(json.loads(params["messages"][-1]["content"])["candidates"]), inner(params))[1])
+    open_session(client, world, SID)
+    filtered = Pi(client, harness).prompt("sqlite cake")["message"]["content"]
+
+    world.write_global(classifier="none")  # the same retrieval, unfiltered, in a fresh worker
+    _w, plain_pi = _open(wired, sid="pi-plain")
+    original = plain_pi.client.call("harness.event", {"session_id": "pi-plain", "event": "before_agent_start",
+                                                      "data": {"prompt": "sqlite cake", "message_type": "user"}})
+    original_text = original["message"]["content"]
+    [cake_line] = [line for line in original_text.split("\n") if "chocolate cake recipe" in line]
+    assert filtered == original_text.replace(cake_line + "\n", "", 1) or \
+        filtered == original_text.replace("\n" + cake_line, "", 1)
+    assert "[memory-retrieval-warning]" in filtered and "user likes cake" in filtered
+    [candidates] = sent
+    assert [c["section"] for c in candidates] == ["fabric", "fabric"]  # facts and the warning never sent
+    assert not any("likes cake" in c["text"] or "degraded" in c["text"] for c in candidates)
+
+
+def test_57_60_project_settings_env_switches_are_ignored_and_a_corrupt_file_is_no_error(wired):  # noqa: F811
+    world, _connect = wired
+    world.env["PI_ICARUS_HOOK_TOOLS"] = "1"
+    world.write_project({"tools": False})
+    _w, p = _open(wired, trusted=True)
+    assert _tool_names(p) == set()  # the trusted project's tools:false wins over PI_ICARUS_HOOK_TOOLS
+
+    world.project_path.write_text("{ not json")
+    _w, p2 = _open(wired, trusted=True, sid="pi-2")
+    names = {t["name"] for t in p2.client.call("icarus.config", {"session_id": "pi-2"})["tools"]}
+    assert "fabric_write" in names  # global settings and defaults, no error
+
+
+def test_62_inspection_reads_the_legacy_alias_of_the_trusted_project(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global(contextDisplay=True)
+    world.write_project({"hiddenDisplay": False})
+    _w, p = _open(wired, trusted=True)
+    reply = p.command("context default status")["text"]
+    assert "Startup default is hidden from project settings" in reply, reply
+    assert str(world.project_path) in reply
+
+
+def test_68_a_write_lands_in_the_existing_alias_section(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global({"icarusHook": world.section(), "unrelated": "preserved"})
+    _w, p = _open(wired)
+    reply = p.command("context default hide")
+    assert "global settings" in reply["text"], reply
+    doc = json.loads(world.global_path.read_text())
+    assert "piIcarusHook" not in doc and doc["icarusHook"]["contextDisplay"] is False
+    assert doc["unrelated"] == "preserved" and doc["icarusHook"]["icarusDir"] == str(REFERENCE_ICARUS)
