@@ -379,3 +379,52 @@ def test_68_a_write_lands_in_the_existing_alias_section(wired):  # noqa: F811
     doc = json.loads(world.global_path.read_text())
     assert "piIcarusHook" not in doc and doc["icarusHook"]["contextDisplay"] is False
     assert doc["unrelated"] == "preserved" and doc["icarusHook"]["icarusDir"] == str(REFERENCE_ICARUS)
+
+
+# ------------------------------------------------------------ /icarus command texts (§6.5 pinned substrings)
+
+
+def test_65_70_context_default_writes_say_what_they_wrote_and_the_session_is_unchanged(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_project({"contextDisplay": True})
+    _w, p = _open(wired, trusted=True)
+    reply = p.command("context default TOGGLE Global")  # words are case-insensitive
+    text = reply["text"]
+    assert "global settings" in text and str(world.global_path) in text, text
+    assert "future Pi sessions" in text and "Current session is still visible" in text, text
+    assert "project" in text.split("global settings", 1)[1], text  # the trusted project's value overrides it
+    assert json.loads(world.global_path.read_text())["piIcarusHook"]["contextDisplay"] is False
+    status = p.command("context status")["text"]
+    assert "visible" in status and "hidden" not in status, status
+
+
+def test_40_with_hooks_false_the_command_says_hooks_are_not_registered_and_config_still_works(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global(hooks=False)
+    _w, p = _open(wired)
+    for args in ("", "on", "status", "context hide"):
+        reply = p.command(args)
+        assert "not registered" in reply["text"] and "settings" in reply["text"], (args, reply)
+    assert p.command("context hide")["level"] == "warning"
+    assert json.loads(p.command("config")["text"])["effective"]["hooks"] is False
+    assert json.loads(p.command("schema")["text"])["key"] == "piIcarusHook"
+    assert p.prompt("q") == {} and world.calls() == []
+
+
+@pytest.mark.parametrize("failure", ["raise", "refuse"])
+def test_50_an_audit_the_harness_cannot_append_releases_the_original_and_warns(wired, failure):  # noqa: F811
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs"))
+    client, harness = connect()
+
+    def append_entry(_params: dict[str, Any]) -> dict[str, Any]:
+        if failure == "raise":
+            raise RuntimeError("session file is read-only")
+        return {"ok": False}
+
+    client.on_request("session.append_entry", append_entry)
+    open_session(client, world, SID)
+    content = Pi(client, harness).prompt("sqlite cake")["message"]["content"]
+    assert "sqlite WAL notes" in content and "chocolate cake recipe" in content  # nothing discarded untraced
+    note = harness.wait_note("ui.notify")
+    assert note.get("level") == "warning" and "read-only" not in json.dumps(note), note
