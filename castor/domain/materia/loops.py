@@ -67,13 +67,16 @@ def loop_aliases(pipeline: ResolvedPipeline) -> tuple[str, ...]:
 class ItemSelection:
     item: Any  # MISSING when the list is exhausted/empty
     index: int
-    key: str | None
-    label: str | None
+    key: str | None  # None exactly when ``item`` is MISSING
+    label: str | None  # likewise
 
 
 def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int],
                 last_json: Any = MISSING) -> ItemSelection:
-    """The current item (does not mutate). ``key`` = ``id ?? key ?? index``; label ``title ?? name ?? key``.
+    """The current item (does not mutate), as pi-materia's ``setCurrentItem`` names it: ``key`` =
+    ``id ?? key ?? index`` and ``label`` = ``title ?? name ?? <that key>``, both strings whenever
+    there is an item (an item that is not an object is named by its index); both ``None`` when
+    the list is exhausted or empty.
 
     ``items`` reads as any value expression; with no reply parsed yet at a socket's start, ``$``
     is the last JSON reply (``lastJson``), as in pi-materia."""
@@ -86,8 +89,8 @@ def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int],
     label: Any = None
     if isinstance(item, dict):
         key = next((item[k] for k in ("id", "key") if item.get(k) is not None), index)
-        label = next((item[k] for k in ("title", "name", "key") if item.get(k) is not None), None)
-    return ItemSelection(item, index, js_string(key), None if label is None else js_string(label))
+        label = next((item[k] for k in ("title", "name") if item.get(k) is not None), None)
+    return ItemSelection(item, index, js_string(key), js_string(key if label is None else label))
 
 
 def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:

@@ -359,6 +359,25 @@ def test_41_42_foreach_items_and_attempts() -> None:
     assert "sockets/Socket-1/1-a.md" in d2.artifacts() and "sockets/Socket-1/3-b.md" in d2.artifacts()
 
 
+def test_41_an_items_label_is_title_then_name_then_its_key_as_pi_materia_names_it() -> None:
+    """An item with an id but no title/name had no label (a command read ``itemLabel: null``), and
+    an item with both ``id`` and ``key`` was labelled by its ``key``."""
+    cfg = config({"Socket-1": {"type": "utility", "command": ["tool"],
+                               "foreach": {"items": "state.list", "cursor": "i"},
+                               "advance": {"cursor": "i", "items": "state.list"},
+                               "edges": [{"when": "always", "to": "Socket-1"}]}})
+    items = [{"id": "w1"}, {"id": "w2", "key": "k2"}, "plain", {"key": "k4", "name": "Fourth"}, {"id": 5, "title": 7}]
+    d = Driver(resolved(cfg), data={"list": items})
+    seen = []
+    for _ in items:
+        stdin = d.pending().stdin_json
+        seen.append((stdin["itemKey"], stdin["itemLabel"]))
+        d.utility("ok")
+    assert seen == [("w1", "w1"), ("w2", "w2"), ("2", "2"), ("k4", "Fourth"), ("5", "7")]
+    assert [(e.data["itemKey"], e.data["itemLabel"]) for e in d.events("socket_complete")] == seen
+    assert d.state.phase == "complete"
+
+
 @pytest.mark.parametrize("items", ["lastJson.files", "$.files", "state.files"])
 def test_foreach_items_read_the_last_json_reply(items: str) -> None:
     """A loop's items written as ``lastJson.x`` (or ``$.x``: with no reply parsed yet at the
