@@ -224,22 +224,19 @@ def cost_from_provider(raw: Any) -> bool | None:
     return marker if isinstance(marker, bool) else None
 
 
-def model_selection(*, socket: str, materia: str | None, visit: int, requested_model: str | None,
-                    requested_thinking: str | None, thinking: str | None,
-                    thinking_fallback_reason: str | None, item_key: str | None = None,
-                    attempt: int | None = None) -> dict[str, Any]:
-    """The record of one materia model application (pi-materia's ``MateriaModelSelection``), as
-    castor knows it when it asks for the turn: what was requested and what castor applies. The
+def materia_model_selection(*, requested_model: str | None, requested_thinking: str | None, thinking: str | None,
+                            thinking_fallback_reason: str | None) -> dict[str, Any]:
+    """pi-materia's ``MateriaModelSelection`` of one materia, as castor knows it when it asks for a
+    turn: what was requested and what castor applies. ``model`` is the model id and ``provider``
+    the part before its ``/`` (``anthropic/claude-test`` -> ``claude-test``, ``anthropic``); a
+    blank model is no model (the active Pi model). The one record events and manifest entries carry
+    as ``materiaModel`` and ``usage.json`` extends per application (:func:`model_selection`). The
     harness resolves the model against its registry; the model that answered is each turn's
     ``model``/``provider``/``api`` (``effectiveModel`` is castor's request, not a confirmation)."""
     model = (requested_model or "").strip() or None
     provider, _, model_id = (model or "").partition("/")
     configured = bool(model or thinking)
     return {
-        "socket": socket, "materia": materia, "visit": visit, **({"itemKey": item_key} if item_key is not None else {}),
-        # pi-materia's key of the selection: the task (the loop item) and its attempt
-        **({"taskId": item_key} if item_key is not None else {}),
-        **({"attempt": attempt} if attempt is not None else {}),
         "model": (model_id or provider) if model else None,
         "provider": provider if model and model_id else None,
         "api": None,
@@ -255,6 +252,23 @@ def model_selection(*, socket: str, materia: str | None, visit: int, requested_m
         "thinkingExplicit": requested_thinking is not None,
         "source": "configured" if configured else "active",
         "label": model or "active Pi model",
+    }
+
+
+def model_selection(*, socket: str, materia: str | None, visit: int, requested_model: str | None,
+                    requested_thinking: str | None, thinking: str | None,
+                    thinking_fallback_reason: str | None, item_key: str | None = None,
+                    attempt: int | None = None) -> dict[str, Any]:
+    """The ``usage.json`` record of one materia model application: where it was applied (socket,
+    materia, visit, the loop item and its attempt) and the :func:`materia_model_selection` record,
+    field for field."""
+    return {
+        "socket": socket, "materia": materia, "visit": visit, **({"itemKey": item_key} if item_key is not None else {}),
+        # pi-materia's key of the selection: the task (the loop item) and its attempt
+        **({"taskId": item_key} if item_key is not None else {}),
+        **({"attempt": attempt} if attempt is not None else {}),
+        **materia_model_selection(requested_model=requested_model, requested_thinking=requested_thinking,
+                                  thinking=thinking, thinking_fallback_reason=thinking_fallback_reason),
     }
 
 

@@ -103,6 +103,7 @@ from castor.domain.materia.budget import (
     check_budget,
     cost_from_provider,
     extract_usage,
+    materia_model_selection,
     model_selection,
     turn_cost_kind,
 )
@@ -484,35 +485,35 @@ def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
 
 
 def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
-    """The socket's ``materiaModel`` record (events, manifest): fixed per resolved socket, so made
-    once; events and entries share it as a value and nothing mutates it."""
+    """The socket's ``materiaModel`` record (events, manifest): pi-materia's
+    ``MateriaModelSelection`` (:func:`materia_model_selection`), the same fields as the socket's
+    ``usage.json`` ``modelSelections`` records; None for a socket with no materia. Fixed per
+    resolved socket, so made once; events and entries share it as a value and nothing mutates it."""
     return derived(rs, "materia_model", lambda: _make_materia_model(rs))
 
 
 def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     if rs.materia is None:
         return None
-    model = (rs.materia.model or "").strip() or None
-    record = {"model": model, "thinking": rs.materia.thinking, "label": model or "active Pi model",
-              "source": "configured" if model or rs.materia.thinking else "active"}
-    if rs.materia.thinking and rs.materia.thinking not in THINKING_LEVELS:
-        # Not applied (warned at load): the turn keeps the harness's level, as pi-materia falls back.
-        record.update(thinking=None, requestedThinking=rs.materia.thinking, thinkingFallbackReason="unknown_thinking",
-                      source="configured" if model else "active")
-    return record
+    thinking = rs.materia.thinking if (rs.materia.thinking or "").strip() else None  # blank: unset
+    # An unknown level is not applied (warned at load): the turn keeps the harness's level, as
+    # pi-materia falls back.
+    applied = thinking if thinking is None or thinking in THINKING_LEVELS else None
+    return materia_model_selection(requested_model=rs.materia.model, requested_thinking=thinking, thinking=applied,
+                                   thinking_fallback_reason=None if applied == thinking else "unknown_thinking")
 
 
 def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: Any) -> None:
     """An agent turn is about to be asked for: record the materia's model selection in the usage
-    report (``modelSelections``) and emit ``materia_model_settings`` (``extra``: refinementTurn,
-    finalization)."""
+    report (``modelSelections``: where it was applied, then the ``materiaModel`` record) and emit
+    ``materia_model_settings`` (``extra``: refinementTurn, finalization)."""
     s = ctx.s
     record = _materia_model(rs)
     if record is not None:
         s.usage = s.usage.add_selection(model_selection(
             socket=rs.id, materia=rs.materia_name, visit=visit, item_key=s.current_item_key,
-            requested_model=record["model"], requested_thinking=record.get("requestedThinking", record["thinking"]),
-            thinking=record["thinking"], thinking_fallback_reason=record.get("thinkingFallbackReason"),
+            requested_model=record["requestedModel"], requested_thinking=record["requestedThinking"],
+            thinking=record["thinking"], thinking_fallback_reason=record["thinkingFallbackReason"],
             attempt=max(s.attempt, 1)))
     ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
                                         **s.item_fields(), "materiaModel": record, **extra})

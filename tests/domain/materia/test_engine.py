@@ -27,6 +27,7 @@ from castor.domain.materia.cast_messages import (
     RunUtility,
     TurnEnded,
     UtilityFinished,
+    WriteArtifact,
 )
 from castor.domain.materia.engine import CastRejected, step
 from castor.domain.materia.revive import NotRevivable
@@ -299,6 +300,35 @@ def test_usage_names_the_selected_model_until_an_answer_names_its_own() -> None:
     d.reply("two", usage={"input": 1, "output": 1}, model="gpt-5", provider="openai")  # the answer names its own
     assert (report := d.state.usage).turns[1].model == "gpt-5" and report.model == "gpt-5"
     assert report.provider == "openai" and report.turns[1].thinking == "medium"
+
+
+@pytest.mark.parametrize(("model", "thinking", "expected"), [
+    ("anthropic/claude-test", "high", {"model": "claude-test", "provider": "anthropic", "thinking": "high",
+                                       "label": "anthropic/claude-test", "source": "configured"}),
+    ("   ", None, {"model": None, "provider": None, "thinking": None, "label": "active Pi model", "source": "active"}),
+    (None, "max", {"model": None, "thinking": None, "requestedThinking": "max",
+                   "thinkingFallbackReason": "unknown_thinking", "source": "active"}),
+])
+def test_events_manifest_and_usage_carry_one_materia_model_record(model: str | None, thinking: str | None,
+                                                                  expected: dict[str, Any]) -> None:
+    """pi-materia writes one ``MateriaModelSelection`` as events' and manifest entries'
+    ``materiaModel`` and as usage.json's ``modelSelections``: castor's events and manifest carried
+    a smaller record whose ``model`` was ``anthropic/claude-test`` and that had no ``provider``."""
+    from .scripted import agent
+
+    extra = {k: v for k, v in (("model", model), ("thinking", thinking)) if v is not None}
+    cfg = config({"Socket-1": {"type": "agent", "materia": "M"}}, materia={"M": agent(**extra)})
+    d = Driver(resolved(cfg))
+    d.reply("done", usage={"input": 1, "output": 1})
+    (selection,) = d.state.usage.modelSelections
+    record = {k: v for k, v in selection.items() if k not in ("socket", "materia", "visit", "attempt")}
+    assert record.items() >= expected.items()
+    (settings,) = d.events("materia_model_settings")
+    (complete,) = d.events("socket_complete")
+    entries = [a.manifest for a in d.effects if isinstance(a, WriteArtifact) and a.manifest
+               and "materiaModel" in a.manifest]
+    assert entries and all(entry["materiaModel"] == record for entry in entries)
+    assert settings.data["materiaModel"] == record and complete.data["materiaModel"] == record
 
 
 def test_81_command_utility_input_and_78_80_failures() -> None:
