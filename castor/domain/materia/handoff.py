@@ -217,7 +217,11 @@ def validate_handoff(parsed: Any, socket_id: str, *, require_satisfied: bool) ->
 
 
 def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool) -> dict[str, Any]:
-    """Apply the envelope to a copy of ``data``. ``adopt_work_items``: the socket is a generator agent socket."""
+    """Apply the envelope to a copy of ``data``. ``adopt_work_items``: the socket is a generator agent socket.
+
+    ``data["envelope"]`` is written only when it holds something (the previous envelope or a
+    canonical field of ``parsed``), as pi-materia's ``applyGenericHandoffEnvelope``: an output
+    with no canonical field leaves no empty ``envelope`` in the cast's data."""
     out = copy.deepcopy(data)
     if not isinstance(parsed, dict):
         return out
@@ -225,7 +229,8 @@ def apply_envelope(data: dict[str, Any], parsed: Any, *, adopt_work_items: bool)
     for key in CANONICAL_FIELDS:
         if key in parsed:
             envelope[key] = copy.deepcopy(parsed[key])
-    out["envelope"] = envelope
+    if envelope:
+        out["envelope"] = envelope
     items = parsed.get("workItems")
     if isinstance(items, list) and items:
         current = out.get("workItems")

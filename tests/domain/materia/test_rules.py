@@ -210,6 +210,14 @@ def test_45_reserved_fields_stay_in_envelope() -> None:
     assert "summary" not in out and "decisions" not in out
 
 
+def test_an_output_with_no_canonical_field_leaves_no_envelope() -> None:
+    """castor wrote ``envelope: {}`` after every JSON object output, and a later command read it in
+    its ``state``; pi-materia writes the envelope only when it holds something."""
+    assert apply_envelope({"answer": 7}, {"value": 7}, adopt_work_items=False) == {"answer": 7}
+    kept = {"envelope": {"satisfied": True}}
+    assert apply_envelope(kept, {"value": 7}, adopt_work_items=False) == kept
+
+
 def test_assign_paths() -> None:
     scope = Scope(data={}, parsed={"a": {"b": [10, 20]}, "feedback": "fb"}, last_output="raw")
     out = apply_assign({"x": 5}, {"deep.er.v": "$.a.b.1", "x.y": "$.feedback", "all": "$", "raw": "lastOutput",
