@@ -150,7 +150,7 @@ def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt:
         f"- materia: {rs.materia_name or '-'}",
         f"- item: {state.current_item_label or state.current_item_key or '-'}",
         f"- visit: {state.visit}",
-        f"- model: {(m.model or '').strip() if m and m.model else 'active Pi model'}",
+        f"- model: {((m.model or '').strip() if m else '') or 'active Pi model'}",  # blank: unset
         f"- model source: {'configured' if m and (m.model or '').strip() else 'active'}",
         f"- thinking: {(_applied_thinking(m.thinking) if m else None) or 'active Pi thinking'}",
         f"- thinking source: {'configured' if m and _applied_thinking(m.thinking) else 'active'}",

@@ -331,6 +331,18 @@ def test_events_manifest_and_usage_carry_one_materia_model_record(model: str | N
     assert settings.data["materiaModel"] == record and complete.data["materiaModel"] == record
 
 
+@pytest.mark.parametrize("model", [None, "", "   "])
+def test_a_blank_materia_model_is_the_active_model_in_the_context_artifact(model: str | None) -> None:
+    """A blank model ("   ") is unset everywhere; the context artifact printed it as ``- model: ``."""
+    from .scripted import agent
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "M"}},
+                 materia={"M": agent(**({} if model is None else {"model": model}))})
+    d = Driver(resolved(cfg))
+    lines = d.artifacts()["contexts/Socket-1-1.md"].content.splitlines()
+    assert "- model: active Pi model" in lines and "- model source: active" in lines
+
+
 def test_81_command_utility_input_and_78_80_failures() -> None:
     cfg = config({"Socket-1": {"type": "utility", "command": ["tool", "--x"], "timeoutMs": 50,
                                "params": {"p": 1}}})
