@@ -537,7 +537,7 @@ class SessionActor(Actor):
             if interrupted:  # the engine re-runs the interrupted turn: one command is enough
                 view = self._apply(live[cast_id], RecastRequested(surface=self.surface, at=time.time()), root=root,
                                    cast_id=cast_id, stop_if_idle=False)
-                return {**view, "text": f"pi-materia cast {cast_id} recast from socket {view.get('current_socket')}.",
+                return {**view, "text": f'pi-materia cast {cast_id} recast from socket "{view.get("current_socket")}".',
                         "level": "info"}
         if cast_id in live:
             raise Conflict(f"pi-materia cast {cast_id} is already running.", data={"reason": "running"})
@@ -572,7 +572,7 @@ class SessionActor(Actor):
                                     f"{view.get('current_socket')}; reply to refine, or "
                                     f"{self._cmd('continue', cast_id)} to finalize.",
                     "level": "info"}
-        return {**view, "text": f"pi-materia cast {cast_id} {verb} from socket {view.get('current_socket')}.",
+        return {**view, "text": f'pi-materia cast {cast_id} {verb} from socket "{view.get("current_socket")}".',
                 "level": "info"}
 
     @handles(RecastCast)

@@ -109,8 +109,10 @@ def test_abort_while_the_model_hangs_answers_at_once_stops_the_harness_turn_and_
     assert pi.status(cast_id)["status"] == "aborted"
     assert pi.run_turns.empty() and pi.aborts.empty()  # no further turn of that cast, nothing else stopped
     assert "late text" not in (run_dir / "events.jsonl").read_text()
-    # Recastable: the same turn again under a new id, and the cast completes.
-    pi.call("cast.recast", cast_id=cast_id)
+    # Recastable: the same turn again under a new id, and the cast completes. The notice quotes the
+    # socket id, as pi-materia's does.
+    recast = pi.call("cast.recast", cast_id=cast_id)
+    assert recast["text"] == f'pi-materia cast {cast_id} recast from socket "Socket-1".'
     again = pi.next_turn()
     assert again["turn_id"] != turn["turn_id"] and again["prompt"] == turn["prompt"]
     assert pi.end_turn(again, "BUILT") == {"ok": True}
