@@ -419,8 +419,9 @@ def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, 
     members_ok = True
     for i, member in enumerate(raw_members):
         members_ok &= check_target(member, (*at, "sockets", i), required=True) and member != END
-        if member == END:
-            col.add("invalid-loop", (*at, "sockets", i), f"{label}.sockets[{i}]: \"end\" cannot be a loop member")
+        if member == END:  # pi-materia's code: "end" is not a socket id
+            col.add("invalid-socket-id", (*at, "sockets", i),
+                    f"{label}.sockets[{i}]: \"end\" is not a socket id and cannot be a loop member")
     members = [m for m in raw_members if isinstance(m, str)]
 
     consumes = loop.get("consumes")

@@ -243,6 +243,14 @@ def test_16_missing_edge_target() -> None:
     assert [(i.code, i.path) for i in issues] == [("missing-endpoint", "/sockets/Socket-1/edges/0/to")]
 
 
+def test_end_as_a_loop_member_is_not_a_socket_id() -> None:
+    lo = _loop_loadout()
+    lo["loops"]["lp"]["sockets"] = ["Socket-2", "end"]
+    issues = graph.validate_graph(lo)
+    assert [(i.code, i.path) for i in issues] == [("invalid-socket-id", "/loops/lp/sockets/1")]  # pi-materia's code
+    assert 'loops.lp.sockets[1]: "end"' in issues[0].message
+
+
 def test_unknown_endpoint() -> None:
     issues = graph.validate_graph({"entry": "Socket-1", "sockets": {"Socket-1": {"edges": [{"to": "Socket-9"}]}}})
     assert codes(issues) == ["unknown-endpoint"]
