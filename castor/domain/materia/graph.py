@@ -253,7 +253,7 @@ def _materialize_loop(
                                  f"has parse \"{src['parse']}\": set parse to \"json\" so it can emit the "
                                  "boolean \"satisfied\" field, or make the exit unconditional")))
             target = exit_.get("to", END)
-            if isinstance(target, str) and target != END:
+            if _names_socket(target, sockets):
                 _upsert_route(loop, {"id": f"exit:{exit_from}:{exit_when}", "from": exit_from,
                                      "condition": exit_when, "targetSocketId": target}, replace=True)
             expected = {"cursor": expected_cursor(consumes),
@@ -270,20 +270,27 @@ def _materialize_loop(
                             message=(f"loop \"{loop_id}\": {exit_from} has an existing advance block that "
                                      f"conflicts with the loop exit: {field}: current \"{advance.get(field)}\", "
                                      f"expected \"{expected[field]}\"")))
-    # Legacy shim: socket-valued exit.to / advance.done on members become exit routes.
-    if is_plain_object(exit_) and isinstance(exit_.get("to"), str) and exit_["to"] != END \
-            and isinstance(exit_.get("from"), str):
+    # Legacy shim: socket-valued exit.to / advance.done on members become exit routes -- only
+    # between sockets that exist (as pi-materia's): a route to or from a missing socket would
+    # repeat exit.*'s own problem at an ``exits`` pointer the user's file does not have.
+    if is_plain_object(exit_) and _names_socket(exit_.get("to"), sockets) \
+            and _names_socket(exit_.get("from"), sockets):
         when = normalize_when(exit_.get("when"))
         _upsert_route(loop, {"id": f"exit:{exit_['from']}:{when}", "from": exit_["from"], "condition": when,
                              "targetSocketId": exit_["to"]}, replace=False)
     for member in members:
         sock = sockets.get(member)
         advance = sock.get("advance") if is_plain_object(sock) else None
-        if is_plain_object(advance) and isinstance(advance.get("done"), str) and advance["done"] != END:
+        if is_plain_object(advance) and _names_socket(advance.get("done"), sockets):
             when = advance.get("when") if advance.get("when") in EDGE_CONDITIONS else "always"
             _upsert_route(loop, {"id": f"exit:{member}:{when}", "from": member, "condition": when,
                                  "targetSocketId": advance["done"]}, replace=False)
     return issues
+
+
+def _names_socket(target: Any, sockets: dict[str, Any]) -> bool:
+    """True when ``target`` is the id of a socket of the loadout (``"end"`` is none)."""
+    return isinstance(target, str) and target != END and target in sockets
 
 
 # --------------------------------------------------------------------------- validation

@@ -351,6 +351,38 @@ def test_24_exit_to_socket_materializes_route() -> None:
     assert to_end["loops"]["lp"].get("exits", []) == []
 
 
+def _loadout_errors(loadout: dict) -> list[tuple[str, str]]:
+    cfg = {"materia": {"A": agent(), "G": agent(generator=True)}, "activeLoadout": "L", "loadouts": {"L": loadout}}
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", copy.deepcopy(cfg))]))
+    at_resolve = [(i.code, i.path) for i in err.value.issues]
+    assert at_resolve == [(i.code, i.path) for i in load_config([("t", cfg)]).issues]  # validate says the same
+    return at_resolve
+
+
+@pytest.mark.parametrize("exit_", [{"from": "Socket-3", "when": "always", "to": "Socket-9"},
+                                   {"from": "Socket-9", "when": "done", "to": "Socket-10"}])
+def test_24_an_exit_to_a_missing_socket_is_reported_where_the_file_says_it_and_materializes_no_route(
+        exit_: dict) -> None:
+    """The legacy exit shim mirrored ``exit.to`` into ``exits`` whatever it named, so a missing
+    target was reported again at ``/loops/lp/exits/0/...``, a pointer the file does not have."""
+    lo = _loop_loadout(exit=exit_)
+    prepared, _ = graph.prepare_loadout(lo, {"A": agent(), "G": agent(generator=True)})
+    assert "exits" not in prepared["loops"]["lp"]
+    errors = _loadout_errors(lo)
+    assert ("unknown-endpoint", "/loadouts/L/loops/lp/exit/to") in errors
+    assert not [path for _, path in errors if "/exits/" in path]
+    assert len(errors) == len(set(errors))
+
+
+def test_24_an_advance_done_naming_a_missing_socket_materializes_no_route() -> None:
+    lo = _loop_loadout()
+    lo["sockets"]["Socket-3"]["advance"] = {"cursor": "workItemIndex", "items": "state.workItems", "done": "Socket-9"}
+    prepared, _ = graph.prepare_loadout(lo, {"A": agent(), "G": agent(generator=True)})
+    assert "exits" not in prepared["loops"]["lp"]
+    assert _loadout_errors(lo) == [("unknown-endpoint", "/loadouts/L/sockets/Socket-3/advance/done")]
+
+
 def test_25_generator_sockets_forced_to_json() -> None:
     materia = {"A": agent(), "G": agent(generator=True), "G2": agent(generator=True)}
     lo = _loop_loadout()
