@@ -296,6 +296,14 @@ def _names_socket(target: Any, sockets: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- validation
 
 
+def issues_once(prepared: list[ConfigIssue], validated: list[ConfigIssue]) -> list[ConfigIssue]:
+    """A loadout's problems, each reported once: the issues of :func:`prepare_loadout`, then those
+    of :func:`validate_graph` that do not repeat one of them (the same code at the same place:
+    a loop exit's parse or advance conflict is found by both, in different words)."""
+    seen = {(issue.code, issue.path) for issue in prepared}
+    return [*prepared, *(issue for issue in validated if (issue.code, issue.path) not in seen)]
+
+
 class _Collector:
     def __init__(self, base: tuple[str | int, ...], source: str | None) -> None:
         self.base = base

@@ -96,7 +96,7 @@ def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> lis
         prepared, prep_issues = graph.prepare_loadout(loadout, materia, name=name, source=source)
         assert loadouts is not None  # the loop runs over its items
         loadouts[name] = prepared
-        graph_issues = prep_issues + graph.validate_graph(prepared, name=name, source=source)
+        graph_issues = graph.issues_once(prep_issues, graph.validate_graph(prepared, name=name, source=source))
         for issue in graph_issues:
             issues.append(issue.model_copy(update={
                 "message": f"Materia loadout \"{name}\" graph is invalid: {issue.message}"}))
@@ -135,13 +135,12 @@ def resolve_config(
             code="unknown-loadout", path=pointer("activeLoadout"), source=source,
             message=f"Unknown Materia loadout \"{name}\". Available loadouts: {available}")])
     prepared, prep_issues = graph.prepare_loadout(loadouts[name], materia, name=name, source=source)
-    issues.extend(prep_issues)
     for field in checks.OBSOLETE_LOADOUT:
         if field in prepared:
             issues.append(ConfigIssue(code="obsolete-field", path=pointer("loadouts", name, field), source=source,
                                       message=f"loadout \"{name}\" has obsolete field \"{field}\""))
-    issues.extend(graph.validate_graph(prepared, name=name, source=source,
-                                       generator_detector=graph.default_generator_detector(materia)))
+    issues.extend(graph.issues_once(prep_issues, graph.validate_graph(
+        prepared, name=name, source=source, generator_detector=graph.default_generator_detector(materia))))
     sockets_out: dict[str, ResolvedSocket] = {}
     for sid, raw in (prepared.get("sockets") or {}).items():
         resolved, socket_issues = _resolve_socket(name, sid, raw, materia, source)

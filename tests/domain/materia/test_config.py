@@ -383,6 +383,19 @@ def test_24_an_advance_done_naming_a_missing_socket_materializes_no_route() -> N
     assert _loadout_errors(lo) == [("unknown-endpoint", "/loadouts/L/sockets/Socket-3/advance/done")]
 
 
+def test_21_23_a_loop_exit_problem_found_by_preparation_and_validation_is_reported_once() -> None:
+    """Preparing and validating a loadout both check a loop exit's parse and advance: each
+    problem was reported twice, in two wordings."""
+    lo = _loop_loadout(exit={"from": "Socket-3", "when": "satisfied", "to": "end"})
+    lo["sockets"]["Socket-3"]["parse"] = "text"
+    assert _loadout_errors(lo) == [("invalid-loop", "/loadouts/L/sockets/Socket-3/parse")]
+    lo = _loop_loadout(exit={"from": "Socket-3", "when": "satisfied", "to": "end"})
+    lo["sockets"]["Socket-3"]["edges"] = [{"when": "not_satisfied", "to": "Socket-2"}]
+    lo["sockets"]["Socket-3"]["advance"] = {"cursor": "i", "items": "state.other", "when": "always"}
+    assert _loadout_errors(lo) == [("invalid-loop", f"/loadouts/L/sockets/Socket-3/advance/{field}")
+                                   for field in ("cursor", "items", "when")]
+
+
 def test_25_generator_sockets_forced_to_json() -> None:
     materia = {"A": agent(), "G": agent(generator=True), "G2": agent(generator=True)}
     lo = _loop_loadout()
