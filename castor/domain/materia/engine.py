@@ -91,6 +91,7 @@ Decision table (trigger → state → effects/events → next state):
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -495,11 +496,19 @@ def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
 def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     if rs.materia is None:
         return None
-    thinking = rs.materia.thinking if (rs.materia.thinking or "").strip() else None  # blank: unset
+    return _shared_materia_model(rs.materia.model, rs.materia.thinking)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_materia_model(model: str | None, thinking: str | None) -> dict[str, Any]:
+    """One record per (model, thinking), shared by every cast that asks for it: a 15-field record
+    made per socket of every cast cost a thousand concurrent casts 4 KiB each (bench/casts.py's
+    peak memory per cast). Shared safely because nothing mutates a ``materiaModel``."""
+    thinking = thinking if (thinking or "").strip() else None  # blank: unset
     # An unknown level is not applied (warned at load): the turn keeps the harness's level, as
     # pi-materia falls back.
     applied = thinking if thinking is None or thinking in THINKING_LEVELS else None
-    return materia_model_selection(requested_model=rs.materia.model, requested_thinking=thinking, thinking=applied,
+    return materia_model_selection(requested_model=model, requested_thinking=thinking, thinking=applied,
                                    thinking_fallback_reason=None if applied == thinking else "unknown_thinking")
 
 
