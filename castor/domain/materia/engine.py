@@ -503,13 +503,16 @@ def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
 def _shared_materia_model(model: str | None, thinking: str | None) -> dict[str, Any]:
     """One record per (model, thinking), shared by every cast that asks for it: a 15-field record
     made per socket of every cast cost a thousand concurrent casts 4 KiB each (bench/casts.py's
-    peak memory per cast). Shared safely because nothing mutates a ``materiaModel``."""
+    peak memory per cast). Shared safely because nothing mutates a ``materiaModel``. A field with
+    no value is left out, as pi-materia's JSON leaves out its undefined optional fields (and each
+    manifest entry, kept as text, is shorter for it)."""
     thinking = thinking if (thinking or "").strip() else None  # blank: unset
     # An unknown level is not applied (warned at load): the turn keeps the harness's level, as
     # pi-materia falls back.
     applied = thinking if thinking is None or thinking in THINKING_LEVELS else None
-    return materia_model_selection(requested_model=model, requested_thinking=thinking, thinking=applied,
-                                   thinking_fallback_reason=None if applied == thinking else "unknown_thinking")
+    record = materia_model_selection(requested_model=model, requested_thinking=thinking, thinking=applied,
+                                     thinking_fallback_reason=None if applied == thinking else "unknown_thinking")
+    return {key: value for key, value in record.items() if value is not None}
 
 
 def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: Any) -> None:
@@ -521,8 +524,8 @@ def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: An
     if record is not None:
         s.usage = s.usage.add_selection(model_selection(
             socket=rs.id, materia=rs.materia_name, visit=visit, item_key=s.current_item_key,
-            requested_model=record["requestedModel"], requested_thinking=record["requestedThinking"],
-            thinking=record["thinking"], thinking_fallback_reason=record["thinkingFallbackReason"],
+            requested_model=record.get("requestedModel"), requested_thinking=record.get("requestedThinking"),
+            thinking=record.get("thinking"), thinking_fallback_reason=record.get("thinkingFallbackReason"),
             attempt=max(s.attempt, 1)))
     ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
                                         **s.item_fields(), "materiaModel": record, **extra})

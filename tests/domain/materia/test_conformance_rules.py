@@ -80,7 +80,7 @@ def test_an_unknown_thinking_level_loads_with_a_warning_and_is_not_applied() -> 
     assert settings.data["materiaModel"]["thinkingFallbackReason"] == "unknown_thinking"
     assert (
         settings.data["materiaModel"]["requestedThinking"] == "max"
-        and settings.data["materiaModel"]["thinking"] is None
+        and settings.data["materiaModel"].get("thinking") is None
     )
     assert [e.data["code"] for e in d.events("config_warning")] == ["unknown-thinking"]
 
