@@ -22,7 +22,8 @@ import socket
 import stat
 import tempfile
 
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidConfig, StorageUnavailable
+from castor.adapters.fs import storage_unavailable
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidConfig
 
 _SUN_PATH_MAX = 107
 
@@ -179,11 +180,12 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
 def address_refused(what: str, host: str, port: int, exc: OSError) -> CastorError:
     """The error of a TCP listen that failed: an address another process holds is a ``conflict``
     naming it (it read ``storage_unavailable: Address already in use``, naming neither the
-    listener nor the address); any other failure keeps its errno, named the same way."""
+    listener nor the address); any other failure is ``adapters.fs.storage_unavailable``'s error,
+    with the address in its data."""
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         return Conflict(f"{what} cannot listen on {shown}: another process holds that address (choose another "
                         "port, or 0 for a free one)", data={"address": shown, "errno": "EADDRINUSE"})
-    name = errno.errorcode.get(exc.errno or 0, "error")
-    return StorageUnavailable(f"{what} cannot listen on {shown}: {exc.strerror or exc} ({name})",
-                              data={"address": shown, "errno": name})
+    refused = storage_unavailable(exc, action=f"listen on {shown} for {what}")
+    refused.data["address"] = shown
+    return refused

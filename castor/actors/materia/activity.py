@@ -11,6 +11,8 @@ import shlex
 import time
 from typing import Any
 
+from castor.domain.materia.engine import cast_of_visit
+
 _PENDING_WORDS = {"agent_turn": "awaiting the agent's turn for", "utility": "awaiting utility", "compaction":
                   "awaiting a compaction for"}
 
@@ -34,12 +36,6 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
     return "utility", f"running utility {command} (pid {pid}){whose}", {
         "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
 
-
-def cast_of_visit(visit_id: str) -> str | None:
-    """The cast a visit id belongs to: ``<cast id>:<socket>:<visit>:<dispatch>`` (the engine's
-    ``_next_visit_id``); None for an id of another shape."""
-    parts = visit_id.rsplit(":", 3)
-    return parts[0] if len(parts) == 4 and parts[0] else None
 
 
 def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:

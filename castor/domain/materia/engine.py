@@ -488,15 +488,9 @@ def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
 def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     """The socket's ``materiaModel`` record (events, manifest): pi-materia's
     ``MateriaModelSelection`` (:func:`materia_model_selection`), the same fields as the socket's
-    ``usage.json`` ``modelSelections`` records; None for a socket with no materia. Fixed per
-    resolved socket, so made once; events and entries share it as a value and nothing mutates it."""
-    return derived(rs, "materia_model", lambda: _make_materia_model(rs))
-
-
-def _make_materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
-    if rs.materia is None:
-        return None
-    return _shared_materia_model(rs.materia.model, rs.materia.thinking)
+    ``usage.json`` ``modelSelections`` records; None for a socket with no materia. One record per
+    (model, thinking), made once (:func:`_shared_materia_model`); nothing mutates it."""
+    return None if rs.materia is None else _shared_materia_model(rs.materia.model, rs.materia.thinking)
 
 
 @functools.lru_cache(maxsize=256)
@@ -579,6 +573,13 @@ def _item_suffix(s: CastState) -> str:
 def _next_visit_id(s: CastState, socket_id: str, visit: int) -> str:
     s.dispatch_seq += 1
     return f"{s.cast_id}:{socket_id}:{visit}:{s.dispatch_seq}"
+
+
+def cast_of_visit(visit_id: str) -> str | None:
+    """The cast a visit id (:func:`_next_visit_id`'s ``<cast id>:<socket>:<visit>:<dispatch>``)
+    belongs to; None for an id of another shape."""
+    parts = visit_id.rsplit(":", 3)
+    return parts[0] if len(parts) == 4 and parts[0] else None
 
 
 def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: bool = False, reuse: bool = False,

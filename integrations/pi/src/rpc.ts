@@ -157,9 +157,9 @@ export class MsgpackRpcPeer {
 	 * reads (`oversize`) is refused here, `invalid_params`, and the connection stays up. */
 	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
 		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
-		const tooLarge = oversize(params);
-		if (tooLarge) return Promise.reject(new RpcError("invalid_params", `${method} not sent: ${tooLarge}`));
 		const msgid = this.nextId++;
+		const bytes = this.encodeFrame([REQUEST, msgid, method, [params]]);
+		if (typeof bytes === "string") return Promise.reject(new RpcError("invalid_params", `${method} not sent: ${bytes}`));
 		const heardBefore = this.framesHeard;
 		return new Promise((resolve, reject) => {
 			const timer = setTimeout(() => {
@@ -168,15 +168,12 @@ export class MsgpackRpcPeer {
 				reject(new RpcError("timeout", `castor did not answer ${method} within ${timeoutMs} ms`));
 			}, timeoutMs);
 			this.pending.set(msgid, { resolve, reject, timer, method });
-			this.write([REQUEST, msgid, method, [params]]);
+			this.send(bytes);
 		});
 	}
 
 	notify(method: string, params: Params): void {
-		if (this.closed) return;
-		const tooLarge = oversize(params);
-		if (tooLarge) this.log(`${method} not sent: ${tooLarge}`);
-		else this.write([NOTIFICATION, method, [params]]);
+		if (!this.closed) this.write([NOTIFICATION, method, [params]], `${method} not sent`);
 	}
 
 	/** Reject everything in flight and stop reading; idempotent. */
@@ -198,12 +195,36 @@ export class MsgpackRpcPeer {
 		}
 	}
 
-	private write(frame: unknown[]): void {
+	/**
+	 * The frame's bytes, or why it is not sent: not encodable, or over what castor reads. Only a
+	 * frame over 8 MiB is looked into (`oversize`): under it no string can be over, so the calls of
+	 * every turn pay nothing for the check.
+	 */
+	private encodeFrame(frame: unknown[]): Uint8Array | string {
+		let bytes: Uint8Array;
 		try {
-			this.output.write(this.encoder.encode(frame));
+			bytes = this.encoder.encode(frame);
 		} catch (err) {
-			this.log(`cannot encode ${String(frame[0])} frame: ${String(err)}`);
+			return `cannot encode the ${String(frame[0])} frame: ${String(err)}`;
 		}
+		if (bytes.length > 2 * MAX_WIRE_STRING_BYTES) return `a message of ${(bytes.length / 1048576).toFixed(1)} MiB is over the 16 MiB castor reads`;
+		if (bytes.length > MAX_WIRE_STRING_BYTES) return oversize(frame) ?? bytes;
+		return bytes;
+	}
+
+	private send(bytes: Uint8Array): void {
+		try {
+			this.output.write(bytes);
+		} catch (err) {
+			this.log(`write failed: ${String(err)}`); // the stream's "error" event closes the peer
+		}
+	}
+
+	/** Encode and send `frame`; one that cannot go is logged (`what` names it), never sent. */
+	private write(frame: unknown[], what = "frame not sent"): void {
+		const bytes = this.encodeFrame(frame);
+		if (typeof bytes === "string") this.log(`${what}: ${bytes}`);
+		else this.send(bytes);
 	}
 
 	private async readLoop(): Promise<void> {
@@ -258,9 +279,9 @@ export class MsgpackRpcPeer {
 		}
 		try {
 			const result = await handler(params);
-			const tooLarge = oversize(result);
-			if (tooLarge) throw new RpcError("invalid_params", `the answer to ${method} is not sent: ${tooLarge}`);
-			this.write([RESPONSE, msgid, null, result ?? null]);
+			const bytes = this.encodeFrame([RESPONSE, msgid, null, result ?? null]);
+			if (typeof bytes === "string") throw new RpcError("invalid_params", `the answer to ${method} is not sent: ${bytes}`);
+			this.send(bytes);
 		} catch (err) {
 			this.write([RESPONSE, msgid, toRpcError(err).toWire(), null]);
 		}
