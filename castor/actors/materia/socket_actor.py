@@ -13,7 +13,7 @@ the rest of the visit, if there is any, on a loop thread of its own. Lifecycle::
                       a deadline (CompactionCall) -> ProactiveCompacted
     ProactiveCompacted -> cast.tell(CastProgress(ProactiveCompactionFinished(ok | error))); send the turn
     send the turn: agent.run_turn(TurnRequest(turn_id=visit_id, ...), reply=tell-myself)
-    TurnReplied(outcome) -> cast.tell(CastOutcome(TurnEnded(visit_id, ...))); stop
+    reply(outcome) -> cast.tell(CastOutcome(TurnEnded(visit_id, ...))) on the answering thread; stop
 
 Proactive compaction never stops the turn: an unknown usage (None, a harness without
 ``session.context_usage``, a failed read) skips it with no events; a failed or timed-out
@@ -32,7 +32,9 @@ model's window is the one the harness reports in its usage (Pi's ``getContextUsa
 Guarantees: the outcome is handed on at most once; an answer that arrives after this actor
 died is dropped by the closed mailbox (and would be ignored by the engine anyway: its
 visit id is no longer pending). The AgentPort's reply is marked ``enqueues_only``: an answer
-from another thread is told to this actor (``TurnReplied``); one a port gives at once, on the
+from another thread is told to the cast from that thread before the reply returns (so whatever
+the answering harness sends next reaches the cast after the turn's end), then this actor is
+told to stop (``TurnReplied``); one a port gives at once, on the
 thread running ``run_turn``, is only kept and handed on after ``run_turn`` has returned (so
 nothing runs re-entrantly, and no message is queued to itself). The visit then ends inside
 ``spawn``: the cast finds its ``CastOutcome`` queued once the handler that started it returns.
@@ -127,7 +129,9 @@ class SocketActor(Actor):
         self.host = host
         self.usage_timeout_s = usage_timeout_s
         self.compaction_timeout_s = compaction_timeout_s
-        self._delivered = False
+        #: Held by whoever ends the visit first: the answer handed on, or this actor's end (which
+        #: then cancels the turn and drops a later answer).
+        self._once = threading.Lock()
         self._sent = False
         self._decision: ProactiveDecision | None = None
         self._compaction: CompactionCall | None = None
@@ -216,10 +220,15 @@ class SocketActor(Actor):
             if sending and threading.get_ident() == me:
                 ready.append(outcome)  # handled below, once run_turn has returned: no self-tell
                 return
+            # Handed to the cast from the answering thread, before the answer's call returns: a
+            # command the harness sends once its turn end is answered (an Esc's ``cast.continue``)
+            # queues behind the outcome in the cast's mailbox, so the cast has applied the turn's
+            # end before it sees the command (test_socket_actor.py's continue-after-abort race).
+            self._hand_on(outcome)
             try:
-                handle.tell(TurnReplied(outcome=outcome))
+                handle.tell(TurnReplied(outcome=outcome))  # now only: this visit is over, stop
             except CastorError:
-                pass  # this visit is over (stopped, killed): the answer has nowhere to go
+                pass  # this visit is over (stopped, killed): nothing left to stop
 
         self.report_activity(*_activity.awaiting_turn(self.effect, self.cast_id), lasting=True)
         try:
@@ -234,19 +243,26 @@ class SocketActor(Actor):
         self._deliver(message.outcome)
 
     def _deliver(self, outcome: TurnOutcome) -> None:
-        if self._delivered:
-            return
-        self._delivered = True
-        self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time(),
-                                                    agent=agent_label(self.agent))))
+        self._hand_on(outcome)
         self.stop_self()
+
+    def _hand_on(self, outcome: TurnOutcome) -> None:
+        """Tell the cast the turn's end, at most once per visit, from whichever thread has it;
+        nothing once this actor's end has claimed the visit (:meth:`on_terminate`)."""
+        if not self._once.acquire(blocking=False):
+            return
+        try:
+            self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time(),
+                                                        agent=agent_label(self.agent))))
+        except CastorError:
+            pass  # the cast is gone; its restart re-dispatches from the saved state
 
     def on_terminate(self, cause: str) -> None:
         if self._compaction is not None:
             self._compaction.cancel()  # its late answer is dropped; the host may still compact
             self._compaction = None
-        if self._delivered:
-            return
+        if not self._once.acquire(blocking=False):
+            return  # the outcome was handed on
         try:
             self.agent.cancel(self.effect.visit_id)
         except Exception:  # noqa: BLE001 - best effort; the engine ignores late answers anyway

@@ -45,8 +45,6 @@ const DEADLINE_MARGIN_MS = 2000;
 const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
 const ABORT_NOTICE_GRACE_MS = 500;
-/** How long after an aborted run a command castor refuses as "awaiting" that run is asked again. */
-const AWAITING_RETRY_MS = 2000;
 /** How long a command that waits for idle also waits for the last run's settle to be emitted. */
 const SETTLE_WAIT_MS = 2000;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
@@ -495,22 +493,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		try {
 			const rt = await ready(true);
-			const params = { session_id: sessionId, cwd: ctx.cwd, ...planned.params };
-			let result: unknown;
-			for (const began = Date.now(); ; ) {
-				try {
-					result = await rt.call(planned.method, params, { spawn: false });
-					break;
-				} catch (err) {
-					// castor answers an aborted turn's end before its cast has applied it: a continue
-					// sent at once may find the cast still awaiting that turn. Asked again for a
-					// moment after an Esc, never otherwise.
-					const awaiting = err instanceof RpcError && err.code === "conflict" &&
-						(err.data as { reason?: unknown } | undefined)?.reason === "awaiting";
-					if (!awaiting || Date.now() - lastAbortedSettleAt > AWAITING_RETRY_MS || Date.now() - began > AWAITING_RETRY_MS) throw err;
-					await new Promise((resolve) => setTimeout(resolve, 50));
-				}
-			}
+			const result = await rt.call(planned.method, { session_id: sessionId, cwd: ctx.cwd, ...planned.params }, { spawn: false });
 			applyEffects(result);
 			const shown = resultText(result);
 			notify(shown.text, shown.level);
@@ -676,11 +659,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (!HAS_SETTLED) void emulateSettled(ctx, messages);
 	});
 
-	/** When the last run that settled aborted (an Esc): a command right after it may be asked again. */
-	let lastAbortedSettleAt = 0;
-
 	async function settled(aborted: boolean, ctx: Ctx): Promise<void> {
-		if (aborted) lastAbortedSettleAt = Date.now();
 		let entryId: string | null = null;
 		try {
 			entryId = ctx?.sessionManager?.getLeafId?.() ?? null;

@@ -162,6 +162,22 @@ def test_esc_pauses_the_cast_at_its_socket_and_continue_reruns_it(pi, loadout: s
     assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() in ('{"summary": "the plan"}', "BUILT")
 
 
+@pytest.mark.timeout(90)
+def test_continue_sent_the_moment_an_esc_is_answered_finds_the_cast_interrupted(pi) -> None:
+    """The harness sends ``cast.continue`` as soon as castor answers the aborted turn's end (Pi
+    runs a /materia continue typed during the turn right after the Esc): the cast has applied the
+    turn's end by then, every time. Before the answer waited for nothing, a continue could beat
+    the outcome's hop through the visit's actor and be refused ``conflict`` (``awaiting``)."""
+    cast_id, _run_dir, turn = start(pi)
+    for round_ in range(40):
+        assert pi.end_turn(turn, "", aborted=True) == {"ok": True}
+        answer = pi.call("cast.continue", cast_id=cast_id)  # no wait between: the race itself
+        assert answer["status"] == "active", (round_, answer)
+        again = pi.next_turn()
+        assert again["turn_id"] != turn["turn_id"] and again["prompt"] == turn["prompt"]
+        turn = again
+
+
 @pytest.mark.timeout(60)
 def test_esc_then_abort_ends_the_cast_without_stopping_anything_in_the_harness(pi) -> None:
     cast_id, _run_dir, turn = start(pi)
