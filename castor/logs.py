@@ -60,7 +60,8 @@ def parse_json_flag(value: str, *, source: str = "CASTOR_LOG_JSON") -> bool:
 
 
 def configure_logging(level: str | None = None, *, json: bool | None = None, sink: Any = None) -> None:
-    """Replace loguru's default handler with castor's (idempotent).
+    """Replace loguru's handlers with castor's (idempotent) and turn castor's lines on: imported
+    as a library, castor logs nothing until this (or ``logger.enable("castor")``) is called.
 
     ``level`` (else ``CASTOR_LOG_LEVEL``, else WARNING) and ``CASTOR_LOG_JSON`` are checked
     first: a bad value raises :class:`LogSettingError` and leaves the logging as it was."""
@@ -75,6 +76,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     if level.isascii() and level.isdigit():
         level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
     logger.remove()
+    logger.enable("castor")  # castor's package disables its lines until the program configures logging
     logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(
         sink or sys.stderr,

@@ -71,3 +71,39 @@ def test_the_json_log_names_the_message_an_actor_was_handling():
     [named] = [r for r in records if "names its own type" in r["message"]]
     assert named["extra"]["msg_type"] == "tests.logs.named"
     assert all(r["extra"]["msg_type"] for r in records)  # "-" outside a message, never missing
+
+
+_EMBEDDER = """
+import sys
+from castor.supervision import Actor, ActorSystem, ChildSpec, Restart
+
+class Quiet(Actor):
+    pass
+
+if sys.argv[1] == "configured":
+    from castor.logs import configure_logging
+    configure_logging("DEBUG")
+from loguru import logger
+logger.warning("the program's own line")
+with ActorSystem() as system:
+    handle = system.spawn(ChildSpec("a", Quiet, restart=Restart.TEMPORARY))
+    handle.kill("a crash the test injects")
+    assert handle.closed.wait(5)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["library", "configured"])
+def test_castor_as_a_library_logs_nothing_until_the_program_configures_logging(tmp_path, how):
+    """A program that imports castor keeps its stderr: loguru's default handler would print
+    castor's lines (a crash's ERROR and its traceback here) into it. Its own lines still show."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "embedder.py"
+    script.write_text(_EMBEDDER)
+    proc = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "the program's own line" in proc.stderr
+    crashed = "actor crashed: ActorKilled: a crash the test injects" in proc.stderr
+    assert crashed is (how == "configured"), proc.stderr

@@ -49,9 +49,11 @@ class CastHost:
     def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None) -> None:
         from castor.actors.materia.utility_pool import pool_of
         from castor.composition import materia_component
+        from castor.logs import configure_logging
         from castor.runtime import Runtime, RuntimeSettings
         from castor.scaleout.utility_tasks import RayUtilityRunner
 
+        configure_logging()  # this Ray worker runs castor as its program: its warnings go to the worker's log
         self.host_id = host_id
         self.outbox = Outbox()
         self.runtime = Runtime(RuntimeSettings(**settings), components=[materia_component()])
