@@ -18,7 +18,7 @@ castor_retirements_total{kind}             counter    retirements (mailbox rejec
 castor_starts_total{kind}                  counter    incarnations started
 castor_ask_timeouts_total{kind}            counter    asks to the kind that timed out
 castor_ask_seconds{kind}                   histogram  ask latency (send to answer), by target kind
-castor_casts{phase}                        gauge      live casts by phase (or interrupted / paused)
+castor_casts{phase}                        gauge      live casts by phase (or interrupted / paused); 0 once none
 castor_socket_visits_total                 counter    agent socket visits (SocketActor starts)
 castor_utility_runs_total                  counter    utility commands run (= histogram count)
 castor_utility_run_seconds                 histogram  utility command durations
@@ -31,7 +31,9 @@ castor_memory_trim_seconds                 histogram  allocator trims after clos
 
 from __future__ import annotations
 
-from collections import defaultdict
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -47,9 +49,37 @@ _KIND_COUNTERS = {"restarts": "restarts by a supervisor", "crashes": "crashes (a
                   "ask_timeouts": "asks to actors of the kind that timed out"}
 
 
+#: How many cast phases no live cast is in keep a zero sample (the most recently seen ones).
+PHASES_REMEMBERED = 256
+
+
+class _PhasesSeen:
+    """Every cast phase a scrape of one runtime has seen, most recent last: a phase no cast is in
+    any more reads 0 (a series that vanished would keep its last value on a dashboard)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def samples(self, live: dict[str, int]) -> list[tuple[str, int]]:
+        with self._lock:
+            for phase in live:
+                self._seen[phase] = None
+                self._seen.move_to_end(phase)
+            while len(self._seen) > PHASES_REMEMBERED:
+                self._seen.popitem(last=False)
+            return [(phase, live.get(phase, 0)) for phase in sorted(self._seen)]
+
+
+_PHASES: weakref.WeakKeyDictionary[Any, _PhasesSeen] = weakref.WeakKeyDictionary()
+_PHASES_LOCK = threading.Lock()
+
+
 class RuntimeCollector(Collector):
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
+        with _PHASES_LOCK:
+            self._phases_seen = _PHASES.setdefault(runtime, _PhasesSeen())
 
     def collect(self) -> Iterator[Any]:
         system = self.runtime.system
@@ -82,7 +112,7 @@ class RuntimeCollector(Collector):
             depth.add_metric([kind], depths[kind])
             oldest.add_metric([kind], ages[kind])
             restarts.add_metric([kind], restart_sum[kind])
-        for phase, n in sorted(phases.items()):
+        for phase, n in self._phases_seen.samples(phases):
             casts.add_metric([phase], n)
         yield from (states, depth, oldest, restarts, casts)
         sessions = GaugeMetricFamily("castor_sessions", "open harness sessions")

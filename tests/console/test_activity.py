@@ -246,6 +246,11 @@ def test_an_interrupted_cast_says_it_waits_for_the_user_in_inspect_and_metrics(t
         assert "waiting for continue, recast or abort" in shown.export_text()
         text = metrics_text(runtime).decode()
         assert 'castor_casts{phase="interrupted"} 1.0' in text and 'phase="Socket-1"' not in text
+        materia_call(runtime, "u", "abort", {"cast_id": cast_id})
+        wait(lambda: not [a for a in runtime.system.snapshot_data()["actors"] if a["kind"] == "CastActor"],
+             timeout=10, what="the cast's actor to end")
+        # No cast is interrupted any more: the series reads 0 rather than vanishing.
+        assert 'castor_casts{phase="interrupted"} 0.0' in metrics_text(runtime).decode()
     finally:
         runtime.shutdown(10)
 
