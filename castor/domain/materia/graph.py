@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -299,9 +300,18 @@ def _names_socket(target: Any, sockets: dict[str, Any]) -> bool:
 def issues_once(prepared: list[ConfigIssue], validated: list[ConfigIssue]) -> list[ConfigIssue]:
     """A loadout's problems, each reported once: the issues of :func:`prepare_loadout`, then those
     of :func:`validate_graph` that do not repeat one of them (the same code at the same place:
-    a loop exit's parse or advance conflict is found by both, in different words)."""
-    seen = {(issue.code, issue.path) for issue in prepared}
-    return [*prepared, *(issue for issue in validated if (issue.code, issue.path) not in seen)]
+    a loop exit's parse or advance conflict is found by both, in different words). Each of
+    :func:`prepare_loadout`'s issues hides one of :func:`validate_graph`'s at its code and place,
+    never more: a second problem at the same place (another loop's conflict) is still reported."""
+    unmatched = Counter((issue.code, issue.path) for issue in prepared)
+    out = list(prepared)
+    for issue in validated:
+        key = (issue.code, issue.path)
+        if unmatched[key] > 0:
+            unmatched[key] -= 1
+        else:
+            out.append(issue)
+    return out
 
 
 class _Collector:

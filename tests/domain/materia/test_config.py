@@ -590,3 +590,14 @@ def test_the_grid_shows_a_name_with_a_line_break_on_one_line() -> None:
     text = render_grid(resolve_config(load_config([("t", cfg)])))
     assert "⌘ loadout a\\nFAKE LINE\\x1b[2J" in text.splitlines()
     assert not any(line.startswith("FAKE LINE") for line in text.splitlines())
+
+
+@pytest.mark.timeout(10)
+def test_each_prepared_issue_hides_one_validated_issue_at_its_place_never_a_second_problem_there() -> None:
+    at = "/loadouts/L/sockets/Socket-2/advance/cursor"
+    prepared = [ConfigIssue(code="invalid-loop", path=at, message='loop "a" conflicts')]
+    validated = [ConfigIssue(code="invalid-loop", path=at, message='Socket-2.advance.cursor ... for loop "a"'),
+                 ConfigIssue(code="invalid-loop", path=at, message='Socket-2.advance.cursor ... for loop "b"'),
+                 ConfigIssue(code="unknown-endpoint", path=at, message="elsewhere")]
+    assert [i.message for i in graph.issues_once(prepared, validated)] == [
+        'loop "a" conflicts', 'Socket-2.advance.cursor ... for loop "b"', "elsewhere"]
