@@ -15,15 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger as _logger
-
 from castor.version import __version__ as __version__
-
-# A library stays quiet in the program that embeds it: castor's log lines go nowhere until the
-# program asks for them (``castor.logs.configure_logging``, or loguru's ``logger.enable("castor")``
-# with the program's own sinks). Every process castor runs itself (the CLI, a Ray cast host)
-# configures its logging, which enables them.
-_logger.disable("castor")
 
 _ERRORS = "castor.messages.errors"
 

@@ -35,8 +35,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.transport import PipeTransport, SocketTransport

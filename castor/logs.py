@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from loguru import logger
+from castor._log import logger
 
 _HUMAN = (
     "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> "

@@ -25,9 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from loguru import logger
-
 from castor import tree
+from castor._log import logger
 from castor.adapters.fs import check_project_dir, project_artifact_root
 from castor.adapters.memory_return import MemoryReturn, limit_malloc_arenas
 from castor.messages.errors import CastorError, Conflict, MailboxFull, NotFound, Timeout

@@ -37,8 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from loguru import logger
-
+from castor._log import logger
 from castor.ports.session_component import DEFAULT_MEMORY_RETURN_S
 from castor.supervision.threads import start_thread
 

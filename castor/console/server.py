@@ -30,8 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from loguru import logger
-
+from castor._log import logger
 from castor.console import pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text

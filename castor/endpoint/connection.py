@@ -58,9 +58,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
-from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor._log import logger
 from castor.domain.jsontext import wide_integers_as_floats
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import ConnectionClosed, error_from_wire

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from castor._log import logger
 from castor.endpoint.framing import FrameLimits
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
 from castor.shown import clipped

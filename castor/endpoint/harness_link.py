@@ -51,8 +51,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
-from loguru import logger
-
+from castor._log import logger
 from castor.domain.materia.budget import answering_model, non_negative_number, plain_usage, sum_usage_maps, text_or_none
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits

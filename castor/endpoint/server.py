@@ -35,8 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.endpoint.auth import MAY_TRUST, AuthGate
 from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher

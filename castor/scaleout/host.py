@@ -37,8 +37,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from loguru import logger
-
+from castor._log import logger
 from castor.messages.errors import CastorError, NotFound
 from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySessionLog, RelayUi
 

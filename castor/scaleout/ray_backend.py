@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
 
 from castor import tree
+from castor._log import logger
 from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only

@@ -32,8 +32,8 @@ import uuid
 from typing import Any, Callable, ClassVar, TypeVar
 
 import pykka
-from loguru import logger
 
+from castor._log import logger
 from castor.messages.errors import ActorStopped, CastorError, Retired
 from castor.supervision.fault_plan import kill_process_trees
 from castor.supervision.handle import ActorHandle

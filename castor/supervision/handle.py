@@ -335,7 +335,7 @@ class ActorHandle:
 
     def log_slow_start(self, waited: float) -> None:
         """Log that an incarnation's ``on_start`` outran the ``waited`` seconds its starter gave it."""
-        from loguru import logger
+        from castor._log import logger
 
         logger.bind(actor=self.path).warning("on_start still running after {s}s; not waiting longer", s=waited)
 

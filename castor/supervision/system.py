@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
-from loguru import logger
-
+from castor._log import logger
 from castor.messages.errors import ActorStopped
 from castor.messages.inspection import ActorSnapshot, TreeSnapshot
 from castor.supervision.handle import ActorHandle

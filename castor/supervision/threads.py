@@ -37,7 +37,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from loguru import logger
+from castor._log import logger
 
 DEFAULT_MAX_PARKED = 64
 """Parked threads kept at most (each costs an OS thread's stack, mostly unused)."""

@@ -30,8 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Protocol
 
-from loguru import logger
-
+from castor._log import logger
 from castor.messages.errors import CastorError
 from castor.supervision.threads import start_thread
 

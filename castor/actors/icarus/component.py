@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.actors.icarus.session import COMPONENT, EXTRAS_KEY, IcarusSession
 from castor.messages.errors import NotFound
 from castor.ports.icarus_backend import IcarusBackend

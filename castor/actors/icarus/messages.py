@@ -27,8 +27,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import FilterResult

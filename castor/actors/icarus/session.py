@@ -61,9 +61,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loguru import logger
-
 from castor import tree
+from castor._log import logger
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController

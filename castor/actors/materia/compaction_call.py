@@ -19,8 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from loguru import logger
-
+from castor._log import logger
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
 from castor.supervision.timers import CancelToken, call_later
 

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loguru import logger
-
 from castor import tree
+from castor._log import logger
 from castor.actors.materia.api import session_actor
 from castor.actors.materia.messages import (
     BeginRefinement,

@@ -20,8 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.supervision.threads import start_thread
 
 DEADLINE_S = 5.0

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loguru import logger
-
+from castor._log import logger
 from castor.messages.errors import ActorStopped, Conflict
 from castor.ports.agent import ErrorKind, TurnError, TurnOutcome, TurnReply, TurnRequest, may_reply_inline
 from castor.supervision.threads import start_thread

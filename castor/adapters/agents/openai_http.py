@@ -44,8 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from loguru import logger
-
+from castor._log import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.domain.materia.budget import non_negative_number, plain_usage
 from castor.messages.errors import InvalidParams

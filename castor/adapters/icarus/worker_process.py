@@ -57,9 +57,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
-from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
+from castor._log import logger
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
 from castor.domain.jsontext import well_formed

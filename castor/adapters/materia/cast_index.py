@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from loguru import logger
+from castor._log import logger
 
 DB_NAME = ".castor-index.sqlite3"
 SCHEMA = 3

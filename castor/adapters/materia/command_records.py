@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from loguru import logger
 
+from castor._log import logger
 from castor.adapters.fs import atomic_write_bytes
 from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
 from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV

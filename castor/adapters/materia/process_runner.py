@@ -60,8 +60,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
-from loguru import logger
 
+from castor._log import logger
 from castor.adapters.executables import which_outside
 from castor.messages.errors import ErrorCode
 from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES

@@ -53,9 +53,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
+from castor._log import logger
 from castor.adapters.fs import (
     ConfinedRoot,
     atomic_write_bytes,

@@ -11,9 +11,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
-from loguru import logger
 from pydantic import Field
 
+from castor._log import logger
 from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
