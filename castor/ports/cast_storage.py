@@ -143,6 +143,11 @@ class CastFiles(Protocol):
                          events: list[tuple[str, dict[str, Any], int]]) -> None: ...
 
 
+#: A state document serialised as JSON: text, bytes, or bytes in pieces whose concatenation is the
+#: document (a store joins the pieces once, with its own header, instead of copying a joined whole).
+EncodedState = str | bytes | Sequence[bytes | memoryview]
+
+
 class CastStore(Protocol):
     """The state documents under one (resolved) artifact root."""
 
@@ -152,7 +157,7 @@ class CastStore(Protocol):
 
     def claim_loaded(self, cast_id: str, *, at_least: int = 1, fresh: bool = False) -> tuple[int, StoredDocument]: ...
 
-    def save_encoded(self, cast_id: str, state_json: str | bytes, *, incarnation: int,
+    def save_encoded(self, cast_id: str, state_json: EncodedState, *, incarnation: int,
                      expected_revision: int | None = None, index: Any = None) -> tuple[int, int, str]: ...
 
 

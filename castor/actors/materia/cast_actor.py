@@ -575,8 +575,9 @@ class CastActor(Actor):
         if self._user_turn is None:
             self._disarm_user_turn_bound()
 
-    def _encode(self, state: CastState, files: list[Any]) -> bytes:
-        """The state document (state + outbox) as UTF-8 JSON, reusing the resolved config's JSON.
+    def _encode(self, state: CastState, files: list[Any]) -> list[bytes | memoryview]:
+        """The state document (state + outbox) as UTF-8 JSON in pieces (their concatenation is the
+        document), reusing the resolved config's JSON.
 
         The resolved config is immutable and shared (between the states of a cast, and between
         casts started from unchanged config files), so its JSON is derived once per config
@@ -591,8 +592,10 @@ class CastActor(Actor):
         config_json = derived(config, "state_json_bytes", lambda: json.dumps(
             config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode("utf-8"))
         body = _STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY)
-        outbox = b",".join(_outbox_json(effect, config) for effect in files)
-        return b"".join((body[:-1], _OUTBOX_OPEN, outbox, b'],"config":', config_json, b"}"))
+        outbox = b",".join([_outbox_json(effect, config) for effect in files])
+        # The pieces, not their concatenation: the store joins them once with its header (a state
+        # document is tens of KB, and every copy of it is a pass through the CPU's caches).
+        return [memoryview(body)[:-1], _OUTBOX_OPEN, outbox, b'],"config":', config_json, b"}"]
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.

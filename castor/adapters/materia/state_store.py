@@ -71,7 +71,7 @@ from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, InvalidParams, NotFound
-from castor.ports.cast_storage import DEFAULT_PAGE, StateCorrupt
+from castor.ports.cast_storage import DEFAULT_PAGE, EncodedState, StateCorrupt
 
 __all__ = [
     "CastListing",
@@ -245,12 +245,15 @@ _HEADER = re.compile(rb'\A\{"format":\s*(\d+),\s*"castId":\s*"(?:[^"\\]|\\.)*",\
 _HEADER_BYTES = 512
 
 
-def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: str | bytes) -> bytes:
-    """The stored document, header fields first (the fence check reads only those)."""
+def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: EncodedState) -> bytes:
+    """The stored document, header fields first (the fence check reads only those); one copy of
+    the state's JSON (given in pieces, they are joined here, with the header)."""
     head = compact_json({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
                          "savedAt": saved_at})
-    body = state_json if isinstance(state_json, bytes) else state_json.encode("utf-8")
-    return b"".join((head[:-1].encode("utf-8"), b',"state":', body, b"}\n"))
+    if isinstance(state_json, str):
+        state_json = state_json.encode("utf-8")
+    body = [state_json] if isinstance(state_json, bytes) else state_json
+    return b"".join((head[:-1].encode("utf-8"), b',"state":', *body, b"}\n"))
 
 
 def _read_header(path: Path) -> tuple[int, int] | None:
@@ -451,7 +454,7 @@ class CastStateStore:
     def save_encoded(
         self,
         cast_id: str,
-        state_json: str | bytes,
+        state_json: EncodedState,
         *,
         incarnation: int,
         expected_revision: int | None = None,
