@@ -134,6 +134,7 @@ from castor.domain.materia.cast_messages import (
     TurnEnded,
     UtilityFinished,
     WriteArtifact,
+    built,
 )
 from castor.domain.materia.compaction import compaction_summary
 from castor.domain.materia.config import (
@@ -264,17 +265,17 @@ class _Ctx:
         return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:
-        self.effects.append(EmitEvent(type=type_, data=data, ts_ms=self.ts_ms))
+        self.effects.append(built(EmitEvent, type=type_, data=data, ts_ms=self.ts_ms))
 
     def write(self, path: tuple[str, ...], content: str, manifest: dict[str, Any] | None = None) -> str:
         rel = "/".join(path)
         if manifest is not None:
             manifest = {**manifest, "artifact": rel, "timestamp": self.ts_ms}  # Date.now(), as pi-materia
-        self.effects.append(WriteArtifact(path=path, content=content, manifest=manifest))
+        self.effects.append(built(WriteArtifact, path=path, content=content, manifest=manifest))
         return rel
 
     def manifest(self, entry: dict[str, Any]) -> None:
-        self.effects.append(AddManifestEntry(entry={**entry, "timestamp": self.ts_ms}))
+        self.effects.append(built(AddManifestEntry, entry={**entry, "timestamp": self.ts_ms}))
 
     def notify(self, level: Literal["info", "warning", "error"], message: str) -> None:
         self.effects.append(Notify(level=level, message=message))
@@ -288,7 +289,7 @@ class _Ctx:
         if self._usage_write is not None:
             # One usage.json write a transition (a turn's end and its socket's completion both
             # ask): the latest report, where the first ask put it (no other effect depends on it).
-            self.effects[self._usage_write] = WriteArtifact(path=("usage.json",), content=content)
+            self.effects[self._usage_write] = built(WriteArtifact, path=("usage.json",), content=content)
             return
         self._usage_write = len(self.effects)
         self.write(("usage.json",), content)
@@ -597,8 +598,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
     visit_id = _next_visit_id(s, rs.id, visit)
     s.assign(active_turn_prompt=prompt, active_turn_mode=mode, active_turn_socket_id=rs.id, active_turn_visit=visit,
              awaiting_response=True, socket_state="awaiting_agent_response",
-             pending=Pending(kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
-                             user_driven=user_driven))
+             pending=built(Pending, kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
+                                   user_driven=user_driven))
     label = context_label if context_label else ("" if mode == "normal" and not recovery else mode)
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
     name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
@@ -625,8 +626,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
     summary = f"Casting **{rs.materia_name} ({ordinal})**"
     if s.current_item_label or s.current_item_key:
         summary += f"\n\n{s.current_item_label or s.current_item_key}"
-    effect = RunAgentTurn(
-        visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
+    effect = built(
+        RunAgentTurn, visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
         prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
         model=(rs.materia.model or "").strip() or None, tools=rs.materia.tools,
         thinking=rs.materia.thinking if rs.materia.thinking in THINKING_LEVELS else None,  # else: warned at load
