@@ -491,8 +491,8 @@ class JsonLinesRead(BaseModel):
         return any(s.torn_tail for s in self.skipped)
 
 
-def _tail_is_torn(fd: int) -> bool:
-    size = os.fstat(fd).st_size
+def _tail_is_torn(fd: int, size: int) -> bool:
+    """Whether the file of ``fd`` (``size`` bytes, from the caller's ``fstat``) ends in a torn line."""
     if size == 0:
         return False
     return os.pread(fd, 1, size - 1) != b"\n"
@@ -536,10 +536,11 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
         raise Forbidden(f"refusing to append through a symlink: {_printable(os.fspath(path))}",
                         data={"reason": "symlink", "path": _printable(os.fspath(path))}) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)  # one fstat: what kind of file, and its size for the torn-tail check
+        if not stat.S_ISREG(info.st_mode):
             raise Forbidden(f"refusing to append to {_printable(os.fspath(path))}: not a regular file",
                             data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))})
-        if _tail_is_torn(fd):
+        if _tail_is_torn(fd, info.st_size):
             # Seal the torn fragment as its own (invalid) line.
             payload = b"\n" + payload
         _write_all(fd, payload)
