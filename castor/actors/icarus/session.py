@@ -59,6 +59,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from castor import tree
@@ -259,6 +260,11 @@ class IcarusSession:
     def path(self, *segments: str) -> str:
         return self.ctx.child(COMPONENT, *segments)
 
+    @cached_property
+    def _worker_path(self) -> str:
+        """The worker actor's path (the tool call's debug record names it): made once, not per call."""
+        return self.path("worker")
+
     def _lookup(self, *segments: str) -> ActorHandle:
         """A child handle, once the session's supervisors have started their children.
 
@@ -431,7 +437,7 @@ class IcarusSession:
             return {"error": exc.message}
         # The fields as the call's extras, not a bound logger: a bound logger is built even when
         # debug records are dropped (2.4 against 0.5 us a tool call); the record is the same.
-        logger.debug("icarus tool call", actor=self.path("worker"), tool=name, tool_call_id=tool_call_id)
+        logger.debug("icarus tool call", actor=self._worker_path, tool=name, tool_call_id=tool_call_id)
         return self.tool_worker().call("tools", name, [prepared], None, self.settings.timeout_ms / 1000.0)
 
     # -- commands ---------------------------------------------------------------

@@ -121,9 +121,9 @@ class IcarusWorkerActor(Actor):
         self._next_id = next_id
         self._timeout_s = timeout_ms / 1000.0
         self._worker: WorkerProcessPort | None = None
-        # The call being run: (target, since (monotonic), worker), for the activity the snapshot
+        # The call being run: (the call, since (monotonic), worker), for the activity the snapshot
         # describes (describe_activity: nothing is built per call); None between calls.
-        self._running: tuple[str, float, WorkerProcessPort] | None = None
+        self._running: tuple[WorkerCall, float, WorkerProcessPort] | None = None
         self._count_call: Callable[[], object] = _no_tally  # the worker_calls tally, from the first spawn
 
     # -- ownership -----------------------------------------------------------
@@ -160,23 +160,27 @@ class IcarusWorkerActor(Actor):
         worker = self._worker
         if worker is None or worker.exited_while_idle():
             worker = self._fresh_worker(worker)
-        target = f"{call.module}.{call.function}"
         kill: Callable[[], None] | None = None
         if token is not None:
             # Before this the call is rejected unsent; after it, cancelling kills the worker tree.
             kill = lambda: worker.kill_tree("cancelled")  # noqa: E731 - one closure, armed then disarmed
             if not token.on_cancel(kill):
+                target = f"{call.module}.{call.function}"
                 raise Cancelled(f"icarus call {target} cancelled before it was sent",
                                 data={"target": target}, may_have_started=False)
-        self._running = (target, now, worker)  # what a snapshot shows meanwhile (see _describe)
+        # What a snapshot shows meanwhile (see _describe; the target is formatted there, and on
+        # the error paths below, not on every call).
+        self._running = (call, now, worker)
         self._count_call()
         try:
             reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
         except Timeout:
+            target = f"{call.module}.{call.function}"
             self.count_metric("worker_timeouts")
             self.retire(f"call {target} timed out", error=WorkerRetired)
             raise
         except WorkerRetired as exc:
+            target = f"{call.module}.{call.function}"
             self.retire(f"worker killed during {target}", error=WorkerRetired)
             if token is not None and token.cancelled:
                 raise Cancelled(f"icarus call {target} cancelled; the worker was retired",
@@ -184,7 +188,7 @@ class IcarusWorkerActor(Actor):
             raise exc
         except WorkerCrashed as crash:
             if not crash.data.get("died_idle"):
-                self.retire(f"worker crashed during {target}", error=WorkerCrashed)
+                self.retire(f"worker crashed during {call.module}.{call.function}", error=WorkerCrashed)
                 raise
             reply = None  # it died idle and the request never reached it: a fresh worker runs it
         finally:
@@ -195,7 +199,7 @@ class IcarusWorkerActor(Actor):
             return self._on_call_again(call)
         if reply.get("ok") is True:
             return reply.get("result")
-        return reply_result(reply, target)
+        return reply_result(reply, f"{call.module}.{call.function}")
 
     def _on_call_again(self, call: WorkerCall) -> Any:
         """The call again, on a fresh worker: the last one had died idle, which showed only once
@@ -211,7 +215,8 @@ class IcarusWorkerActor(Actor):
         running = self._running
         if running is None:
             return None
-        target, since, worker = running
+        call, since, worker = running
+        target = f"{call.module}.{call.function}"
         return "worker_call", "worker call " + target, {"target": target, "pid": worker.running_pid}, since
 
     def _fresh_worker(self, gone: WorkerProcessPort | None) -> WorkerProcessPort:

@@ -178,6 +178,14 @@ def registered_tools(settings: IcarusSettings) -> list[ToolSpec]:
     return tools
 
 
+# The names :func:`prepare_call` forwards, by (settings.tools, settings.admin_tools): the registered
+# tools but the config tool (answered without the worker). Built once, not per tool call.
+_FORWARDED_NAMES: dict[tuple[bool, bool], frozenset[str]] = {
+    (tools, admin): frozenset(t.name for t in ([*NORMAL_TOOLS, *(ADMIN_TOOLS if admin else ())] if tools else ()))
+    for tools in (False, True) for admin in (False, True)
+}
+
+
 # --------------------------------------------------------------------------- validation
 
 def normalise_verified(value: Any) -> str:
@@ -251,7 +259,7 @@ def prepare_call(name: str, params: Any, settings: IcarusSettings) -> dict[str, 
     Raises ``NotFound``-like :class:`ToolValidationError` for a tool that is not
     registered under ``settings`` and for invalid params; no bridge call may follow.
     """
-    if name not in {t.name for t in registered_tools(settings)} or name == CONFIG_TOOL.name:
+    if name not in _FORWARDED_NAMES[bool(settings.tools), bool(settings.admin_tools)]:
         raise ToolValidationError(f"tool {name!r} is not available", data={"reason": "unknown_tool", "tool": name})
     if params is None:
         params = {}
