@@ -85,6 +85,8 @@ from castor.actors.icarus.messages import (
     Released,
     SetContextVisible,
     SetHooksEnabled,
+    feedback,
+    harness_event,
 )
 from castor.domain.icarus import lifecycle as lc
 from castor.messages.errors import CastorError, ErrorCode, InvalidParams, Timeout
@@ -373,17 +375,17 @@ class HookController(Actor):
         handle = self.handle
         bound = ASK_GRACE + self.worker_timeout
 
-        def feedback(done: lc.WorkerDone) -> None:
+        def feed_back(done: lc.WorkerDone) -> None:
             # An ask, not a tell: an idle controller handles it on the lane thread, which then
             # resolves the caller's future itself (one hand-off fewer each way). The controller
             # never waits on the lane, so the lane waiting on the controller cannot deadlock.
             try:
-                handle.ask(Feedback(event=done), timeout=bound)
+                handle.ask(feedback(done), timeout=bound)
             except Timeout as exc:
                 if not exc.may_have_started:  # withdrawn unhandled: deliver it queued instead
-                    handle.tell(Feedback(event=done))
+                    handle.tell(feedback(done))
 
-        self._lane = WorkerLane(self.worker, self.worker_timeout, feedback, owner=self.path)
+        self._lane = WorkerLane(self.worker, self.worker_timeout, feed_back, owner=self.path)
 
     def on_terminate(self, cause: str) -> None:
         timer = getattr(self, "_quit_timer", None)
@@ -476,7 +478,14 @@ class HookController(Actor):
                 self._interpret(effect, lane_wakes)
 
     def _interpret(self, effect: lc.Effect, lane_wakes: bool) -> None:
-        if isinstance(effect, lc.Reply):
+        # The effect classes have no subclasses: their own class picks the branch, the commonest
+        # first (a prompt's footer and its reply), not a chain of isinstance checks.
+        if type(effect) is lc.SetStatus:
+            try:
+                self.ui.set_status(effect.key, effect.text)
+            except Exception as exc:  # noqa: BLE001 - UI failures are swallowed
+                self.log.bind(error=type(exc).__name__).debug("session ui call failed")
+        elif type(effect) is lc.Reply:
             fut = self._futures.pop(effect.request, None)
             self._cancels.pop(effect.request, None)
             if fut is not None and not fut.done():
@@ -503,8 +512,6 @@ class HookController(Actor):
         elif isinstance(effect, lc.SendMessage):
             self._ui(lambda: self.ui.send_message(effect.custom_type, effect.content,
                                                   display=effect.display, trigger_turn=effect.trigger_turn))
-        elif isinstance(effect, lc.SetStatus):
-            self._ui(lambda: self.ui.set_status(effect.key, effect.text))
         elif isinstance(effect, lc.Log):
             self.log.bind(function=effect.function, code=effect.code).log(effect.level.upper(), effect.event)
 
@@ -629,8 +636,8 @@ class HookClient:
         req = request or self.new_request()
         data = payload or {}
         fut = Answer()
-        message = HarnessEvent(event=event_from_harness(name, data, req), reply=fut, current_model=_current_model(data),
-                               helper=None if answer is None else threading.get_ident())
+        message = harness_event(event_from_harness(name, data, req), fut, _current_model(data),
+                                None if answer is None else threading.get_ident())
         try:  # an idle controller handles it on this thread (inline_asks)
             lane = self.handle.ask(message, timeout=bound)
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None

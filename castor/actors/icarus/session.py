@@ -282,6 +282,9 @@ class IcarusSession:
         return system.lookup(path)
 
     def hooks(self) -> HookClient:
+        hooks = self._hooks  # set once, never unset: no lock to read it (every hook call reads it)
+        if hooks is not None:
+            return hooks
         with self._lock:
             if self._hooks is None:
                 self._hooks = HookClient(self._lookup("hooks"))

@@ -67,6 +67,7 @@ tool calls do not pass through this machine and surface their errors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -346,8 +347,15 @@ _AFTER_SHUTDOWN_IGNORED = frozenset(
 )
 
 
+@lru_cache(maxsize=64)
+def _status(text: str | None) -> SetStatus:
+    """The ``SetStatus`` effect for ``text``: one shared instance per text (effects are frozen and
+    only read), not a model validated at every prompt."""
+    return SetStatus(text=text)
+
+
 def _footer(state: HookState) -> SetStatus:
-    return SetStatus(text=state.config.footer_status if state.enabled else None)
+    return _status(state.config.footer_status if state.enabled else None)
 
 
 def _invalidate(state: HookState) -> Step:
@@ -382,7 +390,7 @@ def _on_session_start(state: HookState, ev: SessionStart) -> Step:
     state, effects = _invalidate(state)
     state = state.evolve(session_id=ev.session_id, started=True, first_turn=True, shut_down=False)
     if not state.enabled:
-        return state, [*effects, SetStatus(text=None), Reply(request=ev.request)]
+        return state, [*effects, _status(None), Reply(request=ev.request)]
     kwargs = {"session_id": state.session_id, "platform": state.config.platform}
     state = _with_inflight(state, ev.request, InFlight(kind="start", generation=state.generation))
     return state, [*effects, _footer(state),
@@ -393,7 +401,7 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
     if not state.config.hooks_registered:
         return state, [Reply(request=ev.request)]
     if not state.enabled:
-        return state, [SetStatus(text=None), Reply(request=ev.request)]
+        return state, [_status(None), Reply(request=ev.request)]
     prompt = flatten(ev.prompt)
     if ev.custom or not prompt.strip():
         return state, [_footer(state), Reply(request=ev.request)]
@@ -403,8 +411,9 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
         pending = Pending(generation=state.generation, prompt=prompt)
     elif pending.prompt is None:
         pending = pending.evolve(prompt=prompt)
-    state = state.evolve(first_turn=False, pending=pending)
-    state = _with_inflight(state, ev.request, InFlight(kind="prompt", generation=state.generation, prompt=prompt))
+    # One copy of the state, not two: the in-flight entry is added with the turn's own changes.
+    inflight = {**state.inflight, ev.request: InFlight(kind="prompt", generation=state.generation, prompt=prompt)}
+    state = state.evolve(first_turn=False, pending=pending, inflight=inflight)
     return state, [_footer(state), CallWorker(request=ev.request, function="pre_llm_call", kwargs=kwargs)]
 
 
@@ -436,7 +445,7 @@ def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
                            code=ev.error_code or ""))
     if fl.kind == "shutdown":
         state = _with_inflight(state, ev.request, None)
-        return state, [*effects, SetStatus(text=None), CloseWorker(), Reply(request=ev.request)]
+        return state, [*effects, _status(None), CloseWorker(), Reply(request=ev.request)]
     stale = fl.generation != state.generation
     context = _context_of(ev.result) if ev.ok and not stale else None
     if context is not None and len(context) > MAX_CONTEXT_CHARS:
@@ -536,7 +545,7 @@ def _on_session_shutdown(state: HookState, ev: SessionShutdown) -> Step:
         kwargs = {"session_id": state.session_id, "platform": state.config.platform}
         state = _with_inflight(state, ev.request, InFlight(kind="shutdown", generation=state.generation))
         return state, [*effects, CallWorker(request=ev.request, function="on_session_end", kwargs=kwargs)]
-    return state, [*effects, SetStatus(text=None), CloseWorker(), Reply(request=ev.request)]
+    return state, [*effects, _status(None), CloseWorker(), Reply(request=ev.request)]
 
 
 def _on_set_enabled(state: HookState, ev: SetEnabled) -> Step:
@@ -545,7 +554,7 @@ def _on_set_enabled(state: HookState, ev: SetEnabled) -> Step:
     target = (not state.enabled) if ev.enabled is None else ev.enabled
     if not target:
         state, effects = _invalidate(state)
-        return state.evolve(enabled=False), [*effects, SetStatus(text=None)]
+        return state.evolve(enabled=False), [*effects, _status(None)]
     state = state.evolve(enabled=True)
     return state, [_footer(state)]
 
