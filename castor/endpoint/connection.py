@@ -1022,7 +1022,7 @@ class Connection:
                 continue
             counters["frames_in"] += 1
             # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
-            # response to our call, a request with its params in one map.
+            # response to our call, a request or a notification with its params in one map.
             if type(value) is list and len(value) == 4 and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID:
                 kind = value[0]
                 if (kind == 1 and type(kind) is int
@@ -1034,6 +1034,11 @@ class Connection:
                 if (kind == 0 and type(kind) is int and type(value[2]) is str and value[2]
                         and type(value[3]) is list and len(value[3]) == 1 and type(value[3][0]) is dict):
                     return _new_request(Request, (value[1], value[2], value[3][0]))
+            elif (type(value) is list and len(value) == 3 and value[0] == 2 and type(value[0]) is int
+                  and type(value[1]) is str and value[1] and type(value[2]) is list and len(value[2]) == 1
+                  and type(value[2][0]) is dict):
+                # A notification with its params in one map (a harness's footer, a server's toast).
+                return _new_request(Notification, (value[1], value[2][0]))
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
