@@ -184,6 +184,9 @@ class Actor(pykka.ThreadingActor):
         self._retire_request: tuple[str, type[CastorError]] | None = None
         self._stop_requested = False
         self._abandoned = False
+        #: True once this incarnation ended, was cut loose, or asked to stop or retire: one flag,
+        #: set beside each of those four (an inline ask reads it twice), not a property over them.
+        self.is_ending = False
         # launch waits for on_start (ordered start); with the base no-op there is nothing to wait for.
         self.start_latch: Latch | None = Latch() if type(self).on_start is not Actor.on_start else None
 
@@ -191,15 +194,11 @@ class Actor(pykka.ThreadingActor):
     def path(self) -> str:
         return self.handle.path
 
-    @property
-    def is_ending(self) -> bool:
-        """True once this incarnation ended, was cut loose, or asked to stop or retire."""
-        return (self._exit_kind is not None or self._retire_request is not None or self._stop_requested
-                or self._abandoned)
 
     def cut_loose(self) -> None:
         """Brutal shutdown (the handle's ``abandon``): the loop hands on whatever it takes next and ends."""
         self._abandoned = True
+        self.is_ending = True
 
     # -- hooks for subclasses --------------------------------------------
     def on_start(self) -> None:
@@ -274,6 +273,7 @@ class Actor(pykka.ThreadingActor):
         supervisor never restarts this incarnation or replays its mailbox.
         """
         self._retire_request = (reason, error)
+        self.is_ending = True
 
     def tell_self_later(self, message: Any, delay: float) -> CancelToken:
         """A timer as a message: ``message`` is told to this actor after ``delay`` seconds and handled
@@ -285,6 +285,7 @@ class Actor(pykka.ThreadingActor):
         """End this incarnation normally after the current handler, or right after ``on_start`` when
         called there (``on_terminate("stopped")`` runs)."""
         self._stop_requested = True
+        self.is_ending = True
 
     # -- the loop (replaces pykka's) ---------------------------------------
     def _actor_loop_setup(self) -> None:
@@ -337,6 +338,7 @@ class Actor(pykka.ThreadingActor):
         elif self._stop_requested:
             self._terminate(ExitKind.STOPPED)
             self._exit_kind = ExitKind.STOPPED
+            self.is_ending = True
 
     def _actor_loop_teardown(self) -> None:
         kind = self._exit_kind or ExitKind.STOPPED
@@ -393,6 +395,7 @@ class Actor(pykka.ThreadingActor):
         if item.kind is ControlKind.STOP:
             self._terminate(ExitKind.STOPPED)
             self._exit_kind = ExitKind.STOPPED
+            self.is_ending = True
         elif item.kind is ControlKind.KILL:
             self._crash(ActorKilled(str(item.payload or "killed")), None)
         elif item.kind is ControlKind.RETIRE:
@@ -409,6 +412,7 @@ class Actor(pykka.ThreadingActor):
                                     time.monotonic(), time.time())
         self._terminate(ExitKind.CRASHED)
         self._exit_kind = ExitKind.CRASHED
+        self.is_ending = True
 
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
         self.log.warning("retiring: {reason}", reason=reason)
@@ -419,6 +423,7 @@ class Actor(pykka.ThreadingActor):
         self.handle.reject_all(reason, error, revivable=True)
         self._terminate(ExitKind.RETIRED)
         self._exit_kind = ExitKind.RETIRED
+        self.is_ending = True
 
     def _terminate(self, cause: ExitKind) -> None:
         try:
