@@ -188,7 +188,8 @@ class IcarusWorkerActor(Actor):
             raise exc
         except WorkerCrashed as crash:
             if not crash.data.get("died_idle"):
-                self.retire(f"worker crashed during {call.module}.{call.function}", error=WorkerCrashed)
+                target = f"{call.module}.{call.function}"
+                self.retire(f"worker crashed during {target}", error=WorkerCrashed)
                 raise
             reply = None  # it died idle and the request never reached it: a fresh worker runs it
         finally:
