@@ -194,7 +194,6 @@ class Actor(pykka.ThreadingActor):
     def path(self) -> str:
         return self.handle.path
 
-
     def cut_loose(self) -> None:
         """Brutal shutdown (the handle's ``abandon``): the loop hands on whatever it takes next and ends."""
         self._abandoned = True
