@@ -12,7 +12,10 @@ it came from — unreadable files, malformed JSON (with line and column) and non
 included; nothing here lets a traceback escape for bad input. :func:`load_resolved` raises
 :class:`ConfigError` holding **every** issue. Reading never executes anything from the project.
 Only a regular file of at most :data:`MAX_CONFIG_BYTES` is read (a path to ``/dev/zero`` or a
-FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON becomes U+FFFD.
+FIFO is a ``read-error``, not a hang); a lone surrogate escaped in its JSON becomes U+FFFD. A key
+repeated in one object keeps its last value, as ``JSON.parse`` does, and is a ``duplicate-key``
+*warning* at that member (the earlier values are never silently lost): it reaches ``castor
+validate`` and the resolved config's warnings, so a cast reports it.
 """  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from castor.adapters.fs import (
     storage_unavailable,
 )
 from castor.domain.jsontext import js_float, js_int, well_formed
-from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig
+from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig, pointer, warning
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
@@ -71,13 +74,43 @@ def _not_json(name: str) -> Any:
     raise _NotJson(name)
 
 
-# A layer is read as pi-materia's JSON.parse reads it: no NaN/Infinity, and numbers as JavaScript
-# holds them (``maxSocketVisits: 5.0`` is the integer 5 there, and here).
-_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, parse_int=js_int)
+def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
+    """``text`` decoded as pi-materia's ``JSON.parse`` reads it -- no NaN/Infinity, numbers as
+    JavaScript holds them (``maxSocketVisits: 5.0`` is the integer 5 there, and here), the last
+    value of a repeated key -- with every key repeated within one object as ``(pointer of the
+    member, key, times written)``, in document order."""
+    repeated: list[tuple[dict[str, Any], list[tuple[str, int]]]] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            counts: dict[str, int] = {}
+            for key, _ in items:
+                counts[key] = counts.get(key, 0) + 1
+            repeated.append((obj, [(key, n) for key, n in counts.items() if n > 1]))
+        return obj
+
+    decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, parse_int=js_int,
+                               object_pairs_hook=pairs)
+    data = decoder.decode(text)
+    if not repeated:
+        return data, []
+    found = {id(obj): keys for obj, keys in repeated}
+    out: list[tuple[str, str, int]] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:  # iterative: a config nested as deeply as the decoder allows is walked too
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            out += [(pointer(*where, key), key, n) for key, n in found.get(id(value), ())]
+            stack += [(item, (*where, key)) for key, item in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(item, (*where, i)) for i, item in reversed(list(enumerate(value)))]
+    return data, out
 
 
 def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
-    """Read one layer file. Returns ``(dict, [])`` or ``(None, [issue])``."""
+    """Read one layer file. Returns ``(dict, [warning, ...])`` (``duplicate-key`` warnings only;
+    usually none) or ``(None, [issue])``."""
     source = str(path)
     try:
         text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
@@ -86,7 +119,8 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [ConfigIssue(code="read-error", message=f"cannot read config file {source}: {exc}", source=source)]
     try:
-        data = well_formed(_DECODER.decode(text))
+        raw, repeated = _decode(text)
+        data = well_formed(raw)
     except _NotJson as exc:
         return None, [ConfigIssue(code="invalid-json", source=source,
                                   message=f"malformed JSON in {source}: {exc} (JSON has no such value)")]
@@ -108,7 +142,11 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
                 message=f"config file {source} must contain a JSON object, not {type(data).__name__}",
             )
         ]
-    return data, []
+    return data, [warning("duplicate-key", well_formed(where), source=source,
+                          message=f"key \"{well_formed(key)}\" is written {n} times in one object of {source}; "
+                                  "the last value is used (as pi-materia's JSON.parse uses it) and the earlier "
+                                  "ones are ignored")
+                  for where, key, n in repeated]
 
 
 def gather_layers(
@@ -164,9 +202,10 @@ def load(
     """Read, merge and validate all layers. Raises ConfigError with every issue."""
     layers, infos, issues = gather_layers(cwd, config_path=config_path, env=env, home=home)
     loaded = load_config(layers, layer_info=[i for i in infos if i.loaded])
-    all_issues = issues + loaded.issues
+    all_issues = [i for i in issues if not i.is_warning] + loaded.issues
     if all_issues:
         raise ConfigError(all_issues)
+    loaded.layer_warnings = [i for i in issues if i.is_warning]
     return loaded
 
 
@@ -248,8 +287,9 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
     if data is None:
         return issues
     loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
+    loaded.layer_warnings = issues
     if loaded.issues:
-        return loaded.issues + loaded.warnings
+        return loaded.issues + issues + loaded.warnings
     try:
         active = resolve_config(loaded)
     except ConfigError as exc:

@@ -44,6 +44,8 @@ class LoadedConfig(BaseModel):
     layers: list[LayerInfo] = Field(default_factory=list)
     issues: list[ConfigIssue] = Field(default_factory=list)  # errors only
     warnings: list[ConfigIssue] = Field(default_factory=list)
+    #: warnings about the layer files as read (a repeated key), carried into every resolved config
+    layer_warnings: list[ConfigIssue] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,8 +112,10 @@ def resolve_config(
     if isinstance(loaded, LoadedConfig):
         loaded.raise_if_invalid()
         merged, provenance, layers = loaded.merged, loaded.provenance, loaded.layers
+        read_warnings = loaded.layer_warnings  # already named by the file they are in
     else:
         merged, provenance, layers = loaded, Provenance(source=source or ""), []
+        read_warnings = []
     source = source or provenance.source or None
     issues: list[ConfigIssue] = []
     for key in checks.OBSOLETE_TOP:
@@ -155,7 +159,7 @@ def resolve_config(
             loops_out[loop_id] = loop
     issues.extend(_text_guard_issues(name, sockets_out, source))
     issues.extend(_enforced_limit_warnings(name, sockets_out, source))
-    warnings = [_attribute(i, provenance) for i in issues if i.is_warning]
+    warnings = [*read_warnings, *(_attribute(i, provenance) for i in issues if i.is_warning)]
     issues = [i for i in issues if not i.is_warning]
     if issues:
         raise ConfigError(issues)

@@ -1,0 +1,86 @@
+"""A key written twice in one object of a config layer.
+
+pi-materia reads a layer with ``JSON.parse``: the last value of a repeated key wins and the
+earlier ones vanish without a word (two ``"Build"`` materia, two ``"sockets"`` in a loadout). castor
+reads it the same way -- a config pi-materia loads still loads -- and says so: a ``duplicate-key``
+warning at the repeated member, in ``castor validate``, in the resolved config (so the cast's
+``config_warning`` events and the cast start result carry it) and nowhere else changed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from castor.adapters.materia.config_loader import load_resolved, read_layer, validate_file
+
+REPO = Path(__file__).resolve().parents[3]
+
+DUPLICATED = """{
+  "activeLoadout": "Full-Auto",
+  "materia": {
+    "M": {"prompt": "first", "tools": "none"},
+    "M": {"prompt": "second", "tools": "readOnly"}
+  },
+  "loadouts": {"T": {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "M"}},
+                     "entry": "Socket-1"}},
+  "activeLoadout": "T"
+}
+"""
+
+
+def _codes(issues):
+    return [(i.code, i.path, i.severity) for i in issues]
+
+
+@pytest.mark.timeout(30)
+def test_a_repeated_key_keeps_the_last_value_and_is_a_warning_at_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    path.write_text(DUPLICATED)
+    data, issues = read_layer(path)
+    assert data is not None and data["activeLoadout"] == "T" and data["materia"]["M"]["prompt"] == "second"
+    assert sorted(_codes(issues)) == [("duplicate-key", "/activeLoadout", "warning"),
+                                      ("duplicate-key", "/loadouts/T/entry", "warning"),
+                                      ("duplicate-key", "/materia/M", "warning")]
+    assert all(i.source == str(path) and "last" in i.message for i in issues)
+
+    checked = validate_file(path)
+    assert all(i.is_warning for i in checked)  # still valid, as in pi-materia
+    assert ("duplicate-key", "/materia/M", "warning") in _codes(checked)
+
+
+@pytest.mark.timeout(30)
+def test_the_warning_reaches_the_resolved_config_a_cast_starts_from(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(DUPLICATED)
+    env = {"PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")}
+    resolved = load_resolved(project, env=env, home=tmp_path / "home")
+    assert resolved.pipeline.loadout_name == "T"
+    dup = [w for w in resolved.warnings if w.code == "duplicate-key"]
+    assert [w.path for w in dup] == ["/activeLoadout", "/materia/M", "/loadouts/T/entry"]
+    assert all(w.source == str(project / ".pi" / "pi-materia.json") for w in dup)
+
+
+@pytest.mark.timeout(30)
+def test_a_config_without_repeats_has_no_such_warning(tmp_path: Path) -> None:
+    path = tmp_path / "ok.json"
+    path.write_text('{"a": {"b": 1, "c": [{"b": 2}, {"b": 3}]}, "b": {"a": 1}}')
+    data, issues = read_layer(path)
+    assert issues == [] and data == {"a": {"b": 1, "c": [{"b": 2}, {"b": 3}]}, "b": {"a": 1}}
+
+
+@pytest.mark.timeout(60)
+def test_castor_validate_prints_it_and_exits_zero(tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    path.write_text(DUPLICATED)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    result = subprocess.run([sys.executable, "-m", "castor", "validate", str(path)], env=env, text=True,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"[warning duplicate-key] {path}#/materia/M" in result.stdout + result.stderr
