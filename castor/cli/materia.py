@@ -782,7 +782,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from castor.adapters.materia.config_loader import validate_file
 
-    issues = validate_file(args.config_path)
+    issues = validate_file(args.config_path, project=Path.cwd())  # where `castor cast` here would write
     for issue in issues:
         print(str(issue), file=sys.stderr)  # errors first, then warnings ("[warning <code>] ...")
     if not any(not issue.is_warning for issue in issues):

@@ -242,7 +242,11 @@ class CastStorage(Protocol):
         """The real location of the user path ``value`` under ``root``, or ``forbidden``."""
         ...
 
-    def validate_config_file(self, path: str | os.PathLike[str]) -> list[ConfigIssue]: ...
+    def validate_config_file(self, path: str | os.PathLike[str], *,
+                             project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
+        """The issues of one config file layered over the bundled default; with ``project``, also
+        an ``artifactDir`` a cast in that project would refuse."""
+        ...
 
 
 __all__ = [

@@ -32,6 +32,7 @@ from castor.adapters.fs import (
     atomic_write_bytes,
     file_signature,
     is_storage_fault,
+    project_artifact_root,
     read_regular_file,
     storage_unavailable,
 )
@@ -41,6 +42,7 @@ from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.resolve import LoadedConfig, load_config, resolve_config
 from castor.domain.paths import inside
+from castor.messages.errors import Forbidden
 
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
 PROFILE_FILE = "materia.json"
@@ -275,12 +277,15 @@ class ResolvedConfigCache:
         return resolved
 
 
-def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
+def validate_file(path: str | os.PathLike[str], *,
+                  project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
     """Issues of one config file layered over the bundled default (``castor validate``).
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
-    socket ``multiTurn``...) are reported, and every other loadout for its warnings. Warnings
-    (``severity == "warning"``) come after the errors; no error = valid.
+    socket ``multiTurn``...) are reported, and every other loadout for its warnings. With
+    ``project`` (the directory a cast would run in), an ``artifactDir`` a cast there would refuse
+    (leading out of the project) is the error ``artifact-dir-outside-project``, with the cast's
+    own message. Warnings (``severity == "warning"``) come after the errors; no error = valid.
     """
     path = Path(path)
     data, issues = read_layer(path)
@@ -288,8 +293,9 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
         return issues
     loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
     loaded.layer_warnings = issues
-    if loaded.issues:
-        return loaded.issues + issues + loaded.warnings
+    outside = _artifact_dir_refusal(loaded.merged.get("artifactDir"), project, str(path))
+    if loaded.issues or outside:
+        return loaded.issues + outside + issues + loaded.warnings
     try:
         active = resolve_config(loaded)
     except ConfigError as exc:
@@ -309,6 +315,19 @@ def validate_file(path: str | os.PathLike[str]) -> list[ConfigIssue]:
             seen.add((w.code, w.path))
             unique.append(w)
     return [w if w.source else w.model_copy(update={"source": str(path)}) for w in unique]
+
+
+def _artifact_dir_refusal(configured: Any, project: str | os.PathLike[str] | None, source: str) -> list[ConfigIssue]:
+    """The cast's refusal of ``configured`` as a project's artifact directory, as an issue (none
+    without a project, or for a value that is not a string: that one is ``invalid-field``)."""
+    if project is None or not isinstance(configured, str):
+        return []
+    try:
+        project_artifact_root(str(project), configured)
+    except Forbidden as exc:
+        return [ConfigIssue(code="artifact-dir-outside-project", path="/artifactDir", source=source,
+                            message=exc.message)]
+    return []
 
 
 def save_active_loadout(

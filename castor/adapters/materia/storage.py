@@ -92,8 +92,9 @@ class FileCastStorage:
     def confine(self, root: str | os.PathLike[str], value: str, *, allow_absolute: bool = False) -> Path:
         return fs.confine(root, value, allow_absolute=allow_absolute)
 
-    def validate_config_file(self, path: str | os.PathLike[str]) -> list[ConfigIssue]:
-        return config_loader.validate_file(path)
+    def validate_config_file(self, path: str | os.PathLike[str], *,
+                             project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
+        return config_loader.validate_file(path, project=project)
 
 
 FILE_CAST_STORAGE: CastStorage = FileCastStorage()

@@ -1,4 +1,6 @@
-"""A key written twice in one object of a config layer.
+"""Reading a config layer and ``castor validate``: what pi-materia accepts and what a cast refuses.
+
+A key written twice in one object of a config layer:
 
 pi-materia reads a layer with ``JSON.parse``: the last value of a repeated key wins and the
 earlier ones vanish without a word (two ``"Build"`` materia, two ``"sockets"`` in a loadout). castor
@@ -84,3 +86,42 @@ def test_castor_validate_prints_it_and_exits_zero(tmp_path: Path) -> None:
                             capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert f"[warning duplicate-key] {path}#/materia/M" in result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- artifactDir
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("artifact_dir", ["../outside", "/tmp/castor-elsewhere", "a/../../b"])
+def test_castor_validate_refuses_the_artifact_dir_a_cast_would_refuse(tmp_path: Path, artifact_dir: str) -> None:
+    """``castor validate`` said "valid" for a config whose every cast is refused ``forbidden``
+    (an ``artifactDir`` leading out of the project): it now reports the same refusal, exit 1."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    config = project / ".pi" / "pi-materia.json"
+    config.write_text('{"activeLoadout": "hello", "artifactDir": "%s"}' % artifact_dir)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    checked = subprocess.run([sys.executable, "-m", "castor", "validate", ".pi/pi-materia.json"], cwd=project,
+                             env=env, text=True, capture_output=True, timeout=60)
+    script = project / "a.json"
+    script.write_text('["hi"]')
+    cast = subprocess.run([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{script}", "--quiet"],
+                          cwd=project, env=env, text=True, capture_output=True, timeout=60)
+    assert cast.returncode != 0 and "artifactDir must stay inside the project" in cast.stderr
+    assert checked.returncode == 1, checked.stdout
+    assert "[artifact-dir-outside-project] .pi/pi-materia.json#/artifactDir" in checked.stderr
+    assert "artifactDir must stay inside the project" in checked.stderr
+
+
+@pytest.mark.timeout(30)
+def test_an_artifact_dir_inside_the_project_validates(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    config = project / ".pi" / "pi-materia.json"
+    config.write_text('{"activeLoadout": "hello", "artifactDir": "runs/materia"}')
+    assert validate_file(config, project=project) == []
+    config.write_text('{"activeLoadout": "hello", "artifactDir": "%s"}' % (project / "abs" / "runs"))
+    assert validate_file(config, project=project) == []
+    config.write_text('{"activeLoadout": "hello", "artifactDir": "../x"}')
+    assert validate_file(config) == []  # no project named: only what the file alone says
+    assert [i.code for i in validate_file(config, project=project)] == ["artifact-dir-outside-project"]
