@@ -127,6 +127,10 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
         return None, [ConfigIssue(code="invalid-json", source=source,
                                   message=f"malformed JSON in {source}: {exc} (JSON has no such value)")]
     except json.JSONDecodeError as exc:
+        if text.startswith("\ufeff"):
+            return None, [ConfigIssue(code="invalid-json", source=source,
+                                      message=f"malformed JSON in {source}: the file starts with a byte order mark "
+                                              "(U+FEFF), which JSON does not allow; save it as UTF-8 without a BOM")]
         return None, [
             ConfigIssue(
                 code="invalid-json",

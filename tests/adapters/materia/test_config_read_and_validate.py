@@ -125,3 +125,14 @@ def test_an_artifact_dir_inside_the_project_validates(tmp_path: Path) -> None:
     config.write_text('{"activeLoadout": "hello", "artifactDir": "../x"}')
     assert validate_file(config) == []  # no project named: only what the file alone says
     assert [i.code for i in validate_file(config, project=project)] == ["artifact-dir-outside-project"]
+
+
+@pytest.mark.timeout(30)
+def test_a_byte_order_mark_is_named_in_the_refusal(tmp_path: Path) -> None:
+    """A file saved with a UTF-8 BOM (some Windows editors) is refused, as ``JSON.parse`` refuses
+    it in pi-materia -- with a message that says what is wrong, not "Expecting value"."""
+    path = tmp_path / "bom.json"
+    path.write_bytes(b'\xef\xbb\xbf{"activeLoadout": "hello"}')
+    data, issues = read_layer(path)
+    assert data is None and [i.code for i in issues] == ["invalid-json"]
+    assert "byte order mark" in issues[0].message and str(path) in issues[0].message
