@@ -181,9 +181,7 @@ def gather_layers(
         if scope == "project" and not _inside_project(path, cwd):
             # A project's layer linked to a file elsewhere: the project would choose what castor
             # reads (and, through loadout.set, copies into the project). Not read.
-            issues.append(ConfigIssue(code="path-escapes-project", source=str(path),
-                                      message=f"{path} leads outside the project ({os.path.realpath(path)}); "
-                                              "castor does not read a project's config through such a link"))
+            issues.append(_escapes_project(path))
             infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
             continue
         data, read_issues = read_layer(path)
@@ -196,6 +194,12 @@ def gather_layers(
 
 def _inside_project(path: Path, cwd: Path) -> bool:
     return inside(os.path.realpath(cwd), os.path.realpath(path))
+
+
+def _escapes_project(path: Path) -> ConfigIssue:
+    return ConfigIssue(code="path-escapes-project", source=str(path),
+                       message=f"{path} leads outside the project ({os.path.realpath(path)}); "
+                               "castor does not read a project's config through such a link")
 
 
 def load(
@@ -287,11 +291,18 @@ def validate_file(path: str | os.PathLike[str], *,
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
     socket ``multiTurn``...) are reported, and every other loadout for its warnings. With
-    ``project`` (the directory a cast would run in), an ``artifactDir`` a cast there would refuse
-    (leading out of the project) is the error ``artifact-dir-outside-project``, with the cast's
-    own message. Warnings (``severity == "warning"``) come after the errors; no error = valid.
+    ``project`` (the directory a cast would run in), what a cast there would refuse is an error
+    too: an ``artifactDir`` leading out of the project (``artifact-dir-outside-project``, with the
+    cast's own message), and the project's own ``.pi/pi-materia.json`` linked to a file outside it
+    (``path-escapes-project``; that file is then not read). Warnings (``severity == "warning"``)
+    come after the errors; no error = valid.
     """
     path = Path(path)
+    if project is not None:
+        # the project's own layer, as a cast there finds it (lexically), linked out of the project
+        layer = Path(os.path.abspath(Path(project) / PROJECT_CONFIG))
+        if Path(os.path.abspath(path)) == layer and not _inside_project(layer, Path(project)):
+            return [_escapes_project(path)]
     data, issues = read_layer(path)
     if data is None:
         return issues

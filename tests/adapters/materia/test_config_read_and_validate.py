@@ -136,3 +136,23 @@ def test_a_byte_order_mark_is_named_in_the_refusal(tmp_path: Path) -> None:
     data, issues = read_layer(path)
     assert data is None and [i.code for i in issues] == ["invalid-json"]
     assert "byte order mark" in issues[0].message and str(path) in issues[0].message
+
+
+@pytest.mark.timeout(60)
+def test_castor_validate_refuses_a_project_config_linked_outside_the_project(tmp_path: Path) -> None:
+    """Every cast refuses a project's ``.pi/pi-materia.json`` that is a link to a file elsewhere
+    (``path-escapes-project``); ``castor validate`` said "valid". The same file given as
+    ``--config`` (the explicit layer) is read by casts, and validates."""
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text('{"activeLoadout": "hello"}')
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").symlink_to(outside)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    checked = subprocess.run([sys.executable, "-m", "castor", "validate", ".pi/pi-materia.json"], cwd=project,
+                             env=env, text=True, capture_output=True, timeout=60)
+    assert checked.returncode == 1, checked.stdout
+    assert "[path-escapes-project]" in checked.stderr and str(outside) in checked.stderr
+    assert outside.read_text() == '{"activeLoadout": "hello"}'
+    assert validate_file(outside, project=project) == []
