@@ -7,13 +7,16 @@ equals ``s`` exactly; the actor persists it on every transition. Field names are
 
 from __future__ import annotations
 
+import array
 import functools
 import json
 import re
+import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from castor.domain.jsontext import js_stringify
 from castor.domain.materia.budget import UsageReport
 from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
 from castor.domain.materia.failures import RecoveryAllowance
@@ -230,8 +233,13 @@ _NOT_SEGMENT = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """Java-style 31-multiplier string hash of the compact config JSON, as unsigned hex."""
+    """pi-materia's ``configHash``: the Java-style 31-multiplier hash of ``JSON.stringify(config)``
+    (numbers as JavaScript writes them) over its UTF-16 code units, as unsigned hex -- the value
+    pi-materia records for the same config, emoji and small numbers included."""
+    units = array.array("H", js_stringify(config).encode("utf-16-le", "surrogatepass"))
+    if sys.byteorder == "big":
+        units.byteswap()
     h = 0
-    for ch in json.dumps(config, separators=(",", ":"), ensure_ascii=False):
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    for unit in units:
+        h = (31 * h + unit) & 0xFFFFFFFF
     return format(h, "x")
