@@ -259,9 +259,12 @@ class _Ctx:
         return int(round(self.at * 1000))
 
     def iso(self) -> str:
+        """The step's time as JavaScript's ``toISOString`` writes it (milliseconds, ``Z``), the
+        same millisecond as :attr:`ts_ms`."""
         iso = self._iso
         if iso is None:  # one clock reading per step: every timestamp of a transition is the same
-            iso = self._iso = iso_utc(self.at)
+            ms = self.ts_ms
+            iso = self._iso = f"{iso_utc(ms // 1000)[:19]}.{ms % 1000:03d}Z"
         return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:

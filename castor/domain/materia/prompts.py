@@ -142,20 +142,25 @@ def socket_prompt_and_suffix(rs: ResolvedSocket, state: CastState, *, mode: str)
 
 
 def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:
+    """The ``contexts/…md`` artifact of one prompt, laid out as pi-materia writes it: the header,
+    plain ``name: value`` lines (``at_iso`` as ``toISOString`` writes it: milliseconds, ``Z``), the
+    synthetic cast context and the hidden prompt."""
     m = rs.materia
     lines = [
         "# Materia Isolated Context", "",
-        f"- cast: {state.cast_id}",
-        f"- socket: {rs.id}",
-        f"- materia: {rs.materia_name or '-'}",
-        f"- item: {state.current_item_label or state.current_item_key or '-'}",
-        f"- visit: {state.visit}",
-        f"- model: {((m.model or '').strip() if m else '') or 'active Pi model'}",  # blank: unset
-        f"- model source: {'configured' if m and (m.model or '').strip() else 'active'}",
-        f"- thinking: {(_applied_thinking(m.thinking) if m else None) or 'active Pi thinking'}",
-        f"- thinking source: {'configured' if m and _applied_thinking(m.thinking) else 'active'}",
-        f"- active tools: {m.tools if m else 'none'}",
-        f"- timestamp: {at_iso}",
+        f"cast: {state.cast_id}",
+        f"socket: {rs.id}",
+        f"materia: {rs.materia_name or '-'}",
+        f"item: {state.current_item_label or state.current_item_key or '-'}",
+        f"visit: {state.visit}",
+        f"model: {((m.model or '').strip() if m else '') or 'active Pi model'}",  # blank: unset
+        "model source: " + ("configured materia setting" if m and (m.model or "").strip()
+                            else "active Pi model fallback"),
+        f"thinking: {(_applied_thinking(m.thinking) if m else None) or 'active Pi thinking'}",
+        "thinking source: " + ("configured materia setting" if m and _applied_thinking(m.thinking)
+                               else "active Pi thinking fallback"),
+        f"active tools: {m.tools if m else 'none'}",
+        f"timestamp: {at_iso}",
         "", "## Synthetic cast context", "", synthetic_context(rs, state, mode=mode),
         "", "## Hidden materia prompt", "", prompt, "",
     ]

@@ -342,7 +342,33 @@ def test_a_blank_materia_model_is_the_active_model_in_the_context_artifact(model
                  materia={"M": agent(**({} if model is None else {"model": model}))})
     d = Driver(resolved(cfg))
     lines = d.artifacts()["contexts/Socket-1-1.md"].content.splitlines()
-    assert "- model: active Pi model" in lines and "- model source: active" in lines
+    assert "model: active Pi model" in lines and "model source: active Pi model fallback" in lines
+
+
+def test_the_context_artifact_header_is_written_as_pi_materia_writes_it() -> None:
+    """Plain ``name: value`` lines (no list bullets), pi-materia's source wording and
+    ``toISOString`` time (milliseconds): the header read by a script written for pi-materia's runs."""
+    import re
+
+    from .scripted import agent
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "M", "edges": [{"when": "always", "to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "N"}},
+                 materia={"M": agent(model="anthropic/claude-test", thinking="high"), "N": agent()})
+    d = Driver(resolved(cfg))
+    d.reply("one")
+    configured = d.artifacts()["contexts/Socket-1-1.md"].content.splitlines()
+    active = d.artifacts()["contexts/Socket-2-1.md"].content.splitlines()
+    assert configured[:2] == ["# Materia Isolated Context", ""]
+    assert [line.split(": ", 1)[0] for line in configured[2:13]] == [
+        "cast", "socket", "materia", "item", "visit", "model", "model source", "thinking", "thinking source",
+        "active tools", "timestamp"]
+    assert "model: anthropic/claude-test" in configured and "model source: configured materia setting" in configured
+    assert "thinking: high" in configured and "thinking source: configured materia setting" in configured
+    assert "model source: active Pi model fallback" in active
+    assert "thinking source: active Pi thinking fallback" in active
+    (stamp,) = [line for line in configured if line.startswith("timestamp: ")]
+    assert re.fullmatch(r"timestamp: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
 
 
 def test_81_command_utility_input_and_78_80_failures() -> None:
