@@ -76,25 +76,36 @@ def _not_json(name: str) -> Any:
     raise _NotJson(name)
 
 
+_reading = threading.local()  # the repeated keys of the read under way in this thread
+
+
+def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(items)
+    if len(obj) != len(items):
+        counts: dict[str, int] = {}
+        for key, _ in items:
+            counts[key] = counts.get(key, 0) + 1
+        _reading.repeated.append((obj, [(key, n) for key, n in counts.items() if n > 1]))
+    return obj
+
+
+# One decoder for every read (a decoder made per read is a reference cycle: garbage until the
+# collector runs). It reads as pi-materia's JSON.parse reads: no NaN/Infinity, numbers as
+# JavaScript holds them (``maxSocketVisits: 5.0`` is the integer 5 there, and here), the last value
+# of a repeated key.
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, parse_int=js_int,
+                            object_pairs_hook=_pairs)
+
+
 def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
-    """``text`` decoded as pi-materia's ``JSON.parse`` reads it -- no NaN/Infinity, numbers as
-    JavaScript holds them (``maxSocketVisits: 5.0`` is the integer 5 there, and here), the last
-    value of a repeated key -- with every key repeated within one object as ``(pointer of the
-    member, key, times written)``, in document order."""
+    """``text`` decoded by :data:`_DECODER`, with every key repeated within one object as
+    ``(pointer of the member, key, times written)``, in document order."""
     repeated: list[tuple[dict[str, Any], list[tuple[str, int]]]] = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(items)
-        if len(obj) != len(items):
-            counts: dict[str, int] = {}
-            for key, _ in items:
-                counts[key] = counts.get(key, 0) + 1
-            repeated.append((obj, [(key, n) for key, n in counts.items() if n > 1]))
-        return obj
-
-    decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, parse_int=js_int,
-                               object_pairs_hook=pairs)
-    data = decoder.decode(text)
+    _reading.repeated = repeated
+    try:
+        data = _DECODER.decode(text)
+    finally:
+        _reading.repeated = None
     if not repeated:
         return data, []
     found = {id(obj): keys for obj, keys in repeated}
