@@ -79,6 +79,34 @@ def test_serve_on_a_socket_and_inspect_it_live(tmp_path):
     assert not sock.exists()
 
 
+def test_sigterm_with_sessions_open_closes_them_once_and_logs_no_failure(tmp_path):
+    """``castor serve`` stopping closes every session while its connection is still open (the
+    harness hears its turns stop); the connection's own close then finds the session gone. That is
+    the normal way down, not a failure: it used to log "closing SID after disconnect failed" with a
+    ``not_found`` traceback for every session of every connection at each SIGTERM."""
+    sock = tmp_path / "castor.sock"
+    project = tmp_path / "project"
+    project.mkdir()
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(timeout=20.0, predicate=sock.exists)
+        clients = [Client.connect_unix(str(sock)) for _ in range(2)]
+        for n, client in enumerate(clients):
+            for s in range(2):
+                client.call("session.open", {"session_id": f"s{n}-{s}", "cwd": str(project)}, timeout=20)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        for client in clients:
+            client.close()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    stderr = server.stderr.read() if server.stderr else ""
+    assert "failed" not in stderr and "Traceback" not in stderr and "WARNING" not in stderr, stderr
+
+
 @pytest.mark.parametrize(
     "argv",
     [["serve", "--tcp", "10.1.2.3:9000"], ["inspect", "--socket", "/nonexistent/castor.sock"],

@@ -18,7 +18,7 @@ from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
 from castor.endpoint.methods.ownership import opened_sessions, owned_session
-from castor.messages.errors import Conflict, MailboxFull
+from castor.messages.errors import Conflict, MailboxFull, NotFound
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 
 HarnessEventName = Literal[
@@ -140,7 +140,11 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
 
 def _close_owned(runtime: Runtime, owned: dict[str, WireHarness],
                  forget: Callable[[str, WireHarness], None]) -> None:
-    """A connection went away: close what it still drives, never a session another opened since."""
+    """A connection went away: close what it still drives, never a session another opened since.
+
+    A session already closed is no failure: a runtime that stops closes every session while the
+    connections are still open (so each harness hears its turns stop), and only then do the
+    connections close."""
     for session_id, link in list(owned.items()):
         forget(session_id, link)
         if link.superseded:
@@ -148,6 +152,8 @@ def _close_owned(runtime: Runtime, owned: dict[str, WireHarness],
             continue
         try:
             runtime.close_session(session_id, opened_by=link)
+        except NotFound:
+            pass  # closed already (the runtime stopping closed it first): nothing left to close
         except Exception as exc:  # noqa: BLE001 - closing one must not stop closing the rest
             logger.bind(actor="/endpoint").opt(exception=exc).warning(
                 "closing {sid} after disconnect failed", sid=session_id
