@@ -12,20 +12,23 @@ the rest of the visit, if there is any, on a loop thread of its own. Lifecycle::
         a decision -> cast.tell(CastProgress(ProactiveCompactionStarted)); host compaction under
                       a deadline (CompactionCall) -> ProactiveCompacted
     ProactiveCompacted -> cast.tell(CastProgress(ProactiveCompactionFinished(ok | error))); send the turn
+                          cancelled (the user's Esc) -> cast.tell(CastOutcome(ProactiveCompactionFinished(
+                          cancelled))); stop, the turn never sent
     send the turn: agent.run_turn(TurnRequest(turn_id=visit_id, ...), reply=tell-myself)
     reply(outcome) -> cast.tell(CastOutcome(TurnEnded(visit_id, ...))) on the answering thread; stop
 
-Proactive compaction never stops the turn: an unknown usage (None, a harness without
-``session.context_usage``, a failed read) skips it with no events; a failed or timed-out
+Proactive compaction never stops the turn, except the user's: an unknown usage (None, a harness
+without ``session.context_usage``, a failed read) skips it with no events; a failed or timed-out
 compaction is reported (the engine emits ``proactive_compaction_failed{warning}`` and warns) and
-the turn is sent anyway. The usage read and the compaction never run on this actor's thread, so
+the turn is sent anyway; a compaction the user cancelled (an Esc in the harness) is the visit's
+outcome: the turn is not sent and the cast is interrupted at its socket. The usage read and the compaction never run on this actor's thread, so
 a stop (abort, shutdown) is never held up by a harness round trip. The usage snapshot is taken
 before the turn's prompt is sent, so it excludes that prompt (the spec's known gap); the active
 model's window is the one the harness reports in its usage (Pi's ``getContextUsage``).
 
 | exit | what the cast hears |
 |---|---|
-| outcome delivered, stop | the ``TurnEnded`` |
+| outcome delivered, stop | the ``TurnEnded`` (or, for a proactive compaction the user cancelled, that ``ProactiveCompactionFinished``) |
 | stopped by the cast / session (abort, shutdown) | nothing; the agent turn is cancelled, a proactive compaction is no longer waited for (the turn is then never sent) |
 | crashed or killed (fault injection) before answering | ``WorkLost(visit_id)``; the turn is cancelled; the cast re-dispatches under a new visit id |
 
@@ -194,9 +197,20 @@ class SocketActor(Actor):
         self._compaction = None
         outcome: CompactionOutcome = message.outcome
         assert self._decision is not None
-        self._progress(ProactiveCompactionFinished(visit_id=self.effect.visit_id, decision=self._decision,
-                                                   ok=outcome.ok, result=outcome.result, error=outcome.error,
-                                                   at=time.time()))
+        finished = ProactiveCompactionFinished(visit_id=self.effect.visit_id, decision=self._decision,
+                                               ok=outcome.ok, result=outcome.result, error=outcome.error,
+                                               cancelled=outcome.cancelled and not outcome.ok, at=time.time())
+        if finished.cancelled:
+            # The user's Esc stopped the compaction: the turn is not sent. This is the visit's
+            # outcome (the cast is interrupted at the socket), handed on once, and the visit ends.
+            if self._once.acquire(blocking=False):
+                try:
+                    self.cast.tell(CastOutcome(event=finished))
+                except CastorError:
+                    pass  # the cast is gone; its restart re-dispatches from the saved state
+            self.stop_self()
+            return
+        self._progress(finished)
         self._send_turn()  # the turn is sent either way
 
     def _progress(self, event: Any) -> None:

@@ -121,7 +121,9 @@ class ProactiveCompactionStarted(_Input):
 
 class ProactiveCompactionFinished(_Input):
     """The proactive compaction before turn ``visit_id`` ended: ``ok`` with the host's ``result``,
-    or ``error`` (a failure only warns; the turn is sent regardless)."""
+    or ``error`` (a failure only warns; the turn is sent regardless). ``cancelled``: the user
+    stopped the compaction (an Esc in the harness) -- the turn is never sent and the cast is
+    interrupted, as by an Esc during the turn; this one is an outcome, not a progress note."""
 
     kind: Literal["proactive_compaction_finished"] = "proactive_compaction_finished"
     visit_id: str
@@ -129,6 +131,7 @@ class ProactiveCompactionFinished(_Input):
     ok: bool
     result: dict[str, Any] | None = None
     error: str | None = None
+    cancelled: bool = False
     at: float
 
 

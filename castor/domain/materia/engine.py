@@ -60,6 +60,7 @@ Decision table (trigger → state → effects/events → next state):
 | ProactiveCompactionStarted | awaiting that agent turn | ``proactive_compaction_start{decision, socket, item fields, visit, mode}`` | unchanged (the turn is still pending) |
 | ProactiveCompactionFinished ok | awaiting that agent turn | ``proactive_compaction_complete{…, result}`` | unchanged |
 | ProactiveCompactionFinished error | awaiting that agent turn | ``proactive_compaction_failed{…, error, warning:true}``, Notify warning | unchanged: active, the turn is sent anyway |
+| ProactiveCompactionFinished cancelled (the user's Esc) | awaiting that agent turn (never sent) | ``proactive_compaction_cancelled{…, error}``, ``turn_interrupted{reason:"compaction_cancelled"}``, Notify warning naming continue/abort | interrupted (continue sends the turn) |
 | TurnEnded error | tool_timeout / turn_failure, attempts < max | ``same_socket_recovery_start``, RunAgentTurn(same prompt), ``…_retry`` | awaiting_agent_response |
 | TurnEnded error | recoverable, attempts ≥ max | ``same_socket_recovery_exhausted``, ``cast_end{ok:false}`` | failed, revivable |
 | TurnEnded error | anything else | ``cast_end{ok:false}`` "Non-recoverable turn failure" | failed |
@@ -1082,12 +1083,21 @@ def _on_proactive_started(ctx: _Ctx, ev: ProactiveCompactionStarted) -> None:
 def _on_proactive_finished(ctx: _Ctx, ev: ProactiveCompactionFinished) -> None:
     """``_complete{result}``, or ``_failed{error, warning}`` and a warning
     notification. Never fails the cast: the turn is sent either way, and a later context_window
-    error still goes to same-socket recovery."""
+    error still goes to same-socket recovery. A compaction the user cancelled (Esc) is
+    ``_cancelled{error}`` and interrupts the cast at its socket: the turn was never sent, and
+    ``continue`` sends it."""
     if not _matches(ctx, "proactive_compaction_finished", "agent_turn", ev.visit_id):
         return
     common = _proactive_common(ctx, ev.decision.event_data())
     if ev.ok:
         ctx.emit("proactive_compaction_complete", {**common, "result": compaction_summary(ev.result)})
+        return
+    if ev.cancelled:  # the user pressed Esc while the harness compacted: the turn is not sent
+        ctx.emit("proactive_compaction_cancelled", {**common, "error": ev.error or "cancelled"})
+        pending = ctx.s.pending
+        assert pending is not None
+        _stop_as_interrupted(ctx, ctx.s.config.pipeline.sockets[pending.socket_id], reason="compaction_cancelled",
+                             text_discarded=False)
         return
     error = ev.error or "unknown compaction error"
     ctx.emit("proactive_compaction_failed", {**common, "error": error, "warning": True})

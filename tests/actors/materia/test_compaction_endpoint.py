@@ -19,7 +19,7 @@ import pytest
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server
-from castor.messages.errors import Conflict, UnknownMethod
+from castor.messages.errors import Cancelled, Conflict, UnknownMethod
 
 from .helpers import events, make_runtime, wait_for, write_project_config
 
@@ -292,6 +292,43 @@ def test_a_failed_proactive_compaction_warns_and_the_turn_is_still_sent(harness_
     assert failed[0]["thresholdTier"] == "lt-128k" and failed[0]["socket"] == "Socket-1"
     warnings = [n for n in pi.notes if n.get("level") == "warning" and "Proactive compaction" in n["message"]]
     assert warnings and "Already compacted" in warnings[0]["message"]
+
+
+def test_esc_during_a_proactive_compaction_interrupts_the_cast_and_continue_sends_the_turn(harness_factory,
+                                                                                           project):
+    """The user's Esc while the harness compacts before castor's turn (Pi answers ``session.compact``
+    with ``cancelled``, "Compaction cancelled") stops the cast, as an Esc during the turn does: the
+    turn is not sent, the cast is interrupted at its socket, and ``cast.continue`` sends it. It used to
+    be taken as a failed compaction: a warning "Sending the turn anyway", and the model ran the turn
+    the user had just stopped."""
+    cancel = {"on": True}
+
+    def compact(_p: dict[str, Any]) -> Any:
+        if cancel["on"]:
+            raise Cancelled("Compaction cancelled")
+        return PI_RESULT
+
+    pi = harness_factory(compact=compact, usage=lambda _p: HIGH_USAGE)
+    cast_id = pi.start(project)
+    view = pi.wait_status(cast_id, "interrupted")
+    assert pi.turns.empty() and "agent.run_turn" not in pi.methods()
+    assert view["active"] and view["current_socket"] == "Socket-1" and view["pending"] is None
+    [cancelled] = _events(view, "proactive_compaction_cancelled")
+    assert cancelled["socket"] == "Socket-1" and "Compaction cancelled" in cancelled["error"]
+    [interrupted] = _events(view, "turn_interrupted")
+    assert interrupted["reason"] == "compaction_cancelled" and interrupted["textDiscarded"] is False
+    assert not _events(view, "proactive_compaction_failed")
+    warnings = [n["message"] for n in pi.notes if n.get("level") == "warning"]
+    assert not any("Sending the turn anyway" in w for w in warnings)
+    assert any("interrupted" in w and "/materia continue" in w for w in warnings)
+    cancel["on"] = False
+    assert pi.client.call("cast.continue", {"session_id": SID})["status"] == "active"
+    first = pi.next_turn()
+    assert "A-INSTRUCTIONS" in first["prompt"]
+    pi.answer(first, "one done")
+    pi.answer(pi.next_turn(), "two done")
+    view = pi.wait_status(cast_id, "complete")
+    assert view["visits"] == {"Socket-1": 1, "Socket-2": 1}
 
 
 def test_a_harness_without_context_usage_gets_no_proactive_compaction_and_is_asked_once(harness_factory, project):

@@ -125,6 +125,28 @@ def test_proactive_compaction_failure_warns_and_the_cast_stays_active_awaiting_t
     assert d.events("same_socket_recovery_action_start")
 
 
+def test_a_proactive_compaction_the_user_cancelled_interrupts_the_cast_and_continue_sends_the_turn() -> None:
+    """The user's Esc during the compaction before the turn: not a failure that sends the turn
+    anyway, but the user's stop -- the cast is interrupted at the socket, as by an Esc in the turn."""
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    turn = d.pending()
+    decision = _decision()
+    d.send(ProactiveCompactionStarted, visit_id=turn.visit_id, decision=decision)
+    tr = d.send(ProactiveCompactionFinished, visit_id=turn.visit_id, decision=decision, ok=False,
+                error="Compaction cancelled", cancelled=True)
+    assert d.events("proactive_compaction_cancelled")[0].data["error"] == "Compaction cancelled"
+    assert d.events("turn_interrupted")[0].data["reason"] == "compaction_cancelled"
+    assert not d.events("proactive_compaction_failed") and not d.events("cast_end")
+    assert d.state.active and d.state.pending is None and d.state.socket_state == "interrupted"
+    notes = [e for e in tr.effects if isinstance(e, Notify)]
+    assert len(notes) == 1 and "interrupted" in notes[0].message and "Sending the turn" not in notes[0].message
+    tr = d.send(ContinueRequested)
+    [again] = [e for e in tr.effects if isinstance(e, RunAgentTurn)]
+    assert again.visit_id != turn.visit_id and again.prompt == turn.prompt
+    d.reply("done")
+    assert d.state.phase == "complete"
+
+
 def test_proactive_progress_for_a_turn_that_is_not_pending_is_ignored() -> None:
     d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
     turn = d.pending()
