@@ -392,10 +392,17 @@ class SessionActor(Actor):
                 view = None  # it ended meanwhile: read what it persisted
         if view is None:
             view = persisted_view(self.storage, self._artifact_root(), cast_id, live=False)
+            named_elsewhere = not elsewhere and held_elsewhere(view)
+        else:
+            named_elsewhere = False
         view.pop("user_turn_visit_id", None)
         text = status_text(view, self.surface)
         if elsewhere:
             text = (f"No pi-materia cast in this session; the newest in this project runs in another session "
+                    f"(abort or continue it there):\n{text}")
+        elif named_elsewhere:  # asked for by id: say whose it is, as the verbs on it will (held_elsewhere)
+            elsewhere = True
+            text = (f"This pi-materia cast runs in another session or castor runtime "
                     f"(abort or continue it there):\n{text}")
         return {**view, "text": text, "level": "info", **({"elsewhere": True} if elsewhere else {})}
 

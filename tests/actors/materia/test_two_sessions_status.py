@@ -43,3 +43,24 @@ def test_an_id_less_status_shows_this_sessions_cast_not_the_other_sessions_newer
     shown = b.call("cast.status", {"session_id": "pi-b", "cwd": str(project)})
     assert shown["cast_id"] == own and "elsewhere" not in shown, "b's own cast, not a's newer running one"
     assert a.call("cast.status", {"session_id": "pi-a", "cwd": str(project)})["cast_id"] == newer
+
+
+@pytest.mark.timeout(60)
+def test_a_status_by_id_of_the_other_sessions_running_cast_says_it_runs_there(served, project):
+    """``/materia status ID`` naming the cast the other Pi runs: the view says whose it is, as the
+    verbs on that id do (``conflict``, ``held_elsewhere``) -- it used to read as this session's
+    active cast, which ``/materia abort ID`` then refused."""
+    write_project_config(project, ONE)
+    a, b = served(), served()
+    SilentHarness(a, "pi-a", {})
+    FakeHarness(b, "pi-b", {"*": ["done"]})
+    for client, sid in ((a, "pi-a"), (b, "pi-b")):
+        client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+    theirs = a.call("cast.start", {"session_id": "pi-a", "cwd": str(project), "request": "a's"})["cast_id"]
+    shown = b.call("cast.status", {"session_id": "pi-b", "cast_id": theirs})
+    assert shown["cast_id"] == theirs and shown["status"] == "active" and shown.get("elsewhere") is True
+    assert "runs in another session" in shown["text"]
+    assert "elsewhere" not in a.call("cast.status", {"session_id": "pi-a", "cast_id": theirs})  # its own
+    a.call("cast.abort", {"session_id": "pi-a", "cast_id": theirs})
+    shown = b.call("cast.status", {"session_id": "pi-b", "cast_id": theirs})
+    assert shown["status"] == "aborted" and "elsewhere" not in shown  # ended: nobody's any more
