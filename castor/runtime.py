@@ -239,10 +239,13 @@ class Runtime:
     def close_sessions(self, timeout: float = 30.0) -> None:
         """Close every open session (casts stay resumable; a turn a harness runs for one is stopped
         with ``agent.abort_turn {reason: cast_stopped}``), each given ``timeout``. A session whose
-        close fails is logged and the rest are closed all the same."""
+        close fails is logged and the rest are closed all the same; one closed meanwhile by its
+        own harness (it disconnected as the runtime stopped) is no failure and is skipped."""
         for ctx in self.sessions():
             try:
                 self.close_session(ctx.info.session_id, timeout=timeout)
+            except NotFound:
+                continue  # closed meanwhile (its connection went away): nothing left to close
             except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever one component's close raises
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
 

@@ -346,3 +346,36 @@ def test_a_peer_that_leaves_during_its_session_open_does_not_wedge_later_opens(s
     opened = client.call("session.open", {"session_id": "later", "cwd": str(tmp_path)}, timeout=5)
     assert opened["session_id"] == "later"
     assert client.call("session.close", {"session_id": "later"}, timeout=5) == {"closed": True}
+
+
+def test_a_session_closed_while_the_runtime_closes_every_session_is_no_failure(tmp_path):
+    """``castor serve`` stopping closes every session while a harness may close its own (Pi quits
+    at the same moment): the one already gone is skipped. It was logged as an ERROR "closing
+    session … failed" with a ``not_found`` traceback."""
+    from loguru import logger
+
+    from castor.runtime import HarnessLink, SessionInfo
+
+    journal = Journal()
+    rt_box: list[Runtime] = []
+    component = _probe_component(journal)
+
+    def on_close(ctx):  # the first session's close races the second's own close, which wins
+        journal.add("closed", ctx.info.session_id)
+        if ctx.info.session_id == "first" and rt_box[0].has_session("second"):
+            rt_box[0].close_session("second")
+
+    rt = Runtime(RuntimeSettings(), components=[SessionComponent("probe", component.children, component.on_event,
+                                                                 on_close)])
+    rt_box.append(rt)
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(str(m)), level="WARNING")
+    try:
+        for sid in ("first", "second"):
+            rt.open_session(SessionInfo(session_id=sid, cwd=str(tmp_path)), HarnessLink(agent=None, session_log=None,
+                                                                                        ui=None))
+        rt.close_sessions(10)
+        assert not rt.sessions() and errors == []
+    finally:
+        logger.remove(sink)
+        rt.shutdown(10)
