@@ -24,6 +24,14 @@ def awaiting_turn(effect: Any, cast_id: str) -> tuple[str, str, dict[str, Any]]:
                                    "visit": effect.visit, "visit_id": effect.visit_id, "mode": effect.mode}
 
 
+def compacting(effect: Any, cast_id: str, percent: float) -> tuple[str, str, dict[str, Any]]:
+    """A SocketActor waiting for the host to compact its context before it sends its turn."""
+    text = (f"waiting for the host's compaction before {effect.socket_id} ({effect.materia}) of cast {cast_id} "
+            f"(context {percent:.0f}% full); the turn is not sent yet")
+    return "compacting", text, {"cast_id": cast_id, "socket": effect.socket_id, "materia": effect.materia,
+                                "visit": effect.visit, "visit_id": effect.visit_id, "percent": round(percent, 2)}
+
+
 def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str, str, dict[str, Any]]:
     """A utility slot whose command runs now."""
     command = shlex.join(argv)

@@ -180,6 +180,7 @@ class SocketActor(Actor):
             self._send_turn()
             return
         self._decision = decision
+        self.report_activity(*_activity.compacting(self.effect, self.cast_id, decision.percent), lasting=True)
         self._progress(ProactiveCompactionStarted(visit_id=self.effect.visit_id, decision=decision, at=time.time()))
         handle = self.handle
 

@@ -265,6 +265,29 @@ def test_proactive_compaction_fires_over_the_threshold_before_the_turn_is_sent(h
         < types.index("socket_complete")
 
 
+def test_an_operator_sees_a_hanging_proactive_compaction_as_one(harness_factory, project):
+    """``castor inspect`` (``ops.actors``) while the harness compacts before castor's turn: the
+    visit's actor says it waits for the host's compaction, not "reading the host's context usage"
+    (what it said until the turn was sent, however long the compaction took)."""
+    hang, entered, release = _hanging_compaction()
+    pi = harness_factory(compact=hang, usage=lambda _p: HIGH_USAGE)
+    try:
+        cast_id = pi.start(project)
+        assert entered.wait(10)
+        actors = pi.client.call("ops.actors", {})["actors"]
+        [visit] = [a for a in actors if a["path"].startswith(f"/root/session/{SID}/socket/{cast_id}.")]
+        activity = visit["activity"]
+        assert activity["kind"] == "compacting", activity
+        assert activity["text"].startswith(f"waiting for the host's compaction before Socket-1 (A) of cast {cast_id}")
+        assert activity["data"]["percent"] == 93.75 and activity["data"]["socket"] == "Socket-1"
+    finally:
+        release.set()
+    turn = pi.next_turn()
+    actors = pi.client.call("ops.actors", {})["actors"]
+    [visit] = [a for a in actors if a["path"].startswith(f"/root/session/{SID}/socket/{cast_id}.")]
+    assert visit["activity"]["kind"] == "awaiting_turn" and turn["turn_id"] == visit["activity"]["data"]["visit_id"]
+
+
 def test_proactive_compaction_does_not_fire_below_the_threshold(harness_factory, project):
     pi = harness_factory(compact=lambda _p: PI_RESULT, usage=lambda _p: {"tokens": 1_000, "contextWindow": 32_000})
     cast_id = pi.start(project)
