@@ -69,6 +69,9 @@ def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
     if pending is not None:
         data.update(pending=pending.kind, visit=pending.visit, visit_id=pending.visit_id)
         words = _PENDING_WORDS.get(pending.kind, f"awaiting {pending.kind} for")
+        if pending.kind == "agent_turn" and getattr(actor, "compacting_visit", None) == pending.visit_id:
+            words = "awaiting the host's compaction before the agent's turn for"  # the turn is not sent yet
+            data["compacting"] = True
         text = f"{words} {where} of cast {state.cast_id}"
         if item:
             text += f", item {item}"

@@ -119,6 +119,8 @@ from castor.domain.materia.cast_messages import (
     Failed,
     Finished,
     Notify,
+    ProactiveCompactionFinished,
+    ProactiveCompactionStarted,
     ProjectMoved,
     RecastRequested,
     RefinementTurnAbandoned,
@@ -248,6 +250,9 @@ class CastActor(Actor):
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
         self._lost_in_a_row = 0
+        #: the visit whose SocketActor waits for the host's proactive compaction (its turn not sent
+        #: yet), for the cast's activity; None otherwise
+        self.compacting_visit: str | None = None
         self._done = False
         self._fenced = False
         self._storage_failed = False
@@ -380,7 +385,12 @@ class CastActor(Actor):
         the SocketActor doing the work stays registered and no loss counter is reset."""
         if self.state is None:
             return
-        self._apply(message.event)
+        event = message.event
+        if isinstance(event, ProactiveCompactionStarted):
+            self.compacting_visit = event.visit_id
+        elif isinstance(event, ProactiveCompactionFinished):
+            self.compacting_visit = None
+        self._apply(event)
 
     @handles(WorkLost)
     def _on_work_lost(self, message: WorkLost) -> None:

@@ -280,12 +280,24 @@ def test_an_operator_sees_a_hanging_proactive_compaction_as_one(harness_factory,
         assert activity["kind"] == "compacting", activity
         assert activity["text"].startswith(f"waiting for the host's compaction before Socket-1 (A) of cast {cast_id}")
         assert activity["data"]["percent"] == 93.75 and activity["data"]["socket"] == "Socket-1"
+        cast = next(a for a in actors if a["path"] == f"/root/session/{SID}/cast/{cast_id}")["activity"]
+        assert cast["text"].startswith("awaiting the host's compaction before the agent's turn for Socket-1 (A)")
+        assert cast["data"]["pending"] == "agent_turn" and cast["data"]["compacting"] is True
     finally:
         release.set()
     turn = pi.next_turn()
     actors = pi.client.call("ops.actors", {})["actors"]
     [visit] = [a for a in actors if a["path"].startswith(f"/root/session/{SID}/socket/{cast_id}.")]
     assert visit["activity"]["kind"] == "awaiting_turn" and turn["turn_id"] == visit["activity"]["data"]["visit_id"]
+
+    def cast_activity() -> dict[str, Any]:
+        return next(a for a in pi.client.call("ops.actors", {})["actors"]
+                    if a["path"] == f"/root/session/{SID}/cast/{cast_id}")["activity"]
+
+    # the compaction's end reaches the cast as the turn goes out: its view follows at once
+    cast = wait_for(lambda: (c := cast_activity())["text"].startswith("awaiting the agent's turn") and c,
+                    what="the cast awaiting the turn")
+    assert cast["text"].startswith("awaiting the agent's turn for Socket-1 (A)") and "compacting" not in cast["data"]
 
 
 def test_proactive_compaction_does_not_fire_below_the_threshold(harness_factory, project):
