@@ -731,12 +731,17 @@ def cmd_casts(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from castor.actors.materia.views import persisted_view, status_text
+    from castor.actors.materia.views import held_elsewhere, persisted_view, status_text
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     _cwd_, root, cast_id = _cast_ref(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
-    _out(json.dumps(view, indent=2) if args.json else status_text(_shown(view), "cli"))
+    text = status_text(_shown(view), "cli")
+    if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
+        view["elsewhere"] = True
+        text = ("This pi-materia cast runs in another castor runtime (a harness session or another castor "
+                f"command); abort or continue it there, or castor abort {cast_id}:\n{text}")
+    _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
 
 

@@ -226,6 +226,31 @@ def test_castor_abort_stops_a_cast_another_cli_process_runs_and_recast_completes
     assert outputs(run_dir, "Socket-4") == {"1-w1.md": "Built the parser.", "2-w2.md": "Built the CLI."}
 
 
+@pytest.mark.timeout(120)
+def test_castor_status_of_a_cast_another_process_runs_says_so(tmp_path) -> None:
+    """``castor status ID`` of a cast another castor runs (a harness's ``castor serve``, another
+    ``castor cast``): the view says it runs elsewhere (``elsewhere: true`` in ``--json``), as the
+    harness's own ``/materia status`` does, instead of reading like a cast this command could drive."""
+    root = project(tmp_path, build_answers(w2_delay_ms=60_000))
+    proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
+                 "--quiet", cwd=root)
+    try:
+        wait_for(lambda: run_dirs(root), 60, "the run directory")
+        (run_dir,) = run_dirs(root)
+        wait_pending(run_dir, "Socket-4", "w2")
+        shown = castor(tmp_path, "status", run_dir.name, cwd=root)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("This pi-materia cast runs in another castor runtime")
+        assert f"castor abort {run_dir.name}" in shown.stdout and "[active]" in shown.stdout
+        as_json = json.loads(castor(tmp_path, "status", "latest", "--json", cwd=root).stdout)
+        assert as_json["elsewhere"] is True and as_json["status"] == "active"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    orphaned = json.loads(castor(tmp_path, "status", "latest", "--json", cwd=root).stdout)
+    assert orphaned["status"] == "orphaned" and "elsewhere" not in orphaned  # nobody runs it now
+
+
 @pytest.mark.timeout(90)
 def test_castor_abort_of_an_orphaned_cast_and_of_an_ended_one(tmp_path) -> None:
     root = project(tmp_path, [{"text": "slow", "delay_ms": 60_000}], HELLO)
