@@ -94,7 +94,7 @@ from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidPara
 from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
 from castor.ports.session_component import SessionContext
-from castor.supervision import Actor, handles
+from castor.supervision import Actor, HandleState, handles
 
 ASK_TIMEOUT_S = 10.0
 
@@ -180,10 +180,15 @@ class SessionActor(Actor):
         return self.ctx.child("cast")
 
     def _live(self) -> dict[str, Any]:
-        """cast id -> handle of every live CastActor of this session."""
+        """cast id -> handle of every live CastActor of this session, one its supervisor is
+        restarting after a crash included: its handle and mailbox outlive the crash, so what is
+        asked of it now is answered by the next incarnation (it was taken for a cast another
+        runtime holds -- its lease is still held here -- and an abort was refused
+        ``held_elsewhere``). A crashed actor its supervisor gives up on is closed: an ask fails
+        ``actor_stopped``, never waits past its deadline."""
         prefix = len(self.cast_sup) + 1
         return {handle.path[prefix:]: handle for handle in self.runtime.system.registry.children(self.cast_sup)
-                if handle.alive}
+                if handle.alive or (handle.state is HandleState.CRASHED and not handle.closed.is_set())}
 
     def _resolved(self, loadout: str | None = None, config_path: str | None = None) -> ResolvedConfig:
         return self.configs.load_resolved(self.cwd, loadout=loadout, config_path=config_path or self.config_path)

@@ -337,6 +337,37 @@ def test_a_restart_of_the_cast_actor_mid_turn_stops_the_old_run_and_resends_the_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("verb", ["cast.abort", "cast.status", "cast.continue"])
+def test_a_verb_while_the_cast_actor_is_being_restarted_reaches_the_restarted_cast(world, pi, verb: str) -> None:
+    """The cast's actor crashed and its supervisor has not restarted it yet (here: its supervisor
+    is held up 1 s): the cast is still this session's, so ``cast.abort`` aborts it (and the turn
+    re-sent by the restart is stopped), ``cast.status`` shows it, ``cast.continue`` is the usual
+    ``awaiting`` refusal. They answered ``conflict`` ``held_elsewhere`` ("running in another
+    session or castor runtime": the lease the crashed incarnation held) or showed it orphaned."""
+    from castor.messages.errors import Conflict
+    from castor.supervision import faults
+
+    cast_id, _run_dir, turn = start(pi)
+    handle = world.runtime.system.lookup(f"/root/session/{SID}/cast/{cast_id}")
+    faults.delay_next(world.runtime.system.lookup(f"/root/session/{SID}/cast"), 1.0)
+    faults.kill(handle)
+    wait_for(lambda: not handle.alive, 5, "the crash")
+    if verb == "cast.abort":
+        assert pi.call(verb, cast_id=cast_id)["status"] == "aborted"
+        assert pi.status(cast_id)["status"] == "aborted"
+        sent = turn_ids(pi.run_turns, 0, 2.0)
+        stopped = turn_ids(pi.aborts, 1 + len(sent))
+        assert turn["turn_id"] in stopped and sent <= stopped  # nothing is left running in the harness
+    elif verb == "cast.status":
+        view = pi.call(verb, cast_id=cast_id)
+        assert view["status"] == "active" and "elsewhere" not in view
+    else:
+        with pytest.raises(Conflict) as refused:
+            pi.call(verb, cast_id=cast_id)
+        assert refused.value.data["reason"] == "awaiting"  # its turn is re-sent by the restart
+
+
+@pytest.mark.timeout(60)
 def test_castor_stopping_stops_the_turn_it_asked_the_harness_for(tmp_path, project) -> None:
     """SIGTERM to ``castor serve`` while a harness runs a cast's turn: the harness is told
     ``agent.abort_turn {reason: cast_stopped}`` before its connection closes (castor used to close
