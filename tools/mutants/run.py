@@ -50,7 +50,9 @@ class Outcome:
 
 
 def drift(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
-    """One line per edit whose old snippet does not occur exactly once (or that changes nothing)."""
+    """One line per edit whose old snippet does not occur exactly once (or that changes nothing),
+    and per mutant whose mutated Python does not compile (a snippet that matched only the tail of
+    a more indented line: the mutant would fail to import, which kills no guarantee)."""
     problems = []
     names = [m.name for m in mutants]
     for name in sorted({n for n in names if names.count(n) > 1}):
@@ -69,7 +71,26 @@ def drift(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
                                 f"\n    {edit.old!r}")
             if edit.old == edit.new:
                 problems.append(f"{mutant.name}: an edit of {edit.file} changes nothing")
+        problems.extend(_uncompilable(mutant, root))
     return problems
+
+
+def _uncompilable(mutant: Mutant, root: Path) -> list[str]:
+    """The mutant's Python files, edited as it edits them, that do not compile."""
+    texts: dict[str, str] = {}
+    for edit in mutant.edits:
+        path = root / edit.file
+        if not (edit.file.endswith(".py") and path.is_file()):
+            continue
+        text = texts.get(edit.file)
+        texts[edit.file] = (path.read_text(encoding="utf-8") if text is None else text).replace(edit.old, edit.new, 1)
+    out = []
+    for file, text in texts.items():
+        try:
+            compile(text, file, "exec")
+        except SyntaxError as exc:
+            out.append(f"{mutant.name}: {file} does not compile once mutated (line {exc.lineno}: {exc.msg})")
+    return out
 
 
 def scratch_copy(into: Path) -> Path:
