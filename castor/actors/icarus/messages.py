@@ -27,13 +27,12 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel
-
 from castor._log import logger
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import FilterResult
 from castor.messages.base import LocalMessage
+from castor.messages.built import built
 from castor.supervision import CancelToken
 
 # ---------------------------------------------------------------------------
@@ -138,42 +137,20 @@ class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):
     event: lc.WorkerDone | lc.FilterDone | lc.TurnAborted
 
 
-_new = object.__new__
-_set_dict = object.__setattr__
-# pydantic's instance slots beside ``__dict__``, set through their descriptors (as the worker
-# call's message is built: castor.actors.icarus.worker._worker_call).
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-_HARNESS_EVENT_FIELDS = frozenset(HarnessEvent.model_fields)
-_FEEDBACK_FIELDS = frozenset(Feedback.model_fields)
-
-
 def harness_event(event: lc.HarnessLifecycleEvent, reply: Answer, current_model: tuple[str, str] | None,
                   helper: int | None) -> HarnessEvent:
     """A ``HarnessEvent`` from values castor has just built with its field types (the hook call's
     hot path: the lifecycle event, a fresh ``Answer``, a (provider, id) pair of strings or None, a
-    thread id or None). Validation would only check what the caller made, in a union of six event
-    models (1.3 against 0.4 us); this sets the instance state pydantic sets -- a test pins it equal
-    to the validated message. What the harness sent is validated before: by the endpoint's params
-    model and :func:`castor.actors.icarus.hook_controller.event_from_harness`."""
-    message = _new(HarnessEvent)
-    _set_dict(message, "__dict__", {"event": event, "reply": reply, "current_model": current_model,
-                                    "helper": helper})
-    _set_fields_set(message, set(_HARNESS_EVENT_FIELDS))
-    _set_extra(message, None)
-    _set_private(message, None)
-    return message
+    thread id or None), built, not validated: validation would only check what the caller made, in
+    a union of six event models (1.3 against 0.4 us); a test pins it equal to the validated message.
+    What the harness sent is validated before: by the endpoint's params model and
+    :func:`castor.actors.icarus.hook_controller.event_from_harness`."""
+    return built(HarnessEvent, event=event, reply=reply, current_model=current_model, helper=helper)
 
 
 def feedback(event: lc.WorkerDone | lc.FilterDone | lc.TurnAborted) -> Feedback:
     """``Feedback(event=event)`` for a completion castor built itself (see :func:`harness_event`)."""
-    message = _new(Feedback)
-    _set_dict(message, "__dict__", {"event": event})
-    _set_fields_set(message, set(_FEEDBACK_FIELDS))
-    _set_extra(message, None)
-    _set_private(message, None)
-    return message
+    return built(Feedback, event=event)
 
 
 class SetHooksEnabled(LocalMessage, type_name="icarus.hooks.set_enabled"):

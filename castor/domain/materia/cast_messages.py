@@ -7,7 +7,7 @@ Every event carries ``at`` (epoch seconds) — the engine never reads a clock.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -15,6 +15,7 @@ from castor.domain.jsontext import well_formed
 from castor.domain.materia.compaction import ProactiveDecision
 from castor.domain.materia.config import Compaction, ResolvedConfig
 from castor.domain.materia.surface import Surface
+from castor.messages.built import built as built  # the engine builds its own effects with it
 
 
 class _Frozen(BaseModel):
@@ -358,46 +359,6 @@ class Failed(_Frozen):
     revivable: bool = False
     aborted: bool = False
     entry_id: str | None = None
-
-
-_M = TypeVar("_M", bound=BaseModel)
-_NEW = object.__new__
-_SET_DICT = BaseModel.__dict__["__dict__"].__set__
-_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
-_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
-_DEFAULTS: dict[type, dict[str, Any]] = {}
-
-
-def built(cls: type[_M], **values: Any) -> _M:
-    """``cls(**values)`` without validation, for an effect (or a ``Pending``) the engine makes from
-    values it made itself, each already of its field's type (texts that came from outside were
-    validated by the event that brought them). The instance is the one validation would give:
-    the same field values (a default for each field not given), the same set of given fields,
-    frozen; only the check of the values is skipped (and a ``dict`` field keeps the dict it is
-    given instead of a copy: the engine hands each effect a dict of its own). Never for anything
-    read from outside (a message, a file): those are validated. ``cls`` must have no
-    ``default_factory`` field (a factory's value would be shared)."""
-    defaults = _DEFAULTS.get(cls)
-    if defaults is None:
-        defaults = _DEFAULTS[cls] = _defaults_of(cls)
-    obj = _NEW(cls)
-    _SET_DICT(obj, {**defaults, **values})
-    _SET_FIELDS_SET(obj, set(values))
-    _SET_EXTRA(obj, None)
-    _SET_PRIVATE(obj, None)
-    return obj
-
-
-def _defaults_of(cls: type[BaseModel]) -> dict[str, Any]:
-    """Every field's default in declaration order (a required field's place is kept by the value
-    :func:`built` is given for it)."""
-    defaults: dict[str, Any] = {}
-    for name, info in cls.model_fields.items():
-        if info.default_factory is not None:
-            raise TypeError(f"{cls.__name__}.{name} has a default_factory: build it by validation")
-        defaults[name] = info.default
-    return defaults
 
 
 Effect = Annotated[
