@@ -20,14 +20,20 @@ class SilentHarness(FakeHarness):
         self.turns.append(params)
 
 
-@pytest.mark.timeout(60)
-def test_an_id_less_status_shows_this_sessions_cast_not_the_other_sessions_newer_one(served, project):
+def _two_sessions(served, project):
+    """Two Pi sessions on one project: ``pi-a`` never answers its turns, ``pi-b`` answers "done"."""
     write_project_config(project, ONE)
     a, b = served(), served()
     SilentHarness(a, "pi-a", {})
     FakeHarness(b, "pi-b", {"*": ["done"]})
     for client, sid in ((a, "pi-a"), (b, "pi-b")):
         client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+    return a, b
+
+
+@pytest.mark.timeout(60)
+def test_an_id_less_status_shows_this_sessions_cast_not_the_other_sessions_newer_one(served, project):
+    a, b = _two_sessions(served, project)
 
     first = a.call("cast.start", {"session_id": "pi-a", "cwd": str(project), "request": "a's first"})["cast_id"]
     shown = b.call("cast.status", {"session_id": "pi-b", "cwd": str(project)})
@@ -50,12 +56,7 @@ def test_a_status_by_id_of_the_other_sessions_running_cast_says_it_runs_there(se
     """``/materia status ID`` naming the cast the other Pi runs: the view says whose it is, as the
     verbs on that id do (``conflict``, ``held_elsewhere``) -- it used to read as this session's
     active cast, which ``/materia abort ID`` then refused."""
-    write_project_config(project, ONE)
-    a, b = served(), served()
-    SilentHarness(a, "pi-a", {})
-    FakeHarness(b, "pi-b", {"*": ["done"]})
-    for client, sid in ((a, "pi-a"), (b, "pi-b")):
-        client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True})
+    a, b = _two_sessions(served, project)
     theirs = a.call("cast.start", {"session_id": "pi-a", "cwd": str(project), "request": "a's"})["cast_id"]
     shown = b.call("cast.status", {"session_id": "pi-b", "cast_id": theirs})
     assert shown["cast_id"] == theirs and shown["status"] == "active" and shown.get("elsewhere") is True
