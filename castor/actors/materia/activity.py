@@ -45,7 +45,6 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
         "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
 
 
-
 def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
     """A CastActor's phase, socket, work item, visit and age, read from its current state."""
     state = actor.state

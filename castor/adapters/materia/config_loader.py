@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -82,9 +83,7 @@ _reading = threading.local()  # the repeated keys of the read under way in this 
 def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(items)
     if len(obj) != len(items):
-        counts: dict[str, int] = {}
-        for key, _ in items:
-            counts[key] = counts.get(key, 0) + 1
+        counts = Counter(key for key, _ in items)
         _reading.repeated.append((obj, [(key, n) for key, n in counts.items() if n > 1]))
     return obj
 

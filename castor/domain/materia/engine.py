@@ -192,7 +192,7 @@ from castor.domain.materia.state import (
     task_attempt_key,
 )
 from castor.domain.materia.surface import command
-from castor.domain.timestamps import iso_utc
+from castor.domain.timestamps import iso_utc_ms
 from castor.messages.errors import Conflict, NotFound
 
 #: Built-in utilities that need IO and therefore run outside the engine.
@@ -264,8 +264,7 @@ class _Ctx:
         same millisecond as :attr:`ts_ms`."""
         iso = self._iso
         if iso is None:  # one clock reading per step: every timestamp of a transition is the same
-            ms = self.ts_ms
-            iso = self._iso = f"{iso_utc(ms // 1000)[:19]}.{ms % 1000:03d}Z"
+            iso = self._iso = iso_utc_ms(self.ts_ms / 1000)
         return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:
