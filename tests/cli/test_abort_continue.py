@@ -123,15 +123,28 @@ def test_the_help_example_is_a_complete_script_for_the_build_loadout(tmp_path) -
     assert outputs(run_dir, "Socket-7") == {"1.md": "Summary: parser and CLI built."}
 
 
-@pytest.mark.timeout(120)
-def test_kill_9_at_work_item_w2_then_recast_latest_resumes_with_w2s_answer(tmp_path) -> None:
-    root = project(tmp_path, build_answers(w2_delay_ms=3000))
+def cast_waiting_at_w2(tmp_path: Path, *, w2_delay_ms: int) -> tuple[Path, subprocess.Popen[str], Path]:
+    """A ``castor cast`` of the build loadout in its own process, once it waits for work item w2's
+    answer (delayed ``w2_delay_ms``): the project, the process and the run directory. The process
+    is killed if it never gets there."""
+    root = project(tmp_path, build_answers(w2_delay_ms=w2_delay_ms))
     proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
                  "--quiet", cwd=root)
     try:
         wait_for(lambda: run_dirs(root), 60, "the run directory")
         (run_dir,) = run_dirs(root)
         wait_pending(run_dir, "Socket-4", "w2")
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return root, proc, run_dir
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_at_work_item_w2_then_recast_latest_resumes_with_w2s_answer(tmp_path) -> None:
+    root, proc, run_dir = cast_waiting_at_w2(tmp_path, w2_delay_ms=3000)
+    try:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -198,13 +211,8 @@ def test_continue_refuses_a_complete_or_failed_cast_naming_only_commands_that_wo
 
 @pytest.mark.timeout(120)
 def test_castor_abort_stops_a_cast_another_cli_process_runs_and_recast_completes_it(tmp_path) -> None:
-    root = project(tmp_path, build_answers(w2_delay_ms=60_000))
-    proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
-                 "--quiet", cwd=root)
+    root, proc, run_dir = cast_waiting_at_w2(tmp_path, w2_delay_ms=60_000)
     try:
-        wait_for(lambda: run_dirs(root), 60, "the run directory")
-        (run_dir,) = run_dirs(root)
-        wait_pending(run_dir, "Socket-4", "w2")
         refused = castor(tmp_path, "loadout", "hello", cwd=root)
         assert refused.returncode == 1 and f"castor abort {run_dir.name}" in last_error(refused)
         aborted = castor(tmp_path, "abort", "latest", cwd=root)
@@ -231,13 +239,8 @@ def test_castor_status_of_a_cast_another_process_runs_says_so(tmp_path) -> None:
     """``castor status ID`` of a cast another castor runs (a harness's ``castor serve``, another
     ``castor cast``): the view says it runs elsewhere (``elsewhere: true`` in ``--json``), as the
     harness's own ``/materia status`` does, instead of reading like a cast this command could drive."""
-    root = project(tmp_path, build_answers(w2_delay_ms=60_000))
-    proc = spawn(tmp_path, "cast", "build two things", "--loadout", "build", "--agent", "script:answers.json",
-                 "--quiet", cwd=root)
+    root, proc, run_dir = cast_waiting_at_w2(tmp_path, w2_delay_ms=60_000)
     try:
-        wait_for(lambda: run_dirs(root), 60, "the run directory")
-        (run_dir,) = run_dirs(root)
-        wait_pending(run_dir, "Socket-4", "w2")
         shown = castor(tmp_path, "status", run_dir.name, cwd=root)
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.startswith("This pi-materia cast runs in another castor runtime")
