@@ -204,11 +204,7 @@ class SocketActor(Actor):
         if finished.cancelled:
             # The user's Esc stopped the compaction: the turn is not sent. This is the visit's
             # outcome (the cast is interrupted at the socket), handed on once, and the visit ends.
-            if self._once.acquire(blocking=False):
-                try:
-                    self.cast.tell(CastOutcome(event=finished))
-                except CastorError:
-                    pass  # the cast is gone; its restart re-dispatches from the saved state
+            self._end_visit(finished)
             self.stop_self()
             return
         self._progress(finished)
@@ -262,13 +258,16 @@ class SocketActor(Actor):
         self.stop_self()
 
     def _hand_on(self, outcome: TurnOutcome) -> None:
-        """Tell the cast the turn's end, at most once per visit, from whichever thread has it;
-        nothing once this actor's end has claimed the visit (:meth:`on_terminate`)."""
+        """Tell the cast the turn's end, from whichever thread has it (see :meth:`_end_visit`)."""
+        self._end_visit(turn_ended(self.effect.visit_id, outcome, time.time(), agent=agent_label(self.agent)))
+
+    def _end_visit(self, event: TurnEnded | ProactiveCompactionFinished) -> None:
+        """Tell the cast the visit's outcome, at most once per visit; nothing once this actor's end
+        has claimed the visit (:meth:`on_terminate`)."""
         if not self._once.acquire(blocking=False):
             return
         try:
-            self.cast.tell(CastOutcome(event=turn_ended(self.effect.visit_id, outcome, time.time(),
-                                                        agent=agent_label(self.agent))))
+            self.cast.tell(CastOutcome(event=event))
         except CastorError:
             pass  # the cast is gone; its restart re-dispatches from the saved state
 
