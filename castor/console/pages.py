@@ -23,7 +23,9 @@ from castor.supervision.registry import WATCH_PACE_S, check_segment
 FEED_EVENTS = 40
 #: At most this much of the end of events.jsonl is read for the feed.
 FEED_TAIL_BYTES = 256 * 1024
-#: run dirs of casts seen live, so a cast's page still finds its files once its actor ended.
+#: run dirs of casts seen live, so a cast's page still finds its files once its actor ended --
+#: while its session is open. A closed session's entries go at the next push of the main page
+#: (and at the next request for one of them), so nothing is kept per closed session.
 _RUN_DIRS: dict[tuple[str, str], str] = {}
 
 
@@ -39,6 +41,9 @@ def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
 def tree_data(runtime: Any) -> dict[str, Any]:
     """One push of the main page: every actor, the casts of each session, the Icarus workers."""
     actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
+    open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
+    for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
+        _RUN_DIRS.pop(key, None)
     for actor in actors:
         data = (actor.get("activity") or {}).get("data") or {}
         if actor["kind"] == "CastActor" and data.get("run_dir"):
@@ -68,16 +73,22 @@ def worker_data(runtime: Any) -> list[dict[str, Any]]:
 
 
 def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
+    """Where the cast's files are, while its session is open (``not_found`` once it closed: the
+    console shows this runtime's sessions; ``castor status ID`` in the project reads a closed
+    session's cast from its files)."""
+    try:
+        cwd = runtime.session(sid).info.cwd
+    except NotFound:
+        _RUN_DIRS.pop((sid, cast_id), None)
+        raise NotFound(f"no open session {sid} (a closed session's casts are read with `castor status` "
+                       "in their project)", data={"session_id": sid, "cast_id": cast_id,
+                                                  "reason": "session_closed"}) from None
     known = _RUN_DIRS.get((sid, cast_id))
     if known is None:
         handle = runtime.system.find(f"/root/session/{sid}/cast/{cast_id}")
         data = (handle.snapshot_data().get("activity") or {}).get("data") if handle is not None else None
         known = (data or {}).get("run_dir")
     if known is None:
-        try:
-            cwd = runtime.session(sid).info.cwd
-        except NotFound:
-            raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id}) from None
         candidate = Path(cwd) / ".pi" / "pi-materia" / cast_id
         if not (candidate / "state.json").is_file():
             raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id})

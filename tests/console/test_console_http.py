@@ -372,3 +372,38 @@ def test_the_access_log_names_each_request_and_never_its_token(tmp_path):
     assert any('"GET /metrics?token=… HTTP/1.1" 200' in line for line in lines), lines
     assert any('"GET /metrics?token=…&x=1 HTTP/1.1" 40' in line for line in lines), lines
     assert token not in sink.getvalue() and "wrong" not in sink.getvalue() and "%s" not in sink.getvalue()
+
+
+def test_a_closed_session_s_cast_page_is_not_found(busy_console):
+    live = busy_console
+    sid, cast_id = "session-3", live.casts["session-3"][0]
+    assert _get(f"{live.url}cast/{sid}/{cast_id}")[0] == 200  # seen live: its run dir is remembered
+    assert _get(live.url + "api/actors")[0] == 200
+    live.client.call("session.close", {"session_id": sid}, timeout=20)
+    status, body, _ = _get(f"{live.url}cast/{sid}/{cast_id}")
+    assert status == 404 and f"no open session {sid}" in body, body
+    assert _get(f"{live.url}events/cast/{sid}/{cast_id}")[0] == 404
+    # The other sessions' casts are still served.
+    assert _get(f"{live.url}cast/session-1/{live.casts['session-1'][0]}")[0] == 200
+
+
+def test_the_console_keeps_no_run_dir_of_a_closed_session(tmp_path):
+    """In process, a real runtime: a main-page push forgets the run dirs of sessions that closed."""
+    from castor.console import pages
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    runtime = make_runtime()
+    try:
+        for sid in ("a", "b"):
+            (tmp_path / sid).mkdir()
+            open_session(runtime, sid, tmp_path / sid, [])
+        pages._RUN_DIRS.update({("a", "c1"): str(tmp_path / "a"), ("b", "c2"): str(tmp_path / "b")})
+        pages.tree_data(runtime)
+        assert {k for k in pages._RUN_DIRS if k[0] in "ab"} == {("a", "c1"), ("b", "c2")}
+        runtime.close_session("b")
+        pages.tree_data(runtime)
+        assert {k for k in pages._RUN_DIRS if k[0] in "ab"} == {("a", "c1")}
+    finally:
+        pages._RUN_DIRS.pop(("a", "c1"), None)
+        pages._RUN_DIRS.pop(("b", "c2"), None)
+        runtime.shutdown(timeout=10)
