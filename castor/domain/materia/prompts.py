@@ -17,6 +17,7 @@ from typing import Any
 
 from castor.domain.jsontext import pretty_json
 from castor.domain.materia import handoff
+from castor.domain.materia.cast_messages import READ_ONLY_TOOLS
 from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
 from castor.domain.materia.state import CastState
@@ -141,6 +142,21 @@ def socket_prompt_and_suffix(rs: ResolvedSocket, state: CastState, *, mode: str)
     return prompt, f"Materia active materia ({rs.id}):\n" + "\n\n".join([rendered, *tail])
 
 
+#: What the ``active tools:`` line of a context says for a ``coding`` turn: the harness activates its
+#: whole tool set then, whose names castor is not told (pi-materia lists the host's names here).
+CODING_TOOLS_TEXT = "all of the host's tools (coding)"
+
+
+def active_tools(scope: str) -> str:
+    """The ``active tools:`` value of a context artifact for a materia tool scope: the tool names
+    the turn runs with, comma-separated as pi-materia writes them (``none`` for none)."""
+    if scope == "readOnly":
+        return ", ".join(READ_ONLY_TOOLS)
+    if scope == "coding":
+        return CODING_TOOLS_TEXT
+    return "none"
+
+
 def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:
     """The ``contexts/…md`` artifact of one prompt, laid out as pi-materia writes it: the header,
     plain ``name: value`` lines (``at_iso`` as ``toISOString`` writes it: milliseconds, ``Z``), the
@@ -159,7 +175,7 @@ def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt:
         f"thinking: {(_applied_thinking(m.thinking) if m else None) or 'active Pi thinking'}",
         "thinking source: " + ("configured materia setting" if m and _applied_thinking(m.thinking)
                                else "active Pi thinking fallback"),
-        f"active tools: {m.tools if m else 'none'}",
+        f"active tools: {active_tools(m.tools if m else 'none')}",
         f"timestamp: {at_iso}",
         "", "## Synthetic cast context", "", synthetic_context(rs, state, mode=mode),
         "", "## Hidden materia prompt", "", prompt, "",

@@ -354,7 +354,8 @@ def test_the_context_artifact_header_is_written_as_pi_materia_writes_it() -> Non
 
     cfg = config({"Socket-1": {"type": "agent", "materia": "M", "edges": [{"when": "always", "to": "Socket-2"}]},
                   "Socket-2": {"type": "agent", "materia": "N"}},
-                 materia={"M": agent(model="anthropic/claude-test", thinking="high"), "N": agent()})
+                 materia={"M": agent(model="anthropic/claude-test", thinking="high", tools="readOnly"),
+                          "N": agent()})
     d = Driver(resolved(cfg))
     d.reply("one")
     configured = d.artifacts()["contexts/Socket-1-1.md"].content.splitlines()
@@ -367,6 +368,9 @@ def test_the_context_artifact_header_is_written_as_pi_materia_writes_it() -> Non
     assert "thinking: high" in configured and "thinking source: configured materia setting" in configured
     assert "model source: active Pi model fallback" in active
     assert "thinking source: active Pi thinking fallback" in active
+    # The tool names the turn runs with, as pi-materia lists them (not the scope's name).
+    assert "active tools: read, grep, find, ls" in configured, configured
+    assert "active tools: all of the host's tools (coding)" in active, active
     (stamp,) = [line for line in configured if line.startswith("timestamp: ")]
     assert re.fullmatch(r"timestamp: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
 
