@@ -249,15 +249,20 @@ def _connect(args: Any, token_file: str | None) -> Any:
     """The client of the endpoint ``args`` names. Where nothing answers there (no socket file, a
     stale one, a closed port) the error says so, names the address and how a castor is started:
     it read ``storage_unavailable: Connection refused``, as if a disk had failed."""
+    from functools import partial
+
     from castor.client import Client
     from castor.messages.errors import NotFound
 
-    where = f"unix:{args.socket}" if args.socket else f"tcp:{args.tcp[0]}:{args.tcp[1]}"
-    start = f"castor serve --socket {args.socket}" if args.socket else f"castor serve --tcp {args.tcp[0]}:{args.tcp[1]}"
+    if args.socket:
+        where, start = f"unix:{args.socket}", f"--socket {args.socket}"
+        connect = partial(Client.connect_unix, args.socket, token_file=token_file)
+    else:
+        where, start = f"tcp:{args.tcp[0]}:{args.tcp[1]}", f"--tcp {args.tcp[0]}:{args.tcp[1]}"
+        connect = partial(Client.connect_tcp, *args.tcp, token_file=token_file)
     try:
-        return (Client.connect_unix(args.socket, token_file=token_file) if args.socket
-                else Client.connect_tcp(*args.tcp, token_file=token_file))
+        return connect()
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         why = "no such socket file" if isinstance(exc, FileNotFoundError) else "connection refused"
-        raise NotFound(f"no castor is listening on {where} ({why}); is `{start}` running?",
+        raise NotFound(f"no castor is listening on {where} ({why}); is `castor serve {start}` running?",
                        data={"address": where}) from None
