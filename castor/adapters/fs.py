@@ -445,7 +445,12 @@ class ConfinedRoot:
         return Path(self.join_text(relative))
 
     def join_text(self, relative: str) -> str:
-        text = _check_part(self._label, relative)
+        return self.join_checked_text(_check_part(self._label, relative))
+
+    def join_checked_text(self, text: str) -> str:
+        """:meth:`join_text` of a ``text`` that :meth:`check` has already passed (the same text, or
+        a path castor derived from it that cannot add ``..``, NUL, an empty or absolute part): the
+        containment walk (``lstat`` of each existing component) without repeating the text checks."""
         parts = text.split("/")
         if "" in parts or "." in parts:
             return str(safe_join(self.root, text))  # unusual spellings: the general path

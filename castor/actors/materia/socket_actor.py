@@ -67,6 +67,7 @@ from castor.domain.materia.cast_messages import (
     TurnEnded,
 )
 from castor.domain.materia.compaction import PROACTIVE_COMPACTION_INSTRUCTIONS, ProactiveDecision, decide_proactive
+from castor.messages.built import built
 from castor.messages.errors import CastorError
 from castor.ports.agent import AgentPort, ThinkingLevel, TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort
@@ -82,10 +83,21 @@ _THINKING: dict[str, ThinkingLevel] = {level: level for level in get_args(Thinki
 
 
 def turn_request(effect: RunAgentTurn, cast_id: str) -> TurnRequest:
-    return TurnRequest(turn_id=effect.visit_id, cast_id=cast_id, socket_id=effect.socket_id, visit=effect.visit,
-                       prompt=effect.prompt, summary=effect.visible_summary, model=effect.model,
-                       thinking=_THINKING.get(effect.thinking or ""), tools=effect.tools,
-                       item_key=effect.item_key, mode=effect.mode)
+    """The agent port's request for ``effect``'s turn: the instance validation would give.
+
+    Every value is castor's own (the engine's effect, built from the validated config; a thinking
+    level outside ``ThinkingLevel`` is already None), of the field types ``TurnRequest`` declares,
+    so it is :func:`built` without validation -- unless one of the request's own constraints (a
+    non-empty id, a visit >= 0) does not hold, which validation then reports as it always did.
+    """
+    values: dict[str, Any] = {"turn_id": effect.visit_id, "cast_id": cast_id, "socket_id": effect.socket_id,
+                              "visit": effect.visit,
+                              "prompt": effect.prompt, "summary": effect.visible_summary, "model": effect.model,
+                              "thinking": _THINKING.get(effect.thinking or ""), "tools": effect.tools,
+                              "item_key": effect.item_key, "mode": effect.mode}
+    if effect.visit_id and cast_id and effect.socket_id and effect.visit >= 0:
+        return built(TurnRequest, **values)
+    return TurnRequest(**values)
 
 
 def usage_map(outcome: TurnOutcome) -> dict[str, Any] | None:

@@ -250,6 +250,7 @@ _LOCKS_GUARD = threading.Lock()
 
 
 _FITTED_CACHE_SIZE = 4096  # distinct relative paths remembered per cast directory
+_SHORT_PATH = MAX_NAME_BYTES // 4  # characters: a path this short has no component to fit
 
 
 def _lock_for(run_dir: str | Path) -> threading.RLock:
@@ -380,7 +381,9 @@ class CastArtifacts:
         if fitted is None:
             text = str(relative)
             self._root.check(text)  # the escape checks see the original text: ".." is never hidden
-            fitted = "/".join(fit_name(part) for part in text.split("/"))
+            # A text of at most MAX_NAME_BYTES // 4 characters has no component over MAX_NAME_BYTES
+            # bytes (UTF-8 takes at most 4 per character): nothing to fit.
+            fitted = text if len(text) <= _SHORT_PATH else "/".join(fit_name(part) for part in text.split("/"))
             if len(self._fitted) < _FITTED_CACHE_SIZE:
                 self._fitted[relative] = fitted
         return fitted
@@ -403,7 +406,9 @@ class CastArtifacts:
                 continue
             directory = checked.get(head)
             if directory is None:
-                directory = checked[head] = self._root.join_text(head)
+                # head is a prefix of a fitted path _fitted_path has checked: its text checks pass
+                # (fitting adds no "..", NUL, empty or absolute part), so only the walk runs again.
+                directory = checked[head] = self._root.join_checked_text(head)
             out.append(f"{directory}/{name}")
         return out
 

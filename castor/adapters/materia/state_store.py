@@ -222,6 +222,18 @@ def _flocked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _flock_fd(path: Path) -> int:
+    """:func:`_flocked` without the context manager: the descriptor holding the lock (closing it
+    releases the lock)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 # One lock per state file, shared by every store of this process that writes it. Held weakly:
 # a lock lives as long as a store holds it (a CastActor's store, for as long as the actor runs),
 # so a long-lived process keeps none per finished cast.
@@ -470,24 +482,34 @@ class CastStateStore:
         ``index``: the state just serialised (a ``CastState``); its listing row is written to the
         cast index, after the save, when its summary differs from what this store last indexed.
         """
-        with self._save_lock(cast_id) as (path, current):
-            stored_incarnation = current[1] if current else 0
-            if current is not None and incarnation < stored_incarnation:
-                raise Conflict(
-                    f"cast {cast_id} is owned by incarnation {stored_incarnation}; write from {incarnation} refused",
-                    data={"reason": "stale_incarnation", "stored": stored_incarnation, "given": incarnation},
-                )
-            revision = current[0] if current else 0
-            if expected_revision is not None and expected_revision != revision:
-                raise Conflict(
-                    f"cast {cast_id} is at revision {revision}, expected {expected_revision}",
-                    data={"reason": "revision_mismatch", "stored": revision, "expected": expected_revision},
-                )
-            new_incarnation = max(incarnation, stored_incarnation)
-            saved_at = iso_now_ms()
-            atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
-            st = os.lstat(path)
-            self._written[cast_id] = (stat_signature(st), revision + 1, new_incarnation)
+        # The cast's locks, taken inline (no generator context managers: this runs on every
+        # transition): the thread lock, then the cross-process flock, released in reverse order.
+        last = self._written.pop(cast_id, None)  # put back by the save, if it succeeds
+        tlock, lock_path, path = self._locks[cast_id] if last is not None else self._locked(cast_id)
+        with tlock:
+            lock_fd = _flock_fd(lock_path)
+            try:
+                path, current = self._current(cast_id, path, last)
+                stored_incarnation = current[1] if current else 0
+                if current is not None and incarnation < stored_incarnation:
+                    raise Conflict(
+                        f"cast {cast_id} is owned by incarnation {stored_incarnation}; write from {incarnation} "
+                        "refused",
+                        data={"reason": "stale_incarnation", "stored": stored_incarnation, "given": incarnation},
+                    )
+                revision = current[0] if current else 0
+                if expected_revision is not None and expected_revision != revision:
+                    raise Conflict(
+                        f"cast {cast_id} is at revision {revision}, expected {expected_revision}",
+                        data={"reason": "revision_mismatch", "stored": revision, "expected": expected_revision},
+                    )
+                new_incarnation = max(incarnation, stored_incarnation)
+                saved_at = iso_now_ms()
+                atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
+                st = os.lstat(path)
+                self._written[cast_id] = (stat_signature(st), revision + 1, new_incarnation)
+            finally:
+                os.close(lock_fd)
         if index is not None:
             self._index(cast_id, index, st)
         return revision + 1, new_incarnation, saved_at
@@ -504,29 +526,25 @@ class CastStateStore:
         if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
             self._indexed[cast_id] = row.key
 
-    @contextmanager
-    def _save_lock(self, cast_id: str) -> Iterator[tuple[Path, tuple[int, int] | None]]:
-        """Hold the cast's locks and yield its state path and stored ``(revision, incarnation)``.
+    def _current(self, cast_id: str, path: Path,
+                 last: tuple[tuple[int, int, int, int], int, int] | None) -> tuple[Path, tuple[int, int] | None]:
+        """Under the cast's locks: its state path and stored ``(revision, incarnation)``.
 
         Under the locks no castor writer can change the file, and every castor writer replaces it
         by ``rename`` (a new inode, new ctime). So when the file is still the regular file this
-        store last wrote (same inode, size, mtime and ctime, one ``lstat``), its header is the
-        one written and needs no read; anything else (another writer, a hand edit, a planted
-        link) goes through the checked path and the header read.
+        store last wrote (``last``: same inode, size, mtime and ctime, one ``lstat``), its header
+        is the one written and needs no read; anything else (another writer, a hand edit, a
+        planted link) goes through the checked path and the header read.
         """
-        last = self._written.pop(cast_id, None)  # put back by the save, if it succeeds
-        tlock, lock_path, path = self._locks[cast_id] if last is not None else self._locked(cast_id)
-        with tlock, _flocked(lock_path):
-            if last is not None:
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    st = None
-                if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0]:
-                    yield path, (last[1], last[2])
-                    return
-                path = self._locked(cast_id)[2]  # changed underneath: the checked path
-            yield path, _read_header(path)
+        if last is not None:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0]:
+                return path, (last[1], last[2])
+            path = self._locked(cast_id)[2]  # changed underneath: the checked path
+        return path, _read_header(path)
 
     @staticmethod
     def _write(path: Path, cast_id: str, revision: int, incarnation: int, state: dict[str, Any]) -> StoredState:

@@ -86,3 +86,35 @@ def test_a_visit_hands_on_the_first_answer_once_and_exits(tmp_path, inline):
         assert visit.processed == (0 if inline else 1)
     finally:
         rt.shutdown(10)
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"model": "prov/m", "thinking": "high", "tools": "coding", "item_key": "k1", "mode": "refinement"},
+    {"thinking": "not-a-level", "tools": "readOnly", "mode": "finalization", "visit": 0},
+])
+def test_the_turn_request_built_without_validation_is_the_validated_one(changes: dict) -> None:
+    from castor.actors.materia.socket_actor import _THINKING, turn_request
+
+    effect = RunAgentTurn(**{"visit_id": "c:A:1:1", "socket_id": "A", "visit": 1, "materia": "m", "mode": "normal",
+                             "prompt": "p", "system_prompt": "", "visible_summary": "s", "tools": "none", **changes})
+    fast = turn_request(effect, "c")
+    validated = TurnRequest(turn_id=effect.visit_id, cast_id="c", socket_id=effect.socket_id, visit=effect.visit,
+                            prompt=effect.prompt, summary=effect.visible_summary, model=effect.model,
+                            thinking=_THINKING.get(effect.thinking or ""), tools=effect.tools,
+                            item_key=effect.item_key, mode=effect.mode)
+    assert fast == validated
+    assert fast.__dict__ == validated.__dict__ and list(fast.__dict__) == list(validated.__dict__)
+    assert fast.__pydantic_fields_set__ == validated.__pydantic_fields_set__
+    assert TurnRequest.__pydantic_serializer__.to_json(fast) == TurnRequest.__pydantic_serializer__.to_json(validated)
+
+
+def test_a_turn_request_that_breaks_its_constraints_is_still_refused() -> None:
+    from pydantic import ValidationError
+
+    from castor.actors.materia.socket_actor import turn_request
+
+    effect = RunAgentTurn(visit_id="", socket_id="A", visit=1, materia="m", mode="normal", prompt="p",
+                          system_prompt="", visible_summary="s", tools="none")
+    with pytest.raises(ValidationError):
+        turn_request(effect, "c")
