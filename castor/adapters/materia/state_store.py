@@ -50,6 +50,7 @@ import time
 import weakref
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,7 +60,6 @@ from castor._log import logger
 from castor.adapters.fs import (
     ConfinedRoot,
     atomic_write_bytes,
-    compact_json,
     is_storage_fault,
     read_regular_file,
     stat_signature,
@@ -260,12 +260,14 @@ _HEADER_BYTES = 512
 def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, state_json: EncodedState) -> bytes:
     """The stored document, header fields first (the fence check reads only those); one copy of
     the state's JSON (given in pieces, they are joined here, with the header)."""
-    head = compact_json({"format": FORMAT, "castId": cast_id, "revision": revision, "incarnation": incarnation,
-                         "savedAt": saved_at})
+    # compact_json of {"format", "castId", "revision", "incarnation", "savedAt"} without its closing
+    # brace, spelled out: the same escaping of the two strings (the C encoder's), ints as JSON writes them.
+    head = (f'{{"format":{int(FORMAT)},"castId":{encode_basestring(cast_id)},"revision":{int(revision)},'
+            f'"incarnation":{int(incarnation)},"savedAt":{encode_basestring(saved_at)}')
     if isinstance(state_json, str):
         state_json = state_json.encode("utf-8")
     body = [state_json] if isinstance(state_json, bytes) else state_json
-    return b"".join((head[:-1].encode("utf-8"), b',"state":', *body, b"}\n"))
+    return b"".join((head.encode("utf-8"), b',"state":', *body, b"}\n"))
 
 
 def _read_header(path: Path) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any, Literal
@@ -136,6 +137,10 @@ def is_subscription(*names: str | None) -> bool:
     return any(isinstance(n, str) and ("openai-codex" in n.lower() or n.lower().startswith("codex/")) for n in names)
 
 
+_NEW = object.__new__
+_SET_ATTR = object.__setattr__
+
+
 class UsageReport(BaseModel):
     """The ``usage.json`` document (camelCase on purpose: it is written as is).
 
@@ -191,7 +196,18 @@ class UsageReport(BaseModel):
                 update[name] = getattr(record, name)
         if record.thinking is not None:
             update["thinkingLevel"] = record.thinking
-        return self.model_copy(update=update)
+        return self._updated(update)
+
+    def _updated(self, update: dict[str, Any]) -> UsageReport:
+        """``self.model_copy(update=update)`` (a shallow copy, ``update`` unvalidated, its fields
+        marked set) without pydantic's generic copy steps: a report has no extra fields and no
+        private attributes, and a cast makes two new reports a transition."""
+        out = _NEW(type(self))
+        _SET_ATTR(out, "__dict__", {**self.__dict__, **update})
+        _SET_ATTR(out, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
+        _SET_ATTR(out, "__pydantic_extra__", None)
+        _SET_ATTR(out, "__pydantic_private__", None)
+        return out
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
         """A new report with ``selection`` (a :func:`model_selection` record) appended."""
@@ -199,7 +215,7 @@ class UsageReport(BaseModel):
         for name, key in (("model", "model"), ("provider", "provider"), ("api", "api"), ("thinkingLevel", "thinking")):
             if selection.get(key):  # the report names what was asked for until a turn says what answered
                 update[name] = selection[key]
-        out = self.model_copy(update=update)
+        out = self._updated(update)
         if is_subscription(selection.get("requestedModel"), selection.get("model"), selection.get("provider")):
             out.costKind = "subscription"
         return out
@@ -267,9 +283,17 @@ def model_selection(*, socket: str, materia: str | None, visit: int, requested_m
         # pi-materia's key of the selection: the task (the loop item) and its attempt
         **({"taskId": item_key} if item_key is not None else {}),
         **({"attempt": attempt} if attempt is not None else {}),
-        **materia_model_selection(requested_model=requested_model, requested_thinking=requested_thinking,
-                                  thinking=thinking, thinking_fallback_reason=thinking_fallback_reason),
+        **_shared_selection(requested_model, requested_thinking, thinking, thinking_fallback_reason),
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_selection(requested_model: str | None, requested_thinking: str | None, thinking: str | None,
+                      thinking_fallback_reason: str | None) -> dict[str, Any]:
+    """:func:`materia_model_selection` of these arguments, made once (a function of them alone);
+    only ever spread into a new record, never handed out or changed."""
+    return materia_model_selection(requested_model=requested_model, requested_thinking=requested_thinking,
+                                   thinking=thinking, thinking_fallback_reason=thinking_fallback_reason)
 
 
 def text_or_none(value: Any) -> str | None:

@@ -251,13 +251,10 @@ class _Ctx:
     def __init__(self, state: CastState, at: float) -> None:
         self.s = state
         self.at = at
+        self.ts_ms = int(round(at * 1000))  # the step's millisecond (every stamp of a transition)
         self.effects: list[Effect] = []
         self._iso: str | None = None
         self._usage_write: int | None = None  # where this transition's usage.json write is in effects
-
-    @property
-    def ts_ms(self) -> int:
-        return int(round(self.at * 1000))
 
     def iso(self) -> str:
         """The step's time as JavaScript's ``toISOString`` writes it (milliseconds, ``Z``), the

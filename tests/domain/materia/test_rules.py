@@ -579,3 +579,24 @@ def test_a_budget_limit_of_zero_is_a_limit_not_none() -> None:
     nothing = check_budget(Budget(max_tokens=0), UsageReport(), already_warned=False)
     assert nothing.limit_hit and nothing.percent == 0 and not nothing.warn  # 0 >= 0: reached, as pi-materia
     assert not check_budget(Budget(), used, already_warned=False).limit_hit
+
+
+def test_a_report_made_by_add_turn_or_add_selection_is_the_model_copy_pydantic_makes() -> None:
+    from castor.domain.materia.budget import Amounts, model_selection
+
+    report = UsageReport()
+    selection = model_selection(socket="A", materia="m", visit=1, requested_model="openai-codex/x",
+                                requested_thinking="high", thinking="high", thinking_fallback_reason=None,
+                                item_key="k", attempt=2)
+    after = report.add_selection(selection)
+    expected = report.model_copy(update={"modelSelections": [selection], "model": "x", "provider": "openai-codex",
+                                         "thinkingLevel": "high"})
+    expected.costKind = "subscription"
+    assert after == expected and after.__pydantic_fields_set__ == expected.__pydantic_fields_set__
+    assert after.model_dump_json() == expected.model_dump_json()
+    turned = after.add_turn(TurnRecord(socket="A", materia="m", taskId="k", tokens=Amounts(input=3),
+                                       cost=Amounts(total=0.5), model="y"))
+    assert turned.__pydantic_fields_set__ >= {"tokens", "cost", "turns", "bySocket", "byTask", "model"}
+    assert type(turned) is UsageReport and turned.__pydantic_extra__ is None and turned.__pydantic_private__ is None
+    assert report.modelSelections == [] and after.turns == []  # nothing changed in place
+    assert UsageReport.model_validate_json(turned.model_dump_json()) == turned
