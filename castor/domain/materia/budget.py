@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from castor.domain.materia.config import DEFAULT_WARN_AT_PERCENT, Budget
+from castor.messages.built import built
 
 PARTS = ("input", "output", "cacheRead", "cacheWrite")
 
@@ -460,7 +461,10 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     over_token = budget.max_tokens is not None and report.tokens.total >= budget.max_tokens
     over_cost = budget.max_cost_usd is not None and report.cost.total >= budget.max_cost_usd
     limit_hit = over_token or over_cost
-    return BudgetCheck(
+    # Built without validation (a check on every socket's completion): every value is made here,
+    # a bool or the percentage (an int or a float), exactly what validation would keep.
+    return built(
+        BudgetCheck,
         percent=percent,
         warn=(not already_warned) and (budget.max_tokens is not None or budget.max_cost_usd is not None)
         and percent >= warn_at,

@@ -310,7 +310,9 @@ def step(state: CastState | None, event: Any) -> Transition:
     if handler is None:
         raise _reject(f"unsupported cast event {type(event).__name__}", "unsupported")
     ctx = _Ctx(_fork(state), event.at)
-    surface = getattr(event, "surface", None)
+    # A field of the user's commands only: read where it is one (a getattr that misses goes
+    # through pydantic's __getattr__ and an AttributeError, on every turn's end).
+    surface = event.surface if type(event) in _SURFACED else None
     if surface is not None:  # a user's command: its texts name the commands of where the user is
         ctx.s.surface = surface
     try:
@@ -1371,5 +1373,8 @@ _HANDLERS: dict[type, Any] = {
     ReviveRequested: _on_revive,
     ProjectMoved: _on_project_moved,
 }
+
+#: The events that carry a ``surface`` (the user's commands: where the command came from).
+_SURFACED = frozenset(cls for cls in _HANDLERS if "surface" in cls.model_fields)
 
 __all__ = ["step", "Transition", "CastRejected", "CastState"]

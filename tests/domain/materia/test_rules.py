@@ -600,3 +600,18 @@ def test_a_report_made_by_add_turn_or_add_selection_is_the_model_copy_pydantic_m
     assert type(turned) is UsageReport and turned.__pydantic_extra__ is None and turned.__pydantic_private__ is None
     assert report.modelSelections == [] and after.turns == []  # nothing changed in place
     assert UsageReport.model_validate_json(turned.model_dump_json()) == turned
+
+
+@pytest.mark.parametrize("budget", [Budget(max_tokens=100, max_cost_usd=1.0, warn_at_percent=50),
+                                    Budget(max_tokens=0), Budget(max_cost_usd=0.3, stop_at_limit=False), Budget()])
+@pytest.mark.parametrize("warned", [False, True])
+def test_a_budget_check_built_without_validation_is_the_validated_one(budget: Budget, warned: bool) -> None:
+    from castor.domain.materia.budget import Amounts, BudgetCheck
+
+    for tokens, cost in ((0, 0.0), (60, 0.1), (100, 0.35), (7, 2.0)):
+        report = UsageReport(tokens=Amounts(total=tokens), cost=Amounts(total=cost))
+        check = check_budget(budget, report, already_warned=warned)
+        validated = BudgetCheck(**check.__dict__)
+        assert check == validated and list(check.__dict__) == list(validated.__dict__)
+        assert [type(v) for v in check.__dict__.values()] == [type(v) for v in validated.__dict__.values()]
+        assert check.model_dump_json() == validated.model_dump_json()
