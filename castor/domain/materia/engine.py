@@ -1375,6 +1375,6 @@ _HANDLERS: dict[type, Any] = {
 }
 
 #: The events that carry a ``surface`` (the user's commands: where the command came from).
-_SURFACED = frozenset(cls for cls in _HANDLERS if "surface" in cls.model_fields)
+_SURFACED = frozenset(cls for cls in _HANDLERS if "surface" in getattr(cls, "model_fields", {}))
 
 __all__ = ["step", "Transition", "CastRejected", "CastState"]
