@@ -17,8 +17,9 @@ Filter             a filter job thread: ``ClassifierActor`` (one total deadline,
                    request's :class:`CancelToken`) then ``AuditActor`` (persist before
                    release); the released text comes back as ``FilterDone``
 CancelFilter       cancels that request's token (wakes the classifier wait at once)
-SendMessage,       the :class:`~castor.ports.session.SessionUiPort`; errors swallowed
-SetStatus
+SendMessage,       the :class:`~castor.ports.session.SessionUiPort`; errors swallowed. A
+SetStatus          ``before_agent_start``'s footer that repeats the footer the previous
+                   ``before_agent_start`` sent is not sent again (see "The footer" below)
 Reply              resolves the caller's future for that request (exactly once)
 Log                loguru, codes only (never context or error text)
 =================  ===========================================================================
@@ -40,6 +41,20 @@ Guarantees
 * On any exit of an incarnation every unanswered caller gets ``None`` and
   every filter is cancelled. A restarted incarnation starts from the initial
   state (first turn armed, nothing pending) and ignores late completions.
+
+The footer
+----------
+The lifecycle sets the footer at every prompt (``SetStatus`` in each ``before_agent_start``
+step). The controller sends it to the UI port only when it says something new: a prompt's
+footer is skipped when the last status this incarnation sent was the same ``(key, text)``, sent
+by a prompt's step, and nothing reset it since. Reset (the next prompt sends its footer again):
+any other status sent (``session_start``'s footer, ``/icarus off``/``on``, the shutdown's
+clear), every ``session_start`` (also one the lifecycle answers as a repeat, sending nothing),
+a UI call that failed, and a new incarnation (it starts with nothing sent). What resets it on
+the harness's side reaches castor as one of these or as a new session: a reconnect, a replaced
+session or a respawned runtime opens a new session, with a new controller. So the harness sees
+the footer of every state change and the first prompt after each, and no notification per
+prompt saying what it already shows.
 
 Hand-offs
 ---------
@@ -368,6 +383,9 @@ class HookController(Actor):
     def on_start(self) -> None:
         self.state = lc.initial_state(self.config)
         self._busy_since: float | None = None
+        #: The footer the last prompt's step sent, while nothing else set the status since (see
+        #: "The footer"): a prompt's equal footer is not sent again. None: the next one is sent.
+        self._prompt_footer: lc.SetStatus | None = None
         self.describe_activity(self._describe)
         self._futures: dict[str, Answer] = {}
         self._cancels: dict[str, CancelToken] = {}
@@ -457,6 +475,9 @@ class HookController(Actor):
     def _apply(self, event: lc.Event, *, lane_wakes: bool = True) -> None:
         """Step ``event`` and carry out its effects. ``lane_wakes=False``: the asker runs the
         calls queued here itself (``WorkerLane.help_until``), so the lane's thread is not woken."""
+        kind = type(event)
+        if kind is lc.SessionStart:
+            self._prompt_footer = None  # a (re)started session gets the footer at its next prompt
         self.state, effects = lc.step(self.state, event)
         if self.state.inflight:  # what a snapshot shows meanwhile (see _describe)
             if self._busy_since is None:
@@ -465,7 +486,9 @@ class HookController(Actor):
             self._busy_since = None
         closing: list[Answer] | None = None
         for effect in effects:
-            if isinstance(effect, lc.CloseWorker):
+            if type(effect) is lc.SetStatus:  # the commonest (a prompt's footer), first
+                self._set_status(effect, kind is lc.BeforeAgentStart)
+            elif isinstance(effect, lc.CloseWorker):
                 closing = []
                 self._lane.submit_close(partial(_resolve_all, closing),  # bound now: a later close has its own list
                                         wake=lane_wakes)
@@ -477,15 +500,26 @@ class HookController(Actor):
             else:
                 self._interpret(effect, lane_wakes)
 
+    def _set_status(self, effect: lc.SetStatus, prompt: bool) -> None:
+        """Send ``effect`` to the UI port, unless it is a prompt's footer (``prompt``) equal to the
+        one the last prompt sent with nothing set since ("The footer" above)."""
+        last = self._prompt_footer
+        if prompt and last is not None and (last is effect or (last.key == effect.key and last.text == effect.text)):
+            return
+        self._prompt_footer = None
+        try:
+            self.ui.set_status(effect.key, effect.text)
+        except Exception as exc:  # noqa: BLE001 - UI failures are swallowed
+            self.log.bind(error=type(exc).__name__).debug("session ui call failed")
+            return
+        if prompt:
+            self._prompt_footer = effect
+
     def _interpret(self, effect: lc.Effect, lane_wakes: bool) -> None:
         # The effect classes have no subclasses: their own class picks the branch, the commonest
-        # first (a prompt's footer and its reply), not a chain of isinstance checks.
-        if type(effect) is lc.SetStatus:
-            try:
-                self.ui.set_status(effect.key, effect.text)
-            except Exception as exc:  # noqa: BLE001 - UI failures are swallowed
-                self.log.bind(error=type(exc).__name__).debug("session ui call failed")
-        elif type(effect) is lc.Reply:
+        # first (a prompt's reply), not a chain of isinstance checks. A SetStatus never comes
+        # here: _apply sends it (_set_status).
+        if type(effect) is lc.Reply:
             fut = self._futures.pop(effect.request, None)
             self._cancels.pop(effect.request, None)
             if fut is not None and not fut.done():
