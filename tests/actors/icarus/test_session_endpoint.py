@@ -294,3 +294,48 @@ def test_a_shutdown_during_a_retrieval_ends_it_and_runs_on_session_end_at_once(w
     [ended] = world.calls("hooks.on_session_end")
     assert ended["pid"] != first_pid and not world.calls("hooks.pre_llm_call", phase="end")
     wait_until(lambda: gone(first_pid), 5, "the retrieval's worker to be stopped")
+
+
+def test_the_harness_gets_the_footer_at_each_state_change_and_the_first_prompt_after_it(wired):
+    """The footer over the wire (hook_controller, "The footer"): with the session's start and its
+    first prompt, not again at every prompt; again after ``/icarus off`` and ``on``, and on a new
+    connection's session (a reconnect) at its first prompt, with no ``session_start`` before it."""
+    world, connect = wired
+    footer, cleared = {"key": "icarus", "text": "🪽 Icarus"}, {"key": "icarus", "text": None}
+
+    def harness() -> tuple[Client, list[dict[str, Any]]]:
+        client, _ = connect()
+        seen: list[dict[str, Any]] = []
+        # On the reading thread: a status sent before a response is recorded when the call returns.
+        client.on_notification("ui.status", seen.append, on_reading_thread=True)
+        open_session(client, world)
+        return client, seen
+
+    def prompt(client: Client) -> None:
+        client.call("harness.event", {"session_id": "pi-1", "event": "before_agent_start",
+                                      "data": {"prompt": "sqlite", "message_type": "user"}})
+
+    def taken(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = list(seen)
+        seen.clear()
+        return out
+
+    client, seen = harness()
+    client.call("harness.event", {"session_id": "pi-1", "event": "session_start", "data": {"reason": "startup"}})
+    assert taken(seen) == [footer]
+    for _ in range(3):
+        prompt(client)
+    assert taken(seen) == [footer]  # the first prompt's; the others repeat nothing
+    for args in ("off", "on"):
+        client.call("icarus.command", {"session_id": "pi-1", "args": args})
+    prompt(client)
+    prompt(client)
+    assert taken(seen) == [cleared, footer, footer]
+    assert client.call("session.close", {"session_id": "pi-1"}) == {"closed": True}
+    closing = taken(seen)
+    assert closing and all(status == cleared for status in closing)  # the shutdown's, and the close's own
+
+    again, seen_again = harness()  # the harness reconnected: its footer is sent at the first prompt
+    prompt(again)
+    prompt(again)
+    assert taken(seen_again) == [footer]
