@@ -7,8 +7,6 @@ take a handle are in :mod:`castor.supervision.faults`.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from enum import StrEnum
@@ -64,6 +62,6 @@ def kill_process_trees(pids: list[int]) -> None:
             continue
         for proc in victims:
             try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+                proc.kill()  # psutil's: refuses a pid that another process has taken since
+            except psutil.Error:
                 pass

@@ -197,14 +197,28 @@ class PiRpc:
                 self.proc.stdin.close()
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # the process group also holds castor and anything it started
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _exited_unreaped(self.proc.pid, timeout)
+        # The process group also holds castor and anything it started. Pi is not reaped yet, so
+        # its pid -- the group's id -- is still its own: once reaped, with its group empty, the id
+        # could name another test's process group (pids wrap at 32,768 here).
+        if self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(timeout=timeout)
         self._stderr.close()
         return self.proc.returncode
+
+
+def _exited_unreaped(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` for child ``pid`` to exit, leaving it unreaped (its zombie keeps
+    the pid, so the pid still names it and its process group)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:
+            return  # reaped already
+        time.sleep(0.02)  # polling a child's exit: waitid has no timeout of its own

@@ -323,14 +323,24 @@ class WorkerProcess:
                         self._call_lock.release()
                 return
             self._killed = True
-        try:
-            descendants = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # process_group=0: pgid == pid
-        except (ProcessLookupError, PermissionError):
-            pass
+        descendants: list[psutil.Process] = []
+        # Signals by pid go only where the pid is still the worker's. Until the worker is reaped
+        # its zombie holds the pid: its children and its group (process_group=0: pgid == pid) are
+        # its own. Once a poll() has reaped it, the pid may have been given to an unrelated process
+        # (pids wrap: at 32,768 on many hosts), whose children and group a pid-based kill would
+        # end. The group id, though, cannot be given out while anything of the worker's group
+        # lives: so a reaped worker's group is killed only while no process has its pid.
+        reaped = proc.poll() is not None
+        if not reaped:
+            try:
+                descendants = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        if not reaped or not psutil.pid_exists(proc.pid):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for child in descendants:
             try:
                 child.kill()

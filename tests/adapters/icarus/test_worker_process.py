@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from castor.adapters.icarus.launch import WorkerLaunch
@@ -228,6 +229,27 @@ def test_kill_tree_from_another_thread_wakes_blocked_call(harness):
     assert result["error"].data["reason"] == "cancelled"
     assert gone(pid)
     worker.kill_tree("again")  # idempotent
+
+
+def test_kill_tree_of_a_reaped_worker_never_signals_the_process_that_has_its_pid_now(harness):
+    """Once the worker is reaped its pid may be given to an unrelated process (pids wrap at 32,768
+    on many hosts): a kill_tree then must not end that process, its children or its group. The
+    reuse is staged: the reaped worker's Popen is pointed at an innocent session leader's pid."""
+    worker = harness.worker()
+    call(worker, "hooks", "counter")
+    os.kill(worker.pid, signal.SIGKILL)
+    proc = worker._proc
+    proc.wait(10)  # reaped, as a poll() on the call path reaps a dead worker
+    innocent = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: psutil.Process(innocent.pid).children() or None, timeout=10, what="the innocent's child")
+        child = psutil.Process(innocent.pid).children()[0]
+        proc.pid = innocent.pid  # the worker's pid is the innocent's now
+        worker.kill_tree("retired after a crash")
+        assert innocent.poll() is None and child.is_running(), "kill_tree signalled a pid that was not the worker's"
+    finally:
+        os.killpg(innocent.pid, signal.SIGKILL)
+        innocent.wait(10)
 
 
 def test_concurrent_call_is_refused(harness):
