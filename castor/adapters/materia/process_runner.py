@@ -224,11 +224,19 @@ class RunningUtility:
             if pipe_holders:
                 for proc in self._pipe_holders():
                     self._known.setdefault(proc.pid, proc)
-            try:
-                for child in psutil.Process(self.pid).children(recursive=True):
-                    self._known.setdefault(child.pid, child)
-            except psutil.Error:
-                pass
+            # By the root's pid only while it is the root's: once the root is reaped the system
+            # may give its pid to another process (pids wrap), whose children are not ours. Its
+            # process group's id is not given out while any member lives, so the group is
+            # searched while no process holds the pid (the same rule as the Icarus worker's).
+            reaped = self._popen.returncode is not None
+            if not reaped:
+                try:
+                    for child in psutil.Process(self.pid).children(recursive=True):
+                        self._known.setdefault(child.pid, child)
+                except psutil.Error:
+                    pass
+            if reaped and psutil.pid_exists(self.pid):
+                return [p for p in self._known.values() if _alive(p)]
             # An orphan (its parent died) is no longer a child of the root but
             # still in our process group; find those too.
             for proc in psutil.process_iter():

@@ -183,3 +183,27 @@ def test_kill_from_another_thread(tmp_path):
     assert all(process_gone(p) for p in grandchildren)
     msg = command_failure_message(results[0], socket_id="Socket-1", stdout_artifact="o", stderr_artifact="e")
     assert "was killed" in msg
+
+
+def test_a_reaped_command_s_pid_taken_by_another_process_is_not_searched_for_its_tree(tmp_path):
+    """Once the command's root is reaped the system may give its pid to an unrelated process (pids
+    wrap at 32,768 on many hosts). Its tree is then not looked up by that pid: the stranger's
+    children are never taken for the command's (and so never signalled). The reuse is staged: the
+    finished command's pid is pointed at an innocent session leader's."""
+    import os
+    import signal
+    import subprocess
+
+    handle = spawn(py("print('done')", cwd=tmp_path))
+    assert handle.wait().ok
+    innocent = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        assert poll_until(lambda: psutil.Process(innocent.pid).children(), timeout=10)
+        child = psutil.Process(innocent.pid).children()[0]
+        handle.pid = innocent.pid  # the reaped root's pid is the innocent's now
+        assert child.pid not in {p.pid for p in handle._descendants()}
+        handle._terminate_tree(0.2)  # what a late terminate would do with the tree it finds
+        assert innocent.poll() is None and child.is_running()
+    finally:
+        os.killpg(innocent.pid, signal.SIGKILL)
+        innocent.wait(10)
