@@ -383,21 +383,33 @@ PATHS = ("raw", "actor", "echo", "hook", "tool")
 
 
 def user_paths(rounds: int, warm: int, small: int, big: int) -> dict[str, list[dict[str, float]]]:
-    """Every path, ``rounds`` times in turn, in this process (its placement is the caller's)."""
+    """Every path, ``rounds`` times in turn, in this process (its placement is the caller's).
+
+    Every round starts every path afresh -- the raw child, the worker behind the actor, the echo
+    server, the runtime and its worker behind the endpoint -- and closes them after. A parent and
+    child taking turns on one CPU settle, per pair of processes, into a fast or a slow mode for
+    their whole lives (12 us apart on this host: 20 against 32 us for the raw child, 23 against
+    35 for the actor's worker, one pair in five to ten, every call of the pair alike), so a pair
+    kept for every round made one run's ratio 1.75 where its neighbours read 1.14. With fresh
+    pairs a round's slow pair is one round of several, and each figure is the median over rounds.
+    """
     out: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
     with tempfile.TemporaryDirectory(prefix="castor-bench-user-") as workdir:
         package = write_fake_package(Path(workdir) / "pkg")
-        raw, actor = RawChild(package), ActorPath(package, workdir)
-        echo, endpoint = RawEcho(f"{workdir}/echo.sock"), EndpointPaths(package, workdir)
-        calls = {"raw": raw.one, "actor": actor.one, "echo": echo.one, "hook": endpoint.hook, "tool": endpoint.tool}
-        try:
-            for _ in range(rounds):
+        for n in range(rounds):
+            here = Path(workdir) / f"round-{n}"
+            here.mkdir()
+            raw, actor = RawChild(package), ActorPath(package, str(here))
+            echo, endpoint = RawEcho(f"{here}/echo.sock"), EndpointPaths(package, str(here))
+            calls = {"raw": raw.one, "actor": actor.one, "echo": echo.one, "hook": endpoint.hook,
+                     "tool": endpoint.tool}
+            try:
                 figures = _round(calls, warm, small, big)
-                for name in PATHS:
-                    out[name].append(figures[name])
-        finally:
-            for thing in (endpoint, echo, actor, raw):
-                thing.close()
+            finally:
+                for thing in (endpoint, echo, actor, raw):
+                    thing.close()
+            for name in PATHS:
+                out[name].append(figures[name])
     return out
 
 
