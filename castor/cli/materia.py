@@ -394,7 +394,7 @@ def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | 
     if spec is None and run_dir is not None:
         try:
             remembered = json.loads((run_dir / "cli.json").read_text(encoding="utf-8")).get("agent")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, RecursionError, AttributeError):
             remembered = None
         if isinstance(remembered, str) and remembered.startswith("script:"):
             spec = remembered  # a data file, not a program; openai: is never taken from the tree
@@ -412,7 +412,7 @@ def _requested_at(request: Path) -> float | None:
     """When an abort request was written (its ``requested_at``); None if unreadable."""
     try:
         value = json.loads(request.read_text(encoding="utf-8")).get("requested_at")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

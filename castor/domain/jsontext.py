@@ -86,6 +86,22 @@ def loads_strict(text: str | bytes) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+def json_problem(exc: BaseException) -> str:
+    """Why a JSON text could not be read, in a few words, for an error naming the file.
+
+    Python's reader fails on valid-looking text in two ways that are not ``JSONDecodeError``: a
+    value nested deeper than the interpreter's recursion limit (``RecursionError``) and an integer
+    of more than 4,300 digits (a plain ``ValueError``). A reader of a file from outside catches
+    ``(ValueError, RecursionError)`` and says this, never a traceback or Python's own advice."""
+    if isinstance(exc, RecursionError):
+        return "a value is nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if "integer string conversion" in str(exc):
+        return "an integer has more than 4300 digits"
+    return str(exc)
+
+
 def pretty_json(value: Any) -> str:
     """``json.dumps(value, indent=2, ensure_ascii=False)``, by the C encoder when that gives the
     same text (see the module doc), with a small number written as JavaScript writes it

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.adapters.fs import read_regular_file
+from castor.domain.jsontext import json_problem
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -194,8 +195,8 @@ def _parse_jsonl(text: str) -> AgentScript:
             continue
         try:
             raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidConfig(f"script line {line_no} is not JSON: {exc.msg}",
+        except (ValueError, RecursionError) as exc:  # a deep nesting or a huge integer too
+            raise InvalidConfig(f"script line {line_no} is not JSON: {json_problem(exc)}",
                                 data={"reason": "bad_script", "line": line_no}) from None
         answer = _answer(raw, f"line {line_no}")
         lists.setdefault(answer.socket or SHARED, []).append(answer)
@@ -225,9 +226,10 @@ def load_script(path: str | os.PathLike[str]) -> AgentScript:
     if file.suffix == ".jsonl":
         return _parse_jsonl(text)
     try:
-        return parse_script(json.loads(text))
-    except json.JSONDecodeError:
+        whole = json.loads(text)
+    except (ValueError, RecursionError):  # not one JSON document (or one Python cannot read): JSONL
         return _parse_jsonl(text)
+    return parse_script(whole)
 
 
 class ScriptedAgent:

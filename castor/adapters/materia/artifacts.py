@@ -82,6 +82,7 @@ from castor.adapters.fs import (
     split_text,
 )
 from castor.adapters.materia import cast_index
+from castor.domain.jsontext import json_problem
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, Forbidden, NotFound
 from castor.messages.ids import check_safe_id
@@ -427,9 +428,10 @@ class CastArtifacts:
                                   data={"path": str(target)}) from None
         try:
             return json.loads(raw)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # a deep nesting or a huge integer too
             raise ArtifactCorrupt(
-                f"{relative} of cast {self.cast_id} is not valid JSON", data={"path": str(target), "error": str(exc)}
+                f"{relative} of cast {self.cast_id} is not valid JSON",
+                data={"path": str(target), "error": json_problem(exc)}
             ) from None
 
     def _write(self, target: str | Path, content: str | bytes | dict[str, Any] | list[Any]) -> Path:
@@ -556,9 +558,9 @@ class CastArtifacts:
         """A whole manifest handed to :meth:`write_transition`, split as :meth:`_split_manifest` does."""
         try:
             manifest = json.loads(content)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ArtifactCorrupt(f"a {self.MANIFEST} for cast {self.cast_id} that is not JSON",
-                                  data={"path": target, "error": str(exc)}) from None
+                                  data={"path": target, "error": json_problem(exc)}) from None
         return self._split_manifest(manifest, target)
 
     def read_manifest(self) -> dict[str, Any]:

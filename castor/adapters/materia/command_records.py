@@ -96,7 +96,7 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
     for path in files:
         try:
             visit = json.loads(path.read_text(encoding="utf-8")).get("visit_id")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, RecursionError, AttributeError):
             visit = None
         if isinstance(visit, str) and visit.startswith(f"{cast_id}:"):
             visits.add(visit)

@@ -37,7 +37,7 @@ from castor.adapters.fs import (
     read_regular_file,
     storage_unavailable,
 )
-from castor.domain.jsontext import js_float, js_int, well_formed
+from castor.domain.jsontext import js_float, js_int, json_problem, well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig, pointer, warning
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
@@ -150,6 +150,9 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
         ]
     except RecursionError:
         return None, [ConfigIssue(code="invalid-json", source=source, message=f"JSON in {source} is nested too deeply")]
+    except ValueError as exc:  # Python's own limit, e.g. an integer of more than 4300 digits: never a raw message
+        return None, [ConfigIssue(code="invalid-json", source=source,
+                                  message=f"malformed JSON in {source}: {json_problem(exc)}")]
     if not isinstance(data, dict):
         return None, [
             ConfigIssue(

@@ -60,7 +60,7 @@ def _records(chunk: bytes, *, whole_first: bool) -> list[dict[str, Any]]:
     for line in lines:
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict) and isinstance(record.get("type"), str):
             records.append(record)

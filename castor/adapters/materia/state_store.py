@@ -69,6 +69,7 @@ from castor.adapters.fs import (
 from castor.adapters.materia import cast_index, pi_materia_runs
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
+from castor.domain.jsontext import json_problem
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, InvalidParams, NotFound
 from castor.ports.cast_storage import DEFAULT_PAGE, EncodedState, StateCorrupt
@@ -301,8 +302,8 @@ def _read_header(path: Path) -> tuple[int, int] | None:
 def _parse_document(path: Path, raw: str) -> StoredState:
     try:
         doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise StateCorrupt(f"{path} is not valid JSON", data={"path": str(path), "error": str(exc)}) from None
+    except (ValueError, RecursionError) as exc:  # a deep nesting or a huge integer too, never a traceback
+        raise StateCorrupt(f"{path} is not valid JSON", data={"path": str(path), "error": json_problem(exc)}) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), dict):
         raise StateCorrupt(f"{path} is not a state document", data={"path": str(path)})
     try:
@@ -715,7 +716,7 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
         os.close(fd)
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _unreadable(cast_id, f"{path} is not valid JSON", sig)
     if not isinstance(doc, dict) or not isinstance(doc.get("state"), dict):
         return _unreadable(cast_id, f"{path} is not a state document", sig)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from castor.domain.jsontext import js_stringify
+from castor.domain.jsontext import js_stringify, json_problem
 from castor.domain.materia.budget import UsageReport
 from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
 from castor.domain.materia.failures import RecoveryAllowance
@@ -134,8 +134,8 @@ class CastState(BaseModel):
         """Rebuild a persisted state. Raises InvalidMessage on bad JSON or an unknown version."""
         try:
             raw = json.loads(text)
-        except ValueError as exc:
-            raise InvalidMessage(f"cast state is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise InvalidMessage(f"cast state is not JSON: {json_problem(exc)}") from None
         if not isinstance(raw, dict) or raw.get("version") != CAST_STATE_VERSION:
             raise InvalidMessage(
                 f"unsupported cast state version {raw.get('version') if isinstance(raw, dict) else None!r}"

@@ -1,0 +1,100 @@
+"""JSON that Python's reader cannot take although it is JSON: a value nested deeper than the
+recursion limit (``RecursionError``) or an integer of more than 4,300 digits (a plain ``ValueError``,
+not ``JSONDecodeError``). Met in a project's own files -- a damaged ``state.json``, an answers file,
+a config layer -- it used to end ``castor casts`` / ``status`` / ``cast`` with a traceback, or with
+``invalid_params`` quoting Python's advice to call ``sys.set_int_max_str_digits()``; one damaged cast
+hid every other cast of the project from ``castor casts``. Now it is the file's own typed error and
+the listing shows the damaged cast as unreadable beside the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE_INT = "9" * 5000
+ONE_SOCKET = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
+    "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
+
+
+def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=60)
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], code: str) -> str:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr and "set_int_max_str_digits" not in result.stderr, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"castor: {code}: "), result.stderr
+    return line
+
+
+@pytest.fixture
+def two_casts(tmp_path: Path) -> tuple[Path, list[Path]]:
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
+    (root / "answers.json").write_text(json.dumps(["hi"]))
+    for request in ("first", "second"):
+        done = _castor(tmp_path, "cast", request, "--agent", "script:answers.json", "--quiet", cwd=root)
+        assert done.returncode == 0, done.stderr
+    runs = sorted(p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir())
+    assert len(runs) == 2
+    return root, runs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["nested", "huge_integer"])
+def test_a_state_json_python_cannot_read_lists_as_unreadable_and_hides_no_other_cast(tmp_path, two_casts, damage):
+    root, (first, second) = two_casts
+    text = (first / "state.json").read_text()
+    if damage == "nested":
+        text = text[:-1].rstrip() + f', "x": {DEEP}}}'
+    else:
+        text = text.replace('"revision":', f'"revision":{HUGE_INT},"was":', 1)
+        assert HUGE_INT in text
+    (first / "state.json").write_text(text)
+    listed = _castor(tmp_path, "casts", "--json", cwd=root)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    rows = {row["cast_id"]: row for row in json.loads(listed.stdout)}
+    assert rows[first.name]["status"] == "unreadable"
+    assert rows[second.name]["status"] == "complete"
+    assert "state.json is not valid JSON" in _one_line_error(_castor(tmp_path, "status", first.name, cwd=root),
+                                                              "state_corrupt")
+    _one_line_error(_castor(tmp_path, "recast", first.name, "--agent", "script:answers.json", cwd=root),
+                    "state_corrupt")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("content", "says"), [
+    (DEEP, "nested too deeply"),
+    (f'[{{"text": "hi", "usage": {{"input_tokens": {HUGE_INT}}}}}]', "more than 4300 digits"),
+])
+def test_an_answers_file_python_cannot_read_is_invalid_config(tmp_path, content, says):
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
+    (root / "answers.json").write_text(content)
+    line = _one_line_error(_castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
+                           "invalid_config")
+    assert says in line
+
+
+@pytest.mark.timeout(60)
+def test_a_config_with_a_huge_integer_is_an_invalid_json_problem_naming_the_file(tmp_path):
+    (tmp_path / "big.json").write_text(f'{{"limits": {{"maxVisits": {HUGE_INT}}}}}')
+    done = _castor(tmp_path, "validate", "big.json", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "[invalid-json] big.json" in done.stdout + done.stderr
+    assert "more than 4300 digits" in done.stdout + done.stderr
+    assert "set_int_max_str_digits" not in done.stdout + done.stderr
