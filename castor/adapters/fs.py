@@ -592,7 +592,8 @@ def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
             continue
         try:
             records.append(json.loads(line.decode("utf-8")))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors;
+            # a line nested past the recursion limit or with an integer past 4300 digits is skipped too
             skipped.append(SkippedLine(line_no=line_no, reason=f"invalid JSON: {exc.__class__.__name__}"))
     return JsonLinesRead(records=records, skipped=skipped)
 

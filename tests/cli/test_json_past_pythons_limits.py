@@ -98,3 +98,25 @@ def test_a_config_with_a_huge_integer_is_an_invalid_json_problem_naming_the_file
     assert "[invalid-json] big.json" in done.stdout + done.stderr
     assert "more than 4300 digits" in done.stdout + done.stderr
     assert "set_int_max_str_digits" not in done.stdout + done.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", [DEEP, f'{{"ts": 1, "type": "x", "data": {{"n": {HUGE_INT}}}}}'])
+def test_an_event_line_python_cannot_read_is_skipped_and_the_cast_goes_on(tmp_path, line):
+    """Every start of a persisted cast reads its ``events.jsonl`` (the outbox replay must not append
+    an event twice). One such line in it -- a damaged log -- crash-looped the CastActor until its
+    supervisor gave up (``actor_stopped``), so the cast could never be continued; now the line is
+    skipped like any corrupt one and the cast completes."""
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
+    (root / "esc.json").write_text(json.dumps([{"text": "x", "stop_reason": "aborted"}]))
+    (root / "answers.json").write_text(json.dumps(["hi"]))
+    interrupted = _castor(tmp_path, "cast", "x", "--agent", "script:esc.json", "--quiet", cwd=root)
+    assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr, interrupted.stderr
+    [run] = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    with open(run / "events.jsonl", "a") as log:
+        log.write(line + "\n")
+    done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads((run / "state.json").read_text())["state"]["phase"] == "complete"

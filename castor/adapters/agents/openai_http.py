@@ -293,7 +293,7 @@ class OpenAIChatAgent:
         text = raw.decode("utf-8", errors="replace")
         try:
             body: Any = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or JSON past Python's limits: the raw text is reported
             body = None
         provider_error = body.get("error") if isinstance(body, dict) else None
         if status >= 400 or provider_error is not None:

@@ -56,7 +56,7 @@ def _members(text: str) -> tuple[int, int, list[tuple[str, int, int]]]:
         value_start = _skip_ws(text, i + 1)
         try:
             _, value_end = _DECODER.raw_decode(text, value_start)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # a JSONDecodeError, or an integer past 4300 digits
             raise EditRefused(f"bad value: {getattr(exc, 'msg', exc)}") from None
         members.append((key, value_start, value_end))
         i = _skip_ws(text, value_end)
@@ -82,7 +82,7 @@ def set_top_level_string(text: str, key: str, value: str) -> str:
     """``text`` with the top-level ``key`` set to the string ``value`` (see module doc)."""
     try:
         original = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # a JSONDecodeError, or an integer past 4300 digits
         raise EditRefused(f"not JSON: {getattr(exc, 'msg', exc)}") from None
     if not isinstance(original, dict):
         raise EditRefused("not a JSON object")
@@ -105,8 +105,9 @@ def set_top_level_string(text: str, key: str, value: str) -> str:
             sep = f",\r\n{indent}"
         edited = text[:last_end] + sep + f"{json.dumps(key, ensure_ascii=False)}: {literal}" + text[last_end:]
     try:
-        if json.loads(edited) != intended:
-            raise EditRefused("the edited text does not parse to the intended object")
-    except (json.JSONDecodeError, RecursionError) as exc:
+        reread = json.loads(edited)
+    except (ValueError, RecursionError) as exc:  # a JSONDecodeError, or an integer past 4300 digits
         raise EditRefused(f"the edited text is not JSON: {getattr(exc, 'msg', exc)}") from None
+    if reread != intended:
+        raise EditRefused("the edited text does not parse to the intended object")
     return edited
