@@ -83,6 +83,7 @@ re-rooted by a ``ProjectMoved`` transition first (:func:`moved_to`): its command
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -273,23 +274,31 @@ class CastActor(Actor):
             self.env.start_error = exc
             self._stop()
         except (IsADirectoryError, NotADirectoryError) as exc:  # a directory where a file must be, or so
-            self.log.error("cast cannot start: {exc}", exc=exc)
-            why = (exc.strerror or type(exc).__name__).lower()
-            self.env.start_error = StateCorrupt(
-                f"cast {self.env.cast_id}'s run directory is damaged: {exc.filename} {why}; "
-                "restore it, or remove the cast's directory",
-                data={"cast_id": self.env.cast_id, "path": str(exc.filename)})
-            self._stop()
+            self._damaged_at_start(exc, (exc.strerror or type(exc).__name__).lower())
         except StorageUnavailable as exc:  # from _commit (which told the harness), or reading the state
             self.log.error("cast cannot start: {exc}", exc=exc.message)
             self.env.start_error = exc
             self._stop()
             self._discard_unsaved_start()
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a link where a lock file must be (opened O_NOFOLLOW): damaged
+                self._damaged_at_start(exc, "is a symbolic link")
+                return
             if not self.env.storage.is_storage_fault(exc):
                 raise
             self.env.start_error = self._storage_fault(exc, where="start")
             self._discard_unsaved_start()
+
+    def _damaged_at_start(self, exc: OSError, why: str) -> None:
+        """The run directory holds something castor cannot use where its own file or directory
+        must be: a permanent ``state_corrupt`` start error naming it, never a crash (a restart
+        would meet the same and crash-loop the cast supervisor)."""
+        self.log.error("cast cannot start: {exc}", exc=exc)
+        self.env.start_error = StateCorrupt(
+            f"cast {self.env.cast_id}'s run directory is damaged: {exc.filename} {why}; "
+            "restore it, or remove the cast's directory",
+            data={"cast_id": self.env.cast_id, "path": str(exc.filename)})
+        self._stop()
 
     def _discard_unsaved_start(self) -> None:
         """A new cast whose first state never reached the disk was never a cast: free its lease and

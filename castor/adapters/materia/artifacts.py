@@ -52,6 +52,7 @@ Failure behaviour
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -79,6 +80,7 @@ from castor.adapters.fs import (
     make_durable_dirs,
     one_line_json,
     read_json_lines,
+    read_regular_file,
     split_text,
 )
 from castor.adapters.materia import cast_index
@@ -352,8 +354,9 @@ class CastArtifacts:
                     os.mkdir(target)
                     made = True
                 except FileExistsError:
-                    if not os.path.isdir(target):
-                        raise  # a file in its place: refused, as Path.mkdir(exist_ok=True) does
+                    if not os.path.isdir(target):  # a file, a FIFO or a link in its place: the run
+                        # directory is damaged (a typed refusal, never a crash that restarting repeats)
+                        raise NotADirectoryError(errno.ENOTDIR, "not a directory", target) from None
             if made:
                 fsync_dir(run_dir)
         return self
@@ -419,12 +422,16 @@ class CastArtifacts:
 
     def _read_json(self, relative: str) -> Any:
         target = self.path(relative)
-        try:
-            raw = target.read_text(encoding="utf-8")
+        try:  # a FIFO planted in its place is refused at once, never waited on (it held the cast's thread)
+            raw = read_regular_file(target, None).decode("utf-8")
         except FileNotFoundError:
             raise NotFound(f"{relative} not found for cast {self.cast_id}", data={"path": str(target)}) from None
         except UnicodeDecodeError:
             raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is not UTF-8 text",
+                                  data={"path": str(target)}) from None
+        except ValueError as exc:  # a directory, a FIFO, a device
+            raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is {exc}" if str(exc) == "a directory"
+                                  else f"{relative} of cast {self.cast_id} is not a regular file",
                                   data={"path": str(target)}) from None
         try:
             return json.loads(raw)

@@ -43,7 +43,9 @@ class CastLease:
         """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
         run_dir = ConfinedRoot(artifact_root, resolved=root_resolved).join_text(validate_cast_id(cast_id))
         path = f"{run_dir}/{LEASE_FILE}"
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        # O_NOFOLLOW: a link planted in its place would open (O_CREAT: create) a file outside the
+        # project; it fails ELOOP instead. O_NONBLOCK: nothing in its place is ever waited on.
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(path, flags, 0o644)
         except FileNotFoundError:  # the run dir is not there yet (a fresh id allocates it first)
@@ -65,7 +67,9 @@ class CastLease:
         descriptor of its own): it creates nothing and needs no write permission."""
         run_dir = ConfinedRoot(artifact_root).join_text(validate_cast_id(cast_id))
         try:
-            fd = os.open(Path(run_dir) / LEASE_FILE, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted in its place must not hold the probe (castor casts, status)
+            # until a writer comes; O_NOFOLLOW: a link is never followed out of the run directory
+            fd = os.open(Path(run_dir) / LEASE_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return False  # never leased
         try:

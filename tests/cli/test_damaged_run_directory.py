@@ -1,0 +1,85 @@
+"""A cast's run directory with something else where castor's own file or directory must be --
+a FIFO, a plain file, a link -- met by ``castor continue`` / ``castor casts`` from a fresh process.
+
+Each row used to go wrong: a FIFO in place of ``owner.lock`` held ``castor continue`` and
+``castor casts`` for ever (the lease probe opened it for reading and waited for a writer); one in
+place of ``manifest.json`` held the cast's actor thread until the verb timed out; a link in place
+of ``owner.lock`` was followed out of the project (a dangling one made castor create its target);
+a link in place of ``state.lock``, or a file or FIFO in place of ``sockets/`` or ``contexts/``,
+crash-looped the CastActor until its supervisor gave up (``actor_stopped`` and tracebacks). Now
+each is a typed one-line error (or, for a lock file that is still a usable file, the cast goes on),
+nothing outside the project is touched, and the listing answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ONE_SOCKET = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
+    "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
+
+
+def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    try:
+        return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, text=True,
+                              capture_output=True, timeout=40)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"castor {' '.join(args)} hung")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("name", "how", "code"), [
+    ("owner.lock", "fifo", None),
+    ("owner.lock", "dangling_link", "storage_unavailable"),
+    ("manifest.json", "fifo", "state_corrupt"),
+    ("state.lock", "link", "state_corrupt"),
+    ("sockets", "file", "state_corrupt"),
+    ("contexts", "fifo", "state_corrupt"),
+])
+def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_or_crash_loop(
+        tmp_path, name, how, code):
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
+    (root / "esc.json").write_text(json.dumps([{"text": "x", "stop_reason": "aborted"}]))
+    (root / "answers.json").write_text(json.dumps(["hi"]))
+    interrupted = _castor(tmp_path, "cast", "x", "--agent", "script:esc.json", "--quiet", cwd=root)
+    assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr, interrupted.stderr
+    [run] = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    target, outside = run / name, tmp_path / "outside-target"
+    if target.is_dir():
+        for child in target.iterdir():
+            child.unlink()
+        target.rmdir()
+    else:
+        target.unlink()
+    if how == "fifo":
+        os.mkfifo(target)
+    elif how == "file":
+        target.write_text("x")
+    elif how == "link":
+        (tmp_path / "elsewhere").write_text("")
+        target.symlink_to(tmp_path / "elsewhere")
+    else:
+        target.symlink_to(outside)
+
+    done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert "Traceback" not in done.stderr and "actor_stopped" not in done.stderr, done.stderr
+    if code is None:  # still a usable lock: the cast goes on
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[-1].startswith(f"castor: {code}: "), done.stderr
+    assert not outside.exists(), "a link in the run directory was followed out of the project"
+    listed = _castor(tmp_path, "casts", "--json", cwd=root)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["cast_id"] == run.name
