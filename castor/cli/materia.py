@@ -389,11 +389,19 @@ def _artifact_root(cwd: Path, config_path: str | None) -> Path:
     return project_artifact_root(str(cwd), configured if isinstance(configured, str) and configured else None)
 
 
+def _small_file(path: Path) -> bytes:
+    """A small regular file of a run directory (``cli.json``, ``abort.request``); ``ValueError`` for
+    a FIFO planted in its place (refused at once, never waited on), a device or a file over 64 KiB."""
+    from castor.adapters.fs import read_regular_file
+
+    return read_regular_file(path, 64 * 1024)
+
+
 def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
     spec = getattr(args, "agent", None) or os.environ.get("CASTOR_AGENT") or None
     if spec is None and run_dir is not None:
         try:
-            remembered = json.loads((run_dir / "cli.json").read_text(encoding="utf-8")).get("agent")
+            remembered = json.loads(_small_file(run_dir / "cli.json")).get("agent")
         except (OSError, ValueError, RecursionError, AttributeError):
             remembered = None
         if isinstance(remembered, str) and remembered.startswith("script:"):
@@ -411,7 +419,7 @@ def _cli_note(spec: str) -> dict[str, Any] | None:
 def _requested_at(request: Path) -> float | None:
     """When an abort request was written (its ``requested_at``); None if unreadable."""
     try:
-        value = json.loads(request.read_text(encoding="utf-8")).get("requested_at")
+        value = json.loads(_small_file(request)).get("requested_at")
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -6,7 +6,8 @@ Each row used to go wrong: a FIFO in place of ``owner.lock`` held ``castor conti
 place of ``manifest.json`` held the cast's actor thread until the verb timed out; a link in place
 of ``owner.lock`` was followed out of the project (a dangling one made castor create its target);
 a link in place of ``state.lock``, or a file or FIFO in place of ``sockets/`` or ``contexts/``,
-crash-looped the CastActor until its supervisor gave up (``actor_stopped`` and tracebacks). Now
+crash-looped the CastActor until its supervisor gave up (``actor_stopped`` and tracebacks); a FIFO
+as a command record (``.commands/<visit>.json``) or as ``abort.request`` held the start for ever. Now
 each is a typed one-line error (or, for a lock file that is still a usable file, the cast goes on),
 nothing outside the project is touched, and the listing answers."""
 
@@ -43,6 +44,8 @@ def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProces
     ("state.lock", "link", "state_corrupt"),
     ("sockets", "file", "state_corrupt"),
     ("contexts", "fifo", "state_corrupt"),
+    (".commands/v.json", "fifo", None),
+    ("abort.request", "fifo", None),
 ])
 def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_or_crash_loop(
         tmp_path, name, how, code):
@@ -55,11 +58,12 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
     assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr, interrupted.stderr
     [run] = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
     target, outside = run / name, tmp_path / "outside-target"
+    target.parent.mkdir(exist_ok=True)
     if target.is_dir():
         for child in target.iterdir():
             child.unlink()
         target.rmdir()
-    else:
+    elif target.exists():
         target.unlink()
     if how == "fifo":
         os.mkfifo(target)
@@ -73,7 +77,7 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
 
     done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
     assert "Traceback" not in done.stderr and "actor_stopped" not in done.stderr, done.stderr
-    if code is None:  # still a usable lock: the cast goes on
+    if code is None:  # still a usable lock, or a record or request that is not one: the cast goes on
         assert done.returncode == 0, done.stderr
     else:
         assert done.returncode == 1

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from castor._log import logger
-from castor.adapters.fs import atomic_write_bytes
+from castor.adapters.fs import atomic_write_bytes, read_regular_file
 from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
 from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV
 from castor.ports.utility_runner import VISIT_ID_ENV as VISIT_ID_ENV
@@ -95,7 +95,8 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
     visits = set()
     for path in files:
         try:
-            visit = json.loads(path.read_text(encoding="utf-8")).get("visit_id")
+            # a FIFO planted in its place is refused at once (read_text waited for a writer for ever)
+            visit = json.loads(read_regular_file(path, 64 * 1024)).get("visit_id")
         except (OSError, ValueError, RecursionError, AttributeError):
             visit = None
         if isinstance(visit, str) and visit.startswith(f"{cast_id}:"):
