@@ -120,3 +120,31 @@ def test_an_event_line_python_cannot_read_is_skipped_and_the_cast_goes_on(tmp_pa
     done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert json.loads((run / "state.json").read_text())["state"]["phase"] == "complete"
+
+
+def _nested_params_config(depth: int) -> str:
+    deep = "1"
+    for _ in range(depth):
+        deep = '{"a": ' + deep + "}"
+    return ('{"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {'
+            '"Socket-1": {"type": "utility", "command": ["true"], "params": ' + deep + "}}}}}")
+
+
+@pytest.mark.timeout(120)
+def test_a_config_nested_deeper_than_a_state_can_hold_is_refused_by_validate_and_cast(tmp_path):
+    """A layer nested ~300 levels (far below the reader's own limit) validated, then every start of a
+    cast crash-looped: the resolved config could not be saved in the state (``internal``, tracebacks,
+    a run directory left unreadable). Now validate and cast refuse it, naming the file."""
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / "answers.json").write_text("[]")
+    (root / ".pi" / "pi-materia.json").write_text(_nested_params_config(300))
+    checked = _castor(tmp_path, "validate", ".pi/pi-materia.json", cwd=root)
+    assert checked.returncode == 1 and "nested too deeply" in checked.stdout + checked.stderr
+    line = _one_line_error(_castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
+                           "invalid_config")
+    assert "nested too deeply" in line
+    assert not (root / ".pi" / "pi-materia").exists() or not any((root / ".pi" / "pi-materia").iterdir())
+    (root / ".pi" / "pi-materia.json").write_text(_nested_params_config(150))  # deep, within the bound: runs
+    done = _castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert done.returncode == 0, done.stderr

@@ -280,6 +280,13 @@ class CastActor(Actor):
             self.env.start_error = exc
             self._stop()
             self._discard_unsaved_start()
+        except Internal as exc:
+            if not self._storage_failed:
+                raise
+            # _commit's "cannot be saved" (_stopped_on stopped this incarnation): a restart would
+            # meet the same state, so the start fails once, typed, and leaves no run directory
+            self.env.start_error = exc
+            self._discard_unsaved_start()
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # a link where a lock file must be (opened O_NOFOLLOW): damaged
                 self._damaged_at_start(exc, "is a symbolic link")

@@ -48,6 +48,10 @@ from castor.messages.errors import Forbidden
 PROJECT_CONFIG = Path(".pi") / "pi-materia.json"
 PROFILE_FILE = "materia.json"
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+#: A layer nested deeper than this is ``invalid-json``: the resolved config is saved in every cast's
+#: state, whose serialiser stops at ~250 levels, so a deeper layer validated and then crash-looped
+#: every start (``internal``). The same bound as a model's JSON output (handoff.MAX_DEPTH).
+MAX_CONFIG_DEPTH = 200
 """A config layer larger than this is refused (``read-error``): configs are hand-written."""
 
 
@@ -120,6 +124,18 @@ def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
     return data, out
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True if ``value`` nests more than ``limit`` objects or arrays (iterative: any depth)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [warning, ...])`` (``duplicate-key`` warnings only;
     usually none) or ``(None, [issue])``."""
@@ -153,6 +169,9 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     except ValueError as exc:  # Python's own limit, e.g. an integer of more than 4300 digits: never a raw message
         return None, [ConfigIssue(code="invalid-json", source=source,
                                   message=f"malformed JSON in {source}: {json_problem(exc)}")]
+    if _deeper_than(data, MAX_CONFIG_DEPTH):
+        too_deep = f"JSON in {source} is nested too deeply (more than {MAX_CONFIG_DEPTH} levels)"
+        return None, [ConfigIssue(code="invalid-json", source=source, message=too_deep)]
     if not isinstance(data, dict):
         return None, [
             ConfigIssue(

@@ -280,3 +280,34 @@ def test_a_state_that_cannot_be_serialised_stops_the_cast_once_never_a_crash_loo
     assert handle.closed.wait(20)
     assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
     assert any("cannot be saved" in line and "castor bug" in line for line in lines), lines
+
+
+@pytest.mark.timeout(60)
+def test_a_first_state_that_cannot_be_serialised_fails_the_start_once_and_leaves_nothing(runtime_factory, project,
+                                                                                          monkeypatch):
+    """The same at a new cast's first save (a config nested past the serialiser's depth did it):
+    ``_stopped_on`` stopped the incarnation but its ``internal`` escaped ``on_start``, so the actor
+    crashed and restarted five times (tracebacks on the CLI's stderr), the start answered
+    ``not_found: no saved state yet`` and left a run directory listed as unreadable. Now the start
+    answers ``internal`` once and no run directory is left."""
+    from castor.actors.materia.cast_actor import CastActor
+    from castor.messages.errors import CastorError
+
+    real_encode = CastActor._encode
+    encodes: list[int] = []
+
+    def encode(self, state, files):
+        encodes.append(self.incarnation)
+        raise ValueError("Error serializing to JSON: ValueError: Maximum serialization depth exceeded")
+
+    monkeypatch.setattr(CastActor, "_encode", encode)
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"] * 4)
+    with pytest.raises(CastorError) as failed:
+        materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    assert failed.value.code == "internal" and "cannot be saved" in failed.value.message
+    assert encodes == [1]  # one incarnation, one try: no crash loop
+    root = project / ".pi" / "pi-materia"
+    assert not [p for p in root.iterdir() if p.is_dir()] if root.exists() else True
+    monkeypatch.setattr(CastActor, "_encode", real_encode)
+    assert materia_call(rt, "s1", "start", {"request": "y", "loadout": "hello"})["cast_id"]
