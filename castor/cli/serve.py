@@ -107,8 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from castor.endpoint.listeners import check_socket_dir
 
             check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
-        token, generated = _serve_token(args)
         console_token = _console_token(args)
+        token, generated = _serve_token(args)  # last: nothing after it may refuse, or its file would stay
     except CastorError as exc:
         fail(exc.code, exc.message)
         return EXIT_USAGE
