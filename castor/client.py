@@ -38,7 +38,9 @@ from typing import Any
 from castor._log import logger
 from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
+from castor.endpoint.listeners import is_loopback_host
 from castor.endpoint.transport import PipeTransport, SocketTransport
+from castor.messages.errors import Forbidden
 
 ClientHandler = Callable[[dict[str, Any]], Any]
 
@@ -88,6 +90,13 @@ class Client:
 
     @classmethod
     def connect_tcp(cls, host: str, port: int, *, connect_timeout: float = 5.0, **kwargs: Any) -> Client:
+        """Connect to ``host:port``. With a token (``token=`` / ``token_file=``) ``host`` must be a
+        loopback address, as ``castor serve --tcp`` is: the token travels in clear text, so it is
+        never sent off this machine (``Forbidden``, raised before anything connects)."""
+        if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not is_loopback_host(host):
+            raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {host!r}: it travels in "
+                            "clear text, and castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
+                            data={"host": host})
         sock = socket.create_connection((host, port), timeout=connect_timeout)
         return cls(_caller_socket(sock), name=f"client-tcp:{host}:{port}", **kwargs)
 

@@ -57,11 +57,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import os
 
     from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
-    from castor.messages.errors import CastorError
+    from castor.endpoint.listeners import is_loopback_host
+    from castor.messages.errors import CastorError, Forbidden
 
     token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
     if token_file:
         try:
+            if args.tcp and not is_loopback_host(args.tcp[0]):  # the token travels in clear text
+                raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {args.tcp[0]!r}: "
+                                "castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
+                                data={"host": args.tcp[0]})
             read_token_file(token_file)  # a bad token file is a bad flag: exit 2 before connecting
         except CastorError as exc:
             fail(exc.code, exc.message)

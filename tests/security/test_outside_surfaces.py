@@ -42,3 +42,83 @@ def test_a_serve_refused_at_its_flags_leaves_no_token_file_behind(tmp_path, extr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("castor: "), done.stderr
     assert "Traceback" not in done.stderr
     assert sorted(p.name for p in xdg.rglob("*") if not p.is_dir()) == []
+
+
+class _Listener:
+    """A plain TCP listener on every local address that records what its first peer sends."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.received = b""
+        self.accepted = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            peer, _ = self.sock.accept()
+        except OSError:
+            return
+        self.accepted.set()
+        with peer:
+            peer.settimeout(5)
+            try:
+                while chunk := peer.recv(1 << 16):
+                    self.received += chunk
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _non_loopback_address() -> str:
+    """An address of this machine that is not loopback (a peer elsewhere could reach it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent by a UDP connect
+            address = probe.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    return address
+
+
+def test_a_token_is_never_sent_to_a_non_loopback_address(tmp_path):
+    """``castor serve`` listens on loopback only because the token travels in clear text; but
+    ``castor inspect --tcp HOST:PORT --token-file F`` (and ``Client.connect_tcp(..., token_file=F)``)
+    connected to any host and sent the token in its first frame: a mistyped or planted address
+    handed the endpoint's secret to whoever listened there, across the network. Now a token is
+    never sent off this machine: ``forbidden`` before anything connects (inspect: one line, exit 2)."""
+    from castor.client import Client
+    from castor.messages.errors import Forbidden
+
+    token_file = tmp_path / "endpoint.token"
+    token_file.write_text("s" * 43 + "\n")
+    token_file.chmod(0o600)
+    host = _non_loopback_address()
+    listener = _Listener()
+    try:
+        done = subprocess.run(castor_argv("inspect", "--tcp", f"{host}:{listener.port}", "--token-file",
+                                          str(token_file)),
+                              env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
+        with pytest.raises(Forbidden):
+            Client.connect_tcp(host, listener.port, token_file=str(token_file), default_timeout=5)
+        with pytest.raises(Forbidden):
+            Client.connect_tcp(host, listener.port, token="s" * 43, default_timeout=5)
+        assert not listener.accepted.is_set() and b"s" * 43 not in listener.received
+    finally:
+        listener.close()
