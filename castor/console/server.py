@@ -47,6 +47,9 @@ PUSH_INTERVAL_S = 1.0
 STREAM_MAX_S = 600.0
 #: Live streams open at once, at most (each is a thread); one more is answered 503.
 MAX_STREAMS = 16
+#: Connections served at once, at most (each is a thread; streams count among them); one more is
+#: answered 503 and closed at once.
+MAX_CONNECTIONS = 64
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
 
@@ -136,8 +139,68 @@ class ConsoleServer:
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once: the listener is open to every
+    local user before any token is checked, so a crowd of connections must not cost castor's
+    process a thread each. One over the bound is answered 503 (a single non-blocking send) and
+    closed on the accepting thread, which never waits for it."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the default 5 made a burst (a page and its streams) wait in SYN retries
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._awaited: dict[Any, float] = {}  # connection -> when its request must have arrived
+        self._awaited_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def await_request(self, connection: Any) -> None:
+        """``connection``'s request line and headers must all arrive within SOCKET_TIMEOUT_S
+        (the socket's own timeout is per read: a peer trickling a byte at a time never met it)."""
+        with self._awaited_lock:
+            self._awaited[connection] = time.monotonic() + SOCKET_TIMEOUT_S
+
+    def request_arrived(self, connection: Any) -> None:
+        with self._awaited_lock:
+            self._awaited.pop(connection, None)
+
+    def service_actions(self) -> None:
+        """On the accepting thread between two polls (0.2 s): a connection past its request
+        deadline is shut down, which ends its handler's read at once."""
+        now = time.monotonic()
+        with self._awaited_lock:
+            late = [connection for connection, deadline in self._awaited.items() if deadline <= now]
+            for connection in late:
+                del self._awaited[connection]
+        for connection in late:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            body = f"too many connections (at most {MAX_CONNECTIONS})\n".encode()
+            try:
+                request.setblocking(False)
+                request.send(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                             b"Content-Type: text/plain; charset=utf-8\r\n"
+                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Server6(_Server):
@@ -149,6 +212,19 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "castor-console"
     timeout = SOCKET_TIMEOUT_S  # a request that never finishes arriving does not hold a thread
+
+    def handle_one_request(self) -> None:
+        server: _Server = self.server  # type: ignore[assignment]
+        server.await_request(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            server.request_arrived(self.connection)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # the request line and every header have arrived
+        self.server.request_arrived(self.connection)  # type: ignore[attr-defined]
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         """The access line (``127.0.0.1 "GET /metrics HTTP/1.1" 200 -``), at debug level, with the

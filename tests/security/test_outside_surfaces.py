@@ -122,3 +122,103 @@ def test_a_token_is_never_sent_to_a_non_loopback_address(tmp_path):
         assert not listener.accepted.is_set() and b"s" * 43 not in listener.received
     finally:
         listener.close()
+
+
+def _console_handler_threads() -> int:
+    import threading
+
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_a_crowd_of_silent_console_connections_costs_a_bounded_number_of_threads():
+    """The console's listener is open to every local user, before any token: each connection it
+    accepted got a thread of castor's process until its request arrived (10 s of silence, or
+    forever for a peer trickling a byte every few seconds), with no bound on how many, and a
+    listen backlog of 5 (a burst of connections waited a second per six in SYN retries). A crowd
+    of them could take the threads the runtime's actors need. Now at most MAX_CONNECTIONS are
+    served at once (one more is answered 503 and closed at once), the backlog takes a burst,
+    and a request still gets its answer once the crowd is gone."""
+    import http.client
+    import socket
+    import time
+
+    from castor.console.server import MAX_CONNECTIONS, ConsoleServer
+
+    console = ConsoleServer(None, "127.0.0.1", 0, token="t" * 32).start()
+    crowd: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        for _ in range(4 * MAX_CONNECTIONS):
+            peer = socket.create_connection(("127.0.0.1", console.port), timeout=max(0.1, deadline - time.monotonic()))
+            peer.sendall(b"G")  # the start of a request line that never ends
+            crowd.append(peer)
+            assert _console_handler_threads() <= MAX_CONNECTIONS
+        assert time.monotonic() < deadline, "a burst of connections waited on a small listen backlog"
+        # Those over the bound hear 503 and are closed, without waiting for their requests.
+        refused = crowd[-1]
+        refused.settimeout(10)
+        answer = b""
+        while chunk := refused.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert _console_handler_threads() <= MAX_CONNECTIONS
+    finally:
+        for peer in crowd:
+            peer.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the slots come back as the crowd's threads see their peers gone
+            conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+            try:
+                conn.request("GET", "/", headers={"Host": f"127.0.0.1:{console.port}"})
+                status = conn.getresponse().status
+            except (ConnectionError, http.client.HTTPException):
+                status = None
+            finally:
+                conn.close()
+            if status != 503 or time.monotonic() > deadline:
+                break
+        assert status == 401  # served (and refused for want of the token)
+    finally:
+        console.stop()
+
+
+def test_a_console_peer_trickling_its_request_is_closed_at_the_request_deadline(monkeypatch):
+    """The console's 10 s was per read: a peer sending one byte of its request line every few
+    seconds held its connection (and a thread, and now one of the bounded slots) for as long as
+    it liked, so a handful of them kept the console from everyone. The request line and headers
+    must now all arrive within SOCKET_TIMEOUT_S of the connection asking (here 1 s)."""
+    import socket
+    import threading
+    import time
+
+    from castor.console import server as console_server
+
+    monkeypatch.setattr(console_server, "SOCKET_TIMEOUT_S", 1.0)
+    console = console_server.ConsoleServer(None, "127.0.0.1", 0, token="t" * 32).start()
+    try:
+        peer = socket.create_connection(("127.0.0.1", console.port), timeout=10)
+        peer.settimeout(0.2)
+        started = time.monotonic()
+        closed = threading.Event()
+        pace = threading.Event()
+        request = b"GET /" + b"a" * 1000
+        for byte in request:
+            try:
+                peer.sendall(bytes([byte]))
+                if peer.recv(4096) == b"":
+                    closed.set()
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                closed.set()
+                break
+            if time.monotonic() - started > 20:
+                break
+            pace.wait(0.1)  # the attack's own pace: a byte every tenth of a second
+        assert closed.is_set(), "the trickling peer was never closed"
+        assert time.monotonic() - started < 10
+        peer.close()
+    finally:
+        console.stop()
