@@ -276,11 +276,13 @@ class _Handler(BaseHTTPRequestHandler):
         # request must never carry the cookie an earlier request on the connection earned.
         self._cookie = False
         console = self.server_console
-        host = (self.headers.get("Host") or "").lower()
-        if host not in console.allowed_hosts():
+        hosts = [h.strip().lower() for h in self.headers.get_all("Host") or []]
+        url = urlsplit(self.path)
+        # Exactly one Host naming this listener, and no other authority in the request line
+        # (absolute form overrides Host): anything else may be read as another host's request.
+        if len(hosts) != 1 or hosts[0] not in console.allowed_hosts() or url.scheme or url.netloc:
             self._send(HTTPStatus.FORBIDDEN, b"forbidden: unexpected Host header\n", "text/plain; charset=utf-8")
             return
-        url = urlsplit(self.path)
         query = parse_qs(url.query)
         allowed, set_cookie = self._authorised(query)
         if not allowed:

@@ -222,3 +222,31 @@ def test_a_console_peer_trickling_its_request_is_closed_at_the_request_deadline(
         peer.close()
     finally:
         console.stop()
+
+
+@pytest.mark.parametrize("request_head", [
+    "GET / HTTP/1.1\r\nHost: {good}\r\nHost: evil.example\r\n",  # two Hosts: the first was checked
+    "GET / HTTP/1.1\r\nHost: evil.example\r\nHost: {good}\r\n",
+    "GET http://evil.example/ HTTP/1.1\r\nHost: {good}\r\n",  # absolute form: its authority is the host
+], ids=["good-then-evil", "evil-then-good", "absolute-form"])
+def test_a_console_request_naming_another_host_anywhere_is_refused(request_head):
+    """The DNS-rebinding check read the first ``Host`` header only: a request with a second one
+    naming another host (which a proxy or a later reader may take as the host), or in absolute
+    form naming another authority (which HTTP/1.1 says overrides ``Host``), was served 200 with
+    the token. A request must name the console's own address exactly once, and nothing else."""
+    import socket
+
+    from castor.console.server import ConsoleServer
+
+    token = "t" * 32
+    console = ConsoleServer(None, "127.0.0.1", 0, token=token).start()
+    try:
+        head = request_head.format(good=f"127.0.0.1:{console.port}")
+        with socket.create_connection(("127.0.0.1", console.port), timeout=10) as peer:
+            peer.sendall(f"{head}Authorization: Bearer {token}\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := peer.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n", 1)[0] in (b"HTTP/1.1 403 Forbidden", b"HTTP/1.1 400 Bad Request"), answer[:200]
+    finally:
+        console.stop()
