@@ -50,6 +50,8 @@ MAX_STREAMS = 16
 #: Connections served at once, at most (each is a thread; streams count among them); one more is
 #: answered 503 and closed at once.
 MAX_CONNECTIONS = 64
+#: Seconds the accepting thread waits for an evicted connection's slot (its handler ends at once).
+EVICTION_WAIT_S = 0.5
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
 
@@ -141,8 +143,10 @@ class ConsoleServer:
 class _Server(ThreadingHTTPServer):
     """One thread per connection, at most MAX_CONNECTIONS at once: the listener is open to every
     local user before any token is checked, so a crowd of connections must not cost castor's
-    process a thread each. One over the bound is answered 503 (a single non-blocking send) and
-    closed on the accepting thread, which never waits for it."""
+    process a thread each. When every slot is taken, the connection that has waited longest
+    without sending its request is closed to make room; when none is waiting (every one is
+    mid-request), the newcomer is answered 503 (a single non-blocking send) and closed on the
+    accepting thread, which never waits for it."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -159,6 +163,21 @@ class _Server(ThreadingHTTPServer):
         (the socket's own timeout is per read: a peer trickling a byte at a time never met it)."""
         with self._awaited_lock:
             self._awaited[connection] = time.monotonic() + SOCKET_TIMEOUT_S
+
+    def _evict_oldest_waiting(self) -> bool:
+        """Every slot is taken: shut down the connection that has waited longest without sending
+        its request (so a crowd of silent peers cannot keep a token holder out), whose handler
+        then ends at once and gives its slot back. False if every connection is mid-request."""
+        with self._awaited_lock:
+            if not self._awaited:
+                return False
+            oldest = next(iter(self._awaited))
+            del self._awaited[oldest]
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
 
     def request_arrived(self, connection: Any) -> None:
         with self._awaited_lock:
@@ -179,7 +198,8 @@ class _Server(ThreadingHTTPServer):
                 pass
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self.slots.acquire(blocking=False) and not (self._evict_oldest_waiting()
+                                                          and self.slots.acquire(timeout=EVICTION_WAIT_S)):
             body = f"too many connections (at most {MAX_CONNECTIONS})\n".encode()
             try:
                 request.setblocking(False)

@@ -136,8 +136,9 @@ def test_a_crowd_of_silent_console_connections_costs_a_bounded_number_of_threads
     forever for a peer trickling a byte every few seconds), with no bound on how many, and a
     listen backlog of 5 (a burst of connections waited a second per six in SYN retries). A crowd
     of them could take the threads the runtime's actors need. Now at most MAX_CONNECTIONS are
-    served at once (one more is answered 503 and closed at once), the backlog takes a burst,
-    and a request still gets its answer once the crowd is gone."""
+    served at once, the backlog takes a burst, and when the slots are full the connection that
+    has waited longest for its request is closed to make room: a request still gets its answer
+    while the crowd keeps coming."""
     import http.client
     import socket
     import time
@@ -154,32 +155,62 @@ def test_a_crowd_of_silent_console_connections_costs_a_bounded_number_of_threads
             crowd.append(peer)
             assert _console_handler_threads() <= MAX_CONNECTIONS
         assert time.monotonic() < deadline, "a burst of connections waited on a small listen backlog"
-        # Those over the bound hear 503 and are closed, without waiting for their requests.
-        refused = crowd[-1]
-        refused.settimeout(10)
-        answer = b""
-        while chunk := refused.recv(4096):
-            answer += chunk
-        assert answer.startswith(b"HTTP/1.1 503"), answer
+        # The oldest silent peers were closed to make room for the newer ones.
+        first = crowd[0]
+        first.settimeout(10)
+        assert first.recv(4096) == b""
+        # A request is served while the crowd holds every slot.
+        conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        try:
+            conn.request("GET", "/", headers={"Host": f"127.0.0.1:{console.port}"})
+            assert conn.getresponse().status == 401  # served (and refused for want of the token)
+        finally:
+            conn.close()
         assert _console_handler_threads() <= MAX_CONNECTIONS
     finally:
         for peer in crowd:
             peer.close()
+        console.stop()
+
+
+def test_a_console_with_every_slot_mid_request_answers_503_at_once(monkeypatch):
+    """When no connection is waiting for its request (every slot is serving one), a newcomer is
+    answered 503 at once and closed: the accepting thread never waits on it."""
+    import socket
+    import threading
+
+    from castor.console import server as console_server
+
+    release = threading.Event()
+    entered: list[int] = []  # one entry per request being served
+
+    def slow_page() -> str:
+        entered.append(1)
+        release.wait(30)
+        return "page"
+
+    monkeypatch.setattr(console_server, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(console_server.pages, "tree_page", slow_page)
+    console = console_server.ConsoleServer(None, "127.0.0.1", 0, token="t" * 32).start()
+    busy: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:  # the slots come back as the crowd's threads see their peers gone
-            conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
-            try:
-                conn.request("GET", "/", headers={"Host": f"127.0.0.1:{console.port}"})
-                status = conn.getresponse().status
-            except (ConnectionError, http.client.HTTPException):
-                status = None
-            finally:
-                conn.close()
-            if status != 503 or time.monotonic() > deadline:
-                break
-        assert status == 401  # served (and refused for want of the token)
+        head = (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{console.port}\r\nAuthorization: Bearer {'t' * 32}\r\n\r\n")
+        for _ in range(2):
+            peer = socket.create_connection(("127.0.0.1", console.port), timeout=10)
+            peer.sendall(head.encode())
+            busy.append(peer)
+        both_served = threading.Event()
+        while len(entered) < 2 and not both_served.wait(0.05):  # bounded by the test's timeout
+            pass
+        with socket.create_connection(("127.0.0.1", console.port), timeout=10) as newcomer:
+            answer = b""
+            while chunk := newcomer.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer
     finally:
+        release.set()
+        for peer in busy:
+            peer.close()
         console.stop()
 
 
