@@ -38,7 +38,7 @@ from typing import Any
 from castor._log import logger
 from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
-from castor.endpoint.listeners import is_loopback_host
+from castor.endpoint.listeners import is_loopback_host, peer_is_us
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import Forbidden
 
@@ -80,9 +80,16 @@ class Client:
     # ---------------------------------------------------------------- constructors
     @classmethod
     def connect_unix(cls, path: str, **kwargs: Any) -> Client:
+        """Connect to the socket at ``path``. With a token (``token=`` / ``token_file=``) the
+        listener must run as this user or root (``SO_PEERCRED``): a socket another user planted
+        (in a shared sticky directory, while castor is down) never hears the token
+        (``Forbidden``, before anything is sent)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
+            if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not peer_is_us(sock):
+                raise Forbidden(f"refusing to send the endpoint's token to {path}: another user listens there, "
+                                "not castor's serve", data={"path": path})
         except BaseException:
             sock.close()
             raise

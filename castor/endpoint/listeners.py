@@ -20,6 +20,7 @@ import ipaddress
 import os
 import socket
 import stat
+import struct
 import tempfile
 
 from castor.adapters.fs import storage_unavailable
@@ -142,6 +143,20 @@ def unlink_if_ours(path: str, inode: int) -> None:
             os.unlink(path)
     except OSError:
         pass
+
+
+def peer_is_us(sock: socket.socket) -> bool:
+    """A Unix socket peer runs as castor's user or as root (``SO_PEERCRED``; ``True`` where the
+    platform cannot tell). Both ends use it: the server for who may connect, a client for who
+    may hear its token."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # pragma: no cover - not Linux
+        return True
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid in (os.geteuid(), 0)
 
 
 def is_loopback_host(host: str) -> bool:

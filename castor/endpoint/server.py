@@ -29,7 +29,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from castor.endpoint.auth import MAY_TRUST, AuthGate
 from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.framing import encode_error_notification
-from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, unlink_if_ours
+from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, peer_is_us, unlink_if_ours
 from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
@@ -329,14 +328,7 @@ class Server:
 def _peer_is_us(sock: socket.socket) -> bool:
     """A Unix socket peer runs as castor's user or as root (``SO_PEERCRED``; ``True`` where the
     platform cannot tell: the socket file's ``0600`` mode is then the only check)."""
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is None:  # pragma: no cover - not Linux
-        return True
-    try:
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
-    except OSError:
-        return False
-    return uid in (os.geteuid(), 0)
+    return peer_is_us(sock)
 
 
 def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None = None,

@@ -281,3 +281,76 @@ def test_a_console_request_naming_another_host_anywhere_is_refused(request_head)
         assert answer.split(b"\r\n", 1)[0] in (b"HTTP/1.1 403 Forbidden", b"HTTP/1.1 400 Bad Request"), answer[:200]
     finally:
         console.stop()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to listen as another user")
+def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path):
+    """A socket in a shared sticky directory (``/tmp/castor.sock``, which ``serve`` accepts) can be
+    planted by another user while castor's serve is down: ``castor inspect --socket PATH
+    --token-file F`` (and ``Client.connect_unix(..., token_file=F)``) connected and sent F's
+    token in its hello to whoever listened there. Now a client checks the listener's user
+    (``SO_PEERCRED``) first: another user's socket is ``forbidden`` and hears no token."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    from castor.client import Client
+    from castor.messages.errors import Forbidden
+
+    shared = Path(tempfile.mkdtemp(prefix="castor-shared-", dir="/tmp"))  # the other user must reach it
+    shared.chmod(0o1777)  # sticky and world-writable, like /tmp
+    path = shared / "castor.sock"
+    token_file = tmp_path / "endpoint.token"
+    token_file.write_text("s" * 43 + "\n")
+    token_file.chmod(0o600)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: listen, and report every byte a peer sends
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            os.chmod(path, 0o777)
+            listener.listen(4)
+            os.write(write_end, b"L")
+            while True:
+                peer, _ = listener.accept()
+                peer.settimeout(3)
+                try:
+                    while chunk := peer.recv(4096):
+                        os.write(write_end, chunk)
+                except OSError:
+                    pass
+                peer.close()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"L"
+        done = subprocess.run(castor_argv("inspect", "--socket", str(path), "--token-file", str(token_file)),
+                              env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
+        with pytest.raises(Forbidden):
+            Client.connect_unix(str(path), token_file=str(token_file), default_timeout=5)
+        # What the other user heard: nothing with the token in it.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(str(path))
+        probe.sendall(b"END")
+        probe.close()
+        heard = b""
+        while not heard.endswith(b"END"):
+            chunk = os.read(read_end, 65536)
+            assert chunk, "the listener went away"
+            heard += chunk
+        assert b"s" * 43 not in heard
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+        shutil.rmtree(shared, ignore_errors=True)
