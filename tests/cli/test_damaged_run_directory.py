@@ -15,25 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ONE_SOCKET = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
-    "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
-
-
-def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
-           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
-    try:
-        return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, text=True,
-                              capture_output=True, timeout=40)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"castor {' '.join(args)} hung")
+from tests.cli.interrupted_cast import castor_cli, interrupted_cast
 
 
 @pytest.mark.timeout(150)
@@ -49,14 +34,7 @@ def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProces
 ])
 def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_or_crash_loop(
         tmp_path, name, how, code):
-    root = tmp_path / "project"
-    (root / ".pi").mkdir(parents=True)
-    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
-    (root / "esc.json").write_text(json.dumps([{"text": "x", "stop_reason": "aborted"}]))
-    (root / "answers.json").write_text(json.dumps(["hi"]))
-    interrupted = _castor(tmp_path, "cast", "x", "--agent", "script:esc.json", "--quiet", cwd=root)
-    assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr, interrupted.stderr
-    [run] = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    root, run = interrupted_cast(tmp_path)
     target, outside = run / name, tmp_path / "outside-target"
     target.parent.mkdir(exist_ok=True)
     if target.is_dir():
@@ -75,7 +53,7 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
     else:
         target.symlink_to(outside)
 
-    done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root, timeout=40)
     assert "Traceback" not in done.stderr and "actor_stopped" not in done.stderr, done.stderr
     if code is None:  # still a usable lock, or a record or request that is not one: the cast goes on
         assert done.returncode == 0, done.stderr
@@ -83,7 +61,7 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
         assert done.returncode == 1
         assert done.stderr.strip().splitlines()[-1].startswith(f"castor: {code}: "), done.stderr
     assert not outside.exists(), "a link in the run directory was followed out of the project"
-    listed = _castor(tmp_path, "casts", "--json", cwd=root)
+    listed = castor_cli(tmp_path, "casts", "--json", cwd=root, timeout=40)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     [row] = json.loads(listed.stdout)
     assert row["cast_id"] == run.name

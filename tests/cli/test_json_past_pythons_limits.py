@@ -9,26 +9,17 @@ the listing shows the damaged cast as unreadable beside the others."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli.interrupted_cast import ONE_SOCKET, castor_cli, interrupted_cast
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = "9" * 5000
-ONE_SOCKET = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
-    "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
 
 
-def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
-           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
-    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=60)
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], code: str) -> str:
@@ -46,7 +37,7 @@ def two_casts(tmp_path: Path) -> tuple[Path, list[Path]]:
     (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
     (root / "answers.json").write_text(json.dumps(["hi"]))
     for request in ("first", "second"):
-        done = _castor(tmp_path, "cast", request, "--agent", "script:answers.json", "--quiet", cwd=root)
+        done = castor_cli(tmp_path, "cast", request, "--agent", "script:answers.json", "--quiet", cwd=root)
         assert done.returncode == 0, done.stderr
     runs = sorted(p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir())
     assert len(runs) == 2
@@ -64,14 +55,14 @@ def test_a_state_json_python_cannot_read_lists_as_unreadable_and_hides_no_other_
         text = text.replace('"revision":', f'"revision":{HUGE_INT},"was":', 1)
         assert HUGE_INT in text
     (first / "state.json").write_text(text)
-    listed = _castor(tmp_path, "casts", "--json", cwd=root)
+    listed = castor_cli(tmp_path, "casts", "--json", cwd=root)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     rows = {row["cast_id"]: row for row in json.loads(listed.stdout)}
     assert rows[first.name]["status"] == "unreadable"
     assert rows[second.name]["status"] == "complete"
-    assert "state.json is not valid JSON" in _one_line_error(_castor(tmp_path, "status", first.name, cwd=root),
+    assert "state.json is not valid JSON" in _one_line_error(castor_cli(tmp_path, "status", first.name, cwd=root),
                                                               "state_corrupt")
-    _one_line_error(_castor(tmp_path, "recast", first.name, "--agent", "script:answers.json", cwd=root),
+    _one_line_error(castor_cli(tmp_path, "recast", first.name, "--agent", "script:answers.json", cwd=root),
                     "state_corrupt")
 
 
@@ -85,7 +76,7 @@ def test_an_answers_file_python_cannot_read_is_invalid_config(tmp_path, content,
     (root / ".pi").mkdir(parents=True)
     (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
     (root / "answers.json").write_text(content)
-    line = _one_line_error(_castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
+    line = _one_line_error(castor_cli(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
                            "invalid_config")
     assert says in line
 
@@ -93,7 +84,7 @@ def test_an_answers_file_python_cannot_read_is_invalid_config(tmp_path, content,
 @pytest.mark.timeout(60)
 def test_a_config_with_a_huge_integer_is_an_invalid_json_problem_naming_the_file(tmp_path):
     (tmp_path / "big.json").write_text(f'{{"limits": {{"maxVisits": {HUGE_INT}}}}}')
-    done = _castor(tmp_path, "validate", "big.json", cwd=tmp_path)
+    done = castor_cli(tmp_path, "validate", "big.json", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "[invalid-json] big.json" in done.stdout + done.stderr
     assert "more than 4300 digits" in done.stdout + done.stderr
@@ -107,17 +98,10 @@ def test_an_event_line_python_cannot_read_is_skipped_and_the_cast_goes_on(tmp_pa
     an event twice). One such line in it -- a damaged log -- crash-looped the CastActor until its
     supervisor gave up (``actor_stopped``), so the cast could never be continued; now the line is
     skipped like any corrupt one and the cast completes."""
-    root = tmp_path / "project"
-    (root / ".pi").mkdir(parents=True)
-    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
-    (root / "esc.json").write_text(json.dumps([{"text": "x", "stop_reason": "aborted"}]))
-    (root / "answers.json").write_text(json.dumps(["hi"]))
-    interrupted = _castor(tmp_path, "cast", "x", "--agent", "script:esc.json", "--quiet", cwd=root)
-    assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr, interrupted.stderr
-    [run] = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    root, run = interrupted_cast(tmp_path)
     with open(run / "events.jsonl", "a") as log:
         log.write(line + "\n")
-    done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert json.loads((run / "state.json").read_text())["state"]["phase"] == "complete"
 
@@ -139,12 +123,12 @@ def test_a_config_nested_deeper_than_a_state_can_hold_is_refused_by_validate_and
     (root / ".pi").mkdir(parents=True)
     (root / "answers.json").write_text("[]")
     (root / ".pi" / "pi-materia.json").write_text(_nested_params_config(300))
-    checked = _castor(tmp_path, "validate", ".pi/pi-materia.json", cwd=root)
+    checked = castor_cli(tmp_path, "validate", ".pi/pi-materia.json", cwd=root)
     assert checked.returncode == 1 and "nested too deeply" in checked.stdout + checked.stderr
-    line = _one_line_error(_castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
+    line = _one_line_error(castor_cli(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root),
                            "invalid_config")
     assert "nested too deeply" in line
     assert not (root / ".pi" / "pi-materia").exists() or not any((root / ".pi" / "pi-materia").iterdir())
     (root / ".pi" / "pi-materia.json").write_text(_nested_params_config(150))  # deep, within the bound: runs
-    done = _castor(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root)
+    done = castor_cli(tmp_path, "cast", "x", "--agent", "script:answers.json", "--quiet", cwd=root)
     assert done.returncode == 0, done.stderr
