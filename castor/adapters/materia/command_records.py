@@ -114,8 +114,13 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
 
 def kill_tagged(match: Callable[[dict[str, str]], bool]) -> list[int]:
     """SIGKILL every process (not this one) whose environment ``match``es, and every descendant
-    of those; collected first, then killed. Returns the pids of the processes that were alive
-    (zombies are not counted)."""
+    of those; collected first, then all stopped (SIGSTOP), then killed. Returns the pids of the
+    processes that were alive (zombies are not counted).
+
+    Stopped first because they are killed one by one, in pid order, and pids wrap: a child may come
+    before its parent, and a parent that outlived its child by a moment ran on -- a script's next
+    line after the command it waited for (its "done" mark, or the command's next step) -- in a run
+    the recast then repeats. A stopped process runs nothing more before its SIGKILL."""
     me = os.getpid()
     victims: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
@@ -128,11 +133,18 @@ def kill_tagged(match: Callable[[dict[str, str]], bool]) -> list[int]:
                     victims.setdefault(child.pid, child)
         except (psutil.Error, OSError):
             continue
-    killed = []
+    alive = []
     for proc in victims.values():
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
+            proc.suspend()  # psutil's: refuses a pid another process took since it was collected
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    killed = []
+    for proc in alive:
+        try:
             proc.kill()
             killed.append(proc.pid)
         except psutil.Error:

@@ -99,3 +99,36 @@ def test_a_planted_commands_symlink_is_never_listed_written_or_emptied(tmp_path)
     assert command_records.kill_recorded(run_dir, CAST) == []
     assert not command_records.record_running(command_records.record_path(run_dir, VISIT), VISIT)
     assert [p.name for p in outside.iterdir()] == ["settings.json"]
+
+
+@pytest.mark.timeout(30)
+def test_a_parent_killed_after_its_child_runs_nothing_more(tmp_path, monkeypatch):
+    """The victims are killed one by one, in the order they were found, and pids wrap: a child may
+    be killed before its parent. A parent that outlived its child by a moment ran on (a script's
+    next line after the command it waited for), so every victim is stopped before any is killed.
+    Staged: the processes are found newest first (the child before its shell), and after the first
+    kill the test gives the shell a whole second to run its next line."""
+    marker = tmp_path / "ran-on"
+    env = {**os.environ, command_records.VISIT_ID_ENV: VISIT, command_records.RUN_DIR_ENV: str(tmp_path)}
+    leader = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $!; wait; echo ran > {marker}"],
+                              stdout=subprocess.PIPE, env=env, start_new_session=True)
+    child = int(leader.stdout.readline())
+    real_iter, real_kill = psutil.process_iter, psutil.Process.kill
+    monkeypatch.setattr(psutil, "process_iter",
+                        lambda *a, **k: sorted(real_iter(*a, **k), key=lambda p: p.pid, reverse=True))
+    first: list[int] = []
+
+    def kill_then_let_the_rest_run(proc: psutil.Process) -> None:
+        real_kill(proc)
+        if not first:
+            first.append(proc.pid)
+            poll_until(marker.exists, timeout=1.0)  # a parent still running writes it meanwhile
+
+    monkeypatch.setattr(psutil.Process, "kill", kill_then_let_the_rest_run)
+    try:
+        killed = command_records.kill_tagged(lambda e: e.get(command_records.VISIT_ID_ENV) == VISIT)
+        assert first == [child] and set(killed) == {child, leader.pid}, (first, killed)
+        assert not marker.exists(), "the shell ran its next line after its child was killed"
+    finally:
+        monkeypatch.undo()
+        _cleanup(leader, child)
