@@ -140,6 +140,14 @@ class ConsoleServer:
         return hosts
 
 
+def _cut(connection: Any) -> None:
+    """Shut ``connection`` down both ways: its handler's blocked read ends at once."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 class _Server(ThreadingHTTPServer):
     """One thread per connection, at most MAX_CONNECTIONS at once: the listener is open to every
     local user before any token is checked, so a crowd of connections must not cost castor's
@@ -173,10 +181,7 @@ class _Server(ThreadingHTTPServer):
                 return False
             oldest = next(iter(self._awaited))
             del self._awaited[oldest]
-        try:
-            oldest.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _cut(oldest)
         return True
 
     def request_arrived(self, connection: Any) -> None:
@@ -192,10 +197,7 @@ class _Server(ThreadingHTTPServer):
             for connection in late:
                 del self._awaited[connection]
         for connection in late:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _cut(connection)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False) and not (self._evict_oldest_waiting()

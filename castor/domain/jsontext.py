@@ -86,6 +86,20 @@ def loads_strict(text: str | bytes) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects or arrays more than ``limit`` deep (level by level, no
+    recursion: any depth is safe to ask about)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return False
+
+
 def json_problem(exc: BaseException) -> str:
     """Why a JSON text could not be read, in a few words, for an error naming the file.
 

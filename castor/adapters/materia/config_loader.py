@@ -37,7 +37,7 @@ from castor.adapters.fs import (
     read_regular_file,
     storage_unavailable,
 )
-from castor.domain.jsontext import js_float, js_int, json_problem, well_formed
+from castor.domain.jsontext import js_float, js_int, json_problem, nested_deeper_than, well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig, pointer, warning
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
@@ -124,18 +124,6 @@ def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
     return data, out
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """True if ``value`` nests more than ``limit`` objects or arrays (iterative: any depth)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth >= limit:
-                return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return False
-
-
 def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [warning, ...])`` (``duplicate-key`` warnings only;
     usually none) or ``(None, [issue])``."""
@@ -169,7 +157,7 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     except ValueError as exc:  # Python's own limit, e.g. an integer of more than 4300 digits: never a raw message
         return None, [ConfigIssue(code="invalid-json", source=source,
                                   message=f"malformed JSON in {source}: {json_problem(exc)}")]
-    if _deeper_than(data, MAX_CONFIG_DEPTH):
+    if nested_deeper_than(data, MAX_CONFIG_DEPTH):
         too_deep = f"JSON in {source} is nested too deeply (more than {MAX_CONFIG_DEPTH} levels)"
         return None, [ConfigIssue(code="invalid-json", source=source, message=too_deep)]
     if not isinstance(data, dict):

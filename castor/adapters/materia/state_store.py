@@ -207,25 +207,14 @@ def _iso_field(state: dict[str, Any]) -> str | None:
     return None
 
 
-@contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing) across processes.
+def _flock_fd(path: Path) -> int:
+    """Take an exclusive ``flock`` on ``path`` (created if missing) across processes; the
+    descriptor holding it (closing it releases the lock).
 
     The same kind of lock as :class:`castor.adapters.materia.cast_lease.CastLease`: it belongs
     to the open file description, so the kernel drops it when the holder dies (even by
-    ``kill -9``); closing the descriptor releases it. Blocks until it is free.
+    ``kill -9``). Blocks until it is free.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _flock_fd(path: Path) -> int:
-    """:func:`_flocked` without the context manager: the descriptor holding the lock (closing it
-    releases the lock)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -233,6 +222,16 @@ def _flock_fd(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+@contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    """Hold :func:`_flock_fd`'s lock on ``path`` for the ``with`` block."""
+    fd = _flock_fd(path)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 # One lock per state file, shared by every store of this process that writes it. Held weakly:

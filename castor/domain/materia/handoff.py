@@ -24,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from castor.domain.jsontext import js_float, js_int, pretty_json, well_formed
+from castor.domain.jsontext import js_float, js_int, nested_deeper_than, pretty_json, well_formed
 from castor.domain.materia.config import Socket, object_at
 from castor.domain.materia.expressions import MISSING, AssignError, Scope, path_segments, resolve_value, set_path
 from castor.messages.errors import CastorError, ErrorCode
@@ -131,23 +131,10 @@ def _candidates(text: str) -> list[str]:
 def extract_json(text: Any) -> Any:
     """The JSON value an assistant meant to return (see module doc). Raises HandoffError only."""
     value = _extract(text)
-    if _deeper_than(value, MAX_DEPTH):
+    if nested_deeper_than(value, MAX_DEPTH):
         raise HandoffError(f"Agent output JSON is nested deeper than {MAX_DEPTH} levels: {_preview(text)}",
                            data={"reason": "unparseable"})
     return value
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests containers more than ``limit`` deep (no recursion: any depth is safe)."""
-    level = [value] if isinstance(value, (dict, list)) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                 if isinstance(child, (dict, list))]
-    return False
 
 
 def _extract(text: Any) -> Any:
@@ -259,7 +246,7 @@ def apply_assign(data: dict[str, Any], assign: dict[str, str], scope: Scope) -> 
         value = resolve_value(source, Scope(data=out, parsed=scope.parsed, last_json=scope.last_json,
                                             last_output=scope.last_output))
         depth = len(path_segments(target))
-        if depth > MAX_DEPTH or _deeper_than(value, MAX_DEPTH - depth):
+        if depth > MAX_DEPTH or nested_deeper_than(value, MAX_DEPTH - depth):
             shown = target if len(target) <= 80 else target[:77] + "..."
             raise AssignError(f"assign target {shown!r} would nest the cast's data deeper than {MAX_DEPTH} levels "
                               "(a state holding it could not be saved)")
