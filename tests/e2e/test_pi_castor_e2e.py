@@ -206,6 +206,33 @@ def test_d_icarus_off_stops_retrieval_on_the_next_prompt(start_pi, castor_comman
     assert retrievals_after == retrievals_before
 
 
+def test_d2_the_icarus_footer_reaches_pi_when_it_changes_not_at_every_prompt(start_pi, castor_command, fake_llm,
+                                                                           tmp_path):
+    """The real Pi's footer (``setStatus`` key ``icarus``): set when the session starts; the prompts
+    that follow repeat nothing it already shows; ``/icarus off`` clears it, ``/icarus on`` sets it
+    again (and, like any other status, lets the next prompt send it once more), and the prompt after
+    that sends nothing."""
+    pi = start_pi(castor_command, settings=icarus_settings(tmp_path))
+    up(pi)
+
+    def footers(start: int = 0) -> list[Any]:
+        return [e.get("statusText") for e in pi.ui("setStatus", start=start) if e.get("statusKey") == "icarus"]
+
+    for question in ("what about the zebra", "and the giraffe", "and the lion"):
+        fail_fast_on_error(pi, pi.prompt(question))
+    shown = footers()
+    assert shown and shown[-1], shown  # the footer is up
+    assert len(shown) <= 2, shown  # the start's, maybe the first prompt's: not one per prompt
+    start = pi.command("/icarus off")
+    pi.wait_ui("notify", lambda e: "hooks are off" in e.get("message", ""), start=start)
+    start = pi.command("/icarus on")
+    pi.wait_ui("setStatus", lambda e: e.get("statusKey") == "icarus" and e.get("statusText"), start=start)
+    fail_fast_on_error(pi, pi.prompt("and the zebra again"))
+    settled = pi.mark()
+    fail_fast_on_error(pi, pi.prompt("and the giraffe again"))
+    assert footers(settled) == [], footers(settled)
+
+
 def test_e_runtime_killed_mid_cast_pi_survives_and_recast_completes(start_pi, castor_command, fake_llm, tmp_path):
     project = project_with_loadout(tmp_path)
     fake_llm.reply_text(PLAN, when="PLANNER-MATERIA", delay=1.5)  # slow model: the kill lands mid-turn
