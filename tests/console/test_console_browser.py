@@ -166,3 +166,22 @@ def test_a_bidirectional_override_in_a_project_path_shows_as_its_escape(browser,
     shown = wait_for(card, timeout=15, what="the bidi session's card")
     assert "safe\\u202etxt.exe" in shown and "\u202e" not in shown, shown
     assert "\u202e" not in browser.execute_script("return document.body.innerText")
+
+
+def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console):
+    """The page of a cast whose session closes while it is open says the session is gone (its
+    stream pushes the not-found), and loading it again is the console's 404."""
+    live = busy_console
+    sid, cast_id = "session-2", live.casts["session-2"][0]
+    browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
+    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    status_js = "return document.getElementById('status').textContent"
+    wait_for(lambda: browser.execute_script(status_js).startswith("updated"), timeout=15,
+             what="the cast page's first push")
+    live.client.call("session.close", {"session_id": sid}, timeout=20)
+    status = wait_for(lambda: (lambda t: t if f"no open session {sid}" in t else None)(
+        browser.execute_script(status_js)),
+        timeout=15, what="the page saying its session closed")
+    assert "NotFound" in status, status
+    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    assert f"no open session {sid}" in browser.find_element("tag name", "body").text
