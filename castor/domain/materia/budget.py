@@ -407,8 +407,8 @@ def extract_usage(raw: Any) -> TurnUsage:
 
 
 def plain_usage(raw: Any, _depth: int = 0) -> Any:
-    """``raw`` as plain JSON: non-finite numbers and values that are not JSON dropped (so a usage
-    map with one NaN keeps its other figures), nesting cut at 8 levels."""
+    """``raw`` as plain JSON: non-finite floats and values that are not JSON dropped (so a usage
+    map with one NaN keeps its other figures), integers kept at any size, nesting cut at 8 levels."""
     if isinstance(raw, dict):
         if _depth >= 8:
             return {}
@@ -420,9 +420,9 @@ def plain_usage(raw: Any, _depth: int = 0) -> Any:
         return out
     if isinstance(raw, list):
         return [v for v in (plain_usage(x, _depth + 1) for x in raw[:64]) if v is not _DROP] if _depth < 8 else []
-    if raw is None or isinstance(raw, (str, bool)):
-        return raw
-    if isinstance(raw, (int, float)):
+    if raw is None or isinstance(raw, (str, bool, int)):
+        return raw  # an integer is JSON at any size (one past a double's range has no math.isfinite)
+    if isinstance(raw, float):
         return raw if math.isfinite(raw) else _DROP
     return _DROP
 

@@ -269,3 +269,26 @@ def test_a_usage_without_a_total_counts_the_cached_tokens_once(server):
     tokens = extract_usage(usage_map(run(agent))).tokens
     assert tokens.total == 18 and tokens.cacheRead == 2
     agent.close()
+
+
+@pytest.mark.timeout(30)
+def test_integers_past_a_doubles_range_in_the_usage_are_capped_not_a_crash(server):
+    """An integer literal past a double's range (JSON allows any number of digits) anywhere in the
+    usage crashed the turn that had answered ("internal adapter error: OverflowError": the usage's
+    plain-JSON copy asked math.isfinite of it); it counts as large as castor counts (10^18), as the
+    scripted agent reads it, and an unknown huge field is kept as the integer it is."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import MAX_FIGURE, extract_usage
+
+    huge = "1" + "0" * 400
+    server.mode = "odd_usage"
+    server.usage_text = (f'{{"prompt_tokens": {huge}, "completion_tokens": {2**64 + 1}, "cost": 0.5, '
+                         f'"extra": {{"counter": {huge}}}}}')
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.ok and out.text == "answered", out
+    assert out.usage.input_tokens == MAX_FIGURE and out.usage.output_tokens == MAX_FIGURE
+    usage = extract_usage(usage_map(out))
+    assert usage.tokens.input == MAX_FIGURE and usage.tokens.output == MAX_FIGURE and usage.cost.total == 0.5
+    assert usage_map(out)["extra"] == {"counter": int(huge)}
+    agent.close()
