@@ -136,6 +136,13 @@ def _edges(sock: Any) -> list[dict[str, Any]]:
     return [e for e in sock["edges"] if is_plain_object(e)]
 
 
+def _into(edge: dict[str, Any], members: set[str] | list[str]) -> bool:
+    """Whether ``edge`` leads to one of ``members``: its ``to`` may be anything a file holds (an
+    array or an object is no socket, and no key of a set)."""
+    target = edge.get("to")
+    return isinstance(target, str) and target in members
+
+
 def _members(loop: Any) -> list[str]:
     if not is_plain_object(loop) or not isinstance(loop.get("sockets"), list):
         return []
@@ -151,7 +158,7 @@ def _inbound_generators(
         if sid in members or not is_gen(sid, sock):
             continue
         for i, edge in enumerate(_edges(sock)):
-            if edge.get("to") in members:
+            if _into(edge, members):
                 found.append((sid, i))
     return found
 
@@ -550,7 +557,7 @@ def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, 
 
 def _has_cycle(members: set[str], sockets: dict[str, Any]) -> bool:
     graph: dict[str, list[str]] = {
-        m: [e["to"] for e in _edges(sockets.get(m)) if e.get("to") in members] for m in members}
+        m: [e["to"] for e in _edges(sockets.get(m)) if _into(e, members)] for m in members}
     state: dict[str, int] = {}
 
     def visit(node: str) -> bool:
@@ -583,7 +590,7 @@ def _validate_executable_exit(col: _Collector, label: str, at: tuple[str | int, 
             if advance.get(field) != value:
                 col.add("invalid-loop", ("sockets", frm, "advance", field),
                         f"{frm}.advance.{field}: current \"{advance.get(field)}\", expected \"{value}\" for {label}")
-    back = [e for e in _edges(src) if e.get("to") in members]
+    back = [e for e in _edges(src) if _into(e, members)]
     if not back:
         col.add("invalid-loop", ("sockets", frm, "edges"),
                 f"{label}: exit source {frm} has no outgoing route back into loop members")

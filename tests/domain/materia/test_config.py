@@ -601,3 +601,41 @@ def test_each_prepared_issue_hides_one_validated_issue_at_its_place_never_a_seco
                  ConfigIssue(code="unknown-endpoint", path=at, message="elsewhere")]
     assert [i.message for i in graph.issues_once(prepared, validated)] == [
         'loop "a" conflicts', 'Socket-2.advance.cursor ... for loop "b"', "elsewhere"]
+
+
+def _json_paths(doc: object, base: tuple = ()) -> list[tuple]:
+    out = [base] if base else []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            out += _json_paths(value, (*base, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            out += _json_paths(value, (*base, index))
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wrong", [[], {}, ["Socket-2"], {"Socket-2": 1}])
+def test_an_array_or_object_anywhere_in_a_loop_loadout_is_a_config_issue_never_a_crash(wrong: object) -> None:
+    """An edge ``to`` written as an array or object on a loop member ("to": ["Socket-2"]) crashed
+    loading with ``TypeError: unhashable type`` (the loop's cycle and exit-route checks looked the
+    value up in a set): `castor validate`, `grid` and `cast` printed a traceback. Every field of a
+    loop loadout set to an array or an object is a ConfigError, or loads."""
+    loadout = _loop_loadout(exit={"from": "Socket-3", "when": "satisfied", "to": "Socket-4"},
+                            exits=[{"id": "x", "from": "Socket-3", "condition": "not_satisfied",
+                                    "targetSocketId": "Socket-4"}])
+    loadout["sockets"]["Socket-3"]["parse"] = "json"
+    loadout["sockets"]["Socket-3"]["edges"] = [{"when": "not_satisfied", "to": "Socket-2"}]
+    base = config(loadout["sockets"], loops=loadout["loops"])
+    paths = [p for p in _json_paths(base) if p[0] == "loadouts"]
+    assert any(p[-1] == "to" for p in paths)
+    for path in paths:
+        mutated = copy.deepcopy(base)
+        parent = mutated
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = copy.deepcopy(wrong)
+        try:
+            resolve_config(load_config([("t", mutated)]))
+        except ConfigError as exc:
+            assert exc.issues, path
