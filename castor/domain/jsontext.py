@@ -100,6 +100,23 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words, for an error about a file's value
+    (``null``, ``a boolean``, ``a number``, ``a string``, ``an array``, ``an object``), never a
+    Python type name (``NoneType``, ``list``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "an object"
+
+
 def json_problem(exc: BaseException) -> str:
     """Why a JSON text could not be read, in a few words, for an error naming the file.
 

@@ -37,7 +37,7 @@ from castor.adapters.fs import (
     read_regular_file,
     storage_unavailable,
 )
-from castor.domain.jsontext import js_float, js_int, json_problem, nested_deeper_than, well_formed
+from castor.domain.jsontext import js_float, js_int, json_kind, json_problem, nested_deeper_than, well_formed
 from castor.domain.materia.config import ConfigError, ConfigIssue, LayerInfo, ResolvedConfig, pointer, warning
 from castor.domain.materia.config_edit import EditRefused, set_top_level_string
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
@@ -132,7 +132,13 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
         text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except UnicodeDecodeError as exc:
+        return None, [ConfigIssue(code="read-error", source=source, message=f"cannot read config file {source}: "
+                                  f"not UTF-8 text (byte {exc.start}); save it as UTF-8")]
+    except OSError as exc:
+        return None, [ConfigIssue(code="read-error", source=source,
+                                  message=f"cannot read config file {source}: {exc.strerror or exc}")]
+    except ValueError as exc:
         return None, [ConfigIssue(code="read-error", message=f"cannot read config file {source}: {exc}", source=source)]
     try:
         raw, repeated = _decode(text)
@@ -165,7 +171,7 @@ def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
             ConfigIssue(
                 code="not-an-object",
                 source=source,
-                message=f"config file {source} must contain a JSON object, not {type(data).__name__}",
+                message=f"config file {source} must contain a JSON object, not {json_kind(data)}",
             )
         ]
     return data, [warning("duplicate-key", well_formed(where), source=source,

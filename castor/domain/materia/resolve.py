@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from castor.domain.jsontext import json_kind
 from castor.domain.materia import checks, graph
 from castor.domain.materia.config import (
     END,
@@ -132,8 +133,9 @@ def resolve_config(
     available = ", ".join(loadouts)
     name = loadout_name or merged.get("activeLoadout")
     if not isinstance(name, str) or not name:
+        said = "is not set" if name is None or name == "" else f"must be a loadout name, not {json_kind(name)}"
         raise ConfigError([*issues, ConfigIssue(code="unknown-loadout", path=pointer("activeLoadout"), source=source,
-                                                message=f"activeLoadout is not set. Available loadouts: {available}")])
+                                                message=f"activeLoadout {said}. Available loadouts: {available}")])
     if name not in loadouts or not is_plain_object(loadouts[name]):
         raise ConfigError([*issues, ConfigIssue(
             code="unknown-loadout", path=pointer("activeLoadout"), source=source,
@@ -214,7 +216,11 @@ def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],
     elif stype == "agent":
         mname = raw.get("materia")
         entry = materia.get(mname) if isinstance(mname, str) else None
-        if entry is None:
+        if mname is None:
+            bad("unknown-materia", "materia", "an agent socket needs a materia (the name of one in \"materia\")")
+        elif not isinstance(mname, str):
+            bad("unknown-materia", "materia", f"materia must be the name of a materia, not {json_kind(mname)}")
+        elif entry is None:
             bad("unknown-materia", "materia", f"references unknown materia {mname!r}")
         elif (entry.get("type") or "agent") != "agent":
             bad("unknown-materia", "materia", f"materia {mname!r} has unsupported type {entry.get('type')!r} "

@@ -639,3 +639,31 @@ def test_an_array_or_object_anywhere_in_a_loop_loadout_is_a_config_issue_never_a
             resolve_config(load_config([("t", mutated)]))
         except ConfigError as exc:
             assert exc.issues, path
+
+
+@pytest.mark.timeout(30)
+def test_a_config_problem_names_the_json_kind_it_found_not_a_python_type(tmp_path: Path) -> None:
+    """A config file holding `null` or an array was refused "must contain a JSON object, not
+    NoneType" / "not list"; a socket without a materia "references unknown materia None"; an
+    `activeLoadout` of 3 "is not set"; a file that is not UTF-8 showed Python's codec message.
+    Each now says what the file holds in JSON's words."""
+    assert "not null" in config_loader.validate_file(write(tmp_path / "n.json", "null"))[0].message
+    assert "not an array" in config_loader.validate_file(write(tmp_path / "a.json", "[1]"))[0].message
+    latin = tmp_path / "l.json"
+    latin.write_bytes(b'{"activeLoadout": "Caf\xe9"}')
+    (issue,) = config_loader.validate_file(latin)
+    assert issue.code == "read-error" and "not UTF-8 text (byte 22)" in issue.message and "codec" not in issue.message
+    missing = config({"Socket-1": {"type": "agent"}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", missing)]))
+    assert [(i.code, i.path) for i in err.value.issues] == [("unknown-materia", "/loadouts/L/sockets/Socket-1/materia")]
+    assert "None" not in err.value.issues[0].message and "needs a materia" in err.value.issues[0].message
+    numbered = config({"Socket-1": {"type": "agent", "materia": 5}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", numbered)]))
+    assert "a number" in err.value.issues[0].message
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", {**config({"Socket-1": {"type": "agent", "materia": "A"}}),
+                                            "activeLoadout": 3})]))
+    (issue,) = err.value.issues
+    assert issue.code == "unknown-loadout" and "not set" not in issue.message and "a number" in issue.message
