@@ -2,7 +2,9 @@
 
 Each test runs ``python -m castor cast`` in a fresh project with the scripted agent reporting the
 provider's usage shape on every turn, then reads ``usage.json`` and checks that the budget
-(``budget.maxCostUsd``) stopped the cast at the socket where the total crossed it.
+(``budget.maxCostUsd``) stopped the cast at the socket where the total crossed it. The
+OpenAI-compatible agent's tests do the same against a tiny chat-completions server on 127.0.0.1
+answering with each provider's ``usage`` body as it sends it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import math
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +55,14 @@ def _three_sockets(budget: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cast(
-    tmp_path: Path, config: dict[str, Any], usage: dict[str, Any]
+    tmp_path: Path, config: dict[str, Any], usage: dict[str, Any], agent: str = "script:answers.json"
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     project = tmp_path / "project"
     (project / ".pi").mkdir(parents=True)
     (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
     (project / "answers.json").write_text(json.dumps([{"text": f"done {i}", "usage": usage} for i in range(3)]))
     result = subprocess.run([sys.executable, "-m", "castor", "cast", "build it", "--quiet",
-                             "--agent", "script:answers.json"], cwd=project, env=_env(tmp_path), text=True,
+                             "--agent", agent], cwd=project, env=_env(tmp_path), text=True,
                             capture_output=True, timeout=90)
     (run_dir,) = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
     return result, run_dir
@@ -94,6 +99,89 @@ def test_without_a_stop_the_same_usage_only_warns_and_the_cast_completes(tmp_pat
     assert math.isclose(usage["cost"]["total"], 1.8)
     kinds = [e["type"] for e in _events(run_dir)]
     assert kinds.count("budget_warning") == 1 and kinds.count("budget_limit") == 2  # repeats, never stops
+
+
+# --------------------------------------------------------------------------- an OpenAI-compatible server
+
+# Each provider's chat-completion ``usage`` as it writes it (the text is sent verbatim: NaN and
+# integers past 2**63 included), the budget, whether the budget stops the cast at Socket-2, and the
+# totals usage.json must hold after the turns that ran.
+SERVER_USAGES: dict[str, tuple[str, dict[str, Any], bool, dict[str, Any]]] = {
+    "openai": ('{"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150, '
+               '"prompt_tokens_details": {"cached_tokens": 20, "audio_tokens": 0}, '
+               '"completion_tokens_details": {"reasoning_tokens": 10, "accepted_prediction_tokens": 0}}',
+               {"maxTokens": 250}, True,
+               {"tokens": {"input": 200, "output": 100, "cacheRead": 40, "total": 300}, "cost": 0}),
+    "anthropic-style": ('{"input_tokens": 100, "output_tokens": 50, "cache_read_input_tokens": 10, '
+                        '"cache_creation_input_tokens": 5, "service_tier": "standard"}',
+                        {"maxTokens": 300}, True,
+                        {"tokens": {"input": 200, "output": 100, "cacheRead": 20, "cacheWrite": 10, "total": 330},
+                         "cost": 0}),
+    "openrouter": ('{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": 0.6, '
+                   '"is_byok": false, "cost_details": {"upstream_inference_cost": null}}',
+                   {"maxCostUsd": 1.0}, True, {"tokens": {"total": 30}, "cost": 1.2}),
+    "malformed figures": ('{"prompt_tokens": 10.5, "completion_tokens": -5, "total_tokens": NaN, "cost": "0.6", '
+                          '"total_cost": true, "cost_usd": null, "usd": -1, "extra": 99999999999999999999999}',
+                          {"maxCostUsd": 0.5, "maxTokens": 10_000}, False,
+                          {"tokens": {"input": 31.5, "output": 0, "total": 31.5}, "cost": 0}),
+    "no usage": ("", {"maxCostUsd": 0.5, "maxTokens": 10}, False, {"tokens": {"total": 0}, "cost": 0}),
+}
+
+
+class _ChatServer(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        body = json.dumps({"id": "c", "object": "chat.completion", "model": request["model"],
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "done"}}]})
+        usage = self.server.usage_text  # type: ignore[attr-defined]
+        data = (body[:-1] + (f', "usage": {usage}' if usage else "") + "}").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def chat_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatServer)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", sorted(SERVER_USAGES))
+def test_an_openai_compatible_servers_usage_reaches_the_report_and_the_budget_in_each_providers_shape(
+    tmp_path: Path, chat_server: ThreadingHTTPServer, fmt: str
+) -> None:
+    usage_text, budget, stops, expected = SERVER_USAGES[fmt]
+    chat_server.usage_text = usage_text  # type: ignore[attr-defined]
+    port = chat_server.server_address[1]
+    result, run_dir = _cast(tmp_path, _three_sockets(budget), {}, agent=f"openai:http://127.0.0.1:{port}/v1#m")
+    assert "internal" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    usage = json.loads((run_dir / "usage.json").read_text())
+    for name, value in expected["tokens"].items():
+        assert usage["tokens"][name] == value, (name, usage["tokens"])
+    assert math.isclose(usage["cost"]["total"], expected["cost"])
+    assert usage["costEstimated"] is True  # no Pi marker: castor cannot tell a billed figure
+    events = _events(run_dir)
+    started = [e["data"]["socket"] for e in events if e["type"] == "socket_start"]
+    if stops:
+        assert result.returncode == 1 and "budget limit reached" in result.stderr, result.stderr
+        assert started == ["Socket-1", "Socket-2"] and sorted(usage["bySocket"]) == ["Socket-1", "Socket-2"]
+    else:
+        assert result.returncode == 0, result.stderr
+        assert started == ["Socket-1", "Socket-2", "Socket-3"]
+        assert not any(e["type"] in ("budget_limit", "budget_warning") for e in events)
+        assert len(usage["turns"]) == (0 if fmt == "no usage" else 3)
 
 
 # --------------------------------------------------------------------------- the alias rules themselves
