@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 from castor._log import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
-from castor.domain.materia.budget import non_negative_number, plain_usage
+from castor.domain.materia.budget import MAX_FIGURE, non_negative_number, plain_usage
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -128,6 +128,20 @@ def _usage(raw: Any) -> TurnUsage | None:
         cost_usd=non_negative_number(raw.get("cost")),
         raw=plain,
     )
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer literal; one past Python's digit limit for ``int()`` (4,300) as the cap
+    castor counts a usage figure at, its sign kept: json's own reading refused the whole answer
+    for it, and any such integer is far past the cap anyway."""
+    if len(text) <= _INT_DIGITS:
+        return int(text)
+    return -MAX_FIGURE if text.startswith("-") else MAX_FIGURE
+
+
+_INT_DIGITS = 4000
+# One decoder for every answer (a decoder made per answer is a reference cycle).
+_DECODER = json.JSONDecoder(parse_int=_json_int)
 
 
 def _read_body(response: http.client.HTTPResponse) -> bytes:
@@ -292,7 +306,7 @@ class OpenAIChatAgent:
                                  status=status)
         text = raw.decode("utf-8", errors="replace")
         try:
-            body: Any = json.loads(text)
+            body: Any = _DECODER.decode(text)
         except (ValueError, RecursionError):  # not JSON, or JSON past Python's limits: the raw text is reported
             body = None
         provider_error = body.get("error") if isinstance(body, dict) else None

@@ -292,3 +292,22 @@ def test_integers_past_a_doubles_range_in_the_usage_are_capped_not_a_crash(serve
     assert usage.tokens.input == MAX_FIGURE and usage.tokens.output == MAX_FIGURE and usage.cost.total == 0.5
     assert usage_map(out)["extra"] == {"counter": int(huge)}
     agent.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_integer_past_pythons_digit_limit_in_the_usage_is_capped_and_the_answer_kept(server):
+    """A usage integer of more than 4,300 digits (Python's json refuses to read it) made the
+    answered turn an ``invalid_response`` "not a chat completion"; it counts as 10^18 like any
+    integer past the cap, and the answer stands."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import MAX_FIGURE, extract_usage
+
+    server.mode = "odd_usage"
+    server.usage_text = '{"prompt_tokens": 1' + "0" * 5000 + ', "completion_tokens": -' + "9" * 5000 + "}"
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.ok and out.text == "answered", out
+    usage = extract_usage(usage_map(out))
+    assert usage.tokens.input == MAX_FIGURE and usage.tokens.output == 0
+    json.dumps(usage_map(out))  # the map stays writable
+    agent.close()
