@@ -388,11 +388,11 @@ def save_active_loadout(
     fsync + rename)."""
     loaded = load(cwd, config_path=config_path, env=env, home=home)
     loadouts = loaded.merged.get("loadouts") or {}
-    if name not in loadouts:
-        raise ConfigError([ConfigIssue(code="unknown-loadout", path="/activeLoadout",
+    target = explicit_path(Path(cwd), config_path, env) or Path(cwd) / PROJECT_CONFIG
+    if name not in loadouts:  # named by the file whose activeLoadout it would set
+        raise ConfigError([ConfigIssue(code="unknown-loadout", path="/activeLoadout", source=str(target),
                                        message=f"Unknown Materia loadout \"{name}\". Available loadouts: "
                                                f"{', '.join(loadouts)}")])
-    target = explicit_path(Path(cwd), config_path, env) or Path(cwd) / PROJECT_CONFIG
     try:
         if not target.exists():
             _atomic_write_json(target, {"activeLoadout": name})

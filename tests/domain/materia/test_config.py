@@ -667,3 +667,19 @@ def test_a_config_problem_names_the_json_kind_it_found_not_a_python_type(tmp_pat
                                             "activeLoadout": 3})]))
     (issue,) = err.value.issues
     assert issue.code == "unknown-loadout" and "not set" not in issue.message and "a number" in issue.message
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_loadout_to_save_names_the_file_it_would_be_saved_to(tmp_path: Path) -> None:
+    """`castor loadout Nope` said "<config>#/activeLoadout: Unknown Materia loadout" -- no file;
+    it names the config file whose activeLoadout it would set (the explicit one when given)."""
+    env = {"PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")}
+    with pytest.raises(ConfigError) as err:
+        config_loader.save_active_loadout(tmp_path, "Nöpe", env=env)
+    (issue,) = err.value.issues
+    assert issue.source == str(tmp_path / ".pi" / "pi-materia.json") and issue.path == "/activeLoadout"
+    assert "<config>" not in str(issue)
+    explicit = write(tmp_path / "mine.json", {"activeLoadout": "hello"})
+    with pytest.raises(ConfigError) as err:
+        config_loader.save_active_loadout(tmp_path, "Nöpe", env=env, config_path=explicit)
+    assert err.value.issues[0].source == str(explicit)
