@@ -11,8 +11,9 @@ Script formats (docs/materia.md "The scripted agent" has a complete example)
 An answer is a string (the text) or an object
 ``{text?, stop_reason?, error?, usage?, delay_ms?, socket?, item?, visit?, mode?, key?}``:
 ``error`` is a string or ``{message, kind?, payload?, status?}`` (then
-``stop_reason`` defaults to ``"error"``); ``usage`` uses TurnUsage field names
-(anything else is kept in ``usage.raw``); ``stop_reason: "aborted"`` plays the
+``stop_reason`` defaults to ``"error"``); ``usage`` is a usage map (TurnUsage field names
+or any spelling the engine reads, all kept in ``usage.raw``; a figure that is not a finite,
+non-negative number is not reported); ``stop_reason: "aborted"`` plays the
 user's Esc.
 
 Which answer a turn gets
@@ -64,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.adapters.fs import read_regular_file
 from castor.domain.jsontext import json_problem
+from castor.domain.materia.budget import non_negative_number, plain_usage
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -136,10 +138,17 @@ class ScriptAnswer(BaseModel):
     @field_validator("usage", mode="before")
     @classmethod
     def _usage(cls, value: Any) -> Any:
-        if isinstance(value, dict) and not set(value) <= _USAGE_FIELDS | {"raw"}:
-            known = {k: v for k, v in value.items() if k in _USAGE_FIELDS}
-            return {**known, "raw": value}
-        return value
+        """Read as any agent's usage is (the OpenAI-compatible one, the harness link's): a figure
+        that is not a finite, non-negative number is not reported -- never coerced (``"12"`` was
+        12 tokens, ``true`` one) nor a refused script (``12.5``) -- and the whole map is kept as
+        ``raw`` (an explicit ``raw`` object wins), which the engine reads with every alias."""
+        if not isinstance(value, dict):
+            return value
+        given = value.get("raw")
+        raw = plain_usage(given if isinstance(given, dict) else {k: v for k, v in value.items() if k != "raw"})
+        fields = {k: non_negative_number(value.get(k)) for k in _USAGE_FIELDS}
+        known = {k: (v if k == "cost_usd" or v is None else int(v)) for k, v in fields.items()}
+        return {**known, "raw": raw or None}
 
     def outcome(self, turn_id: str) -> TurnOutcome:
         stop = self.stop_reason or ("error" if self.error else "stop")

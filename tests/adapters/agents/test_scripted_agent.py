@@ -217,3 +217,24 @@ def test_make_agent_rejects_bad_specs(tmp_path):
             make_agent(spec)
     with pytest.raises(InvalidConfig):
         make_agent(f"script:{tmp_path / 'missing.json'}")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("figure", ["12", True, -3, None, float("nan")])
+def test_a_scripted_usage_figure_that_is_not_a_number_is_not_reported_as_from_any_agent(figure):
+    """A script's usage was read by pydantic's coercion when it used only TurnUsage names:
+    ``"input_tokens": "12"`` counted 12 tokens and ``true`` one, while the same map with one more
+    key (or from the OpenAI-compatible agent) counted 0; ``12.5`` refused the whole script. A
+    figure that is not a finite, non-negative number is not reported, whatever the map's keys."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage
+
+    for extra in ({}, {"note": "x"}):
+        usage = {"input_tokens": figure, "output_tokens": 5, "cost_usd": figure, **extra}
+        outcome = parse_script([{"text": "t", "usage": usage}]).by_socket["*"][0].outcome("t1")
+        read = extract_usage(usage_map(outcome))
+        assert (read.tokens.input, read.tokens.output, read.cost.total) == (0, 5, 0), (extra, read)
+        assert outcome.usage.input_tokens is None and outcome.usage.output_tokens == 5
+    fraction = parse_script([{"text": "t", "usage": {"input_tokens": 12.5, "cost_usd": "0.5"}}])
+    read = extract_usage(usage_map(fraction.by_socket["*"][0].outcome("t1")))
+    assert read.tokens.input == 12.5 and read.cost.total == 0  # counted as written, as pi-materia adds it
