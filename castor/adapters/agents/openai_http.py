@@ -38,6 +38,7 @@ import http.client
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -131,15 +132,14 @@ def _usage(raw: Any) -> TurnUsage | None:
 
 
 def _json_int(text: str) -> int | float:
-    """A JSON integer literal; one past Python's digit limit for ``int()`` (4,300) as the cap
+    """A JSON integer literal; one past Python's digit limit for ``int()`` (4,300 unless configured) as the cap
     castor counts a usage figure at, its sign kept: json's own reading refused the whole answer
     for it, and any such integer is far past the cap anyway."""
-    if len(text) <= _INT_DIGITS:
+    limit = sys.get_int_max_str_digits()  # 0: no limit (PYTHONINTMAXSTRDIGITS may set another)
+    if not limit or len(text.lstrip("-")) <= limit:
         return int(text)
     return -MAX_FIGURE if text.startswith("-") else MAX_FIGURE
 
-
-_INT_DIGITS = 4000
 # One decoder for every answer (a decoder made per answer is a reference cycle).
 _DECODER = json.JSONDecoder(parse_int=_json_int)
 
