@@ -171,7 +171,11 @@ def test_an_openai_compatible_servers_usage_reaches_the_report_and_the_budget_in
     for name, value in expected["tokens"].items():
         assert usage["tokens"][name] == value, (name, usage["tokens"])
     assert math.isclose(usage["cost"]["total"], expected["cost"])
-    assert usage["costEstimated"] is True  # no Pi marker: castor cannot tell a billed figure
+    # A cost the server states is what it charged (OpenRouter's usage.cost): not an estimate. Every
+    # other shape states none, or none that is a number: castor's cost is then no billed figure.
+    assert usage["costEstimated"] is (fmt != "openrouter"), usage
+    assert [turn.get("costFromProvider") is True for turn in usage["turns"]] == [fmt == "openrouter"] * len(
+        usage["turns"]), usage["turns"]
     events = _events(run_dir)
     started = [e["data"]["socket"] for e in events if e["type"] == "socket_start"]
     if stops:

@@ -99,10 +99,13 @@ class _Call:
 
 def _usage(raw: Any) -> TurnUsage | None:
     """The server's ``usage`` as TurnUsage. Telemetry: a figure that is not a finite, non-negative
-    number (12.5 tokens is read as 12; NaN, 1e400, a string) counts as not reported -- it failed
-    the turn that had answered. ``raw`` keeps the map as plain JSON for the engine's alias-aware
-    reading, with OpenAI's nested ``prompt_tokens_details.cached_tokens`` lifted to the top level
-    (the engine reads ``cached_tokens`` there; nested, the cached tokens were lost)."""
+    number (NaN, a string, -1) counts as not reported -- it failed the turn that had answered.
+    ``raw`` keeps the map as plain JSON for the engine's alias-aware reading (which counts 12.5
+    tokens as written), with OpenAI's nested ``prompt_tokens_details.cached_tokens`` lifted to the
+    top level (the engine reads ``cached_tokens`` there; nested, the cached tokens were lost), and
+    a ``cost`` the server states (OpenRouter's ``usage.cost``: what it charged) marked as the
+    provider's billed figure, as Pi marks one (``cost.totalFromProvider``): the report's
+    ``costEstimated`` stays false for such turns."""
     if not isinstance(raw, dict):
         return None
     raw_details = raw.get("prompt_tokens_details")
@@ -121,12 +124,15 @@ def _usage(raw: Any) -> TurnUsage | None:
             # OpenAI's prompt_tokens already hold the cached ones: a total summed from the parts
             # (input + output + cacheRead) would count them twice
             plain["total_tokens"] = prompt + completion
+    charged = non_negative_number(raw.get("cost"))
+    if charged is not None:
+        plain["cost"] = {"total": charged, "totalFromProvider": True}
     return TurnUsage(
         input_tokens=tokens(raw.get("prompt_tokens")),
         output_tokens=tokens(raw.get("completion_tokens")),
         cache_read_tokens=cached,
         total_tokens=tokens(raw.get("total_tokens")),
-        cost_usd=non_negative_number(raw.get("cost")),
+        cost_usd=charged,
         raw=plain,
     )
 
