@@ -82,7 +82,9 @@ from castor.domain.icarus.commands import (
     parse_command,
 )
 from castor.domain.icarus.settings import (
+    KEY_BY_NAME,
     IcarusSettings,
+    SettingsLayer,
     Source,
     apply_bool_default,
     config_inspection,
@@ -499,16 +501,7 @@ class IcarusSession:
         project, global_ = self.backend.settings_layers(self.ctx.info.cwd, trusted=trusted)
         current = "visible" if self.hooks().status().visible else "hidden"
         if not cmd.writes:
-            if cmd.scope is not None:
-                layer = project if cmd.scope == "project" else global_
-                value = scope_bool(layer, key) if (trusted or cmd.scope == "global") else None
-                saved = "not set" if value is None else ("visible" if value else "hidden")
-                return {"text": f"Startup default in {cmd.scope} settings ({layer.path}): {saved}. "
-                                f"Current session is {current}.", "level": "info"}
-            insp = inspect_bool(key, project=project, global_=global_, trusted=trusted)
-            where = f" ({insp.path})" if insp.path else ""
-            return {"text": f"Startup default is {'visible' if insp.value else 'hidden'} from "
-                            f"{_SOURCE_LABEL[insp.source]}{where}. Current session is {current}.", "level": "info"}
+            return {"text": self._default_status(cmd.scope, project, global_, trusted, current), "level": "info"}
         plan = plan_default_write(key, scope=cmd.scope, trusted=trusted, project=project, global_=global_)
         if isinstance(plan, str):
             return {"text": plan, "level": "warning"}
@@ -521,11 +514,36 @@ class IcarusSession:
         self.backend.update_settings(plan.path, mutate,
                                      confine_to=self.ctx.info.cwd if plan.scope == "project" else None)
         shown = "visible" if written["value"] else "hidden"
-        text = (f"Saved startup default {shown} to {plan.scope} settings ({plan.path}) for future Pi sessions. "
-                f"Current session is still {current}.")
+        text = (f"Memory context will be {shown} by default for future Pi sessions (saved to {plan.scope} "
+                f"settings: {plan.path}). Current session is still {current}.")
         if plan.warnings:
             text += " " + " ".join(plan.warnings)
         return {"text": text, "level": "warning" if plan.warnings else "info"}
+
+    @staticmethod
+    def _default_status(scope: str | None, project: SettingsLayer, global_: SettingsLayer, trusted: bool,
+                        current: str) -> str:
+        """``context default [status] [scope]``: the startup default, where it comes from, and the session's.
+
+        Without a scope: the effective default (trusted project, global, built-in). With one: that
+        scope's own value, or the built-in default when the scope does not set it; an untrusted
+        project's file is not read, so its scoped status is the effective default and says why.
+        """
+        key = "contextDisplay"
+        label = {True: "visible", False: "hidden"}
+        tail = f" Current session is {current}."
+        if scope is None or (scope == "project" and not trusted):
+            insp = inspect_bool(key, project=project, global_=global_, trusted=trusted)
+            where = f" ({insp.path})" if insp.path else ""
+            note = (f" Project settings ({project.path}) are not read: this project is untrusted."
+                    if scope == "project" else "")
+            return f"Startup default is {label[insp.value]} from {_SOURCE_LABEL[insp.source]}{where}.{note}{tail}"
+        layer = project if scope == "project" else global_
+        value = scope_bool(layer, key)
+        if value is None:
+            return (f"Startup default is {label[bool(KEY_BY_NAME[key].default)]} from built-in default "
+                    f"(not set in {scope} settings: {layer.path}).{tail}")
+        return f"Startup default is {label[value]} from {scope} settings ({layer.path}).{tail}"
 
     # -- inspection -------------------------------------------------------------
     def config(self) -> dict[str, Any]:

@@ -133,6 +133,26 @@ BACKEND_ENV: dict[str, str] = {
     "FABRIC_DIR": "fabricDir", "HERMES_AGENT_NAME": "agent", "FABRIC_PROJECT_ID": "projectId",
     "STATE_DB_PATH": "stateDbPath",
 }
+# ``CONFIG_SCHEMA.runtimeEnv``: each backend variable as ``{default?, description}`` (the shape
+# pi-icarus-hook's schema has). ``default`` says what applies when neither the variable nor the
+# setting is given; a variable without one has no fixed fallback (derived, or left to the backend).
+RUNTIME_ENV_SCHEMA: dict[str, dict[str, str]] = {
+    "ICARUS_DIR": {"default": "~/.hermes/plugins/icarus",
+                   "description": "Directory of the Icarus Python package; overrides icarusDir "
+                                  "(fallback: plugins/icarus under the Hermes home when that is known)."},
+    "ICARUS_PYTHON": {"default": "python3",
+                      "description": "Python executable that runs the persistent Icarus worker; overrides python."},
+    "HERMES_HOME": {"default": "~/.hermes when present",
+                    "description": "Hermes home for Icarus state files; overrides hermesHome."},
+    "FABRIC_DIR": {"default": "~/fabric", "description": "Fabric entry directory; overrides fabricDir."},
+    "HERMES_AGENT_NAME": {"description": "Agent identity given to Icarus (FABRIC_AGENT is read next); overrides "
+                                         "agent. Fallback: the suffix of a .hermes-<agent> home, else pi-agent."},
+    "FABRIC_PROJECT_ID": {"default": "current directory name",
+                          "description": "Project id given to Icarus writes and retrieval; overrides projectId."},
+    "STATE_DB_PATH": {"description": "Hermes session SQLite path (HERMES_STATE_DB is read next); overrides "
+                                     "stateDbPath. Unset: the backend decides."},
+}
+assert set(RUNTIME_ENV_SCHEMA) == set(BACKEND_ENV)
 # Settings-file paths resolved against the file's directory.
 _SETTINGS_RELATIVE_PATHS = frozenset({"icarusDir", "hermesHome", "fabricDir"})
 # Executable-ish paths: a value with a separator is resolved against the directory of the settings
@@ -564,7 +584,7 @@ def config_schema() -> dict[str, Any]:
         "aliases": list(SECTION_KEYS[1:]),
         "locations": [PROJECT_SETTINGS_RELPATH, GLOBAL_SETTINGS_LOCATION],
         "settings": settings,
-        "runtimeEnv": {name: f"overrides {key}" for name, key in BACKEND_ENV.items()},
+        "runtimeEnv": {name: dict(entry) for name, entry in RUNTIME_ENV_SCHEMA.items()},
     }
 
 

@@ -432,3 +432,68 @@ def test_50_an_audit_the_harness_cannot_append_releases_the_original_and_warns(w
     assert "sqlite WAL notes" in content and "chocolate cake recipe" in content  # nothing discarded untraced
     note = harness.wait_note("ui.notify")
     assert note.get("level") == "warning" and "read-only" not in json.dumps(note), note
+
+
+# ------------------------------------------------- pi-icarus-hook's own texts and shapes, at the endpoint
+
+
+def test_context_default_replies_name_the_saved_default_for_future_sessions(wired):  # noqa: F811
+    # pi-icarus-hook's own settings test: a legacy-alias global default, toggled, hidden, then shown
+    # in the trusted project; each reply says the default it saved "by default for future Pi sessions".
+    world, _connect = wired
+    world.write_global({"piIcarusHook": world.section(hiddenDisplay=False), "unrelated": "preserved"})
+    _w, p = _open(wired, trusted=True)
+    assert "Startup default is hidden from global settings" in p.command("context default status")["text"]
+    toggled = p.command("context default toggle")["text"]
+    assert "visible by default for future Pi sessions" in toggled, toggled
+    assert "Current session is still hidden" in toggled, toggled
+    doc = json.loads(world.global_path.read_text())
+    assert doc["piIcarusHook"]["contextDisplay"] is True and doc["piIcarusHook"]["hiddenDisplay"] is False
+    assert doc["unrelated"] == "preserved"
+    hidden = p.command("context default hide")["text"]
+    assert "hidden by default for future Pi sessions" in hidden, hidden
+    assert json.loads(world.global_path.read_text())["piIcarusHook"]["contextDisplay"] is False
+    shown = p.command("context default show project")["text"]
+    assert "visible by default for future Pi sessions" in shown and "project settings" in shown, shown
+    assert str(world.project_path) in shown, shown
+    assert json.loads(world.project_path.read_text())["piIcarusHook"]["contextDisplay"] is True
+
+
+def test_a_scoped_context_default_status_says_the_default_and_where_it_comes_from(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global(contextDisplay=False)
+    world.write_project({"contextDisplay": True})
+    _w, p = _open(wired, trusted=True)
+    project = p.command("context default status project")["text"]
+    assert f"Startup default is visible from project settings ({world.project_path})" in project, project
+    glob = p.command("context default global")["text"]  # a scope alone is a scoped status
+    assert f"Startup default is hidden from global settings ({world.global_path})" in glob, glob
+    world.write_global(classifier="none")  # the global layer no longer sets contextDisplay
+    unset = p.command("context default status user")["text"]
+    assert "Startup default is visible from built-in default" in unset, unset
+    assert "not set in global settings" in unset and str(world.global_path) in unset, unset
+
+
+def test_an_untrusted_sessions_project_default_status_is_the_effective_one_and_says_why(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global(contextDisplay=False)
+    world.write_project({"contextDisplay": True})
+    _w, p = _open(wired)  # untrusted: the project file is never read
+    text = p.command("context default status project")["text"]
+    assert f"Startup default is hidden from global settings ({world.global_path})" in text, text
+    assert "untrusted" in text and str(world.project_path) in text, text
+
+
+def test_the_schema_describes_each_runtime_env_variable_with_its_default(pi):
+    _world, p = pi
+    for schema in (json.loads(p.command("schema")["text"]),
+                   p.tool("icarus_hook_config", {"schemaOnly": True})):
+        env = schema["runtimeEnv"]
+        assert set(env) == {"ICARUS_DIR", "ICARUS_PYTHON", "HERMES_HOME", "FABRIC_DIR", "HERMES_AGENT_NAME",
+                            "FABRIC_PROJECT_ID", "STATE_DB_PATH"}
+        assert env["ICARUS_DIR"]["default"] == "~/.hermes/plugins/icarus"
+        assert env["ICARUS_PYTHON"]["default"] == "python3"
+        assert env["FABRIC_DIR"]["default"] == "~/fabric"
+        assert "default" not in env["STATE_DB_PATH"]  # unset unless configured: the backend decides
+        assert all(isinstance(v["description"], str) and v["description"] for v in env.values())
+        assert "ICARUS_DIR" not in schema["settings"]
