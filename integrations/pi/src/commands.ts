@@ -21,6 +21,9 @@
  * While Pi runs a turn, `abort` and the read-only commands (`status`, `casts`, `grid`,
  * `loadout` without a name) and usage errors run at once ({@link runsWhileBusy}); the
  * commands that start or resume turns wait until Pi is idle.
+ *
+ * A command's outcome is shown with `ui.notify` and is also the handler's return value
+ * ({@link runPlanned}), as pi-icarus-hook's `/icarus` handler returns its reply.
  */
 
 export const MATERIA_SUBCOMMANDS = ["cast", "continue", "abort", "recast", "revive", "status", "casts", "grid", "loadout"] as const;
@@ -77,4 +80,31 @@ export function resultText(result: unknown): { text: string; level: "info" | "wa
 	if (typeof r.text === "string") return { text: r.text, level };
 	if (typeof r.message === "string") return { text: r.message, level };
 	return { text: JSON.stringify(result ?? null), level };
+}
+
+export type Level = "info" | "warning" | "error";
+
+/**
+ * Run a planned command: `call` castor (it applies the result's effects), show the outcome once
+ * with `show`, and return the text shown. A usage error is shown as a warning without a call; a
+ * failed call shows `describeError(err)` as an error.
+ */
+export async function runPlanned(
+	planned: Planned,
+	call: (method: string, params: Record<string, unknown>) => Promise<unknown>,
+	show: (text: string, level: Level) => void,
+	describeError: (err: unknown) => string,
+): Promise<string> {
+	let shown: { text: string; level: Level };
+	if ("usage" in planned) {
+		shown = { text: planned.usage, level: "warning" };
+	} else {
+		try {
+			shown = resultText(await call(planned.method, planned.params));
+		} catch (err) {
+			shown = { text: describeError(err), level: "error" };
+		}
+	}
+	show(shown.text, shown.level);
+	return shown.text;
 }

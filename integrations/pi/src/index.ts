@@ -22,7 +22,7 @@
  */
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { planIcarus, planMateria, resultText, runsWhileBusy, type Planned } from "./commands.ts";
+import { planIcarus, planMateria, runPlanned, runsWhileBusy, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch } from "./interrupt.ts";
@@ -485,22 +485,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		};
 	}
 
-	async function runCommand(planned: Planned, ctx: Ctx, label: string): Promise<void> {
+	/** Run a command; its reply is notified and returned (the handler's result, as in pi-icarus-hook). */
+	async function runCommand(planned: Planned, ctx: Ctx, label: string): Promise<string> {
 		lastCtx = ctx;
-		if ("usage" in planned) {
-			notify(planned.usage, "warning");
-			return;
-		}
-		try {
-			const rt = await ready(true);
-			const result = await rt.call(planned.method, { session_id: sessionId, cwd: ctx.cwd, ...planned.params }, { spawn: false });
-			applyEffects(result);
-			const shown = resultText(result);
-			notify(shown.text, shown.level);
-		} catch (err) {
-			const code = err instanceof RpcError ? ` [${err.code}]` : "";
-			notify(`${label}: ${errorText(err)}${code}`, "error");
-		}
+		return runPlanned(
+			planned,
+			async (method, params) => {
+				const rt = await ready(true);
+				const result = await rt.call(method, { session_id: sessionId, cwd: ctx.cwd, ...params }, { spawn: false });
+				applyEffects(result);
+				return result;
+			},
+			(text, level) => notify(text, level),
+			(err) => `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}`,
+		);
 	}
 
 	async function waitIdle(ctx: Ctx): Promise<void> {
@@ -519,15 +517,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				await waitIdle(ctx);
 				await endsReported();
 			}
-			await runCommand(planned, ctx, "materia");
+			return runCommand(planned, ctx, "materia");
 		},
 	});
 
 	pi.registerCommand("icarus", {
 		description: "Icarus memory hooks: on, off, toggle, status, context …, config, schema",
-		handler: async (args: string, ctx: Ctx) => {
-			await runCommand(planIcarus(args ?? ""), ctx, "icarus");
-		},
+		handler: async (args: string, ctx: Ctx) => runCommand(planIcarus(args ?? ""), ctx, "icarus"),
 	});
 
 	pi.registerCommand("castor", {

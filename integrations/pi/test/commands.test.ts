@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { IMMEDIATE_METHODS, planIcarus, planMateria, resultText, runsWhileBusy } from "../src/commands.ts";
+import { IMMEDIATE_METHODS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
 
 test("cast takes the rest as its request, single-spaced", () => {
 	assert.deepEqual(planMateria("  cast   build  a\tthing "), { method: "cast.start", params: { request: "build a thing" } });
@@ -56,4 +56,40 @@ test("result text: text, else message, else JSON; level from the result", () => 
 	assert.deepEqual(resultText({ message: "m", level: "bogus" }), { text: "m", level: "info" });
 	assert.deepEqual(resultText({ a: 1 }), { text: '{"a":1}', level: "info" });
 	assert.deepEqual(resultText(null), { text: "null", level: "info" });
+});
+
+test("a command's reply is notified once and returned (pi-icarus-hook's /icarus handler returns it)", async () => {
+	const shown: Array<[string, string]> = [];
+	const show = (text: string, level: string) => shown.push([text, level]);
+	const calls: Array<[string, Record<string, unknown>]> = [];
+	const reply = await runPlanned(
+		planIcarus(""),
+		async (method, params) => {
+			calls.push([method, params]);
+			return { text: "Icarus hooks are off for this session.", level: "info" };
+		},
+		show,
+		() => "unused",
+	);
+	assert.equal(reply, "Icarus hooks are off for this session.");
+	assert.deepEqual(calls, [["icarus.command", { args: "" }]]);
+	assert.deepEqual(shown, [["Icarus hooks are off for this session.", "info"]]);
+
+	shown.length = 0;
+	const warned = await runPlanned(planIcarus("on now"), async () => ({ text: "Unknown /icarus arguments", level: "warning" }), show, () => "");
+	assert.equal(warned, "Unknown /icarus arguments");
+	assert.deepEqual(shown, [["Unknown /icarus arguments", "warning"]]);
+
+	shown.length = 0;
+	const usage = planMateria("frobnicate");
+	let called = false;
+	const usageReply = await runPlanned(usage, async () => { called = true; }, show, () => "");
+	assert.ok("usage" in usage && usageReply === usage.usage);
+	assert.equal(called, false);
+	assert.deepEqual(shown, [[usageReply, "warning"]]);
+
+	shown.length = 0;
+	const failed = await runPlanned(planIcarus("status"), async () => { throw new Error("castor is down"); }, show, (err) => `icarus: ${(err as Error).message}`);
+	assert.equal(failed, "icarus: castor is down");
+	assert.deepEqual(shown, [["icarus: castor is down", "error"]]);
 });
