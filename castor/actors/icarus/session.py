@@ -460,7 +460,10 @@ class IcarusSession:
             return {"text": json.dumps(doc, indent=2, ensure_ascii=False), "level": "info"}
         refusal = self._hooks_refusal()
         if refusal is not None:
-            return {"text": refusal, "level": "warning"}
+            # Unregistered hooks are already off: asking their status or turning them off is
+            # information; asking for hooks or context that cannot run is a warning.
+            quiet = isinstance(cmd, HooksCommand) and cmd.action in ("status", "off")
+            return {"text": refusal, "level": "info" if quiet else "warning"}
         if isinstance(cmd, HooksCommand):
             return self._hooks_command(cmd)
         if isinstance(cmd, ContextCommand):

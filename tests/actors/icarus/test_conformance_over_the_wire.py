@@ -497,3 +497,17 @@ def test_the_schema_describes_each_runtime_env_variable_with_its_default(pi):
         assert "default" not in env["STATE_DB_PATH"]  # unset unless configured: the backend decides
         assert all(isinstance(v["description"], str) and v["description"] for v in env.values())
         assert "ICARUS_DIR" not in schema["settings"]
+
+
+def test_with_hooks_false_asking_status_or_off_is_information_and_the_rest_is_a_warning(wired):  # noqa: F811
+    # Hooks that settings leave unregistered are already "off": asking their status or turning
+    # them off is answered as information; turning them on or any context command is a warning.
+    world, _connect = wired
+    world.write_global(hooks=False)
+    _w, p = _open(wired)
+    levels = {args: p.command(args)["level"] for args in
+              ("status", "off", "disable", "", "toggle", "on", "enable", "context", "context hide",
+               "context default status")}
+    assert levels == {"status": "info", "off": "info", "disable": "info", "": "warning", "toggle": "warning",
+                      "on": "warning", "enable": "warning", "context": "warning", "context hide": "warning",
+                      "context default status": "warning"}, levels
