@@ -24,7 +24,7 @@ import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, runPlanned, runsWhileBusy, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
-import { cutText, flattenText, MAX_TURN_TEXT_BYTES, summarizeMessage, toPiCustomMessage } from "./messages.ts";
+import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch } from "./interrupt.ts";
 import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
@@ -594,7 +594,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		let result: Record<string, unknown> | undefined;
 		try {
 			result = await untilAborted(forward("before_agent_start", {
-				prompt: custom ? null : typeof event?.prompt === "string" ? event.prompt : null,
+				prompt: custom ? null : promptText(event?.prompt),
 				message_type: custom ? "custom" : "user",
 				custom_type: custom ? (event.message?.customType ?? null) : null,
 				turn_id: turns.active?.turnId ?? null,

@@ -18,6 +18,15 @@ export function flattenText(content: unknown): string {
 	return "";
 }
 
+/**
+ * A `before_agent_start` prompt as castor reads it: a string as is, content blocks flattened
+ * ({@link flattenText}: images and other non-text blocks contribute nothing), absent as null.
+ */
+export function promptText(prompt: unknown): string | null {
+	if (prompt === undefined || prompt === null) return null;
+	return typeof prompt === "string" ? prompt : flattenText(prompt);
+}
+
 export interface WireUsage {
 	input: number;
 	output: number;

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
-import { addUsage, emptyUsage, flattenText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
+import { addUsage, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
 import { parseCommand } from "../src/runtime.ts";
 
@@ -161,4 +161,13 @@ test("oversize names a string or a message over what castor reads; under it, not
 	assert.match(oversize({ messages: [{ text: "é".repeat(MAX_WIRE_STRING_BYTES / 2 + 1) }] }) ?? "", /8 MiB/);
 	const parts = Array.from({ length: 3 }, () => "x".repeat(MAX_WIRE_STRING_BYTES - 1));
 	assert.match(oversize({ parts }) ?? "", /16 MiB/);
+});
+
+test("promptText: a string prompt as is, content blocks flattened, none as null", () => {
+	assert.equal(promptText("  hello "), "  hello ");
+	assert.equal(promptText([{ type: "text", text: "look at" }, { type: "image", data: "AAAA", mimeType: "image/png" }, { type: "text", text: "this" }]), "look at\nthis");
+	assert.equal(promptText({ content: "from an object" }), "from an object");
+	assert.equal(promptText(undefined), null);
+	assert.equal(promptText(null), null);
+	assert.equal(promptText(42), "");
 });

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from castor.client import Client
+from castor.messages.errors import CastorError
 from tests.actors.icarus.test_session_endpoint import FakeHarness, open_session
 from tests.actors.icarus.test_session_endpoint import wired as wired  # noqa: F401 - the endpoint fixture, shared
 from tests.support.icarus import REFERENCE_ICARUS, gone, wait_until
@@ -511,3 +512,35 @@ def test_with_hooks_false_asking_status_or_off_is_information_and_the_rest_is_a_
     assert levels == {"status": "info", "off": "info", "disable": "info", "": "warning", "toggle": "warning",
                       "on": "warning", "enable": "warning", "context": "warning", "context hide": "warning",
                       "context default status": "warning"}, levels
+
+
+def test_a_tool_whose_backend_raises_is_an_error_with_its_text_and_the_worker_stays(pi):
+    # A Python exception in a tool is a failed call (Pi marks it failed), never a tool value;
+    # its message is the backend's own text; the worker (and its module state) is kept.
+    world, p = pi
+    assert p.tool("fabric_write", {"type": "note", "summary": "KEPT", "content": "x"})["status"] == "written"
+    pid = p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"]
+    world.controls({"tools.fabric_search": {"raise": "search index is locked"}})
+    with pytest.raises(CastorError) as raised:
+        p.tool("fabric_search", {"query": "KEPT"})
+    assert raised.value.code == "internal" and raised.value.message == "search index is locked", raised.value
+    world.controls({})
+    assert p.tool("fabric_search", {"query": "KEPT"})["count"] == 1
+    assert p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"] == pid
+
+
+def test_a_tool_timeout_is_an_error_naming_the_call_and_the_next_call_gets_a_fresh_worker(wired):  # noqa: F811
+    world, _connect = wired
+    world.write_global(timeoutMs=500)
+    _w, p = _open(wired)
+    assert p.tool("fabric_brief", {}) is not None
+    pid = p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"]
+    world.controls({"tools.fabric_search": {"sleep_ms": 3000}})
+    with pytest.raises(CastorError) as raised:
+        p.tool("fabric_search", {"query": "q"})
+    assert raised.value.code == "timeout" and "tools.fabric_search" in raised.value.message, raised.value
+    wait_until(lambda: gone(pid), 5, "the timed-out worker was retired")
+    world.controls({})
+    assert p.tool("fabric_search", {"query": "q"})["count"] == 0
+    assert p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"] != pid
+    assert len(world.calls("tools.fabric_search")) == 2  # the timed-out call was never re-sent
