@@ -29,7 +29,7 @@ import { EscWatch } from "./interrupt.ts";
 import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
-import { CastorRuntime, type Hello } from "./runtime.ts";
+import { CastorRuntime, opensOnStart, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
@@ -557,12 +557,14 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		const previousId = sessionId;
 		try {
 			sessionId = String(ctx.sessionManager?.getSessionId?.() ?? "");
 		} catch {
 			sessionId = "";
 		}
-		openedGeneration = -1; // a new or replaced session must be opened again
+		// A new or replaced session must be opened again; the same one started twice is open already.
+		if (opensOnStart(previousId, sessionId, closingSession)) openedGeneration = -1;
 		closingSession = false;
 		try {
 			await ready(true);

@@ -48,6 +48,17 @@ export interface RuntimeOptions {
 	onDown: (reason: string, generation: number) => void;
 }
 
+/**
+ * Whether a `session_start` opens the session on castor again: yes for a new or replaced session
+ * (another id), an unknown id (""), or one shut down since. The same known session started again
+ * is open already: a second `session.open` of it on the connection is refused (`conflict`), which
+ * showed as "castor runtime unavailable" with the footer `castor: down`; its start goes to castor
+ * as an event, which runs the Icarus startup once per known session id.
+ */
+export function opensOnStart(previousId: string, id: string, shutDownSince: boolean): boolean {
+	return shutDownSince || id === "" || id !== previousId;
+}
+
 /** Split a command line: a JSON array, or words separated by spaces with '…'/"…" quoting. */
 export function parseCommand(text: string): string[] {
 	const trimmed = text.trim();

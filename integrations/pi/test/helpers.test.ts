@@ -3,7 +3,7 @@ import { test } from "node:test";
 import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
 import { addUsage, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
-import { parseCommand } from "../src/runtime.ts";
+import { opensOnStart, parseCommand } from "../src/runtime.ts";
 
 test("flattenText: strings, text blocks, nested arrays; other blocks are dropped", () => {
 	assert.equal(flattenText("a"), "a");
@@ -170,4 +170,12 @@ test("promptText: a string prompt as is, content blocks flattened, none as null"
 	assert.equal(promptText(undefined), null);
 	assert.equal(promptText(null), null);
 	assert.equal(promptText(42), "");
+});
+
+test("opensOnStart: a new, replaced, unknown or shut-down session is opened again; the same one started twice is not", () => {
+	assert.equal(opensOnStart("", "s1", false), true); // the first start
+	assert.equal(opensOnStart("s1", "s2", false), true); // a replaced session
+	assert.equal(opensOnStart("s1", "s1", true), true); // shut down since (session.close ran)
+	assert.equal(opensOnStart("", "", false), true); // no known id: nothing to recognise
+	assert.equal(opensOnStart("s1", "s1", false), false); // a repeated start: open already, castor dedupes it
 });
