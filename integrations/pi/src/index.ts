@@ -29,6 +29,7 @@ import { EscWatch } from "./interrupt.ts";
 import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
+import { listModels } from "./models.ts";
 import { CastorRuntime, opensOnStart, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
@@ -466,23 +467,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	function modelList(): unknown {
-		const registry = lastCtx?.modelRegistry;
-		const all: any[] = typeof registry?.getAll === "function" ? registry.getAll() : [];
-		const available = new Set<any>(typeof registry?.getAvailable === "function" ? registry.getAvailable() : all);
-		const current = lastCtx?.model;
-		return {
-			models: all.map((m) => ({
-				provider: m.provider,
-				id: m.id,
-				name: m.name ?? m.id,
-				api: m.api ?? null,
-				base_url: m.baseUrl ?? null,
-				available: available.has(m),
-				context_window: m.contextWindow ?? null,
-				reasoning: m.reasoning === true,
-			})),
-			current: current ? { provider: current.provider, id: current.id } : null,
-		};
+		return listModels(lastCtx?.modelRegistry, lastCtx?.model);
 	}
 
 	/** Run a command; its reply is notified and returned (the handler's result, as in pi-icarus-hook). */

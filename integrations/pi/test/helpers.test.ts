@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
 import { addUsage, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
+import { listModels } from "../src/models.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
 import { opensOnStart, parseCommand } from "../src/runtime.ts";
 
@@ -178,4 +179,21 @@ test("opensOnStart: a new, replaced, unknown or shut-down session is opened agai
 	assert.equal(opensOnStart("s1", "s1", true), true); // shut down since (session.close ran)
 	assert.equal(opensOnStart("", "", false), true); // no known id: nothing to recognise
 	assert.equal(opensOnStart("s1", "s1", false), false); // a repeated start: open already, castor dedupes it
+});
+
+test("listModels: Pi's registry as castor reads it; no registry is `unsupported`, not an empty list", () => {
+	const local = { provider: "ollama", id: "qwen3:4b", baseUrl: "http://127.0.0.1:11434/v1", contextWindow: 32768 };
+	const remote = { provider: "openai", id: "gpt-x", name: "GPT X", api: "openai-responses", reasoning: true };
+	const listed = listModels({ getAll: () => [local, remote], getAvailable: () => [remote] }, remote);
+	assert.deepEqual(listed, {
+		models: [
+			{ provider: "ollama", id: "qwen3:4b", name: "qwen3:4b", api: null, base_url: "http://127.0.0.1:11434/v1", available: false, context_window: 32768, reasoning: false },
+			{ provider: "openai", id: "gpt-x", name: "GPT X", api: "openai-responses", base_url: null, available: true, context_window: null, reasoning: true },
+		],
+		current: { provider: "openai", id: "gpt-x" },
+	});
+	assert.equal(listModels({ getAll: () => [local] }, undefined).models[0].available, true); // no getAvailable: all usable
+	for (const registry of [undefined, null, {}, { find: () => undefined }]) {
+		assert.throws(() => listModels(registry, undefined), (err: unknown) => err instanceof RpcError && err.code === "unsupported");
+	}
 });

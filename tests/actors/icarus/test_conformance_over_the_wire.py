@@ -544,3 +544,23 @@ def test_a_tool_timeout_is_an_error_naming_the_call_and_the_next_call_gets_a_fre
     assert p.tool("fabric_search", {"query": "q"})["count"] == 0
     assert p.client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"] != pid
     assert len(world.calls("tools.fabric_search")) == 2  # the timed-out call was never re-sent
+
+
+def test_a_harness_without_a_model_registry_keeps_the_context_and_audits_no_registry(wired):  # noqa: F811
+    # The Pi extension answers model.list `unsupported` when Pi has no model registry
+    # (integrations/pi/src/models.ts): filtering is skipped, not failed.
+    world, connect = wired
+    world.seed(("chocolate cake recipe", "eggs"))
+    client, harness = connect()
+
+    def no_registry(_params: dict[str, Any]) -> dict[str, Any]:
+        err = CastorError("this Pi has no model registry")
+        err.code = "unsupported"  # type: ignore[assignment]  # the extension's own wire code, not one of castor's
+        raise err
+
+    client.on_request("model.list", no_registry)
+    open_session(client, world, SID)
+    result = Pi(client, harness).prompt("cake")
+    assert "chocolate cake recipe" in result["message"]["content"]
+    [entry] = harness.entries
+    assert (entry["data"]["outcome"], entry["data"]["reason"]) == ("fallback", "no_registry"), entry
