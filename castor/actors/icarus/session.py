@@ -259,6 +259,15 @@ class IcarusSession:
     def session_id(self) -> str:
         return self.ctx.info.session_id
 
+    @property
+    def icarus_session_id(self) -> str:
+        """The id Icarus's hooks get: the harness's own session id when its ``session.open`` flags
+        name one (``harness_session_id``; ``""`` when the harness has none, a Pi session without
+        an id that the extension opened under an id of its own), else castor's session id. An
+        empty id is never deduplicated: every ``session_start`` runs ``on_session_start``."""
+        named = self.ctx.info.flags.get("harness_session_id")
+        return named if isinstance(named, str) else self.session_id
+
     def path(self, *segments: str) -> str:
         return self.ctx.child(COMPONENT, *segments)
 
@@ -343,7 +352,7 @@ class IcarusSession:
         system = self.ctx.runtime.system
         config = lc.HookConfig(platform=s.platform, footer_status=s.footer_status, hooks_registered=s.hooks,
                                filtering=self.filtering, context_display=s.context_display,
-                               session_id=self.session_id)
+                               session_id=self.icarus_session_id)
         return HookController(
             config,
             worker=_ObservedWorker(self.hook_worker, self.warn),
@@ -384,7 +393,7 @@ class IcarusSession:
             return None
         if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
             return None
-        payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.session_id)
+        payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.icarus_session_id)
         if payload is None:
             return None
         early = None if answer is None else (lambda result: answer(wire_result(result)))

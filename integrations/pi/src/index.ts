@@ -20,6 +20,7 @@
  * flag `--materia-config PATH` (the session's explicit materia config layer, like pi-materia's flag;
  * castor itself also reads `MATERIA_CONFIG`).
  */
+import { randomUUID } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { planIcarus, planMateria, runPlanned, runsWhileBusy, type Planned } from "./commands.ts";
@@ -30,7 +31,7 @@ import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { listModels } from "./models.ts";
-import { CastorRuntime, opensOnStart, type Hello } from "./runtime.ts";
+import { CastorRuntime, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
@@ -92,7 +93,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.registerFlag("castor-timeout-ms", { type: "string", description: "Deadline for each castor call in ms (default 15000)" });
 
 	let lastCtx: Ctx | undefined;
+	/** The id castor knows this session by (Pi's own, or one made up when Pi has none: `sessionIds`). */
 	let sessionId = "";
+	/** Pi's own session id ("" when Pi gave none); castor's memory hooks use it. */
+	let harnessId = "";
 	let openedGeneration = -1;
 	let runtime: CastorRuntime | undefined;
 
@@ -278,6 +282,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				harness_version: String(VERSION),
 				extension_version: EXTENSION_VERSION,
 				has_agent_settled: HAS_SETTLED,
+				harness_session_id: harnessId,
 				session_file: sessionFile,
 				...(stringFlag("materia-config") ? { materia_config: stringFlag("materia-config") } : {}),
 			},
@@ -543,11 +548,15 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const previousId = sessionId;
+		let piId = "";
 		try {
-			sessionId = String(ctx.sessionManager?.getSessionId?.() ?? "");
+			piId = String(ctx.sessionManager?.getSessionId?.() ?? "");
 		} catch {
-			sessionId = "";
+			piId = "";
 		}
+		const ids = sessionIds(piId, { castorId: sessionId, harnessId }, closingSession, () => `pi-anon-${randomUUID()}`);
+		sessionId = ids.castorId;
+		harnessId = ids.harnessId;
 		// A new or replaced session must be opened again; the same one started twice is open already.
 		if (opensOnStart(previousId, sessionId, closingSession)) openedGeneration = -1;
 		closingSession = false;

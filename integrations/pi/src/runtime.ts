@@ -59,6 +59,25 @@ export function opensOnStart(previousId: string, id: string, shutDownSince: bool
 	return shutDownSince || id === "" || id !== previousId;
 }
 
+/** A Pi session as castor knows it: `castorId` routes castor's calls; `harnessId` is Pi's own id. */
+export interface SessionIds {
+	castorId: string;
+	harnessId: string;
+}
+
+/**
+ * The ids for a `session_start`. castor routes by a non-empty id; a Pi session without one (Pi gave
+ * "") is opened under `newId()` and tells castor its own id is "" (`flags.harness_session_id`), so
+ * the memory hooks get `session_id ""` as pi-icarus-hook's did. That id is kept while the session
+ * lasts (a repeated start is the same session: castor then runs its startup again, an empty id
+ * naming no session) and a new one is made after a shutdown.
+ */
+export function sessionIds(piId: string, current: SessionIds, shutDownSince: boolean, newId: () => string): SessionIds {
+	if (piId) return { castorId: piId, harnessId: piId };
+	if (current.castorId && current.harnessId === "" && !shutDownSince) return current;
+	return { castorId: newId(), harnessId: "" };
+}
+
 /** Split a command line: a JSON array, or words separated by spaces with '…'/"…" quoting. */
 export function parseCommand(text: string): string[] {
 	const trimmed = text.trim();

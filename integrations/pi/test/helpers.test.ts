@@ -4,7 +4,7 @@ import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
 import { addUsage, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
 import { listModels } from "../src/models.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
-import { opensOnStart, parseCommand } from "../src/runtime.ts";
+import { opensOnStart, parseCommand, sessionIds } from "../src/runtime.ts";
 
 test("flattenText: strings, text blocks, nested arrays; other blocks are dropped", () => {
 	assert.equal(flattenText("a"), "a");
@@ -196,4 +196,18 @@ test("listModels: Pi's registry as castor reads it; no registry is `unsupported`
 	for (const registry of [undefined, null, {}, { find: () => undefined }]) {
 		assert.throws(() => listModels(registry, undefined), (err: unknown) => err instanceof RpcError && err.code === "unsupported");
 	}
+});
+
+test("sessionIds: Pi's id as both; a session without one gets an id of its own, kept until a shutdown", () => {
+	let made = 0;
+	const newId = () => `pi-anon-${++made}`;
+	const none = { castorId: "", harnessId: "" };
+	assert.deepEqual(sessionIds("s1", none, false, newId), { castorId: "s1", harnessId: "s1" });
+	const anon = sessionIds("", none, false, newId);
+	assert.deepEqual(anon, { castorId: "pi-anon-1", harnessId: "" });
+	assert.deepEqual(sessionIds("", anon, false, newId), anon); // started again: the same session
+	assert.equal(opensOnStart(anon.castorId, sessionIds("", anon, false, newId).castorId, false), false);
+	assert.deepEqual(sessionIds("", anon, true, newId), { castorId: "pi-anon-2", harnessId: "" }); // after a shutdown
+	assert.deepEqual(sessionIds("", { castorId: "s1", harnessId: "s1" }, false, newId), { castorId: "pi-anon-3", harnessId: "" });
+	assert.deepEqual(sessionIds("s2", anon, false, newId), { castorId: "s2", harnessId: "s2" });
 });

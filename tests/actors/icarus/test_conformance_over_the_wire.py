@@ -564,3 +564,37 @@ def test_a_harness_without_a_model_registry_keeps_the_context_and_audits_no_regi
     assert "chocolate cake recipe" in result["message"]["content"]
     [entry] = harness.entries
     assert (entry["data"]["outcome"], entry["data"]["reason"]) == ("fallback", "no_registry"), entry
+
+
+def test_a_session_pi_gave_no_id_sends_icarus_an_empty_id_and_every_start_runs(wired):  # noqa: F811
+    # Pi without a session id: the extension opens the castor session under an id of its own and
+    # says the harness had none (flags.harness_session_id ""). Icarus then gets session_id "" in
+    # every hook, and a repeated session_start is not deduplicated (an empty id names no session).
+    world, connect = wired
+    client, harness = connect()
+    client.call("session.open", {"session_id": SID, "cwd": str(world.project), "trusted": False,
+                                 "flags": {"harness": "pi", "has_agent_settled": True, "harness_session_id": ""}})
+    p = Pi(client, harness)
+    for _ in range(2):
+        assert p.event("session_start", reason="startup") == {}
+    assert [c["kwargs"] for c in world.calls("hooks.on_session_start")] == [{"session_id": "", "platform": "pi"}] * 2
+    p.prompt("first ask")
+    [retrieval] = world.calls("hooks.pre_llm_call")
+    assert retrieval["kwargs"] == {"session_id": "", "user_message": "first ask", "is_first_turn": True}
+    p.agent_end(("user", "first ask", None), ("assistant", "answer", "stop"))
+    p.event("agent_settled", aborted=False)
+    assert p.event("session_shutdown", reason="quit") == {}
+    assert world.calls("hooks.post_llm_call")[0]["kwargs"]["session_id"] == ""
+    assert world.calls("hooks.on_session_end")[0]["kwargs"] == {"session_id": "", "platform": "pi"}
+
+
+def test_a_harness_session_id_in_the_flags_is_the_id_icarus_gets(wired):  # noqa: F811
+    world, connect = wired
+    client, harness = connect()
+    client.call("session.open", {"session_id": SID, "cwd": str(world.project), "trusted": False,
+                                 "flags": {"harness": "pi", "harness_session_id": "pi-manager-id"}})
+    p = Pi(client, harness)
+    for _ in range(2):
+        p.event("session_start", reason="startup")
+    assert [c["kwargs"] for c in world.calls("hooks.on_session_start")] == [
+        {"session_id": "pi-manager-id", "platform": "pi"}]  # a known id: deduplicated
