@@ -235,7 +235,22 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	/** Runtime up + this session opened on the current runtime generation. */
+	/** Take the session's ids from Pi's session manager (`sessionIds`). */
+	function adoptSession(ctx: Ctx, shutDownSince: boolean): void {
+		let piId = "";
+		try {
+			piId = String(ctx?.sessionManager?.getSessionId?.() ?? "");
+		} catch {
+			piId = "";
+		}
+		const ids = sessionIds(piId, { castorId: sessionId, harnessId }, shutDownSince, () => `pi-anon-${randomUUID()}`);
+		sessionId = ids.castorId;
+		harnessId = ids.harnessId;
+	}
+
 	async function ready(spawn: boolean): Promise<CastorRuntime> {
+		// A command or event before any session_start (a host that emits none) still has a session.
+		if (!sessionId) adoptSession(lastCtx, false);
 		const rt = getRuntime();
 		await rt.ensure(spawn);
 		if (openedGeneration !== rt.generation) {
@@ -548,15 +563,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		const previousId = sessionId;
-		let piId = "";
-		try {
-			piId = String(ctx.sessionManager?.getSessionId?.() ?? "");
-		} catch {
-			piId = "";
-		}
-		const ids = sessionIds(piId, { castorId: sessionId, harnessId }, closingSession, () => `pi-anon-${randomUUID()}`);
-		sessionId = ids.castorId;
-		harnessId = ids.harnessId;
+		adoptSession(ctx, closingSession);
 		// A new or replaced session must be opened again; the same one started twice is open already.
 		if (opensOnStart(previousId, sessionId, closingSession)) openedGeneration = -1;
 		closingSession = false;
