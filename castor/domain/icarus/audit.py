@@ -8,7 +8,8 @@ Privacy guarantees (enforced by construction, proven by a property test):
   context), a timestamp and a duration.
 * Span ids are synthetic (``s1..sN`` in text order) and local to one entry.
 * Usage the provider did not report is ``null`` (unknown), never zero; each
-  unknown field inside a reported usage is ``null`` too.
+  unknown field inside a reported usage is ``null`` too, and a usage with no
+  figure known at all (a harness that always sends the map) is ``null``.
 
 Release rule (:func:`release`): filtered text may be handed back only after
 its audit was persisted. If persisting failed, the *original* context is
@@ -133,7 +134,7 @@ def build_audit(result: FilterResult, *, at: datetime, duration_ms: int | None) 
             protected=decisions.count(SpanDecision.PROTECTED),
         ),
         chars=AuditChars(original=result.original_chars, injected=result.text_len),
-        usage=result.usage,
+        usage=result.usage if result.usage is not None and result.usage.reported else None,
         duration_ms=None if duration_ms is None else max(0, int(duration_ms)),
     )
 

@@ -147,6 +147,12 @@ class ClassifierUsage(BaseModel):
     total_tokens: int | None = Field(None, alias="totalTokens")
     cost: float | None = None
 
+    @property
+    def reported(self) -> bool:
+        """Whether any figure is known: a usage with every figure unknown is no usage reported."""
+        return any(v is not None for v in (self.input, self.output, self.cache_read, self.cache_write,
+                                            self.total_tokens, self.cost))
+
     @model_validator(mode="before")
     @classmethod
     def _plausible_figures(cls, values: Any) -> Any:

@@ -598,3 +598,23 @@ def test_a_harness_session_id_in_the_flags_is_the_id_icarus_gets(wired):  # noqa
         p.event("session_start", reason="startup")
     assert [c["kwargs"] for c in world.calls("hooks.on_session_start")] == [
         {"session_id": "pi-manager-id", "platform": "pi"}]  # a known id: deduplicated
+
+
+def test_51_a_usage_the_extension_sends_with_every_figure_unknown_is_audited_as_none(wired):  # noqa: F811
+    # The Pi extension always answers classifier.complete with a usage map, each figure null when
+    # Pi's reply had none (integrations/pi/src/index.ts classifierComplete): no figure known is no
+    # usage reported, so the audit says null, as for a harness that sends none.
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs"))
+    client, harness = connect()
+    inner = harness.complete
+
+    def complete(params: dict[str, Any]) -> dict[str, Any]:
+        return {**inner(params), "usage": {"input": None, "output": None, "cache_read": None, "cache_write": None,
+                                           "total_tokens": None, "cost": None}}
+
+    client.on_request("classifier.complete", complete)
+    open_session(client, world, SID)
+    Pi(client, harness).prompt("sqlite cake")
+    [entry] = harness.entries
+    assert entry["data"]["outcome"] == "filtered" and entry["data"]["usage"] is None, entry["data"]["usage"]
