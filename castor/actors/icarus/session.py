@@ -101,6 +101,7 @@ from castor.domain.icarus.tools import (
     registered_tools,
 )
 from castor.messages.errors import CastorError, ErrorCode, NotFound
+from castor.messages.ids import is_safe_id
 from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.ports.icarus_backend import IcarusBackend, WorkerProcessPort
 from castor.ports.session import SessionPort, SessionUiPort
@@ -266,7 +267,7 @@ class IcarusSession:
         an id that the extension opened under an id of its own), else castor's session id. An
         empty id is never deduplicated: every ``session_start`` runs ``on_session_start``."""
         named = self.ctx.info.flags.get("harness_session_id")
-        return named if isinstance(named, str) else self.session_id
+        return named if isinstance(named, str) and (named == "" or is_safe_id(named)) else self.session_id
 
     def path(self, *segments: str) -> str:
         return self.ctx.child(COMPONENT, *segments)

@@ -19,6 +19,7 @@ from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
 from castor.endpoint.methods.ownership import opened_sessions, owned_session
 from castor.messages.errors import Conflict, MailboxFull, NotFound
+from castor.messages.ids import check_safe_id
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 
 HarnessEventName = Literal[
@@ -67,6 +68,11 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
 
     def session_open(params: SessionOpenParams, ctx: Context) -> dict[str, Any]:
         check_trusted_assertion(params.trusted, ctx)  # who may say "trusted": castor.endpoint.auth
+        named = params.flags.get("harness_session_id")
+        if named is not None and named != "":
+            # The harness's own session id reaches the memory backend as its session id: "" (the
+            # harness has none) or a safe id, like castor's own session ids.
+            check_safe_id(named, "harness_session_id")
         owned = opened_sessions(ctx)
         with lock:
             if params.session_id in owned:

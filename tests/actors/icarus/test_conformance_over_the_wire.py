@@ -618,3 +618,16 @@ def test_51_a_usage_the_extension_sends_with_every_figure_unknown_is_audited_as_
     Pi(client, harness).prompt("sqlite cake")
     [entry] = harness.entries
     assert entry["data"]["outcome"] == "filtered" and entry["data"]["usage"] is None, entry["data"]["usage"]
+
+
+@pytest.mark.parametrize("named", ["../../etc", "a/b", 7, "x" * 200])
+def test_a_harness_session_id_that_is_not_a_safe_id_is_refused_at_open(wired, named):  # noqa: F811
+    world, connect = wired
+    client, _harness = connect()
+    with pytest.raises(CastorError) as refused:
+        client.call("session.open", {"session_id": SID, "cwd": str(world.project), "trusted": False,
+                                     "flags": {"harness": "pi", "harness_session_id": named}})
+    assert refused.value.code == "forbidden" and "harness_session_id" in refused.value.message, refused.value
+    opened = client.call("session.open", {"session_id": SID, "cwd": str(world.project), "trusted": False,
+                                          "flags": {"harness": "pi", "harness_session_id": ""}})
+    assert opened["session_id"] == SID  # nothing of the refused open was kept
