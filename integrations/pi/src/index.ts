@@ -510,9 +510,14 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (typeof ctx?.waitForIdle === "function") await ctx.waitForIdle();
 	}
 
+	// Pi's command handlers return nothing; these also return the text they showed, as
+	// pi-icarus-hook's and pi-materia's handlers do (their callers and tests read it; Pi ignores it).
+	const replying = (fn: (args: string, ctx: Ctx) => Promise<string>) =>
+		fn as unknown as (args: string, ctx: Ctx) => Promise<void>;
+
 	pi.registerCommand("materia", {
 		description: "castor materia casts: cast, continue, abort, recast, revive, status, casts, grid, loadout",
-		handler: async (args: string, ctx: Ctx) => {
+		handler: replying(async (args: string, ctx: Ctx) => {
 			const planned = planMateria(args ?? "");
 			// abort and the read-only commands answer while a turn runs; the others start or
 			// resume turns, so they wait until Pi is idle and the last run's end has reached castor
@@ -523,12 +528,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				await endsReported();
 			}
 			return runCommand(planned, ctx, "materia");
-		},
+		}),
 	});
 
 	pi.registerCommand("icarus", {
 		description: "Icarus memory hooks: on, off, toggle, status, context …, config, schema",
-		handler: async (args: string, ctx: Ctx) => runCommand(planIcarus(args ?? ""), ctx, "icarus"),
+		handler: replying(async (args: string, ctx: Ctx) => runCommand(planIcarus(args ?? ""), ctx, "icarus")),
 	});
 
 	pi.registerCommand("castor", {
