@@ -63,6 +63,53 @@ export function planMateria(args: string): Planned {
 	}
 }
 
+/** Pi's session name for a cast: `materia: ` and the request's first 60 characters. */
+export function castSessionName(request: string): string {
+	return `materia: ${request.slice(0, 60)}`;
+}
+
+/** One cast as `cast.list` answers it (only the fields completions read). */
+export type CastRow = { cast_id?: unknown; status?: unknown; resumable?: unknown; revivable?: unknown; current_socket?: unknown; request?: unknown };
+
+export type Completion = { value: string; label: string; description?: string };
+
+/** The subcommands whose argument is a cast id (they complete to the casts they take). */
+export function completesCastIds(prefix: string): "recast" | "revive" | null {
+	const m = /^\s*(recast|revive)\s+\S*$/.exec(prefix);
+	return m ? (m[1] as "recast" | "revive") : null;
+}
+
+/**
+ * Completions of `/materia <prefix>`: the subcommand names while the first word is typed; after
+ * `recast ` / `revive `, the ids of the casts each takes (resumable / revivable), newest first,
+ * labelled with their status and socket, the request (at most 72 characters) as description.
+ * A value replaces the whole argument text. `casts` is `cast.list`'s rows (null: unknown).
+ */
+export function materiaCompletions(prefix: string, casts: CastRow[] | null): Completion[] | null {
+	if (!/\s/.test(prefix.trimStart())) {
+		const word = prefix.trimStart();
+		const items = MATERIA_SUBCOMMANDS.filter((s) => s.startsWith(word)).map((s) => ({ value: s, label: s }));
+		return items.length ? items : null;
+	}
+	const sub = completesCastIds(prefix);
+	if (!sub || !casts) return null;
+	const typed = prefix.trim().split(/\s+/)[1] ?? "";
+	const items: Completion[] = [];
+	for (const row of casts) {
+		const id = typeof row.cast_id === "string" ? row.cast_id : "";
+		if (!id || !id.startsWith(typed) || row.resumable !== true) continue;
+		if (sub === "revive" && row.revivable !== true) continue;
+		const status = typeof row.status === "string" ? row.status : "failed";
+		const tags = row.revivable === true ? `${status}, revivable` : status;
+		const socket = typeof row.current_socket === "string" && row.current_socket ? ` at ${row.current_socket}` : "";
+		const request = typeof row.request === "string" ? row.request.replace(/\s+/g, " ").trim() : "";
+		const item: Completion = { value: `${sub} ${id}`, label: `${id} (${tags}${socket})` };
+		if (request) item.description = request.length > 72 ? `${request.slice(0, 71)}…` : request;
+		items.push(item);
+	}
+	return items.length ? items : null;
+}
+
 /** Whether a planned `/materia` command runs while a turn is in flight (else it waits for idle). */
 export function runsWhileBusy(planned: Planned): boolean {
 	return "usage" in planned || IMMEDIATE_METHODS.has(planned.method);

@@ -23,7 +23,7 @@
 import { randomUUID } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { planIcarus, planMateria, runPlanned, runsWhileBusy, type Planned } from "./commands.ts";
+import { castSessionName, completesCastIds, materiaCompletions, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch } from "./interrupt.ts";
@@ -499,11 +499,36 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				const rt = await ready(true);
 				const result = await rt.call(method, { session_id: sessionId, cwd: ctx.cwd, ...params }, { spawn: false });
 				applyEffects(result);
+				if (method === "cast.start" && typeof params.request === "string") nameSession(params.request);
 				return result;
 			},
 			(text, level) => notify(text, level),
 			(err) => `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}`,
 		);
+	}
+
+	/** A started cast names Pi's session after its request (`materia: <request>`), as pi-materia does. */
+	function nameSession(request: string): void {
+		try {
+			if (typeof pi.setSessionName === "function") pi.setSessionName(castSessionName(request));
+		} catch {
+			// an older Pi without session names: the cast runs all the same
+		}
+	}
+
+	/** `/materia` argument completions; cast ids only from a castor already running (a keystroke never spawns one). */
+	async function materiaArgumentCompletions(prefix: string): Promise<ReturnType<typeof materiaCompletions>> {
+		let casts: CastRow[] | null = null;
+		if (completesCastIds(prefix) && lastCtx) {
+			try {
+				const rt = await ready(false);
+				const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: lastCtx.cwd }, { spawn: false, timeoutMs: probeMs() })) as { casts?: unknown };
+				casts = Array.isArray(listed?.casts) ? (listed.casts as CastRow[]) : null;
+			} catch {
+				casts = null;
+			}
+		}
+		return materiaCompletions(prefix, casts);
 	}
 
 	async function waitIdle(ctx: Ctx): Promise<void> {
@@ -517,6 +542,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("materia", {
 		description: "castor materia casts: cast, continue, abort, recast, revive, status, casts, grid, loadout",
+		getArgumentCompletions: (prefix: string) => materiaArgumentCompletions(prefix ?? ""),
 		handler: replying(async (args: string, ctx: Ctx) => {
 			const planned = planMateria(args ?? "");
 			// abort and the read-only commands answer while a turn runs; the others start or

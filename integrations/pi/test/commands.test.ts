@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { IMMEDIATE_METHODS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
+import { castSessionName, IMMEDIATE_METHODS, materiaCompletions, MATERIA_SUBCOMMANDS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
 
 test("cast takes the rest as its request, single-spaced", () => {
 	assert.deepEqual(planMateria("  cast   build  a\tthing "), { method: "cast.start", params: { request: "build a thing" } });
@@ -92,4 +92,35 @@ test("a command's reply is notified once and returned (pi-icarus-hook's /icarus 
 	const failed = await runPlanned(planIcarus("status"), async () => { throw new Error("castor is down"); }, show, (err) => `icarus: ${(err as Error).message}`);
 	assert.equal(failed, "icarus: castor is down");
 	assert.deepEqual(shown, [["icarus: castor is down", "error"]]);
+});
+
+test("a started cast names the session: materia: and the request's first 60 characters", () => {
+	assert.equal(castSessionName("fix the parser"), "materia: fix the parser");
+	assert.equal(castSessionName("x".repeat(100)), `materia: ${"x".repeat(60)}`);
+});
+
+test("completions: subcommand names while the first word is typed", () => {
+	assert.deepEqual(materiaCompletions("", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
+	assert.deepEqual(materiaCompletions("re", null)?.map((i) => i.value), ["recast", "revive"]);
+	assert.deepEqual(materiaCompletions("c", null)?.map((i) => i.value), ["cast", "continue", "casts"]);
+	assert.equal(materiaCompletions("zz", null), null);
+	assert.equal(materiaCompletions("cast fix", null), null, "a request is free text");
+});
+
+test("completions: recast offers resumable casts, revive revivable ones, newest first, with status, socket and request", () => {
+	const casts = [
+		{ cast_id: "2026-05-12T10-00-00-000Z", status: "aborted", resumable: true, revivable: false, current_socket: "Socket-4", request: "a".repeat(100) },
+		{ cast_id: "2026-05-11T10-00-00-000Z", status: "failed", resumable: true, revivable: true, current_socket: "Socket-2", request: "ship  it" },
+		{ cast_id: "2026-05-10T10-00-00-000Z", status: "complete", resumable: false, revivable: false, request: "done" },
+	];
+	const recast = materiaCompletions("recast ", casts)!;
+	assert.deepEqual(recast.map((i) => i.value), ["recast 2026-05-12T10-00-00-000Z", "recast 2026-05-11T10-00-00-000Z"]);
+	assert.equal(recast[0]!.label, "2026-05-12T10-00-00-000Z (aborted at Socket-4)");
+	assert.equal(recast[0]!.description, `${"a".repeat(71)}…`);
+	assert.equal(recast[1]!.label, "2026-05-11T10-00-00-000Z (failed, revivable at Socket-2)");
+	assert.equal(recast[1]!.description, "ship it");
+	assert.deepEqual(materiaCompletions("revive ", casts)!.map((i) => i.value), ["revive 2026-05-11T10-00-00-000Z"]);
+	assert.deepEqual(materiaCompletions("recast 2026-05-11", casts)!.map((i) => i.value), ["recast 2026-05-11T10-00-00-000Z"]);
+	assert.equal(materiaCompletions("recast ", null), null, "no castor running: no ids");
+	assert.equal(materiaCompletions("revive 2026-05-12", casts), null);
 });
