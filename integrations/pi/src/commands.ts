@@ -26,7 +26,8 @@
  * ({@link runPlanned}), as pi-icarus-hook's `/icarus` handler returns its reply.
  */
 
-export const MATERIA_SUBCOMMANDS = ["cast", "continue", "abort", "recast", "revive", "status", "casts", "grid", "loadout"] as const;
+/** In pi-materia's completion order (its `link` and `ui` are not castor's). */
+export const MATERIA_SUBCOMMANDS = ["cast", "recast", "revive", "casts", "grid", "loadout", "status", "continue", "abort"] as const;
 
 export const MATERIA_USAGE =
 	"Usage: /materia cast <request> | continue | abort | recast [cast-id] | revive [cast-id] | status | casts | grid [loadout] | loadout [name]. " +
@@ -69,42 +70,49 @@ export function castSessionName(request: string): string {
 }
 
 /** One cast as `cast.list` answers it (only the fields completions read). */
-export type CastRow = { cast_id?: unknown; status?: unknown; resumable?: unknown; revivable?: unknown; current_socket?: unknown; request?: unknown };
+export type CastRow = { cast_id?: unknown; status?: unknown; resumable?: unknown; revivable?: unknown; current_socket?: unknown; request?: unknown; failed_reason?: unknown; last_message?: unknown };
 
 export type Completion = { value: string; label: string; description?: string };
 
 /** The subcommands whose argument is a cast id (they complete to the casts they take). */
 export function completesCastIds(prefix: string): "recast" | "revive" | null {
-	const m = /^\s*(recast|revive)\s+\S*$/.exec(prefix);
+	const m = /^\s*(recast|revive)(\s+\S*)$/.exec(prefix);
 	return m ? (m[1] as "recast" | "revive") : null;
+}
+
+function oneLine(value: unknown, max: number): string {
+	const text = typeof value === "string" ? value.replace(/\s+/g, " ").trim() : "";
+	return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
 
 /**
  * Completions of `/materia <prefix>`: the subcommand names while the first word is typed; after
  * `recast ` / `revive `, the ids of the casts each takes (resumable / revivable), newest first,
- * labelled with their status and socket, the request (at most 72 characters) as description.
- * A value replaces the whole argument text. `casts` is `cast.list`'s rows (null: unknown).
+ * labelled `<id>  <aborted|failed|revivable>  socket:<id>`, described by the request (else the
+ * failure) on one line of at most 72 characters. A value replaces the whole argument text.
+ * `casts` is `cast.list`'s rows (null: unknown).
  */
 export function materiaCompletions(prefix: string, casts: CastRow[] | null): Completion[] | null {
-	if (!/\s/.test(prefix.trimStart())) {
-		const word = prefix.trimStart();
-		const items = MATERIA_SUBCOMMANDS.filter((s) => s.startsWith(word)).map((s) => ({ value: s, label: s }));
+	const tokens = prefix.trim().split(/\s+/).filter(Boolean);
+	const open = /\s$/.test(prefix);
+	if (tokens.length === 0 && !open) return MATERIA_SUBCOMMANDS.map((s) => ({ value: s, label: s }));
+	if (tokens.length === 1 && !open) {
+		const items = MATERIA_SUBCOMMANDS.filter((s) => s.startsWith(tokens[0]!)).map((s) => ({ value: s, label: s }));
 		return items.length ? items : null;
 	}
 	const sub = completesCastIds(prefix);
 	if (!sub || !casts) return null;
-	const typed = prefix.trim().split(/\s+/)[1] ?? "";
+	const typed = open ? "" : (tokens[1] ?? "");
 	const items: Completion[] = [];
 	for (const row of casts) {
 		const id = typeof row.cast_id === "string" ? row.cast_id : "";
 		if (!id || !id.startsWith(typed) || row.resumable !== true) continue;
 		if (sub === "revive" && row.revivable !== true) continue;
-		const status = typeof row.status === "string" ? row.status : "failed";
-		const tags = row.revivable === true ? `${status}, revivable` : status;
-		const socket = typeof row.current_socket === "string" && row.current_socket ? ` at ${row.current_socket}` : "";
-		const request = typeof row.request === "string" ? row.request.replace(/\s+/g, " ").trim() : "";
-		const item: Completion = { value: `${sub} ${id}`, label: `${id} (${tags}${socket})` };
-		if (request) item.description = request.length > 72 ? `${request.slice(0, 71)}…` : request;
+		const status = sub === "revive" ? "revivable" : row.status === "aborted" ? "aborted" : "failed";
+		const socket = typeof row.current_socket === "string" && row.current_socket ? row.current_socket : "-";
+		const item: Completion = { value: `${sub} ${id}`, label: `${id}  ${status}  socket:${socket}` };
+		const description = oneLine(row.request, 72) || oneLine(row.failed_reason, 72) || oneLine(row.last_message, 72);
+		if (description) item.description = description;
 		items.push(item);
 	}
 	return items.length ? items : null;

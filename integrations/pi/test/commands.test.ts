@@ -102,7 +102,7 @@ test("a started cast names the session: materia: and the request's first 60 char
 test("completions: subcommand names while the first word is typed", () => {
 	assert.deepEqual(materiaCompletions("", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
 	assert.deepEqual(materiaCompletions("re", null)?.map((i) => i.value), ["recast", "revive"]);
-	assert.deepEqual(materiaCompletions("c", null)?.map((i) => i.value), ["cast", "continue", "casts"]);
+	assert.deepEqual(materiaCompletions("c", null)?.map((i) => i.value), ["cast", "casts", "continue"]);
 	assert.equal(materiaCompletions("zz", null), null);
 	assert.equal(materiaCompletions("cast fix", null), null, "a request is free text");
 });
@@ -115,12 +115,17 @@ test("completions: recast offers resumable casts, revive revivable ones, newest 
 	];
 	const recast = materiaCompletions("recast ", casts)!;
 	assert.deepEqual(recast.map((i) => i.value), ["recast 2026-05-12T10-00-00-000Z", "recast 2026-05-11T10-00-00-000Z"]);
-	assert.equal(recast[0]!.label, "2026-05-12T10-00-00-000Z (aborted at Socket-4)");
+	assert.equal(recast[0]!.label, "2026-05-12T10-00-00-000Z  aborted  socket:Socket-4");
 	assert.equal(recast[0]!.description, `${"a".repeat(71)}…`);
-	assert.equal(recast[1]!.label, "2026-05-11T10-00-00-000Z (failed, revivable at Socket-2)");
+	assert.equal(recast[1]!.label, "2026-05-11T10-00-00-000Z  failed  socket:Socket-2");
+	assert.equal(materiaCompletions("revive ", casts)![0]!.label, "2026-05-11T10-00-00-000Z  revivable  socket:Socket-2");
 	assert.equal(recast[1]!.description, "ship it");
 	assert.deepEqual(materiaCompletions("revive ", casts)!.map((i) => i.value), ["revive 2026-05-11T10-00-00-000Z"]);
 	assert.deepEqual(materiaCompletions("recast 2026-05-11", casts)!.map((i) => i.value), ["recast 2026-05-11T10-00-00-000Z"]);
 	assert.equal(materiaCompletions("recast ", null), null, "no castor running: no ids");
 	assert.equal(materiaCompletions("revive 2026-05-12", casts), null);
+	assert.equal(materiaCompletions("recast 2026-05-11T10-00-00-000Z ", casts), null, "one id only");
+	const orphan = [{ cast_id: "2026-05-13T10-00-00-000Z", status: "orphaned", resumable: true, revivable: false, failed_reason: "lost\nits runtime" }];
+	assert.deepEqual(materiaCompletions("recast", orphan)?.map((i) => i.value), ["recast"], "still the first word");
+	assert.deepEqual(materiaCompletions("recast ", orphan)?.[0], { value: "recast 2026-05-13T10-00-00-000Z", label: "2026-05-13T10-00-00-000Z  failed  socket:-", description: "lost its runtime" });
 });
