@@ -376,6 +376,47 @@ def test_c72_cast_and_loadout_are_rejected_while_a_cast_is_active_and_write_noth
     materia_call(runtime, "s1", "abort", {})
 
 
+@pytest.mark.timeout(30)
+def test_command_texts_for_abort_and_continue_without_a_cast_are_pi_materias(runtime, project) -> None:
+    """pi-materia answers ``/materia abort`` with no active cast "No active pi-materia cast to abort.",
+    ``/materia continue`` with no cast state at all "No pi-materia cast state in this session." and,
+    when the newest cast has ended, "No active pi-materia cast to continue." castor answered all three
+    "No active pi-materia cast in this session."."""
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    _open_session(runtime, "s1", project, ["done"])
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "abort", {})
+    assert err.value.message == "No active pi-materia cast to abort."
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "continue", {})
+    assert err.value.message == "No pi-materia cast state in this session."
+    started = materia_call(runtime, "s1", "start", {"request": "hi", "loadout": "hello"})
+    _wait_status(runtime, "s1", started["cast_id"], ("complete",))
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "continue", {})
+    assert "No active pi-materia cast to continue." in err.value.message
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "abort", {})
+    assert "No active pi-materia cast to abort." in err.value.message
+
+
+@pytest.mark.timeout(30)
+def test_cast_start_text_says_where_the_artifacts_are_and_which_config_and_entry(runtime, project) -> None:
+    """pi-materia tells the user at the start: "pi-materia cast started. Artifacts: <runDir>", the
+    config source ("pi-materia config: <source>") and the entry ("pi-materia grid entry: <id>").
+    castor said only "pi-materia cast <id> started (<loadout>).", so none of the three was shown."""
+    from castor.actors.materia.api import materia_call
+
+    _open_session(runtime, "s1", project, ["done"])
+    started = materia_call(runtime, "s1", "start", {"request": "hi", "loadout": "hello"})
+    text = started["text"]
+    assert text.startswith(f"pi-materia cast started: {started['cast_id']} (hello). Artifacts: {started['run_dir']}")
+    assert "\npi-materia config: " in text and "\npi-materia grid entry: Socket-1" in text
+    _wait_status(runtime, "s1", started["cast_id"], ("complete",))
+
+
 # =========================================================================== utilities & artifacts
 
 

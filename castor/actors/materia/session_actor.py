@@ -94,6 +94,7 @@ from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidPara
 from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
 from castor.ports.session_component import SessionContext
+from castor.shown import one_line
 from castor.supervision import Actor, HandleState, handles
 
 ASK_TIMEOUT_S = 10.0
@@ -304,7 +305,11 @@ class SessionActor(Actor):
             self.storage.discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
             raise
         view = env.started_view or self._ask_status(handle, root, cast_id)
-        text = f"pi-materia cast {cast_id} started ({resolved.pipeline.loadout_name})."
+        # What pi-materia tells at a start: where the artifacts are, the config source and the entry.
+        text = (f"pi-materia cast started: {cast_id} ({one_line(resolved.pipeline.loadout_name)}). "
+                f"Artifacts: {one_line(str(view.get('run_dir') or f'{root}/{cast_id}'))}\n"
+                f"pi-materia config: {one_line(resolved.source or '-')}\n"
+                f"pi-materia grid entry: {resolved.pipeline.entry}")
         warnings = [w.model_dump() for w in resolved.warnings]  # also config_warning events of the cast
         if warnings:
             text += "".join(f"\nwarning [{w['code']}] {w['path']}: {w['message']}" for w in warnings)
@@ -333,7 +338,7 @@ class SessionActor(Actor):
         except CastorError:
             return persisted_view(self.storage, root, cast_id, live=False)  # it already finished (or stopped)
 
-    def _target(self, cast_id: str | None) -> tuple[str, Any | None]:
+    def _target(self, cast_id: str | None, verb: str) -> tuple[str, Any | None]:
         live = self._live()
         if cast_id is not None:
             self.storage.validate_cast_id(cast_id)
@@ -341,7 +346,7 @@ class SessionActor(Actor):
         if live:
             newest = max(live)
             return newest, live[newest]
-        raise NotFound("No active pi-materia cast in this session.", data={"reason": "no_active_cast"})
+        raise NotFound(f"No active pi-materia cast to {verb}.", data={"reason": "no_active_cast"})
 
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
@@ -463,7 +468,7 @@ class SessionActor(Actor):
                 rows = [r for r in cast_rows(self.storage, root, set()) if r["status"] != "unreadable"]
                 if rows and rows[0]["status"] == "aborted":
                     return self._already_ended(persisted_view(self.storage, root, rows[0]["cast_id"], live=False))
-                raise NotFound("No active pi-materia cast in this session.", data={"reason": "no_active_cast"})
+                raise NotFound("No active pi-materia cast to abort.", data={"reason": "no_active_cast"})
             cast_id = max(live)
         handle = live.get(cast_id)
         if handle is None:
@@ -499,7 +504,10 @@ class SessionActor(Actor):
                 if row["resumable"] and row["status"] in ("interrupted", "orphaned"):
                     cast_id = row["cast_id"]
                     break
-        cast_id, handle = self._target(cast_id)
+        if cast_id is None and not self._live() and not any(
+                row["status"] != "unreadable" for row in cast_rows(self.storage, root, set(), limit=1)):
+            raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
+        cast_id, handle = self._target(cast_id, "continue")
         event: Any = ContinueRequested(surface=self.surface, at=time.time())
         if handle is None:
             # Not running here: a CLI process resuming it, or its runtime died. Bring it in.
