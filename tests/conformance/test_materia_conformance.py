@@ -417,6 +417,37 @@ def test_cast_start_text_says_where_the_artifacts_are_and_which_config_and_entry
     _wait_status(runtime, "s1", started["cast_id"], ("complete",))
 
 
+@pytest.mark.timeout(40)
+def test_session_start_names_a_cast_still_going_as_restored(project) -> None:
+    """pi-materia, on ``session_start`` with an active cast in the session, restores its footer
+    label and tells "pi-materia cast <id> restored in <phase>. Use /materia status for details."
+    (nothing is resumed). castor said nothing: a Pi restarted mid-cast showed no sign of it."""
+    from castor.actors.materia.api import materia_call
+
+    first = _runtime()
+    try:
+        scripted = _open_session(first, "s1", project, [{"text": "slow", "delay_ms": 20000}])
+        assert first.dispatch_event("s1", "session_start", {"reason": "startup"}) == {}, "no cast yet"
+        started = materia_call(first, "s1", "start", {"request": "hi", "loadout": "hello"})
+        wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    finally:
+        first.shutdown(10.0)  # the cast stays active on disk, its runtime gone
+    second = _runtime()
+    try:
+        _open_session(second, "s2", project, ["done"])
+        answer = second.dispatch_event("s2", "session_start", {"reason": "resume"})
+        cast_id = started["cast_id"]
+        # (this in-process session names the CLI's command; a harness over the endpoint, /materia status)
+        assert answer["notify"] == {"message": f"pi-materia cast {cast_id} restored in Socket-1. "
+                                               "Use castor status for details.", "level": "info"}
+        assert answer["status"]["key"] == f"materia-{cast_id}" and "Socket-1" in answer["status"]["text"]
+        assert materia_call(second, "s2", "status", {"cast_id": cast_id})["status"] == "orphaned", "nothing resumed"
+        materia_call(second, "s2", "abort", {"cast_id": cast_id})
+        assert second.dispatch_event("s2", "session_start", {"reason": "resume"}) == {}, "an ended cast is not named"
+    finally:
+        second.shutdown(10.0)
+
+
 # =========================================================================== utilities & artifacts
 
 

@@ -17,6 +17,7 @@ Harness events:
 | ``agent_end`` (a user run: ``turn_id`` null) | the last assistant message (text, error, stop reason) answers the pending user-driven refinement turn; stop reason ``aborted`` withdraws it instead; with none pending, the last withdrawn turn's id is quoted (``outcome_ignored``); castor's own turns (``turn_id`` set) are answered by ``agent.turn_ended``, never here |
 | ``agent_settled`` (a user run) | a user-driven turn still pending lost its ``agent_end``: withdrawn, reason ``settled_without_end`` (``aborted: true``: ``aborted``); after a normal end nothing is pending and nothing changes |
 | ``session_shutdown`` | every pending user-driven turn is withdrawn (``session_shutdown``) |
+| ``session_start`` | the cast an id-less status would show, still going and run by no other session (a Pi restarted or resumed with a cast in flight): ``notify`` "pi-materia cast <id> restored in <phase>. Use /materia status for details." and a footer ``status``; nothing is resumed |
 
 A failure here is logged and the event answered with nothing: harness events are ambient.
 
@@ -38,6 +39,7 @@ from castor.actors.materia.messages import (
     BeginRefinement,
     IsolateContext,
     SessionEnding,
+    SessionStarting,
     UserAgentEnded,
     UserRunSettled,
 )
@@ -78,7 +80,8 @@ def _castor_turn_id(data: dict[str, Any]) -> str | None:
 
 
 def _on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str, Any] | None:
-    if event not in ("before_agent_start", "agent_end", "agent_settled", "session_shutdown", "context"):
+    if event not in ("before_agent_start", "agent_end", "agent_settled", "session_start", "session_shutdown",
+                     "context"):
         return None
     try:
         actor = session_actor(ctx.runtime, ctx.info.session_id)
@@ -97,6 +100,9 @@ def _on_event(ctx: SessionContext, event: str, data: dict[str, Any]) -> dict[str
             actor.ask(UserRunSettled(aborted=data.get("aborted") is True, turn_id=_castor_turn_id(data)),
                       timeout=EVENT_TIMEOUT_S)
             return None
+        if event == "session_start":
+            restored: dict[str, Any] = actor.ask(SessionStarting(), timeout=EVENT_TIMEOUT_S)
+            return {key: restored[key] for key in ("notify", "status") if restored.get(key)} or None
         if event == "session_shutdown":
             actor.ask(SessionEnding(reason="session_shutdown"), timeout=EVENT_TIMEOUT_S)
             return None

@@ -34,6 +34,7 @@ fields the verb documents in session_actor.py); :data:`SESSION_VERBS` maps each 
 | ``agent_end`` | ``UserAgentEnded`` | text?, error?, entry_id?, stop_reason?, turn_id? |
 | ``settled`` | ``UserRunSettled`` | aborted, turn_id? |
 | ``session_end`` | ``SessionEnding`` | reason |
+| ``session_start`` | ``SessionStarting`` | — |
 | ``loadouts`` | ``ListLoadouts`` | config_path? |
 | ``set_loadout`` | ``SetActiveLoadout`` | name, config_path? |
 | ``grid`` | ``RenderGrid`` | loadout?, config_path? |
@@ -208,6 +209,10 @@ class SessionEnding(SessionVerb, type_name="materia.session.session_end"):
     reason: AbandonReason
 
 
+class SessionStarting(SessionVerb, type_name="materia.session.session_start"):
+    verb: ClassVar[str] = "session_start"
+
+
 class ListLoadouts(SessionVerb, type_name="materia.session.loadouts"):
     verb: ClassVar[str] = "loadouts"
     config_path: str | None = None
@@ -233,5 +238,5 @@ class ValidateConfig(SessionVerb, type_name="materia.session.validate"):
 #: verb name -> its message class (every SessionActor verb, one each)
 SESSION_VERBS: dict[str, type[SessionVerb]] = {cls.verb: cls for cls in (
     StartCast, ShowCast, ListCasts, AbortCast, ContinueCast, RecastCast, ReviveCast, BeginRefinement,
-    IsolateContext, UserAgentEnded, UserRunSettled, SessionEnding, ListLoadouts, SetActiveLoadout, RenderGrid,
-    ValidateConfig)}
+    IsolateContext, UserAgentEnded, UserRunSettled, SessionEnding, SessionStarting, ListLoadouts, SetActiveLoadout,
+    RenderGrid, ValidateConfig)}

@@ -18,6 +18,7 @@ cast is read from the state store under the session's artifact root.
 | ``agent_end`` (``UserAgentEnded``) | text, error?, entry_id?, stop_reason?, turn_id? | a user run (``turn_id`` null) answers the pending user-driven refinement turn; with none pending, the last withdrawn one (→ ``outcome_ignored``) |
 | ``settled`` (``UserRunSettled``) | aborted, turn_id? | a user run settled: a user-driven turn still pending lost its end → withdrawn (``settled_without_end``, or ``aborted``) |
 | ``session_end`` (``SessionEnding``) | reason | ``session_shutdown`` / the session closing: every pending user-driven turn is withdrawn |
+| ``session_start`` (``SessionStarting``) | — | the harness (re)started its session: the cast an id-less status would show, when it is still going and no other session runs it, is named in a ``notify`` ("… restored in <phase>. Use /materia status for details.") and a footer ``status``; else ``{}`` |
 | ``loadouts`` / ``set_loadout`` / ``grid`` / ``validate`` (``ListLoadouts`` / ``SetActiveLoadout`` / ``RenderGrid`` / ``ValidateConfig``) | | config reads/writes through the config loader |
 
 A cast that is not live in this runtime is brought in by spawning its CastActor in *resume*
@@ -50,6 +51,7 @@ from castor.actors.materia.messages import (
     RenderGrid,
     ReviveCast,
     SessionEnding,
+    SessionStarting,
     SessionVerb,
     SetActiveLoadout,
     ShowCast,
@@ -691,6 +693,31 @@ class SessionActor(Actor):
         nobody will report a pending user turn now, so it is withdrawn and saved paused before the
         casts stop — they stay resumable, and a recast resumes them paused."""
         return self._withdraw_user_turns(message.reason)
+
+    @handles(SessionStarting)
+    @answers_bad_input
+    def _on_session_start(self, message: SessionStarting) -> dict[str, Any]:
+        """The harness started (or resumed) its session: a cast still going that this session may
+        drive -- the one an id-less status shows, run by no other session -- is named, as pi-materia
+        names the cast it restores from the session. Nothing is resumed: ``continue`` or ``recast``
+        does that."""
+        if self._live():
+            return {}
+        try:
+            cast_id, elsewhere, view = self._newest_to_show()
+            if elsewhere:
+                return {}
+            if view is None:
+                view = persisted_view(self.storage, self._artifact_root(), cast_id, live=False)
+        except CastorError:
+            return {}  # no cast, or none readable: nothing to tell
+        if not view.get("active") or held_elsewhere(view):
+            return {}
+        phase = view.get("phase") or view.get("current_socket")
+        where = f"{view['status']} at {view.get('current_socket')}" if view.get("current_socket") else view["status"]
+        return {"notify": {"message": f"pi-materia cast {cast_id} restored in {one_line(str(phase))}. "
+                                      f"Use {self._cmd('status')} for details.", "level": "info"},
+                "status": {"key": f"materia-{cast_id}", "text": f"materia: {one_line(where)}"}}
 
     def _withdraw_user_turns(self, reason: AbandonReason) -> dict[str, Any]:
         withdrawn: dict[str, str] = {}
