@@ -250,6 +250,39 @@ def test_c61_failed_proactive_compaction_warns_and_the_cast_stays_active_awaitin
     assert d.pending().recovery and d.pending().proactive_compaction is False  # recovery sends skip the check
 
 
+def test_user_notices_carry_pi_materias_phrases() -> None:
+    """What the user is told, in the phrases pi-materia's notices use (castor had its own for each):
+    "pi-materia cast complete." with the usage, "pi-materia cast failed: <reason>", a paused multi-turn
+    socket 'pi-materia multi-turn socket "<id>" is waiting for refinement; run /materia continue to
+    finalize.' and a failed proactive compaction "Proactive compaction failed ..."."""
+
+    def notices(d: Driver) -> list[str]:
+        return [e.message for e in d.effects if isinstance(e, Notify)]
+
+    done = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    done.reply("ok", usage={"input_tokens": 3, "output_tokens": 4})
+    assert any(n.startswith("pi-materia cast complete. ") and "7 tokens" in n for n in notices(done)), notices(done)
+    broken = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json"}})))
+    broken.reply("not json")
+    assert any(n.startswith('pi-materia cast failed: Invalid JSON output for socket "Socket-1"')
+               for n in notices(broken)), notices(broken)
+    cfg = config({"Socket-1": {"type": "agent", "materia": "M"}})
+    cfg["materia"]["M"] = agent(multiTurn=True)
+    paused = Driver(resolved(cfg))
+    paused.reply("a draft")
+    assert ('pi-materia multi-turn socket "Socket-1" is waiting for refinement; run /materia continue to finalize.'
+            in " ".join(notices(paused))), notices(paused)
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, compaction={"proactiveThresholdPercent": 50})
+    d = Driver(resolved(cfg))
+    first = d.pending()
+    decision = compaction.decide_proactive({"tokens": 60_000, "contextWindow": 100_000},
+                                           model_context_window=None, config=first.compaction)
+    assert decision is not None
+    d.send(ProactiveCompactionStarted, visit_id=first.visit_id, decision=decision)
+    d.send(ProactiveCompactionFinished, visit_id=first.visit_id, decision=decision, ok=False, error="host said no")
+    assert any("Proactive compaction failed" in n and "host said no" in n for n in notices(d)), notices(d)
+
+
 # =========================================================================== recast / abort / commands
 
 
@@ -400,6 +433,25 @@ def test_command_texts_for_abort_and_continue_without_a_cast_are_pi_materias(run
     with pytest.raises(CastorError) as err:
         materia_call(runtime, "s1", "abort", {})
     assert "No active pi-materia cast to abort." in err.value.message
+
+
+@pytest.mark.timeout(30)
+def test_idless_recast_and_revive_with_nothing_to_resume_say_so_as_pi_materia(runtime, project) -> None:
+    """pi-materia: "No failed or aborted pi-materia casts are available to recast." and "No failed
+    pi-materia casts exhausted by same-socket recovery are available to revive. Use /materia recast
+    [cast-id] for general failed or aborted casts." (castor had its own wording for both)."""
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import NotFound
+
+    _open_session(runtime, "s1", project, ["unused"])
+    with pytest.raises(NotFound) as err:
+        materia_call(runtime, "s1", "recast", {})
+    assert err.value.message == "No failed or aborted pi-materia casts are available to recast."
+    with pytest.raises(NotFound) as err:
+        materia_call(runtime, "s1", "revive", {})
+    assert err.value.message.startswith("No failed pi-materia casts exhausted by same-socket recovery are available "
+                                        "to revive. Use ")
+    assert err.value.message.endswith(" recast [cast-id] for general failed or aborted casts.")
 
 
 @pytest.mark.timeout(30)

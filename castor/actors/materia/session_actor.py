@@ -542,9 +542,11 @@ class SessionActor(Actor):
             newest: str = found["cast_id"]
             return newest
         if revive:
-            raise NotFound("No revivable pi-materia cast (none exhausted same-socket recovery); use "
-                           f"{self._cmd('recast')}.", data={"reason": "none_revivable"})
-        raise NotFound("No failed or aborted pi-materia cast to recast.", data={"reason": "none_resumable"})
+            raise NotFound("No failed pi-materia casts exhausted by same-socket recovery are available to revive. "
+                           f"Use {self._cmd('recast')} [cast-id] for general failed or aborted casts.",
+                           data={"reason": "none_revivable"})
+        raise NotFound("No failed or aborted pi-materia casts are available to recast.",
+                       data={"reason": "none_resumable"})
 
     def _resume(self, cast_id: str | None, *, revive: bool) -> dict[str, Any]:
         root = self._artifact_root()
@@ -594,8 +596,11 @@ class SessionActor(Actor):
                                     f"{view.get('current_socket')}; reply to refine, or "
                                     f"{self._cmd('continue', cast_id)} to finalize.",
                     "level": "info"}
-        return {**view, "text": f'pi-materia cast {cast_id} {verb} from socket "{view.get("current_socket")}".',
-                "level": "info"}
+        # A revive then recasts, and says so as pi-materia does (its recast notice, then why).
+        text = f'pi-materia cast {cast_id} recast from socket "{view.get("current_socket")}".'
+        if revive:
+            text += " Revived: its same-socket recovery allowance was extended."
+        return {**view, "text": text, "level": "info"}
 
     @handles(RecastCast)
     @answers_bad_input

@@ -97,7 +97,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from castor.domain.jsontext import js_stringify
+from castor.domain.jsontext import js_string, js_stringify
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import (
     SELECTION_FIELDS,
@@ -411,7 +411,8 @@ def _finish(ctx: _Ctx, entry_id: str | None) -> None:
     ctx.emit("cast_end", {"ok": True, "usage": s.usage.model_dump(mode="json", exclude={"turns"}),
                           "entryId": entry_id})
     ctx.manifest({"phase": "complete", "entryId": entry_id})
-    ctx.notify("info", f"pi-materia cast {s.cast_id} complete.")
+    ctx.notify("info", f"pi-materia cast complete. Cast {s.cast_id}: {js_string(s.usage.tokens.total)} tokens, "
+                       f"${s.usage.cost.total:.4f}.")
     ctx.effects.append(Finished(cast_id=s.cast_id, entry_id=entry_id))
 
 
@@ -436,8 +437,10 @@ def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool 
     ctx.emit("cast_end", data)
     ctx.manifest({"phase": "failed", "socket": s.current_socket_id, "materia": s.current_materia,
                   "itemKey": s.current_item_key, "entryId": entry_id})
-    ctx.notify("warning" if aborted else "error", f"pi-materia cast {s.cast_id} {'aborted' if aborted else 'failed'}: "
-                                                   f"{message}")
+    if aborted:
+        ctx.notify("warning", f"pi-materia cast {s.cast_id} aborted: {message}")
+    else:  # pi-materia's phrase first ("pi-materia cast failed: <reason>"), then which cast
+        ctx.notify("error", f"pi-materia cast failed: {message} (cast {s.cast_id})")
     ctx.effects.append(
         Failed(
             cast_id=s.cast_id,
@@ -930,7 +933,8 @@ def _record_refinement(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str) 
                                    "artifact": artifact, "entryId": entry_id, "refinementTurn": turn,
                                    **s.item_fields(), "materiaModel": _materia_model(rs)})
     s.last_message = f"Paused for refinement on {rs.id}; run {_cmd(s, 'continue')} to finalize."
-    ctx.notify("info", f"{rs.materia_name} ({rs.id}) is waiting for your reply. Run {_cmd(s, 'continue')} to finalize.")
+    ctx.notify("info", f'pi-materia multi-turn socket "{rs.id}" is waiting for refinement; run {_cmd(s, "continue")} '
+                       f"to finalize. {rs.materia_name} ({rs.id}) is waiting for your reply.")
 
 
 def _cmd(s: CastState, verb: str) -> str:
@@ -1099,7 +1103,7 @@ def _on_proactive_finished(ctx: _Ctx, ev: ProactiveCompactionFinished) -> None:
         return
     error = ev.error or "unknown compaction error"
     ctx.emit("proactive_compaction_failed", {**common, "error": error, "warning": True})
-    ctx.notify("warning", f"Proactive compaction before {common['socket']} failed: {error}. Sending the turn anyway.")
+    ctx.notify("warning", f"Proactive compaction failed before {common['socket']}: {error}. Sending the turn anyway.")
 
 
 def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:

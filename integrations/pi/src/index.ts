@@ -516,19 +516,37 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 	}
 
-	/** `/materia` argument completions; cast ids only from a castor already running (a keystroke never spawns one). */
-	async function materiaArgumentCompletions(prefix: string): Promise<ReturnType<typeof materiaCompletions>> {
-		let casts: CastRow[] | null = null;
-		if (completesCastIds(prefix) && lastCtx) {
-			try {
-				const rt = await ready(false);
-				const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: lastCtx.cwd }, { spawn: false, timeoutMs: probeMs() })) as { casts?: unknown };
-				casts = Array.isArray(listed?.casts) ? (listed.casts as CastRow[]) : null;
-			} catch {
-				casts = null;
-			}
+	/**
+	 * `/materia` argument completions. Cast ids come from `cast.list`, kept from the last answer
+	 * (fetched after every `/materia` command, and again in the background on each completion), so
+	 * a completion answers at once; only the first one, before any list, waits for it. Only a
+	 * castor already running is asked: a keystroke never starts one.
+	 */
+	let castRows: CastRow[] | null = null;
+	let castRowsCwd: string | undefined;
+
+	async function refreshCastRows(): Promise<CastRow[] | null> {
+		const ctx = lastCtx;
+		if (!ctx) return null;
+		try {
+			const rt = await ready(false);
+			const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: ctx.cwd }, { spawn: false, timeoutMs: probeMs() })) as { casts?: unknown };
+			castRows = Array.isArray(listed?.casts) ? (listed.casts as CastRow[]) : null;
+			castRowsCwd = ctx.cwd;
+		} catch {
+			castRows = null;
 		}
-		return materiaCompletions(prefix, casts);
+		return castRows;
+	}
+
+	function materiaArgumentCompletions(prefix: string): ReturnType<typeof materiaCompletions> | Promise<ReturnType<typeof materiaCompletions>> {
+		if (!completesCastIds(prefix)) return materiaCompletions(prefix, null);
+		if (castRows !== null && castRowsCwd === lastCtx?.cwd) {
+			const answer = materiaCompletions(prefix, castRows);
+			void refreshCastRows();
+			return answer;
+		}
+		return refreshCastRows().then((rows) => materiaCompletions(prefix, rows));
 	}
 
 	async function waitIdle(ctx: Ctx): Promise<void> {
@@ -553,7 +571,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				await waitIdle(ctx);
 				await endsReported();
 			}
-			return runCommand(planned, ctx, "materia");
+			const reply = await runCommand(planned, ctx, "materia");
+			if (!("usage" in planned)) await refreshCastRows(); // what recast/revive complete to now
+			return reply;
 		}),
 	});
 

@@ -52,6 +52,8 @@ export interface TurnSettings {
 /** What applying settings needs from Pi's extension context. */
 export interface SettingsCtx {
 	modelRegistry?: ModelLookup;
+	/** Pi's active model (`ctx.model`): named when a materia model falls back to it. */
+	model?: unknown;
 }
 
 /** The part of Pi's model registry that resolves a materia's model. */
@@ -127,6 +129,16 @@ export interface TurnHost {
 	setActiveTools(names: string[]): void;
 	setModel(model: unknown): Promise<boolean>;
 	setThinkingLevel(level: never): void;
+	/** The level Pi runs at (it clamps a level the model does not support): read back after setting one. */
+	getThinkingLevel?(): string;
+}
+
+/** `provider/id` of a Pi model object (`ctx.model`), else the empty string. */
+export function modelLabel(model: unknown): string {
+	if (model === null || typeof model !== "object") return "";
+	const { provider, id } = model as { provider?: unknown; id?: unknown };
+	if (typeof id !== "string" || !id) return "";
+	return typeof provider === "string" && provider ? `${provider}/${id}` : id;
 }
 
 /** The `model` and `thinking_level` fields of an answer, for the turn's outcome. */
@@ -375,9 +387,25 @@ export class TurnTracker {
 			const found = resolveModel(ctx?.modelRegistry, wanted.provider, wanted.id);
 			let reason = typeof found === "string" ? found : undefined;
 			if (typeof found !== "string" && !(await this.pi.setModel(found.model))) reason = "credentials_missing";
-			if (reason) this.warn(`materia model "${label}" is not used (${reason}); the turn runs on the active Pi model`);
+			if (reason) {
+				const why = reason === "credentials_missing" ? `configured model "${label}" has no configured API key or credentials` : `configured model "${label}" is unavailable`;
+				const active = modelLabel(ctx?.model);
+				this.warn(`materia model "${label}" is not used (${reason}); the turn runs on the active Pi model: ${why}, using the active Pi session model${active ? ` (${active})` : ""}`);
+			}
 		}
-		if (settings.thinking) this.pi.setThinkingLevel(settings.thinking as never);
+		if (settings.thinking) {
+			this.pi.setThinkingLevel(settings.thinking as never);
+			// Pi clamps a level the model cannot run (a non-reasoning model: off); say so, as pi-materia does.
+			let now: unknown;
+			try {
+				now = typeof this.pi.getThinkingLevel === "function" ? this.pi.getThinkingLevel() : undefined;
+			} catch {
+				now = undefined;
+			}
+			if (typeof now === "string" && now && now !== settings.thinking) {
+				this.warn(`materia thinking: configured thinking "${settings.thinking}" is not supported by the model; using ${now} instead`);
+			}
+		}
 		if (!Array.isArray(settings.tools)) return undefined;
 		const restore = this.pi.getActiveTools();
 		this.pi.setActiveTools(settings.tools);

@@ -253,3 +253,36 @@ test("a materia model Pi cannot use falls back to the active model with a warnin
 	await turns.dispatch({ turn_id: "t1", prompt: "P", model: { provider: null, id: "m" } }, { ...idle, modelRegistry: { getAll: () => [{ id: "m", provider: "a" }, { id: "x" }] } });
 	assert.deepEqual(set, [{ id: "m", provider: "a" }], "a bare id one provider serves is that model");
 });
+
+test("a model fallback names the configured model, why, and the active Pi model it runs on (pi-materia's warning)", async () => {
+	const active = { provider: "openai", id: "gpt-test" };
+	for (const [registry, setOk, why] of [
+		[{ find: () => undefined, getAll: () => [] }, true, 'configured model "acme/nope" is unavailable'],
+		[{ find: () => ({ id: "nope" }) }, false, 'configured model "acme/nope" has no configured API key or credentials'],
+	] as const) {
+		const pi = host();
+		pi.setModel = async () => setOk;
+		const warned: string[] = [];
+		const turns = new TurnTracker(pi, (text) => warned.push(text));
+		await turns.dispatch({ turn_id: "t1", prompt: "P", model: { provider: "acme", id: "nope" } }, { ...idle, modelRegistry: registry as never, model: active });
+		assert.equal(warned.length, 1);
+		assert.ok(warned[0]!.includes(why), warned[0]);
+		assert.ok(warned[0]!.includes("using the active Pi session model (openai/gpt-test)"), warned[0]);
+	}
+});
+
+test("a thinking level Pi clamps for the model is said (pi-materia: using <level> instead); one it keeps is not", async () => {
+	let level = "medium";
+	const pi = host();
+	pi.setThinkingLevel = ((wanted: string) => {
+		level = wanted === "high" ? "off" : wanted; // a non-reasoning model: Pi runs it at off
+	}) as never;
+	pi.getThinkingLevel = () => level;
+	const warned: string[] = [];
+	const turns = new TurnTracker(pi, (text) => warned.push(text));
+	await turns.dispatch({ turn_id: "t1", prompt: "P", thinking: "high" }, idle);
+	assert.equal(warned.length, 1);
+	assert.ok(warned[0]!.includes('configured thinking "high"') && warned[0]!.includes("using off instead"), warned[0]);
+	const calm = new TurnTracker(pi, () => assert.fail("no warning"));
+	await calm.dispatch({ turn_id: "t2", prompt: "P", thinking: "low" }, idle);
+});

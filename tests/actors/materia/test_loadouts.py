@@ -149,6 +149,8 @@ def test_exhausted_recovery_is_revived_and_completes(runtime_factory, project):
     assert complete["data"]["result"] == {} and complete["data"]["skipped"] == "no host context"
     revived = materia_call(rt, "s1", "revive", {})  # id-less: the newest revivable cast
     assert revived["cast_id"] == started["cast_id"]
+    # pi-materia's revive ends in its recast, and tells it so (castor said "revived from socket")
+    assert f'pi-materia cast {started["cast_id"]} recast from socket "Socket-1".' in revived["text"]
     view = wait_status(rt, "s1", started["cast_id"])
     assert view["status"] == "complete"
     assert "cast_revive" in event_types(view["run_dir"])
