@@ -500,6 +500,48 @@ def test_session_start_names_a_cast_still_going_as_restored(project) -> None:
         second.shutdown(10.0)
 
 
+@pytest.mark.timeout(40)
+def test_the_footer_names_the_work_item_and_a_pause_for_refinement(runtime, project) -> None:
+    """pi-materia's footer label is the materia with the current work item, and "<materia>:refine"
+    while a multi-turn socket waits for the user. castor's showed neither: the item was missing and
+    a paused cast kept the label of the turn that had ended."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.runtime import HarnessLink, SessionInfo
+
+    class Footer(StderrUi):
+        def __init__(self) -> None:
+            super().__init__(printer=lambda _line: None)
+            self.history: list[str | None] = []
+
+        def set_status(self, key: str, text: str | None) -> None:
+            super().set_status(key, text)
+            self.history.append(text)
+
+    sockets = {
+        "Socket-1": {"type": "utility", "utility": "echo", "parse": "json", "assign": {"items": "$.items"},
+                     "params": {"output": {"items": [{"id": "a", "title": "Alpha"}]}}, "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter", "foreach": {"items": "state.items"},
+                     "edges": [{"to": "Socket-3"}]},
+        "Socket-3": {"type": "agent", "materia": "interactivePlanner"},
+    }
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"f": {"entry": "Socket-1",
+                                                                                   "sockets": sockets}}}))
+    footer = Footer()
+    runtime.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                         HarnessLink(agent=ScriptedAgent(parse_script(["built", "a draft"])), session_log=None,
+                                     ui=footer))
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "f"})
+    _wait_status(runtime, "s1", started["cast_id"], ("awaiting_refinement",))
+    wait_for(lambda: any(t and "refine" in t for t in footer.history), what="the refinement footer")
+    assert "materia: greeter (Socket-2) — Alpha" in footer.history, footer.history
+    paused = [t for t in footer.history if t and "refine" in t]
+    assert paused[-1].startswith("materia: interactivePlanner (Socket-3) — refine; ") and "continue" in paused[-1]
+    materia_call(runtime, "s1", "abort", {})
+
+
 # =========================================================================== utilities & artifacts
 
 

@@ -132,7 +132,7 @@ from castor.domain.materia.cast_messages import (
 )
 from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_config_text, step
 from castor.domain.materia.memo import derived
-from castor.domain.materia.state import CastState
+from castor.domain.materia.state import CastState, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import (
     CastorError,
@@ -522,6 +522,12 @@ class CastActor(Actor):
             state = transition.state
             self._set_status(f"materia: interrupted at {state.current_socket_id} — "
                              f"{command(state.surface, 'continue')}")
+        elif transition.state.active and transition.state.socket_state == "awaiting_user_refinement" \
+                and transition.state.pending is None:
+            # Paused for the user (pi-materia's footer: "<materia>:refine"): say so, and what finalizes.
+            state = transition.state
+            self._set_status(f"materia: {state.current_materia} ({state.current_socket_id}) — refine; "
+                             f"{command(state.surface, 'continue')} finalizes")
         self._mirror_to_session()
         if self._done:
             self._stop()
@@ -713,7 +719,8 @@ class CastActor(Actor):
         self.handle.tell(CastOutcome(event=DispatchFailed(visit_id=visit_id, error=error, at=self.env.clock())))
 
     def _run_agent_turn(self, effect: RunAgentTurn) -> None:
-        self._set_status(f"materia: {effect.materia} ({effect.socket_id})")
+        item = short_label(effect.item_label or effect.item_key)  # the work item, as pi-materia's footer shows it
+        self._set_status(f"materia: {effect.materia} ({effect.socket_id})" + (f" — {item}" if item else ""))
         if effect.user_driven:
             # The user's own message drives it (no hidden prompt is sent); the harness's
             # agent_end answers it. Its instructions reach the model through the answer to
