@@ -266,9 +266,11 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             # (whose reason names its socket already)
             where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
-        if row.get("resumable"):
-            verb = "revive" if row.get("revivable") else "recast"
-            lines.append(f"    ↻ RECAST TARGET — {verb}: {command(surface, verb, row['cast_id'])}")
+        if row.get("resumable"):  # every resumable cast can be recast; a revivable one revived as well
+            line = f"    ↻ RECAST TARGET — recast: {command(surface, 'recast', row['cast_id'])}"
+            if row.get("revivable"):
+                line += f" (or revive: {command(surface, 'revive', row['cast_id'])})"
+            lines.append(line)
     if more > 0:
         lines.append(f"  … {more} more (next page: its cursor)")
     return "\n".join(lines)

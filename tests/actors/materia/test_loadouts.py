@@ -147,6 +147,11 @@ def test_exhausted_recovery_is_revived_and_completes(runtime_factory, project):
     # A standalone agent has no host context: the compaction says so instead of pretending.
     complete = next(e for e in events(failed["run_dir"]) if e["type"] == "same_socket_recovery_action_complete")
     assert complete["data"]["result"] == {} and complete["data"]["skipped"] == "no host context"
+    # /materia casts marks it a recast target with its recast line, as pi-materia does, and offers revive
+    listed = materia_call(rt, "s1", "list", {})["text"]
+    cast_id = started["cast_id"]
+    assert f"↻ RECAST TARGET — recast: /materia recast {cast_id} (or revive: /materia revive {cast_id})" in listed \
+        or f"recast: castor recast {cast_id} (or revive: castor revive {cast_id})" in listed, listed
     revived = materia_call(rt, "s1", "revive", {})  # id-less: the newest revivable cast
     assert revived["cast_id"] == started["cast_id"]
     # pi-materia's revive ends in its recast, and tells it so (castor said "revived from socket")
