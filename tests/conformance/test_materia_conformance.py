@@ -197,6 +197,25 @@ def test_c49_finalizing_words_in_a_refinement_turn_do_not_finalize(phrase: str) 
     assert not d.events("socket_complete")
 
 
+def test_the_synthetic_context_mode_line_is_pi_materias() -> None:
+    """The isolated context's ``Mode:`` line reads as pi-materia's: a multi-turn socket's turn is
+    "multi-turn refinement (awaiting_agent_response)", its finalization "multi-turn refinement
+    (/materia continue finalization)"; a single-turn socket's, its socket state. castor wrote its
+    recovery-key mode ("refinement", "finalization", "normal")."""
+    from castor.domain.materia.cast_messages import ContinueRequested
+
+    d = Driver(resolved(None, "plan"))
+    d.reply("First draft")
+    d.send(RefinementTurnStarted)
+    assert "\nMode: multi-turn refinement (awaiting_agent_response)\n" in d.pending().isolated_context
+    d.reply("Second draft")
+    d.send(ContinueRequested)
+    assert "\nMode: multi-turn refinement (/materia continue finalization)\n" in d.pending().prompt
+    single = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    context = single.artifacts()["contexts/Socket-1-1.md"].content
+    assert "\nMode: awaiting_agent_response\n" in context
+
+
 def test_c52_stale_finalizing_flag_is_ignored_by_the_next_reply() -> None:
     d = Driver(resolved(None, "plan"))
     d.reply("Draft one")

@@ -21,6 +21,7 @@ from castor.domain.materia.cast_messages import READ_ONLY_TOOLS
 from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
 from castor.domain.materia.state import CastState
+from castor.domain.materia.surface import command
 
 OPEN_TAG = "<materia-instructions>"
 CLOSE_TAG = "</materia-instructions>"
@@ -73,6 +74,16 @@ def adapter_context(rs: ResolvedSocket, state: CastState, *, refining: bool) -> 
     return None
 
 
+def _mode_text(rs: ResolvedSocket, state: CastState, mode: str) -> str:
+    """The ``Mode:`` line as pi-materia writes it for the turn being sent (which awaits the agent):
+    a multi-turn socket's ``multi-turn refinement (…)``, finalizing or not; else the socket state."""
+    if rs.multi_turn:
+        detail = f"{command(state.surface, 'continue', state.cast_id, bare_in_harness=True)} finalization" \
+            if mode == "finalization" else "awaiting_agent_response"
+        return f"multi-turn refinement ({detail})"
+    return "awaiting_agent_response"
+
+
 def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
     refining = mode == "refinement"
     lines = ["Materia isolated context.",
@@ -88,7 +99,7 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
         f"Current socket: {rs.id}",
         f"Current materia: {rs.materia_name or '-'}",
         f"Current item: {state.current_item_label or state.current_item_key or '-'}",
-        f"Mode: {mode}",
+        f"Mode: {_mode_text(rs, state, mode)}",
         f"Effective model: {(m.model or '').strip() or 'active Pi model'}" if m else "Effective model: -",
         (f"Effective thinking: {_applied_thinking(m.thinking) or 'active Pi thinking'}" if m
          else "Effective thinking: -"),
