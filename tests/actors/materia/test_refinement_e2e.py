@@ -199,7 +199,8 @@ def test_user_message_refines_a_paused_socket_and_continue_finalizes(harness, pr
     # socket's prompt and everything after it; the earlier chat is gone.
     cut = pi.contexts[-1]["messages"]
     assert "Materia isolated context." in cut[0]["content"][0]["text"] and cut[0]["role"] == "user"
-    assert "Mode: multi-turn refinement (awaiting_agent_response)" in cut[0]["content"][0]["text"] and "plan the db" in cut[0]["content"][0]["text"]
+    cut_text = cut[0]["content"][0]["text"]
+    assert "Mode: multi-turn refinement (awaiting_agent_response)" in cut_text and "plan the db" in cut_text
     assert cut[1:] == history[2:] + [{"role": "user", "content": [{"type": "text", "text": "use postgres please"}]}]
     assert "EARLIER-CHAT" not in json.dumps(cut)
     second = wait_for(lambda: [e for e in events(run_dir) if e["type"] == "socket_refinement"
