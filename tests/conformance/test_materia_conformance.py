@@ -474,6 +474,20 @@ def test_idless_recast_and_revive_with_nothing_to_resume_say_so_as_pi_materia(ru
 
 
 @pytest.mark.timeout(30)
+def test_status_of_a_paused_cast_says_it_waits_for_refinement_and_how_to_finalize(runtime, project) -> None:
+    """pi-materia's status widget for a paused multi-turn socket reads "› waiting for refinement;
+    /materia continue to finalize" (castor: "paused for refinement: run … to finalize")."""
+    from castor.actors.materia.api import materia_call
+
+    _open_session(runtime, "s1", project, ["a draft"])
+    started = materia_call(runtime, "s1", "start", {"request": "plan", "loadout": "plan"})
+    _wait_status(runtime, "s1", started["cast_id"], ("awaiting_refinement",))
+    text = materia_call(runtime, "s1", "status", {})["text"]
+    assert "› waiting for refinement; castor continue " in text and " to finalize" in text, text
+    materia_call(runtime, "s1", "abort", {})
+
+
+@pytest.mark.timeout(30)
 def test_cast_start_text_says_where_the_artifacts_are_and_which_config_and_entry(runtime, project) -> None:
     """pi-materia tells the user at the start: "pi-materia cast started. Artifacts: <runDir>", the
     config source ("pi-materia config: <source>") and the entry ("pi-materia grid entry: <id>").

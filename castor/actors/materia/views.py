@@ -102,7 +102,8 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     if visits:
         lines.append("visits: " + ", ".join(f"{k}×{v}" for k, v in visits.items()))
     if view.get("paused"):
-        lines.append(f"paused for refinement: run {command(surface, 'continue', cast_id)} to finalize")
+        lines.append(f"› waiting for refinement; {command(surface, 'continue', cast_id)} to finalize "
+                     "(reply to refine the draft)")
     if view.get("status") == "interrupted":
         lines.append(f"interrupted: run {command(surface, 'continue', cast_id)} to run the turn again, or "
                      f"{command(surface, 'abort', cast_id)} to stop the cast")
