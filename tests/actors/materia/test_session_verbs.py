@@ -66,7 +66,7 @@ def test_status_texts_in_the_harness_name_commands_the_extension_accepts() -> No
     interrupted = status_text({**view, "status": "interrupted"}, "harness")
     assert "run /materia continue to run the turn again, or /materia abort to stop the cast" in interrupted
     paused = status_text({**view, "status": "active", "paused": True}, "harness")
-    assert "run /materia continue to finalize" in paused
+    assert "› waiting for refinement; /materia continue to finalize" in paused  # no id: as the user types it
     failed = status_text({**view, "status": "failed", "resumable": True}, "harness")
     assert "/materia recast c-1" in failed
     cli = status_text({**view, "status": "interrupted"}, "cli")
