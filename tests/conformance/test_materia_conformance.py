@@ -488,6 +488,18 @@ def test_status_of_a_paused_cast_says_it_waits_for_refinement_and_how_to_finaliz
 
 
 @pytest.mark.timeout(30)
+def test_loadout_set_says_which_loadout_and_file_as_pi_materia(runtime, project) -> None:
+    """pi-materia: "pi-materia active loadout set to <name> (<file written>)" (castor: "Active loadout: …")."""
+    from castor.actors.materia.api import materia_call
+
+    _open_session(runtime, "s1", project, ["unused"])
+    chosen = materia_call(runtime, "s1", "set_loadout", {"name": "plan"})
+    written = project / ".pi" / "pi-materia.json"
+    assert chosen["text"].startswith(f"pi-materia active loadout set to plan ({written})\n"), chosen["text"]
+    assert json.loads(written.read_text()) == {"activeLoadout": "plan"}
+
+
+@pytest.mark.timeout(30)
 def test_cast_start_text_says_where_the_artifacts_are_and_which_config_and_entry(runtime, project) -> None:
     """pi-materia tells the user at the start: "pi-materia cast started. Artifacts: <runDir>", the
     config source ("pi-materia config: <source>") and the entry ("pi-materia grid entry: <id>").

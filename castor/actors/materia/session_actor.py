@@ -761,7 +761,9 @@ class SessionActor(Actor):
                            data={"reason": "active", "cast_id": max(live)})
         path = self.storage.save_active_loadout(self.cwd, name, config_path=config_path or self.config_path)
         listing = self._loadouts(config_path)
-        return {**listing, "path": str(path), "text": f"Active loadout: {name} (saved to {path})\n{listing['text']}"}
+        # pi-materia's notice ("pi-materia active loadout set to <name> (<file>)"), then the listing
+        return {**listing, "path": str(path),
+                "text": f"pi-materia active loadout set to {one_line(name)} ({one_line(str(path))})\n{listing['text']}"}
 
     @handles(RenderGrid)
     @answers_bad_input
