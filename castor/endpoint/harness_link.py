@@ -108,7 +108,7 @@ class WireHarness:
             "turn_id": request.turn_id,
             "prompt": request.prompt,
             "summary": request.summary,
-            "custom_type": "castor-turn",
+            "custom_type": "pi-materia-prompt",  # the hidden materia prompt, named as pi-materia names it
             "isolate": True,
         }
         params.update(harness_turn_settings(request.model, request.thinking, request.tools))

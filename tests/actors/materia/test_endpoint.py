@@ -67,6 +67,8 @@ def test_cast_methods_over_msgpack_rpc(served, project):
     assert "complete" in done["text"] and done["usage"]["tokens"] == 30
     assert [t["summary"].split("**")[1] for t in harness.turns] == ["P (1)", "W (2)"]
     assert harness.turns[0]["isolate"] is True and "PLANNER" in harness.turns[0]["prompt"]
+    # the hidden prompt's custom type is pi-materia's (castor sent "castor-turn")
+    assert {t["custom_type"] for t in harness.turns} == {"pi-materia-prompt"}
     wait_for(lambda: any(e["custom_type"] == "pi-materia-cast-state" and e["data"]["phase"] == "complete"
                          for e in harness.entries), what="the mirrored final state entry")
     listing = client.call("cast.list", {"session_id": "pi-1"})
