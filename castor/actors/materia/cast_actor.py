@@ -164,6 +164,7 @@ _WRITE_SERIALIZER = WriteArtifact.__pydantic_serializer__
 _NO_CONTENT = {"content"}
 _FROM_CONFIG_CLOSE = f',"{FROM_CONFIG_KEY}":true}}'.encode()
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
+CONTEXT_ENTRY_TYPE = "pi-materia-context"  # one per prompt castor sends (pi-materia's entry)
 
 
 @dataclass
@@ -528,6 +529,7 @@ class CastActor(Actor):
             state = transition.state
             self._set_status(f"materia: {state.current_materia} ({state.current_socket_id}) — refine; "
                              f"{command(state.surface, 'continue')} finalizes")
+        self._mirror_contexts(transition)
         self._mirror_to_session()
         if self._done:
             self._stop()
@@ -826,6 +828,21 @@ class CastActor(Actor):
             ui.set_status(f"materia-{self.env.cast_id}", text)
         except Exception as exc:  # noqa: BLE001 - an outcome that cannot be delivered is logged, never a crash loop
             self.log.debug("ui.set_status failed: {exc}", exc=exc)
+
+    def _mirror_contexts(self, transition: Transition) -> None:
+        """One ``pi-materia-context`` session entry per prompt castor sends (pi-materia appends it
+        beside each hidden prompt): the socket, materia, item, the context artifact and the model."""
+        log = self.env.session_log
+        if log is None:
+            return
+        for effect in transition.effects:
+            if type(effect) is WriteArtifact and effect.manifest and effect.manifest.get("kind") == "context":
+                m = effect.manifest
+                log.submit(CONTEXT_ENTRY_TYPE, {
+                    "phase": m.get("phase"), "socketId": m.get("socket"), "materiaName": m.get("materia"),
+                    "itemKey": m.get("itemKey"), "itemLabel": m.get("itemLabel"),
+                    "itemLabelShort": m.get("itemLabelShort"), "artifact": m.get("artifact"),
+                    "materiaModel": m.get("materiaModel")})
 
     def _mirror_to_session(self) -> None:
         """Append a compact state record to the harness session (pi-materia's session entry)."""

@@ -71,6 +71,12 @@ def test_cast_methods_over_msgpack_rpc(served, project):
     assert {t["custom_type"] for t in harness.turns} == {"pi-materia-prompt"}
     wait_for(lambda: any(e["custom_type"] == "pi-materia-cast-state" and e["data"]["phase"] == "complete"
                          for e in harness.entries), what="the mirrored final state entry")
+    # one pi-materia-context session entry per prompt sent, as pi-materia appends it (castor wrote none)
+    contexts = wait_for(lambda: (c := [e["data"] for e in harness.entries if e["custom_type"] == "pi-materia-context"])
+                        and len(c) == 2 and c, what="the context entries")
+    assert [(c["socketId"], c["materiaName"], c["artifact"]) for c in contexts] == [
+        ("Socket-1", "P", "contexts/Socket-1-1.md"), ("Socket-2", "W", "contexts/Socket-2-1.md")]
+    assert contexts[0]["phase"] == "Socket-1" and contexts[0]["itemKey"] is None and "materiaModel" in contexts[0]
     listing = client.call("cast.list", {"session_id": "pi-1"})
     assert listing["casts"][0]["cast_id"] == started["cast_id"] and "RECAST" not in listing["text"]
 
