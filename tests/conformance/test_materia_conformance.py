@@ -537,7 +537,7 @@ def test_session_start_names_a_cast_still_going_as_restored(project) -> None:
         # (this in-process session names the CLI's command; a harness over the endpoint, /materia status)
         assert answer["notify"] == {"message": f"pi-materia cast {cast_id} restored in Socket-1. "
                                                "Use castor status for details.", "level": "info"}
-        assert answer["status"]["key"] == f"materia-{cast_id}" and "Socket-1" in answer["status"]["text"]
+        assert answer["status"]["key"] == "materia" and "Socket-1" in answer["status"]["text"]
         assert materia_call(second, "s2", "status", {"cast_id": cast_id})["status"] == "orphaned", "nothing resumed"
         materia_call(second, "s2", "abort", {"cast_id": cast_id})
         assert second.dispatch_event("s2", "session_start", {"reason": "resume"}) == {}, "an ended cast is not named"
@@ -585,6 +585,57 @@ def test_the_footer_names_the_work_item_and_a_pause_for_refinement(runtime, proj
     paused = [t for t in footer.history if t and "refine" in t]
     assert paused[-1].startswith("materia: interactivePlanner (Socket-3) — refine; ") and "continue" in paused[-1]
     materia_call(runtime, "s1", "abort", {})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ending", ["complete", "failed", "aborted"])
+@pytest.mark.parametrize("limit", [1, 2])
+def test_the_footer_entry_is_pi_materias_materia_and_an_ended_cast_leaves_done_or_failed(project, ending,
+                                                                                         limit) -> None:
+    """pi-materia keeps one footer entry, ``materia``, and a cast that ends leaves ``done`` or
+    ``failed`` there (an abort clears it). castor set ``materia-<id>`` and cleared it at every end.
+    A session that may run several casts at once keeps one entry per cast (they would overwrite
+    each other's), ended as the shared one is."""
+    import sys
+
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.runtime import HarnessLink, SessionInfo
+
+    class Footer(StderrUi):
+        def __init__(self) -> None:
+            super().__init__(printer=lambda _line: None)
+            self.history: list[tuple[str, str | None]] = []
+
+        def set_status(self, key: str, text: str | None) -> None:
+            super().set_status(key, text)
+            self.history.append((key, text))
+
+    code = "import sys; sys.exit(3)" if ending == "failed" else "print('ok')"
+    sockets = {"Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"to": "Socket-2"}]},
+               "Socket-2": {"type": "utility", "command": [sys.executable, "-c", code]}}
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"f": {"entry": "Socket-1",
+                                                                                   "sockets": sockets}}}))
+    rt = _runtime(max_casts_per_session=limit)
+    try:
+        footer = Footer()
+        script = [{"text": "slow", "delay_ms": 20000}] if ending == "aborted" else ["hi"]
+        rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                        HarnessLink(agent=ScriptedAgent(parse_script(script)), session_log=None, ui=footer))
+        cast_id = materia_call(rt, "s1", "start", {"request": "go", "loadout": "f"})["cast_id"]
+        key = "materia" if limit == 1 else f"materia-{cast_id}"
+        if ending == "aborted":
+            wait_for(lambda: footer.history, what="the running turn's footer")
+            materia_call(rt, "s1", "abort", {})
+        _wait_status(rt, "s1", cast_id, (ending,))
+        last = {"complete": "done", "failed": "failed", "aborted": None}[ending]
+        wait_for(lambda: footer.history and footer.history[-1] == (key, last), what=f"the footer {last!r}")
+        assert {k for k, _ in footer.history} == {key}, footer.history
+        assert footer.history[0] == (key, "materia: greeter (Socket-1)"), footer.history
+    finally:
+        rt.shutdown(10.0)
 
 
 # =========================================================================== utilities & artifacts

@@ -164,6 +164,15 @@ _WRITE_SERIALIZER = WriteArtifact.__pydantic_serializer__
 _NO_CONTENT = {"content"}
 _FROM_CONFIG_CLOSE = f',"{FROM_CONFIG_KEY}":true}}'.encode()
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
+#: The harness footer entry of a session's casts: pi-materia's one ``materia`` entry while a session
+#: runs one cast at a time (the default), one ``materia-<id>`` entry per cast where it may run several
+#: at once (each would overwrite the others' in a shared entry). What an ended cast leaves there:
+FOOTER_DONE, FOOTER_FAILED = "done", "failed"
+
+
+def footer_key(cast_id: str, *, shared: bool) -> str:
+    """The footer entry of cast ``cast_id``: ``materia`` when the session's casts share one."""
+    return "materia" if shared else f"materia-{cast_id}"
 CONTEXT_ENTRY_TYPE = "pi-materia-context"  # one per prompt castor sends (pi-materia's entry)
 
 
@@ -192,6 +201,7 @@ class CastEnv:
     host_context: HostContextPort | None = None  # None: a standalone agent, no host context
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S
     usage_timeout_s: float = USAGE_TIMEOUT_S
+    status_key: str = ""  # the harness footer entry (footer_key); "" -- the cast's own
     # Why the last incarnation's start ended without a running cast (storage_unavailable): the
     # starter (SessionActor) raises it once spawn has returned. None: started, or crashed.
     start_error: CastorError | None = None
@@ -712,9 +722,13 @@ class CastActor(Actor):
             self._compact(effect)
         elif kind is CancelWork:
             self._cancel(effect.visit_id, effect.reason)
-        elif kind in (Finished, Failed):
+        elif kind is Finished:
             self._done = True
-            self._set_status(None)
+            self._set_status(FOOTER_DONE)
+        elif kind is Failed:
+            self._done = True
+            # pi-materia's footer after a cast: "done", "failed", and nothing after an abort.
+            self._set_status(None if effect.aborted else FOOTER_FAILED)
 
     def _dispatch_failed(self, visit_id: str, error: str) -> None:
         # Told, not applied inline: effects of the current transition finish first.
@@ -825,7 +839,7 @@ class CastActor(Actor):
         if ui is None:
             return
         try:
-            ui.set_status(f"materia-{self.env.cast_id}", text)
+            ui.set_status(self.env.status_key or footer_key(self.env.cast_id, shared=False), text)
         except Exception as exc:  # noqa: BLE001 - an outcome that cannot be delivered is logged, never a crash loop
             self.log.debug("ui.set_status failed: {exc}", exc=exc)
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
-from castor.actors.materia.cast_actor import CastEnv, cast_spec, moved_to
+from castor.actors.materia.cast_actor import CastEnv, cast_spec, footer_key, moved_to
 from castor.actors.materia.messages import (
     AbortCast,
     BeginRefinement,
@@ -228,7 +228,8 @@ class SessionActor(Actor):
                        start_event=start, lease=lease, spawn_child=lambda spec, under: system.spawn(spec, under=under),
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
-                       usage_timeout_s=settings.context_usage_timeout_s)
+                       usage_timeout_s=settings.context_usage_timeout_s,
+                       status_key=footer_key(cast_id, shared=settings.max_casts_per_session == 1))
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""
@@ -722,7 +723,8 @@ class SessionActor(Actor):
         where = f"{view['status']} at {view.get('current_socket')}" if view.get("current_socket") else view["status"]
         return {"notify": {"message": f"pi-materia cast {cast_id} restored in {one_line(str(phase))}. "
                                       f"Use {self._cmd('status')} for details.", "level": "info"},
-                "status": {"key": f"materia-{cast_id}", "text": f"materia: {one_line(where)}"}}
+                "status": {"key": footer_key(cast_id, shared=self.runtime.settings.max_casts_per_session == 1),
+                           "text": f"materia: {one_line(where)}"}}
 
     def _withdraw_user_turns(self, reason: AbandonReason) -> dict[str, Any]:
         withdrawn: dict[str, str] = {}
