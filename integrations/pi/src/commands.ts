@@ -139,16 +139,30 @@ export function resultText(result: unknown): { text: string; level: "info" | "wa
 
 export type Level = "info" | "warning" | "error";
 
+/** Cast commands whose refusal for want of a cast is a notice, not a failure (see {@link isNothingToActOn}). */
+const NOTHING_TO_ACT_ON_METHODS: ReadonlySet<string> = new Set(["cast.continue", "cast.abort", "cast.recast", "cast.revive", "cast.status"]);
+
+/**
+ * Whether castor's refusal (its error `code`) of `planned` says there is nothing to act on: no
+ * cast to continue, abort, recast, revive or show. That is castor's `not_found` for one of those
+ * commands given no cast id; pi-materia tells it as a plain info notice ("No active pi-materia
+ * cast to abort."), not as a failure. A cast id the user named and castor does not know stays an
+ * error.
+ */
+export function isNothingToActOn(planned: Planned, code: string | undefined): boolean {
+	return code === "not_found" && "method" in planned && NOTHING_TO_ACT_ON_METHODS.has(planned.method) && !("cast_id" in planned.params);
+}
+
 /**
  * Run a planned command: `call` castor (it applies the result's effects), show the outcome once
  * with `show`, and return the text shown. A usage error is shown as a warning without a call; a
- * failed call shows `describeError(err)` as an error.
+ * failed call shows `describeError(err)`: a text is an error, a `{text, level}` says its level.
  */
 export async function runPlanned(
 	planned: Planned,
 	call: (method: string, params: Record<string, unknown>) => Promise<unknown>,
 	show: (text: string, level: Level) => void,
-	describeError: (err: unknown) => string,
+	describeError: (err: unknown) => string | { text: string; level: Level },
 ): Promise<string> {
 	let shown: { text: string; level: Level };
 	if ("usage" in planned) {
@@ -157,7 +171,8 @@ export async function runPlanned(
 		try {
 			shown = resultText(await call(planned.method, planned.params));
 		} catch (err) {
-			shown = { text: describeError(err), level: "error" };
+			const described = describeError(err);
+			shown = typeof described === "string" ? { text: described, level: "error" } : described;
 		}
 	}
 	show(shown.text, shown.level);

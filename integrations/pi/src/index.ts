@@ -23,7 +23,7 @@
 import { randomUUID } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { castSessionName, completesCastIds, materiaCompletions, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
+import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch } from "./interrupt.ts";
@@ -503,7 +503,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				return result;
 			},
 			(text, level) => notify(text, level),
-			(err) => `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}`,
+			(err) =>
+				err instanceof RpcError && isNothingToActOn(planned, err.code)
+					? { text: err.message, level: "info" } // pi-materia's notice: nothing to act on
+					: `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}`,
 		);
 	}
 

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { castSessionName, IMMEDIATE_METHODS, materiaCompletions, MATERIA_SUBCOMMANDS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
+import { castSessionName, IMMEDIATE_METHODS, isNothingToActOn, materiaCompletions, MATERIA_SUBCOMMANDS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
 
 test("cast takes the rest as its request, single-spaced", () => {
 	assert.deepEqual(planMateria("  cast   build  a\tthing "), { method: "cast.start", params: { request: "build a thing" } });
@@ -128,4 +128,21 @@ test("completions: recast offers resumable casts, revive revivable ones, newest 
 	const orphan = [{ cast_id: "2026-05-13T10-00-00-000Z", status: "orphaned", resumable: true, revivable: false, failed_reason: "lost\nits runtime" }];
 	assert.deepEqual(materiaCompletions("recast", orphan)?.map((i) => i.value), ["recast"], "still the first word");
 	assert.deepEqual(materiaCompletions("recast ", orphan)?.[0], { value: "recast 2026-05-13T10-00-00-000Z", label: "2026-05-13T10-00-00-000Z  failed  socket:-", description: "lost its runtime" });
+});
+
+test("nothing to act on (no cast to continue, abort, recast, revive or show) is pi-materia's info notice, not a failure", async () => {
+	for (const command of ["continue", "abort", "recast", "revive", "status"]) assert.ok(isNothingToActOn(planMateria(command), "not_found"), command);
+	assert.equal(isNothingToActOn(planMateria("recast 2026-05-12T10-00-00-000Z"), "not_found"), false, "a named cast castor does not know is an error");
+	assert.equal(isNothingToActOn(planMateria("abort"), "conflict"), false);
+	assert.equal(isNothingToActOn(planMateria("cast fix it"), "not_found"), false, "a start's not_found (a loadout) is a failure");
+	assert.equal(isNothingToActOn(planMateria("casts"), "not_found"), false);
+	const shown: Array<[string, string]> = [];
+	const text = await runPlanned(
+		planMateria("abort"),
+		async () => { throw new Error("No active pi-materia cast to abort."); },
+		(t, level) => shown.push([t, level]),
+		(err) => ({ text: (err as Error).message, level: "info" }),
+	);
+	assert.equal(text, "No active pi-materia cast to abort.");
+	assert.deepEqual(shown, [["No active pi-materia cast to abort.", "info"]]);
 });
