@@ -77,10 +77,17 @@ def _address_parts(address: str) -> tuple[str, int] | None | tuple[()]:
     return host.strip("[]"), int(port)
 
 
+#: What a client sends first on an HTTP/2 connection (gRPC, which a Ray GCS speaks): the preface
+#: and an empty SETTINGS frame. A GCS answers with its own SETTINGS frame at once.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 0x04
+
+
 def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Raise a typed error when nothing accepts a connection at ``address`` within ``timeout_s``.
-    Ray's own connect retries for minutes on an address nobody listens at (it only logs), so a
-    wrong --ray-address hung the command; this answers in seconds."""
+    """Raise a typed error unless a gRPC server (as a Ray cluster's GCS is) answers at ``address``
+    within ``timeout_s``. Ray's own connect retries for minutes on an address nobody listens at
+    (it only logs), and for ever on one that accepts and never answers (a wrong port of another
+    service), so a wrong --ray-address hung the command; this answers in seconds."""
     import socket
 
     from castor.messages.errors import NotFound, Timeout
@@ -89,17 +96,26 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     if not parts:
         return
     host, port = parts
+    check = "check --ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs"
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            conn.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:  # the first frame's header: length (3), type (1), flags, stream id
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
     except TimeoutError:
-        raise Timeout(f"the Ray cluster at {address} did not answer within {timeout_s:g} s; "
-                      f"check --ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs",
+        raise Timeout(f"the Ray cluster at {address} did not answer within {timeout_s:g} s; {check}",
                       data={"reason": "ray_unreachable", "address": address}) from None
     except OSError as exc:
-        raise NotFound(f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc}); check "
-                       f"--ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs",
+        raise NotFound(f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc}); {check}",
                        data={"reason": "ray_unreachable", "address": address}) from None
+    if len(head) < 9 or head[3] != _H2_SETTINGS:
+        raise NotFound(f"{address} is not a Ray cluster (what answers there does not speak gRPC); {check}",
+                       data={"reason": "not_a_ray_cluster", "address": address})
 
 
 def materia_component_for(backend: Any) -> Any:

@@ -101,8 +101,16 @@ class RayBackend:
         self.settings = settings or RayBackendSettings()
         self.log = logger.bind(actor="/ray")
         if not ray.is_initialized():
-            ray.init(address=self.settings.address, namespace=RAY_NAMESPACE, log_to_driver=False,
-                     include_dashboard=False, configure_logging=False)
+            try:
+                ray.init(address=self.settings.address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                         include_dashboard=False, configure_logging=False)
+            except ConnectionError as exc:  # an OSError: the CLI would call it storage_unavailable
+                address = self.settings.address or "auto"
+                hint = "" if address == "auto" else (
+                    "; a cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
+                    "(RAY_AUTH_TOKEN or ~/.ray/auth_token) here: Ray never enables it for an explicit address")
+                raise NotFound(f"cannot connect to the Ray cluster at {address}: {exc}{hint}",
+                               data={"reason": "ray_connect_failed", "address": address}) from None
         self._ray = ray
         self._host_runtime = {"utility_slots": self.settings.host_utility_slots, **(host_runtime or {})}
         self._lock = threading.RLock()

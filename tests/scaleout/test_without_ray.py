@@ -85,3 +85,66 @@ def test_a_command_after_a_node_death_is_a_kind_of_task_no_earlier_command_was()
     assert kinds == [1.0, 0.9999, 0.9998, 0.9997, 0.9996] and len(set(kinds)) == 5
     assert all(2 * kind > 1 for kind in kinds)  # two commands still never share one CPU
     assert fresh_kind(2.0, 150) == 1.995 and fresh_kind(0.01, 3) == 0.01
+
+
+def test_a_ray_address_that_accepts_but_never_speaks_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
+    """A wrong port that accepts connections but is not a Ray cluster (a silent service, here a
+    listener that never writes) passed the reachability check, and Ray's connect then waited on it
+    for ever (castor killed at 300 s, nothing printed). A GCS answers an HTTP/2 preface at once."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        proc = _python("import sys\nfrom castor.cli import main\n"
+                       f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
+                       f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+    assert time.monotonic() - started < 60
+    assert proc.returncode == 1 and f"castor: timeout: the Ray cluster at 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_port_that_answers_but_is_not_a_ray_cluster_is_one_line(tmp_path: Path) -> None:
+    """An HTTP/1 server (the dashboard's port, a web service) at --ray-address is told apart from a GCS."""
+    import http.server
+    import threading
+
+    pytest.importorskip("ray")
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        proc = _python("import sys\nfrom castor.cli import main\n"
+                       f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
+                       f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 1 and f"castor: not_found: 127.0.0.1:{port} is not a Ray cluster" in proc.stderr, \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_cluster_that_refuses_this_process_is_a_typed_error_not_storage_unavailable(monkeypatch) -> None:
+    """ray.init's ConnectionError (a cluster with token authentication and no token here: Ray
+    enables it only for a cluster it finds itself, never for an explicit address) surfaced as
+    ``storage_unavailable: Failed to connect to Ray cluster`` (an OSError to the CLI)."""
+    ray = pytest.importorskip("ray")
+    from castor.messages.errors import NotFound
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+
+    def refused(**_kwargs: object) -> None:
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refused)
+    with pytest.raises(NotFound) as caught:
+        RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
+    assert caught.value.data["reason"] == "ray_connect_failed"
+    assert "RAY_AUTH_MODE=token" in caught.value.message
