@@ -12,6 +12,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
 | a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node dead for ``NODE_LOST_AFTER_S``, or not started ``NODE_LOST_AFTER_S`` after a node died (Ray may have sent its lease request to that node, and it is then never answered), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
 | the command cannot start | ``spawn_error`` as for a local command |
+| no live node has the CPUs it asks for | ``spawn_error`` at once (Ray would hold the task as infeasible for ever); an autoscaler's node types that do not run yet are not counted |
 
 What it does not do: move the project's files — every node must see the project at the same
 path (see docs/scale-out.md).
@@ -73,6 +74,7 @@ class NodeWatch:
         self._lock = threading.Lock()
         self._checked = -period_s
         self._dead: dict[str, float] = {}
+        self._largest_cpus: float | None = None  # the most CPUs one live node has (None: not known yet)
 
     def dead_since(self) -> dict[str, float]:
         import ray
@@ -88,7 +90,16 @@ class NodeWatch:
                 for node in nodes:
                     if not node.get("Alive") and node.get("NodeID") not in self._dead:
                         self._dead[str(node.get("NodeID"))] = now
+                alive = [float((n.get("Resources") or {}).get("CPU", 0.0)) for n in nodes if n.get("Alive")]
+                if alive:
+                    self._largest_cpus = max(alive)
             return dict(self._dead)
+
+    def largest_cpus(self) -> float | None:
+        """The most CPUs one live node of the cluster has (as last asked), or None if unknown."""
+        self.dead_since()
+        with self._lock:
+            return self._largest_cpus
 
     def stalled_by(self, started_on: str | None, submitted_at: float) -> str | None:
         """Why a command not answered yet is taken for lost, or None: it started on a node that has
@@ -210,6 +221,11 @@ class RayUtilityRunner:
 
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))
+        largest = self._watch.largest_cpus()
+        if largest is not None and cpus > largest:
+            # Ray would hold the task as infeasible for ever, and the cast would wait without a word.
+            raise UtilitySpawnError(f"the command needs {cpus:g} CPUs (its socket's resources.cpus) and no node of "
+                                    f"the cluster has more than {largest:g}", may_have_started=False)
         num_cpus = fresh_kind(cpus, len(self._watch.dead_since()))
         answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"))
         return RemoteRunningUtility(cmd, answers, self._watch)

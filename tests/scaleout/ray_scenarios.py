@@ -138,16 +138,40 @@ def lease_to_stopped_node(workdir: Path) -> dict[str, Any]:
         result.update(again_seconds=round(time.monotonic() - started, 1), again_ran=again.exists(),
                       again_exit=done[0].exit_code if done else "no answer in 40 s",
                       again_stderr=done[0].stderr if done else None)
+        # A command that asks for more CPUs than any node of the cluster has: Ray queues it as
+        # infeasible for ever (the cast waited, silent, until killed); it must be refused at once.
+        never = workdir / "never"
+        cmd3 = cmd.model_copy(update={"argv": [sys.executable, "-c", f"open({str(never)!r}, 'w').close()"]})
+        started = time.monotonic()
+        refused: list[Any] = []
+        waiter = threading.Thread(target=lambda: refused.append(_spawn_outcome(cmd3, {"cpus": 64})), daemon=True)
+        waiter.start()
+        waiter.join(20)
+        result.update(infeasible=refused[0] if refused else "no answer in 20 s",
+                      infeasible_seconds=round(time.monotonic() - started, 1), infeasible_ran=never.exists())
+        # Printed here, before ray.shutdown: a command still waiting then makes Ray end the process.
+        print("RESULT " + json.dumps(result), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
     return result
 
 
+def _spawn_outcome(cmd: Any, resources: dict[str, float]) -> str:
+    """How a command spawned on the cluster ends: ``spawn_error: MESSAGE`` or ``exit N``."""
+    from castor.adapters.materia.process_runner import UtilitySpawnError
+    from castor.scaleout.utility_tasks import RayUtilityRunner
+
+    try:
+        return f"exit {RayUtilityRunner().spawn(cmd, resources).wait().exit_code}"
+    except UtilitySpawnError as exc:
+        return f"spawn_error: {exc.message}"
+
+
 def main() -> None:
     scenario, workdir = sys.argv[1], Path(sys.argv[2])
     if scenario == "lease_to_stopped_node":
-        print("RESULT " + json.dumps(lease_to_stopped_node(workdir)), flush=True)
+        lease_to_stopped_node(workdir)  # prints its RESULT itself
         return
     import ray
     from ray.cluster_utils import Cluster

@@ -108,14 +108,30 @@ def test_soak_over_ray_with_host_and_node_kills_reports_every_must_be_zero_figur
     assert report["utility_executions"] > 0, report
 
 
-def test_a_command_whose_lease_went_to_a_stopped_node_comes_back_as_lost_work(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def lease_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One run of the lease_to_stopped_node scenario (its cluster's start is ~15 s of the suite) for two tests."""
+    require_ray()
+    return scenario("lease_to_stopped_node", tmp_path_factory.mktemp("lease"))
+
+
+def test_a_command_whose_lease_went_to_a_stopped_node_comes_back_as_lost_work(lease_run: dict) -> None:
     """Ray never answers a lease request sent to a node whose raylet is stopped (ray-project/ray#63405):
     a cast on a healthy host whose command was spilled there waited for ever (one CI run: a cast of
     four still active after 120 s). Once the node is declared dead the command is cancelled and
     reported lost, so the cast re-dispatches it; it never ran."""
-    result = scenario("lease_to_stopped_node", tmp_path)
+    result = lease_run
     assert result["killed"] is True and result["ran"] is False and result["started_on"] is None, result
     assert result["stderr"].startswith("lost on the cluster: not started when node"), result
     assert result["seconds"] < 60, result
     # dispatched again (as the cast does with lost work), the command runs on the live node
     assert result["again_ran"] is True and result["again_exit"] == 0 and result["again_seconds"] < 30, result
+
+
+def test_a_command_needing_more_cpus_than_any_node_has_is_refused_not_queued_for_ever(lease_run: dict) -> None:
+    """A socket's ``resources.cpus`` above every node's CPUs: Ray holds such a task as infeasible
+    and never runs it, so the cast waited without a word until it was killed (``castor cast`` on a
+    cluster of 2-CPU nodes, ``cpus: 64``). It is a spawn error now, said at once; it never ran."""
+    result = lease_run
+    assert str(result["infeasible"]).startswith("spawn_error: the command needs 64 CPUs"), result
+    assert result["infeasible_seconds"] < 10 and result["infeasible_ran"] is False, result
