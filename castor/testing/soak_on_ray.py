@@ -54,12 +54,14 @@ class ClusterPacing:
 
 
 def start_cluster_backend(address: str | None) -> tuple[Any, Any]:
-    import ray
-
-    from castor.scaleout.ray_backend import RAY_NAMESPACE, RayBackend, RayBackendSettings
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
 
     cluster = None
-    if address is None:
+    if address is not None:  # a wrong address is one line in seconds, as for castor cast and serve
+        from castor.scaleout.options import check_reachable
+
+        check_reachable(address)
+    else:
         from ray.cluster_utils import Cluster
 
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
@@ -67,7 +69,7 @@ def start_cluster_backend(address: str | None) -> tuple[Any, Any]:
             cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
         cluster.wait_for_nodes()
         address = cluster.address
-    ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False, configure_logging=False)
+    # RayBackend connects (a cluster that refuses this process is a typed error there)
     return cluster, RayBackend(RayBackendSettings(address=address, hosts=2))
 
 

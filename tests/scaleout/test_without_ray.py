@@ -148,3 +148,23 @@ def test_a_cluster_that_refuses_this_process_is_a_typed_error_not_storage_unavai
         RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
     assert caught.value.data["reason"] == "ray_connect_failed"
     assert "RAY_AUTH_MODE=token" in caught.value.message
+
+
+def test_a_soak_on_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
+    """``castor soak --backend ray --ray-address`` went straight to Ray's connect, without the
+    check ``castor cast`` and ``castor serve`` make: minutes of retries on a wrong address."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port nothing listens at
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    proc = _python("import sys\nfrom castor.cli import main\n"
+                   f"sys.exit(main(['soak', '--backend', 'ray', '--ray-address', '127.0.0.1:{port}', '--sessions', "
+                   f"'1', '--casts', '1', '--no-icarus', '--workdir', {str(tmp_path / 'soak')!r}]))\n", tmp_path)
+    assert time.monotonic() - started < 60
+    assert proc.returncode == 1 and f"castor: not_found: the Ray cluster at 127.0.0.1:{port}" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
