@@ -58,7 +58,7 @@ class RayBackendSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    address: str | None = None  # a running cluster (``ray start --head``); None starts a local one
+    address: str | None = None  # a running cluster (``ray start --head``); None starts one of its own
     hosts: int | None = Field(default=None, ge=1, le=1024)  # default: one per alive node
     host_utility_slots: int = Field(default=16, ge=1, le=1024)
     replace_lost_hosts: bool = True
@@ -102,7 +102,10 @@ class RayBackend:
         self.log = logger.bind(actor="/ray")
         if not ray.is_initialized():
             try:
-                ray.init(address=self.settings.address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                # No address: a Ray of this process's own ("local"). Ray's default (None) joins the
+                # cluster RAY_ADDRESS or the world-writable /tmp/ray/ray_current_cluster names: a
+                # stale one (castor waited on it) or another user's.
+                ray.init(address=self.settings.address or "local", namespace=RAY_NAMESPACE, log_to_driver=False,
                          include_dashboard=False, configure_logging=False)
             except ConnectionError as exc:  # an OSError: the CLI would call it storage_unavailable
                 address = self.settings.address or "auto"

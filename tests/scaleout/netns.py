@@ -44,9 +44,10 @@ def require_ray() -> None:
     pytest.skip(reason)
 
 
-def run_in_netns(argv: list[str], *, timeout_s: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_in_netns(argv: list[str], *, timeout_s: float, cwd: Path | None = None,
+                 env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1", **(env_extra or {})}
     return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv],
                           capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
 
