@@ -127,6 +127,7 @@ def add_materia_subcommands(subparsers: Any) -> None:
         _add_config(parser)
         _add_cwd(parser)
         parser.add_argument("--quiet", action="store_true", help="no live progress")
+        add_backend_flags(parser)
         parser.set_defaults(run=globals()[func])
 
     abort = subparsers.add_parser("abort", help="end an active cast aborted (recastable)")
@@ -607,7 +608,10 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
 def _resume(args: argparse.Namespace, verb: str) -> int:
     cwd, root, cast_id = _cast_ref(args)
     _refuse_a_pointless_resume(root, cast_id, verb)
-    session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config)
+    from castor.scaleout.options import make_backend
+
+    session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config,
+                          backend=make_backend(args))
     try:
         with _named_on_interrupt(cast_id):
             view = session.call(verb, {"cast_id": cast_id})
