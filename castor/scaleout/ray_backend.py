@@ -175,6 +175,36 @@ class RayBackend:
             out.append(row)
         return out
 
+    def host_actors(self, prefix: str = "", timeout_s: float = 3.0) -> list[dict[str, Any]]:
+        """The actors of each live host's sessions under ``prefix`` (casts, sockets, their
+        supervisors), each labelled ``host``: what ``ops.actors`` adds to the serving process's own
+        tree. A host that does not answer within ``timeout_s`` adds nothing (``ops.hosts`` says why)."""
+        hosts = self.live_hosts()
+        refs = [h.actor.snapshot.remote() for h in hosts]
+        if not refs:
+            return []
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        out: list[dict[str, Any]] = []
+        for host, ref in zip(hosts, refs, strict=True):
+            if ref not in ready:
+                continue
+            try:
+                actors = self._ray.get(ref, timeout=0.1)
+            except Exception:  # noqa: BLE001 - a host lost meanwhile: the drain takes it for lost
+                continue
+            with self._lock:
+                sessions = set(host.sessions)
+            for actor in actors:
+                path = str(actor.get("path", ""))
+                parts = path.split("/")
+                if len(parts) < 5 or parts[1:3] != ["root", "session"] or parts[3] not in sessions:
+                    continue  # the host's own root and session supervisors: the serving process shows its own
+                if prefix and path != prefix and not path.startswith(prefix.rstrip("/") + "/"):
+                    continue
+                actor["labels"] = {**(actor.get("labels") or {}), "host": host.host_id}
+                out.append(actor)
+        return out
+
     # -- sessions ----------------------------------------------------------------
     def open_session(self, ctx: Any) -> str:
         sid = ctx.info.session_id

@@ -101,6 +101,12 @@ def test_a_harness_drives_casts_on_ray_hosts_and_survives_a_host_kill(tmp_path: 
             time.sleep(0.05)
         holder = next(h for h in client.call("ops.hosts", {})["hosts"] if h["sessions"] == ["s1"])
         assert any(second["cast_id"] in path for path in holder["casts"]), holder
+        # What an operator sees (castor inspect actors / casts): the cast's actors on its host, labelled
+        # with it (before, only the serving process's actors: `inspect casts` said "no casts").
+        actors = client.call("ops.actors", {"prefix": "/root/session/s1"})["actors"]
+        cast_actor = next((a for a in actors if a["path"] == f"/root/session/s1/cast/{second['cast_id']}"), None)
+        assert cast_actor is not None and cast_actor["labels"].get("host") == holder["host_id"], actors
+        assert [a["kind"] for a in actors if a["path"] == "/root/session/s1/materia"] == ["RemoteSessionActor"]
         client.call("ops.fault", {"kind": "kill_host", "path": holder["host_id"]})
         view = _wait_status(client, "s1", second["cast_id"], "complete", 120)
         after = client.call("ops.hosts", {})["hosts"]

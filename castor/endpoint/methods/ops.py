@@ -68,7 +68,12 @@ def process_stats(pid: int | None = None) -> dict[str, Any]:
 
 def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     def actors(params: ActorsParams, _ctx: Context) -> dict[str, Any]:
-        return runtime.system.snapshot_data(params.prefix, pace_s=WATCH_PACE_S)  # TreeSnapshot's JSON shape
+        data = runtime.system.snapshot_data(params.prefix, pace_s=WATCH_PACE_S)  # TreeSnapshot's JSON shape
+        if runtime.scaleout is not None:  # casts run on cast hosts: their actors, labelled with the host
+            known = {actor["path"] for actor in data["actors"]}
+            data["actors"] = sorted(data["actors"] + [a for a in runtime.scaleout.host_actors(params.prefix)
+                                                      if a["path"] not in known], key=lambda a: a["path"])
+        return data
 
     def mailbox(params: MailboxParams, _ctx: Context) -> dict[str, Any]:
         return runtime.system.mailbox(params.path).model_dump(mode="json")
