@@ -224,8 +224,9 @@ class RayUtilityRunner:
         largest = self._watch.largest_cpus()
         if largest is not None and cpus > largest:
             # Ray would hold the task as infeasible for ever, and the cast would wait without a word.
-            raise UtilitySpawnError(f"the command needs {cpus:g} CPUs (its socket's resources.cpus) and no node of "
-                                    f"the cluster has more than {largest:g}", may_have_started=False)
+            needs = f"{cpus:g} CPU{'' if cpus == 1 else 's'}"
+            raise UtilitySpawnError(f"the command needs {needs} (its socket's resources.cpus) and no node of the "
+                                    f"cluster has more than {largest:g}", may_have_started=False)
         num_cpus = fresh_kind(cpus, len(self._watch.dead_since()))
         answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"))
         return RemoteRunningUtility(cmd, answers, self._watch)
