@@ -52,17 +52,22 @@ def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--ray-address and --ray-hosts need --backend ray" in proc.stderr, proc.stderr
 
 
+def _port_nobody_listens_at() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
     """Ray's own connect retried for minutes on an address nobody listens at (castor printed
     nothing; killed at 560 s); a malformed address is a usage error."""
-    import socket
     import time
 
     pytest.importorskip("ray")
     (tmp_path / "a.json").write_text(json.dumps(["hi"]))
-    with socket.socket() as probe:  # a port nothing listens at
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _port_nobody_listens_at()
     started = time.monotonic()
     proc = _python("import sys\nfrom castor.cli import main\n"
                    f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
@@ -153,13 +158,10 @@ def test_a_cluster_that_refuses_this_process_is_a_typed_error_not_storage_unavai
 def test_a_soak_on_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
     """``castor soak --backend ray --ray-address`` went straight to Ray's connect, without the
     check ``castor cast`` and ``castor serve`` make: minutes of retries on a wrong address."""
-    import socket
     import time
 
     pytest.importorskip("ray")
-    with socket.socket() as probe:  # a port nothing listens at
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _port_nobody_listens_at()
     started = time.monotonic()
     proc = _python("import sys\nfrom castor.cli import main\n"
                    f"sys.exit(main(['soak', '--backend', 'ray', '--ray-address', '127.0.0.1:{port}', '--sessions', "
