@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from castor.messages.inspection import at_or_under
 from castor.shown import one_line
 
 SORT_KEYS = ("path", "oldest", "depth", "age", "restarts")
@@ -52,8 +53,7 @@ def select(actors: list[dict[str, Any]], *, prefix: str | None = None, text: str
     by path, or worst first by ``sort`` (ties by path)."""
     chosen = actors
     if prefix:
-        base = prefix.rstrip("/") or "/"
-        chosen = [a for a in chosen if a["path"] == base or a["path"].startswith(base.rstrip("/") + "/")]
+        chosen = [a for a in chosen if at_or_under(a["path"], prefix)]
     if text:
         needle = text.lower()
         chosen = [a for a in chosen if needle in a["path"].lower() or needle in str(a.get("kind", "")).lower()

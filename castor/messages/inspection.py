@@ -10,6 +10,16 @@ from typing import Literal, Union
 
 from castor.messages.base import Message
 
+
+def at_or_under(path: str, prefix: str) -> bool:
+    """Whether actor ``path`` is ``prefix`` or below it (``/root/session/s1`` is under
+    ``/root/session``, ``/root/session-2`` is not); every path is under an empty prefix."""
+    if not prefix:
+        return True
+    base = prefix.rstrip("/") or "/"
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
 ActorState = Literal["starting", "running", "restarting", "stopping", "stopped", "retired", "crashed", "failed"]
 
 

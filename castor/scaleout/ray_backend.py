@@ -35,6 +35,7 @@ from castor import tree
 from castor._log import logger
 from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
 from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
+from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
 from castor.supervision import Actor, ChildSpec, handles
@@ -199,7 +200,7 @@ class RayBackend:
                 parts = path.split("/")
                 if len(parts) < 5 or parts[1:3] != ["root", "session"] or parts[3] not in sessions:
                     continue  # the host's own root and session supervisors: the serving process shows its own
-                if prefix and path != prefix and not path.startswith(prefix.rstrip("/") + "/"):
+                if not at_or_under(path, prefix):
                     continue
                 actor["labels"] = {**(actor.get("labels") or {}), "host": host.host_id}
                 out.append(actor)

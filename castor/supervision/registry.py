@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from castor.messages.errors import NotFound
 from castor.messages.ids import check_safe_id
-from castor.messages.inspection import TreeSnapshot
+from castor.messages.inspection import TreeSnapshot, at_or_under
 from castor.supervision.meters import Meters
 from castor.supervision.threads import running_threads
 
@@ -95,7 +95,7 @@ class Registry(Generic[ActorHandle]):
     def handles(self, prefix: str = "") -> list[ActorHandle]:
         with self._lock:
             items = sorted(self._by_path.items())
-        return [h for p, h in items if p == prefix or p.startswith(prefix.rstrip("/") + "/") or not prefix]
+        return [h for p, h in items if at_or_under(p, prefix)]
 
     def snapshot(self, prefix: str = "") -> TreeSnapshot:
         """Every actor under ``prefix`` (all when empty), parents before children."""

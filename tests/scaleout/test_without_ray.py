@@ -19,6 +19,11 @@ def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 
+def _castor(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``castor`` with ``argv`` (its ``main``) in a fresh interpreter that has not imported Ray."""
+    return _python(f"import sys\nfrom castor.cli import main\nsys.exit(main({argv!r}))\n", cwd)
+
+
 def test_a_local_cast_and_every_help_never_import_ray(tmp_path: Path) -> None:
     (tmp_path / "answers.json").write_text(json.dumps(["hello"]))
     code = (
@@ -46,9 +51,7 @@ def test_backend_ray_without_ray_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
-    proc = _python("import sys\nfrom castor.cli import main\n"
-                   "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--ray-address', '127.0.0.1:6379']))\n",
-                   tmp_path)
+    proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--ray-address', '127.0.0.1:6379'], tmp_path)
     assert proc.returncode == 2 and "--ray-address and --ray-hosts need --backend ray" in proc.stderr, proc.stderr
 
 
@@ -69,15 +72,13 @@ def test_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_p
     (tmp_path / "a.json").write_text(json.dumps(["hi"]))
     port = _port_nobody_listens_at()
     started = time.monotonic()
-    proc = _python("import sys\nfrom castor.cli import main\n"
-                   f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
-                   f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+    proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray',
+                    '--ray-address', f'127.0.0.1:{port}'], tmp_path)
     assert time.monotonic() - started < 60
     assert proc.returncode == 1 and "castor: not_found: the Ray cluster at 127.0.0.1:" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    bad = _python("import sys\nfrom castor.cli import main\n"
-                  "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray', "
-                  "'--ray-address', 'notanaddress']))\n", tmp_path)
+    bad = _castor(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray', '--ray-address', 'notanaddress'],
+                  tmp_path)
     assert bad.returncode == 2 and "--ray-address must be" in bad.stderr, bad.stderr
 
 
@@ -106,9 +107,8 @@ def test_a_ray_address_that_accepts_but_never_speaks_is_one_line_in_seconds_not_
         silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
         port = silent.getsockname()[1]
         started = time.monotonic()
-        proc = _python("import sys\nfrom castor.cli import main\n"
-                       f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
-                       f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+        proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray',
+                        '--ray-address', f'127.0.0.1:{port}'], tmp_path)
     assert time.monotonic() - started < 60
     assert proc.returncode == 1 and f"castor: timeout: the Ray cluster at 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -125,9 +125,8 @@ def test_a_port_that_answers_but_is_not_a_ray_cluster_is_one_line(tmp_path: Path
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        proc = _python("import sys\nfrom castor.cli import main\n"
-                       f"sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray', "
-                       f"'--ray-address', '127.0.0.1:{port}']))\n", tmp_path)
+        proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray',
+                        '--ray-address', f'127.0.0.1:{port}'], tmp_path)
     finally:
         server.shutdown()
         server.server_close()
@@ -163,9 +162,8 @@ def test_a_soak_on_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_
     pytest.importorskip("ray")
     port = _port_nobody_listens_at()
     started = time.monotonic()
-    proc = _python("import sys\nfrom castor.cli import main\n"
-                   f"sys.exit(main(['soak', '--backend', 'ray', '--ray-address', '127.0.0.1:{port}', '--sessions', "
-                   f"'1', '--casts', '1', '--no-icarus', '--workdir', {str(tmp_path / 'soak')!r}]))\n", tmp_path)
+    proc = _castor(['soak', '--backend', 'ray', '--ray-address', f'127.0.0.1:{port}', '--sessions', '1',
+                    '--casts', '1', '--no-icarus', '--workdir', str(tmp_path / 'soak')], tmp_path)
     assert time.monotonic() - started < 60
     assert proc.returncode == 1 and f"castor: not_found: the Ray cluster at 127.0.0.1:{port}" in proc.stderr, \
         proc.stderr[-3000:]

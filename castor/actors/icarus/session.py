@@ -260,12 +260,13 @@ class IcarusSession:
     def session_id(self) -> str:
         return self.ctx.info.session_id
 
-    @property
+    @cached_property
     def icarus_session_id(self) -> str:
         """The id Icarus's hooks get: the harness's own session id when its ``session.open`` flags
         name one (``harness_session_id``; ``""`` when the harness has none, a Pi session without
         an id that the extension opened under an id of its own), else castor's session id. An
-        empty id is never deduplicated: every ``session_start`` runs ``on_session_start``."""
+        empty id is never deduplicated: every ``session_start`` runs ``on_session_start``. Read
+        once: a session's flags never change."""
         named = self.ctx.info.flags.get("harness_session_id")
         return named if isinstance(named, str) and (named == "" or is_safe_id(named)) else self.session_id
 

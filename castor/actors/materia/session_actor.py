@@ -219,6 +219,11 @@ class SessionActor(Actor):
             root = self._roots[configured] = self.runtime.artifact_root_for(str(self.cwd), configured)
         return root
 
+    def _footer_key(self, cast_id: str) -> str:
+        """The harness footer entry of cast ``cast_id``: one shared by the session's casts unless
+        it may run several at once (:func:`footer_key`)."""
+        return footer_key(cast_id, shared=self.runtime.settings.max_casts_per_session == 1)
+
     def _env(self, cast_id: str, root: Path, *, lease: CastHold, start: CastStarted | None = None) -> CastEnv:
         harness = self.ctx.harness
         system = self.runtime.system
@@ -229,7 +234,7 @@ class SessionActor(Actor):
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
                        usage_timeout_s=settings.context_usage_timeout_s,
-                       status_key=footer_key(cast_id, shared=settings.max_casts_per_session == 1))
+                       status_key=self._footer_key(cast_id))
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""
@@ -723,7 +728,7 @@ class SessionActor(Actor):
         where = f"{view['status']} at {view.get('current_socket')}" if view.get("current_socket") else view["status"]
         return {"notify": {"message": f"pi-materia cast {cast_id} restored in {one_line(str(phase))}. "
                                       f"Use {self._cmd('status')} for details.", "level": "info"},
-                "status": {"key": footer_key(cast_id, shared=self.runtime.settings.max_casts_per_session == 1),
+                "status": {"key": self._footer_key(cast_id),
                            "text": f"materia: {one_line(where)}"}}
 
     def _withdraw_user_turns(self, reason: AbandonReason) -> dict[str, Any]:
