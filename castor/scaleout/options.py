@@ -40,6 +40,14 @@ def backend_flag_problem(args: argparse.Namespace) -> str | None:
         import ray  # noqa: F401 - only to say clearly what is missing
     except ImportError:
         return "--backend ray needs Ray: pip install 'castor[ray]'"
+    if address is not None and address.strip().startswith("ray://"):
+        import importlib
+
+        try:  # Ray Client's transport, which Ray installs only with its client extra (no type stubs)
+            importlib.import_module("grpc")
+        except ImportError:
+            return ("--ray-address ray://... needs Ray Client's package (grpcio), which castor's extra brings: "
+                    "pip install 'castor[ray]'")
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import subprocess
 import sys
@@ -46,3 +47,40 @@ def test_a_cast_failed_here_is_recast_on_a_local_ray_that_no_ray_address_around_
     assert "complete" in proc.stdout + proc.stderr, proc.stdout + proc.stderr[-3000:]
     stdout = next((proj / ".pi" / "pi-materia").glob("*/sockets/Socket-1/2.command.stdout.txt"))
     assert stdout.read_text().startswith("on node "), stdout.read_text()
+
+
+def test_a_running_cluster_is_joined_by_its_gcs_address_and_by_a_ray_client_address(tmp_path: Path) -> None:
+    """A cluster started with ``ray start`` (as an operator starts one), joined twice from a project
+    directory: by its GCS ``HOST:PORT`` and by a Ray Client ``ray://HOST:PORT`` (the form a remote
+    cluster is usually reached by). Each cast's utility command runs as a cluster task. Before, the
+    ``ray://`` form was accepted by the flag check but failed at Ray's connect with "Ray Client
+    requires pip package `ray[client]`" (the extra lacked Ray Client's gRPC package)."""
+    require_ray()
+    proj = tmp_path / "proj"
+    (proj / ".pi").mkdir(parents=True)
+    (proj / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "one", "loadouts": {"one": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": ON_CLUSTER, "parse": "text"}}}}}))
+    (proj / "a.json").write_text(json.dumps(["hi"]))
+    home = tmp_path / "home"  # Ray keeps its auth token under ~/.ray: this cluster's, not the user's
+    home.mkdir()
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    castor = [sys.executable, "-m", "castor", "cast", "build", "--agent", "script:a.json", "--quiet",
+              "--backend", "ray"]
+    script = "\n".join([
+        "set -u",
+        f"{ray_bin!r} start --head --port=26379 --ray-client-server-port=26380 --num-cpus=2 "
+        "--disable-usage-stats > ray-start.log 2>&1 || { cat ray-start.log; exit 90; }",
+        "rc=0",
+        " ".join(map(repr, castor)) + " --ray-address 127.0.0.1:26379 > gcs.out 2>&1 || rc=$((rc + 1))",
+        " ".join(map(repr, castor)) + " --ray-address ray://127.0.0.1:26380 > client.out 2>&1 || rc=$((rc + 10))",
+        f"{ray_bin!r} stop --force > /dev/null 2>&1",
+        "exit $rc",
+    ])
+    token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # both sides: `ray start` turns it on
+    proc = run_in_netns(["sh", "-c", script], timeout_s=170, cwd=proj, env_extra={"HOME": str(home), **token})
+    outputs = {name: (proj / name).read_text() if (proj / name).exists() else "" for name in ("gcs.out", "client.out")}
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:], outputs)
+    stdouts = sorted((proj / ".pi" / "pi-materia").glob("*/sockets/Socket-1/*.command.stdout.txt"))
+    assert len(stdouts) == 2, stdouts
+    for path in stdouts:
+        assert path.read_text().startswith("on node "), (path, path.read_text())

@@ -50,6 +50,19 @@ def test_backend_ray_without_ray_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "castor[ray]" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_a_ray_client_address_without_ray_clients_package_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """``ray://`` needs Ray Client's gRPC package; a Ray installed without it (``pip install ray``
+    rather than the extra) got as far as Ray's connect and failed there as ``invalid_params`` with
+    Ray's own words. Now a usage error before anything starts, naming what to install."""
+    code = ("import sys\nsys.modules['grpc'] = None  # Ray without its client extra\n"
+            "from castor.cli import main\n"
+            "sys.exit(main(['cast', 'hi', '--agent', 'script:a.json', '--backend', 'ray',"
+            " '--ray-address', 'ray://127.0.0.1:10001']))\n")
+    proc = _python(code, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "castor[ray]" in proc.stderr and "ray://" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
     proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--ray-address', '127.0.0.1:6379'], tmp_path)
     assert proc.returncode == 2 and "--ray-address and --ray-hosts need --backend ray" in proc.stderr, proc.stderr
