@@ -38,7 +38,7 @@ from typing import Any
 from castor._log import logger
 from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
-from castor.endpoint.listeners import is_loopback_host, peer_is_us
+from castor.endpoint.listeners import is_loopback_host, peer_is_us, tcp_peer_is_us
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import Forbidden
 
@@ -99,12 +99,23 @@ class Client:
     def connect_tcp(cls, host: str, port: int, *, connect_timeout: float = 5.0, **kwargs: Any) -> Client:
         """Connect to ``host:port``. With a token (``token=`` / ``token_file=``) ``host`` must be a
         loopback address, as ``castor serve --tcp`` is: the token travels in clear text, so it is
-        never sent off this machine (``Forbidden``, raised before anything connects)."""
+        never sent off this machine (``Forbidden``, raised before anything connects). And the
+        listener must run as this user or root (``/proc/net/tcp``, :func:`tcp_peer_is_us`): another
+        user who took the port while castor's serve was down never hears the token (``Forbidden``,
+        ``data.reason: peer_uid``, before anything is sent)."""
         if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not is_loopback_host(host):
             raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {host!r}: it travels in "
                             "clear text, and castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
                             data={"host": host})
         sock = socket.create_connection((host, port), timeout=connect_timeout)
+        try:
+            if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not tcp_peer_is_us(sock):
+                shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                raise Forbidden(f"refusing to send the endpoint's token to {shown}: another user listens there, "
+                                "not castor's serve", data={"address": shown, "reason": "peer_uid"})
+        except BaseException:
+            sock.close()
+            raise
         return cls(_caller_socket(sock), name=f"client-tcp:{host}:{port}", **kwargs)
 
     @classmethod

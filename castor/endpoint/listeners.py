@@ -22,6 +22,8 @@ import socket
 import stat
 import struct
 import tempfile
+import time
+from typing import Any
 
 from castor.adapters.fs import storage_unavailable
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidConfig
@@ -157,6 +159,71 @@ def peer_is_us(sock: socket.socket) -> bool:
     except OSError:
         return False
     return uid in (os.geteuid(), 0)
+
+
+_PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def tcp_peer_is_us(sock: socket.socket, *, settle_s: float = 0.2) -> bool:
+    """The listener at the other end of a loopback TCP connection runs as castor's user or as
+    root -- what :func:`peer_is_us` tells for a Unix socket, which TCP has no ``SO_PEERCRED``
+    for. Linux lists every TCP socket of this network namespace with its owner's uid in
+    ``/proc/net/tcp``/``tcp6`` (readable by everyone); the other end is the row whose local
+    address is our peer and whose remote address is us. ``True`` where the platform has no such
+    table (the token then goes unchecked, as before); ``False`` when the table has no such row
+    (the listener went away: nobody to send a token to). ``settle_s`` bounds the wait for the
+    row of a connection the listener's kernel side has not finished setting up."""
+    try:
+        ours, theirs = _tcp_endpoint(sock.getsockname()), _tcp_endpoint(sock.getpeername())
+    except OSError:
+        return False
+    deadline = time.monotonic() + settle_s
+    while True:
+        uid = _tcp_owner(theirs, ours)
+        if uid is not None:
+            return uid in (os.geteuid(), 0)
+        if not any(os.path.exists(name) for name in _PROC_NET_TCP):  # pragma: no cover - not Linux
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
+def _tcp_endpoint(address: tuple[Any, ...]) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    ip = ipaddress.ip_address(str(address[0]).split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip, int(address[1])
+
+
+def _tcp_owner(local: tuple[Any, int], remote: tuple[Any, int]) -> int | None:
+    """The uid of the row ``local`` -> ``remote`` in ``/proc/net/tcp``/``tcp6``, or None."""
+    for name in _PROC_NET_TCP:
+        try:
+            with open(name, encoding="ascii", errors="replace") as table:
+                next(table, None)  # the header
+                for line in table:
+                    fields = line.split()
+                    if len(fields) < 8:
+                        continue
+                    try:
+                        if _proc_endpoint(fields[1]) == local and _proc_endpoint(fields[2]) == remote:
+                            return int(fields[7])
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return None
+
+
+def _proc_endpoint(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """``0100007F:1E61`` (``/proc/net/tcp``: the address as 32-bit words in host byte order)."""
+    hex_ip, hex_port = field.split(":")
+    raw = b"".join(struct.pack("=I", int(hex_ip[i:i + 8], 16)) for i in range(0, len(hex_ip), 8))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip, int(hex_port, 16)
 
 
 def is_loopback_host(host: str) -> bool:

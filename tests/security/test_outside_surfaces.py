@@ -354,3 +354,94 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
         os.waitpid(child, 0)
         os.close(read_end)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to listen as another user")
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, family):
+    """A loopback port is anyone's to take while castor's serve is down (or before it starts):
+    another user listening on the port a ``--token-file`` serve uses heard the token in the
+    hello of ``castor inspect --tcp HOST:PORT --token-file F`` (and of ``Client.connect_tcp``),
+    and could then open a trusted session on the real serve once it was back. Now a client asks
+    the kernel who owns the other end (``/proc/net/tcp``) first: another user's listener is
+    ``forbidden`` and hears no token."""
+    import os
+    import socket
+
+    from castor.client import Client
+    from castor.messages.errors import Forbidden
+
+    if family == "ipv6" and not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    host = "127.0.0.1" if family == "ipv4" else "::1"
+    token_file = tmp_path / "endpoint.token"
+    token_file.write_text("t" * 43 + "\n")
+    token_file.chmod(0o600)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: listen, and report every byte a peer sends
+        try:
+            os.close(read_end)
+            listener = socket.socket(socket.AF_INET if family == "ipv4" else socket.AF_INET6, socket.SOCK_STREAM)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener.bind((host, 0))
+            listener.listen(4)
+            os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
+            while True:
+                peer, _ = listener.accept()
+                peer.settimeout(3)
+                try:
+                    while chunk := peer.recv(4096):
+                        os.write(write_end, chunk)
+                except OSError:
+                    pass
+                peer.close()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        port = int.from_bytes(os.read(read_end, 2), "big")
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        done = subprocess.run(castor_argv("inspect", "--tcp", shown, "--token-file", str(token_file)),
+                              env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, \
+            done.stderr
+        with pytest.raises(Forbidden) as refused:
+            Client.connect_tcp(host, port, token_file=str(token_file), default_timeout=5)
+        assert refused.value.data.get("reason") == "peer_uid"
+        # What the other user heard: nothing with the token in it.
+        probe = socket.create_connection((host, port))
+        probe.sendall(b"END")
+        probe.close()
+        heard = b""
+        while not heard.endswith(b"END"):
+            chunk = os.read(read_end, 65536)
+            assert chunk, "the listener went away"
+            heard += chunk
+        assert b"t" * 43 not in heard
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+
+
+def test_a_client_with_a_token_still_reaches_castor_s_own_tcp_serve(tmp_path):
+    """The owner check passes for castor's own user's listener (``serve`` in a subprocess)."""
+    import socket
+
+    from castor.endpoint.listeners import tcp_peer_is_us
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        sock = socket.create_connection(listener.getsockname()[:2], timeout=5)
+        try:
+            assert tcp_peer_is_us(sock)
+        finally:
+            sock.close()
+    finally:
+        listener.close()
