@@ -12,8 +12,11 @@ one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its
 
 Access: when a token is set, every request must carry it — ``?token=…`` (answered with a
 cookie, so the page's own requests need not repeat it), the cookie, or ``Authorization:
-Bearer …``; anything else is ``401``. A ``Host`` header that does not name this loopback
-listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
+Bearer …``; anything else is ``401``. The cookie never holds the token: browsers send a cookie to
+every port of its host, so any page another local user serves on 127.0.0.1 would receive it (and
+the console's token may be the endpoint's). It holds a secret of this console's run alone
+(:attr:`ConsoleServer.cookie_secret`), under a name with the console's port in it. A ``Host`` header
+that does not name this loopback listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+import secrets
 import socket
 import threading
 import time
@@ -40,7 +44,8 @@ from castor.supervision.threads import start_thread
 _TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s\"]*")
 """A ``token`` parameter in a request line (its value is never logged)."""
 
-COOKIE = "castor_console_token"
+COOKIE = "castor_console_"
+"""The cookie's name is this and the console's port (two consoles on one host keep theirs)."""
 #: Seconds between two pushes of a live page.
 PUSH_INTERVAL_S = 1.0
 #: A live stream ends after this long (the page's EventSource reconnects by itself).
@@ -83,6 +88,8 @@ class ConsoleServer:
             raise Forbidden(f"refusing to serve the console on non-loopback host {host!r}", data={"host": host})
         self.runtime = runtime
         self.token = token
+        self.cookie_secret = secrets.token_urlsafe(32)
+        """What the console's cookie holds: random per run, never the token (see the module doc)."""
         self.stopping = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._tree_lock = threading.Lock()
@@ -101,6 +108,7 @@ class ConsoleServer:
 
             raise address_refused("the console", family_host, port, exc) from None
         self.host, self.port = family_host, self.httpd.server_address[1]
+        self.cookie_name = f"{COOKIE}{self.port}"
         self._thread: threading.Thread | None = None
 
     @property
@@ -272,8 +280,9 @@ class _Handler(BaseHTTPRequestHandler):
             cookie.load(self.headers.get("Cookie", ""))
         except Exception:  # noqa: BLE001 - a malformed cookie header is no token
             return False, False
-        morsel = cookie.get(COOKIE)
-        if morsel is not None and hmac.compare_digest(morsel.value.encode(), token.encode()):
+        morsel = cookie.get(self.server_console.cookie_name)
+        if morsel is not None and hmac.compare_digest(morsel.value.encode(),
+                                                      self.server_console.cookie_secret.encode()):
             return True, False
         return False, False
 
@@ -342,7 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
                          "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; "
                          "connect-src 'self'; img-src 'self' data:")
         if getattr(self, "_cookie", False) and self.server_console.token:
-            self.send_header("Set-Cookie", f"{COOKIE}={self.server_console.token}; Path=/; HttpOnly; SameSite=Strict")
+            console = self.server_console
+            self.send_header("Set-Cookie",
+                             f"{console.cookie_name}={console.cookie_secret}; Path=/; HttpOnly; SameSite=Strict")
         if length is not None:
             self.send_header("Content-Length", str(length))
         self.end_headers()

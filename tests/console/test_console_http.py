@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from castor.client import Client
+from castor.messages.errors import CastorError
 from tests.console.conftest import TOKEN_FILES, TOKENS, serve_env, start_console, stop
 from tests.support.waiting import wait_for
 
@@ -315,6 +316,41 @@ def test_the_endpoint_s_token_guards_the_console_when_it_has_no_token_file_of_it
     try:
         assert _get(url + "api/actors")[0] == 401
         assert _get(url + "api/actors", {"Authorization": f"Bearer {token}"})[0] == 200
+    finally:
+        stop(server)
+
+
+def test_the_console_cookie_never_carries_the_endpoint_s_token(tmp_path):
+    """Browsers send a cookie to every port of its host (cookies are not kept apart by port): the
+    console's cookie held the console's token -- the endpoint's own when the console has no token
+    file of its own -- so any page on 127.0.0.1 another local user served (at a port of theirs)
+    received it with the user's next visit, and with it a trusted session on the endpoint (its
+    utility commands run as castor's user). The cookie now holds a secret of this console's run
+    alone, named after its port; it opens the console and nothing else."""
+    import os
+
+    token = "endp0int-" + "z" * 30
+    token_file = tmp_path / "endpoint.token"
+    token_file.write_text(token + "\n")
+    os.chmod(token_file, 0o600)
+    server, url, sock = start_console(tmp_path, "--require-token", "--token-file", str(token_file))
+    try:
+        status, _page, headers = _get(f"{url}?token={token}")
+        assert status == 200, status
+        set_cookie = headers["Set-Cookie"]
+        assert token not in set_cookie, set_cookie
+        assert "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie and "Path=/" in set_cookie
+        cookie = set_cookie.split(";")[0]
+        assert cookie.split("=", 1)[0].endswith(str(urlsplit(url).port)), cookie
+        assert _get(url + "api/actors", {"Cookie": cookie})[0] == 200
+        # The token itself is no cookie (it is never handed out as one), nor is another port's name.
+        name, value = cookie.split("=", 1)
+        assert _get(url + "api/actors", {"Cookie": f"{name}={token}"})[0] == 401
+        assert _get(url + "api/actors", {"Cookie": f"castor_console_1={value}"})[0] == 401
+        # What the cookie gets on the endpoint: nothing (it is not the token).
+        with pytest.raises(CastorError) as refused:
+            Client.connect_unix(str(sock), token=value, default_timeout=10)
+        assert refused.value.code == "unauthenticated"
     finally:
         stop(server)
 
