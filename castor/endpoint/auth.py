@@ -83,6 +83,7 @@ class AuthGate:
         ctx.connection.dispatcher = self.real
         ctx.connection.limit_frames(None)  # the protocol's own frame limits from now on
         ctx.connection.limit_outbound(None)
+        ctx.connection.quiet_peer_faults(False)
         return result
 
 

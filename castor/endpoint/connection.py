@@ -236,6 +236,10 @@ class Connection:
         self.state: dict[str, Any] = {}
         self.close_reason: str | None = None
         self._log = logger.bind(conn=self.name)
+        # The level of the lines a peer's own faults cost (bytes that are not msgpack, a reset
+        # before its answer, an answer it does not read): DEBUG for a peer that has not
+        # authenticated, so that anyone who can connect cannot write a line per connect.
+        self._peer_fault_level = "WARNING"
         self._decoder = FrameDecoder(self.settings.frame_limits)
         self._closed = False
         self._closed_event = threading.Event()
@@ -338,6 +342,12 @@ class Connection:
         settings' own. Over it the connection closes (outbound overflow), as over the settings'."""
         default = self.settings.max_outbound_bytes
         self._max_out_bytes = default if max_bytes is None else min(max_bytes, default)
+
+    def quiet_peer_faults(self, quiet: bool) -> None:
+        """Log what the peer's own faults close the connection for at debug level (``True``: a
+        peer that has not authenticated, whom a line per connect would let fill the log) or as
+        warnings (``False``, the default). Counted either way."""
+        self._peer_fault_level = "DEBUG" if quiet else "WARNING"
 
     def add_close_callback(self, fn: Callable[[Connection], None]) -> None:
         """Run ``fn(conn)`` once when the connection closes -- on the closing thread, or at once on
@@ -528,7 +538,7 @@ class Connection:
         except BaseException as exc:
             self.close_interrupted(threading.get_ident(), None, exc)
             raise
-        self._log.warning("closing connection: {}", overflow)
+        self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
         self.close(overflow)
         return False
 
@@ -564,7 +574,7 @@ class Connection:
             if tail is not None:
                 self._send(tail)
             return
-        self._log.warning("closing connection: {}", overflow)
+        self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
         self.close(overflow)
 
     def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
@@ -1267,7 +1277,7 @@ class Connection:
 
     def _on_undecodable(self, exc: UndecodableStream) -> None:
         self.counters["invalid_frames"] += 1
-        self._log.warning("undecodable input, closing: {}", exc.message)
+        self._log.log(self._peer_fault_level, "undecodable input, closing: {}", exc.message)
         self._send(encode_error_notification(exc.to_wire()))
         self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5)
 

@@ -89,6 +89,8 @@ class Peer(Protocol):
 
     def limit_outbound(self, max_bytes: int | None) -> None: ...
 
+    def quiet_peer_faults(self, quiet: bool) -> None: ...
+
 
 class Params(BaseModel):
     """Base for params models: unknown fields are an ``invalid_params`` error."""

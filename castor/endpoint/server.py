@@ -246,6 +246,7 @@ class Server:
             conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]  # the gate wraps the dispatcher with the same call surface
             conn.limit_frames(PRE_AUTH_MAX_FRAME)  # until the hello: no one buffers megabytes unasked,
             conn.limit_outbound(PRE_AUTH_MAX_OUTBOUND)  # in or out
+            conn.quiet_peer_faults(True)  # nor writes a log line per connect
         else:
             conn.state[MAY_TRUST] = same_user
         self._track(conn)

@@ -609,6 +609,39 @@ def test_notifications_before_the_hello_cannot_flood_or_forge_the_log(tcp_serve)
     peer.close()
 
 
+def test_connections_without_the_token_cannot_fill_the_log_by_closing_badly(tcp_serve):
+    """Each connection a peer without the token closed badly was a warning line: bytes that are not
+    msgpack ("undecodable input, closing"), or a request followed by a reset before its refusal
+    could be written ("write failed: Connection reset by peer"). Anyone on the machine could grow
+    the log by a line per connect, hundreds a second. Before the hello those closes are debug
+    lines now (counted as ever); an authenticated peer's still warn."""
+    import struct
+
+    server = tcp_serve("--hello-timeout", "60")
+    before = server.stderr_path.read_text()
+    for n in range(40):
+        peer = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        if n % 2:
+            peer.sendall(b"\xc1" * 16)  # never msgpack: undecodable, the connection is closed
+            peer.settimeout(10)
+            while peer.recv(4096):
+                pass
+        else:
+            peer.sendall(request(1, "cast.start", {}))
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        peer.close()
+    # The token holder, last: its own undecodable bytes still warn (castor's log is where a broken
+    # client of the user's shows up).
+    owner = server.raw()
+    owner.send(request(1, "runtime.hello", {"token": server.token}))
+    assert responses(owner.read(10, until=lambda vs: 1 in responses(vs)))[1][2] is None
+    owner.send(b"\xc1")
+    wait_until(lambda: "undecodable" in server.stderr_path.read_text()[len(before):], 10, "the owner's warning")
+    added = server.stderr_path.read_text()[len(before):]
+    assert len(added.splitlines()) <= 2, added[:3000]
+    owner.close()
+
+
 def test_a_peer_without_the_token_gets_refusals_no_larger_than_its_asks(tcp_serve):
     """A refusal used to repeat the method it refused twice (message and data): a 60 KB name, the
     most a peer without the token may send in one frame, came back as 120 KB, and a peer that sent
