@@ -224,23 +224,38 @@ def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = N
                               f"{exc.strerror or 'error'})", data=data)
 
 
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
+class UnsafeFile(ValueError):
+    """A file castor found by itself that another user chose the content of (see ``owned``)."""
+
+
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, owned: bool = False) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (None: any size, for castor's own files);
     ``ValueError`` for anything else.
 
     Opened first, then checked (what is checked is what is read), with ``O_NONBLOCK`` so a FIFO
     is refused at once instead of waiting for a writer; ``/dev/zero`` and other devices are
     refused too. For user-edited files (configs, settings) whose path a project can choose.
+    ``owned``: the file must also be castor's user's (or root's) and not writable by every user,
+    else :class:`UnsafeFile` -- for the user's own config that castor finds through the
+    environment and that chooses what it runs (a shared or mistyped directory would let another
+    user choose it).
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
     except BaseException:
         os.close(fd)
         raise
+    mode = st.st_mode
     if not stat.S_ISREG(mode):  # checked on the fd: a directory cannot even be wrapped (its error names the fd)
         os.close(fd)
         raise ValueError("a directory" if stat.S_ISDIR(mode) else "not a regular file")
+    if owned and st.st_uid not in (os.geteuid(), 0):
+        os.close(fd)
+        raise UnsafeFile(f"it belongs to another user (uid {st.st_uid}), who chose what it says")
+    if owned and mode & stat.S_IWOTH:
+        os.close(fd)
+        raise UnsafeFile("every user may write it, so another user may have chosen what it says (chmod o-w it)")
     with open(fd, "rb") as handle:
         raw = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
     if max_bytes is not None and len(raw) > max_bytes:

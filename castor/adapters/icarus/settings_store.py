@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import filelock
 
-from castor.adapters.fs import atomic_write_text, read_regular_file
+from castor.adapters.fs import UnsafeFile, atomic_write_text, read_regular_file
 from castor.domain import paths
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -84,14 +84,17 @@ class _Unusable(Exception):
     """A settings file that exists but cannot be used (the message says why)."""
 
 
-def _parse(path: str) -> dict[str, Any]:
+def _parse(path: str, *, owned: bool = False) -> dict[str, Any]:
     """The file's JSON object. ``FileNotFoundError`` if missing; ``_Unusable(reason)`` if it is not
     a regular file of at most MAX_SETTINGS_BYTES holding one strict JSON object (no NaN or
-    Infinity: Pi's ``JSON.parse`` would refuse them). Lone surrogates become U+FFFD."""
+    Infinity: Pi's ``JSON.parse`` would refuse them), or (``owned``) if another user owns it or
+    every user may write it. Lone surrogates become U+FFFD."""
     try:
-        text = read_regular_file(path, MAX_SETTINGS_BYTES).decode("utf-8")
+        text = read_regular_file(path, MAX_SETTINGS_BYTES, owned=owned).decode("utf-8")
     except FileNotFoundError:
         raise
+    except UnsafeFile as exc:
+        raise _Unusable(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise _Unusable(f"unreadable ({type(exc).__name__})") from None
     except ValueError as exc:  # not a regular file, too large
@@ -109,9 +112,11 @@ def _parse(path: str) -> dict[str, Any]:
 
 
 def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
-    """Tolerant read of one settings file."""
+    """Tolerant read of one settings file. The global one chooses the Icarus worker's Python and
+    package for every session: a file another user owns, or every user may write (the agent
+    directory's variable names a shared directory), is ignored with the reason."""
     try:
-        doc = _parse(path)
+        doc = _parse(path, owned=scope == "global")
     except FileNotFoundError:
         return SettingsLayer(scope=scope, path=path)
     except _Unusable as exc:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from castor.adapters.fs import (
+    UnsafeFile,
     atomic_write_bytes,
     file_signature,
     is_storage_fault,
@@ -124,12 +125,16 @@ def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
     return data, out
 
 
-def read_layer(path: Path) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
+def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [warning, ...])`` (``duplicate-key`` warnings only;
-    usually none) or ``(None, [issue])``."""
+    usually none) or ``(None, [issue])``. ``owned``: a file of another user, or one every user may
+    write, is not read (``unsafe-permissions``; for the user layer, found through the environment)."""
     source = str(path)
     try:
-        text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
+        text = read_regular_file(path, MAX_CONFIG_BYTES, owned=owned).decode("utf-8")
+    except UnsafeFile as exc:
+        return None, [ConfigIssue(code="unsafe-permissions", source=source,
+                                  message=f"config file {source} is not read: {exc}")]
     except FileNotFoundError:
         return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
     except UnicodeDecodeError as exc:
@@ -210,7 +215,7 @@ def gather_layers(
             issues.append(_escapes_project(path))
             infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
             continue
-        data, read_issues = read_layer(path)
+        data, read_issues = read_layer(path, owned=scope == "user")
         issues.extend(read_issues)
         infos.append(LayerInfo(scope=scope, path=str(path), loaded=data is not None))
         if data is not None:

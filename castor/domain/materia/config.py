@@ -35,6 +35,7 @@ GRAPH_CODES = (
 OTHER_CODES = (
     "file-not-found",
     "read-error",
+    "unsafe-permissions",
     "invalid-json",
     "not-an-object",
     "obsolete-field",

@@ -1,0 +1,97 @@
+"""Config files castor finds by itself (not named on its command line) that another user wrote.
+
+The user's own materia profile (``$PI_MATERIA_PROFILE_DIR/materia.json``) and the global Pi
+settings (``$PI_CODING_AGENT_DIR/settings.json``) choose utility commands and the Icarus worker's
+Python -- what castor runs as its user, in every session, trusted or not. When such a file
+belongs to another user, or anyone may write it (the variable names a shared directory such as
+``/tmp/pi``, or a mistyped one), that other user chose those programs. castor does not read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from castor.adapters.icarus.settings_store import load_settings
+from castor.adapters.materia.config_loader import load_resolved, read_layer
+from castor.domain.materia.config import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+root_only = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                               reason="needs root to make a file of another user")
+
+
+def _command_config(marker: Path) -> dict:
+    return {"activeLoadout": "cmd", "loadouts": {"cmd": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": ["touch", str(marker)],
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+
+
+def _plant(path: Path, doc: dict, how: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    if how == "another-users-file":
+        os.chown(path, 65534, 65534)
+        path.chmod(0o644)
+    elif how == "world-writable":
+        path.chmod(0o666)
+    else:
+        path.chmod(0o644)
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_a_materia_profile_another_user_wrote_is_not_read(tmp_path, how):
+    """A profile config another user owns (or anyone may write) ran its utility commands as
+    castor's user in every cast, an untrusted session's too. It is an ``invalid_config`` now
+    (issue ``unsafe-permissions``), naming the file; nothing in it is read."""
+    profile = tmp_path / "profile"
+    marker = tmp_path / "ran"
+    _plant(profile / "materia.json", _command_config(marker), how)
+    project = tmp_path / "project"
+    project.mkdir()
+    with pytest.raises(ConfigError) as refused:
+        load_resolved(project, env={"PI_MATERIA_PROFILE_DIR": str(profile)}, home=tmp_path / "home")
+    [issue] = [i for i in refused.value.issues if i.code == "unsafe-permissions"]
+    assert issue.source == str(profile / "materia.json")
+    data, issues = read_layer(profile / "materia.json", owned=True)
+    assert data is None and [i.code for i in issues] == ["unsafe-permissions"]
+    assert not marker.exists()
+
+
+def test_the_users_own_profile_is_read_as_before(tmp_path):
+    profile = tmp_path / "profile"
+    _plant(profile / "materia.json", _command_config(tmp_path / "ran"), "own")
+    project = tmp_path / "project"
+    project.mkdir()
+    resolved = load_resolved(project, env={"PI_MATERIA_PROFILE_DIR": str(profile)}, home=tmp_path / "home")
+    assert resolved.pipeline.loadout_name == "cmd"
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_global_settings_another_user_wrote_choose_no_python(tmp_path, how):
+    """The global settings chose the Icarus worker's Python and package whoever wrote them. A file
+    of another user (or that anyone may write) is ignored now, with a warning naming why."""
+    agent = tmp_path / "agent"
+    _plant(agent / "settings.json", {"piIcarusHook": {"python": str(tmp_path / "evil-python"), "timeoutMs": 4321}},
+           how)
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = load_settings(str(project), trusted=False, env={"PI_CODING_AGENT_DIR": str(agent)},
+                             home=str(tmp_path / "home"))
+    assert settings.python != str(tmp_path / "evil-python") and settings.timeout_ms != 4321
+    assert any("global settings ignored" in w and "another user" in w for w in settings.warnings), settings.warnings
+
+
+def test_the_users_own_global_settings_are_read_as_before(tmp_path):
+    agent = tmp_path / "agent"
+    _plant(agent / "settings.json", {"piIcarusHook": {"timeoutMs": 4321}}, "own")
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = load_settings(str(project), trusted=False, env={"PI_CODING_AGENT_DIR": str(agent)},
+                             home=str(tmp_path / "home"))
+    assert settings.timeout_ms == 4321
