@@ -17,6 +17,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { endpointText, tokenFromFile, type Endpoint } from "./locate.ts";
+import { ownerIsUs, tcpListenerOwner, unixListenerOwner, type ListenerOwner } from "./owner.ts";
 import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
 export interface Hello {
@@ -95,8 +96,46 @@ export function parseCommand(text: string): string[] {
 	return words;
 }
 
-/** Connect a stream socket to `endpoint` within `timeoutMs`. */
-function connectEndpoint(endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
+/** How long a TCP connection's listener side gets to appear in the kernel's table (see owner.ts). */
+const OWNER_SETTLE_MS = 200;
+
+/** Refuse a listener of another user (root aside): it would hear the token and the whole session. */
+async function checkListener(endpoint: Endpoint, socket?: Socket): Promise<void> {
+	let owner: ListenerOwner;
+	if (endpoint.kind === "unix") {
+		owner = unixListenerOwner(endpoint.path);
+		if (owner !== undefined && "gone" in owner) return; // nothing there: the connect says it cannot reach castor
+	} else {
+		const deadline = Date.now() + OWNER_SETTLE_MS;
+		owner = tcpListenerOwner(socket!);
+		while (owner !== undefined && "gone" in owner && Date.now() < deadline) {
+			await new Promise((r) => setTimeout(r, 5));
+			owner = tcpListenerOwner(socket!);
+		}
+	}
+	if (ownerIsUs(owner)) return;
+	const who = owner !== undefined && "uid" in owner ? `another user (uid ${owner.uid})` : "nobody castor can name";
+	throw new RpcError("forbidden", `refusing to talk to castor at ${endpointText(endpoint)}: ${who} listens there, not your castor serve`, {
+		reason: "peer_uid",
+	});
+}
+
+/** Connect a stream socket to `endpoint` within `timeoutMs`, once its listener is known to be this user's. */
+async function connectEndpoint(endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
+	if (endpoint.kind === "unix") await checkListener(endpoint);
+	const socket = await connectSocket(endpoint, timeoutMs);
+	if (endpoint.kind === "tcp") {
+		try {
+			await checkListener(endpoint, socket);
+		} catch (err) {
+			socket.destroy();
+			throw err;
+		}
+	}
+	return socket;
+}
+
+function connectSocket(endpoint: Endpoint, timeoutMs: number): Promise<Socket> {
 	return new Promise((resolve, reject) => {
 		const socket = endpoint.kind === "unix" ? connect({ path: endpoint.path }) : connect({ host: endpoint.host, port: endpoint.port });
 		const timer = setTimeout(() => {
