@@ -22,7 +22,9 @@ cancel token fired / deadline passed   ``cancelled`` / ``timeout``  unaffected  
 before the call was submitted          (not started, not sent)
 worker crashed / exited / killed       ``worker_crashed``         ``worker_crashed``                      gone, actor retires
 worker died idle, seen only once the   runs on a fresh worker     unaffected                              replaced
-request sat unread in its pipe
+request sat unread in its pipe (or its
+stdout found ended before the request
+was written)
 spawn failed                           ``worker_crashed``         ``worker_crashed``                      none, actor retires
 =====================================  =========================  ======================================  ==========
 

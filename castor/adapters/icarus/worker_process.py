@@ -22,9 +22,11 @@ Guarantees
   the model). A failed spawn is ``WorkerCrashed`` with ``may_have_started=False``.
 - **A death before the request was read is told apart.** A worker that died idle can still
   look alive for a moment: its first thread is gone (a process listing shows it dead) while
-  its last one is still ending, and only then does its exit show. A call written into that
+  its last one is still ending, and only then does its exit show; its stdout may already be
+  closed (a dying process's files close before its parent is told). A call written into that
   moment finds the worker gone; when the whole request still sits unread in the worker's
-  input pipe, the worker never saw it: ``WorkerCrashed`` with ``may_have_started=False`` and
+  input pipe, the worker never saw it, and when the call finds stdout ended before it writes
+  anything, nothing was sent: either way ``WorkerCrashed`` with ``may_have_started=False`` and
   ``data["died_idle"]`` true (on a worker that had answered a call before), which the actor
   treats as it treats a worker found dead between calls -- a fresh worker runs the call.
 - **Stream hygiene.** Replies whose id is not the outstanding one are
@@ -636,8 +638,8 @@ class WorkerProcess:
                 chunk = os.read(out_fd, _READ_CHUNK)
             except BlockingIOError:
                 break
-            if not chunk:
-                raise self._crash("(between calls)", may_have_started=False)
+            if not chunk:  # ended while idle, before this call's request was written
+                raise self._crash("(between calls)", may_have_started=False, idle=self._calls > 0)
             self._buffer += chunk
         for line in self._buffered_lines():
             if _decode_reply(line) is None:
@@ -645,8 +647,9 @@ class WorkerProcess:
             else:
                 self._mismatched += 1
 
-    def _crash(self, target: str, *, may_have_started: bool) -> WorkerCrashed:
-        """The child ended on its own: reap it, collect the stderr tail, retire."""
+    def _crash(self, target: str, *, may_have_started: bool, idle: bool = False) -> WorkerCrashed:
+        """The child ended on its own: reap it, collect the stderr tail, retire. ``idle``: it ended
+        between calls on a worker that had served one (``died_idle``, as a request found unread)."""
         self._crashed = True
         proc = self._proc
         assert proc is not None  # a crash is only seen on a started worker
@@ -656,7 +659,7 @@ class WorkerProcess:
             exit_code = None
         with self._kill_lock:
             self._killed = False  # make sure a half-dead tree is still swept
-        died_idle = may_have_started and self._calls > 1 and self._request_unread()
+        died_idle = idle or (may_have_started and self._calls > 1 and self._request_unread())
         self.kill_tree("crashed")
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=0.5)

@@ -146,6 +146,31 @@ def identity(value=None):
 
 
 @traced("hooks")
+def hang_up(delay_ms=50):
+    """After this call's reply, close the worker's reply channel (its protocol stdout) and live on:
+    to the bridge the worker ended between calls while its process has not (yet) exited."""
+    import stat
+    import threading
+
+    def close_reply_channel():
+        time.sleep(float(delay_ms) / 1000.0)
+        stderr_pipe = os.fstat(2).st_ino
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                info = os.fstat(fd)
+                writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+            except OSError:
+                continue
+            if fd > 2 and stat.S_ISFIFO(info.st_mode) and writable and info.st_ino != stderr_pipe:
+                os.close(fd)
+
+    import fcntl
+    threading.Thread(target=close_reply_channel, daemon=True).start()
+    return "hanging up"
+
+
+@traced("hooks")
 def spew(lines=1000, width=100):
     """Write many lines to stderr (to exercise the bridge's bounded stderr tail)."""
     for i in range(int(lines)):
