@@ -9,7 +9,10 @@ command is ended (SIGTERM) as castor stops, and nothing of it runs on after Pi.
 from __future__ import annotations
 
 import json
+import signal
 import time
+from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -17,7 +20,7 @@ import pytest
 from tests.support.waiting import poll_until, wait_for
 
 from .conftest import read_jsonl
-from .test_pi_castor_e2e import icarus_settings
+from .test_pi_castor_e2e import icarus_settings, up
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
@@ -107,3 +110,64 @@ def test_castor_killed_during_a_hung_retrieval_leaves_no_worker_behind(start_tty
     if not ended:
         workers[0].kill()
     assert ended, "the Icarus worker outlived castor"
+
+
+# ----------------------------------------------------------------------------- a slow memory retrieval
+def slow_retrieval(tmp_path: Path, sleep_ms: int) -> tuple[dict[str, Any], dict[str, str], Path]:
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": sleep_ms}})
+    return icarus_settings(tmp_path), {"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls}, call_log
+
+
+def icarus_calls(call_log: Path, name: str) -> list[dict[str, Any]]:
+    return [c for c in read_jsonl(call_log) if c["call"] == name and c["phase"] == "start"]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+def test_pi_signalled_during_a_slow_retrieval_exits_at_once(start_tty, castor_command, tmp_path, how):
+    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    pi = start_tty(castor_command, settings=settings, env=env)
+    wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30,
+             what=f"Icarus' session start; Pi drew: {pi.screen_tail()!r}")
+    pi.type("tell me about the zebra herd")
+    wait_for(lambda: icarus_calls(call_log, "hooks.pre_llm_call"), timeout=15, what="the retrieval running")
+    tree = psutil.Process(pi.proc.pid).children(recursive=True)
+    started = time.monotonic()
+    pi.proc.send_signal(getattr(signal, how))
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=30), "Pi did not exit"
+    took = time.monotonic() - started
+    assert took < 5, f"Pi took {took:.1f} s to exit after {how} during the retrieval"
+    assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+                      timeout=10), [p.cmdline() for p in tree if p.is_running()]
+
+
+def test_rpc_pi_closed_during_a_slow_retrieval_exits_at_once(start_pi, castor_command, tmp_path):
+    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    pi = start_pi(castor_command, settings=settings, env=env)
+    up(pi)
+    wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30, what="Icarus' session start")
+    pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
+    wait_for(lambda: icarus_calls(call_log, "hooks.pre_llm_call"), timeout=15, what="the retrieval running")
+    tree = psutil.Process(pi.proc.pid).children(recursive=True)
+    started = time.monotonic()
+    pi.proc.stdin.close()
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=40), "Pi did not exit"
+    took = time.monotonic() - started
+    assert took < 5, f"Pi took {took:.1f} s to exit after its input closed during the retrieval"
+    assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+                      timeout=10), [p.cmdline() for p in tree if p.is_running()]
+
+
+def test_pi_killed_during_a_slow_retrieval_leaves_no_process_behind(start_tty, castor_command, tmp_path):
+    settings, env, call_log = slow_retrieval(tmp_path, 600_000)
+    pi = start_tty(castor_command, settings=settings, env=env)
+    wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30,
+             what=f"Icarus' session start; Pi drew: {pi.screen_tail()!r}")
+    pi.type("tell me about the zebra herd")
+    wait_for(lambda: icarus_calls(call_log, "hooks.pre_llm_call"), timeout=15, what="the retrieval running")
+    tree = psutil.Process(pi.proc.pid).children(recursive=True)
+    assert any("worker_program" in " ".join(p.cmdline()) for p in tree), [p.cmdline() for p in tree]
+    pi.proc.kill()
+    pi.proc.wait(10)
+    assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+                      timeout=10), [p.cmdline() for p in tree if p.is_running()]

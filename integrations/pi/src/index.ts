@@ -646,8 +646,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		if (custom) turns.bindFromMessage(event.message);
 		// An Esc while castor answers (a memory retrieval may take seconds) ends the wait: Pi holds
-		// its abort until this handler returns (interrupt.ts).
-		const esc = new EscWatch(ctx);
+		// its abort until this handler returns (interrupt.ts). So do Pi's quit keys, the signals it
+		// shuts down on and, in RPC mode, its input ending or an RPC abort: each waits for this handler.
+		const esc = new EscWatch(ctx, Date.now, process);
 		let result: Record<string, unknown> | undefined;
 		try {
 			result = await untilAborted(forward("before_agent_start", {
@@ -664,8 +665,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				quitting = true; // the shutdown that follows does not wait behind this retrieval either
 				return undefined;
 			}
-			notify(custom ? "castor: Esc — stopped waiting for castor's answer to this turn"
-				: "castor: Esc — stopped waiting for this prompt's memory context", "info");
+			const key = esc.cause === "abort" ? "abort" : "Esc";
+			notify(custom ? `castor: ${key} — stopped waiting for castor's answer to this turn`
+				: `castor: ${key} — stopped waiting for this prompt's memory context`, "info");
 			return undefined;
 		} finally {
 			esc.dispose();

@@ -15,6 +15,13 @@
  * `onTerminalInput` is a no-op, or a Pi without it) the signal never fires and the handler waits
  * as before.
  *
+ * Every other way Pi is stopped while the handler waits ends the wait the same way, because each
+ * of them (Pi's `session.abort()`) also waits for the handler: Pi's quit keys (`quitting`), the
+ * SIGTERM or SIGHUP Pi shuts down on (a process manager's stop, a closed terminal), and in RPC mode
+ * the end of Pi's input (its client went away: `quitting`) and an RPC `abort` command (a client's
+ * Esc). A signal is only listened to when Pi itself has a handler for it, so a listener of ours
+ * never turns a signal that would end the process into one that does not.
+ *
  * What this does not know: a rebound interrupt key. Pi's default is Esc (`app.interrupt`); a user
  * who rebound it and presses Esc during the wait gets this prompt without memory context (the
  * handler said so in a notice) and Pi runs it; their interrupt key works as Pi's always did.
@@ -50,70 +57,160 @@ export const DOUBLE_CTRL_C_MS = 500;
 /** What listening needs from Pi's extension context (typed loosely: Pi 0.73 and 1.x). */
 export interface TerminalCtx {
 	hasUI?: boolean;
+	/** Pi's run mode: `tui`, `rpc`, `json`, `print` (Pi 1.x). */
+	mode?: string;
 	ui?: { onTerminalInput?: (handler: (data: string) => unknown) => () => void; getEditorText?: () => string };
 }
 
+type Listener = (...args: any[]) => void;
+
+/** What watching the process needs (Node's `process`; a stand-in in tests). */
+export interface ProcessLike {
+	listenerCount(event: string): number;
+	on(event: string, listener: Listener): unknown;
+	off(event: string, listener: Listener): unknown;
+	stdin?: { on(event: string, listener: Listener): unknown; off(event: string, listener: Listener): unknown; readableEnded?: boolean; readableFlowing?: boolean | null } | null;
+}
+
+/** The signals Pi shuts down on (interactive and RPC mode). */
+export const QUIT_SIGNALS = ["SIGTERM", "SIGHUP"] as const;
+
+/** A whole RPC input line that is Pi's `abort` command (`{"type":"abort", ...}`). */
+export function isRpcAbort(line: string): boolean {
+	if (!line.includes("abort")) return false;
+	try {
+		const command = JSON.parse(line) as { type?: unknown } | null;
+		return command !== null && typeof command === "object" && command.type === "abort";
+	} catch {
+		return false; // a line cut where the watch began, or not JSON: Pi answers it, not us
+	}
+}
+
+/** Lines longer than this are not kept while looking for an `abort` (a prompt with a large paste). */
+const MAX_LINE_CHARS = 1 << 20;
+
+/** Why the wait ended: the user's Esc, an RPC client's `abort`, or Pi going away. */
+export type WaitEnd = "esc" | "abort" | "quit";
+
 /**
- * Watches the terminal for an Esc until {@link EscWatch.dispose}; `signal` aborts at the first.
- * Pi's quit keys end the wait too (`quitting`): a second Ctrl+C within {@link DOUBLE_CTRL_C_MS},
- * or Ctrl+D with an empty editor. Pi's quit waits for the run, and the run for this handler: a
- * quit during a slow retrieval used to take the whole retrieval (20 s and more) to exit.
+ * Watches for the user stopping the run until {@link EscWatch.dispose}; `signal` aborts at the
+ * first: an Esc on the terminal; Pi's quit keys (`quitting`): a second Ctrl+C within
+ * {@link DOUBLE_CTRL_C_MS}, or Ctrl+D with an empty editor. Pi's quit waits for the run, and the
+ * run for this handler: a quit during a slow retrieval used to take the whole retrieval (20 s and
+ * more) to exit. With `proc` (Node's `process`) also the signals Pi shuts down on and, in RPC
+ * mode, the end of Pi's input (`quitting`) and an RPC `abort` command.
  */
 export class EscWatch {
 	readonly signal: AbortSignal | undefined;
-	private readonly unsubscribe: (() => void) | undefined;
-	private quit = false;
+	private readonly cleanups: Array<() => void> = [];
+	private ended: WaitEnd | undefined;
 
-	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now) {
-		const subscribe = ctx?.hasUI ? ctx.ui?.onTerminalInput : undefined;
-		if (typeof subscribe !== "function") return;
+	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now, proc?: ProcessLike) {
 		const controller = new AbortController();
-		let lastCtrlC = Number.NEGATIVE_INFINITY;
-		const editorEmpty = () => {
-			try {
-				return typeof ctx?.ui?.getEditorText !== "function" || ctx.ui.getEditorText().length === 0;
-			} catch {
-				return true;
-			}
+		const end = (why: WaitEnd) => {
+			if (this.ended) return;
+			this.ended = why;
+			controller.abort();
 		};
-		try {
-			this.unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
-				if (typeof data !== "string") return undefined;
-				if (isEscapeKey(data)) controller.abort();
-				else if (isCtrlC(data)) {
-					const at = now();
-					if (at - lastCtrlC < DOUBLE_CTRL_C_MS) {
-						this.quit = true;
-						controller.abort();
-					}
-					lastCtrlC = at;
-				} else if (isCtrlD(data) && editorEmpty()) {
-					this.quit = true;
-					controller.abort();
+		let watching = false;
+		const subscribe = ctx?.hasUI ? ctx.ui?.onTerminalInput : undefined;
+		if (typeof subscribe === "function") {
+			let lastCtrlC = Number.NEGATIVE_INFINITY;
+			const editorEmpty = () => {
+				try {
+					return typeof ctx?.ui?.getEditorText !== "function" || ctx.ui.getEditorText().length === 0;
+				} catch {
+					return true;
 				}
-				return undefined; // never consumed: Pi handles the key as always
-			});
-		} catch {
-			return; // no terminal to listen to: wait as before
+			};
+			try {
+				const unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
+					if (typeof data !== "string") return undefined;
+					if (isEscapeKey(data)) end("esc");
+					else if (isCtrlC(data)) {
+						const at = now();
+						if (at - lastCtrlC < DOUBLE_CTRL_C_MS) end("quit");
+						lastCtrlC = at;
+					} else if (isCtrlD(data) && editorEmpty()) end("quit");
+					return undefined; // never consumed: Pi handles the key as always
+				});
+				if (typeof unsubscribe === "function") this.cleanups.push(unsubscribe);
+				watching = true;
+			} catch {
+				// no terminal to listen to: the process may still be watched
+			}
 		}
-		this.signal = controller.signal;
+		if (proc) watching = this.watchProcess(proc, ctx, end) || watching;
+		this.signal = watching ? controller.signal : undefined;
 	}
 
-	/** Whether an Esc (or a quit key) was seen. */
+	private watchProcess(proc: ProcessLike, ctx: TerminalCtx | undefined, end: (why: WaitEnd) => void): boolean {
+		let watching = false;
+		try {
+			for (const name of QUIT_SIGNALS) {
+				// Only where Pi handles the signal: with no handler, the signal ends the process as it should.
+				if (proc.listenerCount(name) === 0) continue;
+				const onSignal = () => end("quit");
+				proc.on(name, onSignal);
+				this.cleanups.push(() => proc.off(name, onSignal));
+				watching = true;
+			}
+			let mode: unknown;
+			try {
+				mode = ctx?.mode;
+			} catch {
+				mode = undefined; // a stale context
+			}
+			const stdin = proc.stdin;
+			if (mode === "rpc" && stdin) {
+				if (stdin.readableEnded) end("quit");
+				const onEnd = () => end("quit");
+				stdin.on("end", onEnd);
+				this.cleanups.push(() => stdin.off("end", onEnd));
+				if (stdin.readableFlowing === true) {
+					// Pi reads its commands as they come (its own 'data' listener): a second listener sees
+					// the same chunks and changes nothing. A paused input is not resumed by us.
+					let buffered = "";
+					const onData = (chunk: unknown) => {
+						buffered += typeof chunk === "string" ? chunk : String(chunk);
+						const lines = buffered.split("\n");
+						buffered = lines.pop() ?? "";
+						if (buffered.length > MAX_LINE_CHARS) buffered = "";
+						if (lines.some(isRpcAbort)) end("abort");
+					};
+					stdin.on("data", onData);
+					this.cleanups.push(() => stdin.off("data", onData));
+				}
+				watching = true;
+			}
+		} catch {
+			// a process without these hooks: what is watched so far stays watched
+		}
+		return watching;
+	}
+
+	/** Whether an Esc (or a quit key, a quit signal, an RPC abort) was seen. */
 	get pressed(): boolean {
-		return this.signal?.aborted ?? false;
+		return this.ended !== undefined;
 	}
 
-	/** Whether the wait ended because the user is quitting Pi (no notice: Pi is going away). */
+	/** Whether the wait ended because Pi is going away (no notice: Pi is going away). */
 	get quitting(): boolean {
-		return this.quit;
+		return this.ended === "quit";
+	}
+
+	/** What ended the wait, if anything did. */
+	get cause(): WaitEnd | undefined {
+		return this.ended;
 	}
 
 	dispose(): void {
-		try {
-			this.unsubscribe?.();
-		} catch {
-			// the UI is gone (Pi is shutting down): nothing left to unsubscribe from
+		for (const cleanup of this.cleanups.splice(0)) {
+			try {
+				cleanup();
+			} catch {
+				// the UI is gone (Pi is shutting down): nothing left to unsubscribe from
+			}
 		}
 	}
 }

@@ -127,6 +127,45 @@ test("EscWatch: Pi's quit keys end the wait too -- a second Ctrl+C within 500 ms
 	esc.dispose();
 });
 
+test("EscWatch with the process: Pi's quit signals (only those Pi handles), and in RPC mode its input's end and an abort command", async () => {
+	const { EventEmitter } = await import("node:events");
+	const { EscWatch, isRpcAbort } = await import("../src/interrupt.ts");
+	const proc = Object.assign(new EventEmitter(), { stdin: Object.assign(new EventEmitter(), { readableFlowing: true as boolean | null, readableEnded: false }) });
+	// No handler of Pi's for a signal: not listened to (ours would keep the process alive).
+	assert.equal(new EscWatch(undefined, Date.now, proc).signal, undefined);
+	proc.on("SIGTERM", () => {});
+	const term = new EscWatch(undefined, Date.now, proc);
+	assert.ok(term.signal && !term.pressed);
+	assert.equal(proc.listenerCount("SIGHUP"), 0);
+	proc.emit("SIGTERM");
+	assert.ok(term.pressed && term.quitting && term.cause === "quit");
+	term.dispose();
+	assert.equal(proc.listenerCount("SIGTERM"), 1); // Pi's own, left alone
+	// RPC mode: an abort command (even split over chunks) ends the wait as an abort, not a quit.
+	const rpc = { hasUI: true, mode: "rpc", ui: { onTerminalInput: () => () => {} } };
+	const abort = new EscWatch(rpc, Date.now, proc);
+	proc.stdin.emit("data", Buffer.from('{"type":"get_state","id":"1"}\n{"type":"abo'));
+	assert.equal(abort.pressed, false);
+	proc.stdin.emit("data", Buffer.from('rt","id":"2"}\n'));
+	assert.ok(abort.pressed && !abort.quitting && abort.cause === "abort");
+	abort.dispose();
+	assert.equal(proc.stdin.listenerCount("data"), 0);
+	assert.equal(proc.stdin.listenerCount("end"), 0);
+	const eof = new EscWatch(rpc, Date.now, proc);
+	proc.stdin.emit("end");
+	assert.ok(eof.quitting);
+	eof.dispose();
+	// A paused input is not resumed (no data listener), its end is still watched; outside RPC mode, neither.
+	proc.stdin.readableFlowing = false;
+	const paused = new EscWatch(rpc, Date.now, proc);
+	assert.equal(proc.stdin.listenerCount("data"), 0);
+	paused.dispose();
+	new EscWatch({ ...rpc, mode: "tui" }, Date.now, proc).dispose();
+	assert.equal(proc.stdin.listenerCount("end"), 0);
+	for (const line of ['{"type":"abort"}', '{"id":"x","type":"abort"}']) assert.ok(isRpcAbort(line), line);
+	for (const line of ['{"type":"abort_bash"}', '{"type":"prompt","message":"abort"}', '"abort"', "rt\"}", ""]) assert.ok(!isRpcAbort(line), line);
+});
+
 test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
 	const { StderrRoute, TAIL_BYTES } = await import("../src/stderr.ts");
 	let mode: string | undefined = "rpc";

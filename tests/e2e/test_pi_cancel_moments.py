@@ -1,0 +1,285 @@
+"""Cancelling a cast under real Pi at the moments the other cancellation tests do not reach.
+
+Real Pi in RPC mode with the extension, the real castor runtime and the FAKE model (see
+test_pi_cancellation.py for the shared shape). Each test stops the cast at one moment -- while a
+tool call runs, while a utility socket's command runs, twice in a row, after the cast ended, with
+Pi killed outright -- and checks what a user sees: the stopped turn is never a socket's output,
+the cast ends or pauses as documented and can go on, the footer is right, no process is left
+behind, and the next prompt is answered at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.waiting import poll_until, wait_for
+
+from .conftest import read_jsonl
+from .pi_rpc import PiRpc
+from .test_pi_cancellation import (
+    CALL_TIMEOUT_MS,
+    STALL_S,
+    completes,
+    error_toasts,
+    events,
+    requests_with,
+    run_dir,
+    settled_after,
+    status,
+    up,
+    wait_cast_end,
+    wait_request,
+)
+from .test_pi_castor_e2e import icarus_settings
+
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
+
+
+def write_loadout(root: Path, entry: dict[str, Any]) -> Path:
+    doc = {
+        "artifactDir": ".pi/pi-materia",
+        "activeLoadout": "L",
+        "limits": {"maxSocketVisits": 5, "maxEdgeTraversals": 5},
+        "materia": {
+            "Builder": {"prompt": "BUILDER-MATERIA: build what the request asks for.", "tools": "coding"},
+            "Reviewer": {"prompt": "REVIEWER-MATERIA: review the build.", "tools": "none"},
+        },
+        "loadouts": {"L": {"entry": "Socket-1", "sockets": {
+            "Socket-1": entry,
+            "Socket-2": {"type": "agent", "materia": "Reviewer", "parse": "text",
+                         "edges": [{"when": "always", "to": "end"}]},
+        }}},
+    }
+    (root / ".pi").mkdir(parents=True, exist_ok=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(doc))
+    return root
+
+
+BUILDER = {"type": "agent", "materia": "Builder", "parse": "text", "edges": [{"when": "always", "to": "Socket-2"}]}
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of live processes whose command line holds ``marker`` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z" and "pytest" not in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start(start_pi, castor_command, root: Path) -> PiRpc:
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    return pi
+
+
+def footer(pi: PiRpc, start: int = 0) -> dict[str, str | None]:
+    """The materia footer entries as the last setStatus left them."""
+    out: dict[str, str | None] = {}
+    for e in pi.ui("setStatus", start=start):
+        key = str(e.get("statusKey"))
+        if key.startswith("materia"):
+            out[key] = e.get("statusText")
+    return out
+
+
+def next_prompt_answered(pi: PiRpc, fake_llm) -> None:
+    fake_llm.reply_text("PLAIN-ANSWER", when="USER-AFTER")
+    t0 = time.monotonic()
+    pi.prompt("USER-AFTER hello", timeout=20)
+    assert requests_with(fake_llm, "USER-AFTER"), "the next prompt reached no model"
+    assert time.monotonic() - t0 < 10
+
+
+def test_esc_while_a_tool_call_runs_stops_the_tool_and_continue_completes(start_pi, castor_command, fake_llm,
+                                                                          tmp_path):
+    root = write_loadout(tmp_path / "project", BUILDER)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_tool_call("bash", {"command": "sleep 41.5 && echo TOOL-DONE"}, when="BUILDER-MATERIA")
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    assert poll_until(lambda: processes_with("sleep 41.5"), timeout=20), f"the tool never ran: {pi.tail()}"
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    assert poll_until(lambda: not processes_with("sleep 41.5"), timeout=5), "the tool's process outlived the Esc"
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=5), \
+        [e["type"] for e in events(run)]
+    assert completes(run) == [] and status(run) == "active"
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("materia: interrupted at Socket-1"),
+               start=esc, timeout=5)
+    assert error_toasts(pi, begin) == []
+    fake_llm.reply_text("BUILT-AFTER-TOOL", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    cont = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert error_toasts(pi, cont) == []
+
+
+def test_materia_abort_while_a_utility_socket_runs_kills_its_command(start_pi, castor_command, fake_llm, tmp_path):
+    utility = {"type": "utility", "command": ["sh", "-c", "sleep 42.25; echo UTIL-DONE"], "timeoutMs": 120000,
+               "edges": [{"when": "always", "to": "Socket-2"}]}
+    root = write_loadout(tmp_path / "project", utility)
+    pi = start(start_pi, castor_command, root)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    assert poll_until(lambda: processes_with("sleep 42.25"), timeout=20), "the utility never ran"
+    # Esc (Pi's abort) while no run streams does nothing to the cast: the utility keeps running.
+    pi.request({"type": "abort"})
+    assert processes_with("sleep 42.25") and status(run) == "active"
+    t0 = time.monotonic()
+    cmd = pi.command("/materia abort")
+    assert poll_until(lambda: status(run) == "aborted", timeout=5), status(run)
+    assert time.monotonic() - t0 < 2.0
+    pi.wait_ui("notify", lambda e: "aborted" in str(e.get("message")), start=cmd, timeout=5)
+    assert poll_until(lambda: not processes_with("sleep 42.25"), timeout=5), "the utility's command outlived the abort"
+    assert poll_until(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=5)
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    assert error_toasts(pi, begin) == []
+    assert poll_until(lambda: all(v in (None, "") for v in footer(pi).values()), timeout=5), footer(pi)
+    next_prompt_answered(pi, fake_llm)
+
+
+def test_abort_twice_quickly_mid_turn_then_continue(start_pi, castor_command, fake_llm, tmp_path):
+    root = write_loadout(tmp_path / "project", BUILDER)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    esc = pi.mark()
+    pi.send({"type": "abort"})
+    pi.send({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=5)
+    assert completes(run) == []
+    fake_llm.reply_text("BUILT-OK", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True
+    assert error_toasts(pi, begin) == []
+
+
+def test_materia_abort_twice_and_after_the_end(start_pi, castor_command, fake_llm, tmp_path):
+    root = write_loadout(tmp_path / "project", BUILDER)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    first = pi.mark()
+    pi.send({"type": "prompt", "message": "/materia abort"})
+    pi.send({"type": "prompt", "message": "/materia abort"})
+    assert poll_until(lambda: status(run) == "aborted", timeout=5)
+    assert poll_until(lambda: len(pi.ui("notify", start=first)) >= 2, timeout=5), pi.tail()
+    notes = [str(e.get("message")) for e in pi.ui("notify", start=first)]
+    assert error_toasts(pi, begin) == [], notes
+    assert any("aborted" in n for n in notes), notes
+    # After the end: nothing to abort is a notice, Esc is harmless, and Pi answers at once.
+    after = pi.command("/materia abort")
+    note = pi.wait_ui("notify", start=after, timeout=5)
+    assert note.get("notifyType") == "info" and "already aborted" in str(note.get("message")), note
+    pi.request({"type": "abort"})
+    next_prompt_answered(pi, fake_llm)
+    assert error_toasts(pi, begin) == []
+    assert all(v in (None, "") for v in footer(pi).values()), footer(pi)
+
+
+@pytest.mark.parametrize("moment", ["turn", "utility"])
+def test_pi_killed_mid_cast_leaves_no_process_behind(start_pi, castor_command, fake_llm, tmp_path, moment):
+    if moment == "turn":
+        root = write_loadout(tmp_path / "project", BUILDER)
+        fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    else:
+        root = write_loadout(tmp_path / "project", {
+            "type": "utility", "command": ["sh", "-c", "sleep 43.75; echo UTIL-DONE"], "timeoutMs": 120000,
+            "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start(start_pi, castor_command, root)
+    pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    if moment == "turn":
+        wait_request(fake_llm, "BUILDER-MATERIA")
+    else:
+        assert poll_until(lambda: processes_with("sleep 43.75"), timeout=20)
+    castor_pids = children_of(pi.proc.pid)
+    assert castor_pids, "Pi runs castor as its child"
+    os.kill(pi.proc.pid, signal.SIGKILL)
+    pi.proc.wait(10)
+    assert poll_until(lambda: not any(alive(p) for p in castor_pids), timeout=10), "castor outlived Pi"
+    assert poll_until(lambda: not processes_with("sleep 43.75"), timeout=10), "the utility outlived Pi and castor"
+    assert completes(run) == []
+
+
+
+def test_rpc_abort_during_a_slow_retrieval_ends_the_run_at_once(start_pi, castor_command, fake_llm, tmp_path):
+    """An RPC client's abort (its Esc) while castor answers a prompt's before_agent_start (a memory
+    retrieval of 20 s): Pi's abort waited for the hook, the hook for the retrieval. The wait now
+    ends at the abort: the run stops before its first model request, and the next prompt runs."""
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
+    pi = start_pi(castor_command, settings=icarus_settings(tmp_path), timeout_ms=CALL_TIMEOUT_MS,
+                  env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
+    up(pi)
+
+    def retrievals(phase: str) -> list[dict[str, Any]]:
+        return [c for c in read_jsonl(call_log) if c["call"] == "hooks.pre_llm_call" and c["phase"] == phase]
+
+    wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
+             what="Icarus' session start")
+    begin = pi.mark()
+    pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
+    wait_for(lambda: retrievals("start"), timeout=15, what="the retrieval running")
+    t0 = time.monotonic()
+    pi.request({"type": "abort"}, timeout=30)
+    settled = settled_after(pi, begin)
+    took = time.monotonic() - t0
+    assert took < 3.0, f"the abort took {took:.1f} s (the retrieval takes 20 s)"
+    assert settled["aborted"] is True
+    assert not fake_llm.log(), "the aborted run made a model request"
+    note = pi.wait_ui("notify", lambda e: "stopped waiting" in str(e.get("message")), start=begin, timeout=5)
+    assert "abort" in str(note.get("message")), note
+    assert not retrievals("end"), "the retrieval cannot have ended yet"
