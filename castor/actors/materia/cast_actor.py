@@ -783,6 +783,9 @@ class CastActor(Actor):
         from castor.actors.materia.messages import UtilityJob
         from castor.actors.materia.utility_pool import submit_utility
 
+        # The footer named the previous agent turn (or nothing, at a cast's first socket): it now
+        # says the utility's command runs -- an Esc stops no command; /materia abort does.
+        self._set_status(f"materia: utility ({effect.socket_id})")
         try:
             submit_utility(self.env.registry, UtilityJob(effect=effect, cast=self.handle,
                                                          run_dir=str(self.artifacts.run_dir)))

@@ -355,3 +355,25 @@ def test_an_untrusted_session_never_resumes_a_shipped_cast_that_runs_commands(ru
     open_session(rt, "trusting", shipped, ["x"], trusted=True)
     materia_call(rt, "trusting", "recast", {})
     wait_for(marker.exists, timeout=10, what="the trusted recast to run the command")
+
+
+@pytest.mark.timeout(30)
+def test_the_footer_names_a_running_utility_not_the_agent_turn_before_it_and_an_abort_clears_it(runtime_factory,
+                                                                                                 project):
+    """While a utility socket's command runs, the footer said the previous agent turn still ran
+    ("materia: greeter (Socket-1)"), or nothing at all for a cast that starts with one: a user who
+    pressed Esc to stop that turn stopped nothing. It names the utility, as pi-materia's does."""
+    pid_file = project / "util.pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    write_project_config(project, {"activeLoadout": "cmd", "loadouts": {"cmd": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "command": [sys.executable, "-c", code], "timeoutMs": 60000}}}}})
+    rt = runtime_factory()
+    _agent, ui = open_session(rt, "s1", project, ["greeted"])
+    started = materia_call(rt, "s1", "start", {"request": "greet then wait"})
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the utility running"))
+    assert wait_for(lambda: ui.statuses.get("materia") == "materia: utility (Socket-2)", timeout=5,
+                    what=f"the utility's footer, not {ui.statuses.get('materia')!r}")
+    materia_call(rt, "s1", "abort", {"cast_id": started["cast_id"]})
+    wait_for(lambda: not _alive(pid), timeout=5, what="the utility's command to end")
+    assert wait_for(lambda: "materia" not in ui.statuses, timeout=5, what="the footer cleared by the abort")
