@@ -23,6 +23,9 @@ for a turn it aborted answers ``{ok: true, ignored: true}`` (castor's contract f
 ``$CASTOR_PROBE_HOLD_TURN_END=S`` holds a turn's end up to S seconds (until an abort) and then
 answers ``not_found`` for an aborted one, as a castor without that contract would.
 
+``$CASTOR_PROBE_SLOW_TURN_START=S`` answers a castor turn's own ``before_agent_start`` (message type
+``custom``) after S seconds.
+
 ``icarus.config`` announces the tool ``probe_echo`` (``icarus.tool`` echoes ``text``;
 ``text == "bad"`` returns ``{error: ...}``). Other methods answer ``{text: "probe <method>"}``.
 """
@@ -72,6 +75,11 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()
         return None
     if event != "before_agent_start":
+        return None
+    if data.get("message_type") == "custom" and os.environ.get("CASTOR_PROBE_SLOW_TURN_START"):
+        # castor slow to answer a castor turn's own before_agent_start (a busy runtime)
+        time.sleep(float(os.environ["CASTOR_PROBE_SLOW_TURN_START"]))
+        record("slow_turn_start_answered", {"turn_id": data.get("turn_id")})
         return None
     prompt = data.get("prompt") or ""
     if not prompt.startswith("PROBE "):

@@ -155,3 +155,22 @@ def test_a_turn_asked_for_while_pi_is_busy_runs_as_a_follow_up_and_reports_its_o
     assert ended["turn_id"] == "probe-1" and ended["text"] == "FOLLOW-UP-ANSWER" and ended["aborted"] is False
     assert ended["usage"]["input"] == 10, "the user's answer is not counted as the turn's"
     no_error_toasts(pi, start)
+
+
+def test_an_abort_while_castor_answers_the_turns_before_agent_start_reports_the_turn_aborted(probe, fake_llm):
+    """castor slow to answer a castor turn's own before_agent_start, and the RPC client aborts (its
+    Esc): the wait ends at once, the run stops before its first model request, and the turn's end
+    is reported once, aborted -- never left bound with castor waiting for it."""
+    pi, log = probe(CASTOR_PROBE_SLOW_TURN_START="8")
+    start = pi.mark()
+    pi.prompt("PROBE turn SLOWSTART")
+    assert poll_until(lambda: [c for c in calls(log, "harness.event") if c["event"] == "before_agent_start"
+                               and c["data"].get("message_type") == "custom"], timeout=15)
+    t0 = time.monotonic()
+    pi.request({"type": "abort"}, timeout=20)
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=3.0), "no end of the aborted turn"
+    assert time.monotonic() - t0 < 3.0
+    (ended,) = calls(log, "agent.turn_ended")
+    assert ended["turn_id"] == "probe-1" and ended["aborted"] is True, ended
+    assert not any("TURN: SLOWSTART" in json.dumps(r["messages"]) for r in fake_llm.log())
+    no_error_toasts(pi, start)

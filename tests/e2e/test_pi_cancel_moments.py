@@ -283,3 +283,34 @@ def test_rpc_abort_during_a_slow_retrieval_ends_the_run_at_once(start_pi, castor
     note = pi.wait_ui("notify", lambda e: "stopped waiting" in str(e.get("message")), start=begin, timeout=5)
     assert "abort" in str(note.get("message")), note
     assert not retrievals("end"), "the retrieval cannot have ended yet"
+
+
+def test_esc_during_a_slow_fabric_tool_call_ends_the_run_at_once_and_the_write_stands(start_pi, castor_command,
+                                                                                      fake_llm, tmp_path):
+    """An abort (the RPC client's Esc) while a Fabric tool castor runs is slow (the memory backend
+    takes 8 s to write): the tool's wait ends at once and the run stops; castor's call runs on, so
+    the write lands; the next prompt is answered once the worker is free."""
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"tools.fabric_write": {"sleep_ms": 8000}})
+    pi = start_pi(castor_command, settings=icarus_settings(tmp_path), timeout_ms=CALL_TIMEOUT_MS,
+                  env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
+    up(pi)
+
+    def writes(phase: str) -> list[dict[str, Any]]:
+        return [c for c in read_jsonl(call_log) if c["call"] == "tools.fabric_write" and c["phase"] == phase]
+
+    fake_llm.reply_tool_call("fabric_write", {"type": "note", "summary": "SLOW-WRITE", "content": "kept"})
+    begin = pi.mark()
+    pi.send({"type": "prompt", "message": "save a note"})
+    wait_for(lambda: writes("start"), timeout=20, what="the tool call reaching the backend")
+    t0 = time.monotonic()
+    pi.request({"type": "abort"}, timeout=30)
+    settled = settled_after(pi, begin)
+    assert time.monotonic() - t0 < 3.0
+    assert settled["aborted"] is True
+    assert len(fake_llm.log()) == 1, "nothing after the tool call reached the model"
+    assert error_toasts(pi, begin) == []
+    wait_for(lambda: writes("end"), timeout=15, what="the write running to its end")
+    fake_llm.reply_text("PLAIN-ANSWER", when="USER-AFTER")
+    pi.prompt("USER-AFTER hello", timeout=30)
+    assert requests_with(fake_llm, "USER-AFTER")
