@@ -174,3 +174,29 @@ def test_an_abort_while_castor_answers_the_turns_before_agent_start_reports_the_
     assert ended["turn_id"] == "probe-1" and ended["aborted"] is True, ended
     assert not any("TURN: SLOWSTART" in json.dumps(r["messages"]) for r in fake_llm.log())
     no_error_toasts(pi, start)
+
+
+
+def test_an_abort_while_a_follow_up_turn_waits_in_pis_queue_reports_it_interrupted(probe, fake_llm):
+    """castor asked for a turn while the user's run streamed (Pi queues it as a follow-up), and the
+    run is aborted before it got there. Pi's Esc drops the queue; an RPC abort leaves it until the
+    next prompt: either way the turn never ran, and castor -- told nothing -- waited for it (the
+    cast stuck "awaiting", `/materia continue` refused). Its end is now reported at once, aborted
+    (castor interrupts the cast: continue runs it), and a late delivery of its prompt is stopped."""
+    pi, log = probe()
+    fake_llm.reply_text("USER-ANSWER", when="PROBE busyturn", delay=STALL_S)
+    start = pi.mark()
+    pi.request({"type": "prompt", "message": "PROBE busyturn QUEUED-ONE"})
+    assert poll_until(lambda: "queued as a follow-up" in pi.stderr(), timeout=10), pi.stderr()[-2000:]
+    pi.request({"type": "abort"})
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=3.0), "the queued turn's end was never reported"
+    (ended,) = calls(log, "agent.turn_ended")
+    assert ended["turn_id"] == "probe-1" and ended["aborted"] is True and ended["text"] == "", ended
+    no_error_toasts(pi, start)
+    # The next prompt is the user's: the stale hidden prompt Pi still held is not run as a turn.
+    fake_llm.reply_text("NEXT-ANSWER", when="NEXT-PROMPT")
+    pi.prompt("NEXT-PROMPT hello")
+    assert any("NEXT-PROMPT" in json.dumps(r["messages"]) for r in fake_llm.log())
+    assert len(calls(log, "agent.turn_ended")) == 1, calls(log, "agent.turn_ended")
+    assert not any(json.dumps(r["messages"]).endswith('"TURN: QUEUED-ONE"}]}]') for r in fake_llm.log()), \
+        "the withdrawn turn's prompt reached the model"

@@ -314,3 +314,40 @@ def test_esc_during_a_slow_fabric_tool_call_ends_the_run_at_once_and_the_write_s
     fake_llm.reply_text("PLAIN-ANSWER", when="USER-AFTER")
     pi.prompt("USER-AFTER hello", timeout=30)
     assert requests_with(fake_llm, "USER-AFTER")
+
+
+def test_esc_while_the_next_sockets_turn_waits_behind_the_users_run_interrupts_the_cast(start_pi, castor_command,
+                                                                                        fake_llm, tmp_path):
+    """A utility socket ends while the user's own prompt streams: castor asks for the next socket's
+    turn, which Pi queues behind that run. The user aborts their run; the queued turn never runs.
+    castor was never told and waited for it for ever (footer 'materia: Reviewer (Socket-2)', continue
+    refused 'already awaiting'). Now the cast is interrupted at that socket and continue completes it."""
+    root = tmp_path / "project"
+    gate = root / "go"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start(start_pi, castor_command, root)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
+    pi.send({"type": "prompt", "message": "USER-BUSY what is going on"})
+    wait_request(fake_llm, "USER-BUSY")
+    gate.touch()  # the utility ends: castor asks for Socket-2's turn while the user's run streams
+    assert poll_until(lambda: "queued as a follow-up" in pi.stderr(), timeout=15), pi.stderr()[-2000:]
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    settled_after(pi, esc)
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=5), \
+        [e["type"] for e in events(run)]
+    assert status(run) == "active" and completes(run) == ["Socket-1"]
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("materia: interrupted at Socket-2"),
+               start=esc, timeout=5)
+    assert error_toasts(pi, begin) == []
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    cont = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    assert error_toasts(pi, cont) == []

@@ -358,6 +358,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				const params = p as unknown as RunTurnParams;
 				try {
 					await turns.dispatch(params, lastCtx);
+					if (turns.isQueuedFollowUp(String(params.turn_id))) log(`turn ${String(params.turn_id)} queued as a follow-up (Pi is busy)`);
 				} catch (err) {
 					await reportTurn({
 						session_id: sessionId,
@@ -726,24 +727,28 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		for (const wake of settleWaiters.splice(0)) wake();
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (!outcome) turns.settleUserRun();
+		// Turns castor asked for while this run went on wait in Pi's follow-up queue; aborted, the run
+		// never reaches them (turns.ts withdrawFollowUps): castor is told they were interrupted.
+		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
+		const outcomes = [...(outcome ? [outcome] : []), ...withdrawn];
 		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
 		// command (a /materia abort included) until the settle handlers return, so waiting here for
 		// castor's answer would hold the user's next command for as long as castor takes.
 		const epoch = sessionEpoch;
 		const closed = () => closingSession || sessionEpoch !== epoch;
 		settleChain = settleChain.then(async () => {
-			if (outcome?.aborted) {
+			if (outcomes.some((o) => o.aborted)) {
 				// Pi quitting (or replacing the session) aborts the run first and then shuts the
 				// session down: that turn was not ended by the user, the harness went away. Its end is
 				// not reported; castor learns it from the session closing mid-turn (the cast stays
 				// resumable). An Esc is reported (after the same short wait).
 				await new Promise((resolve) => setTimeout(resolve, QUIT_GRACE_MS));
 				if (closed()) {
-					log(`turn ${outcome.turn_id} was aborted by Pi shutting the session down: not reported as its end`);
+					for (const o of outcomes) log(`turn ${o.turn_id} was aborted by Pi shutting the session down: not reported as its end`);
 					return;
 				}
 			}
-			if (outcome) await reportTurn(outcome as unknown as Params);
+			for (const o of outcomes) await reportTurn(o as unknown as Params);
 			if (!closed()) await forward("agent_settled", { aborted, turn_id: turnId });
 		});
 	}

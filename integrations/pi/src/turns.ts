@@ -114,6 +114,13 @@ interface Turn {
 	 * turn had answered already (that answer stands).
 	 */
 	interjected?: true | "after";
+	/**
+	 * The hidden prompt of a withdrawn turn (see {@link TurnTracker.withdrawFollowUps}) reached this
+	 * run after the turn answered, and the run was stopped there: the abort is not the turn's.
+	 */
+	cutByStale?: boolean;
+	/** Sent while Pi was busy: its hidden prompt waits in Pi's follow-up queue for the run going on. */
+	followUp?: boolean;
 	customType: string;
 	isolate: boolean;
 	restoreTools?: string[];
@@ -195,7 +202,8 @@ export class TurnTracker {
 		this.queued.push(turn);
 		try {
 			const message = { customType: turn.customType, content: params.prompt, display: false, details: { castor_turn_id: turn.turnId } };
-			this.pi.sendMessage(message, ctx.isIdle() ? { triggerTurn: true } : { triggerTurn: true, deliverAs: "followUp" });
+			turn.followUp = !ctx.isIdle();
+			this.pi.sendMessage(message, turn.followUp ? { triggerTurn: true, deliverAs: "followUp" } : { triggerTurn: true });
 		} catch (err) {
 			this.queued.splice(this.queued.indexOf(turn), 1);
 			this.restore(turn);
@@ -224,6 +232,41 @@ export class TurnTracker {
 			return "queued";
 		}
 		return "unknown";
+	}
+
+	/**
+	 * The run these turns were queued behind (as follow-ups) settled aborted before Pi reached them:
+	 * Pi's Esc drops its queue with the run, and an RPC abort leaves them there until some later run
+	 * -- either way they did not run now, and castor would wait for them for ever. Each is taken
+	 * out and returned as an interrupted outcome (castor keeps none of it; `/materia continue` runs
+	 * it again), remembered as aborted so a late delivery of its prompt is stopped
+	 * ({@link bindFromContext} answers "aborted"), and its tool scope undone.
+	 */
+	withdrawFollowUps(sessionId: string, entryId: string | null): TurnOutcome[] {
+		const stranded = this.queued.filter((t) => t.followUp);
+		if (stranded.length === 0) return [];
+		for (const turn of stranded) this.queued.splice(this.queued.indexOf(turn), 1);
+		// Undone newest first: the oldest restore puts back what was active before any of them.
+		for (const turn of [...stranded].reverse()) this.restore(turn);
+		return stranded.map((turn) => {
+			this.remember(turn.turnId);
+			return {
+				session_id: sessionId,
+				turn_id: turn.turnId,
+				text: "",
+				stop_reason: "aborted",
+				error: "the run this turn was queued behind was stopped before the turn started",
+				usage: emptyUsage(),
+				usages: [],
+				aborted: true,
+				entry_id: entryId,
+			};
+		});
+	}
+
+	/** Whether turn `turnId` waits in Pi's follow-up queue (sent while Pi was busy, not bound yet). */
+	isQueuedFollowUp(turnId: string): boolean {
+		return this.queued.some((t) => t.turnId === turnId && t.followUp === true);
 	}
 
 	/** Whether castor aborted `turnId` (remembered for the last {@link ABORTED_MEMORY} aborts). */
@@ -265,7 +308,20 @@ export class TurnTracker {
 	 * (the caller aborts the run). Nothing happens while a turn is bound.
 	 */
 	bindFromContext(messages: unknown[]): "bound" | "aborted" | undefined {
-		if (this.current) return undefined;
+		if (this.current) {
+			// Pi held the prompt of a turn withdrawn at an abort (an RPC abort leaves its queue) and
+			// delivers it now, after this turn's answer: the run is stopped there, the answer stands.
+			for (let i = messages.length - 1; i >= 0; i--) {
+				const m = messages[i] as { role?: unknown; details?: { castor_turn_id?: unknown } } | undefined;
+				if (m?.role === "assistant") return undefined;
+				const id = m?.details?.castor_turn_id;
+				if (typeof id === "string" && id !== this.current.turnId && this.abortedIds.has(id)) {
+					this.current.cutByStale = true;
+					return "aborted";
+				}
+			}
+			return undefined;
+		}
 		for (let i = messages.length - 1; i >= 0; i--) {
 			const m = messages[i] as { role?: unknown; details?: { castor_turn_id?: unknown } } | undefined;
 			if (m?.role === "assistant") return undefined;
@@ -300,6 +356,8 @@ export class TurnTracker {
 		if (turn.interjected) return; // the rest of the run is the user's exchange
 		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
+			const id = (msg?.details as { castor_turn_id?: unknown } | undefined)?.castor_turn_id;
+			if (typeof id === "string" && id !== turn.turnId && this.abortedIds.has(id)) return; // a withdrawn turn's prompt: not this turn's
 			if (msg?.role === "user") {
 				// The user typed while the turn ran and Pi answered them in this run: the turn's
 				// answer is the last one before their message, if it was a final one.
@@ -346,7 +404,9 @@ export class TurnTracker {
 			usage: turn.usage,
 			usages: turn.usages,
 			...(last ? modelOf(last) : {}),
-			aborted: aborted || stopReason === "aborted" || turn.abortRequested === true || turn.interjected === true,
+			// A run stopped at a withdrawn turn's prompt after this turn's final answer: that abort is not this turn's.
+			aborted: (aborted && !(turn.cutByStale && last && isFinalAnswer(last))) || stopReason === "aborted" ||
+				turn.abortRequested === true || turn.interjected === true,
 			entry_id: entryId,
 		};
 	}

@@ -286,3 +286,42 @@ test("a thinking level Pi clamps for the model is said (pi-materia: using <level
 	const calm = new TurnTracker(pi, () => assert.fail("no warning"));
 	await calm.dispatch({ turn_id: "t2", prompt: "P", thinking: "low" }, idle);
 });
+
+test("an abort with follow-up turns queued withdraws them as interrupted; a late delivery of one is cut off, the bound turn's answer stands", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P1", tools: ["read"] }, busy);
+	assert.ok(turns.isQueuedFollowUp("t1"));
+	assert.deepEqual(turns.withdrawFollowUps("s", null).length, 1);
+	assert.equal(turns.isQueuedFollowUp("t1"), false);
+	assert.deepEqual(turns.withdrawFollowUps("s", null), [], "withdrawn once");
+	await turns.dispatch({ turn_id: "t2", prompt: "P2" }, idle);
+	assert.deepEqual(turns.withdrawFollowUps("s", "e9"), [], "a turn started by its own run is not a follow-up");
+	assert.ok(turns.bindFromMessage(started(pi, 1)));
+	// Pi delivers t1's stale prompt after t2 answered: the run is stopped there; t2's answer stands.
+	const stale = { role: "custom", details: { castor_turn_id: "t1" } };
+	const own = { role: "custom", details: { castor_turn_id: "t2" } };
+	assert.equal(turns.bindFromContext([own, assistant("T2 ANSWER")]), undefined);
+	assert.equal(turns.bindFromContext([own, assistant("T2 ANSWER"), stale]), "aborted");
+	turns.onAgentEnd([own, assistant("T2 ANSWER"), stale, { ...assistant(""), stopReason: "aborted" }]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.turn_id, "t2");
+	assert.equal(outcome?.text, "T2 ANSWER");
+	assert.equal(outcome?.aborted, false);
+});
+
+test("a withdrawn follow-up turn's outcome is an interrupted one, and its tool scope is undone", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	const before = pi.getActiveTools();
+	await turns.dispatch({ turn_id: "t1", prompt: "P1", tools: ["read"] }, busy);
+	const [outcome] = turns.withdrawFollowUps("s", "e1");
+	assert.deepEqual(outcome, {
+		session_id: "s", turn_id: "t1", text: "", stop_reason: "aborted",
+		error: "the run this turn was queued behind was stopped before the turn started",
+		usage: { input: 0, output: 0, cache_read: 0, cache_write: 0, total_tokens: 0, cost: null },
+		usages: [], aborted: true, entry_id: "e1",
+	});
+	assert.deepEqual(pi.getActiveTools(), before);
+	assert.ok(turns.wasAborted("t1"));
+});
