@@ -23,6 +23,7 @@ from tests.support.waiting import poll_until, wait_for
 
 from .conftest import read_jsonl
 from .pi_rpc import PiRpc
+from .pi_tty import ESC
 from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
@@ -351,3 +352,59 @@ def test_esc_while_the_next_sockets_turn_waits_behind_the_users_run_interrupts_t
     assert completes(run) == ["Socket-1", "Socket-2"]
     assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
     assert error_toasts(pi, cont) == []
+
+
+def test_pi_terminated_mid_turn_leaves_the_cast_resumable_not_interrupted(start_pi, castor_command, fake_llm,
+                                                                          tmp_path):
+    """SIGTERM (a process manager's stop) mid-turn: Pi aborts the run and shuts the session down.
+    That abort is not the user's Esc: the cast is not interrupted but left as the harness left it
+    (orphaned, resumable), and nothing of castor's stays behind."""
+    root = write_loadout(tmp_path / "project", BUILDER)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    castor_pids = children_of(pi.proc.pid)
+    t0 = time.monotonic()
+    pi.proc.send_signal(signal.SIGTERM)
+    pi.proc.wait(15)
+    assert time.monotonic() - t0 < 6
+    assert poll_until(lambda: not any(alive(p) for p in castor_pids), timeout=10), "castor outlived Pi"
+    assert not any(e["type"] == "turn_interrupted" for e in events(run)), [e["type"] for e in events(run)]
+    assert status(run) == "active" and completes(run) == []
+
+
+def test_esc_in_the_terminal_while_the_next_sockets_turn_waits_behind_the_users_run(start_tty, castor_command,
+                                                                                    fake_llm, tmp_path):
+    """The same in Pi's terminal UI, whose Esc also drops Pi's follow-up queue: the cast is
+    interrupted at Socket-2 (the footer says so) and /materia continue completes it."""
+    root = tmp_path / "project"
+    gate = root / "go"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/materia cast build the thing")
+    run = run_dir(root)
+    fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
+    pi.type("USER-BUSY what is going on")
+    wait_request(fake_llm, "USER-BUSY")
+    gate.touch()
+    # castor's footer for the turn comes just before the turn itself: once drawn, Pi holds the turn.
+    wait_for(lambda: "materia: Reviewer (Socket-2)" in pi.screen_tail(100_000), timeout=15,
+             what=f"Socket-2's turn asked for; Pi drew: {pi.screen_tail()!r}")
+    pi.press(ESC)
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=5), \
+        [e["type"] for e in events(run)]
+    wait_for(lambda: "interrupted at Socket-2" in pi.screen_tail(100_000), timeout=5,
+             what=f"the footer saying so; Pi drew: {pi.screen_tail()!r}")
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    pi.type("/materia continue ")  # the trailing space closes Pi's completion list
+    wait_for(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=20,
+             what=f"the cast's end; Pi drew: {pi.screen_tail()!r}")
+    done = events(run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
