@@ -200,3 +200,22 @@ def test_an_abort_while_a_follow_up_turn_waits_in_pis_queue_reports_it_interrupt
     assert len(calls(log, "agent.turn_ended")) == 1, calls(log, "agent.turn_ended")
     assert not any(json.dumps(r["messages"]).endswith('"TURN: QUEUED-ONE"}]}]') for r in fake_llm.log()), \
         "the withdrawn turn's prompt reached the model"
+
+
+def test_materia_abort_while_a_follow_up_turn_waits_in_pis_queue_never_runs_it(probe, fake_llm):
+    """`/materia abort` while castor's turn waits behind the user's run: the turn is dropped (never
+    reported: castor stopped waiting for it), the user's run answers, and when Pi delivers the
+    dropped prompt at the end of that run, it is stopped there -- no model request for it."""
+    pi, log = probe()
+    fake_llm.reply_text("USER-ANSWER", when="PROBE busyturn", delay=2.0)
+    start = pi.mark()
+    pi.send({"type": "prompt", "message": "PROBE busyturn DROPPED-ONE"})
+    assert poll_until(lambda: "queued as a follow-up" in pi.stderr(), timeout=10), pi.stderr()[-2000:]
+    pi.command("/materia abort")
+    assert poll_until(lambda: calls(log, "cast.abort"), timeout=5)
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start, timeout=20)
+    assert any("USER-ANSWER" in json.dumps(e.get("messages", "")) for e in pi.events[start:]
+               if e.get("type") == "agent_end"), "the user's run answered"
+    assert not any(json.dumps(r["messages"]).endswith('"TURN: DROPPED-ONE"}]}]') for r in fake_llm.log())
+    assert calls(log, "agent.turn_ended") == []
+    no_error_toasts(pi, start)

@@ -22,7 +22,12 @@
  * not yet dispatched one is dropped and never started; a run that still starts from its hidden
  * message is recognised ({@link TurnTracker.isAbortedMessage}) and aborted before its first request.
  *
- * Guarantees: each dispatched turn yields exactly one outcome (success, error, or a
+ * A turn sent while Pi was busy waits in Pi's follow-up queue. When the run it waits behind is
+ * aborted, Pi never reaches it (its Esc drops the queue; an RPC abort keeps it for a later run):
+ * it is withdrawn ({@link TurnTracker.withdrawFollowUps}) and reported interrupted, and a later
+ * delivery of its prompt stops that run there.
+ *
+ * Guarantees: each dispatched turn yields exactly one outcome (success, error, interrupted, or a
  * dispatch failure reported immediately) unless castor aborted it before it ran; a user
  * run never reports a castor turn.
  */
