@@ -171,3 +171,20 @@ def test_pi_killed_during_a_slow_retrieval_leaves_no_process_behind(start_tty, c
     pi.proc.wait(10)
     assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
                       timeout=10), [p.cmdline() for p in tree if p.is_running()]
+
+
+def test_rpc_new_session_during_a_slow_retrieval_does_not_wait_it_out(start_pi, castor_command, tmp_path):
+    """An RPC client starts a new session while a prompt's retrieval runs (20 s): Pi aborts the run
+    and waits for it, the run for the hook. The wait now ends at that command (as at an abort)."""
+    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    pi = start_pi(castor_command, settings=settings, env=env)
+    up(pi)
+    wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30, what="Icarus' session start")
+    pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
+    wait_for(lambda: icarus_calls(call_log, "hooks.pre_llm_call"), timeout=15, what="the retrieval running")
+    started = time.monotonic()
+    pi.request({"type": "new_session"}, timeout=40)
+    took = time.monotonic() - started
+    assert took < 5, f"the new session took {took:.1f} s (the retrieval takes 20 s)"
+    assert poll_until(lambda: len(icarus_calls(call_log, "hooks.on_session_start")) >= 2, timeout=20), \
+        "the new session's start never reached the memory backend"

@@ -19,7 +19,8 @@
  * of them (Pi's `session.abort()`) also waits for the handler: Pi's quit keys (`quitting`), the
  * SIGTERM or SIGHUP Pi shuts down on (a process manager's stop, a closed terminal), and in RPC mode
  * the end of Pi's input (its client went away: `quitting`) and an RPC `abort` command (a client's
- * Esc). A signal is only listened to when Pi itself has a handler for it, so a listener of ours
+ * Esc) or another command that aborts the run and waits for it (a new session, a fork, a manual
+ * compaction). A signal is only listened to when Pi itself has a handler for it, so a listener of ours
  * never turns a signal that would end the process into one that does not.
  *
  * What this does not know: a rebound interrupt key. Pi's default is Esc (`app.interrupt`); a user
@@ -75,12 +76,19 @@ export interface ProcessLike {
 /** The signals Pi shuts down on (interactive and RPC mode). */
 export const QUIT_SIGNALS = ["SIGTERM", "SIGHUP"] as const;
 
-/** A whole RPC input line that is Pi's `abort` command (`{"type":"abort", ...}`). */
+/**
+ * Pi's RPC commands that abort the run going on and wait for it (`session.abort()`): `abort` (a
+ * client's Esc), a manual `compact`, and those that replace the session (`new_session`,
+ * `switch_session`, `fork`, `clone`).
+ */
+export const RPC_RUN_STOPPERS: ReadonlySet<string> = new Set(["abort", "compact", "new_session", "switch_session", "fork", "clone"]);
+
+/** A whole RPC input line that is one of Pi's commands that stop the run ({@link RPC_RUN_STOPPERS}). */
 export function isRpcAbort(line: string): boolean {
-	if (!line.includes("abort")) return false;
+	if (!line.includes('"type"')) return false;
 	try {
 		const command = JSON.parse(line) as { type?: unknown } | null;
-		return command !== null && typeof command === "object" && command.type === "abort";
+		return command !== null && typeof command === "object" && typeof command.type === "string" && RPC_RUN_STOPPERS.has(command.type);
 	} catch {
 		return false; // a line cut where the watch began, or not JSON: Pi answers it, not us
 	}

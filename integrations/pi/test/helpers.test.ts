@@ -162,8 +162,8 @@ test("EscWatch with the process: Pi's quit signals (only those Pi handles), and 
 	paused.dispose();
 	new EscWatch({ ...rpc, mode: "tui" }, Date.now, proc).dispose();
 	assert.equal(proc.stdin.listenerCount("end"), 0);
-	for (const line of ['{"type":"abort"}', '{"id":"x","type":"abort"}']) assert.ok(isRpcAbort(line), line);
-	for (const line of ['{"type":"abort_bash"}', '{"type":"prompt","message":"abort"}', '"abort"', "rt\"}", ""]) assert.ok(!isRpcAbort(line), line);
+	for (const line of ['{"type":"abort"}', '{"id":"x","type":"abort"}', '{"type":"new_session"}', '{"type":"fork","entryId":"e"}', '{"type":"compact"}']) assert.ok(isRpcAbort(line), line);
+	for (const line of ['{"type":"abort_bash"}', '{"type":"prompt","message":"abort"}', '{"type":"get_state"}', '"abort"', "rt\"}", ""]) assert.ok(!isRpcAbort(line), line);
 });
 
 test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
