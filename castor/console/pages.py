@@ -288,6 +288,11 @@ const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
   if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
+// What an activity is doing, for how long, and when the bound that ends it passes (if one does).
+const doing = act => { const left = act.deadline_in_s;
+  const bound = typeof left !== 'number' ? '' :
+    left >= 0 ? ', deadline in ' + secs(left) : ', deadline passed ' + secs(-left) + ' ago';
+  return act.text + ' for ' + secs(act.age_s) + bound; };
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
 function render(doc) {
@@ -310,7 +315,7 @@ function render(doc) {
     o.append(bar(age || 0, v => v > 0 ? 12 * Math.log2(1 + v * 10) : 0, 'age'), document.createTextNode(secs(age)));
     tr.append(o);
     const act = a.activity || {};
-    const what = act.kind && act.kind !== 'idle' ? act.text + ' for ' + secs(act.age_s)
+    const what = act.kind && act.kind !== 'idle' ? doing(act)
                                                   : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
     tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
     tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
@@ -349,7 +354,8 @@ function render(doc) {
                    (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
                    ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
       $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
-                   ((wa.activity || {}).text || '-')));
+                   (!wa.activity ? '-' : wa.activity.kind === 'idle' ? 'idle ' + secs(wa.activity.age_s)
+                                                                     : doing(wa.activity))));
     wk.append(card);
   }
   if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));

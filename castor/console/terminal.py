@@ -32,6 +32,15 @@ def shown(value: object) -> str:
     return escape(one_line(str(value)))
 
 
+def deadline_words(activity: dict[str, Any] | None) -> str:
+    """``deadline in 5.2s`` / ``deadline passed 2.0s ago`` for an activity a bound ends (a
+    worker call's deadline, a command's timeoutMs...), ``""`` for one nothing bounds."""
+    left = (activity or {}).get("deadline_in_s")
+    if not isinstance(left, (int, float)):
+        return ""
+    return f"deadline in {left:.1f}s" if left >= 0 else f"deadline passed {-left:.1f}s ago"
+
+
 def _activity_age(actor: dict[str, Any]) -> float:
     activity = actor.get("activity") or {}
     if activity.get("kind") in (None, "idle"):
@@ -135,15 +144,20 @@ def actor_tree(snapshot: dict[str, Any]) -> Tree:
 def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
     """A flat table of actors in the given (worst-first) order."""
     table = Table(title=f"castor actors by {sort}, worst first")
-    for column in ("path", "kind", "state", "depth", "oldest", "doing", "for", "restarts", "last failure"):
+    for column in ("path", "kind", "state", "depth", "oldest", "doing", "for", "deadline", "restarts",
+                   "last failure"):
         table.add_column(column)
     for actor in actors:
         box = actor["mailbox"]
         activity = actor.get("activity") or {}
         failure = actor.get("last_failure")
+        left = activity.get("deadline_in_s")
         table.add_row(shown(actor["path"]), shown(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
                       _seconds(box.get("oldest_age_s")), shown(str(activity.get("text", "-"))),
-                      _seconds(activity.get("age_s")), str(actor.get("restarts", 0)),
+                      _seconds(activity.get("age_s")),
+                      (_seconds(left) if left >= 0 else f"passed {-left:.1f}s ago")
+                      if isinstance(left, (int, float)) else "-",
+                      str(actor.get("restarts", 0)),
                       shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
     return table
 
@@ -198,7 +212,9 @@ def _actor_line(actor: dict[str, Any]) -> str:
         parts.append(f"[yellow]restarts={actor['restarts']}[/yellow]")
     activity = actor.get("activity")
     if activity and activity.get("kind") not in (None, "idle", "handling"):
-        parts.append(f"[blue]{shown(str(activity['text']))} for {activity['age_s']:.1f}s[/blue]")
+        bound = deadline_words(activity)
+        parts.append(f"[blue]{shown(str(activity['text']))} for {activity['age_s']:.1f}s"
+                     f"{', ' + bound if bound else ''}[/blue]")
     elif activity and activity.get("kind") == "idle":
         parts.append(f"[dim]idle {activity['age_s']:.1f}s[/dim]")
     if flight:

@@ -52,14 +52,19 @@ class Activity(Message, type_name="inspect.activity"):
     ``kind`` is a stable word: ``idle``, ``handling`` (a message, nothing more said),
     ``awaiting_turn`` (an agent turn), ``utility`` (a running command), ``worker_call``
     (a call into the Icarus worker process), ``cast`` (a cast's phase), ``reading_usage``,
-    ``compacting``, ``starting``, ``ended``. ``age_s`` is how long it has been doing it.
+    ``compacting``, ``hook_call`` (an Icarus hook), ``interrupted``, ``paused``, ``starting``, ``ended``.
+    ``age_s`` is how long it has been doing it.
     ``data`` holds the same facts as scalars (cast_id, socket, materia, visit, item, pid, ...).
+    ``deadline_in_s`` is how long until the bound that ends it passes (a worker call's deadline,
+    a command's ``timeoutMs``, ...; negative once it has passed), ``None`` when nothing bounds it
+    (an agent turn waits for the harness, an idle actor for nothing).
     """
 
     kind: str
     text: str
     age_s: float
     data: dict[str, ActivityValue] = {}
+    deadline_in_s: float | None = None
 
 
 class Failure(Message, type_name="inspect.failure"):

@@ -230,14 +230,17 @@ class Actor(pykka.ThreadingActor):
 
     # -- lifecycle requests from inside ------------------------------------
     def report_activity(self, kind: str | None, text: str = "", data: dict[str, Any] | None = None, *,
-                        lasting: bool = False, since: float | None = None, **more: Any) -> None:
+                        lasting: bool = False, since: float | None = None, deadline: float | None = None,
+                        **more: Any) -> None:
         """Say what this actor is doing now, in words and data (scalars), for snapshots.
 
         Cheap (one assignment; nothing is built until a snapshot is taken). Said while handling
         a message, it lasts until that message is handled, unless ``lasting``; said elsewhere
         (``on_start``, or with ``lasting``) it lasts until replaced, cleared (``kind=None``) or
-        the incarnation ends. ``since`` (monotonic) defaults to now. ``data`` and keyword
-        arguments are scalars (msgpack- and JSON-safe).
+        the incarnation ends. ``since`` (monotonic) defaults to now. ``deadline`` (monotonic) is
+        when the bound that ends this activity passes, if one does (snapshots show how far off
+        it is: ``deadline_in_s``). ``data`` and keyword arguments are scalars (msgpack- and
+        JSON-safe).
         """
         handle = self.handle
         if kind is None:
@@ -245,7 +248,7 @@ class Actor(pykka.ThreadingActor):
             return
         facts = {**data, **more} if data is not None else more
         handle.activity = (kind, text, facts, time.monotonic() if since is None else since,
-                           None if lasting else handle.current)
+                           None if lasting else handle.current, deadline)
 
     def count_metric(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` of this actor's kind (``castor_<name>_total`` in /metrics)."""
@@ -260,9 +263,10 @@ class Actor(pykka.ThreadingActor):
         """Record a duration in the histogram ``name`` of this actor's kind (``castor_<name>`` in /metrics)."""
         self.handle.registry.meters.observe(name, self.handle.kind, seconds)
 
-    def describe_activity(self, describe: Callable[[], tuple[str, str, dict[str, Any], float] | None]) -> None:
-        """Register ``describe() -> (kind, text, data, since) | None``, called only when a
-        snapshot is taken (on the snapshotting thread: it must only read, and be quick)."""
+    def describe_activity(self, describe: Callable[[], tuple[Any, ...] | None]) -> None:
+        """Register ``describe() -> (kind, text, data, since[, deadline]) | None``, called only
+        when a snapshot is taken (on the snapshotting thread: it must only read, and be quick);
+        ``since`` and ``deadline`` are monotonic, as for :meth:`report_activity`."""
         self.handle.describe = describe
 
     def retire(self, reason: str, *, error: type[CastorError] = Retired) -> None:

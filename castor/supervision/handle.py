@@ -172,12 +172,13 @@ class ActorHandle:
         self.last_error: BaseException | None = None
         # (error type, message type or None, monotonic, wall clock) of the last crash
         self.last_failure: tuple[str, str | None, float, float] | None = None
-        # What the actor says it does: (kind, text, data, since (monotonic), envelope or None).
-        # Written by the actor's own thread (one assignment), read by snapshots; see
-        # Actor.report_activity. ``describe`` is a callable giving the same tuple, evaluated
-        # only when a snapshot is taken (a cast describes its state that way).
-        self.activity: tuple[str, str, dict[str, Any], float, Any] | None = None
-        self.describe: Callable[[], tuple[str, str, dict[str, Any], float] | None] | None = None
+        # What the actor says it does: (kind, text, data, since (monotonic), envelope or None,
+        # deadline (monotonic) or None). Written by the actor's own thread (one assignment), read
+        # by snapshots; see Actor.report_activity. ``describe`` is a callable giving (kind, text,
+        # data, since) or (kind, text, data, since, deadline), evaluated only when a snapshot is
+        # taken (a cast describes its state that way).
+        self.activity: tuple[str, str, dict[str, Any], float, Any, float | None] | None = None
+        self.describe: Callable[[], tuple[Any, ...] | None] | None = None
         self.idle_since: float | None = None
         self.labels: dict[str, str] = {}
         #: Called with (handle, incarnation, exit kind) when an incarnation ends, on its thread;
@@ -522,20 +523,21 @@ class ActorHandle:
         reported = self.activity
         if reported is not None and reported[4] is not None and reported[4] is not self.current:
             reported = None  # said while handling a message that is done now
-        chosen = reported[:4] if reported is not None else None
+        chosen: tuple[Any, ...] | None = (*reported[:4], reported[5]) if reported is not None else None
         if chosen is None and self.describe is not None:
             try:
                 chosen = self.describe()
             except Exception as exc:  # noqa: BLE001 - a snapshot must never fail on a description
                 chosen = ("unknown", f"activity unavailable ({type(exc).__name__})", {}, now)
         if chosen is not None:
+            deadline = chosen[4] if len(chosen) > 4 else None
             return {"kind": str(chosen[0]), "text": str(chosen[1]), "age_s": max(0.0, now - chosen[3]),
-                    "data": _scalars(chosen[2])}
+                    "data": _scalars(chosen[2]), "deadline_in_s": None if deadline is None else deadline - now}
         if in_flight is not None:
             return {"kind": "handling", "text": f"handling {in_flight['message_type']}", "age_s": in_flight["since_s"],
-                    "data": {"message_type": in_flight["message_type"]}}
+                    "data": {"message_type": in_flight["message_type"]}, "deadline_in_s": None}
         since = self.idle_since if self.idle_since is not None else now
-        return {"kind": "idle", "text": "idle", "age_s": max(0.0, now - since), "data": {}}
+        return {"kind": "idle", "text": "idle", "age_s": max(0.0, now - since), "data": {}, "deadline_in_s": None}
 
     def __repr__(self) -> str:
         return f"<ActorHandle {self.path} {self.state} #{self.incarnation}>"

@@ -258,3 +258,31 @@ def test_inspect_where_no_castor_serves_says_so_and_how_to_start_one(tmp_path):
         assert done.returncode == 1, done
         assert done.stderr.startswith("castor: not_found: no castor is listening on "), done.stderr
         assert said in done.stderr and "running?" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bounded_activity_shows_the_deadline_it_will_hit_and_an_unbounded_one_none():
+    """A hung hook read "worker call hooks.pre_llm_call for 40.0s": stuck, but until when? The
+    tree line and the flat list say how far off the deadline that ends it is (or that it passed);
+    an agent turn, which nothing bounds, says nothing of one."""
+    from castor.console.terminal import _actor_line, actor_list
+
+    def actor(activity: dict) -> dict:
+        return {"path": "/root/session/s/icarus/worker", "kind": "IcarusWorkerActor", "state": "running",
+                "incarnation": 1, "restarts": 0, "activity": activity, "last_failure": None,
+                "mailbox": {"depth": 0, "oldest_age_s": None, "processed": 0, "failed": 0, "in_flight": None}}
+
+    def text(renderable) -> str:
+        out = Console(file=io.StringIO(), record=True, width=400)
+        out.print(renderable)
+        return out.export_text()
+
+    call = {"kind": "worker_call", "text": "worker call hooks.pre_llm_call", "age_s": 40.0, "data": {},
+            "deadline_in_s": 5.25}
+    assert "worker call hooks.pre_llm_call for 40.0s, deadline in 5.2s" in text(_actor_line(actor(call)))
+    assert "deadline passed 2.0s ago" in text(_actor_line(actor({**call, "deadline_in_s": -2.0})))
+    turn = {"kind": "awaiting_turn", "text": "awaiting the agent's turn", "age_s": 7.0, "data": {},
+            "deadline_in_s": None}
+    assert "deadline" not in text(_actor_line(actor(turn)))
+    table = text(actor_list([actor(call), actor(turn)], "age"))
+    assert "deadline" in table.splitlines()[2]  # the header row (after the title and the top rule)
+    assert "5.2s" in table

@@ -126,6 +126,9 @@ def test_a_busy_utility_slot_reports_its_command_and_pid(tmp_path):
         assert activity.data["visit_id"].startswith(cast_id)
         # which cast and socket the command runs for, in the text an operator reads
         assert activity.data["cast_id"] == cast_id and activity.text.endswith(f"for Socket-6 of cast {cast_id}")
+        # and when its timeoutMs (20 s in this loadout) kills it: an operator sees whether it ends by itself
+        assert activity.deadline_in_s is not None
+        assert activity.age_s + activity.deadline_in_s == pytest.approx(20.0, abs=1.0)
         # Its age grows; the snapshot survives msgpack (what ops.actors sends).
         again = wait_for(lambda: (b := busy()) and b.activity.age_s > activity.age_s and b, timeout=10,
                          what="a growing age")

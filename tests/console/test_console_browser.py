@@ -185,3 +185,40 @@ def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console
     assert "NotFound" in status, status
     browser.get(f"{live.url}cast/{sid}/{cast_id}")
     assert f"no open session {sid}" in browser.find_element("tag name", "body").text
+
+
+def test_a_bounded_activity_shows_its_deadline_and_a_workers_card_how_long_its_call_runs(browser, busy_console):
+    """A hung worker call read "worker call hooks.pre_llm_call" on the worker's card (no age at
+    all) and "... for 40.0 s" in the tree, with no word of when its deadline kills the worker.
+    The page renders a pushed document (its own stream closed first) whose worker call has run
+    40 s and has 5 s left, and a socket's turn that nothing bounds."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+             what="the first push")
+    call = {"kind": "worker_call", "text": "worker call hooks.pre_llm_call", "age_s": 40.0,
+            "data": {"target": "hooks.pre_llm_call"}, "deadline_in_s": 5.25}
+    turn = {"kind": "awaiting_turn", "text": "awaiting the agent's turn", "age_s": 7.0, "data": {},
+            "deadline_in_s": None}
+    box = {"depth": 0, "oldest_age_s": None}
+
+    def actor(path: str, kind: str, activity: dict) -> dict:
+        return {"path": path, "kind": kind, "state": "running", "incarnation": 1, "restarts": 0,
+                "mailbox": box, "activity": activity, "last_failure": None, "labels": {}}
+
+    doc = {"at": time.time(), "sessions": [],
+           "actors": [actor("/root/session/w/icarus/worker", "IcarusWorkerActor", call),
+                      actor("/root/session/w/socket/c.3", "SocketActor", turn)],
+           "workers": [{"session_id": "w", "state": "active", "workers_started": 1,
+                        "process": {"pid": 4242, "alive": True, "calls": 1},
+                        "actor": {"mailbox": {"depth": 0}, "restarts": 0, "activity": call}}]}
+    browser.execute_script("source.close(); render(arguments[0]);", doc)
+    rows = _rows(browser)
+    assert rows["/root/session/w/icarus/worker"]["activity"] == \
+        "worker call hooks.pre_llm_call for 40.0 s, deadline in 5.3 s"
+    assert rows["/root/session/w/socket/c.3"]["activity"] == "awaiting the agent's turn for 7.0 s"
+    card = browser.execute_script("return document.querySelector('[data-worker=\"w\"]').textContent")
+    assert "worker call hooks.pre_llm_call for 40.0 s, deadline in 5.3 s" in card, card
+    call["deadline_in_s"] = -2.0  # a bound that passed and did not end it (yet): said as such
+    browser.execute_script("render(arguments[0]);", doc)
+    assert _rows(browser)["/root/session/w/icarus/worker"]["activity"].endswith("deadline passed 2.0 s ago")

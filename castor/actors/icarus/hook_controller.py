@@ -200,6 +200,9 @@ class WorkerLane:
         self._running = False  # a job runs (on the lane's thread or a helper's)
         self._thread: threading.Thread | None = None
         self._current: tuple[str, CancelToken] | None = None  # the running call's function and token
+        #: When the running call's deadline passes (monotonic; its worker is killed then), for
+        #: snapshots; None between calls. One assignment each way: read without the lock.
+        self.current_deadline: float | None = None
         self._abandoned: CancelToken | None = None  # the token abandon_running fired
 
     def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
@@ -304,9 +307,11 @@ class WorkerLane:
         token = CancelToken()
         with self._mutex:
             self._current = (function, token)
+        self.current_deadline = time.monotonic() + self._timeout  # the worker client's own bound
         try:
             done = self._call(request, function, kwargs, token)
         finally:
+            self.current_deadline = None
             with self._mutex:
                 self._current = None
                 abandoned, self._abandoned = self._abandoned is token, None
@@ -453,9 +458,10 @@ class HookController(Actor):
         return HookStatusReply(enabled=s.enabled, visible=s.visible, generation=s.generation,
                                session_id=s.session_id, in_flight=len(s.inflight))
 
-    def _describe(self) -> tuple[str, str, dict[str, Any], float] | None:
-        """What the hooks are doing while a lifecycle call runs (read by snapshots; None when idle).
-        Never the prompt or a memory's text: request ids and stages only."""
+    def _describe(self) -> tuple[str, str, dict[str, Any], float, float | None] | None:
+        """What the hooks are doing while a lifecycle call runs (read by snapshots; None when idle),
+        with the deadline of the worker call running now, if one runs. Never the prompt or a
+        memory's text: request ids and stages only."""
         inflight = self.state.inflight
         since = self._busy_since
         if not inflight or since is None:
@@ -467,8 +473,10 @@ class HookController(Actor):
                  ("shutdown", "worker"): "ending the Icarus session"}
         items = sorted(inflight.items())
         text = "; ".join(words.get((f.kind, f.stage), f"{f.kind} ({f.stage})") for _, f in items)
+        lane = getattr(self, "_lane", None)
         return "hook_call", text, {"requests": ", ".join(r for r, _ in items),
-                                   "stages": ", ".join(f"{f.kind}:{f.stage}" for _, f in items)}, since
+                                   "stages": ", ".join(f"{f.kind}:{f.stage}" for _, f in items)}, since, \
+            lane.current_deadline if lane is not None else None
 
     # -- effects ------------------------------------------------------------
 

@@ -104,9 +104,10 @@ class IcarusWorkerActor(Actor):
         self._next_id = next_id
         self._timeout_s = timeout_ms / 1000.0
         self._worker: WorkerProcessPort | None = None
-        # The call being run: (the call, since (monotonic), worker), for the activity the snapshot
-        # describes (describe_activity: nothing is built per call); None between calls.
-        self._running: tuple[WorkerCall, float, WorkerProcessPort] | None = None
+        # The call being run: (the call, since (monotonic), worker, deadline (monotonic)), for the
+        # activity the snapshot describes (describe_activity: nothing is built per call); None
+        # between calls.
+        self._running: tuple[WorkerCall, float, WorkerProcessPort, float] | None = None
         self._count_call: Callable[[], object] = _no_tally  # the worker_calls tally, from the first spawn
 
     # -- ownership -----------------------------------------------------------
@@ -153,7 +154,7 @@ class IcarusWorkerActor(Actor):
                                 data={"target": target}, may_have_started=False)
         # What a snapshot shows meanwhile (see _describe; the target is formatted there, and on
         # the error paths below, not on every call).
-        self._running = (call, now, worker)
+        self._running = (call, now, worker, deadline)
         self._count_call()
         try:
             reply = worker.call(self._next_id(), call.module, call.function, call.args, call.kwargs, deadline)
@@ -194,14 +195,15 @@ class IcarusWorkerActor(Actor):
         self._fresh_worker(None)
         return self._on_call(call)
 
-    def _describe(self) -> tuple[str, str, dict[str, Any], float] | None:
-        """The activity while a call runs (read by snapshots only; None between calls)."""
+    def _describe(self) -> tuple[str, str, dict[str, Any], float, float] | None:
+        """The activity while a call runs, with the deadline that kills the worker (read by
+        snapshots only; None between calls)."""
         running = self._running
         if running is None:
             return None
-        call, since, worker = running
+        call, since, worker, deadline = running
         target = f"{call.module}.{call.function}"
-        return "worker_call", "worker call " + target, {"target": target, "pid": worker.running_pid}, since
+        return "worker_call", "worker call " + target, {"target": target, "pid": worker.running_pid}, since, deadline
 
     def _fresh_worker(self, gone: WorkerProcessPort | None) -> WorkerProcessPort:
         """The first worker of this incarnation, or a fresh one for ``gone``, which exited while

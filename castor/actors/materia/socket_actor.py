@@ -165,7 +165,8 @@ class SocketActor(Actor):
 
     def _read_usage(self) -> None:
         """Ask the host for its usage on a helper thread; the answer comes back as ``UsageRead``."""
-        self.report_activity("reading_usage", f"reading the host's context usage before {self.effect.socket_id}")
+        self.report_activity("reading_usage", f"reading the host's context usage before {self.effect.socket_id}",
+                             deadline=time.monotonic() + self.usage_timeout_s)
         handle, host, timeout = self.handle, self.host, self.usage_timeout_s
         assert host is not None
 
@@ -192,7 +193,8 @@ class SocketActor(Actor):
             self._send_turn()
             return
         self._decision = decision
-        self.report_activity(*_activity.compacting(self.effect, self.cast_id, decision.percent), lasting=True)
+        self.report_activity(*_activity.compacting(self.effect, self.cast_id, decision.percent), lasting=True,
+                             deadline=time.monotonic() + self.compaction_timeout_s)
         self._progress(ProactiveCompactionStarted(visit_id=self.effect.visit_id, decision=decision, at=time.time()))
         handle = self.handle
 

@@ -265,7 +265,8 @@ class UtilityExecutorActor(Actor):
                                            at=time.time())
                 self._running = running
                 self.pool.started(effect.visit_id, running)
-                self.report_activity(*running_utility(effect, cmd.argv, running.pids()))
+                self.report_activity(*running_utility(effect, cmd.argv, running.pids()),
+                                     deadline=time.monotonic() + cmd.timeout_ms / 1000.0)  # its timeoutMs
                 try:
                     result = running.wait()
                     self.observe_metric("utility_run_seconds", result.duration_ms / 1000.0)

@@ -249,6 +249,8 @@ def test_the_hooks_say_what_they_do_while_a_retrieval_runs(wired):
     activity = hooks["activity"]
     assert activity is not None and activity["text"] == "retrieving memories for a prompt", hooks
     assert activity["data"]["stages"] == "prompt:worker" and "sqlite" not in str(activity)
+    # and how long until the worker call's deadline ends it (the worker is killed then)
+    assert activity["deadline_in_s"] is not None and 0 < activity["deadline_in_s"] <= 3600
     world.controls({})
     pending.result()
 

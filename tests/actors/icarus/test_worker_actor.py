@@ -266,3 +266,22 @@ def test_a_worker_whose_reply_channel_ended_while_idle_is_replaced_and_the_call_
     assert bridge.client.call("hooks", "counter") == 1  # a fresh worker: fresh module state
     assert len(bridge.spawned) == 2 and gone(old.pid)
     assert bridge.client.call("hooks", "counter") == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_running_call_says_when_its_deadline_kills_the_worker(bridge):
+    """An operator looking at a hung hook sees how long it has run *and* how long until its
+    deadline kills the worker (``activity.deadline_in_s``, shrinking); nothing once it is idle."""
+    assert bridge.client.call("hooks", "counter") == 1
+    thread = threading.Thread(target=lambda: bridge.client.call("hooks", "sleep", [1.0], timeout=20))
+    thread.start()
+    wait_for(lambda: (bridge.handle.snapshot_data()["activity"] or {}).get("kind") == "worker_call",
+             timeout=5, what="the call's activity")
+    first = bridge.handle.snapshot_data()["activity"]
+    assert 15 < first["deadline_in_s"] <= 20
+    later = wait_for(lambda: (a := bridge.handle.snapshot_data()["activity"])["kind"] == "worker_call"
+                     and a["deadline_in_s"] < first["deadline_in_s"] and a, timeout=5, what="a shrinking deadline")
+    assert later["age_s"] + later["deadline_in_s"] == pytest.approx(20, abs=0.5)
+    thread.join(10)
+    idle = bridge.handle.snapshot_data()["activity"]
+    assert idle["kind"] == "idle" and idle["deadline_in_s"] is None
