@@ -30,6 +30,9 @@ from typing import Any, Callable
 
 from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
 
+#: Seconds each of inspect's calls waits for the runtime's answer.
+CALL_TIMEOUT_S = 10.0
+
 
 def add_inspect_subcommand(sub: Any) -> None:
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
@@ -101,7 +104,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         mailbox_table,
         terminal_console,
     )
-    from castor.messages.errors import InvalidParams, Unauthenticated
+    from castor.endpoint.errors import ConnectionClosed
+    from castor.messages.errors import InvalidParams, Timeout, Unauthenticated
 
     sort = getattr(args, "sort", "path")
     if sort not in SORT_KEYS:
@@ -118,12 +122,12 @@ def run_inspect(args: argparse.Namespace) -> int:
         def fetch() -> Any:
             if args.what in ("actors", "casts"):
                 prefix = args.prefix if args.what == "actors" and args.prefix else ""
-                return client.call("ops.actors", {"prefix": prefix}, timeout=10)
+                return client.call("ops.actors", {"prefix": prefix}, timeout=CALL_TIMEOUT_S)
             if args.what == "mailbox":
-                return client.call("ops.mailbox", {"path": args.path}, timeout=10)
+                return client.call("ops.mailbox", {"path": args.path}, timeout=CALL_TIMEOUT_S)
             if args.what == "hosts":
-                return client.call("ops.hosts", {}, timeout=10)
-            return client.call("ops.worker", {"session_id": args.session_id}, timeout=10)
+                return client.call("ops.hosts", {}, timeout=CALL_TIMEOUT_S)
+            return client.call("ops.worker", {"session_id": args.session_id}, timeout=CALL_TIMEOUT_S)
 
         if args.json:
             return _json_loop(args, fetch)
@@ -168,6 +172,16 @@ def run_inspect(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
+    except ConnectionClosed as exc:  # the castor went away (stopped, restarted) under the view
+        raise ConnectionClosed(f"the castor at {_where(args)} closed the connection (it stopped, or was restarted)",
+                               data={**(exc.data or {}), "address": _where(args)}) from None
+    except Timeout as exc:  # no answer at all (not the runtime's own timeout): which castor, how long
+        if "msgid" not in (exc.data or {}):
+            raise
+        where = _where(args)
+        method = (exc.data or {}).get("method") or "ops.actors"
+        raise Timeout(f"the castor at {where} did not answer {method} within {CALL_TIMEOUT_S:.0f} s",
+                      data={**(exc.data or {}), "address": where}) from None
     except Unauthenticated as exc:  # the endpoint's words name runtime.hello; say what to type here
         if token_file:
             raise
@@ -175,6 +189,11 @@ def run_inspect(args: argparse.Namespace) -> int:
                               f"castor serve: --token-file PATH or {TOKEN_FILE_ENV}=PATH)", data=exc.data) from None
     finally:
         client.close()
+
+
+def _where(args: argparse.Namespace) -> str:
+    """The address ``args`` names, as castor serve's line prints it."""
+    return f"unix:{args.socket}" if args.socket else f"tcp:{args.tcp[0]}:{args.tcp[1]}"
 
 
 def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any]) -> int:
@@ -266,8 +285,43 @@ def _connect(args: Any, token_file: str | None) -> Any:
         where, start = f"tcp:{args.tcp[0]}:{args.tcp[1]}", f"--tcp {args.tcp[0]}:{args.tcp[1]}"
         connect = partial(Client.connect_tcp, *args.tcp, token_file=token_file)
     try:
+        if args.socket:
+            _refuse_another_users(args.socket, where)
         return connect()
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         why = "no such socket file" if isinstance(exc, FileNotFoundError) else "connection refused"
         raise NotFound(f"no castor is listening on {where} ({why}); is `castor serve {start}` running?",
                        data={"address": where}) from None
+    except PermissionError:  # the socket file (or a directory above it) keeps this user out
+        raise _another_users(where, None) from None
+
+
+def _another_users(where: str, uid: int | None) -> Any:
+    from castor.messages.errors import Forbidden
+
+    whose = f" (uid {uid})" if uid is not None else ""
+    return Forbidden(f"the castor at {where} is another user's{whose}: a castor serves only the user that runs it "
+                     "(and root); run castor inspect as that user", data={"address": where, "uid": uid})
+
+
+def _refuse_another_users(path: str, where: str) -> None:
+    """A castor serves its own user and root only: any other user's connection is refused once
+    accepted, and its first call then failed as ``cancelled: ... Broken pipe``, after two WARNING
+    lines. The listener's user (``SO_PEERCRED``) is read from a connection made and closed first,
+    so that case is one line too."""
+    import os
+    import socket
+    import struct
+
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # pragma: no cover - not Linux: the server's refusal is all there is
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5.0)
+        probe.connect(path)
+        try:
+            _pid, uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+        except OSError:
+            return
+    if uid != os.geteuid() and os.geteuid() != 0:
+        raise _another_users(where, uid)

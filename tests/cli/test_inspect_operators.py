@@ -286,3 +286,107 @@ def test_a_bounded_activity_shows_the_deadline_it_will_hit_and_an_unbounded_one_
     table = text(actor_list([actor(call), actor(turn)], "age"))
     assert "deadline" in table.splitlines()[2]  # the header row (after the title and the top rule)
     assert "5.2s" in table
+
+
+def test_inspect_of_another_users_castor_says_whose_it_is_in_one_line():
+    """``castor inspect`` run by another user read ``forbidden: Permission denied (EACCES)``
+    (no address) when the socket file kept it out, and, when the file let it in and the server
+    refused the peer, two WARNING lines and ``cancelled: ops.actors: connection closed (write
+    failed: [Errno 32] Broken pipe)``. Both are now one typed line naming the address and why."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("runs castor inspect as another user (nobody): needs root")
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(prefix="castor-other-user-", dir="/tmp"))
+    os.chmod(base, 0o755)  # the other user may reach the socket file; its mode decides
+    sock = base / "castor.sock"
+    env = _env(base)
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env, cwd=base,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+
+        def as_nobody() -> subprocess.CompletedProcess:
+            return subprocess.run([*CASTOR, "inspect", "--socket", str(sock)], cwd=base,
+                                  env={**env, "HOME": str(base)}, capture_output=True, text=True, timeout=30,
+                                  preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
+
+        for mode in (0o600, 0o666):  # the file keeps it out / the server refuses the peer
+            os.chmod(sock, mode)
+            done = as_nobody()
+            assert done.returncode == 1, done
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1, done.stderr
+            assert lines[0].startswith(f"castor: forbidden: the castor at unix:{sock} is another user's"), lines
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_inspect_of_a_castor_that_does_not_answer_names_it_in_one_timeout_line(tmp_path):
+    """A listener that accepts and never answers read ``timeout: ops.actors got no reply in
+    time``: which server, after how long? Now the line names the address and the bound."""
+    import socket as sockets
+    import threading
+
+    path = tmp_path / "mute.sock"
+    listener = sockets.socket(sockets.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(4)
+    held: list = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # kept open, never answered
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        done = subprocess.run([*CASTOR, "inspect", "--socket", str(path)], cwd=tmp_path, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"castor: timeout: the castor at unix:{path} did not answer ops.actors within 10 s"], lines
+
+
+def test_follow_of_a_castor_that_stops_ends_on_one_line_naming_it(tmp_path):
+    """``inspect --follow`` of a castor that is stopped read ``cancelled: ops.actors: connection
+    closed``: now the line says which castor went away."""
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watcher = None
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+        watcher = subprocess.Popen([*CASTOR, "inspect", "--socket", str(sock), "--follow", "--json",
+                                    "--interval", "0.2"], env=_env(tmp_path), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        assert json.loads(watcher.stdout.readline())["actors"]  # it follows
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        _out, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 1
+        assert err.strip().splitlines() == [f"castor: cancelled: the castor at unix:{sock} closed the connection "
+                                            "(it stopped, or was restarted)"], err
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+            watcher.wait(10)
