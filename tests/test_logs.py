@@ -73,6 +73,39 @@ def test_the_json_log_names_the_message_an_actor_was_handling():
     assert all(r["extra"]["msg_type"] for r in records)  # "-" outside a message, never missing
 
 
+@pytest.mark.timeout(20)
+def test_a_retirement_a_handler_asked_for_names_the_message_it_was_handling():
+    """A worker actor that retires because its call timed out logged "retiring: call
+    hooks.pre_llm_call timed out" with ``msg_type`` "-": the retirement runs once the handler has
+    returned, and the line lost the message it was decided on. It now names it."""
+    import json
+
+    from castor.messages.base import LocalMessage
+    from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
+
+    class GiveUp(LocalMessage, type_name="tests.logs.give_up"):
+        pass
+
+    class Quitter(Actor):
+        @handles(GiveUp)
+        def give_up(self, _message: GiveUp) -> None:
+            self.retire("a call timed out")
+
+    sink = io.StringIO()
+    configure_logging("DEBUG", json=True, sink=sink)
+    system = ActorSystem()
+    try:
+        handle = system.spawn(ChildSpec("quitter", Quitter, restart=Restart.TEMPORARY))
+        handle.ask(GiveUp(), timeout=5)
+        assert handle.closed.wait(5)
+    finally:
+        system.shutdown(10)
+        configure_logging("ERROR", json=False)
+    records = [json.loads(line)["record"] for line in sink.getvalue().splitlines()]
+    [retiring] = [r for r in records if r["message"] == "retiring: a call timed out"]
+    assert retiring["extra"]["msg_type"] == "tests.logs.give_up", retiring["extra"]
+
+
 _EMBEDDER = """
 import sys
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart

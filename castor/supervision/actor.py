@@ -182,6 +182,7 @@ class Actor(pykka.ThreadingActor):
             if type(self).receive is Actor.receive else {})
         self._exit_kind: ExitKind | None = None
         self._retire_request: tuple[str, type[CastorError]] | None = None
+        self._retire_during: str | None = None  # the type of the message whose handler asked to retire
         self._stop_requested = False
         self._abandoned = False
         #: True once this incarnation ended, was cut loose, or asked to stop or retire: one flag,
@@ -276,6 +277,8 @@ class Actor(pykka.ThreadingActor):
         supervisor never restarts this incarnation or replays its mailbox.
         """
         self._retire_request = (reason, error)
+        current = self.handle.current
+        self._retire_during = current.type_name if current is not None else None  # for the log line
         self.is_ending = True
 
     def tell_self_later(self, message: Any, delay: float) -> CancelToken:
@@ -418,7 +421,8 @@ class Actor(pykka.ThreadingActor):
         self.is_ending = True
 
     def _retire_now(self, reason: str, error: type[CastorError]) -> None:
-        self.log.warning("retiring: {reason}", reason=reason)
+        # Once the handler that asked for it has returned: the line names the message it decided on.
+        self.log.bind(msg_type=self._retire_during or "-").warning("retiring: {reason}", reason=reason)
         self.handle.retired_reason = reason
         self.handle.registry.meters.count("retirements", self.handle.kind)
         # Reject the queue first: callers learn at once, before any slow cleanup.
