@@ -300,3 +300,41 @@ def test_grouping_casts_by_session_is_linear_in_the_actors():
 
     ratio = best_of(large) / best_of(small)
     assert ratio < 100, f"2,000 casts took {ratio:.0f} times what 100 took"
+
+
+def test_a_cast_awaiting_a_utility_says_whether_its_command_runs_or_waits_for_a_slot(tmp_path):
+    """Two casts at a command socket, one utility slot: both read "awaiting utility Socket-6 ...",
+    the same words for the cast whose command runs and the one whose command waits behind it, so an
+    operator could not tell a slow command from a full pool. The cast now says which."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.composition import materia_component
+    from castor.ports.host_context import NoHostContext
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from castor.testing.soak import build_script, write_project
+
+    runtime = Runtime(RuntimeSettings(allow_faults=True, utility_slots=1, max_casts_per_session=2),
+                      components=[materia_component()])
+    try:
+        for sid in ("a", "b"):
+            project = tmp_path / sid
+            project.mkdir()
+            write_project(project, tmp_path / f"{sid}.log", command_sleep_s=30.0)  # Socket-6: a slow command
+            agent = ScriptedAgent(parse_script(build_script(items=1, delay_ms=lambda: 0, spare=2)), max_workers=2)
+            runtime.open_session(SessionInfo(session_id=sid, cwd=str(project), trusted=True),
+                                 HarnessLink(agent=agent, session_log=None, ui=None, host_context=NoHostContext()))
+            materia_call(runtime, sid, "start", {"request": "build it"})
+
+        def waits() -> dict[str | None, dict] | None:
+            casts = [a["activity"] for a in runtime.system.snapshot_data("/root/session")["actors"]
+                     if a["kind"] == "CastActor"]
+            at_utility = {a["data"].get("utility"): a for a in casts if a["data"].get("pending") == "utility"}
+            return at_utility if set(at_utility) == {"running", "queued"} else None  # (a job is queued first)
+
+        by_state = wait_for(lambda: waits(), timeout=30, what="one command running, the other queued behind it")
+        running, queued = by_state["running"], by_state["queued"]
+        assert isinstance(running["data"]["utility_pid"], int) and f"pid {running['data']['utility_pid']}" in \
+            running["text"]
+        assert queued["text"].endswith("queued: every utility slot (1) is busy"), queued["text"]
+    finally:
+        runtime.shutdown(10)

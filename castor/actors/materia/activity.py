@@ -45,6 +45,26 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
         "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
 
 
+def _utility_progress(actor: Any, visit_id: str, data: dict[str, Any]) -> str:
+    """Whether the utility a cast awaits runs (its pid) or waits for a slot: a slow command and a
+    full pool read alike otherwise. ``""`` where this runtime has no pool (a cast host's commands)."""
+    from castor.actors.materia.utility_pool import pool_of  # the pool's module reports activities too
+    from castor.messages.errors import NotFound
+
+    try:
+        pool = pool_of(actor.env.registry)
+    except (NotFound, AttributeError):
+        return ""
+    where, pid = pool.progress_of(visit_id)
+    data["utility"] = where
+    if where == "running":
+        data["utility_pid"] = pid
+        return f"; its command runs (pid {pid})"
+    if where == "queued":
+        return f"; queued: every utility slot ({pool.slots}) is busy"
+    return ""
+
+
 def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
     """A CastActor's phase, socket, work item, visit and age, read from its current state."""
     state = actor.state
@@ -74,7 +94,10 @@ def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
         text = f"{words} {where} of cast {state.cast_id}"
         if item:
             text += f", item {item}"
-        return "cast", text + f", visit {pending.visit}", data, since
+        text += f", visit {pending.visit}"
+        if pending.kind == "utility":
+            text += _utility_progress(actor, pending.visit_id, data)
+        return "cast", text, data, since
     if state.interrupted:  # an Esc stopped its turn: nothing runs until continue, recast or abort
         data["waiting_for"] = "continue, recast or abort"
         return ("interrupted", f"cast {state.cast_id} interrupted at {where}: its turn was stopped; "

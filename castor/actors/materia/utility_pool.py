@@ -114,6 +114,21 @@ class UtilityPoolState:
         with self._lock:
             return self._running.get(visit_id)
 
+    def progress_of(self, visit_id: str) -> tuple[str, int | None]:
+        """Where the job of ``visit_id`` is, for a snapshot: ``("running", pid)`` (its command's
+        process), ``("started", None)`` (claimed by a slot: being started, or a built-in running),
+        ``("finished", None)`` or ``("queued", None)`` (waiting in a slot's mailbox)."""
+        with self._lock:
+            claimed = visit_id in self._running
+            running = self._running.get(visit_id)
+            finished = visit_id in self._ledger
+        if running is not None:  # the root pid a local command knows (no process-tree walk per snapshot)
+            pid = getattr(running, "pid", None)
+            return "running", pid if isinstance(pid, int) else None
+        if claimed:
+            return "started", None
+        return ("finished", None) if finished else ("queued", None)
+
     def all_running(self) -> list[RunningCommand]:
         with self._lock:
             return [r for r in self._running.values() if r is not None]

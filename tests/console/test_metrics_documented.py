@@ -1,0 +1,74 @@
+"""Every metric ``/metrics`` serves is in docs/operations.md (and metrics.py's own table) with its
+type and labels, and every metric the docs list is served: a dashboard built from the docs finds
+each series it was told of."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+ROOT = Path(__file__).resolve().parents[2]
+_ROW = re.compile(r"^\|\s*`(castor_[a-z_]+)(?:\{([a-z_,]*)\})?`\s*\|\s*(gauge|counter|histogram)\s*\|")
+
+
+def _documented() -> dict[str, tuple[str, tuple[str, ...]]]:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text.split("## `/metrics`", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = _ROW.match(line)
+        if match:
+            name, labels, kind = match.groups()
+            rows[name] = (kind, tuple(sorted(filter(None, (labels or "").split(",")))))
+    return rows
+
+
+def _module_table() -> dict[str, tuple[str, tuple[str, ...]]]:
+    from castor.console import metrics
+
+    rows = {}
+    for line in (metrics.__doc__ or "").splitlines():
+        match = re.match(r"^(castor_[a-z_]+)(?:\{([a-z_,]*)\})?\s+(gauge|counter|histogram)\s", line)
+        if match:
+            name, labels, kind = match.groups()
+            rows[name] = (kind, tuple(sorted(filter(None, (labels or "").split(",")))))
+    return rows
+
+
+def _served() -> dict[str, tuple[str, tuple[str, ...]]]:
+    from castor.console.metrics import RuntimeCollector
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    try:
+        families = list(RuntimeCollector(runtime).collect())
+    finally:
+        runtime.shutdown(10)
+    served = {}
+    for family in families:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        served[name] = (family.type, tuple(sorted(family._labelnames)))  # the labels it declares
+    return served
+
+
+def test_the_metrics_served_are_exactly_the_documented_ones():
+    served = _served()
+    assert served == _documented()
+    assert served == _module_table()
+
+
+def _documented_columns(view: str) -> list[str]:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{view}"))
+    return [c.strip() for c in row.split("its columns:", 1)[1].split("|", 1)[0].split(",")]
+
+
+def test_the_inspect_tables_have_exactly_the_documented_columns():
+    from castor.console.terminal import actor_list, casts_table
+
+    assert [c.header for c in actor_list([], "age").columns] == _documented_columns("--sort oldest")
+    assert [c.header for c in casts_table([]).columns] == _documented_columns("casts")
