@@ -45,28 +45,26 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
         "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
 
 
-def _utility_progress(actor: Any, visit_id: str, data: dict[str, Any]) -> str:
+def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> str:
     """Whether the utility a cast awaits runs (its pid) or waits for a slot: a slow command and a
-    full pool read alike otherwise. ``""`` where this runtime has no pool (a cast host's commands)."""
-    from castor.actors.materia.utility_pool import pool_of  # the pool's module reports activities too
-    from castor.messages.errors import NotFound
-
-    try:
-        pool = pool_of(actor.env.registry)
-    except (NotFound, AttributeError):
+    full pool read alike otherwise. ``progress(visit_id)`` gives ``(where, pid, slots)``, or None
+    where this runtime has no pool (a cast host's commands): then ``""``."""
+    found = progress(visit_id) if progress is not None else None
+    if found is None:
         return ""
-    where, pid = pool.progress_of(visit_id)
+    where, pid, slots = found
     data["utility"] = where
     if where == "running":
         data["utility_pid"] = pid
         return f"; its command runs (pid {pid})"
     if where == "queued":
-        return f"; queued: every utility slot ({pool.slots}) is busy"
+        return f"; queued: every utility slot ({slots}) is busy"
     return ""
 
 
-def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
-    """A CastActor's phase, socket, work item, visit and age, read from its current state."""
+def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[str, str, dict[str, Any], float] | None:
+    """A CastActor's phase, socket, work item, visit and age, read from its current state;
+    ``utility_progress(visit_id) -> (where, pid, slots) | None`` tells where an awaited utility is."""
     state = actor.state
     if state is None:
         return "starting", "loading its state", {"cast_id": actor.env.cast_id}, time.monotonic()
@@ -96,7 +94,7 @@ def cast_activity(actor: Any) -> tuple[str, str, dict[str, Any], float] | None:
             text += f", item {item}"
         text += f", visit {pending.visit}"
         if pending.kind == "utility":
-            text += _utility_progress(actor, pending.visit_id, data)
+            text += _utility_progress(utility_progress, pending.visit_id, data)
         return "cast", text, data, since
     if state.interrupted:  # an Esc stopped its turn: nothing runs until continue, recast or abort
         data["waiting_for"] = "continue, recast or abort"

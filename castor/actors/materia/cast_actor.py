@@ -271,7 +271,7 @@ class CastActor(Actor):
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
-        self.describe_activity(lambda: cast_activity(self))
+        self.describe_activity(lambda: cast_activity(self, self._utility_progress))
         try:
             self._start()
             if self.state is not None and self.env.start_event is not None and self.incarnation == 1:
@@ -806,6 +806,18 @@ class CastActor(Actor):
         from castor.actors.materia.utility_pool import cancel_utility
 
         cancel_utility(self.env.registry, visit_id)
+
+    def _utility_progress(self, visit_id: str) -> tuple[str, int | None, int] | None:
+        """Where this cast's utility job is (for its activity; snapshots only): see
+        UtilityPoolState.progress_of. None where this runtime has no utility pool."""
+        from castor.actors.materia.utility_pool import pool_of
+
+        try:
+            pool = pool_of(self.env.registry)
+        except NotFound:
+            return None
+        where, pid = pool.progress_of(visit_id)
+        return where, pid, pool.slots
 
     def _arm_user_turn_bound(self, visit_id: str) -> None:
         """Start the opt-in bound on a user-driven turn (none by default: see docs/materia.md)."""
