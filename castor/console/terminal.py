@@ -256,6 +256,8 @@ def hosts_table(data: dict[str, Any]) -> Table:
     for host in data.get("hosts", []):
         table.add_row(host["host_id"], str(host["node_id"])[:12], str(host["pid"]), "yes" if host["alive"] else "no",
                       ", ".join(host["sessions"]), "\n".join(c.rsplit("/", 1)[-1] for c in host["casts"]) or "-")
+    if data.get("backend") == "local" and not data.get("hosts"):  # an empty table said nothing of where
+        table.add_row("local", "-", "-", "yes", "all", "in the castor serve process itself (the local backend)")
     return table
 
 

@@ -390,3 +390,13 @@ def test_follow_of_a_castor_that_stops_ends_on_one_line_naming_it(tmp_path):
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
             watcher.wait(10)
+
+
+def test_the_hosts_view_of_the_local_backend_says_where_casts_run():
+    """``castor inspect hosts`` against a local castor printed an empty table titled "cast hosts
+    (local)": no word of where the casts run. It says so now."""
+    from castor.console.terminal import hosts_table
+
+    out = Console(file=io.StringIO(), record=True, width=200)
+    out.print(hosts_table({"backend": "local", "hosts": []}))
+    assert "in the castor serve process itself (the local backend)" in out.export_text()
