@@ -173,7 +173,7 @@ class IcarusWorkerActor(Actor):
         except WorkerCrashed as crash:
             if not crash.data.get("died_idle"):
                 target = f"{call.module}.{call.function}"
-                self.retire(f"worker crashed during {target}", error=WorkerCrashed)
+                self.retire(f"worker crashed during {target}{_exit_words(crash)}", error=WorkerCrashed)
                 raise
             reply = None  # it died idle and the request never reached it: a fresh worker runs it
         finally:
@@ -218,6 +218,22 @@ class IcarusWorkerActor(Actor):
             self.describe_activity(self._describe)
         worker = self._worker = self._spawn()
         return worker
+
+
+def _exit_words(crash: WorkerCrashed) -> str:
+    """`` (killed by SIGKILL)`` / `` (exit code 4)``: how the worker ended, for the retired reason
+    an operator reads (a kill -9 or the OOM killer, or the backend's own exit)."""
+    import signal
+
+    code = (crash.data or {}).get("exit_code")
+    if not isinstance(code, int):
+        return ""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f" (killed by signal {-code})"
+    return f" (exit code {code})"
 
 
 def _no_tally() -> None:

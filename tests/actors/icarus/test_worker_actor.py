@@ -285,3 +285,26 @@ def test_a_running_call_says_when_its_deadline_kills_the_worker(bridge):
     thread.join(10)
     idle = bridge.handle.snapshot_data()["activity"]
     assert idle["kind"] == "idle" and idle["deadline_in_s"] is None
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_killed_under_a_call_leaves_its_exit_in_the_retired_reason(bridge):
+    """An operator reading why a worker actor retired saw "worker crashed during hooks.sleep": not
+    that a signal killed it (someone's kill -9, the OOM killer) or that it exited with a code. The
+    reason now says which."""
+    import os
+    import signal
+
+    bridge.client.call("hooks", "counter")
+    running = bridge.client.submit("hooks", "sleep", [30])
+    wait_started(bridge.harness, "hooks.sleep")
+    os.kill(bridge.spawned[0].pid, signal.SIGKILL)
+    with pytest.raises(WorkerCrashed):
+        running.result()
+    wait_for(lambda: bridge.handle.snapshot_data()["retired_reason"], timeout=5, what="the retirement")
+    assert bridge.handle.snapshot_data()["retired_reason"] == "worker crashed during hooks.sleep (killed by SIGKILL)"
+    crash = bridge.client.submit("hooks", "crash", [4])  # a fresh worker that exits with a code of its own
+    with pytest.raises(WorkerCrashed):
+        crash.result()
+    wait_for(lambda: bridge.handle.snapshot_data()["retired_reason"] == "worker crashed during hooks.crash "
+             "(exit code 4)", timeout=5, what="the second retirement's reason")
