@@ -72,3 +72,22 @@ def test_the_inspect_tables_have_exactly_the_documented_columns():
 
     assert [c.header for c in actor_list([], "age").columns] == _documented_columns("--sort oldest")
     assert [c.header for c in casts_table([]).columns] == _documented_columns("casts")
+
+
+def test_the_consoles_tables_have_exactly_the_documented_fields():
+    """The main page's tree columns and the cast page's facts are the ones docs/operations.md names."""
+    from castor.console import pages
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    tree_row = next(line for line in text.splitlines() if line.startswith("| `/` |"))
+    documented = tree_row.split("whose columns are:", 1)[1]
+    headers = re.findall(r"<th>([^<]*)</th>", pages.tree_page())
+    for header in filter(None, headers):
+        assert header in documented, header
+    cast_row = next(line for line in text.splitlines() if line.startswith("| `/cast/"))
+    facts = pages._CAST_JS.split("for (const [k, v] of [", 1)[1].split("]]) {", 1)[0]
+    names = re.findall(r"\['([a-z ()A-Z]+)'", facts)
+    assert len(names) == 10, names
+    for name in names:
+        word = {"cost (USD)": "cost", "failed": "failure reason", "doing": "what it does now"}.get(name, name)
+        assert word in cast_row, name
