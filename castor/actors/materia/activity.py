@@ -62,9 +62,10 @@ def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> str
     return ""
 
 
-def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[str, str, dict[str, Any], float] | None:
+def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] | None:
     """A CastActor's phase, socket, work item, visit and age, read from its current state;
-    ``utility_progress(visit_id) -> (where, pid, slots) | None`` tells where an awaited utility is."""
+    ``utility_progress(visit_id) -> (where, pid, slots) | None`` tells where an awaited utility is.
+    A user's own turn under the opt-in bound adds its deadline (a fifth element)."""
     state = actor.state
     if state is None:
         return "starting", "loading its state", {"cast_id": actor.env.cast_id}, time.monotonic()
@@ -95,6 +96,9 @@ def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[str, str, d
         text += f", visit {pending.visit}"
         if pending.kind == "utility":
             text += _utility_progress(utility_progress, pending.visit_id, data)
+        bound = getattr(actor, "user_turn_deadline", None)  # the opt-in bound on a user's own turn
+        if bound is not None and bound[0] == pending.visit_id:
+            return "cast", text, data, since, bound[1]
         return "cast", text, data, since
     if state.interrupted:  # an Esc stopped its turn: nothing runs until continue, recast or abort
         data["waiting_for"] = "continue, recast or abort"

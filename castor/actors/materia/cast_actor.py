@@ -258,6 +258,8 @@ class CastActor(Actor):
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
         self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
         self._user_turn_timer: CancelToken | None = None
+        #: (visit id, monotonic deadline) of the armed user-turn bound, for the activity; None unarmed.
+        self.user_turn_deadline: tuple[str, float] | None = None
         self._compactions: dict[str, CompactionCall] = {}  # visit_id -> a recovery compaction in flight
         self._user_turn_context: dict[str, Any] | None = None  # what that turn must tell the model
         self._user_turn_isolated: str | None = None  # that turn's synthetic context (the `context` hook)
@@ -827,9 +829,11 @@ class CastActor(Actor):
             return
         # A timer as a message; a tell the cast no longer takes (it ended meanwhile) is dropped.
         self._user_turn_timer = self.tell_self_later(UserTurnExpired(visit_id=visit_id), limit)
+        self.user_turn_deadline = (visit_id, time.monotonic() + limit)
 
     def _disarm_user_turn_bound(self) -> None:
         timer, self._user_turn_timer = self._user_turn_timer, None
+        self.user_turn_deadline = None
         if timer is not None:
             timer.cancel()
 

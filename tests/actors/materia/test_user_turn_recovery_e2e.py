@@ -274,3 +274,19 @@ def test_the_opt_in_bound_withdraws_a_user_turn_never_reported(world_factory, pr
     assert view["paused"] is True and view["pending"] is None and _drafts(run_dir) == [1, 2]
     pi.end_user_turn("and add an index", "Draft 3 (too late)")
     assert [i["visitId"] for i in _of(run_dir, "outcome_ignored")] == [visit_id] and _drafts(run_dir) == [1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_a_user_turn_under_the_opt_in_bound_shows_how_long_until_it_is_withdrawn(world_factory, project):
+    """With ``user_turn_timeout_s`` set, the cast waiting for the user's own turn read "awaiting the
+    agent's turn ... for 12.0s" and nothing of the bound that withdraws it: its activity now has
+    ``deadline_in_s``; a cast waiting for castor's own turn (no bound) has none."""
+    world = world_factory(user_turn_timeout_s=20.0)
+    pi = world.connect()
+    cast_id, _run_dir = _paused_cast(pi, project)
+    handle = world.runtime.system.registry.lookup(f"/root/session/{SID}/cast/{cast_id}")
+    assert handle.snapshot_data()["activity"]["deadline_in_s"] is None  # paused: nothing bounds the wait
+    _pending_user_turn(pi, cast_id)
+    activity = handle.snapshot_data()["activity"]
+    assert activity["data"]["pending"] == "agent_turn"
+    assert activity["deadline_in_s"] is not None and 15.0 < activity["deadline_in_s"] <= 20.0, activity
