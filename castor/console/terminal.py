@@ -113,6 +113,7 @@ def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # interrupted (an Esc stopped its turn) or paused (refinement): it waits for the user
                 "waiting_for": data.get("waiting_for"),
                 "activity": activity.get("text"), "waiting_s": activity.get("age_s"),
+                "deadline_in_s": activity.get("deadline_in_s"),
                 "age_s": data.get("cast_age_s"), "restarts": cast.get("restarts", 0),
                 "socket_actors": sockets_of.get((sid, cast_id), []),
             })
@@ -151,12 +152,9 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
         box = actor["mailbox"]
         activity = actor.get("activity") or {}
         failure = actor.get("last_failure")
-        left = activity.get("deadline_in_s")
         table.add_row(shown(actor["path"]), shown(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
                       _seconds(box.get("oldest_age_s")), shown(str(activity.get("text", "-"))),
-                      _seconds(activity.get("age_s")),
-                      (_seconds(left) if left >= 0 else f"passed {-left:.1f}s ago")
-                      if isinstance(left, (int, float)) else "-",
+                      _seconds(activity.get("age_s")), _deadline(activity.get("deadline_in_s")),
                       str(actor.get("restarts", 0)),
                       shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
     return table
@@ -164,12 +162,13 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
 
 def casts_table(sessions: list[dict[str, Any]]) -> Table:
     table = Table(title="castor casts by session")
-    for column in ("session", "cast", "phase", "socket", "item", "visit", "doing", "for", "age", "restarts"):
+    for column in ("session", "cast", "phase", "socket", "item", "visit", "doing", "for", "deadline", "age",
+                   "restarts"):
         table.add_column(column)
     for session in sessions:
         name = f"{session['session_id']} ({session.get('label') or '-'}) {session.get('project') or ''}".strip()
         if not session["casts"]:
-            table.add_row(shown(name), "-", "", "", "", "", "no casts", "", "", "")
+            table.add_row(shown(name), "-", "", "", "", "", "no casts", "", "", "", "")
         for cast in session["casts"]:
             socket = cast.get("socket") or "-"
             if cast.get("materia"):
@@ -180,8 +179,16 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
             table.add_row(shown(name), shown(cast["cast_id"]), shown(phase),
                           shown(socket), shown(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
                           shown(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
-                          _seconds(cast.get("age_s")), str(cast.get("restarts", 0)))
+                          _deadline(cast.get("deadline_in_s")), _seconds(cast.get("age_s")),
+                          str(cast.get("restarts", 0)))
     return table
+
+
+def _deadline(left: Any) -> str:
+    """A table cell: how far off an activity's deadline is, ``passed Ns ago``, or ``-`` (none)."""
+    if not isinstance(left, (int, float)):
+        return "-"
+    return _seconds(left) if left >= 0 else f"passed {-left:.1f}s ago"
 
 
 def _seconds(value: Any) -> str:
