@@ -279,6 +279,14 @@ th{background:#eceff1;position:sticky;top:0}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px}
 """
 
+_DOING_JS = r"""
+// What an activity is doing, for how long, and when the bound that ends it passes (if one does).
+const doing = act => { const left = act.deadline_in_s;
+  const bound = typeof left !== 'number' ? '' :
+    left >= 0 ? ', deadline in ' + secs(left) : ', deadline passed ' + secs(-left) + ' ago';
+  return act.text + ' for ' + secs(act.age_s) + bound; };
+"""
+
 _TREE_JS = r"""
 // Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
 // "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
@@ -288,12 +296,7 @@ const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
   if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
-// What an activity is doing, for how long, and when the bound that ends it passes (if one does).
-const doing = act => { const left = act.deadline_in_s;
-  const bound = typeof left !== 'number' ? '' :
-    left >= 0 ? ', deadline in ' + secs(left) : ', deadline passed ' + secs(-left) + ' ago';
-  return act.text + ' for ' + secs(act.age_s) + bound; };
-function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
+""" + _DOING_JS + r"""function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
 function render(doc) {
   document.getElementById('status').textContent =
@@ -375,12 +378,12 @@ const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
   if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
-function render(doc) {
+""" + _DOING_JS + r"""function render(doc) {
   document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
   const facts = document.getElementById('facts'); facts.replaceChildren();
   const act = ((doc.actor || {}).activity || {});
   for (const [k, v] of [['phase', doc.phase], ['socket', doc.current_socket], ['item', doc.item],
-                        ['doing', act.text ? act.text + ' for ' + secs(act.age_s) : '-'],
+                        ['doing', act.text ? doing(act) : '-'],
                         ['request', doc.request], ['run dir', doc.run_dir], ['failed', doc.failed_reason],
                         ['tokens', doc.usage.tokens], ['cost (USD)', doc.usage.cost_usd], ['turns', doc.usage.turns]]) {
     const tr = $('tr'); tr.append($('th', {}, k), $('td', {}, v === null || v === undefined ? '-' : String(v)));

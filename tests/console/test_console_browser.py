@@ -222,3 +222,24 @@ def test_a_bounded_activity_shows_its_deadline_and_a_workers_card_how_long_its_c
     call["deadline_in_s"] = -2.0  # a bound that passed and did not end it (yet): said as such
     browser.execute_script("render(arguments[0]);", doc)
     assert _rows(browser)["/root/session/w/icarus/worker"]["activity"].endswith("deadline passed 2.0 s ago")
+
+
+def test_a_casts_page_shows_the_deadline_that_ends_its_wait(browser, busy_console):
+    """The cast page's "doing" read "... for 12.0 s" even when a bound ends the wait (the user's
+    own turn under user_turn_timeout_s): it says how far off that bound is now, as the tree does."""
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    browser.get(f"{live.url}?token={live.token}")
+    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    facts_js = "return document.getElementById('facts').textContent"
+    wait_for(lambda: browser.execute_script(facts_js), timeout=15, what="the cast's facts")
+    doc = browser.execute_script("""source.close();
+        return await (await fetch('/api/actors')).json();""")  # any valid document will do for its shape
+    cast = {"at": doc["at"], "svg": "<svg></svg>", "phase": "Socket-1", "current_socket": "Socket-1", "item": None,
+            "request": "r", "run_dir": "/p", "failed_reason": None, "events": [],
+            "usage": {"tokens": 0, "cost_usd": 0, "turns": 0},
+            "actor": {"activity": {"kind": "cast", "text": "awaiting the agent's turn", "age_s": 12.0, "data": {},
+                                   "deadline_in_s": 8.0}}}
+    browser.execute_script("render(arguments[0]);", cast)
+    facts = browser.execute_script(facts_js)
+    assert "awaiting the agent's turn for 12.0 s, deadline in 8.0 s" in facts, facts
