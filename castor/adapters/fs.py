@@ -24,7 +24,9 @@ Guarantees
   single ``write`` on an ``O_APPEND`` descriptor, then fsyncs; a symlink in the
   file's place is refused (``Forbidden``), never appended through. If an earlier
   crash left a torn (newline-less) tail, a newline is written first so the new
-  record never fuses with the fragment. ``read_json_lines`` returns every
+  record never fuses with the fragment; an append that fails (a full disk cuts its
+  write short) truncates the file back to its old size, so it leaves no fragment
+  of its own. ``read_json_lines`` returns every
   parseable line and reports the lines it skipped (torn or corrupt), never
   raising for them.
 
@@ -41,6 +43,7 @@ Failure behaviour
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -563,8 +566,15 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
         if _tail_is_torn(fd, info.st_size):
             # Seal the torn fragment as its own (invalid) line.
             payload = b"\n" + payload
-        _write_all(fd, payload)
-        os.fsync(fd)
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+        except OSError:
+            # A full disk cuts a write short (the file's last page fills, then ENOSPC): take the
+            # bytes back, so a failed append leaves no torn line for the next one to seal.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, info.st_size)
+            raise
     except OSError as exc:
         _name_target(exc, os.fspath(path))
         raise

@@ -193,3 +193,40 @@ def test_a_resolved_confined_root_is_spelled_as_pathlib_spells_it(given):
     assert root.text == str(Path(given)) and root.root == Path(given)
     joined = root.join_text("sub/file.txt")
     assert joined == f"{str(Path(given)).rstrip('/')}/sub/file.txt"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fails_at", ["write", "fsync"])
+def test_an_append_that_meets_a_full_disk_leaves_the_file_as_it_was(tmp_path, monkeypatch, fails_at):
+    """A full disk cuts a write short: tmpfs fills the page the file ends in, then answers ENOSPC. The
+    append used to leave that torn half line, and the next append (once space was back) sealed it as
+    an unparseable line of events.jsonl. A failed append now takes its bytes back: all or nothing."""
+    import errno
+
+    from castor.adapters import fs
+
+    log = tmp_path / "events.jsonl"
+    fs.append_json_lines(log, [{"n": 1}])
+    before = log.read_bytes()
+    real_write, real_fsync = fs._write_all, os.fsync
+
+    def short_write(fd: int, data: bytes) -> None:
+        real_write(fd, data[: len(data) // 2])  # what fitted in the last page
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # NFS, a thin volume: reported at fsync
+
+    if fails_at == "write":
+        monkeypatch.setattr(fs, "_write_all", short_write)
+    else:
+        monkeypatch.setattr(fs.os, "fsync", failing_fsync)
+    with pytest.raises(OSError) as failed:
+        fs.append_json_lines(log, [{"n": 2, "pad": "x" * 200}, {"n": 3}])
+    assert failed.value.errno == errno.ENOSPC
+    monkeypatch.setattr(fs, "_write_all", real_write)
+    monkeypatch.setattr(fs.os, "fsync", real_fsync)
+    assert log.read_bytes() == before
+    fs.append_json_lines(log, [{"n": 4}])  # space is back
+    read = read_json_lines(log)
+    assert read.records == [{"n": 1}, {"n": 4}] and read.skipped == [], read
