@@ -12,8 +12,10 @@ stdout is reserved for the msgpack-rpc stream in ``castor serve --stdio``.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import threading
 from typing import Any
 
 from castor._log import logger
@@ -59,12 +61,71 @@ def parse_json_flag(value: str, *, source: str = "CASTOR_LOG_JSON") -> bool:
     raise LogSettingError(f"{source}: expected 1/true/yes/on or 0/false/no/off, got {shown!r}")
 
 
+class FileSink:
+    """castor's log file (``configure_logging(sink=PATH)``: ``castor demo``'s and ``castor soak``'s
+    ``<workdir>/*.log``), appended to line by line, unbuffered.
+
+    A file that cannot be written (a full disk, a quota, a failing device) costs the log its lines,
+    never the program: each line that does not fit is dropped and counted, one line on stderr says
+    so the first time, and the first line that fits again is preceded by a note of how many were
+    dropped. (loguru's own file sink printed its record and two tracebacks on stderr for every line
+    it could not write, and one more traceback at exit.)"""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock = threading.Lock()
+        self._dropped = 0
+        self._why = ""
+        self._torn = False  # the last failed write left part of its line: start the next on a line of its own
+
+    def write(self, message: str) -> None:
+        data = message.encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self._fd is None:
+                return
+            if self._dropped:
+                note = (f"castor: {self._dropped} log lines were dropped: {self.path} could not be written "
+                        f"({self._why})\n")
+                data = ("\n" if self._torn else "").encode() + note.encode("utf-8", "backslashreplace") + data
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError as exc:
+                self._torn = self._torn or len(view) < len(data)
+                if not self._dropped:
+                    self._why = f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
+                    _say(f"castor: cannot write the log file {self.path} ({self._why}); its lines are dropped "
+                         "until it can be written again")
+                self._dropped += 1
+                return
+            self._dropped, self._torn = 0, False
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _say(line: str) -> None:
+    """One line on stderr, if stderr can take it (it may be on the same full disk)."""
+    try:
+        sys.stderr.write(line.translate(_ESCAPES) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def configure_logging(level: str | None = None, *, json: bool | None = None, sink: Any = None) -> None:
     """Replace loguru's handlers with castor's (idempotent) and turn castor's lines on: imported
     as a library, castor logs nothing until this (or ``logger.enable("castor")``) is called.
 
     ``level`` (else ``CASTOR_LOG_LEVEL``, else WARNING) and ``CASTOR_LOG_JSON`` are checked
-    first: a bad value raises :class:`LogSettingError` and leaves the logging as it was."""
+    first: a bad value raises :class:`LogSettingError` and leaves the logging as it was. A ``sink``
+    given as a path is a :class:`FileSink` (a file that cannot be opened raises ``OSError``, the
+    logging as it was)."""
     if level:
         level = parse_level(level)
     elif os.environ.get("CASTOR_LOG_LEVEL"):
@@ -75,6 +136,8 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
         json = parse_json_flag(os.environ.get("CASTOR_LOG_JSON", ""))
     if level.isascii() and level.isdigit():
         level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
+    if isinstance(sink, str | os.PathLike):
+        sink = FileSink(sink)  # opened before the old handlers go: a file that cannot be opened changes nothing
     logger.remove()
     logger.enable("castor")  # castor's package disables its lines until the program configures logging
     logger.configure(extra={"actor": "-", "msg_type": "-"})

@@ -140,3 +140,67 @@ def test_castor_as_a_library_logs_nothing_until_the_program_configures_logging(t
     assert "the program's own line" in proc.stderr
     crashed = "actor crashed: ActorKilled: a crash the test injects" in proc.stderr
     assert crashed is (how == "configured"), proc.stderr
+
+
+
+@pytest.mark.timeout(30)
+def test_a_log_file_on_a_full_disk_drops_its_lines_says_so_once_and_never_floods_stderr(tmp_path, capfd):
+    """`castor demo` / `castor soak` log to a file in their workdir. On a full disk loguru's own file
+    sink printed a "Logging error in Loguru Handler" block -- the record and two tracebacks -- on
+    stderr for every line (5,573 stderr lines in a 5 s soak), and a traceback at exit. castor's file
+    sink drops what it cannot write and says so in one line. (/dev/full: every write is ENOSPC.)"""
+    full = tmp_path / "demo.log"
+    full.symlink_to("/dev/full")
+    configure_logging("INFO", sink=str(full))
+    try:
+        for n in range(200):
+            try:
+                raise RuntimeError(f"boom {n}")
+            except RuntimeError:
+                logger.exception("a crash while the disk is full")
+    finally:
+        configure_logging("ERROR", json=False)  # closes the file: no flush left to fail at exit
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err, err[:2000]
+    lines = err.splitlines()
+    assert len(lines) == 1, lines
+    assert str(full) in lines[0] and "ENOSPC" in lines[0], lines
+
+
+@pytest.mark.timeout(30)
+def test_a_log_file_writes_again_once_there_is_room_and_counts_what_it_dropped(tmp_path, capfd, monkeypatch):
+    import errno
+    import os
+
+    log_path = tmp_path / "soak.log"
+    real_write = os.write
+    state = {"full": False, "half": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(log_path):
+            if state["half"]:  # the page the file ends in takes half the line, then the disk is full
+                state["half"] = False
+                return real_write(fd, bytes(data[: len(data) // 2]))
+            if state["full"]:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    configure_logging("INFO", sink=str(log_path))
+    try:
+        logger.info("before the disk filled")
+        monkeypatch.setattr(os, "write", write)
+        state.update(full=True, half=True)
+        for n in range(5):
+            logger.info("dropped {}", n)
+        state["full"] = False
+        logger.info("after space was freed")
+        monkeypatch.undo()
+    finally:
+        configure_logging("ERROR", json=False)
+    assert len(capfd.readouterr().err.splitlines()) == 1
+    lines = log_path.read_text().splitlines()
+    assert lines[0].endswith("before the disk filled")
+    assert lines[1] and "dropped 0" not in lines[1], lines  # the torn half, closed by a newline
+    assert lines[2] == f"castor: 5 log lines were dropped: {log_path} could not be written " \
+                       "(ENOSPC: No space left on device)", lines
+    assert lines[3].endswith("after space was freed") and len(lines) == 4, lines
