@@ -111,6 +111,41 @@ def test_a_planted_symlink_inside_the_run_dir_cannot_redirect_a_write(tmp_path):
     assert list(outside.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("where", ["outside", "another cast"])
+def test_a_run_directory_replaced_by_a_link_while_its_cast_runs_is_never_written_through(tmp_path, where):
+    """The save's fast path lstat-ed ``state.json`` only: a run directory moved away and replaced by
+    a link to it (the same files, so the same signature) took every later transition -- state,
+    artifacts, events -- to wherever the link led, outside the project. A link in the run
+    directory's place is now refused (``forbidden``) and nothing behind it changes."""
+    root = tmp_path / "artifacts"
+    store = CastStateStore(root)
+    store.claim("c-1")
+    store.save("c-1", {"n": 1}, incarnation=1)  # the next save takes the fast path
+    store.save("c-1", {"n": 2}, incarnation=1)
+    run = store.state_path("c-1").parent
+    if where == "outside":
+        target = tmp_path / "outside" / "run"
+        target.parent.mkdir()
+        run.rename(target)
+    else:  # a sibling cast's directory inside the same root
+        store.claim("c-2")
+        store.save("c-2", {"other": True}, incarnation=5)
+        target = store.state_path("c-2").parent
+        run.rename(tmp_path / "moved-away")
+    before = (target / "state.json").read_bytes()
+    run.symlink_to(target, target_is_directory=True)
+    with pytest.raises(Forbidden) as refused:
+        store.save("c-1", {"n": 3}, incarnation=9)
+    from castor.domain.paths import REASON_SYMLINK
+
+    assert refused.value.data["reason"] == REASON_SYMLINK, refused.value.to_wire()
+    assert (target / "state.json").read_bytes() == before
+    with pytest.raises(Forbidden):  # and again: the refusal is not a one-off
+        store.save("c-1", {"n": 3}, incarnation=9)
+    assert (target / "state.json").read_bytes() == before
+
+
 def test_a_transition_batch_never_writes_through_a_planted_symlink(tmp_path):
     """write_transition checks each directory once and never follows a final component: a
     directory link leading out is refused, a linked file is replaced (the link itself, by the

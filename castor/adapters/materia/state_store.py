@@ -70,8 +70,9 @@ from castor.adapters.materia import cast_index, pi_materia_runs
 from castor.adapters.materia.artifacts import CastArtifacts, validate_cast_id
 from castor.adapters.materia.cast_index import ACTIVE, IndexRow, root_signature, signature_text
 from castor.domain.jsontext import json_problem
+from castor.domain.paths import REASON_SYMLINK
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
-from castor.messages.errors import CastorError, Conflict, InvalidParams, NotFound
+from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
 from castor.ports.cast_storage import DEFAULT_PAGE, EncodedState, StateCorrupt
 
 __all__ = [
@@ -352,6 +353,13 @@ class CastStateStore:
         # The file itself is re-checked every time: a symlink planted there goes through the
         # full containment check again (and is refused if it leads outside the root).
         entry = self._locks.get(cast_id)
+        if entry is not None and os.path.islink(entry[2].parent):
+            # The run directory itself replaced by a link while the cast runs (moved away, a link to
+            # it, or to a sibling's directory, in its place): castor made it with mkdir, so a link
+            # there is never castor's; writing through it would save this cast wherever it leads.
+            raise Forbidden(f"the run directory of cast {cast_id} was replaced by a link; refusing to write "
+                            "through it", data={"reason": REASON_SYMLINK, "root": self._root.text,
+                                                "part": cast_id})
         if entry is not None and os.path.islink(entry[2]):
             self.state_path(cast_id)
             entry = None
@@ -543,7 +551,8 @@ class CastStateStore:
                 st = os.lstat(path)
             except FileNotFoundError:
                 st = None
-            if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0]:
+            if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0] \
+                    and not os.path.islink(path.parent):  # the same file, reached through a link: not castor's
                 return path, (last[1], last[2])
             path = self._locked(cast_id)[2]  # changed underneath: the checked path
         return path, _read_header(path)
