@@ -156,7 +156,12 @@ def make_durable_dirs(directory: str) -> None:
 
 #: errnos that mean "this storage cannot take castor's writes (or reads) now": full, over
 #: quota, failing, read-only, not permitted. A restart cannot fix any of them.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM})
+#: What the storage refuses, that no restart mends: full (``ENOSPC``), over quota (``EDQUOT``), failing
+#: (``EIO``), read-only (``EROFS``), forbidden (``EACCES``, ``EPERM``), a file past the size limit
+#: (``EFBIG``: ``ulimit -f``), a directory past its link limit (``EMLINK``), or a path longer than the
+#: file system takes (``ENAMETOOLONG``: a project near ``PATH_MAX``, whose deepest files do not fit).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.EFBIG, errno.EMLINK, errno.ENAMETOOLONG})
 
 
 def _name_target(exc: BaseException, target: str) -> None:

@@ -221,6 +221,43 @@ def test_a_file_error_from_a_verb_is_typed_never_internal(runtime, tmp_path, mon
                                      ".pi/pi-materia (ENOTDIR: Not a directory)"), refused.value.message
 
 
+
+def _project_of_length(tmp_path: Path, length: int) -> Path:
+    """A project directory whose absolute path is ``length`` characters (nested 240-character names)."""
+    path = tmp_path
+    while len(str(path)) < length - 250:
+        path = path / ("d" * 240)
+    path = path / ("e" * (length - len(str(path)) - 1))
+    path.mkdir(parents=True)
+    assert len(str(path)) == length
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("length", [4000, 4012, 4020, 4030, 4045, 4060])
+def test_a_project_path_too_long_for_the_casts_files_is_storage_unavailable_never_a_crash_loop(
+        runtime, tmp_path, crashes, length):
+    """Near PATH_MAX (4,096 on Linux) a cast's deeper files no longer have a name the kernel takes:
+    ENAMETOOLONG was not a storage fault, so the CastActor crashed at that file and its restarts
+    met it again (7 crashes a cast); at the start the caller got ``not_found: no persisted state``.
+    It is now ``storage_unavailable`` (errno ENAMETOOLONG) like any other the storage refuses: at
+    the start, or a cast that stops recastable, never a crash."""
+    project = _project_of_length(tmp_path, length)
+    open_session(runtime, "s1", project, ["hi"] * 4)
+    try:
+        started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    except CastorError as refused:
+        assert refused.code == "storage_unavailable", refused.to_wire()
+        assert refused.data["errno"] == "ENAMETOOLONG", refused.to_wire()
+    else:
+        cast_id = started["cast_id"]
+        wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=30,
+                 what="the cast actor stopped")
+        view = materia_call(runtime, "s1", "status", {"cast_id": cast_id})
+        assert view["status"] == "complete" or view["resumable"] is True, view
+    assert crashes == [], crashes
+
+
 # --------------------------------------------------------------------------- a real full disk
 
 

@@ -54,7 +54,8 @@ starts, so one late ``agent_end`` is applied to *that* id and reported as ``outc
 Failure behaviour: a stale incarnation (fenced) stops without performing anything; an effect
 that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable).
 
-Storage faults (``ENOSPC``, ``EDQUOT``, ``EIO``, ``EROFS``, ``EACCES``, ``EPERM`` on the state or
+Storage faults (``ENOSPC``, ``EDQUOT``, ``EIO``, ``EROFS``, ``EACCES``, ``EPERM``, ``EFBIG``, ``EMLINK``,
+``ENAMETOOLONG`` on the state or
 an artifact: :data:`castor.adapters.fs.STORAGE_ERRNOS`) are the environment's, and a restart
 cannot fix them, so they never crash the incarnation (a crash loop would spend the cast
 supervisor's restart intensity in a millisecond). Instead:
