@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hmac
 import os
 import secrets
@@ -145,8 +147,18 @@ def new_token_file(directory: str | None = None, *, label: str = "serve") -> tup
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode("ascii"))
+        data = (token + "\n").encode("ascii")
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a short write: the disk is full
         os.fsync(fd)
+    except OSError as exc:
+        # A full disk (or a failing one): no half-made token file is left, and the error names it
+        # (a write's error carries no file name).
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if exc.filename is None:
+            exc.filename = path
+        raise
     finally:
         os.close(fd)
     return token, path

@@ -703,3 +703,31 @@ def test_an_unknown_method_of_eight_mebibytes_is_answered_in_a_frame_the_client_
             client.call("ops.worker", {"session_id": "s" * (4 * MiB)}, timeout=30)
         assert len(str(missing.value)) < 64 * 1024
         assert client.call("ops.actors", {})  # the same connection, still served
+
+
+@pytest.mark.timeout(30)
+def test_a_token_file_that_does_not_fit_is_removed_and_named_in_the_error(tmp_path, monkeypatch):
+    """`castor serve --tcp` with its runtime directory on a full disk said only
+    ``castor: storage_unavailable: No space left on device (ENOSPC)`` -- no file named -- and left
+    an empty token file behind. The half-made file is removed and the error names it."""
+    import errno
+
+    from castor.cli.common import os_error_code, os_error_text
+    from castor.endpoint import auth
+
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError) as failed:
+        auth.new_token_file(str(tmp_path))
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    assert str(os_error_code(failed.value)) == "storage_unavailable"
+    text = os_error_text(failed.value)
+    assert text.startswith(str(tmp_path) + "/serve-"), text
+    assert text.endswith(".token: No space left on device (ENOSPC)"), text
