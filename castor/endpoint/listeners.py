@@ -41,7 +41,11 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
     _clear_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        tmpdir = tempfile.mkdtemp(prefix=".cs", dir=parent)  # 0700: unreachable until renamed
+        try:
+            tmpdir = tempfile.mkdtemp(prefix=".cs", dir=parent)  # 0700: unreachable until renamed
+        except OSError as exc:  # a read-only or full directory: name the socket, not the scaffolding
+            exc.filename = path
+            raise
         tmp = os.path.join(tmpdir, "s")
         try:
             if len(os.fsencode(tmp)) <= _SUN_PATH_MAX:

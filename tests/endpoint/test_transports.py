@@ -280,3 +280,24 @@ def test_a_pipe_closed_under_a_read_or_write_never_touches_the_pipe_that_reuses_
     finally:
         for fd in (new_r, new_w, new_b_r, new_b_w, a_w, b_r):
             os.close(fd)
+
+
+@pytest.mark.timeout(30)
+def test_a_socket_directory_that_refuses_writes_names_the_socket_not_castors_scaffolding(tmp_path, monkeypatch):
+    """`castor serve --socket RO/c.sock` on a read-only mount said ``storage_unavailable:
+    RO/.csgdb31eer: Read-only file system``: the private directory the socket is bound in before
+    its rename, a name the user never gave. The error names the socket's path."""
+    import errno
+    import tempfile
+
+    from castor.cli.common import os_error_text
+
+    def refused(prefix: str = "", dir: str = "") -> str:  # noqa: A002 - tempfile's keyword
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.path.join(dir, prefix + "gdb31eer"))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    path = str(tmp_path / "c.sock")
+    with pytest.raises(OSError) as failed:
+        bind_unix(path)
+    assert failed.value.filename == path, failed.value
+    assert os_error_text(failed.value) == f"{path}: Read-only file system (EROFS)"
