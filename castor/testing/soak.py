@@ -712,19 +712,28 @@ class Soak:
         self.progress(f"quiescent: {report.casts_failed_before_recast} casts to recast")
         # Recast what is resumable (no faults any more), up to three rounds per cast.
         recast: set[str] = set()
+        refused: dict[str, str] = {}  # cast id -> why its last recast was refused (one note a cast)
         for _round in range(3):
             for session in self.sessions:
                 ids = resumable.get(session.sid, [])
+                running = []
                 for cast_id in ids:
                     _view, err = self.call(session.sid, "recast", {"cast_id": cast_id})
                     if err is None:
                         recast.add(cast_id)
-                self._wait_terminal(session, ids, quiet_bound, settled=TERMINAL)
+                        running.append(cast_id)
+                    else:  # e.g. storage_unavailable on a full disk: nothing runs, nothing to wait for
+                        code = getattr(err, "code", None)
+                        refused[cast_id] = (f"recast of {cast_id} refused: {code if code else type(err).__name__}: "
+                                            f"{getattr(err, 'message', err)}")
+                self._wait_terminal(session, running, quiet_bound, settled=TERMINAL)
                 rows = self._rows(session)
                 resumable[session.sid] = [cid for cid in ids if rows.get(cid, {}).get("status") != "complete"
                                           and rows.get(cid, {}).get("resumable")]
             if not any(resumable.values()):
                 break
+        self.notes.extend(note for cast_id, note in refused.items()
+                          if any(cast_id in v for v in resumable.values()))
         report.casts_resumed_by_recast = len(recast)
         not_terminal = 0
         for session in self.sessions:
