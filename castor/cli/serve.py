@@ -240,4 +240,8 @@ def serving_line(address: Any, *, token_file: str | None, console_url: str | Non
 
 
 def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
-    print(serving_line(server.address, token_file=token_file, console_url=console_url), file=sys.stderr, flush=True)
+    line = serving_line(server.address, token_file=token_file, console_url=console_url)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # stderr on a full disk (`2>>LOG`): the line is news, not what castor serves
+        pass

@@ -478,3 +478,29 @@ def test_an_os_error_line_names_the_file_relative_to_the_project_and_the_errno_n
     assert os_error_text(OSError(errno.EIO, "Input/output error")) == "Input/output error (EIO)"
     assert fs.shown_target("/p/.state.json.1.ab.tmp") == "/p/state.json"
     assert fs.shown_target("/p/.hidden.tmp") == "/p/.hidden.tmp"  # not an atomic write's name
+
+
+@pytest.mark.timeout(120)
+def test_castor_serve_whose_stderr_is_on_a_full_disk_keeps_serving(tmp_path):
+    """`castor serve … 2>>LOG` with LOG's disk full: printing the serving line raised ENOSPC, so the
+    server exited 1 before it served anyone (its error line could not be printed either, nor the
+    traceback of that). stderr is where castor reports, not what it serves: a line that cannot be
+    written is dropped. (/dev/full: every write is ENOSPC.)"""
+    project = tmp_path / "project"
+    project.mkdir()
+    path = str(tmp_path / "castor.sock")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.Popen(castor_argv("--log-level", "DEBUG", "serve", "--socket", path), env=serve_env(tmp_path),
+                                cwd=str(tmp_path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=full)
+    try:
+        wait_for(lambda: os.path.exists(path) or proc.poll() is not None, timeout=30, what="the socket")
+        assert proc.poll() is None, f"castor serve exited {proc.returncode}"
+        server = SocketServer.__new__(SocketServer)  # the client side only
+        server.path = path
+        harness = Harness(server, "s1", project)
+        assert harness.run_cast()["status"] == "complete"
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        returncode = proc.wait(30)
+    assert returncode in (0, -15, 143), returncode
