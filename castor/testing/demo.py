@@ -143,7 +143,7 @@ def run_demo(*, workdir: str | None = None, quiet: bool = False, log_level: str 
         try:
             section(report, root)
         except Exception as exc:  # noqa: BLE001 - a broken section fails the demo, visibly
-            report.check(name, f"section {name} ran to the end", False, f"{type(exc).__name__}: {exc}")
+            report.check(name, f"section {name} ran to the end", False, failure_text(exc, root))
     elapsed = time.monotonic() - started
     out.print(report.table())
     verdict = "[green]all checks passed[/green]" if report.ok else "[red]some checks FAILED[/red]"
@@ -151,6 +151,24 @@ def run_demo(*, workdir: str | None = None, quiet: bool = False, log_level: str 
     for line in kept_run_lines(root, log_path if log_level is None else None):
         out.print(line, markup=False, highlight=False)
     return 0 if report.ok else 1
+
+
+def failure_text(exc: Exception, root: Path) -> str:
+    """A section's failure as castor's errors read: a castor error's code and message; a file-system
+    error (the workdir's disk full, read-only) as ``storage_unavailable``, its file relative to the
+    workdir and the errno's name, never Python's ``[Errno 28]``; anything else by its type."""
+    import errno
+
+    from castor.adapters.fs import shown_path
+    from castor.messages.errors import CastorError
+
+    if isinstance(exc, CastorError):
+        return f"{exc.code.value}: {exc.message}"
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or -1)
+        what = (exc.strerror or str(exc)) + (f" ({name})" if name else "")
+        return "storage_unavailable: " + (f"{shown_path(exc.filename, root)}: {what}" if exc.filename else what)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def kept_run_lines(root: Path, log_path: Path | None) -> list[str]:

@@ -111,3 +111,31 @@ def test_the_json_log_names_the_actor_and_message_type_on_every_line(tmp_path):
     assert crash["exception"]["type"] == "InjectedCrash"
     killed = next(r for r in records if "ActorKilled" in r["message"])
     assert killed["extra"]["actor"].startswith("/root/session/demo-b/socket/") and killed["extra"]["msg_type"] == "-"
+
+
+@pytest.mark.timeout(60)
+def test_a_section_the_disk_stops_reads_as_a_storage_error_not_pythons_errno_text(tmp_path, monkeypatch, capsys):
+    """`castor demo --workdir` on a full disk: a section's row read ``OSError: [Errno 28] No space
+    left on device`` (Python's text, no file named, no stable code). It reads as castor's errors
+    do: the code, the file relative to the workdir, what the system said, the errno's name."""
+    import errno
+
+    from castor.messages.errors import StorageUnavailable
+    from castor.testing import demo
+
+    def full(_report, root):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "casts" / "demo-a" / ".pi" / "x.json"))
+
+    def unnamed(_report, _root):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def typed(_report, _root):
+        raise StorageUnavailable("storage unavailable: cannot write on .pi/state.json (ENOSPC: No space left)")
+
+    monkeypatch.setattr(demo, "_sections", lambda: [("casts", full), ("icarus", unnamed), ("more", typed)])
+    assert demo.run_demo(workdir=str(tmp_path / "w"), quiet=True) == 1
+    out = capsys.readouterr().out
+    assert "[Errno" not in out and "OSError" not in out, out
+    assert "storage_unavailable: casts/demo-a/.pi/x.json: No space left on device (ENOSPC)" in out, out
+    assert "storage_unavailable: No space left on device (ENOSPC)" in out, out
+    assert "storage_unavailable: storage unavailable: cannot write on .pi/state.json" in out, out
