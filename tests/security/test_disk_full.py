@@ -177,6 +177,32 @@ def test_a_one_off_fault_mid_run_fails_the_cast_with_its_reason_and_its_own_even
     assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
 
 
+
+@pytest.mark.timeout(60)
+def test_a_recast_refused_by_a_full_disk_names_the_file_relative_to_the_project(
+        runtime, tmp_path, monkeypatch, crashes):
+    """A new cast's storage fault named ``.pi/pi-materia/<id>/state.json``; a recast's (the cast's
+    start from its saved state, before that state is loaded) named the absolute path -- the project
+    the error is relative to came from the start event or the loaded state, and a recast has
+    neither yet. It is the session's project now."""
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
+    fault = DiskFault(monkeypatch, project)
+    cast_id = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})["cast_id"]
+    fault.on("ENOSPC")
+    wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
+             what="the cast actor stopped")
+    with pytest.raises(StorageUnavailable) as refused:
+        materia_call(runtime, "s1", "recast", {"cast_id": cast_id})
+    assert refused.value.data["path"] == f".pi/pi-materia/{cast_id}/state.json", refused.value.to_wire()
+    assert str(project) not in refused.value.message, refused.value.message
+    assert crashes == []
+    fault.off()
+    materia_call(runtime, "s1", "recast", {"cast_id": cast_id})
+    assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
+
+
 def test_a_state_that_cannot_be_read_is_storage_unavailable_not_internal(runtime, tmp_path, monkeypatch, crashes):
     project = tmp_path / "project"
     project.mkdir()

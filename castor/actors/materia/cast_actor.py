@@ -206,6 +206,9 @@ class CastEnv:
     # Why the last incarnation's start ended without a running cast (storage_unavailable): the
     # starter (SessionActor) raises it once spawn has returned. None: started, or crashed.
     start_error: CastorError | None = None
+    # The session's project directory: what a storage error's path is shown relative to when the
+    # cast has neither a start event nor a loaded state yet (a recast whose first save fails).
+    project: str | None = None
 
     @property
     def socket_supervisor(self) -> str:
@@ -551,7 +554,8 @@ class CastActor(Actor):
         """End this incarnation on a storage fault with a defined, recastable state (see the module
         doc's table); the typed error for the asker (and the starter)."""
         env = self.env
-        base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None)
+        base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None) \
+            or env.project
         error = env.storage.storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
         return self._stopped_on(error, where=where)
 

@@ -234,7 +234,7 @@ class SessionActor(Actor):
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
                        usage_timeout_s=settings.context_usage_timeout_s,
-                       status_key=self._footer_key(cast_id))
+                       status_key=self._footer_key(cast_id), project=str(self.cwd))
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""
