@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from castor.adapters.fs import storage_unavailable
 from castor.adapters.icarus.launch import build_launch
 from castor.adapters.icarus.settings_store import load_layers, load_settings, update_settings
 from castor.adapters.icarus.worker_process import next_request_id, worker_factory
@@ -40,7 +41,10 @@ class FileIcarusBackend:
 
     def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]], *,
                         confine_to: str | None = None) -> dict[str, Any]:
-        return update_settings(path, mutate, confine_to=confine_to)
+        try:
+            return update_settings(path, mutate, confine_to=confine_to)
+        except OSError as exc:  # the disk refused the write (full, read-only): the storage's, not castor's bug
+            raise storage_unavailable(exc, path=path, base=confine_to, action="save the settings") from None
 
     def package_present(self, icarus_dir: str) -> bool:
         return os.path.isfile(os.path.join(icarus_dir, "__init__.py"))

@@ -15,7 +15,8 @@ method              result                                       errors
                     *value*, marked ``is_error``
 ``icarus.command``  ``{text, level}`` (+ ``code``, ``usage``     ``not_found`` (no session); settings writes:
                     for invalid input, which changes nothing)    ``invalid_config`` (malformed file, untouched),
-                                                                 ``timeout`` (settings lock busy)
+                                                                 ``timeout`` (settings lock busy),
+                                                                 ``storage_unavailable`` (disk full, read-only)
 ``icarus.config``   state, hooks, filtering, effective config,   ``not_found`` (no session)
                     schema, ``tools`` to register
 ==================  ===========================================  ===============================================

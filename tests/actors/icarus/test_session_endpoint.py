@@ -341,3 +341,36 @@ def test_the_harness_gets_the_footer_at_each_state_change_and_the_first_prompt_a
     prompt(again)
     prompt(again)
     assert taken(seen_again) == [footer]
+
+
+@pytest.mark.timeout(60)
+def test_a_settings_write_on_a_full_disk_is_storage_unavailable_not_internal(wired, monkeypatch):
+    """`/icarus context default hide` writes the global settings; on a full disk the atomic write's
+    OSError left the handler as it was, and the dispatcher answered ``internal`` (castor's own bug,
+    with an error id and a traceback in the log). It is the storage's refusal: ``storage_unavailable``
+    naming the file and the errno, and the settings file as it was."""
+    import errno
+
+    from castor.adapters import fs
+
+    world, connect = wired
+    client, _ = connect()
+    open_session(client, world)
+    before = world.global_path.read_bytes() if world.global_path.exists() else None
+    real = fs._write_all
+    under = str(world.agent_dir.resolve())
+
+    def full(fd: int, data: bytes) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(under):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(fs, "_write_all", full)
+    with pytest.raises(CastorError) as refused:
+        client.call("icarus.command", {"session_id": "pi-1", "args": "context default hide"})
+    assert refused.value.code == "storage_unavailable", refused.value.to_wire()
+    assert refused.value.data["errno"] == "ENOSPC" and refused.value.data["path"].endswith("settings.json"), \
+        refused.value.to_wire()
+    after = world.global_path.read_bytes() if world.global_path.exists() else None
+    assert after == before
+    assert [p.name for p in world.agent_dir.iterdir() if p.name.endswith(".tmp")] == []
