@@ -151,7 +151,17 @@ class RayBackend:
         return ref
 
     def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
-        info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
+        import ray.exceptions as rex
+
+        try:
+            info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
+        except rex.GetTimeoutError:  # a TimeoutError, so an OSError: the CLI said storage_unavailable
+            raise Timeout(f"cast host {ref.host_id} did not start within {timeout_s:.0f}s: the cluster is too busy "
+                          "or short of memory to start its process", may_have_started=False,
+                          data={"host_id": ref.host_id, "reason": "host_start_timeout"}) from None
+        except rex.RayError as exc:
+            raise ActorCrashed(f"cast host {ref.host_id} could not start ({type(exc).__name__})",
+                               may_have_started=False, data={"host_id": ref.host_id}) from None
         ref.node_id, ref.pid = info["node_id"], info["pid"]
         ref.drainer = start_thread(self._drain, args=(ref,), name=f"castor-ray-drain-{ref.host_id}",
                                    owner="/scaleout", purpose="drains a cast host's events")

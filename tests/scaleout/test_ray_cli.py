@@ -72,7 +72,15 @@ def test_a_running_cluster_is_joined_by_its_gcs_address_and_by_a_ray_client_addr
         "--disable-usage-stats > ray-start.log 2>&1 || { cat ray-start.log; exit 90; }",
         "rc=0",
         " ".join(map(repr, castor)) + " --ray-address 127.0.0.1:26379 > gcs.out 2>&1 || rc=$((rc + 1))",
-        " ".join(map(repr, castor)) + " --ray-address ray://127.0.0.1:26380 > client.out 2>&1 || rc=$((rc + 10))",
+        # Ray Client starts a server process per driver, and under load (the full suite on two
+        # cores) that start sometimes fails at once, in Ray ("Starting Ray client server failed",
+        # its log empty): a user's second try connects. Up to three tries for that failure only.
+        "for try in 1 2 3; do",
+        "  " + " ".join(map(repr, castor)) + " --ray-address ray://127.0.0.1:26380 > client.out 2>&1; crc=$?",
+        "  [ $crc -eq 0 ] && break",
+        "  grep -q 'Starting Ray client server failed' client.out || break",
+        "done",
+        "[ $crc -eq 0 ] || rc=$((rc + 10))",
         f"{ray_bin!r} stop --force > /dev/null 2>&1",
         "exit $rc",
     ])

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -165,6 +166,30 @@ def test_a_cluster_that_refuses_this_process_is_a_typed_error_not_storage_unavai
         RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
     assert caught.value.data["reason"] == "ray_connect_failed"
     assert "RAY_AUTH_MODE=token" in caught.value.message
+
+
+def test_a_cast_host_that_does_not_start_in_time_is_a_timeout_not_storage_unavailable(monkeypatch) -> None:
+    """Ray's GetTimeoutError is a TimeoutError, so an OSError: a cast host that did not start within
+    its bound (a cluster under heavy load, seen with every CPU busy) read ``storage_unavailable: Get
+    timed out: some object(s) not ready``. Now ``timeout`` naming the host and why."""
+    ray = pytest.importorskip("ray")
+    import ray.exceptions as rex
+
+    from castor.messages.errors import Timeout
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+
+    def slow(*_args: object, **_kwargs: object) -> None:
+        raise rex.GetTimeoutError("Get timed out: some object(s) not ready.")
+
+    backend = RayBackend.__new__(RayBackend)  # the method alone: no cluster needed to show the mapping
+    backend._ray = SimpleNamespace(get=slow)
+    ref = HostRef.__new__(HostRef)
+    ref.host_id, ref.actor = "host-1", SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
+    with pytest.raises(Timeout) as caught:
+        backend._await_host(ref, timeout_s=60)
+    assert caught.value.data["host_id"] == "host-1" and caught.value.data["reason"] == "host_start_timeout"
+    assert "did not start within 60s" in caught.value.message and caught.value.may_have_started is False
+    assert ray is not None
 
 
 def test_a_soak_on_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
