@@ -317,15 +317,7 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
             os.chmod(path, 0o777)
             listener.listen(4)
             os.write(write_end, b"L")
-            while True:
-                peer, _ = listener.accept()
-                peer.settimeout(3)
-                try:
-                    while chunk := peer.recv(4096):
-                        os.write(write_end, chunk)
-                except OSError:
-                    pass
-                peer.close()
+            _report_what_peers_send(listener, write_end)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -389,15 +381,7 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
             listener.bind((host, 0))
             listener.listen(4)
             os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
-            while True:
-                peer, _ = listener.accept()
-                peer.settimeout(3)
-                try:
-                    while chunk := peer.recv(4096):
-                        os.write(write_end, chunk)
-                except OSError:
-                    pass
-                peer.close()
+            _report_what_peers_send(listener, write_end)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -445,3 +429,18 @@ def test_a_client_with_a_token_still_reaches_castor_s_own_tcp_serve(tmp_path):
             sock.close()
     finally:
         listener.close()
+
+
+def _report_what_peers_send(listener, out_fd: int) -> None:
+    """The other user's listener: every byte any peer sends goes to ``out_fd``, for ever."""
+    import os
+
+    while True:
+        peer, _ = listener.accept()
+        peer.settimeout(3)
+        try:
+            while chunk := peer.recv(4096):
+                os.write(out_fd, chunk)
+        except OSError:
+            pass
+        peer.close()

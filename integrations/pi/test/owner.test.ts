@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ipHex, ownerInTables, ownerIsUs, procEndpoint, tcpListenerOwner, unixListenerOwner } from "../src/owner.ts";
+import type { Endpoint } from "../src/locate.ts";
 import { RpcError } from "../src/rpc.ts";
 import { CastorRuntime } from "../src/runtime.ts";
 
@@ -73,6 +74,22 @@ test("a TCP connection to this process's own listener names this user", { skip: 
 
 const asRoot = process.platform === "linux" && process.getuid?.() === 0;
 
+/** The extension's runtime connecting to `endpoint` (nothing spawned), quiet. */
+function runtimeAt(endpoint: Endpoint, cwd: string, tokenFile?: string): CastorRuntime {
+	return new CastorRuntime({
+		command: [],
+		endpoint,
+		tokenFile,
+		cwd,
+		timeoutMs: 5_000,
+		helloParams: { client: "owner-test" },
+		handlers: {},
+		log: () => {},
+		onUp: () => {},
+		onDown: () => {},
+	});
+}
+
 test("the extension never sends its token to a port another user listens on (forbidden, nothing heard)", { skip: !asRoot, timeout: 20_000 }, async () => {
 	// Another user (nobody) takes the loopback port castor's serve uses while it is down, and
 	// reports every byte a peer sends. Before, the extension's hello carried the token to it.
@@ -91,18 +108,7 @@ test("the extension never sends its token to a port another user listens on (for
 		const tokenFile = join(dir, "token");
 		writeFileSync(tokenFile, "s3cret-token-that-must-stay-home\n");
 		chmodSync(tokenFile, 0o600);
-		const runtime = new CastorRuntime({
-			command: [],
-			endpoint: { kind: "tcp", host: "127.0.0.1", port },
-			tokenFile,
-			cwd: dir,
-			timeoutMs: 5_000,
-			helloParams: { client: "owner-test" },
-			handlers: {},
-			log: () => {},
-			onUp: () => {},
-			onDown: () => {},
-		});
+		const runtime = runtimeAt({ kind: "tcp", host: "127.0.0.1", port }, dir, tokenFile);
 		await assert.rejects(runtime.ensure(), (err: unknown) => err instanceof RpcError && err.code === "forbidden" && /uid 65534/.test(err.message));
 		// Ask the listener what it heard: a probe of our own, then its report.
 		const probe = connect({ host: "127.0.0.1", port });
@@ -130,17 +136,7 @@ test("nor to a Unix socket another user planted at the endpoint's path", { skip:
 	listener.stdout!.on("data", (t: string) => (out += t));
 	try {
 		while (!out.includes("LISTENING")) await new Promise((r) => setTimeout(r, 10));
-		const runtime = new CastorRuntime({
-			command: [],
-			endpoint: { kind: "unix", path },
-			cwd: dir,
-			timeoutMs: 5_000,
-			helloParams: { client: "owner-test" },
-			handlers: {},
-			log: () => {},
-			onUp: () => {},
-			onDown: () => {},
-		});
+		const runtime = runtimeAt({ kind: "unix", path }, dir);
 		await assert.rejects(runtime.ensure(), (err: unknown) => err instanceof RpcError && err.code === "forbidden" && /uid 65534/.test(err.message));
 		assert.ok(!out.includes("HEARD"), out);
 	} finally {
