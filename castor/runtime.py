@@ -85,6 +85,9 @@ class Runtime:
         # The components with a harness-event listener, in order (dispatch_event), found once.
         self._listeners = tuple(component for component in self.components if component.on_event is not None)
         self._sessions: dict[str, SessionContext] = {}
+        # A session whose close is under way (keyed by its context: a reopened id is another
+        # session): a second close waits for the first instead of stopping its actors under it.
+        self._closing: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         children = [
             *_utility_children(self.settings),
@@ -182,11 +185,31 @@ class Runtime:
         connection opened the same id again, must close nothing of that newer session — when the
         id's current session was opened with another link, this returns without doing anything.
         Whatever the caller, the id's entry is forgotten only if it is still the session this call
-        closed (a reopen that slipped in once the actors stopped keeps its entry).
+        closed (a reopen that slipped in once the actors stopped keeps its entry). A session closed
+        twice at once is closed once: the second call waits (up to ``timeout``) for the first.
         """
         ctx = self.session(session_id)
         if opened_by is not None and ctx.harness.agent is not opened_by:
             return
+        with self._lock:
+            underway = self._closing.get(id(ctx))
+            if underway is None:
+                self._closing[id(ctx)] = threading.Event()
+        if underway is not None:
+            # Closed twice at once (the harness closes its session as castor serve stops): the
+            # first close runs the close hooks -- Icarus's on_session_end in the worker -- and this
+            # one stopping the session's actors meanwhile killed that call mid-way.
+            underway.wait(timeout)
+            return
+        try:
+            self._close_session(session_id, ctx, timeout)
+        finally:
+            with self._lock:
+                done = self._closing.pop(id(ctx), None)
+            if done is not None:
+                done.set()
+
+    def _close_session(self, session_id: str, ctx: SessionContext, timeout: float) -> None:
         for component in self.components:
             if component.on_close is not None:
                 try:

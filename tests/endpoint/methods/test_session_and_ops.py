@@ -379,3 +379,47 @@ def test_a_session_closed_while_the_runtime_closes_every_session_is_no_failure(t
     finally:
         logger.remove(sink)
         rt.shutdown(10)
+
+
+@pytest.mark.timeout(30)
+def test_a_session_closed_twice_at_once_is_closed_once_and_its_close_hooks_are_not_cut_short(tmp_path):
+    """``castor serve`` stopping (SIGTERM) while the harness closes its session: both closes ran the
+    close hooks, and the second stopped the session's actors while the first's hooks still ran --
+    Icarus's ``on_session_end`` was killed mid-call in the worker (seen by an operator at
+    teardown). Now the second close waits for the first, whose hooks run to their end, once."""
+    from castor.runtime import HarnessLink, SessionInfo
+
+    journal = Journal()
+    component = _probe_component(journal)
+    entered, release = threading.Event(), threading.Event()
+    stopped_under_hook: list[bool] = []
+    rt_box: list[Runtime] = []
+
+    def on_close(ctx):  # a close hook that takes a while (on_session_end in the worker)
+        journal.add("closed", ctx.info.session_id)
+        entered.set()
+        release.wait(10)
+        handle = rt_box[0].system.registry.find(ctx.path)
+        stopped_under_hook.append(handle is None or not handle.alive)
+
+    rt = Runtime(RuntimeSettings(), components=[SessionComponent("probe", component.children, component.on_event,
+                                                                 on_close)])
+    rt_box.append(rt)
+    try:
+        rt.open_session(SessionInfo(session_id="s", cwd=str(tmp_path)), HarnessLink(agent=None, session_log=None,
+                                                                                     ui=None))
+        first = threading.Thread(target=rt.close_session, args=("s",))
+        first.start()
+        assert entered.wait(10)
+        second_done = threading.Event()
+        second = threading.Thread(target=lambda: (rt.close_session("s", timeout=10), second_done.set()))
+        second.start()
+        assert not second_done.wait(0.3)  # it waits for the first close, stopping nothing under it
+        release.set()
+        first.join(10)
+        second.join(10)
+        assert second_done.is_set() and not rt.sessions()
+        assert journal.entries.count(("closed", "s")) == 1 and stopped_under_hook == [False]
+    finally:
+        release.set()
+        rt.shutdown(10)
