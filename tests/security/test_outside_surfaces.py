@@ -375,9 +375,12 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
     if child == 0:  # the other user: listen, and report every byte a peer sends
         try:
             os.close(read_end)
-            listener = socket.socket(socket.AF_INET if family == "ipv4" else socket.AF_INET6, socket.SOCK_STREAM)
             os.setgid(65534)
             os.setuid(65534)
+            # Made as that user: a socket keeps the uid it was made with until it accepts, and the
+            # kernel's table shows a connection waiting to be accepted with its listener's. Made as
+            # root, a check before the accept saw root (allowed): the token went out (a CI flake).
+            listener = socket.socket(socket.AF_INET if family == "ipv4" else socket.AF_INET6, socket.SOCK_STREAM)
             listener.bind((host, 0))
             listener.listen(4)
             os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
