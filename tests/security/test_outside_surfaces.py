@@ -333,14 +333,7 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
         # What the other user heard: nothing with the token in it.
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.connect(str(path))
-        probe.sendall(b"END")
-        probe.close()
-        heard = b""
-        while not heard.endswith(b"END"):
-            chunk = os.read(read_end, 65536)
-            assert chunk, "the listener went away"
-            heard += chunk
-        assert b"s" * 43 not in heard
+        assert b"s" * 43 not in _heard_up_to_our_end(probe, read_end)
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
@@ -400,15 +393,7 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
             Client.connect_tcp(host, port, token_file=str(token_file), default_timeout=5)
         assert refused.value.data.get("reason") == "peer_uid"
         # What the other user heard: nothing with the token in it.
-        probe = socket.create_connection((host, port))
-        probe.sendall(b"END")
-        probe.close()
-        heard = b""
-        while not heard.endswith(b"END"):
-            chunk = os.read(read_end, 65536)
-            assert chunk, "the listener went away"
-            heard += chunk
-        assert b"t" * 43 not in heard
+        assert b"t" * 43 not in _heard_up_to_our_end(socket.create_connection((host, port)), read_end)
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
@@ -447,3 +432,18 @@ def _report_what_peers_send(listener, out_fd: int) -> None:
         except OSError:
             pass
         peer.close()
+
+
+def _heard_up_to_our_end(probe, heard_fd: int) -> bytes:
+    """Everything the other user's listener heard, up to an ``END`` sent on ``probe`` (a connection
+    of the test's own, made after every connection under test)."""
+    import os
+
+    probe.sendall(b"END")
+    probe.close()
+    heard = b""
+    while not heard.endswith(b"END"):
+        chunk = os.read(heard_fd, 65536)
+        assert chunk, "the listener went away"
+        heard += chunk
+    return heard
