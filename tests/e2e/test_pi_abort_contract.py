@@ -200,6 +200,26 @@ def test_an_abort_while_a_follow_up_turn_waits_in_pis_queue_reports_it_interrupt
     assert len(calls(log, "agent.turn_ended")) == 1, calls(log, "agent.turn_ended")
     assert not any(json.dumps(r["messages"]).endswith('"TURN: QUEUED-ONE"}]}]') for r in fake_llm.log()), \
         "the withdrawn turn's prompt reached the model"
+    # Stopping the stale prompt is not the user's abort: their exchange ended with its answer, and
+    # castor hears it so (a memory capture of it is not skipped as an aborted run).
+    assert poll_until(lambda: _settled_after(log, "NEXT-PROMPT"), timeout=10), calls(log, "harness.event")
+    ended_run, settled_run = _settled_after(log, "NEXT-PROMPT")
+    assert ended_run["last_answer"] == {"text": "NEXT-ANSWER", "stop_reason": "stop"}, ended_run
+    assert settled_run["data"]["aborted"] is False, settled_run
+
+
+def _settled_after(log, prompt_marker: str):
+    """The ``agent_end`` and ``agent_settled`` events castor heard for the run of the prompt with
+    ``prompt_marker``, once it settled."""
+    events = calls(log, "harness.event")
+    starts = [i for i, e in enumerate(events) if e["event"] == "before_agent_start"
+              and prompt_marker in str(e["data"].get("prompt"))]
+    if not starts:
+        return None
+    after = events[starts[-1]:]
+    ends = [e for e in after if e["event"] == "agent_end"]
+    settles = [e for e in after if e["event"] == "agent_settled"]
+    return (ends[-1], settles[0]) if ends and settles else None
 
 
 def test_materia_abort_while_a_follow_up_turn_waits_in_pis_queue_never_runs_it(probe, fake_llm):
@@ -219,3 +239,9 @@ def test_materia_abort_while_a_follow_up_turn_waits_in_pis_queue_never_runs_it(p
     assert not any(json.dumps(r["messages"]).endswith('"TURN: DROPPED-ONE"}]}]') for r in fake_llm.log())
     assert calls(log, "agent.turn_ended") == []
     no_error_toasts(pi, start)
+    # The stop at the dropped prompt is the extension's: castor hears the user's run settled, with
+    # the user's answer as its last (a memory capture of the exchange is not skipped).
+    assert poll_until(lambda: _settled_after(log, "DROPPED-ONE"), timeout=10), calls(log, "harness.event")
+    ended_run, settled_run = _settled_after(log, "DROPPED-ONE")
+    assert ended_run["last_answer"] == {"text": "USER-ANSWER", "stop_reason": "stop"}, ended_run
+    assert settled_run["data"]["aborted"] is False, settled_run

@@ -711,7 +711,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		lastCtx = ctx;
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		turns.onAgentEnd(messages);
-		await forward("agent_end", { turn_id: turns.active?.turnId ?? null, messages: messages.map(summarizeMessage) });
+		await forward("agent_end", { turn_id: turns.active?.turnId ?? null, messages: turns.userRunMessages(messages).map(summarizeMessage) });
 		if (!HAS_SETTLED) void emulateSettled(ctx, messages);
 	});
 
@@ -727,6 +727,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		for (const wake of settleWaiters.splice(0)) wake();
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (!outcome) turns.settleUserRun();
+		// The user's run stopped only by the extension, at a withdrawn turn's prompt after their
+		// answer, is not their abort: castor hears it settled (its memory capture is not skipped).
+		const abortedForCastor = outcome ? aborted : turns.userRunAborted(aborted);
 		// Turns castor asked for while this run went on wait in Pi's follow-up queue; aborted, the run
 		// never reaches them (turns.ts withdrawFollowUps): castor is told they were interrupted.
 		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
@@ -749,7 +752,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				}
 			}
 			for (const o of outcomes) await reportTurn(o as unknown as Params);
-			if (!closed()) await forward("agent_settled", { aborted, turn_id: turnId });
+			if (!closed()) await forward("agent_settled", { aborted: abortedForCastor, turn_id: turnId });
 		});
 	}
 	let settleChain: Promise<void> = Promise.resolve();

@@ -169,6 +169,14 @@ export class TurnTracker {
 	private current: Turn | undefined;
 	private userRestoreTools: string[] | undefined;
 	private readonly abortedIds = new Set<string>();
+	/**
+	 * The user's run (no castor turn bound) was stopped where Pi delivered the prompt of a turn
+	 * castor had withdrawn (see {@link bindFromContext}): that prompt's turn id, until the run
+	 * settles. The stop is the extension's, not the user's: their exchange ended before it.
+	 */
+	private staleCut: string | undefined;
+	/** The user's run cut at {@link staleCut} had ended with a final answer before the cut. */
+	private staleCutAnswered = false;
 	private readonly pi: TurnHost;
 
 	private readonly warn: (text: string) => void;
@@ -332,7 +340,10 @@ export class TurnTracker {
 			if (m?.role === "assistant") return undefined;
 			const id = m?.details?.castor_turn_id;
 			if (typeof id !== "string") continue;
-			if (this.abortedIds.has(id)) return "aborted";
+			if (this.abortedIds.has(id)) {
+				this.staleCut = id;
+				return "aborted";
+			}
 			const index = this.queued.findIndex((t) => t.turnId === id);
 			if (index < 0) return undefined;
 			const [turn] = this.queued.splice(index, 1);
@@ -344,8 +355,38 @@ export class TurnTracker {
 		return undefined;
 	}
 
+	/**
+	 * The messages of the user's run as castor should hear them at its end: cut before the prompt of
+	 * a withdrawn turn that stopped the run ({@link staleCut}), so what castor takes as the run's
+	 * answer (a memory capture's) is the user's answer, not the stop's empty aborted message.
+	 * Unchanged otherwise.
+	 */
+	userRunMessages(messages: unknown[]): unknown[] {
+		if (this.current || this.staleCut === undefined) return messages;
+		const cut = messages.findIndex((m) => (m as { details?: { castor_turn_id?: unknown } } | undefined)?.details?.castor_turn_id === this.staleCut);
+		if (cut < 0) return messages;
+		const kept = messages.slice(0, cut);
+		const last = [...kept].reverse().find((m) => (m as { role?: unknown } | undefined)?.role === "assistant") as Record<string, unknown> | undefined;
+		this.staleCutAnswered = last !== undefined && isFinalAnswer(last) && last.stopReason !== "aborted" && last.stopReason !== "error";
+		return kept;
+	}
+
+	/**
+	 * Whether the user's run that settled `aborted` is reported to castor as aborted: not when the
+	 * only stop was the extension's, at a withdrawn turn's prompt, after the user's final answer.
+	 * Ends that run's cut (call once per settle of a run with no castor turn bound).
+	 */
+	userRunAborted(aborted: boolean): boolean {
+		const answered = this.staleCut !== undefined && this.staleCutAnswered;
+		this.staleCut = undefined;
+		this.staleCutAnswered = false;
+		return aborted && !answered;
+	}
+
 	/** Pi 0.73 fallback: a run that starts while a turn is queued and none is bound is that turn. */
 	bindOnAgentStart(): void {
+		this.staleCut = undefined;
+		this.staleCutAnswered = false;
 		if (!this.current && this.queued.length > 0) this.current = this.queued.shift();
 	}
 

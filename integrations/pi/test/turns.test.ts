@@ -211,6 +211,31 @@ test("an old castor prompt before the last answer never binds; an aborted follow
 	assert.equal(turns.active, undefined);
 });
 
+test("the user's run stopped at a withdrawn turn's prompt after their answer is not their abort", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t2", prompt: "P" }, busy);
+	turns.abort("t2");
+	const stale = { role: "custom", details: { castor_turn_id: "t2" } };
+	const stopped = { role: "assistant", content: [], stopReason: "aborted" };
+	const run = [{ role: "user", content: "hi" }, assistant("A"), stale];
+	turns.bindOnAgentStart();
+	assert.equal(turns.bindFromContext(run), "aborted");
+	const heard = turns.userRunMessages([...run, stopped]);
+	assert.deepEqual(heard, run.slice(0, 2), "cut before the withdrawn prompt");
+	assert.equal(turns.userRunAborted(true), false, "the user's answer stands");
+	// The next run that the user aborts is theirs: nothing of the cut is left over.
+	turns.bindOnAgentStart();
+	const own = [{ role: "user", content: "again" }, stopped];
+	assert.deepEqual(turns.userRunMessages(own), own);
+	assert.equal(turns.userRunAborted(true), true);
+	// Cut before any final answer (the user's own answer was stopped too): still aborted.
+	turns.bindOnAgentStart();
+	assert.equal(turns.bindFromContext([{ role: "user", content: "x" }, stale]), "aborted");
+	turns.userRunMessages([{ role: "user", content: "x" }, stale, stopped]);
+	assert.equal(turns.userRunAborted(true), true);
+});
+
 test("a turn's outcome carries each answer's usage map as the provider wrote it, and the answering model", async () => {
 	const pi = host();
 	const turns = new TurnTracker(pi);
