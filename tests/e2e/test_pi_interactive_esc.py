@@ -116,3 +116,60 @@ def test_esc_during_a_slow_memory_retrieval_of_the_real_runtime(start_tty, fake_
     assert len(retrievals("end")) >= 1, "the first retrieval was not left to finish"
     pids = {c["pid"] for c in read_jsonl(call_log)}
     assert len(pids) == 1, f"the worker was replaced: {pids}"
+
+
+@pytest.mark.parametrize("command", ["/new", "/compact", "/quit"])
+def test_a_command_that_stops_the_run_typed_during_a_slow_before_agent_start_ends_the_wait(tty_pi, fake_llm, command):
+    """``/new``, ``/compact`` and ``/quit`` typed while castor answers ``before_agent_start``: each
+    makes Pi abort the run and wait for it, and the run waited for the handler -- the slow answer's
+    whole time. The extension watches the editor's submit for them as for an Esc."""
+    pi, log = tty_pi
+    pi.type(f"PROBE slow {SLOW_S:g}")
+    wait_for(lambda: [d for _, d in events(log, "before_agent_start") if str(d.get("prompt")).startswith("PROBE slow")],
+             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    time.sleep(0.3)  # well inside the probe's wait
+    typed = time.monotonic()
+    pi.type(command)
+    wait_for(lambda: events(log, "agent_settled"), timeout=SLOW_S + 10,
+             what=f"agent_settled after {command}; Pi drew: {pi.screen_tail()!r}")
+    took = time.monotonic() - typed
+    assert took < 3.0, f"the run ended {took:.1f} s after {command} (the probe answers after {SLOW_S:g} s)"
+    assert not fake_llm.log(), "the stopped run made a model request"
+    if command == "/new":
+        wait_for(lambda: len(events(log, "session_start")) >= 2, timeout=10,
+                 what=f"the new session's start; Pi drew: {pi.screen_tail()!r}")
+
+
+def test_a_fork_chosen_during_a_slow_before_agent_start_ends_the_wait_and_closing_its_picker_does_not(tty_pi, fake_llm):
+    """``/fork`` opens a picker of the session's prompts; choosing one (Enter) replaces the session,
+    which aborts the run and waits for it. Closing the picker (Esc) leaves the run alone: the wait
+    goes on, and the prompt gets castor's answer."""
+    pi, log = tty_pi
+    fake_llm.reply_text("FIRST-ANSWER", when="first prompt")
+    pi.type("first prompt")
+    wait_for(lambda: events(log, "agent_settled"), timeout=20, what=f"the first run's end; Pi drew: {pi.screen_tail()!r}")
+    # A picker closed with Esc: not a stop.
+    pi.type("PROBE slow 3")
+    wait_for(lambda: [d for _, d in events(log, "before_agent_start") if str(d.get("prompt")).startswith("PROBE slow 3")],
+             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/fork")
+    time.sleep(0.5)  # the picker is drawn
+    pi.press(ESC)
+    wait_for(lambda: any("PROBE-LATE" in str(r) for r in fake_llm.log()), timeout=15,
+             what=f"the slow answer reaching the model; Pi drew: {pi.screen_tail()!r}")
+    wait_for(lambda: len(events(log, "agent_settled")) >= 2, timeout=15, what="the second run's end")
+    assert events(log, "agent_settled")[1][1].get("aborted") is not True
+    # A fork chosen: the run stops at once.
+    pi.type(f"PROBE slow {SLOW_S:g}")
+    wait_for(lambda: len([d for _, d in events(log, "before_agent_start")
+                          if str(d.get("prompt")).startswith(f"PROBE slow {SLOW_S:g}")]) >= 1,
+             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    time.sleep(0.3)
+    typed = time.monotonic()
+    pi.type("/fork")
+    time.sleep(0.5)
+    pi.press(b"\r")
+    wait_for(lambda: len(events(log, "agent_settled")) >= 3, timeout=SLOW_S + 10,
+             what=f"agent_settled after the fork; Pi drew: {pi.screen_tail()!r}")
+    took = time.monotonic() - typed
+    assert took < 3.5, f"the run ended {took:.1f} s after the fork (the probe answers after {SLOW_S:g} s)"

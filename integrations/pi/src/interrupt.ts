@@ -23,6 +23,10 @@
  * compaction). A signal is only listened to when Pi itself has a handler for it, so a listener of ours
  * never turns a signal that would end the process into one that does not.
  *
+ * In the interactive mode, so do the commands that stop the run when submitted (`/new`, `/compact`,
+ * `/clone`, `/quit`) and the choice made in the picker `/resume` or `/fork` opens: each is seen as
+ * the editor's Enter, its text read before the editor takes the key ({@link submitEffect}).
+ *
  * What this does not know: a rebound interrupt key. Pi's default is Esc (`app.interrupt`); a user
  * who rebound it and presses Esc during the wait gets this prompt without memory context (the
  * handler said so in a notice) and Pi runs it; their interrupt key works as Pi's always did.
@@ -50,6 +54,27 @@ export function isCtrlD(data: string): boolean {
 	if (data === "\x04") return true;
 	const kitty = /^\x1b\[100;5(?::([123]))?u$/.exec(data);
 	return kitty !== null && kitty[1] !== "3";
+}
+
+/** Enter as the terminal sends it: CR (or LF), or the kitty `CSI 13 u` press/repeat with no modifier. */
+export function isEnterKey(data: string): boolean {
+	if (data === "\r" || data === "\n") return true;
+	const kitty = /^\x1b\[13(?:;1(?::([123]))?)?u$/.exec(data);
+	return kitty !== null && kitty[1] !== "3";
+}
+
+/**
+ * What submitting the editor's `text` makes Pi's interactive mode do to a run going on: `stop`,
+ * a command that aborts the run and waits for it (`/new`, `/compact`, `/clone`); `quit` (`/quit`);
+ * `choose`, a command that opens a picker whose choice replaces the session, aborting the run
+ * then (`/resume`, `/fork`); `undefined` for anything else (a prompt, which Pi queues behind the run).
+ */
+export function submitEffect(text: string): "stop" | "quit" | "choose" | undefined {
+	const command = text.trim();
+	if (command === "/new" || command === "/clone" || command === "/compact" || command.startsWith("/compact ")) return "stop";
+	if (command === "/quit") return "quit";
+	if (command === "/resume" || command === "/fork") return "choose";
+	return undefined;
 }
 
 /** Pi quits on a second Ctrl+C within this long of the first (its `handleCtrlC`). */
@@ -124,18 +149,33 @@ export class EscWatch {
 		const subscribe = ctx?.hasUI ? ctx.ui?.onTerminalInput : undefined;
 		if (typeof subscribe === "function") {
 			let lastCtrlC = Number.NEGATIVE_INFINITY;
-			const editorEmpty = () => {
+			const editorText = () => {
 				try {
-					return typeof ctx?.ui?.getEditorText !== "function" || ctx.ui.getEditorText().length === 0;
+					return typeof ctx?.ui?.getEditorText === "function" ? ctx.ui.getEditorText() : "";
 				} catch {
-					return true;
+					return "";
 				}
 			};
+			const editorEmpty = () => editorText().length === 0;
+			// A picker opened by a command submitted during the wait (/resume, /fork): its Enter is the
+			// choice that replaces the session (Pi aborts the run then); its Esc closes it, not the run.
+			let choosing = false;
 			try {
 				const unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
 					if (typeof data !== "string") return undefined;
-					if (isEscapeKey(data)) end("esc");
-					else if (isCtrlC(data)) {
+					if (isEnterKey(data)) {
+						// The listener runs before the editor takes the key: the text is what Enter submits.
+						if (choosing) end("abort");
+						else {
+							const effect = submitEffect(editorText());
+							if (effect === "stop") end("abort");
+							else if (effect === "quit") end("quit");
+							else if (effect === "choose") choosing = true;
+						}
+					} else if (isEscapeKey(data)) {
+						if (choosing) choosing = false;
+						else end("esc");
+					} else if (isCtrlC(data)) {
 						const at = now();
 						if (at - lastCtrlC < DOUBLE_CTRL_C_MS) end("quit");
 						lastCtrlC = at;

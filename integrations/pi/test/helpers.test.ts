@@ -127,6 +127,48 @@ test("EscWatch: Pi's quit keys end the wait too -- a second Ctrl+C within 500 ms
 	esc.dispose();
 });
 
+test("EscWatch: a submitted command that stops the run ends the wait; a picker's choice does, closing it does not", async () => {
+	const { EscWatch, isEnterKey, submitEffect } = await import("../src/interrupt.ts");
+	assert.ok(isEnterKey("\r") && isEnterKey("\x1b[13u") && isEnterKey("\x1b[13;1:2u"));
+	assert.ok(!isEnterKey("\x1b[13;1:3u") && !isEnterKey("\x1b[13;2u") && !isEnterKey("r"));
+	assert.equal(submitEffect(" /new "), "stop");
+	assert.equal(submitEffect("/compact keep the API notes"), "stop");
+	assert.equal(submitEffect("/clone"), "stop");
+	assert.equal(submitEffect("/quit"), "quit");
+	assert.equal(submitEffect("/resume"), "choose");
+	assert.equal(submitEffect("/fork"), "choose");
+	for (const text of ["/newer", "/compaction", "tell me about /new", "/model", "", "/materia status"]) assert.equal(submitEffect(text), undefined, text);
+	let editor = "";
+	const handlers = new Set<(data: string) => unknown>();
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => (handlers.add(h), () => handlers.delete(h)), getEditorText: () => editor };
+	const press = (data: string) => { for (const h of handlers) assert.equal(h(data), undefined); }; // never consumed
+	const typed = (text: string) => { editor = text; press("\r"); editor = ""; };
+	const prompt = new EscWatch({ hasUI: true, ui });
+	typed("a follow-up prompt"); // Pi queues it behind the run
+	assert.equal(prompt.pressed, false);
+	typed("/new");
+	assert.ok(prompt.pressed && prompt.cause === "abort" && !prompt.quitting);
+	prompt.dispose();
+	const quit = new EscWatch({ hasUI: true, ui });
+	typed("/quit");
+	assert.ok(quit.pressed && quit.quitting);
+	quit.dispose();
+	const picker = new EscWatch({ hasUI: true, ui });
+	typed("/fork");
+	assert.equal(picker.pressed, false, "the picker is open; nothing chosen yet");
+	press("\x1b"); // closes the picker, not the run
+	assert.equal(picker.pressed, false);
+	typed("/resume");
+	press("\x1b[B"); // moving in the picker
+	press("\r"); // a session chosen: Pi replaces the session, aborting the run
+	assert.ok(picker.pressed && picker.cause === "abort");
+	picker.dispose();
+	const esc = new EscWatch({ hasUI: true, ui });
+	press("\x1b"); // no picker open: the user's Esc
+	assert.ok(esc.pressed && esc.cause === "esc");
+	esc.dispose();
+});
+
 test("EscWatch with the process: Pi's quit signals (only those Pi handles), and in RPC mode its input's end and an abort command", async () => {
 	const { EventEmitter } = await import("node:events");
 	const { EscWatch, isRpcAbort } = await import("../src/interrupt.ts");
