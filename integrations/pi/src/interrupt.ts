@@ -63,17 +63,23 @@ export function isEnterKey(data: string): boolean {
 	return kitty !== null && kitty[1] !== "3";
 }
 
+/** Pi's interactive commands that open a picker whose choice leaves the run alone (a model, a setting). */
+const PICKERS: ReadonlySet<string> = new Set(["/model", "/thinking", "/settings", "/scoped-models", "/tree", "/trust", "/login", "/logout"]);
+
 /**
  * What submitting the editor's `text` makes Pi's interactive mode do to a run going on: `stop`,
  * a command that aborts the run and waits for it (`/new`, `/compact`, `/clone`); `quit` (`/quit`);
  * `choose`, a command that opens a picker whose choice replaces the session, aborting the run
- * then (`/resume`, `/fork`); `undefined` for anything else (a prompt, which Pi queues behind the run).
+ * then (`/resume`, `/fork`); `picker`, one that opens a picker whose choice does not touch the run
+ * ({@link PICKERS}); `undefined` for anything else (a prompt, which Pi queues behind the run).
+ * Either picker is closed by Esc, which then is not the user stopping the run.
  */
-export function submitEffect(text: string): "stop" | "quit" | "choose" | undefined {
+export function submitEffect(text: string): "stop" | "quit" | "choose" | "picker" | undefined {
 	const command = text.trim();
 	if (command === "/new" || command === "/clone" || command === "/compact" || command.startsWith("/compact ")) return "stop";
 	if (command === "/quit") return "quit";
 	if (command === "/resume" || command === "/fork") return "choose";
+	if (PICKERS.has(command)) return "picker";
 	return undefined;
 }
 
@@ -157,23 +163,25 @@ export class EscWatch {
 				}
 			};
 			const editorEmpty = () => editorText().length === 0;
-			// A picker opened by a command submitted during the wait (/resume, /fork): its Enter is the
-			// choice that replaces the session (Pi aborts the run then); its Esc closes it, not the run.
-			let choosing = false;
+			// A picker opened by a command submitted during the wait: its Esc closes it, not the run.
+			// A `choose` picker's Enter is the choice that replaces the session (Pi aborts the run
+			// then); another picker's Enter makes its choice and closes it.
+			let picker: "choose" | "picker" | undefined;
 			try {
 				const unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
 					if (typeof data !== "string") return undefined;
 					if (isEnterKey(data)) {
 						// The listener runs before the editor takes the key: the text is what Enter submits.
-						if (choosing) end("abort");
+						if (picker === "choose") end("abort");
+						else if (picker === "picker") picker = undefined;
 						else {
 							const effect = submitEffect(editorText());
 							if (effect === "stop") end("abort");
 							else if (effect === "quit") end("quit");
-							else if (effect === "choose") choosing = true;
+							else if (effect === "choose" || effect === "picker") picker = effect;
 						}
 					} else if (isEscapeKey(data)) {
-						if (choosing) choosing = false;
+						if (picker) picker = undefined;
 						else end("esc");
 					} else if (isCtrlC(data)) {
 						const at = now();

@@ -137,7 +137,9 @@ test("EscWatch: a submitted command that stops the run ends the wait; a picker's
 	assert.equal(submitEffect("/quit"), "quit");
 	assert.equal(submitEffect("/resume"), "choose");
 	assert.equal(submitEffect("/fork"), "choose");
-	for (const text of ["/newer", "/compaction", "tell me about /new", "/model", "", "/materia status"]) assert.equal(submitEffect(text), undefined, text);
+	assert.equal(submitEffect("/model"), "picker");
+	assert.equal(submitEffect("/settings"), "picker");
+	for (const text of ["/newer", "/compaction", "tell me about /new", "/model sonnet", "", "/materia status"]) assert.equal(submitEffect(text), undefined, text);
 	let editor = "";
 	const handlers = new Set<(data: string) => unknown>();
 	const ui = { onTerminalInput: (h: (data: string) => unknown) => (handlers.add(h), () => handlers.delete(h)), getEditorText: () => editor };
@@ -163,6 +165,16 @@ test("EscWatch: a submitted command that stops the run ends the wait; a picker's
 	press("\r"); // a session chosen: Pi replaces the session, aborting the run
 	assert.ok(picker.pressed && picker.cause === "abort");
 	picker.dispose();
+	const settings = new EscWatch({ hasUI: true, ui });
+	typed("/model");
+	press("\r"); // a model chosen: the run goes on
+	assert.equal(settings.pressed, false);
+	typed("/settings");
+	press("\x1b"); // the picker closed
+	assert.equal(settings.pressed, false);
+	press("\x1b"); // now the user's Esc
+	assert.ok(settings.pressed && settings.cause === "esc");
+	settings.dispose();
 	const esc = new EscWatch({ hasUI: true, ui });
 	press("\x1b"); // no picker open: the user's Esc
 	assert.ok(esc.pressed && esc.cause === "esc");
