@@ -60,12 +60,10 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
     event, data = params.get("event"), params.get("data") or {}
     messages = data.get("messages") or []
     answers = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    # what a memory capture would take as the run's answer (never a prompt's text)
+    last_answer = {"text": answers[-1].get("text"), "stop_reason": answers[-1].get("stop_reason")} if answers else None
     record("harness.event", {"event": event, "data": {k: v for k, v in data.items() if k != "messages"},
-                             "message_count": len(messages),
-                             # what a memory capture would take as the run's answer (never a prompt)
-                             "last_answer": ({"text": answers[-1].get("text"), "stop_reason": answers[-1].get("stop_reason")}
-                                             if answers else None),
-                             "last_role": messages[-1].get("role") if messages and isinstance(messages[-1], dict) else None})
+                             "message_count": len(messages), "last_answer": last_answer})
     if event == "agent_settled" and STATE["pending_turn"]:
         prompt, STATE["pending_turn"] = STATE["pending_turn"], None
         STATE["turns"] += 1

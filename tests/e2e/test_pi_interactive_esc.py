@@ -33,6 +33,26 @@ def events(log, name):
             if c["method"] == "harness.event" and c["params"]["event"] == name]
 
 
+def type_slow_prompt(pi, log, seconds: float) -> None:
+    """Type ``PROBE slow <seconds>`` and return once the probe is answering its
+    ``before_agent_start`` (a beat inside its wait)."""
+    prompt = f"PROBE slow {seconds:g}"
+    seen = len([d for _, d in events(log, "before_agent_start") if d.get("prompt") == prompt])
+    pi.type(prompt)
+    wait_for(lambda: len([d for _, d in events(log, "before_agent_start") if d.get("prompt") == prompt]) > seen,
+             timeout=15, what=f"before_agent_start of {prompt!r} at the probe; Pi drew: {pi.screen_tail()!r}")
+    time.sleep(0.3)  # well inside the probe's wait
+
+
+def assert_the_run_ends_at_once(pi, log, what: str, since: float, runs: int = 1, within: float = 3.0) -> None:
+    """The ``runs``-th ``agent_settled`` reaches castor within ``within`` s of ``since`` (``what``
+    was done then), long before the probe answers the slow prompt."""
+    wait_for(lambda: len(events(log, "agent_settled")) >= runs, timeout=SLOW_S + 10,
+             what=f"agent_settled after {what}; Pi drew: {pi.screen_tail()!r}")
+    took = time.monotonic() - since
+    assert took < within, f"the run ended {took:.1f} s after {what} (the probe answers after {SLOW_S:g} s)"
+
+
 @pytest.fixture
 def tty_pi(start_tty, probe_command):
     command, log = probe_command
@@ -44,17 +64,11 @@ def tty_pi(start_tty, probe_command):
 
 def test_esc_during_a_slow_before_agent_start_aborts_the_run_at_once(tty_pi, fake_llm):
     pi, log = tty_pi
-    pi.type(f"PROBE slow {SLOW_S:g}")
-    wait_for(lambda: [d for _, d in events(log, "before_agent_start") if str(d.get("prompt")).startswith("PROBE slow")],
-             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
-    time.sleep(0.3)  # well inside the probe's wait
+    type_slow_prompt(pi, log, SLOW_S)
     pressed = time.monotonic()
     pi.press(ESC)
     # The run ends (agent_end / agent_settled reach castor) long before the probe answers.
-    wait_for(lambda: events(log, "agent_settled"), timeout=SLOW_S + 10,
-             what=f"agent_settled after the Esc; Pi drew: {pi.screen_tail()!r}")
-    took = time.monotonic() - pressed
-    assert took < 3.0, f"the run ended {took:.1f} s after the Esc (the probe answers after {SLOW_S:g} s)"
+    assert_the_run_ends_at_once(pi, log, "the Esc", pressed)
     settled = events(log, "agent_settled")[0][1]
     assert settled.get("aborted") is True, settled
     assert not fake_llm.log(), "the aborted run made a model request"
@@ -124,16 +138,10 @@ def test_a_command_that_stops_the_run_typed_during_a_slow_before_agent_start_end
     makes Pi abort the run and wait for it, and the run waited for the handler -- the slow answer's
     whole time. The extension watches the editor's submit for them as for an Esc."""
     pi, log = tty_pi
-    pi.type(f"PROBE slow {SLOW_S:g}")
-    wait_for(lambda: [d for _, d in events(log, "before_agent_start") if str(d.get("prompt")).startswith("PROBE slow")],
-             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
-    time.sleep(0.3)  # well inside the probe's wait
+    type_slow_prompt(pi, log, SLOW_S)
     typed = time.monotonic()
     pi.type(command)
-    wait_for(lambda: events(log, "agent_settled"), timeout=SLOW_S + 10,
-             what=f"agent_settled after {command}; Pi drew: {pi.screen_tail()!r}")
-    took = time.monotonic() - typed
-    assert took < 3.0, f"the run ended {took:.1f} s after {command} (the probe answers after {SLOW_S:g} s)"
+    assert_the_run_ends_at_once(pi, log, command, typed)
     assert not fake_llm.log(), "the stopped run made a model request"
     if command == "/new":
         wait_for(lambda: len(events(log, "session_start")) >= 2, timeout=10,
@@ -147,11 +155,10 @@ def test_a_fork_chosen_during_a_slow_before_agent_start_ends_the_wait_and_closin
     pi, log = tty_pi
     fake_llm.reply_text("FIRST-ANSWER", when="first prompt")
     pi.type("first prompt")
-    wait_for(lambda: events(log, "agent_settled"), timeout=20, what=f"the first run's end; Pi drew: {pi.screen_tail()!r}")
+    wait_for(lambda: events(log, "agent_settled"), timeout=20,
+             what=f"the first run's end; Pi drew: {pi.screen_tail()!r}")
     # A picker closed with Esc: not a stop.
-    pi.type("PROBE slow 3")
-    wait_for(lambda: [d for _, d in events(log, "before_agent_start") if str(d.get("prompt")).startswith("PROBE slow 3")],
-             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    type_slow_prompt(pi, log, 3)
     pi.type("/fork")
     time.sleep(0.5)  # the picker is drawn
     pi.press(ESC)
@@ -160,16 +167,9 @@ def test_a_fork_chosen_during_a_slow_before_agent_start_ends_the_wait_and_closin
     wait_for(lambda: len(events(log, "agent_settled")) >= 2, timeout=15, what="the second run's end")
     assert events(log, "agent_settled")[1][1].get("aborted") is not True
     # A fork chosen: the run stops at once.
-    pi.type(f"PROBE slow {SLOW_S:g}")
-    wait_for(lambda: len([d for _, d in events(log, "before_agent_start")
-                          if str(d.get("prompt")).startswith(f"PROBE slow {SLOW_S:g}")]) >= 1,
-             timeout=15, what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
-    time.sleep(0.3)
+    type_slow_prompt(pi, log, SLOW_S)
     typed = time.monotonic()
     pi.type("/fork")
     time.sleep(0.5)
     pi.press(b"\r")
-    wait_for(lambda: len(events(log, "agent_settled")) >= 3, timeout=SLOW_S + 10,
-             what=f"agent_settled after the fork; Pi drew: {pi.screen_tail()!r}")
-    took = time.monotonic() - typed
-    assert took < 3.5, f"the run ended {took:.1f} s after the fork (the probe answers after {SLOW_S:g} s)"
+    assert_the_run_ends_at_once(pi, log, "the fork", typed, runs=3, within=3.5)
