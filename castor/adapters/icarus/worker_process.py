@@ -547,6 +547,7 @@ class WorkerProcess:
         out_fd = self._out_fd
         poller = self._reply_poller
         read_first = not self._poll_first and not self._buffer
+        tail: list[bytes] = []  # chunks of a line still without its newline (joined once it comes)
         if self._poll_first:
             self._poll_first -= 1
         while True:
@@ -588,6 +589,17 @@ class WorkerProcess:
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
             if self._buffer:
+                # A long line (a large value) comes in many chunks: they wait in ``tail`` and are
+                # joined once, when its newline comes. ``+=`` per chunk copied the whole line each
+                # time, and the newline search went over it again: quadratic (a 64 MB reply took
+                # 28 s, near the 30 s default deadline).
+                if chunk.find(b"\n") < 0:
+                    tail.append(chunk)
+                    continue
+                if tail:
+                    tail.append(chunk)
+                    chunk = b"".join(tail)
+                    tail.clear()
                 self._buffer += chunk
                 continue
             # find, not count: bytes.count scans byte by byte (~3 us for a 10 KiB reply), find

@@ -550,3 +550,35 @@ def test_a_worker_that_dies_before_it_is_ready_fails_the_call_as_not_started(har
     with pytest.raises(CastorError) as info:
         call(harness.worker(dead), "hooks", "identity", 1)
     assert info.value.code == "worker_crashed" and info.value.may_have_started is False
+
+
+@pytest.mark.timeout(60)
+def test_a_large_reply_is_read_in_time_linear_in_its_size(harness, tmp_path):
+    """A reply line was gathered with ``buffer += chunk`` per 64 KiB read and the whole buffer
+    searched for its newline after each one: quadratic, so a 48 MB value (a runaway recall) took
+    about 15 s to read on a 2-core host and a 64 MB one 28 s, close to the 30 s default deadline,
+    after which the worker is killed with its session's state. pi-icarus-hook reads it at once."""
+    worker = _backend(harness, tmp_path, "def big(n):\n    return 'x' * n\n")
+    size = 48 * 1000 * 1000
+    assert len(call(worker, "tools", "big", size, deadline_s=8)) == size
+    assert worker.usable
+
+
+@pytest.mark.timeout(60)
+def test_a_large_request_is_read_by_the_worker_in_time_linear_in_its_size(harness, tmp_path):
+    """The worker program gathered request lines the same quadratic way (``buffered += chunk``)."""
+    worker = _backend(harness, tmp_path, "def size(text):\n    return len(text)\n")
+    size = 48 * 1000 * 1000
+    assert call(worker, "tools", "size", "y" * size, deadline_s=8) == size
+    assert worker.usable
+
+
+@pytest.mark.timeout(30)
+def test_a_json_looking_text_nested_too_deep_to_parse_is_returned_as_text(harness, tmp_path):
+    """A string result that looks like JSON is parsed, and returned unchanged when it does not
+    parse; one nested deeper than the parser's recursion limit raised ``RecursionError``, which
+    the parse did not catch: the call failed (``internal``) instead of returning the text."""
+    worker = _backend(harness, tmp_path, "def deep():\n    return ' ' + '[' * 100000 + ']' * 100000\n"
+                                         "def fine():\n    return '[1]'\n")
+    assert call(worker, "tools", "deep") == " " + "[" * 100000 + "]" * 100000  # unstripped, as written
+    assert call(worker, "tools", "fine") == [1] and worker.usable
