@@ -45,8 +45,10 @@ class IcarusBackend(Protocol):
         ...
 
     def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]], *,
-                        confine_to: str | None = None) -> dict[str, Any]:
-        """Locked read-modify-write; raises typed errors and then writes nothing."""
+                        confine_to: str | None = None, owned: bool = False) -> dict[str, Any]:
+        """Locked read-modify-write; raises typed errors and then writes nothing. ``confine_to``: the
+        file must lie inside that directory (a project's); ``owned``: it must be castor's user's and
+        not writable by every user (the global file, as its reads require)."""
         ...
 
     def package_present(self, icarus_dir: str) -> bool:

@@ -95,3 +95,40 @@ def test_the_users_own_global_settings_are_read_as_before(tmp_path):
     settings = load_settings(str(project), trusted=False, env={"PI_CODING_AGENT_DIR": str(agent)},
                              home=str(tmp_path / "home"))
     assert settings.timeout_ms == 4321
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_context_default_never_rewrites_global_settings_another_user_wrote(tmp_path, how):
+    """``/icarus context default hide`` read the global file without the ownership check the
+    session's settings get, and wrote it back as castor's user: another user's file became
+    castor's user's own, with that user's ``python`` in it, which the next session then ran. The
+    write is refused now (``forbidden``), and the file is left as it was."""
+    from castor.actors.icarus.component import session_of
+    from castor.messages.errors import CastorError
+    from castor.runtime import HarnessLink, SessionInfo
+    from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, RecordingUi
+
+    world = IcarusWorldBase(tmp_path)
+    evil = str(tmp_path / "evil-python")
+    _plant(world.global_path, {"piIcarusHook": {"python": evil, "contextDisplay": True}}, how)
+    before = (world.global_path.read_bytes(), os.stat(world.global_path).st_uid,
+              os.stat(world.global_path).st_mode)
+    world.env["ICARUS_DIR"] = str(REFERENCE_ICARUS)  # the package from the environment: Icarus is on
+    rt = world.runtime()
+    try:
+        def open_session(sid: str):
+            link = HarnessLink(agent=None, session_log=None, ui=RecordingUi(), classifier=None)
+            return session_of(rt.open_session(SessionInfo(session_id=sid, cwd=str(world.project), trusted=False),
+                                              link))
+
+        sess = open_session("s1")
+        assert sess.config()["state"] == "active"
+        with pytest.raises(CastorError) as refused:
+            sess.command("context default hide")
+        assert refused.value.code == "forbidden" and refused.value.data["path"] == str(world.global_path)
+        after = (world.global_path.read_bytes(), os.stat(world.global_path).st_uid,
+                 os.stat(world.global_path).st_mode)
+        assert after == before
+        assert open_session("s2").settings.python != evil
+    finally:
+        world.close()

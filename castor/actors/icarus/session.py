@@ -526,7 +526,8 @@ class IcarusSession:
             return new_doc
 
         self.backend.update_settings(plan.path, mutate,
-                                     confine_to=self.ctx.info.cwd if plan.scope == "project" else None)
+                                     confine_to=self.ctx.info.cwd if plan.scope == "project" else None,
+                                     owned=plan.scope == "global")
         shown = "visible" if written["value"] else "hidden"
         text = (f"Memory context will be {shown} by default for future Pi sessions (saved to {plan.scope} "
                 f"settings: {plan.path}). Current session is still {current}.")

@@ -40,9 +40,9 @@ class FileIcarusBackend:
         return load_layers(cwd, trusted=trusted, env=self._env(), home=self._home)
 
     def update_settings(self, path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]], *,
-                        confine_to: str | None = None) -> dict[str, Any]:
+                        confine_to: str | None = None, owned: bool = False) -> dict[str, Any]:
         try:
-            return update_settings(path, mutate, confine_to=confine_to)
+            return update_settings(path, mutate, confine_to=confine_to, owned=owned)
         except OSError as exc:  # the disk refused the write (full, read-only): the storage's, not castor's bug
             raise storage_unavailable(exc, path=path, base=confine_to, action="save the settings") from None
 

@@ -84,6 +84,10 @@ class _Unusable(Exception):
     """A settings file that exists but cannot be used (the message says why)."""
 
 
+class _Unsafe(_Unusable):
+    """A settings file another user owns, or every user may write (``owned`` reads only)."""
+
+
 def _parse(path: str, *, owned: bool = False) -> dict[str, Any]:
     """The file's JSON object. ``FileNotFoundError`` if missing; ``_Unusable(reason)`` if it is not
     a regular file of at most MAX_SETTINGS_BYTES holding one strict JSON object (no NaN or
@@ -94,7 +98,7 @@ def _parse(path: str, *, owned: bool = False) -> dict[str, Any]:
     except FileNotFoundError:
         raise
     except UnsafeFile as exc:
-        raise _Unusable(str(exc)) from None
+        raise _Unsafe(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise _Unusable(f"unreadable ({type(exc).__name__})") from None
     except ValueError as exc:  # not a regular file, too large
@@ -184,11 +188,16 @@ def _acquire(lock_path: str, timeout_s: float) -> filelock.SoftFileLock:
 
 # --------------------------------------------------------------------------- writes
 
-def _read_for_update(path: str) -> dict[str, Any]:
+def _read_for_update(path: str, *, owned: bool) -> dict[str, Any]:
     try:
-        return _parse(path)
+        return _parse(path, owned=owned)
     except FileNotFoundError:
         return {}
+    except _Unsafe as exc:
+        # The reads ignore such a file; written back, it would become castor's user's own, with
+        # whatever the other user put in it (a ``python``) read from the next session on.
+        raise Forbidden(f"refusing to write {path}: {exc}",
+                        data={"path": path, "reason": "unsafe_permissions"}) from None
     except _Unusable as exc:
         raise SettingsFileMalformed(path, str(exc)) from None
 
@@ -198,7 +207,8 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]],
-                    *, lock_timeout_s: float = LOCK_TIMEOUT_S, confine_to: str | None = None) -> dict[str, Any]:
+                    *, lock_timeout_s: float = LOCK_TIMEOUT_S, confine_to: str | None = None,
+                    owned: bool = False) -> dict[str, Any]:
     """Locked read-modify-write of one settings file; returns the written document.
 
     ``mutate`` gets the current document (``{}`` when missing) and returns the
@@ -207,7 +217,9 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
     or ``InvalidConfig`` when ``mutate`` rejects the document. ``confine_to`` (a project's
     directory, for its ``.pi/settings.json``): the file's real location must be inside it --
     a project's link to a file elsewhere is ``Forbidden``, never written through (the user's
-    own global settings may be a link into their dotfiles: that one is).
+    own global settings may be a link into their dotfiles: that one is). ``owned`` (the global
+    file, which the reads check the same way): a file another user owns, or every user may write,
+    is ``Forbidden`` (``unsafe_permissions``) and left as it is.
     """
     path = os.path.abspath(path)
     if confine_to is not None:
@@ -219,7 +231,7 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
     with _thread_lock(path):
         lock = _acquire(path + ".lock", lock_timeout_s)
         try:
-            doc = _read_for_update(path)
+            doc = _read_for_update(path, owned=owned)
             try:
                 new_doc = mutate(doc)
             except SettingsDocumentError as exc:

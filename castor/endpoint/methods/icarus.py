@@ -16,7 +16,9 @@ method              result                                       errors
 ``icarus.command``  ``{text, level}`` (+ ``code``, ``usage``     ``not_found`` (no session); settings writes:
                     for invalid input, which changes nothing)    ``invalid_config`` (malformed file, untouched),
                                                                  ``timeout`` (settings lock busy),
-                                                                 ``storage_unavailable`` (disk full, read-only)
+                                                                 ``storage_unavailable`` (disk full, read-only),
+                                                                 ``forbidden`` (a global file another user
+                                                                 owns or all may write, untouched)
 ``icarus.config``   state, hooks, filtering, effective config,   ``not_found`` (no session)
                     schema, ``tools`` to register
 ==================  ===========================================  ===============================================
