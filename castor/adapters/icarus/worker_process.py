@@ -357,7 +357,7 @@ class WorkerProcess:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
             pass
-        psutil.wait_procs(descendants, timeout=2)
+        _wait_ended(descendants, timeout=2.0)
         if self._stderr_thread is not None and self._stderr_thread is not threading.current_thread():
             self._stderr_thread.join(timeout=1.0)  # it closes stderr at the end of file
         if self._call_lock.acquire(blocking=False):
@@ -724,6 +724,29 @@ class WorkerProcess:
     def __del__(self) -> None:  # a last resort only: kill_tree / a failed call close everything
         if getattr(self, "_fd_lock", None) is not None:
             self._close_wake_pipe()
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait (bounded) until each process has ended: gone, or a zombie. A zombie is dead; only its
+    pid waits for its parent to collect it, and an orphan's parent is whoever adopted it (PID 1, a
+    subreaper), which may do so late or never (a container's PID 1). ``psutil.wait_procs`` waited
+    for the pid to vanish: up to the whole timeout on every kill of a backend that had started a
+    process."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.Error:  # gone (or no longer inspectable: not waited for)
+                pass
+        procs = alive
+        if not procs or time.monotonic() >= deadline:
+            return
+        time.sleep(delay)  # a SIGKILL takes effect in a moment; nothing to be woken by meanwhile
+        delay = min(delay * 2, 0.04)
 
 
 def _poll_ms(remaining: float | None) -> int:

@@ -582,3 +582,47 @@ def test_a_json_looking_text_nested_too_deep_to_parse_is_returned_as_text(harnes
                                          "def fine():\n    return '[1]'\n")
     assert call(worker, "tools", "deep") == " " + "[" * 100000 + "]" * 100000  # unstripped, as written
     assert call(worker, "tools", "fine") == [1] and worker.usable
+
+
+_TIMES_OUT = r'''
+import json, sys, time
+from castor.adapters.icarus.launch import build_launch
+from castor.adapters.icarus.worker_process import WorkerProcess
+from castor.domain.icarus.settings import IcarusSettings
+from castor.messages.errors import Timeout
+settings = IcarusSettings(icarus_dir=sys.argv[1], fabric_dir=sys.argv[2], python=sys.executable,
+                          agent="a", project_id="p")
+worker = WorkerProcess(build_launch(settings, cwd=sys.argv[3]))
+worker.call(1, "hooks", "spawn_sleeper", [60], {}, time.monotonic() + 10)
+started = time.monotonic()
+try:
+    worker.call(2, "hooks", "sleep", [60], {}, started + 0.3)
+except Timeout:
+    pass
+print(json.dumps({"took": time.monotonic() - started}))
+'''
+
+# Adopts the orphans below it and never reaps them (as a container's PID 1 may not): it only
+# waits for its own child, castor, and passes castor's output on.
+_LAZY_REAPER = r'''
+import ctypes, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+done = subprocess.run([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], capture_output=True, text=True)
+sys.stdout.write(done.stdout)
+sys.stderr.write(done.stderr)
+sys.exit(done.returncode)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_does_not_wait_for_someone_else_to_reap_the_workers_children(harness, tmp_path):
+    """After killing the tree, castor waited until each of the worker's descendants had vanished;
+    an orphan vanishes only when whoever adopted it (PID 1, a subreaper) reaps it. A container's
+    PID 1 that reaps late or never held every timeout and close of a worker whose backend had
+    started a process for 2 s more. Dead is dead: a zombie counts as ended now."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", _LAZY_REAPER, _TIMES_OUT, str(REFERENCE_ICARUS),
+                          str(tmp_path / "fabric"), str(harness.project)], capture_output=True, text=True,
+                         timeout=50, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["took"] < 1.5
