@@ -630,6 +630,9 @@ class WorkerProcess:
         for line in self._buffered_lines():
             reply = _decode_reply(line)
             if reply is None:
+                unreadable = _unreadable_reply(line, request_id)
+                if unreadable is not None:
+                    return unreadable
                 self._garbage += 1
                 if self._garbage == 1:
                     logger.bind(actor="/icarus/worker").warning(
@@ -788,6 +791,30 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
     if not isinstance(reply, dict) or "id" not in reply or not isinstance(reply.get("ok"), bool):
         return None
     return reply
+
+
+#: How the worker program starts a reply line (its dict's key order, the encoder's separators).
+_REPLY_HEAD = re.compile(rb'\{"id": (\d{1,19}), "ok": (?:true|false), ')
+
+
+def _unreadable_reply(line: bytes, request_id: int) -> dict[str, Any] | None:
+    """The call's own reply, written by the worker program, that castor's parser cannot read, as a
+    failure reply; None for any other line. The worker's Python can write what this one cannot
+    read: an integer of more than 4,300 digits (no such limit before 3.11), nesting deeper than
+    castor's recursion limit. Dropped as garbage, it left its call waiting out its deadline, and
+    the worker was then killed with the session's state; it fails the call at once now, as an
+    unserializable result does, and the worker goes on."""
+    head = _REPLY_HEAD.match(line)
+    if head is None or int(head.group(1)) != request_id:
+        return None
+    try:
+        json.loads(line)
+        why = "not a reply"
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError as exc:
+        why = "an integer with too many digits" if "digits" in str(exc) else "not JSON"
+    return {"id": request_id, "ok": False, "error": f"unreadable result: {why}", "traceback": ""}
 
 
 def worker_factory(launch: WorkerLaunch, **kwargs: Any) -> Callable[[], WorkerProcess]:

@@ -626,3 +626,51 @@ def test_a_timeout_does_not_wait_for_someone_else_to_reap_the_workers_children(h
                           str(tmp_path / "fabric"), str(harness.project)], capture_output=True, text=True,
                          timeout=50, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1])["took"] < 1.5
+
+
+UNREADABLE_HOOKS = '''
+import sys
+
+
+def long_int():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # as an interpreter before 3.11 has it: no limit
+    return {"n": 10 ** 5000}
+
+
+def deep():
+    sys.setrecursionlimit(100000)
+    value = []
+    for _ in range(5000):
+        value = [value]
+    return value
+
+
+def counter():
+    global _n
+    _n = globals().get("_n", 0) + 1
+    return _n
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function", ["long_int", "deep"])
+def test_a_reply_castor_cannot_read_fails_its_call_at_once_and_keeps_the_worker(harness, tmp_path, function):
+    """A reply the worker could write but castor's parser cannot read (an integer of more than
+    4,300 digits, which a worker Python before 3.11 writes; nesting past castor's recursion limit)
+    was dropped as a line that is not a reply: its call waited out its deadline (30 s by default)
+    and then the worker was killed with its session's state. The call fails at once now, as an
+    unserializable result does, and the worker goes on."""
+    package = tmp_path / "pkg" / "icarus"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "hooks.py").write_text(UNREADABLE_HOOKS)
+    worker = harness.worker(harness.launch(harness.settings(icarus_dir=str(package))))
+    assert call(worker, "hooks", "counter") == 1
+    pid = worker.pid
+    started = time.monotonic()
+    with pytest.raises(IcarusCallError) as info:
+        call(worker, "hooks", function, deadline_s=20)
+    assert time.monotonic() - started < 5
+    assert info.value.message.startswith("unreadable result") and info.value.may_have_started is True
+    assert call(worker, "hooks", "counter") == 2 and worker.pid == pid  # the same process, its state kept
