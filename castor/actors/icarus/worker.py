@@ -24,7 +24,7 @@ worker crashed / exited / killed       ``worker_crashed``         ``worker_crash
 worker died idle, seen only once the   runs on a fresh worker     unaffected                              replaced
 request sat unread in its pipe (or its
 stdout found ended before the request
-was written)
+was written, or writing it failed)
 spawn failed                           ``worker_crashed``         ``worker_crashed``                      none, actor retires
 =====================================  =========================  ======================================  ==========
 

@@ -445,7 +445,11 @@ class WorkerProcess:
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
                     raise
-                raise self._crash(target, may_have_started=False) from None
+                # Nothing of the request went in: a worker that answered before died idle (its
+                # files close before its exit shows), and the call runs on a fresh one -- unless
+                # castor killed it meanwhile (a cancel, a close): then the call fails as retired.
+                self._check_usable(may_have_started=False, target=target)
+                raise self._crash(target, may_have_started=False, idle=self._calls > 1) from None
             if written < len(line):
                 self._write(memoryview(line)[written:], deadline, target)
             return self._await_reply(request_id, deadline, target)
@@ -525,7 +529,9 @@ class WorkerProcess:
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EINVAL):
                     raise
-                raise self._crash(target, may_have_started=False) from None
+                # a request without its newline never runs: as above, it died idle
+                self._check_usable(may_have_started=False, target=target)
+                raise self._crash(target, may_have_started=False, idle=self._calls > 1) from None
             remaining = self._remaining(deadline)
             if remaining is not None and remaining <= 0:
                 raise self._timeout(target, -1, started=False)

@@ -171,6 +171,37 @@ def hang_up(delay_ms=50):
 
 
 @traced("hooks")
+def close_input(delay_ms=50):
+    """After this call's reply, close the worker's request channel (its protocol stdin) and become
+    ``sleep 60`` (exec: the same process, its threads gone) keeping the reply channel open: to the
+    bridge the worker can no longer be written to while its process has not exited and its stdout
+    has not ended (a dying worker's files are closed before its exit shows)."""
+    import fcntl
+    import stat
+    import threading
+
+    def become_a_sleeper():
+        time.sleep(float(delay_ms) / 1000.0)
+        stderr_pipe = os.fstat(2).st_ino
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                info = os.fstat(fd)
+                mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+            except OSError:
+                continue
+            if fd > 2 and stat.S_ISFIFO(info.st_mode) and info.st_ino != stderr_pipe:
+                if mode == os.O_RDONLY:
+                    os.close(fd)
+                else:
+                    os.set_inheritable(fd, True)  # the reply channel stays open in the sleeper
+        os.execv("/bin/sleep", ["sleep", "60"])
+
+    threading.Thread(target=become_a_sleeper, daemon=True).start()
+    return "closing input"
+
+
+@traced("hooks")
 def spew(lines=1000, width=100):
     """Write many lines to stderr (to exercise the bridge's bounded stderr tail)."""
     for i in range(int(lines)):

@@ -308,3 +308,23 @@ def test_a_worker_killed_under_a_call_leaves_its_exit_in_the_retired_reason(brid
         crash.result()
     wait_for(lambda: bridge.handle.snapshot_data()["retired_reason"] == "worker crashed during hooks.crash "
              "(exit code 4)", timeout=5, what="the second retirement's reason")
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_whose_request_channel_ended_while_idle_is_replaced_and_the_call_runs(bridge):
+    """The same death seen one step later: the worker's stdin closed (the kernel closes a dying
+    process's files before its exit shows) while its stdout and its exit show nothing yet, so
+    writing the request fails (``EPIPE``). Nothing was sent; the call failed ``worker_crashed``
+    (an idle kill -9 lost the next prompt's memory about one time in ten). It runs on a fresh
+    worker now, as after any death between calls. Made certain by a worker that closes its
+    request channel and lives on."""
+    import psutil
+
+    assert bridge.client.call("hooks", "counter") == 1
+    assert bridge.client.call("hooks", "close_input") == "closing input"
+    old = bridge.spawned[0]
+    wait_for(lambda: psutil.Process(old.pid).name() == "sleep", timeout=5, what="the worker to stop reading")
+    assert old.exited_while_idle() is False  # what the call sees: no exit yet
+    assert bridge.client.call("hooks", "counter") == 1  # a fresh worker: fresh module state
+    assert len(bridge.spawned) == 2 and gone(old.pid)
+    assert bridge.client.call("hooks", "counter") == 2
