@@ -161,14 +161,19 @@ class _ObservedWorker:
         try:
             return self._client().call(module, function, args, kwargs, timeout, token)
         except CastorError as exc:
-            if (exc.data or {}).get("reason") == "spawn_failed":
-                # No worker ever ran (the settings' python is missing, say): "lost the worker" on
-                # every prompt named neither the cause nor a fix. Said once, with the cause.
+            reason = (exc.data or {}).get("reason")
+            if reason in ("spawn_failed", "exited_before_ready"):
+                # No worker ever ran (the settings' python is missing, or runs but is no Python:
+                # /bin/true, a venv whose interpreter lost its library): "lost the worker" on every
+                # prompt named neither the cause nor a fix. Said once, with the cause.
                 if not self._told_cannot_start:
                     self._told_cannot_start = True
                     python = (exc.data or {}).get("python")
                     named = f" (python {one_line(str(python))!r})" if python else ""
-                    self._warn(f"Icarus: {exc.message}{named}; hooks run without memory until it can start "
+                    what = (exc.message if reason == "spawn_failed" else
+                            "icarus worker's python ended before it was ready "
+                            f"(exit code {(exc.data or {}).get('exit_code')})")
+                    self._warn(f"Icarus: {what}{named}; hooks run without memory until it can start "
                                "(check the python and icarusDir settings).")
                 raise
             why = _WARN_CODES.get(str(exc.code))

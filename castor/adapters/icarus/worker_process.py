@@ -481,7 +481,7 @@ class WorkerProcess:
             if not events:
                 assert self._proc is not None  # only a started worker is awaited
                 if self._proc.poll() is not None:
-                    raise self._crash(target, may_have_started=False)
+                    raise self._crash(target, may_have_started=False, before_ready=True)
                 continue
             try:
                 chunk = os.read(out_fd, _READ_CHUNK)
@@ -489,7 +489,7 @@ class WorkerProcess:
                 continue
             if not chunk:  # it ended before it was ready (a wrapper that failed, a bad interpreter)
                 self._check_usable(may_have_started=False, target=target)
-                raise self._crash(target, may_have_started=False)
+                raise self._crash(target, may_have_started=False, before_ready=True)
             if len(self._buffer) > _READY_NOISE_MAX:
                 self._buffer = self._buffer[-_READY_NOISE_MAX:]  # a banner without an end: keep its tail only
             self._buffer += chunk
@@ -668,9 +668,12 @@ class WorkerProcess:
             else:
                 self._mismatched += 1
 
-    def _crash(self, target: str, *, may_have_started: bool, idle: bool = False) -> WorkerCrashed:
+    def _crash(self, target: str, *, may_have_started: bool, idle: bool = False,
+               before_ready: bool = False) -> WorkerCrashed:
         """The child ended on its own: reap it, collect the stderr tail, retire. ``idle``: it ended
-        between calls on a worker that had served one (``died_idle``, as a request found unread)."""
+        between calls on a worker that had served one (``died_idle``, as a request found unread).
+        ``before_ready``: it ended before the worker program said it was ready -- the ``python``
+        runs but is no Python fit to run it (``data.reason "exited_before_ready"``, with the python)."""
         self._crashed = True
         proc = self._proc
         assert proc is not None  # a crash is only seen on a started worker
@@ -687,6 +690,8 @@ class WorkerProcess:
         data: dict[str, Any] = {"exit_code": exit_code, "target": target, "pid": proc.pid}
         if died_idle:
             data["died_idle"] = True
+        if before_ready:
+            data.update(reason="exited_before_ready", python=self._launch.python)
         error = WorkerCrashed(f"icarus worker exited (code {exit_code}) during {target}",
                               data=data, may_have_started=may_have_started and not died_idle)
         error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]  # an extra, off-wire attribute

@@ -353,3 +353,22 @@ def test_a_tool_call_logs_its_actor_tool_and_call_id_at_debug_and_nothing_of_its
     assert record["extra"]["actor"] == sess.path("worker")
     assert record["extra"]["tool"] == "fabric_brief" and record["extra"]["tool_call_id"] == "call-7"
     assert "PRIVATE-ARGUMENT" not in repr(record["extra"]) + record["message"]
+
+
+@pytest.mark.timeout(60)
+def test_a_python_that_is_not_one_is_said_once_with_its_cause(world):
+    """A ``python`` that runs but is no Python (``/bin/true``; a venv whose interpreter lost its
+    library: exit 127) ends before the worker program is ready: every hook then warned "lost the
+    worker process; a fresh one starts on the next call" -- false (the next fails the same way), and
+    silent about the cause. Said once now, naming the python and its exit, as a python that does
+    not exist is; the session goes on without memory, and its events still answer."""
+    world.write_global(python="/bin/true")
+    rt = world.runtime()
+    world.open(rt)
+    assert rt.dispatch_event("s1", "session_start", {}) == {}
+    for prompt in ("one", "two", "three"):
+        assert rt.dispatch_event("s1", "before_agent_start", {"prompt": prompt, "message_type": "user"}) == {}
+    assert rt.dispatch_event("s1", "session_shutdown", {}) == {}
+    warnings = [message for message, level in world.ui.of("notify") if level == "warning"]
+    assert len(warnings) == 1, warnings
+    assert "/bin/true" in warnings[0] and "before it was ready" in warnings[0] and "exit code 0" in warnings[0]
