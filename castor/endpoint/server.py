@@ -186,8 +186,11 @@ class Server:
                 logger.exception("on_shutdown hook failed")
         if self._unix_path is not None and self._inode is not None:
             unlink_if_ours(self._unix_path, self._inode)
-        self._wake_r.close()
-        self._wake_w.close()
+        for own in (self._wake_r, self._wake_w):
+            try:
+                own.close()
+            except OSError:  # its number was also the peer's (stdio started with fd 0 closed), closed with it
+                pass
         self._stopped.set()
         logger.info("castor endpoint stopped")
 

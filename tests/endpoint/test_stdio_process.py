@@ -72,3 +72,38 @@ def test_stdio_server_stops_on_sigterm(tmp_path) -> None:
         assert client.connection.wait_closed(5)
         client.close()
     assert "SHUTDOWN-HOOK-RAN" in err_path.read_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_stdio_server_started_with_stdin_closed_still_stops_on_sigterm(tmp_path) -> None:
+    """With fd 0 closed, the server's own wake-up socket took that number and was served as the
+    peer; stopping closed it twice, the second close raised, and the server never counted as
+    stopped: ``serve`` hung for good, SIGTERM included. Stopping now finishes whatever closing its
+    own sockets says."""
+    import subprocess
+
+    from tests.support.waiting import wait_for
+
+    script = textwrap.dedent("""
+        import os, sys
+        os.close(0)
+        from castor.endpoint import Dispatcher, serve
+        serve(Dispatcher(), stdio=True, on_ready=lambda server: print("READY", file=sys.stderr, flush=True))
+        print("SERVE-RETURNED", file=sys.stderr, flush=True)
+    """)
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=err.fileno())
+        try:
+            wait_for(lambda: "READY" in err_path.read_text() or proc.poll() is not None, timeout=30,
+                     what="the server to listen")
+            proc.terminate()
+            assert proc.wait(20) == 0, err_path.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            assert proc.stdout is not None
+            proc.stdout.close()
+    assert "SERVE-RETURNED" in err_path.read_text()
