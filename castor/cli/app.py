@@ -19,13 +19,18 @@ from typing import Callable, Sequence
 
 from castor.cli.common import (
     EXIT_ERROR,
+    EXIT_OK,
     EXIT_USAGE,
     CliParser,
+    ClosedStdout,
     Terminated,
     fail,
     log_level,
     os_error_code,
     os_error_text,
+    quiet_stdout,
+    reserve_standard_fds,
+    stdout_reader_gone,
 )
 from castor.cli.demo import add_demo_subcommand
 from castor.cli.inspect import add_inspect_subcommand
@@ -56,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    closed = reserve_standard_fds()  # first: nothing castor opens may take a closed 0, 1 or 2
     for stream in (sys.stdout, sys.stderr):
         # A path or request with undecodable bytes must print (escaped), not fail the command.
         reconfigure = getattr(stream, "reconfigure", None)
@@ -64,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # an interrupt anywhere in here, first imports included, ends the command alike
         parser = build_parser()
         args = parser.parse_args(argv)
+        if 1 in closed:  # after parsing: --help and --version go to stderr then, as argparse does
+            sys.stdout = ClosedStdout()
         problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
         if problem is not None:
             parser.error(problem)
@@ -88,6 +96,11 @@ def _run(args: argparse.Namespace) -> int:
         return int(run(args) or 0)
     except CastorError as exc:
         fail(exc.code, exc.message)
+    except BrokenPipeError as exc:
+        if stdout_reader_gone():  # the reader of our output went away (`| head`): nothing more to say
+            quiet_stdout()
+            return EXIT_OK
+        fail(os_error_code(exc), os_error_text(exc))
     except OSError as exc:
         fail(os_error_code(exc), os_error_text(exc))
     except ValueError as exc:

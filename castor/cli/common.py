@@ -14,6 +14,9 @@ refused flag pay only for argparse (tests/cli/test_cli_startup.py holds this).
 from __future__ import annotations
 
 import argparse
+import errno
+import io
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -158,6 +161,80 @@ def os_error_text(exc: OSError, cwd: str | None = None) -> str:
     except OSError:  # the working directory itself is gone: the path as it is
         base = None
     return f"{shown_path(exc.filename, base)}: {what}" + (f" ({name})" if name else "")
+
+
+#: The standard file descriptors (0, 1, 2) that were closed when the command started; see
+#: :func:`reserve_standard_fds`.
+closed_at_start: frozenset[int] = frozenset()
+
+
+class ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` of a command started with fd 1 closed (``castor casts >&-``): what it prints
+    fails as a write to a closed descriptor does (``EBADF``), so the command ends with the
+    contract's one line, never a traceback and never a silent success."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def reserve_standard_fds() -> frozenset[int]:
+    """Point every one of fds 0, 1 and 2 that is closed at ``/dev/null``; return which were.
+
+    Otherwise the next file or socket castor opens takes that number: ``castor serve --stdio``
+    with stdin closed read its own wake-up socket as the harness (and hung), a log line meant for
+    a closed stderr could land in a client's socket or a cast's file, and a child process would
+    inherit them as its stdio. Python leaves ``sys.stdout``/``sys.stderr`` ``None`` for a closed
+    descriptor; stderr becomes a stream on ``/dev/null`` (logging and the one-line error work, to
+    no one), stdout a :class:`ClosedStdout` once the command's arguments are parsed (``--help``
+    still goes to stderr then, as argparse does without a stdout).
+    """
+    global closed_at_start
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)  # inheritable, as a standard descriptor is
+            os.close(null)
+        else:
+            os.set_inheritable(fd, True)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    closed_at_start = frozenset(closed)
+    return closed_at_start
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader went away (``| head`` has read its fill)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def quiet_stdout() -> None:
+    """After a broken pipe: point fd 1 at ``/dev/null``, so what is still buffered for stdout is
+    dropped at exit instead of raising again (Python's "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def fail(code: str, message: str) -> None:

@@ -159,6 +159,11 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:
     from castor.messages.errors import InvalidParams
 
     if args.stdio:
+        from castor.cli import common
+
+        if 1 in common.closed_at_start:
+            raise InvalidParams("--stdio speaks on stdout, and it is closed: start castor with stdout a pipe "
+                                "to the harness")
         if args.token_file or args.require_token:
             raise InvalidParams("--stdio trusts the process that started it: --token-file and --require-token "
                                 "are for --socket and --tcp")

@@ -77,7 +77,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
         sys.stdout.flush()
     else:
-        print_report(report, Console(**wide))  # type: ignore[arg-type]  # rich's Console keywords are typed narrower than the dict built from flags
+        from castor.console.terminal import PipeConsole
+
+        print_report(report, PipeConsole(**wide))  # type: ignore[arg-type]  # rich's Console keywords are typed narrower than the dict built from flags
         print(f"kept: {report.workdir}")
         projects = sorted(p for p in (workdir / "projects").iterdir() if p.is_dir()) \
             if (workdir / "projects").is_dir() else []

@@ -268,9 +268,19 @@ def hosts_table(data: dict[str, Any]) -> Table:
     return table
 
 
+class PipeConsole(Console):
+    """A rich console whose broken pipe is the caller's to handle: rich's own answer exits the
+    process with status 1 and no word, where the ``castor`` command ends quietly with 0 when the
+    reader went away (``| head``) and says what failed otherwise."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written through it
+        raise BrokenPipeError(32, "Broken pipe")
+
+
 def terminal_console(stream: Any = None) -> Console:
     """rich on a terminal; on a pipe or file, a console that never wraps or cuts a line."""
     stream = stream if stream is not None else sys.stdout
     if getattr(stream, "isatty", lambda: False)():
-        return Console(file=stream)
-    return Console(file=stream, width=100_000, soft_wrap=True, no_color=True)
+        return PipeConsole(file=stream)
+    return PipeConsole(file=stream, width=100_000, soft_wrap=True, no_color=True)

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from castor.console.terminal import PipeConsole
+
 
 @dataclass
 class Check:
@@ -63,8 +65,8 @@ def make_console(*, quiet: bool = False, file: Any = None) -> Console:
     truncation at all (a very wide virtual line, soft wrap), so full paths survive ``| cat``."""
     stream = file if file is not None else sys.stdout
     if getattr(stream, "isatty", lambda: False)():
-        return Console(file=stream, quiet=quiet)
-    return Console(file=stream, quiet=quiet, width=100_000, soft_wrap=True, no_color=True)
+        return PipeConsole(file=stream, quiet=quiet)
+    return PipeConsole(file=stream, quiet=quiet, width=100_000, soft_wrap=True, no_color=True)
 
 
 def new_workdir(prefix: str, parent: Path | None = None) -> Path:
