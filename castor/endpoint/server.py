@@ -7,7 +7,7 @@ Guarantees:
 * In stdio mode the protocol owns file descriptor 1: the original stdout is
   duplicated for the protocol and fd 1 is pointed at stderr, so a stray
   ``print`` can never corrupt the stream. Logging goes to stderr.
-* Shutdown (stdio EOF, SIGTERM/SIGINT under :func:`serve`, or
+* Shutdown (stdio EOF, SIGTERM/SIGINT/SIGHUP under :func:`serve`, or
   :meth:`Server.stop`) happens once, in this order: stop accepting, run the
   ``on_stopping`` hook while every connection is still open (what the runtime
   tells its peers as it stops -- a running turn's ``agent.abort_turn`` --
@@ -342,7 +342,8 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
           max_connections: int = 64, fatal: threading.Event | None = None, token: str | None = None,
           hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
           idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
-    """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT, ``stop()`` or ``fatal`` is set
+    """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT/SIGHUP (unless SIGHUP is ignored, as
+    under ``nohup``), ``stop()`` or ``fatal`` is set
     (the runtime behind it failed for good: serving on would only answer ``not_found``); then
     return.
 
@@ -357,7 +358,9 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
         def _on_signal(signum: int, _frame: Any) -> None:
             server.stop_in_background(f"signal {signal.Signals(signum).name}")
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started under nohup: a closed terminal is not ours to act on
             previous[sig] = signal.signal(sig, _on_signal)
     try:
         server.start()

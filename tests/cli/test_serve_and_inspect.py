@@ -286,3 +286,42 @@ def test_serve_on_tcp_port_0_takes_a_free_port_and_its_line_names_it(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(20) == 0
+
+
+def test_sighup_stops_serve_cleanly_unless_it_is_ignored(tmp_path):
+    """A closed terminal (SIGHUP) killed ``castor serve`` outright: its sessions were never closed,
+    and its socket and generated token file were left behind. It now stops as on SIGTERM; started
+    with SIGHUP ignored (``nohup``) it keeps serving."""
+    env = _env(tmp_path)
+    run_dir = tmp_path / "home" / ".castor" / "run"
+    server = subprocess.Popen([*CASTOR, "serve", "--tcp", "127.0.0.1:0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        assert "listening on tcp:" in line, line
+        assert list(run_dir.iterdir())  # the token file
+        server.send_signal(signal.SIGHUP)
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert list(run_dir.iterdir()) == []
+
+    sock = tmp_path / "castor.sock"
+    ignoring = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        wait_for(timeout=20.0, predicate=sock.exists)
+        ignoring.send_signal(signal.SIGHUP)
+        with Client.connect_unix(str(sock)) as client:
+            assert client.call("runtime.hello", {}, timeout=20)["name"] == "castor"
+        assert ignoring.poll() is None
+        ignoring.send_signal(signal.SIGTERM)
+        assert ignoring.wait(30) == 0
+    finally:
+        if ignoring.poll() is None:
+            ignoring.kill()
+            ignoring.wait(10)
+    assert not sock.exists()
