@@ -61,19 +61,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
     from castor.endpoint.listeners import is_loopback_host
-    from castor.messages.errors import CastorError, Forbidden
+    from castor.messages.errors import CastorError, Forbidden, InvalidParams
 
     token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
-    if token_file:
-        try:
-            if args.tcp and not is_loopback_host(args.tcp[0]):  # the token travels in clear text
-                raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {args.tcp[0]!r}: "
-                                "castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
-                                data={"host": args.tcp[0]})
-            read_token_file(token_file)  # a bad token file is a bad flag: exit 2 before connecting
-        except CastorError as exc:
-            fail(exc.code, exc.message)
-            return EXIT_USAGE
+    # Bad flags are exit 2 before anything connects: a mailbox without its PATH; a host that is not
+    # loopback (castor serve never listens off this machine, and a token travels in clear text).
+    try:
+        if args.what == "mailbox" and not args.path:
+            raise InvalidParams("inspect mailbox needs an actor PATH (castor inspect … mailbox /root/session/ID)")
+        if args.tcp and not is_loopback_host(args.tcp[0]):
+            what = "send the endpoint's token to" if token_file else "connect to"
+            raise Forbidden(f"refusing to {what} non-loopback host {args.tcp[0]!r}: castor serves this machine "
+                            "only (use 127.0.0.1, ::1 or localhost)", data={"host": args.tcp[0]})
+        if token_file:
+            read_token_file(token_file)  # a bad token file is a bad flag
+    except CastorError as exc:
+        fail(exc.code, exc.message)
+        return EXIT_USAGE
     return run_inspect(args)
 
 

@@ -172,6 +172,21 @@ def test_a_bad_sort_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("castor: invalid_params: ")
 
 
+def test_a_missing_mailbox_path_and_a_non_loopback_host_are_usage_errors(tmp_path):
+    """``inspect mailbox`` without its PATH exited 1 (a failure while running), and ``--tcp`` to a
+    host that is not loopback connected there whenever no token was given -- castor never listens
+    off this machine -- and blamed the castor it found: ``cancelled: the castor at tcp:10.0.0.1:80
+    closed the connection``. Both are refused before anything connects now (exit 2)."""
+    missing = subprocess.run([*CASTOR, "inspect", "--socket", str(tmp_path / "x.sock"), "mailbox"],
+                             env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2 and missing.stderr.startswith("castor: invalid_params: "), missing.stderr
+    assert "PATH" in missing.stderr and missing.stderr.count("\n") == 1
+    remote = subprocess.run([*CASTOR, "inspect", "--tcp", "10.255.255.1:80"], env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=30)
+    assert remote.returncode == 2 and remote.stderr.startswith("castor: forbidden: "), remote.stderr
+    assert "10.255.255.1" in remote.stderr and remote.stderr.count("\n") == 1
+
+
 @pytest.mark.timeout(30)
 def test_ctrl_c_in_follow_mode_marks_a_stop_and_never_raises_inside_a_call():
     """The first Ctrl-C only marks the stop (no KeyboardInterrupt inside the client's call in
