@@ -773,7 +773,7 @@ def cmd_loadout(args: argparse.Namespace) -> int:
     if args.name is not None:
         _refuse_while_a_cast_runs(cwd, args.config)
         path = save_active_loadout(cwd, args.name, config_path=args.config)
-        _out(f"Active loadout: {_name(args.name)} (saved to {path})")
+        _out(f"Active loadout: {_name(args.name)} (saved to {_name(str(path))})")
     merged = load(cwd, config_path=args.config).merged
     active = merged.get("activeLoadout")
     _out(loadout_line(None if active is None else _name(active),
@@ -800,10 +800,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from castor.adapters.materia.config_loader import validate_file
 
     issues = validate_file(args.config_path, project=Path.cwd())  # where `castor cast` here would write
-    for issue in issues:
-        print(str(issue), file=sys.stderr)  # errors first, then warnings ("[warning <code>] ...")
+    for issue in issues:  # errors first, then warnings ("[warning <code>] ..."); one line each, a
+        # config's names (a loadout, a key) and the file's own name shown escaped
+        print(_name(str(issue)), file=sys.stderr)
     if not any(not issue.is_warning for issue in issues):
-        _out(f"{args.config_path}: valid")
+        _out(f"{_name(args.config_path)}: valid")
         return EXIT_OK
     return EXIT_FAILED
 

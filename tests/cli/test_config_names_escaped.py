@@ -69,3 +69,37 @@ def test_a_loadout_chosen_by_name_is_echoed_escaped(tmp_path: Path) -> None:
     chosen = _castor(tmp_path, project, "loadout", LOADOUT)
     _no_forged_line(chosen)
     assert "Active loadout: a\\nFAKE LINE\\x1b[31m (saved to " in chosen.stdout, chosen.stdout
+
+
+def test_validate_shows_each_finding_on_one_line_with_a_config_s_names_escaped(tmp_path: Path) -> None:
+    """``castor validate`` printed its findings raw: a loadout named with a terminal escape set the
+    user's window title (or cleared the screen), and a name with a line break forged a finding."""
+    project = tmp_path / "project"
+    project.mkdir()
+    hostile = "y\x1b]0;pwned\x07\n[ok] FORGED"
+    (project / "hostile.json").write_text(json.dumps({
+        "activeLoadout": "x\x1b[2J",
+        "loadouts": {hostile: {"entry": "A", "sockets": {"A": {"materia": "nope"}}}},
+    }))
+    checked = _castor(tmp_path, project, "validate", "hostile.json")
+    for stream in (checked.stdout, checked.stderr):
+        assert "\x1b" not in stream and "\x07" not in stream, stream
+        assert not any(line.startswith("[ok] FORGED") for line in stream.splitlines()), stream
+    assert 'y\\x1b]0;pwned\\x07\\n[ok] FORGED' in checked.stderr, checked.stderr
+
+    odd = project / "a\nb \x1b[31m.json"
+    odd.write_text("{}")
+    valid = _castor(tmp_path, project, "validate", odd.name)
+    assert valid.returncode == 0, valid.stderr
+    assert valid.stdout == "a\\nb \\x1b[31m.json: valid\n", valid.stdout
+    missing = _castor(tmp_path, project, "validate", "no\nsuch.json")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
+
+
+def test_the_file_loadout_saved_to_is_shown_on_one_line(tmp_path: Path) -> None:
+    project = tmp_path / "pro\nject"
+    project.mkdir()
+    chosen = _castor(tmp_path, project, "loadout", "hello")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "(saved to " in chosen.stdout and "pro\\nject/.pi/pi-materia.json)" in chosen.stdout, chosen.stdout
+    assert not any(line.startswith("ject") for line in chosen.stdout.splitlines()), chosen.stdout
