@@ -164,8 +164,15 @@ class FrameDecoder:
             raise undecodable(exc) from exc
 
 
+#: How deep msgpack's decoder nests arrays and maps (its fixed stack: the outermost counts); a value
+#: nested deeper is undecodable, and its exception (``StackError``) carries no text of its own.
+MAX_NESTING = 1024
+
+
 def undecodable(exc: Exception) -> UndecodableStream:
     """The error for an exception raised by the unpacker (its state is undefined after it)."""
+    if isinstance(exc, msgpack.StackError):
+        return UndecodableStream(f"undecodable bytes: arrays and maps nested more than {MAX_NESTING} deep")
     return UndecodableStream(f"undecodable bytes: {type(exc).__name__}: {_short(exc)}")
 
 

@@ -123,3 +123,18 @@ def test_a_decoder_starts_small_and_grows_for_a_big_frame() -> None:
         decoder.feed(data[start:start + 60_000])
     ok, value = decoder.next_value()
     assert ok and parse_frame(value) == Request(1, "echo", {"s": big})
+
+
+def test_a_value_nested_past_the_decoder_s_depth_says_so() -> None:
+    """msgpack's decoder stops at 1,024 nested arrays and maps; castor's error read
+    ``undecodable bytes: StackError: `` (msgpack's exception has no text), which told a peer nothing."""
+    from castor.endpoint.framing import MAX_NESTING
+
+    dec = FrameDecoder()
+    dec.feed(b"\x91" * (MAX_NESTING - 1) + b"\x90")  # exactly MAX_NESTING containers
+    assert dec.next_value()[0] is True
+    deep = FrameDecoder()
+    deep.feed(b"\x94\x00\x01\xa4echo\x91" + b"\x81\xa1a" * 10_000 + b"\x80")
+    with pytest.raises(UndecodableStream) as info:
+        deep.next_value()
+    assert info.value.message == f"undecodable bytes: arrays and maps nested more than {MAX_NESTING} deep"
