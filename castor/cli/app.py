@@ -23,6 +23,7 @@ from castor.cli.common import (
     EXIT_USAGE,
     CliParser,
     ClosedStdout,
+    Hangup,
     Terminated,
     fail,
     log_level,
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt as exc:
         print("castor: interrupted", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        return 129 if isinstance(exc, Hangup) else 143 if isinstance(exc, Terminated) else 130
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -132,6 +132,10 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread of a command that shuts a runtime down cleanly."""
 
 
+class Hangup(Terminated):
+    """SIGHUP (a closed terminal, a dropped ssh session), handled as SIGTERM is; exit 129."""
+
+
 def os_error_code(exc: OSError) -> str:
     """The stable code of a file-system error the command could not get past."""
     if isinstance(exc, FileNotFoundError):

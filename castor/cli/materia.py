@@ -316,8 +316,11 @@ class _StopSignals:
 
     | signal | while | what happens |
     |---|---|---|
-    | SIGINT or SIGTERM | the cast runs | ``KeyboardInterrupt`` (SIGTERM: ``Terminated``) in the main thread: the runtime shuts down, each running utility command's process tree is ended (SIGTERM, then SIGKILL), the cast stays resumable |
-    | a second SIGINT or SIGTERM | the runtime shuts down | every process this one started (whole trees) is killed at once, then exit 130 / 143 |
+    | SIGINT, SIGTERM or SIGHUP | the cast runs | ``KeyboardInterrupt`` (SIGTERM: ``Terminated``; SIGHUP, a closed terminal: ``Hangup``) in the main thread: the runtime shuts down, each running utility command's process tree is ended (SIGTERM, then SIGKILL), the cast stays resumable |
+    | a second one | the runtime shuts down | every process this one started (whole trees) is killed at once, then exit 130 / 143 / 129 |
+
+    SIGHUP is left alone when it was ignored at start (``nohup``): the commands run in sessions of
+    their own, so a hangup that killed castor outright left them running with no owner.
 
     Only the main thread can install handlers; elsewhere (tests driving the CLI from a thread)
     the defaults stay.
@@ -331,6 +334,8 @@ class _StopSignals:
         if threading.current_thread() is threading.main_thread():
             self._saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
             signal.signal(signal.SIGTERM, _raise_terminated)
+            if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+                self._saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, _raise_terminated)
 
     def escalate(self) -> None:
         """From now on a signal kills what is left (the runtime is shutting down)."""
@@ -347,10 +352,12 @@ class _StopSignals:
         self._saved = {}
 
 
-def _raise_terminated(_signum: int, _frame: Any) -> None:
-    from castor.cli.common import Terminated
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    import signal
 
-    raise Terminated()
+    from castor.cli.common import Hangup, Terminated
+
+    raise Hangup() if signum == signal.SIGHUP else Terminated()
 
 
 def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:

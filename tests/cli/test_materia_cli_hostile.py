@@ -202,6 +202,29 @@ def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
     assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
 
 
+@pytest.mark.timeout(90)
+def test_sighup_ends_the_cli_with_its_utility_process_tree(tmp_path):
+    """A closed terminal or a dropped ssh session (SIGHUP) killed ``castor cast`` outright and left
+    the running command's whole tree behind (it runs in a session of its own, so the hangup never
+    reached it): a build or a test run went on with no owner. SIGHUP now stops the command as
+    SIGTERM does (exit 129), and the cast stays resumable."""
+    project = _stubborn_utility_project(tmp_path)
+    proc = _start_cast(project, tmp_path)
+    try:
+        tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's grandchild")
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(30) == 129, proc.stderr.read() if proc.stderr else ""
+        for child in tree:
+            assert poll_until(lambda pid=child.pid: process_gone(pid), timeout=10), \
+                f"utility process {child.pid} left running"
+        assert poll_until(lambda: all(process_gone(p.pid) for p in _sleepers("sleep 97")), timeout=10), \
+            "the double-forked orphan was left running"
+    finally:
+        _end(proc, "sleep 97")
+    listed = _castor(tmp_path, "casts", "--json", cwd=project)
+    assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
+
+
 @pytest.mark.timeout(30)
 def test_recast_of_an_unknown_cast_says_not_found_before_asking_for_an_agent(tmp_path):
     project = _project(tmp_path, HELLO)
