@@ -109,7 +109,9 @@ def pointer(*parts: str | int) -> str:
 
 # --------------------------------------------------------------------------- constants
 
-SOCKET_ID_PATTERN = r"^Socket-([1-9]\d*)$"
+#: JavaScript's ``^Socket-([1-9]\d*)$``: ASCII digits, and nothing after them (matched whole, so
+#: unlike Python's ``\d`` and ``$`` no other script's digits and no trailing line break).
+SOCKET_ID_PATTERN = r"^Socket-([1-9][0-9]*)$"
 END = "end"
 EDGE_CONDITIONS = ("always", "satisfied", "not_satisfied")
 TOOL_SCOPES = ("none", "readOnly", "coding")

@@ -41,11 +41,11 @@ GeneratorDetector = Callable[[str, Any], bool]
 
 
 def is_socket_id(value: Any) -> bool:
-    return isinstance(value, str) and SOCKET_ID_RE.match(value) is not None
+    return isinstance(value, str) and SOCKET_ID_RE.fullmatch(value) is not None
 
 
 def socket_ordinal(socket_id: str) -> int | None:
-    match = SOCKET_ID_RE.match(socket_id)
+    match = SOCKET_ID_RE.fullmatch(socket_id)
     return int(match.group(1)) if match else None
 
 

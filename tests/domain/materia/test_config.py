@@ -11,7 +11,7 @@ import pytest
 
 from castor.adapters.materia import config_loader
 from castor.domain.materia import checks, graph
-from castor.domain.materia.config import ConfigError, ConfigIssue
+from castor.domain.materia.config import ConfigError, ConfigIssue, pointer
 from castor.domain.materia.defaults import DEFAULT_LABEL, default_config
 from castor.domain.materia.grid import render_grid
 from castor.domain.materia.layers import merge_layers
@@ -193,6 +193,17 @@ def test_10_socket_ids(bad_id: str) -> None:
     assert "invalid-socket-id" in codes(issues)
     hit = [i for i in issues if i.path == f"/loadouts/L/sockets/{bad_id}"][0]
     assert "Socket-N" in hit.message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad_id", ["Socket-1\n", "Socket-1\u0663", "Socket-\u0661", "Socket-2\uff13"])
+def test_socket_ids_take_ascii_digits_and_nothing_after_them_as_pi_materias_pattern_does(bad_id: str) -> None:
+    # JavaScript's ^Socket-([1-9]\d*)$ has ASCII digits only and its $ is the end of the text; Python's
+    # \d and $ took "Socket-1\n" (its artifacts were written under Socket-1's) and other scripts' digits.
+    issues = graph.validate_graph({"entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent"},
+                                                                    bad_id: {"type": "agent"}}}, name="L")
+    assert [i.code for i in issues if i.path == pointer("loadouts", "L", "sockets", bad_id)] == ["invalid-socket-id"]
+    assert not graph.is_socket_id(bad_id)
 
 
 def test_11_entry_end() -> None:
