@@ -162,7 +162,7 @@ from castor.domain.materia.failures import (
     decide_recovery,
     recovery_key,
 )
-from castor.domain.materia.graph import socket_ordinal
+from castor.domain.materia.graph import socket_ordinal_text
 from castor.domain.materia.handoff import (
     HandoffError,
     apply_assign,
@@ -627,7 +627,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
                                         "refinementTurn": s.refinement_turn() + 1, **s.item_fields(),
                                         "materiaModel": _materia_model(rs)})
     assert rs.materia is not None
-    ordinal = socket_ordinal(rs.id)
+    ordinal = socket_ordinal_text(rs.id)
     summary = f"Casting **{rs.materia_name} ({ordinal})**"
     if s.current_item_label or s.current_item_key:
         summary += f"\n\n{s.current_item_label or s.current_item_key}"

@@ -21,10 +21,12 @@ Nothing here raises except :class:`ConditionError` for an unsupported condition 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from castor.domain.jsontext import js_float
 from castor.messages.errors import CastorError, ErrorCode
 
 
@@ -65,6 +67,9 @@ class Scope:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+_MAX_INDEX_DIGITS = 18
+
+
 def walk(value: Any, path: str) -> Any:
     """Follow a dotted path; :data:`MISSING` as soon as a step cannot be taken."""
     if path == "":
@@ -73,7 +78,8 @@ def walk(value: Any, path: str) -> Any:
         if isinstance(value, dict):
             value = value.get(segment, MISSING) if segment in value else MISSING
         elif isinstance(value, list) and segment.isascii() and segment.isdigit():  # "²" is a digit to isdigit
-            index = int(segment)
+            # no list is longer than 18 digits count; int() of thousands of digits raises
+            index = int(segment) if len(segment) <= _MAX_INDEX_DIGITS else len(value)
             value = value[index] if index < len(value) else MISSING
         elif isinstance(value, list) and segment == "length":  # an array is an object: its length reads
             value = len(value)
@@ -155,10 +161,22 @@ def _literal(text: str, scope: Scope) -> Any:
     if text == "null":
         return None
     if _NUMBER.match(text):  # as Number() reads it: "01" is 1 (json.loads refused it: a crash)
-        return int(text) if text.lstrip("-").isdigit() else float(text)
+        return _js_number(text)
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return resolve_value(text, scope)
+
+
+def _js_number(text: str) -> int | float:
+    """A decimal literal as JavaScript's ``Number()`` holds it, in the form a model's JSON is read
+    in (:func:`castor.domain.jsontext.js_float`): an integral value below 1e21 an ``int`` (past
+    2**53 the nearest double's), out of range ``±inf`` -- never ``int()`` of the text, which
+    raises past 4,300 digits and keeps digits no double has."""
+    number = float(text)  # any length; past the range it is inf, as Number("1e999") is Infinity
+    if not math.isfinite(number):
+        return number
+    held = js_float(text)
+    return held if held is not None else number
 
 
 def evaluate_condition(condition: str, scope: Scope) -> bool:

@@ -44,9 +44,10 @@ def is_socket_id(value: Any) -> bool:
     return isinstance(value, str) and SOCKET_ID_RE.fullmatch(value) is not None
 
 
-def socket_ordinal(socket_id: str) -> int | None:
+def socket_ordinal_text(socket_id: str) -> str | None:
+    """The N of ``Socket-N`` as written (an id may have more digits than ``int()`` reads)."""
     match = SOCKET_ID_RE.fullmatch(socket_id)
-    return int(match.group(1)) if match else None
+    return match.group(1) if match else None
 
 
 def normalize_when(when: Any) -> Any:

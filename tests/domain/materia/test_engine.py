@@ -879,3 +879,49 @@ def test_recast_after_restart_cancels_the_abandoned_visit_before_redispatching()
     assert kinds.index("CancelWork") < kinds.index("RunUtility")
     cancel = next(e for e in tr.effects if type(e).__name__ == "CancelWork")
     assert cancel.visit_id == first.visit_id and d.pending().visit_id != first.visit_id
+
+
+# ----------------------------------------------------------------------------- numbers past int()'s digit limit
+
+HUGE = "9" * 5000  # past Python's 4,300-digit limit for int(text); a config file may hold it as text
+
+
+@pytest.mark.timeout(30)
+def test_a_socket_id_with_thousands_of_digits_runs_and_is_shown_by_its_digits() -> None:
+    # The visible "Casting **M (N)**" summary read N with int(): a ValueError that crashed the cast's
+    # actor, which re-sent the previous turn on every restart.
+    big = f"Socket-{HUGE}"
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": big}]},
+                                big: {"type": "agent", "materia": "A"}})))
+    d.reply("one")
+    assert d.pending().socket_id == big and d.pending().visible_summary == f"Casting **A ({HUGE})**"
+    d.reply("two")
+    assert d.state.phase == "complete"
+
+
+@pytest.mark.timeout(30)
+def test_an_assign_path_index_with_thousands_of_digits_reads_nothing() -> None:
+    # walk() indexed the list with int(segment): the same crash. No list is that long: undefined.
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A", "parse": "json",
+                                             "assign": {"x": f"$.items.{HUGE}", "y": "$.items.1"}}})))
+    d.reply({"items": [1, 2]})
+    assert d.state.phase == "complete" and "x" not in d.state.data and d.state.data["y"] == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("literal", "value", "moves"), [
+    (HUGE, 1, False),  # Number() reads it as Infinity: equal to nothing a model writes (int() crashed)
+    (f"-{HUGE}", 1, False),
+    ("123456789012345678901", 123456789012345678901, True),  # past 2**53 both are the same double
+    ("1e999", None, False),  # Infinity, not the null JSON.stringify writes for it
+    ("2", 2, True),
+    ("2.0", 2, True),
+    ("01", 1, True),
+])
+def test_a_condition_literal_is_read_as_javascripts_number_reads_it(literal: str, value: Any, moves: bool) -> None:
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A", "parse": "json",
+                                             "advance": {"cursor": "c", "items": "$.items",
+                                                         "when": f"$.n == {literal}"}}})))
+    d.reply(json.dumps({"items": [1, 2, 3], "n": value}) if value is not None else '{"items": [1, 2, 3], "n": null}')
+    assert d.state.phase == "complete"
+    assert d.state.cursors.get("c", 0) == (1 if moves else 0)
