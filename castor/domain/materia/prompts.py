@@ -25,7 +25,7 @@ from castor.domain.materia.surface import command
 
 OPEN_TAG = "<materia-instructions>"
 CLOSE_TAG = "</materia-instructions>"
-_TEMPLATE = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+_TEMPLATE = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")  # "{{}}" names no key: it stays as written
 
 
 def _render_value(value: Any) -> str:
@@ -42,13 +42,15 @@ def template_value(key: str, state: CastState) -> Any:
         return state.request
     if key == "stateJson":
         return pretty_json(data)
-    if key == "itemJson":
-        return pretty_json(data.get("item"))
+    if key == "itemJson":  # JSON.stringify(undefined) is undefined: no item renders nothing
+        return pretty_json(data["item"]) if "item" in data else MISSING
     if key == "lastOutput":
         return state.last_output or ""
     if key == "lastJson":
         return state.last_json if state.last_json is not None else MISSING
-    for root, base in (("state.", data), ("cursor.", state.cursors), ("item.", data.get("item", MISSING)),
+    if key.startswith("cursor."):  # the cursor of that name, dots and all (not a path)
+        return state.cursors.get(key[len("cursor."):], MISSING)
+    for root, base in (("state.", data), ("item.", data.get("item", MISSING)),
                        ("lastJson.", state.last_json if state.last_json is not None else MISSING)):
         if key.startswith(root):
             return MISSING if base is MISSING else walk(base, key[len(root):])

@@ -925,3 +925,24 @@ def test_a_condition_literal_is_read_as_javascripts_number_reads_it(literal: str
     d.reply(json.dumps({"items": [1, 2, 3], "n": value}) if value is not None else '{"items": [1, 2, 3], "n": null}')
     assert d.state.phase == "complete"
     assert d.state.cursors.get("c", 0) == (1 if moves else 0)
+
+
+# ----------------------------------------------------------------------------- prompt templates
+
+
+@pytest.mark.timeout(30)
+def test_template_keys_render_as_pi_materias_do() -> None:
+    # {{itemJson}} with no item is JSON.stringify(undefined): nothing (it rendered "null"); {{cursor.X}}
+    # reads the cursor named X, dots and all (it walked a path: a cursor "w.i" rendered nothing);
+    # "{{}}" names no key and stays as written (it rendered the whole of state.data).
+    prompt = "I=[{{itemJson}}] E=[{{}}] C=[{{cursor.w.i}}] J=[{{lastJson}}] T=[{{ item.title }}]"
+    cfg = resolved(config(
+        {"Socket-1": {"type": "agent", "materia": "P", "parse": "json", "edges": [{"to": "Socket-2"}]},
+         "Socket-2": {"type": "agent", "materia": "P", "parse": "json",
+                      "foreach": {"items": "state.list", "cursor": "w.i"},
+                      "advance": {"cursor": "w.i", "items": "state.list"}}},
+        materia={"P": {"prompt": prompt, "tools": "none"}}))
+    d = Driver(cfg, data={"list": [{"title": "T"}]})
+    assert "I=[] E=[{{}}] C=[] J=[] T=[]" in d.pending().prompt
+    d.reply({"x": 1})
+    assert 'I=[{\n  "title": "T"\n}] E=[{{}}] C=[0] J=[{\n  "x": 1\n}] T=[T]' in d.pending().prompt
