@@ -764,7 +764,10 @@ def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) ->
             raise _Fail(f'socket "{rs.id}" advance: {exc.message}', entry_id) from None
     s.cursors[adv.cursor] = s.cursors.get(adv.cursor, 0) + 1
     s.current_item_key = s.current_item_label = None
-    items = as_list(resolve_value(adv.items, scope))
+    # pi-materia resolves the items with no reply of its own: "$" is the last JSON reply (for a
+    # JSON socket, this one; for a text socket, the JSON it was handed), as at a socket's start
+    items = as_list(resolve_value(adv.items, Scope(data=s.data, parsed=scope.last_json, last_json=scope.last_json,
+                                                   last_output=s.last_output)))
     if s.cursors[adv.cursor] < len(items):
         return None
     flag = parsed.get("satisfied") if isinstance(parsed, dict) else None

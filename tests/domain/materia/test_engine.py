@@ -946,3 +946,20 @@ def test_template_keys_render_as_pi_materias_do() -> None:
     assert "I=[] E=[{{}}] C=[] J=[] T=[]" in d.pending().prompt
     d.reply({"x": 1})
     assert 'I=[{\n  "title": "T"\n}] E=[{{}}] C=[0] J=[{\n  "x": 1\n}] T=[T]' in d.pending().prompt
+
+
+@pytest.mark.timeout(30)
+def test_advance_items_read_dollar_as_the_last_json_reply_as_pi_materia_does() -> None:
+    # pi-materia resolves advance.items with no reply of its own, so "$" is lastJson: a text socket
+    # stepping through "$.workItems" walks the list the last JSON reply gave (castor read "$" as the
+    # text socket's own reply, found no list and ended the loop after its first item).
+    cfg = resolved(config(
+        {"Socket-1": {"type": "agent", "materia": "A", "parse": "json", "edges": [{"to": "Socket-2"}]},
+         "Socket-2": {"type": "agent", "materia": "A", "advance": {"cursor": "c", "items": "$.workItems"},
+                      "edges": [{"to": "Socket-2"}]}}))
+    d = Driver(cfg)
+    d.reply({"workItems": [{"id": "a"}, {"id": "b"}]})
+    d.reply("built a")
+    assert d.state.active and d.pending().socket_id == "Socket-2" and d.state.cursors["c"] == 1
+    d.reply("built b")
+    assert d.state.phase == "complete" and d.state.cursors["c"] == 2 and d.state.visits["Socket-2"] == 2
