@@ -147,7 +147,7 @@ def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-_EXISTS = re.compile(r"^(!?)exists\((.*)\)$")
+_EXISTS = re.compile(r"^(!?)exists\((.+)\)$")  # something inside, as pi-materia requires
 _COMPARE = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
 _NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")  # ASCII digits only, as JavaScript's \d
 

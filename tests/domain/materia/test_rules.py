@@ -274,6 +274,15 @@ def test_expressions_and_conditions() -> None:
         evaluate_condition("maybe", scope)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("condition", ["exists()", "!exists()"])
+def test_exists_with_nothing_inside_is_unsupported_as_in_pi_materia(condition: str) -> None:
+    # pi-materia's exists(...) needs an expression inside; "exists()" matched castor's pattern and read
+    # the empty path -- the whole of state.data -- so it was silently true (and "!exists()" false).
+    with pytest.raises(ConditionError):
+        evaluate_condition(condition, Scope(data={"n": 1}, parsed={}))
+
+
 # ----------------------------------------------------------------------------- routing & limits
 
 
