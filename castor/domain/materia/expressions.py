@@ -149,7 +149,7 @@ def as_list(value: Any) -> list[Any]:
 
 _EXISTS = re.compile(r"^(!?)exists\((.+)\)$")  # something inside, as pi-materia requires
 _COMPARE = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
-_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")  # ASCII digits only, as JavaScript's \d
+_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")  # pi-materia's literal: ASCII digits (JavaScript's \d), no exponent
 
 
 def _literal(text: str, scope: Scope) -> Any:

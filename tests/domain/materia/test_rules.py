@@ -275,6 +275,15 @@ def test_expressions_and_conditions() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_literal_with_an_exponent_is_a_path_as_in_pi_materia() -> None:
+    # pi-materia's number literal is -?digits(.digits)? -- "1e3" is not one, so it is read as a path
+    # into state.data (castor read it as 1000).
+    scope = Scope(data={"1e3": 5}, parsed={"n": 1000, "m": 5})
+    assert evaluate_condition("$.n == 1e3", scope) is False and evaluate_condition("$.m == 1e3", scope) is True
+    assert evaluate_condition("$.n == 1000", scope) is True and evaluate_condition("$.n == -1000.0", scope) is False
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("condition", ["exists()", "!exists()"])
 def test_exists_with_nothing_inside_is_unsupported_as_in_pi_materia(condition: str) -> None:
     # pi-materia's exists(...) needs an expression inside; "exists()" matched castor's pattern and read
