@@ -92,6 +92,7 @@ Decision table (trigger → state → effects/events → next state):
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ from castor.domain.materia.expressions import (
     Scope,
     as_list,
     evaluate_condition,
+    path_segments,
     resolve_value,
 )
 from castor.domain.materia.failures import (
@@ -531,6 +533,26 @@ def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: An
                                         **s.item_fields(), "materiaModel": record, **extra})
 
 
+def _drop_path_holding(data: dict[str, Any], path: str, item: Any) -> None:
+    """Remove the value at dotted ``path`` of ``data`` if it is ``item`` (the nested dicts on the
+    way are copied: the input state's are shared)."""
+    parts = path_segments(path)
+    node: Any = data
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not parts or not isinstance(node, dict) or node.get(parts[-1], MISSING) != item:
+        return
+    top = copy.deepcopy(data[parts[0]]) if len(parts) > 1 else None
+    node = top
+    for part in parts[1:-1]:
+        node = node[part]
+    if node is None:
+        del data[parts[0]]
+    else:
+        del node[parts[-1]]
+        data[parts[0]] = top
+
+
 def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:
     s = ctx.s
     pipeline = s.config.pipeline
@@ -542,6 +564,11 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
             s.current_item_key = s.current_item_label = None
             return _Skip(empty_loop_target(pipeline, rs.id, it))
         s.data.update(item_data_updates(it, sel.item))
+        if it.as_ != "item" and "." in it.as_:  # pi-materia's setPath: "ctx.task" is data.ctx.task
+            try:
+                s.data = apply_assign(s.data, {it.as_: "item"}, Scope(data=s.data))
+            except AssignError as exc:
+                raise _Fail(f'socket "{rs.id}" loop item name: {exc.message}') from None
         s.current_item_key, s.current_item_label = sel.key, sel.label
     else:
         s.current_item_key = s.current_item_label = None
@@ -549,7 +576,9 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         # own name for it (``as``) neither, while that name still holds the item (else it is data).
         item = s.data.get("item", MISSING)
         for alias in loop_aliases(pipeline):
-            if item is not MISSING and alias in s.data and s.data[alias] == item:
+            if item is not MISSING and "." in alias:
+                _drop_path_holding(s.data, alias, item)
+            elif item is not MISSING and alias in s.data and s.data[alias] == item:
                 del s.data[alias]
         for key in ("item", "currentWorkItem", "workItem"):
             s.data.pop(key, None)

@@ -96,7 +96,7 @@ def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int],
 def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:
     """The ``state.data`` keys that expose the current item."""
     updates = {"item": item, "currentWorkItem": item}
-    if it.as_ != "item":
+    if it.as_ != "item" and "." not in it.as_:  # a dotted name is a path: the engine assigns it
         updates[it.as_] = item
     if it.as_ == "workItem" or "workItems" in it.items:
         updates["workItem"] = item

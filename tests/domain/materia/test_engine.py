@@ -963,3 +963,20 @@ def test_advance_items_read_dollar_as_the_last_json_reply_as_pi_materia_does() -
     assert d.state.active and d.pending().socket_id == "Socket-2" and d.state.cursors["c"] == 1
     d.reply("built b")
     assert d.state.phase == "complete" and d.state.cursors["c"] == 2 and d.state.visits["Socket-2"] == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_dotted_loop_alias_is_a_path_in_state_data_as_in_pi_materia() -> None:
+    # pi-materia writes the current item under foreach.as with setPath: "ctx.task" is data.ctx.task
+    # (castor wrote a key named "ctx.task", which no template or expression could reach).
+    cfg = resolved(config(
+        {"Socket-1": {"type": "agent", "materia": "P", "foreach": {"items": "state.list", "as": "ctx.task"},
+                      "edges": [{"to": "Socket-2"}]},
+         "Socket-2": {"type": "agent", "materia": "P"}},
+        materia={"P": {"prompt": "T=[{{ctx.task.title}}]", "tools": "none"}}))
+    d = Driver(cfg, data={"list": [{"title": "Alpha"}], "ctx": {"keep": 1}})
+    assert "T=[Alpha]" in d.pending().prompt and d.state.data["ctx"] == {"keep": 1, "task": {"title": "Alpha"}}
+    assert "ctx.task" not in d.state.data
+    d.reply("done")
+    # after the loop the finished item leaves that name too (castor's deliberate difference), the rest stays
+    assert "T=[]" in d.pending().prompt and d.state.data["ctx"] == {"keep": 1}
