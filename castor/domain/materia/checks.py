@@ -120,6 +120,11 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
             bad("prompt", "a utility materia must not have a prompt")
         if not entry.get("utility") and not entry.get("command"):
             bad("utility", "a utility materia needs \"utility\" or \"command\"")
+        elif entry.get("utility") is not None and not isinstance(entry["utility"], str):
+            bad("utility", "utility must be a string (a built-in utility's name)")
+        parse = entry.get("parse")
+        if parse is not None and parse not in ("text", "json"):
+            bad("parse", f"unsupported parse mode {parse!r}")
         issues.extend(_command_issues(entry.get("command"), base, source, f"materia \"{name}\""))
         issues.extend(_timeout_issues(entry.get("timeoutMs"), base, source, f"materia \"{name}\""))
     else:

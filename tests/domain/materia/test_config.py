@@ -174,6 +174,22 @@ def test_9_agent_materia_prompt_and_tools() -> None:
     assert checks.check_materia_entry("u", {"type": "utility", "prompt": "x"})  # needs utility/command, no prompt
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("entry", "field", "words"), [
+    ({"type": "utility", "utility": 5, "command": ["true"]}, "utility", "utility must be a string"),
+    ({"type": "utility", "utility": ["echo"]}, "utility", "utility must be a string"),
+    ({"type": "utility", "utility": "echo", "parse": "yaml"}, "parse", "unsupported parse mode"),
+])
+def test_a_utility_materia_with_a_utility_not_a_string_or_an_unknown_parse_is_refused_as_in_pi_materia(
+    entry: dict, field: str, words: str
+) -> None:
+    # pi-materia checks a utility palette entry's utility and parse as it checks a socket's; castor
+    # loaded both (a palette entry that a socket copying it could not use).
+    issues = checks.check_materia_entry("u", entry)
+    assert [(i.code, i.path) for i in issues] == [("invalid-materia", f"/materia/u/{field}")]
+    assert words in issues[0].message
+
+
 def test_unknown_palette_fields_are_kept_through_resolve() -> None:
     cfg = config({"Socket-1": {"type": "agent", "materia": "A", "empty": False, "layout": {"x": 1}}},
                  materia={"A": agent(label="Alpha", color="#fff", group="g", description="d", parse="json")})
