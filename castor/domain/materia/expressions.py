@@ -148,7 +148,10 @@ def as_list(value: Any) -> list[Any]:
 
 
 _EXISTS = re.compile(r"^(!?)exists\((.+)\)$")  # something inside, as pi-materia requires
-_COMPARE = re.compile(r"^(.+?)\s*(==|!=)\s*(.+)$")
+# pi-materia's ``^(.+?)\s*(==|!=)\s*(.+)$`` read in linear time (that pattern backtracks over a run
+# of spaces once per position before it: a megabyte-long condition held the cast for hours). On
+# a stripped condition the lazy left side ends at the first operator and never in whitespace.
+_COMPARE_LEFT = re.compile(r"(.*?\S)\s*(==|!=)")
 _NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")  # pi-materia's literal: ASCII digits (JavaScript's \d), no exponent
 
 
@@ -179,6 +182,18 @@ def _js_number(text: str) -> int | float:
     return held if held is not None else number
 
 
+def _split_compare(cond: str) -> tuple[str, str, str] | None:
+    """(left, operator, right) of a stripped ``left ==/!= right``, as pi-materia's pattern splits it
+    (neither side crosses a line break), or None."""
+    match = _COMPARE_LEFT.match(cond)
+    if match is None:
+        return None
+    right = cond[match.end():].lstrip()
+    if not right or "\n" in right:
+        return None
+    return match.group(1), match.group(2), right
+
+
 def evaluate_condition(condition: str, scope: Scope) -> bool:
     """``always`` | ``satisfied`` | ``not_satisfied`` | ``[!]exists(expr)`` | ``expr ==/!= literal``."""
     cond = condition.strip()
@@ -191,12 +206,12 @@ def evaluate_condition(condition: str, scope: Scope) -> bool:
     if match:
         found = resolve_value(match.group(2), scope) is not MISSING  # a stored null exists (null !== undefined)
         return found if not match.group(1) else not found
-    match = _COMPARE.match(cond)
-    if match:
-        left = resolve_value(match.group(1), scope)
-        right = _literal(match.group(3), scope)
+    parts = _split_compare(cond)
+    if parts is not None:
+        left = resolve_value(parts[0], scope)
+        right = _literal(parts[2], scope)
         # MISSING is JavaScript's undefined: equal to itself only, never to null (===)
         equal = left == right and type(left) is type(right) if isinstance(left, bool) or isinstance(right, bool) \
             else left == right
-        return equal if match.group(2) == "==" else not equal
+        return equal if parts[1] == "==" else not equal
     raise ConditionError(f"Unsupported Materia condition {condition!r}")

@@ -4,6 +4,7 @@ budget, failure classification, revive arithmetic (spec §4–§6, conformance 2
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -272,6 +273,35 @@ def test_expressions_and_conditions() -> None:
     assert evaluate_condition("state.n != 3", scope) and evaluate_condition("item.id == 'a'", scope)
     with pytest.raises(ConditionError):
         evaluate_condition("maybe", scope)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("condition", ["a" + " " * 200_000 + "b", "$.n ==" + " " * 200_000 + "1\nx"])
+def test_a_long_condition_is_read_in_linear_time(condition: str) -> None:
+    # "^(.+?)\s*(==|!=)\s*(.+)$" backtracked over every run of spaces once per position before it:
+    # 8,000 spaces took 0.4 s and a config's megabyte-long advance.when held the cast's actor (and
+    # its abort) for hours at every completion of that socket.
+    started = time.monotonic()
+    with pytest.raises(ConditionError):
+        evaluate_condition(condition, Scope(data={}, parsed={"n": 1}))
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("condition", "expected"), [
+    ("$.n == 1", True), ("$.n==1", True), ("$.n  !=  2", True), ("$.s == 'a == b'", True),
+    ("$.n == 1 == 1", False), ("$.t ==\n1", True), ("$.n\n== 1", True),
+])
+def test_comparisons_split_at_the_first_operator_as_pi_materias_pattern_does(condition: str, expected: bool) -> None:
+    scope = Scope(data={"1 == 1": 9}, parsed={"n": 1, "s": "a == b", "t": 1})
+    assert evaluate_condition(condition, scope) is expected
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("condition", ["$.n ==\n1\n2", "a\nb == 1"])
+def test_a_comparison_whose_sides_cross_a_line_break_is_unsupported(condition: str) -> None:
+    with pytest.raises(ConditionError):
+        evaluate_condition(condition, Scope(data={}, parsed={"n": 1}))
 
 
 @pytest.mark.timeout(30)
