@@ -12,7 +12,6 @@ finalization" + final format
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from castor.domain.jsontext import pretty_json
@@ -25,7 +24,6 @@ from castor.domain.materia.surface import command
 
 OPEN_TAG = "<materia-instructions>"
 CLOSE_TAG = "</materia-instructions>"
-_TEMPLATE = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")  # "{{}}" names no key: it stays as written
 
 
 def _render_value(value: Any) -> str:
@@ -58,8 +56,32 @@ def template_value(key: str, state: CastState) -> Any:
 
 
 def render_template(template: str, state: CastState) -> str:
-    """``{{ key }}`` substitution; missing/null → "", strings raw, other values as 2-space JSON."""
-    return _TEMPLATE.sub(lambda m: _render_value(template_value(m.group(1), state)), template)
+    r"""``{{ key }}`` substitution; missing/null → "", strings raw, other values as 2-space JSON.
+
+    The placeholders pi-materia's ``{{\s*([^}]+?)\s*}}`` finds, found in linear time (that
+    pattern backtracks cubically over whitespace after an unclosed ``{{``): from a ``{{``, the
+    text up to the first ``}`` is the key (trimmed) when it is not empty and that ``}`` is
+    followed by another; else the search goes on one character later. ``{{}}`` stays as written.
+    """
+    out: list[str] = []
+    done = search = 0
+    close = -1  # the first "}" at or after the current key's start
+    while True:
+        start = template.find("{{", search)
+        if start < 0:
+            break
+        if close < start + 2:
+            close = template.find("}", start + 2)
+            if close < 0:
+                break
+        if close > start + 2 and template.startswith("}", close + 1):
+            out.append(template[done:start])
+            out.append(_render_value(template_value(template[start + 2:close].strip(), state)))
+            done = search = close + 2
+        else:
+            search = start + 1
+    out.append(template[done:])
+    return "".join(out)
 
 
 def _is_generator_json(rs: ResolvedSocket) -> bool:

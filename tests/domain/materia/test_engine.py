@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -980,3 +981,26 @@ def test_a_dotted_loop_alias_is_a_path_in_state_data_as_in_pi_materia() -> None:
     d.reply("done")
     # after the loop the finished item leaves that name too (castor's deliberate difference), the rest stays
     assert "T=[]" in d.pending().prompt and d.state.data["ctx"] == {"keep": 1}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body", ["{{" + " " * 100_000 + "x", "{" * 100_000, "{{a} " * 20_000])
+def test_a_prompt_with_an_unclosed_placeholder_renders_in_linear_time(body: str) -> None:
+    # The placeholder pattern {{\s*([^}]+?)\s*}} backtracks cubically over whitespace after an
+    # unclosed "{{": 5,000 spaces took a minute, holding the cast's actor at every socket start.
+    cfg = resolved(config({"Socket-1": {"type": "agent", "materia": "P"}},
+                          materia={"P": {"prompt": body, "tools": "none"}}))
+    started = time.monotonic()
+    d = Driver(cfg)
+    assert time.monotonic() - started < 5.0
+    assert body in d.pending().prompt  # nothing in it is a placeholder: kept as written
+
+
+@pytest.mark.timeout(30)
+def test_placeholders_are_found_as_pi_materias_pattern_finds_them() -> None:
+    prompt = "A=[{{ request }}] B=[{{}}] C=[{{a} b}}] D=[{{request}}}] E=[{{{request}}]"
+    cfg = resolved(config({"Socket-1": {"type": "agent", "materia": "P"}},
+                          materia={"P": {"prompt": prompt + " F=[{{ }}]", "tools": "none"}}))
+    d = Driver(cfg, request="R", data={"k": 1})
+    # "{{ }}" names the empty path: state.data as JSON; "{{}}" names nothing; "{{{x}}" reads "{x"
+    assert 'A=[R] B=[{{}}] C=[{{a} b}}] D=[R}] E=[] F=[{\n  "k": 1\n}]' in d.pending().prompt
