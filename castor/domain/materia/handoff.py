@@ -33,7 +33,11 @@ CANONICAL_FIELDS = ("summary", "workItems", "guidance", "decisions", "risks", "s
 RESERVED_EVALUATOR_FIELDS = ("satisfied", "feedback", "missing")
 GUARDED = ("satisfied", "not_satisfied")
 
-_FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\r?\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+# The opening fence's tag is taken atomically (?>...): it holds no backtick, so giving any of it back
+# to the body can never find a closing fence the greedy reading missed -- but the backtracking tried
+# every split of a run of spaces and scanned the rest of the reply for each (cubic: 2,000 spaces
+# after an unclosed fence took 53 s).
+_FENCE = re.compile(r"```(?>[ \t]*(?:json)?[ \t]*\r?\n?)(.*?)```", re.IGNORECASE | re.DOTALL)
 _MAX_OPENERS = 256  # bounds the work on adversarial text (each attempt is linear)
 _JSON_NEXT = re.compile(r"\s*[\"{\[\]}]")
 _SCAN_BUDGET = 2 * 1024 * 1024

@@ -45,6 +45,25 @@ from .scripted import config, resolved
 # ----------------------------------------------------------------------------- extraction
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("```" + " " * 100_000, None),  # an unclosed fence, then a model's runaway whitespace
+    ("```" + " \t" * 50_000 + "json\n{\"a\": 1}\n```", {"a": 1}),
+    ("```" + " " * 100_000 + "json" + " " * 100_000, None),
+])
+def test_a_fence_followed_by_long_whitespace_is_read_in_linear_time(reply: str, expected: Any) -> None:
+    # The fence pattern's two [ \t]* around the optional "json" tag split a run of spaces every way
+    # and scanned the rest of the reply for each split: 2,000 spaces after "```" took 53 s, holding
+    # the cast's actor (and its abort) on one model reply.
+    started = time.monotonic()
+    if expected is None:
+        with pytest.raises(HandoffError):
+            extract_json(reply)
+    else:
+        assert extract_json(reply) == expected
+    assert time.monotonic() - started < 2.0
+
+
 def test_47_fenced_and_no_json() -> None:
     assert extract_json('Here you go ```json {"a":1} ```') == {"a": 1}
     with pytest.raises(HandoffError) as err:
