@@ -68,6 +68,7 @@ supervisor's restart intensity in a millisecond). Instead:
 | a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
 | the run directory damaged under a running cast (its ``state.json`` or ``manifest.json`` not a document, a directory where a file goes or the reverse, the directory removed) | as the two rows above, with ``state_corrupt`` (``forbidden`` for a link planted out of it) instead of ``storage_unavailable``, and "repair or remove what was damaged" as the advice: the incarnation stops rather than crash (a restart met the same damage, or started the cast over in a removed directory) or wait (a told message's fault was only logged, and the cast waited for ever) |
 | a state castor cannot serialise (its own bug) | as a transition's save, with ``internal`` and "this is a castor bug: report it": stopped once, never a crash loop that re-sends the turn at every restart |
+| the engine's step raising on an event (its own bug: the step is pure, so every restart would replay the same work into the same exception) | the same, the message naming the event and the exception |
 
 Every case but a new cast's start (whose caller gets the error, and which leaves no cast) tells the
 harness (``ui.notify``, level ``error``) and appends a ``storage_unavailable`` event (``{errno,
@@ -501,7 +502,17 @@ class CastActor(Actor):
 
     # ------------------------------------------------------------------ the one transition rule
     def _apply(self, event: Any) -> None:
-        self._commit(step(self.state, event))  # CastRejected propagates to the asker; state unchanged
+        try:
+            transition = step(self.state, event)
+        except CastorError:
+            raise  # CastRejected (and its kin) propagate to the asker; state unchanged
+        except Exception as exc:  # noqa: BLE001 - any other is castor's own bug, named below
+            # The step is pure: every restart would replay the same work into the same exception,
+            # re-sending the turn each time. Stopped once instead, the cast failed for the record.
+            raise self._stopped_on(Internal(
+                f"cast {self.env.cast_id} could not apply {type(event).__name__}: {type(exc).__name__}: {exc}"),
+                where="save") from None
+        self._commit(transition)
 
     def _commit(self, transition: Transition) -> None:
         if self._fenced or self._storage_failed:
@@ -602,7 +613,7 @@ class CastActor(Actor):
                                         index=failed.state)
                 self.state = failed.state
                 self._perform_files(files)
-            except (OSError, ValueError, CastorError) as again:
+            except Exception as again:  # noqa: BLE001 - the record is best effort: the stop must happen
                 self.log.warning("the failed state could not be written either: {exc}", exc=again)
         try:
             self.artifacts.append_event("storage_unavailable", {"errno": (error.data or {}).get("errno"),

@@ -311,3 +311,40 @@ def test_a_first_state_that_cannot_be_serialised_fails_the_start_once_and_leaves
     assert not [p for p in root.iterdir() if p.is_dir()] if root.exists() else True
     monkeypatch.setattr(CastActor, "_encode", real_encode)
     assert materia_call(rt, "s1", "start", {"request": "y", "loadout": "hello"})["cast_id"]
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_failure_stops_the_cast_once_never_a_crash_loop_that_re_sends_the_turn(runtime_factory, project,
+                                                                                         monkeypatch):
+    """The engine's step is pure: an exception it raises on an event (castor's own bug -- one such
+    was ``int()`` of a config's thousands of digits) is raised again by every restart's replay of
+    the same work. The cast's actor crashed at the turn's answer, and each restart re-sent the turn,
+    burning an answer, until the supervisor gave up. Now the cast stops on the first, typed
+    ``internal``, failed for the record and recastable once the bug is gone."""
+    import castor.actors.materia.cast_actor as cast_actor_module
+
+    real_step = cast_actor_module.step
+
+    def step(state, event):
+        if type(event).__name__ == "TurnEnded" and state is not None and state.pending is not None:
+            raise OverflowError("int too large to convert to float")
+        return real_step(state, event)
+
+    monkeypatch.setattr(cast_actor_module, "step", step)
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+
+    rt = runtime_factory()
+    lines: list[str] = []
+    agent = ScriptedAgent(parse_script(["answer"] * 8))
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lines.append)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    handle = _cast_handle(rt, "s1", started["cast_id"])
+    assert handle.closed.wait(20)
+    assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
+    assert any("castor bug" in line and "OverflowError" in line for line in lines), lines
+    status = materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})
+    assert status["phase"] == "failed", status
+    monkeypatch.setattr(cast_actor_module, "step", real_step)
+    materia_call(rt, "s1", "recast", {"cast_id": started["cast_id"]})
+    wait_status(rt, "s1", started["cast_id"], "complete")
