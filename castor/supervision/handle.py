@@ -373,6 +373,13 @@ class ActorHandle:
             exited = self._exited
         if actor is not None:
             actor.cut_loose()
+            # The ask whose handler overran is answered now, not at its own deadline: nothing
+            # will ever take its late reply (the first outcome wins).
+            current = self.current
+            if current is not None and type(current.reply) is Reply:
+                current.reply.fail(ActorStopped(
+                    f"{self.path} was cut loose while handling {current.type_name}",
+                    data={"path": self.path, "message_type": current.type_name}, may_have_started=True))
             try:
                 actor.kill_owned()
             finally:

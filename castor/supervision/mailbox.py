@@ -170,6 +170,10 @@ class Control:
         return f"Control({self.kind.value!r})"
 
 
+_CLOSED_STOP = Control(ControlKind.STOP)
+"""What :meth:`Mailbox.get` hands a reader of a closed, drained mailbox: a stop, so its loop ends."""
+
+
 class MailboxClosed(Exception):
     """Raised by ``put`` on a closed mailbox; ``error`` is what the sender should see."""
 
@@ -247,15 +251,20 @@ class Mailbox:
         with self._lock:
             turn.release()
             self._inline = False
-            if (self._queue or self._control) and self._waiters:
+            if (self._queue or self._control or self._closed is not None) and self._waiters:
                 self._waiters.pop(0).release()
 
     # -- the consumer ----------------------------------------------------
     def get(self) -> Envelope | Control:
-        """Block until a control item or an envelope is available; controls first."""
+        """Block until a control item or an envelope is available; controls first. Once the
+        mailbox is closed and drained, a stop (the reader's loop must end: nothing more will come)."""
         lock = self._lock
         with lock:
             while self._inline or (not self._control and not self._queue):
+                if self._closed is not None and not self._inline:
+                    # Closed and drained: nothing will ever come. Only an incarnation cut loose
+                    # by a brutal shutdown still reads here (once its handler returns): it ends.
+                    return _CLOSED_STOP
                 waiter = _allocate_lock()
                 waiter.acquire()
                 self._waiters.append(waiter)
