@@ -21,6 +21,9 @@ Over the endpoint these are reachable only when the runtime was started with
 
 from __future__ import annotations
 
+import threading
+
+from castor.messages.errors import InvalidParams
 from castor.supervision.fault_plan import FaultKind, FaultPlan, kill_process_trees
 from castor.supervision.handle import ActorHandle
 
@@ -34,6 +37,12 @@ def crash_next(handle: ActorHandle, message_type: str | None = None) -> None:
 
 
 def delay_next(handle: ActorHandle, seconds: float, message_type: str | None = None) -> None:
+    """Hold the next message (of ``message_type``) ``seconds`` on the actor's thread. ``seconds``
+    that are negative, NaN or past ``threading.TIMEOUT_MAX`` are refused ``invalid_params`` here:
+    they would crash the actor when its message came, not delay it."""
+    if not 0 <= seconds <= threading.TIMEOUT_MAX:  # NaN fails this too
+        raise InvalidParams(f"delay_next needs 0 <= seconds <= {threading.TIMEOUT_MAX:.0f}, not {seconds!r}",
+                            data={"seconds": repr(seconds)})
     handle.faults.add(FaultKind.DELAY, message_type, seconds)
 
 

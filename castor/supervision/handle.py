@@ -24,7 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Timeout
+from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, InvalidParams, Timeout
 from castor.messages.inspection import ActorSnapshot
 from castor.supervision.fault_plan import FaultPlan
 from castor.supervision.incarnation import Incarnation
@@ -38,6 +38,14 @@ DEFAULT_ASK_TIMEOUT = 10.0
 """Seconds an ask waits when the caller names no deadline."""
 START_TIMEOUT = 30.0
 """Seconds ``launch`` waits for an incarnation's ``on_start``."""
+MAX_ASK_TIMEOUT = threading.TIMEOUT_MAX
+"""The longest ``timeout`` an ask takes (what a lock wait can be given); NaN, infinity and
+anything longer are refused ``invalid_params`` before anything is sent."""
+
+
+def _refuse_timeout(timeout: float) -> InvalidParams:
+    return InvalidParams(f"an ask's timeout must be a number of seconds up to {MAX_ASK_TIMEOUT:.0f}, not {timeout!r}",
+                         data={"timeout": repr(timeout)})
 
 
 class PendingAsk:
@@ -204,6 +212,8 @@ class ActorHandle:
         stop, kill or retirement is carried out by the loop thread before it takes anything
         else. Otherwise (busy, starting, retired) the ask queues as usual.
         """
+        if timeout is not None and not timeout <= MAX_ASK_TIMEOUT:  # NaN fails this too
+            raise _refuse_timeout(timeout)
         actor = self._actor
         if actor is not None and actor.inline_asks:
             mailbox = self._mailbox
@@ -235,7 +245,10 @@ class ActorHandle:
         return self.ask_pending(message, timeout=timeout).result()
 
     def ask_pending(self, message: Any, *, timeout: float | None = None) -> PendingAsk:
-        """Send now, wait later (fan-out); the deadline starts now."""
+        """Send now, wait later (fan-out); the deadline starts now. A ``timeout`` that is NaN,
+        infinite or past :data:`MAX_ASK_TIMEOUT` is refused ``invalid_params``, nothing sent."""
+        if timeout is not None and not timeout <= MAX_ASK_TIMEOUT:  # NaN fails this too
+            raise _refuse_timeout(timeout)
         envelope = Envelope(message, Reply())
         mailbox = self._mailbox
         try:

@@ -12,7 +12,9 @@ Guarantees:
   returned token cancels it: a timer cancelled before it fires is never told.
 * **A timer never fails its scheduler.** A tell that the handle refuses (the actor is gone,
   its mailbox closed or full) is dropped and logged at debug level: a timer's target that
-  went away has nothing to be reminded of.
+  went away has nothing to be reminded of. A callback that raises anything else (even
+  ``SystemExit``) is logged; the thread goes on. A delay that is NaN, infinite or past
+  ``threading.TIMEOUT_MAX`` is refused ``invalid_params`` when the timer is set.
 
 Not guaranteed: a timer fires no earlier than its delay, but it may fire later under load
 (one thread serves every timer, in deadline order), and a cancel that races the firing may
@@ -31,7 +33,7 @@ import weakref
 from typing import Any, Callable, Protocol
 
 from castor._log import logger
-from castor.messages.errors import CastorError
+from castor.messages.errors import CastorError, InvalidParams
 from castor.supervision.threads import start_thread
 
 _GUARD = threading.Lock()
@@ -149,6 +151,11 @@ class Timers:
     def call_later(self, delay: float, callback: Callable[[], object], *, owner: str = "/root") -> CancelToken:
         """Run ``callback`` on the timer thread after ``delay`` seconds (short work only: see the
         class doc); cancel the token to call it off. A typed error it raises is logged and dropped."""
+        if not delay <= threading.TIMEOUT_MAX:  # NaN fails this too
+            # A NaN would break the heap's order (timers fired early or late), and a wait past
+            # what a lock can be given would end the timer thread, every timer with it.
+            raise InvalidParams(f"a timer's delay must be a number of seconds up to {threading.TIMEOUT_MAX:.0f}, "
+                                f"not {delay!r}", data={"delay": repr(delay)})
         token = CancelToken()
         due = time.monotonic() + max(delay, 0.0)
         with self._lock:
@@ -177,8 +184,9 @@ class Timers:
                 callback()
             except CastorError as exc:
                 logger.bind(actor=owner).debug("timer dropped: {exc}", exc=exc)
-            except Exception as exc:  # a callback's bug must not stop every other timer
-                logger.bind(actor=owner).exception("timer callback failed: {exc}", exc=exc)
+            except BaseException as exc:  # noqa: BLE001 - a callback's bug (even SystemExit) must not stop every other timer
+                logger.bind(actor=owner).opt(exception=exc).error("timer callback failed: {kind}",
+                                                                  kind=type(exc).__name__)
 
     def reset_after_fork(self) -> None:
         """In a forked child: the parent's timer thread does not exist here; start afresh."""

@@ -6,6 +6,7 @@ factories that fail, a flood of short-lived actors."""
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 import weakref
@@ -13,9 +14,10 @@ import weakref
 import pytest
 
 from castor.messages.base import Message
-from castor.messages.errors import ActorStopped, Timeout
+from castor.messages.errors import ActorStopped, InvalidParams, Timeout
 from castor.runtime import Runtime
 from castor.supervision import Actor, ActorSystem, ChildSpec, handles
+from castor.supervision.timers import Timers
 
 from .helpers import poll_until
 
@@ -120,6 +122,48 @@ def test_an_incarnation_cut_loose_answers_its_asker_at_once_and_frees_its_thread
         system.shutdown(10)
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, 1e12], ids=["nan", "inf", "too-long"])
+def test_an_ask_whose_timeout_is_no_usable_deadline_is_refused_and_sends_nothing(timeout):
+    system = ActorSystem([ChildSpec("a", Hostile)])
+    try:
+        handle = system.lookup("/root/a")
+        for ask in (handle.ask, handle.ask_pending):
+            with pytest.raises(InvalidParams) as refused:
+                ask(Do(what="block"), timeout=timeout)
+            assert refused.value.code == "invalid_params"
+        assert not Hostile.entered.is_set()  # nothing was sent
+        assert handle.snapshot().mailbox.processed == 0
+        assert handle.ask(Do(what="ping"), timeout=5) == ("ping", 1)
+        with pytest.raises(Timeout) as late:  # a deadline already past: at once, withdrawn
+            handle.ask(Do(what="ping"), timeout=-1)
+        assert late.value.may_have_started is False
+    finally:
+        system.shutdown(10)
+
+
+@pytest.mark.timeout(20)
+def test_a_timer_with_no_usable_delay_is_refused_and_no_callback_can_stop_the_timer_thread():
+    timers = Timers("test-hostile-timers")  # a private timer thread: the process's stays unharmed
+    for delay in (math.nan, math.inf, 1e12):
+        with pytest.raises(InvalidParams):
+            timers.call_later(delay, lambda: None)
+    fired: list[str] = []
+    done = threading.Event()
+
+    def raise_(exc: BaseException):
+        def callback() -> None:
+            fired.append(type(exc).__name__)
+            raise exc
+        return callback
+
+    timers.call_later(0.0, raise_(SystemExit(1)))
+    timers.call_later(0.01, raise_(_Unprintable()))
+    timers.call_later(0.02, done.set)
+    assert done.wait(5), "a callback's exception stopped every later timer"
+    assert fired == ["SystemExit", "_Unprintable"]
+
+
 def _broken_factory() -> Actor:
     raise ValueError("cannot build this child")
 
@@ -129,3 +173,18 @@ class _OwnsBadly(Hostile):
 
     def owned_pids(self) -> list[int]:
         raise AttributeError("'NoneType' object has no attribute 'pid'")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+def test_a_delay_fault_with_no_usable_duration_is_refused_not_turned_into_a_crash(seconds):
+    from castor.supervision import faults
+
+    system = ActorSystem([ChildSpec("a", Hostile)])
+    try:
+        a = system.lookup("/root/a")
+        with pytest.raises(InvalidParams):
+            faults.delay_next(a, seconds)
+        assert a.ask(Do(what="ping"), timeout=5) == ("ping", 1)  # not crashed by it
+    finally:
+        system.shutdown(10)
