@@ -42,6 +42,7 @@ from castor.ports.session_component import (
     SessionInfo,
 )
 from castor.supervision import ActorHandle, ActorSystem, ChildSpec
+from castor.supervision.actor import running_actor
 from castor.supervision.threads import start_thread
 
 SESSIONS_PATH = "/root/session"
@@ -251,8 +252,18 @@ class Runtime:
     def shutdown(self, timeout: float = 30.0) -> bool:
         """Close every session (casts stay resumable), end running utility commands gently
         (SIGTERM to each tree, SIGKILL after a second: after the casts, so none re-dispatches),
-        then stop every actor."""
+        then stop every actor.
+
+        Called from inside one of the runtime's actors (which that shutdown must stop, once the
+        handler that calls has returned), it runs on a thread of its own and returns False at
+        once instead of waiting for its caller. A second call finds nothing left to stop."""
         from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, terminate_running
+
+        here = running_actor()
+        if here is not None and here.registry is self.system.registry:
+            start_thread(self.shutdown, args=(timeout,), name="runtime-shutdown", owner="/root",
+                         purpose="shuts the runtime down for one of its actors, which cannot wait for its own stop")
+            return False
 
         self.close_sessions(timeout)
         terminate_running(self.system.registry, grace_s=UTILITY_STOP_GRACE_S)

@@ -45,6 +45,26 @@ from castor.supervision.timers import CancelToken, tell_later
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_ON_LOOP = threading.local()
+"""The handle whose incarnation's loop runs on this thread (set once per incarnation)."""
+
+
+def running_actor() -> ActorHandle | None:
+    """The handle of the actor whose loop runs on the calling thread, else None: lets a stop
+    asked for from inside the actor it would wait for not wait for itself (see ActorSystem)."""
+    return getattr(_ON_LOOP, "handle", None)
+
+
+def error_text(exc: BaseException, *, as_repr: bool = False) -> str:
+    """``str(exc)`` (``repr`` with ``as_repr``) for logs and exit reports, never raising: a
+    handler's exception whose ``__str__`` or ``__repr__`` itself raises must still crash its
+    actor cleanly (logged, bookkept, restarted), not kill the loop that reports the crash."""
+    try:
+        return repr(exc) if as_repr else str(exc)
+    except BaseException:  # noqa: BLE001 - any failure to render is replaced, whatever it is
+        return f"<{type(exc).__name__}: its {'repr' if as_repr else 'str'}() raised>"
+
+
 def handles(*message_types: type) -> Callable[[F], F]:
     """Mark a method as the handler of the given message classes."""
 
@@ -304,6 +324,14 @@ class Actor(pykka.ThreadingActor):
                 self.start_latch.set()
 
     def _actor_loop_running(self) -> None:
+        outer = getattr(_ON_LOOP, "handle", None)  # an actor's thread that ran this one's on_start
+        _ON_LOOP.handle = self.handle
+        try:
+            self._handle_messages()
+        finally:
+            _ON_LOOP.handle = outer
+
+    def _handle_messages(self) -> None:
         mailbox = self.inbox
         handle = self.handle
         self._honour_requests()  # a stop or retire asked for by on_start
@@ -410,7 +438,7 @@ class Actor(pykka.ThreadingActor):
     def _crash(self, exc: BaseException, envelope: Envelope | None) -> None:
         msg_type = envelope.type_name if envelope is not None else "-"
         self.log.bind(msg_type=msg_type).opt(exception=exc).error(
-            "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=exc
+            "actor crashed: {kind}: {exc}", kind=type(exc).__name__, exc=error_text(exc)
         )
         self.handle.last_error = exc
         self.handle.registry.meters.count("crashes", self.handle.kind)
@@ -433,12 +461,15 @@ class Actor(pykka.ThreadingActor):
         self.is_ending = True
 
     def _terminate(self, cause: ExitKind) -> None:
-        try:
-            if cause is not ExitKind.STOPPED:  # a clean stop releases through on_terminate alone
+        if cause is not ExitKind.STOPPED:  # a clean stop releases through on_terminate alone
+            try:
                 self.kill_owned()
+            except BaseException:  # noqa: BLE001 - on_terminate runs all the same
+                self.log.opt(exception=sys.exc_info()[1]).error("killing what the actor owns failed")
+        try:
             self.on_terminate(cause)
         except BaseException:  # noqa: BLE001 - cleanup must not mask the exit
             self.log.opt(exception=sys.exc_info()[1]).error("on_terminate failed")
 
 
-__all__ = ["Actor", "ActorKilled", "InjectedCrash", "handles"]
+__all__ = ["Actor", "ActorKilled", "InjectedCrash", "error_text", "handles", "running_actor"]

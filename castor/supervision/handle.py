@@ -394,7 +394,7 @@ class ActorHandle:
                     f"{self.path} was cut loose while handling {current.type_name}",
                     data={"path": self.path, "message_type": current.type_name}, may_have_started=True))
             try:
-                actor.kill_owned()
+                self._kill_owned(actor)
             finally:
                 self.state = HandleState.STOPPED
                 exited.set()
@@ -403,15 +403,26 @@ class ActorHandle:
         """Crash the actor from outside: owned processes die now, the loop crashes at the next boundary."""
         actor = self._actor
         if actor is not None:
-            actor.kill_owned()
+            self._kill_owned(actor)
         self._mailbox.put_control(Control(ControlKind.KILL, reason))
 
     def retire(self, reason: str) -> None:
         """Retire from outside: owned processes die now, the mailbox is rejected at the next boundary."""
         actor = self._actor
         if actor is not None:
-            actor.kill_owned()
+            self._kill_owned(actor)
         self._mailbox.put_control(Control(ControlKind.RETIRE, reason))
+
+    def _kill_owned(self, actor: Incarnation) -> None:
+        """Kill what ``actor`` owns from this (not its) thread; a failure of the actor's own
+        ``owned_pids``/``kill_owned`` is logged, so the kill, retirement or brutal stop that
+        asked for it still happens (and a supervisor still stops its other children)."""
+        try:
+            actor.kill_owned()
+        except Exception as exc:  # noqa: BLE001 - the actor's bug must not stop the caller's
+            from castor._log import logger
+
+            logger.bind(actor=self.path).opt(exception=exc).error("killing what the actor owns failed")
 
     def kill_process(self) -> list[int]:
         """Kill the OS processes the actor owns (fault injection); returns their pids."""

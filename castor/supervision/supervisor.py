@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from castor.messages.base import LocalMessage
-from castor.messages.errors import ActorStopped, CastorError, Conflict, NotFound
-from castor.supervision.actor import Actor, handles
+from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, Conflict, NotFound
+from castor.supervision.actor import Actor, error_text, handles
 from castor.supervision.handle import START_TIMEOUT, ActorHandle
 from castor.supervision.kinds import (
     ChildExited,
@@ -111,6 +111,8 @@ class ChildSpec:
     a crash like any other). For a child whose starter has nothing to order after its start."""
 
     def __post_init__(self) -> None:
+        if self.mailbox_capacity is not None and (type(self.mailbox_capacity) is not int or self.mailbox_capacity < 1):
+            raise ValueError(f"mailbox_capacity must be an int >= 1 or None, not {self.mailbox_capacity!r}")
         if not self.await_start and not (self.direct_start and self.restart is Restart.TEMPORARY):
             raise ValueError("await_start=False is for TEMPORARY direct_start children only")
 
@@ -226,7 +228,7 @@ class Supervisor(Actor):
                 actor = handle.prepare_launch()
                 if not actor.start_on_caller:
                     actor.begin_incarnation()
-            except Exception:
+            except BaseException:  # even a KeyboardInterrupt: no slot may stay behind, holding the id
                 self._slots.pop(path, None)
                 handle.close("failed to start")
                 raise
@@ -256,12 +258,22 @@ class Supervisor(Actor):
     @handles(StartChild)
     def _on_start_child(self, message: StartChild) -> ActorHandle:
         spec = message.spec
-        if spec.direct_start:  # its exit is bookkept the direct way, wherever it was started
-            handle = self.start_direct(spec, start_timeout=START_TIMEOUT)
-            if handle is None:
-                raise ActorStopped(f"{self.path} is stopping", may_have_started=False)
-            return handle
-        return self._start(spec)
+        try:
+            if spec.direct_start:  # its exit is bookkept the direct way, wherever it was started
+                handle = self.start_direct(spec, start_timeout=START_TIMEOUT)
+                if handle is None:
+                    raise ActorStopped(f"{self.path} is stopping", may_have_started=False)
+                return handle
+            return self._start(spec)
+        except CastorError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the child's factory failed: the starter's answer, not this supervisor's crash
+            failed = ActorCrashed(
+                f"{child_path(self.path, spec.id)} failed to start: {type(exc).__name__}",
+                data={"path": child_path(self.path, spec.id), "error_type": type(exc).__name__},
+                may_have_started=False,
+            )
+            raise failed from exc
 
     @handles(StopChild)
     def _on_stop_child(self, message: StopChild) -> bool:
@@ -418,7 +430,8 @@ class Supervisor(Actor):
 
 def _report_exit_to(supervisor: ActorHandle) -> Callable[[ActorHandle, int, ExitKind], None]:
     def report(child: ActorHandle, incarnation: int, kind: ExitKind) -> None:
-        error = repr(child.last_error) if kind is ExitKind.CRASHED and child.last_error is not None else None
+        last = child.last_error
+        error = error_text(last, as_repr=True) if kind is ExitKind.CRASHED and last is not None else None
         try:
             supervisor.tell(ChildExited(path=child.path, incarnation=incarnation, kind=kind, error=error))
         except CastorError:

@@ -11,8 +11,9 @@ import threading
 from typing import Any, Sequence
 
 from castor._log import logger
-from castor.messages.errors import ActorStopped
-from castor.messages.inspection import ActorSnapshot, TreeSnapshot
+from castor.messages.errors import ActorStopped, InvalidParams
+from castor.messages.inspection import ActorSnapshot, TreeSnapshot, at_or_under
+from castor.supervision.actor import error_text, running_actor
 from castor.supervision.handle import ActorHandle
 from castor.supervision.kinds import ExitKind, StopChild, Strategy, WhichChildren
 from castor.supervision.registry import Registry
@@ -58,7 +59,8 @@ class ActorSystem:
     def _root_exited(self, root: ActorHandle, _incarnation: int, kind: ExitKind) -> None:
         if kind is not ExitKind.STOPPED:
             self.fatal_error = root.last_error
-            logger.bind(actor=ROOT_PATH).critical("root supervisor {kind}: {err!r}", kind=kind, err=root.last_error)
+            err = error_text(root.last_error, as_repr=True) if root.last_error is not None else "None"
+            logger.bind(actor=ROOT_PATH).critical("root supervisor {kind}: {err}", kind=kind, err=err)
             self.fatal.set()
         root.close(f"root {kind}")
 
@@ -70,7 +72,7 @@ class ActorSystem:
         running (:meth:`Supervisor.start_direct`: no round trip through the supervisor's
         mailbox); otherwise, and for every other child, this is a ``StartChild`` ask.
         """
-        supervisor = self.registry.lookup(under)
+        supervisor = self._supervisor_at(under)
         if spec.direct_start:
             current = supervisor.actor
             if isinstance(current, Supervisor):
@@ -82,8 +84,31 @@ class ActorSystem:
         return started
 
     def stop_child(self, path: str, *, timeout: float = 30.0) -> None:
+        """Stop the child at ``path`` and remove it (its queued asks fail ``actor_stopped``);
+        returns once it is gone. Called from inside that child (or an actor under it), whose
+        stop waits for the very handler that asks, it asks for the stop and returns at once:
+        the stop happens when that handler has returned."""
         parent, _, child_id = path.rpartition("/")
-        self.registry.lookup(parent).ask(StopChild(id=child_id), timeout=timeout)
+        supervisor = self._supervisor_at(parent)
+        if self._inside(path):
+            supervisor.tell(StopChild(id=child_id))
+            return
+        supervisor.ask(StopChild(id=child_id), timeout=timeout)
+
+    def _inside(self, path: str) -> bool:
+        """Whether the calling thread runs the loop of an actor of this system at or under ``path``."""
+        here = running_actor()
+        return here is not None and here.registry is self.registry and at_or_under(here.path, path)
+
+    def _supervisor_at(self, path: str) -> ActorHandle:
+        """The handle of the supervisor at ``path``: ``not_found`` when nothing is there,
+        ``invalid_params`` when the actor there is no supervisor (a worker sent a supervisor's
+        message would crash on it, for a caller's mistake)."""
+        handle = self.registry.lookup(path)
+        current = handle.actor
+        if current is not None and not isinstance(current, Supervisor):
+            raise InvalidParams(f"{path} is not a supervisor", data={"path": path})
+        return handle
 
     def lookup(self, path: str) -> ActorHandle:
         return self.registry.lookup(path)
@@ -105,7 +130,14 @@ class ActorSystem:
 
     # -- shutdown ---------------------------------------------------------
     def shutdown(self, timeout: float = 30.0) -> bool:
-        """Stop every actor, children before parents; True if all stopped in time."""
+        """Stop every actor, children before parents; True if all stopped in time.
+
+        Called from inside one of this system's actors (whose stop waits for the handler that
+        calls), it starts the shutdown and returns False at once: the calling actor stops, like
+        every other, once that handler has returned. A second call finds nothing left to stop."""
+        if self._inside(ROOT_PATH):
+            self.root.stop(0)
+            return False
         clean = self.root.stop(timeout)
         if not clean:
             self.root.abandon()
