@@ -99,6 +99,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	let harnessId = "";
 	let openedGeneration = -1;
 	let runtime: CastorRuntime | undefined;
+	/** The runtime was stopped because the session ended; cleared when one starts again. */
+	let stoppedAtShutdown = false;
 
 	// castor's stderr and these log lines: kept, and not drawn over Pi's terminal UI (stderr.ts).
 	const stderr = new StderrRoute(() => {
@@ -208,7 +210,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			stderr: (text: string) => stderr.push(text),
 			onUp: (hello: Hello, generation: number) => {
 				setStatus(STATUS_KEY, `castor: up (${hello.version ?? "?"})`);
-				if (generation > 1) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
+				// Not after a session's end stopped it (a host that keeps this instance for the next session):
+				// nothing went wrong, the new session simply has its own.
+				if (generation > 1 && !stoppedAtShutdown) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
+				stoppedAtShutdown = false;
 				tools.registerFrom(hello);
 			},
 			onSilence: (silent: boolean) => {
@@ -828,7 +833,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		} finally {
 			openedGeneration = -1;
 			setStatus(STATUS_KEY, undefined);
-			if (rt && (event?.reason === "quit" || event?.reason === undefined)) await rt.stop();
+			// Whatever the reason: Pi (1.x) loads the extension afresh for the session that replaces
+			// this one (/new, /resume, /fork, /reload), and that instance starts its own castor. Left
+			// running, this one stayed behind with its workers until Pi quit, one more per switch.
+			// Stopped here, before the next session starts, so nothing of the old runtime (a cast's
+			// lease) is still held when the new one looks for the project's casts. A Pi that keeps
+			// this instance starts the runtime again at the next session_start.
+			if (rt) {
+				await rt.stop();
+				stoppedAtShutdown = true;
+			}
 		}
 	});
 }

@@ -186,7 +186,6 @@ export class CastorRuntime {
 
 	constructor(opts: RuntimeOptions) {
 		this.opts = opts;
-		process.once("exit", () => this.child?.kill("SIGKILL"));
 	}
 
 	get pid(): number | undefined {
@@ -264,6 +263,13 @@ export class CastorRuntime {
 		const sink = this.opts.stderr;
 		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", sink ? "pipe" : "inherit"], env: process.env });
 		this.child = child;
+		// The child never outlives Pi's process. The listener goes with the child: Pi loads the
+		// extension afresh for every session it replaces (/new, /resume, /fork, /reload), so one
+		// per runtime made would pile up on Pi's process (Node warns from the 11th, on Pi's screen).
+		const killOnExit = () => child.kill("SIGKILL");
+		process.once("exit", killOnExit);
+		child.once("exit", () => process.removeListener("exit", killOnExit));
+		child.once("error", () => process.removeListener("exit", killOnExit));
 		if (sink && child.stderr) {
 			child.stderr.setEncoding("utf8");
 			child.stderr.on("data", (text: string) => sink(text)); // always read: a full pipe would stall castor

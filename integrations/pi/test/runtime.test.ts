@@ -1,0 +1,42 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { CastorRuntime } from "../src/runtime.ts";
+
+/** A runtime whose child is a Node process that reads its stdin and never answers (it ends at EOF). */
+function silentChild(): CastorRuntime {
+	return new CastorRuntime({
+		command: [process.execPath, "-e", "process.stdin.resume(); process.stdin.on('end', () => process.exit(0))"],
+		cwd: process.cwd(),
+		timeoutMs: 200,
+		helloParams: { client: "runtime-test" },
+		handlers: {},
+		log: () => {},
+		stderr: () => {},
+		onUp: () => {},
+		onDown: () => {},
+	});
+}
+
+test("runtimes made and stopped leave no listener on Pi's process (one per session replacement piled up)", { timeout: 20_000 }, async () => {
+	// Pi loads the extension afresh for every session it replaces, so each session makes a runtime.
+	// Each used to add an "exit" listener to Pi's process for good: from the 11th, Node printed a
+	// MaxListenersExceededWarning on Pi's screen.
+	const before = process.listenerCount("exit");
+	for (let i = 0; i < 12; i++) {
+		const rt = silentChild();
+		await assert.rejects(rt.ensure(true)); // its child is started, never answers the handshake, is killed
+		await rt.stop();
+	}
+	const deadline = Date.now() + 5_000;
+	while (process.listenerCount("exit") !== before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+	assert.equal(process.listenerCount("exit"), before);
+});
+
+test("a runtime's child is still killed when Pi's process exits while it runs", { timeout: 20_000 }, async () => {
+	const before = process.listenerCount("exit");
+	const rt = silentChild();
+	const started = rt.ensure(true).catch(() => undefined);
+	assert.equal(process.listenerCount("exit"), before + 1, "the child is covered while it runs");
+	await started;
+	await rt.stop();
+});
