@@ -26,6 +26,9 @@ answers ``not_found`` for an aborted one, as a castor without that contract woul
 ``$CASTOR_PROBE_SLOW_TURN_START=S`` answers a castor turn's own ``before_agent_start`` (message type
 ``custom``) after S seconds.
 
+``$CASTOR_PROBE_TURN_AT_SHUTDOWN=<x>`` sends ``agent.run_turn`` (``TURN: <x>``) as ``session_shutdown``
+arrives and answers that event 0.5 s later (a socket's turn asked for as Pi replaces or ends the session).
+
 ``icarus.config`` announces the tool ``probe_echo`` (``icarus.tool`` echoes ``text``;
 ``text == "bad"`` returns ``{error: ...}``). Other methods answer ``{text: "probe <method>"}``.
 """
@@ -77,6 +80,13 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         # Like an actor would: answer the event first, then ask for the turn.
         STATE["running"] = turn["turn_id"]
         threading.Timer(0.01, lambda: ctx.notify("agent.run_turn", turn)).start()
+        return None
+    if event == "session_shutdown" and os.environ.get("CASTOR_PROBE_TURN_AT_SHUTDOWN"):
+        STATE["turns"] += 1
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}",
+                "prompt": f"TURN: {os.environ['CASTOR_PROBE_TURN_AT_SHUTDOWN']}", "isolate": True}
+        ctx.notify("agent.run_turn", turn)
+        time.sleep(0.5)
         return None
     if event != "before_agent_start":
         return None

@@ -12,6 +12,7 @@ mid-turn (the cast stays resumable), the new session's start says the cast was r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import psutil
@@ -19,6 +20,7 @@ import pytest
 
 from tests.support.waiting import poll_until
 
+from .conftest import read_jsonl
 from .pi_rpc import PiRpc
 from .test_pi_cancellation import (
     STALL_S,
@@ -102,3 +104,22 @@ def test_new_session_mid_turn_restores_the_cast_there_and_continue_completes_it(
     # The turns after the switch ran in the new session: its file holds the reviewer's prompt.
     new_file = Path(pi.request({"type": "get_state"})["data"]["sessionFile"])
     assert poll_until(lambda: new_file.exists() and "REVIEWER-MATERIA" in new_file.read_text(), timeout=10)
+
+
+@pytest.mark.parametrize("command", ["new_session", "quit"])
+def test_a_turn_castor_asks_for_as_the_session_ends_is_not_run(start_pi, probe_command, fake_llm, command):
+    """castor may ask for a socket's turn in the moment Pi ends the session (a utility socket ended
+    just then): the extension started it in the session being torn down, and the model got a request
+    nobody would read. It is left unstarted: castor closes the session with the turn pending, so the
+    cast stays resumable and a continue sends it again."""
+    probe, log = probe_command
+    pi = start_pi(probe, env={"CASTOR_PROBE_LOG": str(log), "CASTOR_PROBE_TURN_AT_SHUTDOWN": "LATE-SOCKET"})
+    up(pi)
+    if command == "new_session":
+        replace_session(pi, {"type": "new_session"})
+        pi.prompt("a prompt in the new session")  # Pi is usable; the late turn did not run before it
+    else:
+        pi.close(timeout=10)
+    assert poll_until(lambda: any("session.close" == c["method"] for c in read_jsonl(log)), timeout=10)
+    assert not any("TURN: LATE-SOCKET" in json.dumps(r["messages"]) for r in fake_llm.log()), \
+        "the turn asked for as the session ended reached the model"

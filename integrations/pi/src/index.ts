@@ -361,6 +361,14 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		return {
 			"agent.run_turn": async (p) => {
 				const params = p as unknown as RunTurnParams;
+				if (closingSession) {
+					// Pi is ending this session (quit, /new, /resume, /fork): a run started now would go to
+					// the model in a session being torn down, its answer read by nobody. Left unstarted and
+					// unreported: castor closes the session with the turn pending, so the cast stays
+					// resumable and a continue sends the turn again.
+					log(`turn ${String(params.turn_id)} not started: the session is ending`);
+					return;
+				}
 				try {
 					await turns.dispatch(params, lastCtx);
 					if (turns.isQueuedFollowUp(String(params.turn_id))) log(`turn ${String(params.turn_id)} queued as a follow-up (Pi is busy)`);
