@@ -262,7 +262,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			// A session not opened yet on a castor that went silent (stopped before it answered the
 			// open, or a new session on a stopped castor) is not asked again with a whole deadline by
 			// every hook: it costs the quick probe, like any other call (`answering`).
-			if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet");
+			if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet; /castor restart restarts it");
 			openedGeneration = rt.generation;
 			try {
 				if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
@@ -511,6 +511,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			planned,
 			async (method, params) => {
 				const rt = await ready(true);
+				// A castor a deadline found silent (stopped, wedged) is asked the quick probe first: each
+				// command used to wait out the whole deadline again, however often it was typed.
+				if (!(await answering(rt))) {
+					throw new RpcError("timeout", `castor is not answering (nothing from it within ${probeMs()} ms); /castor restart restarts it`);
+				}
 				const result = await rt.call(method, { session_id: sessionId, cwd: ctx.cwd, ...params }, { spawn: false });
 				applyEffects(result);
 				if (method === "cast.start" && typeof params.request === "string") nameSession(params.request);
@@ -547,6 +552,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (!ctx) return null;
 		try {
 			const rt = await ready(false);
+			if (rt.silent) return castRows; // not asked again while castor does not answer (`answering`)
 			const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: ctx.cwd }, { spawn: false, timeoutMs: probeMs() })) as { casts?: unknown };
 			castRows = Array.isArray(listed?.casts) ? (listed.casts as CastRow[]) : null;
 			castRowsCwd = ctx.cwd;
