@@ -20,6 +20,9 @@ import { endpointText, tokenFromFile, type Endpoint } from "./locate.ts";
 import { ownerIsUs, tcpListenerOwner, unixListenerOwner, type ListenerOwner } from "./owner.ts";
 import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
+/** How long a child that exited may still take to hand over its last stderr bytes (see `open`). */
+const STDERR_DRAIN_MS = 200;
+
 export interface Hello {
 	name?: string;
 	version?: string;
@@ -277,7 +280,25 @@ export class CastorRuntime {
 		this.socket = undefined;
 		const peer = new MsgpackRpcPeer(child.stdout!, child.stdin!, log);
 		child.once("error", (err) => peer.close(`cannot start ${cmd}: ${err.message}`));
-		child.once("exit", (code, signal) => peer.close(signal ? `killed by ${signal}` : `exit code ${code}`));
+		child.once("exit", (code, signal) => {
+			const reason = signal ? `killed by ${signal}` : `exit code ${code}`;
+			// Node may tell the exit before the child's last stderr bytes are read; the notice of a
+			// runtime that failed is built at the close, and those lines are its only clue (a
+			// traceback). Closed once they are in -- or after STDERR_DRAIN_MS, should something the
+			// child started keep its stderr open.
+			const err = sink ? child.stderr : null;
+			if (!err || err.readableEnded || err.destroyed) {
+				peer.close(reason);
+				return;
+			}
+			const close = () => {
+				clearTimeout(timer);
+				peer.close(reason);
+			};
+			const timer = setTimeout(close, STDERR_DRAIN_MS);
+			err.once("end", close);
+			err.once("close", close);
+		});
 		return {
 			peer,
 			release: () => {
