@@ -179,41 +179,22 @@ def _sleepers(marker: str) -> list[psutil.Process]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("signals", [1, 2], ids=["sigterm", "sigterm-twice"])
-def test_sigterm_ends_the_cli_with_its_utility_process_tree(tmp_path, signals):
+@pytest.mark.parametrize(("sent", "exit_code"), [((signal.SIGTERM,), 143), ((signal.SIGTERM, signal.SIGTERM), 143),
+                                                 ((signal.SIGHUP,), 129)],
+                         ids=["sigterm", "sigterm-twice", "sighup"])
+def test_a_stop_signal_ends_the_cli_with_its_utility_process_tree(tmp_path, sent, exit_code):
     """`timeout N castor cast ...` sends SIGTERM: the runtime shuts down and ends the running
-    command's whole tree (the cast stays resumable); a second signal kills it at once."""
+    command's whole tree (the cast stays resumable); a second signal kills it at once. A closed
+    terminal or a dropped ssh session (SIGHUP) killed ``castor cast`` outright and left the command's
+    whole tree behind (it runs in a session of its own, so the hangup never reached it): a build or
+    a test run went on with no owner. SIGHUP now stops the command as SIGTERM does (exit 129)."""
     project = _stubborn_utility_project(tmp_path)
     proc = _start_cast(project, tmp_path)
     try:
         tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's grandchild")
-        proc.send_signal(signal.SIGTERM)
-        if signals == 2:
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 143, proc.stderr.read() if proc.stderr else ""
-        for child in tree:
-            assert poll_until(lambda pid=child.pid: process_gone(pid), timeout=10), \
-                f"utility process {child.pid} left running"
-        assert poll_until(lambda: all(process_gone(p.pid) for p in _sleepers("sleep 97")), timeout=10), \
-            "the double-forked orphan was left running"
-    finally:
-        _end(proc, "sleep 97")
-    listed = _castor(tmp_path, "casts", "--json", cwd=project)
-    assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
-
-
-@pytest.mark.timeout(90)
-def test_sighup_ends_the_cli_with_its_utility_process_tree(tmp_path):
-    """A closed terminal or a dropped ssh session (SIGHUP) killed ``castor cast`` outright and left
-    the running command's whole tree behind (it runs in a session of its own, so the hangup never
-    reached it): a build or a test run went on with no owner. SIGHUP now stops the command as
-    SIGTERM does (exit 129), and the cast stays resumable."""
-    project = _stubborn_utility_project(tmp_path)
-    proc = _start_cast(project, tmp_path)
-    try:
-        tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's grandchild")
-        proc.send_signal(signal.SIGHUP)
-        assert proc.wait(30) == 129, proc.stderr.read() if proc.stderr else ""
+        for signum in sent:
+            proc.send_signal(signum)
+        assert proc.wait(30) == exit_code, proc.stderr.read() if proc.stderr else ""
         for child in tree:
             assert poll_until(lambda pid=child.pid: process_gone(pid), timeout=10), \
                 f"utility process {child.pid} left running"

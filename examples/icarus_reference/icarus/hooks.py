@@ -145,28 +145,46 @@ def identity(value=None):
     return value
 
 
+def _protocol_pipes():
+    """The worker's protocol pipe ends (fd, access mode): every FIFO past stderr that is not stderr."""
+    import fcntl
+    import stat
+
+    stderr_pipe = os.fstat(2).st_ino
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            info = os.fstat(fd)
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except OSError:
+            continue
+        if fd > 2 and stat.S_ISFIFO(info.st_mode) and info.st_ino != stderr_pipe:
+            found.append((fd, mode))
+    return found
+
+
+def _after(delay_ms, action):
+    """Run ``action`` on a thread of its own ``delay_ms`` after now (this call's reply goes first)."""
+    import threading
+
+    def run():
+        time.sleep(float(delay_ms) / 1000.0)
+        action()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
 @traced("hooks")
 def hang_up(delay_ms=50):
     """After this call's reply, close the worker's reply channel (its protocol stdout) and live on:
     to the bridge the worker ended between calls while its process has not (yet) exited."""
-    import stat
-    import threading
-
     def close_reply_channel():
-        time.sleep(float(delay_ms) / 1000.0)
-        stderr_pipe = os.fstat(2).st_ino
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            try:
-                info = os.fstat(fd)
-                writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
-            except OSError:
-                continue
-            if fd > 2 and stat.S_ISFIFO(info.st_mode) and writable and info.st_ino != stderr_pipe:
+        for fd, mode in _protocol_pipes():
+            if mode == os.O_WRONLY:
                 os.close(fd)
 
-    import fcntl
-    threading.Thread(target=close_reply_channel, daemon=True).start()
+    _after(delay_ms, close_reply_channel)
     return "hanging up"
 
 
@@ -176,28 +194,15 @@ def close_input(delay_ms=50):
     ``sleep 60`` (exec: the same process, its threads gone) keeping the reply channel open: to the
     bridge the worker can no longer be written to while its process has not exited and its stdout
     has not ended (a dying worker's files are closed before its exit shows)."""
-    import fcntl
-    import stat
-    import threading
-
     def become_a_sleeper():
-        time.sleep(float(delay_ms) / 1000.0)
-        stderr_pipe = os.fstat(2).st_ino
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            try:
-                info = os.fstat(fd)
-                mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
-            except OSError:
-                continue
-            if fd > 2 and stat.S_ISFIFO(info.st_mode) and info.st_ino != stderr_pipe:
-                if mode == os.O_RDONLY:
-                    os.close(fd)
-                else:
-                    os.set_inheritable(fd, True)  # the reply channel stays open in the sleeper
+        for fd, mode in _protocol_pipes():
+            if mode == os.O_RDONLY:
+                os.close(fd)
+            else:
+                os.set_inheritable(fd, True)  # the reply channel stays open in the sleeper
         os.execv("/bin/sleep", ["sleep", "60"])
 
-    threading.Thread(target=become_a_sleeper, daemon=True).start()
+    _after(delay_ms, become_a_sleeper)
     return "closing input"
 
 

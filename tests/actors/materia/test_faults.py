@@ -24,6 +24,21 @@ def _cast_handle(rt, sid, cast_id):
     return rt.system.lookup(f"/root/session/{sid}/cast/{cast_id}")
 
 
+def _run_a_cast_that_stops_once(rt, project, answer: str, lines: list[str]) -> dict:
+    """Start a ``hello`` cast in session ``s1`` whose agent answers ``answer`` (the harness's notices
+    into ``lines``); return its start once its actor stopped after one incarnation and one turn."""
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+
+    agent = ScriptedAgent(parse_script([answer] * 8))
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lines.append)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    handle = _cast_handle(rt, "s1", started["cast_id"])
+    assert handle.closed.wait(20)
+    assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
+    return started
+
+
 def _socket_handles(rt, sid):
     prefix = f"/root/session/{sid}/socket/"
     return [h for h in rt.system.registry.handles(f"/root/session/{sid}/socket") if h.path.startswith(prefix)]
@@ -268,17 +283,9 @@ def test_a_state_that_cannot_be_serialised_stops_the_cast_once_never_a_crash_loo
         return real_encode(self, state, files)
 
     monkeypatch.setattr(CastActor, "_encode", encode)
-    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-
     rt = runtime_factory()
     lines: list[str] = []
-    agent = ScriptedAgent(parse_script(["poison"] * 8))
-    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
-                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lines.append)))
-    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
-    handle = _cast_handle(rt, "s1", started["cast_id"])
-    assert handle.closed.wait(20)
-    assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
+    _run_a_cast_that_stops_once(rt, project, "poison", lines)
     assert any("cannot be saved" in line and "castor bug" in line for line in lines), lines
 
 
@@ -331,17 +338,9 @@ def test_an_engine_failure_stops_the_cast_once_never_a_crash_loop_that_re_sends_
         return real_step(state, event)
 
     monkeypatch.setattr(cast_actor_module, "step", step)
-    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
-
     rt = runtime_factory()
     lines: list[str] = []
-    agent = ScriptedAgent(parse_script(["answer"] * 8))
-    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
-                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lines.append)))
-    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
-    handle = _cast_handle(rt, "s1", started["cast_id"])
-    assert handle.closed.wait(20)
-    assert handle.incarnation == 1 and len(agent.requests()) == 1  # stopped once; the turn was never re-sent
+    started = _run_a_cast_that_stops_once(rt, project, "answer", lines)
     assert any("castor bug" in line and "OverflowError" in line for line in lines), lines
     status = materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})
     assert status["phase"] == "failed", status
