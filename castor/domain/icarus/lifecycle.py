@@ -39,6 +39,7 @@ FilterDone              text                                  Reply(inject)     
 TurnAborted             request in flight                     CancelFilter if filtering; Reply(None)       done (worker call left to finish)
 agent_end(messages)     disabled                              Reply(None)                                  unchanged
 agent_end(messages)     enabled                               Reply(None)                                  buffer users, latest assistant
+                                                                                                             (not one answering a cast's prompt)
 agent_settled           enabled, same gen, not aborted,       CallWorker(post_llm_call, {session_id,       buffer cleared (always)
                         final stopReason "stop", text,        user_message, assistant_response, platform})
                         user text or prompt
@@ -74,6 +75,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SESSION_CONTEXT_TYPE = "icarus-session-context"
 MEMORY_CONTEXT_TYPE = "icarus-memory-context"
+#: The custom type of castor's own hidden prompts: a cast's turn, which the harness runs as a custom
+#: message (``agent.run_turn``'s ``custom_type``). Such a turn is no exchange of the user's: neither
+#: it nor its answer is captured, also when the harness runs it inside the user's run.
+CASTOR_PROMPT_TYPE = "pi-materia-prompt"
 STATUS_KEY = "icarus"
 #: Separator joining queued user messages of one settlement (castor's decision).
 USER_JOIN = "\n\n"
@@ -261,6 +266,9 @@ class Pending(_Frozen):
     users: tuple[str, ...] = ()
     assistant_text: str | None = None
     assistant_stop: str | None = None
+    #: The last message buffered was a cast's hidden prompt (or its answer): assistant messages
+    #: are the cast's until the next user message.
+    hidden: bool = False
 
 
 class InFlight(_Frozen):
@@ -410,7 +418,7 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
     if pending is None or pending.generation != state.generation:
         pending = Pending(generation=state.generation, prompt=prompt)
     elif pending.prompt is None:
-        pending = pending.evolve(prompt=prompt)
+        pending = pending.evolve(prompt=prompt, hidden=False)  # the user's run: its answers are theirs
     # One copy of the state, not two: the in-flight entry is added with the turn's own changes.
     inflight = {**state.inflight, ev.request: InFlight(kind="prompt", generation=state.generation, prompt=prompt)}
     state = state.evolve(first_turn=False, pending=pending, inflight=inflight)
@@ -491,19 +499,29 @@ def _buffer(state: HookState, messages: tuple[Any, ...]) -> HookState:
     if pending is None or pending.generation != state.generation:
         pending = Pending(generation=state.generation)
     users = list(pending.users)
-    text, stop = pending.assistant_text, pending.assistant_stop
+    text, stop, hidden = pending.assistant_text, pending.assistant_stop, pending.hidden
     for msg in messages:
         if not isinstance(msg, dict):
             continue
         role = msg.get("role")
         if role == "user":
+            hidden = False
             body = flatten(msg.get("content"))
             if body.strip():
                 users.append(body)
-        elif role == "assistant":
+        elif role == "assistant" and not hidden:
             text, stop = flatten(msg.get("content")), _stop_reason(msg)
-    pending = pending.evolve(users=tuple(users), assistant_text=text, assistant_stop=stop)
+        elif _castor_prompt(msg):
+            # A cast's turn Pi runs in this run (a follow-up of the user's prompt, or the run's own
+            # start): what answers it is the cast's, never the user's answer.
+            hidden = True
+    pending = pending.evolve(users=tuple(users), assistant_text=text, assistant_stop=stop, hidden=hidden)
     return state.evolve(pending=pending)
+
+
+def _castor_prompt(msg: dict[str, Any]) -> bool:
+    kind = msg.get("custom_type", msg.get("customType"))
+    return msg.get("role") == "custom" and kind == CASTOR_PROMPT_TYPE
 
 
 def _on_agent_end(state: HookState, ev: AgentEnd) -> Step:

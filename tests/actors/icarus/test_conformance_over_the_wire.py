@@ -99,6 +99,24 @@ def test_30_33_retries_then_settlement_capture_once_with_the_final_text_and_grou
     assert len(world.calls("hooks.post_llm_call")) == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_cast_turn_pi_ran_inside_the_users_run_is_not_captured_as_the_users_answer(pi):
+    """A cast's turn castor asked for while the user's run went on: Pi runs it as a follow-up of
+    that run, and the run's one agent_end (the extension's message summaries, the cast's turn id)
+    holds the user's exchange, the hidden prompt and the cast's answer."""
+    world, p = pi
+    p.prompt("what is the WAL mode")
+    p.event("agent_end", turn_id="visit-1", messages=[
+        {"role": "user", "text": "what is the WAL mode"},
+        {"role": "assistant", "text": "USER ANSWER", "stop_reason": "stop"},
+        {"role": "custom", "text": "HIDDEN MATERIA PROMPT", "custom_type": "pi-materia-prompt"},
+        {"role": "assistant", "text": "HIDDEN CAST ANSWER", "stop_reason": "stop"}])
+    assert p.event("agent_settled", aborted=False, turn_id="visit-1") == {}
+    [capture] = world.calls("hooks.post_llm_call")
+    assert capture["kwargs"]["user_message"] == "what is the WAL mode"
+    assert capture["kwargs"]["assistant_response"] == "USER ANSWER"
+
+
 def test_33_with_no_user_message_observed_the_prompt_is_the_user_message(pi):
     world, p = pi
     p.prompt("the original prompt")

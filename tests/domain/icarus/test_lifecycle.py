@@ -302,6 +302,62 @@ def test_33_queued_users_grouped_in_order_and_prompt_fallback():
     assert d.calls("post_llm_call")[-1].kwargs["user_message"] == "only the prompt"
 
 
+def castor_prompt(text):
+    """A cast's hidden prompt as the harness reports it (Pi: a custom message castor sent)."""
+    return {"role": "custom", "content": text, "custom_type": "pi-materia-prompt"}
+
+
+@pytest.mark.timeout(10)
+def test_a_cast_turn_run_inside_the_users_run_is_never_captured_as_the_users_answer():
+    """Pi runs a cast's turn that arrives while the user's run goes on as a follow-up of that run:
+    one agent_end then holds the user's exchange and the cast's hidden prompt and answer. The
+    capture pairs the user's prompt with the user's answer, never with the cast's hidden one."""
+    d = Driver()
+    d.start()
+    d.prompt("user asks")
+    d.send(AgentEnd(request=d.req(), messages=(user("user asks"), asst("USER ANSWER"),
+                                               castor_prompt("HIDDEN PROMPT"), asst("HIDDEN ANSWER"))))
+    d.send(AgentSettled(request=d.req()))
+    (call,) = d.calls("post_llm_call")
+    assert (call.kwargs["user_message"], call.kwargs["assistant_response"]) == ("user asks", "USER ANSWER")
+
+
+@pytest.mark.timeout(10)
+def test_a_cast_turns_answer_buffered_before_a_user_prompt_is_not_captured_for_that_prompt():
+    """The end of a cast's own run reaches castor, then the user's next prompt, then that cast
+    run's settlement (Pi reports it after the turn's end): nothing of the cast's run is captured,
+    and the user's own run is captured at its settlement."""
+    d = Driver()
+    d.start()
+    d.prompt("HIDDEN PROMPT", custom=True)
+    d.send(AgentEnd(request=d.req(), messages=(castor_prompt("HIDDEN PROMPT"), asst("HIDDEN ANSWER"))))
+    d.prompt("user asks")
+    d.send(AgentSettled(request=d.req()))  # the cast run's settlement, late
+    assert d.calls("post_llm_call") == []
+    d.send(AgentEnd(request=d.req(), messages=(user("user asks"), asst("USER ANSWER"))))
+    d.send(AgentSettled(request=d.req()))
+    (call,) = d.calls("post_llm_call")
+    assert (call.kwargs["user_message"], call.kwargs["assistant_response"]) == ("user asks", "USER ANSWER")
+
+
+@pytest.mark.timeout(10)
+def test_a_user_message_queued_into_a_cast_turns_run_is_captured_with_its_own_answer():
+    d = Driver()
+    d.start()
+    d.prompt("HIDDEN PROMPT", custom=True)
+    d.send(AgentEnd(request=d.req(), messages=(castor_prompt("HIDDEN PROMPT"), asst("HIDDEN ANSWER"),
+                                               user("typed meanwhile"), asst("ANSWER TO IT"))))
+    d.send(AgentSettled(request=d.req()))
+    (call,) = d.calls("post_llm_call")
+    assert (call.kwargs["user_message"], call.kwargs["assistant_response"]) == ("typed meanwhile", "ANSWER TO IT")
+    # Icarus's own injected context is a custom message too: the user's answer after it still counts
+    d.prompt("q2")
+    d.send(AgentEnd(request=d.req(), messages=(user("q2"), {"role": "custom", "content": "memory",
+                                                            "custom_type": "icarus-memory-context"}, asst("A2"))))
+    d.send(AgentSettled(request=d.req()))
+    assert d.calls("post_llm_call")[-1].kwargs["assistant_response"] == "A2"
+
+
 def test_34_disable_reenable_before_settlement_drops_buffer():
     d = Driver()
     d.start()
