@@ -92,7 +92,15 @@ from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import Surface, command
 from castor.domain.materia.trust import check_project_trust, check_saved_cast_trust
-from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound, StorageUnavailable
+from castor.messages.errors import (
+    ActorStopped,
+    CastorError,
+    Conflict,
+    Forbidden,
+    InvalidParams,
+    NotFound,
+    StorageUnavailable,
+)
 from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
 from castor.ports.session_component import SessionContext
@@ -736,6 +744,12 @@ class SessionActor(Actor):
         for cast_id, handle in sorted(self._live().items(), reverse=True):
             try:
                 visit_id = handle.ask(WithdrawUserTurn(reason=reason), timeout=ASK_TIMEOUT_S)
+            except ActorStopped as exc:
+                # Its actor exited after the listing above (the cast ended as the user's run
+                # settled): a cast that ended waits for no user turn; nothing to withdraw.
+                self.log.debug("no user turn of cast {cast} to withdraw ({reason}): {exc}", cast=cast_id,
+                               reason=reason, exc=exc)
+                continue
             except CastorError as exc:
                 self.log.warning("cannot withdraw the user turn of cast {cast} ({reason}): {exc}", cast=cast_id,
                                  reason=reason, exc=exc)
