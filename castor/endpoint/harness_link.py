@@ -52,6 +52,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
 from castor._log import logger
+from castor.domain.icarus.lifecycle import CASTOR_PROMPT_TYPE
 from castor.domain.materia.budget import answering_model, non_negative_number, plain_usage, sum_usage_maps, text_or_none
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
@@ -108,7 +109,7 @@ class WireHarness:
             "turn_id": request.turn_id,
             "prompt": request.prompt,
             "summary": request.summary,
-            "custom_type": "pi-materia-prompt",  # the hidden materia prompt, named as pi-materia names it
+            "custom_type": CASTOR_PROMPT_TYPE,  # the hidden materia prompt, named as pi-materia names it
             "isolate": True,
         }
         params.update(harness_turn_settings(request.model, request.thinking, request.tools))
