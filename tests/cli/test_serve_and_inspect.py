@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from castor.client import Client
+from tests.support.processes import killed_on_exit
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,7 +90,7 @@ def test_sigterm_with_sessions_open_closes_them_once_and_logs_no_failure(tmp_pat
     project.mkdir()
     server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(server):
         wait_for(timeout=20.0, predicate=sock.exists)
         clients = [Client.connect_unix(str(sock)) for _ in range(2)]
         for n, client in enumerate(clients):
@@ -99,10 +100,6 @@ def test_sigterm_with_sessions_open_closes_them_once_and_logs_no_failure(tmp_pat
         assert server.wait(30) == 0
         for client in clients:
             client.close()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
     stderr = server.stderr.read() if server.stderr else ""
     assert "failed" not in stderr and "Traceback" not in stderr and "WARNING" not in stderr, stderr
 
@@ -184,16 +181,12 @@ def test_serve_exits_non_zero_when_its_runtime_fails_fatally(tmp_path):
     sock = tmp_path / "castor.sock"
     server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--allow-faults"], env=_env(tmp_path),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(server):
         wait_for(timeout=20.0, predicate=sock.exists)
         with Client.connect_unix(str(sock)) as client:
             client.call("ops.fault", {"kind": "kill", "path": "/root"}, timeout=10)
         assert server.wait(30) == 1
         assert server.stderr.read().strip().splitlines()[-1].startswith("castor: internal: the runtime failed fatally")
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
 
 
 def _free_port() -> int:
@@ -296,23 +289,19 @@ def test_sighup_stops_serve_cleanly_unless_it_is_ignored(tmp_path):
     run_dir = tmp_path / "home" / ".castor" / "run"
     server = subprocess.Popen([*CASTOR, "serve", "--tcp", "127.0.0.1:0"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
-    try:
+    with killed_on_exit(server):
         line = server.stderr.readline()
         assert "listening on tcp:" in line, line
         assert list(run_dir.iterdir())  # the token file
         server.send_signal(signal.SIGHUP)
         assert server.wait(30) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
     assert list(run_dir.iterdir()) == []
 
     sock = tmp_path / "castor.sock"
     ignoring = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL,
                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
+    with killed_on_exit(ignoring):
         wait_for(timeout=20.0, predicate=sock.exists)
         ignoring.send_signal(signal.SIGHUP)
         with Client.connect_unix(str(sock)) as client:
@@ -320,8 +309,4 @@ def test_sighup_stops_serve_cleanly_unless_it_is_ignored(tmp_path):
         assert ignoring.poll() is None
         ignoring.send_signal(signal.SIGTERM)
         assert ignoring.wait(30) == 0
-    finally:
-        if ignoring.poll() is None:
-            ignoring.kill()
-            ignoring.wait(10)
     assert not sock.exists()

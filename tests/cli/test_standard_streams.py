@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from castor.client import Client
+from tests.support.processes import killed_on_exit
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -62,7 +63,7 @@ def test_serve_on_a_socket_with_stderr_closed_serves_and_stops_cleanly(tmp_path)
     sock = tmp_path / "castor.sock"
     server = subprocess.Popen(_sh([*CASTOR, "serve", "--socket", str(sock)], "<&- >&- 2>&-"),
                               env=_env(tmp_path), cwd=str(tmp_path))
-    try:
+    with killed_on_exit(server):
         wait_for(lambda: sock.exists() or server.poll() is not None, timeout=30, what="the socket")
         assert server.poll() is None, f"castor serve exited {server.returncode}"
         with Client.connect_unix(str(sock)) as client:
@@ -70,10 +71,6 @@ def test_serve_on_a_socket_with_stderr_closed_serves_and_stops_cleanly(tmp_path)
             client.call("session.open", {"session_id": "s1", "cwd": str(tmp_path)}, timeout=20)
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
     assert not sock.exists()
 
 

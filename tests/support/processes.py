@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from collections.abc import Iterator
+
 import psutil
 
 
@@ -12,3 +16,15 @@ def process_gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+@contextlib.contextmanager
+def killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Yield ``proc``; whatever the block did, a process still running after it is killed and reaped
+    (so a failed assertion never leaves a server behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
