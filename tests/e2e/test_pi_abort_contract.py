@@ -217,9 +217,13 @@ def _settled_after(log, prompt_marker: str):
     if not starts:
         return None
     after = events[starts[-1]:]
-    ends = [e for e in after if e["event"] == "agent_end"]
-    settles = [e for e in after if e["event"] == "agent_settled"]
-    return (ends[-1], settles[0]) if ends and settles else None
+    # The run's own settle follows its agent_end: an earlier run's settle, reported late (after
+    # the quit grace of an aborted run), may reach castor after this run's before_agent_start.
+    ends = [i for i, e in enumerate(after) if e["event"] == "agent_end"]
+    if not ends:
+        return None
+    settles = [e for e in after[ends[-1]:] if e["event"] == "agent_settled"]
+    return (after[ends[-1]], settles[0]) if settles else None
 
 
 def test_materia_abort_while_a_follow_up_turn_waits_in_pis_queue_never_runs_it(probe, fake_llm):
