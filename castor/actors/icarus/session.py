@@ -154,12 +154,14 @@ class _ObservedWorker:
         self._client = client
         self._warn = warn
         self._told_cannot_start = False
+        # Workers lost in a row, no call answered between them (see below).
+        self._losses_in_a_row = 0
 
     def call(self, module: str, function: str, args: list[Any] | None = None,
              kwargs: dict[str, Any] | None = None, timeout: float | None = None,
              token: CancelToken | None = None) -> Any:
         try:
-            return self._client().call(module, function, args, kwargs, timeout, token)
+            result = self._client().call(module, function, args, kwargs, timeout, token)
         except CastorError as exc:
             reason = (exc.data or {}).get("reason")
             if reason in ("spawn_failed", "exited_before_ready"):
@@ -176,10 +178,27 @@ class _ObservedWorker:
                     self._warn(f"Icarus: {what}{named}; hooks run without memory until it can start "
                                "(check the python and icarusDir settings).")
                 raise
+            if exc.code == ErrorCode.WORKER_CRASHED:
+                # A package that ends the process in every call (an ``os._exit`` in its import, a
+                # backend that exits on a missing model) takes each fresh worker down: "a fresh one
+                # starts on the next call" is true once and false after. The second loss in a row
+                # with no call answered between them names the pattern; then quiet until a call
+                # is answered again.
+                self._losses_in_a_row += 1
+                if self._losses_in_a_row == 2:
+                    code = (exc.data or {}).get("exit_code")
+                    self._warn(f"Icarus: the worker process ended during {self._losses_in_a_row} calls in a "
+                               f"row (exit code {code}); hooks run without memory, and further losses "
+                               "are not reported until a call succeeds (check the icarus package in the "
+                               "icarusDir setting: its import or a hook ends the process).")
+                if self._losses_in_a_row > 1:
+                    raise
             why = _WARN_CODES.get(str(exc.code))
             if why is not None:
                 self._warn(f"Icarus: {function} {why}. This step ran without memory.")
             raise
+        self._losses_in_a_row = 0
+        return result
 
     def close(self) -> None:
         self._client().close()

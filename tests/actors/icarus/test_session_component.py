@@ -372,3 +372,53 @@ def test_a_python_that_is_not_one_is_said_once_with_its_cause(world):
     warnings = [message for message, level in world.ui.of("notify") if level == "warning"]
     assert len(warnings) == 1, warnings
     assert "/bin/true" in warnings[0] and "before it was ready" in warnings[0] and "exit code 0" in warnings[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_package_that_ends_the_worker_on_every_call_is_said_once_not_at_every_hook(world):
+    """An ``icarus`` package whose import ends the process (``os._exit`` in its ``__init__``: a
+    broken install, a backend that exits on a missing model) takes each fresh worker down in its
+    first call. Every hook warned "lost the worker process; a fresh one starts on the next call" --
+    after the second time, false. The first loss is said as before; a second in a row, with no
+    call answered between them, is said once more naming the pattern and the exit code; then the
+    session stays quiet (its events still answer) until a call succeeds again."""
+    package = world.tmp / "exiting" / "icarus"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("import os\nos._exit(3)\n")
+    world.write_global(icarusDir=str(package))
+    rt = world.runtime()
+    world.open(rt)
+    assert rt.dispatch_event("s1", "session_start", {}) == {}
+    for prompt in ("one", "two", "three", "four", "five"):
+        assert rt.dispatch_event("s1", "before_agent_start", {"prompt": prompt, "message_type": "user"}) == {}
+    warnings = [message for message, level in world.ui.of("notify") if level == "warning"]
+    assert len(warnings) == 2, warnings
+    assert "lost the worker process" in warnings[0]
+    assert "2 calls in a row" in warnings[1] and "exit code 3" in warnings[1] and "icarusDir" in warnings[1]
+    assert rt.dispatch_event("s1", "session_shutdown", {}) == {}
+
+
+@pytest.mark.timeout(10)
+def test_a_call_answered_after_losses_in_a_row_makes_the_next_loss_said_again():
+    """The losses-in-a-row count restarts at an answered call: a worker lost after it is news."""
+    from castor.actors.icarus.session import _ObservedWorker
+    from castor.messages.errors import WorkerCrashed
+
+    outcomes = iter(["lost", "lost", "lost", "ok", "lost"])
+    warnings: list[str] = []
+
+    class Client:
+        def call(self, *args):
+            if next(outcomes) == "lost":
+                raise WorkerCrashed("icarus worker exited (code 3)", data={"exit_code": 3})
+            return "answer"
+
+    observed = _ObservedWorker(Client, warnings.append)
+    for _ in range(3):
+        with pytest.raises(WorkerCrashed):
+            observed.call("hooks", "pre_llm_call")
+    assert observed.call("hooks", "pre_llm_call") == "answer"
+    with pytest.raises(WorkerCrashed):
+        observed.call("hooks", "pre_llm_call")
+    assert [("lost the worker" in w, "2 calls in a row" in w) for w in warnings] == [
+        (True, False), (False, True), (True, False)]
