@@ -10,6 +10,8 @@ from __future__ import annotations
 def one_line(text: str) -> str:
     """``text`` with every character that is not printable (line breaks, tabs, ESC, other controls)
     shown as its Python escape (``\\n``, ``\\x1b``); printable text, any script, is kept as it is."""
+    if text.isprintable():  # the common case, one C call
+        return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
                    for ch in text)
 
