@@ -31,7 +31,14 @@ Both peers use this class: the server for each accepted client, the
   discarded and counted in ``late_replies``.
 * **Close is prompt.** Every pending outgoing call fails with
   :class:`~castor.endpoint.errors.ConnectionClosed`; threads blocked in the
-  transport are woken; close callbacks run once.
+  transport are woken; close callbacks run once. A close that a write or the
+  input stream caused (a failed write, the outbound queue overflowing, an
+  undecodable frame) can happen on any thread that sends or reads -- an
+  actor's, inside a handler -- so its callbacks run on a thread of their own:
+  a callback that closes the connection's sessions waits for their actors,
+  which would otherwise include the actor whose write found the peer gone
+  (tests/actors/icarus/test_session_endpoint.py, the peer gone on the hooks'
+  thread).
 * **An interrupted call leaves a connection that works or one that is closed, and nothing
   hangs.** An exception raised into a call from outside -- a signal handler's, such as Ctrl-C's
   ``KeyboardInterrupt`` on the main thread -- propagates unchanged. Struck while the call wrote
@@ -361,8 +368,13 @@ class Connection:
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed_event.wait(timeout)
 
-    def close(self, reason: str = "closed", *, flush_timeout: float = 0.0) -> None:
-        """Close once: optionally flush queued output, wake every thread, fail pending calls."""
+    def close(self, reason: str = "closed", *, flush_timeout: float = 0.0,
+              callbacks_apart: bool = False) -> None:
+        """Close once: optionally flush queued output, wake every thread, fail pending calls.
+
+        The close callbacks run on this thread once the rest is done, or (``callbacks_apart``) on a
+        thread of their own: for a close that happens on whichever thread wrote or read, possibly an
+        actor's inside a handler, which the callbacks (closing sessions) would wait for."""
         if flush_timeout > 0 and not self._closed:
             self._uncork()  # a corked response (an auth refusal's) is flushed like the rest
         with self._mutex:
@@ -388,6 +400,14 @@ class Connection:
             self._maybe_release_fds()
         self._log.info("connection closed: {} (dropped {} queued frames)", reason, dropped)
         self._closed_event.set()
+        if callbacks_apart and callbacks:
+            start_thread(self._run_callbacks, args=(callbacks,), name=f"castor-{self.name}-closed",
+                         owner=f"/endpoint/{self.name}",
+                         purpose="run the close callbacks of a close a write or a read caused")
+            return
+        self._run_callbacks(callbacks)
+
+    def _run_callbacks(self, callbacks: list[Callable[[Connection], None]]) -> None:
         for fn in callbacks:
             self._run_callback(fn)
 
@@ -539,7 +559,7 @@ class Connection:
             self.close_interrupted(threading.get_ident(), None, exc)
             raise
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        self.close(overflow)
+        self.close(overflow, callbacks_apart=True)  # any thread sends: an actor's, mid-handler
         return False
 
     def _cork_inline(self, me: int) -> None:
@@ -575,7 +595,7 @@ class Connection:
                 self._send(tail)
             return
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        self.close(overflow)
+        self.close(overflow, callbacks_apart=True)  # the watchdog's thread, or a handler's
 
     def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
         """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
@@ -1279,7 +1299,8 @@ class Connection:
         self.counters["invalid_frames"] += 1
         self._log.log(self._peer_fault_level, "undecodable input, closing: {}", exc.message)
         self._send(encode_error_notification(exc.to_wire()))
-        self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5)
+        # A caller waiting for its reply reads too (an actor's thread, inside a handler).
+        self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5, callbacks_apart=True)
 
     def _on_eof(self) -> None:
         """Peer finished sending: let accepted work finish (bounded), flush, close."""

@@ -140,8 +140,9 @@ class Server:
         conn.start()
 
     def connections(self) -> list[Connection]:
+        """The open connections (one closed a moment ago may still be untracking: not listed)."""
         with self._lock:
-            return list(self._conns.values())
+            return [c for c in self._conns.values() if not c.closed]
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server has fully stopped; ``False`` on timeout."""

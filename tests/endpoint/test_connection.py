@@ -340,3 +340,43 @@ def test_workers_a_burst_of_slow_handlers_grew_end_once_idle_and_the_pool_grows_
         gates.release.set()
         client.close()
         srv.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_write_that_fails_closes_without_running_the_close_callbacks_on_the_writing_thread(
+        client: Client, server: Server) -> None:
+    """Any thread may write (an actor's, inside a handler) and a write that finds the peer gone
+    closes the connection. Its close callbacks close the connection's sessions, which waits for
+    their actors -- the writer's among them, were the callbacks run on the writer's thread (it
+    waited the whole close bound). They run on a thread of their own: the write returns at once."""
+    import errno
+
+    assert client.call("echo", {"x": 1}) == {"x": 1}
+    [conn] = server.connections()
+    release = threading.Event()
+    ran_on: list[str] = []
+
+    def slow_callback(_conn) -> None:
+        ran_on.append(threading.current_thread().name)
+        release.wait(20)  # a session close waiting for the writer's own actor
+
+    conn.add_close_callback(slow_callback)
+
+    def broken(_data):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    conn.transport.send_nowait = broken
+    outcome: list[bool] = []
+    writer = threading.Thread(target=lambda: outcome.append(conn.notify("ui.status", {"key": "k", "text": "t"})),
+                              name="an-actor-thread")
+    writer.start()
+    writer.join(5)
+    try:
+        assert not writer.is_alive(), "the failed write waited for the close callbacks"
+        assert outcome == [False]
+        assert conn.closed and conn.close_reason.startswith("write failed")
+        assert poll_until(lambda: ran_on, timeout=5)
+        assert ran_on != ["an-actor-thread"]
+        assert conn not in server.connections()
+    finally:
+        release.set()

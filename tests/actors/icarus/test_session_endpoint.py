@@ -77,6 +77,7 @@ def wired(world):
         clients.append(client)
         return client, FakeHarness(client)
 
+    connect.server = server  # type: ignore[attr-defined]  # for the tests that reach the server's connections
     yield world, connect
     for client in clients:
         client.close()
@@ -374,3 +375,51 @@ def test_a_settings_write_on_a_full_disk_is_storage_unavailable_not_internal(wir
     after = world.global_path.read_bytes() if world.global_path.exists() else None
     assert after == before
     assert [p.name for p in world.agent_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_write_that_finds_the_peer_gone_on_the_hooks_thread_still_ends_the_icarus_session_at_once(wired):
+    """A harness killed mid-hook: the first frame castor writes after it died fails, and that
+    write closes the connection. Here the writer is the HookController itself, on its own thread:
+    the audit was acknowledged, the filtered context comes back to it (``FilterDone``) and its
+    reply answers the waiting hook early. The close used to run the connection's close callbacks
+    on that very thread -- closing the session, whose Icarus shutdown asks the HookController the
+    thread was still handling a message for: the ask waited its whole bound (timeoutMs + 3 s),
+    on_session_end never reached the worker, the hooks actor looked stuck, and stopping the
+    session then waited for that handler too. The callbacks of a close that a failed write
+    caused now run on a thread of their own."""
+    import errno
+    import time
+
+    world, connect = wired
+    world.seed(("sqlite WAL notes", "WAL"))
+    client, harness = connect()
+    open_session(client, world, "pi-lane")
+    client.call("harness.event", {"session_id": "pi-lane", "event": "session_start", "data": {"reason": "startup"}})
+    [conn] = [c for c in connect.server.connections() if not c.closed]
+    broken = threading.Event()
+    send_nowait = conn.transport.send_nowait
+
+    def failing_send(data):  # the peer died (RST): every write fails; the reader saw no EOF yet
+        if broken.is_set():
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+        return send_nowait(data)
+
+    conn.transport.send_nowait = failing_send
+    append_entry = harness.append_entry
+
+    def acknowledge_then_die(params):
+        broken.set()  # from here on castor's next write finds the peer gone
+        return append_entry(params)
+
+    client.on_request("session.append_entry", acknowledge_then_die)
+    pending = client.call_async("harness.event", _before_agent_start("sqlite"), timeout=30)
+    assert broken.wait(10), "the audit was never asked for"
+    started = time.monotonic()
+    wait_until(lambda: world.calls("hooks.on_session_end"), timeout=8,
+               what="on_session_end to reach the worker after the connection's write failed")
+    wait_until(lambda: not world.runtimes[0].has_session("pi-lane"), timeout=8, what="the session to close")
+    assert time.monotonic() - started < 8.0
+    assert conn.closed and (conn.close_reason or "").startswith("write failed")
+    with pytest.raises(CastorError):
+        pending.result()
