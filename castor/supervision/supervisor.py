@@ -267,7 +267,10 @@ class Supervisor(Actor):
             return self._start(spec)
         except CastorError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the child's factory failed: the starter's answer, not this supervisor's crash
+        except BaseException as exc:  # noqa: BLE001 - the child's factory failed: the starter's answer, not this supervisor's crash
+            # Even a KeyboardInterrupt, SystemExit or GeneratorExit: the factory ran on this
+            # supervisor's thread, never the main one, so no signal raised it and no process exit
+            # is at stake; it is the factory's own failure, as an Exception would be.
             failed = ActorCrashed(
                 f"{child_path(self.path, spec.id)} failed to start: {type(exc).__name__}",
                 data={"path": child_path(self.path, spec.id), "error_type": type(exc).__name__},
@@ -359,7 +362,7 @@ class Supervisor(Actor):
             try:
                 slot.handle.launch()
                 return
-            except Exception as exc:  # noqa: BLE001 - a factory that raises is a failed start
+            except BaseException as exc:  # noqa: BLE001 - a factory that raises (anything) is a failed start
                 self.log.opt(exception=exc).error("child {path} failed to start", path=slot.handle.path)
                 if not self._intensity.allow():
                     raise RestartIntensityExceeded(f"{slot.handle.path} cannot start: {exc!r}") from exc
@@ -391,7 +394,7 @@ class Supervisor(Actor):
             self._slots[path] = slot
         try:
             handle.launch()
-        except Exception:
+        except BaseException:  # whatever the factory raised, no slot may stay behind holding the id
             with self._table:
                 self._slots.pop(path, None)
             handle.close("failed to start")

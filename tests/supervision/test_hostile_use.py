@@ -213,6 +213,58 @@ def test_a_child_whose_factory_fails_is_refused_to_its_starter_and_its_superviso
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("what", ["keyboard_interrupt", "system_exit", "generator_exit"])
+def test_a_child_whose_factory_raises_a_base_exception_is_refused_to_its_starter_like_any_failed_start(what):
+    """Through ``StartChild`` the factory runs on the supervisor's thread: a KeyboardInterrupt,
+    SystemExit or GeneratorExit it raises is its own failure there (no signal reaches a thread
+    that is not the main one, and no thread's SystemExit ends the process), so it is a failed
+    start like any other: the starter gets ``actor_crashed`` chained to it, the id is free again
+    and the supervisor -- the root here, whose crash would fail the runtime -- runs on."""
+    system = ActorSystem([ChildSpec("a", Hostile)])
+    try:
+        def raising() -> Actor:
+            raise _RAISES[what]
+
+        for restart in (Restart.PERMANENT, Restart.TEMPORARY):
+            with pytest.raises(ActorCrashed) as crashed:
+                system.spawn(ChildSpec("broken", raising, restart=restart))
+            assert crashed.value.__cause__ is _RAISES[what]
+            assert crashed.value.may_have_started is False
+        assert not system.fatal.is_set() and system.root.incarnation == 1
+        assert system.root.ask(WhichChildren(), timeout=5) == ["/root/a"]  # no slot left holding the id
+        assert system.spawn(ChildSpec("broken", Hostile)).ask(Do(what="ping"), timeout=5) == ("ping", 1)
+        assert system.lookup("/root/a").ask(Do(what="ping"), timeout=5) == ("ping", 1)
+    finally:
+        assert system.shutdown(10)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("what", ["keyboard_interrupt", "system_exit", "generator_exit"])
+def test_a_restart_whose_factory_raises_a_base_exception_is_a_failed_start_tried_again(what):
+    """The restart path alike: a factory raising a BaseException when its child is restarted is
+    a failed start (logged, counted toward the supervisor's intensity, tried again), not a crash
+    of the supervisor."""
+    built: list[int] = []
+
+    def once_broken() -> Actor:
+        built.append(1)
+        if len(built) == 2:  # the first restart
+            raise _RAISES[what]
+        return Hostile()
+
+    system = ActorSystem([ChildSpec("a", once_broken)])
+    try:
+        a = system.lookup("/root/a")
+        with pytest.raises(ActorCrashed):
+            a.ask(Do(what="unprintable"), timeout=5)
+        assert poll_until(lambda: a.alive and len(built) == 3, timeout=5)
+        assert a.ask(Do(what="ping"), timeout=5)[0] == "ping"
+        assert not system.fatal.is_set() and system.root.incarnation == 1
+    finally:
+        assert system.shutdown(10)
+
+
+@pytest.mark.timeout(30)
 def test_a_direct_start_interrupted_by_a_base_exception_leaves_no_slot_behind():
     system = ActorSystem()
     try:
