@@ -1,0 +1,41 @@
+"""A command line castor cannot read is refused with one line naming what is wrong, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from castor.cli.app import main
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--bogus"], "unknown option: --bogus (see castor --help)"),
+    (["-x"], "unknown option: -x (see castor --help)"),
+    (["serve", "--bogus"], "unknown option: --bogus (see castor serve --help)"),
+    (["--bogus", "serve"], "unknown option: --bogus"),
+    (["status", "--bogus", "--worse"], "unknown options: --bogus --worse (see castor status --help)"),
+    (["serve", "--stdio", "extra"], "unrecognized arguments: extra (see castor serve --help)"),
+])
+def test_an_unknown_option_is_named_even_when_something_required_is_missing_too(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse checks the required arguments first: ``castor --bogus`` said ``required: COMMAND``
+    and ``castor serve --bogus`` asked for an endpoint, neither naming ``--bogus``."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("castor: invalid_params: ") and said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("argv", "said"), [
+    ([], "the following arguments are required: COMMAND (see castor --help)"),
+    (["serve"], "one of the arguments --stdio --socket --tcp is required (see castor serve --help)"),
+    (["status"], "the following arguments are required: CAST_ID (see castor status --help)"),
+])
+def test_with_nothing_unknown_what_is_missing_is_said_as_before(argv: list[str], said: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert said in capsys.readouterr().err
