@@ -423,3 +423,110 @@ def test_a_write_that_finds_the_peer_gone_on_the_hooks_thread_still_ends_the_ica
     assert conn.closed and (conn.close_reason or "").startswith("write failed")
     with pytest.raises(CastorError):
         pending.result()
+
+
+_KILL_POINTS = ("after_open", "after_start", "mid_request", "in_classifier", "in_audit", "on_startup_message",
+                "after_classifier", "after_audit")
+
+
+def _killed(client: Client) -> None:
+    """The harness process dies: its socket is reset (SO_LINGER 0), no session.close is sent."""
+    import socket
+
+    fd = client.connection.transport.read_fd
+    raw = socket.socket(fileno=os.dup(fd))  # a duplicate of the same socket, to set its option
+    try:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    finally:
+        raw.close()
+    client.connection.transport.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_harnesses_killed_at_random_points_mid_hook_leave_no_session_and_every_session_ends(wired):
+    """Stress: short-lived harness connections killed (socket reset, no session.close) at each of
+    these points twice, in an order chosen at random -- right after the open, after session_start,
+    with a prompt's hook in flight, inside castor's classifier or audit request or right after
+    answering it, on the startup message. Each point that is a request or a notification from
+    castor is hit exactly (the harness dies inside its handler, or once its answer left).
+    Every session must be closed, and its Icarus session ended (on_session_end in the worker),
+    within a bound well under the hooks' own (timeoutMs + 3 s): a close that waited for a hooks
+    actor its own thread was handling stalls one of these for its whole bound."""
+    import random
+    import time
+    from functools import partial
+
+    world, connect = wired
+    world.env["ICARUS_REF_STARTUP_CONTEXT"] = "[startup] ctx"
+    world.seed(("sqlite WAL notes", "WAL"), ("zebra notes", "stripes"))
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    rt = world.runtimes[0]
+    started_sessions: list[str] = []
+    points = list(_KILL_POINTS) * 2  # each point twice, in an order of the seed's
+    rng.shuffle(points)
+    for n, point in enumerate(points):
+        client, harness = connect()
+        sid = f"pi-kill-{n}"
+        died = threading.Event()
+
+        def die(*_args: Any, client: Client = client, died: threading.Event = died) -> Any:
+            died.set()
+            _killed(client)
+            raise CastorError("the harness died", code="cancelled")
+
+        def answer_then_die(params: dict[str, Any], answer: Any, client: Client = client,
+                            died: threading.Event = died) -> Any:
+            # The harness answers, then dies once its answer left (its next frame count).
+            sent = client.connection.counters["frames_out"]
+
+            def kill() -> None:
+                wait_until(lambda: client.connection.counters["frames_out"] > sent, timeout=5,
+                           what="the harness's answer to leave")
+                died.set()
+                _killed(client)
+
+            threading.Thread(target=kill, daemon=True).start()
+            return answer(params)
+
+        if point == "in_classifier":
+            client.on_request("classifier.complete", die)
+        elif point == "in_audit":
+            client.on_request("session.append_entry", die)
+        elif point == "after_classifier":
+            client.on_request("classifier.complete", partial(answer_then_die, answer=harness.complete))
+        elif point == "after_audit":
+            client.on_request("session.append_entry", partial(answer_then_die, answer=harness.append_entry))
+        elif point == "on_startup_message":
+            client.on_notification("message.send", die)
+        open_session(client, world, sid)
+        started_sessions.append(sid)
+        if point == "after_open":
+            _killed(client)
+            continue
+        try:
+            client.call("harness.event", {"session_id": sid, "event": "session_start", "data": {"reason": "startup"}})
+        except CastorError:
+            assert point == "on_startup_message"
+        if point == "after_start":
+            _killed(client)
+            continue
+        if point == "on_startup_message":
+            assert died.wait(10), f"seed {seed}: the startup message never came"
+            continue
+        client.call_async("harness.event", {"session_id": sid, "event": "before_agent_start",
+                                            "data": {"prompt": rng.choice(["sqlite", "zebra"]),
+                                                     "message_type": "user"}}, timeout=30)
+        if point == "mid_request":
+            _killed(client)
+        else:
+            assert died.wait(10), f"seed {seed}: {point} never reached the harness"
+    started = time.monotonic()
+    for sid in started_sessions:
+        wait_until(lambda sid=sid: not rt.has_session(sid), timeout=max(1.0, 12 - (time.monotonic() - started)),
+                   what=f"session {sid} to close (seed {seed})")
+    began = {c["kwargs"].get("session_id") for c in world.calls("hooks.on_session_start")}
+    ended = {c["kwargs"].get("session_id") for c in world.calls("hooks.on_session_end")}
+    assert began and began <= ended, (seed, sorted(began - ended))
+    assert time.monotonic() - started < 12, seed
