@@ -78,6 +78,7 @@ from castor.endpoint.framing import (
     FrameDecoder,
     FrameLimits,
     Notification,
+    PendingFrame,
     Request,
     Response,
     UndecodableStream,
@@ -290,6 +291,11 @@ class Connection:
         # it). Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
+        # The bytes fed last (the read that left a frame incomplete holds its newest part), and the
+        # header reader of the incomplete frame: a string, binary or ext announced over the limits
+        # is refused at its header, not once the frame limit's worth of it arrived (PendingFrame).
+        self._chunk: bytes = b""
+        self._pending_frame: PendingFrame | None = None
         self._max_out_bytes = self.settings.max_outbound_bytes
         # over_limits' free case, read once: no frame this short can break a limit.
         self._smallest_limit = self.settings.frame_limits.smallest
@@ -1022,6 +1028,11 @@ class Connection:
                     if self._fed - self._frame_start > self._max_frame:
                         self._over_the_frame_limit(me)
                         return None
+                    refused = self._refused_at_a_header()
+                    if refused is not None:
+                        self._release_role(me)
+                        self._on_undecodable(UndecodableStream(refused))
+                        return None
                 except Exception as exc:  # msgpack format / limit errors: the stream is lost
                     self._release_role(me)
                     self._on_undecodable(undecodable(exc))
@@ -1151,7 +1162,21 @@ class Connection:
             self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
             return False
         self._fed += len(data)
+        self._chunk = data
         return True
+
+    def _refused_at_a_header(self) -> str | None:
+        """Why the incomplete frame is refused already, by a header it holds (:class:`PendingFrame`),
+        or None. Runs only when a read ended inside a frame; each byte is looked at once."""
+        chunk = self._chunk
+        offset = self._fed - len(chunk)
+        pending = self._pending_frame
+        if pending is None or pending.start != self._frame_start:
+            if self._frame_start < offset:
+                return None  # the frame began in an earlier read no reader looked at (none does)
+            pending = self._pending_frame = PendingFrame(self._frame_start, self.settings.frame_limits,
+                                                         self._max_frame)
+        return pending.feed(chunk, offset)
 
     def _over_the_frame_limit(self, me: int) -> None:
         self._release_role(me)

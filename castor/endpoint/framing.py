@@ -164,6 +164,126 @@ class FrameDecoder:
             raise undecodable(exc) from exc
 
 
+class PendingFrame:
+    """Reads the headers of one frame whose bytes are still arriving, and refuses it as soon as a
+    header announces more than the limits allow.
+
+    msgpack's decoder checks an array's or a map's length at its header, but a string's, a
+    binary's or an ext's only once the whole payload is buffered: a peer announcing a 4 GiB
+    string was read until the frame limit (16 MiB) was buffered, however slowly it sent it. This
+    walks the frame's structure as its bytes arrive -- headers only: a payload is passed over by
+    arithmetic -- and says why the frame is refused the moment the header is read: an element
+    over its own limit, or one whose end would lie past the frame limit.
+
+    Fed only while a frame is incomplete (the decoder found no whole value in what is buffered),
+    so a frame read whole costs nothing; its cost is one step per element header, never per byte,
+    and it keeps at most a header's few bytes. The decoder has parsed every byte fed before it,
+    so what it is fed is valid msgpack as far as it goes."""
+
+    __slots__ = ("start", "pos", "_skip", "_stack", "_head", "_limits", "_max_frame")
+
+    def __init__(self, start: int, limits: FrameLimits, max_frame: int) -> None:
+        self.start = start  # the stream offset of the frame's first byte
+        self.pos = start  # the stream offset of the next byte to look at
+        self._skip = 0  # payload bytes still to pass over
+        self._stack = [1]  # elements still to come, per open array or map (the frame: one value)
+        self._head = b""  # the start of a header split across reads
+        self._limits = limits
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes | memoryview, offset: int) -> str | None:
+        """Look at ``data``, the stream's bytes from ``offset`` on (any before :attr:`pos` were
+        seen already); why the frame is refused, or None."""
+        i = max(0, self.pos - offset)
+        n = len(data)
+        stack = self._stack
+        while i < n and stack:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            head = self._head
+            buf = head + bytes(data[i:i + _MAX_HEADER])
+            parsed = self._header(buf)
+            if parsed is None:  # a header cut by the end of what arrived: keep its start
+                self._head = buf
+                i = n
+                break
+            self._head = b""
+            used, children, payload, why = parsed
+            if why is not None:
+                return why
+            i += used - len(head)
+            if payload and offset + i + payload - self.start > self._max_frame:
+                return (f"an element announces {payload} bytes, which would end the frame past the "
+                        f"{self._max_frame}-byte frame limit")
+            stack[-1] -= 1
+            if children:
+                stack.append(children)
+            else:
+                self._skip = payload
+                while stack and stack[-1] == 0:
+                    stack.pop()
+        self.pos = offset + i
+        return None
+
+    def _header(self, buf: bytes) -> tuple[int, int, int, str | None] | None:
+        """The header at the start of ``buf``: (its length, the elements it opens, the payload
+        bytes that follow it, why it is over the limits); None when ``buf`` holds only its start."""
+        b = buf[0]
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):  # fixint, nil, booleans
+            return 1, 0, 0, None
+        if b <= 0x8F:
+            return 1, 2 * (b & 0x0F), 0, None
+        if b <= 0x9F:
+            return 1, b & 0x0F, 0, None
+        if b <= 0xBF:
+            return 1, 0, b & 0x1F, None
+        fixed = _FIXED.get(b)
+        if fixed is not None:  # numbers and fixext: a marker (and an ext's type) then the payload
+            return fixed
+        spec = _SIZED.get(b)
+        if spec is None:
+            return 1, 0, 0, None  # 0xC1 (never used): the decoder refuses it itself
+        kind, width, extra = spec
+        if len(buf) < 1 + width + extra:
+            return None
+        size = int.from_bytes(buf[1:1 + width], "big")
+        limit: int = getattr(self._limits, _LIMIT_OF[kind])
+        why = None
+        if size > limit:
+            unit = "elements" if kind in ("array", "map") else "bytes"
+            why = f"a {kind} of {size} {unit} announced, over the {limit}-{unit[:-1]} {kind} limit"
+        if kind == "array":
+            return 1 + width, size, 0, why
+        if kind == "map":
+            return 1 + width, 2 * size, 0, why
+        return 1 + width + extra, 0, size, why
+
+
+#: Which of FrameLimits' fields bounds each kind of sized element.
+_LIMIT_OF = {"string": "max_str_len", "binary": "max_bin_len", "ext": "max_ext_len", "array": "max_array_len",
+             "map": "max_map_len"}
+#: The longest header: an ext32's marker, 4 length bytes and its type byte.
+_MAX_HEADER = 6
+#: Headers of a fixed size: marker -> (header length, 0, payload bytes, None).
+_FIXED: dict[int, tuple[int, int, int, str | None]] = {
+    0xCA: (1, 0, 4, None), 0xCB: (1, 0, 8, None),  # float 32/64
+    0xCC: (1, 0, 1, None), 0xCD: (1, 0, 2, None), 0xCE: (1, 0, 4, None), 0xCF: (1, 0, 8, None),  # uint
+    0xD0: (1, 0, 1, None), 0xD1: (1, 0, 2, None), 0xD2: (1, 0, 4, None), 0xD3: (1, 0, 8, None),  # int
+    0xD4: (2, 0, 1, None), 0xD5: (2, 0, 2, None), 0xD6: (2, 0, 4, None), 0xD7: (2, 0, 8, None),  # fixext
+    0xD8: (2, 0, 16, None),
+}
+#: Headers with a length: marker -> (kind, length bytes, bytes after the length: an ext's type).
+_SIZED: dict[int, tuple[str, int, int]] = {
+    0xC4: ("binary", 1, 0), 0xC5: ("binary", 2, 0), 0xC6: ("binary", 4, 0),
+    0xC7: ("ext", 1, 1), 0xC8: ("ext", 2, 1), 0xC9: ("ext", 4, 1),
+    0xD9: ("string", 1, 0), 0xDA: ("string", 2, 0), 0xDB: ("string", 4, 0),
+    0xDC: ("array", 2, 0), 0xDD: ("array", 4, 0), 0xDE: ("map", 2, 0), 0xDF: ("map", 4, 0),
+}
+
+
 #: How deep msgpack's decoder nests arrays and maps (its fixed stack: the outermost counts); a value
 #: nested deeper is undecodable, and its exception (``StackError``) carries no text of its own.
 MAX_NESTING = 1024

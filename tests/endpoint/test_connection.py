@@ -380,3 +380,19 @@ def test_a_write_that_fails_closes_without_running_the_close_callbacks_on_the_wr
         assert conn not in server.connections()
     finally:
         release.set()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("marker", "kind"), [(b"\xdb", "string"), (b"\xc6", "binary")])
+def test_a_string_or_binary_announced_over_its_limit_closes_the_connection_at_its_header(
+        server: Server, client: Client, marker: bytes, kind: str) -> None:
+    """msgpack checks a string's length only once the whole string is buffered: a peer announcing
+    a 100 MiB string was read until 16 MiB of it had arrived (the frame limit), held in memory,
+    however slowly it sent it. Now the header alone closes the connection, with the reason."""
+    peer = RawPeer(server.address)
+    peer.send(b"\x94\x00\x01\xa4echo\x91\x81\xa1k" + marker + (100 * 2**20).to_bytes(4, "big") + b"z" * 1000)
+    frames = peer.read_until_eof(timeout=10)  # no more bytes are sent: the header must do
+    [[kind_, method, [error]]] = frames
+    assert (kind_, method, error["code"]) == (2, "error", "invalid_frame")
+    assert f"a {kind} of {100 * 2**20} bytes announced, over the 8388608-byte {kind} limit" in error["message"]
+    assert client.call("echo", {"ok": 1}) == {"ok": 1}  # the other connection goes on

@@ -11,6 +11,7 @@ from castor.endpoint.framing import (
     FrameDecoder,
     FrameLimits,
     Notification,
+    PendingFrame,
     Request,
     Response,
     UndecodableStream,
@@ -138,3 +139,65 @@ def test_a_value_nested_past_the_decoder_s_depth_says_so() -> None:
     with pytest.raises(UndecodableStream) as info:
         deep.next_value()
     assert info.value.message == f"undecodable bytes: arrays and maps nested more than {MAX_NESTING} deep"
+
+
+_SMALL = FrameLimits(max_str_len=64, max_bin_len=64, max_ext_len=8, max_array_len=50, max_map_len=50,
+                     max_buffer_size=4096)
+
+
+def _fed_in_pieces(frame: bytes, cut: int, limits: FrameLimits = _SMALL, max_frame: int = 4096,
+                   ) -> tuple[str | None, int]:
+    """Feed ``frame`` to a PendingFrame ``cut`` bytes at a time (after junk it must skip); the
+    refusal and how many of the frame's bytes had arrived when it came."""
+    junk = b"\x90" * 3  # whole frames read before it, in the same first read
+    stream = junk + frame
+    pending = PendingFrame(len(junk), limits, max_frame)
+    for end in range(len(junk) + cut, len(stream) + cut, cut):
+        chunk_start = max(0, end - cut)
+        why = pending.feed(stream[chunk_start:end], chunk_start)
+        if why is not None:
+            return why, min(end, len(stream)) - len(junk)
+    return None, len(frame)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 64])
+def test_a_pending_frame_within_the_limits_is_never_refused_however_its_bytes_arrive(cut: int) -> None:
+    values = [
+        [0, 1, "echo", [{"s": "x" * 64, "b": b"\x00" * 64, "n": [None, True, False, -1, -33, 2**63, -(2**63),
+                                                             1.5, 0.25, 255, 65535, 2**32, "é" * 20]}]],
+        [2, "ui.status", [{"m": {str(i): [i] * 3 for i in range(50)}, "e": msgpack.ExtType(5, b"12345678")}]],
+        [1, 7, None, [msgpack.ExtType(1, b"a" * n) for n in (1, 2, 4, 8)] + [[[[]]], {}]],
+        [0, 2, "x" * 31, [{"": "y" * 32}]],
+    ]
+    for value in values:
+        frame = msgpack.packb(value, use_bin_type=True)
+        assert _fed_in_pieces(frame, cut) == (None, len(frame)), value
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", [1, 4, 4096])
+@pytest.mark.parametrize(("marker", "kind", "size"), [
+    (b"\xdb", "string", 2**32 - 1), (b"\xda", "string", 65), (b"\xd9", "string", 65),
+    (b"\xc6", "binary", 2**31), (b"\xc5", "binary", 100), (b"\xc9", "ext", 9), (b"\xc7", "ext", 200),
+    (b"\xdd", "array", 51), (b"\xdf", "map", 2**32 - 1),
+])
+def test_a_header_announcing_more_than_its_limit_is_refused_as_soon_as_it_is_read(
+        marker: bytes, kind: str, size: int, cut: int) -> None:
+    """A 4 GiB string was read until the frame limit's worth of it had arrived: now its header,
+    the moment it is whole, refuses the frame -- whatever it was split across."""
+    width = {b"\xd9": 1, b"\xc7": 1, b"\xda": 2, b"\xc5": 2}.get(marker, 4)
+    header = marker + size.to_bytes(width, "big") + (b"\x05" if kind == "ext" else b"")
+    before = b"\x94\x00\x01\xa4echo\x91\x81\xa1k"  # [0, 1, "echo", [{"k": <the element>
+    frame = before + header + b"z" * 4096
+    why, arrived = _fed_in_pieces(frame, cut)
+    assert why is not None and f"a {kind} of {size} " in why, why
+    assert arrived <= len(before) + len(header) + cut - 1 if cut < len(frame) else arrived == len(frame)
+
+
+@pytest.mark.timeout(60)
+def test_an_element_whose_end_would_lie_past_the_frame_limit_is_refused_at_its_header() -> None:
+    limits = FrameLimits()  # a 7 MiB string is within the string limit, but not in a 1 MiB frame
+    header = b"\x91\xdb" + (7 * 2**20).to_bytes(4, "big")
+    why, arrived = _fed_in_pieces(header + b"z" * 100, 3, limits, max_frame=2**20)
+    assert why is not None and "past the 1048576-byte frame limit" in why and arrived <= len(header) + 2
