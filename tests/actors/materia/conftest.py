@@ -42,6 +42,8 @@ def served(tmp_path):
         clients.append(client)
         return client
 
+    connect.server = server  # type: ignore[attr-defined]  # for the tests that reach the server's connections
+    connect.runtime = runtime  # type: ignore[attr-defined]
     yield connect
     for client in clients:
         client.close()

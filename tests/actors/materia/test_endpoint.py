@@ -115,3 +115,45 @@ def test_method_errors_have_stable_codes(served, project):
         other.call("cast.list", {"session_id": "pi-2"})
     with pytest.raises(Forbidden):
         other.call("cast.list", {"session_id": "nobody"})
+
+
+@pytest.mark.timeout(60)
+def test_a_harness_gone_when_castor_sends_the_next_turn_closes_its_session_at_once_and_the_cast_stays(
+        served, project):
+    """The harness dies between two turns of a cast: castor's next write, the second socket's
+    ``agent.run_turn`` sent from the cast's own actors, is the one that finds the peer gone and
+    closes the connection. Closing the session then must not wait for the actor whose write
+    failed: the session closes within seconds and the cast stays persisted, resumable."""
+    import errno
+    import time
+
+    write_project_config(project, {"activeLoadout": "Two", "materia": {
+        "P": {"prompt": "PLANNER", "tools": "none"}, "W": {"prompt": "WRITER", "tools": "none"}},
+        "loadouts": {"Two": {"entry": "Socket-1", "sockets": {
+            "Socket-1": {"type": "agent", "materia": "P", "parse": "json", "assign": {"plan": "$.summary"},
+                         "edges": [{"when": "always", "to": "Socket-2"}]},
+            "Socket-2": {"type": "agent", "materia": "W"}}}}})
+    client = served()
+    FakeHarness(client, "pi-gone", {"P": [plan_json("a")], "W": ["written"]})
+    client.call("session.open", {"session_id": "pi-gone", "cwd": str(project), "trusted": True})
+    [conn] = served.server.connections()
+    gone = threading.Event()
+    send_nowait = conn.transport.send_nowait
+
+    def failing_send(data):  # the harness died after its first turn: the next turn's frame fails
+        if gone.is_set() or (b"agent.run_turn" in bytes(data) and b"WRITER" in bytes(data)):
+            gone.set()
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+        return send_nowait(data)
+
+    conn.transport.send_nowait = failing_send
+    started = client.call("cast.start", {"session_id": "pi-gone", "cwd": str(project), "request": "build it"})
+    assert gone.wait(15), "the second turn was never sent"
+    since = time.monotonic()
+    wait_for(lambda: not served.runtime.has_session("pi-gone"), timeout=10, what="the session to close")
+    assert time.monotonic() - since < 10
+    assert conn.closed and (conn.close_reason or "").startswith("write failed")
+    later = served()
+    later.call("session.open", {"session_id": "pi-later", "cwd": str(project), "trusted": True})
+    status = later.call("cast.status", {"session_id": "pi-later", "cast_id": started["cast_id"]})
+    assert (status["status"], status["resumable"], status["current_socket"]) == ("orphaned", True, "Socket-2")
