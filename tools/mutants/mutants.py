@@ -55,6 +55,12 @@ MUTANTS: list[Mutant] = [
              "            handle.failed += 1\n            if reply is not None:\n                reply.fail(exc)\n"
              "            self.inbox.put_back(envelope)\n            self._crash(exc, envelope)")],
            [f"{SUP}/test_strategies.py::test_queued_messages_survive_a_restart_but_the_failing_one_is_not_redelivered"]),
+    mutant("factory-base-exception-crashes-supervisor", "R1 failure model (a failed start is the starter's answer)",
+           [("castor/supervision/supervisor.py",
+             "        except BaseException as exc:  # noqa: BLE001 - the child's factory failed",
+             "        except Exception as exc:  # noqa: BLE001 - the child's factory failed")],
+           [f"{SUP}/test_hostile_use.py::"
+            "test_a_child_whose_factory_raises_a_base_exception_is_refused_to_its_starter_like_any_failed_start"]),
     mutant("intensity-never-exceeded", "R1 failure model (R restarts in T s, then escalate)",
            [("castor/supervision/supervisor.py",
              "        if not self._intensity.allow():\n            raise RestartIntensityExceeded(\n",
@@ -116,6 +122,15 @@ MUTANTS: list[Mutant] = [
              "            cond = self._cond\n            while not call.settled:",
              "            while not call.settled:")],
            ["tests/endpoint/test_lock_sections.py::test_no_loop_in_castor_heads_a_try"]),
+    mutant("close-callbacks-on-the-writers-thread",
+           "R2 no stranded close: a write that finds the peer gone closes its sessions on a thread of their own",
+           [("castor/endpoint/connection.py",
+             "self.close(overflow, callbacks_apart=True)  # any thread sends: an actor's, mid-handler",
+             "self.close(overflow)  # any thread sends: an actor's, mid-handler")],
+           ["tests/endpoint/test_connection.py::"
+            "test_a_write_that_fails_closes_without_running_the_close_callbacks_on_the_writing_thread",
+            f"{AIC}/test_session_endpoint.py::"
+            "test_a_write_that_finds_the_peer_gone_on_the_hooks_thread_still_ends_the_icarus_session_at_once"]),
     mutant("icarus-client-ask-unbounded", "R2 every ask has a deadline (the Icarus client)",
            [("castor/actors/icarus/worker.py",
              "return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)",
