@@ -1174,9 +1174,8 @@ class Connection:
         if pending is None or pending.start != self._frame_start:
             if self._frame_start < offset:
                 return None  # the frame began in an earlier read no reader looked at (none does)
-            pending = self._pending_frame = PendingFrame(self._frame_start, self.settings.frame_limits,
-                                                         self._max_frame)
-        return pending.feed(chunk, offset)
+            pending = self._pending_frame = PendingFrame(self._frame_start, self.settings.frame_limits)
+        return pending.feed(chunk, offset, self._max_frame)
 
     def _over_the_frame_limit(self, me: int) -> None:
         self._release_role(me)

@@ -180,20 +180,20 @@ class PendingFrame:
     and it keeps at most a header's few bytes. The decoder has parsed every byte fed before it,
     so what it is fed is valid msgpack as far as it goes."""
 
-    __slots__ = ("start", "pos", "_skip", "_stack", "_head", "_limits", "_max_frame")
+    __slots__ = ("start", "pos", "_skip", "_stack", "_head", "_limits")
 
-    def __init__(self, start: int, limits: FrameLimits, max_frame: int) -> None:
+    def __init__(self, start: int, limits: FrameLimits) -> None:
         self.start = start  # the stream offset of the frame's first byte
         self.pos = start  # the stream offset of the next byte to look at
         self._skip = 0  # payload bytes still to pass over
         self._stack = [1]  # elements still to come, per open array or map (the frame: one value)
         self._head = b""  # the start of a header split across reads
         self._limits = limits
-        self._max_frame = max_frame
 
-    def feed(self, data: bytes | memoryview, offset: int) -> str | None:
+    def feed(self, data: bytes | memoryview, offset: int, max_frame: int) -> str | None:
         """Look at ``data``, the stream's bytes from ``offset`` on (any before :attr:`pos` were
-        seen already); why the frame is refused, or None."""
+        seen already); why the frame is refused, or None. ``max_frame``: the frame limit now (a
+        connection's is tighter until it has authenticated)."""
         i = max(0, self.pos - offset)
         n = len(data)
         stack = self._stack
@@ -215,9 +215,9 @@ class PendingFrame:
             if why is not None:
                 return why
             i += used - len(head)
-            if payload and offset + i + payload - self.start > self._max_frame:
+            if payload and offset + i + payload - self.start > max_frame:
                 return (f"an element announces {payload} bytes, which would end the frame past the "
-                        f"{self._max_frame}-byte frame limit")
+                        f"{max_frame}-byte frame limit")
             stack[-1] -= 1
             if children:
                 stack.append(children)

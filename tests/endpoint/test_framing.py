@@ -151,10 +151,10 @@ def _fed_in_pieces(frame: bytes, cut: int, limits: FrameLimits = _SMALL, max_fra
     refusal and how many of the frame's bytes had arrived when it came."""
     junk = b"\x90" * 3  # whole frames read before it, in the same first read
     stream = junk + frame
-    pending = PendingFrame(len(junk), limits, max_frame)
+    pending = PendingFrame(len(junk), limits)
     for end in range(len(junk) + cut, len(stream) + cut, cut):
         chunk_start = max(0, end - cut)
-        why = pending.feed(stream[chunk_start:end], chunk_start)
+        why = pending.feed(stream[chunk_start:end], chunk_start, max_frame)
         if why is not None:
             return why, min(end, len(stream)) - len(junk)
     return None, len(frame)

@@ -254,6 +254,13 @@ MUTANTS: list[Mutant] = [
              "            pass\n        except BlockingIOError:\n            os.close(fd)\n            return None")],
            [f"{ADM}/test_cast_lease.py::test_one_holder_at_a_time_and_the_probe_sees_it"]),
     # ---- row 7: load beyond capacity --------------------------------------------------------------------
+    mutant("string-length-read-to-the-frame-limit",
+           "R7 bounded input: a string announced over its limit is refused at its header",
+           [("castor/endpoint/connection.py",
+             "refused = self._refused_at_a_header()",
+             "refused = None")],
+           ["tests/endpoint/test_connection.py::"
+            "test_a_string_or_binary_announced_over_its_limit_closes_the_connection_at_its_header"]),
     mutant("mailbox-unbounded", "R7 a bounded mailbox rejects overflow at once",
            [("castor/supervision/mailbox.py",
              "if self.capacity is not None and len(self._queue) >= self.capacity:",
