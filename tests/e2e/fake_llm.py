@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+DEFAULT_USAGE: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+OMIT_USAGE = object()
+
 
 @dataclass
 class Scripted:
@@ -38,6 +41,9 @@ class Scripted:
     status: int = 200
     delay: float = 0.0
     error: dict[str, Any] | None = None  # the provider's error object for a status != 200
+    pause: float = 0.0  # seconds between a streamed text's first half and its second (a turn mid-stream)
+    # the final chunk's ``usage`` as sent (OMIT_USAGE: no usage chunk at all)
+    usage: Any = field(default_factory=lambda: dict(DEFAULT_USAGE))
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -76,10 +82,13 @@ class FakeLLM:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
-    def reply_text(self, text: str, *, when: str | None = None, delay: float = 0.0) -> None:
-        """Queue a text reply; ``delay`` seconds pass before the response starts."""
+    def reply_text(self, text: str, *, when: str | None = None, delay: float = 0.0, pause: float = 0.0,
+                   usage: Any = DEFAULT_USAGE) -> None:
+        """Queue a text reply; ``delay`` seconds pass before the response starts, ``pause`` seconds
+        between its first half and its second (the turn streams meanwhile); ``usage`` is the usage
+        the stream ends with, as a provider wrote it (any JSON; ``OMIT_USAGE``: none)."""
         with self._lock:
-            self.script.append(Scripted(text=text, when=when, delay=delay))
+            self.script.append(Scripted(text=text, when=when, delay=delay, pause=pause, usage=usage))
 
     def reply_tool_call(self, name: str, arguments: dict[str, Any], *, when: str | None = None,
                         delay: float = 0.0) -> None:
@@ -176,10 +185,12 @@ class FakeLLM:
                         "id": f"call_{time.monotonic_ns()}", "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args)}}]}
                     finish = "tool_calls"
-                self._plain(200, json.dumps({
+                body: dict[str, Any] = {
                     "id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
-                    "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}).encode())
+                    "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+                if item.usage is not OMIT_USAGE:
+                    body["usage"] = item.usage
+                self._plain(200, json.dumps(body).encode())
 
             def _stream(self, model: str, item: Scripted) -> None:
                 cid, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())
@@ -204,10 +215,14 @@ class FakeLLM:
                     text = item.text or ""
                     half = len(text) // 2
                     chunk([{"index": 0, "delta": {"role": "assistant", "content": text[:half]}, "finish_reason": None}])
+                    if item.pause:
+                        self.wfile.flush()
+                        time.sleep(item.pause)  # mid-stream: the client has the first half
                     chunk([{"index": 0, "delta": {"content": text[half:]}, "finish_reason": None}])
                     finish = "stop"
                 chunk([{"index": 0, "delta": {}, "finish_reason": finish}])
-                chunk([], usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+                if item.usage is not OMIT_USAGE:
+                    chunk([], usage=item.usage)
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
                 self.close_connection = True

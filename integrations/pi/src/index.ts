@@ -234,9 +234,27 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				clearCastorStatuses(); // nothing of castor's runs any more (a cast it ran is orphaned)
 				const next = endpoint ? "reconnects" : "restarts it";
 				notify(`castor runtime stopped: ${reason}. The next /materia, /icarus or /castor command ${next}.${stderrNote()}`, "error");
+				orphanTurns(endpoint ? "lost its connection" : "stopped");
 			},
 		});
 		return runtime;
+	}
+
+	/**
+	 * The runtime went away (`cause`: it stopped, its connection was lost, the user restarted it)
+	 * while turns it asked for ran or waited here: nothing can take their answers any more (the
+	 * next runtime knows none of them). The running one is stopped now -- it would stream on to its
+	 * end and be paid for, and its end then be refused -- the waiting ones are dropped, none is
+	 * reported, and the user is told how to go on: the cast resumes from its saved state.
+	 */
+	function orphanTurns(cause: string): void {
+		const { active, dropped } = turns.orphan();
+		if (active === undefined && dropped.length === 0) return;
+		if (active !== undefined) abortRun(lastCtx);
+		const ids = [...(active !== undefined ? [active] : []), ...dropped];
+		const what = ids.length === 1 ? `its turn ${ids[0]}` : `its turns ${ids.join(", ")}`;
+		notify(`castor ${cause} while ${what} ${active !== undefined ? "ran" : "waited to run"}: the turn is stopped, as nothing ` +
+			"could take its answer any more. The cast stays resumable: /materia recast runs the turn again.", "warning");
 	}
 
 	/** Runtime up + this session opened on the current runtime generation. */
@@ -258,25 +276,41 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (!sessionId) adoptSession(lastCtx, false);
 		const rt = getRuntime();
 		await rt.ensure(spawn);
-		if (openedGeneration !== rt.generation) {
-			// A session not opened yet on a castor that went silent (stopped before it answered the
-			// open, or a new session on a stopped castor) is not asked again with a whole deadline by
-			// every hook: it costs the quick probe, like any other call (`answering`).
-			if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet; /castor restart restarts it");
-			openedGeneration = rt.generation;
-			try {
-				if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
-				if (rt.has("icarus.config")) {
-					const config = await rt.call("icarus.config", { session_id: sessionId }, { spawn: false });
-					noteDeadlines(config);
-					tools.registerFrom(config);
-				}
-			} catch (err) {
-				openedGeneration = -1;
-				throw err;
-			}
+		// One open per runtime and session, however many callers want it: a command that (re)started
+		// the runtime and a hook of the run going on used to open the session twice, and castor
+		// refused the second ("session … is already open on this connection", an error toast). A
+		// caller that comes while the open is under way waits for it to be answered.
+		const inFlight = opening?.generation === rt.generation && opening.session === sessionId ? opening : undefined;
+		if (inFlight) await inFlight.done;
+		else if (openedGeneration !== rt.generation) {
+			const done = openSession(rt).finally(() => {
+				if (opening?.done === done) opening = undefined;
+			});
+			opening = { generation: rt.generation, session: sessionId, done };
+			await done;
 		}
 		return rt;
+	}
+	/** The session open under way: on which runtime generation, for which session (see `ready`). */
+	let opening: { generation: number; session: string; done: Promise<void> } | undefined;
+
+	async function openSession(rt: CastorRuntime): Promise<void> {
+		// A session not opened yet on a castor that went silent (stopped before it answered the
+		// open, or a new session on a stopped castor) is not asked again with a whole deadline by
+		// every hook: it costs the quick probe, like any other call (`answering`).
+		if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet; /castor restart restarts it");
+		openedGeneration = rt.generation;
+		try {
+			if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
+			if (rt.has("icarus.config")) {
+				const config = await rt.call("icarus.config", { session_id: sessionId }, { spawn: false });
+				noteDeadlines(config);
+				tools.registerFrom(config);
+			}
+		} catch (err) {
+			openedGeneration = -1;
+			throw err;
+		}
 	}
 
 	function sessionParams(): Params {
@@ -612,6 +646,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			const sub = (args ?? "").trim();
 			try {
 				if (sub === "restart") {
+					orphanTurns("restarted");
 					await getRuntime().stop();
 					clearCastorStatuses();
 					openedGeneration = -1;
@@ -752,7 +787,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// Turns castor asked for while this run went on wait in Pi's follow-up queue; aborted, the run
 		// never reaches them (turns.ts withdrawFollowUps): castor is told they were interrupted.
 		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
-		const outcomes = [...(outcome ? [outcome] : []), ...withdrawn];
+		// A turn of a runtime that went away (orphanTurns) is reported to nobody: the runtime now up
+		// (if any) never asked for it and would refuse its end.
+		const outcomes = [...(outcome ? [outcome] : []), ...withdrawn].filter((o) => {
+			if (!turns.wasOrphaned(o.turn_id)) return true;
+			log(`turn ${o.turn_id} ended after its castor runtime went away: not reported`);
+			return false;
+		});
 		// Reported in order, but outside Pi's agent_settled emission: Pi defers every prompt and
 		// command (a /materia abort included) until the settle handlers return, so waiting here for
 		// castor's answer would hold the user's next command for as long as castor takes.

@@ -169,6 +169,10 @@ export class TurnTracker {
 	private current: Turn | undefined;
 	private userRestoreTools: string[] | undefined;
 	private readonly abortedIds = new Set<string>();
+	/** Turns of a runtime that went away while they ran or waited ({@link orphan}): never reported. */
+	private readonly orphanedIds = new Set<string>();
+	/** Turns whose `agent.run_turn` is being applied ({@link dispatch}), not queued yet. */
+	private readonly dispatching = new Set<string>();
 	/**
 	 * The user's run (no castor turn bound) was stopped where Pi delivered the prompt of a turn
 	 * castor had withdrawn (see {@link bindFromContext}): that prompt's turn id, until the run
@@ -204,9 +208,14 @@ export class TurnTracker {
 			usages: [],
 		};
 		if (this.abortedIds.has(turn.turnId)) return; // castor withdrew it before it was sent
-		turn.restoreTools = await this.applySettings(params, ctx);
+		this.dispatching.add(turn.turnId);
+		try {
+			turn.restoreTools = await this.applySettings(params, ctx);
+		} finally {
+			this.dispatching.delete(turn.turnId);
+		}
 		if (this.abortedIds.has(turn.turnId)) {
-			this.restore(turn); // aborted while the settings were applied
+			this.restore(turn); // aborted (or its runtime gone) while the settings were applied
 			return;
 		}
 		if (params.summary) {
@@ -275,6 +284,40 @@ export class TurnTracker {
 				entry_id: entryId,
 			};
 		});
+	}
+
+	/**
+	 * The runtime that asked for the turns known here went away (it died, its connection was lost, or
+	 * the user restarted it): nothing can take their ends any more -- the runtime the next command
+	 * starts knows none of them (it refuses such an end: "no pending turn"), and the cast resumes from
+	 * its saved state (`/materia recast` runs the turn again). The running turn is marked (the caller
+	 * aborts Pi's run: the model would stream an answer nobody reads, and be paid for it); turns
+	 * waiting in the queue or being applied are dropped (tool scope undone). All are remembered as
+	 * aborted, so a hidden prompt Pi still holds is stopped when it is delivered, and as orphaned, so
+	 * {@link wasOrphaned} tells the caller to report none of them. Returns the running turn's id and
+	 * the dropped ones'.
+	 */
+	orphan(): { active: string | undefined; dropped: string[] } {
+		const waiting = this.queued.splice(0);
+		for (const turn of [...waiting].reverse()) this.restore(turn); // newest first, as withdrawFollowUps
+		const dropped = [...waiting.map((t) => t.turnId), ...this.dispatching];
+		const active = this.current?.turnId;
+		for (const id of [...dropped, ...(active !== undefined ? [active] : [])]) {
+			this.remember(id);
+			this.orphanedIds.add(id);
+			while (this.orphanedIds.size > ABORTED_MEMORY) {
+				const oldest = this.orphanedIds.values().next().value;
+				if (oldest === undefined) break;
+				this.orphanedIds.delete(oldest);
+			}
+		}
+		if (this.current) this.current.abortRequested = true;
+		return { active, dropped };
+	}
+
+	/** Whether turn `turnId` belonged to a runtime that went away ({@link orphan}): its end is not reported. */
+	wasOrphaned(turnId: string): boolean {
+		return this.orphanedIds.has(turnId);
 	}
 
 	/** Whether turn `turnId` waits in Pi's follow-up queue (sent while Pi was busy, not bound yet). */

@@ -140,6 +140,31 @@ test("castor aborts a queued turn: it is dropped and its run, if Pi still starts
 	assert.equal(turns.settle("s", false, null), undefined, "so it reports nothing");
 });
 
+test("the runtime that asked for the turns went away: the running one is marked to stop, the waiting ones dropped, none reported", async () => {
+	const pi = host(["read", "bash"]);
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P", tools: ["read"] }, idle);
+	turns.bindFromMessage(started(pi));
+	await turns.dispatch({ turn_id: "t2", prompt: "Q", tools: [] }, busy);
+	// A third turn whose settings are still being applied when the runtime goes.
+	let release: (ok: boolean) => void = () => {};
+	pi.setModel = () => new Promise<boolean>((resolve) => (release = resolve));
+	const third = turns.dispatch({ turn_id: "t3", prompt: "R", model: { provider: "p", id: "m" } }, { ...idle, modelRegistry: { getAll: () => [{ provider: "p", id: "m" }] } } as never);
+	assert.deepEqual(turns.orphan(), { active: "t1", dropped: ["t2", "t3"] });
+	assert.deepEqual(pi.active(), ["read"], "the waiting turn's tool scope is undone; the running one's at its settle");
+	release(true);
+	await third;
+	assert.equal(pi.sent.filter((s) => s.message.display === false).length, 2, "the turn being applied is never sent");
+	assert.ok(turns.isAbortedMessage(started(pi, 1)), "a dropped turn's prompt Pi still delivers is stopped");
+	turns.onAgentEnd([assistant("HALF", "aborted")]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.aborted, true);
+	assert.deepEqual(pi.active(), ["read", "bash"]);
+	for (const id of ["t1", "t2", "t3"]) assert.ok(turns.wasOrphaned(id), id);
+	assert.equal(turns.wasOrphaned("t4"), false);
+	assert.deepEqual(turns.orphan(), { active: undefined, dropped: [] }, "nothing left to orphan");
+});
+
 test("a turn aborted before it was dispatched is never sent", async () => {
 	const pi = host();
 	const turns = new TurnTracker(pi);
