@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from castor.domain.materia.budget import extract_usage, plain_usage
+from castor.domain.materia.budget import extract_usage, plain_usage, sum_usage_maps, unreadable_figures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -222,3 +222,51 @@ def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
         cursor["x"] = {}
         cursor = cursor["x"]
     json.dumps(plain_usage(deep))  # bounded, no recursion error
+
+
+@pytest.mark.parametrize(("usage", "named"), [
+    ({"input": 10, "output": "5", "totalTokens": "1050"}, ['output="5"', 'totalTokens="1050"']),  # Pi given strings
+    ({"input": 10, "cost": "$0.0012"}, ['cost="$0.0012"']),
+    ({"input": 10, "cost": {"input": 0.1, "total": "0.0012"}}, ['cost.total="0.0012"']),
+    ({"input": 10, "cost": {"total": "NaN", "output": -1}}, ['cost.output=-1', 'cost.total="NaN"']),
+    ({"prompt_tokens": "12", "total_cost_usd": "$1"}, ['prompt_tokens="12"', 'total_cost_usd="$1"']),
+    ({"input": 10, "cost": [0.5]}, ["cost=[0.5]"]),
+])
+def test_a_figure_that_is_given_but_not_a_number_is_named(usage: dict[str, Any], named: list[str]) -> None:
+    assert unreadable_figures(usage) == named
+    assert unreadable_figures(sum_usage_maps([usage])) == named, "a harness's summed usage keeps the names"
+
+
+@pytest.mark.parametrize("usage", [
+    {"input": 10, "output": 5, "cost": {"input": 0.1, "total": 0.1}},
+    {"input": None, "output": None, "cost": None},  # null: the provider said "not reported"
+    {"input": -3, "input_tokens": 4},  # a later alias gave the figure
+    {}, "not a map", None,
+])
+def test_a_usage_whose_every_given_figure_is_read_names_nothing(usage: Any) -> None:
+    assert unreadable_figures(usage) == []
+    assert unreadable_figures(sum_usage_maps([usage])) == []
+
+
+def test_names_of_unreadable_figures_are_bounded() -> None:
+    usage = {"input": "x" * 500, **{f"{k}": "?" for k in ("output", "cacheRead", "cacheWrite", "totalTokens")},
+             "cost": {k: "?" for k in ("input", "output", "cacheRead", "cacheWrite", "total")}}
+    named = unreadable_figures(sum_usage_maps([usage, usage]))
+    assert len(named) == 8 and len(named[0]) < 60, named
+
+
+@pytest.mark.timeout(120)
+def test_a_cost_written_as_a_string_is_skipped_with_a_note_not_lost_silently(tmp_path: Path) -> None:
+    """A provider that writes its cost as ``"$0.60"``: castor cannot read it (as pi-materia cannot),
+    so the budget cannot stop on it -- the cast completes, its totals stay numbers, and the skipped
+    figure is named: in the turn's record, in a ``usage_unreadable`` event per turn and in one warning."""
+    usage = {"input": 100, "output": 50, "cost": "$0.60"}
+    result, run_dir = _cast(tmp_path, _three_sockets({"maxCostUsd": 1.0}), usage)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((run_dir / "usage.json").read_text())
+    assert report["cost"]["total"] == 0 and report["tokens"]["total"] == 450
+    assert [t["unreadable"] for t in report["turns"]] == [['cost="$0.60"']] * 3
+    noted = [e["data"] for e in _events(run_dir) if e["type"] == "usage_unreadable"]
+    assert noted == [{"socket": f"Socket-{i}", "taskId": None, "figures": ['cost="$0.60"']} for i in (1, 2, 3)]
+    assert result.stderr.count("not numbers") == 1, result.stderr
+    assert 'Socket-1\'s turn has figures that are not numbers (cost="$0.60")' in result.stderr, result.stderr

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from typing import Any, Literal
@@ -124,6 +125,7 @@ class TurnRecord(BaseModel):
     source: str | None = None
     costKind: CostKind = "actual"
     costFromProvider: bool | None = None  # Pi's cost.totalFromProvider, where the usage said
+    unreadable: list[str] | None = None  # figures given but not numbers: not counted (unreadable_figures)
 
 
 #: The fields of a model selection a turn record carries (pi-materia's ``UsageTurn``).
@@ -320,11 +322,14 @@ MAX_USAGE_MAPS = 1024
 def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
     """Several usage maps as a harness sent them (one per assistant message of a turn, the first
     :data:`MAX_USAGE_MAPS`) as one map in the canonical spellings, each read by
-    :func:`extract_usage` (anything unreadable counts 0); ``cost.totalFromProvider`` true only if
-    every map says so (absent when none says either way)."""
+    :func:`extract_usage` (anything unreadable counts 0, and is named under :data:`UNREADABLE_KEY`,
+    see :func:`unreadable_figures`); ``cost.totalFromProvider`` true only if every map says so
+    (absent when none says either way)."""
     total = TurnUsage()
     flags: list[bool | None] = []
+    unreadable: list[str] = []
     for raw in maps[:MAX_USAGE_MAPS]:
+        unreadable += unreadable_figures(raw)
         turn = extract_usage(raw)
         total = TurnUsage(tokens=total.tokens.plus(turn.tokens), cost=total.cost.plus(turn.cost))
         cost = raw.get("cost") if isinstance(raw, dict) else None
@@ -336,6 +341,8 @@ def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
     out["cost"] = total.cost.model_dump()
     if any(flag is not None for flag in flags):
         out["cost"]["totalFromProvider"] = all(flags)
+    if unreadable:
+        out[UNREADABLE_KEY] = unreadable[:MAX_UNREADABLE]
     return out
 
 
@@ -404,6 +411,59 @@ def extract_usage(raw: Any) -> TurnUsage:
     parts_sum = sum(cost[p] for p in PARTS)
     cost["total"] = parts_sum if provided is None else max(provided, parts_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
+
+
+#: The key of a usage map under which :func:`sum_usage_maps` keeps what :func:`unreadable_figures`
+#: found in the maps it summed (the sum itself holds only numbers).
+UNREADABLE_KEY = "unreadable"
+#: At most this many unreadable figures are named per turn, each value cut to this many characters.
+MAX_UNREADABLE, MAX_UNREADABLE_VALUE = 8, 40
+
+
+def _note(name: str, value: Any) -> str:
+    try:
+        shown = json.dumps(value, allow_nan=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        shown = type(value).__name__
+    return f"{name}={shown if len(shown) <= MAX_UNREADABLE_VALUE else shown[:MAX_UNREADABLE_VALUE] + '…'}"
+
+
+def _unread(raw: Any, names: tuple[str, ...], prefix: str = "") -> str | None:
+    """The first of ``names`` given in ``raw`` with a value that is not a usage figure (a string, a
+    negative or non-finite number, a list...), when none of them gives a figure; else None. ``null``
+    is how a provider says "not reported": never noted."""
+    if not isinstance(raw, dict) or _first(raw, names) is not None:
+        return None
+    for name in names:
+        value = raw.get(name)
+        if value is not None:
+            return _note(prefix + name, value)
+    return None
+
+
+def unreadable_figures(raw: Any) -> list[str]:
+    """The figures of a usage map that were given but are not finite, non-negative numbers, so
+    :func:`extract_usage` counts them as not reported (pi-materia skips them too, without a word):
+    ``name=value`` each (the value as JSON, cut), at most :data:`MAX_UNREADABLE`. What a summed map
+    (:func:`sum_usage_maps`) carries under :data:`UNREADABLE_KEY` comes first."""
+    if not isinstance(raw, dict):
+        return []
+    carried = raw.get(UNREADABLE_KEY)
+    out = [n for n in carried if isinstance(n, str)] if isinstance(carried, list) else []
+    nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
+    found = [_unread(raw, names) for names in TOKEN_ALIASES.values()]
+    found.append(_unread(raw, TOTAL_TOKEN_ALIASES))
+    for part in PARTS:
+        if _first(nested, NESTED_COST_ALIASES[part]) is None and _first(raw, FLAT_COST_ALIASES[part]) is None:
+            found.append(_unread(nested, NESTED_COST_ALIASES[part], "cost.") or _unread(raw, FLAT_COST_ALIASES[part]))
+    cost = raw.get("cost")
+    if (_first(nested, NESTED_TOTAL_COST_ALIASES) is None and non_negative_number(cost) is None
+            and _first(raw, FLAT_TOTAL_COST_ALIASES) is None):
+        bare = _note("cost", cost) if nested is None and cost is not None else None  # a cost that is no number
+        found.append(_unread(nested, NESTED_TOTAL_COST_ALIASES, "cost.") or bare
+                     or _unread(raw, FLAT_TOTAL_COST_ALIASES))
+    out += [n for n in found if n is not None]
+    return out[:MAX_UNREADABLE]
 
 
 def plain_usage(raw: Any, _depth: int = 0) -> Any:

@@ -109,6 +109,7 @@ from castor.domain.materia.budget import (
     materia_model_selection,
     model_selection,
     turn_cost_kind,
+    unreadable_figures,
 )
 from castor.domain.materia.cast_messages import (
     AbortRequested,
@@ -869,11 +870,23 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         # Only the fields that name something are given (the rest keep their None default, written
         # the same): a record's set of given fields is kept with it, and a concurrent cast holds a
         # record per turn (bench/casts.py's peak memory per cast).
+        unreadable = unreadable_figures(ev.usage)
+        # Said once per cast (a provider that writes its figures as strings writes every turn so);
+        # each turn's record and event name its own.
+        first_unreadable = bool(unreadable) and not any(t.unreadable for t in s.usage.turns)
+        if unreadable:
+            named["unreadable"] = unreadable
         s.usage = s.usage.add_turn(TurnRecord(
             socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
             costKind=turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None),
             **{k: v for k, v in named.items() if v is not None}))
         ctx.write_usage()
+        if unreadable:
+            ctx.emit("usage_unreadable", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreadable})
+        if first_unreadable:
+            ctx.notify("warning", f"pi-materia usage: the usage reported for {rs.id}'s turn has figures that are "
+                                  f"not numbers ({', '.join(unreadable)}); they count as not reported, so the "
+                                  "cast's totals and its budget leave them out (usage.json turns[].unreadable)")
     elif not s.usage.costEstimated:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed

@@ -40,27 +40,44 @@ export function emptyUsage(): WireUsage {
 	return { input: 0, output: 0, cache_read: 0, cache_write: 0, total_tokens: 0, cost: null };
 }
 
-/** Add one Pi `Usage` into a wire usage (snake_case; unknown cost stays null). */
+/** The largest usage figure counted (castor caps its figures and sums at the same 10^18). */
+const MAX_FIGURE = 1e18;
+
+/** A usage figure as castor counts it: a finite, non-negative number (capped), else not reported. */
+function figure(value: unknown): number | null {
+	return typeof value === "number" && Number.isFinite(value) && value >= 0 ? Math.min(value, MAX_FIGURE) : null;
+}
+
+/**
+ * Add one Pi `Usage` into a wire usage (snake_case; unknown cost stays null). A figure that is not a
+ * finite, non-negative number (a provider's string, NaN, Infinity, a negative) is not reported, as
+ * castor reads it, so the sum is always a finite number: a NaN cost used to make it NaN.
+ */
 export function addUsage(total: WireUsage, usage: unknown): WireUsage {
 	if (usage === null || typeof usage !== "object") return total;
 	const u = usage as Record<string, unknown>;
-	const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+	const num = (v: unknown) => figure(v) ?? 0;
+	const add = (a: number, b: number) => Math.min(a + b, MAX_FIGURE);
 	const cost = u.cost as Record<string, unknown> | undefined;
-	const costTotal = cost && typeof cost.total === "number" ? cost.total : null;
+	const costTotal = cost !== null && typeof cost === "object" ? figure(cost.total) : null;
 	return {
-		input: total.input + num(u.input),
-		output: total.output + num(u.output),
-		cache_read: total.cache_read + num(u.cacheRead),
-		cache_write: total.cache_write + num(u.cacheWrite),
-		total_tokens: total.total_tokens + num(u.totalTokens),
-		cost: costTotal === null ? total.cost : (total.cost ?? 0) + costTotal,
+		input: add(total.input, num(u.input)),
+		output: add(total.output, num(u.output)),
+		cache_read: add(total.cache_read, num(u.cacheRead)),
+		cache_write: add(total.cache_write, num(u.cacheWrite)),
+		total_tokens: add(total.total_tokens, num(u.totalTokens)),
+		cost: costTotal === null ? total.cost : add(total.cost ?? 0, costTotal),
 	};
 }
 
-/** A value as plain JSON (what JSON.stringify keeps), or null when it cannot be written. */
-export function plainJson(value: unknown): unknown {
+/**
+ * A usage map as plain JSON for castor, with a number JSON cannot hold (NaN, Infinity) written as
+ * its name (`"NaN"`, `"Infinity"`): castor counts it as not reported either way, and names it to
+ * the user (usage.json `turns[].unreadable`) -- dropped, it vanished without a word.
+ */
+export function plainUsage(usage: unknown): unknown {
 	try {
-		const text = JSON.stringify(value);
+		const text = JSON.stringify(usage, (_key, value) => (typeof value === "number" && !Number.isFinite(value) ? String(value) : value));
 		return text === undefined ? null : JSON.parse(text);
 	} catch {
 		return null;
@@ -75,7 +92,7 @@ export function plainJson(value: unknown): unknown {
 export function answerFields(message: Record<string, unknown>): Record<string, unknown> {
 	const str = (v: unknown) => (typeof v === "string" && v ? v : null);
 	const out: Record<string, unknown> = {};
-	if (message.usage !== null && typeof message.usage === "object") out.usage = plainJson(message.usage);
+	if (message.usage !== null && typeof message.usage === "object") out.usage = plainUsage(message.usage);
 	if (str(message.model)) out.model = { provider: str(message.provider), id: str(message.model), api: str(message.api) };
 	if (str(message.thinkingLevel)) out.thinking_level = message.thinkingLevel;
 	return out;

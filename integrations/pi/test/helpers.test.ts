@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
-import { addUsage, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
+import { addUsage, answerFields, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
 import { listModels } from "../src/models.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
 import { opensOnStart, parseCommand, sessionIds } from "../src/runtime.ts";
@@ -21,6 +21,29 @@ test("addUsage sums Pi usage into wire usage; unknown cost stays null", () => {
 	assert.equal(twice.cost, 0.25);
 	assert.deepEqual(addUsage(once, "junk"), once);
 	assert.equal(addUsage(once, { input: Number.NaN }).input, 1);
+});
+
+test("addUsage: a figure that is not a finite, non-negative number is not reported; the sum stays finite and capped", () => {
+	const base = addUsage(emptyUsage(), { input: 10, output: 5, totalTokens: 15, cost: { total: 0.5 } });
+	for (const bad of [Number.NaN, Number.POSITIVE_INFINITY, -1, "0.0012", "$0.0012", null, true, { total: 1 }]) {
+		const sum = addUsage(base, { input: bad, output: bad, cacheRead: bad, cacheWrite: bad, totalTokens: bad, cost: { total: bad } });
+		assert.deepEqual(sum, base, `figure ${String(bad)}`);
+	}
+	assert.deepEqual(addUsage(base, { input: 1, cost: 0.25 }), { ...base, input: 11 }, "a bare-number cost is castor's to read (usages)");
+	assert.deepEqual(addUsage(base, { input: 1, cost: null }), { ...base, input: 11 });
+	const huge = addUsage(addUsage(emptyUsage(), { input: 1e308, cost: { total: 1e308 } }), { input: 1e308, cost: { total: 1e308 } });
+	assert.equal(huge.input, 1e18);
+	assert.equal(huge.cost, 1e18);
+	assert.ok(Number.isFinite(JSON.parse(JSON.stringify(huge)).input));
+});
+
+test("answerFields: a usage map goes as the provider wrote it, a NaN or Infinity in it by name (castor names it unreadable)", () => {
+	const usage = { input: 10, output: "5", totalTokens: Number.NaN, cost: { total: Number.POSITIVE_INFINITY, output: Number.NEGATIVE_INFINITY, input: -1 } };
+	assert.deepEqual(answerFields({ usage }).usage, { input: 10, output: "5", totalTokens: "NaN", cost: { total: "Infinity", output: "-Infinity", input: -1 } });
+	assert.equal(answerFields({ usage: 3 }).usage, undefined);
+	const loop: Record<string, unknown> = { input: 1 };
+	loop.self = loop;
+	assert.equal(answerFields({ usage: loop }).usage, null, "a map JSON cannot hold goes as null, never an exception");
 });
 
 test("summarizeMessage and toPiCustomMessage", () => {
