@@ -676,19 +676,43 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// A new or replaced session must be opened again; the same one started twice is open already.
 		if (opensOnStart(previousId, sessionId, closingSession)) openedGeneration = -1;
 		closingSession = false;
+		const epoch = sessionEpoch;
+		const startup = (async () => {
+			try {
+				await ready(true);
+			} catch (err) {
+				if (closingSession || sessionEpoch !== epoch) return; // Pi quit while castor started: nothing to tell
+				// A deadline that passed has marked castor "not answering" (it is wedged, not down): the footer says so.
+				if (!(err instanceof RpcError && err.code === "timeout")) setStatus(STATUS_KEY, "castor: down");
+				const code = err instanceof RpcError ? ` [${err.code}]` : "";
+				notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}`, "error");
+				return;
+			}
+			const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });
+			const msg = toPiCustomMessage(result?.message, "castor-session-context");
+			if (msg && !closingSession && sessionEpoch === epoch) pi.sendMessage(msg, { triggerTurn: false });
+		})();
+		// Pi holds every prompt, and its quit, until this handler returns, and castor's start (a cold
+		// start, a slow memory backend's session start) may take seconds -- up to a whole deadline for
+		// a castor that hangs. Quitting waited for it; an Esc (or RPC abort) found no run to stop, and
+		// the prompt it was meant for ran once castor was up. Now both end the wait (castor goes on
+		// starting behind it), and a prompt submitted before the Esc is stopped when its run starts.
+		const esc = new EscWatch(ctx, Date.now, process);
 		try {
-			await ready(true);
+			await untilAborted(startup, esc.signal);
 		} catch (err) {
-			// A deadline that passed has marked castor "not answering" (it is wedged, not down): the footer says so.
-			if (!(err instanceof RpcError && err.code === "timeout")) setStatus(STATUS_KEY, "castor: down");
-			const code = err instanceof RpcError ? ` [${err.code}]` : "";
-			notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}`, "error");
-			return;
+			if (!esc.pressed) throw err;
+			if (esc.quitting) return;
+			if (esc.promptPending) stopPromptHeldAtStart = true;
+			const key = esc.cause === "abort" ? "abort" : "Esc";
+			notify(`castor: ${key} — stopped waiting for castor to start` +
+				(esc.promptPending ? "; the prompt sent meanwhile is stopped" : " (it goes on starting)"), "info");
+		} finally {
+			esc.dispose();
 		}
-		const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });
-		const msg = toPiCustomMessage(result?.message, "castor-session-context");
-		if (msg) pi.sendMessage(msg, { triggerTurn: false });
 	});
+	/** An Esc while castor started came after a prompt Pi held: that prompt's run is stopped when it starts. */
+	let stopPromptHeldAtStart = false;
 
 	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -696,6 +720,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (custom && turns.isAbortedMessage(event.message)) {
 			// The hidden prompt of a turn castor aborted while Pi held it: stop the run before its
 			// first request (Pi aborts a run at agent_start when asked during before_agent_start).
+			abortRun(ctx);
+			return undefined;
+		}
+		if (!custom && stopPromptHeldAtStart) {
+			// The prompt submitted while castor started, which the user's Esc was meant for (the
+			// notice said so): stopped before its first model request (Pi aborts it at agent_start).
+			stopPromptHeldAtStart = false;
 			abortRun(ctx);
 			return undefined;
 		}
@@ -874,6 +905,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		closingSession = true;
+		stopPromptHeldAtStart = false;
 		sessionEpoch++;
 		const rt = runtime;
 		try {

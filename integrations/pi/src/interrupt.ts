@@ -114,15 +114,30 @@ export const QUIT_SIGNALS = ["SIGTERM", "SIGHUP"] as const;
  */
 export const RPC_RUN_STOPPERS: ReadonlySet<string> = new Set(["abort", "compact", "new_session", "switch_session", "fork", "clone"]);
 
-/** A whole RPC input line that is one of Pi's commands that stop the run ({@link RPC_RUN_STOPPERS}). */
-export function isRpcAbort(line: string): boolean {
-	if (!line.includes('"type"')) return false;
+/** Pi's RPC commands that give it a message to run (a prompt, or one for the run going on). */
+export const RPC_PROMPTS: ReadonlySet<string> = new Set(["prompt", "steer", "follow_up"]);
+
+/** The `type` of a whole RPC input line, if it is one of Pi's commands. */
+function rpcType(line: string): string | undefined {
+	if (!line.includes('"type"')) return undefined;
 	try {
 		const command = JSON.parse(line) as { type?: unknown } | null;
-		return command !== null && typeof command === "object" && typeof command.type === "string" && RPC_RUN_STOPPERS.has(command.type);
+		return command !== null && typeof command === "object" && typeof command.type === "string" ? command.type : undefined;
 	} catch {
-		return false; // a line cut where the watch began, or not JSON: Pi answers it, not us
+		return undefined; // a line cut where the watch began, or not JSON: Pi answers it, not us
 	}
+}
+
+/** A whole RPC input line that is one of Pi's commands that stop the run ({@link RPC_RUN_STOPPERS}). */
+export function isRpcAbort(line: string): boolean {
+	const type = rpcType(line);
+	return type !== undefined && RPC_RUN_STOPPERS.has(type);
+}
+
+/** A whole RPC input line that gives Pi a message to run ({@link RPC_PROMPTS}). */
+export function isRpcPrompt(line: string): boolean {
+	const type = rpcType(line);
+	return type !== undefined && RPC_PROMPTS.has(type);
 }
 
 /** Lines longer than this are not kept while looking for an `abort` (a prompt with a large paste). */
@@ -143,12 +158,16 @@ export class EscWatch {
 	readonly signal: AbortSignal | undefined;
 	private readonly cleanups: Array<() => void> = [];
 	private ended: WaitEnd | undefined;
+	/** A prompt was submitted during the wait (an RPC `prompt`, or the editor's Enter on a message). */
+	private submitted = false;
+	private submittedBeforeEnd = false;
 
 	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now, proc?: ProcessLike) {
 		const controller = new AbortController();
 		const end = (why: WaitEnd) => {
 			if (this.ended) return;
 			this.ended = why;
+			this.submittedBeforeEnd = this.submitted;
 			controller.abort();
 		};
 		let watching = false;
@@ -175,10 +194,12 @@ export class EscWatch {
 						if (picker === "choose") end("abort");
 						else if (picker === "picker") picker = undefined;
 						else {
-							const effect = submitEffect(editorText());
+							const text = editorText();
+							const effect = submitEffect(text);
 							if (effect === "stop") end("abort");
 							else if (effect === "quit") end("quit");
 							else if (effect === "choose" || effect === "picker") picker = effect;
+							else if (text.trim() && !text.trim().startsWith("/")) this.submitted = true; // a message, not a command
 						}
 					} else if (isEscapeKey(data)) {
 						if (picker) picker = undefined;
@@ -232,7 +253,10 @@ export class EscWatch {
 						const lines = buffered.split("\n");
 						buffered = lines.pop() ?? "";
 						if (buffered.length > MAX_LINE_CHARS) buffered = "";
-						if (lines.some(isRpcAbort)) end("abort");
+						for (const line of lines) {
+							if (isRpcPrompt(line)) this.submitted = true;
+							else if (isRpcAbort(line)) end("abort");
+						}
 					};
 					stdin.on("data", onData);
 					this.cleanups.push(() => stdin.off("data", onData));
@@ -253,6 +277,15 @@ export class EscWatch {
 	/** Whether the wait ended because Pi is going away (no notice: Pi is going away). */
 	get quitting(): boolean {
 		return this.ended === "quit";
+	}
+
+	/**
+	 * Whether a prompt was submitted during the wait before what ended it: Pi holds a prompt while a
+	 * `session_start` handler waits, so an Esc (or RPC abort) then finds no run to stop, and the
+	 * prompt it was meant for ran once the wait was over.
+	 */
+	get promptPending(): boolean {
+		return this.submittedBeforeEnd;
 	}
 
 	/** What ended the wait, if anything did. */

@@ -350,6 +350,9 @@ export class CastorRuntime {
 	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`; for an endpoint, disconnect only. */
 	stop(graceMs = 2000): Promise<void> {
 		const child = this.child;
+		// A runtime still starting (no handshake answered yet) runs no cast to wind down: no grace, as
+		// for one whose handshake failed -- Pi quitting while castor started waited the grace out.
+		if (this.starting && this.hello === undefined) graceMs = 0;
 		this.stopping = true;
 		this.hello = undefined;
 		const socket = this.socket;

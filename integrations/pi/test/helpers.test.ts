@@ -204,6 +204,39 @@ test("EscWatch: a submitted command that stops the run ends the wait; a picker's
 	esc.dispose();
 });
 
+test("EscWatch.promptPending: a prompt submitted before the Esc (or RPC abort) that ended the wait; a command is no prompt", async () => {
+	const { EventEmitter } = await import("node:events");
+	const { EscWatch, isRpcPrompt } = await import("../src/interrupt.ts");
+	let editor = "";
+	const handlers = new Set<(data: string) => unknown>();
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => (handlers.add(h), () => handlers.delete(h)), getEditorText: () => editor };
+	const press = (data: string) => { for (const h of handlers) h(data); };
+	const typed = (text: string) => { editor = text; press("\r"); editor = ""; };
+	const held = new EscWatch({ hasUI: true, ui });
+	typed("fix the bug");
+	press("\x1b");
+	assert.ok(held.pressed && held.promptPending);
+	held.dispose();
+	const none = new EscWatch({ hasUI: true, ui });
+	typed("/materia status"); // an extension's command, not a message for the model
+	typed("   ");
+	press("\x1b");
+	assert.ok(none.pressed && !none.promptPending);
+	none.dispose();
+	const after = new EscWatch({ hasUI: true, ui });
+	press("\x1b");
+	typed("typed after the Esc");
+	assert.ok(after.pressed && !after.promptPending, "only a prompt before what ended the wait counts");
+	after.dispose();
+	for (const type of ["prompt", "steer", "follow_up"]) assert.ok(isRpcPrompt(JSON.stringify({ type, message: "m" })), type);
+	assert.ok(!isRpcPrompt('{"type":"abort"}') && !isRpcPrompt('{"type":"pro') && !isRpcPrompt("prompt"));
+	const proc = Object.assign(new EventEmitter(), { stdin: Object.assign(new EventEmitter(), { readableFlowing: true as boolean | null, readableEnded: false }) });
+	const rpc = new EscWatch({ hasUI: true, mode: "rpc", ui: { onTerminalInput: () => () => {} } }, Date.now, proc);
+	proc.stdin.emit("data", Buffer.from('{"type":"prompt","message":"x","id":"1"}\n{"type":"abort","id":"2"}\n'));
+	assert.ok(rpc.pressed && rpc.cause === "abort" && rpc.promptPending, "the prompt line came first, in the same chunk");
+	rpc.dispose();
+});
+
 test("EscWatch with the process: Pi's quit signals (only those Pi handles), and in RPC mode its input's end and an abort command", async () => {
 	const { EventEmitter } = await import("node:events");
 	const { EscWatch, isRpcAbort } = await import("../src/interrupt.ts");

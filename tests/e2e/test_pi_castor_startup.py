@@ -1,0 +1,96 @@
+"""Esc and quit in Pi's terminal UI while castor is still starting.
+
+Pi holds a submitted prompt, and its own quit, until the extension's ``session_start`` handler
+returns, and that handler waited for castor's start: a cold start, a memory backend's slow session
+start, or a whole deadline for a castor that hangs. Ctrl+C twice during it did not quit Pi within
+15 s. Now the handler watches the terminal while it waits, as ``before_agent_start`` does: Pi's quit
+keys end the wait at once (the starting castor is killed with no grace: it runs nothing yet), and an
+Esc after a prompt stops that prompt before its first model request. The castor here is slow to
+start (a shell that sleeps before it becomes castor).
+
+In RPC mode Pi reads no command until the session has started, so an ``abort`` there, or the end of
+its input, still waits for castor's start (docs/pi-extension.md says so).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.support.waiting import poll_until, wait_for
+
+from .conftest import SERVE
+from .pi_tty import PiTty
+
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(90)]
+
+START_S = 8.0
+CTRL_C, ESC = b"\x03", b"\x1b"
+
+
+def slow_castor() -> list[str]:
+    return ["sh", "-c", f"sleep {START_S}; exec {json.dumps(sys.executable)} {json.dumps(str(SERVE))}"]
+
+
+def castor_starting(pi: PiTty) -> psutil.Process:
+    """The slow castor's shell under Pi, once Pi has started it."""
+    found: list[psutil.Process] = []
+
+    def look() -> bool:
+        for p in psutil.Process(pi.proc.pid).children(recursive=True):
+            try:
+                if f"sleep {START_S}" in " ".join(p.cmdline()):
+                    found.append(p)
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        return False
+
+    assert poll_until(look, timeout=15), "Pi never started castor"
+    return found[0]
+
+
+def ui_up(pi: PiTty) -> None:
+    """Pi's terminal UI is drawn (its footer names the model): its keys are Pi's now (before, the
+    terminal was not in raw mode yet and a Ctrl+C was a SIGINT that ended Pi outright)."""
+    wait_for(lambda: "fake-model" in pi.screen_tail(100_000), timeout=15,
+             what=f"Pi's UI; Pi drew: {pi.screen_tail()!r}")
+    time.sleep(0.5)
+
+
+def test_ctrl_c_twice_while_castor_starts_quits_at_once(start_tty):
+    pi = start_tty(slow_castor())
+    shell = castor_starting(pi)
+    ui_up(pi)
+    started = time.monotonic()
+    pi.press(CTRL_C)
+    pi.press(CTRL_C)
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=START_S + 10), "Pi did not exit"
+    took = time.monotonic() - started
+    assert pi.proc.returncode == 0, pi.proc.returncode  # Pi's own quit, not a signal
+    assert took < 1.5, f"quitting waited {took:.1f} s for castor to start"
+    gone = poll_until(lambda: not shell.is_running() or shell.status() == psutil.STATUS_ZOMBIE, timeout=3)
+    assert gone, "the castor that was starting was left behind"
+
+
+def test_esc_after_a_prompt_while_castor_starts_stops_that_prompt(start_tty, fake_llm):
+    pi = start_tty(slow_castor())
+    castor_starting(pi)
+    ui_up(pi)
+    pi.type("HELD-PROMPT")
+    time.sleep(0.3)
+    pi.press(ESC)
+    wait_for(lambda: "the prompt sent meanwhile is stopped" in pi.screen_tail(100_000), timeout=3,
+             what=f"the notice; Pi drew: {pi.screen_tail()!r}")
+    # castor goes on starting behind the Esc; the held prompt never reaches the model, the next one does.
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=START_S + 10,
+             what=f"castor up in Pi's footer; Pi drew: {pi.screen_tail()!r}")
+    pi.type("NEXT-PROMPT")
+    wait_for(lambda: any("NEXT-PROMPT" in json.dumps(r) for r in fake_llm.log()), timeout=15,
+             what=f"the next prompt's model request; Pi drew: {pi.screen_tail()!r}")
+    assert not any("HELD-PROMPT" in json.dumps(r["messages"][-1]) for r in fake_llm.log()), \
+        "the prompt the Esc was meant for was asked of the model"
