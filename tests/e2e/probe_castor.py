@@ -26,6 +26,9 @@ answers ``not_found`` for an aborted one, as a castor without that contract woul
 ``$CASTOR_PROBE_SLOW_TURN_START=S`` answers a castor turn's own ``before_agent_start`` (message type
 ``custom``) after S seconds.
 
+``$CASTOR_PROBE_SLOW_CONTEXT=S`` answers each ``context`` event after S seconds (a slow context
+filter: castor's Icarus hooks may ask a classifier there); logs ``slow_context_answered``.
+
 ``$CASTOR_PROBE_TURN_AT_SHUTDOWN=<x>`` sends ``agent.run_turn`` (``TURN: <x>``) as ``session_shutdown``
 arrives and answers that event 0.5 s later (a socket's turn asked for as Pi replaces or ends the session).
 
@@ -87,6 +90,10 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
                 "prompt": f"TURN: {os.environ['CASTOR_PROBE_TURN_AT_SHUTDOWN']}", "isolate": True}
         ctx.notify("agent.run_turn", turn)
         time.sleep(0.5)
+        return None
+    if event == "context" and os.environ.get("CASTOR_PROBE_SLOW_CONTEXT"):
+        time.sleep(float(os.environ["CASTOR_PROBE_SLOW_CONTEXT"]))
+        record("slow_context_answered", {"turn_id": data.get("turn_id")})
         return None
     if event != "before_agent_start":
         return None

@@ -249,3 +249,24 @@ def test_materia_abort_while_a_follow_up_turn_waits_in_pis_queue_never_runs_it(p
     ended_run, settled_run = _settled_after(log, "DROPPED-ONE")
     assert ended_run["last_answer"] == {"text": "USER-ANSWER", "stop_reason": "stop"}, ended_run
     assert settled_run["data"]["aborted"] is False, settled_run
+
+
+def test_an_rpc_abort_while_castor_answers_a_context_event_ends_the_run_at_once(probe, fake_llm):
+    """castor may take seconds over a ``context`` event (a context filter asks a classifier): Pi's
+    abort then waited for its answer before the run could end -- Pi gives that event the run's abort
+    signal, which the extension did not listen to. Now the wait ends with the run."""
+    pi, log = probe(CASTOR_PROBE_SLOW_CONTEXT=str(STALL_S))
+    start = pi.mark()
+    pi.send({"type": "prompt", "message": "a prompt whose context castor is slow to answer"})
+    assert poll_until(lambda: any(c["method"] == "harness.event" and c["params"].get("event") == "context"
+                                  for c in read_jsonl(log)), timeout=15), "no context event reached castor"
+    aborted = time.monotonic()
+    pi.send({"type": "abort"})
+    settled = pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start, timeout=STALL_S + 10)
+    took = time.monotonic() - aborted
+    assert took < 3, f"the abort waited {took:.1f} s for castor's answer to the context event"
+    assert settled.get("aborted") is True, settled
+    assert not fake_llm.log(), "the aborted run made a model request"
+    no_error_toasts(pi, start)
+    # castor's late answer comes, and goes nowhere.
+    assert poll_until(lambda: calls(log, "slow_context_answered"), timeout=STALL_S + 5)

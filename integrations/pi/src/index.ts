@@ -497,6 +497,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (found === "active") abortRun(lastCtx);
 	}
 
+	/** The running agent's abort signal (Pi 1.x `ctx.signal`), if there is one. */
+	function runSignal(ctx: Ctx): AbortSignal | undefined {
+		try {
+			const signal = ctx?.signal;
+			return signal instanceof AbortSignal ? signal : undefined;
+		} catch {
+			return undefined; // a stale ctx
+		}
+	}
+
 	function abortRun(ctx: Ctx): void {
 		try {
 			ctx?.abort?.();
@@ -787,7 +797,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		if (turns.bindFromContext(messages) === "aborted") abortRun(ctx); // a follow-up turn castor aborted
 		const isolated = turns.isolate(messages);
 		if (process.env.CASTOR_PI_DEBUG) log(`context: turn=${turns.active?.turnId} isolate=${turns.active?.isolate} n=${messages.length} isolated=${isolated?.length} ${JSON.stringify(messages.map((m: any) => [m.role, m.customType, m.details]))}`);
-		const result = await forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages });
+		let result: Record<string, unknown> | undefined;
+		try {
+			// castor may take seconds here (a context filter asks a classifier). Pi gives this event the
+			// run's abort signal and waits for the handler before the run can end: an Esc or an RPC
+			// abort used to wait for castor's answer. Now the wait ends with the run; the answer is dropped.
+			result = await untilAborted(forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages }), runSignal(ctx));
+		} catch {
+			log("context: the run was aborted while castor answered; its answer is dropped");
+			return isolated ? { messages: isolated } : undefined;
+		}
 		if (Array.isArray(result?.messages)) return { messages: result.messages };
 		return isolated ? { messages: isolated } : undefined;
 	});
