@@ -29,6 +29,9 @@ answers ``not_found`` for an aborted one, as a castor without that contract woul
 ``$CASTOR_PROBE_SLOW_CONTEXT=S`` answers each ``context`` event after S seconds (a slow context
 filter: castor's Icarus hooks may ask a classifier there); logs ``slow_context_answered``.
 
+``$CASTOR_PROBE_SLOW_CAST_START=S``: ``cast.start`` takes S seconds, then asks for a turn
+(``TURN: cast``) and answers, as castor does for a cast's entry socket (a slow config load).
+
 ``$CASTOR_PROBE_TURN_AT_SHUTDOWN=<x>`` sends ``agent.run_turn`` (``TURN: <x>``) as ``session_shutdown``
 arrives and answers that event 0.5 s later (a socket's turn asked for as Pi replaces or ends the session).
 
@@ -180,6 +183,21 @@ def turn_ended(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"ok": True}
 
 
+def cast_start(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    record("cast.start", params)
+    slow = os.environ.get("CASTOR_PROBE_SLOW_CAST_START")
+    if not slow:
+        return {"text": "probe cast.start"}
+    time.sleep(float(slow))
+    STATE["turns"] += 1
+    turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": "TURN: cast",
+            "summary": "probe cast turn", "isolate": True}
+    STATE["running"] = turn["turn_id"]
+    ctx.notify("agent.run_turn", turn)  # asked for before the command's answer, as castor's entry socket is
+    record("cast_start_answered", {"turn_id": turn["turn_id"]})
+    return {"text": "probe cast started"}
+
+
 def generic(method: str):
     def handler(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         record(method, params)
@@ -196,9 +214,10 @@ def build() -> Dispatcher:
     d.register("harness.event", harness_event)
     d.register("icarus.tool", icarus_tool)
     d.register("cast.abort", cast_abort)
+    d.register("cast.start", cast_start)
     d.register("agent.turn_ended", turn_ended)
     for method in ["session.open", "session.close", "icarus.config", "icarus.command",
-                   "cast.start", "cast.status", "loadout.list"]:
+                   "cast.status", "loadout.list"]:
         d.register(method, generic(method))
     return d
 

@@ -270,3 +270,35 @@ def test_an_rpc_abort_while_castor_answers_a_context_event_ends_the_run_at_once(
     no_error_toasts(pi, start)
     # castor's late answer comes, and goes nowhere.
     assert poll_until(lambda: calls(log, "slow_context_answered"), timeout=STALL_S + 5)
+
+
+def test_an_abort_while_castor_answers_materia_cast_stops_the_turn_the_cast_starts(probe, fake_llm):
+    """An Esc (RPC abort) typed while castor answers ``/materia cast`` came before there was a run to
+    stop: Pi's abort did nothing and the cast's first turn then went to the model. Now that turn is
+    stopped as it starts and reported interrupted (castor keeps none of it; /materia continue runs it)."""
+    pi, log = probe(CASTOR_PROBE_SLOW_CAST_START="1.5")
+    start = pi.mark()
+    pi.send({"type": "prompt", "message": "/materia cast build it"})
+    assert poll_until(lambda: calls(log, "cast.start"), timeout=10), "cast.start never reached castor"
+    pi.send({"type": "abort"})
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=10), "the turn's end was never reported"
+    (ended,) = calls(log, "agent.turn_ended")
+    assert ended["aborted"] is True and ended["turn_id"] == calls(log, "cast_start_answered")[0]["turn_id"], ended
+    assert not any("TURN: cast" in json.dumps(r) for r in fake_llm.log()), "the stopped turn reached the model"
+    note = pi.wait_ui("notify", lambda e: "the turn the command started is stopped" in str(e.get("message")),
+                      start=start)
+    assert "/materia continue" in note["message"]
+    no_error_toasts(pi, start)
+    # The Esc was for that turn only: the next prompt runs.
+    after = pi.prompt("an ordinary prompt afterwards")
+    settled = [e for e in pi.events[after:] if e.get("type") == "agent_settled"]
+    assert settled and settled[-1].get("aborted") is False
+
+
+def test_materia_cast_with_no_abort_runs_its_turn(probe, fake_llm):
+    pi, log = probe(CASTOR_PROBE_SLOW_CAST_START="0.2")
+    pi.command("/materia cast build it")
+    assert poll_until(lambda: calls(log, "agent.turn_ended"), timeout=15), "the turn's end was never reported"
+    (ended,) = calls(log, "agent.turn_ended")
+    assert ended["aborted"] is False, ended
+    assert any("TURN: cast" in json.dumps(r) for r in fake_llm.log())

@@ -49,6 +49,8 @@ const QUIT_GRACE_MS = 50;
 const ABORT_NOTICE_GRACE_MS = 500;
 /** How long a command that waits for idle also waits for the last run's settle to be emitted. */
 const SETTLE_WAIT_MS = 2000;
+/** How long after a /materia command an Esc during it still stops the turn it started (castor asks for it at once). */
+const STOP_NEXT_TURN_MS = 3000;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
@@ -634,11 +636,28 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			// resume turns, so they wait until Pi is idle and the last run's end has reached castor
 			// (an Esc's end is held QUIT_GRACE_MS: a continue sent before it would be refused
 			// "already awaiting").
-			if (!runsWhileBusy(planned)) {
+			const startsTurns = !runsWhileBusy(planned);
+			if (startsTurns) {
 				await waitIdle(ctx);
 				await endsReported();
 			}
-			const reply = await runCommand(planned, ctx, "materia");
+			// An Esc (or RPC abort) while castor answers a command that starts a turn (cast, continue,
+			// recast, revive) came before there was a run to stop: Pi's abort did nothing, and the
+			// turn the command started then ran. It is now stopped as it starts, as an Esc during it
+			// would have (the cast is interrupted; /materia continue runs it).
+			const esc = startsTurns ? new EscWatch(ctx, Date.now, process) : undefined;
+			esc?.signal?.addEventListener("abort", () => {
+				// A run going on, or a turn already bound, is Pi's own abort to stop.
+				if (!esc.quitting && !runUnsettled && !turns.active) stopNextTurnUntil = Number.POSITIVE_INFINITY;
+			}, { once: true });
+			let reply: string;
+			try {
+				reply = await runCommand(planned, ctx, "materia");
+			} finally {
+				// castor asks for the turn as it answers: it may come a moment after the command's answer.
+				if (stopNextTurnUntil === Number.POSITIVE_INFINITY) stopNextTurnUntil = Date.now() + STOP_NEXT_TURN_MS;
+				esc?.dispose();
+			}
 			if (!("usage" in planned)) await refreshCastRows(); // what recast/revive complete to now
 			return reply;
 		}),
@@ -721,6 +740,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			esc.dispose();
 		}
 	});
+	/** Until when (ms) the next castor turn is stopped as it starts: an Esc came while a /materia command that starts one was answered. */
+	let stopNextTurnUntil = 0;
 	/** An Esc while castor started came after a prompt Pi held: that prompt's run is stopped when it starts. */
 	let stopPromptHeldAtStart = false;
 
@@ -740,7 +761,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			abortRun(ctx);
 			return undefined;
 		}
-		if (custom) turns.bindFromMessage(event.message);
+		const armed = Date.now() < stopNextTurnUntil;
+		if (!custom) stopNextTurnUntil = 0; // a prompt of the user's own: the Esc was not meant for later turns
+		if (custom && turns.bindFromMessage(event.message) && armed) {
+			stopNextTurnUntil = 0;
+			// The turn a /materia command started, with an Esc while castor answered the command: stopped
+			// before its first model request and reported interrupted, as an Esc during the turn is.
+			notify("castor: Esc — the turn the command started is stopped (/materia continue runs it)", "info");
+			abortRun(ctx);
+			return undefined;
+		}
 		// An Esc while castor answers (a memory retrieval may take seconds) ends the wait: Pi holds
 		// its abort until this handler returns (interrupt.ts). So do Pi's quit keys, the signals it
 		// shuts down on and, in RPC mode, its input ending or an RPC abort: each waits for this handler.
