@@ -1,12 +1,13 @@
 """Esc and quit in Pi's terminal UI while castor is still starting.
 
-Pi holds a submitted prompt, and its own quit, until the extension's ``session_start`` handler
-returns, and that handler waited for castor's start: a cold start, a memory backend's slow session
-start, or a whole deadline for a castor that hangs. Ctrl+C twice during it did not quit Pi within
-15 s. Now the handler watches the terminal while it waits, as ``before_agent_start`` does: Pi's quit
-keys end the wait at once (the starting castor is killed with no grace: it runs nothing yet), and an
-Esc after a prompt stops that prompt before its first model request. The castor here is slow to
-start (a shell that sleeps before it becomes castor).
+Pi holds a submitted prompt until the extension's ``session_start`` handler returns, and that
+handler waits for castor's start: a cold start, a memory backend's slow session start, or a whole
+deadline for a castor that hangs. An Esc then found no run to stop, and the prompt went to the model
+once castor was up; quitting paid the runtime's 2 s stop grace for a castor that had not even
+answered its handshake. Now the handler watches the terminal while it waits, as ``before_agent_start``
+does: an Esc after a prompt stops that prompt before its first model request, and Pi's quit keys end
+the wait, the starting castor killed with no grace (it runs nothing yet). The castor here is slow
+to start (a shell that sleeps before it becomes castor).
 
 In RPC mode Pi reads no command until the session has started, so an ``abort`` there, or the end of
 its input, still waits for castor's start (docs/pi-extension.md says so).

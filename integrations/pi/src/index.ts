@@ -721,11 +721,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			const msg = toPiCustomMessage(result?.message, "castor-session-context");
 			if (msg && !closingSession && sessionEpoch === epoch) pi.sendMessage(msg, { triggerTurn: false });
 		})();
-		// Pi holds every prompt, and its quit, until this handler returns, and castor's start (a cold
-		// start, a slow memory backend's session start) may take seconds -- up to a whole deadline for
-		// a castor that hangs. Quitting waited for it; an Esc (or RPC abort) found no run to stop, and
-		// the prompt it was meant for ran once castor was up. Now both end the wait (castor goes on
-		// starting behind it), and a prompt submitted before the Esc is stopped when its run starts.
+		// Pi holds a submitted prompt until this handler returns, and castor's start (a cold start, a
+		// slow memory backend's session start) may take seconds -- up to a whole deadline for a castor
+		// that hangs. An Esc then found no run to stop, and the prompt it was meant for ran once castor
+		// was up. Now an Esc ends the wait (castor goes on starting behind it) and a prompt submitted
+		// before it is stopped when its run starts; Pi's quit keys end the wait too.
 		const esc = new EscWatch(ctx, Date.now, process);
 		try {
 			await untilAborted(startup, esc.signal);
