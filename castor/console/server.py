@@ -32,7 +32,7 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from castor._log import logger
 from castor.console import pages
@@ -41,8 +41,20 @@ from castor.console.metrics import metrics_text
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.supervision.threads import start_thread
 
-_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s\"]*")
-"""A ``token`` parameter in a request line (its value is never logged)."""
+_QUERY_PARAM = re.compile(r"([?&])([^=&\s\"#]*)=([^&\s\"#]*)")
+"""A ``key=value`` parameter of a query in a request line or a path."""
+
+
+def without_token(text: str) -> str:
+    """``text`` (a request line or a path) with the value of every query parameter whose key the
+    query parser reads as ``token`` replaced by ``…`` -- ``%74oken=`` included, which opens the
+    console as ``token=`` does: the log is no place for a credential."""
+
+    def hide(match: re.Match[str]) -> str:
+        sep, key, _value = match.groups()
+        return f"{sep}{key}=…" if unquote_plus(key) == "token" else match.group(0)
+
+    return _QUERY_PARAM.sub(hide, text)
 
 COOKIE = "castor_console_"
 """The cookie's name is this and the console's port (two consoles on one host keep theirs)."""
@@ -107,7 +119,9 @@ class ConsoleServer:
             from castor.endpoint.listeners import address_refused
 
             raise address_refused("the console", family_host, port, exc) from None
-        self.host, self.port = family_host, self.httpd.server_address[1]
+        # Shown (and named in the serving line) as the address it is bound to: `localhost` binds
+        # 127.0.0.1 alone, and a browser told `localhost` tries [::1] first, which any user may hold.
+        self.host, self.port = str(self.httpd.server_address[0]), self.httpd.server_address[1]
         self.cookie_name = f"{COOKIE}{self.port}"
         self._thread: threading.Thread | None = None
 
@@ -140,7 +154,7 @@ class ConsoleServer:
             return data
 
     def allowed_hosts(self) -> set[str]:
-        names = {self.host, "localhost"} | ({"127.0.0.1"} if self.host == "localhost" else set())
+        names = {self.host, "localhost"}
         hosts = set()
         for name in names:
             shown = f"[{name}]" if ":" in name else name
@@ -260,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
         """The access line (``127.0.0.1 "GET /metrics HTTP/1.1" 200 -``), at debug level, with the
         token a request carried in its query replaced: the log is no place for a credential."""
         line = format % args if args else format
-        logger.bind(actor="/console").debug("{} {}", self.address_string(), _TOKEN_IN_QUERY.sub(r"\1…", line))
+        logger.bind(actor="/console").debug("{} {}", self.address_string(), without_token(line))
 
     # -- access ---------------------------------------------------------------------
     def _authorised(self, query: dict[str, list[str]]) -> tuple[bool, bool]:
@@ -296,7 +310,8 @@ class _Handler(BaseHTTPRequestHandler):
                       "forbidden": HTTPStatus.FORBIDDEN}.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR)
             self._send(status, f"{exc.code}: {exc.message}\n".encode(), "text/plain; charset=utf-8")
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the console
-            logger.bind(actor="/console").opt(exception=exc).error("console request {} failed", self.path[:200])
+            logger.bind(actor="/console").opt(exception=exc).error("console request {} failed",
+                                                                       without_token(self.path)[:200])
             try:
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain; charset=utf-8")
             except OSError:

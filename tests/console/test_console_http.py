@@ -443,3 +443,45 @@ def test_the_console_keeps_no_run_dir_of_a_closed_session(tmp_path):
         pages._RUN_DIRS.pop(("a", "c1"), None)
         pages._RUN_DIRS.pop(("b", "c2"), None)
         runtime.shutdown(timeout=10)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("query", ["token={token}", "%74oken={token}", "x=1&tok%65n={token}"],
+                         ids=["plain", "encoded-key", "encoded-key-later"])
+def test_neither_the_access_log_nor_a_failed_request_s_log_line_carries_its_token(tmp_path, monkeypatch, query):
+    """The access line hid ``token=VALUE`` only as written: a key the query parser decodes
+    (``%74oken``, ``tok%65n``) opened the console and its token was written to the log. And a
+    request that failed inside the console (an ``internal`` 500) was logged at error level with its
+    raw path, ``?token=`` and all. Every query value whose decoded key is ``token`` is now hidden
+    in both lines."""
+    import io
+    import urllib.request
+
+    from castor.console import pages
+    from castor.console.server import ConsoleServer
+    from castor.logs import configure_logging
+    from castor.runtime import Runtime, RuntimeSettings
+
+    token = "t0ken-" + "q" * 40
+    sink = io.StringIO()
+    configure_logging("DEBUG", sink=sink)
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        with urllib.request.urlopen(f"{console.url}metrics?{query.format(token=token)}", timeout=10) as reply:
+            assert reply.status == 200  # the parser took the key as `token`: the console opened
+
+        def broken() -> str:
+            raise RuntimeError("a page that cannot be drawn")
+
+        monkeypatch.setattr(pages, "tree_page", broken)
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"{console.url}?{query.format(token=token)}", timeout=10)
+        assert failed.value.code == 500
+    finally:
+        console.stop()
+        runtime.shutdown(10)
+        configure_logging("ERROR")
+    log = sink.getvalue()
+    assert "console request" in log and '"GET /metrics?' in log, log[-2000:]
+    assert token not in log, [line for line in log.splitlines() if token in line]

@@ -447,3 +447,36 @@ def _heard_up_to_our_end(probe, heard_fd: int) -> bytes:
         assert chunk, "the listener went away"
         heard += chunk
     return heard
+
+
+def test_a_console_asked_for_on_localhost_is_shown_at_the_address_it_listens_on(tmp_path):
+    """``castor serve --console localhost:PORT`` listened on 127.0.0.1 alone but printed
+    ``http://localhost:PORT/`` beside its token file. A browser (and any resolver whose hosts file
+    has ``::1 localhost``) tries ``[::1]:PORT`` first -- an address castor does not hold, which any
+    local user may take -- so the user's ``?token=`` went to another user's listener. The console
+    is now shown at the address it is bound to, and still answers a ``Host: localhost`` request."""
+    import re
+    import urllib.request
+
+    xdg = _runtime_dir(tmp_path)
+    argv = castor_argv("serve", "--socket", str(tmp_path / "c.sock"), "--console", "localhost:0")
+    proc = subprocess.Popen(argv, env={**serve_env(tmp_path), "XDG_RUNTIME_DIR": str(xdg)}, cwd=str(tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        match = re.search(r"console: (http://([^/]+)/) \(token file: ([^)]+)\)", line)
+        assert match is not None, line
+        url, authority, token_file = match.groups()
+        assert authority.startswith("127.0.0.1:"), line
+        token = Path(token_file).read_text().strip()
+        with urllib.request.urlopen(f"{url}api/actors?token={token}", timeout=10) as reply:
+            assert reply.status == 200
+        port = authority.rsplit(":", 1)[1]
+        request = urllib.request.Request(f"{url}api/actors", headers={"Host": f"localhost:{port}",
+                                                                      "Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
