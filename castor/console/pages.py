@@ -308,7 +308,7 @@ function render(doc) {
     const name = $('td', {class: 'name', style: 'padding-left:' + (8 + depthLevel * 16) + 'px'});
     const parts = a.path.split('/');
     if (a.kind === 'CastActor' && parts.length === 6) {
-      name.append($('a', {href: '/cast/' + encodeURIComponent(parts[3]) + '/' + encodeURIComponent(parts[5])},
+      name.append($('a', {href: BASE + 'cast/' + encodeURIComponent(parts[3]) + '/' + encodeURIComponent(parts[5])},
                   parts[parts.length - 1]));
     } else { name.textContent = visible(parts[parts.length - 1]); }
     tr.append(name, $('td', {}, a.kind), $('td', {class: 'state-' + a.state}, a.state + ' #' + a.incarnation));
@@ -336,7 +336,7 @@ function render(doc) {
     const ul = $('ul');
     for (const c of s.casts) {
       const li = $('li', {'data-cast': c.cast_id});
-      li.append($('a', {href: '/cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
+      li.append($('a', {href: BASE + 'cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
                 c.cast_id),
                 document.createTextNode(visible(' ' + (c.activity || c.phase || '') + ' ' + secs(c.waiting_s))));
       ul.append(li);
@@ -364,7 +364,7 @@ function render(doc) {
   if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));
   if (!doc.workers.length) wk.append($('div', {class: 'muted'}, 'no Icarus workers'));
 }
-const source = new EventSource('/events');
+const source = new EventSource(BASE + 'events');
 source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc); };
 source.onerror = () => { document.getElementById('status').textContent = 'disconnected; retrying…'; };
 """
@@ -403,7 +403,21 @@ source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) rend
 """
 
 
-def tree_page() -> str:
+_HERE_JS = """
+// Shown at this page's own address under BASE: a `?token=` leaves the address bar (and this
+// history entry), and a reload carries the cookie, which the browser sends under BASE alone.
+if (location.pathname + location.search !== HERE) history.replaceState(null, '', HERE);
+"""
+
+
+def _page_script(base: str, here: str) -> str:
+    """The constants a page's script starts with: its console's BASE (every link and stream of it
+    lives there) and the address it is shown at."""
+    return f"const BASE = {json.dumps(base)}; const HERE = {json.dumps(base + here)};{_HERE_JS}".replace("</", "<\\/")
+
+
+def tree_page(base: str = "/") -> str:
+    """The main page; ``base`` is the path its console serves it under (see ``ConsoleServer.base``)."""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>castor console</title>
 <style>{_STYLE}</style></head><body>
 <h1>castor console</h1><div id="status">connecting…</div>
@@ -412,18 +426,19 @@ def tree_page() -> str:
 <h2>actors</h2>
 <table><thead><tr><th>actor</th><th>kind</th><th>state</th><th>depth</th><th>oldest message</th>
 <th>doing now</th><th>restarts</th><th>last failure</th><th></th></tr></thead><tbody id="tree"></tbody></table>
-<p class="muted"><a href="/metrics">/metrics</a> (Prometheus)</p>
-<script>{_TREE_JS}</script></body></html>"""
+<p class="muted"><a href="{html.escape(base)}metrics">/metrics</a> (Prometheus)</p>
+<script>{_page_script(base, "")}{_TREE_JS}</script></body></html>"""
 
 
-def cast_page(runtime: Any, sid: str, cast_id: str) -> str:
+def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
     first = cast_data(runtime, sid, cast_id)  # not_found before any page is sent
-    events_url = json.dumps(f"/events/cast/{sid}/{cast_id}")
+    events_url = json.dumps(f"{base}events/cast/{sid}/{cast_id}")
     e = html.escape
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>cast {e(cast_id)}</title>
 <style>{_STYLE}</style></head><body>
-<h1>cast {e(cast_id)}</h1><div><a href="/">← all actors</a> · session {e(sid)} · <span id="status"></span></div>
+<h1>cast {e(cast_id)}</h1><div><a href="{e(base)}">← all actors</a> · session {e(sid)} · <span id="status"></span></div>
 <h2>loadout</h2><div id="graph">{first["svg"]}</div>
 <h2>now</h2><table id="facts"></table>
 <h2>events (newest first)</h2><table><tbody id="feed"></tbody></table>
-<script>const EVENTS_URL = {events_url};{_CAST_JS}</script></body></html>"""
+<script>{_page_script(base, f"cast/{sid}/{cast_id}")}const EVENTS_URL = {events_url};{_CAST_JS}</script>
+</body></html>"""

@@ -13,9 +13,12 @@ one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its
 Access: when a token is set, every request must carry it — ``?token=…`` (answered with a
 cookie, so the page's own requests need not repeat it), the cookie, or ``Authorization:
 Bearer …``; anything else is ``401``. The cookie never holds the token: browsers send a cookie to
-every port of its host, so any page another local user serves on 127.0.0.1 would receive it (and
+every port of its host, so any page another local user serves on 127.0.0.1 could receive it (and
 the console's token may be the endpoint's). It holds a secret of this console's run alone
-(:attr:`ConsoleServer.cookie_secret`), under a name with the console's port in it. A ``Host`` header
+(:attr:`ConsoleServer.cookie_secret`), under a name with the console's port in it, and a browser
+sends it under one path only, :attr:`ConsoleServer.base` (``/c/<random>/``, random per run), where
+the pages, their links and their streams live: a page on another port has other paths, so it never
+receives the cookie, which would open this console if replayed. A ``Host`` header
 that does not name this loopback listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
 """
 
@@ -102,6 +105,9 @@ class ConsoleServer:
         self.token = token
         self.cookie_secret = secrets.token_urlsafe(32)
         """What the console's cookie holds: random per run, never the token (see the module doc)."""
+        self.base = f"/c/{secrets.token_urlsafe(18)}/" if token is not None else "/"
+        """The path its pages, links and streams live under, and the only one its cookie is sent to:
+        random per run, so no page on another port of this host can have it (see the module doc)."""
         self.stopping = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._tree_lock = threading.Lock()
@@ -336,10 +342,16 @@ class _Handler(BaseHTTPRequestHandler):
                        "text/plain; charset=utf-8")
             return
         self._cookie = set_cookie
-        parts = [p for p in url.path.split("/") if p]
+        path = url.path
+        if console.base != "/" and path.startswith(console.base):
+            path = path[len(console.base) - 1:]  # the route under the console's own path
+        elif path.startswith("/c/"):
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+            return
+        parts = [p for p in path.split("/") if p]
         runtime = console.runtime
         if not parts:
-            self._send(HTTPStatus.OK, pages.tree_page().encode(), "text/html; charset=utf-8")
+            self._send(HTTPStatus.OK, pages.tree_page(console.base).encode(), "text/html; charset=utf-8")
         elif parts == ["events"]:
             self._stream(console.tree)
         elif parts == ["api", "actors"]:
@@ -348,7 +360,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, metrics_text(runtime), METRICS_TYPE)
         elif len(parts) == 3 and parts[0] == "cast":
             sid, cast_id = pages.check_ids(parts[1], parts[2])
-            self._send(HTTPStatus.OK, pages.cast_page(runtime, sid, cast_id).encode(), "text/html; charset=utf-8")
+            self._send(HTTPStatus.OK, pages.cast_page(runtime, sid, cast_id, console.base).encode(),
+                       "text/html; charset=utf-8")
         elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
             sid, cast_id = pages.check_ids(parts[2], parts[3])
             pages.cast_data(runtime, sid, cast_id)  # an unknown cast is a 404 here, as its page is
@@ -362,13 +375,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")  # no page's address (a token, the base) goes anywhere
         self.send_header("Content-Security-Policy",
                          "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; "
                          "connect-src 'self'; img-src 'self' data:")
         if getattr(self, "_cookie", False) and self.server_console.token:
             console = self.server_console
-            self.send_header("Set-Cookie",
-                             f"{console.cookie_name}={console.cookie_secret}; Path=/; HttpOnly; SameSite=Strict")
+            self.send_header("Set-Cookie", f"{console.cookie_name}={console.cookie_secret}; Path={console.base}; "
+                                           "HttpOnly; SameSite=Strict")
         if length is not None:
             self.send_header("Content-Length", str(length))
         self.end_headers()

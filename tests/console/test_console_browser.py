@@ -70,6 +70,12 @@ def _rows(driver) -> dict[str, dict[str, str]]:
     return {p: {"kind": k, "restarts": r, "activity": a} for p, k, r, a in driver.execute_script(script)}
 
 
+def _under_base(driver, live, route: str) -> str:
+    """The address of ``route`` under the console's own path (its pages' ``BASE``): where the page's
+    links lead, and the only path the browser sends the console's cookie to."""
+    return live.url.rstrip("/") + driver.execute_script("return typeof BASE === 'string' ? BASE : '/'") + route
+
+
 def _shot(driver, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / name
@@ -102,7 +108,7 @@ def test_a_casts_page_draws_its_loadout_with_the_current_socket(browser, busy_co
     sid, cast_id = "session-3", live.casts["session-3"][0]
     browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
     link = wait_for(lambda: browser.execute_script(
-        f"return document.querySelector('#tree a[href=\"/cast/{sid}/{cast_id}\"]')"), timeout=15,
+        f"return document.querySelector('#tree a[href=\"' + BASE + 'cast/{sid}/{cast_id}\"]')"), timeout=15,
         what="the cast's link")
     link.click()
     wait_for(lambda: browser.execute_script("return document.querySelectorAll('#graph g.socket').length"),
@@ -174,7 +180,7 @@ def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console
     live = busy_console
     sid, cast_id = "session-2", live.casts["session-2"][0]
     browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
-    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    browser.get(_under_base(browser, live, f"cast/{sid}/{cast_id}"))
     status_js = "return document.getElementById('status').textContent"
     wait_for(lambda: browser.execute_script(status_js).startswith("updated"), timeout=15,
              what="the cast page's first push")
@@ -183,7 +189,7 @@ def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console
         browser.execute_script(status_js)),
         timeout=15, what="the page saying its session closed")
     assert "NotFound" in status, status
-    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    browser.get(_under_base(browser, live, f"cast/{sid}/{cast_id}"))
     assert f"no open session {sid}" in browser.find_element("tag name", "body").text
 
 
@@ -230,11 +236,11 @@ def test_a_casts_page_shows_the_deadline_that_ends_its_wait(browser, busy_consol
     live = busy_console
     sid, cast_id = "session-1", live.casts["session-1"][0]
     browser.get(f"{live.url}?token={live.token}")
-    browser.get(f"{live.url}cast/{sid}/{cast_id}")
+    browser.get(_under_base(browser, live, f"cast/{sid}/{cast_id}"))
     facts_js = "return document.getElementById('facts').textContent"
     wait_for(lambda: browser.execute_script(facts_js), timeout=15, what="the cast's facts")
     doc = browser.execute_script("""source.close();
-        return await (await fetch('/api/actors')).json();""")  # any valid document will do for its shape
+        return await (await fetch(BASE + 'api/actors')).json();""")  # any valid document will do for its shape
     cast = {"at": doc["at"], "svg": "<svg></svg>", "phase": "Socket-1", "current_socket": "Socket-1", "item": None,
             "request": "r", "run_dir": "/p", "failed_reason": None, "events": [],
             "usage": {"tokens": 0, "cost_usd": 0, "turns": 0},
@@ -243,3 +249,52 @@ def test_a_casts_page_shows_the_deadline_that_ends_its_wait(browser, busy_consol
     browser.execute_script("render(arguments[0]);", cast)
     facts = browser.execute_script(facts_js)
     assert "awaiting the agent's turn for 12.0 s, deadline in 8.0 s" in facts, facts
+
+
+def test_a_page_on_another_port_of_the_host_never_gets_the_console_s_cookie(browser, busy_console):
+    """A browser sends a host's cookies to every port of it: after the user opened the console,
+    their next visit to a page another local user serves on 127.0.0.1 carried the console's cookie
+    there (``Path=/``), and replayed it opened the console. Now the cookie goes only under the
+    console's own random path; the token leaves the address bar; a reload still opens the page."""
+    import threading
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    heard: list[str] = []
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            heard.append(self.headers.get("Cookie") or "")
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"hi")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    live = busy_console
+    try:
+        browser.get(f"{live.url}?token={live.token}")
+        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"),
+                 timeout=15, what="the first push")
+        shown_at, base_address = browser.current_url, _under_base(browser, live, "")
+        for path in ("/", "/cast/x/y", "/c/"):
+            browser.get(f"http://127.0.0.1:{other.server_address[1]}{path}")
+        assert len(heard) >= 3 and not any("castor_console_" in cookie for cookie in heard), heard  # (a favicon too)
+        assert "token=" not in shown_at and shown_at == base_address, shown_at
+        browser.back()
+        browser.back()
+        browser.back()
+        browser.refresh()
+        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"),
+                 timeout=15, what="the reloaded page's first push")
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the path alone opens nothing
+            urllib.request.urlopen(_under_base(browser, live, "api/actors"), timeout=10)
+        assert refused.value.code == 401
+    finally:
+        other.shutdown()
+        other.server_close()

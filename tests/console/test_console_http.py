@@ -485,3 +485,40 @@ def test_neither_the_access_log_nor_a_failed_request_s_log_line_carries_its_toke
     log = sink.getvalue()
     assert "console request" in log and '"GET /metrics?' in log, log[-2000:]
     assert token not in log, [line for line in log.splitlines() if token in line]
+
+
+def test_the_console_cookie_is_sent_only_under_a_secret_path_of_this_console(tmp_path):
+    """A browser sends a host's cookies to every port of it: the console's cookie (``Path=/``)
+    went with the user's next visit to any page another local user served on 127.0.0.1, and
+    replayed there it opened the console (each cast's request, run directory, the actor tree). The
+    cookie is now scoped to a path of this console's run that nobody else knows (``/c/<random>/``),
+    where its pages, links and streams live, so a browser never sends it to another port's page
+    (whose paths cannot be that one); and no page sends a ``Referer``."""
+    import re
+
+    from castor.console.server import ConsoleServer
+    from castor.runtime import Runtime, RuntimeSettings
+
+    token = "t0ken-" + "b" * 40
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    other = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        status, page, headers = _get(f"{console.url}?token={token}")
+        assert status == 200
+        cookie_path = re.search(r"Path=([^;]+)", headers["Set-Cookie"]).group(1)
+        assert re.fullmatch(r"/c/[A-Za-z0-9_-]{22,}/", cookie_path), headers["Set-Cookie"]
+        assert cookie_path != _get(f"{other.url}?token={token}")[2]["Set-Cookie"].split("Path=")[1].split(";")[0]
+        assert headers.get("Referrer-Policy") == "no-referrer", headers
+        assert f'const BASE = "{cookie_path}"' in page, "the page's links and stream live under the cookie's path"
+        cookie = {"Cookie": headers["Set-Cookie"].split(";")[0]}
+        base = console.url.rstrip("/") + cookie_path
+        for route, expected in (("", 200), ("api/actors", 200), ("metrics", 200), ("nope", 404)):
+            assert _get(base + route, cookie)[0] == expected, route
+        assert _get(base + "api/actors")[0] == 401  # the path opens nothing by itself
+        assert _get(base + "api/actors", {"Authorization": f"Bearer {token}"})[0] == 200
+        assert _get(console.url.rstrip("/") + "/c/another/api/actors", cookie)[0] == 404
+    finally:
+        console.stop()
+        other.stop()
+        runtime.shutdown(10)

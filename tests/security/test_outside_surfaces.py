@@ -184,7 +184,7 @@ def test_a_console_with_every_slot_mid_request_answers_503_at_once(monkeypatch):
     release = threading.Event()
     entered: list[int] = []  # one entry per request being served
 
-    def slow_page() -> str:
+    def slow_page(*_base: str) -> str:
         entered.append(1)
         release.wait(30)
         return "page"
