@@ -49,6 +49,9 @@ DEFAULT_HELLO_TIMEOUT_S = 10.0
 """A connection that must authenticate and has not within this long is closed."""
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 """A connection holding no session that has sent and received nothing for this long is closed."""
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A refused connection (the endpoint full, a Unix peer of another user) is a warning at most this
+often, each with how many were refused quietly since (debug lines): anyone may connect in a loop."""
 PRE_AUTH_MAX_FRAME = 64 * 1024
 PRE_AUTH_MAX_OUTBOUND = 256 * 1024
 """What castor queues for a peer that has not authenticated and does not read its refusals; over
@@ -83,6 +86,7 @@ class Server:
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()
         self._seen: dict[int, tuple[int, int, float]] = {}  # conn id -> (frames in, frames out, since)
+        self._refusals: dict[str, tuple[float, int]] = {}  # refusal -> (last warned, refused quietly since)
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
         self.on_shutdown = on_shutdown
@@ -267,7 +271,19 @@ class Server:
             pass
         finally:
             sock.close()
-        logger.warning("refused a connection: {}", err.message)
+        # Anyone who can connect can make a refusal (a full endpoint, a Unix peer of another user):
+        # one warning, then at most one every REFUSAL_LOG_INTERVAL_S saying how many were refused
+        # meanwhile (each a debug line), so connecting in a loop cannot fill castor's log.
+        now = time.monotonic()
+        with self._lock:
+            last, quiet = self._refusals.get(err.message, (-REFUSAL_LOG_INTERVAL_S, 0))
+            warn = now - last >= REFUSAL_LOG_INTERVAL_S
+            self._refusals[err.message] = (now, 0) if warn else (last, quiet + 1)
+        if warn:
+            logger.warning("refused a connection: {}{}", err.message,
+                           f" ({quiet} more refused so since the last such line)" if quiet else "")
+        else:
+            logger.debug("refused a connection: {}", err.message)
 
     # ---------------------------------------------------------------- fair slots
     def _reap_loop(self) -> None:

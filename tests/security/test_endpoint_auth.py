@@ -642,6 +642,28 @@ def test_connections_without_the_token_cannot_fill_the_log_by_closing_badly(tcp_
     owner.close()
 
 
+def test_connections_refused_because_the_endpoint_is_full_cannot_fill_the_log(tcp_serve):
+    """With every slot held by authenticated clients (a serve started with ``--max-connections 1``
+    and its harness connected: nobody left to evict), each further connect was refused with a
+    warning line: anyone on the machine could grow castor's log by a line per connect, hundreds a
+    second, without the token. Each newcomer is still refused (``mailbox_full``, closed) but the
+    log says so once, then how many more were refused, at most once every few seconds."""
+    server = tcp_serve("--max-connections", "1", "--hello-timeout", "60")
+    owner = server.client(token_file=server.token_file)
+    before = server.stderr_path.read_text()
+    for _ in range(120):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as peer:
+            peer.settimeout(10)
+            told = b""
+            while chunk := peer.recv(4096):
+                told += chunk
+            assert b"mailbox_full" in told, told  # the refusal itself is unchanged
+    added = server.stderr_path.read_text()[len(before):]
+    assert 1 <= len([line for line in added.splitlines() if "refused" in line]) <= 2, added[:3000]
+    assert owner.call("ops.hosts", {}) == {"backend": "local", "hosts": []}  # the holder is served as ever
+    owner.close()
+
+
 def test_a_peer_without_the_token_gets_refusals_no_larger_than_its_asks(tcp_serve):
     """A refusal used to repeat the method it refused twice (message and data): a 60 KB name, the
     most a peer without the token may send in one frame, came back as 120 KB, and a peer that sent
