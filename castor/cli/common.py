@@ -307,3 +307,36 @@ def fail(code: str, message: str) -> None:
     print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
 
 
+
+
+def private_workdir(text: str) -> str:
+    """``--workdir`` of ``castor demo``/``castor soak``, made if missing and returned resolved, when
+    no other user could plant a file in it: these commands write their log, projects and configs
+    there by name, and run *trusted* sessions on those projects -- a ``demo.log`` another user
+    linked to ``~/.bashrc`` took the log's lines, a project config they planted chose the commands
+    run as castor's user. So the directory must be castor's user's own and writable by no one else,
+    and every directory above it castor's user's or root's and not writable by others unless sticky
+    (like ``/tmp``; whoever may rename an ancestor could swap the whole tree). Else ``forbidden``
+    (exit 2, nothing written). An existing file is ``FileExistsError``, as ``mkdir`` says it."""
+    import stat
+    from pathlib import Path
+
+    from castor.messages.errors import Forbidden
+
+    path = Path(text).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    me = os.geteuid()
+    for directory in (path, *path.parents):
+        st = os.lstat(directory)
+        where = "the workdir" + ("" if directory == path else f" {path} (its parent {directory})")
+        shown = f" {directory}" if directory == path else ""
+        if st.st_uid not in ((me,) if directory == path else (me, 0)):
+            raise Forbidden(f"{where}{shown} belongs to another user, who could plant its files (a log linked "
+                            "elsewhere, the configs its trusted sessions run); use a directory of your own",
+                            data={"path": str(directory), "reason": "workdir_not_private"})
+        writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable_by_others and (directory == path or not st.st_mode & stat.S_ISVTX):
+            raise Forbidden(f"{where}{shown} is writable by other users, who could plant its files (a log linked "
+                            "elsewhere, the configs its trusted sessions run); use a directory of your own",
+                            data={"path": str(directory), "reason": "workdir_not_private"})
+    return str(path)

@@ -16,6 +16,15 @@ def add_demo_subcommand(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from castor.cli.common import EXIT_USAGE, fail, private_workdir
+    from castor.messages.errors import Forbidden
     from castor.testing.demo import run_demo
 
-    return run_demo(workdir=args.workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))
+    workdir = args.workdir
+    if workdir is not None:
+        try:
+            workdir = private_workdir(workdir)
+        except Forbidden as exc:
+            fail(exc.code, exc.message)
+            return EXIT_USAGE
+    return run_demo(workdir=workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))

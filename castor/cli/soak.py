@@ -55,8 +55,17 @@ def cmd_soak(args: argparse.Namespace) -> int:
     from castor.testing.report import new_workdir
     from castor.testing.soak import SoakSettings, run_soak
 
-    workdir = Path(args.workdir).resolve() if args.workdir else new_workdir("castor-soak")
-    workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir:
+        from castor.cli.common import EXIT_USAGE, fail, private_workdir
+        from castor.messages.errors import Forbidden
+
+        try:
+            workdir = Path(private_workdir(args.workdir))
+        except Forbidden as exc:
+            fail(exc.code, exc.message)
+            return EXIT_USAGE
+    else:
+        workdir = new_workdir("castor-soak")
     logged_here = getattr(args, "log_level", None) is None
     if logged_here:
         from castor.logs import configure_logging

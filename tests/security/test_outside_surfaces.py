@@ -480,3 +480,49 @@ def test_a_console_asked_for_on_localhost_is_shown_at_the_address_it_listens_on(
         proc.terminate()
         proc.wait(30)
         proc.stderr.close()
+
+
+def _other_users_dir(path: Path, mode: int = 0o777) -> Path:
+    import os
+
+    path.mkdir(mode=mode)
+    path.chmod(mode)
+    os.chown(path, 65534, 65534)
+    return path
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to give a directory to another user")
+@pytest.mark.parametrize("command", [("soak", "--sessions", "1", "--casts", "1", "--seconds", "1", "--no-icarus"),
+                                     ("demo", "--quiet")], ids=["soak", "demo"])
+@pytest.mark.parametrize("where", ["another-users-dir", "world-writable", "under-another-users-dir"])
+def test_a_workdir_another_user_could_plant_files_in_is_refused_before_anything_is_written(tmp_path, command,
+                                                                                             where):
+    """``castor soak`` and ``castor demo`` took any existing ``--workdir`` and wrote into it by name:
+    in a directory another user owns or may write to, a ``soak.log``/``demo.log`` they planted as a
+    link took castor's log lines into any file of castor's user (``~/.bashrc``), and project files
+    they planted there (``projects/soak-0/.pi/pi-materia.json``) chose what the run's *trusted*
+    sessions execute. Such a workdir -- or one under a directory another user owns -- is now
+    refused (``forbidden``, one line, exit 2) before a file is written."""
+    import os
+
+    victim = tmp_path / "victim_rc"
+    victim.write_text("# the user's own file\n")
+    if where == "another-users-dir":
+        work = _other_users_dir(tmp_path / "shared", 0o755)
+    elif where == "world-writable":
+        work = tmp_path / "shared"
+        work.mkdir()
+        work.chmod(0o777)
+    else:
+        work = _other_users_dir(tmp_path / "theirs", 0o755) / "mine"
+        work.mkdir()
+    log = work / ("soak.log" if command[0] == "soak" else "demo.log")
+    os.symlink(victim, log)
+    before = sorted(p.name for p in work.iterdir())
+    done = subprocess.run(castor_argv(command[0], "--workdir", str(work), *command[1:]), env=serve_env(tmp_path),
+                          cwd=str(tmp_path), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert victim.read_text() == "# the user's own file\n"
+    assert sorted(p.name for p in work.iterdir()) == before
