@@ -104,9 +104,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.socket:
             import os
 
-            from castor.endpoint.listeners import check_socket_dir
+            from castor.endpoint.listeners import check_socket_dir, check_socket_path
 
             check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
+            check_socket_path(os.path.abspath(args.socket))
         console_token = _console_token(args)
         token, generated = _serve_token(args)  # last: nothing after it may refuse, or its file would stay
     except CastorError as exc:

@@ -38,6 +38,7 @@ def bind_unix(path: str, backlog: int = 128) -> tuple[socket.socket, int]:
         raise InvalidConfig(f"unix socket path is longer than {_SUN_PATH_MAX} bytes: {path}")
     parent = os.path.dirname(path)
     check_socket_dir(parent)
+    check_socket_path(path)
     _clear_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -77,6 +78,21 @@ def check_socket_dir(parent: str) -> None:
     written = os.path.abspath(parent)
     for path in (*_ancestors(written), *_ancestors(os.path.realpath(written))):
         _check_one_dir(path, parent)
+
+
+def check_socket_path(path: str) -> None:
+    """A file already at the socket's path that another user owns is theirs to remove, never
+    castor's to probe or replace (``conflict``, naming whose it is): in a shared sticky directory
+    (``/tmp``) anyone may take a path first, and a root castor would otherwise replace their stale
+    socket without a word."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid():
+        raise Conflict(f"{path} already exists and belongs to another user (uid {st.st_uid}); castor will not use "
+                       "or replace it: choose another socket path", data={"path": path, "uid": st.st_uid,
+                                                                          "reason": "socket_path_taken"})
 
 
 def _ancestors(path: str) -> list[str]:

@@ -507,6 +507,45 @@ def test_a_socket_under_another_users_directory_is_refused(tmp_path):
     assert os.listdir(private) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a file as another user")
+@pytest.mark.parametrize("planted", ["stale-socket", "live-socket", "file"])
+def test_a_socket_path_another_user_planted_is_refused_before_anything_starts(tmp_path, planted):
+    """In a shared sticky directory (``/tmp``, which ``--socket`` accepts) another user may take the
+    socket's path first. castor then probed their file: a socket it may not connect to read
+    ``conflict: cannot probe existing socket …: [Errno 13] Permission denied`` once the runtime had
+    started (exit 1), and a root castor replaced another user's stale socket without a word. The
+    path is now refused before anything starts (``conflict``, exit 2) naming whose it is, and the
+    planted file is left as it was."""
+    import socket as socket_module
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    path = shared / "castor.sock"
+    listener = None
+    if planted == "file":
+        path.write_text("theirs")
+    else:
+        listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+        listener.bind(str(path))
+        if planted == "live-socket":
+            listener.listen(1)
+        else:
+            listener.close()
+    os.lchown(path, 54321, 54321)
+    inode = path.lstat().st_ino
+    try:
+        done = subprocess.run(castor_argv("serve", "--socket", str(path)), env=serve_env(tmp_path),
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    finally:
+        if listener is not None:
+            listener.close()
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.startswith("castor: conflict: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "another user" in done.stderr and "54321" in done.stderr, done.stderr
+    assert path.lstat().st_ino == inode and path.lstat().st_uid == 54321
+
+
 def test_connections_that_never_say_hello_cannot_lock_a_token_holder_out(tcp_serve):
     """Anyone on the machine can connect: 64 connections that never authenticate (and reconnect
     when closed) filled every slot, so the token holder was refused. Full, the endpoint makes room
