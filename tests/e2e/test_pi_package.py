@@ -190,3 +190,27 @@ def test_pi_install_of_the_unpacked_package_directory_loads_it_in_place(pi_insta
         assert up(pi)["statusText"].startswith("castor: up"), pi.stderr()[-3000:]
     finally:
         pi.close()
+
+
+def test_an_untrusted_projects_python_files_are_never_imported_in_castors_place(pi_install, installed, tmp_path):
+    """castor starts in the project's directory. Started as ``<python> -m castor`` that directory came
+    first on Python's import path, so a checkout's ``loguru.py`` (or a ``castor/`` package of its
+    own) ran as the user before anything was trusted; an empty ``PYTHONPATH`` entry (``:/x``) named it
+    for the ``castor`` script too. The extension now runs the interpreter with ``-P`` and hands castor
+    only ``PYTHONPATH``'s absolute entries: the project's files are not imported, castor comes up."""
+    agent_dir, home = installed
+    project = tmp_path / "project"
+    (project / "castor").mkdir(parents=True)
+    marker = tmp_path / "imported-from-the-project"
+    plant = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    for name in ("loguru.py", "msgpack.py", "castor/__init__.py", "castor/__main__.py"):
+        (project / name).write_text(plant)
+    env = {**python_env(), "HOME": str(home)}
+    env["PYTHONPATH"] = f":{env['PYTHONPATH']}:relative/dir"
+    pi = PiRpc(pi_install, cwd=project, agent_dir=agent_dir, session_dir=tmp_path / "sessions", castor_command=None,
+               env=env, timeout_ms=15000, load_extension=False, extra_args=["--castor-python", sys.executable])
+    try:
+        assert up(pi)["statusText"].startswith("castor: up"), pi.stderr()[-3000:]
+        assert not marker.exists(), marker.read_text()
+    finally:
+        pi.close()

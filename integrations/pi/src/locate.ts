@@ -4,13 +4,20 @@
  * | first that is set                                   | command                                  |
  * |-----------------------------------------------------|------------------------------------------|
  * | flag `--castor-command` / env `CASTOR_COMMAND`      | that command line (JSON array or words)  |
- * | flag `--castor-python` / env `CASTOR_PYTHON`        | `<python> -m castor serve --stdio`       |
+ * | flag `--castor-python` / env `CASTOR_PYTHON`        | `<python> -P -m castor serve --stdio`    |
  * | an executable `castor` in a `PATH` directory        | `<that file> serve --stdio`              |
  * | none of these                                       | error: how to install castor or point at it |
  *
  * Only Pi flags and the environment are read, never project files: a checkout cannot choose
  * what runs. A `--castor-python` that is not an absolute path is looked up on `PATH` like a
  * command (`python3` works); one that names no executable file is an error, not a fallback.
+ *
+ * castor starts in the project's directory, which the project's own files fill: nothing there may
+ * be imported in castor's place before the project is trusted. `-m` puts the current directory
+ * first on Python's import path (a project's `loguru.py` or `castor/` ran as castor), so the
+ * interpreter gets `-P`, which leaves it off; and an empty or relative `PYTHONPATH` entry (`:/x`,
+ * a common shell habit) means the current directory too, so castor's environment keeps only the
+ * absolute entries (`castorEnv`).
  */
 import { parseCommand } from "./runtime.ts";
 
@@ -57,7 +64,7 @@ export function locateCastor(input: LocateInput): Located {
 	if (python) {
 		const exe = which(python, input.path, input.isExecutable);
 		if (!exe) throw new LocateError(`--castor-python ${python} is not an executable file (nor a command on PATH)`);
-		return { argv: [exe, "-m", "castor", ...SERVE_ARGS], source: "castor-python" };
+		return { argv: [exe, "-P", "-m", "castor", ...SERVE_ARGS], source: "castor-python" };
 	}
 	const castor = which("castor", input.path, input.isExecutable);
 	if (castor) return { argv: [castor, ...SERVE_ARGS], source: "path" };
@@ -65,6 +72,20 @@ export function locateCastor(input: LocateInput): Located {
 		"castor is not on PATH: install it (pip install castor) or start Pi with --castor-python <python that has castor> " +
 			"or --castor-command '<command that runs castor serve --stdio>'",
 	);
+}
+
+/** The environment castor starts with: `env` with only the absolute entries of `PYTHONPATH` (an
+ * empty or relative one names the current directory, the project's, whose files must not be
+ * imported before it is trusted; see the module doc). The variable goes when nothing is left. */
+export function castorEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+	const value = env.PYTHONPATH;
+	if (value === undefined) return env;
+	const kept = value.split(":").filter((entry) => entry.startsWith("/"));
+	if (kept.join(":") === value) return env;
+	const out: NodeJS.ProcessEnv = { ...env };
+	if (kept.length) out.PYTHONPATH = kept.join(":");
+	else delete out.PYTHONPATH;
+	return out;
 }
 
 /** An already running castor endpoint (`castor serve --socket PATH | --tcp HOST:PORT`). */

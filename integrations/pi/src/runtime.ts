@@ -16,7 +16,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync, statSync } from "node:fs";
 import { connect, type Socket } from "node:net";
-import { endpointText, tokenFromFile, type Endpoint } from "./locate.ts";
+import { castorEnv, endpointText, tokenFromFile, type Endpoint } from "./locate.ts";
 import { ownerIsUs, tcpListenerOwner, unixListenerOwner, type ListenerOwner } from "./owner.ts";
 import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
@@ -264,7 +264,7 @@ export class CastorRuntime {
 		}
 		const [cmd, ...args] = this.opts.command;
 		const sink = this.opts.stderr;
-		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", sink ? "pipe" : "inherit"], env: process.env });
+		const child = spawn(cmd!, args, { cwd: this.opts.cwd, stdio: ["pipe", "pipe", sink ? "pipe" : "inherit"], env: castorEnv(process.env) });
 		this.child = child;
 		// The child never outlives Pi's process. The listener goes with the child: Pi loads the
 		// extension afresh for every session it replaces (/new, /resume, /fork, /reload), so one

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { LocateError, endpointText, locateCastor, parseEndpoint, pathDirs, tokenFromFile, which } from "../src/locate.ts";
+import { LocateError, castorEnv, endpointText, locateCastor, parseEndpoint, pathDirs, tokenFromFile, which } from "../src/locate.ts";
 
 const files = (...names: string[]) => (file: string) => names.includes(file);
 
@@ -12,9 +12,9 @@ test("--castor-command wins, as a JSON array or words", () => {
 	assert.deepEqual(locateCastor({ command: "castor serve --stdio --log-level 'DEBUG'", isExecutable: files() }).argv, ["castor", "serve", "--stdio", "--log-level", "DEBUG"]);
 });
 
-test("--castor-python runs python -m castor; a bare name is looked up on PATH", () => {
+test("--castor-python runs python -P -m castor (the project's directory is not on its import path); a bare name is looked up on PATH", () => {
 	assert.deepEqual(locateCastor({ python: "/venv/bin/python", path: "/usr/bin", isExecutable: files("/venv/bin/python", "/usr/bin/castor") }), {
-		argv: ["/venv/bin/python", "-m", "castor", "serve", "--stdio"],
+		argv: ["/venv/bin/python", "-P", "-m", "castor", "serve", "--stdio"],
 		source: "castor-python",
 	});
 	assert.deepEqual(locateCastor({ python: "python3", path: "/opt/py/bin:/usr/bin", isExecutable: files("/usr/bin/python3") }).argv[0], "/usr/bin/python3");
@@ -59,4 +59,13 @@ test("token files: one word, owner-only", () => {
 	assert.throws(() => tokenFromFile("s3cr3t", 0o100640, "/t"), LocateError);
 	assert.throws(() => tokenFromFile(" \n", 0o100600, "/t"), /is empty/);
 	assert.throws(() => tokenFromFile("a b", 0o100600, "/t"), /more than one word/);
+});
+
+test("castor's environment keeps only PYTHONPATH's absolute entries: an empty or relative one is the project's directory", () => {
+	assert.equal(castorEnv({ PYTHONPATH: ":/repo::lib:/x/" }).PYTHONPATH, "/repo:/x/");
+	assert.equal("PYTHONPATH" in castorEnv({ PYTHONPATH: ":." , HOME: "/h" }), false);
+	assert.equal(castorEnv({ PYTHONPATH: ":." , HOME: "/h" }).HOME, "/h");
+	const unchanged = { PYTHONPATH: "/a:/b", PATH: "/bin" };
+	assert.equal(castorEnv(unchanged), unchanged);
+	assert.deepEqual(castorEnv({ PATH: "/bin" }), { PATH: "/bin" });
 });
