@@ -318,8 +318,10 @@ function render(doc) {
     o.append(bar(age || 0, v => v > 0 ? 12 * Math.log2(1 + v * 10) : 0, 'age'), document.createTextNode(secs(age)));
     tr.append(o);
     const act = a.activity || {};
-    const what = act.kind && act.kind !== 'idle' ? doing(act)
-                                                  : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
+    // a retired actor does nothing: why it retired is what it says (castor inspect says the same)
+    const what = a.retired_reason ? 'retired: ' + a.retired_reason
+               : act.kind && act.kind !== 'idle' ? doing(act)
+               : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
     tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
     tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
     const f = a.last_failure;
@@ -351,14 +353,16 @@ function render(doc) {
     const p = w.process || {}; const wa = w.actor || {};
     const card = $('div', {class: 'card', 'data-worker': w.session_id});
     card.append($('b', {}, 'Icarus worker — ' + w.session_id),
-      $('div', {}, 'workers started ' + w.workers_started + ', pid ' + (p.pid ?? '-') +
-                   (p.alive ? ' (alive)' : ' (none running)')),
+      $('div', {}, 'workers started ' + w.workers_started +
+                   (p.alive ? ', pid ' + p.pid + ' (alive)'
+                            : (p.pid ? ', last pid ' + p.pid : ', pid -') + ' (none running)')),
       $('div', {}, 'calls ' + (p.calls ?? 0) + ', RSS ' +
                    (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
                    ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
       $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
-                   (!wa.activity ? '-' : wa.activity.kind === 'idle' ? 'idle ' + secs(wa.activity.age_s)
-                                                                     : doing(wa.activity))));
+                   (wa.retired_reason ? 'retired: ' + wa.retired_reason + ' (the next call starts a fresh worker)'
+                    : !wa.activity ? '-' : wa.activity.kind === 'idle' ? 'idle ' + secs(wa.activity.age_s)
+                                                                       : doing(wa.activity))));
     wk.append(card);
   }
   if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));

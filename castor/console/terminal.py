@@ -152,8 +152,10 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
         box = actor["mailbox"]
         activity = actor.get("activity") or {}
         failure = actor.get("last_failure")
+        # a retired actor does nothing: why it retired is what it does (as the tree says)
+        doing = f"retired: {actor['retired_reason']}" if actor.get("retired_reason") else activity.get("text", "-")
         table.add_row(shown(actor["path"]), shown(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
-                      _seconds(box.get("oldest_age_s")), shown(str(activity.get("text", "-"))),
+                      _seconds(box.get("oldest_age_s")), shown(str(doing)),
                       _seconds(activity.get("age_s")), _deadline(activity.get("deadline_in_s")),
                       str(actor.get("restarts", 0)),
                       shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
@@ -249,7 +251,11 @@ def mailbox_table(actor: dict[str, Any]) -> Table:
     table.add_row("in_flight", shown(json.dumps(box.get("in_flight"))))
     activity = actor.get("activity")
     if activity:
-        table.add_row("activity", shown(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"))
+        bound = deadline_words(activity)  # the bound that ends it, as the tree says it
+        table.add_row("activity", shown(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"
+                                        f"{', ' + bound if bound else ''}"))
+    if actor.get("retired_reason"):
+        table.add_row("retired", shown(str(actor["retired_reason"])))
     for type_name, count in sorted(box.get("by_type", {}).items()):
         table.add_row(f"queued {shown(type_name)}", str(count))
     return table

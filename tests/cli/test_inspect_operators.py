@@ -303,6 +303,33 @@ def test_a_bounded_activity_shows_the_deadline_it_will_hit_and_an_unbounded_one_
     assert "5.2s" in table
 
 
+def test_a_retired_actor_says_why_in_every_view_and_the_mailbox_view_gives_the_deadline():
+    """A worker retired after a timed-out call read "retired: call tools.fabric_write timed out"
+    in the tree, but "-" in the flat list's doing column (``--sort``) and nothing at all in
+    ``inspect mailbox``; that view also left out the deadline of a bounded activity the tree
+    and the list give ("worker call ... for 5.6s" without "deadline in 14.4s")."""
+    from castor.console.terminal import actor_list, mailbox_table
+
+    def text(renderable) -> str:
+        out = Console(file=io.StringIO(), record=True, width=400)
+        out.print(renderable)
+        return out.export_text()
+
+    box = {"depth": 0, "capacity": None, "oldest_age_s": None, "processed": 1, "failed": 1, "rejected": 1,
+           "dead_letters": 0, "in_flight": None, "by_type": {}}
+    retired = {"path": "/root/session/s/icarus/worker", "kind": "IcarusWorkerActor", "state": "retired",
+               "incarnation": 1, "restarts": 0, "activity": None, "last_failure": None,
+               "retired_reason": "call tools.fabric_write timed out", "mailbox": box}
+    assert "retired: call tools.fabric_write timed out" in text(actor_list([retired], "age"))
+    assert "call tools.fabric_write timed out" in text(mailbox_table(retired))
+    call = {"kind": "worker_call", "text": "worker call tools.fabric_write", "age_s": 5.6, "data": {},
+            "deadline_in_s": 14.4}
+    busy = {**retired, "state": "running", "retired_reason": None, "activity": call}
+    shown = text(mailbox_table(busy))
+    assert "worker call tools.fabric_write for 5.6s, deadline in 14.4s" in shown, shown
+    assert "retired" not in shown
+
+
 def test_inspect_of_another_users_castor_says_whose_it_is_in_one_line():
     """``castor inspect`` run by another user read ``forbidden: Permission denied (EACCES)``
     (no address) when the socket file kept it out, and, when the file let it in and the server

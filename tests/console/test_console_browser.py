@@ -298,3 +298,26 @@ def test_a_page_on_another_port_of_the_host_never_gets_the_console_s_cookie(brow
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_a_retired_worker_says_why_in_the_tree_and_on_its_card(browser, busy_console):
+    """A worker retired after a timed-out call showed "-" under "doing now" (``castor inspect``
+    said "retired: call ... timed out"), and its card read "pid 30744 (none running)", a dead
+    process's pid given as the worker's, with no word of the retirement. Now both say why it
+    retired, and the card names the pid as the last one."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+             what="the first push")
+    reason = "call tools.fabric_write timed out"
+    box = {"depth": 0, "oldest_age_s": None}
+    worker = {"path": "/root/session/w/icarus/worker", "kind": "IcarusWorkerActor", "state": "retired",
+              "incarnation": 1, "restarts": 0, "mailbox": box, "activity": None, "last_failure": None,
+              "labels": {}, "retired_reason": reason}
+    doc = {"at": time.time(), "sessions": [], "actors": [worker],
+           "workers": [{"session_id": "w", "state": "active", "workers_started": 1,
+                        "process": {"pid": 30744, "alive": False, "calls": 2}, "actor": worker}]}
+    browser.execute_script("source.close(); render(arguments[0]);", doc)
+    assert _rows(browser)["/root/session/w/icarus/worker"]["activity"] == f"retired: {reason}"
+    card = browser.execute_script("return document.querySelector('[data-worker=\"w\"]').textContent")
+    assert f"retired: {reason}" in card and "last pid 30744 (none running)" in card, card
