@@ -39,7 +39,7 @@ class MailboxSnapshot(Message, type_name="inspect.mailbox"):
     in_flight: InFlight | None
     processed: int
     failed: int
-    rejected: int  # refused by overflow or closure
+    rejected: int  # refused (full, closed) or, as asks still queued, failed by a stop or retirement
     dead_letters: int  # tells dropped because the actor stopped for good
 
 

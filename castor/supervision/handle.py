@@ -173,6 +173,9 @@ class ActorHandle:
         self.processed = 0
         self.failed = 0
         self.dead_letters = 0
+        #: rejections of the mailboxes a retirement replaced, and of sends no fresh mailbox took
+        #: (the snapshot adds the current mailbox's: the count spans the handle's whole life)
+        self._rejected_before = 0
         self.started_at: float | None = None
         self.current: Envelope | None = None
         self.current_since = 0.0
@@ -273,10 +276,15 @@ class ActorHandle:
             raise closed.error from None
         fresh = self._demand_fresh_incarnation(mailbox)
         if fresh is None:
+            with self._lock:
+                self._rejected_before += 1  # refused after all (the mailbox did not count it)
             raise closed.error from None
         try:
             fresh.put(envelope)
         except MailboxClosed as again:
+            if again.revivable:  # closed by a retirement again meanwhile: not counted by it
+                with self._lock:
+                    self._rejected_before += 1
             raise again.error from None
         return fresh
 
@@ -288,6 +296,7 @@ class ActorHandle:
             if self.supervisor is None or not self.revive_on_demand:
                 return None
             fresh = Mailbox(self.mailbox_capacity)
+            self._rejected_before += retired_mailbox.rejected  # closed: its count is final
             self._mailbox = fresh
             self.state = HandleState.STARTING
         try:
@@ -513,6 +522,9 @@ class ActorHandle:
         """:meth:`snapshot` as plain data, the shape of ``ActorSnapshot.model_dump(mode="json")``
         (msgpack- and JSON-ready), built without a model: watching 1,000 busy casts stays cheap
         (bench/snapshot.py). ``ops.actors`` and the console send this."""
+        # read before the mailbox: a retirement's swap adds the old mailbox's count first, so a
+        # swap in between can only leave its rejections out of this one snapshot, never twice
+        rejected_before = self._rejected_before
         mailbox = self._mailbox
         depth, oldest, by_type = mailbox.snapshot()
         current = self.current
@@ -538,7 +550,7 @@ class ActorHandle:
                 "in_flight": in_flight,
                 "processed": self.processed,
                 "failed": self.failed,
-                "rejected": mailbox.rejected,
+                "rejected": rejected_before + mailbox.rejected,
                 "dead_letters": self.dead_letters,
             },
             "activity": self._activity(now, in_flight),

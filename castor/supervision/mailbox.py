@@ -202,6 +202,9 @@ class Mailbox:
         self._closed: Callable[[], CastorError] | None = None
         self._revivable = False
         self._inline = False  # a handler runs on an asker's thread (claim_idle .. end_inline)
+        #: Messages this mailbox refused (full; closed for good) and asks it held when it was
+        #: closed (the closer fails each). A put to a mailbox closed by a retirement is not
+        #: counted: its handle delivers it to a fresh mailbox (new demand) or counts it itself.
         self.rejected = 0
 
     # -- producers -------------------------------------------------------
@@ -209,7 +212,8 @@ class Mailbox:
         """Enqueue or raise: MailboxClosed when closed, MailboxFull when at capacity."""
         with self._lock:
             if self._closed is not None:
-                self.rejected += 1
+                if not self._revivable:
+                    self.rejected += 1
                 raise MailboxClosed(self._closed(), self._revivable)
             if self.capacity is not None and len(self._queue) >= self.capacity:
                 self.rejected += 1
@@ -329,6 +333,8 @@ class Mailbox:
             self._by_type.clear()
             for envelope in drained:
                 envelope.state = REJECTED
+                if envelope.reply is not None:  # an ask the closer fails (a tell is a dead letter)
+                    self.rejected += 1
             while self._waiters:
                 self._waiters.pop(0).release()
             return drained

@@ -97,6 +97,33 @@ def test_retire_rejects_every_queued_request_and_never_replays_it():
         system.shutdown(10)
 
 
+def test_the_rejected_count_covers_the_asks_a_retirement_rejected_and_survives_the_fresh_mailbox():
+    """An Icarus worker retired with a call queued behind the one that timed out: the queued call
+    was rejected (``worker_retired``), yet ``inspect mailbox`` read ``rejected 0`` -- only a put
+    refused at the door counted. The first send after the retirement (new demand, delivered to
+    a fresh mailbox) was counted as a rejection instead, and the fresh mailbox then started the
+    count again at 0. Now the rejected asks count, a delivered send does not, and the count spans
+    the handle's life."""
+    journal = Journal()
+    system = _system(journal)
+    try:
+        owner = system.lookup("/root/owner")
+        assert journal.wait_for(lambda e: any(x[0] == "spawned" for x in e))
+        retire = owner.ask_pending(Retire(reason="timed out"), timeout=5)
+        queued = [owner.ask_pending(Ping(n=i), timeout=5) for i in range(3)]
+        assert retire.result() == "retiring"
+        for pending in queued:
+            with pytest.raises(WorkerRetired):
+                pending.result()
+        assert owner.wait_exited(5)
+        assert owner.snapshot().mailbox.rejected == 3
+        assert owner.ask(Ping(n=999), timeout=5) == (2, 999)  # new demand: delivered, not rejected
+        box = owner.snapshot().mailbox
+        assert box.rejected == 3 and box.processed == 2, box
+    finally:
+        system.shutdown(10)
+
+
 def test_retire_from_outside_unblocks_an_in_flight_read_by_killing_the_owned_process():
     journal = Journal()
     system = _system(journal)
