@@ -3,7 +3,8 @@
 Gauges are read from one snapshot of the actor tree at scrape time (nothing is messaged);
 counters and histograms come from the actor system's meters (castor/supervision/meters.py).
 Labels are bounded: actor *kinds* (class names), cast *phases*, never paths or ids, so 1,000
-casts do not make 1,000 series.
+casts do not make 1,000 series. The counters by kind have a sample (0 until it counts) for
+every kind that ever started, so the first crash of a kind is an increase.
 
 =========================================  =========  ==========================================
 metric                                     type       what
@@ -120,11 +121,15 @@ class RuntimeCollector(Collector):
         yield sessions
 
         counters, histograms = system.registry.meters.collect()
+        # Every kind that ever started (or runs now) has a sample of each counter, 0 until it
+        # counts: a series that first appears at 1 shows no increase, so the first crash of a
+        # kind would never fire an alert on increase(castor_crashes_total[5m]).
+        kinds = {kind for (counter, kind) in counters if counter == "starts"} | set(depths)
         for name, help_text in _KIND_COUNTERS.items():
             family = CounterMetricFamily(f"castor_{name}", help_text, labels=["kind"])
-            for (counter, kind), n in sorted(counters.items()):
-                if counter == name:
-                    family.add_metric([kind], n)
+            of_name = {kind: n for (counter, kind), n in counters.items() if counter == name}
+            for kind in sorted(kinds | set(of_name)):
+                family.add_metric([kind], of_name.get(kind, 0))
             yield family
         visits = CounterMetricFamily("castor_socket_visits", "agent socket visits (SocketActor starts)")
         visits.add_metric([], counters.get(("starts", "SocketActor"), 0))

@@ -91,3 +91,41 @@ def test_the_consoles_tables_have_exactly_the_documented_fields():
     for name in names:
         word = {"cost (USD)": "cost", "failed": "failure reason", "doing": "what it does now"}.get(name, name)
         assert word in cast_row, name
+
+
+def test_every_kind_that_started_has_a_zero_sample_of_each_counter_before_it_counts():
+    """``castor_crashes_total`` (and the restarts, retirements, ask timeouts) had no series at all
+    until a kind's first crash, which then appeared at 1: ``increase(...[5m])`` sees no increase
+    in a series that starts at 1, so an alert on it never fired for the first crash. Each kind
+    that started has a 0 sample now; a crash makes it 1."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from castor.console.metrics import metrics_text
+    from castor.runtime import Runtime, RuntimeSettings
+
+    def samples(runtime) -> dict[tuple[str, str], float]:
+        text = metrics_text(runtime).decode()
+        return {(s.name, s.labels.get("kind", "")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    runtime = Runtime(RuntimeSettings())
+    try:
+        before = samples(runtime)
+        for name in ("castor_crashes_total", "castor_restarts_total", "castor_retirements_total",
+                     "castor_ask_timeouts_total"):
+            assert before[(name, "UtilityExecutorActor")] == 0, name
+            assert before[(name, "Supervisor")] == 0, name
+        assert before[("castor_starts_total", "UtilityExecutorActor")] >= 1
+        from castor.supervision import faults
+
+        slot = runtime.system.lookup("/root/utility/slot-0")
+        faults.kill(slot)
+        from tests.support.waiting import wait_for
+
+        wait_for(lambda: samples(runtime)[("castor_restarts_total", "UtilityExecutorActor")] == 1, timeout=10,
+                 what="the slot's restart")
+        after = samples(runtime)
+        assert after[("castor_crashes_total", "UtilityExecutorActor")] == 1
+        assert after[("castor_crashes_total", "Supervisor")] == 0
+    finally:
+        runtime.shutdown(10)
