@@ -366,7 +366,11 @@ class CastActor(Actor):
             return
         if self.state.active and (self.incarnation > 1 or env.resume_active):
             self.log.info("resuming active cast after a restart (incarnation {n})", n=self.incarnation)
-            self._apply(RecastRequested(after_restart=True, at=env.clock()))
+            cause = None  # a new runtime (or session) brings the cast in: the runtime restarted
+            if self.incarnation > 1:  # this runtime restarted the cast's actor after a crash
+                failure = self.handle.last_failure
+                cause = f"the cast's actor crashed ({failure[0] if failure else 'unknown'}) and was restarted"
+            self._apply(RecastRequested(after_restart=True, cause=cause, at=env.clock()))
 
     def _stop(self) -> None:
         """End this incarnation after the current message, releasing what it holds now.
@@ -439,7 +443,8 @@ class CastActor(Actor):
             self._apply(DispatchFailed(visit_id=message.visit_id, at=self.env.clock(),
                                        error=f"work lost {self._lost_in_a_row} times in a row: {message.reason}"))
             return
-        self._apply(RecastRequested(after_restart=True, at=self.env.clock()))
+        self._apply(RecastRequested(after_restart=True, cause=f"its work was lost ({message.reason})",
+                                    at=self.env.clock()))
 
     @property
     def _user_turn(self) -> str | None:

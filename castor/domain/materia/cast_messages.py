@@ -210,10 +210,13 @@ class AbortRequested(_Command):
 
 class RecastRequested(_Command):
     """``after_restart=True``: the runtime lost the in-flight work of an *active* cast (its actor
-    or the whole process died); resume it as if it had failed there."""
+    or the whole process died); resume it as if it had failed there. ``cause``: what was lost,
+    in words (the ``previousFailure`` of its ``cast_recast`` event); without it, the runtime
+    restarted."""
 
     kind: Literal["recast_requested"] = "recast_requested"
     after_restart: bool = False
+    cause: str | None = None
     at: float
 
 

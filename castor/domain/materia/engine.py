@@ -1351,7 +1351,8 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         if ev.after_restart:  # nothing was lost: the cast still waits for the user's word
             rs = s.socket
             ctx.emit("cast_recast", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
-                                     "previousFailure": "runtime restarted while the cast was interrupted",
+                                     "previousFailure": f"{ev.cause or 'runtime restarted'} while the cast was "
+                                                        "interrupted",
                                      **s.item_fields(), "visit": s.visit, "reusedActivePrompt": False,
                                      "interrupted": True})
             ctx.notify("info", f"{rs.materia_name} ({rs.id}) is still interrupted. Run {_cmd(s, 'continue')} to run "
@@ -1366,7 +1367,7 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
     if not s.active and not s.failed:
         raise _reject(f"pi-materia cast {s.cast_id} is not failed or aborted (phase: {s.phase}, "
                       f"socket state: {s.socket_state}).", "not-failed")
-    previous = s.failed_reason if not s.active else "runtime restarted while the cast was active"
+    previous = s.failed_reason if not s.active else f"{ev.cause or 'runtime restarted'} while the cast was active"
     withdrawn = s.active and s.user_turn_pending
     if withdrawn:
         _withdraw_user_turn(ctx, "restart")  # only the harness runs a user's turn; castor cannot redo it

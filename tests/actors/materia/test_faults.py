@@ -176,6 +176,32 @@ def test_cast_actor_crash_restart_resumes_from_persisted_state(runtime_factory, 
     assert json.loads((run_dir / "state.json").read_text())["incarnation"] == 2
 
 
+def test_a_recast_after_a_crash_or_lost_work_says_what_happened_not_that_the_runtime_restarted(runtime_factory,
+                                                                                                  project):
+    """The ``cast_recast`` event (the console's feed, events.jsonl) of a cast whose actor was
+    killed, or whose socket actor was, read ``previousFailure: "runtime restarted while the cast
+    was active"`` -- in a runtime that had run all along. It says what was lost now."""
+    rt = runtime_factory()
+    agent, _ui = open_session(rt, "s1", project, [{"text": "never", "delay_ms": 5000},
+                                                   {"text": "lost too", "delay_ms": 5000}, "resumed"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    wait_for(lambda: agent.in_flight(), what="the first turn")
+    run_dir = Path(started["run_dir"])
+
+    def recasts() -> list[str]:
+        return [e["data"]["previousFailure"] for e in events(run_dir) if e["type"] == "cast_recast"]
+
+    faults.kill(_cast_handle(rt, "s1", started["cast_id"]))
+    first = wait_for(lambda: recasts(), what="the recast after the cast actor's crash")
+    assert first == ["the cast's actor crashed (ActorKilled) and was restarted while the cast was active"]
+    sockets = wait_for(lambda: [h for h in _socket_handles(rt, "s1") if h.alive], what="the re-sent turn's actor")
+    faults.kill(sockets[0])
+    both = wait_for(lambda: r if len(r := recasts()) == 2 else None, what="the recast after the lost turn")
+    assert both[1].startswith("its work was lost (socket actor ") and both[1].endswith(" while the cast was active")
+    assert not any("runtime restarted" in r for r in both), both
+    assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
+
+
 def test_restart_replays_the_last_transitions_file_effects_without_duplicates(runtime_factory, project):
     rt = runtime_factory()
     agent, _ui = open_session(rt, "s1", project, [{"text": "never", "delay_ms": 5000}, "resumed"])
