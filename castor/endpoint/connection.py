@@ -234,16 +234,27 @@ class PendingCall:
 class Connection:
     """One msgpack-rpc peer. Create, :meth:`start`, then call / notify / close."""
 
+    @property
+    def name(self) -> str:
+        """The connection's name: its threads' owner (``/endpoint/NAME``) and its log lines' ``conn``."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        # A server renames what it accepts (``unix-N``) before starting it: the log must say the same
+        # name as the threads, which take it at start.
+        self._name = value
+        self._log = logger.bind(conn=value)
+
     def __init__(self, transport: Transport, dispatcher: Dispatcher, *,
                  settings: ConnectionSettings | None = None, name: str | None = None) -> None:
         self.id = next(_conn_ids)
-        self.name = name or f"conn-{self.id}"
         self.transport = transport
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
         self.state: dict[str, Any] = {}
         self.close_reason: str | None = None
-        self._log = logger.bind(conn=self.name)
+        self.name = name or f"conn-{self.id}"  # binds the log too (see the property)
         # The level of the lines a peer's own faults cost (bytes that are not msgpack, a reset
         # before its answer, an answer it does not read): DEBUG for a peer that has not
         # authenticated, so that anyone who can connect cannot write a line per connect.

@@ -396,3 +396,30 @@ def test_a_string_or_binary_announced_over_its_limit_closes_the_connection_at_it
     assert (kind_, method, error["code"]) == (2, "error", "invalid_frame")
     assert f"a {kind} of {100 * 2**20} bytes announced, over the 8388608-byte {kind} limit" in error["message"]
     assert client.call("echo", {"ok": 1}) == {"ok": 1}  # the other connection goes on
+
+
+@pytest.mark.timeout(30)
+def test_a_connection_s_log_lines_name_it_as_its_threads_do(server):
+    """An accepted connection is renamed ``unix-N`` (``castor inspect`` lists its threads as
+    ``castor-unix-N-w1 for /endpoint/unix-N``), but its log lines kept the name it had a moment
+    before, ``conn-N``: an operator could not tie a connection's log to what inspect showed."""
+    from loguru import logger
+
+    from castor.supervision.threads import running_threads
+
+    lines: list[dict] = []
+    sink = logger.add(lambda m: lines.append(dict(m.record["extra"], message=m.record["message"])), level="DEBUG")
+    try:
+        client = Client.connect_unix(server.address, default_timeout=10)
+        assert client.call("echo", {"x": 1}) == {"x": 1}
+        owners = {row["owner"] for row in running_threads("/endpoint")
+                  if row["owner"].startswith("/endpoint/") and "client" not in row["owner"]}  # the server's side
+
+        def closed() -> list[dict]:
+            return [ln for ln in lines if ln["message"].startswith("connection closed") and "client" not in ln["conn"]]
+
+        client.close()
+        assert poll_until(closed, timeout=10), lines
+    finally:
+        logger.remove(sink)
+    assert owners == {f"/endpoint/{closed()[0]['conn']}"}, (owners, closed())
