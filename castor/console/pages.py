@@ -340,7 +340,9 @@ function render(doc) {
       const li = $('li', {'data-cast': c.cast_id});
       li.append($('a', {href: BASE + 'cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
                 c.cast_id),
-                document.createTextNode(visible(' ' + (c.activity || c.phase || '') + ' ' + secs(c.waiting_s))));
+                document.createTextNode(visible(' ' + (c.activity ? doing({text: c.activity, age_s: c.waiting_s,
+                                                                             deadline_in_s: c.deadline_in_s})
+                                                             : (c.phase || '-')))));
       ul.append(li);
     }
     if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));

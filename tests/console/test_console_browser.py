@@ -321,3 +321,21 @@ def test_a_retired_worker_says_why_in_the_tree_and_on_its_card(browser, busy_con
     assert _rows(browser)["/root/session/w/icarus/worker"]["activity"] == f"retired: {reason}"
     card = browser.execute_script("return document.querySelector('[data-worker=\"w\"]').textContent")
     assert f"retired: {reason}" in card and "last pid 30744 (none running)" in card, card
+
+
+def test_a_sessions_card_says_what_each_cast_does_as_the_tree_does(browser, busy_console):
+    """A session's card read "... visit 1 38.9 s" for a cast: no "for", and no word of the deadline
+    that ends a bounded wait (the user's own turn under user_turn_timeout_s), which the tree and
+    ``castor inspect casts`` give. It reads as the tree now."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+             what="the first push")
+    cast = {"cast_id": "c1", "activity": "awaiting the agent's turn for Socket-1 (greeter) of cast c1, visit 1",
+            "waiting_s": 38.9, "deadline_in_s": 21.1, "phase": "Socket-1"}
+    doc = {"at": time.time(), "actors": [], "workers": [],
+           "sessions": [{"session_id": "w", "label": "proj", "project": "/p", "casts": [cast]}]}
+    browser.execute_script("source.close(); render(arguments[0]);", doc)
+    line = browser.execute_script("return document.querySelector('[data-cast=\"c1\"]').textContent")
+    assert line == "c1 awaiting the agent's turn for Socket-1 (greeter) of cast c1, visit 1 for 38.9 s, " \
+                   "deadline in 21.1 s", line
