@@ -296,7 +296,11 @@ const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
   if (text !== undefined) el.textContent = visible(text); return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
-""" + _DOING_JS + r"""function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
+""" + _DOING_JS + r"""// How much of its restart limit the window holds now (as castor inspect says), '' while none.
+function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '';
+  const used = b.restarts + '/' + b.max_restarts + ' restarts in ' + b.within_s + ' s';
+  return b.applies_to === 'children' ? 'children: ' + used + ' before it fails' : used + ' before it is given up'; }
+function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
 function render(doc) {
   document.getElementById('status').textContent =
@@ -324,6 +328,7 @@ function render(doc) {
                : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
     tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
     tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
+    tr.append($('td', {class: 'budget muted'}, budget(a)));
     const f = a.last_failure;
     tr.append($('td', {class: 'failure'}, f ? f.error_type + ' ' + secs(f.age_s) + ' ago' : '-'));
     const labels = a.labels || {};
@@ -431,7 +436,8 @@ def tree_page(base: str = "/") -> str:
 <h2>Icarus workers</h2><div id="workers" class="cards"></div>
 <h2>actors</h2>
 <table><thead><tr><th>actor</th><th>kind</th><th>state</th><th>depth</th><th>oldest message</th>
-<th>doing now</th><th>restarts</th><th>last failure</th><th></th></tr></thead><tbody id="tree"></tbody></table>
+<th>doing now</th><th>restarts</th><th>restart limit</th><th>last failure</th><th></th></tr></thead>
+<tbody id="tree"></tbody></table>
 <p class="muted"><a href="{html.escape(base)}metrics">/metrics</a> (Prometheus)</p>
 <script>{_page_script(base, "")}{_TREE_JS}</script></body></html>"""
 

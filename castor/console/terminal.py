@@ -41,6 +41,19 @@ def deadline_words(activity: dict[str, Any] | None) -> str:
     return f"deadline in {left:.1f}s" if left >= 0 else f"deadline passed {-left:.1f}s ago"
 
 
+def budget_words(actor: dict[str, Any]) -> str:
+    """How much of its restart limit an actor's window has used, ``""`` while nothing of it is:
+    ``3/5 restarts in 30s before it is given up`` (a child with a limit of its own: a cast), or
+    ``children: 4/10 restarts in 10s before it fails`` (a supervisor's intensity)."""
+    budget = actor.get("restart_budget") or {}
+    if not budget.get("restarts"):
+        return ""
+    used = f"{budget['restarts']}/{budget['max_restarts']} restarts in {budget['within_s']:g}s"
+    if budget.get("applies_to") == "children":
+        return f"children: {used} before it fails"
+    return f"{used} before it is given up"
+
+
 def _activity_age(actor: dict[str, Any]) -> float:
     activity = actor.get("activity") or {}
     if activity.get("kind") in (None, "idle"):
@@ -157,7 +170,7 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
         table.add_row(shown(actor["path"]), shown(str(actor["kind"])), _state(actor["state"]), str(box["depth"]),
                       _seconds(box.get("oldest_age_s")), shown(str(doing)),
                       _seconds(activity.get("age_s")), _deadline(activity.get("deadline_in_s")),
-                      str(actor.get("restarts", 0)),
+                      _restarts(actor),
                       shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
     return table
 
@@ -184,6 +197,12 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
                           _deadline(cast.get("deadline_in_s")), _seconds(cast.get("age_s")),
                           str(cast.get("restarts", 0)))
     return table
+
+
+def _restarts(actor: dict[str, Any]) -> str:
+    """A table cell: the restarts, and how much of the restart limit the window holds now."""
+    words = budget_words(actor)
+    return f"{actor.get('restarts', 0)}" + (f" ({words})" if words else "")
 
 
 def _deadline(left: Any) -> str:
@@ -217,8 +236,9 @@ def _actor_line(actor: dict[str, Any]) -> str:
         )
     if box.get("failed"):
         parts.append(f"[red]failed={box['failed']}[/red]")
-    if actor.get("restarts"):
-        parts.append(f"[yellow]restarts={actor['restarts']}[/yellow]")
+    budget = budget_words(actor)
+    if actor.get("restarts") or budget:
+        parts.append(f"[yellow]restarts={actor.get('restarts', 0)}{f' ({budget})' if budget else ''}[/yellow]")
     activity = actor.get("activity")
     if activity and activity.get("kind") not in (None, "idle", "handling"):
         bound = deadline_words(activity)

@@ -76,6 +76,22 @@ class Failure(Message, type_name="inspect.failure"):
     at: float  # when, in seconds since the epoch
 
 
+class RestartBudget(Message, type_name="inspect.restart_budget"):
+    """A restart limit and how much of it the restarts of its window have used.
+
+    ``applies_to``: ``self`` -- a child with a limit of its own (a cast): past ``max_restarts``
+    restarts within ``within_s`` seconds its supervisor gives up on it (removes it alone);
+    ``children`` -- a supervisor's intensity: past that many restarts of its children together,
+    the supervisor itself fails and its parent applies its own policy. ``restarts``: how many
+    restarts the window holds now.
+    """
+
+    applies_to: Literal["self", "children"]
+    restarts: int
+    max_restarts: int
+    within_s: float
+
+
 class ActorSnapshot(Message, type_name="inspect.actor"):
     path: str
     kind: str  # the actor class name
@@ -88,6 +104,7 @@ class ActorSnapshot(Message, type_name="inspect.actor"):
     activity: Activity | None = None
     last_failure: Failure | None = None
     labels: dict[str, str] = {}  # what the runtime says the actor stands for (a session: project, label)
+    restart_budget: RestartBudget | None = None  # the restart limit that applies, and how much is used
 
 
 class ThreadSnapshot(Message, type_name="inspect.thread"):

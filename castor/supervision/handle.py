@@ -192,6 +192,9 @@ class ActorHandle:
         self.describe: Callable[[], tuple[Any, ...] | None] | None = None
         self.idle_since: float | None = None
         self.labels: dict[str, str] = {}
+        #: (``"self"`` or ``"children"``, the supervisor's intensity record: ``max_restarts``,
+        #: ``within_seconds``, ``times``), set by the supervisor that applies it; see RestartBudget.
+        self.restart_budget: tuple[str, Any] | None = None
         #: Called with (handle, incarnation, exit kind) when an incarnation ends, on its thread;
         #: set by whoever supervises this handle (a supervisor, or the system for the root).
         self.on_exit: Callable[[ActorHandle, int, ExitKind], None] | None = None
@@ -557,6 +560,7 @@ class ActorHandle:
             "last_failure": {"error_type": failure[0], "message_type": failure[1],
                              "age_s": max(0.0, now - failure[2]), "at": failure[3]} if failure is not None else None,
             "labels": dict(self.labels),
+            "restart_budget": _budget(self.restart_budget, now),
         }
 
     def _activity(self, now: float, in_flight: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -584,3 +588,22 @@ class ActorHandle:
 
     def __repr__(self) -> str:
         return f"<ActorHandle {self.path} {self.state} #{self.incarnation}>"
+
+
+def _budget(budget: tuple[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """A snapshot's ``restart_budget``: the restarts the limit's window holds now, read without a
+    lock (the supervisor appends on its own thread: a copy that meets a change is read again)."""
+    if budget is None:
+        return None
+    applies_to, intensity = budget
+    for _attempt in range(3):
+        try:
+            times = tuple(intensity.times)
+            break
+        except RuntimeError:  # the deque changed while it was copied
+            continue
+    else:
+        times = ()
+    window = intensity.within_seconds
+    return {"applies_to": applies_to, "restarts": sum(1 for t in times if now - t <= window),
+            "max_restarts": intensity.max_restarts, "within_s": window}

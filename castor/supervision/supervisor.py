@@ -189,6 +189,7 @@ class Supervisor(Actor):
 
     # -- lifecycle ---------------------------------------------------------
     def on_start(self) -> None:
+        self.handle.restart_budget = ("children", self._intensity)  # snapshots say how much is used
         for spec in self._initial:
             self._start(spec)
 
@@ -380,8 +381,11 @@ class Supervisor(Actor):
 
     @staticmethod
     def _new_slot(spec: ChildSpec, handle: ActorHandle) -> _Slot:
-        return _Slot(spec, handle, intensity=(
+        slot = _Slot(spec, handle, intensity=(
             _Intensity(spec.max_restarts, spec.within_seconds) if spec.max_restarts is not None else None))
+        if slot.intensity is not None:
+            handle.restart_budget = ("self", slot.intensity)  # the child's own limit, in its snapshots
+        return slot
 
     def _start(self, spec: ChildSpec) -> ActorHandle:
         path = child_path(self.path, spec.id)

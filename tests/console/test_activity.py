@@ -192,6 +192,55 @@ def test_a_crash_is_the_last_failure_and_a_reported_activity_ends_with_its_messa
         system.shutdown(10)
 
 
+def test_a_crash_looping_child_shows_how_much_of_its_restart_limit_is_used():
+    """A cast killed three times read "restarts=3" everywhere, and then vanished: nothing said it
+    would be given up after 5 restarts in 30 s, nor how close its supervisor was to failing. The
+    snapshot carries the limit that applies and the restarts its window holds now, and inspect's
+    tree and list say it."""
+    import io
+
+    from rich.console import Console
+
+    from castor.console.terminal import _actor_line, actor_list
+    from castor.messages.base import LocalMessage
+    from castor.supervision import Actor, ActorSystem, ChildSpec, handles, supervisor_spec
+
+    class Boom(LocalMessage, type_name="test.activity.budget_boom"):
+        pass
+
+    class Fragile(Actor):
+        @handles(Boom)
+        def boom(self, _m: Boom) -> None:
+            raise ValueError("boom")
+
+    spec = ChildSpec("fragile", Fragile, max_restarts=5, within_seconds=30.0)
+    system = ActorSystem([supervisor_spec("t", [spec], max_restarts=10, within_seconds=10.0)])
+    try:
+        handle = system.lookup("/root/t/fragile")
+        assert handle.snapshot().restart_budget.restarts == 0
+        for n in (1, 2, 3):
+            with pytest.raises(ActorCrashed):
+                handle.ask(Boom(), timeout=5)
+            wait_for(lambda n=n: handle.restarts == n and handle.alive, timeout=10, what=f"restart {n}")
+        own = handle.snapshot_data()
+        assert own["restart_budget"] == {"applies_to": "self", "restarts": 3, "max_restarts": 5, "within_s": 30.0}
+        parent = system.lookup("/root/t").snapshot_data()
+        assert parent["restart_budget"] == {"applies_to": "children", "restarts": 3, "max_restarts": 10,
+                                            "within_s": 10.0}
+        ActorSnapshot.model_validate(own)  # the typed snapshot takes it
+
+        def text(renderable) -> str:
+            out = Console(file=io.StringIO(), record=True, width=400)
+            out.print(renderable)
+            return out.export_text()
+
+        assert "restarts=3 (3/5 restarts in 30s before it is given up)" in text(_actor_line(own))
+        assert "children: 3/10 restarts in 10s before it fails" in text(_actor_line(parent))
+        assert "3 (3/5 restarts in 30s before it is given up)" in text(actor_list([own], "restarts"))
+    finally:
+        system.shutdown(10)
+
+
 def test_the_cheap_snapshot_data_is_exactly_the_typed_snapshots_shape():
     from castor.messages.inspection import TreeSnapshot
     from castor.supervision import Actor, ActorSystem, ChildSpec, supervisor_spec

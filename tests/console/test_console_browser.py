@@ -339,3 +339,27 @@ def test_a_sessions_card_says_what_each_cast_does_as_the_tree_does(browser, busy
     line = browser.execute_script("return document.querySelector('[data-cast=\"c1\"]').textContent")
     assert line == "c1 awaiting the agent's turn for Socket-1 (greeter) of cast c1, visit 1 for 38.9 s, " \
                    "deadline in 21.1 s", line
+
+
+def test_a_crash_looping_cast_shows_how_much_of_its_restart_limit_is_used(browser, busy_console):
+    """Killed twice, a cast read "2" under restarts and nothing more: the page did not say that it
+    is given up after 5 restarts in 30 s, nor how close its supervisor is to failing. The
+    "restart limit" column says both, from the live runtime."""
+    live = busy_console
+    sid, cast_id = "session-2", live.casts["session-2"][1]
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    browser.get(f"{live.url}?token={live.token}")
+    wait_for(lambda: path in _rows(browser), timeout=15, what="the cast in the tree")
+    for n in (1, 2):
+        live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)
+        wait_for(lambda n=n: _rows(browser).get(path, {}).get("restarts") == str(n), timeout=10,
+                 what=f"restart {n} on the page")
+
+    def limit(row_path: str) -> str:
+        return browser.execute_script(
+            f"return document.querySelector('#tree tr[data-path=\"{row_path}\"] .budget').textContent")
+
+    wait_for(lambda: limit(path) == "2/5 restarts in 30 s before it is given up", timeout=5,
+             what="the cast's restart limit")
+    assert limit(f"/root/session/{sid}/cast") == "children: 2/100 restarts in 10 s before it fails"
+    assert limit(f"/root/session/{sid}/materia") == ""
