@@ -122,7 +122,8 @@ def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             casts.append({
                 "cast_id": cast_id, "path": cast["path"], "state": cast["state"],
                 "phase": data.get("phase"), "socket": data.get("socket"), "materia": data.get("materia"),
-                "item": data.get("item"), "visit": data.get("visit"), "pending": data.get("pending"),
+                "item": data.get("item"), "item_number": data.get("item_number"), "items": data.get("items"),
+                "visit": data.get("visit"), "pending": data.get("pending"),
                 # interrupted (an Esc stopped its turn) or paused (refinement): it waits for the user
                 "waiting_for": data.get("waiting_for"),
                 "activity": activity.get("text"), "waiting_s": activity.get("age_s"),
@@ -191,8 +192,11 @@ def casts_table(sessions: list[dict[str, Any]]) -> Table:
             phase = str(cast.get("phase") or "-")
             if cast.get("waiting_for"):
                 phase = f"{phase}, waiting for {cast['waiting_for']}"
+            item = str(cast.get("item") or "-")
+            if cast.get("item_number") and cast.get("items"):  # how far the loop is
+                item += f" ({cast['item_number']} of {cast['items']})"
             table.add_row(shown(name), shown(cast["cast_id"]), shown(phase),
-                          shown(socket), shown(str(cast.get("item") or "-")), str(cast.get("visit") or "-"),
+                          shown(socket), shown(item), str(cast.get("visit") or "-"),
                           shown(str(cast.get("activity") or "-")), _seconds(cast.get("waiting_s")),
                           _deadline(cast.get("deadline_in_s")), _seconds(cast.get("age_s")),
                           str(cast.get("restarts", 0)))

@@ -6,6 +6,7 @@ Driven as an operator meets it: ``ops.actors`` over a real socket of a real ``ca
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 import msgpack
 import psutil
 import pytest
+from rich.console import Console
 
 from castor.client import Client
 from castor.messages.errors import ActorCrashed
@@ -89,6 +91,63 @@ def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
             idle = [a for a in actors.values() if a["path"].startswith("/root/utility/slot-")]
             assert idle and all(a["activity"]["kind"] == "idle" and a["activity"]["age_s"] >= 0 for a in idle)
             assert all(a["uptime_s"] is not None and a["restarts"] == 0 and a["last_failure"] is None for a in idle)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_cast_in_a_loop_says_which_item_of_how_many_it_is_at(tmp_path):
+    """A long build cast read "item item 1, visit 2" at its builder and reviewer: which work item,
+    but not how many there are, so nothing told how far the cast had come. The activity (and
+    ``inspect casts``) says "(2 of 3)" now, in words and data (``item_number``, ``items``)."""
+    from castor.console.terminal import casts_table, session_casts
+
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path), cwd=str(project),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+        with Client.connect_unix(str(sock)) as client:
+            turns: list[dict] = []
+            client.on_notification("agent.run_turn", turns.append)
+            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "build"}, timeout=20)
+            cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "go"},
+                                  timeout=20)["cast_id"]
+            plan = {"workItems": [{"id": f"w{n}", "title": f"step {n}", "description": "d", "acceptance": ["a"]}
+                                  for n in (1, 2, 3)]}
+            review = {"satisfied": True, "feedback": "", "missing": []}
+
+            def answer(n: int, text: str) -> None:
+                turn = wait_for(lambda: len(turns) >= n and turns[n - 1], timeout=20, what=f"turn {n}")
+                client.call("agent.turn_ended", {"session_id": "s1", "turn_id": turn["turn_id"], "text": text},
+                            timeout=20)
+
+            answer(1, json.dumps(plan))  # the planner
+            answer(2, "built step 1")  # the builder, item 1
+            answer(3, json.dumps(review))  # the reviewer: item 1 done, on to item 2
+            wait_for(lambda: len(turns) >= 4, timeout=20, what="the builder's turn for item 2")
+
+            def cast() -> dict:
+                return _by_path(client.call("ops.actors", {}, timeout=10))[f"/root/session/s1/cast/{cast_id}"]
+
+            activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-4" and a,
+                                timeout=10, what="the cast at its builder")
+            assert activity["data"]["item"] == "step 2"
+            assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3)
+            assert ", item step 2 (2 of 3), visit 2" in activity["text"], activity["text"]
+            answer(4, "built step 2")
+            activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-5" and a,
+                                timeout=10, what="the cast at its reviewer")
+            assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3), activity
+            sessions = session_casts(client.call("ops.actors", {}, timeout=10)["actors"])
+            out = io.StringIO()
+            Console(file=out, width=400).print(casts_table(sessions))
+            assert "step 2 (2 of 3)" in out.getvalue()
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0

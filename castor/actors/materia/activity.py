@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 from castor.domain.materia.engine import cast_of_visit
+from castor.domain.materia.expressions import MISSING
+from castor.domain.materia.loops import item_progress
 
 _PENDING_WORDS = {"agent_turn": "awaiting the agent's turn for", "utility": "awaiting utility", "compaction":
                   "awaiting a compaction for"}
@@ -62,6 +64,16 @@ def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> str
     return ""
 
 
+def _item_progress(state: Any, socket: str | None) -> tuple[int, int] | None:
+    """``(number, of)`` of the loop item the cast is at, or None. Read on the snapshotting thread
+    while the cast may change its data: a value it cannot read now is simply left out."""
+    try:
+        last_json = state.last_json if state.last_json is not None else MISSING
+        return item_progress(state.config.pipeline, socket or "", state.data, state.cursors, last_json)
+    except Exception:  # noqa: BLE001 - a snapshot must never fail on what it only adds
+        return None
+
+
 def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] | None:
     """A CastActor's phase, socket, work item, visit and age, read from its current state;
     ``utility_progress(visit_id) -> (where, pid, slots) | None`` tells where an awaited utility is.
@@ -79,6 +91,10 @@ def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] |
                             "run_dir": state.run_dir or None,
                             "cast_age_s": round(max(0.0, time.time() - state.started_at), 3)
                             if state.started_at else None}
+    progress = _item_progress(state, socket) if item else None
+    if progress is not None:  # how far the loop is: the work left on a long cast
+        data["item_number"], data["items"] = progress
+        item = f"{item} ({progress[0]} of {progress[1]})"
     # The state's wall-clock time of its last transition, as a monotonic instant.
     since = time.monotonic() - max(0.0, time.time() - (state.updated_at or time.time()))
     where = f"{socket} ({state.current_materia})" if state.current_materia else str(socket or "-")

@@ -93,6 +93,22 @@ def select_item(it: Iteration, data: dict[str, Any], cursors: dict[str, int],
     return ItemSelection(item, index, js_string(key), js_string(key if label is None else label))
 
 
+def item_progress(pipeline: ResolvedPipeline, socket_id: str, data: dict[str, Any], cursors: dict[str, int],
+                  last_json: Any = MISSING) -> tuple[int, int] | None:
+    """Where a loop socket's current item stands: ``(its number from 1, how many items)``, read
+    as :func:`select_item` reads them; ``None`` for a socket in no loop, or no current item."""
+    if socket_id not in pipeline.sockets:
+        return None
+    it = iteration_for(pipeline, socket_id)
+    if it is None:
+        return None
+    index = cursors.get(it.cursor, 0)
+    items = as_list(resolve_value(it.items, Scope(data=data, parsed=last_json, last_json=last_json)))
+    if not 0 <= index < len(items):
+        return None
+    return index + 1, len(items)
+
+
 def item_data_updates(it: Iteration, item: Any) -> dict[str, Any]:
     """The ``state.data`` keys that expose the current item."""
     updates = {"item": item, "currentWorkItem": item}
