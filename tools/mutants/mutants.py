@@ -74,11 +74,13 @@ MUTANTS: list[Mutant] = [
     # ---- row 2: no ask is ever stranded ---------------------------------------------------------------
     mutant("stranded-ask-race", "R2 no stranded ask",
            [("castor/supervision/mailbox.py",
-             "        with self._lock:\n            if self._closed is not None:\n                self.rejected += 1\n"
+             "        with self._lock:\n            if self._closed is not None:\n"
+             "                if not self._revivable:\n                    self.rejected += 1\n"
              "                raise MailboxClosed(self._closed(), self._revivable)",
              "        closed = self._closed  # pykka's window: checked outside the lock that close() takes\n"
              "        time.sleep(0.0005)\n"
-             "        with self._lock:\n            if closed is not None:\n                self.rejected += 1\n"
+             "        with self._lock:\n            if closed is not None:\n"
+             "                if not self._revivable:\n                    self.rejected += 1\n"
              "                raise MailboxClosed(self._closed(), self._revivable)")],
            [f"{SUP}/test_asks_and_mailboxes.py::test_no_ask_is_ever_stranded_by_a_racing_stop_crash_or_retirement"]),
     mutant("queued-asks-not-failed-on-close", "R2 no stranded ask",
