@@ -52,7 +52,8 @@ class Activity(Message, type_name="inspect.activity"):
     ``kind`` is a stable word: ``idle``, ``handling`` (a message, nothing more said),
     ``awaiting_turn`` (an agent turn), ``utility`` (a running command), ``worker_call``
     (a call into the Icarus worker process), ``cast`` (a cast's phase), ``reading_usage``,
-    ``compacting``, ``hook_call`` (an Icarus hook), ``interrupted``, ``paused``, ``starting``, ``ended``.
+    ``compacting``, ``hook_call`` (an Icarus hook), ``interrupted``, ``paused``, ``starting``, ``ended``,
+    ``fault_delay`` (an injected delay before a message).
     ``age_s`` is how long it has been doing it.
     ``data`` holds the same facts as scalars (cast_id, socket, materia, visit, item, pid, ...).
     ``deadline_in_s`` is how long until the bound that ends it passes (a worker call's deadline,

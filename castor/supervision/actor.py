@@ -271,6 +271,15 @@ class Actor(pykka.ThreadingActor):
         handle.activity = (kind, text, facts, time.monotonic() if since is None else since,
                            None if lasting else handle.current, deadline)
 
+    def _fault_delay(self, seconds: float | None, message_type: str) -> None:
+        """An injected delay (``delay_next``) says what it is while it lasts: an operator's drill
+        must not read as a handler that hangs; over, the message's own handling shows."""
+        if seconds is None:
+            self.report_activity(None)
+            return
+        self.report_activity("fault_delay", f"injected delay of {seconds:g}s before handling {message_type}",
+                             deadline=time.monotonic() + seconds, seconds=seconds, message_type=message_type)
+
     def count_metric(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` of this actor's kind (``castor_<name>_total`` in /metrics)."""
         self.handle.registry.meters.count(name, self.handle.kind, n)
@@ -394,7 +403,7 @@ class Actor(pykka.ThreadingActor):
         handle.current_since = time.monotonic() if since is None else since
         try:
             if handle.faults.pending:
-                handle.faults.apply_before(envelope.type_name)
+                handle.faults.apply_before(envelope.type_name, self._fault_delay)
             message = envelope.message
             handler = self._handlers.get(type(message))
             result = handler(message) if handler is not None else self.receive(message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 import psutil
@@ -36,8 +37,9 @@ class FaultPlan:
             self._faults.append((FaultKind(kind), message_type, seconds))
             self.pending = True
 
-    def apply_before(self, message_type: str) -> None:
-        """Run on the actor thread before a message of ``message_type`` is handled."""
+    def apply_before(self, message_type: str, on_delay: Callable[[float | None, str], None] | None = None) -> None:
+        """Run on the actor thread before a message of ``message_type`` is handled. ``on_delay``
+        is told a delay's seconds as it begins and ``None`` once it is over (snapshots say so)."""
         with self._lock:
             for index, (kind, wanted, seconds) in enumerate(self._faults):  # noqa: B007 - kind and seconds are read after the break
                 if wanted is None or wanted == message_type:
@@ -47,7 +49,13 @@ class FaultPlan:
             else:
                 return
         if kind is FaultKind.DELAY:
-            time.sleep(seconds)  # the delay *is* the fault
+            if on_delay is not None:
+                on_delay(seconds, message_type)
+            try:
+                time.sleep(seconds)  # the delay *is* the fault
+            finally:
+                if on_delay is not None:
+                    on_delay(None, message_type)
         elif kind is FaultKind.CRASH:
             raise InjectedCrash(f"injected crash before {message_type}")
 

@@ -68,6 +68,27 @@ def test_delay_next_holds_the_message_in_flight_visibly():
         system.shutdown(10)
 
 
+def test_an_injected_delay_says_so_and_when_it_ends_not_that_the_handler_hangs():
+    """A drill's ``delay_next 120`` read "handling materia.session.list for 65.8 s" in inspect and
+    the console: a handler hanging, as far as anyone watching could tell. The delay says what it
+    is and when it ends while it lasts; then the message's own handling shows."""
+    journal = Journal()
+    system = ActorSystem([ChildSpec("w", worker("w", journal))])
+    try:
+        handle = system.lookup("/root/w")
+        faults.delay_next(handle, 3.0, "test.ping")
+        pending = handle.ask_pending(Ping(n=3), timeout=10)
+        assert poll_until(lambda: (handle.snapshot().activity or None) is not None
+                          and handle.snapshot().activity.kind == "fault_delay")
+        activity = handle.snapshot().activity
+        assert activity.text == "injected delay of 3s before handling test.ping", activity
+        assert 0 < activity.deadline_in_s <= 3.0 and activity.data == {"seconds": 3.0, "message_type": "test.ping"}
+        assert pending.result() == ("w", 1, 3)
+        assert poll_until(lambda: handle.snapshot().activity.kind == "idle")
+    finally:
+        system.shutdown(10)
+
+
 def test_kill_process_kills_the_owned_process_tree_and_the_actor_sees_it_through_its_io():
     journal = Journal()
     system = ActorSystem([ChildSpec("owner", lambda: ProcessOwner(journal))])
