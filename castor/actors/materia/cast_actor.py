@@ -94,6 +94,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from castor import tree
+from castor._log import logger
 from castor.actors.materia.activity import cast_activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import (
@@ -921,6 +922,22 @@ def _outbox_json(effect: Any, config: Any) -> bytes:
     return serialized
 
 
+def _record_give_up(env: CastEnv, reason: str) -> None:
+    """A ``cast_given_up`` event in the cast's log (its feed on the console): the cast stops
+    running with its state still active, and ``castor status`` can only call it orphaned; the
+    event says why. Written while the lease is still held (no runtime resumes it meanwhile); a
+    file system that refuses it costs the event, never the give-up."""
+    data = {"castId": env.cast_id, "reason": reason, "maxRestarts": CAST_MAX_RESTARTS,
+            "withinSeconds": CAST_RESTART_WINDOW_S, "resumable": True}
+    try:
+        store = env.storage.store(env.artifact_root, resolved=True)
+        if not store.load(env.cast_id).state.get("active"):
+            return  # ended: its log's last line must stay its last transition's (outbox_on_disk)
+        store.artifacts(env.cast_id).append_event("cast_given_up", data)
+    except Exception as exc:  # noqa: BLE001 - evidence only: the give-up itself goes on
+        logger.warning("cannot record that cast {cast} was given up: {exc}", cast=env.cast_id, exc=exc)
+
+
 CAST_MAX_RESTARTS = tree.CAST_GIVE_UP.max_restarts
 CAST_RESTART_WINDOW_S = tree.CAST_GIVE_UP.within_seconds
 
@@ -933,7 +950,9 @@ def cast_spec(env: CastEnv) -> ChildSpec:
     removed, its last persisted state stays resumable with ``recast``, and the
     session's other casts are untouched (the cast supervisor does not fail).
     """
-    def given_up(_reason: str) -> None:
+    def given_up(reason: str) -> None:
+        if reason.startswith("gave up"):  # past its own limit (not an end of its own)
+            _record_give_up(env, reason)
         # The crashed incarnations kept the lease for a restart that will not come:
         # free it so the cast shows as orphaned and `recast` can resume it.
         if env.lease is not None:

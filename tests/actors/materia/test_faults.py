@@ -246,6 +246,10 @@ def test_a_crash_looping_cast_is_given_up_alone_shows_orphaned_and_recast_comple
     assert rt.system.find("/root/session/s1/cast") is not None  # the cast supervisor did not fail
     view = wait_status(rt, "s1", cast_id, statuses=("orphaned",))
     assert view["resumable"] is True
+    # Its log says why it stopped running (castor status can only call it orphaned).
+    given_up = [e["data"] for e in events(Path(started["run_dir"])) if e["type"] == "cast_given_up"]
+    assert given_up == [{"castId": cast_id, "reason": "gave up: the child's own restart intensity was exceeded",
+                         "maxRestarts": CAST_MAX_RESTARTS, "withinSeconds": 30.0, "resumable": True}], given_up
     materia_call(rt, "s1", "recast", {"cast_id": cast_id})
     agent_done = wait_status(rt, "s1", cast_id, timeout=40)
     assert agent_done["status"] == "complete"
