@@ -37,7 +37,10 @@ CALL_TIMEOUT_S = 10.0
 def add_inspect_subcommand(sub: Any) -> None:
     inspect = sub.add_parser("inspect", help="show the live actor tree and mailboxes of a running runtime")
     add_endpoint_choice(inspect, stdio=False)
-    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "casts", "mailbox", "worker", "hosts"])
+    inspect.add_argument("what", nargs="?", default="actors", choices=["actors", "casts", "mailbox", "worker", "hosts"],
+                         help="what to show: actors (the tree, the default), casts (each session's casts and "
+                              "what they wait on), mailbox PATH (one actor's mailbox), worker (the runtime's "
+                              "process; with --session-id, that session's Icarus worker), hosts (where casts run)")
     inspect.add_argument("path", nargs="?", help="actor path (for mailbox)")
     inspect.add_argument("--sort", default="path", choices=["path", "oldest", "depth", "age", "restarts"],
                          help="actors: a flat list, worst first, by oldest message age, mailbox depth, "
@@ -48,7 +51,7 @@ def add_inspect_subcommand(sub: Any) -> None:
     inspect.add_argument("--session-id", help="session whose Icarus worker to show (for worker)")
     inspect.add_argument("--follow", action="store_true", help="refresh live until interrupted")
     inspect.add_argument("--interval", type=interval_seconds, default=1.0,
-                         help="seconds between refreshes with --follow (0.1 to 3600)")
+                         help="seconds between refreshes with --follow (0.1 to 3600; default 1)")
     inspect.add_argument("--json", action="store_true",
                          help="print JSON (always valid, never wrapped; one document per line with --follow)")
     inspect.add_argument("--token-file", metavar="PATH", default=None,

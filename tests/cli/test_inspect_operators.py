@@ -452,3 +452,16 @@ def test_the_hosts_view_of_the_local_backend_says_where_casts_run():
     out = Console(file=io.StringIO(), record=True, width=200)
     out.print(hosts_table({"backend": "local", "hosts": []}))
     assert "in the castor serve process itself (the local backend)" in out.export_text()
+
+
+@pytest.mark.timeout(30)
+def test_inspect_help_says_what_each_view_shows(tmp_path):
+    """``castor inspect --help`` listed ``{actors,casts,mailbox,worker,hosts}`` with no word of
+    what any of them shows (nor that ``mailbox`` needs a PATH, or ``--interval``'s default)."""
+    done = subprocess.run([*CASTOR, "inspect", "--help"], env={**_env(tmp_path), "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    for said in ("actors (the tree, the default)", "casts (each session's casts", "mailbox PATH (one actor's",
+                 "worker (the runtime's process; with --session-id", "hosts (where casts run)", "default 1)"):
+        assert said in text, (said, text)
