@@ -351,6 +351,9 @@ class CastActor(Actor):
                 raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})
             self.artifacts.create()
             self._commit(step(None, env.start_event))
+            if self.state is not None:
+                self.log.info("cast {cast} started in {run_dir} (loadout {loadout})", cast=env.cast_id,
+                              run_dir=self.state.run_dir, loadout=self.state.config.pipeline.loadout_name)
             return
         self.state = saved_state(stored.state, env.cast_id, env.artifact_root)
         # A command an earlier runtime (or incarnation) left running is killed before the
@@ -748,9 +751,14 @@ class CastActor(Actor):
             self._cancel(effect.visit_id, effect.reason)
         elif kind is Finished:
             self._done = True
+            self.log.info("cast {cast} complete", cast=effect.cast_id)  # the runtime's log says how casts end
             self._set_status(FOOTER_DONE)
         elif kind is Failed:
             self._done = True
+            state = self.state
+            self.log.info("cast {cast} {how} at {socket}: {reason}", cast=effect.cast_id,
+                          how="aborted" if effect.aborted else "failed", reason=effect.reason,
+                          socket=(state.current_socket_id if state is not None else None) or "-")
             # pi-materia's footer after a cast: "done", "failed", and nothing after an abort.
             self._set_status(None if effect.aborted else FOOTER_FAILED)
 

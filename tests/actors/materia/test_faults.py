@@ -377,3 +377,36 @@ def test_an_engine_failure_stops_the_cast_once_never_a_crash_loop_that_re_sends_
     monkeypatch.setattr(cast_actor_module, "step", real_step)
     materia_call(rt, "s1", "recast", {"cast_id": started["cast_id"]})
     wait_status(rt, "s1", started["cast_id"], "complete")
+
+
+@pytest.mark.timeout(60)
+def test_the_runtime_log_says_when_a_cast_starts_and_how_it_ends(runtime_factory, project):
+    """A cast that failed ("edge traversal limit exceeded"), was aborted or completed left no line at
+    all in the runtime's log: an operator reading the JSON log after the fact could not tell which
+    casts ran, nor which failed and why. Each start and end is an INFO line of the cast's actor now
+    (a failure and an abort alike: the same effect, with its reason)."""
+    from loguru import logger
+
+    lines: list[dict] = []
+    sink = logger.add(lambda m: lines.append(dict(m.record["extra"], message=m.record["message"],
+                                                  level=m.record["level"].name)), level="INFO")
+    try:
+        rt = runtime_factory()
+        open_session(rt, "s1", project, ["the answer"])
+        open_session(rt, "s2", project, [{"text": "never", "delay_ms": 30000}])
+        done = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+        assert wait_status(rt, "s1", done["cast_id"])["status"] == "complete"
+        aborted = materia_call(rt, "s2", "start", {"request": "y", "loadout": "hello"})
+        wait_for(lambda: materia_call(rt, "s2", "status", {"cast_id": aborted["cast_id"]}).get("pending"),
+                 what="the second cast's turn")
+        materia_call(rt, "s2", "abort", {"cast_id": aborted["cast_id"]})
+        wait_for(lambda: any(f"cast {aborted['cast_id']} aborted" in ln["message"] for ln in lines),
+                 what="the abort's line")
+    finally:
+        logger.remove(sink)
+    mine = [ln for ln in lines if ln.get("actor") == f"/root/session/s1/cast/{done['cast_id']}"]
+    said = [ln["message"] for ln in mine]
+    assert any(m.startswith(f"cast {done['cast_id']} started in ") and "(loadout hello)" in m for m in said), said
+    assert f"cast {done['cast_id']} complete" in said, said
+    ended = next(ln for ln in lines if f"cast {aborted['cast_id']} aborted at Socket-1: " in ln["message"])
+    assert ended["actor"] == f"/root/session/s2/cast/{aborted['cast_id']}" and ended["level"] == "INFO"
