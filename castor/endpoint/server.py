@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import signal
@@ -58,6 +59,25 @@ PRE_AUTH_MAX_OUTBOUND = 256 * 1024
 it the connection is closed. 64 connection slots hold 16 MiB at most between them."""
 """The largest frame a connection may send before it has authenticated (a hello is a few hundred
 bytes): anyone who can connect must not make castor buffer the protocol's full 16 MiB per slot."""
+FD_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""``accept`` errnos that mean the process (or the system) has no descriptor or buffer to spare."""
+EXHAUSTED_BACKOFF_S = 0.05
+"""How long the accept loop waits when it could neither accept nor refuse (no fd even in reserve)."""
+
+
+def _take_reserve_fd() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _exhausted(exc: OSError) -> MailboxFull:
+    """The refusal a client gets while castor has no file descriptor for its connection."""
+    name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
+    return MailboxFull(f"castor is out of file descriptors ({name}: {exc.strerror}); "
+                       "retry once some connections or sessions have closed",
+                       data={"reason": "out_of_file_descriptors", "errno": name})
 
 
 class Server:
@@ -104,6 +124,8 @@ class Server:
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._accept_thread: threading.Thread | None = None
+        self._reserve_fd: int | None = None  # one fd held back to refuse a connection when none is left
+        self._exhausted_logged = False
         self.address: str | tuple[str, int] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -120,6 +142,7 @@ class Server:
                 self._listener = bind_tcp(host, port)
                 self.address = self._listener.getsockname()[:2]
                 kind = "tcp"
+            self._reserve_fd = _take_reserve_fd()
             self._accept_thread = start_thread(self._accept_loop, args=(kind,), name="castor-accept",
                                                owner="/endpoint", purpose="accept connections")
             if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
@@ -191,6 +214,9 @@ class Server:
                 logger.exception("on_shutdown hook failed")
         if self._unix_path is not None and self._inode is not None:
             unlink_if_ours(self._unix_path, self._inode)
+        if self._reserve_fd is not None:
+            os.close(self._reserve_fd)
+            self._reserve_fd = None
         for own in (self._wake_r, self._wake_w):
             try:
                 own.close()
@@ -211,23 +237,40 @@ class Server:
         sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ, "listener")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        idle = selectors.DefaultSelector()  # made now: once the process is out of fds it could not be
+        idle.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             while not self._stopping:
                 for key, _ in sel.select():
                     if key.data == "wake":
                         return
-                    self._accept_one(kind)
+                    if not self._accept_guarded(kind) and idle.select(EXHAUSTED_BACKOFF_S):
+                        return  # out of fds and nothing shed: wait a little (woken by stop) rather than spin
         finally:
             sel.close()
+            idle.close()
 
-    def _accept_one(self, kind: str) -> None:
+    def _accept_guarded(self, kind: str) -> bool:
+        """Accept one connection; False when the process is out of file descriptors and the
+        connection waiting could not even be refused (the caller then backs off). Nothing here may
+        end the accept thread: a server that stops accepting still looks alive to every check and
+        leaves each new client waiting for a reply that never comes."""
+        try:
+            return self._accept_one(kind)
+        except Exception:  # pragma: no cover - castor's own bug; logged, and the next connection is accepted
+            logger.exception("accepting a connection failed")
+            return True
+
+    def _accept_one(self, kind: str) -> bool:
         try:
             sock, _addr = self._listener.accept()  # type: ignore[union-attr]  # bound in start() before any accept
         except (BlockingIOError, InterruptedError):
-            return
+            return True
         except OSError as exc:
+            if exc.errno in FD_EXHAUSTION:
+                return self._shed_while_exhausted(exc)
             logger.warning("accept failed: {}", exc)
-            return
+            return True
         with self._lock:
             full = len(self._conns) >= self.max_connections
             # Full: the oldest connection that has not authenticated yet makes room (with a token,
@@ -241,12 +284,18 @@ class Server:
             full = False
         if full:
             self._refuse(sock)
-            return
+            return True
         same_user = kind == "unix" and _peer_is_us(sock)
         if kind == "unix" and not same_user:
             self._refuse(sock, Unauthenticated("the peer runs as another user", data={"reason": "peer_uid"}))
-            return
-        conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)
+            return True
+        try:
+            conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)
+        except OSError as exc:  # its wake-up pipe: the process is out of file descriptors
+            self._note_exhausted(exc)
+            self._refuse(sock, _exhausted(exc), log=False)
+            return True
+        self._exhausted_logged = False
         conn.name = f"{kind}-{conn.id}"
         conn.state["accepted_at"] = time.monotonic()
         if self.token:
@@ -260,8 +309,34 @@ class Server:
         self._track(conn)
         conn.start()
         logger.debug("accepted connection {}", conn.name)
+        return True
 
-    def _refuse(self, sock: socket.socket, err: Any = None) -> None:
+    def _note_exhausted(self, exc: OSError) -> None:
+        """One warning per spell of exhaustion (until a connection is accepted again), not one per refusal."""
+        if not self._exhausted_logged:
+            self._exhausted_logged = True
+            logger.warning("out of file descriptors: refusing new connections until some close ({})", exc)
+
+    def _shed_while_exhausted(self, exc: OSError) -> bool:
+        """``accept`` failed for want of a file descriptor: the connection stays queued and the
+        listener stays readable. Give back the descriptor kept in reserve for this, accept the
+        waiting connection, refuse it with a typed ``mailbox_full`` and take the reserve again, so
+        its client gets an answer at once instead of waiting on a backlog nobody drains."""
+        self._note_exhausted(exc)
+        if self._reserve_fd is None:
+            return False
+        os.close(self._reserve_fd)
+        self._reserve_fd = None
+        try:
+            sock, _addr = self._listener.accept()  # type: ignore[union-attr]  # bound in start()
+        except OSError:
+            sock = None
+        if sock is not None:
+            self._refuse(sock, _exhausted(exc), log=False)
+        self._reserve_fd = _take_reserve_fd()
+        return sock is not None
+
+    def _refuse(self, sock: socket.socket, err: Any = None, *, log: bool = True) -> None:
         err = err or MailboxFull(f"too many connections (limit {self.max_connections})",
                                  data={"limit": self.max_connections})
         try:
@@ -271,6 +346,8 @@ class Server:
             pass
         finally:
             sock.close()
+        if not log:
+            return
         # Anyone who can connect can make a refusal (a full endpoint, a Unix peer of another user):
         # one warning, then at most one every REFUSAL_LOG_INTERVAL_S saying how many were refused
         # meanwhile (each a debug line), so connecting in a loop cannot fill castor's log.
