@@ -160,8 +160,11 @@ def make_durable_dirs(directory: str) -> None:
 #: (``EIO``), read-only (``EROFS``), forbidden (``EACCES``, ``EPERM``), a file past the size limit
 #: (``EFBIG``: ``ulimit -f``), a directory past its link limit (``EMLINK``), or a path longer than the
 #: file system takes (``ENAMETOOLONG``: a project near ``PATH_MAX``, whose deepest files do not fit).
+#: And no descriptor to open the file with (``EMFILE``: the process's ``ulimit -n``; ``ENFILE``: the
+#: system's): not the disk's fault, but a restart meets it again at once, and a file that could not
+#: be opened is no sign that the document in it is damaged.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM,
-                            errno.EFBIG, errno.EMLINK, errno.ENAMETOOLONG})
+                            errno.EFBIG, errno.EMLINK, errno.ENAMETOOLONG, errno.EMFILE, errno.ENFILE})
 
 
 def _name_target(exc: BaseException, target: str) -> None:

@@ -41,7 +41,7 @@ def serve_env(tmp: Path) -> dict[str, str]:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
 
-ERRNOS = ["ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES"]
+ERRNOS = ["ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES", "EMFILE"]
 
 
 class DiskFault:

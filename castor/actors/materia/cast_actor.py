@@ -55,7 +55,7 @@ Failure behaviour: a stale incarnation (fenced) stops without performing anythin
 that cannot be started becomes ``DispatchFailed`` (the cast fails, recastable).
 
 Storage faults (``ENOSPC``, ``EDQUOT``, ``EIO``, ``EROFS``, ``EACCES``, ``EPERM``, ``EFBIG``, ``EMLINK``,
-``ENAMETOOLONG`` on the state or
+``ENAMETOOLONG``, ``EMFILE``, ``ENFILE`` on the state or
 an artifact: :data:`castor.adapters.fs.STORAGE_ERRNOS`) are the environment's, and a restart
 cannot fix them, so they never crash the incarnation (a crash loop would spend the cast
 supervisor's restart intensity in a millisecond). Instead:
