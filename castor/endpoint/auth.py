@@ -28,6 +28,7 @@ import secrets
 import stat
 from typing import TYPE_CHECKING, Any
 
+from castor.adapters.fs import is_storage_fault
 from castor.messages.errors import CastorError, Forbidden, InvalidConfig, Unauthenticated
 from castor.shown import clipped
 
@@ -125,6 +126,8 @@ def _private_dir(path: str) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
+        if is_storage_fault(exc):  # full, read-only, failing: the disk's, like the token file's own write
+            raise
         raise InvalidConfig(f"cannot create the runtime directory {path}: {exc.strerror}",
                             data={"path": path}) from None
     st = os.lstat(path)

@@ -792,3 +792,31 @@ def test_a_token_file_that_does_not_fit_is_removed_and_named_in_the_error(tmp_pa
     text = os_error_text(failed.value)
     assert text.startswith(str(tmp_path) + "/serve-"), text
     assert text.endswith(".token: No space left on device (ENOSPC)"), text
+
+
+@pytest.mark.timeout(30)
+def test_a_runtime_directory_that_cannot_be_made_on_a_full_disk_is_storage_unavailable(tmp_path, monkeypatch):
+    """`castor serve --tcp` whose runtime directory could not be made for a full (or read-only)
+    disk said ``castor: invalid_config: cannot create the runtime directory …`` and exit 2, as if a
+    flag were wrong, while the token file's own write on the same disk said
+    ``storage_unavailable``. Both are the disk's now: the OS error, the directory named, its errno."""
+    import errno
+
+    from castor.cli.common import os_error_code, os_error_text
+    from castor.endpoint import auth
+
+    real_mkdir = os.mkdir
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+
+    def full(path, *args, **kwargs):
+        if str(path).startswith(str(xdg)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", full)
+    with pytest.raises(OSError) as failed:
+        auth.runtime_dir({"XDG_RUNTIME_DIR": str(xdg)})
+    monkeypatch.undo()
+    assert os_error_code(failed.value) == "storage_unavailable"
+    assert os_error_text(failed.value, cwd=str(tmp_path)) == "xdg/castor: No space left on device (ENOSPC)"
