@@ -178,8 +178,15 @@ def _acquire(lock_path: str, timeout_s: float) -> filelock.SoftFileLock:
         try:
             lock.acquire()
             return lock
-        except (filelock.Timeout, IsADirectoryError, FileExistsError, PermissionError):
+        except (filelock.Timeout, IsADirectoryError, FileExistsError):
             pass  # held by another writer (ours: a file; Pi's: a directory)
+        except PermissionError:
+            if not os.path.lexists(lock_path):
+                # No lock there: the directory refused the lock file itself (a permission taken
+                # away). No writer will release that; waiting out the timeout only to say
+                # "busy" hid the reason. The storage's refusal, as the write's would be.
+                raise
+            # an existing lock file castor may not open: held by another writer
         _remove_if_stale(lock_path)
         if time.monotonic() >= deadline:
             raise SettingsLockTimeout(lock_path[: -len(".lock")], timeout_s)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -263,3 +264,61 @@ def test_a_projects_settings_file_linked_outside_the_project_is_never_written_th
     update_settings(str(project / ".pi" / "settings.json"), set_key("a", 1), confine_to=str(project))
     assert json.loads(inside.read_text()) == {"piIcarusHook": {"a": 1}}
     update_settings(str(project / ".pi" / "settings.json"), set_key("b", 2))  # unconfined: as before
+
+
+def _in_a_child_without_write_permission(fn):
+    """``fn()`` in a forked child that cannot write where root could (as root: the child becomes
+    ``nobody``, so the directory's mode applies to it); its outcome, ``("ok", …)`` or ``(type, errno)``."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                outcome = ["ok", repr(fn())]
+            except BaseException as exc:  # noqa: BLE001 - the child reports whatever it met
+                outcome = [type(exc).__name__, getattr(exc, "errno", None)]
+            os.write(write_end, json.dumps(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return tuple(json.loads(data))
+
+
+@pytest.mark.timeout(30)
+def test_a_directory_that_refuses_the_lock_file_is_the_storages_refusal_not_a_busy_lock():
+    """A settings directory castor's user may no longer write (a permission taken away) refused the
+    lock file with EACCES, which was read as "another writer holds the lock": the write waited out
+    the lock timeout and answered ``timeout: settings lock … busy``. No writer will ever release it:
+    the PermissionError goes up at once (the endpoint answers ``storage_unavailable``, errno EACCES)."""
+    import shutil
+    import tempfile
+
+    # Not under tmp_path: pytest keeps its base directory 0700, and as root the child runs as nobody.
+    base = Path(tempfile.mkdtemp(prefix="castor-perm-"))
+    try:
+        base.chmod(0o755)
+        directory = base / ".pi"
+        directory.mkdir()
+        path = directory / "settings.json"
+        path.write_text("{}")
+        # A write that works first: whatever it imports lazily is loaded before the child, which
+        # may no longer read the interpreter's own files, runs it.
+        update_settings(str(base / "warm.json"), set_key("a", 1))
+        directory.chmod(0o555)
+        started = time.monotonic()
+        outcome = _in_a_child_without_write_permission(
+            lambda: update_settings(str(path), set_key("a", 1), lock_timeout_s=3.0))
+        elapsed = time.monotonic() - started
+        assert outcome == ("PermissionError", 13), outcome
+        assert elapsed < 2.0, elapsed
+        assert path.read_text() == "{}"
+    finally:
+        (base / ".pi").chmod(0o755)
+        shutil.rmtree(base)
