@@ -86,6 +86,7 @@ def _scrub_sys_path() -> None:
 
 _scrub_sys_path()
 
+import errno  # noqa: E402 - imported only after the search path is scrubbed above
 import importlib  # noqa: E402  (must follow the sys.path scrub)
 import importlib.machinery  # noqa: E402 - imported only after the search path is scrubbed above
 import importlib.util  # noqa: E402 - imported only after the search path is scrubbed above
@@ -352,7 +353,45 @@ def handle(line: str) -> "dict[str, Any]":
         return {"id": request_id, "ok": False, "error": str(exc), "traceback": "",
                 "refused": "outside_package", "module": exc.module}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
-        return {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
+        reply = {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
+        storage = _storage_errno(exc)
+        if storage is not None:
+            reply["storage"] = storage
+        return reply
+
+
+#: What the storage refuses (castor's own list, castor.adapters.fs.STORAGE_ERRNOS; a test pins the two).
+STORAGE_ERRNOS = ("ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES", "EPERM", "EFBIG", "EMLINK", "ENAMETOOLONG",
+                  "EMFILE", "ENFILE")
+#: SQLite's result codes for the same faults (its exceptions carry no errno): FULL, READONLY, IOERR.
+_SQLITE_CODES = {13: "ENOSPC", 8: "EROFS", 10: "EIO"}
+_SQLITE_TEXTS = (("database or disk is full", "ENOSPC"), ("readonly database", "EROFS"), ("disk I/O error", "EIO"))
+
+
+def _storage_errno(exc: "BaseException | None") -> "str | None":
+    """The errno name when the backend failed because the storage refused it -- an ``OSError`` of
+    :data:`STORAGE_ERRNOS`, or SQLite's "database or disk is full" and the like -- here or in the
+    exceptions it was raised from; None otherwise. Never raises."""
+    try:
+        for _ in range(8):  # the exception and what it was raised from, a few deep
+            if exc is None:
+                return None
+            if isinstance(exc, OSError):
+                name = errno.errorcode.get(exc.errno or -1)
+                if name in STORAGE_ERRNOS:
+                    return name
+            elif type(exc).__module__ == "sqlite3":
+                code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+                if isinstance(code, int) and code & 0xFF in _SQLITE_CODES:
+                    return _SQLITE_CODES[code & 0xFF]
+                text = str(exc)
+                for fragment, name in _SQLITE_TEXTS:
+                    if fragment in text:
+                        return name
+            exc = exc.__cause__ or exc.__context__
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises: no classification, the reply stands
+        return None
+    return None
 
 
 def _text_of(exc: BaseException) -> str:

@@ -8,11 +8,13 @@ it carries its own copy of :data:`ALLOWED_MODULES`; a test pins the two together
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from castor.messages.errors import CastorError, ErrorCode
 
 ALLOWED_MODULES: tuple[str, ...] = ("hooks", "tools", "state", "obsidian", "parsing")
+_ERRNO_NAMES = frozenset(errno.errorcode.values())
 
 
 class IcarusCallError(CastorError):
@@ -20,6 +22,14 @@ class IcarusCallError(CastorError):
 
     code = ErrorCode.INTERNAL
     private_message = True  # the backend's text: it may quote the query or a memory
+
+
+class IcarusStorageFault(IcarusCallError):
+    """The backend function raised because the storage refused it (a full disk, a read-only
+    one, a permission taken away: the worker names the errno): the environment's fault, not
+    castor's, so ``storage_unavailable`` rather than ``internal``. The worker is fine."""
+
+    code = ErrorCode.STORAGE_UNAVAILABLE
 
 
 class IcarusModuleRefused(CastorError):
@@ -42,7 +52,9 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     failed"`` when it is empty. ``may_have_started`` is always true: the
     function ran, at least in part. A reply the worker marks ``refused:
     "outside_package"`` is :class:`IcarusModuleRefused` (``forbidden``, reason
-    ``outside_package``, ``may_have_started`` false: the function never ran).
+    ``outside_package``, ``may_have_started`` false: the function never ran). One the worker marks
+    ``storage: "<ERRNO>"`` (the storage refused the backend) is :class:`IcarusStorageFault`
+    (``storage_unavailable``, ``data.errno``).
     """
     if reply.get("ok") is True:
         return reply.get("result")
@@ -51,6 +63,11 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
         raise IcarusModuleRefused(message, data={"reason": "outside_package", "target": target,
                                                  "module": str(reply.get("module") or "")},
                                   may_have_started=False)
+    storage = reply.get("storage")
+    if isinstance(storage, str) and storage in _ERRNO_NAMES:
+        raise IcarusStorageFault(f"storage unavailable: {message}", data={
+            "reason": "backend_error", "target": target, "errno": storage,
+            "traceback": str(reply.get("traceback") or "")}, may_have_started=True)
     raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
                                          "traceback": str(reply.get("traceback") or "")},
                           may_have_started=True)

@@ -674,3 +674,58 @@ def test_a_reply_castor_cannot_read_fails_its_call_at_once_and_keeps_the_worker(
     assert time.monotonic() - started < 5
     assert info.value.message.startswith("unreadable result") and info.value.may_have_started is True
     assert call(worker, "hooks", "counter") == 2 and worker.pid == pid  # the same process, its state kept
+
+
+_STORAGE_BACKEND = '''
+import errno, os, sqlite3
+
+def os_full():
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/fabric/db")
+
+def wrapped_read_only():
+    try:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    except OSError as exc:
+        raise RuntimeError("could not save the memory") from exc
+
+def sqlite_full():
+    raise sqlite3.OperationalError("database or disk is full")
+
+def not_storage():
+    raise ValueError("a bug of the backend")
+
+def missing():
+    raise FileNotFoundError(errno.ENOENT, "gone")
+'''
+
+
+def test_a_backend_the_storage_refused_is_storage_unavailable_not_internal(harness, tmp_path):
+    """A backend that raised because the disk refused it (a full disk, a read-only one; an OSError,
+    one it was raised from, or SQLite's own "database or disk is full") was ``internal``, castor's
+    bug by the contract, and logged as one. The worker names the errno; the call answers
+    ``storage_unavailable`` with ``data.errno``. Anything else a backend raises stays ``internal``."""
+    worker = _backend(harness, tmp_path, _STORAGE_BACKEND)
+    for function, name in (("os_full", "ENOSPC"), ("wrapped_read_only", "EROFS"), ("sqlite_full", "ENOSPC")):
+        with pytest.raises(CastorError) as refused:
+            call(worker, "tools", function)
+        assert refused.value.code == ErrorCode.STORAGE_UNAVAILABLE, (function, refused.value.to_wire())
+        assert refused.value.data["errno"] == name and refused.value.data["reason"] == "backend_error"
+        assert refused.value.may_have_started is True
+    for function in ("not_storage", "missing"):
+        with pytest.raises(CastorError) as failed:
+            call(worker, "tools", function)
+        assert failed.value.code == ErrorCode.INTERNAL and "errno" not in failed.value.data, failed.value.to_wire()
+    assert worker.usable
+
+
+def test_worker_program_storage_errnos_match_castors():
+    from castor.adapters import fs
+    from castor.adapters.icarus import worker_program
+
+    assert set(worker_program.STORAGE_ERRNOS) == {errno_name(n) for n in fs.STORAGE_ERRNOS}
+
+
+def errno_name(number: int) -> str:
+    import errno
+
+    return errno.errorcode[number]
