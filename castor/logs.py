@@ -79,10 +79,18 @@ class FileSink:
         self._why = ""
         self._torn = False  # the last failed write left part of its line: start the next on a line of its own
 
+    def _writable_fd(self) -> int | None:
+        return self._fd
+
+    def _first_failure(self) -> None:
+        _say(f"castor: cannot write the log file {self.path} ({self._why}); its lines are dropped "
+             "until it can be written again")
+
     def write(self, message: str) -> None:
         data = message.encode("utf-8", "backslashreplace")
         with self._lock:
-            if self._fd is None:
+            fd = self._writable_fd()
+            if fd is None:
                 return
             if self._dropped:
                 note = (f"castor: {self._dropped} log lines were dropped: {self.path} could not be written "
@@ -91,13 +99,12 @@ class FileSink:
             view = memoryview(data)
             try:
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.write(fd, view):]
             except OSError as exc:
                 self._torn = self._torn or len(view) < len(data)
                 if not self._dropped:
                     self._why = f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror}"
-                    _say(f"castor: cannot write the log file {self.path} ({self._why}); its lines are dropped "
-                         "until it can be written again")
+                    self._first_failure()
                 self._dropped += 1
                 return
             self._dropped, self._torn = 0, False
@@ -107,6 +114,59 @@ class FileSink:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+class StderrSink(FileSink):
+    """The default sink: stderr (``castor serve … 2>>LOG`` puts it on a disk), with the file sink's
+    rule. Each record is one ``write`` to the descriptor behind ``sys.stderr`` (after what Python
+    buffered there), so a disk that fills mid-line cannot leave a torn line that the next record
+    runs on into: the next line that fits starts on a line of its own, after a note of how many
+    were dropped. (loguru's stream sink lost a line's tail, and ``--log-json`` got a line that was
+    two records and neither JSON.) A ``sys.stderr`` with no descriptor (a test's capture) is
+    written as a stream."""
+
+    def __init__(self) -> None:  # no file of its own: nothing opened, nothing to close
+        self.path = "stderr"
+        self._fd = None
+        self._lock = threading.Lock()
+        self._dropped = 0
+        self._why = ""
+        self._torn = False
+
+    def _writable_fd(self) -> int | None:
+        stream = sys.stderr
+        try:
+            fd = stream.fileno()
+            stream.flush()  # whatever Python holds for it goes first
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            return None
+        return fd
+
+    def _first_failure(self) -> None:
+        pass  # stderr is what failed: the note follows once it takes a line again
+
+    def write(self, message: str) -> None:
+        try:
+            sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            pass
+        else:
+            super().write(message)
+            return
+        try:
+            sys.stderr.write(message)
+            sys.stderr.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:  # loguru colours a terminal's lines, as for sys.stderr itself
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, OSError, ValueError):
+            return False
+
+    def stop(self) -> None:
+        pass  # fd 2 is the process's, not the sink's
 
 
 def _say(line: str) -> None:
@@ -142,7 +202,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     logger.enable("castor")  # castor's package disables its lines until the program configures logging
     logger.configure(extra={"actor": "-", "msg_type": "-"})
     logger.add(
-        sink or sys.stderr,
+        sink or StderrSink(),
         level=level,
         format="{message}" if json else _human_format,
         serialize=bool(json),

@@ -204,3 +204,73 @@ def test_a_log_file_writes_again_once_there_is_room_and_counts_what_it_dropped(t
     assert lines[2] == f"castor: 5 log lines were dropped: {log_path} could not be written " \
                        "(ENOSPC: No space left on device)", lines
     assert lines[3].endswith("after space was freed") and len(lines) == 4, lines
+
+
+_LOG_ON_A_FILLING_DISK = r'''
+import errno, os, sys
+from castor.logs import configure_logging
+from castor._log import logger
+
+disk = sys.argv[1]
+configure_logging("INFO", json=True)
+for n in range(5):
+    logger.info("before {}", n)
+with open(os.path.join(disk, "filler.bin"), "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+for n in range(50):
+    logger.info("during {} " + "y" * 300, n)
+os.unlink(os.path.join(disk, "filler.bin"))
+for n in range(3):
+    logger.info("after {}", n)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_json_log_on_stderr_whose_disk_fills_keeps_one_record_a_line_and_counts_the_drops(tmp_path):
+    """`castor --log-json serve … 2>>LOG` with LOG's disk filling mid-line: loguru's stream sink kept
+    the line's tail in Python's buffer and wrote it in front of a later record, so the log held a line
+    that was parts of two records (no JSON), lost others, and said nothing of the lines it dropped.
+    stderr now gets the file sink's rule: each record one write to fd 2; after a torn line the next
+    record starts a line of its own, after a note of how many were dropped. (A real 256 KiB tmpfs,
+    mounted by the test: root only.)"""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        log = disk / "castor.log"
+        with open(log, "ab") as stderr:
+            child = subprocess.run([sys.executable, "-c", _LOG_ON_A_FILLING_DISK, str(disk)], stderr=stderr,
+                                   stdout=subprocess.PIPE, timeout=40, env={**os.environ, "CASTOR_LOG_JSON": "1"})
+        assert child.returncode == 0
+        lines = log.read_text(errors="replace").splitlines()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    records, notes, torn = [], [], []
+    for line in lines:
+        if line.startswith("castor: "):
+            notes.append(line)
+            continue
+        try:
+            records.append(json.loads(line)["record"]["message"])
+        except ValueError:
+            torn.append(line)
+    assert records[:5] == [f"before {n}" for n in range(5)], records
+    assert records[-3:] == ["after 0", "after 1", "after 2"], records[-6:]
+    assert len(torn) <= 1, torn  # the one record the disk cut short, never two run together
+    dropped = 50 - sum(1 for r in records if r.startswith("during"))
+    assert dropped > 0 and notes == [f"castor: {dropped} log lines were dropped: stderr could not be "
+                                     "written (ENOSPC: No space left on device)"], (notes, dropped, torn)
