@@ -433,16 +433,33 @@ def _requested_at(request: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _say_err(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):  # stderr on the same broken storage: the error line is what matters
+        pass
+
+
 @contextmanager
 def _named_on_interrupt(cast_id: str) -> Iterator[None]:
     """On Ctrl-C or SIGTERM inside (the runtime then shuts down as the exception unwinds, the
     cast stays resumable), say which cast stopped and how to go on -- "castor: interrupted" alone
-    named neither. Entered as soon as the cast's id is known, before anything is printed."""
+    named neither; the same when the command meets a storage fault of its own while it watches the
+    cast. Entered as soon as the cast's id is known, before anything is printed."""
+    from castor.messages.errors import StorageUnavailable
+
     try:
         yield
     except KeyboardInterrupt:
         print(f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}",
               file=sys.stderr)
+        raise
+    except StorageUnavailable:
+        # The command's own read or write failed (its status poll of a state.json the storage no
+        # longer lets it read): it ends, and the runtime with it, the cast as last saved. Its own
+        # error line follows; this one says which cast stopped and how to go on once it is fixed.
+        _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
+                 f"`castor recast {cast_id}` resumes it")
         raise
 
 

@@ -506,3 +506,48 @@ def test_a_recast_over_a_damaged_manifest_is_one_state_corrupt_line(tmp_path, ma
     done = _castor(tmp_path, "recast", cast_id, "--agent", "script:fast.json", "--quiet", cwd=project)
     _one_clean_error_line(done, "state_corrupt")
     assert "manifest.json" in done.stderr
+
+
+STATUS_UNREADABLE = r"""
+import sys
+import castor.actors.materia.api as api
+from castor.cli.app import main
+from castor.messages.errors import StorageUnavailable
+
+real = api.materia_call
+polls = {"n": 0}
+
+
+def refused_status(runtime, session_id, verb, params):  # the storage refuses the command's status reads
+    if verb == "status":
+        polls["n"] += 1
+        if polls["n"] > 3:
+            raise StorageUnavailable("storage unavailable: cannot run materia status on "
+                                     ".pi/pi-materia/X/state.json (EACCES: Permission denied)",
+                                     data={"errno": "EACCES", "path": ".pi/pi-materia/X/state.json"})
+    return real(runtime, session_id, verb, params)
+
+
+api.materia_call = refused_status
+sys.exit(main(["cast", "go", "--agent", "script:answers.json", "--quiet"]))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_storage_fault_of_the_commands_own_status_poll_names_the_cast_and_the_recast(tmp_path):
+    """`castor cast` whose status poll met a storage fault (a state.json it may no longer read)
+    ended with the error line alone: the cast it left resumable was named nowhere, nor the command
+    that resumes it. A line before the error names both."""
+    project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "one", "delay_ms": 1500}, "two"])
+    done = subprocess.run([sys.executable, "-c", STATUS_UNREADABLE], cwd=project, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=60)
+    _one_clean_error_line(done, "storage_unavailable")
+    cast_id = done.stdout.split()[1]
+    assert done.stdout.startswith(f"cast {cast_id} started"), done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) >= 2 and "EACCES" in lines[-1], lines
+    assert lines[-2] == (f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
+                         f"`castor recast {cast_id}` resumes it"), lines
+    recast = _castor(tmp_path, "recast", cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
+    assert recast.returncode == 0, recast.stderr
+    assert json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)[0]["status"] == "complete"
