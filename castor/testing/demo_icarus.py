@@ -49,6 +49,7 @@ import psutil
 from rich.table import Table
 
 from castor.actors.icarus import IcarusSession, session_of
+from castor.adapters.fs import atomic_write_text
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.composition import icarus_component
 from castor.messages.errors import CastorError
@@ -209,7 +210,7 @@ class _Scene:
             stale.unlink(missing_ok=True)
         section = {"icarusDir": str(backend), "python": sys.executable, "fabricDir": str(self.dir / "fabric"),
                    "classifier": "default", "classifierTimeoutMs": 3000, "timeoutMs": TIMEOUT_MS}
-        (self.agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}, indent=2))
+        atomic_write_text(self.agent_dir / "settings.json", json.dumps({"piIcarusHook": section}, indent=2))
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PI_CODING_AGENT_DIR": str(self.agent_dir),
                     "ICARUS_REF_CALL_LOG": str(self.call_log), "ICARUS_REF_CONTROL_FILE": str(self.control_file),
                     "ICARUS_REF_STARTUP_CONTEXT": STARTUP}
@@ -228,9 +229,7 @@ class _Scene:
         return self.runtime.dispatch_event(SESSION_ID, event, data)
 
     def controls(self, controls: dict[str, Any]) -> None:
-        tmp = self.control_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(controls))
-        os.replace(tmp, self.control_file)
+        atomic_write_text(self.control_file, json.dumps(controls))  # an error names the file
 
     def calls(self, name: str) -> list[dict[str, Any]]:
         return [r for r in _read_jsonl(self.call_log) if r.get("phase") == "start" and r.get("call") == name]

@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from castor.adapters.fs import atomic_write_text
 from castor.domain.materia.defaults import default_config
 from castor.messages.errors import CastorError
 from castor.testing.faults import fault_targets, inject_into
@@ -117,7 +118,7 @@ def build_loadout_config(visit_log: Path, *, command_sleep_s: float = 0.0) -> di
 def write_project(project: Path, visit_log: Path, *, command_sleep_s: float = 0.0) -> None:
     (project / ".pi").mkdir(parents=True, exist_ok=True)
     config = build_loadout_config(visit_log, command_sleep_s=command_sleep_s)
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    atomic_write_text(project / ".pi" / "pi-materia.json", json.dumps(config, indent=2))  # an error names the file
 
 
 def plan_text(items: int) -> str:
@@ -482,7 +483,7 @@ class Soak:
         agent_dir.mkdir(parents=True, exist_ok=True)
         section = {"icarusDir": str(backend), "python": sys.executable, "fabricDir": str(base / "fabric"),
                    "timeoutMs": WORKER_TIMEOUT_MS, "hooks": False}
-        (agent_dir / "settings.json").write_text(json.dumps({"piIcarusHook": section}, indent=2), encoding="utf-8")
+        atomic_write_text(agent_dir / "settings.json", json.dumps({"piIcarusHook": section}, indent=2))
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PI_CODING_AGENT_DIR": str(agent_dir),
                "ICARUS_REF_CALL_LOG": str(self.call_log),
                "ICARUS_REF_CONTROLS": json.dumps({"tools.fabric_write": {"sleep_ms": WORKER_CALL_SLEEP_MS}})}

@@ -44,3 +44,49 @@ def test_a_soak_whose_disk_fills_ends_promptly_and_says_why_its_casts_were_not_r
     assert not report.ok and report.must_be_zero.casts_not_terminal_after_recast >= 1, report.model_dump_json(indent=1)
     assert elapsed < 45, f"the soak sat out its waits: {elapsed:.0f} s"
     assert any("storage_unavailable" in note for note in report.notes), report.notes
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs filled to the last block (mounted by the test: root only, skipped otherwise)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        with open(disk / "filler.bin", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["demo", "--quiet"], ["soak", "--seconds", "5"]])
+def test_the_demo_and_the_soak_in_a_full_directory_name_the_file_the_disk_refused(full_disk, tmp_path, command):
+    """`castor demo` / `castor soak` run in a full directory said ``storage_unavailable: No space left on
+    device (ENOSPC)`` and named no file: their scaffolding (a project's config, the Icarus settings)
+    was written with ``Path.write_text``, whose error at close carries no name. It names the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "castor", *command], cwd=full_disk, capture_output=True, text=True,
+                          timeout=100, env={**os.environ, "PYTHONPATH": str(repo), "HOME": str(tmp_path / "home")})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "storage_unavailable" in line]
+    assert said, done.stdout + done.stderr
+    for line in said:
+        assert ".json: No space left on device (ENOSPC)" in line, said
