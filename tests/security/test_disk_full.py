@@ -530,3 +530,48 @@ def test_castor_serve_whose_stderr_is_on_a_full_disk_keeps_serving(tmp_path):
         proc.terminate()
         returncode = proc.wait(30)
     assert returncode in (0, -15, 143), returncode
+
+
+@pytest.mark.timeout(120)
+def test_a_project_made_read_only_mid_cast_stops_the_cast_resumable_and_recast_completes_it(tmp_path):
+    """A real read-only mount over the project's ``.pi`` while a CLI cast waits for its first answer
+    (root only: a bind mount remounted read-only, which new opens meet at once): the command ends with
+    a ``storage_unavailable`` notice naming EROFS and the recast command, nothing is lost or listed
+    unreadable, and once the mount is gone ``castor recast`` completes the cast."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root")
+    project = tmp_path / "project"
+    pi = project / ".pi"
+    pi.mkdir(parents=True)
+    (pi / "pi-materia.json").write_text(json.dumps({"activeLoadout": "hello"}))
+    script = tmp_path / "answers.json"
+    script.write_text(json.dumps([{"text": "one", "delay_ms": 1500}, "two", "three"]))
+    env = serve_env(tmp_path)
+    proc = subprocess.Popen(castor_argv("cast", "go", "--agent", f"script:{script}", "--quiet"), cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mounted = False
+    try:
+        cast_id = proc.stdout.readline().split()[1]  # type: ignore[union-attr]
+        contexts = pi / "pi-materia" / cast_id / "contexts"
+        wait_for(lambda: contexts.is_dir() and any(contexts.iterdir()), timeout=30, what="the first turn")
+        for argv in (["mount", "--bind", str(pi), str(pi)], ["mount", "-o", "remount,bind,ro", str(pi)]):
+            done = subprocess.run(argv, capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot remount read-only here: {done.stderr.decode(errors='replace').strip()}")
+            mounted = True
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+        if mounted:
+            subprocess.run(["umount", "-l", str(pi)], capture_output=True)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "internal" not in err and "crashed" not in err, err
+    assert "EROFS" in err and f"castor recast {cast_id}" in err, err
+    rows = _casts_json(project, tmp_path)
+    assert [r["status"] for r in rows] == ["orphaned"] and rows[0]["resumable"] is True, rows
+    done = subprocess.run(castor_argv("recast", cast_id, "--agent", f"script:{script}", "--quiet"), cwd=project,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [r["status"] for r in _casts_json(project, tmp_path)] == ["complete"]
