@@ -296,6 +296,8 @@ class Server:
             self._refuse(sock, _exhausted(exc), log=False)
             return True
         self._exhausted_logged = False
+        if self._reserve_fd is None:  # given back in a spell that left none to take it again: take it now
+            self._reserve_fd = _take_reserve_fd()
         conn.name = f"{kind}-{conn.id}"
         conn.state["accepted_at"] = time.monotonic()
         if self.token:
