@@ -109,6 +109,11 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
                      f"{command(surface, 'abort', cast_id)} to stop the cast")
     if view.get("failed_reason"):
         lines.append(f"reason: {view['failed_reason']}")
+    given_up = view.get("given_up")
+    if isinstance(given_up, dict):
+        lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "
+                     f"{given_up.get('within_seconds')} s ({one_line(str(given_up.get('reason')))}); the runtime "
+                     "stopped restarting it")
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
         lines.append(f"↻ RECAST TARGET: {command(surface, verb, cast_id)}")
@@ -156,11 +161,33 @@ def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, l
     state, document = _load_saved(storage, artifact_root, cast_id)
     orphaned = state.active and not live and not storage.lease_held(artifact_root, cast_id)
     view = status_view(state, live=live, orphaned=orphaned)
+    if orphaned:
+        given_up = _given_up(storage, artifact_root, cast_id)
+        if given_up is not None:
+            view["given_up"] = given_up
     if not state.active and not live:
         # Not while a runtime holds the cast: it may be writing them right now.
         view["artifacts_pending"] = (not outbox_on_disk(storage, artifact_root, cast_id, document.get("outbox") or [])
                                      and not storage.lease_held(artifact_root, cast_id))
     return view
+
+
+def _given_up(storage: CastStorage, artifact_root: Path, cast_id: str) -> dict[str, Any] | None:
+    """Why an orphaned cast stopped, when its runtime gave it up after a crash loop: its log's last
+    event is then ``cast_given_up`` (written as it was given up; a recast appends after it). An
+    orphaned cast whose runtime died or shut down has none: ``None``."""
+    try:
+        records = storage.event_lines(artifact_root, cast_id)
+    except (CastorError, OSError):
+        return None
+    while records and isinstance(records[-1], dict) and records[-1].get("type") == "storage_unavailable":
+        records.pop()
+    last = records[-1] if records else None
+    if not isinstance(last, dict) or last.get("type") != "cast_given_up" or not isinstance(last.get("data"), dict):
+        return None
+    data = last["data"]
+    return {"reason": str(data.get("reason") or ""), "max_restarts": data.get("maxRestarts"),
+            "within_seconds": data.get("withinSeconds"), "at_ms": last.get("ts")}
 
 
 def outbox_on_disk(storage: CastStorage, artifact_root: Path, cast_id: str, outbox: list[dict[str, Any]]) -> bool:

@@ -250,9 +250,15 @@ def test_a_crash_looping_cast_is_given_up_alone_shows_orphaned_and_recast_comple
     given_up = [e["data"] for e in events(Path(started["run_dir"])) if e["type"] == "cast_given_up"]
     assert given_up == [{"castId": cast_id, "reason": "gave up: the child's own restart intensity was exceeded",
                          "maxRestarts": CAST_MAX_RESTARTS, "withinSeconds": 30.0, "resumable": True}], given_up
+    # castor status says so too: given up, by whom and after what, and how it resumes.
+    assert view["given_up"]["reason"] == "gave up: the child's own restart intensity was exceeded"
+    assert view["given_up"]["max_restarts"] == CAST_MAX_RESTARTS
+    text = materia_call(rt, "s1", "status", {"cast_id": cast_id})["text"]
+    assert f"given up: its actor crashed more than {CAST_MAX_RESTARTS} times" in text, text
+    assert "RECAST TARGET" in text
     materia_call(rt, "s1", "recast", {"cast_id": cast_id})
     agent_done = wait_status(rt, "s1", cast_id, timeout=40)
-    assert agent_done["status"] == "complete"
+    assert agent_done["status"] == "complete" and "given_up" not in agent_done
 
 
 @pytest.mark.timeout(60)
