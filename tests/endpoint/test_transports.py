@@ -301,3 +301,28 @@ def test_a_socket_directory_that_refuses_writes_names_the_socket_not_castors_sca
         bind_unix(path)
     assert failed.value.filename == path, failed.value
     assert os_error_text(failed.value) == f"{path}: Read-only file system (EROFS)"
+
+
+@pytest.mark.timeout(30)
+def test_a_client_refused_for_too_many_connections_is_told_why_not_only_cancelled(gates, sock_dir) -> None:
+    """The server refuses a connection past its limit with a ``mailbox_full`` notification, then
+    closes. castor's client read it into ``client.errors`` only; a call made on that connection
+    failed ``cancelled: connection closed``, and a harness saw no reason. Once the client has read
+    the notification, the call raises the server's typed error (chained to the close). (A call
+    written before the notification is read fails its write and stays ``cancelled``.)"""
+    from castor.messages.errors import MailboxFull
+    from tests.support.waiting import poll_until
+
+    srv = start_server(gates, sock_dir, max_connections=1)
+    try:
+        with Client.connect_unix(srv.address) as first:
+            assert first.call("add", {"a": 1}) == 1
+            with Client.connect_unix(srv.address) as extra:
+                assert poll_until(lambda: extra.errors and extra.closed, timeout=10)
+                with pytest.raises(MailboxFull) as refused:
+                    extra.call("add", {"a": 2}, timeout=10)
+                assert "too many connections" in refused.value.message
+                assert refused.value.__cause__ is not None and refused.value.__cause__.code == "cancelled"
+            assert first.call("add", {"a": 3}) == 3
+    finally:
+        srv.stop()
