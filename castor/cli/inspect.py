@@ -110,6 +110,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         hosts_table,
         mailbox_table,
         terminal_console,
+        worker_table,
     )
     from castor.endpoint.errors import ConnectionClosed
     from castor.messages.errors import InvalidParams, Timeout, Unauthenticated
@@ -152,9 +153,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                 return mailbox_table(shaped)
             if args.what == "hosts":
                 return hosts_table(shaped)
-            from rich.markup import escape
-
-            return escape(json.dumps(shaped, indent=2))
+            return worker_table(shaped)
 
         if not args.follow:
             console.print(render(fetch()))

@@ -298,6 +298,54 @@ def hosts_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def _mib(value: Any) -> str:
+    return f"{value / 2**20:.1f} MiB" if isinstance(value, (int, float)) else "-"
+
+
+def _process_rows(table: Table, who: str, proc: dict[str, Any]) -> None:
+    cpu = [proc.get("cpu_user_s"), proc.get("cpu_system_s")]
+    files = proc.get("open_files")
+    table.add_row(f"{who} pid", shown(proc.get("pid")) + ("" if proc.get("alive", True) else " (not running)"))
+    table.add_row(f"{who} memory (RSS)", _mib(proc.get("rss_bytes")))
+    if all(isinstance(c, (int, float)) for c in cpu):
+        table.add_row(f"{who} CPU", f"{cpu[0]:.2f} s user, {cpu[1]:.2f} s system")
+    for key, label in (("threads", "threads"), ("num_fds", "descriptors"), ("calls", "calls served"),
+                       ("state", "process state")):
+        if proc.get(key) is not None:
+            table.add_row(f"{who} {label}", shown(proc[key]))
+    if files is not None:
+        table.add_row(f"{who} open files", shown(len(files) if isinstance(files, list) else files))
+    children = proc.get("children")
+    if children:
+        table.add_row(f"{who} children", shown(len(children) if isinstance(children, list) else children))
+
+
+def worker_table(data: dict[str, Any]) -> Table:
+    """``ops.worker``: the runtime's process, and with a session, its Icarus worker (actor and process)."""
+    table = Table(title="castor process" + (" and Icarus worker" if data.get("worker") else ""), show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    _process_rows(table, "castor", data.get("runtime") or {})
+    worker = data.get("worker")
+    if isinstance(worker, dict):
+        actor = worker.get("actor") or {}
+        table.add_row("session", shown(worker.get("session_id")))
+        table.add_row("worker actor", f"{shown(worker.get('path') or actor.get('path'))} ({shown(actor.get('state'))})")
+        if actor.get("retired_reason"):
+            table.add_row("retired", shown(actor["retired_reason"]))
+        doing = actor.get("activity")
+        table.add_row("doing now", _actor_line(actor) if doing else "idle")
+        table.add_row("mailbox depth", shown((actor.get("mailbox") or {}).get("depth", 0)))
+        table.add_row("restarts", _restarts(actor))
+        table.add_row("workers started", shown(worker.get("workers_started")))
+        process = worker.get("process")
+        if isinstance(process, dict):
+            _process_rows(table, "worker", process)
+        else:
+            table.add_row("worker process", "none yet (it starts with the first call)")
+    return table
+
+
 class PipeConsole(Console):
     """A rich console whose broken pipe is the caller's to handle: rich's own answer exits the
     process with status 1 and no word, where the ``castor`` command ends quietly with 0 when the

@@ -144,9 +144,23 @@ def test_fabric_tools_round_trip_errors_are_typed_and_kill_9_is_surfaced(wired):
         call("fabric_train", {})
     assert unknown.value.code == "not_found"
 
-    stats = client.call("ops.worker", {"session_id": "pi-1"})["worker"]
+    whole = client.call("ops.worker", {"session_id": "pi-1"})
+    stats = whole["worker"]
     process = stats["process"]
     assert process["alive"] is True and process["rss_bytes"] > 0 and process["open_files"] is not None
+    # `castor inspect worker --session-id` draws it as a table (it printed the raw JSON text).
+    import io
+
+    from castor.console.terminal import terminal_console, worker_table
+
+    out = io.StringIO()
+    terminal_console(out).print(worker_table(whole))
+    drawn = out.getvalue()
+    assert str(process["pid"]) in drawn, drawn
+    for row in ("castor pid", "castor memory (RSS)", "session", "worker actor", "doing now", "workers started",
+                "worker memory (RSS)", "worker calls served"):
+        assert row in drawn, drawn
+    assert "{" not in drawn, drawn
     os.kill(process["pid"], signal.SIGKILL)
     wait_until(lambda: gone(process["pid"]), 5, "the worker to die")
     # An idle worker's death loses nothing: the next call runs on a fresh worker.
