@@ -210,7 +210,8 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
     issues: list[ConfigIssue] = []
     pct = compaction.get("proactiveThresholdPercent")
     if pct is not None and (not _number(pct) or not 0 <= pct <= 100):
-        issues.append(issue("proactiveThresholdPercent must be a number in [0, 100]", "proactiveThresholdPercent"))
+        issues.append(issue("proactiveThresholdPercent must be a number between 0 and 100",
+                            "proactiveThresholdPercent"))
     tiers = compaction.get("proactiveThresholdTiers")
     if tiers is None:
         return issues
@@ -225,22 +226,24 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
             return issues
         threshold = tier.get("thresholdPercent")
         if not isinstance(threshold, (int, float)) or not _number(threshold) or not 0 <= threshold <= 100:
-            issues.append(issue("thresholdPercent must be a number in [0, 100]", *at, "thresholdPercent"))
+            issues.append(issue("thresholdPercent must be a number between 0 and 100", *at, "thresholdPercent"))
         lo = tier.get("minContextWindow", 0)
         hi = tier.get("maxContextWindow")
         if not isinstance(lo, int) or isinstance(lo, bool) or lo < 0:
-            issues.append(issue("minContextWindow must be an integer >= 0", *at, "minContextWindow"))
+            issues.append(issue("minContextWindow must be a non-negative integer", *at, "minContextWindow"))
             return issues
         if i == 0 and lo != 0:
-            issues.append(issue("the first tier must start at minContextWindow 0", *at, "minContextWindow"))
+            issues.append(issue("the tiers must cover every context window without gaps or overlaps: the first "
+                                f"tier must start at minContextWindow 0, not {lo}", *at, "minContextWindow"))
         if previous_max is not None and lo != previous_max:
-            kind = "gap" if lo > previous_max else "overlap"
-            issues.append(issue(f"tier {i} leaves a {kind}: minContextWindow {lo} must equal the previous "
-                                f"maxContextWindow {previous_max}", *at, "minContextWindow"))
+            kind = "a gap" if lo > previous_max else "an overlap"
+            issues.append(issue(f"the tiers must cover every context window without gaps or overlaps: tier {i} "
+                                f"leaves {kind} (minContextWindow {lo} must equal the previous tier's "
+                                f"maxContextWindow {previous_max})", *at, "minContextWindow"))
         last = i == len(tiers) - 1
         if hi is None:
             if not last:
-                issues.append(issue("only the last tier may omit maxContextWindow", *at, "maxContextWindow"))
+                issues.append(issue("only the final tier may omit maxContextWindow", *at, "maxContextWindow"))
                 return issues
         else:
             if not isinstance(hi, int) or isinstance(hi, bool) or hi <= lo:
@@ -249,7 +252,7 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
                 return issues
             if last:
                 issues.append(
-                    issue("the last tier must be open-ended (omit maxContextWindow)", *at, "maxContextWindow")
+                    issue("the final tier must be open-ended: omit its maxContextWindow", *at, "maxContextWindow")
                 )
         previous_max = hi
     return issues

@@ -73,11 +73,33 @@ def compaction_summary(result: Any) -> dict[str, Any]:
 
 
 class Threshold(BaseModel):
+    """The proactive compaction threshold for one context window.
+
+    ``tier`` is the matched tier's id (None when it has none, or when no tier matched);
+    ``tier_min``/``tier_max`` its context-window bounds (``tier_min`` None: no tier matched, as for an
+    unknown window, which falls back to 55%). :meth:`event_tier` is the tier record the events carry.
+    """
+
     model_config = ConfigDict(frozen=True)
 
     percent: float
     mode: str  # single_percent | configured_tiered | default_tiered
     tier: str | None = None
+    tier_min: int | None = None
+    tier_max: int | None = None
+
+    def event_tier(self) -> dict[str, Any] | None:
+        """``thresholdTier`` as pi-materia records it: ``{id?, minContextWindow, maxContextWindow?}``
+        (an absent id or upper bound is left out), or None when no tier matched."""
+        if self.tier_min is None:
+            return None
+        out: dict[str, Any] = {}
+        if self.tier is not None:
+            out["id"] = self.tier
+        out["minContextWindow"] = self.tier_min
+        if self.tier_max is not None:
+            out["maxContextWindow"] = self.tier_max
+        return out
 
 
 def _positive(value: Any) -> float | None:
@@ -86,22 +108,36 @@ def _positive(value: Any) -> float | None:
     return float(value)
 
 
+def _known(value: Any) -> float | None:
+    """A context window a configured tier can match: a finite number >= 0 (0 is in the first tier)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+#: No usable context window: the most conservative default, and no tier.
+FALLBACK_PERCENT = 55.0
+
+
 def threshold_for(config: Compaction | None, context_window: float | None) -> Threshold:
+    """The threshold for ``context_window``: a configured single percent wins; then the configured
+    tier holding the window; then the default tiers. A window that is unknown, not finite or not
+    positive gets :data:`FALLBACK_PERCENT` with no tier (compact early rather than overflow)."""
     if config and config.proactive_threshold_percent is not None:
         return Threshold(percent=config.proactive_threshold_percent, mode="single_percent")
-    if config and config.proactive_threshold_tiers:
-        for i, tier in enumerate(config.proactive_threshold_tiers):
+    known = _known(context_window)
+    if config and config.proactive_threshold_tiers and known is not None:
+        for tier in config.proactive_threshold_tiers:
             hi = tier.max_context_window
-            if (
-                context_window is not None
-                and tier.min_context_window <= context_window
-                and (hi is None or context_window < hi)
-            ):
-                return Threshold(percent=tier.threshold_percent, mode="configured_tiered", tier=tier.id or f"tier-{i}")
-    for tier_id, lo, hi, pct in DEFAULT_TIERS:
-        if context_window is not None and lo <= context_window and (hi is None or context_window < hi):
-            return Threshold(percent=pct, mode="default_tiered", tier=tier_id)
-    return Threshold(percent=55.0, mode="default_tiered", tier="gte-200k")
+            if tier.min_context_window <= known and (hi is None or known < hi):
+                return Threshold(percent=tier.threshold_percent, mode="configured_tiered", tier=tier.id,
+                                 tier_min=tier.min_context_window, tier_max=hi)
+    window = _positive(context_window)
+    if window is not None:
+        for tier_id, lo, hi, pct in DEFAULT_TIERS:
+            if lo <= window and (hi is None or window < hi):
+                return Threshold(percent=pct, mode="default_tiered", tier=tier_id, tier_min=lo, tier_max=hi)
+    return Threshold(percent=FALLBACK_PERCENT, mode="default_tiered")
 
 
 class ProactiveDecision(BaseModel):
@@ -115,9 +151,13 @@ class ProactiveDecision(BaseModel):
     percent: float
 
     def event_data(self) -> dict[str, Any]:
-        return {"action": "compact", "reason": "context_pressure", "thresholdPercent": self.threshold.percent,
-                "thresholdMode": self.threshold.mode, "thresholdTier": self.threshold.tier,
-                "tokens": self.tokens, "contextWindow": self.context_window, "percent": self.percent}
+        data: dict[str, Any] = {"action": "compact", "reason": "context_pressure",
+                                "thresholdPercent": self.threshold.percent, "thresholdMode": self.threshold.mode}
+        tier = self.threshold.event_tier()
+        if tier is not None:  # no tier matched (an unknown window): the key is absent, as in pi-materia
+            data["thresholdTier"] = tier
+        data.update({"tokens": self.tokens, "contextWindow": self.context_window, "percent": self.percent})
+        return data
 
 
 def decide_proactive(

@@ -255,7 +255,9 @@ def test_proactive_compaction_fires_over_the_threshold_before_the_turn_is_sent(h
     starts = _events(view, "proactive_compaction_start")
     assert [s["socket"] for s in starts] == ["Socket-1", "Socket-2"]
     assert starts[0] == {"action": "compact", "reason": "context_pressure", "thresholdPercent": 75.0,
-                         "thresholdMode": "default_tiered", "thresholdTier": "lt-128k", "tokens": 30_000.0,
+                         "thresholdMode": "default_tiered",
+                         "thresholdTier": {"id": "lt-128k", "minContextWindow": 0, "maxContextWindow": 128_000},
+                         "tokens": 30_000.0,
                          "contextWindow": 32_000.0, "percent": 93.75, "socket": "Socket-1", "itemKey": None,
                          "itemLabel": None, "itemLabelShort": None, "visit": 1, "mode": "normal"}
     completes = _events(view, "proactive_compaction_complete")
@@ -324,7 +326,7 @@ def test_a_failed_proactive_compaction_warns_and_the_turn_is_still_sent(harness_
     view = pi.wait_status(cast_id, "complete")
     failed = _events(view, "proactive_compaction_failed")
     assert len(failed) == 2 and failed[0]["warning"] is True and "Already compacted" in failed[0]["error"]
-    assert failed[0]["thresholdTier"] == "lt-128k" and failed[0]["socket"] == "Socket-1"
+    assert failed[0]["thresholdTier"]["id"] == "lt-128k" and failed[0]["socket"] == "Socket-1"
     warnings = [n for n in pi.notes if n.get("level") == "warning" and "Proactive compaction" in n["message"]]
     assert warnings and "Already compacted" in warnings[0]["message"]
 

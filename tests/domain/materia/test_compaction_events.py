@@ -16,6 +16,7 @@ from castor.domain.materia.cast_messages import (
     ProactiveCompactionStarted,
     RunAgentTurn,
 )
+from castor.domain.materia.config import Compaction
 
 from .scripted import Driver, config, resolved
 
@@ -91,7 +92,9 @@ def test_proactive_compaction_complete_records_decision_socket_and_result_and_ke
            result={"tokensBefore": 30_000, "tokensAfter": 4_000, "summary": "dropped"})
     start = d.events("proactive_compaction_start")[0].data
     assert start == {"action": "compact", "reason": "context_pressure", "thresholdPercent": 75.0,
-                     "thresholdMode": "default_tiered", "thresholdTier": "lt-128k", "tokens": 30_000.0,
+                     "thresholdMode": "default_tiered",
+                     "thresholdTier": {"id": "lt-128k", "minContextWindow": 0, "maxContextWindow": 128_000},
+                     "tokens": 30_000.0,
                      "contextWindow": 32_000.0, "percent": 93.75, "socket": "Socket-1", "itemKey": None,
                      "itemLabel": None, "itemLabelShort": None, "visit": 1, "mode": "normal"}
     complete = d.events("proactive_compaction_complete")[0].data
@@ -115,7 +118,7 @@ def test_proactive_compaction_failure_warns_and_the_cast_stays_active_awaiting_t
                 error="Nothing to compact (session too small)")
     failed = d.events("proactive_compaction_failed")[0].data
     assert failed["warning"] is True and failed["error"] == "Nothing to compact (session too small)"
-    assert failed["thresholdTier"] == "lt-128k" and failed["socket"] == "Socket-1"
+    assert failed["thresholdTier"]["id"] == "lt-128k" and failed["socket"] == "Socket-1"
     notes = [e for e in tr.effects if isinstance(e, Notify)]
     assert len(notes) == 1 and notes[0].level == "warning" and "Nothing to compact" in notes[0].message
     assert d.state.active and d.state.awaiting_response and d.pending() is turn
@@ -164,3 +167,41 @@ def test_proactive_events_round_trip_as_plain_maps() -> None:
     event = ProactiveCompactionFinished(visit_id="v", decision=_decision(), ok=True, result={"tokensBefore": 1}, at=1.0)
     again = EVENT_ADAPTER.validate_python(event.model_dump(mode="json"))
     assert again == event
+
+
+# ----------------------------------------------------------------------------- threshold tier record
+
+
+def test_the_threshold_tier_in_a_proactive_event_is_the_tier_record_with_its_bounds() -> None:
+    """pi-materia writes ``thresholdTier`` as the matched tier: its id (when it has one) and its
+    context-window bounds, not a bare name; a configured tier without an id gets none invented."""
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    turn = d.pending()
+    d.send(ProactiveCompactionStarted, visit_id=turn.visit_id, decision=_decision(tokens=120_000, window=200_000))
+    assert d.events("proactive_compaction_start")[0].data["thresholdTier"] == {"id": "gte-200k",
+                                                                             "minContextWindow": 200_000}
+    middle = compaction.threshold_for(None, 150_000)
+    assert middle.event_tier() == {"id": "128k-to-199999", "minContextWindow": 128_000, "maxContextWindow": 200_000}
+    tiers = Compaction(proactive_threshold_tiers=[{"maxContextWindow": 50_000, "thresholdPercent": 80},
+                                                  {"id": "big", "minContextWindow": 50_000, "thresholdPercent": 60}])
+    assert compaction.threshold_for(tiers, 49_999).event_tier() == {"minContextWindow": 0, "maxContextWindow": 50_000}
+    assert compaction.threshold_for(tiers, 50_000).event_tier() == {"id": "big", "minContextWindow": 50_000}
+
+
+@pytest.mark.parametrize("window", [None, 0, -1, math.nan, math.inf])
+def test_an_unknown_or_invalid_context_window_falls_back_to_55_percent_with_no_tier(window: float | None) -> None:
+    """No usable context window: the conservative 55% and no tier at all (the event has no
+    ``thresholdTier``), whether or not configured tiers exist (a window of 0 is in a configured
+    first tier, which starts at 0, but in no default tier)."""
+    tiers = Compaction(proactive_threshold_tiers=[{"maxContextWindow": 50_000, "thresholdPercent": 90},
+                                                  {"minContextWindow": 50_000, "thresholdPercent": 80}])
+    for config_ in (None, tiers):
+        threshold = compaction.threshold_for(config_, window)
+        if config_ is tiers and window == 0:
+            assert (threshold.percent, threshold.event_tier()) == (90, {"minContextWindow": 0,
+                                                                        "maxContextWindow": 50_000})
+            continue
+        assert (threshold.percent, threshold.mode, threshold.event_tier()) == (55, "default_tiered", None)
+    decision = compaction.decide_proactive({"percent": 60}, model_context_window=None, config=None)
+    assert decision is not None and "thresholdTier" not in decision.event_data()
+    assert decision.event_data()["thresholdPercent"] == 55

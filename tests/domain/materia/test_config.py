@@ -710,3 +710,27 @@ def test_an_unknown_loadout_to_save_names_the_file_it_would_be_saved_to(tmp_path
     with pytest.raises(ConfigError) as err:
         config_loader.save_active_loadout(tmp_path, "Nöpe", env=env, config_path=explicit)
     assert err.value.issues[0].source == str(explicit)
+
+
+@pytest.mark.timeout(10)
+def test_compaction_tier_problems_are_named_in_plain_words() -> None:
+    """Each tier problem says what is wrong as pi-materia's checks do (a percent between 0 and 100,
+    a non-negative integer window, tiers without gaps or overlaps, an open-ended final tier)."""
+    def message(compaction: dict[str, object]) -> str:
+        issues = checks.check_compaction(compaction)
+        assert codes(issues) == ["invalid-compaction"]
+        return issues[0].message
+
+    assert "between 0 and 100" in message({"proactiveThresholdPercent": 101})
+    assert "between 0 and 100" in message({"proactiveThresholdTiers": [{"thresholdPercent": -1}]})
+    assert "non-negative integer" in message({"proactiveThresholdTiers": [{"minContextWindow": -1,
+                                                                           "thresholdPercent": 80}]})
+    overlap = message({"proactiveThresholdTiers": [{"maxContextWindow": 10, "thresholdPercent": 80},
+                                                   {"minContextWindow": 9, "thresholdPercent": 70}]})
+    assert "without gaps or overlaps" in overlap and "leaves an overlap" in overlap
+    gap = message({"proactiveThresholdTiers": [{"maxContextWindow": 10, "thresholdPercent": 80},
+                                               {"minContextWindow": 11, "thresholdPercent": 70}]})
+    assert "without gaps or overlaps" in gap and "leaves a gap" in gap
+    assert "final tier must be open-ended" in message(
+        {"proactiveThresholdTiers": [{"maxContextWindow": 10, "thresholdPercent": 80},
+                                     {"minContextWindow": 10, "maxContextWindow": 20, "thresholdPercent": 70}]})
