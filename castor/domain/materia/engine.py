@@ -603,7 +603,9 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
 
 
 def _item_suffix(s: CastState) -> str:
-    return f"-{seg(s.current_item_key)}" if s.current_item_key is not None else ""
+    """``-<item key>`` in artifact names; none for no item or an empty key (an item whose id is "":
+    pi-materia tests the key for truthiness)."""
+    return f"-{seg(s.current_item_key)}" if s.current_item_key else ""
 
 
 def _next_visit_id(s: CastState, socket_id: str, visit: int) -> str:

@@ -201,11 +201,29 @@ def _item_fields(key: str | None, label: str | None) -> dict[str, Any]:
     return {"itemKey": key, "itemLabel": label, "itemLabelShort": short_label(label)}
 
 
+#: JavaScript's ``\s`` (and what ``String.prototype.trim`` removes): Python's ``\s`` differs (it takes
+#: U+001C..U+001F and U+0085, and not U+FEFF).
+_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_SPACE_RUN = re.compile(f"[{_JS_SPACE}]+")
+#: pi-materia's ``MAX_CONTEXT_ITEM_LABEL_LENGTH``, in UTF-16 code units.
+SHORT_LABEL_UNITS = 80
+
+
 def short_label(label: str | None) -> str | None:
+    """pi-materia's short item label: whitespace runs collapsed to one space and trimmed; None when
+    nothing is left; else at most 80 UTF-16 code units (JavaScript's ``length``), a longer one cut
+    to 79 and ended with "…". A surrogate pair cut in half leaves a lone surrogate in JavaScript,
+    which castor writes as U+FFFD (see ``castor/domain/jsontext.py``)."""
     if label is None:
         return None
-    collapsed = re.sub(r"\s+", " ", label).strip()
-    return collapsed if len(collapsed) <= 80 else collapsed[:80] + "…"
+    collapsed = _JS_SPACE_RUN.sub(" ", label).strip(" ")  # every run is one space now
+    if not collapsed:
+        return None
+    units = collapsed.encode("utf-16-le", "surrogatepass")
+    if len(units) <= 2 * SHORT_LABEL_UNITS:
+        return collapsed
+    head = units[: 2 * (SHORT_LABEL_UNITS - 1)].decode("utf-16-le", "replace")
+    return head + "…"
 
 
 @functools.lru_cache(maxsize=4096)
