@@ -32,6 +32,23 @@ from typing import Any
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+#: JavaScript's whitespace: what its ``\s`` matches and ``String.prototype.trim`` removes. Python's
+#: ``\s`` and ``str.strip()`` differ (they take U+001C..U+001F and U+0085, and not U+FEFF).
+JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_WHITESPACE_RUN = re.compile(f"[{JS_WHITESPACE}]+")
+_JS_TRIM = re.compile(f"^[{JS_WHITESPACE}]+|[{JS_WHITESPACE}]+$")
+
+
+def js_trim(text: str) -> str:
+    """``text.trim()`` as JavaScript trims."""
+    return _JS_TRIM.sub("", text)
+
+
+def js_collapse_whitespace(text: str) -> str:
+    r"""``text.replace(/\s+/g, " ").trim()``: every run of JavaScript whitespace one space, then trimmed."""
+    return _JS_WHITESPACE_RUN.sub(" ", text).strip(" ")
+
+
 def well_formed(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings (keys and nested values too) replaced
     by U+FFFD; the very same object when there is none (see the module doc)."""

@@ -659,10 +659,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
                                         "refinementTurn": s.refinement_turn() + 1, **s.item_fields(),
                                         "materiaModel": _materia_model(rs)})
     assert rs.materia is not None
-    ordinal = socket_ordinal_text(rs.id)
-    summary = f"Casting **{rs.materia_name} ({ordinal})**"
-    if s.current_item_label or s.current_item_key:
-        summary += f"\n\n{s.current_item_label or s.current_item_key}"
+    summary = prompts.cast_summary(rs.materia_name, rs.id, socket_ordinal_text(rs.id), s.current_item_label)
     effect = built(
         RunAgentTurn, visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
         prompt=prompt, system_prompt=system_prompt, visible_summary=summary,

@@ -12,9 +12,10 @@ finalization" + final format
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from castor.domain.jsontext import pretty_json
+from castor.domain.jsontext import JS_WHITESPACE, js_trim, pretty_json
 from castor.domain.materia import handoff
 from castor.domain.materia.cast_messages import READ_ONLY_TOOLS
 from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
@@ -243,3 +244,22 @@ def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict
 def _applied_thinking(level: str | None) -> str | None:
     """The thinking level a turn runs with: an unknown one is not applied (warned at load)."""
     return level if level in THINKING_LEVELS else None
+
+
+_LEGACY_SOCKET_SUFFIX = re.compile(f"[{JS_WHITESPACE}]+(Socket-[1-9][0-9]*)$")
+
+
+def cast_summary(materia_name: str | None, socket_id: str, ordinal: str | None, item_label: str | None) -> str:
+    """The visible line of a turn, as pi-materia formats it: ``Casting **<materia> (<N>)**``, then the
+    current item's label (trimmed) as a paragraph of its own when it is not blank. The materia name
+    is trimmed ("materia" when blank) and a legacy `` Socket-N`` suffix of it is not shown."""
+    name = js_trim(materia_name or "") or "materia"
+    if name.endswith(f" {socket_id}"):
+        name = js_trim(name[: -len(socket_id) - 1]) or "materia"
+    else:
+        suffix = _LEGACY_SOCKET_SUFFIX.search(name)
+        if suffix is not None:
+            name = js_trim(name[: suffix.start()]) or "materia"
+    label = f"{name} ({ordinal})" if ordinal is not None else name
+    item = js_trim(item_label or "")
+    return f"Casting **{label}**\n\n{item}" if item else f"Casting **{label}**"

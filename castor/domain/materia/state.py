@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from castor.domain.jsontext import js_stringify, json_problem
+from castor.domain.jsontext import js_collapse_whitespace, js_stringify, json_problem
 from castor.domain.materia.budget import UsageReport
 from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
 from castor.domain.materia.failures import RecoveryAllowance
@@ -201,10 +201,6 @@ def _item_fields(key: str | None, label: str | None) -> dict[str, Any]:
     return {"itemKey": key, "itemLabel": label, "itemLabelShort": short_label(label)}
 
 
-#: JavaScript's ``\s`` (and what ``String.prototype.trim`` removes): Python's ``\s`` differs (it takes
-#: U+001C..U+001F and U+0085, and not U+FEFF).
-_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-_JS_SPACE_RUN = re.compile(f"[{_JS_SPACE}]+")
 #: pi-materia's ``MAX_CONTEXT_ITEM_LABEL_LENGTH``, in UTF-16 code units.
 SHORT_LABEL_UNITS = 80
 
@@ -216,7 +212,7 @@ def short_label(label: str | None) -> str | None:
     which castor writes as U+FFFD (see ``castor/domain/jsontext.py``)."""
     if label is None:
         return None
-    collapsed = _JS_SPACE_RUN.sub(" ", label).strip(" ")  # every run is one space now
+    collapsed = js_collapse_whitespace(label)
     if not collapsed:
         return None
     units = collapsed.encode("utf-16-le", "surrogatepass")
