@@ -191,7 +191,7 @@ class UsageReport(BaseModel):
         bump("bySocket", record.socket)
         if record.materia:
             bump("byMateria", record.materia)
-        if record.taskId is not None:
+        if record.taskId:  # an item keyed "" is no task (pi-materia tests the key for truthiness)
             bump("byTask", record.taskId)
             bump("byAttempt", f"{record.taskId}:{record.attempt}")
         for name in MODEL_FIELDS:

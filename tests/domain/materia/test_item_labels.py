@@ -58,3 +58,15 @@ def test_an_item_with_an_empty_id_names_its_artifacts_without_an_item_part() -> 
     names = set(d.artifacts())
     assert "sockets/Socket-1/1.md" in names and not any("task" in name for name in names), names
     assert any(name.startswith("contexts/Socket-1-1") for name in names), names
+
+
+def test_an_item_with_an_empty_id_is_not_a_task_in_the_usage_report() -> None:
+    """pi-materia counts a turn in ``byTask``/``byAttempt`` only under a non-empty item key."""
+    cfg = resolved(config({"Socket-1": {"type": "agent", "materia": "A",
+                                        "foreach": {"items": "state.items", "as": "it", "cursor": "c"}}}))
+    d = Driver(cfg, data={"items": [{"id": "", "title": "untitled"}]})
+    d.reply("done", usage={"input": 2, "output": 1, "totalTokens": 3, "cost": {"total": 0.5}})
+    usage = d.state.usage
+    assert usage.tokens.total == 3 and usage.bySocket["Socket-1"].tokens.total == 3
+    assert usage.byTask == {} and usage.byAttempt == {}
+    assert usage.turns[0].taskId == ""  # the turn itself still names its (empty) item key
