@@ -49,6 +49,17 @@ def js_collapse_whitespace(text: str) -> str:
     return _JS_WHITESPACE_RUN.sub(" ", text).strip(" ")
 
 
+def js_slice(text: str, units: int) -> str:
+    """``text.slice(0, units)`` as JavaScript slices: by UTF-16 code units. A surrogate pair cut in
+    half leaves a lone surrogate in JavaScript; castor writes U+FFFD for it (see :func:`well_formed`)."""
+    if len(text) <= units // 2:  # fewer characters than half the units: nothing to cut
+        return text
+    encoded = text.encode("utf-16-le", "surrogatepass")
+    if len(encoded) <= 2 * units:
+        return text
+    return encoded[: 2 * units].decode("utf-16-le", "replace")
+
+
 def well_formed(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings (keys and nested values too) replaced
     by U+FFFD; the very same object when there is none (see the module doc)."""

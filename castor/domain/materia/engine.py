@@ -98,7 +98,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from castor.domain.jsontext import js_string, js_stringify
+from castor.domain.jsontext import js_collapse_whitespace, js_slice, js_string, js_stringify
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import (
     SELECTION_FIELDS,
@@ -600,6 +600,10 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
     _apply_model_settings(ctx, rs, visit)
     _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal")
     return _Dispatched()
+
+
+#: pi-materia's ``MAX_UTILITY_ERROR_SUMMARY_LENGTH``: the stderr shown in a failure, in UTF-16 units.
+STDERR_SUMMARY_UNITS = 800
 
 
 def _item_suffix(s: CastState) -> str:
@@ -1177,17 +1181,18 @@ def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:
                                      "signal": ev.signal, "timedOut": ev.timed_out, "timeoutMs": p.timeout_ms,
                                      "stdoutArtifact": out_a, "stderrArtifact": err_a,
                                      "stdoutTruncated": ev.stdout_truncated, "stderrTruncated": ev.stderr_truncated})
-        cmd = " ".join(p.command)
+        # pi-materia's wording: the command as its JSON-quoted arguments, a signal as "code signal X"
+        cmd = " ".join(json.dumps(part, ensure_ascii=False) for part in p.command)
         if ev.timed_out:
             raise _Fail(f'Utility command timed out for socket "{rs.id}" after {p.timeout_ms:g}ms: {cmd}. '
                         f"stdout: {out_a}; stderr: {err_a}", entry_id)
         if ev.exit_code != 0:
-            summary = " ".join(ev.stderr.split())[:800] or "<empty>"
+            summary = js_slice(js_collapse_whitespace(ev.stderr), STDERR_SUMMARY_UNITS) or "<empty>"
             if ev.stderr_truncated:
                 summary += " (truncated)"
-            how = f"code {ev.exit_code}" if ev.exit_code is not None else f"signal {ev.signal}"
-            raise _Fail(f'Utility command for socket "{rs.id}" exited with {how}. stderr: {summary}. '
-                        f"stdout: {out_a}; stderr: {err_a}", entry_id)
+            how = ev.exit_code if ev.exit_code is not None else f"signal {ev.signal or 'unknown'}"
+            raise _Fail(f'Utility command failed for socket "{rs.id}": {cmd} exited with code {how}. '
+                        f"stderr: {summary}. stdout: {out_a}; stderr: {err_a}", entry_id)
         limit = rs.socket.limits.max_output_bytes if rs.socket.limits else None
         if limit and ev.stdout_truncated:  # the cap is the limit: what was kept is at most it
             raise _Fail(f'Output of socket "{rs.id}" is over its limits.maxOutputBytes ({limit}): the command '

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from castor.domain.jsontext import js_collapse_whitespace, js_stringify, json_problem
+from castor.domain.jsontext import js_collapse_whitespace, js_slice, js_stringify, json_problem
 from castor.domain.materia.budget import UsageReport
 from castor.domain.materia.config import ResolvedConfig, ResolvedSocket
 from castor.domain.materia.failures import RecoveryAllowance
@@ -215,11 +215,9 @@ def short_label(label: str | None) -> str | None:
     collapsed = js_collapse_whitespace(label)
     if not collapsed:
         return None
-    units = collapsed.encode("utf-16-le", "surrogatepass")
-    if len(units) <= 2 * SHORT_LABEL_UNITS:
+    if js_slice(collapsed, SHORT_LABEL_UNITS) == collapsed:
         return collapsed
-    head = units[: 2 * (SHORT_LABEL_UNITS - 1)].decode("utf-16-le", "replace")
-    return head + "…"
+    return js_slice(collapsed, SHORT_LABEL_UNITS - 1) + "…"
 
 
 @functools.lru_cache(maxsize=4096)
