@@ -214,4 +214,4 @@ def evaluate_condition(condition: str, scope: Scope) -> bool:
         equal = left == right and type(left) is type(right) if isinstance(left, bool) or isinstance(right, bool) \
             else left == right
         return equal if parts[1] == "==" else not equal
-    raise ConditionError(f"Unsupported Materia condition {condition!r}")
+    raise ConditionError(f"Unsupported Materia condition: {condition}")

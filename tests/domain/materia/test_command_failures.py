@@ -39,3 +39,11 @@ def test_a_signal_and_an_empty_or_truncated_stderr_are_worded_as_pi_materia_word
 def test_a_timeout_names_the_quoted_command() -> None:
     assert _failed(timed_out=True, exit_code=None, signal="SIGTERM") == (
         f'Utility command timed out for socket "Socket-1" after 50ms: {QUOTED}. {WHERE}')
+
+
+def test_an_unsupported_advance_condition_fails_the_cast_with_pi_materias_text() -> None:
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "J", "parse": "json",
+                                             "advance": {"cursor": "c", "items": "state.items",
+                                                         "when": "$.done >= 3"}}})), data={"items": [1, 2]})
+    d.reply('{"done": 3}')
+    assert d.state.failed and "Unsupported Materia condition: $.done >= 3" in (d.state.failed_reason or "")
