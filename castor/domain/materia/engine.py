@@ -996,6 +996,13 @@ def _cmd(s: CastState, verb: str) -> str:
 TRANSIENT_WAIT = "Transient transport failure while awaiting"
 
 
+def _turn_label(mode: str, socket_id: str, item_key: str | None) -> str:
+    """pi-materia's ``recoveryDiagnosticLabel``: the turn a recovery message is about, its item key
+    JSON-quoted (none for no key or an empty one)."""
+    item = f" item {json.dumps(item_key, ensure_ascii=False)}" if item_key else ""
+    return f'{mode} turn for socket "{socket_id}"{item}'
+
+
 def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *, produced_output: bool,
                   agent: str | None = None) -> None:
     s = ctx.s
@@ -1019,8 +1026,7 @@ def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *,
     if failure in RECOVERABLE:
         _recover(ctx, rs, failure, full, entry_id)
         return
-    item = f' item "{s.current_item_key}"' if s.current_item_key is not None else ""
-    raise _Fail(f'Non-recoverable turn failure for {pending.mode} turn for socket "{rs.id}"{item} '
+    raise _Fail(f"Non-recoverable turn failure for {_turn_label(pending.mode, rs.id, s.current_item_key)} "
                 f"(same-socket recovery not attempted): {full}", entry_id)
 
 
@@ -1040,8 +1046,7 @@ def _recover(ctx: _Ctx, rs: ResolvedSocket, failure: str, full: str, entry_id: s
                         "maxAttempts": allowance.effective_max_attempts, "reviveCount": allowance.revive_count}
     common = {"reason": failure, "key": key, "socket": rs.id, **s.item_fields(), "mode": mode}
     if not decision.retry:
-        item = f' item "{s.current_item_key}"' if s.current_item_key is not None else ""
-        message = (f'Same-socket recovery exhausted for {mode} turn for socket "{rs.id}"{item} after '
+        message = (f"Same-socket recovery exhausted for {_turn_label(mode, rs.id, s.current_item_key)} after "
                    f"{previous}/{allowance.effective_max_attempts} attempt(s): {full}")
         s.recovery_exhaustion = RecoveryExhaustion(
             reason=failure, key=key, attempts=previous, original_max_attempts=allowance.original_max_attempts,
@@ -1106,11 +1111,13 @@ def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:
         return
     error = ev.error or "unknown compaction error"
     ctx.emit("same_socket_recovery_action_failed", {**common, "error": error})
-    message = (f'Same-socket recovery action compact failed for {p.mode} turn for socket "{rs.id}": {error}. '
-               f"Original failure: {p.original_error}")
+    # pi-materia: the failed action is the retry's error; the cast fails as a failed retry
+    label = _turn_label(p.mode, rs.id, s.current_item_key)
+    action_error = f"Same-socket recovery action compact failed for {label}: {error}"
+    message = f"Same-socket recovery retry failed for {label}: {action_error}. Original failure: {p.original_error}"
     ctx.emit("same_socket_recovery_retry_failed", {"reason": p.failure_class, "key": p.recovery_key,
                                                    "attempt": attempt, "maxAttempts": allowance.effective_max_attempts,
-                                                   "error": message, "originalError": p.original_error,
+                                                   "error": action_error, "originalError": p.original_error,
                                                    "entryId": p.entry_id, "socket": rs.id,
                                                    "itemKey": s.current_item_key, "mode": p.mode})
     raise _Fail(message, p.entry_id)

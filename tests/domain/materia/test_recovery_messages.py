@@ -1,0 +1,46 @@
+"""Same-socket recovery failure texts, in pi-materia's wording: every one names the turn as
+``<mode> turn for socket "<id>"`` plus `` item "<key>"`` (the key JSON-quoted, left out when empty);
+a failed recovery compaction fails the cast "Same-socket recovery retry failed for <turn>:
+Same-socket recovery action compact failed for <turn>: <error>. Original failure: <original>"."""
+
+from __future__ import annotations
+
+import pytest
+
+from .scripted import Driver, config, resolved
+
+pytestmark = pytest.mark.timeout(10)
+
+ORIGINAL = 'Agent turn failed before producing an assistant response for socket "Socket-1": context window exceeded'
+
+
+def _loop_driver(key: str) -> Driver:
+    cfg = resolved(config({"Socket-1": {"type": "agent", "materia": "A",
+                                        "foreach": {"items": "state.items", "cursor": "c"}}}))
+    return Driver(cfg, data={"items": [{"id": key}]})
+
+
+def test_a_failed_recovery_compaction_fails_as_a_failed_retry_wrapping_the_action_failure() -> None:
+    d = _loop_driver('a"b')
+    d.fail_turn("context window exceeded")
+    d.compacted(ok=False, error="compaction provider unavailable")
+    label = 'normal turn for socket "Socket-1" item "a\\"b"'
+    action = f"Same-socket recovery action compact failed for {label}: compaction provider unavailable"
+    expected = f"Same-socket recovery retry failed for {label}: {action}. Original failure: {ORIGINAL}"
+    assert d.state.failed_reason == expected
+    retry_failed = d.events("same_socket_recovery_retry_failed")[0].data
+    assert retry_failed["error"] == action and retry_failed["originalError"] == ORIGINAL
+    assert d.events("same_socket_recovery_action_failed")[0].data["error"] == "compaction provider unavailable"
+
+
+def test_exhausted_and_non_recoverable_failures_name_the_item_as_json_and_an_empty_key_not_at_all() -> None:
+    d = _loop_driver("x\\y")
+    d.fail_turn("context window exceeded")
+    d.compacted()
+    d.fail_turn("context window exceeded")
+    assert d.state.failed_reason.startswith(
+        'Same-socket recovery exhausted for normal turn for socket "Socket-1" item "x\\\\y" after 1/1 attempt(s): ')
+    e = _loop_driver("")
+    e.fail_turn("provider auth failed")
+    assert e.state.failed_reason.startswith(
+        'Non-recoverable turn failure for normal turn for socket "Socket-1" (same-socket recovery not attempted): ')
