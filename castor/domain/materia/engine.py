@@ -1083,7 +1083,10 @@ def _retry(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, key: str, failure: str
                                             "reviveCount": allowance.revive_count,
                                             "maxAttempts": allowance.effective_max_attempts, "socket": rs.id,
                                             "itemKey": s.current_item_key, "mode": mode})
-    ctx.notify("warning", f"Retrying {rs.id} after {failure} (attempt {attempt}/{allowance.effective_max_attempts}).")
+    what = (f"{_turn_label(mode, rs.id, s.current_item_key)} after recoverable {failure} failure "
+            f"({attempt}/{allowance.effective_max_attempts}).")
+    s.last_message = f"Retrying {what}"
+    ctx.notify("warning", f"pi-materia retrying {what}")
 
 
 def _on_compaction_finished(ctx: _Ctx, ev: CompactionFinished) -> None:

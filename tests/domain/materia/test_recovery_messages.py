@@ -44,3 +44,15 @@ def test_exhausted_and_non_recoverable_failures_name_the_item_as_json_and_an_emp
     e.fail_turn("provider auth failed")
     assert e.state.failed_reason.startswith(
         'Non-recoverable turn failure for normal turn for socket "Socket-1" (same-socket recovery not attempted): ')
+
+
+def test_a_retry_is_announced_in_pi_materias_words() -> None:
+    from castor.domain.materia.cast_messages import Notify
+
+    d = _loop_driver("a")
+    d.fail_turn("context window exceeded")
+    tr = d.compacted()
+    label = 'normal turn for socket "Socket-1" item "a"'
+    notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
+    assert notes == [f"pi-materia retrying {label} after recoverable context_window failure (1/1)."]
+    assert d.state.last_message == f"Retrying {label} after recoverable context_window failure (1/1)."
