@@ -1018,10 +1018,11 @@ def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *,
         s.active = True
         s.awaiting_response = True
         s.socket_state = "awaiting_agent_response"
-        s.last_message = f"{TRANSIENT_WAIT} {rs.id}; preserving active Pi turn: {message}"
+        s.last_message = (f"{TRANSIENT_WAIT} {_turn_label(pending.mode, rs.id, s.current_item_key)}; "
+                          f"preserving active Pi turn: {full}")
         ctx.emit("transient_transport_turn_failure", {"warning": True, "error": full, "entryId": entry_id,
                                                       "socket": rs.id, **s.item_fields(), "mode": pending.mode})
-        ctx.notify("warning", f"Transient transport failure on {rs.id}; the cast keeps waiting for the turn.")
+        ctx.notify("warning", f"pi-materia warning: {s.last_message}")
         return
     if failure in RECOVERABLE:
         _recover(ctx, rs, failure, full, entry_id)

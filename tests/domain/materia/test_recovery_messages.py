@@ -56,3 +56,16 @@ def test_a_retry_is_announced_in_pi_materias_words() -> None:
     notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
     assert notes == [f"pi-materia retrying {label} after recoverable context_window failure (1/1)."]
     assert d.state.last_message == f"Retrying {label} after recoverable context_window failure (1/1)."
+
+
+def test_a_transient_transport_failure_is_reported_in_pi_materias_words() -> None:
+    from castor.domain.materia.cast_messages import Notify
+
+    d = _loop_driver("a")
+    tr = d.fail_turn("WebSocket error", text="")
+    full = 'Agent turn failed before producing an assistant response for socket "Socket-1": WebSocket error'
+    expected = ('Transient transport failure while awaiting normal turn for socket "Socket-1" item "a"; '
+                f"preserving active Pi turn: {full}")
+    assert d.state.active and d.state.last_message == expected
+    notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
+    assert notes == [f"pi-materia warning: {expected}"]
