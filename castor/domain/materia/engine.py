@@ -1162,7 +1162,12 @@ def _on_proactive_finished(ctx: _Ctx, ev: ProactiveCompactionFinished) -> None:
         return
     error = ev.error or "unknown compaction error"
     ctx.emit("proactive_compaction_failed", {**common, "error": error, "warning": True})
-    ctx.notify("warning", f"Proactive compaction failed before {common['socket']}: {error}. Sending the turn anyway.")
+    p = ctx.s.pending
+    assert p is not None
+    label = _turn_label(p.mode, p.socket_id, ctx.s.current_item_key)
+    ctx.s.last_message = (f"Proactive compaction failed before {label}; continuing turn so same-socket recovery "
+                          f"can handle any later context-window failure: {error}")
+    ctx.notify("warning", f"pi-materia warning: {ctx.s.last_message}")
 
 
 def _on_utility_finished(ctx: _Ctx, ev: UtilityFinished) -> None:

@@ -69,3 +69,22 @@ def test_a_transient_transport_failure_is_reported_in_pi_materias_words() -> Non
     assert d.state.active and d.state.last_message == expected
     notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
     assert notes == [f"pi-materia warning: {expected}"]
+
+
+def test_a_failed_proactive_compaction_is_reported_in_pi_materias_words() -> None:
+    from castor.domain.materia import compaction
+    from castor.domain.materia.cast_messages import Notify, ProactiveCompactionFinished, ProactiveCompactionStarted
+
+    d = _loop_driver("a")
+    turn = d.pending()
+    decision = compaction.decide_proactive({"tokens": 30_000, "contextWindow": 32_000}, model_context_window=None,
+                                           config=None)
+    assert decision is not None
+    d.send(ProactiveCompactionStarted, visit_id=turn.visit_id, decision=decision)
+    tr = d.send(ProactiveCompactionFinished, visit_id=turn.visit_id, decision=decision, ok=False,
+                error="Nothing to compact")
+    expected = ('Proactive compaction failed before normal turn for socket "Socket-1" item "a"; continuing turn '
+                "so same-socket recovery can handle any later context-window failure: Nothing to compact")
+    assert d.state.last_message == expected and d.pending() is turn
+    notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
+    assert notes == [f"pi-materia warning: {expected}"]
