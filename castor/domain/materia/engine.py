@@ -645,6 +645,8 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
     name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
     kind = "context_refinement" if user_driven else "context"
+    # the refinement turn a user-driven turn starts, in its manifest entry as in its event (pi-materia)
+    turn_field = {"refinementTurn": s.refinement_turn() + 1} if user_driven else {}
     artifact = ctx.write(
         ("contexts", name),
         prompts.context_artifact(rs, s, mode=mode, prompt=prompt, at_iso=ctx.iso()),
@@ -655,13 +657,13 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
             **s.item_fields(),
             "visit": visit,
             "kind": kind,
+            **turn_field,
             "materiaModel": _materia_model(rs),
         },
     )
     if user_driven:
         ctx.emit("context_refinement", {"socket": rs.id, "materia": rs.materia_name, "artifact": artifact,
-                                        "refinementTurn": s.refinement_turn() + 1, **s.item_fields(),
-                                        "materiaModel": _materia_model(rs)})
+                                        **turn_field, **s.item_fields(), "materiaModel": _materia_model(rs)})
     assert rs.materia is not None
     summary = prompts.cast_summary(rs.materia_name, rs.id, socket_ordinal_text(rs.id), s.current_item_label)
     effect = built(
