@@ -126,7 +126,10 @@ def test_a_parent_killed_after_its_child_runs_nothing_more(tmp_path, monkeypatch
 
     monkeypatch.setattr(psutil.Process, "kill", kill_then_let_the_rest_run)
     try:
-        killed = command_records.kill_tagged(lambda e: e.get(command_records.VISIT_ID_ENV) == VISIT)
+        # Matched by run directory too: another test of this file, on the other worker, tags its
+        # commands with the same visit id (killing those made this one's order a race).
+        killed = command_records.kill_tagged(lambda e: e.get(command_records.VISIT_ID_ENV) == VISIT
+                                             and e.get(command_records.RUN_DIR_ENV) == str(tmp_path))
         assert first == [child] and set(killed) == {child, leader.pid}, (first, killed)
         assert not marker.exists(), "the shell ran its next line after its child was killed"
     finally:
