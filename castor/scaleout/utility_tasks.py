@@ -11,6 +11,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 | cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends |
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
 | a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node dead for ``NODE_LOST_AFTER_S``, or not started ``NODE_LOST_AFTER_S`` after a node died (Ray may have sent its lease request to that node, and it is then never answered), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
+| the task's worker dies under the command (``kill -9``, the OOM killer) or its node's raylet dies | the command runs in a session of its own, so it would outlive both: a :class:`CommandGuard` process (started first, it learns of the worker's death from a pipe only the worker holds) kills the command's group and every process carrying its visit id; the task's own thread kills it once its parent, the raylet, is gone. The cast hears lost work |
 | the command cannot start | ``spawn_error`` as for a local command |
 | no live node has the CPUs it asks for | ``spawn_error`` at once (Ray would hold the task as infeasible for ever); an autoscaler's node types that do not run yet are not counted |
 
@@ -20,26 +21,27 @@ path (see docs/scale-out.md).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from castor.adapters.materia.process_runner import UtilityCommand, UtilityResult, UtilitySpawnError
+from castor.supervision.threads import start_thread
 
 DEFAULT_CPUS = 1.0
 WATCH_S = 1.0  # how often a waiting command looks at the cluster's nodes
 NODE_LOST_AFTER_S = 5.0
 """How long a command waits for an answer once a node it may be on is dead: a task whose node's
 raylet is stopped but whose worker lives still answers (so it is not re-run needlessly)."""
+RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its node's raylet still lives
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
 def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The task body (a streaming generator): first where it started, then the command's answer;
-    kills the command's tree if cancelled."""
-    import os
-
+    kills the command's tree if cancelled, and a guard kills it if the task's worker dies."""
     import ray
 
     from castor.adapters.materia.process_runner import spawn
@@ -49,17 +51,166 @@ def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
     cmd = UtilityCommand.model_validate(cmd_map)
     cmd = cmd.model_copy(update={"env": {**(cmd.env or {}), NODE_ID_ENV: node_id}})
     try:
-        running = spawn(cmd)
-    except UtilitySpawnError as exc:
-        yield {"spawn_error": exc.message, "node_pid": os.getpid()}
+        guard = CommandGuard(cmd.env or {})
+    except OSError as exc:
+        yield {"spawn_error": f"cannot start the command's guard on node {node_id[:12]}: {exc}",
+               "node_pid": os.getpid()}
         return
     try:
-        result = running.wait()
-    except BaseException:  # KeyboardInterrupt from ray.cancel: the command must not outlive it
-        running.kill()
-        running.wait()
-        raise
+        try:
+            running = spawn(cmd)
+        except UtilitySpawnError as exc:
+            yield {"spawn_error": exc.message, "node_pid": os.getpid()}
+            return
+        guard.watch(running.pid)
+        done = threading.Event()
+        start_thread(_end_if_raylet_dies, args=(running, os.getppid(), done), name=f"castor-raylet-watch-{running.pid}",
+                     owner="/ray", purpose="ends a utility command whose node's raylet died")
+        try:
+            result = running.wait()
+        except BaseException:  # KeyboardInterrupt from ray.cancel: the command must not outlive it
+            running.kill()
+            running.wait()
+            raise
+        finally:
+            done.set()
+    finally:
+        guard.release()
     yield {"result": result.model_dump(mode="json"), "node_pid": os.getpid()}
+
+
+def _end_if_raylet_dies(running: Any, raylet_pid: int, done: threading.Event) -> None:
+    """Kill the command's tree once this worker's parent, its node's raylet, is gone.
+
+    A raylet that dies (``kill -9``, the OOM killer) leaves the worker running the task alive,
+    and the worker notices nothing while the command runs: the cluster declares the node dead,
+    the cast hears lost work and runs the command again on a live node, while this copy ran on to
+    its end. The worker's parent changes when the raylet dies, so this looks every
+    ``RAYLET_WATCH_S``."""
+    while not done.wait(RAYLET_WATCH_S):
+        if os.getppid() != raylet_pid:
+            running.kill()
+            return
+
+
+#: The guard's program (standard library only, started with ``python -I -S``): it reads the
+#: command's process group from its stdin, then waits. ``x`` there means the task ended as it
+#: should (the command is over or was ended by the task): exit. End of file without it means the
+#: task's worker died with the command running -- killed (the OOM killer, ``kill -9``) or gone with
+#: its raylet -- and nothing else would end the command: stop its process group and every process
+#: whose environment carries its visit id (and run directory), then kill them all.
+_GUARD_PROGRAM = r"""
+import os, signal, sys
+visit, run_dir = sys.argv[1].encode(), sys.argv[2].encode()
+said = b""
+while True:
+    try:
+        chunk = os.read(0, 64)
+    except OSError:
+        chunk = b""
+    if not chunk:
+        break
+    said += chunk
+    if b"x" in said:
+        sys.exit(0)
+first = said.split(b"\n")[0]
+group = int(first) if b"\n" in said and first.isdigit() else 0
+me = os.getpid()
+tags = [b"CASTOR_VISIT_ID=" + visit] + ([b"CASTOR_RUN_DIR=" + run_dir] if run_dir else [])
+
+
+def tagged():
+    found = []
+    if not visit:
+        return found
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(tag in env for tag in tags):
+            found.append(int(name))
+    return found
+
+
+def send(sig, pids):
+    if group > 1:
+        try:
+            os.killpg(group, sig)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+send(signal.SIGSTOP, [])
+pids = tagged()
+send(signal.SIGSTOP, pids)
+send(signal.SIGKILL, sorted(set(pids) | set(tagged())))
+"""
+
+
+class CommandGuard:
+    """Ends a command whose task's worker died under it.
+
+    The command runs in its own session (so that a cancel can kill its whole tree), so a Ray
+    worker killed mid-command (``kill -9``, the OOM killer, its raylet gone) left it running on
+    its node, reparented to init, while the cast was told the work was lost and ran it again
+    elsewhere: two copies at once, on a shared project, and one nobody would ever end. The guard
+    is a small process the task starts first, holding the read end of a pipe whose write end only
+    the worker holds: the worker's death, however it comes, closes it, and the guard then kills
+    the command's tree (see ``_GUARD_PROGRAM``). A task that ends as it should tells the guard so
+    first. Raises ``OSError`` when the guard cannot start (the command is then not started)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import subprocess
+        import sys
+
+        from castor.ports.utility_runner import RUN_DIR_ENV, VISIT_ID_ENV
+
+        read_end, self._write_end = os.pipe()  # both close-on-exec: no command inherits the write end
+        try:
+            self._proc = subprocess.Popen(  # noqa: S603 - this interpreter and a fixed program
+                [sys.executable, "-I", "-S", "-c", _GUARD_PROGRAM, env.get(VISIT_ID_ENV, ""),
+                 env.get(RUN_DIR_ENV, "")],
+                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                start_new_session=True, env={})
+        except OSError:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+
+    def watch(self, group: int) -> None:
+        """The command started as the leader of process group ``group``."""
+        self._say(f"{group}\n".encode())
+
+    def release(self) -> None:
+        """The task ends as it should: the guard exits without touching anything."""
+        import subprocess
+
+        self._say(b"x")
+        try:
+            os.close(self._write_end)
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _say(self, data: bytes) -> None:
+        try:
+            os.write(self._write_end, data)
+        except OSError:  # the guard is gone: nothing to tell
+            pass
 
 
 class NodeWatch:

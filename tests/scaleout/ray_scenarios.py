@@ -11,7 +11,9 @@ SIGKILLed mid-cast), ``remove_node`` (a whole node removed mid-cast), ``two_host
 try to advance one cast), ``stop_raylet`` (the raylet of a host's node stopped mid-cast, SIGSTOP:
 the cluster takes the node for dead, as after a network partition, while the host's own process
 lives on; the host must end itself, and its casts complete elsewhere), ``lease_to_stopped_node``
-(a command whose lease request went to a node whose raylet is stopped comes back as lost work).
+(a command whose lease request went to a node whose raylet is stopped comes back as lost work;
+on the same cluster, a command asking for more CPUs than any node has, a command whose Ray worker
+is killed under it, and one whose node's raylet is killed under it).
 """
 
 from __future__ import annotations
@@ -149,12 +151,92 @@ def lease_to_stopped_node(workdir: Path) -> dict[str, Any]:
         waiter.join(20)
         result.update(infeasible=refused[0] if refused else "no answer in 20 s",
                       infeasible_seconds=round(time.monotonic() - started, 1), infeasible_ran=never.exists())
+        result.update(_worker_killed_under_a_command(workdir, cmd))
+        result.update(_raylet_killed_under_a_command(cluster, workdir, cmd, hold, head_id))
         # Printed here, before ray.shutdown: a command still waiting then makes Ray end the process.
         print("RESULT " + json.dumps(result), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
     return result
+
+
+def _tree_left(pids: list[int], within_s: float) -> list[int]:
+    """Which of ``pids`` still live ``within_s`` after now (each killed then: nothing is left behind)."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    left = pids
+    while left and time.monotonic() < deadline:
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _start_tree(workdir: Path, cmd: Any, name: str) -> tuple[Any, list[int]]:
+    """A command (its shell, and a child that left its process group) started as a cluster task."""
+    from castor.scaleout.utility_tasks import RayUtilityRunner
+
+    tree = workdir / name
+    script = f"setsid sleep 300 & echo $$ $! > {tree}.tmp && mv {tree}.tmp {tree}; sleep 300"
+    env = {**os.environ, "CASTOR_VISIT_ID": f"scenario-{name}-1", "CASTOR_RUN_DIR": str(workdir)}
+    running = RayUtilityRunner().spawn(cmd.model_copy(update={"argv": ["sh", "-c", script], "env": env}),
+                                       {"cpus": 1})
+    deadline = time.monotonic() + 30
+    while not tree.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not tree.exists():
+        running.kill()
+        return running, []
+    return running, [int(p) for p in tree.read_text().split()]
+
+
+def _raylet_killed_under_a_command(cluster: Any, workdir: Path, cmd: Any, hold: Any, head_id: str) -> dict[str, Any]:
+    """A node's raylet killed (``kill -9``) while a command runs there: the Ray worker running it
+    lives on and notices nothing, so the command ran on to its end while the cast ran it again
+    elsewhere. It must end with its raylet."""
+    import psutil
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+    deadline = time.monotonic() + 60  # (not cluster.wait_for_nodes: the stopped node never answers it)
+    while not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    blocker = hold.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False)).remote(90.0)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the head's CPU taken: the command goes to the new node
+    running, pids = _start_tree(workdir, cmd, "raylet-kill")
+    if not pids:
+        return {"raylet_kill": "the command did not start in 30 s"}
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    on_node = raylet.pid in [p.pid for p in psutil.Process(pids[0]).parents()]
+    raylet.kill()
+    started = time.monotonic()
+    left = _tree_left(pids, 10.0)
+    outcome = running.wait()
+    ray.cancel(blocker, force=True)
+    return {"raylet_kill_on_node": on_node, "raylet_kill_tree_left": len(left), "raylet_kill_tree": len(pids),
+            "raylet_kill_lost": outcome.killed, "raylet_kill_seconds": round(time.monotonic() - started, 1)}
+
+
+def _worker_killed_under_a_command(workdir: Path, cmd: Any) -> dict[str, Any]:
+    """The Ray worker running a command killed (``kill -9``, as the OOM killer does) while the
+    command runs, with a child that left the command's process group (``setsid``): the task is
+    lost work, and the command's whole tree must end with it (the cast runs it again elsewhere)."""
+    import psutil
+
+    running, pids = _start_tree(workdir, cmd, "worker-kill")
+    if not pids:
+        return {"worker_kill": "the command did not start in 30 s"}
+    os.kill(psutil.Process(pids[0]).parent().pid, signal.SIGKILL)
+    outcome = running.wait()
+    left = _tree_left(pids, 10.0)
+    return {"worker_kill_lost": outcome.killed and outcome.stderr.startswith("lost on the cluster"),
+            "worker_kill_tree_left": len(left), "worker_kill_tree": len(pids)}
 
 
 def _spawn_outcome(cmd: Any, resources: dict[str, float]) -> str:

@@ -135,3 +135,26 @@ def test_a_command_needing_more_cpus_than_any_node_has_is_refused_not_queued_for
     result = lease_run
     assert str(result["infeasible"]).startswith("spawn_error: the command needs 64 CPUs"), result
     assert result["infeasible_seconds"] < 10 and result["infeasible_ran"] is False, result
+
+
+def test_a_command_whose_ray_worker_is_killed_under_it_does_not_outlive_it(lease_run: dict) -> None:
+    """The Ray worker running a command killed with ``kill -9`` (the OOM killer, a crash; its
+    raylet killed does the same): the cast hears lost work and runs the command again, but the
+    command ran in its own session and went on, reparented to init, with no deadline -- two copies
+    at once on the shared project, one of them never ended (even by ``ray.shutdown``). A guard
+    process the task starts now kills the command's tree (a child that left its process group
+    too) when the worker dies."""
+    result = lease_run
+    assert result["worker_kill_lost"] is True, result
+    assert result["worker_kill_tree"] == 2 and result["worker_kill_tree_left"] == 0, result
+
+
+def test_a_command_whose_node_s_raylet_is_killed_under_it_ends_with_it(lease_run: dict) -> None:
+    """A node's raylet killed with ``kill -9`` while a command runs there: the Ray worker running
+    it lives on and notices nothing, so the command ran to its end (300 s here) while the cluster
+    declared the node dead and the cast ran the command again on a live node. The task now ends
+    the command's tree when its worker's parent, the raylet, is gone; the cast hears lost work."""
+    result = lease_run
+    assert result["raylet_kill_on_node"] is True, result  # it ran under the killed raylet
+    assert result["raylet_kill_tree"] == 2 and result["raylet_kill_tree_left"] == 0, result
+    assert result["raylet_kill_lost"] is True, result
