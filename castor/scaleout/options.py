@@ -101,6 +101,11 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     from castor.messages.errors import NotFound, Timeout
 
     parts = _address_parts(address)
+    shown = address
+    if parts == ():  # auto: probe what Ray would join (it hung on a dead or silent one for minutes)
+        found = auto_address()
+        parts = _address_parts(found) if found else None
+        shown = f"{found} (what --ray-address auto found in RAY_ADDRESS or Ray's temp directory)"
     if not parts:
         return
     host, port = parts
@@ -116,14 +121,28 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                     break
                 head += chunk
     except TimeoutError:
-        raise Timeout(f"the Ray cluster at {address} did not answer within {timeout_s:g} s; {check}",
+        raise Timeout(f"the Ray cluster at {shown} did not answer within {timeout_s:g} s; {check}",
                       data={"reason": "ray_unreachable", "address": address}) from None
     except OSError as exc:
-        raise NotFound(f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc}); {check}",
+        raise NotFound(f"the Ray cluster at {shown} cannot be reached ({exc.strerror or exc}); {check}",
                        data={"reason": "ray_unreachable", "address": address}) from None
     if len(head) < 9 or head[3] != _H2_SETTINGS:
-        raise NotFound(f"{address} is not a Ray cluster (what answers there does not speak gRPC); {check}",
+        raise NotFound(f"{shown} is not a Ray cluster (what answers there does not speak gRPC); {check}",
                        data={"reason": "not_a_ray_cluster", "address": address})
+
+
+def auto_address() -> str | None:
+    """The address ``ray.init(address="auto")`` would join: ``RAY_ADDRESS`` if set, else the
+    cluster Ray's temp directory names (or a running one it finds); None when there is none (Ray
+    then says so itself, at once). Ray's own resolution, so the probe and the join agree."""
+    import importlib
+
+    services = importlib.import_module("ray._private.services")  # Ray's resolver: no public name for it
+    try:
+        found = services.get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        return None
+    return str(found) if found else None
 
 
 def materia_component_for(backend: Any) -> Any:

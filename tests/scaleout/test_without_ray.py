@@ -128,6 +128,34 @@ def test_a_ray_address_that_accepts_but_never_speaks_is_one_line_in_seconds_not_
     assert "Traceback" not in proc.stderr
 
 
+def test_ray_address_auto_naming_a_silent_cluster_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
+    """``--ray-address auto`` joins what ``RAY_ADDRESS`` (or Ray's temp directory) names, and the
+    reachability check skipped it: a stale or wrong one there made castor wait on Ray's connect
+    (still waiting at 40 s, nothing but Ray's log lines). The address ``auto`` finds is now probed
+    like an explicit one, and the error says where it came from."""
+    import os
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+        port = silent.getsockname()[1]
+        code = ("import sys\nfrom castor.cli import main\nsys.exit(main(['cast', 'hi', '--agent', 'script:a.json', "
+                "'--quiet', '--backend', 'ray', '--ray-address', 'auto']))\n")
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=100,
+                              env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                   "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_USAGE_STATS_ENABLED": "0"})
+        took = time.monotonic() - started
+    assert took < 30, took
+    assert proc.returncode == 1 and f"castor: timeout: the Ray cluster at 127.0.0.1:{port} (what --ray-address auto " \
+        "found" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_port_that_answers_but_is_not_a_ray_cluster_is_one_line(tmp_path: Path) -> None:
     """An HTTP/1 server (the dashboard's port, a web service) at --ray-address is told apart from a GCS."""
     import http.server
