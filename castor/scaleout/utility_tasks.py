@@ -35,6 +35,7 @@ WATCH_S = 1.0  # how often a waiting command looks at the cluster's nodes
 NODE_LOST_AFTER_S = 5.0
 """How long a command waits for an answer once a node it may be on is dead: a task whose node's
 raylet is stopped but whose worker lives still answers (so it is not re-run needlessly)."""
+GUARD_START_S = 10.0  # how long a command's guard may take to start before the command is refused
 RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its node's raylet still lives
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
@@ -101,6 +102,8 @@ def _end_if_raylet_dies(running: Any, raylet_pid: int, done: threading.Event) ->
 #: whose environment carries its visit id (and run directory), then kill them all.
 _GUARD_PROGRAM = r"""
 import os, signal, sys
+if os.fork():
+    os._exit(0)  # the guard goes on detached: Ray kills a worker's own children with it
 visit, run_dir = sys.argv[1].encode(), sys.argv[2].encode()
 said = b""
 while True:
@@ -166,7 +169,11 @@ class CommandGuard:
     is a small process the task starts first, holding the read end of a pipe whose write end only
     the worker holds: the worker's death, however it comes, closes it, and the guard then kills
     the command's tree (see ``_GUARD_PROGRAM``). A task that ends as it should tells the guard so
-    first. Raises ``OSError`` when the guard cannot start (the command is then not started)."""
+    first. The guard forks away from the worker before the command starts: when the worker exits
+    because its owner (the cast host, the serving process) died, Ray kills the worker's own
+    children, the guard among them had it stayed one, and a command's grandchildren (``sh -c
+    'make; ...'`` runs ``make`` as one) lived on. Raises ``OSError`` when the guard cannot start
+    (the command is then not started)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         import subprocess
@@ -186,6 +193,15 @@ class CommandGuard:
             raise
         finally:
             os.close(read_end)
+        try:  # the launcher exits once the guard has forked away from it
+            code = self._proc.wait(timeout=GUARD_START_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code != 0:
+            self._proc.kill()
+            self._proc.wait()
+            os.close(self._write_end)
+            raise OSError(f"its guard did not start within {GUARD_START_S:g} s (exit {code})")
 
     def watch(self, group: int) -> None:
         """The command started as the leader of process group ``group``."""
@@ -193,18 +209,11 @@ class CommandGuard:
 
     def release(self) -> None:
         """The task ends as it should: the guard exits without touching anything."""
-        import subprocess
-
         self._say(b"x")
         try:
             os.close(self._write_end)
         except OSError:
             pass
-        try:
-            self._proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
 
     def _say(self, data: bytes) -> None:
         try:

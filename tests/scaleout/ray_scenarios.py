@@ -12,8 +12,8 @@ try to advance one cast), ``stop_raylet`` (the raylet of a host's node stopped m
 the cluster takes the node for dead, as after a network partition, while the host's own process
 lives on; the host must end itself, and its casts complete elsewhere), ``lease_to_stopped_node``
 (a command whose lease request went to a node whose raylet is stopped comes back as lost work;
-on the same cluster, a command asking for more CPUs than any node has, a command whose Ray worker
-is killed under it, and one whose node's raylet is killed under it).
+on the same cluster, a command asking for more CPUs than any node has, and commands whose Ray
+worker, node's raylet or driver is killed under them).
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def lease_to_stopped_node(workdir: Path) -> dict[str, Any]:
                       infeasible_seconds=round(time.monotonic() - started, 1), infeasible_ran=never.exists())
         result.update(_worker_killed_under_a_command(workdir, cmd))
         result.update(_raylet_killed_under_a_command(cluster, workdir, cmd, hold, head_id))
+        result.update(_driver_killed_under_a_command(cluster, workdir))
         # Printed here, before ray.shutdown: a command still waiting then makes Ray end the process.
         print("RESULT " + json.dumps(result), flush=True)
     finally:
@@ -221,6 +222,46 @@ def _raylet_killed_under_a_command(cluster: Any, workdir: Path, cmd: Any, hold: 
     ray.cancel(blocker, force=True)
     return {"raylet_kill_on_node": on_node, "raylet_kill_tree_left": len(left), "raylet_kill_tree": len(pids),
             "raylet_kill_lost": outcome.killed, "raylet_kill_seconds": round(time.monotonic() - started, 1)}
+
+
+_DRIVER = """
+import json, sys, time
+from pathlib import Path
+import ray
+sys.path.insert(0, sys.argv[1])
+import ray_scenarios
+from castor.adapters.materia.process_runner import UtilityCommand
+ray.init(address=sys.argv[2], namespace="castor", log_to_driver=False, configure_logging=False)
+workdir = Path(sys.argv[3])
+cmd = UtilityCommand(argv=["true"], cwd=workdir, timeout_ms=60000, max_output_bytes=4096)
+running, pids = ray_scenarios._start_tree(workdir, cmd, "driver-kill")
+print("PIDS " + json.dumps(pids), flush=True)
+time.sleep(600)
+"""
+
+
+def _driver_killed_under_a_command(cluster: Any, workdir: Path) -> dict[str, Any]:
+    """The process that started a command killed, as the serving process (``castor serve``,
+    ``castor cast``) owns every host and so every command: Ray ends the task's worker and kills the
+    worker's own children with it, but not theirs, so a command's grandchild lived on, reparented
+    to init (``castor cast`` killed on a ``ray start`` cluster left ``sleep`` running)."""
+    import subprocess
+
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(Path(__file__).parent), cluster.address,
+                               str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = []
+        for line in driver.stdout or []:  # until it says, or ends
+            if line.startswith("PIDS "):
+                pids = json.loads(line[len("PIDS "):])
+                break
+    finally:
+        driver.kill()
+        driver.wait()
+    if not pids:
+        return {"driver_kill": "the command did not start"}
+    left = _tree_left(pids, 10.0)
+    return {"driver_kill_tree": len(pids), "driver_kill_tree_left": len(left)}
 
 
 def _worker_killed_under_a_command(workdir: Path, cmd: Any) -> dict[str, Any]:

@@ -158,3 +158,13 @@ def test_a_command_whose_node_s_raylet_is_killed_under_it_ends_with_it(lease_run
     assert result["raylet_kill_on_node"] is True, result  # it ran under the killed raylet
     assert result["raylet_kill_tree"] == 2 and result["raylet_kill_tree_left"] == 0, result
     assert result["raylet_kill_lost"] is True, result
+
+
+def test_a_command_whose_serving_process_is_killed_leaves_no_process_behind(lease_run: dict) -> None:
+    """The serving process (``castor serve``, ``castor cast``), which owns every cast host and so
+    every command, killed with ``kill -9``: Ray ends each command's worker and kills that worker's
+    own children, so the command's shell died but its child lived on, reparented to init
+    (``castor cast`` killed on a ``ray start`` cluster left ``sleep`` running). The command's
+    guard, detached from the worker, kills the rest of the tree."""
+    result = lease_run
+    assert result["driver_kill_tree"] == 2 and result["driver_kill_tree_left"] == 0, result
