@@ -429,12 +429,15 @@ class RayBackend:
     def _recover(self, lost: HostRef, sessions: list[str]) -> None:
         started = time.monotonic()
         if self.settings.replace_lost_hosts:
-            nodes = [n["NodeID"] for n in self._ray.nodes() if n.get("Alive")]
-            try:
-                ref = self._start_host(nodes[0] if nodes else None)
-                self._await_host(ref)
-            except Exception as exc:  # noqa: BLE001 - the other live hosts take the sessions
-                self.log.warning("no replacement for {host}: {exc}", host=lost.host_id, exc=exc)
+            candidates: list[str | None] = list(self._nodes_for_replacement(lost)) or [None]
+            for node_id in candidates[:2]:  # the next one if the first is dying
+                try:
+                    ref = self._start_host(node_id)
+                    self._await_host(ref)
+                    break
+                except Exception as exc:  # noqa: BLE001 - the other live hosts take the sessions
+                    self.log.warning("no replacement for {host} on node {node}: {exc}", host=lost.host_id,
+                                     node=(node_id or "?")[:12], exc=exc)
         recast = 0
         for sid in sessions:
             with self._lock:
@@ -470,6 +473,20 @@ class RayBackend:
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
                                 "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
+
+    def _nodes_for_replacement(self, lost: HostRef) -> list[str]:
+        """Where a lost host's replacement may start, best first: the live nodes by how few live
+        hosts they run, the lost host's own node last among equals (it may be dying: a node just
+        removed is still listed alive for a moment). Hosts start one per node; before, every
+        replacement went to the first node Ray listed, so a host killed on one node came back on
+        another that had one already, and the first node gathered them all."""
+        nodes = [str(n["NodeID"]) for n in self._ray.nodes() if n.get("Alive")]
+        with self._lock:
+            counts = dict.fromkeys(nodes, 0)
+            for host in self.hosts.values():
+                if host.alive and host.node_id in counts:
+                    counts[host.node_id] += 1
+        return sorted(nodes, key=lambda node: (counts[node], node == lost.node_id))
 
     def _casts_left(self, host: HostRef, sid: str) -> tuple[list[str], list[str]]:
         """The session's casts a lost host left: those ``orphaned`` (their lease free: recast them

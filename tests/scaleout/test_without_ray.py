@@ -234,3 +234,45 @@ def test_a_soak_on_a_ray_address_nobody_answers_at_is_one_line_in_seconds_not_a_
     assert proc.returncode == 1 and f"castor: not_found: the Ray cluster at 127.0.0.1:{port}" in proc.stderr, \
         proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_lost_host_is_replaced_on_the_node_left_without_one() -> None:
+    """Hosts start one per node, but a lost host's replacement always started on the first node
+    Ray listed: a host killed on node B came back on node A, which had one already (A then ran
+    two hosts, B none). It now starts on the live node with the fewest hosts (its own last among
+    equals: it may be dying), and on the next one if that start fails."""
+    pytest.importorskip("ray")
+    import threading
+
+    from castor.scaleout.ray_backend import HostRef, RayBackend, RayBackendSettings
+
+    def backend_with(nodes: list[tuple[str, bool]], hosts: list[HostRef]) -> tuple[RayBackend, list[str | None]]:
+        backend = RayBackend.__new__(RayBackend)  # the recovery alone: no cluster needed to show the placement
+        backend._ray = SimpleNamespace(nodes=lambda: [{"NodeID": n, "Alive": alive} for n, alive in nodes])
+        backend.settings = RayBackendSettings()
+        backend._lock = threading.RLock()
+        backend._closed = threading.Event()
+        backend.hosts = {h.host_id: h for h in hosts}
+        backend.recoveries = []
+        backend.log = SimpleNamespace(warning=lambda *a, **k: None, error=lambda *a, **k: None)
+        started: list[str | None] = []
+
+        def start_host(node_id: str | None) -> HostRef:
+            started.append(node_id)
+            raise RuntimeError("no cluster here")  # as a dying node: the next best is tried, then no replacement
+
+        backend._start_host = start_host  # type: ignore[method-assign]
+        return backend, started
+
+    lost = HostRef("host-2", None, node_id="B", alive=False)
+    backend, started = backend_with([("A", True), ("B", True), ("C", True)],
+                                    [HostRef("host-1", None, node_id="A"), lost, HostRef("host-3", None, node_id="C")])
+    backend._recover(lost, [])
+    assert started == ["B", "A"], started
+    # its node gone too: the live node with the fewest hosts
+    lost = HostRef("host-2", None, node_id="B", alive=False)
+    backend, started = backend_with([("A", True), ("B", False), ("C", True)],
+                                    [HostRef("host-1", None, node_id="A"), HostRef("host-4", None, node_id="A"), lost,
+                                     HostRef("host-3", None, node_id="C")])
+    backend._recover(lost, [])
+    assert started == ["C", "A"], started
