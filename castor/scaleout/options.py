@@ -109,7 +109,11 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     if not parts:
         return
     host, port = parts
-    check = "check --ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs"
+    if shown.strip().startswith("ray://"):  # Ray Client: the head's client server, not its GCS
+        check = ("check --ray-address (the head's Ray Client server, e.g. ray://HOST:10001) and that the cluster "
+                 "runs")
+    else:
+        check = "check --ray-address (the head's GCS address, e.g. HOST:6379) and that the cluster runs"
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
             conn.settimeout(timeout_s)

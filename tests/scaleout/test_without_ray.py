@@ -276,3 +276,18 @@ def test_a_lost_host_is_replaced_on_the_node_left_without_one() -> None:
                                      HostRef("host-3", None, node_id="C")])
     backend._recover(lost, [])
     assert started == ["C", "A"], started
+
+
+def test_a_ray_client_address_nobody_answers_at_points_at_the_client_port_not_the_gcs() -> None:
+    """A ``ray://`` address that cannot be reached was told to check "the head's GCS address, e.g.
+    HOST:6379", which is the other form: a Ray Client address names the client server (10001)."""
+    from castor.messages.errors import NotFound
+    from castor.scaleout.options import check_reachable
+
+    port = _port_nobody_listens_at()
+    with pytest.raises(NotFound) as caught:
+        check_reachable(f"ray://127.0.0.1:{port}", timeout_s=5.0)
+    assert "ray://HOST:10001" in caught.value.message and "6379" not in caught.value.message, caught.value.message
+    with pytest.raises(NotFound) as caught:
+        check_reachable(f"127.0.0.1:{port}", timeout_s=5.0)
+    assert "HOST:6379" in caught.value.message, caught.value.message
