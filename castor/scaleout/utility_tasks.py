@@ -31,6 +31,7 @@ from castor.adapters.materia.process_runner import UtilityCommand, UtilityResult
 from castor.supervision.threads import start_thread
 
 DEFAULT_CPUS = 1.0
+CPU_STEP = 0.0001  # the finest CPU figure Ray counts
 WATCH_S = 1.0  # how often a waiting command looks at the cluster's nodes
 NODE_LOST_AFTER_S = 5.0
 """How long a command waits for an answer once a node it may be on is dead: a task whose node's
@@ -387,8 +388,15 @@ class RayUtilityRunner:
             needs = f"{cpus:g} CPU{'' if cpus == 1 else 's'}"
             raise UtilitySpawnError(f"the command needs {needs} (its socket's resources.cpus) and no node of the "
                                     f"cluster has more than {largest:g}", may_have_started=False)
+        # Ray counts CPUs in steps of CPU_STEP and refuses a finer figure (a ValueError here, which
+        # crashed the pool's slot: the cast failed "work lost 4 times in a row"); a config may ask
+        # for any figure above 0, so it is rounded to Ray's step, never below one step.
+        cpus = max(round(cpus, 4), CPU_STEP)
         num_cpus = fresh_kind(cpus, len(self._watch.dead_since()))
-        answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"))
+        try:
+            answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"))
+        except (ValueError, TypeError) as exc:  # what else Ray refuses of a submission: the command cannot start
+            raise UtilitySpawnError(f"the cluster refused the command: {exc}", may_have_started=False) from None
         return RemoteRunningUtility(cmd, answers, self._watch)
 
 

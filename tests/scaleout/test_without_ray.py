@@ -291,3 +291,32 @@ def test_a_ray_client_address_nobody_answers_at_points_at_the_client_port_not_th
     with pytest.raises(NotFound) as caught:
         check_reachable(f"127.0.0.1:{port}", timeout_s=5.0)
     assert "HOST:6379" in caught.value.message, caught.value.message
+
+
+def test_a_cpu_figure_finer_than_ray_counts_is_rounded_not_a_crashed_utility_slot(monkeypatch, tmp_path: Path) -> None:
+    """``resources.cpus`` may be any figure above 0, but Ray refuses one finer than 0.0001 with a
+    ValueError at submission: the utility slot crashed on it four times and the cast failed "work
+    lost 4 times in a row: utility slot crashed" (``castor cast --backend ray``, ``cpus: 0.00001``),
+    where the local backend ran it. The figure is now rounded to Ray's step (at least one step)."""
+    ray = pytest.importorskip("ray")
+    from castor.adapters.materia.process_runner import UtilityCommand
+    from castor.scaleout import utility_tasks
+
+    real = ray.remote(max_retries=0, num_returns="streaming")(utility_tasks._run_on_node)  # no cluster needed
+    asked: list[float] = []
+
+    class Task:
+        def options(self, **kwargs: object) -> SimpleNamespace:
+            real.options(**kwargs)  # Ray's own check of the figures
+            asked.append(float(str(kwargs["num_cpus"])))
+            return SimpleNamespace(remote=lambda cmd_map: object())
+
+    monkeypatch.setattr(utility_tasks, "_task", lambda: Task())
+    runner = utility_tasks.RayUtilityRunner()
+    monkeypatch.setattr(runner._watch, "largest_cpus", lambda: None)
+    monkeypatch.setattr(runner._watch, "dead_since", lambda: {})
+    cmd = UtilityCommand(argv=["true"], cwd=tmp_path, timeout_ms=1000, max_output_bytes=1024)
+    runner.spawn(cmd, {"cpus": 0.00001})
+    runner.spawn(cmd, {"cpus": 1.00004})
+    runner.spawn(cmd, {"cpus": 2.5})
+    assert asked == [0.0001, 1.0, 2.5], asked
