@@ -45,10 +45,15 @@ def require_ray() -> None:
 
 
 def run_in_netns(argv: list[str], *, timeout_s: float, cwd: Path | None = None,
-                 env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                 env_extra: dict[str, str] | None = None, own_pids: bool = False) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a private network namespace. ``own_pids``: in a private process namespace too
+    (with its own ``/proc``), for a command that runs ``ray stop``: that kills every Ray process it
+    can see, and on the machine's ``/proc`` it killed the clusters of the tests running beside it
+    (``pytest -n 2``: a scenario's driver exited "Failed to connect to GCS within 60 seconds")."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1", **(env_extra or {})}
-    return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv],
+    unshare = ["unshare", "-n", *(["--pid", "--fork", "--mount", "--mount-proc"] if own_pids else [])]
+    return subprocess.run([*unshare, "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv],
                           capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
 
 

@@ -85,10 +85,30 @@ def test_a_running_cluster_is_joined_by_its_gcs_address_and_by_a_ray_client_addr
         "exit $rc",
     ])
     token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # both sides: `ray start` turns it on
-    proc = run_in_netns(["sh", "-c", script], timeout_s=170, cwd=proj, env_extra={"HOME": str(home), **token})
+    # own_pids: the script's `ray stop` sees only this cluster (on the machine's /proc it killed every Ray there)
+    proc = run_in_netns(["sh", "-c", script], timeout_s=170, cwd=proj, env_extra={"HOME": str(home), **token},
+                        own_pids=True)
     outputs = {name: (proj / name).read_text() if (proj / name).exists() else "" for name in ("gcs.out", "client.out")}
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:], outputs)
     stdouts = sorted((proj / ".pi" / "pi-materia").glob("*/sockets/Socket-1/*.command.stdout.txt"))
     assert len(stdouts) == 2, stdouts
     for path in stdouts:
         assert path.read_text().startswith("on node "), (path, path.read_text())
+
+
+def test_ray_stop_in_a_test_reaches_only_its_own_cluster() -> None:
+    """``ray stop`` kills every Ray-looking process it can see: the test above ran it on the
+    machine's ``/proc``, so under ``pytest -n 2`` it killed the cluster of the scenario running
+    beside it (its driver exited "Failed to connect to GCS within 60 seconds"), and any other Ray
+    on the machine. Run with ``own_pids`` it sees only its own namespace's processes: a process
+    outside that looks like Ray's (``log_monitor.py`` in its arguments) lives on."""
+    require_ray()
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "log_monitor.py"])
+    try:
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        proc = run_in_netns([ray_bin, "stop", "--force"], timeout_s=60, own_pids=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert decoy.poll() is None, "ray stop killed a process outside its namespace"
+    finally:
+        decoy.kill()
+        decoy.wait()
