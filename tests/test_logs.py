@@ -239,26 +239,18 @@ def test_a_json_log_on_stderr_whose_disk_fills_keeps_one_record_a_line_and_count
     mounted by the test: root only.)"""
     import json
     import os
-    import shutil
     import subprocess
     import sys
 
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
+    from tests.support.tmpfs import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "disk", "256k") as disk:
         log = disk / "castor.log"
         with open(log, "ab") as stderr:
             child = subprocess.run([sys.executable, "-c", _LOG_ON_A_FILLING_DISK, str(disk)], stderr=stderr,
                                    stdout=subprocess.PIPE, timeout=40, env={**os.environ, "CASTOR_LOG_JSON": "1"})
         assert child.returncode == 0
         lines = log.read_text(errors="replace").splitlines()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
     records, notes, torn = [], [], []
     for line in lines:
         if line.startswith("castor: "):

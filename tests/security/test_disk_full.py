@@ -348,17 +348,10 @@ def _casts_json(project: Path, tmp: Path) -> list[dict]:
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
+    from tests.support.tmpfs import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "tiny", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @pytest.mark.timeout(120)

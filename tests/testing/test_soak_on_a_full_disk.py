@@ -49,26 +49,11 @@ def test_a_soak_whose_disk_fills_ends_promptly_and_says_why_its_casts_were_not_r
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs filled to the last block (mounted by the test: root only, skipped otherwise)."""
-    import shutil
-    import subprocess
+    from tests.support.tmpfs import fill_to_the_last_block, mounted_tmpfs
 
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
-        with open(disk / "filler.bin", "wb", buffering=0) as filler:
-            try:
-                while True:
-                    filler.write(b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
+    with mounted_tmpfs(tmp_path / "disk", "64k") as disk:
+        fill_to_the_last_block(disk)
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 @pytest.mark.timeout(120)

@@ -5,16 +5,12 @@ written before stays readable; the same worker writes again once space is freed.
 
 from __future__ import annotations
 
-import errno
-import os
-import shutil
-import subprocess
-
 import pytest
 
 from castor.messages.errors import CastorError
 from tests.actors.icarus.test_session_endpoint import open_session
 from tests.actors.icarus.test_session_endpoint import wired as wired  # noqa: F401 - the endpoint fixture, shared
+from tests.support.tmpfs import fill_to_the_last_block, mounted_tmpfs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,26 +18,15 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def full_fabric(wired):  # noqa: F811 - the shared fixture above
     world, connect = wired
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    world.fabric.mkdir(exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(world.fabric)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
-        yield world, connect
-    finally:
-        world.close()  # the worker holds the database open: stop it before the mount goes
-        subprocess.run(["umount", "-l", str(world.fabric)], capture_output=True)
+    with mounted_tmpfs(world.fabric, "256k"):
+        try:
+            yield world, connect
+        finally:
+            world.close()  # the worker holds the database open: stop it before the mount goes
 
 
 def _fill(directory) -> None:
-    with open(directory / "filler.bin", "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+    fill_to_the_last_block(directory, 65536)
 
 
 def test_a_fabric_write_on_a_full_disk_is_storage_unavailable_and_nothing_written_is_lost(full_fabric):
