@@ -6,6 +6,7 @@ Driven as an operator meets it: ``ops.actors`` over a real socket of a real ``ca
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -23,6 +25,7 @@ from rich.console import Console
 from castor.client import Client
 from castor.messages.errors import ActorCrashed
 from castor.messages.inspection import ActorSnapshot
+from tests.support.processes import killed_on_exit
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,58 +45,66 @@ def _by_path(snapshot: dict) -> dict[str, dict]:
     return {a["path"]: a for a in snapshot["actors"]}
 
 
-def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
+@contextlib.contextmanager
+def _serving_session(tmp_path: Path, loadout: str) -> Iterator[tuple[Client, Path, list[dict]]]:
+    """A real ``castor serve --socket`` in a fresh project, one trusted session ``s1`` on ``loadout``
+    opened by a harness whose agent never answers by itself: yields the client, the project and
+    the ``agent.run_turn`` notifications received. The server must stop cleanly on SIGTERM."""
     project = tmp_path / "project"
     project.mkdir()
     sock = tmp_path / "castor.sock"
     server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path), cwd=str(project),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with killed_on_exit(server):
         wait_for(sock.exists, timeout=20, what="the socket")
         with Client.connect_unix(str(sock)) as client:
             turns: list[dict] = []
-            client.on_notification("agent.run_turn", turns.append)  # a harness whose agent never answers
+            client.on_notification("agent.run_turn", turns.append)
             client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
             client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
-            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
-            started = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "say hi"},
-                                  timeout=20)
-            cast_id = started.get("cast_id") or started.get("cast", {}).get("cast_id")
-            wait_for(lambda: turns, timeout=20, what="the agent turn")
-
-            def waiting() -> dict | None:
-                actors = client.call("ops.actors", {}, timeout=10)["actors"]
-                return next((a for a in actors if (a.get("activity") or {}).get("kind") == "awaiting_turn"), None)
-
-            first = wait_for(waiting, timeout=10, what="a SocketActor awaiting its turn")
-            activity = first["activity"]
-            assert first["path"].startswith("/root/session/s1/socket/")
-            assert activity["data"]["cast_id"] == cast_id
-            socket, materia = activity["data"]["socket"], activity["data"]["materia"]
-            assert socket and materia
-            assert activity["text"] == f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}"
-            assert activity["data"]["visit"] == 1
-            # The age grows while the turn is pending (and nothing else about it changes).
-            later = wait_for(lambda: (w := waiting()) and w["activity"]["age_s"] >= activity["age_s"] + 0.2 and w,
-                             timeout=10, what="a growing age")
-            assert later["activity"]["text"] == activity["text"]
-            # The cast itself shows its phase, socket, visit and age.
-            actors = _by_path(client.call("ops.actors", {}, timeout=10))
-            cast = actors[f"/root/session/s1/cast/{cast_id}"]["activity"]
-            assert cast["kind"] == "cast" and cast["data"]["pending"] == "agent_turn"
-            assert cast["data"]["socket"] == socket and cast["data"]["visit"] == 1
-            assert cast["text"].startswith(f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}")
-            assert cast["data"]["cast_age_s"] >= 0 and cast["age_s"] >= 0
-            # The session shows its project directory and a label, not only an id.
-            session = actors["/root/session/s1"]
-            assert session["labels"] == {"project": str(project), "label": "project"}
-            # An idle actor says since when.
-            idle = [a for a in actors.values() if a["path"].startswith("/root/utility/slot-")]
-            assert idle and all(a["activity"]["kind"] == "idle" and a["activity"]["age_s"] >= 0 for a in idle)
-            assert all(a["uptime_s"] is not None and a["restarts"] == 0 and a["last_failure"] is None for a in idle)
-    finally:
+            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": loadout}, timeout=20)
+            yield client, project, turns
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
+
+
+def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
+    with _serving_session(tmp_path, "hello") as (client, project, turns):
+        started = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "say hi"},
+                              timeout=20)
+        cast_id = started.get("cast_id") or started.get("cast", {}).get("cast_id")
+        wait_for(lambda: turns, timeout=20, what="the agent turn")
+
+        def waiting() -> dict | None:
+            actors = client.call("ops.actors", {}, timeout=10)["actors"]
+            return next((a for a in actors if (a.get("activity") or {}).get("kind") == "awaiting_turn"), None)
+
+        first = wait_for(waiting, timeout=10, what="a SocketActor awaiting its turn")
+        activity = first["activity"]
+        assert first["path"].startswith("/root/session/s1/socket/")
+        assert activity["data"]["cast_id"] == cast_id
+        socket, materia = activity["data"]["socket"], activity["data"]["materia"]
+        assert socket and materia
+        assert activity["text"] == f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}"
+        assert activity["data"]["visit"] == 1
+        # The age grows while the turn is pending (and nothing else about it changes).
+        later = wait_for(lambda: (w := waiting()) and w["activity"]["age_s"] >= activity["age_s"] + 0.2 and w,
+                         timeout=10, what="a growing age")
+        assert later["activity"]["text"] == activity["text"]
+        # The cast itself shows its phase, socket, visit and age.
+        actors = _by_path(client.call("ops.actors", {}, timeout=10))
+        cast = actors[f"/root/session/s1/cast/{cast_id}"]["activity"]
+        assert cast["kind"] == "cast" and cast["data"]["pending"] == "agent_turn"
+        assert cast["data"]["socket"] == socket and cast["data"]["visit"] == 1
+        assert cast["text"].startswith(f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}")
+        assert cast["data"]["cast_age_s"] >= 0 and cast["age_s"] >= 0
+        # The session shows its project directory and a label, not only an id.
+        session = actors["/root/session/s1"]
+        assert session["labels"] == {"project": str(project), "label": "project"}
+        # An idle actor says since when.
+        idle = [a for a in actors.values() if a["path"].startswith("/root/utility/slot-")]
+        assert idle and all(a["activity"]["kind"] == "idle" and a["activity"]["age_s"] >= 0 for a in idle)
+        assert all(a["uptime_s"] is not None and a["restarts"] == 0 and a["last_failure"] is None for a in idle)
 
 
 @pytest.mark.timeout(90)
@@ -103,54 +114,39 @@ def test_a_cast_in_a_loop_says_which_item_of_how_many_it_is_at(tmp_path):
     ``inspect casts``) says "(2 of 3)" now, in words and data (``item_number``, ``items``)."""
     from castor.console.terminal import casts_table, session_casts
 
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=_env(tmp_path), cwd=str(project),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(sock.exists, timeout=20, what="the socket")
-        with Client.connect_unix(str(sock)) as client:
-            turns: list[dict] = []
-            client.on_notification("agent.run_turn", turns.append)
-            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
-            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
-            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "build"}, timeout=20)
-            cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "go"},
-                                  timeout=20)["cast_id"]
-            plan = {"workItems": [{"id": f"w{n}", "title": f"step {n}", "description": "d", "acceptance": ["a"]}
-                                  for n in (1, 2, 3)]}
-            review = {"satisfied": True, "feedback": "", "missing": []}
+    with _serving_session(tmp_path, "build") as (client, project, turns):
+        cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "go"},
+                              timeout=20)["cast_id"]
+        plan = {"workItems": [{"id": f"w{n}", "title": f"step {n}", "description": "d", "acceptance": ["a"]}
+                              for n in (1, 2, 3)]}
+        review = {"satisfied": True, "feedback": "", "missing": []}
 
-            def answer(n: int, text: str) -> None:
-                turn = wait_for(lambda: len(turns) >= n and turns[n - 1], timeout=20, what=f"turn {n}")
-                client.call("agent.turn_ended", {"session_id": "s1", "turn_id": turn["turn_id"], "text": text},
-                            timeout=20)
+        def answer(n: int, text: str) -> None:
+            turn = wait_for(lambda: len(turns) >= n and turns[n - 1], timeout=20, what=f"turn {n}")
+            client.call("agent.turn_ended", {"session_id": "s1", "turn_id": turn["turn_id"], "text": text},
+                        timeout=20)
 
-            answer(1, json.dumps(plan))  # the planner
-            answer(2, "built step 1")  # the builder, item 1
-            answer(3, json.dumps(review))  # the reviewer: item 1 done, on to item 2
-            wait_for(lambda: len(turns) >= 4, timeout=20, what="the builder's turn for item 2")
+        answer(1, json.dumps(plan))  # the planner
+        answer(2, "built step 1")  # the builder, item 1
+        answer(3, json.dumps(review))  # the reviewer: item 1 done, on to item 2
+        wait_for(lambda: len(turns) >= 4, timeout=20, what="the builder's turn for item 2")
 
-            def cast() -> dict:
-                return _by_path(client.call("ops.actors", {}, timeout=10))[f"/root/session/s1/cast/{cast_id}"]
+        def cast() -> dict:
+            return _by_path(client.call("ops.actors", {}, timeout=10))[f"/root/session/s1/cast/{cast_id}"]
 
-            activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-4" and a,
-                                timeout=10, what="the cast at its builder")
-            assert activity["data"]["item"] == "step 2"
-            assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3)
-            assert ", item step 2 (2 of 3), visit 2" in activity["text"], activity["text"]
-            answer(4, "built step 2")
-            activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-5" and a,
-                                timeout=10, what="the cast at its reviewer")
-            assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3), activity
-            sessions = session_casts(client.call("ops.actors", {}, timeout=10)["actors"])
-            out = io.StringIO()
-            Console(file=out, width=400).print(casts_table(sessions))
-            assert "step 2 (2 of 3)" in out.getvalue()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(30) == 0
+        activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-4" and a,
+                            timeout=10, what="the cast at its builder")
+        assert activity["data"]["item"] == "step 2"
+        assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3)
+        assert ", item step 2 (2 of 3), visit 2" in activity["text"], activity["text"]
+        answer(4, "built step 2")
+        activity = wait_for(lambda: (a := cast()["activity"]) and a["data"].get("socket") == "Socket-5" and a,
+                            timeout=10, what="the cast at its reviewer")
+        assert (activity["data"]["item_number"], activity["data"]["items"]) == (2, 3), activity
+        sessions = session_casts(client.call("ops.actors", {}, timeout=10)["actors"])
+        out = io.StringIO()
+        Console(file=out, width=400).print(casts_table(sessions))
+        assert "step 2 (2 of 3)" in out.getvalue()
 
 
 @pytest.mark.timeout(60)

@@ -46,13 +46,19 @@ class FakeHarness:
         threading.Thread(target=answer, daemon=True).start()
 
 
-def test_cast_methods_over_msgpack_rpc(served, project):
+def _write_two_socket_project(project) -> None:
+    """The project's config: an active loadout ``Two``, a planner ``P`` (JSON, its summary assigned
+    to ``plan``) always followed by a writer ``W``."""
     write_project_config(project, {"activeLoadout": "Two", "materia": {
         "P": {"prompt": "PLANNER", "tools": "none"}, "W": {"prompt": "WRITER", "tools": "none"}},
         "loadouts": {"Two": {"entry": "Socket-1", "sockets": {
             "Socket-1": {"type": "agent", "materia": "P", "parse": "json", "assign": {"plan": "$.summary"},
                          "edges": [{"when": "always", "to": "Socket-2"}]},
             "Socket-2": {"type": "agent", "materia": "W"}}}}})
+
+
+def test_cast_methods_over_msgpack_rpc(served, project):
+    _write_two_socket_project(project)
     client = served()
     harness = FakeHarness(client, "pi-1", {"P": [plan_json("a")], "W": ["written"]})
     hello = client.call("runtime.hello", {"client": "test"})
@@ -127,12 +133,7 @@ def test_a_harness_gone_when_castor_sends_the_next_turn_closes_its_session_at_on
     import errno
     import time
 
-    write_project_config(project, {"activeLoadout": "Two", "materia": {
-        "P": {"prompt": "PLANNER", "tools": "none"}, "W": {"prompt": "WRITER", "tools": "none"}},
-        "loadouts": {"Two": {"entry": "Socket-1", "sockets": {
-            "Socket-1": {"type": "agent", "materia": "P", "parse": "json", "assign": {"plan": "$.summary"},
-                         "edges": [{"when": "always", "to": "Socket-2"}]},
-            "Socket-2": {"type": "agent", "materia": "W"}}}}})
+    _write_two_socket_project(project)
     client = served()
     FakeHarness(client, "pi-gone", {"P": [plan_json("a")], "W": ["written"]})
     client.call("session.open", {"session_id": "pi-gone", "cwd": str(project), "trusted": True})
