@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import json
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
@@ -16,6 +20,9 @@ from castor.client import Client
 from castor.messages.errors import CastorError
 from tests.console.conftest import TOKEN_FILES, TOKENS, serve_env, start_console, stop
 from tests.support.waiting import wait_for
+
+if TYPE_CHECKING:
+    from castor.console.server import ConsoleServer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -376,34 +383,39 @@ def test_a_console_with_no_token_of_its_own_gets_one_and_refuses_everyone_else(t
     assert not token_file.exists(), "the console's token file outlived the server"
 
 
-@pytest.mark.timeout(30)
-def test_the_access_log_names_each_request_and_never_its_token(tmp_path):
-    """The console's access lines read `127.0.0.1 "%s" %s %s` (http.server's format handed to
-    loguru unformatted): no route, no status. They name both now, and the token a request
-    carried in its query is not written."""
-    import io
-    import urllib.request
-
+@contextlib.contextmanager
+def _console_logging_at_debug(token: str) -> Iterator[tuple[ConsoleServer, io.StringIO]]:
+    """A console on 127.0.0.1 with ``token`` over a fresh runtime, every log record at DEBUG written
+    to the yielded sink; afterwards the console and runtime stopped and logging back at ERROR."""
     from castor.console.server import ConsoleServer
     from castor.logs import configure_logging
     from castor.runtime import Runtime, RuntimeSettings
 
-    token = "t0ken-" + "x" * 40
     sink = io.StringIO()
     configure_logging("DEBUG", sink=sink)
     runtime = Runtime(RuntimeSettings())
     console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
     try:
+        yield console, sink
+    finally:
+        console.stop()
+        runtime.shutdown(10)
+        configure_logging("ERROR")
+
+
+@pytest.mark.timeout(30)
+def test_the_access_log_names_each_request_and_never_its_token(tmp_path):
+    """The console's access lines read `127.0.0.1 "%s" %s %s` (http.server's format handed to
+    loguru unformatted): no route, no status. They name both now, and the token a request
+    carried in its query is not written."""
+    token = "t0ken-" + "x" * 40
+    with _console_logging_at_debug(token) as (console, sink):
         with urllib.request.urlopen(f"{console.url}metrics?token={token}", timeout=10) as reply:
             assert reply.status == 200
         try:
             urllib.request.urlopen(f"{console.url}metrics?token=wrong&x=1", timeout=10)
         except urllib.error.HTTPError as refused:
             assert refused.code in (401, 403)
-    finally:
-        console.stop()
-        runtime.shutdown(10)
-        configure_logging("ERROR")
     lines = [line for line in sink.getvalue().splitlines() if '"GET /metrics' in line]
     assert any('"GET /metrics?token=… HTTP/1.1" 200' in line for line in lines), lines
     assert any('"GET /metrics?token=…&x=1 HTTP/1.1" 40' in line for line in lines), lines
@@ -454,20 +466,10 @@ def test_neither_the_access_log_nor_a_failed_request_s_log_line_carries_its_toke
     request that failed inside the console (an ``internal`` 500) was logged at error level with its
     raw path, ``?token=`` and all. Every query value whose decoded key is ``token`` is now hidden
     in both lines."""
-    import io
-    import urllib.request
-
     from castor.console import pages
-    from castor.console.server import ConsoleServer
-    from castor.logs import configure_logging
-    from castor.runtime import Runtime, RuntimeSettings
 
     token = "t0ken-" + "q" * 40
-    sink = io.StringIO()
-    configure_logging("DEBUG", sink=sink)
-    runtime = Runtime(RuntimeSettings())
-    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
-    try:
+    with _console_logging_at_debug(token) as (console, sink):
         with urllib.request.urlopen(f"{console.url}metrics?{query.format(token=token)}", timeout=10) as reply:
             assert reply.status == 200  # the parser took the key as `token`: the console opened
 
@@ -478,10 +480,6 @@ def test_neither_the_access_log_nor_a_failed_request_s_log_line_carries_its_toke
         with pytest.raises(urllib.error.HTTPError) as failed:
             urllib.request.urlopen(f"{console.url}?{query.format(token=token)}", timeout=10)
         assert failed.value.code == 500
-    finally:
-        console.stop()
-        runtime.shutdown(10)
-        configure_logging("ERROR")
     log = sink.getvalue()
     assert "console request" in log and '"GET /metrics?' in log, log[-2000:]
     assert token not in log, [line for line in log.splitlines() if token in line]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,14 +56,21 @@ def resumes_with_recast(pi: PiRpc, fake_llm, project) -> None:
     assert [e.get("message") for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"] == []
 
 
-def test_castor_killed_while_its_turn_streams_stops_the_turn_and_says_so(start_pi, castor_command, fake_llm,
-                                                                          tmp_path):
+def a_cast_whose_planner_streams(start_pi, castor_command, fake_llm, tmp_path) -> tuple[PiRpc, Path]:
+    """A trusted project with the loadout, Pi started on it, and ``/materia cast`` whose planner turn
+    has begun to stream (slowly: its answer pauses for ``STREAM_PAUSE_S``)."""
     project = project_with_loadout(tmp_path)
     fake_llm.reply_text(PLAN, when="PLANNER-MATERIA", pause=STREAM_PAUSE_S)
     pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
     up(pi)
     start = pi.command("/materia cast build the thing")
     planner_streaming(pi, fake_llm, start)
+    return pi, project
+
+
+def test_castor_killed_while_its_turn_streams_stops_the_turn_and_says_so(start_pi, castor_command, fake_llm,
+                                                                          tmp_path):
+    pi, project = a_cast_whose_planner_streams(start_pi, castor_command, fake_llm, tmp_path)
     killed_at, killed_t = pi.mark(), time.monotonic()
     castor_process(pi).kill()
 
@@ -86,12 +94,7 @@ def test_castor_killed_while_its_turn_streams_stops_the_turn_and_says_so(start_p
 
 
 def test_castor_restart_while_its_turn_streams_stops_the_turn(start_pi, castor_command, fake_llm, tmp_path):
-    project = project_with_loadout(tmp_path)
-    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA", pause=STREAM_PAUSE_S)
-    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
-    up(pi)
-    start = pi.command("/materia cast build the thing")
-    planner_streaming(pi, fake_llm, start)
+    pi, project = a_cast_whose_planner_streams(start_pi, castor_command, fake_llm, tmp_path)
     restarted_at, restarted_t = pi.mark(), time.monotonic()
     pi.command("/castor restart")
 

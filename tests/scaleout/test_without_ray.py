@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,8 +73,6 @@ def test_ray_address_without_backend_ray_is_refused(tmp_path: Path) -> None:
 
 
 def _port_nobody_listens_at() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -107,19 +108,25 @@ def test_a_command_after_a_node_death_is_a_kind_of_task_no_earlier_command_was()
     assert fresh_kind(2.0, 150) == 1.995 and fresh_kind(0.01, 3) == 0.01
 
 
+@contextlib.contextmanager
+def _a_silent_listener() -> Iterator[int]:
+    """A port on 127.0.0.1 where the kernel completes every handshake and nobody ever reads or
+    writes: a wrong address that accepts but is no Ray cluster. Yields the port."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        yield silent.getsockname()[1]
+
+
 def test_a_ray_address_that_accepts_but_never_speaks_is_one_line_in_seconds_not_a_hang(tmp_path: Path) -> None:
     """A wrong port that accepts connections but is not a Ray cluster (a silent service, here a
     listener that never writes) passed the reachability check, and Ray's connect then waited on it
     for ever (castor killed at 300 s, nothing printed). A GCS answers an HTTP/2 preface at once."""
-    import socket
     import time
 
     pytest.importorskip("ray")
     (tmp_path / "a.json").write_text(json.dumps(["hi"]))
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
-        port = silent.getsockname()[1]
+    with _a_silent_listener() as port:
         started = time.monotonic()
         proc = _castor(['cast', 'hi', '--agent', 'script:a.json', '--quiet', '--backend', 'ray',
                         '--ray-address', f'127.0.0.1:{port}'], tmp_path)
@@ -134,15 +141,11 @@ def test_ray_address_auto_naming_a_silent_cluster_is_one_line_in_seconds_not_a_h
     (still waiting at 40 s, nothing but Ray's log lines). The address ``auto`` finds is now probed
     like an explicit one, and the error says where it came from."""
     import os
-    import socket
     import time
 
     pytest.importorskip("ray")
     (tmp_path / "a.json").write_text(json.dumps(["hi"]))
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
-        port = silent.getsockname()[1]
+    with _a_silent_listener() as port:
         code = ("import sys\nfrom castor.cli import main\nsys.exit(main(['cast', 'hi', '--agent', 'script:a.json', "
                 "'--quiet', '--backend', 'ray', '--ray-address', 'auto']))\n")
         started = time.monotonic()
