@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from castor.messages.errors import ActorCrashed
-from castor.supervision import ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
+from castor.supervision import ActorHandle, ActorKilled, ActorSystem, ChildSpec, InjectedCrash, faults
 
 from .helpers import Block, Journal, Ping, poll_until, process_gone, worker
 from .test_retirement import ProcessOwner, ReadChild
@@ -16,11 +18,19 @@ from .test_retirement import ProcessOwner, ReadChild
 pytestmark = pytest.mark.timeout(15)
 
 
-def test_kill_crashes_the_actor_at_its_next_boundary_and_the_supervisor_restarts_it():
-    journal = Journal()
+@contextlib.contextmanager
+def _one_worker(journal: Journal) -> Iterator[ActorHandle]:
+    """A system of one worker ``/root/w`` journaling into ``journal``; shut down after the block."""
     system = ActorSystem([ChildSpec("w", worker("w", journal))])
     try:
-        handle = system.lookup("/root/w")
+        yield system.lookup("/root/w")
+    finally:
+        system.shutdown(10)
+
+
+def test_kill_crashes_the_actor_at_its_next_boundary_and_the_supervisor_restarts_it():
+    journal = Journal()
+    with _one_worker(journal) as handle:
         handle.tell(Block(key="gate"))
         assert journal.event("gate:entered").wait(5)
         queued = handle.ask_pending(Ping(n=1), timeout=5)
@@ -30,15 +40,11 @@ def test_kill_crashes_the_actor_at_its_next_boundary_and_the_supervisor_restarts
         assert queued.result() == ("w", 2, 1)
         assert isinstance(handle.last_error, ActorKilled)
         assert ("end", "w", 1, "crashed") in journal.entries
-    finally:
-        system.shutdown(10)
 
 
 def test_crash_next_of_a_given_type_crashes_only_on_that_type():
     journal = Journal()
-    system = ActorSystem([ChildSpec("w", worker("w", journal))])
-    try:
-        handle = system.lookup("/root/w")
+    with _one_worker(journal) as handle:
         faults.crash_next(handle, "test.boom-never-sent")
         faults.crash_next(handle, "test.ping")
         with pytest.raises(ActorCrashed) as info:
@@ -47,15 +53,11 @@ def test_crash_next_of_a_given_type_crashes_only_on_that_type():
         assert journal.count("ping") == 0  # the handler never ran
         assert handle.ask(Ping(n=2), timeout=5) == ("w", 2, 2)
         assert handle.restarts == 1
-    finally:
-        system.shutdown(10)
 
 
 def test_delay_next_holds_the_message_in_flight_visibly():
     journal = Journal()
-    system = ActorSystem([ChildSpec("w", worker("w", journal))])
-    try:
-        handle = system.lookup("/root/w")
+    with _one_worker(journal) as handle:
         faults.delay_next(handle, 0.5, "test.ping")
         pending = handle.ask_pending(Ping(n=3), timeout=5)
         assert poll_until(lambda: handle.snapshot().mailbox.in_flight is not None)
@@ -64,8 +66,6 @@ def test_delay_next_holds_the_message_in_flight_visibly():
         assert journal.count("ping") == 0  # still delayed
         assert pending.result() == ("w", 1, 3)
         assert handle.restarts == 0
-    finally:
-        system.shutdown(10)
 
 
 def test_an_injected_delay_says_so_and_when_it_ends_not_that_the_handler_hangs():
@@ -73,9 +73,7 @@ def test_an_injected_delay_says_so_and_when_it_ends_not_that_the_handler_hangs()
     the console: a handler hanging, as far as anyone watching could tell. The delay says what it
     is and when it ends while it lasts; then the message's own handling shows."""
     journal = Journal()
-    system = ActorSystem([ChildSpec("w", worker("w", journal))])
-    try:
-        handle = system.lookup("/root/w")
+    with _one_worker(journal) as handle:
         faults.delay_next(handle, 3.0, "test.ping")
         pending = handle.ask_pending(Ping(n=3), timeout=10)
         assert poll_until(lambda: (handle.snapshot().activity or None) is not None
@@ -85,8 +83,6 @@ def test_an_injected_delay_says_so_and_when_it_ends_not_that_the_handler_hangs()
         assert 0 < activity.deadline_in_s <= 3.0 and activity.data == {"seconds": 3.0, "message_type": "test.ping"}
         assert pending.result() == ("w", 1, 3)
         assert poll_until(lambda: handle.snapshot().activity.kind == "idle")
-    finally:
-        system.shutdown(10)
 
 
 def test_kill_process_kills_the_owned_process_tree_and_the_actor_sees_it_through_its_io():
