@@ -24,8 +24,8 @@ Guarantees
   full pipe) and ``*_truncated`` is set. Text is decoded as UTF-8 with
   replacement characters for invalid or cut sequences.
 - **Result.** exit code or signal, ``timed_out``, ``killed``, wall duration.
-  A non-zero exit is *not* an exception here: callers turn results into
-  failures with :func:`command_failure_message` (spec wording).
+  A non-zero exit is *not* an exception here: the cast's engine turns a
+  result into the socket's failure and its wording.
 - **Bounded concurrency** is not this module's job: the runtime's pool
   (``/root/utility``, :mod:`castor.actors.materia.utility_pool`) runs at most one
   command per slot and refuses a job past its queue bound with ``MailboxFull``.
@@ -76,41 +76,13 @@ __all__ = [
     "UtilityCommand",
     "UtilityResult",
     "UtilitySpawnError",
-    "command_failure_message",
     "run_command",
     "spawn",
-    "stderr_summary",
 ]
 
 _READ_CHUNK = 64 * 1024
 _PIPE_DRAIN_AFTER_KILL_S = 2.0
 
-
-
-# --------------------------------------------------------------------------- failure wording
-
-
-def stderr_summary(stderr: str, truncated: bool) -> str:
-    """stderr trimmed, whitespace-collapsed, cut to 800 chars, or ``<empty>``."""
-    text = " ".join(stderr.split())[:800] or "<empty>"
-    return text + " (truncated)" if truncated else text
-
-
-def command_failure_message(
-    result: UtilityResult, *, socket_id: str, stdout_artifact: str, stderr_artifact: str
-) -> str | None:
-    """The spec's error text for a failed command, or None if it succeeded."""
-    cmd = shlex.join(result.argv)
-    where = f"stdout: {stdout_artifact}; stderr: {stderr_artifact}"
-    if result.timed_out:
-        return f'Utility command timed out for socket "{socket_id}" after {result.timeout_ms}ms: {cmd}. {where}'
-    if result.killed:
-        return f'Utility command was killed for socket "{socket_id}": {cmd}. {where}'
-    if result.exit_code == 0:
-        return None
-    how = f"code {result.exit_code}" if result.exit_code is not None else f"signal {result.signal_name}"
-    summary = stderr_summary(result.stderr, result.stderr_truncated)
-    return f'Utility command for socket "{socket_id}" exited with {how}: {cmd}. stderr: {summary}. {where}'
 
 
 # --------------------------------------------------------------------------- one running process tree

@@ -14,10 +14,8 @@ import pytest
 from castor.adapters.materia.process_runner import (
     UtilityCommand,
     UtilitySpawnError,
-    command_failure_message,
     run_command,
     spawn,
-    stderr_summary,
 )
 from castor.messages.errors import ErrorCode
 from tests.support.processes import process_gone
@@ -47,16 +45,11 @@ def test_no_shell_interpretation(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_nonzero_exit_keeps_stdout_and_stderr_and_wording(tmp_path):
+def test_nonzero_exit_keeps_stdout_and_stderr(tmp_path):
     code = "import sys; sys.stdout.write('partial'); sys.stderr.write('bad  thing\\n  happened'); sys.exit(7)"
     result = run_command(py(code, cwd=tmp_path))
     assert (result.exit_code, result.signal, result.ok) == (7, None, False)
     assert result.stdout == "partial" and result.stderr == "bad  thing\n  happened"
-    msg = command_failure_message(result, socket_id="Socket-1", stdout_artifact="o.txt", stderr_artifact="e.txt")
-    assert 'socket "Socket-1" exited with code 7' in msg
-    assert "stderr: bad thing happened." in msg and "stdout: o.txt; stderr: e.txt" in msg
-    assert stderr_summary("", False) == "<empty>"
-    assert stderr_summary("x " * 1000, True).endswith(" (truncated)")
 
 
 def test_output_caps_on_both_streams(tmp_path):
@@ -115,8 +108,7 @@ def test_timeout_kills_the_whole_tree_including_grandchildren(tmp_path):
     for pid in grandchildren:
         assert process_gone(pid), f"grandchild {pid} survived"
     assert handle.pids() == []
-    msg = command_failure_message(result, socket_id="Socket-2", stdout_artifact="o", stderr_artifact="e")
-    assert msg.startswith('Utility command timed out for socket "Socket-2" after 1500ms')
+    assert result.timeout_ms == 1500
 
 
 _ORPHAN = r"""
@@ -181,8 +173,6 @@ def test_kill_from_another_thread(tmp_path):
     assert results and results[0].killed and not results[0].timed_out
     assert results[0].signal_name == "SIGKILL"
     assert all(process_gone(p) for p in grandchildren)
-    msg = command_failure_message(results[0], socket_id="Socket-1", stdout_artifact="o", stderr_artifact="e")
-    assert "was killed" in msg
 
 
 def test_a_reaped_command_s_pid_taken_by_another_process_is_not_searched_for_its_tree(tmp_path):
