@@ -69,6 +69,14 @@ class TokenProbe:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        """Answer one connection until it closes; a peer that resets it (Pi dropping a
+        refused connection) ends this thread quietly, as a closed one does."""
+        try:
+            self._answer(conn)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+
+    def _answer(self, conn: socket.socket) -> None:
         unpacker = msgpack.Unpacker(raw=False)
         with conn:
             while chunk := conn.recv(65536):
