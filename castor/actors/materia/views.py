@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from castor.domain.materia.state import CastState, short_label
+from castor.domain.materia.state import CastState, interrupted_document, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
 from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, StateCorrupt, UnreadableCastView
@@ -222,7 +222,7 @@ def _cast_row(
            "revivable": bool(summary.revivable and summary.resumable and summary.status == "failed")}
     if summary.status == "active":
         try:  # an interrupted cast says so, live or not (nothing of it was lost)
-            if load_state(storage, artifact_root, summary.cast_id).interrupted:
+            if interrupted_document(storage.store(artifact_root).load(summary.cast_id).state):
                 row["status"] = "interrupted"
         except (CastorError, OSError):
             pass
