@@ -266,10 +266,21 @@ class SessionActor(Actor):
         if handle is not None:
             handle.wait_gone(ASK_TIMEOUT_S)
 
-    def _check_capacity(self) -> None:
-        live = self._active()
+    def _active_at_capacity(self) -> dict[str, Any] | None:
+        """The active live casts when they fill the session's ``max_casts_per_session``, else None.
+        The live actors are counted first: fewer of them than the limit cannot hold that many
+        active casts, and then none is asked (asking each live cast its status made a start cost
+        one round trip per cast the session runs: 99 for the hundredth)."""
         limit = self.runtime.settings.max_casts_per_session
-        if len(live) >= limit:
+        if len(self._live()) < limit:
+            return None
+        active = self._active()
+        return active if len(active) >= limit else None
+
+    def _check_capacity(self) -> None:
+        live = self._active_at_capacity()
+        limit = self.runtime.settings.max_casts_per_session
+        if live is not None:
             newest = max(live)
             raise Conflict(f"pi-materia cast already active ({newest}). Use {self._cmd('status', newest)} or "
                            f"{self._cmd('abort', newest)}.",
@@ -533,8 +544,9 @@ class SessionActor(Actor):
                 hint = (f" Resume it with {self._cmd('recast', cast_id)}." if before.get("resumable") else "")
                 raise Conflict(f"pi-materia cast {cast_id} is {before['status']}, not active.{hint}",
                                data={"reason": "not-active", "cast_id": cast_id, "status": before["status"]})
-            if len(self._active()) >= self.runtime.settings.max_casts_per_session:
-                raise Conflict(f"pi-materia cast {max(self._active())} is active. Abort it before continuing "
+            full = self._active_at_capacity()
+            if full is not None:
+                raise Conflict(f"pi-materia cast {max(full)} is active. Abort it before continuing "
                                f"{cast_id}.", data={"reason": "active", "cast_id": cast_id})
             if before.get("pending") is not None:  # its work was lost with its runtime: redo it
                 event = RecastRequested(after_restart=True, surface=self.surface, at=time.time())

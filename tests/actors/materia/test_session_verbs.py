@@ -10,7 +10,7 @@ from castor.actors.materia.api import materia_ask, materia_call, verb_message
 from castor.actors.materia.messages import SESSION_VERBS, ListCasts, SessionVerb, StartCast, ValidateConfig
 from castor.actors.materia.session_actor import SessionActor
 from castor.endpoint.methods.materia import METHODS
-from castor.messages.errors import Forbidden, InvalidParams
+from castor.messages.errors import Conflict, Forbidden, InvalidParams
 
 from .helpers import open_session
 
@@ -71,3 +71,39 @@ def test_status_texts_in_the_harness_name_commands_the_extension_accepts() -> No
     assert "/materia recast c-1" in failed
     cli = status_text({**view, "status": "interrupted"}, "cli")
     assert "castor continue c-1" in cli and "castor abort c-1" in cli
+
+
+class _AgentThatNeverAnswers:
+    """A harness whose turns never end: every cast started stays live and active."""
+
+    def run_turn(self, request, reply) -> None:
+        pass
+
+    def abort_turn(self, turn_id) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_start_below_the_session_s_cast_limit_asks_no_live_cast_and_at_the_limit_still_refuses(
+        runtime_factory, project) -> None:
+    """A start asked every live cast of its session for its status to count the active ones: one
+    round trip per cast the session runs (99 for the hundredth start). Fewer live casts than the
+    limit cannot be that many active ones, so none is asked then; at the limit they are, and the
+    start is refused as before."""
+    from castor.runtime import HarnessLink, SessionInfo
+
+    rt = runtime_factory(max_casts_per_session=4)
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=_AgentThatNeverAnswers(), session_log=None, ui=None))
+    started = [materia_call(rt, "s1", "start", {"request": f"c{n}", "loadout": "hello"})["cast_id"]
+               for n in range(3)]
+    casts = [rt.system.lookup(f"/root/session/s1/cast/{cast_id}") for cast_id in started]
+    before = [handle.snapshot().mailbox.processed for handle in casts]
+    started.append(materia_call(rt, "s1", "start", {"request": "c3", "loadout": "hello"})["cast_id"])
+    assert [handle.snapshot().mailbox.processed for handle in casts] == before  # none was asked
+    with pytest.raises(Conflict) as refused:  # four live, four active: the fifth is refused
+        materia_call(rt, "s1", "start", {"request": "c4", "loadout": "hello"})
+    assert refused.value.data["reason"] == "active" and refused.value.data["cast_id"] == max(started)
