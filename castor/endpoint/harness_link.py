@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from castor._log import logger
 from castor.domain.icarus.lifecycle import CASTOR_PROMPT_TYPE
 from castor.domain.materia.budget import answering_model, non_negative_number, plain_usage, sum_usage_maps, text_or_none
+from castor.domain.materia.prompts import turn_message_details
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
 from castor.messages.errors import CastorError, InvalidParams, NotFound, Timeout
@@ -112,6 +113,10 @@ class WireHarness:
             "custom_type": CASTOR_PROMPT_TYPE,  # the hidden materia prompt, named as pi-materia names it
             "isolate": True,
         }
+        # the details pi-materia gives the visible line's message and the hidden prompt's
+        params["summary_details"], params["prompt_details"] = turn_message_details(
+            socket_id=request.socket_id, materia_name=request.materia or None, item_key=request.item_key,
+            item_label=request.item_label, materia_model=request.materia_model)
         params.update(harness_turn_settings(request.model, request.thinking, request.tools))
         too_big = element_over_limits(params, self.connection.settings.frame_limits)
         if too_big is not None:

@@ -98,6 +98,9 @@ class TurnRequest(BaseModel):
     tools: ToolScope = "none"
     item_key: str | None = None  # the work item of a loop socket's turn, if any
     mode: Literal["normal", "refinement", "finalization"] = "normal"  # the socket turn's mode
+    materia: str = ""  # the socket's materia, as configured
+    item_label: str | None = None  # the work item's label, if any
+    materia_model: dict[str, Any] | None = None  # the socket's ``materiaModel`` record (pi-materia's)
 
 
 class TurnUsage(BaseModel):

@@ -138,6 +138,15 @@ def test_a_two_socket_cast_with_json_handoff_completes(start_pi, castor_command,
         return bool(states) and states[-1]["data"]["phase"] == "complete"
 
     assert poll_until(final_state_recorded, timeout=10.0)
+    # Each turn's visible "Casting" line and hidden prompt carry pi-materia's details in the session.
+    messages = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "custom_message"]
+    shown = [e["details"] for e in messages if e.get("customType") == "pi-materia" and e.get("display")]
+    assert [(d["socketId"], d["materiaName"], d["socketOrdinal"], d["eventType"]) for d in shown] == [
+        ("Socket-1", "Planner", 1, "materia_prompt"), ("Socket-2", "Writer", 2, "materia_prompt")]
+    prompts = [e["details"] for e in messages if e.get("customType") == "pi-materia-prompt"]
+    assert [(d["phase"], d["socketId"], d["materiaName"]) for d in prompts] == [
+        ("Socket-1", "Socket-1", "Planner"), ("Socket-2", "Socket-2", "Writer")]
+    assert all(d["castor_turn_id"] and d["materiaModel"]["source"] == "active" for d in prompts)
 
 
 def test_b_memory_context_reaches_the_model_and_the_audit_lands_in_the_session(

@@ -94,7 +94,8 @@ def turn_request(effect: RunAgentTurn, cast_id: str) -> TurnRequest:
                               "visit": effect.visit,
                               "prompt": effect.prompt, "summary": effect.visible_summary, "model": effect.model,
                               "thinking": _THINKING.get(effect.thinking or ""), "tools": effect.tools,
-                              "item_key": effect.item_key, "mode": effect.mode}
+                              "item_key": effect.item_key, "mode": effect.mode, "materia": effect.materia,
+                              "item_label": effect.item_label, "materia_model": effect.materia_model}
     if effect.visit_id and cast_id and effect.socket_id and effect.visit >= 0:
         return built(TurnRequest, **values)
     return TurnRequest(**values)

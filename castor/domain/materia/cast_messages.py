@@ -268,6 +268,7 @@ class RunAgentTurn(_Frozen):
     multi_turn: bool = False
     item_key: str | None = None
     item_label: str | None = None
+    materia_model: dict[str, Any] | None = None  # the socket's ``materiaModel`` record (its messages' details)
     recovery: bool = False
     user_driven: bool = False
     isolated_context: str | None = None  # user-driven only: the synthetic isolated-context message

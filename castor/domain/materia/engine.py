@@ -672,7 +672,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
         model=(rs.materia.model or "").strip() or None, tools=rs.materia.tools,
         thinking=rs.materia.thinking if rs.materia.thinking in THINKING_LEVELS else None,  # else: warned at load
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
-        recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
+        materia_model=_materia_model(rs), recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
         isolated_context=synthetic,
         compaction=s.config.compaction,
     )

@@ -20,6 +20,7 @@ from castor.domain.materia import handoff
 from castor.domain.materia.cast_messages import READ_ONLY_TOOLS
 from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
+from castor.domain.materia.graph import socket_ordinal_text
 from castor.domain.materia.state import CastState
 from castor.domain.materia.surface import command
 
@@ -249,17 +250,46 @@ def _applied_thinking(level: str | None) -> str | None:
 _LEGACY_SOCKET_SUFFIX = re.compile(f"[{JS_WHITESPACE}]+(Socket-[1-9][0-9]*)$")
 
 
-def cast_summary(materia_name: str | None, socket_id: str, ordinal: str | None, item_label: str | None) -> str:
-    """The visible line of a turn, as pi-materia formats it: ``Casting **<materia> (<N>)**``, then the
-    current item's label (trimmed) as a paragraph of its own when it is not blank. The materia name
-    is trimmed ("materia" when blank) and a legacy `` Socket-N`` suffix of it is not shown."""
+def shown_materia_name(materia_name: str | None, socket_id: str) -> tuple[str, str | None]:
+    """The materia's name as a turn's visible line and its message show it, and the socket's
+    ordinal (the N of ``Socket-N``, as written), as pi-materia derives both: the name trimmed
+    ("materia" when blank), a legacy `` Socket-N`` suffix of it not shown (its N the ordinal when
+    the socket id has none)."""
     name = js_trim(materia_name or "") or "materia"
+    ordinal = socket_ordinal_text(socket_id)
     if name.endswith(f" {socket_id}"):
         name = js_trim(name[: -len(socket_id) - 1]) or "materia"
     else:
         suffix = _LEGACY_SOCKET_SUFFIX.search(name)
         if suffix is not None:
             name = js_trim(name[: suffix.start()]) or "materia"
+            ordinal = ordinal if ordinal is not None else socket_ordinal_text(suffix.group(1))
+    return name, ordinal
+
+
+def cast_summary(materia_name: str | None, socket_id: str, ordinal: str | None, item_label: str | None) -> str:
+    """The visible line of a turn, as pi-materia formats it: ``Casting **<materia> (<N>)**``, then the
+    current item's label (trimmed) as a paragraph of its own when it is not blank. The materia name
+    is :func:`shown_materia_name`'s; ``ordinal`` is the socket id's (else the legacy suffix's)."""
+    name, shown_ordinal = shown_materia_name(materia_name, socket_id)
+    ordinal = ordinal if ordinal is not None else shown_ordinal
     label = f"{name} ({ordinal})" if ordinal is not None else name
     item = js_trim(item_label or "")
     return f"Casting **{label}**\n\n{item}" if item else f"Casting **{label}**"
+
+
+def turn_message_details(*, socket_id: str, materia_name: str | None, item_key: str | None,
+                         item_label: str | None, materia_model: dict[str, Any] | None) -> tuple[dict[str, Any],
+                                                                                                dict[str, Any]]:
+    """The ``details`` pi-materia gives a turn's two messages: the visible "Casting" line's (what
+    its renderer labels the message by: ``prefix``, ``eventType``, the socket, the materia's shown
+    name and the socket's ordinal as a number, the item, the ``materiaModel`` record) and the hidden
+    prompt's (the phase -- the socket --, the socket, the materia as configured, the item, the
+    record). A field with no value is left out, as pi-materia's JSON leaves out what is undefined."""
+    shown, ordinal = shown_materia_name(materia_name, socket_id)
+    visible = {"prefix": "materia", "socketId": socket_id, "materiaName": shown,
+               "socketOrdinal": int(ordinal) if ordinal is not None else None, "itemKey": item_key,
+               "itemLabel": item_label, "eventType": "materia_prompt", "materiaModel": materia_model}
+    hidden = {"phase": socket_id, "socketId": socket_id, "materiaName": materia_name, "itemKey": item_key,
+              "itemLabel": item_label, "materiaModel": materia_model}
+    return ({k: v for k, v in visible.items() if v is not None}, {k: v for k, v in hidden.items() if v is not None})

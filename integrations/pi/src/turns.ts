@@ -45,6 +45,15 @@ export interface RunTurnParams {
 	thinking?: string | null;
 	tools?: string[] | null;
 	isolate?: boolean | null;
+	/** pi-materia's `details` of the visible summary's message (socket, materia, ordinal, item, model record). */
+	summary_details?: Record<string, unknown> | null;
+	/** pi-materia's `details` of the hidden prompt's message (phase, socket, materia, item, model record). */
+	prompt_details?: Record<string, unknown> | null;
+}
+
+/** A plain object from the wire, or undefined (an array or a scalar is not a `details` record). */
+function record(value: unknown): Record<string, unknown> | undefined {
+	return value && typeof value === "object" && !Array.isArray(value) ? (value as Record<string, unknown>) : undefined;
 }
 
 /** A turn's model / thinking / tool scope, as castor encodes them (`agent.run_turn`, `turn_settings`). */
@@ -219,11 +228,12 @@ export class TurnTracker {
 			return;
 		}
 		if (params.summary) {
-			this.pi.sendMessage({ customType: "pi-materia", content: params.summary, display: true }, { triggerTurn: false });
+			const details = record(params.summary_details);
+			this.pi.sendMessage({ customType: "pi-materia", content: params.summary, display: true, ...(details ? { details } : {}) }, { triggerTurn: false });
 		}
 		this.queued.push(turn);
 		try {
-			const message = { customType: turn.customType, content: params.prompt, display: false, details: { castor_turn_id: turn.turnId } };
+			const message = { customType: turn.customType, content: params.prompt, display: false, details: { ...record(params.prompt_details), castor_turn_id: turn.turnId } };
 			turn.followUp = !ctx.isIdle();
 			this.pi.sendMessage(message, turn.followUp ? { triggerTurn: true, deliverAs: "followUp" } : { triggerTurn: true });
 		} catch (err) {

@@ -52,6 +52,22 @@ test("a dispatched turn is a hidden prompt that triggers a run; its end is repor
 	assert.equal(turns.settle("s", false, null), undefined, "settles once");
 });
 
+test("a turn's two messages carry pi-materia's details; the prompt keeps castor's turn id", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	const visible = { prefix: "materia", socketId: "Socket-2", materiaName: "Build", socketOrdinal: 2, eventType: "materia_prompt" };
+	const hidden = { phase: "Socket-2", socketId: "Socket-2", materiaName: "Build", castor_turn_id: "spoofed" };
+	await turns.dispatch({ turn_id: "t1", prompt: "P", summary: "S", summary_details: visible, prompt_details: hidden }, idle);
+	assert.deepEqual(pi.sent[0]?.message, { customType: "pi-materia", content: "S", display: true, details: visible });
+	assert.deepEqual(started(pi)?.details, { phase: "Socket-2", socketId: "Socket-2", materiaName: "Build", castor_turn_id: "t1" });
+	assert.ok(turns.bindFromMessage(started(pi)));
+	// details that are not a record are left out, never sent as they came
+	const other = host();
+	await new TurnTracker(other).dispatch({ turn_id: "t2", prompt: "P", summary: "S", summary_details: ["x"] as never, prompt_details: "y" as never }, idle);
+	assert.deepEqual(other.sent[0]?.message, { customType: "pi-materia", content: "S", display: true });
+	assert.deepEqual(other.sent[1]?.message.details, { castor_turn_id: "t2" });
+});
+
 test("a turn sent while Pi is busy is a follow-up", async () => {
 	const pi = host();
 	await new TurnTracker(pi).dispatch({ turn_id: "t1", prompt: "P" }, busy);

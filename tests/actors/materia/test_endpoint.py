@@ -83,6 +83,13 @@ def test_cast_methods_over_msgpack_rpc(served, project):
     assert [(c["socketId"], c["materiaName"], c["artifact"]) for c in contexts] == [
         ("Socket-1", "P", "contexts/Socket-1-1.md"), ("Socket-2", "W", "contexts/Socket-2-1.md")]
     assert contexts[0]["phase"] == "Socket-1" and contexts[0]["itemKey"] is None and "materiaModel" in contexts[0]
+    # each turn carries the details pi-materia gives its visible line and its hidden prompt
+    first = harness.turns[0]
+    assert first["summary_details"] == {"prefix": "materia", "socketId": "Socket-1", "materiaName": "P",
+                                        "socketOrdinal": 1, "eventType": "materia_prompt",
+                                        "materiaModel": contexts[0]["materiaModel"]}
+    assert first["prompt_details"] == {"phase": "Socket-1", "socketId": "Socket-1", "materiaName": "P",
+                                       "materiaModel": contexts[0]["materiaModel"]}
     listing = client.call("cast.list", {"session_id": "pi-1"})
     assert listing["casts"][0]["cast_id"] == started["cast_id"] and "RECAST" not in listing["text"]
 

@@ -90,7 +90,8 @@ def test_a_visit_hands_on_the_first_answer_once_and_exits(tmp_path, inline):
 
 @pytest.mark.parametrize("changes", [
     {},
-    {"model": "prov/m", "thinking": "high", "tools": "coding", "item_key": "k1", "mode": "refinement"},
+    {"model": "prov/m", "thinking": "high", "tools": "coding", "item_key": "k1", "mode": "refinement",
+     "item_label": "Item one", "materia_model": {"model": "m", "provider": "prov", "source": "configured"}},
     {"thinking": "not-a-level", "tools": "readOnly", "mode": "finalization", "visit": 0},
 ])
 def test_the_turn_request_built_without_validation_is_the_validated_one(changes: dict) -> None:
@@ -102,7 +103,8 @@ def test_the_turn_request_built_without_validation_is_the_validated_one(changes:
     validated = TurnRequest(turn_id=effect.visit_id, cast_id="c", socket_id=effect.socket_id, visit=effect.visit,
                             prompt=effect.prompt, summary=effect.visible_summary, model=effect.model,
                             thinking=_THINKING.get(effect.thinking or ""), tools=effect.tools,
-                            item_key=effect.item_key, mode=effect.mode)
+                            item_key=effect.item_key, mode=effect.mode, materia=effect.materia,
+                            item_label=effect.item_label, materia_model=effect.materia_model)
     assert fast == validated
     assert fast.__dict__ == validated.__dict__ and list(fast.__dict__) == list(validated.__dict__)
     assert fast.__pydantic_fields_set__ == validated.__pydantic_fields_set__

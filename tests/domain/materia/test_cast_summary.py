@@ -36,3 +36,33 @@ def test_the_current_items_label_is_trimmed_and_a_blank_one_is_left_out() -> Non
     assert _summary("Build", data={"items": [{"id": "a", "title": "   "}]}, **loop) == "Casting **Build (3)**"
     assert _summary("Build", data={"items": [{"id": "a", "title": ""}]}, **loop) == "Casting **Build (3)**"
     assert _summary("Build", data={"items": [{"id": "a"}]}, **loop) == "Casting **Build (3)**\n\na"  # label = key
+
+
+def _details(materia_name: str, socket_id: str = "Socket-3", data: dict[str, object] | None = None,
+             **socket: object) -> tuple[dict, dict, dict]:
+    from castor.domain.materia.prompts import turn_message_details
+
+    cfg = resolved(config({socket_id: {"type": "agent", "materia": materia_name, **socket}},
+                          materia={materia_name: agent("Plan {{request}}", "none")}))
+    turn = Driver(cfg, data=data).pending()
+    visible, hidden = turn_message_details(socket_id=turn.socket_id, materia_name=turn.materia,
+                                           item_key=turn.item_key, item_label=turn.item_label,
+                                           materia_model=turn.materia_model)
+    return visible, hidden, turn.materia_model
+
+
+def test_the_turn_s_messages_carry_pi_materia_s_details() -> None:
+    """pi-materia's visible "Casting" message names its socket, the materia as shown, the socket's
+    ordinal (a number), the item and the model record (its renderer labels the message by them);
+    the hidden prompt names the phase, socket, materia as configured, item and record. Keys with no
+    value are left out, as pi-materia's JSON leaves out what is undefined."""
+    visible, hidden, record = _details("interactivePlan Socket-3")
+    assert record and record["source"] == "active"  # the socket's materiaModel record, as in its events
+    assert visible == {"prefix": "materia", "socketId": "Socket-3", "materiaName": "interactivePlan",
+                       "socketOrdinal": 3, "eventType": "materia_prompt", "materiaModel": record}
+    assert hidden == {"phase": "Socket-3", "socketId": "Socket-3", "materiaName": "interactivePlan Socket-3",
+                      "materiaModel": record}
+    loop = {"foreach": {"items": "state.items", "as": "it", "cursor": "c"}}
+    visible, hidden, _ = _details("Build", data={"items": [{"id": "a", "title": "Reduce prominence"}]}, **loop)
+    assert (visible["itemKey"], visible["itemLabel"]) == ("a", "Reduce prominence") == (hidden["itemKey"],
+                                                                                        hidden["itemLabel"])
