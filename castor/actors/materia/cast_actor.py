@@ -894,18 +894,19 @@ class CastActor(Actor):
 
     def _mirror_contexts(self, transition: Transition) -> None:
         """One ``pi-materia-context`` session entry per prompt castor sends (pi-materia appends it
-        beside each hidden prompt): the socket, materia, item, the context artifact and the model."""
+        beside each hidden prompt): the socket, materia, item, the context artifact and the model; a
+        field with no value is left out, as pi-materia's JSON leaves out what is undefined."""
         log = self.env.session_log
         if log is None:
             return
         for effect in transition.effects:
             if type(effect) is WriteArtifact and effect.manifest and effect.manifest.get("kind") == "context":
                 m = effect.manifest
-                log.submit(CONTEXT_ENTRY_TYPE, {
-                    "phase": m.get("phase"), "socketId": m.get("socket"), "materiaName": m.get("materia"),
-                    "itemKey": m.get("itemKey"), "itemLabel": m.get("itemLabel"),
-                    "itemLabelShort": m.get("itemLabelShort"), "artifact": m.get("artifact"),
-                    "materiaModel": m.get("materiaModel")})
+                entry = {"phase": m.get("phase"), "socketId": m.get("socket"), "materiaName": m.get("materia"),
+                         "itemKey": m.get("itemKey"), "itemLabel": m.get("itemLabel"),
+                         "itemLabelShort": m.get("itemLabelShort"), "artifact": m.get("artifact"),
+                         "materiaModel": m.get("materiaModel")}
+                log.submit(CONTEXT_ENTRY_TYPE, {key: value for key, value in entry.items() if value is not None})
 
     def _mirror_to_session(self) -> None:
         """Append a compact state record to the harness session (pi-materia's session entry)."""

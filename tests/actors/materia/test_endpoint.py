@@ -82,7 +82,8 @@ def test_cast_methods_over_msgpack_rpc(served, project):
                         and len(c) == 2 and c, what="the context entries")
     assert [(c["socketId"], c["materiaName"], c["artifact"]) for c in contexts] == [
         ("Socket-1", "P", "contexts/Socket-1-1.md"), ("Socket-2", "W", "contexts/Socket-2-1.md")]
-    assert contexts[0]["phase"] == "Socket-1" and contexts[0]["itemKey"] is None and "materiaModel" in contexts[0]
+    assert contexts[0]["phase"] == "Socket-1" and "materiaModel" in contexts[0]
+    assert "itemKey" not in contexts[0] and "itemLabel" not in contexts[0]  # no item: left out, as pi-materia
     # each turn carries the details pi-materia gives its visible line and its hidden prompt
     first = harness.turns[0]
     assert first["summary_details"] == {"prefix": "materia", "socketId": "Socket-1", "materiaName": "P",
