@@ -909,7 +909,9 @@ class CastActor(Actor):
                 log.submit(CONTEXT_ENTRY_TYPE, {key: value for key, value in entry.items() if value is not None})
 
     def _mirror_to_session(self) -> None:
-        """Append a compact state record to the harness session (pi-materia's session entry)."""
+        """Append a compact state record to the harness session (pi-materia's session entry), in
+        pi-materia's terms: ``updatedAt`` in epoch milliseconds (an integer, as ``Date.now()``), and
+        a field with no value left out (pi-materia's JSON leaves out what is undefined)."""
         log = self.env.session_log
         if log is None or self.state is None:
             return
@@ -917,8 +919,9 @@ class CastActor(Actor):
         record = {"castId": s.cast_id, "active": s.active, "phase": s.phase, "socketState": s.socket_state,
                   "currentSocketId": s.current_socket_id, "currentMateria": s.current_materia,
                   "currentItemKey": s.current_item_key, "failedReason": s.failed_reason,
-                  "runDir": s.run_dir, "updatedAt": s.updated_at}
-        log.submit(SESSION_ENTRY_TYPE, record)  # queued: a harness round trip must never block a cast
+                  "runDir": s.run_dir, "updatedAt": int(s.updated_at * 1000)}
+        # queued: a harness round trip must never block a cast
+        log.submit(SESSION_ENTRY_TYPE, {key: value for key, value in record.items() if value is not None})
 
 
 def _outbox_json(effect: Any, config: Any) -> bytes:

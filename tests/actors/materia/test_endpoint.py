@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -77,6 +78,11 @@ def test_cast_methods_over_msgpack_rpc(served, project):
     assert {t["custom_type"] for t in harness.turns} == {"pi-materia-prompt"}
     wait_for(lambda: any(e["custom_type"] == "pi-materia-cast-state" and e["data"]["phase"] == "complete"
                          for e in harness.entries), what="the mirrored final state entry")
+    # in pi-materia's terms: updatedAt in epoch milliseconds (Date.now()), no null for what is unset
+    states = [e["data"] for e in harness.entries if e["custom_type"] == "pi-materia-cast-state"]
+    assert all(isinstance(d["updatedAt"], int) and abs(d["updatedAt"] - time.time() * 1000) < 600_000
+               for d in states), states
+    assert all(None not in d.values() for d in states) and "currentItemKey" not in states[-1], states
     # one pi-materia-context session entry per prompt sent, as pi-materia appends it (castor wrote none)
     contexts = wait_for(lambda: (c := [e["data"] for e in harness.entries if e["custom_type"] == "pi-materia-context"])
                         and len(c) == 2 and c, what="the context entries")
@@ -139,7 +145,6 @@ def test_a_harness_gone_when_castor_sends_the_next_turn_closes_its_session_at_on
     closes the connection. Closing the session then must not wait for the actor whose write
     failed: the session closes within seconds and the cast stays persisted, resumable."""
     import errno
-    import time
 
     _write_two_socket_project(project)
     client = served()
