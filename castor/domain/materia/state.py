@@ -208,7 +208,8 @@ def interrupted_document(document: dict[str, Any]) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _item_fields(key: str | None, label: str | None) -> dict[str, Any]:
-    return {"itemKey": key, "itemLabel": label, "itemLabelShort": short_label(label)}
+    fields = {"itemKey": key, "itemLabel": label, "itemLabelShort": short_label(label)}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 #: pi-materia's ``MAX_CONTEXT_ITEM_LABEL_LENGTH``, in UTF-16 code units.

@@ -95,8 +95,8 @@ def test_proactive_compaction_complete_records_decision_socket_and_result_and_ke
                      "thresholdMode": "default_tiered",
                      "thresholdTier": {"id": "lt-128k", "minContextWindow": 0, "maxContextWindow": 128_000},
                      "tokens": 30_000.0,
-                     "contextWindow": 32_000.0, "percent": 93.75, "socket": "Socket-1", "itemKey": None,
-                     "itemLabel": None, "itemLabelShort": None, "visit": 1, "mode": "normal"}
+                     "contextWindow": 32_000.0, "percent": 93.75, "socket": "Socket-1",
+                     "visit": 1, "mode": "normal"}  # no item: its fields left out, as pi-materia
     complete = d.events("proactive_compaction_complete")[0].data
     assert complete == {**start, "result": {"tokensBefore": 30_000, "tokensAfter": 4_000}}
     # Progress only: the same turn is still what the cast waits for, nothing else changed.

@@ -49,8 +49,7 @@ def assert_withdrawn(d: Driver, turn: RunAgentTurn, reason: str) -> None:
     assert s.last_assistant_text == "Draft 1: which stack?" and s.last_json is None
     abandoned = d.events("refinement_turn_abandoned")[-1].data
     assert abandoned == {"socket": "Socket-1", "materia": abandoned["materia"], "visitId": turn.visit_id, "visit": 1,
-                         "reason": reason, "refinementTurn": 2, "itemKey": None, "itemLabel": None,
-                         "itemLabelShort": None}
+                         "reason": reason, "refinementTurn": 2}  # no item: its fields left out
     notes = [e for e in d.transitions[-1].effects if isinstance(e, Notify)]
     assert notes and notes[-1].level == "warning" and "withdrawn" in notes[-1].message
 
