@@ -395,8 +395,10 @@ def test_grouping_casts_by_session_is_linear_in_the_actors():
     assert [len(s["casts"]) for s in grouped] == [200] * 10 and grouped[3]["label"] == "s3"
 
     def best_of(actors: list[dict]) -> float:
+        # the best of many: on a loaded host (the suite's other worker, other work) most runs of the
+        # large grouping are preempted at least once; the quickest is the grouping's own cost
         times = []
-        for _ in range(5):
+        for _ in range(25):
             started = time.perf_counter()
             session_casts(actors)
             times.append(time.perf_counter() - started)
