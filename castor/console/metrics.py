@@ -2,8 +2,9 @@
 
 Gauges are read from one snapshot of the actor tree at scrape time (nothing is messaged);
 counters and histograms come from the actor system's meters (castor/supervision/meters.py).
-Labels are bounded: actor *kinds* (class names), cast *phases*, never paths or ids, so 1,000
-casts do not make 1,000 series. The counters by kind have a sample (0 until it counts) for
+Labels are bounded: actor *kinds* (class names), a cast's *status* (one of
+:data:`CAST_STATUSES`), never paths, ids or names from a user's config (a socket's id), so 1,000
+casts, or 1,000 loadouts, do not make 1,000 series. The counters by kind have a sample (0 until it counts) for
 every kind that ever started, so the first crash of a kind is an increase.
 
 =========================================  =========  ==========================================
@@ -19,7 +20,7 @@ castor_retirements_total{kind}             counter    retirements (mailbox rejec
 castor_starts_total{kind}                  counter    incarnations started
 castor_ask_timeouts_total{kind}            counter    asks to the kind that timed out
 castor_ask_seconds{kind}                   histogram  ask latency (send to answer), by target kind
-castor_casts{phase}                        gauge      live casts by phase (or interrupted / paused); 0 once none
+castor_casts{phase}                        gauge      live casts by status (CAST_STATUSES; every one sampled)
 castor_socket_visits_total                 counter    agent socket visits (SocketActor starts)
 castor_utility_runs_total                  counter    utility commands run (= histogram count)
 castor_utility_run_seconds                 histogram  utility command durations
@@ -32,9 +33,7 @@ castor_memory_trim_seconds                 histogram  allocator trims after clos
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -50,37 +49,16 @@ _KIND_COUNTERS = {"restarts": "restarts by a supervisor", "crashes": "crashes (a
                   "ask_timeouts": "asks to actors of the kind that timed out"}
 
 
-#: How many cast phases no live cast is in keep a zero sample (the most recently seen ones).
-PHASES_REMEMBERED = 256
-
-
-class _PhasesSeen:
-    """Every cast phase a scrape of one runtime has seen, most recent last: a phase no cast is in
-    any more reads 0 (a series that vanished would keep its last value on a dashboard)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seen: OrderedDict[str, None] = OrderedDict()
-
-    def samples(self, live: dict[str, int]) -> list[tuple[str, int]]:
-        with self._lock:
-            for phase in live:
-                self._seen[phase] = None
-                self._seen.move_to_end(phase)
-            while len(self._seen) > PHASES_REMEMBERED:
-                self._seen.popitem(last=False)
-            return [(phase, live.get(phase, 0)) for phase in sorted(self._seen)]
-
-
-_PHASES: weakref.WeakKeyDictionary[Any, _PhasesSeen] = weakref.WeakKeyDictionary()
-_PHASES_LOCK = threading.Lock()
+#: The values of ``castor_casts``'s ``phase`` label: a live cast's status, from its activity.
+#: A fixed set (each one always has a sample, 0 when no cast is in it): the socket a cast is at is a
+#: name from the user's loadout, which would make the label's values unbounded.
+CAST_STATUSES: tuple[str, ...] = ("starting", "running", "interrupted", "paused", "ended")
+_STATUS_OF_ACTIVITY = {"starting": "starting", "interrupted": "interrupted", "paused": "paused", "ended": "ended"}
 
 
 class RuntimeCollector(Collector):
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
-        with _PHASES_LOCK:
-            self._phases_seen = _PHASES.setdefault(runtime, _PhasesSeen())
 
     def collect(self) -> Iterator[Any]:
         system = self.runtime.system
@@ -91,12 +69,12 @@ class RuntimeCollector(Collector):
                                    "age of the oldest queued message of the kind", labels=["kind"])
         restarts = GaugeMetricFamily("castor_actor_restarts", "restarts of the live actors of the kind",
                                      labels=["kind"])
-        casts = GaugeMetricFamily("castor_casts", "live casts by phase", labels=["phase"])
+        casts = GaugeMetricFamily("castor_casts", "live casts by status", labels=["phase"])
         by_state: dict[tuple[str, str], int] = defaultdict(int)
         depths: dict[str, int] = defaultdict(int)
         ages: dict[str, float] = defaultdict(float)
         restart_sum: dict[str, int] = defaultdict(int)
-        phases: dict[str, int] = defaultdict(int)
+        phases: dict[str, int] = dict.fromkeys(CAST_STATUSES, 0)
         for actor in actors:
             kind, box, activity = actor["kind"], actor["mailbox"], actor["activity"]
             by_state[(kind, actor["state"])] += 1
@@ -104,17 +82,17 @@ class RuntimeCollector(Collector):
             ages[kind] = max(ages[kind], box["oldest_age_s"] or 0.0)
             restart_sum[kind] += actor["restarts"]
             if kind == "CastActor" and activity is not None:
-                # an interrupted or paused cast counts as that, not as the socket it waits at
-                waiting = activity["kind"] if activity["kind"] in ("interrupted", "paused") else None
-                phases[str(waiting or activity["data"].get("phase") or activity["kind"])] += 1
+                # its status, never the socket it is at (a name from the user's loadout); any
+                # other activity (at a socket, handling a message) is a cast that runs
+                phases[_STATUS_OF_ACTIVITY.get(activity["kind"], "running")] += 1
         for (kind, state), n in sorted(by_state.items()):
             states.add_metric([kind, state], n)
         for kind in sorted(depths):
             depth.add_metric([kind], depths[kind])
             oldest.add_metric([kind], ages[kind])
             restarts.add_metric([kind], restart_sum[kind])
-        for phase, n in self._phases_seen.samples(phases):
-            casts.add_metric([phase], n)
+        for status in CAST_STATUSES:
+            casts.add_metric([status], phases[status])
         yield from (states, depth, oldest, restarts, casts)
         sessions = GaugeMetricFamily("castor_sessions", "open harness sessions")
         sessions.add_metric([], len(self.runtime.sessions()))

@@ -444,3 +444,42 @@ def test_a_cast_awaiting_a_utility_says_whether_its_command_runs_or_waits_for_a_
         assert queued["text"].endswith("queued: every utility slot (1) is busy"), queued["text"]
     finally:
         runtime.shutdown(10)
+
+
+def test_castor_casts_labels_are_a_fixed_set_of_statuses_never_socket_names(tmp_path):
+    """``castor_casts{phase}`` took its label from the cast's phase, which is the id of the socket it
+    is at: ``Socket-N`` with any N from the user's loadout (``Socket-4711`` here), so loadouts made
+    new series without bound. Its values are now the cast's status, one of a
+    fixed set, every one with a sample (0 when no cast is in it); where a cast is stays in the
+    console and ``castor inspect casts``."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.composition import materia_component
+    from castor.console.metrics import CAST_STATUSES, metrics_text
+    from castor.ports.host_context import NoHostContext
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from tests.support.waiting import wait_for as wait
+
+    project = tmp_path / "p"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "T", "loadouts": {"T": {
+        "entry": "Socket-4711",
+        "sockets": {"Socket-4711": {"type": "agent", "materia": "greeter"}}}}}))
+    runtime = Runtime(RuntimeSettings(), components=[materia_component()])
+    try:
+        agent = ScriptedAgent(parse_script([{"text": "slow", "delay_ms": 600_000}]))
+        runtime.open_session(SessionInfo(session_id="u", cwd=str(project), trusted=True),
+                             HarnessLink(agent=agent, session_log=None, ui=None, host_context=NoHostContext()))
+        cast_id = materia_call(runtime, "u", "start", {"request": "review it"})["cast_id"]
+        handle = runtime.system.registry.lookup(f"/root/session/u/cast/{cast_id}")
+        wait(lambda: (a := handle.snapshot().activity) and a.kind == "cast" and a.data.get("pending"),
+             timeout=10, what="the cast awaiting its agent turn")
+        text = metrics_text(runtime).decode()
+        samples = {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+                   for line in text.splitlines() if line.startswith("castor_casts{")}
+        assert "Socket-4711" not in text
+        assert set(samples) == set(CAST_STATUSES)
+        assert samples["running"] == 1.0 and sum(samples.values()) == 1.0
+        materia_call(runtime, "u", "abort", {"cast_id": cast_id})
+    finally:
+        runtime.shutdown(10)
