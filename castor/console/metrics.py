@@ -26,6 +26,8 @@ castor_utility_runs_total                  counter    utility commands run (= hi
 castor_utility_run_seconds                 histogram  utility command durations
 castor_worker_calls_total                  counter    calls into Icarus worker processes
 castor_worker_timeouts_total               counter    worker calls that timed out (worker retired)
+castor_worker_give_ups_total               counter    Icarus workers given up after a crash loop
+castor_worker_calls_refused_total          counter    worker calls refused while a worker is given up
 castor_sessions                            gauge      open harness sessions
 castor_memory_trim_seconds                 histogram  allocator trims after closed sessions (malloc_trim)
 =========================================  =========  ==========================================
@@ -113,7 +115,11 @@ class RuntimeCollector(Collector):
         visits.add_metric([], counters.get(("starts", "SocketActor"), 0))
         yield visits
         for name, help_text in (("worker_calls", "calls into Icarus worker processes"),
-                                ("worker_timeouts", "worker calls that timed out (the worker is retired)")):
+                                ("worker_timeouts", "worker calls that timed out (the worker is retired)"),
+                                ("worker_give_ups", "Icarus workers given up after dying in call after call "
+                                                    "(a crash loop)"),
+                                ("worker_calls_refused", "worker calls refused at once while the session's "
+                                                         "worker is given up")):
             family = CounterMetricFamily(f"castor_{name}", help_text)
             family.add_metric([], sum(n for (c, _k), n in counters.items() if c == name))
             yield family

@@ -358,6 +358,7 @@ function render(doc) {
   for (const w of doc.workers) {
     if (w.state !== 'active') { off.push(w.session_id); continue; }
     const p = w.process || {}; const wa = w.actor || {};
+    const given = !!(w.crash_loop && w.crash_loop.state === 'given_up');
     const card = $('div', {class: 'card', 'data-worker': w.session_id});
     card.append($('b', {}, 'Icarus worker — ' + w.session_id),
       $('div', {}, 'workers started ' + w.workers_started +
@@ -367,9 +368,13 @@ function render(doc) {
                    (p.rss_bytes ? Math.round(p.rss_bytes / 1048576) + ' MiB' : '-') +
                    ', CPU ' + (p.cpu_user_s !== undefined ? (p.cpu_user_s + p.cpu_system_s).toFixed(2) + ' s' : '-')),
       $('div', {}, 'mailbox depth ' + ((wa.mailbox || {}).depth ?? '-') + ', restarts ' + (wa.restarts ?? 0) + ', ' +
-                   (wa.retired_reason ? 'retired: ' + wa.retired_reason + ' (the next call starts a fresh worker)'
+                   (wa.retired_reason ? 'retired: ' + wa.retired_reason +
+                      (given ? '' : ' (the next call starts a fresh worker)')
                     : !wa.activity ? '-' : wa.activity.kind === 'idle' ? 'idle ' + secs(wa.activity.age_s)
                                                                        : doing(wa.activity))));
+    if (w.crash_loop && w.crash_loop.text)
+      card.append($('div', given ? {class: 'restarted', 'data-crash-loop': 'given_up'} : {},
+                    'crash loop: ' + w.crash_loop.text));
     wk.append(card);
   }
   if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));

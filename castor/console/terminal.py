@@ -338,6 +338,9 @@ def worker_table(data: dict[str, Any]) -> Table:
         table.add_row("mailbox depth", shown((actor.get("mailbox") or {}).get("depth", 0)))
         table.add_row("restarts", _restarts(actor))
         table.add_row("workers started", shown(worker.get("workers_started")))
+        crash_loop = worker.get("crash_loop")
+        if isinstance(crash_loop, dict) and crash_loop.get("text"):
+            table.add_row("crash loop", shown(crash_loop["text"]))
         process = worker.get("process")
         if isinstance(process, dict):
             _process_rows(table, "worker", process)

@@ -60,6 +60,13 @@ class RuntimeSettings(BaseModel):
     """glibc malloc arenas at most in this process, set when the runtime is made (before its
     threads start; ``castor.adapters.memory_return.limit_malloc_arenas``); 0: the allocator's
     default (eight per CPU). Process-wide."""
+    icarus_worker_max_deaths: int = Field(default=5, ge=1, le=10_000)
+    """A session's Icarus worker that dies this many times (in calls) within
+    ``icarus_worker_death_window_s`` is given up: calls fail ``worker_retired`` (reason
+    ``crash_loop``) at once, no process started, for ``icarus_worker_cool_down_s``; then one call
+    tries a fresh worker (see docs/icarus.md "Crash loop")."""
+    icarus_worker_death_window_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+    icarus_worker_cool_down_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
     reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —

@@ -465,8 +465,11 @@ class Soak:
             component = self._icarus_component(root)
             if component is not None:
                 components.append(component)
+        # The soak kills workers under calls on purpose, faster than any real package dies: the
+        # crash-loop limit (docs/icarus.md "Crash loop") would give them up and refuse the very
+        # calls whose outcomes it checks, so it is set out of reach here.
         self.runtime = Runtime(RuntimeSettings(allow_faults=True, max_casts_per_session=max(s.casts, s.concurrency),
-                                               utility_slots=4),
+                                               utility_slots=4, icarus_worker_max_deaths=10_000),
                                components=components, scaleout=self.scaleout)
         return self.runtime
 

@@ -244,8 +244,7 @@ MUTANTS: list[Mutant] = [
            [f"{AIC}/test_worker_actor.py::test_deadline_expired_in_queue_is_not_sent_and_keeps_the_worker"]),
     mutant("worker-queue-not-rejected-on-crash", "R5 a crashed worker retires; its queue is rejected",
            [("castor/actors/icarus/worker.py",
-             '                self.retire(f"worker crashed during {target}{_exit_words(crash)}", '
-             'error=WorkerCrashed)\n',
+             '                self.retire(f"worker crashed during {target}{words}{tail}", error=WorkerCrashed)\n',
              "")],
            [f"{AIC}/test_worker_actor.py::test_crash_rejects_pending_with_worker_crashed"]),
     # ---- row 6: the whole runtime process dies -----------------------------------------------------------

@@ -326,7 +326,9 @@ class WorkerLane:
             result = self._worker.call("hooks", function, None, kwargs, self._timeout, token)
             return lc.WorkerDone(request=request, ok=True, result=result)
         except CastorError as exc:
-            return lc.WorkerDone(request=request, ok=False, error_code=str(exc.code))
+            reason = exc.data.get("reason")
+            return lc.WorkerDone(request=request, ok=False, error_code=str(exc.code),
+                                 error_reason=reason if reason == "crash_loop" else None)
         except Exception:  # noqa: BLE001 - ambient: an error is an omitted step
             return lc.WorkerDone(request=request, ok=False, error_code="internal")
 

@@ -68,7 +68,7 @@ from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.actors.icarus.messages import HarnessEventName
-from castor.actors.icarus.worker import IcarusWorkerClient, icarus_worker_spec
+from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, icarus_worker_spec
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
 from castor.domain.icarus.commands import (
@@ -81,6 +81,7 @@ from castor.domain.icarus.commands import (
     InspectCommand,
     parse_command,
 )
+from castor.domain.icarus.crash_loop import CrashLoopLimit
 from castor.domain.icarus.settings import (
     KEY_BY_NAME,
     IcarusSettings,
@@ -278,6 +279,7 @@ class IcarusSession:
     _hook_client: IcarusWorkerClient | None = None
     _spawn: Callable[[], WorkerProcessPort] | None = None
     _spawned: int = 0  # worker processes constructed (one per incarnation that got a call)
+    _crash_loop: WorkerCrashLoop | None = None  # the session's worker deaths, across incarnations
 
     # -- paths and handles ----------------------------------------------------
     @property
@@ -361,8 +363,12 @@ class IcarusSession:
             return []
         s = self.settings
         self._spawn = self.backend.worker_spawn(s, self.ctx.info.cwd)
+        runtime = self.ctx.runtime.settings
+        self._crash_loop = WorkerCrashLoop(CrashLoopLimit(max_deaths=runtime.icarus_worker_max_deaths,
+                                                          within_s=runtime.icarus_worker_death_window_s,
+                                                          cool_down_s=runtime.icarus_worker_cool_down_s))
         specs = [icarus_worker_spec("worker", self.spawn_worker, self.backend.next_request_id,
-                                    timeout_ms=s.timeout_ms)]
+                                    timeout_ms=s.timeout_ms, crash_loop=self._crash_loop)]
         if self.filtering:
             port: ClassifierPort = self.ctx.harness.classifier or _NoRegistry()
             log: SessionPort = self.ctx.harness.session_log  # type: ignore[assignment]  # checked for None just above; the harness link types it optional
@@ -628,6 +634,8 @@ class IcarusSession:
         with self._lock:
             latest = self._workers[-1] if self._workers else None
             out["workers_started"] = self._spawned
+        if self._crash_loop is not None:
+            out["crash_loop"] = self._crash_loop.view()
         if latest is not None:
             out["process"] = latest.stats().model_dump(mode="json")
         return out

@@ -26,7 +26,15 @@ request sat unread in its pipe (or its
 stdout found ended before the request
 was written, or writing it failed)
 spawn failed                           ``worker_crashed``         ``worker_crashed``                      none, actor retires
+the session's worker is given up       ``worker_retired``         each refused the same way when it is    none started
+(crash loop, below)                    (``reason: crash_loop``,   handled
+                                       not started)
 =====================================  =========================  ======================================  ==========
+
+Crash loop: the deaths above (crash, exit, kill, spawn failure; not a death while idle) are counted
+per session across incarnations (:class:`WorkerCrashLoop`, the rule in
+:mod:`castor.domain.icarus.crash_loop`). Past the limit the worker is given up: calls are refused at
+once, no process is started, until the cool-down ends and one call probes a fresh worker.
 
 After a retirement the supervision core never restarts the incarnation with
 its old mailbox; a *new* call creates new demand, a fresh incarnation and,
@@ -39,11 +47,13 @@ Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from castor import tree
+from castor.domain.icarus.crash_loop import CrashLoop, CrashLoopLimit
 from castor.domain.icarus.worker_protocol import reply_result
 from castor.messages.base import LocalMessage
 from castor.messages.built import built
@@ -90,6 +100,62 @@ class WorkerInspect(LocalMessage, type_name="icarus.worker.inspect"):
     """The worker process's stats (None before the first call)."""
 
 
+class WorkerCrashLoop:
+    """A session's :class:`CrashLoop` shared by every incarnation of its worker actor (any thread).
+
+    ``dirty`` is read without the lock on the call path: only a worker that died since the last
+    answered call costs the lock on the next answer."""
+
+    def __init__(self, limit: CrashLoopLimit | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._loop = CrashLoop(limit or CrashLoopLimit())
+        self._clock = clock
+        self.dirty = False
+
+    @property
+    def limit(self) -> CrashLoopLimit:
+        return self._loop.limit
+
+    def admit(self) -> float | None:
+        """None: a worker may be started now; else the seconds until one may."""
+        if not self.dirty:
+            return None
+        with self._lock:
+            return self._loop.admit(self._clock())
+
+    def death(self, how: str) -> bool:
+        with self._lock:
+            self.dirty = True
+            return self._loop.death(self._clock(), how)
+
+    def answered(self) -> bool:
+        with self._lock:
+            recovered = self._loop.answered()
+            self.dirty = False
+            return recovered
+
+    def view(self) -> dict[str, Any]:
+        with self._lock:
+            return self._loop.view(self._clock())
+
+    def given_up(self) -> tuple[str, float, float, dict[str, Any]] | None:
+        """(words, since, until, data) while calls are refused, else None (for a snapshot)."""
+        with self._lock:
+            loop = self._loop
+            now = self._clock()
+            if loop.until is None or now >= loop.until or loop.given_up_at is None:
+                return None
+            view = loop.view(now)
+            return (_given_up_words(view), loop.given_up_at, loop.until,
+                    {key: view[key] for key in ("max_deaths", "within_s", "give_ups", "refused", "last_death")})
+
+
+def _given_up_words(view: dict[str, Any]) -> str:
+    last = f" (last: {view['last_death']})" if view.get("last_death") else ""
+    return (f"worker given up: it died {view['max_deaths']} times within {view['within_s']:g} s{last}; calls "
+            f"fail worker_retired (crash_loop) until the cool-down ends, then one call tries a fresh worker")
+
+
 class IcarusWorkerActor(Actor):
     """See the module docstring; one incarnation, at most one worker process."""
 
@@ -98,9 +164,10 @@ class IcarusWorkerActor(Actor):
     inline_asks = True
 
     def __init__(self, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, crash_loop: WorkerCrashLoop | None = None) -> None:
         super().__init__()
         self._spawn = spawn
+        self._crash_loop = crash_loop if crash_loop is not None else WorkerCrashLoop()
         self._next_id = next_id
         self._timeout_s = timeout_ms / 1000.0
         self._worker: WorkerProcessPort | None = None
@@ -143,6 +210,9 @@ class IcarusWorkerActor(Actor):
                           data={"target": target}, may_have_started=False)
         worker = self._worker
         if worker is None or worker.exited_while_idle():
+            wait_s = self._crash_loop.admit()
+            if wait_s is not None:
+                self._refuse(call, wait_s)
             worker = self._fresh_worker(worker)
         kill: Callable[[], None] | None = None
         if token is not None:
@@ -173,7 +243,10 @@ class IcarusWorkerActor(Actor):
         except WorkerCrashed as crash:
             if not crash.data.get("died_idle"):
                 target = f"{call.module}.{call.function}"
-                self.retire(f"worker crashed during {target}{_exit_words(crash)}", error=WorkerCrashed)
+                words = _exit_words(crash)
+                gave_up = self._crash_loop.death(words.strip(" ()") or str(crash.data.get("reason") or "crashed"))
+                tail = self._gave_up() if gave_up else ""
+                self.retire(f"worker crashed during {target}{words}{tail}", error=WorkerCrashed)
                 raise
             reply = None  # it died idle and the request never reached it: a fresh worker runs it
         finally:
@@ -182,9 +255,41 @@ class IcarusWorkerActor(Actor):
                 token.disarm(kill)  # the same callback object that was armed
         if reply is None:
             return self._on_call_again(call)
+        if self._crash_loop.dirty and self._crash_loop.answered():
+            self.log.info("icarus worker answered again after it was given up; the crash-loop record is cleared")
         if reply.get("ok") is True:
             return reply.get("result")
         return reply_result(reply, f"{call.module}.{call.function}")
+
+    def _refuse(self, call: WorkerCall, wait_s: float) -> None:
+        """Refuse a call while the session's worker is given up: at once, nothing started."""
+        self._bind()
+        self.count_metric("worker_calls_refused")
+        target = f"{call.module}.{call.function}"
+        view = self._crash_loop.view()
+        raise WorkerRetired(f"icarus call {target} refused (a fresh worker is tried in {wait_s:.0f} s): "
+                            f"{_given_up_words(view)}",
+                            data={"reason": "crash_loop", "target": target, "retry_in_s": round(wait_s, 3),
+                                  "deaths": view["max_deaths"], "within_s": view["within_s"],
+                                  "last_death": view["last_death"]},
+                            may_have_started=False)
+
+    def _gave_up(self) -> str:
+        """Say once that the session's worker is given up (the log, the counter); the words the
+        retired reason gets."""
+        limit = self._crash_loop.limit
+        self.count_metric("worker_give_ups")
+        self.log.bind(max_deaths=limit.max_deaths, within_s=limit.within_s, cool_down_s=limit.cool_down_s).warning(
+            f"icarus worker given up: it died {limit.max_deaths} times within {limit.within_s:g} s; calls are "
+            f"refused (worker_retired, crash_loop) for {limit.cool_down_s:g} s, then one call tries a fresh worker")
+        return f"; given up for {limit.cool_down_s:g} s: {limit.max_deaths} deaths within {limit.within_s:g} s"
+
+    def _bind(self) -> None:
+        """Once per incarnation (the handle is bound by now): the call counter and the snapshot's
+        description."""
+        if self._count_call is _no_tally:
+            self._count_call = self.tally_metric("worker_calls")
+            self.describe_activity(self._describe)
 
     def _on_call_again(self, call: WorkerCall) -> Any:
         """The call again, on a fresh worker: the last one had died idle, which showed only once
@@ -200,7 +305,11 @@ class IcarusWorkerActor(Actor):
         snapshots only; None between calls)."""
         running = self._running
         if running is None:
-            return None
+            given_up = self._crash_loop.given_up() if self._crash_loop.dirty else None
+            if given_up is None:
+                return None
+            words, since, until, data = given_up
+            return "given_up", words, data, since, until
         call, since, worker, deadline = running
         target = f"{call.module}.{call.function}"
         return "worker_call", "worker call " + target, {"target": target, "pid": worker.running_pid}, since, deadline
@@ -213,9 +322,7 @@ class IcarusWorkerActor(Actor):
             self.log.warning("worker pid exited while idle; starting a fresh one for the next call")
             gone.kill_tree("exited while idle")
             self._worker = None
-        if self._count_call is _no_tally:  # once per incarnation: the handle is bound by now
-            self._count_call = self.tally_metric("worker_calls")
-            self.describe_activity(self._describe)
+        self._bind()
         worker = self._worker = self._spawn()
         return worker
 
@@ -241,14 +348,18 @@ def _no_tally() -> None:
 
 
 def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id: Callable[[], int], *,
-                       timeout_ms: int = DEFAULT_TIMEOUT_MS, mailbox_capacity: int | None = None) -> ChildSpec:
+                       timeout_ms: int = DEFAULT_TIMEOUT_MS, mailbox_capacity: int | None = None,
+                       crash_loop: WorkerCrashLoop | None = None) -> ChildSpec:
     """A ChildSpec for one bridge: revived on demand after retirement, never replayed.
 
     ``spawn`` must *construct* the worker without starting it (the first call
-    starts it), so a fresh incarnation costs nothing until it is used.
+    starts it), so a fresh incarnation costs nothing until it is used. ``crash_loop`` is shared by
+    every incarnation (one is made when none is given): the deaths it counts outlive retirements.
     """
-    return tree.ICARUS_WORKER.child_spec(lambda: IcarusWorkerActor(spawn, next_id, timeout_ms=timeout_ms), id=id,
-                                         mailbox_capacity=mailbox_capacity, revive_on_demand=True)
+    shared = crash_loop if crash_loop is not None else WorkerCrashLoop()
+    return tree.ICARUS_WORKER.child_spec(
+        lambda: IcarusWorkerActor(spawn, next_id, timeout_ms=timeout_ms, crash_loop=shared), id=id,
+        mailbox_capacity=mailbox_capacity, revive_on_demand=True)
 
 
 class IcarusWorkerClient:
@@ -279,6 +390,8 @@ class IcarusWorkerClient:
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
         except Retired as exc:
+            if exc.data.get("reason") == "crash_loop":
+                raise  # refused by a live incarnation, which does not retire: nothing to wait for
             self._await_retirement()
             raise WorkerRetired(exc.message, data=exc.data) from None
         except (WorkerCrashed, WorkerRetired):

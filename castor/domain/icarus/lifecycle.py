@@ -161,6 +161,7 @@ class WorkerDone(_Frozen):
     ok: bool
     result: Any = None
     error_code: str | None = None  # a code only; error text never enters the machine
+    error_reason: str | None = None  # the error's reason code (``crash_loop``...), never text
 
 
 class FilterDone(_Frozen):
@@ -449,8 +450,10 @@ def _on_worker_done(state: HookState, ev: WorkerDone) -> Step:
         return state, []  # invalidated or aborted earlier: already answered
     effects: list[Effect] = []
     if not ev.ok:
-        effects.append(Log(level="warning", event="icarus.hook_failed", function=fl.kind,
-                           code=ev.error_code or ""))
+        # A call refused because the session's worker is given up (a crash loop) was said once,
+        # when it was given up: one warning per refused hook would be the flood it stops.
+        effects.append(Log(level="debug" if ev.error_reason == "crash_loop" else "warning",
+                           event="icarus.hook_failed", function=fl.kind, code=ev.error_code or ""))
     if fl.kind == "shutdown":
         state = _with_inflight(state, ev.request, None)
         return state, [*effects, _status(None), CloseWorker(), Reply(request=ev.request)]
