@@ -66,12 +66,29 @@ def add_serve_subcommand(sub: Any) -> None:
                        help="after a session closes, give the allocator's free pages back to the system "
                             f"(malloc_trim), at most once per SECONDS (default {DEFAULT_MEMORY_RETURN_S:g}; "
                             "0 or off: never)")
+    serve.add_argument("--icarus-worker-max-deaths", type=bounded_int(1, 10_000), default=5, metavar="N",
+                       help="give a session's Icarus worker up after N deaths in calls within the window; its "
+                            "calls then fail at once (worker_retired, crash_loop) until the cool-down ends "
+                            "(default 5)")
+    serve.add_argument("--icarus-worker-death-window", type=_day_or_less, default=60.0, metavar="SECONDS",
+                       help="the window those deaths are counted in (default 60)")
+    serve.add_argument("--icarus-worker-cool-down", type=_day_or_less, default=60.0, metavar="SECONDS",
+                       help="how long a given-up worker's calls are refused before one call tries a fresh "
+                            "worker (default 60)")
     add_backend_flags(serve)
     serve.add_argument("--console", metavar="HOST:PORT", type=listen_address,
                        help="also serve the live web console and /metrics on this loopback address")
     serve.add_argument("--console-token-file", metavar="PATH",
                        help="require the token in PATH (first line, 16+ characters) on every console request")
     serve.set_defaults(run=cmd_serve)
+
+
+def _day_or_less(text: str) -> float:
+    """Seconds in (0, 86400]: the crash-loop window and cool-down."""
+    value = positive_seconds(text)
+    if value > 86_400:
+        raise argparse.ArgumentTypeError(f"expected at most 86400 seconds, got {text!r}")
+    return value
 
 
 def _memory_return_seconds(text: str) -> float | None:
@@ -119,7 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
                                           max_casts_per_session=args.max_casts_per_session,
                                           user_turn_timeout_s=args.user_turn_timeout,
-                                          memory_return_interval_s=args.memory_return or 0.0),
+                                          memory_return_interval_s=args.memory_return or 0.0,
+                                          icarus_worker_max_deaths=args.icarus_worker_max_deaths,
+                                          icarus_worker_death_window_s=args.icarus_worker_death_window,
+                                          icarus_worker_cool_down_s=args.icarus_worker_cool_down),
                           components=scaleout_components(backend), scaleout=backend)
         console, console_token_file = _start_console(args, runtime, token=console_token or token)
         dispatcher = build_dispatcher(runtime)

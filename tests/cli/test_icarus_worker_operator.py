@@ -1,0 +1,92 @@
+"""The operator's view of an Icarus worker that dies in every call, from the outside: a real
+``castor --log-json serve`` with its console, a harness on its socket, ``castor inspect`` and
+``/metrics`` as an operator runs them. The package is the TEST FAKE
+``tests/support/icarus_packages/dies_in_every_call`` (``os._exit(3)`` in every hook)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+CASTOR = [sys.executable, "-m", "castor"]
+DYING = Path(__file__).resolve().parents[1] / "support" / "icarus_packages" / "dies_in_every_call" / "icarus"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    agent = tmp_path / "home" / ".pi" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "settings.json").write_text(json.dumps({"piIcarusHook": {
+        "icarusDir": str(DYING), "python": sys.executable, "fabricDir": str(tmp_path / "fabric"),
+        "classifier": "none"}}))
+    env["PI_CODING_AGENT_DIR"] = str(agent)
+    env.pop("XDG_RUNTIME_DIR", None)
+    env.pop("MATERIA_CONFIG", None)
+    env.pop("CASTOR_LOG_JSON", None)
+    return env
+
+
+def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metrics(tmp_path):
+    env = _env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock), "--console", "127.0.0.1:0",
+                                   "--icarus-worker-max-deaths", "2", "--icarus-worker-cool-down", "600"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        console = wait_for(lambda: re.search(r"console: (http://127\.0\.0\.1:\d+/) \(token file: ([^)]+)\)",
+                                             log.read_text()), 30, "the console's line")
+        with Client.connect_unix(str(sock)) as client:
+            client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
+            for n in range(6):  # two deaths, then four hooks refused at once
+                assert client.call("harness.event", {"session_id": "s1", "event": "before_agent_start",
+                                                     "data": {"prompt": f"PROMPT-{n}", "message_type": "user"}},
+                                   timeout=30) == {}
+
+            def inspect(*args: str) -> str:
+                shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), *args], env=env,
+                                       capture_output=True, text=True, timeout=30)
+                assert shown.returncode == 0, shown.stderr
+                return shown.stdout
+
+            worker = inspect("worker", "--session-id", "s1")
+            row = next(line for line in worker.splitlines() if "crash loop" in line)
+            assert "given up (2 deaths within 60 s, last: exit code 3)" in row and "4 refused" in row
+            assert re.search(r"workers started\s*│?\s*2\b", worker), worker
+            tree = inspect("actors")
+            assert "IcarusWorkerActor" in tree and "worker given up: it died 2 times within 60 s" in tree
+            token = Path(console.group(2)).read_text().strip()
+            request = urllib.request.Request(console.group(1) + "metrics", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                metrics = response.read().decode()
+            assert "castor_worker_give_ups_total 1.0" in metrics
+            assert "castor_worker_calls_refused_total 4.0" in metrics
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    given_up = [r for r in records if "icarus worker given up" in r["record"]["message"]]
+    assert len(given_up) == 1 and given_up[0]["record"]["level"]["name"] == "WARNING"
+    assert given_up[0]["record"]["extra"]["max_deaths"] == 2
+    # a refused hook is no warning of its own: warnings about this worker stop at the give-up
+    worker_warnings = [r for r in records if r["record"]["level"]["name"] == "WARNING"
+                       and "/icarus/" in str(r["record"]["extra"].get("actor", ""))]
+    assert len(worker_warnings) <= 6, [r["record"]["message"] for r in worker_warnings]
+    assert "PROMPT-" not in log.read_text()
