@@ -372,6 +372,13 @@ function render(doc) {
                       (given ? '' : ' (the next call starts a fresh worker)')
                     : !wa.activity ? '-' : wa.activity.kind === 'idle' ? 'idle ' + secs(wa.activity.age_s)
                                                                        : doing(wa.activity))));
+    const waiting = (wa.mailbox || {}).queued || [];
+    if (waiting.length)
+      card.append($('div', {'data-queued': String(waiting.length)}, 'queued: ' + waiting.map(q => {
+        const d = q.detail || {};
+        return (d.target || d.hook || q.message_type) + ' (waited ' + secs(q.age_s) +
+               (typeof d.deadline_in_s === 'number' ? ', deadline in ' + secs(d.deadline_in_s) : '') + ')';
+      }).join(', ')));
     if (w.crash_loop && w.crash_loop.text)
       card.append($('div', given ? {class: 'restarted', 'data-crash-loop': 'given_up'} : {},
                     'crash loop: ' + w.crash_loop.text));

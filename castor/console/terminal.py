@@ -41,6 +41,20 @@ def deadline_words(activity: dict[str, Any] | None) -> str:
     return f"deadline in {left:.1f}s" if left >= 0 else f"deadline passed {-left:.1f}s ago"
 
 
+def queued_words(entry: dict[str, Any]) -> str:
+    """One waiting message as an operator reads it: what it is for (a worker call's target, a
+    hook), how long it has waited, its deadline -- ``icarus.worker.call hooks.pre_llm_call, waited
+    2.3s, deadline in 27.7s``. Only what its type says of itself; never a payload."""
+    detail = dict(entry.get("detail") or {})
+    what = [str(detail.pop(key)) for key in ("target", "hook", "completion") if detail.get(key) is not None]
+    words = [" ".join([str(entry.get("message_type")), *what]), f"waited {entry.get('age_s') or 0:.1f}s"]
+    bound = deadline_words({"deadline_in_s": detail.pop("deadline_in_s", None)})
+    if bound:
+        words.append(bound)
+    words += [f"{key} {value}" if value is not True else key for key, value in sorted(detail.items())]
+    return ", ".join(words)
+
+
 def budget_words(actor: dict[str, Any]) -> str:
     """How much of its restart limit an actor's window has used, ``""`` while nothing of it is:
     ``3/5 restarts in 30s before it is given up`` (a child with a limit of its own: a cast), or
@@ -282,6 +296,11 @@ def mailbox_table(actor: dict[str, Any]) -> Table:
         table.add_row("retired", shown(str(actor["retired_reason"])))
     for type_name, count in sorted(box.get("by_type", {}).items()):
         table.add_row(f"queued {shown(type_name)}", str(count))
+    queued = box.get("queued") or []
+    for n, entry in enumerate(queued, 1):
+        table.add_row(f"waiting #{n}", shown(queued_words(entry)))
+    if queued and box.get("depth", 0) > len(queued):
+        table.add_row("waiting", f"... and {box['depth'] - len(queued)} more")
     return table
 
 
@@ -335,7 +354,13 @@ def worker_table(data: dict[str, Any]) -> Table:
             table.add_row("retired", shown(actor["retired_reason"]))
         doing = actor.get("activity")
         table.add_row("doing now", _actor_line(actor) if doing else "idle")
-        table.add_row("mailbox depth", shown((actor.get("mailbox") or {}).get("depth", 0)))
+        box = actor.get("mailbox") or {}
+        table.add_row("mailbox depth", shown(box.get("depth", 0)))
+        queued = box.get("queued") or []
+        if queued:  # the calls waiting behind the running one: what each is for and how long it waits
+            more = box.get("depth", 0) - len(queued)
+            table.add_row("queued calls", shown("; ".join(queued_words(entry) for entry in queued)
+                                                + (f"; ... and {more} more" if more > 0 else "")))
         table.add_row("restarts", _restarts(actor))
         table.add_row("workers started", shown(worker.get("workers_started")))
         crash_loop = worker.get("crash_loop")

@@ -35,6 +35,13 @@ class Message(BaseModel):
         cls.type_name = type_name
         _REGISTRY[type_name] = cls
 
+    def queued_detail(self, now: float) -> dict[str, str | int | float | bool | None]:
+        """What an operator may read of this message while it waits in a mailbox (``castor
+        inspect``, the console): a few scalars that say what it is for -- a call's target, its
+        deadline (``now`` is the snapshot's monotonic clock) -- never its payload, which may hold
+        a prompt or a memory. Nothing by default."""
+        return {}
+
 
 class LocalMessage(Message):
     """A message that never leaves the process: it may carry callables, handles, tokens.

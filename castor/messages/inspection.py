@@ -31,6 +31,20 @@ class InFlight(Message, type_name="inspect.in_flight"):
     is_ask: bool
 
 
+ActivityValue = Union[str, int, float, bool, None]
+
+
+class QueuedMessage(Message, type_name="inspect.queued"):
+    """One message waiting in a mailbox (the first few, oldest first): its type, how long it has
+    waited, whether someone waits for its answer, and what its type says of itself
+    (``Message.queued_detail``: a worker call's target and deadline; never a payload)."""
+
+    message_type: str
+    age_s: float
+    is_ask: bool
+    detail: dict[str, ActivityValue] = {}
+
+
 class MailboxSnapshot(Message, type_name="inspect.mailbox"):
     depth: int
     capacity: int | None
@@ -41,9 +55,7 @@ class MailboxSnapshot(Message, type_name="inspect.mailbox"):
     failed: int
     rejected: int  # refused (full, closed) or, as asks still queued, failed by a stop or retirement
     dead_letters: int  # tells dropped because the actor stopped for good
-
-
-ActivityValue = Union[str, int, float, bool, None]
+    queued: list[QueuedMessage] = []  # the oldest few waiting (QUEUED_SHOWN at most), oldest first
 
 
 class Activity(Message, type_name="inspect.activity"):

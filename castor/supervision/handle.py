@@ -134,6 +134,24 @@ def _scalars(data: dict[str, Any]) -> dict[str, Any]:
     return {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in data.items()}
 
 
+#: How many of the oldest queued messages a snapshot describes (``MailboxSnapshot.queued``).
+QUEUED_SHOWN = 10
+
+
+def _queued(mailbox: Mailbox, now: float) -> list[dict[str, Any]]:
+    """The oldest queued messages as a snapshot lists them; a message whose own description fails
+    is listed without one (a snapshot never fails on what it only adds)."""
+    out = []
+    for envelope in mailbox.peek(QUEUED_SHOWN):
+        try:
+            detail = _scalars(envelope.message.queued_detail(now))
+        except Exception:  # noqa: BLE001 - a description must never fail the snapshot
+            detail = {}
+        out.append({"message_type": envelope.type_name, "age_s": max(0.0, now - envelope.enqueued_at),
+                    "is_ask": envelope.reply is not None, "detail": detail})
+    return out
+
+
 # How often wait_gone looks whether a child whose removal is pending was restarted instead.
 _GONE_RECHECK_S = 0.01
 
@@ -555,6 +573,7 @@ class ActorHandle:
                 "failed": self.failed,
                 "rejected": rejected_before + mailbox.rejected,
                 "dead_letters": self.dead_letters,
+                "queued": _queued(mailbox, now) if depth else [],
             },
             "activity": self._activity(now, in_flight),
             "last_failure": {"error_type": failure[0], "message_type": failure[1],

@@ -352,5 +352,12 @@ class Mailbox:
             by_type = {name: n for name, n in self._by_type.items() if n > 0}
         return depth, oldest, by_type
 
+    def peek(self, limit: int) -> list[Envelope]:
+        """The oldest ``limit`` queued envelopes, oldest first -- consumes nothing (a snapshot
+        reads them; their messages are immutable)."""
+        with self._lock:
+            queue = self._queue
+            return [queue[i] for i in range(min(limit, len(queue)))]
+
     def __len__(self) -> int:
         return len(self._queue)

@@ -90,3 +90,16 @@ def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metr
                        and "/icarus/" in str(r["record"]["extra"].get("actor", ""))]
     assert len(worker_warnings) <= 6, [r["record"]["message"] for r in worker_warnings]
     assert "PROMPT-" not in log.read_text()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--icarus-worker-max-deaths", "0"), ("--icarus-worker-max-deaths", "x"),
+                                             ("--icarus-worker-death-window", "0"),
+                                             ("--icarus-worker-cool-down", "nan"),
+                                             ("--icarus-worker-cool-down", "86401")])
+def test_a_crash_loop_limit_that_could_not_work_is_a_usage_error_naming_the_flag(tmp_path, flag, value):
+    done = subprocess.run([*CASTOR, "serve", "--socket", str(tmp_path / "s.sock"), flag, value],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=30, cwd=str(tmp_path))
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"castor: invalid_params: argument {flag}: ")
+    assert not (tmp_path / "s.sock").exists()  # refused before anything listens

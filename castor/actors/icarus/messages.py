@@ -130,11 +130,22 @@ class HarnessEvent(LocalMessage, type_name="icarus.hooks.event"):
     #: the answer is the lane to help. None: the lane's thread makes them, as ever.
     helper: int | None = None
 
+    def queued_detail(self, now: float) -> dict[str, str | int | float | bool | None]:
+        """The hook it is (``before_agent_start``...), never its prompt or messages."""
+        return {"hook": self.event.kind}
+
 
 class Feedback(LocalMessage, type_name="icarus.hooks.feedback"):
     """A completion fed back into the machine (WorkerDone, FilterDone, TurnAborted)."""
 
     event: lc.WorkerDone | lc.FilterDone | lc.TurnAborted
+
+    def queued_detail(self, now: float) -> dict[str, str | int | float | bool | None]:
+        """Which completion it is, and for a worker call whether it failed (its code only)."""
+        detail: dict[str, str | int | float | bool | None] = {"completion": self.event.kind}
+        if isinstance(self.event, lc.WorkerDone) and not self.event.ok:
+            detail["error_code"] = self.event.error_code
+        return detail
 
 
 def harness_event(event: lc.HarnessLifecycleEvent, reply: Answer, current_model: tuple[str, str] | None,

@@ -86,6 +86,15 @@ class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
     deadline: float | None = None  # time.monotonic(); None: the actor's timeoutMs from the start of the call
     token: CancelToken | None = None
 
+    def queued_detail(self, now: float) -> dict[str, str | int | float | bool | None]:
+        """Its target and deadline while it waits (never its arguments: a prompt, a memory)."""
+        detail: dict[str, str | int | float | bool | None] = {"target": f"{self.module}.{self.function}"}
+        if self.deadline is not None:
+            detail["deadline_in_s"] = round(self.deadline - now, 3)
+        if self.token is not None and self.token.cancelled:
+            detail["cancelled"] = True
+        return detail
+
 
 def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, Any], deadline: float,
                  token: CancelToken) -> WorkerCall:
