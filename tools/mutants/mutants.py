@@ -247,6 +247,12 @@ MUTANTS: list[Mutant] = [
              '                self.retire(f"worker crashed during {target}{words}{tail}", error=WorkerCrashed)\n',
              "")],
            [f"{AIC}/test_worker_actor.py::test_crash_rejects_pending_with_worker_crashed"]),
+    mutant("worker-crash-loop-never-given-up",
+           "R5 a worker that dies in call after call is given up: calls refused at once, no process started",
+           [("castor/actors/icarus/worker.py", "            wait_s = self._crash_loop.admit()\n",
+             "            wait_s = None\n")],
+           [f"{AIC}/test_worker_crash_loop.py::"
+            "test_a_worker_that_dies_in_every_call_is_given_up_refused_at_once_said_once_and_recovers"]),
     # ---- row 6: the whole runtime process dies -----------------------------------------------------------
     mutant("lease-never-taken", "R6 a cast held by a live runtime is a conflict (flock lease)",
            [("castor/adapters/materia/cast_lease.py",
