@@ -287,11 +287,15 @@ class IcarusWorkerActor(Actor):
         """Say once that the session's worker is given up (the log, the counter); the words the
         retired reason gets."""
         limit = self._crash_loop.limit
+        give_ups = self._crash_loop.view()["give_ups"]
         self.count_metric("worker_give_ups")
-        self.log.bind(max_deaths=limit.max_deaths, within_s=limit.within_s, cool_down_s=limit.cool_down_s).warning(
-            f"icarus worker given up: it died {limit.max_deaths} times within {limit.within_s:g} s; calls are "
-            f"refused (worker_retired, crash_loop) for {limit.cool_down_s:g} s, then one call tries a fresh worker")
-        return f"; given up for {limit.cool_down_s:g} s: {limit.max_deaths} deaths within {limit.within_s:g} s"
+        why = (f"it died {limit.max_deaths} times within {limit.within_s:g} s" if give_ups <= 1 else
+               f"the worker tried after the cool-down died too (given up {give_ups} times)")
+        self.log.bind(max_deaths=limit.max_deaths, within_s=limit.within_s, cool_down_s=limit.cool_down_s,
+                      give_ups=give_ups).warning(
+            f"icarus worker given up: {why}; calls are refused (worker_retired, crash_loop) for "
+            f"{limit.cool_down_s:g} s, then one call tries a fresh worker")
+        return f"; given up for {limit.cool_down_s:g} s: {why}"
 
     def _bind(self) -> None:
         """Once per incarnation (the handle is bound by now): the call counter and the snapshot's
