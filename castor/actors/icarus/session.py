@@ -68,7 +68,7 @@ from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.actors.icarus.messages import HarnessEventName
-from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, icarus_worker_spec
+from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, death_words, icarus_worker_spec
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
 from castor.domain.icarus.commands import (
@@ -187,9 +187,10 @@ class _ObservedWorker:
                 # is answered again.
                 self._losses_in_a_row += 1
                 if self._losses_in_a_row == 2:
-                    code = (exc.data or {}).get("exit_code")
+                    # "killed by SIGKILL" for a signal (the OOM killer), not "exit code -9"
+                    how = death_words((exc.data or {}).get("exit_code")) or "exit status unknown"
                     self._warn(f"Icarus: the worker process ended during {self._losses_in_a_row} calls in a "
-                               f"row (exit code {code}); hooks run without memory, and further losses "
+                               f"row ({how}); hooks run without memory, and further losses "
                                "are not reported until a call succeeds (check the icarus package in the "
                                "icarusDir setting: its import or a hook ends the process).")
                 if self._losses_in_a_row > 1:

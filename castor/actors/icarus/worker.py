@@ -343,17 +343,23 @@ class IcarusWorkerActor(Actor):
 def _exit_words(crash: WorkerCrashed) -> str:
     """`` (killed by SIGKILL)`` / `` (exit code 4)``: how the worker ended, for the retired reason
     an operator reads (a kill -9 or the OOM killer, or the backend's own exit)."""
+    words = death_words((crash.data or {}).get("exit_code"))
+    return f" ({words})" if words else ""
+
+
+def death_words(code: object) -> str:
+    """``killed by SIGKILL`` / ``exit code 4`` for a worker's exit status (negative: the signal
+    that ended it, as ``subprocess`` reports it); ``""`` when there is none."""
     import signal
 
-    code = (crash.data or {}).get("exit_code")
-    if not isinstance(code, int):
+    if not isinstance(code, int) or isinstance(code, bool):
         return ""
     if code < 0:
         try:
-            return f" (killed by {signal.Signals(-code).name})"
+            return f"killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f" (killed by signal {-code})"
-    return f" (exit code {code})"
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _no_tally() -> None:

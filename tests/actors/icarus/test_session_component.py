@@ -399,6 +399,27 @@ def test_a_package_that_ends_the_worker_on_every_call_is_said_once_not_at_every_
 
 
 @pytest.mark.timeout(10)
+def test_losses_in_a_row_to_a_signal_name_the_signal_not_a_negative_exit_code():
+    """A worker the kernel kills in every call (``kill -9``, the OOM killer) reports exit status
+    -9; the user's warning said "(exit code -9)", which reads as the package's own exit. It names
+    the signal now, as the operator's retired reason does."""
+    from castor.actors.icarus.session import _ObservedWorker
+    from castor.messages.errors import WorkerCrashed
+
+    warnings: list[str] = []
+
+    class Client:
+        def call(self, *args):
+            raise WorkerCrashed("icarus worker exited (code -9)", data={"exit_code": -9})
+
+    observed = _ObservedWorker(Client, warnings.append)
+    for _ in range(3):
+        with pytest.raises(WorkerCrashed):
+            observed.call("hooks", "pre_llm_call")
+    assert len(warnings) == 2 and "(killed by SIGKILL)" in warnings[1] and "-9" not in warnings[1]
+
+
+@pytest.mark.timeout(10)
 def test_a_call_answered_after_losses_in_a_row_makes_the_next_loss_said_again():
     """The losses-in-a-row count restarts at an answered call: a worker lost after it is news."""
     from castor.actors.icarus.session import _ObservedWorker
