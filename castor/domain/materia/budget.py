@@ -126,6 +126,9 @@ class TurnRecord(BaseModel):
     costKind: CostKind = "actual"
     costFromProvider: bool | None = None  # Pi's cost.totalFromProvider, where the usage said
     unreadable: list[str] | None = None  # figures given but not numbers: not counted (unreadable_figures)
+    # what an answered turn left out without saying so: "tokens" (none counted), "cost" (tokens at no
+    # cost that is not the provider's billed figure: a model with no price)
+    unreported: list[str] | None = None
 
 
 #: The fields of a model selection a turn record carries (pi-materia's ``UsageTurn``).
@@ -389,13 +392,23 @@ def extract_usage(raw: Any) -> TurnUsage:
       provided one read inside ``usage.cost``, else ``usage.cost`` as a number, else the top level.
 
     One difference from pi-materia, on purpose: a negative or non-finite figure counts as *not
-    reported* (the next alias is tried), so a malformed payload can never lower a cast's total.
+    reported* (the next alias is tried), so a malformed payload can never lower a cast's total --
+    nor can a provided token total made from such a figure: when a token part was given but is not
+    counted, the total is at least the sum of the parts that are.
     """
     if not isinstance(raw, dict):
         return TurnUsage()
     tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
-    tokens["total"] = total if total is not None else sum(tokens[p] for p in PARTS)
+    parts_sum = sum(tokens[p] for p in PARTS)
+    if total is None:
+        tokens["total"] = parts_sum
+    elif any(_unread(raw, names) for names in TOKEN_ALIASES.values()):
+        # A part was given but not counted (a negative, a string): a provided total may have been
+        # made from it (Pi's ``totalTokens`` is its plain sum: 10 + -5 = 5), so it is no floor.
+        tokens["total"] = min(max(total, parts_sum), MAX_FIGURE)
+    else:
+        tokens["total"] = total
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
     cost: dict[str, float] = {}
     for part in PARTS:
@@ -408,8 +421,8 @@ def extract_usage(raw: Any) -> TurnUsage:
         provided = non_negative_number(raw.get("cost"))
     if provided is None:
         provided = _first(raw, FLAT_TOTAL_COST_ALIASES)
-    parts_sum = sum(cost[p] for p in PARTS)
-    cost["total"] = parts_sum if provided is None else max(provided, parts_sum)
+    cost_sum = sum(cost[p] for p in PARTS)
+    cost["total"] = cost_sum if provided is None else max(provided, cost_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
 
 

@@ -119,3 +119,16 @@ def test_huge_usage_figures_are_capped_so_the_state_can_always_be_saved() -> Non
     UsageReport.model_validate_json(report.model_dump_json())  # what state.json needs
     check = check_budget(Budget(max_tokens=1, max_cost_usd=1e-9), report, already_warned=False)
     assert math.isfinite(check.percent) and check.limit_hit
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("raw", "total"), [
+    ({"input": 12, "output": -5, "totalTokens": 7}, 12),  # Pi's plain sum of a negative: no floor
+    ({"input": 12, "output": "5", "totalTokens": "125"}, 12),
+    ({"prompt_tokens": 100, "completion_tokens": 20, "cached_tokens": 60, "total_tokens": 120}, 120),  # as given
+    ({"input": 3, "output": -1, "totalTokens": 50}, 50),  # a provided total above the parts stands
+])
+def test_a_token_part_not_counted_never_lowers_the_total_below_the_parts_counted(raw, total) -> None:
+    from castor.domain.materia.budget import extract_usage
+
+    assert extract_usage(raw).tokens.total == total
