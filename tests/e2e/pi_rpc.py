@@ -45,11 +45,20 @@ class PiInstall:
 
 def write_agent_dir(agent_dir: Path, base_url: str, extra_settings: dict[str, Any] | None = None) -> None:
     agent_dir.mkdir(parents=True, exist_ok=True)
+    compat = {"supportsDeveloperRole": False, "supportsReasoningEffort": False}
     models = {"providers": {"fake": {
-        "baseUrl": base_url, "api": "openai-completions", "apiKey": "fake-key",
-        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "baseUrl": base_url, "api": "openai-completions", "apiKey": "fake-key", "compat": compat,
         "models": [{"id": "fake-model", "name": "Fake Model", "contextWindow": 32000, "maxTokens": 1024},
                    {"id": "fake-refiner", "name": "Fake Refiner", "contextWindow": 32000, "maxTokens": 1024}],
+    }, "fake-priced": {
+        # a model Pi has a price for (USD per million tokens): Pi computes each turn's cost from it
+        "baseUrl": base_url, "api": "openai-completions", "apiKey": "fake-key", "compat": compat,
+        "models": [{"id": "priced-model", "name": "Priced Model", "contextWindow": 32000, "maxTokens": 1024,
+                    "cost": {"input": 1000, "output": 2000, "cacheRead": 100, "cacheWrite": 1250}}],
+    }, "fake-router": {
+        # Pi takes a base URL naming openrouter.ai for OpenRouter and reads the cost it reports
+        "baseUrl": f"{base_url}/openrouter.ai", "api": "openai-completions", "apiKey": "fake-key", "compat": compat,
+        "models": [{"id": "router-model", "name": "Router Model", "contextWindow": 32000, "maxTokens": 1024}],
     }}}
     settings = {"defaultProvider": "fake", "defaultModel": "fake-model", "enableInstallTelemetry": False,
                 "quietStartup": True, "retry": {"enabled": False, "provider": {"maxRetries": 0}},

@@ -103,6 +103,7 @@ from castor.domain.materia import prompts
 from castor.domain.materia.budget import (
     SELECTION_FIELDS,
     TurnRecord,
+    TurnUsage,
     check_budget,
     cost_from_provider,
     extract_usage,
@@ -881,10 +882,14 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         first_unreadable = bool(unreadable) and not any(t.unreadable for t in s.usage.turns)
         if unreadable:
             named["unreadable"] = unreadable
+        kind = turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)
+        unreported = _unreported(turn, ev, unreadable, kind, named["costFromProvider"])
+        first_unreported = [f for f in unreported if not any(f in (t.unreported or ()) for t in s.usage.turns)]
+        if unreported:
+            named["unreported"] = unreported
         s.usage = s.usage.add_turn(TurnRecord(
             socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
-            costKind=turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None),
-            **{k: v for k, v in named.items() if v is not None}))
+            costKind=kind, **{k: v for k, v in named.items() if v is not None}))
         ctx.write_usage()
         if unreadable:
             ctx.emit("usage_unreadable", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreadable})
@@ -892,6 +897,9 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
             ctx.notify("warning", f"pi-materia usage: the usage reported for {rs.id}'s turn has figures that are "
                                   f"not numbers ({', '.join(unreadable)}); they count as not reported, so the "
                                   "cast's totals and its budget leave them out (usage.json turns[].unreadable)")
+        if unreported:
+            ctx.emit("usage_unreported", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreported})
+        _say_unreported(ctx, rs.id, turn, first_unreported)
     elif not s.usage.costEstimated:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
@@ -918,6 +926,39 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     s.multi_turn_finalizing = False
     target = _complete_socket(ctx, rs, text, entry_id, finalized=rs.multi_turn)
     _goto(ctx, target, entry_id)
+
+
+def _unreported(turn: TurnUsage, ev: TurnEnded, unreadable: list[str], kind: str,
+                from_provider: bool | None) -> list[str]:
+    """What an answered turn's usage left out without saying so: ``tokens`` when it counts none (a
+    provider that sent no usage, or one in a form the harness does not read: Pi reports zeros), and
+    ``cost`` when it counts tokens at no cost that is not the provider's billed figure (a model with
+    no price in the harness's catalog). A stopped or failed turn may truly have used nothing; a
+    figure that was given but not a number is named in ``unreadable`` instead."""
+    if ev.stop_reason in ("aborted", "error") or ev.error or unreadable:
+        return []
+    if turn.tokens.total == 0:
+        return ["tokens"]
+    if turn.cost.total == 0 and from_provider is not True and kind != "subscription":
+        return ["cost"]
+    return []
+
+
+def _say_unreported(ctx: _Ctx, socket: str, turn: TurnUsage, first: list[str]) -> None:
+    """Said once per cast for each kind of figure a turn left out, where a budget limit then cannot
+    count it (usage.json ``turns[].unreported`` names every such turn): no tokens, a warning; tokens
+    at no cost, a notice."""
+    budget = ctx.s.config.budget
+    if "tokens" in first and (budget.max_tokens is not None or budget.max_cost_usd is not None):
+        ctx.notify("warning", f"pi-materia usage: {socket}'s turn reported no token counts (the provider sent no "
+                              "usage the harness reads), so the cast's totals and its budget cannot count it "
+                              "(usage.json turns[].unreported)")
+    if "cost" in first and budget.max_cost_usd is not None:
+        # a notice, not a warning: the bundled budget has a maxCostUsd, and a model with no price
+        # (a local one) is common -- every cast on it would warn
+        ctx.notify("info", f"pi-materia usage: {socket}'s turn used {js_string(turn.tokens.total)} tokens at no "
+                              "reported cost (the model has no price), so budget.maxCostUsd "
+                              f"(${budget.max_cost_usd:g}) cannot count it (usage.json turns[].unreported)")
 
 
 def _interrupt(ctx: _Ctx, rs: ResolvedSocket, ev: TurnEnded) -> None:
