@@ -140,6 +140,9 @@ def test_usage_pi_cannot_read_and_tokens_with_no_price_are_named_and_said_once(s
     # a notice: the bundled budget's maxCostUsd and a model with no price are both common
     assert said[1][0] == "info" and "Socket-3's turn used 120 tokens at no reported cost" in said[1][1], said
     assert "($5)" in said[1][1], said
+    (done,) = [str(e["message"]) for e in pi.ui("notify", start=start) if "cast complete" in str(e.get("message"))]
+    assert done.endswith(": 135 tokens, $0.0000 (estimated; 3 turns reported no usage; 1 turn with no price "
+                         "counted as $0)."), done
     assert not [e for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"]
 
 
@@ -165,5 +168,8 @@ def test_a_priced_turn_stops_the_cast_at_max_cost_usd(start_pi, castor_command, 
     assert turn["unreported"] is None and turn["unreadable"] is None, turn
     (limit,) = [e["data"] for e in events if e["type"] == "budget_limit"]
     assert limit["overCost"] is True and limit["overToken"] is False, limit
+    said = [str(e["message"]) for e in pi.ui("notify", start=start) if "budget limit reached:" in str(e.get("message"))]
+    assert said == [f"pi-materia budget limit reached: ${0.3 if billed else 0.086:.4f} of budget.maxCostUsd 0.05"
+                    + ("" if billed else " (estimated)")], said
     assert events[-1]["data"]["ok"] is False and events[-1]["data"]["error"] == "pi-materia budget limit reached"
     assert not any("B-MATERIA" in json.dumps(r["messages"]) for r in fake_llm.log()), "the cast ran past its budget"

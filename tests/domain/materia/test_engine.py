@@ -1004,3 +1004,42 @@ def test_placeholders_are_found_as_pi_materias_pattern_finds_them() -> None:
     d = Driver(cfg, request="R", data={"k": 1})
     # "{{ }}" names the empty path: state.data as JSON; "{{}}" names nothing; "{{{x}}" reads "{x"
     assert 'A=[R] B=[{{}}] C=[{{a} b}}] D=[R}] E=[] F=[{\n  "k": 1\n}]' in d.pending().prompt
+
+
+@pytest.mark.timeout(10)
+def test_a_budget_stop_says_which_limit_and_the_figure_that_reached_it() -> None:
+    """The cast failed "pi-materia budget limit reached" (pi-materia's reason) with no word of which
+    limit or how far past it: a user could not tell a token budget from a cost budget."""
+    from castor.domain.materia.cast_messages import Notify
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A"}},
+                 budget={"maxTokens": 100, "maxCostUsd": 0.5, "warnAtPercent": 1000})
+    d = Driver(resolved(cfg))
+    d.reply("one", usage={"total": 160, "cost": {"total": 0.75, "totalFromProvider": True}})
+    texts = [e.message for e in d.effects if isinstance(e, Notify) and "budget" in e.message]
+    assert texts == ["pi-materia budget limit reached: 160 tokens of budget.maxTokens 100 and $0.7500 of "
+                     "budget.maxCostUsd 0.5",
+                     "pi-materia cast failed: pi-materia budget limit reached (cast cast-1)"], texts
+    assert d.state.failed_reason == "pi-materia budget limit reached"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("usage", "said"), [
+    ({"input": 10, "output": 5, "cost": {"total": 0.01, "totalFromProvider": True}}, "15 tokens, $0.0100."),
+    ({"input": 10, "output": 5, "cost": {"total": 0.01, "totalFromProvider": False}},
+     "15 tokens, $0.0100 (estimated)."),
+    ({"input": 10, "output": 5}, "15 tokens, $0.0000 (estimated; 1 turn with no price counted as $0)."),
+    ({"input": 0, "output": 0}, "0 tokens, $0.0000 (estimated; 1 turn reported no usage)."),
+    ({"input": 10, "output": "5"},
+     "10 tokens, $0.0000 (estimated; 1 turn with unreadable figures left out)."),
+])
+def test_the_end_notice_says_what_its_totals_leave_out(usage, said) -> None:
+    """"15 tokens, $0.0000." read as a billed nothing when the model had no price, the provider sent
+    no usage, or a figure was no number: the notice now says so."""
+    from castor.domain.materia.cast_messages import Notify
+
+    d = Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A"}})))
+    d.reply("one", usage=usage)
+    (done,) = [e.message for e in d.effects if isinstance(e, Notify) and "cast complete" in e.message]
+    assert done.endswith(f": {said}"), done
