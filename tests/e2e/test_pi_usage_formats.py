@@ -143,6 +143,9 @@ def test_usage_pi_cannot_read_and_tokens_with_no_price_are_named_and_said_once(s
     (done,) = [str(e["message"]) for e in pi.ui("notify", start=start) if "cast complete" in str(e.get("message"))]
     assert done.endswith(": 135 tokens, $0.0000 (estimated; 3 turns reported no usage; 1 turn with no price "
                          "counted as $0)."), done
+    shown = pi.wait_ui("notify", start=pi.command("/materia status"))["message"]
+    assert "\nusage: 135 tokens, $0.0000 (estimated; 3 turns reported no usage; 1 turn with no price counted as " \
+           "$0)\n" in shown, shown
     assert not [e for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"]
 
 

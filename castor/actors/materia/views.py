@@ -27,6 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from castor.domain.jsontext import js_string
+from castor.domain.materia.budget import usage_caveats
 from castor.domain.materia.state import CastState, interrupted_document, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
@@ -82,7 +84,8 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
         "started_at": state.started_at,
         "updated_at": state.updated_at,
         "ended_at": state.ended_at,
-        "usage": {"tokens": state.usage.tokens.total, "cost_usd": state.usage.cost.total},
+        "usage": {"tokens": state.usage.tokens.total, "cost_usd": state.usage.cost.total,
+                  "caveats": usage_caveats(state.usage).strip(" ()") or None},
         "last_message": state.last_message,
     }
 
@@ -101,6 +104,11 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     visits = view.get("visits") or {}
     if visits:
         lines.append("visits: " + ", ".join(f"{k}×{v}" for k, v in visits.items()))
+    usage = view.get("usage")
+    if isinstance(usage, dict) and visits:
+        caveats = usage.get("caveats")
+        lines.append(f"usage: {js_string(usage.get('tokens') or 0)} tokens, ${usage.get('cost_usd') or 0:.4f}"
+                     + (f" ({caveats})" if caveats else ""))
     if view.get("paused"):
         lines.append(f"› waiting for refinement; {command(surface, 'continue', cast_id)} to finalize "
                      "(reply to refine the draft)")

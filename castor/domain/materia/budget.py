@@ -227,6 +227,26 @@ class UsageReport(BaseModel):
         return out
 
 
+def usage_caveats(report: UsageReport) -> str:
+    """What a cast's totals do not say by themselves, for its end notice and its status: `` (estimated;
+    2 turns with no price counted as $0)``, or nothing when every cost was the provider's billed figure
+    and every turn's usage was counted."""
+    def turns(n: int) -> str:
+        return f"{n} turn{'s' if n != 1 else ''}"
+
+    notes = ["subscription: no per-token billing" if report.costKind == "subscription"
+             else "estimated" if report.costEstimated else ""]
+    for figure, said in (("tokens", "reported no usage"), ("cost", "with no price counted as $0")):
+        n = sum(1 for t in report.turns if figure in (t.unreported or ()))
+        if n:
+            notes.append(f"{turns(n)} {said}")
+    n = sum(1 for t in report.turns if t.unreadable)
+    if n:
+        notes.append(f"{turns(n)} with unreadable figures left out")
+    shown = [note for note in notes if note]
+    return f" ({'; '.join(shown)})" if shown else ""
+
+
 def _combined_kind(report: CostKind, turn: CostKind) -> CostKind:
     return "subscription" if "subscription" in (report, turn) else "actual"
 

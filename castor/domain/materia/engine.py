@@ -104,7 +104,6 @@ from castor.domain.materia.budget import (
     SELECTION_FIELDS,
     TurnRecord,
     TurnUsage,
-    UsageReport,
     check_budget,
     cost_from_provider,
     extract_usage,
@@ -112,6 +111,7 @@ from castor.domain.materia.budget import (
     model_selection,
     turn_cost_kind,
     unreadable_figures,
+    usage_caveats,
 )
 from castor.domain.materia.cast_messages import (
     AbortRequested,
@@ -417,27 +417,8 @@ def _finish(ctx: _Ctx, entry_id: str | None) -> None:
                           "entryId": entry_id})
     ctx.manifest({"phase": "complete", "entryId": entry_id})
     ctx.notify("info", f"pi-materia cast complete. Cast {s.cast_id}: {js_string(s.usage.tokens.total)} tokens, "
-                       f"${s.usage.cost.total:.4f}{_usage_caveats(s.usage)}.")
+                       f"${s.usage.cost.total:.4f}{usage_caveats(s.usage)}.")
     ctx.effects.append(Finished(cast_id=s.cast_id, entry_id=entry_id))
-
-
-def _usage_caveats(report: UsageReport) -> str:
-    """What a cast's totals do not say by themselves, for its end notice: `` (estimated; 2 turns with
-    no price counted as $0)``, or nothing when every cost was the provider's billed figure."""
-    def turns(n: int) -> str:
-        return f"{n} turn{'s' if n != 1 else ''}"
-
-    notes = ["subscription: no per-token billing" if report.costKind == "subscription"
-             else "estimated" if report.costEstimated else ""]
-    for figure, said in (("tokens", "reported no usage"), ("cost", "with no price counted as $0")):
-        n = sum(1 for t in report.turns if figure in (t.unreported or ()))
-        if n:
-            notes.append(f"{turns(n)} {said}")
-    n = sum(1 for t in report.turns if t.unreadable)
-    if n:
-        notes.append(f"{turns(n)} with unreadable figures left out")
-    shown = [note for note in notes if note]
-    return f" ({'; '.join(shown)})" if shown else ""
 
 
 def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool = False,
@@ -855,7 +836,7 @@ def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
             reached.append(f"${s.usage.cost.total:.4f} of budget.maxCostUsd {js_string(budget.max_cost_usd)}")
         detail = f"pi-materia budget limit reached: {' and '.join(reached)}"
         if result.stop:
-            ctx.notify("warning", f"{detail}{_usage_caveats(s.usage)}")
+            ctx.notify("warning", f"{detail}{usage_caveats(s.usage)}")
             raise _Fail("pi-materia budget limit reached", entry_id)
         ctx.notify("warning", f"{detail} (stopAtLimit is false; continuing)")
 
