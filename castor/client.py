@@ -32,20 +32,16 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from castor._log import logger
 from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
 from castor.endpoint.dispatch import Context, Dispatcher
-from castor.endpoint.errors import ConnectionClosed, error_from_wire
+from castor.endpoint.errors import error_from_wire
 from castor.endpoint.listeners import is_loopback_host, peer_is_us, tcp_peer_is_us
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import CastorError, Forbidden
-
-#: How recent an ``error`` notification must be to count as the server's reason for a close.
-_PARTING_WINDOW_S = 2.0
 
 ClientHandler = Callable[[dict[str, Any]], Any]
 
@@ -70,13 +66,14 @@ class Client:
         self.process = process
         self._dispatcher = Dispatcher(builtin_hello=False)
         # On the reading thread: a refusal's notification is then recorded before the end of stream
-        # that follows it is read, so a call the close fails can say why (``call``).
+        # that follows it is read, so a call the close fails can say why (``_parting``).
         self._dispatcher.register("error", self._on_error_notification, on_reading_thread=True)
         self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
-        self._last_error_at = float("-inf")
+        self._last_error: tuple[dict[str, Any], int] | None = None  # the latest, and frames read then
         # Workers poll so that a caller can take the reader role and read its own reply.
         settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
         self.connection = Connection(transport, self._dispatcher, settings=settings, name=name)
+        self.connection.peer_parting = self._parting
         self.connection.start()
         if token is not None:
             try:
@@ -147,25 +144,20 @@ class Client:
         interrupt's exception unchanged: see the module's note on Ctrl-C)."""
         if method == "runtime.hello" and self._token is not None:
             params = {**(params or {}), "token": (params or {}).get("token", self._token)}
-        try:
-            return self.connection.call(method, params or {},
-                                        timeout=self.default_timeout if timeout is None else timeout)
-        except ConnectionClosed as closed:
-            parting = self._parting_error()
-            if parting is None:
-                raise
-            raise parting from closed
+        return self.connection.call(method, params or {},
+                                    timeout=self.default_timeout if timeout is None else timeout)
 
-    def _parting_error(self) -> CastorError | None:
-        """The server's reason for closing the connection, when it gave one: an ``error`` notification
-        read just before the end (a refusal -- too many connections, out of descriptors, an evicted or
-        late hello -- or an idle close). A call the close fails raises it instead of ``cancelled``: the
-        caller learns the typed reason (``mailbox_full`` ...), not only that the connection went."""
-        if not self.connection.closed or not self.errors:
+    def _parting(self) -> CastorError | None:
+        """The server's reason for ending the connection, when it gave one: an ``error`` notification
+        that was the last frame read before the end (a refusal -- too many connections, out of
+        descriptors, an evicted or late hello -- or an idle close). Every call the close fails, and
+        every call made after it, raises it instead of ``cancelled`` (the connection's ``peer_parting``):
+        the caller learns the typed reason (``mailbox_full`` ...), not only that the connection went.
+        An earlier notification (a refused frame) followed by other frames is not that reason."""
+        last = self._last_error
+        if last is None or last[1] != self.connection.counters["frames_in"]:
             return None
-        if time.monotonic() - self._last_error_at > _PARTING_WINDOW_S:
-            return None  # an older notification (a refused frame) is not why it closed now
-        return error_from_wire(self.errors[-1])
+        return error_from_wire(last[0])
 
     def call_async(self, method: str, params: dict[str, Any] | None = None, *,
                    timeout: float | None = None) -> PendingCall:
@@ -202,7 +194,7 @@ class Client:
         logger.warning("server reported an error: {}", params)
         self.errors.append(params)
         del self.errors[:-100]
-        self._last_error_at = time.monotonic()
+        self._last_error = (params, self.connection.counters["frames_in"])
 
     # ---------------------------------------------------------------- closing
     @property

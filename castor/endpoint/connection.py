@@ -31,7 +31,18 @@ Both peers use this class: the server for each accepted client, the
   discarded and counted in ``late_replies``.
 * **Close is prompt.** Every pending outgoing call fails with
   :class:`~castor.endpoint.errors.ConnectionClosed`; threads blocked in the
-  transport are woken; close callbacks run once. A close that a write or the
+  transport are woken; close callbacks run once.
+* **What the peer said before it went is not lost.** A write the peer refuses (it closed:
+  ``EPIPE``, ``ECONNRESET``) closes the connection at once, but first what the peer sent before
+  it went, still unread in the transport, is read (bounded: ``_DRAIN_MAX_BYTES``, and the reader
+  role within ``_DRAIN_WAIT``): its answers resolve their calls and its notifications that run
+  on the reading thread run, as if the end of stream had been read. When the peer ended the
+  connection (end of stream, or a refused write) and ``peer_parting`` names its reason -- the
+  client's: an ``error`` notification that was the last frame before the end, a refusal -- every
+  call the close fails, and every call made after it, raises that typed error (its
+  ``__cause__`` the ``ConnectionClosed``) instead of a bare ``cancelled``. A close of this side's
+  own making (``close()``, an interrupt) fails them ``cancelled``
+  (tests/endpoint/test_transports.py). A close that a write or the
   input stream caused (a failed write, the outbound queue overflowing, an
   undecodable frame) can happen on any thread that sends or reads -- an
   actor's, inside a handler -- so its callbacks run on a thread of their own:
@@ -134,6 +145,12 @@ _CALLER_RECHECK = 0.05
 # The most a cork holds; a frame that would take it past this writes it out at once (the cork is
 # for a handler's few small notifications, and what it holds is not yet under the outbound bound).
 _CORK_MAX_BYTES = 64 * 1024
+# A write the peer refused closes the connection after reading what it sent before it went:
+# at most this much, and only if the reader role comes free (its holder sees the close) this soon.
+_DRAIN_MAX_BYTES = 1024 * 1024
+_DRAIN_WAIT = 0.25
+# The reason a write failure gives a close (reasons are free text; this prefix is looked for).
+_WRITE_FAILED = "write failed"
 # A connection stays registered with the watchdog this long after its last frame. Registering
 # wakes the watchdog's thread; a busy connection that dropped out between two calls and came back
 # at the next one woke it about once a millisecond, a thread hand-off on one CPU. While frames
@@ -254,6 +271,12 @@ class Connection:
         self.settings = settings or ConnectionSettings()
         self.state: dict[str, Any] = {}
         self.close_reason: str | None = None
+        #: The typed reason the peer gave for ending the connection, or None (set by its owner: the
+        #: client's ``error`` notification read last before the end). Asked once, when a close the
+        #: peer caused (end of stream, a refused write) fails the pending calls.
+        self.peer_parting: Callable[[], CastorError | None] | None = None
+        #: What ``peer_parting`` answered at the close (calls made after it raise it too).
+        self.parting_error: CastorError | None = None
         self.name = name or f"conn-{self.id}"  # binds the log too (see the property)
         # The level of the lines a peer's own faults cost (bytes that are not msgpack, a reset
         # before its answer, an answer it does not read): DEBUG for a peer that has not
@@ -386,12 +409,16 @@ class Connection:
         return self._closed_event.wait(timeout)
 
     def close(self, reason: str = "closed", *, flush_timeout: float = 0.0,
-              callbacks_apart: bool = False) -> None:
+              callbacks_apart: bool = False, by_peer: bool = False) -> None:
         """Close once: optionally flush queued output, wake every thread, fail pending calls.
 
         The close callbacks run on this thread once the rest is done, or (``callbacks_apart``) on a
         thread of their own: for a close that happens on whichever thread wrote or read, possibly an
-        actor's inside a handler, which the callbacks (closing sessions) would wait for."""
+        actor's inside a handler, which the callbacks (closing sessions) would wait for.
+
+        ``by_peer``: the peer ended the connection (its end of stream, a write it refused): the
+        pending calls fail with its parting reason when ``peer_parting`` names one. A refused
+        write's close reads what the peer sent before it went first (the module's note)."""
         if flush_timeout > 0 and not self._closed:
             self._uncork()  # a corked response (an auth refusal's) is flushed like the rest
         with self._mutex:
@@ -410,8 +437,17 @@ class Connection:
             self._out.clear()
             self._out_bytes = 0
             self._wlock.notify_all()
+        if by_peer and reason.startswith(_WRITE_FAILED):
+            self._drain_input()
+        parting = None
+        if by_peer and self.peer_parting is not None:
+            try:
+                parting = self.peer_parting()
+            except Exception:  # pragma: no cover - the owner's hook; the calls fail cancelled then
+                self._log.exception("peer_parting failed")
+        self.parting_error = parting
         self.transport.close()
-        self._fail_pending(reason)
+        self._fail_pending(reason, parting)
         with self._mutex:
             self._wake_callers_locked()  # callers waiting for the reader role see their failure
             self._maybe_release_fds()
@@ -453,8 +489,7 @@ class Connection:
         timeout = self.settings.default_call_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         if self._closed:
-            raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
-                                   data={"reason": self.close_reason})
+            raise self._closed_error(method)
         # itertools.count is atomic under the GIL; a msgid repeats only after 2**32 calls.
         msgid = next(self._msgids) & MAX_MSGID
         pending = PendingCall(self, msgid, method, deadline)
@@ -462,8 +497,7 @@ class Connection:
             self._pending[msgid] = pending
             if self._closed:  # lost a race with close(): it may have swapped the table already
                 self._pending.pop(msgid, None)
-                raise ConnectionClosed(f"{method}: connection closed", may_have_started=False,
-                                       data={"reason": self.close_reason})
+                raise self._closed_error(method)
             try:
                 frame = encode_request(msgid, method, params or {})
             except (TypeError, ValueError, OverflowError) as exc:
@@ -529,15 +563,22 @@ class Connection:
             with self._mutex:
                 self._wake_callers_locked()
 
-    def _fail_pending(self, reason: str) -> None:
+    def _closed_error(self, method: str) -> CastorError:
+        """What a call made on the closed connection raises (nothing was sent)."""
+        closed = ConnectionClosed(f"{method}: connection closed", may_have_started=False,
+                                  data={"reason": self.close_reason})
+        return _as_parting(self.parting_error, closed)
+
+    def _fail_pending(self, reason: str, parting: CastorError | None = None) -> None:
         with self._plock:
             old, self._pending = self._pending, {}
         for msgid in list(old):
             call = old.pop(msgid, None)  # a racing reply may have popped it: resolve exactly once
             if call is None:
                 continue
-            call.resolve(ConnectionClosed(f"{call.method}: connection closed ({reason})",
-                                           may_have_started=True, data={"reason": reason}), None)
+            closed = ConnectionClosed(f"{call.method}: connection closed ({reason})",
+                                      may_have_started=True, data={"reason": reason})
+            call.resolve(_as_parting(parting, closed), None)
 
     # ------------------------------------------------------------------ writing
     def _send(self, data: bytes | memoryview, *, urgent: bool = False) -> bool:
@@ -576,7 +617,8 @@ class Connection:
             self.close_interrupted(threading.get_ident(), None, exc)
             raise
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        self.close(overflow, callbacks_apart=True)  # any thread sends: an actor's, mid-handler
+        # any thread sends: an actor's, mid-handler
+        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
         return False
 
     def _cork_inline(self, me: int) -> None:
@@ -612,7 +654,8 @@ class Connection:
                 self._send(tail)
             return
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        self.close(overflow, callbacks_apart=True)  # the watchdog's thread, or a handler's
+        # the watchdog's thread, or a handler's
+        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
 
     def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
         """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
@@ -623,7 +666,7 @@ class Connection:
             except OSError as exc:
                 if not raised_by_the_os(exc):
                     raise
-                overflow = f"write failed: {exc}"
+                overflow = f"{_WRITE_FAILED}: {exc}"
                 sent = None
             if overflow is None and sent is not None:
                 if sent == len(data):
@@ -663,7 +706,7 @@ class Connection:
                     self._writer_busy = False
                     self._wlock.notify_all()
                 if not self._closed:
-                    self.close(f"write failed: {exc}")
+                    self.close(f"{_WRITE_FAILED}: {exc}", by_peer=True)
                 return
             with self._wlock:
                 self._out_bytes = max(0, self._out_bytes - size)
@@ -1337,6 +1380,74 @@ class Connection:
         # A caller waiting for its reply reads too (an actor's thread, inside a handler).
         self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5, callbacks_apart=True)
 
+    def _drain_input(self) -> None:
+        """Read what the peer sent before a write to it failed (called by :meth:`close`, the
+        connection marked closed, before the transport is): its responses resolve their calls and
+        its notifications that run on the reading thread run (the client's ``error``: a refusal);
+        requests and other notifications are dropped (no answer can reach the peer).
+
+        Takes the reader role once its holder has let go -- it sees the close: a poller is poked, a
+        thread blocked in ``recv`` is woken by shutting the socket's read side, which leaves what is
+        queued readable; one running a handler inline (the client's ``error`` notification, read a
+        moment before) finishes it first -- within ``_DRAIN_WAIT``, else nothing more is read; then
+        reads only what is there already, at most ``_DRAIN_MAX_BYTES``."""
+        me = threading.get_ident()
+        shutdown_read = getattr(self.transport, "shutdown_read", None)
+        if shutdown_read is not None:
+            shutdown_read()
+        deadline = time.monotonic() + _DRAIN_WAIT
+        took = False
+        while not took:
+            with self._mutex:
+                if self._role is None or self._role == me:
+                    self._role, self._inline_since = me, None
+                    took = True
+            if not took:
+                if time.monotonic() >= deadline:
+                    self._log.debug("closing without reading what the peer sent: the reader kept its role")
+                    return
+                time.sleep(0.002)  # the holder leaves at its next look at _closed (a poke, a wake)
+        try:
+            poller = select.poll()
+            poller.register(self.transport.read_fd, select.POLLIN)
+            budget = _DRAIN_MAX_BYTES
+            self._drain_frames()
+            while budget > 0 and poller.poll(0):
+                data = self.transport.read_available()
+                if not data:
+                    break
+                budget -= len(data)
+                try:
+                    self._decoder.unpacker.feed(data)
+                except msgpack.BufferFull:
+                    break
+                self._fed += len(data)
+                self._drain_frames()
+        finally:
+            with self._mutex:
+                if self._role == me:
+                    self._role = None
+
+    def _drain_frames(self) -> None:
+        """Decode the whole frames buffered (see :meth:`_drain_input`)."""
+        unpacker = self._decoder.unpacker
+        while unpacker.tell() != self._fed:
+            try:
+                value = next(unpacker)
+            except StopIteration:  # the start of a frame the peer never finished
+                return
+            except Exception:  # undecodable: nothing after it can be read
+                return
+            self.counters["frames_in"] += 1
+            try:
+                frame = parse_frame(value)
+            except (BadParams, BadFrame):
+                continue
+            if type(frame) is Response:
+                self._on_response(frame.msgid, frame.error, frame.result)
+            elif type(frame) is Notification and self.dispatcher.runs_on_reading_thread(frame.method):
+                self._run(frame)
+
     def _on_eof(self) -> None:
         """Peer finished sending: let accepted work finish (bounded), flush, close."""
         if self._closed:
@@ -1349,8 +1460,20 @@ class Connection:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-        self.close("eof", flush_timeout=self.settings.drain_timeout)
+        self.close("eof", flush_timeout=self.settings.drain_timeout, by_peer=True)
 
+
+
+def _as_parting(parting: CastorError | None, closed: ConnectionClosed) -> CastorError:
+    """``closed``, or a fresh copy of the peer's parting error caused by it (each failed call
+    raises its own exception object: one raised on several threads would share a traceback).
+    ``may_have_started`` is the close's unless the peer's error says."""
+    if parting is None:
+        return closed
+    err = error_from_wire(parting.to_wire())
+    err.data.setdefault("may_have_started", closed.may_have_started)
+    err.__cause__ = closed
+    return err
 
 
 def _take(token: list[bool]) -> bool:

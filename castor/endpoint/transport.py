@@ -98,6 +98,14 @@ class SocketTransport:
     def sendall(self, data: memoryview | bytes) -> None:
         self._sock.sendall(data)
 
+    def shutdown_read(self) -> None:
+        """Wake a thread blocked in ``recv`` (it gets what is queued, or ``b""``) without losing
+        what the peer sent: it stays readable, and ``recv`` never blocks again."""
+        try:
+            self._sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:

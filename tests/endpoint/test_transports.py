@@ -326,3 +326,81 @@ def test_a_client_refused_for_too_many_connections_is_told_why_not_only_cancelle
             assert first.call("add", {"a": 3}) == 3
     finally:
         srv.stop()
+
+
+def _refused_socket(address: str) -> socket.socket:
+    """A connection the server has refused and closed already (its ``error`` notification waits,
+    unread, in this socket): nothing this client writes from now on reaches anyone."""
+    import select
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)  # the server's close (its notification comes first)
+    events = poller.poll(10_000)
+    assert events and events[0][1] & (select.POLLRDHUP | select.POLLHUP), "the server did not refuse the connection"
+    return sock
+
+
+@pytest.mark.timeout(60)
+def test_a_call_written_before_the_refusal_was_read_raises_the_refusal_not_cancelled(gates, sock_dir) -> None:
+    """The server refuses a connection past its limit with a ``mailbox_full`` notification and
+    closes it. A client whose call went out before it had read that notification failed the
+    write (``EPIPE``) and closed at once, the notification still unread in its socket: the call
+    ended ``cancelled`` (``write failed: Broken pipe``), most of the time, and the harness never
+    learnt why. The client now reads what the server sent before a failed write closes the
+    connection, so every call the refusal ended -- sent before or after, ``call`` or
+    ``call_async`` -- raises the server's ``mailbox_full``, chained to the close's ``cancelled``."""
+    from castor.client import _caller_socket
+    from castor.messages.errors import MailboxFull
+
+    srv = start_server(gates, sock_dir, max_connections=1)
+    try:
+        with Client.connect_unix(srv.address) as first:
+            assert first.call("add", {"a": 1}) == 1
+            for attempt in range(20):  # the reader and the write race: each ordering must hold
+                with Client(_caller_socket(_refused_socket(srv.address))) as extra:
+                    if attempt % 2:
+                        pending = extra.call_async("add", {"a": 2}, timeout=10)
+                        with pytest.raises(MailboxFull) as refused:
+                            pending.result()
+                    else:
+                        with pytest.raises(MailboxFull) as refused:
+                            extra.call("add", {"a": 2}, timeout=10)
+                    assert "too many connections" in refused.value.message, attempt
+                    assert refused.value.__cause__ is not None and refused.value.__cause__.code == "cancelled"
+                    with pytest.raises(MailboxFull):  # and a call after it: the same reason
+                        extra.call_async("add", {"a": 3}).result()
+            assert first.call("add", {"a": 3}) == 3
+    finally:
+        srv.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_call_the_user_cancelled_stays_cancelled_after_a_refused_notification(gates, sock_dir) -> None:
+    """An ``error`` notification that did not end the connection (a refused frame) is not the
+    reason a call fails when the user closes the client: that call stays ``cancelled``. The
+    client took any ``error`` notification of the last 2 s for the server's parting reason."""
+    from castor.endpoint.errors import ConnectionClosed
+
+    srv = start_server(gates, sock_dir)
+    try:
+        client = Client.connect_unix(srv.address, default_timeout=10)
+        try:
+            client.connection.transport.sendall(b"\x07")  # a bare number: refused, the connection stays
+            from tests.support.waiting import wait_for
+
+            wait_for(lambda: client.errors, timeout=10, what="the server's invalid_frame notification")
+            assert client.call("add", {"a": 1}) == 1
+            pending = client.call_async("block", {}, timeout=10)
+            assert gates.entered.wait(10)
+        finally:
+            client.close()
+        with pytest.raises(ConnectionClosed) as cancelled:
+            pending.result()
+        assert cancelled.value.data["reason"] == "client closed"
+        with pytest.raises(ConnectionClosed):
+            client.call("add", {"a": 2})
+    finally:
+        gates.release.set()
+        srv.stop()
