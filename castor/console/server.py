@@ -24,8 +24,10 @@ that does not name this loopback listener is ``403`` (a page elsewhere cannot re
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
+import os
 import re
 import secrets
 import socket
@@ -41,6 +43,7 @@ from castor._log import logger
 from castor.console import pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
+from castor.endpoint.server import EXHAUSTED_BACKOFF_S, FD_EXHAUSTION
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.supervision.threads import start_thread
 
@@ -144,6 +147,7 @@ class ConsoleServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.httpd.backoff_over.set()  # an accept loop waiting out an exhaustion stops waiting
         self.httpd.shutdown()
         self.httpd.server_close()
         if self._thread is not None:
@@ -168,6 +172,34 @@ class ConsoleServer:
         return hosts
 
 
+def _refuse_503(request: Any, body: bytes) -> None:
+    """Answer ``503`` with ``body`` in a single non-blocking send (a peer that does not read costs
+    the accepting thread nothing) and close."""
+    try:
+        request.setblocking(False)
+        request.send(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                     b"Content-Type: text/plain; charset=utf-8\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    except OSError:
+        pass
+    finally:
+        try:
+            request.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            request.close()
+        except OSError:
+            pass
+
+
+def _take_reserve_fd() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 def _cut(connection: Any) -> None:
     """Shut ``connection`` down both ways: its handler's blocked read ends at once."""
     try:
@@ -182,7 +214,14 @@ class _Server(ThreadingHTTPServer):
     process a thread each. When every slot is taken, the connection that has waited longest
     without sending its request is closed to make room; when none is waiting (every one is
     mid-request), the newcomer is answered 503 (a single non-blocking send) and closed on the
-    accepting thread, which never waits for it."""
+    accepting thread, which never waits for it.
+
+    Out of file descriptors (``accept`` fails with ``EMFILE``: ``ulimit -n``, a crowd of
+    connections), the connection stays queued and the listener readable: the loop would spin and the
+    client wait for ever. As the msgpack endpoint does, the server keeps one descriptor in reserve:
+    it gives it back, accepts the waiting connection, answers it ``503`` (out of file descriptors),
+    closes it and takes the reserve again; with no reserve to give it waits ``EXHAUSTED_BACKOFF_S``.
+    One warning per spell; it serves again as soon as descriptors are free."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -192,7 +231,57 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._awaited: dict[Any, float] = {}  # connection -> when its request must have arrived
         self._awaited_lock = threading.Lock()
+        self.backoff_over = threading.Event()  # set by stop(): no more waiting out an exhaustion
+        self._exhausted_logged = False
+        self._reserve_fd: int | None = None  # (a bind that fails calls server_close in __init__)
         super().__init__(*args, **kwargs)
+        self._reserve_fd = _take_reserve_fd()
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            accepted = super().get_request()
+        except OSError as exc:
+            if exc.errno in FD_EXHAUSTION:
+                self._shed_while_exhausted(exc)
+            raise  # the caller (socketserver) takes an OSError here for "nothing accepted"
+        if self._exhausted_logged:
+            self._exhausted_logged = False
+            logger.bind(actor="/console").info("console: file descriptors are free again")
+        if self._reserve_fd is None:
+            self._reserve_fd = _take_reserve_fd()
+        return accepted
+
+    def _shed_while_exhausted(self, exc: OSError) -> None:
+        """``accept`` found no descriptor: refuse the connection waiting with the reserve (``503``),
+        or, with none, wait a little instead of spinning (see the class's note)."""
+        if not self._exhausted_logged:
+            self._exhausted_logged = True
+            logger.bind(actor="/console").warning(
+                "console out of file descriptors: answering 503 until some close ({})", exc)
+        if self._reserve_fd is None:
+            self._reserve_fd = _take_reserve_fd()
+            if self._reserve_fd is None:
+                self.backoff_over.wait(EXHAUSTED_BACKOFF_S)
+                return
+        os.close(self._reserve_fd)
+        self._reserve_fd = None
+        try:
+            request, _address = self.socket.accept()
+        except OSError:
+            request = None
+        if request is not None:
+            name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
+            _refuse_503(request, f"castor's console is out of file descriptors ({name}); retry once some "
+                                 "connections have closed\n".encode())
+        self._reserve_fd = _take_reserve_fd()
+        if request is None and self._reserve_fd is None:
+            self.backoff_over.wait(EXHAUSTED_BACKOFF_S)
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self._reserve_fd is not None:
+            os.close(self._reserve_fd)
+            self._reserve_fd = None
 
     def await_request(self, connection: Any) -> None:
         """``connection``'s request line and headers must all arrive within SOCKET_TIMEOUT_S
@@ -230,15 +319,7 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False) and not (self._evict_oldest_waiting()
                                                           and self.slots.acquire(timeout=EVICTION_WAIT_S)):
-            body = f"too many connections (at most {MAX_CONNECTIONS})\n".encode()
-            try:
-                request.setblocking(False)
-                request.send(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
-                             b"Content-Type: text/plain; charset=utf-8\r\n"
-                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            except OSError:
-                pass
-            self.shutdown_request(request)
+            _refuse_503(request, f"too many connections (at most {MAX_CONNECTIONS})\n".encode())
             return
         try:
             super().process_request(request, client_address)
