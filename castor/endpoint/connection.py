@@ -102,7 +102,7 @@ from castor.endpoint.framing import (
     undecodable,
 )
 from castor.endpoint.transport import Transport, raised_by_the_os
-from castor.messages.errors import CastorError, ErrorCode, Internal, MailboxFull, Timeout
+from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, MailboxFull, Timeout
 from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
@@ -502,14 +502,13 @@ class Connection:
                 frame = encode_request(msgid, method, params or {})
             except (TypeError, ValueError, OverflowError) as exc:
                 self._forget(msgid)
-                raise Internal(f"{method}: params are not msgpack-serialisable: {exc}",
-                               may_have_started=False) from None
+                raise _unsendable(method, exc) from None
             too_big = (None if len(frame) <= self._smallest_limit
                        else over_limits(frame, params, self.settings.frame_limits))
             if too_big is not None:
                 self._forget(msgid)
-                raise Internal(f"{method} not sent: {too_big}", may_have_started=False,
-                               data={"reason": "params_too_large"})
+                raise InvalidParams(f"{method} not sent: {too_big}", may_have_started=False,
+                                    data={"method": method, "reason": "params_too_large"})
             self.counters["calls_out"] += 1
             self._send(frame, urgent=True)  # closes the connection if interrupted while writing
         except CastorError:
@@ -521,8 +520,12 @@ class Connection:
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
         """Queue a notification; ``False`` if the connection is closed or the notification is over
-        the protocol's limits (never sent: the peer would drop the connection on it; logged)."""
-        frame = encode_notification(method, params or {})
+        the protocol's limits (never sent: the peer would drop the connection on it; logged).
+        Params msgpack cannot carry (an object, nested past its depth) raise ``invalid_params``."""
+        try:
+            frame = encode_notification(method, params or {})
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _unsendable(method, exc) from None
         too_big = None if len(frame) <= self._smallest_limit else over_limits(frame, params, self.settings.frame_limits)
         if too_big is not None:
             self._log.error("{} not sent: {}", method, too_big)
@@ -1462,6 +1465,13 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout, by_peer=True)
 
+
+
+def _unsendable(method: str, exc: Exception) -> InvalidParams:
+    """The caller's params cannot be encoded (not msgpack types, nested past the packer's depth,
+    an integer over 64 bits): the caller's input, not castor's fault; nothing was sent."""
+    return InvalidParams(f"{method}: params are not msgpack-serialisable: {exc}", may_have_started=False,
+                         data={"method": method, "reason": "params_not_serialisable"})
 
 
 def _as_parting(parting: CastorError | None, closed: ConnectionClosed) -> CastorError:

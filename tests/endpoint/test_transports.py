@@ -404,3 +404,26 @@ def test_a_call_the_user_cancelled_stays_cancelled_after_a_refused_notification(
     finally:
         gates.release.set()
         srv.stop()
+
+
+@pytest.mark.timeout(30)
+def test_params_a_client_cannot_send_are_invalid_params_not_internal_and_nothing_is_lost(client: Client) -> None:
+    """Params msgpack cannot carry (an object, data nested past the packer's depth) or over the
+    protocol's limits are the caller's input, never sent. ``call`` raised ``internal`` -- the code
+    for castor's own bugs -- and ``notify`` a bare ``TypeError``/``ValueError``. Now both raise
+    ``invalid_params`` (``data.reason``, ``may_have_started: false``) and the connection goes on."""
+    deep: object = 0
+    for _ in range(2000):
+        deep = [deep]
+    cases = [({"o": object()}, "params_not_serialisable"), ({"deep": deep}, "params_not_serialisable"),
+             ({"n": 2**70}, "params_not_serialisable"), ({"s": "x" * (9 << 20)}, "params_too_large")]
+    for params, reason in cases:
+        with pytest.raises(InvalidParams) as bad:
+            client.call("echo", params)
+        assert bad.value.data["reason"] == reason and bad.value.may_have_started is False, bad.value
+        assert bad.value.data["method"] == "echo"
+    for params, _reason in cases[:3]:
+        with pytest.raises(InvalidParams) as bad:
+            client.notify("echo", params)
+        assert bad.value.data["reason"] == "params_not_serialisable"
+    assert not client.closed and client.call("add", {"a": 4}) == 4
