@@ -145,6 +145,8 @@ _CALLER_RECHECK = 0.05
 # The most a cork holds; a frame that would take it past this writes it out at once (the cork is
 # for a handler's few small notifications, and what it holds is not yet under the outbound bound).
 _CORK_MAX_BYTES = 64 * 1024
+#: A failed notification is a warning at most this often per connection (see _notification_failed).
+NOTIFICATION_FAILURE_LOG_INTERVAL_S = 10.0
 # A write the peer refused closes the connection after reading what it sent before it went:
 # at most this much, and only if the reader role comes free (its holder sees the close) this soon.
 _DRAIN_MAX_BYTES = 1024 * 1024
@@ -361,8 +363,10 @@ class Connection:
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
             "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
-            "unauthenticated_notifications": 0,
+            "unauthenticated_notifications": 0, "notifications_failed": 0,
         }
+        self._notify_warned_at = float("-inf")  # the last warning for a failed notification
+        self._notify_quiet = 0  # failed notifications logged at debug level since
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Connection:
@@ -1339,7 +1343,7 @@ class Connection:
                     self.counters["unauthenticated_notifications"] += 1
                     self._log.debug("notification {!r} dropped: unauthenticated", job.method[:80])
                 else:
-                    self._log.warning("notification {!r} failed: {} {}", job.method[:80], exc.code, exc.message)
+                    self._notification_failed(job.method, exc)
                 closing = self.state.pop("_close_after_reply", None)  # castor.endpoint.auth.CLOSE_AFTER_REPLY
                 if closing:
                     self.close(closing, flush_timeout=0.5)
@@ -1359,6 +1363,27 @@ class Connection:
             if corked_by is not None:
                 self._uncork(corked_by, tail)
         return replied
+
+    def _notification_failed(self, method: str, exc: CastorError) -> None:
+        """A notification's handler failed (an unknown method, bad params, a session not open here).
+        Nobody hears about it but the log, and a peer may send such notifications as fast as it likes:
+        a warning line each let one buggy harness write hundreds of megabytes. One warning, then at most
+        one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many failed since (each a debug
+        line); counted in ``notifications_failed``."""
+        self.counters["notifications_failed"] += 1
+        now = time.monotonic()
+        with self._mutex:
+            warn = now - self._notify_warned_at >= NOTIFICATION_FAILURE_LOG_INTERVAL_S
+            quiet = self._notify_quiet
+            if warn:
+                self._notify_warned_at, self._notify_quiet = now, 0
+            else:
+                self._notify_quiet += 1
+        if warn:
+            self._log.warning("notification {!r} failed: {} {}{}", method[:80], exc.code, exc.message,
+                              f" ({quiet} more notifications failed since the last such line)" if quiet else "")
+        else:
+            self._log.debug("notification {!r} failed: {} {}", method[:80], exc.code, exc.message)
 
     def _count_replied(self) -> int:
         """A response is about to be written: its request stops counting against

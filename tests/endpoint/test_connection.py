@@ -423,3 +423,32 @@ def test_a_connection_s_log_lines_name_it_as_its_threads_do(server):
     finally:
         logger.remove(sink)
     assert owners == {f"/endpoint/{closed()[0]['conn']}"}, (owners, closed())
+
+
+@pytest.mark.timeout(60)
+def test_a_storm_of_failing_notifications_writes_one_warning_not_one_each(server):
+    """A notification whose handler fails (here: an unknown method) has nobody to answer but the
+    log, and a warning line each let a peer that sends them in a loop write the log full (200 000 of
+    them wrote 18 MB in 10 s). Now one warning names the first, later ones within the interval are
+    debug lines and counted; the next warning says how many there were. Other calls go on."""
+    from loguru import logger
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING",
+                      filter=lambda r: "notification" in r["message"])
+    try:
+        with Client.connect_unix(server.address, default_timeout=10) as client:
+            assert client.call("echo", {"x": 1}) == {"x": 1}
+            [conn] = server.connections()
+            frame = msgpack.packb([2, "no.such.method", [{}]])
+            client.connection.transport.sendall(frame * 2000)
+            assert poll_until(lambda: conn.counters["notifications_failed"] == 2000, timeout=30), conn.counters
+            assert client.call("echo", {"x": 2}) == {"x": 2}
+            first = list(warnings)
+            conn._notify_warned_at -= 3600  # the interval has passed: the next failure warns with the count
+            client.connection.transport.sendall(frame)
+            assert poll_until(lambda: conn.counters["notifications_failed"] == 2001, timeout=10)
+    finally:
+        logger.remove(sink)
+    assert len(first) == 1 and "no.such.method" in first[0] and "unknown_method" in first[0], first
+    assert len(warnings) == 2 and "(1999 more notifications failed since the last such line)" in warnings[1], warnings
