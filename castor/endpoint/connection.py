@@ -1145,6 +1145,13 @@ class Connection:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
                 self._reject(exc, exc.msgid)
+                answers = getattr(exc, "answers", None)
+                if answers is not None:
+                    # Its call is answered all the same, failed with the peer's own text and code
+                    # (error_from_wire): dropped, it would wait for its whole deadline.
+                    self._on_response(answers[0], answers[1], None)
+                    if call is not None and call.settled:
+                        return None
                 continue
             if isinstance(frame, Response):  # no subclasses: as type() is
                 self._on_response(frame.msgid, frame.error, frame.result)
@@ -1469,7 +1476,10 @@ class Connection:
             self.counters["frames_in"] += 1
             try:
                 frame = parse_frame(value)
-            except (BadParams, BadFrame):
+            except (BadParams, BadFrame) as exc:
+                answers = getattr(exc, "answers", None)
+                if answers is not None:  # an answer with a foreign error slot (see _read_frame)
+                    self._on_response(answers[0], answers[1], None)
                 continue
             if type(frame) is Response:
                 self._on_response(frame.msgid, frame.error, frame.result)

@@ -97,10 +97,14 @@ class UndecodableStream(InvalidFrame):
 class BadFrame(InvalidFrame):
     """A well-formed msgpack value that is not a valid frame; the stream is in sync."""
 
-    def __init__(self, message: str, *, msgid: int | None = None, method: str | None = None) -> None:
+    def __init__(self, message: str, *, msgid: int | None = None, method: str | None = None,
+                 answers: tuple[int, Any] | None = None) -> None:
         super().__init__(message)
         self.msgid = msgid
         self.method = method
+        #: ``(msgid, error)`` of a response whose error slot is not castor's map (a bare string, as
+        #: many msgpack-rpc peers send): it still answers that call (see Connection._read_frame).
+        self.answers = answers
 
 
 class BadParams(InvalidParams):
@@ -360,7 +364,7 @@ def _parse_slow(value: list[Any], kind: int, size: int) -> Frame:
         if not _valid_msgid(msgid):
             raise BadFrame("response msgid must be an unsigned 32-bit integer")
         if error is not None and not (type(error) is dict and type(error.get("code")) is str):
-            raise BadFrame("response error must be nil or a map with a string code")
+            raise BadFrame("response error must be nil or a map with a string code", answers=(msgid, error))
         return Response(msgid, error, result)
     raise BadFrame("frame type must be 0 (request), 1 (response) or 2 (notification)")
 

@@ -12,6 +12,7 @@ import pytest
 
 from castor.client import Client
 from castor.endpoint import ConnectionClosed, ConnectionSettings, Server
+from castor.endpoint.transport import SocketTransport
 from castor.messages.errors import CastorError, MailboxFull, Timeout
 from tests.support.waiting import poll_until
 
@@ -452,3 +453,44 @@ def test_a_storm_of_failing_notifications_writes_one_warning_not_one_each(server
         logger.remove(sink)
     assert len(first) == 1 and "no.such.method" in first[0] and "unknown_method" in first[0], first
     assert len(warnings) == 2 and "(1999 more notifications failed since the last such line)" in warnings[1], warnings
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("error, expected", [
+    ("boom", "boom"),  # a bare string: what many msgpack-rpc peers send
+    ({"code": 5, "message": "numbered"}, "numbered"),
+    ({"message": "no code"}, "no code"),
+])
+def test_an_answer_whose_error_slot_is_not_castor_s_map_fails_its_call_at_once(error, expected) -> None:
+    """A response on a call's msgid whose error is not ``nil`` or a map with a string code was taken
+    for a bad frame and dropped: the call waited for its whole deadline (a turn's: minutes) and
+    ended ``timeout`` as if the peer had never answered. It now fails at once, typed: the peer's own
+    text in the message, an unknown or missing code kept in ``data.wire_code`` (as for any code
+    castor does not know). The connection goes on."""
+    left, right = socket.socketpair()
+    client = Client(SocketTransport(left), default_timeout=20)
+    peer = msgpack.Unpacker(raw=False)
+    try:
+        def next_request() -> list:
+            right.settimeout(10)
+            while True:
+                for frame in peer:
+                    if frame[0] == 0:
+                        return frame
+                peer.feed(right.recv(65536))
+
+        started = time.monotonic()
+        pending = client.call_async("work", {})
+        right.sendall(msgpack.packb([1, next_request()[1], error, None]))
+        with pytest.raises(CastorError) as failed:
+            pending.result()
+        assert time.monotonic() - started < 10 and not isinstance(failed.value, Timeout), failed.value
+        assert expected in failed.value.message and failed.value.code == "internal"
+        if isinstance(error, dict):
+            assert failed.value.data["wire_code"] == str(error.get("code"))
+        pending = client.call_async("again", {})
+        right.sendall(msgpack.packb([1, next_request()[1], None, "fine"]))
+        assert pending.result() == "fine"
+    finally:
+        client.close()
+        right.close()
