@@ -106,6 +106,7 @@ from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidPara
 from castor.supervision.threads import start_thread
 
 _conn_ids = itertools.count(1)
+_INFINITY = float("inf")
 _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path only)
 _NOTHING = object()
 # Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
@@ -491,6 +492,12 @@ class Connection:
     def call_async(self, method: str, params: dict[str, Any] | None = None, *,
                    timeout: float | None = None) -> PendingCall:
         timeout = self.settings.default_call_timeout if timeout is None else timeout
+        try:
+            bounded = 0 < timeout < _INFINITY  # False for NaN, infinity, zero and below
+        except TypeError:
+            bounded = False
+        if not bounded:
+            raise _no_deadline(method, timeout)
         deadline = time.monotonic() + timeout
         if self._closed:
             raise self._closed_error(method)
@@ -1500,6 +1507,18 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout, by_peer=True)
 
+
+
+def _no_deadline(method: str, timeout: Any) -> CastorError:
+    """A call's ``timeout`` that is no deadline. Zero or below: the deadline has passed before
+    anything was sent (``timeout``, ``may_have_started: false``); it used to send the request and
+    then give up on it at once. Not a number, NaN or infinity: ``invalid_params`` -- a NaN deadline
+    never passed, so the call waited for ever, and every call must have a deadline."""
+    if isinstance(timeout, int | float) and timeout <= 0:
+        return Timeout(f"{method}: the deadline passed before sending (timeout {timeout!r} s)", may_have_started=False,
+                       data={"method": method, "reason": "deadline_passed"})
+    return InvalidParams(f"{method}: timeout must be a positive, finite number of seconds, not {timeout!r:.40}",
+                         may_have_started=False, data={"method": method, "reason": "invalid_timeout"})
 
 
 def _unsendable(method: str, exc: Exception) -> InvalidParams:

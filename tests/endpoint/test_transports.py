@@ -427,3 +427,26 @@ def test_params_a_client_cannot_send_are_invalid_params_not_internal_and_nothing
             client.notify("echo", params)
         assert bad.value.data["reason"] == "params_not_serialisable"
     assert not client.closed and client.call("add", {"a": 4}) == 4
+
+
+@pytest.mark.timeout(30)
+def test_a_call_s_timeout_must_be_a_deadline(client: Client, gates) -> None:
+    """Every call has a deadline. A NaN timeout never passed (``now >= nan`` is false): the call
+    waited for ever; a string raised a bare ``TypeError``; zero or below sent the request and then
+    gave up on it at once (``may_have_started: true``), work started for nobody. Now NaN, infinity
+    and non-numbers are ``invalid_params`` and zero or below ``timeout`` with
+    ``may_have_started: false``, nothing sent either way; the connection goes on."""
+    from castor.messages.errors import Timeout
+
+    for bad in (float("nan"), float("inf"), "5", [1]):
+        with pytest.raises(InvalidParams) as refused:
+            client.call("block", {}, timeout=bad)
+        assert refused.value.data["reason"] == "invalid_timeout" and refused.value.may_have_started is False
+        with pytest.raises(InvalidParams):
+            client.call_async("block", {}, timeout=bad)
+    for passed in (0, -1, 0.0):
+        with pytest.raises(Timeout) as late:
+            client.call("block", {}, timeout=passed)
+        assert late.value.may_have_started is False and late.value.data["reason"] == "deadline_passed"
+    assert not gates.entered.is_set(), "a call with no deadline was sent"
+    assert client.call("add", {"a": 5}, timeout=5) == 5
