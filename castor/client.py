@@ -4,7 +4,10 @@ Built on the same :class:`~castor.endpoint.connection.Connection` as the
 server, so it has the same guarantees: thread-safe concurrent ``call``\\ s,
 a deadline on every call, server→client requests answered by registered
 handlers off the reading thread, and ``close()`` failing every pending call
-with :class:`~castor.endpoint.errors.ConnectionClosed`.
+with :class:`~castor.endpoint.errors.ConnectionClosed`. When the server ends the
+connection with a typed reason (an ``error`` notification as its last frame: too
+many connections, out of descriptors, an idle close), every call that end fails,
+sent before or after it, raises that error instead (chained to the ``cancelled``).
 
 Example::
 
