@@ -631,8 +631,8 @@ class Connection:
             self.close_interrupted(threading.get_ident(), None, exc)
             raise
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        # any thread sends: an actor's, mid-handler
-        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
+        self.close(overflow, callbacks_apart=True,  # any thread sends: an actor's, mid-handler
+                   by_peer=overflow.startswith(_WRITE_FAILED))
         return False
 
     def _cork_inline(self, me: int) -> None:

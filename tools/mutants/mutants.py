@@ -127,8 +127,8 @@ MUTANTS: list[Mutant] = [
     mutant("close-callbacks-on-the-writers-thread",
            "R2 no stranded close: a write that finds the peer gone closes its sessions on a thread of their own",
            [("castor/endpoint/connection.py",
-             "self.close(overflow, callbacks_apart=True)  # any thread sends: an actor's, mid-handler",
-             "self.close(overflow)  # any thread sends: an actor's, mid-handler")],
+             "self.close(overflow, callbacks_apart=True,  # any thread sends: an actor's, mid-handler",
+             "self.close(overflow,  # any thread sends: an actor's, mid-handler")],
            ["tests/endpoint/test_connection.py::"
             "test_a_write_that_fails_closes_without_running_the_close_callbacks_on_the_writing_thread",
             f"{AIC}/test_session_endpoint.py::"
