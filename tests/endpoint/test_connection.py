@@ -494,3 +494,37 @@ def test_an_answer_whose_error_slot_is_not_castor_s_map_fails_its_call_at_once(e
     finally:
         client.close()
         right.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_write_the_gone_peer_refuses_still_lets_the_answers_it_sent_resolve_their_calls() -> None:
+    """The peer answered a call and then went away; before anything read that answer, the next
+    call's write failed (``EPIPE``) and closed the connection: the answered call failed
+    ``cancelled`` too, its answer lost in the socket, and the peer's ``error`` notification with it.
+    The close now reads what the peer sent before it went: the answered call gets its result, a
+    trailing ``error`` notification is handled, and only the call that was never answered fails.
+    (No reader runs here -- the connection is not started -- so the write always comes first.)"""
+    from castor.endpoint import Dispatcher
+    from castor.endpoint.connection import Connection
+
+    left, right = socket.socketpair()
+    seen: list[dict] = []
+    dispatcher = Dispatcher(builtin_hello=False)
+    dispatcher.register("error", lambda params, _ctx: seen.append(params), on_reading_thread=True)
+    conn = Connection(SocketTransport(left), dispatcher, name="no-reader")
+    try:
+        answered = conn.call_async("first", {}, timeout=10)
+        peer = msgpack.Unpacker(raw=False)
+        right.settimeout(10)
+        peer.feed(right.recv(65536))
+        [request] = list(peer)
+        right.sendall(msgpack.packb([1, request[1], None, "the answer"])
+                      + msgpack.packb([2, "error", [{"code": "mailbox_full", "message": "bye"}]]))
+        right.close()
+        with pytest.raises(CastorError):  # the write finds the peer gone: closed, never answered
+            conn.call_async("second", {}, timeout=10).result()
+        assert conn.closed and conn.close_reason.startswith("write failed")
+        assert answered.result() == "the answer"
+        assert seen == [{"code": "mailbox_full", "message": "bye"}]
+    finally:
+        conn.close()
