@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from castor.cli.common import EXIT_USAGE, add_endpoint_choice, fail, interval_seconds
+from castor.shown import one_line
 
 #: Seconds each of inspect's calls waits for the runtime's answer.
 CALL_TIMEOUT_S = 10.0
@@ -138,10 +139,14 @@ def run_inspect(args: argparse.Namespace) -> int:
             return client.call("ops.worker", {"session_id": args.session_id}, timeout=CALL_TIMEOUT_S)
 
         if args.json:
-            return _json_loop(args, fetch)
+            return _json_loop(args, fetch, lambda data, indent: _readable(
+                args, lambda a, d: json.dumps(shape(a, d), indent=indent), data))
         console = terminal_console()
 
         def render(data: Any) -> Any:
+            return _readable(args, draw, data)
+
+        def draw(_args: argparse.Namespace, data: Any) -> Any:
             shaped = shape(args, data)
             if args.what == "actors":
                 if args.sort == "path":
@@ -179,7 +184,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         _quiet_broken_pipe()
         return 0
     except ConnectionClosed as exc:  # the castor went away (stopped, restarted) under the view
-        raise ConnectionClosed(f"the castor at {_where(args)} closed the connection (it stopped, or was restarted)",
+        reason = str((exc.data or {}).get("reason") or "")
+        why = (f"it sent what castor cannot decode ({one_line(reason)[:200]}): is it a castor?"
+               if reason.startswith("invalid_frame") else "it stopped, or was restarted")
+        raise ConnectionClosed(f"the castor at {_where(args)} closed the connection ({why})",
                                data={**(exc.data or {}), "address": _where(args)}) from None
     except Timeout as exc:  # no answer at all (not the runtime's own timeout): which castor, how long
         if "msgid" not in (exc.data or {}):
@@ -202,16 +210,37 @@ def _where(args: argparse.Namespace) -> str:
     return f"unix:{args.socket}" if args.socket else f"tcp:{args.tcp[0]}:{args.tcp[1]}"
 
 
-def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any]) -> int:
+#: The method each view asks for.
+_VIEW_METHOD = {"actors": "ops.actors", "casts": "ops.actors", "mailbox": "ops.mailbox", "hosts": "ops.hosts",
+                "worker": "ops.worker"}
+
+
+def _readable(args: argparse.Namespace, view: Callable[[argparse.Namespace, Any], Any], data: Any) -> Any:
+    """``view(args, data)``; a result of another shape than castor's (an endpoint that is not a
+    castor, or another version's) is ``invalid_message`` naming the address and the method, not a
+    traceback out of the view."""
+    from castor.messages.errors import InvalidMessage
+
+    try:
+        return view(args, data)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        where, method = _where(args), _VIEW_METHOD.get(args.what, "ops.actors")
+        raise InvalidMessage(f"the endpoint at {where} answered {method} with a result castor inspect cannot read "
+                             f"({type(exc).__name__}: {one_line(str(exc))[:200]}): is it a castor, of this version?",
+                             data={"address": where, "method": method, "reason": "unreadable_result"}) from None
+
+
+def _json_loop(args: argparse.Namespace, fetch: Callable[[], Any],
+               dumped: Callable[[Any, int | None], str]) -> int:
     """JSON straight to stdout: one document (indented), or one per line with ``--follow``."""
     out = sys.stdout
     if not args.follow:
-        out.write(json.dumps(shape(args, fetch()), indent=2) + "\n")
+        out.write(dumped(fetch(), 2) + "\n")
         out.flush()
         return 0
     with _stop_on_ctrl_c() as stop:
         while not stop.pressed:
-            out.write(json.dumps(shape(args, fetch())) + "\n")
+            out.write(dumped(fetch(), None) + "\n")
             out.flush()
             stop.wait(max(0.1, args.interval))  # a refresh period, or Ctrl-C
     return 0

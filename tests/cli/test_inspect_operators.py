@@ -465,3 +465,67 @@ def test_inspect_help_says_what_each_view_shows(tmp_path):
     for said in ("actors (the tree, the default)", "casts (each session's casts", "mailbox PATH (one actor's",
                  "worker (the runtime's process; with --session-id", "hosts (where casts run)", "default 1)"):
         assert said in text, (said, text)
+
+
+@pytest.mark.parametrize("view, method, answer", [
+    ("actors", "ops.actors", {"actors": "not a list"}),
+    ("casts", "ops.actors", {"actors": [{"path": 5, "kind": None}]}),
+    ("actors", "ops.actors", [1, 2, 3]),
+    ("hosts", "ops.hosts", {"hosts": 7}),
+])
+def test_an_endpoint_answering_in_another_shape_is_one_typed_line_not_a_traceback(tmp_path, view, method, answer):
+    """An endpoint that is not a castor (or another version's) answered ``ops.actors`` with a
+    result of another shape, and ``castor inspect`` ended in a traceback out of its views
+    (AttributeError, TypeError). It says which endpoint and method, as ``invalid_message``. (``--json``
+    prints the views that shape nothing, hosts and worker, as they came: valid JSON either way.)"""
+    from castor.endpoint import Dispatcher, Server
+
+    dispatcher = Dispatcher(name="not-castor")
+    dispatcher.register(method, lambda _params, _ctx: answer)
+    sock = tmp_path / "other.sock"
+    server = Server(dispatcher, unix_path=str(sock)).start()
+    try:
+        for json_flag in ([], ["--json"]) if view in ("actors", "casts") else ([],):
+            done = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), *json_flag, view],
+                                  cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+            assert done.returncode == 1, done
+            assert "Traceback" not in done.stderr, done.stderr
+            assert done.stderr.startswith(f"castor: invalid_message: the endpoint at unix:{sock} answered {method} "
+                                          "with a result castor inspect cannot read"), done.stderr
+    finally:
+        server.stop()
+
+
+def test_an_endpoint_sending_undecodable_bytes_is_named_as_such_not_as_a_stopped_castor(tmp_path):
+    """A listener that answers with bytes that are no msgpack-rpc read "closed the connection (it
+    stopped, or was restarted)"; the reason it was closed (``invalid_frame``) is in the line now."""
+    import socket as sockets
+    import threading
+
+    sock = tmp_path / "noise.sock"
+    listener = sockets.socket(sockets.AF_UNIX)
+    listener.bind(str(sock))
+    listener.listen(4)
+
+    def noise() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the listener closed: the test is over
+            with conn:
+                try:  # inspect's first connection is a probe of the listener's user: closed at once
+                    if conn.recv(65536):
+                        conn.sendall(b"\xc1" * 16)  # 0xc1: never used in msgpack
+                        conn.recv(65536)
+                except OSError:
+                    pass
+
+    threading.Thread(target=noise, daemon=True).start()
+    try:
+        done = subprocess.run([*CASTOR, "inspect", "--socket", str(sock)], cwd=tmp_path, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        listener.close()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done
+    assert "closed the connection (it sent what castor cannot decode (invalid_frame" in done.stderr, done.stderr
