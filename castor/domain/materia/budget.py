@@ -316,10 +316,12 @@ def model_selection(*, socket: str, materia: str | None, visit: int, requested_m
 @functools.lru_cache(maxsize=256)
 def _shared_selection(requested_model: str | None, requested_thinking: str | None, thinking: str | None,
                       thinking_fallback_reason: str | None) -> dict[str, Any]:
-    """:func:`materia_model_selection` of these arguments, made once (a function of them alone);
-    only ever spread into a new record, never handed out or changed."""
-    return materia_model_selection(requested_model=requested_model, requested_thinking=requested_thinking,
-                                   thinking=thinking, thinking_fallback_reason=thinking_fallback_reason)
+    """:func:`materia_model_selection` of these arguments without the fields that have no value (as
+    pi-materia's JSON leaves out what is undefined), made once (a function of them alone); only ever
+    spread into a new record, never handed out or changed."""
+    record = materia_model_selection(requested_model=requested_model, requested_thinking=requested_thinking,
+                                     thinking=thinking, thinking_fallback_reason=thinking_fallback_reason)
+    return {key: value for key, value in record.items() if value is not None}
 
 
 def text_or_none(value: Any) -> str | None:

@@ -290,7 +290,8 @@ class _Ctx:
         # derived once per report, not once per write.
         usage = self.s.usage
         # pydantic's serialiser: json.dumps with an indent runs the pure-Python encoder.
-        content = derived(usage, "json", lambda: usage.model_dump_json(indent=2))
+        # A field with no value is left out, as pi-materia's JSON leaves out what is undefined.
+        content = derived(usage, "json", lambda: usage.model_dump_json(indent=2, exclude_none=True))
         if self._usage_write is not None:
             # One usage.json write a transition (a turn's end and its socket's completion both
             # ask): the latest report, where the first ask put it (no other effect depends on it).

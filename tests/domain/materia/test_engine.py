@@ -306,9 +306,8 @@ def test_usage_names_the_selected_model_until_an_answer_names_its_own() -> None:
 @pytest.mark.parametrize(("model", "thinking", "expected"), [
     ("anthropic/claude-test", "high", {"model": "claude-test", "provider": "anthropic", "thinking": "high",
                                        "label": "anthropic/claude-test", "source": "configured"}),
-    ("   ", None, {"model": None, "provider": None, "thinking": None, "label": "active Pi model", "source": "active"}),
-    (None, "max", {"model": None, "thinking": None, "requestedThinking": "max",
-                   "thinkingFallbackReason": "unknown_thinking", "source": "active"}),
+    ("   ", None, {"label": "active Pi model", "source": "active"}),
+    (None, "max", {"requestedThinking": "max", "thinkingFallbackReason": "unknown_thinking", "source": "active"}),
 ])
 def test_events_manifest_and_usage_carry_one_materia_model_record(model: str | None, thinking: str | None,
                                                                   expected: dict[str, Any]) -> None:
@@ -324,8 +323,10 @@ def test_events_manifest_and_usage_carry_one_materia_model_record(model: str | N
     (selection,) = d.state.usage.modelSelections
     record = {k: v for k, v in selection.items() if k not in ("socket", "materia", "visit", "attempt")}
     assert record.items() >= expected.items()
-    # events and manifest leave out a field with no value, as pi-materia's JSON leaves out undefined
-    record = {k: v for k, v in record.items() if v is not None}
+    # a field with no value is left out everywhere, as pi-materia's JSON leaves out what is undefined
+    assert None not in record.values()
+    if model is None or not model.strip():
+        assert "model" not in record and "provider" not in record and "thinking" not in record
     (settings,) = d.events("materia_model_settings")
     (complete,) = d.events("socket_complete")
     entries = [a.manifest for a in d.effects if isinstance(a, WriteArtifact) and a.manifest
