@@ -28,7 +28,7 @@ utility command the dead runtime left running has been killed (its record in the
 | effect | performed by |
 |---|---|
 | ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
-| ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>``; a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
+| ``RunAgentTurn`` | a TEMPORARY :class:`SocketActor` at ``/root/session/<sid>/socket/<castId>.<seq>`` owns the visit; without a proactive compaction check the cast sends the turn itself (:class:`VisitTurn`) and a turn answered before ``run_turn`` returns needs no actor at all, any other is taken over by its SocketActor at once (an error sending it: that actor's crash, so ``WorkLost``); a user-driven refinement turn waits for the harness's own ``agent_end`` instead (see "User-driven turns") |
 | ``RunUtility`` | the shared ``/root/utility/slot-<n>`` pool (:func:`castor.actors.materia.utility_pool.submit_utility`) |
 | ``Compact`` | :class:`CompactionCall` through the session's :class:`HostContextPort` (the harness's ``session.compact``) under ``CastEnv.compaction_timeout_s``; its answer is told back as ``CompactionFinished`` — a timeout, an error or a harness without ``session.compact`` (``unknown_method``) is ``ok=False`` and the recovery fails; a standalone agent (no host context) answers ``ok`` with ``skipped: "no host context"`` |
 | ``CancelWork`` | stops the visit's SocketActor (which cancels the turn; a harness hears why — ``agent.abort_turn`` with the effect's reason — and nothing waits for the model), stops waiting for its compaction, or kills the utility tree |
@@ -262,6 +262,7 @@ class CastActor(Actor):
         self.state: CastState | None = None
         self.fence = 0
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
+        self._visit_tally: Callable[[], object] | None = None  # see _count_visit
         self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
         self._user_turn_timer: CancelToken | None = None
         #: (visit id, monotonic deadline) of the armed user-turn bound, for the activity; None unarmed.
@@ -780,18 +781,49 @@ class CastActor(Actor):
                                        "prompt": effect.prompt, "model": effect.model,
                                        "thinking": effect.thinking, "tools": effect.tools}
             return
-        if self.env.agent is None or self.env.spawn_child is None:
+        env = self.env
+        agent, spawn_child = env.agent, env.spawn_child
+        if agent is None or spawn_child is None:
             self._dispatch_failed(effect.visit_id, "this session has no agent port")
             return
-        from castor.actors.materia.socket_actor import socket_spec
+        from castor.actors.materia.socket_actor import VisitTurn, socket_spec, wants_proactive_check
 
-        spec = socket_spec(effect, cast=self.handle, cast_id=self.env.cast_id, agent=self.env.agent,
-                           host=self.env.host, usage_timeout_s=self.env.usage_timeout_s,
-                           compaction_timeout_s=self.env.compaction_timeout_s)
+        turn: VisitTurn | None = None
+        failed: BaseException | None = None
+        if not wants_proactive_check(effect, env.host):
+            # The cast sends the turn itself: a turn answered at once is handed on right here and
+            # the visit needs no actor (nothing is left of it to show, stop or contain); one not
+            # answered yet is taken over by its SocketActor below, as is an error sending it.
+            turn = VisitTurn(effect, cast=self.handle, cast_id=env.cast_id, agent=agent)
+            try:
+                ready = turn.send()
+            except BaseException as exc:  # noqa: BLE001 - the visit's crash: its SocketActor raises it
+                ready, failed = None, exc
+            if ready is not None or (failed is None and turn.answered):
+                self._count_visit()
+                if ready is not None:
+                    turn.hand_on(ready)
+                return
+        spec = socket_spec(effect, cast=self.handle, cast_id=env.cast_id, agent=agent,
+                           host=env.host, usage_timeout_s=env.usage_timeout_s,
+                           compaction_timeout_s=env.compaction_timeout_s, turn=turn, raise_on_start=failed)
         try:
-            self._sockets[effect.visit_id] = self.env.spawn_child(spec, self.env.socket_supervisor)
+            self._sockets[effect.visit_id] = spawn_child(spec, env.socket_supervisor)
         except CastorError as exc:
+            if turn is not None and failed is None and turn.once.acquire(blocking=False):
+                try:  # sent, but no actor can own it: call it off (a later answer is dropped)
+                    agent.cancel(effect.visit_id)
+                except Exception:  # noqa: BLE001 - best effort; the engine ignores late answers anyway
+                    pass
             self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
+
+    def _count_visit(self) -> None:
+        """Count a visit that ended without its SocketActor as that actor's start would have
+        (``castor_socket_visits_total`` counts visits)."""
+        tally = self._visit_tally
+        if tally is None:
+            tally = self._visit_tally = self.handle.registry.meters.tally("starts", "SocketActor")
+        tally()
 
     def _compact(self, effect: Compact) -> None:
         """Same-socket recovery compaction (before the retry) through the host context port.

@@ -1,5 +1,15 @@
 """SocketActor: one agent-socket visit (one ``RunAgentTurn``), TEMPORARY.
 
+Who sends the turn: a visit without a proactive compaction check has its turn sent by its cast
+(:class:`VisitTurn`, on the cast's thread). Answered before ``run_turn`` returns (a zero-latency
+agent), its outcome is handed on there and the visit never becomes an actor: there is nothing left
+of it to show in a snapshot, stop or contain (it still counts as a SocketActor start, the
+``castor_socket_visits_total`` figure). Not answered yet, it is taken over at once by a SocketActor
+(``socket_spec(..., turn=...)``) that shows it (``awaiting_turn``), cancels it when stopped and
+reports ``WorkLost`` when it dies, as below; an error raised by the send becomes that actor's crash
+in its ``on_start``, so ``WorkLost`` too. An answer between the send and the takeover is handed on
+by its own thread and the actor, seeing it answered, stops at once.
+
 Path ``/root/session/<sid>/socket/<castId>.<dispatchSeq>``. ``on_start`` runs on the thread of
 the CastActor that starts the visit, inside ``spawn`` (``start_on_caller``: it never blocks);
 the rest of the visit, if there is any, on a loop thread of its own. Lifecycle::
@@ -129,6 +139,92 @@ def turn_ended(visit_id: str, outcome: TurnOutcome, at: float, *, agent: str | N
                      thinking_level=outcome.thinking_level, entry_id=outcome.entry_id, agent=agent, at=at)
 
 
+class VisitTurn:
+    """One agent-socket visit's turn: sent once, its outcome handed to the cast at most once.
+
+    Shared by whoever sends the turn and the :class:`SocketActor` that owns the visit. The cast
+    sends a turn itself when no proactive compaction has to come first (:meth:`send`): a turn
+    answered at once (on the sending thread, inside ``run_turn``: a zero-latency agent) is handed
+    on right there and the visit needs no actor; one still unanswered when ``run_turn`` returns
+    is taken over by a SocketActor (``socket_spec(..., turn=...)``) at once, which shows the visit
+    in snapshots, cancels the turn if it is stopped and reports ``WorkLost`` if it dies.
+    """
+
+    __slots__ = ("effect", "cast", "cast_id", "agent", "once", "_lock", "_owner", "_answered")
+
+    def __init__(self, effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort) -> None:
+        self.effect = effect
+        self.cast = cast
+        self.cast_id = cast_id
+        self.agent = agent
+        #: Held by whoever ends the visit first: the outcome handed on (:meth:`end`), or the owning
+        #: actor's end (which then cancels the turn, and drops a later answer).
+        self.once = threading.Lock()
+        self._lock = threading.Lock()  # orders an answer from another thread against adopt
+        self._owner: Any = None  # the handle of the SocketActor that owns the visit, once there is one
+        self._answered = False
+
+    def send(self) -> TurnOutcome | None:
+        """Send the turn through the agent port; the outcome if the port gave it at once (on this
+        thread, while ``run_turn`` ran: handed on by the caller, once ``run_turn`` has returned),
+        else None (an answer from another thread is handed on by that thread, see ``reply``)."""
+        me = threading.get_ident()
+        ready: list[TurnOutcome] = []  # an answer given on this thread while run_turn is running
+        sending = True
+
+        @enqueues_only  # an answer ready at once may be given on this very thread
+        def reply(outcome: TurnOutcome) -> None:
+            if sending and threading.get_ident() == me:
+                ready.append(outcome)  # handed on once run_turn has returned: nothing re-entrant
+                return
+            # Handed to the cast from the answering thread, before the answer's call returns: a
+            # command the harness sends once its turn end is answered (an Esc's ``cast.continue``)
+            # queues behind the outcome in the cast's mailbox, so the cast has applied the turn's
+            # end before it sees the command (test_socket_actor.py's continue-after-abort race).
+            self.hand_on(outcome)
+            with self._lock:
+                self._answered = True
+                owner = self._owner
+            if owner is not None:
+                try:
+                    owner.tell(TurnReplied(outcome=outcome))  # this visit is over: its actor stops
+                except CastorError:
+                    pass  # that actor is over (stopped, killed): nothing left to stop
+
+        try:
+            self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
+        finally:
+            sending = False
+        return ready[0] if ready else None
+
+    @property
+    def answered(self) -> bool:
+        """Whether an answer from another thread has been handed on already."""
+        with self._lock:
+            return self._answered
+
+    def adopt(self, owner: Any) -> bool:
+        """Make the actor at ``owner`` the visit's owner (a later answer tells it to stop); True if
+        the answer has been handed on already (the owner then has nothing left to wait for)."""
+        with self._lock:
+            self._owner = owner
+            return self._answered
+
+    def hand_on(self, outcome: TurnOutcome) -> None:
+        """Tell the cast the turn's end, from whichever thread has it."""
+        self.end(turn_ended(self.effect.visit_id, outcome, time.time(), agent=agent_label(self.agent)))
+
+    def end(self, event: TurnEnded | ProactiveCompactionFinished) -> None:
+        """Tell the cast the visit's outcome, at most once per visit; nothing once the owning
+        actor's end has claimed the visit (:meth:`SocketActor.on_terminate`)."""
+        if not self.once.acquire(blocking=False):
+            return
+        try:
+            self.cast.tell(CastOutcome(event=event))
+        except CastorError:
+            pass  # the cast is gone; its restart re-dispatches from the saved state
+
+
 class SocketActor(Actor):
     # on_start only sends the turn (AgentPort.run_turn returns at once), so it runs on the cast's
     # thread: a turn answered at once ends the visit there, with no thread hand-off.
@@ -136,7 +232,8 @@ class SocketActor(Actor):
 
     def __init__(self, effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort,
                  host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
-                 compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> None:
+                 compaction_timeout_s: float = COMPACTION_TIMEOUT_S, turn: VisitTurn | None = None,
+                 raise_on_start: BaseException | None = None) -> None:
         super().__init__()
         self.effect = effect
         self.cast = cast
@@ -145,24 +242,30 @@ class SocketActor(Actor):
         self.host = host
         self.usage_timeout_s = usage_timeout_s
         self.compaction_timeout_s = compaction_timeout_s
-        #: Held by whoever ends the visit first: the answer handed on, or this actor's end (which
-        #: then cancels the turn and drops a later answer).
-        self._once = threading.Lock()
-        self._sent = False
+        #: The visit's turn: its ``once`` lock is held by whoever ends the visit first (the answer
+        #: handed on, or this actor's end, which then cancels the turn and drops a later answer).
+        #: Given when the cast has sent the turn already and this actor takes it over (``adopt``).
+        self.turn = turn if turn is not None else VisitTurn(effect, cast=cast, cast_id=cast_id, agent=agent)
+        self._sent = turn is not None
+        self._raise_on_start = raise_on_start
         self._decision: ProactiveDecision | None = None
         self._compaction: CompactionCall | None = None
 
     def on_start(self) -> None:
-        if self._wants_proactive_check():
+        if self._sent:  # adopted: the cast sent the turn; this actor owns what is left of the visit
+            if self._raise_on_start is not None:
+                raise self._raise_on_start  # sending it failed: a crash of this visit, contained here
+            self.report_activity(*_activity.awaiting_turn(self.effect, self.cast_id), lasting=True)
+            if self.turn.adopt(self.handle):
+                self.stop_self()  # answered (and handed on) before this actor existed
+        elif self._wants_proactive_check():
             self._read_usage()
         else:
             self._send_turn()
 
     # ------------------------------------------------------------------ proactive compaction
     def _wants_proactive_check(self) -> bool:
-        host = self.host
-        return (self.effect.proactive_compaction and not self.effect.user_driven and host is not None
-                and bool(host.has_context))
+        return wants_proactive_check(self.effect, self.host)
 
     def _read_usage(self) -> None:
         """Ask the host for its usage on a helper thread; the answer comes back as ``UsageRead``."""
@@ -236,61 +339,29 @@ class SocketActor(Actor):
         if self._sent:
             return
         self._sent = True
-        handle = self.handle
-        me = threading.get_ident()
-        ready: list[TurnOutcome] = []  # an answer given on this thread while run_turn is running
-        sending = True
-
-        @enqueues_only  # an answer ready at once may be given on this very thread
-        def reply(outcome: TurnOutcome) -> None:
-            if sending and threading.get_ident() == me:
-                ready.append(outcome)  # handled below, once run_turn has returned: no self-tell
-                return
-            # Handed to the cast from the answering thread, before the answer's call returns: a
-            # command the harness sends once its turn end is answered (an Esc's ``cast.continue``)
-            # queues behind the outcome in the cast's mailbox, so the cast has applied the turn's
-            # end before it sees the command (test_socket_actor.py's continue-after-abort race).
-            self._hand_on(outcome)
-            try:
-                handle.tell(TurnReplied(outcome=outcome))  # now only: this visit is over, stop
-            except CastorError:
-                pass  # this visit is over (stopped, killed): nothing left to stop
-
+        self.turn.adopt(self.handle)  # sent by this actor: a later answer tells it to stop
         self.report_activity(*_activity.awaiting_turn(self.effect, self.cast_id), lasting=True)
-        try:
-            self.agent.run_turn(turn_request(self.effect, self.cast_id), reply)
-        finally:
-            sending = False
-        if ready:
-            self._deliver(ready[0])
+        ready = self.turn.send()
+        if ready is not None:
+            self._deliver(ready)
 
     @handles(TurnReplied)
     def _on_reply(self, message: TurnReplied) -> None:
         self._deliver(message.outcome)
 
     def _deliver(self, outcome: TurnOutcome) -> None:
-        self._hand_on(outcome)
+        self.turn.hand_on(outcome)
         self.stop_self()
 
-    def _hand_on(self, outcome: TurnOutcome) -> None:
-        """Tell the cast the turn's end, from whichever thread has it (see :meth:`_end_visit`)."""
-        self._end_visit(turn_ended(self.effect.visit_id, outcome, time.time(), agent=agent_label(self.agent)))
-
     def _end_visit(self, event: TurnEnded | ProactiveCompactionFinished) -> None:
-        """Tell the cast the visit's outcome, at most once per visit; nothing once this actor's end
-        has claimed the visit (:meth:`on_terminate`)."""
-        if not self._once.acquire(blocking=False):
-            return
-        try:
-            self.cast.tell(CastOutcome(event=event))
-        except CastorError:
-            pass  # the cast is gone; its restart re-dispatches from the saved state
+        """Tell the cast the visit's outcome, at most once per visit (see :meth:`VisitTurn.end`)."""
+        self.turn.end(event)
 
     def on_terminate(self, cause: str) -> None:
         if self._compaction is not None:
             self._compaction.cancel()  # its late answer is dropped; the host may still compact
             self._compaction = None
-        if not self._once.acquire(blocking=False):
+        if not self.turn.once.acquire(blocking=False):
             return  # the outcome was handed on
         try:
             self.agent.cancel(self.effect.visit_id)
@@ -305,9 +376,19 @@ class SocketActor(Actor):
 
 def socket_spec(effect: RunAgentTurn, *, cast: Any, cast_id: str, agent: AgentPort,
                 host: HostContextPort | None = None, usage_timeout_s: float = USAGE_TIMEOUT_S,
-                compaction_timeout_s: float = COMPACTION_TIMEOUT_S) -> ChildSpec:
+                compaction_timeout_s: float = COMPACTION_TIMEOUT_S, turn: VisitTurn | None = None,
+                raise_on_start: BaseException | None = None) -> ChildSpec:
+    """The visit's SocketActor; with ``turn``, one that takes over a turn the cast has sent
+    already (``raise_on_start``: the error sending it raised, which this actor then crashes with)."""
     seq = effect.visit_id.rsplit(":", 1)[-1]
     return tree.SOCKET.child_spec(lambda: SocketActor(effect, cast=cast, cast_id=cast_id, agent=agent, host=host,
                                                       usage_timeout_s=usage_timeout_s,
-                                                      compaction_timeout_s=compaction_timeout_s),
+                                                      compaction_timeout_s=compaction_timeout_s, turn=turn,
+                                                      raise_on_start=raise_on_start),
                                   id=f"{cast_id}.{seq}", direct_start=True)
+
+
+def wants_proactive_check(effect: RunAgentTurn, host: HostContextPort | None) -> bool:
+    """Whether the visit reads the host's usage before its turn (a proactive compaction may come
+    first): such a visit is a SocketActor from its start."""
+    return effect.proactive_compaction and not effect.user_driven and host is not None and bool(host.has_context)
