@@ -810,8 +810,8 @@ class CastActor(Actor):
         try:
             self._sockets[effect.visit_id] = spawn_child(spec, env.socket_supervisor)
         except CastorError as exc:
-            if turn is not None and failed is None and turn.once.acquire(blocking=False):
-                try:  # sent, but no actor can own it: call it off (a later answer is dropped)
+            if turn is not None and turn.once.acquire(blocking=False):
+                try:  # sent (or tried), but no actor can own it: call it off (a later answer is dropped)
                     agent.cancel(effect.visit_id)
                 except Exception:  # noqa: BLE001 - best effort; the engine ignores late answers anyway
                     pass

@@ -164,3 +164,22 @@ def test_an_answer_after_the_takeover_tells_the_owner_to_stop():
     _answer_from_another_thread(keeper.reply, "late")
     assert [m.event.text for m in cast.told] == ["late"]
     assert [type(m) for m in owner.told] == [TurnReplied]
+
+
+def test_a_sent_turn_no_socket_actor_can_take_over_is_called_off_and_the_dispatch_fails(runtime_factory, project,
+                                                                                        monkeypatch):
+    from castor.messages.errors import ActorStopped
+
+    rt = runtime_factory()
+    spawn = rt.system.spawn
+
+    def refusing(spec, *, under="/root", timeout=10.0):
+        if under.endswith("/socket"):  # the session's socket supervisor is going away
+            raise ActorStopped(f"{under} is stopping", may_have_started=False)
+        return spawn(spec, under=under, timeout=timeout)
+
+    monkeypatch.setattr(rt.system, "spawn", refusing)
+    agent, cast_id = _start(rt, project, ["held"])
+    view = wait_status(rt, "s1", cast_id)
+    assert view["status"] == "failed" and "cannot start the socket actor" in (view["failed_reason"] or "")
+    assert agent.cancelled == [agent.requests[0].turn_id]  # sent, but nobody could own it: called off
