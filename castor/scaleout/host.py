@@ -45,18 +45,19 @@ from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySes
 class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
-    def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None) -> None:
+    def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None,
+                 command_lease_s: float | None = None) -> None:
         from castor.actors.materia.utility_pool import pool_of
         from castor.composition import materia_component
         from castor.logs import configure_logging
         from castor.runtime import Runtime, RuntimeSettings
-        from castor.scaleout.utility_tasks import RayUtilityRunner
+        from castor.scaleout.utility_tasks import COMMAND_LEASE_S, RayUtilityRunner
 
         configure_logging()  # this Ray worker runs castor as its program: its warnings go to the worker's log
         self.host_id = host_id
         self.outbox = Outbox()
         self.runtime = Runtime(RuntimeSettings(**settings), components=[materia_component()])
-        pool_of(self.runtime.system.registry).remote_runner = RayUtilityRunner()
+        pool_of(self.runtime.system.registry).remote_runner = RayUtilityRunner(command_lease_s or COMMAND_LEASE_S)
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._fence = SilenceFence(fence_after_s, self._end_unclaimed) if fence_after_s else None

@@ -13,7 +13,7 @@ The directory (one rule, kept here because the serving process is the only route
 | a session opens | it is placed on the live host with the fewest sessions; all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
 | a host answers a call | its answer (a result or a castor wire error) is returned as is |
 | a host dies (``RayActorError``: its process was killed, its node removed) | it is marked lost; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
-| a lost host's process still lives (its node's raylet was killed, the network parted) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`) |
+| a lost host's process still lives (its node's raylet was killed, the network parted) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`); while its node is dead to the cluster, nothing is recast before ``command_lease_s`` + ``LEASE_MARGIN_S`` after it was taken for lost (its commands on that node live until their lease lapses) |
 | a call meets a lost host | ``actor_crashed`` with ``may_have_started: true`` (the host may have run it); a Ray ``GetTimeoutError`` is ``timeout`` with ``may_have_started: true`` |
 
 Two hosts never advance one cast: a session lives on one host at a time (this directory), a cast's
@@ -38,6 +38,7 @@ from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, Not
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
+from castor.scaleout.utility_tasks import COMMAND_LEASE_S, LEASE_MARGIN_S
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 
@@ -64,6 +65,8 @@ class RayBackendSettings(BaseModel):
     host_utility_slots: int = Field(default=16, ge=1, le=1024)
     replace_lost_hosts: bool = True
     fence_after_s: float = Field(default=FENCE_AFTER_S, gt=0)  # see host.SilenceFence
+    # T: a utility command lives only while its lease holds (see utility_tasks.COMMAND_LEASE_S)
+    command_lease_s: float = Field(default=COMMAND_LEASE_S, ge=0.5, le=3600)
 
 
 @dataclass
@@ -144,7 +147,8 @@ class RayBackend:
         if node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
         actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
-                                                                      self.settings.fence_after_s)
+                                                                      self.settings.fence_after_s,
+                                                                      self.settings.command_lease_s)
         ref = HostRef(host_id=host_id, actor=actor)
         with self._lock:
             self.hosts[host_id] = ref
@@ -428,6 +432,11 @@ class RayBackend:
 
     def _recover(self, lost: HostRef, sessions: list[str]) -> None:
         started = time.monotonic()
+        # A host whose node the cluster declared dead may be only cut off: the commands it started
+        # there run on until their lease lapses (commands it started on live nodes end with it).
+        # Its casts are recast no earlier, so no command runs twice at once.
+        fenced_until = (lost.lost_at or started) + self.settings.command_lease_s + LEASE_MARGIN_S \
+            if lost.node_id and not self._node_alive(lost.node_id) else started
         if self.settings.replace_lost_hosts:
             candidates: list[str | None] = list(self._nodes_for_replacement(lost)) or [None]
             for node_id in candidates[:2]:  # the next one if the first is dying
@@ -455,6 +464,12 @@ class RayBackend:
                 # A lost host whose process lives on still holds its casts' leases until its fence
                 # ends it: re-list until none is held, recasting each as it comes free.
                 until = (lost.lost_at or time.monotonic()) + self.settings.fence_after_s + FENCE_MARGIN_S
+                wait = fenced_until - time.monotonic()
+                if wait > 0:
+                    self.log.warning("session {sid}: the node of lost host {host} is dead to the cluster; its "
+                                     "casts are recast in {s:.0f} s, once its commands' leases have lapsed",
+                                     sid=sid, host=lost.host_id, s=wait)
+                    self._closed.wait(wait)
                 while True:
                     orphaned, held = self._casts_left(host, sid)
                     for cast_id in orphaned:
@@ -473,6 +488,13 @@ class RayBackend:
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
                                 "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
+
+    def _node_alive(self, node_id: str) -> bool:
+        """Whether the cluster lists ``node_id`` alive (when it cannot say: taken for dead, the safe side)."""
+        try:
+            return any(str(n.get("NodeID")) == node_id and n.get("Alive") for n in self._ray.nodes())
+        except Exception:  # noqa: BLE001 - the control plane does not answer: wait as for a dead node
+            return False
 
     def _nodes_for_replacement(self, lost: HostRef) -> list[str]:
         """Where a lost host's replacement may start, best first: the live nodes by how few live

@@ -10,8 +10,9 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 | at most once per dispatch | ``max_retries=0``: Ray never runs a task again (a lost node loses the dispatch; the cast re-dispatches under a **new** visit id, as after a slot crash) |
 | cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends |
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
-| a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node dead for ``NODE_LOST_AFTER_S``, or not started ``NODE_LOST_AFTER_S`` after a node died (Ray may have sent its lease request to that node, and it is then never answered), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
+| a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node seen dead the command's lease and ``LEASE_MARGIN_S`` ago, or not known to have started that long after a node died (Ray may have sent its lease request to that node, and it is then never answered; or it started there and its answer never came), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
 | the task's worker dies under the command (``kill -9``, the OOM killer) or its node's raylet dies | the command runs in a session of its own, so it would outlive both: a :class:`CommandGuard` process (started first, it learns of the worker's death from a pipe only the worker holds) kills the command's group and every process carrying its visit id; the task's own thread kills it once its parent, the raylet, is gone. The cast hears lost work |
+| its node is cut off from the cluster (a partition, a hung raylet): the node runs on, the cluster declares it dead, Ray fails the task | the command holds a lease (:class:`CommandLease`): its task renews it while the GCS answers that the node is alive; its guard kills it once the lease is ``lease_s`` old, or when the GCS says the node is dead. A failed task whose node is dead (or, not known to have started, any node that died since) is reported lost only ``lease_s`` + ``LEASE_MARGIN_S`` after this process saw that node dead, so no two copies ever run at once |
 | the command cannot start | ``spawn_error`` as for a local command |
 | no live node has the CPUs it asks for | ``spawn_error`` at once (Ray would hold the task as infeasible for ever); an autoscaler's node types that do not run yet are not counted |
 
@@ -33,17 +34,23 @@ from castor.supervision.threads import start_thread
 DEFAULT_CPUS = 1.0
 CPU_STEP = 0.0001  # the finest CPU figure Ray counts
 WATCH_S = 1.0  # how often a waiting command looks at the cluster's nodes
-NODE_LOST_AFTER_S = 5.0
-"""How long a command waits for an answer once a node it may be on is dead: a task whose node's
-raylet is stopped but whose worker lives still answers (so it is not re-run needlessly)."""
+COMMAND_LEASE_S = 15.0
+"""T, the lease of a running command (``RayBackendSettings.command_lease_s``): its task renews it
+while the cluster's control plane (the GCS) answers that the command's node is alive; the
+command's guard kills the command once it has gone ``T`` without a renewal, and kills it at once
+when the GCS says the node is dead."""
+LEASE_MARGIN_S = 3.0
+"""How much longer than ``T`` the caller waits, after it first saw a command's node dead, before
+it takes the command for lost: the guard's kill itself takes a moment."""
 GUARD_START_S = 10.0  # how long a command's guard may take to start before the command is refused
 RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its node's raylet still lives
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
-def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The task body (a streaming generator): first where it started, then the command's answer;
-    kills the command's tree if cancelled, and a guard kills it if the task's worker dies."""
+def _run_on_node(cmd_map: dict[str, Any], lease_s: float = COMMAND_LEASE_S) -> Iterator[dict[str, Any]]:
+    """The task body (a streaming generator): first where it started, then the command's answer
+    (or ``lost``: its lease lapsed and its guard killed it); kills the command's tree if
+    cancelled, and a guard kills it if the task's worker dies or its lease lapses."""
     import ray
 
     from castor.adapters.materia.process_runner import spawn
@@ -53,12 +60,16 @@ def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
     cmd = UtilityCommand.model_validate(cmd_map)
     cmd = cmd.model_copy(update={"env": {**(cmd.env or {}), NODE_ID_ENV: node_id}})
     try:
-        guard = CommandGuard(cmd.env or {})
+        guard = CommandGuard(cmd.env or {}, lease_s)
     except OSError as exc:
         yield {"spawn_error": f"cannot start the command's guard on node {node_id[:12]}: {exc}",
                "node_pid": os.getpid()}
         return
+    lease = CommandLease(node_id, lease_s, guard)
     try:
+        if not lease.renew():  # never started without a lease the cluster granted
+            yield {"lost": lease.lost or f"node {node_id[:12]} could not reach the cluster", "node_pid": os.getpid()}
+            return
         try:
             running = spawn(cmd)
         except UtilitySpawnError as exc:
@@ -68,6 +79,8 @@ def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
         done = threading.Event()
         start_thread(_end_if_raylet_dies, args=(running, os.getppid(), done), name=f"castor-raylet-watch-{running.pid}",
                      owner="/ray", purpose="ends a utility command whose node's raylet died")
+        start_thread(lease.keep, args=(running, done), name=f"castor-command-lease-{running.pid}", owner="/ray",
+                     purpose="renews a utility command's lease; ends the command when it lapses")
         try:
             result = running.wait()
         except BaseException:  # KeyboardInterrupt from ray.cancel: the command must not outlive it
@@ -78,7 +91,75 @@ def _run_on_node(cmd_map: dict[str, Any]) -> Iterator[dict[str, Any]]:
             done.set()
     finally:
         guard.release()
+    if lease.lapsed():
+        yield {"lost": lease.lost or "its lease lapsed", "node_pid": os.getpid()}
+        return
     yield {"result": result.model_dump(mode="json"), "node_pid": os.getpid()}
+
+
+def _node_alive(node_id: str, timeout_s: float) -> bool | None:
+    """What the cluster's control plane (the GCS) says of ``node_id`` now: True alive, False dead,
+    None no answer within ``timeout_s`` (this node cut off from it, or the GCS down)."""
+    import ray
+
+    try:
+        from ray._raylet import NodeID
+
+        client = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: SLF001, B009 - check_alive has a timeout
+        return bool(client.check_alive([NodeID.from_hex(node_id)], timeout=timeout_s)[0])
+    except (ImportError, AttributeError):  # another Ray: the public listing (without a timeout of its own)
+        try:
+            return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())  # type: ignore[no-untyped-call]
+        except Exception:  # noqa: BLE001 - no answer: the lease is not renewed
+            return None
+    except Exception:  # noqa: BLE001 - timed out, the GCS unreachable: the lease is not renewed
+        return None
+
+
+class CommandLease:
+    """A running command's lease, renewed from its task while the GCS answers that the command's
+    node is alive (see ``COMMAND_LEASE_S``).
+
+    A renewal counts from the moment its question was *sent* (never from the answer's arrival):
+    a renewal that succeeded was sent before the GCS declared the node dead, so the command never
+    runs past ``T`` after that declaration, which is what the caller waits for before it runs
+    the command again elsewhere."""
+
+    def __init__(self, node_id: str, lease_s: float, guard: CommandGuard) -> None:
+        self.node_id = node_id
+        self.lease_s = lease_s
+        self.period_s = max(0.05, lease_s / 5)  # four tries at least before it lapses
+        self._guard = guard
+        self.last: float | None = None
+        self.lost: str | None = None  # why the command was ended (None: its lease holds)
+
+    def renew(self) -> bool:
+        sent = time.monotonic()
+        alive = _node_alive(self.node_id, self.period_s)
+        if alive:
+            self.last = sent
+            self._guard.renewed(sent)
+            return True
+        if alive is False and self.lost is None:
+            self.lost = f"the cluster declared node {self.node_id[:12]} dead while the command ran there"
+        return False
+
+    def lapsed(self) -> bool:
+        return self.lost is not None or self.last is None or time.monotonic() - self.last >= self.lease_s
+
+    def keep(self, running: Any, done: threading.Event) -> None:
+        """Renew every ``period_s`` until ``done``; end the command once the GCS says the node is
+        dead or the lease has lapsed (its guard does too, on its own clock)."""
+        while not done.wait(self.period_s):
+            if self.renew():
+                continue
+            if self.lost is None and self.lapsed():
+                self.lost = (f"node {self.node_id[:12]} could not reach the cluster for {self.lease_s:g} s "
+                             "(its lease lapsed)")
+            if self.lost is not None:
+                self._guard.end_now()
+                running.kill()
+                return
 
 
 def _end_if_raylet_dies(running: Any, raylet_pid: int, done: threading.Event) -> None:
@@ -95,30 +176,46 @@ def _end_if_raylet_dies(running: Any, raylet_pid: int, done: threading.Event) ->
             return
 
 
-#: The guard's program (standard library only, started with ``python -I -S``): it reads the
-#: command's process group from its stdin, then waits. ``x`` there means the task ended as it
-#: should (the command is over or was ended by the task): exit. End of file without it means the
-#: task's worker died with the command running -- killed (the OOM killer, ``kill -9``) or gone with
-#: its raylet -- and nothing else would end the command: stop its process group and every process
-#: whose environment carries its visit id (and run directory), then kill them all.
+#: The guard's program (standard library only, started with ``python -I -S``). The task tells it,
+#: one line each: ``g GROUP`` the command's process group, ``r T`` its lease renewed as of
+#: ``time.monotonic()`` T (this machine's clock, which every process shares), ``k`` end it now, ``x``
+#: the task ended as it should (the command is over or was ended by the task): exit. It ends the
+#: command -- stops its process group and every process whose environment carries its visit id (and
+#: run directory), then kills them all -- on ``k``, on end of file without ``x`` (the task's worker
+#: died with the command running: killed, the OOM killer, gone with its raylet; nothing else would
+#: end it), and once the lease has gone ``LEASE`` seconds without a renewal (the node is cut off
+#: from the cluster, which runs the command again elsewhere once that much time has passed).
 _GUARD_PROGRAM = r"""
-import os, signal, sys
+import os, select, signal, sys, time
 if os.fork():
     os._exit(0)  # the guard goes on detached: Ray kills a worker's own children with it
-visit, run_dir = sys.argv[1].encode(), sys.argv[2].encode()
-said = b""
-while True:
+visit, run_dir, lease = sys.argv[1].encode(), sys.argv[2].encode(), float(sys.argv[3])
+group, renewed, said, end = 0, None, b"", False
+while not end:
+    wait = None if renewed is None else max(0.0, renewed + lease - time.monotonic())
+    if not select.select([0], [], [], wait)[0]:
+        break  # the lease lapsed
     try:
-        chunk = os.read(0, 64)
+        chunk = os.read(0, 256)
     except OSError:
         chunk = b""
     if not chunk:
-        break
+        break  # the worker died
     said += chunk
-    if b"x" in said:
-        sys.exit(0)
-first = said.split(b"\n")[0]
-group = int(first) if b"\n" in said and first.isdigit() else 0
+    *lines, said = said.split(b"\n")
+    for line in lines:
+        if line == b"x":
+            sys.exit(0)
+        if line == b"k":
+            end = True
+        elif line[:2] == b"g " and line[2:].isdigit():
+            group = int(line[2:])
+        elif line[:2] == b"r ":
+            try:
+                at = float(line[2:])
+            except ValueError:
+                continue
+            renewed = at if renewed is None else max(renewed, at)
 me = os.getpid()
 tags = [b"CASTOR_VISIT_ID=" + visit] + ([b"CASTOR_RUN_DIR=" + run_dir] if run_dir else [])
 
@@ -176,17 +273,19 @@ class CommandGuard:
     'make; ...'`` runs ``make`` as one) lived on. Raises ``OSError`` when the guard cannot start
     (the command is then not started)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], lease_s: float = COMMAND_LEASE_S) -> None:
         import subprocess
         import sys
 
         from castor.ports.utility_runner import RUN_DIR_ENV, VISIT_ID_ENV
 
+        self._lock = threading.Lock()  # the task's thread and its lease's thread both tell it things
+        self._closed = False
         read_end, self._write_end = os.pipe()  # both close-on-exec: no command inherits the write end
         try:
             self._proc = subprocess.Popen(  # noqa: S603 - this interpreter and a fixed program
                 [sys.executable, "-I", "-S", "-c", _GUARD_PROGRAM, env.get(VISIT_ID_ENV, ""),
-                 env.get(RUN_DIR_ENV, "")],
+                 env.get(RUN_DIR_ENV, ""), repr(float(lease_s))],
                 stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
                 start_new_session=True, env={})
         except OSError:
@@ -206,29 +305,44 @@ class CommandGuard:
 
     def watch(self, group: int) -> None:
         """The command started as the leader of process group ``group``."""
-        self._say(f"{group}\n".encode())
+        self._say(f"g {group}\n".encode())
+
+    def renewed(self, at: float) -> None:
+        """The command's lease was renewed as of ``time.monotonic()`` ``at``."""
+        self._say(f"r {at!r}\n".encode())
+
+    def end_now(self) -> None:
+        """Kill the command's tree now (the cluster declared its node dead, or its lease lapsed)."""
+        self._say(b"k\n")
 
     def release(self) -> None:
         """The task ends as it should: the guard exits without touching anything."""
-        self._say(b"x")
-        try:
-            os.close(self._write_end)
-        except OSError:
-            pass
+        self._say(b"x\n")
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                try:
+                    os.close(self._write_end)
+                except OSError:
+                    pass
 
     def _say(self, data: bytes) -> None:
-        try:
-            os.write(self._write_end, data)
-        except OSError:  # the guard is gone: nothing to tell
-            pass
+        with self._lock:  # never after the close: the number may name another file by then
+            if self._closed:
+                return
+            try:
+                os.write(self._write_end, data)
+            except OSError:  # the guard is gone: nothing to tell
+                pass
 
 
 class NodeWatch:
     """Which cluster nodes this process has seen dead, and since when; asks the cluster at most
     once per ``period_s`` however many commands wait (one shared answer).
 
-    Guarantees a node's death time is when this process first saw it dead (never earlier); does
-    not tell a node cut off from the cluster from one that is gone."""
+    Guarantees a node's death time is when this process first saw it dead (never earlier, so never
+    before the cluster declared it); does not tell a node cut off from the cluster from one that
+    is gone (a command there is fenced by its lease either way)."""
 
     def __init__(self, period_s: float = WATCH_S) -> None:
         self._period_s = period_s
@@ -237,12 +351,13 @@ class NodeWatch:
         self._dead: dict[str, float] = {}
         self._largest_cpus: float | None = None  # the most CPUs one live node has (None: not known yet)
 
-    def dead_since(self) -> dict[str, float]:
+    def dead_since(self, fresh: bool = False) -> dict[str, float]:
+        """Node id -> when this process first saw it dead; ``fresh``: ask the cluster now."""
         import ray
 
         with self._lock:
             now = time.monotonic()
-            if now - self._checked >= self._period_s:
+            if fresh or now - self._checked >= self._period_s:
                 self._checked = now
                 try:
                     nodes = ray.nodes()  # type: ignore[no-untyped-call]
@@ -262,21 +377,35 @@ class NodeWatch:
         with self._lock:
             return self._largest_cpus
 
-    def stalled_by(self, started_on: str | None, submitted_at: float) -> str | None:
-        """Why a command not answered yet is taken for lost, or None: it started on a node that has
-        been dead ``NODE_LOST_AFTER_S``, or it has not started and a node died after it was
-        submitted that long ago (Ray may have sent its lease request there, and such a request is
-        never answered: ray-project/ray#63405)."""
+    def stalled_by(self, started_on: str | None, submitted_at: float, fence_s: float) -> str | None:
+        """Why a command not answered yet is taken for lost, or None: it started on a node seen
+        dead ``fence_s`` ago, or it is not known to have started and a node died after it was
+        submitted, that long ago (Ray may have sent its lease request there, and such a request
+        is never answered: ray-project/ray#63405; or it did start there and its first answer never
+        came back). ``fence_s`` is the command's lease and a margin: by then a copy still running
+        on that node, cut off from the cluster, has been killed by its guard."""
         now = time.monotonic()
         dead = self.dead_since()
         if started_on is not None:
             since = dead.get(started_on)
-            return f"its node {started_on[:12]} died" if since is not None and now - since >= NODE_LOST_AFTER_S \
-                else None
+            return f"its node {started_on[:12]} died" if since is not None and now - since >= fence_s else None
         for node_id, since in dead.items():
-            if since >= submitted_at and now - since >= NODE_LOST_AFTER_S:
+            if since >= submitted_at and now - since >= fence_s:
                 return f"not started when node {node_id[:12]} died"
         return None
+
+    def fenced_until(self, started_on: str | None, submitted_at: float, fence_s: float) -> float | None:
+        """Until when (``time.monotonic()``) a command whose task failed may still run somewhere: on
+        its node (or, not known to have started, on any node that died since it was submitted),
+        dead to the cluster but maybe only cut off, until ``fence_s`` after this process saw it
+        dead. None: no such node, the command is over (its worker died on a live node, where its
+        guard ended it)."""
+        dead = self.dead_since(fresh=True)
+        if started_on is not None:
+            since = dead.get(started_on)
+            return since + fence_s if since is not None else None
+        later = [since for since in dead.values() if since >= submitted_at]
+        return max(later) + fence_s if later else None
 
 
 _TASK: Any = None
@@ -296,10 +425,13 @@ def _task() -> Any:
 class RemoteRunningUtility:
     """A command started as a Ray task, with the interface of a local ``RunningUtility``."""
 
-    def __init__(self, cmd: UtilityCommand, answers: Any, watch: NodeWatch) -> None:
+    def __init__(self, cmd: UtilityCommand, answers: Any, watch: NodeWatch,
+                 lease_s: float = COMMAND_LEASE_S) -> None:
         self.cmd = cmd
         self._answers = answers  # the task's ObjectRefGenerator: where it started, then its answer
         self._watch = watch
+        self.fence_s = lease_s + LEASE_MARGIN_S  # how long a copy cut off with its node may still run
+        self._never = threading.Event()
         self._killed = threading.Event()
         self._finished = threading.Event()
         self._started = time.monotonic()
@@ -346,21 +478,38 @@ class RemoteRunningUtility:
         while True:
             ready, _ = ray.wait([self._answers], timeout=WATCH_S)
             if not ready:
-                why = self._watch.stalled_by(self.started_on, self._started)
+                why = self._watch.stalled_by(self.started_on, self._started, self.fence_s)
                 if why is not None:
                     self.kill()  # a task cancelled before it started never starts; one started is told to stop
-                    raise _Lost(why)
+                    raise _Lost(f"{why} (its lease of {self.fence_s - LEASE_MARGIN_S:g} s has lapsed since)")
                 continue
             try:
                 answer = ray.get(next(self._answers))
             except StopIteration:
-                raise _Lost("the task ended without an answer") from None
+                raise _Lost(self._fenced("the task ended without an answer")) from None
             except Exception as exc:  # noqa: BLE001 - cancelled, worker crashed, node died: lost work
-                raise _Lost(type(exc).__name__) from None
+                raise _Lost(self._fenced(type(exc).__name__)) from None
             if "started_on" in answer:
                 self.started_on = str(answer["started_on"])
                 continue
+            if "lost" in answer:  # its lease lapsed on its node: the guard ended the command before this answer
+                raise _Lost(str(answer["lost"]))
             return dict(answer)
+
+    def _fenced(self, why: str) -> str:
+        """Wait, before a failed task is taken for lost, until no copy of its command can still run.
+
+        Ray fails the task as soon as the cluster declares its node dead, but a node that is only
+        cut off runs the command on until its guard sees the lease lapse: the cast would have run
+        it again elsewhere at once, two copies at the same time on the shared project. Answers
+        ``why`` with what was waited for."""
+        until = self._watch.fenced_until(self.started_on, self._started, self.fence_s)
+        if until is None:
+            return why
+        left = until - time.monotonic()
+        if left > 0:
+            self._never.wait(left)  # nothing shortens it: not a cancel either, the copy may still run
+        return f"{why}; its node died, and its lease of {self.fence_s - LEASE_MARGIN_S:g} s has lapsed since"
 
     def _lost(self, why: str) -> UtilityResult:
         return UtilityResult(argv=list(self.cmd.argv), pid=0, exit_code=None, signal=None, signal_name=None,
@@ -377,8 +526,9 @@ class _Lost(Exception):
 class RayUtilityRunner:
     """What a cast host's utility pool uses instead of a local ``spawn``."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease_s: float = COMMAND_LEASE_S) -> None:
         self._watch = NodeWatch()
+        self.lease_s = lease_s
 
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))
@@ -394,10 +544,10 @@ class RayUtilityRunner:
         cpus = max(round(cpus, 4), CPU_STEP)
         num_cpus = fresh_kind(cpus, len(self._watch.dead_since()))
         try:
-            answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"))
+            answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"), self.lease_s)
         except (ValueError, TypeError) as exc:  # what else Ray refuses of a submission: the command cannot start
             raise UtilitySpawnError(f"the cluster refused the command: {exc}", may_have_started=False) from None
-        return RemoteRunningUtility(cmd, answers, self._watch)
+        return RemoteRunningUtility(cmd, answers, self._watch, self.lease_s)
 
 
 def fresh_kind(cpus: float, deaths_seen: int) -> float:

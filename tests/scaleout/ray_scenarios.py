@@ -13,7 +13,9 @@ the cluster takes the node for dead, as after a network partition, while the hos
 lives on; the host must end itself, and its casts complete elsewhere), ``lease_to_stopped_node``
 (a command whose lease request went to a node whose raylet is stopped comes back as lost work;
 on the same cluster, a command asking for more CPUs than any node has, and commands whose Ray
-worker, node's raylet or driver is killed under them).
+worker, node's raylet or driver is killed under them), ``cut_off_stop_raylet`` (two casts'
+commands run on a node whose raylet is then stopped, one cast on a host of a live node, one on a
+host of that node: no command may run twice at once, see :func:`cut_off_node`).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ SLOW_COMMAND = (
 )
 
 
-def project(root: Path, name: str, visit_log: Path) -> Path:
+def project(root: Path, name: str, visit_log: Path, command: str = SLOW_COMMAND) -> Path:
     proj = root / name
     (proj / ".pi").mkdir(parents=True)
     config = {
         "activeLoadout": "dist",
         "loadouts": {"dist": {"entry": "Socket-1", "sockets": {
             "Socket-1": {"type": "agent", "materia": "greeter", "edges": [{"when": "always", "to": "Socket-2"}]},
-            "Socket-2": {"type": "utility", "command": [sys.executable, "-c", SLOW_COMMAND], "parse": "json",
+            "Socket-2": {"type": "utility", "command": [sys.executable, "-c", command], "parse": "json",
                          "resources": {"cpus": 1}, "timeoutMs": 60000, "assign": {"built": "$"},
                          "edges": [{"when": "always", "to": "Socket-3"}]},
             "Socket-3": {"type": "agent", "materia": "summarizer"}}}},
@@ -291,10 +293,233 @@ def _spawn_outcome(cmd: Any, resources: dict[str, float]) -> str:
         return f"spawn_error: {exc.message}"
 
 
+#: A utility command that stamps ``stamps.log`` in its project (its working directory): ``start PID
+#: TIME VISIT NODE alive=[PIDS]`` (the earlier copies' processes still alive as it starts: on this
+#: one machine it can look), then ``tick PID TIME`` every 0.1 s and ``end PID TIME``. The first copy
+#: of a project runs 60 s (long enough to be cut off mid-run), a later one ``LATER_S`` (longer than
+#: two leases: a healthy node renews a command's lease, and such a command completes).
+STAMP_COMMAND = (
+    "import os, sys, json, time\n"
+    "sys.stdin.readline()\n"
+    "log, me = 'stamps.log', os.getpid()\n"
+    "def live(pid):\n"
+    "    try:\n"
+    "        with open(f'/proc/{pid}/stat') as f: return f.read().rsplit(') ', 1)[1][0] not in 'ZX'\n"
+    "    except OSError:\n"
+    "        return False\n"
+    "earlier = [int(l.split()[1]) for l in open(log).read().splitlines() if l.startswith('start ')] "
+    "if os.path.exists(log) else []\n"
+    "alive = ','.join(str(p) for p in earlier if live(p))\n"
+    "def stamp(text):\n"
+    "    with open(log, 'a') as f: f.write(text + '\\n')\n"
+    "stamp(f\"start {me} {time.time()} {os.environ['CASTOR_VISIT_ID']} {os.environ.get('CASTOR_NODE_ID', '?')} "
+    "alive=[{alive}]\")\n"
+    "end = time.time() + (float(os.environ['LATER_S']) if earlier else 60.0)\n"
+    "while time.time() < end:\n"
+    "    stamp(f'tick {me} {time.time()}')\n"
+    "    time.sleep(0.1)\n"
+    "stamp(f'end {me} {time.time()}')\n"
+    "print(json.dumps({'pid': me}))\n"
+)
+
+
+def stamped_copies(log: Path) -> list[dict[str, Any]]:
+    """The copies of one project's command, from its ``stamps.log``, in the order they started."""
+    copies: dict[int, dict[str, Any]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        parts = line.split()
+        if len(parts) < 3:
+            continue  # a line cut short by a kill
+        kind, pid, at = parts[0], int(parts[1]), float(parts[2])
+        copy = copies.setdefault(pid, {"pid": pid, "start": at, "last": at, "ended": False})
+        if kind == "start" and len(parts) >= 6:
+            copy.update(start=at, visit=parts[3], node=parts[4], alive_at_start=parts[5])
+        copy["last"] = max(copy["last"], at)
+        copy["ended"] = copy["ended"] or kind == "end"
+    return sorted(copies.values(), key=lambda c: c["start"])
+
+
+def _hold(seconds: float) -> str:
+    time.sleep(seconds)
+    return "held"
+
+
+def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
+    """Two casts whose utility commands run on the worker node when it is cut off from the cluster
+    (``how``: ``stop_raylet``, its raylet SIGSTOPped: the cluster declares the node dead while the
+    node's processes run on and still reach the cluster's control plane; ``link_down``, a real
+    partition: the node runs in a network namespace of its own, joined to the head's by a veth
+    pair, and the link is taken down, so nothing on either side reaches the other). One cast
+    lives on the head node's host (healthy: its command's task fails and the cast runs the
+    command again), one on the worker node's host (cut off with it:
+    the serving process recovers the cast on the head's host). Every command stamps its project's
+    ``stamps.log`` (:data:`STAMP_COMMAND`): no two copies of one command may run at once, and the
+    casts must complete."""
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from castor.actors.materia.api import materia_call
+    from castor.runtime import Runtime, RuntimeSettings
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings, ray_materia_component
+
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
+    os.environ["LATER_S"] = str(2.5 * CUT_OFF_LEASE_S)  # (the cluster's processes inherit it)
+    head: dict[str, Any] = {"num_cpus": 2, "object_store_memory": 80 << 20, "_system_config": health}
+    behind = _NodeBehindLink() if how == "link_down" else None
+    if behind is not None:
+        head["node_ip_address"] = behind.head_ip
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    result: dict[str, Any] = {"scenario": f"cut_off_{how}", "lease_s": CUT_OFF_LEASE_S}
+    runtime = backend = None
+    try:
+        ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+        if behind is not None:
+            worker_id, stop_raylet = behind.join(cluster.address, num_cpus=2), None
+        else:
+            worker = cluster.add_node(num_cpus=2, object_store_memory=80 << 20)
+            cluster.wait_for_nodes()
+            worker_id, stop_raylet = worker.node_id, psutil.Process(worker.all_processes["raylet"][0].process.pid)
+        head_id = ray.get_runtime_context().get_node_id()
+        blocker = ray.remote(num_cpus=2)(_hold).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False)).remote(300.0)
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("CPU", 0) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the head's CPUs taken: the first copies run on the worker node
+        backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2, fence_after_s=8.0,
+                                                command_lease_s=CUT_OFF_LEASE_S))
+        runtime = Runtime(RuntimeSettings(max_casts_per_session=2), components=[ray_materia_component(backend)],
+                          scaleout=backend)
+        started: list[tuple[str, str]] = []
+        projects: dict[str, Path] = {}
+        for n in range(2):
+            sid = f"s{n}"
+            projects[sid] = project(workdir, f"p{n}", workdir / "visits.log", STAMP_COMMAND)
+            open_session(runtime, sid, projects[sid])
+            started.append((sid, materia_call(runtime, sid, "start", {"request": f"request {n}"})["cast_id"]))
+        result["session_hosts"] = {sid: "worker" if backend.host_of(sid, 10).node_id == worker_id else "head"
+                                   for sid, _ in started}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(stamped_copies(p / "stamps.log") for p in projects.values()):
+            time.sleep(0.05)
+        result["first_copies_on"] = {sid: ["worker" if c.get("node") == worker_id else c.get("node")
+                                           for c in stamped_copies(p / "stamps.log")] for sid, p in projects.items()}
+        result["cut_at"] = time.time()
+        if behind is not None:
+            behind.cut()
+        elif stop_raylet is not None:
+            stop_raylet.suspend()
+        ray.cancel(blocker, force=True)  # the head's CPUs free: the commands run again there
+        status = wait_all(runtime, started, 150.0)
+        result["status"] = status
+        result["copies"] = {sid: stamped_copies(p / "stamps.log") for sid, p in projects.items()}
+        result["overlaps"] = [
+            f"{sid}: {a['pid']} ran until {a['last']:.2f}, {b['pid']} started {b['start']:.2f} "
+            f"(alive then: {b.get('alive_at_start')})"
+            for sid, copies in result["copies"].items() for a, b in zip(copies, copies[1:], strict=False)
+            if b["start"] <= a["last"] or b.get("alive_at_start") != "alive=[]"]
+        result["recoveries"] = backend.recoveries
+    finally:
+        if runtime is not None:
+            runtime.shutdown(30.0)
+        if backend is not None:
+            backend.shutdown()
+        ray.shutdown()
+        if behind is not None:
+            behind.stop()
+        cluster.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+CUT_OFF_LEASE_S = 5.0
+
+
+class _NodeBehindLink:
+    """A Ray worker node in a network namespace of its own (inside this scenario's), joined to
+    this one by a veth pair, so that taking the link down is a real partition: the node's raylet,
+    workers and commands run on, and neither side reaches the other."""
+
+    head_ip, node_ip = "10.203.0.1", "10.203.0.2"
+
+    def __init__(self) -> None:
+        import subprocess
+
+        for argv in (["ip", "link", "add", "castor-a", "type", "veth", "peer", "name", "castor-b"],
+                     ["ip", "addr", "add", f"{self.head_ip}/24", "dev", "castor-a"],
+                     ["ip", "link", "set", "castor-a", "up"]):
+            subprocess.run(argv, check=True, timeout=10)
+        self.proc: Any = None
+        self.netns = ""
+
+    def join(self, gcs_address: str, num_cpus: int) -> str:
+        """Start the node (``ray start --block`` in a new network namespace) and answer its node id."""
+        import subprocess
+
+        import ray
+
+        ray_cli = str(Path(sys.executable).with_name("ray"))
+        script = ("ip link set lo up; i=0; until ip link show castor-b >/dev/null 2>&1; do i=$((i+1)); "
+                  "[ $i -gt 400 ] && exit 3; sleep 0.05; done; "  # until the link is moved in here
+                  f"ip addr add {self.node_ip}/24 dev castor-b && ip link set castor-b up && "
+                  f'exec "{ray_cli}" start --address={gcs_address} --node-ip-address={self.node_ip} '
+                  f"--num-cpus={num_cpus} --object-store-memory={80 << 20} --disable-usage-stats --block")
+        self.proc = subprocess.Popen(["unshare", "-n", "sh", "-c", script], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self.netns and time.monotonic() < deadline:
+            try:  # the shell runs in its namespace once unshare has made it
+                netns = os.readlink(f"/proc/{self.proc.pid}/ns/net")
+            except OSError:
+                netns = ""
+            if netns and netns != os.readlink("/proc/self/ns/net"):
+                self.netns = netns
+            else:
+                time.sleep(0.02)
+        subprocess.run(["ip", "link", "set", "castor-b", "netns", str(self.proc.pid)], check=True, timeout=10)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            for node in ray.nodes():
+                if node.get("NodeManagerAddress") == self.node_ip and node.get("Alive"):
+                    return str(node["NodeID"])
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the node behind the link exited {self.proc.returncode}")
+            time.sleep(0.2)
+        raise RuntimeError("the node behind the link did not join within 90 s")
+
+    def cut(self) -> None:
+        import subprocess
+
+        subprocess.run(["ip", "link", "set", "castor-a", "down"], check=True, timeout=10)
+
+    def stop(self) -> None:
+        """End every process of the node's namespace (they outlive ``ray start``'s own exit at times)."""
+        import subprocess
+
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+        if self.netns:
+            for name in os.listdir("/proc"):
+                try:
+                    if name.isdigit() and os.readlink(f"/proc/{name}/ns/net") == self.netns:
+                        os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    continue
+        subprocess.run(["ip", "link", "del", "castor-a"], capture_output=True, timeout=10)
+
+
 def main() -> None:
     scenario, workdir = sys.argv[1], Path(sys.argv[2])
     if scenario == "lease_to_stopped_node":
         lease_to_stopped_node(workdir)  # prints its RESULT itself
+        return
+    if scenario.startswith("cut_off_"):
+        cut_off_node(workdir, scenario[len("cut_off_"):])  # prints its RESULT itself
         return
     import ray
     from ray.cluster_utils import Cluster

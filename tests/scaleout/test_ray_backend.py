@@ -168,3 +168,40 @@ def test_a_command_whose_serving_process_is_killed_leaves_no_process_behind(leas
     guard, detached from the worker, kills the rest of the tree."""
     result = lease_run
     assert result["driver_kill_tree"] == 2 and result["driver_kill_tree_left"] == 0, result
+
+
+def _never_two_copies_at_once(result: dict) -> None:
+    """Every project's command ran as one copy on the cut-off node, then again elsewhere, never
+    two at once (from the stamps each copy left on the shared project)."""
+    _all_complete(result)
+    assert result["first_copies_on"] == {"s0": ["worker"], "s1": ["worker"]}, result  # both cut off mid-run
+    assert sorted(result["session_hosts"].values()) == ["head", "worker"], result
+    assert result["overlaps"] == [], result["overlaps"]
+    for sid, copies in result["copies"].items():
+        assert len(copies) >= 2 and not copies[0]["ended"], (sid, copies)  # the first was killed, then run again
+        assert all(c["ended"] for c in copies[1:]), (sid, copies)
+        # on a healthy node a command outlives its lease many times over: the lease is renewed
+        assert all(c["last"] - c["start"] >= 2 * result["lease_s"] for c in copies[1:]), (sid, copies)
+
+
+def test_a_command_on_a_node_whose_raylet_is_stopped_never_runs_twice_at_once(tmp_path: Path) -> None:
+    """The worker node's raylet stopped (SIGSTOP: the cluster declares the node dead while its
+    processes run on, as when it is cut off) while two casts' commands run there, one cast on the
+    head's host, one on the cut-off node's host. Before, the command ran on to its end (60 s
+    here) while the cast, told the work was lost as soon as the node was declared dead, ran it
+    again on the head: two copies at once on the shared project. Each command now holds a lease
+    its task renews while the cluster says its node is alive: told the node is dead, the task
+    kills it at once, and the cast runs it again only once the lease has lapsed."""
+    _never_two_copies_at_once(scenario("cut_off_stop_raylet", tmp_path))
+
+
+def test_a_command_on_a_node_cut_off_by_a_partition_never_runs_twice_at_once(tmp_path: Path) -> None:
+    """A real partition: the worker node runs in a network namespace of its own, joined to the
+    head's by a veth pair that is taken down while two casts' commands run there (one cast on the
+    head's host, one on the cut-off node's host). The node's processes run on and reach nothing;
+    the cluster declares the node dead. Before, the cast on the head's host ran the command again
+    at once, while the first copy ran on (its node could not even hear a cancel). The cut-off
+    command's lease now lapses (its task cannot reach the cluster to renew it) and its guard kills
+    it; the cast, and the recovery of the cut-off host's cast, run it again only after the lease
+    and a margin have passed since the node was seen dead."""
+    _never_two_copies_at_once(scenario("cut_off_link_down", tmp_path))
