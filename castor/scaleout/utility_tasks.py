@@ -437,6 +437,7 @@ class RemoteRunningUtility:
         self._started = time.monotonic()
         self.started_on: str | None = None
         self.spawn_error: str | None = None
+        self.lost_why: str | None = None  # why the command was taken for lost (the cast's WorkLost says it)
 
     @property
     def finished(self) -> bool:
@@ -461,6 +462,7 @@ class RemoteRunningUtility:
         try:
             answer = self._answer()
         except _Lost as lost:
+            self.lost_why = f"lost on the cluster: {lost}"
             self._finished.set()
             return self._lost(str(lost))
         self._finished.set()

@@ -419,6 +419,10 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
             f"(alive then: {b.get('alive_at_start')})"
             for sid, copies in result["copies"].items() for a, b in zip(copies, copies[1:], strict=False)
             if b["start"] <= a["last"] or b.get("alive_at_start") != "alive=[]"]
+        result["recast_because"] = {sid: [json.loads(line)["data"].get("previousFailure")
+                                          for events in (projects[sid] / ".pi" / "pi-materia").glob("*/events.jsonl")
+                                          for line in events.read_text().splitlines()
+                                          if json.loads(line)["type"] == "cast_recast"] for sid, _ in started}
         result["recoveries"] = backend.recoveries
     finally:
         if runtime is not None:

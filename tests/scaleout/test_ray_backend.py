@@ -182,6 +182,11 @@ def _never_two_copies_at_once(result: dict) -> None:
         assert all(c["ended"] for c in copies[1:]), (sid, copies)
         # on a healthy node a command outlives its lease many times over: the lease is renewed
         assert all(c["last"] - c["start"] >= 2 * result["lease_s"] for c in copies[1:]), (sid, copies)
+    # what the cast's events say: the cast on the head's host lost its command with the node (and
+    # why; it said only "utility killed"), the other was recast after its host was lost
+    on_head = next(sid for sid, where in result["session_hosts"].items() if where == "head")
+    assert any("lost on the cluster" in str(why) and "node" in str(why) for why in result["recast_because"][on_head]), \
+        result["recast_because"]
 
 
 def test_a_command_on_a_node_whose_raylet_is_stopped_never_runs_twice_at_once(tmp_path: Path) -> None:

@@ -216,6 +216,7 @@ class UtilityExecutorActor(Actor):
         self.slot = slot
         self._job: UtilityJob | None = None
         self._running: RunningCommand | None = None
+        self._lost_why: str | None = None  # why the runner lost the running command (remote runners say)
 
     def on_start(self) -> None:
         _POOLS[self.handle.registry] = self.pool
@@ -231,11 +232,13 @@ class UtilityExecutorActor(Actor):
             if seen in ("running", "cancelled"):
                 return  # a duplicate of a running job, or one the cast gave up before it started
             self._job = job
+            self._lost_why = None
             outcome = self._execute(effect, job.run_dir)
             self._job = None
             self.pool.finish(effect.visit_id, outcome)
-            if outcome is None:
-                self._answer(job, WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}"))
+            if outcome is None:  # with why, when the runner knows (a cluster task: its node died, ...)
+                why = f": {self._lost_why}" if self._lost_why else ""
+                self._answer(job, WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}{why}"))
             else:
                 self._answer(job, CastOutcome(event=outcome))
         finally:
@@ -284,6 +287,7 @@ class UtilityExecutorActor(Actor):
                                      deadline=time.monotonic() + cmd.timeout_ms / 1000.0)  # its timeoutMs
                 try:
                     result = running.wait()
+                    self._lost_why = getattr(running, "lost_why", None)
                     self.observe_metric("utility_run_seconds", result.duration_ms / 1000.0)
                 except UtilitySpawnError as exc:  # a cluster task learns it only on its node
                     return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
