@@ -310,7 +310,10 @@ def hosts_table(data: dict[str, Any]) -> Table:
     for column in ("host", "node", "pid", "alive", "sessions", "casts"):
         table.add_column(column)
     for host in data.get("hosts", []):
-        table.add_row(host["host_id"], str(host["node_id"])[:12], str(host["pid"]), "yes" if host["alive"] else "no",
+        # A live host that did not answer (its node cut off, say) is not shown as alive with no casts.
+        alive = "no" if not host["alive"] else f"not answering: {shown(str(host['error']))}" if host.get("error") \
+            else "yes"
+        table.add_row(host["host_id"], str(host["node_id"])[:12], str(host["pid"]), alive,
                       ", ".join(host["sessions"]), "\n".join(c.rsplit("/", 1)[-1] for c in host["casts"]) or "-")
     if data.get("backend") == "local" and not data.get("hosts"):  # an empty table said nothing of where
         table.add_row("local", "-", "-", "yes", "all", "in the castor serve process itself (the local backend)")
