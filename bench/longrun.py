@@ -231,6 +231,10 @@ def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
                 samples.append((done, server.sample(ops)))
         elapsed = time.monotonic() - started
         final = server.sample(ops)
+        # which threads castor itself runs at the end (outside the actors' own): a count that grew
+        # is then named by owner and purpose, not only counted
+        kept = sorted(f"{t.get('name')} ({t.get('owner')}: {t.get('purpose')})"
+                      for t in ops.call("ops.actors", {}).get("threads", []))
         list_10x, list_1x = list_ratio(server, big, small)
         counts = [
             len([p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]) for project in (big, small)
@@ -259,6 +263,7 @@ def run(casts: int, sessions: int, base: Path) -> dict[str, float]:
         "final_threads": final["threads"],
         "final_fds": final["fds"],
         "final_actors": final["actors"],
+        "final_castor_threads": kept,
     }
 
 
@@ -287,6 +292,8 @@ def main() -> None:
           f"on {base}")
     print(f"end of run: RSS {r['final_rss_mb']:.1f} MB, {r['final_threads']:.0f} threads, {r['final_fds']:.0f} fds, "
           f"{r['final_actors']:.0f} actors")
+    print(f"castor's own threads at the end ({len(r['final_castor_threads'])}): "
+          f"{'; '.join(r['final_castor_threads']) or '-'}")
     print(f"cast.list (one page, median of 200 alternating calls): {r['list_1x_ms']:.2f} ms on a project with "
           f"{r['small_casts']} casts, {r['list_10x_ms']:.2f} ms on one with {r['big_casts']}")
     ratio = r["list_10x_ms"] / r["list_1x_ms"] if r["list_1x_ms"] else float("inf")

@@ -111,3 +111,18 @@ class IcarusWorldBase:
     def close(self) -> None:
         for rt in self.runtimes:
             rt.shutdown(timeout=10)
+
+
+def serve_icarus_on_loopback(runtime: Any, token: str) -> Any:
+    """A started :class:`castor.endpoint.Server` on 127.0.0.1 (a free port) with ``token``, serving
+    ``runtime``'s session, ops and icarus methods -- what ``castor serve --tcp`` serves a harness."""
+    from castor.endpoint import Dispatcher, Server
+    from castor.endpoint.methods.icarus import register_icarus_methods
+    from castor.endpoint.methods.ops import register_ops_methods
+    from castor.endpoint.methods.session import register_session_methods
+
+    dispatcher = Dispatcher()
+    register_session_methods(dispatcher, runtime)
+    register_ops_methods(dispatcher, runtime)
+    register_icarus_methods(dispatcher, runtime)
+    return Server(dispatcher, tcp=("127.0.0.1", 0), token=token).start()

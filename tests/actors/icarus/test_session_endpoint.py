@@ -17,12 +17,8 @@ from typing import Any
 import pytest
 
 from castor.client import Client
-from castor.endpoint import Dispatcher, Server
-from castor.endpoint.methods.icarus import register_icarus_methods
-from castor.endpoint.methods.ops import register_ops_methods
-from castor.endpoint.methods.session import register_session_methods
 from castor.messages.errors import CastorError
-from tests.support.icarus import gone, wait_until
+from tests.support.icarus import gone, serve_icarus_on_loopback, wait_until
 
 
 class FakeHarness:
@@ -64,11 +60,7 @@ class FakeHarness:
 @pytest.fixture
 def wired(world):
     rt = world.runtime()
-    dispatcher = Dispatcher()
-    register_session_methods(dispatcher, rt)
-    register_ops_methods(dispatcher, rt)
-    register_icarus_methods(dispatcher, rt)
-    server = Server(dispatcher, tcp=("127.0.0.1", 0), token="t" * 32).start()
+    server = serve_icarus_on_loopback(rt, "t" * 32)
     host, port = server.address
     clients: list[Client] = []
 

@@ -18,11 +18,8 @@ from typing import Any
 import pytest
 
 from castor.client import Client
-from castor.endpoint import Dispatcher, Server
-from castor.endpoint.methods.icarus import register_icarus_methods
-from castor.endpoint.methods.ops import register_ops_methods
-from castor.endpoint.methods.session import register_session_methods
 from castor.messages.errors import CastorError
+from tests.support.icarus import serve_icarus_on_loopback
 from tests.support.waiting import wait_for
 
 DYING = Path(__file__).resolve().parents[2] / "support" / "icarus_packages" / "dies_in_every_call" / "icarus"
@@ -44,11 +41,7 @@ def served(world):
                                       icarus_worker_cool_down_s=COOL_DOWN_S),
                       components=[icarus_component(env=world.env, home=str(world.tmp))])
     world.runtimes.append(runtime)
-    dispatcher = Dispatcher()
-    register_session_methods(dispatcher, runtime)
-    register_ops_methods(dispatcher, runtime)
-    register_icarus_methods(dispatcher, runtime)
-    server = Server(dispatcher, tcp=("127.0.0.1", 0), token=TOKEN).start()
+    server = serve_icarus_on_loopback(runtime, TOKEN)
     client = Client.connect_tcp(*server.address, default_timeout=20, token=TOKEN)
     client.on_request("session.append_entry", lambda _p: {"ok": True, "entry_id": "e"})
     client.call("session.open", {"session_id": "s1", "cwd": str(world.project), "trusted": False})

@@ -12,12 +12,9 @@ import pytest
 from rich.console import Console
 
 from castor.client import Client
-from castor.endpoint import Dispatcher, Server
-from castor.endpoint.methods.icarus import register_icarus_methods
-from castor.endpoint.methods.ops import register_ops_methods
-from castor.endpoint.methods.session import register_session_methods
 from castor.messages.errors import CastorError
 from castor.messages.inspection import ActorSnapshot
+from tests.support.icarus import serve_icarus_on_loopback
 from tests.support.waiting import wait_for
 
 TOKEN = "q" * 32
@@ -34,11 +31,7 @@ def test_calls_queued_behind_a_running_one_show_their_target_wait_and_deadline_n
     from castor.console.terminal import mailbox_table, worker_table
 
     runtime = world.runtime()
-    dispatcher = Dispatcher()
-    register_session_methods(dispatcher, runtime)
-    register_ops_methods(dispatcher, runtime)
-    register_icarus_methods(dispatcher, runtime)
-    server = Server(dispatcher, tcp=("127.0.0.1", 0), token=TOKEN).start()
+    server = serve_icarus_on_loopback(runtime, TOKEN)
     client = Client.connect_tcp(*server.address, default_timeout=20, token=TOKEN)
     try:
         _ctx, sess = world.open(runtime)
