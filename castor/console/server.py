@@ -43,7 +43,7 @@ from castor._log import logger
 from castor.console import pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
-from castor.endpoint.server import EXHAUSTED_BACKOFF_S, FD_EXHAUSTION
+from castor.endpoint.server import EXHAUSTED_BACKOFF_S, FD_EXHAUSTION, take_reserve_fd
 from castor.messages.errors import CastorError, Forbidden, InvalidParams
 from castor.supervision.threads import start_thread
 
@@ -193,13 +193,6 @@ def _refuse_503(request: Any, body: bytes) -> None:
             pass
 
 
-def _take_reserve_fd() -> int | None:
-    try:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-
-
 def _cut(connection: Any) -> None:
     """Shut ``connection`` down both ways: its handler's blocked read ends at once."""
     try:
@@ -235,7 +228,7 @@ class _Server(ThreadingHTTPServer):
         self._exhausted_logged = False
         self._reserve_fd: int | None = None  # (a bind that fails calls server_close in __init__)
         super().__init__(*args, **kwargs)
-        self._reserve_fd = _take_reserve_fd()
+        self._reserve_fd = take_reserve_fd()
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -248,7 +241,7 @@ class _Server(ThreadingHTTPServer):
             self._exhausted_logged = False
             logger.bind(actor="/console").info("console: file descriptors are free again")
         if self._reserve_fd is None:
-            self._reserve_fd = _take_reserve_fd()
+            self._reserve_fd = take_reserve_fd()
         return accepted
 
     def _shed_while_exhausted(self, exc: OSError) -> None:
@@ -259,7 +252,7 @@ class _Server(ThreadingHTTPServer):
             logger.bind(actor="/console").warning(
                 "console out of file descriptors: answering 503 until some close ({})", exc)
         if self._reserve_fd is None:
-            self._reserve_fd = _take_reserve_fd()
+            self._reserve_fd = take_reserve_fd()
             if self._reserve_fd is None:
                 self.backoff_over.wait(EXHAUSTED_BACKOFF_S)
                 return
@@ -273,7 +266,7 @@ class _Server(ThreadingHTTPServer):
             name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
             _refuse_503(request, f"castor's console is out of file descriptors ({name}); retry once some "
                                  "connections have closed\n".encode())
-        self._reserve_fd = _take_reserve_fd()
+        self._reserve_fd = take_reserve_fd()
         if request is None and self._reserve_fd is None:
             self.backoff_over.wait(EXHAUSTED_BACKOFF_S)
 

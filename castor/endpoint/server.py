@@ -65,7 +65,9 @@ EXHAUSTED_BACKOFF_S = 0.05
 """How long the accept loop waits when it could neither accept nor refuse (no fd even in reserve)."""
 
 
-def _take_reserve_fd() -> int | None:
+def take_reserve_fd() -> int | None:
+    """A descriptor held in reserve (``/dev/null``), given back when ``accept`` finds none left so a
+    waiting client can still be accepted and refused; None when there is none to take."""
     try:
         return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -142,7 +144,7 @@ class Server:
                 self._listener = bind_tcp(host, port)
                 self.address = self._listener.getsockname()[:2]
                 kind = "tcp"
-            self._reserve_fd = _take_reserve_fd()
+            self._reserve_fd = take_reserve_fd()
             self._accept_thread = start_thread(self._accept_loop, args=(kind,), name="castor-accept",
                                                owner="/endpoint", purpose="accept connections")
             if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
@@ -297,7 +299,7 @@ class Server:
             return True
         self._exhausted_logged = False
         if self._reserve_fd is None:  # given back in a spell that left none to take it again: take it now
-            self._reserve_fd = _take_reserve_fd()
+            self._reserve_fd = take_reserve_fd()
         conn.name = f"{kind}-{conn.id}"
         conn.state["accepted_at"] = time.monotonic()
         if self.token:
@@ -335,7 +337,7 @@ class Server:
             sock = None
         if sock is not None:
             self._refuse(sock, _exhausted(exc), log=False)
-        self._reserve_fd = _take_reserve_fd()
+        self._reserve_fd = take_reserve_fd()
         return sock is not None
 
     def _refuse(self, sock: socket.socket, err: Any = None, *, log: bool = True) -> None:
