@@ -8,11 +8,13 @@ The end-to-end proofs, on a real cluster with a node cut off, are in ``test_ray_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +35,21 @@ def _command(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     return proc, tags
 
 
+@contextlib.contextmanager
+def _guarded_command(tmp_path: Path, lease_s: float) -> Iterator[tuple[subprocess.Popen[bytes], CommandGuard]]:
+    """A :func:`_command` and its :class:`CommandGuard` with a lease of ``lease_s``; afterwards the
+    guard released and the command, if it still runs, killed and reaped."""
+    proc, tags = _command(tmp_path)
+    guard = CommandGuard(tags, lease_s)
+    try:
+        yield proc, guard
+    finally:
+        guard.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _lives_for(proc: subprocess.Popen[bytes], seconds: float) -> bool:
     try:
         proc.wait(timeout=seconds)
@@ -43,9 +60,7 @@ def _lives_for(proc: subprocess.Popen[bytes], seconds: float) -> bool:
 
 def test_a_guard_kills_its_command_once_the_lease_lapses_and_not_while_it_is_renewed(tmp_path: Path) -> None:
     lease_s = 1.0
-    proc, tags = _command(tmp_path)
-    guard = CommandGuard(tags, lease_s)
-    try:
+    with _guarded_command(tmp_path, lease_s) as (proc, guard):
         guard.renewed(time.monotonic())
         guard.watch(proc.pid)
         for _ in range(10):  # two leases' worth, renewed every 0.2 s: it lives
@@ -58,17 +73,10 @@ def test_a_guard_kills_its_command_once_the_lease_lapses_and_not_while_it_is_ren
         assert proc.returncode == -9, proc.returncode
         assert died - last >= lease_s, died - last  # never before the lease has lapsed
         assert died - last < lease_s + 2.0, died - last
-    finally:
-        guard.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_renewal_dated_earlier_never_moves_the_lease_back_and_end_now_kills_at_once(tmp_path: Path) -> None:
-    proc, tags = _command(tmp_path)
-    guard = CommandGuard(tags, 30.0)
-    try:
+    with _guarded_command(tmp_path, 30.0) as (proc, guard):
         now = time.monotonic()
         guard.renewed(now)
         guard.watch(proc.pid)
@@ -78,11 +86,6 @@ def test_a_renewal_dated_earlier_never_moves_the_lease_back_and_end_now_kills_at
         guard.end_now()  # the cluster said the node is dead
         proc.wait(timeout=10)
         assert proc.returncode == -9 and time.monotonic() - started < 5.0
-    finally:
-        guard.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_released_guard_leaves_its_command_alone(tmp_path: Path) -> None:
