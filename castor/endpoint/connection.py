@@ -274,6 +274,9 @@ class Connection:
         self.settings = settings or ConnectionSettings()
         self.state: dict[str, Any] = {}
         self.close_reason: str | None = None
+        # The reason this side decided to close for before its parting words went out (undecodable
+        # input): a write of them that fails closes with it, not with the write's failure.
+        self._closing_for: str | None = None
         #: The typed reason the peer gave for ending the connection, or None (set by its owner: the
         #: client's ``error`` notification read last before the end). Asked once, when a close the
         #: peer caused (end of stream, a refused write) fails the pending calls.
@@ -430,6 +433,8 @@ class Connection:
             if self._closed:
                 return
             self._closed = True
+            if self._closing_for is not None:  # decided before the write that failed (see _on_undecodable)
+                reason = self._closing_for
             self.close_reason = reason
             callbacks, self._close_callbacks = self._close_callbacks, []
             self._poke(force=True)  # under the lock: the wake fds cannot be released yet
@@ -444,6 +449,8 @@ class Connection:
             self._wlock.notify_all()
         if by_peer and reason.startswith(_WRITE_FAILED):
             self._drain_input()
+            if self._closing_for is not None:  # what the peer sent before it went was undecodable
+                reason = self.close_reason = self._closing_for
         parting = None
         if by_peer and self.peer_parting is not None:
             try:
@@ -1418,9 +1425,13 @@ class Connection:
     def _on_undecodable(self, exc: UndecodableStream) -> None:
         self.counters["invalid_frames"] += 1
         self._log.log(self._peer_fault_level, "undecodable input, closing: {}", exc.message)
+        reason = f"invalid_frame: {exc.message}"
+        with self._mutex:
+            if self._closing_for is None:
+                self._closing_for = reason  # a peer gone first (EPIPE on the notification) reads as this
         self._send(encode_error_notification(exc.to_wire()))
         # A caller waiting for its reply reads too (an actor's thread, inside a handler).
-        self.close(f"invalid_frame: {exc.message}", flush_timeout=0.5, callbacks_apart=True)
+        self.close(reason, flush_timeout=0.5, callbacks_apart=True)
 
     def _drain_input(self) -> None:
         """Read what the peer sent before a write to it failed (called by :meth:`close`, the
@@ -1478,7 +1489,8 @@ class Connection:
                 value = next(unpacker)
             except StopIteration:  # the start of a frame the peer never finished
                 return
-            except Exception:  # undecodable: nothing after it can be read
+            except Exception as exc:  # undecodable: nothing after it can be read; the close says so
+                self._closing_for = f"invalid_frame: {undecodable(exc).message}"
                 return
             self.counters["frames_in"] += 1
             try:

@@ -535,3 +535,32 @@ def test_a_write_the_gone_peer_refuses_still_lets_the_answers_it_sent_resolve_th
         assert seen == [{"code": "mailbox_full", "message": "bye"}]
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("attempt", range(10))  # either side may go first: ten tries
+def test_a_peer_gone_before_the_invalid_frame_notice_still_reads_as_invalid_frame(sock_dir, attempt) -> None:
+    """A peer that sends bytes that are no msgpack-rpc and closes at once: the notice castor writes
+    back fails (EPIPE), and the close read "write failed" (a CI run saw it) -- the calls fail with
+    the reason castor decided to close for, ``invalid_frame``, whichever came first."""
+    path = os.path.join(sock_dir, f"noise-{attempt}.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    gone = threading.Event()
+
+    def noise() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"\xc1" * 16)  # 0xc1: never used in msgpack
+        conn.close()
+        gone.set()
+
+    threading.Thread(target=noise, daemon=True).start()
+    try:
+        client = Client.connect_unix(path, default_timeout=5)
+        assert gone.wait(5)
+        with pytest.raises(ConnectionClosed) as raised:
+            client.call("echo", {})
+        assert str((raised.value.data or {}).get("reason", "")).startswith("invalid_frame"), raised.value.data
+        client.close()
+    finally:
+        listener.close()
