@@ -39,6 +39,12 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
+def wait_end_notice(pi: Any, start: int, words: str) -> None:
+    """Wait for the cast's ending notice: ``cast_end`` is on disk before Pi shows it (a CI run read
+    the notices a moment early and found none); the notices of the cast came before it."""
+    pi.wait_ui("notify", lambda e: words in str(e.get("message")), start=start)
+
+
 def test_odd_provider_usage_never_breaks_a_cast_or_its_totals_and_what_is_skipped_is_said(
         start_pi, castor_command, fake_llm, tmp_path):
     project = project_with_loadout(tmp_path, THREE)
@@ -50,6 +56,7 @@ def test_odd_provider_usage_never_breaks_a_cast_or_its_totals_and_what_is_skippe
     start = pi.command("/materia cast count it")
     run_dir, events = wait_cast_end(pi, project, start=start)
     assert events[-1]["data"]["ok"] is True, events[-1]
+    wait_end_notice(pi, start, "cast complete")
 
     report = strict_json((run_dir / "usage.json").read_text())
     turns = report["turns"]
@@ -126,6 +133,7 @@ def test_usage_pi_cannot_read_and_tokens_with_no_price_are_named_and_said_once(s
     start = pi.command("/materia cast count it")
     run_dir, events = wait_cast_end(pi, project, start=start)
     assert events[-1]["data"]["ok"] is True, events[-1]
+    wait_end_notice(pi, start, "cast complete")
     turns = strict_json((run_dir / "usage.json").read_text())["turns"]
     assert [t.get("unreported") for t in turns] == [["tokens"], ["tokens"], ["cost"], ["tokens"], None], turns
     assert turns[2]["tokens"] == {"input": 40, "output": 20, "cacheRead": 60, "cacheWrite": 0, "total": 120}
@@ -164,6 +172,7 @@ def test_a_priced_turn_stops_the_cast_at_max_cost_usd(start_pi, castor_command, 
     up(pi)
     start = pi.command("/materia cast count it")
     run_dir, events = wait_cast_end(pi, project, start=start, tolerate_errors=True)
+    wait_end_notice(pi, start, "budget limit reached:")
     report = strict_json((run_dir / "usage.json").read_text())
     (turn,) = report["turns"]
     assert turn["cost"]["total"] == pytest.approx(0.3 if billed else 0.086), turn
