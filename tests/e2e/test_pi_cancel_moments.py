@@ -168,8 +168,17 @@ def test_materia_abort_while_a_utility_socket_runs_kills_its_command(start_pi, c
     begin = pi.command("/materia cast build the thing")
     run = run_dir(root)
     assert poll_until(lambda: processes_with("sleep 42.25"), timeout=20), "the utility never ran"
-    # Esc (Pi's abort) while no run streams does nothing to the cast: the utility keeps running.
+    # Esc (Pi's abort) while no run streams does nothing to the cast: the utility keeps running,
+    # and the user is told so and what stops it (it used to say nothing), once per command.
+    esc = pi.mark()
     pi.request({"type": "abort"})
+    said = pi.wait_ui("notify", lambda e: "does not stop" in str(e.get("message")), start=esc, timeout=10)
+    assert str(said["message"]).startswith("castor: abort does not stop Socket-1's command (a utility socket)"), said
+    assert "/materia abort stops the cast" in str(said["message"]), said
+    pi.request({"type": "abort"})
+    # The status command's answer comes after the second abort's question on castor's connection.
+    pi.wait_ui("notify", lambda e: "Socket-1" in str(e.get("message")), start=pi.command("/materia status"), timeout=10)
+    assert len([e for e in pi.ui("notify", start=esc) if "does not stop" in str(e.get("message"))]) == 1
     assert processes_with("sleep 42.25") and status(run) == "active"
     t0 = time.monotonic()
     cmd = pi.command("/materia abort")
@@ -408,3 +417,39 @@ def test_esc_in_the_terminal_while_the_next_sockets_turn_waits_behind_the_users_
     done = events(run)
     assert done[-1]["data"]["ok"] is True, done[-1]
     assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+
+
+def test_esc_in_the_terminal_while_a_utility_command_runs_says_what_stops_it(start_tty, castor_command, fake_llm,
+                                                                             tmp_path, request):
+    """An Esc in Pi's terminal while a utility socket's command runs finds no run to stop: it said
+    nothing and the command ran on. The command still runs on (as pi-materia's), and the user is
+    told so and what stops it; /materia abort does, and /materia recast runs the command again."""
+    root = tmp_path / "project"
+    gate = root / "go-utility"  # relative in the command (it runs in the project): no "pytest" in its line
+    marker = f"utility-{os.getpid()}-{time.monotonic_ns()}"  # this test's command alone
+    request.addfinalizer(gate.touch)  # a failed test's kill -9 of Pi and castor leaves the command: it ends
+    write_loadout(root, {"type": "utility",
+                         "command": ["sh", "-c", f"while [ ! -e go-utility ]; do sleep 0.05; done # {marker}"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/materia cast build the thing")
+    run = run_dir(root)
+    wait_for(lambda: processes_with(marker), timeout=20, what="the utility's command")
+    wait_for(lambda: "materia: utility (Socket-1)" in pi.screen_tail(100_000), timeout=10,
+             what=f"the footer naming the utility; Pi drew: {pi.screen_tail()!r}")
+    pi.press(ESC)
+    wait_for(lambda: "does not stop Socket-1's command" in pi.screen_tail(100_000), timeout=10,
+             what=f"the notice; Pi drew: {pi.screen_tail()!r}")
+    assert processes_with(marker) and status(run) == "active"
+    pi.type("/materia abort ")  # the trailing space closes Pi's completion list
+    wait_for(lambda: status(run) == "aborted" and not processes_with(marker), timeout=10,
+             what=f"the abort; Pi drew: {pi.screen_tail()!r}")
+    pi.type(f"/materia recast {run.name} ")  # named: a bare "recast " opens the list of ids, which takes the Enter
+    wait_for(lambda: processes_with(marker), timeout=20, what=f"the command run again; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    gate.touch()
+    ends = lambda: [e["data"] for e in events(run) if e["type"] == "cast_end"]  # noqa: E731
+    wait_for(lambda: len(ends()) == 2, timeout=20, what=f"the recast's end; Pi drew: {pi.screen_tail()!r}")
+    assert ends()[0].get("aborted") is True and ends()[1]["ok"] is True, ends()

@@ -26,7 +26,7 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
-import { EscWatch } from "./interrupt.ts";
+import { EscWatch, StopKeyWatch } from "./interrupt.ts";
 import { StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
@@ -698,8 +698,45 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		},
 	});
 
+	/**
+	 * An Esc (or an RPC client's `abort`) while Pi is idle finds no run to stop: while a cast's
+	 * utility command ran, it said nothing and the command ran on. castor is asked whether the
+	 * session's live cast waits for a utility command; if so the user is told, once per command,
+	 * that the command runs on and what stops it. Asked only while a castor footer is shown (a cast
+	 * runs) and castor answers; a castor that does not answer at once is not waited for.
+	 */
+	let stopKeys: StopKeyWatch | undefined;
+	let utilityNoticed: string | undefined;
+
+	async function sayWhatStopsAUtility(cause: "esc" | "abort"): Promise<void> {
+		const ctx = lastCtx;
+		const rt = runtime;
+		if (!ctx || closingSession || !rt?.isUp || rt.silent) return;
+		try {
+			if (!ctx.isIdle()) return; // a run streams: Pi's own Esc stops it
+		} catch {
+			return; // a stale context: the session went away
+		}
+		if (![...castorStatusKeys].some((key) => key === "materia" || key.startsWith("materia-"))) return;
+		let view: any;
+		try {
+			view = await rt.call("cast.status", { session_id: sessionId, cwd: ctx.cwd }, { spawn: false, timeoutMs: probeMs() });
+		} catch {
+			return; // castor busy or gone: nothing is said
+		}
+		const pending = view?.pending;
+		if (view?.live !== true || pending?.kind !== "utility" || typeof pending.visit_id !== "string") return;
+		if (pending.visit_id === utilityNoticed) return;
+		utilityNoticed = pending.visit_id;
+		const key = cause === "esc" ? "Esc" : "abort";
+		notify(`castor: ${key} does not stop ${String(pending.socket_id)}'s command (a utility socket): it runs on. ` +
+			"/materia abort stops the cast and its command; /materia recast then runs the command again.", "info");
+	}
+
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		stopKeys?.dispose();
+		stopKeys = new StopKeyWatch(ctx, (cause) => void sayWhatStopsAUtility(cause), process);
 		const previousId = sessionId;
 		adoptSession(ctx, closingSession);
 		// A new or replaced session must be opened again; the same one started twice is open already.
@@ -954,6 +991,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		closingSession = true;
+		stopKeys?.dispose();
+		stopKeys = undefined;
 		stopPromptHeldAtStart = false;
 		sessionEpoch++;
 		const rt = runtime;

@@ -303,3 +303,83 @@ export class EscWatch {
 		}
 	}
 }
+
+/**
+ * Calls `onStop` at every Esc on the terminal (interactive mode) and at every RPC `abort` line (RPC
+ * mode, a client's Esc) until {@link StopKeyWatch.dispose}; the key is never consumed. For what
+ * Pi's own Esc does not reach: pressed while Pi is idle, it finds no run to stop -- while a cast's
+ * utility command runs, that said nothing at all (the caller tells the user what does stop it).
+ * What it does not know: a rebound interrupt key (Esc is watched), and whether a picker the Esc
+ * closed was open (the caller asks castor before it says anything).
+ */
+export class StopKeyWatch {
+	private readonly cleanups: Array<() => void> = [];
+
+	constructor(ctx: TerminalCtx | undefined, onStop: (cause: "esc" | "abort") => void, proc?: ProcessLike) {
+		const stop = (cause: "esc" | "abort") => {
+			try {
+				onStop(cause);
+			} catch {
+				// the caller's fault must not reach Pi's key handling
+			}
+		};
+		const subscribe = ctx?.hasUI ? ctx.ui?.onTerminalInput : undefined;
+		if (typeof subscribe === "function") {
+			try {
+				const unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
+					if (typeof data === "string" && isEscapeKey(data)) stop("esc");
+					return undefined; // never consumed
+				});
+				if (typeof unsubscribe === "function") this.cleanups.push(unsubscribe);
+			} catch {
+				// no terminal to listen to
+			}
+		}
+		let mode: unknown;
+		try {
+			mode = ctx?.mode;
+		} catch {
+			mode = undefined;
+		}
+		const stdin = proc?.stdin;
+		if (mode === "rpc" && stdin) {
+			let buffered = "";
+			const onData = (chunk: unknown) => {
+				buffered += typeof chunk === "string" ? chunk : String(chunk);
+				const lines = buffered.split("\n");
+				buffered = lines.pop() ?? "";
+				if (buffered.length > MAX_LINE_CHARS) buffered = "";
+				for (const line of lines) if (rpcType(line) === "abort") stop("abort");
+			};
+			// Only once Pi reads its input: a 'data' listener would start a paused input flowing, and
+			// at session_start Pi's RPC reader is not attached yet (it resumes the input after).
+			let listening = false;
+			const listen = () => {
+				if (listening) return;
+				listening = true;
+				stdin.off("resume", listen);
+				stdin.on("data", onData);
+				this.cleanups.push(() => stdin.off("data", onData));
+			};
+			try {
+				if (stdin.readableFlowing === true) listen();
+				else {
+					stdin.on("resume", listen);
+					this.cleanups.push(() => stdin.off("resume", listen));
+				}
+			} catch {
+				// an input without listeners: nothing watched there
+			}
+		}
+	}
+
+	dispose(): void {
+		for (const cleanup of this.cleanups.splice(0)) {
+			try {
+				cleanup();
+			} catch {
+				// the UI is gone
+			}
+		}
+	}
+}
