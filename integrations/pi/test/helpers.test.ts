@@ -276,6 +276,40 @@ test("EscWatch with the process: Pi's quit signals (only those Pi handles), and 
 	for (const line of ['{"type":"abort_bash"}', '{"type":"prompt","message":"abort"}', '{"type":"get_state"}', '"abort"', "rt\"}", ""]) assert.ok(!isRpcAbort(line), line);
 });
 
+test("StopKeyWatch: every Esc on the terminal and every RPC abort line, never consumed; a paused input is listened to only once Pi resumes it", async () => {
+	const { EventEmitter } = await import("node:events");
+	const { StopKeyWatch } = await import("../src/interrupt.ts");
+	let handler: ((data: string) => unknown) | undefined;
+	let unsubscribed = false;
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => ((handler = h), () => { unsubscribed = true; }) };
+	const seen: string[] = [];
+	const tui = new StopKeyWatch({ hasUI: true, mode: "tui", ui }, (cause) => seen.push(cause));
+	assert.equal(handler?.("\x1b"), undefined); // never consumed
+	handler?.("x");
+	handler?.("\x1b[A"); // an arrow key is no Esc
+	handler?.("\x1b");
+	assert.deepEqual(seen, ["esc", "esc"], "every Esc, not only the first");
+	tui.dispose();
+	assert.ok(unsubscribed);
+	const stdin = Object.assign(new EventEmitter(), { readableFlowing: null as boolean | null, readableEnded: false });
+	const proc = Object.assign(new EventEmitter(), { stdin });
+	const rpcSeen: string[] = [];
+	const rpc = new StopKeyWatch({ hasUI: true, mode: "rpc", ui: { onTerminalInput: () => () => {} } }, (cause) => rpcSeen.push(cause), proc);
+	assert.equal(stdin.listenerCount("data"), 0, "a data listener would start Pi's paused input");
+	stdin.readableFlowing = true;
+	stdin.emit("resume");
+	assert.equal(stdin.listenerCount("data"), 1);
+	stdin.emit("data", Buffer.from('{"type":"abort","id":"1"}\n{"type":"get_state"}\n{"type":"abo'));
+	stdin.emit("data", Buffer.from('rt"}\n'));
+	assert.deepEqual(rpcSeen, ["abort", "abort"]);
+	const thrower = new StopKeyWatch({ hasUI: true, mode: "tui", ui }, () => { throw new Error("the caller's fault"); });
+	assert.doesNotThrow(() => handler?.("\x1b"));
+	thrower.dispose();
+	rpc.dispose();
+	assert.equal(stdin.listenerCount("data"), 0);
+	assert.equal(stdin.listenerCount("resume"), 0);
+});
+
 test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
 	const { StderrRoute, TAIL_BYTES } = await import("../src/stderr.ts");
 	let mode: string | undefined = "rpc";
