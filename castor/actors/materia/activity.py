@@ -61,6 +61,8 @@ def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> str
         return f"; its command runs (pid {pid})"
     if where == "queued":
         return f"; queued: every utility slot ({slots}) is busy"
+    if where == "waiting":
+        return "; its command waits for the cast's previous one, given up, to end"
     return ""
 
 

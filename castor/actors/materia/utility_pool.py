@@ -14,6 +14,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
+| a cast's next command while one it gave up is still ending (an abort, then a recast at once; on a cluster node cut off from the cluster, the old one runs until its lease lapses) | waits for it (:meth:`UtilityPoolState.wait_for_earlier`; its slot's activity says so), so two commands of one cast never run at once |
 """  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
@@ -58,9 +59,13 @@ class UtilityPoolState:
         self.queue_limit = queue_limit
         self.runner = runner  # how commands and built-ins run (the runtime passes the local one)
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # a claimed job ended, or a queued one was cancelled
         self._load = [0] * slots
         self._ledger: OrderedDict[str, UtilityFinished] = OrderedDict()
         self._running: dict[str, RunningCommand | None] = {}
+        # The cast (its run dir) of each claimed command job, in the order they were claimed: a
+        # cast's next command waits for the ones claimed before it (see wait_for_earlier).
+        self._casts: dict[str, str] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
         self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
 
@@ -77,9 +82,9 @@ class UtilityPoolState:
         with self._lock:
             self._load[slot] = max(0, self._load[slot] - 1)
 
-    def begin(self, visit_id: str) -> UtilityFinished | str | None:
+    def begin(self, visit_id: str, run_dir: str | None = None) -> UtilityFinished | str | None:
         """``UtilityFinished`` if already done, ``"running"`` if in progress, ``"cancelled"`` if
-        cancelled before it started, else None (claimed now)."""
+        cancelled before it started, else None (claimed now, for the cast of ``run_dir``)."""
         with self._lock:
             if visit_id in self._ledger:
                 return self._ledger[visit_id]
@@ -88,7 +93,41 @@ class UtilityPoolState:
             if visit_id in self._cancelled:
                 return "cancelled"
             self._running[visit_id] = None
+            if run_dir is not None:
+                self._casts[visit_id] = run_dir
             return None
+
+    def earlier_of_the_same_cast(self, visit_id: str) -> str | None:
+        """The visit id of a command job of the same cast claimed before ``visit_id`` and not
+        ended yet (the oldest), or None."""
+        with self._lock:
+            return self._earlier_locked(visit_id)
+
+    def _earlier_locked(self, visit_id: str) -> str | None:
+        run_dir = self._casts.get(visit_id)
+        if run_dir is None:
+            return None
+        for other, its_dir in self._casts.items():  # in claim order
+            if other == visit_id:
+                return None
+            if its_dir == run_dir:
+                return other
+        return None
+
+    def wait_for_earlier(self, visit_id: str) -> bool:
+        """Wait until no command job of the same cast claimed before ``visit_id`` is left; False
+        when ``visit_id`` was cancelled meanwhile (it must not start).
+
+        Why: a cast runs one command at a time, but a command it gave up (an abort, then a recast
+        at once) may still be ending -- SIGKILLed a moment ago, or on a cluster node cut off from
+        the cluster, where it runs until its lease lapses. The cast's next command started at once
+        ran beside it on the same project. Claim order keeps two waiters from waiting on each other."""
+        with self._ended:
+            while self._earlier_locked(visit_id) is not None:
+                if visit_id in self._cancelled:
+                    return False
+                self._ended.wait()
+            return visit_id not in self._cancelled
 
     def started(self, visit_id: str, running: RunningCommand) -> None:
         with self._lock:
@@ -105,6 +144,8 @@ class UtilityPoolState:
     def finish(self, visit_id: str, outcome: UtilityFinished | None) -> None:
         with self._lock:
             self._running.pop(visit_id, None)
+            if self._casts.pop(visit_id, None) is not None:
+                self._ended.notify_all()
             if outcome is not None:
                 self._ledger[visit_id] = outcome
                 while len(self._ledger) > LEDGER_SIZE:
@@ -117,14 +158,19 @@ class UtilityPoolState:
     def progress_of(self, visit_id: str) -> tuple[str, int | None]:
         """Where the job of ``visit_id`` is, for a snapshot: ``("running", pid)`` (its command's
         process), ``("started", None)`` (claimed by a slot: being started, or a built-in running),
-        ``("finished", None)`` or ``("queued", None)`` (waiting in a slot's mailbox)."""
+        ``("waiting", None)`` (claimed, waiting for the cast's previous command to end: see
+        :meth:`wait_for_earlier`), ``("finished", None)`` or ``("queued", None)`` (waiting in a
+        slot's mailbox)."""
         with self._lock:
             claimed = visit_id in self._running
             running = self._running.get(visit_id)
             finished = visit_id in self._ledger
+            behind = self._earlier_locked(visit_id) if claimed and running is None else None
         if running is not None:  # the root pid a local command knows (no process-tree walk per snapshot)
             pid = getattr(running, "pid", None)
             return "running", pid if isinstance(pid, int) else None
+        if behind is not None:
+            return "waiting", None
         if claimed:
             return "started", None
         return ("finished", None) if finished else ("queued", None)
@@ -141,6 +187,7 @@ class UtilityPoolState:
                 self._cancelled[visit_id] = None
                 while len(self._cancelled) > LEDGER_SIZE:
                     self._cancelled.popitem(last=False)
+                self._ended.notify_all()  # a job waiting for an earlier one of its cast gives up
 
     def outstanding(self) -> int:
         with self._lock:
@@ -225,7 +272,7 @@ class UtilityExecutorActor(Actor):
     def _on_job(self, job: UtilityJob) -> None:
         effect: RunUtility = job.effect
         try:
-            seen = self.pool.begin(effect.visit_id)
+            seen = self.pool.begin(effect.visit_id, job.run_dir if effect.command else None)
             if isinstance(seen, UtilityFinished):
                 self._answer(job, CastOutcome(event=seen))  # a re-sent job: answer, never re-run
                 return
@@ -268,6 +315,13 @@ class UtilityExecutorActor(Actor):
                 why = "; ".join(str(e.get("msg", "")) for e in exc.errors())
                 return UtilityFinished(visit_id=effect.visit_id, spawn_error=f"the command cannot be run: {why}",
                                        exit_code=None, at=time.time())
+            earlier = self.pool.earlier_of_the_same_cast(effect.visit_id)
+            if earlier is not None:  # the cast's command before this one is still ending
+                self.report_activity("utility", f"waiting for the cast's previous command (visit {earlier}) to end "
+                                     f"before running {effect.socket_id}'s",
+                                     {"visit_id": effect.visit_id, "waits_for": earlier, "socket": effect.socket_id})
+                if not self.pool.wait_for_earlier(effect.visit_id):
+                    return None  # given up while it waited (CancelWork)
             runner = self._runner()
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
             if record is not None:

@@ -377,3 +377,99 @@ def test_the_footer_names_a_running_utility_not_the_agent_turn_before_it_and_an_
     materia_call(rt, "s1", "abort", {"cast_id": started["cast_id"]})
     wait_for(lambda: not _alive(pid), timeout=5, what="the utility's command to end")
     assert wait_for(lambda: "materia" not in ui.statuses, timeout=5, what="the footer cleared by the abort")
+
+
+class _CutOffCommand:
+    """A command on a cluster node cut off from the cluster: a kill does not reach it, it ends when
+    its lease lapses (``lapse``). Stands in for what tests/scaleout builds with network namespaces."""
+
+    finished = False
+
+    def __init__(self, cmd, lapse) -> None:
+        import threading
+
+        self.cmd, self.lapse, self.killed = cmd, lapse, threading.Event()
+
+    def pids(self) -> list[int]:
+        return []
+
+    def kill(self) -> None:
+        self.killed.set()
+
+    def terminate(self, grace_s: float) -> None:
+        self.kill()
+
+    def wait(self):
+        from castor.adapters.materia.process_runner import UtilityResult
+
+        assert self.lapse.wait(30), "the test never let the lease lapse"
+        return UtilityResult(argv=list(self.cmd.argv), pid=0, exit_code=0, signal=None, signal_name=None,
+                             timed_out=False, killed=self.killed.is_set(), duration_ms=1.0, stdout="done\n",
+                             stderr="", stdout_truncated=False, stderr_truncated=False,
+                             max_bytes=self.cmd.max_output_bytes, timeout_ms=self.cmd.timeout_ms)
+
+
+class _CutOffRunner:
+    def __init__(self) -> None:
+        import threading
+
+        self.lapse = threading.Event()
+        self.spawned: list[_CutOffCommand] = []
+
+    def spawn(self, cmd, resources=None) -> _CutOffCommand:
+        running = _CutOffCommand(cmd, self.lapse)
+        self.spawned.append(running)
+        return running
+
+
+@pytest.mark.timeout(40)
+def test_a_casts_next_command_waits_for_the_one_it_gave_up_to_end(runtime_factory, project):
+    """An abort, then a recast at once: the aborted command may still be ending -- on a cluster node
+    cut off from the cluster it runs until its lease lapses -- and the recast's command started at
+    once, two commands of one cast on the same project. The next command of the cast now waits for
+    it (the cast's snapshot says so); another cast's command does not; a waiting one cancelled
+    never starts."""
+    from castor.actors.materia.messages import UtilityJob, WorkLost
+    from castor.actors.materia.utility_pool import cancel_utility, pool_of, submit_utility
+
+    rt = runtime_factory(utility_slots=3)
+    registry = rt.system.registry
+    pool = pool_of(registry)
+    runner = pool.remote_runner = _CutOffRunner()
+    run_dir, other_dir = project / "run-a", project / "run-b"
+    run_dir.mkdir()
+    other_dir.mkdir()
+    inbox = _Inbox()
+
+    def job(visit_id: str, where: Path) -> UtilityJob:
+        plain = _job(visit_id, ["true"], project, inbox)
+        return UtilityJob(effect=plain.effect, cast=inbox, run_dir=str(where))
+
+    first, second = "c1:Socket-1:1:1", "c1:Socket-1:2:2"
+    submit_utility(registry, job(first, run_dir))
+    wait_for(lambda: len(runner.spawned) == 1, what="the first command to start")
+    assert cancel_utility(registry, first)  # the abort: the kill does not reach the cut-off node
+    submit_utility(registry, job(second, run_dir))  # the recast, at once
+    wait_for(lambda: pool.progress_of(second)[0] == "waiting", what="the recast's command to wait")
+    submit_utility(registry, job("c2:Socket-1:1:1", other_dir))  # another cast is not held up
+    wait_for(lambda: len(runner.spawned) == 2, what="the other cast's command to start")
+    assert [r.cmd.env["CASTOR_VISIT_ID"] for r in runner.spawned] == [first, "c2:Socket-1:1:1"]
+    runner.lapse.set()  # the lease lapses: the aborted command ends (killed: lost work, ignored by its cast)
+    told = [inbox.next() for _ in range(3)]
+    assert len(runner.spawned) == 3 and runner.spawned[2].cmd.env["CASTOR_VISIT_ID"] == second
+    assert sorted(type(m).__name__ for m in told) == ["CastOutcome", "CastOutcome", "WorkLost"]
+    assert next(m for m in told if isinstance(m, WorkLost)).visit_id == first
+
+    # A waiting command given up (a second abort) never starts.
+    runner.lapse.clear()
+    third, fourth = "c1:Socket-1:3:3", "c1:Socket-1:4:4"
+    submit_utility(registry, job(third, run_dir))
+    wait_for(lambda: len(runner.spawned) == 4, what="the third command to start")
+    cancel_utility(registry, third)
+    submit_utility(registry, job(fourth, run_dir))
+    wait_for(lambda: pool.progress_of(fourth)[0] == "waiting", what="the fourth command to wait")
+    assert not cancel_utility(registry, fourth)  # no process yet: it will never start
+    assert isinstance(inbox.next(), WorkLost)  # the fourth, given up while it waited
+    runner.lapse.set()
+    assert isinstance(inbox.next(), WorkLost)  # the third, ended by its lease
+    assert len(runner.spawned) == 4
