@@ -8,7 +8,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 |---|---|
 | where | ``num_cpus`` = the socket's ``resources.cpus`` (default 1): Ray schedules the task on a node with that many free CPUs; a command waits in Ray's queue until one has them |
 | at most once per dispatch | ``max_retries=0``: Ray never runs a task again (a lost node loses the dispatch; the cast re-dispatches under a **new** visit id, as after a slot crash) |
-| cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends |
+| cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends; a cancel that cannot reach the node (cut off) changes nothing: the lease rule below ends the command, and the answers' stream is read a second at a time (:meth:`RemoteRunningUtility._next_answer`), so the caller still takes it for lost |
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
 | a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node seen dead the command's lease and ``LEASE_MARGIN_S`` ago, or not known to have started that long after a node died (Ray may have sent its lease request to that node, and it is then never answered; or it started there and its answer never came), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
 | the task's worker dies under the command (``kill -9``, the OOM killer) or its node's raylet dies | the command runs in a session of its own, so it would outlive both: a :class:`CommandGuard` process (started first, it learns of the worker's death from a pipe only the worker holds) kills the command's group and every process carrying its visit id; the task's own thread kills it once its parent, the raylet, is gone. The cast hears lost work |
@@ -478,15 +478,18 @@ class RemoteRunningUtility:
         import ray
 
         while True:
-            ready, _ = ray.wait([self._answers], timeout=WATCH_S)
-            if not ready:
+            try:
+                ref = self._next_answer(WATCH_S)
+            except StopIteration:
+                raise _Lost(self._fenced("the task ended without an answer")) from None
+            if ref is None:
                 why = self._watch.stalled_by(self.started_on, self._started, self.fence_s)
                 if why is not None:
                     self.kill()  # a task cancelled before it started never starts; one started is told to stop
                     raise _Lost(f"{why} (its lease of {self.fence_s - LEASE_MARGIN_S:g} s has lapsed since)")
                 continue
             try:
-                answer = ray.get(next(self._answers))
+                answer = ray.get(ref)
             except StopIteration:
                 raise _Lost(self._fenced("the task ended without an answer")) from None
             except Exception as exc:  # noqa: BLE001 - cancelled, worker crashed, node died: lost work
@@ -497,6 +500,23 @@ class RemoteRunningUtility:
             if "lost" in answer:  # its lease lapsed on its node: the guard ended the command before this answer
                 raise _Lost(str(answer["lost"]))
             return dict(answer)
+
+    def _next_answer(self, timeout_s: float) -> Any:
+        """The ref of the task's next streamed answer, or None when none came within ``timeout_s``
+        (StopIteration at the end of the stream).
+
+        Ray's ``next()`` on the stream waits without bound for the task's end when the stream has
+        ended but the task's node is unreachable: a command cancelled (an abort) just as its node
+        was cut off hung its slot for ever -- and the cast's next command, which waits for it, with
+        it. Ray's bounded form of ``next()`` is used where this Ray has it (2.x: ``_next_sync``)."""
+        import ray
+
+        next_within = getattr(self._answers, "_next_sync", None)
+        if next_within is None:  # a Ray without it: ready first, then the unbounded next()
+            ready, _ = ray.wait([self._answers], timeout=timeout_s)
+            return next(self._answers) if ready else None
+        ref = next_within(timeout_s)
+        return None if ref.is_nil() else ref
 
     def _fenced(self, why: str) -> str:
         """Wait, before a failed task is taken for lost, until no copy of its command can still run.

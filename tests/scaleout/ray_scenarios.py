@@ -364,6 +364,10 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
     from castor.runtime import Runtime, RuntimeSettings
     from castor.scaleout.ray_backend import RayBackend, RayBackendSettings, ray_materia_component
 
+    # ``…_then_abort``: right after the cut, the cast on the head's host is aborted and recast at
+    # once; its command, cut off with the node, runs on there until its lease lapses.
+    then_abort = how.endswith("_then_abort")
+    how = how.removesuffix("_then_abort")
     health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
     os.environ["LATER_S"] = str(2.5 * CUT_OFF_LEASE_S)  # (the cluster's processes inherit it)
     head: dict[str, Any] = {"num_cpus": 2, "object_store_memory": 80 << 20, "_system_config": health}
@@ -371,7 +375,8 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
     if behind is not None:
         head["node_ip_address"] = behind.head_ip
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    result: dict[str, Any] = {"scenario": f"cut_off_{how}", "lease_s": CUT_OFF_LEASE_S}
+    result: dict[str, Any] = {"scenario": f"cut_off_{how}" + ("_then_abort" if then_abort else ""),
+                              "lease_s": CUT_OFF_LEASE_S}
     runtime = backend = None
     try:
         ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
@@ -411,6 +416,11 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
         elif stop_raylet is not None:
             stop_raylet.suspend()
         ray.cancel(blocker, force=True)  # the head's CPUs free: the commands run again there
+        if then_abort:
+            sid, cast_id = next((sid, cid) for sid, cid in started if result["session_hosts"][sid] == "head")
+            materia_call(runtime, sid, "abort", {"cast_id": cast_id})
+            result["recast_at_once"] = materia_call(runtime, sid, "recast", {"cast_id": cast_id})["status"]
+            result["aborted"] = sid
         status = wait_all(runtime, started, 150.0)
         result["status"] = status
         result["copies"] = {sid: stamped_copies(p / "stamps.log") for sid, p in projects.items()}

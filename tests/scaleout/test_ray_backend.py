@@ -200,6 +200,27 @@ def test_a_command_on_a_node_whose_raylet_is_stopped_never_runs_twice_at_once(tm
     _never_two_copies_at_once(scenario("cut_off_stop_raylet", tmp_path))
 
 
+def test_an_abort_and_a_recast_at_once_never_run_a_cut_off_command_twice_at_once(tmp_path: Path) -> None:
+    """The partition above, and right after the cut the cast on the head's host is aborted and
+    recast at once. The abort's cancel cannot reach the cut-off node, where the command runs on
+    until its lease lapses; the recast's command started at once on the head's freed CPUs, two
+    copies on one project. It now waits in its host's pool until the given-up command is taken
+    for lost (its lease and a margin after its node was seen dead), then runs and the cast completes."""
+    result = scenario("cut_off_link_down_then_abort", tmp_path)
+    _all_complete(result)
+    aborted = result["aborted"]
+    assert result["session_hosts"][aborted] == "head" and result["recast_at_once"] == "active", result
+    assert result["first_copies_on"][aborted] == ["worker"], result
+    assert result["overlaps"] == [], result["overlaps"]
+    copies = result["copies"][aborted]
+    assert len(copies) == 2 and not copies[0]["ended"] and copies[1]["ended"], copies
+    # On one machine the recast's start can reach the first copy (it kills what a dead runtime left,
+    # found in /proc); across machines it cannot, so the second copy waits until the first is taken
+    # for lost: its lease, after its node was seen dead. Before, it started at once.
+    assert copies[1]["start"] - result["cut_at"] >= result["lease_s"], (result["cut_at"], copies)
+    assert any("abort" in str(why) for why in result["recast_because"][aborted]), result["recast_because"]
+
+
 def test_a_command_on_a_node_cut_off_by_a_partition_never_runs_twice_at_once(tmp_path: Path) -> None:
     """A real partition: the worker node runs in a network namespace of its own, joined to the
     head's by a veth pair that is taken down while two casts' commands run there (one cast on the

@@ -14,7 +14,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
-| a cast's next command while one it gave up is still ending (an abort, then a recast at once; on a cluster node cut off from the cluster, the old one runs until its lease lapses) | waits for it (:meth:`UtilityPoolState.wait_for_earlier`; its slot's activity says so), so two commands of one cast never run at once |
+| a cast's next command while one it gave up is still ending (an abort, then a recast at once; on a cluster node cut off from the cluster, the old one runs until its lease lapses) | waits for it (:meth:`UtilityPoolState.wait_for_earlier`; its slot's activity says so), so two commands of one cast never run at once; at most ``GIVEN_UP_GRACE_S`` past the earlier command's own deadline (by then it has certainly ended; a runner still waiting is stuck: a warning) |
 """  # noqa: E501 - table rows cannot wrap
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ from castor.supervision.threads import start_thread
 
 POOL_PATH = "/root/utility"
 LEDGER_SIZE = 10_000
+GIVEN_UP_GRACE_S = 60.0
+"""How long past its own deadline a started command has certainly ended, wherever it runs: the
+kill's grace, and on a cluster the command's lease and margin (15 + 3 s by default) and the time
+the cluster takes to declare a cut-off node dead. A cast's next command waits no longer for it."""
 
 
 class UtilityPoolState:
@@ -66,6 +70,9 @@ class UtilityPoolState:
         # The cast (its run dir) of each claimed command job, in the order they were claimed: a
         # cast's next command waits for the ones claimed before it (see wait_for_earlier).
         self._casts: dict[str, str] = {}
+        # When a started command of a cast has certainly ended (its deadline and GIVEN_UP_GRACE_S):
+        # a later command of the cast waits for it no longer than that.
+        self._ends_by: dict[str, float] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
         self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
 
@@ -84,7 +91,8 @@ class UtilityPoolState:
 
     def begin(self, visit_id: str, run_dir: str | None = None) -> UtilityFinished | str | None:
         """``UtilityFinished`` if already done, ``"running"`` if in progress, ``"cancelled"`` if
-        cancelled before it started, else None (claimed now, for the cast of ``run_dir``)."""
+        cancelled before it started, else None (claimed now, for the cast of ``run_dir``: a
+        command job)."""
         with self._lock:
             if visit_id in self._ledger:
                 return self._ledger[visit_id]
@@ -103,36 +111,51 @@ class UtilityPoolState:
         with self._lock:
             return self._earlier_locked(visit_id)
 
-    def _earlier_locked(self, visit_id: str) -> str | None:
+    def _earlier_locked(self, visit_id: str, passed: set[str] | frozenset[str] = frozenset()) -> str | None:
         run_dir = self._casts.get(visit_id)
         if run_dir is None:
             return None
         for other, its_dir in self._casts.items():  # in claim order
             if other == visit_id:
                 return None
-            if its_dir == run_dir:
+            if its_dir == run_dir and other not in passed:
                 return other
         return None
 
-    def wait_for_earlier(self, visit_id: str) -> bool:
+    def wait_for_earlier(self, visit_id: str, overdue: Callable[[str], None] | None = None) -> bool:
         """Wait until no command job of the same cast claimed before ``visit_id`` is left; False
         when ``visit_id`` was cancelled meanwhile (it must not start).
 
         Why: a cast runs one command at a time, but a command it gave up (an abort, then a recast
         at once) may still be ending -- SIGKILLed a moment ago, or on a cluster node cut off from
         the cluster, where it runs until its lease lapses. The cast's next command started at once
-        ran beside it on the same project. Claim order keeps two waiters from waiting on each other."""
-        with self._ended:
-            while self._earlier_locked(visit_id) is not None:
-                if visit_id in self._cancelled:
-                    return False
-                self._ended.wait()
-            return visit_id not in self._cancelled
+        ran beside it on the same project. Claim order keeps two waiters from waiting on each other.
 
-    def started(self, visit_id: str, running: RunningCommand) -> None:
+        Not for ever: a started command has certainly ended ``GIVEN_UP_GRACE_S`` after its own
+        deadline (its tree is killed there, on any node). A job whose wait for its runner goes on
+        past that is no reason to hold the cast: ``overdue(visit_id)`` is told (once per earlier
+        job) and it is waited for no longer."""
+        passed: set[str] = set()
+        with self._ended:
+            while True:
+                earlier = self._earlier_locked(visit_id, passed)
+                if earlier is None or visit_id in self._cancelled:
+                    return visit_id not in self._cancelled
+                ends_by = self._ends_by.get(earlier)
+                left = None if ends_by is None else ends_by - time.monotonic()
+                if left is not None and left <= 0:
+                    passed.add(earlier)
+                    if overdue is not None:
+                        overdue(earlier)
+                    continue
+                self._ended.wait(left)
+
+    def started(self, visit_id: str, running: RunningCommand, timeout_s: float | None = None) -> None:
         with self._lock:
             if visit_id in self._running:
                 self._running[visit_id] = running
+                if timeout_s is not None and visit_id in self._casts:
+                    self._ends_by[visit_id] = time.monotonic() + timeout_s + GIVEN_UP_GRACE_S
             cancelled = visit_id in self._cancelled
         if cancelled:  # cancelled while it was being started
             running.kill()
@@ -144,6 +167,7 @@ class UtilityPoolState:
     def finish(self, visit_id: str, outcome: UtilityFinished | None) -> None:
         with self._lock:
             self._running.pop(visit_id, None)
+            self._ends_by.pop(visit_id, None)
             if self._casts.pop(visit_id, None) is not None:
                 self._ended.notify_all()
             if outcome is not None:
@@ -320,7 +344,7 @@ class UtilityExecutorActor(Actor):
                 self.report_activity("utility", f"waiting for the cast's previous command (visit {earlier}) to end "
                                      f"before running {effect.socket_id}'s",
                                      {"visit_id": effect.visit_id, "waits_for": earlier, "socket": effect.socket_id})
-                if not self.pool.wait_for_earlier(effect.visit_id):
+                if not self.pool.wait_for_earlier(effect.visit_id, self._overdue):
                     return None  # given up while it waited (CancelWork)
             runner = self._runner()
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
@@ -336,7 +360,7 @@ class UtilityExecutorActor(Actor):
                     return UtilityFinished(visit_id=effect.visit_id, spawn_error=exc.message, exit_code=None,
                                            at=time.time())
                 self._running = running
-                self.pool.started(effect.visit_id, running)
+                self.pool.started(effect.visit_id, running, cmd.timeout_ms / 1000.0)
                 self.report_activity(*running_utility(effect, cmd.argv, running.pids()),
                                      deadline=time.monotonic() + cmd.timeout_ms / 1000.0)  # its timeoutMs
                 try:
@@ -362,6 +386,11 @@ class UtilityExecutorActor(Actor):
         except (CastorError, OSError) as exc:
             return UtilityFinished(visit_id=effect.visit_id, error=str(getattr(exc, "message", exc)), at=time.time())
         return UtilityFinished(visit_id=effect.visit_id, stdout=text, at=time.time())
+
+    def _overdue(self, earlier: str) -> None:
+        self.log.warning("the cast's previous command (visit {earlier}) has not been seen to end {grace:g} s past "
+                         "its deadline; this one starts anyway (its runner is stuck: a castor or cluster fault)",
+                         earlier=earlier, grace=GIVEN_UP_GRACE_S)
 
     def _runner(self) -> UtilityRunner:
         runner = self.pool.runner

@@ -473,3 +473,33 @@ def test_a_casts_next_command_waits_for_the_one_it_gave_up_to_end(runtime_factor
     runner.lapse.set()
     assert isinstance(inbox.next(), WorkLost)  # the third, ended by its lease
     assert len(runner.spawned) == 4
+
+
+@pytest.mark.timeout(40)
+def test_a_casts_next_command_waits_no_longer_than_the_given_up_one_can_run(runtime_factory, project, monkeypatch):
+    """A runner stuck on a given-up command for ever (Ray's stream once hung so) must not hold the
+    cast for ever: past that command's own deadline and a grace, the next one starts, with a warning."""
+    from castor.actors.materia import utility_pool
+    from castor.actors.materia.messages import UtilityJob
+    from castor.actors.materia.utility_pool import cancel_utility, pool_of, submit_utility
+
+    monkeypatch.setattr(utility_pool, "GIVEN_UP_GRACE_S", 0.5)
+    rt = runtime_factory(utility_slots=2)
+    registry = rt.system.registry
+    pool = pool_of(registry)
+    runner = pool.remote_runner = _CutOffRunner()
+    run_dir = project / "run-a"
+    run_dir.mkdir()
+    inbox = _Inbox()
+
+    def job(visit_id: str) -> UtilityJob:
+        plain = _job(visit_id, ["true"], project, inbox)
+        return UtilityJob(effect=plain.effect.model_copy(update={"timeout_ms": 200}), cast=inbox, run_dir=str(run_dir))
+
+    submit_utility(registry, job("c1:Socket-1:1:1"))
+    wait_for(lambda: len(runner.spawned) == 1, what="the first command to start")
+    cancel_utility(registry, "c1:Socket-1:1:1")
+    submit_utility(registry, job("c1:Socket-1:2:2"))
+    wait_for(lambda: len(runner.spawned) == 2, timeout=10, what="the next command, past the first one's deadline")
+    runner.lapse.set()
+    assert {type(inbox.next()).__name__, type(inbox.next()).__name__} == {"CastOutcome", "WorkLost"}
