@@ -384,19 +384,26 @@ def test_pi_terminated_mid_turn_leaves_the_cast_resumable_not_interrupted(start_
     assert status(run) == "active" and completes(run) == []
 
 
+def cast_in_the_terminal_behind_a_gate(start_tty, castor_command, root: Path, gate: str,
+                                       marker: str = "") -> tuple[Any, Path]:
+    """The interactive Pi, castor up, and a cast started whose Socket-1 is a utility command that
+    runs until the file ``gate`` (in the project) exists; ``marker`` tags the command's line."""
+    command = f"while [ ! -e {gate} ]; do sleep 0.05; done" + (f" # {marker}" if marker else "")
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", command],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/materia cast build the thing")
+    return pi, run_dir(root)
+
 def test_esc_in_the_terminal_while_the_next_sockets_turn_waits_behind_the_users_run(start_tty, castor_command,
                                                                                     fake_llm, tmp_path):
     """The same in Pi's terminal UI, whose Esc also drops Pi's follow-up queue: the cast is
     interrupted at Socket-2 (the footer says so) and /materia continue completes it."""
     root = tmp_path / "project"
     gate = root / "go"
-    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
-    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
-    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
-             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
-    pi.type("/materia cast build the thing")
-    run = run_dir(root)
+    pi, run = cast_in_the_terminal_behind_a_gate(start_tty, castor_command, root, "go")
     fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
     pi.type("USER-BUSY what is going on")
     wait_request(fake_llm, "USER-BUSY")
@@ -428,14 +435,7 @@ def test_esc_in_the_terminal_while_a_utility_command_runs_says_what_stops_it(sta
     gate = root / "go-utility"  # relative in the command (it runs in the project): no "pytest" in its line
     marker = f"utility-{os.getpid()}-{time.monotonic_ns()}"  # this test's command alone
     request.addfinalizer(gate.touch)  # a failed test's kill -9 of Pi and castor leaves the command: it ends
-    write_loadout(root, {"type": "utility",
-                         "command": ["sh", "-c", f"while [ ! -e go-utility ]; do sleep 0.05; done # {marker}"],
-                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
-    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
-    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
-             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
-    pi.type("/materia cast build the thing")
-    run = run_dir(root)
+    pi, run = cast_in_the_terminal_behind_a_gate(start_tty, castor_command, root, "go-utility", marker)
     wait_for(lambda: processes_with(marker), timeout=20, what="the utility's command")
     wait_for(lambda: "materia: utility (Socket-1)" in pi.screen_tail(100_000), timeout=10,
              what=f"the footer naming the utility; Pi drew: {pi.screen_tail()!r}")

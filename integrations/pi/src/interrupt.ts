@@ -143,6 +143,19 @@ export function isRpcPrompt(line: string): boolean {
 /** Lines longer than this are not kept while looking for an `abort` (a prompt with a large paste). */
 const MAX_LINE_CHARS = 1 << 20;
 
+/** A 'data' listener for Pi's RPC input that calls `onLine` with each whole line (chunks may cut
+ * a line anywhere; a line past {@link MAX_LINE_CHARS} is dropped, not kept whole). */
+function eachLine(onLine: (line: string) => void): (chunk: unknown) => void {
+	let buffered = "";
+	return (chunk: unknown) => {
+		buffered += typeof chunk === "string" ? chunk : String(chunk);
+		const lines = buffered.split("\n");
+		buffered = lines.pop() ?? "";
+		if (buffered.length > MAX_LINE_CHARS) buffered = "";
+		for (const line of lines) onLine(line);
+	};
+}
+
 /** Why the wait ended: the user's Esc, an RPC client's `abort`, or Pi going away. */
 export type WaitEnd = "esc" | "abort" | "quit";
 
@@ -247,17 +260,10 @@ export class EscWatch {
 				if (stdin.readableFlowing === true) {
 					// Pi reads its commands as they come (its own 'data' listener): a second listener sees
 					// the same chunks and changes nothing. A paused input is not resumed by us.
-					let buffered = "";
-					const onData = (chunk: unknown) => {
-						buffered += typeof chunk === "string" ? chunk : String(chunk);
-						const lines = buffered.split("\n");
-						buffered = lines.pop() ?? "";
-						if (buffered.length > MAX_LINE_CHARS) buffered = "";
-						for (const line of lines) {
-							if (isRpcPrompt(line)) this.submitted = true;
-							else if (isRpcAbort(line)) end("abort");
-						}
-					};
+					const onData = eachLine((line) => {
+						if (isRpcPrompt(line)) this.submitted = true;
+						else if (isRpcAbort(line)) end("abort");
+					});
 					stdin.on("data", onData);
 					this.cleanups.push(() => stdin.off("data", onData));
 				}
@@ -343,14 +349,9 @@ export class StopKeyWatch {
 		}
 		const stdin = proc?.stdin;
 		if (mode === "rpc" && stdin) {
-			let buffered = "";
-			const onData = (chunk: unknown) => {
-				buffered += typeof chunk === "string" ? chunk : String(chunk);
-				const lines = buffered.split("\n");
-				buffered = lines.pop() ?? "";
-				if (buffered.length > MAX_LINE_CHARS) buffered = "";
-				for (const line of lines) if (rpcType(line) === "abort") stop("abort");
-			};
+			const onData = eachLine((line) => {
+				if (rpcType(line) === "abort") stop("abort");
+			});
 			// Only once Pi reads its input: a 'data' listener would start a paused input flowing, and
 			// at session_start Pi's RPC reader is not attached yet (it resumes the input after).
 			let listening = false;
