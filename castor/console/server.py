@@ -18,7 +18,9 @@ the console's token may be the endpoint's). It holds a secret of this console's 
 (:attr:`ConsoleServer.cookie_secret`), under a name with the console's port in it, and a browser
 sends it under one path only, :attr:`ConsoleServer.base` (``/c/<random>/``, random per run), where
 the pages, their links and their streams live: a page on another port has other paths, so it never
-receives the cookie, which would open this console if replayed. A ``Host`` header
+receives the cookie, which would open this console if replayed. Any page of the host may set
+cookies the browser then sends here as well (one of the console's name, one of no valid syntax):
+the console's cookie counts wherever it stands in the header (:func:`cookie_values`). A ``Host`` header
 that does not name this loopback listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
 """
 
@@ -34,7 +36,6 @@ import socket
 import threading
 import time
 from http import HTTPStatus
-from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote_plus, urlsplit
@@ -61,6 +62,22 @@ def without_token(text: str) -> str:
         return f"{sep}{key}=…" if unquote_plus(key) == "token" else match.group(0)
 
     return _QUERY_PARAM.sub(hide, text)
+
+def cookie_values(headers: list[str], name: str) -> list[str]:
+    """Every value the ``Cookie`` headers give the cookie ``name``, in order. A browser sends a
+    host's cookies to every port of it and any page of the host may set them, so a header may hold
+    several cookies of one name (the console's own, and one another local user's page planted with
+    ``Path=/``) beside cookies of other sites that are no valid cookie syntax at all: each
+    ``name=value`` pair is read on its own, and nothing else in the header hides one."""
+    values = []
+    for header in headers:
+        for pair in header.split(";"):
+            key, sep, value = pair.partition("=")
+            if sep and key.strip() == name:
+                value = value.strip()
+                values.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
+    return values
+
 
 COOKIE = "castor_console_"
 """The cookie's name is this and the console's port (two consoles on one host keep theirs)."""
@@ -369,14 +386,9 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), token.encode()):
             return True, False
-        cookie = SimpleCookie()
-        try:
-            cookie.load(self.headers.get("Cookie", ""))
-        except Exception:  # noqa: BLE001 - a malformed cookie header is no token
-            return False, False
-        morsel = cookie.get(self.server_console.cookie_name)
-        if morsel is not None and hmac.compare_digest(morsel.value.encode(),
-                                                      self.server_console.cookie_secret.encode()):
+        secret = self.server_console.cookie_secret.encode()
+        if any(hmac.compare_digest(value.encode(), secret)
+               for value in cookie_values(self.headers.get_all("Cookie") or [], self.server_console.cookie_name)):
             return True, False
         return False, False
 

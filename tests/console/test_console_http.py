@@ -520,3 +520,36 @@ def test_the_console_cookie_is_sent_only_under_a_secret_path_of_this_console(tmp
         console.stop()
         other.stop()
         runtime.shutdown(10)
+
+
+def test_cookies_another_users_page_planted_on_the_host_never_lock_the_user_out(tmp_path):
+    """A browser sends a host's cookies to every port of it, and any page of 127.0.0.1 may set them:
+    another local user's page (a port of theirs the user visits) set ``castor_console_<port>=junk;
+    Path=/`` or a cookie the standard library's parser gives up on (``a="unterminated``), and the
+    console read only the last value of its name, or none at all: the user's own cookie was
+    ignored and every page of the console answered 401 until they cleared the host's cookies. The
+    console now accepts a request when any cookie of its name holds its secret, whatever else the
+    header carries; a planted value alone still opens nothing."""
+    import re
+
+    from castor.console.server import ConsoleServer
+    from castor.runtime import Runtime, RuntimeSettings
+
+    token = "t0ken-" + "c" * 40
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        status, _page, headers = _get(f"{console.url}?token={token}")
+        assert status == 200
+        own = headers["Set-Cookie"].split(";")[0]
+        name = own.split("=", 1)[0]
+        base = console.url.rstrip("/") + re.search(r"Path=([^;]+)", headers["Set-Cookie"]).group(1)
+        # A browser sends the cookie of the longer path first, then the planted `Path=/` one.
+        for header in (f"{own}; {name}=junk", f"{name}=junk; {own}", f'a="unterminated; {own}',
+                       f"{own}; b=[x]; c=\"d\\\\", f"{own}; {name}"):
+            assert _get(base + "api/actors", {"Cookie": header})[0] == 200, header
+        for header in (f"{name}=junk", f'a="unterminated; {name}=junk', f"{name}", ""):
+            assert _get(base + "api/actors", {"Cookie": header})[0] == 401, header
+    finally:
+        console.stop()
+        runtime.shutdown(10)
