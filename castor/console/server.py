@@ -419,13 +419,12 @@ class _Handler(BaseHTTPRequestHandler):
         # Exactly one Host naming this listener, and no other authority in the request line
         # (absolute form overrides Host): anything else may be read as another host's request.
         if len(hosts) != 1 or hosts[0] not in console.allowed_hosts() or url.scheme or url.netloc:
-            self._send(HTTPStatus.FORBIDDEN, b"forbidden: unexpected Host header\n", "text/plain; charset=utf-8")
+            self._refuse(HTTPStatus.FORBIDDEN, b"forbidden: unexpected Host header\n")
             return
         query = parse_qs(url.query)
         allowed, set_cookie = self._authorised(query)
         if not allowed:
-            self._send(HTTPStatus.UNAUTHORIZED, b"unauthorized: this console needs its token (?token=...)\n",
-                       "text/plain; charset=utf-8")
+            self._refuse(HTTPStatus.UNAUTHORIZED, b"unauthorized: this console needs its token (?token=...)\n")
             return
         self._cookie = set_cookie
         path = url.path
@@ -456,8 +455,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 
     # -- responses ------------------------------------------------------------------
+    def _refuse(self, status: int, body: bytes) -> None:
+        """Answer a request the console will not serve and end the connection: a peer without the
+        token gets one small answer per connection, so requests it sends back to back and never
+        reads cannot keep a handler writing (and its slot, which no eviction frees, taken)."""
+        self.close_connection = True
+        self.send_response(status)
+        self.send_header("Connection", "close")
+        self._headers_after_status("text/plain; charset=utf-8", len(body))
+        self.wfile.write(body)
+
     def _headers(self, status: int, content_type: str, length: int | None) -> None:
         self.send_response(status)
+        self._headers_after_status(content_type, length)
+
+    def _headers_after_status(self, content_type: str, length: int | None) -> None:
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")

@@ -255,6 +255,61 @@ def test_a_console_peer_trickling_its_request_is_closed_at_the_request_deadline(
         console.stop()
 
 
+def test_console_peers_pipelining_requests_they_never_read_cannot_lock_a_token_holder_out(monkeypatch):
+    """A peer without the token sent its requests back to back (HTTP/1.1 keeps the connection
+    open) and never read the answers: each 401 was written, the socket's buffers filled, and the
+    handler blocked writing the next one -- a connection whose request had arrived, so it was never
+    the one evicted to make room. A few such peers held every slot, and the user, token in hand,
+    was answered 503 for as long as they kept sending (and until castor had answered every request
+    they had queued). A request the console refuses (401, 403) is now the connection's last: it is
+    answered and closed, so a peer without the token holds a slot for one small answer at most."""
+    import http.client
+    import socket
+    import time
+
+    from castor.console import server as console_server
+
+    token = "t" * 32
+    monkeypatch.setattr(console_server, "MAX_CONNECTIONS", 4)
+    console = console_server.ConsoleServer(None, "127.0.0.1", 0, token=token).start()
+    crowd: list[socket.socket] = []
+    try:
+        burst = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{console.port}\r\n\r\n".encode() * 2000
+        for _ in range(8):
+            peer = socket.socket()
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it never reads
+            peer.connect(("127.0.0.1", console.port))
+            peer.setblocking(False)
+            crowd.append(peer)
+        deadline = time.monotonic() + 3  # the crowd keeps sending while the user asks
+        while time.monotonic() < deadline:
+            for peer in crowd:
+                try:
+                    peer.send(burst)
+                except OSError:  # its buffers are full, or the console closed it
+                    pass
+            time.sleep(0.05)  # the attack's own pace
+        statuses = []
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+            try:
+                conn.request("GET", "/", headers={"Host": f"127.0.0.1:{console.port}",
+                                                         "Authorization": f"Bearer {token}"})
+                statuses.append(conn.getresponse().status)
+            finally:
+                conn.close()
+            for peer in crowd:
+                try:
+                    peer.send(burst)
+                except OSError:
+                    pass
+        assert statuses == [200, 200, 200], statuses
+    finally:
+        for peer in crowd:
+            peer.close()
+        console.stop()
+
+
 @pytest.mark.parametrize("request_head", [
     "GET / HTTP/1.1\r\nHost: {good}\r\nHost: evil.example\r\n",  # two Hosts: the first was checked
     "GET / HTTP/1.1\r\nHost: evil.example\r\nHost: {good}\r\n",
