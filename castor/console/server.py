@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -286,6 +287,18 @@ class _Server(ThreadingHTTPServer):
         self._reserve_fd = take_reserve_fd()
         if request is None and self._reserve_fd is None:
             self.backoff_over.wait(EXHAUSTED_BACKOFF_S)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection's handler raised. The standard library prints the traceback on stderr; a
+        peer's own doing (a reset, an answer it went away from: ``OSError``) is a debug line here
+        instead, since any local user could otherwise write one per connect into castor's log.
+        Anything else is castor's bug: one error line with its traceback."""
+        exc = sys.exc_info()[1]
+        log = logger.bind(actor="/console")
+        if isinstance(exc, OSError):
+            log.debug("console connection from {} ended: {}", client_address, exc)
+        else:
+            log.opt(exception=exc).error("console connection from {} failed", client_address)
 
     def server_close(self) -> None:
         super().server_close()

@@ -310,6 +310,48 @@ def test_console_peers_pipelining_requests_they_never_read_cannot_lock_a_token_h
         console.stop()
 
 
+def test_console_peers_that_reset_their_connections_cannot_fill_castor_s_stderr(capfd, monkeypatch):
+    """The console's server printed a traceback on stderr (where `castor serve` logs, often to a
+    file) for every connection that ended in an error of the peer's making: a reset before its
+    request was whole, an answer it had gone away from. Any local user could write about 2 KB
+    there per connect, for as long as they liked. Such an ending is now a debug line of castor's
+    log; stderr hears nothing of it."""
+    import socket
+    import struct
+    import threading
+
+    from castor.console import server as console_server
+    from tests.support.waiting import wait_for
+
+    ended: list[int] = []
+    serve_one = console_server._Server.process_request_thread
+
+    def counted(self: console_server._Server, request: socket.socket, address: object) -> None:
+        try:
+            serve_one(self, request, address)
+        finally:
+            ended.append(1)
+
+    monkeypatch.setattr(console_server._Server, "process_request_thread", counted)
+    console = console_server.ConsoleServer(None, "127.0.0.1", 0, token="t" * 32).start()
+    try:
+        capfd.readouterr()
+        heads = (b"GET / HTTP/1.1\r\nHost: x\r\n", b"G", b"GET / HTTP/1.1\r\n\r\n" * 200)
+        sent = threading.Event()
+        for head in heads:
+            for _ in range(5):
+                peer = socket.create_connection(("127.0.0.1", console.port), timeout=10)
+                peer.sendall(head)
+                sent.wait(0.02)  # the request reaches the console before the reset
+                peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                peer.close()
+        wait_for(lambda: len(ended) == 5 * len(heads), timeout=30, what="every connection's handler ended")
+        err = capfd.readouterr().err
+        assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
+    finally:
+        console.stop()
+
+
 @pytest.mark.parametrize("request_head", [
     "GET / HTTP/1.1\r\nHost: {good}\r\nHost: evil.example\r\n",  # two Hosts: the first was checked
     "GET / HTTP/1.1\r\nHost: evil.example\r\nHost: {good}\r\n",
