@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import hmac
+import http.client
 import json
 import os
 import re
@@ -93,6 +94,9 @@ MAX_STREAMS = 16
 MAX_CONNECTIONS = 64
 #: Seconds the accepting thread waits for an evicted connection's slot (its handler ends at once).
 EVICTION_WAIT_S = 0.5
+#: Bytes a request's headers may take in all (the request line aside): the standard library takes
+#: 100 lines of 64 KiB each, 6 MB a connection held before any token is checked.
+MAX_HEAD_BYTES = 64 * 1024
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
 
@@ -357,6 +361,24 @@ class _Server(ThreadingHTTPServer):
             self.slots.release()
 
 
+class _HeadBudget:
+    """``readline`` of a request's stream while its headers are read, ``budget`` bytes in all: a
+    line past it raises :class:`http.client.LineTooLong`, which the handler answers 431 and closes."""
+
+    def __init__(self, stream: Any, budget: int) -> None:
+        self._stream = stream
+        self._left = budget
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self._left <= 0:
+            raise http.client.LineTooLong("request headers")
+        line: bytes = self._stream.readline(self._left + 1 if limit < 0 else min(limit, self._left + 1))
+        self._left -= len(line)
+        if self._left < 0:
+            raise http.client.LineTooLong("request headers")
+        return line
+
+
 class _Server6(_Server):
     address_family = socket.AF_INET6
 
@@ -376,7 +398,14 @@ class _Handler(BaseHTTPRequestHandler):
             server.request_arrived(self.connection)
 
     def parse_request(self) -> bool:
-        parsed = super().parse_request()  # the request line and every header have arrived
+        # The headers are read from a reader that allows MAX_HEAD_BYTES in all: past it, the
+        # standard library's own "line too long" answer (431) and close.
+        whole = self.rfile
+        self.rfile = _HeadBudget(whole, MAX_HEAD_BYTES)  # type: ignore[assignment]  # readline is all parse_headers uses
+        try:
+            parsed = super().parse_request()  # the request line and every header have arrived
+        finally:
+            self.rfile = whole
         self.server.request_arrived(self.connection)  # type: ignore[attr-defined]
         return parsed
 

@@ -352,6 +352,42 @@ def test_console_peers_that_reset_their_connections_cannot_fill_castor_s_stderr(
         console.stop()
 
 
+def test_a_console_request_head_is_bounded_before_the_token_is_checked():
+    """The console read a request's headers as the standard library does: up to 100 lines of 64 KiB
+    each, all kept until the blank line, before any token was checked. Every local user could make
+    castor hold 6 MB per connection, 400 MB across its 64 slots (and keep it so, a new connection
+    for each one closed). The headers of a request may now be MAX_HEAD_BYTES in all; past that the
+    answer is 431 and the connection is closed."""
+    import socket
+
+    from castor.console.server import MAX_HEAD_BYTES, ConsoleServer
+
+    console = ConsoleServer(None, "127.0.0.1", 0, token="t" * 32).start()
+    try:
+        peer = socket.create_connection(("127.0.0.1", console.port), timeout=10)
+        peer.sendall(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{console.port}\r\n".encode())
+        line = b"X-Filler: " + b"a" * 60_000 + b"\r\n"
+        sent = 0
+        try:
+            for _ in range(50):  # 3 MB, under the standard library's 100 lines
+                peer.sendall(line)
+                sent += len(line)
+        except OSError:  # the console closed it
+            pass
+        peer.settimeout(5)
+        try:
+            answer = peer.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+        except TimeoutError:
+            answer = b"(nothing: the console was still reading)"
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:100]
+        assert sent <= 2 * MAX_HEAD_BYTES + 2 * len(line) or answer.startswith(b"HTTP/1.1 431"), sent
+        peer.close()
+    finally:
+        console.stop()
+
+
 @pytest.mark.parametrize("request_head", [
     "GET / HTTP/1.1\r\nHost: {good}\r\nHost: evil.example\r\n",  # two Hosts: the first was checked
     "GET / HTTP/1.1\r\nHost: evil.example\r\nHost: {good}\r\n",
