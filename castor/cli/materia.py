@@ -546,20 +546,24 @@ def _awaits_a_retry(view: dict[str, Any]) -> bool:
 
 
 def _progress(view: dict[str, Any]) -> Any:
+    """The live table of ``castor cast`` on a terminal. Its names are shown as written: escaped for
+    the terminal (:func:`_shown`) and for rich, which would read a ``[...]`` in a cell as markup (a
+    loadout named ``[/]`` ended the command)."""
+    from rich.markup import escape
     from rich.table import Table
 
     view = _shown(view)
-    table = Table(title=f"cast {view.get('cast_id')}", show_header=False, box=None)
-    table.add_row("status", str(view.get("status", "starting")))
-    table.add_row("loadout", str(view.get("loadout", "")))
+    table = Table(title=f"cast {escape(str(view.get('cast_id')))}", show_header=False, box=None)
+    table.add_row("status", escape(str(view.get("status", "starting"))))
+    table.add_row("loadout", escape(str(view.get("loadout", ""))))
     where = view.get("current_socket") or ""
     if view.get("current_materia"):
         where += f" ({view['current_materia']})"
-    table.add_row("socket", where)
+    table.add_row("socket", escape(where))
     if view.get("item_label") or view.get("item_key"):
-        table.add_row("item", str(view.get("item_label") or view.get("item_key")))
+        table.add_row("item", escape(str(view.get("item_label") or view.get("item_key"))))
     visits = view.get("visits") or {}
-    table.add_row("visits", ", ".join(f"{k}×{v}" for k, v in visits.items()) or "-")
+    table.add_row("visits", escape(", ".join(f"{k}×{v}" for k, v in visits.items()) or "-"))
     usage = view.get("usage") or {}
     table.add_row("tokens", str(int(usage.get("tokens") or 0)))
     return table

@@ -103,3 +103,23 @@ def test_the_file_loadout_saved_to_is_shown_on_one_line(tmp_path: Path) -> None:
     assert chosen.returncode == 0, chosen.stderr
     assert "(saved to " in chosen.stdout and "pro\\nject/.pi/pi-materia.json)" in chosen.stdout, chosen.stdout
     assert not any(line.startswith("ject") for line in chosen.stdout.splitlines()), chosen.stdout
+
+
+def test_names_with_rich_markup_are_shown_as_written_in_the_live_progress_of_a_cast() -> None:
+    """``castor cast`` on a terminal draws its progress with rich, which reads ``[...]`` in a table
+    cell as markup: a loadout, socket or materia named ``[/]`` (a config's choice) or a work item
+    titled so (the model's) ended the command with a MarkupError, and ``[link=...]`` or ``[red]``
+    in one restyled the table. Such names are now shown as they are written."""
+    import io
+
+    from rich.console import Console
+
+    from castor.cli.materia import _progress
+
+    names = ("[/]", "[link=http://example.invalid]x[/link]", "[red]R")
+    view = {"cast_id": "c1", "status": "active", "loadout": names[0], "current_socket": names[1],
+            "current_materia": names[2], "item_label": names[0], "visits": {names[0]: 1}, "usage": {"tokens": 3}}
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, width=200, color_system=None).print(_progress(view))
+    for name in names:
+        assert name in out.getvalue(), out.getvalue()
