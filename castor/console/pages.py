@@ -257,7 +257,7 @@ def loadout_svg(state: dict[str, Any]) -> str:
                    f'<text x="{x + 10}" y="{y + 20}" font-weight="bold">{e(label)}</text>'
                    f'<text x="{x + 10}" y="{y + 38}" fill="#333">{e(str(what or "-")[:24])}</text>'
                    f'<text x="{x + BOX_W - 10}" y="{y + 20}" text-anchor="end" fill="#1b5e20">'
-                   f'{"×" + str(visits[sid]) if visits.get(sid) else ""}</text></g>')
+                   f'{"×" + e(str(visits[sid])) if visits.get(sid) else ""}</text></g>')
     out.append("</svg>")
     return "".join(out)
 

@@ -553,3 +553,19 @@ def test_cookies_another_users_page_planted_on_the_host_never_lock_the_user_out(
     finally:
         console.stop()
         runtime.shutdown(10)
+
+
+def test_a_saved_cast_s_visit_counts_cannot_put_markup_in_the_console_s_graph():
+    """The cast page draws its loadout as an SVG the page sets as HTML, from the cast's
+    ``state.json`` as it lies in the project (a project may ship or edit one). Every name in it was
+    escaped but the visit counts, written as they were found: ``"visits": {"Socket-1": "<img src=x
+    onerror=...>"}`` ran script in the console's page (inline handlers are allowed there), with the
+    console's cookie and every cast's request within reach. The counts are escaped as the rest is."""
+    from castor.console.pages import loadout_svg
+
+    planted = '<img src=x onerror="alert(1)">'
+    state = {"config": {"pipeline": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"materia_name": "m", "socket": {"type": "agent", "edges": []}}}}},
+        "visits": {"Socket-1": planted}, "active": False}
+    svg = loadout_svg(state)
+    assert "<img" not in svg and "&lt;img" in svg, svg
