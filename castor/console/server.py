@@ -389,6 +389,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "castor-console"
     timeout = SOCKET_TIMEOUT_S  # a request that never finishes arriving does not hold a thread
 
+    def version_string(self) -> str:
+        """The Server header: castor's console, never the Python it runs on (it answers whoever asks)."""
+        return self.server_version
+
     def handle_one_request(self) -> None:
         server: _Server = self.server  # type: ignore[assignment]
         server.await_request(self.connection)

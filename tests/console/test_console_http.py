@@ -111,7 +111,9 @@ def test_bad_paths_hosts_and_methods_are_refused(busy_console):
     assert _get(live.url + "events/cast/a%2Fb/x")[0] == 400
     assert _get(live.url + "nope")[0] == 404
     # A page elsewhere reaching the console by DNS rebinding sends its own Host: refused.
-    assert _get(live.url, {"Host": "attacker.example:80"})[0] == 403
+    status, _, headers = _get(live.url, {"Host": "attacker.example:80"})
+    assert status == 403
+    assert headers["Server"] == "castor-console", headers  # not the Python it runs on, to whoever asks
     parsed = urlsplit(live.url)
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
     conn.request("POST", "/", body=b"x")
