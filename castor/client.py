@@ -111,19 +111,13 @@ class Client:
         listener must run as this user or root (``/proc/net/tcp``, :func:`tcp_peer_is_us`): another
         user who took the port while castor's serve was down never hears the token (``Forbidden``,
         ``data.reason: peer_uid``, before anything is sent)."""
-        if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not is_loopback_host(host):
+        with_token = kwargs.get("token") is not None or kwargs.get("token_file") is not None
+        if with_token and not is_loopback_host(host):
             raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {host!r}: it travels in "
                             "clear text, and castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
                             data={"host": host})
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-        try:
-            if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not tcp_peer_is_us(sock):
-                shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                raise Forbidden(f"refusing to send the endpoint's token to {shown}: another user listens there, "
-                                "not castor's serve", data={"address": shown, "reason": "peer_uid"})
-        except BaseException:
-            sock.close()
-            raise
+        sock = (_connect_to_ours(host, port, connect_timeout) if with_token
+                else socket.create_connection((host, port), timeout=connect_timeout))
         return cls(_caller_socket(sock), name=f"client-tcp:{host}:{port}", **kwargs)
 
     @classmethod
@@ -220,6 +214,36 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _connect_to_ours(host: str, port: int, timeout: float) -> socket.socket:
+    """A connection to ``host:port`` whose listener runs as this user or root, trying each address
+    the name resolves to in turn (``localhost`` may be ``::1`` and ``127.0.0.1``). Another user's
+    listener on one of them is skipped, not taken for castor's serve: castor's serve binds one
+    address, and another user who took the port on the other family used to make every client
+    that tried that address first refuse (``peer_uid``) instead of reaching castor. ``Forbidden``
+    (``peer_uid``) when only other users listen; the last connect error when nothing answers."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    failure: OSError | None = None
+    foreign = False
+    for family, kind, proto, _name, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            if tcp_peer_is_us(sock):
+                return sock
+            foreign = True
+        except OSError as exc:
+            failure = exc
+        except BaseException:
+            sock.close()
+            raise
+        sock.close()
+    if foreign:
+        raise Forbidden(f"refusing to send the endpoint's token to {shown}: another user listens there, "
+                        "not castor's serve", data={"address": shown, "reason": "peer_uid"})
+    raise failure if failure is not None else OSError(f"{shown} resolves to no address")
 
 
 def _caller_socket(sock: socket.socket) -> SocketTransport:

@@ -659,3 +659,59 @@ def test_a_workdir_another_user_could_plant_files_in_is_refused_before_anything_
     assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert victim.read_text() == "# the user's own file\n"
     assert sorted(p.name for p in work.iterdir()) == before
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to listen as another user")
+def test_another_user_on_the_other_address_of_localhost_never_keeps_a_client_from_castor(tmp_path, monkeypatch):
+    """castor's serve binds one address of ``localhost`` (127.0.0.1); where the name also resolves
+    to ``::1`` first, another user listening on ``[::1]:PORT`` made every ``localhost:PORT`` client
+    refuse (``peer_uid``) instead of trying 127.0.0.1, where castor was. The client now tries each
+    address and takes the first whose listener is its own user's; the other user hears nothing."""
+    import os
+    import socket
+
+    from castor.client import Client
+    from castor.endpoint import Dispatcher, Server
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    token = "t" * 43
+    dispatcher = Dispatcher()
+    dispatcher.register("echo", lambda params, _ctx: params)
+    server = Server(dispatcher, tcp=("127.0.0.1", 0), token=token).start()
+    port = server.address[1]
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user, on [::1] at castor's port
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            listener.bind(("::1", port))
+            listener.listen(4)
+            os.write(write_end, b"up")
+            _report_what_peers_send(listener, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    real = socket.getaddrinfo
+
+    def localhost_v6_first(host, *args, **kwargs):
+        if host == "localhost":
+            return [*real("::1", *args, **kwargs), *real("127.0.0.1", *args, **kwargs)]
+        return real(host, *args, **kwargs)
+
+    try:
+        assert os.read(read_end, 2) == b"up"
+        monkeypatch.setattr(socket, "getaddrinfo", localhost_v6_first)
+        with Client.connect_tcp("localhost", port, token=token, default_timeout=5) as client:
+            assert client.call("echo", {"ok": 1}) == {"ok": 1}
+        monkeypatch.undo()
+        assert token.encode() not in _heard_up_to_our_end(socket.create_connection(("::1", port)), read_end)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+        server.stop()
