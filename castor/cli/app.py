@@ -25,6 +25,7 @@ from castor.cli.common import (
     ClosedStdout,
     Hangup,
     Terminated,
+    errors_as_json,
     fail,
     log_level,
     os_error_code,
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # an interrupt anywhere in here, first imports included, ends the command alike
         parser = build_parser()
         args = parser.parse_args(argv)
+        errors_as_json(bool(getattr(args, "json", False)))
         if 1 in closed:  # after parsing: --help and --version go to stderr then, as argparse does
             sys.stdout = ClosedStdout()
         problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts

@@ -2,7 +2,9 @@
 the endpoint choice (``--stdio``/``--socket``/``--tcp``).
 
 Guarantees: every command exits 0 on success and non-zero with one line on stderr otherwise
-(``castor: <code>: <message>``, control characters shown escaped); a bad value at the edge — a
+(``castor: <code>: <message>``, control characters shown escaped), and a command asked for
+``--json`` then also prints one JSON document on stdout, ``{"error": {"code": …, "message": …}}``
+(a script reading stdout gets JSON whatever happened); a bad value at the edge — a
 flag, a number, an address, a socket path — is refused by argparse with exit status 2 before a
 runtime starts. Building a parser from these (and :mod:`castor.scaleout.options`' backend flags)
 imports nothing of castor but :mod:`castor.version`, :mod:`castor.shown` and :mod:`castor.scaleout` (no pydantic,
@@ -132,11 +134,15 @@ class CliParser(argparse.ArgumentParser):
     left over; only then does it parse for real."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"castor: invalid_params: {one_line(message)} (see {self.prog} --help)\n")
+        text = f"{one_line(message)} (see {self.prog} --help)"
+        _print_json_error("invalid_params", text)
+        self.exit(EXIT_USAGE, f"castor: invalid_params: {text}\n")
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # argparse's overloads
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = list(sys.argv[1:] if args is None else args)
+        # until the arguments are parsed, a --json among them (before any "--") asks for a JSON error
+        errors_as_json("--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv)
         with _nothing_required(self):
             known, extras = self.parse_known_args(argv, argparse.Namespace())
         if extras:
@@ -301,9 +307,34 @@ def quiet_stdout() -> None:
         pass
 
 
+_json_errors = {"on": False}  # see errors_as_json
+
+
+def errors_as_json(on: bool) -> None:
+    """Whether :func:`fail` (and a refused flag) also prints the error as JSON on stdout: on for a
+    command run with ``--json``, so its stdout is one valid JSON document whether it succeeded or not."""
+    _json_errors["on"] = on
+
+
+def _print_json_error(code: str, message: str) -> None:
+    """``{"error": {"code", "message"}}`` on stdout, if ``--json`` asked for it and stdout can take it
+    (non-ASCII and undecodable characters escaped: the document is ASCII, valid whatever the path)."""
+    if not _json_errors["on"]:
+        return
+    import json
+
+    try:
+        sys.stdout.write(json.dumps({"error": {"code": code, "message": one_line(message)}}) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass  # stdout closed or its reader gone: the stderr line is the error
+
+
 def fail(code: str, message: str) -> None:
     """The contract's one-line error on stderr: control characters (a newline in a loadout
-    name, terminal escapes in a request) are shown escaped, never acted on."""
+    name, terminal escapes in a request) are shown escaped, never acted on. With ``--json``, the
+    same error as one JSON document on stdout as well (:func:`errors_as_json`)."""
+    _print_json_error(code, message)
     print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
 
 
