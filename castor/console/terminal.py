@@ -138,7 +138,8 @@ def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "phase": data.get("phase"), "socket": data.get("socket"), "materia": data.get("materia"),
                 "item": data.get("item"), "item_number": data.get("item_number"), "items": data.get("items"),
                 "visit": data.get("visit"), "pending": data.get("pending"),
-                # interrupted (an Esc stopped its turn) or paused (refinement): it waits for the user
+                # what would move it on: the outside work it awaits (an agent's turn, a command), or
+                # the user (interrupted: continue, recast or abort; paused: the refinement)
                 "waiting_for": data.get("waiting_for"),
                 "activity": activity.get("text"), "waiting_s": activity.get("age_s"),
                 "deadline_in_s": activity.get("deadline_in_s"),

@@ -98,6 +98,16 @@ def test_a_cast_waiting_on_an_agent_turn_says_so_with_a_growing_age(tmp_path):
         assert cast["data"]["socket"] == socket and cast["data"]["visit"] == 1
         assert cast["text"].startswith(f"awaiting the agent's turn for {socket} ({materia}) of cast {cast_id}")
         assert cast["data"]["cast_age_s"] >= 0 and cast["age_s"] >= 0
+        # ... and what would move it on, in inspect casts as well (it said nothing: null)
+        unstick = "the agent's turn to end (the harness reports it), or abort"
+        assert cast["data"]["waiting_for"] == unstick
+        from castor.console.terminal import casts_table, session_casts
+
+        (row,) = [c for s in session_casts(list(actors.values())) for c in s["casts"]]
+        assert row["waiting_for"] == unstick
+        shown = Console(width=400, record=True, file=io.StringIO())
+        shown.print(casts_table(session_casts(list(actors.values()))))
+        assert f"waiting for {unstick}" in shown.export_text()
         # The session shows its project directory and a label, not only an id.
         session = actors["/root/session/s1"]
         assert session["labels"] == {"project": str(project), "label": "project"}
@@ -442,6 +452,9 @@ def test_a_cast_awaiting_a_utility_says_whether_its_command_runs_or_waits_for_a_
         assert isinstance(running["data"]["utility_pid"], int) and f"pid {running['data']['utility_pid']}" in \
             running["text"]
         assert queued["text"].endswith("queued: every utility slot (1) is busy"), queued["text"]
+        for waiting in (running, queued):  # what would move each on
+            assert waiting["data"]["waiting_for"].startswith("the utility command to exit"), waiting["data"]
+            assert waiting["data"]["waiting_for"].endswith(", or abort")
     finally:
         runtime.shutdown(10)
 

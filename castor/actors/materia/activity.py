@@ -19,6 +19,20 @@ _PENDING_WORDS = {"agent_turn": "awaiting the agent's turn for", "utility": "awa
                   "awaiting a compaction for"}
 
 
+def _unsticks(pending: Any, compacting: bool) -> str:
+    """What ends the outside work a cast waits for (``waiting_for``): an operator who finds a cast
+    stuck learns what would move it on, and that ``abort`` (``castor abort ID``) always does."""
+    if pending.kind == "utility":
+        timeout_ms = getattr(pending, "timeout_ms", None)
+        bound = f" (or its timeoutMs, {timeout_ms / 1000:g} s)" if timeout_ms else ""
+        return f"the utility command to exit{bound}, or abort"
+    if pending.kind == "compaction" or compacting:
+        return "the host's compaction, then the agent's turn to end (the harness reports it), or abort"
+    if getattr(pending, "user_driven", False):
+        return "the user's own turn to end (the harness reports it), or abort"
+    return "the agent's turn to end (the harness reports it), or abort"
+
+
 def awaiting_turn(effect: Any, cast_id: str) -> tuple[str, str, dict[str, Any]]:
     """A SocketActor that sent its turn and waits for the agent's answer."""
     text = f"awaiting the agent's turn for {effect.socket_id} ({effect.materia}) of cast {cast_id}"
@@ -108,6 +122,7 @@ def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] |
         if pending.kind == "agent_turn" and getattr(actor, "compacting_visit", None) == pending.visit_id:
             words = "awaiting the host's compaction before the agent's turn for"  # the turn is not sent yet
             data["compacting"] = True
+        data["waiting_for"] = _unsticks(pending, bool(data.get("compacting")))
         text = f"{words} {where} of cast {state.cast_id}"
         if item:
             text += f", item {item}"
