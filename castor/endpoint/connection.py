@@ -264,7 +264,7 @@ class Connection:
         # A server renames what it accepts (``unix-N``) before starting it: the log must say the same
         # name as the threads, which take it at start.
         self._name = value
-        self._log = logger.bind(conn=value)
+        self._log = logger.bind(conn=value, actor=f"/endpoint/{value}")  # as its threads' owner reads
 
     def __init__(self, transport: Transport, dispatcher: Dispatcher, *,
                  settings: ConnectionSettings | None = None, name: str | None = None) -> None:

@@ -235,7 +235,7 @@ class Dispatcher:
         except CastorError as exc:
             if exc.code == ErrorCode.INTERNAL and "error_id" not in exc.data:  # castor's bug: traceable
                 exc.data["error_id"] = uuid.uuid4().hex[:12]
-                log = logger.bind(method=method, error_id=exc.data["error_id"])
+                log = logger.bind(method=method, error_id=exc.data["error_id"], actor="/endpoint", msg_type=method)
                 if exc.private_message:  # someone else's text (a backend's error): its kind only, no traceback
                     log.error("handler for {} answered internal: {} ({}; its text went to the caller only)",
                               method, type(exc).__name__, exc.data.get("reason", "-"))
@@ -244,7 +244,7 @@ class Dispatcher:
             raise
         except Exception as exc:
             error_id = uuid.uuid4().hex[:12]
-            logger.bind(method=method, error_id=error_id).exception(
+            logger.bind(method=method, error_id=error_id, actor="/endpoint", msg_type=method).exception(
                 "handler for {} raised {}", method, type(exc).__name__)
             raise Internal(f"internal error in {method}", data={"error_id": error_id}) from None
         if isinstance(result, BaseModel):

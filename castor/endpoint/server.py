@@ -64,6 +64,9 @@ FD_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOM
 EXHAUSTED_BACKOFF_S = 0.05
 """How long the accept loop waits when it could neither accept nor refuse (no fd even in reserve)."""
 
+#: The server's own lines name it, as an actor's name its path (a connection's: ``/endpoint/CONN``).
+_log = logger.bind(actor="/endpoint")
+
 
 def take_reserve_fd() -> int | None:
     """A descriptor held in reserve (``/dev/null``), given back when ``accept`` finds none left so a
@@ -150,7 +153,7 @@ class Server:
             if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
                 self._reaper = start_thread(self._reap_loop, name="castor-reaper", owner="/endpoint",
                                             purpose="close idle and unauthenticated connections")
-        logger.info("castor endpoint listening on {}", self.address)
+        _log.info("castor endpoint listening on {}", self.address)
         return self
 
     def _start_stdio(self) -> None:
@@ -190,7 +193,7 @@ class Server:
         if not first:
             self._stopped.wait()
             return
-        logger.info("castor endpoint stopping: {}", reason)
+        _log.info("castor endpoint stopping: {}", reason)
         try:
             self._wake_w.send(b"x")
         except OSError:
@@ -206,14 +209,14 @@ class Server:
             try:
                 self.on_stopping()
             except Exception:
-                logger.exception("on_stopping hook failed")
+                _log.exception("on_stopping hook failed")
         for conn in self.connections():
             conn.close(reason, flush_timeout=flush_timeout)
         if self.on_shutdown is not None:
             try:
                 self.on_shutdown()
             except Exception:
-                logger.exception("on_shutdown hook failed")
+                _log.exception("on_shutdown hook failed")
         if self._unix_path is not None and self._inode is not None:
             unlink_if_ours(self._unix_path, self._inode)
         if self._reserve_fd is not None:
@@ -225,7 +228,7 @@ class Server:
             except OSError:  # its number was also the peer's (stdio started with fd 0 closed), closed with it
                 pass
         self._stopped.set()
-        logger.info("castor endpoint stopped")
+        _log.info("castor endpoint stopped")
 
     def stop_in_background(self, reason: str) -> None:
         """Start :meth:`stop` on its own (non-daemon) thread and return at once: for a signal
@@ -260,7 +263,7 @@ class Server:
         try:
             return self._accept_one(kind)
         except Exception:  # pragma: no cover - castor's own bug; logged, and the next connection is accepted
-            logger.exception("accepting a connection failed")
+            _log.exception("accepting a connection failed")
             return True
 
     def _accept_one(self, kind: str) -> bool:
@@ -271,7 +274,7 @@ class Server:
         except OSError as exc:
             if exc.errno in FD_EXHAUSTION:
                 return self._shed_while_exhausted(exc)
-            logger.warning("accept failed: {}", exc)
+            _log.warning("accept failed: {}", exc)
             return True
         with self._lock:
             full = len(self._conns) >= self.max_connections
@@ -312,14 +315,14 @@ class Server:
             conn.state[MAY_TRUST] = same_user
         self._track(conn)
         conn.start()
-        logger.debug("accepted connection {}", conn.name)
+        _log.debug("accepted connection {}", conn.name)
         return True
 
     def _note_exhausted(self, exc: OSError) -> None:
         """One warning per spell of exhaustion (until a connection is accepted again), not one per refusal."""
         if not self._exhausted_logged:
             self._exhausted_logged = True
-            logger.warning("out of file descriptors: refusing new connections until some close ({})", exc)
+            _log.warning("out of file descriptors: refusing new connections until some close ({})", exc)
 
     def _shed_while_exhausted(self, exc: OSError) -> bool:
         """``accept`` failed for want of a file descriptor: the connection stays queued and the
@@ -361,10 +364,10 @@ class Server:
             warn = now - last >= REFUSAL_LOG_INTERVAL_S
             self._refusals[err.message] = (now, 0) if warn else (last, quiet + 1)
         if warn:
-            logger.warning("refused a connection: {}{}", err.message,
+            _log.warning("refused a connection: {}{}", err.message,
                            f" ({quiet} more refused so since the last such line)" if quiet else "")
         else:
-            logger.debug("refused a connection: {}", err.message)
+            _log.debug("refused a connection: {}", err.message)
 
     # ---------------------------------------------------------------- fair slots
     def _reap_loop(self) -> None:
@@ -376,7 +379,7 @@ class Server:
                 try:
                     self._reap_one(conn, now)
                 except Exception:  # pragma: no cover - the reaper must not die
-                    logger.exception("connection reaper failed on {}", conn.name)
+                    _log.exception("connection reaper failed on {}", conn.name)
 
     def _reap_one(self, conn: Connection, now: float) -> None:
         if conn.closed or conn.name == "stdio":
@@ -407,7 +410,7 @@ class Server:
         """Tell the peer why (best effort) and close. An eviction runs on the accept thread: it does
         not wait for a peer that is not reading (``flush_timeout=0``), or a crowd of such peers would
         hold every accept -- the token holder's among them -- half a second each."""
-        logger.info("closing {}: {}", conn.name, err.message)
+        _log.info("closing {}: {}", conn.name, err.message)
         conn.notify("error", err.to_wire())
         conn.close(str(err.data.get("reason", "reaped")), flush_timeout=flush_timeout)
 
