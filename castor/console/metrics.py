@@ -5,7 +5,8 @@ counters and histograms come from the actor system's meters (castor/supervision/
 Labels are bounded: actor *kinds* (class names), a cast's *status* (one of
 :data:`CAST_STATUSES`), never paths, ids or names from a user's config (a socket's id), so 1,000
 casts, or 1,000 loadouts, do not make 1,000 series. The counters by kind have a sample (0 until it counts) for
-every kind that ever started, so the first crash of a kind is an increase.
+every kind that ever started, so the first crash of a kind is an increase; the unlabelled metrics,
+histograms included, are served (at 0) from the start.
 
 =========================================  =========  ==========================================
 metric                                     type       what
@@ -128,23 +129,25 @@ class RuntimeCollector(Collector):
         runs = HistogramMetricFamily("castor_utility_run_seconds", "utility command durations")
         trims = HistogramMetricFamily("castor_memory_trim_seconds",
                                       "allocator trims after closed sessions (malloc_trim), how long each took")
-        utility_total = 0
-        merged_runs: list[float] | None = None
+        # The unlabelled histograms have their series from the start, every bucket 0 until the first
+        # observation (as the counters do): the first slow command is an increase, not a new series.
+        empty = [0.0] * (len(BUCKETS) + 2)
+        merged_runs, merged_trims = list(empty), list(empty)
         for (name, kind), row in sorted(histograms.items()):
             if name == "ask_seconds":
                 buckets, total = _cumulative(row)
                 asks.add_metric([kind], buckets, total)
             elif name == "utility_run_seconds":
-                merged_runs = row if merged_runs is None else [a + b for a, b in zip(merged_runs, row, strict=True)]
+                merged_runs = [a + b for a, b in zip(merged_runs, row, strict=True)]
             elif name == "memory_trim_seconds":
-                buckets, total = _cumulative(row)
-                trims.add_metric([], buckets, total)
+                merged_trims = [a + b for a, b in zip(merged_trims, row, strict=True)]
         yield asks
+        buckets, total = _cumulative(merged_trims)
+        trims.add_metric([], buckets, total)
         yield trims
-        if merged_runs is not None:
-            buckets, total = _cumulative(merged_runs)
-            runs.add_metric([], buckets, total)
-            utility_total = int(sum(merged_runs[:-1]))
+        buckets, total = _cumulative(merged_runs)
+        runs.add_metric([], buckets, total)
+        utility_total = int(sum(merged_runs[:-1]))
         yield runs
         runs_total = CounterMetricFamily("castor_utility_runs", "utility commands run")
         runs_total.add_metric([], utility_total)

@@ -129,3 +129,22 @@ def test_every_kind_that_started_has_a_zero_sample_of_each_counter_before_it_cou
         assert after[("castor_crashes_total", "Supervisor")] == 0
     finally:
         runtime.shutdown(10)
+
+
+def test_the_unlabelled_histograms_are_served_at_zero_before_their_first_observation():
+    """``castor_utility_run_seconds`` and ``castor_memory_trim_seconds`` had no sample until the first
+    command ran (or the first trim): the first observation made a new series instead of an increase,
+    which ``increase(...[5m])`` and ``histogram_quantile`` over a rate do not see."""
+    from castor.console.metrics import metrics_text
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    try:
+        text = metrics_text(runtime).decode()
+    finally:
+        runtime.shutdown(10)
+    for name in ("castor_utility_run_seconds", "castor_memory_trim_seconds"):
+        assert f'{name}_bucket{{le="+Inf"}} 0.0' in text, name
+        assert f"{name}_count 0.0" in text and f"{name}_sum 0.0" in text
+        assert f'{name}_bucket{{le="300.0"}} 0.0' in text
+    assert "castor_utility_runs_total 0.0" in text
