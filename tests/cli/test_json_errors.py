@@ -44,3 +44,17 @@ def test_a_failure_without_json_leaves_stdout_empty(tmp_path):
     done = _run(tmp_path, "inspect", "--socket", str(tmp_path / "nothing.sock"))
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("castor: not_found: ")
+
+
+def test_status_latest_among_only_damaged_casts_says_they_are_unreadable_not_that_there_are_none(tmp_path):
+    """A project whose only cast has a torn ``state.json``: ``castor casts`` lists it as unreadable,
+    and ``castor status latest`` said "No pi-materia casts under …", which is not the truth."""
+    run_dir = tmp_path / ".pi" / "pi-materia" / "2026-01-02T03-04-05-678Z"
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_text('{"castId": "2026-01-02T03-04-05-678Z", "act')
+    listed = _run(tmp_path, "casts", "--json")
+    assert [row["status"] for row in json.loads(listed.stdout)] == ["unreadable"]
+    done = _run(tmp_path, "status", "latest")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "No readable pi-materia casts" in done.stderr and "1 unreadable" in done.stderr, done.stderr
+    assert "2026-01-02T03-04-05-678Z" in done.stderr and "castor casts" in done.stderr

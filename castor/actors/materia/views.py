@@ -340,6 +340,14 @@ def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_id
     newest_first = sorted(ids, reverse=True)
     if ref == LATEST:
         if not newest_first:
+            damaged = sorted((row for row in rows if row["status"] == "unreadable"), key=lambda row: row["cast_id"],
+                             reverse=True)
+            if damaged:  # there are casts, none of which can be read: say so, never "no casts"
+                newest = damaged[0]
+                raise NotFound(f"No readable pi-materia casts under {artifact_root}: {len(damaged)} unreadable "
+                               f"(newest {newest['cast_id']}: {newest['failed_reason']}); `castor casts` lists them",
+                               data={"reason": "no_casts", "unreadable": [r["cast_id"] for r in damaged]
+                                     [:MAX_CANDIDATES]})
             raise NotFound(f"No pi-materia casts under {artifact_root}.", data={"reason": "no_casts"})
         return newest_first[0]
     # A prefix is matched against the unreadable directories too: one it also names makes it
