@@ -35,6 +35,19 @@ def _human_format(record: Any) -> str:
     return _HUMAN
 
 
+#: The longest message a log line carries, in characters: a longer one (a peer's huge method name, a
+#: command's output quoted whole) is cut, and says how long it was, so one record cannot make a line of
+#: megabytes that a log shipper splits or drops (each stays one JSON object, with ``--log-json``).
+MAX_MESSAGE_CHARS = 16_384
+
+
+def _cut_long_message(record: Any) -> None:
+    """loguru patcher: a message over :data:`MAX_MESSAGE_CHARS` is cut, with how long it was."""
+    message = record["message"]
+    if len(message) > MAX_MESSAGE_CHARS:
+        record["message"] = f"{message[:MAX_MESSAGE_CHARS]}… (cut: {len(message)} characters in all)"
+
+
 LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -200,7 +213,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
         sink = FileSink(sink)  # opened before the old handlers go: a file that cannot be opened changes nothing
     logger.remove()
     logger.enable("castor")  # castor's package disables its lines until the program configures logging
-    logger.configure(extra={"actor": "-", "msg_type": "-"})
+    logger.configure(extra={"actor": "-", "msg_type": "-"}, patcher=_cut_long_message)
     logger.add(
         sink or StderrSink(),
         level=level,

@@ -266,3 +266,28 @@ def test_a_json_log_on_stderr_whose_disk_fills_keeps_one_record_a_line_and_count
     dropped = 50 - sum(1 for r in records if r.startswith("during"))
     assert dropped > 0 and notes == [f"castor: {dropped} log lines were dropped: stderr could not be "
                                      "written (ENOSPC: No space left on device)"], (notes, dropped, torn)
+
+
+def test_a_huge_message_is_cut_and_every_json_line_stays_one_valid_object():
+    """A message of megabytes (a peer's text quoted whole) made a JSON line of megabytes, twice over
+    (``text`` and ``record.message``): now it is cut at MAX_MESSAGE_CHARS and says how long it was.
+    Newlines, escapes and undecodable characters stay one valid JSON line each."""
+    import json
+
+    from castor.logs import MAX_MESSAGE_CHARS
+
+    sink = io.StringIO()
+    configure_logging("INFO", json=True, sink=sink)
+    try:
+        log = logger.bind(actor="/tests")
+        log.warning("huge " + "x" * 2_000_000)
+        log.warning("nl\nline\r\x1b[31m and \udcff undecodable")
+    finally:
+        configure_logging("ERROR", json=False)
+    lines = sink.getvalue().splitlines()
+    assert len(lines) == 2
+    huge, odd = (json.loads(line)["record"] for line in lines)
+    assert len(lines[0]) < 3 * MAX_MESSAGE_CHARS
+    assert huge["message"].startswith("huge xxx") and huge["message"].endswith("(cut: 2000005 characters in all)")
+    assert odd["message"] == "nl\nline\r\x1b[31m and \udcff undecodable"
+    assert huge["extra"]["actor"] == odd["extra"]["actor"] == "/tests"
