@@ -192,7 +192,10 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
 
 
 def casts_table(sessions: list[dict[str, Any]]) -> Table:
-    table = Table(title="castor casts by session")
+    """Each session's casts, one row each (a session without casts: one row saying so); with no
+    session open at all, the table's caption says that, rather than an empty table."""
+    table = Table(title="castor casts by session",
+                  caption=None if sessions else "no open sessions: no harness has opened one on this castor")
     for column in ("session", "cast", "phase", "socket", "item", "visit", "doing", "for", "deadline", "age",
                    "restarts"):
         table.add_column(column)

@@ -148,3 +148,17 @@ def test_the_unlabelled_histograms_are_served_at_zero_before_their_first_observa
         assert f"{name}_count 0.0" in text and f"{name}_sum 0.0" in text
         assert f'{name}_bucket{{le="300.0"}} 0.0' in text
     assert "castor_utility_runs_total 0.0" in text
+
+
+def test_the_casts_view_with_no_session_open_says_so():
+    """``castor inspect casts`` on a castor with no session drew an empty table, which reads as a
+    view that failed to load; it now says that no session is open."""
+    import io
+
+    from rich.console import Console
+
+    from castor.console.terminal import casts_table
+
+    out = Console(file=io.StringIO(), width=200, record=True)
+    out.print(casts_table([]))
+    assert "no open sessions" in out.export_text()
