@@ -187,6 +187,8 @@ def test_an_interrupted_turn_stops_the_cli_and_castor_continue_reruns_it(tmp_pat
     assert shown.returncode == 0 and "[interrupted]" in shown.stdout and f"castor continue {cast_id}" in shown.stdout
     listed = castor(tmp_path, "casts", cwd=root)
     assert f"{cast_id}  interrupted" in listed.stdout and f"castor recast {cast_id}" in listed.stdout
+    # the listing names the command status names first (it named only recast)
+    assert f"continue: castor continue {cast_id} (or abort: castor abort {cast_id})" in listed.stdout
     (root / "answers.json").write_text(json.dumps(["REAL ANSWER"]))
     done = castor(tmp_path, "continue", "latest", "--quiet", cwd=root)
     assert done.returncode == 0, done.stderr

@@ -302,6 +302,9 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             # (whose reason names its socket already)
             where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
+        if row["status"] == "interrupted":  # an Esc stopped its turn: continue runs it again (as status says)
+            lines.append(f"    › interrupted — continue: {command(surface, 'continue', row['cast_id'])} (or abort: "
+                         f"{command(surface, 'abort', row['cast_id'])})")
         if row.get("resumable"):  # every resumable cast can be recast; a revivable one revived as well
             line = f"    ↻ RECAST TARGET — recast: {command(surface, 'recast', row['cast_id'])}"
             if row.get("revivable"):
