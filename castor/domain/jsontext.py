@@ -145,6 +145,20 @@ def json_kind(value: Any) -> str:
     return "an object"
 
 
+def json_shown(value: Any, limit: int = 120) -> str:
+    """A decoded JSON value as JSON text (``null``, ``true``, ``"yaml"``, ``3``), for an error
+    that quotes a file's value back: never a Python spelling (``None``, ``True``, ``'yaml'``).
+    Text longer than ``limit`` characters is cut and says how long it was; line breaks and other
+    controls are JSON escapes, so the value stays on one line."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json_kind(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 def json_problem(exc: BaseException) -> str:
     """Why a JSON text could not be read, in a few words, for an error naming the file.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from castor.domain.jsontext import json_shown
 from castor.domain.materia.config import (
     THINKING_LEVELS,
     TOOL_SCOPES,
@@ -95,8 +96,10 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
     if mtype == "agent":
         if not isinstance(entry.get("prompt"), str):
             bad("prompt", "invalid prompt (a string is required)")
-        if entry.get("tools") not in TOOL_SCOPES:
-            bad("tools", f"invalid tools {entry.get('tools')!r} (one of {', '.join(TOOL_SCOPES)})")
+        if "tools" not in entry:
+            bad("tools", f"invalid tools: tools is missing (one of {', '.join(TOOL_SCOPES)})")
+        elif entry["tools"] not in TOOL_SCOPES:
+            bad("tools", f"invalid tools {json_shown(entry['tools'])} (one of {', '.join(TOOL_SCOPES)})")
         model = entry.get("model")
         if model is not None and not isinstance(model, str):
             bad("model", "model must be a string")
@@ -106,7 +109,7 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
         elif isinstance(thinking, str) and thinking.strip() and thinking not in THINKING_LEVELS:
             # pi-materia accepts any string and falls back to the host's level at run time.
             issues.append(warning("unknown-thinking", pointer(*base, "thinking"), source=source,
-                                  message=f"materia \"{name}\": unknown thinking level {thinking!r} (one of "
+                                  message=f"materia \"{name}\": unknown thinking level {json_shown(thinking)} (one of "
                                           f"{', '.join(THINKING_LEVELS)}); its turns keep the harness's "
                                           "current thinking level"))
         for flag in ("multiTurn", "generator"):
@@ -114,7 +117,7 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
                 bad(flag, f"{flag} must be a boolean")
         parse = entry.get("parse")
         if parse is not None and parse not in ("text", "json"):
-            bad("parse", f"unsupported parse mode {parse!r}")
+            bad("parse", f"unsupported parse mode {json_shown(parse)}")
     elif mtype == "utility":
         if "prompt" in entry:
             bad("prompt", "a utility materia must not have a prompt")
@@ -124,11 +127,11 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
             bad("utility", "utility must be a string (a built-in utility's name)")
         parse = entry.get("parse")
         if parse is not None and parse not in ("text", "json"):
-            bad("parse", f"unsupported parse mode {parse!r}")
+            bad("parse", f"unsupported parse mode {json_shown(parse)}")
         issues.extend(_command_issues(entry.get("command"), base, source, f"materia \"{name}\""))
         issues.extend(_timeout_issues(entry.get("timeoutMs"), base, source, f"materia \"{name}\""))
     else:
-        bad("type", f"unsupported type {mtype!r} (agent or utility)")
+        bad("type", f"unsupported type {json_shown(mtype)} (agent or utility)")
     return issues
 
 

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from castor.domain.jsontext import json_shown
 from castor.domain.materia.config import (
     EDGE_CONDITIONS,
     END,
@@ -420,7 +421,7 @@ def validate_graph(
             when = normalize_when(edge.get("when"))
             if when not in EDGE_CONDITIONS:
                 col.add("invalid-edge-condition", ("sockets", sid, "edges", i, "when"),
-                        f"{sid}.edges[{i}].when: unsupported condition {edge.get('when')!r} "
+                        f"{sid}.edges[{i}].when: unsupported condition {json_shown(edge.get('when'))} "
                         f"(one of {', '.join(EDGE_CONDITIONS)})")
                 continue
             if seen_always:
@@ -495,7 +496,7 @@ def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, 
                 exit_ok = False
             if normalize_when(exit_.get("when")) not in EDGE_CONDITIONS:
                 col.add("invalid-edge-condition", (*at, "exit", "when"),
-                        f"{label}.exit.when: unsupported condition {exit_.get('when')!r}")
+                        f"{label}.exit.when: unsupported condition {json_shown(exit_.get('when'))}")
                 exit_ok = False
 
     exits = loop.get("exits")
@@ -525,7 +526,7 @@ def _validate_loop(col: _Collector, loop_id: str, loop: Any, sockets: dict[str, 
                 cond = route.get("condition")
                 if cond not in EDGE_CONDITIONS:
                     col.add("invalid-edge-condition", (*rat, "condition"),
-                            f"{label}.exits[{i}].condition: unsupported condition {cond!r}")
+                            f"{label}.exits[{i}].condition: unsupported condition {json_shown(cond)}")
                 elif isinstance(frm, str):
                     if (frm, cond) in pairs:
                         col.add("invalid-loop", (*rat, "condition"),

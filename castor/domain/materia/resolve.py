@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from castor.domain.jsontext import json_kind
+from castor.domain.jsontext import json_kind, json_shown
 from castor.domain.materia import checks, graph
 from castor.domain.materia.config import (
     END,
@@ -198,10 +198,12 @@ def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],
         bad("invalid-socket", None, "must be an object")
         return None, issues
     stype = raw.get("type")
-    if stype not in ("agent", "utility"):
-        bad("invalid-socket", "type", f"unsupported type {stype!r} (agent or utility)")
+    if "type" not in raw:
+        bad("invalid-socket", "type", "type is missing (agent or utility)")
+    elif stype not in ("agent", "utility"):
+        bad("invalid-socket", "type", f"unsupported type {json_shown(stype)} (agent or utility)")
     if raw.get("parse") is not None and raw.get("parse") not in ("text", "json"):
-        bad("invalid-socket", "parse", f"unsupported parse mode {raw.get('parse')!r}")
+        bad("invalid-socket", "parse", f"unsupported parse mode {json_shown(raw.get('parse'))}")
     for field in ("multiTurn", *checks.OBSOLETE_SOCKET_AT_LOAD):
         if field in raw:
             bad("obsolete-field", field, f"obsolete {field}: it belongs on the materia" if field == "multiTurn"
@@ -221,10 +223,10 @@ def _resolve_socket(lname: str, sid: str, raw: Any, materia: dict[str, Any],
         elif not isinstance(mname, str):
             bad("unknown-materia", "materia", f"materia must be the name of a materia, not {json_kind(mname)}")
         elif entry is None:
-            bad("unknown-materia", "materia", f"references unknown materia {mname!r}")
+            bad("unknown-materia", "materia", f"references unknown materia {json_shown(mname)}")
         elif (entry.get("type") or "agent") != "agent":
-            bad("unknown-materia", "materia", f"materia {mname!r} has unsupported type {entry.get('type')!r} "
-                                              "for an agent socket")
+            bad("unknown-materia", "materia", f"materia {json_shown(mname)} has unsupported type "
+                                              f"{json_shown(entry.get('type'))} for an agent socket")
         else:
             try:
                 agent = AgentMateria.model_validate(entry)

@@ -472,7 +472,7 @@ def test_resolve_names_available_loadouts_and_unknown_materia() -> None:
     with pytest.raises(ConfigError) as err2:
         resolve_config(load_config([("t", bad)]))
     assert codes(err2.value.issues) == ["unknown-materia"]
-    assert "references unknown materia 'ghost'" in err2.value.issues[0].message
+    assert 'references unknown materia "ghost"' in err2.value.issues[0].message
 
 
 def test_resolve_reports_every_issue_with_pointer() -> None:
@@ -694,6 +694,39 @@ def test_a_config_problem_names_the_json_kind_it_found_not_a_python_type(tmp_pat
                                             "activeLoadout": 3})]))
     (issue,) = err.value.issues
     assert issue.code == "unknown-loadout" and "not set" not in issue.message and "a number" in issue.message
+
+
+@pytest.mark.timeout(30)
+def test_a_bad_config_value_is_shown_as_json_not_as_python() -> None:
+    """A materia without `tools` was refused "invalid tools None", a socket without `type`
+    "unsupported type None", an edge `when: true` "unsupported condition True" and a parse mode
+    "'yaml'": Python spellings of values the user wrote in JSON. Each value is now shown as JSON
+    (`null`, `true`, `"yaml"`), and a field that is absent is said to be missing."""
+    def messages(issues: list[ConfigIssue]) -> str:
+        return "\n".join(i.message for i in issues)
+
+    no_tools = messages(checks.check_materia_entry("m", {"prompt": "p"}))
+    assert "None" not in no_tools and "tools is missing" in no_tools
+    assert 'invalid tools null' in messages(checks.check_materia_entry("m", {"prompt": "p", "tools": None}))
+    assert 'invalid tools "all"' in messages(checks.check_materia_entry("m", {"prompt": "p", "tools": "all"}))
+    assert 'unsupported type true' in messages(checks.check_materia_entry("m", {"type": True}))
+    assert 'unsupported parse mode "yaml"' in messages(
+        checks.check_materia_entry("m", {"prompt": "p", "tools": "none", "parse": "yaml"}))
+    untyped = config({"Socket-1": {"materia": "Build"}, "Socket-2": {"type": "agent", "materia": "Build",
+                                                                    "parse": False}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", untyped)]))
+    text = messages(err.value.issues)
+    assert "None" not in text and "False" not in text
+    assert "type is missing" in text and "unsupported parse mode false" in text
+    edges = config({"Socket-1": {"type": "utility", "utility": "echo", "edges": [{"when": True, "to": "end"}]}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", edges)]))
+    assert "unsupported condition true" in messages(err.value.issues)
+    ghost = config({"Socket-1": {"type": "agent", "materia": "gh\u00f6st"}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t", ghost)]))
+    assert 'references unknown materia "gh\u00f6st"' in messages(err.value.issues)
 
 
 @pytest.mark.timeout(30)
