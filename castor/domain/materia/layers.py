@@ -32,6 +32,8 @@ class Provenance(BaseModel):
     source: str = ""
     keys: dict[str, str] = Field(default_factory=dict)
     loadouts: dict[str, str] = Field(default_factory=dict)
+    #: per loadout, the layer that set each of its top-level fields (``sockets``, ``entry``, ``loops``)
+    loadout_fields: dict[str, dict[str, str]] = Field(default_factory=dict)
     materia: dict[str, dict[str, str]] = Field(default_factory=dict)
     protected_loadouts: list[str] = Field(default_factory=list)
     ignored_deletes: list[str] = Field(default_factory=list)
@@ -140,11 +142,20 @@ def _merge_loadouts(
                 continue
             target.pop(name, None)
             prov.loadouts.pop(name, None)
+            prov.loadout_fields.pop(name, None)
             continue
         if not isinstance(loadout, dict):
             target[name] = copy.deepcopy(loadout)
+            prov.loadout_fields[name] = {}
         else:
-            target[name] = merge_loadout(target.get(name) if isinstance(target.get(name), dict) else None, loadout)
+            base = target.get(name) if isinstance(target.get(name), dict) else None
+            target[name] = merge_loadout(base, loadout)
+            fields = prov.loadout_fields.setdefault(name, {}) if base is not None else {}
+            prov.loadout_fields[name] = fields
+            if "sockets" in loadout and loadout.get("loops") is None:
+                fields.pop("loops", None)  # dropped with the base's sockets (merge_loadout)
+            fields.update({key: label for key, field in loadout.items()
+                           if field is not None or key not in ("sockets", "loops")})
         if name not in protected:
             prov.loadouts[name] = label
         else:

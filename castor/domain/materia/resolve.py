@@ -69,7 +69,7 @@ def load_config(
     source = merged_result.provenance.source or None
     issues.extend(validate_merged(merged, source=source))
     return LoadedConfig(merged=merged, provenance=merged_result.provenance, layers=layer_info or [],
-                        issues=[i for i in issues if not i.is_warning],
+                        issues=[_attribute(i, merged_result.provenance) for i in issues if not i.is_warning],
                         warnings=[_attribute(i, merged_result.provenance) for i in issues if i.is_warning])
 
 
@@ -162,7 +162,7 @@ def resolve_config(
     issues.extend(_text_guard_issues(name, sockets_out, source))
     issues.extend(_enforced_limit_warnings(name, sockets_out, source))
     warnings = [*read_warnings, *(_attribute(i, provenance) for i in issues if i.is_warning)]
-    issues = [i for i in issues if not i.is_warning]
+    issues = [_attribute(i, provenance) for i in issues if not i.is_warning]
     if issues:
         raise ConfigError(issues)
     pipeline = ResolvedPipeline(loadout_name=name, entry=prepared["entry"], sockets=sockets_out, loops=loops_out)
@@ -276,11 +276,14 @@ def _derived_iterator(loop: Loop) -> LoopIterator:
 
 
 def _attribute(issue: ConfigIssue, provenance: Provenance) -> ConfigIssue:
-    """The warning's ``source`` narrowed from the merged layers to the layer file that set the
-    place it points at (the loadout's, or the materia field's), when provenance knows it."""
+    """The issue's ``source`` narrowed from the merged layers to the layer file that set the
+    place it points at (the loadout field's -- ``sockets``, ``entry``, ``loops`` -- or the materia
+    field's), when provenance knows it; otherwise the merged layers stay named."""
     parts = [p.replace("~1", "/").replace("~0", "~") for p in issue.path.split("/")[1:]]
     label = None
-    if len(parts) >= 2 and parts[0] == "loadouts" and parts[1] not in provenance.protected_loadouts:
+    if len(parts) >= 3 and parts[0] == "loadouts":
+        label = provenance.loadout_fields.get(parts[1], {}).get(parts[2])
+    elif len(parts) == 2 and parts[0] == "loadouts" and parts[1] not in provenance.protected_loadouts:
         label = provenance.loadouts.get(parts[1])  # (a bundled loadout always reports the default layer)
     elif len(parts) >= 3 and parts[0] == "materia":
         label = provenance.materia.get(parts[1], {}).get(parts[2])

@@ -730,6 +730,29 @@ def test_a_bad_config_value_is_shown_as_json_not_as_python() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_config_error_names_the_layer_file_that_wrote_the_bad_field(tmp_path: Path) -> None:
+    """A bad materia field or socket in the profile's materia.json was reported as
+    "castor:bundled-default < <profile> < <project>#/materia/M/prompt": every layer, not the
+    one to edit (warnings were already narrowed). An error names the file that set the field;
+    a loadout the project overrides names the layer whose `sockets` it runs."""
+    profile = write(tmp_path / "profile" / "materia.json", {
+        "materia": {"M": {"prompt": 3, "tools": "none"}},
+        "loadouts": {"U": {"sockets": {"Socket-1": {"type": "agent", "materia": "Nope"}}}}})
+    project = write(tmp_path / "proj" / ".pi" / "pi-materia.json", {
+        "activeLoadout": "U", "materia": {"M": {"model": "a/b"}}, "loadouts": {"U": {"entry": "Socket-1"}}})
+    env = {"PI_MATERIA_PROFILE_DIR": str(profile.parent)}
+    with pytest.raises(ConfigError) as err:
+        config_loader.load(tmp_path / "proj", env=env)
+    assert [(i.path, i.source) for i in err.value.issues] == [("/materia/M/prompt", str(profile))]
+    fixed = write(profile, {**json.loads(profile.read_text()), "materia": {"M": {"prompt": "p", "tools": "none"}}})
+    with pytest.raises(ConfigError) as err:
+        resolve_config(config_loader.load(tmp_path / "proj", env=env))
+    assert [(i.path, i.source) for i in err.value.issues] == [
+        ("/loadouts/U/sockets/Socket-1/materia", str(fixed))]
+    assert str(project) not in str(err.value)
+
+
+@pytest.mark.timeout(30)
 def test_an_unknown_loadout_to_save_names_the_file_it_would_be_saved_to(tmp_path: Path) -> None:
     """`castor loadout Nope` said "<config>#/activeLoadout: Unknown Materia loadout" -- no file;
     it names the config file whose activeLoadout it would set (the explicit one when given)."""
