@@ -193,7 +193,10 @@ def check_budget_limits(config: dict[str, Any], source: str | None = None) -> li
         else:
             for key in ("maxSocketVisits", "maxEdgeTraversals"):
                 value = limits.get(key)
-                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                # JSON has one kind of number: 3.0 is 3 to pi-materia (JavaScript), so to castor too.
+                whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+                    isinstance(value, float) and value.is_integer())
+                if value is not None and (not whole or value < 1):
                     issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits", key), source=source,
                                               message=f"limits.{key} must be a positive integer"))
     return issues

@@ -240,3 +240,16 @@ def test_nulls_in_a_higher_layer_merge_as_in_pi_materia() -> None:
     assert "loops" not in sockets_null["loadouts"]["Full-Auto"]  # a sockets key, even null, drops the loops
     entry_null = load_config([(DEFAULT_LABEL, base), ("p", {"loadouts": {"build": {"entry": None}}})])
     assert entry_null.merged["loadouts"]["build"]["entry"] == "Socket-1"  # null entry: the first socket
+
+
+def test_a_whole_number_written_with_a_point_is_a_limit_as_pi_materia_reads_it() -> None:
+    """JSON has one kind of number: pi-materia (JavaScript) reads ``3.0`` as 3, and castor refused
+    ``limits.maxSocketVisits: 3.0`` as not an integer. It is taken as 3; 2.5 is still refused."""
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A"}})
+    cfg["limits"] = {"maxSocketVisits": 3.0, "maxEdgeTraversals": 2.0}
+    limits = resolve_config(load_config([("t.json", json.loads(json.dumps(cfg)))])).limits
+    assert (limits.max_socket_visits, limits.max_edge_traversals) == (3, 2)
+    cfg["limits"] = {"maxSocketVisits": 2.5}
+    with pytest.raises(ConfigError) as err:
+        resolve_config(load_config([("t.json", cfg)]))
+    assert [i.code for i in err.value.issues] == ["invalid-limits"]
