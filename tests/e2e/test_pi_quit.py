@@ -24,8 +24,10 @@ from .test_pi_castor_e2e import icarus_settings, up
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
-UTILITY = ("echo $$ > util.pid; trap 'echo TERM >> util.log; exit 143' TERM; echo start >> util.log; "
-           "sleep 60 & wait; echo done >> util.log")
+# util.pid is written last: once the test sees it, the trap is set and the sleep is forked (a TERM
+# before the trap ended the shell silently; a tree read before the fork missed the sleep)
+UTILITY = ("trap 'echo TERM >> util.log; exit 143' TERM; echo start >> util.log; "
+           "sleep 60 & echo $$ > util.pid; wait; echo done >> util.log")
 CONFIG = {
     "activeLoadout": "U",
     "materia": {"W": {"prompt": "WRITER-MATERIA: write it.", "tools": "none"}},

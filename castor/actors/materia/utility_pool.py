@@ -73,7 +73,9 @@ class UtilityPoolState:
         # When a started command of a cast has certainly ended (its deadline and GIVEN_UP_GRACE_S):
         # a later command of the cast waits for it no longer than that.
         self._ends_by: dict[str, float] = {}
-        self._cancelled: OrderedDict[str, None] = OrderedDict()  # cancelled while still queued
+        # cancelled while still queued or starting: the grace its command gets when it starts
+        # anyway (None: SIGKILL at once, an abort; a number: SIGTERM, SIGKILL after it)
+        self._cancelled: OrderedDict[str, float | None] = OrderedDict()
         self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
 
     def pick(self) -> int:
@@ -157,8 +159,12 @@ class UtilityPoolState:
                 if timeout_s is not None and visit_id in self._casts:
                     self._ends_by[visit_id] = time.monotonic() + timeout_s + GIVEN_UP_GRACE_S
             cancelled = visit_id in self._cancelled
-        if cancelled:  # cancelled while it was being started
-            running.kill()
+            grace_s = self._cancelled.get(visit_id)
+        if cancelled:  # cancelled while it was being started: ended as the cancel asked
+            if grace_s is None:
+                running.kill()
+            else:
+                running.terminate(grace_s)
 
     def is_cancelled(self, visit_id: str) -> bool:
         with self._lock:
@@ -203,12 +209,13 @@ class UtilityPoolState:
         with self._lock:
             return [r for r in self._running.values() if r is not None]
 
-    def cancel_queued(self, visit_id: str) -> None:
+    def cancel_queued(self, visit_id: str, grace_s: float | None = None) -> None:
         """A job of ``visit_id`` that has no process yet (queued, or claimed and starting) will
-        not run: it is skipped, or killed as soon as it is started."""
+        not run: it is skipped, or ended as soon as it is started -- SIGKILLed (``grace_s``
+        None), or SIGTERMed and SIGKILLed after ``grace_s``, as a running one would have been."""
         with self._lock:
             if self._running.get(visit_id) is None and visit_id not in self._ledger:
-                self._cancelled[visit_id] = None
+                self._cancelled[visit_id] = grace_s
                 while len(self._cancelled) > LEDGER_SIZE:
                     self._cancelled.popitem(last=False)
                 self._ended.notify_all()  # a job waiting for an earlier one of its cast gives up
@@ -253,7 +260,8 @@ def cancel_utility(registry: Any, visit_id: str, *, grace_s: float | None = None
     running = pool.running_of(visit_id) if pool is not None else None
     if running is None:
         if pool is not None:
-            pool.cancel_queued(visit_id)
+            # It may be starting now (spawned, not yet registered): it then ends as gently.
+            pool.cancel_queued(visit_id, grace_s)
         return False
     if grace_s is None:
         running.kill()

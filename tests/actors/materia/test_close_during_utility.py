@@ -14,8 +14,10 @@ from tests.support.waiting import poll_until
 from .helpers import wait_for, write_project_config
 from .test_endpoint import FakeHarness
 
-UTILITY = ("echo $$ > util.pid; trap 'echo TERM >> util.log; exit 143' TERM; echo start >> util.log; "
-           "sleep 60 & wait; echo done >> util.log")
+# util.pid is written last: once the test sees it, the trap is set and the sleep is forked (a TERM
+# before the trap ended the shell silently; a tree read before the fork missed the sleep)
+UTILITY = ("trap 'echo TERM >> util.log; exit 143' TERM; echo start >> util.log; "
+           "sleep 60 & echo $$ > util.pid; wait; echo done >> util.log")
 
 
 @pytest.mark.timeout(60)

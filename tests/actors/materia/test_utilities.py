@@ -122,6 +122,31 @@ def test_a_queued_job_cancelled_before_it_starts_never_runs():
     assert pool.is_cancelled("cast:Socket-1:2:2") and started.killed
 
 
+def test_a_job_stopped_gently_while_it_starts_gets_the_same_grace_as_a_running_one():
+    """A session closing while its cast's command is being started (spawned, not yet registered
+    as running) asks for SIGTERM and a grace; the command used to be SIGKILLed as it registered,
+    its TERM trap never ran (a loaded CI machine lost the ``TERM`` line of
+    test_close_during_utility.py)."""
+    from castor.actors.materia.utility_pool import UTILITY_STOP_GRACE_S, UtilityPoolState
+
+    pool = UtilityPoolState(slots=1, queue_limit=10)
+    assert pool.begin("cast:Socket-1:1:1") is None  # claimed by a slot, no process yet
+    pool.cancel_queued("cast:Socket-1:1:1", UTILITY_STOP_GRACE_S)
+
+    class Started:
+        ended_by: tuple[str, float | None] | None = None
+
+        def kill(self) -> None:
+            self.ended_by = ("kill", None)
+
+        def terminate(self, grace_s: float) -> None:
+            self.ended_by = ("terminate", grace_s)
+
+    started = Started()
+    pool.started("cast:Socket-1:1:1", started)
+    assert started.ended_by == ("terminate", UTILITY_STOP_GRACE_S)
+
+
 # -- the live pool (/root/utility): at most one run per dispatch, a bounded queue --------------------------
 
 class _Inbox:
