@@ -259,7 +259,7 @@ def test_a_page_on_another_port_of_the_host_never_gets_the_console_s_cookie(brow
     import threading
     import urllib.error
     import urllib.request
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     heard: list[str] = []
 
@@ -274,7 +274,10 @@ def test_a_page_on_another_port_of_the_host_never_gets_the_console_s_cookie(brow
         def log_message(self, *args: object) -> None:
             pass
 
-    other = HTTPServer(("127.0.0.1", 0), Other)
+    # A thread per connection: Chromium keeps a speculative connection open that never sends a
+    # request; a one-at-a-time server sat reading it, and its shutdown waited ~110 s for Chromium
+    # to drop it (the test ran near its timeout). The handlers are daemon threads, not waited for.
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Other)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     live = busy_console
     try:
