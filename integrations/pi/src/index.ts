@@ -599,7 +599,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		try {
 			const rt = await ready(false);
 			if (rt.silent) return castRows; // not asked again while castor does not answer (`answering`)
-			const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: ctx.cwd }, { spawn: false, timeoutMs: probeMs() })) as { casts?: unknown };
+			// A quick refresh: a castor busy past its 2 s (a loaded machine) is not thereby "not
+			// answering" (it used to be: the next command then failed after a probe, not a deadline).
+			const listed = (await rt.call("cast.list", { session_id: sessionId, cwd: ctx.cwd },
+				{ spawn: false, timeoutMs: probeMs(), marksSilence: false })) as { casts?: unknown };
 			castRows = Array.isArray(listed?.casts) ? (listed.casts as CastRow[]) : null;
 			castRowsCwd = ctx.cwd;
 		} catch {

@@ -154,8 +154,10 @@ export class MsgpackRpcPeer {
 	}
 
 	/** Send a request; settles within `timeoutMs` whatever the peer does. One larger than castor
-	 * reads (`oversize`) is refused here, `invalid_params`, and the connection stays up. */
-	request(method: string, params: Params, timeoutMs: number): Promise<unknown> {
+	 * reads (`oversize`) is refused here, `invalid_params`, and the connection stays up. Its
+	 * deadline passing with nothing heard makes the peer silent, unless `marksSilence` is false:
+	 * a quick best-effort ask whose short deadline a busy (not stopped) castor may miss. */
+	request(method: string, params: Params, timeoutMs: number, { marksSilence = true }: { marksSilence?: boolean } = {}): Promise<unknown> {
 		if (this.closed) return Promise.reject(new RpcError("runtime_exited", `castor runtime is not running (${this.closeReason})`));
 		const msgid = this.nextId++;
 		const bytes = this.encodeFrame([REQUEST, msgid, method, [params]]);
@@ -164,7 +166,7 @@ export class MsgpackRpcPeer {
 		return new Promise((resolve, reject) => {
 			const timer = setTimeout(() => {
 				this.pending.delete(msgid);
-				if (this.framesHeard === heardBefore) this.setSilent(true); // not one frame since: stopped, not slow
+				if (marksSilence && this.framesHeard === heardBefore) this.setSilent(true); // not one frame since: stopped, not slow
 				reject(new RpcError("timeout", `castor did not answer ${method} within ${timeoutMs} ms`));
 			}, timeoutMs);
 			this.pending.set(msgid, { resolve, reject, timer, method });

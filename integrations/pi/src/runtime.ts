@@ -229,10 +229,13 @@ export class CastorRuntime {
 		return !Array.isArray(methods) || methods.includes(method);
 	}
 
-	async call(method: string, params: Params, options: { timeoutMs?: number; spawn?: boolean } = {}): Promise<unknown> {
+	/** `marksSilence: false`: a best-effort ask on a short deadline, whose passing says castor is
+	 * busy, not that it stopped (see `MsgpackRpcPeer.request`). */
+	async call(method: string, params: Params,
+		options: { timeoutMs?: number; spawn?: boolean; marksSilence?: boolean } = {}): Promise<unknown> {
 		const timeoutMs = options.timeoutMs ?? this.opts.timeoutMs;
 		const peer = await this.ensure(options.spawn ?? this.autoSpawn, timeoutMs);
-		return peer.request(method, params, timeoutMs);
+		return peer.request(method, params, timeoutMs, { marksSilence: options.marksSilence ?? true });
 	}
 
 	notify(method: string, params: Params): void {

@@ -28,6 +28,19 @@ test("a deadline passed with nothing heard since the request makes the peer sile
 	close();
 });
 
+test("a best-effort request (marksSilence false) that times out leaves the peer not silent", async () => {
+	// The cast-id refresh asks on a 2 s deadline: a castor busy past it (a loaded machine) was
+	// marked not answering, and the next command then failed after a probe instead of asking.
+	const { peer, close } = pair();
+	const heard: boolean[] = [];
+	peer.onSilence((silent) => heard.push(silent));
+	await assert.rejects(peer.request("cast.list", {}, 30, { marksSilence: false }),
+		(err: unknown) => err instanceof RpcError && err.code === "timeout");
+	assert.equal(peer.silent, false);
+	assert.deepEqual(heard, []);
+	close();
+});
+
 test("a slow answer while the peer keeps talking is a timeout, not silence", async () => {
 	const { peer, send, close } = pair();
 	const pending = peer.request("harness.event", {}, 60);
