@@ -24,6 +24,13 @@ from .test_pi_castor_e2e import icarus_settings, up
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
+RETRIEVAL_MS = 20_000
+"""How long the slow retrievals below take."""
+AT_ONCE_S = 10.0
+"""What "at once" allows during such a retrieval: half of it, where waiting it out takes all of it
+(5 s was missed under load: a new session closes one session and opens another, round trips to
+castor and the memory backend on a 2-core machine running the rest of the suite)."""
+
 # util.pid is written last: once the test sees it, the trap is set and the sleep is forked (a TERM
 # before the trap ended the shell silently; a tree read before the fork missed the sleep)
 UTILITY = ("trap 'echo TERM >> util.log; exit 143' TERM; echo start >> util.log; "
@@ -69,7 +76,7 @@ def test_quitting_pi_during_a_slow_retrieval_exits_at_once_and_the_session_still
     -- Pi took the whole retrieval to exit. The hook's wait now ends at the quit keys, and castor
     stops the retrieval nobody waits for: on_session_end runs at once on a fresh worker."""
     call_log = tmp_path / "icarus-calls.jsonl"
-    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": RETRIEVAL_MS}})
     pi = start_tty(castor_command, settings=icarus_settings(tmp_path),
                    env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
 
@@ -86,7 +93,7 @@ def test_quitting_pi_during_a_slow_retrieval_exits_at_once_and_the_session_still
     assert poll_until(lambda: pi.proc.poll() is not None, timeout=30), "Pi did not exit"
     took = time.monotonic() - started
     print(f"Pi exited {took:.1f} s after the second Ctrl+C")
-    assert took < 5, f"quitting during the retrieval took {took:.1f} s"
+    assert took < AT_ONCE_S, f"quitting during the retrieval took {took:.1f} s"
     assert calls("hooks.on_session_end"), "the session's end never reached the memory backend"
 
 
@@ -127,7 +134,7 @@ def icarus_calls(call_log: Path, name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
 def test_pi_signalled_during_a_slow_retrieval_exits_at_once(start_tty, castor_command, tmp_path, how):
-    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    settings, env, call_log = slow_retrieval(tmp_path, RETRIEVAL_MS)
     pi = start_tty(castor_command, settings=settings, env=env)
     wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30,
              what=f"Icarus' session start; Pi drew: {pi.screen_tail()!r}")
@@ -138,13 +145,13 @@ def test_pi_signalled_during_a_slow_retrieval_exits_at_once(start_tty, castor_co
     pi.proc.send_signal(getattr(signal, how))
     assert poll_until(lambda: pi.proc.poll() is not None, timeout=30), "Pi did not exit"
     took = time.monotonic() - started
-    assert took < 5, f"Pi took {took:.1f} s to exit after {how} during the retrieval"
+    assert took < AT_ONCE_S, f"Pi took {took:.1f} s to exit after {how} during the retrieval"
     assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
                       timeout=10), [p.cmdline() for p in tree if p.is_running()]
 
 
 def test_rpc_pi_closed_during_a_slow_retrieval_exits_at_once(start_pi, castor_command, tmp_path):
-    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    settings, env, call_log = slow_retrieval(tmp_path, RETRIEVAL_MS)
     pi = start_pi(castor_command, settings=settings, env=env)
     up(pi)
     wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30, what="Icarus' session start")
@@ -155,7 +162,7 @@ def test_rpc_pi_closed_during_a_slow_retrieval_exits_at_once(start_pi, castor_co
     pi.proc.stdin.close()
     assert poll_until(lambda: pi.proc.poll() is not None, timeout=40), "Pi did not exit"
     took = time.monotonic() - started
-    assert took < 5, f"Pi took {took:.1f} s to exit after its input closed during the retrieval"
+    assert took < AT_ONCE_S, f"Pi took {took:.1f} s to exit after its input closed during the retrieval"
     assert poll_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
                       timeout=10), [p.cmdline() for p in tree if p.is_running()]
 
@@ -178,7 +185,7 @@ def test_pi_killed_during_a_slow_retrieval_leaves_no_process_behind(start_tty, c
 def test_rpc_new_session_during_a_slow_retrieval_does_not_wait_it_out(start_pi, castor_command, tmp_path):
     """An RPC client starts a new session while a prompt's retrieval runs (20 s): Pi aborts the run
     and waits for it, the run for the hook. The wait now ends at that command (as at an abort)."""
-    settings, env, call_log = slow_retrieval(tmp_path, 20_000)
+    settings, env, call_log = slow_retrieval(tmp_path, RETRIEVAL_MS)
     pi = start_pi(castor_command, settings=settings, env=env)
     up(pi)
     wait_for(lambda: icarus_calls(call_log, "hooks.on_session_start"), timeout=30, what="Icarus' session start")
@@ -187,6 +194,6 @@ def test_rpc_new_session_during_a_slow_retrieval_does_not_wait_it_out(start_pi, 
     started = time.monotonic()
     pi.request({"type": "new_session"}, timeout=40)
     took = time.monotonic() - started
-    assert took < 5, f"the new session took {took:.1f} s (the retrieval takes 20 s)"
+    assert took < AT_ONCE_S, f"the new session took {took:.1f} s (the retrieval takes {RETRIEVAL_MS / 1000:.0f} s)"
     assert poll_until(lambda: len(icarus_calls(call_log, "hooks.on_session_start")) >= 2, timeout=20), \
         "the new session's start never reached the memory backend"
