@@ -236,7 +236,8 @@ def test_materia_abort_twice_and_after_the_end(start_pi, castor_command, fake_ll
     pi.request({"type": "abort"})
     next_prompt_answered(pi, fake_llm)
     assert error_toasts(pi, begin) == []
-    assert all(v in (None, "") for v in footer(pi).values()), footer(pi)
+    # the footer is cleared by a setStatus on Pi's UI channel, not with the status on disk: waited for
+    assert poll_until(lambda: all(v in (None, "") for v in footer(pi).values()), timeout=15), footer(pi)
 
 
 @pytest.mark.parametrize("moment", ["turn", "utility"])
