@@ -37,11 +37,12 @@ def test_the_endpoint_s_lines_name_the_endpoint_and_the_connection(sock_dir: str
                     pytest.raises(CastorError):
                 client.call("tests.boom", {}, timeout=5)
 
-            def closed() -> list[dict]:
+            def closed() -> list[dict]:  # the served connection's (the client's own may come first)
                 return [r for r in (json.loads(line)["record"] for line in sink.getvalue().splitlines())
-                        if r["message"].startswith("connection closed")]
+                        if r["message"].startswith("connection closed")
+                        and r["extra"].get("conn", "").startswith("unix-")]
 
-            wait_for(closed, timeout=10, what="the connection's closing line")
+            wait_for(closed, timeout=10, what="the served connection's closing line")
         finally:
             server.stop()
     finally:
