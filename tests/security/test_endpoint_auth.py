@@ -688,6 +688,7 @@ def test_connections_refused_because_the_endpoint_is_full_cannot_fill_the_log(tc
     second, without the token. Each newcomer is still refused (``mailbox_full``, closed) but the
     log says so once, then how many more were refused, at most once every few seconds."""
     server = tcp_serve("--max-connections", "1", "--hello-timeout", "60")
+    before = server.stderr_path.read_text()
     held: list[Client] = []
 
     def holder_in() -> bool:  # the start-up's probe connects may hold the one slot a moment longer
@@ -697,9 +698,8 @@ def test_connections_refused_because_the_endpoint_is_full_cannot_fill_the_log(tc
         except MailboxFull:
             return False
 
-    wait_until(holder_in, 20, "the one slot for the token holder")
+    wait_until(holder_in, 20, "the one slot for the token holder")  # (a refusal it met counts below)
     owner = held[0]
-    before = server.stderr_path.read_text()
     for _ in range(120):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as peer:
             peer.settimeout(10)
