@@ -29,6 +29,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from castor.shown import clipped
+
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -154,9 +156,7 @@ def json_shown(value: Any, limit: int = 120) -> str:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         text = json_kind(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
+    return clipped(text, limit)
 
 
 def json_problem(exc: BaseException) -> str:

@@ -508,14 +508,8 @@ class RemoteRunningUtility:
         Ray's ``next()`` on the stream waits without bound for the task's end when the stream has
         ended but the task's node is unreachable: a command cancelled (an abort) just as its node
         was cut off hung its slot for ever -- and the cast's next command, which waits for it, with
-        it. Ray's bounded form of ``next()`` is used where this Ray has it (2.x: ``_next_sync``)."""
-        import ray
-
-        next_within = getattr(self._answers, "_next_sync", None)
-        if next_within is None:  # a Ray without it: ready first, then the unbounded next()
-            ready, _ = ray.wait([self._answers], timeout=timeout_s)
-            return next(self._answers) if ready else None
-        ref = next_within(timeout_s)
+        it. Ray's bounded form of ``next()`` is used (``_next_sync``: the pinned Ray 2.60 has it)."""
+        ref = self._answers._next_sync(timeout_s)  # noqa: SLF001 - Ray's bounded next(), see above
         return None if ref.is_nil() else ref
 
     def _fenced(self, why: str) -> str:
