@@ -13,9 +13,11 @@ stdout is reserved for the msgpack-rpc stream in ``castor serve --stdio``.
 from __future__ import annotations
 
 import errno
+import json as _json  # ``configure_logging`` takes a ``json`` flag
 import os
 import sys
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
 from castor._log import logger
@@ -191,6 +193,33 @@ def _say(line: str) -> None:
         pass
 
 
+#: Whether :func:`configure_logging` last chose the JSON log (read by lines castor prints itself).
+_LOGGING_AS_JSON = False
+
+
+def logging_as_json() -> bool:
+    """True when the configured log writes one JSON object per line (``--log-json`` / ``CASTOR_LOG_JSON``)."""
+    return _LOGGING_AS_JSON
+
+
+def json_log_line(message: str, *, actor: str, level: str = "INFO", **extra: object) -> str:
+    """``message`` as one line of the JSON log, for a line castor prints itself, outside any sink.
+
+    Shaped like the sink's records (``text``, and ``record`` with ``message``, ``level``, ``time`` and
+    ``extra`` holding ``actor`` and ``msg_type`` besides ``extra``'s own fields), so a reader of the JSON
+    log takes it like any other line; it is printed whatever the log level (it is what castor says
+    once it listens, not a log record)."""
+    now = datetime.now(timezone.utc).astimezone()
+    record = {
+        "message": message,
+        "level": {"name": level, "no": logger.level(level).no},
+        "time": {"repr": str(now), "timestamp": now.timestamp()},
+        "extra": {"actor": actor, "msg_type": "-", **extra},
+        "process": {"id": os.getpid()},
+    }
+    return _json.dumps({"text": message + "\n", "record": record}, ensure_ascii=False)
+
+
 def configure_logging(level: str | None = None, *, json: bool | None = None, sink: Any = None) -> None:
     """Replace loguru's handlers with castor's (idempotent) and turn castor's lines on: imported
     as a library, castor logs nothing until this (or ``logger.enable("castor")``) is called.
@@ -211,6 +240,8 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
         level = int(level)  # type: ignore[assignment]  # loguru takes a numeric level as well as a name
     if isinstance(sink, str | os.PathLike):
         sink = FileSink(sink)  # opened before the old handlers go: a file that cannot be opened changes nothing
+    global _LOGGING_AS_JSON
+    _LOGGING_AS_JSON = bool(json)
     logger.remove()
     logger.enable("castor")  # castor's package disables its lines until the program configures logging
     logger.configure(extra={"actor": "-", "msg_type": "-"}, patcher=_cut_long_message)

@@ -223,6 +223,27 @@ def test_serve_prints_one_line_on_stderr_once_it_listens(tmp_path, mode):
     assert "Traceback" not in server.stderr.read()
 
 
+def test_serve_with_a_json_log_prints_its_serving_line_as_one_json_object(tmp_path):
+    """With ``--log-json`` every stderr line is one JSON object, the serving line too: its text is the
+    record's ``message`` (what a reader of the plain line matches), with where it listens in ``extra``."""
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock)], env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        record = json.loads(line)["record"]
+        assert record["message"] == f"castor serve: listening on unix:{sock}; token file: -; console: -"
+        assert record["extra"]["actor"] == "/endpoint" and record["extra"]["listening"] == f"unix:{sock}"
+        assert record["level"]["name"] == "INFO"
+        with Client.connect_unix(str(sock)) as client:
+            assert client.call("ops.actors", {}, timeout=10)["actors"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(20) == 0
+    for rest in server.stderr.read().splitlines():
+        json.loads(rest)
+
+
 def test_serve_stdio_says_stdio(tmp_path):
     """The line the docs show for ``--stdio``: ``listening on stdio`` (not a Unix path)."""
     server = subprocess.Popen([*CASTOR, "serve", "--stdio"], env=_env(tmp_path), stdin=subprocess.PIPE,

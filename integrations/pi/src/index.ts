@@ -27,7 +27,7 @@ import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch, StopKeyWatch } from "./interrupt.ts";
-import { StderrRoute } from "./stderr.ts";
+import { isStartLine, StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { listModels } from "./models.ts";
@@ -116,7 +116,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	/** castor's last stderr lines, for a notice (empty when there are none). The line a runtime on
 	 * stdio prints as it starts says nothing the notice does not, so it is left out. */
 	const stderrNote = () => {
-		const lines = stderr.lastLines(3, (line) => !line.startsWith("castor serve: listening on stdio"));
+		const lines = stderr.lastLines(3, (line) => !isStartLine(line));
 		return lines.length ? ` castor's last stderr lines: ${lines.join(" / ")}` : "";
 	};
 

@@ -12,6 +12,21 @@
 
 export const TAIL_BYTES = 32 * 1024;
 
+const STARTED_ON_STDIO = "castor serve: listening on stdio";
+
+/** Whether `line` is the line a runtime on stdio prints as it starts: plain, or (a castor whose log is
+ * JSON, `CASTOR_LOG_JSON=1`) as the message of one JSON log line. */
+export function isStartLine(line: string): boolean {
+	if (line.startsWith(STARTED_ON_STDIO)) return true;
+	if (!line.startsWith("{")) return false;
+	try {
+		const message = JSON.parse(line)?.record?.message;
+		return typeof message === "string" && message.startsWith(STARTED_ON_STDIO);
+	} catch {
+		return false;
+	}
+}
+
 /** The mode Pi reports, or undefined (a Pi without it, or a stale context that throws). */
 export type ModeOf = () => string | undefined;
 

@@ -329,6 +329,17 @@ test("StderrRoute: written through outside the terminal UI, only kept under it; 
 	assert.deepEqual(route.lastLines(5), ["y".repeat(TAIL_BYTES)]);
 });
 
+test("isStartLine: the stdio start line, plain or as a JSON log line's message; nothing else", async () => {
+	const { isStartLine } = await import("../src/stderr.ts");
+	assert.equal(isStartLine("castor serve: listening on stdio; token file: -; console: -"), true);
+	const json = JSON.stringify({ text: "castor serve: listening on stdio; token file: -; console: -\n",
+		record: { message: "castor serve: listening on stdio; token file: -; console: -", extra: { actor: "/endpoint" } } });
+	assert.equal(isStartLine(json), true);
+	assert.equal(isStartLine(JSON.stringify({ record: { message: "castor: a warning" } })), false);
+	assert.equal(isStartLine("{not json"), false);
+	assert.equal(isStartLine("a warning: castor serve: listening on stdio"), false);
+});
+
 test("cutText keeps UTF-8 characters whole and says how long the text was", async () => {
 	const { cutText } = await import("../src/messages.ts");
 	assert.deepEqual(cutText("short", 16), { text: "short" });
