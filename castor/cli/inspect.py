@@ -10,7 +10,8 @@ Views (``castor inspect --socket PATH VIEW``):
 * ``mailbox PATH`` — one actor's mailbox in detail; ``worker`` — process and worker stats.
 
 ``--prefix PATH`` keeps the actors at or under PATH; ``--filter TEXT`` those whose path,
-kind or activity contains TEXT (case-insensitive). ``--json`` writes the same data as JSON
+kind or activity contains TEXT (case-insensitive); both keep the threads listed after the actors
+the same way (an owner at or under PATH; TEXT in the name, owner or purpose). ``--json`` writes the same data as JSON
 with :func:`json.dumps` straight to stdout — never through the terminal renderer, so a pipe
 always gets valid JSON whatever the paths' length; with ``--follow`` one JSON document per
 line per refresh. Text output on a pipe is not wrapped or cut either.
@@ -88,11 +89,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # -- the command ----------------------------------------------------------------------------
 def shape(args: argparse.Namespace, data: Any) -> Any:
     """What ``--json`` prints for a view (and the text views render)."""
-    from castor.console.terminal import select, session_casts
+    from castor.console.terminal import select, select_threads, session_casts
 
     if args.what == "actors":
         actors = select(data.get("actors", []), prefix=args.prefix, text=args.filter, sort=args.sort)
-        return {"actors": actors, "threads": data.get("threads", []), "sort": args.sort}
+        threads = select_threads(data.get("threads", []), prefix=args.prefix, text=args.filter)
+        return {"actors": actors, "threads": threads, "sort": args.sort}
     if args.what == "casts":
         sessions = session_casts(data.get("actors", []))
         if args.filter:

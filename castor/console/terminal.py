@@ -101,6 +101,21 @@ def select(actors: list[dict[str, Any]], *, prefix: str | None = None, text: str
     return sorted(chosen, key=lambda a: (-key(a), a["path"]))
 
 
+def select_threads(threads: list[dict[str, Any]], *, prefix: str | None = None,
+                   text: str | None = None) -> list[dict[str, Any]]:
+    """The threads (``ops.actors``' ``threads`` rows) ``--prefix`` and ``--filter`` keep, as
+    :func:`select` keeps actors: an owner at or under ``prefix``, and ``text`` in the name, owner or
+    purpose (case-insensitive). Order kept (by owner, then name)."""
+    chosen = threads
+    if prefix:
+        chosen = [t for t in chosen if at_or_under(str(t.get("owner", "")), prefix)]
+    if text:
+        needle = text.lower()
+        chosen = [t for t in chosen
+                  if any(needle in str(t.get(key, "")).lower() for key in ("name", "owner", "purpose"))]
+    return chosen
+
+
 def session_casts(actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each session (id, label, project) with its casts, from an ``ops.actors`` snapshot.
 

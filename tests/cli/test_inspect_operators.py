@@ -118,7 +118,16 @@ def test_sort_puts_the_longest_waits_first_and_prefix_and_filter_select(tmp_path
     matched = json.loads(_piped(tmp_path, sock, "actors", "--filter", "SOCKETACTOR", "--json"))["actors"]
     assert len(matched) == 2 and all(a["kind"] == "SocketActor" for a in matched)
     nothing = json.loads(_piped(tmp_path, sock, "actors", "--filter", "no-such-actor-anywhere", "--json"))
-    assert nothing["actors"] == []
+    assert nothing["actors"] == [] and nothing["threads"] == []  # the threads are filtered too
+    everything = json.loads(_piped(tmp_path, sock, "actors", "--json"))["threads"]
+    assert any(t["owner"].startswith("/endpoint") for t in everything)
+    endpoint = json.loads(_piped(tmp_path, sock, "actors", "--filter", "/endpoint", "--json"))["threads"]
+    assert endpoint and len(endpoint) < len(everything)
+    assert all("/endpoint" in f"{t['name']} {t['owner']} {t['purpose']}".lower() for t in endpoint)
+    prefixed = _piped(tmp_path, sock, "actors", "--prefix", f"/root/session/{sid}", "--json")
+    under_threads = json.loads(prefixed)["threads"]
+    assert [t["name"] for t in under_threads] == [t["name"] for t in everything
+                                                  if t["owner"].startswith(f"/root/session/{sid}")]
 
 
 def test_the_casts_view_lists_each_sessions_casts_with_what_they_wait_on(tmp_path, live):
