@@ -97,6 +97,13 @@ EVICTION_WAIT_S = 0.5
 #: Bytes a request's headers may take in all (the request line aside): the standard library takes
 #: 100 lines of 64 KiB each, 6 MB a connection held before any token is checked.
 MAX_HEAD_BYTES = 64 * 1024
+#: Bytes of ``Cookie`` header lines a request may send in all (read a piece at a time, only the
+#: console's own pairs kept): a browser sends up to about 180 cookies of 4 KiB for a host.
+MAX_COOKIE_BYTES = 1024 * 1024
+_COOKIE_PIECE = 8192
+#: A pending piece of a cookie line longer than this is not the console's pair (its name and a
+#: 43-character secret): the rest of it, up to the next ``;``, is skipped unread into memory.
+_LONGEST_OWN_PAIR = 512
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
 
@@ -363,20 +370,61 @@ class _Server(ThreadingHTTPServer):
 
 class _HeadBudget:
     """``readline`` of a request's stream while its headers are read, ``budget`` bytes in all: a
-    line past it raises :class:`http.client.LineTooLong`, which the handler answers 431 and closes."""
+    line past it raises :class:`http.client.LineTooLong`, which the handler answers 431 and closes.
 
-    def __init__(self, stream: Any, budget: int) -> None:
+    ``Cookie`` lines are the exception, because any page of the host sets cookies the browser then
+    sends here (a browser keeps about 180 of 4 KiB each for a host: 700 KiB in one line): such a line
+    is read a piece at a time, up to :data:`MAX_COOKIE_BYTES`, and only the pairs named
+    ``cookie_name`` are kept (the console reads no other cookie): the line handed on is those pairs
+    alone, charged to ``budget``. So another local user's page cannot lock the user out by filling
+    the host's cookies (it was 431 on every page), and the bytes held stay bounded."""
+
+    def __init__(self, stream: Any, budget: int, cookie_name: str = "") -> None:
         self._stream = stream
         self._left = budget
+        self._cookie_name = cookie_name.encode()
+        self._cookie_left = MAX_COOKIE_BYTES
 
     def readline(self, limit: int = -1) -> bytes:
         if self._left <= 0:
             raise http.client.LineTooLong("request headers")
         line: bytes = self._stream.readline(self._left + 1 if limit < 0 else min(limit, self._left + 1))
+        if line[:7].lower() == b"cookie:":
+            line = self._our_cookies(line)
         self._left -= len(line)
         if self._left < 0:
             raise http.client.LineTooLong("request headers")
         return line
+
+    def _our_cookies(self, first: bytes) -> bytes:
+        """The ``Cookie`` line that starts with ``first``, read to its end, as the console's pairs only."""
+        kept: list[bytes] = []
+        pending, skipping = first[7:], False
+        self._charge_cookie(len(first))
+        while True:
+            ended = pending.endswith(b"\n")
+            if skipping:  # the rest of a pair too long to be the console's, up to the next ";"
+                _rest, sep, pending = pending.partition(b";")
+                skipping = not sep
+            *pairs, pending = pending.split(b";")
+            if ended:
+                pairs, pending = [*pairs, pending], b""
+            kept += [pair.strip() for pair in pairs if pair.partition(b"=")[0].strip() == self._cookie_name]
+            if ended:
+                break
+            if len(pending) > _LONGEST_OWN_PAIR:
+                pending, skipping = b"", True
+            more: bytes = self._stream.readline(min(_COOKIE_PIECE, self._cookie_left + 1))
+            if not more:
+                raise http.client.LineTooLong("request headers")  # the peer stopped mid-line
+            self._charge_cookie(len(more))
+            pending += more
+        return b"Cookie: " + b"; ".join(kept) + b"\r\n"
+
+    def _charge_cookie(self, size: int) -> None:
+        self._cookie_left -= size
+        if self._cookie_left < 0:
+            raise http.client.LineTooLong("request cookies")
 
 
 class _Server6(_Server):
@@ -405,7 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
         # The headers are read from a reader that allows MAX_HEAD_BYTES in all: past it, the
         # standard library's own "line too long" answer (431) and close.
         whole = self.rfile
-        self.rfile = _HeadBudget(whole, MAX_HEAD_BYTES)  # type: ignore[assignment]  # readline is all parse_headers uses
+        self.rfile = _HeadBudget(whole, MAX_HEAD_BYTES, self.server_console.cookie_name)  # type: ignore[assignment]  # readline is all parse_headers uses
         try:
             parsed = super().parse_request()  # the request line and every header have arrived
         finally:

@@ -557,6 +557,39 @@ def test_cookies_another_users_page_planted_on_the_host_never_lock_the_user_out(
         runtime.shutdown(10)
 
 
+def test_a_host_full_of_planted_cookies_never_locks_the_user_out(tmp_path):
+    """Any page of 127.0.0.1 may fill the host's cookies (a browser keeps about 180 of 4 KiB each for
+    a host and sends them all in one ``Cookie`` line, ~700 KiB): the console bounded a request's
+    headers at 64 KiB and answered 431 to every page until the user cleared the host's cookies. The
+    console's own cookie anywhere in such a line now lets the request in (and a line without it is
+    401, not 431); only past 1 MiB of cookies is the request refused 431."""
+    import re
+
+    from castor.console.server import MAX_COOKIE_BYTES, ConsoleServer
+    from castor.runtime import Runtime, RuntimeSettings
+
+    token = "t0ken-" + "d" * 40
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        status, _page, headers = _get(f"{console.url}?token={token}")
+        assert status == 200
+        own = headers["Set-Cookie"].split(";")[0]
+        name = own.split("=", 1)[0]
+        base = console.url.rstrip("/") + re.search(r"Path=([^;]+)", headers["Set-Cookie"]).group(1)
+        junk = [f"junk{n}={'x' * 4000}" for n in range(180)]
+        for cookies in (junk[:90] + [own] + junk[90:], [own] + junk, junk + [own],
+                        junk[:5] + [f"{name}={'y' * 20_000}", own] + junk[5:]):
+            assert _get(base + "api/actors", {"Cookie": "; ".join(cookies)})[0] == 200
+        assert _get(base + "api/actors", {"Cookie": "; ".join(junk)})[0] == 401
+        assert _get(base + "api/actors", {"Cookie": "; ".join(junk + [f"{name}=junk"])})[0] == 401
+        past = [own] + [f"junk{n}={'x' * 4000}" for n in range(MAX_COOKIE_BYTES // 4000 + 2)]
+        assert _get(base + "api/actors", {"Cookie": "; ".join(past)})[0] == 431
+    finally:
+        console.stop()
+        runtime.shutdown(10)
+
+
 def test_a_saved_cast_s_visit_counts_cannot_put_markup_in_the_console_s_graph():
     """The cast page draws its loadout as an SVG the page sets as HTML, from the cast's
     ``state.json`` as it lies in the project (a project may ship or edit one). Every name in it was
