@@ -79,8 +79,8 @@ class Amounts(BaseModel):
     total: float | int = 0
 
     def plus(self, other: Amounts) -> Amounts:
-        # capped: a sum of huge reported figures must stay a finite number the state can be saved with
-        return Amounts(**{k: min(getattr(self, k) + getattr(other, k), MAX_FIGURE) for k in (*PARTS, "total")})
+        """Each figure summed (:func:`figure_sum`: capped, and free of binary float drift)."""
+        return Amounts(**{k: figure_sum(getattr(self, k), getattr(other, k)) for k in (*PARTS, "total")})
 
 
 class TurnUsage(BaseModel):
@@ -377,6 +377,31 @@ def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
 MAX_FIGURE = 1e18
 
 
+#: The significant digits a usage figure or sum keeps: what a double holds exactly in decimal. A sum
+#: of binary floats drifts past them ($0.10 + $0.20 is 0.30000000000000004); kept to 15 digits it
+#: is the decimal sum (0.3) in ``usage.json``, the events and every view that shows a figure as is.
+FIGURE_DIGITS = 15
+
+
+def decimal_figure(number: float | int) -> float | int:
+    """``number`` kept to :data:`FIGURE_DIGITS` significant digits (an int as it is; a whole float
+    as an int, as JavaScript holds it)."""
+    if isinstance(number, int):
+        return number
+    kept = float(f"{number:.{FIGURE_DIGITS}g}")
+    return int(kept) if kept.is_integer() else kept
+
+
+def figure_sum(*figures: float | int) -> float | int:
+    """The sum of usage figures: exact for integers, kept to :data:`FIGURE_DIGITS` significant digits
+    otherwise (:func:`decimal_figure`), and capped at :data:`MAX_FIGURE` (a sum of huge reported
+    figures must stay a finite number the state can be saved with)."""
+    total = sum(figures)
+    if total >= MAX_FIGURE:
+        return MAX_FIGURE
+    return decimal_figure(total)
+
+
 def non_negative_number(value: Any) -> float | None:
     """A finite, non-negative number as a float (at most :data:`MAX_FIGURE`), else None (a usage
     figure that was not reported)."""
@@ -390,7 +415,9 @@ def non_negative_number(value: Any) -> float | None:
         return None
     if number >= MAX_FIGURE:
         return MAX_FIGURE
-    return int(number) if number.is_integer() else number  # 120.0 is 120, as JavaScript holds it
+    if isinstance(value, int):
+        return value  # exact (under the cap)
+    return decimal_figure(number)  # 120.0 is 120, as JavaScript holds it; Pi's drifted total is its decimal
 
 
 def _first(raw: Any, names: tuple[str, ...]) -> float | None:
@@ -422,7 +449,7 @@ def extract_usage(raw: Any) -> TurnUsage:
         return TurnUsage()
     tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
-    parts_sum = sum(tokens[p] for p in PARTS)
+    parts_sum = figure_sum(*(tokens[p] for p in PARTS))
     if total is None:
         tokens["total"] = parts_sum
     elif any(_unread(raw, names) for names in TOKEN_ALIASES.values()):
@@ -443,7 +470,7 @@ def extract_usage(raw: Any) -> TurnUsage:
         provided = non_negative_number(raw.get("cost"))
     if provided is None:
         provided = _first(raw, FLAT_TOTAL_COST_ALIASES)
-    cost_sum = sum(cost[p] for p in PARTS)
+    cost_sum = figure_sum(*(cost[p] for p in PARTS))
     cost["total"] = cost_sum if provided is None else max(provided, cost_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
 

@@ -1,0 +1,42 @@
+"""Usage sums are decimal sums: no binary float drift reaches ``usage.json``, a view or the budget."""
+
+from __future__ import annotations
+
+import json
+
+from castor.domain.materia.budget import TurnRecord, UsageReport, check_budget, extract_usage, sum_usage_maps
+from castor.domain.materia.config import Budget
+
+
+def _report(*usages: dict[str, object]) -> UsageReport:
+    report = UsageReport()
+    for usage in usages:
+        turn = extract_usage(usage)
+        report = report.add_turn(TurnRecord(socket="Socket-1", tokens=turn.tokens, cost=turn.cost))
+    return report
+
+
+def test_a_turns_cost_parts_add_up_to_their_decimal_sum() -> None:
+    assert extract_usage({"cost": {"input": 0.1, "output": 0.2}}).cost.total == 0.3
+    # Pi sums its parts in JavaScript and sends the drifted figure as the provided total
+    assert extract_usage({"cost": {"input": 0.1, "output": 0.2, "total": 0.30000000000000004}}).cost.total == 0.3
+
+
+def test_a_casts_totals_are_the_decimal_sum_of_its_turns_and_are_written_so() -> None:
+    report = _report(*[{"input": 1, "cost": {"total": 0.1}}] * 3)
+    assert report.cost.total == 0.3
+    assert "0.30000000000000004" not in json.dumps(report.model_dump())
+    assert _report(*[{"cost": {"total": 0.1}}] * 10).cost.total == 1
+    assert sum_usage_maps([{"cost": {"total": 0.1}}, {"cost": {"total": 0.2}}])["cost"]["total"] == 0.3
+
+
+def test_a_cost_that_adds_up_to_the_limit_exactly_reaches_it() -> None:
+    # 0.7 + 0.1 is 0.7999999999999999 in binary floats: the limit of 0.8 was never reached
+    report = _report({"cost": {"total": 0.7}}, {"cost": {"total": 0.1}})
+    check = check_budget(Budget(max_cost_usd=0.8), report, already_warned=True)
+    assert check.over_cost and check.stop
+
+
+def test_integer_token_counts_stay_exact_and_a_fraction_counts_as_written() -> None:
+    assert _report({"input": 2**53 + 1}).tokens.total == 2**53 + 1
+    assert _report({"input": 12.5}, {"input": 0.1}).tokens.total == 12.6
