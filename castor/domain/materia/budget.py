@@ -430,6 +430,59 @@ def _first(raw: Any, names: tuple[str, ...]) -> float | None:
     return None
 
 
+#: Google's (Gemini's) token names, read as Pi maps them, at the top level of a usage map or inside
+#: its ``usageMetadata`` (Google's response field): input ``promptTokenCount`` less the cached ones,
+#: output ``candidatesTokenCount`` plus ``thoughtsTokenCount`` (billed as output), cache-read
+#: ``cachedContentTokenCount``, total ``totalTokenCount``.
+GOOGLE_TOKEN_NAMES = ("promptTokenCount", "candidatesTokenCount", "thoughtsTokenCount", "cachedContentTokenCount",
+                      "totalTokenCount")
+#: Where OpenAI nests its cached (cache-read) tokens: Chat Completions', then the Responses API's.
+OPENAI_TOKEN_DETAILS = ("prompt_tokens_details", "input_tokens_details")
+
+
+def provider_usage(raw: Any) -> Any:
+    """``raw`` with the token counts of provider shapes pi-materia's aliases miss added under castor's
+    names, where ``raw`` names no such count itself (its own names always win):
+
+    - Google's (:data:`GOOGLE_TOKEN_NAMES`), read as Pi reads them, when ``raw`` names no token part;
+    - OpenAI's nested ``cached_tokens`` (:data:`OPENAI_TOKEN_DETAILS`) as cache-read tokens when
+      ``raw`` names none; OpenAI counts them inside its input tokens too, so a total is then the
+      input plus the output (the parts' sum would count them twice).
+
+    Anything else (not a dict, no such shape) is returned as it is. A figure that is not a usage
+    figure counts as not given here."""
+    if not isinstance(raw, dict):
+        return raw
+    meta = raw.get("usageMetadata")
+    google = meta if isinstance(meta, dict) else raw
+    named = any(name in raw for names in TOKEN_ALIASES.values() for name in names)
+    if not named and any(non_negative_number(google.get(name)) is not None for name in GOOGLE_TOKEN_NAMES):
+        def count(name: str) -> float:
+            return non_negative_number(google.get(name)) or 0
+        prompt, cached = count("promptTokenCount"), count("cachedContentTokenCount")
+        lifted: dict[str, Any] = {"input": figure_sum(prompt, -cached) if cached <= prompt else prompt,
+                                  "output": figure_sum(count("candidatesTokenCount"), count("thoughtsTokenCount")),
+                                  "cacheRead": cached}
+        total = non_negative_number(google.get("totalTokenCount"))
+        if total is not None and not any(name in raw for name in TOTAL_TOKEN_ALIASES):
+            lifted["totalTokens"] = total
+        return {**lifted, **raw}
+    if any(name in raw for name in TOKEN_ALIASES["cacheRead"]):
+        return raw
+    for field in OPENAI_TOKEN_DETAILS:
+        details = raw.get(field)
+        nested = non_negative_number(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if nested is None:
+            continue
+        lifted = {"cacheRead": nested}
+        if not any(name in raw for name in TOTAL_TOKEN_ALIASES):
+            counted = [_first(raw, TOKEN_ALIASES[part]) for part in ("input", "output")]
+            if all(n is not None for n in counted):
+                lifted["totalTokens"] = figure_sum(*(n or 0 for n in counted))
+        return {**raw, **lifted}
+    return raw
+
+
 def extract_usage(raw: Any) -> TurnUsage:
     """Usage of one assistant turn, read the way pi-materia reads it; anything unreadable counts as 0.
 
@@ -437,6 +490,7 @@ def extract_usage(raw: Any) -> TurnUsage:
       provided one (:data:`TOTAL_TOKEN_ALIASES`), else the sum of the parts;
     - cost parts: from the nested ``usage.cost`` object (:data:`NESTED_COST_ALIASES`), else from
       the top level (:data:`FLAT_COST_ALIASES`);
+    - Google's token names and OpenAI's nested cached tokens as :func:`provider_usage` adds them;
     - cost total: ``max(provided, sum of the parts)`` (a provided total never under-reports), the
       provided one read inside ``usage.cost``, else ``usage.cost`` as a number, else the top level.
 
@@ -447,6 +501,7 @@ def extract_usage(raw: Any) -> TurnUsage:
     """
     if not isinstance(raw, dict):
         return TurnUsage()
+    raw = provider_usage(raw)
     tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
     parts_sum = figure_sum(*(tokens[p] for p in PARTS))

@@ -40,3 +40,29 @@ def test_a_cost_that_adds_up_to_the_limit_exactly_reaches_it() -> None:
 def test_integer_token_counts_stay_exact_and_a_fraction_counts_as_written() -> None:
     assert _report({"input": 2**53 + 1}).tokens.total == 2**53 + 1
     assert _report({"input": 12.5}, {"input": 0.1}).tokens.total == 12.6
+
+
+GEMINI = {"promptTokenCount": 100, "candidatesTokenCount": 50, "thoughtsTokenCount": 5,
+          "cachedContentTokenCount": 10, "totalTokenCount": 155}
+
+
+def test_googles_usage_counts_as_pi_reads_it_at_the_top_level_or_in_usage_metadata() -> None:
+    for usage in (GEMINI, {"usageMetadata": GEMINI}):
+        tokens = extract_usage(usage).tokens
+        assert (tokens.input, tokens.output, tokens.cacheRead, tokens.total) == (90, 55, 10, 155)
+    # without a total: the parts, the cached tokens once
+    assert extract_usage({"promptTokenCount": 100, "candidatesTokenCount": 50,
+                          "cachedContentTokenCount": 10}).tokens.total == 150
+    # a map's own names win
+    assert extract_usage({**GEMINI, "input": 7}).tokens.total == 7
+
+
+def test_openais_nested_cached_tokens_are_cache_read_tokens_counted_once() -> None:
+    chat = {"prompt_tokens": 100, "completion_tokens": 50, "prompt_tokens_details": {"cached_tokens": 20},
+            "completion_tokens_details": {"reasoning_tokens": 30}}
+    tokens = extract_usage(chat).tokens
+    assert (tokens.input, tokens.output, tokens.cacheRead, tokens.total) == (100, 50, 20, 150)
+    responses = {"input_tokens": 100, "output_tokens": 50, "total_tokens": 150,
+                 "input_tokens_details": {"cached_tokens": 20}, "output_tokens_details": {"reasoning_tokens": 30}}
+    tokens = extract_usage(responses).tokens
+    assert (tokens.cacheRead, tokens.total) == (20, 150)
