@@ -55,6 +55,7 @@ WARNING_CODES = (
     "text-socket-guarded-edge",
     "unknown-thinking",
     "socket-limit-enforced",
+    "ignored-budget",
 )
 
 

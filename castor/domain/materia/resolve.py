@@ -161,6 +161,7 @@ def resolve_config(
             loops_out[loop_id] = loop
     issues.extend(_text_guard_issues(name, sockets_out, source))
     issues.extend(_enforced_limit_warnings(name, sockets_out, source))
+    issues.extend(_ignored_budget_warnings(name, prepared, source))
     warnings = [*read_warnings, *(_attribute(i, provenance) for i in issues if i.is_warning)]
     issues = [_attribute(i, provenance) for i in issues if not i.is_warning]
     if issues:
@@ -311,6 +312,24 @@ def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: s
                              "(the cast takes the next matching edge, or ends at "
                              f"{sid}); set parse \"json\" on {sid} to route on it")))
     return issues
+
+
+def _ignored_budget_warnings(lname: str, prepared: dict[str, Any], source: str | None) -> list[ConfigIssue]:
+    """A ``budget`` on the loadout or on one of its sockets: the budget is the config's own (its top
+    level) and counts the whole cast, so one written there limits nothing. pi-materia ignores it
+    without a word; castor loads the config too, and says so once per place."""
+    places: list[tuple[tuple[str, ...], str]] = []
+    if "budget" in prepared:
+        places.append(((), f"loadout \"{lname}\""))
+    sockets = prepared.get("sockets")
+    for sid, raw in (sockets.items() if isinstance(sockets, dict) else ()):
+        if isinstance(raw, dict) and "budget" in raw:
+            places.append((("sockets", sid), f"loadout \"{lname}\": {sid}"))
+    return [warning("ignored-budget", pointer("loadouts", lname, *where, "budget"), source=source,
+                    message=(f"{what} has a budget, which is ignored: the budget is read only at the config's "
+                             "top level (\"budget\": {maxTokens, maxCostUsd, ...}) and counts the whole cast; "
+                             "move it there to limit this cast"))
+            for where, what in places]
 
 
 def _enforced_limit_warnings(lname: str, sockets: dict[str, ResolvedSocket],

@@ -100,6 +100,15 @@ def test_socket_limits_castor_enforces_are_warned_about() -> None:
         ("socket-limit-enforced", "/loadouts/L/sockets/Socket-1/limits/maxEdgeTraversals")]
 
 
+def test_a_budget_on_a_loadout_or_a_socket_limits_nothing_and_is_warned_about() -> None:
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "budget": {"maxCostUsd": 0}}})
+    cfg["loadouts"]["L"]["budget"] = {"maxTokens": 1}
+    rc = resolve_config(load_config([("t.json", cfg)]))
+    assert [(w.code, w.path) for w in rc.warnings] == [
+        ("ignored-budget", "/loadouts/L/budget"), ("ignored-budget", "/loadouts/L/sockets/Socket-1/budget")]
+    assert rc.budget.max_tokens is None and rc.budget.max_cost_usd is None  # the cast's budget: none set
+
+
 def test_a_text_socket_with_guarded_edges_runs_as_pi_materia_runs_it_and_says_so_in_events() -> None:
     cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "parse": "text",
                              "edges": [{"when": "satisfied", "to": "Socket-2"}]},
