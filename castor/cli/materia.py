@@ -570,6 +570,8 @@ def _progress(view: dict[str, Any]) -> Any:
 
 
 def _finish(view: dict[str, Any]) -> int:
+    from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
+
     view = _shown(view)
     if view.get("artifacts_pending"):
         print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
@@ -595,7 +597,9 @@ def _finish(view: dict[str, Any]) -> int:
         return EXIT_FAILED
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
     hint = ""
-    if view["status"] in ("failed", "aborted"):
+    if view.get("failed_reason") == BUDGET_LIMIT_REACHED:
+        hint = f"; {BUDGET_RECAST_NOTE} (`castor recast {cast_id}` resumes it)"
+    elif view["status"] in ("failed", "aborted"):
         hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it"
     print(f"castor: cast {cast_id} {view['status']}: {reason}{hint}", file=sys.stderr)
     return EXIT_FAILED

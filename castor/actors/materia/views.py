@@ -29,6 +29,7 @@ from typing import Any
 
 from castor.domain.jsontext import js_string
 from castor.domain.materia.budget import usage_caveats
+from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
 from castor.domain.materia.state import CastState, interrupted_document, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
@@ -122,6 +123,8 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
         lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "
                      f"{given_up.get('within_seconds')} s ({one_line(str(given_up.get('reason')))}); the runtime "
                      "stopped restarting it")
+    if view.get("failed_reason") == BUDGET_LIMIT_REACHED:
+        lines.append(f"budget: {BUDGET_RECAST_NOTE}")
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
         lines.append(f"↻ RECAST TARGET: {command(surface, verb, cast_id)}")

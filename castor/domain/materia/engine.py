@@ -102,6 +102,7 @@ from castor.domain.jsontext import js_collapse_whitespace, js_slice, js_string, 
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import (
     SELECTION_FIELDS,
+    BudgetCheck,
     TurnRecord,
     TurnUsage,
     check_budget,
@@ -147,6 +148,7 @@ from castor.domain.materia.config import (
     DEFAULT_UTILITY_TIMEOUT_MS,
     END,
     THINKING_LEVELS,
+    Budget,
     ResolvedConfig,
     ResolvedSocket,
 )
@@ -812,6 +814,37 @@ def _apply_advance(ctx: _Ctx, rs: ResolvedSocket, parsed: Any, entry_id: str) ->
     return exhaustion_target(s.config.pipeline, rs.id, flag if isinstance(flag, bool) else None)
 
 
+#: The failed reason of a cast its budget stopped (pi-materia's phrase).
+BUDGET_LIMIT_REACHED = "pi-materia budget limit reached"
+#: What a recast of such a cast does, for the places that offer one (pi-materia's behaviour).
+BUDGET_RECAST_NOTE = ("a recast keeps what the cast spent and the budget it started with, so it stops again after "
+                      "its next socket; start a new cast with a higher budget to go further")
+
+
+def _budget_reached(s: CastState, budget: Budget, result: BudgetCheck) -> str:
+    """Which limit ``result`` found reached, and the figure that reached it."""
+    reached = []
+    if result.over_token:
+        reached.append(f"{js_string(s.usage.tokens.total)} tokens of budget.maxTokens {js_string(budget.max_tokens)}")
+    if result.over_cost:
+        reached.append(f"${s.usage.cost.total:.4f} of budget.maxCostUsd {js_string(budget.max_cost_usd)}")
+    return " and ".join(reached)
+
+
+def _warn_of_a_spent_budget(ctx: _Ctx) -> None:
+    """Before a recast: a cast whose spending already reaches a budget that stops it is stopped
+    again by the next check (after its next socket, which is paid for). The recast goes ahead, as
+    pi-materia's does; the user is told first, with what was spent."""
+    s = ctx.s
+    budget = s.config.budget
+    if budget.max_tokens is None and budget.max_cost_usd is None:
+        return
+    result = check_budget(budget, s.usage, already_warned=True)
+    if result.stop:
+        ctx.notify("warning", f"pi-materia budget: cast {s.cast_id} has already reached its budget "
+                              f"({_budget_reached(s, budget, result)}): {BUDGET_RECAST_NOTE}")
+
+
 def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     s = ctx.s
     budget = s.config.budget
@@ -829,16 +862,10 @@ def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     if result.limit_hit:
         ctx.emit("budget_limit", {"overToken": result.over_token, "overCost": result.over_cost, "usage": usage})
         # which limit, and the figure that reached it (the failure's reason stays pi-materia's phrase)
-        reached = []
-        if result.over_token:
-            reached.append(f"{js_string(s.usage.tokens.total)} tokens of budget.maxTokens "
-                           f"{js_string(budget.max_tokens)}")
-        if result.over_cost:
-            reached.append(f"${s.usage.cost.total:.4f} of budget.maxCostUsd {js_string(budget.max_cost_usd)}")
-        detail = f"pi-materia budget limit reached: {' and '.join(reached)}"
+        detail = f"{BUDGET_LIMIT_REACHED}: {_budget_reached(s, budget, result)}"
         if result.stop:
             ctx.notify("warning", f"{detail}{usage_caveats(s.usage)}")
-            raise _Fail("pi-materia budget limit reached", entry_id)
+            raise _Fail(BUDGET_LIMIT_REACHED, entry_id)
         ctx.notify("warning", f"{detail} (stopAtLimit is false; continuing)")
 
 
@@ -1452,6 +1479,8 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         # The work of the pending visit is redone under a new visit id: the old one must not
         # also run (a utility job still queued behind others, a turn still in flight).
         ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_restarted"))
+    if not s.active:
+        _warn_of_a_spent_budget(ctx)
     _resume(ctx, previous)
 
 

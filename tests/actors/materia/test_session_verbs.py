@@ -73,6 +73,21 @@ def test_status_texts_in_the_harness_name_commands_the_extension_accepts() -> No
     assert "castor continue c-1" in cli and "castor abort c-1" in cli
 
 
+def test_a_cast_its_budget_stopped_says_in_its_status_and_the_cli_that_a_recast_stops_again(capsys) -> None:
+    """Its hint offered a recast as if it resumed the cast: a recast keeps what was spent and the
+    budget, so the next socket (paid for) ended in the same stop."""
+    from castor.actors.materia.views import status_text
+    from castor.cli.materia import EXIT_FAILED, _finish
+    from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
+
+    view = {"cast_id": "c-1", "run_dir": "/r", "loadout": "L", "status": "failed", "resumable": True,
+            "failed_reason": BUDGET_LIMIT_REACHED}
+    assert f"budget: {BUDGET_RECAST_NOTE}" in status_text(view, "harness").splitlines()
+    assert _finish(view) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"failed: {BUDGET_LIMIT_REACHED}; {BUDGET_RECAST_NOTE} (`castor recast c-1` resumes it)" in err
+
+
 class _AgentThatNeverAnswers:
     """A harness whose turns never end: every cast started stays live and active."""
 

@@ -154,6 +154,38 @@ def test_budget_without_stop_only_notifies() -> None:
     assert d.state.phase == "complete" and len(d.events("budget_limit")) == 1
 
 
+def test_a_recast_keeps_what_a_budget_stopped_cast_spent_and_says_first_that_it_stops_again() -> None:
+    from castor.domain.materia.cast_messages import Notify
+    from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-2"}]},
+                  "Socket-2": {"type": "agent", "materia": "A", "edges": [{"to": "Socket-3"}]},
+                  "Socket-3": {"type": "agent", "materia": "A"}},
+                 budget={"maxTokens": 100})
+    d = Driver(resolved(cfg))
+    d.reply("one", usage={"total": 60})
+    d.reply("two", usage={"total": 60})
+    assert d.state.failed_reason == BUDGET_LIMIT_REACHED
+    tr = d.send(RecastRequested)
+    notes = [e.message for e in tr.effects if isinstance(e, Notify) and e.level == "warning"]
+    assert notes == ["pi-materia budget: cast cast-1 has already reached its budget (120 tokens of budget.maxTokens "
+                     f"100): {BUDGET_RECAST_NOTE}"]
+    # as pi-materia: the spent amount is kept, the cast goes on, and the next check stops it again
+    assert d.state.active and d.state.usage.tokens.total == 120
+    d.reply("three", usage={"total": 1})
+    assert d.state.failed_reason == BUDGET_LIMIT_REACHED and d.state.usage.tokens.total == 121
+
+
+def test_a_recast_under_the_budget_says_nothing_of_it() -> None:
+    from castor.domain.materia.cast_messages import Notify
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, budget={"maxTokens": 100})
+    d = Driver(resolved(cfg))
+    d.send(AbortRequested)
+    tr = d.send(RecastRequested)
+    assert not [e for e in tr.effects if isinstance(e, Notify) and "budget" in e.message]
+
+
 # ----------------------------------------------------------------------------- multi-turn
 
 
