@@ -845,6 +845,19 @@ def _warn_of_a_spent_budget(ctx: _Ctx) -> None:
                               f"({_budget_reached(s, budget, result)}): {BUDGET_RECAST_NOTE}")
 
 
+def _stop_if_the_budget_is_spent(ctx: _Ctx, entry_id: str | None) -> None:
+    """A failed turn that is to be tried again (same-socket recovery, or the harness's own retry of a
+    transient failure) when the cast's spending, its failed turns' usage included, reaches a limit
+    that stops it: the cast stops as at a completed socket (:func:`_check_budget`) instead of paying
+    for the retry. A limit that does not stop (``stopAtLimit: false``) is left to the next completion."""
+    s = ctx.s
+    budget = s.config.budget
+    if budget.max_tokens is None and budget.max_cost_usd is None:
+        return
+    if check_budget(budget, s.usage, already_warned=True).stop:
+        _check_budget(ctx, entry_id)
+
+
 def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     s = ctx.s
     budget = s.config.budget
@@ -1095,6 +1108,8 @@ def _turn_failure(ctx: _Ctx, rs: ResolvedSocket, message: str, entry_id: str, *,
     full = f'{lead} for socket "{rs.id}": {message}'
     failure = classify_turn_failure(message, allow_generic=not produced_output)
     s.last_entry_id = entry_id
+    if failure == "transient_transport" or failure in RECOVERABLE:
+        _stop_if_the_budget_is_spent(ctx, entry_id)  # before a retry, which is paid for
     if failure == "transient_transport":
         s.active = True
         s.awaiting_response = True

@@ -176,6 +176,29 @@ def test_a_recast_keeps_what_a_budget_stopped_cast_spent_and_says_first_that_it_
     assert d.state.failed_reason == BUDGET_LIMIT_REACHED and d.state.usage.tokens.total == 121
 
 
+@pytest.mark.parametrize("error", ["maximum tokens exceeded before response", "WebSocket closed"])
+def test_a_failed_turn_whose_usage_reaches_the_budget_stops_the_cast_instead_of_a_paid_retry(error: str) -> None:
+    """A context-window failure is retried at the same socket, a transient one by the harness: each
+    retry is paid for. With the budget spent (the failed turn's usage counts), the cast stops there."""
+    from castor.domain.materia.engine import BUDGET_LIMIT_REACHED
+
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, budget={"maxTokens": 100})
+    d = Driver(resolved(cfg))
+    d.fail_turn(error, usage={"input": 150})
+    assert d.state.failed_reason == BUDGET_LIMIT_REACHED and not d.state.active
+    assert d.events("budget_limit")[-1].data["overToken"] is True
+    assert "same_socket_recovery_retry" not in d.event_types()
+    assert "transient_transport_turn_failure" not in d.event_types()
+
+
+@pytest.mark.parametrize("error", ["maximum tokens exceeded before response", "WebSocket closed"])
+def test_a_failed_turn_under_the_budget_is_retried_as_before(error: str) -> None:
+    cfg = config({"Socket-1": {"type": "agent", "materia": "A"}}, budget={"maxTokens": 100})
+    d = Driver(resolved(cfg))
+    d.fail_turn(error, usage={"input": 50})
+    assert d.state.active and not d.events("budget_limit")
+
+
 def test_a_recast_under_the_budget_says_nothing_of_it() -> None:
     from castor.domain.materia.cast_messages import Notify
 
