@@ -36,6 +36,12 @@ export const MATERIA_USAGE =
 /** Methods a `/materia` command calls without waiting for Pi to be idle. */
 export const IMMEDIATE_METHODS: ReadonlySet<string> = new Set(["cast.abort", "cast.status", "cast.list", "grid.render", "loadout.list"]);
 
+/** pi-materia's subcommands castor leaves out, and what to do instead. */
+const NOT_PROVIDED: Record<"ui" | "link", string> = {
+	ui: "edit the materia config file; /materia grid shows a loadout",
+	link: "start a new cast with /materia cast",
+};
+
 export type Planned = { method: string; params: Record<string, unknown> } | { usage: string };
 
 export function planMateria(args: string): Planned {
@@ -59,6 +65,9 @@ export function planMateria(args: string): Planned {
 			return { method: "grid.render", params: rest ? { loadout: rest } : {} };
 		case "loadout":
 			return rest ? { method: "loadout.set", params: { name: rest } } : { method: "loadout.list", params: {} };
+		case "ui":
+		case "link":
+			return { usage: `/materia ${sub} is pi-materia's and castor does not provide it (${NOT_PROVIDED[sub]}). ${MATERIA_USAGE}` };
 		default:
 			return { usage: sub ? `Unknown /materia subcommand "${sub}". ${MATERIA_USAGE}` : MATERIA_USAGE };
 	}

@@ -32,6 +32,11 @@ test("extra words and unknown subcommands are usage errors", () => {
 	for (const args of ["abort now", "status x", "casts all", "recast a b", "", "frobnicate"]) {
 		assert.ok("usage" in planMateria(args), args);
 	}
+	for (const sub of ["ui", "link"]) {
+		// pi-materia's editor and linked casts: a pi-materia user's command is answered by name, not as a typo
+		const planned = planMateria(`${sub} x`);
+		assert.ok("usage" in planned && planned.usage.startsWith(`/materia ${sub} is pi-materia's and castor does not provide it`), sub);
+	}
 	const unknown = planMateria("frobnicate");
 	assert.ok("usage" in unknown && unknown.usage.includes('Unknown /materia subcommand "frobnicate"'));
 });
