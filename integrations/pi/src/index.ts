@@ -31,7 +31,7 @@ import { isStartLine, StderrRoute } from "./stderr.ts";
 import { RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { listModels } from "./models.ts";
-import { CastorRuntime, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
+import { CastorRuntime, missingMethods, olderCastorText, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
@@ -217,6 +217,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				if (generation > 1 && !stoppedAtShutdown) notify(`castor runtime restarted (${hello.name ?? "castor"} ${hello.version ?? ""})`.trim(), "info");
 				stoppedAtShutdown = false;
 				tools.registerFrom(hello);
+				const missing = missingMethods(hello);
+				if (missing.length) notify(`${olderCastorText(hello, EXTENSION_VERSION, missing)}.`, "warning");
 			},
 			onSilence: (silent: boolean) => {
 				if (silent) {
@@ -571,7 +573,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			(err) =>
 				err instanceof RpcError && isNothingToActOn(planned, err.code)
 					? { text: err.message, level: "info" } // pi-materia's notice: nothing to act on
-					: `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}`,
+					: err instanceof RpcError && err.code === "unknown_method" && "method" in planned
+						? `${label}: ${olderCastorText(getRuntime().hello, EXTENSION_VERSION, [planned.method])} [${err.code}]`
+						: `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}` +
+							// why it exited ("No module named castor": a --castor-python without castor)
+							(err instanceof RpcError && err.code === "runtime_exited" && stderrNote() ? `.${stderrNote()}` : ""),
 		);
 	}
 

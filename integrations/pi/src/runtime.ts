@@ -32,6 +32,22 @@ export interface Hello {
 	[key: string]: unknown;
 }
 
+/** What the extension's casts and hooks need of castor: a castor whose hello announces methods
+ * without one of these is older than the extension (the rest it uses only where announced). */
+export const CORE_METHODS: readonly string[] = ["session.open", "harness.event", "agent.turn_ended", "cast.start"];
+
+/** The `wanted` methods a castor's hello does not announce (none when it announces no list). */
+export function missingMethods(hello: Hello | undefined, wanted: readonly string[] = CORE_METHODS): string[] {
+	const methods = hello?.methods;
+	return Array.isArray(methods) ? wanted.filter((method) => !methods.includes(method)) : [];
+}
+
+/** What to tell the user of a castor that lacks `missing` methods: it is older than the extension, and how to upgrade. */
+export function olderCastorText(hello: Hello | undefined, extensionVersion: string, missing: readonly string[]): string {
+	return `castor ${hello?.version ?? "?"} is older than this extension (${extensionVersion}): it has no ${missing.join(", ")}. ` +
+		"Upgrade castor (pip install -U castor, in the Python that runs it) or point --castor-python / --castor-command at a newer one";
+}
+
 export interface RuntimeOptions {
 	/** The child to spawn (`castor serve --stdio`), unless `endpoint` is given. */
 	command: string[];

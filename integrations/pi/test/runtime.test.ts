@@ -40,3 +40,15 @@ test("a runtime's child is still killed when Pi's process exits while it runs", 
 	await started;
 	await rt.stop();
 });
+
+test("a castor whose hello lacks a core method is named older than the extension, with how to upgrade", async () => {
+	const { missingMethods, olderCastorText, CORE_METHODS } = await import("../src/runtime.ts");
+	assert.deepEqual(missingMethods({ version: "0.0.1", methods: ["runtime.hello", "cast.start"] }),
+		CORE_METHODS.filter((m) => m !== "cast.start"));
+	assert.deepEqual(missingMethods({ methods: [...CORE_METHODS, "cast.list"] }), []);
+	assert.deepEqual(missingMethods({ version: "9" }), [], "no list announced: nothing is assumed missing");
+	const text = olderCastorText({ version: "0.0.1" }, "0.1.0", ["cast.list"]);
+	assert.match(text, /^castor 0\.0\.1 is older than this extension \(0\.1\.0\): it has no cast\.list\. /);
+	assert.match(text, /pip install -U castor/);
+	assert.match(text, /--castor-python/);
+});
