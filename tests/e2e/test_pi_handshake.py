@@ -44,3 +44,47 @@ def test_castor_command_that_cannot_start_leaves_pi_usable(start_pi, fake_llm, t
     start = pi.prompt("still works")
     end = pi.wait_for(lambda e: e.get("type") == "agent_end", start=start)
     assert any("FAKE-REPLY: still works" in str(m.get("content")) for m in end["messages"])
+
+
+OLD_CASTOR = """
+import os
+from castor.endpoint.connection import Connection
+from castor.endpoint.dispatch import Dispatcher
+from castor.endpoint.transport import PipeTransport
+out = os.dup(1)
+os.dup2(2, 1)
+Connection(PipeTransport(0, out, owns_fds=False, peer="stdio"), Dispatcher(version="0.0.1")).start().wait_closed()
+"""
+
+
+def test_a_castor_older_than_the_extension_is_named_so_with_how_to_upgrade(start_pi, tmp_path):
+    """A castor that answers its hello but has none of the methods casts need came up as "castor: up",
+    and each /materia command then failed with a bare "unknown method 'cast.list'"."""
+    import sys
+
+    script = tmp_path / "old_castor.py"
+    script.write_text(OLD_CASTOR)
+    pi = start_pi([sys.executable, str(script)])
+    warned = pi.wait_ui("notify", lambda e: "older than this extension" in str(e.get("message")), timeout=40)
+    assert warned["notifyType"] == "warning"
+    assert warned["message"].startswith("castor 0.0.1 is older than this extension (0.1.0): it has no session.open")
+    assert "pip install -U castor" in warned["message"]
+    cmd = pi.command("/materia casts")
+    failed = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
+    assert failed["message"].startswith("materia: castor 0.0.1 is older than this extension (0.1.0): it has no "
+                                        "cast.list."), failed
+    assert failed["message"].endswith("[unknown_method]")
+
+
+def test_a_python_without_castor_says_so_in_each_commands_error(start_pi):
+    """`--castor-python` naming a Python that has no castor: the start's toast quoted "No module named
+    castor", but every command after it only said the runtime exited."""
+    import sys
+
+    # -I -S: neither PYTHONPATH nor site-packages, so this interpreter has no castor
+    pi = start_pi([sys.executable, "-I", "-S", "-m", "castor", "serve", "--stdio"], timeout_ms=5000)
+    pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", timeout=40)
+    cmd = pi.command("/materia casts")
+    failed = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
+    assert "[runtime_exited]. castor's last stderr lines: " in failed["message"], failed
+    assert f"{sys.executable}: No module named castor" in failed["message"], failed
