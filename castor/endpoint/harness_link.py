@@ -53,7 +53,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from castor._log import logger
 from castor.domain.icarus.lifecycle import CASTOR_PROMPT_TYPE
-from castor.domain.materia.budget import answering_model, non_negative_number, plain_usage, sum_usage_maps, text_or_none
+from castor.domain.materia.budget import (
+    answering_model,
+    non_negative_number,
+    plain_usage,
+    sum_usage_maps,
+    text_or_none,
+    unreadable_usage,
+)
 from castor.domain.materia.prompts import turn_message_details
 from castor.endpoint.errors import ConnectionClosed
 from castor.endpoint.framing import element_over_limits
@@ -320,12 +327,16 @@ def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
 
 def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
     """Map ``agent.turn_ended`` params onto a TurnOutcome (unknown usage stays None)."""
-    usage = params.get("usage") if isinstance(params.get("usage"), dict) else None
+    usage = params.get("usage")
     usages = params.get("usages")
     if isinstance(usages, list) and usages:
         # The raw map of every assistant message (a harness that sums them itself can only add the
         # spellings it knows; each is read here with every alias pi-materia reads).
         usage = sum_usage_maps(usages)
+    elif usages is not None and not isinstance(usages, list):
+        usage = unreadable_usage("usages", usages)
+    elif usage is not None and not isinstance(usage, dict):
+        usage = unreadable_usage("usage", usage)
     model, provider, api = answering_model(params)
     error = params.get("error")
     turn_error = None

@@ -354,7 +354,7 @@ def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
     flags: list[bool | None] = []
     unreadable: list[str] = []
     for raw in maps[:MAX_USAGE_MAPS]:
-        unreadable += unreadable_figures(raw)
+        unreadable += unreadable_figures(raw) if raw is None or isinstance(raw, dict) else [_note("usage", raw)]
         turn = extract_usage(raw)
         total = TurnUsage(tokens=total.tokens.plus(turn.tokens), cost=total.cost.plus(turn.cost))
         cost = raw.get("cost") if isinstance(raw, dict) else None
@@ -556,6 +556,13 @@ def _unread(raw: Any, names: tuple[str, ...], prefix: str = "") -> str | None:
         if value is not None:
             return _note(prefix + name, value)
     return None
+
+
+def unreadable_usage(name: str, value: Any) -> dict[str, Any]:
+    """A usage map for a usage given as something that is not one (a number, a string, a list):
+    it counts nothing and names ``value`` under ``name`` as unreadable (:func:`unreadable_figures`),
+    so the turn is kept and the user is told its usage could not be read."""
+    return {UNREADABLE_KEY: [_note(name, value)]}
 
 
 def unreadable_figures(raw: Any) -> list[str]:

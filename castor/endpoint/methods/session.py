@@ -52,14 +52,17 @@ class TurnEndedParams(Params):
     text_cut_from: int | None = Field(None, ge=0)  # the harness cut ``text`` from this many UTF-8 bytes
     stop_reason: str | None = None
     error: Any = None
-    usage: dict[str, Any] | None = None
+    # The usage fields are read as given (castor.endpoint.harness_link.outcome_from_wire): a usage
+    # that is not a map (a number, a string) is named to the user as unreadable, never a reason to
+    # refuse the turn -- refused, its answer was lost and the cast waited for it for ever.
+    usage: Any = None
     aborted: bool = False
     entry_id: str | None = None
     model: Any = None  # the model that answered: "id", or {provider, id, api}
-    usages: list[Any] | None = None  # one usage map per assistant message of the turn, as the provider wrote it
-    provider: str | None = None
-    api: str | None = None
-    thinking_level: str | None = None
+    usages: Any = None  # one usage map per assistant message of the turn (a list), as the provider wrote it
+    provider: Any = None  # a name; anything else is no name
+    api: Any = None
+    thinking_level: Any = None
 
 
 def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:

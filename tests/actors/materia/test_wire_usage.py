@@ -102,3 +102,25 @@ def test_per_message_usage_in_any_spelling_and_the_model_fields_reach_usage_json
     assert selection["requestedModel"] == "acme/m-1" and selection["provider"] == "acme"
     assert selection["model"] == "m-1" and selection["thinking"] == "high" and selection["source"] == "configured"
     assert selection["label"] == "acme/m-1" and selection["socket"] == "Socket-1"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("usage", "named"), [(0.0012, "usage=0.0012"), ("12 tokens", 'usage="12 tokens"'),
+                                               ([1, 2], "usage=[1, 2]")])
+def test_a_usage_that_is_not_a_map_keeps_the_turn_and_is_named_unreadable(served, project, usage, named):
+    """``agent.turn_ended`` refused the whole call (invalid_params) for a usage that was not a map:
+    the answer was lost and the cast waited for it for ever."""
+    write_project_config(project, {"activeLoadout": "One", "materia": {"S": {"prompt": "Step", "tools": "none"}},
+                                   "loadouts": {"One": {"entry": "Socket-1", "sockets": {
+                                       "Socket-1": {"type": "agent", "materia": "S"}}}}})
+    client = served()
+    UsageHarness(client, "pi-1", usage)
+    client.call("session.open", {"session_id": "pi-1", "cwd": str(project), "trusted": True})
+    started = client.call("cast.start", {"session_id": "pi-1", "cwd": str(project), "request": "go"})
+    done = wait_for(lambda: (v := client.call("cast.status", {"session_id": "pi-1", "cast_id": started["cast_id"]}))
+                    ["status"] != "active" and v, what="the cast's end")
+    assert done["status"] == "complete", done
+    report = json.loads((Path(done["run_dir"]) / "usage.json").read_text())
+    assert [t.get("unreadable") for t in report["turns"]] == [[named]]
+    events = [json.loads(line) for line in (Path(done["run_dir"]) / "events.jsonl").read_text().splitlines()]
+    assert [e["data"]["figures"] for e in events if e["type"] == "usage_unreadable"] == [[named]]

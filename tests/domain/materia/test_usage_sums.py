@@ -66,3 +66,8 @@ def test_openais_nested_cached_tokens_are_cache_read_tokens_counted_once() -> No
                  "input_tokens_details": {"cached_tokens": 20}, "output_tokens_details": {"reasoning_tokens": 30}}
     tokens = extract_usage(responses).tokens
     assert (tokens.cacheRead, tokens.total) == (20, 150)
+
+
+def test_a_per_message_usage_that_is_not_a_map_is_named_not_skipped_without_a_word() -> None:
+    summed = sum_usage_maps([5, {"input": 1}, None])
+    assert summed["unreadable"] == ["usage=5"] and summed["input"] == 1
