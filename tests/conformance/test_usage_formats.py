@@ -245,7 +245,9 @@ def test_a_figure_that_is_given_but_not_a_number_is_named(usage: dict[str, Any],
 ])
 def test_a_usage_whose_every_given_figure_is_read_names_nothing(usage: Any) -> None:
     assert unreadable_figures(usage) == []
-    assert unreadable_figures(sum_usage_maps([usage])) == []
+    # a per-message usage that is not a map is itself named (usage="not a map"): it is malformed
+    named = [f"usage={json.dumps(usage)}"] if usage is not None and not isinstance(usage, dict) else []
+    assert unreadable_figures(sum_usage_maps([usage])) == named
 
 
 def test_names_of_unreadable_figures_are_bounded() -> None:
