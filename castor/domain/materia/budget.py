@@ -636,9 +636,9 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     cost), whether to warn now (once, at ``warnAtPercent``), and whether a limit is hit."""
     tokens_ratio = _ratio(report.tokens.total, budget.max_tokens)
     cost_ratio = _ratio(report.cost.total, budget.max_cost_usd)
-    percent = min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE)  # finite: it is written in an event
-    if percent.is_integer():
-        percent = int(percent)  # 75, not 75.0: as JavaScript writes it
+    # finite (it is written in an event), and decimal: $0.30 of $0.40 is 75%, not the binary
+    # 74.99999999999999 that never reached a warnAtPercent of 75; 75, not 75.0, as JavaScript writes it
+    percent = decimal_figure(min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE))
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
     # A limit of 0 is a limit (pi-materia: ``maxTokens !== undefined && total >= maxTokens``): the
     # first completion reaches it. Only an unset limit is none.

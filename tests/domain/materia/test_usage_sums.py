@@ -71,3 +71,9 @@ def test_openais_nested_cached_tokens_are_cache_read_tokens_counted_once() -> No
 def test_a_per_message_usage_that_is_not_a_map_is_named_not_skipped_without_a_word() -> None:
     summed = sum_usage_maps([5, {"input": 1}, None])
     assert summed["unreadable"] == ["usage=5"] and summed["input"] == 1
+
+
+def test_the_budget_percentage_is_decimal_so_a_warning_at_exactly_its_percent_is_given() -> None:
+    # $0.30 of $0.40 is 0.7499999999999999 * 100 in binary floats: the 75% warning never came
+    check = check_budget(Budget(max_cost_usd=0.4), _report({"cost": {"total": 0.3}}), already_warned=False)
+    assert check.percent == 75 and check.warn and not check.limit_hit
