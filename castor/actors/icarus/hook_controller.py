@@ -82,7 +82,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from functools import partial
 from typing import Any, ClassVar
 
@@ -245,6 +245,16 @@ class WorkerLane:
             self._abandoned = current[1]
         current[1].cancel()
         return True
+
+    def drop_answered(self, function: str, in_flight: Container[str]) -> None:
+        """Take the queued calls of ``function`` whose request is not ``in_flight`` (its asker was
+        answered already: an invalidation, an abort) off the queue: never sent, and no
+        completion fed back (the lifecycle has nothing left to settle for them)."""
+        with self._mutex:
+            if not self._queue:
+                return
+            self._queue = deque(item for item in self._queue
+                                if isinstance(item, _Close) or item[1] != function or item[0] in in_flight)
 
     def help_until(self, done: Answer, deadline: float) -> None:
         """Run queued jobs on this thread, in order, while no other thread runs one, until ``done``
@@ -488,7 +498,13 @@ class HookController(Actor):
         kind = type(event)
         if kind is lc.SessionStart:
             self._prompt_footer = None  # a (re)started session gets the footer at its next prompt
+        generation = self.state.generation
         self.state, effects = lc.step(self.state, event)
+        if self.state.generation != generation or kind is lc.TurnAborted:
+            # Retrievals still queued whose prompt was just answered (nothing) are never sent:
+            # their answer is ignored, a hung worker ahead of them would make a quit wait for
+            # them too, and the backend would mark memories as injected that never were.
+            self._lane.drop_answered("pre_llm_call", self.state.inflight)
         if self.state.inflight:  # what a snapshot shows meanwhile (see _describe)
             if self._busy_since is None:
                 self._busy_since = time.monotonic()

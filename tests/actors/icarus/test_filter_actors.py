@@ -197,6 +197,27 @@ def test_a_shutdown_abandons_the_running_retrieval_and_ends_the_session_at_once(
     assert worker.closed == 1
 
 
+def test_a_retrieval_queued_behind_a_hung_one_is_never_sent_once_the_shutdown_answered_it(system):
+    """``/icarus off`` answered a hung retrieval, the next prompt's retrieval queued behind it, then
+    the user quit. The shutdown answered the queued one too, yet the lane sent it to the fresh
+    worker the quit's grace left (a hung backend: the whole ``timeoutMs``) before
+    ``on_session_end``. A retrieval whose asker was answered is dropped from the lane unsent."""
+    worker = FakeWorker()
+    worker.gates["pre_llm_call"] = threading.Event()  # every retrieval hangs until cancelled
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    _, hung = rig.client.submit("before_agent_start", {"prompt": "first"})
+    assert worker.wait_calls(2)
+    assert rig.client.set_enabled(False) is False and rig.client.set_enabled(True) is True
+    assert hung.result(2) is None
+    _, queued = rig.client.submit("before_agent_start", {"prompt": "second"})
+    assert rig.client.event("session_shutdown") is None
+    assert queued.result(2) is None
+    assert worker.cancelled == ["pre_llm_call"]  # the hung one, stopped after the grace
+    assert worker.functions() == ["on_session_start", "pre_llm_call", "on_session_end"]
+    assert worker.closed == 1
+
+
 def test_a_shutdown_lets_a_retrieval_ending_soon_finish_on_the_worker_that_holds_the_session(system):
     """The backend keeps what it gathered of the session in its worker process and extracts it at
     the session's end: stopping every running retrieval at a quit ran on_session_end on a fresh
