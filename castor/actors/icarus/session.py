@@ -155,6 +155,7 @@ class _ObservedWorker:
         self._client = client
         self._warn = warn
         self._told_cannot_start = False
+        self._told_missing: set[str] = set()  # hooks the package lacks, said once each
         # Workers lost in a row, no call answered between them (see below).
         self._losses_in_a_row = 0
 
@@ -178,6 +179,14 @@ class _ObservedWorker:
                             f"(exit code {(exc.data or {}).get('exit_code')})")
                     self._warn(f"Icarus: {what}{named}; hooks run without memory until it can start "
                                "(check the python and icarusDir settings).")
+                raise
+            if reason == "missing_function":
+                # An older or customised Icarus without this hook: every call of it fails the same
+                # way, so it is said once, as what it is (not "failed in the memory backend").
+                if function not in self._told_missing:
+                    self._told_missing.add(function)
+                    self._warn(f"Icarus: the icarus package has no {module}.{function}; Pi sessions run "
+                               "without that step (check the package in the icarusDir setting).")
                 raise
             if exc.code == ErrorCode.WORKER_CRASHED:
                 # A package that ends the process in every call (an ``os._exit`` in its import, a

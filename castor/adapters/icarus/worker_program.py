@@ -139,6 +139,10 @@ def _isolate_stdio() -> "tuple[FileIO, FileIO]":
 
 # --------------------------------------------------------------------------- package
 
+class MissingFunction(AttributeError):
+    """The module has no callable of that name: nothing ran (the module itself imported)."""
+
+
 class OutsidePackage(ImportError):
     """A module of the package whose real file is outside the configured directory: refused
     before any of its code runs."""
@@ -256,7 +260,7 @@ def _target(module_name: str, function_name: str) -> "Callable[..., Any]":
         module = _resolve(full)
     fn: "Callable[..., Any] | None" = getattr(module, function_name, None)
     if fn is None or not callable(fn):
-        raise AttributeError("icarus.%s has no callable %r" % (module_name, function_name))
+        raise MissingFunction("icarus.%s has no callable %r" % (module_name, function_name))
     return fn
 
 
@@ -352,6 +356,8 @@ def handle(line: str) -> "dict[str, Any]":
     except OutsidePackage as exc:
         return {"id": request_id, "ok": False, "error": str(exc), "traceback": "",
                 "refused": "outside_package", "module": exc.module}
+    except MissingFunction as exc:
+        return {"id": request_id, "ok": False, "error": str(exc), "traceback": "", "refused": "missing_function"}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
         reply = {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
         storage = _storage_errno(exc)

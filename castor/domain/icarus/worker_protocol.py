@@ -39,6 +39,13 @@ class IcarusModuleRefused(CastorError):
     code = ErrorCode.FORBIDDEN
 
 
+class IcarusFunctionMissing(CastorError):
+    """The configured package has no such function (an older or customised Icarus without a hook
+    or a tool): the worker looked it up and called nothing."""
+
+    code = ErrorCode.NOT_FOUND
+
+
 class WorkerProtocolError(CastorError):
     """The worker's stdout carried a line that is not a protocol reply."""
 
@@ -52,7 +59,9 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     failed"`` when it is empty. ``may_have_started`` is always true: the
     function ran, at least in part. A reply the worker marks ``refused:
     "outside_package"`` is :class:`IcarusModuleRefused` (``forbidden``, reason
-    ``outside_package``, ``may_have_started`` false: the function never ran). One the worker marks
+    ``outside_package``, ``may_have_started`` false: the function never ran); one marked ``refused:
+    "missing_function"`` is :class:`IcarusFunctionMissing` (``not_found``, reason
+    ``missing_function``, ``may_have_started`` false). One the worker marks
     ``storage: "<ERRNO>"`` (the storage refused the backend) is :class:`IcarusStorageFault`
     (``storage_unavailable``, ``data.errno``).
     """
@@ -63,6 +72,9 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
         raise IcarusModuleRefused(message, data={"reason": "outside_package", "target": target,
                                                  "module": str(reply.get("module") or "")},
                                   may_have_started=False)
+    if reply.get("refused") == "missing_function":
+        raise IcarusFunctionMissing(message, data={"reason": "missing_function", "target": target},
+                                    may_have_started=False)
     storage = reply.get("storage")
     if isinstance(storage, str) and storage in _ERRNO_NAMES:
         raise IcarusStorageFault(f"storage unavailable: {message}", data={

@@ -649,3 +649,34 @@ def test_a_harness_session_id_that_is_not_a_safe_id_is_refused_at_open(wired, na
     opened = client.call("session.open", {"session_id": SID, "cwd": str(world.project), "trusted": False,
                                           "flags": {"harness": "pi", "harness_session_id": ""}})
     assert opened["session_id"] == SID  # nothing of the refused open was kept
+
+
+OLDER_ICARUS = REFERENCE_ICARUS.parents[2] / "tests" / "support" / "icarus_packages" / "older_icarus" / "icarus"
+
+
+def test_a_package_without_a_hook_or_tool_says_so_once_and_the_tool_is_not_found(wired):  # noqa: F811 - the shared fixture
+    """An older or customised Icarus without ``pre_llm_call`` or ``fabric_brief``: every prompt
+    warned "failed in the memory backend" and the tool answered ``internal`` ("may have started",
+    castor's own traceback). Now the tool is ``not_found`` (``missing_function``, nothing ran) and
+    the hooks run without the missing function, said once per function for the session."""
+    world, connect = wired
+    world.write_global(icarusDir=str(OLDER_ICARUS), classifier="none")
+    client, harness = connect()
+    open_session(client, world, SID)
+    p = Pi(client, harness)
+    assert p.event("session_start", reason="startup") == {}
+    assert [p.prompt(f"prompt {n}") for n in range(3)] == [{}, {}, {}]
+    with pytest.raises(CastorError) as missing:
+        p.tool("fabric_brief", {})
+    assert missing.value.code == "not_found"
+    assert missing.value.data == {"reason": "missing_function", "target": "tools.fabric_brief",
+                                  "may_have_started": False}
+    pid = client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"]
+    assert p.tool("fabric_search", {"query": "q"})["count"] == 0  # the same worker serves the rest
+    assert client.call("ops.worker", {"session_id": SID})["worker"]["process"]["pid"] == pid
+    assert p.event("session_shutdown", reason="quit") == {}
+    warnings = [n["message"] for m, n in harness.notes if m == "ui.notify"]
+    assert len(warnings) == 2, warnings  # pre_llm_call once, on_session_end once
+    assert "hooks.pre_llm_call" in warnings[0] and "hooks.on_session_end" in warnings[1]
+    assert all("failed in the memory backend" not in w for w in warnings)
+

@@ -53,6 +53,24 @@ def test_reply_carries_request_id_and_error_envelope(harness):
     assert call(worker, "hooks", "counter") == 1  # the worker survived the exception
 
 
+def test_a_function_the_package_lacks_is_not_found_and_never_ran(harness):
+    """A package without the function asked for (an older or customised Icarus: no
+    ``on_session_end``, no ``fabric_brief``) answered ``internal``, "may have started", with a
+    traceback of castor's own worker program: an error of castor's, a function that might have
+    acted. It is ``not_found`` (reason ``missing_function``), nothing ran, and the worker lives on."""
+    worker = harness.worker()
+    rid = next_request_id()
+    reply = worker.call(rid, "tools", "fabric_no_such_tool", [{}], {}, time.monotonic() + 10)
+    assert reply["id"] == rid and reply["ok"] is False
+    with pytest.raises(CastorError) as info:
+        reply_result(reply, "tools.fabric_no_such_tool")
+    assert info.value.code == ErrorCode.NOT_FOUND
+    assert info.value.data == {"reason": "missing_function", "target": "tools.fabric_no_such_tool",
+                               "may_have_started": False}
+    assert "fabric_no_such_tool" in info.value.message
+    assert call(worker, "hooks", "counter") == 1  # the same worker, alive
+
+
 def test_tool_call_shape_reaches_backend(harness):
     worker = harness.worker()
     result = call(worker, "tools", "fabric_search", {"query": "q"})
