@@ -592,9 +592,17 @@ class IcarusSession:
             where = f" ({insp.path})" if insp.path else ""
             note = (f" Project settings ({project.path}) are not read: this project is untrusted."
                     if scope == "project" else "")
-            return f"Startup default is {label[insp.value]} from {_SOURCE_LABEL[insp.source]}{where}.{note}{tail}"
+            # A file the user wrote the default in but that cannot be read (a JSON slip) counts for
+            # nothing: said, not left for the user to wonder why their value is not the default.
+            ignored = "".join(f" {layer.scope.capitalize()} settings are ignored ({layer.error}): {layer.path}."
+                              for layer in ((project, global_) if trusted else (global_,)) if layer.error)
+            return (f"Startup default is {label[insp.value]} from {_SOURCE_LABEL[insp.source]}{where}."
+                    f"{ignored}{note}{tail}")
         layer = project if scope == "project" else global_
         value = scope_bool(layer, key)
+        if layer.error:
+            return (f"Startup default is {label[bool(KEY_BY_NAME[key].default)]} from built-in default "
+                    f"({scope} settings are ignored ({layer.error}): {layer.path}).{tail}")
         if value is None:
             return (f"Startup default is {label[bool(KEY_BY_NAME[key].default)]} from built-in default "
                     f"(not set in {scope} settings: {layer.path}).{tail}")

@@ -493,6 +493,23 @@ def test_a_scoped_context_default_status_says_the_default_and_where_it_comes_fro
     assert "not set in global settings" in unset and str(world.global_path) in unset, unset
 
 
+def test_a_default_status_says_a_settings_file_it_cannot_read_is_ignored(wired):  # noqa: F811
+    """A project file with a JSON slip (a trailing comma) where the user set the default: the
+    status said "not set in project settings" and the effective default came from elsewhere with
+    no word about the file. It now says the file is ignored and why."""
+    world, _connect = wired
+    world.write_global(contextDisplay=False)
+    world.project_path.parent.mkdir(exist_ok=True)
+    world.project_path.write_text('{"piIcarusHook": {"contextDisplay": true,}}')
+    _w, p = _open(wired, trusted=True)
+    scoped = p.command("context default status project")["text"]
+    assert "not set in" not in scoped, scoped
+    assert f"project settings are ignored (not valid JSON): {world.project_path}" in scoped, scoped
+    effective = p.command("context default")["text"]
+    assert f"Startup default is hidden from global settings ({world.global_path})" in effective, effective
+    assert f"Project settings are ignored (not valid JSON): {world.project_path}" in effective, effective
+
+
 def test_an_untrusted_sessions_project_default_status_is_the_effective_one_and_says_why(wired):  # noqa: F811
     world, _connect = wired
     world.write_global(contextDisplay=False)
