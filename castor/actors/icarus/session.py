@@ -68,7 +68,7 @@ from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.actors.icarus.messages import HarnessEventName
-from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, death_words, icarus_worker_spec
+from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, icarus_worker_spec
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
 from castor.domain.icarus.commands import (
@@ -101,6 +101,7 @@ from castor.domain.icarus.tools import (
     prepare_call,
     registered_tools,
 )
+from castor.domain.icarus.worker_protocol import death_words
 from castor.messages.errors import CastorError, ErrorCode, NotFound
 from castor.messages.ids import is_safe_id
 from castor.ports.classifier import ClassifierPort, ClassifierRequest, ClassifierResponse, ModelEndpoint

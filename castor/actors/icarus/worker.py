@@ -54,7 +54,7 @@ from typing import Any
 
 from castor import tree
 from castor.domain.icarus.crash_loop import CrashLoop, CrashLoopLimit
-from castor.domain.icarus.worker_protocol import reply_result
+from castor.domain.icarus.worker_protocol import death_words, reply_result
 from castor.messages.base import LocalMessage
 from castor.messages.built import built
 from castor.messages.errors import (
@@ -345,21 +345,6 @@ def _exit_words(crash: WorkerCrashed) -> str:
     an operator reads (a kill -9 or the OOM killer, or the backend's own exit)."""
     words = death_words((crash.data or {}).get("exit_code"))
     return f" ({words})" if words else ""
-
-
-def death_words(code: object) -> str:
-    """``killed by SIGKILL`` / ``exit code 4`` for a worker's exit status (negative: the signal
-    that ended it, as ``subprocess`` reports it); ``""`` when there is none."""
-    import signal
-
-    if not isinstance(code, int) or isinstance(code, bool):
-        return ""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _no_tally() -> None:

@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict
 
 from castor._log import logger
 from castor.adapters.icarus.launch import WorkerLaunch
-from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, reply_result
+from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, death_words, reply_result
 from castor.domain.jsontext import well_formed
 from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
 from castor.supervision.threads import start_thread
@@ -692,7 +692,8 @@ class WorkerProcess:
             data["died_idle"] = True
         if before_ready:
             data.update(reason="exited_before_ready", python=self._launch.python)
-        error = WorkerCrashed(f"icarus worker exited (code {exit_code}) during {target}",
+        how = death_words(exit_code) or "exit status unknown"  # "killed by SIGKILL", never "code -9"
+        error = WorkerCrashed(f"icarus worker ended ({how}) during {target}",
                               data=data, may_have_started=may_have_started and not died_idle)
         error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]  # an extra, off-wire attribute
         return error

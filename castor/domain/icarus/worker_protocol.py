@@ -9,6 +9,7 @@ it carries its own copy of :data:`ALLOWED_MODULES`; a test pins the two together
 from __future__ import annotations
 
 import errno
+import signal
 from typing import Any
 
 from castor.messages.errors import CastorError, ErrorCode
@@ -83,3 +84,17 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     raise IcarusCallError(message, data={"reason": "backend_error", "target": target,
                                          "traceback": str(reply.get("traceback") or "")},
                           may_have_started=True)
+
+
+def death_words(code: object) -> str:
+    """``killed by SIGKILL`` / ``exit code 4`` for a worker's exit status (negative: the signal
+    that ended it, as ``subprocess`` reports it); ``""`` when there is none."""
+    if not isinstance(code, int) or isinstance(code, bool):
+        return ""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+

@@ -203,6 +203,8 @@ def test_external_sigkill_mid_call_raises_worker_crashed_promptly(harness):
     error = outcome["error"]
     assert isinstance(error, WorkerCrashed)  # not Timeout: the kill ended it, not the deadline
     assert error.data["exit_code"] == -signal.SIGKILL
+    # what the tool's caller reads: the signal by name, not a negative exit code ("code -9")
+    assert error.message == "icarus worker ended (killed by SIGKILL) during hooks.sleep", error.message
 
 
 def test_crash_mid_call_reports_exit_code_and_stderr_tail(harness):
@@ -211,6 +213,7 @@ def test_crash_mid_call_reports_exit_code_and_stderr_tail(harness):
     with pytest.raises(WorkerCrashed) as info:
         call(worker, "hooks", "crash", 7)
     assert info.value.data["exit_code"] == 7 and info.value.may_have_started is True
+    assert info.value.message == "icarus worker ended (exit code 7) during hooks.crash", info.value.message
     assert "python-level noise" in info.value.stderr_tail
     assert "stderr_tail" not in info.value.data  # diagnostics never cross the wire
     with pytest.raises(WorkerCrashed):
