@@ -94,6 +94,11 @@ _LIVENESS_POLL_S = 0.25  # how often a blocked call re-checks that the child is 
 _LIVENESS_POLL_MS = int(_LIVENESS_POLL_S * 1000)
 _IDLE_EVENTS_FRESH_S = 0.001  # how old exited_while_idle's poll may be for a call to reuse it
 _READ_CHUNK = 1 << 16
+#: The longest reply line castor reads (bytes). Longer ones are dropped as they arrive and fail
+#: their call (``reply_too_large``): no such answer could reach the harness (a frame holds 16 MiB,
+#: and escaped JSON is at most three times the text it carries), and gathering one grew castor
+#: by several times its size (a 300 MB answer: 1.2 GB at its peak).
+MAX_REPLY_BYTES = 64 << 20
 #: The worker program's first line (worker_program.READY_LINE, stripped; a test pins them equal).
 _READY = b'{"ready": "castor-icarus-worker"}'
 #: What is kept of output before the ready line while it is awaited (it is dropped anyway).
@@ -170,8 +175,9 @@ class WorkerProcess:
     """A persistent worker subprocess; see the module docstring for guarantees."""
 
     def __init__(self, launch: WorkerLaunch, *, stderr_max_lines: int = 200,
-                 stderr_max_bytes: int = 32 * 1024) -> None:
+                 stderr_max_bytes: int = 32 * 1024, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
         self._launch = launch
+        self._max_reply = max_reply_bytes
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr = StderrTail(stderr_max_lines, stderr_max_bytes)
         self._stderr_thread: threading.Thread | None = None
@@ -554,6 +560,8 @@ class WorkerProcess:
         poller = self._reply_poller
         read_first = not self._poll_first and not self._buffer
         tail: list[bytes] = []  # chunks of a line still without its newline (joined once it comes)
+        tail_size = 0
+        dropping: int | None = None  # a line over the bound, dropped as it comes: its reply's id (-1: none)
         if self._poll_first:
             self._poll_first -= 1
         while True:
@@ -594,6 +602,20 @@ class WorkerProcess:
             if not chunk:  # end of file: the child is gone
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
+            if dropping is not None:
+                end = chunk.find(b"\n")
+                if end < 0:
+                    continue
+                chunk = chunk[end + 1:]
+                if dropping == request_id:
+                    self._buffer = chunk
+                    return {"id": request_id, "ok": False, "traceback": "", "refused": "reply_too_large",
+                            "error": f"reply too large: the worker's answer was over {self._max_reply} bytes "
+                                     "and was dropped unread"}
+                dropping = None
+                self._garbage += 1
+                if not chunk:
+                    continue
             if self._buffer:
                 # A long line (a large value) comes in many chunks: they wait in ``tail`` and are
                 # joined once, when its newline comes. ``+=`` per chunk copied the whole line each
@@ -601,11 +623,19 @@ class WorkerProcess:
                 # 28 s, near the 30 s default deadline).
                 if chunk.find(b"\n") < 0:
                     tail.append(chunk)
+                    tail_size += len(chunk)
+                    if tail_size + len(self._buffer) > self._max_reply:
+                        head = _REPLY_HEAD.match(self._buffer.lstrip())
+                        dropping = int(head.group(1)) if head is not None else -1
+                        self._buffer = b""
+                        tail.clear()
+                        tail_size = 0
                     continue
                 if tail:
                     tail.append(chunk)
                     chunk = b"".join(tail)
                     tail.clear()
+                    tail_size = 0
                 self._buffer += chunk
                 continue
             # find, not count: bytes.count scans byte by byte (~3 us for a 10 KiB reply), find

@@ -62,7 +62,9 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     "outside_package"`` is :class:`IcarusModuleRefused` (``forbidden``, reason
     ``outside_package``, ``may_have_started`` false: the function never ran); one marked ``refused:
     "missing_function"`` is :class:`IcarusFunctionMissing` (``not_found``, reason
-    ``missing_function``, ``may_have_started`` false). One the worker marks
+    ``missing_function``, ``may_have_started`` false); one castor made for a reply line over its
+    bound (``refused: "reply_too_large"``) is :class:`IcarusCallError` with that reason (the
+    function ran). One the worker marks
     ``storage: "<ERRNO>"`` (the storage refused the backend) is :class:`IcarusStorageFault`
     (``storage_unavailable``, ``data.errno``).
     """
@@ -76,6 +78,8 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     if reply.get("refused") == "missing_function":
         raise IcarusFunctionMissing(message, data={"reason": "missing_function", "target": target},
                                     may_have_started=False)
+    if reply.get("refused") == "reply_too_large":
+        raise IcarusCallError(message, data={"reason": "reply_too_large", "target": target}, may_have_started=True)
     storage = reply.get("storage")
     if isinstance(storage, str) and storage in _ERRNO_NAMES:
         raise IcarusStorageFault(f"storage unavailable: {message}", data={

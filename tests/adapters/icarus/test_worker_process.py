@@ -71,6 +71,32 @@ def test_a_function_the_package_lacks_is_not_found_and_never_ran(harness):
     assert call(worker, "hooks", "counter") == 1  # the same worker, alive
 
 
+def test_a_reply_larger_than_the_bound_fails_its_call_and_castor_never_holds_it(harness):
+    """A runaway backend answering hundreds of megabytes: castor gathered the whole line, joined,
+    decoded and parsed it (a 300 MB answer peaked castor at 1.2 GB, 470 MB kept after) only to
+    find it too large to send on. A reply line over ``max_reply_bytes`` is now dropped as it
+    arrives: its call fails (``internal``, reason ``reply_too_large``) and the worker, which kept
+    its state, answers the next call."""
+    worker = harness.worker(max_reply_bytes=1 << 20)
+    assert call(worker, "hooks", "counter") == 1
+    with pytest.raises(IcarusCallError) as info:
+        call(worker, "hooks", "echo", "x" * (3 << 20))
+    assert info.value.data["reason"] == "reply_too_large" and info.value.may_have_started is True
+    assert "1048576" in info.value.message
+    assert call(worker, "hooks", "counter") == 2  # the same process: nothing of the session was lost
+    assert call(worker, "hooks", "echo", "y" * 1000) == {"args": ["y" * 1000], "kwargs": {}}
+    assert worker.stats().garbage_lines == 0
+
+
+def test_the_default_reply_bound_is_above_any_reply_a_frame_can_carry():
+    """An answer that could still reach the harness is never cut: escaped JSON is at most three
+    times the UTF-8 text it carries ("\\u00e9" for a two-byte "é"), and a frame holds 16 MiB."""
+    from castor.adapters.icarus.worker_process import MAX_REPLY_BYTES
+    from castor.endpoint.framing import FrameLimits
+
+    assert MAX_REPLY_BYTES >= 3 * FrameLimits().max_buffer_size
+
+
 def test_tool_call_shape_reaches_backend(harness):
     worker = harness.worker()
     result = call(worker, "tools", "fabric_search", {"query": "q"})
