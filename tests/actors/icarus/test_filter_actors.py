@@ -218,6 +218,25 @@ def test_a_retrieval_queued_behind_a_hung_one_is_never_sent_once_the_shutdown_an
     assert worker.closed == 1
 
 
+def test_an_aborted_prompts_retrieval_still_queued_is_never_sent(system):
+    """The turn's abort answers its prompt with nothing; its retrieval, still queued behind a slow
+    one, is taken off the lane: never run (its answer would be ignored) and the next prompt's
+    retrieval runs right after the slow one."""
+    worker = FakeWorker({"pre_llm_call": {"context": SAMPLE}})
+    gate = worker.gates["pre_llm_call"] = threading.Event()
+    rig = Rig(system, worker=worker, filtering=False)
+    rig.start()
+    _, slow = rig.client.submit("before_agent_start", {"prompt": "slow"})
+    assert worker.wait_calls(2)
+    aborted_req, aborted = rig.client.submit("before_agent_start", {"prompt": "aborted"})
+    rig.client.abort(aborted_req)
+    assert aborted.result(2) is None
+    _, kept = rig.client.submit("before_agent_start", {"prompt": "kept"})
+    gate.set()
+    assert slow.result(5) is not None and kept.result(5) is not None
+    assert [c[2].get("user_message") for c in worker.calls if c[1] == "pre_llm_call"] == ["slow", "kept"]
+
+
 def test_a_shutdown_lets_a_retrieval_ending_soon_finish_on_the_worker_that_holds_the_session(system):
     """The backend keeps what it gathered of the session in its worker process and extracts it at
     the session's end: stopping every running retrieval at a quit ran on_session_end on a fresh
