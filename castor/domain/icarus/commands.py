@@ -97,7 +97,7 @@ IcarusCommand = HooksCommand | ContextCommand | ContextDefaultCommand | InspectC
 
 def _no_more(words: list[str], used: int) -> None:
     if len(words) > used:
-        raise CommandError(f"unexpected argument {words[used]!r}")
+        raise CommandError(f"unexpected argument {clipped(words[used], 64)!r}")
 
 
 def _visibility(word: str) -> Literal["show", "hide"] | None:
@@ -118,12 +118,12 @@ def _parse_default(words: list[str]) -> ContextDefaultCommand:
         return ContextDefaultCommand(action="status", scope=_SCOPE_WORDS[word])
     action: ContextAction | None = _STATE_WORDS.get(word) or _visibility(word)
     if action is None:
-        raise CommandError(f"unknown context default action {word!r}")
+        raise CommandError(f"unknown context default action {clipped(word, 64)!r}")
     scope: Scope | None = None
     if len(words) > 3:
         scope_word = words[3]
         if scope_word not in _SCOPE_WORDS:
-            raise CommandError(f"unknown scope {scope_word!r} (use project or global)")
+            raise CommandError(f"unknown scope {clipped(scope_word, 64)!r} (use project or global)")
         scope = _SCOPE_WORDS[scope_word]
         _no_more(words, 4)
     return ContextDefaultCommand(action=action, scope=scope)
@@ -140,7 +140,7 @@ def _parse_context(words: list[str]) -> IcarusCommand:
         return ContextCommand(action=_STATE_WORDS[word])
     action = _visibility(word)
     if action is None:
-        raise CommandError(f"unknown context action {word!r}")
+        raise CommandError(f"unknown context action {clipped(word, 64)!r}")
     return ContextCommand(action=action)
 
 

@@ -63,3 +63,14 @@ def test_invalid_commands_are_typed_errors_with_usage(text):
 def test_only_default_writes_are_writes():
     assert parse_command("context default hide").writes
     assert not parse_command("context default status").writes
+
+
+@pytest.mark.parametrize("text", ["on {w}", "context {w}", "context default {w}", "context default hide {w}",
+                                  "context default hide global {w}", "{w}"])
+def test_a_long_word_is_echoed_clipped_whatever_its_place(text):
+    """Only an unknown first word was clipped: ``/icarus on <a pasted megabyte>`` answered with the
+    whole megabyte in the warning Pi shows."""
+    with pytest.raises(CommandError) as info:
+        parse_command(text.format(w="y" * 1_000_000))
+    assert len(info.value.message) < len(USAGE) + 200, len(info.value.message)
+    assert "(1000000 characters)" in info.value.message
