@@ -247,6 +247,7 @@ class _Standalone:
         self.began_at = time.time()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castor-cli-runtime")
         self._in_flight: Future[Any] | None = None
+        self._closed = False
         self._signals = _StopSignals()
         try:
             self._on_worker(self._build, cwd, agent_spec, config_path, printer, need_agent)
@@ -289,8 +290,12 @@ class _Standalone:
         return result
 
     def close(self) -> None:
+        """Shut the runtime down (see the class); a second call does nothing."""
         from concurrent.futures import wait
 
+        if self._closed:
+            return
+        self._closed = True
         self._signals.escalate()  # from now on a signal kills what is left and exits
         try:
             if self.runtime is None and self._in_flight is not None:
@@ -441,18 +446,22 @@ def _say_err(line: str) -> None:
 
 
 @contextmanager
-def _named_on_interrupt(cast_id: str) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM inside (the runtime then shuts down as the exception unwinds, the
-    cast stays resumable), say which cast stopped and how to go on -- "castor: interrupted" alone
-    named neither; the same when the command meets a storage fault of its own while it watches the
-    cast. Entered as soon as the cast's id is known, before anything is printed."""
+def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM inside, say which cast stopped and how to go on -- "castor: interrupted"
+    alone named neither; the same when the command meets a storage fault of its own while it watches
+    the cast. Entered as soon as the cast's id is known, before anything is printed.
+
+    The line is said once the runtime has stopped, from the cast as it was then saved: a signal
+    that lands as the cast ends (or while the runtime stops, as its last turn's end is saved) finds
+    it complete, failed or aborted, and the line says so -- it used to promise a ``castor continue``
+    that castor then refused. The exit status stays the signal's."""
     from castor.messages.errors import StorageUnavailable
 
     try:
         yield
     except KeyboardInterrupt:
-        print(f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}",
-              file=sys.stderr)
+        session.close()  # the cast goes no further; a second signal now kills what is left
+        print(_stopped_line(artifact_root, cast_id), file=sys.stderr)
         raise
     except StorageUnavailable:
         # The command's own read or write failed (its status poll of a state.json the storage no
@@ -461,6 +470,28 @@ def _named_on_interrupt(cast_id: str) -> Iterator[None]:
         _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
                  f"`castor recast {cast_id}` resumes it")
         raise
+
+
+def _stopped_line(artifact_root: Path, cast_id: str) -> str:
+    """What a command interrupted while it ran ``cast_id`` says of it, read after its runtime stopped:
+    a cast still going (active: orphaned, interrupted or paused) stays resumable with ``castor
+    continue``; one that ended first says how it ended (a failed or aborted one, what resumes it)."""
+    from castor.actors.materia.views import persisted_view
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.messages.errors import CastorError
+
+    resumable = f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}"
+    try:
+        view = _shown(persisted_view(FILE_CAST_STORAGE, artifact_root, cast_id, live=False))
+    except (CastorError, OSError, ValueError):
+        return resumable  # unreadable now: as it was when the signal came, still going
+    if view["status"] not in TERMINAL:
+        return resumable
+    said = f"castor: cast {cast_id} ended {view['status']} before the interrupt took effect"
+    if view["status"] == "complete":
+        return f"{said}: {_name(view['run_dir'])}"
+    reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
+    return f"{said}: {reason}; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it"
 
 
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
@@ -616,7 +647,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         assert spec is not None
         started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                          "config_path": args.config, "cli_note": _cli_note(spec)})
-        with _named_on_interrupt(started["cast_id"]):
+        with _named_on_interrupt(session, _artifact_root(cwd, args.config), started["cast_id"]):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:
@@ -645,7 +676,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config,
                           backend=make_backend(args))
     try:
-        with _named_on_interrupt(cast_id):
+        with _named_on_interrupt(session, root, cast_id):
             view = session.call(verb, {"cast_id": cast_id})
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
             return _finish(_watch(session, cast_id, quiet=args.quiet))

@@ -551,3 +551,44 @@ def test_a_storage_fault_of_the_commands_own_status_poll_names_the_cast_and_the_
     recast = _castor(tmp_path, "recast", cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
     assert recast.returncode == 0, recast.stderr
     assert json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)[0]["status"] == "complete"
+
+
+INTERRUPTED_AS_IT_ENDS = r"""
+import os, signal, sys, threading
+import castor.cli.materia as cli
+from castor.cli.app import main
+
+
+def interrupted_finish(view):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the cast's end is reported
+    threading.Event().wait(10)  # the handler raises here
+    raise AssertionError("no KeyboardInterrupt")
+
+
+cli._finish = interrupted_finish
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("ended, said", [
+    ("complete", "ended complete before the interrupt took effect"),
+    ("failed", "ended failed before the interrupt took effect: Utility command failed"),
+])
+def test_ctrl_c_as_the_cast_ends_names_its_real_end_not_a_resume_that_would_be_refused(tmp_path, ended, said):
+    """A Ctrl-C that lands once the cast has ended (or while the runtime shuts down, as its last
+    turn's end is saved) printed "stopped before it ended; it stays resumable: castor continue ID",
+    a command castor then refuses ("is complete and cannot be continued"). The line says how the
+    cast really ended, read after the runtime stopped; the exit status is still the signal's."""
+    command = ["sh", "-c", "exit 0" if ended == "complete" else "exit 3"]
+    project = _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": command}}}}})
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_AS_IT_ENDS, "cast", "x", "--agent",
+                           "script:answers.json", "--quiet"], cwd=project, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    (cast,) = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert cast["status"] == ended, cast
+    assert "stays resumable" not in done.stderr, done.stderr
+    assert f"castor: cast {cast['cast_id']} {said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("castor: interrupted"), done.stderr
