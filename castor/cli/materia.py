@@ -52,6 +52,9 @@ TERMINAL = {"complete", "failed", "aborted"}
 #: and how long it waits for that process to abort.
 ABORT_REQUEST = "abort.request"
 ABORT_WAIT_S = 5.0
+#: ``castor cast``'s mark in the cli.json of the cast it starts (its pid and start time): a command
+#: interrupted before its start verb answered finds by it the cast it made, to name it.
+STARTED_BY = "startedBy"
 #: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
 CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
@@ -423,9 +426,31 @@ def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | 
 
 
 def _cli_note(spec: str) -> dict[str, Any] | None:
-    """What ``<runDir>/cli.json`` remembers: a ``script:`` agent (by absolute path), nothing else."""
+    """The agent ``<runDir>/cli.json`` remembers: a ``script:`` one (by absolute path), nothing else
+    (beside it ``castor cast`` puts its own mark, :data:`STARTED_BY`)."""
     if spec.startswith("script:"):
         return {"agent": f"script:{Path(spec.partition(':')[2]).resolve()}"}
+    return None
+
+
+def _cast_started_by(artifact_root: Path, mark: str, *, since: float) -> str | None:
+    """The cast whose ``cli.json`` carries ``mark`` (:data:`STARTED_BY`), looked for among the run
+    directories made since ``since`` (a cast id is its start's UTC time, so they sort last); None
+    if there is none (the start made no cast, or removed the one that saved no state)."""
+    from datetime import datetime, timezone
+
+    earliest = datetime.fromtimestamp(since - 1, timezone.utc).strftime("%Y-%m-%dT%H-%M-%S")
+    try:
+        names = sorted((name for name in os.listdir(artifact_root) if name >= earliest), reverse=True)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            note = json.loads(_small_file(artifact_root / name / "cli.json"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(note, dict) and note.get(STARTED_BY) == mark:
+            return name
     return None
 
 
@@ -643,11 +668,22 @@ def cmd_cast(args: argparse.Namespace) -> int:
     cwd = _cwd(args)
     spec = _agent_spec(args)
     session = _Standalone(cwd, spec, config_path=args.config, backend=make_backend(args))
+    root = _artifact_root(cwd, args.config)
     try:
         assert spec is not None
-        started = session.call("start", {"request": args.request, "loadout": args.loadout,
-                                         "config_path": args.config, "cli_note": _cli_note(spec)})
-        with _named_on_interrupt(session, _artifact_root(cwd, args.config), started["cast_id"]):
+        mark = f"{os.getpid()}@{session.began_at!r}"  # this command's, in the cast's cli.json
+        try:
+            started = session.call("start", {"request": args.request, "loadout": args.loadout,
+                                             "config_path": args.config,
+                                             "cli_note": {**(_cli_note(spec) or {}), STARTED_BY: mark}})
+        except KeyboardInterrupt:
+            # The start may have made the cast before the signal: it is left resumable, and named.
+            session.close()
+            left = _cast_started_by(root, mark, since=session.began_at)
+            if left is not None:
+                print(_stopped_line(root, left), file=sys.stderr)
+            raise
+        with _named_on_interrupt(session, root, started["cast_id"]):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
     finally:

@@ -592,3 +592,43 @@ def test_ctrl_c_as_the_cast_ends_names_its_real_end_not_a_resume_that_would_be_r
     assert "stays resumable" not in done.stderr, done.stderr
     assert f"castor: cast {cast['cast_id']} {said}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("castor: interrupted"), done.stderr
+
+
+INTERRUPTED_AFTER_THE_START = r"""
+import os, signal, sys, threading
+import castor.actors.materia.api as api
+from castor.cli.app import main
+
+real = api.materia_call
+
+
+def start_then_interrupted(runtime, session_id, verb, params):
+    answer = real(runtime, session_id, verb, params)
+    if verb == "start":  # the cast exists; its id has not reached the command yet
+        os.kill(os.getpid(), signal.SIGNAL_NAME)
+        threading.Event().wait(0.5)
+    return answer
+
+
+api.materia_call = start_then_interrupted
+sys.exit(main(["cast", "go", "--agent", "script:answers.json", "--quiet"]))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_during_the_casts_start_still_names_the_cast_it_leaves(tmp_path, signame, code):
+    """A Ctrl-C (or SIGTERM) while ``castor cast`` waits for its start verb, after the cast was
+    made: the command printed "castor: interrupted" alone, and the cast -- orphaned, resumable --
+    was named nowhere (no ``started`` line). The command finds the cast it started (its run
+    directory's ``cli.json`` carries the command's mark) and names it and how to go on."""
+    project = _project(tmp_path, TWO_AGENT_SOCKETS, answers=[{"text": "one", "delay_ms": 5000}, "two"])
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_AFTER_THE_START.replace("SIGNAL_NAME", signame)],
+                          cwd=project, env=_env(tmp_path), capture_output=True, text=True, timeout=45)
+    assert done.returncode == code, done.stderr
+    (cast,) = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert cast["resumable"] and cast["status"] != "complete", cast
+    cast_id = cast["cast_id"]
+    assert (f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}"
+            in done.stderr), done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("castor: interrupted"), done.stderr
