@@ -783,12 +783,11 @@ def _abort_elsewhere(root: Path, cast_id: str) -> int:
     continue looks on every poll) and wait for the cast to end. The request never outlives this
     command: one left behind would abort the cast's next recast the moment it started."""
     from castor.actors.materia.views import persisted_view
-    from castor.adapters.fs import atomic_write_json
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
     request = root / cast_id / ABORT_REQUEST
-    atomic_write_json(request, {"requested_at": time.time(), "pid": os.getpid()})
+    second = not _ask_to_abort(request)  # another castor abort's request waits: this one is the second
     try:
         deadline = time.monotonic() + ABORT_WAIT_S
         while True:
@@ -802,14 +801,49 @@ def _abort_elsewhere(root: Path, cast_id: str) -> int:
             time.sleep(POLL_S)
     finally:
         try:
-            os.unlink(request)  # taken already (the holder removes it), or never to be taken
+            if not second:  # the first one's is its own to remove
+                os.unlink(request)  # taken already (the holder removes it), or never to be taken
         except OSError:
             pass
     if view["status"] != "aborted":
         raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
-    _out(f"pi-materia cast {cast_id} aborted. Recast it with `castor recast {cast_id}`.")
+    if second:  # as a second abort in a harness session answers (already: true)
+        _out(f"pi-materia cast {cast_id} is already aborted. Recast it with castor recast {cast_id}.")
+    else:
+        _out(f"pi-materia cast {cast_id} aborted. Recast it with castor recast {cast_id}.")
     return EXIT_OK
+
+
+def _ask_to_abort(request: Path) -> bool:
+    """Leave the abort request at ``request``, unless one of a ``castor abort`` still running waits
+    there (False: this abort is the second). The request is made whole or not at all (linked into
+    place), so two aborts at once never both take it for theirs; one whose writer is gone (a killed
+    abort) is replaced."""
+    import psutil
+
+    from castor.adapters.fs import atomic_write_json
+
+    mine = {"requested_at": time.time(), "pid": os.getpid()}
+    draft = request.with_name(f"{request.name}.{os.getpid()}.{time.monotonic_ns()}")
+    atomic_write_json(draft, mine)
+    try:
+        os.link(draft, request)
+        return True
+    except FileExistsError:
+        try:
+            writer = json.loads(_small_file(request)).get("pid")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            writer = None
+        if isinstance(writer, int) and not isinstance(writer, bool) and psutil.pid_exists(writer):
+            return False
+        atomic_write_json(request, mine)
+        return True
+    finally:
+        try:
+            os.unlink(draft)
+        except OSError:
+            pass
 
 
 def _page_size(text: str) -> int:

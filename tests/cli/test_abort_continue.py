@@ -445,3 +445,37 @@ def test_a_turn_ending_in_a_transient_transport_error_does_not_leave_the_cli_wai
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1 and "transient transport error" in last and f"castor continue {run.name}" in last
     assert state(run)["active"] is True  # nothing lost: it still waits, and `castor continue` re-sends the turn
+
+
+@pytest.mark.timeout(30)
+def test_a_second_castor_abort_while_the_first_waits_answers_already_aborted(tmp_path, monkeypatch, capsys) -> None:
+    """Two ``castor abort``s of a cast another process runs, the second while the first's request
+    still waits to be taken: both said "aborted", where a second abort in Pi (however close) answers
+    "already aborted". The second finds the first's request, leaves it be and says "already"."""
+    import threading
+
+    import castor.actors.materia.views as views
+    import castor.cli.materia as cli
+
+    root = tmp_path / "casts"
+    (root / "C").mkdir(parents=True)
+    taken = threading.Event()
+    polled: dict[str, threading.Event] = {"first": threading.Event(), "second": threading.Event()}
+
+    def view(_storage: Any, _root: Path, _cast_id: str, *, live: bool) -> dict[str, Any]:
+        polled[threading.current_thread().name].set()  # its request is written (or found) by now
+        return {"active": not taken.is_set(), "status": "aborted" if taken.is_set() else "active"}
+
+    monkeypatch.setattr(views, "persisted_view", view)
+    threads = [threading.Thread(target=cli._abort_elsewhere, args=(root, "C"), name=name)
+               for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+        assert polled[thread.name].wait(10)
+    taken.set()  # the running command takes the request: the cast is aborted
+    for thread in threads:
+        thread.join(10)
+    said = capsys.readouterr().out.splitlines()
+    assert sorted(said) == ["pi-materia cast C aborted. Recast it with castor recast C.",
+                            "pi-materia cast C is already aborted. Recast it with castor recast C."], said
+    assert not (root / "C" / "abort.request").exists()
