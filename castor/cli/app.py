@@ -80,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(problem)
         return _run(args)
     except KeyboardInterrupt as exc:
-        print("castor: interrupted", file=sys.stderr)
+        try:
+            print("castor: interrupted", file=sys.stderr)
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP): the status still says why
+            pass
         return 129 if isinstance(exc, Hangup) else 143 if isinstance(exc, Terminated) else 130
 
 

@@ -486,7 +486,7 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str)
         yield
     except KeyboardInterrupt:
         session.close()  # the cast goes no further; a second signal now kills what is left
-        print(_stopped_line(artifact_root, cast_id), file=sys.stderr)
+        _say_err(_stopped_line(artifact_root, cast_id))  # a closed terminal (SIGHUP) may take it no more
         raise
     except StorageUnavailable:
         # The command's own read or write failed (its status poll of a state.json the storage no
@@ -681,7 +681,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
             session.close()
             left = _cast_started_by(root, mark, since=session.began_at)
             if left is not None:
-                print(_stopped_line(root, left), file=sys.stderr)
+                _say_err(_stopped_line(root, left))
             raise
         with _named_on_interrupt(session, root, started["cast_id"]):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")

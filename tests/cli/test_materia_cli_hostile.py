@@ -632,3 +632,32 @@ def test_a_signal_during_the_casts_start_still_names_the_cast_it_leaves(tmp_path
     assert (f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}"
             in done.stderr), done.stderr
     assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("castor: interrupted"), done.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("sent", "exit_code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)],
+                         ids=["sighup", "sigterm"])
+def test_a_stop_signal_after_the_terminal_is_gone_still_exits_with_the_signals_status(tmp_path, sent, exit_code):
+    """A closed terminal: SIGHUP comes, and stderr's reader is gone (EIO on a hung-up terminal,
+    EPIPE on a pipe). The lines naming the stopped cast could not be written, and that error made
+    the command exit 1, as a failed cast does, instead of 129 (143 for SIGTERM); the command's tree
+    is ended all the same and the cast stays resumable."""
+    project = _project(tmp_path, {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "timeoutMs": 120_000, "command": ["sleep", "95"]}}}}})
+    reader, writer = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--quiet", "--agent", "script:answers.json"],
+                            cwd=project, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=writer)
+    os.close(writer)
+    os.close(reader)  # nobody reads stderr any more
+    try:
+        tree = wait_for(lambda: _sleeping_descendants(proc.pid), timeout=30, what="the utility's command")
+        proc.send_signal(sent)
+        assert proc.wait(30) == exit_code
+        for child in tree:
+            assert poll_until(lambda pid=child.pid: process_gone(pid), timeout=10), "the command was left running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    listed = _castor(tmp_path, "casts", "--json", cwd=project)
+    assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
