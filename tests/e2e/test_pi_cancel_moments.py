@@ -454,3 +454,38 @@ def test_esc_in_the_terminal_while_a_utility_command_runs_says_what_stops_it(sta
     ends = lambda: [e["data"] for e in events(run) if e["type"] == "cast_end"]  # noqa: E731
     wait_for(lambda: len(ends()) == 2, timeout=20, what=f"the recast's end; Pi drew: {pi.screen_tail()!r}")
     assert ends()[0].get("aborted") is True and ends()[1]["ok"] is True, ends()
+
+
+def test_castor_terminated_while_a_utility_command_runs_ends_it_and_continue_runs_it_again(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """SIGTERM to the castor Pi runs (a process manager's stop) while a utility socket's command
+    runs: the runtime shuts down and ends the command's tree, the cast stays resumable (active,
+    nothing of the command kept), and the next ``/materia continue`` -- which starts castor again --
+    runs the command again and the cast to its end: the same outcome as Ctrl-C to ``castor cast``."""
+    utility = {"type": "utility", "timeoutMs": 120000, "edges": [{"when": "always", "to": "Socket-2"}],
+               "command": ["sh", "-c", "if [ -e ran ]; then echo UTIL-DONE; else touch ran; sleep 44.25; fi"]}
+    root = write_loadout(tmp_path / "project", utility)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("REVIEWED", when="REVIEWER-MATERIA")
+    pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    try:
+        assert poll_until(lambda: processes_with("sleep 44.25"), timeout=20), "the utility never ran"
+        castor_pids = children_of(pi.proc.pid)
+        assert castor_pids, "Pi runs castor as its child"
+        for pid in castor_pids:
+            os.kill(pid, signal.SIGTERM)
+        assert poll_until(lambda: not any(alive(p) for p in castor_pids), timeout=15), "castor outlived its SIGTERM"
+        # The extension SIGKILLed castor the moment castor closed its end, before its shutdown had
+        # ended the command: a build went on with no owner, and the continue below ran it again beside it.
+        assert poll_until(lambda: not processes_with("sleep 44.25"), timeout=10), "the command outlived castor"
+    finally:
+        for pid in processes_with("sleep 44.25"):  # what a failure leaves is not left to the next test
+            os.kill(pid, signal.SIGKILL)
+    assert status(run) == "active" and completes(run) == []
+    assert not (run / "sockets" / "Socket-1" / "1.md").exists()
+    pi.command("/materia continue")
+    ended = wait_cast_end(pi, run, timeout=40)
+    assert ended[-1]["data"]["ok"] is True, ended[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"], completes(run)
+    assert requests_with(fake_llm, "REVIEWER-MATERIA")

@@ -22,6 +22,9 @@ import { MsgpackRpcPeer, RpcError, type Handler, type Params } from "./rpc.ts";
 
 /** How long a child that exited may still take to hand over its last stderr bytes (see `open`). */
 const STDERR_DRAIN_MS = 200;
+/** How long a castor that is stopping gets to end the utility commands it runs before SIGKILL:
+ * when the extension stops it, and when it closes its end on its own (a SIGTERM it was sent). */
+const CASTOR_STOP_GRACE_MS = 2000;
 
 export interface Hello {
 	name?: string;
@@ -270,7 +273,7 @@ export class CastorRuntime {
 	}
 
 	/** Spawn the child (stdio) or connect to the endpoint; the peer over it. */
-	private async open(generation: number, timeoutMs: number): Promise<{ peer: MsgpackRpcPeer; release: () => void }> {
+	private async open(generation: number, timeoutMs: number): Promise<{ peer: MsgpackRpcPeer; release: (graceMs?: number) => void }> {
 		const log = (m: string) => this.opts.log(`[castor#${generation}] ${m}`);
 		if (this.opts.endpoint) {
 			const socket = await connectEndpoint(this.opts.endpoint, timeoutMs);
@@ -320,8 +323,20 @@ export class CastorRuntime {
 		});
 		return {
 			peer,
-			release: () => {
-				if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+			// With a grace, the child is SIGKILLed only if it has not exited by then: a castor that
+			// closed its end because it is shutting down (a SIGTERM of its own) ends the utility
+			// commands it runs first -- killed at once, it left them running with no owner.
+			release: (graceMs = 0) => {
+				if (child.exitCode !== null || child.signalCode !== null) return;
+				if (graceMs <= 0) {
+					child.kill("SIGKILL");
+					return;
+				}
+				const timer = setTimeout(() => {
+					if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+				}, graceMs);
+				timer.unref();
+				child.once("exit", () => clearTimeout(timer));
 			},
 		};
 	}
@@ -342,7 +357,8 @@ export class CastorRuntime {
 			// the grace stop() gives it (SIGKILL only after that) to end the utility commands it
 			// runs -- killed at once, they went on after Pi was gone and a continue ran them again.
 			if (this.stopping && generation === this.generation) return;
-			release();
+			// A runtime that was up may be shutting down on its own (SIGTERM): the same grace as stop().
+			release(this.hello !== undefined && generation === this.generation ? CASTOR_STOP_GRACE_MS : 0);
 			if (this.stopping || generation !== this.generation) return;
 			const wasUp = this.hello !== undefined;
 			this.hello = undefined;
@@ -367,7 +383,7 @@ export class CastorRuntime {
 	}
 
 	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`; for an endpoint, disconnect only. */
-	stop(graceMs = 2000): Promise<void> {
+	stop(graceMs = CASTOR_STOP_GRACE_MS): Promise<void> {
 		const child = this.child;
 		// A runtime still starting (no handshake answered yet) runs no cast to wind down: no grace, as
 		// for one whose handshake failed -- Pi quitting while castor started waited the grace out.
