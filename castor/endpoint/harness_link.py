@@ -287,9 +287,15 @@ class WireHarness:
             raise InvalidParams("model.list answered without a models list")
         out = []
         for model in models:
-            if isinstance(model, dict) and model.get("provider") and model.get("id"):
-                out.append(ModelEndpoint(provider=str(model["provider"]), id=str(model["id"]),
-                                         base_url=model.get("base_url"), has_auth=bool(model.get("available", True))))
+            # An entry castor cannot read (no provider or id, a base_url that is no string) is left
+            # out, never the whole list: one odd model must not cost the filter every other one.
+            if not (isinstance(model, dict) and model.get("provider") and model.get("id")):
+                continue
+            base_url = model.get("base_url")
+            if base_url is not None and not isinstance(base_url, str):
+                continue  # where it is cannot be told: neither local nor remote, so not a choice
+            out.append(ModelEndpoint(provider=str(model["provider"]), id=str(model["id"]),
+                                     base_url=base_url, has_auth=bool(model.get("available", True))))
         return out
 
     def complete(self, request: ClassifierRequest, deadline: float) -> ClassifierResponse:

@@ -97,3 +97,23 @@ def test_the_runtime_bounds_on_harness_requests_are_finite_by_default():
     settings = RuntimeSettings()
     for value in (settings.compaction_timeout_s, settings.context_usage_timeout_s, settings.session_open_timeout_s):
         assert math.isfinite(value) and value > 0
+
+
+@pytest.mark.timeout(10)
+def test_a_model_entry_castor_cannot_read_is_left_out_not_the_whole_list():
+    """One entry of ``model.list`` whose ``base_url`` was no string (a harness's odd model) made the
+    whole answer fail validation: the filter then saw no model at all (``provider_error``). Such an
+    entry is left out (castor cannot tell whether it is local), the others stay."""
+
+    class _Answers:
+        def call(self, method, params=None, *, timeout=None):
+            assert method == "model.list"
+            return {"models": [{"provider": "odd", "id": "m1", "base_url": 5},
+                               {"provider": "odd", "id": "m2", "base_url": {"url": "http://127.0.0.1:1"}},
+                               {"provider": "local", "id": "m3", "base_url": "http://127.0.0.1:11434"},
+                               {"provider": "remote", "id": "m4"}, {"id": "no-provider"}, "not a map"]}
+
+    harness = harness_link.WireHarness(_Answers(), "s1")  # type: ignore[arg-type]  # a stand-in connection
+    models = harness.list_models(time.monotonic() + 1)
+    assert [(m.provider, m.id) for m in models] == [("local", "m3"), ("remote", "m4")]
+    assert models[0].local and not models[1].local
