@@ -122,10 +122,13 @@ QUICK_EVENT_S = 5.0
 #: Bound for waiting on the session's supervisors to finish starting their children.
 READY_TIMEOUT_S = 10.0
 
-#: Worker error codes a hook call warns about (queued rejections and closes stay quiet).
+#: Worker error codes a hook call warns about with these words (``worker_retired``: below).
 _WARN_CODES: dict[str, str] = {ErrorCode.TIMEOUT: "timed out; the worker was stopped and starts fresh on the next call",
                ErrorCode.WORKER_CRASHED: "lost the worker process; a fresh one starts on the next call",
                ErrorCode.INTERNAL: "failed in the memory backend"}
+#: Why a worker was retired that a hook call refused for it does not warn about: the crash loop is
+#: said once when the worker is given up, and a close is the session's own end.
+_QUIET_RETIREMENTS = frozenset({"crash_loop", "closed"})
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
 _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
                  Source.PROJECT: "project settings", Source.ENV: "environment"}
@@ -205,6 +208,14 @@ class _ObservedWorker:
                                "icarusDir setting: its import or a hook ends the process).")
                 if self._losses_in_a_row > 1:
                     raise
+            if exc.code == ErrorCode.WORKER_RETIRED and reason not in _QUIET_RETIREMENTS:
+                # Refused unsent: the call waited behind another (a Fabric tool call) whose timeout
+                # or cancel retired the worker. The user saw that tool fail, never that this step
+                # lost its memory; the next call gets a fresh worker.
+                why_retired = one_line(str(reason)) if isinstance(reason, str) and reason else "retired"
+                self._warn(f"Icarus: {function} did not run: the worker was stopped while it waited "
+                           f"({why_retired}); a fresh one starts on the next call. This step ran without memory.")
+                raise
             why = _WARN_CODES.get(str(exc.code))
             if why is not None:
                 self._warn(f"Icarus: {function} {why}. This step ran without memory.")

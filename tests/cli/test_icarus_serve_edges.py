@@ -1,0 +1,101 @@
+"""The Icarus bridge's edges as a harness meets them through a real ``python -m castor serve
+--socket``: a quit while Fabric tool calls run, a prompt refused because a tool's timeout retired
+the worker, and an audit the harness acknowledges too late. The backend is the REFERENCE
+stand-in (examples/icarus_reference) in real worker subprocesses, slowed through its control
+file; the harness side is the TEST FAKE ``FakeHarness`` on a ``castor.client.Client``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from castor.client import Client
+from castor.messages.errors import CastorError
+from tests.actors.icarus.test_session_endpoint import FakeHarness
+from tests.support.icarus import IcarusWorldBase
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+SID = "pi-1"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Served:
+    """One ``castor serve`` over a world of the reference backend, and a harness on its socket."""
+
+    def __init__(self, world: IcarusWorldBase, client: Client, harness: FakeHarness) -> None:
+        self.world = world
+        self.client = client
+        self.harness = harness
+
+    def open(self) -> None:
+        self.client.call("session.open", {"session_id": SID, "cwd": str(self.world.project), "trusted": False,
+                                          "flags": {"harness": "pi", "has_agent_settled": True}}, timeout=30)
+
+    def prompt(self, text: str) -> Any:
+        return self.client.call("harness.event", {"session_id": SID, "event": "before_agent_start",
+                                                  "data": {"prompt": text, "message_type": "user"}}, timeout=60)
+
+    def tool(self, name: str, params: dict[str, Any], timeout: float = 60) -> Any:
+        return self.client.call_async("icarus.tool", {"session_id": SID, "name": name, "params": params,
+                                                      "tool_call_id": f"t-{name}"}, timeout=timeout)
+
+    def warnings(self) -> list[str]:
+        with self.harness.noted:
+            return [p["message"] for m, p in self.harness.notes if m == "ui.notify" and p.get("level") == "warning"]
+
+
+def _serve(tmp_path: Path, **settings: Any) -> Iterator[Served]:
+    world = IcarusWorldBase(tmp_path)
+    world.write_global(**settings)
+    env = {**os.environ, **world.env, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    env.pop("XDG_RUNTIME_DIR", None)
+    env.pop("MATERIA_CONFIG", None)
+    sock = tmp_path / "castor.sock"
+    with (tmp_path / "serve.log").open("w") as stderr:
+        server = subprocess.Popen([sys.executable, "-m", "castor", "serve", "--socket", str(sock)], cwd=str(ROOT),
+                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_for(sock.exists, 30, "castor serve's socket")
+        client = Client.connect_unix(str(sock), default_timeout=30)
+        try:
+            served = Served(world, client, FakeHarness(client))
+            yield served
+        finally:
+            client.close()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+
+
+@pytest.fixture
+def quick_tools(tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(tmp_path, classifier="none", timeoutMs=1500)
+
+
+def test_a_prompt_refused_because_a_tools_timeout_retired_the_worker_warns_and_the_next_prompt_has_memory(
+        quick_tools: Served) -> None:
+    s = quick_tools
+    s.open()
+    assert s.tool("fabric_write", {"type": "note", "content": "WAL notes", "summary": "sqlite WAL"}).result()
+    s.world.controls({"tools.fabric_recall": {"sleep_ms": 6000}})
+    recall = s.tool("fabric_recall", {"query": "sqlite"})
+    wait_for(lambda: s.world.calls("tools.fabric_recall"), 20, "the slow tool call to start")
+    assert s.prompt("sqlite") == {}  # queued behind the tool; its timeout retired the worker
+    with pytest.raises(CastorError) as raised:
+        recall.result()
+    assert raised.value.code == "timeout"
+    assert s.world.calls("hooks.pre_llm_call") == []  # refused unsent
+    warned = wait_for(lambda: [w for w in s.warnings() if "pre_llm_call" in w], 10, "the refused prompt's warning")
+    assert "without memory" in warned[0] and "sqlite" not in warned[0]
+    s.world.controls({})
+    reply = s.prompt("sqlite")  # the next prompt reaches a fresh worker
+    assert "sqlite WAL" in reply["message"]["content"]
