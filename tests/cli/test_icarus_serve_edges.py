@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,11 @@ def quick_tools(tmp_path: Path) -> Iterator[Served]:
     yield from _serve(tmp_path, classifier="none", timeoutMs=1500)
 
 
+@pytest.fixture
+def slow_tools(tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(tmp_path, classifier="none", timeoutMs=20000)
+
+
 def test_a_prompt_refused_because_a_tools_timeout_retired_the_worker_warns_and_the_next_prompt_has_memory(
         quick_tools: Served) -> None:
     s = quick_tools
@@ -99,3 +105,22 @@ def test_a_prompt_refused_because_a_tools_timeout_retired_the_worker_warns_and_t
     s.world.controls({})
     reply = s.prompt("sqlite")  # the next prompt reaches a fresh worker
     assert "sqlite WAL" in reply["message"]["content"]
+
+
+def test_a_quit_while_slow_tool_calls_run_is_bounded_and_the_sessions_end_still_runs(slow_tools: Served) -> None:
+    s = slow_tools
+    s.open()
+    s.world.controls({"tools.fabric_recall": {"sleep_ms": 15000}})
+    first = s.tool("fabric_recall", {"query": "one"})
+    second = s.tool("fabric_recall", {"query": "two"})
+    wait_for(lambda: s.world.calls("tools.fabric_recall"), 20, "the first slow tool call to start")
+    started = time.monotonic()
+    s.client.call("session.close", {"session_id": SID}, timeout=60)
+    took = time.monotonic() - started
+    assert took < 6, took  # waited about 19.5 s behind the two tool calls before
+    assert len(s.world.calls("hooks.on_session_end", phase="end")) == 1
+    for pending in (first, second):
+        with pytest.raises(CastorError) as raised:
+            pending.result()
+        assert raised.value.code in ("cancelled", "worker_retired"), raised.value.code
+    assert len(s.world.calls("tools.fabric_recall")) == 1  # the queued one was never sent

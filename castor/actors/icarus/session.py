@@ -20,8 +20,9 @@ event (data)             sent to the HookController as          result returned 
                          ``{role, text, stop_reason}`` mapped
                          to ``{role, content, stopReason}``
 ``agent_settled``        ``aborted`` (+ messages if any)         ``None`` (capture runs at most once)
-``session_shutdown``     ``session_shutdown``                    ``None`` once ``on_session_end`` ran and the
-                                                                worker is closed
+``session_shutdown``     ``session_shutdown``, once the Fabric  ``None`` once ``on_session_end`` ran and the
+                         tool calls still running after         worker is closed
+                         ``QUIT_GRACE_S`` are cancelled
 ``context``              ``context``                             ``None`` (Icarus injects before the turn)
 anything else            not forwarded                           ``None``
 =======================  =====================================  ==============================================
@@ -66,7 +67,7 @@ from castor import tree
 from castor._log import logger
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
-from castor.actors.icarus.hook_controller import HookClient, HookController
+from castor.actors.icarus.hook_controller import QUIT_GRACE_S, HookClient, HookController
 from castor.actors.icarus.messages import HarnessEventName
 from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, icarus_worker_spec
 from castor.domain.icarus import lifecycle as lc
@@ -450,6 +451,8 @@ class IcarusSession:
         payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.icarus_session_id)
         if payload is None:
             return None
+        if event == HarnessEventName.SESSION_SHUTDOWN:
+            self._abandon_tool_calls()
         early = None if answer is None else (lambda result: answer(wire_result(result)))
         try:
             return wire_result(self.hooks().event(event, payload, timeout=self.wait_bound(event), answer=early))
@@ -458,6 +461,21 @@ class IcarusSession:
             logger.bind(actor=self.path(), event=event, code=code).warning("icarus hook event failed")
             self.warn(_LAYER_WARNING.format(event=event, code=code))
             return None
+
+    def _abandon_tool_calls(self) -> None:
+        """Before the session's end: Fabric tool calls still running :data:`QUIT_GRACE_S` into the
+        quit are cancelled (the worker killed under the running one, queued ones never sent), so
+        ``on_session_end`` runs at once on a fresh worker instead of queueing behind them (where a
+        tool's own timeout would retire the worker and refuse it). Their callers get ``cancelled``
+        or ``worker_retired``."""
+        tools = self._tool_client
+        if tools is None:
+            return
+        cancelled = tools.abandon_outstanding(QUIT_GRACE_S)
+        if cancelled:
+            logger.bind(actor=self.path(), cancelled=cancelled).warning(
+                "the session ended while Fabric tool calls still ran {s:g} s later: they were cancelled, "
+                "their worker stopped, so the session's end runs on a fresh worker", s=QUIT_GRACE_S)
 
     def close(self) -> None:
         """Shutdown path for ``session.close``: on_session_end, footer cleared, worker closed."""

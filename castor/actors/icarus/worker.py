@@ -438,6 +438,23 @@ class IcarusWorkerClient:
         except (Retired, ActorStopped):
             return None
 
+    def abandon_outstanding(self, grace_s: float, settle_s: float = 2.0) -> int:
+        """Give this client's calls ``grace_s`` to end, then cancel those still outstanding: the
+        running one fails ``cancelled`` (its worker killed, the actor retired), queued ones are
+        refused unsent. Returns once they have all returned (at most ``settle_s`` more), so a call
+        made next reaches a fresh worker. Returns how many were cancelled. The actor is not closed."""
+        outstanding = self._outstanding
+        deadline = time.monotonic() + grace_s
+        while outstanding and time.monotonic() < deadline:
+            time.sleep(0.005)
+        tokens = list(outstanding)
+        for token in tokens:
+            token.cancel()
+        deadline = time.monotonic() + settle_s
+        while outstanding and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(tokens)
+
     def close(self) -> None:
         tokens = list(self._outstanding)
         for token in tokens:
