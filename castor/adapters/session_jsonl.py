@@ -33,7 +33,10 @@ class JsonlSessionLog:
         self.path = Path(path)
         self._lock = threading.Lock()
 
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
+        """One line, written only while ``deadline`` has not passed (checked under the lock, just
+        before the write): every entry here expires at its deadline, ``expires`` or not."""
         if not isinstance(custom_type, str) or not custom_type:
             raise InvalidParams("custom_type must be a non-empty string")
         record = {

@@ -93,6 +93,16 @@ def unsupported(exc: CastorError) -> bool:
     return str(exc.code) == "unknown_method" or (exc.data or {}).get("wire_code") in UNSUPPORTED_CODES
 
 
+
+#: The most of an expiring entry's time left that is kept back for its acknowledgement's way back.
+EXPIRY_MARGIN_S = 0.25
+
+
+def expiry_margin_s(left_s: float) -> float:
+    """How long before castor's own deadline an expiring entry's ``expires_at_ms`` falls: a quarter
+    of the time left, at most :data:`EXPIRY_MARGIN_S` (0.25 s of a 2 s audit deadline)."""
+    return min(EXPIRY_MARGIN_S, left_s / 4)
+
 class WireHarness:
     """AgentPort + SessionPort + SessionUiPort + ClassifierPort + HostContextPort over one connection."""
 
@@ -198,11 +208,19 @@ class WireHarness:
             return sorted(self._turns)
 
     # -- SessionPort -------------------------------------------------------------
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
+        """``session.append_entry``. ``expires``: the request carries ``expires_at_ms``, the wall-clock
+        instant (Unix ms) after which the harness must refuse the entry instead of appending it:
+        castor's deadline less :func:`expiry_margin_s`, so an acknowledgement the harness sends by
+        then reaches castor before its deadline (a later one finds castor gone on without it)."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise Timeout("append_entry deadline passed before sending", may_have_started=False)
-        result = self.connection.call("session.append_entry", {"custom_type": custom_type, "data": data}, timeout=left)
+        params: dict[str, Any] = {"custom_type": custom_type, "data": data}
+        if expires:
+            params["expires_at_ms"] = int((time.time() + left - expiry_margin_s(left)) * 1000)
+        result = self.connection.call("session.append_entry", params, timeout=left)
         if not (isinstance(result, dict) and result.get("ok") is True):
             raise CastorError("harness did not acknowledge the entry", data={"custom_type": custom_type})
 

@@ -11,6 +11,12 @@ any other :class:`castor.messages.errors.CastorError` (or ``OSError``) when
 the entry could not be recorded. A raise means "not known to be persisted":
 callers that promised "persisted before" must then act as if it was not.
 Entries are never model-visible.
+
+``expires=True`` (the Icarus filter audit, whose text castor releases only once the entry is
+acknowledged): the entry must not be recorded at all once ``deadline`` has passed, since castor has
+then acted as if it was not. A harness told so over the wire (``expires_at_ms``) refuses a late
+entry; an implementation that cannot promise it (a harness that ignores the field) leaves the
+caller to correct the record (:mod:`castor.actors.icarus.audit`).
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class SessionPort(Protocol):
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
-        """Persist ``{custom_type, data}``; return after the acknowledgement."""
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
+        """Persist ``{custom_type, data}``; return after the acknowledgement. ``expires``: never
+        record it once ``deadline`` has passed."""
         ...
 
 

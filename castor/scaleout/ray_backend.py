@@ -411,7 +411,8 @@ class RayBackend:
             if op == "append_entry":
                 if harness.session_log is not None:
                     harness.session_log.append_entry(args["custom_type"], args["data"],
-                                                     time.monotonic() + float(args.get("timeout_s", 10.0)))
+                                                     time.monotonic() + float(args.get("timeout_s", 10.0)),
+                                                     expires=bool(args.get("expires", False)))
                 value: Any = None
             elif op == "context_usage":
                 usage = harness.host_context.context_usage(float(args["timeout_s"])) if harness.host_context else None

@@ -199,9 +199,11 @@ class RelaySessionLog:
         self.outbox = outbox
         self.session_id = session_id
 
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
         self.outbox.request(self.session_id, "append_entry", {"custom_type": custom_type, "data": data,
-                                                              "timeout_s": max(0.0, deadline - time.monotonic())},
+                                                              "timeout_s": max(0.0, deadline - time.monotonic()),
+                                                              "expires": expires},
                             timeout_s=deadline - time.monotonic())
 
 

@@ -151,10 +151,11 @@ class _HeldLog:
         self.gate.set()
         self.entered = threading.Event()
 
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
         self.entered.set()
         self.gate.wait(max(0.0, deadline - time.monotonic()))
-        self.inner.append_entry(custom_type, data, deadline)
+        self.inner.append_entry(custom_type, data, deadline, expires=expires)
 
 
 # ---------------------------------------------------------------------------

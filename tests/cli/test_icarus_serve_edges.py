@@ -6,6 +6,7 @@ file; the harness side is the TEST FAKE ``FakeHarness`` on a ``castor.client.Cli
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,49 @@ def test_a_quit_while_slow_tool_calls_run_is_bounded_and_the_sessions_end_still_
             pending.result()
         assert raised.value.code in ("cancelled", "worker_retired"), raised.value.code
     assert len(s.world.calls("tools.fabric_recall")) == 1  # the queued one was never sent
+
+
+class LateAcks(FakeHarness):
+    """The fake harness acknowledging each audit entry ``delay_s`` after it came, as a harness that
+    ignores ``expires_at_ms`` does (it appends the entry and says so, late)."""
+
+    def __init__(self, client: Client, delay_s: float) -> None:
+        super().__init__(client)
+        self.delay_s = delay_s
+        self.received: list[tuple[float, dict[str, Any]]] = []
+
+    def append_entry(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.received.append((time.time(), params))
+        if len(self.received) == 1:
+            time.sleep(self.delay_s)
+        return super().append_entry(params)
+
+
+@pytest.fixture
+def filtering(tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(tmp_path, classifier="default")
+
+
+def test_an_audit_acknowledged_too_late_expires_and_is_corrected_so_the_record_says_what_was_injected(
+        filtering: Served) -> None:
+    s = filtering
+    late = LateAcks(s.client, delay_s=2.6)  # castor's audit deadline is 2 s
+    s.harness = late
+    s.open()
+    for summary, content in (("sqlite WAL notes", "WAL"), ("chocolate cake recipe", "eggs")):
+        assert s.tool("fabric_write", {"type": "note", "content": content, "summary": summary}).result()
+    content = s.prompt("sqlite cake")["message"]["content"]
+    assert "sqlite WAL notes" in content and "chocolate cake recipe" in content  # the original went in
+    wait_for(lambda: [w for w in s.warnings() if "audit could not be saved" in w], 10, "the audit warning")
+    wait_for(lambda: len(late.entries) == 2, 10, "the correcting entry")
+    (sent_at, first), (_, second) = late.received
+    # the entry expires a little before castor's own deadline, so an ack sent by then arrives in time
+    assert 1.5 <= first["expires_at_ms"] / 1000 - sent_at <= 2.0, first["expires_at_ms"] / 1000 - sent_at
+    assert "expires_at_ms" not in second  # the correction is best effort: late is still true
+    filtered, correction = first["data"], second["data"]
+    assert (filtered["outcome"], correction["outcome"], correction["reason"]) == \
+        ("filtered", "fallback", "audit_unconfirmed")
+    assert correction["at"] == filtered["at"] and correction["spans"] == filtered["spans"]
+    assert correction["injectedIds"] == [span["id"] for span in filtered["spans"]]
+    assert correction["chars"] == {"original": filtered["chars"]["original"], "injected": filtered["chars"]["original"]}
+    assert "cake" not in json.dumps(correction)

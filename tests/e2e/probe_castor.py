@@ -10,6 +10,9 @@ and prompts starting with ``PROBE`` make it act through the harness methods:
 | ``PROBE inject <x>``  | before_agent_start returns a hidden message ``PROBE-CONTEXT <x>`` and a     |
 |                       | system prompt addendum ``PROBE-SYS``                                       |
 | ``PROBE audit``       | calls ``session.append_entry`` (``probe-audit``) *before* answering         |
+| ``PROBE expiry``      | calls ``session.append_entry`` (``probe-expired``) with an ``expires_at_ms``  |
+|                       | already past, then (``probe-in-time``) with one 5 s ahead; logs ``expiry``  |
+|                       | with the error code and data of each (or the ack)                          |
 | ``PROBE notify``      | notifies ``ui.notify`` and ``ui.status``                                    |
 | ``PROBE turn <x>``    | after agent_settled, sends ``agent.run_turn`` with hidden prompt ``TURN: <x>``     |
 | ``PROBE models``      | calls ``model.list`` and ``classifier.complete``, logs the answers          |
@@ -51,7 +54,7 @@ from typing import Any
 from castor.endpoint.connection import Connection
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.transport import PipeTransport
-from castor.messages.errors import NotFound
+from castor.messages.errors import CastorError, NotFound
 
 LOG_LOCK = threading.Lock()
 STATE: dict[str, Any] = {"pending_turn": None, "turns": 0, "running": None, "aborted": set()}
@@ -118,6 +121,16 @@ def harness_event(params: dict[str, Any], ctx: Context) -> dict[str, Any] | None
         )
         record("ack", ack)
         return {"message": {"custom_type": "probe-context", "content": "PROBE-AUDITED", "display": False}}
+    if verb == "expiry":
+        for custom_type, ahead_ms in (("probe-expired", -1000), ("probe-in-time", 5000)):
+            params = {"custom_type": custom_type, "data": {"version": 1},
+                      "expires_at_ms": int(time.time() * 1000) + ahead_ms}
+            try:
+                record("expiry", {"custom_type": custom_type, "ack": ctx.call("session.append_entry", params,
+                                                                              timeout=5)})
+            except CastorError as exc:
+                record("expiry", {"custom_type": custom_type, "code": str(exc.code), "data": exc.data})
+        return None
     if verb == "notify":
         ctx.notify("ui.notify", {"message": "probe says hi", "level": "warning"})
         ctx.notify("ui.status", {"key": "probe", "text": "probe: on"})

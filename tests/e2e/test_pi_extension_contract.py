@@ -75,6 +75,18 @@ def test_append_entry_is_acknowledged_and_lands_in_the_session_file(probe_pi, tm
     assert [a["data"] for a in audits] == [{"version": 1, "n": 1}]
 
 
+def test_an_entry_that_comes_past_its_expiry_is_refused_and_never_appended(probe_pi, tmp_path):
+    pi, log = probe_pi
+    pi.prompt("PROBE expiry")
+    assert poll_until(lambda: len(calls(log, "expiry")) == 2, timeout=10)
+    expired, in_time = calls(log, "expiry")
+    assert (expired["custom_type"], expired["code"], expired["data"]["reason"]) == \
+        ("probe-expired", "timeout", "expired")
+    assert in_time["custom_type"] == "probe-in-time" and in_time["ack"]["ok"] is True
+    kinds = [e.get("customType") for e in session_entries(tmp_path / "sessions")]
+    assert "probe-in-time" in kinds and "probe-expired" not in kinds
+
+
 def test_notify_and_status_from_castor_show_in_pi(probe_pi):
     pi, _ = probe_pi
     start = pi.prompt("PROBE notify")

@@ -90,7 +90,8 @@ class FakeSessionLog:
     entries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     entered: threading.Event = field(default_factory=threading.Event)
 
-    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float) -> None:
+    def append_entry(self, custom_type: str, data: dict[str, Any], deadline: float, *,
+                     expires: bool = False) -> None:
         self.entered.set()
         if self.gate is not None and not self.gate.wait(max(0.0, deadline - time.monotonic())):
             raise Timeout("fake session log: deadline passed")

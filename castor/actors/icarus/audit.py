@@ -13,6 +13,11 @@ Guarantees
   deadline (``audit_timeout`` seconds, default 2.0), the **original** context
   is released instead and a warning is attempted through the UI port
   (failures of the warning itself are swallowed).
+* A ``filtered`` entry is sent to expire at the deadline (``expires=True``: a harness must
+  refuse it after). When it is not confirmed, a correcting entry (``fallback``,
+  ``audit_unconfirmed``, same ``at``, every span injected) is appended best effort after the
+  release, so that an entry the harness persisted late, past its expiry, is not the record's
+  last word on what was injected.
 * Fallback, ``no_candidates`` and ``aborted`` entries are best effort: their
   text is the original or nothing, so a failed append only logs.
 * Nothing it logs or notifies contains context, prompt or provider text.
@@ -26,10 +31,11 @@ from typing import Any
 
 from castor.actors.icarus.classifier import run_bounded
 from castor.actors.icarus.messages import AuditAndRelease, Released
-from castor.domain.icarus.audit import CUSTOM_TYPE, build_audit, needs_audit, release
+from castor.domain.icarus.audit import CUSTOM_TYPE, AuditEntry, build_audit, needs_audit, release, unconfirmed
 from castor.domain.icarus.classify import FilterResult
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.supervision import Actor, handles
+from castor.supervision.threads import start_thread
 
 DEFAULT_AUDIT_TIMEOUT = 2.0
 AUDIT_WARNING = (
@@ -60,23 +66,37 @@ class AuditActor(Actor):
             text, _ = release(msg.original, None, persisted=False)
             return Released(text=text, persisted=False, warned=False)
         entry = build_audit(result, at=self._now(), duration_ms=msg.duration_ms)
-        persisted = self._append(entry.to_data(), required=needs_audit(result))
+        required = needs_audit(result)
+        persisted = self._append(entry.to_data(), required=required)
         text, warn = release(msg.original, result, persisted=persisted)
         if warn:
             self._warn()
+            if required:
+                self._correct(entry)
         return Released(text=text, persisted=persisted, warned=warn)
 
     def _append(self, data: dict[str, Any], *, required: bool) -> bool:
         try:
             deadline = time.monotonic() + self.audit_timeout
-            # Bounded even if the port ignores its deadline: a late ack only
-            # means the original text was released with a trail -- harmless.
-            run_bounded(lambda: self.session.append_entry(CUSTOM_TYPE, data, deadline), deadline, None,
-                        owner=self.path)
+            # A required entry expires at the deadline: the harness is told to refuse it after.
+            # Bounded even if the port ignores its deadline (see _correct for a late ack).
+            run_bounded(lambda: self.session.append_entry(CUSTOM_TYPE, data, deadline, expires=required),
+                        deadline, None, owner=self.path)
             return True
         except Exception as exc:  # noqa: BLE001 - any failure means "not persisted"
             self.log.bind(required=required, error=type(exc).__name__).warning("filter audit not persisted")
             return False
+
+    def _correct(self, entry: AuditEntry) -> None:
+        """After a required entry was not confirmed (the original text released): append, best
+        effort and off this turn's path, the correcting entry that says so (:func:`unconfirmed`).
+        The first entry may still be in the session -- a harness that ignores its expiry and
+        acknowledged late, or one whose refusal never came back -- and would read ``filtered``; the
+        correction after it makes the record say what was injected. Sent always, since castor
+        cannot tell: where the first was refused, the correction is the only entry, and true."""
+        data = unconfirmed(entry).to_data()
+        start_thread(lambda: self._append(data, required=False), name="icarus-audit-correction",
+                     owner=self.path, purpose="correct an unconfirmed filter audit in the session")
 
     def _warn(self) -> None:
         if self.ui is None:

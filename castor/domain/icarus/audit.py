@@ -139,6 +139,18 @@ def build_audit(result: FilterResult, *, at: datetime, duration_ms: int | None) 
     )
 
 
+def unconfirmed(entry: AuditEntry) -> AuditEntry:
+    """The correcting entry for ``entry`` (a ``filtered`` one) whose persistence castor could not
+    confirm in time, so that it released the original context: the same decision (``at``, classifier,
+    spans with their decisions, usage, duration) as ``outcome: fallback``, ``reason:
+    audit_unconfirmed``, every span injected and ``chars.injected`` the original's length. Read after
+    a ``filtered`` entry with the same ``at``, it says that entry's filtering was not applied."""
+    return entry.model_copy(update={
+        "outcome": Outcome.FALLBACK, "reason": Reason.AUDIT_UNCONFIRMED,
+        "injected_ids": tuple(span.id for span in entry.spans),
+        "chars": AuditChars(original=entry.chars.original, injected=entry.chars.original)})
+
+
 def needs_audit(result: FilterResult | None) -> bool:
     """Whether an audit *must* be persisted before the text is released.
 

@@ -90,6 +90,9 @@ class Reason(StrEnum):
     PROVIDER_ERROR = "provider_error"
     MALFORMED_RESPONSE = "malformed_response"
     INVALID_CLASSIFIER = "invalid_classifier"
+    #: A correcting audit entry: the ``filtered`` entry before it was not acknowledged in time, so
+    #: the original context was injected (docs/icarus.md "Audit").
+    AUDIT_UNCONFIRMED = "audit_unconfirmed"
 
 
 # ---------------------------------------------------------------------------

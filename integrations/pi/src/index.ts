@@ -28,7 +28,7 @@ import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch, StopKeyWatch } from "./interrupt.ts";
 import { isStartLine, StderrRoute } from "./stderr.ts";
-import { RpcError, type Params, untilAborted } from "./rpc.ts";
+import { entryRefusal, RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { listModels } from "./models.ts";
 import { CastorRuntime, missingMethods, olderCastorText, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
@@ -426,6 +426,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			"agent.abort_turn": (p) => abortTurn(p),
 			"session.append_entry": (p) => {
 				if (typeof p.custom_type !== "string" || !p.custom_type) throw new RpcError("invalid_params", "custom_type must be a non-empty string");
+				// Checked right before the append, which is synchronous: the acknowledgement leaves in
+				// this same tick, so an entry appended here is one castor hears of before its deadline.
+				const refusal = entryRefusal(p.expires_at_ms, Date.now());
+				if (refusal) {
+					log(`${p.custom_type} entry refused: ${refusal.message}`);
+					throw refusal;
+				}
 				pi.appendEntry(p.custom_type, p.data ?? null);
 				let entryId: string | null = null;
 				try {

@@ -39,6 +39,26 @@ export class RpcError extends Error {
 	}
 }
 
+/**
+ * Why an entry castor asked to append must not be appended, or null to append it. castor sends
+ * `expires_at_ms` (Unix ms, this host's clock) with an entry whose acknowledgement it waits for
+ * only so long -- the Icarus filter audit, which must be in the session before castor injects the
+ * filtered memory, and after which castor injects the unfiltered one. Past that instant castor has
+ * already gone on without the entry, so appended it would say `filtered` for a context that went in
+ * unfiltered: it is refused (`timeout`, `reason: expired`) and never appended. Absent or null:
+ * appended whenever it comes. Anything else is `invalid_params`.
+ */
+export function entryRefusal(expiresAtMs: unknown, nowMs: number): RpcError | null {
+	if (expiresAtMs === undefined || expiresAtMs === null) return null;
+	if (typeof expiresAtMs !== "number" || !Number.isFinite(expiresAtMs)) {
+		return new RpcError("invalid_params", "expires_at_ms must be a number (Unix milliseconds)");
+	}
+	if (nowMs <= expiresAtMs) return null;
+	const lateMs = Math.round(nowMs - expiresAtMs);
+	return new RpcError("timeout", `entry not appended: it came ${lateMs} ms after its expiry (expires_at_ms)`,
+		{ reason: "expired", late_ms: lateMs });
+}
+
 interface Pending {
 	resolve: (value: unknown) => void;
 	reject: (error: RpcError) => void;

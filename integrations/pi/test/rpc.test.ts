@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { PassThrough } from "node:stream";
 import { test } from "node:test";
 import { Encoder } from "@msgpack/msgpack";
-import { MsgpackRpcPeer, RpcError } from "../src/rpc.ts";
+import { entryRefusal, MsgpackRpcPeer, RpcError } from "../src/rpc.ts";
 
 /** A peer whose other end is this test: `toPeer` carries frames to it, `fromPeer` what it writes. */
 function pair(): { peer: MsgpackRpcPeer; send: (frame: unknown[]) => void; close: () => void } {
@@ -48,4 +48,17 @@ test("a slow answer while the peer keeps talking is a timeout, not silence", asy
 	await assert.rejects(pending, (err: unknown) => err instanceof RpcError && err.code === "timeout");
 	assert.equal(peer.silent, false);
 	close();
+});
+
+test("entryRefusal: an entry past its expires_at_ms is refused (timeout, expired); absent or in time, appended", () => {
+	assert.equal(entryRefusal(undefined, 5000), null);
+	assert.equal(entryRefusal(null, 5000), null);
+	assert.equal(entryRefusal(5000, 5000), null);
+	assert.equal(entryRefusal(9000, 5000), null);
+	const late = entryRefusal(4000, 5250);
+	assert.ok(late instanceof RpcError);
+	assert.equal(late.code, "timeout");
+	assert.deepEqual(late.data, { reason: "expired", late_ms: 1250 });
+	assert.match(late.message, /1250 ms after its expiry/);
+	for (const bad of ["4000", Number.NaN, Infinity, {}]) assert.equal(entryRefusal(bad, 5000)?.code, "invalid_params");
 });

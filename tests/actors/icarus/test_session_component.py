@@ -90,7 +90,7 @@ def test_audit_that_cannot_be_persisted_releases_the_original_and_warns(world):
     rt = world.runtime()
 
     class BrokenLog:
-        def append_entry(self, custom_type, data, deadline):
+        def append_entry(self, custom_type, data, deadline, *, expires=False):
             raise OSError("disk full")
 
     world.open(rt, session_log=BrokenLog())
