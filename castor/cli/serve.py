@@ -26,7 +26,6 @@ from castor.cli.common import (
     positive_seconds,
     timeout_or_off,
 )
-from castor.logs import json_log_line, logging_as_json
 from castor.scaleout.options import add_backend_flags
 from castor.shown import one_line
 
@@ -271,6 +270,8 @@ def serving_line(address: Any, *, token_file: str | None, console_url: str | Non
 
 
 def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
+    from castor.logs import json_log_line, logging_as_json  # here: `castor --version` imports no logging
+
     line = serving_line(server.address, token_file=token_file, console_url=console_url)
     if logging_as_json():  # every stderr line of a JSON log is one JSON object, this one too
         line = json_log_line(line, actor="/endpoint", listening=_listening_on(server.address),
