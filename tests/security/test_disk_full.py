@@ -126,6 +126,63 @@ def test_a_start_on_failing_storage_is_storage_unavailable_and_leaves_nothing(
     assert wait_status(runtime, "s1", started["cast_id"])["status"] == "complete"
 
 
+class FsyncFault:
+    """Makes ``os.fsync`` fail with ``errno`` for files and directories under ``root`` while on,
+    every write still succeeding: a device that takes the bytes and then cannot make them durable
+    (``EIO`` from a failing disk, ``ENOSPC`` from thin provisioning or a network file system)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+        self.root = str(root.resolve())
+        self.errno: int | None = None
+        self.hits = 0
+        real = os.fsync
+
+        def fsync(fd: int) -> None:
+            if self.errno is not None:
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    target = ""
+                if target.startswith(self.root):
+                    self.hits += 1
+                    raise OSError(self.errno, os.strerror(self.errno))
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    def on(self, name: str) -> None:
+        self.errno = getattr(errno, name)
+
+    def off(self) -> None:
+        self.errno = None
+
+
+@pytest.mark.parametrize("name", ["ENOSPC", "EIO"])
+def test_a_start_whose_run_directory_cannot_be_made_durable_leaves_nothing(
+        runtime, tmp_path, monkeypatch, crashes, name):
+    """The run directory's ``mkdir`` succeeds and the fsync that makes it durable fails: the
+    directory used to stay behind, empty, and list as ``unreadable`` (until a reader took it for an
+    abandoned start a minute later). The start is refused and the directory taken back."""
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, ["hi"])
+    root = project / ".pi" / "pi-materia"
+    root.mkdir(parents=True)
+    fault = FsyncFault(monkeypatch, project)
+    fault.on(name)
+    with pytest.raises(StorageUnavailable) as refused:
+        materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    assert refused.value.data["errno"] == name, refused.value.to_wire()
+    assert fault.hits >= 1
+    fault.off()
+    assert crashes == []
+    assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == []  # no debris
+    rows = materia_call(runtime, "s1", "list", {})["casts"]
+    assert rows == [], rows
+    started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
+    assert wait_status(runtime, "s1", started["cast_id"])["status"] == "complete"
+
+
 @pytest.mark.parametrize("name", ERRNOS)
 def test_a_cast_that_meets_a_storage_fault_mid_run_stops_tells_the_harness_and_recasts(
         runtime, tmp_path, monkeypatch, crashes, name):

@@ -174,7 +174,9 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     The id is the UTC ISO timestamp with ``:`` and ``.`` replaced by ``-``
     (``2026-05-12T19-40-40-605Z``); a collision adds ``-1``, ``-2``, ...
     Uniqueness holds across threads *and* processes because the directory is
-    claimed with an exclusive ``mkdir``.
+    claimed with an exclusive ``mkdir``. A directory whose creation cannot be made durable (the
+    root's fsync fails) is removed again and the ``OSError`` raised: a failed allocation leaves
+    nothing behind.
     """
     root = os.fspath(artifact_root)
     try:
@@ -193,7 +195,16 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
             os.mkdir(confined.join_text(candidate))
         except FileExistsError:
             continue
-        fsync_dir(root)
+        try:
+            fsync_dir(root)
+        except OSError:
+            # Made but not durable (a failing device, a full thin volume): the start fails, so its
+            # directory is taken back rather than left empty, to list as unreadable.
+            try:
+                os.rmdir(confined.join_text(candidate))
+            except OSError:
+                pass
+            raise
         after = cast_index.root_signature(confined.text)
         # Its row (active: unverified until its first save) and the root's signature moved along,
         # so the next listing needs no rescan of the root (see cast_index.py).
