@@ -267,6 +267,9 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, ow
     if owned and mode & stat.S_IWOTH:
         os.close(fd)
         raise UnsafeFile("every user may write it, so another user may have chosen what it says (chmod o-w it)")
+    if max_bytes is not None and st.st_size > max_bytes:  # refused unread (a sparse file costs no disk)
+        os.close(fd)
+        raise ValueError(f"larger than {max_bytes} bytes")
     with open(fd, "rb") as handle:
         raw = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
     if max_bytes is not None and len(raw) > max_bytes:

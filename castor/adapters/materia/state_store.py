@@ -34,10 +34,15 @@ Failure behaviour
 - Hostile cast ids: ``Forbidden`` (via ``validate_cast_id`` and a ``ConfinedRoot``).
 - A state that is not JSON-serialisable raises ``TypeError``/``ValueError``
   and the stored file is unchanged.
+- ``state.json`` is read up to :data:`MAX_STATE_BYTES`: a larger file (a sparse file of many
+  gigabytes a checkout planted costs no disk) is ``StateCorrupt`` (``load``) or an unreadable row
+  (listing), never read into memory. A document over the bound is never written either:
+  ``OSError(EFBIG)``, a storage fault, the stored file unchanged.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import json
@@ -97,6 +102,9 @@ __all__ = [
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"
 FORMAT = 1
+#: The largest ``state.json`` castor reads or writes. A real cast's state is kilobytes to a few
+#: megabytes (its outputs live in artifact files; one string from the wire is at most 8 MiB).
+MAX_STATE_BYTES = 256 * 1024 * 1024
 
 CastStatus = Literal["active", "awaiting_refinement", "complete", "failed", "aborted", "idle"]
 
@@ -268,7 +276,11 @@ def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, stat
     if isinstance(state_json, str):
         state_json = state_json.encode("utf-8")
     body = [state_json] if isinstance(state_json, bytes) else state_json
-    return b"".join((head.encode("utf-8"), b',"state":', *body, b"}\n"))
+    document = b"".join((head.encode("utf-8"), b',"state":', *body, b"}\n"))
+    if len(document) > MAX_STATE_BYTES:  # never write what no reader would read back
+        raise OSError(errno.EFBIG, f"a state document of {len(document)} bytes is over castor's "
+                                   f"{MAX_STATE_BYTES}-byte bound")
+    return document
 
 
 def _read_header(path: Path) -> tuple[int, int] | None:
@@ -677,12 +689,19 @@ def _state_sig(root: str, cast_id: str) -> str | None:
 
 def _read_state_text(path: Path) -> str:
     """``state.json``'s text, read as :func:`~castor.adapters.fs.read_regular_file` reads: a FIFO or
-    a device planted in its place is ``state_corrupt`` at once, never waited on or read forever."""
+    a device planted in its place, or a file over :data:`MAX_STATE_BYTES`, is ``state_corrupt`` at
+    once, never waited on or read into memory."""
     try:
-        raw = read_regular_file(path, None)
-    except ValueError:
-        raise StateCorrupt(f"{path} is not a regular file", data={"path": str(path)}) from None
+        raw = read_regular_file(path, MAX_STATE_BYTES)
+    except ValueError as exc:
+        raise StateCorrupt(f"{path} is {_refused_file(exc)}", data={"path": str(path)}) from None
     return raw.decode("utf-8")
+
+
+def _refused_file(exc: ValueError) -> str:
+    """What :func:`~castor.adapters.fs.read_regular_file` refused, as the end of "PATH is ...":
+    a directory, not a regular file, or larger than the bound."""
+    return str(exc) or "not a regular file"
 
 
 def _read_row(store: CastStateStore, cast_id: str, sig: str) -> IndexRow:
@@ -716,8 +735,12 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
         sig = signature_text(st)
         if not stat.S_ISREG(st.st_mode):
             return _unreadable(cast_id, f"{path} is not a regular file", sig)
+        if st.st_size > MAX_STATE_BYTES:
+            return _unreadable(cast_id, f"{path} is larger than {MAX_STATE_BYTES} bytes", sig)
         with open(fd, "rb", closefd=False) as handle:
-            raw = handle.read()
+            raw = handle.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:  # grown since the fstat
+            return _unreadable(cast_id, f"{path} is larger than {MAX_STATE_BYTES} bytes", sig)
     except OSError as exc:
         return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
     finally:
