@@ -75,6 +75,7 @@ __all__ = [
     "atomic_write_text",
     "compact_json",
     "ConfinedRoot",
+    "TooLarge",
     "confine",
     "dump_json",
     "ensure_dir",
@@ -235,6 +236,10 @@ def storage_unavailable(exc: OSError, *, path: str | os.PathLike[str] | None = N
                               f"{exc.strerror or 'error'})", data=data)
 
 
+class TooLarge(ValueError):
+    """A file over the bound its reader gave (``read_regular_file``'s ``max_bytes``), refused unread."""
+
+
 class UnsafeFile(ValueError):
     """A file castor found by itself that another user chose the content of (see ``owned``)."""
 
@@ -269,11 +274,11 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, ow
         raise UnsafeFile("every user may write it, so another user may have chosen what it says (chmod o-w it)")
     if max_bytes is not None and st.st_size > max_bytes:  # refused unread (a sparse file costs no disk)
         os.close(fd)
-        raise ValueError(f"larger than {max_bytes} bytes")
+        raise TooLarge(f"larger than {max_bytes} bytes")
     with open(fd, "rb") as handle:
         raw = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
-    if max_bytes is not None and len(raw) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
+    if max_bytes is not None and len(raw) > max_bytes:  # grown since the fstat
+        raise TooLarge(f"larger than {max_bytes} bytes")
     return raw
 
 
@@ -603,17 +608,19 @@ def _parse_lines(raw: bytes) -> Iterable[tuple[int, bytes, bool]]:
         yield index + 1, line, is_last
 
 
-def read_json_lines(path: str | os.PathLike[str]) -> JsonLinesRead:
+def read_json_lines(path: str | os.PathLike[str], max_bytes: int | None = None) -> JsonLinesRead:
     """Read every parseable JSON line of ``path``; report the rest.
 
     A final line without a newline is never accepted, even if it happens to
     parse: only a line whose newline was written is complete. A missing file
-    reads as empty.
+    reads as empty. A file over ``max_bytes`` raises :class:`TooLarge`, unread.
     """
     try:
-        raw = read_regular_file(path, None)  # a FIFO or a directory: refused, not waited on
+        raw = read_regular_file(path, max_bytes)  # a FIFO or a directory: refused, not waited on
     except FileNotFoundError:
         return JsonLinesRead(records=[], skipped=[])
+    except TooLarge:
+        raise
     except ValueError:
         raise Forbidden(f"refusing to read {_printable(os.fspath(path))}: not a regular file",
                         data={"reason": "not_a_regular_file", "path": _printable(os.fspath(path))}) from None

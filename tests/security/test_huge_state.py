@@ -86,3 +86,28 @@ def test_a_state_over_the_bound_is_never_written_and_the_stored_one_stays(tmp_pa
         store.save("c1", {"request": "x" * 5000}, incarnation=1)
     assert refused.value.errno == errno.EFBIG
     assert (tmp_path / "c1" / "state.json").read_bytes() == before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["events.jsonl", "manifest.json"])
+def test_a_sparse_run_directory_file_of_many_gigabytes_is_state_corrupt_never_read(tmp_path, name):
+    """The same planted file as ``events.jsonl`` or ``manifest.json``: the recast's replay of the
+    last transition read it whole (the events log: a ``MemoryError`` traceback; the manifest: the
+    cast's actor crashed on every restart until its supervisor gave up, ``actor_stopped``), and
+    ``castor status`` read the events log whole too."""
+    root, run = interrupted_cast(tmp_path)
+    planted = run / name
+    planted.unlink(missing_ok=True)
+    with open(planted, "wb") as sparse:
+        sparse.truncate(64 * 1024 ** 3)
+    shown = _bounded(tmp_path, "status", run.name, cwd=root)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    done = _bounded(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert "Traceback" not in done.stderr and "actor_stopped" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("castor: state_corrupt: ") and name in last and "larger than" in last, done.stderr
+    listed = _bounded(tmp_path, "casts", "--json", cwd=root)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["cast_id"] == run.name

@@ -70,7 +70,9 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import (
     ConfinedRoot,
+    JsonLinesRead,
     SkippedLine,
+    TooLarge,
     append_json_line,
     append_json_lines,
     atomic_write_bytes,
@@ -109,6 +111,12 @@ MAX_SEG_LENGTH = 120
 MAX_NAME_BYTES = 200
 _NAME_TAIL = 32
 _SEG_RUN = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+#: The largest JSON file of a run directory castor reads (``events.jsonl``, ``manifest.json``,
+#: ``usage.json``, ``config.resolved.json``): a real cast's are kilobytes to megabytes. A larger one --
+#: a sparse file of many gigabytes a checkout ships costs its disk nothing -- is refused unread.
+MAX_RUN_FILE_BYTES = 256 * 1024 * 1024
 
 
 class ArtifactCorrupt(StateCorrupt):
@@ -434,14 +442,15 @@ class CastArtifacts:
     def _read_json(self, relative: str) -> Any:
         target = self.path(relative)
         try:  # a FIFO planted in its place is refused at once, never waited on (it held the cast's thread)
-            raw = read_regular_file(target, None).decode("utf-8")
+            raw = read_regular_file(target, MAX_RUN_FILE_BYTES).decode("utf-8")
         except FileNotFoundError:
             raise NotFound(f"{relative} not found for cast {self.cast_id}", data={"path": str(target)}) from None
         except UnicodeDecodeError:
             raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is not UTF-8 text",
                                   data={"path": str(target)}) from None
-        except ValueError as exc:  # a directory, a FIFO, a device
-            raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is {exc}" if str(exc) == "a directory"
+        except ValueError as exc:  # a directory, a FIFO, a device, a file over the bound
+            raise ArtifactCorrupt(f"{relative} of cast {self.cast_id} is {exc}"
+                                  if str(exc) == "a directory" or isinstance(exc, TooLarge)
                                   else f"{relative} of cast {self.cast_id} is not a regular file",
                                   data={"path": str(target)}) from None
         try:
@@ -606,9 +615,19 @@ class CastArtifacts:
         with self._lock:
             append_json_lines(self._target(self.EVENTS), records)
 
+    def event_lines(self) -> JsonLinesRead:
+        """``events.jsonl`` as :func:`~castor.adapters.fs.read_json_lines` reads it; a log over
+        :data:`MAX_RUN_FILE_BYTES` is :class:`ArtifactCorrupt`, unread."""
+        target = self.path(self.EVENTS)
+        try:
+            return read_json_lines(target, MAX_RUN_FILE_BYTES)
+        except TooLarge as exc:
+            raise ArtifactCorrupt(f"{self.EVENTS} of cast {self.cast_id} is {exc}",
+                                  data={"path": str(target)}) from None
+
     def read_events(self) -> EventLog:
         """Every complete event line; torn or corrupt lines are reported in ``skipped``."""
-        read = read_json_lines(self.path(self.EVENTS))
+        read = self.event_lines()
         events: list[EventRecord] = []
         skipped = list(read.skipped)
         for index, rec in enumerate(read.records):

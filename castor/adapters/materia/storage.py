@@ -54,7 +54,7 @@ class FileCastStorage:
         return CastArtifacts(artifact_root, cast_id)
 
     def event_lines(self, artifact_root: Path, cast_id: str) -> list[Any]:
-        return fs.read_json_lines(CastArtifacts(artifact_root, cast_id).path(CastArtifacts.EVENTS)).records
+        return CastArtifacts(artifact_root, cast_id).event_lines().records
 
     def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
         return discard_unsaved(artifact_root, cast_id)
