@@ -183,6 +183,41 @@ def test_a_start_whose_run_directory_cannot_be_made_durable_leaves_nothing(
     assert wait_status(runtime, "s1", started["cast_id"])["status"] == "complete"
 
 
+def test_status_of_a_cast_its_storage_stopped_says_what_happened_and_what_to_type(
+        runtime, tmp_path, monkeypatch, crashes):
+    """A run directory that takes no new file (``chmod 0555`` for a user other than root: EACCES on
+    the state's temporary file) while its events log still takes appends: the cast stops, its failed
+    state cannot be saved, and the log's last event says why. ``status`` showed only ``orphaned``
+    and the recast command; it now names the fault and what to do."""
+    project = tmp_path / "project"
+    project.mkdir()
+    open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
+    cast_id = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})["cast_id"]
+    run_dir = str((project / ".pi" / "pi-materia" / cast_id).resolve())
+    real_open = os.open
+    refusing = {"on": True}
+
+    def no_new_files(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if refusing["on"] and flags & os.O_EXCL and os.fspath(path).startswith(run_dir + "/"):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", no_new_files)
+    wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
+             what="the cast actor stopped")
+    assert crashes == []
+    view = materia_call(runtime, "s1", "status", {"cast_id": cast_id})
+    assert view["status"] == "orphaned", view
+    assert view["storage_fault"]["errno"] == "EACCES", view
+    assert view["storage_fault"]["path"] == f".pi/pi-materia/{cast_id}/state.json", view
+    assert "stopped: storage unavailable (EACCES on .pi/pi-materia/" in view["text"], view["text"]
+    assert f"then castor recast {cast_id}" in view["text"], view["text"]
+    refusing["on"] = False
+    materia_call(runtime, "s1", "recast", {"cast_id": cast_id})
+    assert wait_status(runtime, "s1", cast_id)["status"] == "complete"
+    assert "storage_fault" not in materia_call(runtime, "s1", "status", {"cast_id": cast_id})
+
+
 @pytest.mark.parametrize("name", ERRNOS)
 def test_a_cast_that_meets_a_storage_fault_mid_run_stops_tells_the_harness_and_recasts(
         runtime, tmp_path, monkeypatch, crashes, name):

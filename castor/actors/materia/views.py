@@ -118,6 +118,11 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
                      f"{command(surface, 'abort', cast_id)} to stop the cast")
     if view.get("failed_reason"):
         lines.append(f"reason: {view['failed_reason']}")
+    fault = view.get("storage_fault")
+    if isinstance(fault, dict):
+        where = f" on {one_line(str(fault.get('path')))}" if fault.get("path") else ""
+        lines.append(f"stopped: storage unavailable ({one_line(str(fault.get('errno')))}{where}); fix the storage "
+                     f"(free space, permissions, a read-only mount), then {command(surface, 'recast', cast_id)}")
     given_up = view.get("given_up")
     if isinstance(given_up, dict):
         lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "
@@ -173,7 +178,14 @@ def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, l
     orphaned = state.active and not live and not storage.lease_held(artifact_root, cast_id)
     view = status_view(state, live=live, orphaned=orphaned)
     if orphaned:
-        given_up = _given_up(storage, artifact_root, cast_id)
+        try:
+            records = storage.event_lines(artifact_root, cast_id)
+        except (CastorError, OSError):
+            records = []
+        stopped = _storage_fault(records)
+        if stopped is not None:
+            view["storage_fault"] = stopped
+        given_up = _given_up(records)
         if given_up is not None:
             view["given_up"] = given_up
     if not state.active and not live:
@@ -183,14 +195,24 @@ def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, l
     return view
 
 
-def _given_up(storage: CastStorage, artifact_root: Path, cast_id: str) -> dict[str, Any] | None:
+def _storage_fault(records: list[Any]) -> dict[str, Any] | None:
+    """Why an orphaned cast stopped, when its storage refused a transition (its state, or its
+    artifacts) and no failed state could be saved: its log's last event is then ``storage_unavailable``
+    (``{errno, path}``, written if the log still took it; a recast appends after it). ``None``
+    otherwise: a runtime that died leaves none, nor does a disk too full for the event."""
+    last = records[-1] if records else None
+    if not isinstance(last, dict) or last.get("type") != "storage_unavailable" \
+            or not isinstance(last.get("data"), dict):
+        return None
+    data = last["data"]
+    return {"errno": str(data.get("errno") or "EUNKNOWN"), "path": str(data.get("path") or ""), "at_ms": last.get("ts")}
+
+
+def _given_up(records: list[Any]) -> dict[str, Any] | None:
     """Why an orphaned cast stopped, when its runtime gave it up after a crash loop: its log's last
     event is then ``cast_given_up`` (written as it was given up; a recast appends after it). An
     orphaned cast whose runtime died or shut down has none: ``None``."""
-    try:
-        records = storage.event_lines(artifact_root, cast_id)
-    except (CastorError, OSError):
-        return None
+    records = list(records)
     while records and isinstance(records[-1], dict) and records[-1].get("type") == "storage_unavailable":
         records.pop()
     last = records[-1] if records else None
