@@ -316,6 +316,9 @@ def test_a_state_that_cannot_be_read_is_storage_unavailable_not_internal(runtime
         with pytest.raises(StorageUnavailable) as refused:
             materia_call(runtime, "s1", verb, {"cast_id": cast_id})
         assert refused.value.data["errno"] == "EIO", refused.value.to_wire()
+        # the file relative to the project, as every storage error names it (status named it absolute)
+        assert refused.value.data["path"] == f".pi/pi-materia/{cast_id}/state.json", refused.value.to_wire()
+        assert str(project.resolve()) not in refused.value.message, refused.value.message
     assert crashes == []
 
 

@@ -32,6 +32,7 @@ harness over the endpoint (``/materia continue``) or the standalone CLI (``casto
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,8 +131,23 @@ def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable
         except OSError as exc:
             error = self.storage.storage_unavailable(exc, base=self.cwd, action=f"run materia {message.verb}")
             raise StorageUnavailable(error.message, data={**error.data, "verb": message.verb}) from None
+        except StorageUnavailable as exc:
+            raise named_in_project(exc, self.cwd) from None
 
     return run
+
+
+def named_in_project(error: StorageUnavailable, project: Path) -> StorageUnavailable:
+    """``error`` naming its file relative to ``project`` when it lies inside it, as every storage
+    error a verb answers does (a state read deep in the store names the absolute path it read)."""
+    path = (error.data or {}).get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        return error
+    for base in dict.fromkeys((str(project).rstrip("/"), os.path.realpath(project).rstrip("/"))):
+        if path.startswith(base + "/"):
+            shown = path[len(base) + 1:]
+            return StorageUnavailable(error.message.replace(path, shown), data={**error.data, "path": shown})
+    return error
 
 
 _DRIVEN_KEPT = 64  # the casts a session remembers having driven (for an id-less status)
