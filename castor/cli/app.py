@@ -14,6 +14,7 @@ runtime, the adapters, logging, the terminal views) is imported when it runs, so
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -89,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Configure logging and run the parsed command; its failures as one line and an exit status."""
+    from castor.domain.paths import named_under
     from castor.logs import LogSettingError, configure_logging
-    from castor.messages.errors import CastorError
+    from castor.messages.errors import CastorError, StorageUnavailable
 
     try:
         configure_logging(args.log_level, json=args.log_json or None)
@@ -100,6 +102,10 @@ def _run(args: argparse.Namespace) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return int(run(args) or 0)
+    except StorageUnavailable as exc:  # a file of the project named relative to it, as everywhere
+        project = getattr(args, "cwd", None) or os.getcwd()
+        exc = named_under(exc, (str(project), os.path.realpath(project)))
+        fail(exc.code, exc.message)
     except CastorError as exc:
         fail(exc.code, exc.message)
     except BrokenPipeError as exc:

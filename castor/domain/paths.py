@@ -19,8 +19,9 @@ appear as ``data.reason`` of the ``forbidden`` error the adapters raise).
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable
 
-from castor.messages.errors import Forbidden, InvalidParams
+from castor.messages.errors import Forbidden, InvalidParams, StorageUnavailable
 
 REASON_NOT_TEXT = "non-text path part"
 REASON_NUL = "NUL byte in path"
@@ -101,3 +102,18 @@ def artifact_dir_outside(configured: str | None, project: str, refused: Forbidde
         "directory below the project without '..', e.g. \".pi/pi-materia\"",
         data={"artifactDir": str(configured)[:200], "cwd": project, "reason": reason},
     )
+
+
+def named_under(error: StorageUnavailable, projects: Iterable[str]) -> StorageUnavailable:
+    """``error`` naming its file relative to the first of ``projects`` (the project directory as
+    given and as resolved) that holds it, as every storage error shows a file inside the project;
+    ``error`` itself when its ``data.path`` is relative already or lies outside them."""
+    path = error.data.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        return error
+    for project in projects:
+        base = project.rstrip("/")
+        if base and path.startswith(base + "/"):
+            shown = path[len(base) + 1:]
+            return StorageUnavailable(error.message.replace(path, shown), data={**error.data, "path": shown})
+    return error

@@ -663,3 +663,27 @@ def test_a_project_made_read_only_mid_cast_stops_the_cast_resumable_and_recast_c
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert [r["status"] for r in _casts_json(project, tmp_path)] == ["complete"]
+
+
+def test_castor_status_names_a_state_it_cannot_read_relative_to_the_project(tmp_path, monkeypatch, capsys):
+    """``castor status`` of a cast whose ``state.json`` the disk cannot give back (``EIO``; ``EACCES``
+    for a user who may not read it) named the file by its absolute path; every other storage
+    error names a file of the project relative to it."""
+    from castor.adapters.materia import state_store
+    from castor.cli.app import main
+    from tests.cli.interrupted_cast import interrupted_cast
+
+    root, run = interrupted_cast(tmp_path)
+    real = state_store._read_state_text
+
+    def failing(path: Path) -> str:
+        if path.name == "state.json":
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(state_store, "_read_state_text", failing)
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", run.name, "--cwd", str(root)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"castor: storage_unavailable: storage unavailable: cannot read on "
+                   f".pi/pi-materia/{run.name}/state.json (EIO: Input/output error)"), err

@@ -93,6 +93,7 @@ from castor.domain.materia.grid import render_grid
 from castor.domain.materia.prompts import isolate_context
 from castor.domain.materia.surface import Surface, command
 from castor.domain.materia.trust import check_project_trust, check_saved_cast_trust
+from castor.domain.paths import named_under
 from castor.messages.errors import (
     ActorStopped,
     CastorError,
@@ -132,22 +133,9 @@ def answers_bad_input(handler: Callable[[Any, Any], dict[str, Any]]) -> Callable
             error = self.storage.storage_unavailable(exc, base=self.cwd, action=f"run materia {message.verb}")
             raise StorageUnavailable(error.message, data={**error.data, "verb": message.verb}) from None
         except StorageUnavailable as exc:
-            raise named_in_project(exc, self.cwd) from None
+            raise named_under(exc, (str(self.cwd), os.path.realpath(self.cwd))) from None
 
     return run
-
-
-def named_in_project(error: StorageUnavailable, project: Path) -> StorageUnavailable:
-    """``error`` naming its file relative to ``project`` when it lies inside it, as every storage
-    error a verb answers does (a state read deep in the store names the absolute path it read)."""
-    path = (error.data or {}).get("path")
-    if not isinstance(path, str) or not path.startswith("/"):
-        return error
-    for base in dict.fromkeys((str(project).rstrip("/"), os.path.realpath(project).rstrip("/"))):
-        if path.startswith(base + "/"):
-            shown = path[len(base) + 1:]
-            return StorageUnavailable(error.message.replace(path, shown), data={**error.data, "path": shown})
-    return error
 
 
 _DRIVEN_KEPT = 64  # the casts a session remembers having driven (for an id-less status)
