@@ -9,8 +9,11 @@ thread per session.
 
 Guarantees: records of one session are appended in submission order; ``submit`` never blocks
 (beyond a lock); at most ``limit`` records wait — beyond that the oldest are dropped and
-counted in ``dropped`` (state.json still has everything); append failures are logged, never
-raised; ``close()`` lets queued records drain for up to ``drain_s`` seconds.
+counted in ``dropped`` (state.json still has everything); append failures are never raised and
+logged once per spell -- the first as a warning, the rest of the spell at debug level, and the
+first append that succeeds again says how many were not recorded (a log that stays refused, a
+planted link or a full disk, would otherwise put the same warning on stderr for every entry of
+every transition); ``close()`` lets queued records drain for up to ``drain_s`` seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class SessionMirror:
         self.limit = limit
         self.dropped = 0
         self.appended = 0
+        self.failing = 0  # entries not recorded since the last one that was
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -59,9 +63,18 @@ class SessionMirror:
                 custom_type, data = self._queue.popleft()
             try:
                 self.session_log.append_entry(custom_type, data, time.monotonic() + DEADLINE_S)
-                self.appended += 1
             except Exception as exc:  # noqa: BLE001 - a mirror failure never fails a cast
-                self._log.warning("session entry {t} not recorded: {exc}", t=custom_type, exc=exc)
+                self.failing += 1
+                if self.failing == 1:
+                    self._log.warning("session entry {t} not recorded: {exc} (the next failures are logged at "
+                                      "debug level until an entry is recorded again)", t=custom_type, exc=exc)
+                else:
+                    self._log.debug("session entry {t} not recorded: {exc}", t=custom_type, exc=exc)
+                continue
+            self.appended += 1
+            if self.failing:
+                self._log.info("session entries are recorded again ({n} were not)", n=self.failing)
+                self.failing = 0
 
     def close(self, drain_s: float = 2.0) -> None:
         with self._cond:
