@@ -259,6 +259,8 @@ def test_a_one_off_fault_mid_run_fails_the_cast_with_its_reason_and_its_own_even
     view = materia_call(runtime, "s1", "status", {"cast_id": cast_id})
     assert view["status"] == "failed" and view["resumable"] is True, view
     assert "storage unavailable" in view["failed_reason"] and "ENOSPC" in view["failed_reason"]
+    # the turn ran and ended; its outcome could not be saved: never "Could not start agent turn ..."
+    assert view["failed_reason"].startswith("storage unavailable: "), view["failed_reason"]
     assert view.get("artifacts_pending") is False
     records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
     types = [r["type"] for r in records]

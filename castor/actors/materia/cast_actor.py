@@ -617,7 +617,7 @@ class CastActor(Actor):
             # Nothing of the dropped transition ran. Fail the cast for the record, if that still fits.
             try:
                 failed = step(self.state, DispatchFailed(visit_id=pending.visit_id, at=env.clock(),
-                                                         error=error.message))
+                                                         error=error.message, error_is_the_reason=True))
                 files = [e for e in failed.effects if type(e) in FILE_EFFECTS]
                 self.store.save_encoded(env.cast_id, self._encode(failed.state, files), incarnation=self.fence,
                                         index=failed.state)

@@ -137,12 +137,15 @@ class ProactiveCompactionFinished(_Input):
 
 
 class DispatchFailed(_Input):
-    """The actor could not start the work of an effect (host gone, model API missing...)."""
+    """The actor could not start the work of an effect (host gone, model API missing...), or could
+    not keep its outcome (``error_is_the_reason``: the cast's storage refused the transition, so
+    ``error`` -- "storage unavailable: ..." -- is the whole failure reason, never "Could not start")."""
 
     kind: Literal["dispatch_failed"] = "dispatch_failed"
     visit_id: str
     error: str
     at: float
+    error_is_the_reason: bool = False
 
 
 class RefinementTurnStarted(_Input):

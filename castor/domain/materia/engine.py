@@ -1321,6 +1321,8 @@ def _on_dispatch_failed(ctx: _Ctx, ev: DispatchFailed) -> None:
     if not s.active or s.pending is None or s.pending.visit_id != ev.visit_id:
         _ignored(ctx, "dispatch_failed", ev.visit_id, "not-current-visit")
         return
+    if ev.error_is_the_reason:
+        raise _Fail(ev.error, ev.visit_id)
     raise _Fail(f'Could not start {s.pending.kind.replace("_", " ")} for socket "{s.pending.socket_id}": {ev.error}',
                 ev.visit_id)
 
