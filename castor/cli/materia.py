@@ -5,7 +5,7 @@
 | ``castor cast REQUEST [--loadout N] [--config P] [--agent SPEC] [--cwd D]`` | runs a cast in an in-process runtime with a standalone harness (the agent adapter, a JSONL session log, a console UI) and shows live progress; exit 0 when it completes |
 | ``castor casts [--cwd D] [--limit N] [--cursor C] [--json]`` | lists the casts under the artifact root, newest first, one page (default 50) from the cast index; the last line (or ``next_cursor`` in ``--json``) names the next page |
 | ``castor status CAST_ID [--cwd D]`` | one cast's persisted status |
-| ``castor recast CAST_ID [--agent SPEC] [--cwd D]`` / ``castor revive CAST_ID ...`` | resumes a persisted cast in this new process and runs it to the end |
+| ``castor recast [CAST_ID] [--agent SPEC] [--cwd D]`` / ``castor revive [CAST_ID] ...`` | resumes a persisted cast in this new process and runs it to the end; with no CAST_ID, the newest cast it can resume (recast: failed, aborted, interrupted or orphaned; revive: exhausted same-socket recovery), as an id-less ``/materia recast`` / ``revive`` picks |
 | ``castor continue CAST_ID [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
 | ``castor abort CAST_ID [--cwd D]`` | ends an active cast ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
 | ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
@@ -125,7 +125,11 @@ def add_materia_subcommands(subparsers: Any) -> None:
                              ("continue", "cmd_continue", "go on with an active cast: re-run an interrupted "
                                                           "turn, finalize a paused socket, redo lost work")):
         parser = subparsers.add_parser(name, help=text)
-        parser.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
+        if name == "continue":
+            parser.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
+        else:  # id-less, as /materia recast and /materia revive: the newest cast the verb can resume
+            parser.add_argument("cast_id", metavar="CAST_ID", nargs="?", default=None,
+                                help=f"{CAST_ID_HELP} (default: the newest cast this can resume)")
         _add_agent(parser)
         _add_config(parser)
         _add_cwd(parser)
@@ -705,7 +709,12 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
 
 
 def _resume(args: argparse.Namespace, verb: str) -> int:
-    cwd, root, cast_id = _cast_ref(args)
+    if args.cast_id is None:
+        cwd = _cwd(args)
+        root = _artifact_root(cwd, args.config)
+        cast_id = _newest_resumable(root, revive=verb == "revive")
+    else:
+        cwd, root, cast_id = _cast_ref(args)
     _refuse_a_pointless_resume(root, cast_id, verb)
     from castor.scaleout.options import make_backend
 
@@ -718,6 +727,27 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
             return _finish(_watch(session, cast_id, quiet=args.quiet))
     finally:
         session.close()
+
+
+def _newest_resumable(root: Path, *, revive: bool) -> str:
+    """The cast an id-less ``castor recast`` / ``castor revive`` means, as pi-materia's id-less
+    commands pick it: the newest resumable cast (failed, aborted, interrupted or orphaned), for
+    revive the newest whose same-socket recovery was exhausted -- never a newer cast that cannot be
+    resumed. ``NotFound`` with pi-materia's sentence when there is none."""
+    from castor.actors.materia.views import find_cast
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.messages.errors import NotFound
+
+    found = find_cast(FILE_CAST_STORAGE, root, set(), "revivable" if revive else "candidate",
+                      lambda row: bool(row["resumable"] and (row["revivable"] or not revive)))
+    if found is not None:
+        cast_id: str = found["cast_id"]
+        return cast_id
+    if revive:
+        raise NotFound("No failed pi-materia casts exhausted by same-socket recovery are available to revive. "
+                       "Use castor recast [CAST_ID] for general failed or aborted casts.",
+                       data={"reason": "none_revivable"})
+    raise NotFound("No failed or aborted pi-materia casts are available to recast.", data={"reason": "none_resumable"})
 
 
 def cmd_recast(args: argparse.Namespace) -> int:
