@@ -480,7 +480,10 @@ class _Inline:
 
 
 def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
-    """Start ``target`` and keep going through skips and inline utilities until the cast waits or ends."""
+    """Start ``target`` and keep going through skips and inline utilities until the cast waits or ends.
+
+    A socket that fails to start fails the cast with ``entry_id`` (the output being routed), unless
+    its failure names an entry of its own."""
     sockets = ctx.s.config.pipeline.sockets
     for _ in range(MAX_ROUTING_HOPS):
         if target is None or target == END:
@@ -488,7 +491,14 @@ def _goto(ctx: _Ctx, target: str | None, entry_id: str | None) -> None:
             return
         if target not in sockets:
             raise _Fail(f'Unknown graph target "{target}"', entry_id)
-        outcome = _start_socket(ctx, sockets[target])
+        try:
+            outcome = _start_socket(ctx, sockets[target])
+        except _Fail as failure:
+            if failure.entry_id is not None or entry_id is None:
+                raise
+            # A socket that cannot start (its visit limit, say) fails the routing that led to it:
+            # the cast ends with the entry id of the output being routed, as an edge limit does.
+            raise _Fail(failure.message, entry_id, preserve=failure.preserve) from None
         if isinstance(outcome, _Dispatched):
             return
         if isinstance(outcome, _Skip):
