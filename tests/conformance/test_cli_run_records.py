@@ -56,3 +56,23 @@ def test_a_limit_hit_starting_the_next_socket_fails_the_cast_with_the_entry_that
     assert end["entryId"] == expected
     manifest = json.loads((run_dir / "manifest.json").read_text())["entries"]
     assert manifest[-1]["phase"] == "failed" and manifest[-1]["entryId"] == expected
+
+
+def test_item_keys_name_artifacts_as_pi_materias_seg_names_them(tmp_path: Path) -> None:
+    """``seg``: each run of characters outside ``[A-Za-z0-9._-]`` becomes ``-``, then leading and
+    trailing ``-`` go; dots are kept (an item key is always a suffix after ``<visit>-``, never a
+    path component of its own); nothing left is ``task``."""
+    items = [{"id": "../x y"}, {"id": ".env"}, {"id": "@@"}, {"id": "v1.2 beta"}]
+    sockets = {
+        "Socket-1": {"type": "utility", "utility": "echo", "params": {"output": {"items": items}}, "parse": "json",
+                     "assign": {"items": "$.items"}, "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "utility": "echo", "params": {"text": "x"}, "foreach": {"items": "state.items"},
+                     "advance": {"cursor": "Socket-2Index", "items": "state.items"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+    }
+    run_dir = cast(tmp_path, sockets, [])
+
+    outputs = sorted(p.name for p in (run_dir / "sockets" / "Socket-2").glob("*.md"))
+    assert outputs == ["1-..-x-y.md", "2-.env.md", "3-task.md", "4-v1.2-beta.md"]
+    inputs = sorted(p.name for p in (run_dir / "sockets" / "Socket-2").glob("*.input.json"))
+    assert inputs == ["1-..-x-y.input.json", "2-.env.input.json", "3-task.input.json", "4-v1.2-beta.input.json"]

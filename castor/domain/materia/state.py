@@ -242,14 +242,17 @@ def task_attempt_key(socket_id: str, item_key: str | None) -> str:
 
 
 def seg(value: Any) -> str:
-    """An artifact path segment; leading dots are also trimmed so it never means '..'."""
+    """pi-materia's artifact name segment: each run of characters outside ``[A-Za-z0-9._-]`` is one
+    ``-``, leading and trailing ``-`` are trimmed, dots are kept (``../x y`` is ``..-x-y``, as
+    pi-materia names it); an empty result, ``.`` or ``..`` is ``task``, so a segment never means a
+    directory."""
     return _seg_text(value if type(value) is str else str(value))
 
 
 @functools.lru_cache(maxsize=4096)  # socket ids and item keys repeat on every transition
 def _seg_text(text: str) -> str:
-    text = _NOT_SEGMENT.sub("-", text).strip("-").lstrip(".")
-    return text or "task"
+    text = _NOT_SEGMENT.sub("-", text).strip("-")
+    return "task" if text in ("", ".", "..") else text
 
 
 _NOT_SEGMENT = re.compile(r"[^A-Za-z0-9._-]+")
