@@ -58,6 +58,8 @@ STARTED_BY = "startedBy"
 #: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
 CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
+#: pi-materia's name for ``--config`` (its Pi flag): accepted everywhere ``--config`` is.
+CONFIG_ALIASES = ("--materia-config",)
 
 SCRIPT_HELP = """\
 agents:
@@ -96,7 +98,8 @@ def add_materia_subcommands(subparsers: Any) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     cast.add_argument("request", metavar="REQUEST", help="what the cast should do")
     cast.add_argument("--loadout", metavar="NAME", help="loadout to run (default: activeLoadout)")
-    cast.add_argument("--config", metavar="PATH", help="explicit config layer (beats $MATERIA_CONFIG)")
+    cast.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH",
+                      help="explicit config layer (beats $MATERIA_CONFIG)")
     _add_agent(cast)
     _add_cwd(cast)
     cast.add_argument("--quiet", action="store_true", help="no live progress; print the outcome only")
@@ -145,13 +148,13 @@ def add_materia_subcommands(subparsers: Any) -> None:
 
     grid = subparsers.add_parser("grid", help="render the resolved loadout graph")
     grid.add_argument("--loadout", metavar="NAME")
-    grid.add_argument("--config", metavar="PATH")
+    grid.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH")
     _add_cwd(grid)
     grid.set_defaults(run=cmd_grid)
 
     loadout = subparsers.add_parser("loadout", help="show loadouts, or set the active one")
     loadout.add_argument("name", metavar="NAME", nargs="?")
-    loadout.add_argument("--config", metavar="PATH")
+    loadout.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH")
     _add_cwd(loadout)
     loadout.set_defaults(run=cmd_loadout)
 
@@ -166,7 +169,7 @@ def _add_agent(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="PATH", default=None,
+    parser.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", default=None,
                         help="the explicit config layer the cast was started with, if its artifactDir differs "
                              "(beats $MATERIA_CONFIG)")
 

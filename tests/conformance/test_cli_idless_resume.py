@@ -115,3 +115,28 @@ def test_idless_revive_takes_the_newest_exhausted_cast(tmp_path: Path) -> None:
     types = event_types(exhausted_dir)
     assert types.index("cast_revive") < types.index("cast_recast")
     assert state(exhausted_dir)["phase"] == "complete"
+
+
+def test_the_materia_config_flag_names_the_explicit_layer_and_beats_the_environment(tmp_path: Path) -> None:
+    """pi-materia's ``--materia-config PATH`` is castor's ``--config PATH``: the explicit layer, chosen
+    over ``MATERIA_CONFIG`` (whose file is then not read at all)."""
+    root = project(tmp_path)
+    flagged = dict(ONE_SOCKET, activeLoadout="F",
+                   loadouts={"F": {"entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "A"}}}})
+    (root / "flag.json").write_text(json.dumps(flagged))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": str(root / "missing.json")}
+    answers(root, "a1.json", ["done"])
+
+    result = subprocess.run([sys.executable, "-m", "castor", "cast", "go", "--quiet", "--agent", "script:a1.json",
+                             "--materia-config", "flag.json"], cwd=root, env=env, text=True, capture_output=True,
+                            timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(root)
+    start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])["data"]
+    assert start["loadout"] == "F"
+    assert start["configSource"].endswith(str(root / "flag.json"))
+    grid = subprocess.run([sys.executable, "-m", "castor", "grid", "--materia-config", "flag.json"], cwd=root,
+                          env=env, text=True, capture_output=True, timeout=60)
+    assert grid.returncode == 0 and "loadout F" in grid.stdout, grid.stderr
