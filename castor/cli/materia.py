@@ -4,10 +4,10 @@
 |---|---|
 | ``castor cast REQUEST [--loadout N] [--config P] [--agent SPEC] [--cwd D]`` | runs a cast in an in-process runtime with a standalone harness (the agent adapter, a JSONL session log, a console UI) and shows live progress; exit 0 when it completes |
 | ``castor casts [--cwd D] [--limit N] [--cursor C] [--json]`` | lists the casts under the artifact root, newest first, one page (default 50) from the cast index; the last line (or ``next_cursor`` in ``--json``) names the next page |
-| ``castor status CAST_ID [--cwd D]`` | one cast's persisted status |
+| ``castor status [CAST_ID] [--cwd D]`` | one cast's persisted status (no CAST_ID: the newest cast still going, else the newest cast) |
 | ``castor recast [CAST_ID] [--agent SPEC] [--cwd D]`` / ``castor revive [CAST_ID] ...`` | resumes a persisted cast in this new process and runs it to the end; with no CAST_ID, the newest cast it can resume (recast: failed, aborted, interrupted or orphaned; revive: exhausted same-socket recovery), as an id-less ``/materia recast`` / ``revive`` picks |
-| ``castor continue CAST_ID [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
-| ``castor abort CAST_ID [--cwd D]`` | ends an active cast ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
+| ``castor continue [CAST_ID] [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
+| ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
 | ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
 | ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
 | ``castor validate CONFIG_PATH`` | every config problem on its own line; exit 1 if any |
@@ -18,7 +18,8 @@
 ``openai:`` agent is never read back from the project tree (a checkout must not choose where prompts are sent) and has to be
 given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
 
-``CAST_ID`` everywhere is the exact id, ``latest`` (the newest cast) or a unique prefix of one; an
+``CAST_ID`` everywhere is the exact id, ``latest`` (the newest cast) or a unique prefix of one (left
+out, the cast the id-less ``/materia`` command would take: :data:`IDLESS_HELP`); an
 ambiguous prefix is ``invalid_params`` listing the candidates. Every message names ``castor``
 commands (a cast started in Pi names ``/materia`` ones there).
 
@@ -58,6 +59,12 @@ STARTED_BY = "startedBy"
 #: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
 CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
+#: The cast a command given no CAST_ID acts on (as the id-less ``/materia`` command picks it).
+IDLESS_HELP = {"recast": "the newest failed, aborted, interrupted or orphaned cast",
+               "revive": "the newest cast whose same-socket recovery was exhausted",
+               "continue": "the newest active cast", "abort": "the newest active cast"}
+#: The statuses of a cast that is still going (a runtime holds it, or it waits to be continued).
+GOING = frozenset({"active", "awaiting_refinement", "interrupted", "orphaned"})
 #: pi-materia's name for ``--config`` (its Pi flag): accepted everywhere ``--config`` is.
 CONFIG_ALIASES = ("--materia-config",)
 
@@ -117,7 +124,8 @@ def add_materia_subcommands(subparsers: Any) -> None:
     casts.set_defaults(run=cmd_casts)
 
     status = subparsers.add_parser("status", help="show one cast's status")
-    status.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
+    status.add_argument("cast_id", metavar="CAST_ID", nargs="?", default=None,
+                        help=f"{CAST_ID_HELP} (default: the newest active cast, else the newest cast)")
     _add_config(status)
     _add_cwd(status)
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -128,11 +136,9 @@ def add_materia_subcommands(subparsers: Any) -> None:
                              ("continue", "cmd_continue", "go on with an active cast: re-run an interrupted "
                                                           "turn, finalize a paused socket, redo lost work")):
         parser = subparsers.add_parser(name, help=text)
-        if name == "continue":
-            parser.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
-        else:  # id-less, as /materia recast and /materia revive: the newest cast the verb can resume
-            parser.add_argument("cast_id", metavar="CAST_ID", nargs="?", default=None,
-                                help=f"{CAST_ID_HELP} (default: the newest cast this can resume)")
+        # id-less, as the /materia commands: the newest cast the verb can act on
+        parser.add_argument("cast_id", metavar="CAST_ID", nargs="?", default=None,
+                            help=f"{CAST_ID_HELP} (default: {IDLESS_HELP[name]})")
         _add_agent(parser)
         _add_config(parser)
         _add_cwd(parser)
@@ -141,7 +147,8 @@ def add_materia_subcommands(subparsers: Any) -> None:
         parser.set_defaults(run=globals()[func])
 
     abort = subparsers.add_parser("abort", help="end an active cast aborted (recastable)")
-    abort.add_argument("cast_id", metavar="CAST_ID", help=CAST_ID_HELP)
+    abort.add_argument("cast_id", metavar="CAST_ID", nargs="?", default=None,
+                       help=f"{CAST_ID_HELP} (default: {IDLESS_HELP['abort']})")
     _add_config(abort)
     _add_cwd(abort)
     abort.set_defaults(run=cmd_abort)
@@ -704,6 +711,8 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
 
     cwd = _cwd(args)
     root = _artifact_root(cwd, args.config)
+    if args.cast_id is None:
+        return cwd, root, _newest_going(root, args.command)
     return (
         cwd,
         root,
@@ -711,8 +720,30 @@ def _cast_ref(args: argparse.Namespace) -> tuple[Path, Path, str]:
     )  # before asking for an agent it would not need
 
 
+def _newest_going(root: Path, verb: str) -> str:
+    """The cast an id-less ``castor status`` / ``abort`` / ``continue`` means, as pi-materia's
+    id-less commands load it: the newest cast still going; with none, status and continue take the
+    newest cast (whose status says how it ended, and which continue then refuses), abort says there
+    is nothing to abort. ``NotFound`` with pi-materia's sentence when there is no cast at all."""
+    from castor.actors.materia.views import find_cast
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.messages.errors import NotFound
+
+    found = find_cast(FILE_CAST_STORAGE, root, set(), "candidate", lambda row: row["status"] in GOING)
+    if found is not None:
+        going: str = found["cast_id"]
+        return going
+    if verb == "abort":
+        raise NotFound("No active pi-materia cast to abort.", data={"reason": "no_active_cast"})
+    newest = find_cast(FILE_CAST_STORAGE, root, set(), "readable")
+    if newest is None:
+        raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
+    cast_id: str = newest["cast_id"]
+    return cast_id
+
+
 def _resume(args: argparse.Namespace, verb: str) -> int:
-    if args.cast_id is None:
+    if args.cast_id is None and verb != "continue":
         cwd = _cwd(args)
         root = _artifact_root(cwd, args.config)
         cast_id = _newest_resumable(root, revive=verb == "revive")

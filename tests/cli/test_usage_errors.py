@@ -31,7 +31,7 @@ def test_an_unknown_option_is_named_even_when_something_required_is_missing_too(
 @pytest.mark.parametrize(("argv", "said"), [
     ([], "the following arguments are required: COMMAND (see castor --help)"),
     (["serve"], "one of the arguments --stdio --socket --tcp is required (see castor serve --help)"),
-    (["status"], "the following arguments are required: CAST_ID (see castor status --help)"),
+    (["cast"], "the following arguments are required: REQUEST (see castor cast --help)"),
 ])
 def test_with_nothing_unknown_what_is_missing_is_said_as_before(argv: list[str], said: str,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,3 +140,45 @@ def test_the_materia_config_flag_names_the_explicit_layer_and_beats_the_environm
     grid = subprocess.run([sys.executable, "-m", "castor", "grid", "--materia-config", "flag.json"], cwd=root,
                           env=env, text=True, capture_output=True, timeout=60)
     assert grid.returncode == 0 and "loadout F" in grid.stdout, grid.stderr
+
+
+def test_idless_status_abort_and_continue_act_on_the_newest_cast_still_going(tmp_path: Path) -> None:
+    """As pi-materia's id-less ``/materia status|continue|abort`` load the active cast before the
+    newest one: a cast left waiting on a transient failure behind a newer complete cast."""
+    root = project(tmp_path)
+    waiting = castor(tmp_path, "cast", "one", "--quiet", "--agent",
+                     answers(root, "a1.json", [{"error": "WebSocket error", "stop_reason": "error"}]), cwd=root)
+    assert waiting.returncode == 1
+    waiting_dir = run_dirs(root)[-1]
+    done = castor(tmp_path, "cast", "two", "--quiet", "--agent", answers(root, "a2.json", ["fine"]), cwd=root)
+    assert done.returncode == 0, done.stderr
+
+    status = castor(tmp_path, "status", cwd=root)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"cast {waiting_dir.name} ")
+
+    resumed = castor(tmp_path, "continue", "--quiet", "--agent", answers(root, "a3.json", ["again"]), cwd=root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert state(waiting_dir)["phase"] == "complete" and state(waiting_dir)["last_output"] == "again"
+
+    nothing = castor(tmp_path, "abort", cwd=root)
+    assert nothing.returncode == 1
+    assert "No active pi-materia cast to abort." in nothing.stderr
+
+
+def test_idless_abort_ends_the_cast_still_going(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    waiting = castor(tmp_path, "cast", "one", "--quiet", "--agent",
+                     answers(root, "a1.json", [{"error": "WebSocket error", "stop_reason": "error"}]), cwd=root)
+    assert waiting.returncode == 1
+    (waiting_dir,) = run_dirs(root)
+
+    aborted = castor(tmp_path, "abort", cwd=root)
+
+    assert aborted.returncode == 0, aborted.stderr
+    assert state(waiting_dir)["failed_reason"] == "aborted by user"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for verb in ("status", "continue"):
+        result = castor(tmp_path, verb, cwd=empty)
+        assert result.returncode == 1 and "No pi-materia cast state in this session." in result.stderr
