@@ -22,7 +22,9 @@ Both peers use this class: the server for each accepted client, the
 * **Bounded everything.** At most ``max_in_flight`` incoming requests and
   notifications are accepted and unfinished; over it a request gets a
   ``mailbox_full`` error response and a notification is dropped with an
-  ``error`` notification. Outbound frames wait in a queue bounded in bytes
+  ``error`` notification. A notification of a method nobody serves takes no
+  slot (it fails at once on the reading thread, logged), so a storm of them is
+  never answered at all. Outbound frames wait in a queue bounded in bytes
   and frames; overflowing it closes the connection with a logged reason —
   a producer (a handler, another session's cast) never blocks on a slow or
   stuck peer.
@@ -901,6 +903,9 @@ class Connection:
             frame = self._read_frame(me, None)
             if frame is None:
                 return
+            if type(frame) is Notification and not self.dispatcher.has(frame.method):
+                self._run(frame)  # nobody serves it: its failure is logged here, it holds no slot
+                continue
             with mutex:  # admission and the inline decision in one critical section
                 if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
@@ -1047,7 +1052,8 @@ class Connection:
                 frame = self._read_frame(me, call.deadline, call)
                 if frame is None:
                     return
-                if type(frame) is Notification and self.dispatcher.runs_on_reading_thread(frame.method):
+                if type(frame) is Notification and (not self.dispatcher.has(frame.method)
+                                                    or self.dispatcher.runs_on_reading_thread(frame.method)):
                     self._run(frame)  # a notification has no response and no in-flight slot to hold
                     continue
                 with mutex:  # a request for us: a worker runs it, this thread keeps waiting
