@@ -354,6 +354,7 @@ class Connection:
         self._out: deque[bytes | memoryview] = deque()
         self._out_bytes = 0
         self._writer_busy = False
+        self._write_failed = False  # the writer's write failed: it writes nothing more
         # The cork (under _wmutex): frames an inline handler sends wait here for its response and
         # go out with it in one write (see _send). At most one handler is corked at a time.
         self._cork: list[bytes | memoryview] | None = None
@@ -727,6 +728,7 @@ class Connection:
             except OSError as exc:
                 with self._wlock:
                     self._writer_busy = False
+                    self._write_failed = True  # what is still queued is never written: flushes end
                     self._wlock.notify_all()
                 if not self._closed:
                     self.close(f"{_WRITE_FAILED}: {exc}", by_peer=True)
@@ -736,9 +738,11 @@ class Connection:
                 self.counters["frames_out"] += len(chunks)
 
     def _flush(self, timeout: float) -> None:
+        """Wait until the queued frames are written, for at most ``timeout``; at once when the
+        writer's last write failed (the peer is gone: the rest would never be written)."""
         deadline = time.monotonic() + timeout
         with self._wlock:
-            while self._out or self._writer_busy:
+            while (self._out or self._writer_busy) and not self._write_failed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
