@@ -454,12 +454,7 @@ class Connection:
             self._drain_input()
             if self._closing_for is not None:  # what the peer sent before it went was undecodable
                 reason = self.close_reason = self._closing_for
-        parting = None
-        if by_peer and self.peer_parting is not None:
-            try:
-                parting = self.peer_parting()
-            except Exception:  # pragma: no cover - the owner's hook; the calls fail cancelled then
-                self._log.exception("peer_parting failed")
+        parting = self._peer_parting() if by_peer else None
         self.parting_error = parting
         self.transport.close()
         self._fail_pending(reason, parting)
@@ -509,15 +504,15 @@ class Connection:
         if not bounded:
             raise _no_deadline(method, timeout)
         deadline = time.monotonic() + timeout
-        if self._closed:
+        if self._closed or self._eof:
             raise self._closed_error(method)
         # itertools.count is atomic under the GIL; a msgid repeats only after 2**32 calls.
         msgid = next(self._msgids) & MAX_MSGID
         pending = PendingCall(self, msgid, method, deadline)
         try:
             self._pending[msgid] = pending
-            if self._closed:  # lost a race with close(): it may have swapped the table already
-                self._pending.pop(msgid, None)
+            if self._closed or self._eof:  # lost a race with close() or the end of stream: it may
+                self._pending.pop(msgid, None)  # have swapped the table already
                 raise self._closed_error(method)
             try:
                 frame = encode_request(msgid, method, params or {})
@@ -588,10 +583,22 @@ class Connection:
                 self._wake_callers_locked()
 
     def _closed_error(self, method: str) -> CastorError:
-        """What a call made on the closed connection raises (nothing was sent)."""
+        """What a call made on the closed connection -- or after the peer's end of stream, when no
+        answer can come any more -- raises (nothing was sent)."""
         closed = ConnectionClosed(f"{method}: connection closed", may_have_started=False,
-                                  data={"reason": self.close_reason})
+                                  data={"reason": self.close_reason or "eof"})
         return _as_parting(self.parting_error, closed)
+
+    def _peer_parting(self) -> CastorError | None:
+        """The peer's typed reason for ending the connection, when its owner can name one
+        (``peer_parting``)."""
+        if self.peer_parting is None:
+            return None
+        try:
+            return self.peer_parting()
+        except Exception:  # pragma: no cover - the owner's hook; the calls fail cancelled then
+            self._log.exception("peer_parting failed")
+            return None
 
     def _fail_pending(self, reason: str, parting: CastorError | None = None) -> None:
         with self._plock:
@@ -1516,12 +1523,17 @@ class Connection:
                 self._run(frame)
 
     def _on_eof(self) -> None:
-        """Peer finished sending: let accepted work finish (bounded), flush, close."""
+        """Peer finished sending: fail the calls waiting on it (no answer can come after its end of
+        stream), let accepted work finish (bounded), flush, close. The calls fail first: a handler
+        waiting on one is then answered within the drain, not abandoned with it."""
         if self._closed:
             return
         deadline = time.monotonic() + self.settings.drain_timeout
         with self._mutex:
-            self._eof = True
+            self._eof = True  # from here on a new call fails at once (call_async)
+        self.parting_error = self._peer_parting()
+        self._fail_pending("eof", self.parting_error)
+        with self._mutex:
             while self._in_flight and not self._closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
