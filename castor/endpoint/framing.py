@@ -297,6 +297,12 @@ def undecodable(exc: Exception) -> UndecodableStream:
     """The error for an exception raised by the unpacker (its state is undefined after it)."""
     if isinstance(exc, msgpack.StackError):
         return UndecodableStream(f"undecodable bytes: arrays and maps nested more than {MAX_NESTING} deep")
+    if isinstance(exc, msgpack.FormatError):  # its text is empty: it told a peer nothing
+        return UndecodableStream("undecodable bytes: not msgpack (a byte no msgpack value starts with)")
+    if isinstance(exc, UnicodeDecodeError):
+        return UndecodableStream(f"undecodable bytes: a string that is not UTF-8 ({exc.reason})")
+    if isinstance(exc, ValueError) and "map key" in str(exc):
+        return UndecodableStream("undecodable bytes: a map key that is not a string")
     return UndecodableStream(f"undecodable bytes: {type(exc).__name__}: {_short(exc)}")
 
 

@@ -201,3 +201,20 @@ def test_an_element_whose_end_would_lie_past_the_frame_limit_is_refused_at_its_h
     header = b"\x91\xdb" + (7 * 2**20).to_bytes(4, "big")
     why, arrived = _fed_in_pieces(header + b"z" * 100, 3, limits, max_frame=2**20)
     assert why is not None and "past the 1048576-byte frame limit" in why and arrived <= len(header) + 2
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    (b"\xc1", "undecodable bytes: not msgpack (a byte no msgpack value starts with)"),
+    (b"\x94\x00\x01\xa4echo\x91\x81\xa2\xff\xfe\x90",
+     "undecodable bytes: a string that is not UTF-8 (invalid start byte)"),
+    (msgpack.packb([0, 1, "echo", [{1: 2}]]), "undecodable bytes: a map key that is not a string"),
+])
+def test_undecodable_input_is_named_in_castor_s_words(payload: bytes, message: str) -> None:
+    """The peer reads why its connection was closed: ``0xc1`` read ``undecodable bytes: FormatError: ``
+    (msgpack's exception has no text), a non-string key named the decoder's own option
+    (``strict_map_key=True``) and bad UTF-8 Python's codec."""
+    dec = FrameDecoder()
+    dec.feed(payload)
+    with pytest.raises(UndecodableStream) as info:
+        dec.next_value()
+    assert info.value.message == message
