@@ -1112,6 +1112,9 @@ class Connection:
             if self._closed:
                 self._release_role(me)
                 return None
+            if deadline is not None and time.monotonic() >= deadline:
+                return None  # checked per frame, not only when a read comes back empty: a peer that
+                # never stops sending other frames cannot hold a call past its deadline
             value = _NOTHING
             if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
                 try:
