@@ -35,16 +35,24 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from castor._log import logger
-from castor.endpoint.connection import Connection, ConnectionSettings, PendingCall
+from castor.endpoint.connection import (
+    NOTIFICATION_FAILURE_LOG_INTERVAL_S,
+    Connection,
+    ConnectionSettings,
+    PendingCall,
+)
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import error_from_wire
 from castor.endpoint.listeners import is_loopback_host, peer_is_us, tcp_peer_is_us
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import CastorError, Forbidden
+from castor.shown import clipped
 
 ClientHandler = Callable[[dict[str, Any]], Any]
 
@@ -72,6 +80,9 @@ class Client:
         # that follows it is read, so a call the close fails can say why (``_parting``).
         self._dispatcher.register("error", self._on_error_notification, on_reading_thread=True)
         self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
+        self._errors_lock = threading.Lock()
+        self._errors_warned_at = float("-inf")  # when the last warning about them was logged
+        self._errors_quiet = 0  # logged at debug level since
         self._last_error: tuple[dict[str, Any], int] | None = None  # the latest, and frames read then
         # Workers poll so that a caller can take the reader role and read its own reply.
         settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
@@ -188,7 +199,23 @@ class Client:
         self._dispatcher.register(method, _adapt(fn), replace=True, on_reading_thread=on_reading_thread)
 
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
-        logger.warning("server reported an error: {}", params)
+        """Keep the server's ``error`` notification (``errors``, the latest 100) and log it: one
+        warning, then at most one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many came
+        since (each a debug line) -- a server sending them in a loop cannot write the log full."""
+        now = time.monotonic()
+        with self._errors_lock:
+            warn = now - self._errors_warned_at >= NOTIFICATION_FAILURE_LOG_INTERVAL_S
+            quiet = self._errors_quiet
+            if warn:
+                self._errors_warned_at, self._errors_quiet = now, 0
+            else:
+                self._errors_quiet += 1
+        shown = clipped(repr(params), 4096)
+        if warn:
+            logger.warning("server reported an error: {}{}", shown,
+                           f" ({quiet} more error notifications since the last such line)" if quiet else "")
+        else:
+            logger.debug("server reported an error: {}", shown)
         self.errors.append(params)
         del self.errors[:-100]
         self._last_error = (params, self.connection.counters["frames_in"])
