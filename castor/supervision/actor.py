@@ -425,8 +425,9 @@ class Actor(pykka.ThreadingActor):
             if reply is not None:
                 reply.set(result)
         finally:
-            handle.current = None
-            handle.idle_since = time.monotonic()
+            if not self._abandoned:  # a cut-loose handler's end is not its successor's idleness
+                handle.current = None
+                handle.idle_since = time.monotonic()
 
     def _retired_error(self) -> CastorError:
         """What a message taken just before a retirement gets (as the queue it was in)."""

@@ -414,6 +414,10 @@ class ActorHandle:
             actor = self._actor
             self._actor = None
             exited = self._exited
+            if actor is not None:
+                # The cut-loose thread keeps the turn it holds until its handler returns, which
+                # may be never: the next incarnation takes turns on a lock of its own.
+                self.turn = threading.Lock()
         if actor is not None:
             actor.cut_loose()
             # The ask whose handler overran is answered now, not at its own deadline: nothing
@@ -423,6 +427,7 @@ class ActorHandle:
                 current.reply.fail(ActorStopped(
                     f"{self.path} was cut loose while handling {current.type_name}",
                     data={"path": self.path, "message_type": current.type_name}, may_have_started=True))
+            self.current = None  # answered: no longer in flight, whatever the cut-loose thread still runs
             try:
                 self._kill_owned(actor)
             finally:

@@ -141,3 +141,29 @@ def test_an_abandoned_incarnation_never_steals_a_message_from_its_successor():
     finally:
         journal.event("hold").set()
         system.shutdown(10)
+
+
+def test_the_successor_of_an_abandoned_incarnation_answers_while_the_old_handler_still_blocks():
+    """A handler that blocks for ever overruns its shutdown timeout and is cut loose: the next
+    incarnation handles messages at once (it waited for the old handler's turn, so every ask to
+    it timed out for as long as that handler blocked), and a snapshot shows no message in flight
+    but its own."""
+    from castor.supervision import Strategy
+
+    journal = Journal()
+    system = ActorSystem([
+        ChildSpec("first", worker("first", journal)),
+        ChildSpec("stuck", worker("stuck", journal), shutdown_timeout=0.2),
+    ], strategy=Strategy.ONE_FOR_ALL, max_restarts=5, within_seconds=60)
+    stuck = system.lookup("/root/stuck")
+    try:
+        stuck.tell(Block(key="forever"))
+        assert journal.event("forever:entered").wait(5)
+        with pytest.raises(ActorCrashed):
+            system.lookup("/root/first").ask(Boom(), timeout=5)  # one_for_all: stuck is abandoned
+        assert poll_until(lambda: stuck.incarnation == 2 and stuck.alive)
+        assert stuck.snapshot().mailbox.in_flight is None  # the cut-loose handler is not the successor's
+        assert stuck.ask(Ping(n=1), timeout=5) == ("stuck", 2, 1)
+    finally:
+        journal.event("forever").set()
+        system.shutdown(10)
