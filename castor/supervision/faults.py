@@ -28,8 +28,10 @@ from castor.supervision.fault_plan import FaultKind, FaultPlan, kill_process_tre
 from castor.supervision.handle import ActorHandle
 
 
-def kill(handle: ActorHandle, reason: str = "killed by fault injection") -> None:
-    handle.kill(reason)
+def kill(handle: ActorHandle, reason: str = "killed by fault injection") -> bool:
+    """Crash ``handle``'s running incarnation at its next boundary; False (nothing injected) when
+    none runs."""
+    return handle.kill(reason)
 
 
 def crash_next(handle: ActorHandle, message_type: str | None = None) -> None:

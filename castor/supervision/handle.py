@@ -434,19 +434,27 @@ class ActorHandle:
                 self.state = HandleState.STOPPED
                 exited.set()
 
-    def kill(self, reason: str = "killed") -> None:
-        """Crash the actor from outside: owned processes die now, the loop crashes at the next boundary."""
-        actor = self._actor
-        if actor is not None:
-            self._kill_owned(actor)
-        self._mailbox.put_control(Control(ControlKind.KILL, reason))
+    def kill(self, reason: str = "killed") -> bool:
+        """Crash the actor from outside: owned processes die now, the loop crashes at the next
+        boundary. False, and nothing done, when no incarnation runs to crash (retired and dormant,
+        stopped, or between two incarnations: the next one would never see it)."""
+        return self._control_running(Control(ControlKind.KILL, reason))
 
-    def retire(self, reason: str) -> None:
-        """Retire from outside: owned processes die now, the mailbox is rejected at the next boundary."""
-        actor = self._actor
-        if actor is not None:
-            self._kill_owned(actor)
-        self._mailbox.put_control(Control(ControlKind.RETIRE, reason))
+    def retire(self, reason: str) -> bool:
+        """Retire from outside: owned processes die now, the mailbox is rejected at the next
+        boundary. False, and nothing done, when no incarnation runs to retire (as :meth:`kill`)."""
+        return self._control_running(Control(ControlKind.RETIRE, reason))
+
+    def _control_running(self, item: Control) -> bool:
+        """Queue ``item`` for the running incarnation and kill what it owns; False when none runs.
+        Queued under the handle's lock, so no launch in between clears it as left for an earlier
+        incarnation."""
+        with self._lock:
+            actor = self._actor
+            if actor is None or not self._mailbox.put_control(item):
+                return False
+        self._kill_owned(actor)
+        return True
 
     def _kill_owned(self, actor: Incarnation) -> None:
         """Kill what ``actor`` owns from this (not its) thread; a failure of the actor's own

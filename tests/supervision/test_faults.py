@@ -42,6 +42,20 @@ def test_kill_crashes_the_actor_at_its_next_boundary_and_the_supervisor_restarts
         assert ("end", "w", 1, "crashed") in journal.entries
 
 
+def test_a_kill_or_retirement_with_no_incarnation_to_carry_it_out_says_so():
+    """A retired (dormant) actor runs no incarnation: a kill or a retirement of it is refused,
+    ``False``, not reported done and dropped; the next send still starts a fresh incarnation."""
+    journal = Journal()
+    with _one_worker(journal) as handle:
+        handle.retire("drill")
+        assert poll_until(lambda: not handle.alive)
+        assert faults.kill(handle) is False
+        assert handle.retire("again") is False
+        assert handle.ask(Ping(n=1), timeout=5) == ("w", 2, 1)  # new demand, not killed
+        assert faults.kill(handle) is True
+        assert poll_until(lambda: handle.incarnation == 3)
+
+
 def test_crash_next_of_a_given_type_crashes_only_on_that_type():
     journal = Journal()
     with _one_worker(journal) as handle:

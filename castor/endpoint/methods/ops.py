@@ -13,7 +13,7 @@ import psutil
 from pydantic import Field
 
 from castor.endpoint.dispatch import Context, Dispatcher, Params
-from castor.messages.errors import Forbidden, InvalidParams, NotFound
+from castor.messages.errors import ActorStopped, Forbidden, InvalidParams, NotFound
 from castor.runtime import Runtime
 from castor.supervision import faults
 from castor.supervision.registry import WATCH_PACE_S
@@ -97,8 +97,12 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
             runtime.scaleout.kill_host(params.path)
             return {"injected": params.kind, "path": params.path}
         handle = runtime.system.lookup(params.path)
-        if params.kind == "kill":
-            faults.kill(handle, params.reason)
+        if params.kind in ("kill", "retire"):
+            carried = faults.kill(handle, params.reason) if params.kind == "kill" else handle.retire(params.reason)
+            if not carried:
+                raise ActorStopped(f"{params.path} runs no incarnation to {params.kind} ({handle.state.value}); "
+                                   "nothing injected", data={"path": params.path, "state": handle.state.value},
+                                   may_have_started=False)
         elif params.kind == "crash_next":
             faults.crash_next(handle, params.message_type)
         elif params.kind == "delay_next":
@@ -107,8 +111,6 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
             faults.delay_next(handle, params.seconds, params.message_type)
         elif params.kind == "kill_process":
             return {"injected": params.kind, "path": params.path, "pids": faults.kill_process(handle)}
-        else:
-            handle.retire(params.reason)
         return {"injected": params.kind, "path": params.path}
 
     def hosts(_params: HostsParams, _ctx: Context) -> dict[str, Any]:

@@ -10,7 +10,15 @@ import pytest
 from castor.client import Client
 from castor.endpoint.app import build_dispatcher
 from castor.endpoint.server import Server
-from castor.messages.errors import ActorCrashed, Conflict, Forbidden, InvalidParams, NotFound, UnknownMethod
+from castor.messages.errors import (
+    ActorCrashed,
+    ActorStopped,
+    Conflict,
+    Forbidden,
+    InvalidParams,
+    NotFound,
+    UnknownMethod,
+)
 from castor.ports.agent import TurnOutcome, TurnRequest
 from castor.runtime import Runtime, RuntimeSettings, SessionComponent
 from castor.supervision import ChildSpec
@@ -190,6 +198,23 @@ def test_ops_fault_kills_and_the_supervisor_restarts(served):
         with pytest.raises(InvalidParams):
             client.call("ops.fault", {"kind": "delay_next", "path": probe.path, "seconds": seconds})
     probe.ask(Ping(n=5), timeout=5)  # nothing was injected: answered at once, no crash
+
+
+@pytest.mark.parametrize("served", [True], indirect=True)
+def test_ops_fault_refuses_a_kill_that_no_incarnation_would_carry_out(served):
+    """A kill of a retired actor was answered ``injected`` and dropped: the operator was told of a
+    crash that never came. It is refused ``actor_stopped``, nothing injected."""
+    runtime, connect, _ = served
+    client = connect()
+    client.call("session.open", {"session_id": "r", "cwd": "/tmp"})
+    probe = runtime.system.lookup("/root/session/r/probe")
+    client.call("ops.fault", {"kind": "retire", "path": probe.path, "reason": "drill"})
+    assert poll_until(lambda: not probe.alive)
+    for kind in ("kill", "retire"):
+        with pytest.raises(ActorStopped) as refused:
+            client.call("ops.fault", {"kind": kind, "path": probe.path})
+        assert refused.value.data["path"] == probe.path and refused.value.data["state"] == "retired"
+    assert probe.ask(Ping(n=1), timeout=5) == ("probe-r", 2, 1)  # new demand: a fresh incarnation, not killed
 
 
 @pytest.mark.timeout(60)
