@@ -390,8 +390,14 @@ class Actor(pykka.ThreadingActor):
         if stopped is not None:
             stopped.set()
         if self._abandoned:
+            self.after_cut_loose()
             return
         self.handle.incarnation_ended(self, kind)
+
+    def after_cut_loose(self) -> None:
+        """Runs on a cut-loose incarnation's own thread once its loop has ended (the overrunning
+        handler returned): what must not outlive it even so. Nothing by default; a supervisor
+        stops its children."""
 
     def handle_envelope(self, envelope: Envelope, handle: ActorHandle, since: float | None = None) -> None:
         """Handle one message (faults first) and resolve its reply; a crash ends the incarnation.

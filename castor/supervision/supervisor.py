@@ -194,11 +194,20 @@ class Supervisor(Actor):
             self._start(spec)
 
     def on_terminate(self, cause: ExitKind) -> None:
+        self._stop_children(f"supervisor {self.path} {cause}")
+
+    def after_cut_loose(self) -> None:
+        """Cut loose in a handler that overran this supervisor's stop (a child slower to stop or
+        start than its parent waits): once that handler returns, the children are stopped all the
+        same, in reverse start order -- none outlives its supervisor."""
+        self._stop_children(f"supervisor {self.path} cut loose")
+
+    def _stop_children(self, reason: str) -> None:
         with self._table:
             self._closed = True  # no direct child can be added from now on
             slots = list(self._slots.values())
         for slot in reversed(slots):
-            self._shutdown(slot, close=True, reason=f"supervisor {self.path} {cause}")
+            self._shutdown(slot, close=True, reason=reason)
         with self._table:
             self._slots.clear()
 

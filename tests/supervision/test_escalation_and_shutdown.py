@@ -6,6 +6,7 @@ import pytest
 
 from castor.messages.errors import ActorCrashed, ActorStopped
 from castor.supervision import ActorSystem, ChildSpec, RestartIntensityExceeded, supervisor_spec
+from castor.supervision.supervisor import StopChild
 
 from .helpers import Block, Boom, Journal, Ping, poll_until, worker
 
@@ -167,3 +168,29 @@ def test_the_successor_of_an_abandoned_incarnation_answers_while_the_old_handler
     finally:
         journal.event("forever").set()
         system.shutdown(10)
+
+
+def test_a_supervisor_cut_loose_mid_handler_still_stops_its_children():
+    """A shutdown whose root overruns its timeout (busy stopping a child slower than that) cuts the
+    root loose: once the handler it was in returns, its other children are stopped all the same.
+    They kept running for ever, answering asks after ``shutdown`` had returned."""
+    journal = Journal()
+    system = ActorSystem([
+        ChildSpec("kept", worker("kept", journal)),
+        ChildSpec("slow", worker("slow", journal), shutdown_timeout=1.0),
+    ])
+    kept = system.lookup("/root/kept")
+    slow = system.lookup("/root/slow")
+    try:
+        slow.tell(Block(key="hold"))
+        assert journal.event("hold:entered").wait(5)
+        system.root.tell(StopChild(id="slow"))  # the root now waits up to 1 s for 'slow'
+        assert poll_until(lambda: slow.state.value == "stopping")
+        assert system.shutdown(0.1) is False  # the root is cut loose in that handler
+        assert poll_until(lambda: kept.closed.is_set(), timeout=5)
+        assert ("end", "kept", 1, "stopped") in journal.entries
+        with pytest.raises(ActorStopped):
+            kept.ask(Ping(n=1), timeout=1)
+    finally:
+        journal.event("hold").set()
+        system.shutdown(5)
