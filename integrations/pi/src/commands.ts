@@ -44,6 +44,26 @@ const NOT_PROVIDED: Record<"ui" | "link", string> = {
 
 export type Planned = { method: string; params: Record<string, unknown> } | { usage: string };
 
+/** The most characters of a typed word a usage error quotes (the rest is `…`). */
+const QUOTED_MAX = 40;
+
+/**
+ * `text` as a usage error quotes it: in double quotes, at most {@link QUOTED_MAX} characters (a
+ * longer text keeps its first 39 and ends with `…`; a character is a code point, never half of one),
+ * each control character written as its `\uXXXX` escape. A pasted word thousands of characters
+ * long used to be echoed whole, and an escape sequence in it reached the terminal.
+ */
+export function quoted(text: string): string {
+	const chars = Array.from(text);
+	const kept = chars.length > QUOTED_MAX ? `${chars.slice(0, QUOTED_MAX - 1).join("")}…` : text;
+	return `"${kept.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`)}"`;
+}
+
+/** The usage error for words a subcommand does not take: what it takes, the words, then the usage. */
+function extraWords(sub: string, takes: string, words: string[]): { usage: string } {
+	return { usage: `/materia ${sub} takes ${takes} (got ${quoted(words.join(" "))}). ${MATERIA_USAGE}` };
+}
+
 export function planMateria(args: string): Planned {
 	const words = args.trim().split(/\s+/).filter(Boolean);
 	const sub = words.shift() ?? "";
@@ -54,12 +74,12 @@ export function planMateria(args: string): Planned {
 		case "continue":
 		case "abort":
 		case "status":
-			return words.length ? { usage: MATERIA_USAGE } : { method: `cast.${sub}`, params: {} };
+			return words.length ? extraWords(sub, "no arguments", words) : { method: `cast.${sub}`, params: {} };
 		case "casts":
-			return words.length ? { usage: MATERIA_USAGE } : { method: "cast.list", params: {} };
+			return words.length ? extraWords(sub, "no arguments", words) : { method: "cast.list", params: {} };
 		case "recast":
 		case "revive":
-			if (words.length > 1) return { usage: MATERIA_USAGE };
+			if (words.length > 1) return extraWords(sub, "at most one cast id", words);
 			return { method: `cast.${sub}`, params: words.length ? { cast_id: words[0] } : {} };
 		case "grid":
 			return { method: "grid.render", params: rest ? { loadout: rest } : {} };
@@ -69,7 +89,7 @@ export function planMateria(args: string): Planned {
 		case "link":
 			return { usage: `/materia ${sub} is pi-materia's and castor does not provide it (${NOT_PROVIDED[sub]}). ${MATERIA_USAGE}` };
 		default:
-			return { usage: sub ? `Unknown /materia subcommand "${sub}". ${MATERIA_USAGE}` : MATERIA_USAGE };
+			return { usage: sub ? `Unknown /materia subcommand ${quoted(sub)}. ${MATERIA_USAGE}` : MATERIA_USAGE };
 	}
 }
 

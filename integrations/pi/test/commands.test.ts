@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { castSessionName, IMMEDIATE_METHODS, isNothingToActOn, materiaCompletions, MATERIA_SUBCOMMANDS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
+import { castSessionName, IMMEDIATE_METHODS, MATERIA_USAGE, isNothingToActOn, materiaCompletions, MATERIA_SUBCOMMANDS, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy } from "../src/commands.ts";
 
 test("cast takes the rest as its request, single-spaced", () => {
 	assert.deepEqual(planMateria("  cast   build  a\tthing "), { method: "cast.start", params: { request: "build a thing" } });
@@ -39,6 +39,37 @@ test("extra words and unknown subcommands are usage errors", () => {
 	}
 	const unknown = planMateria("frobnicate");
 	assert.ok("usage" in unknown && unknown.usage.includes('Unknown /materia subcommand "frobnicate"'));
+});
+
+test("a usage error says what was wrong: the extra words, by subcommand", () => {
+	const cases: Array<[string, string]> = [
+		["abort now", '/materia abort takes no arguments (got "now").'],
+		["status  x", '/materia status takes no arguments (got "x").'],
+		["casts all", '/materia casts takes no arguments (got "all").'],
+		["continue please", '/materia continue takes no arguments (got "please").'],
+		["recast a b", '/materia recast takes at most one cast id (got "a b").'],
+		["revive a b c", '/materia revive takes at most one cast id (got "a b c").'],
+	];
+	for (const [args, reason] of cases) {
+		const planned = planMateria(args);
+		assert.ok("usage" in planned && planned.usage.startsWith(reason), `${args}: ${"usage" in planned ? planned.usage : ""}`);
+		assert.ok(planned.usage.includes("Usage: /materia cast <request>"), args);
+	}
+});
+
+test("a usage error quotes the typed word on one short line, control characters escaped", () => {
+	const long = planMateria("x".repeat(5000));
+	assert.ok("usage" in long);
+	assert.ok(long.usage.length < MATERIA_USAGE.length + 120, `${long.usage.length} characters`);
+	assert.ok(long.usage.includes(`Unknown /materia subcommand "${"x".repeat(39)}…"`));
+	const control = planMateria("\u001b[2J\u0007boom");
+	assert.ok("usage" in control);
+	assert.ok(!/[\u0000-\u001f\u007f-\u009f]/.test(control.usage), JSON.stringify(control.usage));
+	assert.ok(control.usage.includes('Unknown /materia subcommand "\\u001b[2J\\u0007boom"'), JSON.stringify(control.usage));
+	const extra = planMateria(`abort ${"y".repeat(300)}`);
+	assert.ok("usage" in extra && extra.usage.includes(`(got "${"y".repeat(39)}…")`), "usage" in extra ? extra.usage : "");
+	const unicode = planMateria("сast");
+	assert.ok("usage" in unicode && unicode.usage.includes('Unknown /materia subcommand "сast"'));
 });
 
 test("abort and the read-only commands run while a turn is in flight; turn starters wait", () => {
