@@ -54,8 +54,7 @@ const QUOTED_MAX = 40;
  * long used to be echoed whole, and an escape sequence in it reached the terminal.
  */
 export function quoted(text: string): string {
-	const chars = Array.from(text);
-	const kept = chars.length > QUOTED_MAX ? `${chars.slice(0, QUOTED_MAX - 1).join("")}…` : text;
+	const kept = Array.from(text).length > QUOTED_MAX ? `${firstChars(text, QUOTED_MAX - 1)}…` : text;
 	return `"${kept.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`)}"`;
 }
 
@@ -93,9 +92,17 @@ export function planMateria(args: string): Planned {
 	}
 }
 
-/** Pi's session name for a cast: `materia: ` and the request's first 60 characters. */
+/** The first `max` characters of `text`, a character being a code point (an emoji is never cut in half). */
+function firstChars(text: string, max: number): string {
+	return Array.from(text).slice(0, max).join("");
+}
+
+/**
+ * Pi's session name for a cast: `materia: ` and the request's first 60 characters (code points:
+ * a UTF-16 slice left half an emoji at the end, shown as a broken character).
+ */
 export function castSessionName(request: string): string {
-	return `materia: ${request.slice(0, 60)}`;
+	return `materia: ${firstChars(request, 60)}`;
 }
 
 /** One cast as `cast.list` answers it (only the fields completions read). */
@@ -111,7 +118,7 @@ export function completesCastIds(prefix: string): "recast" | "revive" | null {
 
 function oneLine(value: unknown, max: number): string {
 	const text = typeof value === "string" ? value.replace(/\s+/g, " ").trim() : "";
-	return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+	return Array.from(text).length > max ? `${firstChars(text, max - 1)}…` : text;
 }
 
 /**

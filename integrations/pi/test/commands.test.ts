@@ -135,6 +135,17 @@ test("a started cast names the session: materia: and the request's first 60 char
 	assert.equal(castSessionName("x".repeat(100)), `materia: ${"x".repeat(60)}`);
 });
 
+test("a session name and a completion's description are cut between characters, never inside one", () => {
+	const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+	const name = castSessionName(`a${"😀".repeat(70)}`);
+	assert.ok(!loneSurrogate.test(name), JSON.stringify(name));
+	assert.equal(name, `materia: a${"😀".repeat(59)}`);
+	const rows = [{ cast_id: "c1", status: "failed", resumable: true, request: `b${"😀".repeat(80)}` }];
+	const description = materiaCompletions("recast ", rows)?.[0]?.description ?? "";
+	assert.ok(!loneSurrogate.test(description), JSON.stringify(description));
+	assert.equal(description, `b${"😀".repeat(70)}…`);
+});
+
 test("completions: subcommand names while the first word is typed", () => {
 	assert.deepEqual(materiaCompletions("", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
 	assert.deepEqual(materiaCompletions("re", null)?.map((i) => i.value), ["recast", "revive"]);
