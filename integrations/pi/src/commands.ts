@@ -131,7 +131,7 @@ function oneLine(value: unknown, max: number): string {
 export function materiaCompletions(prefix: string, casts: CastRow[] | null): Completion[] | null {
 	const tokens = prefix.trim().split(/\s+/).filter(Boolean);
 	const open = /\s$/.test(prefix);
-	if (tokens.length === 0 && !open) return MATERIA_SUBCOMMANDS.map((s) => ({ value: s, label: s }));
+	if (tokens.length === 0) return MATERIA_SUBCOMMANDS.map((s) => ({ value: s, label: s }));
 	if (tokens.length === 1 && !open) {
 		const items = MATERIA_SUBCOMMANDS.filter((s) => s.startsWith(tokens[0]!)).map((s) => ({ value: s, label: s }));
 		return items.length ? items : null;

@@ -148,6 +148,9 @@ test("a session name and a completion's description are cut between characters, 
 
 test("completions: subcommand names while the first word is typed", () => {
 	assert.deepEqual(materiaCompletions("", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
+	// "/materia  " (an extra space): Pi passes " ", still before the first word
+	assert.deepEqual(materiaCompletions(" ", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
+	assert.deepEqual(materiaCompletions("  \t", null)?.map((i) => i.value), [...MATERIA_SUBCOMMANDS]);
 	assert.deepEqual(materiaCompletions("re", null)?.map((i) => i.value), ["recast", "revive"]);
 	assert.deepEqual(materiaCompletions("c", null)?.map((i) => i.value), ["cast", "casts", "continue"]);
 	assert.equal(materiaCompletions("zz", null), null);
