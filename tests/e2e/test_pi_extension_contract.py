@@ -162,6 +162,19 @@ def test_commands_forward_and_unknown_subcommands_get_usage(probe_pi):
     assert "unknown_method" in note["message"]
 
 
+def test_a_usage_error_says_what_was_wrong_on_one_short_line(probe_pi):
+    pi, log = probe_pi
+    start = pi.command("/materia abort   now")
+    note = pi.wait_ui("notify", lambda e: "Usage: /materia" in e.get("message", ""), start=start)
+    assert note["notifyType"] == "warning"
+    assert note["message"].startswith('/materia abort takes no arguments (got "now").'), note["message"]
+    start = pi.command("/materia " + "z" * 3000)
+    note = pi.wait_ui("notify", lambda e: "Usage: /materia" in e.get("message", ""), start=start)
+    assert note["message"].startswith(f'Unknown /materia subcommand "{"z" * 39}\u2026".'), note["message"][:120]
+    assert len(note["message"]) < 400
+    assert not calls(log, "cast.abort")
+
+
 def test_dead_runtime_shows_an_error_pi_keeps_working_and_a_command_respawns(probe_pi, fake_llm):
     pi, log = probe_pi
     children = [
