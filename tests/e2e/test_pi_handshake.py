@@ -88,3 +88,20 @@ def test_a_python_without_castor_says_so_in_each_commands_error(start_pi):
     failed = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
     assert "[runtime_exited]. castor's last stderr lines: " in failed["message"], failed
     assert f"{sys.executable}: No module named castor" in failed["message"], failed
+
+
+def test_a_castor_on_path_that_is_not_castor_is_named_with_how_to_fix_it(start_pi, tmp_path):
+    """A `castor` that prints junk and exits 1 (something else of that name, or a castor without
+    `serve --stdio`): the user read only "castor runtime exited during runtime.hello (write EPIPE)"."""
+    fake = tmp_path / "bin" / "castor"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'castor: not that castor'\nexit 1\n")
+    fake.chmod(0o755)
+    pi = start_pi([str(fake)], timeout_ms=5000)
+    pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", timeout=40)
+    cmd = pi.command("/materia status")
+    failed = pi.wait_ui("notify", lambda e: e.get("notifyType") == "error", start=cmd, timeout=20)
+    message = failed["message"]
+    assert f"{fake} exited before answering its handshake: it is not castor serve --stdio" in message, message
+    assert "pip install -U castor" in message and "--castor-command" in message, message
+    assert "[runtime_exited]" in message and "undefined" not in message and "[object Object]" not in message

@@ -51,6 +51,16 @@ export function olderCastorText(hello: Hello | undefined, extensionVersion: stri
 		"Upgrade castor (pip install -U castor, in the Python that runs it) or point --castor-python / --castor-command at a newer one";
 }
 
+/**
+ * What to tell the user of a started command that exited before answering castor's handshake
+ * (`exited`, the failed call's text): it is not castor (a `castor` on PATH that is something else)
+ * or a castor without `serve --stdio`, and how to point at a working one.
+ */
+export function notCastorText(exited: string, command: string): string {
+	return `${exited}. ${command} exited before answering its handshake: it is not castor serve --stdio, or a castor too old to run it. ` +
+		"Install or upgrade castor (pip install -U castor) or start Pi with --castor-python <python that has castor> or --castor-command";
+}
+
 export interface RuntimeOptions {
 	/** The child to spawn (`castor serve --stdio`), unless `endpoint` is given. */
 	command: string[];
@@ -375,6 +385,9 @@ export class CastorRuntime {
 			this.stopping = true;
 			peer.close("handshake failed");
 			release(); // no grace for a runtime that never answered its handshake
+			if (err instanceof RpcError && err.code === "runtime_exited" && !this.opts.endpoint) {
+				throw new RpcError(err.code, notCastorText(err.message, this.opts.command[0] ?? "castor"), err.data);
+			}
 			throw err instanceof RpcError ? err : new RpcError("internal", String(err));
 		}
 		this.autoSpawn = true;

@@ -52,3 +52,27 @@ test("a castor whose hello lacks a core method is named older than the extension
 	assert.match(text, /pip install -U castor/);
 	assert.match(text, /--castor-python/);
 });
+
+test("a child that exits before its handshake (not castor, or too old) is named, with what to check and how to fix it", { timeout: 20_000 }, async () => {
+	// A `castor` on PATH that is something else, or one without `serve --stdio`, printed junk and
+	// exited 1: the user read only "castor runtime exited during runtime.hello (write EPIPE)".
+	const rt = new CastorRuntime({
+		command: [process.execPath, "-e", "process.stdout.write('junk\\n'); process.exit(1)"],
+		cwd: process.cwd(),
+		timeoutMs: 5_000,
+		helloParams: { client: "runtime-test" },
+		handlers: {},
+		log: () => {},
+		stderr: () => {},
+		onUp: () => {},
+		onDown: () => {},
+	});
+	const err = await rt.ensure(true).then(() => undefined, (e: unknown) => e as { code?: string; message?: string });
+	await rt.stop();
+	assert.ok(err, "the handshake fails");
+	assert.equal(err.code, "runtime_exited");
+	assert.match(err.message ?? "", /exited before answering its handshake/);
+	assert.ok((err.message ?? "").includes(`${process.execPath} exited before answering its handshake: it is not castor serve --stdio`), err.message);
+	assert.match(err.message ?? "", /pip install -U castor/);
+	assert.match(err.message ?? "", /--castor-python/);
+});
