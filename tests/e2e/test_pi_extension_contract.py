@@ -194,3 +194,17 @@ def test_dead_runtime_shows_an_error_pi_keeps_working_and_a_command_respawns(pro
     pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), start=start)
     pi.wait_ui("notify", lambda e: "probe cast.status" in e.get("message", ""), start=start)
     assert len(calls(log, "session.open")) == 2  # the session was reopened on the new runtime
+
+
+def test_an_argument_castor_refuses_is_named_with_what_lists_the_valid_ones(start_pi, castor_command):
+    """A 3,000-character loadout name read only "materia: invalid params for grid.render"."""
+    pi = start_pi(castor_command)
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), timeout=30)
+    start = pi.command("/materia grid " + "g" * 3000)
+    note = pi.wait_ui("notify", lambda e: e.get("message", "").startswith("materia: "), start=start)
+    assert note["notifyType"] == "warning", note
+    assert note["message"].startswith("materia: castor refused the loadout name (3000 characters): "), note["message"]
+    assert "/materia loadout lists the loadouts." in note["message"]
+    start = pi.command("/materia revive " + "r" * 2000)
+    note = pi.wait_ui("notify", lambda e: e.get("message", "").startswith("materia: "), start=start)
+    assert "castor refused the cast id (2000 characters)" in note["message"] and "/materia casts" in note["message"]

@@ -214,3 +214,33 @@ export async function runPlanned(
 	show(shown.text, shown.level);
 	return shown.text;
 }
+
+/** A `/materia` argument castor's params name, as the user knows it, and what lists the valid ones. */
+const TYPED_ARGUMENTS: Record<string, { word: string; lists: string }> = {
+	request: { word: "request", lists: "Shorten the request." },
+	loadout: { word: "loadout name", lists: "/materia loadout lists the loadouts." },
+	name: { word: "loadout name", lists: "/materia loadout lists the loadouts." },
+	cast_id: { word: "cast id", lists: "/materia casts lists the casts." },
+};
+
+/**
+ * What to tell the user when castor refuses (`invalid_params`) an argument they typed: the argument
+ * by its name in the command (the loadout name, the cast id, the request) with its length, castor's
+ * reason, and what lists the valid ones. `data` is the error's data (`errors` `[{loc, msg}]`).
+ * Undefined when no error names an argument the user typed (castor's own params are a bug to
+ * report as is). A loadout name of 3,000 characters read only "invalid params for grid.render".
+ */
+export function refusedArgumentText(planned: Planned, data: unknown): string | undefined {
+	if (!("method" in planned)) return undefined;
+	const errors = (data as { errors?: unknown } | null | undefined)?.errors;
+	if (!Array.isArray(errors)) return undefined;
+	for (const error of errors as Array<{ loc?: unknown; msg?: unknown }>) {
+		const loc = typeof error?.loc === "string" ? error.loc : "";
+		const typed = planned.params[loc];
+		const argument = Object.hasOwn(TYPED_ARGUMENTS, loc) ? TYPED_ARGUMENTS[loc] : undefined;
+		if (!argument || typeof typed !== "string") continue;
+		const reason = typeof error.msg === "string" && error.msg ? error.msg : "not accepted";
+		return `castor refused the ${argument.word} (${Array.from(typed).length} characters): ${reason}. ${argument.lists}`;
+	}
+	return undefined;
+}

@@ -23,7 +23,7 @@
 import { randomUUID } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
+import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, refusedArgumentText, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { EscWatch, StopKeyWatch } from "./interrupt.ts";
@@ -580,6 +580,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			(err) =>
 				err instanceof RpcError && isNothingToActOn(planned, err.code)
 					? { text: err.message, level: "info" } // pi-materia's notice: nothing to act on
+					: err instanceof RpcError && err.code === "invalid_params" && refusedArgumentText(planned, err.data)
+						? { text: `${label}: ${refusedArgumentText(planned, err.data)} [${err.code}]`, level: "warning" } // the user's typing, not a failure
 					: err instanceof RpcError && err.code === "unknown_method" && "method" in planned
 						? `${label}: ${olderCastorText(getRuntime().hello, EXTENSION_VERSION, [planned.method])} [${err.code}]`
 						: `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}` +

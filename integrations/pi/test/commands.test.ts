@@ -196,3 +196,18 @@ test("nothing to act on (no cast to continue, abort, recast, revive or show) is 
 	assert.equal(text, "No active pi-materia cast to abort.");
 	assert.deepEqual(shown, [["No active pi-materia cast to abort.", "info"]]);
 });
+
+test("castor's refusal of a typed argument names it, what castor said, and what lists the valid ones", async () => {
+	const { refusedArgumentText } = await import("../src/commands.ts");
+	const data = { method: "grid.render", errors: [{ loc: "loadout", type: "string_too_long", msg: "String should have at most 200 characters" }], error_count: 1 };
+	const grid = planMateria(`grid ${"g".repeat(3000)}`);
+	assert.equal(refusedArgumentText(grid, data),
+		"castor refused the loadout name (3000 characters): String should have at most 200 characters. /materia loadout lists the loadouts.");
+	const revive = planMateria(`revive ${"r".repeat(2000)}`);
+	assert.match(refusedArgumentText(revive, { errors: [{ loc: "cast_id", msg: "String should have at most 128 characters" }] }) ?? "",
+		/^castor refused the cast id \(2000 characters\): String should have at most 128 characters\. \/materia casts lists the casts\.$/);
+	// not a typed argument (castor's own session id or cwd), or no detail: the plain error stays
+	assert.equal(refusedArgumentText(grid, { errors: [{ loc: "session_id", msg: "x" }] }), undefined);
+	assert.equal(refusedArgumentText(grid, undefined), undefined);
+	assert.equal(refusedArgumentText(planMateria("status"), data), undefined);
+});
