@@ -31,7 +31,7 @@ import { isStartLine, StderrRoute } from "./stderr.ts";
 import { entryRefusal, RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
 import { listModels } from "./models.ts";
-import { CastorRuntime, missingMethods, olderCastorText, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
+import { CastorRuntime, missingMethods, nextStepText, olderCastorText, opensOnStart, sessionIds, type Hello } from "./runtime.ts";
 import { FabricTools } from "./tools.ts";
 import { TurnTracker, type RunTurnParams, type TurnSettings } from "./turns.ts";
 
@@ -586,7 +586,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 						? `${label}: ${olderCastorText(getRuntime().hello, EXTENSION_VERSION, [planned.method])} [${err.code}]`
 						: `${label}: ${errorText(err)}${err instanceof RpcError ? ` [${err.code}]` : ""}` +
 							// why it exited ("No module named castor": a --castor-python without castor)
-							(err instanceof RpcError && err.code === "runtime_exited" && stderrNote() ? `.${stderrNote()}` : ""),
+							(err instanceof RpcError && err.code === "runtime_exited" && stderrNote() ? `.${stderrNote()}` : "") +
+							nextStepText(err),
 		);
 	}
 
@@ -711,7 +712,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				}
 				notify(`castor ${rt.hello?.version ?? "?"} up (${where}, ${rt.hello?.methods?.length ?? 0} methods).${stderrNote()}`, "info");
 			} catch (err) {
-				notify(`castor: ${errorText(err)}`, "error");
+				notify(`castor: ${errorText(err)}${nextStepText(err) ? `.${nextStepText(err)}` : ""}`, "error");
 			}
 		},
 	});
@@ -769,7 +770,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				// A deadline that passed has marked castor "not answering" (it is wedged, not down): the footer says so.
 				if (!(err instanceof RpcError && err.code === "timeout")) setStatus(STATUS_KEY, "castor: down");
 				const code = err instanceof RpcError ? ` [${err.code}]` : "";
-				notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}`, "error");
+				notify(`castor runtime unavailable: ${errorText(err)}${code}.${stderrNote()}${nextStepText(err)}`, "error");
 				return;
 			}
 			const result = await forward("session_start", { reason: event?.reason ?? null, previous_session_file: event?.previousSessionFile ?? null });

@@ -52,13 +52,20 @@ export function olderCastorText(hello: Hello | undefined, extensionVersion: stri
 }
 
 /**
- * What to tell the user of a started command that exited before answering castor's handshake
- * (`exited`, the failed call's text): it is not castor (a `castor` on PATH that is something else)
- * or a castor without `serve --stdio`, and how to point at a working one.
+ * What to tell the user of a started command that exited before answering castor's handshake: it
+ * is not castor (a `castor` on PATH that is something else) or a castor without `serve --stdio`,
+ * and how to point at a working one. The failed call carries it as its data's `next`, told after
+ * castor's last stderr lines (those, when there are any, say best why it exited).
  */
-export function notCastorText(exited: string, command: string): string {
-	return `${exited}. ${command} exited before answering its handshake: it is not castor serve --stdio, or a castor too old to run it. ` +
-		"Install or upgrade castor (pip install -U castor) or start Pi with --castor-python <python that has castor> or --castor-command";
+export function notCastorText(command: string): string {
+	return `${command} exited before answering its handshake: it is not castor serve --stdio, or a castor too old to run it. ` +
+		"Install or upgrade castor (pip install -U castor) or start Pi with --castor-python <python that has castor> or --castor-command.";
+}
+
+/** The next step an error names for the user (its data's `next`), as " <text>"; else "". */
+export function nextStepText(err: unknown): string {
+	const next = err instanceof RpcError ? (err.data as { next?: unknown } | undefined)?.next : undefined;
+	return typeof next === "string" && next ? ` ${next}` : "";
 }
 
 export interface RuntimeOptions {
@@ -386,7 +393,7 @@ export class CastorRuntime {
 			peer.close("handshake failed");
 			release(); // no grace for a runtime that never answered its handshake
 			if (err instanceof RpcError && err.code === "runtime_exited" && !this.opts.endpoint) {
-				throw new RpcError(err.code, notCastorText(err.message, this.opts.command[0] ?? "castor"), err.data);
+				throw new RpcError(err.code, err.message, { next: notCastorText(this.opts.command[0] ?? "castor") });
 			}
 			throw err instanceof RpcError ? err : new RpcError("internal", String(err));
 		}
