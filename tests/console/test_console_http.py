@@ -532,6 +532,19 @@ def test_cookies_another_users_page_planted_on_the_host_never_lock_the_user_out(
     ignored and every page of the console answered 401 until they cleared the host's cookies. The
     console now accepts a request when any cookie of its name holds its secret, whatever else the
     header carries; a planted value alone still opens nothing."""
+    with _console_and_its_cookie() as (own, name, base):
+        # A browser sends the cookie of the longer path first, then the planted `Path=/` one.
+        for header in (f"{own}; {name}=junk", f"{name}=junk; {own}", f'a="unterminated; {own}',
+                       f"{own}; b=[x]; c=\"d\\\\", f"{own}; {name}"):
+            assert _get(base + "api/actors", {"Cookie": header})[0] == 200, header
+        for header in (f"{name}=junk", f'a="unterminated; {name}=junk', f"{name}", ""):
+            assert _get(base + "api/actors", {"Cookie": header})[0] == 401, header
+
+
+@contextlib.contextmanager
+def _console_and_its_cookie():
+    """A console over a bare runtime, visited once with its token: (its cookie as ``name=value``,
+    the cookie's name, the URL of the path the cookie is sent to)."""
     import re
 
     from castor.console.server import ConsoleServer
@@ -544,14 +557,8 @@ def test_cookies_another_users_page_planted_on_the_host_never_lock_the_user_out(
         status, _page, headers = _get(f"{console.url}?token={token}")
         assert status == 200
         own = headers["Set-Cookie"].split(";")[0]
-        name = own.split("=", 1)[0]
         base = console.url.rstrip("/") + re.search(r"Path=([^;]+)", headers["Set-Cookie"]).group(1)
-        # A browser sends the cookie of the longer path first, then the planted `Path=/` one.
-        for header in (f"{own}; {name}=junk", f"{name}=junk; {own}", f'a="unterminated; {own}',
-                       f"{own}; b=[x]; c=\"d\\\\", f"{own}; {name}"):
-            assert _get(base + "api/actors", {"Cookie": header})[0] == 200, header
-        for header in (f"{name}=junk", f'a="unterminated; {name}=junk', f"{name}", ""):
-            assert _get(base + "api/actors", {"Cookie": header})[0] == 401, header
+        yield own, own.split("=", 1)[0], base
     finally:
         console.stop()
         runtime.shutdown(10)
@@ -563,20 +570,9 @@ def test_a_host_full_of_planted_cookies_never_locks_the_user_out(tmp_path):
     headers at 64 KiB and answered 431 to every page until the user cleared the host's cookies. The
     console's own cookie anywhere in such a line now lets the request in (and a line without it is
     401, not 431); only past 1 MiB of cookies is the request refused 431."""
-    import re
+    from castor.console.server import MAX_COOKIE_BYTES
 
-    from castor.console.server import MAX_COOKIE_BYTES, ConsoleServer
-    from castor.runtime import Runtime, RuntimeSettings
-
-    token = "t0ken-" + "d" * 40
-    runtime = Runtime(RuntimeSettings())
-    console = ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
-    try:
-        status, _page, headers = _get(f"{console.url}?token={token}")
-        assert status == 200
-        own = headers["Set-Cookie"].split(";")[0]
-        name = own.split("=", 1)[0]
-        base = console.url.rstrip("/") + re.search(r"Path=([^;]+)", headers["Set-Cookie"]).group(1)
+    with _console_and_its_cookie() as (own, name, base):
         junk = [f"junk{n}={'x' * 4000}" for n in range(180)]
         for cookies in (junk[:90] + [own] + junk[90:], [own] + junk, junk + [own],
                         junk[:5] + [f"{name}={'y' * 20_000}", own] + junk[5:]):
@@ -585,9 +581,6 @@ def test_a_host_full_of_planted_cookies_never_locks_the_user_out(tmp_path):
         assert _get(base + "api/actors", {"Cookie": "; ".join(junk + [f"{name}=junk"])})[0] == 401
         past = [own] + [f"junk{n}={'x' * 4000}" for n in range(MAX_COOKIE_BYTES // 4000 + 2)]
         assert _get(base + "api/actors", {"Cookie": "; ".join(past)})[0] == 431
-    finally:
-        console.stop()
-        runtime.shutdown(10)
 
 
 def test_a_saved_cast_s_visit_counts_cannot_put_markup_in_the_console_s_graph():

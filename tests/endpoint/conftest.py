@@ -8,6 +8,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
@@ -191,3 +192,29 @@ class RawPeer:
 
 
 SMALL_QUEUE = ConnectionSettings(max_outbound_bytes=256 * 1024, max_outbound_frames=1000)
+
+
+@contextmanager
+def unix_listener() -> Iterator[tuple[str, socket.socket]]:
+    """A listening Unix socket in a fresh directory, for a fake peer a test writes itself; closed after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "fake.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            listener.listen(1)
+            yield path, listener
+        finally:
+            listener.close()
+
+
+def first_frame(peer: socket.socket, unpacker: msgpack.Unpacker) -> Any:
+    """The first whole frame ``peer`` sends (what follows it stays in ``unpacker``)."""
+    frame = None
+    while frame is None:
+        data = peer.recv(1 << 16)
+        if not data:
+            raise ConnectionError("the peer closed before a whole frame")
+        unpacker.feed(data)
+        frame = next(iter(unpacker), None)
+    return frame

@@ -8,9 +8,6 @@ notifications a harness sends that fail. ``client.errors`` still keeps the lates
 
 from __future__ import annotations
 
-import os
-import socket
-import tempfile
 import threading
 
 import msgpack
@@ -19,22 +16,17 @@ from loguru import logger
 
 from castor.client import Client
 
+from .conftest import first_frame, unix_listener
+
 
 @pytest.mark.timeout(30)
 def test_a_storm_of_error_notifications_is_one_warning_and_the_latest_hundred_kept() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "fake.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
+    with unix_listener() as (path, listener):
 
         def fake_server() -> None:
             peer, _ = listener.accept()
             unpacker = msgpack.Unpacker(raw=False)
-            request = None
-            while request is None:
-                unpacker.feed(peer.recv(1 << 16))
-                request = next(iter(unpacker), None)
+            request = first_frame(peer, unpacker)
             storm = b"".join(msgpack.packb([2, "error", [{"code": "internal", "message": f"n{i}"}]])
                              for i in range(2000))
             peer.sendall(storm + msgpack.packb([1, request[1], None, "ok"]))
@@ -53,5 +45,4 @@ def test_a_storm_of_error_notifications_is_one_warning_and_the_latest_hundred_ke
         finally:
             logger.remove(sink)
             server_thread.join(10)
-            listener.close()
         assert len(warnings) == 1, f"{len(warnings)} warnings for one storm"

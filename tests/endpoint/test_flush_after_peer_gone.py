@@ -9,9 +9,7 @@ frames still queued behind it, which nobody would ever write, for the whole drai
 
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import threading
 
 import pytest
@@ -21,16 +19,14 @@ from castor.endpoint import ConnectionSettings
 from castor.endpoint.errors import ConnectionClosed
 from tests.support.waiting import wait_for
 
+from .conftest import unix_listener
+
 BLOB = "z" * (4 << 20)  # far more than the socket buffer: the writer keeps some of each queued
 
 
 @pytest.mark.timeout(30)
 def test_calls_fail_cancelled_as_soon_as_the_peer_is_gone_not_after_the_drain() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "fake.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
+    with unix_listener() as (path, listener):
         accepted: list[socket.socket] = []
         ready = threading.Event()
 
@@ -55,4 +51,3 @@ def test_calls_fail_cancelled_as_soon_as_the_peer_is_gone_not_after_the_drain() 
             assert client.connection.wait_closed(5), "the close waited out the drain for a peer that was gone"
         finally:
             client.close()
-            listener.close()

@@ -10,9 +10,7 @@ client's own call then failed ``cancelled`` ("outbound queue overflow") for the 
 
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import threading
 from typing import Any
 
@@ -22,7 +20,7 @@ import pytest
 from castor.client import Client
 from castor.endpoint import Server
 
-from .conftest import Gates, RawPeer
+from .conftest import Gates, RawPeer, first_frame, unix_listener
 
 STORM = 20_000
 
@@ -33,21 +31,14 @@ def _storm(method: str) -> bytes:
 
 @pytest.mark.timeout(30)
 def test_a_client_survives_a_notification_storm_it_has_no_handler_for_and_answers_none_of_it() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "fake.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
+    with unix_listener() as (path, listener):
         received: list[Any] = []
         served = threading.Event()
 
         def fake_server() -> None:
             peer, _ = listener.accept()
             unpacker = msgpack.Unpacker(raw=False)
-            request = None
-            while request is None:
-                unpacker.feed(peer.recv(1 << 16))
-                request = next(iter(unpacker), None)
+            request = first_frame(peer, unpacker)
             # Not reading while it pushes: what the client sends back piles up on its side.
             peer.sendall(_storm("ui.unhandled") + msgpack.packb([1, request[1], None, "ok"]))
             served.wait(20)
@@ -71,7 +62,6 @@ def test_a_client_survives_a_notification_storm_it_has_no_handler_for_and_answer
             served.set()
             server_thread.join(20)
             client.close()
-            listener.close()
         assert received == [], f"the client answered the storm: {received[:3]} ({len(received)} frames)"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from castor.messages.errors import ActorCrashed, ActorStopped
@@ -115,18 +117,24 @@ def test_on_removed_runs_when_a_child_is_given_up():
         system.shutdown(10)
 
 
-def test_an_abandoned_incarnation_never_steals_a_message_from_its_successor():
-    """A child overruns its shutdown timeout during a sibling restart, is abandoned and relaunched:
-    the stuck thread must not take (and drop) a message meant for the new incarnation, and the
-    stop left for the old incarnation must not stop the new one."""
+def _first_and_a_stuck_sibling(journal: Journal) -> tuple[ActorSystem, Any]:
+    """``/root/first`` and ``/root/stuck`` under one_for_all; ``stuck`` has 0.2 s to stop, so a
+    handler of its that blocks is abandoned when ``first`` crashes."""
     from castor.supervision import Strategy
 
-    journal = Journal()
     system = ActorSystem([
         ChildSpec("first", worker("first", journal)),
         ChildSpec("stuck", worker("stuck", journal), shutdown_timeout=0.2),
     ], strategy=Strategy.ONE_FOR_ALL, max_restarts=5, within_seconds=60)
-    stuck = system.lookup("/root/stuck")
+    return system, system.lookup("/root/stuck")
+
+
+def test_an_abandoned_incarnation_never_steals_a_message_from_its_successor():
+    """A child overruns its shutdown timeout during a sibling restart, is abandoned and relaunched:
+    the stuck thread must not take (and drop) a message meant for the new incarnation, and the
+    stop left for the old incarnation must not stop the new one."""
+    journal = Journal()
+    system, stuck = _first_and_a_stuck_sibling(journal)
     try:
         stuck.tell(Block(key="hold"))
         assert journal.event("hold:entered").wait(5)
@@ -149,14 +157,8 @@ def test_the_successor_of_an_abandoned_incarnation_answers_while_the_old_handler
     incarnation handles messages at once (it waited for the old handler's turn, so every ask to
     it timed out for as long as that handler blocked), and a snapshot shows no message in flight
     but its own."""
-    from castor.supervision import Strategy
-
     journal = Journal()
-    system = ActorSystem([
-        ChildSpec("first", worker("first", journal)),
-        ChildSpec("stuck", worker("stuck", journal), shutdown_timeout=0.2),
-    ], strategy=Strategy.ONE_FOR_ALL, max_restarts=5, within_seconds=60)
-    stuck = system.lookup("/root/stuck")
+    system, stuck = _first_and_a_stuck_sibling(journal)
     try:
         stuck.tell(Block(key="forever"))
         assert journal.event("forever:entered").wait(5)

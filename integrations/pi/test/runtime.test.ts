@@ -2,12 +2,13 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { CastorRuntime } from "../src/runtime.ts";
 
-/** A runtime whose child is a Node process that reads its stdin and never answers (it ends at EOF). */
-function silentChild(): CastorRuntime {
+/** A runtime whose child is a Node process running `script`: by default one that reads its stdin and
+ * never answers (it ends at EOF). */
+function silentChild(script = "process.stdin.resume(); process.stdin.on('end', () => process.exit(0))", timeoutMs = 200): CastorRuntime {
 	return new CastorRuntime({
-		command: [process.execPath, "-e", "process.stdin.resume(); process.stdin.on('end', () => process.exit(0))"],
+		command: [process.execPath, "-e", script],
 		cwd: process.cwd(),
-		timeoutMs: 200,
+		timeoutMs,
 		helloParams: { client: "runtime-test" },
 		handlers: {},
 		log: () => {},
@@ -56,17 +57,7 @@ test("a castor whose hello lacks a core method is named older than the extension
 test("a child that exits before its handshake (not castor, or too old) is named, with what to check and how to fix it", { timeout: 20_000 }, async () => {
 	// A `castor` on PATH that is something else, or one without `serve --stdio`, printed junk and
 	// exited 1: the user read only "castor runtime exited during runtime.hello (write EPIPE)".
-	const rt = new CastorRuntime({
-		command: [process.execPath, "-e", "process.stdout.write('junk\\n'); process.exit(1)"],
-		cwd: process.cwd(),
-		timeoutMs: 5_000,
-		helloParams: { client: "runtime-test" },
-		handlers: {},
-		log: () => {},
-		stderr: () => {},
-		onUp: () => {},
-		onDown: () => {},
-	});
+	const rt = silentChild("process.stdout.write('junk\\n'); process.exit(1)", 5_000);
 	const err = await rt.ensure(true).then(() => undefined, (e: unknown) => e as { code?: string; message?: string });
 	await rt.stop();
 	assert.ok(err, "the handshake fails");
