@@ -35,17 +35,15 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from castor._log import logger
 from castor.endpoint.connection import (
-    NOTIFICATION_FAILURE_LOG_INTERVAL_S,
     Connection,
     ConnectionSettings,
     PendingCall,
+    WarningGate,
 )
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import error_from_wire
@@ -80,9 +78,7 @@ class Client:
         # that follows it is read, so a call the close fails can say why (``_parting``).
         self._dispatcher.register("error", self._on_error_notification, on_reading_thread=True)
         self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
-        self._errors_lock = threading.Lock()
-        self._errors_warned_at = float("-inf")  # when the last warning about them was logged
-        self._errors_quiet = 0  # logged at debug level since
+        self._errors_gate = WarningGate()  # the warning lines about them
         self._last_error: tuple[dict[str, Any], int] | None = None  # the latest, and frames read then
         # Workers poll so that a caller can take the reader role and read its own reply.
         settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
@@ -202,14 +198,7 @@ class Client:
         """Keep the server's ``error`` notification (``errors``, the latest 100) and log it: one
         warning, then at most one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many came
         since (each a debug line) -- a server sending them in a loop cannot write the log full."""
-        now = time.monotonic()
-        with self._errors_lock:
-            warn = now - self._errors_warned_at >= NOTIFICATION_FAILURE_LOG_INTERVAL_S
-            quiet = self._errors_quiet
-            if warn:
-                self._errors_warned_at, self._errors_quiet = now, 0
-            else:
-                self._errors_quiet += 1
+        warn, quiet = self._errors_gate.passes()
         shown = clipped(repr(params), 4096)
         if warn:
             logger.warning("server reported an error: {}{}", shown,

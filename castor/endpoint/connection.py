@@ -150,6 +150,29 @@ _CALLER_RECHECK = 0.05
 _CORK_MAX_BYTES = 64 * 1024
 #: A failed notification is a warning at most this often per connection (see _notification_failed).
 NOTIFICATION_FAILURE_LOG_INTERVAL_S = 10.0
+
+
+class WarningGate:
+    """One warning, then at most one every ``interval_s``, for a kind of line a peer can cause as
+    fast as it likes: :meth:`passes` says whether this one is the warning, and how many were not
+    since the last (each then a debug line). Thread-safe."""
+
+    def __init__(self, interval_s: float = NOTIFICATION_FAILURE_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.warned_at = float("-inf")  # when the last warning was let through
+        self._quiet = 0  # lines kept at debug level since
+        self._lock = threading.Lock()
+
+    def passes(self) -> tuple[bool, int]:
+        """(this line is a warning, how many were kept quiet since the last one)."""
+        now = time.monotonic()
+        with self._lock:
+            quiet = self._quiet
+            if now - self.warned_at >= self.interval_s:
+                self.warned_at, self._quiet = now, 0
+                return True, quiet
+            self._quiet += 1
+            return False, quiet
 # A write the peer refused closes the connection after reading what it sent before it went:
 # at most this much, and only if the reader role comes free (its holder sees the close) this soon.
 _DRAIN_MAX_BYTES = 1024 * 1024
@@ -372,8 +395,7 @@ class Connection:
             "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
             "unauthenticated_notifications": 0, "notifications_failed": 0,
         }
-        self._notify_warned_at = float("-inf")  # the last warning for a failed notification
-        self._notify_quiet = 0  # failed notifications logged at debug level since
+        self._notify_gate = WarningGate()  # a failed notification's warning lines
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Connection:
@@ -1412,14 +1434,7 @@ class Connection:
         one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many failed since (each a debug
         line); counted in ``notifications_failed``."""
         self.counters["notifications_failed"] += 1
-        now = time.monotonic()
-        with self._mutex:
-            warn = now - self._notify_warned_at >= NOTIFICATION_FAILURE_LOG_INTERVAL_S
-            quiet = self._notify_quiet
-            if warn:
-                self._notify_warned_at, self._notify_quiet = now, 0
-            else:
-                self._notify_quiet += 1
+        warn, quiet = self._notify_gate.passes()
         if warn:
             self._log.warning("notification {!r} failed: {} {}{}", method[:80], exc.code, exc.message,
                               f" ({quiet} more notifications failed since the last such line)" if quiet else "")

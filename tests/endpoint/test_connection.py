@@ -452,7 +452,7 @@ def test_a_storm_of_failing_notifications_writes_one_warning_not_one_each(server
             assert failed > 100, conn.counters
             assert client.call("echo", {"x": 2}) == {"x": 2}
             first = list(warnings)
-            conn._notify_warned_at -= 3600  # the interval has passed: the next failure warns with the count
+            conn._notify_gate.warned_at -= 3600  # the interval has passed: the next failure warns with the count
             client.connection.transport.sendall(frame)
             assert poll_until(lambda: conn.counters["notifications_failed"] == failed + 1, timeout=10)
     finally:

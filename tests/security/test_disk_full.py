@@ -44,6 +44,14 @@ def serve_env(tmp: Path) -> dict[str, str]:
 ERRNOS = ["ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES", "EMFILE"]
 
 
+def _opened_under(fd: int, root: str) -> bool:
+    """Whether ``fd`` is a file or directory under ``root`` (read from /proc; False if it cannot be)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(root)
+    except OSError:
+        return False
+
+
 class DiskFault:
     """Makes the file layer's ``write`` fail with ``errno`` for files under ``root`` while on."""
 
@@ -56,11 +64,7 @@ class DiskFault:
 
         def write_all(fd: int, data: bytes) -> None:
             if self.errno is not None and (self.times is None or self.times > 0):
-                try:
-                    target = os.readlink(f"/proc/self/fd/{fd}")
-                except OSError:
-                    target = ""
-                if target.startswith(self.root):
+                if _opened_under(fd, self.root):
                     self.hits += 1
                     if self.times is not None:
                         self.times -= 1
@@ -139,11 +143,7 @@ class FsyncFault:
 
         def fsync(fd: int) -> None:
             if self.errno is not None:
-                try:
-                    target = os.readlink(f"/proc/self/fd/{fd}")
-                except OSError:
-                    target = ""
-                if target.startswith(self.root):
+                if _opened_under(fd, self.root):
                     self.hits += 1
                     raise OSError(self.errno, os.strerror(self.errno))
             real(fd)
