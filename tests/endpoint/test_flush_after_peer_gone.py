@@ -43,7 +43,9 @@ def test_calls_fail_cancelled_as_soon_as_the_peer_is_gone_not_after_the_drain() 
             peer.shutdown(socket.SHUT_WR)  # end of stream: the client drains what it queued
             # the client read the end of stream and flushes (frames still queued behind its writer)
             wait_for(lambda: client.connection._eof, 10, "the client to read the end of stream")
-            assert client.connection.stats()["outbound_frames"] > 0
+            # frames still unwritten: queued, or taken by the writer, which blocks writing them (it
+            # may hold all three at once, leaving the queue empty)
+            assert client.connection.stats()["outbound_frames"] > 0 or client.connection._writer_busy
             peer.close()  # and now gone: the writer's next write fails
             for call in calls:  # no answer can come after the end of stream
                 with pytest.raises(ConnectionClosed):
