@@ -151,6 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
                   max_connections=args.max_connections,
+                  # A closed connection's buffers go back to the kernel too, not only a session's.
+                  on_connection_closed=runtime.memory_return.work_ended,
                   on_ready=lambda server: _print_ready(server, token_file=shown_token,
                                                        console_url=_console_shown(console, args,
                                                                                   console_token_file)))

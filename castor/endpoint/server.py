@@ -94,7 +94,8 @@ class Server:
                  on_stopping: Callable[[], Any] | None = None,
                  stdin_fd: int = 0, stdout_fd: int = 1, token: str | None = None,
                  hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
-                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
+                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+                 on_connection_closed: Callable[[], Any] | None = None) -> None:
         modes = sum(1 for m in (stdio, unix_path is not None, tcp is not None) if m)
         if modes != 1:
             raise InvalidConfig("serve exactly one of: stdio, unix_path, tcp")
@@ -116,6 +117,10 @@ class Server:
         self.settings = settings or ConnectionSettings()
         self.on_shutdown = on_shutdown
         self.on_stopping = on_stopping
+        #: Called (on the closing thread; it must not block) after each connection closes: the
+        #: runtime gives the allocator's free pages back then, or what a peer that never read left
+        #: queued (up to the outbound bound, 32 MiB) would stay with the process.
+        self.on_connection_closed = on_connection_closed
         self.max_connections = max_connections
         self._stdio = stdio
         self._stdin_fd, self._stdout_fd = stdin_fd, stdout_fd
@@ -428,6 +433,11 @@ class Server:
         with self._lock:
             self._conns.pop(conn.id, None)
         self._seen.pop(conn.id, None)
+        if self.on_connection_closed is not None:
+            try:
+                self.on_connection_closed()
+            except Exception:  # noqa: BLE001 - the close itself is done; never let an observer undo it
+                _log.opt(exception=True).warning("on_connection_closed failed")
 
 
 def _peer_is_us(sock: socket.socket) -> bool:
@@ -442,7 +452,8 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
           on_stopping: Callable[[], Any] | None = None,
           max_connections: int = 64, fatal: threading.Event | None = None, token: str | None = None,
           hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
-          idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
+          idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+          on_connection_closed: Callable[[], Any] | None = None) -> None:
     """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT/SIGHUP (unless SIGHUP is ignored, as
     under ``nohup``), ``stop()`` or ``fatal`` is set
     (the runtime behind it failed for good: serving on would only answer ``not_found``); then
@@ -453,7 +464,8 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     """
     server = Server(dispatcher, stdio=stdio, unix_path=unix_path, tcp=tcp, settings=settings,
                     on_shutdown=on_shutdown, on_stopping=on_stopping, max_connections=max_connections, token=token,
-                    hello_timeout=hello_timeout, idle_timeout=idle_timeout)
+                    hello_timeout=hello_timeout, idle_timeout=idle_timeout,
+                    on_connection_closed=on_connection_closed)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         def _on_signal(signum: int, _frame: Any) -> None:
