@@ -112,6 +112,8 @@ class Runtime:
         check_safe_id(info.session_id, "session_id")  # the refusal names the field the caller sent
         check_project_dir(info.cwd)
         path = f"{SESSIONS_PATH}/{info.session_id}"
+        if self.system.stopping.is_set():  # shut down: actor_stopped, as for any spawn (docs/supervision.md)
+            raise self.system.stopped_error(path)
         with self._lock:
             if info.session_id in self._sessions and not self._gone(self._sessions[info.session_id]):
                 raise Conflict(f"session {info.session_id!r} is already open", data={"session_id": info.session_id})

@@ -40,6 +40,8 @@ class ActorSystem:
         within_seconds: float = DEFAULT_WITHIN_SECONDS,
     ) -> None:
         self.registry: Registry[ActorHandle] = Registry()
+        #: Set once :meth:`shutdown` began (or the root failed): from then on nothing is started.
+        self.stopping = threading.Event()
         self.fatal = threading.Event()
         self.fatal_error: BaseException | None = None
         self.root = ActorHandle(
@@ -62,6 +64,7 @@ class ActorSystem:
             err = error_text(root.last_error, as_repr=True) if root.last_error is not None else "None"
             logger.bind(actor=ROOT_PATH).critical("root supervisor {kind}: {err}", kind=kind, err=err)
             self.fatal.set()
+        self.stopping.set()
         root.close(f"root {kind}")
 
     # -- children --------------------------------------------------------
@@ -70,8 +73,12 @@ class ActorSystem:
 
         A ``direct_start`` child is started on the calling thread when the supervisor is
         running (:meth:`Supervisor.start_direct`: no round trip through the supervisor's
-        mailbox); otherwise, and for every other child, this is a ``StartChild`` ask.
+        mailbox); otherwise, and for every other child, this is a ``StartChild`` ask. Once the
+        system is shutting down (or its root failed) it is ``actor_stopped`` whatever ``under`` is:
+        nothing starts again (the supervisor it names is gone or going, which is no ``not_found``).
         """
+        if self.stopping.is_set():
+            raise self.stopped_error(under)
         supervisor = self._supervisor_at(under)
         if spec.direct_start:
             current = supervisor.actor
@@ -110,6 +117,11 @@ class ActorSystem:
             raise InvalidParams(f"{path} is not a supervisor", data={"path": path})
         return handle
 
+    def stopped_error(self, path: str) -> ActorStopped:
+        """What a spawn answers once the system is shutting down (:meth:`spawn`)."""
+        return ActorStopped(f"the runtime is shut down: nothing is started under {path} any more",
+                            data={"path": path, "state": "shut_down"})
+
     def lookup(self, path: str) -> ActorHandle:
         return self.registry.lookup(path)
 
@@ -135,6 +147,7 @@ class ActorSystem:
         Called from inside one of this system's actors (whose stop waits for the handler that
         calls), it starts the shutdown and returns False at once: the calling actor stops, like
         every other, once that handler has returned. A second call finds nothing left to stop."""
+        self.stopping.set()
         if self._inside(ROOT_PATH):
             self.root.stop(0)
             return False

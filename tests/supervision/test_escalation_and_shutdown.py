@@ -196,3 +196,25 @@ def test_a_supervisor_cut_loose_mid_handler_still_stops_its_children():
     finally:
         journal.event("hold").set()
         system.shutdown(5)
+
+
+def test_spawn_after_shutdown_is_actor_stopped_not_not_found():
+    """Once the system is shut down nothing starts again: a spawn answers ``actor_stopped`` (the
+    runtime stopped), never ``not_found`` (which says the caller named a wrong supervisor)."""
+    system = ActorSystem([supervisor_spec("mid", [])])
+    assert system.shutdown(5)
+    with pytest.raises(ActorStopped) as stopped:
+        system.spawn(ChildSpec("late", worker("late", Journal())), under="/root/mid")
+    assert stopped.value.data == {"path": "/root/mid", "state": "shut_down"}
+
+
+def test_open_session_after_runtime_shutdown_is_actor_stopped(tmp_path):
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+
+    runtime = Runtime(RuntimeSettings())
+    runtime.shutdown(5)
+    with pytest.raises(ActorStopped) as stopped:
+        runtime.open_session(SessionInfo(session_id="late", cwd=str(tmp_path), trusted=True),
+                             HarnessLink(agent=None, session_log=None, ui=None))
+    assert stopped.value.data["state"] == "shut_down"
+    assert not runtime.has_session("late")
