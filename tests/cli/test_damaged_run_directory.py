@@ -24,7 +24,7 @@ from tests.cli.interrupted_cast import castor_cli, interrupted_cast
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(("name", "how", "code"), [
     ("owner.lock", "fifo", None),
-    ("owner.lock", "dangling_link", "storage_unavailable"),
+    ("owner.lock", "dangling_link", "state_corrupt"),
     ("manifest.json", "fifo", "state_corrupt"),
     ("state.lock", "link", "state_corrupt"),
     ("sockets", "file", "state_corrupt"),
@@ -65,3 +65,29 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     [row] = json.loads(listed.stdout)
     assert row["cast_id"] == run.name
+
+
+@pytest.mark.timeout(150)
+def test_a_link_in_place_of_the_lease_file_names_it_and_the_advice_it_gives_works(tmp_path):
+    """A link planted as ``owner.lock`` is never followed; every command that probes or takes the
+    lease says the run directory is damaged, names the file and says to remove the link -- it used
+    to answer ``storage_unavailable`` (ELOOP), whose remedy (fix the storage, recast) met the link
+    again. Removing the link is enough: ``castor continue`` then completes the cast."""
+    root, run = interrupted_cast(tmp_path)
+    lease = run / "owner.lock"
+    lease.unlink()
+    lease.symlink_to(tmp_path / "outside-target")
+    for command in (("status", run.name), ("abort", run.name),
+                    ("continue", run.name, "--agent", "script:answers.json", "--quiet"),
+                    ("recast", run.name, "--agent", "script:answers.json", "--quiet")):
+        done = castor_cli(tmp_path, *command, cwd=root, timeout=40)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("castor: state_corrupt: "), (command, last)
+        assert f"{lease} is a symbolic link" in last and "remove the link" in last, last
+    assert not (tmp_path / "outside-target").exists()
+    lease.unlink()  # what the message says to do
+    done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root,
+                      timeout=40)
+    assert done.returncode == 0, done.stderr
+    assert "complete" in done.stdout

@@ -13,11 +13,15 @@ Guarantees
   two holders lock two different inodes).
 
 Failure behaviour: hostile cast ids raise ``Forbidden`` (via ``ConfinedRoot``); a lease
-held by someone else makes ``try_acquire`` return ``None``; other OS errors propagate.
+held by someone else makes ``try_acquire`` return ``None``; a symbolic link in place of the lock
+file (never followed: it would lead out of the run directory) raises ``StateCorrupt`` naming it and
+saying what to do (:func:`link_in_place_of_the_lease`), from the probe as from ``try_acquire``;
+other OS errors propagate.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -25,8 +29,28 @@ from pathlib import Path
 
 from castor.adapters.fs import ConfinedRoot
 from castor.adapters.materia.artifacts import validate_cast_id
+from castor.ports.cast_storage import StateCorrupt
 
 LEASE_FILE = "owner.lock"
+
+
+def link_in_place_of_the_lease(cast_id: str, path: str | os.PathLike[str]) -> StateCorrupt:
+    """The error for a symbolic link where a cast's lease file must be. Removing the link is what
+    mends it: the next command makes a fresh lock file (a runtime that held the old one keeps its
+    claim on the state, which fences any second holder). A recast alone would meet the link again."""
+    return StateCorrupt(f"cast {cast_id}'s run directory is damaged: its lease file {os.fspath(path)} is a "
+                        "symbolic link, which castor never follows; remove the link (castor makes a fresh lock "
+                        "file), then run the command again",
+                        data={"cast_id": cast_id, "path": os.fspath(path), "reason": "lease_file_is_a_link"})
+
+
+def _open_lease_file(cast_id: str, path: str | os.PathLike[str], flags: int) -> int:
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
+            raise link_in_place_of_the_lease(cast_id, path) from None
+        raise
 
 
 class CastLease:
@@ -47,10 +71,10 @@ class CastLease:
         # project; it fails ELOOP instead. O_NONBLOCK: nothing in its place is ever waited on.
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(path, flags, 0o644)
+            fd = _open_lease_file(cast_id, path, flags)
         except FileNotFoundError:  # the run dir is not there yet (a fresh id allocates it first)
             os.makedirs(run_dir, exist_ok=True)
-            fd = os.open(path, flags, 0o644)
+            fd = _open_lease_file(cast_id, path, flags)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -64,12 +88,14 @@ class CastLease:
     @classmethod
     def is_held(cls, artifact_root: str | os.PathLike[str], cast_id: str) -> bool:
         """True if some live holder has the lease now. A read-only probe (lock and unlock a
-        descriptor of its own): it creates nothing and needs no write permission."""
+        descriptor of its own): it creates nothing and needs no write permission. A link in place
+        of the lock file is ``StateCorrupt`` (:func:`link_in_place_of_the_lease`)."""
         run_dir = ConfinedRoot(artifact_root).join_text(validate_cast_id(cast_id))
         try:
             # O_NONBLOCK: a FIFO planted in its place must not hold the probe (castor casts, status)
             # until a writer comes; O_NOFOLLOW: a link is never followed out of the run directory
-            fd = os.open(Path(run_dir) / LEASE_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+            fd = _open_lease_file(cast_id, Path(run_dir) / LEASE_FILE,
+                                  os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return False  # never leased
         try:
