@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from tests.cli.interrupted_cast import castor_cli, interrupted_cast
+from tests.cli.interrupted_cast import ONE_SOCKET, castor_cli, interrupted_cast
 
 
 @pytest.mark.timeout(150)
@@ -91,3 +91,45 @@ def test_a_link_in_place_of_the_lease_file_names_it_and_the_advice_it_gives_work
                       timeout=40)
     assert done.returncode == 0, done.stderr
     assert "complete" in done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_a_run_directory_replaced_by_a_file_mid_cast_reads_as_damaged_storage_not_an_unknown_id(tmp_path):
+    """A cast's run directory moved away and a file written in its place while ``castor cast`` runs
+    it: ``castor status ID`` (and ``abort``, ``recast``) said "Unknown pi-materia cast id", as for
+    a typo. They say the cast's storage is damaged, name the path and what to type; the running
+    command stops typed too."""
+    import subprocess
+    import sys
+
+    from tests.cli.interrupted_cast import REPO
+    from tests.support.waiting import wait_for
+
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(ONE_SOCKET))
+    (root / "slow.json").write_text(json.dumps([{"text": "late", "delay_ms": 60_000}]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    running = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", "script:slow.json", "--quiet"],
+                               cwd=root, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        casts = root / ".pi" / "pi-materia"
+        run = wait_for(lambda: next((p for p in casts.glob("2*") if (p / "state.json").is_file()), None), 60,
+                       "the cast's first save")
+        run.rename(tmp_path / "moved-away")
+        run.write_text("not a run directory")
+        for command in (("status", run.name), ("abort", run.name),
+                        ("recast", run.name, "--agent", "script:slow.json", "--quiet")):
+            done = castor_cli(tmp_path, *command, cwd=root, timeout=40)
+            assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith("castor: state_corrupt: "), (command, last)
+            assert "storage is damaged" in last and f"`rm {run}`" in last and "Unknown" not in last, last
+        _out, err = running.communicate(timeout=60)
+        assert running.returncode == 1 and "Traceback" not in err, err
+        assert "damaged" in err.strip().splitlines()[-1], err
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()

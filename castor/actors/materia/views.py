@@ -352,6 +352,11 @@ LATEST = "latest"
 MAX_CANDIDATES = 10
 
 
+def _not_a_directory(path: Path) -> bool:
+    """Something other than a directory (or a link) is at ``path``."""
+    return not path.is_symlink() and path.exists() and not path.is_dir()
+
+
 def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_ids: set[str] | None = None) -> str:
     """The cast a user means by ``ref``: its exact id, ``latest`` (the newest cast), or a unique prefix.
 
@@ -360,8 +365,8 @@ def resolve_cast_id(storage: CastStorage, artifact_root: Path, ref: str, live_id
     never a guess. ``ref`` must be a safe path segment (``Forbidden`` otherwise).
     """
     storage.validate_cast_id(ref)
-    if ref != LATEST and (artifact_root / ref / "state.json").is_file():
-        return ref
+    if ref != LATEST and ((artifact_root / ref / "state.json").is_file() or _not_a_directory(artifact_root / ref)):
+        return ref  # a run directory replaced by a file is that cast's: its reader says it is damaged
     rows = cast_rows(storage, artifact_root, set())
     ids: set[str] = {row["cast_id"] for row in rows if row["status"] != "unreadable"}
     ids |= set(live_ids or ())

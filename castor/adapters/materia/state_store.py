@@ -398,6 +398,8 @@ class CastStateStore:
                 raise NotFound(f"cast {cast_id} is {run.reason()}; castor has no state to show or resume it from",
                                data={"cast_id": cast_id, "reason": "pi_materia_run"}) from None
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
+        except NotADirectoryError:
+            raise run_directory_replaced(path.parent, cast_id) from None
         except (OSError, UnicodeDecodeError) as exc:
             if is_storage_fault(exc):
                 raise storage_unavailable(exc, path=path, action="read") from None
@@ -685,6 +687,22 @@ def _state_sig(root: str, cast_id: str) -> str | None:
         return "" if os.path.isdir(f"{root}/{cast_id}") else None
     except OSError:
         return "?"
+
+
+def run_directory_replaced(run_dir: Path, cast_id: str) -> StateCorrupt:
+    """The error for a cast whose run directory is no directory now (a file, a FIFO moved or written
+    in its place, mid-cast or since): its storage is damaged -- never "unknown cast id", which
+    would send the user looking for a typo."""
+    try:
+        mode = os.lstat(run_dir).st_mode
+        what = ("a regular file" if stat.S_ISREG(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "something that is not a directory")
+    except OSError:
+        what = "something that is not a directory"
+    return StateCorrupt(f"cast {cast_id}'s storage is damaged: {what} is in place of its run directory {run_dir}; "
+                        "restore the directory (its state.json and artifacts), or remove it "
+                        f"(`rm {run_dir}`) to drop the cast",
+                        data={"cast_id": cast_id, "path": str(run_dir), "reason": "run_directory_replaced"})
 
 
 def _read_state_text(path: Path) -> str:
