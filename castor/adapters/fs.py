@@ -244,7 +244,8 @@ class UnsafeFile(ValueError):
     """A file castor found by itself that another user chose the content of (see ``owned``)."""
 
 
-def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, owned: bool = False) -> bytes:
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, owned: bool = False,
+                      follow_links: bool = True) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (None: any size, for castor's own files);
     ``ValueError`` for anything else.
 
@@ -254,9 +255,11 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, ow
     ``owned``: the file must also be castor's user's (or root's) and not writable by every user,
     else :class:`UnsafeFile` -- for the user's own config that castor finds through the
     environment and that chooses what it runs (a shared or mistyped directory would let another
-    user choose it).
+    user choose it). ``follow_links=False``: a symbolic link as the file's own name is not followed
+    (``OSError`` ``ELOOP``) -- for a file castor keeps inside a directory of its own, where a link
+    could only have been planted to lead it elsewhere.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
     except BaseException:

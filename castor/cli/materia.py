@@ -30,6 +30,7 @@ Exit codes: 0 success; 1 a failed, aborted or interrupted cast or any error (one
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -421,18 +422,26 @@ def _artifact_root(cwd: Path, config_path: str | None) -> Path:
 
 def _small_file(path: Path) -> bytes:
     """A small regular file of a run directory (``cli.json``, ``abort.request``); ``ValueError`` for
-    a FIFO planted in its place (refused at once, never waited on), a device or a file over 64 KiB."""
+    a FIFO planted in its place (refused at once, never waited on), a device or a file over 64 KiB;
+    ``OSError`` ``ELOOP`` for a symbolic link in its place (never followed: it could only lead out of
+    the run directory)."""
     from castor.adapters.fs import read_regular_file
 
-    return read_regular_file(path, 64 * 1024)
+    return read_regular_file(path, 64 * 1024, follow_links=False)
 
 
 def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
     spec = getattr(args, "agent", None) or os.environ.get("CASTOR_AGENT") or None
     if spec is None and run_dir is not None:
+        note = run_dir / "cli.json"
         try:
-            remembered = json.loads(_small_file(run_dir / "cli.json")).get("agent")
-        except (OSError, ValueError, RecursionError, AttributeError):
+            remembered = json.loads(_small_file(note)).get("agent")
+        except OSError as exc:
+            remembered = None
+            if exc.errno == errno.ELOOP:  # planted: what it points at is no note of castor's
+                _say_err(f"castor: warning: {note} is a symbolic link, which castor never follows; the agent "
+                         "it names is not used (pass --agent, or remove the link)")
+        except (ValueError, RecursionError, AttributeError):
             remembered = None
         if isinstance(remembered, str) and remembered.startswith("script:"):
             spec = remembered  # a data file, not a program; openai: is never taken from the tree

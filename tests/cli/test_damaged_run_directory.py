@@ -133,3 +133,21 @@ def test_a_run_directory_replaced_by_a_file_mid_cast_reads_as_damaged_storage_no
         if running.poll() is None:
             running.kill()
             running.communicate()
+
+
+@pytest.mark.timeout(150)
+def test_a_cli_json_linked_out_of_the_run_directory_is_never_read(tmp_path):
+    """``cli.json`` (the agent a ``castor cast`` remembers) planted as a link to a file outside the
+    run directory was read through the link, and the ``script:`` agent it named was replayed. The
+    link is not followed: ``castor continue`` warns naming it and asks for ``--agent``."""
+    root, run = interrupted_cast(tmp_path)
+    outside = tmp_path / "outside-cli.json"
+    outside.write_text(json.dumps({"agent": f"script:{root / 'answers.json'}"}))
+    (run / "cli.json").unlink()
+    (run / "cli.json").symlink_to(outside)
+    done = castor_cli(tmp_path, "continue", run.name, "--quiet", cwd=root, timeout=40)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert f"castor: warning: {run / 'cli.json'} is a symbolic link" in done.stderr, done.stderr
+    assert lines[-1].startswith("castor: invalid_params: no agent"), lines[-1]
+    assert not (run / "sockets" / "Socket-1" / "1.md").exists(), "the linked note's agent ran the turn"
