@@ -54,6 +54,11 @@ TERMINAL = {"complete", "failed", "aborted"}
 #: and how long it waits for that process to abort.
 ABORT_REQUEST = "abort.request"
 ABORT_WAIT_S = 5.0
+#: Two ``castor abort`` of one cast take turns on this lock file of its run directory
+#: (:func:`_one_abort_at_a_time`); the second waits this long for the first (which may itself wait
+#: :data:`ABORT_WAIT_S` for another process, after building a runtime).
+ABORT_LOCK = "abort.lock"
+ABORT_LOCK_WAIT_S = 3 * ABORT_WAIT_S
 #: ``castor cast``'s mark in the cli.json of the cast it starts (its pid and start time): a command
 #: interrupted before its start verb answered finds by it the cast it made, to name it.
 STARTED_BY = "startedBy"
@@ -827,12 +832,18 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
 
 
 def cmd_abort(args: argparse.Namespace) -> int:
+    cwd, root, cast_id = _cast_ref(args)
+    with _one_abort_at_a_time(root / cast_id):
+        return _abort(args, cwd, root, cast_id)
+
+
+def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int:
+    """``castor abort`` of ``cast_id``, the only one of this cast under way (:func:`_one_abort_at_a_time`)."""
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.cast_lease import CastLease
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
-    cwd, root, cast_id = _cast_ref(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["active"] and CastLease.is_held(root, cast_id):
         return _abort_elsewhere(root, cast_id)
@@ -849,6 +860,45 @@ def cmd_abort(args: argparse.Namespace) -> int:
         return _abort_elsewhere(root, cast_id)
     _out(text)
     return EXIT_OK
+
+
+@contextmanager
+def _one_abort_at_a_time(run_dir: Path) -> Iterator[None]:
+    """Hold ``<runDir>/abort.lock`` (:data:`ABORT_LOCK`, an exclusive ``flock``) while this abort
+    runs, so two ``castor abort`` of one cast run one after the other: the second finds the cast
+    the first left -- aborted -- and says "already aborted", never "aborted" too (both used to see
+    it active with its lease free, and both said they aborted it). It waits for the first at most
+    :data:`ABORT_LOCK_WAIT_S`, then ``conflict``. A run directory with no ``state.json`` (no cast
+    to abort, or a start that died: only a start's files may be in it) gets no lock file, nor does
+    one where it cannot be made; the abort then runs unguarded, as before."""
+    import fcntl
+
+    from castor.messages.errors import Conflict
+
+    if not (run_dir / "state.json").is_file():
+        yield
+        return
+    try:
+        fd = os.open(run_dir / ABORT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     0o644)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + ABORT_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Conflict(f"another castor abort of pi-materia cast {run_dir.name} is still under way "
+                                   f"after {ABORT_LOCK_WAIT_S:g}s; `castor status {run_dir.name}` shows how it ended",
+                                   data={"reason": "abort_under_way", "cast_id": run_dir.name}) from None
+                time.sleep(POLL_S)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _abort_elsewhere(root: Path, cast_id: str) -> int:
@@ -873,6 +923,7 @@ def _abort_elsewhere(root: Path, cast_id: str) -> int:
                                "/materia abort)", data={"reason": "held_elsewhere", "cast_id": cast_id})
             time.sleep(POLL_S)
     finally:
+        untaken = os.path.lexists(request)  # the holder removes the request it applies
         try:
             if not second:  # the first one's is its own to remove
                 os.unlink(request)  # taken already (the holder removes it), or never to be taken
@@ -881,7 +932,8 @@ def _abort_elsewhere(root: Path, cast_id: str) -> int:
     if view["status"] != "aborted":
         raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
-    if second:  # as a second abort in a harness session answers (already: true)
+    if second or untaken:  # as a second abort in a harness session answers (already: true); untaken: the
+        # cast ended aborted without this request (aborted where it ran, e.g. /materia abort in Pi)
         _out(f"pi-materia cast {cast_id} is already aborted. Recast it with castor recast {cast_id}.")
     else:
         _out(f"pi-materia cast {cast_id} aborted. Recast it with castor recast {cast_id}.")

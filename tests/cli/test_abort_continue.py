@@ -472,10 +472,69 @@ def test_a_second_castor_abort_while_the_first_waits_answers_already_aborted(tmp
     for thread in threads:
         thread.start()
         assert polled[thread.name].wait(10)
-    taken.set()  # the running command takes the request: the cast is aborted
+    (root / "C" / "abort.request").unlink()  # the running command takes the request...
+    taken.set()  # ...and aborts the cast
     for thread in threads:
         thread.join(10)
     said = capsys.readouterr().out.splitlines()
     assert sorted(said) == ["pi-materia cast C aborted. Recast it with castor recast C.",
                             "pi-materia cast C is already aborted. Recast it with castor recast C."], said
     assert not (root / "C" / "abort.request").exists()
+
+
+def _abort_at_the_barrier(barrier: Any, home: str, cwd: str, cast_id: str, out: str) -> None:
+    """One ``castor abort CAST_ID`` in a process of its own, run once every party reached ``barrier``;
+    what it printed and its exit status go to ``out`` (a spawned process has no captured streams)."""
+    import contextlib
+    import io
+
+    os.environ.update({"HOME": home, "CASTOR_AGENT": "", "MATERIA_CONFIG": "",
+                       "PI_MATERIA_PROFILE_DIR": str(Path(home) / "profile")})
+    os.chdir(cwd)
+    from castor.cli.app import main  # imported before the barrier: both start the command at once
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    barrier.wait(60)
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["abort", cast_id])
+    Path(out).write_text(json.dumps({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}))
+
+
+@pytest.mark.timeout(240)
+def test_two_castor_aborts_of_a_cast_no_process_holds_one_aborts_the_other_says_already(tmp_path) -> None:
+    """Two ``castor abort`` processes released together by a barrier on a cast no process holds:
+    both saw it active with its lease free, one took the lease and aborted it, and the other -- its
+    lease taken meanwhile -- asked "the holder" to abort and, finding it aborted, said "aborted"
+    too. They take turns on the run directory's abort lock: exactly one says aborted, the other
+    "already aborted". Four rounds, each a fresh cast (unfixed, about one round in ten met the race)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter each, as a second terminal is
+    config = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
+    root = project(tmp_path, [{"text": "x", "stop_reason": "aborted"}], config)
+    for round_ in range(4):
+        done = castor(tmp_path, "cast", f"round {round_}", "--agent", "script:answers.json", "--quiet", cwd=root)
+        assert done.returncode == 1 and "interrupted" in done.stderr, done.stderr
+        run = run_dirs(root)[-1]
+        barrier = context.Barrier(2)
+        outs = [tmp_path / f"abort-{round_}-{n}.json" for n in (1, 2)]
+        env_path = os.environ.get("PYTHONPATH", "")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env_path) if p)
+        try:
+            procs = [context.Process(target=_abort_at_the_barrier,
+                                     args=(barrier, str(tmp_path / "home"), str(root), run.name, str(out)))
+                     for out in outs]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join(120)
+        finally:
+            os.environ["PYTHONPATH"] = env_path
+        results = [json.loads(out.read_text()) for out in outs]
+        said = sorted(r["stdout"].strip() for r in results)
+        assert [r["code"] for r in results] == [0, 0], results
+        assert said == [f"pi-materia cast {run.name} aborted. Recast it with castor recast {run.name}.",
+                        f"pi-materia cast {run.name} is already aborted. Recast it with castor recast {run.name}."], \
+            (round_, results)
+        assert state(run)["aborted"] is True and state(run)["active"] is False
