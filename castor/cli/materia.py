@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,26 @@ reviewer per work item):
     "Summary: parser and CLI built."
   ]
 """  # noqa: E501 - the example file is printed as is, one JSON answer a line, as docs/materia.md shows it
+
+
+def _storage_faults_typed(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A cast command whose own read or write of the project's casts meets a storage fault (full,
+    read-only, not permitted: ``EACCES`` on a run directory or its lease file) ends with the code the
+    store and the endpoint's verbs give the same condition, ``storage_unavailable`` (``errno``,
+    ``path``), never the generic ``forbidden`` an ``OSError`` of another command gets."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        from castor.adapters.fs import is_storage_fault, storage_unavailable
+
+        try:
+            return command(args)
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            raise storage_unavailable(exc, action=f"run castor {args.command}") from None
+
+    return run
 
 
 # --------------------------------------------------------------------------- argparse
@@ -690,6 +711,7 @@ def _finish(view: dict[str, Any]) -> int:
 
 
 # --------------------------------------------------------------------------- commands
+@_storage_faults_typed
 def cmd_cast(args: argparse.Namespace) -> int:
     from castor.scaleout.options import make_backend
 
@@ -798,14 +820,17 @@ def _newest_resumable(root: Path, *, revive: bool) -> str:
     raise NotFound("No failed or aborted pi-materia casts are available to recast.", data={"reason": "none_resumable"})
 
 
+@_storage_faults_typed
 def cmd_recast(args: argparse.Namespace) -> int:
     return _resume(args, "recast")
 
 
+@_storage_faults_typed
 def cmd_revive(args: argparse.Namespace) -> int:
     return _resume(args, "revive")
 
 
+@_storage_faults_typed
 def cmd_continue(args: argparse.Namespace) -> int:
     return _resume(args, "continue")
 
@@ -831,6 +856,7 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
 
 
+@_storage_faults_typed
 def cmd_abort(args: argparse.Namespace) -> int:
     cwd, root, cast_id = _cast_ref(args)
     with _one_abort_at_a_time(root / cast_id):
@@ -981,6 +1007,7 @@ def _page_size(text: str) -> int:
     return value
 
 
+@_storage_faults_typed
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_page, casts_text
     from castor.adapters.materia.state_store import DEFAULT_PAGE
@@ -1000,6 +1027,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@_storage_faults_typed
 def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import held_elsewhere, persisted_view, status_text
     from castor.adapters.materia.storage import FILE_CAST_STORAGE

@@ -151,3 +151,49 @@ def test_a_cli_json_linked_out_of_the_run_directory_is_never_read(tmp_path):
     assert f"castor: warning: {run / 'cli.json'} is a symbolic link" in done.stderr, done.stderr
     assert lines[-1].startswith("castor: invalid_params: no agent"), lines[-1]
     assert not (run / "sockets" / "Socket-1" / "1.md").exists(), "the linked note's agent ran the turn"
+
+
+LEASE_REFUSED = r"""
+import errno, os, sys
+real_open = os.open
+WRITE = os.O_RDWR | os.O_WRONLY
+
+
+def refusing_open(path, flags, *args, **kwargs):  # the lease file refuses this user (as for a chmod 000
+    # run directory of another user: castor's tests run as root, which no mode keeps out)
+    if str(path).endswith("owner.lock") and (sys.argv[1] == "any" or flags & WRITE):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return real_open(path, flags, *args, **kwargs)
+
+
+os.open = refusing_open
+from castor.cli.app import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("refused", "command"), [
+    ("any", ("status",)),  # the command's own lease probe
+    ("write", ("continue", "--agent", "script:answers.json", "--quiet")),  # the verb's take of the lease
+])
+def test_a_permission_error_on_a_run_directory_is_storage_unavailable_from_the_cli_as_from_the_store(
+        tmp_path, refused, command):
+    """One condition, one code: ``EACCES`` on a cast's lease file was ``forbidden`` from the CLI's
+    own probe (``castor status``) and from the verb that takes the lease over (``data.reason
+    not_writable``), where the store's own ``EACCES`` -- and the protocol's error table -- say
+    ``storage_unavailable`` (``data.errno`` ``EACCES``)."""
+    import subprocess
+    import sys
+
+    from tests.cli.interrupted_cast import REPO
+
+    root, run = interrupted_cast(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
+    done = subprocess.run([sys.executable, "-c", LEASE_REFUSED, refused, command[0], run.name, *command[1:]],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("castor: storage_unavailable: "), last
+    assert "EACCES" in last and f".pi/pi-materia/{run.name}/owner.lock" in last, last

@@ -98,7 +98,6 @@ from castor.messages.errors import (
     ActorStopped,
     CastorError,
     Conflict,
-    Forbidden,
     InvalidParams,
     NotFound,
     StorageUnavailable,
@@ -386,9 +385,12 @@ class SessionActor(Actor):
         check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted)
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
-        except PermissionError as exc:
-            raise Forbidden(f"pi-materia cast {cast_id} cannot be taken over: its run directory is not writable "
-                            f"({exc.strerror})", data={"reason": "not_writable", "cast_id": cast_id}) from None
+        except PermissionError as exc:  # a storage fault, as the store's own EACCES: storage_unavailable
+            error = self.storage.storage_unavailable(exc, base=self.cwd)
+            raise StorageUnavailable(f"pi-materia cast {cast_id} cannot be taken over: its run directory is not "
+                                     f"writable ({error.data['errno']}: {exc.strerror or 'error'} on "
+                                     f"{error.data.get('path', cast_id)})",
+                                     data={**error.data, "reason": "not_writable", "cast_id": cast_id}) from None
         if lease is None:
             raise Conflict(f"pi-materia cast {cast_id} is running in another session or castor runtime.",
                            data={"reason": "held_elsewhere", "cast_id": cast_id})
