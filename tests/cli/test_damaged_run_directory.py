@@ -197,3 +197,24 @@ def test_a_permission_error_on_a_run_directory_is_storage_unavailable_from_the_c
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("castor: storage_unavailable: "), last
     assert "EACCES" in last and f".pi/pi-materia/{run.name}/owner.lock" in last, last
+
+
+@pytest.mark.timeout(150)
+def test_a_run_directory_replaced_by_a_file_lists_as_unreadable_saying_so(tmp_path):
+    """``castor casts`` dropped a cast whose run directory had become a file without a word (its
+    listing took directories only): it lists it as unreadable with what happened and the ``rm``
+    that drops it. Another file of the artifact root (not named as castor names a cast) stays out."""
+    root, run = interrupted_cast(tmp_path)
+    assert castor_cli(tmp_path, "casts", cwd=root).returncode == 0  # the index knows the cast
+    for child in sorted(run.rglob("*"), reverse=True):
+        child.rmdir() if child.is_dir() else child.unlink()
+    run.rmdir()
+    run.write_text("not a run directory")
+    (run.parent / "NOTES").write_text("mine")
+    listed = castor_cli(tmp_path, "casts", "--json", cwd=root, timeout=40)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["cast_id"] == run.name and row["status"] == "unreadable", row
+    assert "storage is damaged" in row["failed_reason"] and f"`rm {run}`" in row["failed_reason"], row
+    run.unlink()  # what it says to do
+    assert json.loads(castor_cli(tmp_path, "casts", "--json", cwd=root, timeout=40).stdout) == []

@@ -746,6 +746,8 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return _without_state(root, cast_id, "")
+    except NotADirectoryError:
+        return _unreadable(cast_id, run_directory_replaced(Path(root, cast_id), cast_id).message, "?")
     except OSError as exc:
         return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
     try:
@@ -778,15 +780,24 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
     return _row_from_fields(cast_id, doc["state"], sig, saved_at=saved_at)
 
 
+#: The shape of an id castor allocates (its start's UTC time, ``-N`` when two starts share a millisecond).
+_ALLOCATED_ID = re.compile(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-\d{3}Z(-\d+)?")
+
+
 def _cast_dir_names(root: str) -> list[str] | None:
-    """The names under ``root`` that are cast directories (not hidden, not symlinks, valid ids)."""
+    """The names under ``root`` that are cast directories (not hidden, not symlinks, valid ids), and
+    the regular files named as castor names a cast (a run directory replaced by a file: listed as
+    unreadable, with what happened to it, rather than dropped from the listing without a word)."""
     try:
         entries = list(os.scandir(root))
     except (FileNotFoundError, NotADirectoryError):
         return None
     names = []
     for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+        if entry.name.startswith("."):
+            continue
+        if not entry.is_dir(follow_symlinks=False) and not (
+                entry.is_file(follow_symlinks=False) and _ALLOCATED_ID.fullmatch(entry.name)):
             continue
         try:
             validate_cast_id(entry.name)
