@@ -391,9 +391,10 @@ def _printable(part: str) -> str:
 
 def _refuse(reason: str, root: str | Path, part: str | None = None) -> Forbidden:
     data: dict[str, Any] = {"reason": reason, "root": str(root)}
-    if part is not None:
-        data["part"] = _printable(part)
-    return Forbidden(f"path refused ({reason}) under {root}", data=data)
+    if part is None:
+        return Forbidden(f"path refused ({reason}) under {root}", data=data)
+    data["part"] = _printable(part)  # named: which file to look at (a planted link)
+    return Forbidden(f"path refused ({reason}) under {root}: {data['part']}", data=data)
 
 
 def _check_part(root: str | Path, part: str | os.PathLike[str]) -> str:

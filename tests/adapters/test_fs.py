@@ -230,3 +230,17 @@ def test_an_append_that_meets_a_full_disk_leaves_the_file_as_it_was(tmp_path, mo
     fs.append_json_lines(log, [{"n": 4}])  # space is back
     read = read_json_lines(log)
     assert read.records == [{"n": 1}, {"n": 4}] and read.skipped == [], read
+
+
+def test_a_link_refused_under_a_root_is_named_in_the_message(tmp_path):
+    """A link planted in a run directory (``state.json`` pointing out of the project) was refused
+    as "path refused (path escapes root (symlink)) under ROOT": the user could not tell which of the
+    directory's files to look at. The refusal names the path below the root."""
+    from castor.adapters.fs import ConfinedRoot
+
+    (tmp_path / "root" / "cast").mkdir(parents=True)
+    (tmp_path / "root" / "cast" / "state.json").symlink_to(tmp_path / "outside.json")
+    with pytest.raises(Forbidden) as refused:
+        ConfinedRoot(tmp_path / "root").join_text("cast/state.json")
+    assert refused.value.message.endswith(": cast/state.json"), refused.value.message
+    assert refused.value.data["part"] == "cast/state.json"
