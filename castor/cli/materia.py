@@ -760,8 +760,9 @@ def _newest_going(root: Path, verb: str) -> str:
     """The cast an id-less ``castor status`` / ``abort`` / ``continue`` means, as pi-materia's
     id-less commands load it: the newest cast still going; with none, status and continue take the
     newest cast (whose status says how it ended, and which continue then refuses), abort says there
-    is nothing to abort. ``NotFound`` with pi-materia's sentence when there is no cast at all."""
-    from castor.actors.materia.views import find_cast
+    is nothing to abort. ``NotFound`` with pi-materia's sentence when there is no cast at all, and
+    naming the unreadable ones when every cast there is unreadable."""
+    from castor.actors.materia.views import LATEST, find_cast, resolve_cast_id
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import NotFound
 
@@ -773,6 +774,11 @@ def _newest_going(root: Path, verb: str) -> str:
         raise NotFound("No active pi-materia cast to abort.", data={"reason": "no_active_cast"})
     newest = find_cast(FILE_CAST_STORAGE, root, set(), "readable")
     if newest is None:
+        try:  # casts none of which can be read (a run directory replaced by a file): say so, as `latest` does
+            resolve_cast_id(FILE_CAST_STORAGE, root, LATEST)
+        except NotFound as exc:
+            if exc.data.get("unreadable"):
+                raise
         raise NotFound("No pi-materia cast state in this session.", data={"reason": "no_casts"})
     cast_id: str = newest["cast_id"]
     return cast_id

@@ -216,5 +216,8 @@ def test_a_run_directory_replaced_by_a_file_lists_as_unreadable_saying_so(tmp_pa
     [row] = json.loads(listed.stdout)
     assert row["cast_id"] == run.name and row["status"] == "unreadable", row
     assert "storage is damaged" in row["failed_reason"] and f"`rm {run}`" in row["failed_reason"], row
+    idless = castor_cli(tmp_path, "status", cwd=root, timeout=40)  # said "No pi-materia cast state in this session."
+    assert idless.returncode == 1 and "1 unreadable" in idless.stderr and "storage is damaged" in idless.stderr, \
+        idless.stderr
     run.unlink()  # what it says to do
     assert json.loads(castor_cli(tmp_path, "casts", "--json", cwd=root, timeout=40).stdout) == []
