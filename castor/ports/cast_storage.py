@@ -244,8 +244,10 @@ class CastStorage(Protocol):
 
     def validate_config_file(self, path: str | os.PathLike[str], *,
                              project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
-        """The issues of one config file layered over the bundled default; with ``project``, also
-        an ``artifactDir`` a cast in that project would refuse."""
+        """The issues of the config a cast in ``project`` would run with ``path``: the same layers
+        (bundled default, profile, project, explicit; ``path`` in the project's or the explicit
+        place) and what that cast would refuse (an ``artifactDir`` outside the project). Without
+        ``project``: ``path`` over the bundled default only."""
         ...
 
 

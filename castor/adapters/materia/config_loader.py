@@ -317,29 +317,53 @@ class ResolvedConfigCache:
 
 
 def validate_file(path: str | os.PathLike[str], *,
-                  project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
-    """Issues of one config file layered over the bundled default (``castor validate``).
+                  project: str | os.PathLike[str] | None = None,
+                  env: Mapping[str, str] | None = None,
+                  home: Path | None = None) -> list[ConfigIssue]:
+    """Issues of the config a cast in ``project`` would run with ``path`` (``castor validate``).
+
+    With ``project`` (the directory a cast would run in) the layers are the ones that cast reads:
+    the bundled default, the profile's ``materia.json`` (``env``/``home`` choose it, as for
+    :func:`load`), then ``path`` as the project layer when it is the project's own
+    ``.pi/pi-materia.json`` (with ``$MATERIA_CONFIG`` above it, as a cast layers it), else the
+    project layer and ``path`` as the explicit layer (``--config path``, which beats
+    ``$MATERIA_CONFIG``). A problem of another layer names that layer's file. Without ``project``:
+    ``path`` over the bundled default only.
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
     socket ``multiTurn``...) are reported, and every other loadout for its warnings. With
-    ``project`` (the directory a cast would run in), what a cast there would refuse is an error
-    too: an ``artifactDir`` leading out of the project (``artifact-dir-outside-project``, with the
-    cast's own message), and the project's own ``.pi/pi-materia.json`` linked to a file outside it
-    (``path-escapes-project``; that file is then not read). Warnings (``severity == "warning"``)
-    come after the errors; no error = valid.
+    ``project``, what a cast there would refuse is an error too: an ``artifactDir`` leading out
+    of the project (``artifact-dir-outside-project``, with the cast's own message), and the
+    project's own ``.pi/pi-materia.json`` linked to a file outside it (``path-escapes-project``;
+    that file is then not read). Warnings (``severity == "warning"``) come after the errors; no
+    error = valid.
     """
     path = Path(path)
-    if project is not None:
-        # the project's own layer, as a cast there finds it (lexically), linked out of the project
+    if project is None:
+        data, issues = read_layer(path)
+        if data is None:
+            return issues
+        layers = [(DEFAULT_LABEL, default_config()), (str(path), data)]
+    else:
+        # the project's own layer, as a cast there finds it (lexically)
         layer = Path(os.path.abspath(Path(project) / PROJECT_CONFIG))
-        if Path(os.path.abspath(path)) == layer and not _inside_project(layer, Path(project)):
+        own = Path(os.path.abspath(path)) == layer
+        if own and not _inside_project(layer, Path(project)):  # linked out of the project
             return [_escapes_project(path)]
-    data, issues = read_layer(path)
-    if data is None:
-        return issues
-    loaded = load_config([(DEFAULT_LABEL, default_config()), (str(path), data)])
+        if own and not os.path.lexists(layer):  # a cast would skip it; asked about, it is missing
+            return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]
+        layers, infos, issues = gather_layers(project, config_path=None if own else path, env=env, home=home)
+        if own:  # named as asked (a relative path stays relative in every message)
+            found = str(Path(project) / PROJECT_CONFIG)  # the label gather_layers gives it
+            layers = [(str(path) if label == found else label, data) for label, data in layers]
+            issues = [i.model_copy(update={"source": str(path)}) if i.source == found else i for i in issues]
+        errors = [i for i in issues if not i.is_warning]
+        if errors:
+            return errors + [i for i in issues if i.is_warning]
+    loaded = load_config(layers)
     loaded.layer_warnings = issues
-    outside = _artifact_dir_refusal(loaded.merged.get("artifactDir"), project, str(path))
+    setter = next((label for label, data in reversed(layers) if "artifactDir" in data), str(path))
+    outside = _artifact_dir_refusal(loaded.merged.get("artifactDir"), project, setter)
     if loaded.issues or outside:
         return loaded.issues + outside + issues + loaded.warnings
     try:

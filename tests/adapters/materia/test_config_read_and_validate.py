@@ -142,7 +142,7 @@ def test_a_byte_order_mark_is_named_in_the_refusal(tmp_path: Path) -> None:
 def test_castor_validate_refuses_a_project_config_linked_outside_the_project(tmp_path: Path) -> None:
     """Every cast refuses a project's ``.pi/pi-materia.json`` that is a link to a file elsewhere
     (``path-escapes-project``); ``castor validate`` said "valid". The same file given as
-    ``--config`` (the explicit layer) is read by casts, and validates."""
+    ``--config`` (the explicit layer) is read by casts, and validates once the link is gone."""
     outside = tmp_path / "elsewhere.json"
     outside.write_text('{"activeLoadout": "hello"}')
     project = tmp_path / "project"
@@ -155,4 +155,7 @@ def test_castor_validate_refuses_a_project_config_linked_outside_the_project(tmp
     assert checked.returncode == 1, checked.stdout
     assert "[path-escapes-project]" in checked.stderr and str(outside) in checked.stderr
     assert outside.read_text() == '{"activeLoadout": "hello"}'
+    # validate checks the layers a cast runs: while the link is there every cast refuses it
+    assert [i.code for i in validate_file(outside, project=project)] == ["path-escapes-project"]
+    (project / ".pi" / "pi-materia.json").unlink()
     assert validate_file(outside, project=project) == []

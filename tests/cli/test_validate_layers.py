@@ -1,0 +1,88 @@
+"""``castor validate FILE`` checks the layers a cast in the directory would run, not FILE alone.
+
+A cast (and ``castor grid``) layers the bundled default, the profile's ``materia.json``, the
+project's ``.pi/pi-materia.json`` and the explicit file. ``castor validate`` layered FILE over the
+bundled default only: a project whose loadout used a materia of the user's profile was refused
+(``unknown-materia``) although every cast ran it, and a profile that refuses every cast
+(``limits.maxSocketVisits: 0``) validated. Each test runs the CLI in a fresh directory with its
+own profile, and checks ``validate`` against what ``grid`` (which resolves as a cast does) says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROJECT_LOADOUT = {"activeLoadout": "Mine-Loadout",
+                   "loadouts": {"Mine-Loadout": {"sockets": {"Socket-1": {"type": "agent", "materia": "Mine"}}}}}
+PROFILE_MATERIA = {"materia": {"Mine": {"prompt": "Say hi.", "tools": "none"}}}
+
+
+def _castor(project: Path, *args: str, profile: Path, materia_config: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(project.parent / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(profile), "MATERIA_CONFIG": materia_config}
+    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=project, env=env, text=True,
+                          capture_output=True, timeout=60)
+
+
+def _dirs(tmp_path: Path, *, profile: dict[str, object] | None, project: dict[str, object] | None) -> tuple[Path, Path]:
+    profile_dir, project_dir = tmp_path / "profile", tmp_path / "project"
+    profile_dir.mkdir()
+    (project_dir / ".pi").mkdir(parents=True)
+    if profile is not None:
+        (profile_dir / "materia.json").write_text(json.dumps(profile))
+    if project is not None:
+        (project_dir / ".pi" / "pi-materia.json").write_text(json.dumps(project))
+    return profile_dir, project_dir
+
+
+@pytest.mark.timeout(120)
+def test_a_project_loadout_using_a_materia_of_the_profile_validates_as_it_runs(tmp_path: Path) -> None:
+    profile, project = _dirs(tmp_path, profile=PROFILE_MATERIA, project=PROJECT_LOADOUT)
+    grid = _castor(project, "grid", profile=profile)
+    assert grid.returncode == 0, grid.stderr
+    checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
+    assert checked.returncode == 0, checked.stderr
+    assert "unknown-materia" not in checked.stderr and ".pi/pi-materia.json: valid" in checked.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_profile_every_cast_refuses_fails_validation_naming_the_profile_file(tmp_path: Path) -> None:
+    profile, project = _dirs(tmp_path, profile={"limits": {"maxSocketVisits": 0}},
+                             project={"activeLoadout": "hello"})
+    grid = _castor(project, "grid", profile=profile)
+    assert grid.returncode == 1 and "invalid-limits" in grid.stderr
+    checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
+    assert checked.returncode == 1, checked.stdout
+    assert "[invalid-limits]" in checked.stderr and str(profile / "materia.json") in checked.stderr
+
+
+@pytest.mark.timeout(120)
+def test_another_file_validates_as_the_explicit_layer_over_profile_and_project(tmp_path: Path) -> None:
+    """A file that is not the project's layer is checked as ``--config FILE`` runs it: above the
+    profile and the project layer (here the project's materia is what its loadout uses)."""
+    profile, project = _dirs(tmp_path, profile=None, project={"materia": PROFILE_MATERIA["materia"]})
+    (project / "other.json").write_text(json.dumps(PROJECT_LOADOUT))
+    grid = _castor(project, "grid", "--config", "other.json", profile=profile)
+    assert grid.returncode == 0, grid.stderr
+    checked = _castor(project, "validate", "other.json", profile=profile)
+    assert checked.returncode == 0, checked.stderr
+    # the flag beats $MATERIA_CONFIG in a cast; validate's FILE takes the flag's place
+    elsewhere = tmp_path / "broken.json"
+    elsewhere.write_text('{"limits": {"maxSocketVisits": 0}}')
+    checked = _castor(project, "validate", "other.json", profile=profile, materia_config=str(elsewhere))
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_project_layer_is_not_valid(tmp_path: Path) -> None:
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
+    assert checked.returncode == 1 and "[file-not-found]" in checked.stderr
