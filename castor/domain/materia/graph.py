@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from castor.domain.jsontext import json_shown
+from castor.domain.jsontext import json_kind, json_shown
 from castor.domain.materia.config import (
     EDGE_CONDITIONS,
     END,
@@ -355,10 +355,15 @@ def validate_graph(
     """
     col = _Collector(("loadouts", name) if name else (), source)
     if not is_plain_object(loadout):
-        col.add("invalid-loop", (), f"loadout \"{name}\" must be an object")
+        col.add("not-an-object", (), f"loadout \"{name}\" must be an object (entry, sockets, loops), "
+                                     f"not {json_kind(loadout)}")
         return col.issues
     sockets = loadout.get("sockets")
-    if not is_plain_object(sockets) or not sockets:
+    if sockets is not None and not is_plain_object(sockets):
+        col.add("not-an-object", ("sockets",), f"loadout \"{name}\": \"sockets\" must be an object mapping socket "
+                                               f"ids (Socket-N) to sockets, not {json_kind(sockets)}")
+        return col.issues
+    if not sockets:
         col.add("missing-endpoint", ("sockets",), f"loadout \"{name}\" needs a non-empty \"sockets\" object")
         return col.issues
 
@@ -395,7 +400,8 @@ def validate_graph(
 
     for sid, sock in sockets.items():
         if not is_plain_object(sock):
-            col.add("invalid-socket-id", ("sockets", sid), f"sockets.{sid} must be an object")
+            col.add("invalid-socket", ("sockets", sid), f"socket {sid} must be an object (type, materia or "
+                                                        f"utility, edges), not {json_kind(sock)}")
             continue
         ok = True
         if "next" in sock:
@@ -405,12 +411,14 @@ def validate_graph(
                 ok &= check_target(sock[block].get("done"), ("sockets", sid, block, "done"), required=False)
         raw_edges = sock.get("edges", [])
         if raw_edges is not None and not isinstance(raw_edges, list):
-            col.add("invalid-edge-condition", ("sockets", sid, "edges"), f"{sid}.edges must be an array")
+            col.add("invalid-socket", ("sockets", sid, "edges"),
+                    f"{sid}.edges must be an array of {{when, to}} objects, not {json_kind(raw_edges)}")
             continue
         edges = raw_edges or []
         for i, edge in enumerate(edges):
             if not is_plain_object(edge):
-                col.add("missing-endpoint", ("sockets", sid, "edges", i, "to"), f"{sid}.edges[{i}] must be an object")
+                col.add("invalid-socket", ("sockets", sid, "edges", i),
+                        f"{sid}.edges[{i}] must be an object {{when, to}}, not {json_kind(edge)}")
                 ok = False
                 continue
             ok &= check_target(edge.get("to"), ("sockets", sid, "edges", i, "to"), required=True)

@@ -88,13 +88,15 @@ def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> lis
     issues.extend(checks.check_budget_limits(merged, source))
     loadouts = merged.get("loadouts")
     if loadouts is not None and not is_plain_object(loadouts):
-        issues.append(ConfigIssue(code="missing-loadouts", path=pointer("loadouts"), source=source,
-                                  message="\"loadouts\" must be an object"))
+        issues.append(ConfigIssue(code="not-an-object", path=pointer("loadouts"), source=source,
+                                  message="\"loadouts\" must be an object mapping names to loadouts, "
+                                          f"not {json_kind(loadouts)}"))
         return issues
     for name, loadout in (loadouts or {}).items():
         if not is_plain_object(loadout):
-            issues.append(ConfigIssue(code="invalid-loop", path=pointer("loadouts", name), source=source,
-                                      message=f"loadout \"{name}\" must be an object"))
+            issues.append(ConfigIssue(code="not-an-object", path=pointer("loadouts", name), source=source,
+                                      message=f"loadout \"{name}\" must be an object (entry, sockets, loops), "
+                                              f"not {json_kind(loadout)}"))
             continue
         prepared, prep_issues = graph.prepare_loadout(loadout, materia, name=name, source=source)
         assert loadouts is not None  # the loop runs over its items
