@@ -78,8 +78,13 @@ class ConfigIssue(BaseModel):
         return self.severity == "warning"
 
     def __str__(self) -> str:
-        where = f"{self.source or '<config>'}#{self.path or '/'}"
+        """``[code] file#pointer: message``; an issue about a whole file whose message names that
+        file already (it cannot be read, is not JSON, is not an object) is ``[code] message``, so
+        the file is named once."""
         label = f"warning {self.code}" if self.is_warning else self.code
+        if not self.path and self.source and self.source in self.message:
+            return f"[{label}] {self.message}"
+        where = f"{self.source or '<config>'}#{self.path or '/'}"
         return f"[{label}] {where}: {self.message}"
 
 
