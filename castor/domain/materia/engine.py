@@ -254,6 +254,27 @@ def _reject(message: str, reason: str) -> CastRejected:
     return CastRejected(message, data={"reason": reason})
 
 
+#: pi-materia's event types: their data is written as its ``JSON.stringify`` writes it, an unset
+#: field (``None``: a utility socket's ``materia``, a failure's missing ``entryId``) left out.
+PI_MATERIA_EVENTS = frozenset({
+    "cast_start", "socket_start", "materia_model_settings", "context_refinement", "socket_refinement",
+    "socket_complete", "utility_input", "utility_command", "budget_warning", "budget_limit",
+    "proactive_compaction_start", "proactive_compaction_complete", "proactive_compaction_failed",
+    "transient_transport_turn_failure", "same_socket_recovery_start", "same_socket_recovery_action_start",
+    "same_socket_recovery_action_complete", "same_socket_recovery_action_failed", "same_socket_recovery_retry",
+    "same_socket_recovery_retry_failed", "same_socket_recovery_exhausted", "cast_recast", "cast_revive", "cast_end",
+})
+#: The ``null`` values pi-materia itself writes: a command's exit ``code`` and ``signal`` as Node reports them.
+NULL_KEPT = {"utility_command": frozenset({"code", "signal"})}
+
+
+def _set_fields(data: dict[str, Any], kept: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``data`` without its unset (``None``) fields, except ``kept``; ``data`` itself when it has none."""
+    if all(value is not None or key in kept for key, value in data.items()):
+        return data
+    return {key: value for key, value in data.items() if value is not None or key in kept}
+
+
 class _Ctx:
     def __init__(self, state: CastState, at: float) -> None:
         self.s = state
@@ -272,17 +293,19 @@ class _Ctx:
         return iso
 
     def emit(self, type_: str, data: dict[str, Any]) -> None:
+        if type_ in PI_MATERIA_EVENTS:
+            data = _set_fields(data, NULL_KEPT.get(type_, frozenset()))
         self.effects.append(built(EmitEvent, type=type_, data=data, ts_ms=self.ts_ms))
 
     def write(self, path: tuple[str, ...], content: str, manifest: dict[str, Any] | None = None) -> str:
         rel = "/".join(path)
         if manifest is not None:
-            manifest = {**manifest, "artifact": rel, "timestamp": self.ts_ms}  # Date.now(), as pi-materia
+            manifest = {**_set_fields(manifest), "artifact": rel, "timestamp": self.ts_ms}  # Date.now(), as pi-materia
         self.effects.append(built(WriteArtifact, path=path, content=content, manifest=manifest))
         return rel
 
     def manifest(self, entry: dict[str, Any]) -> None:
-        self.effects.append(built(AddManifestEntry, entry={**entry, "timestamp": self.ts_ms}))
+        self.effects.append(built(AddManifestEntry, entry={**_set_fields(entry), "timestamp": self.ts_ms}))
 
     def notify(self, level: Literal["info", "warning", "error"], message: str) -> None:
         self.effects.append(Notify(level=level, message=message))
