@@ -45,10 +45,22 @@ def _cast(tmp_path: Path, sockets: dict[str, Any], answers: list[Any]) -> Path:
     return run_dir
 
 
+def _null_paths(value: Any, at: str = "") -> list[str]:
+    if value is None:
+        return [at]
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _null_paths(item, f"{at}/{key}" if at else key)]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in _null_paths(item, f"{at}/{i}")]
+    return []
+
+
 def _nulls(run_dir: Path) -> list[tuple[str, str]]:
+    """Every unset value (at any depth: ``cast_end``'s usage report is ``usage.json``'s, which
+    leaves them out too) of pi-materia's events and of the manifest entries."""
     rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     found = [(row["type"], key) for row in rows if row["type"] in PI_MATERIA_EVENTS
-             for key, value in row["data"].items() if value is None]
+             for key in _null_paths(row["data"])]
     found += [(f"manifest:{entry['phase']}", key)
               for entry in json.loads((run_dir / "manifest.json").read_text())["entries"]
               for key, value in entry.items() if value is None]

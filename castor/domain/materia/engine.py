@@ -439,7 +439,7 @@ def _finish(ctx: _Ctx, entry_id: str | None) -> None:
     s.last_message = "Cast complete."
     s.ended_at = ctx.at
     ctx.write_usage()
-    ctx.emit("cast_end", {"ok": True, "usage": s.usage.model_dump(mode="json", exclude={"turns"}),
+    ctx.emit("cast_end", {"ok": True, "usage": s.usage.model_dump(mode="json", exclude={"turns"}, exclude_none=True),
                           "entryId": entry_id})
     ctx.manifest({"phase": "complete", "entryId": entry_id})
     ctx.notify("info", f"pi-materia cast complete. Cast {s.cast_id}: {js_string(s.usage.tokens.total)} tokens, "
@@ -899,7 +899,7 @@ def _check_budget(ctx: _Ctx, entry_id: str | None) -> None:
     result = check_budget(budget, s.usage, already_warned=s.budget_warned)
     if not (result.warn or result.limit_hit):
         return
-    usage = s.usage.model_dump(mode="json", exclude={"turns"})
+    usage = s.usage.model_dump(mode="json", exclude={"turns"}, exclude_none=True)
     if result.warn:
         s.budget_warned = True
         ctx.emit("budget_warning", {"percent": result.percent, "usage": usage})
