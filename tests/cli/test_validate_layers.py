@@ -86,3 +86,12 @@ def test_a_missing_project_layer_is_not_valid(tmp_path: Path) -> None:
     profile, project = _dirs(tmp_path, profile=None, project=None)
     checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
     assert checked.returncode == 1 and "[file-not-found]" in checked.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_relative_file_is_named_as_given(tmp_path: Path) -> None:
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    (project / "c.json").write_text('{"roles": {}}')
+    checked = _castor(project, "validate", "c.json", profile=profile)
+    assert checked.returncode == 1 and checked.stderr.startswith("[obsolete-field] c.json#/roles: "), checked.stderr
+    assert str(project) not in checked.stderr

@@ -353,10 +353,11 @@ def validate_file(path: str | os.PathLike[str], *,
         if own and not os.path.lexists(layer):  # a cast would skip it; asked about, it is missing
             return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]
         layers, infos, issues = gather_layers(project, config_path=None if own else path, env=env, home=home)
-        if own:  # named as asked (a relative path stays relative in every message)
-            found = str(Path(project) / PROJECT_CONFIG)  # the label gather_layers gives it
-            layers = [(str(path) if label == found else label, data) for label, data in layers]
-            issues = [i.model_copy(update={"source": str(path)}) if i.source == found else i for i in issues]
+        # FILE named as asked (a relative path stays relative in every message), not by the label
+        # gather_layers gives its layer
+        found = str(Path(project) / PROJECT_CONFIG) if own else str(explicit_path(Path(project), path, {}))
+        layers = [(str(path) if label == found else label, data) for label, data in layers]
+        issues = [i.model_copy(update={"source": str(path)}) if i.source == found else i for i in issues]
         errors = [i for i in issues if not i.is_warning]
         if errors:
             return errors + [i for i in issues if i.is_warning]
