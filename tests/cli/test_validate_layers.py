@@ -95,3 +95,27 @@ def test_a_relative_file_is_named_as_given(tmp_path: Path) -> None:
     checked = _castor(project, "validate", "c.json", profile=profile)
     assert checked.returncode == 1 and checked.stderr.startswith("[obsolete-field] c.json#/roles: "), checked.stderr
     assert str(project) not in checked.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_malformed_relative_file_is_named_once_as_given(tmp_path: Path) -> None:
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    (project / "c.json").write_text('{"activeLoadout": "hello",\n  "x": }')
+    checked = _castor(project, "validate", "c.json", profile=profile)
+    assert checked.returncode == 1 and checked.stderr.startswith("[invalid-json] malformed JSON in c.json at line 2")
+    assert str(project) not in checked.stderr and checked.stderr.count("c.json") == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("text", ['// mine\n{"activeLoadout": "hello"}', '{"activeLoadout": "hello" /* mine */}'])
+def test_a_comment_is_refused_as_pi_materia_refuses_it_and_named(tmp_path: Path, text: str) -> None:
+    """JSON.parse refuses a comment, so pi-materia does not load such a file; castor refuses it too,
+    and says it is the comment (the parser's own words were "Expecting value")."""
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    (project / ".pi" / "pi-materia.json").write_text(text)
+    checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
+    assert checked.returncode == 1 and "[invalid-json]" in checked.stderr
+    assert "JSON has no comments" in checked.stderr
+    crlf = '{\r\n  "activeLoadout": "hello"\r\n}\r\n'  # line ends of either kind are whitespace to JSON
+    (project / ".pi" / "pi-materia.json").write_text(crlf, newline="")
+    assert _castor(project, "validate", ".pi/pi-materia.json", profile=profile).returncode == 0

@@ -156,11 +156,13 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
             return None, [ConfigIssue(code="invalid-json", source=source,
                                       message=f"malformed JSON in {source}: the file starts with a byte order mark "
                                               "(U+FEFF), which JSON does not allow; save it as UTF-8 without a BOM")]
+        # a comment is the common mistake (JSONC habits): JSON.parse refuses it too; say so
+        comment = "; JSON has no comments (remove it)" if text.startswith(("//", "/*"), exc.pos) else ""
         return None, [
             ConfigIssue(
                 code="invalid-json",
                 source=source,
-                message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                message=f"malformed JSON in {source} at line {exc.lineno} column {exc.colno}: {exc.msg}{comment}",
             )
         ]
     except RecursionError:
@@ -357,7 +359,8 @@ def validate_file(path: str | os.PathLike[str], *,
         # gather_layers gives its layer
         found = str(Path(project) / PROJECT_CONFIG) if own else str(explicit_path(Path(project), path, {}))
         layers = [(str(path) if label == found else label, data) for label, data in layers]
-        issues = [i.model_copy(update={"source": str(path)}) if i.source == found else i for i in issues]
+        issues = [i.model_copy(update={"source": str(path), "message": i.message.replace(found, str(path))})
+                  if i.source == found else i for i in issues]
         errors = [i for i in issues if not i.is_warning]
         if errors:
             return errors + [i for i in issues if i.is_warning]
