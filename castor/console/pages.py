@@ -263,6 +263,26 @@ def loadout_svg(state: dict[str, Any]) -> str:
 
 
 # -- pages ------------------------------------------------------------------------------------
+#: Rows of the actor tree a page draws at once (the rest are counted, and the filter finds them):
+#: a runtime of 1,000 casts has thousands of actors, and redrawing them all every second froze
+#: the page.
+MAX_TREE_ROWS = 300
+#: Casts listed on one session's card (the rest are counted).
+MAX_CARD_CASTS = 25
+#: Entries of "needs attention" drawn at once (the rest are counted).
+MAX_ATTENTION = 100
+#: Characters of one text others chose (a path segment, a label, an activity) a cell shows; the
+#: whole of it, up to :data:`MAX_TITLE_CHARS`, is the cell's tooltip.
+MAX_CELL_CHARS = 160
+MAX_TITLE_CHARS = 2000
+#: An actor that has handled one message this long, or whose oldest queued message waited this
+#: long, is listed under "needs attention" (a handler that never returns holds its mailbox).
+STUCK_AFTER_S = 10.0
+#: A failure this recent is listed under "needs attention" (a crash loop shows while it loops).
+RECENT_FAILURE_S = 60.0
+#: Seconds without a push after which a page says its figures are stale (pushes come every second).
+STALE_AFTER_S = 3.5
+
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
 h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:18px 0 6px}
@@ -274,12 +294,32 @@ th{background:#eceff1;position:sticky;top:0}
 .restarted{background:#ffebee;color:#b71c1c;font-weight:bold}
 .muted{color:#888} .state-running{color:#2e7d32} .state-crashed,.state-failed{color:#c62828}
 .state-retired{color:#6a1b9a} a{color:#1565c0}
+a:focus-visible,input:focus-visible{outline:2px solid #e65100;outline-offset:1px}
 #status{font-size:12px;color:#666}
+body.stale #status{color:#b71c1c;font-weight:bold}
+body.stale .live{opacity:.45}
+.scroll{overflow-x:auto;max-width:100%}
 .cards{display:flex;flex-wrap:wrap;gap:10px}
-.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px;
+max-width:100%;box-sizing:border-box;overflow-wrap:anywhere}
+#attention li{margin:2px 0}
 """
 
-_DOING_JS = r"""
+_COMMON_JS = r"""
+// Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
+// "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
+// At most n characters (whole code points: an emoji is never split), '…' when cut.
+const cut = (t, n) => { const s = Array.from(t); return s.length <= n ? t : s.slice(0, n - 1).join('') + '…'; };
+// An element whose text is `text` made visible and cut to MAX_CELL; cut, its tooltip holds more of it.
+const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) { const whole = visible(text); el.textContent = cut(whole, MAX_CELL);
+    if (el.textContent !== whole) el.title = cut(whole, MAX_TITLE); }
+  return el; };
+const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
+const clock = t => new Date(t).toLocaleTimeString();
 // What an activity is doing, for how long, and when the bound that ends it passes (if one does).
 const doing = act => { const left = act.deadline_in_s;
   const bound = typeof left !== 'number' ? '' :
@@ -287,69 +327,121 @@ const doing = act => { const left = act.deadline_in_s;
   return act.text + ' for ' + secs(act.age_s) + bound; };
 """
 
+_LIVE_JS = r"""
+// The page's live stream. Each push is rendered; while none arrives (castor stopped, the network
+// dropped, the server hangs) the page says since when it has had none and greys out what it shows,
+// which is then no longer live. The browser reconnects by itself; a stream the console refuses
+// (its answer is not a stream: castor restarted, which ends every cookie of the run before, or the
+// cast's session closed) is asked once why, and the page says so and what to do.
+let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0;
+function setStatus(text) { document.getElementById('status').textContent = text; }
+function stale(why) {
+  if (!lostAt) lostAt = Date.now();
+  document.body.classList.add('stale');
+  setStatus(why + ' since ' + clock(lostAt) + (lastPush ? '; what is shown is from ' + clock(lastPush) +
+            ' and is not live' : ''));
+}
+async function whyRefused() {
+  try {
+    const answer = await fetch(EVENTS_URL, {cache: 'no-store', signal: AbortSignal.timeout(10000)});
+    if (answer.ok) { answer.body && answer.body.cancel(); connect(); return; }  // it serves again
+    const said = (await answer.text()).split('\n')[0];
+    refusal = answer.status === 401
+      ? 'this page\'s access ended (castor restarted, or its token changed): open the console again ' +
+        'at the URL castor serve printed, with ?token=$(cat TOKEN_FILE)'
+      : 'the console answered ' + answer.status + ': ' + visible(said);
+    stale(refusal + ' —');
+  } catch (err) {  // unreachable again: try later
+    stale('disconnected: castor\'s console does not answer; retrying');
+    retryTimer = setTimeout(connect, 2000);
+  }
+}
+function connect() {
+  clearTimeout(retryTimer);
+  if (source) source.close();
+  refusal = '';
+  source = new EventSource(EVENTS_URL);
+  source.onmessage = ev => {
+    const doc = JSON.parse(ev.data);
+    lastPush = Date.now(); lostAt = 0; document.body.classList.remove('stale');
+    if (doc.error) setStatus(visible(doc.error)); else render(doc);
+  };
+  source.onerror = () => {
+    if (source.readyState === EventSource.CLOSED) whyRefused();
+    else stale('disconnected; reconnecting');
+  };
+}
+setInterval(() => { if (!refusal && lastPush && Date.now() - lastPush > STALE_AFTER * 1000)
+  stale('no update'); }, 1000);
+connect();
+"""
+
 _TREE_JS = r"""
-// Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
-// "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
-const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
-const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
-const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = visible(text); return el; };
-const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
-""" + _DOING_JS + r"""// How much of its restart limit the window holds now (as castor inspect says), '' while none.
+// How much of its restart limit the window holds now (as castor inspect says), '' while none.
 function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '';
   const used = b.restarts + '/' + b.max_restarts + ' restarts in ' + b.within_s + ' s';
   return b.applies_to === 'children' ? 'children: ' + used + ' before it fails' : used + ' before it is given up'; }
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
+const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
+// Why an actor needs a look now, or '' (see the STUCK_AFTER and RECENT_FAILURE rules in the docs).
+function trouble(a) {
+  const act = a.activity || {}; const box = a.mailbox || {}; const f = a.last_failure;
+  if (a.retired_reason || a.state === 'retired') return 'retired: ' + (a.retired_reason || '-');
+  if (a.state === 'crashed') return 'crashed' + (f ? ': ' + f.error_type + ' ' + secs(f.age_s) + ' ago' : '');
+  if (typeof act.deadline_in_s === 'number' && act.deadline_in_s < 0) return doing(act);
+  if (act.kind === 'handling' && act.age_s >= STUCK_AFTER) return doing(act) + ' (its mailbox waits)';
+  if ((box.oldest_age_s || 0) >= STUCK_AFTER)
+    return box.depth + ' queued, the oldest for ' + secs(box.oldest_age_s) + (act.text ? '; ' + doing(act) : '');
+  if (f && f.age_s <= RECENT_FAILURE)
+    return 'failed: ' + f.error_type + ' ' + secs(f.age_s) + ' ago, restarts ' + a.restarts +
+           (budget(a) ? ' (' + budget(a) + ')' : '');
+  return '';
+}
+function actorLink(a) {
+  const parts = a.path.split('/');
+  return a.kind === 'CastActor' && parts.length === 6 ? $('a', {href: castHref(parts[3], parts[5])}, a.path)
+                                                      : $('span', {}, a.path);
+}
+// The element a keyboard user is on, found again after a redraw (a push every second replaced it).
+function focusKey() { const el = document.activeElement;
+  return el && el.tagName === 'A' && el.closest('.live') ? el.getAttribute('href') : null; }
+function refocus(href) { if (href === null) return;
+  const el = Array.from(document.querySelectorAll('.live a')).find(e => e.getAttribute('href') === href);
+  if (el) el.focus({preventScroll: true}); }
+let lastDoc = null;
 function render(doc) {
-  document.getElementById('status').textContent =
-    'updated ' + new Date(doc.at * 1000).toLocaleTimeString() + ' — ' + doc.actors.length + ' actors';
-  const body = document.getElementById('tree'); body.replaceChildren();
-  for (const a of doc.actors) {
-    const depthLevel = a.path.split('/').length - 2;
-    const tr = $('tr', {'data-path': a.path, 'data-kind': a.kind});
-    const name = $('td', {class: 'name', style: 'padding-left:' + (8 + depthLevel * 16) + 'px'});
-    const parts = a.path.split('/');
-    if (a.kind === 'CastActor' && parts.length === 6) {
-      name.append($('a', {href: BASE + 'cast/' + encodeURIComponent(parts[3]) + '/' + encodeURIComponent(parts[5])},
-                  parts[parts.length - 1]));
-    } else { name.textContent = visible(parts[parts.length - 1]); }
-    tr.append(name, $('td', {}, a.kind), $('td', {class: 'state-' + a.state}, a.state + ' #' + a.incarnation));
-    const d = $('td', {class: 'depth'}); d.append(bar(a.mailbox.depth, v => v * 4, 'depth'),
-      document.createTextNode(String(a.mailbox.depth))); tr.append(d);
-    const o = $('td', {class: 'oldest'}); const age = a.mailbox.oldest_age_s;
-    o.append(bar(age || 0, v => v > 0 ? 12 * Math.log2(1 + v * 10) : 0, 'age'), document.createTextNode(secs(age)));
-    tr.append(o);
-    const act = a.activity || {};
-    // a retired actor does nothing: why it retired is what it says (castor inspect says the same)
-    const what = a.retired_reason ? 'retired: ' + a.retired_reason
-               : act.kind && act.kind !== 'idle' ? doing(act)
-               : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
-    tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
-    tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
-    tr.append($('td', {class: 'budget muted'}, budget(a)));
-    const f = a.last_failure;
-    tr.append($('td', {class: 'failure'}, f ? f.error_type + ' ' + secs(f.age_s) + ' ago' : '-'));
-    const labels = a.labels || {};
-    tr.append($('td', {class: 'muted'}, labels.label ? labels.label + ' — ' + labels.project : ''));
-    body.append(tr);
+  lastDoc = doc;
+  const focused = focusKey();
+  setStatus('updated ' + new Date(doc.at * 1000).toLocaleTimeString() + ' — ' + doc.actors.length + ' actors');
+  const troubled = doc.actors.map(a => [a, trouble(a)]).filter(([, why]) => why);
+  for (const w of doc.workers)
+    if (w.crash_loop && w.crash_loop.state === 'given_up')
+      troubled.push([{path: 'Icarus worker — ' + w.session_id, kind: ''}, 'crash loop: ' + w.crash_loop.text]);
+  const att = document.getElementById('attention'); att.replaceChildren();
+  for (const [a, why] of troubled.slice(0, MAX_ATTENTION)) {
+    const li = $('li', {'data-trouble': a.path}); li.append(actorLink(a), $('span', {}, ' ' + why)); att.append(li);
   }
+  if (troubled.length > MAX_ATTENTION)
+    att.append($('li', {class: 'muted'}, (troubled.length - MAX_ATTENTION) + ' more (filter the tree below)'));
+  if (!troubled.length) att.append($('li', {class: 'muted'}, 'nothing stuck or failing'));
+  drawTree(doc);
   const sess = document.getElementById('sessions'); sess.replaceChildren();
   for (const s of doc.sessions) {
     const card = $('div', {class: 'card', 'data-session': s.session_id});
     card.append($('b', {}, s.label || s.session_id), $('div', {class: 'muted'}, s.project || ''),
                 $('div', {class: 'muted'}, s.session_id));
     const ul = $('ul');
-    for (const c of s.casts) {
+    for (const c of s.casts.slice(0, MAX_CARD_CASTS)) {
       const li = $('li', {'data-cast': c.cast_id});
-      li.append($('a', {href: BASE + 'cast/' + encodeURIComponent(s.session_id) + '/' + encodeURIComponent(c.cast_id)},
-                c.cast_id),
-                document.createTextNode(visible(' ' + (c.activity ? doing({text: c.activity, age_s: c.waiting_s,
-                                                                             deadline_in_s: c.deadline_in_s})
-                                                             : (c.phase || '-')))));
+      li.append($('a', {href: castHref(s.session_id, c.cast_id)}, c.cast_id),
+                $('span', {}, ' ' + (c.activity ? doing({text: c.activity, age_s: c.waiting_s,
+                                                         deadline_in_s: c.deadline_in_s})
+                                                : (c.phase || '-'))));
       ul.append(li);
     }
+    if (s.casts.length > MAX_CARD_CASTS)
+      ul.append($('li', {class: 'muted'}, (s.casts.length - MAX_CARD_CASTS) + ' more casts (filter the tree below)'));
     if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));
     card.append(ul); sess.append(card);
   }
@@ -386,22 +478,54 @@ function render(doc) {
   }
   if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));
   if (!doc.workers.length) wk.append($('div', {class: 'muted'}, 'no Icarus workers'));
+  refocus(focused);
 }
-const source = new EventSource(BASE + 'events');
-source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc); };
-source.onerror = () => { document.getElementById('status').textContent = 'disconnected; retrying…'; };
+// The tree: the actors the filter matches (path, kind, state or what it does), the first MAX_ROWS
+// of them drawn; the line under it says how many there are.
+function drawTree(doc) {
+  const words = document.getElementById('filter').value.trim().toLowerCase();
+  const body = document.getElementById('tree'); body.replaceChildren();
+  let matched = 0;
+  for (const a of doc.actors) {
+    const act = a.activity || {};
+    // a retired actor does nothing: why it retired is what it says (castor inspect says the same)
+    const what = a.retired_reason ? 'retired: ' + a.retired_reason
+               : act.kind && act.kind !== 'idle' ? doing(act)
+               : (act.kind === 'idle' ? 'idle ' + secs(act.age_s) : '-');
+    if (words && ![a.path, a.kind, a.state, what].some(t => String(t).toLowerCase().includes(words))) continue;
+    if (++matched > MAX_ROWS) continue;
+    const depthLevel = a.path.split('/').length - 2;
+    const tr = $('tr', {'data-path': a.path, 'data-kind': a.kind});
+    const name = $('td', {class: 'name', style: 'padding-left:' + (8 + depthLevel * 16) + 'px'});
+    const parts = a.path.split('/');
+    const last = parts[parts.length - 1];
+    if (a.kind === 'CastActor' && parts.length === 6) name.append($('a', {href: castHref(parts[3], parts[5])}, last));
+    else name.append($('span', {}, last));
+    tr.append(name, $('td', {}, a.kind), $('td', {class: 'state-' + a.state}, a.state + ' #' + a.incarnation));
+    const d = $('td', {class: 'depth'}); d.append(bar(a.mailbox.depth, v => v * 4, 'depth'),
+      document.createTextNode(String(a.mailbox.depth))); tr.append(d);
+    const o = $('td', {class: 'oldest'}); const age = a.mailbox.oldest_age_s;
+    o.append(bar(age || 0, v => v > 0 ? 12 * Math.log2(1 + v * 10) : 0, 'age'), document.createTextNode(secs(age)));
+    tr.append(o);
+    tr.append($('td', {class: 'activity' + (act.kind === 'idle' ? ' muted' : '')}, what));
+    tr.append($('td', {class: 'restarts' + (a.restarts ? ' restarted' : '')}, String(a.restarts)));
+    tr.append($('td', {class: 'budget muted'}, budget(a)));
+    const f = a.last_failure;
+    tr.append($('td', {class: 'failure'}, f ? f.error_type + ' ' + secs(f.age_s) + ' ago' : '-'));
+    const labels = a.labels || {};
+    tr.append($('td', {class: 'muted'}, labels.label ? labels.label + ' — ' + labels.project : ''));
+    body.append(tr);
+  }
+  document.getElementById('shown').textContent = matched > MAX_ROWS
+    ? 'showing ' + MAX_ROWS + ' of ' + matched + ' actors' + (words ? ' that match' : '') +
+      ': type in the filter to narrow them'
+    : (words ? matched + ' of ' + doc.actors.length + ' actors match' : '');
+}
+document.getElementById('filter').addEventListener('input', () => { if (lastDoc) drawTree(lastDoc); });
 """
 
 _CAST_JS = r"""
-// Text others chose, shown as it is written: a control or a bidirectional override (U+202E in
-// "safe\u202etxt.exe" displays "safeexe.txt") appears as its \uXXXX escape, as castor inspect shows it.
-const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
-const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
-const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = visible(text); return el; };
-const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
-""" + _DOING_JS + r"""function render(doc) {
+function render(doc) {
   document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
   const facts = document.getElementById('facts'); facts.replaceChildren();
   const act = ((doc.actor || {}).activity || {});
@@ -418,11 +542,8 @@ const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
                                   $('td', {}, e.type), $('td', {class: 'muted'}, e.data));
     feed.append(tr);
   }
-  document.getElementById('status').textContent = 'updated ' + new Date(doc.at * 1000).toLocaleTimeString();
+  setStatus('updated ' + new Date(doc.at * 1000).toLocaleTimeString());
 }
-const source = new EventSource(EVENTS_URL);
-source.onmessage = ev => { const doc = JSON.parse(ev.data); if (!doc.error) render(doc);
-  else document.getElementById('status').textContent = visible(doc.error); };
 """
 
 
@@ -432,37 +553,51 @@ _HERE_JS = """
 if (location.pathname + location.search !== HERE) history.replaceState(null, '', HERE);
 """
 
+#: No icon: the browser asks for /favicon.ico otherwise, outside the console's path, where no
+#: cookie goes (a 401 in the browser's log on every page).
+_HEAD = '<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">' \
+        '<link rel="icon" href="data:,">'
 
-def _page_script(base: str, here: str) -> str:
+
+def _page_script(base: str, here: str, events_url: str) -> str:
     """The constants a page's script starts with: its console's BASE (every link and stream of it
-    lives there) and the address it is shown at."""
-    return f"const BASE = {json.dumps(base)}; const HERE = {json.dumps(base + here)};{_HERE_JS}".replace("</", "<\\/")
+    lives there), the address it is shown at, its stream, and the page's bounds."""
+    constants = {"BASE": base, "HERE": base + here, "EVENTS_URL": events_url, "MAX_ROWS": MAX_TREE_ROWS,
+                 "MAX_ATTENTION": MAX_ATTENTION, "MAX_CELL": MAX_CELL_CHARS, "MAX_TITLE": MAX_TITLE_CHARS,
+                 "MAX_CARD_CASTS": MAX_CARD_CASTS, "STUCK_AFTER": STUCK_AFTER_S,
+                 "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S}
+    declared = "".join(f"const {name} = {json.dumps(value)};" for name, value in constants.items())
+    return f"{declared}{_HERE_JS}".replace("</", "<\\/")
 
 
 def tree_page(base: str = "/") -> str:
     """The main page; ``base`` is the path its console serves it under (see ``ConsoleServer.base``)."""
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>castor console</title>
+    return f"""<!doctype html><html><head>{_HEAD}<title>castor console</title>
 <style>{_STYLE}</style></head><body>
-<h1>castor console</h1><div id="status">connecting…</div>
-<h2>sessions and casts</h2><div id="sessions" class="cards"></div>
-<h2>Icarus workers</h2><div id="workers" class="cards"></div>
+<h1>castor console</h1><div id="status" role="status">connecting…</div>
+<h2>needs attention</h2><ul id="attention" class="live"></ul>
+<h2>sessions and casts</h2><div id="sessions" class="cards live"></div>
+<h2>Icarus workers</h2><div id="workers" class="cards live"></div>
 <h2>actors</h2>
-<table><thead><tr><th>actor</th><th>kind</th><th>state</th><th>depth</th><th>oldest message</th>
-<th>doing now</th><th>restarts</th><th>restart limit</th><th>last failure</th><th></th></tr></thead>
-<tbody id="tree"></tbody></table>
+<p><label>filter <input id="filter" type="search" placeholder="path, kind, state or activity"></label>
+<span id="shown" class="muted"></span></p>
+<div class="scroll live"><table><thead><tr><th>actor</th><th>kind</th><th>state</th><th>depth</th>
+<th>oldest message</th><th>doing now</th><th>restarts</th><th>restart limit</th><th>last failure</th><th></th></tr>
+</thead><tbody id="tree"></tbody></table></div>
 <p class="muted"><a href="{html.escape(base)}metrics">/metrics</a> (Prometheus)</p>
-<script>{_page_script(base, "")}{_TREE_JS}</script></body></html>"""
+<script>{_page_script(base, "", base + "events")}{_COMMON_JS}{_TREE_JS}{_LIVE_JS}</script></body></html>"""
 
 
 def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
     first = cast_data(runtime, sid, cast_id)  # not_found before any page is sent
-    events_url = json.dumps(f"{base}events/cast/{sid}/{cast_id}")
+    events_url = f"{base}events/cast/{sid}/{cast_id}"
     e = html.escape
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>cast {e(cast_id)}</title>
+    return f"""<!doctype html><html><head>{_HEAD}<title>cast {e(cast_id)}</title>
 <style>{_STYLE}</style></head><body>
-<h1>cast {e(cast_id)}</h1><div><a href="{e(base)}">← all actors</a> · session {e(sid)} · <span id="status"></span></div>
-<h2>loadout</h2><div id="graph">{first["svg"]}</div>
-<h2>now</h2><table id="facts"></table>
-<h2>events (newest first)</h2><table><tbody id="feed"></tbody></table>
-<script>{_page_script(base, f"cast/{sid}/{cast_id}")}const EVENTS_URL = {events_url};{_CAST_JS}</script>
+<h1>cast {e(cast_id)}</h1><div><a href="{e(base)}">← all actors</a> · session {e(sid)} ·
+<span id="status" role="status">connecting…</span></div>
+<h2>loadout</h2><div id="graph" class="scroll live">{first["svg"]}</div>
+<h2>now</h2><div class="scroll live"><table id="facts"></table></div>
+<h2>events (newest first)</h2><div class="scroll live"><table><tbody id="feed"></tbody></table></div>
+<script>{_page_script(base, f"cast/{sid}/{cast_id}", events_url)}{_COMMON_JS}{_CAST_JS}{_LIVE_JS}</script>
 </body></html>"""

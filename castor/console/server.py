@@ -8,7 +8,8 @@ files a cast already wrote.
 
 Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream; ``/cast/<sid>/<cast_id>``
 one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream;
-``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text.
+``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text; ``/favicon.ico`` an empty ``204``,
+with or without the token (a browser asks every host for it, outside the cookie's path).
 
 Access: when a token is set, every request must carry it — ``?token=…`` (answered with a
 cookie, so the page's own requests need not repeat it), the cookie, or ``Authorization:
@@ -106,6 +107,11 @@ _COOKIE_PIECE = 8192
 _LONGEST_OWN_PAIR = 512
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
+#: The answer to a request without the console's token: what opens the console, for a person who
+#: followed an old link (a page of an earlier serve, whose cookie ended with it) or a wrong token.
+UNAUTHORISED_TEXT = (b"unauthorized: this console needs its token. Open the URL `castor serve` printed with "
+                     b"?token=$(cat TOKEN_FILE) (the serving line names the token file); a token or a page of "
+                     b"an earlier serve no longer opens it.\n")
 
 
 def read_token_file(path: str) -> str:
@@ -515,10 +521,13 @@ class _Handler(BaseHTTPRequestHandler):
         if len(hosts) != 1 or hosts[0] not in console.allowed_hosts() or url.scheme or url.netloc:
             self._refuse(HTTPStatus.FORBIDDEN, b"forbidden: unexpected Host header\n")
             return
+        if url.path == "/favicon.ico":  # what a browser asks of every host, outside the cookie's path
+            self._send(HTTPStatus.NO_CONTENT, b"", "text/plain; charset=utf-8")
+            return
         query = parse_qs(url.query)
         allowed, set_cookie = self._authorised(query)
         if not allowed:
-            self._refuse(HTTPStatus.UNAUTHORIZED, b"unauthorized: this console needs its token (?token=...)\n")
+            self._refuse(HTTPStatus.UNAUTHORIZED, UNAUTHORISED_TEXT)
             return
         self._cookie = set_cookie
         path = url.path

@@ -103,3 +103,51 @@ def busy_console(tmp_path):
     finally:
         client.close()
         stop(server)
+
+
+# The browser tests' Chromium: Debian's chromium + chromium-driver (.ci/install-browser.sh), driven
+# by selenium with both paths given, so nothing downloads a browser or a driver.
+CHROMIUM = os.environ.get("CASTOR_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CASTOR_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+def _browser_missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            return f"{path} is missing (run .ci/install-browser.sh)"
+    try:
+        import selenium  # noqa: F401 - only whether selenium imports
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
+
+
+@pytest.fixture
+def browser():
+    """A headless Chromium at 1500 x 1100 whose devtools log :func:`browser_errors` reads."""
+    missing = _browser_missing()
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests need a browser in CI: {missing}")
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium's manager must never fetch anything
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1500,1100", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the devtools log, for browser_errors
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def browser_errors(driver) -> list[str]:
+    """The errors the browser's devtools log holds since the last call (a failed load, a script error)."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]

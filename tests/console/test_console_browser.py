@@ -22,45 +22,8 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-CHROMIUM = os.environ.get("CASTOR_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CASTOR_CHROMEDRIVER", "/usr/bin/chromedriver")
 #: Where a run leaves its screenshots (CASTOR_CONSOLE_SHOTS overrides): evidence to look at, never committed.
 SHOTS = Path(os.environ.get("CASTOR_CONSOLE_SHOTS", "") or Path(tempfile.gettempdir()) / "castor-console-shots")
-
-
-def _browser_missing() -> str | None:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            return f"{path} is missing (run .ci/install-browser.sh)"
-    try:
-        import selenium  # noqa: F401 - only whether selenium imports
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    return None
-
-
-@pytest.fixture
-def browser():
-    missing = _browser_missing()
-    if missing is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser tests need a browser in CI: {missing}")
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium's manager must never fetch anything
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1500,1100", "--no-first-run", "--disable-extensions"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def _rows(driver) -> dict[str, dict[str, str]]:

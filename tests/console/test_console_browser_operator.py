@@ -1,0 +1,210 @@
+"""The web console as an operator meets it, in a real headless Chromium (see test_console_browser):
+what is stuck or failing, a stream that drops or a castor that restarts, a runtime of thousands of
+actors, names others chose, the keyboard, a narrow window and the browser's own error log."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.console.conftest import browser_errors
+from tests.console.test_console_browser import _rows
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+STATUS_JS = "return document.getElementById('status').textContent"
+STALE_JS = "return document.body.classList.contains('stale')"
+
+
+def _first_push(driver) -> None:
+    wait_for(lambda: driver.execute_script(STATUS_JS).startswith("updated"), timeout=15, what="the first push")
+
+
+@contextlib.contextmanager
+def _console(port: int = 0, token: str | None = "t0ken-" + "c" * 40) -> Iterator[object]:
+    """A console over a fresh runtime (in this process, so a test can stop it and serve again on its port)."""
+    from castor.console.server import ConsoleServer
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    console = ConsoleServer(runtime, "127.0.0.1", port, token=token).start()
+    try:
+        yield console
+    finally:
+        console.stop()
+        runtime.shutdown(10)
+
+
+def test_a_page_s_load_and_its_pushes_leave_no_error_in_the_browser_s_log(browser, busy_console):
+    """Every page load logged "favicon.ico ... 401 (Unauthorized)": the browser asks the host's root
+    for an icon, where the console's cookie does not go. The pages name no icon now, and the root's
+    ``/favicon.ico`` is an empty answer."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    browser.execute_script(f"document.querySelector('#tree a[href$=\"cast/{sid}/{cast_id}\"]').click()")
+    wait_for(lambda: browser.execute_script(STATUS_JS).startswith("updated"), timeout=15,
+             what="the cast page's first push")
+    assert browser_errors(browser) == []
+
+
+def test_a_page_says_when_its_stream_is_gone_and_that_what_it_shows_is_not_live(browser):
+    """castor stopped under an open page: the page said "disconnected; retrying…" and went on showing
+    the last tree as it was; served again on the same port (a new run, whose cookie the page does
+    not have), the stream was refused and the page said "retrying…" for ever. Now it says since when
+    it has had no push and greys out what it shows; refused, it says what to do."""
+    with _console() as console:
+        port = console.port
+        browser.get(f"{console.url}?token={console.token}")
+        _first_push(browser)
+        assert not browser.execute_script(STALE_JS)
+    status = wait_for(lambda: (t := browser.execute_script(STATUS_JS)).startswith("disconnected") and t,
+                      timeout=10, what="the page saying it is disconnected")
+    assert "not live" in status and browser.execute_script(STALE_JS), status
+    with _console(port) as again:
+        status = wait_for(lambda: "?token=" in (t := browser.execute_script(STATUS_JS)) and t, timeout=15,
+                          what="the page saying its access ended")
+        assert "access ended" in status and browser.execute_script(STALE_JS), status
+        browser.get(f"{again.url}?token={again.token}")  # what it says to do opens it
+        _first_push(browser)
+        assert not browser.execute_script(STALE_JS)
+
+
+def test_a_page_whose_console_serves_again_goes_live_again_by_itself(browser):
+    """A console with no token (its pages under ``/``): served again on its port, the open page's
+    stream reconnects, and the page is live again without a reload."""
+    with _console(token=None) as console:
+        port = console.port
+        browser.get(console.url)
+        _first_push(browser)
+    wait_for(lambda: browser.execute_script(STALE_JS), timeout=10, what="the page marked stale")
+    with _console(port, token=None):
+        wait_for(lambda: not browser.execute_script(STALE_JS)
+                 and browser.execute_script(STATUS_JS).startswith("updated"), timeout=15,
+                 what="the page live again")
+
+
+def _actor(path: str, kind: str = "SocketActor", **extra: object) -> dict:
+    actor = {"path": path, "kind": kind, "state": "running", "incarnation": 1, "restarts": 0,
+             "mailbox": {"depth": 0, "oldest_age_s": None}, "last_failure": None, "labels": {},
+             "activity": {"kind": "awaiting_turn", "text": "awaiting the agent's turn", "age_s": 3.0, "data": {},
+                          "deadline_in_s": None}}
+    actor.update(extra)
+    return actor
+
+
+def test_thousands_of_actors_draw_a_bounded_tree_and_the_filter_finds_any(browser, busy_console):
+    """Every push redrew every actor: at 1,000 casts (about 4,000 actors) each second's redraw
+    took the page's thread for most of the second. The tree draws the first 300 the filter matches
+    and says how many there are; a session's card lists 25 casts and counts the rest."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    actors = [_actor(f"/root/session/s/socket/c{n}.Socket-1") for n in range(4000)]
+    casts = [{"cast_id": f"c{n}", "activity": "awaiting the agent's turn", "waiting_s": 1.0} for n in range(1000)]
+    doc = {"at": time.time(), "actors": actors, "workers": [],
+           "sessions": [{"session_id": "s", "label": "big", "project": "/p", "casts": casts}]}
+    took = browser.execute_script("""source.close(); const t0 = performance.now(); render(arguments[0]);
+        return performance.now() - t0;""", doc)
+    assert browser.execute_script("return document.querySelectorAll('#tree tr').length") == 300
+    assert "showing 300 of 4000 actors" in browser.execute_script(
+        "return document.getElementById('shown').textContent")
+    assert browser.execute_script("return document.querySelectorAll('[data-session=\"s\"] li').length") == 26
+    assert took < 400, f"one push took {took:.0f} ms to draw"
+    browser.find_element("id", "filter").send_keys("c3999.")
+    wait_for(lambda: list(_rows(browser)) == ["/root/session/s/socket/c3999.Socket-1"], timeout=5,
+             what="the filter narrowing the tree to one actor")
+
+
+def test_names_others_chose_are_shown_as_text_and_cut_to_fit(browser, busy_console):
+    """A 10 KB path segment made one cell 60,000 pixels wide; markup, a script, an emoji or a
+    right-to-left override in a name are text, never markup, never a reversed display."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    odd = ["<img src=x onerror=window.pwned=1>", "<script>window.pwned=2<\\script><!--", "🦫" * 5000,
+           "שלום\u202eexe.txt", "x" * 10_000]
+    actors = [_actor(f"/root/session/s/socket/{name}", labels={"label": name, "project": name}) for name in odd]
+    doc = {"at": time.time(), "actors": actors, "workers": [],
+           "sessions": [{"session_id": "s", "label": odd[0], "project": odd[2],
+                         "casts": [{"cast_id": odd[1], "activity": odd[4], "waiting_s": 1.0}]}]}
+    browser.execute_script("source.close(); render(arguments[0]);", doc)
+    shown = browser.execute_script("""return Array.from(document.querySelectorAll('#tree td.name'))
+        .map(td => td.textContent);""")
+    assert shown[:2] == odd[:2] and shown[3] == "שלום\\u202eexe.txt", shown
+    assert shown[2] == "🦫" * 159 + "…" and shown[4] == "x" * 159 + "…"
+    assert browser.execute_script("return window.pwned") is None
+    assert not browser.execute_script("return document.querySelectorAll('#tree img, #sessions img').length")
+    width = browser.execute_script("return document.querySelector('#tree').scrollWidth")
+    assert width < 6000, width
+    assert "\u202e" not in browser.execute_script("return document.body.innerText")
+
+
+def test_a_killed_cast_is_listed_under_needs_attention_with_its_failure_and_restarts(browser, busy_console):
+    """The page had no place that said what is stuck or failing: a crash showed as a "1" in one row
+    of the tree among hundreds. "needs attention" lists each actor that failed within the last
+    minute, crashed, retired, is past a deadline, or holds a message or its mailbox for 10 s."""
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    assert browser.execute_script("return document.getElementById('attention').textContent") == \
+        "nothing stuck or failing"
+    live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)
+    item = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('#attention li[data-trouble=\"{path}\"]'); return li && li.textContent"),
+        timeout=10, what="the killed cast under needs attention")
+    assert "failed: " in item and "restarts 1" in item, item
+    doc = {"at": time.time(), "workers": [], "sessions": [], "actors": [
+        _actor("/root/x/hung", kind="X", activity={"kind": "handling", "text": "handling cast.step", "age_s": 42.0,
+                                                   "data": {}, "deadline_in_s": None}),
+        _actor("/root/x/late", kind="X", activity={"kind": "worker_call", "text": "worker call t", "age_s": 9.0,
+                                                   "data": {}, "deadline_in_s": -1.5}),
+        _actor("/root/x/queue", kind="X", mailbox={"depth": 3, "oldest_age_s": 12.0}),
+        _actor("/root/x/fine", kind="X")]}
+    browser.execute_script("source.close(); render(arguments[0]);", doc)
+    listed = browser.execute_script("""return Object.fromEntries(Array.from(
+        document.querySelectorAll('#attention li[data-trouble]')).map(li => [li.dataset.trouble, li.textContent]));""")
+    assert set(listed) == {"/root/x/hung", "/root/x/late", "/root/x/queue"}, listed
+    assert "handling cast.step for 42.0 s" in listed["/root/x/hung"]
+    assert "deadline passed 1.5 s ago" in listed["/root/x/late"]
+    assert "3 queued, the oldest for 12.0 s" in listed["/root/x/queue"]
+
+
+def test_a_keyboard_user_keeps_their_place_across_pushes_and_a_narrow_window_scrolls_only_the_tree(browser,
+                                                                                                 busy_console):
+    """Each push redrew the tree, and the link a keyboard user had tabbed to was gone: the next Tab
+    started over at the top of the page. The focused link is focused again after each redraw. At
+    400 px wide the whole page scrolled sideways with the tree; now the tree scrolls in its box."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    live = busy_console
+    browser.set_window_size(400, 900)
+    browser.get(f"{live.url}?token={live.token}")
+    wait_for(lambda: len(_rows(browser)) > 6, timeout=15, what="the tree")
+    focused_js = "const a = document.activeElement; return a && a.tagName === 'A' ? a.getAttribute('href') : null"
+    href = None
+    for _ in range(40):  # Tab through the page to the first cast link of the tree
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        href = browser.execute_script(focused_js + " && document.activeElement.closest('#tree') ? "
+                                      "document.activeElement.getAttribute('href') : null")
+        if href:
+            break
+    assert href and "/cast/" in href
+    pushes = browser.execute_script(STATUS_JS)
+    wait_for(lambda: browser.execute_script(STATUS_JS) != pushes, timeout=5, what="a push")
+    wait_for(lambda: browser.execute_script(STATUS_JS) != pushes, timeout=5, what="another push")
+    assert browser.execute_script(focused_js) == href
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    wait_for(lambda: browser.current_url.endswith(href), timeout=10, what="Enter following the link")
+    browser.back()
+    _first_push(browser)
+    overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, f"the page is {overflow} px wider than the window"
