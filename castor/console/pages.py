@@ -390,6 +390,10 @@ function trouble(a) {
   if (a.retired_reason || a.state === 'retired') return 'retired: ' + (a.retired_reason || '-');
   if (a.state === 'crashed') return 'crashed' + (f ? ': ' + f.error_type + ' ' + secs(f.age_s) + ' ago' : '');
   if (typeof act.deadline_in_s === 'number' && act.deadline_in_s < 0) return doing(act);
+  const held = box.in_flight;  // a handler that does not return holds every message behind it
+  if (held && held.since_s >= STUCK_AFTER)
+    return (act.kind && act.kind !== 'handling' ? doing(act) + '; ' : '') + 'handling ' + held.message_type +
+           ' for ' + secs(held.since_s) + ' (its mailbox waits)';
   if (act.kind === 'handling' && act.age_s >= STUCK_AFTER) return doing(act) + ' (its mailbox waits)';
   if ((box.oldest_age_s || 0) >= STUCK_AFTER)
     return box.depth + ' queued, the oldest for ' + secs(box.oldest_age_s) + (act.text ? '; ' + doing(act) : '');

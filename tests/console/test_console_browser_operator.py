@@ -177,6 +177,33 @@ def test_a_killed_cast_is_listed_under_needs_attention_with_its_failure_and_rest
     assert "3 queued, the oldest for 12.0 s" in listed["/root/x/queue"]
 
 
+def test_a_handler_that_does_not_return_is_listed_under_needs_attention(browser, busy_console):
+    """A session actor held in its handler (an injected delay, as a hang) reported "injected delay
+    ... before handling materia.session.start", an activity of its own, and nothing said its whole
+    mailbox waited behind it. Held for 10 s, it is listed, with the message it is handling."""
+    import threading
+
+    live = busy_console
+    sid = "session-2"
+    path = f"/root/session/{sid}/materia"
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    live.client.call("ops.fault", {"kind": "delay_next", "path": path, "seconds": 14}, timeout=10)
+
+    def ask_the_held_actor() -> None:
+        with contextlib.suppress(Exception):  # its answer (a refusal: two casts run) is not the point
+            live.client.call("cast.start", {"session_id": sid, "cwd": str(live.projects[sid]), "request": "r"},
+                             timeout=30)
+
+    asked = threading.Thread(target=ask_the_held_actor, daemon=True)
+    asked.start()
+    item = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('#attention li[data-trouble=\"{path}\"]'); return li && li.textContent"),
+        timeout=20, what="the held session actor under needs attention")
+    assert "handling materia.session.start for 1" in item and "its mailbox waits" in item, item
+    asked.join(30)
+
+
 def test_a_keyboard_user_keeps_their_place_across_pushes_and_a_narrow_window_scrolls_only_the_tree(browser,
                                                                                                  busy_console):
     """Each push redrew the tree, and the link a keyboard user had tabbed to was gone: the next Tab
