@@ -384,23 +384,25 @@ function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
 const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
-// Why an actor needs a look now, or '' (see the STUCK_AFTER and RECENT_FAILURE rules in the docs).
+// Why an actor needs a look now and how long ago that began ([text, age in s or null]), or null
+// (the rules are the docs' "needs attention").
 function trouble(a) {
   const act = a.activity || {}; const box = a.mailbox || {}; const f = a.last_failure;
-  if (a.retired_reason || a.state === 'retired') return 'retired: ' + (a.retired_reason || '-');
-  if (a.state === 'crashed') return 'crashed' + (f ? ': ' + f.error_type + ' ' + secs(f.age_s) + ' ago' : '');
-  if (typeof act.deadline_in_s === 'number' && act.deadline_in_s < 0) return doing(act);
+  if (a.retired_reason || a.state === 'retired') return ['retired: ' + (a.retired_reason || '-'), null];
+  if (a.state === 'crashed') return ['crashed' + (f ? ': ' + f.error_type : ''), f ? f.age_s : null];
+  if (typeof act.deadline_in_s === 'number' && act.deadline_in_s < 0) return [doing(act), act.age_s];
   const held = box.in_flight;  // a handler that does not return holds every message behind it
   if (held && held.since_s >= STUCK_AFTER)
-    return (act.kind && act.kind !== 'handling' ? doing(act) + '; ' : '') + 'handling ' + held.message_type +
-           ' for ' + secs(held.since_s) + ' (its mailbox waits)';
-  if (act.kind === 'handling' && act.age_s >= STUCK_AFTER) return doing(act) + ' (its mailbox waits)';
+    return [(act.kind && act.kind !== 'handling' ? doing(act) + '; ' : '') + 'handling ' + held.message_type +
+            ' for ' + secs(held.since_s) + ' (its mailbox waits)', held.since_s];
+  if (act.kind === 'handling' && act.age_s >= STUCK_AFTER) return [doing(act) + ' (its mailbox waits)', act.age_s];
   if ((box.oldest_age_s || 0) >= STUCK_AFTER)
-    return box.depth + ' queued, the oldest for ' + secs(box.oldest_age_s) + (act.text ? '; ' + doing(act) : '');
+    return [box.depth + ' queued, the oldest for ' + secs(box.oldest_age_s) + (act.text ? '; ' + doing(act) : ''),
+            box.oldest_age_s];
   if (f && f.age_s <= RECENT_FAILURE)
-    return 'failed: ' + f.error_type + ' ' + secs(f.age_s) + ' ago, restarts ' + a.restarts +
-           (budget(a) ? ' (' + budget(a) + ')' : '');
-  return '';
+    return ['failed: ' + f.error_type + ' ' + secs(f.age_s) + ' ago, restarts ' + a.restarts +
+            (budget(a) ? ' (' + budget(a) + ')' : ''), f.age_s];
+  return null;
 }
 function actorLink(a) {
   const parts = a.path.split('/');
@@ -421,10 +423,13 @@ function render(doc) {
   const troubled = doc.actors.map(a => [a, trouble(a)]).filter(([, why]) => why);
   for (const w of doc.workers)
     if (w.crash_loop && w.crash_loop.state === 'given_up')
-      troubled.push([{path: 'Icarus worker — ' + w.session_id, kind: ''}, 'crash loop: ' + w.crash_loop.text]);
+      troubled.push([{path: 'Icarus worker — ' + w.session_id, kind: ''}, ['crash loop: ' + w.crash_loop.text, null]]);
   const att = document.getElementById('attention'); att.replaceChildren();
-  for (const [a, why] of troubled.slice(0, MAX_ATTENTION)) {
-    const li = $('li', {'data-trouble': a.path}); li.append(actorLink(a), $('span', {}, ' ' + why)); att.append(li);
+  for (const [a, [why, age]] of troubled.slice(0, MAX_ATTENTION)) {
+    const li = $('li', {'data-trouble': a.path});
+    li.append(actorLink(a), $('span', {}, ' ' + why),
+              $('span', {class: 'muted'}, typeof age === 'number' ? ' — since ' + clock((doc.at - age) * 1000) : ''));
+    att.append(li);
   }
   if (troubled.length > MAX_ATTENTION)
     att.append($('li', {class: 'muted'}, (troubled.length - MAX_ATTENTION) + ' more (filter the tree below)'));

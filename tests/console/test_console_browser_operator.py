@@ -173,6 +173,8 @@ def test_a_killed_cast_is_listed_under_needs_attention_with_its_failure_and_rest
         document.querySelectorAll('#attention li[data-trouble]')).map(li => [li.dataset.trouble, li.textContent]));""")
     assert set(listed) == {"/root/x/hung", "/root/x/late", "/root/x/queue"}, listed
     assert "handling cast.step for 42.0 s" in listed["/root/x/hung"]
+    since = browser.execute_script("return new Date(arguments[0]).toLocaleTimeString()", (doc["at"] - 42.0) * 1000)
+    assert listed["/root/x/hung"].endswith(f" — since {since}"), listed
     assert "deadline passed 1.5 s ago" in listed["/root/x/late"]
     assert "3 queued, the oldest for 12.0 s" in listed["/root/x/queue"]
 

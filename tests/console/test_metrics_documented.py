@@ -4,6 +4,7 @@ each series it was told of."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -162,3 +163,23 @@ def test_the_casts_view_with_no_session_open_says_so():
     out = Console(file=io.StringIO(), width=200, record=True)
     out.print(casts_table([]))
     assert "no open sessions" in out.export_text()
+
+
+def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
+    """The figures docs/operations.md gives for the console's page (rows drawn, casts on a card,
+    entries of "needs attention", characters of a cell, when an actor is stuck, when a page is
+    stale) are the ones the page's script is given."""
+    from castor.console import pages
+
+    text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    assert f"the first {pages.MAX_TREE_ROWS} actors its filter" in text
+    assert f"a session's card lists {pages.MAX_CARD_CASTS} casts" in text
+    assert f"(the first {pages.MAX_ATTENTION}, then how many more)" in text
+    assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
+    assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
+    assert pages.RECENT_FAILURE_S == 60 and "failed within the last minute" in text
+    assert f"When no push has come for {pages.STALE_AFTER_S:g} s" in text
+    script = pages.tree_page()
+    for name, value in (("MAX_ROWS", pages.MAX_TREE_ROWS), ("STUCK_AFTER", pages.STUCK_AFTER_S),
+                        ("STALE_AFTER", pages.STALE_AFTER_S), ("RECENT_FAILURE", pages.RECENT_FAILURE_S)):
+        assert f"const {name} = {json.dumps(value)};" in script, name
