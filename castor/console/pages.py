@@ -363,8 +363,11 @@ function connect() {
   source = new EventSource(EVENTS_URL);
   source.onmessage = ev => {
     const doc = JSON.parse(ev.data);
-    lastPush = Date.now(); lostAt = 0; document.body.classList.remove('stale');
-    if (doc.error) setStatus(visible(doc.error)); else render(doc);
+    // an error pushed instead of figures (the cast's session closed): what is shown stays the last
+    // figures, which are no longer live
+    if (doc.error) { refusal = visible(doc.error); stale(refusal + ' —'); return; }
+    lastPush = Date.now(); lostAt = 0; refusal = ''; document.body.classList.remove('stale');
+    render(doc);
   };
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) whyRefused();

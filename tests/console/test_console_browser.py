@@ -139,7 +139,8 @@ def test_a_bidirectional_override_in_a_project_path_shows_as_its_escape(browser,
 
 def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console):
     """The page of a cast whose session closes while it is open says the session is gone (its
-    stream pushes the not-found), and loading it again is the console's 404."""
+    stream pushes the not-found) and that what it still shows is not live (it was shown as live),
+    and loading it again is the console's 404."""
     live = busy_console
     sid, cast_id = "session-2", live.casts["session-2"][0]
     browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
@@ -151,7 +152,8 @@ def test_an_open_cast_page_says_so_when_its_session_closes(browser, busy_console
     status = wait_for(lambda: (lambda t: t if f"no open session {sid}" in t else None)(
         browser.execute_script(status_js)),
         timeout=15, what="the page saying its session closed")
-    assert "NotFound" in status, status
+    assert "NotFound" in status and "not live" in status, status
+    assert browser.execute_script("return document.body.classList.contains('stale')")
     browser.get(_under_base(browser, live, f"cast/{sid}/{cast_id}"))
     assert f"no open session {sid}" in browser.find_element("tag name", "body").text
 
