@@ -303,6 +303,7 @@ body.stale .live{opacity:.45}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px;
 max-width:100%;box-sizing:border-box;overflow-wrap:anywhere}
 #attention li{margin:2px 0}
+td.long{white-space:pre-wrap;overflow-wrap:anywhere;min-width:20ch;max-width:100ch}
 """
 
 _COMMON_JS = r"""
@@ -312,10 +313,11 @@ const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a
 const visible = t => String(t).replace(HIDDEN, c => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 // At most n characters (whole code points: an emoji is never split), '…' when cut.
 const cut = (t, n) => { const s = Array.from(t); return s.length <= n ? t : s.slice(0, n - 1).join('') + '…'; };
-// An element whose text is `text` made visible and cut to MAX_CELL; cut, its tooltip holds more of it.
-const $ = (tag, attrs = {}, text) => { const el = document.createElement(tag);
+// An element whose text is `text` made visible and cut to `limit` characters (MAX_CELL unless
+// given); cut, its tooltip holds more of it.
+const $ = (tag, attrs = {}, text, limit = MAX_CELL) => { const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) { const whole = visible(text); el.textContent = cut(whole, MAX_CELL);
+  if (text !== undefined) { const whole = visible(text); el.textContent = cut(whole, limit);
     if (el.textContent !== whole) el.title = cut(whole, MAX_TITLE); }
   return el; };
 const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
@@ -545,13 +547,15 @@ function render(doc) {
                         ['doing', act.text ? doing(act) : '-'],
                         ['request', doc.request], ['run dir', doc.run_dir], ['failed', doc.failed_reason],
                         ['tokens', doc.usage.tokens], ['cost (USD)', doc.usage.cost_usd], ['turns', doc.usage.turns]]) {
-    const tr = $('tr'); tr.append($('th', {}, k), $('td', {}, v === null || v === undefined ? '-' : String(v)));
+    // a request, a run dir, a failure reason: whole (the server cuts a request to 500), wrapped
+    const tr = $('tr'); tr.append($('th', {}, k), $('td', {class: 'long'}, v === null || v === undefined ? '-'
+                                                                                : String(v), MAX_TITLE));
     facts.append(tr);
   }
   const feed = document.getElementById('feed'); feed.replaceChildren();
   for (const e of doc.events.slice().reverse()) {
     const tr = $('tr'); tr.append($('td', {}, e.ts ? new Date(e.ts).toLocaleTimeString() : '-'),
-                                  $('td', {}, e.type), $('td', {class: 'muted'}, e.data));
+                                  $('td', {}, e.type), $('td', {class: 'muted long'}, e.data, MAX_TITLE));
     feed.append(tr);
   }
   setStatus('updated ' + new Date(doc.at * 1000).toLocaleTimeString());

@@ -237,3 +237,25 @@ def test_a_keyboard_user_keeps_their_place_across_pushes_and_a_narrow_window_scr
     _first_push(browser)
     overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 1, f"the page is {overflow} px wider than the window"
+
+
+def test_a_casts_page_shows_its_request_and_events_whole_wrapped_in_a_narrow_window(browser, busy_console):
+    """A cast's request (up to 500 characters) and each event's data (up to 300) are shown whole,
+    wrapped: only the page's other cells are cut. At 400 px the page does not scroll sideways."""
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    browser.set_window_size(400, 900)
+    browser.get(f"{live.url}?token={live.token}")
+    browser.get(live.url.rstrip("/") + browser.execute_script("return BASE") + f"cast/{sid}/{cast_id}")
+    _first_push(browser)
+    request, data = "r" * 499 + "!", "d" * 299 + "…"
+    cast = {"at": time.time(), "svg": "<svg></svg>", "phase": "Socket-1", "current_socket": "Socket-1", "item": None,
+            "request": request, "run_dir": "/p", "failed_reason": None,
+            "events": [{"ts": None, "type": "socket_start", "data": data}],
+            "usage": {"tokens": 0, "cost_usd": 0, "turns": 0}, "actor": None}
+    browser.execute_script("source.close(); render(arguments[0]);", cast)
+    facts = browser.execute_script("return document.getElementById('facts').textContent")
+    feed = browser.execute_script("return document.getElementById('feed').textContent")
+    assert request in facts and data in feed
+    overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, f"the page is {overflow} px wider than the window"
