@@ -259,3 +259,15 @@ def test_a_casts_page_shows_its_request_and_events_whole_wrapped_in_a_narrow_win
     assert request in facts and data in feed
     overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 1, f"the page is {overflow} px wider than the window"
+
+
+def test_a_wrong_token_or_a_page_of_an_earlier_serve_says_how_to_open_the_console(browser, busy_console):
+    """A wrong token read "unauthorized: this console needs its token (?token=...)", which a person
+    holding a token of an earlier serve has: it says where the token is and that an old one no
+    longer opens it. The token given is nowhere in what the browser shows."""
+    live = busy_console
+    wrong = "w" * 43
+    browser.get(f"{live.url}?token={wrong}")
+    said = browser.find_element("tag name", "body").text
+    assert "castor serve" in said and "?token=$(cat TOKEN_FILE)" in said and "earlier serve" in said, said
+    assert wrong not in browser.page_source
