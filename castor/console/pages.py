@@ -333,8 +333,8 @@ _LIVE_JS = r"""
 // The page's live stream. Each push is rendered; while none arrives (castor stopped, the network
 // dropped, the server hangs) the page says since when it has had none and greys out what it shows,
 // which is then no longer live. The browser reconnects by itself; a stream the console refuses
-// (its answer is not a stream: castor restarted, which ends every cookie of the run before, or the
-// cast's session closed) is asked once why, and the page says so and what to do.
+// (its answer is not a stream: castor serves again with another token, which ends the cookie the
+// page had, or the cast's session closed) is asked once why, and the page says so and what to do.
 let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0;
 function setStatus(text) { document.getElementById('status').textContent = text; }
 function stale(why) {
@@ -349,7 +349,7 @@ async function whyRefused() {
     if (answer.ok) { answer.body && answer.body.cancel(); connect(); return; }  // it serves again
     const said = (await answer.text()).split('\n')[0];
     refusal = answer.status === 401
-      ? 'this page\'s access ended (castor restarted, or its token changed): open the console again ' +
+      ? 'this page\'s access ended (castor serves with another token now): open the console again ' +
         'at the URL castor serve printed, with ?token=$(cat TOKEN_FILE)'
       : 'the console answered ' + answer.status + ': ' + visible(said);
     stale(refusal + ' —');

@@ -15,11 +15,13 @@ Access: when a token is set, every request must carry it — ``?token=…`` (ans
 cookie, so the page's own requests need not repeat it), the cookie, or ``Authorization:
 Bearer …``; anything else is ``401``. The cookie never holds the token: browsers send a cookie to
 every port of its host, so any page another local user serves on 127.0.0.1 could receive it (and
-the console's token may be the endpoint's). It holds a secret of this console's run alone
-(:attr:`ConsoleServer.cookie_secret`), under a name with the console's port in it, and a browser
-sends it under one path only, :attr:`ConsoleServer.base` (``/c/<random>/``, random per run), where
-the pages, their links and their streams live: a page on another port has other paths, so it never
-receives the cookie, which would open this console if replayed. Any page of the host may set
+the console's token may be the endpoint's). It holds a secret only the token gives
+(:attr:`ConsoleServer.cookie_secret`, an HMAC of it and the port), under a name with the console's
+port in it, and a browser sends it under one path only, :attr:`ConsoleServer.base`
+(``/c/<secret>/``, another such HMAC), where the pages, their links and their streams live: a page on
+another port has other paths, so it never receives the cookie, which would open this console if
+replayed. Both are the same when castor serves again with the same token on the same port, so an
+open page goes live again by itself; a token castor makes per serve changes both. Any page of the host may set
 cookies the browser then sends here as well (one of the console's name, one of no valid syntax):
 the console's cookie counts wherever it stands in the header (:func:`cookie_values`). A ``Host`` header
 that does not name this loopback listener is ``403`` (a page elsewhere cannot reach the console through DNS rebinding).
@@ -27,7 +29,9 @@ that does not name this loopback listener is ``403`` (a page elsewhere cannot re
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
 import hmac
 import http.client
 import json
@@ -108,10 +112,10 @@ _LONGEST_OWN_PAIR = 512
 #: Seconds a connection may stay silent while sending its request, or not take a pushed event.
 SOCKET_TIMEOUT_S = 10.0
 #: The answer to a request without the console's token: what opens the console, for a person who
-#: followed an old link (a page of an earlier serve, whose cookie ended with it) or a wrong token.
+#: followed an old link (a page of a serve with another token, whose cookie ended with it) or a wrong token.
 UNAUTHORISED_TEXT = (b"unauthorized: this console needs its token. Open the URL `castor serve` printed with "
-                     b"?token=$(cat TOKEN_FILE) (the serving line names the token file); a token or a page of "
-                     b"an earlier serve no longer opens it.\n")
+                     b"?token=$(cat TOKEN_FILE) (the serving line names the token file); a token of an earlier "
+                     b"serve no longer opens it, nor does a page opened with one.\n")
 
 
 def read_token_file(path: str) -> str:
@@ -131,6 +135,17 @@ def read_token_file(path: str) -> str:
     return token
 
 
+def _derived(token: str | None, purpose: str, port: int, size: int) -> str:
+    """``size`` bytes, URL-safe base64, that only ``token`` gives for ``purpose`` on ``port`` (an
+    HMAC of the token): the same across serves of the same token on the same port, so a page open
+    in a browser goes live again by itself when castor serves again; a new token (castor makes one
+    per serve unless given one) makes new ones. Random without a token."""
+    if token is None:
+        return secrets.token_urlsafe(size)
+    digest = hmac.new(token.encode(), f"castor console {purpose} {port}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:size]).decode().rstrip("=")
+
+
 class ConsoleServer:
     """``start()`` binds and serves on a thread; ``stop()`` ends every stream and the listener."""
 
@@ -141,11 +156,6 @@ class ConsoleServer:
             raise Forbidden(f"refusing to serve the console on non-loopback host {host!r}", data={"host": host})
         self.runtime = runtime
         self.token = token
-        self.cookie_secret = secrets.token_urlsafe(32)
-        """What the console's cookie holds: random per run, never the token (see the module doc)."""
-        self.base = f"/c/{secrets.token_urlsafe(18)}/" if token is not None else "/"
-        """The path its pages, links and streams live under, and the only one its cookie is sent to:
-        random per run, so no page on another port of this host can have it (see the module doc)."""
         self.stopping = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._tree_lock = threading.Lock()
@@ -167,6 +177,13 @@ class ConsoleServer:
         # 127.0.0.1 alone, and a browser told `localhost` tries [::1] first, which any user may hold.
         self.host, self.port = str(self.httpd.server_address[0]), self.httpd.server_address[1]
         self.cookie_name = f"{COOKIE}{self.port}"
+        self.cookie_secret = _derived(token, "cookie", self.port, 32)
+        """What the console's cookie holds: never the token, but a secret only the token gives (see
+        the module doc)."""
+        self.base = f"/c/{_derived(token, 'base', self.port, 18)}/" if token is not None else "/"
+        """The path its pages, links and streams live under, and the only one its cookie is sent to:
+        a secret only the token gives, so no page on another port of this host can have it (see the
+        module doc)."""
         self._thread: threading.Thread | None = None
 
     @property

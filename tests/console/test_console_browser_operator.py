@@ -57,7 +57,9 @@ def test_a_page_says_when_its_stream_is_gone_and_that_what_it_shows_is_not_live(
     """castor stopped under an open page: the page said "disconnected; retrying…" and went on showing
     the last tree as it was; served again on the same port (a new run, whose cookie the page does
     not have), the stream was refused and the page said "retrying…" for ever. Now it says since when
-    it has had no push and greys out what it shows; refused, it says what to do."""
+    it has had no push and greys out what it shows; served with another token (castor makes one per
+    serve), the page says its access ended and what to do; served with the same token, it is live
+    again by itself (the cookie and the page's path come from the token, not from the run)."""
     with _console() as console:
         port = console.port
         browser.get(f"{console.url}?token={console.token}")
@@ -66,13 +68,18 @@ def test_a_page_says_when_its_stream_is_gone_and_that_what_it_shows_is_not_live(
     status = wait_for(lambda: (t := browser.execute_script(STATUS_JS)).startswith("disconnected") and t,
                       timeout=10, what="the page saying it is disconnected")
     assert "not live" in status and browser.execute_script(STALE_JS), status
-    with _console(port) as again:
+    with _console(port, token="an0ther-" + "d" * 40) as again:
         status = wait_for(lambda: "?token=" in (t := browser.execute_script(STATUS_JS)) and t, timeout=15,
                           what="the page saying its access ended")
         assert "access ended" in status and browser.execute_script(STALE_JS), status
         browser.get(f"{again.url}?token={again.token}")  # what it says to do opens it
         _first_push(browser)
         assert not browser.execute_script(STALE_JS)
+    wait_for(lambda: browser.execute_script(STALE_JS), timeout=10, what="the page marked stale")
+    with _console(port, token=again.token):
+        wait_for(lambda: not browser.execute_script(STALE_JS)
+                 and browser.execute_script(STATUS_JS).startswith("updated"), timeout=15,
+                 what="the page live again without a reload")
 
 
 def test_a_page_whose_console_serves_again_goes_live_again_by_itself(browser):
