@@ -373,7 +373,7 @@ function connect() {
   };
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) whyRefused();
-    else stale('disconnected; reconnecting');
+    else stale('disconnected (reconnecting)');
   };
 }
 setInterval(() => { if (!refusal && lastPush && Date.now() - lastPush > STALE_AFTER * 1000)

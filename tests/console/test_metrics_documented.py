@@ -178,7 +178,7 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
     assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
     assert pages.RECENT_FAILURE_S == 60 and "failed within the last minute" in text
-    assert f"When no push has come for {pages.STALE_AFTER_S:g} s" in text
+    assert f"when no push has come for {pages.STALE_AFTER_S:g} s" in text
     script = pages.tree_page()
     for name, value in (("MAX_ROWS", pages.MAX_TREE_ROWS), ("STUCK_AFTER", pages.STUCK_AFTER_S),
                         ("STALE_AFTER", pages.STALE_AFTER_S), ("RECENT_FAILURE", pages.RECENT_FAILURE_S)):
