@@ -10,6 +10,10 @@ Guarantees
   target; it is never read as the target.
 - ``make_durable_dirs(d)`` creates missing directories and fsyncs each new one's
   parent, so a directory made for new files does not vanish in a power cut.
+- Every directory castor makes (``make_dir``, ``make_dirs``, ``make_durable_dirs``,
+  ``ensure_dir``) asks for :data:`DIR_MODE` (``0755``, less the umask), every file ``0644`` at
+  most: nothing castor creates is writable by group or others, whatever the umask (a plain
+  ``mkdir`` under ``umask 000`` made run directories anyone could write into).
 - ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
@@ -75,12 +79,15 @@ __all__ = [
     "atomic_write_text",
     "compact_json",
     "ConfinedRoot",
+    "DIR_MODE",
     "TooLarge",
     "confine",
     "dump_json",
     "ensure_dir",
     "file_signature",
     "fsync_dir",
+    "make_dir",
+    "make_dirs",
     "make_durable_dirs",
     "one_line_json",
     "read_regular_file",
@@ -139,15 +146,44 @@ def file_signature(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | 
         return None
 
 
+DIR_MODE = 0o755
+"""The mode every directory castor makes asks for (the umask may take more away): writable by
+castor's user alone. Under ``umask 000`` a plain ``mkdir`` gives ``0777``, and another user could
+then swap a saved cast's ``state.json`` (the commands a trusted recast runs) or plant files in a
+run directory; a umask never adds bits, so ``077`` still gives ``0700``."""
+
+
+def make_dir(path: str | os.PathLike[str]) -> None:
+    """``os.mkdir(path)`` with :data:`DIR_MODE` (``FileExistsError`` when something is there)."""
+    os.mkdir(path, DIR_MODE)
+
+
+def make_dirs(path: str | os.PathLike[str]) -> None:
+    """``path`` and every missing parent made with :data:`DIR_MODE` (``os.makedirs`` gives the
+    parents it makes the umask's mode, ``0777`` under ``umask 000``); an existing directory is
+    fine, anything else in its place is ``FileExistsError``, as ``os.makedirs(exist_ok=True)``."""
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        return
+    parent = os.path.dirname(os.path.abspath(target))
+    if parent != os.path.abspath(target):
+        make_dirs(parent)
+    try:
+        os.mkdir(target, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(target):
+            raise
+
+
 def make_durable_dirs(directory: str) -> None:
-    """Create ``directory`` and missing parents, fsyncing the parent of each one created, so a
-    new directory survives a power cut along with the files later written into it."""
+    """Create ``directory`` and missing parents (:data:`DIR_MODE`), fsyncing the parent of each
+    one created, so a new directory survives a power cut along with the files later written into it."""
     if os.path.isdir(directory):
         return
     parent = os.path.dirname(directory)
     make_durable_dirs(parent)
     try:
-        os.mkdir(directory)
+        os.mkdir(directory, DIR_MODE)
     except FileExistsError:
         return
     fsync_dir(parent)
@@ -286,9 +322,9 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, ow
 
 
 def ensure_dir(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` (and parents) if missing and return it as a Path."""
+    """Create ``path`` (and parents, :data:`DIR_MODE`) if missing and return it as a Path."""
     p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
+    make_dirs(p)
     return p
 
 

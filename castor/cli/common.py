@@ -352,10 +352,11 @@ def private_workdir(text: str) -> str:
     import stat
     from pathlib import Path
 
+    from castor.adapters.fs import make_dirs
     from castor.messages.errors import Forbidden
 
     path = Path(text).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    make_dirs(path)
     me = os.geteuid()
     for directory in (path, *path.parents):
         st = os.lstat(directory)

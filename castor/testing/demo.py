@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from castor.adapters.fs import make_dirs
 from castor.messages.base import LocalMessage
 from castor.messages.errors import Retired
 from castor.supervision import Actor, ActorSystem, ChildSpec, Strategy, faults, handles, supervisor_spec
@@ -129,7 +130,7 @@ def run_demo(*, workdir: str | None = None, quiet: bool = False, log_level: str 
     console = make_console(quiet=quiet)
     out = make_console()
     root = Path(workdir).resolve() if workdir else new_workdir("castor-demo")
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     log_path = root / "demo.log"
     if log_level is None:
         configure_logging("INFO", json=log_json or None, sink=str(log_path))

@@ -43,6 +43,7 @@ from rich.table import Table
 
 from castor.actors.materia.api import materia_call
 from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+from castor.adapters.fs import make_dirs
 from castor.composition import materia_component
 from castor.console.terminal import actor_tree
 from castor.messages.errors import CastorError
@@ -90,7 +91,7 @@ class _Scene:
     def __init__(self, root: Path) -> None:
         self.dir = root / "casts"
         self.visit_log = self.dir / "utility-visits.log"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)
         self.visit_log.unlink(missing_ok=True)
         self.runtime = Runtime(RuntimeSettings(allow_faults=True, max_casts_per_session=CASTS_PER_SESSION),
                                components=[materia_component()])
@@ -103,7 +104,7 @@ class _Scene:
     def open_sessions(self) -> None:
         for sid in SESSIONS:
             project = self.project(sid)
-            project.mkdir(parents=True, exist_ok=True)
+            make_dirs(project)
             write_project(project, self.visit_log, command_sleep_s=0.0)
             slow = SLOW_TURN_MS if sid == VICTIM_SESSION else None
             script = build_script(items=ITEMS, delay_ms=lambda: TURN_DELAY_MS, spare=4, slow_builder_ms=slow)

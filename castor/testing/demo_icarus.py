@@ -49,7 +49,7 @@ import psutil
 from rich.table import Table
 
 from castor.actors.icarus import IcarusSession, session_of
-from castor.adapters.fs import atomic_write_text
+from castor.adapters.fs import atomic_write_text, make_dirs
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.composition import icarus_component
 from castor.messages.errors import CastorError
@@ -203,7 +203,7 @@ class _Scene:
         self.project = self.dir / "project"
         self.agent_dir = self.dir / "agent"
         for d in (self.project, self.agent_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         self.call_log = self.dir / "backend-calls.jsonl"
         self.control_file = self.dir / "backend-controls.json"
         self.session_log_path = self.dir / "session.jsonl"

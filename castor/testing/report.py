@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from castor.adapters.fs import make_dir
 from castor.console.terminal import PipeConsole
 
 
@@ -77,7 +78,7 @@ def new_workdir(prefix: str, parent: Path | None = None) -> Path:
     for n in range(1, 1000):
         candidate = parent / (f"{prefix}-{stamp}" if n == 1 else f"{prefix}-{stamp}-{n}")
         try:
-            candidate.mkdir(parents=False)
+            make_dir(candidate)
         except FileExistsError:
             continue
         return candidate

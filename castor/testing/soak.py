@@ -70,7 +70,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from castor.adapters.fs import atomic_write_text
+from castor.adapters.fs import atomic_write_text, make_dirs
 from castor.domain.materia.defaults import default_config
 from castor.messages.errors import CastorError
 from castor.testing.faults import fault_targets, inject_into
@@ -116,7 +116,7 @@ def build_loadout_config(visit_log: Path, *, command_sleep_s: float = 0.0) -> di
 
 
 def write_project(project: Path, visit_log: Path, *, command_sleep_s: float = 0.0) -> None:
-    (project / ".pi").mkdir(parents=True, exist_ok=True)
+    make_dirs(project / ".pi")
     config = build_loadout_config(visit_log, command_sleep_s=command_sleep_s)
     atomic_write_text(project / ".pi" / "pi-materia.json", json.dumps(config, indent=2))  # an error names the file
 
@@ -483,7 +483,7 @@ class Soak:
             return None
         base = root / "icarus"
         agent_dir = base / "agent"
-        agent_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(agent_dir)
         section = {"icarusDir": str(backend), "python": sys.executable, "fabricDir": str(base / "fabric"),
                    "timeoutMs": WORKER_TIMEOUT_MS, "hooks": False}
         atomic_write_text(agent_dir / "settings.json", json.dumps({"piIcarusHook": section}, indent=2))
@@ -502,7 +502,7 @@ class Soak:
             sid = f"soak-{n}"
             rng = random.Random(self.rng.random())
             project = self.root / "projects" / sid
-            project.mkdir(parents=True, exist_ok=True)
+            make_dirs(project)
             write_project(project, self.visit_log, command_sleep_s=0.2)
             session = _Session(sid=sid, project=project, rng=rng)
             # One agent per session; its cursors are per cast, so every cast replays the script.
@@ -609,7 +609,7 @@ class Soak:
                             started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
         with tempfile.TemporaryDirectory(prefix="castor-soak-") as tmp:
             root = Path(s.workdir or tmp).resolve()
-            root.mkdir(parents=True, exist_ok=True)
+            make_dirs(root)
             report.workdir = str(root)
             self._prepare(root)
             try:

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import filelock
 
-from castor.adapters.fs import UnsafeFile, atomic_write_text, read_regular_file
+from castor.adapters.fs import UnsafeFile, atomic_write_text, make_dirs, read_regular_file
 from castor.domain import paths
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -234,7 +234,7 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
         if not paths.inside(os.path.realpath(confine_to), real):
             raise Forbidden(f"{path} leads outside the project ({real}); castor does not write through it",
                             data={"reason": "symlink", "path": path})
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    make_dirs(os.path.dirname(path))
     with _thread_lock(path):
         lock = _acquire(path + ".lock", lock_timeout_s)
         try:

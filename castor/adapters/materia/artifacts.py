@@ -79,6 +79,8 @@ from castor.adapters.fs import (
     dump_json,
     file_signature,
     fsync_dir,
+    make_dir,
+    make_dirs,
     make_durable_dirs,
     one_line_json,
     read_json_lines,
@@ -189,7 +191,7 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     root = os.fspath(artifact_root)
     try:
         if not os.path.isdir(root):
-            os.makedirs(root, exist_ok=True)
+            make_dirs(root)
     except (FileExistsError, NotADirectoryError):
         raise Conflict(f"the artifact directory {root} is not a directory",
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
@@ -200,7 +202,7 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
         candidate = base if n == 0 else f"{base}-{n}"
         before = cast_index.root_signature(confined.text)
         try:
-            os.mkdir(confined.join_text(candidate))
+            make_dir(confined.join_text(candidate))
         except FileExistsError:
             continue
         try:
@@ -370,7 +372,7 @@ class CastArtifacts:
             for sub in ("sockets", "contexts"):
                 target = self._target(sub)
                 try:
-                    os.mkdir(target)
+                    make_dir(target)
                     made = True
                 except FileExistsError:
                     if not os.path.isdir(target):  # a file, a FIFO or a link in its place: the run

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters.executables import which_outside
-from castor.adapters.fs import atomic_write_text
+from castor.adapters.fs import atomic_write_text, make_dirs
 from castor.adapters.materia.process_runner import UtilityCommand, UtilitySpawnError, run_command
 from castor.domain.jsontext import js_stringify
 from castor.domain.materia.engine import echo_output
@@ -204,7 +204,7 @@ def ensure_ignored(params: dict[str, Any], cwd: str | os.PathLike[str]) -> dict[
         text = existing_text or ""
         prefix = "" if not text or text.endswith("\n") else "\n"
         addition = "".join(f"{p}\n" for p in added)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
         if not _inside(target.parent.resolve(), root):  # a link among the new file's directories
             raise Forbidden("params.file leaves the project", data={"reason": "file outside root"})
         atomic_write_text(target, text + prefix + addition, keep_mode=True)

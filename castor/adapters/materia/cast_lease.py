@@ -27,7 +27,7 @@ import os
 import threading
 from pathlib import Path
 
-from castor.adapters.fs import ConfinedRoot
+from castor.adapters.fs import ConfinedRoot, make_dirs
 from castor.adapters.materia.artifacts import validate_cast_id
 from castor.ports.cast_storage import StateCorrupt
 
@@ -73,7 +73,7 @@ class CastLease:
         try:
             fd = _open_lease_file(cast_id, path, flags)
         except FileNotFoundError:  # the run dir is not there yet (a fresh id allocates it first)
-            os.makedirs(run_dir, exist_ok=True)
+            make_dirs(run_dir)
             fd = _open_lease_file(cast_id, path, flags)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from castor._log import logger
-from castor.adapters.fs import atomic_write_bytes, read_regular_file
+from castor.adapters.fs import atomic_write_bytes, make_dir, read_regular_file
 from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
 from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV
 from castor.ports.utility_runner import VISIT_ID_ENV as VISIT_ID_ENV
@@ -62,7 +62,7 @@ def record_running(path: Path, visit_id: str) -> bool:
     """Record, *before* it is started, that the command of ``visit_id`` may be running. False
     (nothing written, a warning) when ``.commands`` is not a real directory."""
     try:
-        path.parent.mkdir()
+        make_dir(path.parent)
     except FileExistsError:
         pass
     if not _real_dir(path.parent):

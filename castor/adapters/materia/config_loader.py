@@ -34,6 +34,7 @@ from castor.adapters.fs import (
     atomic_write_bytes,
     file_signature,
     is_storage_fault,
+    make_dirs,
     project_artifact_root,
     read_regular_file,
     storage_unavailable,
@@ -455,5 +456,5 @@ def save_active_loadout(
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` atomically and durably, keeping an existing file's mode (a new one
     gets 0644 less the umask, like any file the user creates)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write_bytes(path, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), keep_mode=True)

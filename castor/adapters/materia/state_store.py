@@ -66,6 +66,7 @@ from castor.adapters.fs import (
     ConfinedRoot,
     atomic_write_bytes,
     is_storage_fault,
+    make_dirs,
     read_regular_file,
     stat_signature,
     storage_unavailable,
@@ -378,7 +379,7 @@ class CastStateStore:
         if entry is None:
             path = self.state_path(cast_id)
             if not os.path.isdir(path.parent):
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_dirs(path.parent)
             entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path)
         return entry
 
