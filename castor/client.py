@@ -95,16 +95,19 @@ class Client:
     # ---------------------------------------------------------------- constructors
     @classmethod
     def connect_unix(cls, path: str, **kwargs: Any) -> Client:
-        """Connect to the socket at ``path``. With a token (``token=`` / ``token_file=``) the
-        listener must run as this user or root (``SO_PEERCRED``): a socket another user planted
-        (in a shared sticky directory, while castor is down) never hears the token
-        (``Forbidden``, before anything is sent)."""
+        """Connect to the socket at ``path``, whose listener must run as this user or root
+        (``SO_PEERCRED``), token or not: a socket another user planted (in a shared sticky
+        directory, while castor is down) never hears the token, nor a session's project paths
+        and requests (``Forbidden``, ``data.reason: peer_uid``, before anything is sent). A castor
+        of another user would refuse this client anyway."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
-            if (kwargs.get("token") is not None or kwargs.get("token_file") is not None) and not peer_is_us(sock):
-                raise Forbidden(f"refusing to send the endpoint's token to {path}: another user listens there, "
-                                "not castor's serve", data={"path": path})
+            if not peer_is_us(sock):
+                what = ("the endpoint's token" if kwargs.get("token") is not None
+                        or kwargs.get("token_file") is not None else "anything")
+                raise Forbidden(f"refusing to send {what} to {path}: another user listens there, "
+                                "not castor's serve", data={"path": path, "reason": "peer_uid"})
         except BaseException:
             sock.close()
             raise

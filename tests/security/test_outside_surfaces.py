@@ -476,6 +476,56 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
                     reason="needs root to listen as another user")
+def test_a_client_without_a_token_never_talks_to_a_unix_socket_another_user_listens_on(tmp_path):
+    """``Client.connect_unix(PATH)`` without a token checked nobody: a harness on a socket another
+    user planted in a shared sticky directory (while castor's serve was down) said hello and
+    opened its session there, handing that user the project's path and every request. The
+    listener's user is checked token or not: another user's socket is ``forbidden`` and hears
+    nothing (a real castor of another user refuses such a client anyway)."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    from castor.client import Client
+    from castor.messages.errors import Forbidden
+
+    shared = Path(tempfile.mkdtemp(prefix="castor-shared-", dir="/tmp"))  # the other user must reach it
+    shared.chmod(0o1777)
+    path = shared / "castor.sock"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: listen, and report every byte a peer sends
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            os.chmod(path, 0o777)
+            listener.listen(4)
+            os.write(write_end, b"L")
+            _report_what_peers_send(listener, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"L"
+        with pytest.raises(Forbidden) as refused:
+            Client.connect_unix(str(path), default_timeout=5)
+        assert refused.value.data.get("reason") == "peer_uid"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(str(path))
+        assert _heard_up_to_our_end(probe, read_end) == b"END"  # not even a hello
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to listen as another user")
 @pytest.mark.parametrize("family", ["ipv4", "ipv6"])
 def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, family):
     """A loopback port is anyone's to take while castor's serve is down (or before it starts):
