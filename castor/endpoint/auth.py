@@ -104,15 +104,25 @@ def check_trusted_assertion(trusted: bool, ctx: Context) -> None:
 def runtime_dir(env: dict[str, str] | None = None) -> str:
     """castor's private runtime directory: ``$XDG_RUNTIME_DIR/castor`` if that is set, absolute and
     an existing directory, else ``~/.castor/run``. Created ``0700``; refused (``forbidden``) if it is a symlink, not a
-    directory, owned by another user or reachable by group/others."""
+    directory, owned by another user or reachable by group/others -- and so is one under a directory
+    another user owns or may write to (``$XDG_RUNTIME_DIR`` or ``~`` and every directory above it, as
+    ``listeners.check_dir_chain`` says): ``XDG_RUNTIME_DIR`` kept from another user's login (``su``)
+    named their ``/run/user/UID``, where they could swap castor's directory for a link between its
+    check and the token file's creation, or for one of their own."""
+    from castor.endpoint.listeners import check_dir_chain
+
     env = dict(os.environ if env is None else env)
     xdg = env.get("XDG_RUNTIME_DIR") or ""
     if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
-        base, leaf = xdg, "castor"
-        directory = os.path.join(base, leaf)
+        check_dir_chain(xdg, what="the runtime directory's parent (XDG_RUNTIME_DIR)", reason="not_a_private_directory",
+                        harm="another user could swap castor's runtime directory; refusing to keep tokens there")
+        directory = os.path.join(xdg, "castor")
         _private_dir(directory)
         return directory
     home = os.path.expanduser("~")
+    if os.path.isdir(home):  # (a missing one fails the mkdir below, named)
+        check_dir_chain(home, what="the runtime directory's parent (your home)", reason="not_a_private_directory",
+                        harm="another user could swap castor's runtime directory; refusing to keep tokens there")
     top = os.path.join(home, ".castor")
     _private_dir(top)
     directory = os.path.join(top, "run")

@@ -75,9 +75,18 @@ def check_socket_dir(parent: str) -> None:
         os.stat(parent)
     except FileNotFoundError:
         raise InvalidConfig(f"the socket's directory {parent} does not exist", data={"path": parent}) from None
-    written = os.path.abspath(parent)
+    check_dir_chain(parent, what="the socket's directory", reason="socket_dir_not_private",
+                    harm="another user could replace the socket; refusing to listen there")
+
+
+def check_dir_chain(directory: str, *, what: str, reason: str, harm: str) -> None:
+    """``directory`` and every directory above it (as written, links included, and as resolved)
+    are castor's user's or root's, and not writable by others unless sticky (like ``/tmp``):
+    else ``forbidden`` naming ``what`` (``data.reason``: ``reason``; ``harm`` says what another
+    user could do). Whoever may rename one of them can put a tree of their own in its place."""
+    written = os.path.abspath(directory)
     for path in (*_ancestors(written), *_ancestors(os.path.realpath(written))):
-        _check_one_dir(path, parent)
+        _check_one_dir(path, directory, what=what, reason=reason, harm=harm)
 
 
 def check_socket_path(path: str) -> None:
@@ -103,17 +112,16 @@ def _ancestors(path: str) -> list[str]:
     return out
 
 
-def _check_one_dir(path: str, parent: str) -> None:
+def _check_one_dir(path: str, directory: str, *, what: str, reason: str, harm: str) -> None:
     st = os.lstat(path)  # a link is judged by its owner (who could point it elsewhere)
-    where = parent if path == parent else f"{parent} (its ancestor {path})"
+    where = directory if path == directory else f"{directory} (its ancestor {path})"
     if st.st_uid not in (os.geteuid(), 0):
-        raise Forbidden(f"the socket's directory {where} belongs to another user; refusing to listen there",
-                        data={"path": path, "reason": "socket_dir_not_private"})
+        raise Forbidden(f"{what} {where} belongs to another user (uid {st.st_uid}); {harm}",
+                        data={"path": path, "reason": reason})
     if (stat.S_ISDIR(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
             and not st.st_mode & stat.S_ISVTX):
-        raise Forbidden(f"the socket's directory {where} is writable by other users (and not sticky); "
-                        "another user could replace the socket", data={"path": path,
-                                                                       "reason": "socket_dir_not_private"})
+        raise Forbidden(f"{what} {where} is writable by other users (and not sticky); {harm}",
+                        data={"path": path, "reason": reason})
 
 
 def _bind_with_umask(sock: socket.socket, path: str) -> None:

@@ -452,6 +452,40 @@ def test_a_socket_directory_others_may_write_to_is_refused(tmp_path, mode, ok):
         assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory of another user")
+@pytest.mark.parametrize("owner, mode, ok", [
+    (54321, 0o700, False),  # another user's /run/user/UID, kept in the environment by `su`
+    (None, 0o777, False),  # a directory every user may rename things in
+    (None, 0o1777, True),  # sticky, like /tmp: nobody may rename castor's directory away
+    (None, 0o700, True),
+], ids=["another-users", "world-writable", "sticky", "private"])
+def test_a_runtime_directory_under_one_another_user_may_write_to_is_refused(tmp_path, owner, mode, ok):
+    """castor checked its own ``$XDG_RUNTIME_DIR/castor`` but not the directory above it: under
+    another user's runtime directory (or one every user may write), that user could swap castor's
+    for a link or a directory of theirs between its check and the token file's creation. Now it
+    gets the socket directory's rule: refused with one line, exit 2, nothing made there."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    xdg.chmod(mode)
+    if owner is not None:
+        os.chown(xdg, owner, owner)
+    env = {**serve_env(tmp_path), "XDG_RUNTIME_DIR": str(xdg)}
+    if ok:
+        server = TcpServe(tmp_path, env=env)
+        try:
+            assert server.token_file and server.token_file.startswith(str(xdg / "castor") + "/")
+        finally:
+            server.stop()
+        return
+    done = subprocess.run(castor_argv("serve", "--tcp", f"127.0.0.1:{free_port()}"), env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("castor: forbidden: "), done.stderr
+    assert str(xdg) in lines[0] and "XDG_RUNTIME_DIR" in lines[0], lines
+    assert os.listdir(xdg) == []
+
+
 def test_the_runtime_directory_falls_back_to_home_when_xdg_runtime_dir_is_missing(tmp_path, monkeypatch):
     from castor.endpoint.auth import new_token_file, runtime_dir
 
