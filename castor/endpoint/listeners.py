@@ -167,9 +167,13 @@ def _clear_stale(path: str) -> None:
 
 
 def unlink_if_ours(path: str, inode: int) -> None:
-    """Remove the socket file only if it is still the one we created."""
+    """Remove the socket file only if it is still the one we created: the inode castor's own
+    socket had, and a socket of castor's user. The inode alone is not enough: once castor's file
+    is gone (removed by hand, by a ``/tmp`` cleaner) its number is free, and another user's socket
+    bound at the same path since may get it -- castor must never unlink another user's live socket."""
     try:
-        if os.lstat(path).st_ino == inode:
+        st = os.lstat(path)
+        if st.st_ino == inode and stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid():
             os.unlink(path)
     except OSError:
         pass

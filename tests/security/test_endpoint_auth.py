@@ -580,6 +580,47 @@ def test_a_socket_path_another_user_planted_is_refused_before_anything_starts(tm
     assert path.lstat().st_ino == inode and path.lstat().st_uid == 54321
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a socket of another user")
+def test_castor_never_unlinks_another_users_socket_that_took_its_inode_number(tmp_path):
+    """At exit castor removed the file at its socket's path when the inode number matched its
+    own. Once castor's file is gone (a ``/tmp`` cleaner, a hand), that number is free, and another
+    user's live socket bound at the path since may get it: castor unlinked it. Now the file must
+    also be a socket of castor's user."""
+    import shutil
+    import tempfile
+
+    from castor.endpoint.listeners import unlink_if_ours
+
+    shared = Path(tempfile.mkdtemp(prefix="castor-shared-", dir="/tmp"))  # the other user must reach it
+    shared.chmod(0o1777)
+    path = shared / "castor.sock"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user's live listener at the path castor used
+        try:
+            os.close(read_end)
+            os.setgid(54321)
+            os.setuid(54321)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            listener.listen(1)
+            os.write(write_end, b"L")
+            time.sleep(120)  # listening until the test kills it
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"L"
+        reused = path.lstat().st_ino  # as if castor's own socket had had this number
+        unlink_if_ours(str(path), reused)
+        assert path.lstat().st_ino == reused and path.lstat().st_uid == 54321
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_connections_that_never_say_hello_cannot_lock_a_token_holder_out(tcp_serve):
     """Anyone on the machine can connect: 64 connections that never authenticate (and reconnect
     when closed) filled every slot, so the token holder was refused. Full, the endpoint makes room
