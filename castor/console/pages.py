@@ -11,10 +11,12 @@ import html
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
+from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.console.terminal import session_casts
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.supervision.registry import WATCH_PACE_S, check_segment
@@ -97,20 +99,50 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
     return Path(known)
 
 
-def _read_json(path: Path) -> Any:
+def _open_run_file(path: Path) -> int | None:
+    """A descriptor of ``path`` when it is a regular file, else None: the project may ship a
+    cast's directory, so a link (whose target is anywhere), a FIFO (which would hold the console's
+    handler until a writer came) or a device in a file's place is never read."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON document in ``path`` (a regular file, :func:`_open_run_file`, of at most castor's
+    bound for run files: a larger one, which a sparse file makes at no disk cost, is unread), else None."""
+    fd = _open_run_file(path)
+    if fd is None:
+        return None
+    try:
+        with open(fd, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size > MAX_RUN_FILE_BYTES:
+                return None
+            raw = handle.read(MAX_RUN_FILE_BYTES + 1)
+        return json.loads(raw) if len(raw) <= MAX_RUN_FILE_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return None
 
 
 def _feed(path: Path) -> list[dict[str, Any]]:
-    """The newest events of ``events.jsonl`` (a torn last line is skipped, never fatal)."""
+    """The newest events of ``events.jsonl`` (a torn last line is skipped, never fatal; a link
+    or anything but a regular file shows none)."""
+    fd = _open_run_file(path)
+    if fd is None:
+        return []
     try:
-        with open(path, "rb") as f:
+        with open(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(max(0, size - FEED_TAIL_BYTES))
-            tail = f.read()
+            tail = f.read(FEED_TAIL_BYTES)
     except OSError:
         return []
     events = []

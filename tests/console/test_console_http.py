@@ -597,3 +597,56 @@ def test_a_saved_cast_s_visit_counts_cannot_put_markup_in_the_console_s_graph():
         "visits": {"Socket-1": planted}, "active": False}
     svg = loadout_svg(state)
     assert "<img" not in svg and "&lt;img" in svg, svg
+
+
+def test_a_project_s_fifo_link_or_huge_file_in_a_cast_s_directory_never_holds_the_console(tmp_path):
+    """A cast's page reads its ``state.json``, ``usage.json`` and ``events.jsonl`` as they lie in
+    the project, which may ship a cast's directory. They were opened as found: a FIFO in
+    ``usage.json``'s place held the console's handler for ever (each visit or push one more, until
+    its slots were gone), a link named ``events.jsonl`` showed another file's lines in the feed,
+    and a sparse ``state.json`` of gigabytes was read whole. Each is now read only when it is a
+    regular file (never through a link, never waited on) within castor's bound for run files."""
+    import os
+    import threading
+
+    from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
+    from castor.console import pages
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    project = tmp_path / "project"
+    run_dir = project / ".pi" / "pi-materia" / "2026-01-01T00-00-00-000Z"
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_text(json.dumps({"state": {"phase": "complete", "request": "shipped"}}))
+    os.mkfifo(run_dir / "usage.json")
+    elsewhere = tmp_path / "private.jsonl"
+    elsewhere.write_text(json.dumps({"ts": "t", "type": "SECRET-LINE", "data": {}}) + "\n")
+    (run_dir / "events.jsonl").symlink_to(elsewhere)
+    huge = project / ".pi" / "pi-materia" / "2026-01-01T00-00-01-000Z"
+    huge.mkdir()
+    with open(huge / "state.json", "wb") as sparse:
+        sparse.truncate(MAX_RUN_FILE_BYTES + 1)  # no disk cost: a hole
+    runtime = make_runtime()
+    results: dict[str, dict] = {}
+    try:
+        open_session(runtime, "s", project, [])
+
+        def visit() -> None:
+            for cast_id in (run_dir.name, huge.name):
+                results[cast_id] = pages.cast_data(runtime, "s", cast_id)
+
+        visitor = threading.Thread(target=visit, daemon=True)
+        visitor.start()
+        visitor.join(10)
+        if visitor.is_alive():  # held by the FIFO: let it go before failing
+            fd = os.open(run_dir / "usage.json", os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+            visitor.join(20)
+            pytest.fail("the console's read of a cast's usage.json waited on a FIFO")
+        shipped = results[run_dir.name]
+        assert shipped["request"] == "shipped" and shipped["usage"]["turns"] == 0
+        assert shipped["events"] == [], shipped["events"]  # the link's target is never read
+        assert results[huge.name]["phase"] is None  # over the bound: unread
+    finally:
+        for cast_id in (run_dir.name, huge.name):
+            pages._RUN_DIRS.pop(("s", cast_id), None)
+        runtime.shutdown(timeout=10)
