@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,55 @@ def test_context_default_never_rewrites_global_settings_another_user_wrote(tmp_p
         assert open_session("s2").settings.python != evil
     finally:
         world.close()
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_a_trusted_session_never_runs_commands_from_a_project_config_another_user_wrote(tmp_path, how):
+    """Trust is the user's word for a project, not for whoever else could write its files: a
+    project's ``.pi/pi-materia.json`` another user owns (or every user may write) chose utility
+    commands that a trusted session -- ``castor cast`` in that directory, always trusted -- ran as
+    castor's user. They are refused (``forbidden``, ``untrusted_project``, naming the file) as an
+    untrusted session's are; the rest of the layer (prompts, loadouts) is still read."""
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import Forbidden
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    project = tmp_path / "project"
+    marker = tmp_path / "ran"
+    _plant(project / ".pi" / "pi-materia.json", _command_config(marker), how)
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "s", project, ["hello"], trusted=True)
+        with pytest.raises(Forbidden) as refused:
+            materia_call(runtime, "s", "start", {"request": "run it"})
+        assert refused.value.data["reason"] == "untrusted_project"
+        assert refused.value.data["path"] == str(project / ".pi" / "pi-materia.json")
+        assert refused.value.data["sockets"] == ["Socket-1"]
+    finally:
+        runtime.shutdown(timeout=10)
+    assert not marker.exists()
+    # The CLI's own session is trusted: `castor cast` there refuses the same way, one line.
+    (project / "answers.json").write_text(json.dumps(["hello"]))
+    done = subprocess.run([sys.executable, "-m", "castor", "cast", "run it", "--agent", "script:answers.json",
+                           "--quiet"], cwd=str(project), capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(tmp_path / "home"), "CASTOR_AGENT": "", "MATERIA_CONFIG": "",
+                               "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")})
+    assert done.returncode != 0 and "castor: forbidden: " in done.stderr, done.stderr
+    assert not marker.exists()
+
+
+def test_a_trusted_session_runs_the_commands_of_the_users_own_project_config(tmp_path):
+    from castor.actors.materia.api import materia_call
+    from tests.actors.materia.helpers import make_runtime, open_session, wait_status
+
+    project = tmp_path / "project"
+    marker = tmp_path / "ran"
+    _plant(project / ".pi" / "pi-materia.json", _command_config(marker), "own")
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "s", project, ["hello"], trusted=True)
+        started = materia_call(runtime, "s", "start", {"request": "run it"})
+        wait_status(runtime, "s", started["cast_id"], timeout=30)
+    finally:
+        runtime.shutdown(timeout=10)
+    assert marker.exists()

@@ -356,6 +356,10 @@ class LayerInfo(_Model):
     scope: Literal["default", "user", "project", "explicit"]
     path: str
     loaded: bool
+    #: Why another user may have chosen what a loaded project layer says (its file is theirs, or
+    #: every user may write it), else None: such a layer's utility commands are never run, trusted
+    #: or not (``castor.domain.materia.trust``). Not part of any JSON shape.
+    foreign: str | None = Field(default=None, exclude=True)
 
 
 class ResolvedConfig(_Model):

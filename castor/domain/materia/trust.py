@@ -7,7 +7,9 @@ the project's to choose — but a loadout whose sockets run utility ``command``\
 (``forbidden``, ``data.reason`` ``"untrusted_project"``, ``data.sockets`` naming them) while a
 project layer is loaded: those commands would run as castor's user, chosen by whoever wrote the
 project's files. The same commands from the user's own (global) or an explicit config layer are
-allowed.
+allowed. Trusting a project trusts its owner's files: a project layer whose file another user owns
+(root aside) or every user may write was chosen by someone else, so its commands are refused
+the same way in a trusted session too (git refuses another user's repository for the same reason).
 
 A cast saved on disk is a project file too: its ``state.json`` holds the whole resolved config,
 commands included, and nothing proves castor wrote it (a checkout can ship one, or edit one).
@@ -29,17 +31,22 @@ from castor.messages.errors import Forbidden
 
 def untrusted_commands(resolved: ResolvedConfig, *, trusted: bool) -> list[str]:
     """The ids of the command sockets the rule refuses (empty when the cast may start)."""
-    if trusted:
-        return []
-    project_loaded = any(layer.scope == "project" and layer.loaded for layer in resolved.layers)
-    if not project_loaded:
+    project = [layer for layer in resolved.layers if layer.scope == "project" and layer.loaded]
+    if not project or (trusted and not any(layer.foreign for layer in project)):
         return []
     return [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
 
 
 def check_project_trust(resolved: ResolvedConfig, *, trusted: bool) -> None:
-    """Raise ``Forbidden`` if an untrusted session's config would run a project's commands."""
+    """Raise ``Forbidden`` if an untrusted session's config would run a project's commands, or
+    any session's would run those of a project layer another user may have written."""
     commands = untrusted_commands(resolved, trusted=trusted)
+    foreign = [layer for layer in resolved.layers if layer.scope == "project" and layer.loaded and layer.foreign]
+    if commands and trusted and foreign:
+        raise Forbidden(f"the project's materia config {foreign[0].path} is not castor's user's to trust: "
+                        f"{foreign[0].foreign}, so its utility commands ({', '.join(commands)}) are not run, "
+                        "trusted or not; make it your own file (chown, chmod o-w) if you mean to run them",
+                        data={"reason": "untrusted_project", "sockets": commands, "path": foreign[0].path})
     if commands:
         raise Forbidden("this project is not trusted: its materia config runs utility commands "
                         f"({', '.join(commands)}); trust the project first",
