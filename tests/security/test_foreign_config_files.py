@@ -186,3 +186,21 @@ def test_a_trusted_session_runs_the_commands_of_the_users_own_project_config(tmp
     finally:
         runtime.shutdown(timeout=10)
     assert marker.exists()
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_a_trusted_project_s_settings_another_user_wrote_choose_no_python(tmp_path, how):
+    """A trusted project's ``.pi/settings.json`` chooses the Icarus worker's Python: one another
+    user owns (or every user may write) chose the program castor ran as its user. It is ignored
+    now, as such global settings are, with a warning naming why."""
+    project = tmp_path / "project"
+    _plant(project / ".pi" / "settings.json",
+           {"piIcarusHook": {"python": str(tmp_path / "evil-python"), "timeoutMs": 4321}}, how)
+    settings = load_settings(str(project), trusted=True, env={"PI_CODING_AGENT_DIR": str(tmp_path / "agent")},
+                             home=str(tmp_path / "home"))
+    assert settings.python != str(tmp_path / "evil-python") and settings.timeout_ms != 4321
+    assert any("project settings ignored" in w for w in settings.warnings), settings.warnings
+    own = tmp_path / "own"
+    _plant(own / ".pi" / "settings.json", {"piIcarusHook": {"timeoutMs": 4321}}, "own")
+    assert load_settings(str(own), trusted=True, env={"PI_CODING_AGENT_DIR": str(tmp_path / "agent")},
+                         home=str(tmp_path / "home")).timeout_ms == 4321

@@ -597,7 +597,7 @@ class IcarusSession:
 
         self.backend.update_settings(plan.path, mutate,
                                      confine_to=self.ctx.info.cwd if plan.scope == "project" else None,
-                                     owned=plan.scope == "global")
+                                     owned=True)  # another user's file is never made castor's user's own
         shown = "visible" if written["value"] else "hidden"
         text = (f"Memory context will be {shown} by default for future Pi sessions (saved to {plan.scope} "
                 f"settings: {plan.path}). Current session is still {current}.")

@@ -116,11 +116,13 @@ def _parse(path: str, *, owned: bool = False) -> dict[str, Any]:
 
 
 def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
-    """Tolerant read of one settings file. The global one chooses the Icarus worker's Python and
-    package for every session: a file another user owns, or every user may write (the agent
-    directory's variable names a shared directory), is ignored with the reason."""
+    """Tolerant read of one settings file. Each chooses the Icarus worker's Python and package
+    (the global one for every session, a trusted project's for its own): a file another user
+    owns, or every user may write, is ignored with the reason -- the agent directory's variable
+    naming a shared directory, or a project another user may write in (trust covers the
+    project's owner, not whoever else could write its files)."""
     try:
-        doc = _parse(path, owned=scope == "global")
+        doc = _parse(path, owned=True)
     except FileNotFoundError:
         return SettingsLayer(scope=scope, path=path)
     except _Unusable as exc:
