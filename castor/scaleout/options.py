@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from castor.scaleout import BACKENDS
+from castor.scaleout import BACKENDS, RAY_MINOR
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +37,14 @@ def backend_flag_problem(args: argparse.Namespace) -> str | None:
     if hosts is not None and not 1 <= hosts <= 1024:
         return f"--ray-hosts must be between 1 and 1024, got {hosts}"
     try:
-        import ray  # noqa: F401 - only to say clearly what is missing
+        import ray
     except ImportError:
         return "--backend ray needs Ray: pip install 'castor[ray]'"
+    wanted = ".".join(map(str, RAY_MINOR))
+    installed = str(getattr(ray, "__version__", "unknown"))
+    if installed.split(".")[:2] != wanted.split("."):
+        return (f"--backend ray needs Ray {wanted}.x (the minor castor is built and tested with), found Ray "
+                f"{installed}: pip install 'castor[ray]'")
     if address is not None and address.strip().startswith("ray://"):
         import importlib
 

@@ -23,6 +23,7 @@ by the cast's incarnation, so a host that was presumed dead but still writes is 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from castor import tree
 from castor._log import logger
 from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
-from castor.messages.errors import ActorCrashed, CastorError, InvalidParams, NotFound, Timeout
+from castor.messages.errors import ActorCrashed, CastorError, Conflict, InvalidParams, NotFound, Timeout
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
@@ -95,6 +96,30 @@ def ray_errors() -> tuple[type[BaseException], ...]:
     return (rex.RayActorError,)
 
 
+_VERSIONS = re.compile(r"Ray:\s*(\S+)\s*Python:\s*(\S+)")
+
+
+def refusal_of_ray_init(exc: RuntimeError, address: str) -> CastorError:
+    """The typed error for a ``RuntimeError`` of ``ray.init``. Ray refuses a driver whose Ray or
+    Python version differs from the cluster's (``Version mismatch``, over several lines): that is
+    ``conflict`` with reason ``ray_version_mismatch``, naming both sides' versions on one line.
+    Any other refusal is ``not_found`` with reason ``ray_connect_failed`` and Ray's words."""
+    text = str(exc)
+    if text.startswith("Version mismatch"):
+        found = _VERSIONS.findall(text)
+        if len(found) == 2:
+            (cluster_ray, cluster_py), (own_ray, own_py) = found
+            shown = (f"the cluster runs Ray {cluster_ray} on Python {cluster_py}, this process Ray {own_ray} on "
+                     f"Python {own_py}")
+        else:
+            shown = " ".join(text.split())
+        return Conflict(f"cannot join the Ray cluster at {address}: {shown}; the driver (castor) must run the "
+                        "cluster's Ray and Python versions: install castor where they match, or start the "
+                        "cluster with this machine's", data={"reason": "ray_version_mismatch", "address": address})
+    return NotFound(f"cannot connect to the Ray cluster at {address}: {' '.join(text.split())}",
+                    data={"reason": "ray_connect_failed", "address": address})
+
+
 class RayBackend:
     """Cast hosts on a Ray cluster and the routing of sessions to them."""
 
@@ -119,6 +144,8 @@ class RayBackend:
                     "(RAY_AUTH_TOKEN or ~/.ray/auth_token) here: Ray never enables it for an explicit address")
                 raise NotFound(f"cannot connect to the Ray cluster at {address}: {exc}{hint}",
                                data={"reason": "ray_connect_failed", "address": address}) from None
+            except RuntimeError as exc:  # Ray's version check (and its other refusals): a traceback before
+                raise refusal_of_ray_init(exc, self.settings.address or "local") from None
         self._ray = ray
         self._host_runtime = {"utility_slots": self.settings.host_utility_slots, **(host_runtime or {})}
         self._lock = threading.RLock()

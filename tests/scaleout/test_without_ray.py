@@ -323,3 +323,51 @@ def test_a_cpu_figure_finer_than_ray_counts_is_rounded_not_a_crashed_utility_slo
     runner.spawn(cmd, {"cpus": 1.00004})
     runner.spawn(cmd, {"cpus": 2.5})
     assert asked == [0.0001, 1.0, 2.5], asked
+
+
+def test_an_installed_ray_of_another_minor_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path: Path) -> None:
+    """castor[ray] pins Ray's minor (the backend uses Ray internals that change between minors), but
+    a Ray installed on its own (``pip install -U ray``) went unchecked until something of it broke."""
+    ray = pytest.importorskip("ray")
+    from castor.cli import main
+
+    monkeypatch.setattr(ray, "__version__", "2.61.0")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["cast", "build", "--agent", "script:a.json", "--backend", "ray"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "castor: invalid_params: " in err, err
+    assert "needs Ray 2.60.x" in err and "found Ray 2.61.0" in err, err
+
+
+def test_a_cluster_of_another_ray_version_is_a_typed_error_not_a_traceback(monkeypatch, capsys,
+                                                                         tmp_path: Path) -> None:
+    """Ray refuses a driver whose Ray or Python version is not the cluster's with a ``RuntimeError``
+    over seven lines, which the CLI printed as a Python traceback (exit 1 with no castor line). Seen
+    on a cluster started with ``ray start --head`` and a driver whose Ray said another patch version."""
+    ray = pytest.importorskip("ray")
+    from castor.cli import main
+    from castor.messages.errors import Conflict
+    from castor.scaleout import options
+
+    def mismatched(**_kwargs: object) -> None:
+        raise RuntimeError("Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.11.7\n"
+                           "This process on node 127.0.0.1 was started with:\n    Ray: 2.60.1\n    Python: 3.11.7\n")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", mismatched)
+    monkeypatch.setattr(options, "check_reachable", lambda _address: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    assert main(["cast", "build", "--agent", "script:a.json", "--backend", "ray",
+                 "--ray-address", "127.0.0.1:6379"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("castor: conflict: cannot join the Ray cluster at 127.0.0.1:6379: the cluster runs Ray "
+                          "2.60.0 on Python 3.11.7, this process Ray 2.60.1 on Python 3.11.7"), err
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+
+    with pytest.raises(Conflict) as caught:
+        RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
+    assert caught.value.data == {"reason": "ray_version_mismatch", "address": "127.0.0.1:6379"}
