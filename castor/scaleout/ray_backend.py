@@ -183,15 +183,25 @@ class RayBackend:
         return ref
 
     def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
+        """Wait for a started host to answer, then drain it. A host that does not start (in time,
+        or at all: its node died first) is taken for not alive and its actor killed, so a late
+        start leaves no host that ``ops.hosts`` lists alive, replacements count, or nobody drains."""
         import ray.exceptions as rex
 
         try:
             info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
-        except rex.GetTimeoutError:  # a TimeoutError, so an OSError: the CLI said storage_unavailable
-            raise Timeout(f"cast host {ref.host_id} did not start within {timeout_s:.0f}s: the cluster is too busy "
-                          "or short of memory to start its process", may_have_started=False,
-                          data={"host_id": ref.host_id, "reason": "host_start_timeout"}) from None
         except rex.RayError as exc:
+            with self._lock:
+                ref.alive = False
+                ref.lost_at = time.monotonic()
+            try:
+                self._ray.kill(ref.actor, no_restart=True)
+            except Exception as gone:  # noqa: BLE001 - already gone: nothing to end
+                self.log.info("cast host {host} that did not start: {exc}", host=ref.host_id, exc=type(gone).__name__)
+            if isinstance(exc, rex.GetTimeoutError):  # a TimeoutError, so an OSError: the CLI said storage_unavailable
+                raise Timeout(f"cast host {ref.host_id} did not start within {timeout_s:.0f}s: the cluster is too busy "
+                              "or short of memory to start its process", may_have_started=False,
+                              data={"host_id": ref.host_id, "reason": "host_start_timeout"}) from None
             raise ActorCrashed(f"cast host {ref.host_id} could not start ({type(exc).__name__})",
                                may_have_started=False, data={"host_id": ref.host_id}) from None
         ref.node_id, ref.pid = info["node_id"], info["pid"]

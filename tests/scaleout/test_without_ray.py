@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -212,14 +213,21 @@ def test_a_cast_host_that_does_not_start_in_time_is_a_timeout_not_storage_unavai
     def slow(*_args: object, **_kwargs: object) -> None:
         raise rex.GetTimeoutError("Get timed out: some object(s) not ready.")
 
+    killed: list[object] = []
     backend = RayBackend.__new__(RayBackend)  # the method alone: no cluster needed to show the mapping
-    backend._ray = SimpleNamespace(get=slow)
-    ref = HostRef.__new__(HostRef)
-    ref.host_id, ref.actor = "host-1", SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
+    backend._ray = SimpleNamespace(get=slow, kill=lambda actor, no_restart: killed.append(actor))
+    backend._lock = threading.RLock()
+    actor = SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
+    ref = HostRef(host_id="host-1", actor=actor)
+    backend.hosts = {"host-1": ref}
     with pytest.raises(Timeout) as caught:
         backend._await_host(ref, timeout_s=60)
     assert caught.value.data["host_id"] == "host-1" and caught.value.data["reason"] == "host_start_timeout"
     assert "did not start within 60s" in caught.value.message and caught.value.may_have_started is False
+    # A host that starts after its deadline was left listed alive, drained by nobody: `castor inspect
+    # hosts` showed it "yes" with no casts, replacements counted it on its node, and once its silence
+    # fence ended it, "not answering: ActorDiedError" for ever. It is now not alive, and ended.
+    assert backend.live_hosts() == [] and killed == [actor]
     assert ray is not None
 
 
