@@ -51,6 +51,7 @@ CALL_TIMEOUT_S = 14.0
 # drain may take on a slow cluster (DRAIN_WAIT_S + the 30 s the drain's get allows).
 FENCE_AFTER_S = 45.0
 FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
+PLACE_TIMEOUT_S = 60.0  # how long a session opening waits for a live cast host (a replacement starting)
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
 READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
@@ -290,7 +291,7 @@ class RayBackend:
         """Open the session on the least-loaded live host. With ``ready=False`` callers keep
         waiting (``host_of``) until the placer sets ``placed.ready`` itself."""
         sid = placed.ctx.info.session_id
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + PLACE_TIMEOUT_S
         while True:
             with self._lock:
                 live = [h for h in self.hosts.values() if h.alive and h.host_id != avoid and h.drainer is not None]
@@ -299,7 +300,10 @@ class RayBackend:
             if live:
                 break
             if time.monotonic() > deadline:
-                raise CastorError("no live cast host on the cluster", data={"session_id": sid})
+                raise Timeout(f"no live cast host on the cluster to open session {sid!r} on within "
+                              f"{PLACE_TIMEOUT_S:g} s (every host lost, and none could be started again: "
+                              "see `castor inspect hosts` and the cluster's nodes)", may_have_started=False,
+                              data={"session_id": sid, "reason": "no_live_cast_host"})
             time.sleep(0.05)
         host = min(live, key=lambda h: (len(h.sessions), h.host_id))
         has_context = bool(placed.ctx.harness.host_context and placed.ctx.harness.host_context.has_context)

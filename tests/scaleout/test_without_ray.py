@@ -379,3 +379,23 @@ def test_a_cluster_of_another_ray_version_is_a_typed_error_not_a_traceback(monke
     with pytest.raises(Conflict) as caught:
         RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
     assert caught.value.data == {"reason": "ray_version_mismatch", "address": "127.0.0.1:6379"}
+
+
+def test_a_session_with_no_live_cast_host_to_go_to_is_a_timeout_not_internal(monkeypatch) -> None:
+    """Every host lost and none started again (the replacements' starts failed): a session opening
+    waited, then failed ``internal`` ("no live cast host on the cluster"), which reads as a castor
+    bug. Now ``timeout`` with reason ``no_live_cast_host``, saying where to look."""
+    pytest.importorskip("ray")
+    from castor.messages.errors import Timeout
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import HostRef, RayBackend, _Placed
+
+    monkeypatch.setattr(ray_backend, "PLACE_TIMEOUT_S", 0.2, raising=False)  # the wait was 60 s, fixed
+    backend = RayBackend.__new__(RayBackend)
+    backend._lock = threading.RLock()
+    backend.hosts = {"host-1": HostRef(host_id="host-1", actor=None, alive=False)}
+    placed = _Placed(ctx=SimpleNamespace(info=SimpleNamespace(session_id="s1")))
+    with pytest.raises(Timeout) as caught:
+        backend._place(placed)
+    assert caught.value.data["reason"] == "no_live_cast_host" and caught.value.data["session_id"] == "s1"
+    assert caught.value.may_have_started is False and "castor inspect hosts" in caught.value.message
