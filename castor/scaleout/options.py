@@ -1,12 +1,13 @@
 """``--backend`` and ``--ray-address`` for the commands that run casts (serve, cast, soak).
 
-Importing this module imports nothing but argparse and :mod:`castor.scaleout`'s backend names:
+Importing this module imports nothing but argparse, re and :mod:`castor.scaleout`'s backend names:
 the CLI builds its parser from :func:`add_backend_flags` without loading pydantic or any runtime
 code (tests/cli/test_cli_startup.py); what a flag starts is imported when it starts it."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from castor.scaleout import BACKENDS, RAY_MINOR
@@ -85,9 +86,14 @@ def _address_parts(address: str) -> tuple[str, int] | None | tuple[()]:
     if text.startswith("ray://"):
         text = text[len("ray://"):]
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    if not sep or not _HOST.fullmatch(host) or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
     return host.strip("[]"), int(port)
+
+
+#: A host name, an IPv4 address or a bracketed IPv6 one: no scheme (``http://``), path, user or space,
+#: which Ray would take for part of a host name (and castor reported the address unreachable).
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?\]")
 
 
 #: What a client sends first on an HTTP/2 connection (gRPC, which a Ray GCS speaks): the preface

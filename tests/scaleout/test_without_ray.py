@@ -399,3 +399,25 @@ def test_a_session_with_no_live_cast_host_to_go_to_is_a_timeout_not_internal(mon
         backend._place(placed)
     assert caught.value.data["reason"] == "no_live_cast_host" and caught.value.data["session_id"] == "s1"
     assert caught.value.may_have_started is False and "castor inspect hosts" in caught.value.message
+
+
+@pytest.mark.parametrize("address", ["http://127.0.0.1:6379", "127.0.0.1/x:6379", "user@10.0.0.5:6379",
+                                     "ray://http://h:10001", "my host:6379"])
+def test_a_ray_address_with_a_scheme_path_or_space_is_a_usage_error_not_unreachable(address: str) -> None:
+    """docs/scale-out.md: a ``--ray-address`` that is not ``HOST:PORT``, ``auto`` or
+    ``ray://HOST:PORT`` is a usage error (exit 2). ``http://127.0.0.1:6379`` (a URL, as the
+    dashboard's address is written) passed the check and failed exit 1, "cannot be reached (Name or
+    service not known)": the host was taken to be ``http://127.0.0.1``."""
+    from castor.scaleout.options import backend_flag_problem
+
+    problem = backend_flag_problem(SimpleNamespace(backend="ray", ray_address=address, ray_hosts=None))
+    assert problem is not None and problem.startswith("--ray-address must be"), problem
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:6379", "head.example-1.internal:6379", "[::1]:6379",
+                                     "ray://[fe80::1%eth0]:10001", " 127.0.0.1:6379 ", "auto"])
+def test_a_ray_address_of_a_host_name_or_address_passes_the_flag_check(address: str) -> None:
+    pytest.importorskip("ray")
+    from castor.scaleout.options import backend_flag_problem
+
+    assert backend_flag_problem(SimpleNamespace(backend="ray", ray_address=address, ray_hosts=None)) is None
