@@ -85,6 +85,7 @@ __all__ = [
     "dump_json",
     "ensure_dir",
     "file_signature",
+    "foreign_owner",
     "fsync_dir",
     "make_dir",
     "make_dirs",
@@ -278,6 +279,22 @@ class TooLarge(ValueError):
 
 class UnsafeFile(ValueError):
     """A file castor found by itself that another user chose the content of (see ``owned``)."""
+
+
+def foreign_owner(path: str | os.PathLike[str]) -> str | None:
+    """Why another user may have chosen what the file at ``path`` says (links followed): it is
+    theirs (root's aside), or every user may write it; None when it is castor's user's (or root's)
+    alone, or cannot be looked at. For project files that decide what castor runs even when the
+    project is trusted: trusting a project trusts its owner, not whoever else could write there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"it belongs to another user (uid {st.st_uid})"
+    if st.st_mode & stat.S_IWOTH:
+        return "every user may write it"
+    return None
 
 
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, owned: bool = False,

@@ -45,6 +45,12 @@ class StoredDocument(Protocol):
     @property
     def state(self) -> dict[str, Any]: ...
 
+    @property
+    def foreign(self) -> str | None:
+        """Why another user may have written the document (its file is theirs, or every user
+        may write it), else None."""
+        ...
+
 
 class CastSummaryView(Protocol):
     """One row of a cast listing (from the index; no state document read)."""

@@ -204,3 +204,48 @@ def test_a_trusted_project_s_settings_another_user_wrote_choose_no_python(tmp_pa
     _plant(own / ".pi" / "settings.json", {"piIcarusHook": {"timeoutMs": 4321}}, "own")
     assert load_settings(str(own), trusted=True, env={"PI_CODING_AGENT_DIR": str(tmp_path / "agent")},
                          home=str(tmp_path / "home")).timeout_ms == 4321
+
+
+@pytest.mark.parametrize("how", [pytest.param("another-users-file", marks=root_only), "world-writable"])
+def test_a_trusted_session_never_resumes_a_saved_cast_another_user_wrote_that_runs_commands(tmp_path, how):
+    """A saved cast's ``state.json`` holds its whole config, commands included. One that another
+    user owns (or every user may write) -- shipped in a project they may write in, or swapped in
+    for castor's own -- was resumed by a trusted session (``castor recast``), which ran its
+    commands as castor's user. It is refused now before anything runs (``forbidden``,
+    ``untrusted_project``, ``data.cast_id``); castor's own saved cast still resumes."""
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import Forbidden
+    from tests.actors.materia.helpers import make_runtime, open_session, wait_status
+    from tests.support.waiting import wait_for
+
+    project = tmp_path / "project"
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('ran\\n'); raise SystemExit(3)"]
+    config = _command_config(marker)
+    config["loadouts"]["cmd"]["sockets"]["Socket-1"]["command"] = command
+    _plant(project / ".pi" / "pi-materia.json", config, "own")
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "maker", project, ["x"], trusted=True)
+        made = materia_call(runtime, "maker", "start", {"request": "a recastable failure"})
+        assert wait_status(runtime, "maker", made["cast_id"])["status"] == "failed"
+        runtime.close_session("maker")
+        marker.unlink()
+        state = project / ".pi" / "pi-materia" / made["cast_id"] / "state.json"
+        if how == "another-users-file":
+            os.chown(state, 65534, 65534)
+        else:
+            state.chmod(0o666)
+        open_session(runtime, "victim", project, ["x"], trusted=True)
+        for verb, params in (("recast", {"cast_id": made["cast_id"]}), ("revive", {"cast_id": made["cast_id"]})):
+            with pytest.raises(Forbidden) as refused:
+                materia_call(runtime, "victim", verb, params)
+            assert refused.value.data["reason"] == "untrusted_project", (verb, refused.value)
+            assert refused.value.data["cast_id"] == made["cast_id"]
+        assert not marker.exists(), "a command of the saved cast ran"
+        os.chown(state, os.geteuid(), os.getegid())
+        state.chmod(0o644)
+        materia_call(runtime, "victim", "recast", {"cast_id": made["cast_id"]})
+        wait_for(marker.exists, timeout=10, what="the recast of castor's own saved cast to run the command")
+    finally:
+        runtime.shutdown(timeout=10)

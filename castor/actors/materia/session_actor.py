@@ -72,7 +72,7 @@ from castor.actors.materia.views import (
     casts_text,
     find_cast,
     held_elsewhere,
-    load_state,
+    load_state_and_writer,
     loadout_line,
     persisted_view,
     resolve_cast_id,
@@ -380,9 +380,10 @@ class SessionActor(Actor):
 
     def _bring_in(self, cast_id: str, root: Path) -> Any:
         """Spawn a resume-mode CastActor for a persisted cast that is not live here."""
-        saved = load_state(self.storage, root, cast_id)  # NotFound / StateCorrupt before anything starts
+        # NotFound / StateCorrupt before anything starts
+        saved, written_by_another = load_state_and_writer(self.storage, root, cast_id)
         moved_to(saved, f"{root}/{cast_id}", str(root), 0.0)  # a move it cannot follow: StateCorrupt, too
-        check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted)
+        check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted, foreign=written_by_another)
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
         except PermissionError as exc:  # a storage fault, as the store's own EACCES: storage_unavailable

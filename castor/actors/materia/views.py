@@ -173,6 +173,15 @@ def load_state(storage: CastStorage, artifact_root: Path, cast_id: str) -> CastS
     return _load_saved(storage, artifact_root, cast_id)[0]
 
 
+def load_state_and_writer(storage: CastStorage, artifact_root: Path, cast_id: str) -> tuple[CastState, str | None]:
+    """:func:`load_state`, with why another user may have written the saved document (its file is
+    theirs, or every user may write it: ``StoredDocument.foreign``), else None."""
+    stored = storage.store(artifact_root).load(cast_id)
+    if stored.revision == 0:
+        raise NotFound(f"cast {cast_id} has no saved state yet", data={"cast_id": cast_id})
+    return saved_state(stored.state, cast_id, artifact_root), stored.foreign
+
+
 def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, live: bool) -> dict[str, Any]:
     state, document = _load_saved(storage, artifact_root, cast_id)
     orphaned = state.active and not live and not storage.lease_held(artifact_root, cast_id)

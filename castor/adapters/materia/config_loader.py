@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import stat
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -34,6 +33,7 @@ from castor.adapters.fs import (
     UnsafeFile,
     atomic_write_bytes,
     file_signature,
+    foreign_owner,
     is_storage_fault,
     make_dirs,
     project_artifact_root,
@@ -222,24 +222,10 @@ def gather_layers(
         data, read_issues = read_layer(path, owned=scope == "user")
         issues.extend(read_issues)
         infos.append(LayerInfo(scope=scope, path=str(path), loaded=data is not None,
-                               foreign=_foreign(path) if scope == "project" and data is not None else None))
+                               foreign=foreign_owner(path) if scope == "project" and data is not None else None))
         if data is not None:
             layers.append((str(path), data))
     return layers, infos, issues
-
-
-def _foreign(path: Path) -> str | None:
-    """Why another user may have written the project layer at ``path`` (it is theirs -- root's
-    aside -- or every user may write it), else None (see ``LayerInfo.foreign``)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"it belongs to another user (uid {st.st_uid})"
-    if st.st_mode & stat.S_IWOTH:
-        return "every user may write it"
-    return None
 
 
 def _inside_project(path: Path, cwd: Path) -> bool:

@@ -59,12 +59,13 @@ from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from castor._log import logger
 from castor.adapters.fs import (
     ConfinedRoot,
     atomic_write_bytes,
+    foreign_owner,
     is_storage_fault,
     make_dirs,
     read_regular_file,
@@ -120,6 +121,8 @@ class StoredState(BaseModel):
     incarnation: int
     saved_at: str
     state: dict[str, Any]
+    #: Why another user may have written this document (``fs.foreign_owner``), as read; else None.
+    foreign: str | None = Field(default=None, exclude=True)
 
 
 class CastSummary(BaseModel):
@@ -405,7 +408,9 @@ class CastStateStore:
             if is_storage_fault(exc):
                 raise storage_unavailable(exc, path=path, action="read") from None
             raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
-        return _parse_document(path, raw)
+        stored = _parse_document(path, raw)
+        foreign = foreign_owner(path)
+        return stored if foreign is None else stored.model_copy(update={"foreign": foreign})
 
     def _load_or_none(self, path: Path, cast_id: str) -> StoredState | None:
         """The stored document at ``path`` (the cast's checked state path), or None if there is none."""

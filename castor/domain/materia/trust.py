@@ -14,7 +14,8 @@ the same way in a trusted session too (git refuses another user's repository for
 A cast saved on disk is a project file too: its ``state.json`` holds the whole resolved config,
 commands included, and nothing proves castor wrote it (a checkout can ship one, or edit one).
 So an untrusted session never *resumes* (recast, revive, continue) a saved cast whose config runs
-utility commands, whichever layer they came from (``forbidden``, ``untrusted_project``,
+utility commands, whichever layer they came from -- nor does a trusted one when the cast's
+``state.json`` belongs to another user (root aside) or every user may write it (``forbidden``, ``untrusted_project``,
 ``data.cast_id``): trusting the project, or resuming it from a trusted session, is the way on.
 The Icarus counterpart (``castor.domain.icarus.settings``) goes further: an untrusted
 project's ``.pi/settings.json`` is not read at all.
@@ -53,12 +54,19 @@ def check_project_trust(resolved: ResolvedConfig, *, trusted: bool) -> None:
                         data={"reason": "untrusted_project", "sockets": commands})
 
 
-def check_saved_cast_trust(resolved: ResolvedConfig, cast_id: str, *, trusted: bool) -> None:
+def check_saved_cast_trust(resolved: ResolvedConfig, cast_id: str, *, trusted: bool,
+                           foreign: str | None = None) -> None:
     """Raise ``Forbidden`` if an untrusted session would resume a saved cast that runs commands
-    (its saved config is a project file: it may have been shipped or edited, see above)."""
-    if trusted:
+    (its saved config is a project file: it may have been shipped or edited, see above), or any
+    session would resume one whose ``state.json`` another user may have written (``foreign``:
+    why; its file is theirs, or every user may write it)."""
+    if trusted and foreign is None:
         return
     commands = [sid for sid, rs in resolved.pipeline.sockets.items() if rs.socket.command]
+    if commands and foreign is not None:
+        raise Forbidden(f"the saved cast {cast_id} is not castor's user's to resume: its state.json {foreign}, "
+                        f"and its config runs utility commands ({', '.join(commands)}); start a new cast instead",
+                        data={"reason": "untrusted_project", "sockets": commands, "cast_id": cast_id})
     if commands:
         raise Forbidden(f"this project is not trusted: the saved cast {cast_id} runs utility commands "
                         f"({', '.join(commands)}) and its saved config is a project file; trust the project "
