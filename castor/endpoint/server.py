@@ -281,6 +281,12 @@ class Server:
                 return self._shed_while_exhausted(exc)
             _log.warning("accept failed: {}", exc)
             return True
+        # A Unix peer of another user is refused first: it must never make room (an eviction would
+        # close the user's own connection that has not said hello yet for a peer refused anyway).
+        same_user = kind == "unix" and _peer_is_us(sock)
+        if kind == "unix" and not same_user:
+            self._refuse(sock, Unauthenticated("the peer runs as another user", data={"reason": "peer_uid"}))
+            return True
         with self._lock:
             full = len(self._conns) >= self.max_connections
             # Full: the oldest connection that has not authenticated yet makes room (with a token,
@@ -294,10 +300,6 @@ class Server:
             full = False
         if full:
             self._refuse(sock)
-            return True
-        same_user = kind == "unix" and _peer_is_us(sock)
-        if kind == "unix" and not same_user:
-            self._refuse(sock, Unauthenticated("the peer runs as another user", data={"reason": "peer_uid"}))
             return True
         try:
             conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)

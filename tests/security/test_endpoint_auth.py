@@ -333,6 +333,38 @@ def test_a_unix_socket_peer_of_another_user_is_refused_even_if_the_socket_mode_l
         shutil.rmtree(reachable, ignore_errors=True)
 
 
+def test_a_unix_peer_of_another_user_never_makes_room_by_closing_the_user_s_connection(tmp_path):
+    """With ``--require-token`` every connection starts unauthenticated, and a full endpoint made
+    room by closing the oldest such one -- before it looked at who the newcomer was. A peer of
+    another user (the socket's mode loosened) closed the user's own connection that had not said
+    hello yet, and was refused only then. It is refused first now, and makes no room."""
+    import shutil
+    import tempfile
+
+    from .conftest import SocketServer
+
+    reachable = Path(tempfile.mkdtemp(prefix="castor-peer-"))
+    reachable.chmod(0o755)
+    socket_server = SocketServer(reachable, "--require-token", "--max-connections", "1", "--hello-timeout", "60")
+    try:
+        wait_until(lambda: TOKEN_LINE.search(socket_server.stderr_path.read_text()) is not None, 20,
+                   "the serving line")
+        token = Path(TOKEN_LINE.search(socket_server.stderr_path.read_text()).group(1)).read_text().strip()
+        os.chmod(socket_server.path, 0o666)  # a mistake: the mode alone would let anyone in
+        mine = RawPeer(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        mine.sock.connect(socket_server.path)
+        mine.send(request(1, "ops.hosts", {}))  # accepted and answered (unauthenticated): it holds the slot
+        assert mine.read(5, until=bool)
+        _connect_as_nobody(socket_server)
+        mine.send(request(2, "runtime.hello", {"token": token}))
+        answered = responses(mine.read(5, until=lambda values: 2 in responses(values)))
+        assert not mine.eof and answered[2][2] is None, answered
+        mine.close()
+    finally:
+        socket_server.stop()
+        shutil.rmtree(reachable, ignore_errors=True)
+
+
 def _connect_as_nobody(socket_server) -> None:
     script = (
         "import os, socket, msgpack\n"
