@@ -120,13 +120,17 @@ class Client:
         never sent off this machine (``Forbidden``, raised before anything connects). And the
         listener must run as this user or root (``/proc/net/tcp``, :func:`tcp_peer_is_us`): another
         user who took the port while castor's serve was down never hears the token (``Forbidden``,
-        ``data.reason: peer_uid``, before anything is sent)."""
+        ``data.reason: peer_uid``, before anything is sent) -- nor, without a token, a loopback
+        listener of another user anything at all."""
         with_token = kwargs.get("token") is not None or kwargs.get("token_file") is not None
         if with_token and not is_loopback_host(host):
             raise Forbidden(f"refusing to send the endpoint's token to non-loopback host {host!r}: it travels in "
                             "clear text, and castor serves this machine only (use 127.0.0.1, ::1 or localhost)",
                             data={"host": host})
-        sock = (_connect_to_ours(host, port, connect_timeout) if with_token
+        # On this machine, token or not: without one, another user's listener would still hear
+        # the session a harness opens (its project's path, every request).
+        sock = (_connect_to_ours(host, port, connect_timeout, what="the endpoint's token" if with_token
+                                 else "anything") if with_token or is_loopback_host(host)
                 else socket.create_connection((host, port), timeout=connect_timeout))
         return cls(_caller_socket(sock), name=f"client-tcp:{host}:{port}", **kwargs)
 
@@ -235,7 +239,7 @@ class Client:
         self.close()
 
 
-def _connect_to_ours(host: str, port: int, timeout: float) -> socket.socket:
+def _connect_to_ours(host: str, port: int, timeout: float, *, what: str = "the endpoint's token") -> socket.socket:
     """A connection to ``host:port`` whose listener runs as this user or root, trying each address
     the name resolves to in turn (``localhost`` may be ``::1`` and ``127.0.0.1``). Another user's
     listener on one of them is skipped, not taken for castor's serve: castor's serve binds one
@@ -260,7 +264,7 @@ def _connect_to_ours(host: str, port: int, timeout: float) -> socket.socket:
             raise
         sock.close()
     if foreign:
-        raise Forbidden(f"refusing to send the endpoint's token to {shown}: another user listens there, "
+        raise Forbidden(f"refusing to send {what} to {shown}: another user listens there, "
                         "not castor's serve", data={"address": shown, "reason": "peer_uid"})
     raise failure if failure is not None else OSError(f"{shown} resolves to no address")
 

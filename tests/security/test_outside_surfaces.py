@@ -476,6 +476,45 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
                     reason="needs root to listen as another user")
+def test_a_client_without_a_token_never_talks_to_a_loopback_port_another_user_listens_on(tmp_path):
+    """``Client.connect_tcp(HOST, PORT)`` without a token checked nobody on a loopback port: a
+    harness said hello and opened its session on another user's listener. The listener's user is
+    checked (``/proc/net/tcp``) token or not on this machine: ``forbidden``, nothing sent."""
+    import os
+    import socket
+
+    from castor.client import Client
+    from castor.messages.errors import Forbidden
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the other user: listen, and report every byte a peer sends
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(4)
+            os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
+            _report_what_peers_send(listener, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        port = int.from_bytes(os.read(read_end, 2), "big")
+        with pytest.raises(Forbidden) as refused:
+            Client.connect_tcp("127.0.0.1", port, default_timeout=5)
+        assert refused.value.data.get("reason") == "peer_uid"
+        assert _heard_up_to_our_end(socket.create_connection(("127.0.0.1", port)), read_end) == b"END"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="needs root to listen as another user")
 def test_a_client_without_a_token_never_talks_to_a_unix_socket_another_user_listens_on(tmp_path):
     """``Client.connect_unix(PATH)`` without a token checked nobody: a harness on a socket another
     user planted in a shared sticky directory (while castor's serve was down) said hello and
