@@ -367,7 +367,7 @@ _LIVE_JS = r"""
 // which is then no longer live. The browser reconnects by itself; a stream the console refuses
 // (its answer is not a stream: castor serves again with another token, which ends the cookie the
 // page had, or the cast's session closed) is asked once why, and the page says so and what to do.
-let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0;
+let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0, dropTimer = 0;
 function setStatus(text) { document.getElementById('status').textContent = text; }
 function stale(why) {
   if (!lostAt) lostAt = Date.now();
@@ -404,8 +404,14 @@ function connect() {
     render(doc);
   };
   source.onerror = () => {
-    if (source.readyState === EventSource.CLOSED) whyRefused();
-    else stale('disconnected (reconnecting)');
+    if (source.readyState === EventSource.CLOSED) { whyRefused(); return; }
+    // the browser reconnects; a stream the console ends on schedule (every 10 minutes) is back
+    // within a second, and is not shown as a loss
+    // (each failed retry errs again: the first error's timer stands)
+    if (dropTimer) return;
+    const at = lastPush, when = Date.now();
+    dropTimer = setTimeout(() => { dropTimer = 0;
+      if (lastPush === at) { lostAt = lostAt || when; stale('disconnected (reconnecting)'); } }, 1000);
   };
 }
 setInterval(() => { if (!refusal && lastPush && Date.now() - lastPush > STALE_AFTER * 1000)

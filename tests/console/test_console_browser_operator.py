@@ -96,6 +96,25 @@ def test_a_page_whose_console_serves_again_goes_live_again_by_itself(browser):
                  what="the page live again")
 
 
+def test_a_stream_the_console_ends_on_schedule_is_not_shown_as_a_loss(browser, monkeypatch):
+    """The console ends each stream after a while (10 minutes) and the browser reconnects within
+    half a second: the page flashed "disconnected" and greyed out every time. A reconnection within
+    a second is not shown as a loss."""
+    from castor.console import server
+
+    monkeypatch.setattr(server, "STREAM_MAX_S", 1.0)
+    with _console(token=None) as console:
+        browser.get(console.url)
+        _first_push(browser)
+        browser.execute_script("""window.said = []; new MutationObserver(() => said.push(
+            document.getElementById('status').textContent)).observe(document.getElementById('status'),
+            {childList: true, characterData: true, subtree: true});""")
+        ends = time.monotonic() + 4.5  # the stream ended and came back at least three times
+        wait_for(lambda: time.monotonic() > ends, timeout=10, what="three scheduled ends of the stream")
+        said = browser.execute_script("return said")
+        assert said and not [text for text in said if not text.startswith("updated")], said
+
+
 def _actor(path: str, kind: str = "SocketActor", **extra: object) -> dict:
     actor = {"path": path, "kind": kind, "state": "running", "incarnation": 1, "restarts": 0,
              "mailbox": {"depth": 0, "oldest_age_s": None}, "last_failure": None, "labels": {},
