@@ -301,6 +301,8 @@ def loadout_svg(state: dict[str, Any]) -> str:
 MAX_TREE_ROWS = 300
 #: Casts listed on one session's card (the rest are counted).
 MAX_CARD_CASTS = 25
+#: Session cards, and Icarus worker cards, drawn at once (the rest are counted).
+MAX_CARDS = 50
 #: Entries of "needs attention" drawn at once (the rest are counted).
 MAX_ATTENTION = 100
 #: Characters of one text others chose (a path segment, a label, an activity) a cell shows; the
@@ -479,7 +481,7 @@ function render(doc) {
   if (!troubled.length) att.append($('li', {class: 'muted'}, 'nothing stuck or failing'));
   drawTree(doc);
   const sess = document.getElementById('sessions'); sess.replaceChildren();
-  for (const s of doc.sessions) {
+  for (const s of doc.sessions.slice(0, MAX_CARDS)) {
     const card = $('div', {class: 'card', 'data-session': s.session_id});
     card.append($('b', {}, s.label || s.session_id), $('div', {class: 'muted'}, s.project || ''),
                 $('div', {class: 'muted'}, s.session_id));
@@ -497,10 +499,14 @@ function render(doc) {
     if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));
     card.append(ul); sess.append(card);
   }
+  if (doc.sessions.length > MAX_CARDS)
+    sess.append($('div', {class: 'muted', 'data-more': 'sessions'},
+                  (doc.sessions.length - MAX_CARDS) + ' more sessions (filter the tree below)'));
   const wk = document.getElementById('workers'); wk.replaceChildren();
-  const off = [];
+  const off = []; let cards = 0;
   for (const w of doc.workers) {
     if (w.state !== 'active') { off.push(w.session_id); continue; }
+    if (++cards > MAX_CARDS) continue;
     const p = w.process || {}; const wa = w.actor || {};
     const given = !!(w.crash_loop && w.crash_loop.state === 'given_up');
     const card = $('div', {class: 'card', 'data-worker': w.session_id});
@@ -528,7 +534,12 @@ function render(doc) {
                     'crash loop: ' + w.crash_loop.text));
     wk.append(card);
   }
-  if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' + off.join(', ')));
+  if (cards > MAX_CARDS)
+    wk.append($('div', {class: 'muted', 'data-more': 'workers'}, (cards - MAX_CARDS) + ' more Icarus workers'));
+  if (off.length) wk.append($('div', {class: 'muted'}, 'no Icarus backend configured for: ' +
+                                                       off.slice(0, MAX_CARDS).join(', ') +
+                                                       (off.length > MAX_CARDS ? ' and ' + (off.length - MAX_CARDS) +
+                                                                                 ' more' : '')));
   if (!doc.workers.length) wk.append($('div', {class: 'muted'}, 'no Icarus workers'));
   refocus(focused);
 }
@@ -618,7 +629,7 @@ def _page_script(base: str, here: str, events_url: str) -> str:
     lives there), the address it is shown at, its stream, and the page's bounds."""
     constants = {"BASE": base, "HERE": base + here, "EVENTS_URL": events_url, "MAX_ROWS": MAX_TREE_ROWS,
                  "MAX_ATTENTION": MAX_ATTENTION, "MAX_CELL": MAX_CELL_CHARS, "MAX_TITLE": MAX_TITLE_CHARS,
-                 "MAX_CARD_CASTS": MAX_CARD_CASTS, "STUCK_AFTER": STUCK_AFTER_S,
+                 "MAX_CARD_CASTS": MAX_CARD_CASTS, "MAX_CARDS": MAX_CARDS, "STUCK_AFTER": STUCK_AFTER_S,
                  "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S}
     declared = "".join(f"const {name} = {json.dumps(value)};" for name, value in constants.items())
     return f"{declared}{_HERE_JS}".replace("</", "<\\/")

@@ -174,6 +174,7 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
     text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
     assert f"the first {pages.MAX_TREE_ROWS} actors its filter" in text
     assert f"a session's card lists {pages.MAX_CARD_CASTS} casts" in text
+    assert f"{pages.MAX_CARDS} session cards and {pages.MAX_CARDS} worker cards are drawn" in text
     assert f"(the first {pages.MAX_ATTENTION}, then how many more)" in text
     assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
