@@ -31,6 +31,13 @@ FEED_TAIL_BYTES = 256 * 1024
 _RUN_DIRS: dict[tuple[str, str], str] = {}
 
 
+#: Casts that ended while the console was watched (seen live, then gone), per open session, the
+#: newest last: their outcome read once from their state file. Kept while the session is open.
+_ENDED: dict[str, dict[str, dict[str, Any]]] = {}
+#: Ended casts remembered per session (the oldest go first).
+MAX_ENDED_PER_SESSION = 20
+
+
 def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
     """Both ids are actor path segments (``invalid_params`` otherwise, a 400): no path tricks."""
     try:
@@ -46,14 +53,51 @@ def tree_data(runtime: Any) -> dict[str, Any]:
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
     for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
         _RUN_DIRS.pop(key, None)
+    for sid in [sid for sid in _ENDED if sid not in open_ids]:
+        _ENDED.pop(sid, None)
+    live: set[tuple[str, str]] = set()
     for actor in actors:
-        data = (actor.get("activity") or {}).get("data") or {}
-        if actor["kind"] == "CastActor" and data.get("run_dir"):
+        if actor["kind"] == "CastActor":
             parts = actor["path"].split("/")
-            if len(_RUN_DIRS) >= 10_000:
-                _RUN_DIRS.clear()  # a bound, not a cache policy: live casts put theirs back at once
-            _RUN_DIRS[(parts[3], parts[5])] = str(data["run_dir"])
-    return {"at": time.time(), "actors": actors, "sessions": session_casts(actors), "workers": worker_data(runtime)}
+            if len(parts) == 6:
+                live.add((parts[3], parts[5]))
+            data = (actor.get("activity") or {}).get("data") or {}
+            if data.get("run_dir") and len(parts) == 6:
+                if len(_RUN_DIRS) >= 10_000:
+                    _RUN_DIRS.clear()  # a bound, not a cache policy: live casts put theirs back at once
+                _RUN_DIRS[(parts[3], parts[5])] = str(data["run_dir"])
+    for sid, cast_id in live:  # recast or resumed: live again
+        _ENDED.get(sid, {}).pop(cast_id, None)
+    _note_ended(live)
+    sessions = session_casts(actors)
+    for session in sessions:
+        session["ended"] = list(reversed(_ENDED.get(session["session_id"], {}).values()))
+    return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime)}
+
+
+def _note_ended(live: set[tuple[str, str]]) -> None:
+    """Each cast seen live before and gone now: its outcome (``complete``, ``failed``,
+    ``aborted``, ...) and failure reason, read once from its state file, under its session."""
+    from castor.adapters.materia.state_store import cast_status
+
+    for sid, cast_id in [key for key in _RUN_DIRS if key not in live]:
+        ended = _ENDED.setdefault(sid, {})
+        if cast_id in ended:
+            continue
+        path = Path(_RUN_DIRS[(sid, cast_id)]) / "state.json"
+        state = (_read_json(path) or {}).get("state")
+        state = state if isinstance(state, dict) else {}
+        status, _resumable = cast_status(state)
+        reason = state.get("failed_reason") or state.get("failedReason")
+        try:
+            ended_at = path.stat().st_mtime  # its last save: when it ended
+        except OSError:
+            ended_at = time.time()
+        ended[cast_id] = {"cast_id": cast_id, "status": status,
+                          "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
+                          "phase": state.get("phase"), "ended_at": ended_at}
+        while len(ended) > MAX_ENDED_PER_SESSION:
+            del ended[next(iter(ended))]
 
 
 def worker_data(runtime: Any) -> list[dict[str, Any]]:
@@ -301,6 +345,8 @@ def loadout_svg(state: dict[str, Any]) -> str:
 MAX_TREE_ROWS = 300
 #: Casts listed on one session's card (the rest are counted).
 MAX_CARD_CASTS = 25
+#: Casts that ended while the console watched, listed on a session's card (the newest; the rest counted).
+MAX_CARD_ENDED = 5
 #: Session cards, and Icarus worker cards, drawn at once (the rest are counted).
 MAX_CARDS = 50
 #: Entries of "needs attention" drawn at once (the rest are counted).
@@ -309,6 +355,8 @@ MAX_ATTENTION = 100
 #: whole of it, up to :data:`MAX_TITLE_CHARS`, is the cell's tooltip.
 MAX_CELL_CHARS = 160
 MAX_TITLE_CHARS = 2000
+#: Characters of why an actor needs attention, or how a cast ended (its failure's reason), shown.
+MAX_REASON_CHARS = 600
 #: An actor that has handled one message this long, or whose oldest queued message waited this
 #: long, is listed under "needs attention" (a handler that never returns holds its mailbox).
 STUCK_AFTER_S = 10.0
@@ -428,6 +476,8 @@ function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '
   return b.applies_to === 'children' ? 'children: ' + used + ' before it fails' : used + ' before it is given up'; }
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
+// How a cast that ended while the page watched ended: its status, and its failure's reason.
+const ended = c => 'ended ' + c.status + (c.reason ? ': ' + c.reason : '') + ' at ' + clock(c.ended_at * 1000);
 const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
 // Why an actor needs a look now and how long ago that began ([text, age in s or null]), or null
 // (the rules are the docs' "needs attention").
@@ -469,10 +519,14 @@ function render(doc) {
   for (const w of doc.workers)
     if (w.crash_loop && w.crash_loop.state === 'given_up')
       troubled.push([{path: 'Icarus worker — ' + w.session_id, kind: ''}, ['crash loop: ' + w.crash_loop.text, null]]);
+  for (const s of doc.sessions)
+    for (const c of (s.ended || []).filter(c => c.status === 'failed'))
+      troubled.push([{path: '/root/session/' + s.session_id + '/cast/' + c.cast_id, kind: 'CastActor'},
+                     [ended(c), Math.max(0, doc.at - c.ended_at)]]);
   const att = document.getElementById('attention'); att.replaceChildren();
   for (const [a, [why, age]] of troubled.slice(0, MAX_ATTENTION)) {
     const li = $('li', {'data-trouble': a.path});
-    li.append(actorLink(a), $('span', {}, ' ' + why),
+    li.append(actorLink(a), $('span', {}, ' ' + why, MAX_REASON),
               $('span', {class: 'muted'}, typeof age === 'number' ? ' — since ' + clock((doc.at - age) * 1000) : ''));
     att.append(li);
   }
@@ -494,9 +548,17 @@ function render(doc) {
                                                 : (c.phase || '-'))));
       ul.append(li);
     }
+    for (const c of (s.ended || []).slice(0, MAX_CARD_ENDED)) {
+      const li = $('li', {'data-ended': c.cast_id, class: c.status === 'failed' ? 'restarted' : 'muted'});
+      li.append($('a', {href: castHref(s.session_id, c.cast_id)}, c.cast_id),
+                $('span', {}, ' ' + ended(c), MAX_REASON));
+      ul.append(li);
+    }
+    if ((s.ended || []).length > MAX_CARD_ENDED)
+      ul.append($('li', {class: 'muted'}, (s.ended.length - MAX_CARD_ENDED) + ' more ended casts'));
     if (s.casts.length > MAX_CARD_CASTS)
       ul.append($('li', {class: 'muted'}, (s.casts.length - MAX_CARD_CASTS) + ' more casts (filter the tree below)'));
-    if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts'));
+    if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts running'));
     card.append(ul); sess.append(card);
   }
   if (doc.sessions.length > MAX_CARDS)
@@ -629,7 +691,8 @@ def _page_script(base: str, here: str, events_url: str) -> str:
     lives there), the address it is shown at, its stream, and the page's bounds."""
     constants = {"BASE": base, "HERE": base + here, "EVENTS_URL": events_url, "MAX_ROWS": MAX_TREE_ROWS,
                  "MAX_ATTENTION": MAX_ATTENTION, "MAX_CELL": MAX_CELL_CHARS, "MAX_TITLE": MAX_TITLE_CHARS,
-                 "MAX_CARD_CASTS": MAX_CARD_CASTS, "MAX_CARDS": MAX_CARDS, "STUCK_AFTER": STUCK_AFTER_S,
+                 "MAX_CARD_CASTS": MAX_CARD_CASTS, "MAX_CARDS": MAX_CARDS, "MAX_CARD_ENDED": MAX_CARD_ENDED,
+                 "MAX_REASON": MAX_REASON_CHARS, "STUCK_AFTER": STUCK_AFTER_S,
                  "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S}
     declared = "".join(f"const {name} = {json.dumps(value)};" for name, value in constants.items())
     return f"{declared}{_HERE_JS}".replace("</", "<\\/")

@@ -216,6 +216,39 @@ def test_a_killed_cast_is_listed_under_needs_attention_with_its_failure_and_rest
     assert "3 queued, the oldest for 12.0 s" in listed["/root/x/queue"]
 
 
+def test_a_cast_that_failed_while_the_page_watched_stays_on_its_card_and_under_needs_attention(browser,
+                                                                                              busy_console):
+    """A cast whose agent turns failed ended as failed, its actor went, and the page forgot it:
+    its session's card read "no casts" and nothing anywhere said a cast had failed, or why. The
+    card lists it as ended, with its reason, and "needs attention" lists it."""
+    from tests.console.conftest import LOADOUT
+
+    live = busy_console
+    turns: list[dict] = []
+    live.client.on_notification("agent.run_turn", turns.append)
+    sid, project = "failing", live.projects["session-1"].parent / "project-failing"
+    project.mkdir()
+    live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
+    live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    cast_id = live.client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "r"},
+                               timeout=20)["cast_id"]
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    wait_for(lambda: path in _rows(browser), timeout=15, what="the cast in the tree")
+    for n in (1, 2):  # the turn, then its one same-socket retry, fail
+        turn = wait_for(lambda n=n: len(turns) >= n and turns[n - 1], timeout=20, what=f"agent turn {n}")
+        live.client.call("agent.turn_ended", {"session_id": sid, "turn_id": turn["turn_id"], "stop_reason": "error",
+                                              "error": {"message": "the provider exploded"}}, timeout=20)
+    line = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('[data-session=\"{sid}\"] li[data-ended=\"{cast_id}\"]');"
+        " return li && li.textContent"), timeout=20, what="the failed cast on its session's card")
+    assert "ended failed: " in line and "the provider exploded" in line, line
+    item = browser.execute_script(
+        f"const li = document.querySelector('#attention li[data-trouble=\"{path}\"]'); return li && li.textContent")
+    assert item and "ended failed: " in item and " — since " in item, item
+
+
 def test_a_handler_that_does_not_return_is_listed_under_needs_attention(browser, busy_console):
     """A session actor held in its handler (an injected delay, as a hang) reported "injected delay
     ... before handling materia.session.start", an activity of its own, and nothing said its whole
