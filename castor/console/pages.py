@@ -545,7 +545,9 @@ function render(doc) {
       li.append($('a', {href: castHref(s.session_id, c.cast_id)}, c.cast_id),
                 $('span', {}, ' ' + (c.activity ? doing({text: c.activity, age_s: c.waiting_s,
                                                          deadline_in_s: c.deadline_in_s})
-                                                : (c.phase || '-'))));
+                                                : (c.phase || '-'))),
+                // what would move it on (castor inspect casts says the same)
+                $('span', {class: 'muted'}, c.waiting_for ? '; waits for ' + c.waiting_for : ''));
       ul.append(li);
     }
     for (const c of (s.ended || []).slice(0, MAX_CARD_ENDED)) {

@@ -249,6 +249,19 @@ def test_a_cast_that_failed_while_the_page_watched_stays_on_its_card_and_under_n
     assert item and "ended failed: " in item and " — since " in item, item
 
 
+def test_a_sessions_card_says_what_would_move_each_cast_on(browser, busy_console):
+    """A cast's line on its session's card said what it does ("awaiting the agent's turn ... for
+    4.2 s"), not what would move it on, which ``castor inspect casts`` says: the agent's turn to
+    end, or an abort."""
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    browser.get(f"{live.url}?token={live.token}")
+    line = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('[data-session=\"{sid}\"] li[data-cast=\"{cast_id}\"]');"
+        " return li && li.textContent"), timeout=15, what="the cast's line on its card")
+    assert "; waits for the agent's turn to end (the harness reports it), or abort" in line, line
+
+
 def test_a_handler_that_does_not_return_is_listed_under_needs_attention(browser, busy_console):
     """A session actor held in its handler (an injected delay, as a hang) reported "injected delay
     ... before handling materia.session.start", an activity of its own, and nothing said its whole
