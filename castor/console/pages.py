@@ -430,6 +430,12 @@ async function whyRefused() {
     const answer = await fetch(EVENTS_URL, {cache: 'no-store', signal: AbortSignal.timeout(10000)});
     if (answer.ok) { answer.body && answer.body.cancel(); connect(); return; }  // it serves again
     const said = (await answer.text()).split('\n')[0];
+    if (answer.status >= 500) {  // too many streams, out of file descriptors: it may serve soon
+      refusal = 'the console answered ' + answer.status + ': ' + visible(said) + '; retrying in 5 s';
+      stale(refusal + ' —');
+      retryTimer = setTimeout(connect, 5000);
+      return;
+    }
     refusal = answer.status === 401
       ? 'this page\'s access ended (castor serves with another token now): open the console again ' +
         'at the URL castor serve printed, with ?token=$(cat TOKEN_FILE)'

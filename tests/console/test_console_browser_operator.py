@@ -115,6 +115,28 @@ def test_a_stream_the_console_ends_on_schedule_is_not_shown_as_a_loss(browser, m
         assert said and not [text for text in said if not text.startswith("updated")], said
 
 
+def test_a_page_refused_a_stream_for_want_of_room_says_so_and_tries_again(browser, monkeypatch):
+    """Every stream slot taken, the console answers a page's stream 503: the page said "disconnected;
+    retrying…" and never tried again (a browser gives a refused stream up). It says what the console
+    answered, tries again every 5 s, and is live once a slot is free."""
+    import http.client
+
+    from castor.console import server
+
+    monkeypatch.setattr(server, "MAX_STREAMS", 1)
+    with _console(token=None) as console:
+        holder = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        holder.request("GET", "/events")
+        assert holder.getresponse().status == 200
+        browser.get(console.url)
+        status = wait_for(lambda: "503" in (t := browser.execute_script(STATUS_JS)) and t, timeout=15,
+                          what="the page saying the console is full")
+        assert "too many live streams" in status and "retrying in 5 s" in status, status
+        holder.close()
+        _first_push(browser)
+        assert not browser.execute_script(STALE_JS)
+
+
 def _actor(path: str, kind: str = "SocketActor", **extra: object) -> dict:
     actor = {"path": path, "kind": kind, "state": "running", "incarnation": 1, "restarts": 0,
              "mailbox": {"depth": 0, "oldest_age_s": None}, "last_failure": None, "labels": {},
