@@ -517,8 +517,16 @@ function refocus(href) { if (href === null) return;
   const el = Array.from(document.querySelectorAll('.live a')).find(e => e.getAttribute('href') === href);
   if (el) el.focus({preventScroll: true}); }
 let lastDoc = null;
+// Text the user is selecting in what the page shows (to copy a path): a redraw would drop it.
+function selecting() { const sel = getSelection();
+  const at = sel && !sel.isCollapsed && sel.anchorNode;
+  return !!(at && (at.nodeType === 1 ? at : at.parentElement).closest('.live')); }
 function render(doc) {
   lastDoc = doc;
+  if (selecting()) {  // held still until the selection goes; the next push after it redraws
+    setStatus('pushed ' + new Date(doc.at * 1000).toLocaleTimeString() + ' — held while text is selected');
+    return;
+  }
   const focused = focusKey();
   setStatus('updated ' + new Date(doc.at * 1000).toLocaleTimeString() + ' — ' + doc.actors.length + ' actors');
   const troubled = doc.actors.map(a => [a, trouble(a)]).filter(([, why]) => why);

@@ -137,6 +137,27 @@ def test_a_page_refused_a_stream_for_want_of_room_says_so_and_tries_again(browse
         assert not browser.execute_script(STALE_JS)
 
 
+def test_text_selected_in_the_tree_stays_selected_across_pushes(browser, busy_console):
+    """Each push redrew the tree every second, and a path an operator was selecting to copy was
+    gone before the copy. While text is selected in what the page shows, it holds still and says
+    so; once the selection goes, the next push redraws."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    path = f"/root/session/session-1/cast/{live.casts['session-1'][0]}"
+    wait_for(lambda: path in _rows(browser), timeout=15, what="the cast in the tree")
+    browser.execute_script(f"""const row = document.querySelector('#tree tr[data-path="{path}"]');
+        window.selectedRow = row; getSelection().selectAllChildren(row.querySelector('td.name'));""")
+    held = wait_for(lambda: (t := browser.execute_script(STATUS_JS)).endswith("held while text is selected") and t,
+                    timeout=5, what="the page holding still")
+    wait_for(lambda: browser.execute_script(STATUS_JS) != held, timeout=5, what="another push")
+    assert browser.execute_script(f"""return window.selectedRow === document.querySelector(
+        '#tree tr[data-path="{path}"]') && !getSelection().isCollapsed""")
+    browser.execute_script("getSelection().removeAllRanges()")
+    _first_push(browser)
+    assert browser.execute_script(f"""return window.selectedRow !== document.querySelector(
+        '#tree tr[data-path="{path}"]')""")
+
+
 def _actor(path: str, kind: str = "SocketActor", **extra: object) -> dict:
     actor = {"path": path, "kind": kind, "state": "running", "incarnation": 1, "restarts": 0,
              "mailbox": {"depth": 0, "oldest_age_s": None}, "last_failure": None, "labels": {},
