@@ -427,8 +427,10 @@ function stale(why) {
 }
 async function whyRefused() {
   try {
-    const answer = await fetch(EVENTS_URL, {cache: 'no-store', signal: AbortSignal.timeout(10000)});
-    if (answer.ok) { answer.body && answer.body.cancel(); connect(); return; }  // it serves again
+    // (?probe: the console answers as it would the stream, 204 for a stream it would serve now,
+    // and holds no stream slot for the question)
+    const answer = await fetch(EVENTS_URL + '?probe', {cache: 'no-store', signal: AbortSignal.timeout(10000)});
+    if (answer.ok) { connect(); return; }  // it serves again
     const said = (await answer.text()).split('\n')[0];
     if (answer.status >= 500) {  // too many streams, out of file descriptors: it may serve soon
       refusal = 'the console answered ' + answer.status + ': ' + visible(said) + '; retrying in 5 s';

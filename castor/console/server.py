@@ -7,7 +7,8 @@ Nothing here sends a message to an actor: every figure comes from snapshots (han
 files a cast already wrote.
 
 Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream; ``/cast/<sid>/<cast_id>``
-one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream;
+one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream (``?probe``:
+answered as the stream would be, without it);
 ``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text; ``/favicon.ico`` an empty ``204``,
 with or without the token (a browser asks every host for it, outside the cookie's path).
 
@@ -555,11 +556,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
             return
         parts = [p for p in path.split("/") if p]
+        probe = "probe" in parse_qs(url.query, keep_blank_values=True)  # a stream's ?probe (see _stream)
         runtime = console.runtime
         if not parts:
             self._send(HTTPStatus.OK, pages.tree_page(console.base).encode(), "text/html; charset=utf-8")
         elif parts == ["events"]:
-            self._stream(console.tree)
+            self._stream(console.tree, probe=probe)
         elif parts == ["api", "actors"]:
             self._send(HTTPStatus.OK, json.dumps(pages.tree_data(runtime)).encode(), "application/json")
         elif parts == ["metrics"]:
@@ -571,7 +573,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
             sid, cast_id = pages.check_ids(parts[2], parts[3])
             pages.cast_data(runtime, sid, cast_id)  # an unknown cast is a 404 here, as its page is
-            self._stream(lambda: json.dumps(pages.cast_data(runtime, sid, cast_id)))
+            self._stream(lambda: json.dumps(pages.cast_data(runtime, sid, cast_id)), probe=probe)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 
@@ -610,14 +612,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers(status, content_type, len(body))
         self.wfile.write(body)
 
-    def _stream(self, produce: Callable[[], str]) -> None:
+    def _stream(self, produce: Callable[[], str], *, probe: bool = False) -> None:
         """Server-Sent Events: one ``data:`` JSON document (``produce``'s text) every PUSH_INTERVAL_S
-        until the client goes, the console stops, or STREAM_MAX_S passed (the browser reconnects)."""
+        until the client goes, the console stops, or STREAM_MAX_S passed (the browser reconnects).
+        A ``probe`` (``?probe``: a page asking why its stream was refused) is answered ``204`` when a
+        stream would be served now, and holds no slot: a probe that took one kept the page's own
+        stream out until the server noticed the probe gone."""
         console = self.server_console
         self.close_connection = True
         if not console.streams.acquire(blocking=False):
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, f"too many live streams (at most {MAX_STREAMS})\n".encode(),
                        "text/plain; charset=utf-8")
+            return
+        if probe:
+            console.streams.release()
+            self._send(HTTPStatus.NO_CONTENT, b"", "text/plain; charset=utf-8")
             return
         try:
             self._stream_until_done(produce)

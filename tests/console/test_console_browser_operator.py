@@ -127,11 +127,13 @@ def test_a_page_refused_a_stream_for_want_of_room_says_so_and_tries_again(browse
     with _console(token=None) as console:
         holder = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
         holder.request("GET", "/events")
-        assert holder.getresponse().status == 200
+        held = holder.getresponse()  # kept: the stream lives as long as this answer is open
+        assert held.status == 200
         browser.get(console.url)
         status = wait_for(lambda: "503" in (t := browser.execute_script(STATUS_JS)) and t, timeout=15,
                           what="the page saying the console is full")
         assert "too many live streams" in status and "retrying in 5 s" in status, status
+        held.close()
         holder.close()
         _first_push(browser)
         assert not browser.execute_script(STALE_JS)

@@ -696,3 +696,32 @@ def test_every_open_page_shares_one_serialisation_of_each_push(tmp_path, monkeyp
             stream.close()
         console.stop()
         runtime.shutdown(10)
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_probe_answers_as_the_stream_would_and_holds_no_slot(monkeypatch):
+    """A page whose stream was refused asks why with ``?probe``: answered as the stream would be
+    (204 when one would be served now, 503 when every slot is taken), and holding no slot, so the
+    page's own stream right after it is served (a probe that opened a stream kept it out)."""
+    import http.client
+
+    from castor.console import server
+    from castor.runtime import Runtime, RuntimeSettings
+
+    monkeypatch.setattr(server, "MAX_STREAMS", 1)
+    runtime = Runtime(RuntimeSettings())
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
+    try:
+        for _ in range(3):
+            assert _get(f"{console.url}events?probe")[0] == 204
+        stream = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        stream.request("GET", "/events")
+        held = stream.getresponse()
+        assert held.status == 200
+        status, body, _headers = _get(f"{console.url}events?probe")
+        assert status == 503 and "too many live streams" in body
+        held.close()
+        stream.close()
+    finally:
+        console.stop()
+        runtime.shutdown(10)
