@@ -187,7 +187,7 @@ def test_thousands_of_actors_draw_a_bounded_tree_and_the_filter_finds_any(browse
     assert "showing 300 of 4000 actors" in browser.execute_script(
         "return document.getElementById('shown').textContent")
     assert browser.execute_script("return document.querySelectorAll('[data-session=\"s\"] li').length") == 26
-    assert took < 400, f"one push took {took:.0f} ms to draw"
+    assert took < 1000, f"one push took {took:.0f} ms to draw"  # (a bound for a loaded CI host; ~50 ms here)
     many = {"at": time.time(), "actors": [],
             "sessions": [{"session_id": f"s{n}", "label": "", "project": "/p", "casts": []} for n in range(500)],
             "workers": [{"session_id": f"s{n}", "state": "active", "workers_started": 1, "process": {},
