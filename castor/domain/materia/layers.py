@@ -35,6 +35,11 @@ class Provenance(BaseModel):
     #: per loadout, the layer that set each of its top-level fields (``sockets``, ``entry``, ``loops``)
     loadout_fields: dict[str, dict[str, str]] = Field(default_factory=dict)
     materia: dict[str, dict[str, str]] = Field(default_factory=dict)
+    #: per ``budget``/``limits``/``compaction``, the layer that set each of its fields
+    object_fields: dict[str, dict[str, str]] = Field(default_factory=dict)
+    #: the top-level keys whose merged value one layer wrote whole (a scalar, or a value of the
+    #: wrong shape), by that layer; a merged object is not among them
+    whole: dict[str, str] = Field(default_factory=dict)
     protected_loadouts: list[str] = Field(default_factory=list)
     ignored_deletes: list[str] = Field(default_factory=list)
 
@@ -88,14 +93,21 @@ def merge_layers(layers: list[tuple[str, dict[str, Any]]]) -> MergeResult:
             elif key == "loadouts":
                 _merge_loadouts(merged, value, label, prov, protected)
             elif key in OBJECT_MERGED and isinstance(value, dict):
+                fields = prov.object_fields.get(key, {}) if isinstance(merged.get(key), dict) else {}
                 merged[key] = _shallow(merged.get(key), value)
                 prov.keys[key] = label
+                prov.whole.pop(key, None)
+                fields.update({field: label for field, item in value.items() if item is not None})
+                prov.object_fields[key] = {field: at for field, at in fields.items() if field in merged[key]}
             elif value is None:
                 merged.pop(key, None)
                 prov.keys[key] = label
+                prov.whole.pop(key, None)
             else:
                 merged[key] = copy.deepcopy(value)
                 prov.keys[key] = label
+                prov.whole[key] = label
+                prov.object_fields.pop(key, None)
     return MergeResult(merged=merged, provenance=prov)
 
 
@@ -103,8 +115,9 @@ def _merge_materia(merged: dict[str, Any], value: Any, label: str, prov: Provena
     if not isinstance(value, dict):
         # Not an object: keep it so validation reports it with its layer.
         merged["materia"] = copy.deepcopy(value)
-        prov.keys["materia"] = label
+        prov.keys["materia"] = prov.whole["materia"] = label
         return
+    prov.whole.pop("materia", None)
     target = merged.get("materia")
     if not isinstance(target, dict):
         target = {}
@@ -130,8 +143,9 @@ def _merge_loadouts(
 ) -> None:
     if not isinstance(value, dict):
         merged["loadouts"] = copy.deepcopy(value)
-        prov.keys["loadouts"] = label
+        prov.keys["loadouts"] = prov.whole["loadouts"] = label
         return
+    prov.whole.pop("loadouts", None)
     target = merged.get("loadouts")
     if not isinstance(target, dict):
         target = {}

@@ -134,13 +134,16 @@ def resolve_config(
                                                 message="no Materia loadouts are configured")])
     available = ", ".join(loadouts)
     name = loadout_name or merged.get("activeLoadout")
+    # an activeLoadout the config chose names the layer that chose it; a name asked for, the chain
+    chosen_by = (provenance.whole.get("activeLoadout") if loadout_name is None else None) or source
     if not isinstance(name, str) or not name:
         said = "is not set" if name is None or name == "" else f"must be a loadout name, not {json_kind(name)}"
-        raise ConfigError([*issues, ConfigIssue(code="unknown-loadout", path=pointer("activeLoadout"), source=source,
+        raise ConfigError([*issues, ConfigIssue(code="unknown-loadout", path=pointer("activeLoadout"),
+                                                source=chosen_by,
                                                 message=f"activeLoadout {said}. Available loadouts: {available}")])
     if name not in loadouts or not is_plain_object(loadouts[name]):
         raise ConfigError([*issues, ConfigIssue(
-            code="unknown-loadout", path=pointer("activeLoadout"), source=source,
+            code="unknown-loadout", path=pointer("activeLoadout"), source=chosen_by,
             message=f"Unknown Materia loadout \"{name}\". Available loadouts: {available}")])
     prepared, prep_issues = graph.prepare_loadout(loadouts[name], materia, name=name, source=source)
     for field in checks.OBSOLETE_LOADOUT:
@@ -280,8 +283,9 @@ def _derived_iterator(loop: Loop) -> LoopIterator:
 
 def _attribute(issue: ConfigIssue, provenance: Provenance) -> ConfigIssue:
     """The issue's ``source`` narrowed from the merged layers to the layer file that set the
-    place it points at (the loadout field's -- ``sockets``, ``entry``, ``loops`` -- or the materia
-    field's), when provenance knows it; otherwise the merged layers stay named."""
+    place it points at (the loadout field's -- ``sockets``, ``entry``, ``loops`` --, the materia
+    field's, the ``budget``/``limits``/``compaction`` field's, or a top-level value's), when
+    provenance knows it; otherwise (a field no layer set) the merged layers stay named."""
     parts = [p.replace("~1", "/").replace("~0", "~") for p in issue.path.split("/")[1:]]
     label = None
     if len(parts) >= 3 and parts[0] == "loadouts":
@@ -290,6 +294,10 @@ def _attribute(issue: ConfigIssue, provenance: Provenance) -> ConfigIssue:
         label = provenance.loadouts.get(parts[1])  # (a bundled loadout always reports the default layer)
     elif len(parts) >= 3 and parts[0] == "materia":
         label = provenance.materia.get(parts[1], {}).get(parts[2])
+    elif len(parts) >= 2 and parts[0] in provenance.object_fields:  # budget / limits / compaction
+        label = provenance.object_fields[parts[0]].get(parts[1])
+    elif len(parts) == 1:  # a top-level value one layer wrote whole
+        label = provenance.whole.get(parts[0])
     return issue.model_copy(update={"source": label}) if label else issue
 
 
