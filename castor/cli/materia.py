@@ -10,7 +10,7 @@
 | ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
 | ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
 | ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
-| ``castor validate CONFIG_PATH`` | every problem of the config a cast here would run with CONFIG_PATH (the bundled default and the profile's ``materia.json`` below it; CONFIG_PATH as the project layer if it is ``.pi/pi-materia.json``, else as ``--config`` above the project layer), each on its own line; exit 1 if any |
+| ``castor validate CONFIG_PATH`` | every problem of the config a cast here would run with CONFIG_PATH (the same layers; CONFIG_PATH in its own place if it is the profile's or the project's file, else as ``--config``), each on its own line; exit 1 if any |
 
 ``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
 ``castor cast`` records a ``script:`` agent (a data file, never an executable) in
@@ -196,9 +196,10 @@ def add_materia_subcommands(subparsers: Any) -> None:
         "validate", help="validate a materia config file as a cast here would run it",
         description="Check the config a cast in the current directory would run with CONFIG_PATH: the same "
                     "layers, lowest first -- the bundled default, the profile's materia.json "
-                    "($PI_MATERIA_PROFILE_DIR, else ~/.config/pi/pi-materia), then CONFIG_PATH as the project "
-                    "layer when it is .pi/pi-materia.json (with $MATERIA_CONFIG above it), else the project's "
-                    ".pi/pi-materia.json and CONFIG_PATH above it as the explicit layer (as --config CONFIG_PATH). "
+                    "($PI_MATERIA_PROFILE_DIR, else ~/.config/pi/pi-materia), the project's .pi/pi-materia.json "
+                    "and $MATERIA_CONFIG; CONFIG_PATH stays in its own place when it is the profile's or the "
+                    "project's file, and is otherwise the explicit layer above the project's (as --config "
+                    "CONFIG_PATH, which takes the place of $MATERIA_CONFIG). "
                     "A problem names the file it is in. Exit 1 on any error; warnings alone exit 0.")
     validate.add_argument("config_path", metavar="CONFIG_PATH")
     validate.set_defaults(run=cmd_validate)

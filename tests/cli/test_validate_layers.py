@@ -119,3 +119,21 @@ def test_a_comment_is_refused_as_pi_materia_refuses_it_and_named(tmp_path: Path,
     crlf = '{\r\n  "activeLoadout": "hello"\r\n}\r\n'  # line ends of either kind are whitespace to JSON
     (project / ".pi" / "pi-materia.json").write_text(crlf, newline="")
     assert _castor(project, "validate", ".pi/pi-materia.json", profile=profile).returncode == 0
+
+
+@pytest.mark.timeout(120)
+def test_the_profile_file_is_checked_in_its_own_place_below_the_project(tmp_path: Path) -> None:
+    """The profile's materia.json is the user layer of every cast: validated, it stays below the
+    project's layer. As the explicit layer it overrode the project's activeLoadout: a profile
+    whose activeLoadout names a loadout only some projects have was refused in a project whose
+    own activeLoadout every cast there runs."""
+    profile, project = _dirs(tmp_path, profile={"activeLoadout": "Elsewhere-Only"},
+                             project={"activeLoadout": "hello"})
+    grid = _castor(project, "grid", profile=profile)
+    assert grid.returncode == 0 and "loadout hello" in grid.stdout, grid.stderr
+    checked = _castor(project, "validate", str(profile / "materia.json"), profile=profile)
+    assert checked.returncode == 0, checked.stderr
+    (profile / "materia.json").write_text('{"materia": {"Mine": {"prompt": "p", "tools": "all"}}}')
+    checked = _castor(project, "validate", str(profile / "materia.json"), profile=profile)
+    assert checked.returncode == 1 and f"[invalid-materia] {profile / 'materia.json'}#/materia/Mine/tools" \
+        in checked.stderr, checked.stderr

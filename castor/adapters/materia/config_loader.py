@@ -329,9 +329,9 @@ def validate_file(path: str | os.PathLike[str], *,
 
     With ``project`` (the directory a cast would run in) the layers are the ones that cast reads:
     the bundled default, the profile's ``materia.json`` (``env``/``home`` choose it, as for
-    :func:`load`), then ``path`` as the project layer when it is the project's own
-    ``.pi/pi-materia.json`` (with ``$MATERIA_CONFIG`` above it, as a cast layers it), else the
-    project layer and ``path`` as the explicit layer (``--config path``, which beats
+    :func:`load`), the project's ``.pi/pi-materia.json`` and ``$MATERIA_CONFIG``, with ``path``
+    in its own place when it is one of those the cast reads anyway (the profile's or the project's
+    file), else as the explicit layer above the project's (``--config path``, which beats
     ``$MATERIA_CONFIG``). A problem of another layer names that layer's file. Without ``project``:
     ``path`` over the bundled default only.
 
@@ -350,17 +350,21 @@ def validate_file(path: str | os.PathLike[str], *,
             return issues
         layers = [(DEFAULT_LABEL, default_config()), (str(path), data)]
     else:
-        # the project's own layer, as a cast there finds it (lexically)
+        # the project's own layer, as a cast there finds it (lexically), and the profile's
         layer = Path(os.path.abspath(Path(project) / PROJECT_CONFIG))
-        own = Path(os.path.abspath(path)) == layer
+        profile = Path(os.path.abspath(profile_dir(env, home) / PROFILE_FILE))
+        asked = Path(os.path.abspath(path))
+        own = asked == layer
         if own and not _inside_project(layer, Path(project)):  # linked out of the project
             return [_escapes_project(path)]
-        if own and not os.path.lexists(layer):  # a cast would skip it; asked about, it is missing
+        placed = own or asked == profile  # a layer a cast reads anyway: checked in its own place
+        if placed and not os.path.lexists(asked):  # a cast would skip it; asked about, it is missing
             return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]
-        layers, infos, issues = gather_layers(project, config_path=None if own else path, env=env, home=home)
+        layers, infos, issues = gather_layers(project, config_path=None if placed else path, env=env, home=home)
         # FILE named as asked (a relative path stays relative in every message), not by the label
         # gather_layers gives its layer
-        found = str(Path(project) / PROJECT_CONFIG) if own else str(explicit_path(Path(project), path, {}))
+        found = str(Path(project) / PROJECT_CONFIG) if own else str(profile_dir(env, home) / PROFILE_FILE) \
+            if placed else str(explicit_path(Path(project), path, {}))
         layers = [(str(path) if label == found else label, data) for label, data in layers]
         issues = [i.model_copy(update={"source": str(path), "message": i.message.replace(found, str(path))})
                   if i.source == found else i for i in issues]
