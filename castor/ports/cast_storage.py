@@ -249,11 +249,14 @@ class CastStorage(Protocol):
         ...
 
     def validate_config_file(self, path: str | os.PathLike[str], *,
-                             project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
+                             project: str | os.PathLike[str] | None = None,
+                             config_path: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
         """The issues of the config a cast in ``project`` would run with ``path``: the same layers
         (bundled default, profile, project, explicit; ``path`` in the project's or the explicit
         place) and what that cast would refuse (an ``artifactDir`` outside the project). Without
-        ``project``: ``path`` over the bundled default only."""
+        ``project``: ``path`` over the bundled default only. ``config_path``: the cast's explicit
+        layer (a session's ``--materia-config``), above ``path`` when ``path`` is the profile's or
+        the project's file."""
         ...
 
 

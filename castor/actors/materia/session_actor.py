@@ -819,7 +819,8 @@ class SessionActor(Actor):
         path = message.path
         # forbidden outside the project; nothing read
         target = self.storage.confine(self.cwd, path, allow_absolute=True)
-        issues = self.storage.validate_config_file(target, project=self.cwd)
+        # the layers a cast of this session runs: its --materia-config too
+        issues = self.storage.validate_config_file(target, project=self.cwd, config_path=self.config_path)
         errors = [str(i) for i in issues if not i.is_warning]
         warnings = [str(i) for i in issues if i.is_warning]
         text = "\n".join(errors + warnings) if errors else "\n".join([f"{target}: valid", *warnings])

@@ -323,6 +323,7 @@ class ResolvedConfigCache:
 
 def validate_file(path: str | os.PathLike[str], *,
                   project: str | os.PathLike[str] | None = None,
+                  config_path: str | os.PathLike[str] | None = None,
                   env: Mapping[str, str] | None = None,
                   home: Path | None = None) -> list[ConfigIssue]:
     """Issues of the config a cast in ``project`` would run with ``path`` (``castor validate``).
@@ -332,8 +333,10 @@ def validate_file(path: str | os.PathLike[str], *,
     :func:`load`), the project's ``.pi/pi-materia.json`` and ``$MATERIA_CONFIG``, with ``path``
     in its own place when it is one of those the cast reads anyway (the profile's or the project's
     file), else as the explicit layer above the project's (``--config path``, which beats
-    ``$MATERIA_CONFIG``). A problem of another layer names that layer's file. Without ``project``:
-    ``path`` over the bundled default only.
+    ``$MATERIA_CONFIG``). ``config_path``: the explicit layer the cast would have besides (a
+    session's ``--materia-config``; beats ``$MATERIA_CONFIG``), above ``path`` in its own place.
+    A problem of another layer names that layer's file. Without ``project``: ``path`` over the
+    bundled default only.
 
     Also resolves the active loadout so resolve-time problems (unknown materia, obsolete
     socket ``multiTurn``...) are reported, and every other loadout for its warnings. With
@@ -360,7 +363,8 @@ def validate_file(path: str | os.PathLike[str], *,
         placed = own or asked == profile  # a layer a cast reads anyway: checked in its own place
         if placed and not os.path.lexists(asked):  # a cast would skip it; asked about, it is missing
             return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]
-        layers, infos, issues = gather_layers(project, config_path=None if placed else path, env=env, home=home)
+        layers, infos, issues = gather_layers(project, config_path=config_path if placed else path, env=env,
+                                              home=home)
         # FILE named as asked (a relative path stays relative in every message), not by the label
         # gather_layers gives its layer
         found = str(Path(project) / PROJECT_CONFIG) if own else str(profile_dir(env, home) / PROFILE_FILE) \

@@ -93,8 +93,9 @@ class FileCastStorage:
         return fs.confine(root, value, allow_absolute=allow_absolute)
 
     def validate_config_file(self, path: str | os.PathLike[str], *,
-                             project: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
-        return config_loader.validate_file(path, project=project)
+                             project: str | os.PathLike[str] | None = None,
+                             config_path: str | os.PathLike[str] | None = None) -> list[ConfigIssue]:
+        return config_loader.validate_file(path, project=project, config_path=config_path)
 
 
 FILE_CAST_STORAGE: CastStorage = FileCastStorage()

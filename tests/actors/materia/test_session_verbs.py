@@ -122,3 +122,30 @@ def test_a_start_below_the_session_s_cast_limit_asks_no_live_cast_and_at_the_lim
     with pytest.raises(Conflict) as refused:  # four live, four active: the fifth is refused
         materia_call(rt, "s1", "start", {"request": "c4", "loadout": "hello"})
     assert refused.value.data["reason"] == "active" and refused.value.data["cast_id"] == max(started)
+
+
+def test_config_validate_checks_the_layers_a_cast_of_the_session_runs(runtime_factory, project, tmp_path,
+                                                                      monkeypatch) -> None:
+    """``config.validate`` of the project's file layers it as the session's casts do: the
+    session's ``--materia-config`` above it (its activeLoadout chooses the loadout the cast runs,
+    here one the explicit file defines)."""
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.runtime import HarnessLink, SessionInfo
+
+    monkeypatch.setenv("PI_MATERIA_PROFILE_DIR", str(tmp_path / "profile"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text('{"materia": {"Mine": {"prompt": "p", "tools": "none"}}}')
+    (project / "mine.json").write_text('{"activeLoadout": "Mine-L", "loadouts": {"Mine-L": {"sockets": '
+                                       '{"Socket-1": {"type": "agent", "materia": "Mine"}}}}}')
+    rt = runtime_factory()
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True,
+                                flags={"materia_config": "mine.json"}),
+                    HarnessLink(agent=ScriptedAgent(parse_script([])), session_log=None,
+                                ui=StderrUi(printer=lambda _line: None)))
+    answer = materia_ask(rt, "s1", ValidateConfig(path=".pi/pi-materia.json"))
+    assert answer["ok"] is True, answer["errors"]
+    (project / "mine.json").write_text('{"activeLoadout": "Nope"}')
+    answer = materia_ask(rt, "s1", ValidateConfig(path=".pi/pi-materia.json"))
+    assert answer["ok"] is False and "Nope" in answer["text"] and "mine.json" in answer["text"]
