@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from castor.domain.jsontext import json_shown
+from castor.domain.jsontext import json_kind, json_shown
 from castor.domain.materia.config import (
     THINKING_LEVELS,
     TOOL_SCOPES,
@@ -83,7 +83,7 @@ def check_materia_entry(name: str, entry: Any, source: str | None = None) -> lis
     base = ("materia", name)
     if not is_plain_object(entry):
         return [ConfigIssue(code="invalid-materia", path=pointer(*base), source=source,
-                            message=f"materia \"{name}\" must be an object")]
+                            message=f"materia \"{name}\" must be an object, not {json_kind(entry)}")]
     issues: list[ConfigIssue] = []
 
     def bad(field: str, message: str) -> None:
@@ -176,7 +176,7 @@ def check_budget_limits(config: dict[str, Any], source: str | None = None) -> li
     if budget is not None:
         if not is_plain_object(budget):
             issues.append(ConfigIssue(code="invalid-budget", path=pointer("budget"), source=source,
-                                      message="budget must be an object"))
+                                      message=f"budget must be an object, not {json_kind(budget)}"))
         else:
             for key in ("maxTokens", "maxCostUsd", "warnAtPercent"):
                 if budget.get(key) is not None and (not _number(budget[key]) or budget[key] < 0):
@@ -189,7 +189,7 @@ def check_budget_limits(config: dict[str, Any], source: str | None = None) -> li
     if limits is not None:
         if not is_plain_object(limits):
             issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits"), source=source,
-                                      message="limits must be an object"))
+                                      message=f"limits must be an object, not {json_kind(limits)}"))
         else:
             for key in ("maxSocketVisits", "maxEdgeTraversals"):
                 value = limits.get(key)
@@ -212,7 +212,7 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
         return ConfigIssue(code="invalid-compaction", path=pointer(*base, *parts), source=source, message=message)
 
     if not is_plain_object(compaction):
-        return [issue("compaction must be an object")]
+        return [issue(f"compaction must be an object, not {json_kind(compaction)}")]
     issues: list[ConfigIssue] = []
     pct = compaction.get("proactiveThresholdPercent")
     if pct is not None and (not _number(pct) or not 0 <= pct <= 100):
@@ -228,7 +228,7 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
     for i, tier in enumerate(tiers):
         at = ("proactiveThresholdTiers", i)
         if not is_plain_object(tier):
-            issues.append(issue("each tier must be an object", *at))
+            issues.append(issue(f"each tier must be an object, not {json_kind(tier)}", *at))
             return issues
         threshold = tier.get("thresholdPercent")
         if not isinstance(threshold, (int, float)) or not _number(threshold) or not 0 <= threshold <= 100:

@@ -79,7 +79,8 @@ def validate_merged(merged: dict[str, Any], *, source: str | None = None) -> lis
     materia = merged.get("materia")
     if not is_plain_object(materia):
         issues.append(ConfigIssue(code="invalid-materia", path=pointer("materia"), source=source,
-                                  message="\"materia\" must be an object mapping names to materia"))
+                                  message="\"materia\" must be an object mapping names to materia, "
+                                          f"not {json_kind(materia)}"))
         materia = {}
     else:
         for name, entry in materia.items():

@@ -106,3 +106,19 @@ def test_loadouts_that_are_not_an_object(tmp_path: Path, value: object, kind: st
     [(code, path, message)] = _errors(tmp_path, {"loadouts": value})
     assert (code, path) == ("not-an-object", "/loadouts")
     assert '"loadouts" must be an object' in message and f"not {kind}" in message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("config", "code", "path", "said"), [
+    ({"materia": "x"}, "invalid-materia", "/materia", "mapping names to materia, not a string"),
+    ({"materia": {"M": ["p"]}}, "invalid-materia", "/materia/M", 'materia "M" must be an object, not an array'),
+    ({"budget": 5}, "invalid-budget", "/budget", "budget must be an object, not a number"),
+    ({"limits": []}, "invalid-limits", "/limits", "limits must be an object, not an array"),
+    ({"compaction": True}, "invalid-compaction", "/compaction", "compaction must be an object, not a boolean"),
+    ({"compaction": {"proactiveThresholdTiers": ["x"]}}, "invalid-compaction", "/compaction/proactiveThresholdTiers/0",
+     "each tier must be an object, not a string"),
+])
+def test_the_other_objects_say_what_they_found(tmp_path: Path, config: dict[str, object], code: str, path: str,
+                                               said: str) -> None:
+    [(found_code, found_path, message)] = _errors(tmp_path, config)
+    assert (found_code, found_path) == (code, path) and said in message
