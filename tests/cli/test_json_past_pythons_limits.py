@@ -86,7 +86,7 @@ def test_a_config_with_a_huge_integer_is_an_invalid_json_problem_naming_the_file
     (tmp_path / "big.json").write_text(f'{{"limits": {{"maxVisits": {HUGE_INT}}}}}')
     done = castor_cli(tmp_path, "validate", "big.json", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "[invalid-json] big.json" in done.stdout + done.stderr
+    assert "[invalid-json] malformed JSON in big.json: " in done.stdout + done.stderr  # the file named once
     assert "more than 4300 digits" in done.stdout + done.stderr
     assert "set_int_max_str_digits" not in done.stdout + done.stderr
 
