@@ -7,7 +7,7 @@
 | ``castor status [CAST_ID] [--cwd D]`` | one cast's persisted status (no CAST_ID: the newest cast still going, else the newest cast) |
 | ``castor recast [CAST_ID] [--agent SPEC] [--cwd D]`` / ``castor revive [CAST_ID] ...`` | resumes a persisted cast in this new process and runs it to the end; with no CAST_ID, the newest cast it can resume (recast: failed, aborted, interrupted or orphaned; revive: exhausted same-socket recovery), as an id-less ``/materia recast`` / ``revive`` picks |
 | ``castor continue [CAST_ID] [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
-| ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`) |
+| ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`); two aborts of one cast take turns (:data:`ABORT_LOCK`): one says aborted, the other already aborted |
 | ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
 | ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
 | ``castor validate CONFIG_PATH`` | every problem of the config a cast here would run with CONFIG_PATH (the same layers; CONFIG_PATH in its own place if it is the profile's or the project's file, else as ``--config``), each on its own line; exit 1 if any |
