@@ -68,25 +68,35 @@ def test_something_else_in_place_of_a_run_directory_entry_is_typed_never_a_hang_
 
 
 @pytest.mark.timeout(150)
-def test_a_link_in_place_of_the_lease_file_names_it_and_the_advice_it_gives_works(tmp_path):
-    """A link planted as ``owner.lock`` is never followed; every command that probes or takes the
-    lease says the run directory is damaged, names the file and says to remove the link -- it used
-    to answer ``storage_unavailable`` (ELOOP), whose remedy (fix the storage, recast) met the link
-    again. Removing the link is enough: ``castor continue`` then completes the cast."""
+@pytest.mark.parametrize(("how", "said", "verbs"), [
+    ("link", "is a symbolic link", ("status", "abort", "continue", "recast")),
+    ("directory", "is a directory", ("abort", "continue", "recast")),  # status's read-only probe can use it
+])
+def test_something_else_as_the_lease_file_is_named_and_the_advice_given_works(tmp_path, how, said, verbs):
+    """A link or a directory planted as ``owner.lock``: every command that probes or takes the
+    lease says the run directory is damaged, names the file and says to remove it -- it used to
+    answer ``storage_unavailable`` (ELOOP, EISDIR), whose remedy (fix the storage, then ``castor
+    recast``) met the same file again. Removing it is enough: ``castor continue`` completes the cast."""
     root, run = interrupted_cast(tmp_path)
     lease = run / "owner.lock"
     lease.unlink()
-    lease.symlink_to(tmp_path / "outside-target")
-    for command in (("status", run.name), ("abort", run.name),
-                    ("continue", run.name, "--agent", "script:answers.json", "--quiet"),
-                    ("recast", run.name, "--agent", "script:answers.json", "--quiet")):
-        done = castor_cli(tmp_path, *command, cwd=root, timeout=40)
+    if how == "link":
+        lease.symlink_to(tmp_path / "outside-target")
+    else:
+        lease.mkdir()
+    for verb in verbs:
+        agent = ("--agent", "script:answers.json", "--quiet") if verb in ("continue", "recast") else ()
+        done = castor_cli(tmp_path, verb, run.name, *agent, cwd=root, timeout=40)
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "once the storage is fixed" not in done.stderr, done.stderr
         last = done.stderr.strip().splitlines()[-1]
-        assert last.startswith("castor: state_corrupt: "), (command, last)
-        assert f"{lease} is a symbolic link" in last and "remove the link" in last, last
+        assert last.startswith("castor: state_corrupt: "), (verb, last)
+        assert f"{lease} {said}" in last and "remove " in last, last
     assert not (tmp_path / "outside-target").exists()
-    lease.unlink()  # what the message says to do
+    if how == "link":
+        lease.unlink()  # what the message says to do
+    else:
+        lease.rmdir()
     done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root,
                       timeout=40)
     assert done.returncode == 0, done.stderr

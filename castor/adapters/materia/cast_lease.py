@@ -15,7 +15,8 @@ Guarantees
 Failure behaviour: hostile cast ids raise ``Forbidden`` (via ``ConfinedRoot``); a lease
 held by someone else makes ``try_acquire`` return ``None``; a symbolic link in place of the lock
 file (never followed: it would lead out of the run directory) raises ``StateCorrupt`` naming it and
-saying what to do (:func:`link_in_place_of_the_lease`), from the probe as from ``try_acquire``;
+saying what to do (:func:`link_in_place_of_the_lease`), from the probe as from ``try_acquire``; so
+does a directory in its place, from ``try_acquire`` (:func:`directory_in_place_of_the_lease`);
 other OS errors propagate.
 """
 
@@ -38,10 +39,20 @@ def link_in_place_of_the_lease(cast_id: str, path: str | os.PathLike[str]) -> St
     """The error for a symbolic link where a cast's lease file must be. Removing the link is what
     mends it: the next command makes a fresh lock file (a runtime that held the old one keeps its
     claim on the state, which fences any second holder). A recast alone would meet the link again."""
-    return StateCorrupt(f"cast {cast_id}'s run directory is damaged: its lease file {os.fspath(path)} is a "
-                        "symbolic link, which castor never follows; remove the link (castor makes a fresh lock "
-                        "file), then run the command again",
-                        data={"cast_id": cast_id, "path": os.fspath(path), "reason": "lease_file_is_a_link"})
+    return _lease_file_damaged(cast_id, path, "a symbolic link, which castor never follows", "the link",
+                               "lease_file_is_a_link")
+
+
+def directory_in_place_of_the_lease(cast_id: str, path: str | os.PathLike[str]) -> StateCorrupt:
+    """The error for a directory where a cast's lease file must be (no lock can be taken on it for
+    writing): removing it mends it, as for a link (:func:`link_in_place_of_the_lease`)."""
+    return _lease_file_damaged(cast_id, path, "a directory", "that directory", "lease_file_is_a_directory")
+
+
+def _lease_file_damaged(cast_id: str, path: str | os.PathLike[str], what: str, it: str, reason: str) -> StateCorrupt:
+    return StateCorrupt(f"cast {cast_id}'s run directory is damaged: its lease file {os.fspath(path)} is {what}; "
+                        f"remove {it} (castor makes a fresh lock file), then run the command again",
+                        data={"cast_id": cast_id, "path": os.fspath(path), "reason": reason})
 
 
 def _open_lease_file(cast_id: str, path: str | os.PathLike[str], flags: int) -> int:
@@ -50,6 +61,8 @@ def _open_lease_file(cast_id: str, path: str | os.PathLike[str], flags: int) -> 
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
             raise link_in_place_of_the_lease(cast_id, path) from None
+        if exc.errno == errno.EISDIR:  # opened for writing (a probe's read-only open of one works)
+            raise directory_in_place_of_the_lease(cast_id, path) from None
         raise
 
 
