@@ -860,7 +860,8 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
     from castor.messages.errors import Conflict
 
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
-    if view["status"] == "complete":
+    if view["status"] == "complete" and not (verb == "recast" and view.get("artifacts_pending")):
+        # (a complete cast whose last artifacts could not be written: `castor recast` writes them)
         raise Conflict(f"pi-materia cast {cast_id} is complete and cannot be {_PAST.get(verb, verb)}; "
                        f"`castor cast REQUEST` starts a new one.", data={"reason": "complete", "cast_id": cast_id})
     if verb == "continue" and not view["active"]:

@@ -231,3 +231,27 @@ def test_a_run_directory_replaced_by_a_file_lists_as_unreadable_saying_so(tmp_pa
         idless.stderr
     run.unlink()  # what it says to do
     assert json.loads(castor_cli(tmp_path, "casts", "--json", cwd=root, timeout=40).stdout) == []
+
+
+@pytest.mark.timeout(150)
+def test_a_directory_in_place_of_usage_json_is_named_and_the_recast_it_advises_runs(tmp_path):
+    """A directory planted as ``usage.json``: the cast completes but cannot write its last artifacts,
+    and says ``castor recast ID`` writes them. The damage was named as the atomic write's temporary
+    file (``.usage.json.PID.TAG.tmp``), which the user never sees, and the advised recast was refused
+    ("complete and cannot be recast"). The damage names ``usage.json``; once it is removed, the
+    recast writes the artifacts."""
+    root, run = interrupted_cast(tmp_path)
+    (run / "usage.json").unlink()
+    (run / "usage.json").mkdir()
+    done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"`castor recast {run.name}` writes them" in done.stderr.strip().splitlines()[-1], done.stderr
+    assert ".tmp" not in done.stderr and f"{run / 'usage.json'}" in done.stderr, done.stderr
+    again = castor_cli(tmp_path, "recast", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    last = again.stderr.strip().splitlines()[-1]
+    assert again.returncode == 1 and last.startswith("castor: state_corrupt: "), again.stderr
+    assert f"{run / 'usage.json'} is a directory" in last, last
+    (run / "usage.json").rmdir()
+    fixed = castor_cli(tmp_path, "recast", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
+    assert fixed.returncode == 0, fixed.stderr
+    assert (run / "usage.json").is_file()

@@ -321,10 +321,11 @@ class CastActor(Actor):
         must be: a permanent ``state_corrupt`` start error naming it, never a crash (a restart
         would meet the same and crash-loop the cast supervisor)."""
         self.log.error("cast cannot start: {exc}", exc=exc)
+        path = _damaged_path(exc)
         self.env.start_error = StateCorrupt(
-            f"cast {self.env.cast_id}'s run directory is damaged: {exc.filename} {why}; "
+            f"cast {self.env.cast_id}'s run directory is damaged: {path} {why}; "
             "restore it, or remove the cast's directory",
-            data={"cast_id": self.env.cast_id, "path": str(exc.filename)})
+            data={"cast_id": self.env.cast_id, "path": str(path)})
         self._stop()
 
     def _discard_unsaved_start(self) -> None:
@@ -595,9 +596,10 @@ class CastActor(Actor):
     def _damaged(self, exc: OSError) -> StateCorrupt:
         """The typed error for a run directory damaged under a running cast: a directory where a file
         goes, a file where a directory goes, the directory itself removed."""
+        path = _damaged_path(exc)
         return StateCorrupt(f"the run directory of cast {self.env.cast_id} is damaged: {exc.strerror or exc}"
-                            + (f" ({exc.filename})" if exc.filename else ""),
-                            data={"path": str(exc.filename or Path(self.env.artifact_root) / self.env.cast_id)})
+                            + (f" ({path})" if path else ""),
+                            data={"path": str(path or Path(self.env.artifact_root) / self.env.cast_id)})
 
     def _stopped_on(self, error: CastorError, *, where: str) -> CastorError:
         """End this incarnation, with a defined, recastable state, on a fault of its storage that a
@@ -1004,3 +1006,10 @@ def cast_spec(env: CastEnv) -> ChildSpec:
 
     return tree.CAST.child_spec(lambda: CastActor(env), id=env.cast_id,
                                 on_removed=given_up, direct_start=True)  # started by its session, no supervisor hop
+
+
+def _damaged_path(exc: OSError) -> str | None:
+    """The file a damage error is about: a rename's target (``filename2``: the ``usage.json`` a
+    directory stands in place of), not the atomic write's temporary file it was renaming from."""
+    target = exc.filename2 if exc.filename2 is not None else exc.filename
+    return None if target is None else str(target)
