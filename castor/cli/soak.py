@@ -74,7 +74,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     settings = SoakSettings(sessions=args.sessions, casts=args.casts, seconds=args.seconds, seed=args.seed,
                             concurrency=args.concurrency, delay_ms_max=args.delay_ms,
                             icarus=not args.no_icarus, workdir=str(workdir), backend=args.backend,
-                            ray_address=args.ray_address)
+                            ray_address=args.ray_address, ray_hosts=args.ray_hosts)
     # Piped or redirected: never wrap or cut a line (paths must survive `| cat`).
     wide = {} if sys.stdout.isatty() else {"width": 100_000, "soft_wrap": True, "no_color": True}
     console = Console(stderr=True, quiet=bool(args.json))

@@ -379,7 +379,8 @@ class SoakSettings(BaseModel):
     icarus: bool = True
     workdir: str | None = None
     backend: Literal["local", "ray"] = "local"  # ray: casts on cast hosts of a cluster (castor.scaleout)
-    ray_address: str | None = None  # None with the ray backend: the soak starts a 2-node cluster of its own
+    ray_address: str | None = None  # None with the ray backend: the soak starts a 3-node cluster of its own
+    ray_hosts: int | None = Field(default=None, ge=1, le=1024)  # cast hosts (None: SOAK_HOSTS, see soak_on_ray)
 
 
 class SoakReport(BaseModel):
@@ -456,7 +457,7 @@ class Soak:
         if s.backend == "ray":
             from castor.testing.soak_on_ray import ClusterPacing, start_cluster_backend
 
-            self.cluster, self.scaleout = start_cluster_backend(s.ray_address)
+            self.cluster, self.scaleout = start_cluster_backend(s.ray_address, s.ray_hosts)
             self.cluster_pacing = ClusterPacing()
             from castor.scaleout.options import materia_component_for
 

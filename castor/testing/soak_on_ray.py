@@ -53,7 +53,15 @@ class ClusterPacing:
         self.last_fault_at = now
 
 
-def start_cluster_backend(address: str | None) -> tuple[Any, Any]:
+#: Cast hosts a soak starts unless ``--ray-hosts`` says: fewer than its cluster's 3 nodes, so a
+#: node removal can take a node that runs no host as well as one that does.
+SOAK_HOSTS = 2
+
+
+def start_cluster_backend(address: str | None, hosts: int | None = None) -> tuple[Any, Any]:
+    """The soak's cluster (None when ``address`` names a running one) and its Ray backend, with
+    ``hosts`` cast hosts (default :data:`SOAK_HOSTS`). Before, ``castor soak --ray-hosts N`` was
+    accepted and ignored: the soak always started 2."""
     from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
 
     cluster = None
@@ -70,7 +78,7 @@ def start_cluster_backend(address: str | None) -> tuple[Any, Any]:
         cluster.wait_for_nodes()
         address = cluster.address
     # RayBackend connects (a cluster that refuses this process is a typed error there)
-    return cluster, RayBackend(RayBackendSettings(address=address, hosts=2))
+    return cluster, RayBackend(RayBackendSettings(address=address, hosts=hosts or SOAK_HOSTS))
 
 
 def stop_cluster_backend(cluster: Any, backend: Any) -> None:

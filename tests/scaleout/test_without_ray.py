@@ -421,3 +421,28 @@ def test_a_ray_address_of_a_host_name_or_address_passes_the_flag_check(address: 
     from castor.scaleout.options import backend_flag_problem
 
     assert backend_flag_problem(SimpleNamespace(backend="ray", ray_address=address, ray_hosts=None)) is None
+
+
+def test_soak_ray_hosts_chooses_the_soak_s_cast_hosts(monkeypatch, tmp_path: Path) -> None:
+    """``castor soak --backend ray --ray-hosts N`` was accepted (the flag is on every command that
+    runs casts) and ignored: the soak always started 2 cast hosts."""
+    pytest.importorskip("ray")
+    from castor.cli import main
+    from castor.scaleout import options, ray_backend
+    from castor.testing import soak, soak_on_ray
+
+    seen: list[object] = []
+
+    def soaked(settings: object, **_kwargs: object) -> None:
+        seen.append(settings)
+        raise SystemExit(0)  # the settings are all this test needs: no soak runs
+
+    monkeypatch.setattr(soak, "run_soak", soaked)
+    with pytest.raises(SystemExit):
+        main(["soak", "--backend", "ray", "--ray-hosts", "3", "--ray-address", "127.0.0.1:6379",
+              "--workdir", str(tmp_path / "soak")])
+    assert [getattr(s, "ray_hosts", None) for s in seen] == [3]
+    monkeypatch.setattr(options, "check_reachable", lambda _address: None)
+    monkeypatch.setattr(ray_backend, "RayBackend", lambda settings: settings)
+    assert soak_on_ray.start_cluster_backend("127.0.0.1:6379", 3)[1].hosts == 3
+    assert soak_on_ray.start_cluster_backend("127.0.0.1:6379")[1].hosts == soak_on_ray.SOAK_HOSTS
