@@ -10,7 +10,7 @@ nodes):
 
 | method | does | answers |
 |---|---|---|
-| ``ping()`` | liveness and placement | ``{host_id, node_id, pid, sessions, casts}`` |
+| ``ping()`` | liveness and placement | ``{host_id, node_id, pid, castor_version, sessions, casts}`` |
 | ``open_session(info, has_context, agent_spec, agent_label)`` | opens the session in this host's runtime with relay ports (``agent_spec`` set: the agent runs here instead, e.g. the scripted agent of ``castor cast``) | ``{session_id}`` or ``{error}`` |
 | ``call(session_id, verb, params, timeout_s)`` | one materia verb (what ``cast.*`` methods do) | ``{ok: result}`` or ``{error: wire error}`` |
 | ``turn_ended(session_id, outcome)`` | the harness's answer to a relayed turn | ``True`` if a turn was waiting for it |
@@ -80,7 +80,10 @@ class CastHost:
         registry = self.runtime.system.registry
         casts = [h.path for ctx in self.runtime.sessions()
                  for h in registry.children(ctx.child("cast")) if h.alive]
+        from castor.version import __version__
+
         return {"host_id": self.host_id, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "castor_version": __version__,
                 "sessions": sorted(ctx.info.session_id for ctx in self.runtime.sessions()), "casts": casts,
                 "outbox": len(self.outbox)}
 

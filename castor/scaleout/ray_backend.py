@@ -42,6 +42,7 @@ from castor.ports.host_context import CompactionRequest
 from castor.scaleout.utility_tasks import COMMAND_LEASE_S, LEASE_MARGIN_S
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
+from castor.version import __version__
 
 RAY_NAMESPACE = "castor"
 DRAIN_WAIT_S = 1.0
@@ -206,6 +207,16 @@ class RayBackend:
             raise ActorCrashed(f"cast host {ref.host_id} could not start ({type(exc).__name__})",
                                may_have_started=False, data={"host_id": ref.host_id}) from None
         ref.node_id, ref.pid = info["node_id"], info["pid"]
+        theirs = str(info.get("castor_version", "unknown"))
+        if theirs != __version__:  # the node runs another castor: its host speaks another protocol
+            with self._lock:
+                ref.alive = False
+                ref.lost_at = time.monotonic()
+            self._ray.kill(ref.actor, no_restart=True)
+            raise Conflict(f"cast host {ref.host_id} on node {ref.node_id[:12]} runs castor {theirs}, this process "
+                           f"castor {__version__}: every node must run this process's castor version",
+                           may_have_started=False, data={"host_id": ref.host_id, "node_id": ref.node_id,
+                                                         "reason": "castor_version_mismatch"})
         ref.drainer = start_thread(self._drain, args=(ref,), name=f"castor-ray-drain-{ref.host_id}",
                                    owner="/scaleout", purpose="drains a cast host's events")
         self.log.info("cast host {host} up on node {node} (pid {pid})", host=ref.host_id, node=ref.node_id[:12],

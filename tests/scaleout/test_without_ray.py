@@ -446,3 +446,28 @@ def test_soak_ray_hosts_chooses_the_soak_s_cast_hosts(monkeypatch, tmp_path: Pat
     monkeypatch.setattr(ray_backend, "RayBackend", lambda settings: settings)
     assert soak_on_ray.start_cluster_backend("127.0.0.1:6379", 3)[1].hosts == 3
     assert soak_on_ray.start_cluster_backend("127.0.0.1:6379")[1].hosts == soak_on_ray.SOAK_HOSTS
+
+
+def test_a_cast_host_on_a_node_running_another_castor_is_refused_by_name(monkeypatch) -> None:
+    """docs/scale-out.md asks every node to run the serving process's castor version, and nothing
+    checked it: a node with another castor ran a host that spoke another protocol to the serving
+    process. A host that answers with another version is ended, and its start fails ``conflict``
+    (reason ``castor_version_mismatch``) naming both versions and the node."""
+    pytest.importorskip("ray")
+    from castor.messages.errors import Conflict
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+    from castor.version import __version__
+
+    killed: list[object] = []
+    info = {"node_id": "ab" * 28, "pid": 42, "castor_version": "0.0.1-other"}
+    backend = RayBackend.__new__(RayBackend)
+    backend._ray = SimpleNamespace(get=lambda *_a, **_k: info, kill=lambda actor, no_restart: killed.append(actor))
+    backend._lock = threading.RLock()
+    actor = SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
+    ref = HostRef(host_id="host-1", actor=actor)
+    backend.hosts = {"host-1": ref}
+    with pytest.raises(Conflict) as caught:
+        backend._await_host(ref, timeout_s=60)
+    assert caught.value.data["reason"] == "castor_version_mismatch"
+    assert f"runs castor 0.0.1-other, this process castor {__version__}" in caught.value.message
+    assert backend.live_hosts() == [] and killed == [actor] and ref.drainer is None
