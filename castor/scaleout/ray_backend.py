@@ -122,6 +122,36 @@ def refusal_of_ray_init(exc: RuntimeError, address: str) -> CastorError:
                     data={"reason": "ray_connect_failed", "address": address})
 
 
+def keep_ray_messages_off_stdout() -> None:
+    """Send the cluster's error messages that Ray prints in every driver to castor's log (stderr)
+    instead of stdout. Ray's driver prints them -- a node marked dead, "Raylet is terminated" with
+    the last 20 lines of that raylet's log, a worker killed -- on ``sys.stdout`` whatever
+    ``log_to_driver`` says, so a node lost mid-cast put some 25 lines of Ray's log among ``castor
+    cast``'s output and in the JSON report of ``castor soak --json``. Idempotent; a Ray without the
+    function it patches (another minor) is left as it is."""
+    import importlib
+
+    worker = importlib.import_module("ray._private.worker")  # no public name for it
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "castor_patched", False):
+        return
+    log = logger.bind(actor="/ray")
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("is_err"):  # already stderr's: as Ray prints it
+            original(data, ignore_prefix)
+            return
+        for message in data.get("lines") or []:
+            first, _, rest = str(message).strip().partition("\n")
+            log.warning("Ray ({who}): {first}{more}", who=data.get("pid", "?"), first=first,
+                        more=f" (+{rest.count(chr(10)) + 1} lines: see the node's Ray logs)" if rest else "")
+            if rest:
+                log.debug("Ray ({who}), the rest: {rest}", who=data.get("pid", "?"), rest=rest)
+
+    to_log.castor_patched = True  # type: ignore[attr-defined]
+    setattr(worker, "print_to_stdstream", to_log)  # noqa: B010 - a module Ray types do not describe
+
+
 class RayBackend:
     """Cast hosts on a Ray cluster and the routing of sessions to them."""
 
@@ -132,6 +162,7 @@ class RayBackend:
 
         self.settings = settings or RayBackendSettings()
         self.log = logger.bind(actor="/ray")
+        keep_ray_messages_off_stdout()  # before ray.init, which starts the thread that prints them
         if not ray.is_initialized():
             try:
                 # No address: a Ray of this process's own ("local"). Ray's default (None) joins the

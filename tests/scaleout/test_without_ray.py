@@ -471,3 +471,41 @@ def test_a_cast_host_on_a_node_running_another_castor_is_refused_by_name(monkeyp
     assert caught.value.data["reason"] == "castor_version_mismatch"
     assert f"runs castor 0.0.1-other, this process castor {__version__}" in caught.value.message
     assert backend.live_hosts() == [] and killed == [actor] and ref.drainer is None
+
+
+def test_the_cluster_s_error_messages_go_to_castor_s_log_not_stdout(capsys, monkeypatch) -> None:
+    """Ray's driver prints the cluster's error messages (a node marked dead; "Raylet is terminated"
+    and the last 20 lines of its log) on stdout whatever ``log_to_driver`` says: a raylet killed
+    under ``castor cast --backend ray`` put 25 lines of Ray's log among the command's output (seen
+    on a 2-node ``ray.cluster_utils.Cluster``). Here the function Ray's listener thread calls, as it
+    calls it, once the backend is made (a refused connect: no cluster needed)."""
+    ray = pytest.importorskip("ray")
+    import importlib
+
+    from castor.messages.errors import NotFound
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+
+    worker = importlib.import_module("ray._private.worker")
+    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # undone after the test
+
+    def refused(**_kwargs: object) -> None:
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refused)
+    with pytest.raises(NotFound):
+        RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
+    capsys.readouterr()
+    from castor._log import logger
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        dump = "\n".join(f"    [state-dump] line {n}" for n in range(20))
+        worker.print_to_stdstream({"lines": ["Raylet is terminated. Termination is unexpected.\n" + dump],
+                                   "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    finally:
+        logger.remove(sink)
+    assert capsys.readouterr().out == ""
+    assert warnings == ["Ray (raylet): Raylet is terminated. Termination is unexpected. (+20 lines: see the node's "
+                        "Ray logs)"], warnings
