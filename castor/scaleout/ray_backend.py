@@ -54,6 +54,7 @@ FENCE_AFTER_S = 45.0
 FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
 PLACE_TIMEOUT_S = 60.0  # how long a session opening waits for a live cast host (a replacement starting)
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
+SHUTDOWN_TIMEOUT_S = 30.0  # how long the live hosts, asked at once, have to stop (their runtimes take up to 20 s)
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
 READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
 """Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""
@@ -637,14 +638,28 @@ class RayBackend:
         self._ray.kill(self.hosts[host_id].actor, no_restart=True)
 
     def shutdown(self) -> None:
+        """Stop every live host (each saves its casts) and end its process. The hosts are asked at
+        once and have ``SHUTDOWN_TIMEOUT_S`` together: before, each had 30 s in turn, so stopping
+        ``castor serve`` while a few hosts' nodes were cut off took 30 s per such host; and a kill
+        that raised left the hosts after it running."""
         self._closed.set()
-        for ref in list(self.hosts.values()):
-            if ref.alive:
-                try:
-                    self._ray.get(ref.actor.shutdown.remote(), timeout=30.0)
-                except Exception:  # noqa: BLE001 - best effort: casts persist their state
-                    pass
+        live = [ref for ref in list(self.hosts.values()) if ref.alive]
+        asked = []
+        for ref in live:
+            try:
+                asked.append(ref.actor.shutdown.remote())
+            except Exception:  # noqa: BLE001 - best effort: casts persist their state
+                pass
+        if asked:
+            try:
+                self._ray.wait(asked, num_returns=len(asked), timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the cluster is going: the kills below end what is left
+                pass
+        for ref in live:
+            try:
                 self._ray.kill(ref.actor, no_restart=True)
+            except Exception as exc:  # noqa: BLE001 - already gone with its node
+                self.log.info("ending cast host {host}: {exc}", host=ref.host_id, exc=type(exc).__name__)
         self._io.shutdown(wait=False)
 
 

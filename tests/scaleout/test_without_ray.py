@@ -509,3 +509,40 @@ def test_the_cluster_s_error_messages_go_to_castor_s_log_not_stdout(capsys, monk
     assert capsys.readouterr().out == ""
     assert warnings == ["Ray (raylet): Raylet is terminated. Termination is unexpected. (+20 lines: see the node's "
                         "Ray logs)"], warnings
+
+
+def test_stopping_the_backend_asks_every_host_at_once_and_ends_each(monkeypatch) -> None:
+    """Stopping ``castor serve`` gave each live host 30 s in turn to stop, so three hosts on cut-off
+    nodes held it 90 s; and a ``ray.kill`` that raised (a host gone with its node) left the hosts
+    after it running. Now one deadline for all, and every host is killed."""
+    pytest.importorskip("ray")
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+
+    bound = getattr(ray_backend, "SHUTDOWN_TIMEOUT_S", 30.0)  # one host's 30 s, before: now all hosts'
+    waited: list[float] = []
+    killed: list[str] = []
+
+    def get(_ref: object, timeout: float) -> None:  # a host that never answers: its node is cut off
+        waited.append(timeout)
+        raise TimeoutError
+
+    def wait(refs: list[object], num_returns: int, timeout: float) -> tuple[list[object], list[object]]:
+        waited.append(timeout)
+        return [], refs
+
+    def kill(actor: SimpleNamespace, no_restart: bool) -> None:
+        killed.append(actor.name)
+        if actor.name == "host-1":
+            raise ValueError("actor handle of a dead actor")
+
+    backend = RayBackend.__new__(RayBackend)
+    backend._ray = SimpleNamespace(get=get, wait=wait, kill=kill)
+    backend._closed = threading.Event()
+    backend._io = SimpleNamespace(shutdown=lambda wait: None)
+    backend.log = SimpleNamespace(info=lambda *_a, **_k: None)
+    backend.hosts = {f"host-{n}": HostRef(host_id=f"host-{n}", actor=SimpleNamespace(
+        name=f"host-{n}", shutdown=SimpleNamespace(remote=object))) for n in (1, 2, 3)}
+    backend.shutdown()
+    assert sum(waited) <= bound, waited
+    assert killed == ["host-1", "host-2", "host-3"]
