@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from castor import tree
 from castor._log import logger
 from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
-from castor.messages.errors import ActorCrashed, CastorError, Conflict, InvalidParams, NotFound, Timeout
+from castor.messages.errors import ActorCrashed, CastorError, Conflict, Internal, InvalidParams, NotFound, Timeout
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
@@ -421,9 +421,17 @@ class RayBackend:
             self._host_lost(host, type(exc).__name__)
             raise ActorCrashed(f"cast host {host.host_id} was lost ({type(exc).__name__})", may_have_started=True,
                                data={"host_id": host.host_id}) from None
+        except rex.RayTaskError as exc:  # the host's method raised: castor's own error, or a bug named
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if isinstance(cause, CastorError):
+                raise cause from None
+            words = " ".join(str(cause).split())[:300]
+            raise Internal(f"cast host {host.host_id} failed: {type(cause).__name__}: {words}", may_have_started=True,
+                           data={"host_id": host.host_id}) from None
         except rex.RayError as exc:
-            raise CastorError(f"cluster error on {host.host_id}: {type(exc).__name__}", may_have_started=True,
-                              data={"host_id": host.host_id}) from None
+            words = " ".join(str(exc).split())[:300]
+            raise Internal(f"cluster error on {host.host_id}: {type(exc).__name__}: {words}", may_have_started=True,
+                           data={"host_id": host.host_id}) from None
 
     # -- the relay -----------------------------------------------------------------
     def _drain(self, host: HostRef) -> None:

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -546,3 +546,30 @@ def test_stopping_the_backend_asks_every_host_at_once_and_ends_each(monkeypatch)
     backend.shutdown()
     assert sum(waited) <= bound, waited
     assert killed == ["host-1", "host-2", "host-3"]
+
+
+def test_a_host_method_that_raises_is_named_with_its_cause_not_only_ray_s_wrapper() -> None:
+    """A host's method that raised reached the caller as ``internal: cluster error on host-1:
+    RayTaskError(ValueError)``: neither the error's words nor, for a castor error raised there, its
+    own code. Now a castor error keeps its code and data; anything else is ``internal`` with its
+    type and words."""
+    rex = pytest.importorskip("ray.exceptions")
+    from castor.messages.errors import Conflict, Internal
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+
+    def raising(cause: BaseException) -> Callable[..., None]:
+        def get(*_args: object, **_kwargs: object) -> None:
+            raise rex.RayTaskError("call", "Traceback ...", cause).as_instanceof_cause()
+        return get
+
+    backend = RayBackend.__new__(RayBackend)
+    host = HostRef(host_id="host-1", actor=None)
+    backend._ray = SimpleNamespace(get=raising(ValueError("bad\nvalue")))
+    with pytest.raises(Internal) as caught:
+        backend._get(host, object())
+    assert caught.value.message == "cast host host-1 failed: ValueError: bad value", caught.value.message
+    assert caught.value.may_have_started is True
+    backend._ray = SimpleNamespace(get=raising(Conflict("cast c1 is held by another runtime", data={"cast_id": "c1"})))
+    with pytest.raises(Conflict) as held:
+        backend._get(host, object())
+    assert held.value.data["cast_id"] == "c1"
