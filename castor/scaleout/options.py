@@ -109,13 +109,18 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     service), so a wrong --ray-address hung the command; this answers in seconds."""
     import socket
 
-    from castor.messages.errors import NotFound, Timeout
+    from castor.messages.errors import InvalidParams, NotFound, Timeout
 
     parts = _address_parts(address)
     shown = address
     if parts == ():  # auto: probe what Ray would join (it hung on a dead or silent one for minutes)
         found = auto_address()
         parts = _address_parts(found) if found else None
+        if found and parts is None:  # Ray's words were "Invalid address format: X", naming no source
+            raise InvalidParams(f"--ray-address auto found {found!r} in RAY_ADDRESS (or Ray's temp directory), which "
+                                "is not a cluster's HOST:PORT or ray://HOST:PORT; set RAY_ADDRESS to the head's GCS "
+                                "address, or name the cluster with --ray-address HOST:PORT",
+                                data={"reason": "bad_ray_address", "address": found})
         shown = f"{found} (what --ray-address auto found in RAY_ADDRESS or Ray's temp directory)"
     if not parts:
         return
@@ -152,11 +157,16 @@ def auto_address() -> str | None:
     then says so itself, at once). Ray's own resolution, so the probe and the join agree."""
     import importlib
 
+    from castor.messages.errors import InvalidParams
+
     services = importlib.import_module("ray._private.services")  # Ray's resolver: no public name for it
     try:
         found = services.get_ray_address_from_environment("auto", None)
     except ConnectionError:
         return None
+    except ValueError as exc:  # an HTTP address in RAY_ADDRESS (the dashboard's, the jobs API's)
+        raise InvalidParams(f"--ray-address auto: {' '.join(str(exc).split())}",
+                            data={"reason": "bad_ray_address"}) from None
     return str(found) if found else None
 
 

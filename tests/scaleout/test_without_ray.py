@@ -573,3 +573,20 @@ def test_a_host_method_that_raises_is_named_with_its_cause_not_only_ray_s_wrappe
     with pytest.raises(Conflict) as held:
         backend._get(host, object())
     assert held.value.data["cast_id"] == "c1"
+
+
+@pytest.mark.parametrize("found", ["notanaddress", "http://127.0.0.1:8265"])
+def test_ray_address_auto_finding_no_cluster_address_in_ray_address_says_so(found: str, monkeypatch, capsys,
+                                                                           tmp_path: Path) -> None:
+    """``--ray-address auto`` with ``RAY_ADDRESS=notanaddress`` read ``castor: invalid_params:
+    Invalid address format: notanaddress`` (Ray's words, naming neither RAY_ADDRESS nor what to
+    do), and an HTTP address Ray's own several-line advice, its line breaks shown as ``\\n``."""
+    pytest.importorskip("ray")
+    from castor.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", found)
+    monkeypatch.chdir(tmp_path)
+    assert main(["cast", "build", "--agent", "script:a.json", "--backend", "ray", "--ray-address", "auto"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("castor: invalid_params: --ray-address auto"), err
+    assert "\\n" not in err and ("RAY_ADDRESS" in err), err
