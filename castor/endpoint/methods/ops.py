@@ -94,6 +94,9 @@ def register_ops_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
                 raise InvalidParams("kill_host needs castor serve --backend ray")
             if params.path not in runtime.scaleout.hosts:
                 raise NotFound(f"no cast host {params.path!r}", data={"path": params.path})
+            if not runtime.scaleout.hosts[params.path].alive:  # answered "injected", and nothing was
+                raise ActorStopped(f"cast host {params.path} is already lost (see ops.hosts); nothing injected",
+                                   data={"path": params.path, "state": "lost"})
             runtime.scaleout.kill_host(params.path)
             return {"injected": params.kind, "path": params.path}
         handle = runtime.system.lookup(params.path)

@@ -217,6 +217,25 @@ def test_ops_fault_refuses_a_kill_that_no_incarnation_would_carry_out(served):
     assert probe.ask(Ping(n=1), timeout=5) == ("probe-r", 2, 1)  # new demand: a fresh incarnation, not killed
 
 
+@pytest.mark.parametrize("served", [True], indirect=True)
+def test_ops_fault_refuses_to_kill_a_cast_host_already_lost(served):
+    """``kill_host`` of a host the Ray backend had already taken for lost (its node gone) was
+    answered ``injected``: the drill's operator counted a fault that never happened."""
+    from types import SimpleNamespace
+
+    runtime, connect, _ = served
+    killed: list[str] = []
+    runtime.scaleout = SimpleNamespace(hosts={"host-1": SimpleNamespace(alive=False),
+                                              "host-2": SimpleNamespace(alive=True)}, kill_host=killed.append)
+    client = connect()
+    with pytest.raises(ActorStopped) as refused:
+        client.call("ops.fault", {"kind": "kill_host", "path": "host-1"})
+    assert refused.value.data == {"path": "host-1", "state": "lost"}
+    assert client.call("ops.fault", {"kind": "kill_host", "path": "host-2"}) == {"injected": "kill_host",
+                                                                                  "path": "host-2"}
+    assert killed == ["host-2"]
+
+
 @pytest.mark.timeout(60)
 def test_a_session_whose_supervisor_gave_up_or_whose_parent_restarted_can_be_opened_again(tmp_path):
     """docs/reliability.md: after a session's supervisor gives up, the harness opens it again."""
