@@ -682,6 +682,23 @@ def _progress(view: dict[str, Any]) -> Any:
     return table
 
 
+def _where_to_resume(args: argparse.Namespace, code: int) -> int:
+    """After a cast that did not complete on the cluster (``--backend ray``), say that the resuming
+    command the line above names runs it where *it* runs: without the same flags, on this machine.
+    Typed as shown, ``castor recast ID`` ran the cast's commands here, not on the cluster."""
+    if code != EXIT_OK and getattr(args, "backend", "local") == "ray":
+        import shlex
+
+        flags = ["--backend", "ray"]
+        if args.ray_address:
+            flags += ["--ray-address", args.ray_address]
+        if args.ray_hosts is not None:
+            flags += ["--ray-hosts", str(args.ray_hosts)]
+        print(f"castor: to resume it on the cluster again, add {shlex.join(flags)} to that command "
+              "(without them it runs on this machine)", file=sys.stderr)
+    return code
+
+
 def _finish(view: dict[str, Any]) -> int:
     from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
 
@@ -743,7 +760,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
             raise
         with _named_on_interrupt(session, root, started["cast_id"]):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
-            return _finish(_watch(session, started["cast_id"], quiet=args.quiet))
+            return _where_to_resume(args, _finish(_watch(session, started["cast_id"], quiet=args.quiet)))
     finally:
         session.close()
 
@@ -808,7 +825,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
         with _named_on_interrupt(session, root, cast_id):
             view = session.call(verb, {"cast_id": cast_id})
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
-            return _finish(_watch(session, cast_id, quiet=args.quiet))
+            return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet)))
     finally:
         session.close()
 

@@ -590,3 +590,26 @@ def test_ray_address_auto_finding_no_cluster_address_in_ray_address_says_so(foun
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("castor: invalid_params: --ray-address auto"), err
     assert "\\n" not in err and ("RAY_ADDRESS" in err), err
+
+
+def test_a_cast_that_fails_on_the_cluster_says_which_flags_resume_it_there(monkeypatch, capsys,
+                                                                           tmp_path: Path) -> None:
+    """``castor cast --backend ray`` that failed said "`castor recast ID` resumes it": typed as
+    shown, that recast ran the cast's commands on this machine, not on the cluster. Here the cast
+    runs in this process (the backend stubbed out: no cluster) and fails."""
+    pytest.importorskip("ray")
+    from castor.cli import main
+    from castor.scaleout import options
+
+    monkeypatch.setattr(options, "make_backend", lambda _args: None)
+    monkeypatch.setattr(options, "check_reachable", lambda _address: None)
+    (tmp_path / ".pi").mkdir()
+    (tmp_path / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "one", "loadouts": {"one": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": ["false"], "parse": "text"}}}}}))
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["cast", "build", "--agent", "script:a.json", "--quiet", "--backend", "ray",
+                 "--ray-address", "10.0.0.5:6379"]) == 1
+    err = capsys.readouterr().err
+    assert "resumes it" in err and "castor: to resume it on the cluster again, add --backend ray --ray-address " \
+        "10.0.0.5:6379 to that command (without them it runs on this machine)" in err, err
