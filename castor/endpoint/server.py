@@ -288,7 +288,9 @@ class Server:
             self._refuse(sock, Unauthenticated("the peer runs as another user", data={"reason": "peer_uid"}))
             return True
         with self._lock:
-            full = len(self._conns) >= self.max_connections
+            # A connection already closing (its close runs its callbacks last, this slot's release
+            # among them) holds no slot: counted, it refused a newcomer it could not make room for.
+            full = sum(1 for c in self._conns.values() if not c.closed) >= self.max_connections
             # Full: the oldest connection that has not authenticated yet makes room (with a token,
             # every connection starts unauthenticated, so refusing the newcomer would let anyone who
             # can connect keep every slot with connections that never say hello).

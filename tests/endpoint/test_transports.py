@@ -450,3 +450,34 @@ def test_a_call_s_timeout_must_be_a_deadline(client: Client, gates) -> None:
         assert late.value.may_have_started is False and late.value.data["reason"] == "deadline_passed"
     assert not gates.entered.is_set(), "a call with no deadline was sent"
     assert client.call("add", {"a": 5}, timeout=5) == 5
+
+
+@pytest.mark.timeout(30)
+def test_a_connection_still_closing_holds_no_slot(gates, sock_dir, monkeypatch) -> None:
+    """A connection is marked closed at once, but its slot is given back by the last step of its
+    close (its callbacks). A client arriving in between, on a full endpoint, was refused
+    ``mailbox_full``: the closing connection counted, and being closed, it could not be evicted to
+    make room. Seen as a flaky refusal right after a readiness probe's connect-and-close."""
+    from castor.endpoint.server import Server as ServerClass
+
+    releasing, release = threading.Event(), threading.Event()
+    untrack = ServerClass._untrack
+
+    def held_untrack(self, conn) -> None:
+        releasing.set()
+        release.wait(20)
+        untrack(self, conn)
+
+    monkeypatch.setattr(ServerClass, "_untrack", held_untrack)
+    srv = start_server(gates, sock_dir, max_connections=1)
+    try:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(srv.address)
+        probe.close()  # the server sees its end of stream and closes it: held before the slot is given back
+        assert releasing.wait(10)
+        with Client.connect_unix(srv.address, default_timeout=10) as second:
+            assert second.call("add", {"a": 1}) == 1
+        release.set()
+    finally:
+        release.set()
+        srv.stop()
