@@ -8,13 +8,13 @@ stay (a command's exit ``code``/``signal``, as Node reports them). Each test run
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conformance.test_cli_run_records import cast
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,21 +28,6 @@ PI_MATERIA_EVENTS = {
     "same_socket_recovery_retry_failed", "same_socket_recovery_exhausted", "cast_recast", "cast_revive", "cast_end",
 }
 NULL_AS_PI_MATERIA_WRITES = {("utility_command", "code"), ("utility_command", "signal")}
-
-
-def _cast(tmp_path: Path, sockets: dict[str, Any], answers: list[Any]) -> Path:
-    root = tmp_path / "project"
-    (root / ".pi").mkdir(parents=True)
-    config = {"materia": {"A": {"prompt": "Do {{request}}", "tools": "none"}},
-              "loadouts": {"L": {"entry": "Socket-1", "sockets": sockets}}, "activeLoadout": "L"}
-    (root / ".pi" / "pi-materia.json").write_text(json.dumps(config))
-    (root / "answers.json").write_text(json.dumps(answers))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
-           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
-    subprocess.run([sys.executable, "-m", "castor", "cast", "go", "--quiet", "--agent", "script:answers.json"],
-                   cwd=root, env=env, text=True, capture_output=True, timeout=60)
-    (run_dir,) = [p for p in (root / ".pi" / "pi-materia").iterdir() if p.is_dir()]
-    return run_dir
 
 
 def _null_paths(value: Any, at: str = "") -> list[str]:
@@ -69,7 +54,7 @@ def _nulls(run_dir: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.timeout(120)
 def test_a_utility_socket_then_an_agent_socket_write_no_unset_field_as_null(tmp_path: Path) -> None:
-    run_dir = _cast(tmp_path, {
+    run_dir = cast(tmp_path, {
         "Socket-1": {"type": "utility", "utility": "echo", "params": {"text": "x"},
                      "edges": [{"when": "always", "to": "Socket-2"}]},
         "Socket-2": {"type": "agent", "materia": "A"},
@@ -84,7 +69,7 @@ def test_a_utility_socket_then_an_agent_socket_write_no_unset_field_as_null(tmp_
 
 @pytest.mark.timeout(120)
 def test_a_cast_failed_at_a_utility_command_writes_no_unset_field_as_null(tmp_path: Path) -> None:
-    run_dir = _cast(tmp_path, {
+    run_dir = cast(tmp_path, {
         "Socket-1": {"type": "utility", "command": [sys.executable, "-c", "import sys; sys.exit(7)"]},
     }, [])
     assert _nulls(run_dir) == []

@@ -208,18 +208,12 @@ def test_a_cast_host_that_does_not_start_in_time_is_a_timeout_not_storage_unavai
     import ray.exceptions as rex
 
     from castor.messages.errors import Timeout
-    from castor.scaleout.ray_backend import HostRef, RayBackend
 
     def slow(*_args: object, **_kwargs: object) -> None:
         raise rex.GetTimeoutError("Get timed out: some object(s) not ready.")
 
     killed: list[object] = []
-    backend = RayBackend.__new__(RayBackend)  # the method alone: no cluster needed to show the mapping
-    backend._ray = SimpleNamespace(get=slow, kill=lambda actor, no_restart: killed.append(actor))
-    backend._lock = threading.RLock()
-    actor = SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
-    ref = HostRef(host_id="host-1", actor=actor)
-    backend.hosts = {"host-1": ref}
+    backend, ref = _backend_with_one_host(slow, killed)  # the method alone: no cluster needed to show the mapping
     with pytest.raises(Timeout) as caught:
         backend._await_host(ref, timeout_s=60)
     assert caught.value.data["host_id"] == "host-1" and caught.value.data["reason"] == "host_start_timeout"
@@ -227,7 +221,7 @@ def test_a_cast_host_that_does_not_start_in_time_is_a_timeout_not_storage_unavai
     # A host that starts after its deadline was left listed alive, drained by nobody: `castor inspect
     # hosts` showed it "yes" with no casts, replacements counted it on its node, and once its silence
     # fence ended it, "not answering: ActorDiedError" for ever. It is now not alive, and ended.
-    assert backend.live_hosts() == [] and killed == [actor]
+    assert backend.live_hosts() == [] and killed == [ref.actor]
     assert ray is not None
 
 
@@ -455,22 +449,16 @@ def test_a_cast_host_on_a_node_running_another_castor_is_refused_by_name(monkeyp
     (reason ``castor_version_mismatch``) naming both versions and the node."""
     pytest.importorskip("ray")
     from castor.messages.errors import Conflict
-    from castor.scaleout.ray_backend import HostRef, RayBackend
     from castor.version import __version__
 
     killed: list[object] = []
     info = {"node_id": "ab" * 28, "pid": 42, "castor_version": "0.0.1-other"}
-    backend = RayBackend.__new__(RayBackend)
-    backend._ray = SimpleNamespace(get=lambda *_a, **_k: info, kill=lambda actor, no_restart: killed.append(actor))
-    backend._lock = threading.RLock()
-    actor = SimpleNamespace(ping=SimpleNamespace(remote=lambda: object()))
-    ref = HostRef(host_id="host-1", actor=actor)
-    backend.hosts = {"host-1": ref}
+    backend, ref = _backend_with_one_host(lambda *_a, **_k: info, killed)
     with pytest.raises(Conflict) as caught:
         backend._await_host(ref, timeout_s=60)
     assert caught.value.data["reason"] == "castor_version_mismatch"
     assert f"runs castor 0.0.1-other, this process castor {__version__}" in caught.value.message
-    assert backend.live_hosts() == [] and killed == [actor] and ref.drainer is None
+    assert backend.live_hosts() == [] and killed == [ref.actor] and ref.drainer is None
 
 
 def test_the_cluster_s_error_messages_go_to_castor_s_log_not_stdout(capsys, monkeypatch) -> None:
@@ -613,3 +601,16 @@ def test_a_cast_that_fails_on_the_cluster_says_which_flags_resume_it_there(monke
     err = capsys.readouterr().err
     assert "resumes it" in err and "castor: to resume it on the cluster again, add --backend ray --ray-address " \
         "10.0.0.5:6379 to that command (without them it runs on this machine)" in err, err
+
+
+def _backend_with_one_host(get, killed: list[object]):
+    """A ``RayBackend`` with no cluster behind it: ``get`` stands for ``ray.get``, a kill is recorded
+    in ``killed``, and one host, ``host-1``, is listed (its ``HostRef`` returned beside it)."""
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+
+    backend = RayBackend.__new__(RayBackend)
+    backend._ray = SimpleNamespace(get=get, kill=lambda actor, no_restart: killed.append(actor))
+    backend._lock = threading.RLock()
+    ref = HostRef(host_id="host-1", actor=SimpleNamespace(ping=SimpleNamespace(remote=lambda: object())))
+    backend.hosts = {"host-1": ref}
+    return backend, ref

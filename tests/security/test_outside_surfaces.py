@@ -6,7 +6,9 @@ process meets is what is checked) and waits on the process or on a deadline, nev
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -424,7 +426,6 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
     --token-file F`` (and ``Client.connect_unix(..., token_file=F)``) connected and sent F's
     token in its hello to whoever listened there. Now a client checks the listener's user
     (``SO_PEERCRED``) first: another user's socket is ``forbidden`` and hears no token."""
-    import os
     import shutil
     import socket
     import tempfile
@@ -438,39 +439,20 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
     token_file = tmp_path / "endpoint.token"
     token_file.write_text("s" * 43 + "\n")
     token_file.chmod(0o600)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user: listen, and report every byte a peer sends
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
-            os.chmod(path, 0o777)
-            listener.listen(4)
-            os.write(write_end, b"L")
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
     try:
-        assert os.read(read_end, 1) == b"L"
-        done = subprocess.run(castor_argv("inspect", "--socket", str(path), "--token-file", str(token_file)),
-                              env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=60)
-        assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, \
-            done.stderr
-        with pytest.raises(Forbidden):
-            Client.connect_unix(str(path), token_file=str(token_file), default_timeout=5)
-        # What the other user heard: nothing with the token in it.
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.connect(str(path))
-        assert b"s" * 43 not in _heard_up_to_our_end(probe, read_end)
+        with _another_user_listening_at(path) as heard:
+            done = subprocess.run(castor_argv("inspect", "--socket", str(path), "--token-file", str(token_file)),
+                                  env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.stderr.startswith("castor: forbidden:") and len(done.stderr.strip().splitlines()) == 1, \
+                done.stderr
+            with pytest.raises(Forbidden):
+                Client.connect_unix(str(path), token_file=str(token_file), default_timeout=5)
+            # What the other user heard: nothing with the token in it.
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.connect(str(path))
+            assert b"s" * 43 not in _heard_up_to_our_end(probe, heard)
     finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
         shutil.rmtree(shared, ignore_errors=True)
 
 
@@ -521,7 +503,6 @@ def test_a_client_without_a_token_never_talks_to_a_unix_socket_another_user_list
     opened its session there, handing that user the project's path and every request. The
     listener's user is checked token or not: another user's socket is ``forbidden`` and hears
     nothing (a real castor of another user refuses such a client anyway)."""
-    import os
     import shutil
     import socket
     import tempfile
@@ -532,34 +513,15 @@ def test_a_client_without_a_token_never_talks_to_a_unix_socket_another_user_list
     shared = Path(tempfile.mkdtemp(prefix="castor-shared-", dir="/tmp"))  # the other user must reach it
     shared.chmod(0o1777)
     path = shared / "castor.sock"
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user: listen, and report every byte a peer sends
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
-            os.chmod(path, 0o777)
-            listener.listen(4)
-            os.write(write_end, b"L")
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
     try:
-        assert os.read(read_end, 1) == b"L"
-        with pytest.raises(Forbidden) as refused:
-            Client.connect_unix(str(path), default_timeout=5)
-        assert refused.value.data.get("reason") == "peer_uid"
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.connect(str(path))
-        assert _heard_up_to_our_end(probe, read_end) == b"END"  # not even a hello
+        with _another_user_listening_at(path) as heard:
+            with pytest.raises(Forbidden) as refused:
+                Client.connect_unix(str(path), default_timeout=5)
+            assert refused.value.data.get("reason") == "peer_uid"
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.connect(str(path))
+            assert _heard_up_to_our_end(probe, heard) == b"END"  # not even a hello
     finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
         shutil.rmtree(shared, ignore_errors=True)
 
 
@@ -639,6 +601,39 @@ def test_a_client_with_a_token_still_reaches_castor_s_own_tcp_serve(tmp_path):
             sock.close()
     finally:
         listener.close()
+
+
+@contextlib.contextmanager
+def _another_user_listening_at(path: Path) -> Iterator[int]:
+    """Another user (``nobody``, forked from this root process) listening on a Unix socket at
+    ``path`` (mode ``0777``) and reporting every byte a peer sends on the pipe whose read end is
+    yielded; the listener is killed on exit."""
+    import os
+    import socket
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            os.chmod(path, 0o777)
+            listener.listen(4)
+            os.write(write_end, b"L")
+            _report_what_peers_send(listener, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"L"
+        yield read_end
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(read_end)
 
 
 def _report_what_peers_send(listener, out_fd: int) -> None:
