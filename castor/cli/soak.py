@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from castor.scaleout.options import add_backend_flags
+from castor.scaleout.options import SOAK_RAY_HOSTS, add_backend_flags
 
 if TYPE_CHECKING:  # imported where the command runs: building the parser pays for none of them
     from rich.console import Console
@@ -44,7 +44,7 @@ def add_soak_subcommand(subparsers: Any) -> None:
     soak.add_argument("--workdir", help="where the run's files and log go; kept "
                                          "(default: a new ./castor-soak-<UTC date-time>)")
     soak.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_backend_flags(soak)
+    add_backend_flags(soak, hosts_default=str(SOAK_RAY_HOSTS))
     soak.set_defaults(run=cmd_soak)
 
 

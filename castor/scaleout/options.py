@@ -12,15 +12,22 @@ from typing import Any
 
 from castor.scaleout import BACKENDS, RAY_MINOR
 
+#: The cast hosts ``castor soak --backend ray`` starts on the cluster it makes for itself (``--ray-hosts``
+#: chooses): fewer than that cluster's 3 nodes, so a node removal can take a node that runs no host
+#: as well as one that does. Defined here, where the parser reads it: building it imports no soak code.
+SOAK_RAY_HOSTS = 2
 
-def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+
+def add_backend_flags(parser: argparse.ArgumentParser, *, hosts_default: str = "one per node") -> None:
+    """The three flags; ``hosts_default`` is what ``--ray-hosts`` defaults to, as its help says it
+    (``castor soak`` starts its own cluster with a fixed number of cast hosts)."""
     parser.add_argument("--backend", choices=BACKENDS, default="local",
                         help="where casts run: in this process (local, the default) or on a Ray cluster (ray; "
                              "needs the castor[ray] extra)")
     parser.add_argument("--ray-address", metavar="ADDR", default=None,
                         help="with --backend ray: a running cluster's address (default: start a local one)")
     parser.add_argument("--ray-hosts", metavar="N", type=int, default=None,
-                        help="with --backend ray: cast hosts to start (default: one per node)")
+                        help=f"with --backend ray: cast hosts to start (default: {hosts_default})")
 
 
 def backend_flag_problem(args: argparse.Namespace) -> str | None:

@@ -24,6 +24,8 @@ import random
 import time
 from typing import Any
 
+from castor.scaleout.options import SOAK_RAY_HOSTS
+
 CLUSTER_FAULTS: tuple[tuple[str, int], ...] = (("kill_host", 2), ("kill_node", 1), ("in_host", 12))
 CLUSTER_FAULT_SPACING_S = 2.0
 
@@ -53,9 +55,8 @@ class ClusterPacing:
         self.last_fault_at = now
 
 
-#: Cast hosts a soak starts unless ``--ray-hosts`` says: fewer than its cluster's 3 nodes, so a
-#: node removal can take a node that runs no host as well as one that does.
-SOAK_HOSTS = 2
+#: Cast hosts a soak starts unless ``--ray-hosts`` says (see ``SOAK_RAY_HOSTS``).
+SOAK_HOSTS = SOAK_RAY_HOSTS
 
 
 def start_cluster_backend(address: str | None, hosts: int | None = None) -> tuple[Any, Any]:
