@@ -34,6 +34,7 @@ import errno
 import functools
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -55,6 +56,10 @@ TERMINAL = {"complete", "failed", "aborted"}
 #: and how long it waits for that process to abort.
 ABORT_REQUEST = "abort.request"
 ABORT_WAIT_S = 5.0
+#: How far ahead of this machine's clock a request's ``requested_at`` may be and still be taken
+#: (a ``castor abort`` on another host sharing the storage); one further ahead was never written
+#: while this command held the cast.
+ABORT_REQUEST_CLOCK_SKEW_S = 60.0
 #: Two ``castor abort`` of one cast take turns on this lock file of its run directory
 #: (:func:`_one_abort_at_a_time`); the second waits this long for the first (which may itself wait
 #: :data:`ABORT_WAIT_S` for another process, after building a runtime).
@@ -520,6 +525,52 @@ def _requested_at(request: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class _AbortRequests:
+    """What a command that runs a cast finds at its run directory's ``abort.request`` on each poll.
+
+    Only a request made while this command holds the cast -- a regular file whose ``requested_at``
+    falls between the command's start (``since``, before it took the cast) and now -- asks it to
+    abort; it is removed as taken. Anything else there is never applied, whoever put it there (a
+    project checkout can carry one): a request left from before (a killed ``castor abort``'s), one
+    with no readable time or a time to come, a link, a FIFO or a directory is removed and named in
+    one warning; a directory with something in it cannot be, and is named once and left."""
+
+    def __init__(self, request: Path, since: float, warn: Callable[[str], None]) -> None:
+        self.request = request
+        self.since = since
+        self.warn = warn
+        self._left: tuple[int, int] | None = None  # the directory named and left (device, inode)
+
+    def asked(self) -> bool:
+        """True once per request made while this command holds the cast."""
+        try:
+            found = os.lstat(self.request)
+        except OSError:
+            return False
+        if self._left == (found.st_dev, found.st_ino):
+            return False
+        asked_at = _requested_at(self.request)
+        if asked_at is not None and self.since <= asked_at <= time.time() + ABORT_REQUEST_CLOCK_SKEW_S:
+            try:
+                os.unlink(self.request)
+            except OSError:
+                pass
+            return True
+        why = ("was left from before this command took the cast" if asked_at is not None and asked_at < self.since
+               else "is not one castor wrote while this command holds the cast")
+        try:
+            if stat.S_ISDIR(found.st_mode):
+                os.rmdir(self.request)
+            else:
+                os.unlink(self.request)
+        except OSError:
+            self._left = (found.st_dev, found.st_ino)
+            self.warn(f"abort request {self.request} {why}: not applied, and castor cannot remove it (remove it)")
+            return False
+        self.warn(f"abort request {self.request} {why}: removed, not applied")
+        return False
+
+
 def _say_err(line: str) -> None:
     try:
         print(line, file=sys.stderr)
@@ -585,24 +636,17 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
     console = Console(stderr=True)
     last: dict[str, Any] = {}
 
-    request = Path(str(session.call("status", {"cast_id": cast_id})["run_dir"])) / ABORT_REQUEST
+    requests = _AbortRequests(Path(str(session.call("status", {"cast_id": cast_id})["run_dir"])) / ABORT_REQUEST,
+                              session.began_at, lambda line: session.ui.notify(line, "warning"))
 
     def poll() -> dict[str, Any]:
-        # `castor abort` from another process asks this one to abort -- unless the request is
-        # older than this command's verb: it was left for an earlier holder (a killed abort).
-        if os.path.lexists(request):
-            asked_at = _requested_at(request)
+        # `castor abort` from another process asks this one to abort (_AbortRequests: only a
+        # request made while this command holds the cast).
+        if requests.asked():
             try:
-                os.unlink(request)
-            except OSError:
-                pass
-            if asked_at is not None and asked_at < session.began_at:
-                session.ui.notify("an abort request left from before this command was removed", "warning")
-            else:
-                try:
-                    session.call("abort", {"cast_id": cast_id})
-                except CastorError as exc:  # it ended meanwhile: the status below says how
-                    session.ui.notify(f"abort request not applied: {exc.message}", "warning")
+                session.call("abort", {"cast_id": cast_id})
+            except CastorError as exc:  # it ended meanwhile: the status below says how
+                session.ui.notify(f"abort request not applied: {exc.message}", "warning")
         view = session.call("status", {"cast_id": cast_id})
         if view.get("paused") and view.get("live"):
             # Said after the engine's own notice ("... Run castor continue ID to finalize."), which

@@ -327,8 +327,46 @@ def test_an_abort_left_from_before_does_not_abort_the_next_recast(tmp_path):
     (project / "answers.json").write_text(json.dumps([{"text": "one", "delay_ms": 600}, "two"]))  # polled mid-turn
     done = _castor(tmp_path, "continue", cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
     assert done.returncode == 0, done.stderr
-    assert not request.exists() and "abort request left from before" in done.stderr
+    assert not request.exists() and f"abort request {request} was left from before" in done.stderr
     assert json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)["status"] == "complete"
+
+
+def _plant_abort_request(request: Path, how: str) -> None:
+    if how == "no_timestamp":
+        request.write_text(json.dumps({"pid": 1}))
+    elif how == "not_json":
+        request.write_text("abort")
+    elif how == "future":
+        request.write_text(json.dumps({"requested_at": 4102444800.0, "pid": 1}))  # 2100-01-01
+    elif how == "link":
+        (request.parent.parent / "elsewhere.json").write_text(json.dumps({"requested_at": 4102444800.0}))
+        request.symlink_to(request.parent.parent / "elsewhere.json")
+    elif how == "empty_directory":
+        request.mkdir()
+    else:  # a directory as a checkout ships it: git keeps no empty one
+        request.mkdir()
+        (request / "README").write_text("x")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["no_timestamp", "not_json", "future", "link", "empty_directory", "directory"])
+def test_an_abort_request_a_checkout_ships_never_aborts_the_recast(tmp_path, how):
+    """A project checkout can carry a run directory's ``abort.request``: one with no readable
+    timestamp, a link or a directory in its place was applied as an abort, so the user's next
+    recast aborted itself on its first poll. Only a request made while this command holds the cast
+    is applied; anything else is named in a warning and removed (a directory with something in it
+    is left for the user to remove), and the recast completes."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    request = project / ".pi" / "pi-materia" / cast_id / "abort.request"
+    _plant_abort_request(request, how)
+    (project / "answers.json").write_text(json.dumps([{"text": "one", "delay_ms": 600}, "two"]))  # polled mid-turn
+    done = _castor(tmp_path, "recast", cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)["status"] == "complete"
+    warnings = [line for line in done.stderr.splitlines() if str(request) in line]
+    assert len(warnings) == 1 and "not applied" in warnings[0], done.stderr
+    assert os.path.lexists(request) == (how == "directory")
 
 
 LOSES_THE_RACE = r"""
