@@ -712,7 +712,8 @@ def project_artifact_root(cwd: str, configured: str | None) -> Path:
     project, symlinks included; ``forbidden`` unless it stays inside the project (the one rule of
     castor.domain.paths: no ``..``, an absolute path only inside the project)."""
     project = Path(cwd).resolve()
+    wanted = configured or paths.DEFAULT_ARTIFACT_DIR
     try:
-        return confine(project, configured or paths.DEFAULT_ARTIFACT_DIR, allow_absolute=True)
+        return confine(project, wanted, allow_absolute=True)
     except Forbidden as exc:
-        raise paths.artifact_dir_outside(configured, str(project), exc) from None
+        raise paths.artifact_dir_outside(wanted, str(project), exc) from None

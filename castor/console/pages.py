@@ -135,7 +135,18 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
         data = (handle.snapshot_data().get("activity") or {}).get("data") if handle is not None else None
         known = (data or {}).get("run_dir")
     if known is None:
-        candidate = Path(cwd) / ".pi" / "pi-materia" / cast_id
+        # A saved cast is looked for as `castor casts` lists it: under the project's artifact root
+        # (``forbidden`` when a link leads it out of the project), in a run directory that is no
+        # link -- a project may ship one leading to another project's or user's cast.
+        candidate = runtime.artifact_root_for(cwd, None) / cast_id
+        try:
+            linked = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            linked = False
+        if linked:
+            raise Forbidden(f"cast {cast_id}'s run directory {candidate} is a symbolic link, which castor never "
+                            "follows (`castor casts` leaves it out)",
+                            data={"cast_id": cast_id, "reason": "run_directory_is_a_link", "path": str(candidate)})
         if not (candidate / "state.json").is_file():
             raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id})
         known = str(candidate)

@@ -652,6 +652,42 @@ def test_a_project_s_fifo_link_or_huge_file_in_a_cast_s_directory_never_holds_th
         runtime.shutdown(timeout=10)
 
 
+@pytest.mark.parametrize("linked", ["run_directory", "artifact_root"])
+def test_a_cast_s_page_never_follows_a_link_to_another_project_s_run_directory(tmp_path, linked):
+    """A project may ship ``.pi/pi-materia/<id>`` (or ``.pi/pi-materia`` itself) as a link to
+    another project's or user's cast: ``castor casts`` leaves a linked run directory out and
+    ``castor status`` refuses it, but the console's cast page followed it and showed that cast's
+    request. It is refused (``forbidden``, a 403), naming the link, and nothing behind it is read."""
+    from castor.console import pages
+    from castor.messages.errors import Forbidden
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    cast_id = "2026-01-01T00-00-00-000Z"
+    theirs = tmp_path / "theirs" / ".pi" / "pi-materia"
+    (theirs / cast_id).mkdir(parents=True)
+    (theirs / cast_id / "state.json").write_text(json.dumps({"state": {"phase": "complete", "request": "SECRET"}}))
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    if linked == "run_directory":
+        (project / ".pi" / "pi-materia").mkdir()
+        (project / ".pi" / "pi-materia" / cast_id).symlink_to(theirs / cast_id)
+    else:
+        (project / ".pi" / "pi-materia").symlink_to(theirs)
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "s", project, [])
+        with pytest.raises(Forbidden) as refused:
+            pages.cast_data(runtime, "s", cast_id)
+        assert "SECRET" not in refused.value.message
+        said = {"run_directory": f"run directory {project / '.pi' / 'pi-materia' / cast_id} is a symbolic link",
+                "artifact_root": "'.pi/pi-materia' is refused (path escapes root (symlink))"}[linked]
+        assert said in refused.value.message, refused.value.message
+        assert ("s", cast_id) not in pages._RUN_DIRS
+    finally:
+        pages._RUN_DIRS.pop(("s", cast_id), None)
+        runtime.shutdown(timeout=10)
+
+
 @pytest.mark.timeout(30)
 def test_every_open_page_shares_one_serialisation_of_each_push(tmp_path, monkeypatch):
     """Each open main page serialised the shared snapshot again every second: at 1,000 casts about
