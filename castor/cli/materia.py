@@ -8,9 +8,9 @@
 | ``castor recast [CAST_ID] [--agent SPEC] [--cwd D]`` / ``castor revive [CAST_ID] ...`` | resumes a persisted cast in this new process and runs it to the end; with no CAST_ID, the newest cast it can resume (recast: failed, aborted, interrupted or orphaned; revive: exhausted same-socket recovery), as an id-less ``/materia recast`` / ``revive`` picks |
 | ``castor continue [CAST_ID] [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
 | ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`); two aborts of one cast take turns (:data:`ABORT_LOCK`): one says aborted, the other already aborted |
-| ``castor grid [--loadout N] [--config P]`` | the resolved graph as text |
-| ``castor loadout [NAME]`` | show the loadouts, or persist ``activeLoadout`` |
-| ``castor validate CONFIG_PATH`` | every problem of the config a cast here would run with CONFIG_PATH (the same layers; CONFIG_PATH in its own place if it is the profile's or the project's file, else as ``--config``), each on its own line; exit 1 if any |
+| ``castor grid [--loadout N] [--config P] [--cwd D]`` | the resolved graph as text |
+| ``castor loadout [NAME] [--cwd D]`` | show the loadouts, or persist ``activeLoadout`` |
+| ``castor validate CONFIG_PATH [--cwd D]`` | every problem of the config a cast in D would run with CONFIG_PATH (the same layers; CONFIG_PATH in its own place if it is the profile's or the project's file, else as ``--config``), each on its own line; exit 1 if any |
 
 ``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
 ``castor cast`` records a ``script:`` agent (a data file, never an executable) in
@@ -199,14 +199,17 @@ def add_materia_subcommands(subparsers: Any) -> None:
 
     validate = subparsers.add_parser(
         "validate", help="validate a materia config file as a cast here would run it",
-        description="Check the config a cast in the current directory would run with CONFIG_PATH: the same "
+        description="Check the config a cast in the project directory (--cwd, default the current one) "
+                    "would run with CONFIG_PATH: the same "
                     "layers, lowest first -- the bundled default, the profile's materia.json "
                     "($PI_MATERIA_PROFILE_DIR, else ~/.config/pi/pi-materia), the project's .pi/pi-materia.json "
                     "and $MATERIA_CONFIG; CONFIG_PATH stays in its own place when it is the profile's or the "
                     "project's file, and is otherwise the explicit layer above the project's (as --config "
-                    "CONFIG_PATH, which takes the place of $MATERIA_CONFIG). "
+                    "CONFIG_PATH, which takes the place of $MATERIA_CONFIG); a relative CONFIG_PATH is read "
+                    "from the project directory, as castor cast --cwd DIR --config CONFIG_PATH reads it. "
                     "A problem names the file it is in. Exit 1 on any error; warnings alone exit 0.")
     validate.add_argument("config_path", metavar="CONFIG_PATH")
+    _add_cwd(validate)
     validate.set_defaults(run=cmd_validate)
 
 
@@ -1161,7 +1164,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from castor.adapters.materia.config_loader import validate_file
 
-    issues = validate_file(args.config_path, project=Path.cwd())  # where `castor cast` here would write
+    issues = validate_file(args.config_path, project=_cwd(args))  # where `castor cast` there would write
     for issue in issues:  # errors first, then warnings ("[warning <code>] ..."); one line each, a
         # config's names (a loadout, a key) and the file's own name shown escaped
         print(_name(str(issue)), file=sys.stderr)

@@ -137,3 +137,27 @@ def test_the_profile_file_is_checked_in_its_own_place_below_the_project(tmp_path
     checked = _castor(project, "validate", str(profile / "materia.json"), profile=profile)
     assert checked.returncode == 1 and f"[invalid-materia] {profile / 'materia.json'}#/materia/Mine/tools" \
         in checked.stderr, checked.stderr
+
+
+@pytest.mark.timeout(120)
+def test_cwd_chooses_the_project_whose_layers_validate_reads_as_grid_and_cast_take_it(tmp_path: Path) -> None:
+    """``castor grid`` and ``castor cast`` take ``--cwd DIR`` (the project whose layers are read);
+    ``castor validate`` had none, so a project elsewhere could only be checked from inside it. With
+    ``--cwd DIR`` it reads DIR's layers, and a relative CONFIG_PATH from DIR, as ``castor cast --cwd
+    DIR --config CONFIG_PATH`` does; the command's own directory plays no part."""
+    profile, project = _dirs(tmp_path, profile=None, project={**PROJECT_LOADOUT, **PROFILE_MATERIA})
+    (project / "c.json").write_text(json.dumps({"activeLoadout": "Mine-Loadout"}))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / ".pi").mkdir(parents=True)
+    (elsewhere / "c.json").write_text('{"roles": {}}')  # a file of the same name here: never read
+    grid = _castor(elsewhere, "grid", "--cwd", str(project), "--config", "c.json", profile=profile)
+    assert grid.returncode == 0 and "Mine-Loadout" in grid.stdout, grid.stderr
+    for path in ("c.json", ".pi/pi-materia.json"):
+        checked = _castor(elsewhere, "validate", "--cwd", str(project), path, profile=profile)
+        assert checked.returncode == 0 and checked.stdout.strip() == f"{path}: valid", checked.stderr
+    unknown = _castor(elsewhere, "validate", "c.json", profile=profile)  # here: elsewhere's own c.json
+    assert unknown.returncode == 1 and unknown.stderr.startswith("[obsolete-field] c.json#/roles: "), unknown.stderr
+    missing = _castor(elsewhere, "validate", "--cwd", str(tmp_path / "nowhere"), "c.json", profile=profile)
+    assert missing.returncode == 1 and missing.stderr.startswith("castor: not_found: --cwd "), missing.stderr
+    helped = _castor(elsewhere, "validate", "--help", profile=profile)
+    assert "--cwd DIR" in helped.stdout, helped.stdout

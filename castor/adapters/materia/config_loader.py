@@ -333,8 +333,9 @@ def validate_file(path: str | os.PathLike[str], *,
     :func:`load`), the project's ``.pi/pi-materia.json`` and ``$MATERIA_CONFIG``, with ``path``
     in its own place when it is one of those the cast reads anyway (the profile's or the project's
     file), else as the explicit layer above the project's (``--config path``, which beats
-    ``$MATERIA_CONFIG``). ``config_path``: the explicit layer the cast would have besides (a
-    session's ``--materia-config``; beats ``$MATERIA_CONFIG``), above ``path`` in its own place.
+    ``$MATERIA_CONFIG``); a relative ``path`` is read from ``project``, as ``--config`` is.
+    ``config_path``: the explicit layer the cast would have besides (a session's
+    ``--materia-config``; beats ``$MATERIA_CONFIG``), above ``path`` in its own place.
     A problem of another layer names that layer's file. Without ``project``: ``path`` over the
     bundled default only.
 
@@ -356,7 +357,7 @@ def validate_file(path: str | os.PathLike[str], *,
         # the project's own layer, as a cast there finds it (lexically), and the profile's
         layer = Path(os.path.abspath(Path(project) / PROJECT_CONFIG))
         profile = Path(os.path.abspath(profile_dir(env, home) / PROFILE_FILE))
-        asked = Path(os.path.abspath(path))
+        asked = Path(os.path.abspath(Path(project) / path))  # a relative path: from the project, as --config
         own = asked == layer
         if own and not _inside_project(layer, Path(project)):  # linked out of the project
             return [_escapes_project(path)]
