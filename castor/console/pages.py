@@ -36,6 +36,16 @@ _RUN_DIRS: dict[tuple[str, str], str] = {}
 _ENDED: dict[str, dict[str, dict[str, Any]]] = {}
 #: Ended casts remembered per session (the oldest go first).
 MAX_ENDED_PER_SESSION = 20
+#: The newest casts of an open session's cast index read for the ones that failed since it opened
+#: (whether or not a page watched): a failure no page saw is listed too.
+FAILED_SCAN = 100
+#: Seconds a session's failed casts read from its cast index stand before it is read again (a
+#: cast that fails while a page watches is listed at the next push, from its actor going).
+FAILED_REREAD_S = 5.0
+#: Per open session: when it opened (epoch seconds), and its failed casts read from its cast
+#: index with when they were read.
+_OPENED: dict[str, float] = {}
+_FAILED: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
 
 def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
@@ -53,8 +63,9 @@ def tree_data(runtime: Any) -> dict[str, Any]:
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
     for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
         _RUN_DIRS.pop(key, None)
-    for sid in [sid for sid in _ENDED if sid not in open_ids]:
-        _ENDED.pop(sid, None)
+    for table in (_ENDED, _OPENED, _FAILED):
+        for sid in [sid for sid in table if sid not in open_ids]:
+            table.pop(sid, None)
     live: set[tuple[str, str]] = set()
     for actor in actors:
         if actor["kind"] == "CastActor":
@@ -70,8 +81,13 @@ def tree_data(runtime: Any) -> dict[str, Any]:
         _ENDED.get(sid, {}).pop(cast_id, None)
     _note_ended(live)
     sessions = session_casts(actors)
+    uptimes = {a["path"]: a.get("uptime_s") for a in actors}
     for session in sessions:
-        session["ended"] = list(reversed(_ENDED.get(session["session_id"], {}).values()))
+        sid = session["session_id"]
+        ended = list(reversed(_ENDED.get(sid, {}).values()))
+        seen = {c["cast_id"] for c in ended} | {c["cast_id"] for c in session["casts"]}
+        failed = [c for c in _failed_since_open(runtime, sid, uptimes.get(session["path"])) if c["cast_id"] not in seen]
+        session["ended"] = sorted(ended + failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
     return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime)}
 
 
@@ -98,6 +114,55 @@ def _note_ended(live: set[tuple[str, str]]) -> None:
                           "phase": state.get("phase"), "ended_at": ended_at}
         while len(ended) > MAX_ENDED_PER_SESSION:
             del ended[next(iter(ended))]
+
+
+def _failed_since_open(runtime: Any, sid: str, uptime_s: float | None) -> list[dict[str, Any]]:
+    """The casts of session ``sid`` that failed since it opened, as its cast index has them (the
+    newest :data:`FAILED_SCAN` casts of its project read, at most :data:`MAX_ENDED_PER_SESSION`
+    kept, read again after :data:`FAILED_REREAD_S`): what castor knows whether or not a page was
+    open when they failed. None while the session's casts cannot be read."""
+    from castor.adapters.materia.state_store import list_page
+
+    now = time.time()
+    read = _FAILED.get(sid)
+    if read is not None and now - read[0] < FAILED_REREAD_S:
+        return read[1]
+    if sid not in _OPENED and isinstance(uptime_s, (int, float)):
+        _OPENED[sid] = now - uptime_s
+    opened = _OPENED.get(sid)
+    failed: list[dict[str, Any]] = []
+    try:
+        cwd = runtime.session(sid).info.cwd
+        roots = {runtime.artifact_root_for(cwd, None)}
+    except Exception:  # noqa: BLE001 - a session closing or a project refused: no failed casts shown
+        roots = set()
+    roots |= {Path(run_dir).parent for (known, _cast), run_dir in list(_RUN_DIRS.items()) if known == sid}
+    for root in roots:
+        try:
+            page = list_page(root, limit=FAILED_SCAN)
+        except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
+            continue
+        for cast in page.casts:
+            ended_at = _epoch(cast.updated_at)
+            if cast.status != "failed" or opened is None or ended_at is None or ended_at < opened:
+                continue
+            reason = cast.failed_reason
+            failed.append({"cast_id": cast.cast_id, "status": cast.status,
+                           "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
+                           "phase": "failed", "ended_at": ended_at})
+    failed = sorted(failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
+    _FAILED[sid] = (now, failed)
+    return failed
+
+
+def _epoch(iso: str) -> float | None:
+    """The epoch seconds of an ISO 8601 time (a cast's ``updated_at``), None if it is none."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
 
 
 def worker_data(runtime: Any) -> list[dict[str, Any]]:

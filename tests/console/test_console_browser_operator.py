@@ -399,3 +399,37 @@ def test_a_wrong_token_or_a_page_of_an_earlier_serve_says_how_to_open_the_consol
     said = browser.find_element("tag name", "body").text
     assert "castor serve" in said and "?token=$(cat TOKEN_FILE)" in said and "earlier serve" in said, said
     assert wrong not in browser.page_source
+
+
+def test_a_cast_that_failed_before_any_page_was_open_is_listed_under_needs_attention(browser, busy_console):
+    """Only a cast that failed while a page watched (its actor seen, then gone) was listed: one that
+    failed while no page was open was on no card and not under "needs attention". A session's failed
+    casts are read from its casts' states, whenever the page opened."""
+    from tests.console.conftest import LOADOUT
+
+    live = busy_console
+    turns: list[dict] = []
+    live.client.on_notification("agent.run_turn", turns.append)
+    sid, project = "failed-unwatched", live.projects["session-1"].parent / "project-failed-unwatched"
+    project.mkdir()
+    live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
+    live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+    cast_id = live.client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "r"},
+                               timeout=20)["cast_id"]
+    for n in (1, 2):  # the turn, then its one same-socket retry, fail
+        turn = wait_for(lambda n=n: len(turns) >= n and turns[n - 1], timeout=20, what=f"agent turn {n}")
+        live.client.call("agent.turn_ended", {"session_id": sid, "turn_id": turn["turn_id"], "stop_reason": "error",
+                                              "error": {"message": "the provider exploded"}}, timeout=20)
+    wait_for(lambda: live.client.call("cast.status", {"session_id": sid, "cwd": str(project), "cast_id": cast_id},
+                                      timeout=20).get("status") == "failed", timeout=20, what="the cast failed")
+    browser.get(f"{live.url}?token={live.token}")  # the first page opened since it failed
+    _first_push(browser)
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    item = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('#attention li[data-trouble=\"{path}\"]'); return li && li.textContent"),
+        timeout=15, what="the cast that failed unwatched under needs attention")
+    assert "ended failed: " in item and "the provider exploded" in item, item
+    line = browser.execute_script(
+        f"const li = document.querySelector('[data-session=\"{sid}\"] li[data-ended=\"{cast_id}\"]');"
+        " return li && li.textContent")
+    assert line and "the provider exploded" in line, line
