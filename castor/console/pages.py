@@ -440,6 +440,10 @@ STUCK_AFTER_S = 10.0
 RECENT_FAILURE_S = 60.0
 #: Seconds without a push after which a page says its figures are stale (pushes come every second).
 STALE_AFTER_S = 3.5
+#: A page whose stream dropped tries again after this many milliseconds, then twice as long after
+#: each try that fails, up to :data:`RETRY_MAX_MS`; a push puts it back to the first.
+RETRY_FIRST_MS = 500
+RETRY_MAX_MS = 8000
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
@@ -490,11 +494,17 @@ const doing = act => { const left = act.deadline_in_s;
 _LIVE_JS = r"""
 // The page's live stream. Each push is rendered; while none arrives (castor stopped, the network
 // dropped, the server hangs) the page says since when it has had none and greys out what it shows,
-// which is then no longer live. The browser reconnects by itself; a stream the console refuses
-// (its answer is not a stream: castor serves again with another token, which ends the cookie the
-// page had, or the cast's session closed) is asked once why, and the page says so and what to do.
+// which is then no longer live. The page reconnects by itself, waiting RETRY_FIRST ms, then twice
+// as long after each try that fails, up to RETRY_MAX (the browser's own retries, every half
+// second while castor is down, each put a connection error in its log), and again RETRY_FIRST
+// once a push came. A stream the console refuses (its answer is not a stream: castor serves again
+// with another token, which ends the cookie the page had, or the cast's session closed) is asked
+// once why, and the page says so and what to do.
 let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0, dropTimer = 0;
+let retryDelay = RETRY_FIRST;
 function setStatus(text) { document.getElementById('status').textContent = text; }
+function retryLater() { clearTimeout(retryTimer); retryTimer = setTimeout(connect, retryDelay);
+  retryDelay = Math.min(retryDelay * 2, RETRY_MAX); }
 function stale(why) {
   if (!lostAt) lostAt = Date.now();
   document.body.classList.add('stale');
@@ -521,7 +531,7 @@ async function whyRefused() {
     stale(refusal + ' —');
   } catch (err) {  // unreachable again: try later
     stale('disconnected: castor\'s console does not answer; retrying');
-    retryTimer = setTimeout(connect, 2000);
+    retryLater();
   }
 }
 function connect() {
@@ -535,12 +545,14 @@ function connect() {
     // figures, which are no longer live
     if (doc.error) { refusal = visible(doc.error); stale(refusal + ' —'); return; }
     lastPush = Date.now(); lostAt = 0; refusal = ''; document.body.classList.remove('stale');
+    retryDelay = RETRY_FIRST;
     render(doc);
   };
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) { whyRefused(); return; }
-    // the browser reconnects; a stream the console ends on schedule (every 10 minutes) is back
-    // within a second, and is not shown as a loss
+    source.close(); retryLater();  // the page reconnects, backing off (not the browser, every 0.5 s)
+    // a stream the console ends on schedule (every 10 minutes) is back within a second, and is
+    // not shown as a loss
     // (each failed retry errs again: the first error's timer stands)
     if (dropTimer) return;
     const at = lastPush, when = Date.now();
@@ -787,7 +799,8 @@ def _page_script(base: str, here: str, events_url: str) -> str:
                  "MAX_ATTENTION": MAX_ATTENTION, "MAX_CELL": MAX_CELL_CHARS, "MAX_TITLE": MAX_TITLE_CHARS,
                  "MAX_CARD_CASTS": MAX_CARD_CASTS, "MAX_CARDS": MAX_CARDS, "MAX_CARD_ENDED": MAX_CARD_ENDED,
                  "MAX_REASON": MAX_REASON_CHARS, "STUCK_AFTER": STUCK_AFTER_S,
-                 "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S}
+                 "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S,
+                 "RETRY_FIRST": RETRY_FIRST_MS, "RETRY_MAX": RETRY_MAX_MS}
     declared = "".join(f"const {name} = {json.dumps(value)};" for name, value in constants.items())
     return f"{declared}{_HERE_JS}".replace("</", "<\\/")
 

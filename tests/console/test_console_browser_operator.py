@@ -433,3 +433,40 @@ def test_a_cast_that_failed_before_any_page_was_open_is_listed_under_needs_atten
         f"const li = document.querySelector('[data-session=\"{sid}\"] li[data-ended=\"{cast_id}\"]');"
         " return li && li.textContent")
     assert line and "the provider exploded" in line, line
+
+
+def _elapse(seconds: float, what: str) -> None:
+    """``seconds`` of the page's own life pass (its timers run meanwhile), bounded like any wait."""
+    ends = time.monotonic() + seconds
+    wait_for(lambda: time.monotonic() > ends, timeout=seconds + 5, what=what)
+
+
+def test_a_page_whose_castor_is_down_retries_backing_off_and_is_live_again_by_itself(browser):
+    """While castor was down an open page's stream was retried by the browser every half second,
+    each try a connection error in the browser's log (20 a minute... 120). The page retries itself,
+    waiting twice as long after each failed try (up to 8 s); it still says at once that it is
+    disconnected, is live again by itself when castor serves again, and waits the shortest again
+    once a push came."""
+    with _console(token=None) as console:
+        port = console.port
+        browser.get(console.url)
+        _first_push(browser)
+        browser_errors(browser)  # the log from here on
+    down = time.monotonic()
+    wait_for(lambda: browser.execute_script(STATUS_JS).startswith("disconnected"), timeout=3,
+             what="the page saying at once that it is disconnected")
+    assert time.monotonic() - down < 3
+    _elapse(8.0, "8 s of castor down")
+    refused = [e for e in browser_errors(browser) if "/events" in e]
+    # tries at 0.5, 1.5, 3.5 and 7.5 s; the browser's own retries made 16 in 8 s
+    assert 1 <= len(refused) <= 5, refused
+    with _console(port, token=None):
+        wait_for(lambda: not browser.execute_script(STALE_JS)
+                 and browser.execute_script(STATUS_JS).startswith("updated"), timeout=15,
+                 what="the page live again without a reload")
+    wait_for(lambda: browser.execute_script(STALE_JS), timeout=10, what="the page marked stale again")
+    with _console(port, token=None):  # back at once: the page tries again after half a second, not 8 s
+        again = time.monotonic()
+        wait_for(lambda: not browser.execute_script(STALE_JS), timeout=10, what="the page live again")
+        assert time.monotonic() - again < 5
+

@@ -183,7 +183,10 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
     assert pages.RECENT_FAILURE_S == 60 and "failed within the last minute" in text
     assert f"when no push has come for {pages.STALE_AFTER_S:g} s" in text
+    assert pages.RETRY_FIRST_MS == 500 and "half a second after the drop" in text
+    assert f"up to {pages.RETRY_MAX_MS // 1000} s" in text
     script = pages.tree_page()
     for name, value in (("MAX_ROWS", pages.MAX_TREE_ROWS), ("STUCK_AFTER", pages.STUCK_AFTER_S),
-                        ("STALE_AFTER", pages.STALE_AFTER_S), ("RECENT_FAILURE", pages.RECENT_FAILURE_S)):
+                        ("STALE_AFTER", pages.STALE_AFTER_S), ("RECENT_FAILURE", pages.RECENT_FAILURE_S),
+                        ("RETRY_FIRST", pages.RETRY_FIRST_MS), ("RETRY_MAX", pages.RETRY_MAX_MS)):
         assert f"const {name} = {json.dumps(value)};" in script, name
