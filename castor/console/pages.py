@@ -444,6 +444,9 @@ STALE_AFTER_S = 3.5
 #: each try that fails, up to :data:`RETRY_MAX_MS`; a push puts it back to the first.
 RETRY_FIRST_MS = 500
 RETRY_MAX_MS = 8000
+#: The pages' one live region: a screen reader is told what it says (a change of the connection's
+#: state, of "needs attention"), not every push.
+_ANNOUNCER = '<div id="announce" class="announce" role="status"></div>'
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
@@ -465,6 +468,7 @@ body.stale .live{opacity:.45}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 10px;font-size:12px;min-width:260px;
 max-width:100%;box-sizing:border-box;overflow-wrap:anywhere}
 #attention li{margin:2px 0}
+.announce{position:absolute;width:1px;height:1px;overflow:hidden;clip-path:inset(50%);white-space:nowrap}
 td.long{white-space:pre-wrap;overflow-wrap:anywhere;min-width:20ch;max-width:100ch}
 """
 
@@ -502,11 +506,21 @@ _LIVE_JS = r"""
 // once why, and the page says so and what to do.
 let source = null, lastPush = 0, lostAt = 0, refusal = '', retryTimer = 0, dropTimer = 0;
 let retryDelay = RETRY_FIRST;
+// The status line changes at every push: it is no live region. What a screen reader is told
+// (#announce, role=status) is only a change of the connection's state and of "needs attention".
+// (what one push changed is said at once: the connection's state, then what joined or left)
+let saying = [], connection = 'connecting';
+function announce(text) { if (!saying.length) setTimeout(() => {
+  document.getElementById('announce').textContent = saying.join('. '); saying = []; });
+  saying.push(text); }
+function connectionIs(state) { if (state === connection) return;
+  connection = state; announce(state); }
 function setStatus(text) { document.getElementById('status').textContent = text; }
 function retryLater() { clearTimeout(retryTimer); retryTimer = setTimeout(connect, retryDelay);
   retryDelay = Math.min(retryDelay * 2, RETRY_MAX); }
 function stale(why) {
   if (!lostAt) lostAt = Date.now();
+  connectionIs(why);
   document.body.classList.add('stale');
   setStatus(why + ' since ' + clock(lostAt) + (lastPush ? '; what is shown is from ' + clock(lastPush) +
             ' and is not live' : ''));
@@ -545,7 +559,7 @@ function connect() {
     // figures, which are no longer live
     if (doc.error) { refusal = visible(doc.error); stale(refusal + ' —'); return; }
     lastPush = Date.now(); lostAt = 0; refusal = ''; document.body.classList.remove('stale');
-    retryDelay = RETRY_FIRST;
+    retryDelay = RETRY_FIRST; connectionIs('live');
     render(doc);
   };
   source.onerror = () => {
@@ -560,7 +574,7 @@ function connect() {
       if (lastPush === at) { lostAt = lostAt || when; stale('disconnected (reconnecting)'); } }, 1000);
   };
 }
-setInterval(() => { if (!refusal && lastPush && Date.now() - lastPush > STALE_AFTER * 1000)
+setInterval(() => { if (!refusal && !lostAt && lastPush && Date.now() - lastPush > STALE_AFTER * 1000)
   stale('no update'); }, 1000);
 connect();
 """
@@ -607,6 +621,18 @@ function refocus(href) { if (href === null) return;
   const el = Array.from(document.querySelectorAll('.live a')).find(e => e.getAttribute('href') === href);
   if (el) el.focus({preventScroll: true}); }
 let lastDoc = null;
+// What "needs attention" listed at the last push: a screen reader is told what joined and how many left.
+let listed = null;
+function announceAttention(paths) {
+  const now = new Set(paths);
+  const joined = paths.filter(p => !(listed || new Set()).has(p));
+  const left = listed ? Array.from(listed).filter(p => !now.has(p)).length : 0;
+  listed = now;
+  if (!joined.length && !left) return;
+  announce('needs attention: ' + (joined.length ? joined.slice(0, 3).join(', ') +
+           (joined.length > 3 ? ' and ' + (joined.length - 3) + ' more' : '') : '') +
+           (left ? (joined.length ? '; ' : '') + left + ' no longer listed' : ''));
+}
 // Text the user is selecting in what the page shows (to copy a path): a redraw would drop it.
 function selecting() { const sel = getSelection();
   const at = sel && !sel.isCollapsed && sel.anchorNode;
@@ -627,6 +653,7 @@ function render(doc) {
     for (const c of (s.ended || []).filter(c => c.status === 'failed'))
       troubled.push([{path: '/root/session/' + s.session_id + '/cast/' + c.cast_id, kind: 'CastActor'},
                      [ended(c), Math.max(0, doc.at - c.ended_at)]]);
+  announceAttention(troubled.map(([a]) => a.path));
   const att = document.getElementById('attention'); att.replaceChildren();
   for (const [a, [why, age]] of troubled.slice(0, MAX_ATTENTION)) {
     const li = $('li', {'data-trouble': a.path});
@@ -809,7 +836,7 @@ def tree_page(base: str = "/") -> str:
     """The main page; ``base`` is the path its console serves it under (see ``ConsoleServer.base``)."""
     return f"""<!doctype html><html><head>{_HEAD}<title>castor console</title>
 <style>{_STYLE}</style></head><body>
-<h1>castor console</h1><div id="status" role="status">connecting…</div>
+<h1>castor console</h1><div id="status">connecting…</div>{_ANNOUNCER}
 <h2>needs attention</h2><ul id="attention" class="live"></ul>
 <h2>sessions and casts</h2><div id="sessions" class="cards live"></div>
 <h2>Icarus workers</h2><div id="workers" class="cards live"></div>
@@ -830,7 +857,7 @@ def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
     return f"""<!doctype html><html><head>{_HEAD}<title>cast {e(cast_id)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>cast {e(cast_id)}</h1><div><a href="{e(base)}">← all actors</a> · session {e(sid)} ·
-<span id="status" role="status">connecting…</span></div>
+<span id="status">connecting…</span></div>{_ANNOUNCER}
 <h2>loadout</h2><div id="graph" class="scroll live">{first["svg"]}</div>
 <h2>now</h2><div class="scroll live"><table id="facts"></table></div>
 <h2>events (newest first)</h2><div class="scroll live"><table><tbody id="feed"></tbody></table></div>

@@ -470,3 +470,36 @@ def test_a_page_whose_castor_is_down_retries_backing_off_and_is_live_again_by_it
         wait_for(lambda: not browser.execute_script(STALE_JS), timeout=10, what="the page live again")
         assert time.monotonic() - again < 5
 
+
+def _announcements(driver) -> list[str]:
+    return driver.execute_script("return said")
+
+
+def test_a_screen_reader_is_told_what_changed_in_needs_attention_and_the_connection_not_every_push(
+        browser, busy_console):
+    """The status line, which changes at every push ("updated 21:04:05 — 52 actors"), was the page's
+    live region (role=status): a screen reader read it out every second. The page's live regions
+    say only a change of the connection's state and what joined or left "needs attention"."""
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    path = f"/root/session/{sid}/cast/{cast_id}"
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    browser.execute_script("""window.said = [];
+        const regions = '[role=status],[role=alert],[role=log],[role=timer],[role=marquee],' +
+                        '[aria-live]:not([aria-live=off])';
+        const was = new Map(Array.from(document.querySelectorAll(regions)).map(el => [el, el.textContent]));
+        new MutationObserver(() => { for (const el of document.querySelectorAll(regions))
+            if (el.textContent && was.get(el) !== el.textContent) { said.push(el.textContent);
+                                                                   was.set(el, el.textContent); } })
+          .observe(document.body, {childList: true, characterData: true, subtree: true});""")
+    pushed = browser.execute_script(STATUS_JS)
+    wait_for(lambda: browser.execute_script(STATUS_JS) != pushed, timeout=5, what="a push")
+    _elapse(2.5, "two more pushes")
+    assert _announcements(browser) == [], _announcements(browser)
+    live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)
+    said = wait_for(lambda: [t for t in _announcements(browser) if path in t], timeout=10,
+                    what="the killed cast announced")
+    assert said[0].startswith("needs attention: "), said
+    _elapse(2.5, "two more pushes")
+    assert len([t for t in _announcements(browser) if path in t]) == 1, _announcements(browser)
