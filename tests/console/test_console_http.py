@@ -7,6 +7,7 @@ import http.client
 import io
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -761,3 +762,38 @@ def test_a_stream_probe_answers_as_the_stream_would_and_holds_no_slot(monkeypatc
     finally:
         console.stop()
         runtime.shutdown(10)
+
+
+def test_a_session_s_failed_casts_read_from_their_states_are_bounded_and_only_since_it_opened(tmp_path):
+    """The casts a page lists as failed without having watched them fail are read from the
+    session's casts' states: the newest ones that failed since the session opened, at most
+    MAX_ENDED_PER_SESSION of them; a cast of the project that failed before is not listed."""
+    from types import SimpleNamespace
+
+    from castor.adapters.fs import project_artifact_root
+    from castor.adapters.materia.state_store import CastStateStore
+    from castor.console import pages
+
+    project = tmp_path / "project"
+    project.mkdir()
+    root = project_artifact_root(str(project), None)
+    root.mkdir(parents=True)
+    store = CastStateStore(root)
+    now = time.time()
+    for n in range(pages.MAX_ENDED_PER_SESSION + 5):  # failed since the session opened, a second apart
+        cast_id = f"c{n:03d}"
+        store.save(cast_id, {"version": 2, "active": False, "phase": "failed", "failedReason": f"boom {n}",
+                             "updatedAt": now - 100 + n}, incarnation=store.claim(cast_id))
+    store.save("b000", {"version": 2, "active": False, "phase": "failed", "failedReason": "long ago",
+                        "updatedAt": now - 7200}, incarnation=store.claim("b000"))
+    session = SimpleNamespace(info=SimpleNamespace(cwd=str(project)))
+    runtime = SimpleNamespace(session=lambda sid: session, artifact_root_for=project_artifact_root)
+    try:
+        failed = pages._failed_since_open(runtime, "s-bounded", uptime_s=3600.0)
+    finally:
+        pages._FAILED.pop("s-bounded", None)
+        pages._OPENED.pop("s-bounded", None)
+    assert len(failed) == pages.MAX_ENDED_PER_SESSION
+    newest = pages.MAX_ENDED_PER_SESSION + 4
+    assert [c["cast_id"] for c in failed] == [f"c{n:03d}" for n in range(newest, 4, -1)]
+    assert failed[0]["status"] == "failed" and failed[0]["reason"] == f"boom {newest}"
