@@ -4,9 +4,10 @@ tree, install it into a fresh venv, and run ``castor demo`` from an empty direct
 What it proves: the wheel carries every module the commands import (``castor.cli``,
 ``castor.testing``, ...) and the reference Icarus backend as data under
 ``<prefix>/share/castor/icarus_reference``, and the demo finds it there with no checkout
-around. What it does not: that pip can resolve castor's dependencies — to stay offline and
-quick it installs the wheel with ``--no-deps`` and lends the fresh venv this interpreter's
-site-packages (as a plain path, so no editable install of castor is picked up from there).
+around; the wheel holds the ``py.typed`` marker and no tests, caches or toolchains. What it
+does not: that pip can resolve castor's dependencies — to stay offline and quick it installs
+the wheel with ``--no-deps`` and lends the fresh venv this interpreter's site-packages (as a
+plain path, so no editable install of castor is picked up from there).
 Building the wheel needs setuptools and wheel: from this venv if it has them (no build
 isolation, no network), else pip fetches them into an isolated build environment.
 """
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,14 @@ def _fresh_venv(where: Path, wheel: Path) -> Path:
 
 def test_an_installed_wheel_runs_the_demo_from_an_empty_directory(tmp_path: Path) -> None:
     wheel = _build_wheel(_clean_copy(tmp_path / "src"), tmp_path / "wheels")
+    names = zipfile.ZipFile(wheel).namelist()
+    # The type marker pyproject declares (PEP 561: a type checker reads an installed package's
+    # annotations only when it is there), and nothing the program does not run: no tests, caches
+    # or toolchains.
+    assert "castor/py.typed" in names, sorted(n for n in names if not n.endswith(".py"))
+    stray = [n for n in names if n.split("/")[0] in ("tests", "bench", "tools", "integrations")
+             or "__pycache__" in n or "/.cache/" in n or n.endswith(".pyc")]
+    assert not stray, stray
     env_dir = tmp_path / "env"
     python = _fresh_venv(env_dir, wheel)
     assert (env_dir / "share" / "castor" / "icarus_reference" / "icarus" / "__init__.py").is_file()
