@@ -332,7 +332,7 @@ class _Standalone:
         self.ui = StderrUi(printer)
         self.runtime = Runtime(RuntimeSettings(), components=[materia_component_for(self.backend)])
         flags = {"materia_config": config_path} if config_path else {}
-        root = _artifact_root(cwd, config_path)
+        root = _artifact_root(cwd, config_path, say_unloaded=False)
         log = JsonlSessionLog(root / ".castor-cli-session.jsonl")
         self.runtime.open_session(SessionInfo(session_id=CLI_SESSION, cwd=str(cwd), trusted=True, flags=flags),
                                   HarnessLink(agent=self.agent, session_log=log, ui=self.ui,
@@ -448,18 +448,27 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
     os._exit(128 + signum)
 
 
-def _artifact_root(cwd: Path, config_path: str | None) -> Path:
+def _artifact_root(cwd: Path, config_path: str | None, *, say_unloaded: bool = True) -> Path:
     """Where this project's casts are, by the same rule as a runtime's sessions (inside the
-    project; ``forbidden`` otherwise). A config that does not load leaves the default."""
+    project; ``forbidden`` otherwise). A config that does not load leaves the default, and (unless
+    ``say_unloaded`` is false: a cast's start refuses such a config itself) one warning line on
+    stderr says so, naming the problem and where casts are looked for instead."""
     from castor.adapters.fs import project_artifact_root  # what castor.runtime's sessions use
     from castor.adapters.materia.config_loader import load
     from castor.domain.materia.config import ConfigError
 
+    unloaded: ConfigError | None = None
     try:
         configured = load(cwd, config_path=config_path).merged.get("artifactDir")
-    except ConfigError:
-        configured = None
-    return project_artifact_root(str(cwd), configured if isinstance(configured, str) and configured else None)
+    except ConfigError as exc:
+        configured, unloaded = None, exc
+    root = project_artifact_root(str(cwd), configured if isinstance(configured, str) and configured else None)
+    if unloaded is not None and say_unloaded:
+        from castor.shown import one_line
+
+        _say_err(f"castor: warning: {one_line(unloaded.message)}; its artifactDir is not known, so casts are "
+                 f"looked for under the default, {root}")
+    return root
 
 
 def _small_file(path: Path) -> bytes:
@@ -790,7 +799,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
     cwd = _cwd(args)
     spec = _agent_spec(args)
     session = _Standalone(cwd, spec, config_path=args.config, backend=make_backend(args))
-    root = _artifact_root(cwd, args.config)
+    root = _artifact_root(cwd, args.config, say_unloaded=False)
     try:
         assert spec is not None
         mark = f"{os.getpid()}@{session.began_at!r}"  # this command's, in the cast's cli.json
@@ -1153,7 +1162,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
-    row = find_cast(FILE_CAST_STORAGE, _artifact_root(cwd, config_path), set(), "candidate",
+    row = find_cast(FILE_CAST_STORAGE, _artifact_root(cwd, config_path, say_unloaded=False), set(), "candidate",
                     lambda r: r["status"] in ("active", "awaiting_refinement")
                     or (r["status"] == "interrupted" and not r["resumable"]))
     if row is not None:

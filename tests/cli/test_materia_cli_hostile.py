@@ -699,3 +699,23 @@ def test_a_stop_signal_after_the_terminal_is_gone_still_exits_with_the_signals_s
             proc.wait(10)
     listed = _castor(tmp_path, "casts", "--json", cwd=project)
     assert [row["resumable"] for row in json.loads(listed.stdout)] == [True]
+
+
+@pytest.mark.timeout(90)
+def test_a_config_that_does_not_load_is_said_when_casts_are_looked_for_under_the_default(tmp_path):
+    """``castor casts`` / ``status`` take ``--config`` to find casts written under its ``artifactDir``;
+    one that does not load left them looking under the default in silence: "casts under
+    …/.pi/pi-materia: none", exit 0, while the casts sat elsewhere. Now one warning line names the
+    problem; the listing (still valid JSON with ``--json``) and the exit status are as before."""
+    project = _project(tmp_path, HELLO)
+    (project / "alt.json").write_text('{"artifactDir": "runs",')
+    for args in (("casts", "--config", "alt.json", "--json"), ("status", "--config", "alt.json")):
+        done = _castor(tmp_path, *args, cwd=project)
+        warning = [line for line in done.stderr.splitlines() if line.startswith("castor: warning: ")]
+        assert len(warning) == 1, done.stderr
+        assert "alt.json" in warning[0] and ".pi/pi-materia" in warning[0], warning
+        if "--json" in args:
+            assert done.returncode == 0 and json.loads(done.stdout) == []
+    (project / ".pi" / "pi-materia.json").write_text('{"activeLoadout": ')  # the project's own layer
+    done = _castor(tmp_path, "casts", cwd=project)
+    assert done.returncode == 0 and "pi-materia.json" in done.stderr and "castor: warning: " in done.stderr
