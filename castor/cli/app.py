@@ -44,7 +44,7 @@ from castor.scaleout.options import backend_flag_problem
 from castor.version import __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CliParser:
     parser = CliParser(
         prog="castor", description="A supervised actor runtime for materia casts and the Icarus memory bridge."
     )
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_subcommand(sub)
     add_materia_subcommands(sub)
     add_soak_subcommand(sub)
+    parser.command_parsers = dict(sub.choices)
     return parser
 
 
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout = ClosedStdout()
         problem = backend_flag_problem(args) or _agent_problem(args)  # before a runtime (or a cluster) starts
         if problem is not None:
-            parser.error(problem)
+            parser.command_parsers.get(args.command, parser).error(problem)
         return _run(args)
     except KeyboardInterrupt as exc:
         try:

@@ -133,6 +133,12 @@ class CliParser(argparse.ArgumentParser):
     naming ``--bogus``. :meth:`parse_args` first parses with nothing required, and refuses what is
     left over; only then does it parse for real."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Each subcommand's parser by name (filled by ``castor.cli.app.build_parser``): a value
+        #: refused once the line is parsed is said by its command's parser, pointing at its --help.
+        self.command_parsers: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:
         text = f"{one_line(message)} (see {self.prog} --help)"
         _print_json_error("invalid_params", text)

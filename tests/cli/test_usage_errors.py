@@ -39,3 +39,21 @@ def test_with_nothing_unknown_what_is_missing_is_said_as_before(argv: list[str],
         main(argv)
     assert done.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("argv", "said"), [
+    (["cast", "x", "--agent", "bogus"], "got 'bogus' (see castor cast --help)"),
+    (["recast", "--agent", "script:"], "(see castor recast --help)"),
+    (["soak", "--ray-hosts", "2"], "(see castor soak --help)"),
+])
+def test_a_value_refused_after_parsing_points_at_its_own_command_help(argv: list[str], said: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An ``--agent`` (or ``CASTOR_AGENT``) or a backend flag refused once the line is parsed said
+    "see castor --help", whose text describes neither; the subcommand's help does (the scripted
+    agent's file format is in ``castor cast --help``)."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("castor: invalid_params: ") and said in err and err.count("\n") == 1, err
