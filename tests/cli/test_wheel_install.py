@@ -64,11 +64,14 @@ def _fresh_venv(where: Path, wheel: Path) -> Path:
     # castor's dependencies, lent from this interpreter (after the venv's own site-packages on sys.path).
     lent = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (Path(purelib) / "castor_test_deps.pth").write_text("".join(f"{p}\n" for p in sorted(lent)))
+    # Without PYTHONPATH: a checkout on it (PYTHONPATH=. pytest) made pip find castor installed
+    # already in the new venv and install nothing.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-                           str(wheel)], capture_output=True, text=True, timeout=120)
+                           str(wheel)], capture_output=True, text=True, timeout=120, env=env)
     if done.returncode != 0 and "no such option: --python" in done.stderr:  # an old pip: install with a prefix
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--prefix", str(where),
-                               str(wheel)], capture_output=True, text=True, timeout=120)
+                               str(wheel)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return python
 
