@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -266,15 +267,10 @@ def test_a_cast_that_failed_while_the_page_watched_stays_on_its_card_and_under_n
     """A cast whose agent turns failed ended as failed, its actor went, and the page forgot it:
     its session's card read "no casts" and nothing anywhere said a cast had failed, or why. The
     card lists it as ended, with its reason, and "needs attention" lists it."""
-    from tests.console.conftest import LOADOUT
 
     live = busy_console
-    turns: list[dict] = []
-    live.client.on_notification("agent.run_turn", turns.append)
-    sid, project = "failing", live.projects["session-1"].parent / "project-failing"
-    project.mkdir()
-    live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
-    live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+    sid = "failing"
+    project, turns = _session_of_its_own(live, sid)
     browser.get(f"{live.url}?token={live.token}")
     _first_push(browser)
     cast_id = live.client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "r"},
@@ -405,15 +401,10 @@ def test_a_cast_that_failed_before_any_page_was_open_is_listed_under_needs_atten
     """Only a cast that failed while a page watched (its actor seen, then gone) was listed: one that
     failed while no page was open was on no card and not under "needs attention". A session's failed
     casts are read from its casts' states, whenever the page opened."""
-    from tests.console.conftest import LOADOUT
 
     live = busy_console
-    turns: list[dict] = []
-    live.client.on_notification("agent.run_turn", turns.append)
-    sid, project = "failed-unwatched", live.projects["session-1"].parent / "project-failed-unwatched"
-    project.mkdir()
-    live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
-    live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+    sid = "failed-unwatched"
+    project, turns = _session_of_its_own(live, sid)
     cast_id = live.client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "r"},
                                timeout=20)["cast_id"]
     for n in (1, 2):  # the turn, then its one same-socket retry, fail
@@ -503,3 +494,17 @@ def test_a_screen_reader_is_told_what_changed_in_needs_attention_and_the_connect
     assert said[0].startswith("needs attention: "), said
     _elapse(2.5, "two more pushes")
     assert len([t for t in _announcements(browser) if path in t]) == 1, _announcements(browser)
+
+
+def _session_of_its_own(live, sid: str) -> tuple[Path, list[dict]]:
+    """Open session ``sid`` on a project of its own with the test loadout set; the ``agent.run_turn``
+    notifications the client gets from then on are collected in the list returned."""
+    from tests.console.conftest import LOADOUT
+
+    turns: list[dict] = []
+    live.client.on_notification("agent.run_turn", turns.append)
+    project = live.projects["session-1"].parent / f"project-{sid}"
+    project.mkdir()
+    live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
+    live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
+    return project, turns
