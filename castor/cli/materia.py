@@ -1076,6 +1076,12 @@ def _ask_to_abort(request: Path) -> bool:
             writer = None
         if isinstance(writer, int) and not isinstance(writer, bool) and psutil.pid_exists(writer):
             return False
+        if os.path.isdir(request) and not os.path.islink(request):  # planted: no request of castor's
+            from castor.ports.cast_storage import StateCorrupt
+
+            raise StateCorrupt(f"{request} is a directory, where castor leaves the running command its abort "
+                               f"request; remove it (`rm -r {request}`) and abort again",
+                               data={"path": str(request), "reason": "abort_request_is_a_directory"}) from None
         atomic_write_json(request, mine)
         return True
     finally:

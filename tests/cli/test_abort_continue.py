@@ -538,3 +538,20 @@ def test_two_castor_aborts_of_a_cast_no_process_holds_one_aborts_the_other_says_
                         f"pi-materia cast {run.name} is already aborted. Recast it with castor recast {run.name}."], \
             (round_, results)
         assert state(run)["aborted"] is True and state(run)["active"] is False
+
+
+def test_castor_abort_names_a_directory_planted_as_the_abort_request_and_what_to_do(tmp_path) -> None:
+    """A directory with something in it where ``castor abort`` leaves its request for the running
+    command (a checkout can ship one): the abort failed ``conflict`` "Is a directory (EISDIR)",
+    which says nothing of what to do. It names the directory and the ``rm`` that clears it."""
+    import castor.cli.materia as cli
+    from castor.ports.cast_storage import StateCorrupt
+
+    root = tmp_path / "casts"
+    planted = root / "C" / "abort.request"
+    (planted / "inside").mkdir(parents=True)
+    with pytest.raises(StateCorrupt) as refused:
+        cli._abort_elsewhere(root, "C")
+    assert str(planted) in refused.value.message and f"rm -r {planted}" in refused.value.message
+    assert refused.value.data["reason"] == "abort_request_is_a_directory"
+    assert (planted / "inside").is_dir()  # nothing of it removed
