@@ -19,6 +19,7 @@ import pytest
 
 from castor.client import Client
 from castor.messages.errors import Forbidden, MailboxFull, Unauthenticated
+from tests.support.other_user import another_user_listening
 
 from .conftest import RawPeer, castor_argv, serve_env, wait_until
 
@@ -626,30 +627,12 @@ def test_castor_never_unlinks_another_users_socket_that_took_its_inode_number(tm
     shared = Path(tempfile.mkdtemp(prefix="castor-shared-", dir="/tmp"))  # the other user must reach it
     shared.chmod(0o1777)
     path = shared / "castor.sock"
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user's live listener at the path castor used
-        try:
-            os.close(read_end)
-            os.setgid(54321)
-            os.setuid(54321)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
-            listener.listen(1)
-            os.write(write_end, b"L")
-            time.sleep(120)  # listening until the test kills it
-        finally:
-            os._exit(0)
-    os.close(write_end)
     try:
-        assert os.read(read_end, 1) == b"L"
-        reused = path.lstat().st_ino  # as if castor's own socket had had this number
-        unlink_if_ours(str(path), reused)
-        assert path.lstat().st_ino == reused and path.lstat().st_uid == 54321
+        with another_user_listening(path, uid=54321):
+            reused = path.lstat().st_ino  # as if castor's own socket had had this number
+            unlink_if_ours(str(path), reused)
+            assert path.lstat().st_ino == reused and path.lstat().st_uid == 54321
     finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
         shutil.rmtree(shared, ignore_errors=True)
 
 

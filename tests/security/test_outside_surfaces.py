@@ -6,12 +6,12 @@ process meets is what is checked) and waits on the process or on a deadline, nev
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.other_user import another_user_listening, heard_up_to_our_end
 
 from .conftest import castor_argv, serve_env
 
@@ -440,7 +440,7 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
     token_file.write_text("s" * 43 + "\n")
     token_file.chmod(0o600)
     try:
-        with _another_user_listening_at(path) as heard:
+        with another_user_listening(path) as (_, heard):
             done = subprocess.run(castor_argv("inspect", "--socket", str(path), "--token-file", str(token_file)),
                                   env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=60)
@@ -451,7 +451,7 @@ def test_a_token_is_never_sent_to_a_unix_socket_another_user_listens_on(tmp_path
             # What the other user heard: nothing with the token in it.
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             probe.connect(str(path))
-            assert b"s" * 43 not in _heard_up_to_our_end(probe, heard)
+            assert b"s" * 43 not in heard_up_to_our_end(probe, heard)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -462,37 +462,16 @@ def test_a_client_without_a_token_never_talks_to_a_loopback_port_another_user_li
     """``Client.connect_tcp(HOST, PORT)`` without a token checked nobody on a loopback port: a
     harness said hello and opened its session on another user's listener. The listener's user is
     checked (``/proc/net/tcp``) token or not on this machine: ``forbidden``, nothing sent."""
-    import os
     import socket
 
     from castor.client import Client
     from castor.messages.errors import Forbidden
 
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user: listen, and report every byte a peer sends
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind(("127.0.0.1", 0))
-            listener.listen(4)
-            os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        port = int.from_bytes(os.read(read_end, 2), "big")
+    with another_user_listening(("127.0.0.1", 0)) as (port, read_end):
         with pytest.raises(Forbidden) as refused:
             Client.connect_tcp("127.0.0.1", port, default_timeout=5)
         assert refused.value.data.get("reason") == "peer_uid"
-        assert _heard_up_to_our_end(socket.create_connection(("127.0.0.1", port)), read_end) == b"END"
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
+        assert heard_up_to_our_end(socket.create_connection(("127.0.0.1", port)), read_end) == b"END"
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
@@ -514,13 +493,13 @@ def test_a_client_without_a_token_never_talks_to_a_unix_socket_another_user_list
     shared.chmod(0o1777)
     path = shared / "castor.sock"
     try:
-        with _another_user_listening_at(path) as heard:
+        with another_user_listening(path) as (_, heard):
             with pytest.raises(Forbidden) as refused:
                 Client.connect_unix(str(path), default_timeout=5)
             assert refused.value.data.get("reason") == "peer_uid"
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             probe.connect(str(path))
-            assert _heard_up_to_our_end(probe, heard) == b"END"  # not even a hello
+            assert heard_up_to_our_end(probe, heard) == b"END"  # not even a hello
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -535,7 +514,6 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
     and could then open a trusted session on the real serve once it was back. Now a client asks
     the kernel who owns the other end (``/proc/net/tcp``) first: another user's listener is
     ``forbidden`` and hears no token."""
-    import os
     import socket
 
     from castor.client import Client
@@ -547,26 +525,9 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
     token_file = tmp_path / "endpoint.token"
     token_file.write_text("t" * 43 + "\n")
     token_file.chmod(0o600)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user: listen, and report every byte a peer sends
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            # Made as that user: a socket keeps the uid it was made with until it accepts, and the
-            # kernel's table shows a connection waiting to be accepted with its listener's. Made as
-            # root, a check before the accept saw root (allowed): the token went out (a CI flake).
-            listener = socket.socket(socket.AF_INET if family == "ipv4" else socket.AF_INET6, socket.SOCK_STREAM)
-            listener.bind((host, 0))
-            listener.listen(4)
-            os.write(write_end, listener.getsockname()[1].to_bytes(2, "big"))
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        port = int.from_bytes(os.read(read_end, 2), "big")
+    # Made as that user (tests/support/other_user.py): made as root, a check before the accept
+    # saw root (allowed) and the token went out (a CI flake).
+    with another_user_listening((host, 0)) as (port, read_end):
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         done = subprocess.run(castor_argv("inspect", "--tcp", shown, "--token-file", str(token_file)),
                               env=serve_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
@@ -577,11 +538,7 @@ def test_a_token_is_never_sent_to_a_tcp_port_another_user_listens_on(tmp_path, f
             Client.connect_tcp(host, port, token_file=str(token_file), default_timeout=5)
         assert refused.value.data.get("reason") == "peer_uid"
         # What the other user heard: nothing with the token in it.
-        assert b"t" * 43 not in _heard_up_to_our_end(socket.create_connection((host, port)), read_end)
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
+        assert b"t" * 43 not in heard_up_to_our_end(socket.create_connection((host, port)), read_end)
 
 
 def test_a_client_with_a_token_still_reaches_castor_s_own_tcp_serve(tmp_path):
@@ -601,69 +558,6 @@ def test_a_client_with_a_token_still_reaches_castor_s_own_tcp_serve(tmp_path):
             sock.close()
     finally:
         listener.close()
-
-
-@contextlib.contextmanager
-def _another_user_listening_at(path: Path) -> Iterator[int]:
-    """Another user (``nobody``, forked from this root process) listening on a Unix socket at
-    ``path`` (mode ``0777``) and reporting every byte a peer sends on the pipe whose read end is
-    yielded; the listener is killed on exit."""
-    import os
-    import socket
-
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
-            os.chmod(path, 0o777)
-            listener.listen(4)
-            os.write(write_end, b"L")
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        assert os.read(read_end, 1) == b"L"
-        yield read_end
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
-
-
-def _report_what_peers_send(listener, out_fd: int) -> None:
-    """The other user's listener: every byte any peer sends goes to ``out_fd``, for ever."""
-    import os
-
-    while True:
-        peer, _ = listener.accept()
-        peer.settimeout(3)
-        try:
-            while chunk := peer.recv(4096):
-                os.write(out_fd, chunk)
-        except OSError:
-            pass
-        peer.close()
-
-
-def _heard_up_to_our_end(probe, heard_fd: int) -> bytes:
-    """Everything the other user's listener heard, up to an ``END`` sent on ``probe`` (a connection
-    of the test's own, made after every connection under test)."""
-    import os
-
-    probe.sendall(b"END")
-    probe.close()
-    heard = b""
-    while not heard.endswith(b"END"):
-        chunk = os.read(heard_fd, 65536)
-        assert chunk, "the listener went away"
-        heard += chunk
-    return heard
 
 
 def test_a_console_asked_for_on_localhost_is_shown_at_the_address_it_listens_on(tmp_path):
@@ -752,7 +646,6 @@ def test_another_user_on_the_other_address_of_localhost_never_keeps_a_client_fro
     to ``::1`` first, another user listening on ``[::1]:PORT`` made every ``localhost:PORT`` client
     refuse (``peer_uid``) instead of trying 127.0.0.1, where castor was. The client now tries each
     address and takes the first whose listener is its own user's; the other user hears nothing."""
-    import os
     import socket
 
     from castor.client import Client
@@ -765,21 +658,6 @@ def test_another_user_on_the_other_address_of_localhost_never_keeps_a_client_fro
     dispatcher.register("echo", lambda params, _ctx: params)
     server = Server(dispatcher, tcp=("127.0.0.1", 0), token=token).start()
     port = server.address[1]
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the other user, on [::1] at castor's port
-        try:
-            os.close(read_end)
-            os.setgid(65534)
-            os.setuid(65534)
-            listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            listener.bind(("::1", port))
-            listener.listen(4)
-            os.write(write_end, b"up")
-            _report_what_peers_send(listener, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
     real = socket.getaddrinfo
 
     def localhost_v6_first(host, *args, **kwargs):
@@ -788,14 +666,11 @@ def test_another_user_on_the_other_address_of_localhost_never_keeps_a_client_fro
         return real(host, *args, **kwargs)
 
     try:
-        assert os.read(read_end, 2) == b"up"
-        monkeypatch.setattr(socket, "getaddrinfo", localhost_v6_first)
-        with Client.connect_tcp("localhost", port, token=token, default_timeout=5) as client:
-            assert client.call("echo", {"ok": 1}) == {"ok": 1}
-        monkeypatch.undo()
-        assert token.encode() not in _heard_up_to_our_end(socket.create_connection(("::1", port)), read_end)
+        with another_user_listening(("::1", port)) as (_, read_end):
+            monkeypatch.setattr(socket, "getaddrinfo", localhost_v6_first)
+            with Client.connect_tcp("localhost", port, token=token, default_timeout=5) as client:
+                assert client.call("echo", {"ok": 1}) == {"ok": 1}
+            monkeypatch.undo()
+            assert token.encode() not in heard_up_to_our_end(socket.create_connection(("::1", port)), read_end)
     finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        os.close(read_end)
         server.stop()
