@@ -25,7 +25,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import errno
 import os
 import selectors
 import signal
@@ -43,7 +42,14 @@ from castor.endpoint.framing import encode_error_notification
 from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, peer_is_us, unlink_if_ours
 from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
-from castor.messages.errors import InvalidConfig, MailboxFull, Timeout, Unauthenticated
+from castor.messages.errors import (
+    FD_EXHAUSTION_ERRNOS,
+    InvalidConfig,
+    MailboxFull,
+    Timeout,
+    Unauthenticated,
+    out_of_file_descriptors,
+)
 from castor.supervision.threads import start_thread
 
 DEFAULT_HELLO_TIMEOUT_S = 10.0
@@ -59,7 +65,7 @@ PRE_AUTH_MAX_OUTBOUND = 256 * 1024
 it the connection is closed. 64 connection slots hold 16 MiB at most between them."""
 """The largest frame a connection may send before it has authenticated (a hello is a few hundred
 bytes): anyone who can connect must not make castor buffer the protocol's full 16 MiB per slot."""
-FD_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+FD_EXHAUSTION = FD_EXHAUSTION_ERRNOS
 """``accept`` errnos that mean the process (or the system) has no descriptor or buffer to spare."""
 EXHAUSTED_BACKOFF_S = 0.05
 """How long the accept loop waits when it could neither accept nor refuse (no fd even in reserve)."""
@@ -79,10 +85,7 @@ def take_reserve_fd() -> int | None:
 
 def _exhausted(exc: OSError) -> MailboxFull:
     """The refusal a client gets while castor has no file descriptor for its connection."""
-    name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
-    return MailboxFull(f"castor is out of file descriptors ({name}: {exc.strerror}); "
-                       "retry once some connections or sessions have closed",
-                       data={"reason": "out_of_file_descriptors", "errno": name})
+    return out_of_file_descriptors(exc)
 
 
 class Server:

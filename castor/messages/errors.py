@@ -9,6 +9,7 @@ blindly retried).
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -197,6 +198,21 @@ class MailboxFull(CastorError):
     """A bounded mailbox refused a message (overflow policy: reject)."""
 
     code = ErrorCode.MAILBOX_FULL
+
+
+#: errnos that mean the process (or the system) has no file descriptor or buffer to spare: the
+#: process's ``ulimit -n`` (``EMFILE``), the system's table (``ENFILE``), kernel memory.
+FD_EXHAUSTION_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def out_of_file_descriptors(exc: OSError, *, may_have_started: bool | None = None) -> MailboxFull:
+    """What a caller gets when castor has no file descriptor for its work (a connection, a
+    session's worker): ``mailbox_full`` with ``data.reason: out_of_file_descriptors`` and the
+    errno's name -- retryable, once some connections or sessions have closed."""
+    name = errno.errorcode.get(exc.errno or -1, "EUNKNOWN")
+    return MailboxFull(f"castor is out of file descriptors ({name}: {exc.strerror}); "
+                       "retry once some connections or sessions have closed",
+                       data={"reason": "out_of_file_descriptors", "errno": name}, may_have_started=may_have_started)
 
 
 class Cancelled(CastorError):

@@ -65,7 +65,15 @@ from castor._log import logger
 from castor.adapters.icarus.launch import WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, death_words, reply_result
 from castor.domain.jsontext import well_formed
-from castor.messages.errors import Conflict, InvalidParams, Timeout, WorkerCrashed, WorkerRetired
+from castor.messages.errors import (
+    FD_EXHAUSTION_ERRNOS,
+    Conflict,
+    InvalidParams,
+    Timeout,
+    WorkerCrashed,
+    WorkerRetired,
+    out_of_file_descriptors,
+)
 from castor.supervision.threads import start_thread
 
 _ids = itertools.count(1)
@@ -246,13 +254,15 @@ class WorkerProcess:
         return self._retired is None and not self._crashed
 
     def start(self) -> None:
-        """Spawn the child (idempotent). Raises ``WorkerCrashed`` if it cannot start."""
+        """Spawn the child (idempotent). Raises ``WorkerCrashed`` if it cannot start; and
+        ``mailbox_full`` (``data.reason: out_of_file_descriptors``) while castor has no file
+        descriptor for the worker's pipes (``ulimit -n``): then nothing was started, nothing is
+        left open, and the next call tries again -- it is no death of the worker."""
         if self._proc is not None:
             return
         if not self.usable:
             raise WorkerRetired("worker was retired before it started", may_have_started=False)
-        with self._fd_lock:
-            self._wake_r, self._wake_w = os.pipe()
+        self._open_own_descriptors()
         try:
             self._proc = subprocess.Popen(
                 list(self._launch.argv), cwd=self._launch.cwd, env=self._launch.env,
@@ -265,8 +275,10 @@ class WorkerProcess:
                 process_group=0, close_fds=True,
             )
         except OSError as exc:
-            self._crashed = True
             self._close_wake_pipe()
+            if exc.errno in FD_EXHAUSTION_ERRNOS:
+                raise out_of_file_descriptors(exc, may_have_started=False) from None
+            self._crashed = True
             raise WorkerCrashed(f"icarus worker could not start: {exc.strerror or exc}",
                                 data={"reason": "spawn_failed", "python": self._launch.python},
                                 may_have_started=False) from None
@@ -276,15 +288,13 @@ class WorkerProcess:
         out_fd = self._out_fd = self._proc.stdout.fileno()
         os.set_blocking(out_fd, False)  # a wake-up that was not for stdout never blocks a read
         with self._fd_lock:  # closed with the wake pipe (_close_wake_pipe), under the same lock
-            self._stale_poller = _EPOLL() if _EPOLL is not None else select.poll()
             self._stale_poller.register(out_fd, select.POLLIN)
             try:
                 self._pidfd = os.pidfd_open(self._proc.pid)
-            except (AttributeError, OSError):  # not Linux >= 5.3: exited_while_idle asks waitpid
+            except (AttributeError, OSError):  # not Linux >= 5.3 (or no descriptor): exited_while_idle asks waitpid
                 self._pidfd = -1
             else:
                 self._stale_poller.register(self._pidfd, select.POLLIN)
-            self._reply_poller = _EPOLL() if _EPOLL is not None else select.poll()
             self._reply_poller.register(out_fd, select.POLLIN)
             self._reply_poller.register(self._wake_r, select.POLLIN)
         self._stderr_thread = start_thread(self._drain_stderr, name=f"icarus-stderr-{self._proc.pid}",
@@ -384,6 +394,25 @@ class WorkerProcess:
                 os.write(self._wake_w, b"x")
             except OSError:
                 pass
+
+    def _open_own_descriptors(self) -> None:
+        """The wake pipe and the two poll sets, made before the child is: a process out of
+        descriptors then refuses the call with nothing spawned (``out_of_file_descriptors``), and
+        what was made is closed again."""
+        with self._fd_lock:
+            try:
+                self._wake_r, self._wake_w = os.pipe()
+                self._stale_poller = _EPOLL() if _EPOLL is not None else select.poll()
+                self._reply_poller = _EPOLL() if _EPOLL is not None else select.poll()
+            except OSError as exc:
+                failed: OSError | None = exc
+            else:
+                failed = None
+        if failed is not None:
+            self._close_wake_pipe()
+            if failed.errno in FD_EXHAUSTION_ERRNOS:
+                raise out_of_file_descriptors(failed, may_have_started=False) from None
+            raise failed
 
     def _close_wake_pipe(self) -> None:
         """Close the wake pipe, the pidfd and the epoll sets (the worker is finished)."""
