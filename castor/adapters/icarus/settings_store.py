@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import filelock
 
-from castor.adapters.fs import UnsafeFile, atomic_write_text, make_dirs, read_regular_file
+from castor.adapters.fs import UnsafeFile, atomic_write_text, is_storage_fault, make_dirs, read_regular_file
 from castor.domain import paths
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -88,18 +88,24 @@ class _Unsafe(_Unusable):
     """A settings file another user owns, or every user may write (``owned`` reads only)."""
 
 
-def _parse(path: str, *, owned: bool = False) -> dict[str, Any]:
+def _parse(path: str, *, owned: bool = False, storage_faults: bool = False) -> dict[str, Any]:
     """The file's JSON object. ``FileNotFoundError`` if missing; ``_Unusable(reason)`` if it is not
     a regular file of at most MAX_SETTINGS_BYTES holding one strict JSON object (no NaN or
     Infinity: Pi's ``JSON.parse`` would refuse them), or (``owned``) if another user owns it or
-    every user may write it. Lone surrogates become U+FFFD."""
+    every user may write it. Lone surrogates become U+FFFD. ``storage_faults``: a read the storage
+    refused (``is_storage_fault``: failing, forbidden, no descriptor left) goes up as the
+    ``OSError`` -- the file may be fine -- instead of making it unusable."""
     try:
         text = read_regular_file(path, MAX_SETTINGS_BYTES, owned=owned).decode("utf-8")
     except FileNotFoundError:
         raise
     except UnsafeFile as exc:
         raise _Unsafe(str(exc)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        if storage_faults and is_storage_fault(exc):
+            raise
+        raise _Unusable(f"unreadable ({type(exc).__name__})") from None
+    except UnicodeDecodeError as exc:
         raise _Unusable(f"unreadable ({type(exc).__name__})") from None
     except ValueError as exc:  # not a regular file, too large
         raise _Unusable(f"unreadable ({exc})") from None
@@ -198,8 +204,10 @@ def _acquire(lock_path: str, timeout_s: float) -> filelock.SoftFileLock:
 # --------------------------------------------------------------------------- writes
 
 def _read_for_update(path: str, *, owned: bool) -> dict[str, Any]:
+    """The document a write starts from. A read the storage refused is its ``OSError`` (the caller
+    answers ``storage_unavailable``), never "malformed": the file is left as it is either way."""
     try:
-        return _parse(path, owned=owned)
+        return _parse(path, owned=owned, storage_faults=True)
     except FileNotFoundError:
         return {}
     except _Unsafe as exc:
@@ -223,7 +231,8 @@ def update_settings(path: str, mutate: Callable[[dict[str, Any]], dict[str, Any]
     ``mutate`` gets the current document (``{}`` when missing) and returns the
     new one; if it raises, nothing is written. Raises
     :class:`SettingsFileMalformed` (file untouched), :class:`SettingsLockTimeout`,
-    or ``InvalidConfig`` when ``mutate`` rejects the document. ``confine_to`` (a project's
+    or ``InvalidConfig`` when ``mutate`` rejects the document; the ``OSError`` of a read or write
+    the storage refused (file untouched). ``confine_to`` (a project's
     directory, for its ``.pi/settings.json``): the file's real location must be inside it --
     a project's link to a file elsewhere is ``Forbidden``, never written through (the user's
     own global settings may be a link into their dotfiles: that one is). ``owned`` (the global

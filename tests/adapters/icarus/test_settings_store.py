@@ -20,7 +20,7 @@ from castor.adapters.icarus.settings_store import (
     update_settings,
 )
 from castor.domain.icarus.settings import apply_bool_default
-from castor.messages.errors import ErrorCode
+from castor.messages.errors import CastorError, ErrorCode
 
 
 def set_key(key, value):
@@ -322,3 +322,39 @@ def test_a_directory_that_refuses_the_lock_file_is_the_storages_refusal_not_a_bu
     finally:
         (base / ".pi").chmod(0o755)
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("name", ["EIO", "EMFILE", "ENFILE", "EACCES"])
+def test_a_settings_file_the_storage_will_not_read_for_a_write_is_storage_unavailable_not_malformed(
+        tmp_path, monkeypatch, name):
+    """A settings write reads the file first. When the storage refused that read (a failing disk,
+    no file descriptor left, a permission taken away) the write answered ``invalid_config``, "the
+    file is malformed": the user was told to fix a file that is fine. It is the storage's refusal,
+    ``storage_unavailable`` naming the errno, as the write's own would be; the file is untouched,
+    and the next write once the storage reads again goes through."""
+    import errno as errnos
+
+    from castor.adapters.icarus import settings_store
+    from castor.adapters.icarus.backend import FileIcarusBackend
+
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"piIcarusHook": {"contextDisplay": True}, "other": 1}))
+    real = settings_store.read_regular_file
+    refusing = {"on": True}
+
+    def read_refused(target, *args, **kwargs):
+        if refusing["on"] and os.fspath(target) == str(path):
+            code = getattr(errnos, name)
+            raise OSError(code, os.strerror(code), os.fspath(target))
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(settings_store, "read_regular_file", read_refused)
+    backend = FileIcarusBackend(env={}, home=str(tmp_path))
+    with pytest.raises(CastorError) as refused:
+        backend.update_settings(str(path), set_key("contextDisplay", False))
+    assert refused.value.code == ErrorCode.STORAGE_UNAVAILABLE, refused.value.to_wire()
+    assert refused.value.data["errno"] == name, refused.value.to_wire()
+    assert json.loads(path.read_text()) == {"piIcarusHook": {"contextDisplay": True}, "other": 1}
+    refusing["on"] = False
+    backend.update_settings(str(path), set_key("contextDisplay", False))
+    assert json.loads(path.read_text())["piIcarusHook"] == {"contextDisplay": False}
