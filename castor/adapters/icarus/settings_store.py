@@ -2,7 +2,8 @@
 
 Reads are tolerant: a missing, unreadable or malformed file becomes a
 :class:`SettingsLayer` with ``doc=None`` and an ``error`` (later a warning);
-reading never raises for bad files. Only a regular file of at most 4 MiB is
+reading never raises for bad files (a file castor had no descriptor to open is
+no bad file: ``storage_unavailable``). Only a regular file of at most 4 MiB is
 read (a FIFO or ``/dev/zero`` is unreadable at once, never a hang), strict
 JSON only (``NaN``/``Infinity`` are malformed: Pi could not read them back).
 
@@ -28,6 +29,7 @@ Writes are a locked read-modify-write:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -37,7 +39,14 @@ from typing import Any, Literal
 
 import filelock
 
-from castor.adapters.fs import UnsafeFile, atomic_write_text, is_storage_fault, make_dirs, read_regular_file
+from castor.adapters.fs import (
+    UnsafeFile,
+    atomic_write_text,
+    is_storage_fault,
+    make_dirs,
+    read_regular_file,
+    storage_unavailable,
+)
 from castor.domain import paths
 from castor.domain.icarus.settings import (
     IcarusSettings,
@@ -121,18 +130,30 @@ def _parse(path: str, *, owned: bool = False, storage_faults: bool = False) -> d
 
 
 
+#: A read refused for want of a file descriptor (the process's ``ulimit -n``, the system's table).
+_NO_DESCRIPTOR = frozenset({errno.EMFILE, errno.ENFILE})
+
+
 def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
     """Tolerant read of one settings file. Each chooses the Icarus worker's Python and package
     (the global one for every session, a trusted project's for its own): a file another user
     owns, or every user may write, is ignored with the reason -- the agent directory's variable
     naming a shared directory, or a project another user may write in (trust covers the
-    project's owner, not whoever else could write its files)."""
+    project's owner, not whoever else could write its files). A file castor had no file
+    descriptor to open (``EMFILE``, ``ENFILE``) is no bad file: ``storage_unavailable``
+    (``data.errno``), never ignored."""
     try:
-        doc = _parse(path, owned=True)
+        doc = _parse(path, owned=True, storage_faults=True)
     except FileNotFoundError:
         return SettingsLayer(scope=scope, path=path)
     except _Unusable as exc:
         return SettingsLayer(scope=scope, path=path, error=str(exc))
+    except OSError as exc:
+        if exc.errno in _NO_DESCRIPTOR:
+            # The process's shortage, not the file's: ignored, the layer would leave the session
+            # without what it configures (Icarus itself) for its whole life, and no one told.
+            raise storage_unavailable(exc, path=path, action="read the settings") from None
+        return SettingsLayer(scope=scope, path=path, error=f"unreadable ({type(exc).__name__})")
     return SettingsLayer(scope=scope, path=path, doc=doc)
 
 
@@ -148,7 +169,8 @@ def load_layers(cwd: str, *, trusted: bool, env: Mapping[str, str] | None = None
 
 def load_settings(cwd: str, *, trusted: bool, env: Mapping[str, str] | None = None,
                   home: str | None = None) -> IcarusSettings:
-    """Effective settings for a session in ``cwd``; never raises for bad files."""
+    """Effective settings for a session in ``cwd``; never raises for bad files (only when castor
+    has no file descriptor to read one: ``storage_unavailable``)."""
     env = dict(os.environ if env is None else env)
     home = home or os.path.expanduser("~")
     project, global_ = load_layers(cwd, trusted=trusted, env=env, home=home)

@@ -113,3 +113,37 @@ def _answers(client: Client, sid: str) -> bool:
     except CastorError as refused:
         _assert_out_of_descriptors(refused)
         return False
+
+
+@pytest.mark.parametrize("name", ["EMFILE", "ENFILE"])
+def test_a_session_opened_without_a_descriptor_for_its_settings_is_refused_typed_not_opened_without_icarus(
+        world, monkeypatch, name):
+    """The settings files are read as a session opens. Out of descriptors, the global file (where
+    Icarus is configured) could not be opened and was ignored as "unreadable": the session opened
+    without Icarus, for its whole life, and nothing told the harness. The open is now refused
+    ``storage_unavailable`` naming the errno and the file, nothing opened, so the harness's next
+    open (the Pi extension opens again on its next call) gets Icarus once descriptors are free."""
+    import errno as errnos
+
+    from castor.adapters.icarus import settings_store
+    from castor.runtime import SessionInfo
+
+    real = settings_store.read_regular_file
+    refusing = {"on": True}
+
+    def read_refused(target, *args, **kwargs):
+        if refusing["on"]:
+            code = getattr(errnos, name)
+            raise OSError(code, os.strerror(code), os.fspath(target))
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(settings_store, "read_regular_file", read_refused)
+    rt = world.runtime()
+    with pytest.raises(CastorError) as refused:
+        rt.open_session(SessionInfo(session_id="s1", cwd=str(world.project), trusted=False), world.link())
+    assert refused.value.code == "storage_unavailable", refused.value.to_wire()
+    assert refused.value.data["errno"] == name and refused.value.data["path"].endswith("settings.json")
+    assert rt.system.find("/root/session/s1") is None  # nothing opened
+    refusing["on"] = False
+    ctx, sess = world.open(rt, "s1")
+    assert sess.available and sess.settings.icarus_dir == str(REFERENCE_ICARUS)
