@@ -12,10 +12,19 @@ an import cycle through it) unless it asks for one of these names.
 
 from __future__ import annotations
 
+import codecs
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from castor.version import __version__ as __version__
+
+# The codecs castor uses besides UTF-8 and ASCII (escaping a name a message shows; JavaScript's
+# UTF-16 code units) are looked up now, once: a codec's first use imports its module from disk,
+# which a process out of file descriptors cannot do -- and the typed error saying so is built
+# with them.
+for _codec in ("unicode_escape", "utf-16-le"):
+    codecs.lookup(_codec)
+del _codec
 
 _ERRORS = "castor.messages.errors"
 

@@ -244,3 +244,39 @@ def test_a_link_refused_under_a_root_is_named_in_the_message(tmp_path):
         ConfinedRoot(tmp_path / "root").join_text("cast/state.json")
     assert refused.value.message.endswith(": cast/state.json"), refused.value.message
     assert refused.value.data["part"] == "cast/state.json"
+
+
+_OUT_OF_DESCRIPTORS = r'''
+import errno, os, resource, sys
+from castor.adapters import fs
+from castor.domain.jsontext import js_slice
+from castor.domain.materia.state import config_hash
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+refused = fs.storage_unavailable(OSError(errno.EMFILE, "Too many open files", "/p/caf\u00e9\n.json"), base="/p")
+assert refused.data == {"errno": "EMFILE", "path": "caf\\xe9\\n.json"}, refused.data
+assert js_slice("\u00e9" * 10, 3) == "\u00e9" * 3
+assert config_hash({"a": "\u00e9"})
+print("ok")
+'''
+
+
+def test_the_typed_error_of_a_process_out_of_descriptors_is_built_without_one(tmp_path):
+    """A process out of file descriptors (``ulimit -n``) must still say so: the ``storage_unavailable``
+    that names the file escapes its name with the ``unicode_escape`` codec, and a codec's first use
+    imports its module from disk. Out of descriptors that import failed (EMFILE), the error could
+    not be built, and the actor building it crashed (``actor_crashed`` for ``cast.status``,
+    ``cast.list``, ``cast.recast`` under ``castor serve``). The codecs castor uses besides UTF-8 and
+    ASCII are looked up as castor is imported."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
