@@ -372,3 +372,36 @@ def test_h_continue_typed_during_a_turn_then_esc_runs_the_turn_again(start_pi, c
     assert "turn_interrupted" in types and "turn_resumed" in types, types
     assert done[-1]["data"]["ok"] is True and builder_output(run) == "BUILT-AFTER-ESC"
     assert error_toasts(pi, start) == []
+
+
+def test_i_a_steer_queued_at_an_rpc_abort_does_not_take_over_the_continued_turn(start_pi, castor_command, fake_llm,
+                                                                                tmp_path):
+    """The user steers while the builder's model call streams, then presses Esc (RPC ``abort``)
+    before Pi delivered the steer: Pi's RPC abort keeps the steer queued (its terminal UI puts it
+    back in the editor). The ``/materia continue`` that follows must still run the builder's turn
+    to its answer -- the stale steer, delivered at that run's start, used to take the turn over
+    and interrupt the cast again. (The extension cannot clear Pi's queue: an RPC client drops it
+    with ``clear_queue`` before ``abort``, as Pi's terminal Esc does.)"""
+    root = project(tmp_path, "text")
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    start, run = start_stalled_builder(pi, fake_llm, root)
+    pi.request({"type": "prompt", "message": "USER-STALE-STEER do something else", "streamingBehavior": "steer"})
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith(
+        "materia: interrupted at Socket-1 — /materia continue"), start=esc, timeout=5)
+    fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    resumed = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert builder_output(run) == "BUILT-AFTER-ESC"
+    assert [e["data"]["by"] for e in done if e["type"] == "turn_resumed"] == ["continue"]
+    assert error_toasts(pi, resumed) == []
+    # The model was asked the turn's prompt last: the stale steer, which Pi delivered with the run,
+    # stands in front of it, where the materia's isolated context leaves it out.
+    rerun = requests_with(fake_llm, "BUILDER-MATERIA")[-1]["messages"]
+    assert "BUILDER-MATERIA" in json.dumps(rerun[-1]) and "USER-STALE-STEER" not in json.dumps(rerun)

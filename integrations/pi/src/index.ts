@@ -879,8 +879,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 
 	pi.on("context", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
-		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
+		let messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		if (turns.bindFromContext(messages) === "aborted") abortRun(ctx); // a follow-up turn castor aborted
+		const reordered = turns.leftoversFirst(messages);
+		if (reordered) messages = reordered;
 		const isolated = turns.isolate(messages);
 		if (process.env.CASTOR_PI_DEBUG) log(`context: turn=${turns.active?.turnId} isolate=${turns.active?.isolate} n=${messages.length} isolated=${isolated?.length} ${JSON.stringify(messages.map((m: any) => [m.role, m.customType, m.details]))}`);
 		let result: Record<string, unknown> | undefined;
@@ -891,10 +893,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			result = await untilAborted(forward("context", { turn_id: turns.active?.turnId ?? null, messages: isolated ?? messages }), runSignal(ctx));
 		} catch {
 			log("context: the run was aborted while castor answered; its answer is dropped");
-			return isolated ? { messages: isolated } : undefined;
+			return isolated ? { messages: isolated } : reordered ? { messages } : undefined;
 		}
 		if (Array.isArray(result?.messages)) return { messages: result.messages };
-		return isolated ? { messages: isolated } : undefined;
+		return isolated ? { messages: isolated } : reordered ? { messages } : undefined;
 	});
 
 	pi.on("agent_end", async (event: any, ctx: Ctx) => {

@@ -453,11 +453,13 @@ export class TurnTracker {
 			if (start >= 0) from = start + 1;
 		}
 		if (turn.interjected) return; // the rest of the run is the user's exchange
+		const promptAt = promptTimestamp(messages, turn.turnId);
 		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
 			const id = (msg?.details as { castor_turn_id?: unknown } | undefined)?.castor_turn_id;
 			if (typeof id === "string" && id !== turn.turnId && this.abortedIds.has(id)) return; // a withdrawn turn's prompt: not this turn's
 			if (msg?.role === "user") {
+				if (queuedBefore(msg, promptAt)) continue; // left queued by an abort: not typed during this turn
 				// The user typed while the turn ran and Pi answered them in this run: the turn's
 				// answer is the last one before their message, if it was a final one.
 				turn.interjected = turn.last && isFinalAnswer(turn.last) ? "after" : true;
@@ -469,6 +471,26 @@ export class TurnTracker {
 			if (answer.usage !== undefined) turn.usages.push(answer.usage);
 			turn.last = msg;
 		}
+	}
+
+	/**
+	 * The bound turn's context with the user's messages Pi queued before the turn's hidden prompt
+	 * moved in front of it: Pi keeps a steer queued through an RPC `abort` (its terminal UI's Esc puts
+	 * it back in the editor instead) and delivers it at the start of the next run, right after that
+	 * run's prompt. When that run is castor's turn, the model would answer the stale message with the
+	 * turn's prompt; in front of it, the turn's prompt is the last thing the model is asked (and an
+	 * isolated turn, which starts at its prompt, leaves it out). `undefined` when nothing moved.
+	 */
+	leftoversFirst(messages: unknown[]): unknown[] | undefined {
+		const turn = this.current;
+		if (!turn || turn.inRun) return undefined;
+		const at = messages.findIndex((m) => (m as { details?: { castor_turn_id?: unknown } } | undefined)?.details?.castor_turn_id === turn.turnId);
+		if (at < 0) return undefined;
+		const promptAt = promptTimestamp(messages, turn.turnId);
+		const after = messages.slice(at + 1);
+		const leftovers = after.filter((m) => (m as { role?: unknown } | undefined)?.role === "user" && queuedBefore(m as Record<string, unknown>, promptAt));
+		if (leftovers.length === 0) return undefined;
+		return [...messages.slice(0, at), ...leftovers, messages[at], ...after.filter((m) => !leftovers.includes(m))];
 	}
 
 	/** Messages Pi should send for an isolated turn: from its hidden prompt on. */
@@ -574,4 +596,15 @@ export class TurnTracker {
 	private restore(turn: Turn): void {
 		if (turn.restoreTools) this.pi.setActiveTools(turn.restoreTools);
 	}
+}
+
+/** When the hidden prompt of turn `turnId` among `messages` was made (Pi stamps each message), if known. */
+function promptTimestamp(messages: unknown[], turnId: string): number | undefined {
+	const prompt = messages.find((m) => (m as { details?: { castor_turn_id?: unknown } } | undefined)?.details?.castor_turn_id === turnId) as { timestamp?: unknown } | undefined;
+	return typeof prompt?.timestamp === "number" ? prompt.timestamp : undefined;
+}
+
+/** Whether a user message was queued before the turn's prompt was made (an abort left it in Pi's queue). */
+function queuedBefore(message: Record<string, unknown>, promptAt: number | undefined): boolean {
+	return promptAt !== undefined && typeof message.timestamp === "number" && message.timestamp < promptAt;
 }

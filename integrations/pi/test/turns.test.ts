@@ -116,6 +116,23 @@ test("a message the user typed before the turn answered (a steer between tool ca
 	assert.match(outcome?.error ?? "", /took it over/);
 });
 
+test("a user message Pi queued before the turn's prompt (kept through an RPC abort) is no take-over and goes in front of the prompt", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	const prompt = { role: "custom", customType: "castor-turn", content: "P", details: { castor_turn_id: "t1" }, timestamp: 2000 };
+	const stale = { role: "user", content: "an old steer", timestamp: 1000 };
+	assert.deepEqual(turns.leftoversFirst([{ role: "user", content: "hi", timestamp: 10 }, prompt, stale]),
+		[{ role: "user", content: "hi", timestamp: 10 }, stale, prompt]);
+	assert.equal(turns.leftoversFirst([prompt, { ...stale, timestamp: 3000 }]), undefined, "one typed during the turn stays where it is");
+	turns.onAgentEnd([prompt, stale, assistant("BUILT")]);
+	const outcome = turns.settle("s", false, null);
+	assert.equal(outcome?.text, "BUILT");
+	assert.equal(outcome?.aborted, false);
+	assert.equal(outcome?.error, null);
+});
+
 test("castor aborts the running turn: found active once, its outcome says aborted, tools restored", async () => {
 	const pi = host(["read", "bash"]);
 	const turns = new TurnTracker(pi);
