@@ -43,7 +43,9 @@ function host() {
 		appendEntry() {},
 	};
 	h.ctx = (id) => ({
-		cwd: project, mode: "rpc",
+		// print mode: its session_start returns once castor is up, as these scenarios read it (in RPC
+		// mode castor starts behind Pi's session start, which must not hold Pi's input).
+		cwd: project, mode: "print",
 		ui: { setStatus(key, text) { h.statuses[key] = text; }, notify(message, level) { h.notes.push([message, level]); } },
 		sessionManager: { getSessionId: () => id, getSessionFile: () => null, getLeafId: () => null },
 		isProjectTrusted: () => true, isIdle: () => true, hasPendingMessages: () => false,

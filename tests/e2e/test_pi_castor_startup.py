@@ -9,8 +9,10 @@ does: an Esc after a prompt stops that prompt before its first model request, an
 the wait, the starting castor killed with no grace (it runs nothing yet). The castor here is slow
 to start (a shell that sleeps before it becomes castor).
 
-In RPC mode Pi reads no command until the session has started, so an ``abort`` there, or the end of
-its input, still waits for castor's start (docs/pi-extension.md says so).
+In RPC mode Pi reads no command until the session has started, so there the handler does not hold
+the session's start for castor's: castor starts behind it, and a prompt's ``before_agent_start``
+waits for that start instead, where an RPC ``abort`` (or the end of Pi's input) ends the wait.
+Before, an ``abort`` sent then, or the end of Pi's input, waited for castor's whole start.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 from tests.support.waiting import poll_until, wait_for
 
 from .conftest import SERVE
+from .pi_rpc import PiRpc
 from .pi_tty import PiTty
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(90)]
@@ -37,7 +40,7 @@ def slow_castor() -> list[str]:
     return ["sh", "-c", f"sleep {START_S}; exec {json.dumps(sys.executable)} {json.dumps(str(SERVE))}"]
 
 
-def castor_starting(pi: PiTty) -> psutil.Process:
+def castor_starting(pi: PiTty | PiRpc) -> psutil.Process:
     """The slow castor's shell under Pi, once Pi has started it."""
     found: list[psutil.Process] = []
 
@@ -95,3 +98,40 @@ def test_esc_after_a_prompt_while_castor_starts_stops_that_prompt(start_tty, fak
              what=f"the next prompt's model request; Pi drew: {pi.screen_tail()!r}")
     assert not any("HELD-PROMPT" in json.dumps(r["messages"][-1]) for r in fake_llm.log()), \
         "the prompt the Esc was meant for was asked of the model"
+
+
+def test_an_rpc_abort_after_a_prompt_while_castor_starts_ends_the_prompt_at_once(start_pi, fake_llm):
+    pi = start_pi(slow_castor())
+    castor_starting(pi)
+    # Pi reads its commands while castor starts (before, it read none until castor was up).
+    asked = time.monotonic()
+    pi.request({"type": "get_state"}, timeout=START_S + 10)
+    assert time.monotonic() - asked < 1.5, "Pi read no command until castor had started"
+    held = pi.mark()
+    pi.send({"type": "prompt", "message": "HELD-PROMPT"})
+    time.sleep(0.3)
+    started = time.monotonic()
+    pi.request({"type": "abort"}, timeout=START_S + 10)
+    took = time.monotonic() - started
+    assert took < 1.5, f"the abort waited {took:.1f} s for castor to start"
+    assert pi.wait_for(lambda e: e.get("type") == "agent_settled", start=held, timeout=3)["aborted"] is True
+    # castor goes on starting behind the abort; the held prompt never reaches the model, the next one does.
+    pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), timeout=START_S + 10)
+    pi.prompt("NEXT-PROMPT")
+    assert any("NEXT-PROMPT" in json.dumps(r["messages"]) for r in fake_llm.log())
+    assert not any("HELD-PROMPT" in json.dumps(r["messages"][-1]) for r in fake_llm.log()), \
+        "the prompt the abort was meant for was asked of the model"
+
+
+def test_the_end_of_rpc_input_while_castor_starts_exits_at_once_and_leaves_no_castor(start_pi):
+    pi = start_pi(slow_castor())
+    shell = castor_starting(pi)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert pi.proc.stdin is not None
+    pi.proc.stdin.close()
+    assert poll_until(lambda: pi.proc.poll() is not None, timeout=START_S + 10), "Pi did not exit"
+    took = time.monotonic() - started
+    assert took < 2.0, f"Pi's exit waited {took:.1f} s for castor to start"
+    gone = poll_until(lambda: not shell.is_running() or shell.status() == psutil.STATUS_ZOMBIE, timeout=3)
+    assert gone, "the castor that was starting was left behind"

@@ -104,14 +104,16 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	/** The runtime was stopped because the session ended; cleared when one starts again. */
 	let stoppedAtShutdown = false;
 
-	// castor's stderr and these log lines: kept, and not drawn over Pi's terminal UI (stderr.ts).
-	const stderr = new StderrRoute(() => {
+	/** Pi's run mode (`tui`, `rpc`, `json`, `print`; Pi 1.x) as `ctx` names it, if it does. */
+	const modeOf = (ctx: Ctx): string | undefined => {
 		try {
-			return typeof lastCtx?.mode === "string" ? lastCtx.mode : undefined;
+			return typeof ctx?.mode === "string" ? ctx.mode : undefined;
 		} catch {
 			return undefined; // a stale context (the session was replaced)
 		}
-	});
+	};
+	// castor's stderr and these log lines: kept, and not drawn over Pi's terminal UI (stderr.ts).
+	const stderr = new StderrRoute(() => modeOf(lastCtx));
 	const log = (msg: string) => stderr.push(`[castor-pi] ${msg}\n`);
 	/** castor's last stderr lines, for a notice (empty when there are none). The line a runtime on
 	 * stdio prints as it starts says nothing the notice does not, so it is left out. */
@@ -565,6 +567,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		return runPlanned(
 			planned,
 			async (method, params) => {
+				// After the session's start event, which in RPC mode may still be on its way (session_start).
+				if (startupPending) await startupWait;
 				const rt = await ready(true);
 				// A castor a deadline found silent (stopped, wedged) is asked the quick probe first: each
 				// command used to wait out the whole deadline again, however often it was typed.
@@ -777,6 +781,18 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			const msg = toPiCustomMessage(result?.message, "castor-session-context");
 			if (msg && !closingSession && sessionEpoch === epoch) pi.sendMessage(msg, { triggerTurn: false });
 		})();
+		startupPending = true;
+		startupWait = startup.catch(() => undefined).finally(() => {
+			if (sessionEpoch === epoch) startupPending = false;
+		});
+		if (modeOf(ctx) === "rpc") {
+			// Pi's RPC mode reads no command -- not an `abort`, not the end of its input -- until this
+			// handler returns: held here, an abort and a quit waited for castor's whole start (a
+			// cold start, a slow memory backend, a whole deadline for a castor that hangs). castor
+			// starts behind it instead; a prompt's `before_agent_start` waits for the start, where
+			// an RPC abort (or the end of Pi's input) ends the wait, and a quit stops castor starting.
+			return;
+		}
 		// Pi holds a submitted prompt until this handler returns, and castor's start (a cold start, a
 		// slow memory backend's session start) may take seconds -- up to a whole deadline for a castor
 		// that hangs. An Esc then found no run to stop, and the prompt it was meant for ran once castor
@@ -796,6 +812,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			esc.dispose();
 		}
 	});
+	/** castor's start for this session (spawn, handshake, open, its session-start event); settles, never rejects. */
+	let startupWait: Promise<void> | undefined;
+	/** That start is still under way (in RPC mode it goes on behind Pi's; see session_start). */
+	let startupPending = false;
 	/** Until when (ms) the next castor turn is stopped as it starts: an Esc came while a /materia command that starts one was answered. */
 	let stopNextTurnUntil = 0;
 	/** An Esc while castor started came after a prompt Pi held: that prompt's run is stopped when it starts. */
@@ -833,14 +853,17 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		const esc = new EscWatch(ctx, Date.now, process);
 		let result: Record<string, unknown> | undefined;
 		try {
-			result = await untilAborted(forward("before_agent_start", {
+			// After castor's start (the session's start event first), which in RPC mode goes on behind
+			// Pi's: the wait for it ends at an abort as the wait for the answer does.
+			const started = startupWait;
+			result = await untilAborted((started ?? Promise.resolve()).then(() => forward("before_agent_start", {
 				prompt: custom ? null : promptText(event?.prompt),
 				message_type: custom ? "custom" : "user",
 				custom_type: custom ? (event.message?.customType ?? null) : null,
 				turn_id: turns.active?.turnId ?? null,
 				system_prompt: typeof event?.systemPrompt === "string" ? event.systemPrompt : null,
 				images: Array.isArray(event?.images) ? event.images.length : 0,
-			}), esc.signal);
+			})), esc.signal);
 		} catch (err) {
 			if (!esc.pressed) throw err;
 			if (esc.quitting) {
@@ -903,7 +926,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		lastCtx = ctx;
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		turns.onAgentEnd(messages);
-		await forward("agent_end", { turn_id: turns.active?.turnId ?? null, messages: turns.userRunMessages(messages).map(summarizeMessage) });
+		const data = { turn_id: turns.active?.turnId ?? null, messages: turns.userRunMessages(messages).map(summarizeMessage) };
+		// A run that ends while castor still starts (an RPC abort during the start) is not held until
+		// castor is up: Pi's abort waits for this handler. Its end goes to castor once castor is up,
+		// before the run's settle, which takes the same way (settled).
+		if (startupPending) settleChain = settleChain.then(async () => void (await forward("agent_end", data)));
+		else await forward("agent_end", data);
 		if (!HAS_SETTLED) void emulateSettled(ctx, messages);
 	});
 
