@@ -405,3 +405,36 @@ def test_i_a_steer_queued_at_an_rpc_abort_does_not_take_over_the_continued_turn(
     # stands in front of it, where the materia's isolated context leaves it out.
     rerun = requests_with(fake_llm, "BUILDER-MATERIA")[-1]["messages"]
     assert "BUILDER-MATERIA" in json.dumps(rerun[-1]) and "USER-STALE-STEER" not in json.dumps(rerun)
+
+
+def test_j_a_turn_stopped_mid_stream_records_its_usage_as_unknown_not_zero(start_pi, castor_command, fake_llm,
+                                                                          tmp_path):
+    """Esc while the builder's answer streams: an OpenAI-style provider reports usage only at the
+    stream's end, so Pi's stopped message counts zero tokens. The cast's usage records that turn
+    as reporting no usage (``unreported: ["tokens"]``, said in the totals' caveats), never as a turn
+    that cost nothing; the resumed turn's real usage counts as usual."""
+    root = project(tmp_path, "text")
+    pi = start_pi(castor_command, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    fake_llm.reply_text("BUILT-HALF and the rest never sent", when="BUILDER-MATERIA", pause=STALL_S)
+    start, run = start_stalled_builder(pi, fake_llm, root)
+    pi.wait_for(lambda e: e.get("type") == "message_update"
+                and (e.get("assistantMessageEvent") or {}).get("type") == "text_delta", start=start, timeout=10)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10)
+    usage = json.loads((run / "usage.json").read_text())
+    (stopped,) = [t for t in usage.get("turns", []) if t["socket"] == "Socket-1"]
+    assert stopped.get("unreported") == ["tokens"], stopped
+    fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    turns = json.loads((run / "usage.json").read_text())["turns"]
+    # (the fake model has no price: the answered turns' cost is "unreported", their tokens are not)
+    assert [(t["socket"], "tokens" in (t.get("unreported") or [])) for t in turns] == [
+        ("Socket-1", True), ("Socket-1", False), ("Socket-2", False)], turns
+    end = pi.wait_ui("notify", lambda e: "pi-materia cast complete" in str(e.get("message")), start=start, timeout=5)
+    assert "1 turn reported no usage" in str(end.get("message")), end

@@ -943,8 +943,11 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     assert pending is not None
     rs = s.config.pipeline.sockets[pending.socket_id]
     entry_id = ev.entry_id or ev.visit_id
-    if ev.usage is not None:
-        turn = extract_usage(ev.usage)
+    # A turn stopped before its provider reported usage (an Esc mid-stream: an OpenAI-style stream
+    # gives it at its end) used tokens nobody counted: recorded as reporting none, never as free.
+    usage_unknown = ev.usage is None and ev.stop_reason == "aborted"
+    if ev.usage is not None or usage_unknown:
+        turn = extract_usage(ev.usage if ev.usage is not None else {})
         # The answer's model fields where it named them, else the selection this turn was asked with
         # (pi-materia's ``{...materiaModel, ...messageModel}``).
         picked = s.usage.modelSelections[-1] if s.usage.modelSelections else {}
@@ -955,19 +958,19 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         thinking = ev.thinking_level or picked.get("thinking")
         named: dict[str, Any] = {"materia": rs.materia_name, "taskId": s.current_item_key, "model": model,
                                  "provider": provider, "api": api, "thinkingLevel": thinking, "thinking": thinking,
-                                 "costFromProvider": cost_from_provider(ev.usage),
+                                 "costFromProvider": cost_from_provider(ev.usage) if ev.usage is not None else None,
                                  **{k: picked.get(k) for k in SELECTION_FIELDS}}
         # Only the fields that name something are given (the rest keep their None default, written
         # the same): a record's set of given fields is kept with it, and a concurrent cast holds a
         # record per turn (bench/casts.py's peak memory per cast).
-        unreadable = unreadable_figures(ev.usage)
+        unreadable = unreadable_figures(ev.usage) if ev.usage is not None else []
         # Said once per cast (a provider that writes its figures as strings writes every turn so);
         # each turn's record and event name its own.
         first_unreadable = bool(unreadable) and not any(t.unreadable for t in s.usage.turns)
         if unreadable:
             named["unreadable"] = unreadable
         kind = turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)
-        unreported = _unreported(turn, ev, unreadable, kind, named["costFromProvider"])
+        unreported = ["tokens"] if usage_unknown else _unreported(turn, ev, unreadable, kind, named["costFromProvider"])
         first_unreported = [f for f in unreported if not any(f in (t.unreported or ()) for t in s.usage.turns)]
         if unreported:
             named["unreported"] = unreported

@@ -99,7 +99,8 @@ export interface TurnOutcome {
 	text: string;
 	stop_reason: string | null;
 	error: string | null;
-	usage: WireUsage;
+	/** null: unknown -- the turn was stopped before the provider reported any usage (see {@link countsNoTokens}). */
+	usage: WireUsage | null;
 	/** Every assistant message's usage map as the provider wrote it (castor reads each with all of pi-materia's aliases). */
 	usages: unknown[];
 	/** The answering message's model `{provider, id, api}` and thinking level, when Pi names them. */
@@ -140,6 +141,8 @@ interface Turn {
 	restoreTools?: string[];
 	usage: WireUsage;
 	usages: unknown[];
+	/** A message of the turn was stopped mid-stream before its provider reported usage (its zeros are not counted). */
+	usageUnknown?: boolean;
 	last?: Record<string, unknown>;
 }
 
@@ -466,10 +469,16 @@ export class TurnTracker {
 				return;
 			}
 			if (msg?.role !== "assistant") continue;
+			turn.last = msg;
+			if (msg.stopReason === "aborted" && countsNoTokens(msg.usage)) {
+				// Stopped before the provider said what it used (an OpenAI-style stream reports usage
+				// at its end; Pi's message still holds its zeros): unknown, not nothing.
+				turn.usageUnknown = true;
+				continue;
+			}
 			turn.usage = addUsage(turn.usage, msg.usage);
 			const answer = answerFields(msg);
 			if (answer.usage !== undefined) turn.usages.push(answer.usage);
-			turn.last = msg;
 		}
 	}
 
@@ -522,7 +531,8 @@ export class TurnTracker {
 			text: last ? flattenText(last.content).trim() : "",
 			stop_reason: stopReason,
 			error,
-			usage: turn.usage,
+			// Only stopped zeros: castor records the turn as reporting no usage, never as free.
+			usage: turn.usageUnknown && turn.usages.length === 0 ? null : turn.usage,
 			usages: turn.usages,
 			...(last ? modelOf(last) : {}),
 			// A run stopped at a withdrawn turn's prompt after this turn's final answer: that abort is not this turn's.
@@ -607,4 +617,12 @@ function promptTimestamp(messages: unknown[], turnId: string): number | undefine
 /** Whether a user message was queued before the turn's prompt was made (an abort left it in Pi's queue). */
 function queuedBefore(message: Record<string, unknown>, promptAt: number | undefined): boolean {
 	return promptAt !== undefined && typeof message.timestamp === "number" && message.timestamp < promptAt;
+}
+
+/** Whether a Pi usage counts no tokens at all (absent, or every count zero or unreadable). */
+function countsNoTokens(usage: unknown): boolean {
+	if (usage === null || typeof usage !== "object") return true;
+	const u = usage as Record<string, unknown>;
+	const counts = [u.input, u.output, u.cacheRead, u.cacheWrite, u.totalTokens];
+	return counts.every((v) => !(typeof v === "number" && Number.isFinite(v) && v > 0));
 }

@@ -84,7 +84,27 @@ test("Esc: the outcome says aborted, keeps the partial text and the usage", asyn
 	assert.equal(outcome?.aborted, true);
 	assert.equal(outcome?.stop_reason, "aborted");
 	assert.equal(outcome?.text, "half");
-	assert.equal(outcome?.usage.input, 10);
+	assert.equal(outcome?.usage?.input, 10);
+});
+
+test("Esc before the provider reported usage: the stopped message's zeros are unknown, not nothing", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	const zeros = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { total: 0 } };
+	turns.onAgentEnd([{ ...assistant("half", "aborted"), usage: zeros }]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.text, "half");
+	assert.equal(outcome?.usage, null, "castor records the turn as reporting no usage");
+	assert.deepEqual(outcome?.usages, []);
+	// Answers before the stop count as usual; only the stopped message's zeros are left out.
+	await turns.dispatch({ turn_id: "t2", prompt: "P2" }, idle);
+	turns.bindFromMessage(started(pi, 1));
+	turns.onAgentEnd([assistant("", "toolUse"), { role: "toolResult", content: "ok" }, { ...assistant("", "aborted"), usage: zeros }]);
+	const second = turns.settle("s", true, null);
+	assert.equal(second?.usage?.input, 10);
+	assert.equal(second?.usages.length, 1);
 });
 
 test("a message the user typed after the turn answered (follow-up): the turn keeps its own answer", async () => {
@@ -100,7 +120,7 @@ test("a message the user typed after the turn answered (follow-up): the turn kee
 	assert.equal(outcome?.text, "BUILDER ANSWER");
 	assert.equal(outcome?.aborted, false);
 	assert.equal(outcome?.error, null);
-	assert.equal(outcome?.usage.input, 10, "the user's exchange is not the turn's usage");
+	assert.equal(outcome?.usage?.input, 10, "the user's exchange is not the turn's usage");
 });
 
 test("a message the user typed before the turn answered (a steer between tool calls): the turn was taken over", async () => {
@@ -254,7 +274,7 @@ test("a follow-up turn delivered inside the user's run binds at its context and 
 	turns.onAgentEnd([{ role: "user", content: "hi" }, userAnswer, prompt, assistant("TURN ANSWER")]);
 	const outcome = turns.settle("s", false, null);
 	assert.equal(outcome?.text, "TURN ANSWER");
-	assert.equal(outcome?.usage.input, 10, "the user's answer's usage is not the turn's");
+	assert.equal(outcome?.usage?.input, 10, "the user's answer's usage is not the turn's");
 });
 
 test("an old castor prompt before the last answer never binds; an aborted follow-up says so", async () => {
@@ -309,7 +329,7 @@ test("a turn's outcome carries each answer's usage map as the provider wrote it,
 	assert.deepEqual(outcome?.usages, [toolCall.usage, { inputTokens: 3, outputTokens: 4, costUsd: 0.25, bad: "NaN" }]);
 	assert.deepEqual(outcome?.model, { provider: "acme", id: "m-1", api: "openai-completions" });
 	assert.equal(outcome?.thinking_level, "high");
-	assert.equal(outcome?.usage.input, 0, "the summed legacy map knows only Pi's own names");
+	assert.equal(outcome?.usage?.input, 0, "the summed legacy map knows only Pi's own names");
 });
 
 test("a materia model Pi cannot use falls back to the active model with a warning; the turn still runs", async () => {

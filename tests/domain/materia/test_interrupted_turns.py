@@ -108,6 +108,18 @@ def test_esc_on_a_text_socket_pauses_there_and_continue_reruns_it_under_a_new_vi
     assert d.pending().socket_id == REVIEWER
 
 
+def test_esc_before_the_provider_reported_usage_records_the_turn_as_reporting_none_not_as_free() -> None:
+    """The harness sends no usage for a turn stopped mid-stream (an OpenAI-style stream reports it at
+    its end): the turn's record says its tokens were not reported, and the totals' caveat says so."""
+    d = text_cast()
+    turn = d.pending()
+    d.send(TurnEnded, visit_id=turn.visit_id, text=PARTIAL, stop_reason="aborted", usage=None)
+    assert_interrupted(d, BUILDER, turn)
+    (record,) = d.state.usage.turns
+    assert (record.socket, record.unreported, record.tokens.total) == (BUILDER, ["tokens"], 0)
+    assert d.events("usage_unreported")[-1].data == {"socket": BUILDER, "taskId": None, "figures": ["tokens"]}
+
+
 def test_esc_on_a_json_socket_is_no_invalid_json_failure() -> None:
     d = json_cast()
     turn = d.pending()
