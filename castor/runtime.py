@@ -103,11 +103,15 @@ class Runtime:
                                           on_trim=lambda s: meters.observe("memory_trim_seconds", "runtime", s))
 
     # -- sessions ------------------------------------------------------------
-    def open_session(self, info: SessionInfo, harness: HarnessLink) -> SessionContext:
+    def open_session(self, info: SessionInfo, harness: HarnessLink, *, keep_free: int = 0) -> SessionContext:
         """Start ``/root/session/<sid>`` with every component's children.
 
         Opening an already-open session id replaces its harness link only if
-        the old one is gone; otherwise it is a ``conflict``.
+        the old one is gone; otherwise it is a ``conflict``. Over ``max_sessions`` it is
+        ``mailbox_full``; so it is when it would leave fewer than ``keep_free`` slots free (at most
+        half the limit is ever kept: the endpoint keeps them for the first session of a connection
+        that holds none, ``data.reason: kept_for_first_sessions``). Both checks and the count are
+        under one lock: two opens never both take the last slot.
         """
         check_safe_id(info.session_id, "session_id")  # the refusal names the field the caller sent
         check_project_dir(info.cwd)
@@ -121,6 +125,13 @@ class Runtime:
             if len(self._sessions) >= self.settings.max_sessions:
                 raise MailboxFull(f"the runtime has {len(self._sessions)} open sessions, its limit; close one first",
                                   data={"limit": self.settings.max_sessions})
+            kept = min(keep_free, self.settings.max_sessions // 2)
+            if kept and len(self._sessions) >= self.settings.max_sessions - kept:
+                raise MailboxFull(
+                    f"the runtime has {len(self._sessions)} open sessions; its last {kept} of "
+                    f"{self.settings.max_sessions} are kept for connections opening their first session; "
+                    "close one first", data={"limit": self.settings.max_sessions, "kept": kept,
+                                             "reason": "kept_for_first_sessions"})
             ctx = SessionContext(info=info, harness=harness, runtime=self, path=path)
             self._sessions[info.session_id] = ctx
         try:

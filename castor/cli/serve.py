@@ -104,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from castor.endpoint.app import build_dispatcher
     from castor.endpoint.auth import TOKEN_FILE_ENV
+    from castor.endpoint.connection import ConnectionSettings
     from castor.endpoint.listeners import is_loopback_host
     from castor.endpoint.server import serve
     from castor.messages.errors import CastorError, Forbidden
@@ -151,6 +152,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
                   max_connections=args.max_connections,
+                  # Every connection the endpoint admits can open its first session.
+                  settings=ConnectionSettings(sessions_kept_for_first=args.max_connections),
                   # A closed connection's buffers go back to the kernel too, not only a session's.
                   on_connection_closed=runtime.memory_return.work_ended,
                   on_ready=lambda server: _print_ready(server, token_file=shown_token,

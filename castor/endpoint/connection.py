@@ -135,6 +135,13 @@ class ConnectionSettings(BaseModel):
     #: Pipes always poll (closing a pipe does not wake a blocked read).
     poll_workers: bool = False
     max_sessions: int = Field(32, ge=1)  # sessions one connection may hold open; one more is mailbox_full
+    #: The runtime's last this-many session slots (at most half its limit) are kept for connections
+    #: that hold no session yet: a connection's second and later sessions cannot take them, so a few
+    #: connections opening all they may (or a plugin reconnecting in a loop) never leave another
+    #: harness without its first session. 64, the server's default connection limit: with at most
+    #: that many connections, every one of them can open one (``castor serve --max-connections``
+    #: sets it to the limit it is given).
+    sessions_kept_for_first: int = Field(64, ge=0)
     #: A worker idle this long ends, unless it is the connection's last: a burst of slow handlers
     #: grows the pool up to ``max_workers``, and a long-lived connection (a harness's, an
     #: operator's) gives those threads back afterwards instead of keeping them for its lifetime.

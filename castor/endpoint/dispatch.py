@@ -65,6 +65,9 @@ class PeerSettings(Protocol):
     @property
     def max_sessions(self) -> int: ...
 
+    @property
+    def sessions_kept_for_first(self) -> int: ...
+
 
 class Peer(Protocol):
     """What a handler may use of the connection it runs on (``castor.endpoint.connection.Connection``

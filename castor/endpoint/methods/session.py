@@ -96,9 +96,12 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
                 if isinstance(params.flags.get("session_file"), str)
                 else None,
             )
+            # A connection's first session may take any free slot; its later ones leave the last
+            # few (ConnectionSettings.sessions_kept_for_first) to connections that hold none yet.
+            keep_free = ctx.connection.settings.sessions_kept_for_first if owned else 0
             session = runtime.open_session(
                 info, HarnessLink(agent=link, session_log=link, ui=link, classifier=link, kind="endpoint",
-                                  host_context=link)
+                                  host_context=link), keep_free=keep_free,
             )
             owned[params.session_id] = link
             previous = owners.get(params.session_id)

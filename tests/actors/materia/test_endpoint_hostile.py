@@ -107,7 +107,7 @@ def test_sessions_are_bounded_per_connection_and_per_runtime(tmp_path, project):
 
     runtime = make_runtime(max_sessions=5)
     server = Server(build_dispatcher(runtime), unix_path=str(tmp_path / "s.sock"),
-                    settings=ConnectionSettings(max_sessions=3)).start()
+                    settings=ConnectionSettings(max_sessions=3, sessions_kept_for_first=0)).start()
     try:
         first, second = (Client.connect_unix(str(tmp_path / "s.sock"), default_timeout=15) for _ in range(2))
         for n in range(3):
@@ -127,5 +127,44 @@ def test_sessions_are_bounded_per_connection_and_per_runtime(tmp_path, project):
         first.close()
         second.close()
     finally:
+        server.stop()
+        runtime.shutdown(10)
+
+
+@pytest.mark.timeout(60)
+def test_connections_opening_all_they_may_leave_every_other_connection_its_first_session(tmp_path, project):
+    """The defaults' shape (a connection may hold 32 of the runtime's 256: 8 connections held them
+    all) in small: a connection may hold 4 of 8. Two greedy connections no longer take every slot;
+    the last ones are kept for connections that hold none, so two more harnesses each open one."""
+    from castor.endpoint.app import build_dispatcher
+    from castor.endpoint.connection import ConnectionSettings
+    from castor.endpoint.server import Server
+
+    from .helpers import make_runtime
+
+    runtime = make_runtime(max_sessions=8)
+    server = Server(build_dispatcher(runtime), unix_path=str(tmp_path / "s.sock"),
+                    settings=ConnectionSettings(max_sessions=4)).start()  # kept for first sessions: the default
+    clients = [Client.connect_unix(str(tmp_path / "s.sock"), default_timeout=15) for _ in range(4)]
+    try:
+        greedy, also_greedy, late, later = clients
+        for n in range(4):
+            greedy.call("session.open", {"session_id": f"a{n}", "cwd": str(project)})
+        also_greedy.call("session.open", {"session_id": "b0", "cwd": str(project)})  # its first: any free slot
+        with pytest.raises(CastorError) as kept:
+            also_greedy.call("session.open", {"session_id": "b1", "cwd": str(project)})
+        assert kept.value.code == "mailbox_full"
+        assert kept.value.data["reason"] == "kept_for_first_sessions" and kept.value.data["kept"] == 4
+        late.call("session.open", {"session_id": "c0", "cwd": str(project)})
+        later.call("session.open", {"session_id": "d0", "cwd": str(project)})
+        with pytest.raises(CastorError) as second:  # a first session that has its own is a second one
+            later.call("session.open", {"session_id": "d1", "cwd": str(project)})
+        assert second.value.data["reason"] == "kept_for_first_sessions"
+        greedy.close()  # its four close with it: room for everyone's second again
+        wait_for(lambda: len(runtime.sessions()) == 3, what="the greedy connection's sessions to close")
+        also_greedy.call("session.open", {"session_id": "b1", "cwd": str(project)})
+    finally:
+        for client in clients:
+            client.close()
         server.stop()
         runtime.shutdown(10)
