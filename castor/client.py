@@ -3,7 +3,9 @@
 Built on the same :class:`~castor.endpoint.connection.Connection` as the
 server, so it has the same guarantees: thread-safe concurrent ``call``\\ s,
 a deadline on every call, server→client requests answered by registered
-handlers off the reading thread, and ``close()`` failing every pending call
+handlers off the reading thread (a notification it serves is never dropped when they are all
+busy: reading waits for one, see ``ConnectionSettings.notifications_wait_for_a_slot``), and
+``close()`` failing every pending call
 with :class:`~castor.endpoint.errors.ConnectionClosed`. When the server ends the
 connection with a typed reason (an ``error`` notification as its last frame: too
 many connections, out of descriptors, an idle close), every call that end fails,
@@ -80,8 +82,11 @@ class Client:
         self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
         self._errors_gate = WarningGate()  # the warning lines about them
         self._last_error: tuple[dict[str, Any], int] | None = None  # the latest, and frames read then
-        # Workers poll so that a caller can take the reader role and read its own reply.
-        settings = (settings or ConnectionSettings()).model_copy(update={"poll_workers": True})
+        # Workers poll so that a caller can take the reader role and read its own reply. A
+        # notification the client serves is never dropped for want of a slot: it waits for one
+        # (reading pauses: back-pressure on the server) while the client's handlers are busy.
+        settings = (settings or ConnectionSettings()).model_copy(
+            update={"poll_workers": True, "notifications_wait_for_a_slot": True})
         self.connection = Connection(transport, self._dispatcher, settings=settings, name=name)
         self.connection.peer_parting = self._parting
         self.connection.start()

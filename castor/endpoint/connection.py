@@ -22,7 +22,11 @@ Both peers use this class: the server for each accepted client, the
 * **Bounded everything.** At most ``max_in_flight`` incoming requests and
   notifications are accepted and unfinished; over it a request gets a
   ``mailbox_full`` error response and a notification is dropped with an
-  ``error`` notification. A notification of a method nobody serves takes no
+  ``error`` notification -- or, with ``notifications_wait_for_a_slot`` (the
+  client's), a notification of a method served here waits for a slot: reading
+  stops until one frees, unless a caller waits for its response (reading goes
+  on for it, bounded by ``max_read_ahead_bytes``), so none is lost and no
+  call deadlocks behind them. A notification of a method nobody serves takes no
   slot (it fails at once on the reading thread, logged), so a storm of them is
   never answered at all. Outbound frames wait in a queue bounded in bytes
   and frames; overflowing it closes the connection with a logged reason —
@@ -142,6 +146,16 @@ class ConnectionSettings(BaseModel):
     #: that many connections, every one of them can open one (``castor serve --max-connections``
     #: sets it to the limit it is given).
     sessions_kept_for_first: int = Field(64, ge=0)
+    #: A notification of a method this side serves that finds every in-flight slot taken waits for
+    #: one instead of being dropped (the client's choice; a server drops it with an ``error``
+    #: notification, so a peer cannot make castor stop reading it). It is queued in order behind
+    #: the slots, and reading stops until the queue is back under ``max_in_flight`` -- back-pressure
+    #: on the peer -- except while a call of this side waits for its response, which may be behind
+    #: those notifications: reading then goes on, queueing them, up to ``max_read_ahead_bytes``.
+    notifications_wait_for_a_slot: bool = False
+    #: What a reader waiting for its own call's response queues of notifications that wait for a
+    #: slot; past it the call waits without reading (it ends at its deadline: ``timeout``).
+    max_read_ahead_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     #: A worker idle this long ends, unless it is the connection's last: a burst of slow handlers
     #: grows the pool up to ``max_workers``, and a long-lived connection (a harness's, an
     #: operator's) gives those threads back afterwards instead of keeping them for its lifetime.
@@ -374,6 +388,13 @@ class Connection:
         self._eof = False
         self._jobs: deque[Request | Notification] = deque()
         self._in_flight = 0
+        # Notifications queued over max_in_flight (notifications_wait_for_a_slot): id of the frame
+        # in _jobs -> its size in bytes, their total, the size of the frame read last, and whether
+        # the reader waits for the queue to come back under the bound (finishing jobs wake it).
+        self._parked: dict[int, int] = {}
+        self._parked_bytes = 0
+        self._frame_bytes = 0
+        self._room_waiter = False
         # Of those, the ones whose response is already on its way (counted before it is written,
         # released with their slot): a peer that waits for a reply before its next request is
         # never refused for a slot the finished request still held.
@@ -400,7 +421,7 @@ class Connection:
             "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
             "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
             "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
-            "unauthenticated_notifications": 0, "notifications_failed": 0,
+            "unauthenticated_notifications": 0, "notifications_failed": 0, "notifications_waited": 0,
         }
         self._notify_gate = WarningGate()  # a failed notification's warning lines
 
@@ -512,7 +533,8 @@ class Connection:
     def stats(self) -> dict[str, Any]:
         with self._mutex:
             workers = {"threads": self._threads, "idle": self._idle, "in_flight": self._in_flight,
-                       "queued": len(self._jobs), "handler_running_inline": self._inline_since is not None}
+                       "queued": len(self._jobs), "handler_running_inline": self._inline_since is not None,
+                       "notifications_waiting_bytes": self._parked_bytes}
         return {"name": self.name, "peer": getattr(self.transport, "peer", "?"), "closed": self._closed,
                 "close_reason": self.close_reason, "pending_calls": len(self._pending),
                 "outbound_bytes": self._out_bytes, "outbound_frames": len(self._out),
@@ -829,7 +851,7 @@ class Connection:
                     finished = False
                     self._in_flight -= 1
                     self._replied -= replied
-                    if self._eof and not self._in_flight:
+                    if (self._eof and not self._in_flight) or self._room_waiter:
                         cond.notify_all()
                 while True:
                     if self._closed:
@@ -840,6 +862,8 @@ class Connection:
                         return
                     if self._jobs:
                         job = self._jobs.popleft()
+                        if self._parked:
+                            self._parked_bytes -= self._parked.pop(id(job), 0)
                         break
                     if not self._eof:
                         # A role a caller gave up is taken back only after _RETAKE_AFTER (the
@@ -939,6 +963,7 @@ class Connection:
         mutex = self._mutex
         max_in_flight = self.settings.max_in_flight
         max_workers = self.settings.max_workers
+        wait_for_a_slot = self.settings.notifications_wait_for_a_slot
         while True:
             frame = self._read_frame(me, None)
             if frame is None:
@@ -949,6 +974,9 @@ class Connection:
             with mutex:  # admission and the inline decision in one critical section
                 if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
+                    if wait_for_a_slot and type(frame) is Notification:
+                        self._park_locked(frame)
+                        admitted = True
                 else:
                     self._in_flight += 1
                     admitted = True
@@ -964,6 +992,8 @@ class Connection:
                 self._refuse(frame)
                 continue
             if not inline:
+                if wait_for_a_slot and not self._wait_for_room(me):
+                    return  # a caller reads from here on
                 continue
             self._cork_inline(me)
             replied = self._run(frame, me)  # ends the cork
@@ -1010,8 +1040,8 @@ class Connection:
                         gate = None
                     if call.settled:
                         return
-                    if self._closed or self._eof:
-                        read, held = False, False
+                    if self._closed or self._eof or self._parked_bytes >= self.settings.max_read_ahead_bytes:
+                        read, held = False, False  # (read ahead as far as allowed: a worker reads on)
                     elif self._role is None or self._role == me:
                         held = self._role == me  # a handler calling back its own peer
                         self._role = me
@@ -1022,6 +1052,8 @@ class Connection:
                         gate.acquire()
                         waiting.append(gate)
                         self._poke()
+                        if self._room_waiter:  # the holder waits for a slot, not in poll
+                            self._cond.notify_all()
                         waited = True
                 if gate is not None:  # the role holder releases it when it gives the role up
                     gate.acquire(True, min(remaining, _CALLER_RECHECK))
@@ -1105,8 +1137,15 @@ class Connection:
                             cond.notify()
                         elif self._threads < self.settings.max_workers:
                             self._spawn_locked()
+                    elif self.settings.notifications_wait_for_a_slot and type(frame) is Notification:
+                        # Queued, not dropped; this thread reads on for its response (which may be
+                        # behind more of them) until the queue holds max_read_ahead_bytes.
+                        self._park_locked(frame)
+                        admitted = True
                 if not admitted:
                     self._refuse(frame)
+                elif self._parked_bytes >= self.settings.max_read_ahead_bytes:
+                    return  # await_reply waits without reading; a worker reads once there is room
         finally:
             with mutex:
                 if self._role == me:
@@ -1166,6 +1205,7 @@ class Connection:
                     if end - self._frame_start > self._max_frame:  # whole, and over the limit
                         self._over_the_frame_limit(me)
                         return None
+                    self._frame_bytes = end - self._frame_start
                     self._frame_start = end
             if value is _NOTHING:
                 # Inlined common case of _fill/_feed: a blocking recv that returns bytes.
@@ -1331,6 +1371,39 @@ class Connection:
         else:  # a caller found EOF: it must not wait for the drain itself
             start_thread(self._on_eof, name=f"castor-{self.name}-eof", owner=f"/endpoint/{self.name}",
                          purpose="drain this connection after its end of stream")
+
+    def _park_locked(self, frame: Notification) -> None:
+        """Queue a notification over ``max_in_flight`` to run when a worker is free (caller holds
+        the mutex; ``notifications_wait_for_a_slot``): it holds a slot like any job, so nothing
+        more is admitted until the queue is back under the bound."""
+        self._in_flight += 1
+        self._jobs.append(frame)
+        self._parked[id(frame)] = self._frame_bytes
+        self._parked_bytes += self._frame_bytes
+        self.counters["notifications_waited"] += 1
+        if self._idle:
+            self._cond.notify()
+        elif self._threads < self.settings.max_workers:
+            self._spawn_locked()
+
+    def _wait_for_room(self, me: int) -> bool:
+        """Back-pressure: the role holder (a worker) reads nothing more until the jobs in flight are
+        back under ``max_in_flight``. ``False`` when it gave the role to a caller instead: a caller
+        waits for a response that may be behind what the peer sent since, so it reads on (and
+        queues what it reads up to ``max_read_ahead_bytes``)."""
+        with self._mutex:
+            self._room_waiter = True
+            try:
+                while (self._in_flight - self._replied >= self.settings.max_in_flight
+                       and not self._closed and self._role == me):
+                    if self._waiting_callers:
+                        self._role = None
+                        self._wake_callers_locked()
+                        return False
+                    self._cond.wait(_CALLER_RECHECK)
+            finally:
+                self._room_waiter = False
+            return self._role == me or self._closed
 
     def _refuse(self, frame: Request | Notification) -> None:
         """Over ``max_in_flight``: answer ``mailbox_full`` (or an ``error`` notification)."""
