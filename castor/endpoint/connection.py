@@ -370,6 +370,9 @@ class Connection:
         # A caller may block in recv itself when the socket has a receive timeout.
         self._caller_recv = bool(getattr(transport, "recv_timeout", None))
         self._fed = 0  # bytes fed to the unpacker (vs unpacker.tell(): is anything buffered?)
+        # _fed when the reader last found the frame it decodes incomplete (-1: never): while it
+        # still equals _fed, the reader waits for the rest of a frame (see incomplete_frame).
+        self._incomplete_at = -1
         # Where the frame being decoded began. msgpack frees the bytes of a partly decoded value
         # (it keeps the objects built so far), so max_buffer_size alone does not bound a frame:
         # _fed - _frame_start does, checked once every whole frame buffered has been taken (a
@@ -529,6 +532,15 @@ class Connection:
             fn(self)
         except Exception:
             self._log.exception("close callback failed")
+
+    def incomplete_frame(self) -> tuple[int, int] | None:
+        """``(bytes of the frame begun, bytes read in all)`` while the reader waits for the rest of
+        a frame the peer began, else None. Read without a lock: a caller that acts on it (the
+        server's reaper) sees the same answer twice, a while apart, before it concludes anything."""
+        fed, begun = self._fed, self._frame_start
+        if self._incomplete_at != fed or fed <= begun:
+            return None
+        return fed - begun, fed
 
     def stats(self) -> dict[str, Any]:
         with self._mutex:
@@ -1188,6 +1200,7 @@ class Connection:
                 try:
                     value = next(unpacker)
                 except StopIteration:  # what is buffered is the start of one frame
+                    self._incomplete_at = self._fed
                     if self._fed - self._frame_start > self._max_frame:
                         self._over_the_frame_limit(me)
                         return None

@@ -20,7 +20,10 @@ Guarantees:
   never. Until ``runtime.hello {token}`` every method is ``unauthenticated``.
 * Fair slots: a connection that has not authenticated within ``hello_timeout`` is closed,
   and so is one that holds no session and has sent and received nothing for
-  ``idle_timeout`` (stdio is exempt from both: it is the runtime's lifetime).
+  ``idle_timeout``, and one that began a frame and sent none of the rest for
+  ``frame_stall_timeout`` -- sessions or not: its stream is stuck, and it held its slot (and
+  what it sent of the frame, up to the frame limit) for ever (stdio is exempt from all three:
+  it is the runtime's lifetime).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ DEFAULT_HELLO_TIMEOUT_S = 10.0
 """A connection that must authenticate and has not within this long is closed."""
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 """A connection holding no session that has sent and received nothing for this long is closed."""
+DEFAULT_FRAME_STALL_TIMEOUT_S = 60.0
+"""A connection that began a frame and has sent no byte of the rest for this long is closed."""
 REFUSAL_LOG_INTERVAL_S = 10.0
 """A refused connection (the endpoint full, a Unix peer of another user) is a warning at most this
 often, each with how many were refused quietly since (debug lines): anyone may connect in a loop."""
@@ -98,7 +103,8 @@ class Server:
                  stdin_fd: int = 0, stdout_fd: int = 1, token: str | None = None,
                  hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
                  idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
-                 on_connection_closed: Callable[[], Any] | None = None) -> None:
+                 on_connection_closed: Callable[[], Any] | None = None,
+                 frame_stall_timeout: float | None = DEFAULT_FRAME_STALL_TIMEOUT_S) -> None:
         modes = sum(1 for m in (stdio, unix_path is not None, tcp is not None) if m)
         if modes != 1:
             raise InvalidConfig("serve exactly one of: stdio, unix_path, tcp")
@@ -106,12 +112,15 @@ class Server:
             raise InvalidConfig("a TCP endpoint needs a token (castor.endpoint.auth.new_token_file)")
         if stdio and token:
             raise InvalidConfig("stdio trusts its parent process: it takes no token")
-        for name, value in (("hello_timeout", hello_timeout), ("idle_timeout", idle_timeout)):
+        for name, value in (("hello_timeout", hello_timeout), ("idle_timeout", idle_timeout),
+                            ("frame_stall_timeout", frame_stall_timeout)):
             if value is not None and not 0 < value < float("inf"):
                 raise InvalidConfig(f"{name} must be a positive number of seconds or None")
         self.token = token
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
+        self.frame_stall_timeout = frame_stall_timeout
+        self._stalls: dict[int, tuple[int, float]] = {}  # conn id -> (bytes read in all, since) mid-frame
         self._reaper: threading.Thread | None = None
         self._reaper_stop = threading.Event()
         self._seen: dict[int, tuple[int, int, float]] = {}  # conn id -> (frames in, frames out, since)
@@ -158,7 +167,8 @@ class Server:
             self._reserve_fd = take_reserve_fd()
             self._accept_thread = start_thread(self._accept_loop, args=(kind,), name="castor-accept",
                                                owner="/endpoint", purpose="accept connections")
-            if self.idle_timeout is not None or (self.token and self.hello_timeout is not None):
+            if (self.idle_timeout is not None or self.frame_stall_timeout is not None
+                    or (self.token and self.hello_timeout is not None)):
                 self._reaper = start_thread(self._reap_loop, name="castor-reaper", owner="/endpoint",
                                             purpose="close idle and unauthenticated connections")
         _log.info("castor endpoint listening on {}", self.address)
@@ -383,7 +393,8 @@ class Server:
 
     # ---------------------------------------------------------------- fair slots
     def _reap_loop(self) -> None:
-        bounds = [t for t in (self.idle_timeout, self.hello_timeout if self.token else None) if t is not None]
+        bounds = [t for t in (self.idle_timeout, self.hello_timeout if self.token else None,
+                              self.frame_stall_timeout) if t is not None]
         tick = min(1.0, max(0.02, min(bounds) / 4))
         while not self._reaper_stop.wait(tick) and not self._stopping:
             now = time.monotonic()
@@ -402,6 +413,8 @@ class Server:
                 f"no runtime.hello with the token within {self.hello_timeout:g} s; closing",
                 data={"reason": "hello_timeout", "seconds": self.hello_timeout}))
             return
+        if self._frame_stalled(conn, now):
+            return
         if self.idle_timeout is None:
             return
         counters = conn.counters
@@ -417,6 +430,31 @@ class Server:
             self._close_slot(conn, Timeout(
                 f"idle for {self.idle_timeout:g} s with no session open; closing",
                 data={"reason": "idle_timeout", "seconds": self.idle_timeout}))
+
+    def _frame_stalled(self, conn: Connection, now: float) -> bool:
+        """Close ``conn`` (``timeout``, ``data.reason: frame_stalled``) when it began a frame and
+        has sent no byte since for ``frame_stall_timeout``; True when it did. A healthy peer writes
+        a frame in one go; one stuck halfway (a hung writer, a peer holding the slot on purpose)
+        was never closed while it held a session, nor its partial frame freed."""
+        if self.frame_stall_timeout is None:
+            return False
+        incomplete = conn.incomplete_frame()
+        # (With a handler still running, the reader may be what is stuck -- every worker busy --
+        # and the rest of the frame unread in the socket: the peer is not judged then.)
+        if incomplete is None or conn.stats()["in_flight"]:
+            self._stalls.pop(conn.id, None)
+            return False
+        begun, fed = incomplete
+        seen = self._stalls.get(conn.id)
+        if seen is None or seen[0] != fed:
+            self._stalls[conn.id] = (fed, now)
+            return False
+        if now - seen[1] < self.frame_stall_timeout:
+            return False
+        self._close_slot(conn, Timeout(
+            f"a frame begun ({begun} bytes so far) had no more bytes for {self.frame_stall_timeout:g} s; closing",
+            data={"reason": "frame_stalled", "seconds": self.frame_stall_timeout, "bytes": begun}))
+        return True
 
     def _close_slot(self, conn: Connection, err: Any, *, flush_timeout: float = 0.5) -> None:
         """Tell the peer why (best effort) and close. An eviction runs on the accept thread: it does
@@ -440,6 +478,7 @@ class Server:
         with self._lock:
             self._conns.pop(conn.id, None)
         self._seen.pop(conn.id, None)
+        self._stalls.pop(conn.id, None)
         if self.on_connection_closed is not None:
             try:
                 self.on_connection_closed()
@@ -460,7 +499,8 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
           max_connections: int = 64, fatal: threading.Event | None = None, token: str | None = None,
           hello_timeout: float | None = DEFAULT_HELLO_TIMEOUT_S,
           idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
-          on_connection_closed: Callable[[], Any] | None = None) -> None:
+          on_connection_closed: Callable[[], Any] | None = None,
+          frame_stall_timeout: float | None = DEFAULT_FRAME_STALL_TIMEOUT_S) -> None:
     """Run a :class:`Server` until stdio EOF, SIGTERM/SIGINT/SIGHUP (unless SIGHUP is ignored, as
     under ``nohup``), ``stop()`` or ``fatal`` is set
     (the runtime behind it failed for good: serving on would only answer ``not_found``); then
@@ -472,7 +512,7 @@ def serve(dispatcher: Dispatcher, *, stdio: bool = False, unix_path: str | None 
     server = Server(dispatcher, stdio=stdio, unix_path=unix_path, tcp=tcp, settings=settings,
                     on_shutdown=on_shutdown, on_stopping=on_stopping, max_connections=max_connections, token=token,
                     hello_timeout=hello_timeout, idle_timeout=idle_timeout,
-                    on_connection_closed=on_connection_closed)
+                    on_connection_closed=on_connection_closed, frame_stall_timeout=frame_stall_timeout)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         def _on_signal(signum: int, _frame: Any) -> None:
