@@ -223,7 +223,8 @@ class Dispatcher:
     def dispatch(self, method: str, params: dict[str, Any], ctx: Context) -> Any:
         entry = self._methods.get(method)
         if entry is None:
-            raise UnknownMethod(f"unknown method {clipped(method)!r}", data={"method": clipped(method)})
+            shown = clipped(method)  # escaped once: repr() of it doubled every backslash of the escapes
+            raise UnknownMethod(f"unknown method '{shown}'", data={"method": shown})
         args: Any = params
         if entry.model is not None:
             try:

@@ -121,3 +121,17 @@ def test_an_icarus_backend_s_error_text_reaches_the_caller_but_never_castor_s_lo
     assert "SECRET-QUERY" in raised.value.to_wire()["message"]
     log = "".join(lines)
     assert "SECRET-QUERY" not in log and raised.value.data["error_id"] in log and "backend_error" in log
+
+
+@pytest.mark.parametrize("method, shown", [("\u202eevil", "\\u202eevil"), ("a\nb", "a\\nb"), ("é✓", "é✓"),
+                                           ("x" * 300, "x" * 200 + "... (300 characters)")])
+def test_an_unknown_method_is_named_escaped_once_in_the_message_as_in_its_data(client, method, shown) -> None:
+    """The message quoted repr() of the already escaped name: ``unknown method '\\\\u202eevil'``,
+    every escape's backslash doubled, unlike ``data.method`` beside it."""
+    from castor.messages.errors import CastorError
+
+    with pytest.raises(CastorError) as refused:
+        client.call(method, {})
+    assert refused.value.code == "unknown_method"
+    assert refused.value.data["method"] == shown
+    assert refused.value.message == f"unknown method '{shown}'"
