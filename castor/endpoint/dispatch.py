@@ -234,8 +234,15 @@ class Dispatcher:
                 raise InvalidParams(f"invalid params for {method}", data={
                     "method": method, "errors": details[:MAX_ERROR_DETAILS],
                     "error_count": len(details)}) from None
+            except RecursionError:
+                raise _nested_too_deep(method) from None
         try:
             result = entry.handler(args, ctx)
+        except RecursionError:
+            # The frame decoder takes 1024 levels; the interpreter recurses about 1000 deep, so a
+            # handler that walks, copies, prints or encodes such params (a turn's error map kept
+            # in the cast's events) runs out first: the peer's input, never castor's ``internal``.
+            raise _nested_too_deep(method) from None
         except CastorError as exc:
             if exc.code == ErrorCode.INTERNAL and "error_id" not in exc.data:  # castor's bug: traceable
                 exc.data["error_id"] = uuid.uuid4().hex[:12]
@@ -264,6 +271,12 @@ class Dispatcher:
             "capabilities": sorted(self.capabilities),
             "methods": self.methods(),
         }
+
+
+def _nested_too_deep(method: str) -> InvalidParams:
+    """What a request whose params are nested deeper than castor can handle is answered."""
+    return InvalidParams(f"params of {method} are nested too deep to handle (keep them under 500 levels)",
+                         data={"method": method, "reason": "nested_too_deep"})
 
 
 def validation_details(exc: ValidationError) -> list[dict[str, str]]:

@@ -168,3 +168,22 @@ def test_connections_opening_all_they_may_leave_every_other_connection_its_first
             client.close()
         server.stop()
         runtime.shutdown(10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", ["error", "usages"])
+def test_a_turn_end_nested_past_what_castor_can_walk_is_invalid_params_and_the_turn_stays_answerable(
+        served, project, field):
+    """The decoder takes 1024 levels, Python recurses about 1000: a turn's ``error`` (its repr) or
+    ``usages`` (JSON for the cast's events) nested 1015 deep raised RecursionError, answered
+    ``internal`` -- castor's own bug by its code -- with a traceback in the log."""
+    client, turns, cast_id, first = _two_socket_cast(served, project)
+    deep: object = "leaf"
+    for _ in range(1015):
+        deep = {"k": deep}
+    with pytest.raises(InvalidParams) as refused:
+        client.call("agent.turn_ended", {"session_id": "s1", "turn_id": first["turn_id"], "text": "one",
+                                         field: deep})
+    assert refused.value.data["reason"] == "nested_too_deep"
+    client.call("agent.turn_ended", {"session_id": "s1", "turn_id": first["turn_id"], "text": "one"})
+    assert turns.get(timeout=10)["turn_id"] != first["turn_id"]  # the cast went on to its next turn
