@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from castor.messages.errors import Cancelled, CastorError, ErrorCode
+from castor.messages.errors import (
+    MAX_WIRE_CODE_CHARS,
+    MAX_WIRE_MESSAGE_CHARS,
+    Cancelled,
+    CastorError,
+    ErrorCode,
+    cut_text,
+)
 
 
 class ConnectionClosed(Cancelled):
@@ -21,6 +28,7 @@ def error_from_wire(wire: Any) -> CastorError:
     A peer written in another language may send a code castor does not know:
     it becomes a plain ``CastorError`` with code ``internal`` and the original
     code kept in ``data.wire_code`` rather than an exception in the reader.
+    The message is cut at ``MAX_WIRE_MESSAGE_CHARS`` and such a code at ``MAX_WIRE_CODE_CHARS``.
     """
     if not isinstance(wire, dict):
         return CastorError(f"malformed error from peer: {wire!r:.200}")
@@ -29,8 +37,8 @@ def error_from_wire(wire: Any) -> CastorError:
         ErrorCode(str(code))  # a missing code (None) is no ErrorCode either
     except ValueError:
         data = dict(wire.get("data") or {}) if isinstance(wire.get("data"), dict) else {}
-        data["wire_code"] = str(code)
-        return CastorError(str(wire.get("message", "")), data=data)
+        data["wire_code"] = cut_text(str(code), MAX_WIRE_CODE_CHARS)
+        return CastorError(cut_text(str(wire.get("message", "")), MAX_WIRE_MESSAGE_CHARS), data=data)
     if wire.get("data") is not None and not isinstance(wire.get("data"), dict):
         wire = {**wire, "data": {"value": wire["data"]}}
     return CastorError.from_wire(wire)

@@ -74,24 +74,26 @@ class CastorError(Exception):
         :data:`MAX_WIRE_MESSAGE_CHARS` and every string in its data at :data:`MAX_WIRE_DATA_CHARS`:
         an error may echo what the peer sent (an unknown method, an id), and the peer may have sent
         megabytes -- an answer repeating them would be larger than the peer may read."""
-        wire: dict[str, Any] = {"code": str(self.code), "message": _cut(self.message, MAX_WIRE_MESSAGE_CHARS)}
+        wire: dict[str, Any] = {"code": str(self.code), "message": cut_text(self.message, MAX_WIRE_MESSAGE_CHARS)}
         if self.data:
             wire["data"] = _cut_strings(self.data)
         return wire
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> CastorError:
-        """Rebuild the most specific error class for a wire error map."""
+        """Rebuild the most specific error class for a wire error map. Its message is cut at
+        :data:`MAX_WIRE_MESSAGE_CHARS`, as castor cuts its own: a peer's error text goes on into
+        castor's log lines and a cast's failure reason, and it may have sent megabytes of it."""
         raw_data = wire.get("data")
         data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
         try:
             code = ErrorCode(wire.get("code", "internal"))
         except ValueError:  # a peer's own code: keep it, classify as internal
-            data = {**data, "wire_code": str(wire.get("code"))}
+            data = {**data, "wire_code": cut_text(str(wire.get("code")), MAX_WIRE_CODE_CHARS)}
             code = ErrorCode.INTERNAL
         klass = _BY_CODE.get(code, CastorError)
         err = klass.__new__(klass)
-        CastorError.__init__(err, str(wire.get("message", "")), code=code, data=data)
+        CastorError.__init__(err, cut_text(str(wire.get("message", "")), MAX_WIRE_MESSAGE_CHARS), code=code, data=data)
         return err
 
     def __repr__(self) -> str:
@@ -257,17 +259,22 @@ MAX_WIRE_MESSAGE_CHARS = 4096
 """An error's message on the wire is cut here (see :meth:`CastorError.to_wire`)."""
 MAX_WIRE_DATA_CHARS = 16384
 """Every string in an error's data on the wire is cut here (see :meth:`CastorError.to_wire`)."""
+MAX_WIRE_CODE_CHARS = 64
+"""A peer's own error code that castor does not know is kept (``data.wire_code``) cut here."""
 
 
-def _cut(text: str, limit: int) -> str:
+def cut_text(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... (cut: {len(text)} characters)"
+
+
 
 
 def _cut_strings(value: Any, depth: int = 0) -> Any:
     """``value`` with every string in it cut at :data:`MAX_WIRE_DATA_CHARS` (maps and lists are
     walked, a few levels deep; what is deeper is passed as it is)."""
     if isinstance(value, str):
-        return _cut(value, MAX_WIRE_DATA_CHARS)
+        return cut_text(value, MAX_WIRE_DATA_CHARS)
     if depth >= 4:
         return value
     if isinstance(value, dict):
