@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
+from castor.adapters.materia.config_loader import ResolvedConfigCache
 from castor.console.terminal import session_casts
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.supervision.registry import WATCH_PACE_S, check_segment
@@ -46,6 +47,33 @@ FAILED_REREAD_S = 5.0
 #: index with when they were read.
 _OPENED: dict[str, float] = {}
 _FAILED: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+#: The open sessions' resolved configs, re-read only when a layer file changed (as a session's own are).
+_CONFIGS = ResolvedConfigCache(size=64)
+
+
+def artifact_root(runtime: Any, sid: str) -> Path:
+    """Where session ``sid``'s casts are, by the rule its own casts, ``castor casts`` and ``castor
+    status`` follow: the ``artifactDir`` its config names (the config it was opened with, else the
+    project's layers; a config that does not load leaves the default), resolved inside its project
+    (``forbidden`` when it, or a link on the way, leads out; ``not_found`` once the session closed)."""
+    from castor.adapters.materia.config_loader import load
+    from castor.domain.materia.config import ConfigError
+
+    info = runtime.session(sid).info
+    flags = info.flags or {}
+    config_path = flags.get("materia_config") if isinstance(flags.get("materia_config"), str) else None
+    try:
+        configured = _CONFIGS.load_resolved(info.cwd, config_path=config_path).config.get("artifactDir")
+    except ConfigError:  # a config whose loadout does not resolve still names its artifactDir
+        try:
+            configured = load(info.cwd, config_path=config_path).merged.get("artifactDir")
+        except ConfigError:
+            configured = None
+    root: Path = runtime.artifact_root_for(info.cwd, configured if isinstance(configured, str) and configured
+                                           else None)
+    return root
 
 
 def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
@@ -132,9 +160,8 @@ def _failed_since_open(runtime: Any, sid: str, uptime_s: float | None) -> list[d
     opened = _OPENED.get(sid)
     failed: list[dict[str, Any]] = []
     try:
-        cwd = runtime.session(sid).info.cwd
-        roots = {runtime.artifact_root_for(cwd, None)}
-    except Exception:  # noqa: BLE001 - a session closing or a project refused: no failed casts shown
+        roots = {artifact_root(runtime, sid)}
+    except Exception:  # noqa: BLE001 - a session closing or a root refused: none read from its config
         roots = set()
     roots |= {Path(run_dir).parent for (known, _cast), run_dir in list(_RUN_DIRS.items()) if known == sid}
     for root in roots:
@@ -188,7 +215,7 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
     console shows this runtime's sessions; ``castor status ID`` in the project reads a closed
     session's cast from its files)."""
     try:
-        cwd = runtime.session(sid).info.cwd
+        runtime.session(sid)
     except NotFound:
         _RUN_DIRS.pop((sid, cast_id), None)
         raise NotFound(f"no open session {sid} (a closed session's casts are read with `castor status` "
@@ -200,10 +227,11 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
         data = (handle.snapshot_data().get("activity") or {}).get("data") if handle is not None else None
         known = (data or {}).get("run_dir")
     if known is None:
-        # A saved cast is looked for as `castor casts` lists it: under the project's artifact root
-        # (``forbidden`` when a link leads it out of the project), in a run directory that is no
-        # link -- a project may ship one leading to another project's or user's cast.
-        candidate = runtime.artifact_root_for(cwd, None) / cast_id
+        # A saved cast is looked for as `castor casts` lists it: under the session's artifact root
+        # (its configured artifactDir; ``forbidden`` when it or a link leads out of the project), in
+        # a run directory that is no link -- a project may ship one leading to another project's or
+        # user's cast.
+        candidate = artifact_root(runtime, sid) / cast_id
         try:
             linked = stat.S_ISLNK(os.lstat(candidate).st_mode)
         except OSError:

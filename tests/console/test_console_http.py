@@ -786,7 +786,7 @@ def test_a_session_s_failed_casts_read_from_their_states_are_bounded_and_only_si
                              "updatedAt": now - 100 + n}, incarnation=store.claim(cast_id))
     store.save("b000", {"version": 2, "active": False, "phase": "failed", "failedReason": "long ago",
                         "updatedAt": now - 7200}, incarnation=store.claim("b000"))
-    session = SimpleNamespace(info=SimpleNamespace(cwd=str(project)))
+    session = SimpleNamespace(info=SimpleNamespace(cwd=str(project), flags={}))
     runtime = SimpleNamespace(session=lambda sid: session, artifact_root_for=project_artifact_root)
     try:
         failed = pages._failed_since_open(runtime, "s-bounded", uptime_s=3600.0)
@@ -797,3 +797,95 @@ def test_a_session_s_failed_casts_read_from_their_states_are_bounded_and_only_si
     newest = pages.MAX_ENDED_PER_SESSION + 4
     assert [c["cast_id"] for c in failed] == [f"c{n:03d}" for n in range(newest, 4, -1)]
     assert failed[0]["status"] == "failed" and failed[0]["reason"] == f"boom {newest}"
+
+
+def _saved_failed_cast(root: Path, cast_id: str, request: str) -> None:
+    """A cast saved under ``root`` as castor saves one (its state file and the cast index), failed just now."""
+    from castor.adapters.materia.state_store import CastStateStore
+
+    root.mkdir(parents=True, exist_ok=True)
+    store = CastStateStore(root)
+    store.save(cast_id, {"version": 2, "active": False, "phase": "failed", "failedReason": "boom",
+                         "request": request, "updatedAt": time.time()}, incarnation=store.claim(cast_id))
+
+
+@pytest.mark.parametrize("layer", ["project", "session_config"])
+def test_a_saved_cast_under_a_configured_artifact_dir_is_found_as_castor_casts_finds_it(tmp_path, monkeypatch, layer):
+    """``castor casts`` looks for a project's casts under its configured ``artifactDir`` (the
+    project's layer, or the config the session was opened with). The console looked under the
+    default ``.pi/pi-materia`` alone (and the run directories of casts it saw live): a saved cast's
+    page was ``not_found`` and a cast that failed with no page open was listed nowhere. Both are
+    found under the configured root now."""
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.console import pages
+    from castor.runtime import HarnessLink, SessionInfo
+    from tests.actors.materia.helpers import make_runtime
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "home" / ".pi" / "agent"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    flags: dict[str, str] = {}
+    if layer == "project":
+        (project / ".pi" / "pi-materia.json").write_text(json.dumps({"artifactDir": "runs"}))
+    else:
+        (project / "alt.json").write_text(json.dumps({"artifactDir": "runs"}))
+        flags["materia_config"] = str(project / "alt.json")
+    cast_id = "2026-01-01T00-00-00-000Z"
+    _saved_failed_cast(project / "runs", cast_id, "under runs")
+    runtime = make_runtime()
+    try:
+        runtime.open_session(SessionInfo(session_id="s-conf", cwd=str(project), trusted=True, flags=flags),
+                             HarnessLink(agent=ScriptedAgent(parse_script([])), session_log=None,
+                                         ui=StderrUi(printer=lambda _line: None)))
+        shown = pages.cast_data(runtime, "s-conf", cast_id)
+        assert shown["request"] == "under runs" and shown["run_dir"] == str((project / "runs" / cast_id).resolve())
+        failed = pages._failed_since_open(runtime, "s-conf", uptime_s=3600.0)
+        assert [c["cast_id"] for c in failed] == [cast_id], failed
+    finally:
+        pages._RUN_DIRS.pop(("s-conf", cast_id), None)
+        pages._FAILED.pop("s-conf", None)
+        pages._OPENED.pop("s-conf", None)
+        runtime.shutdown(timeout=10)
+
+
+@pytest.mark.parametrize("where", ["outside", "through_a_link"])
+def test_a_configured_artifact_dir_leading_out_of_the_project_is_refused_as_castor_casts_refuses_it(
+        tmp_path, monkeypatch, where):
+    """An ``artifactDir`` outside the project, or one inside it that is a link leading out, is
+    refused by ``castor casts`` (``forbidden``): the console refuses it the same way (a cast's page
+    is ``forbidden``, naming the setting) and lists no failed cast from it; nothing behind it is read."""
+    from castor.console import pages
+    from castor.messages.errors import Forbidden
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "home" / ".pi" / "agent"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    cast_id = "2026-01-01T00-00-00-000Z"
+    theirs = tmp_path / "theirs"
+    _saved_failed_cast(theirs, cast_id, "SECRET")
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    if where == "outside":
+        configured = str(theirs)
+    else:
+        configured = "runs"
+        (project / "runs").symlink_to(theirs)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"artifactDir": configured}))
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "s-out", project, [])
+        with pytest.raises(Forbidden) as refused:
+            pages.cast_data(runtime, "s-out", cast_id)
+        assert "SECRET" not in refused.value.message
+        assert "artifactDir must stay inside the project" in refused.value.message, refused.value.message
+        assert pages._failed_since_open(runtime, "s-out", uptime_s=3600.0) == []
+        assert ("s-out", cast_id) not in pages._RUN_DIRS
+    finally:
+        pages._RUN_DIRS.pop(("s-out", cast_id), None)
+        pages._FAILED.pop("s-out", None)
+        pages._OPENED.pop("s-out", None)
+        runtime.shutdown(timeout=10)
