@@ -177,7 +177,7 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
     assert f"{pages.MAX_CARDS} session cards and {pages.MAX_CARDS} worker cards are drawn" in text
     assert f"the newest {pages.MAX_CARD_ENDED} of its ended casts, up to {pages.MAX_ENDED_PER_SESSION} a session" \
            in text
-    assert f"the newest {pages.FAILED_SCAN} of its project, again every {pages.FAILED_REREAD_S:g} s" in text
+    assert f"the newest {pages.FAILED_SCAN} under its artifact root, again every {pages.FAILED_REREAD_S:g} s" in text
     assert f"(the first {pages.MAX_ATTENTION}, then how many more)" in text
     assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
