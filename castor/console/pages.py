@@ -18,9 +18,10 @@ from typing import Any
 
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.adapters.materia.config_loader import ResolvedConfigCache
+from castor.console.delta import AGES, APPLY_JS, COUNTDOWNS
 from castor.console.terminal import session_casts
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
-from castor.supervision.registry import WATCH_PACE_S, check_segment
+from castor.supervision.registry import PACE_EVERY, WATCH_PACE_S, check_segment
 
 #: Events of a cast's feed shown on its page (the newest).
 FEED_EVENTS = 40
@@ -85,9 +86,12 @@ def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
 
 
 # -- data -------------------------------------------------------------------------------------
-def tree_data(runtime: Any) -> dict[str, Any]:
-    """One push of the main page: every actor, the casts of each session, the Icarus workers."""
-    actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"]
+def tree_data(runtime: Any, moments: dict[str, float] | None = None) -> dict[str, Any]:
+    """One push of the main page: every actor, the casts of each session, the Icarus workers.
+    ``moments``, when given, gets the clock time (epoch seconds) each actor's figures were read at
+    and each Icarus worker's, by path: what its ages and deadlines count from."""
+    actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"] if moments is None else \
+        _read_actors(runtime, moments)
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
     for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
         _RUN_DIRS.pop(key, None)
@@ -116,7 +120,19 @@ def tree_data(runtime: Any) -> dict[str, Any]:
         seen = {c["cast_id"] for c in ended} | {c["cast_id"] for c in session["casts"]}
         failed = [c for c in _failed_since_open(runtime, sid, uptimes.get(session["path"])) if c["cast_id"] not in seen]
         session["ended"] = sorted(ended + failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
-    return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime)}
+    return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime, moments)}
+
+
+def _read_actors(runtime: Any, moments: dict[str, float]) -> list[dict[str, Any]]:
+    """Every actor's snapshot, paced as a watcher's snapshot is, each one's reading time noted in
+    ``moments``."""
+    actors = []
+    for n, handle in enumerate(runtime.system.registry.handles(), 1):
+        actors.append(handle.snapshot_data())
+        moments[handle.path] = time.time()
+        if n % PACE_EVERY == 0:
+            time.sleep(WATCH_PACE_S)
+    return actors
 
 
 def _note_ended(live: set[tuple[str, str]]) -> None:
@@ -192,8 +208,9 @@ def _epoch(iso: str) -> float | None:
         return None
 
 
-def worker_data(runtime: Any) -> list[dict[str, Any]]:
-    """The Icarus worker of each session that has one (its actor's mailbox, its process)."""
+def worker_data(runtime: Any, moments: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The Icarus worker of each session that has one (its actor's mailbox, its process); each
+    one's reading time noted in ``moments`` when given (see :func:`tree_data`)."""
     from castor.actors.icarus.component import session_of
 
     out = []
@@ -206,6 +223,8 @@ def worker_data(runtime: Any) -> list[dict[str, Any]]:
             stats = sess.worker_stats()
         except Exception as exc:  # noqa: BLE001 - one session's stats must not blank the page
             stats = {"session_id": ctx.info.session_id, "error": f"{type(exc).__name__}"}
+        if moments is not None and isinstance(stats.get("path"), str):
+            moments[stats["path"]] = time.time()
         out.append(stats)
     return out
 
@@ -582,10 +601,15 @@ function connect() {
   refusal = '';
   source = new EventSource(EVENTS_URL);
   source.onmessage = ev => {
-    const doc = JSON.parse(ev.data);
+    const pushed = JSON.parse(ev.data);
     // an error pushed instead of figures (the cast's session closed): what is shown stays the last
     // figures, which are no longer live
-    if (doc.error) { refusal = visible(doc.error); stale(refusal + ' —'); return; }
+    if (pushed.error) { refusal = visible(pushed.error); stale(refusal + ' —'); return; }
+    // (the page's own reading of a push: the figures it shows, or null when it cannot have them
+    // from this push -- it missed one -- and a new stream, which starts whole, is asked for)
+    let doc = null;
+    try { doc = receive(pushed); } catch (err) { doc = null; }
+    if (doc === null) { connect(); return; }
     lastPush = Date.now(); lostAt = 0; refusal = ''; document.body.classList.remove('stale');
     retryDelay = RETRY_FIRST; connectionIs('live');
     render(doc);
@@ -608,6 +632,19 @@ connect();
 """
 
 _TREE_JS = r"""
+// The main stream pushes the whole document first, then what changed since the version the page
+// holds (see castor/console/delta.py): the page keeps the document it was told (its times as clock
+// times) and shows it with its ages as of each push. A push from another version than the one it
+// holds (it missed one) is not applied: the page asks for a new stream, which starts whole.
+const AGES = new Set(ANCHORED_AGES), COUNTDOWNS = new Set(ANCHORED_COUNTDOWNS);
+let held = null, heldVersion = null;
+function receive(pushed) {
+  if ('full' in pushed) held = pushed.full;
+  else if (held !== null && pushed.base === heldVersion) held = applyPatch(held, pushed.patch);
+  else return null;
+  heldVersion = pushed.v;
+  return unanchor(held, held.at);
+}
 // How much of its restart limit the window holds now (as castor inspect says), '' while none.
 function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '';
   const used = b.restarts + '/' + b.max_restarts + ' restarts in ' + b.within_s + ' s';
@@ -811,6 +848,7 @@ document.getElementById('filter').addEventListener('input', () => { if (lastDoc)
 """
 
 _CAST_JS = r"""
+const receive = pushed => pushed;  // each push is the whole document
 function render(doc) {
   document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
   const facts = document.getElementById('facts'); facts.replaceChildren();
@@ -855,7 +893,8 @@ def _page_script(base: str, here: str, events_url: str) -> str:
                  "MAX_CARD_CASTS": MAX_CARD_CASTS, "MAX_CARDS": MAX_CARDS, "MAX_CARD_ENDED": MAX_CARD_ENDED,
                  "MAX_REASON": MAX_REASON_CHARS, "STUCK_AFTER": STUCK_AFTER_S,
                  "RECENT_FAILURE": RECENT_FAILURE_S, "STALE_AFTER": STALE_AFTER_S,
-                 "RETRY_FIRST": RETRY_FIRST_MS, "RETRY_MAX": RETRY_MAX_MS}
+                 "RETRY_FIRST": RETRY_FIRST_MS, "RETRY_MAX": RETRY_MAX_MS,
+                 "ANCHORED_AGES": sorted(AGES), "ANCHORED_COUNTDOWNS": sorted(COUNTDOWNS)}
     declared = "".join(f"const {name} = {json.dumps(value)};" for name, value in constants.items())
     return f"{declared}{_HERE_JS}".replace("</", "<\\/")
 
@@ -875,7 +914,7 @@ def tree_page(base: str = "/") -> str:
 <th>oldest message</th><th>doing now</th><th>restarts</th><th>restart limit</th><th>last failure</th><th></th></tr>
 </thead><tbody id="tree"></tbody></table></div>
 <p class="muted"><a href="{html.escape(base)}metrics">/metrics</a> (Prometheus)</p>
-<script>{_page_script(base, "", base + "events")}{_COMMON_JS}{_TREE_JS}{_LIVE_JS}</script></body></html>"""
+<script>{_page_script(base, "", base + "events")}{_COMMON_JS}{APPLY_JS}{_TREE_JS}{_LIVE_JS}</script></body></html>"""
 
 
 def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:

@@ -49,7 +49,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from castor._log import logger
-from castor.console import pages
+from castor.console import delta, pages
 from castor.console.metrics import CONTENT_TYPE as METRICS_TYPE
 from castor.console.metrics import metrics_text
 from castor.endpoint.server import EXHAUSTED_BACKOFF_S, FD_EXHAUSTION, take_reserve_fd
@@ -91,6 +91,9 @@ COOKIE = "castor_console_"
 """The cookie's name is this and the console's port (two consoles on one host keep theirs)."""
 #: Seconds between two pushes of a live page.
 PUSH_INTERVAL_S = 1.0
+#: The main stream sends a patch from any of this many newest versions (a stream a slow reader held
+#: back a version or two still gets one); from an older one, the whole document.
+KEPT_VERSIONS = 4
 #: A live stream ends after this long (the page's EventSource reconnects by itself).
 STREAM_MAX_S = 600.0
 #: Live streams open at once, at most (each is a thread); one more is answered 503.
@@ -160,7 +163,9 @@ class ConsoleServer:
         self.stopping = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._tree_lock = threading.Lock()
-        self._tree: tuple[float, str | None] = (0.0, None)
+        self._tree_taken = 0.0  # when the newest version was taken (monotonic)
+        self._versions: dict[int, dict[str, Any]] = {}  # the newest KEPT_VERSIONS anchored documents
+        self._texts: dict[int | None, str] = {}  # base version (None: whole) -> the newest version's event
         console = self
 
         class Handler(_Handler):
@@ -206,16 +211,33 @@ class ConsoleServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def tree(self) -> str:
-        """The main page's data as JSON text, shared by every open page within one push interval:
-        several watchers cost one snapshot and one serialisation a push, not one each (at 1,000
-        casts the text is about 2.5 MB, some 25 ms of the process's time to write)."""
+    def tree_event(self, since: int | None) -> tuple[int, str]:
+        """The main stream's next event for a stream that last sent version ``since`` (None: none
+        yet), and the version it brings the page to, as JSON text: ``{"v": N, "base": since,
+        "patch": ...}``, what changed since (see :mod:`castor.console.delta`), while ``since`` is
+        one of the :data:`KEPT_VERSIONS` newest; else ``{"v": N, "full": ...}``, the whole anchored
+        document. A version is taken at most once a push interval and shared by every open page,
+        and so is each event's text: several watchers cost one snapshot a push and one
+        serialisation of each event (at 1,000 casts the whole document is about 2.5 MB, some 25 ms
+        of the process's time to write; a patch, what moved in a second)."""
         with self._tree_lock:
-            taken, text = self._tree
-            if text is None or time.monotonic() - taken >= PUSH_INTERVAL_S * 0.8:
-                text = json.dumps(pages.tree_data(self.runtime))
-                self._tree = (time.monotonic(), text)
-            return text
+            newest = max(self._versions, default=0)
+            if not self._versions or time.monotonic() - self._tree_taken >= PUSH_INTERVAL_S * 0.8:
+                moments: dict[str, float] = {}
+                doc = pages.tree_data(self.runtime, moments)
+                newest += 1
+                self._versions[newest] = delta.anchor(doc, doc["at"], self._versions.get(newest - 1), moments)
+                self._versions.pop(newest - KEPT_VERSIONS, None)
+                self._texts = {}
+                self._tree_taken = time.monotonic()
+            base = since if since in self._versions else None
+            text = self._texts.get(base)
+            if text is None:
+                current = self._versions[newest]
+                event = ({"v": newest, "full": current} if base is None else
+                         {"v": newest, "base": base, "patch": delta.patch(self._versions[base], current)})
+                text = self._texts[base] = json.dumps(event)
+            return newest, text
 
     def allowed_hosts(self) -> set[str]:
         names = {self.host, "localhost"}
@@ -224,6 +246,19 @@ class ConsoleServer:
             shown = f"[{name}]" if ":" in name else name
             hosts |= {f"{shown}:{self.port}".lower()}
         return hosts
+
+
+def _tree_events(console: ConsoleServer) -> Callable[[], str]:
+    """The events of one main-page stream: the whole document first, then what changed since the
+    version it last sent (:meth:`ConsoleServer.tree_event`)."""
+    sent: int | None = None
+
+    def produce() -> str:
+        nonlocal sent
+        sent, text = console.tree_event(sent)
+        return text
+
+    return produce
 
 
 def _refuse_503(request: Any, body: bytes) -> None:
@@ -561,7 +596,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not parts:
             self._send(HTTPStatus.OK, pages.tree_page(console.base).encode(), "text/html; charset=utf-8")
         elif parts == ["events"]:
-            self._stream(console.tree, probe=probe)
+            self._stream(_tree_events(console), probe=probe)
         elif parts == ["api", "actors"]:
             self._send(HTTPStatus.OK, json.dumps(pages.tree_data(runtime)).encode(), "application/json")
         elif parts == ["metrics"]:

@@ -508,3 +508,53 @@ def _session_of_its_own(live, sid: str) -> tuple[Path, list[dict]]:
     live.client.call("session.open", {"session_id": sid, "cwd": str(project), "trusted": True}, timeout=20)
     live.client.call("loadout.set", {"session_id": sid, "cwd": str(project), "name": LOADOUT}, timeout=20)
     return project, turns
+
+
+#: A stream of the page's own console, opened beside the page's: its first push (the whole
+#: document), the version the page holds then, and the document the page holds.
+_WHOLE_BESIDE_JS = """const done = arguments[arguments.length - 1];
+const beside = new EventSource(EVENTS_URL);
+beside.onmessage = ev => { beside.close(); done([JSON.parse(ev.data).v, heldVersion, ev.data, JSON.stringify(held)]); };
+beside.onerror = () => { beside.close(); done(null); };"""
+
+
+def _held_is_whole(driver) -> None:
+    """Wait until the page holds the version a new stream starts with, and check it holds the same document."""
+    import json
+
+    def same_version() -> list | None:
+        got = driver.execute_async_script(_WHOLE_BESIDE_JS)
+        return got if got and got[0] == got[1] else None
+
+    version, _held_version, whole, held = wait_for(same_version, timeout=30, what="the page at a new stream's version")
+    assert json.loads(whole)["full"] == json.loads(held), version
+
+
+def test_the_page_patched_push_after_push_holds_what_a_whole_push_says(browser, busy_console):
+    """The main stream sends the whole document once, then what changed: the page, having applied
+    every change (a cast killed and restarted, a session opened with a cast and closed), holds what
+    a whole push of the same version says. A page that missed a change (here: told it holds
+    another version) asks for a new stream, which starts whole, and holds it again."""
+    live = busy_console
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    _held_is_whole(browser)
+    path = f"/root/session/session-1/cast/{live.casts['session-1'][0]}"
+    live.client.call("ops.fault", {"kind": "kill", "path": path}, timeout=10)
+    project, turns = _session_of_its_own(live, "joined")
+    cast_id = live.client.call("cast.start", {"session_id": "joined", "cwd": str(project), "request": "r"},
+                               timeout=20)["cast_id"]
+    wait_for(lambda: f"/root/session/joined/cast/{cast_id}" in _rows(browser), timeout=15, what="the new cast's row")
+    wait_for(lambda: _rows(browser)[path]["restarts"] == "1", timeout=15, what="the killed cast's restart")
+    _held_is_whole(browser)
+    live.client.call("session.close", {"session_id": "joined"}, timeout=20)
+    wait_for(lambda: not any(p.startswith("/root/session/joined") for p in _rows(browser)), timeout=15,
+             what="the closed session's rows gone")
+    _held_is_whole(browser)
+    before = browser.execute_script("return heldVersion")
+    browser.execute_script("heldVersion = -1")  # as if a push had been missed
+    wait_for(lambda: (browser.execute_script("return heldVersion") or 0) > before, timeout=15,
+             what="the page holding a newer version again")
+    _held_is_whole(browser)
+    assert not browser.execute_script(STALE_JS)
+    assert browser_errors(browser) == []
