@@ -37,19 +37,18 @@ JSON = Any
 """A JSON value: a mapping, a list, a string, a number, a boolean or None."""
 
 
-def anchor(value: JSON, at: float, previous: JSON = None, moments: dict[str, float] | None = None) -> JSON:
+def anchor(value: JSON, at: float, previous: JSON = None, moments: dict[int, float] | None = None) -> JSON:
     """``value`` with every figure of :data:`AGES` and :data:`COUNTDOWNS` as the clock time it
     stands for (``at - age``, ``at + left``, to the millisecond), the value ``previous`` (the same
     place in the previous anchored document) has there kept while it is within
-    :data:`ANCHOR_SLACK_S`. A mapping whose ``path`` ``moments`` has counts its figures (and its
-    contents') from that moment instead of ``at``: an actor's figures are read at their own
-    moment, up to a paced snapshot's length before the document's ``at``. Everything else is as it
-    was (new containers, the same scalars)."""
+    :data:`ANCHOR_SLACK_S`. A mapping ``moments`` has a time for (by its ``id()``) counts its
+    figures, and its contents', from that moment instead of ``at``: an actor's figures are read at
+    their own moment, up to a paced snapshot's length before the document's ``at``. Everything else
+    is as it was (new containers, the same scalars)."""
     if isinstance(value, dict):
         before = previous if isinstance(previous, dict) else {}
-        path = value.get("path")
-        if moments and isinstance(path, str) and path in moments:
-            at = moments[path]
+        if moments and id(value) in moments:
+            at = moments[id(value)]
         out = {}
         for key, item in value.items():
             if key in AGES or key in COUNTDOWNS:

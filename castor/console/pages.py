@@ -86,10 +86,11 @@ def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
 
 
 # -- data -------------------------------------------------------------------------------------
-def tree_data(runtime: Any, moments: dict[str, float] | None = None) -> dict[str, Any]:
+def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str, Any]:
     """One push of the main page: every actor, the casts of each session, the Icarus workers.
-    ``moments``, when given, gets the clock time (epoch seconds) each actor's figures were read at
-    and each Icarus worker's, by path: what its ages and deadlines count from."""
+    ``moments``, when given, gets the clock time (epoch seconds) the figures of each actor, each
+    session's cast and each Icarus worker were read at, by the ``id()`` of its mapping in the
+    document: what its ages and deadlines count from (see :func:`castor.console.delta.anchor`)."""
     actors = runtime.system.snapshot_data(pace_s=WATCH_PACE_S)["actors"] if moments is None else \
         _read_actors(runtime, moments)
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
@@ -120,16 +121,22 @@ def tree_data(runtime: Any, moments: dict[str, float] | None = None) -> dict[str
         seen = {c["cast_id"] for c in ended} | {c["cast_id"] for c in session["casts"]}
         failed = [c for c in _failed_since_open(runtime, sid, uptimes.get(session["path"])) if c["cast_id"] not in seen]
         session["ended"] = sorted(ended + failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
+    if moments is not None:  # a session's cast shows its actor's figures, read when its actor's were
+        read_at = {actor["path"]: moments[id(actor)] for actor in actors if id(actor) in moments}
+        for session in sessions:
+            for cast in session["casts"]:
+                if cast["path"] in read_at:
+                    moments[id(cast)] = read_at[cast["path"]]
     return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime, moments)}
 
 
-def _read_actors(runtime: Any, moments: dict[str, float]) -> list[dict[str, Any]]:
+def _read_actors(runtime: Any, moments: dict[int, float]) -> list[dict[str, Any]]:
     """Every actor's snapshot, paced as a watcher's snapshot is, each one's reading time noted in
-    ``moments``."""
+    ``moments`` (by its ``id()``)."""
     actors = []
     for n, handle in enumerate(runtime.system.registry.handles(), 1):
         actors.append(handle.snapshot_data())
-        moments[handle.path] = time.time()
+        moments[id(actors[-1])] = time.time()
         if n % PACE_EVERY == 0:
             time.sleep(WATCH_PACE_S)
     return actors
@@ -208,7 +215,7 @@ def _epoch(iso: str) -> float | None:
         return None
 
 
-def worker_data(runtime: Any, moments: dict[str, float] | None = None) -> list[dict[str, Any]]:
+def worker_data(runtime: Any, moments: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """The Icarus worker of each session that has one (its actor's mailbox, its process); each
     one's reading time noted in ``moments`` when given (see :func:`tree_data`)."""
     from castor.actors.icarus.component import session_of
@@ -223,8 +230,8 @@ def worker_data(runtime: Any, moments: dict[str, float] | None = None) -> list[d
             stats = sess.worker_stats()
         except Exception as exc:  # noqa: BLE001 - one session's stats must not blank the page
             stats = {"session_id": ctx.info.session_id, "error": f"{type(exc).__name__}"}
-        if moments is not None and isinstance(stats.get("path"), str):
-            moments[stats["path"]] = time.time()
+        if moments is not None:
+            moments[id(stats)] = time.time()
         out.append(stats)
     return out
 

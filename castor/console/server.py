@@ -223,7 +223,7 @@ class ConsoleServer:
         with self._tree_lock:
             newest = max(self._versions, default=0)
             if not self._versions or time.monotonic() - self._tree_taken >= PUSH_INTERVAL_S * 0.8:
-                moments: dict[str, float] = {}
+                moments: dict[int, float] = {}
                 doc = pages.tree_data(self.runtime, moments)
                 newest += 1
                 self._versions[newest] = delta.anchor(doc, doc["at"], self._versions.get(newest - 1), moments)

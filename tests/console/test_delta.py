@@ -49,13 +49,13 @@ def test_an_anchored_time_that_jitters_within_the_slack_keeps_its_value():
     assert delta.anchor({"age_s": 3.2}, 101.0, first) == {"age_s": 97.8}  # 0.2 s off: a new moment
 
 
-def test_a_mapping_with_a_path_counts_its_times_from_its_own_reading():
+def test_a_mapping_read_at_its_own_moment_counts_its_times_from_it():
     """An actor's figures are read at its own moment, up to a paced snapshot's length before the
     push's ``at``: anchored from that moment, they do not move with the snapshot's length."""
-    moments = {"/a": 99.5}
-    anchored = delta.anchor({"at": 100.0, "actors": [{"path": "/a", "age_s": 1.5, "data": {"age_s": 0.5}}]},
-                            100.0, None, moments)
+    actor = {"path": "/a", "age_s": 1.5, "data": {"age_s": 0.5}}
+    anchored = delta.anchor({"at": 100.0, "actors": [actor], "age_s": 1.0}, 100.0, None, {id(actor): 99.5})
     assert anchored["actors"][0] == {"path": "/a", "age_s": 98.0, "data": {"age_s": 99.0}}
+    assert anchored["age_s"] == 99.0
 
 
 def test_patches_turn_every_push_into_the_next_through_adds_removals_moves_and_changes():
