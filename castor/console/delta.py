@@ -27,6 +27,7 @@ from typing import Any
 AGES = frozenset({"uptime_s", "age_s", "oldest_age_s", "since_s", "waiting_s", "cast_age_s"})
 #: Figures that are the seconds until something happens, as of the document's ``at``.
 COUNTDOWNS = frozenset({"deadline_in_s", "retry_in_s"})
+_TIMED = AGES | COUNTDOWNS
 #: An anchored time that moved less than this since the previous push keeps its previous value
 #: (the page's figures are shown to a tenth of a second).
 ANCHOR_SLACK_S = 0.05
@@ -51,7 +52,7 @@ def anchor(value: JSON, at: float, previous: JSON = None, moments: dict[int, flo
             at = moments[id(value)]
         out = {}
         for key, item in value.items():
-            if key in AGES or key in COUNTDOWNS:
+            if key in _TIMED:
                 if isinstance(item, (int, float)) and not isinstance(item, bool):
                     moment = round(at - item if key in AGES else at + item, 3)
                     kept = before.get(key)
@@ -60,8 +61,10 @@ def anchor(value: JSON, at: float, previous: JSON = None, moments: dict[int, flo
                     out[key] = moment
                 else:
                     out[key] = item
-            else:
+            elif isinstance(item, (dict, list)):
                 out[key] = anchor(item, at, before.get(key), moments)
+            else:  # a scalar, as it is (most of a document: inline, one call fewer each)
+                out[key] = item
         return out
     if isinstance(value, list):
         key = _id_key(value)
