@@ -60,6 +60,9 @@ ABORT_WAIT_S = 5.0
 #: (a ``castor abort`` on another host sharing the storage); one further ahead was never written
 #: while this command held the cast.
 ABORT_REQUEST_CLOCK_SKEW_S = 60.0
+#: Where the running command moves the abort request it is about to judge, so that it removes
+#: only what it read (:class:`_AbortRequests`), never a newer request written meanwhile.
+ABORT_REQUEST_TAKEN = "abort.request.taken"
 #: Two ``castor abort`` of one cast take turns on this lock file of its run directory
 #: (:func:`_one_abort_at_a_time`); the second waits this long for the first (which may itself wait
 #: :data:`ABORT_WAIT_S` for another process, after building a runtime).
@@ -545,13 +548,18 @@ class _AbortRequests:
     abort; it is removed as taken. Anything else there is never applied, whoever put it there (a
     project checkout can carry one): a request left from before (a killed ``castor abort``'s), one
     with no readable time or a time to come, a link, a FIFO or a directory is removed and named in
-    one warning; a directory with something in it cannot be, and is named once and left."""
+    one warning; a directory with something in it cannot be, and is named once and left.
+
+    The command removes only what it judged: it first takes the request out of the way (renamed to
+    :data:`ABORT_REQUEST_TAKEN`), then reads and removes what it took. A new ``castor abort``
+    replacing a stale request at that moment is either taken whole (and applied) or left in place
+    for the next poll -- never removed unread with the stale one."""
 
     def __init__(self, request: Path, since: float, warn: Callable[[str], None]) -> None:
         self.request = request
         self.since = since
         self.warn = warn
-        self._left: tuple[int, int] | None = None  # the directory named and left (device, inode)
+        self._left: tuple[int, int, int] | None = None  # what was named and left (device, inode, mtime)
 
     def asked(self) -> bool:
         """True once per request made while this command holds the cast."""
@@ -559,28 +567,51 @@ class _AbortRequests:
             found = os.lstat(self.request)
         except OSError:
             return False
-        if self._left == (found.st_dev, found.st_ino):
+        if self._left == (found.st_dev, found.st_ino, found.st_mtime_ns):
             return False
-        asked_at = _requested_at(self.request)
-        if asked_at is not None and self.since <= asked_at <= time.time() + ABORT_REQUEST_CLOCK_SKEW_S:
-            try:
-                os.unlink(self.request)
-            except OSError:
-                pass
+        if stat.S_ISDIR(found.st_mode):  # never castor's; rmdir removes no request written since
+            return self._not_applied(None, lambda: os.rmdir(self.request), found)
+        taken = self.request.with_name(ABORT_REQUEST_TAKEN)
+        try:
+            os.rename(self.request, taken)
+        except FileNotFoundError:
+            return False  # gone meanwhile (the abort that wrote it gave up)
+        except OSError:  # it cannot be moved aside (a read-only run directory): judged where it is, and left
+            asked_at = _requested_at(self.request)
+            self._left = (found.st_dev, found.st_ino, found.st_mtime_ns)  # applied or named once
+            if self._applies(asked_at):
+                return True
+            return self._not_applied(asked_at, None, found)
+        asked_at = _requested_at(taken)
+        if self._applies(asked_at):
+            _remove_quietly(taken)
             return True
+        return self._not_applied(asked_at, lambda: os.unlink(taken), found)
+
+    def _applies(self, asked_at: float | None) -> bool:
+        return asked_at is not None and self.since <= asked_at <= time.time() + ABORT_REQUEST_CLOCK_SKEW_S
+
+    def _not_applied(self, asked_at: float | None, remove: Callable[[], None] | None, found: os.stat_result) -> bool:
         why = ("was left from before this command took the cast" if asked_at is not None and asked_at < self.since
                else "is not one castor wrote while this command holds the cast")
-        try:
-            if stat.S_ISDIR(found.st_mode):
-                os.rmdir(self.request)
+        if remove is not None:
+            try:
+                remove()
+            except OSError:
+                pass
             else:
-                os.unlink(self.request)
-        except OSError:
-            self._left = (found.st_dev, found.st_ino)
-            self.warn(f"abort request {self.request} {why}: not applied, and castor cannot remove it (remove it)")
-            return False
-        self.warn(f"abort request {self.request} {why}: removed, not applied")
+                self.warn(f"abort request {self.request} {why}: removed, not applied")
+                return False
+        self._left = (found.st_dev, found.st_ino, found.st_mtime_ns)
+        self.warn(f"abort request {self.request} {why}: not applied, and castor cannot remove it (remove it)")
         return False
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _say_err(line: str) -> None:

@@ -555,3 +555,43 @@ def test_castor_abort_names_a_directory_planted_as_the_abort_request_and_what_to
     assert str(planted) in refused.value.message and f"rm -r {planted}" in refused.value.message
     assert refused.value.data["reason"] == "abort_request_is_a_directory"
     assert (planted / "inside").is_dir()  # nothing of it removed
+
+
+@pytest.mark.parametrize("stale", ["left_from_before", "no_timestamp", "link"])
+def test_a_new_abort_request_written_while_a_stale_one_is_judged_is_taken_on_the_next_poll(
+        tmp_path, monkeypatch, stale) -> None:
+    """The running command read a stale ``abort.request`` (a killed ``castor abort``'s, or one a
+    checkout ships), and before it removed it a new ``castor abort`` replaced it with its own (the
+    stale one's writer is gone): the command removed the new request with the stale one, so the
+    cast went on and the new abort answered ``conflict`` after its wait. The command removes only
+    the request it read; the new one is taken on the next poll."""
+    import castor.cli.materia as cli
+
+    run_dir = tmp_path / "casts" / "C"
+    run_dir.mkdir(parents=True)
+    request = run_dir / cli.ABORT_REQUEST
+    gone_pid = 2**31 - 1  # no such process: its writer is gone
+    if stale == "left_from_before":
+        request.write_text(json.dumps({"requested_at": 1.0, "pid": gone_pid}))
+    elif stale == "no_timestamp":
+        request.write_text(json.dumps({"pid": gone_pid}))
+    else:
+        (tmp_path / "elsewhere.json").write_text(json.dumps({"requested_at": 1.0, "pid": gone_pid}))
+        request.symlink_to(tmp_path / "elsewhere.json")
+    judged = cli._requested_at
+    new_requests: list[bool] = []
+
+    def read_then_a_new_abort_arrives(path: Path) -> float | None:
+        asked_at = judged(path)
+        if not new_requests:  # the new castor abort, between this read and the removal
+            new_requests.append(cli._ask_to_abort(request))
+        return asked_at
+
+    monkeypatch.setattr(cli, "_requested_at", read_then_a_new_abort_arrives)
+    warned: list[str] = []
+    requests = cli._AbortRequests(request, time.time() - 1, warned.append)
+    assert requests.asked() is False  # the stale one: removed, not applied
+    assert new_requests == [True] and len(warned) == 1 and "not applied" in warned[0], warned
+    assert requests.asked() is True  # the new one, on the next poll
+    assert not os.path.lexists(request)
+    assert sorted(os.listdir(run_dir)) == []  # nothing of either left behind
