@@ -93,7 +93,8 @@ def test_a_relative_file_is_named_as_given(tmp_path: Path) -> None:
     profile, project = _dirs(tmp_path, profile=None, project=None)
     (project / "c.json").write_text('{"roles": {}}')
     checked = _castor(project, "validate", "c.json", profile=profile)
-    assert checked.returncode == 1 and checked.stderr.startswith("[obsolete-field] c.json#/roles: "), checked.stderr
+    assert checked.returncode == 1, checked.stderr
+    assert checked.stderr.startswith('[obsolete-field] #/roles: obsolete field "roles" in c.json: '), checked.stderr
     assert str(project) not in checked.stderr
 
 
@@ -156,8 +157,66 @@ def test_cwd_chooses_the_project_whose_layers_validate_reads_as_grid_and_cast_ta
         checked = _castor(elsewhere, "validate", "--cwd", str(project), path, profile=profile)
         assert checked.returncode == 0 and checked.stdout.strip() == f"{path}: valid", checked.stderr
     unknown = _castor(elsewhere, "validate", "c.json", profile=profile)  # here: elsewhere's own c.json
-    assert unknown.returncode == 1 and unknown.stderr.startswith("[obsolete-field] c.json#/roles: "), unknown.stderr
+    assert unknown.returncode == 1 and unknown.stderr.startswith("[obsolete-field] #/roles: "), unknown.stderr
     missing = _castor(elsewhere, "validate", "--cwd", str(tmp_path / "nowhere"), "c.json", profile=profile)
     assert missing.returncode == 1 and missing.stderr.startswith("castor: not_found: --cwd "), missing.stderr
     helped = _castor(elsewhere, "validate", "--help", profile=profile)
     assert "--cwd DIR" in helped.stdout, helped.stdout
+
+
+def _pi_materia_default() -> str:
+    """pi-materia's own default config, read at test time (never copied here)."""
+    from tests.support.pi_materia import fixture_path
+
+    return fixture_path("default.json").read_text(encoding="utf-8")
+
+
+def _a_layer_naming_its_file_in_each_message(code: str, project: Path, outside: Path) -> str:
+    """Write a config whose ``castor validate`` line has ``code`` (a problem whose message names
+    the file); returns the CONFIG_PATH to validate."""
+    real = _pi_materia_default()
+    written = {
+        "obsolete-field": lambda: real.replace("{", '{"roles": {}, "materiaDefinitions": {}, ', 1),
+        "duplicate-key": lambda: real.replace("{", '{"artifactDir": ".pi/pi-materia", ', 1),
+        "invalid-json": lambda: real[: len(real) // 2],
+        "bom": lambda: "\ufeff" + real,
+        "not-an-object": lambda: "[" + real + "]",
+        "artifact-dir-outside-project": lambda: json.dumps({**json.loads(real), "artifactDir": "../elsewhere"}),
+    }
+    name = f"layer-{code}.json"
+    if code == "read-error":
+        (project / name).write_bytes(real.encode("utf-8").replace(b"{", b"{\"k\xff\": 1, ", 1))
+    elif code == "path-escapes-project":
+        (outside / name).write_text(real, encoding="utf-8")
+        (project / ".pi" / "pi-materia.json").symlink_to(outside / name)
+        return ".pi/pi-materia.json"
+    elif code != "file-not-found":
+        (project / name).write_text(written[code](), encoding="utf-8")
+    return name
+
+
+@pytest.mark.parametrize("code", ["obsolete-field", "duplicate-key", "invalid-json", "bom", "not-an-object",
+                                  "artifact-dir-outside-project", "read-error", "path-escapes-project",
+                                  "file-not-found"])
+def test_every_validate_line_names_its_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], code: str) -> None:
+    """``duplicate-key`` and ``obsolete-field`` messages name the file they are about (so does a
+    cast's ``config_warning`` notice, which shows no file else), and ``castor validate`` named it
+    again before them: ``[warning duplicate-key] F#/artifactDir: key ... of F; ...``. Every line
+    names the file once, over pi-materia's real default config broken one way at a time."""
+    from castor.cli.materia import main
+
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    (tmp_path / "outside").mkdir()
+    monkeypatch.setenv("PI_MATERIA_PROFILE_DIR", str(profile))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    config = _a_layer_naming_its_file_in_each_message(code, project, tmp_path / "outside")
+    main(["validate", config, "--cwd", str(project)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    expected = "invalid-json" if code == "bom" else code
+    assert any(line.startswith((f"[{expected}]", f"[warning {expected}]")) for line in lines), lines
+    named = Path(config).name
+    assert all(line.count(named) == 1 for line in lines), lines
+    if code == "path-escapes-project":  # where the link leads, not the same path under this process's cwd
+        assert str(tmp_path / "outside" / "layer-path-escapes-project.json") in lines[0], lines

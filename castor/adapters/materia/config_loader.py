@@ -232,9 +232,11 @@ def _inside_project(path: Path, cwd: Path) -> bool:
     return inside(os.path.realpath(cwd), os.path.realpath(path))
 
 
-def _escapes_project(path: Path) -> ConfigIssue:
+def _escapes_project(path: Path, located: Path | None = None) -> ConfigIssue:
+    """``path`` (as the user named it) leads out of the project; ``located`` is where it is (a
+    relative ``path`` is the project's, not this process's working directory's)."""
     return ConfigIssue(code="path-escapes-project", source=str(path),
-                       message=f"{path} leads outside the project ({os.path.realpath(path)}); "
+                       message=f"{path} leads outside the project ({os.path.realpath(located or path)}); "
                                "castor does not read a project's config through such a link")
 
 
@@ -360,7 +362,7 @@ def validate_file(path: str | os.PathLike[str], *,
         asked = Path(os.path.abspath(Path(project) / path))  # a relative path: from the project, as --config
         own = asked == layer
         if own and not _inside_project(layer, Path(project)):  # linked out of the project
-            return [_escapes_project(path)]
+            return [_escapes_project(path, layer)]
         placed = own or asked == profile  # a layer a cast reads anyway: checked in its own place
         if placed and not os.path.lexists(asked):  # a cast would skip it; asked about, it is missing
             return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]

@@ -78,13 +78,15 @@ class ConfigIssue(BaseModel):
         return self.severity == "warning"
 
     def __str__(self) -> str:
-        """``[code] file#pointer: message``; an issue about a whole file whose message names that
-        file already (it cannot be read, is not JSON, is not an object) is ``[code] message``, so
-        the file is named once."""
+        """``[code] file#pointer: message``, naming the file once: an issue whose message names its
+        file already is ``[code] #pointer: message`` (an obsolete field, a repeated key: their
+        messages name the file, as a cast's notice shows no other), or ``[code] message`` when it is
+        about the whole file (it cannot be read, is not JSON, is not an object)."""
         label = f"warning {self.code}" if self.is_warning else self.code
-        if not self.path and self.source and self.source in self.message:
+        named = bool(self.source) and str(self.source) in self.message
+        if named and not self.path:
             return f"[{label}] {self.message}"
-        where = f"{self.source or '<config>'}#{self.path or '/'}"
+        where = f"#{self.path}" if named else f"{self.source or '<config>'}#{self.path or '/'}"
         return f"[{label}] {where}: {self.message}"
 
 

@@ -85,7 +85,8 @@ def test_castor_validate_prints_it_and_exits_zero(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "castor", "validate", str(path)], env=env, text=True,
                             capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert f"[warning duplicate-key] {path}#/materia/M" in result.stdout + result.stderr
+    assert f"[warning duplicate-key] #/materia/M: key \"M\" is written 2 times in one object of {path}; " in \
+        result.stdout + result.stderr
 
 
 # --------------------------------------------------------------------------- artifactDir
