@@ -273,6 +273,27 @@ def _shown(view: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- a standalone runtime
+def _refuse_a_path_not_utf8(project: Path) -> None:
+    """A cast's state, events and manifest hold its paths as UTF-8 JSON, so no cast runs in a
+    project directory whose path is not UTF-8: ``invalid_params`` (``data.reason:
+    path_not_utf8``) naming the directory, the first byte that is not, and the rename that lets a
+    cast run there -- before anything starts (the start verb answered Python's "'utf-8' codec
+    can't encode ..." naming neither). What only reads the project (``castor casts``, ``status``,
+    ``validate``) still works there."""
+    raw = os.fsencode(project)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        from castor.messages.errors import InvalidParams
+        from castor.shown import one_line
+
+        shown = one_line(str(project))  # the byte escaped (\udcff)
+        raise InvalidParams(f"the project directory {shown} is not UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                            f"{exc.start}), and a cast's state records its paths as UTF-8: rename it (or the "
+                            "directory above it) to UTF-8 text, then run the command again there",
+                            data={"reason": "path_not_utf8", "cwd": shown}) from None
+
+
 class _Standalone:
     """An in-process Runtime with one trusted session and a standalone harness link.
 
@@ -302,6 +323,7 @@ class _Standalone:
 
         import castor.adapters.materia.storage  # noqa: F401
 
+        _refuse_a_path_not_utf8(cwd)
         self.agent: Any = None
         self.runtime: Any = None
         self.ui: Any = None

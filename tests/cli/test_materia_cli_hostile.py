@@ -719,3 +719,26 @@ def test_a_config_that_does_not_load_is_said_when_casts_are_looked_for_under_the
     (project / ".pi" / "pi-materia.json").write_text('{"activeLoadout": ')  # the project's own layer
     done = _castor(tmp_path, "casts", cwd=project)
     assert done.returncode == 0 and "pi-materia.json" in done.stderr and "castor: warning: " in done.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["inside", "cwd_flag"])
+def test_a_project_whose_path_is_not_utf8_is_refused_naming_it_and_what_to_do(tmp_path, how):
+    """A project directory whose name is not UTF-8 (a byte 0xff): ``castor cast`` there answered
+    ``invalid_params`` "invalid input for materia start: 'utf-8' codec can't encode characters in
+    position 42-43: surrogates not allowed" -- Python's words, naming neither the directory nor a
+    way on. A cast's state and events hold its paths as UTF-8 JSON: the command refuses before it
+    starts, naming the directory, the byte, and the rename that lets a cast run there."""
+    project = _project(tmp_path, HELLO)
+    odd = tmp_path / os.fsdecode(b"proj\xff")
+    project.rename(odd)
+    args = ("--cwd", str(odd)) if how == "cwd_flag" else ()
+    result = _castor(tmp_path, "cast", "hi", "--quiet", "--agent", f"script:{odd / 'answers.json'}", *args,
+                     cwd=odd if how == "inside" else tmp_path)
+    _one_clean_error_line(result, "invalid_params")
+    last = result.stderr.strip().splitlines()[-1]
+    assert "proj\\udcff" in last and "not UTF-8" in last and "byte 0xff" in last and "rename" in last, last
+    assert "codec" not in result.stderr, result.stderr
+    assert not (odd / ".pi" / "pi-materia").exists()  # nothing started
+    listed = _castor(tmp_path, "casts", cwd=odd)  # what reads the project still works there
+    assert listed.returncode == 0, listed.stderr
