@@ -742,3 +742,25 @@ def test_a_project_whose_path_is_not_utf8_is_refused_naming_it_and_what_to_do(tm
     assert not (odd / ".pi" / "pi-materia").exists()  # nothing started
     listed = _castor(tmp_path, "casts", cwd=odd)  # what reads the project still works there
     assert listed.returncode == 0, listed.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("verb", ["recast", "continue"])
+def test_a_resume_of_a_cast_another_process_holds_names_the_commands_that_help(tmp_path, verb):
+    """Two ``castor recast`` of one cast at once: the one that lost answered ``conflict`` "pi-materia
+    cast ID is running in another session or castor runtime." and stopped there. It names what to
+    type: ``castor status ID`` (where it runs) and ``castor abort ID`` (to stop it first)."""
+    from castor.adapters.materia.cast_lease import CastLease
+
+    project, cast_id = _interrupted_cast(tmp_path)
+    root = project / ".pi" / "pi-materia"
+    lease = CastLease.try_acquire(root, cast_id)  # another process's runtime holds it
+    assert lease is not None
+    try:
+        (project / "answers.json").write_text(json.dumps(["two"]))
+        refused = _castor(tmp_path, verb, cast_id, "--agent", "script:answers.json", "--quiet", cwd=project)
+    finally:
+        lease.release()
+    _one_clean_error_line(refused, "conflict")
+    last = refused.stderr.strip().splitlines()[-1]
+    assert f"castor status {cast_id}" in last and f"castor abort {cast_id}" in last, last

@@ -393,8 +393,10 @@ class SessionActor(Actor):
                                      f"{error.data.get('path', cast_id)})",
                                      data={**error.data, "reason": "not_writable", "cast_id": cast_id}) from None
         if lease is None:
-            raise Conflict(f"pi-materia cast {cast_id} is running in another session or castor runtime.",
-                           data={"reason": "held_elsewhere", "cast_id": cast_id})
+            # the shell's commands on either surface: a harness's /materia verbs reach only its own casts
+            raise Conflict(f"pi-materia cast {cast_id} is running in another session or castor runtime: "
+                           f"`castor status {cast_id}` shows where; stop it there (or `castor abort {cast_id}`) "
+                           "to take it over here.", data={"reason": "held_elsewhere", "cast_id": cast_id})
         return self._spawn(self._env(cast_id, root, lease=lease), lease)
 
     def _apply(self, handle: Any, event: Any, *, root: Path, cast_id: str, stop_if_idle: bool) -> dict[str, Any]:
