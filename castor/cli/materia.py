@@ -654,6 +654,7 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str)
     it complete, failed or aborted, and the line says so -- it used to promise a ``castor continue``
     that castor then refused. The exit status stays the signal's."""
     from castor.messages.errors import StorageUnavailable
+    from castor.ports.cast_storage import STATE_TOO_LARGE
 
     try:
         yield
@@ -661,12 +662,14 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str)
         session.close()  # the cast goes no further; a second signal now kills what is left
         _say_err(_stopped_line(artifact_root, cast_id))  # a closed terminal (SIGHUP) may take it no more
         raise
-    except StorageUnavailable:
+    except StorageUnavailable as exc:
         # The command's own read or write failed (its status poll of a state.json the storage no
         # longer lets it read): it ends, and the runtime with it, the cast as last saved. Its own
-        # error line follows; this one says which cast stopped and how to go on once it is fixed.
-        _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
-                 f"`castor recast {cast_id}` resumes it")
+        # error line follows; this one says which cast stopped and how to go on once it is fixed
+        # (a state grown past what castor saves: its error line says no fix helps, and what does).
+        if (exc.data or {}).get("reason") != STATE_TOO_LARGE:
+            _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
+                     f"`castor recast {cast_id}` resumes it")
         raise
 
 

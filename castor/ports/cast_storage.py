@@ -29,6 +29,16 @@ DEFAULT_PAGE = 50
 """Casts per page of a listing unless the caller asks for another size."""
 
 
+class StateTooLarge(OSError):
+    """A cast's state document over the bound castor saves (errno ``EFBIG``): unlike the file
+    system's own ``EFBIG``, no space freed and no storage fixed lets it be saved, so the cast cannot
+    go on; a recast would meet the same bound."""
+
+
+STATE_TOO_LARGE = "state_too_large"
+"""``data.reason`` of the ``storage_unavailable`` a cast stopped on by :class:`StateTooLarge`."""
+
+
 class StateCorrupt(CastorError):
     """``state.json`` exists but is not a valid state document: the data's fault (damaged,
     truncated, written by something else), never castor's, so not ``internal``."""

@@ -764,3 +764,35 @@ def test_a_resume_of_a_cast_another_process_holds_names_the_commands_that_help(t
     _one_clean_error_line(refused, "conflict")
     last = refused.stderr.strip().splitlines()[-1]
     assert f"castor status {cast_id}" in last and f"castor abort {cast_id}" in last, last
+
+
+OVER_THE_STATE_BOUND = r"""
+import sys
+import castor.adapters.materia.state_store as store
+from castor.cli.app import main
+
+store.MAX_STATE_BYTES = int(sys.argv[2])  # castor's bound, small: a cast's state grown past it
+sys.exit(main(["recast", sys.argv[1], "--agent", "script:answers.json", "--quiet"]))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_path):
+    """A cast's state grown past the bound castor saves (``MAX_STATE_BYTES``; here made small): the
+    recast stopped with "storage unavailable ... (EFBIG: a state document of N bytes is over
+    castor's bound). Free space (or fix the storage), then castor recast ID" -- no space freed lets
+    that state be saved, so the recast it advised met the same bound. It says the state outgrew
+    castor's bound, that recasting cannot help, and what starts anew."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    state = project / ".pi" / "pi-materia" / cast_id / "state.json"
+    document = json.loads(state.read_text())
+    document["state"]["data"]["grown"] = "x" * 150_000
+    state.write_text(json.dumps(document))
+    (project / "answers.json").write_text(json.dumps(["two"]))
+    refused = subprocess.run([sys.executable, "-c", OVER_THE_STATE_BOUND, cast_id, "200000"], cwd=project,
+                             env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    _one_clean_error_line(refused, "storage_unavailable")
+    assert "Free space" not in refused.stderr and "once the storage is fixed" not in refused.stderr, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert "castor's 200000-byte bound" in last and "castor cast" in last, last
+    assert f"castor recast {cast_id}" not in refused.stderr, refused.stderr

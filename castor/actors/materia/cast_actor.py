@@ -147,7 +147,15 @@ from castor.messages.errors import (
     StorageUnavailable,
 )
 from castor.ports.agent import AgentPort
-from castor.ports.cast_storage import CastFiles, CastHold, CastStorage, CastStore, StateCorrupt
+from castor.ports.cast_storage import (
+    STATE_TOO_LARGE,
+    CastFiles,
+    CastHold,
+    CastStorage,
+    CastStore,
+    StateCorrupt,
+    StateTooLarge,
+)
 from castor.ports.host_context import CompactionOutcome, CompactionRequest, HostContextPort, NoHostContext
 from castor.supervision import Actor, CancelToken, ChildSpec, handles
 
@@ -579,6 +587,13 @@ class CastActor(Actor):
         base = getattr(env.start_event, "cwd", None) or (self.state.cwd if self.state is not None else None) \
             or env.project
         error = env.storage.storage_unavailable(exc, base=base, path=Path(env.artifact_root) / env.cast_id)
+        if isinstance(exc, StateTooLarge):  # no storage fixed saves it: say so, and what starts anew
+            surface = self.state.surface if self.state is not None else getattr(env.start_event, "surface", None)
+            error = StorageUnavailable(f"cast {env.cast_id}'s state has outgrown what castor saves ({exc.strerror}), "
+                                       f"so it cannot go on and recasting it cannot help; `{command(surface, 'cast')} "
+                                       f"REQUEST` starts a new cast (its artifacts so far stay in "
+                                       f"{error.data.get('path')})",
+                                       data={**error.data, "reason": STATE_TOO_LARGE, "cast_id": env.cast_id})
         return self._stopped_on(error, where=where)
 
     def _stopped_by(self, exc: OSError | CastorError, *, where: str) -> CastorError:
@@ -615,7 +630,8 @@ class CastActor(Actor):
         pending = self.state.pending
         if pending is not None:
             self._cancel(pending.visit_id)  # its outcome could not be saved either
-        if where == "save" and self.state.active and pending is not None:
+        outgrown = (error.data or {}).get("reason") == STATE_TOO_LARGE  # a failed record would be as large
+        if where == "save" and self.state.active and pending is not None and not outgrown:
             # Nothing of the dropped transition ran. Fail the cast for the record, if that still fits.
             try:
                 failed = step(self.state, DispatchFailed(visit_id=pending.visit_id, at=env.clock(),
@@ -635,7 +651,8 @@ class CastActor(Actor):
             self.log.debug("storage_unavailable event not written: {exc}", exc=again)
         mend = "Free space (or fix the storage)" if isinstance(error, StorageUnavailable) else \
             "This is a castor bug: report it" if isinstance(error, Internal) else "Repair or remove what was damaged"
-        self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}. {mend}, then "
+        self._notify(f"pi-materia cast {env.cast_id} stopped: {error.message}." if outgrown else
+                     f"pi-materia cast {env.cast_id} stopped: {error.message}. {mend}, then "
                      f"{command(self.state.surface, 'recast', env.cast_id)}.", "error")
         self._set_status(None)
         self._stop()

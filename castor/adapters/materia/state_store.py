@@ -80,7 +80,7 @@ from castor.domain.jsontext import json_problem
 from castor.domain.paths import REASON_SYMLINK
 from castor.domain.timestamps import iso_now_ms, iso_utc_ms
 from castor.messages.errors import CastorError, Conflict, Forbidden, InvalidParams, NotFound
-from castor.ports.cast_storage import DEFAULT_PAGE, EncodedState, StateCorrupt
+from castor.ports.cast_storage import DEFAULT_PAGE, EncodedState, StateCorrupt, StateTooLarge
 
 __all__ = [
     "CastListing",
@@ -282,8 +282,8 @@ def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, stat
     body = [state_json] if isinstance(state_json, bytes) else state_json
     document = b"".join((head.encode("utf-8"), b',"state":', *body, b"}\n"))
     if len(document) > MAX_STATE_BYTES:  # never write what no reader would read back
-        raise OSError(errno.EFBIG, f"a state document of {len(document)} bytes is over castor's "
-                                   f"{MAX_STATE_BYTES}-byte bound")
+        raise StateTooLarge(errno.EFBIG, f"a state document of {len(document)} bytes is over castor's "
+                                         f"{MAX_STATE_BYTES}-byte bound")
     return document
 
 
