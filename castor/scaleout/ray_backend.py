@@ -52,7 +52,12 @@ CALL_TIMEOUT_S = 14.0
 # drain may take on a slow cluster (DRAIN_WAIT_S + the 30 s the drain's get allows).
 FENCE_AFTER_S = 45.0
 FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
-PLACE_TIMEOUT_S = 60.0  # how long a session opening waits for a live cast host (a replacement starting)
+PLACE_TIMEOUT_S = 60.0  # how long a lost host's session, moving, waits for a live cast host (a replacement starting)
+# What a session opening leaves of the runtime's session_open_timeout_s for the rest of the session's start:
+# its placement is bounded by the rest, so the opening answers within its own deadline.
+OPEN_MARGIN_S = 1.0
+# How long closing a session waits for its host to close it there (best effort: see close_session).
+SESSION_CLOSE_WAIT_S = 3.0
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
 SHUTDOWN_TIMEOUT_S = 30.0  # how long the live hosts, asked at once, have to stop (their runtimes take up to 20 s)
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
@@ -90,7 +95,9 @@ class HostRef:
 class _Placed:
     ctx: Any  # castor.runtime.SessionContext (the serving process's session)
     host_id: str | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event = field(default_factory=threading.Event)  # set: no placement under way
+    failure: CastorError | None = None  # why the last placement failed: the next call places it again
+    placing: threading.Lock = field(default_factory=threading.Lock)  # one placement again at a time
 
 
 def ray_errors() -> tuple[type[BaseException], ...]:
@@ -323,18 +330,38 @@ class RayBackend:
         return out
 
     # -- sessions ----------------------------------------------------------------
-    def open_session(self, ctx: Any) -> str:
+    def open_session(self, ctx: Any, timeout_s: float = PLACE_TIMEOUT_S) -> str | None:
+        """Place the session on the least-loaded live host within ``timeout_s`` (the caller's own
+        deadline: the session opening's). A placement that fails in time (no live host, or the
+        host did not answer) is kept as the session's ``failure``, and the session opens all the
+        same: each later call places it again within that call's own deadline (``host_of``),
+        failing with the placement's typed error. Before, an opening waited up to 60 s for a host,
+        past its caller's deadline, and placed the session behind the caller's back."""
         sid = ctx.info.session_id
         with self._lock:
             placed = self._placed.setdefault(sid, _Placed(ctx=ctx))
             placed.ctx = ctx
-        return self._place(placed)
+        try:
+            host_id = self._place(placed, deadline=time.monotonic() + timeout_s, ready=False)
+        except CastorError as exc:
+            placed.failure = exc
+            self.log.warning("session {sid} is not placed yet (its next call tries again): {exc}", sid=sid, exc=exc)
+            return None
+        finally:
+            placed.ready.set()
+        placed.failure = None
+        return host_id
 
-    def _place(self, placed: _Placed, avoid: str | None = None, *, ready: bool = True) -> str:
-        """Open the session on the least-loaded live host. With ``ready=False`` callers keep
-        waiting (``host_of``) until the placer sets ``placed.ready`` itself."""
+    def _place(self, placed: _Placed, avoid: str | None = None, *, ready: bool = True,
+               deadline: float | None = None) -> str:
+        """Open the session on the least-loaded live host by ``deadline`` (default: in
+        ``PLACE_TIMEOUT_S``). With ``ready=False`` callers keep waiting (``host_of``) until the
+        placer sets ``placed.ready`` itself. A host that does not answer the opening in time, or
+        answers once the session was closed, is told to close it again (best effort), so no host
+        keeps a session nobody holds."""
         sid = placed.ctx.info.session_id
-        deadline = time.monotonic() + PLACE_TIMEOUT_S
+        began = time.monotonic()
+        deadline = began + PLACE_TIMEOUT_S if deadline is None else deadline
         while True:
             with self._lock:
                 live = [h for h in self.hosts.values() if h.alive and h.host_id != avoid and h.drainer is not None]
@@ -342,28 +369,51 @@ class RayBackend:
                     live = [h for h in self.hosts.values() if h.alive and h.drainer is not None]
             if live:
                 break
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise Timeout(f"no live cast host on the cluster to open session {sid!r} on within "
-                              f"{PLACE_TIMEOUT_S:g} s (every host lost, and none could be started again: "
+                              f"{deadline - began:.1f} s (every host lost, and none could be started again: "
                               "see `castor inspect hosts` and the cluster's nodes)", may_have_started=False,
                               data={"session_id": sid, "reason": "no_live_cast_host"})
-            time.sleep(0.05)
+            self._closed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         host = min(live, key=lambda h: (len(h.sessions), h.host_id))
         has_context = bool(placed.ctx.harness.host_context and placed.ctx.harness.host_context.has_context)
         label = str(getattr(placed.ctx.harness.agent, "agent_label", "Pi agent"))
-        answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None,
-                                                                label))
+        try:
+            answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None,
+                                                                    label),
+                               timeout_s=max(0.1, deadline - time.monotonic()))
+        except Timeout:
+            self._release(host, sid)  # it may open the session once the caller has gone
+            raise
         if "error" in answer:
             raise CastorError.from_wire(answer["error"])
         with self._lock:
-            host.sessions.add(sid)
-            placed.host_id = host.host_id
-            if ready:
-                placed.ready.set()
+            held = self._placed.get(sid) is placed and not self._closed.is_set()
+            if held:
+                host.sessions.add(sid)
+                placed.host_id = host.host_id
+                if ready:
+                    placed.ready.set()
+        if not held:  # closed while its opening ran: nobody holds it
+            self._release(host, sid)
+            raise NotFound(f"session {sid!r} was closed while it was being placed", data={"session_id": sid})
         self.log.info("session {sid} placed on {host}", sid=sid, host=host.host_id)
         return host.host_id
 
-    def close_session(self, sid: str) -> None:
+    def _release(self, host: HostRef, sid: str) -> None:
+        """Ask ``host`` to close ``sid`` without waiting for its answer (best effort)."""
+        try:
+            host.actor.close_session.remote(sid)
+        except Exception as exc:  # noqa: BLE001 - the host is gone: so is its session
+            self.log.info("releasing session {sid} on {host}: {exc}", sid=sid, host=host.host_id,
+                          exc=type(exc).__name__)
+
+    def close_session(self, sid: str, wait_s: float = SESSION_CLOSE_WAIT_S) -> None:
+        """Forget the session at once (relay items for it are answered ``not_found``), then ask its
+        host to close it there and wait up to ``wait_s`` for the answer. The host's close is best
+        effort: one that does not answer in time (its node cut off) is logged and left to finish
+        there, or to the host's fence (a host nobody drains stops its casts, saved, and exits).
+        Before, closing waited up to 30 s for a cut-off host."""
         with self._lock:
             placed = self._placed.pop(sid, None)
             host = self.hosts.get(placed.host_id) if placed and placed.host_id else None
@@ -371,11 +421,15 @@ class RayBackend:
                 host.sessions.discard(sid)
         if host is not None and host.alive:
             try:
-                self._ray.get(host.actor.close_session.remote(sid), timeout=30.0)
+                self._ray.get(host.actor.close_session.remote(sid), timeout=wait_s)
             except Exception as exc:  # noqa: BLE001 - the host may be gone; its casts stay on disk
-                self.log.warning("closing session {sid} on {host}: {exc}", sid=sid, host=host.host_id, exc=exc)
+                self.log.warning("closing session {sid} on {host} (it goes on there, best effort): {exc}", sid=sid,
+                                 host=host.host_id, exc=type(exc).__name__)
 
     def host_of(self, sid: str, timeout_s: float) -> HostRef:
+        """The session's host, within ``timeout_s``: waiting for a placement under way (a lost
+        host's sessions moving), or placing the session again when its last placement failed."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             placed = self._placed.get(sid)
         if placed is None:
@@ -383,8 +437,27 @@ class RayBackend:
         if not placed.ready.wait(timeout_s):
             raise Timeout(f"session {sid!r} is being placed on a new cast host", may_have_started=False,
                           data={"session_id": sid})
+        if placed.failure is not None:
+            self._place_again(placed, deadline)
         with self._lock:
             return self.hosts[placed.host_id or ""]
+
+    def _place_again(self, placed: _Placed, deadline: float) -> None:
+        """Place a session whose last placement failed, by ``deadline`` (one caller at a time)."""
+        if not placed.placing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise Timeout(f"session {placed.ctx.info.session_id!r} is being placed on a cast host",
+                          may_have_started=False, data={"session_id": placed.ctx.info.session_id})
+        try:
+            if placed.failure is None:
+                return
+            try:
+                self._place(placed, deadline=deadline)
+            except CastorError as exc:
+                placed.failure = exc
+                raise
+            placed.failure = None
+        finally:
+            placed.placing.release()
 
     def call(self, sid: str, verb: str, params: dict[str, Any], timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
         """Run one materia verb on the session's host. A read-only verb that meets a lost host is
@@ -597,6 +670,8 @@ class RayBackend:
                                    s=self.settings.fence_after_s + FENCE_MARGIN_S, host=lost.host_id)
             except CastorError as exc:
                 self.log.error("re-placing session {sid}: {exc}", sid=sid, exc=exc)
+                if placed.host_id == lost.host_id:  # not moved: its next call places it again
+                    placed.failure = exc
             finally:
                 placed.ready.set()  # callers go on: with the recast casts, or get the host's own error
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
@@ -680,7 +755,9 @@ class RemoteSessionActor(Actor):
         self.backend = backend
 
     def on_start(self) -> None:
-        self.backend.open_session(self.ctx)
+        # Bounded by the session opening's own deadline (the runtime's spawn of the session).
+        opening = self.ctx.runtime.settings.session_open_timeout_s
+        self.backend.open_session(self.ctx, timeout_s=max(0.1, opening - OPEN_MARGIN_S))
 
     @handles(*SESSION_VERBS.values())
     def _on_call(self, call: SessionVerb) -> dict[str, Any]:

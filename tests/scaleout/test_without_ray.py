@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -387,6 +388,7 @@ def test_a_session_with_no_live_cast_host_to_go_to_is_a_timeout_not_internal(mon
     monkeypatch.setattr(ray_backend, "PLACE_TIMEOUT_S", 0.2, raising=False)  # the wait was 60 s, fixed
     backend = RayBackend.__new__(RayBackend)
     backend._lock = threading.RLock()
+    backend._closed = threading.Event()
     backend.hosts = {"host-1": HostRef(host_id="host-1", actor=None, alive=False)}
     placed = _Placed(ctx=SimpleNamespace(info=SimpleNamespace(session_id="s1")))
     with pytest.raises(Timeout) as caught:
@@ -614,3 +616,114 @@ def _backend_with_one_host(get, killed: list[object]):
     ref = HostRef(host_id="host-1", actor=SimpleNamespace(ping=SimpleNamespace(remote=lambda: object())))
     backend.hosts = {"host-1": ref}
     return backend, ref
+
+
+class _FakeHost:
+    """A cast host's actor handle without a cluster: each ``.remote`` call is recorded (with the
+    seconds since ``t0``) and returns its answer at once."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.calls: list[tuple[float, str, object]] = []
+        for method, answer in (("open_session", {"session_id": "s1"}), ("close_session", True),
+                               ("call", {"ok": {"casts": []}})):
+            setattr(self, method, SimpleNamespace(remote=self._recorder(method, answer)))
+
+    def _recorder(self, method: str, answer: object) -> Callable[..., object]:
+        def remote(*args: object) -> object:
+            self.calls.append((time.monotonic() - self.t0, method, args[0]))
+            return answer
+        return remote
+
+
+def _backend_with_no_live_host(get: Callable[..., object]):
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import HostRef, RayBackend
+
+    backend = RayBackend.__new__(RayBackend)
+    backend._lock = threading.RLock()
+    backend._closed = threading.Event()
+    backend.log = ray_backend.logger
+    backend._ray = SimpleNamespace(get=get)
+    backend.hosts = {"host-1": HostRef(host_id="host-1", actor=None, alive=False)}
+    backend._placed = {}
+    return backend
+
+
+def test_a_session_opening_waits_for_a_cast_host_no_longer_than_its_own_deadline(tmp_path: Path) -> None:
+    """A session opening with no live cast host waited up to 60 s for one, past the 10 s its
+    caller waits: the caller got ``timeout`` while the placement went on behind it. Now the
+    opening answers within its deadline; the session is placed by its next call, within that
+    call's own deadline, once a host is up."""
+    pytest.importorskip("ray")
+    from castor.actors.materia.api import materia_call
+    from castor.ports.session_component import HarnessLink, RuntimeSettings, SessionInfo
+    from castor.runtime import Runtime
+    from castor.scaleout.ray_backend import HostRef, ray_materia_component
+
+    backend = _backend_with_no_live_host(lambda ref, timeout: ref)
+    runtime = Runtime(RuntimeSettings(session_open_timeout_s=2.0), components=[ray_materia_component(backend)])
+    host = _FakeHost(time.monotonic())
+    try:
+        runtime.open_session(SessionInfo(session_id="s1", cwd=str(tmp_path), trusted=True),
+                             HarnessLink(agent=None, session_log=None, ui=None))
+        opened = time.monotonic() - host.t0
+        assert opened <= 2.0, opened  # it was the runtime's timeout after 2 s: the placement went on
+        backend.hosts["host-2"] = HostRef(host_id="host-2", actor=host, drainer=threading.current_thread())
+        assert materia_call(runtime, "s1", "list", {}, timeout=5.0) == {"casts": []}
+        assert [(method, arg) for _t, method, arg in host.calls][:2] == [
+            ("open_session", {"session_id": "s1", "cwd": str(tmp_path), "trusted": True, "flags": {},
+                              "session_file": None}), ("call", "s1")]
+        assert backend.hosts["host-2"].sessions == {"s1"}
+    finally:
+        runtime.shutdown(5)
+    assert ("close_session", "s1") in [(method, arg) for _t, method, arg in host.calls]
+
+
+def test_a_host_that_answers_a_session_opening_too_late_is_told_to_close_it() -> None:
+    """A host that opens the session after its opening gave up would keep a session nobody holds:
+    it is told to close it again, and the session is on no host."""
+    rex = pytest.importorskip("ray.exceptions")
+    from castor.scaleout.ray_backend import HostRef, _Placed
+
+    def late(_ref: object, timeout: float) -> object:
+        assert timeout <= 1.0, timeout  # bounded by the opening's deadline (it was 30 s)
+        raise rex.GetTimeoutError("late")
+
+    backend = _backend_with_no_live_host(late)
+    host = _FakeHost(time.monotonic())
+    backend.hosts["host-2"] = HostRef(host_id="host-2", actor=host, drainer=threading.current_thread())
+    ctx = SimpleNamespace(info=SimpleNamespace(session_id="s1", model_dump=dict),
+                          harness=SimpleNamespace(host_context=None, agent=None))
+    assert backend.open_session(ctx, timeout_s=1.0) is None
+    assert [method for _t, method, _a in host.calls] == ["open_session", "close_session"]
+    assert backend.hosts["host-2"].sessions == set()
+    placed: _Placed = backend._placed["s1"]
+    assert placed.host_id is None and placed.failure is not None and placed.failure.code == "timeout"
+
+
+def test_closing_a_session_whose_host_is_cut_off_ends_it_here_within_seconds() -> None:
+    """Closing a session whose host does not answer (its node cut off, not yet declared dead)
+    blocked its caller 30 s. Now the session is forgotten at once and its host is waited for
+    ``SESSION_CLOSE_WAIT_S`` at most (its own close there is best effort)."""
+    rex = pytest.importorskip("ray.exceptions")
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import HostRef, _Placed
+
+    never = threading.Event()
+
+    def silent(_ref: object, timeout: float) -> object:  # a host that never answers
+        never.wait(timeout)
+        raise rex.GetTimeoutError("silent")
+
+    backend = _backend_with_no_live_host(silent)
+    host = _FakeHost(time.monotonic())
+    backend.hosts["host-2"] = HostRef(host_id="host-2", actor=host, drainer=threading.current_thread(),
+                                      sessions={"s1"})
+    backend._placed["s1"] = _Placed(ctx=None, host_id="host-2")
+    bound = getattr(ray_backend, "SESSION_CLOSE_WAIT_S", 5.0)
+    assert bound <= 5.0
+    backend.close_session("s1")
+    assert time.monotonic() - host.t0 <= bound + 1.0, time.monotonic() - host.t0  # it was 30 s
+    assert [method for _t, method, _a in host.calls] == ["close_session"]
+    assert backend._placed == {} and backend.hosts["host-2"].sessions == set()
