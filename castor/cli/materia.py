@@ -14,7 +14,9 @@
 
 ``--agent`` is ``script:FILE`` or ``openai:BASE_URL[#MODEL]``; it defaults to ``$CASTOR_AGENT``.
 ``castor cast`` records a ``script:`` agent (a data file, never an executable) in
-``<runDir>/cli.json`` (before the cast's first save) so ``castor recast`` can replay it; an
+``<runDir>/cli.json`` (before the cast's first save) so ``castor recast`` can replay it, with the
+backend flags of the command that last ran the cast (:data:`BACKEND_FLAGS`: ``castor status`` and
+``castor casts`` name them in their resume hints); an
 ``openai:`` agent is never read back from the project tree (a checkout must not choose where prompts are sent) and has to be
 given again. A multi-turn socket has no user to refine with here: the CLI finalizes it at once.
 
@@ -71,6 +73,11 @@ ABORT_LOCK_WAIT_S = 3 * ABORT_WAIT_S
 #: ``castor cast``'s mark in the cli.json of the cast it starts (its pid and start time): a command
 #: interrupted before its start verb answered finds by it the cast it made, to name it.
 STARTED_BY = "startedBy"
+#: Where the cast last ran, in its cli.json: the backend flags of the command that ran it
+#: (``--backend ray`` and its ``--ray-address``/``--ray-hosts``; never a token, which Ray reads from
+#: its environment), absent for this machine. ``castor status`` and ``castor casts`` add them to the
+#: commands their hints name, so a cast that ran on the cluster is resumed there.
+BACKEND_FLAGS = "backendFlags"
 #: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
 CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
@@ -794,21 +801,66 @@ def _progress(view: dict[str, Any]) -> Any:
     return table
 
 
+def _backend_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that ran the command's casts where they ran: none for this machine."""
+    if getattr(args, "backend", "local") != "ray":
+        return []
+    flags = ["--backend", "ray"]
+    if args.ray_address:
+        flags += ["--ray-address", args.ray_address]
+    if args.ray_hosts is not None:
+        flags += ["--ray-hosts", str(args.ray_hosts)]
+    return flags
+
+
 def _where_to_resume(args: argparse.Namespace, code: int) -> int:
     """After a cast that did not complete on the cluster (``--backend ray``), say that the resuming
     command the line above names runs it where *it* runs: without the same flags, on this machine.
     Typed as shown, ``castor recast ID`` ran the cast's commands here, not on the cluster."""
-    if code != EXIT_OK and getattr(args, "backend", "local") == "ray":
+    flags = _backend_flags(args)
+    if code != EXIT_OK and flags:
         import shlex
 
-        flags = ["--backend", "ray"]
-        if args.ray_address:
-            flags += ["--ray-address", args.ray_address]
-        if args.ray_hosts is not None:
-            flags += ["--ray-hosts", str(args.ray_hosts)]
         print(f"castor: to resume it on the cluster again, add {shlex.join(flags)} to that command "
               "(without them it runs on this machine)", file=sys.stderr)
     return code
+
+
+def _remember_backend(run_dir: Path, flags: list[str]) -> None:
+    """Record in the cast's cli.json where the command that now runs it runs it (:data:`BACKEND_FLAGS`;
+    none: this machine). A cli.json castor cannot read is left as it is (the hints then name no flags)."""
+    from castor.adapters.fs import atomic_write_json
+
+    note = run_dir / "cli.json"
+    try:
+        recorded = json.loads(_small_file(note))
+    except FileNotFoundError:
+        recorded = {}
+    except (OSError, ValueError, RecursionError):
+        return
+    if not isinstance(recorded, dict) or recorded.get(BACKEND_FLAGS, []) == flags:
+        return
+    if flags:
+        recorded[BACKEND_FLAGS] = flags
+    else:
+        recorded.pop(BACKEND_FLAGS, None)
+    try:
+        atomic_write_json(note, recorded)
+    except OSError as exc:
+        _say_err(f"castor: warning: cannot record where cast {run_dir.name} runs in {note} ({exc.strerror or exc}); "
+                 "`castor status` will not name its backend flags")
+
+
+def _recorded_backend_flags(run_dir: Path) -> list[str]:
+    """The backend flags the cast's cli.json records (:data:`BACKEND_FLAGS`), if they are flags
+    ``castor cast`` takes and would print; anything else (a project's own file) is no record."""
+    from castor.scaleout.options import valid_backend_flags
+
+    try:
+        flags = json.loads(_small_file(run_dir / "cli.json")).get(BACKEND_FLAGS)
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return []
+    return flags if valid_backend_flags(flags) else []
 
 
 def _finish(view: dict[str, Any]) -> int:
@@ -859,10 +911,12 @@ def cmd_cast(args: argparse.Namespace) -> int:
     try:
         assert spec is not None
         mark = f"{os.getpid()}@{session.began_at!r}"  # this command's, in the cast's cli.json
+        flags = _backend_flags(args)
         try:
             started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                              "config_path": args.config,
-                                             "cli_note": {**(_cli_note(spec) or {}), STARTED_BY: mark}})
+                                             "cli_note": {**(_cli_note(spec) or {}), STARTED_BY: mark,
+                                                          **({BACKEND_FLAGS: flags} if flags else {})}})
         except KeyboardInterrupt:
             # The start may have made the cast before the signal: it is left resumable, and named.
             session.close()
@@ -936,6 +990,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     try:
         with _named_on_interrupt(session, root, cast_id):
             view = session.call(verb, {"cast_id": cast_id})
+            _remember_backend(root / cast_id, _backend_flags(args))  # it runs where this command runs it
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
             return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet)))
     finally:
@@ -1157,6 +1212,16 @@ def _page_size(text: str) -> int:
     return value
 
 
+def _with_backend_flags(view: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``view`` (a cast's status or listing row) with ``backend_flags``, where its cli.json says it
+    last ran (:data:`BACKEND_FLAGS`), when its hints name a command that resumes it."""
+    if view.get("resumable") or view.get("status") in GOING:
+        flags = _recorded_backend_flags(root / str(view["cast_id"]))
+        if flags:
+            return {**view, "backend_flags": flags}
+    return view
+
+
 @_storage_faults_typed
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_page, casts_text
@@ -1170,7 +1235,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
         paged = args.limit is not None or args.cursor is not None
         _out(json.dumps(page if paged else rows, indent=2))
         return EXIT_OK
-    text = casts_text([_shown(row) for row in rows], root, "cli")
+    text = casts_text([_shown(_with_backend_flags(row, root)) for row in rows], root, "cli")
     if page["next_cursor"]:
         text += f"\n  … more: castor casts --cursor {page['next_cursor']} ({page['total']} in all)"
     _out(text)
@@ -1183,7 +1248,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     _cwd_, root, cast_id = _cast_ref(args)
-    view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
+    view = _with_backend_flags(persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False), root)
     text = status_text(_shown(view), "cli")
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True

@@ -64,6 +64,25 @@ def backend_flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def valid_backend_flags(flags: object) -> bool:
+    """Whether ``flags`` are backend flags as ``castor cast --backend ray`` records them with a cast:
+    ``--backend ray``, then at most a valid ``--ray-address`` and a ``--ray-hosts`` in range."""
+    if not isinstance(flags, list) or flags[:2] != ["--backend", "ray"] or len(flags) % 2:
+        return False
+    seen: set[str] = set()
+    for name, value in zip(flags[2::2], flags[3::2], strict=True):
+        if name in seen or not isinstance(value, str):
+            return False
+        seen.add(name)
+        if name == "--ray-address" and _address_parts(value) is None:
+            return False
+        if name == "--ray-hosts" and not (value.isascii() and value.isdigit() and 1 <= int(value) <= 1024):
+            return False
+        if name not in ("--ray-address", "--ray-hosts"):
+            return False
+    return True
+
+
 def make_backend(args: argparse.Namespace) -> Any:
     """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
     problem = backend_flag_problem(args)

@@ -727,3 +727,36 @@ def test_closing_a_session_whose_host_is_cut_off_ends_it_here_within_seconds() -
     assert time.monotonic() - host.t0 <= bound + 1.0, time.monotonic() - host.t0  # it was 30 s
     assert [method for _t, method, _a in host.calls] == ["close_session"]
     assert backend._placed == {} and backend.hosts["host-2"].sessions == set()
+
+
+def test_castor_status_and_casts_name_the_backend_flags_a_cast_last_ran_with(monkeypatch, capsys,
+                                                                            tmp_path: Path) -> None:
+    """``castor status ID`` of a cast that failed under ``castor cast --backend ray`` said "↻ RECAST
+    TARGET: castor recast ID": typed as shown, the recast ran on this machine. The cast's cli.json
+    now records the backend flags of the command that last ran it (no token: Ray reads that from
+    its environment), and ``castor status`` / ``castor casts`` name them; a recast on this machine
+    clears them. The cluster is stubbed out (the casts run in this process)."""
+    pytest.importorskip("ray")
+    from castor.cli import main
+    from castor.scaleout import options
+
+    monkeypatch.setattr(options, "make_backend", lambda _args: None)
+    monkeypatch.setattr(options, "check_reachable", lambda _address: None)
+    (tmp_path / ".pi").mkdir()
+    (tmp_path / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "one", "loadouts": {"one": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": ["false"], "parse": "text"}}}}}))
+    (tmp_path / "a.json").write_text(json.dumps(["hi"]))
+    monkeypatch.chdir(tmp_path)
+    flags = "--backend ray --ray-address 10.0.0.5:6379 --ray-hosts 2"
+    assert main(["cast", "build", "--agent", "script:a.json", "--quiet", *flags.split()]) == 1
+    cast_id = next((tmp_path / ".pi" / "pi-materia").glob("*/state.json")).parent.name
+    capsys.readouterr()
+    assert main(["status", cast_id]) == 0
+    assert f"↻ RECAST TARGET: castor recast {cast_id} {flags}\n" in capsys.readouterr().out
+    assert main(["casts"]) == 0
+    assert f"recast: castor recast {cast_id} {flags}\n" in capsys.readouterr().out
+    assert main(["recast", cast_id, "--agent", "script:a.json", "--quiet"]) == 1  # on this machine now
+    capsys.readouterr()
+    assert main(["status", cast_id]) == 0
+    out = capsys.readouterr().out
+    assert f"↻ RECAST TARGET: castor recast {cast_id}\n" in out and "--backend" not in out, out

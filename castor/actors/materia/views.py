@@ -91,6 +91,23 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
     }
 
 
+#: The verbs that run a cast again: on the CLI they take the backend flags the cast last ran with.
+RESUMING_VERBS = frozenset({"recast", "revive", "continue"})
+
+
+def resuming_command(surface: str, verb: str, view: dict[str, Any]) -> str:
+    """:func:`command` for the cast of ``view``; on the CLI a resuming verb names the backend flags
+    the cast last ran with (``backend_flags``: ``--backend ray --ray-address ...``), so a cast that
+    ran on a cluster is resumed there (without them, ``castor recast`` runs it on this machine)."""
+    text = command(surface, verb, view["cast_id"])
+    flags = view.get("backend_flags")
+    if surface == "cli" and verb in RESUMING_VERBS and isinstance(flags, list) and flags:
+        import shlex
+
+        text += " " + shlex.join(str(flag) for flag in flags)
+    return text
+
+
 def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     """One readable block for ``/materia status`` and ``castor status`` (``surface``: whose commands it names)."""
     cast_id = view["cast_id"]
@@ -111,10 +128,10 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
         lines.append(f"usage: {js_string(usage.get('tokens') or 0)} tokens, ${usage.get('cost_usd') or 0:.4f}"
                      + (f" ({caveats})" if caveats else ""))
     if view.get("paused"):
-        lines.append(f"› waiting for refinement; {command(surface, 'continue', cast_id)} to finalize "
+        lines.append(f"› waiting for refinement; {resuming_command(surface, 'continue', view)} to finalize "
                      "(reply to refine the draft)")
     if view.get("status") == "interrupted":
-        lines.append(f"interrupted: run {command(surface, 'continue', cast_id)} to run the turn again, or "
+        lines.append(f"interrupted: run {resuming_command(surface, 'continue', view)} to run the turn again, or "
                      f"{command(surface, 'abort', cast_id)} to stop the cast")
     if view.get("failed_reason"):
         lines.append(f"reason: {view['failed_reason']}")
@@ -122,7 +139,7 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
     if isinstance(fault, dict):
         where = f" on {one_line(str(fault.get('path')))}" if fault.get("path") else ""
         lines.append(f"stopped: storage unavailable ({one_line(str(fault.get('errno')))}{where}); fix the storage "
-                     f"(free space, permissions, a read-only mount), then {command(surface, 'recast', cast_id)}")
+                     f"(free space, permissions, a read-only mount), then {resuming_command(surface, 'recast', view)}")
     given_up = view.get("given_up")
     if isinstance(given_up, dict):
         lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "
@@ -132,10 +149,10 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
         lines.append(f"budget: {BUDGET_RECAST_NOTE}")
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
-        lines.append(f"↻ RECAST TARGET: {command(surface, verb, cast_id)}")
+        lines.append(f"↻ RECAST TARGET: {resuming_command(surface, verb, view)}")
     if view.get("artifacts_pending"):
-        lines.append(f"! the artifacts of its last step are not all written: {command(surface, 'recast', cast_id)} "
-                     "writes them")
+        lines.append("! the artifacts of its last step are not all written: "
+                     f"{resuming_command(surface, 'recast', view)} writes them")
     lines.append(f"artifacts: {one_line(str(view['run_dir']))}")  # a path may hold a line break
     return "\n".join(lines)
 
@@ -337,12 +354,12 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
         if row["status"] == "interrupted":  # an Esc stopped its turn: continue runs it again (as status says)
-            lines.append(f"    › interrupted — continue: {command(surface, 'continue', row['cast_id'])} (or abort: "
+            lines.append(f"    › interrupted — continue: {resuming_command(surface, 'continue', row)} (or abort: "
                          f"{command(surface, 'abort', row['cast_id'])})")
         if row.get("resumable"):  # every resumable cast can be recast; a revivable one revived as well
-            line = f"    ↻ RECAST TARGET — recast: {command(surface, 'recast', row['cast_id'])}"
+            line = f"    ↻ RECAST TARGET — recast: {resuming_command(surface, 'recast', row)}"
             if row.get("revivable"):
-                line += f" (or revive: {command(surface, 'revive', row['cast_id'])})"
+                line += f" (or revive: {resuming_command(surface, 'revive', row)})"
             lines.append(line)
     if more > 0:
         lines.append(f"  … {more} more (next page: its cursor)")
