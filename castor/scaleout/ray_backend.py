@@ -23,10 +23,13 @@ by the cast's incarnation, so a host that was presumed dead but still writes is 
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +163,82 @@ def keep_ray_messages_off_stdout() -> None:
     setattr(worker, "print_to_stdstream", to_log)  # noqa: B010 - a module Ray types do not describe
 
 
+#: A line of Ray's C++ log: ``[2026-12-07 00:04:54,230 W 22663 22663] network_util.cc:330: ...``.
+_RAY_CORE_LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ([DIWEF]) \d+ \d+\] ")
+
+
+class _ToCastorLog(logging.Handler):
+    """A record of Ray's Python loggers as a line of castor's log: below ERROR at INFO (shown with
+    ``CASTOR_LOG_LEVEL=INFO``), ERROR and above as a castor warning."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            words = " ".join(record.getMessage().split())
+        except Exception:  # noqa: BLE001 - a record whose arguments do not format: its template
+            words = " ".join(str(record.msg).split())
+        logger.bind(actor="/ray").log("WARNING" if record.levelno >= logging.ERROR else "INFO",
+                                      "Ray ({name}): {words}", name=record.name, words=words)
+
+
+_RAY_LOG_HANDLER = _ToCastorLog()
+
+
+def keep_ray_logging_off_stderr() -> None:
+    """Send the records of Ray's Python loggers to castor's log (:class:`_ToCastorLog`), one line
+    each. Ray's own handler printed them on stderr among castor's lines. Idempotent."""
+    ray_logger = logging.getLogger("ray")
+    if ray_logger.handlers != [_RAY_LOG_HANDLER]:
+        for handler in list(ray_logger.handlers):
+            ray_logger.removeHandler(handler)
+        ray_logger.addHandler(_RAY_LOG_HANDLER)
+    ray_logger.propagate = False
+
+
+@contextmanager
+def ray_init_output_to_log() -> Iterator[None]:
+    """Keep what ``ray.init`` prints out of castor's stderr, as castor log lines instead:
+
+    - Ray's Python records. ``ray.init(configure_logging=False)`` drops every handler of Ray's
+      logger, so its records met Python's last-resort handler, which printed them on stderr: a local
+      Ray's start printed "Token authentication is enabled for this Ray cluster. Set
+      RAY_AUTH_MODE=disabled to opt out. ..." in every ``castor cast --backend ray``. Meanwhile the
+      last resort is :class:`_ToCastorLog`, and Ray's logger gets it back afterwards.
+    - The lines Ray's C++ core writes to the process's stderr until the driver's log files exist
+      (on a machine that cannot reach 8.8.8.8: ``[... W ...] network_util.cc:330: Failed to
+      determine local IP via external connectivity ...``): each goes to castor's log (INFO; E and F
+      lines as warnings). Whatever else reached stderr meanwhile (castor's own lines) is written
+      back as it was, in its order. Processes started meanwhile keep their stderr in a file nobody
+      reads (Ray sends its daemons' output to their own log files).
+    """
+    import os
+    import sys
+    import tempfile
+
+    log = logger.bind(actor="/ray")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    last_resort = logging.lastResort
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        logging.lastResort = _RAY_LOG_HANDLER
+        try:
+            yield
+        finally:
+            logging.lastResort = last_resort
+            keep_ray_logging_off_stderr()
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines():
+                found = _RAY_CORE_LOG_LINE.match(line)
+                if found is None:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+                else:
+                    log.log("WARNING" if found.group(1) in "EF" else "INFO", "Ray (core): {line}", line=line)
+
+
 class RayBackend:
     """Cast hosts on a Ray cluster and the routing of sessions to them."""
 
@@ -171,13 +250,15 @@ class RayBackend:
         self.settings = settings or RayBackendSettings()
         self.log = logger.bind(actor="/ray")
         keep_ray_messages_off_stdout()  # before ray.init, which starts the thread that prints them
+        keep_ray_logging_off_stderr()
         if not ray.is_initialized():
             try:
                 # No address: a Ray of this process's own ("local"). Ray's default (None) joins the
                 # cluster RAY_ADDRESS or the world-writable /tmp/ray/ray_current_cluster names: a
                 # stale one (castor waited on it) or another user's.
-                ray.init(address=self.settings.address or "local", namespace=RAY_NAMESPACE, log_to_driver=False,
-                         include_dashboard=False, configure_logging=False)
+                with ray_init_output_to_log():
+                    ray.init(address=self.settings.address or "local", namespace=RAY_NAMESPACE,
+                             log_to_driver=False, include_dashboard=False, configure_logging=False)
             except ConnectionError as exc:  # an OSError: the CLI would call it storage_unavailable
                 address = self.settings.address or "auto"
                 hint = "" if address == "auto" else (

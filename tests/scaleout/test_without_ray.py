@@ -760,3 +760,42 @@ def test_castor_status_and_casts_name_the_backend_flags_a_cast_last_ran_with(mon
     assert main(["status", cast_id]) == 0
     out = capsys.readouterr().out
     assert f"↻ RECAST TARGET: castor recast {cast_id}\n" in out and "--backend" not in out, out
+
+
+def test_what_ray_prints_as_it_starts_goes_to_castor_s_log_not_stderr(capfd, monkeypatch) -> None:
+    """``castor cast --backend ray`` began with Ray's words on stderr: "Token authentication is
+    enabled for this Ray cluster. ..." (a Python record Ray's start leaves with no handler, which
+    Python's last resort printed) and a line of its C++ core (``[... W ...] network_util.cc:330:
+    Failed to determine local IP ...``, on a machine that cannot reach 8.8.8.8). Here a stand-in for
+    ``ray.init`` does what Ray's did, then refuses the connect (no cluster needed)."""
+    ray = pytest.importorskip("ray")
+    import logging
+    import os
+
+    from castor._log import logger
+    from castor.logs import configure_logging
+    from castor.messages.errors import NotFound
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+
+    ray_logger = logging.getLogger("ray")
+    monkeypatch.setattr(ray_logger, "handlers", list(ray_logger.handlers))  # undone after the test
+    monkeypatch.setattr(ray_logger, "propagate", ray_logger.propagate)
+
+    def init(**_kwargs: object) -> None:
+        os.write(2, b"[2026-12-07 00:04:54,230 W 22663 22663] network_util.cc:330: Failed to determine local IP via "
+                    b"external connectivity to: 8.8.8.8:53, falling back to hostname resolution\n")
+        logger.warning("castor's own one-line warning")
+        logging.getLogger("ray").handlers.clear()  # as ray.init(configure_logging=False) does
+        logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+            "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6379")
+
+    configure_logging("WARNING")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(NotFound):
+        RayBackend(RayBackendSettings(address="127.0.0.1:6379"))
+    captured = capfd.readouterr()
+    assert "Token authentication" not in captured.err + captured.out, captured.err
+    assert "network_util.cc" not in captured.err + captured.out, captured.err
+    assert "castor's own one-line warning" in captured.err, captured.err
