@@ -422,6 +422,9 @@ class RayBackend:
         with self._lock:
             placed = self._placed.setdefault(sid, _Placed(ctx=ctx))
             placed.ctx = ctx
+            held_by = self.hosts.get(placed.host_id or "")
+            if held_by is not None and held_by.alive and sid in held_by.sessions and placed.ready.is_set():
+                return held_by.host_id  # open there already (its actor here restarted): kept
         try:
             host_id = self._place(placed, deadline=time.monotonic() + timeout_s, ready=False)
         except CastorError as exc:
