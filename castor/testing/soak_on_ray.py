@@ -73,10 +73,14 @@ def start_cluster_backend(address: str | None, hosts: int | None = None) -> tupl
     else:
         from ray.cluster_utils import Cluster
 
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
-        cluster.wait_for_nodes()
+        from castor.scaleout.ray_backend import keep_ray_logging_off_stderr, ray_init_output_to_log
+
+        keep_ray_logging_off_stderr()
+        with ray_init_output_to_log():  # what Ray prints as its nodes start: castor's log, as for ray.init
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
+            for _ in range(2):
+                cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+            cluster.wait_for_nodes()
         address = cluster.address
     # RayBackend connects (a cluster that refuses this process is a typed error there)
     return cluster, RayBackend(RayBackendSettings(address=address, hosts=hosts or SOAK_HOSTS))
