@@ -1230,12 +1230,12 @@ def cmd_casts(args: argparse.Namespace) -> int:
 
     root = _artifact_root(_cwd(args), args.config)
     page = cast_page(FILE_CAST_STORAGE, root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
-    rows = page["casts"]
+    rows = page["casts"] = [_with_backend_flags(row, root) for row in page["casts"]]
     if args.json:
         paged = args.limit is not None or args.cursor is not None
         _out(json.dumps(page if paged else rows, indent=2))
         return EXIT_OK
-    text = casts_text([_shown(_with_backend_flags(row, root)) for row in rows], root, "cli")
+    text = casts_text([_shown(row) for row in rows], root, "cli")
     if page["next_cursor"]:
         text += f"\n  … more: castor casts --cursor {page['next_cursor']} ({page['total']} in all)"
     _out(text)

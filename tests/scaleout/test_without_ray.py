@@ -755,6 +755,8 @@ def test_castor_status_and_casts_name_the_backend_flags_a_cast_last_ran_with(mon
     assert f"↻ RECAST TARGET: castor recast {cast_id} {flags}\n" in capsys.readouterr().out
     assert main(["casts"]) == 0
     assert f"recast: castor recast {cast_id} {flags}\n" in capsys.readouterr().out
+    assert main(["casts", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["backend_flags"] == flags.split()
     assert main(["recast", cast_id, "--agent", "script:a.json", "--quiet"]) == 1  # on this machine now
     capsys.readouterr()
     assert main(["status", cast_id]) == 0
