@@ -247,6 +247,22 @@ def _cwd(args: argparse.Namespace) -> Path:
     return cwd
 
 
+def _project_flags(args: argparse.Namespace) -> str:
+    """What a command this one advises must add to find the same casts, quoted for a shell: `` --cwd
+    DIR`` when the project is not the current directory, `` --config PATH`` when one was named (read
+    from the project, as this command read it). ``castor abort ID`` alone, typed where the operator
+    typed ``castor status ID --cwd DIR``, answered ``not_found``."""
+    import shlex
+
+    flags = []
+    cwd = _cwd(args)
+    if cwd != Path(os.getcwd()).resolve():
+        flags += ["--cwd", str(cwd)]
+    if getattr(args, "config", None):
+        flags += ["--config", str(args.config)]
+    return "".join(f" {shlex.quote(flag)}" for flag in flags)
+
+
 def _out(text: str) -> None:
     """Print ``text``; control characters from cast data (a request with terminal escapes) are
     shown escaped, line breaks kept (a name that may hold one goes through :func:`_name` first)."""
@@ -651,7 +667,7 @@ def _say_err(line: str) -> None:
 
 
 @contextmanager
-def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str) -> Iterator[None]:
+def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str, flags: str) -> Iterator[None]:
     """On Ctrl-C or SIGTERM inside, say which cast stopped and how to go on -- "castor: interrupted"
     alone named neither; the same when the command meets a storage fault of its own while it watches
     the cast. Entered as soon as the cast's id is known, before anything is printed.
@@ -667,7 +683,7 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str)
         yield
     except KeyboardInterrupt:
         session.close()  # the cast goes no further; a second signal now kills what is left
-        _say_err(_stopped_line(artifact_root, cast_id))  # a closed terminal (SIGHUP) may take it no more
+        _say_err(_stopped_line(artifact_root, cast_id, flags))  # a closed terminal (SIGHUP) may take it no more
         raise
     except StorageUnavailable as exc:
         # The command's own read or write failed (its status poll of a state.json the storage no
@@ -676,11 +692,11 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str)
         # (a state grown past what castor saves: its error line says no fix helps, and what does).
         if (exc.data or {}).get("reason") != STATE_TOO_LARGE:
             _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
-                     f"`castor recast {cast_id}` resumes it")
+                     f"`castor recast {cast_id}{flags}` resumes it")
         raise
 
 
-def _stopped_line(artifact_root: Path, cast_id: str) -> str:
+def _stopped_line(artifact_root: Path, cast_id: str, flags: str) -> str:
     """What a command interrupted while it ran ``cast_id`` says of it, read after its runtime stopped:
     a cast still going (active: orphaned, interrupted or paused) stays resumable with ``castor
     continue``; one that ended first says how it ended (a failed or aborted one, what resumes it)."""
@@ -688,7 +704,7 @@ def _stopped_line(artifact_root: Path, cast_id: str) -> str:
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import CastorError
 
-    resumable = f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}"
+    resumable = f"castor: cast {cast_id} stopped before it ended; it stays resumable: castor continue {cast_id}{flags}"
     try:
         view = _shown(persisted_view(FILE_CAST_STORAGE, artifact_root, cast_id, live=False))
     except (CastorError, OSError, ValueError):
@@ -699,7 +715,7 @@ def _stopped_line(artifact_root: Path, cast_id: str) -> str:
     if view["status"] == "complete":
         return f"{said}: {_name(view['run_dir'])}"
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
-    return f"{said}: {reason}; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it"
+    return f"{said}: {reason}; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}{flags}` resumes it"
 
 
 def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]:
@@ -863,13 +879,14 @@ def _recorded_backend_flags(run_dir: Path) -> list[str]:
     return flags if valid_backend_flags(flags) else []
 
 
-def _finish(view: dict[str, Any]) -> int:
+def _finish(view: dict[str, Any], flags: str) -> int:
+    """The cast's outcome, one line; a command it advises ends with ``flags`` (:func:`_project_flags`)."""
     from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
 
     view = _shown(view)
     if view.get("artifacts_pending"):
         print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
-              f"be written (see the log above); `castor recast {view['cast_id']}` writes them", file=sys.stderr)
+              f"be written (see the log above); `castor recast {view['cast_id']}{flags}` writes them", file=sys.stderr)
         return EXIT_FAILED
     cast_id = view["cast_id"]
     if view["status"] == "complete":
@@ -877,24 +894,24 @@ def _finish(view: dict[str, Any]) -> int:
         return EXIT_OK
     if view["status"] == "interrupted":
         print(f"castor: cast {cast_id} interrupted at socket {view.get('current_socket')}: nothing of that turn was "
-              f"kept; `castor continue {cast_id}` runs it again, `castor abort {cast_id}` ends the cast",
+              f"kept; `castor continue {cast_id}{flags}` runs it again, `castor abort {cast_id}{flags}` ends the cast",
               file=sys.stderr)
         return EXIT_FAILED
     if _awaits_a_retry(view):
         print(f"castor: cast {cast_id}'s turn at socket {view.get('current_socket')} ended in a transient transport "
-              f"error; in Pi, Pi retries such a turn, but no agent here does: `castor continue {cast_id}` sends it "
-              f"again, `castor abort {cast_id}` ends the cast", file=sys.stderr)
+              f"error; in Pi, Pi retries such a turn, but no agent here does: `castor continue {cast_id}{flags}` "
+              f"sends it again, `castor abort {cast_id}{flags}` ends the cast", file=sys.stderr)
         return EXIT_FAILED
     if view["status"] == "orphaned":  # its runtime stopped it mid-run (a storage fault, a shutdown)
         print(f"castor: cast {cast_id} stopped at socket {view.get('current_socket')} before it ended (see the "
-              f"messages above); `castor recast {cast_id}` resumes it", file=sys.stderr)
+              f"messages above); `castor recast {cast_id}{flags}` resumes it", file=sys.stderr)
         return EXIT_FAILED
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
     hint = ""
     if view.get("failed_reason") == BUDGET_LIMIT_REACHED:
-        hint = f"; {BUDGET_RECAST_NOTE} (`castor recast {cast_id}` resumes it)"
+        hint = f"; {BUDGET_RECAST_NOTE} (`castor recast {cast_id}{flags}` resumes it)"
     elif view["status"] in ("failed", "aborted"):
-        hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it"
+        hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}{flags}` resumes it"
     print(f"castor: cast {cast_id} {view['status']}: {reason}{hint}", file=sys.stderr)
     return EXIT_FAILED
 
@@ -922,11 +939,12 @@ def cmd_cast(args: argparse.Namespace) -> int:
             session.close()
             left = _cast_started_by(root, mark, since=session.began_at)
             if left is not None:
-                _say_err(_stopped_line(root, left))
+                _say_err(_stopped_line(root, left, _project_flags(args)))
             raise
-        with _named_on_interrupt(session, root, started["cast_id"]):
+        with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args)):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
-            return _where_to_resume(args, _finish(_watch(session, started["cast_id"], quiet=args.quiet)))
+            view = _watch(session, started["cast_id"], quiet=args.quiet)
+            return _where_to_resume(args, _finish(view, _project_flags(args)))
     finally:
         session.close()
 
@@ -988,11 +1006,11 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config,
                           backend=make_backend(args))
     try:
-        with _named_on_interrupt(session, root, cast_id):
+        with _named_on_interrupt(session, root, cast_id, _project_flags(args)):
             view = session.call(verb, {"cast_id": cast_id})
             _remember_backend(root / cast_id, _backend_flags(args))  # it runs where this command runs it
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
-            return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet)))
+            return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet), _project_flags(args)))
     finally:
         session.close()
 
@@ -1235,9 +1253,10 @@ def cmd_casts(args: argparse.Namespace) -> int:
         paged = args.limit is not None or args.cursor is not None
         _out(json.dumps(page if paged else rows, indent=2))
         return EXIT_OK
-    text = casts_text([_shown(row) for row in rows], root, "cli")
+    flags = _project_flags(args)
+    text = casts_text([_shown(row) for row in rows], root, "cli", cli_flags=flags)
     if page["next_cursor"]:
-        text += f"\n  … more: castor casts --cursor {page['next_cursor']} ({page['total']} in all)"
+        text += f"\n  … more: castor casts --cursor {page['next_cursor']}{flags} ({page['total']} in all)"
     _out(text)
     return EXIT_OK
 
@@ -1249,11 +1268,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     _cwd_, root, cast_id = _cast_ref(args)
     view = _with_backend_flags(persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False), root)
-    text = status_text(_shown(view), "cli")
+    flags = _project_flags(args)
+    text = status_text(_shown(view), "cli", cli_flags=flags)
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
         text = ("This pi-materia cast runs in another castor runtime (a harness session or another castor "
-                f"command); abort or continue it there, or castor abort {cast_id}:\n{text}")
+                f"command); abort or continue it there, or castor abort {cast_id}{flags}:\n{text}")
     _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
 

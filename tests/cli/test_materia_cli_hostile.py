@@ -425,7 +425,7 @@ def test_a_cast_its_runtime_stopped_mid_run_ends_with_a_reason_and_the_recast_hi
     with neither what happened nor how to go on."""
     from castor.cli.materia import EXIT_FAILED, _finish
 
-    assert _finish({"cast_id": "c-1", "status": "orphaned", "current_socket": "Socket-2"}) == EXIT_FAILED
+    assert _finish({"cast_id": "c-1", "status": "orphaned", "current_socket": "Socket-2"}, "") == EXIT_FAILED
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "orphaned: orphaned" not in err
     assert "stopped at socket Socket-2" in err and "`castor recast c-1` resumes it" in err
@@ -597,7 +597,7 @@ import castor.cli.materia as cli
 from castor.cli.app import main
 
 
-def interrupted_finish(view):
+def interrupted_finish(view, flags):
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the cast's end is reported
     threading.Event().wait(10)  # the handler raises here
     raise AssertionError("no KeyboardInterrupt")

@@ -95,11 +95,12 @@ def status_view(state: CastState, *, live: bool, orphaned: bool = False) -> dict
 RESUMING_VERBS = frozenset({"recast", "revive", "continue"})
 
 
-def resuming_command(surface: str, verb: str, view: dict[str, Any]) -> str:
+def resuming_command(surface: str, verb: str, view: dict[str, Any], *, cli_flags: str = "") -> str:
     """:func:`command` for the cast of ``view``; on the CLI a resuming verb names the backend flags
     the cast last ran with (``backend_flags``: ``--backend ray --ray-address ...``), so a cast that
-    ran on a cluster is resumed there (without them, ``castor recast`` runs it on this machine)."""
-    text = command(surface, verb, view["cast_id"])
+    ran on a cluster is resumed there (without them, ``castor recast`` runs it on this machine);
+    ``cli_flags``: how the CLI's name the project (:func:`command`), before the backend flags."""
+    text = command(surface, verb, view["cast_id"], cli_flags=cli_flags)
     flags = view.get("backend_flags")
     if surface == "cli" and verb in RESUMING_VERBS and isinstance(flags, list) and flags:
         import shlex
@@ -108,9 +109,13 @@ def resuming_command(surface: str, verb: str, view: dict[str, Any]) -> str:
     return text
 
 
-def status_text(view: dict[str, Any], surface: str = "harness") -> str:
-    """One readable block for ``/materia status`` and ``castor status`` (``surface``: whose commands it names)."""
-    cast_id = view["cast_id"]
+def status_text(view: dict[str, Any], surface: str = "harness", *, cli_flags: str = "") -> str:
+    """One readable block for ``/materia status`` and ``castor status`` (``surface``: whose commands it
+    names; ``cli_flags``: how the CLI's name the project, see :func:`command`)."""
+
+    def named(verb: str) -> str:
+        return resuming_command(surface, verb, view, cli_flags=cli_flags)
+
     lines = [f"cast {view['cast_id']} [{view['status']}] loadout {view['loadout']}"]
     if view.get("current_socket"):
         where = f"socket {view['current_socket']}"
@@ -128,18 +133,18 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
         lines.append(f"usage: {js_string(usage.get('tokens') or 0)} tokens, ${usage.get('cost_usd') or 0:.4f}"
                      + (f" ({caveats})" if caveats else ""))
     if view.get("paused"):
-        lines.append(f"› waiting for refinement; {resuming_command(surface, 'continue', view)} to finalize "
+        lines.append(f"› waiting for refinement; {named('continue')} to finalize "
                      "(reply to refine the draft)")
     if view.get("status") == "interrupted":
-        lines.append(f"interrupted: run {resuming_command(surface, 'continue', view)} to run the turn again, or "
-                     f"{command(surface, 'abort', cast_id)} to stop the cast")
+        lines.append(f"interrupted: run {named('continue')} to run the turn again, or "
+                     f"{named('abort')} to stop the cast")
     if view.get("failed_reason"):
         lines.append(f"reason: {view['failed_reason']}")
     fault = view.get("storage_fault")
     if isinstance(fault, dict):
         where = f" on {one_line(str(fault.get('path')))}" if fault.get("path") else ""
         lines.append(f"stopped: storage unavailable ({one_line(str(fault.get('errno')))}{where}); fix the storage "
-                     f"(free space, permissions, a read-only mount), then {resuming_command(surface, 'recast', view)}")
+                     f"(free space, permissions, a read-only mount), then {named('recast')}")
     given_up = view.get("given_up")
     if isinstance(given_up, dict):
         lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "
@@ -149,10 +154,10 @@ def status_text(view: dict[str, Any], surface: str = "harness") -> str:
         lines.append(f"budget: {BUDGET_RECAST_NOTE}")
     if view.get("resumable"):
         verb = "revive" if view.get("revivable") else "recast"
-        lines.append(f"↻ RECAST TARGET: {resuming_command(surface, verb, view)}")
+        lines.append(f"↻ RECAST TARGET: {named(verb)}")
     if view.get("artifacts_pending"):
-        lines.append("! the artifacts of its last step are not all written: "
-                     f"{resuming_command(surface, 'recast', view)} writes them")
+        lines.append(f"! the artifacts of its last step are not all written: {named('recast')} "
+                     "writes them")
     lines.append(f"artifacts: {one_line(str(view['run_dir']))}")  # a path may hold a line break
     return "\n".join(lines)
 
@@ -339,9 +344,14 @@ def find_cast(storage: CastStorage, artifact_root: Path, live_ids: set[str], whe
     return None
 
 
-def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "harness", *, more: int = 0) -> str:
+def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "harness", *, more: int = 0,
+               cli_flags: str = "") -> str:
     """``more``: how many further casts the listing holds beyond these rows (paged); commands are
-    named for ``surface`` (the CLI's or the harness's)."""
+    named for ``surface`` (the CLI's or the harness's; ``cli_flags``: see :func:`command`)."""
+
+    def named(verb: str, row: dict[str, Any]) -> str:
+        return resuming_command(surface, verb, row, cli_flags=cli_flags)
+
     if not rows:
         return f"No pi-materia casts under {one_line(str(artifact_root))}."
     lines = [f"casts under {one_line(str(artifact_root))}:"]  # a path may hold a line break
@@ -354,12 +364,12 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
         if row["status"] == "interrupted":  # an Esc stopped its turn: continue runs it again (as status says)
-            lines.append(f"    › interrupted — continue: {resuming_command(surface, 'continue', row)} (or abort: "
-                         f"{command(surface, 'abort', row['cast_id'])})")
+            lines.append(f"    › interrupted — continue: {named('continue', row)} (or abort: "
+                         f"{named('abort', row)})")
         if row.get("resumable"):  # every resumable cast can be recast; a revivable one revived as well
-            line = f"    ↻ RECAST TARGET — recast: {resuming_command(surface, 'recast', row)}"
+            line = f"    ↻ RECAST TARGET — recast: {named('recast', row)}"
             if row.get("revivable"):
-                line += f" (or revive: {resuming_command(surface, 'revive', row)})"
+                line += f" (or revive: {named('revive', row)})"
             lines.append(line)
     if more > 0:
         lines.append(f"  … {more} more (next page: its cursor)")

@@ -23,14 +23,17 @@ SURFACES: tuple[str, ...] = ("harness", "cli")
 HARNESS_VERBS_WITH_AN_ID = frozenset({"recast", "revive"})
 
 
-def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_in_harness: bool = False) -> str:
+def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_in_harness: bool = False,
+            cli_flags: str = "") -> str:
     """The command a user types on ``surface`` to run ``verb`` (``continue``, ``recast``...) on a cast.
 
     ``bare_in_harness``: leave the id out of the harness's spelling (``/materia continue`` acts on
     the session's newest live cast, the one the message is about); the CLI always names it.
+    ``cli_flags``: what the CLI's spelling ends with to name the project the user named (`` --cwd
+    DIR``, already quoted for a shell), so the command typed as shown finds the same cast.
     """
     if surface == "cli":
-        return f"castor {verb} {cast_id}" if cast_id else f"castor {verb}"
+        return (f"castor {verb} {cast_id}" if cast_id else f"castor {verb}") + cli_flags
     if cast_id and not bare_in_harness and verb in HARNESS_VERBS_WITH_AN_ID:
         return f"/materia {verb} {cast_id}"
     return f"/materia {verb}"
