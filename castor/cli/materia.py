@@ -1272,8 +1272,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     text = status_text(_shown(view), "cli", cli_flags=flags)
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
-        text = ("This pi-materia cast runs in another castor runtime (a harness session or another castor "
-                f"command); abort or continue it there, or castor abort {cast_id}{flags}:\n{text}")
+        # Which one holds it, status cannot tell; the two are stopped differently: a `castor serve`
+        # never takes `castor abort`'s request (that abort waits, then says `conflict`)
+        text = ("This pi-materia cast runs in another castor runtime: in a harness session's castor serve, "
+                "abort or continue it in that session (/materia abort); in another castor command, "
+                f"castor abort {cast_id}{flags} asks it to abort:\n{text}")
     _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
 

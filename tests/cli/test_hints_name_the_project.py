@@ -5,10 +5,16 @@ cast. It used to say ``castor abort ID`` alone, which from any other directory a
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 
+from castor.client import Client
 from tests.cli.interrupted_cast import castor_cli, interrupted_cast
+from tests.support.waiting import wait_for
 
 PROJECTS = "my projects"  # a space: the --cwd in a hint is quoted for the shell
 
@@ -52,3 +58,34 @@ def test_a_cast_run_with_cwd_ends_on_a_resuming_command_that_names_the_project(t
     resume = re.search(r"`(castor continue [^`]*)` runs it again", stopped.stderr)
     assert resume, stopped.stderr
     assert resume.group(1).endswith(f" --cwd {shlex.quote(str(project))}")
+
+
+def test_status_of_a_cast_a_serve_runs_names_the_abort_that_reaches_it(tmp_path):
+    """A ``castor serve`` never takes ``castor abort``'s request (that abort waits 5 s, then says
+    ``conflict``): status named only ``castor abort ID`` for a cast a harness session runs."""
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([sys.executable, "-m", "castor", "serve", "--socket", str(sock)],
+                              env={**os.environ, "HOME": str(tmp_path / "home")},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = None
+    try:
+        wait_for(sock.exists, timeout=20, what="the socket")
+        client = Client.connect_unix(str(sock))
+        turns: list[dict] = []
+        client.on_notification("agent.run_turn", turns.append)
+        client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+        client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
+        cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "hi"},
+                              timeout=20)["cast_id"]
+        wait_for(lambda: turns, timeout=20, what="the agent's turn")
+        shown = castor_cli(tmp_path, "status", cast_id, cwd=project)
+        assert shown.returncode == 0, shown.stderr
+        first = shown.stdout.splitlines()[0]
+        assert "/materia abort" in first, first
+    finally:
+        if client is not None:
+            client.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
