@@ -1266,8 +1266,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import held_elsewhere, persisted_view, status_text
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
-    _cwd_, root, cast_id = _cast_ref(args)
+    cwd, root, cast_id = _cast_ref(args)
     view = _with_backend_flags(persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False), root)
+    if view.get("resumable") or (view["status"] in GOING and not held_elsewhere(view)):
+        unwritable = _not_writable(cwd, root / cast_id)
+        if unwritable is not None:
+            view["not_writable"] = unwritable
     flags = _project_flags(args)
     text = status_text(_shown(view), "cli", cli_flags=flags)
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
@@ -1279,6 +1283,23 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"castor abort {cast_id}{flags} asks it to abort:\n{text}")
     _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
+
+
+def _not_writable(project: Path, run_dir: Path) -> dict[str, str] | None:
+    """Why no command could write ``run_dir`` now (``errno``: ``EROFS`` on a read-only mount,
+    ``EACCES`` without the permission; ``path`` relative to the project), else None. A resume
+    writes there first, so a cast its status calls resumable could not be resumed."""
+    if os.access(run_dir, os.W_OK) or not run_dir.is_dir():
+        return None
+    try:
+        read_only = bool(os.statvfs(run_dir).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    try:
+        shown = str(run_dir.relative_to(project))
+    except ValueError:
+        shown = str(run_dir)
+    return {"errno": "EROFS" if read_only else "EACCES", "path": shown}
 
 
 def cmd_grid(args: argparse.Namespace) -> int:

@@ -145,6 +145,11 @@ def status_text(view: dict[str, Any], surface: str = "harness", *, cli_flags: st
         where = f" on {one_line(str(fault.get('path')))}" if fault.get("path") else ""
         lines.append(f"stopped: storage unavailable ({one_line(str(fault.get('errno')))}{where}); fix the storage "
                      f"(free space, permissions, a read-only mount), then {named('recast')}")
+    unwritable = view.get("not_writable")
+    if isinstance(unwritable, dict):  # a resume would fail on it at once: say so before naming one
+        lines.append(f"cannot be resumed now: {one_line(str(unwritable.get('path')))} cannot be written "
+                     f"({one_line(str(unwritable.get('errno')))}); make it writable (remount it read-write, or give "
+                     f"this user write permission), then {named('recast')}")
     given_up = view.get("given_up")
     if isinstance(given_up, dict):
         lines.append(f"given up: its actor crashed more than {given_up.get('max_restarts')} times within "

@@ -1,0 +1,52 @@
+"""``castor status`` of a resumable cast whose run directory no command can write now (a read-only
+mount, a permission taken away): it says so, and what to fix first. It used to name the recast
+as if it would run, and that recast then failed on its first write."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.cli.interrupted_cast import castor_cli, interrupted_cast
+
+
+def test_status_of_a_cast_on_a_read_only_mount_says_it_cannot_be_resumed_until_writable(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a tmpfs mount needs root")
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(fs)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        project, run = interrupted_cast(fs)
+        before = json.loads(castor_cli(tmp_path, "status", run.name, "--json", cwd=project).stdout)
+        assert before["resumable"] is True and "not_writable" not in before
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True, capture_output=True)
+        shown = castor_cli(tmp_path, "status", run.name, cwd=project)
+        assert shown.returncode == 0, shown.stderr
+        assert (f"cannot be resumed now: .pi/pi-materia/{run.name} cannot be written (EROFS); make it writable"
+                in shown.stdout), shown.stdout
+        as_json = json.loads(castor_cli(tmp_path, "status", run.name, "--json", cwd=project).stdout)
+        assert as_json["not_writable"] == {"errno": "EROFS", "path": f".pi/pi-materia/{run.name}"}
+        recast = castor_cli(tmp_path, "recast", run.name, "--agent", "script:answers.json", "--quiet", cwd=project)
+        assert recast.returncode == 1 and "EROFS" in recast.stderr  # what status said would happen
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], capture_output=True)
+
+
+def test_status_of_a_cast_this_user_may_not_write_says_eacces(tmp_path, monkeypatch, capsys):
+    from castor.cli.app import main
+
+    project, run = interrupted_cast(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if str(path) == str(run) and mode == os.W_OK
+                        else real(path, mode, *a, **k))
+    monkeypatch.chdir(project)
+    assert main(["status", run.name]) == 0
+    out = capsys.readouterr().out
+    assert f".pi/pi-materia/{run.name} cannot be written (EACCES)" in out, out
