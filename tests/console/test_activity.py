@@ -459,6 +459,43 @@ def test_a_cast_awaiting_a_utility_says_whether_its_command_runs_or_waits_for_a_
         runtime.shutdown(10)
 
 
+def test_a_cast_whose_command_runs_shows_the_deadline_its_timeout_ms_sets(tmp_path):
+    """``castor inspect casts`` and the console show a cast's wait and "the deadline that ends the
+    wait, if one does": a cast awaiting a command said "(or its timeoutMs, 20 s)" but its deadline
+    column was empty (only the utility slot's row had it). It is now the command's own deadline."""
+    from castor.actors.materia.api import materia_call
+    from castor.adapters.agents.scripted import ScriptedAgent, parse_script
+    from castor.composition import materia_component
+    from castor.console.terminal import session_casts
+    from castor.ports.host_context import NoHostContext
+    from castor.runtime import HarnessLink, Runtime, RuntimeSettings, SessionInfo
+    from castor.testing.soak import build_script, write_project
+
+    runtime = Runtime(RuntimeSettings(utility_slots=1), components=[materia_component()])
+    try:
+        project = tmp_path / "p"
+        project.mkdir()
+        write_project(project, tmp_path / "p.log", command_sleep_s=30.0)  # Socket-6: timeoutMs 20000
+        agent = ScriptedAgent(parse_script(build_script(items=1, delay_ms=lambda: 0, spare=2)), max_workers=2)
+        runtime.open_session(SessionInfo(session_id="p", cwd=str(project), trusted=True),
+                             HarnessLink(agent=agent, session_log=None, ui=None, host_context=NoHostContext()))
+        materia_call(runtime, "p", "start", {"request": "build it"})
+
+        def running() -> dict | None:
+            actors = runtime.system.snapshot_data("/root")["actors"]
+            casts = [c for s in session_casts(actors) for c in s["casts"]]
+            at_command = [c for c in casts if c["pending"] == "utility" and "its command runs" in (c["activity"] or "")]
+            slots = [a for a in actors if a["kind"] == "UtilityExecutorActor" and a["activity"]["kind"] == "utility"]
+            return (at_command[0], slots[0]) if at_command and slots else None
+
+        cast, slot = wait_for(running, timeout=30, what="the cast's command running")
+        assert cast["deadline_in_s"] is not None, cast
+        assert 0 < cast["deadline_in_s"] <= 20
+        assert abs(cast["deadline_in_s"] - slot["activity"]["deadline_in_s"]) < 1.0
+    finally:
+        runtime.shutdown(10)
+
+
 def test_castor_casts_labels_are_a_fixed_set_of_statuses_never_socket_names(tmp_path):
     """``castor_casts{phase}`` took its label from the cast's phase, which is the id of the socket it
     is at: ``Socket-N`` with any N from the user's loadout (``Socket-4711`` here), so loadouts made

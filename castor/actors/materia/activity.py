@@ -61,23 +61,24 @@ def running_utility(effect: Any, argv: list[str], pids: list[int]) -> tuple[str,
         "command": command, "pid": pid, "visit_id": effect.visit_id, "socket": socket, "cast_id": cast_id}
 
 
-def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> str:
+def _utility_progress(progress: Any, visit_id: str, data: dict[str, Any]) -> tuple[str, float | None]:
     """Whether the utility a cast awaits runs (its pid) or waits for a slot: a slow command and a
-    full pool read alike otherwise. ``progress(visit_id)`` gives ``(where, pid, slots)``, or None
-    where this runtime has no pool (a cast host's commands): then ``""``."""
+    full pool read alike otherwise; and, while it runs, the deadline its ``timeoutMs`` sets (the
+    wait's own, as the slot shows it). ``progress(visit_id)`` gives ``(where, pid, slots,
+    deadline)``, or None where this runtime has no pool (a cast host's commands): then ``("", None)``."""
     found = progress(visit_id) if progress is not None else None
     if found is None:
-        return ""
-    where, pid, slots = found
+        return "", None
+    where, pid, slots, deadline = found
     data["utility"] = where
     if where == "running":
         data["utility_pid"] = pid
-        return f"; its command runs (pid {pid})"
+        return f"; its command runs (pid {pid})", deadline
     if where == "queued":
-        return f"; queued: every utility slot ({slots}) is busy"
+        return f"; queued: every utility slot ({slots}) is busy", None
     if where == "waiting":
-        return "; its command waits for the cast's previous one, given up, to end"
-    return ""
+        return "; its command waits for the cast's previous one, given up, to end", None
+    return "", None
 
 
 def _item_progress(state: Any, socket: str | None) -> tuple[int, int] | None:
@@ -93,7 +94,8 @@ def _item_progress(state: Any, socket: str | None) -> tuple[int, int] | None:
 def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] | None:
     """A CastActor's phase, socket, work item, visit and age, read from its current state;
     ``utility_progress(visit_id) -> (where, pid, slots) | None`` tells where an awaited utility is.
-    A user's own turn under the opt-in bound adds its deadline (a fifth element)."""
+    A running command adds the deadline its ``timeoutMs`` sets, and a user's own turn under the
+    opt-in bound that bound's (a fifth element)."""
     state = actor.state
     if state is None:
         return "starting", "loading its state", {"cast_id": actor.env.cast_id}, time.monotonic()
@@ -128,7 +130,10 @@ def cast_activity(actor: Any, utility_progress: Any = None) -> tuple[Any, ...] |
             text += f", item {item}"
         text += f", visit {pending.visit}"
         if pending.kind == "utility":
-            text += _utility_progress(utility_progress, pending.visit_id, data)
+            said, deadline = _utility_progress(utility_progress, pending.visit_id, data)
+            text += said
+            if deadline is not None:
+                return "cast", text, data, since, deadline
         bound = getattr(actor, "user_turn_deadline", None)  # the opt-in bound on a user's own turn
         if bound is not None and bound[0] == pending.visit_id:
             return "cast", text, data, since, bound[1]

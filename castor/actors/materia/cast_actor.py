@@ -890,9 +890,10 @@ class CastActor(Actor):
 
         cancel_utility(self.env.registry, visit_id)
 
-    def _utility_progress(self, visit_id: str) -> tuple[str, int | None, int] | None:
+    def _utility_progress(self, visit_id: str) -> tuple[str, int | None, int, float | None] | None:
         """Where this cast's utility job is (for its activity; snapshots only): see
-        UtilityPoolState.progress_of. None where this runtime has no utility pool."""
+        UtilityPoolState.progress_of, with the pool's slots and the running command's deadline
+        (monotonic; None unless it runs). None where this runtime has no utility pool."""
         from castor.actors.materia.utility_pool import pool_of
 
         try:
@@ -900,7 +901,7 @@ class CastActor(Actor):
         except NotFound:
             return None
         where, pid = pool.progress_of(visit_id)
-        return where, pid, pool.slots
+        return where, pid, pool.slots, pool.deadline_of(visit_id) if where == "running" else None
 
     def _arm_user_turn_bound(self, visit_id: str) -> None:
         """Start the opt-in bound on a user-driven turn (none by default: see docs/materia.md)."""

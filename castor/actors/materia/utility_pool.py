@@ -205,6 +205,13 @@ class UtilityPoolState:
             return "started", None
         return ("finished", None) if finished else ("queued", None)
 
+    def deadline_of(self, visit_id: str) -> float | None:
+        """The monotonic instant the running command of ``visit_id`` is stopped at (its
+        ``timeoutMs``), for a snapshot; None while it does not run (queued, starting, ended)."""
+        with self._lock:
+            ends_by = self._ends_by.get(visit_id) if self._running.get(visit_id) is not None else None
+        return None if ends_by is None else ends_by - GIVEN_UP_GRACE_S
+
     def all_running(self) -> list[RunningCommand]:
         with self._lock:
             return [r for r in self._running.values() if r is not None]
