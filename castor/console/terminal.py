@@ -368,7 +368,14 @@ def worker_table(data: dict[str, Any]) -> Table:
     table.add_column("value")
     _process_rows(table, "castor", data.get("runtime") or {})
     worker = data.get("worker")
-    if isinstance(worker, dict):
+    if isinstance(worker, dict) and worker.get("state") == "unavailable":  # no worker ever starts here
+        table.add_row("session", shown(worker.get("session_id")))
+        why = shown(worker.get("reason"))
+        if worker.get("reason") == "icarus_dir_missing":
+            why += f": no Icarus package at {shown(worker.get('icarus_dir'))}"
+        table.add_row("icarus", f"unavailable ({why}); no worker starts in this session (icarusDir in the "
+                                "piIcarusHook settings names the package)")
+    elif isinstance(worker, dict):
         actor = worker.get("actor") or {}
         table.add_row("session", shown(worker.get("session_id")))
         table.add_row("worker actor", f"{shown(worker.get('path') or actor.get('path'))} ({shown(actor.get('state'))})")

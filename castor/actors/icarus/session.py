@@ -671,11 +671,13 @@ class IcarusSession:
                 "icarus.tool": math.ceil((self.settings.timeout_ms / 1000.0 + WAIT_GRACE_S) * 1000)}
 
     def worker_stats(self) -> dict[str, Any]:
-        """The worker actor's mailbox and the latest worker process (pid, RSS, CPU, files)."""
+        """The worker actor's mailbox and the latest worker process (pid, RSS, CPU, files); in a
+        session without Icarus (``state: unavailable``), why (``reason``, the ``icarus_dir`` looked
+        at): no worker ever starts there."""
         out: dict[str, Any] = {"session_id": self.session_id, "state": "active" if self.available else "unavailable",
                                "path": self.path("worker"), "actor": None, "process": None, "workers_started": 0}
         if not self.available:
-            return out
+            return {**out, "reason": self.reason, "icarus_dir": self.settings.icarus_dir}
         handle = self.ctx.runtime.system.find(self.path("worker"))
         if handle is not None:
             out["actor"] = handle.snapshot().model_dump(mode="json")

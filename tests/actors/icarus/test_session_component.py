@@ -283,6 +283,26 @@ def test_session_close_calls_on_session_end_clears_the_footer_and_kills_the_work
     assert rt.system.find("/root/session/s1/icarus/worker") is None
 
 
+def test_inspect_worker_of_a_session_without_an_icarus_package_says_no_worker_will_start(world):
+    """``castor inspect worker --session-id ID`` of such a session read "worker actor … (None)" and
+    "none yet (it starts with the first call)": no call ever starts one. It says why instead."""
+    from rich.console import Console
+
+    from castor.console.terminal import worker_table
+
+    world.write_global(icarusDir=str(world.tmp / "nowhere"))
+    rt = world.runtime()
+    _, sess = world.open(rt)
+    stats = sess.worker_stats()
+    assert (stats["state"], stats["reason"], stats["icarus_dir"]) == ("unavailable", "icarus_dir_missing",
+                                                                       str(world.tmp / "nowhere"))
+    console = Console(width=400, record=True)
+    console.print(worker_table({"runtime": {"pid": 1}, "worker": stats}))
+    text = console.export_text()
+    assert "None" not in text and "first call" not in text, text
+    assert "unavailable (icarus_dir_missing: no Icarus package at" in text and "no worker starts" in text, text
+
+
 def test_without_an_icarus_package_the_session_answers_cheaply_and_says_why(world):
     world.write_global(icarusDir=str(world.tmp / "nowhere"))
     rt = world.runtime()
