@@ -1274,6 +1274,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             view["not_writable"] = unwritable
     flags = _project_flags(args)
     text = status_text(_shown(view), "cli", cli_flags=flags)
+    resumed_here = view.get("resumable") or (view["status"] in GOING and not held_elsewhere(view))
+    if resumed_here and _agent_spec(args, root / cast_id) is None:
+        # a cast a harness ran (its agent is the harness's), or an openai: one (never taken from the
+        # tree): the recast or continue named above would stop at once on `no agent`
+        view["needs_agent"] = True
+        text += ("\nno agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
+                 "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
         # Which one holds it, status cannot tell; the two are stopped differently: a `castor serve`

@@ -1,6 +1,6 @@
-"""``castor status`` of a resumable cast whose run directory no command can write now (a read-only
-mount, a permission taken away): it says so, and what to fix first. It used to name the recast
-as if it would run, and that recast then failed on its first write."""
+"""``castor status`` of a resumable cast says what the resume it names needs first: a run directory
+no command can write now (a read-only mount, a permission taken away), or an agent the CLI does not
+know. It used to name the recast as if it would run, and that recast then failed at once."""
 
 from __future__ import annotations
 
@@ -50,3 +50,20 @@ def test_status_of_a_cast_this_user_may_not_write_says_eacces(tmp_path, monkeypa
     assert main(["status", run.name]) == 0
     out = capsys.readouterr().out
     assert f".pi/pi-materia/{run.name} cannot be written (EACCES)" in out, out
+
+
+def test_status_of_a_cast_with_no_agent_remembered_says_the_resume_needs_one(tmp_path):
+    """A cast a harness ran (or an ``openai:`` one) has no agent the CLI may take: the ``castor
+    recast`` or ``continue`` status named stopped at once on ``invalid_params: no agent``."""
+    project, run = interrupted_cast(tmp_path)
+    remembered = castor_cli(tmp_path, "status", run.name, cwd=project)
+    assert "no agent is remembered" not in remembered.stdout, remembered.stdout  # cli.json names its script
+    (run / "cli.json").unlink()
+    shown = castor_cli(tmp_path, "status", run.name, cwd=project)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.rstrip().endswith("no agent is remembered for it: a recast or continue here needs --agent "
+                                          "script:FILE or --agent openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or "
+                                          "resume it in a harness session (/materia recast)"), shown.stdout
+    assert json.loads(castor_cli(tmp_path, "status", run.name, "--json", cwd=project).stdout)["needs_agent"] is True
+    resumed = castor_cli(tmp_path, "continue", run.name, cwd=project)
+    assert resumed.returncode != 0 and "no agent" in resumed.stderr  # what status said
