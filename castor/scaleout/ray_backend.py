@@ -11,7 +11,7 @@ The directory (one rule, kept here because the serving process is the only route
 | when | what |
 |---|---|
 | a session opens | it is placed on the live host with the fewest sessions, within the opening's own deadline (a session not placed by then is placed by its next call, within that call's deadline; a host that answers too late is told to close it again); all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
-| a session closes | it is forgotten here at once; its host is asked to close it and waited for ``SESSION_CLOSE_WAIT_S`` at most (best effort: a cut-off host's own fence ends it) |
+| a session closes | its host is asked to end its turns (``session_end``), then to close it, each waited for ``SESSION_CLOSE_WAIT_S`` at most; it is forgotten here either way (best effort: a cut-off host's own fence ends it) |
 | a host answers a call | its answer (a result or a castor wire error) is returned as is |
 | a host dies (``RayActorError``: its process was killed, its node removed) | it is marked lost; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
 | a lost host's process still lives (its node's raylet was killed, the network parted) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`); while its node is dead to the cluster, nothing is recast before ``command_lease_s`` + ``LEASE_MARGIN_S`` after it was taken for lost (its commands on that node live until their lease lapses) |
@@ -62,6 +62,7 @@ PLACE_TIMEOUT_S = 60.0  # how long a lost host's session, moving, waits for a li
 OPEN_MARGIN_S = 1.0
 # How long closing a session waits for its host to close it there (best effort: see close_session).
 SESSION_CLOSE_WAIT_S = 3.0
+ENDING_VERB = "session_end"  # what a session's close asks of its materia actor first (component._on_close)
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
 SHUTDOWN_TIMEOUT_S = 30.0  # how long the live hosts, asked at once, have to stop (their runtimes take up to 20 s)
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
@@ -547,7 +548,15 @@ class RayBackend:
     def call(self, sid: str, verb: str, params: dict[str, Any], timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
         """Run one materia verb on the session's host. A read-only verb that meets a lost host is
         asked again of the host the session moves to (it changed nothing); any other verb fails
-        ``actor_crashed`` with ``may_have_started: true``, because the lost host may have run it."""
+        ``actor_crashed`` with ``may_have_started: true``, because the lost host may have run it.
+        The session's closing verb (``session_end``, best effort) has ``SESSION_CLOSE_WAIT_S`` at
+        most, and nothing to do for a session never placed."""
+        if verb == ENDING_VERB:
+            with self._lock:
+                placed = self._placed.get(sid)
+            if placed is None or placed.failure is not None:
+                return {}  # never placed (or closed already): nothing of it runs on a host
+            timeout_s = min(timeout_s, SESSION_CLOSE_WAIT_S)
         started = time.monotonic()
         while True:
             host = self.host_of(sid, max(0.1, timeout_s - (time.monotonic() - started)))
@@ -860,5 +869,14 @@ def ray_materia_component(backend: RayBackend) -> Any:
     def children(ctx: Any) -> list[ChildSpec]:
         return [tree.MATERIA.child_spec(lambda: RemoteSessionActor(ctx, backend))]
 
+    def on_close(ctx: Any) -> None:
+        """The local close hook (``session_end`` on the host), then the session's release there:
+        here, not only when its actor terminates, which an actor killed for overrunning its stop
+        never does (the session stayed placed on its host, held by nobody)."""
+        try:
+            local.on_materia_close(ctx)
+        finally:
+            backend.close_session(ctx.info.session_id)
+
     return SessionComponent(name="materia", children=children, on_event=local.on_materia_event,
-                            on_close=local.on_materia_close)
+                            on_close=on_close)

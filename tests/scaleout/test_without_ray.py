@@ -801,3 +801,44 @@ def test_what_ray_prints_as_it_starts_goes_to_castor_s_log_not_stderr(capfd, mon
     assert "Token authentication" not in captured.err + captured.out, captured.err
     assert "network_util.cc" not in captured.err + captured.out, captured.err
     assert "castor's own one-line warning" in captured.err, captured.err
+
+
+def test_closing_a_session_whose_host_is_cut_off_takes_seconds_and_strands_nothing(tmp_path: Path) -> None:
+    """The whole close, as ``session.close`` runs it: the materia close hook asks the host to end
+    the session (``session_end``), then the session's actors stop. With the host cut off, the hook's
+    ask timed out after 5 s while the actor still waited on the host, the actor was killed for
+    overrunning its stop 5 s later, and its release never ran: 10 s, and the session stayed placed
+    on its host, held by nobody. Now ``session_end`` has ``SESSION_CLOSE_WAIT_S`` and the release
+    runs in the close hook: under 7 s, and the host is told to close it."""
+    rex = pytest.importorskip("ray.exceptions")
+    from castor.ports.session_component import HarnessLink, SessionInfo
+    from castor.runtime import Runtime
+    from castor.scaleout.ray_backend import HostRef, ray_materia_component
+
+    cut_off = threading.Event()
+    never = threading.Event()
+
+    def get(ref: object, timeout: float) -> object:
+        if cut_off.is_set():
+            never.wait(timeout)
+            raise rex.GetTimeoutError("cut off")
+        return ref
+
+    backend = _backend_with_no_live_host(get)
+    host = _FakeHost(time.monotonic())
+    backend.hosts["host-2"] = HostRef(host_id="host-2", actor=host, drainer=threading.current_thread())
+    runtime = Runtime(components=[ray_materia_component(backend)])
+    try:
+        runtime.open_session(SessionInfo(session_id="s1", cwd=str(tmp_path), trusted=True),
+                             HarnessLink(agent=None, session_log=None, ui=None))
+        assert backend.hosts["host-2"].sessions == {"s1"}
+        cut_off.set()
+        began = time.monotonic()
+        runtime.close_session("s1")
+        took = time.monotonic() - began
+    finally:
+        never.set()
+        runtime.shutdown(5)
+    assert took < 7.0, took  # it was 10 s
+    assert backend._placed == {} and backend.hosts["host-2"].sessions == set()
+    assert "close_session" in [method for _t, method, _a in host.calls]
