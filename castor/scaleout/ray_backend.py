@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from castor import tree
 from castor._log import logger
-from castor.actors.materia.messages import SESSION_VERBS, SessionVerb
+from castor.actors.materia.messages import SESSION_VERBS, SessionEnding, SessionVerb
 from castor.messages.errors import ActorCrashed, CastorError, Conflict, Internal, InvalidParams, NotFound, Timeout
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
@@ -62,7 +62,7 @@ PLACE_TIMEOUT_S = 60.0  # how long a lost host's session, moving, waits for a li
 OPEN_MARGIN_S = 1.0
 # How long closing a session waits for its host to close it there (best effort: see close_session).
 SESSION_CLOSE_WAIT_S = 3.0
-ENDING_VERB = "session_end"  # what a session's close asks of its materia actor first (component._on_close)
+ENDING_VERB = SessionEnding.verb  # what a session's close asks of its materia actor first (component._on_close)
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
 SHUTDOWN_TIMEOUT_S = 30.0  # how long the live hosts, asked at once, have to stop (their runtimes take up to 20 s)
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
