@@ -48,6 +48,9 @@ FAILED_REREAD_S = 5.0
 #: index with when they were read.
 _OPENED: dict[str, float] = {}
 _FAILED: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+#: Per open session whose artifact root castor refuses (an ``artifactDir`` leading out of its
+#: project): why, as ``castor casts`` says it; its saved casts are not read.
+_REFUSED: dict[str, str] = {}
 
 
 #: The open sessions' resolved configs, re-read only when a layer file changed (as a session's own are).
@@ -96,7 +99,7 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
     for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
         _RUN_DIRS.pop(key, None)
-    for table in (_ENDED, _OPENED, _FAILED):
+    for table in (_ENDED, _OPENED, _FAILED, _REFUSED):
         for sid in [sid for sid in table if sid not in open_ids]:
             table.pop(sid, None)
     live: set[tuple[str, str]] = set()
@@ -121,6 +124,7 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
         seen = {c["cast_id"] for c in ended} | {c["cast_id"] for c in session["casts"]}
         failed = [c for c in _failed_since_open(runtime, sid, uptimes.get(session["path"])) if c["cast_id"] not in seen]
         session["ended"] = sorted(ended + failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
+        session["casts_refused"] = _REFUSED.get(sid)
     if moments is not None:  # a session's cast shows its actor's figures, read when its actor's were
         read_at = {actor["path"]: moments[id(actor)] for actor in actors if id(actor) in moments}
         for session in sessions:
@@ -182,9 +186,13 @@ def _failed_since_open(runtime: Any, sid: str, uptime_s: float | None) -> list[d
         _OPENED[sid] = now - uptime_s
     opened = _OPENED.get(sid)
     failed: list[dict[str, Any]] = []
+    _REFUSED.pop(sid, None)
     try:
         roots = {artifact_root(runtime, sid)}
-    except Exception:  # noqa: BLE001 - a session closing or a root refused: none read from its config
+    except Forbidden as exc:  # as castor casts refuses it: said on the session's card
+        roots = set()
+        _REFUSED[sid] = exc.message[:MAX_REASON_CHARS]
+    except Exception:  # noqa: BLE001 - a session closing: none read from its config
         roots = set()
     roots |= {Path(run_dir).parent for (known, _cast), run_dir in list(_RUN_DIRS.items()) if known == sid}
     for root in roots:
@@ -722,6 +730,10 @@ function render(doc) {
     if (w.crash_loop && w.crash_loop.state === 'given_up')
       troubled.push([{path: 'Icarus worker — ' + w.session_id, kind: ''}, ['crash loop: ' + w.crash_loop.text, null]]);
   for (const s of doc.sessions)
+    if (s.casts_refused)
+      troubled.push([{path: '/root/session/' + s.session_id, kind: ''},
+                     ['saved casts not read: ' + s.casts_refused, null]]);
+  for (const s of doc.sessions)
     for (const c of (s.ended || []).filter(c => c.status === 'failed'))
       troubled.push([{path: '/root/session/' + s.session_id + '/cast/' + c.cast_id, kind: 'CastActor'},
                      [ended(c), Math.max(0, doc.at - c.ended_at)]]);
@@ -743,6 +755,9 @@ function render(doc) {
     card.append($('b', {}, s.label || s.session_id), $('div', {class: 'muted'}, s.project || ''),
                 $('div', {class: 'muted'}, s.session_id));
     const ul = $('ul');
+    if (s.casts_refused)  // castor casts refuses the same: what it said, and nothing read from there
+      ul.append($('li', {class: 'restarted', 'data-refused': ''}, 'saved casts not read: ' + s.casts_refused,
+                  MAX_REASON));
     for (const c of s.casts.slice(0, MAX_CARD_CASTS)) {
       const li = $('li', {'data-cast': c.cast_id});
       li.append($('a', {href: castHref(s.session_id, c.cast_id)}, c.cast_id),

@@ -558,3 +558,28 @@ def test_the_page_patched_push_after_push_holds_what_a_whole_push_says(browser, 
     _held_is_whole(browser)
     assert not browser.execute_script(STALE_JS)
     assert browser_errors(browser) == []
+
+
+def test_a_session_whose_artifact_dir_leads_out_of_its_project_says_why_its_saved_casts_are_not_read(
+        browser, busy_console, tmp_path):
+    """A project whose ``artifactDir`` leads out of it: ``castor casts`` refuses it (``forbidden``),
+    and the console reads none of its saved casts. The page said nothing of it (no failed cast was
+    listed, as if none had failed); its session's card and "needs attention" say why now."""
+    import json
+
+    live = busy_console
+    project = tmp_path / "project-outside"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"artifactDir": str(tmp_path / "elsewhere")}))
+    live.client.call("session.open", {"session_id": "outside", "cwd": str(project), "trusted": True}, timeout=20)
+    browser.get(f"{live.url}?token={live.token}")
+    _first_push(browser)
+    said = wait_for(lambda: browser.execute_script(
+        "const li = document.querySelector('[data-session=\"outside\"] li[data-refused]');"
+        " return li && li.textContent"),
+        timeout=15, what="the refusal on the session's card")
+    assert said.startswith("saved casts not read: ") and "artifactDir must stay inside the project" in said, said
+    item = browser.execute_script(
+        "const li = document.querySelector('#attention li[data-trouble=\"/root/session/outside\"]');"
+        " return li && li.textContent")
+    assert item and "artifactDir must stay inside the project" in item, item

@@ -857,7 +857,8 @@ def test_a_configured_artifact_dir_leading_out_of_the_project_is_refused_as_cast
         tmp_path, monkeypatch, where):
     """An ``artifactDir`` outside the project, or one inside it that is a link leading out, is
     refused by ``castor casts`` (``forbidden``): the console refuses it the same way (a cast's page
-    is ``forbidden``, naming the setting) and lists no failed cast from it; nothing behind it is read."""
+    is ``forbidden``, naming the setting) and lists no failed cast from it; nothing behind it is read.
+    The session's card says why its saved casts are not read (it said nothing: none were listed)."""
     from castor.console import pages
     from castor.messages.errors import Forbidden
     from tests.actors.materia.helpers import make_runtime, open_session
@@ -885,10 +886,13 @@ def test_a_configured_artifact_dir_leading_out_of_the_project_is_refused_as_cast
         assert "artifactDir must stay inside the project" in refused.value.message, refused.value.message
         assert pages._failed_since_open(runtime, "s-out", uptime_s=3600.0) == []
         assert ("s-out", cast_id) not in pages._RUN_DIRS
+        (session,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-out"]
+        assert "artifactDir must stay inside the project" in session["casts_refused"]  # said on its card
     finally:
         pages._RUN_DIRS.pop(("s-out", cast_id), None)
         pages._FAILED.pop("s-out", None)
         pages._OPENED.pop("s-out", None)
+        pages._REFUSED.pop("s-out", None)
         runtime.shutdown(timeout=10)
 
 
