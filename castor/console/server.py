@@ -6,7 +6,8 @@ a little vanilla JavaScript; live updates are pushed by the server as Server-Sen
 Nothing here sends a message to an actor: every figure comes from snapshots (handles) and
 files a cast already wrote.
 
-Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream; ``/cast/<sid>/<cast_id>``
+Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream (the whole document
+when it opens, then what changed: :mod:`castor.console.delta`); ``/cast/<sid>/<cast_id>``
 one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream (``?probe``:
 answered as the stream would be, without it);
 ``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text; ``/favicon.ico`` an empty ``204``,

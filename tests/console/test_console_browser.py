@@ -70,10 +70,11 @@ def test_a_casts_page_draws_its_loadout_with_the_current_socket(browser, busy_co
     live = busy_console
     sid, cast_id = "session-3", live.casts["session-3"][0]
     browser.get(f"{live.url}?token={live.token}")  # the console's token: a cookie for the page's own requests
-    link = wait_for(lambda: browser.execute_script(
-        f"return document.querySelector('#tree a[href=\"' + BASE + 'cast/{sid}/{cast_id}\"]')"), timeout=15,
-        what="the cast's link")
-    link.click()
+    # found and clicked in one script: a push between a lookup and a click redraws the tree, and the
+    # link looked up is then a stale element
+    wait_for(lambda: browser.execute_script(
+        f"const a = document.querySelector('#tree a[href=\"' + BASE + 'cast/{sid}/{cast_id}\"]');"
+        " if (a) a.click(); return !!a;"), timeout=15, what="the cast's link, clicked")
     wait_for(lambda: browser.execute_script("return document.querySelectorAll('#graph g.socket').length"),
              timeout=15, what="the graph")
     sockets = browser.execute_script(
