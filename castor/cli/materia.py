@@ -124,20 +124,44 @@ def _storage_faults_typed(command: Callable[[argparse.Namespace], int]) -> Calla
     """A cast command whose own read or write of the project's casts meets a storage fault (full,
     read-only, not permitted: ``EACCES`` on a run directory or its lease file) ends with the code the
     store and the endpoint's verbs give the same condition, ``storage_unavailable`` (``errno``,
-    ``path``), never the generic ``forbidden`` an ``OSError`` of another command gets."""
+    ``path``), never the generic ``forbidden`` an ``OSError`` of another command gets. Its line
+    names the command to type again once the storage is fixed, unless it names one already."""
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
         from castor.adapters.fs import is_storage_fault, storage_unavailable
+        from castor.messages.errors import StorageUnavailable
 
         try:
             return command(args)
+        except StorageUnavailable as exc:  # a verb's own (a lease file on a read-only mount)
+            raise _with_the_command_again(exc, args) from None
         except OSError as exc:
             if not is_storage_fault(exc):
                 raise
-            raise storage_unavailable(exc, action=f"run castor {args.command}") from None
+            raise _with_the_command_again(storage_unavailable(exc, action=f"run castor {args.command}"),
+                                          args) from None
 
     return run
+
+
+def _with_the_command_again(error: Any, args: argparse.Namespace) -> Any:
+    """``error`` (a ``StorageUnavailable``) of a command on one cast (status, abort, recast...) saying
+    what to type once the storage is fixed (space freed, the mount writable again, the permission
+    given): ``castor VERB CAST_ID`` (its ``--cwd`` too); unchanged for another command, or when its
+    message names a castor command already."""
+    import shlex
+
+    from castor.messages.errors import StorageUnavailable
+
+    if "`castor " in error.message or not hasattr(args, "cast_id"):
+        return error
+    again = ["castor", args.command, *([args.cast_id] if args.cast_id else [])]
+    if getattr(args, "cwd", None):
+        again += ["--cwd", args.cwd]
+    typed = " ".join(shlex.quote(part) for part in again)
+    return StorageUnavailable(f"{error.message}; once the storage is fixed, `{typed}` again",
+                              data=dict(error.data or {}))
 
 
 # --------------------------------------------------------------------------- argparse

@@ -796,3 +796,32 @@ def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_pat
     last = refused.stderr.strip().splitlines()[-1]
     assert "castor's 200000-byte bound" in last and "castor cast" in last, last
     assert f"castor recast {cast_id}" not in refused.stderr, refused.stderr
+
+
+@pytest.mark.timeout(120)
+def test_on_a_read_only_mount_every_cast_command_names_what_to_type_once_it_is_writable(tmp_path):
+    """A project on a mount remounted read-only with a cast its killed runtime left: ``castor abort``
+    answered "storage unavailable: cannot run materia abort on .../owner.lock (EROFS: Read-only file
+    system)" and nothing more. Each command that must write says, on its error line, the command to
+    type again once the storage is writable; what only reads (casts, status) still works."""
+    from tests.support.tmpfs import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "mnt", "8m") as mount:
+        project = _project(mount, TWO_AGENT_SOCKETS, answers=[{"text": "late", "delay_ms": 60_000}])
+        proc = _start_cast(project, mount)
+        try:
+            wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/state.json")) or None, timeout=30,
+                     what="the cast to start")
+        finally:
+            proc.kill()
+            proc.wait(10)
+        (cast_id,) = [p.name for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True).returncode == 0
+        for verb in ("abort", "recast", "continue"):
+            flags = () if verb == "abort" else ("--agent", "script:answers.json", "--quiet")
+            refused = _castor(tmp_path, verb, cast_id, *flags, cwd=project)
+            _one_clean_error_line(refused, "storage_unavailable")
+            last = refused.stderr.strip().splitlines()[-1]
+            assert "EROFS" in last and f"`castor {verb} {cast_id}`" in last, (verb, last)
+        for verb in ("casts", "status"):
+            assert _castor(tmp_path, verb, cwd=project).returncode == 0

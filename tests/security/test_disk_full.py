@@ -688,4 +688,5 @@ def test_castor_status_names_a_state_it_cannot_read_relative_to_the_project(tmp_
     assert main(["status", run.name, "--cwd", str(root)]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"castor: storage_unavailable: storage unavailable: cannot read on "
-                   f".pi/pi-materia/{run.name}/state.json (EIO: Input/output error)"), err
+                   f".pi/pi-materia/{run.name}/state.json (EIO: Input/output error); once the storage is fixed, "
+                   f"`castor status {run.name} --cwd {root}` again"), err
