@@ -21,6 +21,7 @@ makes it reconnect, and a new stream starts with the whole anchored document.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 #: Figures that are the seconds since something began, as of the document's ``at``.
@@ -105,24 +106,7 @@ def patch(old: JSON, new: JSON) -> dict[str, JSON] | None:
 
 
 def _mapping_patch(old: dict[str, JSON], new: dict[str, JSON]) -> dict[str, JSON]:
-    sets: dict[str, JSON] = {}
-    patches: dict[str, JSON] = {}
-    for key, value in new.items():
-        if key not in old:
-            sets[key] = value
-            continue
-        change = patch(old[key], value)
-        if change is None:
-            continue
-        if "=" in change:
-            sets[key] = value
-        else:
-            patches[key] = change
-    out: dict[str, JSON] = {}
-    if sets:
-        out["set"] = sets
-    if patches:
-        out["patch"] = patches
+    out = _sets_and_patches(old, new.items())
     gone = [key for key in old if key not in new]
     if gone:
         out["del"] = gone
@@ -133,25 +117,7 @@ def _list_patch(key: str, old: list[JSON], new: list[JSON]) -> dict[str, JSON]:
     before = {item[key]: item for item in old}
     after_ids = [item[key] for item in new]
     present = set(after_ids)
-    sets: dict[str, JSON] = {}
-    patches: dict[str, JSON] = {}
-    for item in new:
-        ident = item[key]
-        if ident not in before:
-            sets[ident] = item
-            continue
-        change = patch(before[ident], item)
-        if change is None:
-            continue
-        if "=" in change:
-            sets[ident] = item
-        else:
-            patches[ident] = change
-    out: dict[str, JSON] = {"id": key}
-    if sets:
-        out["set"] = sets
-    if patches:
-        out["patch"] = patches
+    out: dict[str, JSON] = {"id": key, **_sets_and_patches(before, ((item[key], item) for item in new))}
     gone = [ident for ident in before if ident not in present]
     if gone:
         out["del"] = gone
@@ -163,6 +129,31 @@ def _list_patch(key: str, old: list[JSON], new: list[JSON]) -> dict[str, JSON]:
         added = [[ident, after_ids[n - 1] if n else None] for n, ident in enumerate(after_ids) if ident not in before]
         if added:
             out["add"] = added
+    return out
+
+
+def _sets_and_patches(before: dict[str, JSON], now: Iterable[tuple[str, JSON]]) -> dict[str, JSON]:
+    """The ``set`` (new, or changed so that it is sent whole) and ``patch`` (changed in place)
+    parts of a patch from ``before`` (by key or id) to the ``(key, value)`` pairs of ``now``;
+    each part left out when empty."""
+    sets: dict[str, JSON] = {}
+    patches: dict[str, JSON] = {}
+    for ident, value in now:
+        if ident not in before:
+            sets[ident] = value
+            continue
+        change = patch(before[ident], value)
+        if change is None:
+            continue
+        if "=" in change:
+            sets[ident] = value
+        else:
+            patches[ident] = change
+    out: dict[str, JSON] = {}
+    if sets:
+        out["set"] = sets
+    if patches:
+        out["patch"] = patches
     return out
 
 
