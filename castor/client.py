@@ -79,7 +79,7 @@ class Client:
         # On the reading thread: a refusal's notification is then recorded before the end of stream
         # that follows it is read, so a call the close fails can say why (``_parting``).
         self._dispatcher.register("error", self._on_error_notification, on_reading_thread=True)
-        self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100)
+        self.errors: list[dict[str, Any]] = []  # ``error`` notifications from the server (latest 100, cut)
         self._errors_gate = WarningGate()  # the warning lines about them
         self._last_error: tuple[dict[str, Any], int] | None = None  # the latest, and frames read then
         # Workers poll so that a caller can take the reader role and read its own reply. A
@@ -209,7 +209,13 @@ class Client:
     def _on_error_notification(self, params: dict[str, Any], _ctx: Context) -> None:
         """Keep the server's ``error`` notification (``errors``, the latest 100) and log it: one
         warning, then at most one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many came
-        since (each a debug line) -- a server sending them in a loop cannot write the log full."""
+        since (each a debug line) -- a server sending them in a loop cannot write the log full.
+        Each is kept cut as a peer's error is cut on the way in (its message at 4 KiB, each string
+        in its data at 16 KiB, a code castor does not know -- then ``internal`` with the code in
+        ``data.wire_code`` -- at 64 characters): a server sending megabytes in each would
+        otherwise cost the client a gigabyte for the hundred kept."""
+        error = error_from_wire(params)
+        params = {**error.to_wire(), "message": error.message}  # the message is cut once, not twice
         warn, quiet = self._errors_gate.passes()
         shown = clipped(repr(params), 4096)
         if warn:
