@@ -95,9 +95,15 @@ class InspectCommand(BaseModel):
 IcarusCommand = HooksCommand | ContextCommand | ContextDefaultCommand | InspectCommand
 
 
+def _quoted(word: str) -> str:
+    """``word`` as a message names it: clipped and escaped to one line, then quoted once (``repr()``
+    of the escaped text doubled every backslash of its escapes, and switched quotes on a ``'``)."""
+    return f"'{clipped(word, 64)}'"
+
+
 def _no_more(words: list[str], used: int) -> None:
     if len(words) > used:
-        raise CommandError(f"unexpected argument {clipped(words[used], 64)!r}")
+        raise CommandError(f"unexpected argument {_quoted(words[used])}")
 
 
 def _visibility(word: str) -> Literal["show", "hide"] | None:
@@ -118,12 +124,12 @@ def _parse_default(words: list[str]) -> ContextDefaultCommand:
         return ContextDefaultCommand(action="status", scope=_SCOPE_WORDS[word])
     action: ContextAction | None = _STATE_WORDS.get(word) or _visibility(word)
     if action is None:
-        raise CommandError(f"unknown context default action {clipped(word, 64)!r}")
+        raise CommandError(f"unknown context default action {_quoted(word)}")
     scope: Scope | None = None
     if len(words) > 3:
         scope_word = words[3]
         if scope_word not in _SCOPE_WORDS:
-            raise CommandError(f"unknown scope {clipped(scope_word, 64)!r} (use project or global)")
+            raise CommandError(f"unknown scope {_quoted(scope_word)} (use project or global)")
         scope = _SCOPE_WORDS[scope_word]
         _no_more(words, 4)
     return ContextDefaultCommand(action=action, scope=scope)
@@ -140,7 +146,7 @@ def _parse_context(words: list[str]) -> IcarusCommand:
         return ContextCommand(action=_STATE_WORDS[word])
     action = _visibility(word)
     if action is None:
-        raise CommandError(f"unknown context action {clipped(word, 64)!r}")
+        raise CommandError(f"unknown context action {_quoted(word)}")
     return ContextCommand(action=action)
 
 
@@ -158,4 +164,4 @@ def parse_command(text: str | None) -> IcarusCommand:
         return InspectCommand(what=_INSPECT_WORDS[head])
     if head == "context":
         return _parse_context(words)
-    raise CommandError(f"unknown /icarus command {clipped(head, 64)!r}")
+    raise CommandError(f"unknown /icarus command {_quoted(head)}")

@@ -74,3 +74,16 @@ def test_a_long_word_is_echoed_clipped_whatever_its_place(text):
         parse_command(text.format(w="y" * 1_000_000))
     assert len(info.value.message) < len(USAGE) + 200, len(info.value.message)
     assert "(1000000 characters)" in info.value.message
+
+
+@pytest.mark.parametrize("text", ["on {w}", "context {w}", "context default {w}", "context default hide {w}",
+                                  "{w}"])
+@pytest.mark.parametrize(("word", "shown"), [("\u202eevil", "\\u202eevil"), ("bell\x07", "bell\\x07"),
+                                             ("it's", "it's")])
+def test_an_echoed_word_is_escaped_once_and_quoted_once(text, word, shown):
+    """Each message quoted ``repr()`` of the word already escaped for one line, so a control or bidi
+    character read with every backslash doubled (``'\\\\u202eevil'``), and a quote switched the quotes."""
+    with pytest.raises(CommandError) as info:
+        parse_command(text.format(w=word))
+    assert f"'{shown}'" in info.value.message, info.value.message
+    assert "\\\\" not in info.value.message
