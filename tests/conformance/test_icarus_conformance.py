@@ -428,3 +428,28 @@ def test_i80_icarus_hook_config_schema_only_answers_without_a_worker(world):
     assert inspection["package"] == "pi-icarus-hook"
     assert sess.current_worker_pid() is None and sess.worker_stats()["workers_started"] == 0
     assert not world.call_log.exists()  # the backend was never imported, let alone called
+
+
+def test_i66_i67_a_refused_or_invalid_command_changes_no_state_and_writes_no_file(world):
+    """An invalid command is not the valid command its first words spell (``off extra`` is not
+    ``off``), and an untrusted session's project write is refused without landing anywhere else."""
+    world.write_project({"footerStatus": "project"})
+    project_before = world.project_path.read_bytes()
+    global_before = world.global_path.read_bytes()
+    rt = world.runtime()
+    sess = world.open(rt, trusted=False)
+    for bad in ("off extra", "on extra", "context hide now", "context off now", "context default hide moon",
+                "context default hide project extra", "off off"):
+        result = sess.command(bad)
+        assert result["level"] == "warning" and result["code"] == "invalid_command", (bad, result)
+    refused = sess.command("context default hide project")
+    assert refused["level"] == "warning" and "nothing was written" in refused["text"]
+    assert world.project_path.read_bytes() == project_before and world.global_path.read_bytes() == global_before
+    assert sorted(p.name for p in world.agent_dir.iterdir()) == ["settings.json"]  # no lock or temp file left
+    # the session is as it was: hooks on, context visible (so the invalid ones above could have changed it)
+    assert "visible" in sess.command("context status")["text"]
+    rt.dispatch_event("s1", "before_agent_start", {"prompt": "still retrieving"})
+    assert [c["kwargs"]["user_message"] for c in world.calls("hooks.pre_llm_call")] == ["still retrieving"]
+    sess.command("off")
+    rt.dispatch_event("s1", "before_agent_start", {"prompt": "not retrieved"})
+    assert len(world.calls("hooks.pre_llm_call")) == 1  # the valid "off" does stop it
