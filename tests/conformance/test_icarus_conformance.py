@@ -453,3 +453,22 @@ def test_i66_i67_a_refused_or_invalid_command_changes_no_state_and_writes_no_fil
     sess.command("off")
     rt.dispatch_event("s1", "before_agent_start", {"prompt": "not retrieved"})
     assert len(world.calls("hooks.pre_llm_call")) == 1  # the valid "off" does stop it
+
+
+def test_i54_a_startup_context_the_classifier_would_filter_is_injected_unclassified(world):
+    """The startup context is injected as the backend gave it, even when it is a retrievable
+    section the configured classifier would cut (the earlier checks used a startup text with no
+    retrievable section, which no filtering could have touched)."""
+    startup = ("[fabric] relevant to your request:\n  [2026-01-01] conformance: sqlite WAL notes\n"
+               "  [2026-01-01] conformance: chocolate cake recipe")
+    world.env["ICARUS_REF_STARTUP_CONTEXT"] = startup
+    rt = world.runtime()
+    scripted = ScriptedClassifier("ok")
+    _seed_and_open(world, rt, "s1", scripted)
+    rt.dispatch_event("s1", "session_start", {})
+    assert [m["content"] for m in world.ui.of("message")] == [startup]
+    assert scripted.requests == []
+    # the same kind of text in a retrieval is classified and its cake line cut (so the checks above could fail)
+    filtered = rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite and the cake"})["message"]["content"]
+    assert len(scripted.requests) == 1
+    assert "sqlite WAL notes" in filtered and "chocolate cake recipe" not in filtered
