@@ -472,3 +472,43 @@ def test_i54_a_startup_context_the_classifier_would_filter_is_injected_unclassif
     filtered = rt.dispatch_event("s1", "before_agent_start", {"prompt": "sqlite and the cake"})["message"]["content"]
     assert len(scripted.requests) == 1
     assert "sqlite WAL notes" in filtered and "chocolate cake recipe" not in filtered
+
+
+def test_i25_a_new_session_after_the_old_one_ended_gets_a_first_turn_again_with_its_own_id(world):
+    """Pi replacing its session ends the old one and starts a new one (a new castor session): the
+    new session's first prompt is a first turn again, under the new id, and the one after is not."""
+    rt = world.runtime()
+    world.open(rt, "old")
+    rt.dispatch_event("old", "session_start", {})
+    for prompt in ("one", "two"):
+        rt.dispatch_event("old", "before_agent_start", {"prompt": prompt})
+    rt.dispatch_event("old", "session_shutdown", {})
+    world.open(rt, "new")
+    rt.dispatch_event("new", "session_start", {"reason": "new"})
+    for prompt in ("three", "four"):
+        rt.dispatch_event("new", "before_agent_start", {"prompt": prompt})
+    assert [(c["kwargs"]["session_id"], c["kwargs"]["is_first_turn"]) for c in world.calls("hooks.pre_llm_call")] == [
+        ("old", True), ("old", False), ("new", True), ("new", False)]
+
+
+@pytest.mark.timeout(40)
+def test_i29_a_retrieval_still_running_when_the_session_shuts_down_injects_nothing(world):
+    world.write_global(classifier="none")
+    memory = {"result_json": json.dumps({"context": "[fabric] LATE MEMORY"})}
+    world.controls({"hooks.pre_llm_call": memory})
+    rt = world.runtime()
+    world.open(rt)
+    rt.dispatch_event("s1", "session_start", {})
+    # the retrieval's answer is injected when nothing interrupts it (so the check below could fail)
+    uninterrupted = rt.dispatch_event("s1", "before_agent_start", {"prompt": "q"})
+    assert uninterrupted["message"]["content"] == "[fabric] LATE MEMORY"
+    world.controls({"hooks.pre_llm_call": {**memory, "sleep_ms": 1500}})
+    answers: list[Any] = []
+    prompt = threading.Thread(target=lambda: answers.append(
+        rt.dispatch_event("s1", "before_agent_start", {"prompt": "again"})))
+    prompt.start()
+    wait_until(lambda: len(world.calls("hooks.pre_llm_call")) == 2, 10, "the second retrieval under way")
+    rt.dispatch_event("s1", "session_shutdown", {})
+    prompt.join(20)
+    assert answers == [{}]
+    assert [c["kwargs"]["session_id"] for c in world.calls("hooks.on_session_end")] == ["s1"]
