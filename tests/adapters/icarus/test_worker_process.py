@@ -322,8 +322,10 @@ def test_stderr_tail_is_bounded(harness):
 
 def test_spawn_failure_is_typed_and_prompt(harness):
     worker = harness.worker(harness.launch(harness.settings(python="/nonexistent/python")))
+    began = time.monotonic()
     with pytest.raises(WorkerCrashed) as info:
-        call(worker, "hooks", "counter")
+        call(worker, "hooks", "counter", deadline_s=10)
+    assert time.monotonic() - began < 1.0  # at once, not at the call's deadline
     assert info.value.data["reason"] == "spawn_failed" and info.value.may_have_started is False
 
 
