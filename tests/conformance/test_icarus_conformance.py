@@ -347,6 +347,19 @@ def test_i56_global_only_footer_status_is_used_and_context_display_defaults_true
     assert s.context_display is True and s.sources["contextDisplay"] == Source.BUILTIN
 
 
+
+def test_i56_a_global_only_footer_status_reaches_the_footer_and_the_context_shows(world):
+    """The same through a real session: the footer the harness is sent is the global file's text,
+    and with no contextDisplay anywhere the startup context is sent visible."""
+    world.write_global(footerStatus="Memory on")
+    world.write_project({"hooks": True})  # a project file without either key
+    world.env["ICARUS_REF_STARTUP_CONTEXT"] = "[startup] remembered"
+    rt = world.runtime()
+    world.open(rt, trusted=True)
+    rt.dispatch_event("s1", "session_start", {})
+    assert world.ui.of("status")[-1] == ("icarus", "Memory on")
+    assert [(m["content"], m["display"]) for m in world.ui.of("message")] == [("[startup] remembered", True)]
+
 def test_i61_a_corrupt_global_file_is_never_overwritten_by_context_default_and_the_error_is_reported(world):
     world.global_path.write_text('{"piIcarusHook": {"contextDisplay": true,')  # truncated JSON
     before = world.global_path.read_bytes()
