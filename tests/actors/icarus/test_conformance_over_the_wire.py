@@ -1,9 +1,9 @@
-"""Spec §8 behaviours whose only proof was the pure lifecycle / tools functions, driven here the
+"""Numbered pi-icarus-hook behaviours whose only proof was the pure lifecycle / tools functions, driven here the
 way a harness meets them: ``harness.event``, ``icarus.tool`` and ``icarus.config`` over a real
 msgpack-rpc endpoint, hooks and tools running in real worker subprocesses of the REFERENCE
 BACKEND (a stand-in for the private Icarus plugin, whose own call log is the evidence of what
 ran). Faked only the harness side (``FakeHarness``). Tests are named ``test_<N>_…`` after the
-§8 item; the map in docs/icarus.md lists them.
+item; the map in docs/icarus.md lists them.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def test_68_a_write_lands_in_the_existing_alias_section(wired):  # noqa: F811
     assert doc["unrelated"] == "preserved" and doc["icarusHook"]["icarusDir"] == str(REFERENCE_ICARUS)
 
 
-# ------------------------------------------------------------ /icarus command texts (§6.5 pinned substrings)
+# ------------------------------------------------------------ /icarus command texts (the pinned substrings)
 
 
 def test_65_70_context_default_writes_say_what_they_wrote_and_the_session_is_unchanged(wired):  # noqa: F811
