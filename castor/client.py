@@ -40,6 +40,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgpack
+
 from castor._log import logger
 from castor.endpoint.connection import (
     Connection,
@@ -55,6 +57,10 @@ from castor.messages.errors import CastorError, Forbidden
 from castor.shown import clipped
 
 ClientHandler = Callable[[dict[str, Any]], Any]
+
+MAX_KEPT_ERROR_DATA_BYTES = 65536
+"""The data of a server's ``error`` notification the client keeps (``Client.errors``) is at most
+this large packed; larger data is replaced by a note of its size (a code it names is kept)."""
 
 
 class Client:
@@ -212,10 +218,17 @@ class Client:
         since (each a debug line) -- a server sending them in a loop cannot write the log full.
         Each is kept cut as a peer's error is cut on the way in (its message at 4 KiB, each string
         in its data at 16 KiB, a code castor does not know -- then ``internal`` with the code in
-        ``data.wire_code`` -- at 64 characters): a server sending megabytes in each would
-        otherwise cost the client a gigabyte for the hundred kept."""
+        ``data.wire_code`` -- at 64 characters), and data still over :data:`MAX_KEPT_ERROR_DATA_BYTES`
+        packed becomes ``{"cut": "data of N bytes"}``: a server sending megabytes in each would
+        otherwise cost the client gigabytes for the hundred kept."""
         error = error_from_wire(params)
         params = {**error.to_wire(), "message": error.message}  # the message is cut once, not twice
+        if "data" in params:
+            size = len(msgpack.packb(params["data"], default=repr))
+            if size > MAX_KEPT_ERROR_DATA_BYTES:  # many items, or strings deeper than the cut reaches
+                wire_code = params["data"].get("wire_code")
+                params["data"] = {"cut": f"data of {size} bytes",
+                                  **({"wire_code": wire_code} if isinstance(wire_code, str) else {})}
         warn, quiet = self._errors_gate.passes()
         shown = clipped(repr(params), 4096)
         if warn:
