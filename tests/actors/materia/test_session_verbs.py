@@ -83,7 +83,7 @@ def test_a_cast_its_budget_stopped_says_in_its_status_and_the_cli_that_a_recast_
     view = {"cast_id": "c-1", "run_dir": "/r", "loadout": "L", "status": "failed", "resumable": True,
             "failed_reason": BUDGET_LIMIT_REACHED}
     assert f"budget: {BUDGET_RECAST_NOTE}" in status_text(view, "harness").splitlines()
-    assert _finish(view) == EXIT_FAILED
+    assert _finish(view, "") == EXIT_FAILED
     err = capsys.readouterr().err
     assert f"failed: {BUDGET_LIMIT_REACHED}; {BUDGET_RECAST_NOTE} (`castor recast c-1` resumes it)" in err
 
