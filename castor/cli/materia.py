@@ -1111,9 +1111,10 @@ def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
+    flags = _project_flags(args)
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["active"] and CastLease.is_held(root, cast_id):
-        return _abort_elsewhere(root, cast_id)
+        return _abort_elsewhere(root, cast_id, flags)
     session = _Standalone(cwd, None, config_path=args.config, need_agent=False)
     try:
         text = session.call("abort", {"cast_id": cast_id})["text"]
@@ -1124,8 +1125,9 @@ def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int
     finally:
         session.close()
     if text is None:
-        return _abort_elsewhere(root, cast_id)
-    _out(text)
+        return _abort_elsewhere(root, cast_id, flags)
+    # the engine names the CLI's recast (`castor recast ID`); typed as shown it must find this project
+    _out(text.replace(f"castor recast {cast_id}", f"castor recast {cast_id}{flags}"))
     return EXIT_OK
 
 
@@ -1168,7 +1170,7 @@ def _one_abort_at_a_time(run_dir: Path) -> Iterator[None]:
         os.close(fd)  # drops the lock
 
 
-def _abort_elsewhere(root: Path, cast_id: str) -> int:
+def _abort_elsewhere(root: Path, cast_id: str, flags: str = "") -> int:
     """Another process runs the cast: leave it an abort request (a running castor cast / recast /
     continue looks on every poll) and wait for the cast to end. The request never outlives this
     command: one left behind would abort the cast's next recast the moment it started."""
@@ -1201,9 +1203,9 @@ def _abort_elsewhere(root: Path, cast_id: str) -> int:
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
     if second or untaken:  # as a second abort in a harness session answers (already: true); untaken: the
         # cast ended aborted without this request (aborted where it ran, e.g. /materia abort in Pi)
-        _out(f"pi-materia cast {cast_id} is already aborted. Recast it with castor recast {cast_id}.")
+        _out(f"pi-materia cast {cast_id} is already aborted. Recast it with castor recast {cast_id}{flags}.")
     else:
-        _out(f"pi-materia cast {cast_id} aborted. Recast it with castor recast {cast_id}.")
+        _out(f"pi-materia cast {cast_id} aborted. Recast it with castor recast {cast_id}{flags}.")
     return EXIT_OK
 
 

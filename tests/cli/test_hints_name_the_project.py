@@ -35,6 +35,9 @@ def test_status_of_a_project_named_with_cwd_advises_commands_that_name_it_too(tm
     aborted = _typed_as_shown(tmp_path, abort.group(1), tmp_path)
     assert aborted.returncode == 0, aborted.stderr
     assert f"pi-materia cast {run.name} aborted" in aborted.stdout
+    # and the recast the abort names is typed as shown too
+    recast_line = re.search(r"Recast it with (castor recast .*)\.$", aborted.stdout.strip())
+    assert recast_line and recast_line.group(1).endswith(f" --cwd {shlex.quote(str(project))}"), aborted.stdout
     # the same from the listing: its recast target is typed as shown
     listed = castor_cli(tmp_path, "casts", "--cwd", str(project), cwd=tmp_path)
     recast = re.search(r"recast: (castor recast .*)$", listed.stdout, re.MULTILINE)
