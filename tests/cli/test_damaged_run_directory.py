@@ -245,8 +245,12 @@ def test_a_directory_in_place_of_usage_json_is_named_and_the_recast_it_advises_r
     (run / "usage.json").mkdir()
     done = castor_cli(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert f"`castor recast {run.name}` writes them" in done.stderr.strip().splitlines()[-1], done.stderr
-    assert ".tmp" not in done.stderr and f"{run / 'usage.json'}" in done.stderr, done.stderr
+    # The interrupted turn's usage record (a stopped turn that reported no usage) is written as the
+    # cast resumes, so the damage is met there, before anything runs; a cast whose usage.json had no
+    # turn to write met it at its end, completed, and said `castor recast ID` writes its artifacts.
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("castor: state_corrupt: ") and "usage.json is a directory" in last, done.stderr
+    assert ".tmp" not in last and f"{run / 'usage.json'}" in last, done.stderr
     again = castor_cli(tmp_path, "recast", run.name, "--agent", "script:answers.json", "--quiet", cwd=root)
     last = again.stderr.strip().splitlines()[-1]
     assert again.returncode == 1 and last.startswith("castor: state_corrupt: "), again.stderr

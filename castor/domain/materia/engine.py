@@ -977,6 +977,8 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         s.usage = s.usage.add_turn(TurnRecord(
             socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
             costKind=kind, **{k: v for k, v in named.items() if v is not None}))
+        if usage_unknown and not s.usage.costEstimated:
+            s.usage = s.usage.model_copy(update={"costEstimated": True})  # as for any turn with no usage
         ctx.write_usage()
         if unreadable:
             ctx.emit("usage_unreadable", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreadable})
