@@ -214,6 +214,12 @@ def _name_target(exc: BaseException, target: str) -> None:
             pass
 
 
+#: errnos of a file that could not be opened for want of a descriptor (the process's ``ulimit -n``,
+#: the system's table): the process's shortage, never a sign that the file is bad -- a reader that
+#: tolerates bad files (ignores or reports them) answers ``storage_unavailable`` for these instead.
+NO_DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
 def is_storage_fault(exc: BaseException) -> TypeIs[OSError]:
     """True for an ``OSError`` whose errno is one of :data:`STORAGE_ERRNOS`."""
     return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS

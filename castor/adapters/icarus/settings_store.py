@@ -29,7 +29,6 @@ Writes are a locked read-modify-write:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
@@ -40,6 +39,7 @@ from typing import Any, Literal
 import filelock
 
 from castor.adapters.fs import (
+    NO_DESCRIPTOR_ERRNOS,
     UnsafeFile,
     atomic_write_text,
     is_storage_fault,
@@ -130,10 +130,6 @@ def _parse(path: str, *, owned: bool = False, storage_faults: bool = False) -> d
 
 
 
-#: A read refused for want of a file descriptor (the process's ``ulimit -n``, the system's table).
-_NO_DESCRIPTOR = frozenset({errno.EMFILE, errno.ENFILE})
-
-
 def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
     """Tolerant read of one settings file. Each chooses the Icarus worker's Python and package
     (the global one for every session, a trusted project's for its own): a file another user
@@ -149,7 +145,7 @@ def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
     except _Unusable as exc:
         return SettingsLayer(scope=scope, path=path, error=str(exc))
     except OSError as exc:
-        if exc.errno in _NO_DESCRIPTOR:
+        if exc.errno in NO_DESCRIPTOR_ERRNOS:
             # The process's shortage, not the file's: ignored, the layer would leave the session
             # without what it configures (Icarus itself) for its whole life, and no one told.
             raise storage_unavailable(exc, path=path, action="read the settings") from None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from castor.adapters.fs import (
+    NO_DESCRIPTOR_ERRNOS,
     UnsafeFile,
     atomic_write_bytes,
     file_signature,
@@ -130,7 +131,8 @@ def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
 def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
     """Read one layer file. Returns ``(dict, [warning, ...])`` (``duplicate-key`` warnings only;
     usually none) or ``(None, [issue])``. ``owned``: a file of another user, or one every user may
-    write, is not read (``unsafe-permissions``; for the user layer, found through the environment)."""
+    write, is not read (``unsafe-permissions``; for the user layer, found through the environment).
+    A file castor had no descriptor to open is no bad file: ``storage_unavailable`` (``data.errno``)."""
     source = str(path)
     try:
         text = read_regular_file(path, MAX_CONFIG_BYTES, owned=owned).decode("utf-8")
@@ -143,6 +145,8 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
         return None, [ConfigIssue(code="read-error", source=source, message=f"cannot read config file {source}: "
                                   f"not UTF-8 text (byte {exc.start}); save it as UTF-8")]
     except OSError as exc:
+        if exc.errno in NO_DESCRIPTOR_ERRNOS:  # the process's shortage: the file may be fine
+            raise storage_unavailable(exc, path=path, action="read the config") from None
         return None, [ConfigIssue(code="read-error", source=source,
                                   message=f"cannot read config file {source}: {exc.strerror or exc}")]
     except ValueError as exc:

@@ -160,3 +160,38 @@ def test_castor_validate_refuses_a_project_config_linked_outside_the_project(tmp
     assert [i.code for i in validate_file(outside, project=project)] == ["path-escapes-project"]
     (project / ".pi" / "pi-materia.json").unlink()
     assert validate_file(outside, project=project) == []
+
+
+@pytest.mark.parametrize("name", ["EMFILE", "ENFILE"])
+def test_a_config_file_castor_has_no_descriptor_to_open_is_storage_unavailable_not_an_invalid_config(
+        tmp_path, monkeypatch, name):
+    """Out of file descriptors (``ulimit -n``), the project's ``pi-materia.json`` could not be
+    opened and ``cast.start`` answered ``invalid_config`` ("read-error: cannot read config file …:
+    Too many open files"), telling the user to fix a config that is fine. It is the process's
+    shortage: ``storage_unavailable`` naming the errno and the file; the same load once descriptors
+    are free reads the config."""
+    import errno as errnos
+
+    from castor.adapters.materia import config_loader
+    from castor.messages.errors import CastorError
+
+    (tmp_path / ".pi").mkdir()
+    (tmp_path / ".pi" / "pi-materia.json").write_text('{"activeLoadout": "hello"}')
+    real = config_loader.read_regular_file
+    refusing = {"on": True}
+
+    def read_refused(target, *args, **kwargs):
+        if refusing["on"]:
+            code = getattr(errnos, name)
+            raise OSError(code, os.strerror(code), os.fspath(target))
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(config_loader, "read_regular_file", read_refused)
+    with pytest.raises(CastorError) as refused:
+        load_resolved(tmp_path, env={}, home=tmp_path / "home")
+    assert refused.value.code == "storage_unavailable", refused.value.to_wire()
+    assert refused.value.data["errno"] == name and refused.value.data["path"].endswith("pi-materia.json")
+    refusing["on"] = False
+    resolved = load_resolved(tmp_path, env={}, home=tmp_path / "home")
+    assert resolved.config["activeLoadout"] == "hello" and any(layer.scope == "project" and layer.loaded
+                                                              for layer in resolved.layers)
