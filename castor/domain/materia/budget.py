@@ -438,6 +438,22 @@ GOOGLE_TOKEN_NAMES = ("promptTokenCount", "candidatesTokenCount", "thoughtsToken
                       "totalTokenCount")
 #: Where OpenAI nests its cached (cache-read) tokens: Chat Completions', then the Responses API's.
 OPENAI_TOKEN_DETAILS = ("prompt_tokens_details", "input_tokens_details")
+#: Where Anthropic splits its cache-write tokens by cache lifetime (``ephemeral_5m_input_tokens``,
+#: ``ephemeral_1h_input_tokens``: every ``*_input_tokens`` figure in it counts).
+ANTHROPIC_CACHE_CREATION = "cache_creation"
+
+
+def _anthropic_cache_writes(raw: dict[str, Any]) -> float | None:
+    """The sum of the ``*_input_tokens`` figures of Anthropic's nested :data:`ANTHROPIC_CACHE_CREATION`
+    object, when ``raw`` gives no cache-write count of its own (every such name absent or null);
+    None when there is no such object or it holds no figure."""
+    nested = raw.get(ANTHROPIC_CACHE_CREATION)
+    if not isinstance(nested, dict) or any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheWrite"]):
+        return None
+    figures = [non_negative_number(value) for key, value in nested.items()
+               if isinstance(key, str) and key.endswith("_input_tokens")]
+    counted = [figure for figure in figures if figure is not None]
+    return figure_sum(*counted) if counted else None
 
 
 def provider_usage(raw: Any) -> Any:
@@ -447,7 +463,10 @@ def provider_usage(raw: Any) -> Any:
     - Google's (:data:`GOOGLE_TOKEN_NAMES`), read as Pi reads them, when ``raw`` names no token part;
     - OpenAI's nested ``cached_tokens`` (:data:`OPENAI_TOKEN_DETAILS`) as cache-read tokens when
       ``raw`` names none; OpenAI counts them inside its input tokens too, so a total is then the
-      input plus the output (the parts' sum would count them twice).
+      input plus the output (the parts' sum would count them twice);
+    - Anthropic's nested ``cache_creation`` figures, summed, as cache-write tokens when ``raw``
+      gives no cache-write count (:func:`_anthropic_cache_writes`); Anthropic's input tokens leave
+      them out, so the parts' sum counts them once.
 
     Anything else (not a dict, no such shape) is returned as it is. A figure that is not a usage
     figure counts as not given here."""
@@ -467,6 +486,9 @@ def provider_usage(raw: Any) -> Any:
         if total is not None and not any(name in raw for name in TOTAL_TOKEN_ALIASES):
             lifted["totalTokens"] = total
         return {**lifted, **raw}
+    cache_writes = _anthropic_cache_writes(raw)
+    if cache_writes is not None:
+        raw = {**raw, "cacheWrite": cache_writes}
     if any(name in raw for name in TOKEN_ALIASES["cacheRead"]):
         return raw
     for field in OPENAI_TOKEN_DETAILS:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from castor.domain.materia.budget import TurnRecord, UsageReport, check_budget, extract_usage, sum_usage_maps
+from castor.domain.materia.budget import (
+    TurnRecord,
+    UsageReport,
+    check_budget,
+    extract_usage,
+    sum_usage_maps,
+    unreadable_figures,
+)
 from castor.domain.materia.config import Budget
 
 
@@ -77,3 +84,20 @@ def test_the_budget_percentage_is_decimal_so_a_warning_at_exactly_its_percent_is
     # $0.30 of $0.40 is 0.7499999999999999 * 100 in binary floats: the 75% warning never came
     check = check_budget(Budget(max_cost_usd=0.4), _report({"cost": {"total": 0.3}}), already_warned=False)
     assert check.percent == 75 and check.warn and not check.limit_hit
+
+
+def test_anthropics_nested_cache_creation_counts_as_cache_write_tokens_when_no_flat_count_is_given() -> None:
+    # Anthropic's usage splits its cache writes by lifetime in a nested object; a usage map giving
+    # only that object (its flat cache_creation_input_tokens absent or null) counted no cache writes
+    nested = {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 12}
+    for flat in ({}, {"cache_creation_input_tokens": None}):
+        usage = {"input_tokens": 100, "output_tokens": 50, "cache_read_input_tokens": 10,
+                 "cache_creation": nested, **flat}
+        tokens = extract_usage(usage).tokens
+        assert (tokens.cacheWrite, tokens.total) == (42, 202)
+        assert unreadable_figures(usage) == []
+    # the flat count, when given, is Anthropic's own sum of the nested ones: read once
+    both = {"input_tokens": 100, "cache_creation_input_tokens": 42, "cache_creation": nested}
+    assert extract_usage(both).tokens.cacheWrite == 42
+    # an object with no count in it adds nothing
+    assert extract_usage({"input_tokens": 1, "cache_creation": {"ephemeral_5m_input_tokens": "3"}}).tokens.total == 1
