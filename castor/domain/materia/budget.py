@@ -432,10 +432,12 @@ def _first(raw: Any, names: tuple[str, ...]) -> float | None:
 
 #: Google's (Gemini's) token names, read as Pi maps them, at the top level of a usage map or inside
 #: its ``usageMetadata`` (Google's response field): input ``promptTokenCount`` less the cached ones,
-#: output ``candidatesTokenCount`` plus ``thoughtsTokenCount`` (billed as output), cache-read
-#: ``cachedContentTokenCount``, total ``totalTokenCount``.
+#: plus ``toolUsePromptTokenCount`` (the prompt of a tool call Gemini made itself, billed as input and
+#: counted apart from ``promptTokenCount``; Pi leaves it out), output ``candidatesTokenCount`` plus
+#: ``thoughtsTokenCount`` (billed as output), cache-read ``cachedContentTokenCount``, total
+#: ``totalTokenCount``.
 GOOGLE_TOKEN_NAMES = ("promptTokenCount", "candidatesTokenCount", "thoughtsTokenCount", "cachedContentTokenCount",
-                      "totalTokenCount")
+                      "toolUsePromptTokenCount", "totalTokenCount")
 #: Where OpenAI nests its cached (cache-read) tokens: Chat Completions', then the Responses API's.
 OPENAI_TOKEN_DETAILS = ("prompt_tokens_details", "input_tokens_details")
 #: Where Anthropic splits its cache-write tokens by cache lifetime (``ephemeral_5m_input_tokens``,
@@ -479,7 +481,8 @@ def provider_usage(raw: Any) -> Any:
         def count(name: str) -> float:
             return non_negative_number(google.get(name)) or 0
         prompt, cached = count("promptTokenCount"), count("cachedContentTokenCount")
-        lifted: dict[str, Any] = {"input": figure_sum(prompt, -cached) if cached <= prompt else prompt,
+        uncached = figure_sum(prompt, -cached) if cached <= prompt else prompt
+        lifted: dict[str, Any] = {"input": figure_sum(uncached, count("toolUsePromptTokenCount")),
                                   "output": figure_sum(count("candidatesTokenCount"), count("thoughtsTokenCount")),
                                   "cacheRead": cached}
         total = non_negative_number(google.get("totalTokenCount"))

@@ -101,3 +101,13 @@ def test_anthropics_nested_cache_creation_counts_as_cache_write_tokens_when_no_f
     assert extract_usage(both).tokens.cacheWrite == 42
     # an object with no count in it adds nothing
     assert extract_usage({"input_tokens": 1, "cache_creation": {"ephemeral_5m_input_tokens": "3"}}).tokens.total == 1
+
+
+def test_googles_tool_use_prompt_tokens_count_as_input_so_a_usage_without_a_total_counts_them() -> None:
+    # Gemini bills the prompt of a tool call it made itself (toolUsePromptTokenCount) as input, apart
+    # from promptTokenCount; read as Pi reads Google's names, a usage without totalTokenCount left it out
+    usage = {"usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 50, "toolUsePromptTokenCount": 7}}
+    tokens = extract_usage(usage).tokens
+    assert (tokens.input, tokens.total) == (107, 157)
+    with_total = {"usageMetadata": {**usage["usageMetadata"], "totalTokenCount": 157}}
+    assert extract_usage(with_total).tokens.total == 157
