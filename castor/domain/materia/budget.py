@@ -21,15 +21,18 @@ from castor.messages.built import built
 
 PARTS = ("input", "output", "cacheRead", "cacheWrite")
 
-# The alias spellings pi-materia reads, in its order of preference (the first present wins).
-# docs/materia.md "Usage and cost" has the same lists as a table.
+# The alias spellings pi-materia reads, in its order of preference (the first present wins), and
+# after them Amazon Bedrock Converse's cache names (castor's own). docs/materia.md "Usage and cost"
+# has the same lists as a table.
 TOKEN_ALIASES: dict[str, tuple[str, ...]] = {
     "input": ("input", "inputTokens", "input_tokens", "promptTokens", "prompt_tokens"),
     "output": ("output", "outputTokens", "output_tokens", "completionTokens", "completion_tokens"),
     "cacheRead": ("cacheRead", "cacheReadTokens", "cache_read", "cache_read_tokens", "cache_read_input_tokens",
-                  "cachedInputTokens", "cached_input_tokens", "cachedTokens", "cached_tokens"),
+                  "cachedInputTokens", "cached_input_tokens", "cachedTokens", "cached_tokens",
+                  "cacheReadInputTokens"),
     "cacheWrite": ("cacheWrite", "cacheWriteTokens", "cache_write", "cache_write_tokens",
-                   "cache_creation_input_tokens", "cacheCreationTokens", "cache_creation_tokens"),
+                   "cache_creation_input_tokens", "cacheCreationTokens", "cache_creation_tokens",
+                   "cacheWriteInputTokens"),
 }
 TOTAL_TOKEN_ALIASES = ("totalTokens", "total", "tokens", "total_tokens")
 

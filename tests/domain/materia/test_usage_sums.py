@@ -111,3 +111,12 @@ def test_googles_tool_use_prompt_tokens_count_as_input_so_a_usage_without_a_tota
     assert (tokens.input, tokens.total) == (107, 157)
     with_total = {"usageMetadata": {**usage["usageMetadata"], "totalTokenCount": 157}}
     assert extract_usage(with_total).tokens.total == 157
+
+
+def test_bedrock_converses_cache_token_names_are_read() -> None:
+    # Amazon Bedrock's Converse API names its cache tokens cacheReadInputTokens and
+    # cacheWriteInputTokens (its inputTokens leaves them out): they counted as no cache tokens
+    usage = {"inputTokens": 100, "outputTokens": 50, "cacheReadInputTokens": 10, "cacheWriteInputTokens": 5}
+    tokens = extract_usage(usage).tokens
+    assert (tokens.cacheRead, tokens.cacheWrite, tokens.total) == (10, 5, 165)
+    assert extract_usage({**usage, "totalTokens": 165}).tokens.total == 165
