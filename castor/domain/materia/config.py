@@ -56,6 +56,7 @@ WARNING_CODES = (
     "unknown-thinking",
     "socket-limit-enforced",
     "ignored-budget",
+    "no-end",
 )
 
 

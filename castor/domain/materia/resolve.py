@@ -168,6 +168,7 @@ def resolve_config(
     issues.extend(_text_guard_issues(name, sockets_out, source))
     issues.extend(_enforced_limit_warnings(name, sockets_out, source))
     issues.extend(_ignored_budget_warnings(name, prepared, source))
+    issues.extend(_no_end_warnings(name, sockets_out, loops_out, source))
     warnings = [*read_warnings, *(_attribute(i, provenance) for i in issues if i.is_warning)]
     issues = [_attribute(i, provenance) for i in issues if not i.is_warning]
     if issues:
@@ -323,6 +324,26 @@ def _text_guard_issues(lname: str, sockets: dict[str, ResolvedSocket], source: s
                              "(the cast takes the next matching edge, or ends at "
                              f"{sid}); set parse \"json\" on {sid} to route on it")))
     return issues
+
+
+def _no_end_warnings(lname: str, sockets: dict[str, ResolvedSocket], loops: dict[str, Loop],
+                     source: str | None) -> list[ConfigIssue]:
+    """A loadout no cast of which can end: every socket has an ``always`` edge, no edge leads to
+    ``end``, and nothing else routes (no loop, no ``foreach``, no ``advance``), so each visit goes on
+    to another socket until a limit fails the cast. pi-materia runs it without a word; castor runs
+    it too and says so. Conservative: any way out anywhere, reachable or not, is no warning."""
+    if not sockets or loops:
+        return []
+    for rs in sockets.values():
+        socket = rs.socket
+        if socket.foreach is not None or socket.advance is not None:
+            return []
+        if any(edge.to == "end" for edge in socket.edges) or not any(e.when == "always" for e in socket.edges):
+            return []
+    return [warning("no-end", pointer("loadouts", lname, "sockets"), source=source,
+                    message=(f"loadout \"{lname}\" has no way to end: every socket has an \"always\" edge to "
+                             "another socket and none leads to \"end\", so every cast runs until "
+                             "limits.maxSocketVisits (or maxEdgeTraversals) fails it; add an edge to \"end\""))]
 
 
 def _ignored_budget_warnings(lname: str, prepared: dict[str, Any], source: str | None) -> list[ConfigIssue]:

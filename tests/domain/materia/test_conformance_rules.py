@@ -109,6 +109,23 @@ def test_a_budget_on_a_loadout_or_a_socket_limits_nothing_and_is_warned_about() 
     assert rc.budget.max_tokens is None and rc.budget.max_cost_usd is None  # the cast's budget: none set
 
 
+def test_a_loadout_whose_every_socket_always_routes_to_another_socket_is_warned_that_it_never_ends() -> None:
+    # a user's edit that closes a cycle with no way out: validate said "valid", and every cast ran
+    # until limits.maxSocketVisits failed it
+    cycle = {"Socket-1": {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": "Socket-2"}]},
+             "Socket-2": {"type": "agent", "materia": "A", "parse": "json",
+                          "edges": [{"when": "satisfied", "to": "Socket-1"}, {"when": "always", "to": "Socket-1"}]}}
+    rc = resolve_config(load_config([("t.json", _cfg(cycle))]))
+    assert [(w.code, w.path) for w in rc.warnings] == [("no-end", "/loadouts/L/sockets")]
+    assert "limits.maxSocketVisits" in rc.warnings[0].message
+    # a way out anywhere -- an edge to end, a socket without an always edge, an advance -- is no warning
+    to_end = {**cycle, "Socket-2": {**cycle["Socket-2"], "edges": [{"when": "satisfied", "to": "end"},
+                                                                   {"when": "always", "to": "Socket-1"}]}}
+    guarded = {**cycle, "Socket-2": {**cycle["Socket-2"], "edges": [{"when": "satisfied", "to": "Socket-1"}]}}
+    for sockets in (to_end, guarded, {"Socket-1": {"type": "agent", "materia": "A"}}):
+        assert resolve_config(load_config([("t.json", _cfg(sockets))])).warnings == []
+
+
 def test_a_text_socket_with_guarded_edges_runs_as_pi_materia_runs_it_and_says_so_in_events() -> None:
     cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "parse": "text",
                              "edges": [{"when": "satisfied", "to": "Socket-2"}]},
