@@ -22,6 +22,7 @@ from castor.messages.errors import CastorError
 from tests.actors.icarus.test_session_endpoint import FakeHarness
 from tests.support.icarus import REFERENCE_ICARUS
 from tests.support.processes import killed_on_exit
+from tests.support.refused_reads import refuse_reads_in
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,21 +124,10 @@ def test_a_session_opened_without_a_descriptor_for_its_settings_is_refused_typed
     without Icarus, for its whole life, and nothing told the harness. The open is now refused
     ``storage_unavailable`` naming the errno and the file, nothing opened, so the harness's next
     open (the Pi extension opens again on its next call) gets Icarus once descriptors are free."""
-    import errno as errnos
-
     from castor.adapters.icarus import settings_store
     from castor.runtime import SessionInfo
 
-    real = settings_store.read_regular_file
-    refusing = {"on": True}
-
-    def read_refused(target, *args, **kwargs):
-        if refusing["on"]:
-            code = getattr(errnos, name)
-            raise OSError(code, os.strerror(code), os.fspath(target))
-        return real(target, *args, **kwargs)
-
-    monkeypatch.setattr(settings_store, "read_regular_file", read_refused)
+    refusing = refuse_reads_in(monkeypatch, settings_store, name)
     rt = world.runtime()
     with pytest.raises(CastorError) as refused:
         rt.open_session(SessionInfo(session_id="s1", cwd=str(world.project), trusted=False), world.link())

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from castor.adapters.materia.config_loader import load_resolved, read_layer, validate_file
+from tests.support.refused_reads import refuse_reads_in
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -170,23 +171,12 @@ def test_a_config_file_castor_has_no_descriptor_to_open_is_storage_unavailable_n
     Too many open files"), telling the user to fix a config that is fine. It is the process's
     shortage: ``storage_unavailable`` naming the errno and the file; the same load once descriptors
     are free reads the config."""
-    import errno as errnos
-
     from castor.adapters.materia import config_loader
     from castor.messages.errors import CastorError
 
     (tmp_path / ".pi").mkdir()
     (tmp_path / ".pi" / "pi-materia.json").write_text('{"activeLoadout": "hello"}')
-    real = config_loader.read_regular_file
-    refusing = {"on": True}
-
-    def read_refused(target, *args, **kwargs):
-        if refusing["on"]:
-            code = getattr(errnos, name)
-            raise OSError(code, os.strerror(code), os.fspath(target))
-        return real(target, *args, **kwargs)
-
-    monkeypatch.setattr(config_loader, "read_regular_file", read_refused)
+    refusing = refuse_reads_in(monkeypatch, config_loader, name)
     with pytest.raises(CastorError) as refused:
         load_resolved(tmp_path, env={}, home=tmp_path / "home")
     assert refused.value.code == "storage_unavailable", refused.value.to_wire()
