@@ -60,6 +60,7 @@ from castor.messages.built import built
 from castor.messages.errors import (
     ActorStopped,
     Cancelled,
+    CastorError,
     Retired,
     Timeout,
     WorkerCrashed,
@@ -366,6 +367,35 @@ def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id:
         mailbox_capacity=mailbox_capacity, revive_on_demand=True)
 
 
+class PendingWorkerCall:
+    """A worker call sent by :meth:`IcarusWorkerClient.submit`, its answer not read yet.
+
+    :meth:`result` waits for it and fails as :meth:`IcarusWorkerClient.call` does: when the
+    failure retired the worker, it returns only once the old incarnation has closed its mailbox,
+    so a call sent right after the failure is seen reaches a fresh worker (it is never refused
+    by the retiring one). Calls queued behind the failed one were refused by the retirement as
+    ever (``worker_retired``, never started)."""
+
+    __slots__ = ("_after_failure", "_pending")
+
+    def __init__(self, after_failure: Callable[[CastorError], CastorError], pending: PendingAsk) -> None:
+        self._after_failure = after_failure
+        self._pending = pending
+
+    @property
+    def done(self) -> bool:
+        return self._pending.done
+
+    def result(self) -> Any:
+        try:
+            return self._pending.result()
+        except (Retired, WorkerCrashed, WorkerRetired, Timeout, Cancelled) as exc:
+            failure = self._after_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
+
+
 class IcarusWorkerClient:
     """The ``WorkerCalls`` port over an :class:`IcarusWorkerActor` handle (any thread).
 
@@ -393,20 +423,29 @@ class IcarusWorkerClient:
         outstanding.add(token)  # set.add / discard / list(set) are atomic (the GIL): no lock
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
-        except Retired as exc:
-            if exc.data.get("reason") == "crash_loop":
-                raise  # refused by a live incarnation, which does not retire: nothing to wait for
-            self._await_retirement()
-            raise WorkerRetired(exc.message, data=exc.data) from None
-        except (WorkerCrashed, WorkerRetired):
-            self._await_retirement()
-            raise
-        except (Timeout, Cancelled) as exc:
-            if exc.may_have_started:
-                self._await_retirement()
-            raise
+        except (Retired, WorkerCrashed, WorkerRetired, Timeout, Cancelled) as exc:
+            failure = self._after_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
         finally:
             outstanding.discard(token)
+
+    def _after_failure(self, exc: CastorError) -> CastorError:
+        """What a failed call raises, once the failure has retired the incarnation (when it does).
+
+        A failure that retires the worker (a timeout or a cancel once the call started, a crash, a
+        retirement) returns only after :meth:`_await_retirement`, so the caller's next call -- a
+        ``call`` or a ``submit`` -- reaches a fresh worker instead of the old, closing mailbox. An
+        ``actor_retired`` rejection is reported as ``worker_retired``."""
+        if isinstance(exc, Retired):
+            if exc.data.get("reason") == "crash_loop":
+                return exc  # refused by a live incarnation, which does not retire: nothing to wait for
+            self._await_retirement()
+            return WorkerRetired(exc.message, data=exc.data)
+        if isinstance(exc, (WorkerCrashed, WorkerRetired)) or exc.may_have_started:
+            self._await_retirement()
+        return exc
 
     def _await_retirement(self, bound_s: float = 1.0) -> None:
         """Return once the failed incarnation has closed its mailbox and ended.
@@ -425,12 +464,14 @@ class IcarusWorkerClient:
 
     def submit(self, module: str, function: str, args: list[Any] | None = None,
                kwargs: dict[str, Any] | None = None, timeout: float | None = None,
-               token: CancelToken | None = None) -> PendingAsk:
-        """Send now, wait later: returns the supervision core's ``PendingAsk``."""
+               token: CancelToken | None = None) -> PendingWorkerCall:
+        """Send now, wait later: the answer is :meth:`PendingWorkerCall.result`, which fails as
+        :meth:`call` does (a failure that retires the worker returns once it has)."""
         timeout_s = self._timeout_s if timeout is None else timeout
         message = WorkerCall(module=module, function=function, args=list(args or []), kwargs=dict(kwargs or {}),
                              deadline=time.monotonic() + timeout_s, token=token)
-        return self._handle.ask_pending(message, timeout=timeout_s + ASK_GRACE_S)
+        pending = self._handle.ask_pending(message, timeout=timeout_s + ASK_GRACE_S)
+        return PendingWorkerCall(self._after_failure, pending)
 
     def stats(self, timeout: float = 5.0) -> Any:
         try:

@@ -328,3 +328,29 @@ def test_a_worker_whose_request_channel_ended_while_idle_is_replaced_and_the_cal
     assert bridge.client.call("hooks", "counter") == 1  # a fresh worker: fresh module state
     assert len(bridge.spawned) == 2 and gone(old.pid)
     assert bridge.client.call("hooks", "counter") == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_call_submitted_right_after_a_failure_is_seen_reaches_a_fresh_worker(bridge):
+    """A ``submit``'s failure that retires the worker is seen only once the retiring incarnation
+    has closed its mailbox: the call sent next reaches a fresh worker, never the old mailbox (where
+    the retirement would refuse it ``worker_retired``). The retirement is slowed here as a loaded
+    host slows it (its log line takes 300 ms); before, the next call was refused every time."""
+    from loguru import logger
+
+    def slow_retirement(message) -> None:
+        if "retiring:" in message.record["message"]:
+            threading.Event().wait(0.3)  # the actor thread descheduled between the answer and the close
+
+    sink = logger.add(slow_retirement, level="WARNING")
+    try:
+        for round_ in range(3):
+            failed = bridge.client.submit("hooks", "sleep", kwargs={"seconds": 5, "tag": f"slow{round_}"},
+                                          timeout=0.3)
+            with pytest.raises(Timeout):
+                failed.result()
+            following = bridge.client.submit("hooks", "echo", [round_], timeout=10)
+            assert following.result() == {"args": [round_], "kwargs": {}}
+    finally:
+        logger.remove(sink)
+    assert len(bridge.spawned) == 4  # a fresh worker after each timeout
