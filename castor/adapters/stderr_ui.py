@@ -32,7 +32,7 @@ class StderrUi:
             except Exception:  # noqa: BLE001 - UI output must never fail a run
                 pass
 
-    def notify(self, message: str, level: str = "info") -> None:
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
         self.notifications.append((level, message))
         self._write(f"[{level}] {one_line(message)}")  # one line: no forged line after it
 

@@ -288,8 +288,11 @@ class WireHarness:
     def set_status(self, key: str, text: str | None) -> None:
         self.connection.notify("ui.status", {"key": key, "text": text})
 
-    def notify(self, message: str, level: str = "info") -> None:
-        self.connection.notify("ui.notify", {"message": message, "level": level})
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
+        params = {"message": message, "level": level}
+        if code is not None:
+            params["code"] = code
+        self.connection.notify("ui.notify", params)
 
     # -- ClassifierPort ----------------------------------------------------------
     def list_models(self, deadline: float | None = None) -> Sequence[ModelEndpoint] | None:

@@ -49,6 +49,8 @@ class SessionUiPort(Protocol):
         """Set (or clear with ``None``) the footer status under ``key``."""
         ...
 
-    def notify(self, message: str, level: str = "info") -> None:
-        """A toast (``info`` or ``warning``)."""
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
+        """A toast (``info`` or ``warning``). ``code``: what it is about, a stable error code
+        (``storage_unavailable``) a harness can act on without reading the text; None for a
+        toast that is only text."""
         ...

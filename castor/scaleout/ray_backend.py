@@ -652,7 +652,7 @@ class RayBackend:
                 harness.agent.cancel(args["turn_id"])
         elif op == "notify":
             if harness.ui is not None:
-                harness.ui.notify(args["message"], args.get("level", "info"))
+                harness.ui.notify(args["message"], args.get("level", "info"), code=args.get("code"))
         elif op == "status":
             if harness.ui is not None:
                 harness.ui.set_status(args["key"], args.get("text"))

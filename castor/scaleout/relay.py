@@ -188,8 +188,9 @@ class RelayUi:
     def set_status(self, key: str, text: str | None) -> None:
         self.outbox.put(RelayItem(session_id=self.session_id, op="status", args={"key": key, "text": text}))
 
-    def notify(self, message: str, level: str = "info") -> None:
-        self.outbox.put(RelayItem(session_id=self.session_id, op="notify", args={"message": message, "level": level}))
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
+        args = {"message": message, "level": level, **({"code": code} if code is not None else {})}
+        self.outbox.put(RelayItem(session_id=self.session_id, op="notify", args=args))
 
 
 class RelaySessionLog:

@@ -136,7 +136,7 @@ class _DemoUi:
     def set_status(self, key: str, text: str | None) -> None:
         pass
 
-    def notify(self, message: str, level: str = "info") -> None:
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
         with self._lock:
             self.notices.append(message)
         self._print(f"    [dim]ui {level}: {message}[/dim]")

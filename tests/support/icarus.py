@@ -39,7 +39,7 @@ class RecordingUi:
         with self._lock:
             self.calls.append(("status", (key, text)))
 
-    def notify(self, message: str, level: str = "info") -> None:
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
         with self._lock:
             self.calls.append(("notify", (message, level)))
 

@@ -185,7 +185,7 @@ class FakeUi:
         if self.fail:
             raise RuntimeError("ui down")
 
-    def notify(self, message, level="info"):
+    def notify(self, message, level="info", *, code=None):
         self.notices.append((message, level))
         if self.fail:
             raise RuntimeError("ui down")

@@ -47,7 +47,7 @@ class _NoUi:
     def set_status(self, key: str, text: str | None) -> None:
         pass
 
-    def notify(self, message: str, level: str = "info") -> None:
+    def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
         pass
 
 

@@ -130,6 +130,11 @@ _WARN_CODES: dict[str, str] = {ErrorCode.TIMEOUT: "timed out; the worker was sto
 #: Why a worker was retired that a hook call refused for it does not warn about: the crash loop is
 #: said once when the worker is given up, and a close is the session's own end.
 _QUIET_RETIREMENTS = frozenset({"crash_loop", "closed"})
+#: What a hook's step loses when the backend's storage refuses it, in the storage warning's words.
+_STORAGE_STEP = {"post_llm_call": ("to capture the finished turn", "it is not in memory"),
+                 "pre_llm_call": ("the memory retrieval", "this prompt ran without memory"),
+                 "on_session_start": ("the session's start", "it ran without its startup memory"),
+                 "on_session_end": ("the session's end", "what it gathered is not kept")}
 _LAYER_WARNING = "Icarus: the {event} hook failed in castor ({code}); this step ran without memory."
 _SOURCE_LABEL = {Source.BUILTIN: "built-in default", Source.GLOBAL: "global settings",
                  Source.PROJECT: "project settings", Source.ENV: "environment"}
@@ -156,11 +161,13 @@ class _ObservedWorker:
     starts before the controller, but a lazy lookup survives restarts too).
     """
 
-    def __init__(self, client: Callable[[], IcarusWorkerClient], warn: Callable[[str], None]) -> None:
+    def __init__(self, client: Callable[[], IcarusWorkerClient], warn: Callable[..., None]) -> None:
         self._client = client
         self._warn = warn
         self._told_cannot_start = False
         self._told_missing: set[str] = set()  # hooks the package lacks, said once each
+        #: Hooks the backend's storage refused since their last answered call (said once each).
+        self._storage_refused: set[str] = set()
         # Workers lost in a row, no call answered between them (see below).
         self._losses_in_a_row = 0
 
@@ -209,6 +216,19 @@ class _ObservedWorker:
                                "icarusDir setting: its import or a hook ends the process).")
                 if self._losses_in_a_row > 1:
                     raise
+            if exc.code == ErrorCode.STORAGE_UNAVAILABLE:
+                # The backend's disk refused the step (full, read-only, failing): a capture lost
+                # this way is a memory the user believes kept. Said once per hook until that hook
+                # works again, typed, naming the errno only (the error's text may quote the data).
+                if function not in self._storage_refused:
+                    self._storage_refused.add(function)
+                    errno_name = (exc.data or {}).get("errno")
+                    named = one_line(errno_name) if isinstance(errno_name, str) and errno_name else "refused"
+                    step, lost = _STORAGE_STEP.get(function, (function, "this step ran without memory"))
+                    self._warn(f"Icarus: the memory storage refused {step} ({named}): {lost}. Free space (or "
+                               "fix the storage); this is not said again until it works.",
+                               code=ErrorCode.STORAGE_UNAVAILABLE)
+                raise
             if exc.code == ErrorCode.WORKER_RETIRED and reason not in _QUIET_RETIREMENTS:
                 # Refused unsent: the call waited behind another (a Fabric tool call) whose timeout
                 # or cancel retired the worker. The user saw that tool fail, never that this step
@@ -222,6 +242,8 @@ class _ObservedWorker:
                 self._warn(f"Icarus: {function} {why}. This step ran without memory.")
             raise
         self._losses_in_a_row = 0
+        if self._storage_refused:
+            self._storage_refused.discard(function)
         return result
 
     def close(self) -> None:
@@ -419,9 +441,14 @@ class IcarusSession:
         )
 
     # -- ui ---------------------------------------------------------------------
-    def warn(self, text: str) -> None:
+    def warn(self, text: str, *, code: str | None = None) -> None:
+        """One ``warning`` toast to the harness (``code``: its stable error code, if it has one);
+        a UI failure is swallowed."""
         try:
-            self.ui.notify(text, "warning")
+            if code is None:
+                self.ui.notify(text, "warning")
+            else:
+                self.ui.notify(text, "warning", code=code)
         except Exception:  # noqa: BLE001 - a toast never fails the run
             pass
 

@@ -5,6 +5,8 @@ written before stays readable; the same worker writes again once space is freed.
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from castor.messages.errors import CastorError
@@ -49,3 +51,60 @@ def test_a_fabric_write_on_a_full_disk_is_storage_unavailable_and_nothing_writte
     assert [e["summary"] for e in recalled["entries"]] == ["kept"], recalled
     (world.fabric / "filler.bin").unlink()
     assert tool("fabric_write", type="note", summary="after", content="room again")["status"] == "written"
+
+
+SECRET = "SECRET-MEMORY-TEXT"
+
+
+def _settle(client, answer: str) -> None:
+    """One user turn the harness settles: a capture (``post_llm_call``) of ``answer``."""
+    event = lambda name, **data: client.call("harness.event", {"session_id": "pi-1", "event": name,  # noqa: E731 - a short local helper
+                                                                "data": data}, timeout=30)
+    event("before_agent_start", prompt=f"ask {SECRET}", message_type="user")
+    event("agent_end", messages=[{"role": "user", "text": f"ask {SECRET}", "stop_reason": None},
+                                 {"role": "assistant", "text": answer, "stop_reason": "stop"}])
+    assert event("agent_settled", aborted=False) == {}
+
+
+def test_a_capture_lost_to_a_full_disk_is_told_to_the_harness_once_typed_and_the_next_one_works(wired):  # noqa: F811
+    """The session's turn capture refused by a full disk: the harness gets one ``ui.notify`` warning
+    with the code ``storage_unavailable`` (no memory text in it, nor in castor's log), a second lost
+    capture of the same outage adds none, the session goes on (its prompts still retrieve what was
+    kept), and once space is freed the next capture is stored."""
+    from loguru import logger
+
+    world, connect = wired
+    records: list[str] = []
+    sink = logger.add(lambda m: records.append(f"{m.record['message']} {m.record['extra']}"), level="DEBUG")
+    with mounted_tmpfs(world.fabric, "600k"):
+        try:
+            client, harness = connect()
+            open_session(client, world, "pi-1")
+            client.call("harness.event", {"session_id": "pi-1", "event": "session_start", "data": {}}, timeout=30)
+            _settle(client, "kept answer")
+            assert len(world.calls("hooks.post_llm_call")) == 1
+            fill_to_the_last_block(world.fabric, 4096)
+            _settle(client, SECRET * 20_000)
+            _settle(client, SECRET * 20_000)
+            assert len(world.calls("hooks.post_llm_call")) == 3  # both ran, both refused
+            with harness.noted:
+                assert harness.noted.wait_for(lambda: any(m == "ui.notify" for m, _ in harness.notes), 10)
+            client.call("icarus.config", {"session_id": "pi-1"})  # a round trip: a second notice would be in
+            notices = [p for m, p in harness.notes if m == "ui.notify"]
+            assert len(notices) == 1, notices
+            [notice] = notices
+            assert notice["level"] == "warning" and notice["code"] == "storage_unavailable", notice
+            assert SECRET not in notice["message"] and "ENOSPC" in notice["message"], notice
+            (world.fabric / "filler.bin").unlink()
+            _settle(client, "after the space came back")
+            stored = client.call("icarus.tool", {"session_id": "pi-1", "name": "fabric_search",
+                                                 "params": {"query": "x"}, "tool_call_id": "t"}, timeout=30)
+            assert stored is not None  # the session's worker still serves its tools
+            db = world.fabric / "icarus_reference.sqlite3"
+
+            rows = [r[0] for r in sqlite3.connect(db).execute("SELECT assistant_response FROM exchanges")]
+            assert rows == ["kept answer", "after the space came back"], [r[:40] for r in rows]
+        finally:
+            logger.remove(sink)
+            world.close()
+    assert not [r for r in records if SECRET in r]
