@@ -35,6 +35,9 @@ from castor.domain.icarus.settings import IcarusSettings, resolve_spawn_path
 WORKER_PROGRAM = str(Path(__file__).with_name("worker_program.py").resolve())
 PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
 PARENT_PID_ENV = "CASTOR_WORKER_PARENT"  # the pid of the castor that starts the worker (see worker_program)
+#: The descriptor of a shared 8-byte page where the worker counts the requests it began (see
+#: worker_program and ``WorkerProcess``: a death before the request began is told apart by it).
+BEGUN_FD_ENV = "CASTOR_WORKER_BEGUN_FD"
 
 
 class WorkerLaunch(BaseModel):

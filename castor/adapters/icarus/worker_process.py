@@ -52,6 +52,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -62,7 +63,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from castor._log import logger
-from castor.adapters.icarus.launch import WorkerLaunch
+from castor.adapters.icarus.launch import BEGUN_FD_ENV, WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, death_words, reply_result
 from castor.domain.jsontext import well_formed
 from castor.messages.errors import (
@@ -119,6 +120,9 @@ _READ_FIRST_BACKOFF = 16
 # wait queues on every poll as poll(2) does (about half the cost of an idle check here). epoll
 # takes its timeout in seconds, poll in milliseconds: _POLL_UNIT converts the milliseconds.
 _EPOLL = getattr(select, "epoll", None)
+#: ``os.memfd_create`` (Linux): the page a worker counts its begun requests in. Without it a death
+#: that took the request from the pipe is a death during the call, as before.
+_MEMFD: Callable[[str, int], int] | None = getattr(os, "memfd_create", None)
 _POLL_UNIT = 0.001 if _EPOLL is not None else 1.0
 
 
@@ -196,6 +200,8 @@ class WorkerProcess:
         # (under _fd_lock, so a late wake never writes to a descriptor number reused since).
         self._wake_r = self._wake_w = -1
         self._pidfd = -1
+        #: The page where the worker counts the requests it began (a memfd; -1 where there is none).
+        self._begun_fd = -1
         self._stale_poller: Any = None  # stdout and the pidfd (an epoll, else a poll): between calls
         self._reply_poller: Any = None  # stdout and the wake pipe: during a call
         self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
@@ -263,9 +269,12 @@ class WorkerProcess:
         if not self.usable:
             raise WorkerRetired("worker was retired before it started", may_have_started=False)
         self._open_own_descriptors()
+        env, passed = self._launch.env, tuple[int, ...]()
+        if self._begun_fd >= 0:
+            env, passed = {**env, BEGUN_FD_ENV: str(self._begun_fd)}, (self._begun_fd,)
         try:
             self._proc = subprocess.Popen(
-                list(self._launch.argv), cwd=self._launch.cwd, env=self._launch.env,
+                list(self._launch.argv), cwd=self._launch.cwd, env=env, pass_fds=passed,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # Its own process group (kill_tree signals the group), not its own session: a new
                 # session is a new scheduling autogroup on Linux, and on a loaded host every reply
@@ -404,6 +413,9 @@ class WorkerProcess:
                 self._wake_r, self._wake_w = os.pipe()
                 self._stale_poller = _EPOLL() if _EPOLL is not None else select.poll()
                 self._reply_poller = _EPOLL() if _EPOLL is not None else select.poll()
+                if _MEMFD is not None:
+                    self._begun_fd = _MEMFD("castor-icarus-begun", os.MFD_CLOEXEC)
+                    os.ftruncate(self._begun_fd, 8)
             except OSError as exc:
                 failed: OSError | None = exc
             else:
@@ -417,13 +429,13 @@ class WorkerProcess:
     def _close_wake_pipe(self) -> None:
         """Close the wake pipe, the pidfd and the epoll sets (the worker is finished)."""
         with self._fd_lock:
-            for fd in (self._wake_r, self._wake_w, self._pidfd):
+            for fd in (self._wake_r, self._wake_w, self._pidfd, self._begun_fd):
                 if fd >= 0:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
-            self._wake_r = self._wake_w = self._pidfd = -1
+            self._wake_r = self._wake_w = self._pidfd = self._begun_fd = -1
             for poller in (self._stale_poller, self._reply_poller):
                 close = getattr(poller, "close", None)  # an epoll holds a descriptor; a poll does not
                 if close is not None:
@@ -742,7 +754,8 @@ class WorkerProcess:
             exit_code = None
         with self._kill_lock:
             self._killed = False  # make sure a half-dead tree is still swept
-        died_idle = idle or (may_have_started and self._calls > 1 and self._request_unread())
+        died_idle = idle or (may_have_started and self._calls > 1
+                             and (self._request_unread() or self._request_never_begun()))
         self.kill_tree("crashed")
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=0.5)
@@ -766,6 +779,20 @@ class WorkerProcess:
         except OSError:
             return False
         return unread[0] == self._request_bytes > 0
+
+    def _request_never_begun(self) -> bool:
+        """Whether the worker, dead now, never began the request written last: its count of the
+        requests it began (the shared page) is short of the ones written. A kill that lands while
+        the worker waits idle can still hand its read the request (the kernel gives a woken read
+        its bytes before it ends the process), and the pipe is then empty: only this tells that
+        death from one during the call. Read on the crash path only."""
+        if self._begun_fd < 0:
+            return False
+        try:
+            raw = os.pread(self._begun_fd, 8, 0)
+        except OSError:
+            return False
+        return len(raw) == 8 and int.from_bytes(raw, sys.byteorder) < self._calls
 
     # ------------------------------------------------------------------ stats
 

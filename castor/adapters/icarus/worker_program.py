@@ -46,6 +46,11 @@ Guarantees
   a result that still cannot be serialised yields ``ok: false, error:
   "unserializable result"``.
 - End of stdin ends the worker with exit code 0.
+- **What it began.** Before it handles a request line it counts it in the page castor shares
+  (``CASTOR_WORKER_BEGUN_FD``: one unsigned 64-bit slot; a memory store, no system call). A
+  worker killed after its read took the request from the pipe but before it began it (a
+  ``kill -9`` that landed while it waited idle: the kernel hands the read its bytes, then ends
+  the process) leaves the count one short, and castor knows the request never ran.
 - **It does not outlive its parent.** A thread waits for the request pipe's hang-up (every
   writer gone). A parent that closed the pipe and lives on gets what it asked for: the requests
   left run to their end and the worker exits 0 at the end of the pipe, as ever. Once the parent
@@ -112,6 +117,7 @@ ALLOWED_MODULES = ("hooks", "tools", "state", "obsidian", "parsing")
 PACKAGE = "icarus"
 PACKAGE_DIR_ENV = "CASTOR_ICARUS_DIR"
 PARENT_PID_ENV = "CASTOR_WORKER_PARENT"
+BEGUN_FD_ENV = "CASTOR_WORKER_BEGUN_FD"
 
 
 class InvalidRequest(Exception):
@@ -462,7 +468,29 @@ def _end_with_the_parent(fd: int, parent: int, named: "int | None") -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _begun_counter() -> "Any":
+    """The page castor shares to learn how many requests this worker began (``BEGUN_FD_ENV``), as
+    one unsigned 64-bit slot; None when castor gave none. Its descriptor is closed (the mapping
+    stays) and its variable removed, so backend code inherits neither."""
+    named = os.environ.pop(BEGUN_FD_ENV, "")
+    if not (named.isascii() and named.isdigit()):
+        return None
+    fd = int(named)
+    try:
+        import mmap
+        return memoryview(mmap.mmap(fd, 8)).cast("Q")
+    except (OSError, ValueError, TypeError):
+        return None
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def main() -> int:
+    begun = _begun_counter()
+    count = 0
     proto_in, proto_out = _isolate_stdio()
     threading.Thread(target=_end_with_the_parent, args=(proto_in.fileno(), os.getppid(), _named_parent()),
                      name="parent-watch", daemon=True).start()
@@ -488,6 +516,9 @@ def main() -> int:
             line = raw.strip()
             if not line:
                 continue
+            count += 1
+            if begun is not None:
+                begun[0] = count  # a store, no syscall: castor reads it only after a death
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError:

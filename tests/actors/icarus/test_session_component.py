@@ -239,6 +239,28 @@ def test_kill_9_of_an_idle_worker_gives_the_next_call_a_fresh_worker(world):
         assert sess.current_worker_pid() not in (None, pid)
 
 
+@pytest.mark.timeout(120)
+def test_a_call_made_at_once_after_a_kill_9_of_the_idle_worker_runs_on_a_fresh_one_50_times(world):
+    """No wait between the kill and the call: the call meets the worker in every moment of its
+    death (the signal not yet taken, its files closing, its exit not yet shown, a zombie), and
+    each time the call runs on a fresh worker -- never ``worker_crashed``."""
+    rt = world.runtime()
+    _, sess = world.open(rt)
+    sess.tool("fabric_brief", {})
+    failures: list[str] = []
+    for _ in range(50):
+        pid = sess.current_worker_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        try:
+            assert "recent" in sess.tool("fabric_brief", {})
+        except CastorError as exc:
+            failures.append(f"{exc.code}: {exc.message} {exc.data}")
+            sess.tool("fabric_brief", {})  # the worker was retired: the next call starts one
+        assert sess.current_worker_pid() not in (None, pid)
+    assert failures == [], failures
+
+
 def test_a_json_py_planted_in_the_project_is_not_imported(world):
     marker = world.tmp / "planted-json-imported"
     (world.project / "json.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\nraise SystemExit(9)\n")
