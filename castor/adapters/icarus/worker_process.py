@@ -269,7 +269,8 @@ class WorkerProcess:
         if not self.usable:
             raise WorkerRetired("worker was retired before it started", may_have_started=False)
         self._open_own_descriptors()
-        env, passed = self._launch.env, tuple[int, ...]()
+        env = self._launch.env
+        passed: tuple[int, ...] = ()
         if self._begun_fd >= 0:
             env, passed = {**env, BEGUN_FD_ENV: str(self._begun_fd)}, (self._begun_fd,)
         try:
