@@ -40,6 +40,11 @@ class IcarusBackend(Protocol):
         """Effective settings (never raises for bad files; see settings_store)."""
         ...
 
+    def settings_signature(self, path: str) -> tuple[int, ...] | None:
+        """What tells this version of a settings file from the next (one ``stat``; None when it
+        cannot be stat-ed): equal while the file is unchanged."""
+        ...
+
     def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
         """(project, global) layers as read now; an untrusted project file is not opened."""
         ...

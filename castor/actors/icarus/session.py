@@ -325,6 +325,48 @@ class IcarusSession:
     _spawn: Callable[[], WorkerProcessPort] | None = None
     _spawned: int = 0  # worker processes constructed (one per incarnation that got a call)
     _crash_loop: WorkerCrashLoop | None = None  # the session's worker deaths, across incarnations
+    _settings_said: set[str] = field(default_factory=set)  # the settings' warnings logged, each once
+
+    def __post_init__(self) -> None:
+        self._say_settings_warnings()
+
+    # -- settings the storage refused -------------------------------------------
+    def _reread_settings(self) -> None:
+        """Read the settings again, as a session's start reads them, when a file that counts was
+        refused by its storage (``EACCES``, ``EIO``) and has changed since (one ``stat`` each; no
+        read while none changed). The new values are the session's from this call on: its tools,
+        their deadlines, ``icarus.config``, and the launch of its next fresh worker. What its
+        running actors were built with at the start (whether it has Icarus at all, the hook
+        controller's switches, the filter) stays until the session is opened again."""
+        refused = self.settings.refused_files
+        backend = self.backend
+        if all(backend.settings_signature(path) == seen for path, seen in refused):
+            return
+        with self._lock:
+            if self.settings.refused_files is not refused:
+                return  # another call read them meanwhile
+            try:
+                fresh = backend.load_settings(self.ctx.info.cwd, trusted=self.ctx.info.trusted)
+            except CastorError as exc:  # no descriptor to read with: the next call tries again
+                logger.bind(actor=self.path(), code=str(exc.code)).warning("icarus settings not read again")
+                return
+            self.settings = fresh
+            if self._spawn is not None:
+                self._spawn = backend.worker_spawn(fresh, self.ctx.info.cwd)
+        logger.bind(actor=self.path()).info("icarus settings read again: a file refused before changed")
+        self._say_settings_warnings()
+        if not self.available and backend.package_present(fresh.icarus_dir):
+            logger.bind(actor=self.path(), icarus_dir=fresh.icarus_dir).warning(
+                "icarus settings read again name a package this session started without: Icarus "
+                "runs from the session's next open")
+
+    def _say_settings_warnings(self) -> None:
+        """Log each of the settings' warnings (``icarus.config`` lists them) the first time this
+        session meets it: once per distinct cause, never per call."""
+        for text in self.settings.warnings:
+            if text not in self._settings_said:
+                self._settings_said.add(text)
+                logger.bind(actor=self.path()).warning("icarus.config warning: {text}", text=text)
 
     # -- paths and handles ----------------------------------------------------
     @property
@@ -471,6 +513,8 @@ class IcarusSession:
         calls itself when the worker lane is idle, and the harness is answered through it as soon
         as the lifecycle answers -- at once on an ``/icarus off`` or an abort, even while this
         thread is still inside the worker call (see :class:`HookClient`)."""
+        if self.settings.refused_files:
+            self._reread_settings()
         if not self.available:
             return None
         if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
@@ -537,6 +581,8 @@ class IcarusSession:
         this session does not offer, and the worker's typed transport errors.
         A validation failure is the value ``{"error": message}``, with no worker call.
         """
+        if self.settings.refused_files:
+            self._reread_settings()
         if not self.available:
             raise NotFound("Icarus is not available in this session",
                            data={"reason": "icarus_unavailable", "detail": self.reason, "tool": name})
@@ -556,6 +602,8 @@ class IcarusSession:
     # -- commands ---------------------------------------------------------------
     def command(self, args: str | None) -> dict[str, Any]:
         """Run one ``/icarus`` command; ``{text, level}``. Invalid input changes nothing."""
+        if self.settings.refused_files:
+            self._reread_settings()
         try:
             cmd = parse_command(args)
         except CommandError as exc:
@@ -668,6 +716,8 @@ class IcarusSession:
     # -- inspection -------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         """Read-only state, effective config, schema and the tools to register."""
+        if self.settings.refused_files:
+            self._reread_settings()
         hooks: dict[str, Any] = {"registered": self.available and self.settings.hooks,
                                  "enabled": None, "visible": self.settings.context_display}
         if self.available and self.settings.hooks:

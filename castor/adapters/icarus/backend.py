@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from castor.adapters.fs import storage_unavailable
+from castor.adapters.fs import file_signature, storage_unavailable
 from castor.adapters.icarus.launch import build_launch
 from castor.adapters.icarus.settings_store import load_layers, load_settings, update_settings
 from castor.adapters.icarus.worker_process import next_request_id, worker_factory
@@ -35,6 +35,9 @@ class FileIcarusBackend:
 
     def load_settings(self, cwd: str, *, trusted: bool) -> IcarusSettings:
         return load_settings(cwd, trusted=trusted, env=self._env(), home=self._home)
+
+    def settings_signature(self, path: str) -> tuple[int, ...] | None:
+        return file_signature(path)
 
     def settings_layers(self, cwd: str, *, trusted: bool) -> tuple[SettingsLayer, SettingsLayer]:
         return load_layers(cwd, trusted=trusted, env=self._env(), home=self._home)

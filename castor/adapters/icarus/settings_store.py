@@ -42,6 +42,7 @@ from castor.adapters.fs import (
     NO_DESCRIPTOR_ERRNOS,
     UnsafeFile,
     atomic_write_text,
+    file_signature,
     is_storage_fault,
     make_dirs,
     read_regular_file,
@@ -149,7 +150,10 @@ def read_layer(path: str, scope: Literal["project", "global"]) -> SettingsLayer:
             # The process's shortage, not the file's: ignored, the layer would leave the session
             # without what it configures (Icarus itself) for its whole life, and no one told.
             raise storage_unavailable(exc, path=path, action="read the settings") from None
-        return SettingsLayer(scope=scope, path=path, error=f"unreadable ({type(exc).__name__})")
+        # The file's own storage refused it (EACCES, EIO): that may pass. What tells this version
+        # of the file apart is kept, so a session reads it again once it changes (a chmod, a repair).
+        return SettingsLayer(scope=scope, path=path, error=f"unreadable ({type(exc).__name__})",
+                             refused=True, signature=file_signature(path))
     return SettingsLayer(scope=scope, path=path, doc=doc)
 
 

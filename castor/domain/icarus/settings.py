@@ -63,6 +63,12 @@ class SettingsLayer(BaseModel):
     path: str  # absolute path of the settings.json file
     doc: dict[str, Any] | None = None
     error: str | None = None  # why the file was unusable (missing files have none)
+    #: The storage refused the read for a reason of the file's own that may pass (``EACCES``,
+    #: ``EIO``): read it again once it changes.
+    refused: bool = False
+    #: When ``refused``: what told this version of the file apart (the adapter's stat signature;
+    #: None when even a stat failed).
+    signature: tuple[int, ...] | None = None
 
     @property
     def directory(self) -> str:
@@ -193,6 +199,9 @@ class IcarusSettings(BaseModel):
     trusted: bool = False
     sources: dict[str, Source] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: The files that count but whose read the storage refused (``SettingsLayer.refused``), each
+    #: with what told it apart then: the session reads its settings again once one changes.
+    refused_files: tuple[tuple[str, tuple[int, ...] | None], ...] = ()
 
     @property
     def admin_tools_enabled(self) -> bool:
@@ -445,6 +454,8 @@ def resolve_settings(
         fields[spec.field], sources[spec.key] = _resolve_extension_key(spec, layers, warnings)
     backend, backend_sources = _resolve_backend(layers, env, cwd, home, exists)
     sources.update(backend_sources)
+    refused = tuple((layer.path, layer.signature) for layer in (project if trusted else None, global_)
+                    if layer is not None and layer.refused)
     return IcarusSettings(
         **fields,
         icarus_dir=backend["icarusDir"],
@@ -457,6 +468,7 @@ def resolve_settings(
         trusted=trusted,
         sources=sources,
         warnings=tuple(warnings),
+        refused_files=refused,
     )
 
 
