@@ -711,7 +711,16 @@ class WorkerProcess:
                 unreadable = _unreadable_reply(line, request_id)
                 if unreadable is not None:
                     return unreadable
+                own = _reply_at_the_end(line, request_id)
                 self._garbage += 1
+                if own is not None:
+                    # Output without a newline on the reply channel (backend code that found it),
+                    # then the call's own reply: the output is dropped, the reply is the call's.
+                    if self._garbage == 1:
+                        logger.bind(actor="/icarus/worker").warning(
+                            "icarus worker wrote {} bytes without a newline before its reply to {}: dropped; "
+                            "later ones are counted in its stats (garbage_lines)", len(line), target)
+                    return own
                 if self._garbage == 1:
                     logger.bind(actor="/icarus/worker").warning(
                         "icarus worker wrote a line that is not a reply during {} ({} bytes): dropped; "
@@ -724,21 +733,31 @@ class WorkerProcess:
         return None
 
     def _drain_stale(self) -> None:
-        """Consume whatever arrived between calls: stale replies and garbage are counted."""
+        """Consume whatever arrived between calls: stale replies and garbage are counted. At most
+        ``max_reply_bytes`` are read here (a worker that writes without end is the call's to meet,
+        within its deadline); output without a newline is not kept past ``_READY_NOISE_MAX`` bytes
+        (no reply of this call can be in it: its request is not written yet)."""
         out_fd = self._out_fd
-        while any(fd == out_fd for fd, _mask in self._stale_poller.poll(0)):
+        budget = self._max_reply
+        while budget > 0 and any(fd == out_fd for fd, _mask in self._stale_poller.poll(0)):
             try:
                 chunk = os.read(out_fd, _READ_CHUNK)
             except BlockingIOError:
                 break
             if not chunk:  # ended while idle, before this call's request was written
                 raise self._crash("(between calls)", may_have_started=False, idle=self._calls > 0)
+            budget -= len(chunk)
+            if len(self._buffer) > _READY_NOISE_MAX and chunk.find(b"\n") < 0 and self._buffer.find(b"\n") < 0:
+                self._buffer = b""  # one line of output without end so far: dropped as it comes
             self._buffer += chunk
         for line in self._buffered_lines():
             if _decode_reply(line) is None:
                 self._garbage += 1
             else:
                 self._mismatched += 1
+        if len(self._buffer) > _READY_NOISE_MAX:
+            self._buffer = b""  # the start of a line of output without end: dropped
+            self._garbage += 1
 
     def _crash(self, target: str, *, may_have_started: bool, idle: bool = False,
                before_ready: bool = False) -> WorkerCrashed:
@@ -914,6 +933,21 @@ def _unreadable_reply(line: bytes, request_id: int) -> dict[str, Any] | None:
     except ValueError as exc:
         why = "an integer with too many digits" if "digits" in str(exc) else "not JSON"
     return {"id": request_id, "ok": False, "error": f"unreadable result: {why}", "traceback": ""}
+
+
+def _reply_at_the_end(line: bytes, request_id: int) -> dict[str, Any] | None:
+    """The call's own reply at the end of a line that is not a reply (output written to the reply
+    channel without a newline, the reply right after it), or None. The reply is the first place
+    from which the rest of the line is a reply with the call's id: the worker program starts each
+    reply so (``_REPLY_HEAD``), and a string inside one cannot hold that head unescaped."""
+    head = b'{"id": %d, "ok": ' % request_id
+    start = line.find(head, 1)
+    while start > 0:
+        reply = _decode_reply(line[start:])
+        if reply is not None and reply.get("id") == request_id:
+            return reply
+        start = line.find(head, start + 1)
+    return None
 
 
 def worker_factory(launch: WorkerLaunch, **kwargs: Any) -> Callable[[], WorkerProcess]:

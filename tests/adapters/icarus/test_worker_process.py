@@ -778,3 +778,63 @@ def errno_name(number: int) -> str:
     import errno
 
     return errno.errorcode[number]
+
+
+PROTOCOL_WRITER = '''
+import os, stat, fcntl, threading
+
+
+def _reply_channel():
+    """The worker program's reply pipe (fd 1 is stderr's by now): backend code that finds it."""
+    err = os.fstat(2)
+    for fd in range(3, 64):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(st.st_mode) and (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_WRONLY \\
+                and (st.st_ino, st.st_dev) != (err.st_ino, err.st_dev):
+            return fd
+
+
+def _write(n):
+    view = memoryview(b"z" * n)
+    fd = _reply_channel()
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def spew(n):
+    _write(n)
+    return "spewed"
+
+
+def spew_after(n):
+    threading.Thread(target=_write, args=(n,)).start()  # blocks on the full pipe until castor reads
+    return "spewing"
+
+
+def ok():
+    return "ok"
+'''
+
+
+@pytest.mark.timeout(60)
+def test_output_without_a_newline_on_the_reply_channel_is_dropped_and_the_call_still_gets_its_reply(harness, tmp_path):
+    """Backend code writing to the reply channel without a newline (10 MB of it), during a call or
+    between calls: what it wrote and the call's reply then make one line, which was dropped whole
+    as garbage -- the call waited out its deadline and its worker was killed with the session's
+    state, blamed for output that came before it. The reply at the line's end is the call's now:
+    the garbage before it is counted and dropped, and the worker goes on."""
+    worker = _backend(harness, tmp_path, PROTOCOL_WRITER)
+    assert call(worker, "tools", "ok") == "ok"
+    assert call(worker, "tools", "spew", 10_000_000) == "spewed"
+    assert call(worker, "tools", "spew_after", 10_000_000) == "spewing"  # goes on between the calls
+    import select
+
+    waiting = select.poll()
+    waiting.register(worker._out_fd, select.POLLIN)
+    wait_for(lambda: waiting.poll(0), timeout=10, what="the output between calls to arrive")
+    assert call(worker, "tools", "ok") == "ok"
+    assert call(worker, "tools", "ok") == "ok"
+    assert worker.usable and worker.stats().garbage_lines >= 2
