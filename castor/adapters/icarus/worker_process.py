@@ -768,10 +768,12 @@ class WorkerProcess:
         self._crashed = True
         proc = self._proc
         assert proc is not None  # a crash is only seen on a started worker
+        lived_on = False
         try:
             exit_code = proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             exit_code = None
+            lived_on = True  # its reply channel ended but it did not: castor ends it below
         with self._kill_lock:
             self._killed = False  # make sure a half-dead tree is still swept
         died_idle = idle or (may_have_started and self._calls > 1
@@ -784,9 +786,13 @@ class WorkerProcess:
             data["died_idle"] = True
         if before_ready:
             data.update(reason="exited_before_ready", python=self._launch.python)
-        how = death_words(exit_code) or "exit status unknown"  # "killed by SIGKILL", never "code -9"
-        error = WorkerCrashed(f"icarus worker ended ({how}) during {target}",
-                              data=data, may_have_started=may_have_started and not died_idle)
+        if lived_on:
+            data.setdefault("reason", "reply_channel_closed")
+            message = f"icarus worker closed its reply channel during {target} and lived on; it was killed"
+        else:
+            how = death_words(exit_code) or "exit status unknown"  # "killed by SIGKILL", never "code -9"
+            message = f"icarus worker ended ({how}) during {target}"
+        error = WorkerCrashed(message, data=data, may_have_started=may_have_started and not died_idle)
         error.stderr_tail = self._stderr.text()  # type: ignore[attr-defined]  # an extra, off-wire attribute
         return error
 

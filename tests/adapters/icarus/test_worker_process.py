@@ -816,6 +816,12 @@ def spew_after(n):
 
 def ok():
     return "ok"
+
+
+def hang_up_and_live():
+    os.close(_reply_channel())
+    import time
+    time.sleep(60)
 '''
 
 
@@ -838,3 +844,22 @@ def test_output_without_a_newline_on_the_reply_channel_is_dropped_and_the_call_s
     assert call(worker, "tools", "ok") == "ok"
     assert call(worker, "tools", "ok") == "ok"
     assert worker.usable and worker.stats().garbage_lines >= 2
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_closes_its_reply_channel_mid_call_and_lives_on_is_killed_and_said_so(harness, tmp_path):
+    """A worker that closes its reply channel during a call and lives on: the call fails
+    ``worker_crashed`` (it may have run) within about a second, the worker is killed (nothing left
+    running), and the error says what happened -- it said "icarus worker ended (exit status
+    unknown)" of a worker that had not ended; castor ended it."""
+    worker = _backend(harness, tmp_path, PROTOCOL_WRITER)
+    assert call(worker, "tools", "ok") == "ok"
+    pid = worker.pid
+    started = time.monotonic()
+    with pytest.raises(WorkerCrashed) as info:
+        call(worker, "tools", "hang_up_and_live", deadline_s=20)
+    assert time.monotonic() - started < 5 and info.value.may_have_started is True
+    assert info.value.data["reason"] == "reply_channel_closed", info.value.data
+    assert "closed its reply channel" in info.value.message and "ended" not in info.value.message
+    wait_for(lambda: gone(pid), timeout=5, what="the worker to be killed")
+    assert not worker.usable
