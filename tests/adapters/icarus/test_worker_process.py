@@ -863,3 +863,21 @@ def test_a_worker_that_closes_its_reply_channel_mid_call_and_lives_on_is_killed_
     assert "closed its reply channel" in info.value.message and "ended" not in info.value.message
     wait_for(lambda: gone(pid), timeout=5, what="the worker to be killed")
     assert not worker.usable
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_stopped_across_its_deadline_times_out_and_is_killed_stopped(harness):
+    """A worker SIGSTOPped mid-call (a debugger, a job-control stop) past the call's deadline: the
+    call fails ``timeout`` at its deadline (it may have run), the stopped worker is killed (SIGKILL
+    ends a stopped process) and reaped, nothing of it is left, and the worker is retired."""
+    worker = harness.worker()
+    assert call(worker, "hooks", "counter") == 1
+    pid = worker.pid
+    threading.Timer(0.2, lambda: os.kill(pid, signal.SIGSTOP)).start()
+    started = time.monotonic()
+    with pytest.raises(Timeout) as info:
+        call(worker, "hooks", "sleep", 0.5, deadline_s=1.5)
+    assert 1.4 < time.monotonic() - started < 4 and info.value.may_have_started is True
+    assert gone(pid) and not worker.usable
+    with pytest.raises(WorkerRetired):
+        call(worker, "hooks", "counter")
