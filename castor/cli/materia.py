@@ -7,7 +7,7 @@
 | ``castor status [CAST_ID] [--cwd D]`` | one cast's persisted status (no CAST_ID: the newest cast still going, else the newest cast) |
 | ``castor recast [CAST_ID] [--agent SPEC] [--cwd D]`` / ``castor revive [CAST_ID] ...`` | resumes a persisted cast in this new process and runs it to the end; with no CAST_ID, the newest cast it can resume (recast: failed, aborted, interrupted or orphaned; revive: exhausted same-socket recovery), as an id-less ``/materia recast`` / ``revive`` picks |
 | ``castor continue [CAST_ID] [--agent SPEC] [--cwd D]`` | goes on with an active cast: an interrupted one re-runs its turn, a paused one finalizes, an orphaned one redoes its lost work; then runs it to the end |
-| ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another ``castor cast`` process runs is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`); two aborts of one cast take turns (:data:`ABORT_LOCK`): one says aborted, the other already aborted |
+| ``castor abort [CAST_ID] [--cwd D]`` | ends an active cast (no CAST_ID: the newest one) ``aborted`` (recastable); a cast another runtime holds (another ``castor cast``, a ``castor serve``) is asked to abort and the command waits for it (:data:`ABORT_WAIT_S`); two aborts of one cast take turns (:data:`ABORT_LOCK`): one says aborted, the other already aborted |
 | ``castor grid [--loadout N] [--config P] [--cwd D]`` | the resolved graph as text |
 | ``castor loadout [NAME] [--cwd D]`` | show the loadouts, or persist ``activeLoadout`` |
 | ``castor validate CONFIG_PATH [--cwd D]`` | every problem of the config a cast in D would run with CONFIG_PATH (the same layers; CONFIG_PATH in its own place if it is the profile's or the project's file, else as ``--config``), each on its own line; exit 1 if any |
@@ -36,7 +36,6 @@ import errno
 import functools
 import json
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,17 +53,10 @@ CLI_SESSION = "cli"
 POLL_S = 0.1
 TERMINAL = {"complete", "failed", "aborted"}
 #: ``castor abort`` of a cast another process runs: the request it leaves in the cast's run
-#: directory (the running ``castor cast`` / ``recast`` / ``continue`` looks for it on every poll),
-#: and how long it waits for that process to abort.
-ABORT_REQUEST = "abort.request"
+#: directory (the runtime that holds the cast -- a ``castor cast`` / ``recast`` / ``continue``, a
+#: ``castor serve``, one a harness embeds -- takes it: castor.adapters.materia.abort_requests), and
+#: how long it waits for that runtime to abort.
 ABORT_WAIT_S = 5.0
-#: How far ahead of this machine's clock a request's ``requested_at`` may be and still be taken
-#: (a ``castor abort`` on another host sharing the storage); one further ahead was never written
-#: while this command held the cast.
-ABORT_REQUEST_CLOCK_SKEW_S = 60.0
-#: Where the running command moves the abort request it is about to judge, so that it removes
-#: only what it read (:class:`_AbortRequests`), never a newer request written meanwhile.
-ABORT_REQUEST_TAKEN = "abort.request.taken"
 #: Two ``castor abort`` of one cast take turns on this lock file of its run directory
 #: (:func:`_one_abort_at_a_time`); the second waits this long for the first (which may itself wait
 #: :data:`ABORT_WAIT_S` for another process, after building a runtime).
@@ -375,8 +367,7 @@ class _Standalone:
         self.runtime: Any = None
         self.ui: Any = None
         self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
-        # Before any verb takes a cast's lease: an abort request older than this is not for us.
-        self.began_at = time.time()
+        self.began_at = time.time()  # the mark of the cast a castor cast starts (STARTED_BY)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castor-cli-runtime")
         self._in_flight: Future[Any] | None = None
         self._closed = False
@@ -600,89 +591,6 @@ def _cast_started_by(artifact_root: Path, mark: str, *, since: float) -> str | N
     return None
 
 
-def _requested_at(request: Path) -> float | None:
-    """When an abort request was written (its ``requested_at``); None if unreadable."""
-    try:
-        value = json.loads(_small_file(request)).get("requested_at")
-    except (OSError, ValueError, RecursionError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-class _AbortRequests:
-    """What a command that runs a cast finds at its run directory's ``abort.request`` on each poll.
-
-    Only a request made while this command holds the cast -- a regular file whose ``requested_at``
-    falls between the command's start (``since``, before it took the cast) and now -- asks it to
-    abort; it is removed as taken. Anything else there is never applied, whoever put it there (a
-    project checkout can carry one): a request left from before (a killed ``castor abort``'s), one
-    with no readable time or a time to come, a link, a FIFO or a directory is removed and named in
-    one warning; a directory with something in it cannot be, and is named once and left.
-
-    The command removes only what it judged: it first takes the request out of the way (renamed to
-    :data:`ABORT_REQUEST_TAKEN`), then reads and removes what it took. A new ``castor abort``
-    replacing a stale request at that moment is either taken whole (and applied) or left in place
-    for the next poll -- never removed unread with the stale one."""
-
-    def __init__(self, request: Path, since: float, warn: Callable[[str], None]) -> None:
-        self.request = request
-        self.since = since
-        self.warn = warn
-        self._left: tuple[int, int, int] | None = None  # what was named and left (device, inode, mtime)
-
-    def asked(self) -> bool:
-        """True once per request made while this command holds the cast."""
-        try:
-            found = os.lstat(self.request)
-        except OSError:
-            return False
-        if self._left == (found.st_dev, found.st_ino, found.st_mtime_ns):
-            return False
-        if stat.S_ISDIR(found.st_mode):  # never castor's; rmdir removes no request written since
-            return self._not_applied(None, lambda: os.rmdir(self.request), found)
-        taken = self.request.with_name(ABORT_REQUEST_TAKEN)
-        try:
-            os.rename(self.request, taken)
-        except FileNotFoundError:
-            return False  # gone meanwhile (the abort that wrote it gave up)
-        except OSError:  # it cannot be moved aside (a read-only run directory): judged where it is, and left
-            asked_at = _requested_at(self.request)
-            self._left = (found.st_dev, found.st_ino, found.st_mtime_ns)  # applied or named once
-            if self._applies(asked_at):
-                return True
-            return self._not_applied(asked_at, None, found)
-        asked_at = _requested_at(taken)
-        if self._applies(asked_at):
-            _remove_quietly(taken)
-            return True
-        return self._not_applied(asked_at, lambda: os.unlink(taken), found)
-
-    def _applies(self, asked_at: float | None) -> bool:
-        return asked_at is not None and self.since <= asked_at <= time.time() + ABORT_REQUEST_CLOCK_SKEW_S
-
-    def _not_applied(self, asked_at: float | None, remove: Callable[[], None] | None, found: os.stat_result) -> bool:
-        why = ("was left from before this command took the cast" if asked_at is not None and asked_at < self.since
-               else "is not one castor wrote while this command holds the cast")
-        if remove is not None:
-            try:
-                remove()
-            except OSError:
-                pass
-            else:
-                self.warn(f"abort request {self.request} {why}: removed, not applied")
-                return False
-        self._left = (found.st_dev, found.st_ino, found.st_mtime_ns)
-        self.warn(f"abort request {self.request} {why}: not applied, and castor cannot remove it (remove it)")
-        return False
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _say_err(line: str) -> None:
     try:
         print(line, file=sys.stderr)
@@ -746,22 +654,13 @@ def _watch(session: _Standalone, cast_id: str, *, quiet: bool) -> dict[str, Any]
     """Poll the cast until it ends, with a rich live view unless quiet; finalizes refinement pauses."""
     from rich.console import Console
 
-    from castor.messages.errors import CastorError
 
     console = Console(stderr=True)
     last: dict[str, Any] = {}
 
-    requests = _AbortRequests(Path(str(session.call("status", {"cast_id": cast_id})["run_dir"])) / ABORT_REQUEST,
-                              session.began_at, lambda line: session.ui.notify(line, "warning"))
-
     def poll() -> dict[str, Any]:
-        # `castor abort` from another process asks this one to abort (_AbortRequests: only a
-        # request made while this command holds the cast).
-        if requests.asked():
-            try:
-                session.call("abort", {"cast_id": cast_id})
-            except CastorError as exc:  # it ended meanwhile: the status below says how
-                session.ui.notify(f"abort request not applied: {exc.message}", "warning")
+        # (`castor abort` from another process is taken by the runtime that holds the cast, this
+        # command's as any other: the status below then says aborted.)
         view = session.call("status", {"cast_id": cast_id})
         if view.get("paused") and view.get("live"):
             # Said after the engine's own notice ("... Run castor continue ID to finalize."), which
@@ -1171,10 +1070,12 @@ def _one_abort_at_a_time(run_dir: Path) -> Iterator[None]:
 
 
 def _abort_elsewhere(root: Path, cast_id: str, flags: str = "") -> int:
-    """Another process runs the cast: leave it an abort request (a running castor cast / recast /
-    continue looks on every poll) and wait for the cast to end. The request never outlives this
-    command: one left behind would abort the cast's next recast the moment it started."""
+    """Another runtime holds the cast: leave it an abort request (the holder looks for one every
+    :data:`castor.adapters.materia.abort_requests.ABORT_POLL_S`) and wait for the cast to end. The
+    request never outlives this command: one left behind would abort the cast's next recast the
+    moment it started."""
     from castor.actors.materia.views import persisted_view
+    from castor.adapters.materia.abort_requests import ABORT_REQUEST
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
     from castor.messages.errors import Conflict
 
@@ -1188,8 +1089,9 @@ def _abort_elsewhere(root: Path, cast_id: str, flags: str = "") -> int:
                 break
             if time.monotonic() >= deadline:
                 raise Conflict(f"pi-materia cast {cast_id} runs in another castor runtime that did not take the "
-                               f"abort request within {ABORT_WAIT_S:g}s (a harness session: abort it there with "
-                               "/materia abort)", data={"reason": "held_elsewhere", "cast_id": cast_id})
+                               f"abort request within {ABORT_WAIT_S:g}s (an older castor, or one stalled; in a "
+                               "harness session, /materia abort there stops it)",
+                               data={"reason": "held_elsewhere", "cast_id": cast_id})
             time.sleep(POLL_S)
     finally:
         untaken = os.path.lexists(request)  # the holder removes the request it applies
@@ -1309,11 +1211,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                  "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
-        # Which one holds it, status cannot tell; the two are stopped differently: a `castor serve`
-        # never takes `castor abort`'s request (that abort waits, then says `conflict`)
-        text = ("This pi-materia cast runs in another castor runtime: in a harness session's castor serve, "
-                "abort or continue it in that session (/materia abort); in another castor command, "
-                f"castor abort {cast_id}{flags} asks it to abort:\n{text}")
+        # Whichever holds it (a harness session's castor serve, another castor command), it takes
+        # `castor abort`'s request: typed anywhere, it reaches the cast.
+        text = (f"This pi-materia cast runs in another castor runtime (a harness session's castor serve, or another "
+                f"castor command); castor abort {cast_id}{flags} asks it to abort:\n{text}")
     _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
 

@@ -2,8 +2,9 @@
 
 A cast persists its state document (revisioned, fenced by incarnation), writes its run
 directory's artifacts (files, manifest, event log), and is held by one runtime at a time through
-a lease; a session lists casts through an index, allocates new cast ids, reads and edits the
-project's materia config, and kills the utility commands a dead runtime left running. The
+a lease (the holder takes ``castor abort``'s requests for it); a session lists casts through an
+index, allocates new cast ids, reads and edits the project's materia config, and kills the
+utility commands a dead runtime left running. The
 actors reach all of it through :class:`CastStorage`, which
 ``castor.adapters.materia.storage.FileCastStorage`` implements over the file system and
 :mod:`castor.composition` passes in (the way Icarus gets its backend).
@@ -17,7 +18,7 @@ runtime (a held lease is an answer, not a wait).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -230,6 +231,15 @@ class CastStorage(Protocol):
 
     def lease_held(self, artifact_root: Path, cast_id: str) -> bool:
         """Whether some live runtime holds the cast's lease now (a read-only probe)."""
+        ...
+
+    def watch_abort_requests(self, run_dir: Path, since: float, on_asked: Callable[[], None],
+                             warn: Callable[[str], None]) -> Callable[[], None]:
+        """Look for ``castor abort``'s request in the run directory of a cast this runtime holds
+        until the returned function is called (idempotent): ``on_asked`` once per request made
+        since ``since`` (taken before the lease), ``warn`` naming anything else found there, which
+        is removed and never applied. Both are called on a watcher thread and must not wait. Cheap:
+        a stat per watched cast per poll, nothing per transition."""
         ...
 
     def list_page(self, artifact_root: Path, *, limit: int | None = DEFAULT_PAGE,

@@ -560,16 +560,17 @@ def test_castor_abort_names_a_directory_planted_as_the_abort_request_and_what_to
 @pytest.mark.parametrize("stale", ["left_from_before", "no_timestamp", "link"])
 def test_a_new_abort_request_written_while_a_stale_one_is_judged_is_taken_on_the_next_poll(
         tmp_path, monkeypatch, stale) -> None:
-    """The running command read a stale ``abort.request`` (a killed ``castor abort``'s, or one a
-    checkout ships), and before it removed it a new ``castor abort`` replaced it with its own (the
-    stale one's writer is gone): the command removed the new request with the stale one, so the
-    cast went on and the new abort answered ``conflict`` after its wait. The command removes only
+    """The runtime holding the cast read a stale ``abort.request`` (a killed ``castor abort``'s, or
+    one a checkout ships), and before it removed it a new ``castor abort`` replaced it with its own
+    (the stale one's writer is gone): the holder removed the new request with the stale one, so the
+    cast went on and the new abort answered ``conflict`` after its wait. The holder removes only
     the request it read; the new one is taken on the next poll."""
+    import castor.adapters.materia.abort_requests as abort_requests
     import castor.cli.materia as cli
 
     run_dir = tmp_path / "casts" / "C"
     run_dir.mkdir(parents=True)
-    request = run_dir / cli.ABORT_REQUEST
+    request = run_dir / abort_requests.ABORT_REQUEST
     gone_pid = 2**31 - 1  # no such process: its writer is gone
     if stale == "left_from_before":
         request.write_text(json.dumps({"requested_at": 1.0, "pid": gone_pid}))
@@ -578,7 +579,7 @@ def test_a_new_abort_request_written_while_a_stale_one_is_judged_is_taken_on_the
     else:
         (tmp_path / "elsewhere.json").write_text(json.dumps({"requested_at": 1.0, "pid": gone_pid}))
         request.symlink_to(tmp_path / "elsewhere.json")
-    judged = cli._requested_at
+    judged = abort_requests.requested_at
     new_requests: list[bool] = []
 
     def read_then_a_new_abort_arrives(path: Path) -> float | None:
@@ -587,9 +588,9 @@ def test_a_new_abort_request_written_while_a_stale_one_is_judged_is_taken_on_the
             new_requests.append(cli._ask_to_abort(request))
         return asked_at
 
-    monkeypatch.setattr(cli, "_requested_at", read_then_a_new_abort_arrives)
+    monkeypatch.setattr(abort_requests, "requested_at", read_then_a_new_abort_arrives)
     warned: list[str] = []
-    requests = cli._AbortRequests(request, time.time() - 1, warned.append)
+    requests = abort_requests.AbortRequests(request, time.time() - 1, warned.append)
     assert requests.asked() is False  # the stale one: removed, not applied
     assert new_requests == [True] and len(warned) == 1 and "not applied" in warned[0], warned
     assert requests.asked() is True  # the new one, on the next poll

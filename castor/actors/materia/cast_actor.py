@@ -25,6 +25,11 @@ replays the outbox: file writes are redone, events and manifest entries already 
 not appended twice, and lost outside work is re-dispatched under a new visit id — after any
 utility command the dead runtime left running has been killed (its record in the run dir).
 
+While an incarnation holds an active cast, the storage watches its run directory for ``castor
+abort ID``'s request (:meth:`CastStorage.watch_abort_requests`: a stat per poll, nothing per
+transition); one made while this runtime holds the cast is applied as the session's own abort
+(``AbortRequested``), anything else found there is named to the harness and never applied.
+
 | effect | performed by |
 |---|---|
 | ``WriteArtifact`` / ``AddManifestEntry`` / ``EmitEvent`` | :class:`CastArtifacts` (atomic files, one manifest rewrite and one fsynced event append per transition) |
@@ -98,6 +103,7 @@ from castor._log import logger
 from castor.actors.materia.activity import cast_activity
 from castor.actors.materia.compaction_call import CompactionCall
 from castor.actors.materia.messages import (
+    AbortRequestFound,
     CastApply,
     CastOutcome,
     CastProgress,
@@ -113,6 +119,7 @@ from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEO
 from castor.actors.materia.views import saved_state, status_view
 from castor.domain.materia.cast_messages import (
     EFFECT_ADAPTER,
+    AbortRequested,
     AddManifestEntry,
     CancelWork,
     CastStarted,
@@ -219,6 +226,9 @@ class CastEnv:
     # The session's project directory: what a storage error's path is shown relative to when the
     # cast has neither a start event nor a loaded state yet (a recast whose first save fails).
     project: str | None = None
+    # When this runtime went to take the cast (before its lease): a ``castor abort`` request older
+    # than this was not made while the cast was held here, and is never applied (abort_requests).
+    held_since: float = field(default_factory=time.time)
 
     @property
     def socket_supervisor(self) -> str:
@@ -285,6 +295,7 @@ class CastActor(Actor):
         self._done = False
         self._fenced = False
         self._storage_failed = False
+        self._unwatch_abort_requests: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -293,6 +304,8 @@ class CastActor(Actor):
             self._start()
             if self.state is not None and self.env.start_event is not None and self.incarnation == 1:
                 self.env.started_view = self._status()
+            if self.state is not None and self.state.active and not self.is_ending:
+                self._watch_abort_requests()
         except (NotFound, StateCorrupt, InvalidMessage, Forbidden) as exc:
             # Permanent: restarting cannot help, and a crash loop would exhaust the cast
             # supervisor's intensity and take the session's other casts down with it. (Forbidden:
@@ -386,6 +399,7 @@ class CastActor(Actor):
                 cause = f"the cast's actor crashed ({failure[0] if failure else 'unknown'}) and was restarted"
             self._apply(RecastRequested(after_restart=True, cause=cause, at=env.clock()))
 
+
     def _stop(self) -> None:
         """End this incarnation after the current message, releasing what it holds now.
 
@@ -398,6 +412,9 @@ class CastActor(Actor):
         self._release(cause)
 
     def _release(self, cause: str) -> None:
+        unwatch, self._unwatch_abort_requests = self._unwatch_abort_requests, None
+        if unwatch is not None:
+            unwatch()
         self._disarm_user_turn_bound()
         note = getattr(self.env.agent, "note_stop_reason", None)
         for visit_id, handle in list(self._sockets.items()):
@@ -419,7 +436,37 @@ class CastActor(Actor):
         if cause != "crashed" and self.env.lease is not None:
             self.env.lease.release()  # a crash keeps the lease: the restart reuses it
 
+    def _watch_abort_requests(self) -> None:
+        """While this incarnation holds the cast, ``castor abort ID`` typed anywhere reaches it:
+        the request it leaves in the run directory is judged on the storage's watcher thread
+        (:meth:`CastStorage.watch_abort_requests`) and told here -- the same rules whichever
+        runtime holds the cast (a ``castor cast``, a ``castor serve``, one a harness embeds)."""
+        handle = self.handle
+
+        def tell(message: AbortRequestFound) -> None:
+            try:
+                handle.tell(message)
+            except CastorError:  # this incarnation is gone: the next one watches for itself
+                pass
+
+        self._unwatch_abort_requests = self.env.storage.watch_abort_requests(
+            self.artifacts.run_dir, self.env.held_since, lambda: tell(AbortRequestFound()),
+            lambda line: tell(AbortRequestFound(refused=line)))
+
     # ------------------------------------------------------------------ handlers
+    @handles(AbortRequestFound)
+    def _on_abort_request(self, message: AbortRequestFound) -> None:
+        """``castor abort ID`` asked this runtime to abort the cast: aborted as by the session's own
+        abort (the engine tells the harness, ``cast_end`` says aborted, the cast stops here); one
+        found but not applied (left from before, not castor's) is named to the harness."""
+        if message.refused is not None:
+            self._notify(message.refused, "warning")
+            return
+        if self.state is None or not self.state.active:
+            return  # it ended meanwhile: the abort that asked sees how
+        self.log.info("cast {cast} aborted by castor abort's request", cast=self.env.cast_id)
+        self._apply(AbortRequested(at=self.env.clock()))  # its Failed effect ends this incarnation
+
     @handles(CastOutcome)
     def _on_outcome(self, message: CastOutcome) -> None:
         if self.state is None:

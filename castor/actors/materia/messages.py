@@ -11,6 +11,7 @@
 | ``UserRunEnded(text, error, entry_id, stop_reason, late)`` | CastActor | ask | the harness's user run ended (``agent_end``): answers the pending user-driven turn (``late``: the last *withdrawn* one, which the engine reports as ``outcome_ignored``); the visit id it quoted, else ``None`` |
 | ``WithdrawUserTurn(reason)`` | CastActor | ask | the pending user-driven turn will never be reported: apply ``RefinementTurnAbandoned``; the withdrawn visit id, else ``None`` |
 | ``UserTurnExpired(visit_id)`` | CastActor | tell | the opt-in bound on a user-driven turn (``RuntimeSettings.user_turn_timeout_s``) passed |
+| ``AbortRequestFound(refused)`` | CastActor | tell | ``castor abort ID`` asked this runtime to abort the cast (its request in the run directory, judged on the storage's watcher thread); ``refused``: what was found there instead and not applied, to tell the harness |
 | ``TurnReplied(outcome)`` | SocketActor | tell | the AgentPort answered |
 | ``UsageRead(usage, error)`` | SocketActor | tell | the host's context usage before the turn (None: unknown) |
 | ``ProactiveCompacted(outcome)`` | SocketActor | tell | the proactive compaction before the turn ended |
@@ -110,6 +111,10 @@ class WithdrawUserTurn(LocalMessage, type_name="materia.cast.withdraw_user_turn"
 
 class UserTurnExpired(LocalMessage, type_name="materia.cast.user_turn_expired"):
     visit_id: str
+
+
+class AbortRequestFound(LocalMessage, type_name="materia.cast.abort_request_found"):
+    refused: str | None = None
 
 
 class TurnReplied(LocalMessage, type_name="materia.socket.turn_replied"):

@@ -235,7 +235,10 @@ class SessionActor(Actor):
         it may run several at once (:func:`footer_key`)."""
         return footer_key(cast_id, shared=self.runtime.settings.max_casts_per_session == 1)
 
-    def _env(self, cast_id: str, root: Path, *, lease: CastHold, start: CastStarted | None = None) -> CastEnv:
+    def _env(self, cast_id: str, root: Path, *, lease: CastHold, held_since: float,
+             start: CastStarted | None = None) -> CastEnv:
+        """``held_since``: when this runtime went to take the cast's lease (an abort request older
+        than that was not made while it held the cast)."""
         harness = self.ctx.harness
         system = self.runtime.system
         settings = self.runtime.settings
@@ -245,7 +248,7 @@ class SessionActor(Actor):
                        user_turn_timeout_s=settings.user_turn_timeout_s,
                        host_context=harness.host_context, compaction_timeout_s=settings.compaction_timeout_s,
                        usage_timeout_s=settings.context_usage_timeout_s,
-                       status_key=self._footer_key(cast_id), project=str(self.cwd))
+                       status_key=self._footer_key(cast_id), project=str(self.cwd), held_since=held_since)
 
     def _active(self) -> dict[str, Any]:
         """The live casts that are still active (a cast that just ended may not have exited yet)."""
@@ -316,6 +319,7 @@ class SessionActor(Actor):
                 f"storage unavailable: cannot create the cast's run directory in {shown.data['path']} "
                 f"({error.data['errno']}: {exc.strerror or 'error'})",
                 data={**error.data, "verb": message.verb, "artifact_root": shown.data["path"]}) from None
+        held_since = time.time()
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
             if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
@@ -329,7 +333,7 @@ class SessionActor(Actor):
             start = CastStarted(cast_id=cast_id, request=request, config=resolved, cwd=str(self.cwd),
                                 run_dir=f"{root}/{cast_id}", artifact_root=str(root), surface=self.surface,
                                 at=time.time())
-            env = self._env(cast_id, root, lease=lease, start=start)
+            env = self._env(cast_id, root, lease=lease, held_since=held_since, start=start)
             handle = self._spawn(env, lease)
         except BaseException:
             self.storage.discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
@@ -384,6 +388,7 @@ class SessionActor(Actor):
         saved, written_by_another = load_state_and_writer(self.storage, root, cast_id)
         moved_to(saved, f"{root}/{cast_id}", str(root), 0.0)  # a move it cannot follow: StateCorrupt, too
         check_saved_cast_trust(saved.config, cast_id, trusted=self.ctx.info.trusted, foreign=written_by_another)
+        held_since = time.time()
         try:
             lease = self.storage.try_lease(root, cast_id, root_resolved=True)
         except PermissionError as exc:  # a storage fault, as the store's own EACCES: storage_unavailable
@@ -397,7 +402,7 @@ class SessionActor(Actor):
             raise Conflict(f"pi-materia cast {cast_id} is running in another session or castor runtime: "
                            f"`castor status {cast_id}` shows where; stop it there (or `castor abort {cast_id}`) "
                            "to take it over here.", data={"reason": "held_elsewhere", "cast_id": cast_id})
-        return self._spawn(self._env(cast_id, root, lease=lease), lease)
+        return self._spawn(self._env(cast_id, root, lease=lease, held_since=held_since), lease)
 
     def _apply(self, handle: Any, event: Any, *, root: Path, cast_id: str, stop_if_idle: bool) -> dict[str, Any]:
         try:

@@ -1,20 +1,20 @@
 """The file-system implementation of the cast-storage port (:mod:`castor.ports.cast_storage`).
 
 :class:`FileCastStorage` holds no state of its own: each method is the adapter function of the
-same job (state store, artifacts, lease, index listing, config loader, command records), so
-every guarantee those modules state holds unchanged. :data:`FILE_CAST_STORAGE` is the one
+same job (state store, artifacts, lease, abort requests, index listing, config loader, command
+records), so every guarantee those modules state holds unchanged. :data:`FILE_CAST_STORAGE` is the one
 instance the composition root and the CLI pass around.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from castor.adapters import fs
-from castor.adapters.materia import command_records, config_loader
+from castor.adapters.materia import abort_requests, command_records, config_loader
 from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, validate_cast_id
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import (
@@ -64,6 +64,10 @@ class FileCastStorage:
 
     def lease_held(self, artifact_root: Path, cast_id: str) -> bool:
         return CastLease.is_held(artifact_root, cast_id)
+
+    def watch_abort_requests(self, run_dir: Path, since: float, on_asked: Callable[[], None],
+                             warn: Callable[[str], None]) -> Callable[[], None]:
+        return abort_requests.watch(run_dir, since, on_asked, warn)
 
     def list_page(self, artifact_root: Path, *, limit: int | None = DEFAULT_PAGE,
                   cursor: str | None = None) -> CastPage:
