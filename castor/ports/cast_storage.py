@@ -251,8 +251,19 @@ class CastStorage(Protocol):
         """Atomically replace ``path`` with ``value`` as JSON."""
         ...
 
-    def kill_recorded(self, run_dir: Path, cast_id: str) -> list[int]:
-        """Kill the utility commands recorded as running in ``run_dir``; their pids."""
+    def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:
+        """Kill the utility commands recorded as running in ``run_dir``; their pids. The records are
+        removed, but ``keep``'s (a visit whose recorded outcome the cast takes)."""
+        ...
+
+    def finished_command(self, run_dir: Path, cast_id: str, visit_id: str) -> dict[str, Any] | None:
+        """The outcome recorded for the command of ``visit_id`` as it ended (the utility runner's
+        ``record_outcome``), else None: it ended before its runtime died, and the cast takes this
+        outcome instead of running it again."""
+        ...
+
+    def forget_command(self, run_dir: Path, visit_id: str) -> None:
+        """Remove the record of the command of ``visit_id`` (its outcome is saved in the state)."""
         ...
 
     # -- the project's materia config

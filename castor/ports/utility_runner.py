@@ -12,7 +12,9 @@ What a runner guarantees (the adapter's tests pin each):
 - the :class:`RunningCommand` it returns ends the whole process tree on ``kill`` (the result
   is marked ``killed``) or ``terminate`` (SIGTERM, then SIGKILL after the grace);
 - ``record_running`` writes the command's record before the command can run, so a runtime that
-  starts after this one died can find and kill it; ``forget`` removes it once it has ended.
+  starts after this one died can find and kill it; ``record_outcome`` writes the outcome into it as
+  the command ends (the cast's storage removes it once the cast has saved that outcome), and
+  ``forget`` removes the record of a command that ended without one.
 """
 
 from __future__ import annotations
@@ -127,8 +129,13 @@ class UtilityRunner(Protocol):
         """Write the record before the command starts."""
         ...
 
+    def record_outcome(self, path: Path, visit_id: str, outcome: dict[str, Any]) -> None:
+        """Write the outcome of the command that has just ended into its record, durably, before
+        the cast is told: a runtime killed before the cast saved it leaves it for the recast."""
+        ...
+
     def forget(self, path: Path) -> None:
-        """Remove the record once the command has ended."""
+        """Remove the record of a command that ended without an outcome (killed, never started)."""
         ...
 
 

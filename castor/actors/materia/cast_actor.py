@@ -23,7 +23,10 @@ Per transition (the one rule that makes casts survive crashes)::
 After ``kill -9`` between the save and the last effect, the next incarnation (or process)
 replays the outbox: file writes are redone, events and manifest entries already on disk are
 not appended twice, and lost outside work is re-dispatched under a new visit id — after any
-utility command the dead runtime left running has been killed (its record in the run dir).
+utility command the dead runtime left running has been killed (its record in the run dir). A
+command that had *ended* is not run again: its slot wrote the outcome into its record before
+telling the cast, and the re-dispatch applies that outcome instead (the record is removed once the
+outcome is saved; see ``_redo``).
 
 While an incarnation holds an active cast, the storage watches its run directory for ``castor
 abort ID``'s request (:meth:`CastStorage.watch_abort_requests`: a stat per poll, nothing per
@@ -138,6 +141,7 @@ from castor.domain.materia.cast_messages import (
     RunAgentTurn,
     RunUtility,
     TurnEnded,
+    UtilityFinished,
     WriteArtifact,
 )
 from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_config_text, step
@@ -296,6 +300,8 @@ class CastActor(Actor):
         self._fenced = False
         self._storage_failed = False
         self._unwatch_abort_requests: Callable[[], None] | None = None
+        #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
+        self._finished_command: UtilityFinished | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -379,9 +385,13 @@ class CastActor(Actor):
                               run_dir=self.state.run_dir, loadout=self.state.config.pipeline.loadout_name)
             return
         self.state = saved_state(stored.state, env.cast_id, env.artifact_root)
+        # The command the cast waits for may have ended just before the runtime that ran it died,
+        # its outcome recorded but not saved: the cast takes that outcome instead of running it again.
+        self._finished_command = self._recorded_outcome(self.state)
         # A command an earlier runtime (or incarnation) left running is killed before the
         # cast can run it again: never two copies at once.
-        env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id)
+        env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id,
+                                  keep=self._finished_command.visit_id if self._finished_command else None)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
         moved = moved_to(self.state, str(self.artifacts.run_dir), str(env.artifact_root), env.clock())
         if moved is not None:
@@ -397,8 +407,48 @@ class CastActor(Actor):
             if self.incarnation > 1:  # this runtime restarted the cast's actor after a crash
                 failure = self.handle.last_failure
                 cause = f"the cast's actor crashed ({failure[0] if failure else 'unknown'}) and was restarted"
-            self._apply(RecastRequested(after_restart=True, cause=cause, at=env.clock()))
+            self._redo(RecastRequested(after_restart=True, cause=cause, at=env.clock()))
 
+    def _recorded_outcome(self, state: CastState) -> UtilityFinished | None:
+        """The outcome recorded for the command ``state`` waits for, if it ended before its runtime
+        died (see command_records); None when there is none or it is not one castor wrote."""
+        pending = state.pending
+        if not state.active or pending is None or pending.kind != "utility":
+            return None
+        recorded = self.env.storage.finished_command(self.artifacts.run_dir, self.env.cast_id, pending.visit_id)
+        if recorded is None:
+            return None
+        try:
+            finished = UtilityFinished.model_validate({**recorded, "kind": "utility_finished"})
+        except ValueError:  # not castor's (a planted record): the command runs again, as before
+            return None
+        return finished if finished.visit_id == pending.visit_id else None
+
+    def _redo(self, event: Any) -> None:
+        """Apply ``event``; a re-dispatch of the cast's lost work (``RecastRequested`` after a
+        restart) whose command ended before its runtime died applies that command's recorded
+        outcome instead (it is not run again), and then removes its record."""
+        finished = self._finished_command
+        self._finished_command = None
+        pending = self.state.pending if self.state is not None else None
+        if (finished is None or not isinstance(event, RecastRequested) or not event.after_restart
+                or pending is None or pending.visit_id != finished.visit_id):
+            self._apply(event)
+            return
+        self.log.info("cast {cast}: the command of {visit} ended before its runtime stopped; its recorded outcome is "
+                      "taken, the command is not run again", cast=self.env.cast_id, visit=finished.visit_id)
+        self._apply(finished)
+        self._forget_command(finished.visit_id)
+
+    def _forget_command(self, visit_id: str) -> None:
+        """Remove the record of a command whose outcome this incarnation has saved (a save that did
+        not happen -- fenced, the storage failing -- keeps it for the next holder)."""
+        if self._fenced or self._storage_failed:
+            return
+        try:
+            self.env.storage.forget_command(self.artifacts.run_dir, visit_id)
+        except OSError as exc:  # the outcome is saved; a record left is ignored (not the state's visit)
+            self.log.debug("the record of {visit} could not be removed: {exc}", visit=visit_id, exc=exc)
 
     def _stop(self) -> None:
         """End this incarnation after the current message, releasing what it holds now.
@@ -477,6 +527,8 @@ class CastActor(Actor):
         self._sockets.pop(getattr(message.event, "visit_id", ""), None)
         self._compactions.pop(getattr(message.event, "visit_id", ""), None)
         self._apply(message.event)
+        if type(message.event) is UtilityFinished:
+            self._forget_command(message.event.visit_id)
 
     @handles(CastProgress)
     def _on_progress(self, message: CastProgress) -> None:
@@ -551,7 +603,10 @@ class CastActor(Actor):
         if self.state is None:
             raise NotFound(f"cast {self.env.cast_id} has no state")
         self._user_turn_context = None
-        self._apply(message.event)
+        if self._finished_command is not None:
+            self._redo(message.event)
+        else:
+            self._apply(message.event)
         view = self._status()
         if self._user_turn_context is not None:  # only a RefinementTurnStarted dispatches a user turn
             view["user_turn"] = self._user_turn_context

@@ -10,7 +10,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | command | the pool's :class:`~castor.ports.utility_runner.UtilityRunner` (locally :func:`castor.adapters.materia.process_runner.spawn`): no shell, cwd = project, cast input JSON on stdin, deadline → SIGTERM to the whole tree, SIGKILL after the grace; stdout/stderr capped; the environment is castor's plus ``CASTOR_VISIT_ID`` (the dispatch's visit id: an idempotency key, never reused for another dispatch) , ``CASTOR_RUN_DIR`` and ``CASTOR_RUNTIME_PID`` |
 | built-in | ``project.ensureIgnored`` / ``vcs.detect`` via the runner (locally :func:`castor.adapters.materia.builtins.run_builtin`) |
 | while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
-| result | ``UtilityFinished(visit_id, ...)`` told to the cast's handle; the engine writes the artifacts |
+| result | ``UtilityFinished(visit_id, ...)`` written into the command's record (fsynced) and then told to the cast's handle; the engine writes the artifacts, and the cast removes the record once that transition is saved -- a runtime killed in between leaves the outcome for the recast, which takes it instead of running the command again |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
@@ -363,8 +363,9 @@ class UtilityExecutorActor(Actor):
                     return None  # given up while it waited (CancelWork)
             runner = self._runner()
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
-            if record is not None:
-                runner.record_running(record, effect.visit_id)  # before it can run at all
+            if record is not None and not runner.record_running(record, effect.visit_id):  # before it can run at all
+                record = None  # .commands is not a directory: it runs unrecorded
+            finished: UtilityFinished | None = None
             try:
                 if self.pool.is_cancelled(effect.visit_id):
                     return None  # given up between being claimed and starting (CancelWork)
@@ -387,20 +388,37 @@ class UtilityExecutorActor(Actor):
                                            at=time.time())
                 finally:
                     self._running = None
-            finally:
+                if result.killed:
+                    return None
+                finished = UtilityFinished(visit_id=effect.visit_id, stdout=result.stdout, stderr=result.stderr,
+                                           exit_code=result.exit_code, signal=result.signal_name,
+                                           timed_out=result.timed_out, stdout_truncated=result.stdout_truncated,
+                                           stderr_truncated=result.stderr_truncated, at=time.time())
                 if record is not None:
+                    finished = self._recorded(runner, record, finished)
+                return finished
+            finally:
+                if record is not None and finished is None:  # ended without an outcome: nothing to keep
                     runner.forget(record)
-            if result.killed:
-                return None
-            return UtilityFinished(visit_id=effect.visit_id, stdout=result.stdout, stderr=result.stderr,
-                                   exit_code=result.exit_code, signal=result.signal_name, timed_out=result.timed_out,
-                                   stdout_truncated=result.stdout_truncated, stderr_truncated=result.stderr_truncated,
-                                   at=time.time())
         try:
             text = self._runner().run_builtin(effect.builtin or "", effect.params, cwd=effect.cwd or ".")
         except (CastorError, OSError) as exc:
             return UtilityFinished(visit_id=effect.visit_id, error=str(getattr(exc, "message", exc)), at=time.time())
         return UtilityFinished(visit_id=effect.visit_id, stdout=text, at=time.time())
+
+    def _recorded(self, runner: UtilityRunner, record: Path, finished: UtilityFinished) -> UtilityFinished:
+        """``finished``, written into the command's record before the cast hears of it: a runtime
+        killed before the cast saved it leaves it there, and the recast takes it instead of
+        running the command again (the cast removes the record once it saved the outcome). One that
+        cannot be written removes the record, as before: the command may then run again after a
+        kill, as the warning says."""
+        try:
+            runner.record_outcome(record, finished.visit_id, finished.model_dump(mode="json"))
+        except OSError as exc:
+            self.log.warning("the outcome of {visit} could not be recorded ({exc}); a runtime killed before the cast "
+                             "saves it runs the command again", visit=finished.visit_id, exc=exc)
+            runner.forget(record)
+        return finished
 
     def _overdue(self, earlier: str) -> None:
         self.log.warning("the cast's previous command (visit {earlier}) has not been seen to end {grace:g} s past "

@@ -10,8 +10,9 @@ So every command leaves a record in its cast's run directory while it may run:
 | when | what happens |
 |---|---|
 | before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
-| it ends, however | the record is removed |
-| a CastActor starts on a saved state (recast, restart) | :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed |
+| it ends with an outcome (an exit, a signal, its deadline) | :func:`record_outcome`: the record becomes ``{visit_id, outcome}`` (atomic, fsynced) *before* the cast is told, and stays until the cast has saved that outcome (:func:`forget`) |
+| it is killed (lost work) or never starts | the record is removed |
+| a CastActor starts on a saved state (recast, restart) | :func:`finished_outcome`: the outcome of the command the saved state still waits for, if its record has one -- the cast takes it instead of running the command again (it ended just before its runtime died, its outcome not yet saved); then :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed, but the one whose outcome the cast takes (removed once that is saved) |
 
 Guarantees: a record is read from the project tree, so it is never trusted to *name* a process:
 it only names visit ids, and a process is killed only if its own environment carries one of
@@ -33,6 +34,7 @@ import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -73,6 +75,33 @@ def record_running(path: Path, visit_id: str) -> bool:
     return True
 
 
+def record_outcome(path: Path, visit_id: str, outcome: dict[str, Any]) -> None:
+    """Write the outcome of the command of ``visit_id``, which has just ended, into its record --
+    durably (fsynced, the directory too), before the cast is told -- so that a runtime killed
+    before the cast saved it leaves it for the next one (:func:`finished_outcome`). Only over the
+    record :func:`record_running` wrote."""
+    atomic_write_bytes(path, json.dumps({"visit_id": visit_id, "outcome": outcome}).encode("utf-8"))
+
+
+def finished_outcome(run_dir: str | os.PathLike[str], cast_id: str, visit_id: str) -> dict[str, Any] | None:
+    """The outcome :func:`record_outcome` left for the command of ``visit_id`` (a visit of this
+    cast), else None: no record, no outcome in it, or a record castor cannot read (a planted
+    ``.commands``, a FIFO, a link, not JSON) -- then the command runs again, as before."""
+    if not visit_id.startswith(f"{cast_id}:"):
+        return None
+    path = record_path(run_dir, visit_id)
+    if not _real_dir(path.parent):
+        return None
+    try:
+        record = json.loads(read_regular_file(path, 64 * 1024 * 1024, follow_links=False))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("visit_id") != visit_id:
+        return None
+    outcome = record.get("outcome")
+    return outcome if isinstance(outcome, dict) else None
+
+
 def forget(path: Path) -> None:
     try:
         path.unlink()
@@ -80,9 +109,10 @@ def forget(path: Path) -> None:
         pass
 
 
-def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
-    """Kill the processes of this cast's recorded visits that still run; remove the records.
-    Returns the pids killed."""
+def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str, *, keep: str | None = None) -> list[int]:
+    """Kill the processes of this cast's recorded visits that still run; remove the records but
+    ``keep``'s (a visit whose recorded outcome the cast takes: removed once it is saved). Returns
+    the pids killed."""
     directory = Path(run_dir) / RECORDS_DIR
     if not _real_dir(directory):
         if os.path.lexists(directory):
@@ -107,8 +137,10 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str) -> list[int]:
     if killed:
         logger.warning("killed {n} process(es) of cast {cast} left running by a runtime that died (visits {v})",
                        n=len(killed), cast=cast_id, v=sorted(visits))
+    kept = record_path(run_dir, keep) if keep is not None else None
     for path in files:
-        forget(path)
+        if path != kept:
+            forget(path)
     return killed
 
 

@@ -32,6 +32,9 @@ class LocalUtilityRunner:
     def record_running(self, path: Path, visit_id: str) -> bool:
         return command_records.record_running(path, visit_id)
 
+    def record_outcome(self, path: Path, visit_id: str, outcome: dict[str, Any]) -> None:
+        command_records.record_outcome(path, visit_id, outcome)
+
     def forget(self, path: Path) -> None:
         command_records.forget(path)
 

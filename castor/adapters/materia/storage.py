@@ -79,8 +79,14 @@ class FileCastStorage:
     def write_json(self, path: Path, value: Any) -> None:
         fs.atomic_write_json(path, value)
 
-    def kill_recorded(self, run_dir: Path, cast_id: str) -> list[int]:
-        return command_records.kill_recorded(run_dir, cast_id)
+    def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:
+        return command_records.kill_recorded(run_dir, cast_id, keep=keep)
+
+    def finished_command(self, run_dir: Path, cast_id: str, visit_id: str) -> dict[str, Any] | None:
+        return command_records.finished_outcome(run_dir, cast_id, visit_id)
+
+    def forget_command(self, run_dir: Path, visit_id: str) -> None:
+        command_records.forget(command_records.record_path(run_dir, visit_id))
 
     def config_cache(self) -> config_loader.ResolvedConfigCache:
         return config_loader.ResolvedConfigCache()

@@ -135,3 +135,28 @@ def test_a_parent_killed_after_its_child_runs_nothing_more(tmp_path, monkeypatch
     finally:
         monkeypatch.undo()
         _cleanup(leader, child)
+
+
+def test_an_ended_commands_outcome_is_kept_for_the_recast_and_only_for_its_own_visit(tmp_path):
+    """The outcome written into a record as the command ends is what a recast takes instead of
+    running the command again: read back for its own visit of this cast only, kept by
+    ``kill_recorded`` when asked (every other record is removed), gone once forgotten."""
+    other = f"{CAST}:Socket-2:1:2"
+    path, other_path = command_records.record_path(tmp_path, VISIT), command_records.record_path(tmp_path, other)
+    assert command_records.record_running(path, VISIT) and command_records.record_running(other_path, other)
+    assert command_records.finished_outcome(tmp_path, CAST, VISIT) is None  # still running: no outcome
+    command_records.record_outcome(path, VISIT, {"visit_id": VISIT, "stdout": "deployed", "exit_code": 0})
+    assert command_records.finished_outcome(tmp_path, CAST, VISIT) == {"visit_id": VISIT, "stdout": "deployed",
+                                                                       "exit_code": 0}
+    assert command_records.finished_outcome(tmp_path, "another-cast", VISIT) is None  # not this cast's visit
+    assert command_records.kill_recorded(tmp_path, CAST, keep=VISIT) == []
+    assert path.exists() and not other_path.exists()
+    command_records.forget(path)
+    assert command_records.finished_outcome(tmp_path, CAST, VISIT) is None
+
+
+def test_a_planted_record_with_an_outcome_for_another_visit_is_not_taken(tmp_path):
+    path = command_records.record_path(tmp_path, VISIT)
+    assert command_records.record_running(path, VISIT)
+    path.write_text(json.dumps({"visit_id": f"{CAST}:Socket-9:1:1", "outcome": {"stdout": "x"}}))
+    assert command_records.finished_outcome(tmp_path, CAST, VISIT) is None

@@ -1,0 +1,86 @@
+"""A utility command that ended just before its runtime was killed (``kill -9``), its outcome not
+yet saved in the cast's state, ran again on the recast: its side effect (a deploy, a commit, an
+append) happened twice. The command's outcome is now written to its record in the run directory
+as it ends, before the cast is told, and a recast takes it from there instead of running the
+command again.
+
+The kill lands exactly in that window: the ``castor cast`` process runs with its cast actor's
+outcome handler held (a test-only wrapper, below) -- the command has ended, the cast has not saved
+its outcome -- and the test kills it ``-9`` there. Then ``castor recast`` runs in a new process
+as a user types it, and the test counts the command's runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.interrupted_cast import castor_cli
+from tests.support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: ``castor cast`` with the cast actor's handler of a utility's outcome held before it runs (so
+#: before the state save that applies it): it writes ``HELD`` and sleeps until killed.
+HELD_CAST = """
+import os, sys, time
+from castor.actors.materia import cast_actor
+from castor.domain.materia.cast_messages import UtilityFinished
+
+applies = cast_actor.CastActor._on_outcome
+
+def held(self, message):
+    if isinstance(message.event, UtilityFinished):
+        with open(os.environ["HELD"], "w") as mark:
+            mark.write(message.event.visit_id)
+        time.sleep(600)
+    return applies(self, message)
+
+cast_actor.CastActor._on_outcome = held  # an actor binds its handlers by name at each incarnation
+from castor.cli.app import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recast(tmp_path):
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    runs = project / "runs.txt"
+    config = {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": ["sh", "-c", f"echo run >> '{runs}'; echo deployed"],
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (project / "answers.json").write_text(json.dumps(["hi"]))
+    held = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": "", "HELD": str(held)}
+    proc = subprocess.Popen([sys.executable, "-c", HELD_CAST, "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(held.exists, 60, "the command's end, held before its outcome is saved")
+        assert runs.read_text().splitlines() == ["run"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    saved = json.loads((run_dir / "state.json").read_text())["state"]
+    assert saved["pending"]["kind"] == "utility" and saved["active"] is True  # its outcome was never saved
+    done = castor_cli(tmp_path, "recast", run_dir.name, "--agent", "script:answers.json", "--quiet", cwd=project,
+                      timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert runs.read_text().splitlines() == ["run"]  # exactly once: the recast took its recorded outcome
+    ended = json.loads((run_dir / "state.json").read_text())["state"]
+    assert ended["active"] is False and ended["phase"] == "complete", ended
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text().strip() == "deployed"
+    assert not list((run_dir / ".commands").glob("*.json"))  # the record is gone once its outcome is saved
