@@ -55,6 +55,7 @@ from castor._log import logger
 from castor.domain.icarus.lifecycle import CASTOR_PROMPT_TYPE
 from castor.domain.materia.budget import (
     answering_model,
+    cost_figure,
     non_negative_number,
     plain_usage,
     sum_usage_maps,
@@ -349,7 +350,7 @@ def usage_from_wire(usage: dict[str, Any]) -> TurnUsage:
         ("input_tokens", "input"), ("output_tokens", "output"), ("cache_read_tokens", "cache_read"),
         ("cache_write_tokens", "cache_write"), ("total_tokens", "total_tokens"))}
     return TurnUsage(**{k: int(v) if v is not None else None for k, v in tokens.items()},
-                     cost_usd=non_negative_number(usage.get("cost")), raw=raw)
+                     cost_usd=cost_figure(usage.get("cost")), raw=raw)
 
 
 def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:

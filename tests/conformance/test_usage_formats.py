@@ -120,10 +120,13 @@ SERVER_USAGES: dict[str, tuple[str, dict[str, Any], bool, dict[str, Any]]] = {
     "openrouter": ('{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": 0.6, '
                    '"is_byok": false, "cost_details": {"upstream_inference_cost": null}}',
                    {"maxCostUsd": 1.0}, True, {"tokens": {"total": 30}, "cost": 1.2}),
-    "malformed figures": ('{"prompt_tokens": 10.5, "completion_tokens": -5, "total_tokens": NaN, "cost": "0.6", '
+    "malformed figures": ('{"prompt_tokens": 10.5, "completion_tokens": -5, "total_tokens": NaN, "cost": "0.6 USD", '
                           '"total_cost": true, "cost_usd": null, "usd": -1, "extra": 99999999999999999999999}',
                           {"maxCostUsd": 0.5, "maxTokens": 10_000}, False,
                           {"tokens": {"input": 31.5, "output": 0, "total": 31.5}, "cost": 0}),
+    # a proxy that sends OpenRouter's billed cost as a decimal string: read as that number
+    "string cost": ('{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": "0.6"}',
+                    {"maxCostUsd": 1.0}, True, {"tokens": {"total": 30}, "cost": 1.2}),
     "no usage": ("", {"maxCostUsd": 0.5, "maxTokens": 10}, False, {"tokens": {"total": 0}, "cost": 0}),
 }
 
@@ -173,8 +176,9 @@ def test_an_openai_compatible_servers_usage_reaches_the_report_and_the_budget_in
     assert math.isclose(usage["cost"]["total"], expected["cost"])
     # A cost the server states is what it charged (OpenRouter's usage.cost): not an estimate. Every
     # other shape states none, or none that is a number: castor's cost is then no billed figure.
-    assert usage["costEstimated"] is (fmt != "openrouter"), usage
-    assert [turn.get("costFromProvider") is True for turn in usage["turns"]] == [fmt == "openrouter"] * len(
+    billed = fmt in ("openrouter", "string cost")
+    assert usage["costEstimated"] is (not billed), usage
+    assert [turn.get("costFromProvider") is True for turn in usage["turns"]] == [billed] * len(
         usage["turns"]), usage["turns"]
     events = _events(run_dir)
     started = [e["data"]["socket"] for e in events if e["type"] == "socket_start"]
@@ -210,7 +214,8 @@ def test_nested_cost_names_win_over_flat_ones_and_aliases_follow_pi_materias_ord
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "0.5", None])
 def test_a_malformed_figure_counts_as_not_reported_and_the_next_alias_is_read(bad: Any) -> None:
     usage = extract_usage({"input": bad, "inputTokens": 4, "cost": {"input": bad, "inputCost": 0.2}})
-    assert usage.tokens.input == 4 and usage.cost.input == 0.2 and usage.cost.total == 0.2
+    cost = 0.5 if bad == "0.5" else 0.2  # a cost written as a decimal string is that number; tokens never are
+    assert usage.tokens.input == 4 and usage.cost.input == cost and usage.cost.total == cost
 
 
 def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
@@ -227,7 +232,7 @@ def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
 @pytest.mark.parametrize(("usage", "named"), [
     ({"input": 10, "output": "5", "totalTokens": "1050"}, ['output="5"', 'totalTokens="1050"']),  # Pi given strings
     ({"input": 10, "cost": "$0.0012"}, ['cost="$0.0012"']),
-    ({"input": 10, "cost": {"input": 0.1, "total": "0.0012"}}, ['cost.total="0.0012"']),
+    ({"input": 10, "cost": {"input": 0.1, "total": "1.2e-3"}}, ['cost.total="1.2e-3"']),
     ({"input": 10, "cost": {"total": "NaN", "output": -1}}, ['cost.output=-1', 'cost.total="NaN"']),
     ({"prompt_tokens": "12", "total_cost_usd": "$1"}, ['prompt_tokens="12"', 'total_cost_usd="$1"']),
     ({"input": 10, "cost": [0.5]}, ["cost=[0.5]"]),

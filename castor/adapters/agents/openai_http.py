@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from castor._log import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
-from castor.domain.materia.budget import MAX_FIGURE, non_negative_number, plain_usage
+from castor.domain.materia.budget import MAX_FIGURE, cost_figure, non_negative_number, plain_usage
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -124,7 +124,7 @@ def _usage(raw: Any) -> TurnUsage | None:
             # OpenAI's prompt_tokens already hold the cached ones: a total summed from the parts
             # (input + output + cacheRead) would count them twice
             plain["total_tokens"] = prompt + completion
-    charged = non_negative_number(raw.get("cost"))
+    charged = cost_figure(raw.get("cost"))  # a decimal string ("0.25") too, as some proxies send it
     if charged is not None:
         plain["cost"] = {"total": charged, "totalFromProvider": True}
     return TurnUsage(

@@ -65,7 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.adapters.fs import read_regular_file
 from castor.domain.jsontext import json_problem
-from castor.domain.materia.budget import non_negative_number, plain_usage
+from castor.domain.materia.budget import cost_figure, non_negative_number, plain_usage
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -140,13 +140,14 @@ class ScriptAnswer(BaseModel):
     def _usage(cls, value: Any) -> Any:
         """Read as any agent's usage is (the OpenAI-compatible one, the harness link's): a figure
         that is not a finite, non-negative number is not reported -- never coerced (``"12"`` was
-        12 tokens, ``true`` one) nor a refused script (``12.5``) -- and the whole map is kept as
+        12 tokens, ``true`` one) nor a refused script (``12.5``); a cost may be a decimal string
+        (:func:`~castor.domain.materia.budget.cost_figure`) -- and the whole map is kept as
         ``raw`` (an explicit ``raw`` object wins), which the engine reads with every alias."""
         if not isinstance(value, dict):
             return value
         given = value.get("raw")
         raw = plain_usage(given if isinstance(given, dict) else {k: v for k, v in value.items() if k != "raw"})
-        fields = {k: non_negative_number(value.get(k)) for k in _USAGE_FIELDS}
+        fields = {k: (cost_figure if k == "cost_usd" else non_negative_number)(value.get(k)) for k in _USAGE_FIELDS}
         known = {k: (v if k == "cost_usd" or v is None else int(v)) for k, v in fields.items()}
         return {**known, "raw": raw or None}
 

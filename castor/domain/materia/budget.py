@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -423,11 +424,35 @@ def non_negative_number(value: Any) -> float | None:
     return decimal_figure(number)  # 120.0 is 120, as JavaScript holds it; Pi's drifted total is its decimal
 
 
-def _first(raw: Any, names: tuple[str, ...]) -> float | None:
+#: A cost written as a string that is read as a number: exactly a non-negative decimal -- ASCII
+#: digits with at most one point, no sign, exponent, space, separator or unit -- of at most
+#: :data:`MAX_DECIMAL_COST_CHARS` characters (``"0.25"``, ``"3"``, ``".5"``; not ``"NaN"``,
+#: ``"1e400"``, ``" 0.25"``, ``"$0.25"``, ``"-1"``).
+DECIMAL_COST = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+MAX_DECIMAL_COST_CHARS = 64
+
+
+def cost_figure(value: Any) -> float | None:
+    """A cost figure: a number as :func:`non_negative_number` reads it, or a string that is exactly
+    a non-negative decimal (:data:`DECIMAL_COST`; some providers and proxies send their cost so) as
+    that number; else None. Token counts are never read from strings: through Pi a string count has
+    already turned the total into a concatenation."""
+    if isinstance(value, str):
+        if len(value) > MAX_DECIMAL_COST_CHARS or not DECIMAL_COST.fullmatch(value):
+            return None
+        return non_negative_number(float(value))
+    return non_negative_number(value)
+
+
+#: How a figure is read: :func:`non_negative_number` (tokens) or :func:`cost_figure` (costs).
+Reader = Callable[[Any], float | None]
+
+
+def _first(raw: Any, names: tuple[str, ...], read: Reader = non_negative_number) -> float | None:
     if not isinstance(raw, dict):
         return None
     for name in names:
-        value = non_negative_number(raw.get(name))
+        value = read(raw.get(name))
         if value is not None:
             return value
     return None
@@ -544,15 +569,15 @@ def extract_usage(raw: Any) -> TurnUsage:
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
     cost: dict[str, float] = {}
     for part in PARTS:
-        value = _first(nested, NESTED_COST_ALIASES[part])
+        value = _first(nested, NESTED_COST_ALIASES[part], cost_figure)
         if value is None:
-            value = _first(raw, FLAT_COST_ALIASES[part])
+            value = _first(raw, FLAT_COST_ALIASES[part], cost_figure)
         cost[part] = value or 0
-    provided = _first(nested, NESTED_TOTAL_COST_ALIASES)
+    provided = _first(nested, NESTED_TOTAL_COST_ALIASES, cost_figure)
     if provided is None:
-        provided = non_negative_number(raw.get("cost"))
+        provided = cost_figure(raw.get("cost"))
     if provided is None:
-        provided = _first(raw, FLAT_TOTAL_COST_ALIASES)
+        provided = _first(raw, FLAT_TOTAL_COST_ALIASES, cost_figure)
     cost_sum = figure_sum(*(cost[p] for p in PARTS))
     cost["total"] = cost_sum if provided is None else max(provided, cost_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
@@ -573,11 +598,11 @@ def _note(name: str, value: Any) -> str:
     return f"{name}={shown if len(shown) <= MAX_UNREADABLE_VALUE else shown[:MAX_UNREADABLE_VALUE] + '…'}"
 
 
-def _unread(raw: Any, names: tuple[str, ...], prefix: str = "") -> str | None:
+def _unread(raw: Any, names: tuple[str, ...], prefix: str = "", read: Reader = non_negative_number) -> str | None:
     """The first of ``names`` given in ``raw`` with a value that is not a usage figure (a string, a
     negative or non-finite number, a list...), when none of them gives a figure; else None. ``null``
     is how a provider says "not reported": never noted."""
-    if not isinstance(raw, dict) or _first(raw, names) is not None:
+    if not isinstance(raw, dict) or _first(raw, names, read) is not None:
         return None
     for name in names:
         value = raw.get(name)
@@ -606,14 +631,16 @@ def unreadable_figures(raw: Any) -> list[str]:
     found = [_unread(raw, names) for names in TOKEN_ALIASES.values()]
     found.append(_unread(raw, TOTAL_TOKEN_ALIASES))
     for part in PARTS:
-        if _first(nested, NESTED_COST_ALIASES[part]) is None and _first(raw, FLAT_COST_ALIASES[part]) is None:
-            found.append(_unread(nested, NESTED_COST_ALIASES[part], "cost.") or _unread(raw, FLAT_COST_ALIASES[part]))
+        if (_first(nested, NESTED_COST_ALIASES[part], cost_figure) is None
+                and _first(raw, FLAT_COST_ALIASES[part], cost_figure) is None):
+            found.append(_unread(nested, NESTED_COST_ALIASES[part], "cost.", cost_figure)
+                         or _unread(raw, FLAT_COST_ALIASES[part], read=cost_figure))
     cost = raw.get("cost")
-    if (_first(nested, NESTED_TOTAL_COST_ALIASES) is None and non_negative_number(cost) is None
-            and _first(raw, FLAT_TOTAL_COST_ALIASES) is None):
+    if (_first(nested, NESTED_TOTAL_COST_ALIASES, cost_figure) is None and cost_figure(cost) is None
+            and _first(raw, FLAT_TOTAL_COST_ALIASES, cost_figure) is None):
         bare = _note("cost", cost) if nested is None and cost is not None else None  # a cost that is no number
-        found.append(_unread(nested, NESTED_TOTAL_COST_ALIASES, "cost.") or bare
-                     or _unread(raw, FLAT_TOTAL_COST_ALIASES))
+        found.append(_unread(nested, NESTED_TOTAL_COST_ALIASES, "cost.", cost_figure) or bare
+                     or _unread(raw, FLAT_TOTAL_COST_ALIASES, read=cost_figure))
     out += [n for n in found if n is not None]
     return out[:MAX_UNREADABLE]
 
