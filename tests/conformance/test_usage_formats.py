@@ -124,6 +124,15 @@ SERVER_USAGES: dict[str, tuple[str, dict[str, Any], bool, dict[str, Any]]] = {
                           '"total_cost": true, "cost_usd": null, "usd": -1, "extra": 99999999999999999999999}',
                           {"maxCostUsd": 0.5, "maxTokens": 10_000}, False,
                           {"tokens": {"input": 31.5, "output": 0, "total": 31.5}, "cost": 0}),
+    # Cohere v2: the billed units count (its tokens also hold the prompt Cohere adds, unbilled)
+    "cohere-v2": ('{"billed_units": {"input_tokens": 80, "output_tokens": 50}, '
+                  '"tokens": {"input_tokens": 120, "output_tokens": 50}, "cached_tokens": 0}',
+                  {"maxTokens": 250}, True, {"tokens": {"input": 160, "output": 100, "total": 260}, "cost": 0}),
+    # Codex's token_count with no total: its cached input is inside its input, counted once
+    "codex-token-count": ('{"input_tokens": 100, "cached_input_tokens": 40, "output_tokens": 50, '
+                          '"reasoning_output_tokens": 20}',
+                          {"maxTokens": 300}, True,
+                          {"tokens": {"input": 200, "cacheRead": 80, "output": 100, "total": 300}, "cost": 0}),
     # a proxy that sends OpenRouter's billed cost as a decimal string: read as that number
     "string cost": ('{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": "0.6"}',
                     {"maxCostUsd": 1.0}, True, {"tokens": {"total": 30}, "cost": 1.2}),

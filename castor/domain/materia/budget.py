@@ -486,6 +486,70 @@ def _anthropic_cache_writes(raw: dict[str, Any]) -> float | None:
     return figure_sum(*counted) if counted else None
 
 
+#: Cohere v2's usage: ``billed_units`` (what Cohere charges) and ``tokens`` (what the model read and
+#: wrote, Cohere's own prompt template included), each ``{input_tokens, output_tokens}``.
+COHERE_BILLED, COHERE_TOKENS = "billed_units", "tokens"
+COHERE_PARTS = (("input", "input_tokens"), ("output", "output_tokens"))
+#: Codex's names of its cached input tokens (``token_count``'s ``cached_input_tokens``; the app
+#: server's ``cachedInputTokens``): a part of its input tokens, as in all of OpenAI's reporting.
+CODEX_CACHED_INPUT = ("cachedInputTokens", "cached_input_tokens")
+
+
+def _cohere_sources(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Cohere's usage objects in ``raw``, billed units first, when ``raw`` names no input or output
+    count of its own (its own names win); empty otherwise."""
+    if any(name in raw for part in ("input", "output") for name in TOKEN_ALIASES[part]):
+        return []
+    return [(name, raw[name]) for name in (COHERE_BILLED, COHERE_TOKENS) if isinstance(raw.get(name), dict)]
+
+
+def _cohere_usage(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with Cohere v2's input and output counts under castor's names: each from the billed
+    units when they give it (what the turn cost: ``tokens`` also counts the prompt Cohere adds itself,
+    unbilled), else from ``tokens``; ``tokens`` (an object, no total) dropped; and, with no total
+    given, the total made of input and output (Cohere's ``cached_tokens`` are prompt tokens, inside
+    its input). ``raw`` as it is when it is no Cohere usage."""
+    sources = _cohere_sources(raw)
+    lifted: dict[str, Any] = {}
+    for part, name in COHERE_PARTS:
+        figure = next((f for f in (non_negative_number(src.get(name)) for _, src in sources) if f is not None), None)
+        if figure is not None:
+            lifted[part] = figure
+    if not lifted:
+        return raw
+    out = {key: value for key, value in raw.items() if key != COHERE_TOKENS or not isinstance(value, dict)}
+    if _first(out, TOTAL_TOKEN_ALIASES) is None:
+        lifted["totalTokens"] = figure_sum(*lifted.values())
+    return {**out, **lifted}
+
+
+def _cohere_unread(raw: dict[str, Any]) -> list[str]:
+    """Cohere's input or output counts given (in its billed units or ``tokens``) where neither gives a
+    usage figure: ``billed_units.input_tokens=…`` each (:func:`_note`)."""
+    sources = _cohere_sources(raw)
+    out: list[str] = []
+    for _, name in COHERE_PARTS:
+        given = [(f"{where}.{name}", src[name]) for where, src in sources if src.get(name) is not None]
+        if given and all(non_negative_number(value) is None for _, value in given):
+            out.append(_note(*given[0]))
+    return out
+
+
+def _with_codex_total(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with a total that counts Codex's cached input once: when its cache-read count is read
+    from a Codex name (:data:`CODEX_CACHED_INPUT`) and no total is given, the total is input, output
+    and cache writes, plus any cached tokens past the input (never less than either figure); the
+    parts' sum would count the cached ones twice. ``raw`` as it is otherwise."""
+    source = next((name for name in TOKEN_ALIASES["cacheRead"] if non_negative_number(raw.get(name)) is not None),
+                  None)
+    if source not in CODEX_CACHED_INPUT or _first(raw, TOTAL_TOKEN_ALIASES) is not None:
+        return raw
+    cached = non_negative_number(raw.get(source)) or 0
+    counted = {part: _first(raw, TOKEN_ALIASES[part]) or 0 for part in ("input", "output", "cacheWrite")}
+    extra = figure_sum(cached, -counted["input"]) if cached > counted["input"] else 0
+    return {**raw, "totalTokens": figure_sum(*counted.values(), extra)}
+
+
 def provider_usage(raw: Any) -> Any:
     """``raw`` with the token counts of provider shapes pi-materia's aliases miss added under castor's
     names, where ``raw`` names no such count itself (its own names always win):
@@ -496,12 +560,15 @@ def provider_usage(raw: Any) -> Any:
       input plus the output (the parts' sum would count them twice);
     - Anthropic's nested ``cache_creation`` figures, summed, as cache-write tokens when ``raw``
       gives no cache-write count (:func:`_anthropic_cache_writes`); Anthropic's input tokens leave
-      them out, so the parts' sum counts them once.
+      them out, so the parts' sum counts them once;
+    - Cohere v2's ``billed_units`` and ``tokens`` (:func:`_cohere_usage`: the billed units win);
+    - a total for Codex's cached input (:func:`_with_codex_total`: counted once, inside the input).
 
     Anything else (not a dict, no such shape) is returned as it is. A figure that is not a usage
     figure counts as not given here."""
     if not isinstance(raw, dict):
         return raw
+    raw = _cohere_usage(raw)
     meta = raw.get("usageMetadata")
     google = meta if isinstance(meta, dict) else raw
     named = any(name in raw for names in TOKEN_ALIASES.values() for name in names)
@@ -521,7 +588,7 @@ def provider_usage(raw: Any) -> Any:
     if cache_writes is not None:
         raw = {**raw, "cacheWrite": cache_writes}
     if any(name in raw for name in TOKEN_ALIASES["cacheRead"]):
-        return raw
+        return _with_codex_total(raw)
     for field in OPENAI_TOKEN_DETAILS:
         details = raw.get(field)
         nested = non_negative_number(details.get("cached_tokens")) if isinstance(details, dict) else None
@@ -628,8 +695,10 @@ def unreadable_figures(raw: Any) -> list[str]:
     carried = raw.get(UNREADABLE_KEY)
     out = [n for n in carried if isinstance(n, str)] if isinstance(carried, list) else []
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
-    found = [_unread(raw, names) for names in TOKEN_ALIASES.values()]
-    found.append(_unread(raw, TOTAL_TOKEN_ALIASES))
+    found: list[str | None] = [_unread(raw, names) for names in TOKEN_ALIASES.values()]
+    found += _cohere_unread(raw)
+    cohere = _cohere_sources(raw)  # Cohere's ``tokens`` object is its breakdown, not a total
+    found.append(_unread({k: v for k, v in raw.items() if k != COHERE_TOKENS} if cohere else raw, TOTAL_TOKEN_ALIASES))
     for part in PARTS:
         if (_first(nested, NESTED_COST_ALIASES[part], cost_figure) is None
                 and _first(raw, FLAT_COST_ALIASES[part], cost_figure) is None):
