@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from castor._log import logger
 from castor.domain.icarus.lifecycle import CASTOR_PROMPT_TYPE
 from castor.domain.materia.budget import (
+    STOPPED_UNREPORTED_KEY,
     answering_model,
     cost_figure,
     non_negative_number,
@@ -365,6 +366,9 @@ def outcome_from_wire(turn_id: str, params: dict[str, Any]) -> TurnOutcome:
         usage = unreadable_usage("usages", usages)
     elif usage is not None and not isinstance(usage, dict):
         usage = unreadable_usage("usage", usage)
+    if isinstance(usage, dict) and params.get("stopped_usage_unknown") is True:
+        # the turn's stopped message reported nothing: the usage given is its earlier messages'
+        usage = {**usage, STOPPED_UNREPORTED_KEY: True}
     model, provider, api = answering_model(params)
     error = params.get("error")
     turn_error = None

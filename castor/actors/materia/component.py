@@ -44,7 +44,7 @@ from castor.actors.materia.messages import (
     UserRunSettled,
 )
 from castor.actors.materia.session_actor import SessionActor
-from castor.domain.materia.budget import answering_model, sum_usage_maps, text_or_none
+from castor.domain.materia.budget import answering_model, stopped_run_usage, text_or_none
 from castor.messages.errors import CastorError
 from castor.ports.cast_storage import CastStorage
 from castor.ports.session_component import SessionComponent, SessionContext
@@ -56,7 +56,9 @@ EVENT_TIMEOUT_S = 5.0
 def run_answer(data: dict[str, Any]) -> dict[str, Any]:
     """text, error and stop_reason of the newest assistant message (Pi's ``summarizeMessage`` shape),
     with the run's usage (every assistant message's ``usage`` map, summed as each is read by
-    :func:`~castor.domain.materia.budget.extract_usage`) and the newest one's model fields."""
+    :func:`~castor.domain.materia.budget.extract_usage`; a stopped newest message that reported
+    nothing is unknown, :func:`~castor.domain.materia.budget.stopped_run_usage`) and the newest
+    one's model fields."""
     messages = data.get("messages")
     answers = [m for m in (messages if isinstance(messages, list) else [])
                if isinstance(m, dict) and m.get("role") == "assistant"]
@@ -65,11 +67,10 @@ def run_answer(data: dict[str, Any]) -> dict[str, Any]:
     last = answers[-1]
     error = last.get("error")
     stop = last.get("stop_reason")
-    usages = [m["usage"] for m in answers if isinstance(m.get("usage"), dict)]
     model, provider, api = answering_model(last)
     return {"text": last.get("text") if isinstance(last.get("text"), str) else None,
             "error": str(error) if error else None, "stop_reason": stop if isinstance(stop, str) else None,
-            "usage": sum_usage_maps(usages) if usages else None, "model": model, "provider": provider, "api": api,
+            "usage": stopped_run_usage(answers), "model": model, "provider": provider, "api": api,
             "thinking_level": text_or_none(last.get("thinking_level"))}
 
 

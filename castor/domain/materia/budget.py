@@ -240,8 +240,12 @@ def usage_caveats(report: UsageReport) -> str:
 
     notes = ["subscription: no per-token billing" if report.costKind == "subscription"
              else "estimated" if report.costEstimated else ""]
-    for figure, said in (("tokens", "reported no usage"), ("cost", "with no price counted as $0")):
-        n = sum(1 for t in report.turns if figure in (t.unreported or ()))
+    unreported = [t for t in report.turns if "tokens" in (t.unreported or ())]
+    # a turn stopped after earlier steps counts their tokens: only its stopped message's are missing
+    partial = sum(1 for t in unreported if t.tokens.total)
+    for n, said in ((len(unreported) - partial, "reported no usage"),
+                    (partial, f"stopped before {'its' if partial == 1 else 'their'} last message reported usage"),
+                    (sum(1 for t in report.turns if "cost" in (t.unreported or ())), "with no price counted as $0")):
         if n:
             notes.append(f"{turns(n)} {said}")
     n = sum(1 for t in report.turns if t.unreadable)
@@ -648,6 +652,36 @@ def extract_usage(raw: Any) -> TurnUsage:
     cost_sum = figure_sum(*(cost[p] for p in PARTS))
     cost["total"] = cost_sum if provided is None else max(provided, cost_sum)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
+
+
+#: The key of a turn's usage map that says its stopped message reported nothing of its own (it was
+#: stopped before its provider said what it used: an OpenAI-style stream reports usage at its end),
+#: so the map counts only the turn's earlier messages (tool-call steps). Set to ``true`` by the
+#: harness link (``agent.turn_ended`` ``stopped_usage_unknown``) and by :func:`stopped_run_usage`.
+STOPPED_UNREPORTED_KEY = "stoppedUnreported"
+
+
+def stopped_unreported(usage: Any) -> bool:
+    """Whether a turn's usage map says its stopped message reported nothing (:data:`STOPPED_UNREPORTED_KEY`)."""
+    return isinstance(usage, dict) and usage.get(STOPPED_UNREPORTED_KEY) is True
+
+
+def stopped_run_usage(answers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The summed usage (:func:`sum_usage_maps`) of a run's assistant messages, oldest first, each a
+    summary ``{stop_reason, usage}``: when the newest was stopped (``aborted``) with a usage that
+    counts no tokens (absent, or Pi's zeros), that usage is unknown, not nothing -- it is left out,
+    and the sum says so (:data:`STOPPED_UNREPORTED_KEY`), or is None when no other message reported any."""
+    usages = [m["usage"] for m in answers if isinstance(m.get("usage"), dict)]
+    last = answers[-1] if answers else {}
+    stopped = last.get("stop_reason") == "aborted" and extract_usage(last.get("usage")).tokens.total == 0
+    if stopped and isinstance(last.get("usage"), dict):
+        usages = usages[:-1]
+    if not usages:
+        return None
+    summed = sum_usage_maps(usages)
+    if stopped:
+        summed[STOPPED_UNREPORTED_KEY] = True
+    return summed
 
 
 #: The key of a usage map under which :func:`sum_usage_maps` keeps what :func:`unreadable_figures`

@@ -110,6 +110,7 @@ from castor.domain.materia.budget import (
     extract_usage,
     materia_model_selection,
     model_selection,
+    stopped_unreported,
     turn_cost_kind,
     unreadable_figures,
     usage_caveats,
@@ -944,8 +945,9 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     rs = s.config.pipeline.sockets[pending.socket_id]
     entry_id = ev.entry_id or ev.visit_id
     # A turn stopped before its provider reported usage (an Esc mid-stream: an OpenAI-style stream
-    # gives it at its end) used tokens nobody counted: recorded as reporting none, never as free.
-    usage_unknown = ev.usage is None and ev.stop_reason == "aborted"
+    # gives it at its end) used tokens nobody counted: recorded as reporting none, never as free --
+    # and so is one whose stopped message alone reported nothing (its earlier tool-call steps count).
+    usage_unknown = ev.stop_reason == "aborted" and (ev.usage is None or stopped_unreported(ev.usage))
     if ev.usage is not None or usage_unknown:
         turn = extract_usage(ev.usage if ev.usage is not None else {})
         # The answer's model fields where it named them, else the selection this turn was asked with
@@ -1038,7 +1040,12 @@ def _say_unreported(ctx: _Ctx, socket: str, turn: TurnUsage, first: list[str]) -
     count it (usage.json ``turns[].unreported`` names every such turn): no tokens, a warning; tokens
     at no cost, a notice."""
     budget = ctx.s.config.budget
-    if "tokens" in first and (budget.max_tokens is not None or budget.max_cost_usd is not None):
+    if "tokens" in first and turn.tokens.total and (budget.max_tokens is not None or budget.max_cost_usd is not None):
+        ctx.notify("warning", f"pi-materia usage: {socket}'s turn was stopped before its last message reported "
+                              f"usage: its earlier steps' {js_string(turn.tokens.total)} tokens count, that "
+                              "message's cannot, so the cast's totals and its budget leave them out "
+                              "(usage.json turns[].unreported)")
+    elif "tokens" in first and (budget.max_tokens is not None or budget.max_cost_usd is not None):
         ctx.notify("warning", f"pi-materia usage: {socket}'s turn reported no token counts (the provider sent no "
                               "usage the harness reads), so the cast's totals and its budget cannot count it "
                               "(usage.json turns[].unreported)")

@@ -60,6 +60,8 @@ class TurnEndedParams(Params):
     entry_id: str | None = None
     model: Any = None  # the model that answered: "id", or {provider, id, api}
     usages: Any = None  # one usage map per assistant message of the turn (a list), as the provider wrote it
+    # true: the turn's stopped message reported no usage of its own; ``usage``/``usages`` are the others'
+    stopped_usage_unknown: Any = None
     provider: Any = None  # a name; anything else is no name
     api: Any = None
     thinking_level: Any = None

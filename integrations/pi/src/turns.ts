@@ -103,6 +103,12 @@ export interface TurnOutcome {
 	usage: WireUsage | null;
 	/** Every assistant message's usage map as the provider wrote it (castor reads each with all of pi-materia's aliases). */
 	usages: unknown[];
+	/**
+	 * true: the turn's stopped message reported nothing of its own (see {@link countsNoTokens}) while
+	 * earlier messages (tool-call steps) did: `usage`/`usages` are theirs, and castor marks the turn's
+	 * usage as not all reported. Absent otherwise (with nothing else reported, `usage` is null).
+	 */
+	stopped_usage_unknown?: true;
 	/** The answering message's model `{provider, id, api}` and thinking level, when Pi names them. */
 	model?: unknown;
 	thinking_level?: unknown;
@@ -534,6 +540,7 @@ export class TurnTracker {
 			// Only stopped zeros: castor records the turn as reporting no usage, never as free.
 			usage: turn.usageUnknown && turn.usages.length === 0 ? null : turn.usage,
 			usages: turn.usages,
+			...(turn.usageUnknown && turn.usages.length > 0 ? { stopped_usage_unknown: true as const } : {}),
 			...(last ? modelOf(last) : {}),
 			// A run stopped at a withdrawn turn's prompt after this turn's final answer: that abort is not this turn's.
 			aborted: (aborted && !(turn.cutByStale && last && isFinalAnswer(last))) || stopReason === "aborted" ||

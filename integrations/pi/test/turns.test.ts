@@ -98,6 +98,7 @@ test("Esc before the provider reported usage: the stopped message's zeros are un
 	assert.equal(outcome?.text, "half");
 	assert.equal(outcome?.usage, null, "castor records the turn as reporting no usage");
 	assert.deepEqual(outcome?.usages, []);
+	assert.equal(outcome?.stopped_usage_unknown, undefined, "usage null says it all");
 	// Answers before the stop count as usual; only the stopped message's zeros are left out.
 	await turns.dispatch({ turn_id: "t2", prompt: "P2" }, idle);
 	turns.bindFromMessage(started(pi, 1));
@@ -105,6 +106,14 @@ test("Esc before the provider reported usage: the stopped message's zeros are un
 	const second = turns.settle("s", true, null);
 	assert.equal(second?.usage?.input, 10);
 	assert.equal(second?.usages.length, 1);
+	assert.equal(second?.stopped_usage_unknown, true, "castor is told the stopped message's share is missing");
+	// A stopped message that reported its usage (Anthropic's input tokens at the stream's start) leaves nothing out.
+	await turns.dispatch({ turn_id: "t3", prompt: "P3" }, idle);
+	turns.bindFromMessage(started(pi, 2));
+	turns.onAgentEnd([assistant("", "toolUse"), { role: "toolResult", content: "ok" }, assistant("", "aborted")]);
+	const third = turns.settle("s", true, null);
+	assert.equal(third?.usages.length, 2);
+	assert.equal(third?.stopped_usage_unknown, undefined);
 });
 
 test("a message the user typed after the turn answered (follow-up): the turn keeps its own answer", async () => {

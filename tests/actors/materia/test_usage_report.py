@@ -9,6 +9,7 @@ import pytest
 
 from castor.actors.materia.component import run_answer
 from castor.domain.materia.budget import (
+    STOPPED_UNREPORTED_KEY,
     Amounts,
     TurnRecord,
     UsageReport,
@@ -17,6 +18,7 @@ from castor.domain.materia.budget import (
     sum_usage_maps,
     turn_cost_kind,
 )
+from castor.endpoint.harness_link import outcome_from_wire
 
 
 def _turn(**fields) -> TurnRecord:
@@ -92,6 +94,40 @@ def test_a_user_runs_usage_is_every_assistant_messages_in_its_own_spelling() -> 
     assert usage["input"] == 10 and usage["output"] == 5 and usage["totalTokens"] == 15
     assert math.isclose(usage["cost"]["total"], 0.75)
     assert run_answer({"messages": [{"role": "assistant", "text": "x"}]})["usage"] is None
+
+
+ZEROS = {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 0, "cost": {"total": 0}}
+STEP = {"role": "assistant", "text": "", "stop_reason": "toolUse",
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("stopped_usage", [ZEROS, None])
+def test_a_user_run_stopped_after_tool_steps_counts_them_and_marks_the_stopped_messages_share(stopped_usage) -> None:
+    """The stopped message's zeros (Pi's, before its provider said what it used) are unknown, not
+    nothing: the earlier steps count and the summed map says the stopped message reported nothing."""
+    stopped = {"role": "assistant", "text": "half", "stop_reason": "aborted",
+               **({"usage": stopped_usage} if stopped_usage else {})}
+    usage = run_answer({"messages": [STEP, {"role": "toolResult", "text": "ok"}, stopped]})["usage"]
+    assert usage["totalTokens"] == 8 and usage[STOPPED_UNREPORTED_KEY] is True
+    assert run_answer({"messages": [stopped]})["usage"] is None, "nothing else reported: unknown"
+    reported = {**stopped, "usage": {"input": 5, "output": 1}}
+    usage = run_answer({"messages": [STEP, reported]})["usage"]
+    assert usage["totalTokens"] == 14 and STOPPED_UNREPORTED_KEY not in usage
+    answered = {**stopped, "stop_reason": "stop"}  # an answer's zeros are the provider's own figures
+    assert STOPPED_UNREPORTED_KEY not in run_answer({"messages": [STEP, answered]})["usage"]
+
+
+@pytest.mark.timeout(10)
+def test_the_harness_saying_the_stopped_messages_usage_is_unknown_marks_the_summed_usage() -> None:
+    params = {"text": "half", "stop_reason": "aborted", "aborted": True, "usages": [STEP["usage"]],
+              "stopped_usage_unknown": True}
+    outcome = outcome_from_wire("t1", params)
+    assert outcome.usage is not None and outcome.usage.raw is not None
+    assert outcome.usage.raw["totalTokens"] == 8 and outcome.usage.raw[STOPPED_UNREPORTED_KEY] is True
+    for said in (False, "yes", 1, None):  # only true says it
+        raw = outcome_from_wire("t1", {**params, "stopped_usage_unknown": said}).usage.raw  # type: ignore[union-attr]
+        assert STOPPED_UNREPORTED_KEY not in raw
 
 
 @pytest.mark.timeout(10)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from castor.domain.materia.budget import STOPPED_UNREPORTED_KEY, usage_caveats
 from castor.domain.materia.cast_messages import (
     AbortRequested,
     CancelWork,
@@ -118,6 +119,33 @@ def test_esc_before_the_provider_reported_usage_records_the_turn_as_reporting_no
     (record,) = d.state.usage.turns
     assert (record.socket, record.unreported, record.tokens.total) == (BUILDER, ["tokens"], 0)
     assert d.events("usage_unreported")[-1].data == {"socket": BUILDER, "taskId": None, "figures": ["tokens"]}
+
+
+def test_esc_after_tool_call_steps_counts_them_and_says_the_stopped_messages_share_is_missing() -> None:
+    """A turn stopped after earlier tool-call steps: the harness sends those steps' usage and says the
+    stopped message reported nothing of its own (STOPPED_UNREPORTED_KEY). The steps count; the record
+    says the turn's tokens were not all reported, and the cost is an estimate."""
+    d = text_cast()
+    turn = d.pending()
+    steps = {"input": 100, "output": 20, "totalTokens": 120, "cost": {"total": 0.5, "totalFromProvider": True},
+             STOPPED_UNREPORTED_KEY: True}
+    d.send(TurnEnded, visit_id=turn.visit_id, text=PARTIAL, stop_reason="aborted", usage=steps)
+    assert_interrupted(d, BUILDER, turn)
+    (record,) = d.state.usage.turns
+    assert (record.unreported, record.tokens.total, record.cost.total) == (["tokens"], 120, 0.5)
+    assert d.state.usage.costEstimated is True
+    assert d.events("usage_unreported")[-1].data == {"socket": BUILDER, "taskId": None, "figures": ["tokens"]}
+    assert "1 turn stopped before its last message reported usage" in usage_caveats(d.state.usage)
+
+
+def test_esc_whose_stopped_message_reported_its_usage_is_not_marked() -> None:
+    d = text_cast()
+    turn = d.pending()
+    steps = {"input": 100, "output": 20, "totalTokens": 120, "cost": {"total": 0.5, "totalFromProvider": True}}
+    d.send(TurnEnded, visit_id=turn.visit_id, text=PARTIAL, stop_reason="aborted", usage=steps)
+    (record,) = d.state.usage.turns
+    assert (record.unreported, record.tokens.total) == (None, 120)
+    assert d.state.usage.costEstimated is False and not d.events("usage_unreported")
 
 
 def test_esc_on_a_json_socket_is_no_invalid_json_failure() -> None:
