@@ -245,6 +245,14 @@ def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
     ({"input": 10, "cost": {"total": "NaN", "output": -1}}, ['cost.output=-1', 'cost.total="NaN"']),
     ({"prompt_tokens": "12", "total_cost_usd": "$1"}, ['prompt_tokens="12"', 'total_cost_usd="$1"']),
     ({"input": 10, "cost": [0.5]}, ["cost=[0.5]"]),
+    # a cost object castor reads nothing in, and the nested figures of the provider shapes it reads
+    ({"input": 10, "cost": {"amount": 0.5, "currency": "USD"}}, ['cost={"amount": 0.5, "currency": "USD"}']),
+    ({"usageMetadata": {"promptTokenCount": True, "candidatesTokenCount": 5}}, ["usageMetadata.promptTokenCount=true"]),
+    ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": "3"}},
+     ['prompt_tokens_details.cached_tokens="3"']),
+    ({"input_tokens": 1, "cache_creation": {"ephemeral_5m_input_tokens": -1, "ephemeral_1h_input_tokens": 2}},
+     ["cache_creation.ephemeral_5m_input_tokens=-1"]),
+    ({"billed_units": {"input_tokens": "5", "output_tokens": 2}}, ['billed_units.input_tokens="5"']),
 ])
 def test_a_figure_that_is_given_but_not_a_number_is_named(usage: dict[str, Any], named: list[str]) -> None:
     assert unreadable_figures(usage) == named

@@ -539,6 +539,30 @@ def _cohere_unread(raw: dict[str, Any]) -> list[str]:
     return out
 
 
+def _nested_unread(raw: dict[str, Any]) -> list[str]:
+    """The figures of the provider shapes :func:`provider_usage` reads (Google's, OpenAI's nested
+    cached tokens, Anthropic's nested cache writes) that were given but are not usage figures, where
+    that shape is read: ``usageMetadata.promptTokenCount=false`` each (:func:`_note`)."""
+    def bad(value: Any) -> bool:
+        return value is not None and non_negative_number(value) is None
+
+    out: list[str] = []
+    if not any(name in raw for names in TOKEN_ALIASES.values() for name in names):
+        meta = raw.get("usageMetadata")
+        google, prefix = (meta, "usageMetadata.") if isinstance(meta, dict) else (raw, "")
+        out += [_note(prefix + name, google[name]) for name in GOOGLE_TOKEN_NAMES if bad(google.get(name))]
+    if not any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheRead"]):
+        for field in OPENAI_TOKEN_DETAILS:
+            details = raw.get(field)
+            if isinstance(details, dict) and bad(details.get("cached_tokens")):
+                out.append(_note(f"{field}.cached_tokens", details["cached_tokens"]))
+    nested = raw.get(ANTHROPIC_CACHE_CREATION)
+    if isinstance(nested, dict) and not any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheWrite"]):
+        out += [_note(f"{ANTHROPIC_CACHE_CREATION}.{key}", value) for key, value in nested.items()
+                if isinstance(key, str) and key.endswith("_input_tokens") and bad(value)]
+    return out
+
+
 def _with_codex_total(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with a total that counts Codex's cached input once: when its cache-read count is read
     from a Codex name (:data:`CODEX_CACHED_INPUT`) and no total is given, the total is input, output
@@ -730,7 +754,7 @@ def unreadable_figures(raw: Any) -> list[str]:
     out = [n for n in carried if isinstance(n, str)] if isinstance(carried, list) else []
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
     found: list[str | None] = [_unread(raw, names) for names in TOKEN_ALIASES.values()]
-    found += _cohere_unread(raw)
+    found += _cohere_unread(raw) + _nested_unread(raw)
     cohere = _cohere_sources(raw)  # Cohere's ``tokens`` object is its breakdown, not a total
     found.append(_unread({k: v for k, v in raw.items() if k != COHERE_TOKENS} if cohere else raw, TOTAL_TOKEN_ALIASES))
     for part in PARTS:
@@ -744,8 +768,19 @@ def unreadable_figures(raw: Any) -> list[str]:
         bare = _note("cost", cost) if nested is None and cost is not None else None  # a cost that is no number
         found.append(_unread(nested, NESTED_TOTAL_COST_ALIASES, "cost.", cost_figure) or bare
                      or _unread(raw, FLAT_TOTAL_COST_ALIASES, read=cost_figure))
+    if nested is not None and not _read_any_cost(nested) and not any(n and n.startswith("cost.") for n in found):
+        # a cost object in a form castor does not read ({"amount": 0.5, "currency": "USD"}): it would
+        # count $0 without a word; an empty one (or Pi's marker alone) says nothing, as null does
+        if any(value is not None for key, value in nested.items() if key != "totalFromProvider"):
+            found.append(_note("cost", nested))
     out += [n for n in found if n is not None]
     return out[:MAX_UNREADABLE]
+
+
+def _read_any_cost(nested: dict[str, Any]) -> bool:
+    """Whether a ``usage.cost`` object gives any cost figure castor reads (a part or a total)."""
+    return any(_first(nested, names, cost_figure) is not None
+               for names in (*NESTED_COST_ALIASES.values(), NESTED_TOTAL_COST_ALIASES))
 
 
 def plain_usage(raw: Any, _depth: int = 0) -> Any:

@@ -1,0 +1,170 @@
+"""The usage path under malformed and huge input: every provider shape castor claims to read, with
+one figure replaced by something that is not a usage figure (a boolean, a string, NaN, a negative,
+a list, an object) or by an integer past 2**63. Each such figure is named (``unreadable``: the
+turn's typed warning), and nothing else of the turn is lost: every other figure still counts."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from castor.domain.materia.budget import (
+    DECIMAL_COST,
+    MAX_FIGURE,
+    PARTS,
+    TurnUsage,
+    extract_usage,
+    plain_usage,
+    sum_usage_maps,
+    unreadable_figures,
+)
+from castor.domain.materia.cast_messages import TurnEnded
+
+from .scripted import Driver, config, resolved
+
+# Each shape castor reads, with the path of every figure in it. Every figure differs, so a figure
+# that a malformed one replaced shows in the totals.
+SHAPES: dict[str, dict[str, Any]] = {
+    "pi": {"input": 100, "output": 50, "cacheRead": 10, "cacheWrite": 5, "totalTokens": 165,
+           "cost": {"input": 0.2, "output": 0.3, "cacheRead": 0.05, "cacheWrite": 0.07, "total": 0.62}},
+    "codex": {"input_tokens": 100, "cached_input_tokens": 10, "output_tokens": 50,
+              "cost": {"input_cost_usd": 0.2, "output_cost_usd": 0.3, "cached_input_cost_usd": 0.05,
+                       "total_cost_usd": 0.55}},
+    "anthropic": {"input_tokens": 100, "output_tokens": 50, "cache_read_input_tokens": 10,
+                  "cache_creation": {"ephemeral_5m_input_tokens": 5, "ephemeral_1h_input_tokens": 3},
+                  "input_cost_usd": 0.2, "output_cost_usd": 0.3},
+    "openai": {"prompt_tokens": 100, "completion_tokens": 50, "prompt_tokens_details": {"cached_tokens": 20}},
+    "openrouter": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": 0.6},
+    "google": {"usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 50, "thoughtsTokenCount": 7,
+                                 "cachedContentTokenCount": 10, "toolUsePromptTokenCount": 3}},
+    "bedrock": {"inputTokens": 100, "outputTokens": 50, "cacheReadInputTokens": 10, "cacheWriteInputTokens": 5},
+    "cohere": {"billed_units": {"input_tokens": 80, "output_tokens": 50}, "tokens": {"input_tokens": 120}},
+}
+
+
+def _paths(value: Any, at: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(value, dict):
+        return [p for key, inner in value.items() for p in _paths(inner, (*at, key))]
+    return [at]
+
+
+def _replaced(usage: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = json.loads(json.dumps(usage))
+    cursor = out
+    for key in path[:-1]:
+        cursor = cursor[key]
+    cursor[path[-1]] = value
+    return out
+
+
+BAD = st.one_of(
+    st.booleans(),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), -1, -0.5, "NaN", "1e400", " 0.25", "$1",
+                     [], [5], {}, {"x": 1}]),
+    st.text(max_size=20).filter(lambda s: not DECIMAL_COST.fullmatch(s)),  # a decimal string is a cost
+)
+# Figures of a shape that another figure of it stands before (Cohere's billed units before its
+# tokens): a malformed one there is not read, as a later alias is not, and so is not named.
+SHADOWED = {("cohere", ("tokens", "input_tokens"))}
+# Figures with a fallback the same shape gives (Cohere's tokens for a malformed billed unit): the
+# fallback counts, nothing is left out, and nothing is named.
+FALLS_BACK = {("cohere", ("billed_units", "input_tokens"))}
+HUGE = st.integers(min_value=2**63, max_value=2**200)
+
+REVIEWER = "Socket-2"
+
+
+def text_cast() -> Driver:
+    return Driver(resolved(config({"Socket-1": {"type": "agent", "materia": "A",
+                                                "edges": [{"when": "always", "to": REVIEWER}]},
+                                   REVIEWER: {"type": "agent", "materia": "A"}})))
+
+
+CASES = [(name, path) for name, usage in SHAPES.items() for path in _paths(usage)]
+
+
+def _finite(turn: TurnUsage) -> None:
+    for amounts in (turn.tokens, turn.cost):
+        for name in (*PARTS, "total"):
+            figure = getattr(amounts, name)
+            assert not isinstance(figure, bool) and math.isfinite(figure) and 0 <= figure <= MAX_FIGURE, (name, figure)
+
+
+@pytest.mark.parametrize(("shape", "path"), CASES, ids=[f"{s}:{'.'.join(p)}" for s, p in CASES])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bad=BAD)
+def test_a_malformed_figure_is_named_and_every_other_figure_still_counts(shape: str, path: tuple[str, ...],
+                                                                         bad: Any) -> None:
+    usage = SHAPES[shape]
+    whole = extract_usage(usage)
+    hurt = _replaced(usage, path, bad)
+    read = extract_usage(hurt)
+    _finite(read)
+    named = unreadable_figures(hurt)
+    if (shape, path) not in SHADOWED | FALLS_BACK and bad != {}:  # an empty object says nothing, as null does
+        assert named, f"{'.'.join(path)}={bad!r} was dropped without a word"
+        assert any(note.startswith(f"{path[-1]}=") or f".{path[-1]}=" in note for note in named), named
+    # Nothing else is lost: a figure the malformed one did not feed counts as before (a total made
+    # of the parts may shrink by the malformed part, never more).
+    assert read.tokens.total <= whole.tokens.total or shape == "codex" or (shape, path) in FALLS_BACK
+    assert read.cost.total <= whole.cost.total + 1e-9
+    assert sum_usage_maps([hurt, usage])["totalTokens"] >= whole.tokens.total
+    json.dumps(sum_usage_maps([hurt]), allow_nan=False)  # the summed map a turn keeps is plain JSON
+    json.dumps(plain_usage(hurt), allow_nan=False)
+
+
+@pytest.mark.parametrize(("shape", "path"), CASES, ids=[f"{s}:{'.'.join(p)}" for s, p in CASES])
+@settings(max_examples=10, deadline=None)
+@given(huge=HUGE)
+def test_an_integer_past_2_63_counts_as_the_largest_figure_never_an_error(shape: str, path: tuple[str, ...],
+                                                                          huge: int) -> None:
+    hurt = _replaced(SHAPES[shape], path, huge)
+    read = extract_usage(hurt)
+    _finite(read)
+    # counted as the largest figure (never less than reported); a token total the map gives stays
+    # the total, as pi-materia reads it
+    figures = [getattr(amounts, name) for amounts in (read.tokens, read.cost) for name in (*PARTS, "total")]
+    assert MAX_FIGURE in figures or (shape, path) in SHADOWED, figures
+    json.dumps(sum_usage_maps([hurt, hurt]), allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: (st.lists(inner, max_size=4)
+                                   | st.dictionaries(st.text(max_size=12), inner, max_size=6)),
+                    max_leaves=30))
+def test_any_json_value_as_a_usage_reads_finite_and_the_sum_is_plain_json(usage: Any) -> None:
+    _finite(extract_usage(usage))
+    summed = sum_usage_maps([usage])
+    json.dumps(summed, allow_nan=False)
+    assert isinstance(unreadable_figures(summed), list)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_a_turn_with_a_malformed_figure_completes_with_the_rest_of_its_usage_and_says_what_it_left_out(
+        shape: str, data: st.DataObject) -> None:
+    """Through the engine: the turn answers its socket, its record counts what could be read, the
+    figure left out is named (the record, a usage_unreadable event, one warning), and the cast's
+    state stays plain JSON (it is saved after every step)."""
+    path = data.draw(st.sampled_from(_paths(SHAPES[shape])))
+    bad = data.draw(st.one_of(BAD, HUGE))
+    usage = plain_usage(_replaced(SHAPES[shape], path, bad))  # what the harness link hands the engine
+    d = text_cast()
+    turn = d.pending()
+    d.send(TurnEnded, visit_id=turn.visit_id, text="built", stop_reason="stop", usage=usage)
+    assert d.pending().socket_id == REVIEWER, "the turn answered its socket"
+    (record,) = d.state.usage.turns
+    read = extract_usage(usage)
+    assert (record.tokens, record.cost) == (read.tokens, read.cost)
+    named = unreadable_figures(usage)
+    assert (record.unreadable or []) == named
+    if named:
+        assert d.events("usage_unreadable")[-1].data["figures"] == named
+    json.dumps(d.state.model_dump(mode="json"), allow_nan=False)
