@@ -354,13 +354,15 @@ MAX_USAGE_MAPS = 1024
 
 def sum_usage_maps(maps: list[Any]) -> dict[str, Any]:
     """Several usage maps as a harness sent them (one per assistant message of a turn, the first
-    :data:`MAX_USAGE_MAPS`) as one map in the canonical spellings, each read by
+    :data:`MAX_USAGE_MAPS`, the rest named unreadable) as one map in the canonical spellings, each read by
     :func:`extract_usage` (anything unreadable counts 0, and is named under :data:`UNREADABLE_KEY`,
     see :func:`unreadable_figures`); ``cost.totalFromProvider`` true only if every map says so
     (absent when none says either way)."""
     total = TurnUsage()
     flags: list[bool | None] = []
-    unreadable: list[str] = []
+    # maps past the bound are not read (each costs a read): named, so the totals never look complete
+    unreadable = ([f"usages=[{len(maps)} maps: the last {len(maps) - MAX_USAGE_MAPS} not read]"]
+                  if len(maps) > MAX_USAGE_MAPS else [])
     for raw in maps[:MAX_USAGE_MAPS]:
         unreadable += unreadable_figures(raw) if raw is None or isinstance(raw, dict) else [_note("usage", raw)]
         turn = extract_usage(raw)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from castor.domain.materia.budget import (
     DECIMAL_COST,
     MAX_FIGURE,
+    MAX_USAGE_MAPS,
     PARTS,
     TurnUsage,
     extract_usage,
@@ -168,3 +169,14 @@ def test_a_turn_with_a_malformed_figure_completes_with_the_rest_of_its_usage_and
     if named:
         assert d.events("usage_unreadable")[-1].data["figures"] == named
     json.dumps(d.state.model_dump(mode="json"), allow_nan=False)
+
+
+def test_usage_maps_past_the_number_read_are_named_not_dropped_silently() -> None:
+    """A turn of more assistant messages than castor reads usage maps of (MAX_USAGE_MAPS; the wire
+    carries 65,536): the first are counted and the rest are named, so the totals say they left
+    some out rather than look complete."""
+    counted = sum_usage_maps([{"input": 1}] * MAX_USAGE_MAPS)
+    assert counted["totalTokens"] == MAX_USAGE_MAPS and unreadable_figures(counted) == []
+    over = sum_usage_maps([{"input": 1}] * (MAX_USAGE_MAPS + 5) + ["junk"])
+    assert over["totalTokens"] == MAX_USAGE_MAPS
+    assert unreadable_figures(over)[0] == f"usages=[{MAX_USAGE_MAPS + 6} maps: the last 6 not read]"
