@@ -227,9 +227,9 @@ def test_a_malformed_figure_counts_as_not_reported_and_the_next_alias_is_read(ba
     assert usage.tokens.input == 4 and usage.cost.input == cost and usage.cost.total == cost
 
 
-def test_plain_usage_drops_only_what_json_cannot_hold() -> None:
+def test_plain_usage_drops_only_what_json_cannot_hold_and_names_a_non_finite_figure() -> None:
     raw = {"input": 1, "cost": {"total": float("nan"), "output": 0.5}, "odd": object(), "list": [1, float("inf")]}
-    assert plain_usage(raw) == {"input": 1, "cost": {"output": 0.5}, "list": [1]}
+    assert plain_usage(raw) == {"input": 1, "cost": {"total": "NaN", "output": 0.5}, "list": [1, "Infinity"]}
     deep: dict[str, Any] = {}
     cursor = deep
     for _ in range(50):

@@ -785,9 +785,14 @@ def _read_any_cost(nested: dict[str, Any]) -> bool:
                for names in (*NESTED_COST_ALIASES.values(), NESTED_TOTAL_COST_ALIASES))
 
 
+#: A non-finite float as :func:`plain_usage` keeps it: by its JavaScript name, as the Pi extension sends it.
+NON_FINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def plain_usage(raw: Any, _depth: int = 0) -> Any:
-    """``raw`` as plain JSON: non-finite floats and values that are not JSON dropped (so a usage
-    map with one NaN keeps its other figures), integers kept at any size, nesting cut at 8 levels."""
+    """``raw`` as plain JSON: a non-finite float kept by its name (``"NaN"``, ``"Infinity"``: a
+    string, so it is named unreadable as the Pi extension's are, and the map keeps its other
+    figures), values that are not JSON dropped, integers kept at any size, nesting cut at 8 levels."""
     if isinstance(raw, dict):
         if _depth >= 8:
             return {}
@@ -802,7 +807,7 @@ def plain_usage(raw: Any, _depth: int = 0) -> Any:
     if raw is None or isinstance(raw, (str, bool, int)):
         return raw  # an integer is JSON at any size (one past a double's range has no math.isfinite)
     if isinstance(raw, float):
-        return raw if math.isfinite(raw) else _DROP
+        return raw if math.isfinite(raw) else NON_FINITE_NAMES[repr(raw)]
     return _DROP
 
 

@@ -166,6 +166,8 @@ def test_a_turn_with_a_malformed_figure_completes_with_the_rest_of_its_usage_and
     assert (record.tokens, record.cost) == (read.tokens, read.cost)
     named = unreadable_figures(usage)
     assert (record.unreadable or []) == named
+    if (shape, path) not in SHADOWED | FALLS_BACK and bad != {} and (isinstance(bad, bool) or not isinstance(bad, int)):
+        assert named, f"{'.'.join(path)}={bad!r} was dropped without a word on its way to the engine"
     if named:
         assert d.events("usage_unreadable")[-1].data["figures"] == named
     json.dumps(d.state.model_dump(mode="json"), allow_nan=False)
@@ -180,3 +182,22 @@ def test_usage_maps_past_the_number_read_are_named_not_dropped_silently() -> Non
     over = sum_usage_maps([{"input": 1}] * (MAX_USAGE_MAPS + 5) + ["junk"])
     assert over["totalTokens"] == MAX_USAGE_MAPS
     assert unreadable_figures(over)[0] == f"usages=[{MAX_USAGE_MAPS + 6} maps: the last 6 not read]"
+
+
+@pytest.mark.parametrize("figure", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_figure_is_named_by_every_agent_not_dropped_on_the_way(figure: float) -> None:
+    """A NaN or infinity (JSON's NaN / Infinity, msgpack's float) reaches the engine by its name, as
+    the Pi extension sends it, so it is named like any figure that is not a number."""
+    from castor.adapters.agents.openai_http import _usage
+    from castor.endpoint.harness_link import outcome_from_wire
+
+    usage = {"input": 5, "output": 2, "totalTokens": figure, "cost": {"total": figure}}
+    name = json.dumps(json.dumps(figure))  # "NaN", "Infinity", "-Infinity", as a string
+    expected = [f"totalTokens={name}", f"cost.total={name}"]
+    wired = outcome_from_wire("t1", {"usage": usage}).usage
+    assert wired is not None and unreadable_figures(wired.raw) == expected
+    assert extract_usage(wired.raw).tokens.total == 7
+    served = _usage({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": figure, "cost": figure})
+    assert served is not None and unreadable_figures(served.raw) == [f"total_tokens={name}", f"cost={name}"]
+    json.dumps(wired.raw, allow_nan=False)
+    json.dumps(served.raw, allow_nan=False)
