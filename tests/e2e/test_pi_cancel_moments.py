@@ -489,3 +489,35 @@ def test_castor_terminated_while_a_utility_command_runs_ends_it_and_continue_run
     assert ended[-1]["data"]["ok"] is True, ended[-1]
     assert completes(run) == ["Socket-1", "Socket-2"], completes(run)
     assert requests_with(fake_llm, "REVIEWER-MATERIA")
+
+
+def test_esc_mid_stream_after_a_tool_call_step_counts_the_step_and_marks_the_stopped_messages_share(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """The builder calls a tool (that step reports its usage: 15 tokens), then its answer streams and
+    the user presses Esc before the provider says what the answer used (an OpenAI-style stream reports
+    usage at its end). The step's tokens count; the turn is marked as not all reported (unreported
+    tokens, said in the totals), never as if the step were the whole turn."""
+    root = write_loadout(tmp_path / "project", BUILDER)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_tool_call("bash", {"command": "echo STEP-DONE"}, when="BUILDER-MATERIA")
+    fake_llm.reply_text("BUILT-HALF and the rest never sent", when="BUILDER-MATERIA", pause=STALL_S)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA", n=2)
+    pi.wait_for(lambda e: e.get("type") == "message_update"
+                and (e.get("assistantMessageEvent") or {}).get("type") == "text_delta", start=begin, timeout=15)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10)
+    usage = json.loads((run / "usage.json").read_text())
+    (stopped,) = [t for t in usage.get("turns", []) if t["socket"] == "Socket-1"]
+    assert stopped.get("unreported") == ["tokens"] and stopped["tokens"]["total"] == 15, stopped
+    assert usage["costEstimated"] is True
+    fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    end = pi.wait_ui("notify", lambda e: "pi-materia cast complete" in str(e.get("message")), start=begin, timeout=5)
+    assert "1 turn stopped before its last message reported usage" in str(end.get("message")), end
