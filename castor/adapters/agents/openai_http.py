@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from castor._log import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
-from castor.domain.materia.budget import MAX_FIGURE, cost_figure, non_negative_number, plain_usage
+from castor.domain.materia.budget import MAX_FIGURE, cost_figure, non_negative_number, plain_usage, unreadable_usage
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -106,8 +106,10 @@ def _usage(raw: Any) -> TurnUsage | None:
     a ``cost`` the server states (OpenRouter's ``usage.cost``: what it charged) marked as the
     provider's billed figure, as Pi marks one (``cost.totalFromProvider``): the report's
     ``costEstimated`` stays false for such turns."""
-    if not isinstance(raw, dict):
+    if raw is None:
         return None
+    if not isinstance(raw, dict):  # a usage that is no map counts nothing and is named, as the harness link's
+        return TurnUsage(raw=unreadable_usage("usage", plain_usage(raw)))
     raw_details = raw.get("prompt_tokens_details")
     details = raw_details if isinstance(raw_details, dict) else {}
 

@@ -201,3 +201,16 @@ def test_a_non_finite_figure_is_named_by_every_agent_not_dropped_on_the_way(figu
     assert served is not None and unreadable_figures(served.raw) == [f"total_tokens={name}", f"cost={name}"]
     json.dumps(wired.raw, allow_nan=False)
     json.dumps(served.raw, allow_nan=False)
+
+
+@pytest.mark.parametrize("usage", ["lots", 5, [1, 2], True])
+def test_an_openai_compatible_servers_usage_that_is_not_a_map_is_named_as_the_harness_links_is(usage: Any) -> None:
+    from castor.adapters.agents.openai_http import _usage
+    from castor.endpoint.harness_link import outcome_from_wire
+
+    served = _usage(usage)
+    assert served is not None and served.raw is not None
+    assert unreadable_figures(served.raw) == [f"usage={json.dumps(usage)}"]
+    wired = outcome_from_wire("t1", {"usage": usage}).usage
+    assert wired is not None and unreadable_figures(wired.raw) == unreadable_figures(served.raw)
+    assert _usage(None) is None, "no usage sent is no usage, not a malformed one"
