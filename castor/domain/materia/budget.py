@@ -642,7 +642,8 @@ def extract_usage(raw: Any) -> TurnUsage:
       the top level (:data:`FLAT_COST_ALIASES`);
     - Google's token names and OpenAI's nested cached tokens as :func:`provider_usage` adds them;
     - cost total: ``max(provided, sum of the parts)`` (a provided total never under-reports), the
-      provided one read inside ``usage.cost``, else ``usage.cost`` as a number, else the top level.
+      provided one read inside ``usage.cost``, else ``usage.cost`` as a number, else the top level;
+    - every cost figure may be a decimal string (:func:`cost_figure`); a token count may not.
 
     One difference from pi-materia, on purpose: a negative or non-finite figure counts as *not
     reported* (the next alias is tried), so a malformed payload can never lower a cast's total --
