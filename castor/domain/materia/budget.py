@@ -504,9 +504,10 @@ CODEX_CACHED_INPUT = ("cachedInputTokens", "cached_input_tokens")
 def _cohere_sources(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Cohere's usage objects in ``raw``, billed units first, when ``raw`` names no input or output
     count of its own (its own names win); empty otherwise."""
-    if any(name in raw for part in ("input", "output") for name in TOKEN_ALIASES[part]):
+    sources = [(name, raw[name]) for name in (COHERE_BILLED, COHERE_TOKENS) if isinstance(raw.get(name), dict)]
+    if sources and any(name in raw for part in ("input", "output") for name in TOKEN_ALIASES[part]):
         return []
-    return [(name, raw[name]) for name in (COHERE_BILLED, COHERE_TOKENS) if isinstance(raw.get(name), dict)]
+    return sources
 
 
 def _cohere_usage(raw: dict[str, Any]) -> dict[str, Any]:
@@ -549,15 +550,15 @@ def _nested_unread(raw: dict[str, Any]) -> list[str]:
         return value is not None and non_negative_number(value) is None
 
     out: list[str] = []
-    if not any(name in raw for names in TOKEN_ALIASES.values() for name in names):
-        meta = raw.get("usageMetadata")
-        google, prefix = (meta, "usageMetadata.") if isinstance(meta, dict) else (raw, "")
-        out += [_note(prefix + name, google[name]) for name in GOOGLE_TOKEN_NAMES if bad(google.get(name))]
-    if not any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheRead"]):
-        for field in OPENAI_TOKEN_DETAILS:
-            details = raw.get(field)
-            if isinstance(details, dict) and bad(details.get("cached_tokens")):
-                out.append(_note(f"{field}.cached_tokens", details["cached_tokens"]))
+    meta = raw.get("usageMetadata")
+    google, prefix = (meta, "usageMetadata.") if isinstance(meta, dict) else (raw, "")
+    given = [name for name in GOOGLE_TOKEN_NAMES if bad(google.get(name))]  # the cheap test first
+    if given and not any(name in raw for names in TOKEN_ALIASES.values() for name in names):
+        out += [_note(prefix + name, google[name]) for name in given]
+    details = [(field, raw[field]) for field in OPENAI_TOKEN_DETAILS
+               if isinstance(raw.get(field), dict) and bad(raw[field].get("cached_tokens"))]
+    if details and not any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheRead"]):
+        out += [_note(f"{field}.cached_tokens", inner["cached_tokens"]) for field, inner in details]
     nested = raw.get(ANTHROPIC_CACHE_CREATION)
     if isinstance(nested, dict) and not any(raw.get(name) is not None for name in TOKEN_ALIASES["cacheWrite"]):
         out += [_note(f"{ANTHROPIC_CACHE_CREATION}.{key}", value) for key, value in nested.items()
@@ -570,6 +571,8 @@ def _with_codex_total(raw: dict[str, Any]) -> dict[str, Any]:
     from a Codex name (:data:`CODEX_CACHED_INPUT`) and no total is given, the total is input, output
     and cache writes, plus any cached tokens past the input (never less than either figure); the
     parts' sum would count the cached ones twice. ``raw`` as it is otherwise."""
+    if not any(name in raw for name in CODEX_CACHED_INPUT):  # the cheap test first
+        return raw
     source = next((name for name in TOKEN_ALIASES["cacheRead"] if non_negative_number(raw.get(name)) is not None),
                   None)
     if source not in CODEX_CACHED_INPUT or _first(raw, TOTAL_TOKEN_ALIASES) is not None:
