@@ -138,6 +138,20 @@ def test_esc_after_tool_call_steps_counts_them_and_says_the_stopped_messages_sha
     assert "1 turn stopped before its last message reported usage" in usage_caveats(d.state.usage)
 
 
+def test_with_a_budget_the_stopped_messages_missing_share_is_said_once_as_a_warning() -> None:
+    d = Driver(resolved(config({
+        BUILDER: {"type": "agent", "materia": "A", "edges": [{"when": "always", "to": REVIEWER}]},
+        REVIEWER: {"type": "agent", "materia": "A"},
+    }, budget={"maxTokens": 100_000})))
+    turn = d.pending()
+    steps = {"input": 100, "output": 20, "totalTokens": 120, STOPPED_UNREPORTED_KEY: True}
+    d.send(TurnEnded, visit_id=turn.visit_id, text=PARTIAL, stop_reason="aborted", usage=steps)
+    said = [n for n in d.transitions[-1].of_type(Notify) if "usage" in n.message]
+    assert [n.level for n in said] == ["warning"], said
+    assert ("Socket-1's turn was stopped before its last message reported usage: its earlier steps' 120 tokens "
+            "count") in said[0].message, said
+
+
 def test_esc_whose_stopped_message_reported_its_usage_is_not_marked() -> None:
     d = text_cast()
     turn = d.pending()
