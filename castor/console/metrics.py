@@ -22,7 +22,8 @@ castor_starts_total{kind}                  counter    incarnations started
 castor_ask_timeouts_total{kind}            counter    asks to the kind that timed out
 castor_ask_seconds{kind}                   histogram  ask latency (send to answer), by target kind
 castor_casts{phase}                        gauge      live casts by status (CAST_STATUSES; every one sampled)
-castor_socket_visits_total                 counter    agent socket visits (SocketActor starts)
+castor_socket_visits_total                 counter    agent socket visits, each once (restarts aside)
+castor_socket_visit_restarts_total         counter    a visit's agent turn sent again (retry, rerun, recast)
 castor_utility_runs_total                  counter    utility commands run (= histogram count)
 castor_utility_run_seconds                 histogram  utility command durations
 castor_worker_calls_total                  counter    calls into Icarus worker processes
@@ -43,6 +44,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from castor.actors.materia.socket_actor import SOCKET_VISIT_RESTARTS, SOCKET_VISITS
 from castor.supervision.meters import BUCKETS
 from castor.supervision.registry import WATCH_PACE_S
 
@@ -112,9 +114,16 @@ class RuntimeCollector(Collector):
             for kind in sorted(kinds | set(of_name)):
                 family.add_metric([kind], of_name.get(kind, 0))
             yield family
-        visits = CounterMetricFamily("castor_socket_visits", "agent socket visits (SocketActor starts)")
-        visits.add_metric([], counters.get(("starts", "SocketActor"), 0))
-        yield visits
+        # A visit counts once, when its cast enters the socket: its turn sent again (a retry, a
+        # rerun, a recast after its cast or castor restarted -- each a new SocketActor) is a restart.
+        for name, meter, help_text in (
+                ("socket_visits", SOCKET_VISITS, "agent socket visits, each counted once whatever restarts"),
+                ("socket_visit_restarts", SOCKET_VISIT_RESTARTS,
+                 "agent turns of a visit sent again (a retry, a rerun after an interruption, a recast after its "
+                 "cast or castor restarted); the visit is not counted again")):
+            family = CounterMetricFamily(f"castor_{name}", help_text)
+            family.add_metric([], sum(n for (c, _k), n in counters.items() if c == meter))
+            yield family
         for name, help_text in (("worker_calls", "calls into Icarus worker processes"),
                                 ("worker_timeouts", "worker calls that timed out (the worker is retired)"),
                                 ("worker_give_ups", "Icarus workers given up after dying in call after call "

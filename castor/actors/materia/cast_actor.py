@@ -118,7 +118,12 @@ from castor.actors.materia.messages import (
     WorkLost,
     answer_fields,
 )
-from castor.actors.materia.socket_actor import COMPACTION_TIMEOUT_S, USAGE_TIMEOUT_S
+from castor.actors.materia.socket_actor import (
+    COMPACTION_TIMEOUT_S,
+    SOCKET_VISIT_RESTARTS,
+    SOCKET_VISITS,
+    USAGE_TIMEOUT_S,
+)
 from castor.actors.materia.views import saved_state, status_view
 from castor.domain.materia.cast_messages import (
     EFFECT_ADAPTER,
@@ -284,7 +289,7 @@ class CastActor(Actor):
         self.state: CastState | None = None
         self.fence = 0
         self._sockets: dict[str, Any] = {}  # visit_id -> SocketActor handle
-        self._visit_tally: Callable[[], object] | None = None  # see _count_visit
+        self._visit_tallies: tuple[Callable[[], object], Callable[[], object]] | None = None  # see _count_visit
         self._withdrawn_user_turn: str | None = None  # the last withdrawn user turn (its late end is ignored)
         self._user_turn_timer: CancelToken | None = None
         #: (visit id, monotonic deadline) of the armed user-turn bound, for the activity; None unarmed.
@@ -889,6 +894,7 @@ class CastActor(Actor):
         self.handle.tell(CastOutcome(event=DispatchFailed(visit_id=visit_id, error=error, at=self.env.clock())))
 
     def _run_agent_turn(self, effect: RunAgentTurn) -> None:
+        self._count_visit(effect)
         item = short_label(effect.item_label or effect.item_key)  # the work item, as pi-materia's footer shows it
         self._set_status(f"materia: {effect.materia} ({effect.socket_id})" + (f" — {item}" if item else ""))
         if effect.user_driven:
@@ -921,7 +927,6 @@ class CastActor(Actor):
             except BaseException as exc:  # noqa: BLE001 - the visit's crash: its SocketActor raises it
                 ready, failed = None, exc
             if ready is not None or (failed is None and turn.answered):
-                self._count_visit()
                 if ready is not None:
                     turn.hand_on(ready)
                 return
@@ -938,13 +943,20 @@ class CastActor(Actor):
                     pass
             self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
 
-    def _count_visit(self) -> None:
-        """Count a visit that ended without its SocketActor as that actor's start would have
-        (``castor_socket_visits_total`` counts visits)."""
-        tally = self._visit_tally
-        if tally is None:
-            tally = self._visit_tally = self.handle.registry.meters.tally("starts", "SocketActor")
-        tally()
+    def _count_visit(self, effect: RunAgentTurn) -> None:
+        """Count the visit ``effect`` opens once (``castor_socket_visits_total``), however many
+        times its turn is sent again -- a retry, a rerun, a recast after this cast or castor
+        restarted, each a new SocketActor -- and each such send as a restart of its visit
+        (``castor_socket_visit_restarts_total``). Counted from the engine's own word, whether
+        or not the turn needs a SocketActor."""
+        if not (effect.opens_visit or effect.sent_again):
+            return
+        tallies = self._visit_tallies
+        if tallies is None:
+            meters = self.handle.registry.meters
+            tallies = self._visit_tallies = (meters.tally(SOCKET_VISITS, "SocketActor"),
+                                             meters.tally(SOCKET_VISIT_RESTARTS, "SocketActor"))
+        tallies[0 if effect.opens_visit else 1]()
 
     def _compact(self, effect: Compact) -> None:
         """Same-socket recovery compaction (before the retry) through the host context port.

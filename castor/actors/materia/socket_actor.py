@@ -3,8 +3,8 @@
 Who sends the turn: a visit without a proactive compaction check has its turn sent by its cast
 (:class:`VisitTurn`, on the cast's thread). Answered before ``run_turn`` returns (a zero-latency
 agent), its outcome is handed on there and the visit never becomes an actor: there is nothing left
-of it to show in a snapshot, stop or contain (it still counts as a SocketActor start, the
-``castor_socket_visits_total`` figure). Not answered yet, it is taken over at once by a SocketActor
+of it to show in a snapshot, stop or contain (the visit is counted all the same: the cast counts
+visits, :data:`SOCKET_VISITS`, not SocketActor starts). Not answered yet, it is taken over at once by a SocketActor
 (``socket_spec(..., turn=...)``) that shows it (``awaiting_turn``), cancels it when stopped and
 reports ``WorkLost`` when it dies, as below; an error raised by the send becomes that actor's crash
 in its ``on_start``, so ``WorkLost`` too. An answer between the send and the takeover is handed on
@@ -84,6 +84,12 @@ from castor.ports.host_context import CompactionOutcome, CompactionRequest, Host
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 
+#: The meter of agent socket visits, each counted once when its cast enters the socket
+#: (``castor_socket_visits_total``): a turn sent again -- a retry, a rerun, a recast after its cast or
+#: castor restarted, each a new SocketActor -- is no new visit, but :data:`SOCKET_VISIT_RESTARTS`.
+SOCKET_VISITS = "socket_visits"
+#: The meter of a visit's turn sent again (``castor_socket_visit_restarts_total``).
+SOCKET_VISIT_RESTARTS = "socket_visit_restarts"
 #: Deadline of the pre-turn usage read (a harness that does not answer delays the turn this long).
 USAGE_TIMEOUT_S = 5.0
 #: Deadline of a host compaction (Pi's compaction asks the model for a summary).

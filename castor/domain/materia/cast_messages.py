@@ -277,6 +277,12 @@ class RunAgentTurn(_Frozen):
     isolated_context: str | None = None  # user-driven only: the synthetic isolated-context message
     proactive_compaction: bool = True
     compaction: Compaction | None = None
+    #: The first turn of its visit (the cast entered the socket): ``castor_socket_visits_total``
+    #: counts it, and no other turn of the visit (a retry, a rerun, a recast after a restart).
+    opens_visit: bool = False
+    #: The visit's turn sent again, its prompt reused (a same-socket retry, a rerun after an
+    #: interruption, a recast after its cast or castor restarted): ``castor_socket_visit_restarts_total``.
+    sent_again: bool = False
 
 
 class RunUtility(_Frozen):

@@ -637,7 +637,7 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
         s.socket_state = "running_utility"
         return _dispatch_utility(ctx, rs)
     _apply_model_settings(ctx, rs, visit)
-    _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal")
+    _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal", opens_visit=True)
     return _Dispatched()
 
 
@@ -664,7 +664,8 @@ def cast_of_visit(visit_id: str) -> str | None:
 
 
 def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: bool = False, reuse: bool = False,
-                    user_driven: bool = False, context_label: str | None = None) -> RunAgentTurn:
+                    user_driven: bool = False, context_label: str | None = None,
+                    opens_visit: bool = False) -> RunAgentTurn:
     s = ctx.s
     visit = s.visit
     synthetic = prompts.synthetic_context(rs, s, mode=mode) if user_driven else None
@@ -713,7 +714,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
         multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
         materia_model=_materia_model(rs), recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
         isolated_context=synthetic,
-        compaction=s.config.compaction,
+        compaction=s.config.compaction, opens_visit=opens_visit, sent_again=reuse,
     )
     ctx.effects.append(effect)
     return effect

@@ -81,7 +81,8 @@ def test_a_turn_answered_before_run_turn_returns_needs_no_socket_actor(runtime_f
     assert agent.actors_at_send == [[]] and _socket_handles(rt, "s1") == []
     assert event_types(view["run_dir"]).count("socket_complete") == 1  # handed on once
     counters, _ = rt.system.registry.meters.collect()
-    assert counters.get(("starts", "SocketActor"), 0) == 1  # still counted as a visit (castor_socket_visits_total)
+    assert _metric(rt, "castor_socket_visits_total") == 1  # counted as a visit all the same
+    assert counters.get(("starts", "SocketActor"), 0) == 0  # and no SocketActor was started
 
 
 def test_a_turn_not_answered_yet_is_owned_by_a_socket_actor_that_shows_and_cancels_it(runtime_factory, project):
@@ -183,3 +184,37 @@ def test_a_sent_turn_no_socket_actor_can_take_over_is_called_off_and_the_dispatc
     view = wait_status(rt, "s1", cast_id)
     assert view["status"] == "failed" and "cannot start the socket actor" in (view["failed_reason"] or "")
     assert agent.cancelled == [agent.requests[0].turn_id]  # sent, but nobody could own it: called off
+
+
+def _metric(rt: Any, name: str) -> float:
+    """One unlabelled sample of ``/metrics`` as the console serves it."""
+    from castor.console.metrics import metrics_text
+
+    for line in metrics_text(rt).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not served")
+
+
+def test_a_visit_counts_once_however_often_its_socket_actor_or_its_cast_restarts(runtime_factory, project):
+    """``castor_socket_visits_total`` counted SocketActor starts: a visit whose cast was killed and
+    restarted (its turn sent again by a new SocketActor), and whose SocketActor was then killed (sent
+    again by a third), counted three visits. The engine counts one (its ``visits``), and so does the
+    metric now; each send after the first is a restart of the visit."""
+    from castor.supervision import faults
+
+    rt = runtime_factory()
+    agent, cast_id = _start(rt, project, ["held", "held", "held"])
+    assert agent.sent.wait(10)
+    faults.kill(rt.system.find(f"/root/session/s1/cast/{cast_id}"))
+    wait_for(lambda: len(agent.requests) == 2, what="the turn sent again by the restarted cast")
+    visit = wait_for(lambda: next((h for h in _socket_handles(rt, "s1") if h.alive
+                                   and h.path.endswith(agent.requests[1].turn_id.rsplit(":", 1)[-1])), None),
+                     what="the second SocketActor")
+    faults.kill(visit)
+    wait_for(lambda: len(agent.requests) == 3, what="the turn sent again after its SocketActor died")
+    assert materia_call(rt, "s1", "status", {"cast_id": cast_id})["visits"] == {"Socket-1": 1}
+    counters, _ = rt.system.registry.meters.collect()
+    assert counters.get(("starts", "SocketActor"), 0) == 3  # three SocketActors ...
+    assert _metric(rt, "castor_socket_visits_total") == 1  # ... of one visit
+    assert _metric(rt, "castor_socket_visit_restarts_total") == 2
