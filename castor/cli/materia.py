@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from castor.scaleout.options import add_backend_flags
+from castor.scaleout.options import add_backend_flags, backend_flags
 
 # What a command runs (the runtime, the cast storage, the typed errors) is imported inside it:
 # building the parser, ``--help`` and a refused flag import none of it.
@@ -740,23 +740,11 @@ def _progress(view: dict[str, Any]) -> Any:
     return table
 
 
-def _backend_flags(args: argparse.Namespace) -> list[str]:
-    """The flags that ran the command's casts where they ran: none for this machine."""
-    if getattr(args, "backend", "local") != "ray":
-        return []
-    flags = ["--backend", "ray"]
-    if args.ray_address:
-        flags += ["--ray-address", args.ray_address]
-    if args.ray_hosts is not None:
-        flags += ["--ray-hosts", str(args.ray_hosts)]
-    return flags
-
-
 def _where_to_resume(args: argparse.Namespace, code: int) -> int:
     """After a cast that did not complete on the cluster (``--backend ray``), say that the resuming
     command the line above names runs it where *it* runs: without the same flags, on this machine.
     Typed as shown, ``castor recast ID`` ran the cast's commands here, not on the cluster."""
-    flags = _backend_flags(args)
+    flags = backend_flags(args)
     if code != EXIT_OK and flags:
         import shlex
 
@@ -851,7 +839,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
     try:
         assert spec is not None
         mark = f"{os.getpid()}@{session.began_at!r}"  # this command's, in the cast's cli.json
-        flags = _backend_flags(args)
+        flags = backend_flags(args)
         try:
             started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                              "config_path": args.config,
@@ -931,7 +919,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     try:
         with _named_on_interrupt(session, root, cast_id, _project_flags(args)):
             view = session.call(verb, {"cast_id": cast_id})
-            _remember_backend(root / cast_id, _backend_flags(args))  # it runs where this command runs it
+            _remember_backend(root / cast_id, backend_flags(args))  # it runs where this command runs it
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
             return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet), _project_flags(args)))
     finally:

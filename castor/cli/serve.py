@@ -31,6 +31,7 @@ from castor.shown import one_line
 
 if TYPE_CHECKING:
     from castor.console.server import ConsoleServer
+    from castor.runtime import RuntimeSettings
 
 STOPPING_SESSION_CLOSE_S = 5.0
 """How long each session gets to close while castor stops and its connections are still open (a
@@ -108,7 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from castor.endpoint.listeners import is_loopback_host
     from castor.endpoint.server import serve
     from castor.messages.errors import CastorError, Forbidden
-    from castor.runtime import Runtime, RuntimeSettings
+    from castor.runtime import Runtime
     from castor.scaleout.options import make_backend, scaleout_components
 
     # Every flag value is checked before a runtime starts; a refused one is a usage error (exit 2).
@@ -134,14 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     backend = console = console_token_file = None
     try:
         backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
-        runtime = Runtime(RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
-                                          max_casts_per_session=args.max_casts_per_session,
-                                          user_turn_timeout_s=args.user_turn_timeout,
-                                          memory_return_interval_s=args.memory_return or 0.0,
-                                          icarus_worker_max_deaths=args.icarus_worker_max_deaths,
-                                          icarus_worker_death_window_s=args.icarus_worker_death_window,
-                                          icarus_worker_cool_down_s=args.icarus_worker_cool_down),
-                          components=scaleout_components(backend), scaleout=backend)
+        runtime = Runtime(runtime_settings(args), components=scaleout_components(backend), scaleout=backend)
         console, console_token_file = _start_console(args, runtime, token=console_token or token)
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
@@ -175,6 +169,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fail("internal", f"the runtime failed fatally ({runtime.system.fatal_error!r}); the endpoint stopped")
         return EXIT_ERROR
     return EXIT_OK
+
+
+def runtime_settings(args: argparse.Namespace) -> RuntimeSettings:
+    """The runtime's settings from ``castor serve``'s flags. With ``--backend ray``, each cast a
+    harness starts records in its cli.json the backend flags it runs with (``backendFlags``, as
+    ``castor cast --backend ray`` records them; never a token), so ``castor status`` and ``castor
+    casts`` in its project name them in the command that resumes it, on the cluster."""
+    from castor.cli.materia import BACKEND_FLAGS
+    from castor.runtime import RuntimeSettings
+    from castor.scaleout.options import backend_flags
+
+    flags = backend_flags(args)
+    return RuntimeSettings(allow_faults=args.allow_faults, utility_slots=args.utility_slots,
+                           max_casts_per_session=args.max_casts_per_session,
+                           user_turn_timeout_s=args.user_turn_timeout,
+                           memory_return_interval_s=args.memory_return or 0.0,
+                           icarus_worker_max_deaths=args.icarus_worker_max_deaths,
+                           icarus_worker_death_window_s=args.icarus_worker_death_window,
+                           icarus_worker_cool_down_s=args.icarus_worker_cool_down,
+                           cast_cli_note={BACKEND_FLAGS: flags} if flags else {})
 
 
 def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:

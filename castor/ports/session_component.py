@@ -67,6 +67,11 @@ class RuntimeSettings(BaseModel):
     tries a fresh worker (see docs/icarus.md "Crash loop")."""
     icarus_worker_death_window_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
     icarus_worker_cool_down_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+    cast_cli_note: dict[str, list[str]] = {}
+    """Written to the ``cli.json`` of each cast this runtime starts that brings no note of its own (a
+    cast a harness starts): ``castor serve --backend ray`` records there the backend flags its casts
+    run with (never a token), as ``castor cast --backend ray`` does, so the CLI's resume hints
+    (``castor status``, ``castor casts``) name them. Empty: no note (casts run on this machine)."""
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
     reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —

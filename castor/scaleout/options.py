@@ -64,6 +64,20 @@ def backend_flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def backend_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that run a command's casts where they run (``--backend ray`` and its
+    ``--ray-address``/``--ray-hosts``; never a token, which Ray reads from its environment): what a
+    cast's cli.json records so a resuming command names them. None for this machine."""
+    if getattr(args, "backend", "local") != "ray":
+        return []
+    flags = ["--backend", "ray"]
+    if args.ray_address:
+        flags += ["--ray-address", args.ray_address]
+    if args.ray_hosts is not None:
+        flags += ["--ray-hosts", str(args.ray_hosts)]
+    return flags
+
+
 def valid_backend_flags(flags: object) -> bool:
     """Whether ``flags`` are backend flags as ``castor cast --backend ray`` records them with a cast:
     ``--backend ray``, then at most a valid ``--ray-address`` and a ``--ray-hosts`` in range."""

@@ -296,10 +296,12 @@ class SessionActor(Actor):
     @handles(StartCast)
     @answers_bad_input
     def _on_start(self, message: StartCast) -> dict[str, Any]:
-        """``cli_note`` (in-process callers only: the standalone CLI) is written to
-        ``<runDir>/cli.json`` before the cast's first save, so a kill at any point after
-        the start leaves it with the cast."""
+        """``cli_note`` (in-process callers only: the standalone CLI; else the runtime's
+        ``cast_cli_note``, if any) is written to ``<runDir>/cli.json`` before the cast's first
+        save, so a kill at any point after the start leaves it with the cast."""
         loadout, config_path, cli_note = message.loadout, message.config_path, message.cli_note
+        if cli_note is None and self.runtime.settings.cast_cli_note:  # where this runtime runs its casts
+            cli_note = dict(self.runtime.settings.cast_cli_note)
         request = " ".join(message.request.split())
         if not request:
             raise InvalidParams(f"{self._cmd('cast')} needs a request.", data={"reason": "empty_request"})
