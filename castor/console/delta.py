@@ -17,10 +17,14 @@ or gone by id, and where new ones stand (after which id) -- or the whole order w
 moved; any other value that changed is sent whole. The page applies it to the document it holds
 (the same function in JavaScript, :data:`APPLY_JS`); a push it cannot apply (it missed one)
 makes it reconnect, and a new stream starts with the whole anchored document.
+
+Both of the console's streams are :class:`Versions` of their document: the main page's (one
+shared by every open page) and each cast page's (one a stream).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,8 +36,9 @@ _TIMED = AGES | COUNTDOWNS
 #: An anchored time that moved less than this since the previous push keeps its previous value
 #: (the page's figures are shown to a tenth of a second).
 ANCHOR_SLACK_S = 0.05
-#: The keys that identify an item of a list, in the order they are tried.
-ID_KEYS = ("path", "session_id", "cast_id")
+#: The keys that identify an item of a list, in the order they are tried (a cast's feed event by
+#: ``event_id``, where its line starts in the cast's events file).
+ID_KEYS = ("path", "session_id", "cast_id", "event_id")
 
 JSON = Any
 """A JSON value: a mapping, a list, a string, a number, a boolean or None."""
@@ -200,6 +205,42 @@ def apply(old: JSON, change: dict[str, JSON] | None) -> JSON:
     for key, sub in change.get("patch", {}).items():
         out[key] = apply(out[key], sub)
     return out
+
+
+class Versions:
+    """The newest ``kept`` versions of one document, anchored (:func:`anchor`), and the events of a
+    stream: ``{"v": N, "full": DOC}`` the whole newest version, or ``{"v": N, "base": B, "patch":
+    ...}`` what changed since version ``B`` -- while ``B`` is one of those kept, so a reader held
+    back a version or two still gets a patch. Each event's text is made once per version and base,
+    however many streams send it. Not thread-safe: its owner serialises the calls."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self.newest = 0
+        self._versions: dict[int, dict[str, JSON]] = {}
+        self._texts: dict[int | None, str] = {}  # base version (None: whole) -> the newest version's event
+
+    def add(self, doc: dict[str, JSON], moments: dict[int, float] | None = None) -> int:
+        """Make ``doc`` (its figures as of its ``at``; ``moments`` as :func:`anchor` takes them) the
+        newest version; its number."""
+        anchored = anchor(doc, doc["at"], self._versions.get(self.newest), moments)
+        self.newest += 1
+        self._versions[self.newest] = anchored
+        self._versions.pop(self.newest - self.kept, None)
+        self._texts = {}
+        return self.newest
+
+    def event(self, since: int | None) -> tuple[int, str]:
+        """The event that brings a stream that last sent version ``since`` (None: none yet) to the
+        newest, as JSON text, and that version (there must be one: :meth:`add`)."""
+        base = since if since in self._versions else None
+        text = self._texts.get(base)
+        if text is None:
+            current = self._versions[self.newest]
+            event = ({"v": self.newest, "full": current} if base is None else
+                     {"v": self.newest, "base": base, "patch": patch(self._versions[base], current)})
+            text = self._texts[base] = json.dumps(event)
+        return self.newest, text
 
 
 def unanchor(value: JSON, at: float) -> JSON:

@@ -315,27 +315,35 @@ def _read_json(path: Path) -> Any:
 
 
 def _feed(path: Path) -> list[dict[str, Any]]:
-    """The newest events of ``events.jsonl`` (a torn last line is skipped, never fatal; a link
-    or anything but a regular file shows none)."""
+    """The newest events of ``events.jsonl``, each with its ``event_id`` (where its line starts in
+    the file); a torn last line is skipped, never fatal; a link or anything but a regular file
+    shows none."""
     fd = _open_run_file(path)
     if fd is None:
         return []
     try:
         with open(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, size - FEED_TAIL_BYTES))
+            start = max(0, size - FEED_TAIL_BYTES)
+            f.seek(start)
             tail = f.read(FEED_TAIL_BYTES)
     except OSError:
         return []
+    lines, offset = [], start
+    for line in tail.split(b"\n"):
+        lines.append((offset, line))
+        offset += len(line) + 1
     events = []
-    for line in tail.splitlines()[-FEED_EVENTS - 1:]:
+    for offset, line in lines[-FEED_EVENTS - 2:]:
         try:
             event = json.loads(line)
         except ValueError:
             continue
         if isinstance(event, dict):
             summary = json.dumps(event.get("data"), ensure_ascii=False)
-            events.append({"ts": event.get("ts"), "type": str(event.get("type")),
+            # where its line starts in the file: what tells it from every other event of the feed (a
+            # push sends the events that joined it, not the whole feed again)
+            events.append({"event_id": str(offset), "ts": event.get("ts"), "type": str(event.get("type")),
                            "data": summary if len(summary) <= 300 else summary[:299] + "…"})
     return events[-FEED_EVENTS:]
 
@@ -646,8 +654,8 @@ setInterval(() => { if (!refusal && !lostAt && lastPush && Date.now() - lastPush
 connect();
 """
 
-_TREE_JS = r"""
-// The main stream pushes the whole document first, then what changed since the version the page
+_PATCHED_JS = APPLY_JS + r"""
+// Each page's stream pushes the whole document first, then what changed since the version the page
 // holds (see castor/console/delta.py): the page keeps the document it was told (its times as clock
 // times) and shows it with its ages as of each push. A push from another version than the one it
 // holds (it missed one) is not applied: the page asks for a new stream, which starts whole.
@@ -660,6 +668,9 @@ function receive(pushed) {
   heldVersion = pushed.v;
   return unanchor(held, held.at);
 }
+"""
+
+_TREE_JS = r"""
 // How much of its restart limit the window holds now (as castor inspect says), '' while none.
 function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '';
   const used = b.restarts + '/' + b.max_restarts + ' restarts in ' + b.within_s + ' s';
@@ -870,7 +881,6 @@ document.getElementById('filter').addEventListener('input', () => { if (lastDoc)
 """
 
 _CAST_JS = r"""
-const receive = pushed => pushed;  // each push is the whole document
 function render(doc) {
   document.getElementById('graph').innerHTML = doc.svg;  // server-built SVG, every text escaped
   const facts = document.getElementById('facts'); facts.replaceChildren();
@@ -936,7 +946,7 @@ def tree_page(base: str = "/") -> str:
 <th>oldest message</th><th>doing now</th><th>restarts</th><th>restart limit</th><th>last failure</th><th></th></tr>
 </thead><tbody id="tree"></tbody></table></div>
 <p class="muted"><a href="{html.escape(base)}metrics">/metrics</a> (Prometheus)</p>
-<script>{_page_script(base, "", base + "events")}{_COMMON_JS}{APPLY_JS}{_TREE_JS}{_LIVE_JS}</script></body></html>"""
+<script>{_page_script(base, "", base + "events")}{_COMMON_JS}{_PATCHED_JS}{_TREE_JS}{_LIVE_JS}</script></body></html>"""
 
 
 def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
@@ -950,5 +960,5 @@ def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
 <h2>loadout</h2><div id="graph" class="scroll live">{first["svg"]}</div>
 <h2>now</h2><div class="scroll live"><table id="facts"></table></div>
 <h2>events (newest first)</h2><div class="scroll live"><table><tbody id="feed"></tbody></table></div>
-<script>{_page_script(base, f"cast/{sid}/{cast_id}", events_url)}{_COMMON_JS}{_CAST_JS}{_LIVE_JS}</script>
+<script>{_page_script(base, f"cast/{sid}/{cast_id}", events_url)}{_COMMON_JS}{_PATCHED_JS}{_CAST_JS}{_LIVE_JS}</script>
 </body></html>"""

@@ -8,8 +8,8 @@ files a cast already wrote.
 
 Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream (the whole document
 when it opens, then what changed: :mod:`castor.console.delta`); ``/cast/<sid>/<cast_id>``
-one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream (``?probe``:
-answered as the stream would be, without it);
+one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream (the whole
+document first, then what changed, as ``/events``; ``?probe``: answered as the stream would be, without it);
 ``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text; ``/favicon.ico`` an empty ``204``,
 with or without the token (a browser asks every host for it, outside the cookie's path).
 
@@ -165,8 +165,7 @@ class ConsoleServer:
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._tree_lock = threading.Lock()
         self._tree_taken = 0.0  # when the newest version was taken (monotonic)
-        self._versions: dict[int, dict[str, Any]] = {}  # the newest KEPT_VERSIONS anchored documents
-        self._texts: dict[int | None, str] = {}  # base version (None: whole) -> the newest version's event
+        self._tree = delta.Versions(KEPT_VERSIONS)  # the main stream's, shared by every open page
         console = self
 
         class Handler(_Handler):
@@ -214,31 +213,18 @@ class ConsoleServer:
 
     def tree_event(self, since: int | None) -> tuple[int, str]:
         """The main stream's next event for a stream that last sent version ``since`` (None: none
-        yet), and the version it brings the page to, as JSON text: ``{"v": N, "base": since,
-        "patch": ...}``, what changed since (see :mod:`castor.console.delta`), while ``since`` is
-        one of the :data:`KEPT_VERSIONS` newest; else ``{"v": N, "full": ...}``, the whole anchored
-        document. A version is taken at most once a push interval and shared by every open page,
-        and so is each event's text: several watchers cost one snapshot a push and one
+        yet), and the version it brings the page to, as JSON text (:class:`delta.Versions`: what
+        changed since ``since`` while it is one of the :data:`KEPT_VERSIONS` newest, else the whole
+        anchored document). A version is taken at most once a push interval and shared by every open
+        page, and so is each event's text: several watchers cost one snapshot a push and one
         serialisation of each event (at 1,000 casts the whole document is about 2.5 MB, some 25 ms
         of the process's time to write; a patch, what moved in a second)."""
         with self._tree_lock:
-            newest = max(self._versions, default=0)
-            if not self._versions or time.monotonic() - self._tree_taken >= PUSH_INTERVAL_S * 0.8:
+            if self._tree.newest == 0 or time.monotonic() - self._tree_taken >= PUSH_INTERVAL_S * 0.8:
                 moments: dict[int, float] = {}
-                doc = pages.tree_data(self.runtime, moments)
-                newest += 1
-                self._versions[newest] = delta.anchor(doc, doc["at"], self._versions.get(newest - 1), moments)
-                self._versions.pop(newest - KEPT_VERSIONS, None)
-                self._texts = {}
+                self._tree.add(pages.tree_data(self.runtime, moments), moments)
                 self._tree_taken = time.monotonic()
-            base = since if since in self._versions else None
-            text = self._texts.get(base)
-            if text is None:
-                current = self._versions[newest]
-                event = ({"v": newest, "full": current} if base is None else
-                         {"v": newest, "base": base, "patch": delta.patch(self._versions[base], current)})
-                text = self._texts[base] = json.dumps(event)
-            return newest, text
+            return self._tree.event(since)
 
     def allowed_hosts(self) -> set[str]:
         names = {self.host, "localhost"}
@@ -258,6 +244,19 @@ def _tree_events(console: ConsoleServer) -> Callable[[], str]:
         nonlocal sent
         sent, text = console.tree_event(sent)
         return text
+
+    return produce
+
+
+def _cast_events(runtime: Any, sid: str, cast_id: str) -> Callable[[], str]:
+    """The events of one cast page's stream, as the main stream's are (:class:`delta.Versions`,
+    one a stream): the whole document first, then what changed since the previous push. A page
+    that misses one reconnects, and a new stream starts whole."""
+    versions = delta.Versions(2)  # the version the stream sent last, and the newest
+
+    def produce() -> str:
+        versions.add(pages.cast_data(runtime, sid, cast_id))
+        return versions.event(versions.newest - 1 or None)[1]
 
     return produce
 
@@ -609,7 +608,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
             sid, cast_id = pages.check_ids(parts[2], parts[3])
             pages.cast_data(runtime, sid, cast_id)  # an unknown cast is a 404 here, as its page is
-            self._stream(lambda: json.dumps(pages.cast_data(runtime, sid, cast_id)), probe=probe)
+            self._stream(_cast_events(runtime, sid, cast_id), probe=probe)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 

@@ -583,3 +583,32 @@ def test_a_session_whose_artifact_dir_leads_out_of_its_project_says_why_its_save
         "const li = document.querySelector('#attention li[data-trouble=\"/root/session/outside\"]');"
         " return li && li.textContent")
     assert item and "artifactDir must stay inside the project" in item, item
+
+
+def test_a_casts_page_applies_what_changed_and_a_page_that_missed_a_push_starts_whole_again(browser, busy_console):
+    """A cast's page was sent its whole document every second. Its stream sends it once now, then
+    what changed, which the page applies: after a restart of the cast (new events in its feed, its
+    actor's restart) it shows what a whole push says. A page that missed a push (here: told it holds
+    another version) reconnects, and its new stream starts whole."""
+    live = busy_console
+    sid, cast_id = "session-2", live.casts["session-2"][0]
+    browser.get(f"{live.url}cast/{sid}/{cast_id}?token={live.token}")
+    wait_for(lambda: (browser.execute_script("return heldVersion") or 0) >= 2, timeout=15, what="a patched push")
+    feed = browser.execute_script("return held.events.map(e => e.event_id)")
+    live.client.call("ops.fault", {"kind": "kill", "path": f"/root/session/{sid}/cast/{cast_id}"}, timeout=10)
+    wait_for(lambda: browser.execute_script("return held.events.map(e => e.event_id)") != feed, timeout=15,
+             what="the restart's events in the page's feed")
+    shown = browser.execute_script("return document.getElementById('feed').rows.length")
+    assert shown == browser.execute_script("return held.events.length")
+    browser.execute_script("window.missed = source; heldVersion = -1")  # as if a push had been missed
+    wait_for(lambda: browser.execute_script("return source !== window.missed && heldVersion > 0"), timeout=15,
+             what="a new stream, started whole")
+    whole = browser.execute_async_script("""const done = arguments[arguments.length - 1];
+        const beside = new EventSource(EVENTS_URL);
+        beside.onmessage = ev => { beside.close(); done(JSON.parse(ev.data).full); };
+        beside.onerror = () => { beside.close(); done(null); };""")
+    held = browser.execute_script("return held")
+    for key in ("cast_id", "phase", "current_socket", "svg", "events"):
+        assert held[key] == whole[key], key
+    assert not browser.execute_script(STALE_JS)
+    assert browser_errors(browser) == []

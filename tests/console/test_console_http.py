@@ -92,7 +92,7 @@ def test_the_cast_page_and_its_stream_carry_the_graph_feed_and_usage(busy_consol
     line = b""
     while not line.startswith(b"data: "):
         line = response.fp.readline()
-    doc = json.loads(line[6:])
+    doc = json.loads(line[6:])["full"]  # a stream starts with the whole document
     conn.close()
     assert doc["cast_id"] == cast_id and doc["current_socket"] and doc["active"] is True
     assert f'data-socket="{doc["current_socket"]}"' in doc["svg"]
@@ -940,3 +940,61 @@ def test_the_main_stream_sends_the_whole_tree_once_then_only_what_changed(monkey
         stream.close()
         console.stop()
         runtime.shutdown(10)
+
+
+def test_a_cast_page_s_stream_sends_the_whole_document_once_then_only_what_changed(busy_console):
+    """A cast page's stream pushed its whole document every second (the graph, 40 events, its actor's
+    snapshot), though nearly nothing of it changes. It starts whole now and then sends what changed,
+    as the main stream does: a second in which nothing happened is the push's time alone, and an
+    agent turn that ends is its new events. What the page holds after every patch is what a whole
+    push says."""
+    from castor.console import delta
+
+    live = busy_console
+    sid, cast_id = "session-3", live.casts["session-3"][0]
+    parsed = urlsplit(live.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    conn.request("GET", f"/events/cast/{sid}/{cast_id}", headers=_auth(live.url))
+    response = conn.getresponse()
+    assert response.status == 200
+
+    def pushed() -> tuple[bytes, dict]:
+        line = b""
+        while not line.startswith(b"data: "):
+            line = response.fp.readline()
+        return line, json.loads(line[6:])
+
+    try:
+        first, whole = pushed()
+        assert "full" in whole and whole["full"]["cast_id"] == cast_id, first[:200]
+        held, version = whole["full"], whole["v"]
+        line, push = pushed()
+        assert push["base"] == version and len(line) < len(first) / 20, line[:300]
+        held, version = delta.apply(held, push["patch"]), push["v"]
+        turn = live.client.call("cast.status", {"session_id": sid, "cwd": str(live.projects[sid]),
+                                                "cast_id": cast_id}, timeout=20)
+        assert turn["status"] == "active"
+        before = len(held["events"])
+        live.client.call("ops.fault", {"kind": "kill", "path": f"/root/session/{sid}/cast/{cast_id}"}, timeout=10)
+        newest = whole["full"]["events"][-1]["event_id"]
+        ends = time.monotonic() + 15
+        while held["events"][-1]["event_id"] == newest:  # the restart's events arrive as patches adding them
+            assert time.monotonic() < ends, "no new event in the cast's feed after its restart"
+            line, push = pushed()
+            assert "patch" in push and push["base"] == version, line[:300]
+            held, version = delta.apply(held, push["patch"]), push["v"]
+        assert "add" in push["patch"]["patch"]["events"], push  # the events that joined, not the feed again
+        assert len(held["events"]) >= before and len(line) < len(first), line[:300]
+    finally:
+        conn.close()
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    conn.request("GET", f"/events/cast/{sid}/{cast_id}", headers=_auth(live.url))
+    response = conn.getresponse()
+    try:
+        _line, again = pushed()  # a new stream (a page that reconnects) starts whole
+    finally:
+        conn.close()
+    now = again["full"]
+    for key in ("cast_id", "phase", "current_socket", "visits", "svg", "request", "usage"):
+        assert held[key] == now[key], key
+    assert held["events"] == now["events"][-len(held["events"]):] or held["events"][-1] in now["events"]
