@@ -18,6 +18,7 @@ from typing import Any
 
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.adapters.materia.config_loader import ResolvedConfigCache
+from castor.adapters.materia.state_store import list_page
 from castor.console.delta import AGES, APPLY_JS, COUNTDOWNS
 from castor.console.terminal import session_casts
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
@@ -36,18 +37,24 @@ _RUN_DIRS: dict[tuple[str, str], str] = {}
 #: Casts that ended while the console was watched (seen live, then gone), per open session, the
 #: newest last: their outcome read once from their state file. Kept while the session is open.
 _ENDED: dict[str, dict[str, dict[str, Any]]] = {}
-#: Ended casts remembered per session (the oldest go first).
+#: Casts not running here listed per session (the newest; the rest are on its project's cast list,
+#: ``/casts/<session>``, a page at a time), and as many again that need attention.
 MAX_ENDED_PER_SESSION = 20
-#: The newest casts of an open session's cast index read for the ones that failed since it opened
-#: (whether or not a page watched): a failure no page saw is listed too.
-FAILED_SCAN = 100
-#: Seconds a session's failed casts read from its cast index stand before it is read again (a
-#: cast that fails while a page watches is listed at the next push, from its actor going).
-FAILED_REREAD_S = 5.0
-#: Per open session: when it opened (epoch seconds), and its failed casts read from its cast
-#: index with when they were read.
+#: The newest casts of an open session's project read for the ones not running here (ended,
+#: whether or not a page watched, or left by another runtime), each with its status: a cast that
+#: ended before any page opened is listed too, and those that failed since the session opened
+#: need attention.
+SAVED_SCAN = 100
+#: Seconds a project's casts read from its cast index stand before they are read again (a cast
+#: that ends while a page watches is listed at the next push, from its actor going).
+SAVED_REREAD_S = 5.0
+#: Casts of one project's cast list page (``/casts/<session>``).
+CASTS_PAGE = 100
+#: Per open session: when it opened (epoch seconds).
 _OPENED: dict[str, float] = {}
-_FAILED: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+#: Per artifact root read: when, the newest :data:`SAVED_SCAN` casts as the page lists them, and
+#: how many casts it holds in all. Kept while an open session reads it.
+_SAVED: dict[str, tuple[float, list[dict[str, Any]], int]] = {}
 #: Per open session whose artifact root castor refuses (an ``artifactDir`` leading out of its
 #: project): why, as ``castor casts`` says it; its saved casts are not read.
 _REFUSED: dict[str, str] = {}
@@ -80,10 +87,10 @@ def artifact_root(runtime: Any, sid: str) -> Path:
     return root
 
 
-def check_ids(sid: str, cast_id: str) -> tuple[str, str]:
-    """Both ids are actor path segments (``invalid_params`` otherwise, a 400): no path tricks."""
+def check_ids(*ids: str) -> tuple[str, ...]:
+    """Each id is an actor path segment (``invalid_params`` otherwise, a 400): no path tricks."""
     try:
-        return check_segment(sid), check_segment(cast_id)
+        return tuple(check_segment(ident) for ident in ids)
     except Forbidden as exc:  # the registry's refusal; in a URL it is a bad request, not a forbidden one
         raise InvalidParams(exc.message, data={"reason": "invalid_id"}) from None
 
@@ -99,9 +106,10 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
     open_ids = {ctx.info.session_id for ctx in runtime.sessions()}
     for key in [key for key in _RUN_DIRS if key[0] not in open_ids]:
         _RUN_DIRS.pop(key, None)
-    for table in (_ENDED, _OPENED, _FAILED, _REFUSED):
+    for table in (_ENDED, _OPENED, _REFUSED):
         for sid in [sid for sid in table if sid not in open_ids]:
             table.pop(sid, None)
+    roots_read: set[str] = set()
     live: set[tuple[str, str]] = set()
     for actor in actors:
         if actor["kind"] == "CastActor":
@@ -118,13 +126,22 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
     _note_ended(live)
     sessions = session_casts(actors)
     uptimes = {a["path"]: a.get("uptime_s") for a in actors}
+    running = {cast_id for _sid, cast_id in live}
     for session in sessions:
         sid = session["session_id"]
-        ended = list(reversed(_ENDED.get(sid, {}).values()))
-        seen = {c["cast_id"] for c in ended} | {c["cast_id"] for c in session["casts"]}
-        failed = [c for c in _failed_since_open(runtime, sid, uptimes.get(session["path"])) if c["cast_id"] not in seen]
-        session["ended"] = sorted(ended + failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
+        ended = [{**c, "attention": c["status"] == "failed"} for c in reversed(_ENDED.get(sid, {}).values())]
+        seen = {c["cast_id"] for c in ended} | running
+        saved, total = _saved_casts(runtime, sid, uptimes.get(session["path"]), roots_read)
+        saved = [c for c in saved if c["cast_id"] not in seen]
+        listed = sorted(ended + saved, key=lambda c: -c["ended_at"])
+        # the newest, and those that need attention (failed since the session opened) as many again
+        shown = listed[:MAX_ENDED_PER_SESSION]
+        shown += [c for c in listed[MAX_ENDED_PER_SESSION:] if c["attention"]][:MAX_ENDED_PER_SESSION]
+        session["ended"] = shown
+        session["casts_total"] = total
         session["casts_refused"] = _REFUSED.get(sid)
+    for root in [root for root in _SAVED if root not in roots_read]:
+        _SAVED.pop(root, None)
     if moments is not None:  # a session's cast shows its actor's figures, read when its actor's were
         read_at = {actor["path"]: moments[id(actor)] for actor in actors if id(actor) in moments}
         for session in sessions:
@@ -171,46 +188,61 @@ def _note_ended(live: set[tuple[str, str]]) -> None:
             del ended[next(iter(ended))]
 
 
-def _failed_since_open(runtime: Any, sid: str, uptime_s: float | None) -> list[dict[str, Any]]:
-    """The casts of session ``sid`` that failed since it opened, as its cast index has them (the
-    newest :data:`FAILED_SCAN` casts of its project read, at most :data:`MAX_ENDED_PER_SESSION`
-    kept, read again after :data:`FAILED_REREAD_S`): what castor knows whether or not a page was
-    open when they failed. None while the session's casts cannot be read."""
-    from castor.adapters.materia.state_store import list_page
-
+def _saved_casts(runtime: Any, sid: str, uptime_s: float | None,
+                 roots_read: set[str] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """The newest casts of session ``sid``'s project (its artifact root, and the roots of its casts
+    seen live), :data:`SAVED_SCAN` of each root as its cast index lists them, read again after
+    :data:`SAVED_REREAD_S` (one read a root, whatever the sessions on it), each with its status, how
+    it ended and when (its last save), ``attention`` when it failed since the session opened; and
+    how many casts the artifact root holds in all. None while the session's casts cannot be read;
+    ``roots_read`` gets the roots read or kept."""
     now = time.time()
-    read = _FAILED.get(sid)
-    if read is not None and now - read[0] < FAILED_REREAD_S:
-        return read[1]
     if sid not in _OPENED and isinstance(uptime_s, (int, float)):
         _OPENED[sid] = now - uptime_s
     opened = _OPENED.get(sid)
-    failed: list[dict[str, Any]] = []
     _REFUSED.pop(sid, None)
+    main: Path | None = None
     try:
-        roots = {artifact_root(runtime, sid)}
+        main = artifact_root(runtime, sid)
     except Forbidden as exc:  # as castor casts refuses it: said on the session's card
-        roots = set()
         _REFUSED[sid] = exc.message[:MAX_REASON_CHARS]
     except Exception:  # noqa: BLE001 - a session closing: none read from its config
-        roots = set()
-    roots |= {Path(run_dir).parent for (known, _cast), run_dir in list(_RUN_DIRS.items()) if known == sid}
-    for root in roots:
-        try:
-            page = list_page(root, limit=FAILED_SCAN)
-        except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
-            continue
-        for cast in page.casts:
-            ended_at = _epoch(cast.updated_at)
-            if cast.status != "failed" or opened is None or ended_at is None or ended_at < opened:
+        pass
+    roots = {str(main)} if main is not None else set()
+    roots |= {str(Path(run_dir).parent) for (known, _cast), run_dir in list(_RUN_DIRS.items()) if known == sid}
+    listed: dict[str, dict[str, Any]] = {}
+    total = 0
+    for root in sorted(roots):
+        if roots_read is not None:
+            roots_read.add(root)
+        read = _SAVED.get(root)
+        if read is None or now - read[0] >= SAVED_REREAD_S:
+            try:
+                page = list_page(root, limit=SAVED_SCAN)
+            except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
                 continue
-            reason = cast.failed_reason
-            failed.append({"cast_id": cast.cast_id, "status": cast.status,
-                           "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
-                           "phase": "failed", "ended_at": ended_at})
-    failed = sorted(failed, key=lambda c: -c["ended_at"])[:MAX_ENDED_PER_SESSION]
-    _FAILED[sid] = (now, failed)
-    return failed
+            read = _SAVED[root] = (now, [_saved_row(cast) for cast in page.casts]
+                                   + [_unreadable_row(problem) for problem in page.problems], page.total)
+        if main is not None and root == str(main):
+            total = read[2]
+        for cast in read[1]:
+            attention = cast["status"] == "failed" and opened is not None and cast["ended_at"] >= opened
+            listed.setdefault(cast["cast_id"], {**cast, "attention": attention})
+    return sorted(listed.values(), key=lambda c: -c["ended_at"]), total
+
+
+def _saved_row(cast: Any) -> dict[str, Any]:
+    """A cast of a project's listing (a ``CastSummary``) as the page lists it."""
+    reason = cast.failed_reason
+    return {"cast_id": cast.cast_id, "status": cast.status,
+            "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
+            "phase": cast.current_socket, "ended_at": _epoch(cast.updated_at) or 0.0}
+
+
+def _unreadable_row(problem: Any) -> dict[str, Any]:
+    """A run directory of a project's listing whose state castor cannot read, as the page lists it."""
+    return {"cast_id": problem.cast_id, "status": "unreadable", "reason": str(problem.reason)[:MAX_REASON_CHARS],
+            "phase": problem.current_socket, "ended_at": 0.0}
 
 
 def _epoch(iso: str) -> float | None:
@@ -677,8 +709,13 @@ function budget(a) { const b = a.restart_budget; if (!b || !b.restarts) return '
   return b.applies_to === 'children' ? 'children: ' + used + ' before it fails' : used + ' before it is given up'; }
 function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value)));
   const b = $('span', {class: 'bar ' + cls, style: 'width:' + w + 'px'}); return b; }
-// How a cast that ended while the page watched ended: its status, and its failure's reason.
-const ended = c => 'ended ' + c.status + (c.reason ? ': ' + c.reason : '') + ' at ' + clock(c.ended_at * 1000);
+// How a cast not running here stands, as its state file says: how it ended (its status, its
+// failure's reason) and when; a cast that has not ended (another castor's, or one left when its
+// castor stopped), its status as of its last save; a run directory castor cannot read, why.
+const ENDED = new Set(['complete', 'failed', 'aborted']);
+const ended = c => c.status === 'unreadable' ? 'unreadable: ' + c.reason
+  : (ENDED.has(c.status) ? 'ended ' + c.status : c.status + ', not running here') + (c.reason ? ': ' + c.reason : '') +
+    (ENDED.has(c.status) ? ' at ' : ', last saved at ') + clock(c.ended_at * 1000);
 const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
 // Why an actor needs a look now and how long ago that began ([text, age in s or null]), or null
 // (the rules are the docs' "needs attention").
@@ -745,7 +782,7 @@ function render(doc) {
       troubled.push([{path: '/root/session/' + s.session_id, kind: ''},
                      ['saved casts not read: ' + s.casts_refused, null]]);
   for (const s of doc.sessions)
-    for (const c of (s.ended || []).filter(c => c.status === 'failed'))
+    for (const c of (s.ended || []).filter(c => c.attention))  // failed since the session opened
       troubled.push([{path: '/root/session/' + s.session_id + '/cast/' + c.cast_id, kind: 'CastActor'},
                      [ended(c), Math.max(0, doc.at - c.ended_at)]]);
   announceAttention(troubled.map(([a]) => a.path));
@@ -785,8 +822,13 @@ function render(doc) {
                 $('span', {}, ' ' + ended(c), MAX_REASON));
       ul.append(li);
     }
-    if ((s.ended || []).length > MAX_CARD_ENDED)
-      ul.append($('li', {class: 'muted'}, (s.ended.length - MAX_CARD_ENDED) + ' more ended casts'));
+    // every cast of its project, a page at a time (castor casts lists the same)
+    if (s.casts_total) {
+      const all = $('li', {class: 'muted'});
+      all.append($('a', {href: BASE + 'casts/' + encodeURIComponent(s.session_id), 'data-all-casts': ''},
+                   'all ' + s.casts_total + ' casts of its project'));
+      ul.append(all);
+    }
     if (s.casts.length > MAX_CARD_CASTS)
       ul.append($('li', {class: 'muted'}, (s.casts.length - MAX_CARD_CASTS) + ' more casts (filter the tree below)'));
     if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts running'));
@@ -961,4 +1003,44 @@ def cast_page(runtime: Any, sid: str, cast_id: str, base: str = "/") -> str:
 <h2>now</h2><div class="scroll live"><table id="facts"></table></div>
 <h2>events (newest first)</h2><div class="scroll live"><table><tbody id="feed"></tbody></table></div>
 <script>{_page_script(base, f"cast/{sid}/{cast_id}", events_url)}{_COMMON_JS}{_PATCHED_JS}{_CAST_JS}{_LIVE_JS}</script>
+</body></html>"""
+
+
+def casts_page(runtime: Any, sid: str, base: str = "/", cursor: str | None = None) -> str:
+    """Every cast of session ``sid``'s project, :data:`CASTS_PAGE` at a time (newest id first, then
+    the run directories castor cannot read, as ``castor casts`` lists them; ``cursor``: where the
+    previous page ended, ``invalid_params`` when it is no cursor), each with its status, socket,
+    last save and failure's reason, linked to its page. Not live: the listing as it is when asked.
+    ``not_found`` once the session closed; ``forbidden`` when its artifact root leads out of its
+    project."""
+    from urllib.parse import quote
+
+    try:
+        runtime.session(sid)
+    except NotFound:
+        raise NotFound(f"no open session {sid}", data={"session_id": sid, "reason": "session_closed"}) from None
+    root = artifact_root(runtime, sid)
+    page = list_page(root, limit=CASTS_PAGE, cursor=cursor)
+    e = visible_html
+    rows = []
+    for cast in page.casts:
+        href = f"{base}cast/{quote(sid, safe='')}/{quote(cast.cast_id, safe='')}"
+        rows.append(f'<tr data-cast="{e(cast.cast_id)}"><td><a href="{html.escape(href)}">{e(cast.cast_id)}</a></td>'
+                    f'<td class="state-{e(cast.status)}">{e(cast.status)}</td><td>{e(cast.current_socket or "-")}</td>'
+                    f'<td>{e(cast.updated_at)}</td>'
+                    f'<td class="long">{e(str(cast.failed_reason or "")[:MAX_REASON_CHARS])}</td>'
+                    f'<td class="long muted">{e(str(cast.request or "")[:MAX_CELL_CHARS])}</td></tr>')
+    for problem in page.problems:
+        rows.append(f'<tr data-cast="{e(problem.cast_id)}"><td>{e(problem.cast_id)}</td><td>unreadable</td>'
+                    f'<td>{e(problem.current_socket or "-")}</td><td>-</td>'
+                    f'<td class="long">{e(str(problem.reason)[:MAX_REASON_CHARS])}</td><td></td></tr>')
+    here = f"{base}casts/{quote(sid, safe='')}"
+    more = (f'<p><a data-next href="{html.escape(here + "?cursor=" + quote(page.next_cursor, safe=""))}">'
+            f'the next {CASTS_PAGE}</a></p>' if page.next_cursor else "")
+    return f"""<!doctype html><html><head>{_HEAD}<title>casts of session {e(sid)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>casts of session {e(sid)}</h1><div><a href="{html.escape(base)}">← all actors</a> · {page.total} casts under
+{e(str(root))}, newest first (as <code>castor casts</code> lists them){" · from " + e(cursor) if cursor else ""}</div>
+<div class="scroll"><table><thead><tr><th>cast</th><th>status</th><th>socket</th><th>last saved</th>
+<th>failed</th><th>request</th></tr></thead><tbody id="casts">{"".join(rows)}</tbody></table></div>{more}
 </body></html>"""

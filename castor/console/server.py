@@ -8,7 +8,8 @@ files a cast already wrote.
 
 Routes: ``/`` the tree, sessions, casts and workers; ``/events`` their stream (the whole document
 when it opens, then what changed: :mod:`castor.console.delta`); ``/cast/<sid>/<cast_id>``
-one cast (its graph, event feed, usage) and ``/events/cast/<sid>/<cast_id>`` its stream (the whole
+one cast (its graph, event feed, usage); ``/casts/<sid>`` every cast of the session's project, a page at
+a time (``?cursor=``); and ``/events/cast/<sid>/<cast_id>`` its stream (the whole
 document first, then what changed, as ``/events``; ``?probe``: answered as the stream would be, without it);
 ``/api/actors`` one JSON snapshot; ``/metrics`` Prometheus text; ``/favicon.ico`` an empty ``204``,
 with or without the token (a browser asks every host for it, outside the cookie's path).
@@ -605,6 +606,11 @@ class _Handler(BaseHTTPRequestHandler):
             sid, cast_id = pages.check_ids(parts[1], parts[2])
             self._send(HTTPStatus.OK, pages.cast_page(runtime, sid, cast_id, console.base).encode(),
                        "text/html; charset=utf-8")
+        elif len(parts) == 2 and parts[0] == "casts":
+            (sid,) = pages.check_ids(parts[1])
+            cursors = query.get("cursor")
+            self._send(HTTPStatus.OK, pages.casts_page(runtime, sid, console.base, cursors[0] if cursors else None)
+                       .encode(), "text/html; charset=utf-8")
         elif len(parts) == 4 and parts[:2] == ["events", "cast"]:
             sid, cast_id = pages.check_ids(parts[2], parts[3])
             pages.cast_data(runtime, sid, cast_id)  # an unknown cast is a 404 here, as its page is

@@ -612,3 +612,37 @@ def test_a_casts_page_applies_what_changed_and_a_page_that_missed_a_push_starts_
         assert held[key] == whole[key], key
     assert not browser.execute_script(STALE_JS)
     assert browser_errors(browser) == []
+
+
+def test_an_operator_who_opens_the_console_after_a_cast_ended_finds_it_whatever_its_status(browser, busy_console):
+    """The page listed a cast a page had not seen live only when it had failed: one aborted (or
+    complete) before the operator opened the console was on no card and nowhere else. A session's
+    card lists its project's casts not running here with their status, and links to every cast of
+    the project, a page at a time; an aborted cast needs no attention, so it is not listed there."""
+    live = busy_console
+    sid = "aborted-unwatched"
+    project, turns = _session_of_its_own(live, sid)
+    cast_id = live.client.call("cast.start", {"session_id": sid, "cwd": str(project), "request": "r"},
+                               timeout=20)["cast_id"]
+    wait_for(lambda: turns, timeout=20, what="its agent turn")
+    live.client.call("cast.abort", {"session_id": sid, "cwd": str(project), "cast_id": cast_id}, timeout=20)
+    wait_for(lambda: live.client.call("cast.status", {"session_id": sid, "cwd": str(project), "cast_id": cast_id},
+                                      timeout=20).get("status") == "aborted", timeout=20, what="the cast aborted")
+    browser.get(f"{live.url}?token={live.token}")  # the first page opened since it ended
+    _first_push(browser)
+    line = wait_for(lambda: browser.execute_script(
+        f"const li = document.querySelector('[data-session=\"{sid}\"] li[data-ended=\"{cast_id}\"]');"
+        " return li && li.textContent"), timeout=15, what="the aborted cast on its session's card")
+    assert f"{cast_id} ended aborted" in line, line
+    assert browser.execute_script(
+        f"return document.querySelector('#attention li[data-trouble$=\"/cast/{cast_id}\"]')") is None
+    browser.execute_script(f"document.querySelector('[data-session=\"{sid}\"] a[data-all-casts]').click()")
+    row = wait_for(lambda: browser.execute_script(
+        f"const tr = document.querySelector('#casts tr[data-cast=\"{cast_id}\"]');"
+        " return tr && Array.from(tr.cells).map(td => td.textContent)"), timeout=15, what="the project's cast list")
+    assert row[:2] == [cast_id, "aborted"], row
+    browser.execute_script(f"document.querySelector('#casts tr[data-cast=\"{cast_id}\"] a').click()")
+    wait_for(lambda: browser.execute_script(STATUS_JS).startswith("updated"), timeout=15,
+             what="the aborted cast's page")
+    assert browser.execute_script("return held.cast_id") == cast_id
+    assert browser_errors(browser) == []

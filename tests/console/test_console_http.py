@@ -765,10 +765,12 @@ def test_a_stream_probe_answers_as_the_stream_would_and_holds_no_slot(monkeypatc
         runtime.shutdown(10)
 
 
-def test_a_session_s_failed_casts_read_from_their_states_are_bounded_and_only_since_it_opened(tmp_path):
-    """The casts a page lists as failed without having watched them fail are read from the
-    session's casts' states: the newest ones that failed since the session opened, at most
-    MAX_ENDED_PER_SESSION of them; a cast of the project that failed before is not listed."""
+def test_a_project_s_casts_are_listed_whatever_their_status_and_need_attention_when_failed_since_open(tmp_path):
+    """The casts a page lists without having watched them end are read from the session's
+    project's casts' states, whatever their status (it listed failed ones alone: an operator who
+    opened the console after a cast completed or was aborted found it nowhere): the newest
+    SAVED_SCAN. Those that failed since the session opened need attention; one that failed before,
+    or ended otherwise, does not."""
     from types import SimpleNamespace
 
     from castor.adapters.fs import project_artifact_root
@@ -787,17 +789,24 @@ def test_a_session_s_failed_casts_read_from_their_states_are_bounded_and_only_si
                              "updatedAt": now - 100 + n}, incarnation=store.claim(cast_id))
     store.save("b000", {"version": 2, "active": False, "phase": "failed", "failedReason": "long ago",
                         "updatedAt": now - 7200}, incarnation=store.claim("b000"))
+    store.save("d000", {"version": 2, "active": False, "phase": "complete", "updatedAt": now - 50},
+               incarnation=store.claim("d000"))
+    store.save("d001", {"version": 2, "active": False, "phase": "failed", "failedReason": "aborted by user",
+                        "updatedAt": now - 40}, incarnation=store.claim("d001"))
     session = SimpleNamespace(info=SimpleNamespace(cwd=str(project), flags={}))
     runtime = SimpleNamespace(session=lambda sid: session, artifact_root_for=project_artifact_root)
     try:
-        failed = pages._failed_since_open(runtime, "s-bounded", uptime_s=3600.0)
+        listed, total = pages._saved_casts(runtime, "s-bounded", uptime_s=3600.0)
     finally:
-        pages._FAILED.pop("s-bounded", None)
+        pages._SAVED.clear()
         pages._OPENED.pop("s-bounded", None)
-    assert len(failed) == pages.MAX_ENDED_PER_SESSION
+    assert total == pages.MAX_ENDED_PER_SESSION + 8
+    by_id = {c["cast_id"]: c for c in listed}
+    assert len(listed) == total and by_id["d000"]["status"] == "complete" and by_id["d001"]["status"] == "aborted"
+    assert [c["cast_id"] for c in listed if c["attention"]] == \
+        [f"c{n:03d}" for n in range(pages.MAX_ENDED_PER_SESSION + 4, -1, -1)]
     newest = pages.MAX_ENDED_PER_SESSION + 4
-    assert [c["cast_id"] for c in failed] == [f"c{n:03d}" for n in range(newest, 4, -1)]
-    assert failed[0]["status"] == "failed" and failed[0]["reason"] == f"boom {newest}"
+    assert by_id[f"c{newest:03d}"]["reason"] == f"boom {newest}" and not by_id["b000"]["attention"]
 
 
 def _saved_failed_cast(root: Path, cast_id: str, request: str) -> None:
@@ -843,11 +852,11 @@ def test_a_saved_cast_under_a_configured_artifact_dir_is_found_as_castor_casts_f
                                          ui=StderrUi(printer=lambda _line: None)))
         shown = pages.cast_data(runtime, "s-conf", cast_id)
         assert shown["request"] == "under runs" and shown["run_dir"] == str((project / "runs" / cast_id).resolve())
-        failed = pages._failed_since_open(runtime, "s-conf", uptime_s=3600.0)
+        failed, _total = pages._saved_casts(runtime, "s-conf", uptime_s=3600.0)
         assert [c["cast_id"] for c in failed] == [cast_id], failed
     finally:
         pages._RUN_DIRS.pop(("s-conf", cast_id), None)
-        pages._FAILED.pop("s-conf", None)
+        pages._SAVED.clear()
         pages._OPENED.pop("s-conf", None)
         runtime.shutdown(timeout=10)
 
@@ -884,13 +893,13 @@ def test_a_configured_artifact_dir_leading_out_of_the_project_is_refused_as_cast
             pages.cast_data(runtime, "s-out", cast_id)
         assert "SECRET" not in refused.value.message
         assert "artifactDir must stay inside the project" in refused.value.message, refused.value.message
-        assert pages._failed_since_open(runtime, "s-out", uptime_s=3600.0) == []
+        assert pages._saved_casts(runtime, "s-out", uptime_s=3600.0) == ([], 0)
         assert ("s-out", cast_id) not in pages._RUN_DIRS
         (session,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-out"]
         assert "artifactDir must stay inside the project" in session["casts_refused"]  # said on its card
     finally:
         pages._RUN_DIRS.pop(("s-out", cast_id), None)
-        pages._FAILED.pop("s-out", None)
+        pages._SAVED.clear()
         pages._OPENED.pop("s-out", None)
         pages._REFUSED.pop("s-out", None)
         runtime.shutdown(timeout=10)
@@ -998,3 +1007,54 @@ def test_a_cast_page_s_stream_sends_the_whole_document_once_then_only_what_chang
     for key in ("cast_id", "phase", "current_socket", "visits", "svg", "request", "usage"):
         assert held[key] == now[key], key
     assert held["events"] == now["events"][-len(held["events"]):] or held["events"][-1] in now["events"]
+
+
+def test_every_cast_of_a_session_s_project_is_listed_a_page_at_a_time_and_nothing_else_is(tmp_path, monkeypatch):
+    """``/casts/<session>`` lists every cast of the session's project (its main page lists the newest
+    few): CASTS_PAGE at a time, newest first, each with its status and linked to its page, the next
+    page by the cursor ``castor casts`` pages with. An id that is no actor name, a cursor that is no
+    cursor, a closed session and a request without the token are refused; nothing outside the
+    project is named."""
+    import re
+    from urllib.parse import quote
+
+    from castor.console import pages, server
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    root = project / ".pi" / "pi-materia"
+    count = pages.CASTS_PAGE + 7
+    for n in range(count):
+        _saved_failed_cast(root, f"2026-01-01T00-00-{n // 60:02d}-{n % 60:03d}Z", f"request {n}")
+    token = "t0ken-" + "p" * 40
+    runtime = make_runtime()
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    bearer = {"Authorization": f"Bearer {token}"}
+    base = f"http://127.0.0.1:{console.port}{console.base}"
+    try:
+        open_session(runtime, "s-all", project, [])
+        status, page, _ = _get(f"{base}casts/s-all", bearer)
+        assert status == 200, page
+        first = re.findall(r'<tr data-cast="([^"]+)">', page)
+        assert len(first) == pages.CASTS_PAGE and first == sorted(first, reverse=True)
+        assert f'href="{console.base}cast/s-all/{first[0]}"' in page and f"{count} casts under" in page
+        nxt = re.search(r'data-next href="([^"]+)"', page)
+        assert nxt is not None
+        status, rest, _ = _get(f"http://127.0.0.1:{console.port}{nxt.group(1).replace('&amp;', '&')}", bearer)
+        second = re.findall(r'<tr data-cast="([^"]+)">', rest)
+        assert status == 200 and len(first) + len(second) == count and not set(first) & set(second)
+        assert "data-next" not in rest
+        for path, code in ((f"casts/{quote('..', safe='')}", 400), ("casts/a%2Fb", 400), ("casts/s-all/x", 404),
+                           ("casts/s-all?cursor=..%2F..%2Fetc", 400), ("casts/s-all?cursor=0:..", 400),
+                           ("casts/closed", 404), ("casts/%ff%fe", 400)):
+            status, body, _ = _get(base + path, bearer)
+            assert status == code, (path, status, body)
+            assert str(tmp_path) not in body, (path, body)
+        status, body, _ = _get(f"{base}casts/s-all")  # no token
+        assert status == 401 and "request 1" not in body
+    finally:
+        console.stop()
+        runtime.shutdown(timeout=10)

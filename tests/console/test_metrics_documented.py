@@ -175,9 +175,10 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
     assert f"the first {pages.MAX_TREE_ROWS} actors its filter" in text
     assert f"a session's card lists {pages.MAX_CARD_CASTS} casts" in text
     assert f"{pages.MAX_CARDS} session cards and {pages.MAX_CARDS} worker cards are drawn" in text
-    assert f"the newest {pages.MAX_CARD_ENDED} of its ended casts, up to {pages.MAX_ENDED_PER_SESSION} a session" \
-           in text
-    assert f"the newest {pages.FAILED_SCAN} under its artifact root, again every {pages.FAILED_REREAD_S:g} s" in text
+    assert (f"the newest {pages.MAX_CARD_ENDED} of its project's casts not running here, up to "
+            f"{pages.MAX_ENDED_PER_SESSION} a session") in text
+    assert f"the newest {pages.SAVED_SCAN} under its artifact root, again every {pages.SAVED_REREAD_S:g} s" in text
+    assert f"every cast of the session's project, {pages.CASTS_PAGE} a page" in text
     assert f"(the first {pages.MAX_ATTENTION}, then how many more)" in text
     assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
