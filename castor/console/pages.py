@@ -436,13 +436,15 @@ def _layers(entry: str, sockets: dict[str, Any]) -> dict[str, int]:
     return layer
 
 
-_HIDDEN = re.compile("[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_HIDDEN = re.compile("[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
 
 
 def visible_html(text: str) -> str:
     """``text`` escaped for HTML, its controls and bidirectional overrides as ``\\uXXXX`` escapes
     (what the pages' ``visible`` does on the client): a socket or materia name with U+202E in it
-    would otherwise display reversed."""
+    would otherwise display reversed. So is a lone surrogate (a project's JSON may hold one as an
+    escape, a file name that is no UTF-8 decodes to them), which no page could be encoded with."""
     return html.escape(_HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text)))
 
 

@@ -1058,3 +1058,52 @@ def test_every_cast_of_a_session_s_project_is_listed_a_page_at_a_time_and_nothin
     finally:
         console.stop()
         runtime.shutdown(timeout=10)
+
+
+def test_a_project_whose_names_are_no_utf8_and_a_cast_with_a_lone_surrogate_are_shown_not_a_500(tmp_path,
+                                                                                                   monkeypatch):
+    """A project whose directory's name is no UTF-8, holding a cast whose hand-written state.json has
+    a lone surrogate (a JSON escape) as its socket, request and failure reason: the project's cast
+    list and the cast's page were 500 (no page can be encoded with a lone surrogate; the cast index
+    could not store the row, which failed the whole listing -- ``castor casts`` too -- so the
+    project's other casts were on no card either). Each is shown with the surrogate as its escape."""
+    import os
+    import re
+
+    from castor.adapters.materia.state_store import list_page
+    from castor.console import pages, server
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = Path(os.fsdecode(os.fsencode(tmp_path) + b"/project-\xff"))
+    project.mkdir()
+    root = project / ".pi" / "pi-materia"
+    hostile, fine = "2026-01-01T00-00-00-001Z", "2026-01-01T00-00-00-000Z"
+    _saved_failed_cast(root, fine, "a fine request")
+    _saved_failed_cast(root, hostile, "REQ")
+    state = root / hostile / "state.json"
+    config = {"pipeline": {"entry": "SOCK", "sockets": {"SOCK": {"socket": {"type": "agent"}, "materia_name": "m"}}}}
+    document = json.loads(state.read_text())
+    document["state"].update({"config": config, "currentSocketId": "SOCK", "visits": {"SOCK": 1},
+                              "failedReason": "REASON"})
+    state.write_text(json.dumps(document).replace("REQ", "r\\ud800").replace("SOCK", "s\\udfff")
+                     .replace("REASON", "why \\udc80"))
+    assert [c.cast_id for c in list_page(root).casts] == [hostile, fine]
+    runtime = make_runtime()
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
+    base = f"http://127.0.0.1:{console.port}/"
+    try:
+        open_session(runtime, "s-utf", project, [])
+        status, page, _ = _get(f"{base}casts/s-utf")
+        assert status == 200, page
+        assert re.findall(r'<tr data-cast="([^"]+)">', page) == [hostile, fine]
+        assert "r\\ud800" in page and "why \\udc80" in page and "project-\\udcff" in page
+        status, page, _ = _get(f"{base}cast/s-utf/{hostile}")
+        assert status == 200 and "s\\udfff" in page, page
+        (session,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-utf"]
+        assert [c["cast_id"] for c in session["ended"]] == [hostile, fine]
+    finally:
+        pages._SAVED.clear()
+        console.stop()
+        runtime.shutdown(timeout=10)

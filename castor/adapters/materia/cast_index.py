@@ -67,6 +67,15 @@ class IndexRow:
     failed_reason: str | None = None  # for an unreadable row: why
     sig: str = ""  # state.json's stat signature when the row was made ("" none)
 
+    def __post_init__(self) -> None:
+        # A hand-written state.json may hold a lone surrogate (a JSON escape), which no UTF-8 text
+        # holds: neither the index could store the row nor a listing print it, so one such cast
+        # failed the whole project's listing. Its texts are kept with the surrogate as its escape.
+        for name in ("current_socket", "updated_at", "request", "failed_reason"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.isascii():
+                object.__setattr__(self, name, storable(value))
+
     @property
     def unreadable(self) -> bool:
         return self.status == "unreadable"
@@ -75,6 +84,16 @@ class IndexRow:
     def key(self) -> tuple[Any, ...]:
         """What a save must change for the row to be rewritten (not the socket, not the time)."""
         return (self.status, self.resumable, self.revivable, self.failed_reason)
+
+
+def storable(text: str) -> str:
+    """``text`` as UTF-8 can hold it: each lone surrogate (which a JSON escape can make, and a file
+    name that is no UTF-8 decodes to) as its ``\\uXXXX`` escape; any other text as it is."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 _COLUMNS = "id, status, resumable, revivable, current_socket, updated_at, request, failed_reason, sig"
