@@ -1107,3 +1107,57 @@ def test_a_project_whose_names_are_no_utf8_and_a_cast_with_a_lone_surrogate_are_
         pages._SAVED.clear()
         console.stop()
         runtime.shutdown(timeout=10)
+
+
+def test_another_local_user_without_the_token_gets_nothing_from_any_route_even_knowing_its_paths(tmp_path,
+                                                                                                  monkeypatch):
+    """Another local user (another uid) reaches the console's loopback port like anyone: without the
+    token every route is 401 -- the project's cast list and a cast's page and stream too, the ones
+    under the console's secret path (as if a link had leaked), ``..`` and encoded tricks -- and no
+    answer carries a byte of a cast's request, a path of the project or a run directory's name."""
+    import os
+
+    from castor.console import server
+    from tests.actors.materia.helpers import make_runtime, open_session
+    from tests.support.other_user import as_another_user
+
+    if os.geteuid() != 0:
+        pytest.skip("running as another user needs root")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    cast_id = "2026-01-01T00-00-00-000Z"
+    _saved_failed_cast(project / ".pi" / "pi-materia", cast_id, "THE SECRET REQUEST")
+    token = "t0ken-" + "o" * 40
+    runtime = make_runtime()
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+    try:
+        open_session(runtime, "s-other", project, [])
+        routes = ["", "events", "api/actors", "metrics", "casts/s-other", f"cast/s-other/{cast_id}",
+                  f"events/cast/s-other/{cast_id}", f"events/cast/s-other/{cast_id}?probe", "casts/s-other?cursor=0:x",
+                  "casts/..", "cast/s-other/..%2f..%2fetc", "casts/s-other?token=", "casts/s-other?%74oken=nope"]
+        paths = [f"/{route}" for route in routes] + [f"{console.base}{route}" for route in routes]
+        port = console.port
+
+        def knock() -> bytes:
+            answers = []
+            for path in paths:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request("GET", path, headers={"Cookie": f"{console.cookie_name}=guess"})
+                response = conn.getresponse()
+                answers.append([path, response.status, response.read(65536).decode(errors="replace")])
+                conn.close()
+            return json.dumps(answers).encode()
+
+        heard = as_another_user(knock)
+    finally:
+        console.stop()
+        runtime.shutdown(timeout=10)
+    assert not heard.startswith(b"RAISED"), heard
+    answers = json.loads(heard)
+    assert [path for path, _status, _body in answers] == paths
+    assert {status for _path, status, _body in answers} == {401}, answers
+    for _path, _status, body in answers:
+        for secret in ("THE SECRET REQUEST", str(tmp_path), cast_id, token, console.base.strip("/")):
+            assert secret not in body, (secret, body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 NOBODY = 65534
@@ -81,3 +81,41 @@ def heard_up_to_our_end(probe: socket.socket, heard_fd: int) -> bytes:
         assert chunk, "the listener went away"
         heard += chunk
     return heard
+
+
+def as_another_user(work: Callable[[], bytes], *, uid: int = NOBODY, timeout_s: float = 60.0) -> bytes:
+    """What ``work`` returns when run by another user (``uid``): a forked child drops to that uid,
+    runs it and hands its bytes back on a pipe (an exception becomes its traceback's last line,
+    prefixed ``RAISED:``). Root-only, as the rest of this module."""
+    import select
+    import traceback
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                out = work()
+            except BaseException:  # noqa: BLE001 - reported to the test, which fails on it
+                out = b"RAISED: " + traceback.format_exc().strip().splitlines()[-1].encode()
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(out)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    got = b""
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], timeout_s)
+            assert ready, "the other user's work did not finish"
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        os.close(read_end)
+        os.waitpid(child, 0)
+    return got
