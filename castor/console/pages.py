@@ -12,10 +12,12 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from castor._log import logger
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.adapters.materia.config_loader import ResolvedConfigCache
 from castor.adapters.materia.state_store import list_page
@@ -23,6 +25,7 @@ from castor.console.delta import AGES, APPLY_JS, COUNTDOWNS
 from castor.console.terminal import session_casts
 from castor.messages.errors import Forbidden, InvalidParams, NotFound
 from castor.supervision.registry import PACE_EVERY, WATCH_PACE_S, check_segment
+from castor.supervision.threads import start_thread
 
 #: Events of a cast's feed shown on its page (the newest).
 FEED_EVENTS = 40
@@ -55,6 +58,15 @@ _OPENED: dict[str, float] = {}
 #: Per artifact root read: when, the newest :data:`SAVED_SCAN` casts as the page lists them, and
 #: how many casts it holds in all. Kept while an open session reads it.
 _SAVED: dict[str, tuple[float, list[dict[str, Any]], int]] = {}
+#: Seconds a push waits for a project's casts being read: a project castor has not listed yet has
+#: no cast index, and building one reads every state.json (seconds for a project of thousands of
+#: casts), which held every open page's push meanwhile. Past it the push goes without them (its
+#: card shows them at a later push); each read is on a thread of its own, one a root at a time.
+SAVED_WAIT_S = 0.25
+#: The roots being read now, each with what is set when its read ends; guarded by _SAVED_LOCK (as
+#: _SAVED is: a page's push and /api/actors read them on threads of their own).
+_READING: dict[str, threading.Event] = {}
+_SAVED_LOCK = threading.Lock()
 #: Per open session whose artifact root castor refuses (an ``artifactDir`` leading out of its
 #: project): why, as ``castor casts`` says it; its saved casts are not read.
 _REFUSED: dict[str, str] = {}
@@ -140,8 +152,9 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
         session["ended"] = shown
         session["casts_total"] = total
         session["casts_refused"] = _REFUSED.get(sid)
-    for root in [root for root in _SAVED if root not in roots_read]:
-        _SAVED.pop(root, None)
+    with _SAVED_LOCK:
+        for root in [root for root in _SAVED if root not in roots_read]:
+            _SAVED.pop(root, None)
     if moments is not None:  # a session's cast shows its actor's figures, read when its actor's were
         read_at = {actor["path"]: moments[id(actor)] for actor in actors if id(actor) in moments}
         for session in sessions:
@@ -215,20 +228,54 @@ def _saved_casts(runtime: Any, sid: str, uptime_s: float | None,
     for root in sorted(roots):
         if roots_read is not None:
             roots_read.add(root)
-        read = _SAVED.get(root)
-        if read is None or now - read[0] >= SAVED_REREAD_S:
-            try:
-                page = list_page(root, limit=SAVED_SCAN)
-            except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
-                continue
-            read = _SAVED[root] = (now, [_saved_row(cast) for cast in page.casts]
-                                   + [_unreadable_row(problem) for problem in page.problems], page.total)
+        read = _saved_of(root, now)
+        if read is None:
+            continue
         if main is not None and root == str(main):
             total = read[2]
         for cast in read[1]:
             attention = cast["status"] == "failed" and opened is not None and cast["ended_at"] >= opened
             listed.setdefault(cast["cast_id"], {**cast, "attention": attention})
     return sorted(listed.values(), key=lambda c: -c["ended_at"]), total
+
+
+def _saved_of(root: str, now: float) -> tuple[float, list[dict[str, Any]], int] | None:
+    """What the newest read of ``root``'s casts found (None before any ended). A read older than
+    :data:`SAVED_REREAD_S` starts another on a thread of its own (unless one runs), which the
+    caller waits for :data:`SAVED_WAIT_S` at most."""
+    with _SAVED_LOCK:
+        read = _SAVED.get(root)
+        if read is not None and now - read[0] < SAVED_REREAD_S:
+            return read
+        ended = _READING.get(root)
+        if ended is None:
+            ended = _READING[root] = threading.Event()
+            start_thread(_read_saved, args=(root, ended), name="castor-console-casts", owner="/console",
+                         purpose="reads a project's casts for the console")
+    if ended.wait(SAVED_WAIT_S):
+        with _SAVED_LOCK:
+            return _SAVED.get(root)
+    return read
+
+
+def _read_saved(root: str, ended: threading.Event) -> None:
+    """Read the newest :data:`SAVED_SCAN` casts of ``root`` into :data:`_SAVED` (a root that cannot be
+    read keeps what an earlier read found, or none), then set ``ended``."""
+    read = None
+    try:
+        page = list_page(root, limit=SAVED_SCAN)
+        read = (time.time(), [_saved_row(cast) for cast in page.casts]
+                + [_unreadable_row(problem) for problem in page.problems], page.total)
+    except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
+        logger.bind(actor="/console").opt(exception=True).debug("console: the casts under {} not read", root)
+    finally:
+        with _SAVED_LOCK:
+            if read is None:  # read again after SAVED_REREAD_S, not at every push meanwhile
+                before = _SAVED.get(root)
+                read = (time.time(), before[1] if before else [], before[2] if before else 0)
+            _SAVED[root] = read
+            _READING.pop(root, None)
+        ended.set()
 
 
 def _saved_row(cast: Any) -> dict[str, Any]:

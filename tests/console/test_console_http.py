@@ -1161,3 +1161,48 @@ def test_another_local_user_without_the_token_gets_nothing_from_any_route_even_k
     for _path, _status, body in answers:
         for secret in ("THE SECRET REQUEST", str(tmp_path), cast_id, token, console.base.strip("/")):
             assert secret not in body, (secret, body)
+
+
+def test_a_project_whose_casts_take_long_to_read_never_holds_the_pages_push(tmp_path, monkeypatch):
+    """A project of thousands of casts castor has not listed yet has no cast index: building it reads
+    every state.json (2.3 s for 5,000 here), and the console read it inside the push, which every open
+    page waits for, holding them all. The push waits SAVED_WAIT_S at most now and goes without that
+    project's casts, which a later push lists once read (on a thread of its own)."""
+    import threading
+
+    from castor.adapters.materia.state_store import list_page
+    from castor.console import pages
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    cast_id = "2026-01-01T00-00-00-000Z"
+    _saved_failed_cast(project / ".pi" / "pi-materia", cast_id, "r")
+    release, reading = threading.Event(), threading.Event()
+
+    def slow_list_page(*args, **kwargs):
+        reading.set()
+        assert release.wait(30)
+        return list_page(*args, **kwargs)
+
+    monkeypatch.setattr(pages, "list_page", slow_list_page)
+    runtime = make_runtime()
+    try:
+        open_session(runtime, "s-slow", project, [])
+        started = time.monotonic()
+        (session,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-slow"]
+        assert time.monotonic() - started < pages.SAVED_WAIT_S + 2.0 and reading.is_set()
+        assert session["ended"] == [] and session["casts_total"] == 0  # not read yet
+        release.set()
+
+        def listed() -> list[str] | None:
+            (now,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-slow"]
+            return [c["cast_id"] for c in now["ended"]] or None
+
+        assert wait_for(listed, timeout=10, what="the project's casts at a later push") == [cast_id]
+    finally:
+        release.set()
+        pages._SAVED.clear()
+        runtime.shutdown(timeout=10)

@@ -179,6 +179,7 @@ def test_the_console_s_bounds_and_attention_rules_are_the_documented_ones():
             f"{pages.MAX_ENDED_PER_SESSION} a session") in text
     assert f"the newest {pages.SAVED_SCAN} under its artifact root, again every {pages.SAVED_REREAD_S:g} s" in text
     assert f"every cast of the session's project, {pages.CASTS_PAGE} a page" in text
+    assert f"a push waits for {pages.SAVED_WAIT_S:g} s at most" in text
     assert f"(the first {pages.MAX_ATTENTION}, then how many more)" in text
     assert f"cut to {pages.MAX_CELL_CHARS} characters" in text and f"up to {pages.MAX_TITLE_CHARS:,}" in text
     assert text.count(f" {pages.STUCK_AFTER_S:g} s or more") == 2
