@@ -871,6 +871,9 @@ function render(doc) {
                 $('span', {}, ' ' + ended(c), MAX_REASON));
       ul.append(li);
     }
+    if (s.casts.length > MAX_CARD_CASTS)
+      ul.append($('li', {class: 'muted'}, (s.casts.length - MAX_CARD_CASTS) + ' more casts (filter the tree below)'));
+    if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts running'));
     // every cast of its project, a page at a time (castor casts lists the same)
     if (s.casts_total) {
       const all = $('li', {class: 'muted'});
@@ -878,9 +881,6 @@ function render(doc) {
                    'all ' + s.casts_total + ' casts of its project'));
       ul.append(all);
     }
-    if (s.casts.length > MAX_CARD_CASTS)
-      ul.append($('li', {class: 'muted'}, (s.casts.length - MAX_CARD_CASTS) + ' more casts (filter the tree below)'));
-    if (!s.casts.length) ul.append($('li', {class: 'muted'}, 'no casts running'));
     card.append(ul); sess.append(card);
   }
   if (doc.sessions.length > MAX_CARDS)
