@@ -29,6 +29,7 @@ from .test_pi_cancellation import (
     STALL_S,
     completes,
     error_toasts,
+    esc_mid_stream,
     events,
     requests_with,
     run_dir,
@@ -504,16 +505,9 @@ def test_esc_mid_stream_after_a_tool_call_step_counts_the_step_and_marks_the_sto
     begin = pi.command("/materia cast build the thing")
     run = run_dir(root)
     wait_request(fake_llm, "BUILDER-MATERIA", n=2)
-    pi.wait_for(lambda e: e.get("type") == "message_update"
-                and (e.get("assistantMessageEvent") or {}).get("type") == "text_delta", start=begin, timeout=15)
-    esc = pi.mark()
-    pi.request({"type": "abort"})
-    assert settled_after(pi, esc)["aborted"] is True
-    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10)
-    usage = json.loads((run / "usage.json").read_text())
-    (stopped,) = [t for t in usage.get("turns", []) if t["socket"] == "Socket-1"]
+    stopped = esc_mid_stream(pi, run, begin, timeout=15)
     assert stopped.get("unreported") == ["tokens"] and stopped["tokens"]["total"] == 15, stopped
-    assert usage["costEstimated"] is True
+    assert stopped["costEstimated"] is True
     fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
     fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
     pi.command("/materia continue")

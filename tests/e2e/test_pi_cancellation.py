@@ -126,6 +126,21 @@ def settled_after(pi: PiRpc, start: int) -> dict[str, Any]:
     return pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start, timeout=10)
 
 
+def esc_mid_stream(pi: PiRpc, run: Path, start: int, *, timeout: float = 10) -> dict[str, Any]:
+    """Press Esc (an RPC abort) once the builder's answer streams (its first text delta since
+    ``start``); returns the stopped turn's usage record (Socket-1) once castor recorded the turn
+    as interrupted."""
+    pi.wait_for(lambda e: e.get("type") == "message_update"
+                and (e.get("assistantMessageEvent") or {}).get("type") == "text_delta", start=start, timeout=timeout)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert settled_after(pi, esc)["aborted"] is True
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10)
+    usage = json.loads((run / "usage.json").read_text())
+    (stopped,) = [t for t in usage.get("turns", []) if t["socket"] == "Socket-1"]
+    return {**stopped, "costEstimated": usage.get("costEstimated")}
+
+
 def esc_during_builder(pi: PiRpc, fake_llm, root: Path) -> Path:
     """Start the cast, stall the builder's model call, press Esc (RPC abort); returns the run dir
     once Pi settled and castor had the turn's end long enough to act on it."""
@@ -418,14 +433,7 @@ def test_j_a_turn_stopped_mid_stream_records_its_usage_as_unknown_not_zero(start
     up(pi)
     fake_llm.reply_text("BUILT-HALF and the rest never sent", when="BUILDER-MATERIA", pause=STALL_S)
     start, run = start_stalled_builder(pi, fake_llm, root)
-    pi.wait_for(lambda e: e.get("type") == "message_update"
-                and (e.get("assistantMessageEvent") or {}).get("type") == "text_delta", start=start, timeout=10)
-    esc = pi.mark()
-    pi.request({"type": "abort"})
-    assert settled_after(pi, esc)["aborted"] is True
-    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10)
-    usage = json.loads((run / "usage.json").read_text())
-    (stopped,) = [t for t in usage.get("turns", []) if t["socket"] == "Socket-1"]
+    stopped = esc_mid_stream(pi, run, start)
     assert stopped.get("unreported") == ["tokens"], stopped
     fake_llm.reply_text("BUILT-AFTER-ESC", when="BUILDER-MATERIA")
     fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")

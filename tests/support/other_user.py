@@ -17,13 +17,10 @@ from pathlib import Path
 NOBODY = 65534
 
 
-@contextlib.contextmanager
-def another_user_listening(address: Path | tuple[str, int], *, uid: int = NOBODY) -> Iterator[tuple[int, int]]:
-    """Another user (``uid``) listening at ``address``: a Unix socket path (made mode ``0777``)
-    or a ``(host, port)`` pair (IPv6 when the host has a colon; port 0 picks a free one).
-
-    Yields ``(port, heard)``: the port bound (0 for a Unix socket) and the read end of the pipe
-    that carries every byte peers send. The listener is killed and reaped on exit."""
+def _fork_as(uid: int) -> tuple[int, int, int]:
+    """Fork with a pipe from the child to the parent: ``(child, read_end, write_end)``. In the child
+    (``child == 0``) the read end is closed and the process runs as ``uid`` (group first: a process
+    that gave up root can no longer change its group); the parent closes the write end itself."""
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
@@ -31,6 +28,21 @@ def another_user_listening(address: Path | tuple[str, int], *, uid: int = NOBODY
             os.close(read_end)
             os.setgid(uid)
             os.setuid(uid)
+        except BaseException:  # noqa: BLE001 - a child that cannot drop to uid must not run as root
+            os._exit(1)
+    return child, read_end, write_end
+
+
+@contextlib.contextmanager
+def another_user_listening(address: Path | tuple[str, int], *, uid: int = NOBODY) -> Iterator[tuple[int, int]]:
+    """Another user (``uid``) listening at ``address``: a Unix socket path (made mode ``0777``)
+    or a ``(host, port)`` pair (IPv6 when the host has a colon; port 0 picks a free one).
+
+    Yields ``(port, heard)``: the port bound (0 for a Unix socket) and the read end of the pipe
+    that carries every byte peers send. The listener is killed and reaped on exit."""
+    child, read_end, write_end = _fork_as(uid)
+    if child == 0:
+        try:
             if isinstance(address, Path):
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 listener.bind(str(address))
@@ -90,13 +102,9 @@ def as_another_user(work: Callable[[], bytes], *, uid: int = NOBODY, timeout_s: 
     import select
     import traceback
 
-    read_end, write_end = os.pipe()
-    child = os.fork()
+    child, read_end, write_end = _fork_as(uid)
     if child == 0:
         try:
-            os.close(read_end)
-            os.setgid(uid)
-            os.setuid(uid)
             try:
                 out = work()
             except BaseException:  # noqa: BLE001 - reported to the test, which fails on it
