@@ -340,7 +340,8 @@ class CastStateStore:
     def __init__(self, artifact_root: str | os.PathLike[str], *, resolved: bool = False) -> None:
         """``resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
         self._root = ConfinedRoot(artifact_root, resolved=resolved)
-        self._locks: dict[str, tuple[threading.Lock, Path, Path]] = {}
+        # cast id -> (its thread lock, lock file, state file, run directory as text): see _locked
+        self._locks: dict[str, tuple[threading.Lock, Path, Path, str]] = {}
         # cast id -> (file signature, revision, incarnation) of the document this store last
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
@@ -364,12 +365,12 @@ class CastStateStore:
         """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root."""
         return CastArtifacts(self._root.text, cast_id, root_resolved=True)
 
-    def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path]:
+    def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path, str]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
         # The file itself is re-checked every time: a symlink planted there goes through the
         # full containment check again (and is refused if it leads outside the root).
         entry = self._locks.get(cast_id)
-        if entry is not None and os.path.islink(entry[2].parent):
+        if entry is not None and os.path.islink(entry[3]):
             # The run directory itself replaced by a link while the cast runs (moved away, a link to
             # it, or to a sibling's directory, in its place): castor made it with mkdir, so a link
             # there is never castor's; writing through it would save this cast wherever it leads.
@@ -383,7 +384,8 @@ class CastStateStore:
             path = self.state_path(cast_id)
             if not os.path.isdir(path.parent):
                 make_dirs(path.parent)
-            entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path)
+            # the run directory's text too: a save checks it for a link every time (no Path.parent per save)
+            entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path, str(path.parent))
         return entry
 
     # -- reads ---------------------------------------------------------------
@@ -445,7 +447,7 @@ class CastStateStore:
         the first save (still active) writes no index row.
         """
         self._written.pop(cast_id, None)
-        tlock, lock_path, path = self._locked(cast_id)
+        tlock, lock_path, path, _ = self._locked(cast_id)
         if fresh and not os.path.lexists(path):
             # Nothing to fence and nothing to read, so no lock either: the first save takes the
             # locks and reads whatever header is there by then (a writer that got in first is
@@ -515,11 +517,11 @@ class CastStateStore:
         # The cast's locks, taken inline (no generator context managers: this runs on every
         # transition): the thread lock, then the cross-process flock, released in reverse order.
         last = self._written.pop(cast_id, None)  # put back by the save, if it succeeds
-        tlock, lock_path, path = self._locks[cast_id] if last is not None else self._locked(cast_id)
+        tlock, lock_path, path, run_dir = self._locks[cast_id] if last is not None else self._locked(cast_id)
         with tlock:
             lock_fd = _flock_fd(lock_path)
             try:
-                path, current = self._current(cast_id, path, last)
+                path, current = self._current(cast_id, path, run_dir, last)
                 stored_incarnation = current[1] if current else 0
                 if current is not None and incarnation < stored_incarnation:
                     raise Conflict(
@@ -556,9 +558,9 @@ class CastStateStore:
         if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
             self._indexed[cast_id] = row.key
 
-    def _current(self, cast_id: str, path: Path,
+    def _current(self, cast_id: str, path: Path, run_dir: str,
                  last: tuple[tuple[int, int, int, int], int, int] | None) -> tuple[Path, tuple[int, int] | None]:
-        """Under the cast's locks: its state path and stored ``(revision, incarnation)``.
+        """Under the cast's locks: its state path (in ``run_dir``) and stored ``(revision, incarnation)``.
 
         Under the locks no castor writer can change the file, and every castor writer replaces it
         by ``rename`` (a new inode, new ctime). So when the file is still the regular file this
@@ -572,7 +574,7 @@ class CastStateStore:
             except FileNotFoundError:
                 st = None
             if st is not None and stat.S_ISREG(st.st_mode) and stat_signature(st) == last[0] \
-                    and not os.path.islink(path.parent):  # the same file, reached through a link: not castor's
+                    and not os.path.islink(run_dir):  # the same file, reached through a link: not castor's
                 return path, (last[1], last[2])
             path = self._locked(cast_id)[2]  # changed underneath: the checked path
         return path, _read_header(path)
