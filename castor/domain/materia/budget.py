@@ -842,7 +842,9 @@ def check_budget(budget: Budget, report: UsageReport, *, already_warned: bool) -
     cost_ratio = _ratio(report.cost.total, budget.max_cost_usd)
     # finite (it is written in an event), and decimal: $0.30 of $0.40 is 75%, not the binary
     # 74.99999999999999 that never reached a warnAtPercent of 75; 75, not 75.0, as JavaScript writes it
-    percent = decimal_figure(min(max(tokens_ratio, cost_ratio) * 100, MAX_FIGURE))
+    ratio = max(tokens_ratio, cost_ratio)
+    # no limit set (or nothing used): 0, as decimal_figure keeps it, without formatting the float
+    percent = decimal_figure(min(ratio * 100, MAX_FIGURE)) if ratio else 0
     warn_at = budget.warn_at_percent if budget.warn_at_percent is not None else DEFAULT_WARN_AT_PERCENT
     # A limit of 0 is a limit (pi-materia: ``maxTokens !== undefined && total >= maxTokens``): the
     # first completion reaches it. Only an unset limit is none.
