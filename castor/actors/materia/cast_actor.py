@@ -895,8 +895,9 @@ class CastActor(Actor):
 
     def _run_agent_turn(self, effect: RunAgentTurn) -> None:
         self._count_visit(effect)
-        item = short_label(effect.item_label or effect.item_key)  # the work item, as pi-materia's footer shows it
-        self._set_status(f"materia: {effect.materia} ({effect.socket_id})" + (f" — {item}" if item else ""))
+        if self.env.ui is not None:  # the footer's text is built only for a harness that shows it
+            item = short_label(effect.item_label or effect.item_key)  # the work item, as pi-materia's footer shows it
+            self._set_status(f"materia: {effect.materia} ({effect.socket_id})" + (f" — {item}" if item else ""))
         if effect.user_driven:
             # The user's own message drives it (no hidden prompt is sent); the harness's
             # agent_end answers it. Its instructions reach the model through the answer to
