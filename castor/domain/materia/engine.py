@@ -105,6 +105,7 @@ from castor.domain.materia.budget import (
     BudgetCheck,
     TurnRecord,
     TurnUsage,
+    UsageReport,
     check_budget,
     cost_from_provider,
     extract_usage,
@@ -395,6 +396,11 @@ def resolved_config_text(cfg: ResolvedConfig) -> str:
     return derived(cfg, "resolved_json", lambda: json.dumps(cfg.config, indent=2, ensure_ascii=False))
 
 
+#: Every new cast's usage report: one object, shared (a report is never changed in place: see
+#: ``write_usage``), so the first ``usage.json`` text of a cast is rendered once per process.
+_NO_USAGE = UsageReport()
+
+
 def _start_cast(ev: CastStarted) -> Transition:
     cfg = ev.config
     entry = cfg.pipeline.entry
@@ -404,6 +410,7 @@ def _start_cast(ev: CastStarted) -> Transition:
         config=cfg, active=True, phase=entry,
         current_socket_id=entry, awaiting_response=True, socket_state="awaiting_agent_response",
         started_at=ev.at, updated_at=ev.at, data=dict(ev.data), last_message="Cast started.", surface=ev.surface,
+        usage=_NO_USAGE,
     )
     ctx = _Ctx(state, ev.at)
     ctx.write(CONFIG_FILE, resolved_config_text(cfg))
