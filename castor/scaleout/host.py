@@ -16,6 +16,7 @@ nodes):
 | ``turn_ended(session_id, outcome)`` | the harness's answer to a relayed turn | ``True`` if a turn was waiting for it |
 | ``answer(request_id, ok, value)`` | the harness's answer to a relayed request | ``True`` if someone still waits |
 | ``drain(max_items, timeout_s)`` | the long-poll of the relay | ``[RelayItem maps]`` |
+| ``hold_commands(cast_ids, seconds)`` | no command of those casts starts here for ``seconds`` (recast here from a lost host, whose commands may run until then) | – |
 | ``close_session(session_id)`` / ``shutdown()`` | ends sessions (casts stay resumable on disk) | – |
 
 **A host nobody drains ends itself.** The serving process drains every live host without pause (a
@@ -25,6 +26,18 @@ run on, holding its casts' leases, and the casts it was presumed to have lost co
 anywhere. After ``fence_after_s`` without a drain the host stops its runtime (every cast saved as
 it stands, its lease released) and exits: the serving process's recovery, which waits that long
 for a lost host's leases, then recasts them on a live host.
+
+**A host whose grant is revoked ends itself at once.** The serving process gives every host a
+grant and revokes it (in the GCS's key-value store) the moment it takes the host for lost -- its
+drains unanswered for ``lost_after_silence_s`` (a stopped or frozen process), its node declared
+dead, its process gone -- before it recasts anything of the host's elsewhere. The grant is the
+fencing token of everything the host starts: each of its commands' tasks checks it before the
+command starts and at every renewal of the command's lease (a revoked grant ends the command,
+see :class:`castor.scaleout.utility_tasks.CommandLease`), and the host looks at it every
+``GRANT_CHECK_S``: a host that learns it was revoked (it was only stopped, or cut off, and runs
+again) kills its running commands, stops its runtime (casts saved, leases released) and exits,
+without answering anything more to its casts' slots. A host that cannot reach the GCS cannot
+learn it; its commands then lapse with their lease, and it ends itself after ``fence_after_s``.
 
 Utility commands of this host's casts run as Ray tasks (:mod:`castor.scaleout.utility_tasks`),
 so they land on a node with the CPUs their socket declares.
@@ -41,12 +54,14 @@ from castor._log import logger
 from castor.messages.errors import CastorError, NotFound
 from castor.scaleout.relay import Outbox, RelayAgent, RelayHostContext, RelaySessionLog, RelayUi
 
+GRANT_CHECK_S = 1.0  # how often a host asks the GCS whether its grant still holds
+
 
 class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
     def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None,
-                 command_lease_s: float | None = None) -> None:
+                 command_lease_s: float | None = None, grant: str | None = None) -> None:
         from castor.actors.materia.utility_pool import pool_of
         from castor.composition import materia_component
         from castor.logs import configure_logging
@@ -57,10 +72,47 @@ class CastHost:
         self.host_id = host_id
         self.outbox = Outbox()
         self.runtime = Runtime(RuntimeSettings(**settings), components=[materia_component()])
-        pool_of(self.runtime.system.registry).remote_runner = RayUtilityRunner(command_lease_s or COMMAND_LEASE_S)
+        pool = pool_of(self.runtime.system.registry)
+        pool.remote_runner = RayUtilityRunner(command_lease_s or COMMAND_LEASE_S, grant)
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._fence = SilenceFence(fence_after_s, self._end_unclaimed) if fence_after_s else None
+        self.grant = grant
+        self._revoked = threading.Event()
+        if grant is not None:
+            pool.refuses = self.revoked
+            from castor.supervision.threads import start_thread
+
+            start_thread(self._watch_grant, name="castor-host-grant", owner="/ray",
+                         purpose="ends a cast host whose grant the serving process revoked")
+
+    def revoked(self) -> bool:
+        """Whether this host learnt that its grant was revoked (then nothing more of its casts is
+        started or recorded here)."""
+        return self._revoked.is_set()
+
+    def _watch_grant(self) -> None:
+        from castor.scaleout.utility_tasks import grant_held
+
+        while not self._revoked.wait(GRANT_CHECK_S):
+            if self.grant is not None and grant_held(self.grant, GRANT_CHECK_S) is False:
+                self._revoked.set()
+                self._end_revoked()
+
+    def _end_revoked(self) -> None:
+        """The serving process took this host for lost and revoked its grant (it was stopped, or
+        cut off, and runs again): kill its running commands, stop (casts saved, leases released)
+        and exit; its casts run on another host."""
+        from castor.actors.materia.utility_pool import pool_of
+
+        logger.bind(actor="/ray").error("cast host {host}: its grant was revoked (the serving process took it for "
+                                        "lost): ending its commands and exiting", host=self.host_id)
+        try:
+            for running in pool_of(self.runtime.system.registry).all_running():
+                running.kill()
+            self.runtime.shutdown(10.0)
+        finally:
+            os._exit(75)
 
     def _end_unclaimed(self) -> None:
         """The serving process stopped draining this host: it took it for lost. Stop (casts saved,
@@ -131,6 +183,17 @@ class CastHost:
             return {"ok": materia_call(self.runtime, session_id, verb, params, timeout=timeout_s)}
         except CastorError as exc:
             return {"error": exc.to_wire()}
+
+    def hold_commands(self, cast_ids: list[str], seconds: float) -> bool:
+        """No command of ``cast_ids`` starts on this host for ``seconds`` from now: they are recast
+        here from a host taken for lost, whose commands may still run that long."""
+        from castor.actors.materia.utility_pool import pool_of
+
+        pool = pool_of(self.runtime.system.registry)
+        until = time.monotonic() + seconds
+        for cast_id in cast_ids:
+            pool.hold_commands(cast_id, until)
+        return True
 
     # -- the relay's answers ---------------------------------------------------
     def turn_ended(self, session_id: str, outcome: dict[str, Any]) -> bool:

@@ -13,8 +13,8 @@ The directory (one rule, kept here because the serving process is the only route
 | a session opens | it is placed on the live host with the fewest sessions, within the opening's own deadline (a session not placed by then is placed by its next call, within that call's deadline; a host that answers too late is told to close it again); all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
 | a session closes | its host is asked to end its turns (``session_end``), then to close it, each waited for ``SESSION_CLOSE_WAIT_S`` at most; it is forgotten here either way (best effort: a cut-off host's own fence ends it) |
 | a host answers a call | its answer (a result or a castor wire error) is returned as is |
-| a host dies (``RayActorError``: its process was killed, its node removed) | it is marked lost; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
-| a lost host's process still lives (its node's raylet was killed, the network parted) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`); while its node is dead to the cluster, nothing is recast before ``command_lease_s`` + ``LEASE_MARGIN_S`` after it was taken for lost (its commands on that node live until their lease lapses) |
+| a host dies (``RayActorError``: its process was killed, its node removed), or does not answer its drains for ``lost_after_silence_s`` (a stopped or frozen process: it is also killed, best effort) | its grant is revoked (``_revoke``: the fencing token its commands and the host itself check, see :mod:`castor.scaleout.host`) and it is marked lost; its casts are recast at once, but their new host starts none of their commands before ``command_lease_s`` + ``LEASE_MARGIN_S`` after the revocation, when every command it started has ended wherever it ran; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
+| a lost host's process still lives (its node's raylet was killed, the network parted, the process stopped) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host ends itself at once when it learns its grant was revoked, and, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`) |
 | a call meets a lost host | ``actor_crashed`` with ``may_have_started: true`` (the host may have run it); a Ray ``GetTimeoutError`` is ``timeout`` with ``may_have_started: true`` |
 
 Two hosts never advance one cast: a session lives on one host at a time (this directory), a cast's
@@ -28,6 +28,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,7 +44,7 @@ from castor.messages.errors import ActorCrashed, CastorError, Conflict, Internal
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
-from castor.scaleout.utility_tasks import COMMAND_LEASE_S, LEASE_MARGIN_S
+from castor.scaleout.utility_tasks import COMMAND_LEASE_S, GRANT_NAMESPACE, LEASE_MARGIN_S, revocation_key
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 from castor.version import __version__
@@ -56,6 +57,10 @@ CALL_TIMEOUT_S = 14.0
 # drain may take on a slow cluster (DRAIN_WAIT_S + the 30 s the drain's get allows).
 FENCE_AFTER_S = 45.0
 FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
+# A host whose drains have not answered this long is taken for lost (a stopped or frozen process, a
+# node that cannot reach this one while the cluster still lists it): shorter than FENCE_AFTER_S.
+LOST_AFTER_SILENCE_S = 30.0
+REVOKE_TIMEOUT_S = 5.0  # how long revoking a lost host's grant may wait for the GCS
 PLACE_TIMEOUT_S = 60.0  # how long a lost host's session, moving, waits for a live cast host (a replacement starting)
 # What a session opening leaves of the runtime's session_open_timeout_s for the rest of the session's start:
 # its placement is bounded by the rest, so the opening answers within its own deadline.
@@ -82,6 +87,8 @@ class RayBackendSettings(BaseModel):
     fence_after_s: float = Field(default=FENCE_AFTER_S, gt=0)  # see host.SilenceFence
     # T: a utility command lives only while its lease holds (see utility_tasks.COMMAND_LEASE_S)
     command_lease_s: float = Field(default=COMMAND_LEASE_S, ge=0.5, le=3600)
+    # a host whose drains go unanswered this long is taken for lost (see LOST_AFTER_SILENCE_S)
+    lost_after_silence_s: float = Field(default=LOST_AFTER_SILENCE_S, gt=0)
 
 
 @dataclass
@@ -92,8 +99,9 @@ class HostRef:
     pid: int = 0
     alive: bool = True
     sessions: set[str] = field(default_factory=set)
-    lost_at: float | None = None
+    lost_at: float | None = None  # when its grant was revoked (its casts are recast T + margin later)
     drainer: threading.Thread | None = None
+    grant: str | None = None  # its fencing token (utility_tasks.revocation_key), revoked when it is lost
 
 
 @dataclass
@@ -298,10 +306,11 @@ class RayBackend:
                                    "name": f"castor-{host_id}-{id(self):x}", "lifetime": None}
         if node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        grant = f"{host_id}-{uuid.uuid4().hex}"  # unique on the cluster, whoever else serves on it
         actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
                                                                       self.settings.fence_after_s,
-                                                                      self.settings.command_lease_s)
-        ref = HostRef(host_id=host_id, actor=actor)
+                                                                      self.settings.command_lease_s, grant)
+        ref = HostRef(host_id=host_id, actor=actor, grant=grant)
         with self._lock:
             self.hosts[host_id] = ref
         return ref
@@ -602,18 +611,30 @@ class RayBackend:
 
     # -- the relay -----------------------------------------------------------------
     def _drain(self, host: HostRef) -> None:
+        """Drain ``host`` until it is lost. A host whose drains have gone unanswered for
+        ``lost_after_silence_s`` is taken for lost too, and killed (best effort: a stopped process
+        on a live node is, a cut-off one cannot be): before, a stopped host (SIGSTOP, a frozen VM)
+        was drained for ever, every call for its sessions timed out and its casts never moved."""
         errors = ray_errors()
+        silence_s = self.settings.lost_after_silence_s
+        heard = time.monotonic()
         while not self._closed.is_set() and host.alive:
+            wait_s = DRAIN_WAIT_S + max(0.5, min(30.0, heard + silence_s - time.monotonic()))
             try:
-                items = self._ray.get(host.actor.drain.remote(256, DRAIN_WAIT_S), timeout=DRAIN_WAIT_S + 30.0)
+                items = self._ray.get(host.actor.drain.remote(256, DRAIN_WAIT_S), timeout=wait_s)
             except errors as exc:
                 self._host_lost(host, type(exc).__name__)
                 return
-            except Exception as exc:  # noqa: BLE001 - a slow cluster: try again
+            except Exception as exc:  # noqa: BLE001 - a slow cluster: try again, up to the silence
                 if self._closed.is_set():
+                    return
+                if time.monotonic() - heard >= silence_s:
+                    self._host_lost(host, f"no answer to its drains for {silence_s:g} s")
+                    self._kill_quietly(host)
                     return
                 self.log.warning("draining {host}: {exc}", host=host.host_id, exc=type(exc).__name__)
                 continue
+            heard = time.monotonic()
             for item in items:
                 try:
                     self._deliver(host, item)
@@ -693,11 +714,40 @@ class RayBackend:
             host.actor.answer.remote(request_id, False, exc.to_wire())
 
     # -- faults ----------------------------------------------------------------------
+    def _kill_quietly(self, host: HostRef) -> None:
+        """End a host taken for lost (best effort: a host on a node cut off cannot be reached)."""
+        try:
+            self._ray.kill(host.actor, no_restart=True)
+        except Exception as exc:  # noqa: BLE001 - gone already, or out of reach: its grant is revoked
+            self.log.info("ending lost cast host {host}: {exc}", host=host.host_id, exc=type(exc).__name__)
+
+    def _revoke(self, host: HostRef) -> None:
+        """Revoke ``host``'s grant in the GCS's key-value store: its commands end at their next
+        lease renewal (those that cannot ask, when their lease lapses), none starts any more, and
+        the host ends itself once it learns it. A revocation the GCS does not take is logged: the
+        host's commands then end only with the host, or with their node."""
+        if host.grant is None:
+            return
+        key = revocation_key(host.grant)
+        try:
+            client = getattr(self._ray._private.worker.global_worker, "gcs_client", None)  # noqa: SLF001 - bounded
+            if client is not None:
+                client.internal_kv_put(key, b"revoked", True, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+            else:  # a Ray Client driver (ray://): its KV goes through the client server
+                from ray.experimental import internal_kv
+
+                internal_kv._internal_kv_put(key, b"revoked", namespace=GRANT_NAMESPACE)  # noqa: SLF001 - Ray's KV
+        except Exception as exc:  # noqa: BLE001 - the control plane does not answer: said, the fence still waits
+            self.log.error("cannot revoke the grant of lost cast host {host} ({exc}): its commands on live nodes "
+                           "may run on until the host ends", host=host.host_id, exc=exc)
+
     def _host_lost(self, host: HostRef, why: str) -> None:
         with self._lock:
             if not host.alive or self._closed.is_set():
                 return
             host.alive = False
+        self._revoke(host)  # before lost_at: every renewal its commands got was asked before then
+        with self._lock:
             host.lost_at = time.monotonic()
             sessions = sorted(host.sessions)
             host.sessions.clear()
@@ -713,11 +763,12 @@ class RayBackend:
 
     def _recover(self, lost: HostRef, sessions: list[str]) -> None:
         started = time.monotonic()
-        # A host whose node the cluster declared dead may be only cut off: the commands it started
-        # there run on until their lease lapses (commands it started on live nodes end with it).
-        # Its casts are recast no earlier, so no command runs twice at once.
-        fenced_until = (lost.lost_at or started) + self.settings.command_lease_s + LEASE_MARGIN_S \
-            if lost.node_id and not self._node_alive(lost.node_id) else started
+        # The host's grant was revoked at lost_at: each command it started, on any node, ends at its
+        # next lease renewal, or once its lease lapses when its node cannot ask (cut off; a host
+        # whose node died may be only cut off, and a stopped one may run again). Its casts are
+        # recast at once, but their new host starts none of their commands before then, so no
+        # command of theirs runs twice, nor beside the old host's.
+        fenced_until = (lost.lost_at or started) + self.settings.command_lease_s + LEASE_MARGIN_S
         if self.settings.replace_lost_hosts:
             candidates: list[str | None] = list(self._nodes_for_replacement(lost)) or [None]
             for node_id in candidates[:2]:  # the next one if the first is dying
@@ -745,14 +796,14 @@ class RayBackend:
                 # A lost host whose process lives on still holds its casts' leases until its fence
                 # ends it: re-list until none is held, recasting each as it comes free.
                 until = (lost.lost_at or time.monotonic()) + self.settings.fence_after_s + FENCE_MARGIN_S
-                wait = fenced_until - time.monotonic()
-                if wait > 0:
-                    self.log.warning("session {sid}: the node of lost host {host} is dead to the cluster; its "
-                                     "casts are recast in {s:.0f} s, once its commands' leases have lapsed",
-                                     sid=sid, host=lost.host_id, s=wait)
-                    self._closed.wait(wait)
                 while True:
                     orphaned, held = self._casts_left(host, sid)
+                    wait = fenced_until - time.monotonic()
+                    if orphaned and wait > 0:  # recast at once; their commands wait on the new host
+                        self.log.warning("session {sid}: the casts of lost host {host} run their next command in "
+                                         "{s:.0f} s, once the leases of the commands it started have lapsed",
+                                         sid=sid, host=lost.host_id, s=wait)
+                        self._get(host, host.actor.hold_commands.remote(orphaned, wait), timeout_s=CALL_TIMEOUT_S)
                     for cast_id in orphaned:
                         self._call_on(host, sid, "recast", {"cast_id": cast_id}, CALL_TIMEOUT_S)
                         recast += 1
@@ -771,13 +822,6 @@ class RayBackend:
         self.recoveries.append({"host_id": lost.host_id, "sessions": len(sessions), "recast": recast,
                                 "finished_at": time.monotonic(),
                                 "seconds": time.monotonic() - started})
-
-    def _node_alive(self, node_id: str) -> bool:
-        """Whether the cluster lists ``node_id`` alive (when it cannot say: taken for dead, the safe side)."""
-        try:
-            return any(str(n.get("NodeID")) == node_id and n.get("Alive") for n in self._ray.nodes())
-        except Exception:  # noqa: BLE001 - the control plane does not answer: wait as for a dead node
-            return False
 
     def _nodes_for_replacement(self, lost: HostRef) -> list[str]:
         """Where a lost host's replacement may start, best first: the live nodes by how few live

@@ -8,10 +8,11 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 |---|---|
 | where | ``num_cpus`` = the socket's ``resources.cpus`` (default 1): Ray schedules the task on a node with that many free CPUs; a command waits in Ray's queue until one has them |
 | at most once per dispatch | ``max_retries=0``: Ray never runs a task again (a lost node loses the dispatch; the cast re-dispatches under a **new** visit id, as after a slot crash) |
-| cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends; a cancel that cannot reach the node (cut off) changes nothing: the lease rule below ends the command, and the answers' stream is read a second at a time (:meth:`RemoteRunningUtility._next_answer`), so the caller still takes it for lost |
+| cancel / kill | ``ray.cancel`` (not forced): the task's thread gets ``KeyboardInterrupt`` and kills the command's whole tree before it ends, its guard told first (:func:`end_for_sure`: a second cancel inside the first one's kill cannot leave it running); a cancel that cannot reach the node (cut off) changes nothing: the lease rule below ends the command, and the answers' stream is read a second at a time (:meth:`RemoteRunningUtility._next_answer`), so the caller still takes it for lost |
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
 | a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node seen dead the command's lease and ``LEASE_MARGIN_S`` ago, or not known to have started that long after a node died (Ray may have sent its lease request to that node, and it is then never answered; or it started there and its answer never came), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
 | the task's worker dies under the command (``kill -9``, the OOM killer) or its node's raylet dies | the command runs in a session of its own, so it would outlive both: a :class:`CommandGuard` process (started first, it learns of the worker's death from a pipe only the worker holds) kills the command's group and every process carrying its visit id; the task's own thread kills it once its parent, the raylet, is gone. The cast hears lost work |
+| the cast host that started it is taken for lost (its grant revoked: ``castor.scaleout.host``) | the task checks the grant before the command starts and at every lease renewal: revoked, the command is ended (never started) |
 | its node is cut off from the cluster (a partition, a hung raylet): the node runs on, the cluster declares it dead, Ray fails the task | the command holds a lease (:class:`CommandLease`): its task renews it while the GCS answers that the node is alive; its guard kills it once the lease is ``lease_s`` old, or when the GCS says the node is dead. A failed task whose node is dead (or, not known to have started, any node that died since) is reported lost only ``lease_s`` + ``LEASE_MARGIN_S`` after this process saw that node dead, so no two copies ever run at once |
 | the command cannot start | ``spawn_error`` as for a local command |
 | no live node has the CPUs it asks for | ``spawn_error`` at once (Ray would hold the task as infeasible for ever); an autoscaler's node types that do not run yet are not counted |
@@ -44,13 +45,18 @@ LEASE_MARGIN_S = 3.0
 it takes the command for lost: the guard's kill itself takes a moment."""
 GUARD_START_S = 10.0  # how long a command's guard may take to start before the command is refused
 RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its node's raylet still lives
+GRANT_NAMESPACE = b"castor"
+"""Where, in the cluster's key-value store (the GCS's), the serving process revokes a cast host's
+grant (:func:`revocation_key`)."""
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
-def _run_on_node(cmd_map: dict[str, Any], lease_s: float = COMMAND_LEASE_S) -> Iterator[dict[str, Any]]:
+def _run_on_node(cmd_map: dict[str, Any], lease_s: float = COMMAND_LEASE_S,
+                 grant: str | None = None) -> Iterator[dict[str, Any]]:
     """The task body (a streaming generator): first where it started, then the command's answer
-    (or ``lost``: its lease lapsed and its guard killed it); kills the command's tree if
-    cancelled, and a guard kills it if the task's worker dies or its lease lapses."""
+    (or ``lost``: its lease lapsed, or the grant of the cast host that started it was revoked,
+    and its guard killed it); kills the command's tree if cancelled, and a guard kills it if the
+    task's worker dies or its lease lapses. A command whose host's grant is revoked never starts."""
     import ray
 
     from castor.adapters.materia.process_runner import spawn
@@ -65,14 +71,17 @@ def _run_on_node(cmd_map: dict[str, Any], lease_s: float = COMMAND_LEASE_S) -> I
         yield {"spawn_error": f"cannot start the command's guard on node {node_id[:12]}: {exc}",
                "node_pid": os.getpid()}
         return
-    lease = CommandLease(node_id, lease_s, guard)
+    lease = CommandLease(node_id, lease_s, guard, grant)
+    running: Any = None
     try:
         if not lease.renew():  # never started without a lease the cluster granted
+            guard.release()
             yield {"lost": lease.lost or f"node {node_id[:12]} could not reach the cluster", "node_pid": os.getpid()}
             return
         try:
             running = spawn(cmd)
         except UtilitySpawnError as exc:
+            guard.release()
             yield {"spawn_error": exc.message, "node_pid": os.getpid()}
             return
         guard.watch(running.pid)
@@ -83,18 +92,36 @@ def _run_on_node(cmd_map: dict[str, Any], lease_s: float = COMMAND_LEASE_S) -> I
                      purpose="renews a utility command's lease; ends the command when it lapses")
         try:
             result = running.wait()
-        except BaseException:  # KeyboardInterrupt from ray.cancel: the command must not outlive it
-            running.kill()
-            running.wait()
-            raise
         finally:
             done.set()
-    finally:
-        guard.release()
+    except BaseException:  # KeyboardInterrupt from ray.cancel (often several): the command must not outlive it
+        end_for_sure(running, guard)
+        raise
+    guard.release()
     if lease.lapsed():
         yield {"lost": lease.lost or "its lease lapsed", "node_pid": os.getpid()}
         return
     yield {"result": result.model_dump(mode="json"), "node_pid": os.getpid()}
+
+
+def end_for_sure(running: Any, guard: CommandGuard) -> None:
+    """End a command whose task is interrupted (``ray.cancel``: a ``KeyboardInterrupt``), whatever
+    else interrupts this meanwhile: its guard is told to kill it (and let go, never released
+    with the command alive), then the task kills it itself and waits for its end.
+
+    Before, a second cancel -- a cast host taken for lost cancels its commands as it ends itself,
+    then again as its runtime stops -- landed inside the first one's kill: the task left with the
+    command running and told its guard it had ended as it should, so the command ran on to its end,
+    holding no lease, beside the recast's copy on another host."""
+    for _ in range(100):  # each KeyboardInterrupt restarts it; the guard's kill needs only the first line
+        try:
+            guard.abandon()
+            if running is not None:
+                running.kill()
+                running.wait()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _node_alive(node_id: str, timeout_s: float) -> bool | None:
@@ -116,6 +143,24 @@ def _node_alive(node_id: str, timeout_s: float) -> bool | None:
         return None
 
 
+def revocation_key(grant: str) -> bytes:
+    """The key whose presence in the GCS's key-value store says that the cast host holding
+    ``grant`` was taken for lost: none of its commands may start or run on."""
+    return f"revoked:{grant}".encode()
+
+
+def grant_held(grant: str, timeout_s: float) -> bool | None:
+    """What the GCS says of the cast host's grant now: True held, False revoked (the serving
+    process took the host for lost), None no answer within ``timeout_s``."""
+    import ray
+
+    try:
+        client = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: SLF001, B009 - a get with a timeout
+        return client.internal_kv_get(revocation_key(grant), GRANT_NAMESPACE, timeout=timeout_s) is None
+    except Exception:  # noqa: BLE001 - timed out, the GCS unreachable: not known
+        return None
+
+
 class CommandLease:
     """A running command's lease, renewed from its task while the GCS answers that the command's
     node is alive (see ``COMMAND_LEASE_S``).
@@ -123,10 +168,16 @@ class CommandLease:
     A renewal counts from the moment its question was *sent* (never from the answer's arrival):
     a renewal that succeeded was sent before the GCS declared the node dead, so the command never
     runs past ``T`` after that declaration, which is what the caller waits for before it runs
-    the command again elsewhere."""
+    the command again elsewhere.
 
-    def __init__(self, node_id: str, lease_s: float, guard: CommandGuard) -> None:
+    With a ``grant`` (the cast host's, see :func:`revocation_key`), a renewal also needs the GCS
+    to say the grant is held: once the serving process has revoked it, the command is ended at its
+    next renewal (or, its node unable to ask, once its lease lapses), so none of a lost host's
+    commands runs past ``T`` after the revocation -- wherever it runs, whatever the host does."""
+
+    def __init__(self, node_id: str, lease_s: float, guard: CommandGuard, grant: str | None = None) -> None:
         self.node_id = node_id
+        self.grant = grant
         self.lease_s = lease_s
         self.period_s = max(0.05, lease_s / 5)  # four tries at least before it lapses
         self._guard = guard
@@ -136,6 +187,13 @@ class CommandLease:
     def renew(self) -> bool:
         sent = time.monotonic()
         alive = _node_alive(self.node_id, self.period_s)
+        if alive and self.grant is not None:
+            held = grant_held(self.grant, self.period_s)
+            if held is False and self.lost is None:
+                self.lost = ("the serving process took the command's cast host for lost (its grant was revoked); "
+                             "the cast runs on another host")
+            if not held:
+                return False
         if alive:
             self.last = sent
             self._guard.renewed(sent)
@@ -315,9 +373,18 @@ class CommandGuard:
         """Kill the command's tree now (the cluster declared its node dead, or its lease lapsed)."""
         self._say(b"k\n")
 
+    def abandon(self) -> None:
+        """The task ends as it should not (interrupted): the guard kills the command now, and
+        this side lets it go (a later :meth:`release` changes nothing)."""
+        self._say(b"k\n")
+        self._close()
+
     def release(self) -> None:
         """The task ends as it should: the guard exits without touching anything."""
         self._say(b"x\n")
+        self._close()
+
+    def _close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -542,9 +609,10 @@ class _Lost(Exception):
 class RayUtilityRunner:
     """What a cast host's utility pool uses instead of a local ``spawn``."""
 
-    def __init__(self, lease_s: float = COMMAND_LEASE_S) -> None:
+    def __init__(self, lease_s: float = COMMAND_LEASE_S, grant: str | None = None) -> None:
         self._watch = NodeWatch()
         self.lease_s = lease_s
+        self.grant = grant  # the cast host's (see revocation_key): its commands live only while it is held
 
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))
@@ -560,7 +628,8 @@ class RayUtilityRunner:
         cpus = max(round(cpus, 4), CPU_STEP)
         num_cpus = fresh_kind(cpus, len(self._watch.dead_since()))
         try:
-            answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"), self.lease_s)
+            answers = _task().options(num_cpus=num_cpus).remote(cmd.model_dump(mode="json"), self.lease_s,
+                                                                   self.grant)
         except (ValueError, TypeError) as exc:  # what else Ray refuses of a submission: the command cannot start
             raise UtilitySpawnError(f"the cluster refused the command: {exc}", may_have_started=False) from None
         return RemoteRunningUtility(cmd, answers, self._watch, self.lease_s)

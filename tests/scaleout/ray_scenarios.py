@@ -455,6 +455,126 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
 CUT_OFF_LEASE_S = 5.0
 
 
+def stopped_host(workdir: Path, how: str) -> dict[str, Any]:
+    """A cast whose host is stopped mid-command while the command runs on another node (the host's
+    node has no CPU, so every command runs on the head's). ``how``: ``host``, the host's process
+    SIGSTOPped (a frozen VM, a pause: nothing tells the cluster); ``raylet``, its node's raylet
+    SIGSTOPped (the host cut off: the cluster declares its node dead while the host runs on);
+    ``unreachable`` and ``unanswering``, an asymmetric partition (:class:`_OneWayCut`): nothing
+    reaches the host's own ports while it reaches every other process (``unreachable``), or what
+    it sends from them -- its answers -- is lost while calls reach it and run (``unanswering``).
+    The serving process must take the host for lost and recast the cast on another host, and the
+    given-up command -- still running on a healthy node -- must never run beside the recast's; once
+    the cast is recast (or after ``STOPPED_FOR_S``), the stopped process is SIGCONTed: whatever the
+    old host then does must not run the command again. Every command stamps ``stamps.log``."""
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from castor.actors.materia.api import materia_call
+    from castor.runtime import Runtime, RuntimeSettings
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings, ray_materia_component
+
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
+    os.environ["LATER_S"] = str(2.5 * CUT_OFF_LEASE_S)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 80 << 20,
+                                                            "_system_config": health})
+    result: dict[str, Any] = {"scenario": f"stopped_{how}", "lease_s": CUT_OFF_LEASE_S}
+    runtime = backend = None
+    stopped: Any = None
+    try:
+        worker = cluster.add_node(num_cpus=0, object_store_memory=80 << 20)  # hosts only: commands go to the head
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+        # the host's own silence fence (it ends itself when nobody drains it) comes after the window
+        # below: what bounds it is the serving process taking it for lost after 3 s of silence
+        backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2, fence_after_s=60.0,
+                                                command_lease_s=CUT_OFF_LEASE_S, lost_after_silence_s=3.0))
+        runtime = Runtime(RuntimeSettings(max_casts_per_session=2), components=[ray_materia_component(backend)],
+                          scaleout=backend)
+        for n in range(2):
+            open_session(runtime, f"s{n}", project(workdir, f"p{n}", workdir / "visits.log", STAMP_COMMAND))
+        sid = next(f"s{n}" for n in range(2) if backend.host_of(f"s{n}", 10).node_id == worker.node_id)
+        victim = backend.host_of(sid, 10)
+        proj = workdir / f"p{sid[1:]}"
+        cast_id = materia_call(runtime, sid, "start", {"request": "request"})["cast_id"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stamped_copies(proj / "stamps.log"):
+            time.sleep(0.05)
+        result["cut_at"] = time.time()
+        if how in ("unreachable", "unanswering"):
+            stopped = _OneWayCut(victim.pid, "dport" if how == "unreachable" else "sport")
+        else:
+            stopped = psutil.Process(victim.pid if how == "host" else worker.all_processes["raylet"][0].process.pid)
+            stopped.suspend()
+        status = wait_all(runtime, [(sid, cast_id)], STOPPED_FOR_S)
+        result["status_while_stopped"] = dict(status)
+        result["resumed_at"] = time.time()
+        try:
+            stopped.resume()
+        except psutil.NoSuchProcess:
+            pass  # killed while stopped (the serving process ended the host it took for lost)
+        status = wait_all(runtime, [(sid, cast_id)], 60.0)
+        result["status"] = status
+        deadline = time.monotonic() + 15  # what the old host may still do once it runs again
+        while time.monotonic() < deadline and any(
+                not c["ended"] and time.time() - c["last"] < 1.0 for c in stamped_copies(proj / "stamps.log")):
+            time.sleep(0.2)
+        copies = stamped_copies(proj / "stamps.log")
+        result["copies"] = copies
+        result["overlaps"] = [f"{a['pid']} ran until {a['last']:.2f}, {b['pid']} started {b['start']:.2f}"
+                              for a, b in zip(copies, copies[1:], strict=False) if b["start"] <= a["last"]]
+        result["victim"] = victim.host_id
+        result["recoveries"] = backend.recoveries
+        result["hosts_after"] = [{k: h[k] for k in ("host_id", "alive")} for h in backend.hosts_view()]
+    finally:
+        if stopped is not None:
+            try:
+                stopped.resume()
+            except psutil.Error:
+                pass
+        if runtime is not None:
+            runtime.shutdown(30.0)
+        if backend is not None:
+            backend.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+STOPPED_FOR_S = 40.0
+
+
+class _OneWayCut:
+    """An asymmetric partition of one process on this namespace's loopback (``ip rule``, no
+    firewall needed): packets *to* its listening ports (``dport``: nobody reaches it, while it
+    reaches everyone) or *from* them (``sport``: calls reach it and run, its answers are lost)
+    are dropped. :meth:`resume` heals it."""
+
+    def __init__(self, pid: int, side: str) -> None:
+        import subprocess
+
+        import psutil
+
+        self.ports = sorted({c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                             if c.status == psutil.CONN_LISTEN})
+        self.rules = [["pref", str(10 + n), "ipproto", "tcp", side, str(port), "blackhole"]
+                      for n, port in enumerate(self.ports)]
+        # the local table's rule comes first by default: moved after these
+        subprocess.run(["ip", "rule", "del", "pref", "0", "table", "local"], check=True, timeout=10)
+        subprocess.run(["ip", "rule", "add", "pref", "100", "table", "local"], check=True, timeout=10)
+        for rule in self.rules:
+            subprocess.run(["ip", "rule", "add", *rule], check=True, timeout=10)
+
+    def resume(self) -> None:
+        import subprocess
+
+        for rule in self.rules:
+            subprocess.run(["ip", "rule", "del", *rule], capture_output=True, timeout=10)
+        self.rules = []
+
+
 class _NodeBehindLink:
     """A Ray worker node in a network namespace of its own (inside this scenario's), joined to
     this one by a veth pair, so that taking the link down is a real partition: the node's raylet,
@@ -536,6 +656,9 @@ def main() -> None:
     scenario, workdir = sys.argv[1], Path(sys.argv[2])
     if scenario == "lease_to_stopped_node":
         lease_to_stopped_node(workdir)  # prints its RESULT itself
+        return
+    if scenario.startswith("stopped_"):
+        stopped_host(workdir, scenario[len("stopped_"):])  # prints its RESULT itself
         return
     if scenario.startswith("cut_off_"):
         cut_off_node(workdir, scenario[len("cut_off_"):])  # prints its RESULT itself

@@ -102,6 +102,33 @@ def test_a_released_guard_leaves_its_command_alone(tmp_path: Path) -> None:
         proc.wait()
 
 
+def test_a_command_whose_task_is_interrupted_twice_is_still_ended_by_its_guard(tmp_path: Path) -> None:
+    """``ray.cancel`` is a ``KeyboardInterrupt`` in the task; a cast host ending itself cancels its
+    commands more than once (its own kill, then its runtime's stop). The second one landed inside
+    the first one's kill: the task left with the command running and released its guard as if it
+    had ended as it should -- the command ran on to its end, holding no lease, beside the recast's
+    copy on another host. Now the guard is told to kill it first and is never released with it
+    alive, and the task's own kill is retried until it is done."""
+    with _guarded_command(tmp_path, 30.0) as (proc, guard):
+        guard.renewed(time.monotonic())
+        guard.watch(proc.pid)
+        interrupts = [KeyboardInterrupt(), KeyboardInterrupt()]
+
+        class _Interrupted:
+            def kill(self) -> None:
+                if interrupts:
+                    raise interrupts.pop()  # another cancel, landing inside this kill
+
+            def wait(self) -> None:
+                return None
+
+        utility_tasks.end_for_sure(_Interrupted(), guard)
+        assert interrupts == []
+        guard.release()  # what the task's outer code may still do: changes nothing now
+        proc.wait(timeout=10)
+        assert proc.returncode == -9, proc.returncode
+
+
 class _Guard:
     def __init__(self) -> None:
         self.said: list[tuple[str, float | None]] = []
@@ -150,6 +177,26 @@ def test_a_lease_not_renewed_ends_the_command(monkeypatch, answer: bool | None, 
         assert time.monotonic() - started >= 0.5 - 0.05
 
 
+@pytest.mark.parametrize(("held", "ended"), [(False, True), (None, False), (True, False)])
+def test_a_command_of_a_host_whose_grant_is_revoked_is_ended_at_its_next_renewal(monkeypatch, held: bool | None,
+                                                                                 ended: bool) -> None:
+    """The serving process took the command's cast host for lost and revoked its grant (False):
+    the command is ended at once, its node alive or not. The grant cannot be read (None): the
+    lease is not renewed (it lapses as for a node cut off). Held (True): renewed."""
+    monkeypatch.setattr(utility_tasks, "_node_alive", lambda node_id, timeout_s: True)
+    monkeypatch.setattr(utility_tasks, "grant_held", lambda grant, timeout_s: held)
+    guard = _Guard()
+    lease = CommandLease("c" * 56, 5.0, guard, grant="host-1-abc")  # type: ignore[arg-type]
+    assert lease.renew() is (held is True)
+    assert (lease.lost is not None and "grant was revoked" in lease.lost) is ended, lease.lost
+    killed = threading.Event()
+    if ended:  # keep() ends it at its first renewal, long before the lease would lapse
+        lease.last = time.monotonic()
+        lease.period_s = 0.05
+        lease.keep(SimpleNamespace(kill=killed.set), threading.Event())
+        assert killed.is_set() and ("end_now", None) in guard.said
+
+
 def _watch(dead: dict[str, float]) -> NodeWatch:
     watch = NodeWatch()
     watch.dead_since = lambda fresh=False: dict(dead)  # type: ignore[method-assign]
@@ -194,21 +241,26 @@ def test_a_failed_task_on_a_dead_node_is_taken_for_lost_only_after_the_fence() -
     assert time.monotonic() - started < 0.5
 
 
-def test_a_lost_host_s_casts_are_recast_only_after_the_lease_when_its_node_is_dead() -> None:
-    """A host whose node the cluster declared dead may be only cut off, its commands running on
-    there until their lease lapses: its casts are recast no earlier. A host whose node lives (its
-    process was killed) is recovered at once."""
+def test_a_lost_host_s_casts_run_no_command_before_the_lease_whether_or_not_its_node_is_dead() -> None:
+    """A lost host's grant is revoked when it is taken for lost; the commands it started, on any
+    node, end at their next renewal or once their lease lapses (a node cut off cannot ask). Its
+    casts are recast at once, and their new host is told to start none of their commands before
+    then -- also when the lost host's node lives: a host stopped (SIGSTOP) or cut off alone may run
+    again, and its commands on live nodes ran on beside the recast's (before, such a host's casts
+    ran their commands at once)."""
     pytest.importorskip("ray")
     from castor.scaleout.ray_backend import HostRef, RayBackend, RayBackendSettings
 
-    def recast_after(node_alive: bool) -> float:
+    def recast(node_alive: bool) -> tuple[float, list[tuple[list[str], float]]]:
         backend = RayBackend.__new__(RayBackend)
         backend._ray = SimpleNamespace(nodes=lambda: [{"NodeID": "B", "Alive": node_alive}, {"NodeID": "A",
                                                                                             "Alive": True}])
         backend.settings = RayBackendSettings(command_lease_s=0.5, replace_lost_hosts=False)
         backend._lock = threading.RLock()
         backend._closed = threading.Event()
-        live = HostRef("host-1", None, node_id="A")
+        held: list[tuple[list[str], float]] = []
+        live = HostRef("host-1", SimpleNamespace(hold_commands=SimpleNamespace(
+            remote=lambda ids, seconds: held.append((list(ids), seconds)))), node_id="A")
         backend.hosts = {"host-1": live}
         backend.recoveries = []
         backend.log = SimpleNamespace(warning=lambda *a, **k: None, error=lambda *a, **k: None,
@@ -218,19 +270,42 @@ def test_a_lost_host_s_casts_are_recast_only_after_the_lease_when_its_node_is_de
         backend._placed = {"s0": placed}
         backend._place = lambda placed, avoid=None, ready=True: "host-1"  # type: ignore[method-assign]
         backend._casts_left = lambda host, sid: (["c1"], [])  # type: ignore[method-assign]
+        backend._get = lambda host, ref, timeout_s=30.0: ref  # type: ignore[method-assign]
         recast: list[float] = []
 
         def call_on(host: Any, sid: str, verb: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+            assert held, "the hold must come before the recast"
             recast.append(time.monotonic())
             return {}
 
         backend._call_on = call_on  # type: ignore[method-assign]
-        lost = HostRef("host-2", None, node_id="B", alive=False, lost_at=time.monotonic())
+        lost = HostRef("host-2", None, node_id="B", alive=False, lost_at=time.monotonic(), grant="host-2-abc")
         backend._recover(lost, ["s0"])
         assert placed.ready.is_set() and len(recast) == 1
-        return recast[0] - (lost.lost_at or 0.0)
+        return recast[0] - (lost.lost_at or 0.0), held
 
     from castor.scaleout.utility_tasks import LEASE_MARGIN_S
 
-    assert recast_after(node_alive=False) >= 0.5 + LEASE_MARGIN_S - 0.05
-    assert recast_after(node_alive=True) < 0.5
+    for node_alive in (False, True):
+        after, held = recast(node_alive)
+        assert after < 0.5, after  # recast at once: callers do not wait out the lease
+        assert len(held) == 1 and held[0][0] == ["c1"], held
+        assert 0.5 + LEASE_MARGIN_S - 0.5 <= held[0][1] <= 0.5 + LEASE_MARGIN_S, held
+
+
+def test_a_pool_starts_no_command_of_a_held_cast_before_its_hold_ends() -> None:
+    """A cast recast from a lost host: its commands wait until the lost host's can no longer run;
+    another cast's do not; a command cancelled while it waits never starts."""
+    from castor.actors.materia.utility_pool import UtilityPoolState
+
+    pool = UtilityPoolState(2, 2)
+    pool.hold_commands("c1", time.monotonic() + 0.5)
+    assert pool.held_for("c2:Socket-2:1:2") == 0.0 and pool.held_for("c1:Socket-2:1:2") > 0.3
+    began = time.monotonic()
+    assert pool.wait_until_released("c1:Socket-2:1:2")
+    assert time.monotonic() - began >= 0.45
+    pool.hold_commands("c1", time.monotonic() + 30.0)
+    threading.Timer(0.2, pool.cancel_queued, args=("c1:Socket-2:3:4",)).start()
+    began = time.monotonic()
+    assert not pool.wait_until_released("c1:Socket-2:3:4")
+    assert time.monotonic() - began < 5.0

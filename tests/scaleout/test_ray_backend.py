@@ -231,3 +231,51 @@ def test_a_command_on_a_node_cut_off_by_a_partition_never_runs_twice_at_once(tmp
     it; the cast, and the recovery of the cut-off host's cast, run it again only after the lease
     and a margin have passed since the node was seen dead."""
     _never_two_copies_at_once(scenario("cut_off_link_down", tmp_path))
+
+
+def _recast_elsewhere_and_never_twice(result: dict) -> None:
+    """The stopped (or one-way cut) host's cast was recast on another host before the host ran
+    again, the command it had started -- on a healthy node -- was ended first, and nothing the
+    old host did once it ran again started the command a third time (from the stamps each copy
+    left on the shared project)."""
+    assert set(result["status_while_stopped"].values()) == {"complete"}, result
+    assert set(result["status"].values()) == {"complete"}, result
+    assert [r["host_id"] for r in result["recoveries"]] == [result["victim"]], result
+    assert result["overlaps"] == [], result["overlaps"]
+    copies = result["copies"]
+    assert len(copies) == 2 and not copies[0]["ended"] and copies[1]["ended"], copies
+    # the given-up copy ended (its host's grant revoked) before the recast's started, and the recast
+    # waited the command's lease from the moment the host was taken for lost
+    assert copies[0]["last"] < copies[1]["start"], copies
+    assert copies[1]["start"] - result["cut_at"] >= result["lease_s"], (result["cut_at"], copies)
+    lost = next(h for h in result["hosts_after"] if h["host_id"] == result["victim"])
+    assert lost["alive"] is False, result
+
+
+def test_a_stopped_host_s_cast_is_recast_elsewhere_and_its_command_never_runs_twice(tmp_path: Path) -> None:
+    """A cast host's process SIGSTOPped (a frozen VM, a long pause) while its cast's command runs
+    on another, healthy node, then SIGCONTed. The cluster sees nothing wrong with a stopped
+    process: before, the serving process drained it for ever, every call for its session timed
+    out and the cast stayed on it until it ran again. Now a host whose drains go unanswered for
+    ``lost_after_silence_s`` is taken for lost: its grant is revoked first (the command's task
+    sees it at its next lease renewal and ends the command; the host, if it runs again, ends
+    itself), it is killed, and the cast is recast on another host once the command's lease has
+    passed since: the command runs twice in sequence, never at once, and never a third time."""
+    _recast_elsewhere_and_never_twice(scenario("stopped_host", tmp_path))
+
+
+def test_a_host_nothing_can_reach_is_taken_for_lost_and_its_command_never_runs_twice(tmp_path: Path) -> None:
+    """An asymmetric partition: nothing reaches the host's ports while the host reaches every
+    other process (the head, the GCS, its commands' nodes). Calls for its session time out
+    (``timeout``, ``may_have_started: true``); its drains go unanswered, so it is taken for lost,
+    its grant revoked, and its cast recast elsewhere, its command never twice at once."""
+    _recast_elsewhere_and_never_twice(scenario("stopped_unreachable", tmp_path))
+
+
+def test_a_host_whose_answers_are_lost_is_taken_for_lost_and_its_command_never_runs_twice(tmp_path: Path) -> None:
+    """The reverse asymmetric partition: calls reach the host and run there, its answers are lost.
+    Its drains run (so its own silence fence never fires) and their items are lost; before, the
+    serving process waited on it for ever. Now it is taken for lost like a silent host; it still
+    reaches the GCS, learns that its grant was revoked and ends itself, and its cast is recast
+    elsewhere, its command never twice at once."""
+    _recast_elsewhere_and_never_twice(scenario("stopped_unanswering", tmp_path))

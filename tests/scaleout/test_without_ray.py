@@ -702,6 +702,39 @@ def test_a_host_that_answers_a_session_opening_too_late_is_told_to_close_it() ->
     assert placed.host_id is None and placed.failure is not None and placed.failure.code == "timeout"
 
 
+def test_a_host_that_does_not_answer_its_drains_is_taken_for_lost_revoked_and_killed(monkeypatch) -> None:
+    """A host whose process is stopped (SIGSTOP, a frozen VM) answers nothing, and the cluster
+    sees nothing wrong: it was drained for ever, every call for its sessions timed out and its
+    casts never moved. Now, unanswered for ``lost_after_silence_s``, it is taken for lost: its
+    grant revoked first (its commands end, it ends itself if it runs again), then killed (best
+    effort), and its sessions move."""
+    rex = pytest.importorskip("ray.exceptions")
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import RayBackendSettings
+
+    def silent(_ref: object, timeout: float) -> object:
+        time.sleep(min(timeout, 0.05))
+        raise rex.GetTimeoutError("silent")
+
+    killed: list[object] = []
+    backend, ref = _backend_with_one_host(silent, killed)
+    backend.settings = RayBackendSettings(lost_after_silence_s=0.5)
+    backend._closed = threading.Event()
+    backend.log = ray_backend.logger
+    ref.grant = "host-1-abc"
+    ref.actor = SimpleNamespace(drain=SimpleNamespace(remote=lambda *a: object()))
+    order: list[str] = []
+    monkeypatch.setattr(ray_backend.RayBackend, "_revoke", lambda self, host: order.append(f"revoke {host.grant}"))
+    monkeypatch.setattr(ray_backend.RayBackend, "_recover",
+                        lambda self, host, sessions: order.append(f"recover {host.host_id}"))
+    monkeypatch.setattr(ray_backend, "start_thread", lambda target, args, **_kw: target(*args))
+    began = time.monotonic()
+    backend._drain(ref)  # returns once the host is lost
+    assert 0.5 <= time.monotonic() - began < 5.0
+    assert ref.alive is False and ref.lost_at is not None and killed == [ref.actor]
+    assert order == ["revoke host-1-abc", "recover host-1"], order
+
+
 def test_closing_a_session_whose_host_is_cut_off_ends_it_here_within_seconds() -> None:
     """Closing a session whose host does not answer (its node cut off, not yet declared dead)
     blocked its caller 30 s. Now the session is forgotten at once and its host is waited for

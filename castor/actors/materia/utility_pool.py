@@ -14,6 +14,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
+| a cast recast here from a cast host taken for lost (``castor.scaleout``) | its commands wait until that host's may no longer run (:meth:`UtilityPoolState.hold_commands`: the serving process says until when; its slot's activity says so) |
 | a cast's next command while one it gave up is still ending (an abort, then a recast at once; on a cluster node cut off from the cluster, the old one runs until its lease lapses) | waits for it (:meth:`UtilityPoolState.wait_for_earlier`; its slot's activity says so), so two commands of one cast never run at once; at most ``GIVEN_UP_GRACE_S`` past the earlier command's own deadline (by then it has certainly ended; a runner still waiting is stuck: a warning) |
 """  # noqa: E501 - table rows cannot wrap
 
@@ -77,6 +78,39 @@ class UtilityPoolState:
         # anyway (None: SIGKILL at once, an abort; a number: SIGTERM, SIGKILL after it)
         self._cancelled: OrderedDict[str, float | None] = OrderedDict()
         self.remote_runner: Any = None  # a cast host's: commands start as cluster tasks (castor.scaleout)
+        # cast id -> time.monotonic() until which its commands wait: a lost host's may still run
+        self._held: dict[str, float] = {}
+        # A cast host's fence: True once the host was taken for lost elsewhere (its grant revoked);
+        # its slots then start nothing more and tell their casts nothing (castor.scaleout.host).
+        self.refuses: Callable[[], bool] | None = None
+
+    def hold_commands(self, cast_id: str, until: float) -> None:
+        """No command of ``cast_id`` starts in this pool before ``time.monotonic()`` ``until``: the
+        cast was recast here from a cast host taken for lost, whose commands may run until then."""
+        with self._lock:
+            self._held[cast_id] = max(until, self._held.get(cast_id, until))
+
+    def held_for(self, visit_id: str) -> float:
+        """How many seconds the command of ``visit_id`` must still wait (see :meth:`hold_commands`)."""
+        with self._lock:
+            until = self._held.get(visit_id.split(":", 1)[0])
+        return 0.0 if until is None else max(0.0, until - time.monotonic())
+
+    def wait_until_released(self, visit_id: str) -> bool:
+        """Wait out :meth:`held_for`; False when ``visit_id`` was cancelled meanwhile (it must not start)."""
+        with self._ended:
+            while visit_id not in self._cancelled:
+                until = self._held.get(visit_id.split(":", 1)[0])
+                left = 0.0 if until is None else until - time.monotonic()
+                if left <= 0:
+                    return True
+                self._ended.wait(left)
+            return False
+
+    def fenced(self) -> bool:
+        """Whether this pool's host lost its grant: nothing may be started or recorded here."""
+        refuses = self.refuses
+        return refuses is not None and refuses()
 
     def pick(self) -> int:
         with self._lock:
@@ -334,7 +368,13 @@ class UtilityExecutorActor(Actor):
     def _answer(self, job: UtilityJob, message: CastOutcome | WorkLost) -> None:
         """Tell the cast how its job ended. A cast that has stopped meanwhile (aborted, ended, its
         session closed) hears nothing: its outcome is in the ledger for a recast, and that is no
-        fault of this slot's (it was logged as a warning on every abort of a running command)."""
+        fault of this slot's (it was logged as a warning on every abort of a running command).
+        Nor does a cast whose host lost its grant (:meth:`UtilityPoolState.fenced`): the cast
+        runs on another host, and this one records nothing more."""
+        if self.pool.fenced():
+            self.log.warning("{visit}: this host's grant was revoked; its outcome is not recorded",
+                             visit=job.effect.visit_id)
+            return
         try:
             job.cast.tell(message)
         except ActorStopped:
@@ -361,6 +401,15 @@ class UtilityExecutorActor(Actor):
                                      {"visit_id": effect.visit_id, "waits_for": earlier, "socket": effect.socket_id})
                 if not self.pool.wait_for_earlier(effect.visit_id, self._overdue):
                     return None  # given up while it waited (CancelWork)
+            held_s = self.pool.held_for(effect.visit_id)
+            if held_s > 0:  # recast here from a lost host whose commands may still run
+                self.report_activity("utility", f"waiting {held_s:.0f} s for the commands of the cast's lost host to "
+                                     f"end before running {effect.socket_id}'s",
+                                     {"visit_id": effect.visit_id, "socket": effect.socket_id})
+                if not self.pool.wait_until_released(effect.visit_id):
+                    return None  # given up while it waited (CancelWork)
+            if self.pool.fenced():
+                return None  # this host was taken for lost: its casts run elsewhere
             runner = self._runner()
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
             if record is not None and not runner.record_running(record, effect.visit_id):  # before it can run at all
