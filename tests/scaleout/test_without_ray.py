@@ -315,7 +315,7 @@ def test_a_cpu_figure_finer_than_ray_counts_is_rounded_not_a_crashed_utility_slo
         def options(self, **kwargs: object) -> SimpleNamespace:
             real.options(**kwargs)  # Ray's own check of the figures
             asked.append(float(str(kwargs["num_cpus"])))
-            return SimpleNamespace(remote=lambda cmd_map, lease_s: object())
+            return SimpleNamespace(remote=lambda cmd_map, lease_s, grant=None: object())
 
     monkeypatch.setattr(utility_tasks, "_task", lambda: Task())
     runner = utility_tasks.RayUtilityRunner()
