@@ -10,6 +10,11 @@ host's runtime: casts, visits, utility slots and commands):
 | ``kill_host`` | a cast host's process is SIGKILLed; its sessions are re-placed and their orphaned casts recast |
 | ``kill_node`` | a worker node is removed, one that runs a host if any (every host and task on it dies); one worker node is always kept |
 
+On its own cluster a command's lease (``command_lease_s``) is ``SOAK_COMMAND_LEASE_S``, 5 s: a lost
+host's casts run no command for the lease and a margin after it was taken for lost (its commands
+may still run until then), and with the default 15 s the soak's six casts spent most of its time
+waiting out the leases of its host kills. Every node is this machine, so the GCS answers fast.
+
 A cluster fault waits until the cluster has recovered from the last one: every lost host's
 sessions re-placed and their casts recast, ``CLUSTER_FAULT_SPACING_S`` before; until then the
 injector adds an in-host fault instead. Without that pacing a loaded machine (hosts take seconds to
@@ -28,6 +33,7 @@ from castor.scaleout.options import SOAK_RAY_HOSTS
 
 CLUSTER_FAULTS: tuple[tuple[str, int], ...] = (("kill_host", 2), ("kill_node", 1), ("in_host", 12))
 CLUSTER_FAULT_SPACING_S = 2.0
+SOAK_COMMAND_LEASE_S = 5.0  # on the soak's own cluster (see the module doc)
 
 
 def _lost_hosts(backend: Any) -> int:
@@ -64,8 +70,10 @@ def start_cluster_backend(address: str | None, hosts: int | None = None) -> tupl
     ``hosts`` cast hosts (default :data:`SOAK_HOSTS`). Before, ``castor soak --ray-hosts N`` was
     accepted and ignored: the soak always started 2."""
     from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+    from castor.scaleout.utility_tasks import COMMAND_LEASE_S
 
     cluster = None
+    lease_s = COMMAND_LEASE_S
     if address is not None:  # a wrong address is one line in seconds, as for castor cast and serve
         from castor.scaleout.options import check_reachable
 
@@ -82,8 +90,9 @@ def start_cluster_backend(address: str | None, hosts: int | None = None) -> tupl
                 cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
             cluster.wait_for_nodes()
         address = cluster.address
+        lease_s = SOAK_COMMAND_LEASE_S
     # RayBackend connects (a cluster that refuses this process is a typed error there)
-    return cluster, RayBackend(RayBackendSettings(address=address, hosts=hosts or SOAK_HOSTS))
+    return cluster, RayBackend(RayBackendSettings(address=address, hosts=hosts or SOAK_HOSTS, command_lease_s=lease_s))
 
 
 def stop_cluster_backend(cluster: Any, backend: Any) -> None:
