@@ -527,6 +527,11 @@ def stopped_host(workdir: Path, how: str) -> dict[str, Any]:
         result["victim"] = victim.host_id
         result["recoveries"] = backend.recoveries
         result["hosts_after"] = [{k: h[k] for k in ("host_id", "alive")} for h in backend.hosts_view()]
+        try:  # the old host, running again (or reaching the GCS all along), ended itself: or was killed
+            old = psutil.Process(victim.pid)
+            result["old_host_alive_at_end"] = old.is_running() and old.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            result["old_host_alive_at_end"] = False
     finally:
         if stopped is not None:
             try:

@@ -249,7 +249,7 @@ def _recast_elsewhere_and_never_twice(result: dict) -> None:
     assert copies[0]["last"] < copies[1]["start"], copies
     assert copies[1]["start"] - result["cut_at"] >= result["lease_s"], (result["cut_at"], copies)
     lost = next(h for h in result["hosts_after"] if h["host_id"] == result["victim"])
-    assert lost["alive"] is False, result
+    assert lost["alive"] is False and result["old_host_alive_at_end"] is False, result
 
 
 def test_a_stopped_host_s_cast_is_recast_elsewhere_and_its_command_never_runs_twice(tmp_path: Path) -> None:
