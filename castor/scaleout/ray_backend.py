@@ -71,6 +71,8 @@ ENDING_VERB = SessionEnding.verb  # what a session's close asks of its materia a
 HOSTS_VIEW_TIMEOUT_S = 5.0  # ops.hosts: how long the live hosts, asked at once, have to answer
 SHUTDOWN_TIMEOUT_S = 30.0  # how long the live hosts, asked at once, have to stop (their runtimes take up to 20 s)
 HELD = ("active", "awaiting_refinement", "interrupted")  # a listing's statuses of a cast someone runs
+RESUMING_VERBS = frozenset({"recast", "continue", "revive"})
+"""Materia verbs that run a cast again: after a lost host, its commands are held (see ``call``)."""
 READ_ONLY_VERBS = frozenset({"status", "list", "grid", "loadouts", "validate"})
 """Materia verbs that change nothing: safe to ask again of the next host after a host is lost."""
 
@@ -111,6 +113,8 @@ class _Placed:
     ready: threading.Event = field(default_factory=threading.Event)  # set: no placement under way
     failure: CastorError | None = None  # why the last placement failed: the next call places it again
     placing: threading.Lock = field(default_factory=threading.Lock)  # one placement again at a time
+    # until when (time.monotonic()) a cast it runs again may meet the commands of a host it lost
+    fenced_until: float = 0.0
 
 
 def ray_errors() -> tuple[type[BaseException], ...]:
@@ -571,10 +575,26 @@ class RayBackend:
             host = self.host_of(sid, max(0.1, timeout_s - (time.monotonic() - started)))
             left = max(0.1, timeout_s - (time.monotonic() - started))
             try:
+                if verb in RESUMING_VERBS:
+                    self._hold_if_fenced(host, sid, params, left)
                 return self._call_on(host, sid, verb, params, left)
             except ActorCrashed:
                 if verb not in READ_ONLY_VERBS or time.monotonic() - started >= timeout_s:
                     raise
+
+    def _hold_if_fenced(self, host: HostRef, sid: str, params: dict[str, Any], timeout_s: float) -> None:
+        """Before a cast of ``sid`` is run again by hand (``recast``, ``continue``, ``revive``):
+        while a host the session lost may still run commands (its grant revoked less than
+        ``command_lease_s`` + ``LEASE_MARGIN_S`` ago), the cast's new host is told to start none
+        of its commands until then, as the recovery's own recasts are."""
+        with self._lock:
+            placed = self._placed.get(sid)
+        left = (placed.fenced_until if placed is not None else 0.0) - time.monotonic()
+        if left <= 0:
+            return
+        cast_id = params.get("cast_id") or self._call_on(host, sid, "status", {}, timeout_s).get("cast_id")
+        if cast_id:
+            self._get(host, host.actor.hold_commands.remote([str(cast_id)], left), timeout_s=timeout_s)
 
     def _call_on(self, host: HostRef, sid: str, verb: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """One materia verb on ``host``, whether or not the session's placement is ready."""
@@ -787,6 +807,7 @@ class RayBackend:
                 continue
             for turn_id in list(getattr(placed.ctx.harness.agent, "pending_turns", lambda: [])()):
                 placed.ctx.harness.agent.cancel(turn_id)  # the dead host's turns: their answers go nowhere
+            placed.fenced_until = max(fenced_until, placed.fenced_until)  # see _hold_if_fenced
             try:
                 # Callers wait until the lost host's casts are recast: a cast the harness started
                 # on the new host first would take the session's cast slot and refuse the recast.

@@ -266,7 +266,7 @@ def test_a_lost_host_s_casts_run_no_command_before_the_lease_whether_or_not_its_
         backend.log = SimpleNamespace(warning=lambda *a, **k: None, error=lambda *a, **k: None,
                                       info=lambda *a, **k: None)
         ctx = SimpleNamespace(harness=SimpleNamespace(agent=None), info=SimpleNamespace(session_id="s0"))
-        placed = SimpleNamespace(ctx=ctx, ready=threading.Event())
+        placed = SimpleNamespace(ctx=ctx, ready=threading.Event(), fenced_until=0.0)
         backend._placed = {"s0": placed}
         backend._place = lambda placed, avoid=None, ready=True: "host-1"  # type: ignore[method-assign]
         backend._casts_left = lambda host, sid: (["c1"], [])  # type: ignore[method-assign]
@@ -291,6 +291,39 @@ def test_a_lost_host_s_casts_run_no_command_before_the_lease_whether_or_not_its_
         assert after < 0.5, after  # recast at once: callers do not wait out the lease
         assert len(held) == 1 and held[0][0] == ["c1"], held
         assert 0.5 + LEASE_MARGIN_S - 0.5 <= held[0][1] <= 0.5 + LEASE_MARGIN_S, held
+
+
+def test_a_cast_run_again_by_hand_after_a_lost_host_is_held_as_the_recovery_s_are() -> None:
+    """A ``recast`` (or ``continue``, ``revive``) asked for while the session's lost host may
+    still run commands: the cast's host is told to hold its commands until then, first; the cast
+    named by none is the one ``status`` names. Read-only verbs, and calls after the window, hold
+    nothing."""
+    pytest.importorskip("ray")
+    from castor.scaleout.ray_backend import HostRef, RayBackend, _Placed
+
+    backend = RayBackend.__new__(RayBackend)
+    backend._lock = threading.RLock()
+    said: list[tuple[str, object]] = []
+    host = HostRef("host-1", SimpleNamespace(hold_commands=SimpleNamespace(
+        remote=lambda ids, seconds: said.append(("hold", (list(ids), round(seconds)))))))
+    backend.host_of = lambda sid, timeout_s: host  # type: ignore[method-assign]
+    backend._get = lambda host, ref, timeout_s=30.0: ref  # type: ignore[method-assign]
+
+    def call_on(host: Any, sid: str, verb: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        said.append((verb, params.get("cast_id")))
+        return {"cast_id": "c9"} if verb == "status" else {}
+
+    backend._call_on = call_on  # type: ignore[method-assign]
+    backend._placed = {"s1": _Placed(ctx=None, fenced_until=time.monotonic() + 10.0)}
+    backend.call("s1", "recast", {"cast_id": "c1"})
+    backend.call("s1", "continue", {})
+    backend.call("s1", "status", {"cast_id": "c1"})
+    assert said == [("hold", (["c1"], 10)), ("recast", "c1"), ("status", None), ("hold", (["c9"], 10)),
+                    ("continue", None), ("status", "c1")], said
+    said.clear()
+    backend._placed["s1"].fenced_until = time.monotonic() - 1.0
+    backend.call("s1", "recast", {"cast_id": "c1"})
+    assert said == [("recast", "c1")], said
 
 
 def test_a_pool_starts_no_command_of_a_held_cast_before_its_hold_ends() -> None:
