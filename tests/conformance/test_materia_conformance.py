@@ -745,3 +745,368 @@ def test_the_grid_writes_figures_and_flags_as_the_config_does() -> None:
     text = render_grid(resolved(cfg))
     assert "budget: maxTokens=4000000 maxCostUsd=20 warnAt=75% stopAtLimit=true" in text, text
     assert "multiTurn=false" in text and "True" not in text and "False" not in text
+
+
+# =========================================================================== through the runtime (real actors, files)
+#
+# The items below had only an engine-level test (the pure ``step`` with scripted outcomes), which
+# cannot see what the actors do with its effects: the utility pool's real process, the cast actor's
+# refusals, the saved state. Each runs a real cast in a real ``Runtime``.
+
+
+def _project_loadouts(project: Path, loadouts: dict[str, Any]) -> None:
+    (project / ".pi").mkdir(exist_ok=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": loadouts}))
+
+
+def _saved_state(view: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((Path(view["run_dir"]) / "state.json").read_text())["state"]
+    return state
+
+
+@pytest.mark.timeout(60)
+def test_c77_an_echo_utility_cast_completes_with_no_agent_turn(runtime, project) -> None:
+    _project_loadouts(project, {"echo": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "utility": "echo", "params": {"text": "HELLO WORLD"}}}}})
+    scripted = _open_session(runtime, "s1", project, ["never asked"])
+    from castor.actors.materia.api import materia_call
+
+    started = materia_call(runtime, "s1", "start", {"request": "say it", "loadout": "echo"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    state = _saved_state(view)
+    assert state["phase"] == "complete" and state["last_output"] == "HELLO WORLD"
+    assert (Path(view["run_dir"]) / "sockets" / "Socket-1" / "1.md").read_text() == "HELLO WORLD"
+    assert scripted.requests() == []  # no agent turn was ever sent
+
+
+@pytest.mark.timeout(60)
+def test_c78_a_command_exiting_7_fails_the_cast_naming_the_code_stderr_and_stdout_artifact(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    # the stderr text is built at run time, so the command line quoted in the reason cannot hold it
+    code = ("import sys; sys.stdin.read(); sys.stdout.write('partial'); "
+            "sys.stderr.write('bad' + ' thing\\n'); sys.exit(7)")
+    _project_loadouts(project, {"seven": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": [sys.executable, "-c", code], "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "utility": "echo", "params": {"text": "never"}}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    started = materia_call(runtime, "s1", "start", {"request": "fail", "loadout": "seven"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "failed", view
+    reason = view["failed_reason"]
+    assert "exited with code 7. stderr: bad thing. stdout: " in reason
+    assert "sockets/Socket-1/1.command.stdout.txt" in reason
+    run_dir = Path(view["run_dir"])
+    assert (run_dir / "sockets" / "Socket-1" / "1.command.stderr.txt").read_text() == "bad thing\n"
+    assert (run_dir / "sockets" / "Socket-1" / "1.command.stdout.txt").read_text() == "partial"
+    assert "Socket-2" not in _saved_state(view)["visits"]  # routing stopped
+
+
+@pytest.mark.timeout(60)
+def test_c79_a_command_past_its_50ms_timeout_fails_the_cast_saying_so(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"slow": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": [sys.executable, "-c", "import time; time.sleep(5)"],
+                     "timeoutMs": 50}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    started = materia_call(runtime, "s1", "start", {"request": "wait", "loadout": "slow"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "failed", view
+    assert "timed out" in view["failed_reason"] and "50ms" in view["failed_reason"]
+
+
+@pytest.mark.timeout(60)
+def test_c81_a_command_reads_the_utility_input_on_stdin_with_the_process_cwd(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    code = "import sys; sys.stdout.write(sys.stdin.read())"
+    _project_loadouts(project, {"cat": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": [sys.executable, "-c", code], "params": {"p": 1}}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    started = materia_call(runtime, "s1", "start", {"request": "the request", "loadout": "cat"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    stdin = json.loads(_saved_state(view)["last_output"])
+    assert stdin["cwd"] == str(project) and stdin["runDir"] == view["run_dir"]
+    assert (stdin["request"], stdin["castId"], stdin["socketId"]) == ("the request", started["cast_id"], "Socket-1")
+    assert (stdin["params"], stdin["state"]) == ({"p": 1}, {})
+    assert (stdin["item"], stdin["itemKey"], stdin["itemLabel"]) == (None, None, None)
+
+
+@pytest.mark.timeout(60)
+def test_c53_continue_while_the_agent_is_answering_is_refused(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    scripted = _open_session(runtime, "s1", project, [{"text": "slow draft", "delay_ms": 5000}])
+    materia_call(runtime, "s1", "start", {"request": "plan it", "loadout": "plan"})
+    wait_for(lambda: scripted.in_flight(), what="the refinement turn in flight")
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "continue", {})
+    assert "already awaiting a Pi agent response" in err.value.message
+    materia_call(runtime, "s1", "abort", {})
+
+
+@pytest.mark.timeout(60)
+def test_c71_recast_of_a_complete_cast_and_of_a_running_cast_is_refused(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    _open_session(runtime, "s1", project, ["done"])
+    done = materia_call(runtime, "s1", "start", {"request": "one", "loadout": "hello"})
+    _wait_status(runtime, "s1", done["cast_id"], ("complete",))
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "recast", {"cast_id": done["cast_id"]})
+    assert "is complete and cannot be recast" in err.value.message
+    scripted = _open_session(runtime, "s2", project, [{"text": "slow", "delay_ms": 5000}])  # the answer per cast
+    running = materia_call(runtime, "s2", "start", {"request": "two", "loadout": "hello"})
+    wait_for(lambda: scripted.in_flight(), what="the turn in flight")
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s2", "recast", {"cast_id": running["cast_id"]})
+    assert "already running" in err.value.message
+    materia_call(runtime, "s2", "abort", {})
+
+
+@pytest.mark.timeout(60)
+def test_c67_revive_of_an_ordinary_failed_cast_says_it_is_not_revivable(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    _project_loadouts(project, {"failing": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": [sys.executable, "-c", "raise SystemExit(3)"]}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    failed = materia_call(runtime, "s1", "start", {"request": "fail", "loadout": "failing"})
+    _wait_status(runtime, "s1", failed["cast_id"], ("failed",))
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "revive", {"cast_id": failed["cast_id"]})
+    # pi-materia's "Use /materia recast"; castor names the command of the surface the user is on
+    # ("/materia recast ID" in a harness session, this standalone runtime's "castor recast ID").
+    assert "not revivable" in err.value.message
+    assert f"Use castor recast {failed['cast_id']} instead." in err.value.message
+    assert err.value.data["reason"] == "missing-metadata"
+    assert materia_call(runtime, "s1", "status", {"cast_id": failed["cast_id"]})["status"] == "failed"
+
+
+@pytest.mark.timeout(60)
+def test_c29_c47_a_reply_without_satisfied_or_json_fails_the_cast_with_pi_materias_message(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"judge": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Eval", "parse": "json",
+                     "edges": [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-2"}]},
+        "Socket-2": {"type": "utility", "utility": "echo", "params": {"text": "never"}}}}})
+    _open_session(runtime, "s1", project, ['{"passed": true}'])
+    first = materia_call(runtime, "s1", "start", {"request": "judge", "loadout": "judge"})
+    view = _wait_status(runtime, "s1", first["cast_id"], ("complete", "failed"))
+    assert view["status"] == "failed", view
+    assert 'must include reserved boolean field "satisfied"' in view["failed_reason"]
+    assert 'Legacy field "passed" is not canonical' in view["failed_reason"]
+    _open_session(runtime, "s2", project, ["Here it is: not json"])  # a script's answers are per cast
+    second = materia_call(runtime, "s2", "start", {"request": "judge", "loadout": "judge"})
+    view = _wait_status(runtime, "s2", second["cast_id"], ("complete", "failed"))
+    assert view["status"] == "failed" and 'Invalid JSON output for socket "Socket-1"' in view["failed_reason"], view
+
+
+# =========================================================================== pi-materia's own loadouts, by the CLI
+#
+# castor ships pi-materia's bundled loadouts under their own names (Full-Auto, Planning-Consult,
+# Hojo-Consult), so the items that name them run on them: through ``python -m castor`` in a fresh
+# project, with pi-materia's ``default.json`` as the project config where the item's GIVEN has one.
+
+
+def _fixture_cli() -> Any:
+    from tests.conformance import test_pi_materia_fixtures as cli
+
+    return cli
+
+
+def test_c3_a_layers_null_deletes_its_loadout_but_full_auto_survives_from_the_default(tmp_path: Path) -> None:
+    from castor.adapters.materia import config_loader
+
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "materia.json").write_text(json.dumps({"loadouts": {"Full-Auto": None, "Mine": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "agent", "materia": "Build"}}}}}))
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"loadouts": {"Mine": None}}))
+    env = {"PI_MATERIA_PROFILE_DIR": str(profile)}
+    loaded = config_loader.load(project, env=env)
+    assert "Mine" not in loaded.merged["loadouts"]
+    assert loaded.provenance.loadouts["Full-Auto"] == DEFAULT_LABEL
+    assert config_loader.load_resolved(project, loadout="Full-Auto", env=env).pipeline.loadout_name == "Full-Auto"
+
+
+@pytest.mark.timeout(120)
+def test_c73_castor_loadout_planning_consult_writes_exactly_the_active_loadout(tmp_path: Path) -> None:
+    cli = _fixture_cli()
+    project = tmp_path / "project"
+    project.mkdir()
+    result = cli.castor(tmp_path, "loadout", "Planning-Consult", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((project / ".pi" / "pi-materia.json").read_text()) == {"activeLoadout": "Planning-Consult"}
+    assert sorted(p.name for p in (project / ".pi").iterdir()) == ["pi-materia.json"]
+
+
+@pytest.mark.timeout(120)
+def test_c74_an_unknown_loadout_is_refused_listing_the_names_and_writes_nothing(tmp_path: Path) -> None:
+    cli = _fixture_cli()
+    project = tmp_path / "project"
+    project.mkdir()
+    result = cli.castor(tmp_path, "loadout", "Nope", cwd=project)
+    assert result.returncode == 1 and "Unknown Materia loadout" in result.stderr
+    for name in ("Full-Auto", "Planning-Consult", "Hojo-Consult"):
+        assert name in result.stderr, result.stderr
+    assert not (project / ".pi").exists()
+
+
+def _full_auto_loop_run(tmp_path: Path, maintain: list[bool], items: list[str]) -> tuple[dict[str, Any], Path]:
+    cli = _fixture_cli()
+    project = cli.project_with(tmp_path, "default.json")
+    work = [{**cli.WORK_ITEM, "id": i, "title": i.title()} for i in items]
+    script = cli.script_for("default.json", "Full-Auto", work_items=work)
+    script["Socket-6"] = [json.dumps({"summary": "maintained", "satisfied": ok, "feedback": "" if ok else "again",
+                                      "missing": []}) for ok in maintain]
+    result, run_dir = cli.run_cast(tmp_path, project, "Full-Auto", script)
+    assert result.returncode == 0, result.stderr
+    state: dict[str, Any] = json.loads((run_dir / "state.json").read_text())["state"]
+    return state, run_dir
+
+
+@pytest.mark.timeout(240)
+def test_c39_full_auto_with_one_satisfied_item_builds_and_maintains_once(tmp_path: Path) -> None:
+    state, run_dir = _full_auto_loop_run(tmp_path, [True], ["alpha"])
+    assert state["phase"] == "complete"
+    assert (state["visits"]["Socket-4"], state["visits"]["Socket-6"]) == (1, 1)  # Build, Maintain
+    assert "Socket-6->Socket-4" not in state["edge_traversals"]  # Maintain->Build never taken
+    assert state["visits"]["Socket-7"] == 1  # exhausted: the loop's always exit to Narrate
+
+
+@pytest.mark.timeout(240)
+def test_c40_full_auto_reworks_alpha_once_then_finishes_both_items(tmp_path: Path) -> None:
+    state, run_dir = _full_auto_loop_run(tmp_path, [False, True, True], ["alpha", "beta"])
+    assert state["phase"] == "complete"
+    assert (state["visits"]["Socket-4"], state["visits"]["Socket-6"]) == (3, 3)
+    assert state["edge_traversals"]["Socket-6->Socket-4"] == 2 and state["cursors"]["workItemIndex"] == 2
+    builds = sorted(p.name for p in (run_dir / "sockets" / "Socket-4").iterdir() if p.suffix == ".md")
+    assert builds == ["1-alpha.md", "2-alpha.md", "3-beta.md"]  # the retry is visit 2 of item alpha
+
+
+# =========================================================================== agent turns, through the runtime
+
+
+def _events_of(view: dict[str, Any]) -> list[dict[str, Any]]:
+    lines = (Path(view["run_dir"]) / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.timeout(60)
+def test_c46_a_json_reply_moves_the_cast_to_the_text_socket_which_is_sent_its_own_prompt(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"two": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json", "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Build"}}}})
+    scripted = _open_session(runtime, "s1", project, {"Socket-1": ['{"summary": "planned"}'],
+                                                      "Socket-2": [{"text": "built", "delay_ms": 5000}]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "two"})
+    wait_for(lambda: len(scripted.requests()) == 2 and scripted.in_flight(), what="the second prompt in flight")
+    view = materia_call(runtime, "s1", "status", {"cast_id": started["cast_id"]})
+    assert view["status"] == "active" and view["current_socket"] == "Socket-2", view
+    state = _saved_state(view)
+    assert state["awaiting_response"] is True and state["phase"] == "Socket-2"
+    assert [r.socket_id for r in scripted.requests()] == ["Socket-1", "Socket-2"]  # 2 prompts in all
+    assert "Return only JSON" not in scripted.requests()[1].prompt
+    materia_call(runtime, "s1", "abort", {})
+
+
+@pytest.mark.timeout(60)
+def test_c57_a_websocket_error_keeps_the_cast_awaiting_with_a_warning_and_nothing_resent(runtime, project) -> None:
+    """No agent of castor's retries a dropped stream (Pi does, and its next end completes the turn):
+    the cast stays active and awaiting the same turn, warned, nothing resent, no ``cast_end``."""
+    from castor.actors.materia.api import materia_call
+
+    scripted = _open_session(runtime, "s1", project, [{"error": "WebSocket error"}])
+    started = materia_call(runtime, "s1", "start", {"request": "hi", "loadout": "hello"})
+
+    def warned() -> dict[str, Any] | None:
+        view = materia_call(runtime, "s1", "status", {"cast_id": started["cast_id"]})
+        kinds = [e["type"] for e in _events_of(view)]
+        return view if "transient_transport_turn_failure" in kinds else None
+
+    view = wait_for(warned, what="the transient transport warning")
+    events = _events_of(view)
+    [warning] = [e["data"] for e in events if e["type"] == "transient_transport_turn_failure"]
+    assert warning["warning"] is True and "WebSocket error" in warning["error"]
+    assert not any(e["type"] in ("cast_end", "same_socket_recovery_start") for e in events)
+    state = _saved_state(view)
+    assert state["active"] is True and state["awaiting_response"] is True
+    assert state["visits"] == {"Socket-1": 1} and len(scripted.requests()) == 1
+    assert state["last_message"].startswith("Transient transport failure while awaiting")
+    materia_call(runtime, "s1", "abort", {})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", ["provider auth failed", "invalid_request_error: bad field"])
+def test_c59_a_non_recoverable_turn_error_fails_the_cast_without_compaction(runtime, project, error: str) -> None:
+    from castor.actors.materia.api import materia_call
+
+    scripted = _open_session(runtime, "s1", project, [{"error": error}, "never"])
+    started = materia_call(runtime, "s1", "start", {"request": "hi", "loadout": "hello"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("failed", "complete"))
+    assert view["status"] == "failed"
+    assert "Non-recoverable turn failure" in view["failed_reason"] and error in view["failed_reason"]
+    kinds = [e["type"] for e in _events_of(view)]
+    assert "same_socket_recovery_start" not in kinds and not any("compaction" in k for k in kinds)
+    assert len(scripted.requests()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_c42_usage_json_counts_each_attempt_of_each_item(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"attempts": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json",
+                     "assign": {"list": "$.list"}, "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Auto-Eval", "parse": "json",
+                     "foreach": {"items": "state.list", "cursor": "i"},
+                     "advance": {"cursor": "i", "items": "state.list", "when": "$.done == true", "done": "Socket-3"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-3": {"type": "agent", "materia": "Narrate"}}}})
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    plan = json.dumps({"list": [{"id": "a", "title": "Alpha"}, {"id": "b", "title": "Beta"}]})
+    _open_session(runtime, "s1", project, {
+        "Socket-1": [{"text": plan, "usage": usage}],
+        "Socket-2": [{"text": json.dumps({"done": d}), "usage": usage} for d in (False, True, True)],
+        "Socket-3": [{"text": "told", "usage": usage}]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "attempts"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    report = json.loads((Path(view["run_dir"]) / "usage.json").read_text())
+    turns = [(t["socket"], t.get("taskId"), t["attempt"]) for t in report["turns"]]
+    assert turns == [("Socket-1", None, 1), ("Socket-2", "a", 1), ("Socket-2", "a", 2), ("Socket-2", "b", 1),
+                     ("Socket-3", None, 1)]
+    assert sorted(report["byAttempt"]) == ["a:1", "a:2", "b:1"]
+
+
+@pytest.mark.timeout(60)
+def test_c82_a_cast_writes_its_files_and_one_isolated_context_per_prompt(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"two": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Build", "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Narrate"}}}})
+    _open_session(runtime, "s1", project, {"Socket-1": ["built"], "Socket-2": ["told"]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "two"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    run_dir = Path(view["run_dir"])
+    for name in ("config.resolved.json", "manifest.json", "usage.json", "events.jsonl"):
+        assert (run_dir / name).is_file(), name
+    contexts = sorted((run_dir / "contexts").iterdir())
+    assert [p.name for p in contexts] == ["Socket-1-1.md", "Socket-2-1.md"]
+    for path in contexts:
+        text = path.read_text()
+        assert "# Materia Isolated Context" in text and "## Hidden materia prompt" in text, path.name
