@@ -1110,3 +1110,47 @@ def test_c82_a_cast_writes_its_files_and_one_isolated_context_per_prompt(runtime
     for path in contexts:
         text = path.read_text()
         assert "# Materia Isolated Context" in text and "## Hidden materia prompt" in text, path.name
+
+
+# =========================================================================== resolve-time checks at cast start
+
+
+def _resolve_cases() -> list[tuple[str, dict[str, Any], str]]:
+    def loop_loadout() -> dict[str, Any]:
+        loop = {"sockets": ["Socket-2", "Socket-3"], "consumes": {"from": "Socket-1"}}
+        return {"entry": "Socket-1", "loops": {"lp": loop},
+                "sockets": {
+                    "Socket-1": {"type": "agent", "materia": "Auto-Plan", "edges": [{"to": "Socket-2"}]},
+                    "Socket-2": {"type": "agent", "materia": "Build", "edges": [{"to": "Socket-3"}]},
+                    "Socket-3": {"type": "agent", "materia": "Build", "edges": [{"to": "Socket-2"}]},
+                    "Socket-4": {"type": "agent", "materia": "Build", "edges": [{"to": "Socket-2"}]}}}
+
+    multi = loop_loadout()
+    multi["sockets"]["Socket-4"]["multiTurn"] = True
+    acyclic = loop_loadout()
+    acyclic["sockets"]["Socket-3"]["edges"] = [{"to": "Socket-4"}]
+    none = loop_loadout()
+    none["sockets"]["Socket-1"]["edges"] = [{"to": "Socket-4"}]
+    two = loop_loadout()
+    two["sockets"]["Socket-1"]["edges"] = [{"when": "satisfied", "to": "Socket-2"},
+                                           {"when": "always", "to": "Socket-3"}]
+    return [("c7", multi, "obsolete multiTurn"), ("c19", acyclic, "must contain a directed cycle"),
+            ("c20-none", none, "found none"), ("c20-two", two, "found 2")]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("item", "loadout", "message"), _resolve_cases(), ids=[c[0] for c in _resolve_cases()])
+def test_c7_c19_c20_a_loadout_failing_resolution_is_refused_at_cast_start_with_no_run_dir(
+        runtime, project, item: str, loadout: dict[str, Any], message: str) -> None:
+    """pi-materia's generator materia (Auto-Plan) and Build; the check runs when the cast starts
+    (the file loads), and a refused start leaves no cast behind."""
+    from castor.actors.materia.api import materia_call
+    from castor.messages.errors import CastorError
+
+    _project_loadouts(project, {"bad": loadout})
+    scripted = _open_session(runtime, "s1", project, ["never"])
+    with pytest.raises(CastorError) as err:
+        materia_call(runtime, "s1", "start", {"request": "go", "loadout": "bad"})
+    assert message in err.value.message, (item, err.value.message)
+    assert not (project / ".pi" / "pi-materia").exists() or not any((project / ".pi" / "pi-materia").iterdir())
+    assert scripted.requests() == []

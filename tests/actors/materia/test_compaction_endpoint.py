@@ -415,3 +415,24 @@ def test_a_connection_that_closes_during_a_compaction_leaves_the_cast_resumable(
         assert not [e for e in events(view["run_dir"]) if e["type"] == "same_socket_recovery_action_failed"]
     finally:
         again.close()
+
+
+def test_c27_a_configured_single_percent_beats_the_tiers_in_the_hosts_decision(harness_factory, project):
+    """Conformance 27's "42 is used" through the running cast: with ``proactiveThresholdPercent: 42``
+    beside tiers that would say 60 for this window, 43% of the host's context compacts before the
+    first turn (``single_percent``, 42) and 41% before the second does not."""
+    pi = harness_factory(compact=lambda _p: PI_RESULT,
+                         usage=lambda _p: {"tokens": 43_000 if len(pi.params_of("session.context_usage")) <= 1
+                                           else 41_000, "contextWindow": 100_000})
+    tiers = [{"thresholdPercent": 70, "maxContextWindow": 100_000},
+             {"thresholdPercent": 60, "minContextWindow": 100_000}]
+    write_project_config(project, {**CONFIG, "compaction": {"proactiveThresholdPercent": 42,
+                                                            "proactiveThresholdTiers": tiers}})
+    cast_id = pi.start(project)
+    pi.answer(pi.next_turn(), "one done")
+    pi.answer(pi.next_turn(), "two done")
+    view = pi.wait_status(cast_id, "complete")
+    [start] = _events(view, "proactive_compaction_start")
+    assert (start["socket"], start["thresholdPercent"], start["thresholdMode"]) == ("Socket-1", 42, "single_percent")
+    assert start["percent"] == 43 and "thresholdTier" not in start
+    assert len(pi.params_of("session.context_usage")) == 2 and len(pi.params_of("session.compact")) == 1
