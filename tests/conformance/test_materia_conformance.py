@@ -1154,3 +1154,31 @@ def test_c7_c19_c20_a_loadout_failing_resolution_is_refused_at_cast_start_with_n
     assert message in err.value.message, (item, err.value.message)
     assert not (project / ".pi" / "pi-materia").exists() or not any((project / ".pi" / "pi-materia").iterdir())
     assert scripted.requests() == []
+
+
+@pytest.mark.timeout(60)
+def test_c43_c44_c45_what_an_evaluator_reply_leaves_in_the_state_a_later_command_reads(runtime, project) -> None:
+    """Through the engine and the actors: the planner (pi-materia's Auto-Plan, a generator) sets the
+    work items and guidance; the evaluator (Auto-Eval) replies one item, new guidance, feedback,
+    missing and a private field; a command then reads ``state`` on its stdin."""
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"eval": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json", "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Auto-Eval", "parse": "json", "edges": [{"to": "Socket-3"}]},
+        "Socket-3": {"type": "utility", "command": [sys.executable, "-c", "import sys; print(sys.stdin.read())"]}}}})
+    items = [{"id": "a", "title": "A"}, {"id": "b", "title": "B"}]
+    plan = {"summary": "planned", "workItems": items, "guidance": {"framework": "keep", "style": "concise"}}
+    verdict = {"satisfied": True, "workItems": items[:1], "guidance": {"style": "detailed", "new": 1},
+               "feedback": "f", "missing": ["m"], "localDiagnostic": 1}
+    _open_session(runtime, "s1", project, {"Socket-1": [json.dumps(plan)], "Socket-2": [json.dumps(verdict)]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "eval"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    data = json.loads(_saved_state(view)["last_output"])["state"]
+    assert data["workItems"] == items  # 43: the evaluator's one item does not shrink the list
+    assert data["envelope"]["workItems"] == items[:1]
+    assert data["guidance"] == {"framework": "keep", "style": "detailed", "new": 1}  # 44: shallow merge
+    assert "feedback" not in data and "missing" not in data  # 45
+    assert data["envelope"]["feedback"] == "f" and data["envelope"]["missing"] == ["m"]
+    assert "localDiagnostic" not in data["envelope"]
