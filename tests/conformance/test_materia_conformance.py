@@ -1182,3 +1182,58 @@ def test_c43_c44_c45_what_an_evaluator_reply_leaves_in_the_state_a_later_command
     assert "feedback" not in data and "missing" not in data  # 45
     assert data["envelope"]["feedback"] == "f" and data["envelope"]["missing"] == ["m"]
     assert "localDiagnostic" not in data["envelope"]
+
+
+def _echo(text: str) -> dict[str, Any]:
+    return {"type": "utility", "utility": "echo", "params": {"text": text}}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("reply", "reached"), [({"satisfied": True}, "Done"), ({"satisfied": False}, "Build"),
+                                                ({}, "Fallback")])
+def test_c28_the_first_matching_edge_routes_a_running_cast(runtime, project, reply: dict[str, Any],
+                                                           reached: str) -> None:
+    """In a cast, a JSON socket that routes on ``satisfied`` must be told it (29), so the reply that
+    carries no ``satisfied`` is a text socket's: only its ``always`` edge can match."""
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"route": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Eval", "parse": "json" if reply else "text",
+                     "edges": [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-3"},
+                               {"when": "always", "to": "Socket-4"}]},
+        "Socket-2": _echo("Done"), "Socket-3": _echo("Build"), "Socket-4": _echo("Fallback")}}})
+    _open_session(runtime, "s1", project, [json.dumps(reply)])
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "route"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    state = _saved_state(view)
+    assert view["status"] == "complete" and state["last_output"] == reached, view
+    assert sum(state["visits"].values()) == 2  # the judge and one target
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("reply", "reached"), [({"satisfied": True}, "S3"), ({"satisfied": False}, "S4"),
+                                                ({}, "S5"), ("only-satisfied", "end")])
+def test_c35_c36_an_exhausted_loop_member_takes_its_exit_route_by_its_last_reply(runtime, project, reply: Any,
+                                                                                 reached: str) -> None:
+    from castor.actors.materia.api import materia_call
+
+    exits = [{"id": "x5", "from": "Socket-2", "condition": "always", "targetSocketId": "Socket-5"},
+             {"id": "x3", "from": "Socket-2", "condition": "satisfied", "targetSocketId": "Socket-3"},
+             {"id": "x4", "from": "Socket-2", "condition": "not_satisfied", "targetSocketId": "Socket-4"}]
+    if reply == "only-satisfied":  # 36: only a satisfied route, and the reply is not satisfied
+        exits, reply = exits[1:2], {"satisfied": False}
+    _project_loadouts(project, {"loop": {"entry": "Socket-1", "loops": {"lp": {
+        "sockets": ["Socket-2"], "consumes": {"from": "Socket-1"}, "exits": exits}}, "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json", "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Auto-Eval", "parse": "json",
+                     "advance": {"cursor": "workItemIndex", "items": "state.workItems"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-3": _echo("S3"), "Socket-4": _echo("S4"), "Socket-5": _echo("S5")}}})
+    _open_session(runtime, "s1", project, {"Socket-1": [json.dumps({"workItems": [{"id": "only"}]})],
+                                           "Socket-2": [json.dumps(reply)]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "loop"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    state = _saved_state(view)
+    ran = [s for s in ("Socket-3", "Socket-4", "Socket-5") if s in state["visits"]]
+    assert ran == ([] if reached == "end" else [f"Socket-{reached[1]}"]), state["visits"]
