@@ -1237,3 +1237,84 @@ def test_c35_c36_an_exhausted_loop_member_takes_its_exit_route_by_its_last_reply
     state = _saved_state(view)
     ran = [s for s in ("Socket-3", "Socket-4", "Socket-5") if s in state["visits"]]
     assert ran == ([] if reached == "end" else [f"Socket-{reached[1]}"]), state["visits"]
+
+
+@pytest.mark.timeout(60)
+def test_c75_ensure_ignored_run_by_two_casts_adds_each_line_once(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    patterns = [".pi/pi-materia/", "dist/"]
+    _project_loadouts(project, {"ignore": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "utility": "project.ensureIgnored", "parse": "json",
+                     "params": {"patterns": patterns}}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    results = []
+    for _ in range(2):
+        started = materia_call(runtime, "s1", "start", {"request": "ignore", "loadout": "ignore"})
+        view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+        assert view["status"] == "complete", view
+        results.append(json.loads(_saved_state(view)["last_output"]))
+    assert results[0]["added"] == patterns and results[1]["added"] == [] and results[1]["unchanged"] == patterns
+    lines = (project / ".gitignore").read_text().splitlines()
+    assert [line for line in lines if line in patterns] == patterns
+
+
+@pytest.mark.timeout(60)
+def test_c76_vcs_detect_in_a_cast_finds_the_jj_marker(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    (project / ".jj").mkdir()
+    _project_loadouts(project, {"vcs": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "utility": "vcs.detect", "parse": "json"}}}})
+    _open_session(runtime, "s1", project, ["unused"])
+    started = materia_call(runtime, "s1", "start", {"request": "detect", "loadout": "vcs"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    found = json.loads(_saved_state(view)["last_output"])
+    assert found["kind"] == "jj" and found["root"] == str(project)
+    assert isinstance(found["available"]["jj"], bool) and isinstance(found["available"]["git"], bool)
+
+
+@pytest.mark.timeout(60)
+def test_c48_c50_c51_a_multi_turn_socket_pauses_on_any_reply_and_continue_finalizes_it(runtime, project) -> None:
+    """pi-materia's Interactive-Plan (multi-turn) through the actors: even valid JSON pauses the
+    socket with nothing taken from it; ``continue`` sends the finalization prompt; its JSON reply
+    completes the socket as a finalized output and the cast moves on."""
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"consult": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Interactive-Plan", "parse": "json",
+                     "assign": {"plan": "$.summary"}, "edges": [{"to": "Socket-2"}]},
+        "Socket-2": _echo("after the plan")}}})
+    draft = json.dumps({"summary": "draft", "workItems": [{"id": "a"}]})
+    final = json.dumps({"summary": "final plan", "workItems": [{"id": "a"}]})
+    scripted = _open_session(runtime, "s1", project, {"Socket-1": [draft, {"text": final, "delay_ms": 1500}]})
+    started = materia_call(runtime, "s1", "start", {"request": "plan", "loadout": "consult"})
+    paused = _wait_status(runtime, "s1", started["cast_id"], ("awaiting_refinement", "complete", "failed"))
+    assert paused["status"] == "awaiting_refinement", paused
+    state = _saved_state(paused)
+    assert state["socket_state"] == "awaiting_user_refinement" and state["awaiting_response"] is False
+    assert state.get("last_json") is None and "plan" not in state["data"]  # 48: nothing taken from the draft
+    assert list(state["multi_turn_refinements"].values()) == [1]
+    assert not (Path(paused["run_dir"]) / "sockets" / "Socket-1" / "1.md").exists()
+
+    materia_call(runtime, "s1", "continue", {})
+    wait_for(lambda: len(scripted.requests()) == 2 and scripted.in_flight(), what="the finalization turn")
+    finalizing = _saved_state(materia_call(runtime, "s1", "status", {"cast_id": started["cast_id"]}))
+    assert finalizing["awaiting_response"] is True and finalizing["multi_turn_finalizing"] is True  # 50
+    prompt = scripted.requests()[-1].prompt
+    assert "Command-triggered finalization" in prompt and "Return only JSON" in prompt
+
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    done = _saved_state(view)
+    assert done["data"]["plan"] == "final plan" and done["visits"].get("Socket-2") == 1
+    run_dir = Path(view["run_dir"])
+    assert json.loads((run_dir / "sockets" / "Socket-1" / "1.md").read_text())["summary"] == "final plan"
+    manifest = json.loads((run_dir / "manifest.json").read_text())["entries"]
+    [output] = [e for e in manifest if e.get("kind") == "socket_output" and e.get("socket") == "Socket-1"]
+    assert output["artifact"] == "sockets/Socket-1/1.md" and output["finalized"] is True
+    assert output["refinementTurn"] == 1
+    [complete] = [e["data"] for e in _events_of(view)
+                  if e["type"] == "socket_complete" and e["data"]["socket"] == "Socket-1"]
+    assert complete["finalizedRefinement"] is True
