@@ -1318,3 +1318,41 @@ def test_c48_c50_c51_a_multi_turn_socket_pauses_on_any_reply_and_continue_finali
     [complete] = [e["data"] for e in _events_of(view)
                   if e["type"] == "socket_complete" and e["data"]["socket"] == "Socket-1"]
     assert complete["finalizedRefinement"] is True
+
+
+@pytest.mark.timeout(60)
+def test_c54_c55_c56_c65_c66_context_window_recovery_exhaustion_and_revive_in_a_cast(runtime, project) -> None:
+    """A turn that fails "context window exceeded" with no assistant reply (56) is compacted and
+    retried once on the same visit (54); the second such failure exhausts the recovery (55);
+    revive adds the original allowance (65), logs ``cast_revive`` before ``cast_recast`` and clears
+    the exhaustion (66); the third failure is then retried and the fourth answer completes."""
+    from castor.actors.materia.api import materia_call
+
+    overflow = {"error": "context window exceeded"}
+    scripted = _open_session(runtime, "s1", project, [overflow, overflow, overflow, "fits now"])
+    started = materia_call(runtime, "s1", "start", {"request": "big", "loadout": "hello"})
+    failed = _wait_status(runtime, "s1", started["cast_id"], ("failed", "complete"))
+    assert failed["status"] == "failed" and failed["failed_reason"].startswith("Same-socket recovery exhausted")
+    state = _saved_state(failed)
+    exhaustion = state["recovery_exhaustion"]
+    assert {k: exhaustion[k] for k in ("attempts", "original_max_attempts", "effective_max_attempts",
+                                       "revive_count")} == {"attempts": 1, "original_max_attempts": 1,
+                                                            "effective_max_attempts": 1, "revive_count": 0}
+    assert exhaustion["failed_reason"] == failed["failed_reason"] and state["visits"] == {"Socket-1": 1}
+    events = _events_of(failed)
+    types = [e["type"] for e in events]
+    assert types.count("socket_start") == 1 and types.count("same_socket_recovery_action_complete") == 1
+    [start] = [e["data"] for e in events if e["type"] == "same_socket_recovery_start"]
+    assert (start["mode"], start["reason"]) == ("normal", "context_window")
+    assert "same_socket_recovery_retry" in types and len(scripted.requests()) == 2
+
+    materia_call(runtime, "s1", "revive", {"cast_id": started["cast_id"]})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    types = [e["type"] for e in _events_of(view)]
+    assert types.index("cast_revive") == types.index("cast_recast") - 1
+    done = _saved_state(view)
+    [allowance] = done["recovery_allowances"].values()
+    assert (allowance["effective_max_attempts"], allowance["revive_count"]) == (2, 1)
+    assert done["recovery_exhaustion"] is None and done["visits"] == {"Socket-1": 1}
+    assert len(scripted.requests()) == 4
