@@ -1356,3 +1356,62 @@ def test_c54_c55_c56_c65_c66_context_window_recovery_exhaustion_and_revive_in_a_
     assert (allowance["effective_max_attempts"], allowance["revive_count"]) == (2, 1)
     assert done["recovery_exhaustion"] is None and done["visits"] == {"Socket-1": 1}
     assert len(scripted.requests()) == 4
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_c37_a_legacy_advance_done_is_followed_only_outside_a_loop(runtime, project, in_loop: bool) -> None:
+    """Outside a loop the exhausted socket goes to its ``advance.done`` (Socket-3). In a loop, the
+    loop's own exit route from it wins (Socket-4): the legacy ``done`` is not read there. (A loaded
+    config cannot hold the item's "loop with no exits": loading mirrors a member's socket-valued
+    ``advance.done`` into an exit route, pi-materia's legacy shim; that half is the resolver's, TR.)"""
+    from castor.actors.materia.api import materia_call
+
+    loadout: dict[str, Any] = {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json", "assign": {"workItems": "$.workItems"},
+                     "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Build",
+                     "foreach": {"items": "state.workItems", "cursor": "workItemIndex"},
+                     "advance": {"cursor": "workItemIndex", "items": "state.workItems", "done": "Socket-3"},
+                     "edges": [{"to": "Socket-2"}]},
+        "Socket-3": _echo("legacy done"), "Socket-4": _echo("loop exit")}}
+    if in_loop:
+        loadout["loops"] = {"lp": {"sockets": ["Socket-2"], "consumes": {"from": "Socket-1"}, "exits": [
+            {"id": "out", "from": "Socket-2", "condition": "always", "targetSocketId": "Socket-4"}]}}
+        del loadout["sockets"]["Socket-2"]["foreach"]
+    _project_loadouts(project, {"legacy": loadout})
+    _open_session(runtime, "s1", project, {"Socket-1": [json.dumps({"workItems": [{"id": "a"}]})],
+                                           "Socket-2": ["built a"]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "legacy"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    visits = _saved_state(view)["visits"]
+    assert visits["Socket-2"] == 1, visits
+    assert [s for s in ("Socket-3", "Socket-4") if s in visits] == (["Socket-4"] if in_loop else ["Socket-3"])
+
+
+@pytest.mark.timeout(60)
+def test_c64_a_context_window_retry_inside_a_loop_keeps_the_item_and_its_counts(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"loop": {"entry": "Socket-1", "loops": {"lp": {
+        "sockets": ["Socket-2"], "consumes": {"from": "Socket-1"}}}, "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Auto-Plan", "parse": "json", "edges": [{"to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Build",
+                     "advance": {"cursor": "workItemIndex", "items": "state.workItems"},
+                     "edges": [{"to": "Socket-2"}]}}}})
+    scripted = _open_session(runtime, "s1", project, {
+        "Socket-1": [json.dumps({"workItems": [{"id": "a"}, {"id": "b"}]})],
+        "Socket-2": [{"item": "a", "error": "context window exceeded"}, "built a", "built b"]})
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "loop"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    state = _saved_state(view)
+    builds = [r for r in scripted.requests() if r.socket_id == "Socket-2"]
+    assert [(r.item_key, r.visit) for r in builds] == [("a", 1), ("a", 1), ("b", 2)]  # the retry: same visit
+    assert builds[1].prompt == builds[0].prompt
+    assert state["visits"]["Socket-2"] == 2 and state["cursors"]["workItemIndex"] == 2
+    attempts = {json.loads(k)[1]: v for k, v in state["task_attempts"].items() if json.loads(k)[0] == "Socket-2"}
+    assert attempts == {"a": 1, "b": 1}  # the retry is no new attempt of a
+    outputs = sorted(p.name for p in (Path(view["run_dir"]) / "sockets" / "Socket-2").iterdir() if p.suffix == ".md")
+    assert outputs == ["1-a.md", "2-b.md"]
