@@ -1018,7 +1018,11 @@ def test_c46_a_json_reply_moves_the_cast_to_the_text_socket_which_is_sent_its_ow
     state = _saved_state(view)
     assert state["awaiting_response"] is True and state["phase"] == "Socket-2"
     assert [r.socket_id for r in scripted.requests()] == ["Socket-1", "Socket-2"]  # 2 prompts in all
-    assert "Return only JSON" not in scripted.requests()[1].prompt
+    text_prompt = scripted.requests()[1].prompt  # 85: a text socket in no loop
+    for fragment in ("<materia-instructions>", "Socket adapter context", "Current workItem JSON: null",
+                     "Global guidance JSON: {}"):
+        assert fragment in text_prompt, fragment
+    assert "Return only JSON" not in text_prompt
     materia_call(runtime, "s1", "abort", {})
 
 
@@ -1415,3 +1419,19 @@ def test_c64_a_context_window_retry_inside_a_loop_keeps_the_item_and_its_counts(
     assert attempts == {"a": 1, "b": 1}  # the retry is no new attempt of a
     outputs = sorted(p.name for p in (Path(view["run_dir"]) / "sockets" / "Socket-2").iterdir() if p.suffix == ".md")
     assert outputs == ["1-a.md", "2-b.md"]
+
+
+@pytest.mark.timeout(240)
+def test_c32_full_auto_fails_when_eval_sends_build_back_a_fourth_time(tmp_path: Path) -> None:
+    """pi-materia's own Full-Auto caps Eval->Build (Socket-5 -> Socket-4) at ``maxTraversals: 3``:
+    a fourth "not satisfied" fails the cast naming the edge and the count."""
+    cli = _fixture_cli()
+    project = cli.project_with(tmp_path, "default.json")
+    script = cli.script_for("default.json", "Full-Auto")
+    script["Socket-5"] = [json.dumps({"summary": "no", "satisfied": False, "feedback": "again", "missing": []})] * 5
+    result, run_dir = cli.run_cast(tmp_path, project, "Full-Auto", script)
+    assert result.returncode != 0
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["phase"] == "failed"
+    assert "edge traversal limit exceeded for Socket-5->Socket-4 (4/3)" in state["failed_reason"]
+    assert state["visits"]["Socket-4"] == 4 and "Socket-6" not in state["visits"]
