@@ -309,3 +309,24 @@ def test_only_the_pending_user_turn_has_its_transcript_cut(harness, project):
     # still paused — only a new before_agent_start starts (and cuts) a new turn.
     after = pi.event("context", {"turn_id": None, "messages": [prompt_msg]})
     assert after == {}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("words", ["ready to continue", "finalize", "looks good, proceed"])
+def test_c49_a_user_message_that_says_finalize_only_refines_the_paused_socket(harness, project, words):
+    """Natural language never finalizes (only ``/materia continue`` does): the user's turn, even one
+    whose message and reply both say so, is recorded as refinement 2 and the socket stays paused."""
+    pi = harness
+    write_project_config(project, CONFIG)
+    cast_id = pi.client.call("cast.start", {"session_id": SID, "cwd": str(project), "request": "plan"})["cast_id"]
+    pi.run_castor_turn(pi.next_turn(), "Draft 1", entry_id="pi-entry-1")
+    run_dir = Path(_wait_status(pi, cast_id, "awaiting_refinement")["run_dir"])
+    pi.run_user_turn(words, f"OK, {words}: {plan_json('a')}")
+    wait_for(lambda: [e for e in events(run_dir) if e["type"] == "socket_refinement"
+                      and e["data"]["refinementTurn"] == 2], what="refinement 2 recorded")
+    view = _wait_status(pi, cast_id, "awaiting_refinement")
+    assert view["paused"] is True and view["pending"] is None
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["multi_turn_finalizing"] is not True and state["socket_state"] == "awaiting_user_refinement"
+    assert "socket_complete" not in _types(run_dir) and pi.run_turns.empty()
+    assert not (run_dir / "sockets" / "Socket-1" / "1.md").exists()
