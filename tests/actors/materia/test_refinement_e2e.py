@@ -330,3 +330,29 @@ def test_c49_a_user_message_that_says_finalize_only_refines_the_paused_socket(ha
     assert state["multi_turn_finalizing"] is not True and state["socket_state"] == "awaiting_user_refinement"
     assert "socket_complete" not in _types(run_dir) and pi.run_turns.empty()
     assert not (run_dir / "sockets" / "Socket-1" / "1.md").exists()
+
+
+@pytest.mark.timeout(30)
+def test_c63_a_refinement_turn_lost_to_the_context_window_is_retried_from_the_last_good_draft(harness, project):
+    """The user's refinement turn ends in a context-window error after a partial reply: the host
+    compacts, and castor's retry of that refinement turn carries the refinement guidance and the
+    last good draft as its previous output, never the failed partial."""
+    pi = harness
+    compactions: list[dict[str, Any]] = []
+    pi.client.on_request("session.compact", lambda p: compactions.append(p) or {"summary": "S", "tokensBefore": 9})
+    write_project_config(project, CONFIG)
+    cast_id = pi.client.call("cast.start", {"session_id": SID, "cwd": str(project), "request": "plan"})["cast_id"]
+    pi.run_castor_turn(pi.next_turn(), "Draft one: use sqlite.", entry_id="pi-entry-1")
+    _wait_status(pi, cast_id, "awaiting_refinement")
+    pi.begin_user_turn("add indexes")
+    pi.end_user_turn("add indexes", "BROKEN PARTIAL", stop_reason="error",
+                     error="400 context window exceeded")
+    pi.settle_user_run()
+    retry = pi.next_turn()
+    assert len(compactions) == 1, compactions
+    assert "Previous output:\nDraft one: use sqlite." in retry["prompt"]
+    assert "BROKEN PARTIAL" not in retry["prompt"] and "/materia continue" in retry["prompt"]
+    pi.run_castor_turn(retry, "Draft two: sqlite with indexes.", entry_id="pi-entry-3")
+    view = _wait_status(pi, cast_id, "awaiting_refinement")
+    drafts = [e["data"]["refinementTurn"] for e in events(Path(view["run_dir"])) if e["type"] == "socket_refinement"]
+    assert drafts == [1, 2]
