@@ -1435,3 +1435,26 @@ def test_c32_full_auto_fails_when_eval_sends_build_back_a_fourth_time(tmp_path: 
     assert state["phase"] == "failed"
     assert "edge traversal limit exceeded for Socket-5->Socket-4 (4/3)" in state["failed_reason"]
     assert state["visits"]["Socket-4"] == 4 and "Socket-6" not in state["visits"]
+
+
+@pytest.mark.timeout(240)
+def test_c57_the_cli_ends_at_a_websocket_error_and_castor_continue_sends_the_turn_again(tmp_path: Path) -> None:
+    """Deliberate difference (transient transport, standalone): nothing retries the dropped turn, so
+    ``castor cast`` exits 1 with the cast still active and says how to go on; ``castor continue ID``
+    from a new process sends the same turn again and completes the cast."""
+    cli = _fixture_cli()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "drop.json").write_text(json.dumps([{"error": "WebSocket error"}]))
+    (project / "answer.json").write_text(json.dumps(["hello back"]))
+    first = cli.castor(tmp_path, "cast", "hi", "--quiet", "--loadout", "hello", "--agent", "script:drop.json",
+                       cwd=project)
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    assert first.returncode == 1 and f"castor continue {run_dir.name}" in first.stderr, first.stderr
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["active"] is True and state["phase"] == "Socket-1"
+    again = cli.castor(tmp_path, "continue", run_dir.name, "--agent", "script:answer.json", cwd=project)
+    assert again.returncode == 0, again.stderr
+    done = json.loads((run_dir / "state.json").read_text())["state"]
+    assert done["phase"] == "complete" and done["visits"] == {"Socket-1": 1}
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "hello back"
