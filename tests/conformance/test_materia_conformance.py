@@ -1458,3 +1458,19 @@ def test_c57_the_cli_ends_at_a_websocket_error_and_castor_continue_sends_the_tur
     done = json.loads((run_dir / "state.json").read_text())["state"]
     assert done["phase"] == "complete" and done["visits"] == {"Socket-1": 1}
     assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text() == "hello back"
+
+
+@pytest.mark.timeout(60)
+def test_c31_a_text_socket_with_only_guarded_edges_ends_the_cast_there(runtime, project) -> None:
+    from castor.actors.materia.api import materia_call
+
+    _project_loadouts(project, {"guarded": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Build", "parse": "text",
+                     "edges": [{"when": "satisfied", "to": "Socket-2"}, {"when": "not_satisfied", "to": "Socket-3"}]},
+        "Socket-2": _echo("yes"), "Socket-3": _echo("no")}}})
+    _open_session(runtime, "s1", project, ['{"satisfied": true}'])  # text: never read for routing
+    started = materia_call(runtime, "s1", "start", {"request": "go", "loadout": "guarded"})
+    view = _wait_status(runtime, "s1", started["cast_id"], ("complete", "failed"))
+    assert view["status"] == "complete", view
+    state = _saved_state(view)
+    assert state["phase"] == "complete" and state["visits"] == {"Socket-1": 1}
