@@ -1190,7 +1190,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             view["not_writable"] = unwritable
     flags = _project_flags(args)
     text = status_text(_shown(view), "cli", cli_flags=flags)
-    resumed_here = view.get("resumable") or (view["status"] in GOING and not held_elsewhere(view))
+    resumed_here = not view.get("outgrown") and (view.get("resumable")
+                                                 or (view["status"] in GOING and not held_elsewhere(view)))
     if resumed_here and _agent_spec(args, root / cast_id) is None:
         # a cast a harness ran (its agent is the harness's), or an openai: one (never taken from the
         # tree): the recast or continue named above would stop at once on `no agent`
@@ -1257,7 +1258,7 @@ def _refuse_while_a_cast_runs(cwd: Path, config_path: str | None) -> None:
 
     row = find_cast(FILE_CAST_STORAGE, _artifact_root(cwd, config_path, say_unloaded=False), set(), "candidate",
                     lambda r: r["status"] in ("active", "awaiting_refinement")
-                    or (r["status"] == "interrupted" and not r["resumable"]))
+                    or (r["status"] == "interrupted" and not r["resumable"] and not r.get("outgrown")))
     if row is not None:
         raise Conflict(f"pi-materia cast {row['cast_id']} is active. Abort it (`castor abort {row['cast_id']}`) "
                        "before changing the loadout.", data={"reason": "active", "cast_id": row["cast_id"]})

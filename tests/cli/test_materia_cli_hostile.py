@@ -799,6 +799,42 @@ def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_pat
 
 
 @pytest.mark.timeout(120)
+def test_a_cast_whose_state_outgrew_castors_bound_is_listed_as_no_recast_target(tmp_path):
+    """Once a cast stopped on a state grown past castor's bound, ``castor status`` still said "stopped:
+    storage unavailable ...; fix the storage ..., then castor recast ID" and "RECAST TARGET", ``castor
+    casts`` listed it as a recast target (``resumable: true`` in its JSON, and so ``cast.list``) and
+    an id-less ``castor recast`` picked it -- each a recast that stops at once on the same bound. They
+    say what the stop said and what helps (``castor cast REQUEST`` starts a new cast)."""
+    project, cast_id = _interrupted_cast(tmp_path)
+    state = project / ".pi" / "pi-materia" / cast_id / "state.json"
+    document = json.loads(state.read_text())
+    document["state"]["data"]["grown"] = "x" * 150_000
+    state.write_text(json.dumps(document))
+    (project / "answers.json").write_text(json.dumps(["two"]))
+    refused = subprocess.run([sys.executable, "-c", OVER_THE_STATE_BOUND, cast_id, "200000"], cwd=project,
+                             env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    _one_clean_error_line(refused, "storage_unavailable")
+
+    status = _castor(tmp_path, "status", cast_id, cwd=project)
+    assert status.returncode == 0, status.stderr
+    assert "castor recast" not in status.stdout and "castor continue" not in status.stdout, status.stdout
+    assert "castor's 200000-byte bound" in status.stdout and "castor cast REQUEST" in status.stdout, status.stdout
+    assert "another castor runtime" not in status.stdout, status.stdout  # nothing holds it
+    view = json.loads(_castor(tmp_path, "status", cast_id, "--json", cwd=project).stdout)
+    assert view["resumable"] is False and "200000-byte bound" in view["outgrown"]["message"], view
+
+    listed = _castor(tmp_path, "casts", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    assert "RECAST TARGET" not in listed.stdout and "castor recast" not in listed.stdout, listed.stdout
+    assert "castor continue" not in listed.stdout and "castor cast REQUEST" in listed.stdout, listed.stdout
+    (row,) = json.loads(_castor(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert row["resumable"] is False and row["outgrown"], row
+
+    picked = _castor(tmp_path, "recast", "--agent", "script:answers.json", "--quiet", cwd=project)
+    _one_clean_error_line(picked, "not_found")  # none to recast: never the outgrown one
+
+
+@pytest.mark.timeout(120)
 def test_on_a_read_only_mount_every_cast_command_names_what_to_type_once_it_is_writable(tmp_path):
     """A project on a mount remounted read-only with a cast its killed runtime left: ``castor abort``
     answered "storage unavailable: cannot run materia abort on .../owner.lock (EROFS: Read-only file

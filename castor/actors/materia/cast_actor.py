@@ -751,9 +751,11 @@ class CastActor(Actor):
             except Exception as again:  # noqa: BLE001 - the record is best effort: the stop must happen
                 self.log.warning("the failed state could not be written either: {exc}", exc=again)
         try:
-            self.artifacts.append_event("storage_unavailable", {"errno": (error.data or {}).get("errno"),
-                                                                 "path": (error.data or {}).get("path"),
-                                                                 "code": error.code.value})
+            note = {"errno": (error.data or {}).get("errno"), "path": (error.data or {}).get("path"),
+                    "code": error.code.value}
+            if outgrown:  # what status and the listings say instead of a recast that cannot help
+                note |= {"reason": STATE_TOO_LARGE, "message": error.message}
+            self.artifacts.append_event("storage_unavailable", note)
         except Exception as again:  # noqa: BLE001 - the log is on the same storage: best effort
             self.log.debug("storage_unavailable event not written: {exc}", exc=again)
         mend = "Free space (or fix the storage)" if isinstance(error, StorageUnavailable) else \

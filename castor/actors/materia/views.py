@@ -16,6 +16,11 @@ Cast status (``status`` field), first match wins:
 | failed, aborted by user | | | ``aborted`` | yes |
 | failed | | | ``failed`` | yes (``revivable`` if recovery was exhausted) |
 
+A cast stopped because its state outgrew the bound castor saves (its log's last event the
+``storage_unavailable`` of ``data.reason: state_too_large``) is not resumable, whatever its status:
+a recast or continue would meet the same bound. It has ``outgrown: {message, path}``, and its
+status and listing row say what does help (``cast REQUEST`` starts a new cast) instead.
+
 An ended cast whose last transition's file effects may not all be on disk (its runtime died
 between saving the state and finishing the writes) has ``artifacts_pending: true``: ``recast``
 writes them from the outbox saved with the state, and then answers as for any ended cast.
@@ -33,7 +38,14 @@ from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOT
 from castor.domain.materia.state import CastState, interrupted_document, short_label
 from castor.domain.materia.surface import command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
-from castor.ports.cast_storage import DEFAULT_PAGE, CastStorage, CastSummaryView, StateCorrupt, UnreadableCastView
+from castor.ports.cast_storage import (
+    DEFAULT_PAGE,
+    STATE_TOO_LARGE,
+    CastStorage,
+    CastSummaryView,
+    StateCorrupt,
+    UnreadableCastView,
+)
 from castor.shown import one_line
 
 
@@ -135,7 +147,12 @@ def status_text(view: dict[str, Any], surface: str = "harness", *, cli_flags: st
     if view.get("paused"):
         lines.append(f"› waiting for refinement; {named('continue')} to finalize "
                      "(reply to refine the draft)")
-    if view.get("status") == "interrupted":
+    outgrown = view.get("outgrown")
+    if isinstance(outgrown, dict):  # a recast or continue would meet the same bound: never named
+        lines.append(f"stopped: {one_line(str(outgrown.get('message') or 'its state outgrew what castor saves'))}")
+        lines.append(f"cannot be resumed (a recast or continue meets the same bound): "
+                     f"{command(surface, 'cast', cli_flags=cli_flags)} REQUEST starts a new cast")
+    elif view.get("status") == "interrupted":
         lines.append(f"interrupted: run {named('continue')} to run the turn again, or "
                      f"{named('abort')} to stop the cast")
     if view.get("failed_reason"):
@@ -219,7 +236,9 @@ def persisted_view(storage: CastStorage, artifact_root: Path, cast_id: str, *, l
         except (CastorError, OSError):
             records = []
         stopped = _storage_fault(records)
-        if stopped is not None:
+        if stopped is not None and stopped.get("reason") == STATE_TOO_LARGE:
+            _mark_outgrown(view, stopped)
+        elif stopped is not None:
             view["storage_fault"] = stopped
         given_up = _given_up(records)
         if given_up is not None:
@@ -241,7 +260,29 @@ def _storage_fault(records: list[Any]) -> dict[str, Any] | None:
             or not isinstance(last.get("data"), dict):
         return None
     data = last["data"]
-    return {"errno": str(data.get("errno") or "EUNKNOWN"), "path": str(data.get("path") or ""), "at_ms": last.get("ts")}
+    fault = {"errno": str(data.get("errno") or "EUNKNOWN"), "path": str(data.get("path") or ""),
+             "at_ms": last.get("ts")}
+    if data.get("reason") == STATE_TOO_LARGE:
+        fault |= {"reason": STATE_TOO_LARGE, "message": str(data.get("message") or "")}
+    return fault
+
+
+def _mark_outgrown(view: dict[str, Any], fault: dict[str, Any]) -> None:
+    """``view`` (a status or a listing row) of a cast whose state outgrew the bound castor saves
+    (``fault``: :func:`_storage_fault`'s): not resumable nor revivable -- a recast or continue would
+    stop at once on the same bound -- and ``outgrown`` says why, with the stop's own message."""
+    view["resumable"] = False
+    view["revivable"] = False
+    view["outgrown"] = {"message": fault.get("message") or "", "path": fault.get("path") or ""}
+
+
+def _outgrown_fault(storage: CastStorage, artifact_root: Path, cast_id: str) -> dict[str, Any] | None:
+    """The ``state_too_large`` stop its log ends on (:func:`_storage_fault`), else None."""
+    try:
+        fault = _storage_fault(storage.event_lines(artifact_root, cast_id))
+    except (CastorError, OSError):
+        return None
+    return fault if fault is not None and fault.get("reason") == STATE_TOO_LARGE else None
 
 
 def _given_up(records: list[Any]) -> dict[str, Any] | None:
@@ -301,6 +342,11 @@ def _cast_row(
                 row["resumable"] = True
                 if row["status"] != "interrupted":
                     row["status"] = "orphaned"
+                # Its runtime gone: it may have stopped on a state too large to save (only then
+                # is its log read).
+                outgrown = _outgrown_fault(storage, artifact_root, summary.cast_id)
+                if outgrown is not None:
+                    _mark_outgrown(row, outgrown)
         except (CastorError, OSError):
             pass
     return row
@@ -309,7 +355,8 @@ def _cast_row(
 def held_elsewhere(row: dict[str, Any]) -> bool:
     """A listing row (:func:`find_cast`, with no live ids) of a cast another live session runs:
     still going, and its lease held, so it is not ``resumable`` here."""
-    return row["status"] in ("active", "awaiting_refinement", "interrupted") and not row["resumable"]
+    return (row["status"] in ("active", "awaiting_refinement", "interrupted") and not row["resumable"]
+            and not row.get("outgrown"))
 
 
 def _problem_row(problem: UnreadableCastView, live_ids: set[str]) -> dict[str, Any]:
@@ -368,7 +415,10 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             # (whose reason names its socket already)
             where, request = "", f"({one_line(row['failed_reason'])})" + (f"  {request}" if request else "")
         lines.append(f"  {row['cast_id']}  {row['status']}{where}  {request}")
-        if row["status"] == "interrupted":  # an Esc stopped its turn: continue runs it again (as status says)
+        if row.get("outgrown"):  # a recast or continue would stop at once on the same bound (as status says)
+            lines.append(f"    ✗ its state outgrew what castor saves: cannot be resumed; "
+                         f"{command(surface, 'cast', cli_flags=cli_flags)} REQUEST starts a new cast")
+        elif row["status"] == "interrupted":  # an Esc stopped its turn: continue runs it again (as status says)
             lines.append(f"    › interrupted — continue: {named('continue', row)} (or abort: "
                          f"{named('abort', row)})")
         if row.get("resumable"):  # every resumable cast can be recast; a revivable one revived as well
