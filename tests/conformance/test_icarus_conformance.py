@@ -32,7 +32,15 @@ from castor.adapters.icarus.launch import WorkerLaunch, build_launch
 from castor.adapters.icarus.worker_process import WorkerProcess, next_request_id
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.domain.icarus.settings import IcarusSettings, SettingsLayer, Source, resolve_settings
-from castor.messages.errors import Cancelled, ErrorCode, InvalidConfig, Timeout, WorkerCrashed, WorkerRetired
+from castor.messages.errors import (
+    Cancelled,
+    CastorError,
+    ErrorCode,
+    InvalidConfig,
+    Timeout,
+    WorkerCrashed,
+    WorkerRetired,
+)
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 from castor.supervision import ActorSystem
@@ -123,6 +131,38 @@ def test_i13_after_a_crash_the_next_call_gets_a_fresh_worker_without_session_ini
     assert len(bridge.spawned) == 2 and bridge.spawned[1].pid != first_pid
     assert len(rig.calls("hooks.on_session_start")) == 1  # session initialisation is not re-sent
     assert len(rig.calls("hooks.crash")) == 1  # the failed call is never replayed
+
+
+@pytest.mark.parametrize("unusable", ["dangling_symlink", "a_file", "a_directory_nothing_can_be_made_in"])
+def test_a_fabric_dir_that_cannot_be_used_is_storage_unavailable_naming_the_setting_not_internal(bridge, unusable):
+    """``fabricDir`` a dangling symlink (the backend's ``[Errno 17] File exists``), a symlink to a
+    file, or to a directory nothing can be created in (SQLite's "unable to open database file"):
+    each came back ``internal`` / ``backend_error``, as if castor had failed. The worker looks at the
+    path: ``storage_unavailable`` naming the setting (``fabricDir``), its path and an errno, in
+    castor's words -- never the memory's text -- and the worker is kept."""
+    client, rig = bridge.client, bridge.rig
+    if unusable == "dangling_symlink":
+        rig.fabric.symlink_to(rig.project.parent / "nowhere")
+    elif unusable == "a_file":
+        (rig.project.parent / "a-file").write_text("not a directory")
+        rig.fabric.symlink_to(rig.project.parent / "a-file")
+    else:
+        target = rig.project.parent / "shut"
+        target.mkdir()
+        if os.geteuid() == 0:
+            rig.fabric.symlink_to("/proc/1")  # even root creates nothing there
+        else:
+            target.chmod(0o500)
+            rig.fabric.symlink_to(target)
+    with pytest.raises(CastorError) as refused:
+        client.call("state", "write_entry", ["note", "SECRET memory text"])
+    error = refused.value
+    assert error.code == ErrorCode.STORAGE_UNAVAILABLE, error.to_wire()
+    assert error.data["setting"] == "fabricDir" and error.data["path"] == str(rig.fabric), error.data
+    assert error.data["errno"] in ("ENOENT", "ENOTDIR", "EACCES"), error.data
+    assert "fabricDir" in error.message and str(rig.fabric) in error.message, error.message
+    assert "SECRET" not in json.dumps(error.to_wire()), error.to_wire()
+    assert len(bridge.spawned) == 1 and client.call("hooks", "counter") >= 0  # the worker is kept
 
 
 def test_i13_after_an_idle_worker_is_killed_the_next_call_gets_a_fresh_worker(bridge):

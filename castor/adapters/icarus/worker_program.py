@@ -366,6 +366,11 @@ def handle(line: str) -> "dict[str, Any]":
         return {"id": request_id, "ok": False, "error": str(exc), "traceback": "", "refused": "missing_function"}
     except BaseException as exc:  # SystemExit too: the worker outlives one bad call
         reply = {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
+        unusable = _fabric_dir_fault(exc)
+        if unusable is not None:  # the setting's path is what failed: named, not the backend's text
+            reply["storage"], reply["unusable"] = unusable[0], {"setting": "fabricDir", "path": _fabric_dir(),
+                                                                "why": unusable[1]}
+            return reply
         storage = _storage_errno(exc)
         if storage is not None:
             reply["storage"] = storage
@@ -403,6 +408,67 @@ def _storage_errno(exc: "BaseException | None") -> "str | None":
             exc = exc.__cause__ or exc.__context__
     except Exception:  # noqa: BLE001 - an exception whose __str__ raises: no classification, the reply stands
         return None
+    return None
+
+
+#: The SQLite result code a database file it cannot open fails with (SQLITE_CANTOPEN).
+_SQLITE_CANTOPEN = 14
+
+
+def _fabric_dir() -> str:
+    """The ``fabricDir`` setting as castor passed it to the backend (``FABRIC_DIR``), absolute."""
+    raw = os.environ.get("FABRIC_DIR") or ""
+    return os.path.abspath(raw) if raw else ""
+
+
+def _fabric_dir_fault(exc: "BaseException | None") -> "tuple[str, str] | None":
+    """``(errno name, why)`` when the backend failed because the ``fabricDir`` castor gave it cannot
+    be used -- a dangling symlink, a file, a directory nothing can be created in -- seen from an
+    ``OSError`` on that path (or in it), or SQLite's "unable to open database file" there; None
+    otherwise. Never raises; what it says is castor's own words, never the backend's text."""
+    fabric = _fabric_dir()
+    if not fabric:
+        return None
+    try:
+        suspect = False
+        for _ in range(8):  # the exception and what it was raised from, a few deep
+            if exc is None:
+                break
+            if isinstance(exc, OSError):
+                for name in (exc.filename, exc.filename2):
+                    if isinstance(name, str) and name and (
+                            os.path.abspath(name) == fabric or os.path.abspath(name).startswith(fabric + os.sep)):
+                        suspect = True
+            elif type(exc).__module__ == "sqlite3":
+                code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+                suspect = suspect or (isinstance(code, int) and code & 0xFF == _SQLITE_CANTOPEN) \
+                    or "unable to open database file" in str(exc)
+            exc = exc.__cause__ or exc.__context__
+        return _unusable_dir(fabric) if suspect else None
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises: no classification, the reply stands
+        return None
+
+
+def _unusable_dir(path: str) -> "tuple[str, str] | None":
+    """Why ``path`` cannot hold a backend's files (errno name, words), or None if it can."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return "ENOENT", "is a symlink to nothing (dangling)"
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "ENOTDIR", "is not a directory"
+    if not os.path.exists(path):
+        return None  # the backend may create it: not this fault
+    probe = os.path.join(path, ".castor-fabric-probe-%d" % os.getpid())
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return None
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or -1, "EIO"), "is a directory no file can be created in"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
     return None
 
 

@@ -33,6 +33,16 @@ class IcarusStorageFault(IcarusCallError):
     code = ErrorCode.STORAGE_UNAVAILABLE
 
 
+class IcarusSettingUnusable(IcarusStorageFault):
+    """The backend failed because a path setting castor gave it cannot be used (``fabricDir`` a
+    dangling symlink, a file, a directory nothing can be created in: the worker looked): the
+    environment's fault, ``storage_unavailable`` naming the setting, the path and the errno. Its
+    message is castor's own words (never the backend's text, so it may be logged), and it carries
+    no traceback."""
+
+    private_message = False
+
+
 class IcarusModuleRefused(CastorError):
     """A module of the configured package resolves outside ``icarusDir`` (a symlink out, a
     ``__pycache__`` that points elsewhere): the worker refused it before any of its code ran."""
@@ -66,7 +76,8 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     bound (``refused: "reply_too_large"``) is :class:`IcarusCallError` with that reason (the
     function ran). One the worker marks
     ``storage: "<ERRNO>"`` (the storage refused the backend) is :class:`IcarusStorageFault`
-    (``storage_unavailable``, ``data.errno``).
+    (``storage_unavailable``, ``data.errno``); with ``unusable: {setting, path, why}`` as well (a
+    path setting the worker found unusable) it is :class:`IcarusSettingUnusable`, worded by castor.
     """
     if reply.get("ok") is True:
         return reply.get("result")
@@ -81,6 +92,14 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
     if reply.get("refused") == "reply_too_large":
         raise IcarusCallError(message, data={"reason": "reply_too_large", "target": target}, may_have_started=True)
     storage = reply.get("storage")
+    unusable = reply.get("unusable")
+    if isinstance(storage, str) and storage in _ERRNO_NAMES and isinstance(unusable, dict):
+        setting, path = str(unusable.get("setting") or ""), str(unusable.get("path") or "")
+        raise IcarusSettingUnusable(
+            f"storage unavailable: the Icarus {setting} {path} {unusable.get('why') or 'cannot be used'} "
+            f"({storage}); point {setting} at a directory the memory can be kept in",
+            data={"reason": "backend_error", "target": target, "errno": storage, "setting": setting, "path": path},
+            may_have_started=True)
     if isinstance(storage, str) and storage in _ERRNO_NAMES:
         raise IcarusStorageFault(f"storage unavailable: {message}", data={
             "reason": "backend_error", "target": target, "errno": storage,
