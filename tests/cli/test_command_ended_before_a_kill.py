@@ -84,3 +84,45 @@ def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recas
     assert ended["active"] is False and ended["phase"] == "complete", ended
     assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text().strip() == "deployed"
     assert not list((run_dir / ".commands").glob("*.json"))  # the record is gone once its outcome is saved
+
+
+@pytest.mark.timeout(120)
+def test_the_recast_that_takes_a_recorded_outcome_names_its_own_surfaces_commands_after(tmp_path):
+    """The recorded outcome replaces the recast's re-dispatch, and the recast's ``surface`` was lost
+    with it: a cast a harness session started and ``castor recast`` resumed past a kill ``-9`` kept
+    naming ``/materia continue`` to the user at the terminal. The surface of the request is applied."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    runs = project / "runs.txt"
+    config = {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": ["sh", "-c", f"echo run >> '{runs}'; echo deployed"],
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (project / "answers.json").write_text(json.dumps([{"text": "partial", "stop_reason": "aborted"}]))
+    held = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": "", "HELD": str(held)}
+    proc = subprocess.Popen([sys.executable, "-c", HELD_CAST, "cast", "go", "--agent", "script:answers.json",
+                             "--quiet"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(held.exists, 60, "the command's end, held before its outcome is saved")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    state = run_dir / "state.json"
+    document = json.loads(state.read_text())
+    document["state"]["surface"] = "harness"  # as a harness session's cast is saved
+    state.write_text(json.dumps(document))
+    resumed = castor_cli(tmp_path, "recast", run_dir.name, "--agent", "script:answers.json", "--quiet",
+                         cwd=project, timeout=90)
+    assert runs.read_text().splitlines() == ["run"], resumed.stderr  # the recorded outcome was taken
+    ended = json.loads(state.read_text())["state"]
+    assert ended["surface"] == "cli" and ended["socket_state"] == "interrupted", (ended["surface"], resumed.stderr)
+    assert "/materia" not in ended["last_message"] and "/materia" not in resumed.stderr, (ended["last_message"],
+                                                                                          resumed.stderr)

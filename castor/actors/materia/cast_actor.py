@@ -432,7 +432,8 @@ class CastActor(Actor):
     def _redo(self, event: Any) -> None:
         """Apply ``event``; a re-dispatch of the cast's lost work (``RecastRequested`` after a
         restart) whose command ended before its runtime died applies that command's recorded
-        outcome instead (it is not run again), and then removes its record."""
+        outcome instead (it is not run again), with the event's ``surface`` (a user's request:
+        where the cast's later texts send the user), and then removes its record."""
         finished = self._finished_command
         self._finished_command = None
         pending = self.state.pending if self.state is not None else None
@@ -442,6 +443,10 @@ class CastActor(Actor):
             return
         self.log.info("cast {cast}: the command of {visit} ended before its runtime stopped; its recorded outcome is "
                       "taken, the command is not run again", cast=self.env.cast_id, visit=finished.visit_id)
+        if event.surface is not None and self.state is not None and event.surface != self.state.surface:
+            # The outcome stands in for the user's recast or continue: where it came from still holds,
+            # so the cast's later texts name that surface's commands (saved with the outcome).
+            self.state = self.state.model_copy(update={"surface": event.surface})
         self._apply(finished)
         self._forget_command(finished.visit_id)
 
