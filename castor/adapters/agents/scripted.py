@@ -13,8 +13,8 @@ An answer is a string (the text) or an object
 ``error`` is a string or ``{message, kind?, payload?, status?}`` (then
 ``stop_reason`` defaults to ``"error"``); ``usage`` is a usage map (TurnUsage field names
 or any spelling the engine reads, all kept in ``usage.raw``; a figure that is not a finite,
-non-negative number is not reported); ``stop_reason: "aborted"`` plays the
-user's Esc.
+non-negative number is not reported, and a ``usage`` that is no map is named unreadable);
+``stop_reason: "aborted"`` plays the user's Esc.
 
 Which answer a turn gets
 ------------------------
@@ -65,7 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from castor.adapters.agents._turns import TurnBook, error_outcome
 from castor.adapters.fs import read_regular_file
 from castor.domain.jsontext import json_problem
-from castor.domain.materia.budget import cost_figure, non_negative_number, plain_usage
+from castor.domain.materia.budget import cost_figure, non_negative_number, plain_usage, unreadable_usage
 from castor.messages.errors import InvalidConfig
 from castor.ports.agent import TurnError, TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -142,9 +142,14 @@ class ScriptAnswer(BaseModel):
         that is not a finite, non-negative number is not reported -- never coerced (``"12"`` was
         12 tokens, ``true`` one) nor a refused script (``12.5``); a cost may be a decimal string
         (:func:`~castor.domain.materia.budget.cost_figure`) -- and the whole map is kept as
-        ``raw`` (an explicit ``raw`` object wins), which the engine reads with every alias."""
-        if not isinstance(value, dict):
+        ``raw`` (an explicit ``raw`` object wins), which the engine reads with every alias. A usage
+        that is not a map (a number, a string, a list) counts nothing and is named unreadable
+        (``usage="lots"``), as the harness link and the OpenAI-compatible agent name one: the turn
+        is kept, never the whole script refused."""
+        if value is None or isinstance(value, TurnUsage):
             return value
+        if not isinstance(value, dict):
+            return {"raw": unreadable_usage("usage", plain_usage(value))}
         given = value.get("raw")
         raw = plain_usage(given if isinstance(given, dict) else {k: v for k, v in value.items() if k != "raw"})
         fields = {k: (cost_figure if k == "cost_usd" else non_negative_number)(value.get(k)) for k in _USAGE_FIELDS}

@@ -214,3 +214,22 @@ def test_an_openai_compatible_servers_usage_that_is_not_a_map_is_named_as_the_ha
     wired = outcome_from_wire("t1", {"usage": usage}).usage
     assert wired is not None and unreadable_figures(wired.raw) == unreadable_figures(served.raw)
     assert _usage(None) is None, "no usage sent is no usage, not a malformed one"
+
+
+@pytest.mark.parametrize("usage", ["lots", 5, [1, 2], True])
+def test_a_scripted_turns_usage_that_is_not_a_map_is_named_as_the_wire_names_it_not_a_refused_script(
+        tmp_path: Any, usage: Any) -> None:
+    """``--agent script:FILE`` with a turn whose ``usage`` is no map refused the whole script
+    (``invalid_config``) while the same shape over the wire is named unreadable and the turn kept."""
+    from castor.adapters.agents.scripted import ScriptAnswer, load_script
+    from castor.endpoint.harness_link import outcome_from_wire
+
+    answer = ScriptAnswer.model_validate({"text": "kept", "usage": usage})
+    wired = outcome_from_wire("t1", {"usage": usage}).usage
+    assert answer.usage is not None and wired is not None
+    assert unreadable_figures(answer.usage.raw) == unreadable_figures(wired.raw) == [f"usage={json.dumps(usage)}"]
+    assert answer.outcome("t1").text == "kept"
+    script = tmp_path / "answers.json"
+    script.write_text(json.dumps([{"text": "kept", "usage": usage}, "next"]))
+    loaded = load_script(script)
+    assert [a.text for a in loaded.by_socket["*"]] == ["kept", "next"]
