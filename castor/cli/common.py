@@ -21,9 +21,12 @@ import errno
 import io
 import os
 import sys
-from typing import Any, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
 
 from castor.shown import one_line
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # The endpoint's defaults (documented in docs/protocol.md "Limits"); the same numbers as
@@ -355,16 +358,28 @@ def private_workdir(text: str) -> str:
     and every directory above it castor's user's or root's and not writable by others unless sticky
     (like ``/tmp``; whoever may rename an ancestor could swap the whole tree). Else ``forbidden``
     (exit 2, nothing written). An existing file is ``FileExistsError``, as ``mkdir`` says it."""
-    import stat
     from pathlib import Path
 
     from castor.adapters.fs import make_dirs
-    from castor.messages.errors import Forbidden
 
     path = Path(text).resolve()
+    # What exists of it is checked before anything is made: a refused workdir is not left behind.
+    _check_private(path, next(d for d in (path, *path.parents) if os.path.lexists(d)))
     make_dirs(path)
+    _check_private(path, path)
+    return str(path)
+
+
+def _check_private(path: Path, start: Path) -> None:
+    """``forbidden`` unless the workdir ``path`` (when ``start`` is it) is castor's user's own and
+    writable by no one else, and every directory from ``start`` up castor's user's or root's and not
+    writable by others unless sticky (:func:`private_workdir`)."""
+    import stat
+
+    from castor.messages.errors import Forbidden
+
     me = os.geteuid()
-    for directory in (path, *path.parents):
+    for directory in (start, *start.parents):
         st = os.lstat(directory)
         where = "the workdir" + ("" if directory == path else f" {path} (its parent {directory})")
         shown = f" {directory}" if directory == path else ""
@@ -377,4 +392,3 @@ def private_workdir(text: str) -> str:
             raise Forbidden(f"{where}{shown} is writable by other users, who could plant its files (a log linked "
                             "elsewhere, the configs its trusted sessions run); use a directory of your own",
                             data={"path": str(directory), "reason": "workdir_not_private"})
-    return str(path)

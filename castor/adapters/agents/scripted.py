@@ -223,7 +223,8 @@ def load_script(path: str | os.PathLike[str]) -> AgentScript:
 
     Only a regular file of at most :data:`MAX_SCRIPT_BYTES` is read, as a config layer is: a FIFO
     (which would block until a writer came, past any SIGTERM), ``/dev/zero`` (read whole into
-    memory) or a directory is ``InvalidConfig`` naming the file, at once.
+    memory) or a directory is ``InvalidConfig`` naming the file, at once; so is a file that is no
+    script (not JSON, a bad answer), with where in it.
     """
     file = Path(path)
     try:
@@ -238,13 +239,16 @@ def load_script(path: str | os.PathLike[str]) -> AgentScript:
         raise InvalidConfig(f"cannot read agent script {file}: {exc} (an answers file is a regular file of at "
                             f"most {MAX_SCRIPT_BYTES // (1024 * 1024)} MiB)",
                             data={"reason": "unreadable", "path": str(file)}) from None
-    if file.suffix == ".jsonl":
-        return _parse_jsonl(text)
     try:
-        whole = json.loads(text)
-    except (ValueError, RecursionError):  # not one JSON document (or one Python cannot read): JSONL
-        return _parse_jsonl(text)
-    return parse_script(whole)
+        if file.suffix == ".jsonl":
+            return _parse_jsonl(text)
+        try:
+            whole = json.loads(text)
+        except (ValueError, RecursionError):  # not one JSON document (or one Python cannot read): JSONL
+            return _parse_jsonl(text)
+        return parse_script(whole)
+    except InvalidConfig as exc:  # "script line 1 is not JSON" said not which file: the file named first
+        raise InvalidConfig(f"agent script {file}: {exc.message}", data={**exc.data, "path": str(file)}) from None
 
 
 class ScriptedAgent:
