@@ -416,3 +416,86 @@ def test_the_runtime_log_says_when_a_cast_starts_and_how_it_ends(runtime_factory
     assert f"cast {done['cast_id']} complete" in said, said
     ended = next(ln for ln in lines if f"cast {aborted['cast_id']} aborted at Socket-1: " in ln["message"])
     assert ended["actor"] == f"/root/session/s2/cast/{aborted['cast_id']}" and ended["level"] == "INFO"
+
+
+class _RefusingAgent:
+    """An AgentPort whose every ``run_turn`` raises (a transport that is down): each turn is lost."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self._lock = threading.Lock()
+
+    def run_turn(self, request, reply) -> None:
+        with self._lock:
+            self.sent.append(request.turn_id)
+        raise ConnectionError("the agent's transport is down")
+
+    def cancel(self, turn_id: str) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_more_than_three_losses_in_a_row_fail_the_cast_recastable_instead_of_looping(runtime_factory, project):
+    """docs/materia.md's failure table: "more than 3 losses in a row -> DispatchFailed: the cast fails
+    (recastable) instead of looping". An agent port that raises on every turn: the turn is sent 4
+    times (the first and 3 re-dispatches, each under a new visit id), then the cast is failed,
+    saying how often its work was lost, resumable; it never crashes and never sends a fifth."""
+    rt = runtime_factory()
+    agent = _RefusingAgent()
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lambda _line: None)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    handle = _cast_handle(rt, "s1", started["cast_id"])
+    assert handle.closed.wait(30)
+    view = materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})
+    assert view["status"] == "failed" and view["resumable"] is True, view
+    assert "work lost 4 times in a row" in view["failed_reason"], view["failed_reason"]
+    assert len(agent.sent) == 4 and len(set(agent.sent)) == 4, agent.sent
+    assert handle.incarnation == 1  # the cast itself never crashed on it
+
+
+@pytest.mark.timeout(60)
+def test_a_materia_verbs_own_file_error_is_storage_unavailable_naming_the_verb_and_the_session_lives_on(
+        runtime_factory, project, monkeypatch):
+    """docs/materia.md's storage-fault table: "any other materia verb's file error ->
+    ``storage_unavailable`` with ``data.verb``". ``set_loadout`` meets a full disk as it saves the
+    project's config: the caller gets ``storage_unavailable`` (``errno: ENOSPC``, ``verb``), never
+    ``internal`` nor a crashed session; the session's next verb answers."""
+    import errno
+
+    from castor.adapters.materia.storage import FileCastStorage
+    from castor.messages.errors import CastorError, ErrorCode
+
+    def full(self, cwd, name, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(cwd) / ".pi" / "pi-materia.json"))
+
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    monkeypatch.setattr(FileCastStorage, "save_active_loadout", full)
+    with pytest.raises(CastorError) as refused:
+        materia_call(rt, "s1", "set_loadout", {"name": "hello"})
+    error = refused.value
+    assert error.code == ErrorCode.STORAGE_UNAVAILABLE, error.to_wire()
+    assert error.data["verb"] == "set_loadout" and error.data["errno"] == "ENOSPC", error.data
+    assert ".pi/pi-materia.json" in error.data["path"] and not error.data["path"].startswith("/"), error.data
+    assert materia_call(rt, "s1", "loadouts", {})["text"], "the session answers on"
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_socket_actors_turn_is_sent_again_with_the_same_prompt_and_visit_number_under_a_new_id(
+        runtime_factory, project):
+    """docs/materia.md's failure table: "SocketActor killed / crashed before answering -> the cast
+    re-dispatches (the same prompt, same visit number, new visit id)" -- and the visit is counted
+    once, not once per dispatch."""
+    rt = runtime_factory()
+    agent, _ui = open_session(rt, "s1", project, [{"text": "lost", "delay_ms": 5000}, "second try"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    sockets = wait_for(lambda: _socket_handles(rt, "s1"), what="the socket actor")
+    faults.kill(sockets[0])
+    view = wait_status(rt, "s1", started["cast_id"])
+    assert view["status"] == "complete", view
+    first, again = agent.requests()[:2]
+    assert again.turn_id != first.turn_id
+    assert (again.socket_id, again.visit, again.prompt, again.mode) == (first.socket_id, first.visit, first.prompt,
+                                                                        first.mode)
+    assert view["visits"] == {"Socket-1": 1}, view["visits"]
