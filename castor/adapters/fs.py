@@ -704,6 +704,35 @@ def read_json_lines(path: str | os.PathLike[str], max_bytes: int | None = None) 
     return JsonLinesRead(records=records, skipped=skipped)
 
 
+def read_last_json_line(path: str | os.PathLike[str], window: int = 64 * 1024) -> Any:
+    """The last complete line of the JSON-lines file ``path``, parsed, reading at most its last
+    ``window`` bytes (a log of any length costs one bounded read); None when there is none in that
+    window, the last complete line is not JSON, or the file is missing. A torn last line (no
+    newline) is not a line, as for :func:`read_json_lines`; a FIFO or a directory is ``ValueError``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        start = max(0, st.st_size - window)
+        tail = os.pread(fd, st.st_size - start, start)
+    finally:
+        os.close(fd)
+    lines = tail.split(b"\n")[:-1]  # the part after the last newline is torn (or empty)
+    if start > 0:
+        lines = lines[1:]  # the window's first line began before it
+    for line in reversed(lines):
+        if line.strip():
+            try:
+                return json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):
+                return None
+    return None
+
+
 def check_project_dir(cwd: str) -> None:
     """A session's ``cwd`` is its project: an absolute path to an existing directory. Anything
     else is refused before a session exists (the path rule is :func:`castor.domain.paths.check_project_path`;

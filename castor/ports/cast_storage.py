@@ -221,6 +221,11 @@ class CastStorage(Protocol):
         """Every complete, parseable line of the cast's event log, in order."""
         ...
 
+    def last_event(self, artifact_root: Path, cast_id: str) -> Any:
+        """The last complete line of the cast's event log, parsed (one bounded read, whatever the
+        log's length); None when there is none or it is not JSON."""
+        ...
+
     def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
         """Remove a cast directory that holds no saved state; True if it was removed."""
         ...

@@ -280,3 +280,19 @@ def test_the_typed_error_of_a_process_out_of_descriptors_is_built_without_one(tm
     done = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60,
                           cwd=str(tmp_path))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_last_json_line_is_read_from_a_bounded_tail_and_a_torn_line_is_not_one(tmp_path):
+    from castor.adapters.fs import read_last_json_line
+
+    log = tmp_path / "events.jsonl"
+    assert read_last_json_line(log) is None  # missing
+    log.write_text('{"a": 1}\n{"b": 2}\n{"torn')
+    assert read_last_json_line(log) == {"b": 2}
+    log.write_text(('{"x": "' + "y" * 100 + '"}\n') * 2000 + '{"last": true}\n')
+    assert read_last_json_line(log) == {"last": True}
+    assert read_last_json_line(log, window=10) is None  # no whole line within the window
+    log.write_text('{"a": 1}\nnot json\n')
+    assert read_last_json_line(log) is None
+    with pytest.raises(ValueError):
+        read_last_json_line(tmp_path)

@@ -277,11 +277,13 @@ def _mark_outgrown(view: dict[str, Any], fault: dict[str, Any]) -> None:
 
 
 def _outgrown_fault(storage: CastStorage, artifact_root: Path, cast_id: str) -> dict[str, Any] | None:
-    """The ``state_too_large`` stop its log ends on (:func:`_storage_fault`), else None."""
+    """The ``state_too_large`` stop its log ends on (:func:`_storage_fault`), else None: its last
+    line only (a listing reads no whole log)."""
     try:
-        fault = _storage_fault(storage.event_lines(artifact_root, cast_id))
-    except (CastorError, OSError):
+        last = storage.last_event(artifact_root, cast_id)
+    except (CastorError, OSError, ValueError):
         return None
+    fault = _storage_fault([last] if last is not None else [])
     return fault if fault is not None and fault.get("reason") == STATE_TOO_LARGE else None
 
 

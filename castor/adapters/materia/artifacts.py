@@ -84,6 +84,7 @@ from castor.adapters.fs import (
     make_durable_dirs,
     one_line_json,
     read_json_lines,
+    read_last_json_line,
     read_regular_file,
     split_text,
 )
@@ -616,6 +617,11 @@ class CastArtifacts:
         records = _event_records(events)
         with self._lock:
             append_json_lines(self._target(self.EVENTS), records)
+
+    def last_event_line(self) -> Any:
+        """The last complete line of ``events.jsonl``, parsed (:func:`~castor.adapters.fs.read_last_json_line`:
+        one bounded read, whatever the log's length); None when there is none."""
+        return read_last_json_line(self.path(self.EVENTS))
 
     def event_lines(self) -> JsonLinesRead:
         """``events.jsonl`` as :func:`~castor.adapters.fs.read_json_lines` reads it; a log over

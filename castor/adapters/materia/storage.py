@@ -56,6 +56,9 @@ class FileCastStorage:
     def event_lines(self, artifact_root: Path, cast_id: str) -> list[Any]:
         return CastArtifacts(artifact_root, cast_id).event_lines().records
 
+    def last_event(self, artifact_root: Path, cast_id: str) -> Any:
+        return CastArtifacts(artifact_root, cast_id).last_event_line()
+
     def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
         return discard_unsaved(artifact_root, cast_id)
 
