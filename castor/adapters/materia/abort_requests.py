@@ -33,7 +33,6 @@ from pathlib import Path
 
 from castor._log import logger
 from castor.adapters.fs import read_regular_file
-from castor.supervision.threads import start_thread
 
 ABORT_REQUEST = "abort.request"
 #: Where the holder moves the request it is about to judge (see the module doc).
@@ -140,6 +139,10 @@ class _Watch:
             start = not self.running
             self.running = True
         if start:
+            # Imported here: the commands that only read casts (castor casts, status) load this
+            # module with the storage and must not load the actor runtime (its first watch does).
+            from castor.supervision.threads import start_thread
+
             try:
                 start_thread(self.run, name="castor-abort-requests", owner="/runtime",
                              purpose="takes castor abort's requests for the casts this process holds")
