@@ -396,6 +396,7 @@ class Connection:
         # the reader waits for the queue to come back under the bound (finishing jobs wake it).
         self._parked: dict[int, int] = {}
         self._parked_bytes = 0
+        self._max_read_ahead = self.settings.max_read_ahead_bytes  # (settings are frozen) read per call
         self._frame_bytes = 0
         self._room_waiter = False
         # Of those, the ones whose response is already on its way (counted before it is written,
@@ -541,6 +542,18 @@ class Connection:
         if self._incomplete_at != fed or fed <= begun:
             return None
         return fed - begun, fed
+
+    @property
+    def handlers_running(self) -> int:
+        """Incoming requests and notifications admitted and not finished (``stats()["in_flight"]``),
+        read without the lock or a dict built: the server's reaper asks it of every connection."""
+        return self._in_flight
+
+    @property
+    def calls_pending(self) -> int:
+        """Outgoing calls waiting for their response (``stats()["pending_calls"]``), read as
+        :attr:`handlers_running` is."""
+        return len(self._pending)
 
     def stats(self) -> dict[str, Any]:
         with self._mutex:
@@ -715,14 +728,6 @@ class Connection:
                    by_peer=overflow.startswith(_WRITE_FAILED))
         return False
 
-    def _cork_inline(self, me: int) -> None:
-        """Cork the frames the inline handler about to run on ``me`` sends (unless one is corked)."""
-        with self._wmutex:
-            if self._cork is None:
-                self._cork_thread = me
-                self._cork = []
-                self._cork_bytes = 0
-
     def _uncork(self, me: int | None = None, tail: bytes | None = None) -> None:
         """Write the corked frames out (only ``me``'s cork, if given) and end the cork; ``tail``
         (an inline handler's response) goes out last, in the same write when the cork is still
@@ -740,7 +745,8 @@ class Connection:
                     tail = None
                 if not cork or self._closed:
                     return
-                overflow = self._write_locked(cork[0] if len(cork) == 1 else b"".join(cork), len(cork))
+                frames = len(cork)
+                overflow = self._write_locked(cork[0] if frames == 1 else b"".join(cork), frames)
                 if overflow is None:
                     return
         if overflow is None:  # the tail, not ours to write with a cork
@@ -973,6 +979,7 @@ class Connection:
         """Hold the reader role: read; run each request here unless no one could take over reading."""
         cond = self._cond
         mutex = self._mutex
+        wmutex = self._wmutex
         max_in_flight = self.settings.max_in_flight
         max_workers = self.settings.max_workers
         wait_for_a_slot = self.settings.notifications_wait_for_a_slot
@@ -988,7 +995,7 @@ class Connection:
                     admitted = inline = False
                     if wait_for_a_slot and type(frame) is Notification:
                         self._park_locked(frame)
-                        admitted = True
+                        admitted = full = True
                 else:
                     self._in_flight += 1
                     admitted = True
@@ -1000,14 +1007,20 @@ class Connection:
                     else:
                         self._jobs.append(frame)
                         inline = False
+                        # Only a queue that reached the bound makes the reader wait for room.
+                        full = self._in_flight - self._replied >= max_in_flight
             if not admitted:
                 self._refuse(frame)
                 continue
             if not inline:
-                if wait_for_a_slot and not self._wait_for_room(me):
+                if wait_for_a_slot and full and not self._wait_for_room(me):
                     return  # a caller reads from here on
                 continue
-            self._cork_inline(me)
+            with wmutex:  # cork what the inline handler sends (unless a cork is on already)
+                if self._cork is None:
+                    self._cork_thread = me
+                    self._cork = []
+                    self._cork_bytes = 0
             replied = self._run(frame, me)  # ends the cork
             with mutex:
                 self._in_flight -= 1
@@ -1052,7 +1065,7 @@ class Connection:
                         gate = None
                     if call.settled:
                         return
-                    if self._closed or self._eof or self._parked_bytes >= self.settings.max_read_ahead_bytes:
+                    if self._closed or self._eof or self._parked_bytes >= self._max_read_ahead:
                         read, held = False, False  # (read ahead as far as allowed: a worker reads on)
                     elif self._role is None or self._role == me:
                         held = self._role == me  # a handler calling back its own peer
@@ -1156,7 +1169,7 @@ class Connection:
                         admitted = True
                 if not admitted:
                     self._refuse(frame)
-                elif self._parked_bytes >= self.settings.max_read_ahead_bytes:
+                elif self._parked_bytes >= self._max_read_ahead:
                     return  # await_reply waits without reading; a worker reads once there is room
         finally:
             with mutex:
@@ -1192,11 +1205,13 @@ class Connection:
             if self._closed:
                 self._release_role(me)
                 return None
-            if deadline is not None and time.monotonic() >= deadline:
-                return None  # checked per frame, not only when a read comes back empty: a peer that
-                # never stops sending other frames cannot hold a call past its deadline
             value = _NOTHING
             if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None  # checked before each frame, not only when a read comes back empty:
+                    # a peer that never stops sending other frames cannot hold a call past its
+                    # deadline. (Not before a read: a caller's read wakes at its receive timeout,
+                    # a poll at the deadline, and each checks it then.)
                 try:
                     value = next(unpacker)
                 except StopIteration:  # what is buffered is the start of one frame
@@ -1215,18 +1230,24 @@ class Connection:
                     return None
                 else:
                     end = unpacker.tell()
-                    if end - self._frame_start > self._max_frame:  # whole, and over the limit
+                    size = end - self._frame_start
+                    if size > self._max_frame:  # whole, and over the limit
                         self._over_the_frame_limit(me)
                         return None
-                    self._frame_bytes = end - self._frame_start
+                    self._frame_bytes = size  # what a notification parked for a slot holds
                     self._frame_start = end
             if value is _NOTHING:
                 # Inlined common case of _fill/_feed: a blocking recv that returns bytes.
                 if (deadline is None and not poll_workers) or (deadline is not None and caller_recv):
                     data = read_available()
-                    if data:
-                        if not self._take(me, data):
+                    if data:  # _take inlined
+                        try:
+                            unpacker.feed(data)
+                        except msgpack.BufferFull:
+                            self._take_refused(me)
                             return None
+                        self._fed += len(data)
+                        self._chunk = data
                         continue
                     if data is None:  # receive timeout
                         if deadline is not None and time.monotonic() >= deadline:
@@ -1342,12 +1363,16 @@ class Connection:
         try:
             self._decoder.unpacker.feed(data)
         except msgpack.BufferFull:
-            self._release_role(me)
-            self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
+            self._take_refused(me)
             return False
         self._fed += len(data)
         self._chunk = data
         return True
+
+    def _take_refused(self, me: int) -> None:
+        """The decoder's buffer cannot take the bytes read: the stream is undecodable."""
+        self._release_role(me)
+        self._on_undecodable(UndecodableStream("frame exceeds the buffer limit"))
 
     def _refused_at_a_header(self) -> str | None:
         """Why the incomplete frame is refused already, by a header it holds (:class:`PendingFrame`),
@@ -1436,7 +1461,8 @@ class Connection:
         if not token or msgid is None:
             return False
         frame = self._result_frame(msgid, ctx.method, result)
-        self._count_replied()  # before the token: a response is counted before it is written
+        with self._mutex:  # before the token: a response is counted before it is written
+            self._replied += 1
         try:
             token.pop()
         except IndexError:  # the handler's own answer (or another early one) took it
@@ -1474,7 +1500,7 @@ class Connection:
         ``_in_flight`` by one and ``_replied`` by what this returned.
 
         ``corked_by``: the thread that corked for this job (an inline run, see
-        :meth:`_cork_inline`); the cork ends here, on every path, and a response goes out in the
+        :meth:`_read_as_worker`); the cork ends here, on every path, and a response goes out in the
         same write as the frames the handler corked."""
         msgid = job.msgid if type(job) is Request else None  # None: a notification
         replied = 0
@@ -1507,8 +1533,15 @@ class Connection:
             if msgid is not None:
                 if ctx.early is not None and not _take(ctx.early):
                     return 1  # answered early (and counted there): this return value is dropped
-                frame = self._result_frame(msgid, job.method, result)
-                replied = self._count_replied()
+                try:  # the common case of _result_frame, inlined: a result msgpack carries, short
+                    encoded: bytes | None = encode_response(msgid, None, result)
+                except (TypeError, ValueError, OverflowError):
+                    encoded = None
+                frame = (encoded if encoded is not None and len(encoded) <= self._smallest_limit
+                         else self._result_frame(msgid, job.method, result))
+                with self._mutex:  # _count_replied, inlined
+                    self._replied += 1
+                replied = 1
                 if corked_by is None:
                     self._send(frame)
                 else:

@@ -429,11 +429,30 @@ def element_over_limits(obj: Any, limits: FrameLimits) -> str | None:
 
 
 def encode_request(msgid: int, method: str, params: dict[str, Any]) -> bytes:
-    return _pack([REQUEST, msgid, method, [params]])
+    # _pack's body, inlined: a request and a response are packed once per call each way.
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        packed: bytes = packer.pack([REQUEST, msgid, method, [params]])
+        return packed
+    except BaseException:
+        _local.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
+        raise
 
 
 def encode_response(msgid: int, error: dict[str, Any] | None, result: Any) -> bytes:
-    return _pack([RESPONSE, msgid, error, result])
+    try:  # _pack's body, inlined (see encode_request)
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        packed: bytes = packer.pack([RESPONSE, msgid, error, result])
+        return packed
+    except BaseException:
+        _local.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
+        raise
 
 
 def encode_notification(method: str, params: dict[str, Any]) -> bytes:

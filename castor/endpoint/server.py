@@ -423,7 +423,7 @@ class Server:
         if seen is None or seen[:2] != activity:
             self._seen[conn.id] = (*activity, now)
             return
-        if conn.state.get(SESSIONS_KEY) or conn.stats()["in_flight"] or conn.stats()["pending_calls"]:
+        if conn.state.get(SESSIONS_KEY) or conn.handlers_running or conn.calls_pending:
             self._seen[conn.id] = (*activity, now)  # holds a session or work: never idle
             return
         if now - seen[2] >= self.idle_timeout:
@@ -441,7 +441,7 @@ class Server:
         incomplete = conn.incomplete_frame()
         # (With a handler still running, the reader may be what is stuck -- every worker busy --
         # and the rest of the frame unread in the socket: the peer is not judged then.)
-        if incomplete is None or conn.stats()["in_flight"]:
+        if incomplete is None or conn.handlers_running:
             self._stalls.pop(conn.id, None)
             return False
         begun, fed = incomplete
