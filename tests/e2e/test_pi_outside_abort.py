@@ -1,0 +1,119 @@
+"""``castor abort ID`` typed in another terminal, in another directory, while Pi runs the cast.
+
+The cast's runtime is Pi's own ``castor serve``; the ``castor abort`` process cannot reach it, so it
+leaves the request in the cast's run directory and waits for the holder to take it. Driven here as
+a user meets it: ``castor status ID --cwd PROJECT`` names the abort to type, the abort says the cast
+aborted within its wait, Pi shows the cast aborted, no further model request is made, and
+``/materia recast`` in Pi resumes the cast to its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.waiting import poll_until
+
+from .conftest import python_env, read_jsonl
+from .pi_rpc import PiRpc
+from .test_pi_castor_e2e import PLAN, fail_fast_on_error, project_with_loadout, up, wait_event
+
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(90)]
+
+STALL_S = 30.0  # the builder's model call answers this late: only an abort ends it in time
+
+BUILD = {
+    "artifactDir": ".pi/pi-materia",
+    "activeLoadout": "Plan-Build",
+    "limits": {"maxSocketVisits": 5, "maxEdgeTraversals": 5},
+    "materia": {
+        "Planner": {"prompt": "PLANNER-MATERIA: produce a plan for the request as a JSON handoff.", "tools": "none"},
+        "Builder": {"prompt": "BUILDER-MATERIA: build the result from the plan.", "tools": "none"},
+    },
+    "loadouts": {"Plan-Build": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "agent", "materia": "Planner", "parse": "json", "assign": {"plan": "$.summary"},
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "Builder", "parse": "text",
+                     "edges": [{"when": "always", "to": "end"}]},
+    }}},
+}
+
+
+def castor_cli(*args: str, cwd: Path, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``castor ARGS`` as a user types it in another terminal: its own process, its own directory."""
+    env = {**os.environ, **python_env(), "HOME": str(cwd / "home")}
+    return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def builder_requests(fake_llm: Any) -> list[dict[str, Any]]:
+    return [r for r in fake_llm.log() if "BUILDER-MATERIA" in json.dumps(r["messages"])]
+
+
+def a_cast_whose_builder_stalls(pi: PiRpc, fake_llm: Any, project: Path) -> tuple[int, Path]:
+    """``/materia cast`` in Pi, returned once the builder's model call is under way (and stalls)."""
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("LATE-BUILD", when="BUILDER-MATERIA", delay=STALL_S)
+    up(pi)
+    start = pi.command("/materia cast build the thing")
+    run_dir, _events, _ = wait_event(pi, project, lambda e: e.get("type") == "cast_start", start=start,
+                                     what="cast_start")
+    assert poll_until(lambda: bool(builder_requests(fake_llm)), timeout=20), f"no builder call; Pi: {pi.tail()}"
+    fail_fast_on_error(pi, start)
+    return start, run_dir
+
+
+def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, castor_command, fake_llm, tmp_path):
+    project = project_with_loadout(tmp_path, BUILD)
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    start, run_dir = a_cast_whose_builder_stalls(pi, fake_llm, project)
+    cast_id = run_dir.name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    status = castor_cli("status", cast_id, "--cwd", str(project), cwd=elsewhere)
+    said = status.stdout + status.stderr
+    assert status.returncode == 0, said
+    abort_line = f"castor abort {cast_id} --cwd {project}"
+    assert abort_line in said, said
+
+    requests_before = len(fake_llm.log())
+    at = pi.mark()
+    t0 = time.monotonic()
+    aborted = castor_cli(*abort_line.split()[1:], cwd=elsewhere)
+    took = time.monotonic() - t0
+    told = aborted.stdout + aborted.stderr
+    assert aborted.returncode == 0, told
+    assert "aborted" in told and "already" not in told, told
+    assert took < 6.0, took
+
+    note = pi.wait_ui("notify", lambda e: "aborted" in str(e.get("message", "")) and cast_id in str(e.get("message")),
+                      start=at, timeout=10)
+    assert str(note["message"]).startswith("pi-materia cast"), note
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=at, timeout=10)
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert (state["active"], state["aborted"], state["failed_reason"]) == (False, True, "aborted by user"), state
+    again = castor_cli("status", cast_id, "--cwd", str(project), cwd=elsewhere)
+    assert "aborted" in again.stdout + again.stderr, again
+    # Nothing keeps running: no further model request, Pi idle.
+    time.sleep(1.0)  # a run that was not stopped would ask again well within this
+    assert len(fake_llm.log()) == requests_before
+    assert pi.request({"type": "get_state"})["data"]["isStreaming"] is False
+    assert not (run_dir / "abort.request").exists()
+
+    fake_llm.reply_text("WRITTEN-BUILD", when="BUILDER-MATERIA")
+    recast = pi.command("/materia recast")
+    _run, events, _ = wait_event(pi, project, lambda e: e.get("type") == "cast_end" and e["data"].get("ok") is True,
+                                 start=recast, what="the recast's cast_end")
+    types = [e["type"] for e in events]
+    assert "cast_recast" in types and types[-1] == "cast_end", types
+    errors = [e.get("message") for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"]
+    assert errors == [], errors
+    assert [e["type"] for e in read_jsonl(run_dir / "events.jsonl")][-1] == "cast_end"
