@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.support.waiting import poll_until
@@ -117,3 +119,76 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, cas
     errors = [e.get("message") for e in pi.ui("notify", start=start) if e.get("notifyType") == "error"]
     assert errors == [], errors
     assert [e["type"] for e in read_jsonl(run_dir / "events.jsonl")][-1] == "cast_end"
+
+
+#: Pi's ``castor serve --stdio`` with the cast actor's handler of a utility's outcome held before it
+#: runs (so before the state save that applies it): it writes ``HELD`` and sleeps until killed.
+HELD_SERVE = """
+import os, sys, time
+from castor.actors.materia import cast_actor
+from castor.domain.materia.cast_messages import UtilityFinished
+
+applies = cast_actor.CastActor._on_outcome
+
+def held(self, message):
+    if isinstance(message.event, UtilityFinished):
+        with open(os.environ["HELD"], "w") as mark:
+            mark.write(message.event.visit_id)
+        time.sleep(600)
+    return applies(self, message)
+
+cast_actor.CastActor._on_outcome = held  # an actor binds its handlers by name at each incarnation
+from castor.cli.app import main
+sys.exit(main(["serve", "--stdio", *sys.argv[1:]]))
+"""
+
+
+def deploy_then_build(runs: Path) -> dict[str, Any]:
+    """A utility socket whose command appends a line to ``runs`` (its side effect), then the builder."""
+    return {
+        "artifactDir": ".pi/pi-materia",
+        "activeLoadout": "Deploy-Build",
+        "materia": {"Builder": {"prompt": "BUILDER-MATERIA: build the result from the deploy.", "tools": "none"}},
+        "loadouts": {"Deploy-Build": {"entry": "Socket-1", "sockets": {
+            "Socket-1": {"type": "utility", "command": ["sh", "-c", f"echo run >> '{runs}'; echo deployed"],
+                         "edges": [{"when": "always", "to": "Socket-2"}]},
+            "Socket-2": {"type": "agent", "materia": "Builder", "parse": "text",
+                         "edges": [{"when": "always", "to": "end"}]},
+        }}},
+    }
+
+
+def test_a_command_that_ended_before_pis_castor_was_killed_9_runs_once_across_the_recast(
+    start_pi, castor_command, fake_llm, tmp_path
+):
+    runs = tmp_path / "runs.txt"
+    project = project_with_loadout(tmp_path, deploy_then_build(runs))
+    held = tmp_path / "held"
+    pi = start_pi([sys.executable, "-c", HELD_SERVE], cwd=project, settings={"defaultProjectTrust": "always"},
+                  env={"HELD": str(held)})
+    up(pi)
+    pi.command("/materia cast deploy it")
+    assert poll_until(held.exists, timeout=30), f"the command never ended; Pi: {pi.tail()}"
+    assert runs.read_text().splitlines() == ["run"]
+    [runtime] = [p for p in psutil.Process(pi.proc.pid).children(recursive=True) if "-c" in p.cmdline()
+                 and "HELD" in " ".join(p.cmdline())]
+    runtime.send_signal(signal.SIGKILL)
+    runtime.wait(10)
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    saved = json.loads((run_dir / "state.json").read_text())["state"]
+    assert saved["pending"]["kind"] == "utility" and saved["active"] is True  # its outcome was never saved
+    pi.close()
+
+    fake_llm.reply_text("WRITTEN-BUILD", when="BUILDER-MATERIA")
+    again = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(again)
+    recast = again.command("/materia recast")
+    _run, events, _ = wait_event(again, project, lambda e: e.get("type") == "cast_end" and e["data"].get("ok") is True,
+                                 start=recast, what="the recast's cast_end", timeout=40)
+    assert runs.read_text().splitlines() == ["run"]  # exactly once: the recast took its recorded outcome
+    ended = json.loads((run_dir / "state.json").read_text())["state"]
+    assert ended["active"] is False and ended["phase"] == "complete", ended
+    assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text().strip() == "deployed"
+    assert builder_requests(fake_llm), "the builder never ran"
+    errors = [e.get("message") for e in again.ui("notify", start=recast) if e.get("notifyType") == "error"]
+    assert errors == [], errors
