@@ -192,3 +192,39 @@ def test_a_command_that_ended_before_pis_castor_was_killed_9_runs_once_across_th
     assert builder_requests(fake_llm), "the builder never ran"
     errors = [e.get("message") for e in again.ui("notify", start=recast) if e.get("notifyType") == "error"]
     assert errors == [], errors
+
+
+def test_castor_abort_from_another_terminal_stops_the_cast_pis_terminal_ui_runs(start_tty, castor_command, fake_llm,
+                                                                                tmp_path):
+    project = project_with_loadout(tmp_path, BUILD)
+    fake_llm.reply_text(PLAN, when="PLANNER-MATERIA")
+    fake_llm.reply_text("LATE-BUILD", when="BUILDER-MATERIA", delay=STALL_S)
+    pi = start_tty(castor_command, settings={"defaultProjectTrust": "always"})
+    assert poll_until(lambda: "castor: up" in pi.screen_tail(200_000), timeout=30), pi.screen_tail()
+    pi.type("/materia cast build the thing")
+    assert poll_until(lambda: bool(builder_requests(fake_llm)), timeout=30), f"no builder call: {pi.screen_tail()!r}"
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    status = castor_cli("status", run_dir.name, "--cwd", str(project), cwd=elsewhere)
+    abort_line = f"castor abort {run_dir.name} --cwd {project}"
+    assert abort_line in status.stdout + status.stderr, status
+
+    requests_before = len(fake_llm.log())
+    aborted = castor_cli(*abort_line.split()[1:], cwd=elsewhere)
+    assert aborted.returncode == 0 and "aborted" in aborted.stdout, aborted
+    shown = f"pi-materia cast {run_dir.name} aborted"
+    assert poll_until(lambda: shown in pi.screen_tail(200_000), timeout=10), pi.screen_tail()
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert (state["active"], state["aborted"]) == (False, True), state
+    time.sleep(1.0)  # a run that was not stopped would ask again well within this
+    assert len(fake_llm.log()) == requests_before
+
+    fake_llm.reply_text("WRITTEN-BUILD", when="BUILDER-MATERIA")
+    pi.type("/materia recast ")  # the trailing space closes Pi's completion list
+
+    def completed() -> bool:
+        ends = [e for e in read_jsonl(run_dir / "events.jsonl") if e["type"] == "cast_end"]
+        return bool(ends) and ends[-1]["data"].get("ok") is True
+
+    assert poll_until(completed, timeout=30), pi.screen_tail()
