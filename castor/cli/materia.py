@@ -544,6 +544,13 @@ def _small_file(path: Path) -> bytes:
     return read_regular_file(path, 64 * 1024, follow_links=False)
 
 
+#: Said under a ``castor recast`` / ``continue`` a command names for a cast no agent is remembered
+#: for (one a harness ran: its agent is the harness's; an ``openai:`` one, never taken from the tree):
+#: typed as shown it would stop at once on ``no agent``.
+NO_AGENT_REMEMBERED = ("no agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
+                       "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
+
+
 def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
     spec = getattr(args, "agent", None) or os.environ.get("CASTOR_AGENT") or None
     if spec is None and run_dir is not None:
@@ -999,9 +1006,11 @@ def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int
     from castor.messages.errors import Conflict
 
     flags = _project_flags(args)
+    # the recast the answer names would stop at once on `no agent` (a cast a harness ran): it says so
+    needs_agent = _agent_spec(args, root / cast_id) is None
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
     if view["active"] and CastLease.is_held(root, cast_id):
-        return _abort_elsewhere(root, cast_id, flags)
+        return _abort_elsewhere(root, cast_id, flags, needs_agent=needs_agent)
     session = _Standalone(cwd, None, config_path=args.config, need_agent=False)
     try:
         text = session.call("abort", {"cast_id": cast_id})["text"]
@@ -1012,9 +1021,10 @@ def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int
     finally:
         session.close()
     if text is None:
-        return _abort_elsewhere(root, cast_id, flags)
+        return _abort_elsewhere(root, cast_id, flags, needs_agent=needs_agent)
     # the engine names the CLI's recast (`castor recast ID`); typed as shown it must find this project
-    _out(text.replace(f"castor recast {cast_id}", f"castor recast {cast_id}{flags}"))
+    text = text.replace(f"castor recast {cast_id}", f"castor recast {cast_id}{flags}")
+    _out(f"{text}\n{NO_AGENT_REMEMBERED}" if needs_agent and f"castor recast {cast_id}" in text else text)
     return EXIT_OK
 
 
@@ -1057,11 +1067,12 @@ def _one_abort_at_a_time(run_dir: Path) -> Iterator[None]:
         os.close(fd)  # drops the lock
 
 
-def _abort_elsewhere(root: Path, cast_id: str, flags: str = "") -> int:
+def _abort_elsewhere(root: Path, cast_id: str, flags: str = "", *, needs_agent: bool = False) -> int:
     """Another runtime holds the cast: leave it an abort request (the holder looks for one every
     :data:`castor.adapters.materia.abort_requests.ABORT_POLL_S`) and wait for the cast to end. The
     request never outlives this command: one left behind would abort the cast's next recast the
-    moment it started."""
+    moment it started. ``needs_agent``: no agent is remembered for the cast, and the answer says what
+    the ``castor recast`` it names needs (:data:`NO_AGENT_REMEMBERED`)."""
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.abort_requests import ABORT_REQUEST
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
@@ -1091,11 +1102,11 @@ def _abort_elsewhere(root: Path, cast_id: str, flags: str = "") -> int:
     if view["status"] != "aborted":
         raise Conflict(f"pi-materia cast {cast_id} ended {view['status']} before the abort request was taken.",
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
-    if second or untaken:  # as a second abort in a harness session answers (already: true); untaken: the
-        # cast ended aborted without this request (aborted where it ran, e.g. /materia abort in Pi)
-        _out(f"pi-materia cast {cast_id} is already aborted. Recast it with castor recast {cast_id}{flags}.")
-    else:
-        _out(f"pi-materia cast {cast_id} aborted. Recast it with castor recast {cast_id}{flags}.")
+    # as a second abort in a harness session answers (already: true); untaken: the cast ended aborted
+    # without this request (aborted where it ran, e.g. /materia abort in Pi)
+    how = "is already aborted" if second or untaken else "aborted"
+    said = f"pi-materia cast {cast_id} {how}. Recast it with castor recast {cast_id}{flags}."
+    _out(f"{said}\n{NO_AGENT_REMEMBERED}" if needs_agent else said)
     return EXIT_OK
 
 
@@ -1196,8 +1207,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # a cast a harness ran (its agent is the harness's), or an openai: one (never taken from the
         # tree): the recast or continue named above would stop at once on `no agent`
         view["needs_agent"] = True
-        text += ("\nno agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
-                 "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
+        text += f"\n{NO_AGENT_REMEMBERED}"
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
         # Whichever holds it (a harness session's castor serve, another castor command), it takes

@@ -95,6 +95,9 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, cas
     assert aborted.returncode == 0, told
     assert "aborted" in told and "already" not in told, told
     assert took < 6.0, took
+    # The recast it names must work as typed: a cast Pi ran remembers no agent for the CLI, so the
+    # line says what a CLI recast needs, and that /materia recast in Pi resumes it.
+    assert "needs --agent" in told and "/materia recast" in told, told
 
     note = pi.wait_ui("notify", lambda e: "aborted" in str(e.get("message", "")) and cast_id in str(e.get("message")),
                       start=at, timeout=10)
