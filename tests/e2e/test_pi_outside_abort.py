@@ -231,3 +231,22 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pis_terminal_ui_runs(
         return bool(ends) and ends[-1]["data"].get("ok") is True
 
     assert poll_until(completed, timeout=30), pi.screen_tail()
+
+
+def test_castor_abort_of_a_cast_whose_pi_is_gone_names_what_its_recast_needs(start_pi, castor_command, fake_llm,
+                                                                             tmp_path):
+    """Pi (and its runtime) gone mid-cast, the cast held by no runtime: ``castor abort`` ends it
+    itself, and the recast it names says what it needs (no agent is remembered for a cast Pi ran)."""
+    project = project_with_loadout(tmp_path, BUILD)
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    _start, run_dir = a_cast_whose_builder_stalls(pi, fake_llm, project)
+    os.killpg(pi.proc.pid, signal.SIGKILL)
+    pi.proc.wait(10)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aborted = castor_cli("abort", run_dir.name, "--cwd", str(project), cwd=elsewhere)
+    told = aborted.stdout + aborted.stderr
+    assert aborted.returncode == 0 and f"pi-materia cast {run_dir.name} aborted" in told, told
+    assert "needs --agent" in told and "/materia recast" in told, told
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert (state["active"], state["aborted"]) == (False, True), state
