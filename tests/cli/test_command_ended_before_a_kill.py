@@ -21,34 +21,17 @@ from pathlib import Path
 import pytest
 
 from tests.cli.interrupted_cast import castor_cli
+from tests.support.held_outcome import held_castor
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: ``castor cast`` with the cast actor's handler of a utility's outcome held before it runs (so
-#: before the state save that applies it): it writes ``HELD`` and sleeps until killed.
-HELD_CAST = """
-import os, sys, time
-from castor.actors.materia import cast_actor
-from castor.domain.materia.cast_messages import UtilityFinished
-
-applies = cast_actor.CastActor._on_outcome
-
-def held(self, message):
-    if isinstance(message.event, UtilityFinished):
-        with open(os.environ["HELD"], "w") as mark:
-            mark.write(message.event.visit_id)
-        time.sleep(600)
-    return applies(self, message)
-
-cast_actor.CastActor._on_outcome = held  # an actor binds its handlers by name at each incarnation
-from castor.cli.app import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
-@pytest.mark.timeout(120)
-def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recast(tmp_path):
+def _killed_with_its_outcome_unsaved(tmp_path: Path, answers: list) -> tuple[Path, Path, Path]:
+    """``castor cast`` of a utility socket (its command appends ``run`` to runs.txt) then an agent
+    socket, killed ``-9`` once the command ended and before its outcome was saved: ``(project,
+    runs.txt, the run directory)``."""
     project = tmp_path / "project"
     (project / ".pi").mkdir(parents=True)
     runs = project / "runs.txt"
@@ -57,11 +40,11 @@ def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recas
                      "edges": [{"when": "always", "to": "Socket-2"}]},
         "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
     (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
-    (project / "answers.json").write_text(json.dumps(["hi"]))
+    (project / "answers.json").write_text(json.dumps(answers))
     held = tmp_path / "held"
     env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
            "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": "", "HELD": str(held)}
-    proc = subprocess.Popen([sys.executable, "-c", HELD_CAST, "cast", "go", "--agent", "script:answers.json",
+    proc = subprocess.Popen([sys.executable, "-c", held_castor(), "cast", "go", "--agent", "script:answers.json",
                              "--quiet"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -74,6 +57,12 @@ def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recas
             proc.kill()
             proc.wait(30)
     [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    return project, runs, run_dir
+
+
+@pytest.mark.timeout(120)
+def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recast(tmp_path):
+    project, runs, run_dir = _killed_with_its_outcome_unsaved(tmp_path, ["hi"])
     saved = json.loads((run_dir / "state.json").read_text())["state"]
     assert saved["pending"]["kind"] == "utility" and saved["active"] is True  # its outcome was never saved
     done = castor_cli(tmp_path, "recast", run_dir.name, "--agent", "script:answers.json", "--quiet", cwd=project,
@@ -91,30 +80,8 @@ def test_the_recast_that_takes_a_recorded_outcome_names_its_own_surfaces_command
     """The recorded outcome replaces the recast's re-dispatch, and the recast's ``surface`` was lost
     with it: a cast a harness session started and ``castor recast`` resumed past a kill ``-9`` kept
     naming ``/materia continue`` to the user at the terminal. The surface of the request is applied."""
-    project = tmp_path / "project"
-    (project / ".pi").mkdir(parents=True)
-    runs = project / "runs.txt"
-    config = {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
-        "Socket-1": {"type": "utility", "command": ["sh", "-c", f"echo run >> '{runs}'; echo deployed"],
-                     "edges": [{"when": "always", "to": "Socket-2"}]},
-        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
-    (project / "answers.json").write_text(json.dumps([{"text": "partial", "stop_reason": "aborted"}]))
-    held = tmp_path / "held"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": "", "HOME": str(tmp_path / "home"),
-           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": "", "HELD": str(held)}
-    proc = subprocess.Popen([sys.executable, "-c", HELD_CAST, "cast", "go", "--agent", "script:answers.json",
-                             "--quiet"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        wait_for(held.exists, 60, "the command's end, held before its outcome is saved")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    project, runs, run_dir = _killed_with_its_outcome_unsaved(
+        tmp_path, [{"text": "partial", "stop_reason": "aborted"}])
     state = run_dir / "state.json"
     document = json.loads(state.read_text())
     document["state"]["surface"] = "harness"  # as a harness session's cast is saved

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support.held_outcome import held_castor
 from tests.support.waiting import poll_until
 
 from .conftest import python_env, read_jsonl
@@ -124,26 +125,8 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, cas
     assert [e["type"] for e in read_jsonl(run_dir / "events.jsonl")][-1] == "cast_end"
 
 
-#: Pi's ``castor serve --stdio`` with the cast actor's handler of a utility's outcome held before it
-#: runs (so before the state save that applies it): it writes ``HELD`` and sleeps until killed.
-HELD_SERVE = """
-import os, sys, time
-from castor.actors.materia import cast_actor
-from castor.domain.materia.cast_messages import UtilityFinished
-
-applies = cast_actor.CastActor._on_outcome
-
-def held(self, message):
-    if isinstance(message.event, UtilityFinished):
-        with open(os.environ["HELD"], "w") as mark:
-            mark.write(message.event.visit_id)
-        time.sleep(600)
-    return applies(self, message)
-
-cast_actor.CastActor._on_outcome = held  # an actor binds its handlers by name at each incarnation
-from castor.cli.app import main
-sys.exit(main(["serve", "--stdio", *sys.argv[1:]]))
-"""
+#: Pi's ``castor serve --stdio`` with a utility's outcome held before it is saved (see held_castor).
+HELD_SERVE = held_castor("serve", "--stdio")
 
 
 def deploy_then_build(runs: Path) -> dict[str, Any]:
