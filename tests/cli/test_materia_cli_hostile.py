@@ -776,13 +776,9 @@ sys.exit(main(["recast", sys.argv[1], "--agent", "script:answers.json", "--quiet
 """
 
 
-@pytest.mark.timeout(90)
-def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_path):
-    """A cast's state grown past the bound castor saves (``MAX_STATE_BYTES``; here made small): the
-    recast stopped with "storage unavailable ... (EFBIG: a state document of N bytes is over
-    castor's bound). Free space (or fix the storage), then castor recast ID" -- no space freed lets
-    that state be saved, so the recast it advised met the same bound. It says the state outgrew
-    castor's bound, that recasting cannot help, and what starts anew."""
+def _recast_past_the_state_bound(tmp_path: Path) -> tuple[Path, str, subprocess.CompletedProcess]:
+    """An interrupted cast whose state grew to 150 KB, recast under a 200,000-byte state bound: it
+    stops on ``storage_unavailable`` (one clean error line). ``(project, cast id, that recast)``."""
     project, cast_id = _interrupted_cast(tmp_path)
     state = project / ".pi" / "pi-materia" / cast_id / "state.json"
     document = json.loads(state.read_text())
@@ -792,6 +788,17 @@ def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_pat
     refused = subprocess.run([sys.executable, "-c", OVER_THE_STATE_BOUND, cast_id, "200000"], cwd=project,
                              env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     _one_clean_error_line(refused, "storage_unavailable")
+    return project, cast_id, refused
+
+
+@pytest.mark.timeout(90)
+def test_a_cast_whose_state_outgrew_castors_bound_says_so_not_free_space(tmp_path):
+    """A cast's state grown past the bound castor saves (``MAX_STATE_BYTES``; here made small): the
+    recast stopped with "storage unavailable ... (EFBIG: a state document of N bytes is over
+    castor's bound). Free space (or fix the storage), then castor recast ID" -- no space freed lets
+    that state be saved, so the recast it advised met the same bound. It says the state outgrew
+    castor's bound, that recasting cannot help, and what starts anew."""
+    project, cast_id, refused = _recast_past_the_state_bound(tmp_path)
     assert "Free space" not in refused.stderr and "once the storage is fixed" not in refused.stderr, refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
     assert "castor's 200000-byte bound" in last and "castor cast" in last, last
@@ -805,15 +812,7 @@ def test_a_cast_whose_state_outgrew_castors_bound_is_listed_as_no_recast_target(
     casts`` listed it as a recast target (``resumable: true`` in its JSON, and so ``cast.list``) and
     an id-less ``castor recast`` picked it -- each a recast that stops at once on the same bound. They
     say what the stop said and what helps (``castor cast REQUEST`` starts a new cast)."""
-    project, cast_id = _interrupted_cast(tmp_path)
-    state = project / ".pi" / "pi-materia" / cast_id / "state.json"
-    document = json.loads(state.read_text())
-    document["state"]["data"]["grown"] = "x" * 150_000
-    state.write_text(json.dumps(document))
-    (project / "answers.json").write_text(json.dumps(["two"]))
-    refused = subprocess.run([sys.executable, "-c", OVER_THE_STATE_BOUND, cast_id, "200000"], cwd=project,
-                             env=_env(tmp_path), capture_output=True, text=True, timeout=60)
-    _one_clean_error_line(refused, "storage_unavailable")
+    project, cast_id, refused = _recast_past_the_state_bound(tmp_path)
 
     status = _castor(tmp_path, "status", cast_id, cwd=project)
     assert status.returncode == 0, status.stderr
