@@ -13,7 +13,9 @@ handler raises anything else            reply failed; incarnation ends ``crashed
 (tell or ask alike)                     supervisor told ``ChildExited``; the         the next incarnation or are rejected
                                         failing message is never redelivered         with ``ActorStopped(may_have_started=False)``
 ``retire(reason)`` (inside or out)      owned resources killed, mailbox closed,      queued asks fail ``Retired`` (or the
-                                        every queued ask rejected, incarnation ends  actor's chosen error), never replayed
+                                        every queued ask rejected, incarnation ends  actor's chosen error), never replayed;
+                                        (asked by a handler: closed before that      a send after the handler's answer is
+                                        handler's own answer is delivered)           new demand (a fresh incarnation)
 ``Control("stop")``                     ``on_terminate``; incarnation ends           queued messages kept for the supervisor
                                         ``stopped``                                  to hand on or reject
 ``Control("kill")`` / injected crash    treated exactly as a crash                   as a crash
@@ -204,6 +206,7 @@ class Actor(pykka.ThreadingActor):
         self._retire_request: tuple[str, type[CastorError]] | None = None
         self._retire_during: str | None = None  # the type of the message whose handler asked to retire
         self._stop_requested = False
+        self._retire_closed = False  # the mailbox closed by this incarnation's retirement (once)
         self._abandoned = False
         #: True once this incarnation ended, was cut loose, or asked to stop or retire: one flag,
         #: set beside each of those four (an inline ask reads it twice), not a property over them.
@@ -415,6 +418,8 @@ class Actor(pykka.ThreadingActor):
             result = handler(message) if handler is not None else self.receive(message)
         except CastorError as exc:
             handle.failed += 1
+            if self._retire_request is not None:
+                self._close_for_retirement(*self._retire_request)  # before the answer: see there
             if reply is not None:
                 reply.fail(exc)
             else:
@@ -428,6 +433,8 @@ class Actor(pykka.ThreadingActor):
             self._crash(exc, envelope)
         else:
             handle.processed += 1
+            if self._retire_request is not None:
+                self._close_for_retirement(*self._retire_request)
             if reply is not None:
                 reply.set(result)
         finally:
@@ -464,14 +471,34 @@ class Actor(pykka.ThreadingActor):
         self._exit_kind = ExitKind.CRASHED
         self.is_ending = True
 
-    def _retire_now(self, reason: str, error: type[CastorError]) -> None:
+    def _close_for_retirement(self, reason: str, error: type[CastorError]) -> None:
+        """The first half of a retirement: kill what this incarnation owns, close its mailbox and
+        reject every queued ask. Once only; nothing for an incarnation cut loose (the mailbox is
+        its successor's).
+
+        A handler that asked to retire has this done *before* its own answer is delivered
+        (handle_envelope), on whichever thread ran it: an asker that sends its next message the
+        moment it sees that answer finds the mailbox closed, so the send is new demand (a fresh
+        incarnation) or refused by the rule in force (not revivable) -- never queued in the
+        retiring mailbox and refused by its retirement, however long this thread is descheduled
+        between the answer and the rest of the retirement."""
+        if self._retire_closed or self._abandoned:
+            return
+        self._retire_closed = True
+        handle = self.handle
         # Once the handler that asked for it has returned: the line names the message it decided on.
         self.log.bind(msg_type=self._retire_during or "-").warning("retiring: {reason}", reason=reason)
-        self.handle.retired_reason = reason
-        self.handle.registry.meters.count("retirements", self.handle.kind)
-        # Reject the queue first: callers learn at once, before any slow cleanup.
-        self.kill_owned()
-        self.handle.reject_all(reason, error, revivable=True)
+        handle.retired_reason = reason
+        handle.registry.meters.count("retirements", handle.kind)
+        try:
+            self.kill_owned()
+        except BaseException:  # noqa: BLE001 - the mailbox closes and the answer goes out all the same
+            self.log.opt(exception=sys.exc_info()[1]).error("killing what the actor owns failed")
+        # Reject the queue before any slow cleanup (on_terminate): callers learn at once.
+        handle.reject_all(reason, error, revivable=True, mailbox=self.inbox)
+
+    def _retire_now(self, reason: str, error: type[CastorError]) -> None:
+        self._close_for_retirement(reason, error)
         self._terminate(ExitKind.RETIRED)
         self._exit_kind = ExitKind.RETIRED
         self.is_ending = True

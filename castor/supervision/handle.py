@@ -491,9 +491,12 @@ class ActorHandle:
                 self.state = HandleState.STOPPED
         self.registry.unregister(self)
 
-    def reject_all(self, reason: str, error: type[CastorError], *, revivable: bool) -> None:
+    def reject_all(self, reason: str, error: type[CastorError], *, revivable: bool,
+                   mailbox: Mailbox | None = None) -> None:
         """Close the mailbox and fail every queued ask with ``error`` (``may_have_started=False``);
-        ``revivable``: a later send may create new demand (after a retirement)."""
+        ``revivable``: a later send may create new demand (after a retirement). ``mailbox``: the
+        one a retiring incarnation was bound to (by then a send may have put a fresh one in its
+        place, which is the next incarnation's); the handle's current one when None."""
         path = self.path
 
         def make() -> CastorError:
@@ -503,7 +506,8 @@ class ActorHandle:
                 may_have_started=False,
             )
 
-        for envelope in self._mailbox.close(make, revivable=revivable and self.revive_on_demand):
+        closing = self._mailbox if mailbox is None else mailbox
+        for envelope in closing.close(make, revivable=revivable and self.revive_on_demand):
             if envelope.reply is not None:
                 envelope.reply.fail(make())
             else:
@@ -513,6 +517,12 @@ class ActorHandle:
     def has_new_demand(self) -> bool:
         """True when a send after retirement installed a fresh, open mailbox."""
         return not self._mailbox.closed
+
+    @property
+    def mailbox_closed(self) -> bool:
+        """True while the current mailbox is closed: by a retirement (until a send puts a fresh
+        one in its place) or for good."""
+        return self._mailbox.closed
 
     def wait_exited(self, timeout: float) -> bool:
         """True once the current incarnation has ended. Its supervisor may not have bookkept the
