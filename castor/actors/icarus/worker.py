@@ -370,11 +370,12 @@ def icarus_worker_spec(id: str, spawn: Callable[[], WorkerProcessPort], next_id:
 class PendingWorkerCall:
     """A worker call sent by :meth:`IcarusWorkerClient.submit`, its answer not read yet.
 
-    :meth:`result` waits for it and fails as :meth:`IcarusWorkerClient.call` does: when the
-    failure retired the worker, it returns only once the old incarnation has closed its mailbox,
-    so a call sent right after the failure is seen reaches a fresh worker (it is never refused
-    by the retiring one). Calls queued behind the failed one were refused by the retirement as
-    ever (``worker_retired``, never started)."""
+    :meth:`result` waits for it and fails as :meth:`IcarusWorkerClient.call` does. A failure
+    that retired the worker is seen only once the old incarnation has closed its mailbox (the
+    supervision core closes it before the answer goes out), so a call sent right after the
+    failure is seen reaches a fresh worker (it is never refused by the retiring one). Calls
+    queued behind the failed one were refused by the retirement as ever (``worker_retired``,
+    never started)."""
 
     __slots__ = ("_after_failure", "_pending")
 
@@ -389,7 +390,7 @@ class PendingWorkerCall:
     def result(self) -> Any:
         try:
             return self._pending.result()
-        except (Retired, WorkerCrashed, WorkerRetired, Timeout, Cancelled) as exc:
+        except (Retired, Timeout) as exc:  # see _after_failure
             failure = self._after_failure(exc)
             if failure is exc:
                 raise
@@ -423,7 +424,7 @@ class IcarusWorkerClient:
         outstanding.add(token)  # set.add / discard / list(set) are atomic (the GIL): no lock
         try:
             return self._handle.ask(message, timeout=timeout_s + ASK_GRACE_S)
-        except (Retired, WorkerCrashed, WorkerRetired, Timeout, Cancelled) as exc:
+        except (Retired, Timeout) as exc:  # see _after_failure
             failure = self._after_failure(exc)
             if failure is exc:
                 raise
@@ -432,34 +433,33 @@ class IcarusWorkerClient:
             outstanding.discard(token)
 
     def _after_failure(self, exc: CastorError) -> CastorError:
-        """What a failed call raises, once the failure has retired the incarnation (when it does).
+        """What a failed call raises: an ``actor_retired`` rejection is reported as ``worker_retired``.
 
-        A failure that retires the worker (a timeout or a cancel once the call started, a crash, a
-        retirement) returns only after :meth:`_await_retirement`, so the caller's next call -- a
-        ``call`` or a ``submit`` -- reaches a fresh worker instead of the old, closing mailbox. An
-        ``actor_retired`` rejection is reported as ``worker_retired``."""
-        if isinstance(exc, Retired):
-            if exc.data.get("reason") == "crash_loop":
-                return exc  # refused by a live incarnation, which does not retire: nothing to wait for
-            self._await_retirement()
+        A failure the actor answered needs no wait before the caller's next call: when it retired
+        the worker (a timeout or a cancel once the call started, a crash), the supervision core
+        closed the old mailbox before the answer went out, so the next call -- a ``call`` or a
+        ``submit`` -- reaches a fresh worker. Only an ask whose own deadline passed (the call's
+        deadline plus :data:`ASK_GRACE_S`) before any answer waits, bounded, for the handler it
+        left running: see :meth:`_await_running_call`."""
+        if isinstance(exc, Timeout) and exc.may_have_started and exc.data.get("message_type") == WorkerCall.type_name:
+            self._await_running_call()
+        if isinstance(exc, Retired) and exc.data.get("reason") != "crash_loop":
+            # (crash_loop: refused by a live incarnation, which does not retire; already worker_retired)
             return WorkerRetired(exc.message, data=exc.data)
-        if isinstance(exc, (WorkerCrashed, WorkerRetired)) or exc.may_have_started:
-            self._await_retirement()
         return exc
 
-    def _await_retirement(self, bound_s: float = 1.0) -> None:
-        """Return once the failed incarnation has closed its mailbox and ended.
+    def _await_running_call(self, bound_s: float = 1.0) -> None:
+        """Return once the call an ask gave up on has ended, or its incarnation has closed its
+        mailbox (it retires), or ``bound_s`` has passed.
 
-        The actor answers the failed call *before* its retirement closes the
-        mailbox, so a caller that sends its next call at once could land in the
-        old mailbox and be rejected with the old worker's error instead of
-        reaching a fresh worker. Waiting here (bounded, failure paths only)
-        makes "the next call gets a fresh worker" hold for the caller.
-        """
+        The handler outlived the ask's deadline (a host loaded enough to run it late): a call
+        sent at once would queue behind it, in the mailbox its retirement closes, and be refused
+        with the old worker's error instead of reaching a fresh worker."""
         handle = self._handle
         incarnation = handle.incarnation
         deadline = time.monotonic() + bound_s
-        while handle.state == "running" and handle.incarnation == incarnation and time.monotonic() < deadline:
+        while (handle.incarnation == incarnation and handle.current is not None and not handle.mailbox_closed
+               and time.monotonic() < deadline):
             time.sleep(0.0005)
 
     def submit(self, module: str, function: str, args: list[Any] | None = None,
