@@ -141,9 +141,15 @@ MUTANTS: list[Mutant] = [
     # ---- supervision.md "Retirement" ------------------------------------------------------------------
     mutant("retirement-queue-not-rejected", "supervision: retirement rejects the queue, never replays it",
            [("castor/supervision/actor.py",
-             "        self.handle.reject_all(reason, error, revivable=True)\n",
+             "        handle.reject_all(reason, error, revivable=True, mailbox=self.inbox)\n",
              "")],
            [f"{SUP}/test_retirement.py::test_retire_rejects_every_queued_request_and_never_replays_it"]),
+    mutant("retiring-answer-before-close", "supervision: a handler that retires its actor answers only once the "
+           "mailbox is closed, so the asker's next send is new demand",
+           [("castor/supervision/actor.py",
+             "                self._close_for_retirement(*self._retire_request)  # before the answer: see there\n",
+             "                pass\n")],
+           [f"{SUP}/test_ask_after_a_retiring_failure.py"]),
     mutant("retired-child-restarted", "supervision: a retired child is never restarted",
            [("castor/supervision/supervisor.py",
              '        if message.kind is ExitKind.RETIRED:\n',
