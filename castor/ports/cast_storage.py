@@ -267,6 +267,12 @@ class CastStorage(Protocol):
         outcome instead of running it again."""
         ...
 
+    def interrupted_command(self, run_dir: Path, cast_id: str, visit_id: str) -> bool:
+        """True when the command of ``visit_id`` was started and no outcome was recorded: it was
+        running when its runtime died (or its cast's actor was lost), and runs again from the
+        start if the cast re-dispatches it."""
+        ...
+
     def forget_command(self, run_dir: Path, visit_id: str) -> None:
         """Remove the record of the command of ``visit_id`` (its outcome is saved in the state)."""
         ...

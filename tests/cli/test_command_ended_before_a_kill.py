@@ -69,6 +69,7 @@ def test_a_command_that_ended_just_before_a_kill_9_is_not_run_again_by_the_recas
                       timeout=90)
     assert done.returncode == 0, done.stderr
     assert runs.read_text().splitlines() == ["run"]  # exactly once: the recast took its recorded outcome
+    assert "was interrupted" not in done.stderr  # it ended: nothing runs again, nothing to warn of
     ended = json.loads((run_dir / "state.json").read_text())["state"]
     assert ended["active"] is False and ended["phase"] == "complete", ended
     assert (run_dir / "sockets" / "Socket-1" / "1.md").read_text().strip() == "deployed"

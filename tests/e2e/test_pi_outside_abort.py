@@ -233,3 +233,54 @@ def test_castor_abort_of_a_cast_whose_pi_is_gone_names_what_its_recast_needs(sta
     assert "needs --agent" in told and "/materia recast" in told, told
     state = json.loads((run_dir / "state.json").read_text())["state"]
     assert (state["active"], state["aborted"]) == (False, True), state
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    """``process``'s command line; empty for one that has ended (a zombie, gone)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_a_command_still_running_when_pis_castor_was_killed_9_runs_again_and_pi_says_so(
+    start_pi, castor_command, fake_llm, tmp_path
+):
+    """The command had started and not ended when Pi's ``castor serve`` was killed ``-9``: a new
+    Pi session's ``/materia recast`` runs it again from the start (after killing the old run) and
+    Pi shows a warning naming the socket and the command; the cast completes."""
+    runs = tmp_path / "runs.txt"
+    again_mark = tmp_path / "again"
+    config = deploy_then_build(runs)
+    config["loadouts"]["Deploy-Build"]["sockets"]["Socket-1"]["command"] = [
+        "sh", "-c", f"echo run >> '{runs}'; if [ -f '{again_mark}' ]; then echo deployed; exit 0; fi; "
+                    f"touch '{again_mark}'; sleep 300"]
+    config["loadouts"]["Deploy-Build"]["sockets"]["Socket-1"]["timeoutMs"] = 600_000
+    project = project_with_loadout(tmp_path, config)
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    pi.command("/materia cast deploy it")
+    assert poll_until(again_mark.exists, timeout=30), f"the command never started; Pi: {pi.tail()}"
+    [runtime] = [p for p in psutil.Process(pi.proc.pid).children(recursive=True)
+                 if _cmdline(p)[1:4] == ["-m", "castor", "serve"]]  # castor_serve.py execs it
+    runtime.send_signal(signal.SIGKILL)  # mid-command: started, not ended
+    runtime.wait(10)
+    [run_dir] = [p for p in (project / ".pi" / "pi-materia").iterdir() if p.is_dir()]
+    pi.close()
+
+    fake_llm.reply_text("WRITTEN-BUILD", when="BUILDER-MATERIA")
+    again = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(again)
+    recast = again.command("/materia recast")
+    wait_event(again, project, lambda e: e.get("type") == "cast_end" and e["data"].get("ok") is True,
+               start=recast, what="the recast's cast_end", timeout=40)
+    assert runs.read_text().splitlines() == ["run", "run"]  # it ran again, from the start
+    warned = [e.get("message") for e in again.ui("notify", start=recast)
+              if "was interrupted before it ended" in str(e.get("message"))]
+    assert warned == ['Utility command for socket "Socket-1" was interrupted before it ended (its runtime stopped) '
+                      'and runs again from the start: "sh" "-c" ' + json.dumps(config["loadouts"]["Deploy-Build"]
+                                                                              ["sockets"]["Socket-1"]["command"][2])
+                      ], again.ui("notify", start=recast)
+    ended = json.loads((run_dir / "state.json").read_text())["state"]
+    assert ended["active"] is False and ended["phase"] == "complete", ended
+

@@ -307,6 +307,8 @@ class CastActor(Actor):
         self._unwatch_abort_requests: Callable[[], None] | None = None
         #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
         self._finished_command: UtilityFinished | None = None
+        #: the visit whose command a dead runtime (or incarnation) left unfinished: its re-dispatch says so
+        self._interrupted_visit: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_start(self) -> None:
@@ -393,6 +395,8 @@ class CastActor(Actor):
         # The command the cast waits for may have ended just before the runtime that ran it died,
         # its outcome recorded but not saved: the cast takes that outcome instead of running it again.
         self._finished_command = self._recorded_outcome(self.state)
+        # Or it was still running (or was killed with its runtime): it runs again, and the cast says so.
+        self._interrupted_visit = self._unfinished_command(self.state) if self._finished_command is None else None
         # A command an earlier runtime (or incarnation) left running is killed before the
         # cast can run it again: never two copies at once.
         env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id,
@@ -429,14 +433,29 @@ class CastActor(Actor):
             return None
         return finished if finished.visit_id == pending.visit_id else None
 
+    def _unfinished_command(self, state: CastState) -> str | None:
+        """The visit id of the command ``state`` waits for when it started and never ended (its
+        record has no outcome: see command_records), else None."""
+        pending = state.pending
+        if not state.active or pending is None or pending.kind != "utility":
+            return None
+        started = self.env.storage.interrupted_command(self.artifacts.run_dir, self.env.cast_id, pending.visit_id)
+        return pending.visit_id if started else None
+
     def _redo(self, event: Any) -> None:
         """Apply ``event``; a re-dispatch of the cast's lost work (``RecastRequested`` after a
         restart) whose command ended before its runtime died applies that command's recorded
         outcome instead (it is not run again), with the event's ``surface`` (a user's request:
-        where the cast's later texts send the user), and then removes its record."""
+        where the cast's later texts send the user), and then removes its record. A re-dispatch
+        of a command that started and never ended runs it again, marked ``command_interrupted``
+        (the engine tells the user)."""
         finished = self._finished_command
         self._finished_command = None
+        interrupted, self._interrupted_visit = self._interrupted_visit, None
         pending = self.state.pending if self.state is not None else None
+        if (interrupted is not None and isinstance(event, RecastRequested) and event.after_restart
+                and pending is not None and pending.visit_id == interrupted):
+            event = event.model_copy(update={"command_interrupted": True})
         if (finished is None or not isinstance(event, RecastRequested) or not event.after_restart
                 or pending is None or pending.visit_id != finished.visit_id):
             self._apply(event)
@@ -613,7 +632,7 @@ class CastActor(Actor):
         if self.state is None:
             raise NotFound(f"cast {self.env.cast_id} has no state")
         self._user_turn_context = None
-        if self._finished_command is not None:
+        if self._finished_command is not None or self._interrupted_visit is not None:
             self._redo(message.event)
         else:
             self._apply(message.event)

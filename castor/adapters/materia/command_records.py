@@ -12,7 +12,7 @@ So every command leaves a record in its cast's run directory while it may run:
 | before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
 | it ends with an outcome (an exit, a signal, its deadline) | :func:`record_outcome`: the record becomes ``{visit_id, outcome}`` (atomic, fsynced) *before* the cast is told, and stays until the cast has saved that outcome (:func:`forget`) |
 | it is killed (lost work) or never starts | the record is removed |
-| a CastActor starts on a saved state (recast, restart) | :func:`finished_outcome`: the outcome of the command the saved state still waits for, if its record has one -- the cast takes it instead of running the command again (it ended just before its runtime died, its outcome not yet saved); then :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed, but the one whose outcome the cast takes (removed once that is saved) |
+| a CastActor starts on a saved state (recast, restart) | :func:`started_without_outcome`: whether the command the saved state still waits for was running when its runtime died (it is run again, and the cast says so); :func:`finished_outcome`: the outcome of the command the saved state still waits for, if its record has one -- the cast takes it instead of running the command again (it ended just before its runtime died, its outcome not yet saved); then :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed, but the one whose outcome the cast takes (removed once that is saved) |
 
 Guarantees: a record is read from the project tree, so it is never trusted to *name* a process:
 it only names visit ids, and a process is killed only if its own environment carries one of
@@ -87,6 +87,24 @@ def finished_outcome(run_dir: str | os.PathLike[str], cast_id: str, visit_id: st
     """The outcome :func:`record_outcome` left for the command of ``visit_id`` (a visit of this
     cast), else None: no record, no outcome in it, or a record castor cannot read (a planted
     ``.commands``, a FIFO, a link, not JSON) -- then the command runs again, as before."""
+    record = _record(run_dir, cast_id, visit_id)
+    outcome = record.get("outcome") if record is not None else None
+    return outcome if isinstance(outcome, dict) else None
+
+
+def started_without_outcome(run_dir: str | os.PathLike[str], cast_id: str, visit_id: str) -> bool:
+    """True when the command of ``visit_id`` (a visit of this cast) was started -- its record is
+    written before the start -- and no outcome was recorded: it was still running when its runtime
+    died (or was killed with it), so a re-dispatch runs it a second time. False when there is no
+    record (it never started, or ended as lost work), when it has an outcome, or when castor cannot
+    read it."""
+    record = _record(run_dir, cast_id, visit_id)
+    return record is not None and "outcome" not in record
+
+
+def _record(run_dir: str | os.PathLike[str], cast_id: str, visit_id: str) -> dict[str, Any] | None:
+    """The record of ``visit_id`` as :func:`record_running` / :func:`record_outcome` wrote it, else
+    None (not this cast's visit, no record, or one castor cannot read: see finished_outcome)."""
     if not visit_id.startswith(f"{cast_id}:"):
         return None
     path = record_path(run_dir, visit_id)
@@ -98,8 +116,7 @@ def finished_outcome(run_dir: str | os.PathLike[str], cast_id: str, visit_id: st
         return None
     if not isinstance(record, dict) or record.get("visit_id") != visit_id:
         return None
-    outcome = record.get("outcome")
-    return outcome if isinstance(outcome, dict) else None
+    return record
 
 
 def forget(path: Path) -> None:

@@ -88,6 +88,9 @@ class FileCastStorage:
     def finished_command(self, run_dir: Path, cast_id: str, visit_id: str) -> dict[str, Any] | None:
         return command_records.finished_outcome(run_dir, cast_id, visit_id)
 
+    def interrupted_command(self, run_dir: Path, cast_id: str, visit_id: str) -> bool:
+        return command_records.started_without_outcome(run_dir, cast_id, visit_id)
+
     def forget_command(self, run_dir: Path, visit_id: str) -> None:
         command_records.forget(command_records.record_path(run_dir, visit_id))
 

@@ -215,11 +215,14 @@ class RecastRequested(_Command):
     """``after_restart=True``: the runtime lost the in-flight work of an *active* cast (its actor
     or the whole process died); resume it as if it had failed there. ``cause``: what was lost,
     in words (the ``previousFailure`` of its ``cast_recast`` event); without it, the runtime
-    restarted."""
+    restarted. ``command_interrupted`` (with ``after_restart``): the utility command the cast
+    waits for had started and never ended (its record has no outcome), so the re-dispatch runs it
+    a second time from the start -- the engine says so (``utility_interrupted``, a warning)."""
 
     kind: Literal["recast_requested"] = "recast_requested"
     after_restart: bool = False
     cause: str | None = None
+    command_interrupted: bool = False
     at: float
 
 

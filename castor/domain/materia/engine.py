@@ -82,7 +82,7 @@ Decision table (trigger → state → effects/events → next state):
 | AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
 | AbortRequested | inactive (a second abort) | CastRejected(``not-active``) | unchanged |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
-| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``), then as recast | awaiting |
+| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``); a utility command that started and never ended (``command_interrupted``): ``utility_interrupted{socket, visitId, visit, command or utility, cause}`` and a warning that it runs again; then as recast | awaiting |
 | RecastRequested(after_restart) | active, user turn pending | ``refinement_turn_abandoned{restart}``, then as paused (castor can never redo the user's own turn) | paused |
 | RecastRequested(after_restart) | active, paused | ``cast_recast{paused:true, reusedActivePrompt:false}``, Notify; no turn (nothing was lost) | paused |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
@@ -1549,9 +1549,27 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         # The work of the pending visit is redone under a new visit id: the old one must not
         # also run (a utility job still queued behind others, a turn still in flight).
         ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_restarted"))
+        if ev.after_restart and ev.command_interrupted and s.pending.kind == "utility":
+            _say_the_command_runs_again(ctx, s.pending, ev.cause)
     if not s.active:
         _warn_of_a_spent_budget(ctx)
     _resume(ctx, previous)
+
+
+def _say_the_command_runs_again(ctx: _Ctx, pending: Pending, cause: str | None) -> None:
+    """The utility command of ``pending`` started and never ended (killed with its runtime, or
+    with its cast's actor): the re-dispatch runs it again from the start, and its side effects may
+    happen twice. No utility socket says whether its command may run twice, so the command runs
+    again, as pi-materia's recast re-runs it; the user is told which, and why."""
+    rs = ctx.s.config.pipeline.sockets[pending.socket_id]
+    what = (" ".join(json.dumps(part, ensure_ascii=False) for part in pending.command) if pending.command is not None
+            else f'utility "{rs.socket.utility}"')
+    why = cause or "its runtime stopped"
+    facts = {"socket": rs.id, "visitId": pending.visit_id, "visit": pending.visit, "command": pending.command,
+             "utility": rs.socket.utility if pending.command is None else None, "cause": why}
+    ctx.emit("utility_interrupted", {key: value for key, value in facts.items() if value is not None})
+    ctx.notify("warning", f'Utility command for socket "{rs.id}" was interrupted before it ended ({why}) and runs '
+                          f"again from the start: {what}")
 
 
 def _on_revive(ctx: _Ctx, _ev: ReviveRequested) -> None:

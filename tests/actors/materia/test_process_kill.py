@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import event_types, wait_for
+from .helpers import event_types, events, wait_for
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout: tests/actors/materia/<file>
 
@@ -106,6 +106,56 @@ def test_a_command_left_running_by_a_sigkilled_runtime_is_killed_before_recast_r
     assert poll_until(lambda: process_gone(first), timeout=10), "the old command is still running"
     assert len(pids.read_text().split()) == 2  # ran again once, after the old copy was gone
     assert not list((project / ".pi" / "pi-materia").glob("*/.commands/*.json"))  # no record left
+
+
+@pytest.mark.timeout(90)
+def test_a_command_killed_mid_run_with_its_runtime_runs_again_and_the_recast_says_so(project, tmp_path):
+    """A utility command still running when its runtime was killed ``-9`` never ended: no outcome,
+    so the recast runs it again from the start (no socket says a command may not run twice, and
+    pi-materia's recast re-runs it). It used to do so silently: the user saw the cast go on, not
+    that a half-run command -- a deploy, a migration -- was starting over. Now the recast's
+    output names it (a warning on the CLI's stderr, in a harness the same toast) and the cast's
+    log records ``utility_interrupted``; a command that did not start is not named."""
+    from tests.support.waiting import poll_until
+
+    runs = tmp_path / "runs"
+    script = tmp_path / "deploy.sh"
+    script.write_text(f"#!/bin/sh\necho started >> {runs}\nif [ -f {tmp_path}/again ]; then echo '{{}}'; exit 0; fi\n"
+                      f"touch {tmp_path}/again\nsleep 300\n")
+    script.chmod(0o755)
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "U", "loadouts": {"U": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [str(script), "--prod"],
+                                                      "timeoutMs": 600_000, "parse": "json"}}}}}))
+    answers = tmp_path / "a.json"
+    answers.write_text(json.dumps(["unused"]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{answers}",
+                             "--cwd", str(project), "--quiet"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: runs.exists() and runs.read_text().split(), timeout=30, what="the command to start")
+        records = wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")), timeout=10,
+                           what="the running command's record")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # mid-command: it has started and not ended
+        proc.wait(10)
+    run_dir = records[0].parent.parent
+    visit_id = json.loads(records[0].read_text())["visit_id"]
+    recast = _castor("recast", run_dir.name, "--cwd", str(project), "--agent", f"script:{answers}", "--quiet",
+                     cwd=tmp_path)
+    assert recast.returncode == 0, recast.stderr
+    assert poll_until(lambda: runs.read_text().split() == ["started", "started"], timeout=10)  # it ran again
+    said = [line for line in recast.stderr.splitlines() if "interrupted" in line]
+    assert said == [f'[warning] Utility command for socket "Socket-1" was interrupted before it ended (its runtime '
+                    f'stopped) and runs again from the start: "{script}" "--prod"'], recast.stderr
+    logged = events(run_dir)
+    [interrupted] = [e for e in logged if e["type"] == "utility_interrupted"]
+    assert interrupted["data"] == {"socket": "Socket-1", "visitId": visit_id, "visit": 1,
+                                   "command": [str(script), "--prod"], "cause": "its runtime stopped"}
+    types = [e["type"] for e in logged]
+    assert types.index("utility_interrupted") < types.index("cast_recast") and types.count("utility_interrupted") == 1
+    assert json.loads((run_dir / "state.json").read_text())["state"]["phase"] == "complete"
 
 
 @pytest.mark.timeout(30)
