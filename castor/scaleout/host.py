@@ -28,7 +28,8 @@ it stands, its lease released) and exits: the serving process's recovery, which 
 for a lost host's leases, then recasts them on a live host.
 
 **A host whose grant is revoked ends itself at once.** The serving process gives every host a
-grant and revokes it (in the GCS's key-value store) the moment it takes the host for lost -- its
+grant -- a key in the GCS's key-value store, written before the host starts -- and revokes it by
+deleting the key the moment it takes the host for lost (so a lost host leaves nothing there) -- its
 drains unanswered for ``lost_after_silence_s`` (a stopped or frozen process), its node declared
 dead, its process gone -- before it recasts anything of the host's elsewhere. The grant is the
 fencing token of everything the host starts: each of its commands' tasks checks it before the

@@ -13,7 +13,7 @@ The directory (one rule, kept here because the serving process is the only route
 | a session opens | it is placed on the live host with the fewest sessions, within the opening's own deadline (a session not placed by then is placed by its next call, within that call's deadline; a host that answers too late is told to close it again); all its casts run there (they share the session's harness link, its concurrency limit and its lease root) |
 | a session closes | its host is asked to end its turns (``session_end``), then to close it, each waited for ``SESSION_CLOSE_WAIT_S`` at most; it is forgotten here either way (best effort: a cut-off host's own fence ends it) |
 | a host answers a call | its answer (a result or a castor wire error) is returned as is |
-| a host dies (``RayActorError``: its process was killed, its node removed), or does not answer its drains for ``lost_after_silence_s`` (a stopped or frozen process: it is also killed, best effort) | its grant is revoked (``_revoke``: the fencing token its commands and the host itself check, see :mod:`castor.scaleout.host`) and it is marked lost; its casts are recast at once, but their new host starts none of their commands before ``command_lease_s`` + ``LEASE_MARGIN_S`` after the revocation, when every command it started has ended wherever it ran; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
+| a host dies (``RayActorError``: its process was killed, its node removed), or does not answer its drains for ``lost_after_silence_s`` (a stopped or frozen process: it is also killed, best effort) | its grant is revoked (``_revoke``: the fencing token its commands and the host itself check, see :mod:`castor.scaleout.host`; its key in the GCS is deleted, so a lost host leaves nothing in the store) and it is marked lost; its casts are recast at once, but their new host starts none of their commands before ``command_lease_s`` + ``LEASE_MARGIN_S`` after the revocation, when every command it started has ended wherever it ran; a replacement host is started on the live node with the fewest hosts (see ``_nodes_for_replacement``); every session it held is opened again on a live host and each of its casts that the dead host left ``orphaned`` is recast there — from its persisted state, under new visit ids; turns the dead host had sent are cancelled at the harness, and their late answers find no waiting turn (ignored) |
 | a lost host's process still lives (its node's raylet was killed, the network parted, the process stopped) | it still holds its casts' leases, so they are not ``orphaned`` yet: the recovery re-lists the session's casts every second and recasts each as its lease comes free, for up to ``FENCE_AFTER_S`` + ``FENCE_MARGIN_S``; the host ends itself at once when it learns its grant was revoked, and, drained by nobody for ``FENCE_AFTER_S``, stops its casts and exits (:class:`castor.scaleout.host.SilenceFence`) |
 | a call meets a lost host | ``actor_crashed`` with ``may_have_started: true`` (the host may have run it); a Ray ``GetTimeoutError`` is ``timeout`` with ``may_have_started: true`` |
 
@@ -44,7 +44,7 @@ from castor.messages.errors import ActorCrashed, CastorError, Conflict, Internal
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
-from castor.scaleout.utility_tasks import COMMAND_LEASE_S, GRANT_NAMESPACE, LEASE_MARGIN_S, revocation_key
+from castor.scaleout.utility_tasks import COMMAND_LEASE_S, GRANT_NAMESPACE, LEASE_MARGIN_S, grant_key
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 from castor.version import __version__
@@ -103,7 +103,7 @@ class HostRef:
     sessions: set[str] = field(default_factory=set)
     lost_at: float | None = None  # when its grant was revoked (its casts are recast T + margin later)
     drainer: threading.Thread | None = None
-    grant: str | None = None  # its fencing token (utility_tasks.revocation_key), revoked when it is lost
+    grant: str | None = None  # its fencing token (utility_tasks.grant_key), deleted when it is lost
 
 
 @dataclass
@@ -311,9 +311,14 @@ class RayBackend:
         if node_id:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
         grant = f"{host_id}-{uuid.uuid4().hex}"  # unique on the cluster, whoever else serves on it
-        actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
-                                                                      self.settings.fence_after_s,
-                                                                      self.settings.command_lease_s, grant)
+        self._hold_grant(grant)  # before the host starts: it ends itself as soon as it finds none
+        try:
+            actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
+                                                                          self.settings.fence_after_s,
+                                                                          self.settings.command_lease_s, grant)
+        except BaseException:
+            self._revoke(HostRef(host_id=host_id, actor=None, grant=grant))  # no host holds it
+            raise
         ref = HostRef(host_id=host_id, actor=actor, grant=grant)
         with self._lock:
             self.hosts[host_id] = ref
@@ -331,6 +336,7 @@ class RayBackend:
             with self._lock:
                 ref.alive = False
                 ref.lost_at = time.monotonic()
+            self._revoke(ref)
             try:
                 self._ray.kill(ref.actor, no_restart=True)
             except Exception as gone:  # noqa: BLE001 - already gone: nothing to end
@@ -347,6 +353,7 @@ class RayBackend:
             with self._lock:
                 ref.alive = False
                 ref.lost_at = time.monotonic()
+            self._revoke(ref)
             self._ray.kill(ref.actor, no_restart=True)
             raise Conflict(f"cast host {ref.host_id} on node {ref.node_id[:12]} runs castor {theirs}, this process "
                            f"castor {__version__}: every node must run this process's castor version",
@@ -741,22 +748,46 @@ class RayBackend:
         except Exception as exc:  # noqa: BLE001 - gone already, or out of reach: its grant is revoked
             self.log.info("ending lost cast host {host}: {exc}", host=host.host_id, exc=type(exc).__name__)
 
+    def _grant_store(self) -> Any:
+        """The GCS's client of this driver (its key-value calls take a timeout), or None for a Ray
+        Client driver (``ray://``), whose store is reached through ``ray.experimental.internal_kv``."""
+        return getattr(self._ray._private.worker.global_worker, "gcs_client", None)  # noqa: SLF001 - bounded calls
+
+    def _hold_grant(self, grant: str) -> None:
+        """Write ``grant``'s key (:func:`castor.scaleout.utility_tasks.grant_key`): the host it is
+        given to, and its commands, run only while the key is there. A store that does not take it
+        fails the host's start (the host would find itself revoked at once)."""
+        client = self._grant_store()
+        try:
+            if client is not None:
+                client.internal_kv_put(grant_key(grant), b"held", True, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+            else:
+                from ray.experimental import internal_kv
+
+                internal_kv._internal_kv_put(grant_key(grant), b"held", namespace=GRANT_NAMESPACE)  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001 - the control plane does not answer: no host can start
+            raise ActorCrashed(f"cannot start a cast host: the cluster's key-value store did not take its grant "
+                               f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})", may_have_started=False,
+                               data={"reason": "grant_not_stored"}) from None
+
     def _revoke(self, host: HostRef) -> None:
-        """Revoke ``host``'s grant in the GCS's key-value store: its commands end at their next
-        lease renewal (those that cannot ask, when their lease lapses), none starts any more, and
-        the host ends itself once it learns it. A revocation the GCS does not take is logged: the
-        host's commands then end only with the host, or with their node."""
+        """Revoke ``host``'s grant: delete its key from the GCS's key-value store. Its commands end
+        at their next lease renewal (those that cannot ask, when their lease lapses), none starts
+        any more, and the host ends itself once it learns it. The key is the whole record: a lost
+        host leaves nothing in the store, and a stale one that runs again later still finds no key.
+        A deletion the GCS does not take is logged: the host's commands then end only with the
+        host, or with their node."""
         if host.grant is None:
             return
-        key = revocation_key(host.grant)
+        key = grant_key(host.grant)
+        client = self._grant_store()
         try:
-            client = getattr(self._ray._private.worker.global_worker, "gcs_client", None)  # noqa: SLF001 - bounded
             if client is not None:
-                client.internal_kv_put(key, b"revoked", True, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+                client.internal_kv_del(key, False, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
             else:  # a Ray Client driver (ray://): its KV goes through the client server
                 from ray.experimental import internal_kv
 
-                internal_kv._internal_kv_put(key, b"revoked", namespace=GRANT_NAMESPACE)  # noqa: SLF001 - Ray's KV
+                internal_kv._internal_kv_del(key, namespace=GRANT_NAMESPACE)  # noqa: SLF001 - Ray's KV
         except Exception as exc:  # noqa: BLE001 - the control plane does not answer: said, the fence still waits
             self.log.error("cannot revoke the grant of lost cast host {host} ({exc}): its commands on live nodes "
                            "may run on until the host ends", host=host.host_id, exc=exc)
@@ -902,6 +933,7 @@ class RayBackend:
                 self._ray.kill(ref.actor, no_restart=True)
             except Exception as exc:  # noqa: BLE001 - already gone with its node
                 self.log.info("ending cast host {host}: {exc}", host=ref.host_id, exc=type(exc).__name__)
+            self._revoke(ref)  # its key leaves the store with it (a host cut off ends itself on finding none)
         self._io.shutdown(wait=False)
 
 

@@ -12,7 +12,7 @@ the process starts changes. :class:`RayUtilityRunner.spawn` submits one task per
 | a node or worker lost mid-command | the task fails with a Ray error: reported as lost work (``WorkLost``), never as the command's result |
 | a node dies while a command waits | the task says where it started (its first streamed answer); a command started on a node seen dead the command's lease and ``LEASE_MARGIN_S`` ago, or not known to have started that long after a node died (Ray may have sent its lease request to that node, and it is then never answered; or it started there and its answer never came), is cancelled and reported as lost work; commands submitted after a node death ask for a CPU amount no earlier one did (:func:`fresh_kind`), so Ray leases them afresh instead of queueing them behind a lease request that dead node never answers |
 | the task's worker dies under the command (``kill -9``, the OOM killer) or its node's raylet dies | the command runs in a session of its own, so it would outlive both: a :class:`CommandGuard` process (started first, it learns of the worker's death from a pipe only the worker holds) kills the command's group and every process carrying its visit id; the task's own thread kills it once its parent, the raylet, is gone. The cast hears lost work |
-| the cast host that started it is taken for lost (its grant revoked: ``castor.scaleout.host``) | the task checks the grant before the command starts and at every lease renewal: revoked, the command is ended (never started) |
+| the cast host that started it is taken for lost (its grant revoked, its key deleted: ``castor.scaleout.host``) | the task checks the grant before the command starts and at every lease renewal: revoked, the command is ended (never started) |
 | its node is cut off from the cluster (a partition, a hung raylet): the node runs on, the cluster declares it dead, Ray fails the task | the command holds a lease (:class:`CommandLease`): its task renews it while the GCS answers that the node is alive; its guard kills it once the lease is ``lease_s`` old, or when the GCS says the node is dead. A failed task whose node is dead (or, not known to have started, any node that died since) is reported lost only ``lease_s`` + ``LEASE_MARGIN_S`` after this process saw that node dead, so no two copies ever run at once |
 | the command cannot start | ``spawn_error`` as for a local command |
 | no live node has the CPUs it asks for | ``spawn_error`` at once (Ray would hold the task as infeasible for ever); an autoscaler's node types that do not run yet are not counted |
@@ -46,8 +46,8 @@ it takes the command for lost: the guard's kill itself takes a moment."""
 GUARD_START_S = 10.0  # how long a command's guard may take to start before the command is refused
 RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its node's raylet still lives
 GRANT_NAMESPACE = b"castor"
-"""Where, in the cluster's key-value store (the GCS's), the serving process revokes a cast host's
-grant (:func:`revocation_key`)."""
+"""Where, in the cluster's key-value store (the GCS's), the serving process keeps each live cast
+host's grant (:func:`grant_key`) and revokes it by deleting it."""
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
@@ -143,20 +143,25 @@ def _node_alive(node_id: str, timeout_s: float) -> bool | None:
         return None
 
 
-def revocation_key(grant: str) -> bytes:
+def grant_key(grant: str) -> bytes:
     """The key whose presence in the GCS's key-value store says that the cast host holding
-    ``grant`` was taken for lost: none of its commands may start or run on."""
-    return f"revoked:{grant}".encode()
+    ``grant`` is held: the serving process writes it before the host starts and deletes it when it
+    takes the host for lost (or stops it). Absent, none of the host's commands may start or run on.
+
+    Presence, not a revocation's mark, is what holds: a mark had to stay for ever (one key per lost
+    host, for as long as the cluster ran), since a stale host that found it gone would take itself
+    for held. A grant deleted stays revoked; the store keeps one key per live host."""
+    return f"grant:{grant}".encode()
 
 
 def grant_held(grant: str, timeout_s: float) -> bool | None:
-    """What the GCS says of the cast host's grant now: True held, False revoked (the serving
-    process took the host for lost), None no answer within ``timeout_s``."""
+    """What the GCS says of the cast host's grant now: True held, False revoked (its key is gone:
+    the serving process took the host for lost), None no answer within ``timeout_s``."""
     import ray
 
     try:
         client = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: SLF001, B009 - a get with a timeout
-        return client.internal_kv_get(revocation_key(grant), GRANT_NAMESPACE, timeout=timeout_s) is None
+        return client.internal_kv_get(grant_key(grant), GRANT_NAMESPACE, timeout=timeout_s) is not None
     except Exception:  # noqa: BLE001 - timed out, the GCS unreachable: not known
         return None
 
@@ -170,7 +175,7 @@ class CommandLease:
     runs past ``T`` after that declaration, which is what the caller waits for before it runs
     the command again elsewhere.
 
-    With a ``grant`` (the cast host's, see :func:`revocation_key`), a renewal also needs the GCS
+    With a ``grant`` (the cast host's, see :func:`grant_key`), a renewal also needs the GCS
     to say the grant is held: once the serving process has revoked it, the command is ended at its
     next renewal (or, its node unable to ask, once its lease lapses), so none of a lost host's
     commands runs past ``T`` after the revocation -- wherever it runs, whatever the host does."""
@@ -612,7 +617,7 @@ class RayUtilityRunner:
     def __init__(self, lease_s: float = COMMAND_LEASE_S, grant: str | None = None) -> None:
         self._watch = NodeWatch()
         self.lease_s = lease_s
-        self.grant = grant  # the cast host's (see revocation_key): its commands live only while it is held
+        self.grant = grant  # the cast host's (see grant_key): its commands live only while it is held
 
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))

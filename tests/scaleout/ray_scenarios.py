@@ -548,6 +548,87 @@ def stopped_host(workdir: Path, how: str) -> dict[str, Any]:
     return result
 
 
+GRANT_LOSSES = 6  # host losses in a row in grant_keys
+
+
+def grant_keys(workdir: Path) -> dict[str, Any]:
+    """What a lost host's grant leaves in the cluster's key-value store, over many host losses, and
+    what a host taken for lost while stopped does when it runs again after them all. One host is
+    stopped (SIGSTOP) and taken for lost by the serving process as its silence would; then
+    ``GRANT_LOSSES`` hosts are killed in a row (each replaced), and the scenario waits past the
+    commands' lease and its margin. The keys of castor's namespace are then listed; a command
+    submitted with the stopped host's grant must never start, and the stopped host, run again,
+    must end itself."""
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from castor.adapters.materia.process_runner import UtilityCommand
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+    from castor.scaleout.utility_tasks import GRANT_NAMESPACE, LEASE_MARGIN_S, RayUtilityRunner
+
+    lease_s = 1.0
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
+    cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+    result: dict[str, Any] = {"scenario": "grant_keys", "losses": GRANT_LOSSES + 1}
+    backend = None
+    sleeper: Any = None
+    try:
+        backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=2, command_lease_s=lease_s,
+                                                lost_after_silence_s=600.0))
+        gcs = ray._private.worker.global_worker.gcs_client  # noqa: SLF001 - the store the grants live in
+
+        def keys() -> list[str]:
+            return sorted(k.decode() for k in gcs.internal_kv_keys(b"", GRANT_NAMESPACE, timeout=10))
+
+        result["keys_at_start"] = keys()
+        stopped_ref = backend.live_hosts()[0]
+        sleeper = psutil.Process(stopped_ref.pid)
+        sleeper.suspend()
+        backend._host_lost(stopped_ref, "stopped by the test")  # noqa: SLF001 - as its silence would
+        for n in range(GRANT_LOSSES + 1):
+            deadline = time.monotonic() + 60
+            while len(backend.recoveries) <= n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if n == GRANT_LOSSES:
+                break
+            victim = next(h for h in backend.live_hosts() if h.drainer is not None)
+            backend.kill_host(victim.host_id)
+        result["recoveries"] = len(backend.recoveries)
+        time.sleep(lease_s + LEASE_MARGIN_S + 1.0)  # past every lost host's commands' lease and margin
+        result["keys_at_end"] = keys()
+        result["live_hosts"] = len(backend.live_hosts())
+        marker = workdir / "ran"
+        cmd = UtilityCommand(argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"], cwd=workdir,
+                             timeout_ms=60000, max_output_bytes=4096, env=dict(os.environ))
+        outcome = RayUtilityRunner(lease_s, stopped_ref.grant).spawn(cmd, {"cpus": 1}).wait()
+        result["stale_command"] = {"killed": outcome.killed, "stderr": outcome.stderr, "ran": marker.exists()}
+        sleeper.resume()
+        deadline = time.monotonic() + 15
+        alive = True
+        while alive and time.monotonic() < deadline:
+            try:
+                alive = sleeper.is_running() and sleeper.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            time.sleep(0.1)
+        result["stale_host_alive_15s_after_waking"] = alive
+    finally:
+        if sleeper is not None:
+            try:
+                sleeper.resume()
+            except psutil.Error:
+                pass
+        if backend is not None:
+            backend.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
 STOPPED_FOR_S = 40.0
 
 
@@ -661,6 +742,9 @@ def main() -> None:
     scenario, workdir = sys.argv[1], Path(sys.argv[2])
     if scenario == "lease_to_stopped_node":
         lease_to_stopped_node(workdir)  # prints its RESULT itself
+        return
+    if scenario == "grant_keys":
+        grant_keys(workdir)  # prints its RESULT itself
         return
     if scenario.startswith("stopped_"):
         stopped_host(workdir, scenario[len("stopped_"):])  # prints its RESULT itself

@@ -279,3 +279,17 @@ def test_a_host_whose_answers_are_lost_is_taken_for_lost_and_its_command_never_r
     reaches the GCS, learns that its grant was revoked and ends itself, and its cast is recast
     elsewhere, its command never twice at once."""
     _recast_elsewhere_and_never_twice(scenario("stopped_unanswering", tmp_path))
+
+
+def test_lost_hosts_leave_no_key_each_behind_and_a_stale_host_still_finds_itself_revoked(tmp_path: Path) -> None:
+    """Each lost host's revocation was a key of its own in the GCS's key-value store, never deleted:
+    one more key per host loss, for as long as the cluster ran. The store now holds a key per *live*
+    host (its grant), deleted when the host is taken for lost; a host taken for lost while stopped,
+    run again after many other losses, still finds its grant gone: a command with it never starts,
+    and the host ends itself."""
+    result = scenario("grant_keys", tmp_path)
+    assert result["recoveries"] == result["losses"], result
+    assert len(result["keys_at_end"]) <= result["live_hosts"] == 2, result  # nothing per lost host
+    stale = result["stale_command"]
+    assert stale["killed"] and not stale["ran"] and "revoked" in stale["stderr"], result
+    assert result["stale_host_alive_15s_after_waking"] is False, result
