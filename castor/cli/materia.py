@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from castor.ports.cli_note import CAST_BACKEND_FLAGS
 from castor.scaleout.options import add_backend_flags, backend_flags
 
 # What a command runs (the runtime, the cast storage, the typed errors) is imported inside it:
@@ -69,7 +70,7 @@ STARTED_BY = "startedBy"
 #: (``--backend ray`` and its ``--ray-address``/``--ray-hosts``; never a token, which Ray reads from
 #: its environment), absent for this machine. ``castor status`` and ``castor casts`` add them to the
 #: commands their hints name, so a cast that ran on the cluster is resumed there.
-BACKEND_FLAGS = "backendFlags"
+BACKEND_FLAGS = CAST_BACKEND_FLAGS
 #: How long closing a standalone runtime waits for the verb in flight (each is bounded by its ask deadline).
 CLOSE_WAIT_S = 15.0
 CAST_ID_HELP = "a cast id, a unique prefix of one, or latest"
@@ -763,23 +764,11 @@ def _where_to_resume(args: argparse.Namespace, code: int) -> int:
 def _remember_backend(run_dir: Path, flags: list[str]) -> None:
     """Record in the cast's cli.json where the command that now runs it runs it (:data:`BACKEND_FLAGS`;
     none: this machine). A cli.json castor cannot read is left as it is (the hints then name no flags)."""
-    from castor.adapters.fs import atomic_write_json
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
 
     note = run_dir / "cli.json"
     try:
-        recorded = json.loads(_small_file(note))
-    except FileNotFoundError:
-        recorded = {}
-    except (OSError, ValueError, RecursionError):
-        return
-    if not isinstance(recorded, dict) or recorded.get(BACKEND_FLAGS, []) == flags:
-        return
-    if flags:
-        recorded[BACKEND_FLAGS] = flags
-    else:
-        recorded.pop(BACKEND_FLAGS, None)
-    try:
-        atomic_write_json(note, recorded)
+        FILE_CAST_STORAGE.note_in_cli_json(run_dir, BACKEND_FLAGS, flags or None)
     except OSError as exc:
         _say_err(f"castor: warning: cannot record where cast {run_dir.name} runs in {note} ({exc.strerror or exc}); "
                  "`castor status` will not name its backend flags")

@@ -134,8 +134,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     backend = console = console_token_file = None
     try:
-        backend = make_backend(args)  # None: casts run in this process (Ray is never imported)
-        runtime = Runtime(runtime_settings(args), components=scaleout_components(backend), scaleout=backend)
+        settings = runtime_settings(args)
+        # None: casts run in this process (Ray is never imported); else each cast host's runtime
+        # writes the same cli.json notes as this one would (its casts' session actors run there)
+        backend = make_backend(args, host_runtime={"cast_cli_note": settings.cast_cli_note,
+                                                   "notes_where_resumed_casts_run": True})
+        runtime = Runtime(settings, components=scaleout_components(backend), scaleout=backend)
         console, console_token_file = _start_console(args, runtime, token=console_token or token)
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
@@ -175,7 +179,9 @@ def runtime_settings(args: argparse.Namespace) -> RuntimeSettings:
     """The runtime's settings from ``castor serve``'s flags. With ``--backend ray``, each cast a
     harness starts records in its cli.json the backend flags it runs with (``backendFlags``, as
     ``castor cast --backend ray`` records them; never a token), so ``castor status`` and ``castor
-    casts`` in its project name them in the command that resumes it, on the cluster."""
+    casts`` in its project name them in the command that resumes it, on the cluster; a cast it
+    resumes (recast, revive, continue) gets them too, or loses those recorded when this serve runs
+    on this machine (see ``RuntimeSettings.notes_where_resumed_casts_run``)."""
     from castor.cli.materia import BACKEND_FLAGS
     from castor.runtime import RuntimeSettings
     from castor.scaleout.options import backend_flags
@@ -188,7 +194,8 @@ def runtime_settings(args: argparse.Namespace) -> RuntimeSettings:
                            icarus_worker_max_deaths=args.icarus_worker_max_deaths,
                            icarus_worker_death_window_s=args.icarus_worker_death_window,
                            icarus_worker_cool_down_s=args.icarus_worker_cool_down,
-                           cast_cli_note={BACKEND_FLAGS: flags} if flags else {})
+                           cast_cli_note={BACKEND_FLAGS: flags} if flags else {},
+                           notes_where_resumed_casts_run=True)
 
 
 def _serve_token(args: argparse.Namespace) -> tuple[str | None, str | None]:

@@ -9,6 +9,7 @@
 | :mod:`.worker` | ``WorkerCalls``: calls into the Icarus worker |
 | :mod:`.cast_storage` | ``CastStorage``: materia's state documents, artifacts, leases, index and config |
 | :mod:`.icarus_backend` | ``IcarusBackend``, ``WorkerProcessPort``: Icarus's files and processes |
+| :mod:`.cli_note` | the keys of a cast's ``cli.json`` that more than the CLI writes |
 | :mod:`.session_component` | the session-component contract: ``SessionComponent``, ``SessionContext``, ``SessionHost``, ``SessionInfo``, ``HarnessLink``, ``RuntimeSettings`` |
 
 Ports import only ``castor.domain``, ``castor.messages`` and (for the component contract's

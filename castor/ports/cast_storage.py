@@ -256,6 +256,13 @@ class CastStorage(Protocol):
         """Atomically replace ``path`` with ``value`` as JSON."""
         ...
 
+    def note_in_cli_json(self, run_dir: Path, key: str, value: list[str] | None) -> bool:
+        """Set ``key`` of the run directory's ``cli.json`` to ``value`` (remove it for None),
+        keeping its other entries; True if the file changed. A ``cli.json`` that cannot be read as a
+        JSON object (or is no small regular file) is left as it is (False); one that is missing is
+        made. ``OSError`` when it cannot be written."""
+        ...
+
     def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:
         """Kill the utility commands recorded as running in ``run_dir``; their pids. The records are
         removed, but ``keep``'s (a visit whose recorded outcome the cast takes)."""

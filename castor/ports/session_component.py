@@ -72,6 +72,13 @@ class RuntimeSettings(BaseModel):
     cast a harness starts): ``castor serve --backend ray`` records there the backend flags its casts
     run with (never a token), as ``castor cast --backend ray`` does, so the CLI's resume hints
     (``castor status``, ``castor casts``) name them. Empty: no note (casts run on this machine)."""
+    notes_where_resumed_casts_run: bool = False
+    """``castor serve`` sets it: a cast this runtime takes up again (``recast``, ``revive``, a
+    ``continue`` of a cast no runtime holds) gets in its ``cli.json`` the backend flags this runtime
+    runs casts with (``cast_cli_note``'s :data:`castor.ports.cli_note.CAST_BACKEND_FLAGS`), or
+    loses those recorded when it has none: it runs on this machine now. Before, a cast started
+    through ``castor serve --backend ray`` and resumed through a serve on this machine kept naming
+    the cluster. The standalone CLI records them itself, after the resume."""
     user_turn_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Opt-in bound on a user-driven refinement turn: withdrawn (reason ``timed_out``) if the harness
     reports neither its end nor its settle within this many seconds. ``None`` (the default): no bound —

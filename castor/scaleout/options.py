@@ -97,8 +97,10 @@ def valid_backend_flags(flags: object) -> bool:
     return True
 
 
-def make_backend(args: argparse.Namespace) -> Any:
-    """The Ray backend the flags ask for, or None for the local one (Ray is then never imported)."""
+def make_backend(args: argparse.Namespace, host_runtime: dict[str, Any] | None = None) -> Any:
+    """The Ray backend the flags ask for, or None for the local one (Ray is then never imported).
+    ``host_runtime``: runtime settings every cast host's runtime gets beside the backend's own (what
+    ``castor serve`` records in its casts' cli.json)."""
     problem = backend_flag_problem(args)
     if problem is not None:
         from castor.messages.errors import InvalidParams
@@ -110,7 +112,7 @@ def make_backend(args: argparse.Namespace) -> Any:
 
     if args.ray_address:
         check_reachable(args.ray_address)
-    return RayBackend(RayBackendSettings(address=args.ray_address, hosts=args.ray_hosts))
+    return RayBackend(RayBackendSettings(address=args.ray_address, hosts=args.ray_hosts), host_runtime=host_runtime)
 
 
 #: How long the cluster's address gets to accept a connection before castor says it cannot be reached.

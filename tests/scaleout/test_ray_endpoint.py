@@ -94,6 +94,10 @@ def test_a_harness_drives_casts_on_ray_hosts_and_survives_a_host_kill(tmp_path: 
         first = client.call("cast.start", {"session_id": "s1", "request": "first"})
         _wait_status(client, "s1", first["cast_id"], "complete", 90)
         assert len(harness.turns) == 2
+        # its cli.json names the cluster, written by the cast host's runtime (where the cast's session
+        # actor runs): before, only the serving process's runtime had the note, and nothing was written
+        note = json.loads((proj / ".pi" / "pi-materia" / first["cast_id"] / "cli.json").read_text())
+        assert note == {"backendFlags": ["--backend", "ray", "--ray-hosts", "2"]}, note
         # a second cast, its host killed while the utility command runs
         second = client.call("cast.start", {"session_id": "s1", "request": "second"})
         deadline = time.monotonic() + 60

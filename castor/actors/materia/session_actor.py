@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
+from castor._log import logger
 from castor.actors.materia.cast_actor import CastEnv, cast_spec, footer_key, moved_to
 from castor.actors.materia.messages import (
     AbortCast,
@@ -104,6 +105,7 @@ from castor.messages.errors import (
 )
 from castor.ports.agent import harness_turn_settings
 from castor.ports.cast_storage import DEFAULT_PAGE, CastHold, CastStorage
+from castor.ports.cli_note import CAST_BACKEND_FLAGS
 from castor.ports.session_component import SessionContext
 from castor.shown import one_line
 from castor.supervision import Actor, HandleState, handles
@@ -406,6 +408,23 @@ class SessionActor(Actor):
                            "to take it over here.", data={"reason": "held_elsewhere", "cast_id": cast_id})
         return self._spawn(self._env(cast_id, root, lease=lease, held_since=held_since), lease)
 
+    def _note_where_it_runs(self, root: Path, cast_id: str) -> None:
+        """A cast taken up here to run again (recast, revive, continue), with
+        ``notes_where_resumed_casts_run`` (``castor serve``): record in the cast's
+        ``cli.json`` the backend flags this runtime runs casts with, or none (this machine), so the
+        CLI's resume hints name where it now runs. Best effort: a file that cannot be written is
+        logged, and the cast runs all the same."""
+        settings = self.runtime.settings
+        if not settings.notes_where_resumed_casts_run:
+            return
+        flags = settings.cast_cli_note.get(CAST_BACKEND_FLAGS) or None
+        try:
+            self.storage.note_in_cli_json(root / cast_id, CAST_BACKEND_FLAGS, flags)
+        except OSError as exc:
+            logger.bind(actor=self.path).warning("cannot record where cast {cast} runs in its cli.json ({exc}): "
+                                                 "`castor status` may name where it ran before", cast=cast_id,
+                                                 exc=exc.strerror or exc)
+
     def _apply(self, handle: Any, event: Any, *, root: Path, cast_id: str, stop_if_idle: bool) -> dict[str, Any]:
         try:
             view: dict[str, Any] = handle.ask(CastApply(event=event), timeout=ASK_TIMEOUT_S)
@@ -567,7 +586,10 @@ class SessionActor(Actor):
             if before.get("pending") is not None:  # its work was lost with its runtime: redo it
                 event = RecastRequested(after_restart=True, surface=self.surface, at=time.time())
             handle = self._bring_in(cast_id, root)
-        view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=False)
+            view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=False)
+            self._note_where_it_runs(root, cast_id)
+        else:
+            view = self._apply(handle, event, root=root, cast_id=cast_id, stop_if_idle=False)
         return {**view, "text": f"pi-materia cast {cast_id} continues at {view.get('current_socket')}.",
                 "level": "info"}
 
@@ -632,6 +654,7 @@ class SessionActor(Actor):
             view = persisted_view(self.storage, root, cast_id, live=False)
             return {**view, "text": f"pi-materia cast {cast_id} is {view['status']}; the artifacts of its last "
                                     "step were written again.", "level": "info"}
+        self._note_where_it_runs(root, cast_id)
         verb = "revived" if revive else "recast"
         if view.get("paused"):  # resumed where it waited for the user: nothing was re-sent
             return {**view, "text": f"pi-materia cast {cast_id} {verb}: paused for refinement at socket "

@@ -8,6 +8,7 @@ instance the composition root and the CLI pass around.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,6 +82,23 @@ class FileCastStorage:
 
     def write_json(self, path: Path, value: Any) -> None:
         fs.atomic_write_json(path, value)
+
+    def note_in_cli_json(self, run_dir: Path, key: str, value: list[str] | None) -> bool:
+        note = run_dir / "cli.json"
+        try:
+            recorded = json.loads(fs.read_regular_file(note, 64 * 1024, follow_links=False))
+        except FileNotFoundError:
+            recorded = {}
+        except (OSError, ValueError, RecursionError):
+            return False
+        if not isinstance(recorded, dict) or recorded.get(key) == value:
+            return False
+        if value is None:
+            recorded.pop(key)
+        else:
+            recorded[key] = value
+        fs.atomic_write_json(note, recorded)
+        return True
 
     def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:
         return command_records.kill_recorded(run_dir, cast_id, keep=keep)
