@@ -268,6 +268,12 @@ class CastStorage(Protocol):
         removed, but ``keep``'s (a visit whose recorded outcome the cast takes)."""
         ...
 
+    def cluster_fence_s(self, run_dir: Path, cast_id: str) -> float:
+        """How long a runtime taking up the cast must hold its commands: a command of it started on a
+        cluster by a cast host that never saw it end may still run there that long (0: none). Read
+        before :meth:`kill_recorded`, which removes the records."""
+        ...
+
     def finished_command(self, run_dir: Path, cast_id: str, visit_id: str) -> dict[str, Any] | None:
         """The outcome recorded for the command of ``visit_id`` as it ended (the utility runner's
         ``record_outcome``), else None: it ended before its runtime died, and the cast takes this

@@ -125,8 +125,9 @@ class UtilityRunner(Protocol):
         """Where the record of the command of ``visit_id`` lives under ``run_dir``."""
         ...
 
-    def record_running(self, path: Path, visit_id: str) -> bool:
-        """Write the record before the command starts."""
+    def record_running(self, path: Path, visit_id: str, *, cluster_fence_s: float | None = None) -> bool:
+        """Write the record before the command starts (``cluster_fence_s``: it starts on a cluster,
+        and may run on that long after its cast host is lost)."""
         ...
 
     def record_outcome(self, path: Path, visit_id: str, outcome: dict[str, Any]) -> None:

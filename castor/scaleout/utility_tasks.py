@@ -619,6 +619,13 @@ class RayUtilityRunner:
         self.lease_s = lease_s
         self.grant = grant  # the cast host's (see grant_key): its commands live only while it is held
 
+    @property
+    def fence_s(self) -> float:
+        """How long a command started here may run on after its cast host is taken for lost (its
+        lease and margin): what its record in the cast's run directory says, so that a runtime
+        taking the cast up holds its commands that long (``command_records.cluster_fence_s``)."""
+        return self.lease_s + LEASE_MARGIN_S
+
     def spawn(self, cmd: UtilityCommand, resources: dict[str, float] | None = None) -> RemoteRunningUtility:
         cpus = float((resources or {}).get("cpus", DEFAULT_CPUS))
         largest = self._watch.largest_cpus()

@@ -398,7 +398,9 @@ class CastActor(Actor):
         # Or it was still running (or was killed with its runtime): it runs again, and the cast says so.
         self._interrupted_visit = self._unfinished_command(self.state) if self._finished_command is None else None
         # A command an earlier runtime (or incarnation) left running is killed before the
-        # cast can run it again: never two copies at once.
+        # cast can run it again: never two copies at once. One a cast host started on a cluster
+        # cannot be reached from here: the cast's commands wait until its lease has lapsed.
+        self._hold_for_cluster_commands(env.storage.cluster_fence_s(self.artifacts.run_dir, env.cast_id))
         env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id,
                                   keep=self._finished_command.visit_id if self._finished_command else None)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
@@ -417,6 +419,25 @@ class CastActor(Actor):
                 failure = self.handle.last_failure
                 cause = f"the cast's actor crashed ({failure[0] if failure else 'unknown'}) and was restarted"
             self._redo(RecastRequested(after_restart=True, cause=cause, at=env.clock()))
+
+    def _hold_for_cluster_commands(self, fence_s: float) -> None:
+        """Start none of this cast's commands in this runtime's pool for ``fence_s`` from now: a
+        command of it that a cast host started on a cluster, and never saw end, may run on until
+        then (its host died or was taken for lost before now, and such a command lives at most its
+        lease and margin after that). Before, a cast taken up by another runtime (``castor recast``
+        on another machine, a serve on this one) ran the command again at once beside it."""
+        if fence_s <= 0:
+            return
+        from castor.actors.materia.utility_pool import pool_of
+
+        try:
+            pool = pool_of(self.env.registry)
+        except NotFound:
+            return  # no utility pool here: nothing of this cast's runs in this runtime
+        self.log.warning("cast {cast}: a command a cast host started on a cluster may still run there; its "
+                         "commands here wait {s:.0f} s, until that command's lease has lapsed", cast=self.env.cast_id,
+                         s=fence_s)
+        pool.hold_commands(self.env.cast_id, time.monotonic() + fence_s)
 
     def _recorded_outcome(self, state: CastState) -> UtilityFinished | None:
         """The outcome recorded for the command ``state`` waits for, if it ended before its runtime

@@ -15,6 +15,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
 | a cast recast here from a cast host taken for lost (``castor.scaleout``) | its commands wait until that host's may no longer run (:meth:`UtilityPoolState.hold_commands`: the serving process says until when; its slot's activity says so) |
+| a cast taken up here (any runtime) whose run dir records a command a cast host started on a cluster and never saw end | its commands wait that command's lease and margin (its record says how long): the copy on the cluster cannot be found or killed from here (the cast's own start holds them, see ``CastActor``) |
 | a cast's next command while one it gave up is still ending (an abort, then a recast at once; on a cluster node cut off from the cluster, the old one runs until its lease lapses) | waits for it (:meth:`UtilityPoolState.wait_for_earlier`; its slot's activity says so), so two commands of one cast never run at once; at most ``GIVEN_UP_GRACE_S`` past the earlier command's own deadline (by then it has certainly ended; a runner still waiting is stuck: a warning) |
 """  # noqa: E501 - table rows cannot wrap
 
@@ -411,14 +412,15 @@ class UtilityExecutorActor(Actor):
             if self.pool.fenced():
                 return None  # this host was taken for lost: its casts run elsewhere
             runner = self._runner()
+            remote = self.pool.remote_runner
             record = runner.record_path(run_dir, effect.visit_id) if run_dir else None
-            if record is not None and not runner.record_running(record, effect.visit_id):  # before it can run at all
+            if record is not None and not runner.record_running(  # before it can run at all
+                    record, effect.visit_id, cluster_fence_s=remote.fence_s if remote is not None else None):
                 record = None  # .commands is not a directory: it runs unrecorded
             finished: UtilityFinished | None = None
             try:
                 if self.pool.is_cancelled(effect.visit_id):
                     return None  # given up between being claimed and starting (CancelWork)
-                remote = self.pool.remote_runner
                 try:
                     running = remote.spawn(cmd, effect.resources) if remote is not None else runner.spawn(cmd)
                 except UtilitySpawnError as exc:

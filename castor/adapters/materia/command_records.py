@@ -12,6 +12,7 @@ So every command leaves a record in its cast's run directory while it may run:
 | before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
 | it ends with an outcome (an exit, a signal, its deadline) | :func:`record_outcome`: the record becomes ``{visit_id, outcome}`` (atomic, fsynced) *before* the cast is told, and stays until the cast has saved that outcome (:func:`forget`) |
 | it is killed (lost work) or never starts | the record is removed |
+| it runs on a cluster (a cast host's, ``castor.scaleout``) | the record also says how long it may run on after its host is lost (``clusterFenceS``: its lease and margin); a runtime that takes the cast up with such a record left (its host died, or was taken for lost, before the command's end was seen) holds the cast's commands that long (:func:`cluster_fence_s`): the copy on the cluster is out of :func:`kill_recorded`'s reach |
 | a CastActor starts on a saved state (recast, restart) | :func:`started_without_outcome`: whether the command the saved state still waits for was running when its runtime died (it is run again, and the cast says so); :func:`finished_outcome`: the outcome of the command the saved state still waits for, if its record has one -- the cast takes it instead of running the command again (it ended just before its runtime died, its outcome not yet saved); then :func:`kill_recorded`: every process whose environment says it runs one of the recorded visits *of this cast, in this run directory* is killed (SIGKILL) with its descendants; the records are removed, but the one whose outcome the cast takes (removed once that is saved) |
 
 Guarantees: a record is read from the project tree, so it is never trusted to *name* a process:
@@ -60,9 +61,11 @@ def record_path(run_dir: str | os.PathLike[str], visit_id: str) -> Path:
     return Path(run_dir) / RECORDS_DIR / f"{name}.json"
 
 
-def record_running(path: Path, visit_id: str) -> bool:
+def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None = None) -> bool:
     """Record, *before* it is started, that the command of ``visit_id`` may be running. False
-    (nothing written, a warning) when ``.commands`` is not a real directory."""
+    (nothing written, a warning) when ``.commands`` is not a real directory. ``cluster_fence_s``: the
+    command runs on a cluster (``castor.scaleout``), where nothing here can find or kill it, and
+    may run on that long after its cast host is taken for lost (its lease and margin)."""
     try:
         make_dir(path.parent)
     except FileExistsError:
@@ -71,8 +74,48 @@ def record_running(path: Path, visit_id: str) -> bool:
         logger.warning("{dir} is not a directory; the command of {visit} runs unrecorded", dir=path.parent,
                        visit=visit_id)
         return False
-    atomic_write_bytes(path, json.dumps({"visit_id": visit_id}).encode("utf-8"), sync_dir=False)
+    record: dict[str, Any] = {"visit_id": visit_id}
+    if cluster_fence_s is not None:
+        record[CLUSTER_FENCE_KEY] = cluster_fence_s
+    atomic_write_bytes(path, json.dumps(record).encode("utf-8"), sync_dir=False)
     return True
+
+
+#: In a command's record: how long the command, run on a cluster, may run on after its cast host
+#: is lost (see :func:`record_running` and :func:`cluster_fence_s`).
+CLUSTER_FENCE_KEY = "clusterFenceS"
+MAX_CLUSTER_FENCE_S = 3600.0 + 60.0  # the longest lease a cluster command has, and its margin
+
+
+def cluster_fence_s(run_dir: str | os.PathLike[str], cast_id: str) -> float:
+    """How long a runtime taking up this cast must hold its commands: the longest
+    ``cluster_fence_s`` of this cast's records that have no outcome (0 when there is none). Such a
+    record is a command a cast host started on a cluster and never saw end -- the host died, or was
+    taken for lost -- and it may still run on another machine, where :func:`kill_recorded` cannot
+    reach it, until its lease lapses: at most that long after its host was lost, which was before
+    now. A figure that is not a number in range is read as the longest one."""
+    directory = Path(run_dir) / RECORDS_DIR
+    if not _real_dir(directory):
+        return 0.0
+    try:
+        files = sorted(directory.glob("*.json"))
+    except OSError:
+        return 0.0
+    longest = 0.0
+    for path in files:
+        try:
+            record = json.loads(read_regular_file(path, 64 * 1024))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(record, dict) or CLUSTER_FENCE_KEY not in record or "outcome" in record:
+            continue
+        visit = record.get("visit_id")
+        if not isinstance(visit, str) or not visit.startswith(f"{cast_id}:"):
+            continue
+        fence = record[CLUSTER_FENCE_KEY]
+        in_range = isinstance(fence, (int, float)) and not isinstance(fence, bool) and 0 <= fence <= MAX_CLUSTER_FENCE_S
+        longest = max(longest, float(fence) if in_range else MAX_CLUSTER_FENCE_S)
+    return longest
 
 
 def record_outcome(path: Path, visit_id: str, outcome: dict[str, Any]) -> None:

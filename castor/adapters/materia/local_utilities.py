@@ -29,8 +29,8 @@ class LocalUtilityRunner:
     def record_path(self, run_dir: str, visit_id: str) -> Path:
         return command_records.record_path(run_dir, visit_id)
 
-    def record_running(self, path: Path, visit_id: str) -> bool:
-        return command_records.record_running(path, visit_id)
+    def record_running(self, path: Path, visit_id: str, *, cluster_fence_s: float | None = None) -> bool:
+        return command_records.record_running(path, visit_id, cluster_fence_s=cluster_fence_s)
 
     def record_outcome(self, path: Path, visit_id: str, outcome: dict[str, Any]) -> None:
         command_records.record_outcome(path, visit_id, outcome)

@@ -103,6 +103,9 @@ class FileCastStorage:
     def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:
         return command_records.kill_recorded(run_dir, cast_id, keep=keep)
 
+    def cluster_fence_s(self, run_dir: Path, cast_id: str) -> float:
+        return command_records.cluster_fence_s(run_dir, cast_id)
+
     def finished_command(self, run_dir: Path, cast_id: str, visit_id: str) -> dict[str, Any] | None:
         return command_records.finished_outcome(run_dir, cast_id, visit_id)
 

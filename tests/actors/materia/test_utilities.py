@@ -435,6 +435,8 @@ class _CutOffCommand:
 
 
 class _CutOffRunner:
+    fence_s = 4.0  # how long its commands may run on after their cast host is lost
+
     def __init__(self) -> None:
         import threading
 
@@ -528,3 +530,31 @@ def test_a_casts_next_command_waits_no_longer_than_the_given_up_one_can_run(runt
     wait_for(lambda: len(runner.spawned) == 2, timeout=10, what="the next command, past the first one's deadline")
     runner.lapse.set()
     assert {type(inbox.next()).__name__, type(inbox.next()).__name__} == {"CastOutcome", "WorkLost"}
+
+
+@pytest.mark.timeout(40)
+def test_a_command_started_on_a_cluster_is_recorded_with_how_long_it_may_outlive_its_host(runtime_factory, project):
+    """A cast host's command runs on another machine, out of reach of the records' kill: its record
+    in the run directory says how long it may run on after its host is lost (its lease and margin),
+    so a runtime taking the cast up holds the cast's commands that long
+    (``command_records.cluster_fence_s``). A local command's record says nothing of the kind."""
+    from castor.actors.materia.messages import UtilityJob
+    from castor.actors.materia.utility_pool import pool_of, submit_utility
+    from castor.adapters.materia.command_records import cluster_fence_s, record_path
+
+    rt = runtime_factory(utility_slots=2)
+    registry = rt.system.registry
+    pool = pool_of(registry)
+    runner = pool.remote_runner = _CutOffRunner()
+    run_dir = project / "run-a"
+    run_dir.mkdir()
+    inbox = _Inbox()
+    plain = _job("c1:Socket-1:1:1", ["true"], project, inbox)
+    submit_utility(registry, UtilityJob(effect=plain.effect, cast=inbox, run_dir=str(run_dir)))
+    wait_for(lambda: len(runner.spawned) == 1, what="the command to start")
+    record = json.loads(record_path(run_dir, "c1:Socket-1:1:1").read_text())
+    assert record == {"visit_id": "c1:Socket-1:1:1", "clusterFenceS": 4.0}, record
+    assert cluster_fence_s(run_dir, "c1") == 4.0 and cluster_fence_s(run_dir, "c2") == 0.0
+    runner.lapse.set()
+    inbox.next()
+    assert cluster_fence_s(run_dir, "c1") == 0.0  # ended with an outcome: nothing may run on
