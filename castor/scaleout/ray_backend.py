@@ -294,8 +294,7 @@ class RayBackend:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         count = self.settings.hosts or max(1, len(nodes))
         refs = [self._start_host(nodes[i % len(nodes)]["NodeID"] if nodes else None) for i in range(count)]
-        for ref in refs:
-            self._await_host(ref)
+        self._await_hosts(refs)
 
     # -- hosts -----------------------------------------------------------------
     def _start_host(self, node_id: str | None) -> HostRef:
@@ -323,6 +322,20 @@ class RayBackend:
         with self._lock:
             self.hosts[host_id] = ref
         return ref
+
+    def _await_hosts(self, refs: list[HostRef]) -> None:
+        """Wait for every started host at once, each drained as soon as it answers; the first
+        failure is raised once each has answered or failed. Before, they were awaited in turn: a
+        host up early waited undrained while an earlier one started (up to 60 s on a busy cluster),
+        and its silence fence (``fence_after_s``, counted from its start) ended it first: the
+        serving process's start failed ``could not start (ActorDiedError)``."""
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(refs))),
+                                thread_name_prefix="castor-ray-host-start") as starting:
+            waits = [starting.submit(self._await_host, ref) for ref in refs]
+        for wait in waits:
+            failure = wait.exception()
+            if failure is not None:
+                raise failure
 
     def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
         """Wait for a started host to answer, then drain it. A host that does not start (in time,

@@ -875,3 +875,56 @@ def test_closing_a_session_whose_host_is_cut_off_takes_seconds_and_strands_nothi
     assert took < 7.0, took  # it was 10 s
     assert backend._placed == {} and backend.hosts["host-2"].sessions == set()
     assert "close_session" in [method for _t, method, _a in host.calls]
+
+
+def test_a_serving_process_drains_each_cast_host_as_soon_as_it_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hosts a serving process starts were awaited in turn: a host up at once waited undrained
+    while the one before it started (up to 60 s on a busy cluster), and its silence fence, counted
+    from its own start, ended it first (``castor serve --backend ray`` failed "cast host host-2
+    could not start (ActorDiedError)", seen in the kill_host scenario under load). Each host is now
+    drained as soon as it answers: here host-1 answers only once host-2 is drained."""
+    ray = pytest.importorskip("ray")
+    from castor.scaleout import ray_backend
+    from castor.scaleout.ray_backend import HostRef, RayBackend, RayBackendSettings
+
+    host2_drained = threading.Event()
+
+    class Pinged:
+        def __init__(self, host_id: str) -> None:
+            self.host_id = host_id
+
+    def actor(host_id: str) -> SimpleNamespace:
+        def drain(*_args: object) -> object:
+            if host_id == "host-2":
+                host2_drained.set()
+            return "drained"
+        return SimpleNamespace(ping=SimpleNamespace(remote=lambda: Pinged(host_id)),
+                               drain=SimpleNamespace(remote=drain))
+
+    def get(ref: object, timeout: float | None = None) -> object:
+        if isinstance(ref, Pinged):
+            if ref.host_id == "host-1" and not host2_drained.wait(5):
+                raise ray.exceptions.GetTimeoutError("host-1 answers once host-2 is drained")
+            return {"node_id": f"node-{ref.host_id}", "pid": 1, "castor_version": ray_backend.__version__}
+        time.sleep(0.05)
+        return []
+
+    def start_host(self: RayBackend, node_id: str | None) -> HostRef:
+        with self._lock:
+            self._counter += 1
+            ref = HostRef(host_id=f"host-{self._counter}", actor=actor(f"host-{self._counter}"))
+            self.hosts[ref.host_id] = ref
+        return ref
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    nodes = [{"NodeID": "node-a", "Alive": True}, {"NodeID": "node-b", "Alive": True}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "kill", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(RayBackend, "_start_host", start_host)
+    backend = RayBackend(RayBackendSettings(hosts=2))
+    try:
+        assert [h.host_id for h in backend.live_hosts()] == ["host-1", "host-2"]
+        assert all(h.drainer is not None for h in backend.live_hosts())
+    finally:
+        backend._closed.set()
