@@ -84,7 +84,9 @@ def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None =
 #: In a command's record: how long the command, run on a cluster, may run on after its cast host
 #: is lost (see :func:`record_running` and :func:`cluster_fence_s`).
 CLUSTER_FENCE_KEY = "clusterFenceS"
-MAX_CLUSTER_FENCE_S = 3600.0 + 60.0  # the longest lease a cluster command has, and its margin
+#: The longest figure a record may give: the longest lease a cluster command may have
+#: (``RayBackendSettings.command_lease_s`` is at most 3600 s) and its margin (3 s).
+MAX_CLUSTER_FENCE_S = 3600.0 + 3.0
 
 
 def cluster_fence_s(run_dir: str | os.PathLike[str], cast_id: str) -> float:
