@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -531,7 +532,7 @@ def test_flatten_rules():
     assert flatten(None) == "" and flatten({"type": "toolCall", "name": "x"}) == ""
 
 
-# --------------------------------------------------------------------------- evolve == model_copy
+# --------------------------------------------------------------------------- evolve == dataclasses.replace
 
 @pytest.mark.parametrize("make, update", [
     (lambda: initial_state(HookConfig(session_id="s1")), {"first_turn": False, "generation": 3}),
@@ -540,14 +541,25 @@ def test_flatten_rules():
     (lambda: InFlight(kind="capture", generation=2), {"stage": "filter"}),
     (lambda: initial_state(), {}),
 ])
-def test_evolve_is_model_copy_with_update(make, update):
+def test_evolve_is_replace_with_update(make, update):
     original = make()
-    before = original.model_dump()
-    evolved, copied = original.evolve(**update), original.model_copy(update=update)
-    assert evolved == copied and type(evolved) is type(copied)
-    assert list(evolved.__dict__) == list(copied.__dict__)
-    assert evolved.model_fields_set == copied.model_fields_set
-    assert evolved.model_dump_json() == copied.model_dump_json()
-    assert original.model_dump() == before  # the original is untouched
-    with pytest.raises(ValueError):  # still frozen
-        evolved.generation = 99
+    before = dataclasses.astuple(original)
+    evolved, replaced = original.evolve(**update), dataclasses.replace(original, **update)
+    assert evolved == replaced and type(evolved) is type(replaced) and evolved is not original
+    assert repr(evolved) == repr(replaced)
+    assert dataclasses.astuple(original) == before  # the original is untouched
+
+
+def test_evolve_refuses_a_name_that_is_no_field():
+    with pytest.raises(TypeError, match="no field"):
+        initial_state().evolve(generaton=1)
+
+
+def test_the_machines_values_are_slotted_and_compared_by_class():
+    """No instance dict (every attribute is a slot: a misspelt store fails), and two values of
+    different classes with the same fields are not equal."""
+    state = initial_state()
+    with pytest.raises(AttributeError):
+        state.generaton = 1  # type: ignore[attr-defined]  # the misspelling is the test
+    assert not hasattr(state, "__dict__")
+    assert CancelFilter(request="r") != TurnAborted(request="r")
