@@ -368,8 +368,8 @@ def handle(line: str) -> "dict[str, Any]":
         reply = {"id": request_id, "ok": False, "error": _text_of(exc), "traceback": _traceback_text()}
         unusable = _fabric_dir_fault(exc)
         if unusable is not None:  # the setting's path is what failed: named, not the backend's text
-            reply["storage"], reply["unusable"] = unusable[0], {"setting": "fabricDir", "path": _fabric_dir(),
-                                                                "why": unusable[1]}
+            name, setting, path, why = unusable
+            reply["storage"], reply["unusable"] = name, {"setting": setting, "path": path, "why": why}
             return reply
         storage = _storage_errno(exc)
         if storage is not None:
@@ -421,16 +421,26 @@ def _fabric_dir() -> str:
     return os.path.abspath(raw) if raw else ""
 
 
-def _fabric_dir_fault(exc: "BaseException | None") -> "tuple[str, str] | None":
-    """``(errno name, why)`` when the backend failed because the ``fabricDir`` castor gave it cannot
-    be used -- a dangling symlink, a file, a directory nothing can be created in -- seen from an
-    ``OSError`` on that path (or in it), or SQLite's "unable to open database file" there; None
-    otherwise. Never raises; what it says is castor's own words, never the backend's text."""
+#: The endings of a database file's name: a directory so named inside ``fabricDir`` is taken for
+#: the backend's database file, made a directory, when SQLite cannot open its database there.
+_DATABASE_ENDINGS = (".db", ".db3", ".sqlite", ".sqlite3")
+#: How many entries of ``fabricDir`` are looked at for such a directory (a bound on the work).
+_DATABASE_SCAN_MAX = 512
+
+
+def _fabric_dir_fault(exc: "BaseException | None") -> "tuple[str, str, str, str] | None":
+    """``(errno name, setting, path, why)`` when the backend failed because a path castor gave it
+    cannot be used -- ``fabricDir`` a dangling symlink, a file, a directory nothing can be created
+    in, or holding a directory where the backend's database file should be; ``stateDbPath`` a
+    directory -- seen from an ``OSError`` on that path (or in it), or SQLite's "unable to open
+    database file"; None otherwise. Never raises; what it says is castor's own words, never the
+    backend's text (an entry's name is the configuration's, not memory)."""
     fabric = _fabric_dir()
     if not fabric:
         return None
     try:
         suspect = False
+        inside: "list[str]" = []  # paths in fabricDir an OSError named
         for _ in range(8):  # the exception and what it was raised from, a few deep
             if exc is None:
                 break
@@ -439,14 +449,42 @@ def _fabric_dir_fault(exc: "BaseException | None") -> "tuple[str, str] | None":
                     if isinstance(name, str) and name and (
                             os.path.abspath(name) == fabric or os.path.abspath(name).startswith(fabric + os.sep)):
                         suspect = True
+                        inside.append(os.path.abspath(name))
             elif type(exc).__module__ == "sqlite3":
                 code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
                 suspect = suspect or (isinstance(code, int) and code & 0xFF == _SQLITE_CANTOPEN) \
                     or "unable to open database file" in str(exc)
             exc = exc.__cause__ or exc.__context__
-        return _unusable_dir(fabric) if suspect else None
+        if not suspect:
+            return None
+        found = _unusable_dir(fabric)
+        if found is not None:
+            return found[0], "fabricDir", fabric, found[1]
+        return _directory_in_the_way(fabric, inside)
     except Exception:  # noqa: BLE001 - an exception whose __str__ raises: no classification, the reply stands
         return None
+
+
+def _directory_in_the_way(fabric: str, named: "list[str]") -> "tuple[str, str, str, str] | None":
+    """A directory where the backend wanted a file: ``stateDbPath`` itself, a path in ``fabricDir``
+    an ``OSError`` named, or an entry of ``fabricDir`` named like a database file (SQLite names no
+    path); as ``_fabric_dir_fault`` returns it, or None."""
+    state_db = os.environ.get("STATE_DB_PATH") or ""
+    if state_db and os.path.isdir(state_db):
+        return "EISDIR", "stateDbPath", os.path.abspath(state_db), "is a directory, not a database file"
+    candidates = [path for path in named if path != fabric]
+    if not candidates:
+        with os.scandir(fabric) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= _DATABASE_SCAN_MAX:
+                    break
+                if entry.name.lower().endswith(_DATABASE_ENDINGS):
+                    candidates.append(entry.path)
+    for path in candidates:
+        if os.path.isdir(path):
+            return ("EISDIR", "fabricDir", fabric,
+                    "holds a directory where a file should be (%s)" % os.path.relpath(path, fabric))
+    return None
 
 
 def _unusable_dir(path: str) -> "tuple[str, str] | None":

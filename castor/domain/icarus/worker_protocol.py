@@ -16,6 +16,9 @@ from castor.messages.errors import CastorError, ErrorCode
 
 ALLOWED_MODULES: tuple[str, ...] = ("hooks", "tools", "state", "obsidian", "parsing")
 _ERRNO_NAMES = frozenset(errno.errorcode.values())
+#: What a path setting names, in an unusable setting's message ("point SETTING at ..."): ``fabricDir``
+#: a directory, ``stateDbPath`` a database file.
+_KEPT_IN = {"stateDbPath": "a database file"}
 
 
 class IcarusCallError(CastorError):
@@ -97,7 +100,7 @@ def reply_result(reply: dict[str, Any], target: str) -> Any:
         setting, path = str(unusable.get("setting") or ""), str(unusable.get("path") or "")
         raise IcarusSettingUnusable(
             f"storage unavailable: the Icarus {setting} {path} {unusable.get('why') or 'cannot be used'} "
-            f"({storage}); point {setting} at a directory the memory can be kept in",
+            f"({storage}); point {setting} at {_KEPT_IN.get(setting, 'a directory')} the memory can be kept in",
             data={"reason": "backend_error", "target": target, "errno": storage, "setting": setting, "path": path},
             may_have_started=True)
     if isinstance(storage, str) and storage in _ERRNO_NAMES:

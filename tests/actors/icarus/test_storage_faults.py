@@ -5,6 +5,7 @@ written before stays readable; the same worker writes again once space is freed.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -108,3 +109,31 @@ def test_a_capture_lost_to_a_full_disk_is_told_to_the_harness_once_typed_and_the
             logger.remove(sink)
             world.close()
     assert not [r for r in records if SECRET in r]
+
+
+def test_a_database_file_that_is_a_directory_in_fabric_dir_is_storage_unavailable_naming_the_setting(wired):  # noqa: F811
+    """The backend's database file inside ``fabricDir`` is a directory (SQLite's "unable to open
+    database file", no errno, no path): it was ``internal`` (``backend_error``), as if castor had
+    failed. Over a real endpoint: ``storage_unavailable`` naming the setting (``fabricDir``), its
+    path and the entry in the way, in castor's words (never the memory's text); the worker is kept,
+    and once the directory is gone the same worker writes."""
+    world, connect = wired
+    client, _harness = connect()
+    open_session(client, world, "pi-1")
+    world.fabric.mkdir(parents=True, exist_ok=True)
+    (world.fabric / "icarus_reference.sqlite3").mkdir()
+
+    def tool(name: str, **params) -> dict:
+        return client.call("icarus.tool", {"session_id": "pi-1", "name": name, "params": params,
+                                           "tool_call_id": "t1"}, timeout=30)
+
+    with pytest.raises(CastorError) as refused:
+        tool("fabric_write", type="note", summary="lost", content=f"{SECRET} in a note")
+    error = refused.value
+    assert error.code == "storage_unavailable", error.to_wire()
+    assert error.data["setting"] == "fabricDir" and error.data["path"] == str(world.fabric), error.data
+    assert error.data["errno"] == "EISDIR", error.data
+    assert "fabricDir" in error.message and "icarus_reference.sqlite3" in error.message, error.message
+    assert SECRET not in json.dumps(error.to_wire()), error.to_wire()
+    (world.fabric / "icarus_reference.sqlite3").rmdir()
+    assert tool("fabric_write", type="note", summary="after", content="a file now")["status"] == "written"
