@@ -663,8 +663,10 @@ def extract_usage(raw: Any) -> TurnUsage:
         tokens["total"] = parts_sum
     elif any(_unread(raw, names) for names in TOKEN_ALIASES.values()):
         # A part was given but not counted (a negative, a string): a provided total may have been
-        # made from it (Pi's ``totalTokens`` is its plain sum: 10 + -5 = 5), so it is no floor.
-        tokens["total"] = min(max(total, parts_sum), MAX_FIGURE)
+        # made from it (Pi's ``totalTokens`` is its plain sum: 10 + -5 = 5), so it is no floor; and
+        # a ``true`` part added 1 to it there (10 + true = 11), which is taken off again.
+        ones = sum(1 for names in TOKEN_ALIASES.values() if _given(raw, names) is True)
+        tokens["total"] = min(max(total - ones, parts_sum), MAX_FIGURE)
     else:
         tokens["total"] = total
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None
@@ -729,6 +731,31 @@ def _note(name: str, value: Any) -> str:
     return f"{name}={shown if len(shown) <= MAX_UNREADABLE_VALUE else shown[:MAX_UNREADABLE_VALUE] + '…'}"
 
 
+def _given(raw: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """The value of the first of ``names`` given in ``raw`` (not null), or None."""
+    return next((raw[name] for name in names if raw.get(name) is not None), None)
+
+
+#: How a figure past :data:`MAX_FIGURE` is named (:func:`unreadable_figures`): it counts as that much.
+CAPPED_NOTE = " (counted as 10^18)"
+
+
+def _capped(raw: dict[str, Any], prefix: str = "", depth: int = 0) -> list[str]:
+    """The figures of a usage map (and of the maps in it, two deep) that are finite numbers past
+    :data:`MAX_FIGURE` -- an integer past 2**63 as the wire carries it --, counted as that much:
+    ``name=value (counted as 10^18)`` each. A figure castor counts as less than was given is said,
+    as one it counts as not given is."""
+    out: list[str] = []
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            if depth < 2 and isinstance(key, str):
+                out += _capped(value, f"{prefix}{key}.", depth + 1)
+        elif (isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(key, str)
+              and value > MAX_FIGURE and (isinstance(value, int) or math.isfinite(value))):
+            out.append(_note(prefix + key, value) + CAPPED_NOTE)
+    return out
+
+
 def _unread(raw: Any, names: tuple[str, ...], prefix: str = "", read: Reader = non_negative_number) -> str | None:
     """The first of ``names`` given in ``raw`` with a value that is not a usage figure (a string, a
     negative or non-finite number, a list...), when none of them gives a figure; else None. ``null``
@@ -752,7 +779,8 @@ def unreadable_usage(name: str, value: Any) -> dict[str, Any]:
 def unreadable_figures(raw: Any) -> list[str]:
     """The figures of a usage map that were given but are not finite, non-negative numbers, so
     :func:`extract_usage` counts them as not reported (pi-materia skips them too, without a word):
-    ``name=value`` each (the value as JSON, cut), at most :data:`MAX_UNREADABLE`. What a summed map
+    ``name=value`` each (the value as JSON, cut), then those past :data:`MAX_FIGURE`, counted as
+    that much (:func:`_capped`), at most :data:`MAX_UNREADABLE` in all. What a summed map
     (:func:`sum_usage_maps`) carries under :data:`UNREADABLE_KEY` comes first."""
     if not isinstance(raw, dict):
         return []
@@ -780,6 +808,7 @@ def unreadable_figures(raw: Any) -> list[str]:
         if any(value is not None for key, value in nested.items() if key != "totalFromProvider"):
             found.append(_note("cost", nested))
     out += [n for n in found if n is not None]
+    out += _capped(raw)
     return out[:MAX_UNREADABLE]
 
 

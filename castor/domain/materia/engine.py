@@ -101,6 +101,7 @@ from typing import Any, Literal
 from castor.domain.jsontext import js_collapse_whitespace, js_slice, js_string, js_stringify
 from castor.domain.materia import prompts
 from castor.domain.materia.budget import (
+    CAPPED_NOTE,
     SELECTION_FIELDS,
     BudgetCheck,
     TurnRecord,
@@ -980,7 +981,9 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         if unreadable:
             named["unreadable"] = unreadable
         kind = turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)
-        unreported = ["tokens"] if usage_unknown else _unreported(turn, ev, unreadable, kind, named["costFromProvider"])
+        not_numbers = [note for note in unreadable if not note.endswith(CAPPED_NOTE)]  # a capped one counts
+        unreported = (["tokens"] if usage_unknown
+                      else _unreported(turn, ev, not_numbers, kind, named["costFromProvider"]))
         first_unreported = [f for f in unreported if not any(f in (t.unreported or ()) for t in s.usage.turns)]
         if unreported:
             named["unreported"] = unreported
@@ -993,9 +996,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         if unreadable:
             ctx.emit("usage_unreadable", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreadable})
         if first_unreadable:
-            ctx.notify("warning", f"pi-materia usage: the usage reported for {rs.id}'s turn has figures that are "
-                                  f"not numbers ({', '.join(unreadable)}); they count as not reported, so the "
-                                  "cast's totals and its budget leave them out (usage.json turns[].unreadable)")
+            ctx.notify("warning", _unreadable_warning(rs.id, unreadable))
         if unreported:
             ctx.emit("usage_unreported", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreported})
         _say_unreported(ctx, rs.id, turn, first_unreported)
@@ -1025,6 +1026,21 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     s.multi_turn_finalizing = False
     target = _complete_socket(ctx, rs, text, entry_id, finalized=rs.multi_turn)
     _goto(ctx, target, entry_id)
+
+
+def _unreadable_warning(socket: str, unreadable: list[str]) -> str:
+    """The cast's one warning of a turn's unreadable figures: those that are not numbers count as
+    not reported, those past 10^18 (:data:`CAPPED_NOTE`) as 10^18."""
+    capped = [note for note in unreadable if note.endswith(CAPPED_NOTE)]
+    not_numbers = [note for note in unreadable if not note.endswith(CAPPED_NOTE)]
+    said = []
+    if not_numbers:
+        said.append(f"has figures that are not numbers ({', '.join(not_numbers)}); they count as not reported, "
+                    "so the cast's totals and its budget leave them out")
+    if capped:
+        said.append(f"{'and ' if said else 'has '}figures past what castor counts ({', '.join(capped)}); each "
+                    "counts as 10^18, so a budget stops on it")
+    return f"pi-materia usage: the usage reported for {socket}'s turn {'; '.join(said)} (usage.json turns[].unreadable)"
 
 
 def _unreported(turn: TurnUsage, ev: TurnEnded, unreadable: list[str], kind: str,

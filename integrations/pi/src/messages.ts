@@ -50,8 +50,10 @@ function figure(value: unknown): number | null {
 
 /**
  * Add one Pi `Usage` into a wire usage (snake_case; unknown cost stays null). A figure that is not a
- * finite, non-negative number (a provider's string, NaN, Infinity, a negative) is not reported, as
- * castor reads it, so the sum is always a finite number: a NaN cost used to make it NaN.
+ * finite, non-negative number (a provider's string, NaN, Infinity, a negative, a boolean) is not
+ * reported, as castor reads it, so the sum is always a finite number: a NaN cost used to make it NaN.
+ * Pi makes `totalTokens` by plain addition, where a `true` count adds 1 (10 + true = 11): that 1 is
+ * taken off again (never below the parts counted), as castor does.
  */
 export function addUsage(total: WireUsage, usage: unknown): WireUsage {
 	if (usage === null || typeof usage !== "object") return total;
@@ -60,12 +62,15 @@ export function addUsage(total: WireUsage, usage: unknown): WireUsage {
 	const add = (a: number, b: number) => Math.min(a + b, MAX_FIGURE);
 	const cost = u.cost as Record<string, unknown> | undefined;
 	const costTotal = cost !== null && typeof cost === "object" ? figure(cost.total) : null;
+	const parts = [u.input, u.output, u.cacheRead, u.cacheWrite];
+	const ones = parts.filter((v) => v === true).length;
+	const turnTotal = ones ? Math.max(num(u.totalTokens) - ones, parts.reduce((a: number, v) => add(a, num(v)), 0)) : num(u.totalTokens);
 	return {
 		input: add(total.input, num(u.input)),
 		output: add(total.output, num(u.output)),
 		cache_read: add(total.cache_read, num(u.cacheRead)),
 		cache_write: add(total.cache_write, num(u.cacheWrite)),
-		total_tokens: add(total.total_tokens, num(u.totalTokens)),
+		total_tokens: add(total.total_tokens, turnTotal),
 		cost: costTotal === null ? total.cost : add(total.cost ?? 0, costTotal),
 	};
 }

@@ -23,6 +23,15 @@ test("addUsage sums Pi usage into wire usage; unknown cost stays null", () => {
 	assert.equal(addUsage(once, { input: Number.NaN }).input, 1);
 });
 
+test("addUsage: a boolean token count counts nothing, not even in the total Pi added it to", () => {
+	// a provider's completion_tokens: true, as Pi leaves it: output true, totalTokens 10 + true = 11
+	const sum = addUsage(emptyUsage(), { input: 10, output: true, cacheRead: 0, cacheWrite: 0, totalTokens: 11 });
+	assert.equal(sum.output, 0);
+	assert.equal(sum.total_tokens, 10);
+	assert.equal(addUsage(emptyUsage(), { input: 10, output: true, totalTokens: 18 }).total_tokens, 17, "what a total adds beyond the parts stays");
+	assert.equal(addUsage(emptyUsage(), { input: 10, output: false, totalTokens: 10 }).total_tokens, 10);
+});
+
 test("addUsage: a figure that is not a finite, non-negative number is not reported; the sum stays finite and capped", () => {
 	const base = addUsage(emptyUsage(), { input: 10, output: 5, totalTokens: 15, cost: { total: 0.5 } });
 	for (const bad of [Number.NaN, Number.POSITIVE_INFINITY, -1, "0.0012", "$0.0012", null, true, { total: 1 }]) {

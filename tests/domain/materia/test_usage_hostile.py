@@ -131,6 +131,7 @@ def test_an_integer_past_2_63_counts_as_the_largest_figure_never_an_error(shape:
     # the total, as pi-materia reads it
     figures = [getattr(amounts, name) for amounts in (read.tokens, read.cost) for name in (*PARTS, "total")]
     assert MAX_FIGURE in figures or (shape, path) in SHADOWED, figures
+    assert f"{path[-1]}={huge} (counted as 10^18)"[:20] in " ".join(unreadable_figures(hurt)), "named, as counted"
     json.dumps(sum_usage_maps([hurt, hurt]), allow_nan=False)
 
 
@@ -166,7 +167,7 @@ def test_a_turn_with_a_malformed_figure_completes_with_the_rest_of_its_usage_and
     assert (record.tokens, record.cost) == (read.tokens, read.cost)
     named = unreadable_figures(usage)
     assert (record.unreadable or []) == named
-    if (shape, path) not in SHADOWED | FALLS_BACK and bad != {} and (isinstance(bad, bool) or not isinstance(bad, int)):
+    if (shape, path) not in SHADOWED | FALLS_BACK and bad != {}:  # a huge integer too: counted as the cap
         assert named, f"{'.'.join(path)}={bad!r} was dropped without a word on its way to the engine"
     if named:
         assert d.events("usage_unreadable")[-1].data["figures"] == named
@@ -233,3 +234,53 @@ def test_a_scripted_turns_usage_that_is_not_a_map_is_named_as_the_wire_names_it_
     script.write_text(json.dumps([{"text": "kept", "usage": usage}, "next"]))
     loaded = load_script(script)
     assert [a.text for a in loaded.by_socket["*"]] == ["kept", "next"]
+
+
+def _warnings(d: Driver) -> list[str]:
+    from castor.domain.materia.cast_messages import Notify
+
+    return [e.message for e in d.effects if isinstance(e, Notify) and e.level == "warning"]
+
+
+def test_an_integer_past_2_63_is_named_as_counted_at_the_cap_and_the_cap_is_kept() -> None:
+    """A figure past what castor counts (2**64 input tokens, as the wire carries it) counted as 10^18
+    without a word of its own: the budget stopped on it, but usage.json and the warning said nothing
+    of a figure castor had not counted as given. It is named now, the way an unreadable figure is
+    (``turns[].unreadable``, the ``usage_unreadable`` event, the cast's one warning), saying it
+    counts as 10^18; the cap stays, and the turn's other figures count."""
+    from castor.endpoint.harness_link import outcome_from_wire
+
+    huge = 2**64
+    wired = outcome_from_wire("t1", {"usage": {"input": huge, "output": 5, "totalTokens": huge + 5}}).usage
+    assert wired is not None
+    read = extract_usage(wired.raw)
+    assert (read.tokens.input, read.tokens.output, read.tokens.total) == (MAX_FIGURE, 5, MAX_FIGURE)
+    named = unreadable_figures(wired.raw)
+    assert named == [f"input={huge} (counted as 10^18)", f"totalTokens={huge + 5} (counted as 10^18)"], named
+    d = text_cast()
+    d.send(TurnEnded, visit_id=d.pending().visit_id, text="built", stop_reason="stop", usage=wired.raw)
+    (record,) = d.state.usage.turns
+    assert record.unreadable == named and record.tokens.input == MAX_FIGURE
+    assert d.events("usage_unreadable")[-1].data["figures"] == named
+    (said,) = _warnings(d)
+    assert "past what castor counts" in said and f"input={huge}" in said and "not numbers" not in said, said
+
+
+@pytest.mark.parametrize(("flag", "pis_total"), [(True, 11), (False, 10)])
+def test_a_boolean_token_count_is_named_and_not_counted_even_in_the_total_pi_added_it_to(flag: bool,
+                                                                                      pis_total: int) -> None:
+    """A provider's ``completion_tokens: true`` reaches castor as Pi left it: ``output: true`` and a
+    ``totalTokens`` Pi made by plain addition (10 + true = 11). The part was named, but the total
+    counted the boolean as one token. Now the boolean counts nothing anywhere: the total is the
+    parts castor counted, and the figure is named."""
+    from castor.endpoint.harness_link import outcome_from_wire
+
+    pi = {"input": 10, "output": flag, "cacheRead": 0, "cacheWrite": 0, "totalTokens": pis_total,
+          "cost": {"input": 0.1, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0.1}}
+    wired = outcome_from_wire("t1", {"usages": [pi]}).usage
+    assert wired is not None
+    assert wired.raw["totalTokens"] == 10 and wired.raw["output"] == 0, wired.raw
+    assert unreadable_figures(wired.raw) == [f"output={json.dumps(flag)}"]
+    assert extract_usage(pi).tokens.total == 10
+    # a total beside it that holds more than the parts (a provider's own) keeps what it adds
+    assert extract_usage({**pi, "totalTokens": pis_total + 7}).tokens.total == 17
