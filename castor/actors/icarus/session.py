@@ -58,6 +58,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -305,6 +306,13 @@ def wire_result(result: dict[str, Any] | None) -> dict[str, Any] | None:
 # The per-session facade
 
 
+#: While a settings file stays refused by its storage, a call reads the settings again once this
+#: many seconds have passed since the last read: a fault that clears by itself (an ``EIO``) leaves
+#: the file's ``stat`` as it was, so only time tells that it may read now.
+SETTINGS_RETRY_S = 2.0
+#: The clock of that back-off (a test moves its own).
+_now = time.monotonic
+
 @dataclass
 class IcarusSession:
     """One session's bridge: what the component started and how to reach it."""
@@ -326,25 +334,32 @@ class IcarusSession:
     _spawned: int = 0  # worker processes constructed (one per incarnation that got a call)
     _crash_loop: WorkerCrashLoop | None = None  # the session's worker deaths, across incarnations
     _settings_said: set[str] = field(default_factory=set)  # the settings' warnings logged, each once
+    _settings_retry_at: float = 0.0  # while a file is refused: when a call reads the settings again anyway
 
     def __post_init__(self) -> None:
         self._say_settings_warnings()
+        if self.settings.refused_files:
+            self._settings_retry_at = _now() + SETTINGS_RETRY_S
 
     # -- settings the storage refused -------------------------------------------
     def _reread_settings(self) -> None:
         """Read the settings again, as a session's start reads them, when a file that counts was
-        refused by its storage (``EACCES``, ``EIO``) and has changed since (one ``stat`` each; no
-        read while none changed). The new values are the session's from this call on: its tools,
-        their deadlines, ``icarus.config``, and the launch of its next fresh worker. What its
-        running actors were built with at the start (whether it has Icarus at all, the hook
-        controller's switches, the filter) stays until the session is opened again."""
+        refused by its storage (``EACCES``, ``EIO``) and has changed since (one ``stat`` each), or,
+        while one stays refused, once :data:`SETTINGS_RETRY_S` have passed since the last read (a
+        fault that clears by itself, an ``EIO``, changes nothing a ``stat`` shows): at most one
+        read per back-off, however many calls. The new values are the session's from this call
+        on: its tools, their deadlines, ``icarus.config``, and the launch of its next fresh
+        worker. What its running actors were built with at the start (whether it has Icarus at
+        all, the hook controller's switches, the filter) stays until the session is opened again."""
         refused = self.settings.refused_files
         backend = self.backend
-        if all(backend.settings_signature(path) == seen for path, seen in refused):
+        changed = not all(backend.settings_signature(path) == seen for path, seen in refused)
+        if not changed and _now() < self._settings_retry_at:
             return
         with self._lock:
             if self.settings.refused_files is not refused:
                 return  # another call read them meanwhile
+            self._settings_retry_at = _now() + SETTINGS_RETRY_S
             try:
                 fresh = backend.load_settings(self.ctx.info.cwd, trusted=self.ctx.info.trusted)
             except CastorError as exc:  # no descriptor to read with: the next call tries again
@@ -353,7 +368,11 @@ class IcarusSession:
             self.settings = fresh
             if self._spawn is not None:
                 self._spawn = backend.worker_spawn(fresh, self.ctx.info.cwd)
-        logger.bind(actor=self.path()).info("icarus settings read again: a file refused before changed")
+        if not changed and [path for path, _ in fresh.refused_files] == [path for path, _ in refused]:
+            return  # the back-off's read, refused as before: said once already (its warning)
+        logger.bind(actor=self.path()).info("icarus settings read again: a file refused before changed"
+                                            if changed else "icarus settings read again: a file refused before "
+                                            "was read after its fault cleared")
         self._say_settings_warnings()
         if not self.available and backend.package_present(fresh.icarus_dir):
             logger.bind(actor=self.path(), icarus_dir=fresh.icarus_dir).warning(

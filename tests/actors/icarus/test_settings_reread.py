@@ -44,6 +44,7 @@ def test_a_project_file_refused_then_given_back_is_read_at_the_next_call_and_sai
                                                                                                 monkeypatch):
     from loguru import logger
 
+    FrozenClock(monkeypatch)  # within one back-off: only a change makes a call read it again
     world.write_project({"timeoutMs": 4321, "contextDisplay": False})
     refused = RefusedFile(monkeypatch, str(world.project_path), "EACCES")
     os.chmod(world.project_path, 0)
@@ -80,3 +81,49 @@ def test_a_project_file_refused_then_given_back_is_read_at_the_next_call_and_sai
         logger.remove(sink)
     causes = [m for m in said if "ignored" in m]
     assert len(causes) == 2, said  # PermissionError once, OSError once
+
+
+class FrozenClock:
+    """The session's clock for its settings' re-read back-off, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from castor.actors.icarus import session as session_module
+
+        self.now = 1000.0
+        monkeypatch.setattr(session_module, "_now", lambda: self.now, raising=False)
+
+
+def test_an_eio_that_clears_with_the_files_stat_unchanged_is_read_at_the_first_call_after_a_short_back_off(
+        world, monkeypatch):
+    """An ``EIO`` that clears by itself changes nothing a ``stat`` shows, so the file was read again
+    only at the session's next open: its settings stayed ignored for the session's life. While the
+    last read failed, a call now reads it again once a short back-off has passed
+    (``SETTINGS_RETRY_S``; one read per back-off at most, however many calls), and the settings are
+    the session's from that call on."""
+    from castor.actors.icarus.session import SETTINGS_RETRY_S
+
+    clock = FrozenClock(monkeypatch)
+    world.write_project({"timeoutMs": 4321})
+    refused = RefusedFile(monkeypatch, str(world.project_path), "EIO")
+    rt = world.runtime()
+    _, sess = world.open(rt, trusted=True)
+    assert sess.config()["config"]["warnings"] == ["project settings ignored: unreadable (OSError)"]
+    for _ in range(3):  # still failing: one read per back-off, never one per call
+        for _ in range(5):
+            sess.config()
+            sess.tool("fabric_brief", {})
+        clock.now += SETTINGS_RETRY_S
+    sess.config()
+    assert refused.reads == 4, refused.reads
+    assert sess.config()["config"]["warnings"] == ["project settings ignored: unreadable (OSError)"]
+
+    refused.errno_name = None  # the fault clears; the file's stat is what it was
+    assert sess.config()["config"]["effective"]["timeoutMs"] == 10000  # within the back-off: not yet
+    clock.now += SETTINGS_RETRY_S
+    config = sess.config()["config"]
+    assert config["effective"]["timeoutMs"] == 4321 and config["sources"]["timeoutMs"] == "project"
+    assert config["warnings"] == [] and sess.settings.timeout_ms == 4321
+    reads = refused.reads
+    clock.now += 10 * SETTINGS_RETRY_S
+    sess.config()
+    assert refused.reads == reads, "read, nothing refused: no more re-reads"
