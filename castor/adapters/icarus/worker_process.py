@@ -603,7 +603,11 @@ class WorkerProcess:
         read_first = not self._poll_first and not self._buffer
         tail: list[bytes] = []  # chunks of a line still without its newline (joined once it comes)
         tail_size = 0
-        dropping: int | None = None  # a line over the bound, dropped as it comes: its reply's id (-1: none)
+        too_large = False  # the call's own reply is over the bound: dropped as it comes, to its newline
+        # Output over the bound that is no reply of this call (a backend writing without a newline):
+        # dropped as it comes while the call's reply head is looked for in it; the last bytes seen,
+        # for a head split between two reads (None: not dropping).
+        seeking: bytes | None = None
         if self._poll_first:
             self._poll_first -= 1
         while True:
@@ -644,20 +648,30 @@ class WorkerProcess:
             if not chunk:  # end of file: the child is gone
                 self._check_usable(may_have_started=True, target=target)
                 raise self._crash(target, may_have_started=True)
-            if dropping is not None:
+            if too_large:
                 end = chunk.find(b"\n")
                 if end < 0:
                     continue
-                chunk = chunk[end + 1:]
-                if dropping == request_id:
-                    self._buffer = chunk
-                    return {"id": request_id, "ok": False, "traceback": "", "refused": "reply_too_large",
-                            "error": f"reply too large: the worker's answer was over {self._max_reply} bytes "
-                                     "and was dropped unread"}
-                dropping = None
-                self._garbage += 1
-                if not chunk:
+                self._buffer = chunk[end + 1:]
+                return {"id": request_id, "ok": False, "traceback": "", "refused": "reply_too_large",
+                        "error": f"reply too large: the worker's answer was over {self._max_reply} bytes "
+                                 "and was dropped unread"}
+            if seeking is not None:
+                end = chunk.find(b"\n")
+                head = _own_head(request_id)
+                found, seeking = _from_head(seeking, [chunk], head, len(chunk) if end < 0 else end)
+                if found is not None:  # the call's reply after the output: gathered from its head
+                    seeking = None
+                    self._dropped_output(target)
+                    chunk = found[0]
+                elif end < 0:
                     continue
+                else:  # the output's line ended with no reply of this call in it
+                    seeking = None
+                    self._garbage += 1
+                    chunk = chunk[end + 1:]
+                    if not chunk:
+                        continue
             if self._buffer:
                 # A long line (a large value) comes in many chunks: they wait in ``tail`` and are
                 # joined once, when its newline comes. ``+=`` per chunk copied the whole line each
@@ -667,11 +681,26 @@ class WorkerProcess:
                     tail.append(chunk)
                     tail_size += len(chunk)
                     if tail_size + len(self._buffer) > self._max_reply:
-                        head = _REPLY_HEAD.match(self._buffer.lstrip())
-                        dropping = int(head.group(1)) if head is not None else -1
+                        begun = _REPLY_HEAD.match(self._buffer.lstrip())
+                        pieces = [self._buffer, *tail]
                         self._buffer = b""
                         tail.clear()
                         tail_size = 0
+                        if begun is not None and int(begun.group(1)) == request_id:
+                            too_large = True
+                            continue
+                        # Not this call's reply (output without a newline): its reply may follow it.
+                        found, carry = _from_head(b"", pieces, _own_head(request_id), -1)
+                        del pieces
+                        if found is None:
+                            seeking = carry
+                            continue
+                        self._dropped_output(target)
+                        if sum(len(piece) for piece in found) > self._max_reply:
+                            too_large = True
+                            continue
+                        self._buffer, tail = found[0], found[1:]
+                        tail_size = sum(len(piece) for piece in tail)
                     continue
                 if tail:
                     tail.append(chunk)
@@ -690,6 +719,15 @@ class WorkerProcess:
                 if reply is not None and reply.get("id") == request_id:
                     return reply
             self._buffer = chunk
+
+    def _dropped_output(self, target: str) -> None:
+        """Count output without a newline dropped before the call's reply (``garbage_lines``), and
+        say so the first time (never its text: it may be memory)."""
+        self._garbage += 1
+        if self._garbage == 1:
+            logger.bind(actor="/icarus/worker").warning(
+                "icarus worker wrote more than {} bytes without a newline before its reply to {}: dropped; "
+                "later ones are counted in its stats (garbage_lines)", self._max_reply, target)
 
     def _buffered_lines(self) -> Iterator[bytes]:
         """Take the whole, non-blank lines out of the buffer, stripped, one at a time (a partial
@@ -919,6 +957,33 @@ def _decode_reply(line: bytes) -> dict[str, Any] | None:
 
 #: How the worker program starts a reply line (its dict's key order, the encoder's separators).
 _REPLY_HEAD = re.compile(rb'\{"id": (\d{1,19}), "ok": (?:true|false), ')
+
+
+def _own_head(request_id: int) -> bytes:
+    """How the worker program starts its reply to ``request_id`` (:data:`_REPLY_HEAD`)."""
+    return b'{"id": %d, "ok": ' % request_id
+
+
+def _from_head(carry: bytes, pieces: list[bytes], head: bytes, end: int) -> tuple[list[bytes] | None, bytes]:
+    """Look for ``head`` in a line's bytes: ``carry`` (the last bytes before ``pieces``, fewer than
+    the head's length) then ``pieces``, the last one only up to ``end`` (-1: whole). The pieces from
+    the first head on (its first piece starting with it; anything after ``end`` kept), or None and
+    the new carry: the last ``len(head) - 1`` bytes looked at, for a head split between reads.
+    Linear in the bytes looked at, and it copies none but the head's own piece and the carry."""
+    keep = len(head) - 1
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        stop = end if i == last and end >= 0 else len(piece)
+        if carry:
+            joint = carry + piece[:min(keep, stop)]
+            at = joint.find(head)
+            if at >= 0:  # split between the carry and this piece
+                return [joint[at:] + piece[min(keep, stop):], *pieces[i + 1:]], b""
+        at = piece.find(head, 0, stop)
+        if at >= 0:
+            return [piece[at:], *pieces[i + 1:]], b""
+        carry = piece[max(0, stop - keep):stop] if stop >= keep else (carry + piece[:stop])[-keep:]
+    return None, carry
 
 
 def _unreadable_reply(line: bytes, request_id: int) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -474,13 +475,13 @@ def test_worker_program_module_list_matches_the_domain():
 
 # --------------------------------------------------------------------------- hostile backends
 
-def _backend(harness, tmp_path, source: str) -> WorkerProcess:
+def _backend(harness, tmp_path, source: str, **kwargs: Any) -> WorkerProcess:
     """A worker on a one-module backend written here (the private plugin cannot exist in tests)."""
     backend = tmp_path / "hostile_icarus"
     backend.mkdir()
     (backend / "__init__.py").write_text("")
     (backend / "tools.py").write_text(source)
-    return harness.worker(harness.launch(harness.settings(icarus_dir=str(backend))))
+    return harness.worker(harness.launch(harness.settings(icarus_dir=str(backend))), **kwargs)
 
 
 def test_a_lone_surrogate_in_backend_text_is_replaced_not_a_crash(harness, tmp_path):
@@ -818,6 +819,11 @@ def ok():
     return "ok"
 
 
+def spew_then_answer(n, size):
+    _write(n)
+    return "a" * size
+
+
 def hang_up_and_live():
     os.close(_reply_channel())
     import time
@@ -844,6 +850,36 @@ def test_output_without_a_newline_on_the_reply_channel_is_dropped_and_the_call_s
     assert call(worker, "tools", "ok") == "ok"
     assert call(worker, "tools", "ok") == "ok"
     assert worker.usable and worker.stats().garbage_lines >= 2
+
+
+@pytest.mark.timeout(60)
+def test_output_without_a_newline_past_the_reply_bound_still_lets_the_reply_behind_it_through(harness, tmp_path):
+    """More output without a newline than castor gathers of a line (``max_reply_bytes``; 1 MiB
+    here, 64 MiB by default), then the call's reply: the line went over the bound and was dropped
+    as it came -- the reply at its end with it -- and the call waited out its deadline, killing the
+    worker with the session's state. castor now keeps looking, as it drops such output, for the
+    call's reply (the worker program's reply head with its id): the reply comes through, the output
+    is counted and dropped, the worker goes on; and no more than the bound is ever gathered. A reply
+    that is itself over the bound, after such output, still fails ``reply_too_large``."""
+    worker = _backend(harness, tmp_path, PROTOCOL_WRITER, max_reply_bytes=1 << 20)
+    assert call(worker, "tools", "ok") == "ok"
+    started = time.monotonic()
+    assert call(worker, "tools", "spew", 3 << 20, deadline_s=20) == "spewed"
+    assert time.monotonic() - started < 10
+    assert call(worker, "tools", "spew_then_answer", 3 << 20, 1000) == "a" * 1000
+    with pytest.raises(IcarusCallError) as info:
+        call(worker, "tools", "spew_then_answer", 3 << 20, 2 << 20)
+    assert info.value.data["reason"] == "reply_too_large"
+    assert call(worker, "tools", "ok") == "ok" and worker.usable
+    assert worker.stats().garbage_lines >= 2
+
+
+@pytest.mark.timeout(120)
+def test_output_without_a_newline_past_64_mib_still_lets_the_reply_behind_it_through(harness, tmp_path):
+    """The same at the default bound: 70 MB of output without a newline, then the reply."""
+    worker = _backend(harness, tmp_path, PROTOCOL_WRITER)
+    assert call(worker, "tools", "spew", 70_000_000, deadline_s=60) == "spewed"
+    assert call(worker, "tools", "ok") == "ok" and worker.usable
 
 
 @pytest.mark.timeout(30)
