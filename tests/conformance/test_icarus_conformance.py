@@ -165,6 +165,28 @@ def test_a_fabric_dir_that_cannot_be_used_is_storage_unavailable_naming_the_sett
     assert len(bridge.spawned) == 1 and client.call("hooks", "counter") >= 0  # the worker is kept
 
 
+def test_a_state_db_path_that_is_a_directory_is_storage_unavailable_naming_that_setting(rig):
+    """``stateDbPath`` naming a directory (SQLite's "unable to open database file": no errno, no
+    path): ``storage_unavailable`` naming ``stateDbPath`` and its path (``EISDIR``), not ``internal``;
+    the worker is kept."""
+    from castor.domain.icarus.worker_protocol import reply_result
+
+    state_db = rig.project.parent / "state.db"
+    state_db.mkdir()
+    settings = IcarusSettings(icarus_dir=str(REFERENCE_ICARUS), fabric_dir=str(rig.fabric), python=sys.executable,
+                              agent="conformance", project_id="conformance", state_db_path=str(state_db))
+    worker = rig.worker(build_launch(settings, cwd=str(rig.project), parent_env=dict(os.environ)))
+    reply = worker.call(next_request_id(), "state", "write_entry", ["note", "SECRET memory text"], {},
+                        time.monotonic() + 10)
+    with pytest.raises(CastorError) as refused:
+        reply_result(reply, "state.write_entry")
+    error = refused.value
+    assert error.code == ErrorCode.STORAGE_UNAVAILABLE, error.to_wire()
+    assert (error.data["setting"], error.data["path"], error.data["errno"]) == ("stateDbPath", str(state_db), "EISDIR")
+    assert "stateDbPath" in error.message and "SECRET" not in json.dumps(error.to_wire()), error.message
+    assert worker.usable
+
+
 def test_i13_after_an_idle_worker_is_killed_the_next_call_gets_a_fresh_worker(bridge):
     client, rig = bridge.client, bridge.rig
     client.call("hooks", "on_session_start", kwargs={"session_id": "s1", "platform": "pi"})
