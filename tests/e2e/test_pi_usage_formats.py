@@ -109,6 +109,22 @@ def test_a_negative_figure_never_lowers_the_token_total_the_budget_stops_at(star
     assert not any("B-MATERIA" in json.dumps(r["messages"]) for r in fake_llm.log()), "the cast ran past its budget"
 
 
+def test_a_boolean_token_count_counts_nothing_even_in_the_total_pi_added_it_to(start_pi, castor_command, fake_llm,
+                                                                                tmp_path):
+    """A provider's ``completion_tokens`` of ``true``: Pi keeps it (``output: true``) and adds it
+    into ``totalTokens`` as 1 (10 + true = 11). castor named the part but took that total, so the
+    turn counted a token nobody reported. The boolean counts nothing now, in the total too."""
+    project = project_with_loadout(tmp_path, chain({"maxTokens": 1000}, {"A": None}))
+    fake_llm.reply_text("A done", when="A-MATERIA", usage={"prompt_tokens": 10, "completion_tokens": True})
+    pi = start_pi(castor_command, cwd=project, settings={"defaultProjectTrust": "always"})
+    up(pi)
+    start = pi.command("/materia cast count it")
+    run_dir, _events = wait_cast_end(pi, project, start=start, tolerate_errors=True)
+    (turn,) = strict_json((run_dir / "usage.json").read_text())["turns"]
+    assert turn["unreadable"] == ["output=true"], turn
+    assert turn["tokens"] == {"input": 10, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 10}, turn
+
+
 def test_usage_pi_cannot_read_and_tokens_with_no_price_are_named_and_said_once(start_pi, castor_command, fake_llm,
                                                                               tmp_path):
     """Usage the budget cannot count, said instead of silently counted as nothing: an Anthropic-
