@@ -510,12 +510,15 @@ class WorkerProcess:
         """Read up to the worker program's ready line (``READY_LINE``), dropping what came before
         it and counting it as noise: an interpreter's ``sitecustomize`` or a wrapper script that
         prints a banner writes to the pipe before the program runs, and that output used to fail
-        the first call of every worker as a non-protocol line. Nothing has been sent yet, so a
+        the first call of every worker as a non-protocol line. Output without a newline makes one
+        line of itself and the ready line: the ready line at its end counts. Nothing has been sent yet, so a
         deadline or a death here is ``may_have_started=False``."""
         out_fd = self._out_fd
         while True:
             for line in self._buffered_lines():
-                if line == _READY:
+                if line.endswith(_READY):  # after output without a newline too (a banner's printf): dropped
+                    if line != _READY:
+                        self._garbage += 1
                     self._before_ready = False
                     return
                 self._garbage += 1

@@ -593,6 +593,27 @@ def test_output_before_the_program_runs_is_dropped_not_the_first_calls_reply(har
     assert worker.stats().garbage_lines == 1
 
 
+def test_output_without_a_newline_before_the_program_runs_still_lets_its_ready_line_through(harness, tmp_path):
+    """A banner without a newline (``printf``, ``sys.stdout.write`` in a sitecustomize) makes one
+    line of itself and the program's ready line: the ready line was never seen, and the first call
+    of every worker waited out its deadline (a ``timeout`` that killed the worker, and the next
+    one the same). The ready line at the end of such a line counts now; what came before is
+    dropped and counted as noise."""
+    base = harness.launch()
+    wrapper = WorkerLaunch(argv=("/bin/sh", "-c", 'printf "Welcome, no newline"; exec "$0" "$@"', *base.argv),
+                           cwd=base.cwd, env=base.env, icarus_dir=base.icarus_dir)
+    worker = harness.worker(wrapper)
+    assert call(worker, "hooks", "identity", 41, deadline_s=10) == 41
+    assert worker.stats().garbage_lines == 1
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.stdout.write('x' * 200000)\nsys.stdout.flush()\n")
+    env = {**base.env, "PYTHONPATH": base.env["PYTHONPATH"] + os.pathsep + str(site)}
+    worker = harness.worker(WorkerLaunch(argv=base.argv, cwd=base.cwd, env=env, icarus_dir=base.icarus_dir))
+    assert call(worker, "hooks", "identity", 42, deadline_s=10) == 42
+    assert call(worker, "hooks", "identity", 43) == 43 and worker.usable
+
+
 def test_a_worker_that_dies_before_it_is_ready_fails_the_call_as_not_started(harness):
     base = harness.launch()
     dead = WorkerLaunch(argv=("/bin/sh", "-c", "echo 'no python here'; exit 3"), cwd=base.cwd, env=base.env,
