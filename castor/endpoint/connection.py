@@ -117,6 +117,7 @@ _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path
 _NOTHING = object()
 # Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
 _new_request = tuple.__new__
+_unpackb = msgpack.unpackb
 
 
 class ConnectionSettings(BaseModel):
@@ -380,6 +381,12 @@ class Connection:
         # it). Over the limit the stream is undecodable.
         self._frame_start = 0
         self._max_frame = self.settings.frame_limits.max_buffer_size
+        # A read no longer than this that holds exactly one frame is decoded whole (``unpackb``), not
+        # through the incremental decoder: every string, binary, array and map in it is then within
+        # the frame limits by its length alone (each element takes a byte), and ext types are
+        # bounded by ``max_ext_len`` given to unpackb -- the decoder's own limits, as it would apply them.
+        self._whole_max = min(self.settings.frame_limits.smallest, self._max_frame)
+        self._max_ext = self.settings.frame_limits.max_ext_len
         # The bytes fed last (the read that left a frame incomplete holds its newest part), and the
         # header reader of the incomplete frame: a string, binary or ext announced over the limits
         # is refused at its header, not once the frame limit's worth of it arrived (PendingFrame).
@@ -447,6 +454,7 @@ class Connection:
         stream is undecodable and the connection closes."""
         default = self.settings.frame_limits.max_buffer_size
         self._max_frame = default if max_bytes is None else min(max_bytes, default)
+        self._whole_max = min(self.settings.frame_limits.smallest, self._max_frame)
 
     def limit_outbound(self, max_bytes: int | None) -> None:
         """Cap the answers queued for a peer that is not reading at ``max_bytes`` (a tighter bound
@@ -1138,6 +1146,40 @@ class Connection:
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         mutex = self._mutex
         try:
+            if not held and self._caller_recv and self._decoder.unpacker.tell() == self._fed:
+                # The common case, in this frame: nothing is buffered, and one read brings exactly
+                # this call's answer (a whole frame, decoded at once). Anything else -- another
+                # frame, part of one, two together, an error answer -- goes to the decoder and the
+                # loop below, as if it had read the bytes itself.
+                data = self.transport.read_available()
+                if data:
+                    value: Any = _NOTHING
+                    if len(data) <= self._whole_max:
+                        try:
+                            value = _unpackb(data, max_ext_len=self._max_ext)
+                        except Exception:  # not one whole frame, or not msgpack: the decoder says which
+                            pass
+                    if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
+                            and value[1] == call.msgid and type(value[1]) is int and value[2] is None):
+                        self.counters["frames_in"] += 1
+                        pending = self._pending.pop(value[1], None)  # as _on_response
+                        if pending is None:  # expired or failed by a close meanwhile: counted there
+                            self._on_response(value[1], None, value[3])
+                        else:  # PendingCall.resolve, inlined (this thread is its one resolver)
+                            pending._value = value[3]  # noqa: SLF001 - PendingCall is this module's
+                            pending.settled = True
+                            gate = pending._gate  # noqa: SLF001 - see above
+                            if gate is not None:
+                                gate.release()
+                        return
+                    if not self._take(me, data):
+                        return
+                elif data is None:  # the receive timeout: a look at the deadline, as _read_frame's
+                    if time.monotonic() >= call.deadline:
+                        return
+                else:
+                    self._begin_eof(me, in_worker=False)
+                    return
             # A statement ahead of the loop, inside the try. CPython 3.11 takes a pending signal
             # at a loop's backward jump after jumping, and looks its handler up at the
             # instruction *before* the loop's head: were that instruction outside the try, an
@@ -1206,7 +1248,8 @@ class Connection:
                 self._release_role(me)
                 return None
             value = _NOTHING
-            if unpacker.tell() != self._fed:  # unread bytes buffered: maybe a whole frame
+            buffered = unpacker.tell() != self._fed
+            if buffered:  # unread bytes buffered: maybe a whole frame
                 if deadline is not None and time.monotonic() >= deadline:
                     return None  # checked before each frame, not only when a read comes back empty:
                     # a peer that never stops sending other frames cannot hold a call past its
@@ -1240,7 +1283,24 @@ class Connection:
                 # Inlined common case of _fill/_feed: a blocking recv that returns bytes.
                 if (deadline is None and not poll_workers) or (deadline is not None and caller_recv):
                     data = read_available()
-                    if data:  # _take inlined
+                    if not data:
+                        if data is None:  # receive timeout
+                            if deadline is not None and time.monotonic() >= deadline:
+                                return None
+                            continue
+                        self._begin_eof(me, in_worker=deadline is None)
+                        return None
+                    if deadline is None and not buffered and len(data) <= self._whole_max:
+                        # A worker's read, nothing buffered, a short one: usually exactly one frame,
+                        # decoded whole (see _whole_max); anything else goes to the decoder below. (A
+                        # caller's goes to the decoder: its deadline is looked at before each frame.)
+                        try:
+                            value = _unpackb(data, max_ext_len=self._max_ext)
+                        except Exception:  # two frames, part of one, or not msgpack: the decoder says which
+                            pass
+                        else:
+                            self._frame_bytes = len(data)
+                    if value is _NOTHING:  # _take inlined
                         try:
                             unpacker.feed(data)
                         except msgpack.BufferFull:
@@ -1249,16 +1309,11 @@ class Connection:
                         self._fed += len(data)
                         self._chunk = data
                         continue
-                    if data is None:  # receive timeout
-                        if deadline is not None and time.monotonic() >= deadline:
-                            return None
-                        continue
-                    self._begin_eof(me, in_worker=deadline is None)
-                    return None
-                filled = self._fill(me, deadline)
-                if filled is None:
-                    return None
-                continue
+                else:
+                    filled = self._fill(me, deadline)
+                    if filled is None:
+                        return None
+                    continue
             counters["frames_in"] += 1
             # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
             # response to our call, a request or a notification with its params in one map.
