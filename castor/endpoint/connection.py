@@ -1146,7 +1146,7 @@ class Connection:
     def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
         mutex = self._mutex
         try:
-            if not held and self._caller_recv and self._decoder.unpacker.tell() == self._fed:
+            if not held and self._caller_recv and not self._closed and self._decoder.unpacker.tell() == self._fed:
                 # The common case, in this frame: nothing is buffered, and one read brings exactly
                 # this call's answer (a whole frame, decoded at once). Anything else -- another
                 # frame, part of one, two together, an error answer -- goes to the decoder and the
