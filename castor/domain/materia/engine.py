@@ -93,7 +93,6 @@ Decision table (trigger → state → effects/events → next state):
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -110,7 +109,6 @@ from castor.domain.materia.budget import (
     check_budget,
     cost_from_provider,
     extract_usage,
-    materia_model_selection,
     model_selection,
     stopped_unreported,
     turn_cost_kind,
@@ -150,7 +148,6 @@ from castor.domain.materia.config import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_UTILITY_TIMEOUT_MS,
     END,
-    THINKING_LEVELS,
     Budget,
     ResolvedConfig,
     ResolvedSocket,
@@ -192,6 +189,7 @@ from castor.domain.materia.loops import (
 from castor.domain.materia.memo import derived
 from castor.domain.materia.revive import RecoveryExhaustion, grant_revive
 from castor.domain.materia.routing import LimitExceeded, count_visit, next_target
+from castor.domain.materia.socket_facts import facts_of
 from castor.domain.materia.state import (
     CastState,
     Pending,
@@ -545,24 +543,8 @@ def _materia_model(rs: ResolvedSocket) -> dict[str, Any] | None:
     """The socket's ``materiaModel`` record (events, manifest): pi-materia's
     ``MateriaModelSelection`` (:func:`materia_model_selection`), the same fields as the socket's
     ``usage.json`` ``modelSelections`` records; None for a socket with no materia. One record per
-    (model, thinking), made once (:func:`_shared_materia_model`); nothing mutates it."""
-    return None if rs.materia is None else _shared_materia_model(rs.materia.model, rs.materia.thinking)
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_materia_model(model: str | None, thinking: str | None) -> dict[str, Any]:
-    """One record per (model, thinking), shared by every cast that asks for it: a 15-field record
-    made per socket of every cast cost a thousand concurrent casts 4 KiB each (bench/casts.py's
-    peak memory per cast). Shared safely because nothing mutates a ``materiaModel``. A field with
-    no value is left out, as pi-materia's JSON leaves out its undefined optional fields (and each
-    manifest entry, kept as text, is shorter for it)."""
-    thinking = thinking if (thinking or "").strip() else None  # blank: unset
-    # An unknown level is not applied (warned at load): the turn keeps the harness's level, as
-    # pi-materia falls back.
-    applied = thinking if thinking is None or thinking in THINKING_LEVELS else None
-    record = materia_model_selection(requested_model=model, requested_thinking=thinking, thinking=applied,
-                                     thinking_fallback_reason=None if applied == thinking else "unknown_thinking")
-    return {key: value for key, value in record.items() if value is not None}
+    (model, thinking), made once (:func:`shared_materia_model`); nothing mutates it."""
+    return facts_of(rs).materia_model
 
 
 def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: Any) -> None:
@@ -570,14 +552,15 @@ def _apply_model_settings(ctx: _Ctx, rs: ResolvedSocket, visit: int, **extra: An
     report (``modelSelections``: where it was applied, then the ``materiaModel`` record) and emit
     ``materia_model_settings`` (``extra``: refinementTurn, finalization)."""
     s = ctx.s
-    record = _materia_model(rs)
+    facts = facts_of(rs)
+    record = facts.materia_model
     if record is not None:
         s.usage = s.usage.add_selection(model_selection(
-            socket=rs.id, materia=rs.materia_name, visit=visit, item_key=s.current_item_key,
+            socket=facts.id, materia=facts.materia_name, visit=visit, item_key=s.current_item_key,
             requested_model=record.get("requestedModel"), requested_thinking=record.get("requestedThinking"),
             thinking=record.get("thinking"), thinking_fallback_reason=record.get("thinkingFallbackReason"),
             attempt=max(s.attempt, 1)))
-    ctx.emit("materia_model_settings", {"socket": rs.id, "materia": rs.materia_name, "visit": visit,
+    ctx.emit("materia_model_settings", {"socket": facts.id, "materia": facts.materia_name, "visit": visit,
                                         **s.item_fields(), "materiaModel": record, **extra})
 
 
@@ -603,20 +586,21 @@ def _drop_path_holding(data: dict[str, Any], path: str, item: Any) -> None:
 
 def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inline:
     s = ctx.s
+    facts = facts_of(rs)
     pipeline = s.config.pipeline
-    it = iteration_for(pipeline, rs.id)
+    it = iteration_for(pipeline, facts.id)
     if it is not None:
         sel = select_item(it, s.data, s.cursors, s.last_json if s.last_json is not None else MISSING)
         s.cursors.setdefault(it.cursor, sel.index)
         if sel.item is MISSING:
             s.current_item_key = s.current_item_label = None
-            return _Skip(empty_loop_target(pipeline, rs.id, it))
+            return _Skip(empty_loop_target(pipeline, facts.id, it))
         s.data.update(item_data_updates(it, sel.item))
         if it.as_ != "item" and "." in it.as_:  # pi-materia's setPath: "ctx.task" is data.ctx.task
             try:
                 s.data = apply_assign(s.data, {it.as_: "item"}, Scope(data=s.data))
             except AssignError as exc:
-                raise _Fail(f'socket "{rs.id}" loop item name: {exc.message}') from None
+                raise _Fail(f'socket "{facts.id}" loop item name: {exc.message}') from None
         s.current_item_key, s.current_item_label = sel.key, sel.label
     else:
         s.current_item_key = s.current_item_label = None
@@ -630,22 +614,22 @@ def _start_socket(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Skip | _Inlin
                 del s.data[alias]
         for key in ("item", "currentWorkItem", "workItem"):
             s.data.pop(key, None)
-    s.assign(phase=rs.id, current_socket_id=rs.id, current_materia=rs.materia_name)
+    s.assign(phase=facts.id, current_socket_id=facts.id, current_materia=facts.materia_name)
     try:
-        visit = count_visit(rs.id, rs.socket, s.visits, s.config.limits)
+        visit = count_visit(facts.id, facts.socket, s.visits, s.config.limits)
     except LimitExceeded as exc:
         raise _Fail(exc.message) from None
-    akey = task_attempt_key(rs.id, s.current_item_key)
+    akey = task_attempt_key(facts.id, s.current_item_key)
     s.task_attempts[akey] = s.task_attempts.get(akey, 0) + 1
-    s.assign(attempt=s.task_attempts[akey], multi_turn_finalizing=False, last_message=rs.id)
-    ctx.emit("socket_start", {"socket": rs.id, "materia": rs.materia_name, "type": rs.socket.type,
+    s.assign(attempt=s.task_attempts[akey], multi_turn_finalizing=False, last_message=facts.id)
+    ctx.emit("socket_start", {"socket": facts.id, "materia": facts.materia_name, "type": facts.type,
                               **s.item_fields(), "visit": visit})
-    if not rs.is_agent:
+    if not facts.is_agent:
         s.awaiting_response = False
         s.socket_state = "running_utility"
         return _dispatch_utility(ctx, rs)
     _apply_model_settings(ctx, rs, visit)
-    _dispatch_agent(ctx, rs, "refinement" if rs.multi_turn else "normal", opens_visit=True)
+    _dispatch_agent(ctx, rs, "refinement" if facts.multi_turn else "normal", opens_visit=True)
     return _Dispatched()
 
 
@@ -675,6 +659,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
                     user_driven: bool = False, context_label: str | None = None,
                     opens_visit: bool = False) -> RunAgentTurn:
     s = ctx.s
+    facts = facts_of(rs)
     visit = s.visit
     synthetic = prompts.synthetic_context(rs, s, mode=mode) if user_driven else None
     fresh, system_prompt = prompts.socket_prompt_and_suffix(rs, s, mode=mode)
@@ -684,14 +669,14 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
         prompt = prompts.refinement_turn_prompt(rs, s, synthetic)
     else:
         prompt = fresh
-    visit_id = _next_visit_id(s, rs.id, visit)
-    s.assign(active_turn_prompt=prompt, active_turn_mode=mode, active_turn_socket_id=rs.id, active_turn_visit=visit,
+    visit_id = _next_visit_id(s, facts.id, visit)
+    s.assign(active_turn_prompt=prompt, active_turn_mode=mode, active_turn_socket_id=facts.id, active_turn_visit=visit,
              awaiting_response=True, socket_state="awaiting_agent_response",
-             pending=built(Pending, kind="agent_turn", visit_id=visit_id, socket_id=rs.id, visit=visit, mode=mode,
+             pending=built(Pending, kind="agent_turn", visit_id=visit_id, socket_id=facts.id, visit=visit, mode=mode,
                                    user_driven=user_driven))
     label = context_label if context_label else ("" if mode == "normal" and not recovery else mode)
     suffix = f"-{seg(label)}-{s.dispatch_seq}" if label else ""
-    name = f"{seg(rs.id)}{_item_suffix(s)}-{visit}{suffix}.md"
+    name = f"{seg(facts.id)}{_item_suffix(s)}-{visit}{suffix}.md"
     kind = "context_refinement" if user_driven else "context"
     # the refinement turn a user-driven turn starts, in its manifest entry as in its event (pi-materia)
     turn_field = {"refinementTurn": s.refinement_turn() + 1} if user_driven else {}
@@ -699,28 +684,29 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
         ("contexts", name),
         prompts.context_artifact(rs, s, mode=mode, prompt=prompt, at_iso=ctx.iso()),
         manifest={
-            "phase": rs.id,
-            "socket": rs.id,
-            "materia": rs.materia_name,
+            "phase": facts.id,
+            "socket": facts.id,
+            "materia": facts.materia_name,
             **s.item_fields(),
             "visit": visit,
             "kind": kind,
             **turn_field,
-            "materiaModel": _materia_model(rs),
+            "materiaModel": facts.materia_model,
         },
     )
     if user_driven:
-        ctx.emit("context_refinement", {"socket": rs.id, "materia": rs.materia_name, "artifact": artifact,
-                                        **turn_field, **s.item_fields(), "materiaModel": _materia_model(rs)})
-    assert rs.materia is not None
-    summary = prompts.cast_summary(rs.materia_name, rs.id, socket_ordinal_text(rs.id), s.current_item_label)
+        ctx.emit("context_refinement", {"socket": facts.id, "materia": facts.materia_name, "artifact": artifact,
+                                        **turn_field, **s.item_fields(), "materiaModel": facts.materia_model})
+    assert facts.materia is not None
+    summary = prompts.cast_summary(facts.materia_name, facts.id, socket_ordinal_text(facts.id), s.current_item_label)
     effect = built(
-        RunAgentTurn, visit_id=visit_id, socket_id=rs.id, visit=visit, materia=rs.materia_name or "", mode=mode,
-        prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
-        model=(rs.materia.model or "").strip() or None, tools=rs.materia.tools,
-        thinking=rs.materia.thinking if rs.materia.thinking in THINKING_LEVELS else None,  # else: warned at load
-        multi_turn=rs.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
-        materia_model=_materia_model(rs), recovery=recovery, user_driven=user_driven, proactive_compaction=not recovery,
+        RunAgentTurn, visit_id=visit_id, socket_id=facts.id, visit=visit, materia=facts.materia_name or "",
+        mode=mode, prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
+        model=facts.turn_model, tools=facts.tools,
+        thinking=facts.applied_thinking,  # an unknown level is not applied: warned at load
+        multi_turn=facts.multi_turn, item_key=s.current_item_key, item_label=s.current_item_label,
+        materia_model=facts.materia_model, recovery=recovery, user_driven=user_driven,
+        proactive_compaction=not recovery,
         isolated_context=synthetic,
         compaction=s.config.compaction, opens_visit=opens_visit, sent_again=reuse,
     )
@@ -781,45 +767,46 @@ def _dispatch_utility(ctx: _Ctx, rs: ResolvedSocket) -> _Dispatched | _Inline:
 def _complete_socket(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str, *, finalized: bool) -> str:
     """Record, parse, assign, advance and route one socket output. Returns the next target."""
     s = ctx.s
-    sock = rs.socket
+    facts = facts_of(rs)
+    sock = facts.socket
     visit = s.visit
     s.assign(pending=None, awaiting_response=False, socket_state="idle")
     if sock.limits and sock.limits.max_output_bytes and len(text.encode("utf-8")) > sock.limits.max_output_bytes:
-        raise _Fail(f'Output of socket "{rs.id}" is {len(text.encode("utf-8"))} bytes, over its '
+        raise _Fail(f'Output of socket "{facts.id}" is {len(text.encode("utf-8"))} bytes, over its '
                     f"limits.maxOutputBytes ({sock.limits.max_output_bytes}).", entry_id)
-    refinement_turn = s.refinement_turn() if rs.multi_turn else None
-    manifest: dict[str, Any] = {"phase": rs.id, "socket": rs.id, "materia": rs.materia_name, **s.item_fields(),
+    refinement_turn = s.refinement_turn() if facts.multi_turn else None
+    manifest: dict[str, Any] = {"phase": facts.id, "socket": facts.id, "materia": facts.materia_name, **s.item_fields(),
                                 "visit": visit, "entryId": entry_id, "kind": "socket_output"}
-    if rs.multi_turn:
+    if facts.multi_turn:
         manifest.update({"finalized": finalized, "refinementTurn": refinement_turn})
-    artifact = ctx.write(("sockets", seg(rs.id), f"{visit}{_item_suffix(s)}.md"), text, manifest=manifest)
+    artifact = ctx.write(("sockets", seg(facts.id), f"{visit}{_item_suffix(s)}.md"), text, manifest=manifest)
     s.last_output = text
     parsed: Any = text
-    if sock.is_json:
+    if facts.is_json:
         try:
             value = extract_json(text)
         except HandoffError as exc:
-            raise _Fail(f'Invalid JSON output for socket "{rs.id}": {exc.message}', entry_id) from None
+            raise _Fail(f'Invalid JSON output for socket "{facts.id}": {exc.message}', entry_id) from None
         try:
-            validate_handoff(value, rs.id, require_satisfied=requires_satisfied(sock))
+            validate_handoff(value, facts.id, require_satisfied=requires_satisfied(sock))
         except HandoffError as exc:
             raise _Fail(exc.message, entry_id) from None
         s.last_json = value
-        ctx.write(("sockets", seg(rs.id), f"{visit}.json"), json.dumps(value, indent=2, ensure_ascii=False))
+        ctx.write(("sockets", seg(facts.id), f"{visit}.json"), json.dumps(value, indent=2, ensure_ascii=False))
         parsed = value
-        s.data = apply_envelope(s.data, value, adopt_work_items=rs.is_agent and rs.is_generator)
+        s.data = apply_envelope(s.data, value, adopt_work_items=facts.is_agent and facts.is_generator)
     try:
         s.data = apply_assign(s.data, sock.assign, Scope(data=s.data, parsed=parsed,
                                                           last_json=s.last_json if s.last_json is not None else MISSING,
                                                           last_output=s.last_output))
     except AssignError as exc:
-        raise _Fail(f'socket "{rs.id}": {exc.message}', entry_id) from None
+        raise _Fail(f'socket "{facts.id}": {exc.message}', entry_id) from None
     item_fields = s.item_fields()  # of the completed item (a deliberate difference)
     advance_target = _apply_advance(ctx, rs, parsed, entry_id)
-    event: dict[str, Any] = {"socket": rs.id, "materia": rs.materia_name, "type": sock.type, "artifact": artifact,
-                             "parsed": sock.is_json, "entryId": entry_id, **item_fields,
-                             "materiaModel": _materia_model(rs)}
-    if rs.multi_turn:
+    event: dict[str, Any] = {"socket": facts.id, "materia": facts.materia_name, "type": sock.type, "artifact": artifact,
+                             "parsed": facts.is_json, "entryId": entry_id, **item_fields,
+                             "materiaModel": facts.materia_model}
+    if facts.multi_turn:
         event.update({"finalizedRefinement": finalized, "refinementTurn": refinement_turn})
     ctx.emit("socket_complete", event)
     ctx.write_usage()
@@ -827,7 +814,7 @@ def _complete_socket(ctx: _Ctx, rs: ResolvedSocket, text: str, entry_id: str, *,
     if advance_target is not None:
         return advance_target
     try:
-        return next_target(rs.id, sock, parsed, s.edge_traversals, s.config.limits)
+        return next_target(facts.id, sock, parsed, s.edge_traversals, s.config.limits)
     except LimitExceeded as exc:
         raise _Fail(exc.message, entry_id) from None
 
@@ -952,6 +939,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     pending = s.pending
     assert pending is not None
     rs = s.config.pipeline.sockets[pending.socket_id]
+    facts = facts_of(rs)
     entry_id = ev.entry_id or ev.visit_id
     # A turn stopped before its provider reported usage (an Esc mid-stream: an OpenAI-style stream
     # gives it at its end) used tokens nobody counted: recorded as reporting none, never as free --
@@ -962,12 +950,12 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         # The answer's model fields where it named them, else the selection this turn was asked with
         # (pi-materia's ``{...materiaModel, ...messageModel}``).
         picked = s.usage.modelSelections[-1] if s.usage.modelSelections else {}
-        if picked.get("socket") != rs.id:
+        if picked.get("socket") != facts.id:
             picked = {}
         model, provider, api = (ev.model or picked.get("model"), ev.provider or picked.get("provider"),
                                 ev.api or picked.get("api"))
         thinking = ev.thinking_level or picked.get("thinking")
-        named: dict[str, Any] = {"materia": rs.materia_name, "taskId": s.current_item_key, "model": model,
+        named: dict[str, Any] = {"materia": facts.materia_name, "taskId": s.current_item_key, "model": model,
                                  "provider": provider, "api": api, "thinkingLevel": thinking, "thinking": thinking,
                                  "costFromProvider": cost_from_provider(ev.usage) if ev.usage is not None else None,
                                  **{k: picked.get(k) for k in SELECTION_FIELDS}}
@@ -980,7 +968,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         first_unreadable = bool(unreadable) and not any(t.unreadable for t in s.usage.turns)
         if unreadable:
             named["unreadable"] = unreadable
-        kind = turn_cost_kind(ev.model, ev.provider, ev.api, rs.materia.model if rs.materia else None)
+        kind = turn_cost_kind(ev.model, ev.provider, ev.api, facts.model)
         not_numbers = [note for note in unreadable if not note.endswith(CAPPED_NOTE)]  # a capped one counts
         unreported = (["tokens"] if usage_unknown
                       else _unreported(turn, ev, not_numbers, kind, named["costFromProvider"]))
@@ -988,18 +976,18 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         if unreported:
             named["unreported"] = unreported
         s.usage = s.usage.add_turn(TurnRecord(
-            socket=rs.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
+            socket=facts.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
             costKind=kind, **{k: v for k, v in named.items() if v is not None}))
         if usage_unknown and not s.usage.costEstimated:
             s.usage = s.usage.model_copy(update={"costEstimated": True})  # as for any turn with no usage
         ctx.write_usage()
         if unreadable:
-            ctx.emit("usage_unreadable", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreadable})
+            ctx.emit("usage_unreadable", {"socket": facts.id, "taskId": s.current_item_key, "figures": unreadable})
         if first_unreadable:
-            ctx.notify("warning", _unreadable_warning(rs.id, unreadable))
+            ctx.notify("warning", _unreadable_warning(facts.id, unreadable))
         if unreported:
-            ctx.emit("usage_unreported", {"socket": rs.id, "taskId": s.current_item_key, "figures": unreported})
-        _say_unreported(ctx, rs.id, turn, first_unreported)
+            ctx.emit("usage_unreported", {"socket": facts.id, "taskId": s.current_item_key, "figures": unreported})
+        _say_unreported(ctx, facts.id, turn, first_unreported)
     elif not s.usage.costEstimated:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
@@ -1020,11 +1008,11 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         return
     s.last_entry_id = entry_id
     s.last_assistant_text = text
-    if rs.multi_turn and pending.mode != "finalization":
+    if facts.multi_turn and pending.mode != "finalization":
         _record_refinement(ctx, rs, text, entry_id)
         return
     s.multi_turn_finalizing = False
-    target = _complete_socket(ctx, rs, text, entry_id, finalized=rs.multi_turn)
+    target = _complete_socket(ctx, rs, text, entry_id, finalized=facts.multi_turn)
     _goto(ctx, target, entry_id)
 
 

@@ -18,9 +18,10 @@ from typing import Any
 from castor.domain.jsontext import JS_WHITESPACE, js_trim, pretty_json
 from castor.domain.materia import handoff
 from castor.domain.materia.cast_messages import READ_ONLY_TOOLS
-from castor.domain.materia.config import THINKING_LEVELS, ResolvedSocket
+from castor.domain.materia.config import ResolvedSocket
 from castor.domain.materia.expressions import MISSING, walk
 from castor.domain.materia.graph import socket_ordinal_text
+from castor.domain.materia.socket_facts import SocketFacts, facts_of
 from castor.domain.materia.state import CastState
 from castor.domain.materia.surface import command
 
@@ -86,48 +87,47 @@ def render_template(template: str, state: CastState) -> str:
     return "".join(out)
 
 
-def _is_generator_json(rs: ResolvedSocket) -> bool:
-    return rs.socket.is_json and rs.is_generator
-
-
-def adapter_context(rs: ResolvedSocket, state: CastState, *, refining: bool) -> str | None:
-    if not rs.socket.is_json:
+def adapter_context(facts: SocketFacts, state: CastState, *, refining: bool) -> str | None:
+    if not facts.is_json:
         data = state.data
         item = next((data[k] for k in ("item", "currentWorkItem", "workItem") if k in data), None)
         return handoff.text_adapter_context(item, data.get("guidance"))
-    if _is_generator_json(rs) and not refining:
+    if facts.is_generator and not refining:  # a JSON generator
         return handoff.generator_adapter_context(state.data.get("workItems"))
     return None
 
 
-def _mode_text(rs: ResolvedSocket, state: CastState, mode: str) -> str:
+def _mode_text(facts: SocketFacts, state: CastState, mode: str) -> str:
     """The ``Mode:`` line as pi-materia writes it for the turn being sent (which awaits the agent):
     a multi-turn socket's ``multi-turn refinement (…)``, finalizing or not; else the socket state."""
-    if rs.multi_turn:
+    if facts.multi_turn:
         detail = f"{command(state.surface, 'continue', state.cast_id, bare_in_harness=True)} finalization" \
             if mode == "finalization" else "awaiting_agent_response"
         return f"multi-turn refinement ({detail})"
     return "awaiting_agent_response"
 
 
-def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str:
+def synthetic_context(socket: ResolvedSocket, state: CastState, *, mode: str) -> str:
+    return _synthetic_context(facts_of(socket), state, mode=mode)
+
+
+def _synthetic_context(facts: SocketFacts, state: CastState, *, mode: str) -> str:
     refining = mode == "refinement"
     lines = ["Materia isolated context.",
              "Use only this context and the instructions of the current socket; earlier conversation is hidden."]
     if refining:
         lines.append(handoff.REFINEMENT_GUIDANCE)
-    elif rs.socket.is_json:
+    elif facts.is_json:
         lines += ["Canonical handoff contract context:", handoff.contract_text()]
-    m = rs.materia
     lines += [
         f"Cast id: {state.cast_id}",
         f"Original request: {state.request}",
-        f"Current socket: {rs.id}",
-        f"Current materia: {rs.materia_name or '-'}",
+        f"Current socket: {facts.id}",
+        f"Current materia: {facts.materia_name or '-'}",
         f"Current item: {state.current_item_label or state.current_item_key or '-'}",
-        f"Mode: {_mode_text(rs, state, mode)}",
-        f"Effective model: {(m.model or '').strip() or 'active Pi model'}" if m else "Effective model: -",
-        (f"Effective thinking: {_applied_thinking(m.thinking) or 'active Pi thinking'}" if m
+        f"Mode: {_mode_text(facts, state, mode)}",
+        f"Effective model: {facts.turn_model or 'active Pi model'}" if facts.materia else "Effective model: -",
+        (f"Effective thinking: {facts.applied_thinking or 'active Pi thinking'}" if facts.materia
          else "Effective thinking: -"),
         f"Artifact directory: {state.run_dir}",
         "Generic cast data:",
@@ -139,26 +139,26 @@ def synthetic_context(rs: ResolvedSocket, state: CastState, *, mode: str) -> str
 
 
 def _instructions(rs: ResolvedSocket, state: CastState) -> str:
-    return _wrap_instructions(render_template(rs.materia.prompt if rs.materia else "", state))
+    return _wrap_instructions(render_template(facts_of(rs).prompt, state))
 
 
 def _wrap_instructions(rendered: str) -> str:
     return f"{OPEN_TAG}\n{rendered}\n{CLOSE_TAG}"
 
 
-def _tail_sections(rs: ResolvedSocket, state: CastState, mode: str) -> list[str]:
+def _tail_sections(facts: SocketFacts, state: CastState, mode: str) -> list[str]:
     sections: list[str] = []
     if mode == "finalization":
-        sections.append(synthetic_context(rs, state, mode=mode))
-    ctx = adapter_context(rs, state, refining=mode == "refinement")
+        sections.append(_synthetic_context(facts, state, mode=mode))
+    ctx = adapter_context(facts, state, refining=mode == "refinement")
     if ctx:
         sections.append(ctx)
     if mode == "refinement":
         sections.append(handoff.REFINEMENT_GUIDANCE)
     elif mode == "finalization":
         sections.append(handoff.FINALIZATION_NOTE)
-        sections.append(handoff.json_final_instruction() if rs.socket.is_json else handoff.TEXT_FINAL_INSTRUCTION)
-    elif rs.socket.is_json:
+        sections.append(handoff.json_final_instruction() if facts.is_json else handoff.TEXT_FINAL_INSTRUCTION)
+    elif facts.is_json:
         sections.append(handoff.json_final_instruction())
     return sections
 
@@ -169,14 +169,15 @@ def refinement_turn_prompt(rs: ResolvedSocket, state: CastState, synthetic: str)
     return "\n\n".join([_instructions(rs, state), synthetic, handoff.REFINEMENT_GUIDANCE])
 
 
-def socket_prompt_and_suffix(rs: ResolvedSocket, state: CastState, *, mode: str) -> tuple[str, str]:
+def socket_prompt_and_suffix(socket: ResolvedSocket, state: CastState, *, mode: str) -> tuple[str, str]:
     """One agent turn's hidden prompt in ``mode`` (normal | refinement | finalization) and the
     suffix appended to the host's system prompt while it runs (``before_agent_start``),
     rendering the materia prompt once."""
-    rendered = render_template(rs.materia.prompt if rs.materia else "", state)
-    tail = _tail_sections(rs, state, mode)
+    facts = facts_of(socket)
+    rendered = render_template(facts.prompt, state)
+    tail = _tail_sections(facts, state, mode)
     prompt = "\n\n".join([_wrap_instructions(rendered), *tail])
-    return prompt, f"Materia active materia ({rs.id}):\n" + "\n\n".join([rendered, *tail])
+    return prompt, f"Materia active materia ({facts.id}):\n" + "\n\n".join([rendered, *tail])
 
 
 #: What the ``active tools:`` line of a context says for a ``coding`` turn: the harness activates its
@@ -194,27 +195,26 @@ def active_tools(scope: str) -> str:
     return "none"
 
 
-def context_artifact(rs: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:
+def context_artifact(socket: ResolvedSocket, state: CastState, *, mode: str, prompt: str, at_iso: str) -> str:
     """The ``contexts/…md`` artifact of one prompt, laid out as pi-materia writes it: the header,
     plain ``name: value`` lines (``at_iso`` as ``toISOString`` writes it: milliseconds, ``Z``), the
     synthetic cast context and the hidden prompt."""
-    m = rs.materia
+    facts = facts_of(socket)
     lines = [
         "# Materia Isolated Context", "",
         f"cast: {state.cast_id}",
-        f"socket: {rs.id}",
-        f"materia: {rs.materia_name or '-'}",
+        f"socket: {facts.id}",
+        f"materia: {facts.materia_name or '-'}",
         f"item: {state.current_item_label or state.current_item_key or '-'}",
         f"visit: {state.visit}",
-        f"model: {((m.model or '').strip() if m else '') or 'active Pi model'}",  # blank: unset
-        "model source: " + ("configured materia setting" if m and (m.model or "").strip()
-                            else "active Pi model fallback"),
-        f"thinking: {(_applied_thinking(m.thinking) if m else None) or 'active Pi thinking'}",
-        "thinking source: " + ("configured materia setting" if m and _applied_thinking(m.thinking)
+        f"model: {facts.turn_model or 'active Pi model'}",  # blank: unset
+        "model source: " + ("configured materia setting" if facts.turn_model else "active Pi model fallback"),
+        f"thinking: {facts.applied_thinking or 'active Pi thinking'}",
+        "thinking source: " + ("configured materia setting" if facts.applied_thinking
                                else "active Pi thinking fallback"),
-        f"active tools: {active_tools(m.tools if m else 'none')}",
+        f"active tools: {active_tools(facts.tools)}",
         f"timestamp: {at_iso}",
-        "", "## Synthetic cast context", "", synthetic_context(rs, state, mode=mode),
+        "", "## Synthetic cast context", "", _synthetic_context(facts, state, mode=mode),
         "", "## Hidden materia prompt", "", prompt, "",
     ]
     return "\n".join(lines)
@@ -240,11 +240,6 @@ def isolate_context(messages: list[dict[str, Any]], synthetic: str) -> list[dict
         if OPEN_TAG in text and CLOSE_TAG in text:
             return [{"role": "user", "content": [{"type": "text", "text": synthetic}]}, *messages[index:]]
     return list(messages)
-
-
-def _applied_thinking(level: str | None) -> str | None:
-    """The thinking level a turn runs with: an unknown one is not applied (warned at load)."""
-    return level if level in THINKING_LEVELS else None
 
 
 _LEGACY_SOCKET_SUFFIX = re.compile(f"[{JS_WHITESPACE}]+(Socket-[1-9][0-9]*)$")
