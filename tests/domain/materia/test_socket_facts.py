@@ -64,3 +64,4 @@ def test_a_socket_s_facts_are_made_once_and_die_with_it() -> None:
     gc.collect()
     fresh = _every_kind_of_socket()[0]
     assert facts_of(fresh) is not facts
+
