@@ -5,8 +5,10 @@ directory, and how the runtime that holds the cast finds and judges it.
 terminal, a harness's ``castor serve``, any runtime a harness embeds); it leaves
 ``<runDir>/abort.request`` (:data:`ABORT_REQUEST`, ``{requested_at, pid}``) and waits. Every
 runtime watches the casts it holds (:func:`watch`): one thread per process stats each watched
-request path once per :data:`ABORT_POLL_S`, so a runtime holding no cast does nothing and one
-holding N casts makes N ``lstat`` calls a tick; a cast's transitions do no work for it.
+request path once per :data:`ABORT_POLL_S`, so one holding N casts makes N ``lstat`` calls a tick
+and a cast's transitions do no work for it. A runtime holding no cast does nothing: the thread
+waits, parked, for the next watched cast (a start hands it over with one wake instead of starting
+a thread) and ends after :data:`WATCHER_IDLE_S` without one.
 
 | found at ``abort.request`` | what the holder does |
 |---|---|
@@ -43,6 +45,8 @@ ABORT_REQUEST_TAKEN = "abort.request.taken"
 ABORT_REQUEST_CLOCK_SKEW_S = 60.0
 #: How often a holder looks for a request (``castor abort`` waits 5 s for it to be taken).
 ABORT_POLL_S = 0.1
+#: How long the watcher thread waits, parked, for the next watched cast once none is left before it ends.
+WATCHER_IDLE_S = 30.0
 
 
 def requested_at(request: Path) -> float | None:
@@ -124,13 +128,20 @@ def _remove_quietly(path: Path) -> None:
 
 
 class _Watch:
-    """The process's one watcher thread (started with the first watched cast, ended with the last)."""
+    """The process's one watcher thread: started with the first watched cast, it polls while any cast
+    is watched; with none it *parks* -- waits, polling nothing, for the next watch -- and ends once
+    it has waited ``idle_s`` unclaimed. A start right after another cast ended (a session's casts
+    one after another) so hands its cast to the parked thread (one wake) instead of starting a
+    thread per cast."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = WATCHER_IDLE_S) -> None:
+        self.idle_s = idle_s
         self.lock = threading.Lock()
+        self.woken = threading.Condition(self.lock)  # notified when a watch arrives while parked
         self.watched: dict[int, tuple[AbortRequests, Callable[[], None]]] = {}
         self.keys = itertools.count()
         self.running = False
+        self.parked = False  # the thread waits for a watch (polls nothing)
 
     def add(self, requests: AbortRequests, on_asked: Callable[[], None]) -> Callable[[], None]:
         with self.lock:
@@ -138,6 +149,8 @@ class _Watch:
             self.watched[key] = (requests, on_asked)
             start = not self.running
             self.running = True
+            if self.parked:
+                self.woken.notify()
         if start:
             # Imported here: the commands that only read casts (castor casts, status) load this
             # module with the storage and must not load the actor runtime (its first watch does).
@@ -160,7 +173,7 @@ class _Watch:
         while True:
             time.sleep(ABORT_POLL_S)
             with self.lock:
-                if not self.watched:
+                if not self.watched and not self._parked_until_watched():
                     self.running = False  # the next watch starts a new thread
                     return
                 now = list(self.watched.values())
@@ -171,6 +184,15 @@ class _Watch:
                 except Exception as exc:  # noqa: BLE001 - one cast's fault never stops the others' watch
                     logger.warning("looking for an abort request at {path} failed: {exc}", path=requests.request,
                                    exc=exc)
+
+    def _parked_until_watched(self) -> bool:
+        """Wait (the lock held, released while waiting) for a watch; False after ``idle_s`` with none.
+        A watch found on waking is first polled ``ABORT_POLL_S`` later, as a new thread's would be."""
+        self.parked = True
+        try:
+            return self.woken.wait_for(lambda: bool(self.watched), timeout=self.idle_s)
+        finally:
+            self.parked = False
 
 
 _WATCH = _Watch()
@@ -193,5 +215,5 @@ def watch(run_dir: Path, since: float, on_asked: Callable[[], None], warn: Calla
     return _WATCH.add(AbortRequests(Path(run_dir) / ABORT_REQUEST, since, warn), on_asked)
 
 
-__all__ = ["ABORT_POLL_S", "ABORT_REQUEST", "ABORT_REQUEST_CLOCK_SKEW_S", "ABORT_REQUEST_TAKEN", "AbortRequests",
-           "requested_at", "watch"]
+__all__ = ["ABORT_POLL_S", "ABORT_REQUEST", "ABORT_REQUEST_CLOCK_SKEW_S", "ABORT_REQUEST_TAKEN", "WATCHER_IDLE_S",
+           "AbortRequests", "requested_at", "watch"]
