@@ -170,20 +170,30 @@ class _Watch:
         return unwatch
 
     def run(self) -> None:
-        while True:
-            time.sleep(ABORT_POLL_S)
-            with self.lock:
-                if not self.watched and not self._parked_until_watched():
-                    self.running = False  # the next watch starts a new thread
-                    return
-                now = list(self.watched.values())
-            for requests, on_asked in now:
-                try:
-                    if requests.asked():
-                        on_asked()
-                except Exception as exc:  # noqa: BLE001 - one cast's fault never stops the others' watch
-                    logger.warning("looking for an abort request at {path} failed: {exc}", path=requests.request,
-                                   exc=exc)
+        while self._next_tick():
+            self._poll()
+
+    def _next_tick(self) -> bool:
+        """Wait one poll interval (parked first while nothing is watched); False: end the thread."""
+        time.sleep(ABORT_POLL_S)
+        with self.lock:
+            if not self.watched and not self._parked_until_watched():
+                self.running = False  # the next watch starts a new thread
+                return False
+            return True
+
+    def _poll(self) -> None:
+        """One look at every watched cast's request. Its references to the casts (their callbacks,
+        and through them their actors' handles) end with it: a parked thread keeps no cast alive."""
+        with self.lock:
+            now = list(self.watched.values())
+        for requests, on_asked in now:
+            try:
+                if requests.asked():
+                    on_asked()
+            except Exception as exc:  # noqa: BLE001 - one cast's fault never stops the others' watch
+                logger.warning("looking for an abort request at {path} failed: {exc}", path=requests.request,
+                               exc=exc)
 
     def _parked_until_watched(self) -> bool:
         """Wait (the lock held, released while waiting) for a watch; False after ``idle_s`` with none.

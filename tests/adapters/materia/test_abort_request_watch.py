@@ -7,15 +7,17 @@ its idle time it ends, and the next watch starts one again.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
 import castor.supervision.threads as threads
-from castor.adapters.materia.abort_requests import ABORT_REQUEST, AbortRequests, _Watch
+from castor.adapters.materia.abort_requests import ABORT_POLL_S, ABORT_REQUEST, AbortRequests, _Watch
 from tests.support.waiting import wait_for
 
 
@@ -72,3 +74,26 @@ def test_a_parked_watcher_ends_after_its_idle_time_and_the_next_watch_starts_one
     assert asked.wait(5)
     assert len(thread_starts) == 2
     unwatch()  # type: ignore[operator]
+
+
+def test_a_parked_watcher_keeps_nothing_of_the_casts_it_watched(tmp_path, thread_starts):
+    """What a watch was given (the cast's callbacks, holding its actor's handle and through it the
+    cast's files' locks) is let go once it is unwatched, while the thread waits, parked, on."""
+
+    class Cast:
+        def asked(self) -> None:
+            pass
+
+    watcher = _Watch()
+    (tmp_path / "run").mkdir()
+    cast = Cast()
+    unwatch = watcher.add(AbortRequests(tmp_path / "run" / ABORT_REQUEST, time.time() - 1, lambda line: None),
+                          cast.asked)
+    polled = time.monotonic() + 3 * ABORT_POLL_S  # a few polls with the cast watched
+    wait_for(lambda: time.monotonic() > polled, what="a few polls")
+    unwatch()
+    wait_for(lambda: getattr(watcher, "parked", False) or not thread_starts[0].is_alive(), what="the watcher idle")
+    gone = weakref.ref(cast)
+    del cast
+    gc.collect()
+    assert gone() is None, "the parked watcher still holds the last cast it watched"
