@@ -85,6 +85,7 @@ __all__ = [
     "dump_json",
     "ensure_dir",
     "file_signature",
+    "open_without_links",
     "foreign_owner",
     "fsync_dir",
     "make_dir",
@@ -303,8 +304,56 @@ def foreign_owner(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+_DIRECTORY_STEP = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_without_links(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """A descriptor of ``path`` (absolute, as castor resolved it) opened one component at a time
+    from ``/``, each directory by a descriptor of its parent, no component followed if it is a
+    symbolic link (``O_NOFOLLOW``), the last one too (``flags``, with ``O_NONBLOCK``: a FIFO is
+    never waited on). What is opened is the path as named, whatever is swapped in on the way
+    meanwhile: a directory replaced by a link mid-path (to anywhere) cannot lead the open out.
+
+    A link met on the way, the last component included, is ``OSError`` ``ELOOP`` whose
+    ``filename`` is the path up to that link; a missing component ``FileNotFoundError``; a file
+    where a directory belongs ``NotADirectoryError``. For castor's reads of paths it resolved
+    itself (an artifact root, a run directory), where no component can be a link unless one was
+    planted since."""
+    text = os.path.normpath(os.path.abspath(os.fspath(path)))
+    parts = [part for part in text.split("/") if part]
+    if not parts:
+        return os.open("/", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            try:
+                opened = os.open(part, (flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC) if last
+                                 else _DIRECTORY_STEP, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    # O_NOFOLLOW on a link: ELOOP as the last part (EMLINK on FreeBSD), ENOTDIR
+                    # with O_DIRECTORY on the way; told apart from a file in a directory's place
+                    try:
+                        linked = stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode)
+                    except OSError:
+                        linked = False
+                    if linked:
+                        raise OSError(errno.ELOOP, "a symbolic link, which castor does not follow",
+                                      "/" + "/".join(parts[:index + 1])) from None
+                raise
+            os.close(fd)
+            fd = opened
+            if last:
+                return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    raise AssertionError("unreachable")  # the loop returns at its last part
+
+
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, owned: bool = False,
-                      follow_links: bool = True) -> bytes:
+                      follow_links: bool = True, links_on_the_way: bool = True) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (None: any size, for castor's own files);
     ``ValueError`` for anything else.
 
@@ -316,9 +365,14 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None, *, ow
     environment and that chooses what it runs (a shared or mistyped directory would let another
     user choose it). ``follow_links=False``: a symbolic link as the file's own name is not followed
     (``OSError`` ``ELOOP``) -- for a file castor keeps inside a directory of its own, where a link
-    could only have been planted to lead it elsewhere.
+    could only have been planted to lead it elsewhere. ``links_on_the_way=False``: no component of
+    the path is followed if it is a link (:func:`open_without_links`, ``OSError`` ``ELOOP``) -- for a
+    path castor resolved itself, where a directory swapped for a link since would lead the read out.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
+    if not links_on_the_way:
+        fd = open_without_links(path)
+    else:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
     except BaseException:

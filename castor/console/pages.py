@@ -7,6 +7,7 @@ graph as SVG. Client-side: a page of vanilla JavaScript that renders each pushed
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from castor._log import logger
+from castor.adapters.fs import open_without_links
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.adapters.materia.config_loader import ResolvedConfigCache
 from castor.adapters.materia.state_store import list_page
@@ -186,14 +188,12 @@ def _note_ended(live: set[tuple[str, str]]) -> None:
         if cast_id in ended:
             continue
         path = Path(_RUN_DIRS[(sid, cast_id)]) / "state.json"
-        state = (_read_json(path) or {}).get("state")
+        saved_at: list[float] = []
+        state = (_read_json(path, saved_at) or {}).get("state")
         state = state if isinstance(state, dict) else {}
         status, _resumable = cast_status(state)
         reason = state.get("failed_reason") or state.get("failedReason")
-        try:
-            ended_at = path.stat().st_mtime  # its last save: when it ended
-        except OSError:
-            ended_at = time.time()
+        ended_at = saved_at[0] if saved_at else time.time()  # its last save: when it ended
         ended[cast_id] = {"cast_id": cast_id, "status": status,
                           "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
                           "phase": state.get("phase"), "ended_at": ended_at}
@@ -353,8 +353,10 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
             raise Forbidden(f"cast {cast_id}'s run directory {candidate} is a symbolic link, which castor never "
                             "follows (`castor casts` leaves it out)",
                             data={"cast_id": cast_id, "reason": "run_directory_is_a_link", "path": str(candidate)})
-        if not (candidate / "state.json").is_file():
+        found = _open_run_file(candidate / "state.json")  # not through a link anywhere on its way
+        if found is None:
             raise NotFound(f"no cast {cast_id} in session {sid}", data={"cast_id": cast_id})
+        os.close(found)
         known = str(candidate)
     _RUN_DIRS[(sid, cast_id)] = known
     return Path(known)
@@ -363,9 +365,12 @@ def _run_dir(runtime: Any, sid: str, cast_id: str) -> Path:
 def _open_run_file(path: Path) -> int | None:
     """A descriptor of ``path`` when it is a regular file, else None: the project may ship a
     cast's directory, so a link (whose target is anywhere), a FIFO (which would hold the console's
-    handler until a writer came) or a device in a file's place is never read."""
+    handler until a writer came) or a device in a file's place is never read. Opened a component
+    at a time, none of them followed if it is a link (:func:`~castor.adapters.fs.open_without_links`):
+    a directory on the way (the cast's run directory, the artifact root or one above it) swapped
+    for a link since castor found it never leads the read out of the project."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_without_links(path)
     except OSError:
         return None
     try:
@@ -377,15 +382,20 @@ def _open_run_file(path: Path) -> int | None:
     return None
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, modified: list[float] | None = None) -> Any:
     """The JSON document in ``path`` (a regular file, :func:`_open_run_file`, of at most castor's
-    bound for run files: a larger one, which a sparse file makes at no disk cost, is unread), else None."""
+    bound for run files: a larger one, which a sparse file makes at no disk cost, is unread), else
+    None; ``modified``, when given, gets the file's modification time (of the file read, never one
+    a link leads to)."""
     fd = _open_run_file(path)
     if fd is None:
         return None
     try:
         with open(fd, "rb") as handle:
-            if os.fstat(handle.fileno()).st_size > MAX_RUN_FILE_BYTES:
+            st = os.fstat(handle.fileno())
+            if modified is not None:
+                modified.append(st.st_mtime)
+            if st.st_size > MAX_RUN_FILE_BYTES:
                 return None
             raw = handle.read(MAX_RUN_FILE_BYTES + 1)
         return json.loads(raw) if len(raw) <= MAX_RUN_FILE_BYTES else None
@@ -427,9 +437,30 @@ def _feed(path: Path) -> list[dict[str, Any]]:
     return events[-FEED_EVENTS:]
 
 
+def _refuse_a_linked_run_dir(sid: str, cast_id: str, run_dir: Path) -> None:
+    """``forbidden`` (a 403; on a stream, its push's ``error``) when ``run_dir`` is reached through
+    a symbolic link now -- the run directory, the artifact root or a directory above it swapped
+    for one since castor found it -- and the run directory is forgotten; nothing through the link
+    is read. A run directory gone or replaced by a file is no refusal: its files read as none."""
+    try:
+        fd = open_without_links(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return
+        _RUN_DIRS.pop((sid, cast_id), None)
+        raise Forbidden(f"cast {cast_id}'s run directory {run_dir} is reached through a symbolic link now "
+                        f"({exc.filename}), which castor never follows: nothing behind it is shown",
+                        data={"cast_id": cast_id, "reason": "run_directory_is_a_link",
+                              "path": str(exc.filename)}) from None
+    os.close(fd)
+
+
 def cast_data(runtime: Any, sid: str, cast_id: str) -> dict[str, Any]:
-    """One push of a cast's page: its state, the graph (SVG), the newest events, its usage."""
+    """One push of a cast's page: its state, the graph (SVG), the newest events, its usage. Every
+    file is read without following a link anywhere on its path (``forbidden`` when its run
+    directory is reached through one, :func:`_refuse_a_linked_run_dir`)."""
     run_dir = _run_dir(runtime, sid, cast_id)
+    _refuse_a_linked_run_dir(sid, cast_id, run_dir)
     stored = _read_json(run_dir / "state.json") or {}
     state = stored.get("state") or {}
     usage = _read_json(run_dir / "usage.json") or {}

@@ -68,6 +68,7 @@ from castor.adapters.fs import (
     foreign_owner,
     is_storage_fault,
     make_dirs,
+    open_without_links,
     read_regular_file,
     stat_signature,
     storage_unavailable,
@@ -391,7 +392,11 @@ class CastStateStore:
     # -- reads ---------------------------------------------------------------
 
     def load(self, cast_id: str) -> StoredState:
-        """The stored document; NotFound if none, StateCorrupt if unreadable."""
+        """The stored document; NotFound if none, StateCorrupt if unreadable. Read a component at a
+        time from ``/`` along the checked path, no link followed: a run directory (or one above it)
+        swapped for a link between the check and the read is refused (``forbidden``), never read
+        through -- what ``status``, ``casts`` and the console show of a cast is what its run
+        directory holds."""
         return self._load_at(self.state_path(cast_id), cast_id)
 
     @staticmethod
@@ -406,7 +411,16 @@ class CastStateStore:
             raise NotFound(f"no persisted state for cast {cast_id}", data={"cast_id": cast_id}) from None
         except NotADirectoryError:
             raise run_directory_replaced(path.parent, cast_id) from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Forbidden(f"cast {cast_id}'s state {path} is reached through a symbolic link now "
+                                f"({exc.filename}), which castor never follows",
+                                data={"reason": REASON_SYMLINK, "cast_id": cast_id,
+                                      "path": str(exc.filename)}) from None
+            if is_storage_fault(exc):
+                raise storage_unavailable(exc, path=path, action="read") from None
+            raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
+        except UnicodeDecodeError as exc:
             if is_storage_fault(exc):
                 raise storage_unavailable(exc, path=path, action="read") from None
             raise StateCorrupt(f"cannot read {path}: {exc}", data={"path": str(path)}) from None
@@ -716,9 +730,11 @@ def run_directory_replaced(run_dir: Path, cast_id: str) -> StateCorrupt:
 def _read_state_text(path: Path) -> str:
     """``state.json``'s text, read as :func:`~castor.adapters.fs.read_regular_file` reads: a FIFO or
     a device planted in its place, or a file over :data:`MAX_STATE_BYTES`, is ``state_corrupt`` at
-    once, never waited on or read into memory."""
+    once, never waited on or read into memory. Read without following a link anywhere on its path
+    (``OSError`` ``ELOOP`` for one): ``path`` is one the store checked (:meth:`CastStateStore.state_path`,
+    a resolved root and no link below it), so a link there now was swapped in since."""
     try:
-        raw = read_regular_file(path, MAX_STATE_BYTES)
+        raw = read_regular_file(path, MAX_STATE_BYTES, links_on_the_way=False)
     except ValueError as exc:
         raise StateCorrupt(f"{path} is {_refused_file(exc)}", data={"path": str(path)}) from None
     return raw.decode("utf-8")
@@ -750,13 +766,22 @@ def _listed_row(root: str, cast_id: str) -> IndexRow:
     model: the rebuild's path, ``O(casts)`` once, so every microsecond counts."""
     path = f"{root}/{cast_id}/{STATE_FILE}"
     try:
-        # O_NONBLOCK: a FIFO planted as state.json must not hang the listing (it is refused below).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        # The run directory opened a component at a time, none followed if it is a link: one
+        # swapped for a link (or a directory above it) since the root was listed never leads the
+        # read elsewhere. O_NONBLOCK: a FIFO planted as state.json must not hang the listing (it is
+        # refused below).
+        run_fd = open_without_links(f"{root}/{cast_id}", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=run_fd)
+        finally:
+            os.close(run_fd)
     except FileNotFoundError:
         return _without_state(root, cast_id, "")
     except NotADirectoryError:
         return _unreadable(cast_id, run_directory_replaced(Path(root, cast_id), cast_id).message, "?")
     except OSError as exc:
+        if exc.errno == errno.ELOOP and exc.filename == f"{root}/{cast_id}":
+            return _unreadable(cast_id, run_directory_replaced(Path(root, cast_id), cast_id).message, "?")
         return _unreadable(cast_id, f"cannot read {path}: {exc}", "?")
     try:
         st = os.fstat(fd)
