@@ -108,6 +108,14 @@ class HarnessLink:
     classifier: ClassifierPort | None = None
     kind: str = "standalone"  # "endpoint" when backed by a msgpack-rpc connection
     host_context: HostContextPort | None = None  # the harness's own transcript; None = there is none
+    #: A relay's (a Ray cast host's session, ``kind`` "ray-relay"): the ``kind`` of the harness it
+    #: stands in for, the serving process's session's; what the user typing there is told to type.
+    relays: str | None = None
+
+    @property
+    def user_kind(self) -> str:
+        """The kind of harness the user is in: a relay's :attr:`relays`, else :attr:`kind`."""
+        return self.relays or self.kind
 
 
 class SessionHost(Protocol):

@@ -11,7 +11,7 @@ nodes):
 | method | does | answers |
 |---|---|---|
 | ``ping()`` | liveness and placement | ``{host_id, node_id, pid, castor_version, sessions, casts}`` |
-| ``open_session(info, has_context, agent_spec, agent_label)`` | opens the session in this host's runtime with relay ports (``agent_spec`` set: the agent runs here instead, e.g. the scripted agent of ``castor cast``) | ``{session_id}`` or ``{error}`` |
+| ``open_session(info, has_context, agent_spec, agent_label, harness_kind)`` | opens the session in this host's runtime with relay ports (``agent_spec`` set: the agent runs here instead, e.g. the scripted agent of ``castor cast``); ``harness_kind``: the serving process's session's (``endpoint`` for a harness), so every answer and notice names the commands of the surface the user is on | ``{session_id}`` or ``{error}`` |
 | ``call(session_id, verb, params, timeout_s)`` | one materia verb (what ``cast.*`` methods do) | ``{ok: result}`` or ``{error: wire error}`` |
 | ``turn_ended(session_id, outcome)`` | the harness's answer to a relayed turn | ``True`` if a turn was waiting for it |
 | ``answer(request_id, ok, value)`` | the harness's answer to a relayed request | ``True`` if someone still waits |
@@ -142,7 +142,7 @@ class CastHost:
 
     # -- sessions --------------------------------------------------------------
     def open_session(self, info: dict[str, Any], has_context: bool, agent_spec: str | None,
-                     agent_label: str = "Pi agent") -> dict[str, Any]:
+                     agent_label: str = "Pi agent", harness_kind: str = "standalone") -> dict[str, Any]:
         from castor.adapters.agents.factory import make_agent
         from castor.ports.host_context import NoHostContext
         from castor.runtime import HarnessLink, SessionInfo
@@ -159,7 +159,7 @@ class CastHost:
                 self._agents[sid] = agent
             self.runtime.open_session(SessionInfo(**info), HarnessLink(
                 agent=agent, session_log=RelaySessionLog(self.outbox, sid), ui=RelayUi(self.outbox, sid),
-                kind="ray-relay", host_context=context))
+                kind="ray-relay", host_context=context, relays=harness_kind))
         except CastorError as exc:
             return {"error": exc.to_wire()}
         return {"session_id": sid}

@@ -498,8 +498,10 @@ class RayBackend:
         has_context = bool(placed.ctx.harness.host_context and placed.ctx.harness.host_context.has_context)
         label = str(getattr(placed.ctx.harness.agent, "agent_label", "Pi agent"))
         try:
+            # the harness's kind: the host's session names the commands of the surface the user is on
+            # (/materia recast in a harness session, castor recast ID from a castor command)
             answer = self._get(host, host.actor.open_session.remote(placed.ctx.info.model_dump(), has_context, None,
-                                                                    label),
+                                                                    label, str(placed.ctx.harness.kind)),
                                timeout_s=max(0.1, deadline - time.monotonic()))
         except Timeout:
             self._release(host, sid)  # it may open the session once the caller has gone

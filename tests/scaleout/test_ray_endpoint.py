@@ -119,3 +119,12 @@ def test_a_harness_drives_casts_on_ray_hosts_and_survives_a_host_kill(tmp_path: 
         visits = visit_log.read_text().split()
         assert len(visits) == len(set(visits)), visits  # a new visit id for the re-dispatch, never one twice
         assert view["status"] == "complete"
+        # A harness's abort of a cast on a host is answered with the harness's recast (the host's session
+        # said `castor recast ID`, which a cast a harness ran cannot take as typed: no agent for it)
+        third = client.call("cast.start", {"session_id": "s1", "request": "third"})
+        ran = len(visit_log.read_text().split())
+        deadline = time.monotonic() + 60
+        while len(visit_log.read_text().split()) <= ran and time.monotonic() < deadline:
+            time.sleep(0.05)
+        aborted = client.call("cast.abort", {"session_id": "s1", "cast_id": third["cast_id"]})
+        assert f"Recast it with /materia recast {third['cast_id']}." in aborted["text"], aborted["text"]

@@ -160,8 +160,9 @@ class SessionActor(Actor):
         self.mirror: SessionMirror | None = None
         self.configs = storage.config_cache()  # re-read only when a layer file changed
         self._roots: dict[str | None, Path] = {}  # configured artifactDir -> resolved artifact root
-        # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones.
-        self.surface: Surface = "harness" if getattr(ctx.harness, "kind", None) == "endpoint" else "cli"
+        # Where the user is: a harness over the endpoint names /materia commands, the CLI castor ones;
+        # a Ray cast host's session names those of the harness it relays (user_kind), never its own.
+        self.surface: Surface = "harness" if getattr(ctx.harness, "user_kind", None) == "endpoint" else "cli"
         # The casts this session started or brought in, oldest first: an id-less status shows this
         # session's own cast, not the newest another session (a second Pi in the project) runs.
         self._driven: list[str] = []
