@@ -545,13 +545,6 @@ def _small_file(path: Path) -> bytes:
     return read_regular_file(path, 64 * 1024, follow_links=False)
 
 
-#: Said under a ``castor recast`` / ``continue`` a command names for a cast no agent is remembered
-#: for (one a harness ran: its agent is the harness's; an ``openai:`` one, never taken from the tree):
-#: typed as shown it would stop at once on ``no agent``.
-NO_AGENT_REMEMBERED = ("no agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
-                       "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
-
-
 def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | None:
     spec = getattr(args, "agent", None) or os.environ.get("CASTOR_AGENT") or None
     if spec is None and run_dir is not None:
@@ -907,10 +900,11 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
         cast_id = _newest_resumable(root, revive=verb == "revive")
     else:
         cwd, root, cast_id = _cast_ref(args)
-    _refuse_a_pointless_resume(root, cast_id, verb)
+    agent = _agent_spec(args, root / cast_id)
+    _refuse_a_pointless_resume(root, cast_id, verb, _project_flags(args), needs_agent=agent is None)
     from castor.scaleout.options import make_backend
 
-    session = _Standalone(cwd, _agent_spec(args, root / cast_id), config_path=args.config,
+    session = _Standalone(cwd, agent, config_path=args.config,
                           backend=make_backend(args))
     try:
         with _named_on_interrupt(session, root, cast_id, _project_flags(args)):
@@ -961,11 +955,15 @@ def cmd_continue(args: argparse.Namespace) -> int:
 _PAST = {"recast": "recast", "revive": "revived", "continue": "continued"}  # the engine's wording for recast
 
 
-def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
+def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str, flags: str = "", *,
+                               needs_agent: bool = False) -> None:
     """A complete cast can be neither recast, revived nor continued: say so before an agent is
-    asked for, and point at no command that would refuse too."""
+    asked for, and point at no command that would refuse too. The command it names ends with
+    ``flags`` (:func:`_project_flags`); ``needs_agent``: it says what that command needs
+    (:data:`NO_AGENT_REMEMBERED`)."""
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.domain.materia.surface import NO_AGENT_REMEMBERED
     from castor.messages.errors import Conflict
 
     view = persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False)
@@ -974,8 +972,10 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str) -> None:
         raise Conflict(f"pi-materia cast {cast_id} is complete and cannot be {_PAST.get(verb, verb)}; "
                        f"`castor cast REQUEST` starts a new one.", data={"reason": "complete", "cast_id": cast_id})
     if verb == "continue" and not view["active"]:
-        hint = f" `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}` resumes it." if view.get(
-            "resumable") else ""
+        hint = ""
+        if view.get("resumable"):  # an error is one line: what the command needs goes on it
+            hint = (f" `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}{flags}` resumes it"
+                    + (f"; {NO_AGENT_REMEMBERED}." if needs_agent else "."))
         raise Conflict(f"pi-materia cast {cast_id} is {view['status']}, not active.{hint}",
                        data={"reason": "not-active", "cast_id": cast_id, "status": view["status"]})
 
@@ -992,6 +992,7 @@ def _abort(args: argparse.Namespace, cwd: Path, root: Path, cast_id: str) -> int
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.cast_lease import CastLease
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.domain.materia.surface import NO_AGENT_REMEMBERED
     from castor.messages.errors import Conflict
 
     flags = _project_flags(args)
@@ -1065,6 +1066,7 @@ def _abort_elsewhere(root: Path, cast_id: str, flags: str = "", *, needs_agent: 
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.abort_requests import ABORT_REQUEST
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.domain.materia.surface import NO_AGENT_REMEMBERED
     from castor.messages.errors import Conflict
 
     request = root / cast_id / ABORT_REQUEST
@@ -1156,6 +1158,23 @@ def _with_backend_flags(view: dict[str, Any], root: Path) -> dict[str, Any]:
     return view
 
 
+def _resumed_here(view: dict[str, Any]) -> bool:
+    """Whether the hints on ``view`` (a status or a listing row) name a command that resumes the cast
+    in this terminal: one resumable, or going and held by no other runtime; never one outgrown."""
+    from castor.actors.materia.views import held_elsewhere
+
+    return not view.get("outgrown") and bool(view.get("resumable")
+                                             or (view["status"] in GOING and not held_elsewhere(view)))
+
+
+def _with_needs_agent(args: argparse.Namespace, view: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``view`` with ``needs_agent`` when the recast or continue its hints name would stop at once on
+    ``no agent`` (a cast a harness ran, an ``openai:`` one; no ``--agent`` given): said under them."""
+    if _resumed_here(view) and _agent_spec(args, root / str(view["cast_id"])) is None:
+        return {**view, "needs_agent": True}
+    return view
+
+
 @_storage_faults_typed
 def cmd_casts(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import cast_page, casts_text
@@ -1164,7 +1183,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
 
     root = _artifact_root(_cwd(args), args.config)
     page = cast_page(FILE_CAST_STORAGE, root, set(), limit=args.limit or DEFAULT_PAGE, cursor=args.cursor)
-    rows = page["casts"] = [_with_backend_flags(row, root) for row in page["casts"]]
+    rows = page["casts"] = [_with_needs_agent(args, _with_backend_flags(row, root), root) for row in page["casts"]]
     if args.json:
         paged = args.limit is not None or args.cursor is not None
         _out(json.dumps(page if paged else rows, indent=2))
@@ -1181,6 +1200,7 @@ def cmd_casts(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from castor.actors.materia.views import held_elsewhere, persisted_view, status_text
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.domain.materia.surface import NO_AGENT_REMEMBERED
 
     cwd, root, cast_id = _cast_ref(args)
     view = _with_backend_flags(persisted_view(FILE_CAST_STORAGE, root, cast_id, live=False), root)
@@ -1190,12 +1210,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             view["not_writable"] = unwritable
     flags = _project_flags(args)
     text = status_text(_shown(view), "cli", cli_flags=flags)
-    resumed_here = not view.get("outgrown") and (view.get("resumable")
-                                                 or (view["status"] in GOING and not held_elsewhere(view)))
-    if resumed_here and _agent_spec(args, root / cast_id) is None:
-        # a cast a harness ran (its agent is the harness's), or an openai: one (never taken from the
-        # tree): the recast or continue named above would stop at once on `no agent`
-        view["needs_agent"] = True
+    # a cast a harness ran (its agent is the harness's), or an openai: one (never taken from the
+    # tree): the recast or continue named above would stop at once on `no agent`
+    view = _with_needs_agent(args, view, root)
+    if view.get("needs_agent"):
         text += f"\n{NO_AGENT_REMEMBERED}"
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True

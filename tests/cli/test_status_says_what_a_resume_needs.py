@@ -67,3 +67,28 @@ def test_status_of_a_cast_with_no_agent_remembered_says_the_resume_needs_one(tmp
     assert json.loads(castor_cli(tmp_path, "status", run.name, "--json", cwd=project).stdout)["needs_agent"] is True
     resumed = castor_cli(tmp_path, "continue", run.name, cwd=project)
     assert resumed.returncode != 0 and "no agent" in resumed.stderr  # what status said
+
+
+def test_every_other_line_naming_the_recast_of_a_cast_with_no_agent_remembered_says_what_it_needs(tmp_path):
+    """``castor status`` and ``castor abort`` said what the recast they name needs for a cast a
+    harness ran; ``castor casts``' ``↻ RECAST TARGET`` line and ``castor continue``'s refusal of such
+    a cast (ended, so "`castor recast ID` resumes it") named the recast alone, which stopped at once
+    on ``no agent``. Each says it now, as status does."""
+    project, run = interrupted_cast(tmp_path)
+    (run / "cli.json").unlink()  # as a cast a harness ran: no agent for the CLI
+    aborted = castor_cli(tmp_path, "abort", run.name, cwd=project)
+    assert aborted.returncode == 0 and NO_AGENT in aborted.stdout, aborted.stdout + aborted.stderr
+    listed = castor_cli(tmp_path, "casts", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    target = next(i for i, line in enumerate(lines) if f"RECAST TARGET — recast: castor recast {run.name}" in line)
+    assert lines[target + 1] == f"    ! {NO_AGENT}", listed.stdout
+    rows = json.loads(castor_cli(tmp_path, "casts", "--json", cwd=project).stdout)
+    assert [row["needs_agent"] for row in rows if row["cast_id"] == run.name] == [True], rows
+    refused = castor_cli(tmp_path, "continue", run.name, cwd=project)
+    assert refused.returncode != 0, refused.stdout
+    assert f"`castor recast {run.name}` resumes it; {NO_AGENT}." in refused.stderr, refused.stderr
+
+
+NO_AGENT = ("no agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
+            "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")

@@ -36,7 +36,7 @@ from castor.domain.jsontext import js_string
 from castor.domain.materia.budget import usage_caveats
 from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
 from castor.domain.materia.state import CastState, interrupted_document, short_label
-from castor.domain.materia.surface import command
+from castor.domain.materia.surface import NO_AGENT_REMEMBERED, command
 from castor.messages.errors import CastorError, InvalidMessage, InvalidParams, NotFound
 from castor.ports.cast_storage import (
     DEFAULT_PAGE,
@@ -428,6 +428,8 @@ def casts_text(rows: list[dict[str, Any]], artifact_root: Path, surface: str = "
             if row.get("revivable"):
                 line += f" (or revive: {named('revive', row)})"
             lines.append(line)
+        if row.get("needs_agent") and surface == "cli":  # the command named above would stop on `no agent`
+            lines.append(f"    ! {NO_AGENT_REMEMBERED}")
     if more > 0:
         lines.append(f"  … {more} more (next page: its cursor)")
     return "\n".join(lines)

@@ -23,6 +23,13 @@ SURFACES: tuple[str, ...] = ("harness", "cli")
 HARNESS_VERBS_WITH_AN_ID = frozenset({"recast", "revive"})
 
 
+#: Said under a ``castor recast`` / ``continue`` the CLI names for a cast no agent is remembered for
+#: (one a harness ran: its agent is the harness's; an ``openai:`` one, never taken from the tree):
+#: typed as shown it would stop at once on ``no agent``. A status or listing row says so as ``needs_agent``.
+NO_AGENT_REMEMBERED = ("no agent is remembered for it: a recast or continue here needs --agent script:FILE or --agent "
+                       "openai:BASE_URL[#MODEL] (or CASTOR_AGENT); or resume it in a harness session (/materia recast)")
+
+
 def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_in_harness: bool = False,
             cli_flags: str = "") -> str:
     """The command a user types on ``surface`` to run ``verb`` (``continue``, ``recast``...) on a cast.
@@ -39,4 +46,4 @@ def command(surface: str | None, verb: str, cast_id: str | None = None, *, bare_
     return f"/materia {verb}"
 
 
-__all__ = ["HARNESS_VERBS_WITH_AN_ID", "Surface", "SURFACES", "command"]
+__all__ = ["HARNESS_VERBS_WITH_AN_ID", "NO_AGENT_REMEMBERED", "Surface", "SURFACES", "command"]
