@@ -20,7 +20,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
-from castor._log import logger
+from castor._log import LOGGING_SETUP, logger
 
 _HUMAN = (
     "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
@@ -243,6 +243,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
     global _LOGGING_AS_JSON
     _LOGGING_AS_JSON = bool(json)
     logger.remove()
+    LOGGING_SETUP.debug_dropped = False  # until castor's own handler is in place, at its level
     logger.enable("castor")  # castor's package disables its lines until the program configures logging
     logger.configure(extra={"actor": "-", "msg_type": "-"}, patcher=_cut_long_message)
     logger.add(
@@ -254,3 +255,5 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, sin
         diagnose=False,
         enqueue=False,
     )
+    level_no = level if isinstance(level, int) else logger.level(level).no
+    LOGGING_SETUP.debug_dropped = level_no > logger.level("DEBUG").no

@@ -381,22 +381,39 @@ def test_ambient_events_never_fail_the_run_even_with_garbage_or_a_crashed_contro
 def test_a_tool_call_logs_its_actor_tool_and_call_id_at_debug_and_nothing_of_its_arguments(world):
     """The tool call's debug record (its fields passed with the call, not a bound logger) carries
     the worker's actor path, the tool and the call id; never the arguments (private text)."""
-    from loguru import logger
+    from castor.logs import configure_logging
 
     rt = world.runtime()
     _, sess = world.open(rt)
     records: list[dict] = []
-    sink = logger.add(lambda message: records.append(message.record), level="DEBUG",
-                      filter=lambda record: record["message"] == "icarus tool call")
+    configure_logging("DEBUG", sink=lambda message: records.append(message.record))
     try:
         sess.tool("fabric_brief", {"query": "PRIVATE-ARGUMENT"}, tool_call_id="call-7")
     finally:
-        logger.remove(sink)
-    (record,) = records
+        configure_logging("ERROR")  # the suite's setting (tests/conftest.py)
+    (record,) = [r for r in records if r["message"] == "icarus tool call"]
     assert record["level"].name == "DEBUG"
     assert record["extra"]["actor"] == sess.path("worker")
     assert record["extra"]["tool"] == "fabric_brief" and record["extra"]["tool_call_id"] == "call-7"
     assert "PRIVATE-ARGUMENT" not in repr(record["extra"]) + record["message"]
+
+
+def test_a_tool_call_builds_no_debug_record_while_castors_logging_is_above_debug(world, monkeypatch):
+    """With castor's own logging configured above DEBUG (the suite's ERROR), no sink takes the
+    tool call's debug record, so it is not built: loguru is not called for it at all."""
+    from castor.actors.icarus import session as session_module
+    from castor.logs import configure_logging
+
+    configure_logging("INFO")
+    try:
+        rt = world.runtime()
+        _, sess = world.open(rt)
+        built: list[str] = []
+        monkeypatch.setattr(session_module.logger, "debug", lambda message, *a, **k: built.append(message))
+        assert "error" not in sess.tool("fabric_brief", {"query": "q"}, tool_call_id="call-8")
+        assert built == []
+    finally:
+        configure_logging("ERROR")
 
 
 @pytest.mark.timeout(60)
