@@ -42,8 +42,26 @@ def _imported(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[s
     return proc, modules
 
 
+#: What the parser may import of those packages: modules of names alone, which import nothing
+#: (the keys of a cast's cli.json that more than the CLI writes; test_names_the_parser_may_read...).
+THE_PARSER_MAY_READ = ("castor.ports", "castor.ports.cli_note")
+
+
 def _among(modules: set[str], packages: tuple[str, ...]) -> list[str]:
-    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in packages))
+    return sorted(m for m in modules
+                  if any(m == p or m.startswith(p + ".") for p in packages) and m not in THE_PARSER_MAY_READ)
+
+
+@pytest.mark.timeout(60)
+def test_names_the_parser_may_read_import_nothing_else(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import castor.ports.cli_note"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=50, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    castor_modules = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines()
+                      if line.startswith("import time:")} - set(sys.builtin_module_names)
+    assert {m for m in castor_modules if m.startswith("castor")} == {"castor", "castor.version", *THE_PARSER_MAY_READ}
+    assert _among(castor_modules, NOT_FOR_THE_PARSER) == []  # no pydantic, loguru, msgpack, ...
+
 
 
 @pytest.mark.timeout(60)
