@@ -125,6 +125,7 @@ from castor.actors.materia.socket_actor import (
     USAGE_TIMEOUT_S,
 )
 from castor.actors.materia.views import saved_state, status_view
+from castor.domain.materia.budget import usage_state_json
 from castor.domain.materia.cast_messages import (
     EFFECT_ADAPTER,
     AbortRequested,
@@ -180,6 +181,12 @@ OUTBOX_KEY = "outbox"  # the last transition's file effects, saved with the stat
 _OUTBOX_OPEN = f',"{OUTBOX_KEY}":['.encode()
 _STATE_SERIALIZER = CastState.__pydantic_serializer__
 _NOT_IN_BODY = {"config"}  # spliced in from its cached JSON (see _encode)
+# The usage report is spliced in from its own JSON, derived once per report (see _encode), between
+# the fields before it and those after it, so the body is what the state's serialiser writes.
+_STATE_FIELDS = tuple(CastState.model_fields)
+_AFTER_USAGE = {name for name in _STATE_FIELDS[_STATE_FIELDS.index("usage") + 1:] if name not in _NOT_IN_BODY}
+_BEFORE_USAGE_EXCLUDED = {"usage", *_NOT_IN_BODY, *_AFTER_USAGE}
+_USAGE_OPEN = b',"usage":'
 FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
 # OSErrors of a run directory damaged under a running cast (not the disk's): a directory where a
 # file goes or the reverse, the directory removed. A restart would meet them again: the cast stops.
@@ -836,11 +843,16 @@ class CastActor(Actor):
         config = state.config
         config_json = derived(config, "state_json_bytes", lambda: json.dumps(
             config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode("utf-8"))
-        body = _STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY)
+        # The report's JSON, like the config's, is derived once per report object (a transition
+        # with no new turn reuses it; one with a new turn renders that turn's record only).
+        body = _STATE_SERIALIZER.to_json(state, exclude=_BEFORE_USAGE_EXCLUDED)
+        after = _STATE_SERIALIZER.to_json(state, include=_AFTER_USAGE) if _AFTER_USAGE else b"{}"
         outbox = b",".join([_outbox_json(effect, config) for effect in files])
         # The pieces, not their concatenation: the store joins them once with its header (a state
         # document is tens of KB, and every copy of it is a pass through the CPU's caches).
-        return [memoryview(body)[:-1], _OUTBOX_OPEN, outbox, b'],"config":', config_json, b"}"]
+        return [memoryview(body)[:-1], _USAGE_OPEN, usage_state_json(state.usage),
+                b"," + after[1:-1] if len(after) > 2 else b"", _OUTBOX_OPEN, outbox,
+                b'],"config":', config_json, b"}"]
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.

@@ -114,6 +114,7 @@ from castor.domain.materia.budget import (
     turn_cost_kind,
     unreadable_figures,
     usage_caveats,
+    usage_file_text,
 )
 from castor.domain.materia.cast_messages import (
     AbortRequested,
@@ -315,11 +316,8 @@ class _Ctx:
 
     def write_usage(self) -> None:
         # A UsageReport is never changed in place (add_turn returns a new one), so its JSON is
-        # derived once per report, not once per write.
-        usage = self.s.usage
-        # pydantic's serialiser: json.dumps with an indent runs the pure-Python encoder.
-        # A field with no value is left out, as pi-materia's JSON leaves out what is undefined.
-        content = derived(usage, "json", lambda: usage.model_dump_json(indent=2, exclude_none=True))
+        # derived once per report, not once per write, each turn record's text once per record.
+        content = usage_file_text(self.s.usage)
         if self._usage_write is not None:
             # One usage.json write a transition (a turn's end and its socket's completion both
             # ask): the latest report, where the first ask put it (no other effect depends on it).

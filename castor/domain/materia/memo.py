@@ -24,6 +24,28 @@ _ENTRIES: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
 
 
 def derived(obj: Any, name: str, compute: Callable[[], T]) -> T:
+    values = _values(obj)
+    if name not in values:
+        values[name] = compute()
+    value: T = values[name]
+    return value
+
+
+def known(obj: Any, name: str) -> Any:
+    """The value derived for ``(obj, name)`` so far, or None when none was (nothing is computed)."""
+    entry = _ENTRIES.get(id(obj))
+    if entry is None or entry[0]() is not obj:
+        return None
+    return entry[1].get(name)
+
+
+def remember(obj: Any, name: str, value: Any) -> None:
+    """Make ``value`` what ``(obj, name)`` derives from now on (the caller vouches that it is what
+    the name derives: a value built up in steps, like a growing report's rendered records)."""
+    _values(obj)[name] = value
+
+
+def _values(obj: Any) -> dict[str, Any]:
     key = id(obj)
     entry = _ENTRIES.get(key)
     if entry is None or entry[0]() is not obj:
@@ -33,11 +55,7 @@ def derived(obj: Any, name: str, compute: Callable[[], T]) -> T:
         ref = weakref.ref(obj, forget)
         entry = (ref, {})
         _ENTRIES[key] = entry
-    values = entry[1]
-    if name not in values:
-        values[name] = compute()
-    value: T = values[name]
-    return value
+    return entry[1]
 
 
 def _forget(key: int, dead: weakref.ref[Any]) -> None:

@@ -1,0 +1,54 @@
+"""The state document splices the usage report's JSON (derived once per report, see
+``castor.domain.materia.budget.usage_state_json``) between the fields before and after it: every
+transition's document is byte for byte what serialising the whole state writes, and every
+``usage.json`` text is what pydantic's indented dump of the report writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from castor.actors.materia.cast_actor import _OUTBOX_OPEN, FILE_EFFECTS, CastActor, _outbox_json
+from castor.domain.materia import budget, engine
+from castor.domain.materia.budget import UsageReport
+from castor.domain.materia.state import CastState
+from tests.domain.materia.scripted import Driver, resolved
+
+
+def whole_document(state: CastState, files: list[Any]) -> bytes:
+    """The document as written before the report was spliced in: the state serialised whole."""
+    body = CastState.__pydantic_serializer__.to_json(state, exclude={"config"})
+    config_json = json.dumps(state.config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode()
+    outbox = b",".join([_outbox_json(effect, state.config) for effect in files])
+    return body[:-1] + _OUTBOX_OPEN + outbox + b'],"config":' + config_json + b"}"
+
+
+def test_every_transition_of_a_cast_with_turns_writes_the_whole_state_byte_for_byte(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[tuple[UsageReport, str]] = []  # each usage.json text, with the report it was made of
+
+    def usage_file_text(report: UsageReport) -> str:
+        written.append((report, budget.usage_file_text(report)))
+        return written[-1][1]
+
+    monkeypatch.setattr(engine, "usage_file_text", usage_file_text)
+    d = Driver(resolved(None, "build"), request="fais-le ✓ \"vite\"")
+    d.utility({"ok": True, "added": []})
+    d.utility({"kind": "git", "root": "/w"})
+    d.reply({"workItems": [{"id": "α", "title": "Alpha"}, {"id": "b", "title": "Beta"}]},
+            usage={"inputTokens": 10, "outputTokens": 5, "cost": {"total": 0.1}})
+    n = 0
+    for reply in ["did α", {"satisfied": True}, "did b", {"satisfied": True}, "All done."]:
+        n += 1
+        d.reply(reply, usage={"input": n, "output": 0.5 * n, "cacheRead": 3, "cost": {"total": 0.2 * n}}
+                if n % 2 else {"totalTokens": n})
+    assert len(d.state.usage.turns) == 6
+    for transition in d.transitions:
+        files = [effect for effect in transition.effects if isinstance(effect, FILE_EFFECTS)]
+        pieces = CastActor._encode(None, transition.state, files)  # type: ignore[arg-type]
+        assert b"".join(pieces) == whole_document(transition.state, files)
+    assert len(written) >= 6
+    for report, text in written:
+        assert text == report.model_dump_json(indent=2, exclude_none=True)

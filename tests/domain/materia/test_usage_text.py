@@ -1,0 +1,123 @@
+"""A usage report's two texts -- compact in the state document, indented in ``usage.json`` -- are
+joined from each turn record's text rendered once, and are byte for byte what pydantic writes for
+the whole report (``to_json``; ``model_dump_json(indent=2, exclude_none=True)``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from castor.domain.materia import budget
+from castor.domain.materia.budget import (
+    SELECTION_FIELDS,
+    Amounts,
+    TurnRecord,
+    UsageReport,
+    model_selection,
+    usage_file_text,
+    usage_state_json,
+)
+
+
+def full_compact(report: UsageReport) -> bytes:
+    return UsageReport.__pydantic_serializer__.to_json(report)
+
+
+def full_indented(report: UsageReport) -> str:
+    return report.model_dump_json(indent=2, exclude_none=True)
+
+
+def assert_same_texts(report: UsageReport) -> None:
+    assert usage_state_json(report) == full_compact(report)
+    assert usage_file_text(report) == full_indented(report)
+
+
+OPTIONAL = [name for name, field in TurnRecord.model_fields.items()
+            if not field.is_required() and field.default is None]
+
+
+def record(n: int, *, every_field: bool, text: str = "m") -> TurnRecord:
+    """A turn record with every optional field given (``every_field``) or none of them."""
+    extra: dict[str, Any] = {}
+    if every_field:
+        for name in OPTIONAL:
+            kind = str(TurnRecord.model_fields[name].annotation)
+            extra[name] = n % 2 == 0 if "bool" in kind else ["cost", f"é{n}"] if "list" in kind else f"{text}{n}"
+    return TurnRecord(socket=f"s{n}", attempt=n + 1, tokens=Amounts(input=n, output=1.5 * n, total=2.5 * n),
+                      cost=Amounts(input=0.1 * n, total=0.30000000000000004), **extra)
+
+
+def grown(records: list[TurnRecord], *, render_each_step: bool) -> UsageReport:
+    report = UsageReport()
+    for i, rec in enumerate(records):
+        report = report.add_turn(rec)
+        if i % 3 == 1:
+            report = report.add_selection(model_selection(socket=rec.socket, materia="mat", visit=i,
+                                                          requested_model="codex/x" if i == 4 else "prov/m",
+                                                          requested_thinking=None, thinking="high",
+                                                          thinking_fallback_reason=None, item_key="k"))
+        if render_each_step:
+            assert_same_texts(report)
+    return report
+
+
+def test_an_empty_report_is_written_as_pydantic_writes_it() -> None:
+    assert_same_texts(UsageReport())
+
+
+@pytest.mark.parametrize("every_field", [False, True])
+@pytest.mark.parametrize("count", [1, 2, 7])
+@pytest.mark.parametrize("render_each_step", [False, True])
+def test_a_grown_report_is_written_as_pydantic_writes_it(count: int, every_field: bool,
+                                                        render_each_step: bool) -> None:
+    records = [record(n, every_field=every_field or n % 2 == 0, text="ünï \"q\" \\ \t ✓ 𝄞") for n in range(count)]
+    report = grown(records, render_each_step=render_each_step)
+    assert_same_texts(report)
+    # a report copied by pydantic (no parent's text to start from) renders every record
+    copied = report.model_copy(update={"costEstimated": True})
+    assert_same_texts(copied)
+
+
+def test_each_turn_record_is_rendered_once_as_the_report_grows(monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[str] = []
+    compact, indented = budget._compact_turn, budget._indented_turn
+    monkeypatch.setattr(budget, "_compact_turn", lambda rec: rendered.append(rec.socket) or compact(rec))
+    monkeypatch.setattr(budget, "_indented_turn", lambda rec: rendered.append(rec.socket) or indented(rec))
+    grown([record(n, every_field=True) for n in range(6)], render_each_step=True)
+    assert sorted(rendered) == sorted([f"s{n}" for n in range(6)] * 2)
+
+
+def test_a_report_with_every_field_and_selection_is_written_as_pydantic_writes_it() -> None:
+    report = UsageReport(model="m", provider="p", api="a", thinkingLevel="high", costKind="subscription",
+                         costEstimated=True, modelSelections=[{name: "x" for name in SELECTION_FIELDS}])
+    report = report.add_turn(record(1, every_field=True))
+    assert_same_texts(report)
+
+
+optional_text = st.none() | st.text(max_size=8)
+figures = st.integers(0, 10**12) | st.floats(0, 1e9, allow_nan=False)
+amounts = st.builds(Amounts, input=figures, output=figures, cacheRead=figures, total=figures)
+records = st.builds(
+    TurnRecord, socket=st.text(max_size=6), materia=optional_text, taskId=optional_text,
+    attempt=st.integers(1, 5), tokens=amounts, cost=amounts, model=optional_text, provider=optional_text,
+    thinking=optional_text, requestedModel=optional_text, modelExplicit=st.none() | st.booleans(),
+    costFromProvider=st.none() | st.booleans(), costKind=st.sampled_from(["actual", "subscription"]),
+    unreadable=st.none() | st.lists(st.text(max_size=4), max_size=2),
+    unreported=st.none() | st.lists(st.sampled_from(["tokens", "cost"]), max_size=2))
+selections = st.dictionaries(st.text(max_size=5), st.none() | st.text(max_size=5) | st.integers(), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.booleans(), records, selections), max_size=8),
+       render_each_step=st.lists(st.booleans(), min_size=8, max_size=8))
+def test_any_report_is_written_as_pydantic_writes_it(steps: list[tuple[bool, TurnRecord, dict[str, Any]]],
+                                                     render_each_step: list[bool]) -> None:
+    report = UsageReport()
+    for (is_turn, rec, selection), render in zip(steps, render_each_step, strict=False):
+        report = report.add_turn(rec) if is_turn else report.add_selection(selection)
+        if render:
+            assert_same_texts(report)
+    assert_same_texts(report)
