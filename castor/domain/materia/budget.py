@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 from castor.domain.materia.config import DEFAULT_WARN_AT_PERCENT, Budget
 from castor.domain.materia.memo import derived, known, remember
@@ -214,18 +214,18 @@ class UsageReport(BaseModel):
         marked set) without pydantic's generic copy steps: a report has no extra fields and no
         private attributes, and a cast makes two new reports a transition.
 
-        ``update``'s ``turns``, when given, extend this report's (their first records are this
-        report's): the new report starts from the text of the turns already rendered here (see
-        :func:`usage_state_json`), so it renders only its new records."""
+        ``update``'s ``turns`` and ``modelSelections``, when given, extend this report's (their first
+        items are this report's): the new report starts from the text of the items already rendered
+        here (see :func:`usage_state_json`), so it renders only its new items."""
         out = _NEW(type(self))
         _SET_ATTR(out, "__dict__", {**self.__dict__, **update})
         _SET_ATTR(out, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
         _SET_ATTR(out, "__pydantic_extra__", None)
         _SET_ATTR(out, "__pydantic_private__", None)
-        for form in _TURN_FORMS:
-            rendered = known(self, form)
+        for memo_name in _LIST_TEXTS.values():
+            rendered = known(self, memo_name)
             if rendered is not None:
-                remember(out, form, rendered)
+                remember(out, memo_name, rendered)
         return out
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
@@ -241,25 +241,32 @@ class UsageReport(BaseModel):
 
 
 _USAGE_SERIALIZER = UsageReport.__pydantic_serializer__
-_TURN_SERIALIZER = TurnRecord.__pydantic_serializer__
+#: The report's lists, rendered item by item (each item once), in the report's field order; every
+#: field before the first is rendered whole, as is every field after the last.
+_ITEM_LISTS = ("turns", "modelSelections")
+_ITEM_SERIALIZERS = {"turns": TurnRecord.__pydantic_serializer__,
+                     "modelSelections": TypeAdapter(dict[str, Any]).serializer}
 _USAGE_FIELDS = tuple(UsageReport.model_fields)
-_BEFORE_TURNS = set(_USAGE_FIELDS[:_USAGE_FIELDS.index("turns")])
-_AFTER_TURNS = set(_USAGE_FIELDS[_USAGE_FIELDS.index("turns") + 1:])
-#: The memo names of a report's rendered turns, each ``(how many records, their joined text)``.
-_COMPACT_TURNS, _INDENTED_TURNS = "usage_turns_compact", "usage_turns_indented"
-_TURN_FORMS = (_COMPACT_TURNS, _INDENTED_TURNS)
-#: The indentation of a turn record's lines in ``usage.json`` (a list item in the top object).
-_TURN_INDENT = "\n    "
-_TURN_SEPARATOR = ",\n    "
+_FIRST, _LAST = _USAGE_FIELDS.index(_ITEM_LISTS[0]), _USAGE_FIELDS.index(_ITEM_LISTS[-1])
+assert _USAGE_FIELDS[_FIRST:_LAST + 1] == _ITEM_LISTS, "the item lists are consecutive fields"
+_BEFORE_LISTS = set(_USAGE_FIELDS[:_FIRST])
+_AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
+_COMPACT, _INDENTED = "compact", "indented"
+#: The memo names of a report's rendered lists, each ``(how many items, their joined text)``.
+_LIST_TEXTS = {(name, form): f"usage_{name}_{form}" for name in _ITEM_LISTS for form in (_COMPACT, _INDENTED)}
+#: The indentation of an item's lines in ``usage.json`` (an item of a list in the top object).
+_ITEM_INDENT = "\n    "
+_ITEM_SEPARATOR = ",\n    "
 
 
 def usage_state_json(report: UsageReport) -> bytes:
     """The report's compact JSON: exactly ``report.__pydantic_serializer__.to_json(report)`` (what
     the report is in the state document), derived once per report object.
 
-    A report is never changed in place and its turn records never are, so each record is
-    rendered once: a report made by :meth:`UsageReport.add_turn` joins its parent's rendered
-    records with its new one's text, and a cast's transition pays for its new turn, not for all.
+    A report is never changed in place, nor are its turn records and model selections, so each
+    is rendered once: a report made by :meth:`UsageReport.add_turn` or
+    :meth:`UsageReport.add_selection` joins its parent's rendered items with its new one's text,
+    and a cast's transition pays for its new items, not for all.
     """
     return derived(report, "state_json", lambda: _compact(report))
 
@@ -267,54 +274,64 @@ def usage_state_json(report: UsageReport) -> bytes:
 def usage_file_text(report: UsageReport) -> str:
     """``usage.json``'s text: exactly ``report.model_dump_json(indent=2, exclude_none=True)`` (a
     field with no value left out, as pi-materia's JSON leaves out what is undefined), derived once
-    per report object and from each turn record's text rendered once (see :func:`usage_state_json`)."""
+    per report object and from each item's text rendered once (see :func:`usage_state_json`)."""
     return derived(report, "json", lambda: _indented(report))
 
 
 def _compact(report: UsageReport) -> bytes:
-    head = _USAGE_SERIALIZER.to_json(report, include=_BEFORE_TURNS)
-    tail = _USAGE_SERIALIZER.to_json(report, include=_AFTER_TURNS)
-    turns = b"".join([b'"turns":[', _turns_text(report, _COMPACT_TURNS), b"]"])
-    return b",".join([piece for piece in (head[1:-1], turns, tail[1:-1]) if piece]).join((b"{", b"}"))
+    members = [_USAGE_SERIALIZER.to_json(report, include=_BEFORE_LISTS)[1:-1]]
+    members += [b"".join([b'"', name.encode(), b'":[', _items_text(report, name, _COMPACT), b"]"])
+                for name in _ITEM_LISTS]
+    if _AFTER_LISTS:
+        members.append(_USAGE_SERIALIZER.to_json(report, include=_AFTER_LISTS)[1:-1])
+    return b",".join([member for member in members if member]).join((b"{", b"}"))
 
 
 def _indented(report: UsageReport) -> str:
     # pydantic's indented JSON: each member on its own line, indented by its depth; a nested
     # value's lines are its own indented text's lines indented by the depth it sits at, and an
     # empty list is "[]". A JSON string never holds a raw newline, so every newline is a line's.
-    head = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_BEFORE_TURNS).decode()
-    tail = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_AFTER_TURNS).decode()
-    records = _turns_text(report, _INDENTED_TURNS)
-    turns = f'  "turns": [\n    {records}\n  ]' if records else '  "turns": []'
-    members = [piece for piece in (head[2:-2], turns, tail[2:-2]) if piece]  # "{\n" ... "\n}", or "{}"
-    return "{\n" + ",\n".join(members) + "\n}"
+    def whole(fields: set[str]) -> str:  # "{\n" members "\n}", or "{}"
+        return _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=fields).decode()[2:-2]
+
+    members = [whole(_BEFORE_LISTS)]
+    for name in _ITEM_LISTS:
+        items = _items_text(report, name, _INDENTED)
+        members.append(f'  "{name}": [\n    {items}\n  ]' if items else f'  "{name}": []')
+    if _AFTER_LISTS:
+        members.append(whole(_AFTER_LISTS))
+    return "{\n" + ",\n".join([member for member in members if member]) + "\n}"
 
 
-def _turns_text(report: UsageReport, form: str) -> Any:
-    """The report's turn records' text in ``form``, joined (compact: ``,``; indented: ``,`` and a
-    new line, each line indented as a list item of ``usage.json``'s top object). Starts from what
-    the memo holds for the report (its parent's records, see ``_updated``); each record's own text
-    is derived once per record."""
-    turns = report.turns
-    done: tuple[int, Any] | None = known(report, form)
-    if done is not None and done[0] == len(turns):
+def _items_text(report: UsageReport, name: str, form: str) -> Any:
+    """The text of the report's list ``name`` in ``form``, its items joined (compact: ``,``;
+    indented: ``,`` and a new line, each line indented as an item of a list in ``usage.json``'s top
+    object). Starts from what the memo holds for the report (its parent's items, see ``_updated``);
+    a turn record's own text is derived once per record."""
+    items = getattr(report, name)
+    memo_name = _LIST_TEXTS[name, form]
+    done: tuple[int, Any] | None = known(report, memo_name)
+    if done is not None and done[0] == len(items):
         return done[1]
     start, text = done if done is not None else (0, None)
-    render = _compact_turn if form == _COMPACT_TURNS else _indented_turn
-    pieces: list[Any] = [derived(record, form, functools.partial(render, record)) for record in turns[start:]]
-    if start:  # the parent's records' text (none when it had no records)
+    render = functools.partial(_compact_item if form == _COMPACT else _indented_item, name)
+    if name == "turns":  # a record supports a weak reference (a selection, a dict, does not)
+        pieces: list[Any] = [derived(item, memo_name, functools.partial(render, item)) for item in items[start:]]
+    else:
+        pieces = [render(item) for item in items[start:]]
+    if start:  # the parent's items' text (none when it had no items)
         pieces.insert(0, text)
-    joined: Any = (b"," if form == _COMPACT_TURNS else _TURN_SEPARATOR).join(pieces)
-    remember(report, form, (len(turns), joined))
+    joined: Any = (b"," if form == _COMPACT else _ITEM_SEPARATOR).join(pieces)
+    remember(report, memo_name, (len(items), joined))
     return joined
 
 
-def _compact_turn(record: TurnRecord) -> bytes:
-    return _TURN_SERIALIZER.to_json(record)
+def _compact_item(name: str, item: Any) -> bytes:
+    return _ITEM_SERIALIZERS[name].to_json(item)
 
 
-def _indented_turn(record: TurnRecord) -> str:
-    return _TURN_SERIALIZER.to_json(record, indent=2, exclude_none=True).decode().replace("\n", _TURN_INDENT)
+def _indented_item(name: str, item: Any) -> str:
+    return _ITEM_SERIALIZERS[name].to_json(item, indent=2, exclude_none=True).decode().replace("\n", _ITEM_INDENT)
 
 
 def usage_caveats(report: UsageReport) -> str:

@@ -81,13 +81,21 @@ def test_a_grown_report_is_written_as_pydantic_writes_it(count: int, every_field
     assert_same_texts(copied)
 
 
-def test_each_turn_record_is_rendered_once_as_the_report_grows(monkeypatch: pytest.MonkeyPatch) -> None:
-    rendered: list[str] = []
-    compact, indented = budget._compact_turn, budget._indented_turn
-    monkeypatch.setattr(budget, "_compact_turn", lambda rec: rendered.append(rec.socket) or compact(rec))
-    monkeypatch.setattr(budget, "_indented_turn", lambda rec: rendered.append(rec.socket) or indented(rec))
-    grown([record(n, every_field=True) for n in range(6)], render_each_step=True)
-    assert sorted(rendered) == sorted([f"s{n}" for n in range(6)] * 2)
+def test_each_turn_record_and_selection_is_rendered_once_as_the_report_grows(monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[tuple[str, str, str]] = []
+    compact, indented = budget._compact_item, budget._indented_item
+
+    def which(name: str, item: Any) -> str:
+        return item.socket if name == "turns" else f"{item['socket']}/{item['visit']}"
+
+    monkeypatch.setattr(budget, "_compact_item",
+                        lambda name, item: rendered.append(("c", name, which(name, item))) or compact(name, item))
+    monkeypatch.setattr(budget, "_indented_item",
+                        lambda name, item: rendered.append(("i", name, which(name, item))) or indented(name, item))
+    report = grown([record(n, every_field=True) for n in range(6)], render_each_step=True)
+    assert len(report.modelSelections) == 2
+    assert sorted(rendered) == sorted({(form, name, which(name, item)) for form in "ci"
+                                       for name in ("turns", "modelSelections") for item in getattr(report, name)})
 
 
 def test_a_report_with_every_field_and_selection_is_written_as_pydantic_writes_it() -> None:
