@@ -184,8 +184,8 @@ _NOT_IN_BODY = {"config"}  # spliced in from its cached JSON (see _encode)
 # The usage report is spliced in from its own JSON, derived once per report (see _encode), between
 # the fields before it and those after it, so the body is what the state's serialiser writes.
 _STATE_FIELDS = tuple(CastState.model_fields)
-_AFTER_USAGE = {name for name in _STATE_FIELDS[_STATE_FIELDS.index("usage") + 1:] if name not in _NOT_IN_BODY}
-_BEFORE_USAGE_EXCLUDED = {"usage", *_NOT_IN_BODY, *_AFTER_USAGE}
+_AFTER_USAGE = tuple(name for name in _STATE_FIELDS[_STATE_FIELDS.index("usage") + 1:] if name not in _NOT_IN_BODY)
+_NOT_IN_BODY_NOR_USAGE = {"usage", *_NOT_IN_BODY}
 _USAGE_OPEN = b',"usage":'
 FILE_EFFECTS = (WriteArtifact, EmitEvent, AddManifestEntry)
 # OSErrors of a run directory damaged under a running cast (not the disk's): a directory where a
@@ -845,13 +845,12 @@ class CastActor(Actor):
             config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode("utf-8"))
         # The report's JSON, like the config's, is derived once per report object (a transition
         # with no new turn reuses it; one with a new turn renders that turn's record only).
-        body = _STATE_SERIALIZER.to_json(state, exclude=_BEFORE_USAGE_EXCLUDED)
-        after = _STATE_SERIALIZER.to_json(state, include=_AFTER_USAGE) if _AFTER_USAGE else b"{}"
+        body = memoryview(_STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY_NOR_USAGE))
+        at = len(body) - 1 - _after_usage_length(state)  # where the report goes: before the fields after it
         outbox = b",".join([_outbox_json(effect, config) for effect in files])
         # The pieces, not their concatenation: the store joins them once with its header (a state
         # document is tens of KB, and every copy of it is a pass through the CPU's caches).
-        return [memoryview(body)[:-1], _USAGE_OPEN, usage_state_json(state.usage),
-                b"," + after[1:-1] if len(after) > 2 else b"", _OUTBOX_OPEN, outbox,
+        return [body[:at], _USAGE_OPEN, usage_state_json(state.usage), body[at:-1], _OUTBOX_OPEN, outbox,
                 b'],"config":', config_json, b"}"]
 
     def _perform_files(self, files: list[Any]) -> None:
@@ -1148,6 +1147,20 @@ class CastActor(Actor):
                   "runDir": s.run_dir, "updatedAt": int(s.updated_at * 1000)}
         # queued: a harness round trip must never block a cast
         log.submit(SESSION_ENTRY_TYPE, {key: value for key, value in record.items() if value is not None})
+
+
+def _after_usage_length(state: CastState) -> int:
+    """How many bytes the fields after the usage report take at the end of the state's JSON
+    (``,"name":value`` each): counted for a field holding a bool, measured otherwise."""
+    length = 0
+    for name in _AFTER_USAGE:
+        value = getattr(state, name)
+        if value is True or value is False:
+            length += len(name) + (8 if value else 9)  # ,"name":true / ,"name":false
+        else:
+            # {...}: its members, and the comma before them in place of the two braces
+            return len(_STATE_SERIALIZER.to_json(state, include=set(_AFTER_USAGE))) - 1
+    return length
 
 
 def _outbox_json(effect: Any, config: Any) -> bytes:

@@ -222,10 +222,9 @@ class UsageReport(BaseModel):
         _SET_ATTR(out, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
         _SET_ATTR(out, "__pydantic_extra__", None)
         _SET_ATTR(out, "__pydantic_private__", None)
-        for memo_name in _LIST_TEXTS.values():
-            rendered = known(self, memo_name)
-            if rendered is not None:
-                remember(out, memo_name, rendered)
+        rendered = known(self, _LIST_TEXTS)
+        if rendered is not None:
+            remember(out, _LIST_TEXTS, dict(rendered))
         return out
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
@@ -252,8 +251,8 @@ assert _USAGE_FIELDS[_FIRST:_LAST + 1] == _ITEM_LISTS, "the item lists are conse
 _BEFORE_LISTS = set(_USAGE_FIELDS[:_FIRST])
 _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
 _COMPACT, _INDENTED = "compact", "indented"
-#: The memo names of a report's rendered lists, each ``(how many items, their joined text)``.
-_LIST_TEXTS = {(name, form): f"usage_{name}_{form}" for name in _ITEM_LISTS for form in (_COMPACT, _INDENTED)}
+#: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
+_LIST_TEXTS = "usage_list_texts"
 #: The indentation of an item's lines in ``usage.json`` (an item of a list in the top object).
 _ITEM_INDENT = "\n    "
 _ITEM_SEPARATOR = ",\n    "
@@ -309,20 +308,19 @@ def _items_text(report: UsageReport, name: str, form: str) -> Any:
     object). Starts from what the memo holds for the report (its parent's items, see ``_updated``);
     a turn record's own text is derived once per record."""
     items = getattr(report, name)
-    memo_name = _LIST_TEXTS[name, form]
-    done: tuple[int, Any] | None = known(report, memo_name)
-    if done is not None and done[0] == len(items):
-        return done[1]
-    start, text = done if done is not None else (0, None)
-    render = functools.partial(_compact_item if form == _COMPACT else _indented_item, name)
+    texts: dict[tuple[str, str], tuple[int, Any]] = derived(report, _LIST_TEXTS, dict)
+    start, text = texts.get((name, form), (0, None))
+    if start == len(items) and text is not None:
+        return text
+    render = _compact_item if form == _COMPACT else _indented_item
     if name == "turns":  # a record supports a weak reference (a selection, a dict, does not)
-        pieces: list[Any] = [derived(item, memo_name, functools.partial(render, item)) for item in items[start:]]
+        pieces: list[Any] = [derived(item, form, functools.partial(render, name, item)) for item in items[start:]]
     else:
-        pieces = [render(item) for item in items[start:]]
+        pieces = [render(name, item) for item in items[start:]]
     if start:  # the parent's items' text (none when it had no items)
         pieces.insert(0, text)
     joined: Any = (b"," if form == _COMPACT else _ITEM_SEPARATOR).join(pieces)
-    remember(report, memo_name, (len(items), joined))
+    texts[name, form] = (len(items), joined)
     return joined
 
 

@@ -47,8 +47,9 @@ def test_every_transition_of_a_cast_with_turns_writes_the_whole_state_byte_for_b
     assert len(d.state.usage.turns) == 6
     for transition in d.transitions:
         files = [effect for effect in transition.effects if isinstance(effect, FILE_EFFECTS)]
-        pieces = CastActor._encode(None, transition.state, files)  # type: ignore[arg-type]
-        assert b"".join(pieces) == whole_document(transition.state, files)
+        for state in (transition.state, transition.state.model_copy(update={"budget_warned": True})):
+            pieces = CastActor._encode(None, state, files)  # type: ignore[arg-type]
+            assert b"".join(pieces) == whole_document(state, files)
     assert len(written) >= 6
     for report, text in written:
         assert text == report.model_dump_json(indent=2, exclude_none=True)
