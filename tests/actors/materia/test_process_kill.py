@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,28 +77,9 @@ def test_a_command_left_running_by_a_sigkilled_runtime_is_killed_before_recast_r
     from tests.support.waiting import poll_until
 
     pids = tmp_path / "pids"
-    script = tmp_path / "cmd.sh"
-    script.write_text(f"#!/bin/sh\necho $$ >> {pids}\nif [ -f {tmp_path}/again ]; then echo '{{}}'; exit 0; fi\n"
-                      f"touch {tmp_path}/again\nsleep 300\n")
-    script.chmod(0o755)
-    (project / ".pi").mkdir()
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "U", "loadouts": {"U": {
-        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [str(script)],
-                                                      "timeoutMs": 600_000, "parse": "json"}}}}}))
-    answers = tmp_path / "a.json"
-    answers.write_text(json.dumps(["unused"]))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{answers}",
-                             "--cwd", str(project), "--quiet"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        first = int(wait_for(lambda: pids.exists() and pids.read_text().split(), timeout=30,
-                             what="the command to start")[0])
-        records = wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")), timeout=10,
-                           what="the running command's record")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    script, answers, records = _kill_9_a_cast_mid_command(project, tmp_path, tmp_path / "cmd.sh", f"echo $$ >> {pids}",
+                                                          [], lambda: pids.exists() and pids.read_text().split())
+    first = int(pids.read_text().split()[0])
     assert not process_gone(first)  # orphaned, still running: what the recast must deal with
     cast_id = records[0].parent.parent.name
     recast = _castor("recast", cast_id, "--cwd", str(project), "--agent", f"script:{answers}", "--quiet",
@@ -119,27 +101,9 @@ def test_a_command_killed_mid_run_with_its_runtime_runs_again_and_the_recast_say
     from tests.support.waiting import poll_until
 
     runs = tmp_path / "runs"
-    script = tmp_path / "deploy.sh"
-    script.write_text(f"#!/bin/sh\necho started >> {runs}\nif [ -f {tmp_path}/again ]; then echo '{{}}'; exit 0; fi\n"
-                      f"touch {tmp_path}/again\nsleep 300\n")
-    script.chmod(0o755)
-    (project / ".pi").mkdir()
-    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "U", "loadouts": {"U": {
-        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [str(script), "--prod"],
-                                                      "timeoutMs": 600_000, "parse": "json"}}}}}))
-    answers = tmp_path / "a.json"
-    answers.write_text(json.dumps(["unused"]))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{answers}",
-                             "--cwd", str(project), "--quiet"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: runs.exists() and runs.read_text().split(), timeout=30, what="the command to start")
-        records = wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")), timeout=10,
-                           what="the running command's record")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)  # mid-command: it has started and not ended
-        proc.wait(10)
+    script, answers, records = _kill_9_a_cast_mid_command(project, tmp_path, tmp_path / "deploy.sh",
+                                                          f"echo started >> {runs}", ["--prod"],
+                                                          lambda: runs.exists() and runs.read_text().split())
     run_dir = records[0].parent.parent
     visit_id = json.loads(records[0].read_text())["visit_id"]
     recast = _castor("recast", run_dir.name, "--cwd", str(project), "--agent", f"script:{answers}", "--quiet",
@@ -182,3 +146,32 @@ def test_the_cli_note_is_on_disk_before_the_casts_first_save(runtime_factory, pr
     wait_status(rt, "s1", started["cast_id"])
     assert seen and all(seen)
     assert json.loads((Path(started["run_dir"]) / "cli.json").read_text()) == {"agent": "script:/abs/answers.json"}
+
+
+def _kill_9_a_cast_mid_command(project: Path, tmp_path: Path, script: Path, first_line: str, args: list[str],
+                               started: Callable[[], object]) -> tuple[Path, Path, list[Path]]:
+    """A ``castor cast`` of one utility socket whose command (``script``, with ``args``) runs
+    ``first_line``, then sleeps the first time and answers ``{}`` at once the next; the CLI killed
+    ``-9`` once ``started()`` holds and the command's record is written (mid-command: started, not
+    ended). Returns the script, the script agent's answers file and the command records."""
+    script.write_text(f"#!/bin/sh\n{first_line}\nif [ -f {tmp_path}/again ]; then echo '{{}}'; exit 0; fi\n"
+                      f"touch {tmp_path}/again\nsleep 300\n")
+    script.chmod(0o755)
+    (project / ".pi").mkdir()
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps({"activeLoadout": "U", "loadouts": {"U": {
+        "entry": "Socket-1", "sockets": {"Socket-1": {"type": "utility", "command": [str(script), *args],
+                                                      "timeoutMs": 600_000, "parse": "json"}}}}}))
+    answers = tmp_path / "a.json"
+    answers.write_text(json.dumps(["unused"]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CASTOR_AGENT": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "castor", "cast", "x", "--agent", f"script:{answers}",
+                             "--cwd", str(project), "--quiet"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, timeout=30, what="the command to start")
+        records = wait_for(lambda: list((project / ".pi" / "pi-materia").glob("*/.commands/*.json")), timeout=10,
+                           what="the running command's record")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # mid-command: it has started and not ended
+        proc.wait(10)
+    return script, answers, records
