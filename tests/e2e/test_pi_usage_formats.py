@@ -64,8 +64,10 @@ def test_odd_provider_usage_never_breaks_a_cast_or_its_totals_and_what_is_skippe
     # Pi's own arithmetic: output "5", totalTokens 10 + "5" + 0 + 0 = "10500"; neither is counted.
     assert turns[0]["unreadable"] == ['output="5"', 'totalTokens="10500"'], turns[0]
     assert turns[0]["tokens"] == {"input": 10, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 10}
-    # 1e308 + 1e308 is Infinity in Pi: the extension sends it by name, castor caps what it reads.
-    assert turns[1]["unreadable"] == ['totalTokens="Infinity"'], turns[1]
+    # 1e308 + 1e308 is Infinity in Pi: the extension sends it by name; castor caps what it reads
+    # and names each figure it capped.
+    assert turns[1]["unreadable"] == ['totalTokens="Infinity"', "input=1e+308 (counted as 10^18)",
+                                      "output=1e+308 (counted as 10^18)"], turns[1]
     assert turns[1]["tokens"]["input"] == 1e18 and turns[1]["tokens"]["total"] == 1e18
     # No usage from the provider: Pi's zeros, nothing skipped, the cost an estimate.
     assert turns[2].get("unreadable") is None and turns[2]["tokens"]["total"] == 0

@@ -694,7 +694,7 @@ def test_a_host_that_answers_a_session_opening_too_late_is_told_to_close_it() ->
     host = _FakeHost(time.monotonic())
     backend.hosts["host-2"] = HostRef(host_id="host-2", actor=host, drainer=threading.current_thread())
     ctx = SimpleNamespace(info=SimpleNamespace(session_id="s1", model_dump=dict),
-                          harness=SimpleNamespace(host_context=None, agent=None))
+                          harness=SimpleNamespace(host_context=None, agent=None, kind="endpoint"))
     assert backend.open_session(ctx, timeout_s=1.0) is None
     assert [method for _t, method, _a in host.calls] == ["open_session", "close_session"]
     assert backend.hosts["host-2"].sessions == set()
