@@ -452,6 +452,26 @@ def cut_off_node(workdir: Path, how: str) -> dict[str, Any]:
     return result
 
 
+def _resume_and_shut_down(stopped: Any, runtime: Any, backend: Any, cluster: Any) -> None:
+    """A scenario's cleanup, whatever happened: what it stopped (a process, or a one-way cut) runs
+    again if it is still there, then its runtime, its backend (which ends its hosts), this
+    driver's Ray and the cluster are shut down, in that order. ``None`` is what was never made."""
+    import psutil
+    import ray
+
+    if stopped is not None:
+        try:
+            stopped.resume()
+        except psutil.Error:
+            pass
+    if runtime is not None:
+        runtime.shutdown(30.0)
+    if backend is not None:
+        backend.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
 CUT_OFF_LEASE_S = 5.0
 
 
@@ -533,17 +553,7 @@ def stopped_host(workdir: Path, how: str) -> dict[str, Any]:
         except psutil.NoSuchProcess:
             result["old_host_alive_at_end"] = False
     finally:
-        if stopped is not None:
-            try:
-                stopped.resume()
-            except psutil.Error:
-                pass
-        if runtime is not None:
-            runtime.shutdown(30.0)
-        if backend is not None:
-            backend.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
+        _resume_and_shut_down(stopped, runtime, backend, cluster)
     print("RESULT " + json.dumps(result), flush=True)
     return result
 
@@ -616,15 +626,7 @@ def grant_keys(workdir: Path) -> dict[str, Any]:
             time.sleep(0.1)
         result["stale_host_alive_15s_after_waking"] = alive
     finally:
-        if sleeper is not None:
-            try:
-                sleeper.resume()
-            except psutil.Error:
-                pass
-        if backend is not None:
-            backend.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
+        _resume_and_shut_down(sleeper, None, backend, cluster)
     print("RESULT " + json.dumps(result), flush=True)
     return result
 
