@@ -44,7 +44,15 @@ from castor.messages.errors import ActorCrashed, CastorError, Conflict, Internal
 from castor.messages.inspection import at_or_under
 from castor.ports.agent import TurnOutcome, TurnRequest, enqueues_only
 from castor.ports.host_context import CompactionRequest
-from castor.scaleout.utility_tasks import COMMAND_LEASE_S, GRANT_NAMESPACE, LEASE_MARGIN_S, grant_key
+from castor.scaleout.utility_tasks import (
+    COMMAND_LEASE_S,
+    GRANT_KEY_PREFIX,
+    GRANT_NAMESPACE,
+    LEASE_MARGIN_S,
+    grant_holder,
+    grant_key,
+    holder_of,
+)
 from castor.supervision import Actor, ChildSpec, handles
 from castor.supervision.threads import start_thread
 from castor.version import __version__
@@ -291,6 +299,8 @@ class RayBackend:
         self._counter = 0
         self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="castor-ray-relay-io")
         self.recoveries: list[dict[str, Any]] = []  # host lost -> casts running again (for bench/ops)
+        self._holder = self._own_job()
+        self.sweep_ended_holders_grants()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         count = self.settings.hosts or max(1, len(nodes))
         refs = [self._start_host(nodes[i % len(nodes)]["NodeID"] if nodes else None) for i in range(count)]
@@ -768,6 +778,53 @@ class RayBackend:
         Client driver (``ray://``), whose store is reached through ``ray.experimental.internal_kv``."""
         return getattr(self._ray._private.worker.global_worker, "gcs_client", None)  # noqa: SLF001 - bounded calls
 
+    def _own_job(self) -> bytes:
+        """What this serving process's grant keys hold: its Ray job (:func:`grant_holder`), or
+        ``held`` when Ray does not say (then no later serving process sweeps them)."""
+        try:
+            return grant_holder(str(self._ray.get_runtime_context().get_job_id()))
+        except Exception:  # noqa: BLE001 - a driver without a job id: its keys are only never swept
+            return b"held"
+
+    def sweep_ended_holders_grants(self) -> list[str]:
+        """Delete the grant keys whose holder, a serving process, has ended; answer the grants
+        deleted. A serving process killed outright (``kill -9``) deletes nothing: its live hosts'
+        keys stayed in the cluster's key-value store for as long as the cluster ran, one per host
+        (Ray ends those hosts with their owner). Each key names its holder's Ray job, so the next
+        serving process on the cluster deletes the keys of every job the cluster lists as ended.
+
+        Safe whoever else serves on the cluster: a key is deleted only when its own job is listed
+        dead, never a live job's, nor a key that names no job (an earlier castor's); and a deletion
+        only ever revokes: a host of an ended job, and its commands, end on finding it gone, as a
+        lost host's do. Best effort: a store or job table that does not answer is logged, and a Ray
+        Client driver (``ray://``), which has no job table at hand, sweeps nothing."""
+        client = self._grant_store()
+        if client is None:
+            return []
+        try:
+            jobs = client.get_all_job_info(skip_submission_job_info_field=True, skip_is_running_tasks_field=True,
+                                           timeout=REVOKE_TIMEOUT_S)
+            ended = {bytes(info.job_id).hex() for info in jobs.values() if info.is_dead}
+            keys = client.internal_kv_keys(GRANT_KEY_PREFIX, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+            held = client.internal_kv_multi_get(keys, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S) if keys else {}
+        except Exception as exc:  # noqa: BLE001 - the control plane is slow: the keys wait for the next serve
+            self.log.warning("cannot sweep the grant keys of ended serving processes: {exc}", exc=type(exc).__name__)
+            return []
+        swept = []
+        for key, value in held.items():
+            if holder_of(value) not in ended:
+                continue
+            try:
+                client.internal_kv_del(key, False, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - as above
+                self.log.warning("cannot delete grant key {key}: {exc}", key=key, exc=type(exc).__name__)
+                continue
+            swept.append(key[len(GRANT_KEY_PREFIX):].decode(errors="replace"))
+        if swept:
+            self.log.info("deleted {n} grant key(s) of ended serving processes: {grants}", n=len(swept),
+                          grants=", ".join(swept))
+        return swept
+
     def _hold_grant(self, grant: str) -> None:
         """Write ``grant``'s key (:func:`castor.scaleout.utility_tasks.grant_key`): the host it is
         given to, and its commands, run only while the key is there. A store that does not take it
@@ -775,11 +832,12 @@ class RayBackend:
         client = self._grant_store()
         try:
             if client is not None:
-                client.internal_kv_put(grant_key(grant), b"held", True, GRANT_NAMESPACE, timeout=REVOKE_TIMEOUT_S)
+                client.internal_kv_put(grant_key(grant), self._holder, True, GRANT_NAMESPACE,
+                                       timeout=REVOKE_TIMEOUT_S)
             else:
                 from ray.experimental import internal_kv
 
-                internal_kv._internal_kv_put(grant_key(grant), b"held", namespace=GRANT_NAMESPACE)  # noqa: SLF001
+                internal_kv._internal_kv_put(grant_key(grant), self._holder, namespace=GRANT_NAMESPACE)  # noqa: SLF001
         except Exception as exc:  # noqa: BLE001 - the control plane does not answer: no host can start
             raise ActorCrashed(f"cannot start a cast host: the cluster's key-value store did not take its grant "
                                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})", may_have_started=False,

@@ -48,6 +48,8 @@ RAYLET_WATCH_S = 0.5  # how often a running command's task looks whether its nod
 GRANT_NAMESPACE = b"castor"
 """Where, in the cluster's key-value store (the GCS's), the serving process keeps each live cast
 host's grant (:func:`grant_key`) and revokes it by deleting it."""
+GRANT_KEY_PREFIX = b"grant:"  # how every grant's key begins (grant_key): what a sweep of them lists
+_HOLDER_PREFIX = b"job:"  # how a grant key's value names its holder (grant_holder)
 NODE_ID_ENV = "CASTOR_NODE_ID"  # in the command's environment: the Ray node it runs on
 
 
@@ -151,7 +153,24 @@ def grant_key(grant: str) -> bytes:
     Presence, not a revocation's mark, is what holds: a mark had to stay for ever (one key per lost
     host, for as long as the cluster ran), since a stale host that found it gone would take itself
     for held. A grant deleted stays revoked; the store keeps one key per live host."""
-    return f"grant:{grant}".encode()
+    return GRANT_KEY_PREFIX + grant.encode()
+
+
+
+
+def grant_holder(job_id: str) -> bytes:
+    """The value of a grant's key: the Ray job (the serving process's driver, ``job_id`` in hex)
+    that holds it. Only the key's presence fences anything; the value lets a later serving process
+    tell a key whose holder has ended (killed outright, it could delete nothing) from a live one's."""
+    return _HOLDER_PREFIX + job_id.encode()
+
+
+def holder_of(value: bytes | None) -> str | None:
+    """The job (hex) a grant key's value names (:func:`grant_holder`), or None: no such value (a
+    key written by an earlier castor, which said only ``held``)."""
+    if value is None or not value.startswith(_HOLDER_PREFIX):
+        return None
+    return value[len(_HOLDER_PREFIX):].decode(errors="replace") or None
 
 
 def grant_held(grant: str, timeout_s: float) -> bool | None:

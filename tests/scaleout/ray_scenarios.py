@@ -15,7 +15,9 @@ lives on; the host must end itself, and its casts complete elsewhere), ``lease_t
 on the same cluster, a command asking for more CPUs than any node has, and commands whose Ray
 worker, node's raylet or driver is killed under them), ``cut_off_stop_raylet`` (two casts'
 commands run on a node whose raylet is then stopped, one cast on a host of a live node, one on a
-host of that node: no command may run twice at once, see :func:`cut_off_node`).
+host of that node: no command may run twice at once, see :func:`cut_off_node`), ``grant_keys``
+(what lost hosts leave in the cluster's key-value store), ``killed_serving_process`` (what a
+serving process killed outright leaves there, once the next one has started).
 """
 
 from __future__ import annotations
@@ -631,6 +633,89 @@ def grant_keys(workdir: Path) -> dict[str, Any]:
     return result
 
 
+_SERVING_PROCESS = """
+import json, sys, time
+import ray
+from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+ray.init(address=sys.argv[1], namespace="castor", log_to_driver=False, configure_logging=False)
+backend = RayBackend(RayBackendSettings(address=sys.argv[1], hosts=2, command_lease_s=float(sys.argv[2])))
+hosts = backend.live_hosts()
+print("UP " + json.dumps({"grants": [h.grant for h in hosts], "host_pids": [h.pid for h in hosts],
+                          "job": ray.get_runtime_context().get_job_id()}), flush=True)
+time.sleep(600)
+"""
+
+
+def killed_serving_process(workdir: Path) -> dict[str, Any]:
+    """A serving process (``castor serve``) killed outright (``kill -9``) with two live hosts: it
+    cannot delete their grant keys, so they stayed in the cluster's key-value store for as long as
+    the cluster ran. The scenario then starts a serving process of its own on the same cluster (as
+    the next ``castor serve`` would) and lists the keys of castor's namespace; a command submitted
+    with a grant of the killed process's hosts must never start."""
+    import subprocess
+
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from castor.adapters.materia.process_runner import UtilityCommand
+    from castor.scaleout.ray_backend import RayBackend, RayBackendSettings
+    from castor.scaleout.utility_tasks import GRANT_NAMESPACE, RayUtilityRunner
+
+    lease_s = 1.0
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20})
+    cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="castor", log_to_driver=False, configure_logging=False)
+    result: dict[str, Any] = {"scenario": "killed_serving_process"}
+    backend = None
+    serving: Any = None
+    try:
+        gcs = ray._private.worker.global_worker.gcs_client  # noqa: SLF001 - the store the grants live in
+
+        def keys() -> list[str]:
+            return sorted(k.decode() for k in gcs.internal_kv_keys(b"", GRANT_NAMESPACE, timeout=10))
+
+        serving = subprocess.Popen([sys.executable, "-c", _SERVING_PROCESS, cluster.address, str(lease_s)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        up: dict[str, Any] = {}
+        for line in serving.stdout or []:  # until it says, or ends
+            if line.startswith("UP "):
+                up = json.loads(line[len("UP "):])
+                break
+        if not up:
+            result["error"] = f"the serving process did not start its hosts (exit {serving.poll()})"
+            return result
+        result["keys_while_serving"] = keys()
+        result["killed_grants"] = up["grants"]
+        serving.kill()  # kill -9: nothing of it runs any more
+        serving.wait()
+        deadline = time.monotonic() + 30  # once the cluster has noticed (its hosts end with it)
+        while time.monotonic() < deadline and not all(
+                info.is_dead for info in gcs.get_all_job_info(timeout=10).values()
+                if info.job_id.hex() == up["job"]):
+            time.sleep(0.1)
+        while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in up["host_pids"]):
+            time.sleep(0.1)
+        result["hosts_alive_after_kill"] = [pid for pid in up["host_pids"] if psutil.pid_exists(pid)]
+        result["keys_after_kill"] = keys()
+        backend = RayBackend(RayBackendSettings(address=cluster.address, hosts=1, command_lease_s=lease_s))
+        result["keys_after_next_serve"] = keys()
+        result["next_serve_keys"] = sorted(f"grant:{h.grant}" for h in backend.live_hosts())
+        marker = workdir / "ran"
+        cmd = UtilityCommand(argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"], cwd=workdir,
+                             timeout_ms=60000, max_output_bytes=4096, env=dict(os.environ))
+        outcome = RayUtilityRunner(lease_s, up["grants"][0]).spawn(cmd, {"cpus": 1}).wait()
+        result["stale_command"] = {"killed": outcome.killed, "stderr": outcome.stderr, "ran": marker.exists()}
+    finally:
+        if serving is not None and serving.poll() is None:
+            serving.kill()
+            serving.wait()
+        _resume_and_shut_down(None, None, backend, cluster)
+        print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
 STOPPED_FOR_S = 40.0
 
 
@@ -747,6 +832,9 @@ def main() -> None:
         return
     if scenario == "grant_keys":
         grant_keys(workdir)  # prints its RESULT itself
+        return
+    if scenario == "killed_serving_process":
+        killed_serving_process(workdir)  # prints its RESULT itself
         return
     if scenario.startswith("stopped_"):
         stopped_host(workdir, scenario[len("stopped_"):])  # prints its RESULT itself

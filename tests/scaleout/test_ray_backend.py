@@ -293,3 +293,18 @@ def test_lost_hosts_leave_no_key_each_behind_and_a_stale_host_still_finds_itself
     stale = result["stale_command"]
     assert stale["killed"] and not stale["ran"] and "revoked" in stale["stderr"], result
     assert result["stale_host_alive_15s_after_waking"] is False, result
+
+
+def test_a_killed_serving_process_s_grant_keys_are_swept_by_the_next_serve(tmp_path: Path) -> None:
+    """A serving process killed outright (``kill -9``) cannot delete its live hosts' grant keys:
+    they stayed in the cluster's key-value store, one per host, for as long as the cluster ran.
+    Each key now names the serving process (its Ray job) that holds it, and the next serving
+    process on the cluster deletes the keys of every job the cluster knows to have ended: only its
+    own hosts' keys are left, and a command with a swept grant never starts."""
+    result = scenario("killed_serving_process", tmp_path)
+    assert "error" not in result, result
+    killed = sorted(f"grant:{g}" for g in result["killed_grants"])
+    assert result["keys_while_serving"] == killed, result
+    assert result["keys_after_next_serve"] == result["next_serve_keys"], result  # nothing of the killed one
+    stale = result["stale_command"]
+    assert stale["killed"] and not stale["ran"] and "revoked" in stale["stderr"], result
