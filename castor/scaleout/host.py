@@ -25,7 +25,9 @@ killed while the host's own process lived on, the network between them parted --
 run on, holding its casts' leases, and the casts it was presumed to have lost could not be recast
 anywhere. After ``fence_after_s`` without a drain the host stops its runtime (every cast saved as
 it stands, its lease released) and exits: the serving process's recovery, which waits that long
-for a lost host's leases, then recasts them on a live host.
+for a lost host's leases, then recasts them on a live host. Before its first drain it waits longer: as long as
+the serving process may take to accept it (``first_drain_within_s``: its start allowance and a
+margin), so a host is never fenced while the serving process still waits for it to start.
 
 **A host whose grant is revoked ends itself at once.** The serving process gives every host a
 grant -- a key in the GCS's key-value store, written before the host starts -- and revokes it by
@@ -62,7 +64,8 @@ class CastHost:
     """The body of the ``CastHost`` Ray actor (see :func:`castor.scaleout.ray_backend.host_class`)."""
 
     def __init__(self, host_id: str, settings: dict[str, Any], fence_after_s: float | None = None,
-                 command_lease_s: float | None = None, grant: str | None = None) -> None:
+                 command_lease_s: float | None = None, grant: str | None = None,
+                 first_drain_within_s: float | None = None) -> None:
         from castor.actors.materia.utility_pool import pool_of
         from castor.composition import materia_component
         from castor.logs import configure_logging
@@ -77,7 +80,9 @@ class CastHost:
         pool.remote_runner = RayUtilityRunner(command_lease_s or COMMAND_LEASE_S, grant)
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._fence = SilenceFence(fence_after_s, self._end_unclaimed) if fence_after_s else None
+        # first_drain_within_s: the serving process's start allowance and a margin (see
+        # RayBackendSettings.first_drain_within_s): it may accept this host's answer that late
+        self._fence = SilenceFence(fence_after_s, self._end_unclaimed, first_drain_within_s) if fence_after_s else None
         self.grant = grant
         self._revoked = threading.Event()
         if grant is not None:
@@ -229,27 +234,37 @@ class CastHost:
 
 class SilenceFence:
     """Calls ``on_silence`` once, from its own thread, when :meth:`heard` has not been called for
-    ``silence_s`` (counted from construction). It checks a few times per ``silence_s``, so it fires
-    between ``silence_s`` and 1.25 x ``silence_s`` after the last call; :meth:`stop` disarms it."""
+    ``silence_s``, or, before its first call, for ``first_silence_s`` (when longer) counted from
+    construction. It checks a few times per ``silence_s``, so it fires between the silence allowed
+    and that plus ``silence_s`` / 4 after the last call; :meth:`stop` disarms it.
 
-    def __init__(self, silence_s: float, on_silence: Callable[[], None]) -> None:
+    ``first_silence_s`` is how long the serving process may take to accept a starting host and
+    drain it the first time (``RayBackendSettings.first_drain_within_s``): a host fenced sooner
+    could end itself while the serving process still waited for its answer, or just after it
+    accepted it."""
+
+    def __init__(self, silence_s: float, on_silence: Callable[[], None], first_silence_s: float | None = None) -> None:
         from castor.supervision.threads import start_thread
 
         self.silence_s = silence_s
+        self.first_silence_s = max(silence_s, first_silence_s or 0.0)
         self._on_silence = on_silence
         self._last = time.monotonic()
+        self._heard_once = False
         self._stopped = threading.Event()
         start_thread(self._watch, name="castor-host-fence", owner="/ray",
                      purpose="ends a cast host the serving process no longer drains")
 
     def heard(self) -> None:
-        self._last = time.monotonic()  # one store: no lock needed (the GIL)
+        self._last = time.monotonic()  # stores only: no lock needed (the GIL)
+        self._heard_once = True
 
     def stop(self) -> None:
         self._stopped.set()
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.silence_s / 4):
-            if time.monotonic() - self._last >= self.silence_s:
+            allowed = self.silence_s if self._heard_once else self.first_silence_s
+            if time.monotonic() - self._last >= allowed:
                 self._on_silence()
                 return

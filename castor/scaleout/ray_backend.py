@@ -64,6 +64,14 @@ CALL_TIMEOUT_S = 14.0
 # A host not drained this long takes itself for lost and exits (host.SilenceFence): longer than a
 # drain may take on a slow cluster (DRAIN_WAIT_S + the 30 s the drain's get allows).
 FENCE_AFTER_S = 45.0
+HOST_START_TIMEOUT_S = 60.0
+"""How long a started cast host has to answer its first call (``_await_host``): its process
+started on a busy cluster, castor imported, its runtime up. One that does not is ended, its grant
+revoked."""
+FIRST_DRAIN_MARGIN_S = 15.0
+"""How much longer than the start allowance a host waits for its first drain: between the answer
+the serving process accepts and the first drain reaching the host, a thread starts and one Ray call
+travels, on a cluster that may be slow."""
 FENCE_MARGIN_S = 15.0  # how much longer a recovery waits for a lost host's leases
 # A host whose drains have not answered this long is taken for lost (a stopped or frozen process, a
 # node that cannot reach this one while the cluster still lists it): shorter than FENCE_AFTER_S.
@@ -99,6 +107,24 @@ class RayBackendSettings(BaseModel):
     command_lease_s: float = Field(default=COMMAND_LEASE_S, ge=0.5, le=3600)
     # a host whose drains go unanswered this long is taken for lost (see LOST_AFTER_SILENCE_S)
     lost_after_silence_s: float = Field(default=LOST_AFTER_SILENCE_S, gt=0)
+    # how long a started host has to answer (HOST_START_TIMEOUT_S); it waits that long, and
+    # FIRST_DRAIN_MARGIN_S more, for its first drain (see first_drain_within_s)
+    host_start_timeout_s: float = Field(default=HOST_START_TIMEOUT_S, gt=0)
+
+    @property
+    def first_drain_within_s(self) -> float:
+        """How long a cast host waits for its first drain before its silence fence ends it: the
+        start allowance and ``FIRST_DRAIN_MARGIN_S``, and never less than ``fence_after_s``.
+
+        The fence counts from the host's construction; the serving process gives the host
+        ``host_start_timeout_s`` from its submission to answer, and drains it as soon as it
+        answers. Before, the host waited ``fence_after_s`` (45 s) for that first drain, less than
+        the 60 s it may take to answer: a host whose answer was slow to arrive was accepted, then
+        found ended by its own fence (its casts lost with it), or ended itself undrained while the
+        serving process still waited for it. Derived from the start allowance, the host never
+        gives up before the serving process does; a host the serving process gives up on has its
+        grant revoked and ends itself on finding it gone."""
+        return max(self.fence_after_s, self.host_start_timeout_s + FIRST_DRAIN_MARGIN_S)
 
 
 @dataclass
@@ -322,9 +348,9 @@ class RayBackend:
         grant = f"{host_id}-{uuid.uuid4().hex}"  # unique on the cluster, whoever else serves on it
         self._hold_grant(grant)  # before the host starts: it ends itself as soon as it finds none
         try:
-            actor = self._ray.remote(CastHost).options(**options).remote(host_id, self._host_runtime,
-                                                                          self.settings.fence_after_s,
-                                                                          self.settings.command_lease_s, grant)
+            actor = self._ray.remote(CastHost).options(**options).remote(
+                host_id, self._host_runtime, self.settings.fence_after_s, self.settings.command_lease_s, grant,
+                self.settings.first_drain_within_s)
         except BaseException:
             self._revoke(HostRef(host_id=host_id, actor=None, grant=grant))  # no host holds it
             raise
@@ -347,12 +373,15 @@ class RayBackend:
             if failure is not None:
                 raise failure
 
-    def _await_host(self, ref: HostRef, timeout_s: float = 60.0) -> None:
-        """Wait for a started host to answer, then drain it. A host that does not start (in time,
-        or at all: its node died first) is taken for not alive and its actor killed, so a late
-        start leaves no host that ``ops.hosts`` lists alive, replacements count, or nobody drains."""
+    def _await_host(self, ref: HostRef, timeout_s: float | None = None) -> None:
+        """Wait for a started host to answer (within ``timeout_s``, by default the settings'
+        ``host_start_timeout_s``), then drain it. A host that does not start (in time, or at all:
+        its node died first) is taken for not alive and its actor killed, so a late start leaves
+        no host that ``ops.hosts`` lists alive, replacements count, or nobody drains."""
         import ray.exceptions as rex
 
+        if timeout_s is None:
+            timeout_s = self.settings.host_start_timeout_s
         try:
             info = self._ray.get(ref.actor.ping.remote(), timeout=timeout_s)
         except rex.RayError as exc:

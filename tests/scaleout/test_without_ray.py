@@ -928,3 +928,42 @@ def test_a_serving_process_drains_each_cast_host_as_soon_as_it_is_up(monkeypatch
         assert all(h.drainer is not None for h in backend.live_hosts())
     finally:
         backend._closed.set()
+
+
+def test_a_starting_cast_host_waits_for_its_first_drain_as_long_as_the_serving_process_waits_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cast host's silence fence (45 s) was shorter than the time the serving process allows a
+    host to start (60 s): a host whose answer came late was accepted, or still awaited, after its
+    own fence had ended it undrained. A host now waits for its first drain as long as the serving
+    process may take to accept it (its start allowance and a margin); once drained, the fence's
+    own silence applies again. Small values stand for 45 and 60 s."""
+    pytest.importorskip("ray")
+    from castor.scaleout import host as host_module
+    from castor.scaleout.ray_backend import FIRST_DRAIN_MARGIN_S, RayBackend, RayBackendSettings
+
+    settings = RayBackendSettings(fence_after_s=0.2, host_start_timeout_s=1.0)
+    # what the serving process gives each host it starts: its own start allowance, and the margin
+    started: list[tuple[object, ...]] = []
+    remote = SimpleNamespace(options=lambda **_options: SimpleNamespace(remote=lambda *args: started.append(args)))
+    backend = RayBackend.__new__(RayBackend)
+    backend.settings, backend._lock, backend._counter, backend.hosts = settings, threading.RLock(), 0, {}
+    backend._host_runtime, backend._holder = {}, b"held"
+    backend._ray = SimpleNamespace(remote=lambda _cls: remote)
+    monkeypatch.setattr(RayBackend, "_hold_grant", lambda self, grant: None)
+    backend._start_host(None)
+    first_drain_within_s = started[0][5]
+    assert first_drain_within_s == settings.first_drain_within_s == 1.0 + FIRST_DRAIN_MARGIN_S
+
+    ended = threading.Event()
+    monkeypatch.setattr(host_module.CastHost, "_end_unclaimed", lambda self: ended.set())
+    began = time.monotonic()
+    host = host_module.CastHost("host-1", {"utility_slots": 1}, 0.2, 1.0, None, 1.0)  # 1.0: a small allowance
+    try:
+        assert not ended.wait(0.8), "ended by its fence while the serving process may still accept it"
+        assert ended.wait(5.0) and time.monotonic() - began >= 1.0  # undrained past the allowance: it ends
+        ended.clear()
+        drained = host_module.SilenceFence(0.2, ended.set, 1.0)
+        drained.heard()  # its first drain: the fence's own silence from now on
+        assert ended.wait(0.8), "a drained host waits only the fence's own silence"
+    finally:
+        host.shutdown()
