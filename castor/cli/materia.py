@@ -563,6 +563,27 @@ def _agent_spec(args: argparse.Namespace, run_dir: Path | None = None) -> str | 
     return spec
 
 
+def _agent_flags(args: argparse.Namespace, run_dir: Path) -> str:
+    """What a resuming command this one advises (``castor recast``, ``revive``, ``continue``) must
+    add to run with the agent the user gave: `` --agent SPEC``, quoted for a shell, when ``--agent``
+    names one the same command without it would not find ($CASTOR_AGENT, or the ``script:`` agent
+    the cast's ``cli.json`` remembers); else nothing. An ``openai:`` agent is never remembered, so
+    ``castor recast ID`` alone, after ``castor recast ID --agent openai:...`` failed, stopped at once
+    on ``no agent``."""
+    import shlex
+
+    def as_remembered(spec: str) -> str:
+        return str((_cli_note(spec) or {}).get("agent", spec))
+
+    given = getattr(args, "agent", None)
+    if not given:
+        return ""
+    found = _agent_spec(argparse.Namespace(), run_dir)
+    if found is not None and as_remembered(found) == as_remembered(given):
+        return ""
+    return f" --agent {shlex.quote(given)}"
+
+
 def _cli_note(spec: str) -> dict[str, Any] | None:
     """The agent ``<runDir>/cli.json`` remembers: a ``script:`` one (by absolute path), nothing else
     (beside it ``castor cast`` puts its own mark, :data:`STARTED_BY`)."""
@@ -779,14 +800,16 @@ def _recorded_backend_flags(run_dir: Path) -> list[str]:
     return flags if valid_backend_flags(flags) else []
 
 
-def _finish(view: dict[str, Any], flags: str) -> int:
-    """The cast's outcome, one line; a command it advises ends with ``flags`` (:func:`_project_flags`)."""
+def _finish(view: dict[str, Any], flags: str, agent_flags: str = "") -> int:
+    """The cast's outcome, one line; a command it advises ends with ``flags`` (:func:`_project_flags`),
+    and one that resumes the cast (recast, revive, continue) with ``agent_flags`` too (:func:`_agent_flags`)."""
     from castor.domain.materia.engine import BUDGET_LIMIT_REACHED, BUDGET_RECAST_NOTE
 
     view = _shown(view)
+    resume = flags + agent_flags
     if view.get("artifacts_pending"):
         print(f"castor: cast {view['cast_id']} {view['status']}, but the artifacts of its last step could not all "
-              f"be written (see the log above); `castor recast {view['cast_id']}{flags}` writes them", file=sys.stderr)
+              f"be written (see the log above); `castor recast {view['cast_id']}{resume}` writes them", file=sys.stderr)
         return EXIT_FAILED
     cast_id = view["cast_id"]
     if view["status"] == "complete":
@@ -794,24 +817,24 @@ def _finish(view: dict[str, Any], flags: str) -> int:
         return EXIT_OK
     if view["status"] == "interrupted":
         print(f"castor: cast {cast_id} interrupted at socket {view.get('current_socket')}: nothing of that turn was "
-              f"kept; `castor continue {cast_id}{flags}` runs it again, `castor abort {cast_id}{flags}` ends the cast",
+              f"kept; `castor continue {cast_id}{resume}` runs it again, `castor abort {cast_id}{flags}` ends the cast",
               file=sys.stderr)
         return EXIT_FAILED
     if _awaits_a_retry(view):
         print(f"castor: cast {cast_id}'s turn at socket {view.get('current_socket')} ended in a transient transport "
-              f"error; in Pi, Pi retries such a turn, but no agent here does: `castor continue {cast_id}{flags}` "
+              f"error; in Pi, Pi retries such a turn, but no agent here does: `castor continue {cast_id}{resume}` "
               f"sends it again, `castor abort {cast_id}{flags}` ends the cast", file=sys.stderr)
         return EXIT_FAILED
     if view["status"] == "orphaned":  # its runtime stopped it mid-run (a storage fault, a shutdown)
         print(f"castor: cast {cast_id} stopped at socket {view.get('current_socket')} before it ended (see the "
-              f"messages above); `castor recast {cast_id}{flags}` resumes it", file=sys.stderr)
+              f"messages above); `castor recast {cast_id}{resume}` resumes it", file=sys.stderr)
         return EXIT_FAILED
     reason = " ".join(str(view.get("failed_reason") or view["status"]).split())
     hint = ""
     if view.get("failed_reason") == BUDGET_LIMIT_REACHED:
-        hint = f"; {BUDGET_RECAST_NOTE} (`castor recast {cast_id}{flags}` resumes it)"
+        hint = f"; {BUDGET_RECAST_NOTE} (`castor recast {cast_id}{resume}` resumes it)"
     elif view["status"] in ("failed", "aborted"):
-        hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}{flags}` resumes it"
+        hint = f"; `castor {'revive' if view.get('revivable') else 'recast'} {cast_id}{resume}` resumes it"
     print(f"castor: cast {cast_id} {view['status']}: {reason}{hint}", file=sys.stderr)
     return EXIT_FAILED
 
@@ -841,10 +864,11 @@ def cmd_cast(args: argparse.Namespace) -> int:
             if left is not None:
                 _say_err(_stopped_line(root, left, _project_flags(args)))
             raise
-        with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args)):
+        agent_flags = _agent_flags(args, root / started["cast_id"])
+        with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args) + agent_flags):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             view = _watch(session, started["cast_id"], quiet=args.quiet)
-            return _where_to_resume(args, _finish(view, _project_flags(args)))
+            return _where_to_resume(args, _finish(view, _project_flags(args), agent_flags))
     finally:
         session.close()
 
@@ -907,11 +931,13 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     session = _Standalone(cwd, agent, config_path=args.config,
                           backend=make_backend(args))
     try:
-        with _named_on_interrupt(session, root, cast_id, _project_flags(args)):
+        agent_flags = _agent_flags(args, root / cast_id)
+        with _named_on_interrupt(session, root, cast_id, _project_flags(args) + agent_flags):
             view = session.call(verb, {"cast_id": cast_id})
             _remember_backend(root / cast_id, backend_flags(args))  # it runs where this command runs it
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
-            return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet), _project_flags(args)))
+            return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet), _project_flags(args),
+                                                  agent_flags))
     finally:
         session.close()
 
