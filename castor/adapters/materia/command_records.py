@@ -9,7 +9,7 @@ So every command leaves a record in its cast's run directory while it may run:
 
 | when | what happens |
 |---|---|
-| before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (so a kill at any instant after the start leaves it) |
+| before a command is started | ``<runDir>/.commands/<visit>.json`` = ``{visit_id}`` (atomic, fsynced with its directory: a kill, or a power cut, at any instant after the start leaves it) |
 | it ends with an outcome (an exit, a signal, its deadline) | :func:`record_outcome`: the record becomes ``{visit_id, outcome}`` (atomic, fsynced) *before* the cast is told, and stays until the cast has saved that outcome (:func:`forget`) |
 | it is killed (lost work) or never starts | the record is removed |
 | it runs on a cluster (a cast host's, ``castor.scaleout``) | the record also says how long it may run on after its host is lost (``clusterFenceS``: its lease and margin); a runtime that takes the cast up with such a record left (its host died, or was taken for lost, before the command's end was seen) holds the cast's commands that long (:func:`cluster_fence_s`): the copy on the cluster is out of :func:`kill_recorded`'s reach |
@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from castor._log import logger
-from castor.adapters.fs import atomic_write_bytes, make_dir, read_regular_file
+from castor.adapters.fs import atomic_write_bytes, fsync_dir, make_dir, read_regular_file
 from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
 from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV
 from castor.ports.utility_runner import VISIT_ID_ENV as VISIT_ID_ENV
@@ -65,11 +65,17 @@ def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None =
     """Record, *before* it is started, that the command of ``visit_id`` may be running. False
     (nothing written, a warning) when ``.commands`` is not a real directory. ``cluster_fence_s``: the
     command runs on a cluster (``castor.scaleout``), where nothing here can find or kill it, and
-    may run on that long after its cast host is taken for lost (its lease and margin)."""
+    may run on that long after its cast host is taken for lost (its lease and margin).
+
+    Durable, as the cast's state file is: the record is fsynced, and so is ``.commands`` (the
+    record's name in it) and, when ``.commands`` is made now, the run directory -- a power cut after
+    the command started leaves the record, so the next holder still says it runs the command again."""
     try:
         make_dir(path.parent)
     except FileExistsError:
         pass
+    else:
+        fsync_dir(path.parent.parent)
     if not _real_dir(path.parent):
         logger.warning("{dir} is not a directory; the command of {visit} runs unrecorded", dir=path.parent,
                        visit=visit_id)
@@ -77,7 +83,7 @@ def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None =
     record: dict[str, Any] = {"visit_id": visit_id}
     if cluster_fence_s is not None:
         record[CLUSTER_FENCE_KEY] = cluster_fence_s
-    atomic_write_bytes(path, json.dumps(record).encode("utf-8"), sync_dir=False)
+    atomic_write_bytes(path, json.dumps(record).encode("utf-8"))
     return True
 
 

@@ -160,3 +160,33 @@ def test_a_planted_record_with_an_outcome_for_another_visit_is_not_taken(tmp_pat
     assert command_records.record_running(path, VISIT)
     path.write_text(json.dumps({"visit_id": f"{CAST}:Socket-9:1:1", "outcome": {"stdout": "x"}}))
     assert command_records.finished_outcome(tmp_path, CAST, VISIT) is None
+
+
+def _fsynced_paths(monkeypatch) -> list[str]:
+    """Every path ``os.fsync`` is called on from now on (its descriptor's target), in order."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_the_started_record_is_durable_as_the_state_file_is(tmp_path, monkeypatch):
+    """The record that a command is running is what makes the next runtime warn that it runs the
+    command again; a power cut must not take it: the record is fsynced, and so are ``.commands``
+    (the record's name in it) and the run directory (``.commands`` made just now)."""
+    path = command_records.record_path(tmp_path, VISIT)
+    synced = _fsynced_paths(monkeypatch)
+    assert command_records.record_running(path, VISIT)
+    records = str(path.parent)
+    assert [p for p in synced if os.path.dirname(p) == records], synced  # the record's bytes (its temp file)
+    assert records in synced and str(tmp_path) in synced, synced
+    assert synced.index(str(tmp_path)) < synced.index(records)  # .commands is named before the record in it
+    synced.clear()
+    other = command_records.record_path(tmp_path, f"{CAST}:Socket-2:1:1")
+    assert command_records.record_running(other, f"{CAST}:Socket-2:1:1")
+    assert synced[-1] == records, synced  # .commands already there: the record's name in it is synced
