@@ -247,6 +247,7 @@ def _load_package() -> str:
     module = importlib.util.module_from_spec(spec)
     module.__castor_root__ = root  # type: ignore[attr-defined]  # a marker on the module, no declared field
     sys.modules[PACKAGE] = module
+    _note_database_opens()  # before the backend's first line: which database it opens is seen
     try:
         spec.loader.exec_module(module)
     except BaseException:
@@ -424,6 +425,44 @@ def _fabric_dir() -> str:
 #: The endings of a database file's name: a directory so named inside ``fabricDir`` is taken for
 #: the backend's database file, made a directory, when SQLite cannot open its database there.
 _DATABASE_ENDINGS = (".db", ".db3", ".sqlite", ".sqlite3")
+#: The database files the backend asked SQLite to open (``sqlite3.connect``'s first argument,
+#: absolute), the newest last, at most :data:`_OPENED_DATABASES_MAX` of them: a directory among
+#: them, whatever its name ends with, is the one in the way when SQLite cannot open its database.
+_OPENED_DATABASES: "list[str]" = []
+_OPENED_DATABASES_MAX = 16
+
+
+def _note_database_opens() -> None:
+    """From now on, note each database file the backend asks ``sqlite3.connect`` to open (in
+    :data:`_OPENED_DATABASES`), before it is opened; the connection is the one SQLite makes, as
+    before. Done once, before the backend's code first runs (so ``from sqlite3 import connect`` in
+    it takes the noting one too); without a ``sqlite3`` module, nothing."""
+    try:
+        import sqlite3
+        import sqlite3.dbapi2
+    except ImportError:
+        return
+    connect = sqlite3.connect
+    if getattr(connect, "__castor_notes_databases__", False):
+        return
+
+    def noting_connect(database: "Any", *args: "Any", **kwargs: "Any") -> "Any":
+        try:
+            name = os.fsdecode(database)
+            if name and not name.startswith((":", "file:")):  # ":memory:", a URI: no file named
+                path = os.path.abspath(name)
+                if path in _OPENED_DATABASES:
+                    _OPENED_DATABASES.remove(path)
+                _OPENED_DATABASES.append(path)
+                del _OPENED_DATABASES[:-_OPENED_DATABASES_MAX]
+        except Exception:  # noqa: BLE001 - noting must never change what the backend's call does
+            pass
+        return connect(database, *args, **kwargs)
+
+    noting_connect.__castor_notes_databases__ = True  # type: ignore[attr-defined]  # a marker, no declared field
+    noting_connect.__doc__ = connect.__doc__
+    noting_connect.__name__ = connect.__name__
+    sqlite3.connect = sqlite3.dbapi2.connect = noting_connect
 #: How many entries of ``fabricDir`` are looked at for such a directory (a bound on the work).
 _DATABASE_SCAN_MAX = 512
 
@@ -467,13 +506,15 @@ def _fabric_dir_fault(exc: "BaseException | None") -> "tuple[str, str, str, str]
 
 def _directory_in_the_way(fabric: str, named: "list[str]") -> "tuple[str, str, str, str] | None":
     """A directory where the backend wanted a file: ``stateDbPath`` itself, a path in ``fabricDir``
-    an ``OSError`` named, or an entry of ``fabricDir`` named like a database file (SQLite names no
-    path); as ``_fabric_dir_fault`` returns it, or None."""
+    an ``OSError`` named, or (SQLite names no path) a database file in ``fabricDir`` the backend
+    asked SQLite to open (:data:`_OPENED_DATABASES`, whatever its name) or an entry named like one;
+    as ``_fabric_dir_fault`` returns it, or None."""
     state_db = os.environ.get("STATE_DB_PATH") or ""
     if state_db and os.path.isdir(state_db):
         return "EISDIR", "stateDbPath", os.path.abspath(state_db), "is a directory, not a database file"
     candidates = [path for path in named if path != fabric]
     if not candidates:
+        candidates = [path for path in reversed(_OPENED_DATABASES) if path.startswith(fabric + os.sep)]
         with os.scandir(fabric) as entries:
             for seen, entry in enumerate(entries):
                 if seen >= _DATABASE_SCAN_MAX:

@@ -137,3 +137,48 @@ def test_a_database_file_that_is_a_directory_in_fabric_dir_is_storage_unavailabl
     assert SECRET not in json.dumps(error.to_wire()), error.to_wire()
     (world.fabric / "icarus_reference.sqlite3").rmdir()
     assert tool("fabric_write", type="note", summary="after", content="a file now")["status"] == "written"
+
+
+
+def _refused_write(world, connect) -> CastorError:
+    """A ``fabric_write`` over the endpoint, which the test expects refused: the error it got."""
+    client, _harness = connect()
+    open_session(client, world, "pi-1")
+    with pytest.raises(CastorError) as refused:
+        client.call("icarus.tool", {"session_id": "pi-1", "name": "fabric_write", "tool_call_id": "t1",
+                                    "params": {"type": "note", "summary": "lost", "content": f"{SECRET} in a note"}},
+                    timeout=30)
+    return refused.value
+
+
+def test_a_database_file_without_a_database_ending_made_a_directory_in_fabric_dir_is_storage_unavailable(
+        wired, tmp_path):  # noqa: F811
+    """A backend whose database file in ``fabricDir`` is named with no database ending
+    (``icarus_state``), made a directory: ``storage_unavailable`` naming ``fabricDir``, its path,
+    the entry in the way and ``EISDIR`` -- it was ``internal``, only names like ``*.sqlite3`` were
+    looked for. The worker is kept: once the directory is gone the same worker writes."""
+    import shutil
+
+    from tests.support.icarus import REFERENCE_ICARUS
+
+    world, connect = wired
+    backend = tmp_path / "backend" / "icarus"
+    shutil.copytree(REFERENCE_ICARUS, backend)
+    state_py = backend / "state.py"
+    state_py.write_text(state_py.read_text().replace('"icarus_reference.sqlite3"', '"icarus_state"'))
+    world.write_global(icarusDir=str(backend))
+    world.fabric.mkdir(parents=True, exist_ok=True)
+    (world.fabric / "notes").mkdir()  # a directory of the backend's own: never named
+    (world.fabric / "icarus_state").mkdir()
+    error = _refused_write(world, connect)
+    assert error.code == "storage_unavailable", error.to_wire()
+    assert (error.data["setting"], error.data["path"], error.data["errno"]) == ("fabricDir", str(world.fabric),
+                                                                               "EISDIR"), error.data
+    assert "icarus_state" in error.message and "notes" not in error.message, error.message
+    (world.fabric / "icarus_state").rmdir()
+    client, _harness = connect()
+    open_session(client, world, "pi-2")
+    written = client.call("icarus.tool", {"session_id": "pi-2", "name": "fabric_write", "tool_call_id": "t2",
+                                          "params": {"type": "note", "summary": "after", "content": "a file now"}},
+                          timeout=30)
+    assert written["status"] == "written"
