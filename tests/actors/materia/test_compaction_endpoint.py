@@ -276,13 +276,20 @@ def test_an_operator_sees_a_hanging_proactive_compaction_as_one(harness_factory,
     try:
         cast_id = pi.start(project)
         assert entered.wait(10)
-        actors = pi.client.call("ops.actors", {})["actors"]
-        [visit] = [a for a in actors if a["path"].startswith(f"/root/session/{SID}/socket/{cast_id}.")]
-        activity = visit["activity"]
+
+        def both_compacting() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            """The visit's and the cast's activity once both show the compaction (each follows a
+            message its actor handles after the host was asked: read before, they were stale)."""
+            actors = pi.client.call("ops.actors", {})["actors"]
+            [visit] = [a for a in actors if a["path"].startswith(f"/root/session/{SID}/socket/{cast_id}.")]
+            cast = next(a for a in actors if a["path"] == f"/root/session/{SID}/cast/{cast_id}")["activity"]
+            shown = visit["activity"]["kind"] == "compacting" and cast["data"].get("compacting") is True
+            return (visit["activity"], cast) if shown else None
+
+        activity, cast = wait_for(both_compacting, what="the visit and the cast seen compacting")
         assert activity["kind"] == "compacting", activity
         assert activity["text"].startswith(f"waiting for the host's compaction before Socket-1 (A) of cast {cast_id}")
         assert activity["data"]["percent"] == 93.75 and activity["data"]["socket"] == "Socket-1"
-        cast = next(a for a in actors if a["path"] == f"/root/session/{SID}/cast/{cast_id}")["activity"]
         assert cast["text"].startswith("awaiting the host's compaction before the agent's turn for Socket-1 (A)")
         assert cast["data"]["pending"] == "agent_turn" and cast["data"]["compacting"] is True
     finally:
