@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -14,6 +15,10 @@ from castor.messages.errors import Forbidden
 from castor.supervision import faults
 
 from .helpers import event_types, events, open_session, wait_for, wait_status, write_project_config
+
+if TYPE_CHECKING:
+    from castor.supervision.handle import ActorHandle
+    from castor.supervision.registry import Registry
 
 
 def _config(command: list[str], *, timeout_ms: int | None = None) -> dict:
@@ -449,6 +454,20 @@ class _CutOffRunner:
         return running
 
 
+def _two_slots_whose_commands_run_cut_off(
+        runtime_factory, project: Path) -> tuple[Registry[ActorHandle], _CutOffRunner, Path, _Inbox]:
+    """A runtime with two utility slots whose commands run on a :class:`_CutOffRunner`: its
+    registry, that runner, a cast's run directory (``run-a``, made) and the inbox its outcomes reach."""
+    from castor.actors.materia.utility_pool import pool_of
+
+    rt = runtime_factory(utility_slots=2)
+    registry = rt.system.registry
+    runner = pool_of(registry).remote_runner = _CutOffRunner()
+    run_dir = project / "run-a"
+    run_dir.mkdir()
+    return registry, runner, run_dir, _Inbox()
+
+
 @pytest.mark.timeout(40)
 def test_a_casts_next_command_waits_for_the_one_it_gave_up_to_end(runtime_factory, project):
     """An abort, then a recast at once: the aborted command may still be ending -- on a cluster node
@@ -508,16 +527,10 @@ def test_a_casts_next_command_waits_no_longer_than_the_given_up_one_can_run(runt
     cast for ever: past that command's own deadline and a grace, the next one starts, with a warning."""
     from castor.actors.materia import utility_pool
     from castor.actors.materia.messages import UtilityJob
-    from castor.actors.materia.utility_pool import cancel_utility, pool_of, submit_utility
+    from castor.actors.materia.utility_pool import cancel_utility, submit_utility
 
     monkeypatch.setattr(utility_pool, "GIVEN_UP_GRACE_S", 0.5)
-    rt = runtime_factory(utility_slots=2)
-    registry = rt.system.registry
-    pool = pool_of(registry)
-    runner = pool.remote_runner = _CutOffRunner()
-    run_dir = project / "run-a"
-    run_dir.mkdir()
-    inbox = _Inbox()
+    registry, runner, run_dir, inbox = _two_slots_whose_commands_run_cut_off(runtime_factory, project)
 
     def job(visit_id: str) -> UtilityJob:
         plain = _job(visit_id, ["true"], project, inbox)
@@ -539,16 +552,10 @@ def test_a_command_started_on_a_cluster_is_recorded_with_how_long_it_may_outlive
     so a runtime taking the cast up holds the cast's commands that long
     (``command_records.cluster_fence_s``). A local command's record says nothing of the kind."""
     from castor.actors.materia.messages import UtilityJob
-    from castor.actors.materia.utility_pool import pool_of, submit_utility
+    from castor.actors.materia.utility_pool import submit_utility
     from castor.adapters.materia.command_records import cluster_fence_s, record_path
 
-    rt = runtime_factory(utility_slots=2)
-    registry = rt.system.registry
-    pool = pool_of(registry)
-    runner = pool.remote_runner = _CutOffRunner()
-    run_dir = project / "run-a"
-    run_dir.mkdir()
-    inbox = _Inbox()
+    registry, runner, run_dir, inbox = _two_slots_whose_commands_run_cut_off(runtime_factory, project)
     plain = _job("c1:Socket-1:1:1", ["true"], project, inbox)
     submit_utility(registry, UtilityJob(effect=plain.effect, cast=inbox, run_dir=str(run_dir)))
     wait_for(lambda: len(runner.spawned) == 1, what="the command to start")
