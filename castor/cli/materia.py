@@ -925,7 +925,8 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
     else:
         cwd, root, cast_id = _cast_ref(args)
     agent = _agent_spec(args, root / cast_id)
-    _refuse_a_pointless_resume(root, cast_id, verb, _project_flags(args), needs_agent=agent is None)
+    _refuse_a_pointless_resume(root, cast_id, verb, _project_flags(args) + _agent_flags(args, root / cast_id),
+                               needs_agent=agent is None)
     from castor.scaleout.options import make_backend
 
     session = _Standalone(cwd, agent, config_path=args.config,
@@ -985,7 +986,7 @@ def _refuse_a_pointless_resume(root: Path, cast_id: str, verb: str, flags: str =
                                needs_agent: bool = False) -> None:
     """A complete cast can be neither recast, revived nor continued: say so before an agent is
     asked for, and point at no command that would refuse too. The command it names ends with
-    ``flags`` (:func:`_project_flags`); ``needs_agent``: it says what that command needs
+    ``flags`` (:func:`_project_flags`, then :func:`_agent_flags`); ``needs_agent``: it says what that command needs
     (:data:`NO_AGENT_REMEMBERED`)."""
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.storage import FILE_CAST_STORAGE

@@ -39,3 +39,12 @@ def test_a_resume_hint_names_no_agent_the_run_directory_remembers(tmp_path):
     assert stopped.returncode == 1, stopped.stderr
     assert f"`castor continue {run.name}` runs it again" in stopped.stderr, stopped.stderr
     assert "--agent" not in stopped.stderr.strip().splitlines()[-1]
+
+
+def test_a_continue_refused_for_an_ended_cast_names_the_recast_with_the_agent_given(tmp_path):
+    project, run = interrupted_cast(tmp_path)
+    assert castor_cli(tmp_path, "abort", run.name, cwd=project).returncode == 0
+    agent = f"openai:http://127.0.0.1:{_a_port_nothing_listens_on()}/v1#m"
+    refused = castor_cli(tmp_path, "continue", run.name, "--agent", agent, cwd=project)
+    assert refused.returncode != 0, refused.stdout
+    assert f"`castor recast {run.name} --agent {shlex.quote(agent)}` resumes it" in refused.stderr, refused.stderr
