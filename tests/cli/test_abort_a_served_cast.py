@@ -99,7 +99,10 @@ def test_castor_abort_from_another_directory_aborts_a_cast_a_serve_holds(tmp_pat
         assert aborted.returncode == 0, aborted.stderr
         assert f"pi-materia cast {cast_id} aborted." in aborted.stdout, aborted.stdout
         assert took < 30, took  # within its wait (5 s) plus a process start under load
-        served.told(rf"pi-materia cast {cast_id} aborted")  # as the session's own /materia abort tells it
+        note = served.told(rf"pi-materia cast {cast_id} aborted")  # as the session's own /materia abort tells it
+        # but its user did not ask for it: said so, with how to go on in the session
+        assert note == (f"pi-materia cast {cast_id} aborted from outside this session (castor abort). "
+                        f"Recast it with /materia recast {cast_id}."), note
         saved = json.loads((served.project / ".pi" / "pi-materia" / cast_id / "state.json").read_text())["state"]
         assert saved["aborted"] is True and saved["active"] is False
         assert not (served.project / ".pi" / "pi-materia" / cast_id / "abort.request").exists()

@@ -103,6 +103,10 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, cas
     note = pi.wait_ui("notify", lambda e: "aborted" in str(e.get("message", "")) and cast_id in str(e.get("message")),
                       start=at, timeout=10)
     assert str(note["message"]).startswith("pi-materia cast"), note
+    # Pi's user did not abort it: the note says it came from outside and how to go on here, as
+    # castor status and the abort itself say
+    assert "from outside this session (castor abort)" in note["message"], note
+    assert note["message"].endswith(f"Recast it with /materia recast {cast_id}."), note
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=at, timeout=10)
     state = json.loads((run_dir / "state.json").read_text())["state"]
     assert (state["active"], state["aborted"], state["failed_reason"]) == (False, True, "aborted by user"), state

@@ -564,15 +564,16 @@ class CastActor(Actor):
     @handles(AbortRequestFound)
     def _on_abort_request(self, message: AbortRequestFound) -> None:
         """``castor abort ID`` asked this runtime to abort the cast: aborted as by the session's own
-        abort (the engine tells the harness, ``cast_end`` says aborted, the cast stops here); one
-        found but not applied (left from before, not castor's) is named to the harness."""
+        abort (``cast_end`` says aborted, the cast stops here), but the engine's note to the harness
+        says the abort came from outside and names the recast there; one found but not applied
+        (left from before, not castor's) is named to the harness."""
         if message.refused is not None:
             self._notify(message.refused, "warning")
             return
         if self.state is None or not self.state.active:
             return  # it ended meanwhile: the abort that asked sees how
         self.log.info("cast {cast} aborted by castor abort's request", cast=self.env.cast_id)
-        self._apply(AbortRequested(at=self.env.clock()))  # its Failed effect ends this incarnation
+        self._apply(AbortRequested(from_elsewhere=True, at=self.env.clock()))  # its Failed effect ends this incarnation
 
     @handles(CastOutcome)
     def _on_outcome(self, message: CastOutcome) -> None:

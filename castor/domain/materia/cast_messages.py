@@ -206,8 +206,13 @@ class ContinueRequested(_Command):
 
 
 class AbortRequested(_Command):
+    """``from_elsewhere``: ``castor abort`` asked for it from outside the session or command that
+    runs the cast (its request left in the run directory), so the cast's own user did not: the
+    engine's note says where it came from and how to go on there."""
+
     kind: Literal["abort_requested"] = "abort_requested"
     reason: str = "aborted by user"
+    from_elsewhere: bool = False
     at: float
 
 

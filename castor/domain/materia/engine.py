@@ -79,7 +79,7 @@ Decision table (trigger → state → effects/events → next state):
 | RefinementTurnAbandoned | castor's own turn pending, other visit_id, or inactive | ``outcome_ignored`` | unchanged |
 | ContinueRequested | paused | ``materia_model_settings{finalization}``, RunAgentTurn(finalization prompt) | awaiting finalization |
 | ContinueRequested | awaiting / inactive | CastRejected | unchanged |
-| AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Failed(aborted) | failed (recastable) |
+| AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Notify warning (``from_elsewhere``: it says the abort came from outside, ``castor abort``, and names the recast), Failed(aborted) | failed (recastable) |
 | AbortRequested | inactive (a second abort) | CastRejected(``not-active``) | unchanged |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
 | RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``); a utility command that started and never ended (``command_interrupted``): ``utility_interrupted{socket, visitId, visit, command or utility, cause}`` and a warning that it runs again; then as recast | awaiting |
@@ -455,7 +455,7 @@ def _finish(ctx: _Ctx, entry_id: str | None) -> None:
 
 
 def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool = False,
-               aborted: bool = False) -> None:
+               aborted: bool = False, aborted_from_elsewhere: bool = False) -> None:
     s = ctx.s
     s.active = False
     s.awaiting_response = False
@@ -475,7 +475,10 @@ def _fail_cast(ctx: _Ctx, message: str, entry_id: str | None, *, preserve: bool 
     ctx.emit("cast_end", data)
     ctx.manifest({"phase": "failed", "socket": s.current_socket_id, "materia": s.current_materia,
                   "itemKey": s.current_item_key, "entryId": entry_id})
-    if aborted:
+    if aborted and aborted_from_elsewhere:  # the user here did not ask: say who did, and how to go on here
+        ctx.notify("warning", f"pi-materia cast {s.cast_id} aborted from outside this session (castor abort). "
+                              f"Recast it with {command(s.surface, 'recast', s.cast_id)}.")
+    elif aborted:
         ctx.notify("warning", f"pi-materia cast {s.cast_id} aborted: {message}")
     else:  # pi-materia's phrase first ("pi-materia cast failed: <reason>"), then which cast
         ctx.notify("error", f"pi-materia cast failed: {message} (cast {s.cast_id})")
@@ -1476,7 +1479,7 @@ def _on_abort(ctx: _Ctx, ev: AbortRequested) -> None:
         raise _reject("No active pi-materia cast to abort.", "not-active")
     if s.pending is not None:
         ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_aborted"))
-    _fail_cast(ctx, ev.reason, None, aborted=True)
+    _fail_cast(ctx, ev.reason, None, aborted=True, aborted_from_elsewhere=ev.from_elsewhere)
 
 
 def _resume(ctx: _Ctx, previous_failure: str | None) -> None:
