@@ -208,7 +208,12 @@ class WorkerLane:
     def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
         """Queue a call. ``wake=False``: the caller's own thread is about to :meth:`help_until`
         (waking the lane's thread would only have it take the job first, a hand-off)."""
-        self._put((request, function, kwargs), wake)
+        with self._mutex:  # _put, inline (every hook call queues one)
+            if self._stopped:
+                return
+            self._queue.append((request, function, kwargs))
+            if wake:
+                self._wake_locked()
 
     def submit_close(self, then: Callable[[], None] | None = None, *, wake: bool = True) -> None:
         """Close the worker after every call queued before; then run ``then``."""
@@ -260,16 +265,17 @@ class WorkerLane:
         """Run queued jobs on this thread, in order, while no other thread runs one, until ``done``
         is done (or ``deadline``, a ``time.monotonic()`` instant, passes); then leave what is left
         to the lane's thread."""
+        mutex = self._mutex
         try:
             while not done.done() and time.monotonic() < deadline:
-                with self._mutex:
+                with mutex:
                     if self._stopped or self._running or not self._queue:
                         return
                     item = self._queue.popleft()
-                    self._running = True
-                self._run_taken(item)
+                    token = self._take_locked(item)
+                self._run_taken(item, token)
         finally:
-            with self._mutex:
+            with mutex:
                 if self._queue and not self._stopped and not self._running:
                     self._wake_locked()
 
@@ -297,50 +303,56 @@ class WorkerLane:
                 if self._stopped:
                     return
                 item = self._queue.popleft()
-                self._running = True
-            self._run_taken(item)
+                token = self._take_locked(item)
+            self._run_taken(item, token)
 
-    def _run_taken(self, item: Any) -> None:
-        """Run a job this thread took off the queue (``_running`` set); no one else runs one meanwhile."""
+    def _take_locked(self, item: Any) -> CancelToken | None:
+        """Mark ``item``, just taken off the queue, as running (caller holds the mutex): for a call,
+        its token is made and published as the running call's in the same critical section."""
+        self._running = True
+        if type(item) is _Close:
+            return None
+        token = CancelToken()
+        self._current = (item[1], token)
+        return token
+
+    def _run_taken(self, item: Any, token: CancelToken | None) -> None:
+        """Run a job this thread took off the queue (``_take_locked``); no one else runs one meanwhile.
+
+        A call's completion is fed back before the lane counts as free again, so a call the
+        feedback queues never starts ahead of it."""
         try:
-            self._run_item(item)
+            if token is None:
+                self._close()
+                item.finish()
+                return
+            request, function, kwargs = item
+            self.current_deadline = time.monotonic() + self._timeout  # the worker client's own bound
+            try:
+                result = self._worker.call("hooks", function, None, kwargs, self._timeout, token)
+                done = lc.WorkerDone(request=request, ok=True, result=result)
+            except CastorError as exc:
+                reason = exc.data.get("reason")
+                done = lc.WorkerDone(request=request, ok=False, error_code=str(exc.code),
+                                     error_reason=reason if reason == "crash_loop" else None)
+            except Exception:  # noqa: BLE001 - ambient: an error is an omitted step
+                done = lc.WorkerDone(request=request, ok=False, error_code="internal")
+            finally:
+                self.current_deadline = None
+                with self._mutex:
+                    self._current = None
+                    abandoned, self._abandoned = self._abandoned is token, None
+            # A call the lane abandoned itself (abandon_running) stopped its worker on purpose: the
+            # calls behind it are what it was abandoned for, and run on a fresh worker.
+            if not done.ok and done.error_code in LANE_FATAL_CODES and not abandoned:
+                self._fail_queued()
+            try:  # _safe_feedback, inline (every hook call passes here)
+                self._feedback(done)
+            except CastorError:
+                pass  # the controller is gone; its callers were answered on exit
         finally:
             with self._mutex:
                 self._running = False
-
-    def _run_item(self, item: Any) -> None:
-        if isinstance(item, _Close):
-            self._close()
-            item.finish()
-            return
-        request, function, kwargs = item
-        token = CancelToken()
-        with self._mutex:
-            self._current = (function, token)
-        self.current_deadline = time.monotonic() + self._timeout  # the worker client's own bound
-        try:
-            done = self._call(request, function, kwargs, token)
-        finally:
-            self.current_deadline = None
-            with self._mutex:
-                self._current = None
-                abandoned, self._abandoned = self._abandoned is token, None
-        # A call the lane abandoned itself (abandon_running) stopped its worker on purpose: the
-        # calls behind it are what it was abandoned for, and run on a fresh worker.
-        if not done.ok and done.error_code in LANE_FATAL_CODES and not abandoned:
-            self._fail_queued()
-        self._safe_feedback(done)
-
-    def _call(self, request: str, function: str, kwargs: dict[str, Any], token: CancelToken) -> lc.WorkerDone:
-        try:
-            result = self._worker.call("hooks", function, None, kwargs, self._timeout, token)
-            return lc.WorkerDone(request=request, ok=True, result=result)
-        except CastorError as exc:
-            reason = exc.data.get("reason")
-            return lc.WorkerDone(request=request, ok=False, error_code=str(exc.code),
-                                 error_reason=reason if reason == "crash_loop" else None)
-        except Exception:  # noqa: BLE001 - ambient: an error is an omitted step
-            return lc.WorkerDone(request=request, ok=False, error_code="internal")
 
     def _fail_queued(self) -> None:
         with self._mutex:
@@ -513,7 +525,14 @@ class HookController(Actor):
         closing: list[Answer] | None = None
         for effect in effects:
             if type(effect) is lc.SetStatus:  # the commonest (a prompt's footer), first
+                if kind is lc.BeforeAgentStart and effect is self._prompt_footer:
+                    continue  # the prompt's footer the last prompt sent (_set_status's first check, inline)
                 self._set_status(effect, kind is lc.BeforeAgentStart)
+            elif type(effect) is lc.Reply and closing is None:  # a prompt's answer (_interpret's first branch, inline)
+                fut = self._futures.pop(effect.request, None)
+                self._cancels.pop(effect.request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(effect.result)
             elif isinstance(effect, lc.CloseWorker):
                 closing = []
                 self._lane.submit_close(partial(_resolve_all, closing),  # bound now: a later close has its own list
@@ -693,10 +712,11 @@ class HookClient:
         """
         bound = self.default_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
-        req = request or self.new_request()
+        req = request or f"{self._prefix}-{next(self._ids)}"  # new_request, inline
         data = payload or {}
         fut = Answer()
-        message = harness_event(event_from_harness(name, data, req), fut, _current_model(data),
+        message = harness_event(event_from_harness(name, data, req), fut,
+                                _current_model(data) if "model" in data else None,
                                 None if answer is None else threading.get_ident())
         try:  # an idle controller handles it on this thread (inline_asks)
             lane = self.handle.ask(message, timeout=bound)
@@ -707,7 +727,8 @@ class HookClient:
             if isinstance(lane, WorkerLane):
                 lane.help_until(fut, deadline)
         try:
-            result: dict[str, Any] | None = fut.result(max(0.0, deadline - time.monotonic()))
+            # Answered already (the commonest: this thread made the call): no clock reading.
+            result: dict[str, Any] | None = fut.result(0 if fut.done() else max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             self.abort(req)
             return None

@@ -76,7 +76,10 @@ class Answer:
             callback = self._callback
         self._gate.release()
         if callback is not None:
-            _run_callback(callback, value)
+            try:  # _run_callback, inline (every hook call with an early answer passes here)
+                callback(value)
+            except Exception:  # noqa: BLE001 - the answer stands; the callback's failure is its own
+                logger.exception("a hook answer's callback failed")
         return True
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:

@@ -164,6 +164,8 @@ class _ObservedWorker:
 
     def __init__(self, client: Callable[[], IcarusWorkerClient], warn: Callable[..., None]) -> None:
         self._client = client
+        #: The client once made (the session makes it once and keeps it): read without a call.
+        self._made: IcarusWorkerClient | None = None
         self._warn = warn
         self._told_cannot_start = False
         self._told_missing: set[str] = set()  # hooks the package lacks, said once each
@@ -176,7 +178,7 @@ class _ObservedWorker:
              kwargs: dict[str, Any] | None = None, timeout: float | None = None,
              token: CancelToken | None = None) -> Any:
         try:
-            result = self._client().call(module, function, args, kwargs, timeout, token)
+            result = (self._made or self._make()).call(module, function, args, kwargs, timeout, token)
         except CastorError as exc:
             reason = (exc.data or {}).get("reason")
             if reason in ("spawn_failed", "exited_before_ready"):
@@ -246,6 +248,10 @@ class _ObservedWorker:
         if self._storage_refused:
             self._storage_refused.discard(function)
         return result
+
+    def _make(self) -> IcarusWorkerClient:
+        self._made = client = self._client()
+        return client
 
     def close(self) -> None:
         self._client().close()
@@ -538,14 +544,19 @@ class IcarusSession:
             return None
         if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
             return None
-        payload = controller_payload(event, data if isinstance(data, Mapping) else {}, self.icarus_session_id)
+        # A dict (what the endpoint passes) without the ABC's isinstance check.
+        payload = controller_payload(event, data if type(data) is dict or isinstance(data, Mapping) else {},
+                                     self.icarus_session_id)
         if payload is None:
             return None
         if event == HarnessEventName.SESSION_SHUTDOWN:
             self._abandon_tool_calls()
-        early = None if answer is None else (lambda result: answer(wire_result(result)))
+        # An empty answer (a prompt with nothing to inject, the commonest) is None on the wire
+        # without a wire_result call; the client is read without a call once it exists.
+        early = None if answer is None else (lambda result: answer(wire_result(result) if result else None))
         try:
-            return wire_result(self.hooks().event(event, payload, timeout=self.wait_bound(event), answer=early))
+            result = (self._hooks or self.hooks()).event(event, payload, timeout=self.wait_bound(event), answer=early)
+            return wire_result(result) if result else None
         except Exception as exc:  # noqa: BLE001 - ambient: the run goes on without memory
             code = str(exc.code) if isinstance(exc, CastorError) else "internal"
             logger.bind(actor=self.path(), event=event, code=code).warning("icarus hook event failed")
