@@ -82,7 +82,7 @@ Decision table (trigger → state → effects/events → next state):
 | AbortRequested | active (a turn pending, interrupted, paused...) | CancelWork(pending visit, ``cast_aborted``) if any, ``cast_end{ok:false, aborted}``, Notify warning (``from_elsewhere``: it says the abort came from outside, ``castor abort``, and names the recast), Failed(aborted) | failed (recastable) |
 | AbortRequested | inactive (a second abort) | CastRejected(``not-active``) | unchanged |
 | RecastRequested | failed/aborted | ``cast_recast``; RunAgentTurn(stored prompt, same visit) or start socket again (new visit) | awaiting |
-| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``); a utility command that started and never ended (``command_interrupted``): ``utility_interrupted{socket, visitId, visit, command or utility, cause}`` and a warning that it runs again; then as recast | awaiting |
+| RecastRequested(after_restart) | active, castor's work pending | CancelWork(the pending visit id, ``cast_restarted``); a utility command that started and never ended (``command_interrupted``): ``utility_interrupted{socket, visitId, visit, command or utility, cause}`` and a warning that it runs again; an agent turn: a Notify warning that it runs again, naming the cause and abort; then as recast | awaiting |
 | RecastRequested(after_restart) | active, user turn pending | ``refinement_turn_abandoned{restart}``, then as paused (castor can never redo the user's own turn) | paused |
 | RecastRequested(after_restart) | active, paused | ``cast_recast{paused:true, reusedActivePrompt:false}``, Notify; no turn (nothing was lost) | paused |
 | ReviveRequested | exhausted + eligible | allowance += original; ``cast_revive`` then ``cast_recast`` | awaiting |
@@ -1558,9 +1558,22 @@ def _on_recast(ctx: _Ctx, ev: RecastRequested) -> None:
         ctx.effects.append(CancelWork(visit_id=s.pending.visit_id, reason="cast_restarted"))
         if ev.after_restart and ev.command_interrupted and s.pending.kind == "utility":
             _say_the_command_runs_again(ctx, s.pending, ev.cause)
+        if ev.after_restart and s.pending.kind == "agent_turn":
+            _say_the_turn_runs_again(ctx, s.pending, ev.cause)
     if not s.active:
         _warn_of_a_spent_budget(ctx)
     _resume(ctx, previous)
+
+
+def _say_the_turn_runs_again(ctx: _Ctx, pending: Pending, cause: str | None) -> None:
+    """Castor's turn of ``pending`` was in flight when the cast's actor or its runtime stopped: the
+    harness's run of it is stopped (``cast_restarted``) and the re-dispatch sends it again under a new
+    visit id. The user is told, with how to stop it: an Esc pressed while the old run was being
+    stopped ended only that run, and the turn the harness starts next is the re-sent one."""
+    rs = ctx.s.config.pipeline.sockets[pending.socket_id]
+    why = cause or "castor's runtime restarted"
+    ctx.notify("warning", f"{rs.materia_name} ({rs.id}): {why} while its turn ran, so the turn runs again. "
+                          f"Run {_cmd(ctx.s, 'abort')} to stop the cast.")
 
 
 def _say_the_command_runs_again(ctx: _Ctx, pending: Pending, cause: str | None) -> None:

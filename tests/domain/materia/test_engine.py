@@ -938,6 +938,25 @@ def test_recast_after_restart_cancels_the_abandoned_visit_before_redispatching()
     assert cancel.visit_id == first.visit_id and d.pending().visit_id != first.visit_id
 
 
+
+def test_a_turn_sent_again_after_a_restart_is_named_in_a_warning_with_the_cause_and_abort() -> None:
+    """An Esc pressed while the crashed incarnation's turn was being stopped ends only that run: the
+    re-sent turn is what the harness runs next, so the user is told it runs again and how to stop it.
+    A restart with no turn in flight (a utility job) names no turn."""
+    from castor.domain.materia.cast_messages import Notify
+
+    d = Driver(resolved(None, "hello"))
+    cause = "the cast's actor crashed (ActorKilled) and was restarted"
+    tr = d.send(RecastRequested, after_restart=True, cause=cause)
+    (told,) = [e for e in tr.effects if isinstance(e, Notify) and "runs again" in e.message]
+    assert told.level == "warning"
+    socket = d.state.current_socket_id
+    assert f"({socket}): {cause} while its turn ran" in told.message and "abort" in told.message
+    utility = Driver(resolved(config({"Socket-1": {"type": "utility", "command": ["true"]}})))
+    tr = utility.send(RecastRequested, after_restart=True, cause=cause)
+    assert not [e for e in tr.effects if isinstance(e, Notify) and "its turn ran" in e.message]
+
+
 # ----------------------------------------------------------------------------- numbers past int()'s digit limit
 
 HUGE = "9" * 5000  # past Python's 4,300-digit limit for int(text); a config file may hold it as text
