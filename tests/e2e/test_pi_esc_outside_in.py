@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from castor.client import Client
+from castor.messages.errors import CastorError
 from tests.support.waiting import poll_until
 
 from .conftest import python_env
@@ -191,3 +192,53 @@ def test_a_cast_actor_restarted_under_a_running_turn_tells_the_user_and_esc_stil
         [e["type"] for e in events(run)]
     assert events(run)[-1]["data"]["ok"] is True, events(run)[-1]
     assert error_toasts(pi, begin) == [] and resumed > begin
+
+
+def refused(client: Client, method: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The typed refusal ``method`` gets: its code and data (a call that succeeds fails the test)."""
+    with pytest.raises(CastorError) as caught:
+        client.call(method, params, timeout=10)
+    return caught.value.code, dict(caught.value.data or {})
+
+
+def test_a_second_client_on_pis_endpoint_is_refused_pis_session_and_cast_with_typed_errors(
+        start_pi, fake_llm, tmp_path, shared_castor):
+    """Another ``castor.client`` on the endpoint Pi uses, while Pi's cast waits for its model: every
+    method naming Pi's session is ``forbidden`` (not opened on that connection), opening Pi's session
+    id is ``conflict``; from a session of its own in the same project, aborting, continuing or
+    recasting Pi's cast is ``conflict{held_elsewhere}`` and ending Pi's turn ``not_found``. Pi's cast
+    is untouched: still waiting for its turn, and Pi's own ``/materia abort`` ends it."""
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(loadout("text")))
+    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
+    up(pi)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
+    pi.command("/materia cast build it")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    with second_client(shared_castor) as client:
+        pis = cast_actor_path(client, run.name).split("/")[3]
+        turn = f"{run.name}:Socket-1:1:1"
+        for method, params in [("cast.abort", {"cast_id": run.name}), ("cast.status", {}), ("cast.continue", {}),
+                               ("cast.recast", {}), ("session.close", {}),
+                               ("agent.turn_ended", {"turn_id": turn, "text": "NOT-PIS"}),
+                               ("harness.event", {"event": "agent_end", "data": {}})]:
+            assert refused(client, method, {"session_id": pis, **params})[0] == "forbidden", method
+        assert refused(client, "session.open", {"session_id": pis, "cwd": str(root)})[0] == "conflict"
+        client.call("session.open", {"session_id": "second-client", "cwd": str(root)})
+        mine = {"session_id": "second-client", "cast_id": run.name}
+        for method in ("cast.abort", "cast.continue", "cast.recast"):
+            assert refused(client, method, mine) == ("conflict", {"reason": "held_elsewhere", "cast_id": run.name})
+        assert client.call("cast.status", mine)["elsewhere"] is True
+        assert refused(client, "agent.turn_ended", {"session_id": "second-client", "turn_id": turn,
+                                                    "text": "NOT-PIS"})[0] == "not_found"
+    assert socket_state(run) == "awaiting_agent_response"
+    assert [e["type"] for e in events(run)] == ["cast_start", "socket_start", "materia_model_settings"]
+    shown = pi.command("/materia status")
+    assert "[active]" in pi.wait_ui("notify", start=shown, timeout=10)["message"]
+    stopped = pi.command("/materia abort")
+    assert "aborted" in pi.wait_ui("notify", start=stopped, timeout=10)["message"]
+    assert poll_until(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=10)
+    assert "aborted" in json.dumps(castor_status(root))
