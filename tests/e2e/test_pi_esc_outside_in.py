@@ -25,6 +25,7 @@ from castor.messages.errors import CastorError
 from tests.support.waiting import poll_until
 
 from .conftest import python_env
+from .test_pi_cancel_moments import processes_with, write_loadout
 from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     error_toasts,
@@ -241,4 +242,36 @@ def test_a_second_client_on_pis_endpoint_is_refused_pis_session_and_cast_with_ty
     stopped = pi.command("/materia abort")
     assert "aborted" in pi.wait_ui("notify", start=stopped, timeout=10)["message"]
     assert poll_until(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=10)
+    assert "aborted" in json.dumps(castor_status(root))
+
+
+def test_a_utility_command_whose_slot_died_mid_run_runs_again_and_pi_says_so(start_pi, fake_llm, tmp_path,
+                                                                              shared_castor):
+    """The utility slot running a cast's command dies (a second client kills it) while the command
+    runs: the command dies with it and the cast runs it again from the start -- and says so, as it
+    does when the cast's own actor or its runtime died (``utility_interrupted`` and the warning
+    naming the command), since a half-run command starting over must not go unnoticed. Pi's
+    ``/materia abort`` then stops the cast and leaves no process of the command behind."""
+    root = tmp_path / "project"
+    command = "echo ran >> runs.log; sleep 44.25; echo UTIL-DONE"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", command], "timeoutMs": 120000,
+                         "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
+    up(pi)
+    begin = pi.command("/materia cast build it")
+    run = run_dir(root)
+    assert poll_until(lambda: processes_with("sleep 44.25"), timeout=20), "the command never ran"
+    with second_client(shared_castor) as client:
+        slots = client.call("ops.actors", {"prefix": "/root/utility/"})["actors"]
+        (slot,) = [s["path"] for s in slots if run.name in json.dumps(s.get("activity"))]
+        client.call("ops.fault", {"kind": "kill", "path": slot})
+    told = pi.wait_ui("notify", lambda e: "runs again from the start" in str(e.get("message")), start=begin, timeout=15)
+    assert told["notifyType"] == "warning" and "sleep 44.25" in told["message"], told
+    assert poll_until(lambda: (root / "runs.log").read_text() == "ran\nran\n", timeout=15)
+    (interrupted,) = [e for e in events(run) if e["type"] == "utility_interrupted"]
+    assert interrupted["data"]["socket"] == "Socket-1", interrupted
+    stopped = pi.command("/materia abort")
+    assert "aborted" in pi.wait_ui("notify", start=stopped, timeout=10)["message"]
+    assert poll_until(lambda: not processes_with("sleep 44.25"), timeout=10), "the command outlived the abort"
     assert "aborted" in json.dumps(castor_status(root))

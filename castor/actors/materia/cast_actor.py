@@ -614,8 +614,11 @@ class CastActor(Actor):
             self._apply(DispatchFailed(visit_id=message.visit_id, at=self.env.clock(),
                                        error=f"work lost {self._lost_in_a_row} times in a row: {message.reason}"))
             return
+        # A command killed under its slot runs again from the start: the engine says so, as after
+        # the cast's own restart (utility_interrupted and a warning naming the command).
+        interrupted = message.command_started and s.pending.kind == "utility"
         self._apply(RecastRequested(after_restart=True, cause=f"its work was lost ({message.reason})",
-                                    at=self.env.clock()))
+                                    command_interrupted=interrupted, at=self.env.clock()))
 
     @property
     def _user_turn(self) -> str | None:

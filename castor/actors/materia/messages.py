@@ -67,8 +67,12 @@ class CastProgress(LocalMessage, type_name="materia.cast.progress"):
 
 
 class WorkLost(LocalMessage, type_name="materia.cast.work_lost"):
+    """The work of ``visit_id`` is gone. ``command_started``: it was a utility command that ran and
+    was killed before it ended (its slot died under it), so the re-dispatch runs it a second time."""
+
     visit_id: str
     reason: str
+    command_started: bool = False
 
 
 class CastStatusQuery(LocalMessage, type_name="materia.cast.status"):

@@ -12,7 +12,7 @@ N commands run at once however many casts ask (a thousand casts cannot fork-bomb
 | while a command may run | it is recorded (by visit id, before it starts) in the cast's run dir (:mod:`castor.adapters.materia.command_records`), so a runtime that starts after this one died kills it — found by its environment — before the cast runs it again |
 | result | ``UtilityFinished(visit_id, ...)`` written into the command's record (fsynced) and then told to the cast's handle; the engine writes the artifacts, and the cast removes the record once that transition is saved -- a runtime killed in between leaves the outcome for the recast, which takes it instead of running the command again |
 | same ``visit_id`` again | never executed twice: the recorded outcome is re-sent (a duplicate of a running job is dropped) |
-| slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id |
+| slot killed / ``kill_process`` / crash mid-job | the tree is SIGKILLed (``owned_pids()`` is the running tree); the cast gets ``WorkLost`` and re-dispatches under a **new** visit id; a command that ran and was killed is marked ``command_started``, so the cast says it runs again from the start |
 | ``CancelWork`` (abort; a restarted cast giving up the visit it re-dispatches) | :func:`cancel_utility` kills the visit's tree, or drops the job if it is still queued; its outcome is ignored by the engine |
 | a cast recast here from a cast host taken for lost (``castor.scaleout``) | its commands wait until that host's may no longer run (:meth:`UtilityPoolState.hold_commands`: the serving process says until when; its slot's activity says so) |
 | a cast taken up here (any runtime) whose run dir records a command a cast host started on a cluster and never saw end | its commands wait that command's lease and margin (its record says how long): the copy on the cluster cannot be found or killed from here (the cast's own start holds them, see ``CastActor``) |
@@ -359,7 +359,8 @@ class UtilityExecutorActor(Actor):
             self.pool.finish(effect.visit_id, outcome)
             if outcome is None:  # with why, when the runner knows (a cluster task: its node died, ...)
                 why = f": {self._lost_why}" if self._lost_why else ""
-                self._answer(job, WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}{why}"))
+                self._answer(job, WorkLost(visit_id=effect.visit_id, reason=f"utility killed in {self.path}{why}",
+                                           command_started=effect.command is not None))
             else:
                 self._answer(job, CastOutcome(event=outcome))
         finally:

@@ -96,6 +96,10 @@ def test_killed_utility_process_is_rerun_under_a_new_visit_and_the_cast_complete
     assert view["visits"]["Socket-1"] == 2  # a re-dispatch is a new visit, never the same visit twice
     assert not _alive(first)
     assert "cast_recast" in event_types(view["run_dir"])
+    # The command ran and was killed, so it ran again from the start: the cast says so, as after its
+    # own actor's restart (before, a slot's death re-ran it without a word).
+    (interrupted,) = [e["data"] for e in events(view["run_dir"]) if e["type"] == "utility_interrupted"]
+    assert interrupted["socket"] == "Socket-1" and interrupted["cause"].startswith("its work was lost (utility killed")
 
 
 def test_untrusted_session_refuses_project_utility_commands(runtime_factory, project):
