@@ -1,6 +1,9 @@
 """Esc at the moments the other real-Pi cancellation tests leave out, checked from the outside:
 during a proactive compaction Pi runs for castor before a socket's turn, and during the window in
-which castor restarts a cast actor that crashed.
+which castor restarts a cast actor that crashed; and a second ``castor.client`` on the endpoint Pi
+uses (a ``castor serve --socket --allow-faults``): refused Pi's session and cast, or injecting the
+faults whose recovery Pi must tell the user about (a utility slot dying under its command, castor
+giving up on Pi's session).
 
 Real Pi in RPC mode (an RPC ``abort`` is the client's Esc) with the real runtime and the FAKE model.
 After each stop: the next prompt is answered, the cast's saved state and ``castor status`` (the
@@ -275,3 +278,40 @@ def test_a_utility_command_whose_slot_died_mid_run_runs_again_and_pi_says_so(sta
     assert "aborted" in pi.wait_ui("notify", start=stopped, timeout=10)["message"]
     assert poll_until(lambda: not processes_with("sleep 44.25"), timeout=10), "the command outlived the abort"
     assert "aborted" in json.dumps(castor_status(root))
+
+
+def test_a_session_castor_gave_up_on_is_opened_again_and_pi_says_what_became_of_its_cast(start_pi, fake_llm,
+                                                                                        tmp_path, shared_castor):
+    """castor gives up on Pi's session while its cast's turn runs (its supervisor crashed: a second
+    client kills it), and the user then types ``/materia status``: before, every call answered
+    ``no open session '<id>'`` (shown as an info, as if nothing were wrong) and nothing reopened it.
+    Now the extension opens the session again, warns once that castor lost it and that the cast it
+    ran is left for ``/materia recast``, and answers the command; the recast completes the cast."""
+    root = tmp_path / "project"
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(loadout("text")))
+    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
+    up(pi)
+    fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
+    begin = pi.command("/materia cast build it")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    with second_client(shared_castor) as client:
+        session = cast_actor_path(client, run.name).rsplit("/cast/", 1)[0]
+        client.call("ops.fault", {"kind": "kill", "path": session})
+        assert poll_until(lambda: not any(a["path"] == session for a in
+                                          client.call("ops.actors", {"prefix": "/root/session"})["actors"]), timeout=10)
+    settled_after(pi, begin)
+    asked = pi.command("/materia status")
+    lost = pi.wait_ui("notify", lambda e: "lost this session" in str(e.get("message")), start=begin, timeout=15)
+    assert lost["notifyType"] == "warning" and "/materia recast" in lost["message"], lost
+    shown = pi.wait_ui("notify", lambda e: run.name in str(e.get("message")), start=asked, timeout=15)
+    assert "orphaned" in shown["message"] and "no open session" not in shown["message"], shown
+    fake_llm.reply_text("BUILT-AT-LAST", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    pi.command(f"/materia recast {run.name}")
+    assert poll_until(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=40), \
+        [e["type"] for e in events(run)]
+    assert events(run)[-1]["data"]["ok"] is True, events(run)[-1]
+    assert len([e for e in pi.ui("notify", start=begin) if "lost this session" in str(e.get("message"))]) == 1

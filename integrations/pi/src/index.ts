@@ -179,6 +179,25 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 	}
 
+	/**
+	 * Whether `err` is castor saying this session is not open (`not_found` naming it): castor gave up
+	 * on it (its actors crashed past their supervisor's limit) and removed it, while this connection
+	 * still used it. The next call opens it again (castor opens such an id afresh), and the user is
+	 * told once per loss: a cast that ran in it is left for `/materia recast`. Before, every call
+	 * answered "no open session" (shown as an info) and nothing reopened the session.
+	 */
+	function sessionLost(err: unknown): boolean {
+		if (!(err instanceof RpcError) || err.code !== "not_found") return false;
+		const named = (err.data as { session_id?: unknown } | undefined)?.session_id;
+		if (named !== sessionId || !sessionId) return false;
+		if (openedGeneration !== -1) {
+			openedGeneration = -1;
+			notify("castor lost this session (its actors failed and castor gave up on them): it is opened again. " +
+				"A cast that ran in it is left orphaned; /materia recast resumes it.", "warning");
+		}
+		return true;
+	}
+
 	function stringFlag(name: string): string | undefined {
 		const value = pi.getFlag(name);
 		return typeof value === "string" && value.trim() ? value.trim() : undefined;
@@ -382,6 +401,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			applyEffects(result);
 			return result !== null && typeof result === "object" ? (result as Record<string, unknown>) : undefined;
 		} catch (err) {
+			sessionLost(err); // the next call opens it again
 			log(`harness.event ${event} failed: ${errorText(err)}`);
 			return undefined;
 		}
@@ -575,7 +595,14 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				if (!(await answering(rt))) {
 					throw new RpcError("timeout", `castor is not answering (nothing from it within ${probeMs()} ms); /castor restart restarts it`);
 				}
-				const result = await rt.call(method, { session_id: sessionId, cwd: ctx.cwd, ...params }, { spawn: false });
+				const call = (on: CastorRuntime) => on.call(method, { session_id: sessionId, cwd: ctx.cwd, ...params }, { spawn: false });
+				let result: unknown;
+				try {
+					result = await call(rt);
+				} catch (err) {
+					if (!sessionLost(err)) throw err;
+					result = await call(await ready(true)); // opened again: the command is asked once more
+				}
 				applyEffects(result);
 				if (method === "cast.start" && typeof params.request === "string") nameSession(params.request);
 				return result;
