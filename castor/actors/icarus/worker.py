@@ -47,16 +47,18 @@ Use :class:`IcarusWorkerClient` from other actors/threads: it implements the
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from castor import tree
 from castor.domain.icarus.crash_loop import CrashLoop, CrashLoopLimit
 from castor.domain.icarus.worker_protocol import death_words, reply_result
 from castor.messages.base import LocalMessage
-from castor.messages.built import built
 from castor.messages.errors import (
     ActorStopped,
     Cancelled,
@@ -97,13 +99,31 @@ class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
         return detail
 
 
+# ``castor.messages.built.built`` for this one class, spelled out: the instance state validation
+# sets (its field values in declaration order, the fields given, no extra, no private state),
+# stored through the model's own slot descriptors. ``built(WorkerCall, **fields)`` packed the
+# fields into keyword arguments, merged them over the defaults and made the fields set from them:
+# 12.5k instructions a call against 8.2k (callgrind), on every worker call.
+_NEW = object.__new__
+_SET_DICT = BaseModel.__dict__["__dict__"].__set__
+_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
+_CALL_FIELDS = frozenset(("module", "function", "args", "kwargs", "deadline", "token"))
+
+
 def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, Any], deadline: float,
                  token: CancelToken) -> WorkerCall:
     """A ``WorkerCall`` from values that already have its field types (the client's hot path):
     built, not validated -- validation would only copy what the client has just made (a test pins
-    it equal to the validated model)."""
-    return built(WorkerCall, module=module, function=function, args=args, kwargs=kwargs, deadline=deadline,
-                 token=token)
+    it equal to the validated model: the same fields, the same fields set, frozen)."""
+    call = _NEW(WorkerCall)
+    _SET_DICT(call, {"module": module, "function": function, "args": args, "kwargs": kwargs, "deadline": deadline,
+                     "token": token})
+    _SET_FIELDS_SET(call, set(_CALL_FIELDS))
+    _SET_EXTRA(call, None)
+    _SET_PRIVATE(call, None)
+    return call
 
 
 class WorkerInspect(LocalMessage, type_name="icarus.worker.inspect"):
@@ -186,6 +206,8 @@ class IcarusWorkerActor(Actor):
         # between calls.
         self._running: tuple[WorkerCall, float, WorkerProcessPort, float] | None = None
         self._count_call: Callable[[], object] = _no_tally  # the worker_calls tally, from the first spawn
+        # What a cancelled call's token calls: kill this incarnation's current worker (set with it).
+        self._kill_on_cancel: Callable[[], None] = _no_worker_to_kill
 
     # -- ownership -----------------------------------------------------------
     def owned_pids(self) -> list[int]:
@@ -226,8 +248,9 @@ class IcarusWorkerActor(Actor):
             worker = self._fresh_worker(worker)
         kill: Callable[[], None] | None = None
         if token is not None:
-            # Before this the call is rejected unsent; after it, cancelling kills the worker tree.
-            kill = lambda: worker.kill_tree("cancelled")  # noqa: E731 - one closure, armed then disarmed
+            # Before this the call is rejected unsent; after it, cancelling kills the worker tree
+            # (the worker's own callback, made with it: no closure per call).
+            kill = self._kill_on_cancel
             if not token.on_cancel(kill):
                 target = f"{call.module}.{call.function}"
                 raise Cancelled(f"icarus call {target} cancelled before it was sent",
@@ -338,6 +361,7 @@ class IcarusWorkerActor(Actor):
             self._worker = None
         self._bind()
         worker = self._worker = self._spawn()
+        self._kill_on_cancel = functools.partial(worker.kill_tree, "cancelled")
         return worker
 
 
@@ -346,6 +370,11 @@ def _exit_words(crash: WorkerCrashed) -> str:
     an operator reads (a kill -9 or the OOM killer, or the backend's own exit)."""
     words = death_words((crash.data or {}).get("exit_code"))
     return f" ({words})" if words else ""
+
+
+def _no_worker_to_kill() -> None:
+    """What a token would call before the incarnation's first worker exists (never armed: every
+    call that arms it has a worker by then)."""
 
 
 def _no_tally() -> None:
