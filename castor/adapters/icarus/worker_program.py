@@ -297,7 +297,7 @@ def _parse(line: str) -> "tuple[int, str, str, list[Any], dict[str, Any]]":
     if not isinstance(request, dict):
         raise InvalidRequest("invalid request: not an object")
     request_id = request.get("id")
-    if isinstance(request_id, bool) or not isinstance(request_id, int):
+    if type(request_id) is not int and (isinstance(request_id, bool) or not isinstance(request_id, int)):
         raise InvalidRequest("invalid request: id must be an integer")
     module = request.get("module")
     function = request.get("function")
@@ -339,7 +339,7 @@ except (AttributeError, TypeError):  # no C accelerator (or another signature): 
 #: A successful reply as the C encoder writes ``handle``'s dict (its keys in this order, its
 #: separators) around the result's own JSON: formatted, the head costs no encoding (castor's
 #: parser finds a reply by this head). The id is an int (``_parse`` refuses any other).
-_OK_REPLY = '{"id": %d, "ok": true, "result": %s}'
+_OK_REPLY = '{"id": %d, "ok": true, "result": %s}\n'
 
 
 def _encode(reply: "dict[str, Any]") -> bytes:
@@ -349,7 +349,7 @@ def _encode(reply: "dict[str, Any]") -> bytes:
         if _C_ENCODER is None:
             text = _ENCODER.encode(reply)
         elif reply["ok"] is True:  # handle's answer {id, ok, result}: only the result is encoded
-            text = _OK_REPLY % (reply["id"], "".join(_C_ENCODER(reply["result"], 0)))
+            return (_OK_REPLY % (reply["id"], "".join(_C_ENCODER(reply["result"], 0)))).encode("ascii")
         else:
             text = "".join(_C_ENCODER(reply, 0))
     except Exception:  # noqa: BLE001 - NaN, a cycle, a value whose __str__ raises: the worker lives on
