@@ -6,9 +6,10 @@ terminal, a harness's ``castor serve``, any runtime a harness embeds); it leaves
 ``<runDir>/abort.request`` (:data:`ABORT_REQUEST`, ``{requested_at, pid}``) and waits. Every
 runtime watches the casts it holds (:func:`watch`): one thread per process stats each watched
 request path once per :data:`ABORT_POLL_S`, so one holding N casts makes N ``lstat`` calls a tick
-and a cast's transitions do no work for it. A runtime holding no cast does nothing: the thread
-waits, parked, for the next watched cast (a start hands it over with one wake instead of starting
-a thread) and ends after :data:`WATCHER_IDLE_S` without one.
+and a cast's transitions do no work for it. A runtime holding no cast polls nothing: the thread
+keeps its tick, *parked* (it looks only whether a cast is watched), so a start hands its cast over
+by adding it to the watched set -- no thread started and none woken, the start's only hand-over
+is its cast's own loop thread -- and the thread ends after :data:`WATCHER_IDLE_S` without one.
 
 | found at ``abort.request`` | what the holder does |
 |---|---|
@@ -45,7 +46,7 @@ ABORT_REQUEST_TAKEN = "abort.request.taken"
 ABORT_REQUEST_CLOCK_SKEW_S = 60.0
 #: How often a holder looks for a request (``castor abort`` waits 5 s for it to be taken).
 ABORT_POLL_S = 0.1
-#: How long the watcher thread waits, parked, for the next watched cast once none is left before it ends.
+#: How long the watcher thread ticks, parked, with no cast watched before it ends.
 WATCHER_IDLE_S = 30.0
 
 
@@ -128,20 +129,22 @@ def _remove_quietly(path: Path) -> None:
 
 
 class _Watch:
-    """The process's one watcher thread: started with the first watched cast, it polls while any cast
-    is watched; with none it *parks* -- waits, polling nothing, for the next watch -- and ends once
-    it has waited ``idle_s`` unclaimed. A start right after another cast ended (a session's casts
-    one after another) so hands its cast to the parked thread (one wake) instead of starting a
-    thread per cast."""
+    """The process's one watcher thread: started with the first watched cast, it polls every
+    watched cast once per :data:`ABORT_POLL_S`; with none it *parks* -- keeps its tick, polling
+    nothing -- and ends once it has been parked ``idle_s``. A start right after another cast ended
+    (a session's casts one after another) so hands its cast to the parked thread by adding it to
+    :attr:`watched`, which the next tick reads: no thread is started, and none is woken mid-start
+    (a woken watcher took the GIL from the starting thread at its next system call, on the other
+    CPU unpinned). A request is still taken within one poll interval of the watch's first tick,
+    as a new thread's first poll was."""
 
     def __init__(self, idle_s: float = WATCHER_IDLE_S) -> None:
         self.idle_s = idle_s
         self.lock = threading.Lock()
-        self.woken = threading.Condition(self.lock)  # notified when a watch arrives while parked
         self.watched: dict[int, tuple[AbortRequests, Callable[[], None]]] = {}
         self.keys = itertools.count()
         self.running = False
-        self.parked = False  # the thread waits for a watch (polls nothing)
+        self.parked = False  # the thread ticks with nothing watched (polls nothing)
 
     def add(self, requests: AbortRequests, on_asked: Callable[[], None]) -> Callable[[], None]:
         with self.lock:
@@ -149,8 +152,6 @@ class _Watch:
             self.watched[key] = (requests, on_asked)
             start = not self.running
             self.running = True
-            if self.parked:
-                self.woken.notify()
         if start:
             # Imported here: the commands that only read casts (castor casts, status) load this
             # module with the storage and must not load the actor runtime (its first watch does).
@@ -174,13 +175,23 @@ class _Watch:
             self._poll()
 
     def _next_tick(self) -> bool:
-        """Wait one poll interval (parked first while nothing is watched); False: end the thread."""
-        time.sleep(ABORT_POLL_S)
-        with self.lock:
-            if not self.watched and not self._parked_until_watched():
-                self.running = False  # the next watch starts a new thread
-                return False
-            return True
+        """Wait for the next tick with a cast watched (parked, ticking, while none is); False: the
+        thread has been parked ``idle_s`` and ends (the next watch starts a new one)."""
+        parked_since: float | None = None
+        while True:
+            time.sleep(ABORT_POLL_S)
+            with self.lock:
+                if self.watched:
+                    self.parked = False
+                    return True
+                now = time.monotonic()
+                if parked_since is None:
+                    parked_since = now
+                    self.parked = True
+                elif now - parked_since >= self.idle_s:
+                    self.parked = False
+                    self.running = False  # under the lock: a watch added from now on starts a thread
+                    return False
 
     def _poll(self) -> None:
         """One look at every watched cast's request. Its references to the casts (their callbacks,
@@ -194,15 +205,6 @@ class _Watch:
             except Exception as exc:  # noqa: BLE001 - one cast's fault never stops the others' watch
                 logger.warning("looking for an abort request at {path} failed: {exc}", path=requests.request,
                                exc=exc)
-
-    def _parked_until_watched(self) -> bool:
-        """Wait (the lock held, released while waiting) for a watch; False after ``idle_s`` with none.
-        A watch found on waking is first polled ``ABORT_POLL_S`` later, as a new thread's would be."""
-        self.parked = True
-        try:
-            return self.woken.wait_for(lambda: bool(self.watched), timeout=self.idle_s)
-        finally:
-            self.parked = False
 
 
 _WATCH = _Watch()

@@ -97,3 +97,26 @@ def test_a_parked_watcher_keeps_nothing_of_the_casts_it_watched(tmp_path, thread
     del cast
     gc.collect()
     assert gone() is None, "the parked watcher still holds the last cast it watched"
+
+
+def test_a_watch_handed_to_the_parked_thread_wakes_no_thread(tmp_path, thread_starts):
+    """A start hands its cast to the parked watcher without waking it (a woken watcher took the GIL
+    from the starting thread mid-start): the watch is added, and the next tick polls it."""
+    watcher = _Watch()
+    asked, unwatch = _watch_one(watcher, tmp_path / "first")
+    unwatch()  # type: ignore[operator]
+    wait_for(lambda: watcher.parked, what="the watcher parked")
+    wakes: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("notify", "notify_all"):
+            real = getattr(threading.Condition, name)
+            patch.setattr(threading.Condition, name,
+                          lambda self, *a, _real=real, _name=name, **k: (wakes.append(_name), _real(self, *a, **k))[1])
+        patch.setattr(threading.Event, "set",
+                      lambda self, _real=threading.Event.set: (wakes.append("set"), _real(self))[1])
+        asked, unwatch = _watch_one(watcher, tmp_path / "second")
+    assert wakes == [], "handing a watch to the parked watcher woke it"
+    _request_abort(tmp_path / "second")
+    assert asked.wait(5), "the parked watcher's next tick did not take the request"
+    assert len(thread_starts) == 1, "the watch started a thread of its own"
+    unwatch()  # type: ignore[operator]
