@@ -32,7 +32,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from castor._log import logger
 from castor.adapters.fs import read_regular_file
@@ -50,7 +49,7 @@ ABORT_POLL_S = 0.1
 WATCHER_IDLE_S = 30.0
 
 
-def requested_at(request: Path) -> float | None:
+def requested_at(request: str | os.PathLike[str]) -> float | None:
     """When an abort request was written (its ``requested_at``); None if unreadable. A FIFO, a
     device or a file over 64 KiB is refused at once (never waited on); a link is never followed."""
     try:
@@ -69,8 +68,8 @@ class AbortRequests:
     checkout can carry one): it is removed and named in one warning (``warn``); what cannot be
     removed is named once and left (see the module doc)."""
 
-    def __init__(self, request: Path, since: float, warn: Callable[[str], None]) -> None:
-        self.request = request
+    def __init__(self, request: str | os.PathLike[str], since: float, warn: Callable[[str], None]) -> None:
+        self.request = os.fspath(request)  # a text: a watch costs a start no pathlib object
         self.since = since
         self.warn = warn
         self._left: tuple[int, int, int] | None = None  # what was named and left (device, inode, mtime)
@@ -85,7 +84,7 @@ class AbortRequests:
             return False
         if stat.S_ISDIR(found.st_mode):  # never castor's; rmdir removes no request written since
             return self._not_applied(None, lambda: os.rmdir(self.request), found)
-        taken = self.request.with_name(ABORT_REQUEST_TAKEN)
+        taken = f"{os.path.dirname(self.request)}/{ABORT_REQUEST_TAKEN}"
         try:
             os.rename(self.request, taken)
         except FileNotFoundError:
@@ -121,7 +120,7 @@ class AbortRequests:
         return False
 
 
-def _remove_quietly(path: Path) -> None:
+def _remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
@@ -219,12 +218,13 @@ def _forget_at_fork() -> None:
 os.register_at_fork(after_in_child=_forget_at_fork)
 
 
-def watch(run_dir: Path, since: float, on_asked: Callable[[], None], warn: Callable[[str], None]) -> Callable[[], None]:
+def watch(run_dir: str | os.PathLike[str], since: float, on_asked: Callable[[], None],
+          warn: Callable[[str], None]) -> Callable[[], None]:
     """Look for ``castor abort``'s request in ``run_dir`` every :data:`ABORT_POLL_S` until the
     returned function is called (idempotent). ``on_asked`` is called (on the watcher thread) once
     per request made since ``since``; ``warn`` names anything else found there, which is never
     applied. Both must return at once (a tell to the holder, never a wait)."""
-    return _WATCH.add(AbortRequests(Path(run_dir) / ABORT_REQUEST, since, warn), on_asked)
+    return _WATCH.add(AbortRequests(f"{os.fspath(run_dir)}/{ABORT_REQUEST}", since, warn), on_asked)
 
 
 __all__ = ["ABORT_POLL_S", "ABORT_REQUEST", "ABORT_REQUEST_CLOCK_SKEW_S", "ABORT_REQUEST_TAKEN", "WATCHER_IDLE_S",

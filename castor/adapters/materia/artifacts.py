@@ -198,7 +198,7 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now)
-    cast_index.open_index(confined.text)  # made before the root's "before" signature is taken
+    index = cast_index.open_index(confined.text)  # made before the root's "before" signature is taken
     for n in range(10_000):
         candidate = base if n == 0 else f"{base}-{n}"
         before = cast_index.root_signature(confined.text)
@@ -225,7 +225,7 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
                    row: cast_index.IndexRow = row) -> None:
             index.moved(before, after, insert=row)
 
-        cast_index.best_effort(confined.text, record)
+        cast_index.best_effort(confined.text, record, index=index)  # the index opened above, not looked up again
         return candidate
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
 

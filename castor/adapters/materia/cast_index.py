@@ -374,12 +374,16 @@ def remove_database(root: str) -> None:
             pass
 
 
-def best_effort(root: str, action: Callable[[CastIndex], Any], *, create: bool = True) -> bool:
+def best_effort(root: str, action: Callable[[CastIndex], Any], *, create: bool = True,
+                index: CastIndex | None = None) -> bool:
     """Run ``action`` on ``root``'s index; False (logged) if the index is unavailable. A corrupt
-    database is deleted, so the next reader rebuilds it."""
-    index = open_index(root, create=create)
+    database is deleted, so the next reader rebuilds it. ``index``: ``root``'s index as
+    :func:`open_index` gave it moments before (a start's allocation), not looked up again; None
+    looks it up."""
     if index is None:
-        return False
+        index = open_index(root, create=create)
+        if index is None:
+            return False
     try:
         action(index)
         return True
