@@ -165,6 +165,12 @@ class ConnectionSettings(BaseModel):
 
 # A worker takes back a reader role that callers left free after this long without a caller.
 _RETAKE_AFTER = 0.002
+# What _run returns for an inline request it ended itself (its in-flight slot released, the
+# handler's grace over) in the lock section that would have counted its response as on its way:
+# the reader role kept, or handed to the callers waiting for it. _read_as_worker's section after
+# the write is then not needed: one lock section a request fewer.
+_ENDED_HERE = 2
+_ENDED_ROLE_HANDED = 3
 # Longest a waiting caller sleeps before re-checking the reader role (a safety net).
 _CALLER_RECHECK = 0.05
 # The most a cork holds; a frame that would take it past this writes it out at once (the cork is
@@ -725,7 +731,17 @@ class Connection:
                     cork.append(data)
                     frames = len(cork)
                     data = b"".join(cork)
-                overflow = self._write_locked(data, frames)
+                if not self._out and not self._writer_busy:  # _write_locked inlined (each call sends here)
+                    try:
+                        sent: int | OSError | None = self.transport.send_nowait(data)
+                    except OSError as exc:
+                        sent = exc
+                    if sent == len(data):
+                        self.counters["frames_out"] += frames
+                        return True
+                    overflow = self._queue_locked(data, sent)
+                else:
+                    overflow = self._queue_locked(data, 0)
                 if overflow is None:
                     return True
         except BaseException as exc:
@@ -767,31 +783,35 @@ class Connection:
 
     def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
         """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
-        overflow = None
         if not self._out and not self._writer_busy:
             try:
-                sent = self.transport.send_nowait(data)
+                sent: int | OSError | None = self.transport.send_nowait(data)
             except OSError as exc:
-                if not raised_by_the_os(exc):
-                    raise
-                overflow = f"{_WRITE_FAILED}: {exc}"
-                sent = None
-            if overflow is None and sent is not None:
-                if sent == len(data):
-                    self.counters["frames_out"] += frames
-                    return None
-                data = memoryview(data)[sent:]  # the writer sends the rest, in order
-        if overflow is None:
-            if (self._out_bytes + len(data) > self._max_out_bytes
-                    or len(self._out) >= self.settings.max_outbound_frames):
-                overflow = (f"outbound queue overflow ({len(self._out)} frames, "
-                            f"{self._out_bytes} bytes queued): peer is not reading")
-            else:
-                self._out.append(data)
-                self._out_bytes += len(data)
-                self._wlock.notify()
+                sent = exc
+            if sent == len(data):
+                self.counters["frames_out"] += frames
                 return None
-        return overflow
+            return self._queue_locked(data, sent)
+        return self._queue_locked(data, 0)
+
+    def _queue_locked(self, data: bytes | memoryview, sent: int | OSError | None) -> str | None:
+        """What ``_write_locked`` does once a write did not take the whole of ``data`` (``sent``: how
+        much it took, or the write's error): queue the rest for the writer, in order, or say why
+        the connection must close (the write failed, or the outbound queue would overflow)."""
+        if isinstance(sent, OSError):
+            if not raised_by_the_os(sent):
+                raise sent
+            return f"{_WRITE_FAILED}: {sent}"
+        if sent:
+            data = memoryview(data)[sent:]  # the writer sends the rest, in order
+        if (self._out_bytes + len(data) > self._max_out_bytes
+                or len(self._out) >= self.settings.max_outbound_frames):
+            return (f"outbound queue overflow ({len(self._out)} frames, "
+                    f"{self._out_bytes} bytes queued): peer is not reading")
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._wlock.notify()
+        return None
 
     def _writer(self) -> None:
         while True:
@@ -991,10 +1011,50 @@ class Connection:
         max_in_flight = self.settings.max_in_flight
         max_workers = self.settings.max_workers
         wait_for_a_slot = self.settings.notifications_wait_for_a_slot
+        unpacker = self._decoder.unpacker
+        counters = self.counters
+        # A worker that blocks in recv (a socket's: it does not poll) reads here, in this frame,
+        # the common case: nothing buffered, and one read that is exactly one well-formed request
+        # (decoded whole: see _whole_max). Anything else -- part of a frame, several, a response, a
+        # notification, not msgpack -- is fed to the decoder as it came and _read_frame goes on
+        # from there with every check it makes.
+        read_here = not self._poll_workers
+        read_available = self.transport.read_available
         while True:
-            frame = self._read_frame(me, None)
+            frame: Request | Notification | None = None
+            if read_here and unpacker.tell() == self._fed and not self._closed:
+                data = read_available()
+                if not data:
+                    if data is not None:  # the end of stream (None: a spurious wake-up, read again)
+                        self._begin_eof(me, in_worker=True)
+                        return
+                else:
+                    value: Any = _NOTHING
+                    if len(data) <= self._whole_max:
+                        try:
+                            value = _unpackb(data, max_ext_len=self._max_ext)
+                        except Exception:  # two frames, part of one, or not msgpack: the decoder says which
+                            pass
+                    if type(value) is list and len(value) == 4:
+                        kind, msgid, method, params = value
+                        if (kind == 0 and type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID
+                                and type(method) is str and method and type(params) is list and len(params) == 1
+                                and type(params[0]) is dict):
+                            counters["frames_in"] += 1
+                            self._frame_bytes = len(data)
+                            frame = _new_request(Request, (msgid, method, params[0]))
+                    if frame is None:  # _take inlined: the decoder and _read_frame take it from here
+                        try:
+                            unpacker.feed(data)
+                        except msgpack.BufferFull:
+                            self._take_refused(me)
+                            return
+                        self._fed += len(data)
+                        self._chunk = data
             if frame is None:
-                return
+                frame = self._read_frame(me, None)
+                if frame is None:
+                    return
             if type(frame) is Notification and not self.dispatcher.has(frame.method):
                 self._run(frame)  # nobody serves it: its failure is logged here, it holds no slot
                 continue
@@ -1030,6 +1090,10 @@ class Connection:
                     self._cork = []
                     self._cork_bytes = 0
             replied = self._run(frame, me)  # ends the cork
+            if replied == _ENDED_HERE:
+                continue
+            if replied == _ENDED_ROLE_HANDED:
+                return  # a caller reads from here on
             with mutex:
                 self._in_flight -= 1
                 self._replied -= replied
@@ -1159,14 +1223,18 @@ class Connection:
                             value = _unpackb(data, max_ext_len=self._max_ext)
                         except Exception:  # not one whole frame, or not msgpack: the decoder says which
                             pass
-                    if (type(value) is list and len(value) == 4 and value[0] == 1 and type(value[0]) is int
-                            and value[1] == call.msgid and type(value[1]) is int and value[2] is None):
+                    if type(value) is list and len(value) == 4:
+                        kind, msgid, error, result = value
+                    else:
+                        kind = msgid = error = None
+                    if (error is None and msgid == call.msgid and kind == 1 and type(kind) is int
+                            and type(msgid) is int):
                         self.counters["frames_in"] += 1
-                        pending = self._pending.pop(value[1], None)  # as _on_response
+                        pending = self._pending.pop(msgid, None)  # as _on_response
                         if pending is None:  # expired or failed by a close meanwhile: counted there
-                            self._on_response(value[1], None, value[3])
+                            self._on_response(msgid, None, result)
                         else:  # PendingCall.resolve, inlined (this thread is its one resolver)
-                            pending._value = value[3]  # noqa: SLF001 - PendingCall is this module's
+                            pending._value = result  # noqa: SLF001 - PendingCall is this module's
                             pending.settled = True
                             gate = pending._gate  # noqa: SLF001 - see above
                             if gate is not None:
@@ -1552,7 +1620,9 @@ class Connection:
     def _run(self, job: Request | Notification, corked_by: int | None = None) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
-        ``_in_flight`` by one and ``_replied`` by what this returned.
+        ``_in_flight`` by one and ``_replied`` by what this returned. An inline run whose reader
+        role is still ``corked_by``'s ends the request itself, before writing its response, and
+        returns ``_ENDED_HERE`` (the role kept) or ``_ENDED_ROLE_HANDED`` (given to waiting callers).
 
         ``corked_by``: the thread that corked for this job (an inline run, see
         :meth:`_read_as_worker`); the cork ends here, on every path, and a response goes out in the
@@ -1594,18 +1664,62 @@ class Connection:
                     encoded = None
                 frame = (encoded if encoded is not None and len(encoded) <= self._smallest_limit
                          else self._result_frame(msgid, job.method, result))
-                with self._mutex:  # _count_replied, inlined
-                    self._replied += 1
-                replied = 1
                 if corked_by is None:
+                    with self._mutex:  # _count_replied, inlined
+                        self._replied += 1
+                    replied = 1
                     self._send(frame)
                 else:
                     tail = frame
+                    with self._mutex:
+                        if self._role == corked_by:
+                            # Run inline by the reader, whose role was not taken meanwhile: nothing
+                            # else reads until this thread does again, so the request ends here,
+                            # before its response is written (the end of stream cannot be read, nor
+                            # the next request admitted, ahead of that write) -- in one lock section
+                            # with what _read_as_worker did after the write (see _ENDED_HERE).
+                            self._in_flight -= 1
+                            if self._eof and not self._in_flight:
+                                self._cond.notify_all()
+                            self._inline_since = None
+                            if self._waiting_callers:
+                                self._role = None
+                                self._wake_callers_locked()
+                                replied = _ENDED_ROLE_HANDED
+                            else:
+                                replied = _ENDED_HERE
+                        else:  # stolen: counted as answered, ended by _read_as_worker after the write
+                            self._replied += 1
+                            replied = 1
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
         finally:
             if corked_by is not None:
-                self._uncork(corked_by, tail)
+                if tail is None:
+                    self._uncork(corked_by)
+                else:
+                    # _uncork(corked_by, tail) and _write_locked inlined for the common case: the
+                    # handler corked nothing, nothing is queued, and the kernel takes the response.
+                    overflow = None
+                    with self._wmutex:
+                        cork = self._cork
+                        if (cork is not None and not cork and self._cork_thread == corked_by
+                                and not self._out and not self._writer_busy and not self._closed):
+                            self._cork = self._cork_thread = None
+                            try:
+                                sent: int | OSError | None = self.transport.send_nowait(tail)
+                            except OSError as exc:
+                                sent = exc
+                            if sent == len(tail):
+                                self.counters["frames_out"] += 1
+                            else:
+                                overflow = self._queue_locked(tail, sent)
+                            tail = None
+                    if overflow is not None:
+                        self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
+                        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
+                    if tail is not None:  # a cork of the handler's frames, or a queue ahead: _uncork's general case
+                        self._uncork(corked_by, tail)
         return replied
 
     def _notification_failed(self, method: str, exc: CastorError) -> None:
