@@ -747,10 +747,16 @@ class Connection:
         except BaseException as exc:
             self.close_interrupted(threading.get_ident(), None, exc)
             raise
+        self._close_for_overflow(overflow)
+        return False
+
+    def _close_for_overflow(self, overflow: str) -> None:
+        """Close after a write failed or overflowed, the close callbacks on a thread of their own:
+        any thread writes (an actor's mid-handler, the watchdog's, a worker answering inline), and
+        the callbacks end sessions that may wait on that very thread."""
         self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
         self.close(overflow, callbacks_apart=True,  # any thread sends: an actor's, mid-handler
                    by_peer=overflow.startswith(_WRITE_FAILED))
-        return False
 
     def _uncork(self, me: int | None = None, tail: bytes | None = None) -> None:
         """Write the corked frames out (only ``me``'s cork, if given) and end the cork; ``tail``
@@ -777,9 +783,7 @@ class Connection:
             if tail is not None:
                 self._send(tail)
             return
-        self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-        # the watchdog's thread, or a handler's
-        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
+        self._close_for_overflow(overflow)  # the watchdog's thread, or a handler's
 
     def _write_locked(self, data: bytes | memoryview, frames: int) -> str | None:
         """Write or queue ``data`` (``frames`` frames) under ``_wmutex``; the overflow reason, if any."""
@@ -1716,8 +1720,7 @@ class Connection:
                                 overflow = self._queue_locked(tail, sent)
                             tail = None
                     if overflow is not None:
-                        self._log.log(self._peer_fault_level, "closing connection: {}", overflow)
-                        self.close(overflow, callbacks_apart=True, by_peer=overflow.startswith(_WRITE_FAILED))
+                        self._close_for_overflow(overflow)
                     if tail is not None:  # a cork of the handler's frames, or a queue ahead: _uncork's general case
                         self._uncork(corked_by, tail)
         return replied
