@@ -1,0 +1,65 @@
+"""``castor status ID`` of a cast another runtime holds says which one: the pid and command line of
+the process holding its lease, as an operator needs to find it (``castor recast``'s conflict says
+"`castor status ID` shows where"). Real processes: a ``castor serve`` holding a cast whose agent turn
+never ends (no harness answers it), and ``castor status`` typed in another process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+CASTOR = [sys.executable, "-m", "castor"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
+    env.pop("MATERIA_CONFIG", None)
+    env.pop("CASTOR_LOG_JSON", None)
+    return env
+
+
+def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
+    env = _env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, timeout=30, what="the socket")
+        with Client.connect_unix(str(sock)) as client:
+            turns: list[dict] = []
+            client.on_notification("agent.run_turn", turns.append)
+            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
+            cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "hi"},
+                                  timeout=20)["cast_id"]
+            wait_for(lambda: turns, timeout=20, what="the agent turn")
+            text = subprocess.run([*CASTOR, "status", cast_id, "--cwd", str(project)], env=env,
+                                  capture_output=True, text=True, timeout=30)
+            assert text.returncode == 0, text.stderr
+            first = text.stdout.splitlines()[0]
+            assert f"pid {server.pid}" in first and "castor serve --socket" in first, first
+            shown = subprocess.run([*CASTOR, "status", cast_id, "--cwd", str(project), "--json"], env=env,
+                                   capture_output=True, text=True, timeout=30)
+            view = json.loads(shown.stdout)
+            assert view["elsewhere"] is True
+            assert view["held_by"]["pid"] == server.pid
+            assert "serve" in view["held_by"]["command"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
