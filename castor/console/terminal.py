@@ -293,6 +293,23 @@ def _actor_line(actor: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def _doing_words(actor: dict[str, Any]) -> str:
+    """What ``actor`` does now, for how long and the deadline that ends it, if one does (the
+    message it handles when it says nothing of its own; ``idle`` and for how long): the words of
+    its tree line's activity, without the rest of that line (kind, state, mailbox), which the
+    table that shows them has rows of its own for."""
+    activity = actor.get("activity") or {}
+    flight = (actor.get("mailbox") or {}).get("in_flight")
+    if activity.get("kind") not in (None, "idle", "handling"):
+        bound = deadline_words(activity)
+        return f"{shown(str(activity['text']))} for {activity['age_s']:.1f}s{', ' + bound if bound else ''}"
+    if flight:
+        return f"handling {shown(str(flight['message_type']))} for {flight['since_s']:.1f}s"
+    if activity.get("kind") == "idle":
+        return f"idle {activity['age_s']:.1f}s"
+    return "idle"
+
+
 def _state(state: str) -> str:
     color = {"running": "green", "retired": "magenta", "crashed": "red", "stopped": "dim"}.get(state, "yellow")
     return f"[{color}]{state}[/{color}]"
@@ -381,8 +398,7 @@ def worker_table(data: dict[str, Any]) -> Table:
         table.add_row("worker actor", f"{shown(worker.get('path') or actor.get('path'))} ({shown(actor.get('state'))})")
         if actor.get("retired_reason"):
             table.add_row("retired", shown(actor["retired_reason"]))
-        doing = actor.get("activity")
-        table.add_row("doing now", _actor_line(actor) if doing else "idle")
+        table.add_row("doing now", _doing_words(actor))
         box = actor.get("mailbox") or {}
         table.add_row("mailbox depth", shown(box.get("depth", 0)))
         queued = box.get("queued") or []

@@ -1,0 +1,112 @@
+"""The operator's view of an Icarus worker call that hangs, from the outside: a real
+``castor --log-json serve`` with its console, a harness on its socket whose prompt hook hangs in the
+worker and whose Fabric tool calls queue behind it, and ``castor inspect`` and ``/metrics`` as an
+operator runs them. The package is the TEST FAKE ``tests/support/icarus_packages/slow_hooks``
+(``pre_llm_call`` sleeps past its deadline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from castor.client import Client
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+CASTOR = [sys.executable, "-m", "castor"]
+SLOW = Path(__file__).resolve().parents[1] / "support" / "icarus_packages" / "slow_hooks" / "icarus"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")
+    agent = tmp_path / "home" / ".pi" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "settings.json").write_text(json.dumps({"piIcarusHook": {
+        "icarusDir": str(SLOW), "python": sys.executable, "fabricDir": str(tmp_path / "fabric"),
+        "classifier": "none"}}))
+    env["PI_CODING_AGENT_DIR"] = str(agent)
+    env["ICARUS_FAKE_SLOW_S"] = "600"
+    env.pop("XDG_RUNTIME_DIR", None)
+    env.pop("MATERIA_CONFIG", None)
+    env.pop("CASTOR_LOG_JSON", None)
+    return env
+
+
+def _row(table: str, name: str) -> str:
+    """The value cell of the row ``name`` of a two-column table printed to a pipe (one line a row)."""
+    match = re.search(rf"^[│|]\s*{re.escape(name)}\s*[│|]\s*(.*?)\s*[│|]\s*$", table, re.MULTILINE)
+    assert match, f"no row {name!r} in:\n{table}"
+    return match.group(1)
+
+
+def test_a_hanging_worker_call_shows_what_it_does_its_deadline_and_the_calls_queued_behind_it(tmp_path):
+    env = _env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock), "--console", "127.0.0.1:0"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    client = None
+    try:
+        console = wait_for(lambda: re.search(r"console: (http://127\.0\.0\.1:\d+/) \(token file: ([^)]+)\)",
+                                             log.read_text()), 30, "the console's line")
+        client = Client.connect_unix(str(sock))
+        client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
+
+        def call(method: str, params: dict) -> None:
+            try:
+                client.call(method, params, timeout=60)
+            except Exception:  # noqa: BLE001 - a call cut short by the serve's end is no finding here
+                pass
+
+        calls = [threading.Thread(target=call, daemon=True, args=("harness.event", {
+            "session_id": "s1", "event": "before_agent_start",
+            "data": {"prompt": "PROMPT-TEXT-NEVER-SHOWN", "message_type": "user"}}))]
+        calls += [threading.Thread(target=call, daemon=True, args=("icarus.tool", {
+            "session_id": "s1", "name": "fabric_search", "params": {"query": f"QUERY-TEXT-NEVER-SHOWN-{n}"}}))
+            for n in range(2)]
+        calls[0].start()
+
+        def inspect(*args: str) -> str:
+            shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), *args], env=env,
+                                   capture_output=True, text=True, timeout=30)
+            assert shown.returncode == 0, shown.stderr
+            return shown.stdout
+
+        wait_for(lambda: "worker call hooks.pre_llm_call" in inspect("actors", "--prefix", "/root/session/s1/icarus"),
+                 30, "the hanging hook's worker call")
+        for thread in calls[1:]:
+            thread.start()
+        worker = wait_for(lambda: (out := inspect("worker", "--session-id", "s1")) and "queued calls" in out
+                          and _row(out, "mailbox depth") == "2" and out, 30, "the two queued tool calls")
+        doing = _row(worker, "doing now")
+        # what it does, for how long and what ends it -- not the tree's whole line again
+        assert re.fullmatch(r"worker call hooks\.pre_llm_call for \d+\.\ds, deadline in \d+\.\ds", doing), doing
+        assert _row(worker, "queued calls").count("tools.fabric_search") == 2
+        token = Path(console.group(2)).read_text().strip()
+        request = urllib.request.Request(console.group(1) + "metrics", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'castor_mailbox_depth{kind="IcarusWorkerActor"} 2.0' in metrics
+        tree = inspect("actors")
+        for seen in (worker, tree, metrics):
+            assert "NEVER-SHOWN" not in seen
+    finally:
+        if client is not None:
+            client.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    assert "NEVER-SHOWN" not in log.read_text()

@@ -1,0 +1,3 @@
+"""TEST FAKE Icarus package: its ``pre_llm_call`` hook takes ``ICARUS_FAKE_SLOW_S`` seconds
+(default 600: longer than any worker call's deadline), as a backend that hangs would; the Fabric
+tools answer at once. The worker program loads it by path; nothing here imports castor."""
