@@ -1255,8 +1255,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:  # no /proc/locks (not Linux), or a holder in another pid namespace (a container)
             text = (f"This pi-materia cast runs in another castor runtime (a harness session's castor serve, or "
                     f"another castor command); castor abort {cast_id}{flags} asks it to abort:\n{text}")
+        now = _waits_now(view)
+        if now is not None:
+            first, _, rest = text.partition("\n")
+            text = f"{first}\n{now}\n{rest}"
     _out(json.dumps(view, indent=2) if args.json else text)
     return EXIT_OK
+
+
+_WAITS_WORDS = {"agent_turn": "awaiting the agent's turn", "utility": "running its utility command",
+                "compaction": "awaiting the host's compaction"}
+
+
+def _waits_now(view: dict[str, Any]) -> str | None:
+    """What a cast another runtime holds waits for, and since when, as its saved state says (the
+    holder says no more to another process): ``now: awaiting the agent's turn at Socket-1 (greeter),
+    visit 1, since its last save at 09:45:43 UTC (12s ago)``; None when it waits for nothing."""
+    pending = view.get("pending")
+    if not isinstance(pending, dict) or pending.get("kind") not in _WAITS_WORDS:
+        return None
+    words = _WAITS_WORDS[pending["kind"]]
+    if pending["kind"] == "agent_turn" and pending.get("user_driven"):
+        words = "awaiting the user's own turn"
+    socket = _name(pending.get("socket_id") or view.get("current_socket") or "?")
+    materia = view.get("current_materia")
+    at = f"{socket} ({_name(materia)})" if materia and pending["kind"] != "utility" else socket
+    visit = f", visit {pending['visit']}" if pending.get("visit") else ""
+    saved = view.get("updated_at")
+    if not isinstance(saved, (int, float)):
+        return f"now: {words} at {at}{visit}"
+    ago = max(0, int(time.time() - saved))
+    age = (f"{ago}s" if ago < 60 else f"{ago // 60}m {ago % 60}s" if ago < 3600
+           else f"{ago // 3600}h {ago % 3600 // 60}m")
+    clock = time.strftime("%H:%M:%S", time.gmtime(saved))
+    return f"now: {words} at {at}{visit}, since its last save at {clock} UTC ({age} ago)"
 
 
 def _lease_holder(run_dir: Path) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,10 @@ def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
             assert text.returncode == 0, text.stderr
             first = text.stdout.splitlines()[0]
             assert f"pid {server.pid}" in first and "castor serve --socket" in first, first
+            # what it does there and since when (as of its last save: the holder says no more)
+            second = text.stdout.splitlines()[1]
+            assert re.fullmatch(r"now: awaiting the agent's turn at Socket-1 \(greeter\), visit 1, since its last "
+                                r"save at \d\d:\d\d:\d\d UTC \(\d+s ago\)", second), second
             shown = subprocess.run([*CASTOR, "status", cast_id, "--cwd", str(project), "--json"], env=env,
                                    capture_output=True, text=True, timeout=30)
             view = json.loads(shown.stdout)
