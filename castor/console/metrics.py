@@ -5,7 +5,8 @@ counters and histograms come from the actor system's meters (castor/supervision/
 Labels are bounded: actor *kinds* (class names), a cast's *status* (one of
 :data:`CAST_STATUSES`), never paths, ids or names from a user's config (a socket's id), so 1,000
 casts, or 1,000 loadouts, do not make 1,000 series. The counters by kind have a sample (0 until it counts) for
-every kind that ever started, so the first crash of a kind is an increase; the unlabelled metrics,
+every kind that ever started, so the first crash of a kind is an increase; so do the gauges by kind
+(0 once the kind's last actor is gone; ``castor_actors`` one per state), so no series vanishes; the unlabelled metrics,
 histograms included, are served (at 0) from the start.
 
 =========================================  =========  ==========================================
@@ -45,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from castor.actors.materia.socket_actor import SOCKET_VISIT_RESTARTS, SOCKET_VISITS
+from castor.supervision.kinds import HandleState
 from castor.supervision.meters import BUCKETS
 from castor.supervision.registry import WATCH_PACE_S
 
@@ -90,12 +92,20 @@ class RuntimeCollector(Collector):
                 # its status, never the socket it is at (a name from the user's loadout); any
                 # other activity (at a socket, handling a message) is a cast that runs
                 phases[_STATUS_OF_ACTIVITY.get(activity["kind"], "running")] += 1
-        for (kind, state), n in sorted(by_state.items()):
-            states.add_metric([kind, state], n)
-        for kind in sorted(depths):
-            depth.add_metric([kind], depths[kind])
-            oldest.add_metric([kind], ages[kind])
-            restarts.add_metric([kind], restart_sum[kind])
+        counters, histograms = system.registry.meters.collect()
+        # Every kind that ever started (or runs now) has a sample of each gauge by kind too, 0 once
+        # its last actor is gone (a cast that ended takes its CastActor and SocketActor with it),
+        # and of castor_actors one per state: a series that vanished would leave a gap in a graph
+        # and an alert on it reading "no data" rather than 0.
+        kinds = {kind for (counter, kind) in counters if counter == "starts"} | set(depths)
+        every_state = [state.value for state in HandleState]
+        every_state += sorted({state for (_kind, state) in by_state} - set(every_state))
+        for kind in sorted(kinds):
+            for state in every_state:
+                states.add_metric([kind, state], by_state.get((kind, state), 0))
+            depth.add_metric([kind], depths.get(kind, 0))
+            oldest.add_metric([kind], ages.get(kind, 0.0))
+            restarts.add_metric([kind], restart_sum.get(kind, 0))
         for status in CAST_STATUSES:
             casts.add_metric([status], phases[status])
         yield from (states, depth, oldest, restarts, casts)
@@ -103,11 +113,9 @@ class RuntimeCollector(Collector):
         sessions.add_metric([], len(self.runtime.sessions()))
         yield sessions
 
-        counters, histograms = system.registry.meters.collect()
         # Every kind that ever started (or runs now) has a sample of each counter, 0 until it
         # counts: a series that first appears at 1 shows no increase, so the first crash of a
         # kind would never fire an alert on increase(castor_crashes_total[5m]).
-        kinds = {kind for (counter, kind) in counters if counter == "starts"} | set(depths)
         for name, help_text in _KIND_COUNTERS.items():
             family = CounterMetricFamily(f"castor_{name}", help_text, labels=["kind"])
             of_name = {kind: n for (counter, kind), n in counters.items() if counter == name}
