@@ -110,3 +110,47 @@ def test_a_hanging_worker_call_shows_what_it_does_its_deadline_and_the_calls_que
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     assert "NEVER-SHOWN" not in log.read_text()
+
+
+def test_hook_calls_queued_behind_a_hanging_one_are_counted_not_repeated(tmp_path):
+    """Three prompts of one session while the first one's retrieval hangs: the hook controller's
+    line says what runs and how many worker calls wait behind it (the hook lane's queue is no
+    mailbox: the worker's depth stays 0), rather than the same words three times over."""
+    env = _env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = None
+    try:
+        wait_for(sock.exists, 30, "the socket")
+        client = Client.connect_unix(str(sock))
+        client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
+
+        def prompt(n: int) -> None:
+            try:
+                client.call("harness.event", {"session_id": "s1", "event": "before_agent_start",
+                                              "data": {"prompt": f"PROMPT-{n}-NEVER-SHOWN", "message_type": "user"}},
+                            timeout=60)
+            except Exception:  # noqa: BLE001 - a call cut short by the serve's end is no finding here
+                pass
+
+        for n in range(3):
+            threading.Thread(target=prompt, args=(n,), daemon=True).start()
+
+        def hooks_line() -> str:
+            shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock), "actors", "--prefix",
+                                    "/root/session/s1/icarus"], env=env, capture_output=True, text=True, timeout=30)
+            assert shown.returncode == 0, shown.stderr
+            return next((line for line in shown.stdout.splitlines() if "HookController" in line), "")
+
+        line = wait_for(lambda: (found := hooks_line()) and "2 queued" in found and found, 30,
+                        "the two prompts queued behind the hanging one")
+        assert line.count("retrieving memories") == 1, line
+        assert "for 3 prompts" in line and "NEVER-SHOWN" not in line
+    finally:
+        if client is not None:
+            client.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)

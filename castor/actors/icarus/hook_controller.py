@@ -81,7 +81,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Container
 from functools import partial
 from typing import Any, ClassVar
@@ -204,6 +204,11 @@ class WorkerLane:
         #: snapshots; None between calls. One assignment each way: read without the lock.
         self.current_deadline: float | None = None
         self._abandoned: CancelToken | None = None  # the token abandon_running fired
+
+    @property
+    def queued(self) -> int:
+        """How many jobs wait behind the running one (for snapshots: one read, no lock)."""
+        return len(self._queue)
 
     def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
         """Queue a call. ``wake=False``: the caller's own thread is about to :meth:`help_until`
@@ -496,10 +501,17 @@ class HookController(Actor):
                  ("start", "worker"): "starting the Icarus session",
                  ("shutdown", "worker"): "ending the Icarus session"}
         items = sorted(inflight.items())
-        text = "; ".join(words.get((f.kind, f.stage), f"{f.kind} ({f.stage})") for _, f in items)
+        said = Counter(words.get((f.kind, f.stage), f"{f.kind} ({f.stage})") for _, f in items)
+        # the same words once, with how many (three prompts waiting are one line, not three)
+        text = "; ".join(w if n == 1 else f"{w.removesuffix(' for a prompt')} for {n} prompts"
+                         if w.endswith(" for a prompt") else f"{w} (x{n})" for w, n in said.items())
         lane = getattr(self, "_lane", None)
+        queued = lane.queued if lane is not None else 0
+        if queued:  # the lane's queue is no mailbox: its depth shows nowhere else
+            text += f"; {queued} queued behind the running worker call"
         return "hook_call", text, {"requests": ", ".join(r for r, _ in items),
-                                   "stages": ", ".join(f"{f.kind}:{f.stage}" for _, f in items)}, since, \
+                                   "stages": ", ".join(f"{f.kind}:{f.stage}" for _, f in items),
+                                   "queued": queued}, since, \
             lane.current_deadline if lane is not None else None
 
     # -- effects ------------------------------------------------------------
