@@ -46,6 +46,10 @@ from castor.supervision.actor import running_actor
 from castor.supervision.threads import start_thread
 
 SESSIONS_PATH = "/root/session"
+SLOW_CLOSE_NOTE_S = 2.0
+"""While castor stops, how long a session may take to close before the log says what it waits on."""
+SLOW_CLOSE_REPEAT_S = 10.0
+"""How often it is said again while that session still has not closed."""
 UTILITY_PATH = "/root/utility"
 
 
@@ -289,12 +293,38 @@ class Runtime:
         close fails is logged and the rest are closed all the same; one closed meanwhile by its
         own harness (it disconnected as the runtime stopped) is no failure and is skipped."""
         for ctx in self.sessions():
+            closed = threading.Event()
+            start_thread(self._say_a_slow_close, args=(ctx.info.session_id, closed),
+                         name=f"closing-session-{ctx.info.session_id}", owner="/runtime",
+                         purpose="says what a session slow to close waits on while castor stops")
             try:
                 self.close_session(ctx.info.session_id, timeout=timeout)
             except NotFound:
                 continue  # closed meanwhile (its connection went away): nothing left to close
             except Exception as exc:  # noqa: BLE001 - shutdown goes on whatever one component's close raises
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
+            finally:
+                closed.set()
+
+    def _say_a_slow_close(self, session_id: str, closed: threading.Event) -> None:
+        """While castor stops, a session that has not closed after ``SLOW_CLOSE_NOTE_S`` (and every
+        ``SLOW_CLOSE_REPEAT_S`` after) is one WARNING naming it and what its actors do (their
+        activities: a worker call and its deadline, a command; never a prompt): its socket is gone
+        by then, so the log is the one place an operator learns what the stop waits on."""
+        wait, waited = SLOW_CLOSE_NOTE_S, 0.0
+        while not closed.wait(wait):
+            waited += wait
+            wait = SLOW_CLOSE_REPEAT_S
+            doing = []
+            for actor in self.system.snapshot_data(f"{SESSIONS_PATH}/{session_id}")["actors"]:
+                activity = actor.get("activity") or {}
+                if activity.get("kind") in (None, "idle"):
+                    continue
+                left = activity.get("deadline_in_s")
+                bound = f" (deadline in {left:.1f}s)" if isinstance(left, (int, float)) and left >= 0 else ""
+                doing.append(f"{actor['path']}: {activity.get('text')}{bound}")
+            self.log.warning("stopping: still closing session {sid} after {s:.0f} s; it waits on: {doing}",
+                             sid=session_id, s=waited, doing="; ".join(doing) or "nothing an actor reports")
 
     def artifact_root_for(self, cwd: str, configured: str | None) -> Path:
         """Where a session's casts write artifacts.

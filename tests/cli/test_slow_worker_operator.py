@@ -154,3 +154,41 @@ def test_hook_calls_queued_behind_a_hanging_one_are_counted_not_repeated(tmp_pat
             client.close()
         server.send_signal(signal.SIGTERM)
         server.wait(60)
+
+
+def test_a_serve_whose_session_is_slow_to_close_says_what_its_stop_waits_on(tmp_path):
+    """SIGTERM while a session's Icarus end hangs: the socket is gone at once (``castor inspect``
+    finds no castor), and the stop takes the end's deadline; the log says, within seconds, which
+    session it is closing and what that waits on, rather than nothing until the end."""
+    env = _env(tmp_path)
+    env["ICARUS_FAKE_SLOW_END_S"] = "600"
+    project = tmp_path / "project"
+    project.mkdir()
+    sock = tmp_path / "castor.sock"
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_for(sock.exists, 30, "the socket")
+        with Client.connect_unix(str(sock)) as client:
+            client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
+            client.call("icarus.tool", {"session_id": "s1", "name": "fabric_search", "params": {"query": "q"}},
+                        timeout=30)  # the worker runs: the session's end is a worker call
+            server.send_signal(signal.SIGTERM)
+
+            def said() -> dict | None:
+                for line in log.read_text().splitlines():
+                    record = json.loads(line)["record"] if line.startswith("{") else None
+                    if record and "still closing session s1" in record["message"]:
+                        return record
+                return None
+
+            record = wait_for(said, 15, "the line saying what the stop waits on")
+            assert server.poll() is None  # said while it waits, not after
+        assert record["level"]["name"] == "WARNING"
+        assert "worker call hooks.on_session_end" in record["message"], record["message"]
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        server.wait(60)

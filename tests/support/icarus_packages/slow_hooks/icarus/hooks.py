@@ -18,4 +18,5 @@ def post_llm_call(**_kwargs):
 
 
 def on_session_end(**_kwargs):
+    time.sleep(float(os.environ.get("ICARUS_FAKE_SLOW_END_S", "0")))
     return None
