@@ -327,6 +327,11 @@ def _connect(args: Any, token_file: str | None) -> Any:
         return connect()
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         why = "no such socket file" if isinstance(exc, FileNotFoundError) else "connection refused"
+        if args.socket and not isinstance(exc, FileNotFoundError):
+            # The file is there and nothing accepts on it: a castor serve stops listening first and
+            # removes its socket file last, after its sessions closed (seconds, or a hook's deadline).
+            why += ("; its socket file is still there: a castor serve that is stopping (it closes its sessions "
+                    "first; the log says what it waits on), or one that ended without removing it")
         raise NotFound(f"no castor is listening on {where} ({why}); is `castor serve {start}` running?",
                        data={"address": where}) from None
     except PermissionError:  # the socket file (or a directory above it) keeps this user out

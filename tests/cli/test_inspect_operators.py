@@ -273,7 +273,7 @@ def test_inspect_where_no_castor_serves_says_so_and_how_to_start_one(tmp_path):
     with sockets.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
-    cases = [(["--socket", str(stale)], f"unix:{stale} (connection refused)"),
+    cases = [(["--socket", str(stale)], f"unix:{stale} (connection refused; its socket file is still there"),
              (["--socket", str(tmp_path / "missing.sock")], "(no such socket file)"),
              (["--tcp", f"127.0.0.1:{closed_port}"], f"tcp:127.0.0.1:{closed_port} (connection refused)")]
     for where, said in cases:

@@ -186,6 +186,12 @@ def test_a_serve_whose_session_is_slow_to_close_says_what_its_stop_waits_on(tmp_
 
             record = wait_for(said, 15, "the line saying what the stop waits on")
             assert server.poll() is None  # said while it waits, not after
+            shown = subprocess.run([*CASTOR, "inspect", "--socket", str(sock)], env=env, capture_output=True,
+                                   text=True, timeout=30)
+            assert server.poll() is None
+            # its socket file is still there, nothing accepts on it: a castor stopping (or one killed)
+            assert shown.returncode == 1 and "stopping" in shown.stderr, shown.stderr
+            assert "the log says what it waits on" in shown.stderr
         assert record["level"]["name"] == "WARNING"
         assert "worker call hooks.on_session_end" in record["message"], record["message"]
     finally:
