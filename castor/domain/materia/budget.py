@@ -225,7 +225,19 @@ class UsageReport(BaseModel):
         rendered = known(self, _LIST_TEXTS)
         if rendered is not None:
             remember(out, _LIST_TEXTS, dict(rendered))
+        if update.keys().isdisjoint(_BEFORE_LISTS):
+            # The fields before the lists are this report's (a selection added with no model named,
+            # the benchmark's every transition): their texts too (a dict of its own, filled per form).
+            leading = known(self, _BEFORE_TEXTS)
+            if leading is not None:
+                remember(out, _BEFORE_TEXTS, dict(leading))
         return out
+
+    def estimated(self) -> UsageReport:
+        """A new report whose cost is marked estimated (``costEstimated``): what
+        ``model_copy(update={"costEstimated": True})`` gives, its lists' texts carried over
+        (``_updated``) instead of every turn record and selection rendered again."""
+        return self._updated({"costEstimated": True})
 
     def add_selection(self, selection: dict[str, Any]) -> UsageReport:
         """A new report with ``selection`` (a :func:`model_selection` record) appended."""
@@ -233,10 +245,9 @@ class UsageReport(BaseModel):
         for name, key in (("model", "model"), ("provider", "provider"), ("api", "api"), ("thinkingLevel", "thinking")):
             if selection.get(key):  # the report names what was asked for until a turn says what answered
                 update[name] = selection[key]
-        out = self._updated(update)
         if is_subscription(selection.get("requestedModel"), selection.get("model"), selection.get("provider")):
-            out.costKind = "subscription"
-        return out
+            update["costKind"] = "subscription"  # in the update: a field set, as an assignment sets it
+        return self._updated(update)
 
 
 _USAGE_SERIALIZER = UsageReport.__pydantic_serializer__
@@ -253,6 +264,9 @@ _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
 _COMPACT, _INDENTED = "compact", "indented"
 #: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
 _LIST_TEXTS = "usage_list_texts"
+#: The memo name of a report's rendered fields before its lists: ``{form: their members' text}``
+#: (a report made by ``_updated`` with none of them in its update starts from its parent's).
+_BEFORE_TEXTS = "usage_before_texts"
 #: The indentation of an item's lines in ``usage.json`` (an item of a list in the top object).
 _ITEM_INDENT = "\n    "
 _ITEM_SEPARATOR = ",\n    "
@@ -277,8 +291,24 @@ def usage_file_text(report: UsageReport) -> str:
     return derived(report, "json", lambda: _indented(report))
 
 
+def _before_lists(report: UsageReport, form: str) -> Any:
+    """The members of the report's fields before its lists in ``form`` (compact: their JSON without
+    the braces; indented: their lines, or "" for none), derived once per report and form, and carried
+    to a report made from it that changed none of them (see ``_updated``)."""
+    texts: dict[str, Any] = derived(report, _BEFORE_TEXTS, dict)
+    text = texts.get(form)
+    if text is None:
+        if form == _COMPACT:
+            text = _USAGE_SERIALIZER.to_json(report, include=_BEFORE_LISTS)[1:-1]
+        else:
+            text = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True,
+                                             include=_BEFORE_LISTS).decode()[2:-2]
+        texts[form] = text
+    return text
+
+
 def _compact(report: UsageReport) -> bytes:
-    members = [_USAGE_SERIALIZER.to_json(report, include=_BEFORE_LISTS)[1:-1]]
+    members = [_before_lists(report, _COMPACT)]
     members += [b"".join([b'"', name.encode(), b'":[', _items_text(report, name, _COMPACT), b"]"])
                 for name in _ITEM_LISTS]
     if _AFTER_LISTS:
@@ -293,7 +323,7 @@ def _indented(report: UsageReport) -> str:
     def whole(fields: set[str]) -> str:  # "{\n" members "\n}", or "{}"
         return _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=fields).decode()[2:-2]
 
-    members = [whole(_BEFORE_LISTS)]
+    members = [_before_lists(report, _INDENTED)]
     for name in _ITEM_LISTS:
         items = _items_text(report, name, _INDENTED)
         members.append(f'  "{name}": [\n    {items}\n  ]' if items else f'  "{name}": []')

@@ -982,7 +982,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
             socket=facts.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
             costKind=kind, **{k: v for k, v in named.items() if v is not None}))
         if usage_unknown and not s.usage.costEstimated:
-            s.usage = s.usage.model_copy(update={"costEstimated": True})  # as for any turn with no usage
+            s.usage = s.usage.estimated()  # as for any turn with no usage
         ctx.write_usage()
         if unreadable:
             ctx.emit("usage_unreadable", {"socket": facts.id, "taskId": s.current_item_key, "figures": unreadable})
@@ -995,7 +995,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
         # figures. Once: the report is then unchanged by such turns (its JSON stays cached).
-        s.usage = s.usage.model_copy(update={"costEstimated": True})
+        s.usage = s.usage.estimated()
     if ev.stop_reason == "aborted":
         # The turn was stopped before it answered (the user's Esc, a cancel): a cut-off reply is
         # never an output, a draft or a failure to retry, whatever the socket's kind.

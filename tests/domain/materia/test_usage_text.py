@@ -129,3 +129,61 @@ def test_any_report_is_written_as_pydantic_writes_it(steps: list[tuple[bool, Tur
         if render:
             assert_same_texts(report)
     assert_same_texts(report)
+
+
+def test_the_leading_fields_are_rendered_again_only_when_a_new_report_changes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A selection that names no model leaves the totals, model fields and tables as they were: a
+    report made by it starts from its parent's text of them; one that names a model, a subscription
+    model or a turn changes them, and its texts are rendered afresh -- every text pydantic's own."""
+    serializer = budget._USAGE_SERIALIZER
+    leading: list[str] = []
+
+    class Counting:
+        def to_json(self, report: UsageReport, **options: Any) -> bytes:
+            if options.get("include") == budget._BEFORE_LISTS:
+                leading.append("i" if "indent" in options else "c")
+            return serializer.to_json(report, **options)
+
+    monkeypatch.setattr(budget, "_USAGE_SERIALIZER", Counting())
+
+    def select(report: UsageReport, n: int, requested_model: str | None = None) -> UsageReport:
+        return report.add_selection(model_selection(socket=f"s{n}", materia="m", visit=n, item_key=None,
+                                                    requested_model=requested_model, requested_thinking=None,
+                                                    thinking=None, thinking_fallback_reason=None))
+
+    report = UsageReport()
+    assert_same_texts(report)
+    assert sorted(leading) == ["c", "i"]
+    for n in range(4):  # no model named: nothing before the lists changes
+        report = select(report, n)
+        assert_same_texts(report)
+    assert sorted(leading) == ["c", "i"]
+    changes = [lambda r: select(r, 5, "prov/m"),  # the report names the model asked for
+               lambda r: r.add_selection({"socket": "s6", "requestedModel": "codex/x", "model": None}),  # subscription
+               lambda r: r.add_turn(record(7, every_field=True))]  # a turn: totals and tables
+    for change in changes:
+        leading.clear()
+        before = report
+        report = change(report)
+        assert_same_texts(report)
+        assert sorted(leading) == ["c", "i"]
+        assert usage_file_text(before) == full_indented(before)  # the parent's texts are still its own
+    assert report.costKind == "subscription" and "costKind" in report.model_fields_set
+
+
+def test_a_report_marked_estimated_is_pydantics_copy_and_renders_no_item_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``estimated()`` (a turn with no usage, the engine's) gives what ``model_copy`` gives -- every
+    field, the set of given fields, both texts -- and starts from its parent's item texts."""
+    report = grown([record(n, every_field=True) for n in range(5)], render_each_step=True)
+    expected = report.model_copy(update={"costEstimated": True})
+    texts = (full_compact(expected), full_indented(expected))
+    rendered: list[str] = []
+    compact, indented = budget._compact_item, budget._indented_item
+    monkeypatch.setattr(budget, "_compact_item", lambda name, item: rendered.append(name) or compact(name, item))
+    monkeypatch.setattr(budget, "_indented_item", lambda name, item: rendered.append(name) or indented(name, item))
+    marked = report.estimated()
+    assert marked == expected and marked.model_fields_set == expected.model_fields_set
+    assert marked.costEstimated
+    assert (usage_state_json(marked), usage_file_text(marked)) == texts
+    assert rendered == []
