@@ -474,6 +474,12 @@ class IcarusWorkerClient:
             self._await_running_call()
         if isinstance(exc, Retired) and exc.data.get("reason") != "crash_loop":
             # (crash_loop: refused by a live incarnation, which does not retire; already worker_retired)
+            reason = exc.data.get("reason")
+            if exc.may_have_started is False and isinstance(reason, str):
+                # Refused unsent by a retirement another call caused: said so, so that a tool call
+                # queued behind a hung retrieval does not read as its own timeout.
+                return WorkerRetired(f"not sent: the icarus worker was retired before this call ran ({reason})",
+                                     data=exc.data)
             return WorkerRetired(exc.message, data=exc.data)
         return exc
 

@@ -63,6 +63,9 @@ def test_timeout_rejects_all_100_queued_calls_none_ever_executes(bridge):
         with pytest.raises(WorkerRetired) as rejected:
             pending.result()
         assert rejected.value.code == ErrorCode.WORKER_RETIRED and rejected.value.may_have_started is False
+        # says it never ran, and why: not as if its own call had timed out
+        assert rejected.value.message == ("not sent: the icarus worker was retired before this call ran "
+                                          "(call hooks.sleep timed out)")
     assert gone(first_pid)
     # A new call gets a fresh worker with fresh module state; session init is not re-run.
     assert bridge.client.call("hooks", "counter") == 1
