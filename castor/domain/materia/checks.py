@@ -5,6 +5,7 @@ Each check returns a list of :class:`ConfigIssue` (empty when fine) and never ra
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -261,4 +262,54 @@ def check_compaction(compaction: Any, source: str | None = None) -> list[ConfigI
                     issue("the final tier must be open-ended: omit its maxContextWindow", *at, "maxContextWindow")
                 )
         previous_max = hi
+    return issues
+
+
+#: The fields each place of a config has, pi-materia's and castor's (UI-only ones included):
+#: a key outside these is read by neither, so it is most likely a misspelling of one of them.
+KNOWN_TOP = ("$schema", "artifactDir", "budget", "limits", "compaction", "materia", "loadouts", "activeLoadout",
+             *OBSOLETE_TOP)
+KNOWN_OBJECT_FIELDS = {
+    "budget": ("maxTokens", "maxCostUsd", "warnAtPercent", "stopAtLimit"),
+    "limits": ("maxSocketVisits", "maxEdgeTraversals"),
+    "compaction": ("proactiveThresholdPercent", "proactiveThresholdTiers"),
+}
+KNOWN_MATERIA = ("type", "prompt", "tools", "model", "thinking", "multiTurn", "generator", "parse", "label",
+                 "description", "group", "color", "generates", "systemPrompt", "utility", "command", "params",
+                 "timeoutMs", "assign")
+KNOWN_SOCKET = ("type", "materia", "utility", "command", "params", "timeoutMs", "parse", "assign", "edges", "next",
+                "foreach", "advance", "limits", "socketKind", "empty", "layout", "label", "description",
+                "budget", *OBSOLETE_SOCKET_AT_LOAD, "multiTurn")
+
+
+def _unknown(path: tuple[str | int, ...], key: str, where: str, known: tuple[str, ...],
+             source: str | None) -> ConfigIssue:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or [
+        k for k in known if k.lower() == key.lower()]
+    hint = f"; did you mean \"{close[0]}\"?" if close else f" (known: {', '.join(k for k in known if k[0] != '$')})"
+    return warning("unknown-field", pointer(*path, key), source=source,
+                   message=f"{where} has a field \"{key}\" that neither castor nor pi-materia reads: it is "
+                           f"ignored{hint}")
+
+
+def unknown_field_warnings(merged: dict[str, Any], lname: str, loadout: dict[str, Any],
+                           source: str | None) -> list[ConfigIssue]:
+    """A field nothing reads -- at the top level, in ``budget``/``limits``/``compaction``, in a
+    materia, or in a socket of loadout ``lname`` -- is loaded and ignored (as pi-materia ignores it)
+    and named: ``"maxCostUSD"`` for ``maxCostUsd`` is a cast with no cost limit at all."""
+    issues = [_unknown((), key, "the config", KNOWN_TOP, source) for key in merged if key not in KNOWN_TOP]
+    for field, known in KNOWN_OBJECT_FIELDS.items():
+        value = merged.get(field)
+        if is_plain_object(value):
+            issues += [_unknown((field,), key, field, known, source) for key in value if key not in known]
+    materia = merged.get("materia")
+    for name, entry in (materia.items() if is_plain_object(materia) else ()):
+        if is_plain_object(entry):
+            issues += [_unknown(("materia", name), key, f"materia \"{name}\"", KNOWN_MATERIA, source)
+                       for key in entry if key not in KNOWN_MATERIA]
+    sockets = loadout.get("sockets")
+    for sid, socket in (sockets.items() if is_plain_object(sockets) else ()):
+        if is_plain_object(socket):
+            issues += [_unknown(("loadouts", lname, "sockets", sid), key, f"loadout \"{lname}\": {sid}",
+                                KNOWN_SOCKET, source) for key in socket if key not in KNOWN_SOCKET]
     return issues

@@ -57,6 +57,7 @@ WARNING_CODES = (
     "socket-limit-enforced",
     "ignored-budget",
     "no-end",
+    "unknown-field",
 )
 
 

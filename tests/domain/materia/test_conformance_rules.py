@@ -279,3 +279,37 @@ def test_a_whole_number_written_with_a_point_is_a_limit_as_pi_materia_reads_it()
     with pytest.raises(ConfigError) as err:
         resolve_config(load_config([("t.json", cfg)]))
     assert [i.code for i in err.value.issues] == ["invalid-limits"]
+
+
+def test_a_misspelt_field_is_warned_about_where_it_would_be_silently_ignored() -> None:
+    # "maxCostUSD" for maxCostUsd: pi-materia loads it and the cast runs with no cost limit at all
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "edgse": [{"when": "always", "to": "end"}]}})
+    cfg.update(budget={"maxCostUSD": 1, "maxTokens": 10}, limits={"maxSocketVisit": 3}, buget={},
+               compaction={"proactiveThresholdPercnt": 50})
+    cfg["materia"]["A"]["multiturn"] = True
+    rc = resolve_config(load_config([("t.json", cfg)]))
+    assert sorted((w.code, w.path) for w in rc.warnings) == sorted([
+        ("unknown-field", "/buget"), ("unknown-field", "/budget/maxCostUSD"),
+        ("unknown-field", "/compaction/proactiveThresholdPercnt"), ("unknown-field", "/limits/maxSocketVisit"),
+        ("unknown-field", "/loadouts/L/sockets/Socket-1/edgse"), ("unknown-field", "/materia/A/multiturn")])
+    said = {w.path: w.message for w in rc.warnings}
+    assert "maxCostUsd" in said["/budget/maxCostUSD"] and "ignored" in said["/budget/maxCostUSD"]
+    assert all(w.source == "t.json" for w in rc.warnings)
+
+
+def test_every_field_pi_materia_and_castor_define_is_known() -> None:
+    cfg = _cfg({"Socket-1": {"type": "agent", "materia": "A", "parse": "json", "assign": {"x": "$.summary"},
+                             "edges": [{"when": "satisfied", "to": "end"}, {"when": "always", "to": "Socket-2"}],
+                             "limits": {"maxVisits": 2}, "empty": False, "layout": {"x": 1}},
+                "Socket-2": {"type": "utility", "utility": "echo", "params": {"text": "hi"}, "timeoutMs": 5,
+                             "next": "end"}},
+               layout={"sockets": {}})
+    cfg.update({"$schema": "x", "artifactDir": ".pi/pi-materia",
+                "budget": {"maxTokens": 1, "maxCostUsd": 1, "warnAtPercent": 5, "stopAtLimit": False},
+                "limits": {"maxSocketVisits": 3, "maxEdgeTraversals": 3},
+                "compaction": {"proactiveThresholdPercent": 50}})
+    cfg["materia"]["A"].update(model="m", thinking="low", multiTurn=False, generator=False, parse="text",
+                               label="l", description="d", group="g", color="c", generates=None)
+    assert resolve_config(load_config([(DEFAULT_LABEL, default_config()), ("t.json", cfg)])).warnings == []
+    for name in default_config()["loadouts"]:
+        assert resolve_config(load_config([(DEFAULT_LABEL, default_config())]), name).warnings == []
