@@ -198,7 +198,13 @@ def test_an_openai_compatible_servers_usage_reaches_the_report_and_the_budget_in
         assert result.returncode == 0, result.stderr
         assert started == ["Socket-1", "Socket-2", "Socket-3"]
         assert not any(e["type"] in ("budget_limit", "budget_warning") for e in events)
-        assert len(usage["turns"]) == (0 if fmt == "no usage" else 3)
+        assert len(usage["turns"]) == 3
+    if fmt == "no usage":
+        # a server that sends no usage (a local one, a proxy that strips it): each turn is recorded as
+        # reporting none -- the budget cannot count it, and the cast says so -- never left out unseen
+        assert [turn.get("unreported") for turn in usage["turns"]] == [["tokens"]] * 3, usage["turns"]
+        assert [e["data"]["figures"] for e in events if e["type"] == "usage_unreported"] == [["tokens"]] * 3
+        assert "reported no token counts" in result.stderr, result.stderr
 
 
 # --------------------------------------------------------------------------- the alias rules themselves

@@ -97,7 +97,7 @@ class _Call:
                 pass
 
 
-def _usage(raw: Any) -> TurnUsage | None:
+def _usage(raw: Any) -> TurnUsage:
     """The server's ``usage`` as TurnUsage. Telemetry: a figure that is not a finite, non-negative
     number (NaN, a string, -1) counts as not reported -- it failed the turn that had answered.
     ``raw`` keeps the map as plain JSON for the engine's alias-aware reading (which counts 12.5
@@ -105,9 +105,11 @@ def _usage(raw: Any) -> TurnUsage | None:
     top level (the engine reads ``cached_tokens`` there; nested, the cached tokens were lost), and
     a ``cost`` the server states (OpenRouter's ``usage.cost``: what it charged) marked as the
     provider's billed figure, as Pi marks one (``cost.totalFromProvider``): the report's
-    ``costEstimated`` stays false for such turns."""
-    if raw is None:
-        return None
+    ``costEstimated`` stays false for such turns. No ``usage`` at all (a local server, a proxy
+    that strips it) is an empty usage, never None: the turn is recorded as reporting no tokens
+    (``unreported``) and the cast says so, as for a usage that counts none."""
+    if raw is None:  # no usage sent: the turn reports none, which the engine records and names
+        return TurnUsage()
     if not isinstance(raw, dict):  # a usage that is no map counts nothing and is named, as the harness link's
         return TurnUsage(raw=unreadable_usage("usage", plain_usage(raw)))
     raw_details = raw.get("prompt_tokens_details")

@@ -25,6 +25,7 @@ from castor.domain.materia.budget import (
     unreadable_figures,
 )
 from castor.domain.materia.cast_messages import TurnEnded
+from castor.ports.agent import TurnUsage as AgentTurnUsage
 
 from .scripted import Driver, config, resolved
 
@@ -214,7 +215,9 @@ def test_an_openai_compatible_servers_usage_that_is_not_a_map_is_named_as_the_ha
     assert unreadable_figures(served.raw) == [f"usage={json.dumps(usage)}"]
     wired = outcome_from_wire("t1", {"usage": usage}).usage
     assert wired is not None and unreadable_figures(wired.raw) == unreadable_figures(served.raw)
-    assert _usage(None) is None, "no usage sent is no usage, not a malformed one"
+    # no usage sent is a usage that counts nothing (the engine records the turn as reporting none),
+    # not a malformed one
+    assert _usage(None) == AgentTurnUsage() and AgentTurnUsage().raw is None
 
 
 @pytest.mark.parametrize("usage", ["lots", 5, [1, 2], True])
