@@ -108,6 +108,24 @@ def test_a_malformed_relative_file_is_named_once_as_given(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("text", ['{"activeLoadout": "hello",\n}',
+                                  '{"budget": {"maxTokens": 5, },\n "activeLoadout": "hello"}',
+                                  '{"activeLoadout": "hello", "limits": {"maxSocketVisits": 3}, "x": [1, 2,\n\t]}'])
+def test_a_trailing_comma_is_refused_as_pi_materia_refuses_it_and_named(tmp_path: Path, text: str) -> None:
+    """JSON.parse refuses a comma before a closing bracket (a JSONC/JavaScript habit), so pi-materia
+    does not load such a file; castor refuses it too, and says it is the comma (the parser's own words
+    were "Expecting property name enclosed in double quotes" or "Expecting value")."""
+    profile, project = _dirs(tmp_path, profile=None, project=None)
+    (project / ".pi" / "pi-materia.json").write_text(text)
+    checked = _castor(project, "validate", ".pi/pi-materia.json", profile=profile)
+    assert checked.returncode == 1 and "[invalid-json]" in checked.stderr
+    assert "JSON has no trailing commas" in checked.stderr, checked.stderr
+    comma = text.rindex(",", 0, text.index("}" if text.count("]") == 0 else "]"))
+    line = text.count("\n", 0, comma) + 1
+    assert f"the comma at line {line} column {comma - (text.rfind(chr(10), 0, comma) + 1) + 1}" in checked.stderr
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("text", ['// mine\n{"activeLoadout": "hello"}', '{"activeLoadout": "hello" /* mine */}'])
 def test_a_comment_is_refused_as_pi_materia_refuses_it_and_named(tmp_path: Path, text: str) -> None:
     """JSON.parse refuses a comment, so pi-materia does not load such a file; castor refuses it too,

@@ -104,6 +104,21 @@ _DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=js_float, pars
                             object_pairs_hook=_pairs)
 
 
+def _trailing_comma(text: str, pos: int) -> str:
+    """The hint for a parse error at a closing bracket right after a comma (JSONC's and
+    JavaScript's habit, which ``JSON.parse`` refuses as Python's parser does): where the comma is.
+    Empty when the error is something else."""
+    if not text.startswith(("}", "]"), pos):
+        return ""
+    before = text[:pos].rstrip(" \t\r\n")
+    if not before.endswith(","):
+        return ""
+    at = len(before) - 1
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    return f"; JSON has no trailing commas (remove the comma at line {line} column {column})"
+
+
 def _decode(text: str) -> tuple[Any, list[tuple[str, str, int]]]:
     """``text`` decoded by :data:`_DECODER`, with every key repeated within one object as
     ``(pointer of the member, key, times written)``, in document order."""
@@ -164,6 +179,7 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
                                               "(U+FEFF), which JSON does not allow; save it as UTF-8 without a BOM")]
         # a comment is the common mistake (JSONC habits): JSON.parse refuses it too; say so
         comment = "; JSON has no comments (remove it)" if text.startswith(("//", "/*"), exc.pos) else ""
+        comment = comment or _trailing_comma(text, exc.pos)
         return None, [
             ConfigIssue(
                 code="invalid-json",
