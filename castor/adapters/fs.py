@@ -53,6 +53,7 @@ import functools
 import itertools
 import json
 import os
+import posixpath
 import re
 import secrets
 import stat
@@ -805,4 +806,25 @@ def project_artifact_root(cwd: str, configured: str | None) -> Path:
     try:
         return confine(project, wanted, allow_absolute=True)
     except Forbidden as exc:
-        raise paths.artifact_dir_outside(wanted, str(project), exc) from None
+        link = _link_leading_out(project, wanted) if exc.data.get("reason") == paths.REASON_SYMLINK else None
+        raise paths.artifact_dir_outside(wanted, str(project), exc, link) from None
+
+
+def _link_leading_out(project: Path, wanted: str) -> tuple[str, str] | None:
+    """The first symbolic link on the way from ``project`` to ``wanted`` (relative, or absolute
+    inside it) whose target lies outside ``project``: ``(its path relative to the project, its
+    resolved target)``; None if none is found (the path changed meanwhile)."""
+    relative = wanted
+    if posixpath.isabs(wanted):
+        relative = posixpath.relpath(posixpath.normpath(wanted), str(project))
+    parts = [p for p in relative.split("/") if p not in ("", ".")]
+    if ".." in parts:  # (a project reached through a link of its own: not this walk's to name)
+        return None
+    at = project
+    for part in parts:
+        at = at / part
+        if at.is_symlink():
+            target = os.path.realpath(at)
+            if not paths.inside(str(project), target):
+                return str(at.relative_to(project)), target
+    return None

@@ -92,15 +92,29 @@ def check_project_path(cwd: str) -> None:
         raise InvalidParams("cwd must be an absolute path", data={"cwd": cwd[:200].replace("\x00", "\\0")})
 
 
-def artifact_dir_outside(configured: str | None, project: str, refused: Forbidden) -> Forbidden:
+def artifact_dir_outside(configured: str | None, project: str, refused: Forbidden,
+                         link: tuple[str, str] | None = None) -> Forbidden:
     """The ``forbidden`` error for a configured ``artifactDir`` that would leave the project:
-    a hostile config may not make a cast write into ``/etc`` or a sibling checkout."""
+    a hostile config may not make a cast write into ``/etc`` or a sibling checkout. ``link``
+    (the project-relative path of a symbolic link the directory leads out through, and where it
+    leads) names that link and says to replace it: the value itself is then no fault of its own."""
     reason = refused.data.get("reason")
-    shown = str(configured)[:200].encode("unicode_escape", "backslashreplace").decode("ascii")
+
+    def shown(text: str) -> str:
+        return text[:200].encode("unicode_escape", "backslashreplace").decode("ascii")
+
+    data = {"artifactDir": str(configured)[:200], "cwd": project, "reason": reason}
+    if link is not None:
+        return Forbidden(
+            f"artifactDir must stay inside the project directory: {shown(str(configured))!r} is refused: "
+            f"{shown(link[0])!r} is a symbolic link to {shown(link[1])}, outside the project; make "
+            f"{shown(link[0])!r} a directory of the project, or set artifactDir to one",
+            data={**data, "link": link[0][:200], "linkTarget": link[1][:200]},
+        )
     return Forbidden(
-        f"artifactDir must stay inside the project directory: {shown!r} is refused ({reason}); name a "
-        "directory below the project without '..', e.g. \".pi/pi-materia\"",
-        data={"artifactDir": str(configured)[:200], "cwd": project, "reason": reason},
+        f"artifactDir must stay inside the project directory: {shown(str(configured))!r} is refused ({reason}); "
+        "name a directory below the project without '..', e.g. \".pi/pi-materia\"",
+        data=data,
     )
 
 

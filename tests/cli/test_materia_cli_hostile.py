@@ -86,6 +86,24 @@ def test_casts_and_status_refuse_an_artifact_dir_outside_the_project_like_cast_d
         _one_clean_error_line(_castor(tmp_path, *args, cwd=project), "forbidden")
 
 
+def test_an_artifact_dir_a_link_leads_out_of_the_project_names_the_link_not_the_dir_it_suggests(tmp_path):
+    # .pi shared between checkouts by a link: the default artifactDir ".pi/pi-materia" leads out
+    # through it; the refusal suggested ".pi/pi-materia" -- the very value it refused
+    shared = tmp_path / "shared-pi"
+    shared.mkdir()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".pi").symlink_to(shared)
+    (project / "answers.json").write_text(json.dumps(["hi"]))
+    for args in (("casts",), ("cast", "x", "--quiet", "--agent", "script:answers.json")):
+        result = _castor(tmp_path, *args, cwd=project)
+        _one_clean_error_line(result, "forbidden")
+        line = result.stderr.strip().splitlines()[-1]
+        assert f"'.pi' is a symbolic link to {shared}" in line, line
+        assert 'e.g. ".pi/pi-materia"' not in line, line
+    assert list(shared.iterdir()) == []
+
+
 @pytest.mark.timeout(90)
 def test_a_cast_started_with_config_is_found_again_with_config(tmp_path):
     project = _project(tmp_path, HELLO)
