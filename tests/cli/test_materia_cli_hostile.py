@@ -615,7 +615,7 @@ import castor.cli.materia as cli
 from castor.cli.app import main
 
 
-def interrupted_finish(view, flags):
+def interrupted_finish(view, flags, agent_flags=""):
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the cast's end is reported
     threading.Event().wait(10)  # the handler raises here
     raise AssertionError("no KeyboardInterrupt")
