@@ -6,38 +6,23 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
-from tests.support.waiting import wait_for
+from tests.support.served import CASTOR, metrics_reader, served_env
 
 pytestmark = pytest.mark.timeout(90)
 
-CASTOR = [sys.executable, "-m", "castor"]
 DYING = Path(__file__).resolve().parents[1] / "support" / "icarus_packages" / "dies_in_every_call" / "icarus"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = str(tmp_path / "home")
-    agent = tmp_path / "home" / ".pi" / "agent"
-    agent.mkdir(parents=True, exist_ok=True)
-    (agent / "settings.json").write_text(json.dumps({"piIcarusHook": {
-        "icarusDir": str(DYING), "python": sys.executable, "fabricDir": str(tmp_path / "fabric"),
-        "classifier": "none"}}))
-    env["PI_CODING_AGENT_DIR"] = str(agent)
-    env.pop("XDG_RUNTIME_DIR", None)
-    env.pop("MATERIA_CONFIG", None)
-    env.pop("CASTOR_LOG_JSON", None)
-    return env
+    return served_env(tmp_path, DYING)
 
 
 def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metrics(tmp_path):
@@ -51,8 +36,7 @@ def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metr
                                    "--icarus-worker-max-deaths", "2", "--icarus-worker-cool-down", "600"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        console = wait_for(lambda: re.search(r"console: (http://127\.0\.0\.1:\d+/) \(token file: ([^)]+)\)",
-                                             log.read_text()), 30, "the console's line")
+        metrics_of = metrics_reader(log)
         with Client.connect_unix(str(sock)) as client:
             client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
             for n in range(6):  # two deaths, then four hooks refused at once
@@ -72,10 +56,7 @@ def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metr
             assert re.search(r"workers started\s*│?\s*2\b", worker), worker
             tree = inspect("actors")
             assert "IcarusWorkerActor" in tree and "worker given up: it died 2 times within 60 s" in tree
-            token = Path(console.group(2)).read_text().strip()
-            request = urllib.request.Request(console.group(1) + "metrics", headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(request, timeout=10) as response:
-                metrics = response.read().decode()
+            metrics = metrics_of()
             assert "castor_worker_give_ups_total 1.0" in metrics
             assert "castor_worker_calls_refused_total 4.0" in metrics
     finally:

@@ -5,33 +5,22 @@ kind do -- a series that vanishes leaves a dashboard's line with a gap, and an a
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
+from tests.support.served import CASTOR, metrics_reader, served_env, start_a_cast_awaiting_its_turn
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-CASTOR = [sys.executable, "-m", "castor"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = str(tmp_path / "home")
-    (tmp_path / "home").mkdir(exist_ok=True)
-    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
-    env.pop("MATERIA_CONFIG", None)
-    env.pop("CASTOR_LOG_JSON", None)
-    env.pop("XDG_RUNTIME_DIR", None)
-    return env
+    return served_env(tmp_path)
 
 
 def _sample(text: str, series: str) -> float | None:
@@ -51,25 +40,10 @@ def test_gauges_by_kind_stay_at_0_once_the_last_actor_of_the_kind_is_gone(tmp_pa
         server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--console", "127.0.0.1:0"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        console = wait_for(lambda: re.search(r"console: (http://127\.0\.0\.1:\d+/) \(token file: ([^)]+)\)",
-                                             log.read_text()), 30, "the console's line")
-        token = Path(console.group(2)).read_text().strip()
-
-        def metrics() -> str:
-            request = urllib.request.Request(console.group(1) + "metrics",
-                                             headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.read().decode()
+        metrics = metrics_reader(log)
 
         with Client.connect_unix(str(sock)) as client:
-            turns: list[dict] = []
-            client.on_notification("agent.run_turn", turns.append)
-            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
-            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
-            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
-            cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "hi"},
-                                  timeout=20)["cast_id"]
-            wait_for(lambda: turns, timeout=20, what="the agent turn")
+            cast_id = start_a_cast_awaiting_its_turn(client, project)
             live = metrics()
             assert _sample(live, 'castor_actors{kind="CastActor",state="running"}') == 1
             assert _sample(live, 'castor_mailbox_depth{kind="SocketActor"}') == 0

@@ -7,40 +7,25 @@ operator runs them. The package is the TEST FAKE ``tests/support/icarus_packages
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
+from tests.support.served import CASTOR, metrics_reader, served_env
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-CASTOR = [sys.executable, "-m", "castor"]
 SLOW = Path(__file__).resolve().parents[1] / "support" / "icarus_packages" / "slow_hooks" / "icarus"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = str(tmp_path / "home")
-    agent = tmp_path / "home" / ".pi" / "agent"
-    agent.mkdir(parents=True, exist_ok=True)
-    (agent / "settings.json").write_text(json.dumps({"piIcarusHook": {
-        "icarusDir": str(SLOW), "python": sys.executable, "fabricDir": str(tmp_path / "fabric"),
-        "classifier": "none"}}))
-    env["PI_CODING_AGENT_DIR"] = str(agent)
-    env["ICARUS_FAKE_SLOW_S"] = "600"
-    env.pop("XDG_RUNTIME_DIR", None)
-    env.pop("MATERIA_CONFIG", None)
-    env.pop("CASTOR_LOG_JSON", None)
-    return env
+    return served_env(tmp_path, SLOW, ICARUS_FAKE_SLOW_S="600")
 
 
 def _row(table: str, name: str) -> str:
@@ -61,8 +46,7 @@ def test_a_hanging_worker_call_shows_what_it_does_its_deadline_and_the_calls_que
                                   env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     client = None
     try:
-        console = wait_for(lambda: re.search(r"console: (http://127\.0\.0\.1:\d+/) \(token file: ([^)]+)\)",
-                                             log.read_text()), 30, "the console's line")
+        metrics_of = metrics_reader(log)
         client = Client.connect_unix(str(sock))
         client.call("session.open", {"session_id": "s1", "cwd": str(project)}, timeout=20)
 
@@ -96,10 +80,7 @@ def test_a_hanging_worker_call_shows_what_it_does_its_deadline_and_the_calls_que
         # what it does, for how long and what ends it -- not the tree's whole line again
         assert re.fullmatch(r"worker call hooks\.pre_llm_call for \d+\.\ds, deadline in \d+\.\ds", doing), doing
         assert _row(worker, "queued calls").count("tools.fabric_search") == 2
-        token = Path(console.group(2)).read_text().strip()
-        request = urllib.request.Request(console.group(1) + "metrics", headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            metrics = response.read().decode()
+        metrics = metrics_of()
         assert 'castor_mailbox_depth{kind="IcarusWorkerActor"} 2.0' in metrics
         tree = inspect("actors")
         for seen in (worker, tree, metrics):

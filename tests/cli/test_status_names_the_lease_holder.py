@@ -6,30 +6,23 @@ never ends (no harness answers it), and ``castor status`` typed in another proce
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
+from tests.support.served import CASTOR, served_env, start_a_cast_awaiting_its_turn
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-CASTOR = [sys.executable, "-m", "castor"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = str(tmp_path / "home")
-    env["PI_CODING_AGENT_DIR"] = str(tmp_path / "home" / ".pi" / "agent")
-    env.pop("MATERIA_CONFIG", None)
-    env.pop("CASTOR_LOG_JSON", None)
-    return env
+    return served_env(tmp_path)
 
 
 def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
@@ -42,14 +35,7 @@ def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
     try:
         wait_for(sock.exists, timeout=30, what="the socket")
         with Client.connect_unix(str(sock)) as client:
-            turns: list[dict] = []
-            client.on_notification("agent.run_turn", turns.append)
-            client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
-            client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
-            client.call("loadout.set", {"session_id": "s1", "cwd": str(project), "name": "hello"}, timeout=20)
-            cast_id = client.call("cast.start", {"session_id": "s1", "cwd": str(project), "request": "hi"},
-                                  timeout=20)["cast_id"]
-            wait_for(lambda: turns, timeout=20, what="the agent turn")
+            cast_id = start_a_cast_awaiting_its_turn(client, project)
             text = subprocess.run([*CASTOR, "status", cast_id, "--cwd", str(project)], env=env,
                                   capture_output=True, text=True, timeout=30)
             assert text.returncode == 0, text.stderr

@@ -142,6 +142,14 @@ def second_client(sock: Path) -> Client:
     return client
 
 
+def pi_on_the_shared_castor(start_pi: Any, root: Path, sock: Path) -> Any:
+    """A real Pi in ``root`` (trusted) on the shared castor, up and answering."""
+    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
+                  extra_args=["--castor-endpoint", f"unix:{sock}"])
+    up(pi)
+    return pi
+
+
 def cast_actor_path(client: Client, cast_id: str) -> str:
     actors = client.call("ops.actors", {"prefix": "/root/session"})["actors"]
     return next(a["path"] for a in actors if a["path"].endswith(f"/cast/{cast_id}"))
@@ -158,9 +166,7 @@ def test_a_cast_actor_restarted_under_a_running_turn_tells_the_user_and_esc_stil
     root = tmp_path / "project"
     (root / ".pi").mkdir(parents=True)
     (root / ".pi" / "pi-materia.json").write_text(json.dumps(loadout("text")))
-    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
-                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
-    up(pi)
+    pi = pi_on_the_shared_castor(start_pi, root, shared_castor)
     fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
     fake_llm.reply_text("BUILT never sent either", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
     begin = pi.command("/materia cast build it")
@@ -215,9 +221,7 @@ def test_a_second_client_on_pis_endpoint_is_refused_pis_session_and_cast_with_ty
     root = tmp_path / "project"
     (root / ".pi").mkdir(parents=True)
     (root / ".pi" / "pi-materia.json").write_text(json.dumps(loadout("text")))
-    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
-                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
-    up(pi)
+    pi = pi_on_the_shared_castor(start_pi, root, shared_castor)
     fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
     pi.command("/materia cast build it")
     run = run_dir(root)
@@ -259,9 +263,7 @@ def test_a_utility_command_whose_slot_died_mid_run_runs_again_and_pi_says_so(sta
     command = "echo ran >> runs.log; sleep 44.25; echo UTIL-DONE"
     write_loadout(root, {"type": "utility", "command": ["sh", "-c", command], "timeoutMs": 120000,
                          "edges": [{"when": "always", "to": "Socket-2"}]})
-    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
-                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
-    up(pi)
+    pi = pi_on_the_shared_castor(start_pi, root, shared_castor)
     begin = pi.command("/materia cast build it")
     run = run_dir(root)
     assert poll_until(lambda: processes_with("sleep 44.25"), timeout=20), "the command never ran"
@@ -290,9 +292,7 @@ def test_a_session_castor_gave_up_on_is_opened_again_and_pi_says_what_became_of_
     root = tmp_path / "project"
     (root / ".pi").mkdir(parents=True)
     (root / ".pi" / "pi-materia.json").write_text(json.dumps(loadout("text")))
-    pi = start_pi(None, cwd=root, settings={"defaultProjectTrust": "always"}, timeout_ms=CALL_TIMEOUT_MS,
-                  extra_args=["--castor-endpoint", f"unix:{shared_castor}"])
-    up(pi)
+    pi = pi_on_the_shared_castor(start_pi, root, shared_castor)
     fake_llm.reply_text("BUILT never sent", when="BUILDER-MATERIA", delay=SUMMARY_STALL_S)
     begin = pi.command("/materia cast build it")
     run = run_dir(root)
