@@ -55,8 +55,9 @@ class FileIcarusBackend:
     def worker_spawn(self, settings: IcarusSettings, cwd: str) -> Callable[[], WorkerProcessPort]:
         return worker_factory(build_launch(settings, cwd=cwd, parent_env=self._env(), home=self._home))
 
-    def next_request_id(self) -> int:
-        return next_request_id()
+    #: The process-wide counter's own ``__next__`` (see worker_process.next_request_id): a request
+    #: id is one C call, not this method's frame around a function's.
+    next_request_id = staticmethod(next_request_id)
 
 
 def default_backend(*, env: Mapping[str, str] | None = None, home: str | None = None) -> IcarusBackend:

@@ -130,12 +130,11 @@ __all__ = ["IcarusCallError", "StderrTail", "WorkerProcess", "WorkerProtocolErro
            "next_request_id", "reply_result", "worker_factory"]
 
 
-def next_request_id() -> int:
-    """Process-wide monotonic request id (never reused, even across workers).
-
-    ``next`` on an ``itertools.count`` runs in C under the GIL, so concurrent callers never
-    get the same id (tests/icarus_worker: request ids unique across workers and threads)."""
-    return next(_ids)
+#: Process-wide monotonic request ids (never reused, even across workers): ``next_request_id()``
+#: is the counter's own ``__next__``, which runs in C under the GIL, so concurrent callers never
+#: get the same id (tests/icarus_worker: request ids unique across workers and threads), and a
+#: call is one C call with no Python frame.
+next_request_id: Callable[[], int] = _ids.__next__
 
 
 class WorkerStats(BaseModel):
