@@ -220,8 +220,10 @@ class Actor(pykka.ThreadingActor):
 
     def cut_loose(self) -> None:
         """Brutal shutdown (the handle's ``abandon``): the loop hands on whatever it takes next and ends."""
-        self._abandoned = True
+        # is_ending first: an inline ask that finds it unset after its handler has returned knows the
+        # handling wrote its end (idle_since, skipped once _abandoned is set; see ActorHandle.ask).
         self.is_ending = True
+        self._abandoned = True
 
     # -- hooks for subclasses --------------------------------------------
     def on_start(self) -> None:

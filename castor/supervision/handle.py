@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Callable
 
 from castor.messages.errors import ActorCrashed, ActorStopped, CastorError, InvalidParams, Timeout
@@ -29,7 +30,18 @@ from castor.messages.inspection import ActorSnapshot
 from castor.supervision.fault_plan import FaultPlan
 from castor.supervision.incarnation import Incarnation
 from castor.supervision.kinds import ControlKind, ExitKind, HandleState, ReviveChild
-from castor.supervision.mailbox import STARTED, Control, Envelope, Latch, Mailbox, MailboxClosed, Reply
+from castor.supervision.mailbox import (
+    STARTED,
+    TYPE_NAMES,
+    Control,
+    Envelope,
+    Latch,
+    Mailbox,
+    MailboxClosed,
+    Reply,
+    find_type_name,
+)
+from castor.supervision.meters import BUCKETS
 
 if TYPE_CHECKING:
     from castor.supervision.registry import Registry
@@ -105,28 +117,42 @@ def _answer_error(handle: ActorHandle, type_name: str, error: BaseException) -> 
     return crashed
 
 
-class _InlineReply:
-    """The reply slot of an inline ask: set and read on the asking thread, so no lock or gate.
-    (No ``__init__``: the class attributes are the empty slot; ``set``/``fail`` shadow them.)"""
+class _InlineReply(list[Any]):
+    """The reply slot of an inline ask: resolved and read on the asking thread, so no lock or gate.
 
-    done = False
-    value: Any = None
-    error: BaseException | None = None
+    The value is the list's one item: ``set`` is ``list.append`` itself, so resolving an ask with
+    its value (every ask that does not fail) is one C call, no Python frame. The first outcome
+    wins, as for any reply: :attr:`value` is the first item, and the asker reads a value before
+    an error (``handle_envelope`` resolves a reply once, with one or the other). Slotted, no
+    ``__dict__``: ``error`` is unset until ``fail`` sets it (read it only when there is no value)."""
 
-    def set(self, value: Any) -> bool:
-        if self.done:
-            return False
-        self.done, self.value = True, value
-        return True
+    __slots__ = ("error",)
+    error: BaseException | None
+    set = list.append
 
     def fail(self, error: BaseException) -> bool:
         if self.done:
             return False
-        self.done, self.error = True, error
+        self.error = error
         return True
+
+    @property
+    def done(self) -> bool:
+        return bool(self) or hasattr(self, "error")
+
+    @property
+    def value(self) -> Any:
+        return self[0] if self else None
 
     def wait(self, timeout: float | None) -> bool:
         return self.done
+
+
+_new_envelope = object.__new__  # an inline ask's Envelope, its slots set by the asker (see Envelope)
+
+#: What an ActorHandle's inline-ask latency cell is until a launch binds its kind's (never used:
+#: an inline ask needs an incarnation whose launch bound it).
+_UNBOUND_LATENCY: tuple[threading.Lock, list[float]] = (threading.Lock(), [0.0] * (len(BUCKETS) + 2))
 
 
 def _scalars(data: dict[str, Any]) -> dict[str, Any]:
@@ -171,10 +197,10 @@ class ActorHandle:
     ) -> None:
         self.path = path
         self.kind = "?"
-        #: ``ask_seconds`` of this handle's kind for the inline path, bound by each launch of a class
-        #: that takes inline asks before its incarnation is visible (see Meters.histogram); an
-        #: inline ask needs such an incarnation, so it always finds this bound.
-        self._observe_inline_ask: Callable[[float], None] | None = None
+        #: ``ask_seconds`` of this handle's kind for the inline path (its lock and row, see
+        #: Meters.histogram_cell), bound by each launch of a class that takes inline asks before its
+        #: incarnation is visible; an inline ask needs such an incarnation, so it always finds it.
+        self._inline_ask_latency: tuple[threading.Lock, list[float]] = _UNBOUND_LATENCY
         self.factory = factory
         self.supervisor = supervisor
         self.registry = registry
@@ -245,25 +271,39 @@ class ActorHandle:
             if mailbox.claim_idle(turn):
                 # Idle: handle it here. No deadline is kept: nothing here waits (the class
                 # bounds its handlers' run time itself, see Actor.inline_asks).
-                envelope: Envelope | None = None
+                reply: _InlineReply | None = None
                 try:
                     if actor is self._actor and actor.inbox is mailbox and not actor.is_ending:
-                        envelope = Envelope(message, _InlineReply(), STARTED)
-                        actor.handle_envelope(envelope, self, envelope.enqueued_at)
+                        # Envelope's own slots, set here without its __init__ (see Envelope).
+                        envelope = _new_envelope(Envelope)
+                        envelope.message = message
+                        envelope.reply = reply = _InlineReply()
+                        envelope.enqueued_at = started = time.monotonic()
+                        envelope.state = STARTED
+                        envelope.type_name = TYPE_NAMES.get(type(message)) or find_type_name(message)
+                        actor.handle_envelope(envelope, self, started)
+                        # The handler's end: handle_envelope's own clock reading (idle_since, read
+                        # while this thread holds the turn, so no other handling has written it
+                        # since), unless the incarnation is ending (cut loose: it wrote none).
+                        finished = self.idle_since
                         if actor.is_ending:
                             mailbox.put_control(Control(ControlKind.HONOUR))  # the loop thread ends the incarnation
+                            finished = time.monotonic()
                 finally:
                     mailbox.end_inline(turn)
-                if envelope is not None:
-                    reply = envelope.reply
-                    assert reply is not None  # an inline ask always has its reply slot
-                    # Latency is observed for every ask, inline or queued (the /metrics histogram).
-                    observe = self._observe_inline_ask
-                    assert observe is not None  # bound by the launch of this inline-ask incarnation
-                    observe(time.monotonic() - envelope.enqueued_at)
+                if reply is not None:
+                    # Latency is observed for every ask, inline or queued (the /metrics histogram),
+                    # as Meters.observe records it, without its frame (see Meters.histogram_cell).
+                    seconds = (finished or started) - started
+                    lock, row = self._inline_ask_latency
+                    index = bisect_left(BUCKETS, seconds)
+                    with lock:
+                        row[index] += 1
+                        row[-1] += seconds
+                    if reply:
+                        return reply[0]  # its value
                     error = reply.error
-                    if error is None:
-                        return reply.value
+                    assert error is not None  # handle_envelope resolved it, with a value or an error
                     raise _answer_error(self, envelope.type_name, error)
                 # replaced, rebound or ending meanwhile: queue it as usual
         return self.ask_pending(message, timeout=timeout).result()
@@ -364,7 +404,7 @@ class ActorHandle:
             actor.bind_to(self, self._mailbox, self.incarnation)
             kind = type(actor).__name__
             if actor.inline_asks:  # bound before the incarnation is visible (launches are rare)
-                self._observe_inline_ask = self.registry.meters.histogram("ask_seconds", kind)
+                self._inline_ask_latency = self.registry.meters.histogram_cell("ask_seconds", kind)
             self._actor = actor
             self.kind = kind
             self.registry.meters.count("starts", self.kind)

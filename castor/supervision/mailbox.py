@@ -35,15 +35,20 @@ _REPLY_GUARD = threading.Lock()  # makes the first set/fail of a Reply win; unco
 class ReplySlot(Protocol):
     """Where the answer to one ask goes: resolved once (the first outcome wins), then read."""
 
-    value: Any
     error: BaseException | None
+
+    @property
+    def value(self) -> Any:
+        """The value it was resolved with (None until then, or when it failed)."""
 
     @property
     def done(self) -> bool: ...
 
-    def set(self, value: Any) -> bool: ...
+    def set(self, value: Any) -> object:
+        """Resolve with a value (what it returns is not read through the slot)."""
 
-    def fail(self, error: BaseException) -> bool: ...
+    def fail(self, error: BaseException) -> object:
+        """Resolve with an error (what it returns is not read through the slot)."""
 
     def wait(self, timeout: float | None) -> bool: ...
 
@@ -129,22 +134,28 @@ class Latch:
         return got
 
 
-# Type names of message classes, found once per class: a Message's ``type_name`` is a class
-# attribute (set by Message.__init_subclass__), so its class decides it -- unless an instance
-# carries its own (a field of that name), and then it is never cached.
-_TYPE_NAMES: dict[type, str] = {}
+#: Type names of message classes, found once per class: a Message's ``type_name`` is a class
+#: attribute (set by Message.__init_subclass__), so its class decides it -- unless an instance
+#: carries its own (a field of that name), and then it is never cached. An envelope's type name
+#: is ``TYPE_NAMES.get(type(message)) or find_type_name(message)``.
+TYPE_NAMES: dict[type, str] = {}
 
 
-def _type_name(message: Any) -> str:
+def find_type_name(message: Any) -> str:
+    """A message's type name when :data:`TYPE_NAMES` has none for its class (cached there when
+    its class decides it)."""
     name = type_name_of(message)
     if isinstance(message, Message) and "type_name" not in message.__dict__:
-        _TYPE_NAMES[type(message)] = name
+        TYPE_NAMES[type(message)] = name
     return name
 
 
 @final
 class Envelope:
-    """A message on its way through a mailbox, with its reply slot for asks."""
+    """A message on its way through a mailbox, with its reply slot for asks.
+
+    An inline ask (ActorHandle.ask) builds its envelope without ``__init__`` (no Python frame, no
+    type call): it sets these same five slots itself, so the two must be kept in step."""
 
     __slots__ = ("message", "reply", "enqueued_at", "state", "type_name")
 
@@ -153,7 +164,7 @@ class Envelope:
         self.reply = reply
         self.enqueued_at = time.monotonic()
         self.state = state
-        self.type_name = _TYPE_NAMES.get(type(message)) or _type_name(message)
+        self.type_name = TYPE_NAMES.get(type(message)) or find_type_name(message)
 
 
 @final

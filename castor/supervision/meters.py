@@ -88,6 +88,15 @@ class Meters:
 
         return observe
 
+    def histogram_cell(self, name: str, kind: str) -> tuple[threading.Lock, list[float]]:
+        """The lock and the row of the histogram ``name`` of ``kind`` (made empty on first use), for
+        a hot path that records without any call of its own (an inline ask, see ActorHandle.ask):
+        with ``index = bisect_left(BUCKETS, seconds)``, hold the lock while adding one to
+        ``row[index]`` and ``seconds`` to ``row[-1]`` (the sum) -- exactly what :meth:`observe`
+        does, in the same critical section, without the observer's Python frame."""
+        with self._lock:
+            return self._lock, self._row_locked(name, kind)
+
     def _row_locked(self, name: str, kind: str) -> list[float]:
         """The histogram ``name`` of ``kind``, made empty on first use (the caller holds the lock)."""
         key = (name, kind)

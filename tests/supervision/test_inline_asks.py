@@ -5,18 +5,25 @@ what is queued, a crash hands the queue to the next incarnation, a stop waits fo
 from __future__ import annotations
 
 import threading
+import time
+from bisect import bisect_left
 
 import pytest
 
 from castor.messages.base import Message
 from castor.messages.errors import ActorCrashed, Retired
 from castor.supervision import ActorSystem, ChildSpec, handles
+from castor.supervision.meters import BUCKETS
 from castor.supervision.supervisor import Restart
 from tests.supervision.helpers import Block, Boom, Journal, Ping, Worker, poll_until
 
 
 class WhoRuns(Message, type_name="test.inline.who"):
     pass
+
+
+class Linger(Message, type_name="test.inline.linger"):
+    seconds: float
 
 
 class RetireNow(Message, type_name="test.inline.retire"):
@@ -28,6 +35,13 @@ class InlineWorker(Worker):
 
     @handles(WhoRuns)
     def who(self, _message: WhoRuns) -> int:
+        return threading.get_ident()
+
+    @handles(Linger)
+    def linger(self, message: Linger) -> int:
+        until = time.monotonic() + message.seconds  # runs this long, on the asker's thread
+        while time.monotonic() < until:
+            pass
         return threading.get_ident()
 
     @handles(RetireNow)
@@ -153,3 +167,17 @@ def test_an_inline_ask_is_counted_in_the_ask_latency_histogram(world):
     before = asks_seen()
     assert handle.ask(WhoRuns(), timeout=5) == threading.get_ident()  # ran inline
     assert asks_seen() == before + 1
+
+
+@pytest.mark.timeout(30)
+def test_an_inline_asks_latency_spans_its_handler_from_start_to_end(world):
+    # The inline path takes the handler's end from handle_envelope's own clock reading: the
+    # recorded duration must still cover the whole run, in the bucket it belongs to.
+    _journal, handle = world
+    meters = handle.registry.meters
+    before = list(meters.collect()[1][("ask_seconds", "InlineWorker")])
+    assert handle.ask(Linger(seconds=0.03), timeout=5) == threading.get_ident()  # ran inline
+    after = meters.collect()[1][("ask_seconds", "InlineWorker")]
+    assert 0.03 <= after[-1] - before[-1] < 5
+    grown = [i for i in range(len(after) - 1) if after[i] != before[i]]
+    assert grown == [bisect_left(BUCKETS, after[-1] - before[-1])]
