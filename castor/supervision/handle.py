@@ -117,32 +117,31 @@ def _answer_error(handle: ActorHandle, type_name: str, error: BaseException) -> 
     return crashed
 
 
-class _InlineReply(list[Any]):
+class _InlineReply:
     """The reply slot of an inline ask: resolved and read on the asking thread, so no lock or gate.
 
-    The value is the list's one item: ``set`` is ``list.append`` itself, so resolving an ask with
-    its value (every ask that does not fail) is one C call, no Python frame. The first outcome
-    wins, as for any reply: :attr:`value` is the first item, and the asker reads a value before
-    an error (``handle_envelope`` resolves a reply once, with one or the other). Slotted, no
-    ``__dict__``: ``error`` is unset until ``fail`` sets it (read it only when there is no value)."""
+    Slotted, no ``__init__`` (no type call's frame, no ``__dict__`` made at the first store): the
+    asker that makes one sets ``done`` False and ``error`` None itself (ActorHandle.ask). The first
+    outcome wins, as for any reply."""
 
-    __slots__ = ("error",)
+    __slots__ = ("done", "value", "error")
+    done: bool
+    value: Any
     error: BaseException | None
-    set = list.append
+
+    def set(self, value: Any) -> bool:
+        if self.done:
+            return False
+        self.done = True
+        self.value = value
+        return True
 
     def fail(self, error: BaseException) -> bool:
         if self.done:
             return False
+        self.done = True
         self.error = error
         return True
-
-    @property
-    def done(self) -> bool:
-        return bool(self) or hasattr(self, "error")
-
-    @property
-    def value(self) -> Any:
-        return self[0] if self else None
 
     def wait(self, timeout: float | None) -> bool:
         return self.done
@@ -278,6 +277,7 @@ class ActorHandle:
                         envelope = _new_envelope(Envelope)
                         envelope.message = message
                         envelope.reply = reply = _InlineReply()
+                        reply.done, reply.error = False, None
                         envelope.enqueued_at = started = time.monotonic()
                         envelope.state = STARTED
                         envelope.type_name = TYPE_NAMES.get(type(message)) or find_type_name(message)
@@ -300,10 +300,9 @@ class ActorHandle:
                     with lock:
                         row[index] += 1
                         row[-1] += seconds
-                    if reply:
-                        return reply[0]  # its value
                     error = reply.error
-                    assert error is not None  # handle_envelope resolved it, with a value or an error
+                    if error is None:
+                        return reply.value
                     raise _answer_error(self, envelope.type_name, error)
                 # replaced, rebound or ending meanwhile: queue it as usual
         return self.ask_pending(message, timeout=timeout).result()

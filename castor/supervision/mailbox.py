@@ -35,20 +35,15 @@ _REPLY_GUARD = threading.Lock()  # makes the first set/fail of a Reply win; unco
 class ReplySlot(Protocol):
     """Where the answer to one ask goes: resolved once (the first outcome wins), then read."""
 
+    value: Any
     error: BaseException | None
-
-    @property
-    def value(self) -> Any:
-        """The value it was resolved with (None until then, or when it failed)."""
 
     @property
     def done(self) -> bool: ...
 
-    def set(self, value: Any) -> object:
-        """Resolve with a value (what it returns is not read through the slot)."""
+    def set(self, value: Any) -> bool: ...
 
-    def fail(self, error: BaseException) -> object:
-        """Resolve with an error (what it returns is not read through the slot)."""
+    def fail(self, error: BaseException) -> bool: ...
 
     def wait(self, timeout: float | None) -> bool: ...
 
