@@ -25,6 +25,7 @@ castor_ask_seconds{kind}                   histogram  ask latency (send to answe
 castor_casts{phase}                        gauge      live casts by status (CAST_STATUSES; every one sampled)
 castor_socket_visits_total                 counter    agent socket visits, each once (restarts aside)
 castor_socket_visit_restarts_total         counter    a visit's agent turn sent again (retry, rerun, recast)
+castor_utility_running                     gauge      utility commands running now (their slots)
 castor_utility_runs_total                  counter    utility commands run (= histogram count)
 castor_utility_run_seconds                 histogram  utility command durations
 castor_worker_calls_total                  counter    calls into Icarus worker processes
@@ -82,12 +83,15 @@ class RuntimeCollector(Collector):
         ages: dict[str, float] = defaultdict(float)
         restart_sum: dict[str, int] = defaultdict(int)
         phases: dict[str, int] = dict.fromkeys(CAST_STATUSES, 0)
+        utilities_running = 0
         for actor in actors:
             kind, box, activity = actor["kind"], actor["mailbox"], actor["activity"]
             by_state[(kind, actor["state"])] += 1
             depths[kind] += box["depth"]
             ages[kind] = max(ages[kind], box["oldest_age_s"] or 0.0)
             restart_sum[kind] += actor["restarts"]
+            if activity is not None and activity["kind"] == "utility" and activity["data"].get("pid") is not None:
+                utilities_running += 1  # a slot whose command runs (one waiting for its turn has no pid)
             if kind == "CastActor" and activity is not None:
                 # its status, never the socket it is at (a name from the user's loadout); any
                 # other activity (at a socket, handling a message) is a cast that runs
@@ -109,6 +113,9 @@ class RuntimeCollector(Collector):
         for status in CAST_STATUSES:
             casts.add_metric([status], phases[status])
         yield from (states, depth, oldest, restarts, casts)
+        running = GaugeMetricFamily("castor_utility_running", "utility commands running now (their slots)")
+        running.add_metric([], utilities_running)
+        yield running
         sessions = GaugeMetricFamily("castor_sessions", "open harness sessions")
         sessions.add_metric([], len(self.runtime.sessions()))
         yield sessions

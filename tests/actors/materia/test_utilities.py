@@ -569,3 +569,28 @@ def test_a_command_started_on_a_cluster_is_recorded_with_how_long_it_may_outlive
     runner.lapse.set()
     inbox.next()
     assert cluster_fence_s(run_dir, "c1") == 0.0  # ended with an outcome: nothing may run on
+
+
+@pytest.mark.timeout(30)
+def test_metrics_count_the_utility_commands_running_now(runtime_factory, project):
+    """``castor_utility_running`` is the commands running now: 1 while a cast's command runs, 0
+    once an abort ended it (``castor_utility_runs_total`` counts only finished ones)."""
+    from castor.console.metrics import metrics_text
+
+    def running() -> float:
+        line = next(line for line in metrics_text(rt).decode().splitlines()
+                    if line.startswith("castor_utility_running "))
+        return float(line.split()[1])
+
+    pid_file = project / "util.pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    write_project_config(project, _config([sys.executable, "-c", code], timeout_ms=60000))
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["greeted"])
+    assert running() == 0
+    started = materia_call(rt, "s1", "start", {"request": "wait"})
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the command running"))
+    assert wait_for(lambda: running() == 1, timeout=5, what="the running command counted")
+    materia_call(rt, "s1", "abort", {"cast_id": started["cast_id"]})
+    wait_for(lambda: not _alive(pid), timeout=5, what="the command to end")
+    assert wait_for(lambda: running() == 0, timeout=5, what="the ended command no longer counted")
