@@ -169,6 +169,7 @@ class RunningUtility:
         self._killed = threading.Event()
         self._finished = threading.Event()
         self._tree_lock = threading.Lock()
+        self._stopping = False  # a gentle stop (SIGTERM, grace, SIGKILL) is under way: see _terminate_tree
         self._known: dict[int, psutil.Process] = {}
         # The output pipes, by inode: whoever holds them open (even a grandchild that left the
         # process group after its parent died) is part of the command for the deadline.
@@ -253,6 +254,13 @@ class RunningUtility:
                 pass
 
     def _terminate_tree(self, grace_s: float) -> None:
+        """SIGTERM the tree, SIGKILL what is left after ``grace_s``, once: a second gentle stop asked
+        meanwhile (a cast and its runtime stopping together, or the deadline passing as one runs)
+        returns at once -- the first one's SIGKILL ends the tree, and ``kill`` still ends it now."""
+        with self._tree_lock:
+            if self._stopping:
+                return
+            self._stopping = True
         procs = self._descendants(pipe_holders=True)
         self._signal_tree(signal.SIGTERM, procs)
         deadline = time.monotonic() + grace_s

@@ -197,3 +197,34 @@ def test_a_reaped_command_s_pid_taken_by_another_process_is_not_searched_for_its
     finally:
         os.killpg(innocent.pid, signal.SIGKILL)
         innocent.wait(10)
+
+
+@pytest.mark.timeout(30)
+def test_two_gentle_stops_at_once_end_the_tree_once_and_say_so_once(tmp_path):
+    """A cast that stops asks its command to end gently, each ask on a thread of its own, and a cast
+    and its runtime stopping together ask twice: the tree is SIGTERMed, then SIGKILLed after the
+    grace, once -- the operator's log said "survived SIGTERM grace; sending SIGKILL" once for each
+    ask (and signalled the tree twice)."""
+    from loguru import logger
+
+    said: list[str] = []
+    sink = logger.add(lambda message: said.append(message.record["message"]), level="WARNING",
+                      filter=lambda record: record["extra"].get("utility_pid") is not None)
+    logger.enable("castor")
+    try:
+        ready = tmp_path / "ready"
+        code = (f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
+        handle = spawn(py(code, cwd=tmp_path, timeout_ms=60000))
+        assert poll_until(ready.exists, timeout=10)
+        stops = [threading.Thread(target=handle.terminate, args=(0.5,)) for _ in range(2)]
+        for stop in stops:
+            stop.start()
+        result = handle.wait()
+        for stop in stops:
+            stop.join(10)
+        assert result.killed and result.signal_name == "SIGKILL"
+        assert said.count("utility tree survived SIGTERM grace; sending SIGKILL") == 1, said
+    finally:
+        logger.remove(sink)
+        logger.disable("castor")
