@@ -20,6 +20,10 @@ class StderrUi:
         self._lock = threading.Lock()
         self.statuses: dict[str, str] = {}
         self.notifications: list[tuple[str, str]] = []
+        #: Applied to each notification's text before it is kept and shown (None: as is). The CLI
+        #: sets it so that a ``castor continue ID`` castor's own message names carries the flags its
+        #: user typed (``--cwd``, ``--agent``): typed as shown, it finds the same cast and agent.
+        self.spell: Callable[[str], str] | None = None
 
     def _write(self, line: str) -> None:
         with self._lock:
@@ -33,6 +37,8 @@ class StderrUi:
                 pass
 
     def notify(self, message: str, level: str = "info", *, code: str | None = None) -> None:
+        if self.spell is not None:
+            message = self.spell(message)
         self.notifications.append((level, message))
         self._write(f"[{level}] {one_line(message)}")  # one line: no forged line after it
 

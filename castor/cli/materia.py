@@ -584,6 +584,30 @@ def _agent_flags(args: argparse.Namespace, run_dir: Path) -> str:
     return f" --agent {shlex.quote(given)}"
 
 
+#: The commands that resume a cast: the ones the agent's flags go with (``castor abort`` and
+#: ``castor status`` take only the project's).
+_RESUMING_VERBS = ("continue", "recast", "revive")
+
+
+def _spell_with_flags(session: Any, cast_id: str, project_flags: str, agent_flags: str) -> None:
+    """Make the commands castor's own messages name for ``cast_id`` (the engine spells them
+    ``castor continue ID``, knowing nothing of this command line) carry what this command's user
+    typed: ``project_flags`` on each, ``agent_flags`` on the resuming ones. Without them a
+    ``castor continue ID`` advised to a user who typed ``--cwd DIR`` or ``--agent openai:...``
+    answered ``not_found`` or stopped at once on ``no agent``."""
+    if not project_flags and not agent_flags or session.ui is None:
+        return
+
+    def spell(text: str) -> str:
+        for verb in (*_RESUMING_VERBS, "abort", "status"):
+            named = f"castor {verb} {cast_id}"
+            if named in text:
+                text = text.replace(named, named + project_flags + (agent_flags if verb in _RESUMING_VERBS else ""))
+        return text
+
+    session.ui.spell = spell
+
+
 def _cli_note(spec: str) -> dict[str, Any] | None:
     """The agent ``<runDir>/cli.json`` remembers: a ``script:`` one (by absolute path), nothing else
     (beside it ``castor cast`` puts its own mark, :data:`STARTED_BY`)."""
@@ -865,6 +889,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
                 _say_err(_stopped_line(root, left, _project_flags(args)))
             raise
         agent_flags = _agent_flags(args, root / started["cast_id"])
+        _spell_with_flags(session, started["cast_id"], _project_flags(args), agent_flags)
         with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args) + agent_flags):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             view = _watch(session, started["cast_id"], quiet=args.quiet)
@@ -933,6 +958,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
                           backend=make_backend(args))
     try:
         agent_flags = _agent_flags(args, root / cast_id)
+        _spell_with_flags(session, cast_id, _project_flags(args), agent_flags)
         with _named_on_interrupt(session, root, cast_id, _project_flags(args) + agent_flags):
             view = session.call(verb, {"cast_id": cast_id})
             _remember_backend(root / cast_id, backend_flags(args))  # it runs where this command runs it
