@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from castor.client import Client
-from tests.support.served import CASTOR, metrics_reader, served_env
+from tests.support.served import CASTOR, metrics_reader, served_env, start_serve
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,14 +27,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_a_given_up_worker_is_one_warning_and_shows_in_inspect_the_tree_and_metrics(tmp_path):
     env = _env(tmp_path)
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    log = tmp_path / "serve.log"
-    with log.open("w") as stderr:
-        server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock), "--console", "127.0.0.1:0",
-                                   "--icarus-worker-max-deaths", "2", "--icarus-worker-cool-down", "600"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    served = start_serve(tmp_path, env, "--console", "127.0.0.1:0", "--icarus-worker-max-deaths", "2",
+                         "--icarus-worker-cool-down", "600", log_json=True)
+    server, sock, log, project = served.process, served.socket, served.log, served.project
     try:
         metrics_of = metrics_reader(log)
         with Client.connect_unix(str(sock)) as client:

@@ -6,13 +6,12 @@ kind do -- a series that vanishes leaves a dashboard's line with a gap, and an a
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from castor.client import Client
-from tests.support.served import CASTOR, metrics_reader, served_env, start_a_cast_awaiting_its_turn
+from tests.support.served import metrics_reader, served_env, start_a_cast_awaiting_its_turn, start_serve
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,13 +31,8 @@ def _sample(text: str, series: str) -> float | None:
 
 def test_gauges_by_kind_stay_at_0_once_the_last_actor_of_the_kind_is_gone(tmp_path):
     env = _env(tmp_path)
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    log = tmp_path / "serve.log"
-    with log.open("w") as stderr:
-        server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock), "--console", "127.0.0.1:0"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    served = start_serve(tmp_path, env, "--console", "127.0.0.1:0")
+    server, sock, log, project = served.process, served.socket, served.log, served.project
     try:
         metrics = metrics_reader(log)
 

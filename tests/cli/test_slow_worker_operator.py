@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from castor.client import Client
-from tests.support.served import CASTOR, metrics_reader, served_env
+from tests.support.served import CASTOR, metrics_reader, served_env, start_serve
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,13 +37,8 @@ def _row(table: str, name: str) -> str:
 
 def test_a_hanging_worker_call_shows_what_it_does_its_deadline_and_the_calls_queued_behind_it(tmp_path):
     env = _env(tmp_path)
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    log = tmp_path / "serve.log"
-    with log.open("w") as stderr:
-        server = subprocess.Popen([*CASTOR, "--log-json", "serve", "--socket", str(sock), "--console", "127.0.0.1:0"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    served = start_serve(tmp_path, env, "--console", "127.0.0.1:0", log_json=True)
+    server, sock, log, project = served.process, served.socket, served.log, served.project
     client = None
     try:
         metrics_of = metrics_reader(log)
@@ -98,11 +93,8 @@ def test_hook_calls_queued_behind_a_hanging_one_are_counted_not_repeated(tmp_pat
     line says what runs and how many worker calls wait behind it (the hook lane's queue is no
     mailbox: the worker's depth stays 0), rather than the same words three times over."""
     env = _env(tmp_path)
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served = start_serve(tmp_path, env)
+    server, sock, project = served.process, served.socket, served.project
     client = None
     try:
         wait_for(sock.exists, 30, "the socket")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from castor.client import Client
-from tests.support.served import CASTOR, served_env, start_a_cast_awaiting_its_turn
+from tests.support.served import CASTOR, served_env, start_a_cast_awaiting_its_turn, start_serve
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -27,11 +27,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
     env = _env(tmp_path)
-    project = tmp_path / "project"
-    project.mkdir()
-    sock = tmp_path / "castor.sock"
-    server = subprocess.Popen([*CASTOR, "serve", "--socket", str(sock)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served = start_serve(tmp_path, env)
+    server, sock, project = served.process, served.socket, served.project
     try:
         wait_for(sock.exists, timeout=30, what="the socket")
         with Client.connect_unix(str(sock)) as client:

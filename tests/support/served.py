@@ -5,6 +5,7 @@ the Icarus package given), no ``MATERIA_CONFIG``, JSON logs and runtime director
 command line. ``metrics_reader`` waits for the console's line in the serve's log and reads
 ``/metrics`` with its token. ``start_a_cast_awaiting_its_turn`` opens a trusted session on a
 client and starts the ``hello`` loadout's cast, returning once its agent turn was asked for.
+``start_serve`` starts the serve itself beside an empty project directory.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from castor.client import Client
@@ -67,3 +70,27 @@ def start_a_cast_awaiting_its_turn(client: Client, project: Path) -> str:
                                timeout=20)["cast_id"]
     wait_for(lambda: turns, timeout=20, what="the agent turn")
     return cast_id
+
+
+@dataclass(frozen=True)
+class Served:
+    """A ``castor serve`` a test started: its process, its socket, the file its stderr goes to,
+    and the empty project directory beside it."""
+
+    process: subprocess.Popen[bytes]
+    socket: Path
+    log: Path
+    project: Path
+
+
+def start_serve(tmp_path: Path, env: dict[str, str], *serve_flags: str, log_json: bool = False) -> Served:
+    """``castor [--log-json] serve --socket tmp_path/castor.sock SERVE_FLAGS``, its stderr in
+    ``tmp_path/serve.log``, ``tmp_path/project`` made; returns at once (the socket may not be
+    there yet: ``metrics_reader`` or a wait on ``socket.exists`` tells when it is)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    sock, log = tmp_path / "castor.sock", tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen([*CASTOR, *(["--log-json"] if log_json else []), "serve", "--socket", str(sock),
+                                    *serve_flags], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    return Served(process, sock, log, project)
