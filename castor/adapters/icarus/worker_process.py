@@ -63,6 +63,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from castor._log import logger
+from castor.adapters import process_tree
 from castor.adapters.icarus.launch import BEGUN_FD_ENV, WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, death_words, reply_result
 from castor.domain.jsontext import well_formed
@@ -359,10 +360,7 @@ class WorkerProcess:
         # lives: so a reaped worker's group is killed only while no process has its pid.
         reaped = proc.poll() is not None
         if not reaped:
-            try:
-                descendants = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.Error:
-                pass
+            descendants = process_tree.descendants(proc.pid)
         if not reaped or not psutil.pid_exists(proc.pid):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -62,6 +62,7 @@ from typing import Any
 import psutil
 
 from castor._log import logger
+from castor.adapters import process_tree
 from castor.adapters.executables import which_outside
 from castor.messages.errors import ErrorCode
 from castor.ports.utility_runner import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
@@ -203,11 +204,8 @@ class RunningUtility:
             # searched while no process holds the pid (the same rule as the Icarus worker's).
             reaped = self._popen.returncode is not None
             if not reaped:
-                try:
-                    for child in psutil.Process(self.pid).children(recursive=True):
-                        self._known.setdefault(child.pid, child)
-                except psutil.Error:
-                    pass
+                for child in process_tree.descendants(self.pid):
+                    self._known.setdefault(child.pid, child)
             if reaped and psutil.pid_exists(self.pid):
                 return [p for p in self._known.values() if _alive(p)]
             # An orphan (its parent died) is no longer a child of the root but
