@@ -46,7 +46,8 @@ class PiTty:
             os.close(slave)
         self._screen = bytearray()
         self._lock = threading.Lock()
-        threading.Thread(target=self._drain, name="pi-tty-reader", daemon=True).start()
+        self._reader = threading.Thread(target=self._drain, name="pi-tty-reader", daemon=True)
+        self._reader.start()
 
     def _drain(self) -> None:
         while True:
@@ -65,6 +66,11 @@ class PiTty:
         os.write(self._master, text.encode())
         time.sleep(0.2)
         os.write(self._master, ENTER)
+
+    def drained(self, timeout: float) -> bool:
+        """Whether everything Pi wrote is read (its side of the terminal closed) within ``timeout``."""
+        self._reader.join(timeout)
+        return not self._reader.is_alive()
 
     def press(self, key: bytes) -> None:
         os.write(self._master, key)

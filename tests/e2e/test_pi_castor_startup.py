@@ -5,9 +5,12 @@ handler waits for castor's start: a cold start, a memory backend's slow session 
 deadline for a castor that hangs. An Esc then found no run to stop, and the prompt went to the model
 once castor was up; quitting paid the runtime's 2 s stop grace for a castor that had not even
 answered its handshake. Now the handler watches the terminal while it waits, as ``before_agent_start``
-does: an Esc after a prompt stops that prompt before its first model request, and Pi's quit keys end
-the wait, the starting castor killed with no grace (it runs nothing yet). The castor here is slow
-to start (a shell that sleeps before it becomes castor).
+does: an Esc after a prompt stops that prompt before its first model request, and at Pi's quit keys
+the starting castor is killed with no grace (it runs nothing yet). Pi's quit does not wait for the
+handler, but what Pi does once the handler returns does come first: returned at the keys, it let Pi
+finish its own start (its syntax grammars load) before quitting, which on a loaded machine took 2 s.
+The handler now holds Pi's start while Pi quits. The castor here is slow to start (a shell that
+sleeps before it becomes castor).
 
 In RPC mode Pi reads no command until the session has started, so there the handler does not hold
 the session's start for castor's: castor starts behind it, and a prompt's ``before_agent_start``
@@ -33,6 +36,8 @@ from .pi_tty import PiTty
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(90)]
 
 START_S = 8.0
+TITLE = "\x1b]0;"  # OSC 0: the terminal title Pi sets as its start ends (and as it shuts down)
+SCREEN = 200_000  # all PiTty keeps of what Pi drew
 CTRL_C, ESC = b"\x03", b"\x1b"
 
 
@@ -70,6 +75,7 @@ def test_ctrl_c_twice_while_castor_starts_quits_at_once(start_tty):
     pi = start_tty(slow_castor())
     shell = castor_starting(pi)
     ui_up(pi)
+    assert pi.screen_tail(SCREEN).count(TITLE) == 0, "Pi's start was not held while castor starts"
     started = time.monotonic()
     pi.press(CTRL_C)
     pi.press(CTRL_C)
@@ -77,6 +83,12 @@ def test_ctrl_c_twice_while_castor_starts_quits_at_once(start_tty):
     took = time.monotonic() - started
     assert pi.proc.returncode == 0, pi.proc.returncode  # Pi's own quit, not a signal
     assert took < 1.5, f"quitting waited {took:.1f} s for castor to start"
+    # Pi's start did not go on before its quit: the handler returned at the keys, Pi finished its
+    # start first (its syntax grammars load: half a second of its event loop, which at a load of 15
+    # made quitting take 2 s). Pi titles the terminal as its start ends and again as it shuts down.
+    assert pi.drained(timeout=5), "Pi's terminal stayed open after it exited"
+    titles = pi.screen_tail(SCREEN).count(TITLE)
+    assert titles <= 1, f"Pi finished its start before quitting (the terminal titled {titles} times)"
     gone = poll_until(lambda: not shell.is_running() or shell.status() == psutil.STATUS_ZOMBIE, timeout=3)
     assert gone, "the castor that was starting was left behind"
 

@@ -26,7 +26,7 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, refusedArgumentText, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
-import { EscWatch, StopKeyWatch } from "./interrupt.ts";
+import { EscWatch, holdWhileQuitting, StopKeyWatch } from "./interrupt.ts";
 import { isStartLine, StderrRoute } from "./stderr.ts";
 import { entryRefusal, RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
@@ -47,6 +47,8 @@ const DEADLINE_MARGIN_MS = 2000;
 const QUIT_GRACE_MS = 50;
 /** How long a refused turn end waits for castor's abort notice that may trail it. */
 const ABORT_NOTICE_GRACE_MS = 500;
+/** How long a session_start handler that saw Pi's quit keys holds Pi's start at most (see holdWhileQuitting). */
+const QUIT_HOLD_MS = 5000;
 /** How long a command that waits for idle also waits for the last run's settle to be emitted. */
 const SETTLE_WAIT_MS = 2000;
 /** How long after a /materia command an Esc during it still stops the turn it started (castor asks for it at once). */
@@ -824,13 +826,18 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// slow memory backend's session start) may take seconds -- up to a whole deadline for a castor
 		// that hangs. An Esc then found no run to stop, and the prompt it was meant for ran once castor
 		// was up. Now an Esc ends the wait (castor goes on starting behind it) and a prompt submitted
-		// before it is stopped when its run starts; Pi's quit keys end the wait too.
+		// before it is stopped when its run starts. Pi's quit keys end the wait too, but the handler
+		// does not return while Pi quits (holdWhileQuitting).
 		const esc = new EscWatch(ctx, Date.now, process);
 		try {
 			await untilAborted(startup, esc.signal);
 		} catch (err) {
 			if (!esc.pressed) throw err;
-			if (esc.quitting) return;
+			if (esc.quitting) {
+				// Returned now, Pi went on with the rest of its own start before its quit.
+				await holdWhileQuitting(startup, () => closingSession, QUIT_HOLD_MS);
+				return;
+			}
 			if (esc.promptPending) stopPromptHeldAtStart = true;
 			const key = esc.cause === "abort" ? "abort" : "Esc";
 			notify(`castor: ${key} — stopped waiting for castor to start` +

@@ -156,6 +156,30 @@ function eachLine(onLine: (line: string) => void): (chunk: unknown) => void {
 	};
 }
 
+/**
+ * What a `session_start` handler whose wait Pi's quit keys ended waits for before it returns. Pi's
+ * quit does not wait for the handler (Pi 1.6 runs its shutdown beside it), but what Pi does once
+ * the handler returns comes first: the rest of Pi's own start, which loads its syntax grammars and
+ * holds its event loop for half a second (seconds on a loaded machine), ran before the quit's next
+ * step, and quitting while castor started took 2 s. Held, the quit runs alone and Pi exits while
+ * this waits. It resolves when `work` (castor's start) settles while Pi is not shutting down
+ * (`closing()` false: the keys were not Pi's quit after all -- Pi times the two Ctrl+C itself), or
+ * after `holdMs` at the latest, for a Pi whose quit waits for the handler. Its timer never keeps
+ * the process alive.
+ */
+export function holdWhileQuitting(work: Promise<unknown>, closing: () => boolean, holdMs: number): Promise<void> {
+	return new Promise((resolve) => {
+		const timer = setTimeout(resolve, holdMs);
+		(timer as { unref?: () => void }).unref?.();
+		const settled = () => {
+			if (closing()) return; // Pi is shutting down: it exits before the timer
+			clearTimeout(timer);
+			resolve();
+		};
+		work.then(settled, settled);
+	});
+}
+
 /** Why the wait ended: the user's Esc, an RPC client's `abort`, or Pi going away. */
 export type WaitEnd = "esc" | "abort" | "quit";
 

@@ -285,6 +285,24 @@ test("EscWatch with the process: Pi's quit signals (only those Pi handles), and 
 	for (const line of ['{"type":"abort_bash"}', '{"type":"prompt","message":"abort"}', '{"type":"get_state"}', '"abort"', "rt\"}", ""]) assert.ok(!isRpcAbort(line), line);
 });
 
+test("holdWhileQuitting: held while Pi shuts down, also past castor's start; not held once castor's start settles without a shutdown; never past its bound", async () => {
+	const { holdWhileQuitting } = await import("../src/interrupt.ts");
+	const later = (ms: number) => new Promise<"later">((resolve) => setTimeout(() => resolve("later"), ms));
+	const held = (hold: Promise<void>, ms: number) => Promise.race([hold.then(() => "returned" as const), later(ms)]);
+	// Pi shut down (castor killed, so its start failed): the handler does not return, Pi exits first.
+	assert.equal(await held(holdWhileQuitting(Promise.reject(new Error("runtime_exited")), () => true, 10_000), 100), "later");
+	assert.equal(await held(holdWhileQuitting(Promise.resolve(), () => true, 10_000), 100), "later");
+	// Not Pi's quit after all (Pi times the two Ctrl+C itself): back as castor's start settles.
+	let up!: () => void;
+	const start = new Promise<void>((resolve) => (up = resolve));
+	const notQuitting = holdWhileQuitting(start, () => false, 10_000);
+	assert.equal(await held(notQuitting, 50), "later");
+	up();
+	assert.equal(await held(notQuitting, 100), "returned");
+	// Whatever happens, returned after the bound.
+	assert.equal(await held(holdWhileQuitting(new Promise(() => {}), () => true, 20), 1000), "returned");
+});
+
 test("StopKeyWatch: every Esc on the terminal and every RPC abort line, never consumed; a paused input is listened to only once Pi resumes it", async () => {
 	const { EventEmitter } = await import("node:events");
 	const { StopKeyWatch } = await import("../src/interrupt.ts");
