@@ -41,6 +41,11 @@ def assistant_ends(pi: PiRpc, start: int) -> list[dict]:
             if e.get("type") == "message_end" and (e.get("message") or {}).get("role") == "assistant"]
 
 
+def at(pi: PiRpc, event: dict) -> int:
+    """Where ``event`` (that very one, not an equal one) is in Pi's events."""
+    return next(i for i, e in enumerate(pi.events) if e is event)
+
+
 def stop_reason_after(pi: PiRpc, start: int) -> str | None:
     ends = assistant_ends(pi, start)
     return ends[-1].get("stopReason") if ends else None
@@ -96,13 +101,23 @@ def test_castor_killed_while_its_turn_streams_stops_the_turn_and_says_so(start_p
 def test_castor_restart_while_its_turn_streams_stops_the_turn(start_pi, castor_command, fake_llm, tmp_path):
     pi, project = a_cast_whose_planner_streams(start_pi, castor_command, fake_llm, tmp_path)
     restarted_at, restarted_t = pi.mark(), time.monotonic()
-    pi.command("/castor restart")
+    # Not waited for here: Pi answers the command once the new castor is up (seconds on a loaded machine).
+    restart = pi.send({"type": "prompt", "message": "/castor restart"})
 
     note = pi.wait_ui("notify", lambda e: "while its turn" in str(e.get("message", "")), start=restarted_at)
     assert note["notifyType"] == "warning" and "/materia recast" in str(note["message"]), note
-    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=restarted_at, timeout=STREAM_PAUSE_S)
-    assert time.monotonic() - restarted_t < STREAM_PAUSE_S - 2
+    settled = pi.wait_for(lambda e: e.get("type") == "agent_settled", start=restarted_at, timeout=STREAM_PAUSE_S)
+    settled_after = time.monotonic() - restarted_t
+    assert settled_after < STREAM_PAUSE_S - 2, f"the orphaned turn streamed on for {settled_after:.1f} s"
     assert stop_reason_after(pi, restarted_at) == "aborted"
+    # The stopped run ended while the new castor started, not once it was up: its end used to wait for
+    # that start (Pi's settle, and a quit, wait for the extension's agent_end).
+    restarted = pi.wait_ui("notify", lambda e: str(e.get("message", "")).startswith("castor runtime restarted"),
+                           start=restarted_at)
+    assert at(pi, settled) < at(pi, restarted), "the stopped run ended only once castor was up"
+    answer = pi.wait_for(lambda e: e.get("type") == "response" and e.get("id") == restart, start=restarted_at,
+                         timeout=30)
+    assert answer.get("success"), answer
     pi.wait_ui("notify", lambda e: str(e.get("message", "")).startswith("castor ") and " up (" in str(e.get("message")),
                start=restarted_at)
     time.sleep(0.5)

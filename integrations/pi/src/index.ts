@@ -961,10 +961,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		const messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		turns.onAgentEnd(messages);
 		const data = { turn_id: turns.active?.turnId ?? null, messages: turns.userRunMessages(messages).map(summarizeMessage) };
-		// A run that ends while castor still starts (an RPC abort during the start) is not held until
-		// castor is up: Pi's abort waits for this handler. Its end goes to castor once castor is up,
-		// before the run's settle, which takes the same way (settled).
-		if (startupPending) settleChain = settleChain.then(async () => void (await forward("agent_end", data)));
+		// A run that ends while castor is not up (an RPC abort while castor still starts; a castor
+		// turn /castor restart stopped, its runtime stopping and the next one to start) is not held
+		// until castor is up: Pi's abort, its settle and its quit wait for this handler -- after a
+		// restart mid-turn the stopped run ended only once the new castor was up (5 s on a loaded
+		// machine). Its end goes to castor once castor is up, before the run's settle, which takes
+		// the same way (settled).
+		if (startupPending || !runtime?.isUp) settleChain = settleChain.then(async () => void (await forward("agent_end", data)));
 		else await forward("agent_end", data);
 		if (!HAS_SETTLED) void emulateSettled(ctx, messages);
 	});
