@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from castor.cli.materia import ABORT_LOCK, ABORT_WAIT_S
 from tests.support.held_outcome import held_castor
 from tests.support.waiting import poll_until
 
@@ -89,13 +90,16 @@ def test_castor_abort_from_another_terminal_stops_the_cast_pi_runs(start_pi, cas
 
     requests_before = len(fake_llm.log())
     at = pi.mark()
-    t0 = time.monotonic()
     aborted = castor_cli(*abort_line.split()[1:], cwd=elsewhere)
-    took = time.monotonic() - t0
+    answered = time.time()
     told = aborted.stdout + aborted.stderr
     assert aborted.returncode == 0, told
     assert "aborted" in told and "already" not in told, told
-    assert took < 6.0, took
+    # It answered within its wait, counted from when the abort began -- it makes the cast's abort
+    # lock as it does, just before it leaves its request -- not from the interpreter's start, which
+    # on a loaded machine takes seconds of its own (at a load of 15 the whole command took over 6 s).
+    took = answered - (run_dir / ABORT_LOCK).stat().st_mtime
+    assert took < ABORT_WAIT_S + 1.0, f"the abort answered {took:.1f} s after it began"
     # The recast it names must work as typed: a cast Pi ran remembers no agent for the CLI, so the
     # line says what a CLI recast needs, and that /materia recast in Pi resumes it.
     assert "needs --agent" in told and "/materia recast" in told, told
