@@ -66,7 +66,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from castor.endpoint.auth import TOKEN_FILE_ENV, read_token_file
     from castor.endpoint.listeners import is_loopback_host
-    from castor.messages.errors import CastorError, Forbidden, InvalidParams
+    from castor.messages.errors import CastorError, Forbidden, InvalidConfig, InvalidParams
 
     token_file = args.token_file or os.environ.get(TOKEN_FILE_ENV) or None
     # Bad flags are exit 2 before anything connects: a mailbox without its PATH; a host that is not
@@ -80,6 +80,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                             "only (use 127.0.0.1, ::1 or localhost)", data={"host": args.tcp[0]})
         if token_file:
             read_token_file(token_file)  # a bad token file is a bad flag
+    except InvalidConfig as exc:
+        message = exc.message
+        if token_file and not os.path.lexists(token_file):
+            # castor serve removes the token file it made when it stops: the serve it named is gone
+            message += (" (castor serve removes its token file when it stops, and writes a new one when it starts: "
+                        "use the file its 'listening on' line names now)")
+        fail(exc.code, message)
+        return EXIT_USAGE
     except CastorError as exc:
         fail(exc.code, exc.message)
         return EXIT_USAGE
@@ -105,18 +113,8 @@ def shape(args: argparse.Namespace, data: Any) -> Any:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from castor.console.terminal import (
-        SORT_KEYS,
-        actor_list,
-        actor_tree,
-        casts_table,
-        hosts_table,
-        mailbox_table,
-        terminal_console,
-        worker_table,
-    )
-    from castor.endpoint.errors import ConnectionClosed
-    from castor.messages.errors import InvalidParams, Timeout, Unauthenticated
+    from castor.console.terminal import SORT_KEYS
+    from castor.messages.errors import InvalidParams
 
     sort = getattr(args, "sort", "path")
     if sort not in SORT_KEYS:
@@ -128,7 +126,31 @@ def run_inspect(args: argparse.Namespace) -> int:
     from castor.endpoint.auth import TOKEN_FILE_ENV
 
     token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
-    client = _connect(args, token_file)
+    with _client_lines_quiet(args):
+        return _inspect_through(args, token_file, sort)
+
+
+def _inspect_through(args: argparse.Namespace, token_file: str | None, sort: str) -> int:
+    """:func:`run_inspect` once the flags are checked: connect, show the view (or follow it), and
+    turn what the castor answered into the command's one typed line."""
+    from castor.console.terminal import (
+        actor_list,
+        actor_tree,
+        casts_table,
+        hosts_table,
+        mailbox_table,
+        terminal_console,
+        worker_table,
+    )
+    from castor.endpoint.errors import ConnectionClosed
+    from castor.messages.errors import MailboxFull, Timeout, Unauthenticated
+
+    try:
+        client = _connect(args, token_file)
+    except MailboxFull as exc:
+        raise _endpoint_full(args, exc) from None
+    except Unauthenticated as exc:
+        raise _token_refused(args, token_file, exc) from None
     try:
         def fetch() -> Any:
             if args.what in ("actors", "casts"):
@@ -198,13 +220,75 @@ def run_inspect(args: argparse.Namespace) -> int:
         method = (exc.data or {}).get("method") or "ops.actors"
         raise Timeout(f"the castor at {where} did not answer {method} within {CALL_TIMEOUT_S:.0f} s",
                       data={**(exc.data or {}), "address": where}) from None
+    except MailboxFull as exc:  # refused at its first call (no token: nothing was asked before)
+        raise _endpoint_full(args, exc) from None
     except Unauthenticated as exc:  # the endpoint's words name runtime.hello; say what to type here
-        if token_file:
-            raise
-        raise Unauthenticated(f"{exc.message} (castor inspect: give it the endpoint's token file, printed by "
-                              f"castor serve: --token-file PATH or {TOKEN_FILE_ENV}=PATH)", data=exc.data) from None
+        raise _token_refused(args, token_file, exc) from None
     finally:
         client.close()
+
+
+@contextmanager
+def _client_lines_quiet(args: argparse.Namespace) -> Iterator[None]:
+    """The client's own warning lines off while the view runs, unless a log level below WARNING
+    was asked for: each fault they tell of (a refusal's ``error`` notification, the write that
+    found the connection closed) ends the command as its one typed line, and they printed before
+    it as ``server reported an error: {...}`` and ``write failed: [Errno 32] Broken pipe``."""
+    import os
+
+    from loguru import logger
+
+    from castor.logs import parse_level
+
+    asked = getattr(args, "log_level", None) or os.environ.get("CASTOR_LOG_LEVEL") or "WARNING"
+    try:
+        level = parse_level(asked)
+        quiet = (int(level) if level.isascii() and level.isdigit() else logger.level(level).no) >= \
+            logger.level("WARNING").no
+    except (ValueError, TypeError):  # (checked before the command ran: never here)
+        quiet = True
+    modules = ("castor.client", "castor.endpoint.connection")
+    if not quiet:
+        yield
+        return
+    for module in modules:
+        logger.disable(module)
+    try:
+        yield
+    finally:
+        for module in modules:
+            logger.enable(module)
+
+
+def _endpoint_full(args: argparse.Namespace, exc: Any) -> Any:
+    """``mailbox_full`` naming the castor and what to do: every connection it serves is taken
+    (its ``--max-connections``), or it is out of file descriptors (the refusal says so)."""
+    from castor.messages.errors import MailboxFull
+
+    where = _where(args)
+    limit = (exc.data or {}).get("limit")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return MailboxFull(f"the castor at {where} serves its limit of {limit} connections (castor serve "
+                           "--max-connections) and refused this one: close one of its clients (each castor inspect "
+                           "--follow holds one) or restart it with a higher --max-connections",
+                           data={**(exc.data or {}), "address": where})
+    return MailboxFull(f"the castor at {where} refused this connection: {exc.message}",
+                       data={**(exc.data or {}), "address": where})
+
+
+def _token_refused(args: argparse.Namespace, token_file: str | None, exc: Any) -> Any:
+    """``unauthenticated`` saying which token was refused and where the right one is."""
+    from castor.endpoint.auth import TOKEN_FILE_ENV
+    from castor.messages.errors import Unauthenticated
+
+    where = _where(args)
+    if not token_file:
+        return Unauthenticated(f"{exc.message} (castor inspect: give it the endpoint's token file, printed by "
+                               f"castor serve: --token-file PATH or {TOKEN_FILE_ENV}=PATH)",
+                               data={**(exc.data or {}), "address": where})
+    return Unauthenticated(f"the castor at {where} refused the token in {token_file} (each castor serve writes a new "
+                           "token when it starts, unless given --token-file: use the file its 'listening on' line "
+                           "names now)", data={**(exc.data or {}), "address": where, "token_file": token_file})
 
 
 def _where(args: argparse.Namespace) -> str:

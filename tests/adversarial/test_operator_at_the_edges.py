@@ -1,0 +1,75 @@
+"""An operator asking a real ``castor serve`` "what is it doing" when the serve is in a corner:
+every slot taken, a token file from an earlier serve. Each answer is the command's one typed line,
+naming the castor asked and what to do about it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from castor.client import Client
+
+from .conftest import castor, free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _only_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_inspect_of_a_serve_whose_connections_are_all_taken_is_one_line_naming_the_limit(tmp_path, serve):
+    """It printed two WARNING lines first (the client's "write failed: [Errno 32] Broken pipe" and
+    "server reported an error: {...}") and then "castor: mailbox_full: too many connections (limit
+    2)": not which castor, nor that the limit is the serve's --max-connections."""
+    sock = tmp_path / "c.sock"
+    serve(tmp_path, "--socket", str(sock), "--max-connections", "2")
+    holders = [Client.connect_unix(str(sock), default_timeout=10) for _ in range(2)]
+    try:
+        for holder in holders:
+            holder.call("runtime.hello", {})
+        for view in (["inspect", "--socket", str(sock)], ["inspect", "--socket", str(sock), "casts", "--json"]):
+            done = castor(tmp_path, *view)
+            assert done.returncode == 1, done.stdout + done.stderr
+            line = _only_line(done.stderr)
+            assert line.startswith(f"castor: mailbox_full: the castor at unix:{sock} serves its limit of 2 "
+                                   "connections"), line
+            assert "--max-connections" in line and "Traceback" not in done.stderr
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+def test_inspect_with_the_token_file_of_an_earlier_serve_names_the_file_and_why_it_fails(tmp_path, serve):
+    """A serve writes a new token at each start and removes its file when it stops. The old file
+    (kept, or copied) answered "castor: unauthenticated: runtime.hello refused: missing or wrong
+    token", the removed one "token file ... does not exist": neither said a serve's token changes
+    with each start, nor where the current one is written."""
+    port = free_port()
+    first = serve(tmp_path, "--tcp", f"127.0.0.1:{port}")
+    assert first.token_file is not None
+    kept = tmp_path / "kept.token"
+    shutil.copy(first.token_file, kept)
+    kept.chmod(0o600)
+    first.stop()
+    second = serve(tmp_path, "--tcp", f"127.0.0.1:{port}")
+    assert second.token_file is not None and second.token_file != first.token_file
+
+    refused = castor(tmp_path, "inspect", "--tcp", f"127.0.0.1:{port}", "--token-file", str(kept))
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    line = _only_line(refused.stderr)
+    assert line.startswith(f"castor: unauthenticated: the castor at tcp:127.0.0.1:{port} refused the token in "
+                           f"{kept}"), line
+    assert "each castor serve writes a new token" in line and "listening on" in line, line
+
+    gone = castor(tmp_path, "inspect", "--tcp", f"127.0.0.1:{port}", "--token-file", str(first.token_file))
+    assert gone.returncode == 2, gone.stdout + gone.stderr
+    line = _only_line(gone.stderr)
+    assert line.startswith(f"castor: invalid_config: token file {first.token_file} does not exist"), line
+    assert "removes its token file when it stops" in line, line
+
+    ok = castor(tmp_path, "inspect", "--tcp", f"127.0.0.1:{port}", "--token-file", str(second.token_file), "--json")
+    assert ok.returncode == 0, ok.stderr
