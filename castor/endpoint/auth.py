@@ -28,7 +28,9 @@ import secrets
 import stat
 from typing import TYPE_CHECKING, Any
 
+from castor._log import logger
 from castor.adapters.fs import is_storage_fault
+from castor.endpoint.connection import WarningGate
 from castor.messages.errors import CastorError, Forbidden, InvalidConfig, Unauthenticated
 from castor.shown import clipped
 
@@ -47,6 +49,9 @@ MAY_TRUST = "may_trust"
 """``Connection.state`` key: this peer may assert ``trusted: true`` in ``session.open``."""
 CLOSE_AFTER_REPLY = "_close_after_reply"
 """``Connection.state`` key: close the connection (this reason) once the current error reply is sent."""
+
+
+_log = logger.bind(actor="/endpoint")
 
 
 class AuthGate:
@@ -77,6 +82,7 @@ class AuthGate:
             closing = self.failures >= MAX_AUTH_FAILURES
             if closing:
                 ctx.state[CLOSE_AFTER_REPLY] = "unauthenticated: too many wrong tokens"
+            _say_a_refused_token(ctx)
             raise Unauthenticated("runtime.hello refused: missing or wrong token" if offered is not None or closing
                                   else "runtime.hello refused: this endpoint requires a token (params.token)",
                                   data={"attempts_left": max(0, MAX_AUTH_FAILURES - self.failures)})
@@ -88,6 +94,51 @@ class AuthGate:
         ctx.connection.limit_outbound(None)
         ctx.connection.quiet_peer_faults(False)
         return result
+
+
+#: The warnings about refused tokens, process-wide: one, then at most one every 10 s counting the
+#: rest (each a debug line), however many connections a peer opens to guess with.
+_REFUSED_TOKENS = WarningGate()
+
+
+def _say_a_refused_token(ctx: Context) -> None:
+    """Tell the operator, at the default log level, that a peer offered ``runtime.hello`` a wrong
+    (or no) token, naming the peer: its address and the uid running it (``/proc/net/tcp``, or
+    ``SO_PEERCRED`` on a Unix socket). Connections closed for it are INFO lines, so guessing left
+    no trace; the gate keeps a peer that guesses in a loop from filling the log."""
+    warn, quiet = _REFUSED_TOKENS.passes()
+    peer = peer_named(ctx)
+    if warn:
+        _log.warning("runtime.hello refused: missing or wrong token from {peer}{more}", peer=peer,
+                     more=f" ({quiet} more refused since the last such line)" if quiet else "")
+    else:
+        _log.debug("runtime.hello refused: missing or wrong token from {peer}", peer=peer)
+
+
+def peer_named(ctx: Context) -> str:
+    """The peer of ``ctx``'s connection in words: ``tcp peer 127.0.0.1:54321 (uid 1001)``, ``unix
+    peer (uid 1001, pid 4242)``, or ``a pipe peer`` (stdio); the uid is left out where the system
+    does not tell it. Reads a duplicate of the connection's descriptor, never the connection."""
+    import socket
+
+    from castor.endpoint.listeners import peer_credentials, tcp_peer_uid
+
+    fd = getattr(getattr(ctx.connection, "transport", None), "read_fd", None)
+    if not isinstance(fd, int) or fd < 0:
+        return "a pipe peer"
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.family == socket.AF_UNIX:
+                creds = peer_credentials(sock)
+                return "unix peer" + (f" (uid {creds[1]}, pid {creds[0]})" if creds else "")
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                return "a pipe peer"
+            host, port = sock.getpeername()[:2]
+            uid = tcp_peer_uid(sock)
+    except OSError:
+        return "a peer already gone"
+    shown = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return f"tcp peer {shown}" + (f" (uid {uid})" if uid is not None else "")
 
 
 def check_trusted_assertion(trusted: bool, ctx: Context) -> None:

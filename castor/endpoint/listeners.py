@@ -183,14 +183,32 @@ def peer_is_us(sock: socket.socket) -> bool:
     """A Unix socket peer runs as castor's user or as root (``SO_PEERCRED``; ``True`` where the
     platform cannot tell). Both ends use it: the server for who may connect, a client for who
     may hear its token."""
+    if getattr(socket, "SO_PEERCRED", None) is None:  # pragma: no cover - not Linux
+        return True
+    creds = peer_credentials(sock)
+    return creds is not None and creds[1] in (os.geteuid(), 0)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int] | None:
+    """``(pid, uid)`` of a Unix socket's peer (``SO_PEERCRED``), or None where it cannot be read."""
     peercred = getattr(socket, "SO_PEERCRED", None)
     if peercred is None:  # pragma: no cover - not Linux
-        return True
+        return None
     try:
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
     except OSError:
-        return False
-    return uid in (os.geteuid(), 0)
+        return None
+    return pid, uid
+
+
+def tcp_peer_uid(sock: socket.socket) -> int | None:
+    """The uid running the other end of a loopback TCP connection (its row in ``/proc/net/tcp``),
+    or None where the table does not tell (not Linux, the peer gone)."""
+    try:
+        ours, theirs = _tcp_endpoint(sock.getsockname()), _tcp_endpoint(sock.getpeername())
+    except (OSError, ValueError):
+        return None
+    return _tcp_owner(theirs, ours)
 
 
 _PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
