@@ -287,12 +287,18 @@ class Runtime:
         self.memory_return.stop()
         return self.system.shutdown(timeout)
 
-    def close_sessions(self, timeout: float = 30.0) -> None:
+    def close_sessions(self, timeout: float = 30.0, *, say_casts_left: bool = False) -> None:
         """Close every open session (casts stay resumable; a turn a harness runs for one is stopped
         with ``agent.abort_turn {reason: cast_stopped}``), each given ``timeout``. A session whose
         close fails is logged and the rest are closed all the same; one closed meanwhile by its
-        own harness (it disconnected as the runtime stopped) is no failure and is skipped."""
+        own harness (it disconnected as the runtime stopped) is no failure and is skipped.
+
+        ``say_casts_left`` (a serve stopping: its log is all an operator has): each cast still
+        active in a session is then one WARNING naming it, its session and project, where it was and
+        what it did, and the ``castor status`` command that says how to go on with it."""
         for ctx in self.sessions():
+            if say_casts_left:
+                self._say_the_casts_left(ctx)
             closed = threading.Event()
             start_thread(self._say_a_slow_close, args=(ctx.info.session_id, closed),
                          name=f"closing-session-{ctx.info.session_id}", owner="/runtime",
@@ -305,6 +311,25 @@ class Runtime:
                 self.log.opt(exception=exc).error("closing session {sid} failed", sid=ctx.info.session_id)
             finally:
                 closed.set()
+
+    def _say_the_casts_left(self, ctx: SessionContext) -> None:
+        """One WARNING per cast of ``ctx``'s session still active as the runtime stops it (read
+        from its actor's activity: nothing is asked of the cast)."""
+        import shlex
+
+        sid, cwd = ctx.info.session_id, ctx.info.cwd
+        for actor in self.system.snapshot_data(f"{SESSIONS_PATH}/{sid}/cast")["actors"]:
+            activity = actor.get("activity") or {}
+            data = activity.get("data") or {}
+            cast_id = data.get("cast_id")
+            if actor.get("kind") != "CastActor" or not isinstance(cast_id, str) or data.get("active") is False \
+                    or activity.get("kind") == "ended":
+                continue
+            where = data.get("socket") or data.get("phase") or "its start"
+            self.log.warning("stopping: cast {cid} of session {sid} ({cwd}) was left active at {where} ({doing}); "
+                             "{command} says how to go on", cid=cast_id, sid=sid, cwd=cwd, where=where,
+                             doing=activity.get("text") or "idle",
+                             command=f"castor status {cast_id} --cwd {shlex.quote(cwd)}")
 
     def _say_a_slow_close(self, session_id: str, closed: threading.Event) -> None:
         """While castor stops, a session that has not closed after ``SLOW_CLOSE_NOTE_S`` (and every

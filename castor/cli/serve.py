@@ -146,7 +146,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             serve(dispatcher, stdio=bool(args.stdio), unix_path=args.socket, tcp=args.tcp,
                   # Sessions close while their connections are open: a harness hears its turns stop.
-                  on_stopping=lambda: runtime.close_sessions(STOPPING_SESSION_CLOSE_S),
+                  # The casts a socket or TCP serve's stop leaves are said in its log (an operator
+                  # stopped it); over stdio the harness that started castor has gone and tells its user.
+                  on_stopping=lambda: runtime.close_sessions(STOPPING_SESSION_CLOSE_S,
+                                                             say_casts_left=not args.stdio),
                   on_shutdown=lambda: runtime.shutdown(30.0), fatal=runtime.system.fatal, token=token,
                   hello_timeout=args.hello_timeout, idle_timeout=args.idle_timeout,
                   max_connections=args.max_connections,
