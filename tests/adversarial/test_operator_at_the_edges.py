@@ -73,3 +73,42 @@ def test_inspect_with_the_token_file_of_an_earlier_serve_names_the_file_and_why_
 
     ok = castor(tmp_path, "inspect", "--tcp", f"127.0.0.1:{port}", "--token-file", str(second.token_file), "--json")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_status_and_abort_of_a_cast_whose_serve_is_stopped_say_so_and_how_to_resume_it(tmp_path, serve):
+    """A serve stopped by SIGSTOP (Ctrl-Z, a debugger) holds its casts and runs nothing. `castor
+    status` said the cast "runs in another castor runtime, pid N" and what it awaited, as if all
+    were well; `castor abort` waited 5 s and blamed "an older castor, or one stalled", naming no
+    process. Both now say the process is stopped and that `kill -CONT PID` resumes it; the abort
+    at once, leaving no request behind that the serve would apply once resumed."""
+    import os
+    import signal
+
+    from tests.support.served import start_a_cast_awaiting_its_turn
+
+    sock = tmp_path / "c.sock"
+    project = tmp_path / "project"
+    project.mkdir()
+    served = serve(tmp_path, "--socket", str(sock))
+    client = Client.connect_unix(str(sock), default_timeout=20)
+    try:
+        cast_id = start_a_cast_awaiting_its_turn(client, project)
+        pid = served.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            status = castor(tmp_path, "status", cast_id, "--cwd", str(project))
+            assert status.returncode == 0, status.stderr
+            first = status.stdout.splitlines()[0]
+            assert f"pid {pid}" in first and "which is stopped" in first and f"kill -CONT {pid}" in first, first
+            aborted = castor(tmp_path, "abort", cast_id, "--cwd", str(project), timeout=4)
+            assert aborted.returncode == 1, aborted.stdout + aborted.stderr
+            line = _only_line(aborted.stderr)
+            said = f"castor: conflict: pi-materia cast {cast_id} runs in castor runtime pid {pid}"
+            assert line.startswith(said), line
+            assert "which is stopped" in line and f"kill -CONT {pid}" in line, line
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        view = client.call("cast.status", {"session_id": "s1", "cast_id": cast_id})
+        assert view["status"] == "active" and view["live"], view  # no abort left to apply once resumed
+    finally:
+        client.close()
