@@ -392,3 +392,20 @@ def _check_private(path: Path, start: Path) -> None:
             raise Forbidden(f"{where}{shown} is writable by other users, who could plant its files (a log linked "
                             "elsewhere, the configs its trusted sessions run); use a directory of your own",
                             data={"path": str(directory), "reason": "workdir_not_private"})
+
+
+def process_frozen(pid: int) -> str | None:
+    """Why the process ``pid`` runs nothing now, in words that say how it runs again, from its
+    state in ``/proc/PID/stat``: stopped by a signal (``SIGSTOP``, Ctrl-Z) or held by a debugger;
+    None when it runs (or sleeps, waiting as processes do) or its state cannot be read. (A process
+    that exited holds no lease: its locks went with its files.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            state = stat_file.read().rpartition(b")")[2].split()[0:1]
+    except (OSError, IndexError):
+        return None
+    if state == [b"T"]:
+        return f"stopped (SIGSTOP or Ctrl-Z): it runs nothing until `kill -CONT {pid}`"
+    if state == [b"t"]:
+        return f"held by a debugger (stopped at a trace point): it runs nothing until the debugger lets pid {pid} go on"
+    return None

@@ -434,7 +434,9 @@ def _refuse_another_users(path: str, where: str) -> None:
     """A castor serves its own user and root only: any other user's connection is refused once
     accepted, and its first call then failed as ``cancelled: ... Broken pipe``, after two WARNING
     lines. The listener's user (``SO_PEERCRED``) is read from a connection made and closed first,
-    so that case is one line too."""
+    so that case is one line too. So is a listener whose process the kernel shows stopped
+    (``SIGSTOP``, Ctrl-Z, a debugger): the kernel accepts for it, and the view waited 10 s to say
+    only that it did not answer (``timeout``, now at once, naming its pid and ``kill -CONT``)."""
     import os
     import socket
     import struct
@@ -446,8 +448,15 @@ def _refuse_another_users(path: str, where: str) -> None:
         probe.settimeout(5.0)
         probe.connect(path)
         try:
-            _pid, uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+            pid, uid, _gid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
         except OSError:
             return
     if uid != os.geteuid() and os.geteuid() != 0:
         raise _another_users(where, uid)
+    from castor.cli.common import process_frozen
+    from castor.messages.errors import Timeout
+
+    frozen = process_frozen(pid) if pid > 0 else None
+    if frozen is not None:  # it would not answer: say why now, not after the call's 10 s
+        raise Timeout(f"the castor at {where} (pid {pid}) cannot answer: its process is {frozen}",
+                      data={"address": where, "pid": pid, "frozen": frozen})

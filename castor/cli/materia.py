@@ -1119,11 +1119,12 @@ def _abort_elsewhere(root: Path, cast_id: str, flags: str = "", *, needs_agent: 
     from castor.actors.materia.views import persisted_view
     from castor.adapters.materia.abort_requests import ABORT_REQUEST
     from castor.adapters.materia.storage import FILE_CAST_STORAGE
+    from castor.cli.common import process_frozen
     from castor.domain.materia.surface import NO_AGENT_REMEMBERED
     from castor.messages.errors import Conflict
 
     holder = _lease_holder(root / cast_id)
-    frozen = holder_frozen(holder["pid"]) if holder is not None else None
+    frozen = process_frozen(holder["pid"]) if holder is not None else None
     if holder is not None and frozen is not None:  # it cannot take the request: say why now, leave none
         raise Conflict(f"pi-materia cast {cast_id} runs in castor runtime pid {holder['pid']}, which is {frozen}; "
                        f"then `castor abort {cast_id}{flags}` again (or /materia abort in its harness session)",
@@ -1283,7 +1284,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if holder is not None:
             view["held_by"] = holder
             where = f"pid {holder['pid']} ({holder['command']})" if holder["command"] else f"pid {holder['pid']}"
-            frozen = holder_frozen(holder["pid"])
+            from castor.cli.common import process_frozen
+
+            frozen = process_frozen(holder["pid"])
             if frozen is not None:  # it holds the cast and runs nothing: "runs" alone would not be so
                 view["held_by"] = {**holder, "frozen": frozen}
                 text = (f"This pi-materia cast runs in another castor runtime, {_name(where)}, which is {frozen}; "
@@ -1328,23 +1331,6 @@ def _waits_now(view: dict[str, Any]) -> str | None:
            else f"{ago // 3600}h {ago % 3600 // 60}m")
     clock = time.strftime("%H:%M:%S", time.gmtime(saved))
     return f"now: {words} at {at}{visit}, since its last save at {clock} UTC ({age} ago)"
-
-
-def holder_frozen(pid: int) -> str | None:
-    """Why the process ``pid`` runs nothing now, in words that say how it runs again, from its
-    state in ``/proc/PID/stat``: stopped by a signal (``SIGSTOP``, Ctrl-Z) or held by a debugger;
-    None when it runs (or sleeps, waiting as processes do) or its state cannot be read. (A process
-    that exited holds no lease: its locks went with its files.)"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            state = stat_file.read().rpartition(b")")[2].split()[0:1]
-    except (OSError, IndexError):
-        return None
-    if state == [b"T"]:
-        return f"stopped (SIGSTOP or Ctrl-Z): it runs nothing until `kill -CONT {pid}`"
-    if state == [b"t"]:
-        return f"held by a debugger (stopped at a trace point): it runs nothing until the debugger lets pid {pid} go on"
-    return None
 
 
 def _lease_holder(run_dir: Path) -> dict[str, Any] | None:

@@ -112,3 +112,28 @@ def test_status_and_abort_of_a_cast_whose_serve_is_stopped_say_so_and_how_to_res
         assert view["status"] == "active" and view["live"], view  # no abort left to apply once resumed
     finally:
         client.close()
+
+
+def test_inspect_of_a_stopped_serve_says_at_once_that_it_is_stopped_and_how_to_resume_it(tmp_path, serve):
+    """The kernel accepts connections for a stopped serve: `castor inspect` waited 10 s and said
+    "did not answer ops.actors within 10 s", naming no process and no cause."""
+    import os
+    import signal
+    import time
+
+    sock = tmp_path / "c.sock"
+    served = serve(tmp_path, "--socket", str(sock))
+    pid = served.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = castor(tmp_path, "inspect", "--socket", str(sock), "casts")
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = _only_line(done.stderr)
+    assert line == (f"castor: timeout: the castor at unix:{sock} (pid {pid}) cannot answer: its process is stopped "
+                    f"(SIGSTOP or Ctrl-Z): it runs nothing until `kill -CONT {pid}`"), line
+    assert took < 8, took  # not the call's 10 s
+    assert castor(tmp_path, "inspect", "--socket", str(sock), "casts").returncode == 0  # resumed, it answers
