@@ -16,6 +16,7 @@ castor_actors{kind,state}                  gauge      actors by kind and state
 castor_mailbox_depth{kind}                 gauge      queued messages, summed over the kind
 castor_mailbox_oldest_age_seconds{kind}    gauge      age of the oldest queued message (max)
 castor_actor_restarts{kind}                gauge      restarts of the live actors (sum)
+castor_activity_age_seconds{kind}          gauge      how long the kind's longest-busy actor has done what it does
 castor_restarts_total{kind}                counter    restarts by a supervisor
 castor_crashes_total{kind}                 counter    crashes (a handler raised, a kill)
 castor_retirements_total{kind}             counter    retirements (mailbox rejected)
@@ -78,10 +79,15 @@ class RuntimeCollector(Collector):
         restarts = GaugeMetricFamily("castor_actor_restarts", "restarts of the live actors of the kind",
                                      labels=["kind"])
         casts = GaugeMetricFamily("castor_casts", "live casts by status", labels=["phase"])
+        busy = GaugeMetricFamily("castor_activity_age_seconds",
+                                 "how long the actor of the kind busy the longest has been doing what it does now "
+                                 "(an agent turn awaited, a command, a worker call); 0 when all are idle",
+                                 labels=["kind"])
         by_state: dict[tuple[str, str], int] = defaultdict(int)
         depths: dict[str, int] = defaultdict(int)
         ages: dict[str, float] = defaultdict(float)
         restart_sum: dict[str, int] = defaultdict(int)
+        busy_for: dict[str, float] = defaultdict(float)
         phases: dict[str, int] = dict.fromkeys(CAST_STATUSES, 0)
         utilities_running = 0
         for actor in actors:
@@ -90,6 +96,9 @@ class RuntimeCollector(Collector):
             depths[kind] += box["depth"]
             ages[kind] = max(ages[kind], box["oldest_age_s"] or 0.0)
             restart_sum[kind] += actor["restarts"]
+            if activity is not None and activity["kind"] != "idle":
+                # what grows while a cast is stuck: a turn never reported, a command that never ends
+                busy_for[kind] = max(busy_for[kind], float(activity.get("age_s") or 0.0))
             if activity is not None and activity["kind"] == "utility" and activity["data"].get("pid") is not None:
                 utilities_running += 1  # a slot whose command runs (one waiting for its turn has no pid)
             if kind == "CastActor" and activity is not None:
@@ -110,9 +119,10 @@ class RuntimeCollector(Collector):
             depth.add_metric([kind], depths.get(kind, 0))
             oldest.add_metric([kind], ages.get(kind, 0.0))
             restarts.add_metric([kind], restart_sum.get(kind, 0))
+            busy.add_metric([kind], busy_for.get(kind, 0.0))
         for status in CAST_STATUSES:
             casts.add_metric([status], phases[status])
-        yield from (states, depth, oldest, restarts, casts)
+        yield from (states, depth, oldest, restarts, busy, casts)
         running = GaugeMetricFamily("castor_utility_running", "utility commands running now (their slots)")
         running.add_metric([], utilities_running)
         yield running

@@ -137,3 +137,43 @@ def test_inspect_of_a_stopped_serve_says_at_once_that_it_is_stopped_and_how_to_r
                     f"(SIGSTOP or Ctrl-Z): it runs nothing until `kill -CONT {pid}`"), line
     assert took < 8, took  # not the call's 10 s
     assert castor(tmp_path, "inspect", "--socket", str(sock), "casts").returncode == 0  # resumed, it answers
+
+
+def test_metrics_say_how_long_a_stuck_cast_has_waited_so_an_alert_can_fire(tmp_path, serve):
+    """/metrics had no figure that grows while a cast waits: an agent turn never reported, a
+    command that never ends. ``castor_mailbox_oldest_age_seconds`` counts queued messages (none
+    here) and ``castor_casts`` only says a cast runs, so no alert could say "stuck for an hour".
+    ``castor_activity_age_seconds{kind}`` is the age of the longest current activity of each kind."""
+    import re
+    import time
+
+    from tests.support.served import metrics_reader, start_a_cast_awaiting_its_turn
+    from tests.support.waiting import wait_for
+
+    sock = tmp_path / "c.sock"
+    project = tmp_path / "project"
+    project.mkdir()
+    served = serve(tmp_path, "--socket", str(sock), "--console", "127.0.0.1:0")
+    metrics = metrics_reader(served.stderr_path)
+    client = Client.connect_unix(str(sock), default_timeout=20)
+    try:
+        start_a_cast_awaiting_its_turn(client, project)  # its turn is never reported
+        started = time.monotonic()
+        text = metrics()
+        assert "# TYPE castor_activity_age_seconds gauge" in text, text[:3000]
+
+        def cast_age(text: str) -> float:
+            found = re.search(r'^castor_activity_age_seconds\{kind="CastActor"\} ([0-9.e+]+)$', text, re.M)
+            assert found, text
+            return float(found.group(1))
+
+        def grown() -> str | None:
+            now = metrics()
+            return now if cast_age(now) >= 1.0 else None
+
+        text = wait_for(grown, timeout=10, what="the cast's wait to grow")
+        assert cast_age(text) <= time.monotonic() - started + 5  # the wait's age, not another clock's
+    finally:
+        client.close()
+    idle = re.search(r'^castor_activity_age_seconds\{kind="UtilityExecutorActor"\} ([0-9.e+]+)$', text, re.M)
+    assert idle and float(idle.group(1)) == 0.0, text  # an idle kind waits on nothing
