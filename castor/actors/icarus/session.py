@@ -69,7 +69,14 @@ from castor._log import LOGGING_SETUP, logger
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
 from castor.actors.icarus.hook_controller import QUIT_GRACE_S, HookClient, HookController
-from castor.actors.icarus.messages import HarnessEventName
+from castor.actors.icarus.messages import (
+    AGENT_END,
+    AGENT_SETTLED,
+    BEFORE_AGENT_START,
+    CONTEXT,
+    SESSION_SHUTDOWN,
+    SESSION_START,
+)
 from castor.actors.icarus.worker import IcarusWorkerClient, WorkerCrashLoop, icarus_worker_spec
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import parse_choice
@@ -280,19 +287,19 @@ def _messages(data: Mapping[str, Any]) -> list[Any]:
 
 def controller_payload(event: str, data: Mapping[str, Any], session_id: str) -> dict[str, Any] | None:
     """The HookController payload for a harness event, or None when Icarus ignores the event."""
-    if event == HarnessEventName.SESSION_START:
+    if event == SESSION_START:
         return {"session_id": session_id}
-    if event == HarnessEventName.BEFORE_AGENT_START:
+    if event == BEFORE_AGENT_START:
         custom = data.get("message_type") == "custom" or data.get("custom") is True
         payload: dict[str, Any] = {"prompt": data.get("prompt"), "custom": custom}
         if isinstance(data.get("model"), dict):
             payload["model"] = data["model"]
         return payload
-    if event == HarnessEventName.AGENT_END:
+    if event == AGENT_END:
         return {"messages": _messages(data)}
-    if event == HarnessEventName.AGENT_SETTLED:
+    if event == AGENT_SETTLED:
         return {"aborted": data.get("aborted") is True, "messages": _messages(data)}
-    if event in (HarnessEventName.SESSION_SHUTDOWN, HarnessEventName.CONTEXT):
+    if event in (SESSION_SHUTDOWN, CONTEXT):
         return {}
     return None
 
@@ -523,10 +530,10 @@ class IcarusSession:
     def wait_bound(self, event: str) -> float:
         s = self.settings
         worker = s.timeout_ms / 1000.0 + WAIT_GRACE_S
-        if event == HarnessEventName.BEFORE_AGENT_START:
+        if event == BEFORE_AGENT_START:
             return worker + s.classifier_timeout_ms / 1000.0 + DEFAULT_AUDIT_TIMEOUT
-        if event in (HarnessEventName.SESSION_START, HarnessEventName.AGENT_SETTLED,
-                     HarnessEventName.SESSION_SHUTDOWN):
+        if event in (SESSION_START, AGENT_SETTLED,
+                     SESSION_SHUTDOWN):
             return worker
         return QUICK_EVENT_S
 
@@ -542,14 +549,14 @@ class IcarusSession:
             self._reread_settings()
         if not self.available:
             return None
-        if not self.settings.hooks and event != HarnessEventName.SESSION_SHUTDOWN:
+        if not self.settings.hooks and event != SESSION_SHUTDOWN:
             return None
         # A dict (what the endpoint passes) without the ABC's isinstance check.
         payload = controller_payload(event, data if type(data) is dict or isinstance(data, Mapping) else {},
                                      self.icarus_session_id)
         if payload is None:
             return None
-        if event == HarnessEventName.SESSION_SHUTDOWN:
+        if event == SESSION_SHUTDOWN:
             self._abandon_tool_calls()
         # An empty answer (a prompt with nothing to inject, the commonest) is None on the wire
         # without a wire_result call; the client is read without a call once it exists.
@@ -583,7 +590,7 @@ class IcarusSession:
         if not self.available:
             return
         try:
-            self.event(HarnessEventName.SESSION_SHUTDOWN, {})
+            self.event(SESSION_SHUTDOWN, {})
         finally:
             try:
                 self.ui.set_status(STATUS_KEY, None)
@@ -776,7 +783,7 @@ class IcarusSession:
         """The longest castor itself waits on this session's memory backend, per harness method:
         a harness whose own per-call deadline is shorter must wait this long instead (else a slow
         retrieval or tool, within ``timeoutMs``, is cut off and its result lost)."""
-        return {"harness.event": math.ceil(self.wait_bound(HarnessEventName.BEFORE_AGENT_START) * 1000),
+        return {"harness.event": math.ceil(self.wait_bound(BEFORE_AGENT_START) * 1000),
                 "icarus.tool": math.ceil((self.settings.timeout_ms / 1000.0 + WAIT_GRACE_S) * 1000)}
 
     def worker_stats(self) -> dict[str, Any]:

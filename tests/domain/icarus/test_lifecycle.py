@@ -551,7 +551,7 @@ def test_evolve_is_replace_with_update(make, update):
 
 
 def test_evolve_refuses_a_name_that_is_no_field():
-    with pytest.raises(TypeError, match="no field"):
+    with pytest.raises(TypeError, match="generaton"):
         initial_state().evolve(generaton=1)
 
 
