@@ -141,8 +141,8 @@ def event_from_harness(name: str, payload: dict[str, Any], request: str) -> lc.H
         sid = payload.get("session_id", "")
         return lc.SessionStart(request=request, session_id=sid if isinstance(sid, str) else "")
     if name == BEFORE_AGENT_START:
-        return lc.BeforeAgentStart(request=request, prompt=payload.get("prompt"),
-                                   custom=bool(payload.get("custom", False)))
+        return lc.BeforeAgentStart.build(request=request, prompt=payload.get("prompt"),  # every prompt: build
+                                         custom=bool(payload.get("custom", False)))
     if name in (AGENT_END, AGENT_SETTLED):
         messages = payload.get("messages") or ()
         if not isinstance(messages, (list, tuple)):
@@ -359,7 +359,7 @@ class WorkerLane:
         self.current_deadline = time.monotonic() + self._timeout  # the worker client's own bound
         try:
             result = self._worker.call("hooks", function, None, kwargs, self._timeout, token)
-            done = lc.WorkerDone(request=request, ok=True, result=result)
+            done = lc.WorkerDone.build(request=request, ok=True, result=result)  # every call: build
         except CastorError as exc:
             reason = exc.data.get("reason")
             done = lc.WorkerDone(request=request, ok=False, error_code=str(exc.code),
@@ -569,8 +569,8 @@ class HookController(Actor):
             elif type(effect) is lc.Reply and closing is None:  # a prompt's answer (_interpret's first branch, inline)
                 fut = self._futures.pop(effect.request, None)
                 self._cancels.pop(effect.request, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(effect.result)
+                if fut is not None:
+                    fut.set_result(effect.result)  # ignored when answered already
             elif isinstance(effect, lc.CloseWorker):
                 closing = []
                 self._lane.submit_close(partial(_resolve_all, closing),  # bound now: a later close has its own list
@@ -752,7 +752,9 @@ class HookClient:
         deadline = time.monotonic() + bound
         req = request or f"{self._prefix}-{next(self._ids)}"  # new_request, inline
         data = payload or {}
-        fut = Answer()
+        # The early answer is the Answer's callback from the start: called on whichever thread
+        # sets it, this one included while it asks (a prompt answered in its own step).
+        fut = Answer(answer)
         message = harness_event(event_from_harness(name, data, req), fut,
                                 _current_model(data) if "model" in data else None,
                                 None if answer is None else threading.get_ident())
@@ -760,13 +762,11 @@ class HookClient:
             lane = self.handle.ask(message, timeout=bound)
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
             return fut.result(0) if fut.done() else None
-        if answer is not None:
-            fut.add_done_callback(answer)
-            if isinstance(lane, WorkerLane):
-                lane.help_until(fut, deadline)
+        if answer is not None and isinstance(lane, WorkerLane):
+            lane.help_until(fut, deadline)
         try:
-            # Answered already (the commonest: this thread made the call): no clock reading.
-            result: dict[str, Any] | None = fut.result(0 if fut.done() else max(0.0, deadline - time.monotonic()))
+            # Answered already (the commonest: this thread made the call): returned without a wait.
+            result: dict[str, Any] | None = fut.result(max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             self.abort(req)
             return None

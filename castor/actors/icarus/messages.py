@@ -22,7 +22,7 @@ the model declares); they are re-exported here so every Icarus message is found 
 from __future__ import annotations
 
 import threading
-from _thread import allocate_lock
+from _thread import LockType, allocate_lock
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
@@ -52,19 +52,23 @@ class Answer:
 
     What a hook call needs of ``concurrent.futures.Future`` and no more: a Future builds a
     ``Condition`` (an RLock and a waiter list) and takes it, in Python code, at every ``done``,
-    ``set_result``, ``add_done_callback`` and ``result`` -- eight times per hook call. This is a
-    pre-acquired lock as the gate (as the actors' reply slots are) and one short guard section per
-    outcome. It carries no exception: the hook controller answers ``None`` when it cannot answer.
+    ``set_result``, ``add_done_callback`` and ``result`` -- eight times per hook call. This is one
+    short guard section per outcome, and a pre-acquired lock as the gate (as the actors' reply
+    slots are) made only for a reader that has to wait: the commonest reader comes once the answer
+    is set, and does not. It carries no exception: the hook controller answers ``None`` when it
+    cannot answer.
+
+    ``callback``: the one callback, given when it is known at the start (``add_done_callback``
+    then takes none): no guard section of its own.
     """
 
     __slots__ = ("_gate", "_done", "_value", "_callback")
 
-    def __init__(self) -> None:
-        self._gate = allocate_lock()
-        self._gate.acquire()
+    def __init__(self, callback: Callable[[Any], None] | None = None) -> None:
+        self._gate: LockType | None = None  # made by the first reader that waits (result)
         self._done = False
         self._value: Any = None
-        self._callback: Callable[[Any], None] | None = None
+        self._callback = callback
 
     def done(self) -> bool:
         return self._done
@@ -79,10 +83,11 @@ class Answer:
                 return False
             self._value = value
             self._done = True
-            callback = self._callback
+            callback, gate = self._callback, self._gate
         finally:
             guard.release()
-        self._gate.release()
+        if gate is not None:
+            gate.release()  # a waiting reader passes (and releases it for the next)
         if callback is not None:
             try:  # _run_callback, inline (every hook call with an early answer passes here)
                 callback(value)
@@ -108,9 +113,19 @@ class Answer:
         """The answer; waits up to ``timeout`` seconds (``None``: no limit) and raises
         ``TimeoutError`` when none came."""
         if not self._done:
-            if not self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-                raise TimeoutError("no answer in time")
-            self._gate.release()  # the next waiter passes at once
+            guard = _ANSWER_GUARD
+            guard.acquire()
+            try:
+                done, gate = self._done, self._gate
+                if not done and gate is None:
+                    gate = self._gate = allocate_lock()
+                    gate.acquire()  # set_result releases it (it reads _gate under the guard)
+            finally:
+                guard.release()
+            if gate is not None and not done:
+                if not gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                    raise TimeoutError("no answer in time")
+                gate.release()  # the next waiter passes at once
         return self._value
 
 

@@ -106,3 +106,29 @@ def test_racing_setters_one_wins_and_the_callback_sees_the_winner() -> None:
         for t in threads:
             t.join(5)
         assert len(wins) == 1 and seen == wins and answer.result(0) == wins[0]
+
+
+def test_a_callback_given_at_the_start_runs_once_on_the_thread_that_answers() -> None:
+    seen: list[tuple[object, int]] = []
+    answer = Answer(lambda value: seen.append((value, threading.get_ident())))
+    with pytest.raises(RuntimeError):
+        answer.add_done_callback(lambda _v: None)  # still one callback only
+    setter = threading.Thread(target=answer.set_result, args=("v",))
+    setter.start()
+    setter.join(5)
+    answer.set_result("w")
+    assert seen == [("v", setter.ident)] and answer.result(0) == "v"
+
+
+def test_a_waiter_after_one_that_timed_out_is_still_woken_by_the_answer() -> None:
+    """The gate a waiting reader makes stays for the next: a reader past its deadline leaves it
+    closed, and one that waits after it passes when the answer comes from another thread."""
+    answer = Answer()
+    with pytest.raises(TimeoutError):
+        answer.result(0.01)
+    got: list[object] = []
+    waiting = threading.Thread(target=lambda: got.append(answer.result(10)))
+    waiting.start()
+    threading.Thread(target=answer.set_result, args=("late",)).start()
+    waiting.join(10)
+    assert got == ["late"] and answer.result(0) == "late"

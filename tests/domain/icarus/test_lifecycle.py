@@ -563,3 +563,30 @@ def test_the_machines_values_are_slotted_and_compared_by_class():
         state.generaton = 1  # type: ignore[attr-defined]  # the misspelling is the test
     assert not hasattr(state, "__dict__")
     assert CancelFilter(request="r") != TurnAborted(request="r")
+
+
+def _value_classes() -> list[type]:
+    from castor.domain.icarus import lifecycle
+
+    return [c for c in vars(lifecycle).values()
+            if isinstance(c, type) and issubclass(c, lifecycle._Frozen) and c is not lifecycle._Frozen]
+
+
+@pytest.mark.parametrize("cls", _value_classes(), ids=lambda c: c.__name__)
+def test_build_is_the_class_call(cls):
+    """``build`` (a plain function, for the hook call's hot path) makes the value the class call
+    makes: with only the required fields, with every field given, and a default factory's value
+    fresh each time; a name that is no field is a TypeError."""
+    fields = dataclasses.fields(cls)
+    required = {f.name: f"v-{f.name}" for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    every = {f.name: f"w-{f.name}" for f in fields}
+    for given in (required, every):
+        built, called = cls.build(**given), cls(**given)
+        assert built == called and type(built) is cls and repr(built) == repr(called)
+        assert not hasattr(built, "__dict__")
+    for f in fields:
+        if f.default_factory is not dataclasses.MISSING:
+            assert getattr(cls.build(**required), f.name) is not getattr(cls.build(**required), f.name)
+    with pytest.raises(TypeError, match="no_such_field"):
+        cls.build(**required, no_such_field=1)
