@@ -297,9 +297,12 @@ class ActorHandle:
                     seconds = (finished or started) - started
                     lock, row = self._inline_ask_latency
                     index = bisect_left(BUCKETS, seconds)
-                    with lock:
+                    lock.acquire()  # not ``with``: see Mailbox.claim_idle
+                    try:
                         row[index] += 1
                         row[-1] += seconds
+                    finally:
+                        lock.release()
                     error = reply.error
                     if error is None:
                         return reply.value
