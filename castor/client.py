@@ -166,8 +166,8 @@ class Client:
         interrupt's exception unchanged: see the module's note on Ctrl-C)."""
         if method == "runtime.hello" and self._token is not None:
             params = {**(params or {}), "token": (params or {}).get("token", self._token)}
-        return self.connection.call_async(method, params or {},  # Connection.call's body
-                                          timeout=self.default_timeout if timeout is None else timeout).result()
+        return self.connection.call(method, params or {},
+                                    timeout=self.default_timeout if timeout is None else timeout)
 
     def _parting(self) -> CastorError | None:
         """The server's reason for ending the connection, when it gave one: an ``error`` notification

@@ -118,6 +118,9 @@ _NOTHING = object()
 # Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
 _new_request = tuple.__new__
 _unpackb = msgpack.unpackb
+_get_ident = threading.get_ident
+_new_pending = object.__new__
+_new_context = object.__new__
 
 
 class ConnectionSettings(BaseModel):
@@ -580,12 +583,22 @@ class Connection:
                 **workers, **self.counters}
 
     # ------------------------------------------------------------------ outgoing
-    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
-        """Send a request and wait for its result (raises the peer's error or ``Timeout``)."""
-        return self.call_async(method, params, timeout=timeout).result()
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None,
+             pending_only: bool = False) -> Any:
+        """Send a request and wait for its result (raises the peer's error or ``Timeout``);
+        ``pending_only``: return the :class:`PendingCall` once the request is sent (``call_async``).
 
-    def call_async(self, method: str, params: dict[str, Any] | None = None, *,
-                   timeout: float | None = None) -> PendingCall:
+        The common case runs in this frame: a caller that may read the socket itself (a receive
+        timeout is set: the client's) and finds the reader role free takes it, reads once, and when
+        that read is exactly this call's answer (a result, decoded whole) settles the call and hands
+        the role back here. The deadline is read once a call, here: a read that brings nothing
+        wakes at the receive timeout and the general loop looks at the deadline then, as ever.
+        Anything else -- the role held by another thread, something buffered, another frame, part
+        of one, an error answer, the end of stream -- goes on in ``_read_as_caller`` with the bytes
+        already read, or in ``PendingCall.result``, exactly as it would have. An exception raised
+        into the wait from outside closes the connection (:meth:`close_interrupted`), as one raised
+        into ``await_reply`` does; one raised before the request was handed to the writer leaves
+        the connection as it was."""
         timeout = self.settings.default_call_timeout if timeout is None else timeout
         try:
             bounded = 0 < timeout < _INFINITY  # False for NaN, infinity, zero and below
@@ -598,9 +611,18 @@ class Connection:
             raise self._closed_error(method)
         # itertools.count is atomic under the GIL; a msgid repeats only after 2**32 calls.
         msgid = next(self._msgids) & MAX_MSGID
-        pending = PendingCall(self, msgid, method, deadline)
+        call = _new_pending(PendingCall)  # PendingCall.__init__, inlined (one frame a call fewer)
+        call._conn = self  # noqa: SLF001 - PendingCall is this module's
+        call.msgid = msgid
+        call.method = method
+        call.deadline = deadline
+        call.settled = False
+        call._value = None  # noqa: SLF001 - see above
+        call._error = None  # noqa: SLF001 - see above
+        call._gate = None  # noqa: SLF001 - see above
+        call._timed_out = False  # noqa: SLF001 - see above
         try:
-            self._pending[msgid] = pending
+            self._pending[msgid] = call
             if self._closed or self._eof:  # lost a race with close() or the end of stream: it may
                 self._pending.pop(msgid, None)  # have swapped the table already
                 raise self._closed_error(method)
@@ -622,6 +644,71 @@ class Connection:
         except BaseException:  # interrupted from outside (Ctrl-C): the call is not kept
             self._pending.pop(msgid, None)
             raise
+        if pending_only:
+            return call
+        if not self._caller_recv:
+            return call.result()
+        me = _get_ident()
+        mutex = self._mutex
+        took = False
+        try:
+            with mutex:  # await_reply's taking of a free role
+                if (self._role is None and not call.settled and not self._closed and not self._eof
+                        and self._parked_bytes < self._max_read_ahead):
+                    self._role = me
+                    self._inline_since = None
+                    took = True
+            if took:
+                if self._decoder.unpacker.tell() != self._fed:  # bytes buffered: the general loop
+                    self._read_as_caller(call, me, False)
+                    return call.result()
+                data = self.transport.read_available()
+                value: Any = _NOTHING
+                if data and len(data) <= self._whole_max:
+                    try:
+                        value = _unpackb(data, max_ext_len=self._max_ext)
+                    except Exception:  # not one whole frame, or not msgpack: the decoder says which
+                        pass
+                if type(value) is list and len(value) == 4:
+                    kind, answered, error, result = value
+                    if (error is None and answered == msgid and kind == 1 and type(kind) is int
+                            and type(answered) is int):
+                        self.counters["frames_in"] += 1
+                        pending = self._pending.pop(msgid, None)  # as _on_response
+                        if pending is None:  # failed by a close meanwhile: counted there
+                            self._on_response(msgid, None, result)
+                        else:  # PendingCall.resolve, inlined (this thread is its one resolver)
+                            pending._value = result  # noqa: SLF001 - see above
+                            pending.settled = True
+                            gate = pending._gate  # noqa: SLF001 - see above
+                            if gate is not None:
+                                gate.release()
+                        released = time.monotonic()
+                        with mutex:  # _read_as_caller's hand-back of the role
+                            if self._role == me:
+                                self._role = None
+                                if self._waiting_callers:
+                                    self._wake_callers_locked()
+                                elif not self._closed:
+                                    # A worker takes the role back unless another call comes soon.
+                                    self._released_at = released
+                                    if not self._watched:
+                                        self._watch_locked()
+                            if self._closed:
+                                self._maybe_release_fds()
+                        if pending is not None:
+                            return result
+                        return call.result()
+                self._read_as_caller(call, me, False, have_read=True, read=data)
+        except BaseException as exc:
+            self.close_interrupted(me, None, exc)
+            raise
+        return call.result()
+
+    def call_async(self, method: str, params: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> PendingCall:
+        """Send now, wait later: the :class:`PendingCall`, whose ``result()`` honours the deadline."""
+        pending: PendingCall = self.call(method, params, timeout=timeout, pending_only=True)
         return pending
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> bool:
@@ -1034,7 +1121,8 @@ class Connection:
                         return
                 else:
                     value: Any = _NOTHING
-                    if len(data) <= self._whole_max:
+                    size = len(data)
+                    if size <= self._whole_max:
                         try:
                             value = _unpackb(data, max_ext_len=self._max_ext)
                         except Exception:  # two frames, part of one, or not msgpack: the decoder says which
@@ -1045,7 +1133,7 @@ class Connection:
                                 and type(method) is str and method and type(params) is list and len(params) == 1
                                 and type(params[0]) is dict):
                             counters["frames_in"] += 1
-                            self._frame_bytes = len(data)
+                            self._frame_bytes = size
                             frame = _new_request(Request, (msgid, method, params[0]))
                     if frame is None:  # _take inlined: the decoder and _read_frame take it from here
                         try:
@@ -1053,7 +1141,7 @@ class Connection:
                         except msgpack.BufferFull:
                             self._take_refused(me)
                             return
-                        self._fed += len(data)
+                        self._fed += size
                         self._chunk = data
             if frame is None:
                 frame = self._read_frame(me, None)
@@ -1211,18 +1299,24 @@ class Connection:
         except BaseException:  # a second interrupt while closing: close() can be called again
             pass
 
-    def _read_as_caller(self, call: PendingCall, me: int, held: bool) -> None:
+    def _read_as_caller(self, call: PendingCall, me: int, held: bool, *, have_read: bool = False,
+                        read: bytes | None = None) -> None:
+        """Read as the reader role's holder until ``call`` is settled, its deadline passes or the
+        role is given up; hand the role back on the way out. ``have_read``: :meth:`call` read once
+        with nothing buffered and ``read`` is what that brought (bytes, ``b""`` at the end of
+        stream, ``None`` at the receive timeout), taken here as this function's own first read."""
         mutex = self._mutex
         try:
-            if not held and self._caller_recv and not self._closed and self._decoder.unpacker.tell() == self._fed:
+            if have_read or (not held and self._caller_recv and not self._closed
+                             and self._decoder.unpacker.tell() == self._fed):
                 # The common case, in this frame: nothing is buffered, and one read brings exactly
                 # this call's answer (a whole frame, decoded at once). Anything else -- another
                 # frame, part of one, two together, an error answer -- goes to the decoder and the
                 # loop below, as if it had read the bytes itself.
-                data = self.transport.read_available()
+                data = read if have_read else self.transport.read_available()
                 if data:
                     value: Any = _NOTHING
-                    if len(data) <= self._whole_max:
+                    if not have_read and len(data) <= self._whole_max:  # (call() tried its read whole)
                         try:
                             value = _unpackb(data, max_ext_len=self._max_ext)
                         except Exception:  # not one whole frame, or not msgpack: the decoder says which
@@ -1635,7 +1729,12 @@ class Connection:
         replied = 0
         tail = None
         try:
-            ctx = Context(self, self.state, job.method, msgid)
+            ctx = _new_context(Context)  # Context's __init__, inlined (one frame a job fewer)
+            ctx.connection = self
+            ctx.state = self.state
+            ctx.method = job.method
+            ctx.msgid = msgid
+            ctx.early = None
             try:
                 result = self.dispatcher.dispatch(job.method, job.params, ctx)
             except CastorError as exc:

@@ -221,10 +221,11 @@ class Dispatcher:
         return entry is not None and entry.on_reading_thread
 
     def dispatch(self, method: str, params: dict[str, Any], ctx: Context) -> Any:
-        entry = self._methods.get(method)
-        if entry is None:
+        try:
+            entry = self._methods[method]
+        except KeyError:
             shown = clipped(method)  # escaped once: repr() of it doubled every backslash of the escapes
-            raise UnknownMethod(f"unknown method '{shown}'", data={"method": shown})
+            raise UnknownMethod(f"unknown method '{shown}'", data={"method": shown}) from None
         args: Any = params
         if entry.model is not None:
             try:
@@ -258,7 +259,7 @@ class Dispatcher:
             logger.bind(method=method, error_id=error_id, actor="/endpoint", msg_type=method).exception(
                 "handler for {} raised {}", method, type(exc).__name__)
             raise Internal(f"internal error in {method}", data={"error_id": error_id}) from None
-        if isinstance(result, BaseModel):
+        if type(result) is not dict and isinstance(result, BaseModel):  # (a dict, the common result, is none)
             result = result.model_dump(mode="json")
         return result
 
