@@ -90,6 +90,8 @@ from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import ConnectionClosed, error_from_wire
 from castor.endpoint.framing import (
     MAX_MSGID,
+    REQUEST,
+    RESPONSE,
     BadFrame,
     BadParams,
     FrameDecoder,
@@ -101,9 +103,9 @@ from castor.endpoint.framing import (
     UndecodableStream,
     encode_error_notification,
     encode_notification,
-    encode_request,
     encode_response,
     over_limits,
+    packers,
     parse_frame,
     undecodable,
 )
@@ -626,8 +628,16 @@ class Connection:
             if self._closed or self._eof:  # lost a race with close() or the end of stream: it may
                 self._pending.pop(msgid, None)  # have swapped the table already
                 raise self._closed_error(method)
-            try:
-                frame = encode_request(msgid, method, params or {})
+            try:  # encode_request's body, inlined (one frame a call fewer)
+                try:
+                    packer = packers.packer
+                except AttributeError:
+                    packer = packers.packer = msgpack.Packer(use_bin_type=True)
+                try:
+                    frame: bytes = packer.pack([REQUEST, msgid, method, [params or {}]])
+                except BaseException:
+                    packers.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
+                    raise
             except (TypeError, ValueError, OverflowError) as exc:
                 self._forget(msgid)
                 raise _unsendable(method, exc) from None
@@ -1783,8 +1793,17 @@ class Connection:
             if msgid is not None:
                 if ctx.early is not None and not _take(ctx.early):
                     return 1  # answered early (and counted there): this return value is dropped
-                try:  # the common case of _result_frame, inlined: a result msgpack carries, short
-                    encoded: bytes | None = encode_response(msgid, None, result)
+                try:  # the common case of _result_frame (and encode_response's body), inlined: a result
+                    # msgpack carries, short
+                    try:
+                        packer = packers.packer
+                    except AttributeError:
+                        packer = packers.packer = msgpack.Packer(use_bin_type=True)
+                    try:
+                        encoded: bytes | None = packer.pack([RESPONSE, msgid, None, result])
+                    except BaseException:
+                        packers.packer = msgpack.Packer(use_bin_type=True)  # never reuse a half-written buffer
+                        raise
                 except (TypeError, ValueError, OverflowError):
                     encoded = None
                 frame = (encoded if encoded is not None and len(encoded) <= self._smallest_limit

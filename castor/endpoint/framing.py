@@ -378,6 +378,10 @@ def _parse_slow(value: list[Any], kind: int, size: int) -> Frame:
 # Encoding. ``use_bin_type`` keeps bytes and str distinct on the wire. One
 # Packer per thread: ``msgpack.packb`` builds a new Packer on every call.
 _local = threading.local()
+#: Each thread's packer (``packers.packer``, made on a thread's first frame), for a caller that
+#: packs a frame in its own frame as ``encode_request`` does: a packer that raised is replaced,
+#: never used again (its buffer may hold half a frame).
+packers = _local
 
 
 def _pack(obj: Any) -> bytes:
