@@ -193,6 +193,7 @@ def test_status_of_a_cast_its_storage_stopped_says_what_happened_and_what_to_typ
     project.mkdir()
     open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
     cast_id = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})["cast_id"]
+    materia_call(runtime, "s1", "status", {"cast_id": cast_id})  # answered after the start's files and first turn
     run_dir = str((project / ".pi" / "pi-materia" / cast_id).resolve())
     real_open = os.open
     refusing = {"on": True}
@@ -227,6 +228,7 @@ def test_a_cast_that_meets_a_storage_fault_mid_run_stops_tells_the_harness_and_r
     fault = DiskFault(monkeypatch, project)
     started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
     cast_id = started["cast_id"]
+    materia_call(runtime, "s1", "status", {"cast_id": cast_id})  # answered after the start's files and first turn
     fault.on(name)  # before the turn's answer: its transition cannot be saved
     wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
              what="the cast actor stopped")
@@ -252,6 +254,7 @@ def test_a_one_off_fault_mid_run_fails_the_cast_with_its_reason_and_its_own_even
     fault = DiskFault(monkeypatch, project)
     started = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})
     cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
+    materia_call(runtime, "s1", "status", {"cast_id": cast_id})  # answered after the start's files and first turn
     fault.on("ENOSPC", times=1)  # the answer's save fails; the space is back for the failed state
     wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
              what="the cast actor stopped")
@@ -284,6 +287,7 @@ def test_a_recast_refused_by_a_full_disk_names_the_file_relative_to_the_project(
     open_session(runtime, "s1", project, [{"text": "lost", "delay_ms": 400}, "after recast"])
     fault = DiskFault(monkeypatch, project)
     cast_id = materia_call(runtime, "s1", "start", {"request": "x", "loadout": "hello"})["cast_id"]
+    materia_call(runtime, "s1", "status", {"cast_id": cast_id})  # answered after the start's files and first turn
     fault.on("ENOSPC")
     wait_for(lambda: runtime.system.find(f"/root/session/s1/cast/{cast_id}") is None, timeout=15,
              what="the cast actor stopped")

@@ -73,7 +73,7 @@ supervisor's restart intensity in a millisecond). Instead:
 | a new cast's first save (``on_start``) | nothing of it is kept: the lease is released and the run directory removed (it was never a cast); the starter raises ``storage_unavailable`` (``CastEnv.start_error``) |
 | a resumed cast's start (outbox replay) | the incarnation stops; the starter raises ``storage_unavailable``; the saved state is untouched |
 | a transition's save | the transition is dropped (nothing of it was performed); the cast is failed once more through ``DispatchFailed`` (reason ``storage unavailable: ...``) if that save still fits, else it stays as last saved (``orphaned`` once the lease is freed); either way recastable |
-| a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest |
+| a transition's file effects (after its save) | the incarnation stops; the saved outbox is kept, so ``recast`` writes the rest (a new cast's first transition included: its starter was answered once the save was durable, and the cast is then failed or orphaned, recastable, as any running cast) |
 | the run directory damaged under a running cast (its ``state.json`` or ``manifest.json`` not a document, a directory where a file goes or the reverse, the directory removed) | as the two rows above, with ``state_corrupt`` (``forbidden`` for a link planted out of it) instead of ``storage_unavailable``, and "repair or remove what was damaged" as the advice: the incarnation stops rather than crash (a restart met the same damage, or started the cast over in a removed directory) or wait (a told message's fault was only logged, and the cast waited for ever) |
 | a state castor cannot serialise (its own bug) | as a transition's save, with ``internal`` and "this is a castor bug: report it": stopped once, never a crash loop that re-sends the turn at every restart |
 | the engine's step raising on an event (its own bug: the step is pure, so every restart would replay the same work into the same exception) | the same, the message naming the event and the exception |
@@ -111,6 +111,7 @@ from castor.actors.materia.messages import (
     CastOutcome,
     CastProgress,
     CastStatusQuery,
+    PerformSavedStart,
     UserRunEnded,
     UserTurnContextQuery,
     UserTurnExpired,
@@ -282,12 +283,12 @@ class CastActor(Actor):
     @property
     def start_on_caller(self) -> bool:  # type: ignore[override]  # Actor's class flag; a cast decides per incarnation
         """A new cast's first incarnation starts on its starter's thread (the SessionActor's
-        handler, inside ``spawn``): its ``on_start`` — the claim, the first save, the first file
-        effects, the first visit sent — never blocks and never asks its starter, so ``cast.start``
-        crosses no thread to run it and waits for no loop thread to report back; the loop thread
-        is handed the rest (the first outcome) afterwards. A restart or a resume (outbox replay,
-        killing a recorded command) starts on a loop thread as before: its starter is a
-        supervisor, which must not run it."""
+        handler, inside ``spawn``): its ``on_start`` — the claim, the first save, the view the
+        starter answers with — never blocks and never asks its starter, so ``cast.start`` crosses
+        no thread to run it and waits for no loop thread to report back; the loop thread is handed
+        the rest: the first transition's effects (its files, the first visit: see ``_commit``),
+        then the first outcome. A restart or a resume (outbox replay, killing a recorded command)
+        starts on a loop thread as before: its starter is a supervisor, which must not run it."""
         return self.env.start_event is not None and self.incarnation == 1
 
     def __init__(self, env: CastEnv) -> None:
@@ -312,6 +313,8 @@ class CastActor(Actor):
         self._fenced = False
         self._storage_failed = False
         self._unwatch_abort_requests: Callable[[], None] | None = None
+        #: a new cast's first transition, saved, its effects left to the loop thread (see _commit)
+        self._saved_start: tuple[Transition, list[Any]] | None = None
         #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
         self._finished_command: UtilityFinished | None = None
         #: the visit whose command a dead runtime (or incarnation) left unfinished: its re-dispatch says so
@@ -393,7 +396,7 @@ class CastActor(Actor):
             if env.start_event is None:
                 raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})
             self.artifacts.create()
-            self._commit(step(None, env.start_event))
+            self._commit(step(None, env.start_event), answer_first=self.start_on_caller)
             if self.state is not None:
                 self.log.info("cast {cast} started in {run_dir} (loadout {loadout})", cast=env.cast_id,
                               run_dir=self.state.run_dir, loadout=self.state.config.pipeline.loadout_name)
@@ -696,7 +699,17 @@ class CastActor(Actor):
                 where="save") from None
         self._commit(transition)
 
-    def _commit(self, transition: Transition) -> None:
+    def _commit(self, transition: Transition, *, answer_first: bool = False) -> None:
+        """Save ``transition`` (state and outbox, durably), then perform its effects.
+
+        ``answer_first``: a new cast's first transition on its starter's thread. Once its save is
+        durable the cast exists (its index row was written at allocation, its state is on disk,
+        its outbox holds every file effect), so its effects -- the files, the first visit -- are
+        handed to the cast's loop thread (:class:`PerformSavedStart`, the first message in its
+        mailbox: whatever is asked of the cast is answered after them) and the starter answers at
+        once. A transition with something to tell the user (``Notify``: a config warning, a start
+        that failed) is performed here as before, so the user hears it before the answer.
+        """
         if self._fenced or self._storage_failed:
             return
         files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
@@ -720,6 +733,20 @@ class CastActor(Actor):
         self.state = transition.state
         if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
             self._note_withdrawals(transition)
+        if answer_first and not any(type(effect) is Notify for effect in transition.effects):
+            self._saved_start = (transition, files)
+            self.handle.tell(PerformSavedStart())
+            return
+        self._perform_transition(transition, files)
+
+    @handles(PerformSavedStart)
+    def _on_perform_saved_start(self, _message: PerformSavedStart) -> None:
+        saved, self._saved_start = self._saved_start, None
+        if saved is not None:
+            self._perform_transition(*saved)
+
+    def _perform_transition(self, transition: Transition, files: list[Any]) -> None:
+        """Perform a saved transition's effects: its files batched, then the others in order."""
         try:
             self._perform_files(files)
         except (OSError, StateCorrupt, Forbidden) as exc:  # the disk, or an artifact damaged (a manifest not JSON)

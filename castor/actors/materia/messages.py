@@ -79,6 +79,11 @@ class CastStatusQuery(LocalMessage, type_name="materia.cast.status"):
     pass
 
 
+class PerformSavedStart(LocalMessage, type_name="materia.cast.perform_saved_start"):
+    """A new cast's first transition is saved and its starter answered: its effects (the files,
+    the first visit) are performed now, on the cast's loop thread, before any other message."""
+
+
 class UserTurnContextQuery(LocalMessage, type_name="materia.cast.user_turn_context"):
     pass
 

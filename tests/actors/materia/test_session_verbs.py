@@ -4,6 +4,8 @@ its message does not declare."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from castor.actors.materia.api import materia_ask, materia_call, verb_message
@@ -116,7 +118,11 @@ def test_a_start_below_the_session_s_cast_limit_asks_no_live_cast_and_at_the_lim
     started = [materia_call(rt, "s1", "start", {"request": f"c{n}", "loadout": "hello"})["cast_id"]
                for n in range(3)]
     casts = [rt.system.lookup(f"/root/session/s1/cast/{cast_id}") for cast_id in started]
+    deadline = time.monotonic() + 30  # each cast's first message: its first transition's effects (PerformSavedStart)
+    while any(handle.snapshot().mailbox.processed < 1 for handle in casts) and time.monotonic() < deadline:
+        time.sleep(0.01)
     before = [handle.snapshot().mailbox.processed for handle in casts]
+    assert before == [1, 1, 1]
     started.append(materia_call(rt, "s1", "start", {"request": "c3", "loadout": "hello"})["cast_id"])
     assert [handle.snapshot().mailbox.processed for handle in casts] == before  # none was asked
     with pytest.raises(Conflict) as refused:  # four live, four active: the fifth is refused

@@ -1,0 +1,63 @@
+"""A cast's start is answered once its first state is durable: the cast is then on disk and
+findable, and its first transition's effects (the files, the first visit) run on the cast's own
+loop thread, before anything else asked of the cast is answered. A start with something to tell
+the user performs it before answering, as before."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from castor.actors.materia.api import materia_call
+from castor.adapters.materia.artifacts import CastArtifacts
+
+from .helpers import event_types, open_session, wait_status, write_project_config
+from .test_config_warnings import GUARDED_TEXT
+
+
+@pytest.fixture
+def transition_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread that performs each transition's file effects, in order."""
+    seen: list[int] = []
+    real = CastArtifacts.write_transition
+
+    def spy(self: CastArtifacts, *args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.get_ident())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CastArtifacts, "write_transition", spy)
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_a_start_is_answered_once_saved_and_its_first_effects_run_on_the_cast_s_thread(
+        runtime_factory, project: Path, transition_threads: list[int]) -> None:
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id, run_dir = started["cast_id"], Path(started["run_dir"])
+    assert started["status"] == "active" and started["live"] is True, started
+    assert (run_dir / "state.json").is_file()  # durable when the answer arrives
+    assert cast_id in [row["cast_id"] for row in materia_call(rt, "s1", "list", {})["casts"]]  # and findable
+    # A status is answered after the start's effects: the first transition's events are on disk by then.
+    materia_call(rt, "s1", "status", {"cast_id": cast_id})
+    assert "cast_start" in event_types(run_dir)
+    assert transition_threads and transition_threads[0] != threading.get_ident(), \
+        "the start's files were written on the starter's thread"
+    assert wait_status(rt, "s1", cast_id)["status"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_start_that_tells_the_user_something_tells_it_before_answering(
+        runtime_factory, project: Path, transition_threads: list[int]) -> None:
+    write_project_config(project, GUARDED_TEXT)
+    rt = runtime_factory()
+    _agent, ui = open_session(rt, "s1", project, ["text, not json"])
+    started = materia_call(rt, "s1", "start", {"request": "go"})
+    assert started["level"] == "warning"
+    assert any("text-socket-guarded-edge" in message for _level, message in ui.notifications), ui.notifications
+    assert transition_threads[0] == threading.get_ident()  # performed here, as before
+    assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
