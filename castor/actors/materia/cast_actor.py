@@ -315,6 +315,8 @@ class CastActor(Actor):
         self._unwatch_abort_requests: Callable[[], None] | None = None
         #: a new cast's first transition, saved, its effects left to the loop thread (see _commit)
         self._saved_start: tuple[Transition, list[Any]] | None = None
+        #: False until a new cast's subdirectories are made (with its first files: see _perform_files)
+        self._dirs_made = True
         #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
         self._finished_command: UtilityFinished | None = None
         #: the visit whose command a dead runtime (or incarnation) left unfinished: its re-dispatch says so
@@ -395,7 +397,9 @@ class CastActor(Actor):
         if stored.revision == 0:
             if env.start_event is None:
                 raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})
-            self.artifacts.create()
+            # Its sockets/ and contexts/ are made with its first files, after the first save (the
+            # replay of a save cut short makes them first too): not on the starter's way to its answer.
+            self._dirs_made = False
             self._commit(step(None, env.start_event), answer_first=self.start_on_caller)
             if self.state is not None:
                 self.log.info("cast {cast} started in {run_dir} (loadout {loadout})", cast=env.cast_id,
@@ -893,6 +897,9 @@ class CastActor(Actor):
         exists before an event or manifest entry names it, and after a crash anywhere in here
         the outbox saved with the state redoes the rest without duplicates.
         """
+        if not self._dirs_made:  # a new cast's first files: its sockets/ and contexts/ first, made durable
+            self.artifacts.create()
+            self._dirs_made = True
         writes: dict[str, str | bytes] = {}
         entries: list[dict[str, Any]] = []
         events: list[tuple[str, dict[str, Any], int]] = []

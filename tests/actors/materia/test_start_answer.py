@@ -61,3 +61,26 @@ def test_a_start_that_tells_the_user_something_tells_it_before_answering(
     assert any("text-socket-guarded-edge" in message for _level, message in ui.notifications), ui.notifications
     assert transition_threads[0] == threading.get_ident()  # performed here, as before
     assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_start_makes_its_run_directory_s_subdirectories_on_the_cast_s_thread(
+        runtime_factory, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sockets/`` and ``contexts/`` (and the fsync that makes them durable) go with the first
+    files, after the answer; a crash before them is replayed from the saved outbox, which makes
+    them first."""
+    made: list[int] = []
+    real = CastArtifacts.create
+
+    def spy(self: CastArtifacts) -> CastArtifacts:
+        made.append(threading.get_ident())
+        return real(self)
+
+    monkeypatch.setattr(CastArtifacts, "create", spy)
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})  # answered after the start's effects
+    assert made and threading.get_ident() not in made, "the subdirectories were made on the starter's thread"
+    assert (Path(started["run_dir"]) / "contexts").is_dir() and (Path(started["run_dir"]) / "sockets").is_dir()
+    assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
