@@ -297,12 +297,9 @@ class ActorHandle:
                     seconds = (finished or started) - started
                     lock, row = self._inline_ask_latency
                     index = bisect_left(BUCKETS, seconds)
-                    lock.acquire()  # not ``with``: see Mailbox.claim_idle
-                    try:
+                    with lock:
                         row[index] += 1
                         row[-1] += seconds
-                    finally:
-                        lock.release()
                     error = reply.error
                     if error is None:
                         return reply.value

@@ -79,9 +79,7 @@ class CancelToken:
 
     def on_cancel(self, callback: Callable[[], None]) -> bool:
         """Arm ``callback`` for the cancellation; False (not armed) when already cancelled."""
-        guard = _GUARD  # acquire/release, not ``with``: every worker call arms and disarms (see Mailbox.claim_idle)
-        guard.acquire()
-        try:
+        with _GUARD:
             if self._cancelled:
                 return False
             if self._callback is None and not self._more:  # the slot runs first: keep the order
@@ -91,15 +89,11 @@ class CancelToken:
             else:
                 self._more.append(callback)
             return True
-        finally:
-            guard.release()
 
     def disarm(self, callback: Callable[[], None]) -> None:
         """Forget an armed ``callback`` (the work it would call off is over); one arming of it
         per call, as :meth:`on_cancel` armed it."""
-        guard = _GUARD
-        guard.acquire()
-        try:
+        with _GUARD:
             slot = self._callback
             # Equal, not only the same object: a bound method is a new object at every lookup.
             if slot is not None and (slot is callback or slot == callback):
@@ -109,8 +103,6 @@ class CancelToken:
                     self._more.remove(callback)
                 except ValueError:
                     pass
-        finally:
-            guard.release()
 
     def wake(self, event: threading.Event) -> None:
         """Set ``event`` on cancellation (at once when already cancelled): for waiters."""
