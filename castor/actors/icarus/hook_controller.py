@@ -222,15 +222,11 @@ class WorkerLane:
     def submit(self, request: str, function: str, kwargs: dict[str, Any], *, wake: bool = True) -> None:
         """Queue a call. ``wake=False``: the caller's own thread is about to :meth:`help_until`
         (waking the lane's thread would only have it take the job first, a hand-off)."""
-        mutex = self._mutex  # _put, inline (every hook call queues one)
-        mutex.acquire()
-        try:
+        with self._mutex:
             if not self._stopped:
                 self._queue.append((request, function, kwargs))
                 if wake:
                     self._wake_locked()
-        finally:
-            mutex.release()
 
     def submit_close(self, then: Callable[[], None] | None = None, *, wake: bool = True) -> None:
         """Close the worker after every call queued before; then run ``then``."""
@@ -283,26 +279,24 @@ class WorkerLane:
         is done (or ``deadline``, a ``time.monotonic()`` instant, passes); then leave what is left
         to the lane's thread."""
         mutex = self._mutex
-        mutex.acquire()
+        # ``with`` sections, not ``acquire()`` + ``try``: this runs on the asker's thread, which may be
+        # the main one (tests/endpoint/test_lock_sections.py says why that matters).
         try:
-            # The mutex is held at every test of the loop: a job's end (``_running`` cleared) and
-            # the next test share one critical section, as do the last test and the wake-up below.
-            while (not done.done() and not self._stopped and not self._running and self._queue
-                   and time.monotonic() < deadline):
-                item = self._queue.popleft()
-                token = self._take_locked(item)
-                mutex.release()
+            while not done.done() and time.monotonic() < deadline:
+                with mutex:
+                    if self._stopped or self._running or not self._queue:
+                        return
+                    item = self._queue.popleft()
+                    token = self._take_locked(item)
                 try:
                     self._run_taken(item, token)
                 finally:
-                    mutex.acquire()
-                    self._running = False
+                    with mutex:
+                        self._running = False
         finally:
-            try:
+            with mutex:
                 if self._queue and not self._stopped and not self._running:
                     self._wake_locked()
-            finally:
-                mutex.release()
 
     def _put(self, item: Any, wake: bool) -> None:
         with self._mutex:
@@ -368,13 +362,9 @@ class WorkerLane:
             done = lc.WorkerDone(request=request, ok=False, error_code="internal")
         finally:
             self.current_deadline = None
-            mutex = self._mutex
-            mutex.acquire()
-            try:
+            with self._mutex:
                 self._current = None
                 abandoned, self._abandoned = self._abandoned is token, None
-            finally:
-                mutex.release()
         # A call the lane abandoned itself (abandon_running) stopped its worker on purpose: the
         # calls behind it are what it was abandoned for, and run on a fresh worker.
         if not done.ok and done.error_code in LANE_FATAL_CODES and not abandoned:

@@ -39,9 +39,10 @@ from castor.supervision import CancelToken
 # ---------------------------------------------------------------------------
 # HookController
 
-#: Makes the first set of an Answer win; uncontended in practice. Taken with ``acquire()`` and a
-#: ``try``/``finally`` ``release()``: ``with`` looks up two special methods and makes two bound
-#: methods each time (about 1.7k against 0.6k instructions a section), twice per hook call.
+#: Makes the first set of an Answer win; uncontended in practice. Taken with ``with``, not the
+#: cheaper ``acquire()`` + ``try``/``finally``: an answer is read (and may be set) on a caller's
+#: thread, the main thread among them, where a signal handler's exception can land between
+#: ``acquire()`` and the ``try`` and leave the guard held (tests/endpoint/test_lock_sections.py).
 _ANSWER_GUARD = threading.Lock()
 
 
@@ -76,16 +77,12 @@ class Answer:
     def set_result(self, value: Any) -> bool:
         """Answer with ``value``; ``False`` (and nothing changes) when answered already. The
         callback, if any, runs here, on this thread; its failure is logged, never raised."""
-        guard = _ANSWER_GUARD  # acquire and release, not ``with``: see _ANSWER_GUARD
-        guard.acquire()
-        try:
+        with _ANSWER_GUARD:
             if self._done:
                 return False
             self._value = value
             self._done = True
             callback, gate = self._callback, self._gate
-        finally:
-            guard.release()
         if gate is not None:
             gate.release()  # a waiting reader passes (and releases it for the next)
         if callback is not None:
@@ -97,31 +94,23 @@ class Answer:
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(value)`` once answered: now, on this thread, when answered already. One only."""
-        guard = _ANSWER_GUARD
-        guard.acquire()
-        try:
+        with _ANSWER_GUARD:
             if not self._done:
                 if self._callback is not None:
                     raise RuntimeError("an Answer takes one callback")
                 self._callback = fn
                 return
-        finally:
-            guard.release()
         _run_callback(fn, self._value)
 
     def result(self, timeout: float | None = None) -> Any:
         """The answer; waits up to ``timeout`` seconds (``None``: no limit) and raises
         ``TimeoutError`` when none came."""
         if not self._done:
-            guard = _ANSWER_GUARD
-            guard.acquire()
-            try:
+            with _ANSWER_GUARD:
                 done, gate = self._done, self._gate
                 if not done and gate is None:
                     gate = self._gate = allocate_lock()
                     gate.acquire()  # set_result releases it (it reads _gate under the guard)
-            finally:
-                guard.release()
             if gate is not None and not done:
                 if not gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                     raise TimeoutError("no answer in time")
