@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from castor._log import logger
 from castor.adapters.fs import is_storage_fault
 from castor.endpoint.connection import WarningGate
+from castor.endpoint.dispatch import AUTHENTICATED_WITH
 from castor.messages.errors import CastorError, Forbidden, InvalidConfig, Unauthenticated
 from castor.shown import clipped
 
@@ -89,6 +90,7 @@ class AuthGate:
         result = self.real.dispatch(method, params, ctx)
         self.authenticated = True
         ctx.state[MAY_TRUST] = True
+        ctx.state[AUTHENTICATED_WITH] = self._token
         ctx.connection.dispatcher = self.real
         ctx.connection.limit_frames(None)  # the protocol's own frame limits from now on
         ctx.connection.limit_outbound(None)

@@ -24,6 +24,7 @@ subclass that does.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import uuid
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from castor._log import logger
 from castor.endpoint.framing import FrameLimits
-from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, UnknownMethod
+from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, Unauthenticated, UnknownMethod
 from castor.shown import clipped
 from castor.version import __version__
 
@@ -155,6 +156,11 @@ class _Entry:
     on_reading_thread: bool = False
 
 
+#: ``Context.state`` key: the endpoint's token (bytes) on a connection it authenticated; a later
+#: ``runtime.hello`` offering another token is refused (castor.endpoint.auth sets it).
+AUTHENTICATED_WITH = "authenticated_with"
+
+
 class HelloParams(Params):
     """``runtime.hello`` params: who the client is (all optional)."""
 
@@ -264,6 +270,13 @@ class Dispatcher:
         return result
 
     def _hello(self, params: HelloParams, ctx: Context) -> dict[str, Any]:
+        expected = ctx.state.get(AUTHENTICATED_WITH)
+        if expected is not None and params.token is not None and not hmac.compare_digest(
+                params.token.encode("utf-8", "replace"), expected):
+            # A later hello on a connection the token opened: answered "ok" it read as "this token is
+            # good". The connection stays open and authenticated by the token it gave first.
+            raise Unauthenticated("runtime.hello refused: wrong token (this connection stays authenticated "
+                                  "by the token it presented first)", data={"reason": "wrong_token_after_hello"})
         ctx.state["hello"] = params.model_dump(exclude={"token"})  # a secret is never kept or logged
         return {
             "name": self.name,

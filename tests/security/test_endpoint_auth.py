@@ -183,6 +183,30 @@ def test_a_wrong_token_is_refused_and_the_connection_closed_after_three_tries(tc
     assert server.token not in server.stderr_path.read_text().replace(server.token_file, "")
 
 
+def test_a_later_hello_with_a_wrong_token_is_refused_and_the_connection_stays_authenticated(tcp_serve):
+    """A second ``runtime.hello`` on a connection the token opened was answered as the first, whatever
+    token it offered: a peer could read that "ok" as "this token is good"."""
+    server = tcp_serve()
+    peer = server.raw()
+    exchanges = [({"token": server.token}, None), ({"token": "x" * len(server.token)}, "unauthenticated"),
+                 ({"token": server.token[:-1] + "?"}, "unauthenticated"), ({}, None),
+                 ({"token": server.token}, None)]
+    for msgid, (params, refused) in enumerate(exchanges, 1):
+        peer.send(request(msgid, "runtime.hello", params))
+        reply = responses(peer.read(5, until=lambda vs, m=msgid: m in responses(vs)))[msgid]
+        if refused:
+            assert reply[2]["code"] == refused and "stays authenticated" in reply[2]["message"], reply
+            assert server.token not in str(reply)
+        else:
+            assert reply[2] is None and reply[3]["name"], reply
+    # Still open and authenticated: two wrong tokens after the hello neither closed nor locked it.
+    peer.send(request(99, "ops.actors", {}))
+    reply = responses(peer.read(5, until=lambda vs: 99 in responses(vs)))[99]
+    assert reply[2] is None and reply[3]["actors"], reply
+    assert not peer.eof
+    peer.close()
+
+
 def test_the_token_file_is_removed_at_exit_and_a_given_token_file_is_used(tcp_serve, tmp_path):
     # A serve killed with -9 left its token file: the next serve removes it (its pid is gone).
     runtime_dir = tmp_path / "xdg" / "castor"
