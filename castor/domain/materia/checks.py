@@ -14,10 +14,13 @@ from castor.domain.materia.config import (
     THINKING_LEVELS,
     TOOL_SCOPES,
     ConfigIssue,
+    Loop,
+    ResolvedSocket,
     is_plain_object,
     pointer,
     warning,
 )
+from castor.domain.materia.expressions import unreadable_path
 
 OBSOLETE_TOP = {"roles": "use \"materia\"", "materiaDefinitions": "use \"materia\""}
 OBSOLETE_LOADOUT = ("prompt", "systemPrompt")
@@ -312,4 +315,44 @@ def unknown_field_warnings(merged: dict[str, Any], lname: str, loadout: dict[str
         if is_plain_object(socket):
             issues += [_unknown(("loadouts", lname, "sockets", sid), key, f"loadout \"{lname}\": {sid}",
                                 KNOWN_SOCKET, source) for key in socket if key not in KNOWN_SOCKET]
+    return issues
+
+
+#: castor's expression syntax, as a warning about an expression it cannot read spells it out.
+EXPRESSION_SYNTAX = ("castor's expressions are dotted paths: \"$\" or \"$.a.b\" (the parsed output), "
+                     "\"state.a.b\", \"item.x\", \"lastJson.x\", \"lastOutput\", or a path into the cast's data; "
+                     "a numeric step indexes a list (\"$.items.0\")")
+
+
+def unreadable_expression_warnings(lname: str, sockets: dict[str, ResolvedSocket], loops: dict[str, Loop],
+                                   source: str | None) -> list[ConfigIssue]:
+    """An ``assign`` source or an ``items`` expression (``foreach``, ``advance``, a loop's
+    ``iterator``) written in a syntax castor's dotted paths do not read -- JSONPath's
+    ``$['x']``, ``$.items[0]``, ``$..x``, ``[*]`` -- reads nothing on every run: the target is
+    never set, the list is empty. pi-materia loads and runs it without a word; castor runs it the
+    same and warns at load, naming the field, the syntax, and the dotted path meant where there is one."""
+    places: list[tuple[tuple[str | int, ...], str, str, str]] = []
+    for sid, rs in sockets.items():
+        sock = rs.socket
+        base: tuple[str | int, ...] = ("loadouts", lname, "sockets", sid)
+        places += [((*base, "assign", target), f"{sid}.assign[\"{target}\"]", expr, "its target is never set")
+                   for target, expr in sock.assign.items()]
+        for field, block in (("foreach", sock.foreach), ("advance", sock.advance)):
+            if block is not None:
+                places.append(((*base, field, "items"), f"{sid}.{field}.items", block.items, "its list is empty"))
+    for loop_id, loop in loops.items():
+        if loop.iterator is not None:
+            places.append((("loadouts", lname, "loops", loop_id, "iterator", "items"),
+                           f"loop \"{loop_id}\" iterator.items", loop.iterator.items, "its list is empty"))
+    issues = []
+    for where, field, expr, effect in places:
+        found = unreadable_path(expr)
+        if found is None:
+            continue
+        reason, meant = found
+        advice = f" Write \"{meant}\"." if meant is not None else ""
+        issues.append(warning("unreadable-expression", pointer(*where), source=source,
+                              message=f"loadout \"{lname}\": {field} = {json_shown(expr)}: {reason}, so {effect} "
+                                      f"(pi-materia reads nothing there either, without a word).{advice} "
+                                      f"{EXPRESSION_SYNTAX}."))
     return issues

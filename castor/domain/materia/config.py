@@ -58,6 +58,7 @@ WARNING_CODES = (
     "ignored-budget",
     "no-end",
     "unknown-field",
+    "unreadable-expression",
 )
 
 

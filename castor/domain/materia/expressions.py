@@ -16,7 +16,10 @@ A step into a missing key, ``None`` or a primitive yields :data:`MISSING` (the r
 apart as ``===`` does: ``exists`` is true of a stored ``null``, ``null`` equals only ``null``.
 Numeric segments index lists, and ``length`` reads a list's length (an array is an object).
 Nothing here raises except :class:`ConditionError` for an unsupported condition and
-:class:`AssignError` for an empty target.
+:class:`AssignError` for an empty target. A path holds dotted keys only: JSONPath's brackets
+(``$['x']``, ``$.items[0]``), wildcards (``*``), recursive descent (``$..x``) and filters read
+nothing (pi-materia reads them as keys, and finds none); :func:`unreadable_path` says why, and the
+dotted path that reads what was meant, so the config's loading can warn about them.
 """
 
 from __future__ import annotations
@@ -112,6 +115,39 @@ def resolve_value(expr: str, scope: Scope) -> Any:
     if expr == "lastOutput":
         return scope.last_output
     return walk(scope.data, expr)
+
+
+#: A bracket step of JSONPath whose dotted form castor reads: ``['name']``, ``["name"]`` or ``[0]``.
+_BRACKET_STEP = re.compile(r"""\[\s*(?:'([^'.\[\]]*)'|"([^".\[\]]*)"|([0-9]+))\s*\]""")
+_EXPRESSION_ROOTS = ("state", "item", "lastJson")
+
+
+def unreadable_path(expr: str) -> tuple[str, str | None] | None:
+    """Why ``expr`` (an ``assign`` source, an ``items`` expression) reads nothing whatever the data
+    -- JSONPath written where a dotted path is read -- and the dotted path that reads what it
+    meant (None when there is none: a wildcard, a recursive descent, a filter); None for an
+    expression castor's syntax reads. Never raises."""
+    text = expr.strip()
+    if text in ("$", "lastOutput") or not text:
+        return None
+    if text.startswith("$") and not text.startswith(("$.", "$[")):
+        return (f"it reads the key \"{text.split('.')[0]}\" of the cast's data, not the output (\"$\" is the "
+                "parsed output, \"$.a.b\" a path into it)"), "$." + text[1:]
+    segments = text.split(".")
+    if "*" in segments or "[*]" in text:
+        return "a JSONPath wildcard (*) is no step of a dotted path: nothing is read", None
+    if ".." in text:
+        return "a JSONPath recursive descent (..) is no step of a dotted path: nothing is read", None
+    if "?(" in text or "@" in text:
+        return "a JSONPath filter (?(...), @) is no step of a dotted path: nothing is read", None
+    if "[" not in text and "]" not in text:
+        if "" in segments:
+            return "a step of the path is empty (a leading or trailing dot): nothing is read", None
+        return None
+    dotted = _BRACKET_STEP.sub(lambda m: "." + next(g for g in m.groups() if g is not None), text)
+    readable = "[" not in dotted and "]" not in dotted and "" not in dotted.split(".")
+    return ("JSONPath's brackets are no step of a dotted path (a key is a dotted step, a list index a numeric "
+            "one): they are read as part of a key, and nothing is found", dotted if readable else None)
 
 
 def path_segments(target: str) -> list[str]:
