@@ -13,7 +13,9 @@ An answer is a string (the text) or an object
 ``error`` is a string or ``{message, kind?, payload?, status?}`` (then
 ``stop_reason`` defaults to ``"error"``); ``usage`` is a usage map (TurnUsage field names
 or any spelling the engine reads, all kept in ``usage.raw``; a figure that is not a finite,
-non-negative number is not reported, and a ``usage`` that is no map is named unreadable);
+non-negative number is not reported, and a ``usage`` that is no map is named unreadable; an
+answered turn's answer with no ``usage``, or ``null``, reports none, as an OpenAI-compatible
+server's answer without one: the cast records the turn as ``unreported``);
 ``stop_reason: "aborted"`` plays the user's Esc.
 
 Which answer a turn gets
@@ -78,6 +80,7 @@ MAX_SCRIPT_BYTES = 16 * 1024 * 1024
 HISTORY_KEPT = 1000
 """How many of the latest requests :meth:`ScriptedAgent.requests` keeps."""
 _USAGE_FIELDS = set(TurnUsage.model_fields) - {"raw"}
+_NO_USAGE_REPORTED = TurnUsage()  # frozen: one for every answer that gives none
 
 
 class ScriptAnswer(BaseModel):
@@ -157,8 +160,16 @@ class ScriptAnswer(BaseModel):
         return {**known, "raw": raw or None}
 
     def outcome(self, turn_id: str) -> TurnOutcome:
+        """The turn's outcome. An answered turn (no ``error``, not stopped) whose answer gives no
+        ``usage`` (or ``null``) reports an empty usage, as an OpenAI-compatible server that sends
+        none does: the cast records the turn as reporting no tokens (``unreported``) and says so,
+        never as a turn that cost nothing. A failed or stopped turn without one reports none
+        (None: the engine reads a stopped one as usage unknown, a failed one as nothing used)."""
         stop = self.stop_reason or ("error" if self.error else "stop")
-        return TurnOutcome(turn_id=turn_id, text=self.text, stop_reason=stop, error=self.error, usage=self.usage)
+        usage = self.usage
+        if usage is None and self.error is None and stop not in ("error", "aborted"):
+            usage = _NO_USAGE_REPORTED
+        return TurnOutcome(turn_id=turn_id, text=self.text, stop_reason=stop, error=self.error, usage=usage)
 
 
 class AgentScript(BaseModel):
