@@ -20,7 +20,7 @@ from castor.domain.materia.config import (
     pointer,
     warning,
 )
-from castor.domain.materia.expressions import unreadable_path
+from castor.domain.materia.expressions import misread_target, unreadable_path
 
 OBSOLETE_TOP = {"roles": "use \"materia\"", "materiaDefinitions": "use \"materia\""}
 OBSOLETE_LOADOUT = ("prompt", "systemPrompt")
@@ -330,7 +330,9 @@ def unreadable_expression_warnings(lname: str, sockets: dict[str, ResolvedSocket
     ``iterator``) written in a syntax castor's dotted paths do not read -- JSONPath's
     ``$['x']``, ``$.items[0]``, ``$..x``, ``[*]`` -- reads nothing on every run: the target is
     never set, the list is empty. pi-materia loads and runs it without a word; castor runs it the
-    same and warns at load, naming the field, the syntax, and the dotted path meant where there is one."""
+    same and warns at load, naming the field, the syntax, and the dotted path meant where there is one.
+    So for a target written as an expression (``"$.result"``, ``"state.x"``, ``"items['a']"``): it
+    writes a key of the data that no such expression reads back (``expression-as-assign-target``)."""
     places: list[tuple[tuple[str | int, ...], str, str, str]] = []
     for sid, rs in sockets.items():
         sock = rs.socket
@@ -345,6 +347,17 @@ def unreadable_expression_warnings(lname: str, sockets: dict[str, ResolvedSocket
             places.append((("loadouts", lname, "loops", loop_id, "iterator", "items"),
                            f"loop \"{loop_id}\" iterator.items", loop.iterator.items, "its list is empty"))
     issues = []
+    for sid, rs in sockets.items():
+        for target in rs.socket.assign:
+            misread = misread_target(target)
+            if misread is None:
+                continue
+            reason, meant = misread
+            advice = f" Write \"{meant}\" (read back as \"state.{meant}\")." if meant is not None else ""
+            issues.append(warning("expression-as-assign-target",
+                                  pointer("loadouts", lname, "sockets", sid, "assign", target), source=source,
+                                  message=f"loadout \"{lname}\": {sid}.assign target {json_shown(target)}: {reason} "
+                                          f"(pi-materia writes it there too, without a word).{advice}"))
     for where, field, expr, effect in places:
         found = unreadable_path(expr)
         if found is None:

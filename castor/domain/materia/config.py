@@ -59,6 +59,7 @@ WARNING_CODES = (
     "no-end",
     "unknown-field",
     "unreadable-expression",
+    "expression-as-assign-target",
 )
 
 

@@ -150,6 +150,29 @@ def unreadable_path(expr: str) -> tuple[str, str | None] | None:
             "one): they are read as part of a key, and nothing is found", dotted if readable else None)
 
 
+def misread_target(target: str) -> tuple[str, str | None] | None:
+    """Why assign target ``target`` writes where the expression it looks like does not read --
+    ``"$.x"`` writes the key ``"$"`` of the cast's data (``$.x`` reads the output), ``"state.x"``
+    writes ``data.state.x`` (``state.x`` reads ``data.x``), as do ``lastJson.``/``lastOutput``, and
+    JSONPath's brackets are part of a key -- with the target meant (None when there is none); None
+    for a plain dotted path. Never raises."""
+    text = target.strip()
+    dotted = _BRACKET_STEP.sub(lambda m: "." + next(g for g in m.groups() if g is not None), text)
+    key = text.split(".")[0]
+    if text == "$" or text.startswith(("$.", "$[")) or key in ("state", "lastJson", "lastOutput"):
+        root = "$" if dotted.startswith("$.") or dotted == "$" else key
+        rest = dotted[len(root) + 1:] if dotted.startswith(root + ".") else dotted[1:] if root.startswith("$") else ""
+        meant = rest if rest and unreadable_path(rest) is None else None
+        return (f"a target is a dotted path into the cast's data, not an expression: it writes the key "
+                f"\"{key}\" of the data, where \"{text}\" does not read it back"), meant
+    found = unreadable_path(text) if "[" in text or "]" in text else None
+    if found is not None and found[1] is not None:  # a list index written into is no list's (set_path)
+        bracketed = next(segment for segment in text.split(".") if "[" in segment or "]" in segment)
+        return (f"it writes the key \"{bracketed}\" (JSONPath's brackets are part of a target's key, which no "
+                "expression reads as a step)"), None if re.search(r"\[\s*[0-9]", text) else found[1]
+    return None
+
+
 def path_segments(target: str) -> list[str]:
     """The keys a dotted assign target names, empty segments dropped."""
     return [part for part in target.strip().split(".") if part]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from castor.domain.materia.expressions import MISSING, Scope, resolve_value, unreadable_path
+from castor.domain.materia.handoff import apply_assign
 from castor.domain.materia.resolve import load_config, resolve_config
 
 
@@ -60,3 +61,31 @@ def test_a_loop_iterator_items_in_jsonpath_is_named_at_the_loop() -> None:
     rc = resolve_config(load_config([("t.json", cfg)]))
     assert [(w.code, w.path) for w in rc.warnings] == [
         ("unreadable-expression", "/loadouts/L/loops/w/iterator/items")]
+
+
+@pytest.mark.parametrize(("target", "key", "meant"), [
+    ("$.result", "$", "result"), ("state.plan", "state", "plan"), ("lastJson.a", "lastJson", "a"),
+    ("$['r']", "$['r']", "r"), ("items['a']", "items['a']", "items.a"), ("items[0]", "items[0]", None),
+])
+def test_an_assign_target_written_as_an_expression_is_named_with_the_key_it_writes(
+        target: str, key: str, meant: str | None) -> None:
+    """``"$.result": "$.x"`` wrote ``data["$"]["result"]``, which ``$.result`` (the output) never
+    reads; ``"state.plan"`` wrote ``data.state.plan``, which ``state.plan`` (``data.plan``) never reads."""
+    rc = resolve_config(load_config([("t.json", _cfg({"assign": {target: "$.x", "fine": "$.x"}}))]))
+    (found,) = rc.warnings
+    assert (found.code, found.path) == ("expression-as-assign-target",
+                                        "/loadouts/L/sockets/Socket-1/assign/" + target)
+    assert f'writes the key "{key}"' in found.message
+    assert (f'Write "{meant}"' in found.message) if meant else "Write" not in found.message
+    data = apply_assign({}, {target: "$.x"}, Scope(data={}, parsed={"x": 1}))
+    assert data == {key: 1} or list(data) == [key]  # the key the message names
+    if "[" not in target:  # the expression it looks like reads elsewhere (a bracketed key reads as written)
+        assert resolve_value(target, Scope(data=data, parsed={"y": 2})) is MISSING
+    if meant is not None:
+        assert resolve_value("state." + meant, Scope(data=apply_assign({}, {meant: "$.x"},
+                                                                       Scope(data={}, parsed={"x": 1})))) == 1
+
+
+@pytest.mark.parametrize("target", ["result", "a.b", "item.x", "workItems", "$result"])
+def test_a_plain_dotted_target_is_no_warning(target: str) -> None:
+    assert not resolve_config(load_config([("t.json", _cfg({"assign": {target: "$.x"}}))])).warnings
