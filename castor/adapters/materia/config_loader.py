@@ -149,16 +149,21 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
     write, is not read (``unsafe-permissions``; for the user layer, found through the environment).
     A file castor had no descriptor to open is no bad file: ``storage_unavailable`` (``data.errno``)."""
     source = str(path)
+    raw_bytes = b""
     try:
-        text = read_regular_file(path, MAX_CONFIG_BYTES, owned=owned).decode("utf-8")
+        raw_bytes = read_regular_file(path, MAX_CONFIG_BYTES, owned=owned)
+        text = raw_bytes.decode("utf-8")
     except UnsafeFile as exc:
         return None, [ConfigIssue(code="unsafe-permissions", source=source,
                                   message=f"config file {source} is not read: {exc}")]
     except FileNotFoundError:
-        return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}", source=source)]
+        return None, [ConfigIssue(code="file-not-found", message=f"config file not found: {source}{_dangling(path)}",
+                                  source=source)]
     except UnicodeDecodeError as exc:
+        utf16 = " (it is UTF-16 text: it starts with a UTF-16 byte order mark)" \
+            if raw_bytes.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
         return None, [ConfigIssue(code="read-error", source=source, message=f"cannot read config file {source}: "
-                                  f"not UTF-8 text (byte {exc.start}); save it as UTF-8")]
+                                  f"not UTF-8 text (byte {exc.start}){utf16}; save it as UTF-8")]
     except OSError as exc:
         if exc.errno in NO_DESCRIPTOR_ERRNOS:  # the process's shortage: the file may be fine
             raise storage_unavailable(exc, path=path, action="read the config") from None
@@ -180,6 +185,9 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
         # a comment is the common mistake (JSONC habits): JSON.parse refuses it too; say so
         comment = "; JSON has no comments (remove it)" if text.startswith(("//", "/*"), exc.pos) else ""
         comment = comment or _trailing_comma(text, exc.pos)
+        if not comment and exc.msg == "Extra data":  # the object ended: what follows is no part of it
+            comment = ("; the config's JSON object ends before it (a file holds one object: remove what follows, "
+                       "or merge it into the object)")
         return None, [
             ConfigIssue(
                 code="invalid-json",
@@ -210,6 +218,19 @@ def read_layer(path: Path, *, owned: bool = False) -> tuple[dict[str, Any] | Non
                   for where, key, n in repeated]
 
 
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "a path that cannot be read"
+
+
+def _dangling(path: Path) -> str:
+    """`` (a link to TARGET, which does not exist)`` when ``path`` is a symbolic link that leads
+    nowhere ("not found" of a name that is there in ``ls`` puzzles), else empty."""
+    return f" (a link to {_link_target(path)}, which does not exist)" if path.is_symlink() else ""
+
+
 def gather_layers(
     cwd: str | os.PathLike[str],
     *,
@@ -231,6 +252,10 @@ def gather_layers(
         candidates.append(("explicit", explicit, True))
     for scope, path, required in candidates:
         if not required and not path.exists():
+            if path.is_symlink():  # a layer linked to nothing: skipped, as pi-materia skips it, but said
+                issues.append(warning("dangling-config-link", "", source=str(path),
+                                      message=f"the {scope} config {path} is a link to {_link_target(path)}, which "
+                                              "does not exist: the layer is skipped and the cast runs without it"))
             infos.append(LayerInfo(scope=scope, path=str(path), loaded=False))
             continue
         if scope == "project" and not _inside_project(path, cwd):
@@ -384,8 +409,9 @@ def validate_file(path: str | os.PathLike[str], *,
         if own and not _inside_project(layer, Path(project)):  # linked out of the project
             return [_escapes_project(path, layer)]
         placed = own or asked == profile  # a layer a cast reads anyway: checked in its own place
-        if placed and not os.path.lexists(asked):  # a cast would skip it; asked about, it is missing
-            return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}", source=str(path))]
+        if placed and not os.path.exists(asked):  # a cast would skip it; asked about, it is missing (or leads nowhere)
+            return [ConfigIssue(code="file-not-found", message=f"config file not found: {path}{_dangling(asked)}",
+                                source=str(path))]
         layers, infos, issues = gather_layers(project, config_path=config_path if placed else path, env=env,
                                               home=home)
         # FILE named as asked (a relative path stays relative in every message), not by the label

@@ -60,6 +60,7 @@ WARNING_CODES = (
     "unknown-field",
     "unreadable-expression",
     "expression-as-assign-target",
+    "dangling-config-link",
 )
 
 
