@@ -156,12 +156,21 @@ def _command_issues(command: Any, base: tuple[str | int, ...], source: str | Non
     return out
 
 
+#: The longest ``timeoutMs`` (about 24.8 days): JavaScript's timers hold no longer one (pi-materia's
+#: fires at once past it), and a wait of 1e300 ms crashed the utility slot that ran the command.
+MAX_TIMEOUT_MS = 2**31 - 1
+
+
 def _timeout_issues(timeout: Any, base: tuple[str | int, ...], source: str | None, who: str) -> list[ConfigIssue]:
     if timeout is None:
         return []
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         return [ConfigIssue(code="invalid-socket", path=pointer(*base, "timeoutMs"), source=source,
                             message=f"{who}: timeoutMs must be a positive number")]
+    if timeout > MAX_TIMEOUT_MS:
+        return [ConfigIssue(code="invalid-socket", path=pointer(*base, "timeoutMs"), source=source,
+                            message=f"{who}: timeoutMs {json_shown(timeout)} is longer than any timer holds: at most "
+                                    f"{MAX_TIMEOUT_MS} ms (about 24.8 days; pi-materia's timer fires at once past it)")]
     return []
 
 
@@ -171,6 +180,10 @@ timeout_issues = _timeout_issues
 
 def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+#: The largest whole-number limit castor holds (a 64-bit integer): one larger (``1e300``) is refused.
+MAX_WHOLE_LIMIT = 2**63 - 1
 
 
 def check_budget_limits(config: dict[str, Any], source: str | None = None) -> list[ConfigIssue]:
@@ -203,6 +216,10 @@ def check_budget_limits(config: dict[str, Any], source: str | None = None) -> li
                 if value is not None and (not whole or value < 1):
                     issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits", key), source=source,
                                               message=f"limits.{key} must be a positive integer"))
+                elif value is not None and value > MAX_WHOLE_LIMIT:  # refused later as a pydantic int, pointed wrong
+                    issues.append(ConfigIssue(code="invalid-limits", path=pointer("limits", key), source=source,
+                                              message=f"limits.{key} must be a positive integer of at most "
+                                                      f"{MAX_WHOLE_LIMIT}, not {json_shown(value)}"))
     return issues
 
 

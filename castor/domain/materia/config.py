@@ -398,11 +398,14 @@ def issues_from_validation_error(
         loc = tuple(p for p in err.get("loc", ()) if not isinstance(p, str) or not p.startswith("function-"))
         if keys and loc and isinstance(loc[0], str) and loc[0] in keys:
             loc = (keys[loc[0]], *loc[1:])
+        said = err.get("msg", "invalid")
+        if err.get("type") == "int_parsing_size":  # pydantic's words are about a string: the config wrote a number
+            said = f"{err.get('input')!r} is past the largest whole number castor holds here (2**63 - 1)"
         out.append(
             ConfigIssue(
                 code=code,
                 path=pointer(*base, *loc),
-                message=f"{what}: {'.'.join(str(p) for p in loc) or '<value>'}: {err.get('msg', 'invalid')}",
+                message=f"{what}: {'.'.join(str(p) for p in loc) or '<value>'}: {said}",
                 source=source,
             )
         )
