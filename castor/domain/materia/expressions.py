@@ -102,7 +102,12 @@ def _rooted(expr: str, root: str) -> str | None:
 
 
 def resolve_value(expr: str, scope: Scope) -> Any:
+    """What ``expr`` reads in ``scope`` (the table above); :data:`MISSING` where nothing is. An
+    empty expression is the key ``""`` of the cast's data, as pi-materia's ``getPath(data, "")``
+    reads it -- never the whole data (``assign: {"x": ""}`` doubled the data at every visit)."""
     expr = expr.strip()
+    if not expr:
+        return scope.data.get("", MISSING)
     if expr == "$":
         return scope.parsed
     if expr.startswith("$."):
@@ -128,7 +133,9 @@ def unreadable_path(expr: str) -> tuple[str, str | None] | None:
     meant (None when there is none: a wildcard, a recursive descent, a filter); None for an
     expression castor's syntax reads. Never raises."""
     text = expr.strip()
-    if text in ("$", "lastOutput") or not text:
+    if not text:
+        return "the expression is empty: nothing is read", None
+    if text in ("$", "lastOutput"):
         return None
     if text.startswith("$") and not text.startswith(("$.", "$[")):
         return (f"it reads the key \"{text.split('.')[0]}\" of the cast's data, not the output (\"$\" is the "

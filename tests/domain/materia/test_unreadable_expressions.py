@@ -89,3 +89,15 @@ def test_an_assign_target_written_as_an_expression_is_named_with_the_key_it_writ
 @pytest.mark.parametrize("target", ["result", "a.b", "item.x", "workItems", "$result"])
 def test_a_plain_dotted_target_is_no_warning(target: str) -> None:
     assert not resolve_config(load_config([("t.json", _cfg({"assign": {target: "$.x"}}))])).warnings
+
+
+def test_an_empty_expression_reads_nothing_as_pi_materia_reads_it_and_is_named() -> None:
+    """``assign: {"x": ""}`` read the whole of the cast's data (pi-materia's ``getPath(data, "")``
+    reads the key ``""``: nothing), so each visit nested a copy of all the data in itself: doubled."""
+    data = apply_assign({"a": 1}, {"x": "", "y": "  "}, Scope(data={"a": 1}, parsed={"p": 1}))
+    assert data == {"a": 1}
+    cfg = _cfg({"assign": {"x": ""}, "foreach": {"items": "", "as": "it"}})
+    rc = resolve_config(load_config([("t.json", cfg)]))
+    assert sorted((w.code, w.path) for w in rc.warnings) == [
+        ("unreadable-expression", "/loadouts/L/sockets/Socket-1/assign/x"),
+        ("unreadable-expression", "/loadouts/L/sockets/Socket-1/foreach/items")]
