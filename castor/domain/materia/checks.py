@@ -386,3 +386,28 @@ def unreadable_expression_warnings(lname: str, sockets: dict[str, ResolvedSocket
                                       f"(pi-materia reads nothing there either, without a word).{advice} "
                                       f"{EXPRESSION_SYNTAX}."))
     return issues
+
+
+#: The built-in utilities a socket's ``utility`` may name (the engine's inline ``noop``/``echo`` and
+#: its IO built-ins, :data:`castor.domain.materia.engine.IO_BUILTINS`).
+KNOWN_UTILITIES = ("noop", "echo", "project.ensureIgnored", "vcs.detect")
+
+
+def unknown_utility_warnings(lname: str, sockets: dict[str, ResolvedSocket], source: str | None) -> list[ConfigIssue]:
+    """A utility socket naming a built-in that does not exist (``"vcs.detekt"``), with no ``command``
+    and no ``params.output`` to run instead, fails the cast when it is reached ("Unknown utility
+    alias"); pi-materia loads it the same. castor loads it too and names it at load, with the
+    built-in it most resembles, so ``castor validate`` does not call such a config valid unseen."""
+    issues = []
+    for sid, rs in sockets.items():
+        sock = rs.socket
+        if sock.type != "utility" or sock.command or "output" in (sock.params or {}) or not sock.utility \
+                or sock.utility in KNOWN_UTILITIES:
+            continue
+        close = difflib.get_close_matches(sock.utility, KNOWN_UTILITIES, n=1, cutoff=0.6)
+        hint = f"; did you mean \"{close[0]}\"?" if close else f" (the built-ins: {', '.join(KNOWN_UTILITIES)})"
+        issues.append(warning("unknown-utility", pointer("loadouts", lname, "sockets", sid, "utility"), source=source,
+                              message=f"loadout \"{lname}\": {sid} names utility {json_shown(sock.utility)}, which is "
+                                      f"no built-in: a cast that reaches {sid} fails there (\"Unknown utility alias\"; "
+                                      f"pi-materia loads it the same){hint}"))
+    return issues

@@ -61,6 +61,7 @@ WARNING_CODES = (
     "unreadable-expression",
     "expression-as-assign-target",
     "dangling-config-link",
+    "unknown-utility",
 )
 
 

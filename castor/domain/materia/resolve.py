@@ -170,6 +170,7 @@ def resolve_config(
     issues.extend(_ignored_budget_warnings(name, prepared, source))
     issues.extend(checks.unknown_field_warnings(merged, name, prepared, source))
     issues.extend(checks.unreadable_expression_warnings(name, sockets_out, loops_out, source))
+    issues.extend(checks.unknown_utility_warnings(name, sockets_out, source))
     issues.extend(_no_end_warnings(name, sockets_out, loops_out, source))
     warnings = [*read_warnings, *(_attribute(i, provenance) for i in issues if i.is_warning)]
     issues = [_attribute(i, provenance) for i in issues if not i.is_warning]
