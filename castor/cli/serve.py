@@ -356,29 +356,22 @@ def _console_shown(console: ConsoleServer | None, args: argparse.Namespace, gene
     return console.url + " (the endpoint's token)"
 
 
-def _listening_on(address: Any) -> str:
-    """Where a serve listens, as its serving line names it (``unix:PATH``, ``tcp:HOST:PORT``, ``stdio``)."""
-    if address is None or address == "stdio":  # a Unix socket's address is an absolute path
-        return "stdio"
-    if isinstance(address, str):
-        return f"unix:{address}"
-    host, port = address[0], address[1]
-    return f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
-
-
 def serving_line(address: Any, *, token_file: str | None, console_url: str | None) -> str:
     """The one line ``castor serve`` prints on stderr once it listens (with ``--log-json``, as the
     ``message`` of one JSON log line: :func:`_print_ready`)."""
-    return (f"castor serve: listening on {one_line(_listening_on(address))}; "
+    from castor.endpoint.server import listening_words
+
+    return (f"castor serve: listening on {one_line(listening_words(address))}; "
             f"token file: {one_line(token_file) if token_file else '-'}; console: {console_url or '-'}")
 
 
 def _print_ready(server: Any, *, token_file: str | None, console_url: str | None) -> None:
+    from castor.endpoint.server import listening_words
     from castor.logs import json_log_line, logging_as_json  # here: `castor --version` imports no logging
 
     line = serving_line(server.address, token_file=token_file, console_url=console_url)
     if logging_as_json():  # every stderr line of a JSON log is one JSON object, this one too
-        line = json_log_line(line, actor="/endpoint", listening=_listening_on(server.address),
+        line = json_log_line(line, actor="/endpoint", listening=listening_words(server.address),
                              token_file=token_file, console=console_url)
     try:
         print(line, file=sys.stderr, flush=True)

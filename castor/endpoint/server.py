@@ -93,6 +93,17 @@ def _exhausted(exc: OSError) -> MailboxFull:
     return out_of_file_descriptors(exc)
 
 
+def listening_words(address: str | tuple[str, int] | None) -> str:
+    """Where an endpoint listens, as an operator writes it: ``unix:PATH``, ``tcp:HOST:PORT``
+    (``tcp:[HOST]:PORT`` for an IPv6 host), ``stdio``; never a Python tuple."""
+    if address is None or address == "stdio":  # a Unix socket's address is an absolute path
+        return "stdio"
+    if isinstance(address, str):
+        return f"unix:{address}"
+    host, port = address[0], address[1]
+    return f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+
+
 class Server:
     """One listening endpoint. ``start()`` returns at once; ``stop()`` is idempotent."""
 
@@ -171,7 +182,7 @@ class Server:
                     or (self.token and self.hello_timeout is not None)):
                 self._reaper = start_thread(self._reap_loop, name="castor-reaper", owner="/endpoint",
                                             purpose="close idle and unauthenticated connections")
-        _log.info("castor endpoint listening on {}", self.address)
+        _log.info("castor endpoint listening on {}", listening_words(self.address))
         return self
 
     def _start_stdio(self) -> None:
