@@ -75,6 +75,7 @@ __all__ = [
     "SkippedLine",
     "append_json_line",
     "append_json_lines",
+    "append_json_texts",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
@@ -672,14 +673,19 @@ def append_json_lines(path: str | os.PathLike[str], records: Sequence[Any]) -> N
     line, which readers skip and the next append seals (see the module doc).
     Same caller-side serialisation rule as :func:`append_json_line`.
     """
-    if not records:
+    append_json_texts(path, [compact_json(record) for record in records])
+
+
+def append_json_texts(path: str | os.PathLike[str], lines: Sequence[str]) -> None:
+    """:func:`append_json_lines` of records the caller has already made into compact JSON texts,
+    one per line (castor's event log writes its lines' fixed fields itself): the same single
+    ``write``, fsync, refusals and torn-tail sealing. A text holding a newline appends nothing
+    (``ValueError``), nor does one UTF-8 cannot hold (``UnicodeEncodeError``)."""
+    if not lines:
         return
-    lines = []
-    for record in records:
-        line = compact_json(record)
+    for line in lines:
         if "\n" in line:  # impossible for compact JSON; kept as a guard for the invariant
             raise ValueError("JSON line contains a newline")
-        lines.append(line)
     payload = ("\n".join(lines) + "\n").encode("utf-8")
     try:
         # O_NOFOLLOW: a log is castor's own file; a symlink planted in its place (to a file

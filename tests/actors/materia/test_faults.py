@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -272,16 +273,17 @@ def test_an_ended_cast_whose_last_artifacts_were_cut_short_says_so_and_recast_wr
     from castor.actors.materia.cast_actor import CAST_MAX_RESTARTS
     from castor.adapters.materia import artifacts
 
-    real_append = artifacts.append_json_lines
+    real_append = artifacts.append_json_texts
     disk_full = {"on": True}
 
-    def append_json_lines(path, records):  # the cast_end line never fits, nor does a replay of it
-        if disk_full["on"] and any(r.get("type") == "cast_end" for r in records):
+    def append_json_texts(path, lines):  # the cast_end line never fits, nor does a replay of it
+        if disk_full["on"] and any(json.loads(line).get("type") == "cast_end" for line in lines):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_append(path, records)
+        return real_append(path, lines)
 
-    monkeypatch.setattr(artifacts, "append_json_lines", append_json_lines)
-    monkeypatch.setattr(artifacts, "append_json_line", lambda path, record: append_json_lines(path, [record]))
+    monkeypatch.setattr(artifacts, "append_json_texts", append_json_texts)
+    monkeypatch.setattr(artifacts, "append_json_line",
+                        lambda path, record: append_json_texts(path, [json.dumps(record, separators=(",", ":"))]))
     rt = runtime_factory()
     open_session(rt, "s1", project, ["the only answer"] * (CAST_MAX_RESTARTS + 3))
     started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})

@@ -186,6 +186,29 @@ def test_append_events_batch_round_trips_in_order(cast):
     assert log.events[2].data == {"ok": True} and not log.skipped
 
 
+@pytest.mark.parametrize("data", [
+    {}, None, {"socket": "Socket-1", "visit": 3, "parsed": False, "materiaModel": {"source": "active", "label": "x"}},
+    {"text": "é \u2028 \x1f \x7f \" \\ / \n\t", "n": -(10 ** 30), "f": 1e-05, "g": 1e20, "h": 0.1, "none": None,
+     "list": [1, "a", [True, None], {"k": 2.5}], "tuple": (1, 2)},
+])
+def test_an_event_line_is_exactly_the_compact_json_of_its_record(cast, data):
+    """events.jsonl's lines are written with their fixed fields made by hand: byte for byte what
+    the whole record through compact_json gives, whatever the data holds."""
+    from castor.adapters.fs import compact_json
+    from castor.adapters.materia.artifacts import _event_lines
+
+    events = [("socket_complete", data, 1796623433006), ("t\u00e9\"x", data, True)]
+    assert _event_lines(events) == [compact_json({"ts": int(ts), "type": t, "data": d or {}}) for t, d, ts in events]
+    cast.write_transition({}, [], events)
+    lines = (cast.run_dir / "events.jsonl").read_text(encoding="utf-8").split("\n")[:-1]  # not splitlines: U+2028
+    assert lines == [compact_json({"ts": int(ts), "type": t, "data": d or {}}) for t, d, ts in events]
+    with pytest.raises(ValueError):
+        _event_lines([("", {}, 1)])
+    with pytest.raises(ValueError):  # NaN is not JSON: refused before anything is appended
+        cast.write_transition({}, [], [("e", {"x": float("nan")}, 2)])
+    assert (cast.run_dir / "events.jsonl").read_text(encoding="utf-8").split("\n")[:-1] == lines
+
+
 def test_an_artifact_root_that_is_a_file_is_a_conflict_not_a_crash(tmp_path):
     root = tmp_path / "pi-materia"
     root.write_text("not a directory")
