@@ -36,6 +36,7 @@ import errno
 import functools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -589,23 +590,36 @@ def _agent_flags(args: argparse.Namespace, run_dir: Path) -> str:
 _RESUMING_VERBS = ("continue", "recast", "revive")
 
 
-def _spell_with_flags(session: Any, cast_id: str, project_flags: str, agent_flags: str) -> None:
-    """Make the commands castor's own messages name for ``cast_id`` (the engine spells them
-    ``castor continue ID``, knowing nothing of this command line) carry what this command's user
-    typed: ``project_flags`` on each, ``agent_flags`` on the resuming ones. Without them a
-    ``castor continue ID`` advised to a user who typed ``--cwd DIR`` or ``--agent openai:...``
-    answered ``not_found`` or stopped at once on ``no agent``."""
-    if not project_flags and not agent_flags or session.ui is None:
+#: A cast id castor allocates (``2026-05-12T19-40-40-605Z``; ``-1``, ``-2`` ... after a collision):
+#: how the commands castor's messages name for the cast ``castor cast`` starts look before its start
+#: is answered.
+_ALLOCATED_CAST_ID = r"\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z(?:-\d+)?"
+
+
+def _spell_with_flags(session: Any, root: Path, args: argparse.Namespace, cast_ids: str) -> None:
+    """Make the commands castor's own messages name for a cast whose id matches ``cast_ids`` (a
+    pattern; the engine spells them ``castor continue ID``, knowing nothing of this command line)
+    carry what this command's user typed: the project's flags on each, the agent's
+    (:func:`_agent_flags`, read once per cast) on the resuming ones. Without them a ``castor continue
+    ID`` advised to a user who typed ``--cwd DIR`` or ``--agent openai:...`` answered ``not_found``
+    or stopped at once on ``no agent``. Set before the cast runs: a cast's first notices can come
+    before its start is answered (its first effects run on its own thread)."""
+    project_flags = _project_flags(args)
+    if not project_flags and not getattr(args, "agent", None) or session.ui is None:
         return
+    verbs = "|".join((*_RESUMING_VERBS, "abort", "status"))
+    named = re.compile(rf"castor ({verbs}) ({cast_ids})(?![\w-])")
+    agent_flags: dict[str, str] = {}
 
-    def spell(text: str) -> str:
-        for verb in (*_RESUMING_VERBS, "abort", "status"):
-            named = f"castor {verb} {cast_id}"
-            if named in text:
-                text = text.replace(named, named + project_flags + (agent_flags if verb in _RESUMING_VERBS else ""))
-        return text
+    def with_flags(found: re.Match[str]) -> str:
+        verb, cast_id = found.group(1), found.group(2)
+        if verb not in _RESUMING_VERBS:
+            return found.group(0) + project_flags
+        if cast_id not in agent_flags:
+            agent_flags[cast_id] = _agent_flags(args, root / cast_id)
+        return found.group(0) + project_flags + agent_flags[cast_id]
 
-    session.ui.spell = spell
+    session.ui.spell = lambda text: named.sub(with_flags, text)
 
 
 def _cli_note(spec: str) -> dict[str, Any] | None:
@@ -876,6 +890,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         assert spec is not None
         mark = f"{os.getpid()}@{session.began_at!r}"  # this command's, in the cast's cli.json
         flags = backend_flags(args)
+        _spell_with_flags(session, root, args, _ALLOCATED_CAST_ID)
         try:
             started = session.call("start", {"request": args.request, "loadout": args.loadout,
                                              "config_path": args.config,
@@ -889,7 +904,6 @@ def cmd_cast(args: argparse.Namespace) -> int:
                 _say_err(_stopped_line(root, left, _project_flags(args)))
             raise
         agent_flags = _agent_flags(args, root / started["cast_id"])
-        _spell_with_flags(session, started["cast_id"], _project_flags(args), agent_flags)
         with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args) + agent_flags):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
             view = _watch(session, started["cast_id"], quiet=args.quiet)
@@ -958,7 +972,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
                           backend=make_backend(args))
     try:
         agent_flags = _agent_flags(args, root / cast_id)
-        _spell_with_flags(session, cast_id, _project_flags(args), agent_flags)
+        _spell_with_flags(session, root, args, re.escape(cast_id))
         with _named_on_interrupt(session, root, cast_id, _project_flags(args) + agent_flags):
             view = session.call(verb, {"cast_id": cast_id})
             _remember_backend(root / cast_id, backend_flags(args))  # it runs where this command runs it
