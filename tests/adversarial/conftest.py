@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import terminate_then_kill
 from tests.support.waiting import wait_for
 
 CASTOR = [sys.executable, "-m", "castor"]
@@ -56,13 +57,7 @@ class Serve:
         return self.stderr_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate_then_kill(self.proc)
         self._err.close()
 
 

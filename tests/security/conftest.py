@@ -28,6 +28,7 @@ from castor.client import Client
 from castor.ports.classifier import ClassifierRequest, ClassifierResponse, ModelEndpoint
 from castor.runtime import HarnessLink, Runtime, SessionInfo
 from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl, wait_until  # noqa: F401 - re-exported for the security tests
+from tests.support.processes import terminate_then_kill
 
 
 def files_under(root: Path) -> set[Path]:
@@ -89,13 +90,7 @@ class SocketServer:
         return RawPeer(sock)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate_then_kill(self.proc)
         self._err.close()
 
 

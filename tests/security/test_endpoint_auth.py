@@ -20,6 +20,7 @@ import pytest
 from castor.client import Client
 from castor.messages.errors import Forbidden, MailboxFull, Unauthenticated
 from tests.support.other_user import another_user_listening
+from tests.support.processes import terminate_then_kill
 
 from .conftest import RawPeer, castor_argv, serve_env, wait_until
 
@@ -74,13 +75,7 @@ class TcpServe:
         return Client.connect_tcp("127.0.0.1", self.port, default_timeout=10, **kwargs)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate_then_kill(self.proc, 20)
         self._err.close()
         return self.proc.returncode
 

@@ -28,3 +28,16 @@ def killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def terminate_then_kill(proc: subprocess.Popen, grace_s: float = 15.0) -> int | None:
+    """End ``proc`` as an operator would: SIGTERM, then SIGKILL if it has not exited within
+    ``grace_s``; reaped either way. Its exit status (negative: the signal that ended it)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
