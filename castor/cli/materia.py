@@ -165,7 +165,7 @@ def add_materia_subcommands(subparsers: Any) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     cast.add_argument("request", metavar="REQUEST", help="what the cast should do")
     cast.add_argument("--loadout", metavar="NAME", help="loadout to run (default: activeLoadout)")
-    cast.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH",
+    cast.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", type=_a_path,
                       help="explicit config layer (beats $MATERIA_CONFIG)")
     _add_agent(cast)
     _add_cwd(cast)
@@ -215,13 +215,13 @@ def add_materia_subcommands(subparsers: Any) -> None:
 
     grid = subparsers.add_parser("grid", help="render the resolved loadout graph")
     grid.add_argument("--loadout", metavar="NAME")
-    grid.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH")
+    grid.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", type=_a_path)
     _add_cwd(grid)
     grid.set_defaults(run=cmd_grid)
 
     loadout = subparsers.add_parser("loadout", help="show loadouts, or set the active one")
     loadout.add_argument("name", metavar="NAME", nargs="?")
-    loadout.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH")
+    loadout.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", type=_a_path)
     _add_cwd(loadout)
     loadout.set_defaults(run=cmd_loadout)
 
@@ -246,14 +246,23 @@ def _add_agent(parser: argparse.ArgumentParser) -> None:
                         help="script:FILE or openai:BASE_URL[#MODEL] (default $CASTOR_AGENT)")
 
 
+def _a_path(text: str) -> str:
+    """A ``--config``/``--cwd`` value: an empty one is refused (a script passing an unset ``$CFG``
+    ran on ``$MATERIA_CONFIG``, the project's config or the current directory, without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (leave the flag out for the default)")
+    return text
+
+
 def _add_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", default=None,
+    parser.add_argument("--config", *CONFIG_ALIASES, dest="config", metavar="PATH", default=None, type=_a_path,
                         help="the explicit config layer the cast was started with, if its artifactDir differs "
                              "(beats $MATERIA_CONFIG)")
 
 
 def _add_cwd(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cwd", metavar="DIR", default=None, help="project directory (default: the current one)")
+    parser.add_argument("--cwd", metavar="DIR", default=None, type=_a_path,
+                        help="project directory (default: the current one)")
 
 
 def _cwd(args: argparse.Namespace) -> Path:

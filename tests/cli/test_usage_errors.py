@@ -57,3 +57,19 @@ def test_a_value_refused_after_parsing_points_at_its_own_command_help(argv: list
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("castor: invalid_params: ") and said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv", [
+    ["cast", "x", "--config", ""], ["cast", "x", "--cwd", "  "], ["casts", "--cwd", ""],
+    ["status", "--config", ""], ["grid", "--config", ""], ["recast", "--cwd", ""],
+])
+def test_an_empty_config_or_project_path_is_refused_not_taken_for_the_default(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A script passing an unset ``$CFG`` (``--config "$CFG"``) ran on ``$MATERIA_CONFIG`` or the
+    project's own config, and ``--cwd ""`` on the current directory, without a word."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("castor: invalid_params: argument --") and "an empty path" in err, err

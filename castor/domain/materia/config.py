@@ -95,6 +95,11 @@ class ConfigIssue(BaseModel):
         where = f"#{self.path}" if named else f"{self.source or '<config>'}#{self.path or '/'}"
         return f"[{label}] {where}: {self.message}"
 
+    def pointed(self) -> str:
+        """``[code] pointer: message``, as a cast's notice and ``castor grid`` show a warning of the
+        config they run; ``[code] message`` for one about no field (a linked file that is missing)."""
+        return f"[{self.code}] {self.path}: {self.message}" if self.path else f"[{self.code}] {self.message}"
+
 
 def warning(code: str, path: str, message: str, source: str | None = None) -> ConfigIssue:
     return ConfigIssue(code=code, path=path, message=message, source=source, severity="warning")

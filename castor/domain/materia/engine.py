@@ -424,7 +424,7 @@ def _start_cast(ev: CastStarted) -> Transition:
     for warning in cfg.warnings:  # loaded and run the way pi-materia does; said once per cast
         ctx.emit("config_warning", {"code": warning.code, "path": warning.path, "source": warning.source,
                                     "message": warning.message})
-        ctx.notify("warning", f"materia config warning [{warning.code}] {warning.path}: {warning.message}")
+        ctx.notify("warning", f"materia config warning {warning.pointed()}")
     ctx.write_usage()
     try:
         _goto(ctx, entry, None)

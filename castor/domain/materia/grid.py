@@ -72,7 +72,7 @@ def render_grid(resolved: ResolvedConfig) -> str:
                 )
     if resolved.warnings:
         lines += ["", "warnings:"]
-        lines += [f"  [{w.code}] {w.path}: {w.message}" for w in resolved.warnings]
+        lines += [f"  {w.pointed()}" for w in resolved.warnings]
     # One line each: a name the config chose (a loadout, a materia, a label) with a line break or
     # an escape in it is shown escaped, so it cannot add a line of its own.
     return "\n".join(one_line(line) for line in lines) + "\n"

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from castor.adapters.materia.config_loader import PROJECT_CONFIG, load_resolved, read_layer, validate_file
+from castor.domain.materia.config import warning
 
 HELLO = {"activeLoadout": "hello"}
 
@@ -51,3 +52,14 @@ def test_an_explicit_config_linked_to_nothing_names_the_link(tmp_path: Path) -> 
     data, (issue,) = read_layer(tmp_path / "c.json")
     assert data is None and issue.code == "file-not-found" and "(a link to gone.json, which does not exist)" in \
         issue.message
+
+
+def test_a_warning_about_no_field_is_shown_without_an_empty_pointer(tmp_path: Path) -> None:
+    """A cast's notice showed the dangling link's warning as ``[dangling-config-link] : ...``."""
+    project = tmp_path / "p"
+    (project / ".pi").mkdir(parents=True)
+    os.symlink("../gone.json", project / PROJECT_CONFIG)
+    resolved = load_resolved(project, env=_env(tmp_path))
+    (said,) = [w for w in resolved.warnings if w.code == "dangling-config-link"]
+    assert said.pointed().startswith("[dangling-config-link] ") and " : " not in said.pointed()
+    assert warning("unknown-field", "/limits/maxCost", "m").pointed() == "[unknown-field] /limits/maxCost: m"
