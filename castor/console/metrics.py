@@ -34,6 +34,7 @@ castor_worker_timeouts_total               counter    worker calls that timed ou
 castor_worker_give_ups_total               counter    Icarus workers given up after a crash loop
 castor_worker_calls_refused_total          counter    worker calls refused while a worker is given up
 castor_sessions                            gauge      open harness sessions
+castor_hello_refusals_total                counter    runtime.hello calls refused: no or a wrong token
 castor_memory_trim_seconds                 histogram  allocator trims after closed sessions (malloc_trim)
 =========================================  =========  ==========================================
 """
@@ -48,6 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from castor.actors.materia.socket_actor import SOCKET_VISIT_RESTARTS, SOCKET_VISITS
+from castor.endpoint.auth import REFUSED_HELLOS
 from castor.supervision.kinds import HandleState
 from castor.supervision.meters import BUCKETS
 from castor.supervision.registry import WATCH_PACE_S
@@ -129,6 +131,10 @@ class RuntimeCollector(Collector):
         sessions = GaugeMetricFamily("castor_sessions", "open harness sessions")
         sessions.add_metric([], len(self.runtime.sessions()))
         yield sessions
+        refused = CounterMetricFamily("castor_hello_refusals",
+                                      "runtime.hello calls refused for a missing or wrong token (every endpoint)")
+        refused.add_metric([], REFUSED_HELLOS.count)
+        yield refused
 
         # Every kind that ever started (or runs now) has a sample of each counter, 0 until it
         # counts: a series that first appears at 1 shows no increase, so the first crash of a

@@ -26,6 +26,7 @@ import hmac
 import os
 import secrets
 import stat
+import threading
 from typing import TYPE_CHECKING, Any
 
 from castor._log import logger
@@ -103,11 +104,29 @@ class AuthGate:
 _REFUSED_TOKENS = WarningGate()
 
 
+class _RefusedHellos:
+    """How many ``runtime.hello`` calls this process refused for a missing or wrong token (every
+    endpoint, since it started): ``/metrics``' ``castor_hello_refusals_total``, so an alert can fire
+    on guessing that the log, gated to one line every 10 s, shows only as a count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+REFUSED_HELLOS = _RefusedHellos()
+
+
 def _say_a_refused_token(ctx: Context) -> None:
     """Tell the operator, at the default log level, that a peer offered ``runtime.hello`` a wrong
     (or no) token, naming the peer: its address and the uid running it (``/proc/net/tcp``, or
     ``SO_PEERCRED`` on a Unix socket). Connections closed for it are INFO lines, so guessing left
     no trace; the gate keeps a peer that guesses in a loop from filling the log."""
+    REFUSED_HELLOS.add()
     warn, quiet = _REFUSED_TOKENS.passes()
     peer = peer_named(ctx)
     if warn:
