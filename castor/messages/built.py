@@ -54,3 +54,13 @@ def _defaults_of(cls: type[BaseModel]) -> dict[str, Any]:
             raise TypeError(f"{cls.__name__}.{name} has a default_factory: build it by validation")
         defaults[name] = info.default
     return defaults
+
+
+# The instance state pydantic's validation sets, stored through the model's own slot descriptors:
+# for hot paths that build a message castor made itself field by field (``built`` for one class,
+# spelled out: ``castor.actors.icarus.worker``'s ``WorkerCall``, ``messages``' ``Feedback``).
+NEW = object.__new__
+SET_DICT = BaseModel.__dict__["__dict__"].__set__
+SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
+SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__

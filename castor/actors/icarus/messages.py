@@ -27,13 +27,12 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel
-
 from castor._log import logger
 from castor.actors.icarus.worker import WorkerCall, WorkerInspect
 from castor.domain.icarus import lifecycle as lc
 from castor.domain.icarus.classify import FilterResult
 from castor.messages.base import LocalMessage
+from castor.messages.built import NEW, SET_DICT, SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
 from castor.supervision import CancelToken
 
 # ---------------------------------------------------------------------------
@@ -190,29 +189,24 @@ def harness_event(event: lc.HarnessLifecycleEvent, reply: Answer, current_model:
     # ``built(HarnessEvent, ...)`` spelled out, as ``castor.actors.icarus.worker`` builds its call:
     # the state ``built`` sets (every field given, in declaration order), without its keyword
     # packing, defaults merge and fields-set copy.
-    message = _NEW(HarnessEvent)
-    _SET_DICT(message, {"event": event, "reply": reply, "current_model": current_model, "helper": helper})
-    _SET_FIELDS_SET(message, set(_HARNESS_EVENT_FIELDS))
-    _SET_EXTRA(message, None)
-    _SET_PRIVATE(message, None)
+    message = NEW(HarnessEvent)
+    SET_DICT(message, {"event": event, "reply": reply, "current_model": current_model, "helper": helper})
+    SET_FIELDS_SET(message, set(_HARNESS_EVENT_FIELDS))
+    SET_EXTRA(message, None)
+    SET_PRIVATE(message, None)
     return message
 
 
 def feedback(event: lc.WorkerDone | lc.FilterDone | lc.TurnAborted) -> Feedback:
     """``Feedback(event=event)`` for a completion castor built itself (see :func:`harness_event`)."""
-    message = _NEW(Feedback)  # built(Feedback, event=event), spelled out (see harness_event)
-    _SET_DICT(message, {"event": event})
-    _SET_FIELDS_SET(message, {"event"})
-    _SET_EXTRA(message, None)
-    _SET_PRIVATE(message, None)
+    message = NEW(Feedback)  # built(Feedback, event=event), spelled out (see harness_event)
+    SET_DICT(message, {"event": event})
+    SET_FIELDS_SET(message, {"event"})
+    SET_EXTRA(message, None)
+    SET_PRIVATE(message, None)
     return message
 
 
-_NEW = object.__new__
-_SET_DICT = BaseModel.__dict__["__dict__"].__set__
-_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
-_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
 _HARNESS_EVENT_FIELDS = frozenset(("event", "reply", "current_model", "helper"))
 
 

@@ -53,12 +53,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel
-
 from castor import tree
 from castor.domain.icarus.crash_loop import CrashLoop, CrashLoopLimit
 from castor.domain.icarus.worker_protocol import death_words, reply_result
 from castor.messages.base import LocalMessage
+from castor.messages.built import NEW, SET_DICT, SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
 from castor.messages.errors import (
     ActorStopped,
     Cancelled,
@@ -104,11 +103,6 @@ class WorkerCall(LocalMessage, type_name="icarus.worker.call"):
 # stored through the model's own slot descriptors. ``built(WorkerCall, **fields)`` packed the
 # fields into keyword arguments, merged them over the defaults and made the fields set from them:
 # 12.5k instructions a call against 8.2k (callgrind), on every worker call.
-_NEW = object.__new__
-_SET_DICT = BaseModel.__dict__["__dict__"].__set__
-_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
-_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
 _CALL_FIELDS = frozenset(("module", "function", "args", "kwargs", "deadline", "token"))
 
 
@@ -117,12 +111,12 @@ def _worker_call(module: str, function: str, args: list[Any], kwargs: dict[str, 
     """A ``WorkerCall`` from values that already have its field types (the client's hot path):
     built, not validated -- validation would only copy what the client has just made (a test pins
     it equal to the validated model: the same fields, the same fields set, frozen)."""
-    call = _NEW(WorkerCall)
-    _SET_DICT(call, {"module": module, "function": function, "args": args, "kwargs": kwargs, "deadline": deadline,
+    call = NEW(WorkerCall)
+    SET_DICT(call, {"module": module, "function": function, "args": args, "kwargs": kwargs, "deadline": deadline,
                      "token": token})
-    _SET_FIELDS_SET(call, set(_CALL_FIELDS))
-    _SET_EXTRA(call, None)
-    _SET_PRIVATE(call, None)
+    SET_FIELDS_SET(call, set(_CALL_FIELDS))
+    SET_EXTRA(call, None)
+    SET_PRIVATE(call, None)
     return call
 
 
