@@ -44,10 +44,22 @@ MAX_MESSAGE_CHARS = 16_384
 
 
 def _cut_long_message(record: Any) -> None:
-    """loguru patcher: a message over :data:`MAX_MESSAGE_CHARS` is cut, with how long it was."""
+    """loguru patcher: a message over :data:`MAX_MESSAGE_CHARS` is cut, with how long it was.
+
+    loguru 0.8 also keeps the message as it was given, before any ``{}`` was filled in
+    (``record["template"]``, serialized into every JSON line): one over :data:`MAX_TEMPLATE_CHARS`
+    is cut the same way, or the line would carry the whole text after all."""
     message = record["message"]
     if len(message) > MAX_MESSAGE_CHARS:
         record["message"] = f"{message[:MAX_MESSAGE_CHARS]}… (cut: {len(message)} characters in all)"
+    template = record.get("template")
+    if isinstance(template, str) and len(template) > MAX_TEMPLATE_CHARS:
+        record["template"] = f"{template[:MAX_TEMPLATE_CHARS]}… (cut: {len(template)} characters in all)"
+
+
+#: The longest template (the message before its ``{}`` are filled in) a JSON line carries: shorter
+#: than a message, since the message beside it already says what the line is about.
+MAX_TEMPLATE_CHARS = 1_024
 
 
 LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
