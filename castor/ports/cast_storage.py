@@ -209,8 +209,15 @@ class CastStorage(Protocol):
         """``cast_id`` if it is a safe single path segment, else ``forbidden``."""
         ...
 
-    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False) -> str:
-        """A new, unused cast id under ``artifact_root`` (its directory is created)."""
+    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False, index_later: bool = False) -> str:
+        """A new, unused cast id under ``artifact_root`` (its directory is created). ``index_later``:
+        its index row is written by :meth:`index_new_cast` (a start: on the cast's thread, after the
+        starter's answer), not now; until then a listing finds it by the root's changed signature."""
+        ...
+
+    def index_new_cast(self, artifact_root: Path, cast_id: str) -> None:
+        """Write the index row ``allocate_cast_id(..., index_later=True)`` left, if not written yet
+        (a row there by then is kept); :meth:`discard_unsaved` drops it."""
         ...
 
     def store(self, artifact_root: Path, *, resolved: bool = False) -> CastStore: ...

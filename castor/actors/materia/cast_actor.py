@@ -401,6 +401,8 @@ class CastActor(Actor):
             # replay of a save cut short makes them first too): not on the starter's way to its answer.
             self._dirs_made = False
             self._commit(step(None, env.start_event), answer_first=self.start_on_caller)
+            if self._saved_start is None:  # performed here (or stopped): its index row now, not later
+                self._index_new_cast()
             if self.state is not None:
                 self.log.info("cast {cast} started in {run_dir} (loadout {loadout})", cast=env.cast_id,
                               run_dir=self.state.run_dir, loadout=self.state.config.pipeline.loadout_name)
@@ -529,6 +531,8 @@ class CastActor(Actor):
         unwatch, self._unwatch_abort_requests = self._unwatch_abort_requests, None
         if unwatch is not None:
             unwatch()
+        if self.state is not None:  # saved, stopped before its first message: its row is still written
+            self._index_new_cast()
         self._disarm_user_turn_bound()
         note = getattr(self.env.agent, "note_stop_reason", None)
         for visit_id, handle in list(self._sockets.items()):
@@ -707,9 +711,9 @@ class CastActor(Actor):
         """Save ``transition`` (state and outbox, durably), then perform its effects.
 
         ``answer_first``: a new cast's first transition on its starter's thread. Once its save is
-        durable the cast exists (its index row was written at allocation, its state is on disk,
-        its outbox holds every file effect), so its effects -- the files, the first visit -- are
-        handed to the cast's loop thread (:class:`PerformSavedStart`, the first message in its
+        durable the cast exists (its run directory was made at allocation, its state is on disk,
+        its outbox holds every file effect), so its effects -- its index row, the files, the first
+        visit -- are handed to the cast's loop thread (:class:`PerformSavedStart`, the first message in its
         mailbox: whatever is asked of the cast is answered after them) and the starter answers at
         once. A transition with something to tell the user (``Notify``: a config warning, a start
         that failed) is performed here as before, so the user hears it before the answer.
@@ -746,8 +750,15 @@ class CastActor(Actor):
     @handles(PerformSavedStart)
     def _on_perform_saved_start(self, _message: PerformSavedStart) -> None:
         saved, self._saved_start = self._saved_start, None
+        self._index_new_cast()
         if saved is not None:
             self._perform_transition(*saved)
+
+    def _index_new_cast(self) -> None:
+        """A new cast's index row, which its allocation left for this thread (see allocate_cast_id's
+        ``index_later``); nothing once written (or for a cast that was not new here)."""
+        if self.env.start_event is not None:
+            self.env.storage.index_new_cast(self.env.artifact_root, self.env.cast_id)
 
     def _perform_transition(self, transition: Transition, files: list[Any]) -> None:
         """Perform a saved transition's effects: its files batched, then the others in order."""

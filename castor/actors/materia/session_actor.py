@@ -316,7 +316,9 @@ class SessionActor(Actor):
         self._check_trust(resolved)
         root = self._root_for(resolved.artifact_dir)
         try:
-            cast_id = self.storage.allocate_cast_id(root, root_resolved=True)
+            # Its index row is written on the cast's thread once this caller has its answer (a
+            # listing before that finds the new directory by the root's changed signature).
+            cast_id = self.storage.allocate_cast_id(root, root_resolved=True, index_later=True)
         except OSError as exc:  # a read-only or full project: say what could not be made, and where
             error = self.storage.storage_unavailable(exc, base=self.cwd)
             shown = self.storage.storage_unavailable(OSError(exc.errno, exc.strerror), path=root, base=self.cwd)

@@ -61,7 +61,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from json.encoder import encode_basestring  # json's C string encoder (what compact_json uses)
 from pathlib import Path
@@ -182,7 +182,16 @@ def _timestamp_id(now: datetime | None) -> str:
 
 def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | None = None,
                      root_resolved: bool = False) -> str:
-    """Allocate a fresh cast id and create its run directory.
+    """Allocate a fresh cast id and create its run directory, its index row written (see
+    :func:`allocate_unindexed`)."""
+    cast_id, index_row = allocate_unindexed(artifact_root, now=now, root_resolved=root_resolved)
+    index_row()
+    return cast_id
+
+
+def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime | None = None,
+                       root_resolved: bool = False) -> tuple[str, Callable[[], None]]:
+    """Allocate a fresh cast id and create its run directory; with it, what writes its index row.
 
     The id is the UTC ISO timestamp with ``:`` and ``.`` replaced by ``-``
     (``2026-05-12T19-40-40-605Z``); a collision adds ``-1``, ``-2``, ...
@@ -190,6 +199,13 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
     claimed with an exclusive ``mkdir``. A directory whose creation cannot be made durable (the
     root's fsync fails) is removed again and the ``OSError`` raised: a failed allocation leaves
     nothing behind.
+
+    The second value writes the new directory's index row (``active``: unverified until its first
+    save) and moves the root's stored signature from before the ``mkdir`` to after it by
+    compare-and-set; called later (a start does it on the cast's thread, once the starter has its
+    answer), it inserts the row only if none is there by then (a reader's reconcile, or the cast's
+    own later save, wrote a truer one), and until then a reader finds the root's signature changed
+    and reconciles, as after any directory made by someone else. Never called: the same.
     """
     root = os.fspath(artifact_root)
     try:
@@ -225,11 +241,45 @@ def allocate_cast_id(artifact_root: str | os.PathLike[str], *, now: datetime | N
 
         def record(index: cast_index.CastIndex, before: Any = before, after: Any = after,
                    row: cast_index.IndexRow = row) -> None:
-            index.moved(before, after, insert=row)
+            index.moved(before, after, insert=row, keep_existing=True)
 
-        cast_index.best_effort(confined.text, record, index=index)  # the index opened above, not looked up again
-        return candidate
+        def index_row(text: str = confined.text, index: cast_index.CastIndex | None = index) -> None:
+            # The index opened above (not looked up again), unless it was closed since: then looked up.
+            usable = index if index is not None and not index.closed else None
+            cast_index.best_effort(text, record, index=usable)
+
+        return candidate, index_row
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
+
+
+# A start's index rows not written yet (``allocate_cast_id(..., index_later=True)``): run directory
+# text -> what writes the row. Taken once, by whoever comes first: the cast's thread after the
+# starter's answer (index_allocated), or a failed start's clean-up (forget_allocated).
+_UNINDEXED: dict[str, Callable[[], None]] = {}
+_UNINDEXED_GUARD = threading.Lock()
+
+
+def allocate_cast_id_indexed_later(artifact_root: str | os.PathLike[str], *, root_resolved: bool = False) -> str:
+    """:func:`allocate_cast_id` with the index row left for :func:`index_allocated` (see
+    :func:`allocate_unindexed`)."""
+    cast_id, index_row = allocate_unindexed(artifact_root, root_resolved=root_resolved)
+    with _UNINDEXED_GUARD:
+        _UNINDEXED[f"{os.fspath(artifact_root)}/{cast_id}"] = index_row
+    return cast_id
+
+
+def index_allocated(artifact_root: str | os.PathLike[str], cast_id: str) -> None:
+    """Write the index row of a cast allocated with its row left for later, if not done yet."""
+    with _UNINDEXED_GUARD:
+        index_row = _UNINDEXED.pop(f"{os.fspath(artifact_root)}/{cast_id}", None)
+    if index_row is not None:
+        index_row()
+
+
+def forget_allocated(artifact_root: str | os.PathLike[str], cast_id: str) -> None:
+    """Drop the index row left for later of a cast whose start failed (its directory is removed)."""
+    with _UNINDEXED_GUARD:
+        _UNINDEXED.pop(f"{os.fspath(artifact_root)}/{cast_id}", None)
 
 
 # --------------------------------------------------------------------------- records

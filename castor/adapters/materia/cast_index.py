@@ -9,7 +9,7 @@ trusted further than it can be checked cheaply:
 
 | who | when | what |
 |---|---|---|
-| ``allocate_cast_id`` | a new run directory | inserts its row (``active``: unverified) and moves the stored root signature along (see below) |
+| ``allocate_cast_id`` | a new run directory (a start: on the cast's thread once the starter has its answer) | inserts its row (``active``: unverified) unless one is there by then, and moves the stored root signature along (see below) |
 | ``CastStateStore.save_encoded`` (with ``index=``) | a save whose summary differs from what this store last indexed (an end, a recast, a pause: a few per cast, not one per transition; a new cast's first save, still active as ``allocate_cast_id``'s row says, writes none) | upserts the row, with the new file's signature |
 | ``discard_unsaved`` | a failed start's run directory removed | deletes its row, moves the root signature along |
 | a reader (``state_store.discard_abandoned_start``) | a row or a new directory with no ``state.json`` that is a start killed before its first save (only a start's files, untouched for a minute, its lease free) | removes the directory under its lease (``discard_unsaved``): the row goes with it |
@@ -227,6 +227,10 @@ class CastIndex:
             raise IndexUnavailable(f"cannot use {self.path}: {exc}") from None
         self._conn = conn
 
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -269,11 +273,16 @@ class CastIndex:
                 conn.execute(_COUNT, (-deleted,))
 
     def moved(self, before: str | None, after: str | None, *, insert: IndexRow | None = None,
-              delete: str | None = None) -> None:
+              delete: str | None = None, keep_existing: bool = False) -> None:
         """Record a change castor made to the root (a run directory made or removed) and move the
-        stored root signature from ``before`` to ``after`` if it still is ``before``."""
+        stored root signature from ``before`` to ``after`` if it still is ``before``.
+        ``keep_existing``: ``insert`` only if the id has no row yet (one there was written later
+        than ``insert`` was made: a reader's reconcile, the cast's own save)."""
         with self._db(write=True) as conn:
-            if insert is not None:
+            if insert is not None and keep_existing:
+                if conn.execute(_INSERT, _values(insert)).rowcount:
+                    conn.execute(_COUNT, (1,))
+            elif insert is not None:
                 _upsert(conn, [_values(insert)])
             if delete is not None and conn.execute("DELETE FROM casts WHERE id = ?", (delete,)).rowcount:
                 conn.execute(_COUNT, (-1,))

@@ -1,6 +1,7 @@
 """The file-system implementation of the cast-storage port (:mod:`castor.ports.cast_storage`).
 
-:class:`FileCastStorage` holds no state of its own: each method is the adapter function of the
+:class:`FileCastStorage` holds no state of its own (the one thing kept between calls, a start's
+index row left for the cast's thread, is the artifacts module's): each method is the adapter function of the
 same job (state store, artifacts, lease, abort requests, index listing, config loader, command
 records), so every guarantee those modules state holds unchanged. :data:`FILE_CAST_STORAGE` is the one
 instance the composition root and the CLI pass around.
@@ -16,7 +17,14 @@ from typing import Any
 
 from castor.adapters import fs
 from castor.adapters.materia import abort_requests, command_records, config_loader
-from castor.adapters.materia.artifacts import CastArtifacts, allocate_cast_id, validate_cast_id
+from castor.adapters.materia.artifacts import (
+    CastArtifacts,
+    allocate_cast_id,
+    allocate_cast_id_indexed_later,
+    forget_allocated,
+    index_allocated,
+    validate_cast_id,
+)
 from castor.adapters.materia.cast_lease import CastLease
 from castor.adapters.materia.state_store import (
     CastPage,
@@ -45,8 +53,13 @@ class FileCastStorage:
     def validate_cast_id(self, cast_id: object) -> str:
         return validate_cast_id(cast_id)
 
-    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False) -> str:
+    def allocate_cast_id(self, artifact_root: Path, *, root_resolved: bool = False, index_later: bool = False) -> str:
+        if index_later:
+            return allocate_cast_id_indexed_later(artifact_root, root_resolved=root_resolved)
         return allocate_cast_id(artifact_root, root_resolved=root_resolved)
+
+    def index_new_cast(self, artifact_root: Path, cast_id: str) -> None:
+        index_allocated(artifact_root, cast_id)
 
     def store(self, artifact_root: Path, *, resolved: bool = False) -> CastStateStore:
         return CastStateStore(artifact_root, resolved=resolved)
@@ -61,6 +74,7 @@ class FileCastStorage:
         return CastArtifacts(artifact_root, cast_id).last_event_line()
 
     def discard_unsaved(self, artifact_root: Path, cast_id: str) -> bool:
+        forget_allocated(artifact_root, cast_id)
         return discard_unsaved(artifact_root, cast_id)
 
     def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False) -> CastLease | None:

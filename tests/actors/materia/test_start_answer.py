@@ -84,3 +84,39 @@ def test_a_start_makes_its_run_directory_s_subdirectories_on_the_cast_s_thread(
     assert made and threading.get_ident() not in made, "the subdirectories were made on the starter's thread"
     assert (Path(started["run_dir"]) / "contexts").is_dir() and (Path(started["run_dir"]) / "sockets").is_dir()
     assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_start_writes_its_index_row_on_the_cast_s_thread(
+        runtime_factory, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new cast's index row (one SQLite transaction) is written after the answer, on the cast's
+    thread; the cast is findable meanwhile (a listing reconciles the root's changed signature), and
+    once the row is in, the stored signature is the root's again: the next listing rescans nothing."""
+    from castor.adapters.materia import cast_index
+
+    inserted: list[tuple[str, int]] = []
+    real = cast_index.CastIndex.moved
+
+    def spy(self: cast_index.CastIndex, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("insert") is not None:
+            inserted.append((kwargs["insert"].cast_id, threading.get_ident()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cast_index.CastIndex, "moved", spy)
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    first = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    wait_status(rt, "s1", first["cast_id"])
+    assert [row["cast_id"] for row in materia_call(rt, "s1", "list", {})["casts"]] == [first["cast_id"]]
+    inserted.clear()  # the index now stores the root's signature (a listing's reconcile)
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    cast_id = started["cast_id"]
+    materia_call(rt, "s1", "status", {"cast_id": cast_id})  # answered after the cast's first message
+    assert [cid for cid, _ in inserted] == [cast_id]
+    assert inserted[0][1] != threading.get_ident(), "the index row was written on the starter's thread"
+    root = str(Path(started["run_dir"]).parent)
+    index = cast_index.open_index(root)
+    assert index is not None and index.root_signature_stored() == cast_index.root_signature(root)
+    assert cast_id in index.ids()
+    assert wait_status(rt, "s1", cast_id)["status"] == "complete"
+    assert cast_id in [row["cast_id"] for row in materia_call(rt, "s1", "list", {})["casts"]]

@@ -325,3 +325,51 @@ def test_a_prefix_that_also_names_an_unreadable_cast_is_ambiguous_never_a_silent
     with pytest.raises(StateCorrupt) as corrupt:  # what its reader then says: the data's fault, not castor's
         CastStateStore(tmp_path).load(newer)
     assert corrupt.value.code == "state_corrupt"
+
+
+def _stored_rows(root: Path) -> dict[str, str]:
+    with sqlite3.connect(root / DB_NAME) as conn:
+        return dict(conn.execute("SELECT id, status FROM casts"))
+
+
+@pytest.mark.timeout(60)
+def test_a_start_s_row_written_later_leaves_the_listing_right_meanwhile_and_costs_no_rescan_after(tmp_path):
+    """A start allocates its id with the row left for the cast's thread (written after the
+    starter's answer). Before it is written a listing finds the new directory (the root's
+    signature moved, so it reconciles); once written, the stored signature is the root's again:
+    the next listing rescans nothing."""
+    from castor.adapters.materia.artifacts import allocate_cast_id_indexed_later, index_allocated
+
+    store = CastStateStore(tmp_path)
+    old = allocate_cast_id(tmp_path)
+    _save(store, old, "complete")
+    assert _all(tmp_path) == [(old, "complete")]
+    new = allocate_cast_id_indexed_later(tmp_path)
+    assert new not in _stored_rows(tmp_path)  # not written by the allocation
+    index = cast_index.open_index(str(tmp_path))
+    assert index is not None and index.root_signature_stored() != cast_index.root_signature(str(tmp_path))
+    index_allocated(tmp_path, new)
+    assert _stored_rows(tmp_path)[new] == "active"
+    assert index.root_signature_stored() == cast_index.root_signature(str(tmp_path))  # no rescan due
+    assert index.count() == 2
+    index_allocated(tmp_path, new)  # once only
+    assert index.count() == 2
+    _save(store, new, "active")
+    # A listing in between (a reconcile) finds it, and the late row does not undo what it found.
+    later = allocate_cast_id_indexed_later(tmp_path)
+    _save(store, later, "failed")  # the cast ended at once: its save wrote its row
+    assert dict(_all(tmp_path))[later] == "failed"
+    index_allocated(tmp_path, later)
+    assert _stored_rows(tmp_path)[later] == "failed" and index.count() == 3
+    assert dict(_all(tmp_path)) == {old: "complete", new: "active", later: "failed"} == _truth(tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_start_s_row_left_for_later_is_never_written(tmp_path):
+    from castor.adapters.materia.artifacts import allocate_cast_id_indexed_later, index_allocated
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+
+    cast_id = allocate_cast_id_indexed_later(tmp_path)
+    assert FILE_CAST_STORAGE.discard_unsaved(tmp_path, cast_id)  # no state saved: removed
+    index_allocated(tmp_path, cast_id)
+    assert cast_id not in _stored_rows(tmp_path) and _all(tmp_path) == []
