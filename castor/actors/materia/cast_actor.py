@@ -329,8 +329,8 @@ class CastActor(Actor):
             self._start()
             if self.state is not None and self.env.start_event is not None and self.incarnation == 1:
                 self.env.started_view = self._status()
-            if self.state is not None and self.state.active and not self.is_ending:
-                self._watch_abort_requests()
+            if self.state is not None and self.state.active and not self.is_ending and self._saved_start is None:
+                self._watch_abort_requests()  # a start answered first watches on its loop thread (below)
         except (NotFound, StateCorrupt, InvalidMessage, Forbidden) as exc:
             # Permanent: restarting cannot help, and a crash loop would exhaust the cast
             # supervisor's intensity and take the session's other casts down with it. (Forbidden:
@@ -751,8 +751,14 @@ class CastActor(Actor):
     def _on_perform_saved_start(self, _message: PerformSavedStart) -> None:
         saved, self._saved_start = self._saved_start, None
         self._index_new_cast()
-        if saved is not None:
-            self._perform_transition(*saved)
+        if saved is None:
+            return
+        if self._unwatch_abort_requests is None and self.state is not None and self.state.active \
+                and not self.is_ending:
+            # Its abort watch, off the starter's way too: a request left from the start on (its
+            # time is after held_since) is still found at the watcher's next poll.
+            self._watch_abort_requests()
+        self._perform_transition(*saved)
 
     def _index_new_cast(self) -> None:
         """A new cast's index row, which its allocation left for this thread (see allocate_cast_id's

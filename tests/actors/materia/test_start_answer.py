@@ -120,3 +120,39 @@ def test_a_start_writes_its_index_row_on_the_cast_s_thread(
     assert cast_id in index.ids()
     assert wait_status(rt, "s1", cast_id)["status"] == "complete"
     assert cast_id in [row["cast_id"] for row in materia_call(rt, "s1", "list", {})["casts"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_start_s_abort_watch_begins_on_the_cast_s_thread_and_an_early_request_is_applied(
+        runtime_factory, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch for ``castor abort ID`` starts with the first transition's effects, after the
+    answer; a request left before it starts (since the cast was taken) is still applied."""
+    import json
+    import time
+
+    from castor.adapters.materia import abort_requests
+    from castor.adapters.materia.storage import FileCastStorage
+    from castor.adapters.stderr_ui import StderrUi
+    from castor.runtime import HarnessLink, SessionInfo
+
+    from .test_faults import _HeldAgent
+
+    watched: list[int] = []
+    real = FileCastStorage.watch_abort_requests
+
+    def spy(self: FileCastStorage, *args: Any, **kwargs: Any) -> Any:
+        watched.append(threading.get_ident())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileCastStorage, "watch_abort_requests", spy)
+    rt = runtime_factory()
+    agent = _HeldAgent()
+    rt.open_session(SessionInfo(session_id="s1", cwd=str(project), trusted=True),
+                    HarnessLink(agent=agent, session_log=None, ui=StderrUi(printer=lambda _line: None)))
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    # castor abort's request, left before the cast's thread watches (its time: after the cast was taken)
+    (Path(started["run_dir"]) / abort_requests.ABORT_REQUEST).write_text(json.dumps({"requested_at": time.time()}))
+    agent.next_turn()  # the first visit is sent: the cast's first message ran
+    assert watched and threading.get_ident() not in watched, "the abort watch began on the starter's thread"
+    view = wait_status(rt, "s1", started["cast_id"])
+    assert view["status"] == "aborted", view
