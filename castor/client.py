@@ -273,7 +273,7 @@ def _connect_to_ours(host: str, port: int, timeout: float, *, what: str = "the e
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     failure: OSError | None = None
     foreign = False
-    for family, kind, proto, _name, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for family, kind, proto, _name, address in _addresses(host, port):
         sock = socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
@@ -291,6 +291,25 @@ def _connect_to_ours(host: str, port: int, timeout: float, *, what: str = "the e
         raise Forbidden(f"refusing to send {what} to {shown}: another user listens there, "
                         "not castor's serve", data={"address": shown, "reason": "peer_uid"})
     raise failure if failure is not None else OSError(f"{shown} resolves to no address")
+
+
+def _addresses(host: str, port: int) -> list[tuple[Any, ...]]:
+    """Every address ``host`` resolves to, and for ``localhost`` both loopbacks: many systems'
+    ``/etc/hosts`` give ``localhost`` only ``127.0.0.1`` (``::1`` being ``ip6-localhost``), and a
+    castor serving ``--tcp [::1]:PORT`` was then "not listening" to ``--tcp localhost:PORT``.
+    ``localhost`` is this machine's loopback whichever family it answers on (castor's serve binds one);
+    a loopback this system does not have (no IPv6) is left out."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if host != "localhost":
+        return found
+    seen = {info[4][0] for info in found}
+    for loopback in ("127.0.0.1", "::1"):
+        if loopback not in seen:
+            try:
+                found += socket.getaddrinfo(loopback, port, type=socket.SOCK_STREAM)
+            except OSError:  # socket.gaierror: this system has no such address family
+                pass
+    return found
 
 
 def _caller_socket(sock: socket.socket) -> SocketTransport:

@@ -42,7 +42,15 @@ from castor.endpoint.auth import MAY_TRUST, AuthGate
 from castor.endpoint.connection import Connection, ConnectionSettings
 from castor.endpoint.dispatch import Dispatcher
 from castor.endpoint.framing import encode_error_notification
-from castor.endpoint.listeners import bind_tcp, bind_unix, is_loopback_host, peer_is_us, unlink_if_ours
+from castor.endpoint.listeners import (
+    bind_tcp,
+    bind_unix,
+    is_loopback_host,
+    peer_credentials,
+    peer_is_us,
+    tcp_peer_uid,
+    unlink_if_ours,
+)
 from castor.endpoint.methods.ownership import SESSIONS_KEY
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import (
@@ -74,6 +82,11 @@ FD_EXHAUSTION = FD_EXHAUSTION_ERRNOS
 """``accept`` errnos that mean the process (or the system) has no descriptor or buffer to spare."""
 EXHAUSTED_BACKOFF_S = 0.05
 """How long the accept loop waits when it could neither accept nor refuse (no fd even in reserve)."""
+
+HOLDER_KEY = "holder"
+"""``Connection.state``'s key for who is at the other end, set at accept (see :func:`_holder`)."""
+HOLDERS_SHOWN = 5
+"""How many peers the line of a refusal for a full endpoint names (the rest are counted together)."""
 
 #: The server's own lines name it, as an actor's name its path (a connection's: ``/endpoint/CONN``).
 _log = logger.bind(actor="/endpoint")
@@ -325,7 +338,7 @@ class Server:
                 data={"reason": "evicted_unauthenticated"}), flush_timeout=0.0)
             full = False
         if full:
-            self._refuse(sock)
+            self._refuse(sock, holders=True)
             return True
         try:
             conn = Connection(SocketTransport(sock), self.dispatcher, settings=self.settings)
@@ -338,6 +351,7 @@ class Server:
             self._reserve_fd = take_reserve_fd()
         conn.name = f"{kind}-{conn.id}"
         conn.state["accepted_at"] = time.monotonic()
+        conn.state[HOLDER_KEY] = _holder(sock, kind)
         if self.token:
             # AuthGate has the Dispatcher's interface without being one
             conn.dispatcher = AuthGate(self.dispatcher, self.token)  # type: ignore[assignment]  # the gate wraps the dispatcher with the same call surface
@@ -376,7 +390,7 @@ class Server:
         self._reserve_fd = take_reserve_fd()
         return sock is not None
 
-    def _refuse(self, sock: socket.socket, err: Any = None, *, log: bool = True) -> None:
+    def _refuse(self, sock: socket.socket, err: Any = None, *, log: bool = True, holders: bool = False) -> None:
         err = err or MailboxFull(f"too many connections (limit {self.max_connections})",
                                  data={"limit": self.max_connections})
         try:
@@ -397,7 +411,11 @@ class Server:
             warn = now - last >= REFUSAL_LOG_INTERVAL_S
             self._refusals[err.message] = (now, 0) if warn else (last, quiet + 1)
         if warn:
-            _log.warning("refused a connection: {}{}", err.message,
+            # A full endpoint: the line names who holds the slots (one warning in ten seconds at most,
+            # so the walk over the connections is not per refusal), or an operator cannot tell the
+            # runaway client from the rest.
+            held = f"; the slots are held by {self._holders()}" if holders else ""
+            _log.warning("refused a connection: {}{}{}", err.message, held,
                            f" ({quiet} more refused so since the last such line)" if quiet else "")
         else:
             _log.debug("refused a connection: {}", err.message)
@@ -475,6 +493,20 @@ class Server:
         conn.notify("error", err.to_wire())
         conn.close(str(err.data.get("reason", "reaped")), flush_timeout=flush_timeout)
 
+    def _holders(self) -> str:
+        """Who holds the open connections, most first: ``3 by unix peer uid 1000 pid 4242, 1 by tcp
+        peer 127.0.0.1 uid 1000`` (the uid and pid where the system told them at accept)."""
+        with self._lock:
+            held = [c for c in self._conns.values() if not c.closed]
+        counts: dict[str, int] = {}
+        for conn in held:
+            who = _with_tcp_uid(conn)
+            counts[who] = counts.get(who, 0) + 1
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{n} by {who}" for who, n in ranked[:HOLDERS_SHOWN])
+        rest = sum(n for _who, n in ranked[HOLDERS_SHOWN:])
+        return shown + (f", {rest} by {len(ranked) - HOLDERS_SHOWN} other peers" if rest else "")
+
     def _oldest_unauthenticated_locked(self) -> Connection | None:
         """The longest-connected connection still behind its AuthGate, if any (under ``_lock``)."""
         gated = [c for c in self._conns.values() if isinstance(c.dispatcher, AuthGate) and not c.closed]
@@ -495,6 +527,41 @@ class Server:
                 self.on_connection_closed()
             except Exception:  # noqa: BLE001 - the close itself is done; never let an observer undo it
                 _log.opt(exception=True).warning("on_connection_closed failed")
+
+
+def _holder(sock: socket.socket, kind: str) -> str:
+    """Who is at the other end of an accepted connection, in words, for the line that says who holds
+    the slots when the endpoint is full: ``unix peer uid 1000 pid 4242`` (``SO_PEERCRED``), ``tcp peer
+    127.0.0.1`` (the port left out, so that one client's connections count together; its uid is
+    looked up only when a full endpoint names it: :func:`_with_tcp_uid`)."""
+    if kind == "unix":
+        creds = peer_credentials(sock)
+        return f"unix peer uid {creds[1]} pid {creds[0]}" if creds else "unix peer"
+    try:
+        host = sock.getpeername()[0]
+    except (OSError, IndexError, TypeError):
+        return f"{kind} peer"
+    return f"{kind} peer {host}"
+
+
+def _with_tcp_uid(conn: Connection) -> str:
+    """``conn``'s holder with the uid running its TCP peer added (its row in ``/proc/net/tcp``, read
+    on a duplicate of the connection's descriptor, once: the answer is kept), where the system tells."""
+    holder = str(conn.state.get(HOLDER_KEY) or "an unknown peer")
+    if not holder.startswith("tcp peer ") or " uid " in holder:
+        return holder
+    fd = getattr(conn.transport, "read_fd", None)
+    uid = None
+    if isinstance(fd, int) and fd >= 0:
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                uid = tcp_peer_uid(sock)
+        except OSError:
+            uid = None
+    if uid is not None:
+        holder = f"{holder} uid {uid}"
+        conn.state[HOLDER_KEY] = holder
+    return holder
 
 
 def _peer_is_us(sock: socket.socket) -> bool:
