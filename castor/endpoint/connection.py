@@ -109,7 +109,7 @@ from castor.endpoint.framing import (
     parse_frame,
     undecodable,
 )
-from castor.endpoint.transport import Transport, raised_by_the_os
+from castor.endpoint.transport import SocketTransport, Transport, raised_by_the_os
 from castor.messages.errors import CastorError, ErrorCode, Internal, InvalidParams, MailboxFull, Timeout
 from castor.supervision.threads import start_thread
 
@@ -398,6 +398,15 @@ class Connection:
         # bounded by ``max_ext_len`` given to unpackb -- the decoder's own limits, as it would apply them.
         self._whole_max = min(self.settings.frame_limits.smallest, self._max_frame)
         self._max_ext = self.settings.frame_limits.max_ext_len
+        # A socket's read, made in the hot paths' own frames (SocketTransport.read_available's body;
+        # None for a pipe, read through read_available): one Python call a read fewer.
+        sock_transport = transport if isinstance(transport, SocketTransport) else None
+        self._recv_into: Callable[[memoryview], int] | None = (
+            sock_transport.recv_into if sock_transport is not None else None)
+        self._recv_buffer: memoryview = (sock_transport.recv_buffer if sock_transport is not None
+                                         else memoryview(b""))
+        self._read_failed: Callable[[OSError], bytes | None] = (
+            sock_transport.read_failed if sock_transport is not None else _reraise)
         # The bytes fed last (the read that left a frame incomplete holds its newest part), and the
         # header reader of the incomplete frame: a string, binary or ext announced over the limits
         # is refused at its header, not once the frame limit's worth of it arrived (PendingFrame).
@@ -647,8 +656,31 @@ class Connection:
                 self._forget(msgid)
                 raise InvalidParams(f"{method} not sent: {too_big}", may_have_started=False,
                                     data={"method": method, "reason": "params_too_large"})
-            self.counters["calls_out"] += 1
-            self._send(frame, urgent=True)  # closes the connection if interrupted while writing
+            counters = self.counters
+            counters["calls_out"] += 1
+            # _send's common case, inlined (one frame a call fewer): no cork (a request never joins
+            # one, it writes one out), nothing queued, the connection open; anything else is _send's.
+            overflow = None
+            handled = False
+            try:
+                with self._wmutex:
+                    if self._cork is None and not self._out and not self._writer_busy and not self._closed:
+                        handled = True
+                        try:
+                            sent: int | OSError | None = self.transport.send_nowait(frame)
+                        except OSError as exc:
+                            sent = exc
+                        if sent == len(frame):
+                            counters["frames_out"] += 1
+                        else:
+                            overflow = self._queue_locked(frame, sent)
+            except BaseException as exc:  # as _send: interrupted while writing, the connection closes
+                self.close_interrupted(_get_ident(), None, exc)
+                raise
+            if not handled:
+                self._send(frame, urgent=True)  # closes the connection if interrupted while writing
+            elif overflow is not None:
+                self._close_for_overflow(overflow)
         except CastorError:
             raise
         except BaseException:  # interrupted from outside (Ctrl-C): the call is not kept
@@ -672,7 +704,15 @@ class Connection:
                 if self._decoder.unpacker.tell() != self._fed:  # bytes buffered: the general loop
                     self._read_as_caller(call, me, False)
                     return call.result()
-                data = self.transport.read_available()
+                recv_into = self._recv_into
+                if recv_into is None:
+                    data = self.transport.read_available()
+                else:  # read_available's body (SocketTransport), in this frame
+                    buffer = self._recv_buffer
+                    try:
+                        data = bytes(buffer[:recv_into(buffer)])
+                    except OSError as exc:
+                        data = self._read_failed(exc)
                 value: Any = _NOTHING
                 if data and len(data) <= self._whole_max:
                     try:
@@ -1143,10 +1183,18 @@ class Connection:
         # from there with every check it makes.
         read_here = not self._poll_workers
         read_available = self.transport.read_available
+        recv_into, recv_buffer = self._recv_into, self._recv_buffer  # read_available's body, inlined below
+        monotonic = time.monotonic
         while True:
             frame: Request | Notification | None = None
             if read_here and unpacker.tell() == self._fed and not self._closed:
-                data = read_available()
+                if recv_into is None:
+                    data = read_available()
+                else:
+                    try:
+                        data = bytes(recv_buffer[:recv_into(recv_buffer)])
+                    except OSError as exc:
+                        data = self._read_failed(exc)
                 if not data:
                     if data is not None:  # the end of stream (None: a spurious wake-up, read again)
                         self._begin_eof(me, in_worker=True)
@@ -1182,7 +1230,11 @@ class Connection:
             if type(frame) is Notification and not self.dispatcher.has(frame.method):
                 self._run(frame)  # nobody serves it: its failure is logged here, it holds no slot
                 continue
-            with mutex:  # admission and the inline decision in one critical section
+            # Admission and the inline decision in one critical section. A worker's thread runs
+            # no signal handler, so acquire-then-try (cheaper than ``with``) is safe here only:
+            # tests/endpoint/test_lock_sections.py.
+            mutex.acquire()
+            try:
                 if self._in_flight - self._replied >= max_in_flight:
                     admitted = inline = False
                     if wait_for_a_slot and type(frame) is Notification:
@@ -1192,7 +1244,7 @@ class Connection:
                     self._in_flight += 1
                     admitted = True
                     if self._idle or self._threads < max_workers:
-                        self._inline_since = time.monotonic()
+                        self._inline_since = monotonic()
                         if not self._watched:
                             self._watch_locked()
                         inline = True
@@ -1201,6 +1253,8 @@ class Connection:
                         inline = False
                         # Only a queue that reached the bound makes the reader wait for room.
                         full = self._in_flight - self._replied >= max_in_flight
+            finally:
+                mutex.release()
             if not admitted:
                 self._refuse(frame)
                 continue
@@ -1208,11 +1262,14 @@ class Connection:
                 if wait_for_a_slot and full and not self._wait_for_room(me):
                     return  # a caller reads from here on
                 continue
-            with wmutex:  # cork what the inline handler sends (unless a cork is on already)
+            wmutex.acquire()  # cork what the inline handler sends (unless a cork is on already)
+            try:
                 if self._cork is None:
                     self._cork_thread = me
                     self._cork = []
                     self._cork_bytes = 0
+            finally:
+                wmutex.release()
             replied = self._run(frame, me)  # ends the cork
             if replied == _ENDED_HERE:
                 continue
@@ -1815,7 +1872,12 @@ class Connection:
                     self._send(frame)
                 else:
                     tail = frame
-                    with self._mutex:
+                    # corked_by is set by _read_as_worker only: a worker's thread, where no signal
+                    # handler runs, so acquire-then-try (cheaper than ``with``) is safe here
+                    # (tests/endpoint/test_lock_sections.py); a caller's thread never comes here.
+                    mutex = self._mutex
+                    mutex.acquire()
+                    try:
                         if self._role == corked_by:
                             # Run inline by the reader, whose role was not taken meanwhile: nothing
                             # else reads until this thread does again, so the request ends here,
@@ -1835,6 +1897,8 @@ class Connection:
                         else:  # stolen: counted as answered, ended by _read_as_worker after the write
                             self._replied += 1
                             replied = 1
+                    finally:
+                        mutex.release()
         except Exception:  # pragma: no cover - dispatch already converts handler errors
             self._log.exception("unexpected failure while running {}", job.method)
         finally:
@@ -1845,7 +1909,9 @@ class Connection:
                     # _uncork(corked_by, tail) and _write_locked inlined for the common case: the
                     # handler corked nothing, nothing is queued, and the kernel takes the response.
                     overflow = None
-                    with self._wmutex:
+                    wmutex = self._wmutex
+                    wmutex.acquire()  # a worker's thread (corked_by): acquire-then-try, as above
+                    try:
                         cork = self._cork
                         if (cork is not None and not cork and self._cork_thread == corked_by
                                 and not self._out and not self._writer_busy and not self._closed):
@@ -1859,6 +1925,8 @@ class Connection:
                             else:
                                 overflow = self._queue_locked(tail, sent)
                             tail = None
+                    finally:
+                        wmutex.release()
                     if overflow is not None:
                         self._close_for_overflow(overflow)
                     if tail is not None:  # a cork of the handler's frames, or a queue ahead: _uncork's general case
@@ -2028,6 +2096,11 @@ def _as_parting(parting: CastorError | None, closed: ConnectionClosed) -> Castor
     err.data.setdefault("may_have_started", closed.may_have_started)
     err.__cause__ = closed
     return err
+
+
+def _reraise(exc: OSError) -> bytes | None:
+    """A transport with no ``read_failed`` (a pipe's) is never read through ``_recv_into``."""
+    raise exc
 
 
 def _take(token: list[bool]) -> bool:

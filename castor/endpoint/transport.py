@@ -59,6 +59,10 @@ class SocketTransport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._buffer = memoryview(bytearray(RECV_CHUNK))  # only the connection's reader reads: one at a time
+        #: What ``read_available`` reads with, for a connection's hot paths to read in their own frame
+        #: (``bytes(recv_buffer[:recv_into(recv_buffer)])``, an ``OSError`` given to :meth:`read_failed`).
+        self.recv_buffer = self._buffer
+        self.recv_into = sock.recv_into
         self.read_fd = sock.fileno()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -88,6 +92,14 @@ class SocketTransport:
             if not raised_by_the_os(exc):
                 raise
             return b""
+
+    def read_failed(self, exc: OSError) -> bytes | None:
+        """What :meth:`read_available` returns when its ``recv_into`` raised ``exc`` (or raises it)."""
+        if isinstance(exc, (BlockingIOError, InterruptedError)):
+            return None if not self._closed else b""
+        if not raised_by_the_os(exc):
+            raise exc
+        return b""
 
     def send_nowait(self, data: memoryview | bytes) -> int | None:
         try:
