@@ -1825,7 +1825,23 @@ class Connection:
             ctx.msgid = msgid
             ctx.early = None
             try:
-                result = self.dispatcher.dispatch(job.method, job.params, ctx)
+                dispatcher = self.dispatcher
+                entry = dispatcher._methods.get(job.method) if type(dispatcher) is Dispatcher else None  # noqa: SLF001
+                if entry is not None and entry.model is None:
+                    # Dispatcher.dispatch's body for a method without a params model, in this frame
+                    # (one call a request fewer); any other method, or another dispatcher (the
+                    # AuthGate before a hello), goes through dispatch.
+                    try:
+                        result = entry.handler(job.params, ctx)
+                    except Exception as handler_exc:
+                        failure = dispatcher.handler_failed(job.method, handler_exc)
+                        if failure is handler_exc:
+                            raise
+                        raise failure from None
+                    if type(result) is not dict and isinstance(result, BaseModel):
+                        result = result.model_dump(mode="json")
+                else:
+                    result = dispatcher.dispatch(job.method, job.params, ctx)
             except CastorError as exc:
                 self.counters["handler_errors"] += 1
                 if msgid is not None:

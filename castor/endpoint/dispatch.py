@@ -245,12 +245,27 @@ class Dispatcher:
                 raise _nested_too_deep(method) from None
         try:
             result = entry.handler(args, ctx)
-        except RecursionError:
+        except Exception as exc:
+            failure = self.handler_failed(method, exc)
+            if failure is exc:
+                raise
+            raise failure from None
+        if type(result) is not dict and isinstance(result, BaseModel):  # (a dict, the common result, is none)
+            result = result.model_dump(mode="json")
+        return result
+
+    def handler_failed(self, method: str, exc: Exception) -> CastorError:
+        """What a handler's exception ``exc`` is answered with (raised by :meth:`dispatch`, and by a
+        connection that runs a method without a params model in its own frame): a ``CastorError``
+        itself (an ``internal`` one logged once, with an ``error_id``), params nested too deep for the
+        interpreter as ``invalid_params``, anything else as ``internal``, logged with its traceback.
+        Called inside the ``except`` that caught it (the traceback logged is the handler's)."""
+        if isinstance(exc, RecursionError):
             # The frame decoder takes 1024 levels; the interpreter recurses about 1000 deep, so a
             # handler that walks, copies, prints or encodes such params (a turn's error map kept
             # in the cast's events) runs out first: the peer's input, never castor's ``internal``.
-            raise _nested_too_deep(method) from None
-        except CastorError as exc:
+            return _nested_too_deep(method)
+        if isinstance(exc, CastorError):
             if exc.code == ErrorCode.INTERNAL and "error_id" not in exc.data:  # castor's bug: traceable
                 exc.data["error_id"] = uuid.uuid4().hex[:12]
                 log = logger.bind(method=method, error_id=exc.data["error_id"], actor="/endpoint", msg_type=method)
@@ -259,15 +274,11 @@ class Dispatcher:
                               method, type(exc).__name__, exc.data.get("reason", "-"))
                 else:
                     log.opt(exception=exc).error("handler for {} answered internal: {}", method, exc.message)
-            raise
-        except Exception as exc:
-            error_id = uuid.uuid4().hex[:12]
-            logger.bind(method=method, error_id=error_id, actor="/endpoint", msg_type=method).exception(
-                "handler for {} raised {}", method, type(exc).__name__)
-            raise Internal(f"internal error in {method}", data={"error_id": error_id}) from None
-        if type(result) is not dict and isinstance(result, BaseModel):  # (a dict, the common result, is none)
-            result = result.model_dump(mode="json")
-        return result
+            return exc
+        error_id = uuid.uuid4().hex[:12]
+        logger.bind(method=method, error_id=error_id, actor="/endpoint", msg_type=method).exception(
+            "handler for {} raised {}", method, type(exc).__name__)
+        return Internal(f"internal error in {method}", data={"error_id": error_id})
 
     def _hello(self, params: HelloParams, ctx: Context) -> dict[str, Any]:
         expected = ctx.state.get(AUTHENTICATED_WITH)
