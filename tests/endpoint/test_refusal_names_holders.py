@@ -69,3 +69,33 @@ def test_the_refusal_of_a_full_endpoint_names_the_holders_and_their_counts(sock_
     assert f"2 by unix peer uid {uid} pid {me}" in line, line
     assert f"1 by unix peer uid {uid} pid {other.pid}" in line, line
     assert line.index(f"pid {me}") < line.index(f"pid {other.pid}"), line  # most first
+
+
+def test_a_tcp_holder_is_named_by_its_address_and_uid(sock_dir: str) -> None:
+    """A TCP peer has no ``SO_PEERCRED``: it is named by its address (the port left out, so one
+    client's connections count together) and the uid its row in ``/proc/net/tcp`` gives."""
+    dispatcher = Dispatcher()
+    dispatcher.register("echo", lambda params, _ctx: params)
+    token = "t" * 32
+    sink = io.StringIO()
+    configure_logging("DEBUG", json=True, sink=sink)
+    try:
+        server = Server(dispatcher, tcp=("127.0.0.1", 0), token=token, max_connections=2).start()
+        try:
+            host, port = server.address[:2]
+            holders = [Client.connect_tcp(host, port, default_timeout=10, token=token) for _ in range(2)]
+            try:
+                for client in holders:
+                    client.call("runtime.hello", {})  # authenticated: not evicted to make room
+                with socket.create_connection((host, port), timeout=10) as extra:
+                    assert extra.recv(4096), "the refusal's notification"
+                [line] = wait_for(lambda: _refusals(sink), timeout=10, what="the refusal's warning")
+            finally:
+                for client in holders:
+                    client.close()
+        finally:
+            server.stop()
+    finally:
+        configure_logging("ERROR", json=False)
+    shown = f"2 by tcp peer 127.0.0.1 uid {os.geteuid()}" if os.path.exists("/proc/net/tcp") else "2 by tcp peer 127.0.0.1"
+    assert shown in line, line
