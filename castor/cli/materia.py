@@ -344,6 +344,47 @@ def _refuse_a_path_not_utf8(project: Path) -> None:
                             data={"reason": "path_not_utf8", "cwd": shown}) from None
 
 
+class _HeldNotices:
+    """The printer of a CLI run's notices (the ``[info]`` / ``[warning]`` lines of its
+    :class:`~castor.adapters.stderr_ui.StderrUi`), holding them until :meth:`release`: a cast's
+    first effects run on its own thread once its start is saved, so a quick cast's first notices
+    (a config warning, even "cast complete") came before the command's ``cast ID started`` line,
+    which it prints once the start is answered. The command releases them once it has printed that
+    line; :meth:`release` is called again on every way out, so nothing held is lost. The start is
+    not delayed: only the printing of what it says."""
+
+    def __init__(self, printer: Callable[[str], None] | None = None) -> None:
+        import threading
+
+        self._printer = printer
+        self._lock = threading.Lock()
+        self._held: list[str] | None = []
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held.append(line)
+                return
+            self._print(line)
+
+    def release(self) -> None:
+        """Print what is held, in order, then every line as it comes (a second call does nothing)."""
+        with self._lock:
+            held, self._held = self._held, None
+            for line in held or ():
+                try:
+                    self._print(line)
+                except Exception:  # noqa: BLE001 - as StderrUi's own writes: a broken stderr fails nothing
+                    pass
+
+    def _print(self, line: str) -> None:
+        if self._printer is not None:
+            self._printer(line)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+
 class _Standalone:
     """An in-process Runtime with one trusted session and a standalone harness link.
 
@@ -377,6 +418,8 @@ class _Standalone:
         self.agent: Any = None
         self.runtime: Any = None
         self.ui: Any = None
+        #: The run's notices, held until the command has printed its first line (:class:`_HeldNotices`).
+        self.notices = _HeldNotices(printer)
         self.backend = backend  # castor.scaleout's RayBackend, or None: casts run in this process
         self.began_at = time.time()  # the mark of the cast a castor cast starts (STARTED_BY)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castor-cli-runtime")
@@ -384,7 +427,7 @@ class _Standalone:
         self._closed = False
         self._signals = _StopSignals()
         try:
-            self._on_worker(self._build, cwd, agent_spec, config_path, printer, need_agent)
+            self._on_worker(self._build, cwd, agent_spec, config_path, self.notices, need_agent)
         except BaseException:
             self.close()
             raise
@@ -430,6 +473,7 @@ class _Standalone:
         if self._closed:
             return
         self._closed = True
+        self.notices.release()  # what the run said before it stopped, before the lines that say it stopped
         self._signals.escalate()  # from now on a signal kills what is left and exits
         try:
             if self.runtime is None and self._in_flight is not None:
@@ -691,6 +735,7 @@ def _named_on_interrupt(session: _Standalone, artifact_root: Path, cast_id: str,
         # longer lets it read): it ends, and the runtime with it, the cast as last saved. Its own
         # error line follows; this one says which cast stopped and how to go on once it is fixed
         # (a state grown past what castor saves: its error line says no fix helps, and what does).
+        session.notices.release()  # what the cast said before, first
         if (exc.data or {}).get("reason") != STATE_TOO_LARGE:
             _say_err(f"castor: cast {cast_id} stopped before it ended; once the storage is fixed, "
                      f"`castor recast {cast_id}{flags}` resumes it")
@@ -915,6 +960,7 @@ def cmd_cast(args: argparse.Namespace) -> int:
         agent_flags = _agent_flags(args, root / started["cast_id"])
         with _named_on_interrupt(session, root, started["cast_id"], _project_flags(args) + agent_flags):
             _out(f"cast {started['cast_id']} started ({_name(started['loadout'])}): {_name(started['run_dir'])}")
+            session.notices.release()  # the cast's notices after its start line, never before
             view = _watch(session, started["cast_id"], quiet=args.quiet)
             return _where_to_resume(args, _finish(view, _project_flags(args), agent_flags))
     finally:
@@ -986,6 +1032,7 @@ def _resume(args: argparse.Namespace, verb: str) -> int:
             view = session.call(verb, {"cast_id": cast_id})
             _remember_backend(root / cast_id, backend_flags(args))  # it runs where this command runs it
             _out(_name(view["text"]))  # one line by construction: a socket name's line break is shown escaped
+            session.notices.release()  # the resumed cast's notices after the line that says it resumed
             return _where_to_resume(args, _finish(_watch(session, cast_id, quiet=args.quiet), _project_flags(args),
                                                   agent_flags))
     finally:
