@@ -305,15 +305,21 @@ def stdout_reader_gone() -> bool:
         return False
 
 
+def to_devnull(fd: int) -> bool:
+    """Point ``fd`` at ``/dev/null`` (for writing); False if the system refused."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        return False
+    return True
+
+
 def quiet_stdout() -> None:
     """After a broken pipe: point fd 1 at ``/dev/null``, so what is still buffered for stdout is
     dropped at exit instead of raising again (Python's "Exception ignored ... BrokenPipeError")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    except OSError:
-        pass
+    to_devnull(1)
 
 
 _json_errors = {"on": False}  # see errors_as_json

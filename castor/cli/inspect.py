@@ -381,13 +381,9 @@ def _stop_on_ctrl_c() -> Iterator[_CtrlC]:
 
 def _quiet_broken_pipe() -> None:
     """The reader went away (``| head``): end quietly, and keep Python from complaining at exit."""
-    import os
+    from castor.cli.common import quiet_stdout
 
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
+    quiet_stdout()
 
 
 def _connect(args: Any, token_file: str | None) -> Any:

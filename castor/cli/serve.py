@@ -25,6 +25,7 @@ from castor.cli.common import (
     listen_address,
     positive_seconds,
     timeout_or_off,
+    to_devnull,
 )
 from castor.scaleout.options import add_backend_flags
 from castor.shown import one_line
@@ -161,13 +162,8 @@ def relay_stderr_without_blocking() -> bool:
         # fd 2 becomes /dev/null, closing castor's pipe's last end here: the relay relays what it
         # holds, reads its end, and stops. The real stderr is not put back: what Python still holds
         # for it at exit would wait on a reader that may never read again.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            os.close(devnull)
-        except OSError:
-            return
-        thread.join(STDERR_RELAY_LAST_LINES_S)
+        if to_devnull(2):
+            thread.join(STDERR_RELAY_LAST_LINES_S)
 
     import atexit
 

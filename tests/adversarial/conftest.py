@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from castor.client import Client
 from tests.support.processes import terminate_then_kill
 from tests.support.waiting import wait_for
 
@@ -80,3 +81,20 @@ def serve(tmp_path: Path) -> Iterator[type[Serve]]:
     yield Started
     for one in started:
         one.stop()
+
+
+def a_served_cast_awaiting_its_turn(tmp: Path, serve: type[Serve]) -> tuple[Serve, Client, Path, str]:
+    """A serve on a Unix socket under ``tmp`` (started with the ``serve`` fixture), a client of it
+    (the caller closes it) and the id of a cast of ``tmp/project`` it runs, awaiting its agent's turn."""
+    from tests.support.served import start_a_cast_awaiting_its_turn
+
+    sock = tmp / "c.sock"
+    project = tmp / "project"
+    project.mkdir()
+    served = serve(tmp, "--socket", str(sock))
+    client = Client.connect_unix(str(sock), default_timeout=20)
+    try:
+        return served, client, project, start_a_cast_awaiting_its_turn(client, project)
+    except BaseException:
+        client.close()
+        raise

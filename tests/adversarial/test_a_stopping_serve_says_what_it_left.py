@@ -8,10 +8,7 @@ import signal
 
 import pytest
 
-from castor.client import Client
-from tests.support.served import start_a_cast_awaiting_its_turn
-
-from .conftest import castor
+from .conftest import a_served_cast_awaiting_its_turn, castor
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,13 +16,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_a_serve_stopped_mid_cast_names_the_cast_it_left_and_the_command_that_says_how_to_go_on(tmp_path, serve):
     """The log said nothing of the cast at the default level (and at INFO only "session closed:
     s1"): the operator who stopped castor could not tell a cast had been cut off, nor where."""
-    sock = tmp_path / "c.sock"
-    project = tmp_path / "project"
-    project.mkdir()
-    served = serve(tmp_path, "--socket", str(sock))
-    client = Client.connect_unix(str(sock), default_timeout=20)
+    served, client, project, cast_id = a_served_cast_awaiting_its_turn(tmp_path, serve)
     try:
-        cast_id = start_a_cast_awaiting_its_turn(client, project)
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(30) == 0
     finally:

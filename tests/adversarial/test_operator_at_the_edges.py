@@ -82,15 +82,10 @@ def test_status_and_abort_of_a_cast_whose_serve_is_stopped_say_so_and_how_to_res
     import os
     import signal
 
-    from tests.support.served import start_a_cast_awaiting_its_turn
+    from .conftest import a_served_cast_awaiting_its_turn
 
-    sock = tmp_path / "c.sock"
-    project = tmp_path / "project"
-    project.mkdir()
-    served = serve(tmp_path, "--socket", str(sock))
-    client = Client.connect_unix(str(sock), default_timeout=20)
+    served, client, project, cast_id = a_served_cast_awaiting_its_turn(tmp_path, serve)
     try:
-        cast_id = start_a_cast_awaiting_its_turn(client, project)
         pid = served.proc.pid
         os.kill(pid, signal.SIGSTOP)
         try:
