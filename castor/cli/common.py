@@ -350,7 +350,10 @@ def fail(code: str, message: str) -> None:
     name, terminal escapes in a request) are shown escaped, never acted on. With ``--json``, the
     same error as one JSON document on stdout as well (:func:`errors_as_json`)."""
     _print_json_error(code, message)
-    print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
+    try:
+        print(f"castor: {code}: {one_line(message)}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr takes nothing (closed, full): the exit status still says it failed
+        pass
 
 
 
@@ -415,3 +418,130 @@ def process_frozen(pid: int) -> str | None:
     if state == [b"t"]:
         return f"held by a debugger (stopped at a trace point): it runs nothing until the debugger lets pid {pid} go on"
     return None
+
+
+#: How long a serve that stops waits for the reader of its stderr to take the last lines.
+STDERR_RELAY_LAST_LINES_S = 2.0
+
+
+#: How long a line printed on stdout waits for castor's stderr lines before it to be relayed.
+STDERR_CATCH_UP_S = 0.5
+
+_relay: dict[str, Callable[[], bool] | None] = {"caught_up": None}  # see relay_stderr_without_blocking
+
+
+def _pipe_holds(fd: int) -> bool:
+    """Whether the pipe ``fd`` reads from holds bytes (an error: it holds none that will be read)."""
+    import array
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count)
+    except OSError:
+        return False
+    return count[0] > 0
+
+
+def stderr_caught_up(timeout: float = STDERR_CATCH_UP_S) -> None:
+    """Where castor relays its stderr (:func:`relay_stderr_without_blocking`), wait until what it
+    has written there so far is relayed, at most ``timeout`` (a reader that stalls is not waited
+    for): a line printed on stdout next then comes after the stderr lines said before it, where
+    both reach one reader (``2>&1 | tee LOG``). At once where stderr is not relayed."""
+    import time
+
+    caught_up = _relay["caught_up"]
+    if caught_up is None:
+        return
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    deadline = time.monotonic() + timeout
+    while not caught_up() and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def relay_stderr_without_blocking(*, terminal: bool = True) -> bool:
+    """When fd 2 is a pipe, a socket or (``terminal``) a terminal -- what a reader drains, or not (a
+    ``| less`` left paused, a log pipe that stalls, a terminal after Ctrl-S) -- put a pipe of
+    castor's own in its place, written without blocking, and relay it to the real stderr on a
+    thread of its own. (``castor cast`` and the resuming commands leave a terminal as it is: a user
+    who pauses their terminal pauses the command's live view, as any program's, and Ctrl-C still
+    ends it; a pipe that stalls must not stall the cast, nor its stop.)
+
+    A write to a full stderr used to block every thread that logged, then every thread waiting on
+    them: the serve answered nothing and no longer stopped on SIGTERM. Now a line that does not fit
+    is the log's loss (the log sink drops it, counts it, and says how many went once a line fits
+    again); only the relay waits for the reader. A regular file or ``/dev/null`` never blocks and
+    is left as it is. The relay ends at the process's exit, once every other thread has ended
+    (the serve's last lines are logged by the thread that stops it), waiting up to
+    :data:`STDERR_RELAY_LAST_LINES_S` for the reader to take what it still holds. True when it
+    relays."""
+    import os
+    import stat
+
+    from castor.supervision.threads import start_thread
+
+    try:
+        mode = os.fstat(2).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or terminal and os.isatty(2)):
+            return False
+        sys.stderr.flush()
+        real = os.dup(2)
+        relay_end, write_end = os.pipe()
+    except (OSError, ValueError):
+        return False
+    os.set_blocking(write_end, False)  # castor's own pipe: no other process shares its flags
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    import select
+    import threading
+
+    in_hand = threading.Event()  # set from the moment the relay sees bytes until none is left to relay
+
+    def relay() -> None:
+        readable = select.poll()
+        readable.register(relay_end, select.POLLIN)
+        while True:
+            readable.poll()  # before the read: what it takes is in hand before it leaves the pipe
+            in_hand.set()
+            chunk = os.read(relay_end, 1 << 16)
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            try:
+                while view:
+                    view = view[os.write(real, view):]
+            except OSError:  # the reader is gone: drain castor's pipe all the same
+                pass
+            if not _pipe_holds(relay_end):
+                in_hand.clear()  # a line written since is seen by _pipe_holds in stderr_caught_up
+        _relay["caught_up"] = None
+        os.close(relay_end)
+
+    def caught_up() -> bool:
+        return not in_hand.is_set() and not _pipe_holds(relay_end)
+
+    _relay["caught_up"] = caught_up
+
+    thread = start_thread(relay, name="stderr-relay", owner="/runtime",
+                          purpose="relays castor's stderr to the real one, which may not take it at once")
+
+    def last_lines() -> None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        # fd 2 becomes /dev/null, closing castor's pipe's last end here: the relay relays what it
+        # holds, reads its end, and stops. The real stderr is not put back: what Python still holds
+        # for it at exit would wait on a reader that may never read again.
+        if to_devnull(2):
+            thread.join(STDERR_RELAY_LAST_LINES_S)
+
+    import atexit
+
+    atexit.register(last_lines)  # after the interpreter joined the other threads: nothing logs any more
+    return True

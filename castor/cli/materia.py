@@ -293,8 +293,10 @@ def _project_flags(args: argparse.Namespace) -> str:
 def _out(text: str) -> None:
     """Print ``text``; control characters from cast data (a request with terminal escapes) are
     shown escaped, line breaks kept (a name that may hold one goes through :func:`_name` first)."""
+    from castor.cli.common import stderr_caught_up
     from castor.shown import lines_kept
 
+    stderr_caught_up()  # the notices said before this line come before it (2>&1)
     shown = lines_kept(text)
     sys.stdout.write(shown + ("\n" if not shown.endswith("\n") else ""))
     sys.stdout.flush()
@@ -562,7 +564,11 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
             pass
     me = str(os.getpid())
     kill_tagged(lambda env: env.get(RUNTIME_PID_ENV) == me)
-    sys.stderr.write("castor: interrupted again; killed the commands still running\n")
+    try:  # a stderr that takes nothing (its pipe full, the signal landing in a write to it) keeps no one here
+        sys.stderr.write("castor: interrupted again; killed the commands still running\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, from inside a blocked one
+        pass
     os._exit(128 + signum)
 
 
@@ -934,8 +940,10 @@ def _finish(view: dict[str, Any], flags: str, agent_flags: str = "") -> int:
 # --------------------------------------------------------------------------- commands
 @_storage_faults_typed
 def cmd_cast(args: argparse.Namespace) -> int:
+    from castor.cli.common import relay_stderr_without_blocking
     from castor.scaleout.options import make_backend
 
+    relay_stderr_without_blocking(terminal=False)  # a stalled stderr pipe stalls neither the cast nor its stop
     cwd = _cwd(args)
     spec = _agent_spec(args)
     session = _Standalone(cwd, spec, config_path=args.config, backend=make_backend(args))
@@ -1012,6 +1020,9 @@ def _newest_going(root: Path, verb: str) -> str:
 
 
 def _resume(args: argparse.Namespace, verb: str) -> int:
+    from castor.cli.common import relay_stderr_without_blocking
+
+    relay_stderr_without_blocking(terminal=False)  # as castor cast's
     if args.cast_id is None and verb != "continue":
         cwd = _cwd(args)
         root = _artifact_root(cwd, args.config)

@@ -24,8 +24,8 @@ from castor.cli.common import (
     fail,
     listen_address,
     positive_seconds,
+    relay_stderr_without_blocking,
     timeout_or_off,
-    to_devnull,
 )
 from castor.scaleout.options import add_backend_flags
 from castor.shown import one_line
@@ -104,71 +104,6 @@ def _memory_return_seconds(text: str) -> float | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     relay_stderr_without_blocking()
     return _serve(args)
-
-
-#: How long a serve that stops waits for the reader of its stderr to take the last lines.
-STDERR_RELAY_LAST_LINES_S = 2.0
-
-
-def relay_stderr_without_blocking() -> bool:
-    """When fd 2 is a pipe, a socket or a terminal -- what a reader drains, or not (a ``| less``
-    left paused, a log pipe that stalls, a terminal after Ctrl-S) -- put a pipe of castor's own in
-    its place, written without blocking, and relay it to the real stderr on a thread of its own.
-
-    A write to a full stderr used to block every thread that logged, then every thread waiting on
-    them: the serve answered nothing and no longer stopped on SIGTERM. Now a line that does not fit
-    is the log's loss (the log sink drops it, counts it, and says how many went once a line fits
-    again); only the relay waits for the reader. A regular file or ``/dev/null`` never blocks and
-    is left as it is. The relay ends at the process's exit, once every other thread has ended
-    (the serve's last lines are logged by the thread that stops it), waiting up to
-    :data:`STDERR_RELAY_LAST_LINES_S` for the reader to take what it still holds. True when it
-    relays."""
-    import os
-    import stat
-
-    from castor.supervision.threads import start_thread
-
-    try:
-        mode = os.fstat(2).st_mode
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(2)):
-            return False
-        sys.stderr.flush()
-        real = os.dup(2)
-        relay_end, write_end = os.pipe()
-    except (OSError, ValueError):
-        return False
-    os.set_blocking(write_end, False)  # castor's own pipe: no other process shares its flags
-    os.dup2(write_end, 2)
-    os.close(write_end)
-
-    def relay() -> None:
-        while chunk := os.read(relay_end, 1 << 16):
-            view = memoryview(chunk)
-            try:
-                while view:
-                    view = view[os.write(real, view):]
-            except OSError:  # the reader is gone: drain castor's pipe all the same
-                pass
-        os.close(relay_end)
-
-    thread = start_thread(relay, name="stderr-relay", owner="/runtime",
-                          purpose="relays castor's stderr to the real one, which may not take it at once")
-
-    def last_lines() -> None:
-        try:
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        # fd 2 becomes /dev/null, closing castor's pipe's last end here: the relay relays what it
-        # holds, reads its end, and stops. The real stderr is not put back: what Python still holds
-        # for it at exit would wait on a reader that may never read again.
-        if to_devnull(2):
-            thread.join(STDERR_RELAY_LAST_LINES_S)
-
-    import atexit
-
-    atexit.register(last_lines)  # after the interpreter joined the other threads: nothing logs any more
-    return True
 
 
 def _serve(args: argparse.Namespace) -> int:
