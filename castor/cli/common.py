@@ -211,6 +211,36 @@ class Hangup(Terminated):
     """SIGHUP (a closed terminal, a dropped ssh session), handled as SIGTERM is; exit 129."""
 
 
+@contextlib.contextmanager
+def stopped_as_by_ctrl_c() -> Iterator[None]:
+    """Inside, SIGTERM raises :class:`Terminated` and SIGHUP :class:`Hangup` in the main thread (a
+    SIGHUP ignored at start, as by ``nohup``, stays ignored), as Ctrl-C raises ``KeyboardInterrupt``:
+    the command's ``finally`` blocks run (its runtime shut down, its child processes stopped), it
+    says ``castor: interrupted`` and exits 143 / 129. Python's default ended the process on the spot,
+    silently. A second SIGTERM (or SIGHUP) ends the process as the default does (the first may land
+    where an actor takes it for its own crash, or the shutdown it started may hang). The handlers
+    before are put back on the way out; off the main thread nothing changes."""
+    import signal
+    import threading
+
+    def raise_terminated(signum: int, _frame: Any) -> None:
+        # Once: an interrupt that lands inside an actor's handler run on this thread is that actor's
+        # crash (restarted, the command goes on), and a second signal must still end the command.
+        signal.signal(signum, signal.SIG_DFL)
+        raise Hangup() if signum == signal.SIGHUP else Terminated()
+
+    saved: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, raise_terminated)
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def os_error_code(exc: OSError) -> str:
     """The stable code of a file-system error the command could not get past."""
     if isinstance(exc, FileNotFoundError):
