@@ -514,6 +514,8 @@ def relay_stderr_without_blocking(*, terminal: bool = True) -> bool:
 
     from castor.supervision.threads import start_thread
 
+    if _relay["caught_up"] is not None:  # relayed already (a command run twice in one process)
+        return True
     try:
         mode = os.fstat(2).st_mode
         if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or terminal and os.isatty(2)):
@@ -553,7 +555,8 @@ def relay_stderr_without_blocking(*, terminal: bool = True) -> bool:
         os.close(relay_end)
 
     def caught_up() -> bool:
-        return not in_hand.is_set() and not _pipe_holds(relay_end)
+        # The pipe first: bytes the relay took from it since were in hand before it took them.
+        return not _pipe_holds(relay_end) and not in_hand.is_set()
 
     _relay["caught_up"] = caught_up
 
