@@ -227,6 +227,9 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
         # Once: an interrupt that lands inside an actor's handler run on this thread is that actor's
         # crash (restarted, the command goes on), and a second signal must still end the command.
         signal.signal(signum, signal.SIG_DFL)
+        if _stops["deferred"]:
+            _stops["pending"] = signum  # raised by resume_stops()
+            return
         raise Hangup() if signum == signal.SIGHUP else Terminated()
 
     saved: dict[int, Any] = {}
@@ -237,8 +240,29 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
     try:
         yield
     finally:
+        _stops.update(deferred=False, pending=None)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+_stops: dict[str, Any] = {"deferred": False, "pending": None}  # see defer_stops
+
+
+def defer_stops() -> None:
+    """Inside :func:`stopped_as_by_ctrl_c`, take a SIGTERM or SIGHUP that comes from now on only at
+    :func:`resume_stops`: for a step that makes something the command must remove on its way out
+    (a token file), between its making and the ``finally`` that removes it."""
+    _stops["deferred"] = True
+
+
+def resume_stops() -> None:
+    """Stop deferring (:func:`defer_stops`), raising the signal that came meanwhile, if one did."""
+    import signal
+
+    pending, _stops["pending"] = _stops["pending"], None
+    _stops["deferred"] = False
+    if pending is not None:
+        raise Hangup() if pending == signal.SIGHUP else Terminated()
 
 
 def os_error_code(exc: OSError) -> str:

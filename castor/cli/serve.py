@@ -21,10 +21,12 @@ from castor.cli.common import (
     MAX_MEMORY_RETURN_S,
     add_endpoint_choice,
     bounded_int,
+    defer_stops,
     fail,
     listen_address,
     positive_seconds,
     relay_stderr_without_blocking,
+    resume_stops,
     timeout_or_off,
 )
 from castor.scaleout.options import add_backend_flags
@@ -102,8 +104,14 @@ def _memory_return_seconds(text: str) -> float | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from castor.cli.common import stopped_as_by_ctrl_c
+
     relay_stderr_without_blocking()
-    return _serve(args)
+    # Before it listens (and once it stopped serving), SIGTERM and SIGHUP end it as Ctrl-C does, its
+    # generated token files removed (Python's default killed it there and left them); while it
+    # serves, the endpoint's own handlers stop it cleanly (exit 0).
+    with stopped_as_by_ctrl_c():
+        return _serve(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -134,12 +142,15 @@ def _serve(args: argparse.Namespace) -> int:
             check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
             check_socket_path(os.path.abspath(args.socket))
         console_token = _console_token(args)
+        defer_stops()  # a SIGTERM while its token file is made is taken in the try below, which removes it
         token, generated = _serve_token(args)  # last: nothing after it may refuse, or its file would stay
     except CastorError as exc:
+        resume_stops()
         fail(exc.code, exc.message)
         return EXIT_USAGE
     backend = console = console_token_file = None
     try:
+        resume_stops()
         settings = runtime_settings(args)
         # None: casts run in this process (Ray is never imported); else each cast host's runtime
         # writes the same cli.json notes as this one would (its casts' session actors run there)
