@@ -245,6 +245,21 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def kept_when_stopped(command: str, workdir: object) -> Iterator[None]:
+    """:func:`stopped_as_by_ctrl_c` for ``castor demo`` and ``castor soak``, which say, stopped before
+    their end, where what they did so far is kept (``castor demo: stopped before its end; kept: DIR``)."""
+    try:
+        with stopped_as_by_ctrl_c():
+            yield
+    except KeyboardInterrupt:
+        try:
+            print(f"castor {command}: stopped before its end; kept: {workdir}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+        raise
+
+
 _stops: dict[str, Any] = {"deferred": False, "pending": None}  # see defer_stops
 
 

@@ -16,9 +16,7 @@ def add_demo_subcommand(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import sys
-
-    from castor.cli.common import EXIT_USAGE, fail, private_workdir, stopped_as_by_ctrl_c
+    from castor.cli.common import EXIT_USAGE, fail, kept_when_stopped, private_workdir
     from castor.messages.errors import Forbidden
     from castor.testing.demo import run_demo
     from castor.testing.report import new_workdir
@@ -32,13 +30,5 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     else:
         workdir = str(new_workdir("castor-demo"))
-    try:
-        with stopped_as_by_ctrl_c():  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
-            return run_demo(workdir=workdir, quiet=args.quiet, log_level=args.log_level,
-                            log_json=bool(args.log_json))
-    except KeyboardInterrupt:
-        try:  # what it did so far is evidence too: say where it is
-            print(f"castor demo: stopped before its end; kept: {workdir}", file=sys.stderr, flush=True)
-        except (OSError, ValueError):
-            pass
-        raise
+    with kept_when_stopped("demo", workdir):  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
+        return run_demo(workdir=workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))

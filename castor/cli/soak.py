@@ -81,18 +81,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
     print(f"castor soak: workdir {workdir}" + (f" (log {workdir / 'soak.log'})" if logged_here else ""),
           file=sys.stderr, flush=True)
     command = "castor " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "castor soak"
-    from castor.cli.common import stopped_as_by_ctrl_c
+    from castor.cli.common import kept_when_stopped
 
-    try:
-        with stopped_as_by_ctrl_c():  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
-            report = run_soak(settings, command=command,
-                              on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))
-    except KeyboardInterrupt:
-        try:  # what it did so far is evidence too: say where it is
-            print(f"castor soak: stopped before its end; kept: {workdir}", file=sys.stderr, flush=True)
-        except (OSError, ValueError):
-            pass
-        raise
+    with kept_when_stopped("soak", workdir):  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
+        report = run_soak(settings, command=command, on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
         sys.stdout.flush()
