@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -84,13 +85,25 @@ class Amounts(BaseModel):
     total: float | int = 0
 
     def plus(self, other: Amounts) -> Amounts:
-        """Each figure summed (:func:`figure_sum`: capped, and free of binary float drift)."""
+        """Each figure summed (:func:`figure_sum`: capped, and free of binary float drift); ``self``
+        itself when ``other`` is :data:`NO_AMOUNTS` (nothing to add: no new object)."""
+        if other is NO_AMOUNTS:
+            return self
         return Amounts(**{k: figure_sum(getattr(self, k), getattr(other, k)) for k in (*PARTS, "total")})
 
 
 class TurnUsage(BaseModel):
     tokens: Amounts = Field(default_factory=Amounts)
     cost: Amounts = Field(default_factory=Amounts)
+
+
+#: Every figure 0, as :func:`extract_usage` reads a usage that counts nothing (a provider that sent
+#: none, an empty map): one shared object, never changed (nothing in a report is changed in place),
+#: so a turn that reported nothing costs its record no figures of its own, and adding it to the
+#: cast's totals and tables makes nothing new (:meth:`Amounts.plus`, :meth:`UsageReport.add_turn`).
+NO_AMOUNTS = Amounts(input=0, output=0, cacheRead=0, cacheWrite=0, total=0)
+#: The usage of a turn that counts nothing (:data:`NO_AMOUNTS` twice), shared likewise.
+NO_USAGE = TurnUsage(tokens=NO_AMOUNTS, cost=NO_AMOUNTS)
 
 
 CostKind = Literal["actual", "subscription", "estimated"]
@@ -134,6 +147,33 @@ class TurnRecord(BaseModel):
     # what an answered turn left out without saying so: "tokens" (none counted), "cost" (tokens at no
     # cost that is not the provider's billed figure: a model with no price)
     unreported: list[str] | None = None
+
+
+#: The records of turns that counted nothing (:data:`NO_AMOUNTS`), by their fields: see :func:`turn_record`.
+_COUNTED_NOTHING: weakref.WeakValueDictionary[tuple[Any, ...], TurnRecord] = weakref.WeakValueDictionary()
+
+
+def turn_record(fields: dict[str, Any]) -> TurnRecord:
+    """``TurnRecord(**fields)``; for a turn that counted nothing (its ``tokens`` and ``cost`` both
+    :data:`NO_AMOUNTS`: a provider that sent no usage, recorded ``unreported``), the one record of
+    those fields while any cast holds it. Such a record says only where the turn ran and what it
+    left out, so the turns of concurrent casts of a loadout, each at the same socket, hold one
+    record and its rendered text (:func:`usage_file_text` renders a record once per object), not
+    one each. A record is never changed in place (a report's turns are read, never edited), so
+    sharing it is unseen; the fields are the key (a value that is no string, number, bool, None
+    or list of those makes a record of its own)."""
+    if fields.get("tokens") is not NO_AMOUNTS or fields.get("cost") is not NO_AMOUNTS:
+        return TurnRecord(**fields)
+    try:
+        key = tuple((name, tuple(value) if isinstance(value, list) else value)
+                    for name, value in fields.items() if name not in ("tokens", "cost"))
+        record = _COUNTED_NOTHING.get(key)
+    except TypeError:  # a value that is no key (a map)
+        return TurnRecord(**fields)
+    if record is None:
+        record = TurnRecord(**fields)
+        _COUNTED_NOTHING[key] = record
+    return record
 
 
 #: The fields of a model selection a turn record carries (pi-materia's ``UsageTurn``).
@@ -183,15 +223,18 @@ class UsageReport(BaseModel):
         """A new report with ``record`` counted in. Nothing in a report is changed in place (a
         table is copied before an entry is replaced), so the copy is shallow: a deep copy of a
         report grown with its turns cost a transition more than everything else it did."""
-        usage = TurnUsage(tokens=record.tokens, cost=record.cost)
+        nothing = record.tokens is NO_AMOUNTS and record.cost is NO_AMOUNTS  # a turn that counted nothing
+        usage = NO_USAGE if nothing else TurnUsage(tokens=record.tokens, cost=record.cost)
         update: dict[str, Any] = {"tokens": self.tokens.plus(record.tokens), "cost": self.cost.plus(record.cost),
                                   "turns": [*self.turns, record],
                                   "costKind": _combined_kind(self.costKind, record.costKind),
                                   "costEstimated": self.costEstimated or record.costFromProvider is not True}
 
         def bump(name: str, key: str) -> None:
+            cur = getattr(self, name).get(key)
+            if nothing and cur is not None:
+                return  # adds 0 to an entry there already: the table stands (never changed in place)
             table = dict(getattr(self, name))
-            cur = table.get(key)
             table[key] = usage if cur is None else TurnUsage(tokens=cur.tokens.plus(usage.tokens),
                                                              cost=cur.cost.plus(usage.cost))
             update[name] = table
@@ -274,21 +317,24 @@ _ITEM_SEPARATOR = ",\n    "
 
 def usage_state_json(report: UsageReport) -> bytes:
     """The report's compact JSON: exactly ``report.__pydantic_serializer__.to_json(report)`` (what
-    the report is in the state document), derived once per report object.
+    the report is in the state document), joined from its parts' texts (each derived once, see
+    below) at each call, not kept: a cast holds its report between transitions, and the whole text
+    beside its lists' texts doubled what a live cast's report kept (bench/casts.py's (b)).
 
     A report is never changed in place, nor are its turn records and model selections, so each
     is rendered once: a report made by :meth:`UsageReport.add_turn` or
     :meth:`UsageReport.add_selection` joins its parent's rendered items with its new one's text,
     and a cast's transition pays for its new items, not for all.
     """
-    return derived(report, "state_json", lambda: _compact(report))
+    return _compact(report)
 
 
 def usage_file_text(report: UsageReport) -> str:
     """``usage.json``'s text: exactly ``report.model_dump_json(indent=2, exclude_none=True)`` (a
-    field with no value left out, as pi-materia's JSON leaves out what is undefined), derived once
-    per report object and from each item's text rendered once (see :func:`usage_state_json`)."""
-    return derived(report, "json", lambda: _indented(report))
+    field with no value left out, as pi-materia's JSON leaves out what is undefined), joined at each
+    call from each item's text rendered once (see :func:`usage_state_json`); the engine asks once a
+    transition."""
+    return _indented(report)
 
 
 def _before_lists(report: UsageReport, form: str) -> Any:
@@ -335,21 +381,28 @@ def _indented(report: UsageReport) -> str:
 def _items_text(report: UsageReport, name: str, form: str) -> Any:
     """The text of the report's list ``name`` in ``form``, its items joined (compact: ``,``;
     indented: ``,`` and a new line, each line indented as an item of a list in ``usage.json``'s top
-    object). Starts from what the memo holds for the report (its parent's items, see ``_updated``);
-    a turn record's own text is derived once per record."""
+    object). A turn record's text is derived once per record and kept with it (a record shared by
+    casts, :func:`turn_record`, once for all of them); the turns' joined text is joined again at
+    each call, not kept with the report: a live cast's report would hold a second copy of every
+    record's text (bench/casts.py's (b)). The selections (dicts: no memo of their own) start from
+    what the memo holds for the report (its parent's items, see ``_updated``)."""
     items = getattr(report, name)
+    render = _compact_item if form == _COMPACT else _indented_item
+    separator: Any = b"," if form == _COMPACT else _ITEM_SEPARATOR
+    if name == "turns":  # a record supports a weak reference (a selection, a dict, does not)
+        pieces: list[Any] = []
+        for item in items:
+            piece = known(item, form)
+            pieces.append(piece if piece is not None else derived(item, form, functools.partial(render, name, item)))
+        return separator.join(pieces)
     texts: dict[tuple[str, str], tuple[int, Any]] = derived(report, _LIST_TEXTS, dict)
     start, text = texts.get((name, form), (0, None))
     if start == len(items) and text is not None:
         return text
-    render = _compact_item if form == _COMPACT else _indented_item
-    if name == "turns":  # a record supports a weak reference (a selection, a dict, does not)
-        pieces: list[Any] = [derived(item, form, functools.partial(render, name, item)) for item in items[start:]]
-    else:
-        pieces = [render(name, item) for item in items[start:]]
+    pieces = [render(name, item) for item in items[start:]]
     if start:  # the parent's items' text (none when it had no items)
         pieces.insert(0, text)
-    joined: Any = (b"," if form == _COMPACT else _ITEM_SEPARATOR).join(pieces)
+    joined: Any = separator.join(pieces)
     texts[name, form] = (len(items), joined)
     return joined
 
@@ -785,7 +838,7 @@ def extract_usage(raw: Any) -> TurnUsage:
     counted, the total is at least the sum of the parts that are.
     """
     if not isinstance(raw, dict):
-        return TurnUsage()
+        return NO_USAGE
     raw = provider_usage(raw)
     tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
@@ -814,6 +867,8 @@ def extract_usage(raw: Any) -> TurnUsage:
         provided = _first(raw, FLAT_TOTAL_COST_ALIASES, cost_figure)
     cost_sum = figure_sum(*(cost[p] for p in PARTS))
     cost["total"] = cost_sum if provided is None else max(provided, cost_sum)
+    if all(type(v) is int and v == 0 for v in (*tokens.values(), *cost.values())):
+        return NO_USAGE  # counts nothing: the shared figures (a provider that sent no usage)
     return TurnUsage(tokens=Amounts(**tokens), cost=Amounts(**cost))
 
 

@@ -103,7 +103,6 @@ from castor.domain.materia.budget import (
     CAPPED_NOTE,
     SELECTION_FIELDS,
     BudgetCheck,
-    TurnRecord,
     TurnUsage,
     UsageReport,
     check_budget,
@@ -112,6 +111,7 @@ from castor.domain.materia.budget import (
     model_selection,
     stopped_unreported,
     turn_cost_kind,
+    turn_record,
     unreadable_figures,
     usage_caveats,
     usage_file_text,
@@ -287,6 +287,7 @@ class _Ctx:
         self.effects: list[Effect] = []
         self._iso: str | None = None
         self._usage_write: int | None = None  # where this transition's usage.json write is in effects
+        self._usage_text: tuple[UsageReport, str] | None = None  # the report that write has, and its text
 
     def iso(self) -> str:
         """The step's time as JavaScript's ``toISOString`` writes it (milliseconds, ``Z``), the
@@ -315,9 +316,14 @@ class _Ctx:
         self.effects.append(Notify(level=level, message=message))
 
     def write_usage(self) -> None:
-        # A UsageReport is never changed in place (add_turn returns a new one), so its JSON is
-        # derived once per report, not once per write, each turn record's text once per record.
-        content = usage_file_text(self.s.usage)
+        # A UsageReport is never changed in place (add_turn returns a new one), so its text is
+        # rendered once per report in a transition (kept here, not with the report: a live cast
+        # would hold it until its next transition), each turn record's text once per record.
+        report = self.s.usage
+        if self._usage_text is not None and self._usage_text[0] is report:
+            return  # this report's text is the write's already
+        content = usage_file_text(report)
+        self._usage_text = (report, content)
         if self._usage_write is not None:
             # One usage.json write a transition (a turn's end and its socket's completion both
             # ask): the latest report, where the first ask put it (no other effect depends on it).
@@ -978,9 +984,11 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
         first_unreported = [f for f in unreported if not any(f in (t.unreported or ()) for t in s.usage.turns)]
         if unreported:
             named["unreported"] = unreported
-        s.usage = s.usage.add_turn(TurnRecord(
-            socket=facts.id, attempt=max(s.attempt, 1), tokens=turn.tokens, cost=turn.cost,
-            costKind=kind, **{k: v for k, v in named.items() if v is not None}))
+        # A turn that counted nothing (no usage sent) gets the record its fields already have, if a
+        # cast holds one (turn_record): concurrent casts of a loadout keep one per socket, not one each.
+        s.usage = s.usage.add_turn(turn_record({
+            "socket": facts.id, "attempt": max(s.attempt, 1), "tokens": turn.tokens, "cost": turn.cost,
+            "costKind": kind, **{k: v for k, v in named.items() if v is not None}}))
         if usage_unknown and not s.usage.costEstimated:
             s.usage = s.usage.estimated()  # as for any turn with no usage
         ctx.write_usage()
