@@ -642,7 +642,10 @@ def _first(raw: Any, names: tuple[str, ...], read: Reader = non_negative_number)
     if not isinstance(raw, dict):
         return None
     for name in names:
-        value = read(raw.get(name))
+        given = raw.get(name)
+        if given is None:  # absent or null: not reported, nothing to read (most of the aliases, every turn)
+            continue
+        value = read(given)
         if value is not None:
             return value
     return None
@@ -837,8 +840,8 @@ def extract_usage(raw: Any) -> TurnUsage:
     nor can a provided token total made from such a figure: when a token part was given but is not
     counted, the total is at least the sum of the parts that are.
     """
-    if not isinstance(raw, dict):
-        return NO_USAGE
+    if not isinstance(raw, dict) or not raw:
+        return NO_USAGE  # nothing given (an agent's answer without usage): nothing to look up
     raw = provider_usage(raw)
     tokens = {part: _first(raw, names) or 0 for part, names in TOKEN_ALIASES.items()}
     total = _first(raw, TOTAL_TOKEN_ALIASES)
@@ -968,8 +971,8 @@ def unreadable_figures(raw: Any) -> list[str]:
     ``name=value`` each (the value as JSON, cut), then those past :data:`MAX_FIGURE`, counted as
     that much (:func:`_capped`), at most :data:`MAX_UNREADABLE` in all. What a summed map
     (:func:`sum_usage_maps`) carries under :data:`UNREADABLE_KEY` comes first."""
-    if not isinstance(raw, dict):
-        return []
+    if not isinstance(raw, dict) or not raw:
+        return []  # nothing given, nothing unreadable
     carried = raw.get(UNREADABLE_KEY)
     out = [n for n in carried if isinstance(n, str)] if isinstance(carried, list) else []
     nested = raw.get("cost") if isinstance(raw.get("cost"), dict) else None

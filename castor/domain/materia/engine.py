@@ -998,7 +998,7 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
             ctx.notify("warning", _unreadable_warning(facts.id, unreadable))
         if unreported:
             ctx.emit("usage_unreported", {"socket": facts.id, "taskId": s.current_item_key, "figures": unreported})
-        _say_unreported(ctx, facts.id, turn, first_unreported)
+        _say_unreported(ctx, facts.id, turn, first_unreported, ev.agent)
     elif not s.usage.costEstimated:
         # A turn whose agent reported no usage adds no turn record (it would be all zeros: a
         # deliberate difference, docs/materia.md), but the cast's cost is no longer all billed
@@ -1027,14 +1027,38 @@ def _on_turn_ended(ctx: _Ctx, ev: TurnEnded) -> None:
     _goto(ctx, target, entry_id)
 
 
+#: The values of a figure that stand for a number that is not finite: JSON's names as Python
+#: writes them, and as strings (how the Pi extension sends them, :func:`plain_usage`).
+_NOT_FINITE_VALUES = frozenset({"NaN", "Infinity", "-Infinity", '"NaN"', '"Infinity"', '"-Infinity"'})
+
+
+def _what_is_wrong(note: str) -> str:
+    """What is wrong with the figure of an unreadable note (``name=value``, the value as JSON):
+    ``negative``, ``not finite`` (NaN, an infinity, also written as a string), or ``not a number``
+    (a string, a list, a map, a bool...)."""
+    value = note.partition("=")[2]
+    if value in _NOT_FINITE_VALUES:
+        return "not finite"
+    if len(value) > 1 and value[0] == "-" and value[1].isdigit():
+        return "negative"
+    return "not a number"
+
+
 def _unreadable_warning(socket: str, unreadable: list[str]) -> str:
-    """The cast's one warning of a turn's unreadable figures: those that are not numbers count as
-    not reported, those past 10^18 (:data:`CAPPED_NOTE`) as 10^18."""
+    """The cast's one warning of a turn's unreadable figures: those given but not usable count as
+    not reported, each group named by what is wrong with it (negative, not finite, not a number),
+    those past 10^18 (:data:`CAPPED_NOTE`) as 10^18."""
     capped = [note for note in unreadable if note.endswith(CAPPED_NOTE)]
-    not_numbers = [note for note in unreadable if not note.endswith(CAPPED_NOTE)]
+    wrong: dict[str, list[str]] = {}
+    for note in unreadable:
+        if not note.endswith(CAPPED_NOTE):
+            wrong.setdefault(_what_is_wrong(note), []).append(note)
     said = []
-    if not_numbers:
-        said.append(f"has figures that are not numbers ({', '.join(not_numbers)}); they count as not reported, "
+    if wrong:
+        groups = [f"{'not numbers' if what == 'not a number' else what} ({', '.join(notes)})"
+                  for what, notes in wrong.items()]
+        listed = groups[0] if len(groups) == 1 else f"{', '.join(groups[:-1])} and {groups[-1]}"
+        said.append(f"has figures that are {listed}; they count as not reported, "
                     "so the cast's totals and its budget leave them out")
     if capped:
         said.append(f"{'and ' if said else 'has '}figures past what castor counts ({', '.join(capped)}); each "
@@ -1045,9 +1069,9 @@ def _unreadable_warning(socket: str, unreadable: list[str]) -> str:
 def _unreported(turn: TurnUsage, ev: TurnEnded, unreadable: list[str], kind: str,
                 from_provider: bool | None) -> list[str]:
     """What an answered turn's usage left out without saying so: ``tokens`` when it counts none (a
-    provider that sent no usage, or one in a form the harness does not read: Pi reports zeros), and
-    ``cost`` when it counts tokens at no cost that is not the provider's billed figure (a model with
-    no price in the harness's catalog). A stopped or failed turn may truly have used nothing; a
+    provider that sent no usage, or one in a form the agent that answered does not read: Pi reports
+    zeros), and ``cost`` when it counts tokens at no cost that is not the provider's billed figure (a
+    model with no price in the agent's catalog). A stopped or failed turn may truly have used nothing; a
     figure that was given but not a number is named in ``unreadable`` instead."""
     if ev.stop_reason in ("aborted", "error") or ev.error or unreadable:
         return []
@@ -1058,24 +1082,35 @@ def _unreported(turn: TurnUsage, ev: TurnEnded, unreadable: list[str], kind: str
     return []
 
 
-def _say_unreported(ctx: _Ctx, socket: str, turn: TurnUsage, first: list[str]) -> None:
+def _tokens_text(total: float | int) -> str:
+    """``N tokens`` as a warning says it; a count that is not a whole number (a provider's
+    fractional figure, counted as given) is shown as given and said to be so."""
+    if isinstance(total, float) and not total.is_integer():
+        return f"{js_string(total)} tokens (not a whole number: the count as reported)"
+    return f"{js_string(total)} tokens"
+
+
+def _say_unreported(ctx: _Ctx, socket: str, turn: TurnUsage, first: list[str], agent: str | None = None) -> None:
     """Said once per cast for each kind of figure a turn left out, where a budget limit then cannot
-    count it (usage.json ``turns[].unreported`` names every such turn): no tokens, a warning; tokens
-    at no cost, a notice."""
+    count it (usage.json ``turns[].unreported`` names every such turn, and the cast's end notice
+    and status count them): no tokens, a warning; tokens at no cost, a notice. ``agent`` names what
+    answered (``TurnEnded.agent``: "scripted agent (answers.json)", "Pi agent"...)."""
     budget = ctx.s.config.budget
     if "tokens" in first and turn.tokens.total and (budget.max_tokens is not None or budget.max_cost_usd is not None):
         ctx.notify("warning", f"pi-materia usage: {socket}'s turn was stopped before its last message reported "
-                              f"usage: its earlier steps' {js_string(turn.tokens.total)} tokens count, that "
+                              f"usage: its earlier steps' {_tokens_text(turn.tokens.total)} count, that "
                               "message's cannot, so the cast's totals and its budget leave them out "
                               "(usage.json turns[].unreported)")
     elif "tokens" in first and (budget.max_tokens is not None or budget.max_cost_usd is not None):
-        ctx.notify("warning", f"pi-materia usage: {socket}'s turn reported no token counts (the provider sent no "
-                              "usage the harness reads), so the cast's totals and its budget cannot count it "
-                              "(usage.json turns[].unreported)")
+        source = f"the answer of the {agent}" if agent else "its answer"
+        ctx.notify("warning", f"pi-materia usage: {socket}'s turn reported no token counts ({source} carried no "
+                              "usage castor reads), so the cast's totals and its budget cannot count it, nor any "
+                              "later turn without usage (usage.json turns[].unreported; the cast's end counts "
+                              "them)")
     if "cost" in first and budget.max_cost_usd is not None:
         # a notice, not a warning: the bundled budget has a maxCostUsd, and a model with no price
         # (a local one) is common -- every cast on it would warn
-        ctx.notify("info", f"pi-materia usage: {socket}'s turn used {js_string(turn.tokens.total)} tokens at no "
+        ctx.notify("info", f"pi-materia usage: {socket}'s turn used {_tokens_text(turn.tokens.total)} at no "
                               "reported cost (the model has no price), so budget.maxCostUsd "
                               f"(${budget.max_cost_usd:g}) cannot count it (usage.json turns[].unreported)")
 
