@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -151,6 +152,10 @@ class TurnRecord(BaseModel):
 
 #: The records of turns that counted nothing (:data:`NO_AMOUNTS`), by their fields: see :func:`turn_record`.
 _COUNTED_NOTHING: weakref.WeakValueDictionary[tuple[Any, ...], TurnRecord] = weakref.WeakValueDictionary()
+#: How many of the latest such records are kept when no cast holds them (a cast that follows the
+#: last one ended finds its records, their texts rendered): a few KB each, at most.
+RECENT_RECORDS_KEPT = 256
+_RECENT: collections.deque[TurnRecord] = collections.deque(maxlen=RECENT_RECORDS_KEPT)
 
 
 def turn_record(fields: dict[str, Any]) -> TurnRecord:
@@ -161,7 +166,8 @@ def turn_record(fields: dict[str, Any]) -> TurnRecord:
     record and its rendered text (:func:`usage_file_text` renders a record once per object), not
     one each. A record is never changed in place (a report's turns are read, never edited), so
     sharing it is unseen; the fields are the key (a value that is no string, number, bool, None
-    or list of those makes a record of its own)."""
+    or list of those makes a record of its own). The latest :data:`RECENT_RECORDS_KEPT` are kept
+    after their casts end, so casts that follow one another share them too."""
     if fields.get("tokens") is not NO_AMOUNTS or fields.get("cost") is not NO_AMOUNTS:
         return TurnRecord(**fields)
     try:
@@ -173,6 +179,7 @@ def turn_record(fields: dict[str, Any]) -> TurnRecord:
     if record is None:
         record = TurnRecord(**fields)
         _COUNTED_NOTHING[key] = record
+        _RECENT.append(record)
     return record
 
 
@@ -225,10 +232,14 @@ class UsageReport(BaseModel):
         report grown with its turns cost a transition more than everything else it did."""
         nothing = record.tokens is NO_AMOUNTS and record.cost is NO_AMOUNTS  # a turn that counted nothing
         usage = NO_USAGE if nothing else TurnUsage(tokens=record.tokens, cost=record.cost)
-        update: dict[str, Any] = {"tokens": self.tokens.plus(record.tokens), "cost": self.cost.plus(record.cost),
-                                  "turns": [*self.turns, record],
-                                  "costKind": _combined_kind(self.costKind, record.costKind),
-                                  "costEstimated": self.costEstimated or record.costFromProvider is not True}
+        update: dict[str, Any] = {"turns": [*self.turns, record]}
+        # Only what changes is in the update: the texts of the fields it leaves are carried to the new
+        # report (``_updated``), so a turn that counted nothing renders none of the totals again.
+        for name, value in (("tokens", self.tokens.plus(record.tokens)), ("cost", self.cost.plus(record.cost)),
+                            ("costKind", _combined_kind(self.costKind, record.costKind)),
+                            ("costEstimated", self.costEstimated or record.costFromProvider is not True)):
+            if value is not getattr(self, name) and value != getattr(self, name):
+                update[name] = value
 
         def bump(name: str, key: str) -> None:
             cur = getattr(self, name).get(key)
@@ -268,12 +279,16 @@ class UsageReport(BaseModel):
         rendered = known(self, _LIST_TEXTS)
         if rendered is not None:
             remember(out, _LIST_TEXTS, dict(rendered))
-        if update.keys().isdisjoint(_BEFORE_LISTS):
-            # The fields before the lists are this report's (a selection added with no model named,
-            # the benchmark's every transition): their texts too (a dict of its own, filled per form).
-            leading = known(self, _BEFORE_TEXTS)
-            if leading is not None:
-                remember(out, _BEFORE_TEXTS, dict(leading))
+        leading = known(self, _BEFORE_TEXTS)
+        if leading:
+            # The texts of the fields before the lists that the update leaves as they were (all of
+            # them for a selection added with no model named, the benchmark's every transition; all
+            # but ``bySocket`` for a turn that counted nothing at a new socket), per part and form.
+            changed = update.keys() & _BEFORE_LISTS
+            carried = {key: text for key, text in leading.items() if key[1] not in changed
+                       and (key[1] != _SCALARS_PART or changed.isdisjoint(_SCALARS))}
+            if carried:
+                remember(out, _BEFORE_TEXTS, carried)
         return out
 
     def estimated(self) -> UsageReport:
@@ -303,12 +318,23 @@ _USAGE_FIELDS = tuple(UsageReport.model_fields)
 _FIRST, _LAST = _USAGE_FIELDS.index(_ITEM_LISTS[0]), _USAGE_FIELDS.index(_ITEM_LISTS[-1])
 assert _USAGE_FIELDS[_FIRST:_LAST + 1] == _ITEM_LISTS, "the item lists are consecutive fields"
 _BEFORE_LISTS = set(_USAGE_FIELDS[:_FIRST])
+#: The report's tables (``{key: TurnUsage}``), the last of its fields before its lists: each is
+#: rendered from its entries' texts (:func:`_table_text`); the fields before them (``_SCALARS``:
+#: the totals, the model names, the cost kind) are rendered whole.
+_TABLES = ("bySocket", "byMateria", "byTask", "byAttempt")
+assert _USAGE_FIELDS[_FIRST - len(_TABLES):_FIRST] == _TABLES, "the tables are the last fields before the lists"
+_SCALARS = _BEFORE_LISTS - set(_TABLES)
+_SCALARS_PART = "scalars"
+_BEFORE_PARTS = (_SCALARS_PART, *_TABLES)
+_TURN_USAGE_SERIALIZER = TurnUsage.__pydantic_serializer__
+_KEY_SERIALIZER = TypeAdapter(str).serializer
 _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
 _COMPACT, _INDENTED = "compact", "indented"
 #: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
 _LIST_TEXTS = "usage_list_texts"
-#: The memo name of a report's rendered fields before its lists: ``{form: their members' text}``
-#: (a report made by ``_updated`` with none of them in its update starts from its parent's).
+#: The memo name of a report's rendered fields before its lists: ``{(form, part): its members' text}``,
+#: a part being the scalars or one table (a report made by ``_updated`` starts from its parent's
+#: texts of the parts its update left as they were).
 _BEFORE_TEXTS = "usage_before_texts"
 #: The indentation of an item's lines in ``usage.json`` (an item of a list in the top object).
 _ITEM_INDENT = "\n    "
@@ -339,18 +365,53 @@ def usage_file_text(report: UsageReport) -> str:
 
 def _before_lists(report: UsageReport, form: str) -> Any:
     """The members of the report's fields before its lists in ``form`` (compact: their JSON without
-    the braces; indented: their lines, or "" for none), derived once per report and form, and carried
-    to a report made from it that changed none of them (see ``_updated``)."""
-    texts: dict[str, Any] = derived(report, _BEFORE_TEXTS, dict)
-    text = texts.get(form)
-    if text is None:
-        if form == _COMPACT:
-            text = _USAGE_SERIALIZER.to_json(report, include=_BEFORE_LISTS)[1:-1]
-        else:
-            text = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True,
-                                             include=_BEFORE_LISTS).decode()[2:-2]
-        texts[form] = text
-    return text
+    the braces; indented: their lines), from the texts of its parts -- the scalars and totals
+    rendered whole by pydantic, each table (:data:`_TABLES`) joined from its entries' texts
+    (:func:`_table_text`) -- each derived once per report and carried to a report made from it
+    that changed none of that part's fields (see ``_updated``)."""
+    texts: dict[tuple[str, str], Any] = derived(report, _BEFORE_TEXTS, dict)
+    parts: list[Any] = []
+    for part in _BEFORE_PARTS:
+        text = texts.get((form, part))
+        if text is None:
+            if part != _SCALARS_PART:
+                text = _table_text(part, getattr(report, part), form)
+            elif form == _COMPACT:
+                text = _USAGE_SERIALIZER.to_json(report, include=_SCALARS)[1:-1]
+            else:
+                text = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_SCALARS).decode()[2:-2]
+            texts[form, part] = text
+        parts.append(text)
+    separator: Any = b"," if form == _COMPACT else ",\n"
+    return separator.join(parts)
+
+
+def _table_text(name: str, table: dict[str, TurnUsage], form: str) -> Any:
+    """A table's member of the report's JSON (``"bySocket":{...}``), as pydantic writes it, joined
+    from each entry's key and value texts: a value's text is derived once per :class:`TurnUsage`
+    object (:data:`NO_USAGE`, the entry of every turn that counted nothing, once per process)."""
+    if form == _COMPACT:
+        entries = [b"".join((_key_text(key), b":", derived(value, _COMPACT, functools.partial(
+            _TURN_USAGE_SERIALIZER.to_json, value)))) for key, value in table.items()]
+        return b"".join((b'"', name.encode(), b'":{', b",".join(entries), b"}"))
+    if not table:
+        return f'  "{name}": {{}}'
+    entries_text = ",\n".join(f"    {_key_text(key).decode()}: "
+                               f"{derived(value, _INDENTED, functools.partial(_indented_usage, value))}"
+                               for key, value in table.items())
+    return f'  "{name}": {{\n{entries_text}\n  }}'
+
+
+def _indented_usage(usage: TurnUsage) -> str:
+    """A table entry's value, indented as pydantic indents it at that depth (an entry of a table in
+    the top object: its lines after the first 4 spaces in)."""
+    return _TURN_USAGE_SERIALIZER.to_json(usage, indent=2).decode().replace("\n", "\n    ")
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_text(key: str) -> bytes:
+    """A table key as pydantic writes it (a JSON string)."""
+    return _KEY_SERIALIZER.to_json(key)
 
 
 def _compact(report: UsageReport) -> bytes:

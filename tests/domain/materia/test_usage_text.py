@@ -141,7 +141,8 @@ def test_the_leading_fields_are_rendered_again_only_when_a_new_report_changes_th
 
     class Counting:
         def to_json(self, report: UsageReport, **options: Any) -> bytes:
-            if options.get("include") == budget._BEFORE_LISTS:
+            # the fields before the lists but the tables, which are joined from their entries' texts
+            if options.get("include") == budget._SCALARS:
                 leading.append("i" if "indent" in options else "c")
             return serializer.to_json(report, **options)
 

@@ -158,16 +158,25 @@ def test_a_token_count_that_is_not_whole_is_said_to_be_so() -> None:
     assert "used 12 tokens at no reported cost" in said, said
 
 
-def test_the_shared_record_of_no_cast_outlives_the_casts_that_held_it() -> None:
+def test_the_shared_records_kept_after_their_casts_are_bounded() -> None:
     from castor.domain.materia import budget
 
     names = ("Socket-9071", "Socket-9072")
     d = _chain(names)
     _answer(d, {})
     assert [r.socket for r in list(budget._COUNTED_NOTHING.values()) if r.socket in names] == ["Socket-9071"]
+    kept = d.state.usage.turns[0]
     del d
     gc.collect()
+    # the latest are kept for the casts that follow (their texts rendered), never more than the bound
+    assert budget._RECENT.maxlen == budget.RECENT_RECORDS_KEPT and kept in budget._RECENT
+    for n in range(budget.RECENT_RECORDS_KEPT):
+        budget.turn_record({"socket": f"Socket-{10_000 + n}", "attempt": 1, "tokens": NO_AMOUNTS,
+                            "cost": NO_AMOUNTS, "costKind": "actual", "unreported": ["tokens"]})
+    del kept
+    gc.collect()
     assert not [r for r in list(budget._COUNTED_NOTHING.values()) if r.socket in names]
+    assert len(budget._RECENT) == budget.RECENT_RECORDS_KEPT
 
 
 def test_an_empty_report_is_still_written_as_before() -> None:
@@ -190,3 +199,19 @@ def test_a_usage_map_is_read_without_reading_the_aliases_it_does_not_give() -> N
     assert budget._first({"a": None, "b": 3, "c": 4}, ("x", "a", "b", "c"), spy) == 3
     assert read == [3]
     assert unreadable_figures({}) == [] and extract_usage({}) is NO_USAGE
+
+
+def test_the_tables_joined_from_their_entries_are_pydantics_text_for_any_key() -> None:
+    """The report's tables (bySocket, byMateria, byTask, byAttempt) are joined from each entry's
+    key and value texts, not rendered whole at each turn: the text is pydantic's, whatever the keys."""
+    from castor.domain.materia.budget import Amounts, TurnRecord, turn_record
+
+    report = UsageReport()
+    keys = ["Socket-1", 'S"q\\b', "Só\u2028\x01t", "", "Socket-1"]
+    for n, key in enumerate(keys):
+        fields = {"socket": key, "attempt": n + 1, "materia": key or None, "taskId": key or None,
+                  "costKind": "actual", "unreported": ["tokens"], "tokens": NO_AMOUNTS, "cost": NO_AMOUNTS}
+        report = report.add_turn(turn_record(fields))
+        report = report.add_turn(TurnRecord(**{**fields, "tokens": Amounts(input=n, total=n), "unreported": None}))
+        assert usage_file_text(report) == report.model_dump_json(indent=2, exclude_none=True)
+        assert usage_state_json(report) == report.__pydantic_serializer__.to_json(report)
