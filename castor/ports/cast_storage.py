@@ -157,7 +157,8 @@ class CastFiles(Protocol):
     def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path: ...
 
     def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
-                         events: list[tuple[str, dict[str, Any], int]]) -> None: ...
+                         events: list[tuple[str, dict[str, Any], int]], *,
+                         data_json: Sequence[str | None] | None = None) -> None: ...
 
 
 #: A state document serialised as JSON: text, bytes, or bytes in pieces whose concatenation is the

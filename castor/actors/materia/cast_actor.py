@@ -150,6 +150,8 @@ from castor.domain.materia.cast_messages import (
     TurnEnded,
     UtilityFinished,
     WriteArtifact,
+    emit_event_json,
+    event_data_json,
 )
 from castor.domain.materia.engine import CONFIG_FILE, Transition, resolved_config_text, step
 from castor.domain.materia.memo import derived
@@ -315,6 +317,8 @@ class CastActor(Actor):
         self._unwatch_abort_requests: Callable[[], None] | None = None
         #: a new cast's first transition, saved, its effects left to the loop thread (see _commit)
         self._saved_start: tuple[Transition, list[Any]] | None = None
+        # The data texts of the last encoded transition's events, by the event's id (see _outbox_json).
+        self._event_data_json: dict[int, tuple[EmitEvent, str]] = {}
         #: False until a new cast's subdirectories are made (with its first files: see _perform_files)
         self._dirs_made = True
         #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
@@ -899,7 +903,10 @@ class CastActor(Actor):
         # with no new turn reuses it; one with a new turn renders that turn's record only).
         body = memoryview(_STATE_SERIALIZER.to_json(state, exclude=_NOT_IN_BODY_NOR_USAGE))
         at = len(body) - 1 - _after_usage_length(state)  # where the report goes: before the fields after it
-        outbox = b",".join([_outbox_json(effect, config) for effect in files])
+        # An event's data is encoded once, for its outbox entry and its line (see _perform_files).
+        event_json: dict[int, tuple[EmitEvent, str]] = {}
+        self._event_data_json = event_json
+        outbox = b",".join([_outbox_json(effect, config, event_json) for effect in files])
         # The pieces, not their concatenation: the store joins them once with its header (a state
         # document is tens of KB, and every copy of it is a pass through the CPU's caches).
         return [body[:at], _USAGE_OPEN, usage_state_json(state.usage), body[at:-1], _OUTBOX_OPEN, outbox,
@@ -920,6 +927,8 @@ class CastActor(Actor):
         writes: dict[str, str | bytes] = {}
         entries: list[dict[str, Any]] = []
         events: list[tuple[str, dict[str, Any], int]] = []
+        event_json, self._event_data_json = self._event_data_json, {}
+        data_json: list[str | None] = []
         for effect in files:
             if type(effect) is WriteArtifact:
                 writes["/".join(effect.path)] = effect.content
@@ -927,9 +936,11 @@ class CastActor(Actor):
                     entries.append(effect.manifest)
             elif type(effect) is EmitEvent:
                 events.append((effect.type, effect.data, effect.ts_ms))
+                known = event_json.get(id(effect))  # None: the line encodes the data itself
+                data_json.append(known[1] if known is not None and known[0] is effect else None)
             else:
                 entries.append(effect.entry)
-        self.artifacts.write_transition(writes, entries, events)
+        self.artifacts.write_transition(writes, entries, events, data_json=data_json)
 
     def _replay_outbox(self, outbox: list[dict[str, Any]]) -> None:
         """Redo the file effects of the last saved transition that a crash may have cut short.
@@ -1218,9 +1229,24 @@ def _after_usage_length(state: CastState) -> int:
     return length
 
 
-def _outbox_json(effect: Any, config: Any) -> bytes:
-    """One outbox entry's JSON; ``config.resolved.json`` of ``config`` without its text (see _encode)."""
-    if type(effect) is WriteArtifact and effect.path == CONFIG_FILE and effect.manifest is None:
+def _outbox_json(effect: Any, config: Any, event_json: dict[int, tuple[EmitEvent, str]]) -> bytes:
+    """One outbox entry's JSON; ``config.resolved.json`` of ``config`` without its text (see _encode).
+
+    An event's entry is made from its data's text as its line writes it (json's), kept in
+    ``event_json`` by the effect's id for :meth:`CastActor._perform_files`: the data is encoded
+    once. Data json cannot write (NaN, a type it does not know, a lone surrogate) is left to the
+    effect's serialiser, as before, and its line refuses it then, after the save, as before."""
+    kind = type(effect)
+    if kind is EmitEvent:
+        try:
+            data_json = event_data_json(effect.data)
+            entry = emit_event_json(effect, data_json)
+        except (ValueError, TypeError, RecursionError):
+            pass
+        else:
+            event_json[id(effect)] = (effect, data_json)
+            return entry
+    elif kind is WriteArtifact and effect.path == CONFIG_FILE and effect.manifest is None:
         text = resolved_config_text(config)
         if effect.content is text or effect.content == text:
             return _WRITE_SERIALIZER.to_json(effect, exclude=_NO_CONTENT)[:-1] + _FROM_CONFIG_CLOSE

@@ -61,7 +61,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from json.encoder import encode_basestring  # json's C string encoder (what compact_json uses)
 from pathlib import Path
@@ -361,17 +361,23 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _event_lines(events: list[tuple[str, dict[str, Any], int]]) -> list[str]:
+def _event_lines(events: list[tuple[str, dict[str, Any], int]],
+                 data_json: Sequence[str | None] | None = None) -> list[str]:
     """``events.jsonl`` lines of ``(type, data, ts_ms)`` tuples: each exactly
     ``compact_json({"ts": int(ts_ms), "type": type, "data": data or {}})``, its fixed fields written
     here and only ``data`` through the encoder (no record dict made, two members fewer encoded: a
-    cast transition appends three lines). ValueError for an empty type."""
+    cast transition appends three lines). ``data_json``: per event, its data's ``compact_json``
+    made already (the cast's outbox entry made it: the data is encoded once), or None. ValueError
+    for an empty type."""
     lines = []
-    for type_, data, ts_ms in events:
+    for i, (type_, data, ts_ms) in enumerate(events):
         if not isinstance(type_, str) or not type_:
             raise ValueError("event type must be a non-empty string")
+        text = data_json[i] if data_json is not None else None
+        if text is None:
+            text = compact_json(data or {})
         # an int's JSON is its str(); a str's is json's own string encoder's (what compact_json uses)
-        lines.append(f'{{"ts":{int(ts_ms)},"type":{encode_basestring(type_)},"data":{compact_json(data or {})}}}')
+        lines.append(f'{{"ts":{int(ts_ms)},"type":{encode_basestring(type_)},"data":{text}}}')
     return lines
 
 
@@ -544,7 +550,8 @@ class CastArtifacts:
         return self._write(self._target(relative), content)
 
     def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
-                         events: list[tuple[str, dict[str, Any], int]]) -> None:
+                         events: list[tuple[str, dict[str, Any], int]], *,
+                         data_json: Sequence[str | None] | None = None) -> None:
         """One cast transition's file effects: whole files, then manifest entries, then events.
 
         Same result as :meth:`write_relative` per file, :meth:`add_manifest_entries` and
@@ -554,6 +561,7 @@ class CastArtifacts:
         appended. ``files`` maps run-dir-relative paths to their content; a whole
         ``manifest.json`` among them (a cast's start) is written in castor's manifest layout and
         kept in memory, so the entries that follow it are appended without reading it back.
+        ``data_json``: per event, its data's compact JSON if made already (see :func:`_event_lines`).
         """
         with self._lock:
             synced: set[str] = set()
@@ -568,7 +576,7 @@ class CastArtifacts:
             if entries:
                 self._add_manifest_entries_at(f"{self._run_prefix}/{self.MANIFEST}", entries)
             if events:
-                append_json_texts(f"{self._run_prefix}/{self.EVENTS}", _event_lines(events))
+                append_json_texts(f"{self._run_prefix}/{self.EVENTS}", _event_lines(events, data_json))
 
     # -- whole-file documents ------------------------------------------------
 

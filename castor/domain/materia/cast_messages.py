@@ -7,6 +7,8 @@ Every event carries ``at`` (epoch seconds) — the engine never reads a clock.
 
 from __future__ import annotations
 
+import json
+from json.encoder import encode_basestring
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -330,6 +332,36 @@ class EmitEvent(_Frozen):
     type: str
     data: dict[str, Any]
     ts_ms: int
+
+
+# json's C encoder made once: ``json.dumps(value, ensure_ascii=False, allow_nan=False,
+# separators=(",", ":"))``, what the artifacts adapter writes an event's data with (its
+# ``compact_json``), so the data's text made for the outbox is the event line's too.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_DATA_FALLBACK = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_DATA_ENCODE: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
+    None, _DATA_FALLBACK.default, encode_basestring, None, ":", ",", False, False, False)
+_EVENT_FIELDS = ("kind", "type", "data", "ts_ms")
+assert tuple(EmitEvent.model_fields) == _EVENT_FIELDS, "emit_event_json writes EmitEvent's fields in order"
+
+
+def event_data_json(data: dict[str, Any]) -> str:
+    """An event's data as ``events.jsonl`` writes it: json's compact, strict text (UTF-8 kept,
+    no NaN); ValueError or TypeError for data JSON cannot hold."""
+    if _DATA_ENCODE is None:  # no C accelerator (another interpreter): json's own path
+        text: str = _DATA_FALLBACK.encode(data)
+        return text
+    return "".join(_DATA_ENCODE(data, 0))
+
+
+def emit_event_json(effect: EmitEvent, data_json: str) -> bytes:
+    """``effect``'s JSON (its fields in order, as its serialiser lays them out) with ``data_json``
+    (:func:`event_data_json` of its data) as its data: the outbox entry of an event whose data's
+    text is made once for both the outbox and the event's line. It loads as the same effect: the
+    text is json's, which writes a float as ``repr`` does (pydantic's serialiser writes some
+    without an exponent), and either parses back to the same float."""
+    return f'{{"kind":"emit_event","type":{encode_basestring(effect.type)},"data":{data_json},' \
+           f'"ts_ms":{int(effect.ts_ms)}}}'.encode()
 
 
 class WriteArtifact(_Frozen):

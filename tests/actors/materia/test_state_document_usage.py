@@ -6,6 +6,7 @@ transition's document is byte for byte what serialising the whole state writes, 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ def whole_document(state: CastState, files: list[Any]) -> bytes:
     """The document as written before the report was spliced in: the state serialised whole."""
     body = CastState.__pydantic_serializer__.to_json(state, exclude={"config"})
     config_json = json.dumps(state.config.model_dump(mode="json"), ensure_ascii=False, allow_nan=False).encode()
-    outbox = b",".join([_outbox_json(effect, state.config) for effect in files])
+    outbox = b",".join([_outbox_json(effect, state.config, {}) for effect in files])
     return body[:-1] + _OUTBOX_OPEN + outbox + b'],"config":' + config_json + b"}"
 
 
@@ -48,7 +49,7 @@ def test_every_transition_of_a_cast_with_turns_writes_the_whole_state_byte_for_b
     for transition in d.transitions:
         files = [effect for effect in transition.effects if isinstance(effect, FILE_EFFECTS)]
         for state in (transition.state, transition.state.model_copy(update={"budget_warned": True})):
-            pieces = CastActor._encode(None, state, files)  # type: ignore[arg-type]
+            pieces = CastActor._encode(SimpleNamespace(), state, files)  # type: ignore[arg-type]
             assert b"".join(pieces) == whole_document(state, files)
     assert len(written) >= 6
     for report, text in written:
