@@ -41,7 +41,9 @@ Guarantees
   id echoed when it could be read (else ``null``) and the loop keeps running.
 - **Normalisation.** A ``str`` result whose stripped text starts with ``{`` or
   ``[`` is replaced by its parsed JSON when it parses; otherwise the original
-  string is returned unchanged.
+  string is returned unchanged. A parsed text that is ASCII, on one line and
+  holds no NaN or infinity is written on the reply line as it is (not encoded
+  again: the parent parses it to the same values).
 - **Serialisation.** ``ensure_ascii=False``, ``default=str``, ``allow_nan=False``;
   a result that still cannot be serialised yields ``ok: false, error:
   "unserializable result"``.
@@ -314,16 +316,60 @@ def _parse(line: str) -> "tuple[int, str, str, list[Any], dict[str, Any]]":
     return request_id, module, function, args, kwargs
 
 
-def normalise(value: "Any") -> "Any":
-    """JSON-looking strings become structures when they parse."""
+def normalise(value: "Any", *, as_text: bool = False) -> "Any":
+    """JSON-looking strings become structures when they parse.
+
+    ``as_text`` (the request loop's own call): a JSON text that can go on the reply line as it
+    is -- ASCII, one line, no NaN or infinity -- is returned as :class:`_JsonText` instead of
+    its structure, checked by the same parse but not encoded again (the parent parses the line
+    to the same values as the re-encoded structure). Anything else takes the general path.
+    """
     if isinstance(value, str):
         stripped = value.strip()
         if stripped[:1] in ("{", "["):
+            if as_text and stripped.isascii() and stripped.find("\n") < 0 and stripped.find("\r") < 0:
+                try:
+                    _CHECKING_DECODER.decode(stripped)
+                except _NotFinite:
+                    pass  # parsed below: it fails to encode ("unserializable result") as ever
+                except (ValueError, RecursionError):
+                    return value
+                else:
+                    return _JsonText(stripped)
             try:
                 return json.loads(stripped)
             except (ValueError, RecursionError):  # too deeply nested to parse is "does not parse"
                 return value
     return value
+
+
+class _JsonText:
+    """A result's JSON text, checked, that goes on the reply line as it is (:func:`normalise`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _NotFinite(Exception):
+    """A NaN or an infinity in a JSON text: JSON cannot carry it, so the text is not sent as is."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf - inf is NaN (and NaN compares unequal to everything)
+        raise _NotFinite(text)
+    return value
+
+
+def _no_constant(name: str) -> "Any":
+    raise _NotFinite(name)
+
+
+#: json.loads's parse, but a float that overflows or a NaN / Infinity literal stops it: the
+#: encoder refuses those (``allow_nan=False``), so such a text goes the general way.
+_CHECKING_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)
@@ -346,6 +392,9 @@ def _encode(reply: "dict[str, Any]") -> bytes:
     # ASCII JSON: a lone surrogate in backend text (a "\\ud800" it decoded) becomes an escape
     # instead of failing the UTF-8 encoding; castor replaces it when it reads the reply.
     try:
+        if reply["ok"] is True and type(reply["result"]) is _JsonText:
+            # checked JSON text, ASCII and one line (normalise): not encoded again
+            return (_OK_REPLY % (reply["id"], reply["result"].text)).encode("ascii")
         if _C_ENCODER is None:
             text = _ENCODER.encode(reply)
         elif reply["ok"] is True:  # handle's answer {id, ok, result}: only the result is encoded
@@ -360,15 +409,18 @@ def _encode(reply: "dict[str, Any]") -> bytes:
     return (text + "\n").encode("ascii")
 
 
-def handle(line: str) -> "dict[str, Any]":
-    """One request line -> one reply dict. Never raises (except KeyboardInterrupt)."""
+def handle(line: str, *, text_results: bool = False) -> "dict[str, Any]":
+    """One request line -> one reply dict. Never raises (except KeyboardInterrupt).
+
+    ``text_results`` (the request loop, which encodes the reply with :func:`_encode`): a result
+    that is sendable JSON text stays text (:func:`normalise`'s ``as_text``)."""
     try:
         request_id, module, function, args, kwargs = _parse(line)
     except InvalidRequest as exc:
         return {"id": exc.request_id, "ok": False, "error": str(exc), "traceback": ""}
     try:
         result = _target(module, function)(*args, **kwargs)
-        return {"id": request_id, "ok": True, "result": normalise(result)}
+        return {"id": request_id, "ok": True, "result": normalise(result, as_text=text_results)}
     except KeyboardInterrupt:
         raise
     except OutsidePackage as exc:
@@ -683,7 +735,7 @@ def main() -> int:
             except UnicodeDecodeError:
                 reply = {"id": None, "ok": False, "error": "invalid request: not UTF-8", "traceback": ""}
             else:
-                reply = handle(text)
+                reply = handle(text, text_results=True)
             data = _encode(reply)
             written = write(data)  # the whole line, as a rule (a blocking pipe)
             if written != len(data):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -127,6 +128,53 @@ def test_identity_env_reaches_backend(harness):
 def test_json_looking_strings_are_normalised(harness, value, expected):
     worker = harness.worker()
     assert call(worker, "hooks", "identity", value) == expected
+
+
+@pytest.mark.timeout(60)
+def test_a_json_text_result_goes_on_the_reply_line_as_the_backend_wrote_it(harness):
+    """A backend's JSON text (Fabric's tools answer ``json.dumps(...)``) was parsed by the worker
+    and encoded again for the reply line: a 10 KiB answer paid a second encoding of every
+    character (about a third of the worker's instructions a call). Parsed, it is checked as before;
+    sendable as it is -- ASCII, one line, no NaN or infinity -- it goes on the line unchanged."""
+    from castor.adapters.icarus.launch import WORKER_PROGRAM
+
+    launch = harness.launch()
+    text = '{"b":1,"a":[1.5,"x",{"c":null}]}'
+    request = json.dumps({"id": 7, "module": "hooks", "function": "identity", "args": [" " + text + "\n"]})
+    done = subprocess.run([sys.executable, "-u", str(WORKER_PROGRAM)], input=request.encode() + b"\n",
+                          capture_output=True, env=dict(launch.env), cwd=launch.cwd, timeout=30)
+    lines = done.stdout.splitlines()
+    assert lines[0] + b"\n" == READY_LINE, done.stderr[-2000:]
+    assert lines[1] == b'{"id": 7, "ok": true, "result": ' + text.encode() + b"}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": 1, "a": 2}', {"a": 2}),  # the last of a repeated key, as json.loads
+        ("[12345678901234567890, 1.0e-7, 0.1, -0.0, 2.5E3, true, false, null]",
+         [12345678901234567890, 1.0e-7, 0.1, -0.0, 2500.0, True, False, None]),
+        ('["\\ud800x", "\\u00e9\\n"]', ["\ufffdx", "\u00e9\n"]),  # a lone surrogate becomes U+FFFD
+        ('{"\u00e9": "\u00fc \u2603"}', {"\u00e9": "\u00fc \u2603"}),  # not ASCII: encoded again, as before
+        ('{\n  "a": [1,\r\n 2]\n}', {"a": [1, 2]}),  # on several lines: encoded again, as before
+        ("[[[[[[[[[[[]]]]]]]]]]]", [[[[[[[[[[[]]]]]]]]]]]),
+    ],
+)
+@pytest.mark.timeout(60)
+def test_a_json_text_result_reaches_castor_as_its_parse(harness, text, expected):
+    worker = harness.worker()
+    result = call(worker, "hooks", "identity", text)
+    assert result == expected
+    assert json.dumps(result) == json.dumps(expected)  # -0.0 stays -0.0, ints stay ints
+
+
+@pytest.mark.parametrize("text", ["[1e400]", "[-1e999]", "[-Infinity]", '{"a": Infinity}', "[NaN]"])
+@pytest.mark.timeout(60)
+def test_a_json_text_with_a_non_finite_number_is_still_unserializable(harness, text):
+    worker = harness.worker()
+    reply = worker.call(next_request_id(), "hooks", "identity", [text], {}, time.monotonic() + 10)
+    assert reply["ok"] is False and reply["error"] == "unserializable result"
+    assert call(worker, "hooks", "counter") == 1
 
 
 def test_nan_result_is_reported_not_emitted(harness):
