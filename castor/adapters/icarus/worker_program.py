@@ -328,14 +328,14 @@ def normalise(value: "Any", *, as_text: bool = False) -> "Any":
         stripped = value.strip()
         if stripped[:1] in ("{", "["):
             if as_text and stripped.isascii() and stripped.find("\n") < 0 and stripped.find("\r") < 0:
-                try:
-                    _CHECKING_DECODER.decode(stripped)
+                try:  # json.loads without its wrappers: stripped, one value must fill the text
+                    _value, end = _CHECKING_SCAN(stripped, 0)
                 except _NotFinite:
                     pass  # parsed below: it fails to encode ("unserializable result") as ever
-                except (ValueError, RecursionError):
+                except (ValueError, StopIteration, RecursionError):
                     return value
                 else:
-                    return _JsonText(stripped)
+                    return _JsonText(stripped) if end == len(stripped) else value
             try:
                 return json.loads(stripped)
             except (ValueError, RecursionError):  # too deeply nested to parse is "does not parse"
@@ -369,7 +369,8 @@ def _no_constant(name: str) -> "Any":
 
 #: json.loads's parse, but a float that overflows or a NaN / Infinity literal stops it: the
 #: encoder refuses those (``allow_nan=False``), so such a text goes the general way.
-_CHECKING_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+_CHECKING_SCAN = json.JSONDecoder(  # type: ignore[attr-defined]  # scan_once: set by __init__; typeshed omits it
+    parse_float=_finite_float, parse_constant=_no_constant).scan_once
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=True, default=str, allow_nan=False)

@@ -158,6 +158,9 @@ def test_a_json_text_result_goes_on_the_reply_line_as_the_backend_wrote_it(harne
         ('{"\u00e9": "\u00fc \u2603"}', {"\u00e9": "\u00fc \u2603"}),  # not ASCII: encoded again, as before
         ('{\n  "a": [1,\r\n 2]\n}', {"a": [1, 2]}),  # on several lines: encoded again, as before
         ("[[[[[[[[[[[]]]]]]]]]]]", [[[[[[[[[[[]]]]]]]]]]]),
+        ("[1] [2]", "[1] [2]"),  # more than one value: not JSON, the string itself
+        ('{"a": 1}}', '{"a": 1}}'),
+        ('{"a": tru}', '{"a": tru}'),
     ],
 )
 @pytest.mark.timeout(60)
