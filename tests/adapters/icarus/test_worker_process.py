@@ -989,3 +989,25 @@ def test_a_worker_stopped_across_its_deadline_times_out_and_is_killed_stopped(ha
     assert gone(pid) and not worker.usable
     with pytest.raises(WorkerRetired):
         call(worker, "hooks", "counter")
+
+
+@pytest.mark.timeout(60)
+def test_a_request_with_long_strings_is_the_encoders_line_byte_for_byte():
+    """A long string that needs no escape is written between quotes without the C encoder's
+    escaping loop (a 10 KiB tool query: ~20 us a call): the line must be the one the encoder
+    writes, whatever character sits in such a string, wherever the string is (a tool's params,
+    a keyword argument, nested, a key), at the length bound and past it."""
+    from castor.adapters.icarus.worker_process import _LONG_STRING, _encode_request
+
+    def encoded(args, kwargs):
+        return (json.dumps({"id": 2 ** 70, "module": "tools", "function": "f", "args": args, "kwargs": kwargs},
+                           ensure_ascii=True, allow_nan=False) + "\n").encode()
+
+    odd = [chr(c) for c in range(0x80)] + ["\u00e9", "\ud800", "\U0001f600", "\u2028"]
+    for ch in odd:
+        for n in (_LONG_STRING - 2, _LONG_STRING - 1, _LONG_STRING, 3 * _LONG_STRING):
+            for text in ("x" * n + ch, ch + "y" * n, "z" * (n // 2) + ch + "z" * (n // 2)):
+                for args, kwargs in (([{"query": text, "limit": 3}], {}), ([text, 1], {}),
+                                     ([], {"user_message": text, "is_first_turn": False}),
+                                     ([{"q": [text, {text: None}]}], {"k": [text]})):
+                    assert _encode_request(2 ** 70, "tools", "f", args, kwargs) == encoded(args, kwargs), (ch, n)
