@@ -547,6 +547,33 @@ class _Handler(BaseHTTPRequestHandler):
             return True, False
         return False, False
 
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        """What GET would answer (status, headers, the same refusals), without its body: ``curl -I``
+        and an uptime check's probe. A stream's HEAD holds no slot: its headers, then the end."""
+        self.do_GET()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a method the console does not serve, a malformed
+        request line, headers too long) in plain text like the console's, never its HTML page; a
+        method it does not serve says which it does (``Allow``)."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            message = "method not allowed"
+        reason = message or self.responses.get(code, ("error",))[0]
+        self.log_error("code %d, message %s", code, reason)
+        body = (f"{reason}: the console serves GET and HEAD\n" if code == HTTPStatus.NOT_IMPLEMENTED
+                else f"{reason}\n").encode("utf-8", "replace")
+        self.close_connection = True
+        self.send_response(code, reason)
+        self.send_header("Connection", "close")
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         try:
             self._get()
@@ -627,7 +654,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Connection", "close")
         self._headers_after_status("text/plain; charset=utf-8", len(body))
-        self.wfile.write(body)
+        self._body(body)
 
     def _headers(self, status: int, content_type: str, length: int | None) -> None:
         self.send_response(status)
@@ -651,7 +678,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         self._headers(status, content_type, len(body))
-        self.wfile.write(body)
+        self._body(body)
+
+    def _body(self, body: bytes) -> None:
+        """The body, unless the request was HEAD (its Content-Length is GET's all the same)."""
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _stream(self, produce: Callable[[], str], *, probe: bool = False) -> None:
         """Server-Sent Events: one ``data:`` JSON document (``produce``'s text) every PUSH_INTERVAL_S
@@ -668,6 +700,10 @@ class _Handler(BaseHTTPRequestHandler):
         if probe:
             console.streams.release()
             self._send(HTTPStatus.NO_CONTENT, b"", "text/plain; charset=utf-8")
+            return
+        if self.command == "HEAD":  # the stream's headers, and no stream
+            console.streams.release()
+            self._headers(HTTPStatus.OK, "text/event-stream; charset=utf-8", None)
             return
         try:
             self._stream_until_done(produce)

@@ -1206,3 +1206,49 @@ def test_a_project_whose_casts_take_long_to_read_never_holds_the_pages_push(tmp_
         release.set()
         pages._SAVED.clear()
         runtime.shutdown(timeout=10)
+
+
+def test_head_is_answered_as_get_would_be_without_a_body_and_other_methods_say_what_is_allowed():
+    """``curl -I`` and an uptime check's HEAD get what GET would (status, type, length, the same
+    refusals), with no body and no stream slot held; a method the console does not serve is
+    ``501`` in plain text with ``Allow: GET, HEAD``, never the standard library's HTML page."""
+    from castor.console import server
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    token = "t" * 32
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=token).start()
+
+    def ask(method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        try:
+            conn.request(method, path, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            conn.close()
+
+    try:
+        for path in ("/metrics", "/", "/api/actors"):
+            got, got_headers, body = ask("GET", f"{path}?token={token}")
+            status, headers, nobody = ask("HEAD", f"{path}?token={token}")
+            assert (status, nobody) == (got, b""), (path, status)
+            assert headers["content-type"] == got_headers["content-type"]
+            if path == "/metrics":
+                assert int(headers["content-length"]) > 0
+        assert ask("HEAD", "/metrics")[0] == 401
+        assert ask("HEAD", f"/metrics?token={token}", {"Host": "attacker.example"})[0] == 403
+        assert ask("HEAD", f"/nope?token={token}")[0] == 404
+        status, headers, body = ask("HEAD", f"/events?token={token}")
+        assert status == 200 and headers["content-type"].startswith("text/event-stream") and body == b""
+        for method in ("OPTIONS", "POST", "PUT", "DELETE", "BREW"):
+            status, headers, body = ask(method, f"/metrics?token={token}")
+            assert status == 501, method
+            assert headers["allow"] == "GET, HEAD", method
+            assert headers["content-type"].startswith("text/plain"), method
+            assert b"<" not in body and b"serves GET and HEAD" in body, body
+        assert console.streams.acquire(blocking=False)  # no HEAD kept a stream's slot
+        console.streams.release()
+    finally:
+        console.stop()
+        runtime.shutdown(10)
