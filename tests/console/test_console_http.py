@@ -1252,3 +1252,33 @@ def test_head_is_answered_as_get_would_be_without_a_body_and_other_methods_say_w
     finally:
         console.stop()
         runtime.shutdown(10)
+
+
+def test_metrics_are_valid_exposition_with_help_and_type_and_no_label_that_names_a_session_or_cast(busy_console):
+    """What a Prometheus scrape reads: the exposition parses (prometheus_client's own parser), every
+    family says what it is (HELP) and its type, and no label carries a session, a cast, a project
+    or a socket -- values that grow with every cast and would make a series per cast forever."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    live = busy_console
+    sid, cast_id = "session-1", live.casts["session-1"][0]
+    live.client.call("ops.fault", {"kind": "kill", "path": f"/root/session/{sid}/cast/{cast_id}"}, timeout=10)
+    wait_for(lambda: 'castor_restarts_total{kind="CastActor"} 1.0' in _get(live.url + "metrics")[1], timeout=15,
+             what="the kill's restart in /metrics")
+    status, text, headers = _get(live.url + "metrics")
+    assert status == 200
+    families = list(text_string_to_metric_families(text))
+    assert len({f.name for f in families}) == len(families) >= 20
+    named = set(live.casts) | {c for casts in live.casts.values() for c in casts} | \
+        {str(p) for p in live.projects.values()}
+    for family in families:
+        assert family.documentation.strip(), family.name
+        assert family.type in ("gauge", "counter", "histogram"), (family.name, family.type)
+        exposed = family.name + ("_total" if family.type == "counter" else "")  # as the text names it
+        assert f"# HELP {exposed} " in text and f"# TYPE {exposed} {family.type}\n" in text, exposed
+        for sample in family.samples:
+            assert set(sample.labels) <= {"kind", "state", "phase", "le"}, sample
+            for value in sample.labels.values():
+                assert not any(n in value for n in named) and "Socket-" not in value, sample
+    series = sum(len(f.samples) for f in families)
+    assert series < 400, series  # a few per kind and status, whatever the casts
