@@ -668,7 +668,16 @@ const $ = (tag, attrs = {}, text, limit = MAX_CELL) => { const el = document.cre
   if (text !== undefined) { const whole = visible(text); el.textContent = cut(whole, limit);
     if (el.textContent !== whole) el.title = cut(whole, MAX_TITLE); }
   return el; };
-const secs = v => (typeof v === 'number') ? v.toFixed(1) + ' s' : '-';
+// A duration as an operator reads it: under a minute in tenths of a second ("40.0 s"), then in
+// minutes, hours and days ("12 min 05 s", "5 h 02 min", "2 d 3 h"), never thousands of seconds.
+const secs = v => {
+  if (typeof v !== 'number') return '-';
+  if (!(Math.abs(v) >= 60)) return v.toFixed(1) + ' s';
+  const t = Math.floor(Math.abs(v)), sign = v < 0 ? '-' : '', two = n => String(n).padStart(2, '0');
+  if (t < 3600) return sign + Math.floor(t / 60) + ' min ' + two(t % 60) + ' s';
+  if (t < 86400) return sign + Math.floor(t / 3600) + ' h ' + two(Math.floor(t % 3600 / 60)) + ' min';
+  return sign + Math.floor(t / 86400) + ' d ' + Math.floor(t % 86400 / 3600) + ' h';
+};
 const clock = t => new Date(t).toLocaleTimeString();
 // What an activity is doing, for how long, and when the bound that ends it passes (if one does).
 const doing = act => { const left = act.deadline_in_s;

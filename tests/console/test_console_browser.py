@@ -332,3 +332,45 @@ def test_a_crash_looping_cast_shows_how_much_of_its_restart_limit_is_used(browse
              what="the cast's restart limit")
     assert limit(f"/root/session/{sid}/cast") == "children: 2/100 restarts in 10 s before it fails"
     assert limit(f"/root/session/{sid}/materia") == ""
+
+
+def test_a_long_wait_reads_in_minutes_hours_and_days_not_thousands_of_seconds(browser):
+    """A cast stuck for five hours read "... for 18123.0 s" on its card and in the tree, and a
+    deadline an hour away "deadline in 3600.0 s": an operator had to divide to tell which cast is
+    stuck and for how long. A minute or more now reads in minutes, hours and days; under a minute
+    as before."""
+    from castor.console import server
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
+    try:
+        browser.get(console.url)
+        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+                 what="the first push")
+        box = {"depth": 0, "oldest_age_s": None}
+
+        def actor(path: str, age: float, deadline: float | None) -> dict:
+            return {"path": path, "kind": "SocketActor", "state": "running", "incarnation": 1, "restarts": 0,
+                    "mailbox": box, "last_failure": None, "labels": {},
+                    "activity": {"kind": "awaiting_turn", "text": "awaiting the agent's turn", "age_s": age,
+                                 "data": {}, "deadline_in_s": deadline}}
+
+        cast = {"cast_id": "c1", "activity": "awaiting the agent's turn", "waiting_s": 18123.0,
+                "deadline_in_s": 3600.0, "phase": "Socket-1"}
+        doc = {"at": time.time(), "workers": [],
+               "sessions": [{"session_id": "w", "label": "proj", "project": "/p", "casts": [cast]}],
+               "actors": [actor("/root/a", 18123.0, None), actor("/root/b", 90.5, -125.0),
+                          actor("/root/c", 2 * 86400 + 3 * 3600 + 59, None), actor("/root/d", 59.94, 30.0)]}
+        browser.execute_script("source.close(); render(arguments[0]);", doc)
+        rows = _rows(browser)
+        assert rows["/root/a"]["activity"] == "awaiting the agent's turn for 5 h 02 min", rows
+        assert rows["/root/b"]["activity"] == "awaiting the agent's turn for 1 min 30 s, deadline passed 2 min 05 s ago"
+        assert rows["/root/c"]["activity"] == "awaiting the agent's turn for 2 d 3 h"
+        assert rows["/root/d"]["activity"] == "awaiting the agent's turn for 59.9 s, deadline in 30.0 s"
+        line = browser.execute_script("return document.querySelector('[data-cast=\"c1\"]').textContent")
+        assert line == "c1 awaiting the agent's turn for 5 h 02 min, deadline in 1 h 00 min", line
+        _shot(browser, "long-waits.png")
+    finally:
+        console.stop()
+        runtime.shutdown(10)
