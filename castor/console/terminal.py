@@ -32,13 +32,26 @@ def shown(value: object) -> str:
     return escape(one_line(str(value)))
 
 
+def duration(seconds: float) -> str:
+    """A duration as an operator reads it: under a minute in tenths of a second (``40.0s``), then
+    in minutes, hours and days (``12m05s``, ``5h02m``, ``2d3h``), never thousands of seconds."""
+    if not abs(seconds) >= 60:
+        return f"{seconds:.1f}s"
+    whole, sign = int(abs(seconds)), "-" if seconds < 0 else ""
+    if whole < 3600:
+        return f"{sign}{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{sign}{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{sign}{whole // 86400}d{whole % 86400 // 3600}h"
+
+
 def deadline_words(activity: dict[str, Any] | None) -> str:
     """``deadline in 5.2s`` / ``deadline passed 2.0s ago`` for an activity a bound ends (a
     worker call's deadline, a command's timeoutMs...), ``""`` for one nothing bounds."""
     left = (activity or {}).get("deadline_in_s")
     if not isinstance(left, (int, float)):
         return ""
-    return f"deadline in {left:.1f}s" if left >= 0 else f"deadline passed {-left:.1f}s ago"
+    return f"deadline in {duration(left)}" if left >= 0 else f"deadline passed {duration(-left)} ago"
 
 
 def queued_words(entry: dict[str, Any]) -> str:
@@ -47,7 +60,7 @@ def queued_words(entry: dict[str, Any]) -> str:
     2.3s, deadline in 27.7s``. Only what its type says of itself; never a payload."""
     detail = dict(entry.get("detail") or {})
     what = [str(detail.pop(key)) for key in ("target", "hook", "completion") if detail.get(key) is not None]
-    words = [" ".join([str(entry.get("message_type")), *what]), f"waited {entry.get('age_s') or 0:.1f}s"]
+    words = [" ".join([str(entry.get("message_type")), *what]), f"waited {duration(entry.get('age_s') or 0)}"]
     bound = deadline_words({"deadline_in_s": detail.pop("deadline_in_s", None)})
     if bound:
         words.append(bound)
@@ -202,7 +215,7 @@ def actor_list(actors: list[dict[str, Any]], sort: str) -> Table:
                       _seconds(box.get("oldest_age_s")), shown(str(doing)),
                       _seconds(activity.get("age_s")), _deadline(activity.get("deadline_in_s")),
                       _restarts(actor),
-                      shown(f"{failure['error_type']} {failure['age_s']:.1f}s ago") if failure else "-")
+                      shown(f"{failure['error_type']} {duration(failure['age_s'])} ago") if failure else "-")
     return table
 
 
@@ -246,11 +259,11 @@ def _deadline(left: Any) -> str:
     """A table cell: how far off an activity's deadline is, ``passed Ns ago``, or ``-`` (none)."""
     if not isinstance(left, (int, float)):
         return "-"
-    return _seconds(left) if left >= 0 else f"passed {-left:.1f}s ago"
+    return _seconds(left) if left >= 0 else f"passed {duration(-left)} ago"
 
 
 def _seconds(value: Any) -> str:
-    return f"{value:.1f}s" if isinstance(value, (int, float)) else "-"
+    return duration(value) if isinstance(value, (int, float)) else "-"
 
 
 def _actor_line(actor: dict[str, Any]) -> str:
@@ -279,15 +292,15 @@ def _actor_line(actor: dict[str, Any]) -> str:
     activity = actor.get("activity")
     if activity and activity.get("kind") not in (None, "idle", "handling"):
         bound = deadline_words(activity)
-        parts.append(f"[blue]{shown(str(activity['text']))} for {activity['age_s']:.1f}s"
+        parts.append(f"[blue]{shown(str(activity['text']))} for {duration(activity['age_s'])}"
                      f"{', ' + bound if bound else ''}[/blue]")
     elif activity and activity.get("kind") == "idle":
-        parts.append(f"[dim]idle {activity['age_s']:.1f}s[/dim]")
+        parts.append(f"[dim]idle {duration(activity['age_s'])}[/dim]")
     if flight:
         parts.append(f"busy={shown(str(flight['message_type']))} {flight['since_s']:.2f}s")
     failure = actor.get("last_failure")
     if failure:
-        parts.append(f"[red]last failure {shown(str(failure['error_type']))} {failure['age_s']:.1f}s ago[/red]")
+        parts.append(f"[red]last failure {shown(str(failure['error_type']))} {duration(failure['age_s'])} ago[/red]")
     if actor.get("retired_reason"):  # runtime data, shown as text: never rich markup
         parts.append(f"[magenta]retired: {shown(str(actor['retired_reason']))}[/magenta]")
     return "  ".join(parts)
@@ -302,11 +315,11 @@ def _doing_words(actor: dict[str, Any]) -> str:
     flight = (actor.get("mailbox") or {}).get("in_flight")
     if activity.get("kind") not in (None, "idle", "handling"):
         bound = deadline_words(activity)
-        return f"{shown(str(activity['text']))} for {activity['age_s']:.1f}s{', ' + bound if bound else ''}"
+        return f"{shown(str(activity['text']))} for {duration(activity['age_s'])}{', ' + bound if bound else ''}"
     if flight:
-        return f"handling {shown(str(flight['message_type']))} for {flight['since_s']:.1f}s"
+        return f"handling {shown(str(flight['message_type']))} for {duration(flight['since_s'])}"
     if activity.get("kind") == "idle":
-        return f"idle {activity['age_s']:.1f}s"
+        return f"idle {duration(activity['age_s'])}"
     return "idle"
 
 
@@ -326,7 +339,7 @@ def mailbox_table(actor: dict[str, Any]) -> Table:
     activity = actor.get("activity")
     if activity:
         bound = deadline_words(activity)  # the bound that ends it, as the tree says it
-        table.add_row("activity", shown(f"{activity.get('text')} for {activity.get('age_s', 0):.1f}s"
+        table.add_row("activity", shown(f"{activity.get('text')} for {duration(activity.get('age_s', 0))}"
                                         f"{', ' + bound if bound else ''}"))
     if actor.get("retired_reason"):
         table.add_row("retired", shown(str(actor["retired_reason"])))

@@ -533,3 +533,25 @@ def test_castor_casts_labels_are_a_fixed_set_of_statuses_never_socket_names(tmp_
         materia_call(runtime, "u", "abort", {"cast_id": cast_id})
     finally:
         runtime.shutdown(10)
+
+
+def test_castor_inspect_reads_a_long_wait_in_minutes_hours_and_days_not_thousands_of_seconds():
+    """``castor inspect`` said a cast stuck for five hours waited "for 18123.0s" and a deadline an
+    hour off "deadline in 3600.0s": an operator had to divide. A minute or more now reads in
+    minutes, hours and days (as the web console says it); under a minute as before."""
+    from castor.console.terminal import _doing_words, actor_list, deadline_words, queued_words
+
+    activity = {"kind": "awaiting_turn", "text": "awaiting the agent's turn", "age_s": 18123.0,
+                "deadline_in_s": 3600.0}
+    assert _doing_words({"activity": activity}) == "awaiting the agent's turn for 5h02m, deadline in 1h00m"
+    assert deadline_words({"deadline_in_s": -125.0}) == "deadline passed 2m05s ago"
+    assert deadline_words({"deadline_in_s": 5.25}) == "deadline in 5.2s"
+    assert queued_words({"message_type": "m", "age_s": 2 * 86400 + 3 * 3600 + 59}) == "m, waited 2d3h"
+    actor = {"path": "/root/a", "kind": "SocketActor", "state": "running", "restarts": 0, "incarnation": 1,
+             "mailbox": {"depth": 1, "oldest_age_s": 90.5}, "activity": activity,
+             "last_failure": {"error_type": "Boom", "age_s": 7200.0}}
+    out = Console(file=io.StringIO(), width=300, record=True)
+    out.print(actor_list([actor], "age"))
+    text = out.export_text()
+    assert "1m30s" in text and "5h02m" in text and "1h00m" in text and "Boom 2h00m ago" in text, text
+    assert "18123" not in text and "3600" not in text, text
