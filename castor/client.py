@@ -300,7 +300,7 @@ def _addresses(host: str, port: int) -> list[tuple[Any, ...]]:
     ``localhost`` is this machine's loopback whichever family it answers on (castor's serve binds one);
     a loopback this system does not have (no IPv6) is left out."""
     found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    if host != "localhost":
+    if host.lower() != "localhost":
         return found
     seen = {info[4][0] for info in found}
     for loopback in ("127.0.0.1", "::1"):

@@ -277,7 +277,8 @@ def _proc_endpoint(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Ad
 
 
 def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
+    """127.0.0.0/8, ``::1`` or ``localhost`` (a host name, so in any case: ``LOCALHOST`` too)."""
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -292,7 +293,7 @@ def bind_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
             f"refusing to listen on non-loopback host {host!r}: the castor endpoint serves "
             "this machine only; use 127.0.0.1, ::1 or localhost",
             data={"host": host})
-    if host == "localhost":
+    if host.lower() == "localhost":
         host = "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

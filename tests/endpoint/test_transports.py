@@ -99,6 +99,19 @@ def test_concurrent_callers_share_one_client(client: Client) -> None:
     assert not errors
 
 
+@pytest.mark.parametrize("host", ["LOCALHOST", "LocalHost"])
+def test_localhost_in_any_case_is_the_loopback(gates, host) -> None:
+    """A host name is case-insensitive: ``--tcp LOCALHOST:0`` (and ``--console``) was refused as a
+    non-loopback host while ``localhost`` was taken; the client reaches it by that name too."""
+    srv = Server(build_dispatcher(gates), tcp=(host, 0), token="t" * 32).start()
+    try:
+        _addr, port = srv.address
+        with Client.connect_tcp(host, port, default_timeout=10, token="t" * 32) as client:
+            assert client.call("add", {"a": 2, "b": 3}) == 5
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
 def test_tcp_refuses_non_loopback_hosts(gates, host) -> None:
     with pytest.raises(Forbidden) as info:
