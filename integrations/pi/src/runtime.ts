@@ -216,6 +216,8 @@ export class CastorRuntime {
 	private peer: MsgpackRpcPeer | undefined;
 	private starting: Promise<MsgpackRpcPeer> | undefined;
 	private stopping = false;
+	/** A stop under way (`stop()`), until the runtime it stops has gone: nothing starts meanwhile. */
+	private stopped: Promise<void> | undefined;
 	generation = 0;
 	hello: Hello | undefined;
 	/** false after an unexpected death: lifecycle events then stop respawning until a command does. */
@@ -282,6 +284,14 @@ export class CastorRuntime {
 	async ensure(spawnIfDown = true, timeoutMs = this.opts.timeoutMs): Promise<MsgpackRpcPeer> {
 		if (this.peer && !this.peer.isClosed && this.hello) return this.peer;
 		if (this.starting) return this.starting;
+		// A call that comes while the runtime is being stopped (a hook of the run during /castor
+		// restart) waits for the stop to end -- at most its grace -- and then gets the next runtime.
+		// It used to start that one at once, which made the one stopping this generation's past and
+		// SIGKILLed it without the grace in which it ends the utility commands its casts run.
+		if (this.stopped) {
+			await this.stopped;
+			return this.ensure(spawnIfDown, timeoutMs);
+		}
 		if (!spawnIfDown) throw new RpcError("runtime_exited", "castor runtime is not running (use a /materia, /icarus or /castor command to restart it)");
 		this.starting = this.start(timeoutMs).finally(() => {
 			this.starting = undefined;
@@ -402,8 +412,18 @@ export class CastorRuntime {
 		return peer;
 	}
 
-	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`; for an endpoint, disconnect only. */
+	/** Close stdin (castor exits on EOF), SIGKILL after `graceMs`; for an endpoint, disconnect only.
+	 * Until it has gone, `ensure` starts no other runtime (see there). */
 	stop(graceMs = CASTOR_STOP_GRACE_MS): Promise<void> {
+		const done = this.stopNow(graceMs);
+		this.stopped = done;
+		void done.finally(() => {
+			if (this.stopped === done) this.stopped = undefined;
+		});
+		return done;
+	}
+
+	private stopNow(graceMs: number): Promise<void> {
 		const child = this.child;
 		// A runtime still starting (no handshake answered yet) runs no cast to wind down: no grace, as
 		// for one whose handshake failed -- Pi quitting while castor started waited the grace out.

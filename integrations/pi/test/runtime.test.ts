@@ -68,3 +68,37 @@ test("a child that exits before its handshake (not castor, or too old) is named,
 	assert.match(next, /pip install -U castor/);
 	assert.match(next, /--castor-python/);
 });
+
+test("a call while the runtime is being stopped waits for the stop: the runtime stopping keeps its grace", { timeout: 20_000 }, async () => {
+	// /castor restart stops castor (stdin closed, SIGKILL only after a grace in which castor ends the
+	// utility commands its casts run) and then starts the next one. A hook calling castor meanwhile
+	// used to start the next one at once, and the one stopping was SIGKILLed at that moment.
+	const { mkdtempSync, existsSync } = await import("node:fs");
+	const { tmpdir } = await import("node:os");
+	const { join } = await import("node:path");
+	const dir = mkdtempSync(join(tmpdir(), "castor-rt-"));
+	// A castor that answers its handshake and, at the end of its input, takes 400 ms to wind down.
+	const script = `
+		const { Encoder, decodeMultiStream } = require("@msgpack/msgpack");
+		const fs = require("node:fs");
+		const enc = new Encoder();
+		process.stdin.on("end", () => setTimeout(() => { fs.writeFileSync(${JSON.stringify(join(dir, "ended-"))} + process.pid, ""); process.exit(0); }, 400));
+		(async () => {
+			for await (const frame of decodeMultiStream(process.stdin)) {
+				if (frame[0] === 0) process.stdout.write(enc.encode([1, frame[1], null, { name: "castor", version: "test" }]));
+			}
+		})();`;
+	const rt = silentChild(script, 5_000);
+	await rt.ensure(true);
+	const first = rt.pid;
+	assert.ok(first);
+	const stopping = rt.stop();
+	try {
+		await rt.ensure(true); // the hook's call
+		assert.ok(existsSync(join(dir, `ended-${first}`)), "the runtime stopping was killed before it wound down");
+		assert.notEqual(rt.pid, first, "the call got the next runtime");
+	} finally {
+		await stopping;
+		await rt.stop(0);
+	}
+});
