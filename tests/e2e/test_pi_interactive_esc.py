@@ -101,7 +101,8 @@ def test_keys_other_than_esc_do_not_end_the_wait(tty_pi, fake_llm):
 def test_esc_during_a_slow_memory_retrieval_of_the_real_runtime(start_tty, fake_llm, castor_command, tmp_path):
     """The real castor, the reference Icarus backend taking 5 s to retrieve: the Esc ends the wait at
     once; the retrieval runs to its end in the worker (the protocol has no cancel for it: its answer
-    is dropped, the worker is not killed), and the next prompt is answered once it has."""
+    is dropped, the worker is not killed), and the next prompt is answered -- after at most 2 s more
+    of it, without memory context (castor answers the stopped retrieval first)."""
     call_log = tmp_path / "icarus-calls.jsonl"
     controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 5000}})
     pi = start_tty(castor_command, settings=icarus_settings(tmp_path),
@@ -127,7 +128,7 @@ def test_esc_during_a_slow_memory_retrieval_of_the_real_runtime(start_tty, fake_
     pi.type("second prompt")
     wait_for(lambda: any("second prompt" in str(r) for r in fake_llm.log()), timeout=20,
              what=f"the next prompt's model request; Pi drew: {pi.screen_tail()!r}")
-    assert len(retrievals("end")) >= 1, "the first retrieval was not left to finish"
+    wait_for(lambda: retrievals("end"), timeout=10, what="the first retrieval left to finish")
     pids = {c["pid"] for c in read_jsonl(call_log)}
     assert len(pids) == 1, f"the worker was replaced: {pids}"
 

@@ -8,16 +8,20 @@ what is left running.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
-from tests.support.waiting import poll_until
+from tests.support.waiting import poll_until, wait_for
 
+from .conftest import read_jsonl
 from .test_pi_cancel_moments import processes_with, start, write_loadout
-from .test_pi_cancellation import error_toasts, requests_with, run_dir
+from .test_pi_cancellation import CALL_TIMEOUT_MS, error_toasts, requests_with, run_dir, settled_after, wait_request
+from .test_pi_castor_e2e import icarus_settings, up
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
@@ -57,3 +61,40 @@ def test_a_prompt_while_castor_restart_stops_castor_waits_for_the_stop_and_the_o
     assert requests_with(fake_llm, "USER-DURING-RESTART"), "the prompt reached no model"
     time.sleep(0.5)  # a late error toast would come after the settle
     assert error_toasts(pi, begin) == []
+
+
+def test_the_next_prompt_after_an_abort_does_not_wait_out_the_hung_retrieval(start_pi, castor_command, fake_llm,
+                                                                             tmp_path):
+    """An abort (an RPC client's Esc) while castor answers a prompt's before_agent_start with a memory
+    retrieval that hangs (20 s) ends the run at once; the retrieval runs on in castor's worker. The
+    next prompt's retrieval queues behind it: it used to wait the hung one out (pi-icarus-hook does
+    the same). Now the next prompt waits at most 2 s for it and then goes to the model without memory
+    context, saying so."""
+    call_log = tmp_path / "icarus-calls.jsonl"
+    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
+    pi = start_pi(castor_command, settings=icarus_settings(tmp_path), timeout_ms=CALL_TIMEOUT_MS,
+                  env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
+    up(pi)
+
+    def retrievals(phase: str) -> list[dict[str, Any]]:
+        return [c for c in read_jsonl(call_log) if c["call"] == "hooks.pre_llm_call" and c["phase"] == phase]
+
+    wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
+             what="Icarus' session start")
+    begin = pi.mark()
+    pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
+    wait_for(lambda: retrievals("start"), timeout=15, what="the retrieval running")
+    pi.request({"type": "abort"}, timeout=30)
+    settled_after(pi, begin)
+    fake_llm.reply_text("PLAIN-ANSWER", when="USER-AFTER-ABORT")
+    after = pi.mark()
+    t0 = time.monotonic()
+    pi.send({"type": "prompt", "message": "USER-AFTER-ABORT and the giraffes?"})
+    wait_request(fake_llm, "USER-AFTER-ABORT", timeout=30)
+    took = time.monotonic() - t0
+    assert took < 6.0, f"the next prompt waited {took:.1f} s for the hung retrieval"
+    assert not retrievals("end"), "the hung retrieval cannot have ended yet"
+    note = pi.wait_ui("notify", lambda e: "without memory context" in str(e.get("message")), start=after, timeout=5)
+    assert note.get("notifyType") == "info", note
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=after, timeout=15)
+    assert error_toasts(pi, after) == []

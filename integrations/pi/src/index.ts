@@ -26,7 +26,7 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, refusedArgumentText, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
-import { EscWatch, holdWhileQuitting, StopKeyWatch } from "./interrupt.ts";
+import { BEHIND_STOPPED_MS, boundedBehind, EscWatch, holdWhileQuitting, StillBehind, StopKeyWatch } from "./interrupt.ts";
 import { isStartLine, StderrRoute } from "./stderr.ts";
 import { entryRefusal, RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
@@ -854,6 +854,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	let stopNextTurnUntil = 0;
 	/** An Esc while castor started came after a prompt Pi held: that prompt's run is stopped when it starts. */
 	let stopPromptHeldAtStart = false;
+	/**
+	 * The `before_agent_start` call (a memory retrieval) whose wait an Esc ended, until castor answers
+	 * it: castor answers it before the next prompt's, so that prompt waits for it at most
+	 * {@link BEHIND_STOPPED_MS} and then goes without castor's answer (it used to wait the whole
+	 * retrieval out, a hung one up to its deadline).
+	 */
+	let retrievalAhead: Promise<void> | undefined;
+	function leaveBehind(call: Promise<unknown>): void {
+		const settled = call.then(() => undefined, () => undefined);
+		retrievalAhead = settled;
+		void settled.then(() => {
+			if (retrievalAhead === settled) retrievalAhead = undefined;
+		});
+	}
 
 	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -886,20 +900,31 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// shuts down on and, in RPC mode, its input ending or an RPC abort: each waits for this handler.
 		const esc = new EscWatch(ctx, Date.now, process);
 		let result: Record<string, unknown> | undefined;
+		let call: Promise<Record<string, unknown> | undefined> | undefined;
 		try {
 			// After castor's start (the session's start event first), which in RPC mode goes on behind
 			// Pi's: the wait for it ends at an abort as the wait for the answer does.
 			const started = startupWait;
-			result = await untilAborted((started ?? Promise.resolve()).then(() => forward("before_agent_start", {
+			call = (started ?? Promise.resolve()).then(() => forward("before_agent_start", {
 				prompt: custom ? null : promptText(event?.prompt),
 				message_type: custom ? "custom" : "user",
 				custom_type: custom ? (event.message?.customType ?? null) : null,
 				turn_id: turns.active?.turnId ?? null,
 				system_prompt: typeof event?.systemPrompt === "string" ? event.systemPrompt : null,
 				images: Array.isArray(event?.images) ? event.images.length : 0,
-			})), esc.signal);
+			}));
+			// A user's prompt does not wait out a retrieval an Esc left running (castor answers that
+			// one first); a castor turn's answer is the turn's own, and is waited for as ever.
+			result = await untilAborted(boundedBehind(call, custom ? undefined : retrievalAhead, BEHIND_STOPPED_MS), esc.signal);
 		} catch (err) {
+			if (err instanceof StillBehind && !esc.pressed) {
+				leaveBehind(call!);
+				notify(`castor: this prompt goes without memory context: the retrieval an Esc stopped waiting for still ` +
+					`runs, and castor answers it first (waited ${BEHIND_STOPPED_MS / 1000} s)`, "info");
+				return undefined;
+			}
 			if (!esc.pressed) throw err;
+			if (call && !esc.quitting) leaveBehind(call);
 			if (esc.quitting) {
 				quitting = true; // the shutdown that follows does not wait behind this retrieval either
 				return undefined;

@@ -180,6 +180,50 @@ export function holdWhileQuitting(work: Promise<unknown>, closing: () => boolean
 	});
 }
 
+/** How long a prompt's `before_agent_start` waits for a retrieval an Esc stopped waiting for, which
+ * castor answers first (its worker runs one at a time), before the prompt goes without castor's answer. */
+export const BEHIND_STOPPED_MS = 2000;
+
+/** What `boundedBehind` rejects with: the call ahead was still unanswered at the bound. */
+export class StillBehind extends Error {
+	constructor() {
+		super("the call ahead is still unanswered");
+	}
+}
+
+/**
+ * `call`, waited for in full once `ahead` (a call castor answers first, which nobody waits for any
+ * more) settles -- or sooner, should `call` settle first; if `ahead` is still unanswered after
+ * `boundMs`, a rejection with {@link StillBehind} instead. No `ahead`: `call` itself.
+ */
+export function boundedBehind<T>(call: Promise<T>, ahead: Promise<unknown> | undefined, boundMs: number): Promise<T> {
+	if (!ahead) return call;
+	return new Promise<T>((resolve, reject) => {
+		let done = false;
+		const timer = setTimeout(() => {
+			if (done) return;
+			done = true;
+			reject(new StillBehind());
+		}, boundMs);
+		const cleared = () => clearTimeout(timer);
+		ahead.then(cleared, cleared);
+		call.then(
+			(value) => {
+				if (done) return;
+				done = true;
+				clearTimeout(timer);
+				resolve(value);
+			},
+			(err) => {
+				if (done) return;
+				done = true;
+				clearTimeout(timer);
+				reject(err);
+			},
+		);
+	});
+}
+
 /** Why the wait ended: the user's Esc, an RPC client's `abort`, or Pi going away. */
 export type WaitEnd = "esc" | "abort" | "quit";
 

@@ -432,3 +432,17 @@ test("sessionIds: Pi's id as both; a session without one gets an id of its own, 
 	assert.deepEqual(sessionIds("", { castorId: "s1", harnessId: "s1" }, false, newId), { castorId: "pi-anon-3", harnessId: "" });
 	assert.deepEqual(sessionIds("s2", anon, false, newId), { castorId: "s2", harnessId: "s2" });
 });
+
+test("boundedBehind: a call behind one nobody waits for waits for it at most the bound", async () => {
+	const { boundedBehind, StillBehind } = await import("../src/interrupt.ts");
+	const never = new Promise<void>(() => {});
+	const late = new Promise<string>((r) => setTimeout(() => r("late"), 200));
+	await assert.rejects(boundedBehind(late, never, 20), (err: unknown) => err instanceof StillBehind);
+	// the one ahead answers within the bound: the call is waited for in full, past the bound
+	const ahead = new Promise<void>((r) => setTimeout(r, 5));
+	assert.equal(await boundedBehind(new Promise<string>((r) => setTimeout(() => r("full"), 100)), ahead, 30), "full");
+	// nothing ahead, or the call answering first: the call itself
+	assert.equal(await boundedBehind(Promise.resolve("now"), undefined, 1), "now");
+	assert.equal(await boundedBehind(Promise.resolve("first"), never, 1000), "first");
+	await assert.rejects(boundedBehind(Promise.reject(new Error("boom")), never, 1000), /boom/);
+});
