@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +22,18 @@ from tests.support.waiting import poll_until, wait_for
 
 from .conftest import read_jsonl
 from .test_pi_cancel_moments import processes_with, start, write_loadout
-from .test_pi_cancellation import CALL_TIMEOUT_MS, error_toasts, requests_with, run_dir, settled_after, wait_request
+from .test_pi_cancellation import (
+    CALL_TIMEOUT_MS,
+    STALL_S,
+    error_toasts,
+    events,
+    project,
+    requests_with,
+    resume_completes,
+    run_dir,
+    settled_after,
+    wait_request,
+)
 from .test_pi_castor_e2e import icarus_settings, up
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
@@ -98,3 +111,37 @@ def test_the_next_prompt_after_an_abort_does_not_wait_out_the_hung_retrieval(sta
     assert note.get("notifyType") == "info", note
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=after, timeout=15)
     assert error_toasts(pi, after) == []
+
+
+CRASHY = Path(__file__).with_name("crashy_serve.py")
+
+
+def test_an_abort_as_castor_restarts_a_crashed_casts_actor_stops_the_turn_it_sends_again(start_pi, fake_llm,
+                                                                                        tmp_path):
+    """The cast's actor crashes while its builder turn runs: castor restarts it, stops the run
+    (``agent.abort_turn``, ``cast_restarted``) and sends the turn again under a new id. An abort
+    (the user's Esc) that comes while the old run is being stopped found that run ending and stopped
+    only it: the re-sent turn then ran, as if no Esc had been pressed. Now the re-sent turn is
+    stopped before its first model request and reported aborted: the cast is interrupted at that
+    socket, the user is told, and ``/materia continue`` runs the turn."""
+    marker = tmp_path / "crash-cast"
+    root = project(tmp_path)
+    pi = start_pi([sys.executable, str(CRASHY)], cwd=root, settings={"defaultProjectTrust": "always"},
+                  timeout_ms=CALL_TIMEOUT_MS, env={"CASTOR_CRASH_CAST_FILE": str(marker)})
+    up(pi)
+    fake_llm.reply_text("BUILT-PARTIAL never sent", when="BUILDER-MATERIA", delay=STALL_S)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    wait_request(fake_llm, "BUILDER-MATERIA")
+    marker.touch()
+    wait_for(lambda: "(cast_restarted)" in pi.stderr(), timeout=10, what="castor stopping the turn to send it again")
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10), \
+        f"the cast was not interrupted; builder requests: {len(requests_with(fake_llm, 'BUILDER-MATERIA'))}"
+    assert len(requests_with(fake_llm, "BUILDER-MATERIA")) == 1, "the re-sent turn reached the model"
+    note = pi.wait_ui("notify", lambda e: "sent its turn again" in str(e.get("message")), start=esc, timeout=5)
+    assert "/materia continue" in str(note["message"]), note
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=esc, timeout=10)
+    assert error_toasts(pi, begin) == []
+    resume_completes(pi, fake_llm, run, "BUILT-AFTER-RESTART")

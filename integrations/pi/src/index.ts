@@ -53,6 +53,8 @@ const QUIT_HOLD_MS = 5000;
 const SETTLE_WAIT_MS = 2000;
 /** How long after a /materia command an Esc during it still stops the turn it started (castor asks for it at once). */
 const STOP_NEXT_TURN_MS = 3000;
+/** How long before castor stops a turn to send it again (`cast_restarted`) an Esc still counts as meant for that turn. */
+const RECENT_STOP_KEY_MS = 1000;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
@@ -530,6 +532,32 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		const found = turns.abort(p.turn_id);
 		log(`castor aborted turn ${p.turn_id} (${typeof p.reason === "string" ? p.reason : "no reason"}): ${found}`);
 		if (found === "active") abortRun(lastCtx);
+		if (p.reason === "cast_restarted") {
+			// castor restarted the cast's crashed actor and sends the turn again under a new id: an Esc
+			// from now until that turn's run starts -- or one just before, which stopped the old run
+			// as castor stopped it -- is for the re-sent turn, which is stopped as it starts.
+			restartWindowUntil = Date.now() + STOP_NEXT_TURN_MS;
+			if (Date.now() - lastStopKey.at < RECENT_STOP_KEY_MS) stopResentTurn(lastStopKey.cause);
+		}
+	}
+
+	/** Until when an Esc is for the turn a restarted cast sends again (see `abortTurn`). */
+	let restartWindowUntil = 0;
+	/** The last Esc (or RPC abort) Pi's keys or input carried, and when. */
+	let lastStopKey: { at: number; cause: "esc" | "abort" } = { at: 0, cause: "esc" };
+	/** What the notice of a stopped castor turn says (see `before_agent_start`). */
+	let stopNextTurnNotice = "";
+
+	function stopResentTurn(cause: "esc" | "abort"): void {
+		restartWindowUntil = 0;
+		stopNextTurnUntil = Date.now() + STOP_NEXT_TURN_MS;
+		stopNextTurnNotice = `castor: ${cause === "esc" ? "Esc" : "abort"} — castor restarted the cast's crashed actor and ` +
+			"sent its turn again as you stopped it: that turn is stopped too (/materia continue runs it)";
+	}
+
+	function onStopKey(cause: "esc" | "abort"): void {
+		lastStopKey = { at: Date.now(), cause };
+		if (Date.now() < restartWindowUntil) stopResentTurn(cause);
 	}
 
 	/** The running agent's abort signal (Pi 1.x `ctx.signal`), if there is one. */
@@ -700,7 +728,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			const esc = startsTurns ? new EscWatch(ctx, Date.now, process) : undefined;
 			esc?.signal?.addEventListener("abort", () => {
 				// A run going on, or a turn already bound, is Pi's own abort to stop.
-				if (!esc.quitting && !runUnsettled && !turns.active) stopNextTurnUntil = Number.POSITIVE_INFINITY;
+				if (!esc.quitting && !runUnsettled && !turns.active) {
+					stopNextTurnUntil = Number.POSITIVE_INFINITY;
+					stopNextTurnNotice = "";
+				}
 			}, { once: true });
 			let reply: string;
 			try {
@@ -788,7 +819,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		stopKeys?.dispose();
-		stopKeys = new StopKeyWatch(ctx, (cause) => void sayWhatStopsAUtility(cause), process);
+		stopKeys = new StopKeyWatch(ctx, (cause) => {
+			onStopKey(cause);
+			void sayWhatStopsAUtility(cause);
+		}, process);
 		const previousId = sessionId;
 		adoptSession(ctx, closingSession);
 		// A new or replaced session must be opened again; the same one started twice is open already.
@@ -887,13 +921,18 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		const armed = Date.now() < stopNextTurnUntil;
 		if (!custom) stopNextTurnUntil = 0; // a prompt of the user's own: the Esc was not meant for later turns
-		if (custom && turns.bindFromMessage(event.message) && armed) {
-			stopNextTurnUntil = 0;
-			// The turn a /materia command started, with an Esc while castor answered the command: stopped
-			// before its first model request and reported interrupted, as an Esc during the turn is.
-			notify("castor: Esc — the turn the command started is stopped (/materia continue runs it)", "info");
-			abortRun(ctx);
-			return undefined;
+		if (custom && turns.bindFromMessage(event.message)) {
+			restartWindowUntil = 0; // a castor turn runs: an Esc now is Pi's own to stop it
+			if (armed) {
+				stopNextTurnUntil = 0;
+				// The turn a /materia command started, with an Esc while castor answered the command -- or the
+				// turn a restarted cast sent again, with an Esc as castor stopped its run: stopped before its
+				// first model request and reported interrupted, as an Esc during the turn is.
+				notify(stopNextTurnNotice || "castor: Esc — the turn the command started is stopped (/materia continue runs it)", "info");
+				stopNextTurnNotice = "";
+				abortRun(ctx);
+				return undefined;
+			}
 		}
 		// An Esc while castor answers (a memory retrieval may take seconds) ends the wait: Pi holds
 		// its abort until this handler returns (interrupt.ts). So do Pi's quit keys, the signals it
