@@ -145,3 +145,37 @@ def test_an_abort_as_castor_restarts_a_crashed_casts_actor_stops_the_turn_it_sen
     pi.wait_for(lambda e: e.get("type") == "agent_settled", start=esc, timeout=10)
     assert error_toasts(pi, begin) == []
     resume_completes(pi, fake_llm, run, "BUILT-AFTER-RESTART")
+
+
+def test_a_session_replaced_while_castor_restart_stops_castor_leaves_one_castor(start_pi, castor_command, fake_llm,
+                                                                                tmp_path):
+    """``/castor restart`` stops castor (a second or two while its utility command ends), then starts
+    the next one; an RPC ``new_session`` sent at once replaces the session meanwhile. The old
+    session's restart used to start its castor all the same once the stop ended -- for a session
+    that had ended, in an extension instance Pi never calls again: that castor stayed under Pi, with
+    its workers, until Pi quit. Now a restart whose session ended starts nothing."""
+    from .test_pi_session_switch import castor_runtimes
+
+    marker = "sleep 47.25"
+    utility = {"type": "utility", "timeoutMs": 120000, "edges": [{"when": "always", "to": "Socket-2"}],
+               "command": ["sh", "-c", f"trap '' TERM; {marker}"]}
+    root = write_loadout(tmp_path / "project", utility)
+    pi = start(start_pi, castor_command, root)
+    pi.command("/materia cast build the thing")
+    run_dir(root)
+    try:
+        assert poll_until(lambda: processes_with(marker), timeout=20), "the utility never ran"
+        begin = pi.mark()
+        restart = pi.send({"type": "prompt", "message": "/castor restart"})
+        pi.request({"type": "new_session"}, timeout=40)
+        pi.wait_for(lambda e: e.get("type") == "response" and e.get("id") == restart, start=begin, timeout=30)
+        pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("castor: up"), start=begin,
+                   timeout=40)
+        time.sleep(1.0)  # a castor the old session's restart starts would be up by now (it took ~0.5 s)
+        assert poll_until(lambda: len(castor_runtimes(pi)) == 1, timeout=10), \
+            [p.cmdline() for p in castor_runtimes(pi)]
+        assert poll_until(lambda: not processes_with(marker), timeout=8), "the utility's command outlived the restart"
+    finally:
+        for pid in processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert len(castor_runtimes(pi)) == 1, [p.cmdline() for p in castor_runtimes(pi)]

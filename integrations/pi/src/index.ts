@@ -304,6 +304,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// A command or event before any session_start (a host that emits none) still has a session.
 		if (!sessionId) adoptSession(lastCtx, false);
 		const rt = getRuntime();
+		// Nothing starts a castor for a session that is ending (a hook of its last run): it would
+		// outlive the session, serving nobody.
+		if (closingSession && !rt.isUp) throw new RpcError("runtime_exited", "the session is ending: no castor is started for it");
 		await rt.ensure(spawn);
 		// One open per runtime and session, however many callers want it: a command that (re)started
 		// the runtime and a hook of the run going on used to open the session twice, and castor
@@ -758,10 +761,18 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			const sub = (args ?? "").trim();
 			try {
 				if (sub === "restart") {
+					const epoch = sessionEpoch;
 					orphanTurns("restarted");
 					await getRuntime().stop();
 					clearCastorStatuses();
 					openedGeneration = -1;
+					if (closingSession || sessionEpoch !== epoch) {
+						// The session ended while castor stopped (Pi quit, or /new, /resume, /fork replaced
+						// it): a castor started now would serve nobody -- this instance is never called
+						// again -- and stayed under Pi, with its workers, until Pi quit.
+						log("castor restart: the session ended while castor stopped; no castor is started for it");
+						return;
+					}
 				} else if (sub !== "" && sub !== "status") {
 					notify("Usage: /castor status | restart", "warning");
 					return;
