@@ -233,6 +233,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			timeoutMs: timeoutMs(),
 			helloParams: { client: "pi", client_version: String(VERSION), protocol: 1, capabilities: HARNESS_METHODS },
 			handlers: harnessHandlers(),
+			// Nothing starts a castor for a session that is ending (a hook of its last run, one that
+			// waited out a /castor restart's stop): it would outlive the session, serving nobody.
+			mayStart: () => !closingSession,
 			log,
 			stderr: (text: string) => stderr.push(text),
 			onUp: (hello: Hello, generation: number) => {
@@ -304,9 +307,6 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// A command or event before any session_start (a host that emits none) still has a session.
 		if (!sessionId) adoptSession(lastCtx, false);
 		const rt = getRuntime();
-		// Nothing starts a castor for a session that is ending (a hook of its last run): it would
-		// outlive the session, serving nobody.
-		if (closingSession && !rt.isUp) throw new RpcError("runtime_exited", "the session is ending: no castor is started for it");
 		await rt.ensure(spawn);
 		// One open per runtime and session, however many callers want it: a command that (re)started
 		// the runtime and a hook of the run going on used to open the session twice, and castor

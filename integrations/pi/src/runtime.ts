@@ -84,6 +84,8 @@ export interface RuntimeOptions {
 	log: (msg: string) => void;
 	/** Where the child's stderr goes, as it comes (stderr.ts); without it the child inherits Pi's. */
 	stderr?: (text: string) => void;
+	/** Whether a runtime may be started now (false: the session it would serve is ending). */
+	mayStart?: () => boolean;
 	onUp: (hello: Hello, generation: number) => void;
 	onDown: (reason: string, generation: number) => void;
 }
@@ -293,6 +295,9 @@ export class CastorRuntime {
 			return this.ensure(spawnIfDown, timeoutMs);
 		}
 		if (!spawnIfDown) throw new RpcError("runtime_exited", "castor runtime is not running (use a /materia, /icarus or /castor command to restart it)");
+		// Checked here, after any wait for a stop: a call that waited out the stop of a session's end
+		// must not start a castor for the session that ended.
+		if (this.opts.mayStart && !this.opts.mayStart()) throw new RpcError("runtime_exited", "the session is ending: no castor is started for it");
 		this.starting = this.start(timeoutMs).finally(() => {
 			this.starting = undefined;
 		});

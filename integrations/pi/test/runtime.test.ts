@@ -102,3 +102,43 @@ test("a call while the runtime is being stopped waits for the stop: the runtime 
 		await rt.stop(0);
 	}
 });
+
+test("a call that waits out a stop starts no runtime when none may start any more (the session ended meanwhile)", { timeout: 20_000 }, async () => {
+	let may = true;
+	// A castor that answers its handshake and, at the end of its input, takes 300 ms to wind down.
+	const script = `
+		const { Encoder, decodeMultiStream } = require("@msgpack/msgpack");
+		const enc = new Encoder();
+		process.stdin.on("end", () => setTimeout(() => process.exit(0), 300));
+		(async () => {
+			for await (const frame of decodeMultiStream(process.stdin)) {
+				if (frame[0] === 0) process.stdout.write(enc.encode([1, frame[1], null, { name: "castor", version: "test" }]));
+			}
+		})();`;
+	const rt = new CastorRuntime({
+		command: [process.execPath, "-e", script],
+		cwd: process.cwd(),
+		timeoutMs: 5_000,
+		helloParams: { client: "runtime-test" },
+		handlers: {},
+		log: () => {},
+		stderr: () => {},
+		mayStart: () => may,
+		onUp: () => {},
+		onDown: () => {},
+	});
+	await rt.ensure(true);
+	const before = process.listenerCount("exit");
+	const stopping = rt.stop();
+	may = false; // the session ends while the stop goes on
+	const err = await rt.ensure(true).then(() => undefined, (e: unknown) => e as { code?: string; message?: string });
+	await stopping;
+	try {
+		assert.equal(err?.code, "runtime_exited");
+		assert.match(String(err?.message), /session is ending/);
+		assert.equal(rt.isUp, false);
+	} finally {
+		await rt.stop(0);
+	}
+	assert.ok(process.listenerCount("exit") <= before, "no runtime was started after the stop");
+});
