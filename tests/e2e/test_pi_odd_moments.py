@@ -32,9 +32,10 @@ from .test_pi_cancellation import (
     resume_completes,
     run_dir,
     settled_after,
+    up,
     wait_request,
 )
-from .test_pi_castor_e2e import icarus_settings, up
+from .test_pi_castor_e2e import icarus_settings
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
 
@@ -179,3 +180,28 @@ def test_a_session_replaced_while_castor_restart_stops_castor_leaves_one_castor(
         for pid in processes_with(marker):
             os.kill(pid, signal.SIGKILL)
     assert len(castor_runtimes(pi)) == 1, [p.cmdline() for p in castor_runtimes(pi)]
+
+
+def test_castor_restart_twice_at_once_restarts_castor_without_an_error(start_pi, castor_command, fake_llm, tmp_path):
+    """An impatient user types ``/castor restart`` as soon as the footer says castor is up, and again
+    a moment later. The first stopped castor while Pi's session was still being opened on it: that
+    open went on against the castor the restart started, whose connection had not opened the
+    session, and failed with an error toast ("castor runtime unavailable: session … is not open on
+    this connection"). The open is now done again on the new castor; both restarts answer, one
+    castor runs and no error is shown."""
+    from .test_pi_session_switch import castor_runtimes
+
+    pi = start_pi(castor_command, timeout_ms=CALL_TIMEOUT_MS)
+    up(pi)
+    begin = pi.mark()
+    first = pi.send({"type": "prompt", "message": "/castor restart"})
+    time.sleep(0.3)  # the first restart's stop is over (no cast runs): its next castor is starting
+    second = pi.send({"type": "prompt", "message": "/castor restart"})
+    for cid in (first, second):
+        answer = pi.wait_for(lambda e, cid=cid: e.get("type") == "response" and e.get("id") == cid, start=begin,
+                             timeout=40)
+        assert answer.get("success"), answer
+    time.sleep(0.5)
+    assert error_toasts(pi, begin) == []
+    assert poll_until(lambda: len(castor_runtimes(pi)) == 1, timeout=10), [p.cmdline() for p in castor_runtimes(pi)]
+    pi.wait_ui("notify", lambda e: " up (" in str(e.get("message")), start=begin, timeout=10)

@@ -307,21 +307,32 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// A command or event before any session_start (a host that emits none) still has a session.
 		if (!sessionId) adoptSession(lastCtx, false);
 		const rt = getRuntime();
-		await rt.ensure(spawn);
-		// One open per runtime and session, however many callers want it: a command that (re)started
-		// the runtime and a hook of the run going on used to open the session twice, and castor
-		// refused the second ("session … is already open on this connection", an error toast). A
-		// caller that comes while the open is under way waits for it to be answered.
-		const inFlight = opening?.generation === rt.generation && opening.session === sessionId ? opening : undefined;
-		if (inFlight) await inFlight.done;
-		else if (openedGeneration !== rt.generation) {
-			const done = openSession(rt).finally(() => {
-				if (opening?.done === done) opening = undefined;
-			});
-			opening = { generation: rt.generation, session: sessionId, done };
-			await done;
+		// An open that a /castor restart cut short (the runtime it was for stopped meanwhile) is done
+		// again on the runtime that replaced it: it failed with an error toast ("session … is not
+		// open on this connection") when the restart came right after castor's start.
+		for (let attempt = 0; ; attempt++) {
+			await rt.ensure(spawn);
+			const generation = rt.generation;
+			try {
+				// One open per runtime and session, however many callers want it: a command that (re)started
+				// the runtime and a hook of the run going on used to open the session twice, and castor
+				// refused the second ("session … is already open on this connection", an error toast). A
+				// caller that comes while the open is under way waits for it to be answered.
+				const inFlight = opening?.generation === generation && opening.session === sessionId ? opening : undefined;
+				if (inFlight) await inFlight.done;
+				else if (openedGeneration !== generation) {
+					const done = openSession(rt).finally(() => {
+						if (opening?.done === done) opening = undefined;
+					});
+					opening = { generation, session: sessionId, done };
+					await done;
+				}
+				return rt;
+			} catch (err) {
+				if (attempt < 2 && rt.generation !== generation) continue;
+				throw err;
+			}
 		}
-		return rt;
 	}
 	/** The session open under way: on which runtime generation, for which session (see `ready`). */
 	let opening: { generation: number; session: string; done: Promise<void> } | undefined;
@@ -331,16 +342,24 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// open, or a new session on a stopped castor) is not asked again with a whole deadline by
 		// every hook: it costs the quick probe, like any other call (`answering`).
 		if (!(await answering(rt))) throw new RpcError("timeout", "castor is not answering: the session is not open on it yet; /castor restart restarts it");
-		openedGeneration = rt.generation;
+		const generation = rt.generation;
+		// Each call goes to the runtime the open is for: after a restart, the next one's connection
+		// has not opened the session (castor refuses its calls), and its own open is under way.
+		const same = () => {
+			if (rt.generation !== generation) throw new RpcError("runtime_exited", "castor restarted while the session was being opened");
+		};
+		openedGeneration = generation;
 		try {
+			same();
 			if (rt.has("session.open")) tools.registerFrom(await rt.call("session.open", sessionParams(), { spawn: false }));
 			if (rt.has("icarus.config")) {
+				same();
 				const config = await rt.call("icarus.config", { session_id: sessionId }, { spawn: false });
 				noteDeadlines(config);
 				tools.registerFrom(config);
 			}
 		} catch (err) {
-			openedGeneration = -1;
+			if (openedGeneration === generation) openedGeneration = -1; // not the next runtime's open
 			throw err;
 		}
 	}
