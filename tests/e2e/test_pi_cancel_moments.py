@@ -267,10 +267,9 @@ def test_pi_killed_mid_cast_leaves_no_process_behind(start_pi, castor_command, f
 
 
 
-def test_rpc_abort_during_a_slow_retrieval_ends_the_run_at_once(start_pi, castor_command, fake_llm, tmp_path):
-    """An RPC client's abort (its Esc) while castor answers a prompt's before_agent_start (a memory
-    retrieval of 20 s): Pi's abort waited for the hook, the hook for the retrieval. The wait now
-    ends at the abort: the run stops before its first model request, and the next prompt runs."""
+def pi_whose_memory_retrievals_take_20_s(start_pi, castor_command, tmp_path):
+    """Pi with castor up and Icarus' session started, each memory retrieval (``hooks.pre_llm_call``)
+    taking 20 s; with it, the retrievals that reached a phase (``start``/``end``) so far."""
     call_log = tmp_path / "icarus-calls.jsonl"
     controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
     pi = start_pi(castor_command, settings=icarus_settings(tmp_path), timeout_ms=CALL_TIMEOUT_MS,
@@ -282,6 +281,14 @@ def test_rpc_abort_during_a_slow_retrieval_ends_the_run_at_once(start_pi, castor
 
     wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
              what="Icarus' session start")
+    return pi, retrievals
+
+
+def test_rpc_abort_during_a_slow_retrieval_ends_the_run_at_once(start_pi, castor_command, fake_llm, tmp_path):
+    """An RPC client's abort (its Esc) while castor answers a prompt's before_agent_start (a memory
+    retrieval of 20 s): Pi's abort waited for the hook, the hook for the retrieval. The wait now
+    ends at the abort: the run stops before its first model request, and the next prompt runs."""
+    pi, retrievals = pi_whose_memory_retrievals_take_20_s(start_pi, castor_command, tmp_path)
     begin = pi.mark()
     pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
     wait_for(lambda: retrievals("start"), timeout=15, what="the retrieval running")

@@ -8,20 +8,17 @@ what is left running.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.waiting import poll_until, wait_for
 
-from .conftest import read_jsonl
-from .test_pi_cancel_moments import processes_with, start, write_loadout
+from .test_pi_cancel_moments import pi_whose_memory_retrievals_take_20_s, processes_with, start, write_loadout
 from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
@@ -35,9 +32,20 @@ from .test_pi_cancellation import (
     up,
     wait_request,
 )
-from .test_pi_castor_e2e import icarus_settings
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
+
+
+def pi_casting_a_command_that_ignores_sigterm(start_pi, castor_command, tmp_path: Path, marker: str):
+    """Pi whose ``/materia cast`` has started a cast whose first socket is a utility command that
+    ignores SIGTERM (``marker`` names it in the process list: castor SIGKILLs it a second after its TERM)."""
+    utility = {"type": "utility", "timeoutMs": 120000, "edges": [{"when": "always", "to": "Socket-2"}],
+               "command": ["sh", "-c", f"trap '' TERM; {marker}"]}
+    root = write_loadout(tmp_path / "project", utility)
+    pi = start(start_pi, castor_command, root)
+    pi.command("/materia cast build the thing")
+    run_dir(root)
+    return pi
 
 
 def test_a_prompt_while_castor_restart_stops_castor_waits_for_the_stop_and_the_old_castor_gets_its_grace(
@@ -49,12 +57,7 @@ def test_a_prompt_while_castor_restart_stops_castor_waits_for_the_stop_and_the_o
     moment to end (here one that ignores SIGTERM, which castor SIGKILLs after its own second) went
     on running with no owner. The hook now waits for the stop to end and is answered by the next castor."""
     marker = "sleep 46.25"
-    utility = {"type": "utility", "timeoutMs": 120000, "edges": [{"when": "always", "to": "Socket-2"}],
-               "command": ["sh", "-c", f"trap '' TERM; {marker}"]}
-    root = write_loadout(tmp_path / "project", utility)
-    pi = start(start_pi, castor_command, root)
-    pi.command("/materia cast build the thing")
-    run_dir(root)
+    pi = pi_casting_a_command_that_ignores_sigterm(start_pi, castor_command, tmp_path, marker)
     try:
         assert poll_until(lambda: processes_with(marker), timeout=20), "the utility never ran"
         fake_llm.reply_text("PLAIN-ANSWER", when="USER-DURING-RESTART")
@@ -84,17 +87,7 @@ def test_the_next_prompt_after_an_abort_does_not_wait_out_the_hung_retrieval(sta
     next prompt's retrieval queues behind it: it used to wait the hung one out (pi-icarus-hook does
     the same). Now the next prompt waits at most 2 s for it and then goes to the model without memory
     context, saying so."""
-    call_log = tmp_path / "icarus-calls.jsonl"
-    controls = json.dumps({"hooks.pre_llm_call": {"sleep_ms": 20_000}})
-    pi = start_pi(castor_command, settings=icarus_settings(tmp_path), timeout_ms=CALL_TIMEOUT_MS,
-                  env={"ICARUS_REF_CALL_LOG": str(call_log), "ICARUS_REF_CONTROLS": controls})
-    up(pi)
-
-    def retrievals(phase: str) -> list[dict[str, Any]]:
-        return [c for c in read_jsonl(call_log) if c["call"] == "hooks.pre_llm_call" and c["phase"] == phase]
-
-    wait_for(lambda: any(c["call"] == "hooks.on_session_start" for c in read_jsonl(call_log)), timeout=30,
-             what="Icarus' session start")
+    pi, retrievals = pi_whose_memory_retrievals_take_20_s(start_pi, castor_command, tmp_path)
     begin = pi.mark()
     pi.send({"type": "prompt", "message": "tell me about the zebra herd"})
     wait_for(lambda: retrievals("start"), timeout=15, what="the retrieval running")
@@ -158,12 +151,7 @@ def test_a_session_replaced_while_castor_restart_stops_castor_leaves_one_castor(
     from .test_pi_session_switch import castor_runtimes
 
     marker = "sleep 47.25"
-    utility = {"type": "utility", "timeoutMs": 120000, "edges": [{"when": "always", "to": "Socket-2"}],
-               "command": ["sh", "-c", f"trap '' TERM; {marker}"]}
-    root = write_loadout(tmp_path / "project", utility)
-    pi = start(start_pi, castor_command, root)
-    pi.command("/materia cast build the thing")
-    run_dir(root)
+    pi = pi_casting_a_command_that_ignores_sigterm(start_pi, castor_command, tmp_path, marker)
     try:
         assert poll_until(lambda: processes_with(marker), timeout=20), "the utility never ran"
         begin = pi.mark()
