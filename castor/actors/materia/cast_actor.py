@@ -126,7 +126,7 @@ from castor.actors.materia.socket_actor import (
     USAGE_TIMEOUT_S,
 )
 from castor.actors.materia.views import saved_state, status_view
-from castor.domain.materia.budget import usage_state_json
+from castor.domain.materia.budget import usage_file_text_json, usage_state_json
 from castor.domain.materia.cast_messages import (
     EFFECT_ADAPTER,
     AbortRequested,
@@ -200,6 +200,11 @@ FROM_CONFIG_KEY = "content_from_config"
 _WRITE_SERIALIZER = WriteArtifact.__pydantic_serializer__
 _NO_CONTENT = {"content"}
 _FROM_CONFIG_CLOSE = f',"{FROM_CONFIG_KEY}":true}}'.encode()
+# The outbox entry of a usage.json write, around its content's JSON string (WriteArtifact's fields
+# in order, as its serialiser writes them: see _outbox_json).
+USAGE_FILE = ("usage.json",)
+_USAGE_WRITE_OPEN = b'{"kind":"write_artifact","path":["usage.json"],"content":'
+_USAGE_WRITE_CLOSE = b',"manifest":null}'
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
 #: The harness footer entry of a session's casts: pi-materia's one ``materia`` entry while a session
 #: runs one cast at a time (the default), one ``materia-<id>`` entry per cast where it may run several
@@ -1246,6 +1251,12 @@ def _outbox_json(effect: Any, config: Any, event_json: dict[int, tuple[EmitEvent
         else:
             event_json[id(effect)] = (effect, data_json)
             return entry
+    elif kind is WriteArtifact and effect.path == USAGE_FILE and effect.manifest is None:
+        # usage.json's text, escaped from its pieces' escapes (each derived once: see budget.py)
+        # when it is the text the engine made at this transition; else pydantic escapes it whole.
+        content_json = usage_file_text_json(effect.content)
+        if content_json is not None:
+            return b"".join((_USAGE_WRITE_OPEN, content_json, _USAGE_WRITE_CLOSE))
     elif kind is WriteArtifact and effect.path == CONFIG_FILE and effect.manifest is None:
         text = resolved_config_text(config)
         if effect.content is text or effect.content == text:

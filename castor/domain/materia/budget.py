@@ -329,7 +329,7 @@ _BEFORE_PARTS = (_SCALARS_PART, *_TABLES)
 _TURN_USAGE_SERIALIZER = TurnUsage.__pydantic_serializer__
 _KEY_SERIALIZER = TypeAdapter(str).serializer
 _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
-_COMPACT, _INDENTED = "compact", "indented"
+_COMPACT, _INDENTED, _ESCAPED = "compact", "indented", "escaped"
 #: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
 _LIST_TEXTS = "usage_list_texts"
 #: The memo name of a report's rendered fields before its lists: ``{(form, part): its members' text}``,
@@ -359,8 +359,44 @@ def usage_file_text(report: UsageReport) -> str:
     """``usage.json``'s text: exactly ``report.model_dump_json(indent=2, exclude_none=True)`` (a
     field with no value left out, as pi-materia's JSON leaves out what is undefined), joined at each
     call from each item's text rendered once (see :func:`usage_state_json`); the engine asks once a
-    transition."""
-    return _indented(report)
+    transition. Its JSON string, for the outbox, is joined from the same pieces' escapes and kept
+    with it (one slot for the process: see :func:`usage_file_text_json`)."""
+    global _LAST_FILE_TEXT
+    text, escaped = _file_texts(report)
+    _LAST_FILE_TEXT = (text, escaped)
+    return text
+
+
+#: The latest ``usage.json`` text made and its escape (see usage_file_text_json); no report is
+#: kept here (nor its records: a report the engine left behind within its transition is not kept).
+_LAST_FILE_TEXT: tuple[str, bytes] | None = None
+
+
+def usage_file_text_json(text: str) -> bytes | None:
+    """``text`` as a JSON string (its quotes included), exactly as pydantic writes it in an effect's
+    JSON, when ``text`` is the latest :func:`usage_file_text` made (the same object), else None: a
+    cast's outbox carries the ``usage.json`` text written at that transition, and its escaped form
+    is joined from each piece's escaped text (each derived once, as the indented text's: per item
+    object, per report's part) instead of escaping the whole text at every transition. JSON's
+    escaping is character by character, so the pieces' escapes joined are the whole's escape."""
+    global _LAST_FILE_TEXT
+    last = _LAST_FILE_TEXT
+    if last is None or last[0] is not text:
+        return None
+    _LAST_FILE_TEXT = None  # used once: the slot holds no text past its transition
+    return b"".join((b'"', last[1], b'"'))
+
+
+@functools.lru_cache(maxsize=64)
+def _glue(text: str, form: str) -> Any:
+    """Fixed text of usage.json's layout in ``form`` (indented: as is; escaped: its JSON escape)."""
+    return _escape(text) if form == _ESCAPED else text
+
+
+def _escape(text: str) -> bytes:
+    """``text``'s JSON string escape, without the quotes, as pydantic writes a string."""
+    escaped: bytes = _KEY_SERIALIZER.to_json(text)[1:-1]
+    return escaped
 
 
 def _before_lists(report: UsageReport, form: str) -> Any:
@@ -423,20 +459,54 @@ def _compact(report: UsageReport) -> bytes:
     return b",".join([member for member in members if member]).join((b"{", b"}"))
 
 
-def _indented(report: UsageReport) -> str:
+def _file_texts(report: UsageReport) -> tuple[str, bytes]:
     # pydantic's indented JSON: each member on its own line, indented by its depth; a nested
     # value's lines are its own indented text's lines indented by the depth it sits at, and an
     # empty list is "[]". A JSON string never holds a raw newline, so every newline is a line's.
-    def whole(fields: set[str]) -> str:  # "{\n" members "\n}", or "{}"
-        return _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=fields).decode()[2:-2]
-
-    members = [_before_lists(report, _INDENTED)]
+    # With it, its JSON escape (bytes): the same pieces, each one's escape (derived with it).
+    before = _before_lists(report, _INDENTED)  # its escape in one pass: the tables change with most turns
+    texts: list[str] = [before]
+    escapes: list[bytes] = [_escape(before)]
     for name in _ITEM_LISTS:
-        items = _items_text(report, name, _INDENTED)
-        members.append(f'  "{name}": [\n    {items}\n  ]' if items else f'  "{name}": []')
-    if _AFTER_LISTS:
-        members.append(whole(_AFTER_LISTS))
-    return "{\n" + ",\n".join([member for member in members if member]) + "\n}"
+        if name == "turns":
+            items, escaped = _turn_texts(report)
+        else:
+            items, escaped = _items_text(report, name, _INDENTED), _items_text(report, name, _ESCAPED)
+        if items:
+            texts.append(f'  "{name}": [\n    {items}\n  ]')
+            escapes.append(escaped.join((_glue(f'  "{name}": [\n    ', _ESCAPED), _glue("\n  ]", _ESCAPED))))
+        else:
+            texts.append(f'  "{name}": []')
+            escapes.append(_glue(f'  "{name}": []', _ESCAPED))
+    if _AFTER_LISTS:  # "{\n" members "\n}", or "{}"
+        whole = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_AFTER_LISTS).decode()[2:-2]
+        texts.append(whole)
+        escapes.append(_glue(whole, _ESCAPED))
+    text = "{\n" + ",\n".join([member for member in texts if member]) + "\n}"
+    escaped_text = _glue(",\n", _ESCAPED).join([member for member in escapes if member])
+    return text, escaped_text.join((_glue("{\n", _ESCAPED), _glue("\n}", _ESCAPED)))
+
+
+#: The memo name of a turn record's ``usage.json`` texts: (indented, its JSON escape).
+_FILE_FORMS = "usage_file_forms"
+
+
+def _with_escape(text: str) -> tuple[str, bytes]:
+    return text, _escape(text)
+
+
+def _turn_texts(report: UsageReport) -> tuple[str, bytes]:
+    """The report's turns' indented text and its escape, each record's pair derived once per record."""
+    texts: list[str] = []
+    escapes: list[bytes] = []
+    for item in report.turns:
+        pair = known(item, _FILE_FORMS)
+        if pair is None:
+            indented = derived(item, _INDENTED, functools.partial(_indented_item, "turns", item))
+            pair = derived(item, _FILE_FORMS, functools.partial(_with_escape, indented))
+        texts.append(pair[0])
+        escapes.append(pair[1])
+    return _ITEM_SEPARATOR.join(texts), _glue(_ITEM_SEPARATOR, _ESCAPED).join(escapes)
 
 
 def _items_text(report: UsageReport, name: str, form: str) -> Any:
@@ -446,10 +516,12 @@ def _items_text(report: UsageReport, name: str, form: str) -> Any:
     casts, :func:`turn_record`, once for all of them); the turns' joined text is joined again at
     each call, not kept with the report: a live cast's report would hold a second copy of every
     record's text (bench/casts.py's (b)). The selections (dicts: no memo of their own) start from
-    what the memo holds for the report (its parent's items, see ``_updated``)."""
+    what the memo holds for the report (its parent's items, see ``_updated``). Escaped (the
+    indented text's JSON escape, for the outbox): a record's escape derived once per record, the
+    selections' escapes made with their indented texts."""
     items = getattr(report, name)
     render = _compact_item if form == _COMPACT else _indented_item
-    separator: Any = b"," if form == _COMPACT else _ITEM_SEPARATOR
+    separator: Any = b"," if form == _COMPACT else _glue(_ITEM_SEPARATOR, form)
     if name == "turns":  # a record supports a weak reference (a selection, a dict, does not)
         pieces: list[Any] = []
         for item in items:
@@ -457,10 +529,24 @@ def _items_text(report: UsageReport, name: str, form: str) -> Any:
             pieces.append(piece if piece is not None else derived(item, form, functools.partial(render, name, item)))
         return separator.join(pieces)
     texts: dict[tuple[str, str], tuple[int, Any]] = derived(report, _LIST_TEXTS, dict)
+    if form == _ESCAPED:  # from the indented texts' escapes, brought along as they are rendered
+        indented = _items_text(report, name, _INDENTED)
+        count, text = texts.get((name, form), (0, None))
+        if count != len(items) or text is None:  # not in step with the indented text: escaped whole
+            text = _escape(indented)
+            texts[name, form] = (len(items), text)
+        return text
     start, text = texts.get((name, form), (0, None))
     if start == len(items) and text is not None:
         return text
     pieces = [render(name, item) for item in items[start:]]
+    if form == _INDENTED:  # the new items' escapes too, when the escaped text is at the same item
+        escaped_start, escaped_text = texts.get((name, _ESCAPED), (0, None))
+        if escaped_start == start and (start == 0 or escaped_text is not None):
+            escaped = [_escape(piece) for piece in pieces]
+            if start:
+                escaped.insert(0, escaped_text)
+            texts[name, _ESCAPED] = (len(items), _glue(_ITEM_SEPARATOR, _ESCAPED).join(escaped))
     if start:  # the parent's items' text (none when it had no items)
         pieces.insert(0, text)
     joined: Any = separator.join(pieces)

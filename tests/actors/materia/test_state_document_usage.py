@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from castor.actors.materia import cast_actor
 from castor.actors.materia.cast_actor import _OUTBOX_OPEN, FILE_EFFECTS, CastActor, _outbox_json
 from castor.domain.materia import budget, engine
 from castor.domain.materia.budget import UsageReport
+from castor.domain.materia.cast_messages import WriteArtifact
 from castor.domain.materia.state import CastState
 from tests.domain.materia.scripted import Driver, resolved
 
@@ -54,3 +56,49 @@ def test_every_transition_of_a_cast_with_turns_writes_the_whole_state_byte_for_b
     assert len(written) >= 6
     for report, text in written:
         assert text == report.model_dump_json(indent=2, exclude_none=True)
+
+
+@pytest.mark.timeout(60)
+def test_each_transitions_usage_json_entry_is_joined_from_pieces_and_is_pydantics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each transition encoded right after its step, as the cast does: its usage.json entry is the
+    # one joined from the pieces' escapes (not pydantic's escape of the whole text), byte for byte
+    # what the effect's serialiser writes, and loaded back (a replay) it is the same text.
+    escaped_whole: list[int] = []
+    escape = budget._escape
+    monkeypatch.setattr(budget, "_escape", lambda text: escaped_whole.append(len(text)) or escape(text))
+    joined: list[bytes | None] = []
+    monkeypatch.setattr(cast_actor, "usage_file_text_json",
+                        lambda text: joined.append(budget.usage_file_text_json(text)) or joined[-1])
+    d = Driver(resolved(None, "build"), request="fais-le ✓ \"vite\" \\ \u2028 \x01")
+    checked = 0
+
+    def check() -> None:
+        nonlocal checked
+        transition = d.transitions[-1]
+        files = [effect for effect in transition.effects if isinstance(effect, FILE_EFFECTS)]
+        writes = [effect for effect in files if getattr(effect, "path", None) == ("usage.json",)]
+        escaped_whole.clear()
+        joined.clear()
+        pieces = CastActor._encode(SimpleNamespace(), transition.state, files)  # type: ignore[arg-type]
+        assert b"".join(pieces) == whole_document(transition.state, files)
+        for write in writes:
+            entry = WriteArtifact.__pydantic_serializer__.to_json(write)
+            assert entry in b"".join(pieces)
+            assert WriteArtifact.model_validate_json(entry).content == write.content
+            # joined from pieces: nothing escaped as long as the text itself
+            assert all(n < len(write.content) for n in escaped_whole), (escaped_whole, len(write.content))
+            assert joined and joined[0] is not None and joined[0] in entry  # the encode's (first) call
+            checked += 1
+
+    d.utility({"ok": True, "added": []})
+    check()
+    d.utility({"kind": "git", "root": "/w"})
+    check()
+    d.reply({"workItems": [{"id": "α", "title": "Alpha"}, {"id": "b", "title": "Beta"}]},
+            usage={"inputTokens": 10, "outputTokens": 5, "cost": {"total": 0.1}})
+    check()
+    for n, reply in enumerate(["did α", {"satisfied": True}, "did b", {"satisfied": True}, "All done."], 1):
+        d.reply(reply, usage={"input": n, "cost": {"total": 0.2 * n}} if n % 2 else None)
+        check()
+    assert checked >= 6

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from castor.domain.materia import budget
 from castor.domain.materia.budget import (
@@ -18,8 +19,10 @@ from castor.domain.materia.budget import (
     UsageReport,
     model_selection,
     usage_file_text,
+    usage_file_text_json,
     usage_state_json,
 )
+from castor.domain.materia.cast_messages import WriteArtifact
 
 
 def full_compact(report: UsageReport) -> bytes:
@@ -32,7 +35,10 @@ def full_indented(report: UsageReport) -> str:
 
 def assert_same_texts(report: UsageReport) -> None:
     assert usage_state_json(report) == full_compact(report)
-    assert usage_file_text(report) == full_indented(report)
+    text = usage_file_text(report)
+    assert text == full_indented(report)
+    # the text's JSON string, joined from its pieces' escapes, is what pydantic writes for it
+    assert usage_file_text_json(text) == TypeAdapter(str).dump_json(text)
 
 
 OPTIONAL = [name for name, field in TurnRecord.model_fields.items()
@@ -188,3 +194,32 @@ def test_a_report_marked_estimated_is_pydantics_copy_and_renders_no_item_again(m
     assert marked.costEstimated
     assert (usage_state_json(marked), usage_file_text(marked)) == texts
     assert rendered == []
+
+
+ODD = "q\"uo\\te é ✓ 𝄞 \u2028\u2029 \x00\x01\x08\t\n\x0b\x0c\r\x1b\x1f\x7f\x80 </script> '"
+
+
+@pytest.mark.timeout(60)
+def test_usage_json_in_an_outbox_entry_is_pydantics_for_odd_keys_and_characters() -> None:
+    # odd characters in table keys (sockets, materia, tasks), turn fields, selections' keys and values
+    report = UsageReport()
+    for n in range(4):
+        rec = record(n, every_field=True, text=ODD).model_copy(update={"socket": f"{ODD}{n}", "materia": ODD,
+                                                                      "taskId": f"t{ODD}"})
+        report = report.add_turn(rec)
+        report = report.add_selection({ODD: f"{ODD}{n}", "socket": ODD, "visit": n, f"k{n}\x00": None})
+        text = usage_file_text(report)
+        assert text == full_indented(report)
+        entry = WriteArtifact(path=("usage.json",), content=text)
+        whole = WriteArtifact.__pydantic_serializer__.to_json(entry)
+        joined = usage_file_text_json(text)
+        assert joined is not None
+        assert b"".join((b'{"kind":"write_artifact","path":["usage.json"],"content":', joined,
+                         b',"manifest":null}')) == whole
+        # loaded back (a replay after a crash), it writes the same usage.json
+        assert WriteArtifact.model_validate_json(whole).content == text
+    # only the latest text made, and once: another text (equal or not) is left to pydantic
+    text = usage_file_text(report)
+    assert usage_file_text_json(str(text + " ")[:-1]) is None
+    assert usage_file_text_json(text) is not None
+    assert usage_file_text_json(text) is None
