@@ -3,6 +3,7 @@ nothing written or read outside the project, no command left running after the C
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -526,7 +527,19 @@ def test_a_run_directory_damaged_mid_turn_stops_the_cast_with_a_typed_error(tmp_
             (run_dir / "state.json").unlink()
             (run_dir / "state.json").mkdir()
         else:
-            shutil.rmtree(run_dir)
+            # The cast may still be adding a file of its first transition (its first effects run on
+            # its own thread once its start is answered): rm -rf then meets a directory not empty,
+            # and a user runs it again.
+            def removed() -> bool:
+                try:
+                    shutil.rmtree(run_dir)
+                except OSError as exc:
+                    if exc.errno != errno.ENOTEMPTY:
+                        raise
+                    return False
+                return True
+
+            wait_for(removed, timeout=10, what="the run directory removed")
         _out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
