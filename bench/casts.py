@@ -31,10 +31,13 @@
     verb and the cast's first incarnation run on the calling thread, the cast's later
     transitions (which the zero-latency agent makes run at once) are not inside it; so the
     split is printed in both placements (the ``RESULT`` lines name the unpinned ones).
-(b) **1,000 concurrent casts** of the same loadout across 10 sessions (agent latency 200 ms so
-    all of them are in flight at once): transitions per second, and peak RSS above the idle
-    runtime (psutil, sampled every 20 ms) divided by the number of casts. Every repetition
-    runs in a fresh Python process, so no rep inherits another's warmed-up heap.
+(b) **1,000 casts started at once** of the same loadout across 10 sessions (agent latency 200 ms):
+    transitions per second, and peak RSS above the idle runtime (psutil, sampled every 20 ms)
+    divided by the most casts alive at once (their CastActors, sampled with it). A cast lives
+    about as long as the 1,000 starts take, so not all of them are alive together (about 250-320
+    on these machines); until 2026-12-07 the peak was divided by all 1,000, which counted casts
+    that had ended. Every repetition runs in a fresh Python process, so no rep inherits another's
+    warmed-up heap.
 
 Figures are medians of the repetitions. (a) runs three times, each against its own baseline:
 on **tmpfs** (/dev/shm), where an fsync costs almost nothing, so the ratio is castor's CPU per
@@ -364,7 +367,13 @@ def visit_floor(base: Path, visits: int) -> float:
 
 
 # --------------------------------------------------------------------------- (b)
-def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
+def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float, int]:
+    """(b): ``casts`` casts started over ``sessions`` sessions as fast as they are answered. Returns
+    transitions a second, the peak RSS above idle divided by the most casts alive at once (their
+    CastActors in the registry, sampled with the RSS), and that count. A cast lives about as long
+    as the starts take, so the first ones end before the last one starts: dividing by every cast
+    started (as this line did until 2026-12-07) counted ended casts, and made cheaper starts read
+    as more memory a cast."""
     project = make_project(base, f"b-{time.monotonic_ns()}")
     per_session = casts // sessions
     rt = Runtime(RuntimeSettings(max_casts_per_session=per_session), components=[materia_component()])
@@ -376,11 +385,15 @@ def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
         time.sleep(0.3)
         idle = proc.memory_info().rss
         peak = [idle]
+        alive = [0]
         stop = threading.Event()
+        cast_parents = [rt.session(f"bench-{s}").child("cast") for s in range(sessions)]
 
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max(peak[0], proc.memory_info().rss)
+                alive[0] = max(alive[0], sum(handle.alive for parent in cast_parents
+                                             for handle in rt.system.registry.children(parent)))
                 stop.wait(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -397,15 +410,15 @@ def concurrent(base: Path, casts: int, sessions: int) -> tuple[float, float]:
         sampler.join()
         check_complete(rt, started)
         transitions = casts * (SOCKETS + 1)
-        return transitions / elapsed, (peak[0] - idle) / casts
+        return transitions / elapsed, (peak[0] - idle) / max(1, alive[0]), alive[0]
     finally:
         rt.shutdown(60)
 
 
-def concurrent_in_fresh_process(base: Path, casts: int, sessions: int) -> tuple[float, float]:
+def concurrent_in_fresh_process(base: Path, casts: int, sessions: int) -> tuple[float, float, int]:
     """:func:`concurrent` in a new interpreter: each repetition starts from a cold heap."""
     result = json.loads(_run_child(["--child-b", str(casts), str(sessions), str(base)])[-1])
-    return result["rate"], result["rss_per_cast"]
+    return result["rate"], result["rss_per_cast"], result["alive"]
 
 
 def main() -> None:
@@ -425,8 +438,8 @@ def main() -> None:
         return
     configure_logging("ERROR")
     if args.child_b:  # one repetition of (b), run by the parent in a fresh process
-        rate, rss = concurrent(Path(args.child_b[2]), int(args.child_b[0]), int(args.child_b[1]))
-        print(json.dumps({"rate": rate, "rss_per_cast": rss}))
+        rate, rss, alive = concurrent(Path(args.child_b[2]), int(args.child_b[0]), int(args.child_b[1]))
+        print(json.dumps({"rate": rate, "rss_per_cast": rss, "alive": alive}))
         return
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     # Samples are (runtimes, pairs per runtime, casts per pair). tmpfs gets the larger one: its
@@ -450,10 +463,11 @@ def main() -> None:
     reps_b, casts_b = (1, 200) if args.quick else (3, 1000)
     with tempfile.TemporaryDirectory(prefix="castor-bench-", dir=shm) as tmp:
         for _ in range(reps_b):
-            rate, rss = concurrent_in_fresh_process(Path(tmp), casts_b, 10)
+            rate, rss, alive = concurrent_in_fresh_process(Path(tmp), casts_b, 10)
             rates.append(rate)
             per_cast.append(rss)
-            print(f"(b) {casts_b} concurrent casts: {rate:.0f} transitions/s, {rss / 1024:.1f} KiB peak RSS per cast")
+            print(f"(b) {casts_b} casts started at once: {rate:.0f} transitions/s, at most {alive} alive at once, "
+                  f"{rss / 1024:.1f} KiB peak RSS per cast alive")
     for suffix, ratio in ratios.items():
         print(f"RESULT cast_transition_vs_plain_writes_ratio{suffix} {ratio:.2f} target<={RATIO_TARGETS[suffix]}")
     for suffix, label, *_rest in media:
