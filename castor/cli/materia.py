@@ -475,8 +475,11 @@ class _Standalone:
         if self._closed:
             return
         self._closed = True
-        self.notices.release()  # what the run said before it stopped, before the lines that say it stopped
+        # First: a second signal while the held notices are printed (a stderr pipe may take a while)
+        # must kill what is left, not raise into this method and skip the runtime's shutdown, which
+        # left the running command's tree behind (test_a_stop_signal_ends_the_cli_..., sigterm-twice).
         self._signals.escalate()  # from now on a signal kills what is left and exits
+        self.notices.release()  # what the run said before it stopped, before the lines that say it stopped
         try:
             if self.runtime is None and self._in_flight is not None:
                 wait([self._in_flight], timeout=CLOSE_WAIT_S)  # interrupted while it was built: let it finish
