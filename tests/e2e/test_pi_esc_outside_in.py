@@ -25,7 +25,7 @@ import pytest
 
 from castor.client import Client
 from castor.messages.errors import CastorError
-from tests.support.waiting import poll_until
+from tests.support.waiting import poll_until, wait_for
 
 from .conftest import python_env
 from .test_pi_cancel_moments import processes_with, write_loadout
@@ -269,8 +269,14 @@ def test_a_utility_command_whose_slot_died_mid_run_runs_again_and_pi_says_so(sta
     run = run_dir(root)
     assert poll_until(lambda: processes_with("sleep 44.25"), timeout=20), "the command never ran"
     with second_client(shared_castor) as client:
-        slots = client.call("ops.actors", {"prefix": "/root/utility/"})["actors"]
-        (slot,) = [s["path"] for s in slots if run.name in json.dumps(s.get("activity"))]
+        def slot_running_it() -> str | None:
+            # The slot says what it runs just after it spawned the command: the process may be seen first.
+            slots = client.call("ops.actors", {"prefix": "/root/utility/"})["actors"]
+            found = [s["path"] for s in slots if run.name in json.dumps(s.get("activity"))]
+            assert len(found) <= 1, found
+            return found[0] if found else None
+
+        slot = wait_for(slot_running_it, timeout=10, what="the utility slot to say it runs the cast's command")
         client.call("ops.fault", {"kind": "kill", "path": slot})
     told = pi.wait_ui("notify", lambda e: "runs again from the start" in str(e.get("message")), start=begin, timeout=15)
     assert told["notifyType"] == "warning" and "sleep 44.25" in told["message"], told
