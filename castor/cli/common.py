@@ -211,6 +211,13 @@ class Hangup(Terminated):
     """SIGHUP (a closed terminal, a dropped ssh session), handled as SIGTERM is; exit 129."""
 
 
+def stop_for(signum: int) -> Terminated:
+    """What a stop signal raises in the main thread: :class:`Hangup` for SIGHUP, else :class:`Terminated`."""
+    import signal
+
+    return Hangup() if signum == signal.SIGHUP else Terminated()
+
+
 @contextlib.contextmanager
 def stopped_as_by_ctrl_c() -> Iterator[None]:
     """Inside, SIGTERM raises :class:`Terminated` and SIGHUP :class:`Hangup` in the main thread (a
@@ -230,7 +237,7 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
         if _stops["deferred"]:
             _stops["pending"] = signum  # raised by resume_stops()
             return
-        raise Hangup() if signum == signal.SIGHUP else Terminated()
+        raise stop_for(signum)
 
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -272,12 +279,10 @@ def defer_stops() -> None:
 
 def resume_stops() -> None:
     """Stop deferring (:func:`defer_stops`), raising the signal that came meanwhile, if one did."""
-    import signal
-
     pending, _stops["pending"] = _stops["pending"], None
     _stops["deferred"] = False
     if pending is not None:
-        raise Hangup() if pending == signal.SIGHUP else Terminated()
+        raise stop_for(pending)
 
 
 def os_error_code(exc: OSError) -> str:

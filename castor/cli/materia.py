@@ -541,11 +541,9 @@ class _StopSignals:
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
-    import signal
+    from castor.cli.common import stop_for
 
-    from castor.cli.common import Hangup, Terminated
-
-    raise Hangup() if signum == signal.SIGHUP else Terminated()
+    raise stop_for(signum)
 
 
 def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
