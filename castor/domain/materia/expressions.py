@@ -16,9 +16,10 @@ A step into a missing key, ``None`` or a primitive yields :data:`MISSING` (the r
 apart as ``===`` does: ``exists`` is true of a stored ``null``, ``null`` equals only ``null``.
 Numeric segments index lists, and ``length`` reads a list's length (an array is an object).
 Nothing here raises except :class:`ConditionError` for an unsupported condition and
-:class:`AssignError` for an empty target. A path holds dotted keys only: JSONPath's brackets
-(``$['x']``, ``$.items[0]``), wildcards (``*``), recursive descent (``$..x``) and filters read
-nothing (pi-materia reads them as keys, and finds none); :func:`unreadable_path` says why, and the
+:class:`AssignError` for an empty target or a step into a list that is no index of it. A path
+holds dotted keys only: JSONPath's brackets (``$['x']``, ``$.items[0]``), wildcards (``*``),
+recursive descent (``$..x``) and filters read nothing (pi-materia reads them as keys, and finds
+none); :func:`unreadable_path` says why, and the
 dotted path that reads what was meant, so the config's loading can warn about them.
 """
 
@@ -188,25 +189,62 @@ def path_segments(target: str) -> list[str]:
 def set_path(data: dict[str, Any], target: str, value: Any) -> None:
     """Write ``value`` at dotted ``target`` in ``data`` (in place).
 
-    Intermediates are created; a non-object intermediate is replaced by an object. Writing
-    :data:`MISSING` removes the key (JSON has no ``undefined``). Empty segments are dropped, as
-    pi-materia drops them (``"a..b"`` is ``a.b``, ``"result."`` is ``result``); a target with no
+    Intermediates are created; a primitive (or ``null``) intermediate is replaced by an object.
+    Writing :data:`MISSING` removes the key (JSON has no ``undefined``). Empty segments are dropped,
+    as pi-materia drops them (``"a..b"`` is ``a.b``, ``"result."`` is ``result``); a target with no
     segment at all is refused (pi-materia writes it under the key ``"undefined"``).
+
+    A list on the way is an object to pi-materia (an array is one): a step into it is an index, as
+    :func:`walk` reads it -- ``"items.0.done"`` writes into the first item, ``"items.2"`` of a
+    two-item list appends. A step a list has no slot for (a key that is no index, an index past
+    its end) is an :class:`AssignError` (``invalid_config``) raised before anything is written:
+    the list is never replaced by an object (that lost its items), nor given a key no JSON keeps.
     """
     parts = path_segments(target)
     if not parts:
         raise AssignError(f"invalid assign target {target!r}: a non-empty dotted path is required")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            index = _list_slot(node, part, target, depth, appending=False)
+            child = node[index]
+            if not isinstance(child, (dict, list)):
+                child = {}
+                node[index] = child
+        else:
+            child = node.get(part)
+            if not isinstance(child, (dict, list)):
+                child = {}
+                node[part] = child
         node = child
-    if value is MISSING:
+    if isinstance(node, list):
+        index = _list_slot(node, parts[-1], target, len(parts) - 1, appending=True)
+        written = None if value is MISSING else value  # JSON.stringify writes an undefined item as null
+        if index == len(node):
+            node.append(written)
+        else:
+            node[index] = written
+    elif value is MISSING:
         node.pop(parts[-1], None)
     else:
         node[parts[-1]] = value
+
+
+def _list_slot(node: list[Any], part: str, target: str, depth: int, *, appending: bool) -> int:
+    """The index step ``part`` of ``target`` names in list ``node`` (its end too when
+    ``appending``), else :class:`AssignError`."""
+    shown = target if len(target) <= 80 else target[:77] + "..."
+    where = ".".join(path_segments(target)[:depth]) or "the data"
+    if not (part.isascii() and part.isdigit()):
+        raise AssignError(f"assign target {shown!r}: {where!r} holds a list, and the step {part[:40]!r} is no "
+                          "index of it (a list's steps are 0, 1, ...); nothing was written")
+    last = len(node) if appending else len(node) - 1
+    index = int(part) if len(part) <= _MAX_INDEX_DIGITS else last + 1
+    if index > last:
+        reach = f"0 to {last}" if last >= 0 else "none"
+        raise AssignError(f"assign target {shown!r}: {where!r} holds a list of {len(node)} item(s), and index "
+                          f"{part[:40]} is past it (indexes written: {reach}); nothing was written")
+    return index
 
 
 def as_list(value: Any) -> list[Any]:

@@ -21,6 +21,7 @@ from castor.domain.materia.expressions import (
     Scope,
     evaluate_condition,
     resolve_value,
+    set_path,
 )
 from castor.domain.materia.failures import (
     RecoveryAllowance,
@@ -682,3 +683,41 @@ def test_a_budget_check_built_without_validation_is_the_validated_one(budget: Bu
         assert check == validated and list(check.__dict__) == list(validated.__dict__)
         assert [type(v) for v in check.__dict__.values()] == [type(v) for v in validated.__dict__.values()]
         assert check.model_dump_json() == validated.model_dump_json()
+
+
+@pytest.mark.timeout(30)
+def test_an_assign_through_a_list_writes_its_item_as_the_path_reads_it() -> None:
+    """A list on an assign target's way was replaced by an object (``{"0": ...}``): the items were
+    lost without a word, and ``state.items.0.done`` no longer read what was written."""
+    data = {"items": [{"id": "a"}, {"id": "b"}], "grid": [[1, 2], [3]], "flags": [1, 2]}
+    scope = Scope(data=data, parsed={"ok": True})
+    out = apply_assign(data, {"items.1.done": "$.ok", "grid.0.1": "$.ok", "flags.2": "$.ok", "flags.0": "$.nope"},
+                       scope)
+    assert out == {"items": [{"id": "a"}, {"id": "b", "done": True}], "grid": [[1, True], [3]],
+                   "flags": [None, 2, True]}
+    assert resolve_value("state.items.1.done", Scope(data=out)) is True
+    # the reverse: a numeric step into an object is its key, read back the same way
+    out = apply_assign({"m": {"x": 1}}, {"m.0": "$.ok"}, scope)
+    assert out == {"m": {"x": 1, "0": True}} and resolve_value("m.0", Scope(data=out)) is True
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("target", "said"), [
+    ("items.done", "'items' holds a list, and the step 'done' is no index"),
+    ("items.5.done", "index 5 is past it"),
+    ("items.3", "index 3 is past it (indexes written: 0 to 2)"),
+    ("items.0.tags.x", "'items.0.tags' holds a list, and the step 'x'"),
+    ("items." + "9" * 30, "is past it"),
+    ("items.length", "the step 'length' is no index"),
+])
+def test_an_assign_a_list_has_no_slot_for_is_a_config_error_and_changes_nothing(target: str, said: str) -> None:
+    data = {"items": [{"id": "a", "tags": ["t"]}, {"id": "b"}], "kept": 1}
+    before = json.dumps(data)
+    with pytest.raises(AssignError) as err:
+        apply_assign(data, {"first": "$.ok", target: "$.ok"}, Scope(data=data, parsed={"ok": True}))
+    assert err.value.code == "invalid_config" and said in err.value.message
+    assert "nothing was written" in err.value.message
+    assert json.dumps(data) == before
+    with pytest.raises(AssignError):
+        set_path(data, target, True)
+    assert json.dumps(data) == before
