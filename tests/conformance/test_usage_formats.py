@@ -22,7 +22,16 @@ from typing import Any
 
 import pytest
 
-from castor.domain.materia.budget import extract_usage, plain_usage, sum_usage_maps, unreadable_figures
+from castor.domain.materia.budget import (
+    Amounts,
+    TurnRecord,
+    UsageReport,
+    extract_usage,
+    plain_usage,
+    sum_usage_maps,
+    unreadable_figures,
+    usage_caveats,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,3 +309,19 @@ def test_a_cost_written_as_a_string_is_skipped_with_a_note_not_lost_silently(tmp
     assert noted == [{"socket": f"Socket-{i}", "taskId": None, "figures": ['cost="$0.60"']} for i in (1, 2, 3)]
     assert result.stderr.count("not numbers") == 1, result.stderr
     assert 'Socket-1\'s turn has figures that are not numbers (cost="$0.60")' in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_cost_past_what_castor_counts_is_said_counted_as_that_much_not_left_out(tmp_path: Path) -> None:
+    """A provider's cost of 1e308 counts as 10^18 (so a budget stops on it), but the budget's
+    notice said the turn's figures were "left out" -- the opposite of what happened."""
+    result, run_dir = _cast(tmp_path, _three_sockets({"maxCostUsd": 5.0}), {"input": 1, "output": 1, "cost": 1e308})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert json.loads((run_dir / "usage.json").read_text())["cost"]["total"] == 1e18
+    (limit,) = [line for line in result.stderr.splitlines() if "budget limit reached:" in line]
+    assert "1 turn with figures past 10^18 counted as 10^18" in limit and "left out" not in limit, limit
+    # turns with a figure left out and a figure counted as 10^18 are each said as what they are
+    raw = {"input": 1, "output": -1, "cost": 1e300}
+    turn = TurnRecord(socket="Socket-1", tokens=Amounts(), cost=Amounts(), unreadable=unreadable_figures(raw))
+    caveats = usage_caveats(UsageReport(turns=[turn, turn.model_copy(update={"unreadable": ["cost=-1"]})]))
+    assert "2 turns with unreadable figures left out" in caveats and "1 turn with figures past 10^18" in caveats

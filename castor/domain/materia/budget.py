@@ -579,9 +579,13 @@ def usage_caveats(report: UsageReport) -> str:
                     (sum(1 for t in report.turns if "cost" in (t.unreported or ())), "with no price counted as $0")):
         if n:
             notes.append(f"{turns(n)} {said}")
-    n = sum(1 for t in report.turns if t.unreadable)
+    # a figure past 10^18 is counted as 10^18, not left out: the two are said apart
+    n = sum(1 for t in report.turns if any(not note.endswith(CAPPED_NOTE) for note in t.unreadable or ()))
     if n:
         notes.append(f"{turns(n)} with unreadable figures left out")
+    n = sum(1 for t in report.turns if any(note.endswith(CAPPED_NOTE) for note in t.unreadable or ()))
+    if n:
+        notes.append(f"{turns(n)} with figures past 10^18 counted as 10^18")
     shown = [note for note in notes if note]
     return f" ({'; '.join(shown)})" if shown else ""
 
