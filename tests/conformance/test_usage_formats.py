@@ -325,3 +325,36 @@ def test_a_cost_past_what_castor_counts_is_said_counted_as_that_much_not_left_ou
     turn = TurnRecord(socket="Socket-1", tokens=Amounts(), cost=Amounts(), unreadable=unreadable_figures(raw))
     caveats = usage_caveats(UsageReport(turns=[turn, turn.model_copy(update={"unreadable": ["cost=-1"]})]))
     assert "2 turns with unreadable figures left out" in caveats and "1 turn with figures past 10^18" in caveats
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cost", ["1e30", "1" + "0" * 30, '"' + "1" + "0" * 30 + '"', "9" * 5000])
+def test_a_billed_cost_past_what_castor_counts_is_named_not_counted_as_the_cap_without_a_word(
+    tmp_path: Path, chat_server: ThreadingHTTPServer, cost: str
+) -> None:
+    """An OpenAI-compatible server's ``usage.cost`` past 10^18 (a float, a long integer, a decimal
+    string, an integer past Python's 4,300 digits) counted as 10^18 and stopped the budget, but the
+    turn named nothing: the cap replaced the figure before it was read, so no warning said why."""
+    chat_server.usage_text = '{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "cost": ' + cost + "}"
+    port = chat_server.server_address[1]
+    result, run_dir = _cast(tmp_path, _three_sockets({"maxCostUsd": 5.0}), {}, agent=f"openai:http://127.0.0.1:{port}/v1#m")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    usage = json.loads((run_dir / "usage.json").read_text())
+    assert usage["cost"]["total"] == 1e18 and usage["costEstimated"] is False
+    (named,) = usage["turns"][0]["unreadable"]
+    assert named.startswith("cost.total=") and named.endswith("(counted as 10^18)"), named
+    assert "has figures past what castor counts (cost.total=" in result.stderr, result.stderr
+    assert "1 turn with figures past 10^18 counted as 10^18" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("usage", [{"input": 1, "cost": "1" + "0" * 30},
+                                   {"input": 1, "cost": {"total": "1" + "0" * 30}},
+                                   {"input": 1, "total_cost_usd": "1" + "0" * 30}])
+def test_a_decimal_string_cost_past_the_cap_is_named_as_counted_as_the_cap(usage: dict[str, Any]) -> None:
+    """A cost written as a decimal string is read as that number; past 10^18 it counted as 10^18
+    without a word, where the same figure written as a number was named."""
+    assert extract_usage(usage).cost.total == 1e18
+    (named,) = unreadable_figures(usage)
+    assert named.endswith('="1000000000000000000000000000000" (counted as 10^18)'), named
+    assert unreadable_figures({"input": "1" + "0" * 30}) == ['input="1000000000000000000000000000000"']  # no count

@@ -130,7 +130,9 @@ def _usage(raw: Any) -> TurnUsage:
             plain["total_tokens"] = prompt + completion
     charged = cost_figure(raw.get("cost"))  # a decimal string ("0.25") too, as some proxies send it
     if charged is not None:
-        plain["cost"] = {"total": charged, "totalFromProvider": True}
+        # a cost past what castor counts keeps the figure given, so the turn names it "(counted as
+        # 10^18)"; replaced by the cap, it counted as the cap without a word
+        plain["cost"] = {"total": plain["cost"] if charged >= MAX_FIGURE else charged, "totalFromProvider": True}
     return TurnUsage(
         input_tokens=tokens(raw.get("prompt_tokens")),
         output_tokens=tokens(raw.get("completion_tokens")),
@@ -142,13 +144,15 @@ def _usage(raw: Any) -> TurnUsage:
 
 
 def _json_int(text: str) -> int | float:
-    """A JSON integer literal; one past Python's digit limit for ``int()`` (4,300 unless configured) as the cap
-    castor counts a usage figure at, its sign kept: json's own reading refused the whole answer
-    for it, and any such integer is far past the cap anyway."""
+    """A JSON integer literal; one past Python's digit limit for ``int()`` (4,300 unless configured) as the
+    largest float, its sign kept -- far past the cap castor counts a usage figure at, so it counts as
+    that cap and is named as past it: json's own reading refused the whole answer for it."""
     limit = sys.get_int_max_str_digits()  # 0: no limit (PYTHONINTMAXSTRDIGITS may set another)
     if not limit or len(text.lstrip("-")) <= limit:
         return int(text)
-    return -MAX_FIGURE if text.startswith("-") else MAX_FIGURE
+    # the largest float, not the cap itself: a figure at the cap is no figure past it, and the turn
+    # named nothing while it counted 10^18 (it is named "...=1.7976931348623157e+308 (counted as 10^18)")
+    return -sys.float_info.max if text.startswith("-") else sys.float_info.max
 
 # One decoder for every answer (a decoder made per answer is a reference cycle).
 _DECODER = json.JSONDecoder(parse_int=_json_int)

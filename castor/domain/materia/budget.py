@@ -1093,7 +1093,19 @@ def _capped(raw: dict[str, Any], prefix: str = "", depth: int = 0) -> list[str]:
         elif (isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(key, str)
               and value > MAX_FIGURE and (isinstance(value, int) or math.isfinite(value))):
             out.append(_note(prefix + key, value) + CAPPED_NOTE)
+        elif (isinstance(value, str) and isinstance(key, str) and _is_cost_name(prefix, key)
+              and cost_figure(value) == MAX_FIGURE and float(value) > MAX_FIGURE):
+            out.append(_note(prefix + key, value) + CAPPED_NOTE)  # a decimal string cost, read as a number
     return out
+
+
+_FLAT_COST_NAMES = frozenset(name for names in FLAT_COST_ALIASES.values() for name in names) | frozenset(
+    FLAT_TOTAL_COST_ALIASES)
+
+
+def _is_cost_name(prefix: str, key: str) -> bool:
+    """Whether ``prefix + key`` names a cost figure, the only figures read from a decimal string."""
+    return prefix == "cost." or (not prefix and (key == "cost" or key in _FLAT_COST_NAMES))
 
 
 def _unread(raw: Any, names: tuple[str, ...], prefix: str = "", read: Reader = non_negative_number) -> str | None:
