@@ -391,3 +391,58 @@ def test_two_castor_loadout_runs_at_once_leave_one_whole_edit(tmp_path: Path) ->
     assert final in {original.replace('"activeLoadout": "Full-Auto"', f'"activeLoadout": "{name}"', 1)
                      for name in ("Planning-Consult", "Hojo-Consult")}
     assert [p.name for p in target.parent.iterdir()] == ["pi-materia.json"]  # no temp file left behind
+
+
+# --------------------------------------------------------------------------- the graph's documented semantics
+
+
+def _verdict(satisfied: bool, feedback: str = "") -> str:
+    return json.dumps({"summary": "checked", "satisfied": satisfied, "feedback": feedback, "missing": []})
+
+
+TWO_ITEMS = [{**WORK_ITEM, "id": "alpha"}, {**WORK_ITEM, "id": "beta", "title": "Beta"}]
+
+
+@pytest.mark.timeout(240)
+def test_the_graph_semantics_example_retries_rejections_per_item_and_ends_at_the_last_items_exit(
+    tmp_path: Path,
+) -> None:
+    """pi-materia's graph-semantics example, as it documents its graph: an evaluator's rejection
+    sends the item back to Build, Maintain's own rejection retries Maintain, Maintain's
+    satisfaction advances to the next work item, and after the last one the loop's exit ends
+    the cast; each verdict's feedback is assigned where the socket's ``assign`` says."""
+    fixture, loadout = "graph-semantics-loadout.json", "Graph Semantics Example"
+    project = project_with(tmp_path, fixture)
+    script = script_for(fixture, loadout, work_items=TWO_ITEMS)
+    script["Socket-5"] = [_verdict(False, "alpha is not done"), _verdict(True), _verdict(True, "beta ok")]
+    script["Socket-6"] = [_verdict(True), _verdict(False), _verdict(True)]
+    result, run_dir = run_cast(tmp_path, project, loadout, script)
+    assert result.returncode == 0, result.stderr
+    assert started(run_dir) == ["Socket-1", "Socket-2", "Socket-3",
+                                "Socket-4", "Socket-5", "Socket-4", "Socket-5", "Socket-6",  # alpha: one rejection
+                                "Socket-4", "Socket-5", "Socket-6", "Socket-6"]  # beta: Maintain retries itself
+    state = json.loads((run_dir / "state.json").read_text())["state"]
+    assert state["phase"] == "complete" and state["cursors"]["workItemIndex"] == 2
+    assert state["data"]["lastFeedback"] == "beta ok" and state["data"]["lastCheck"]["satisfied"] is True
+    assert [item["id"] for item in state["data"]["workItems"]] == ["alpha", "beta"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("fixture", "loadout"), [("graph-semantics-loadout.json", "Graph Semantics Example"),
+                                                  ("default.json", "Full-Auto")])
+def test_the_fourth_rejection_across_all_items_fails_the_cast_at_the_edges_limit(
+    tmp_path: Path, fixture: str, loadout: str
+) -> None:
+    """The evaluator's rejection edge allows 3 traversals for the whole cast, not per item: two
+    rejections of the first item and two of the second fail the cast at the fourth, naming the
+    edge and its count."""
+    project = project_with(tmp_path, fixture)
+    script = script_for(fixture, loadout, work_items=TWO_ITEMS)
+    no, yes = _verdict(False, "not yet"), _verdict(True)
+    script["Socket-5"] = [no, no, yes, no, no, yes]
+    script["Socket-6"] = [yes, yes]
+    result, run_dir = run_cast(tmp_path, project, loadout, script)
+    assert result.returncode == 1, result.stdout
+    assert "edge traversal limit exceeded for Socket-5->Socket-4 (4/3)" in result.stderr, result.stderr
+    assert started(run_dir).count("Socket-5") == 5 and started(run_dir).count("Socket-6") == 1  # visit 5 is rejection 4
+    assert events(run_dir)[-1]["type"] == "cast_end" and events(run_dir)[-1]["data"]["ok"] is False
