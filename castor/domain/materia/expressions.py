@@ -174,10 +174,10 @@ def misread_target(target: str) -> tuple[str, str | None] | None:
         return (f"a target is a dotted path into the cast's data, not an expression: it writes the key "
                 f"\"{key}\" of the data, where \"{text}\" does not read it back"), meant
     found = unreadable_path(text) if "[" in text or "]" in text else None
-    if found is not None and found[1] is not None:  # a list index written into is no list's (set_path)
+    if found is not None and found[1] is not None:  # "items[0]" meant "items.0": a list's index (set_path)
         bracketed = next(segment for segment in text.split(".") if "[" in segment or "]" in segment)
         return (f"it writes the key \"{bracketed}\" (JSONPath's brackets are part of a target's key, which no "
-                "expression reads as a step)"), None if re.search(r"\[\s*[0-9]", text) else found[1]
+                "expression reads as a step)"), found[1]
     return None
 
 

@@ -65,7 +65,7 @@ def test_a_loop_iterator_items_in_jsonpath_is_named_at_the_loop() -> None:
 
 @pytest.mark.parametrize(("target", "key", "meant"), [
     ("$.result", "$", "result"), ("state.plan", "state", "plan"), ("lastJson.a", "lastJson", "a"),
-    ("$['r']", "$['r']", "r"), ("items['a']", "items['a']", "items.a"), ("items[0]", "items[0]", None),
+    ("$['r']", "$['r']", "r"), ("items['a']", "items['a']", "items.a"), ("items[0]", "items[0]", "items.0"),
 ])
 def test_an_assign_target_written_as_an_expression_is_named_with_the_key_it_writes(
         target: str, key: str, meant: str | None) -> None:
