@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import msgpack
 
@@ -62,6 +63,7 @@ def _raw_echo(conn: socket.socket) -> None:
         while True:
             data = conn.recv(256 * 1024)
             if not data:
+                ENDED_SWITCHES.update(own_switches())  # after the timed run: its client closed
                 return
             unpacker.feed(data)
             for obj in unpacker:
@@ -86,6 +88,52 @@ def run_raw(path: str, n: int) -> float:
     elapsed = time.perf_counter() - start
     sock.close()
     return elapsed / n * 1e6
+
+
+# The context switches of threads that ended (each raw run's echo thread ends when its client closes).
+ENDED_SWITCHES: dict[str, int] = {}
+
+
+def own_switches() -> dict[str, int]:
+    """This thread's context switches so far (empty where the kernel does not say)."""
+    tid = str(threading.get_native_id())
+    try:
+        with open(f"/proc/self/task/{tid}/status") as status:
+            return {tid: sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def switches() -> dict[str, int] | None:
+    """Context switches (voluntary and not) of each thread of this process so far, from
+    /proc/self/task/*/status; ``None`` where the kernel does not say."""
+    counts = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/status") as status:
+                counts[tid] = sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return counts
+
+
+def counted(run: Callable[[], float], n: int, into: list[float]) -> float:
+    """``run()``'s result; appends to ``into`` the context switches a round trip of every thread
+    that ran during it (one that ended meanwhile by what it recorded as it ended), where the
+    kernel says."""
+    before = switches()
+    ended_before = set(ENDED_SWITCHES)  # (after ``before``: a thread gone from it recorded its end by now)
+    result = run()
+    after = switches()
+    if before is not None and after is not None:
+        for tid in set(ENDED_SWITCHES) - ended_before:
+            after.setdefault(tid, ENDED_SWITCHES[tid])
+        into.append(sum(count - before.get(tid, 0) for tid, count in after.items()) / n)
+    return result
 
 
 # ---------------------------------------------------------------- castor
@@ -143,10 +191,11 @@ def measure_round_trips(runs: int, n: int, with_concurrency: bool, seconds: floa
 
     run_raw(raw_path, 500)  # warm both paths (threads started, caches hot)
     run_castor(client, 500)
-    out: dict[str, list[float]] = {"raw": [], "castor": [], "ratio": [], "rps": []}
+    out: dict[str, list[float]] = {"raw": [], "castor": [], "ratio": [], "rps": [],
+                                   "raw_switches": [], "castor_switches": []}
     for _ in range(runs):
-        r = run_raw(raw_path, n)
-        c = run_castor(client, n)
+        r = counted(lambda: run_raw(raw_path, n), n, out["raw_switches"])
+        c = counted(lambda: run_castor(client, n), n, out["castor_switches"])
         out["raw"].append(r)
         out["castor"].append(c)
         out["ratio"].append(c / r)
@@ -192,8 +241,8 @@ def main() -> None:
     unpinned = measure_round_trips(runs, n, True, seconds)
     pinned = same_core_child(runs, n)
 
-    def fmt(values: list[float]) -> str:
-        return f"{statistics.median(values):9.1f}  [{min(values):.1f}..{max(values):.1f}]"
+    def fmt(values: list[float], digits: int = 1) -> str:
+        return f"{statistics.median(values):9.{digits}f}  [{min(values):.{digits}f}..{max(values):.{digits}f}]"
 
     med = statistics.median
     print(f"runs={runs} calls/run={n} cpus={os.cpu_count()} (median [min..max])")
@@ -204,6 +253,12 @@ def main() -> None:
         print(f"same core  raw msgpack echo round trip (us)   {fmt(pinned['raw'])}")
         print(f"same core  castor echo round trip (us)        {fmt(pinned['castor'])}")
         print(f"same core  ratio castor/raw (per run)         {fmt(pinned['ratio'])}")
+        if pinned["raw_switches"] and pinned["castor_switches"]:
+            # Every thread's context switches over a run, a round trip: the raw echo's are its two
+            # threads' blocking reads (and the preemptions around them); castor's add its watchdog's
+            # ticks and whatever else hands off.
+            print(f"same core  raw echo context switches a call  {fmt(pinned['raw_switches'], 2)}")
+            print(f"same core  castor context switches a call    {fmt(pinned['castor_switches'], 2)}")
     print(f"unpinned   castor, 16 clients (requests/s)    {fmt(unpinned['rps'])}")
     print(f"RESULT endpoint_roundtrip_ratio {med(unpinned['ratio']):.2f} target<=1.5")
     if pinned:
