@@ -253,7 +253,7 @@ def main() -> None:
         print(f"same core  raw msgpack echo round trip (us)   {fmt(pinned['raw'])}")
         print(f"same core  castor echo round trip (us)        {fmt(pinned['castor'])}")
         print(f"same core  ratio castor/raw (per run)         {fmt(pinned['ratio'])}")
-        if pinned["raw_switches"] and pinned["castor_switches"]:
+        if pinned["raw_switches"] and pinned["castor_switches"] and max(pinned["castor_switches"]) > 0:
             # Every thread's context switches over a run, a round trip: the raw echo's are its two
             # threads' blocking reads (and the preemptions around them); castor's add its watchdog's
             # ticks and whatever else hands off.
