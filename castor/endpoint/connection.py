@@ -705,12 +705,13 @@ class Connection:
                     self._read_as_caller(call, me, False)
                     return call.result()
                 recv_into = self._recv_into
+                data: bytes | memoryview | None
                 if recv_into is None:
                     data = self.transport.read_available()
-                else:  # read_available's body (SocketTransport), in this frame
-                    buffer = self._recv_buffer
-                    try:
-                        data = bytes(buffer[:recv_into(buffer)])
+                else:  # read_available's body (SocketTransport), in this frame, without its copy:
+                    buffer = self._recv_buffer  # the read is decoded from the kept buffer itself and
+                    try:  # copied only when it goes on to the decoder (it holds no reference to it)
+                        data = buffer[:recv_into(buffer)]
                     except OSError as exc:
                         data = self._read_failed(exc)
                 value: Any = _NOTHING
@@ -749,7 +750,8 @@ class Connection:
                         if pending is not None:
                             return result
                         return call.result()
-                self._read_as_caller(call, me, False, have_read=True, read=data)
+                self._read_as_caller(call, me, False, have_read=True,
+                                     read=bytes(data) if type(data) is memoryview else data)
         except BaseException as exc:
             self.close_interrupted(me, None, exc)
             raise
@@ -1185,14 +1187,15 @@ class Connection:
         read_available = self.transport.read_available
         recv_into, recv_buffer = self._recv_into, self._recv_buffer  # read_available's body, inlined below
         monotonic = time.monotonic
+        data: bytes | memoryview | None
         while True:
             frame: Request | Notification | None = None
             if read_here and unpacker.tell() == self._fed and not self._closed:
                 if recv_into is None:
                     data = read_available()
                 else:
-                    try:
-                        data = bytes(recv_buffer[:recv_into(recv_buffer)])
+                    try:  # without its copy: decoded from the kept buffer, copied only for the decoder
+                        data = recv_buffer[:recv_into(recv_buffer)]
                     except OSError as exc:
                         data = self._read_failed(exc)
                 if not data:
@@ -1216,6 +1219,7 @@ class Connection:
                             self._frame_bytes = size
                             frame = _new_request(Request, (msgid, method, params[0]))
                     if frame is None:  # _take inlined: the decoder and _read_frame take it from here
+                        data = bytes(data)  # the kept buffer is read into again: the decoder's chunk is a copy
                         try:
                             unpacker.feed(data)
                         except msgpack.BufferFull:
