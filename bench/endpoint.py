@@ -9,6 +9,9 @@ In one run, interleaved so machine noise hits both alike:
   (registered without a params model, as a trivial method would be).
 * ``castor_16`` — requests per second with 16 concurrent clients, each on its
   own connection and thread.
+* the same two round trips carrying a 10 KiB string each way (informational,
+  no ``RESULT`` line: bench/worker.py's 10 KiB tool call's frames, the
+  transport's share of it).
 
 The round trips are measured twice: unpinned (as the scheduler places the
 threads) and, in a child interpreter, with every thread pinned to one CPU
@@ -45,6 +48,8 @@ from castor.client import Client  # noqa: E402 - after the sys.path set-up above
 from castor.endpoint import Dispatcher, Server  # noqa: E402 - after the sys.path set-up above, on purpose
 
 PARAMS = {"text": "ping", "n": 1}
+#: The informational 10 KiB line's params: a string the size of bench/worker.py's 10 KiB tool call's query.
+PARAMS_10K = {"text": "x" * 10240, "n": 1}
 
 
 # ---------------------------------------------------------------- raw baseline
@@ -71,13 +76,13 @@ def _raw_echo(conn: socket.socket) -> None:
                 conn.sendall(msgpack.packb([1, obj[1], None, obj[3][0]], use_bin_type=True))
 
 
-def run_raw(path: str, n: int) -> float:
+def run_raw(path: str, n: int, params: dict[str, object] = PARAMS) -> float:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=16 << 20)
     start = time.perf_counter()
     for i in range(n):
-        sock.sendall(msgpack.packb([0, i, "echo", [PARAMS]], use_bin_type=True))
+        sock.sendall(msgpack.packb([0, i, "echo", [params]], use_bin_type=True))
         while True:
             try:
                 reply = next(unpacker)
@@ -137,10 +142,10 @@ def counted(run: Callable[[], float], n: int, into: list[float]) -> float:
 
 
 # ---------------------------------------------------------------- castor
-def run_castor(client: Client, n: int) -> float:
+def run_castor(client: Client, n: int, params: dict[str, object] = PARAMS) -> float:
     start = time.perf_counter()
     for _ in range(n):
-        client.call("echo", PARAMS)
+        client.call("echo", params)
     return (time.perf_counter() - start) / n * 1e6
 
 
@@ -191,14 +196,23 @@ def measure_round_trips(runs: int, n: int, with_concurrency: bool, seconds: floa
 
     run_raw(raw_path, 500)  # warm both paths (threads started, caches hot)
     run_castor(client, 500)
+    run_raw(raw_path, 200, PARAMS_10K)
+    run_castor(client, 200, PARAMS_10K)
     out: dict[str, list[float]] = {"raw": [], "castor": [], "ratio": [], "rps": [],
-                                   "raw_switches": [], "castor_switches": []}
+                                   "raw_switches": [], "castor_switches": [], "raw_10k": [], "castor_10k": [],
+                                   "ratio_10k": []}
     for _ in range(runs):
         r = counted(lambda: run_raw(raw_path, n), n, out["raw_switches"])
         c = counted(lambda: run_castor(client, n), n, out["castor_switches"])
         out["raw"].append(r)
         out["castor"].append(c)
         out["ratio"].append(c / r)
+        # The same round trip with 10 KiB each way (informational: what a frame's bytes cost on each
+        # side against the raw echo's, its reads, copies and writes; no RESULT line of its own).
+        r10, c10 = run_raw(raw_path, n // 2, PARAMS_10K), run_castor(client, n // 2, PARAMS_10K)
+        out["raw_10k"].append(r10)
+        out["castor_10k"].append(c10)
+        out["ratio_10k"].append(c10 / r10)
         if with_concurrency:
             out["rps"].append(run_concurrent(castor_path, 16, seconds))
     client.close()
@@ -249,10 +263,14 @@ def main() -> None:
     print(f"unpinned   raw msgpack echo round trip (us)   {fmt(unpinned['raw'])}")
     print(f"unpinned   castor echo round trip (us)        {fmt(unpinned['castor'])}")
     print(f"unpinned   ratio castor/raw (per run)         {fmt(unpinned['ratio'])}")
+    print(f"unpinned   10 KiB each way: raw / castor (us)  {fmt(unpinned['raw_10k'])} / {fmt(unpinned['castor_10k'])}")
+    print(f"unpinned   10 KiB ratio castor/raw (per run)  {fmt(unpinned['ratio_10k'])}")
     if pinned:
         print(f"same core  raw msgpack echo round trip (us)   {fmt(pinned['raw'])}")
         print(f"same core  castor echo round trip (us)        {fmt(pinned['castor'])}")
         print(f"same core  ratio castor/raw (per run)         {fmt(pinned['ratio'])}")
+        print(f"same core  10 KiB each way: raw / castor (us)  {fmt(pinned['raw_10k'])} / {fmt(pinned['castor_10k'])}")
+        print(f"same core  10 KiB ratio castor/raw (per run)  {fmt(pinned['ratio_10k'])}")
         if pinned["raw_switches"] and pinned["castor_switches"] and max(pinned["castor_switches"]) > 0:
             # Every thread's context switches over a run, a round trip: the raw echo's are its two
             # threads' blocking reads (and the preemptions around them); castor's add its watchdog's
