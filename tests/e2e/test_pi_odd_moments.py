@@ -8,6 +8,7 @@ what is left running.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from .test_pi_cancel_moments import pi_whose_memory_retrievals_take_20_s, proces
 from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
+    completes,
     error_toasts,
     events,
     project,
@@ -30,6 +32,7 @@ from .test_pi_cancellation import (
     run_dir,
     settled_after,
     up,
+    wait_cast_end,
     wait_request,
 )
 
@@ -193,3 +196,83 @@ def test_castor_restart_twice_at_once_restarts_castor_without_an_error(start_pi,
     assert error_toasts(pi, begin) == []
     assert poll_until(lambda: len(castor_runtimes(pi)) == 1, timeout=10), [p.cmdline() for p in castor_runtimes(pi)]
     pi.wait_ui("notify", lambda e: " up (" in str(e.get("message")), start=begin, timeout=10)
+
+
+def pi_whose_casts_next_turn_waits_behind_the_users_run_when_its_actor_crashes(start_pi, fake_llm, tmp_path: Path):
+    """Pi (on crashy_serve.py) casting a utility socket then the Reviewer's turn: the user's prompt
+    streams (its answer comes after 3 s) when the utility ends, so castor's Reviewer turn waits in
+    Pi's follow-up queue; then the cast's actor crashes and castor restarts it: it stops that turn
+    (``cast_restarted``, the turn is queued: Pi still holds its hidden prompt) and sends it again
+    under a new id, queued behind the user's run too. Returns Pi, the cast's run dir and the mark
+    before the cast."""
+    marker = tmp_path / "crash-cast"
+    root = tmp_path / "project"
+    gate = root / "go"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_pi([sys.executable, str(CRASHY)], cwd=root, settings={"defaultProjectTrust": "always"},
+                  timeout_ms=CALL_TIMEOUT_MS, env={"CASTOR_CRASH_CAST_FILE": str(marker)})
+    up(pi)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    fake_llm.reply_text("USER-ANSWER-STANDS", when="USER-BUSY", delay=3.0)
+    pi.send({"type": "prompt", "message": "USER-BUSY what is going on"})
+    wait_request(fake_llm, "USER-BUSY")
+    gate.touch()  # the utility ends: castor asks for the Reviewer's turn while the user's run streams
+    assert poll_until(lambda: "queued as a follow-up" in pi.stderr(), timeout=15), pi.stderr()[-2000:]
+    marker.touch()
+    wait_for(lambda: "(cast_restarted)" in pi.stderr(), timeout=10, what="castor stopping the turn to send it again")
+    assert poll_until(lambda: pi.stderr().count("queued as a follow-up") >= 2, timeout=10), pi.stderr()[-2000:]
+    return pi, run, begin
+
+
+def test_a_crashed_casts_turn_sent_again_behind_the_users_run_runs_after_it(start_pi, fake_llm, tmp_path):
+    """castor restarts the crashed cast's actor while its Reviewer turn waits behind the user's run,
+    and sends the turn again. The user's answer came, then Pi delivered the stopped turn's prompt,
+    which the extension stops there -- and the run ended aborted, so the turn sent again, queued
+    behind it, was reported interrupted: nobody had pressed anything, yet the cast stopped at that
+    socket ("the turn was interrupted", /materia continue needed), while castor had said the turn
+    runs again. Now it runs (once: the copy Pi held is stopped), the cast completes and the user's
+    answer stands."""
+    pi, run, begin = pi_whose_casts_next_turn_waits_behind_the_users_run_when_its_actor_crashes(start_pi, fake_llm,
+                                                                                                tmp_path)
+    fake_llm.reply_text("REVIEWED-AFTER-RESTART", when="REVIEWER-MATERIA", delay=0.5)
+    fake_llm.reply_text("REVIEWED-TWICE never wanted", when="REVIEWER-MATERIA")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert not any(e["type"] == "turn_interrupted" for e in done), [e["type"] for e in done]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    answered = pi.wait_for(lambda e: e.get("type") == "message_end" and "REVIEWED-AFTER-RESTART" in json.dumps(e),
+                           start=begin, timeout=5)
+    # The run that answered settles once the copy Pi held is delivered: stopped there, or answered again.
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=pi.events.index(answered), timeout=10)
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    answers = [e for e in pi.events[begin:] if e.get("type") == "message_end"
+               and (e.get("message") or {}).get("role") == "assistant"]
+    assert any("USER-ANSWER-STANDS" in json.dumps(e) for e in answers), "the user's answer is not in the session"
+    assert error_toasts(pi, begin) == []
+
+
+def test_an_abort_as_castor_restarts_a_turn_waiting_behind_the_users_run_stops_it_and_continue_runs_at_once(
+        start_pi, fake_llm, tmp_path):
+    """The same crash, and the user stops their run (an RPC abort, the Esc) right after castor's
+    restart: the turn sent again, waiting behind it, is stopped too and the cast is interrupted at
+    that socket. The Esc also armed the stop for the turn castor sends again as it starts, which
+    stayed armed for three seconds: a ``/materia continue`` typed at once was stopped as well ("castor
+    restarted the cast's crashed actor ... that turn is stopped too"). Now the stop ends with the
+    turn it was for, and the continue runs the Reviewer and completes the cast."""
+    pi, run, begin = pi_whose_casts_next_turn_waits_behind_the_users_run_when_its_actor_crashes(start_pi, fake_llm,
+                                                                                                tmp_path)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10), \
+        [e["type"] for e in events(run)]
+    settled_after(pi, esc)
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    cont = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    assert error_toasts(pi, cont) == []

@@ -1025,13 +1025,26 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	pi.on("agent_start", (_event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		runUnsettled = true;
+		runStartedAt = Date.now();
 		turns.bindOnAgentStart();
 	});
 
 	pi.on("context", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		let messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
-		if (turns.bindFromContext(messages) === "aborted") abortRun(ctx); // a follow-up turn castor aborted
+		const bound = turns.bindFromContext(messages);
+		if (bound === "aborted") abortRun(ctx); // a follow-up turn castor aborted
+		if (bound === "bound") {
+			// A castor turn delivered inside the run going on (a follow-up): an Esc now is Pi's own to
+			// stop it; one armed for the turn a restarted cast sent again stops it before its request.
+			restartWindowUntil = 0;
+			if (Date.now() < stopNextTurnUntil && stopNextTurnNotice) {
+				stopNextTurnUntil = 0;
+				notify(stopNextTurnNotice, "info");
+				stopNextTurnNotice = "";
+				abortRun(ctx);
+			}
+		}
 		const reordered = turns.leftoversFirst(messages);
 		if (reordered) messages = reordered;
 		const isolated = turns.isolate(messages);
@@ -1082,8 +1095,23 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// answer, is not their abort: castor hears it settled (its memory capture is not skipped).
 		const abortedForCastor = outcome ? aborted : turns.userRunAborted(aborted);
 		// Turns castor asked for while this run went on wait in Pi's follow-up queue; aborted, the run
-		// never reaches them (turns.ts withdrawFollowUps): castor is told they were interrupted.
+		// never reaches them. Stopped by the user (an Esc or an RPC abort during the run), they are
+		// withdrawn (turns.ts withdrawFollowUps): castor is told they were interrupted. Stopped only by
+		// castor (a crashed cast's actor restarted: its turn is sent again) or by the extension (at a
+		// withdrawn turn's prompt), Pi keeps them queued for some later run: each is sent again now.
+		const userStopped = lastStopKey.at >= runStartedAt;
+		if (aborted && !userStopped && !closingSession) {
+			const again = turns.redeliverFollowUps();
+			if (again.length) log(`turns ${again.join(", ")} sent again: the run they waited behind was stopped by castor or the extension, not the user`);
+		}
 		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
+		if (withdrawn.length && stopNextTurnNotice) {
+			// The Esc armed the stop for the turn a restarted cast sent again, and that turn waited
+			// here: withdrawn, it is stopped. Left armed, the next castor turn (a /materia continue
+			// typed at once) was stopped too.
+			stopNextTurnUntil = 0;
+			stopNextTurnNotice = "";
+		}
 		// A turn of a runtime that went away (orphanTurns) is reported to nobody: the runtime now up
 		// (if any) never asked for it and would refuse its end.
 		const outcomes = [...(outcome ? [outcome] : []), ...withdrawn].filter((o) => {
@@ -1113,6 +1141,9 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		});
 	}
 	let settleChain: Promise<void> = Promise.resolve();
+	/** When the last run started (agent_start): a stop key since then was the user's stop of it. */
+	let runStartedAt = 0;
+
 	/** A run started (agent_start) and has not settled yet. */
 	let runUnsettled = false;
 	/** Woken when the run settles (`endsReported` waits on one instead of polling). */

@@ -142,6 +142,13 @@ interface Turn {
 	cutByStale?: boolean;
 	/** Sent while Pi was busy: its hidden prompt waits in Pi's follow-up queue for the run going on. */
 	followUp?: boolean;
+	/** The hidden prompt as sent (sent again by {@link TurnTracker.redeliverFollowUps}). */
+	message?: { customType: string; content: string; display: boolean; details: Record<string, unknown> };
+	/**
+	 * Sent again after a run the extension or castor stopped (not the user), while Pi still holds the
+	 * first copy in its follow-up queue: that copy, when Pi delivers it, is stopped there.
+	 */
+	heldCopy?: boolean;
 	customType: string;
 	isolate: boolean;
 	restoreTools?: string[];
@@ -243,6 +250,7 @@ export class TurnTracker {
 		this.queued.push(turn);
 		try {
 			const message = { customType: turn.customType, content: params.prompt, display: false, details: { ...record(params.prompt_details), castor_turn_id: turn.turnId } };
+			turn.message = message;
 			turn.followUp = !ctx.isIdle();
 			this.pi.sendMessage(message, turn.followUp ? { triggerTurn: true, deliverAs: "followUp" } : { triggerTurn: true });
 		} catch (err) {
@@ -303,6 +311,25 @@ export class TurnTracker {
 				entry_id: entryId,
 			};
 		});
+	}
+
+	/**
+	 * The run these turns were queued behind (as follow-ups) was stopped by castor (it aborted the
+	 * turn bound to it, as when it restarts a crashed cast's actor) or by the extension (at a withdrawn
+	 * turn's prompt), not by the user: Pi keeps its follow-up queue through such an abort and delivers
+	 * it only with some later run, so the turns would wait for the user's next prompt -- and were
+	 * reported interrupted, although nobody stopped them (a re-sent turn never ran). Each is sent
+	 * again to start a run of its own now; the copy Pi still holds is stopped where Pi delivers it.
+	 * Returns the ids sent again.
+	 */
+	redeliverFollowUps(): string[] {
+		const waiting = this.queued.filter((t) => t.followUp && t.message);
+		for (const turn of waiting) {
+			turn.followUp = false;
+			turn.heldCopy = true;
+			this.pi.sendMessage(turn.message!, { triggerTurn: true });
+		}
+		return waiting.map((t) => t.turnId);
 	}
 
 	/**
@@ -394,6 +421,13 @@ export class TurnTracker {
 					this.current.cutByStale = true;
 					return "aborted";
 				}
+				if (id === this.current.turnId && this.current.heldCopy && ownPrompts(messages, id) > 1) {
+					// The first copy of a turn sent again, which Pi held in its follow-up queue: the
+					// turn has run already (its answer is above); stopped there, the answer stands.
+					this.current.heldCopy = false;
+					this.current.cutByStale = true;
+					return "aborted";
+				}
 			}
 			return undefined;
 		}
@@ -463,10 +497,15 @@ export class TurnTracker {
 		}
 		if (turn.interjected) return; // the rest of the run is the user's exchange
 		const promptAt = promptTimestamp(messages, turn.turnId);
+		let ownSeen = from > 0;
 		for (const m of messages.slice(from)) {
 			const msg = m as Record<string, unknown>;
 			const id = (msg?.details as { castor_turn_id?: unknown } | undefined)?.castor_turn_id;
 			if (typeof id === "string" && id !== turn.turnId && this.abortedIds.has(id)) return; // a withdrawn turn's prompt: not this turn's
+			if (id === turn.turnId) {
+				if (ownSeen) return; // the copy Pi held of a turn sent again: what follows is not this turn's
+				ownSeen = true;
+			}
 			if (msg?.role === "user") {
 				if (queuedBefore(msg, promptAt)) continue; // left queued by an abort: not typed during this turn
 				// The user typed while the turn ran and Pi answered them in this run: the turn's
@@ -525,6 +564,8 @@ export class TurnTracker {
 		if (!turn) return undefined;
 		this.current = undefined;
 		this.restore(turn);
+		// Pi still holds the first copy of this turn, sent again (redeliverFollowUps): stopped when delivered.
+		if (turn.heldCopy) this.remember(turn.turnId);
 		const last = turn.last;
 		const stopReason = typeof last?.stopReason === "string" ? last.stopReason : null;
 		let error: string | null = null;
@@ -613,6 +654,11 @@ export class TurnTracker {
 	private restore(turn: Turn): void {
 		if (turn.restoreTools) this.pi.setActiveTools(turn.restoreTools);
 	}
+}
+
+/** How many hidden prompts of turn `turnId` are among `messages` (two: Pi delivered the copy it held of a turn sent again). */
+function ownPrompts(messages: unknown[], turnId: string): number {
+	return messages.filter((m) => (m as { details?: { castor_turn_id?: unknown } } | undefined)?.details?.castor_turn_id === turnId).length;
 }
 
 /** When the hidden prompt of turn `turnId` among `messages` was made (Pi stamps each message), if known. */

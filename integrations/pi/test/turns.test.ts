@@ -438,3 +438,30 @@ test("a withdrawn follow-up turn's outcome is an interrupted one, and its tool s
 	assert.deepEqual(pi.getActiveTools(), before);
 	assert.ok(turns.wasAborted("t1"));
 });
+
+test("a follow-up turn sent again after a run castor stopped runs once: the copy Pi held is stopped, the answer stands", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
+	assert.deepEqual(turns.redeliverFollowUps(), ["t1"]);
+	const again = pi.sent.filter((s) => s.message.display === false);
+	assert.equal(again.length, 2);
+	assert.deepEqual(again[1], { message: again[0]!.message, options: { triggerTurn: true } }, "sent again, to start a run");
+	assert.deepEqual(turns.withdrawFollowUps("s", null), [], "no longer waiting behind the stopped run");
+	const prompt = { role: "custom", details: { castor_turn_id: "t1" } };
+	assert.ok(turns.bindFromMessage(prompt));
+	assert.equal(turns.bindFromContext([prompt]), undefined);
+	assert.equal(turns.bindFromContext([prompt, assistant("DONE"), prompt]), "aborted", "the held copy is stopped");
+	turns.onAgentEnd([prompt, assistant("DONE"), prompt, assistant("", "aborted")]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.text, "DONE");
+	assert.equal(outcome?.aborted, false);
+	// A turn sent again whose run ended before Pi delivered the copy: the copy, delivered later, is stopped.
+	await turns.dispatch({ turn_id: "t2", prompt: "P2" }, busy);
+	turns.redeliverFollowUps();
+	const prompt2 = { role: "custom", details: { castor_turn_id: "t2" } };
+	assert.ok(turns.bindFromMessage(prompt2));
+	turns.onAgentEnd([prompt2, assistant("half", "aborted")]);
+	turns.settle("s", true, null);
+	assert.equal(turns.bindFromContext([assistant("the user's answer"), prompt2]), "aborted");
+});
