@@ -276,3 +276,34 @@ def test_an_abort_as_castor_restarts_a_turn_waiting_behind_the_users_run_stops_i
     assert completes(run) == ["Socket-1", "Socket-2"]
     assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
     assert error_toasts(pi, cont) == []
+
+
+def test_an_abort_right_after_a_turn_answers_stops_the_casts_next_turn(start_pi, castor_command, fake_llm, tmp_path):
+    """The builder's turn answers and the user presses Esc (an RPC abort) at once, as castor sends the
+    Reviewer's turn: no run went on, so Pi's abort stopped nothing and the Reviewer's turn ran to its
+    end as if no key had been pressed (the cast completed). Now that turn is stopped before its first
+    model request, the user is told, the cast is interrupted at Socket-2 and ``/materia continue``
+    completes it."""
+    root = project(tmp_path)
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("BUILT-OK", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED never wanted", when="REVIEWER-MATERIA", delay=STALL_S)
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=begin, timeout=20)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10), \
+        [e["type"] for e in events(run)]
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    note = pi.wait_ui("notify", lambda e: "next turn" in str(e.get("message")), start=esc, timeout=5)
+    assert "/materia continue" in str(note["message"]), note
+    assert completes(run) == ["Socket-1"]
+    assert error_toasts(pi, begin) == []
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    cont = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    assert error_toasts(pi, cont) == []

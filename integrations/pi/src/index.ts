@@ -580,7 +580,22 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	function onStopKey(cause: "esc" | "abort"): void {
 		lastStopKey = { at: Date.now(), cause };
 		if (Date.now() < restartWindowUntil) stopResentTurn(cause);
+		else if (Date.now() - castorTurnAnsweredAt < RECENT_STOP_KEY_MS && !runUnsettled && !turns.active) {
+			// A castor turn has just answered and no run goes on: castor is sending the cast's next
+			// turn. Pi's abort found nothing to stop, and that turn then ran as if no key had been
+			// pressed: it is stopped as it starts, as an Esc during it would have. (A utility socket
+			// next is not stopped by an Esc at all: sayWhatStopsAUtility says so and ends this.)
+			castorTurnAnsweredAt = 0;
+			stopNextTurnUntil = Date.now() + STOP_NEXT_TURN_MS;
+			stopNextTurnNotice = `castor: ${cause === "esc" ? "Esc" : "abort"} — the cast's next turn, which castor sent as ` +
+				"the last one answered, is stopped (/materia continue runs it)";
+			gapStopArmed = true;
+		}
 	}
+	/** When a castor turn last settled with its answer (0: a run started since). */
+	let castorTurnAnsweredAt = 0;
+	/** The stop armed is the one for the cast's next turn after an answer (see onStopKey). */
+	let gapStopArmed = false;
 
 	/** The running agent's abort signal (Pi 1.x `ctx.signal`), if there is one. */
 	function runSignal(ctx: Ctx): AbortSignal | undefined {
@@ -742,6 +757,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			if (startsTurns) {
 				await waitIdle(ctx);
 				await endsReported();
+				if (gapStopArmed) {
+					// A key pressed as the cast's last turn answered was not meant for the turn this command starts.
+					gapStopArmed = false;
+					stopNextTurnUntil = 0;
+					stopNextTurnNotice = "";
+				}
 			}
 			// An Esc (or RPC abort) while castor answers a command that starts a turn (cast, continue,
 			// recast, revive) came before there was a run to stop: Pi's abort did nothing, and the
@@ -839,6 +860,12 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		const pending = view?.pending;
 		if (view?.live !== true || pending?.kind !== "utility" || typeof pending.visit_id !== "string") return;
+		if (gapStopArmed) {
+			// The cast went on to a utility socket, which the key does not stop: neither is the turn after it.
+			gapStopArmed = false;
+			stopNextTurnUntil = 0;
+			stopNextTurnNotice = "";
+		}
 		if (pending.visit_id === utilityNoticed) return;
 		utilityNoticed = pending.visit_id;
 		const key = cause === "esc" ? "Esc" : "abort";
@@ -951,6 +978,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 		const armed = Date.now() < stopNextTurnUntil;
 		if (!custom) stopNextTurnUntil = 0; // a prompt of the user's own: the Esc was not meant for later turns
+		gapStopArmed = false;
 		if (custom && turns.bindFromMessage(event.message)) {
 			restartWindowUntil = 0; // a castor turn runs: an Esc now is Pi's own to stop it
 			if (armed) {
@@ -1026,6 +1054,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		lastCtx = ctx;
 		runUnsettled = true;
 		runStartedAt = Date.now();
+		castorTurnAnsweredAt = 0;
 		turns.bindOnAgentStart();
 	});
 
@@ -1091,6 +1120,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		for (const wake of settleWaiters.splice(0)) wake();
 		const outcome = turns.settle(sessionId, aborted, entryId);
 		if (!outcome) turns.settleUserRun();
+		if (outcome && !outcome.aborted && !outcome.error && !closingSession) castorTurnAnsweredAt = Date.now();
 		// The user's run stopped only by the extension, at a withdrawn turn's prompt after their
 		// answer, is not their abort: castor hears it settled (its memory capture is not skipped).
 		const abortedForCastor = outcome ? aborted : turns.userRunAborted(aborted);
