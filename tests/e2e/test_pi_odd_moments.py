@@ -307,3 +307,38 @@ def test_an_abort_right_after_a_turn_answers_stops_the_casts_next_turn(start_pi,
     assert completes(run) == ["Socket-1", "Socket-2"]
     assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
     assert error_toasts(pi, cont) == []
+
+
+def test_an_abort_right_after_a_turn_answers_does_not_stop_a_utility_socket_nor_the_turn_after_it(
+        start_pi, castor_command, fake_llm, tmp_path):
+    """The same abort when the cast's next socket is a utility command (a second long) and an agent
+    turn follows it: the key never stops a command, and the notice says so and what does; the turn
+    after the command is not stopped by a key pressed before the command ran, and the cast completes."""
+    root = tmp_path / "project"
+    doc = {"artifactDir": ".pi/pi-materia", "activeLoadout": "L",
+           "limits": {"maxSocketVisits": 5, "maxEdgeTraversals": 5},
+           "materia": {"Builder": {"prompt": "BUILDER-MATERIA: build.", "tools": "none"},
+                       "Reviewer": {"prompt": "REVIEWER-MATERIA: review.", "tools": "none"}},
+           "loadouts": {"L": {"entry": "Socket-1", "sockets": {
+               "Socket-1": {"type": "agent", "materia": "Builder", "parse": "text",
+                            "edges": [{"when": "always", "to": "Socket-2"}]},
+               "Socket-2": {"type": "utility", "command": ["sh", "-c", "sleep 1"], "timeoutMs": 60000,
+                            "edges": [{"when": "always", "to": "Socket-3"}]},
+               "Socket-3": {"type": "agent", "materia": "Reviewer", "parse": "text",
+                            "edges": [{"when": "always", "to": "end"}]}}}}}
+    (root / ".pi").mkdir(parents=True)
+    (root / ".pi" / "pi-materia.json").write_text(json.dumps(doc))
+    pi = start(start_pi, castor_command, root)
+    fake_llm.reply_text("BUILT-OK", when="BUILDER-MATERIA")
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    begin = pi.command("/materia cast build the thing")
+    run = run_dir(root)
+    pi.wait_for(lambda e: e.get("type") == "agent_settled", start=begin, timeout=20)
+    esc = pi.mark()
+    pi.request({"type": "abort"})
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2", "Socket-3"]
+    pi.wait_ui("notify", lambda e: "does not stop Socket-2's command" in str(e.get("message")), start=esc, timeout=5)
+    assert not [e for e in pi.ui("notify", start=esc) if "next turn" in str(e.get("message"))]
+    assert error_toasts(pi, begin) == []
