@@ -235,7 +235,8 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
         # crash (restarted, the command goes on), and a second signal must still end the command.
         signal.signal(signum, signal.SIG_DFL)
         if _stops["deferred"]:
-            _stops["pending"] = signum  # raised by resume_stops()
+            if _stops["pending"] is None:
+                _stops["pending"] = signum  # raised by resume_stops()
             return
         raise stop_for(signum)
 
@@ -247,7 +248,7 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
     try:
         yield
     finally:
-        _stops.update(deferred=False, pending=None)
+        _end_deferral()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
@@ -267,22 +268,65 @@ def kept_when_stopped(command: str, workdir: object) -> Iterator[None]:
         raise
 
 
-_stops: dict[str, Any] = {"deferred": False, "pending": None}  # see defer_stops
+_stops: dict[str, Any] = {"deferred": False, "pending": None, "sigint": None}  # see defer_stops
+
+
+def _defer_sigint(signum: int, _frame: Any) -> None:
+    if _stops["pending"] is None:
+        _stops["pending"] = signum  # raised by resume_stops() as KeyboardInterrupt
 
 
 def defer_stops() -> None:
-    """Inside :func:`stopped_as_by_ctrl_c`, take a SIGTERM or SIGHUP that comes from now on only at
-    :func:`resume_stops`: for a step that makes something the command must remove on its way out
-    (a token file), between its making and the ``finally`` that removes it."""
+    """Inside :func:`stopped_as_by_ctrl_c`, take a SIGTERM, SIGHUP or Ctrl-C (SIGINT) that comes
+    from now on only at :func:`resume_stops`: for a step that makes something the command must
+    remove on its way out (a token file), between its making and the ``finally`` that removes it.
+    Ctrl-C is deferred only where it would raise ``KeyboardInterrupt`` (Python's own handler, on
+    the main thread); one that landed inside the step left its half-made file behind."""
+    import signal
+    import threading
+
     _stops["deferred"] = True
+    if (_stops["sigint"] is None and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        _stops["sigint"] = signal.signal(signal.SIGINT, _defer_sigint)
+
+
+def _end_deferral() -> int | None:
+    """Stop deferring; the signal that came meanwhile (None if none did), not raised."""
+    import signal
+
+    saved, _stops["sigint"] = _stops["sigint"], None
+    if saved is not None:
+        signal.signal(signal.SIGINT, saved)
+    pending: int | None = _stops["pending"]
+    _stops.update(deferred=False, pending=None)
+    return pending
 
 
 def resume_stops() -> None:
-    """Stop deferring (:func:`defer_stops`), raising the signal that came meanwhile, if one did."""
-    pending, _stops["pending"] = _stops["pending"], None
-    _stops["deferred"] = False
+    """Stop deferring (:func:`defer_stops`), raising the signal that came meanwhile, if one did:
+    ``KeyboardInterrupt`` for Ctrl-C, else :func:`stop_for`'s."""
+    import signal
+
+    pending = _end_deferral()
+    if pending == signal.SIGINT:
+        raise KeyboardInterrupt
     if pending is not None:
         raise stop_for(pending)
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """:func:`defer_stops` for the block, :func:`resume_stops` at its end. A block that raises ends
+    the deferral and its exception goes on (the command is ending anyway; a stop signal that came
+    meanwhile is dropped, not raised over it)."""
+    defer_stops()
+    try:
+        yield
+    except BaseException:
+        _end_deferral()
+        raise
+    resume_stops()
 
 
 def os_error_code(exc: OSError) -> str:

@@ -27,6 +27,7 @@ from castor.cli.common import (
     positive_seconds,
     relay_stderr_without_blocking,
     resume_stops,
+    stops_deferred,
     timeout_or_off,
 )
 from castor.scaleout.options import add_backend_flags
@@ -142,7 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
             check_socket_dir(os.path.dirname(os.path.abspath(args.socket)))
             check_socket_path(os.path.abspath(args.socket))
         console_token = _console_token(args)
-        defer_stops()  # a SIGTERM while its token file is made is taken in the try below, which removes it
+        defer_stops()  # a stop (Ctrl-C too) while its token file is made is taken in the try below, which removes it
         token, generated = _serve_token(args)  # last: nothing after it may refuse, or its file would stay
     except CastorError as exc:
         resume_stops()
@@ -157,7 +158,16 @@ def _serve(args: argparse.Namespace) -> int:
         backend = make_backend(args, host_runtime={"cast_cli_note": settings.cast_cli_note,
                                                    "notes_where_resumed_casts_run": True})
         runtime = Runtime(settings, components=scaleout_components(backend), scaleout=backend)
-        console, console_token_file = _start_console(args, runtime, token=console_token or token)
+        try:
+            # A stop signal while the console's token file is made (or between its making and
+            # these names) is taken after them, so the finally below removes it.
+            with stops_deferred():
+                console, console_token_file = _start_console(args, runtime, token=console_token or token)
+        except BaseException:
+            if console is not None:
+                console.stop()
+            runtime.shutdown(30.0)
+            raise
         dispatcher = build_dispatcher(runtime)
         shown_token = generated or args.token_file or os.environ.get(TOKEN_FILE_ENV) if token else None
         try:
@@ -284,7 +294,6 @@ def _start_console(args: argparse.Namespace, runtime: Any, *,
             from castor.endpoint.auth import remove_token_file
 
             remove_token_file(generated)
-        runtime.shutdown(30.0)
         raise
 
 
