@@ -224,33 +224,103 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
     SIGHUP ignored at start, as by ``nohup``, stays ignored), as Ctrl-C raises ``KeyboardInterrupt``:
     the command's ``finally`` blocks run (its runtime shut down, its child processes stopped), it
     says ``castor: interrupted`` and exits 143 / 129. Python's default ended the process on the spot,
-    silently. A second SIGTERM (or SIGHUP) ends the process as the default does (the first may land
-    where an actor takes it for its own crash, or the shutdown it started may hang). The handlers
-    before are put back on the way out; off the main thread nothing changes."""
+    silently. A second SIGTERM (or SIGHUP) ends the process as the default does (the shutdown the
+    first started may hang). The handlers before are put back on the way out; off the main thread
+    nothing changes.
+
+    The first signal always counts: one that lands while an actor's code runs on the main thread
+    (an inline ask's handler, an ``on_start`` run on its starter), where the actor would take it
+    for its own crash (the command went on, the signal lost), is held and raised as soon as the
+    main thread has left that code (:func:`_hold_stop`)."""
     import signal
     import threading
 
-    def raise_terminated(signum: int, _frame: Any) -> None:
-        # Once: an interrupt that lands inside an actor's handler run on this thread is that actor's
-        # crash (restarted, the command goes on), and a second signal must still end the command.
-        signal.signal(signum, signal.SIG_DFL)
+    def on_stop(signum: int, frame: Any) -> None:
+        held = _stops["held"]
+        if _stops["redeliver"]:  # the held stop, handed back once the actor code was left
+            _stops["redeliver"] = False
+            signum = held if held is not None else signum
+        elif held is not None:  # a second signal while the first is held: the user insists
+            _stops["held"] = None
+            if signum != signal.SIGINT:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)  # ends the process as the default does
+                return
+            raise KeyboardInterrupt
         if _stops["deferred"]:
+            _stops["held"] = None
             if _stops["pending"] is None:
                 _stops["pending"] = signum  # raised by resume_stops()
             return
+        if _in_actor_code(frame):
+            _hold_stop(signum)
+            return
+        _stops["held"] = None
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process as the default does
         raise stop_for(signum)
 
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, raise_terminated)
+        saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_stop)
         if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-            saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, raise_terminated)
+            saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_stop)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            saved[signal.SIGINT] = signal.signal(signal.SIGINT, on_stop)
     try:
         yield
     finally:
         _end_deferral()
+        _stops.update(held=None, redeliver=False)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+_SWALLOWING = ("handle_envelope", "_actor_loop_setup")
+"""The methods of castor's ``Actor`` that take any exception raised in them, ``KeyboardInterrupt``
+too, for the actor's own crash (castor.supervision.actor)."""
+
+
+def _in_actor_code(frame: Any) -> bool:
+    """Whether ``frame`` (the main thread's, where a signal landed) runs inside one of
+    :data:`_SWALLOWING`: a stop raised there would be taken for that actor's crash."""
+    actor = sys.modules.get("castor.supervision.actor")
+    if actor is None:  # no actor code loaded, none running
+        return False
+    codes = {getattr(actor.Actor, name).__code__ for name in _SWALLOWING}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+HELD_STOP_POLL_S = 0.005
+"""How often a held stop (:func:`_hold_stop`) looks whether the main thread has left the actor code."""
+
+
+def _hold_stop(signum: int) -> None:
+    """Hold stop signal ``signum`` while the main thread runs actor code; a thread of its own
+    hands it back to the main thread's handler (``_thread.interrupt_main``) once it has left it."""
+    import _thread
+    import signal
+    import threading
+    import time
+
+    _stops["held"] = signum
+    main = threading.main_thread()
+
+    def watch() -> None:
+        while _stops["held"] == signum and main.is_alive():
+            frame = sys._current_frames().get(main.ident or 0)  # noqa: SLF001 - the main thread's stack, read only
+            if frame is None or not _in_actor_code(frame):
+                _stops["redeliver"] = True
+                _thread.interrupt_main(signal.Signals(signum))
+                return
+            time.sleep(HELD_STOP_POLL_S)
+
+    threading.Thread(target=watch, name="held-stop", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -268,7 +338,8 @@ def kept_when_stopped(command: str, workdir: object) -> Iterator[None]:
         raise
 
 
-_stops: dict[str, Any] = {"deferred": False, "pending": None, "sigint": None}  # see defer_stops
+_stops: dict[str, Any] = {"deferred": False, "pending": None, "sigint": None,  # see defer_stops
+                          "held": None, "redeliver": False}  # see stopped_as_by_ctrl_c
 
 
 def _defer_sigint(signum: int, _frame: Any) -> None:
