@@ -1394,7 +1394,8 @@ _WAITS_WORDS = {"agent_turn": "awaiting the agent's turn", "utility": "running i
 def _waits_now(view: dict[str, Any]) -> str | None:
     """What a cast another runtime holds waits for, and since when, as its saved state says (the
     holder says no more to another process): ``now: awaiting the agent's turn at Socket-1 (greeter),
-    visit 1, since its last save at 09:45:43 UTC (12s ago)``; None when it waits for nothing."""
+    visit 1, since its last save at 09:45:43 UTC (12s ago)``, the save's date before its time when
+    it is not today's (``2026-12-06 09:45:43 UTC (26h 0m ago)``); None when it waits for nothing."""
     pending = view.get("pending")
     if not isinstance(pending, dict) or pending.get("kind") not in _WAITS_WORDS:
         return None
@@ -1411,7 +1412,9 @@ def _waits_now(view: dict[str, Any]) -> str | None:
     ago = max(0, int(time.time() - saved))
     age = (f"{ago}s" if ago < 60 else f"{ago // 60}m {ago % 60}s" if ago < 3600
            else f"{ago // 3600}h {ago % 3600 // 60}m")
-    clock = time.strftime("%H:%M:%S", time.gmtime(saved))
+    # its date too when not today's (UTC): a cast waiting since yesterday must not read as since today
+    today = time.gmtime(saved)[:3] == time.gmtime()[:3]
+    clock = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.gmtime(saved))
     return f"now: {words} at {at}{visit}, since its last save at {clock} UTC ({age} ago)"
 
 

@@ -678,7 +678,12 @@ const secs = v => {
   if (t < 86400) return sign + Math.floor(t / 3600) + ' h ' + two(Math.floor(t % 3600 / 60)) + ' min';
   return sign + Math.floor(t / 86400) + ' d ' + Math.floor(t % 86400 / 3600) + ' h';
 };
-const clock = t => new Date(t).toLocaleTimeString();
+// A moment as its clock time, after its date (YYYY-MM-DD) when that is not today's: a cast stuck
+// since yesterday must not read as one stuck since a time of today.
+const clock = t => { const d = new Date(t), two = n => String(n).padStart(2, '0');
+  const today = d.toDateString() === new Date().toDateString();
+  return (today ? '' : d.getFullYear() + '-' + two(d.getMonth() + 1) + '-' + two(d.getDate()) + ' ') +
+    d.toLocaleTimeString(); };
 // What an activity is doing, for how long, and when the bound that ends it passes (if one does).
 const doing = act => { const left = act.deadline_in_s;
   const bound = typeof left !== 'number' ? '' :
@@ -1027,7 +1032,7 @@ function render(doc) {
   }
   const feed = document.getElementById('feed'); feed.replaceChildren();
   for (const e of doc.events.slice().reverse()) {
-    const tr = $('tr'); tr.append($('td', {}, e.ts ? new Date(e.ts).toLocaleTimeString() : '-'),
+    const tr = $('tr'); tr.append($('td', {}, e.ts ? clock(e.ts) : '-'),
                                   $('td', {}, e.type), $('td', {class: 'muted long'}, e.data, MAX_TITLE));
     feed.append(tr);
   }

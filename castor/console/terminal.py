@@ -276,7 +276,8 @@ def _actor_line(actor: dict[str, Any]) -> str:
         _state(actor["state"]),
         f"#{actor['incarnation']}",
         f"depth={box['depth']}",
-        f"oldest={age:.3f}s" if age is not None else "oldest=-",
+        # a minute or more in minutes, hours and days: a message queued since yesterday is not 90000.000s
+        (f"oldest={age:.3f}s" if age < 60 else f"oldest={duration(age)}") if age is not None else "oldest=-",
         f"done={box['processed']}",
     ]
     labels = actor.get("labels") or {}
@@ -297,7 +298,9 @@ def _actor_line(actor: dict[str, Any]) -> str:
     elif activity and activity.get("kind") == "idle":
         parts.append(f"[dim]idle {duration(activity['age_s'])}[/dim]")
     if flight:
-        parts.append(f"busy={shown(str(flight['message_type']))} {flight['since_s']:.2f}s")
+        since = flight["since_s"]
+        parts.append(f"busy={shown(str(flight['message_type']))} "
+                     f"{f'{since:.2f}s' if since < 60 else duration(since)}")
     failure = actor.get("last_failure")
     if failure:
         parts.append(f"[red]last failure {shown(str(failure['error_type']))} {duration(failure['age_s'])} ago[/red]")

@@ -538,3 +538,24 @@ def test_an_endpoint_sending_undecodable_bytes_is_named_as_such_not_as_a_stopped
         listener.close()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done
     assert "closed the connection (it sent what castor cannot decode (invalid_frame" in done.stderr, done.stderr
+
+
+def test_a_message_held_or_queued_since_yesterday_reads_in_days_not_tens_of_thousands_of_seconds():
+    """The tree line said ``oldest=93784.000s`` and ``busy=materia.session.start 93784.00s`` for a
+    handler stuck since yesterday: an operator had to divide to tell a day from a minute. Past a
+    minute both read in minutes, hours and days (``1d2h``), as the activity beside them does;
+    under a minute as before."""
+    from castor.console.terminal import _actor_line
+
+    def line(age: float) -> str:
+        actor = {"path": "/root/session/s", "kind": "SessionActor", "state": "running", "incarnation": 1,
+                 "restarts": 0, "activity": None, "last_failure": None,
+                 "mailbox": {"depth": 1, "oldest_age_s": age, "processed": 3, "failed": 0,
+                             "in_flight": {"message_type": "materia.session.start", "since_s": age}}}
+        out = Console(file=io.StringIO(), record=True, width=400)
+        out.print(_actor_line(actor))
+        return out.export_text()
+
+    day = 86400 + 2 * 3600 + 184.0
+    assert "oldest=1d2h" in line(day) and "busy=materia.session.start 1d2h" in line(day), line(day)
+    assert "oldest=5.250s" in line(5.25) and "busy=materia.session.start 5.25s" in line(5.25), line(5.25)

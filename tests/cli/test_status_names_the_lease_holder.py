@@ -51,3 +51,20 @@ def test_status_of_a_cast_a_serve_holds_names_the_serving_process(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
+
+
+def test_a_wait_saved_before_today_reads_with_its_date():
+    """``since its last save at 14:03:12 UTC (26h 0m ago)`` gave a time alone, for a save of yesterday
+    as for one of today; a save not of today (UTC) now reads with its date before its time."""
+    import time
+
+    from castor.cli.materia import _waits_now
+
+    pending = {"kind": "agent_turn", "socket_id": "Socket-1", "visit": 1}
+    old = time.time() - 26 * 3600
+    said = _waits_now({"pending": pending, "current_materia": "greeter", "updated_at": old})
+    day = time.strftime("%Y-%m-%d", time.gmtime(old))
+    assert said is not None and re.search(rf", since its last save at {day} \d\d:\d\d:\d\d UTC \(26h 0m ago\)$",
+                                          said), said
+    now = _waits_now({"pending": pending, "current_materia": "greeter", "updated_at": time.time()})
+    assert now is not None and re.search(r", since its last save at \d\d:\d\d:\d\d UTC \(0s ago\)$", now), now

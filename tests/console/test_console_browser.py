@@ -374,3 +374,44 @@ def test_a_long_wait_reads_in_minutes_hours_and_days_not_thousands_of_seconds(br
     finally:
         console.stop()
         runtime.shutdown(10)
+
+
+def test_a_since_that_is_not_today_reads_with_its_date(browser):
+    """"Needs attention" said "crashed: RuntimeError — since 14:03:12" for an actor that crashed
+    yesterday at 14:03 as for one that crashed today: a cast stuck since yesterday read as stuck
+    for minutes. A moment not of today now reads with its date (YYYY-MM-DD) before its time; one of
+    today as before."""
+    import re
+
+    from castor.console import server
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
+    try:
+        browser.get(console.url)
+        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+                 what="the first push")
+
+        def crashed(path: str, age: float) -> dict:
+            return {"path": path, "kind": "SocketActor", "state": "crashed", "incarnation": 1, "restarts": 0,
+                    "mailbox": {"depth": 0, "oldest_age_s": None}, "labels": {}, "activity": None,
+                    "last_failure": {"error_type": "RuntimeError", "message_type": None, "age_s": age}}
+
+        now = time.time()
+        doc = {"at": now, "workers": [], "sessions": [],
+               "actors": [crashed("/root/yesterday", 26 * 3600.0), crashed("/root/now", 0.0)]}
+        browser.execute_script("source.close(); render(arguments[0]);", doc)
+        said = dict(browser.execute_script(
+            "return Array.from(document.querySelectorAll('#attention li')).map(li => [li.dataset.trouble, "
+            "li.textContent]);"))
+        day = browser.execute_script(
+            "const d = new Date(arguments[0]), two = n => String(n).padStart(2, '0');"
+            "return d.getFullYear() + '-' + two(d.getMonth() + 1) + '-' + two(d.getDate());",
+            (now - 26 * 3600) * 1000)
+        assert re.search(rf" — since {day} \d", said["/root/yesterday"]), said
+        assert re.search(r" — since \d{1,2}:\d\d", said["/root/now"]), said  # today's: its time alone
+        assert not re.search(r"\d{4}-\d\d-\d\d", said["/root/now"]), said
+    finally:
+        console.stop()
+        runtime.shutdown(10)
