@@ -519,9 +519,12 @@ class _StopSignals:
         import threading
 
         self._saved: dict[int, Any] = {}
+        _first_stop["signum"] = None
         if threading.current_thread() is threading.main_thread():
             self._saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
             signal.signal(signal.SIGTERM, _raise_terminated)
+            if self._saved[signal.SIGINT] is signal.default_int_handler:  # Ctrl-C as before, now counted
+                signal.signal(signal.SIGINT, _raise_terminated)
             if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
                 self._saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, _raise_terminated)
 
@@ -540,9 +543,19 @@ class _StopSignals:
         self._saved = {}
 
 
+_first_stop: dict[str, int | None] = {"signum": None}
+"""The stop signal the cast's run took before its shutdown, if one did: a signal during the shutdown
+is then a second one (:func:`_kill_descendants_and_exit` says which)."""
+
+
 def _raise_terminated(signum: int, _frame: Any) -> None:
+    import signal
+
     from castor.cli.common import stop_for
 
+    _first_stop["signum"] = signum
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise stop_for(signum)
 
 
@@ -566,7 +579,10 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
     me = str(os.getpid())
     kill_tagged(lambda env: env.get(RUNTIME_PID_ENV) == me)
     try:  # a stderr that takes nothing (its pipe full, the signal landing in a write to it) keeps no one here
-        sys.stderr.write("castor: interrupted again; killed the commands still running\n")
+        # "again" only after a first stop: one that lands during the shutdown of a run that ended
+        # by itself (a cast complete, its runtime closing) is the first the user sent
+        again = "again" if _first_stop["signum"] is not None else "while shutting down"
+        sys.stderr.write(f"castor: interrupted {again}; killed the commands still running\n")
         sys.stderr.flush()
     except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, from inside a blocked one
         pass
