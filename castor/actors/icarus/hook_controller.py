@@ -280,23 +280,37 @@ class WorkerLane:
         to the lane's thread."""
         mutex = self._mutex
         # ``with`` sections, not ``acquire()`` + ``try``: this runs on the asker's thread, which may be
-        # the main one (tests/endpoint/test_lock_sections.py says why that matters).
-        try:
-            while not done.done() and time.monotonic() < deadline:
+        # the main one (tests/endpoint/test_lock_sections.py says why that matters). One section
+        # before the first job and one after each: a job's release (``_running``), the choice of the
+        # next and the wake-up of the lane's thread for what is left, together.
+        more = not done.done() and time.monotonic() < deadline
+        with mutex:
+            if self._stopped or self._running or not self._queue:
+                return
+            if not more:
+                self._wake_locked()
+                return
+            item = self._queue.popleft()
+            token = self._take_locked(item)
+        while True:
+            try:
+                self._run_taken(item, token)
+            except BaseException:
                 with mutex:
-                    if self._stopped or self._running or not self._queue:
-                        return
-                    item = self._queue.popleft()
-                    token = self._take_locked(item)
-                try:
-                    self._run_taken(item, token)
-                finally:
-                    with mutex:
-                        self._running = False
-        finally:
+                    self._running = False
+                    if self._queue and not self._stopped:
+                        self._wake_locked()
+                raise
+            more = not done.done() and time.monotonic() < deadline
             with mutex:
-                if self._queue and not self._stopped and not self._running:
-                    self._wake_locked()
+                self._running = False
+                if self._stopped or not self._queue:
+                    return
+                if not more:
+                    self._wake_locked()  # what is left goes to the lane's thread
+                    return
+                item = self._queue.popleft()
+                token = self._take_locked(item)
 
     def _put(self, item: Any, wake: bool) -> None:
         with self._mutex:
@@ -754,8 +768,10 @@ class HookClient:
             return fut.result(0) if fut.done() else None
         if answer is not None and isinstance(lane, WorkerLane):
             lane.help_until(fut, deadline)
+        if fut.done():  # answered already (the commonest: this thread made the call): no clock, no wait
+            answered: dict[str, Any] | None = fut.result(0)
+            return answered
         try:
-            # Answered already (the commonest: this thread made the call): returned without a wait.
             result: dict[str, Any] | None = fut.result(max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             self.abort(req)
