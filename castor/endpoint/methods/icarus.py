@@ -35,6 +35,7 @@ from pydantic import Field
 from castor.actors.icarus import IcarusSession, session_of
 from castor.domain.icarus.tools import tool_result
 from castor.endpoint.dispatch import Context, Dispatcher, Params
+from castor.endpoint.methods.checked import str_keyed, validated
 from castor.endpoint.methods.ownership import owned_session
 from castor.runtime import Runtime
 
@@ -45,6 +46,11 @@ class ToolParams(Params):
     params: dict[str, Any] | None = None
     tool_call_id: str | None = None
     format: Literal["value", "result"] = "value"
+
+
+#: ``ToolParams``' fields and the longest ``name`` it takes (the handler's check of the commonest params).
+_TOOL_FIELDS = frozenset(ToolParams.model_fields)
+_MAX_TOOL_NAME = 256
 
 
 class CommandParams(Params):
@@ -82,10 +88,23 @@ def worker_stats(runtime: Runtime, session_id: str) -> dict[str, Any]:
 
 
 def register_icarus_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
-    def tool(params: ToolParams, _ctx: Context) -> Any:
-        sess = _owned_session(runtime, _ctx, params.session_id)
-        value = sess.tool(params.name, params.params, tool_call_id=params.tool_call_id)
-        if params.format == "result":
+    def tool(params: Any, _ctx: Context) -> Any:
+        # ToolParams' check, done here (castor.endpoint.methods.checked): the commonest params as
+        # the model takes them as they are, anything else through the model and its errors.
+        fast = type(params) is dict and params.keys() <= _TOOL_FIELDS
+        if fast:
+            session_id, name, args = params.get("session_id"), params.get("name"), params.get("params")
+            call_id, form = params.get("tool_call_id"), params.get("format", "value")
+            fast = (type(session_id) is str and type(name) is str and len(name) <= _MAX_TOOL_NAME
+                    and (args is None or str_keyed(args)) and (call_id is None or type(call_id) is str)
+                    and type(form) is str and (form == "value" or form == "result"))
+        if not fast:
+            checked = validated(ToolParams, "icarus.tool", params)
+            session_id, name, args = checked.session_id, checked.name, checked.params
+            call_id, form = checked.tool_call_id, checked.format
+        sess = _owned_session(runtime, _ctx, session_id)
+        value = sess.tool(name, args, tool_call_id=call_id)
+        if form == "result":
             return tool_result(value).to_wire()
         return value
 
@@ -95,6 +114,6 @@ def register_icarus_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
     def config(params: ConfigParams, _ctx: Context) -> dict[str, Any]:
         return _owned_session(runtime, _ctx, params.session_id).config()
 
-    dispatcher.register("icarus.tool", tool, ToolParams)
+    dispatcher.register("icarus.tool", tool)  # ToolParams, checked by the handler
     dispatcher.register("icarus.command", command, CommandParams)
     dispatcher.register("icarus.config", config, ConfigParams)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field
 
@@ -17,6 +17,7 @@ from castor._log import logger
 from castor.endpoint.auth import check_trusted_assertion
 from castor.endpoint.dispatch import Context, Dispatcher, Params
 from castor.endpoint.harness_link import WireHarness
+from castor.endpoint.methods.checked import str_keyed, validated
 from castor.endpoint.methods.ownership import opened_sessions, owned_session
 from castor.messages.errors import Conflict, MailboxFull, NotFound
 from castor.messages.ids import check_safe_id
@@ -43,6 +44,11 @@ class HarnessEventParams(Params):
     session_id: str
     event: HarnessEventName
     data: dict[str, Any] = {}
+
+
+#: ``HarnessEventParams``' fields and event names (the handler's check of the commonest params).
+_EVENT_FIELDS = frozenset(HarnessEventParams.model_fields)
+_EVENT_NAMES = frozenset(get_args(HarnessEventName))
 
 
 class TurnEndedParams(Params):
@@ -134,11 +140,23 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
         forget(params.session_id, link)
         return {"closed": True}
 
-    def harness_event(params: HarnessEventParams, ctx: Context) -> dict[str, Any]:
-        owned_session(ctx, params.session_id)
+    def harness_event(params: Any, ctx: Context) -> dict[str, Any]:
+        # HarnessEventParams' check, done here (castor.endpoint.methods.checked): the commonest
+        # params as the model takes them as they are, anything else through the model and its errors.
+        fast = type(params) is dict and params.keys() <= _EVENT_FIELDS
+        if fast:
+            session_id, event, data = params.get("session_id"), params.get("event"), params.get("data")
+            if data is None and "data" not in params:
+                data = {}  # the model's default
+            fast = (type(session_id) is str and type(event) is str and event in _EVENT_NAMES
+                    and str_keyed(data))
+        if not fast:
+            checked = validated(HarnessEventParams, "harness.event", params)
+            session_id, event, data = checked.session_id, checked.event, checked.data
+        owned_session(ctx, session_id)
         # The reply may go out before this returns: the Icarus hooks answer a harness at once
         # (an /icarus off, an abort) while this thread is still inside a worker call it made itself.
-        return runtime.dispatch_event(params.session_id, params.event, params.data, answer=ctx.early_answer())
+        return runtime.dispatch_event(session_id, event, data, answer=ctx.early_answer())
 
     def turn_ended(params: TurnEndedParams, ctx: Context) -> dict[str, Any]:
         link = owned_session(ctx, params.session_id)
@@ -148,7 +166,7 @@ def register_session_methods(dispatcher: Dispatcher, runtime: Runtime) -> None:
 
     dispatcher.register("session.open", session_open, SessionOpenParams)
     dispatcher.register("session.close", session_close, SessionRef)
-    dispatcher.register("harness.event", harness_event, HarnessEventParams)
+    dispatcher.register("harness.event", harness_event)  # HarnessEventParams, checked by the handler
     dispatcher.register("agent.turn_ended", turn_ended, TurnEndedParams)
 
 
