@@ -197,10 +197,9 @@ class WorkerLane:
         self._timeout = timeout
         self._feedback = feedback
         # ``_mutex`` (a C-level lock) for plain critical sections; ``_cond`` (the same lock) to
-        # wait and notify -- Condition.__enter__ is Python code. On a hook call's path the mutex is
-        # taken with ``acquire()`` and a ``try``/``finally`` ``release()``, not ``with``: the same
-        # section, without the two special-method lookups and bound methods ``with`` makes
-        # (about 1.7k against 0.6k instructions a section, callgrind).
+        # wait and notify -- Condition.__enter__ is Python code. Sections are ``with`` sections (a
+        # helping asker may be the main thread: tests/endpoint/test_lock_sections.py), about 1.7k
+        # instructions each, so the helped path takes as few as it can (see help_until).
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         # An item is a call (request, function, kwargs) or a close callback.
