@@ -191,8 +191,19 @@ SELECTION_FIELDS = ("requestedModel", "requestedThinking", "effectiveModel", "ef
 
 def is_subscription(*names: str | None) -> bool:
     """pi-materia's rule: a provider, api, model or requested model that contains ``openai-codex``
-    or starts with ``codex/`` (in any case) is billed by subscription, not per token."""
+    or starts with ``codex/`` (in any case) is billed by subscription, not per token. Asked twice a
+    turn with the same few names: answered once per set of names (a function of them alone)."""
+    try:
+        return _subscription(names)
+    except TypeError:  # a name that cannot be a key (no str: it names no subscription either)
+        return _names_a_subscription(names)
+
+
+def _names_a_subscription(names: tuple[Any, ...]) -> bool:
     return any(isinstance(n, str) and ("openai-codex" in n.lower() or n.lower().startswith("codex/")) for n in names)
+
+
+_subscription = functools.lru_cache(maxsize=256)(_names_a_subscription)
 
 
 _NEW = object.__new__

@@ -93,6 +93,7 @@ Decision table (trigger → state → effects/events → next state):
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -707,7 +708,7 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
         ctx.emit("context_refinement", {"socket": facts.id, "materia": facts.materia_name, "artifact": artifact,
                                         **turn_field, **s.item_fields(), "materiaModel": facts.materia_model})
     assert facts.materia is not None
-    summary = prompts.cast_summary(facts.materia_name, facts.id, socket_ordinal_text(facts.id), s.current_item_label)
+    summary = _turn_summary(facts.materia_name, facts.id, s.current_item_label)
     effect = built(
         RunAgentTurn, visit_id=visit_id, socket_id=facts.id, visit=visit, materia=facts.materia_name or "",
         mode=mode, prompt=prompt, system_prompt=system_prompt, visible_summary=summary,
@@ -721,6 +722,12 @@ def _dispatch_agent(ctx: _Ctx, rs: ResolvedSocket, mode: TurnMode, *, recovery: 
     )
     ctx.effects.append(effect)
     return effect
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments alone, the same at every visit of a socket
+def _turn_summary(materia_name: str | None, socket_id: str, item_label: str | None) -> str:
+    """A turn's visible line (:func:`prompts.cast_summary`) for the socket and item."""
+    return prompts.cast_summary(materia_name, socket_id, socket_ordinal_text(socket_id), item_label)
 
 
 def _utility_input(s: CastState, rs: ResolvedSocket) -> dict[str, Any]:
