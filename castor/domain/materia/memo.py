@@ -24,11 +24,20 @@ _ENTRIES: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
 
 
 def derived(obj: Any, name: str, compute: Callable[[], T]) -> T:
-    values = _values(obj)
-    if name not in values:
-        values[name] = compute()
-    value: T = values[name]
+    # A value derived before, found in this frame (no call of _values: the engine asks ~25 times a step).
+    entry = _ENTRIES.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        values = entry[1]
+        value = values.get(name, _NONE)
+        if value is not _NONE:
+            return value  # type: ignore[no-any-return]
+    else:
+        values = _values(obj)
+    value = values[name] = compute()
     return value
+
+
+_NONE = object()  # no value derived yet (a derived value may be None)
 
 
 def known(obj: Any, name: str) -> Any:
