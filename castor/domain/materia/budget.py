@@ -252,19 +252,14 @@ class UsageReport(BaseModel):
             if value is not getattr(self, name) and value != getattr(self, name):
                 update[name] = value
 
-        appended: list[tuple[str, str, TurnUsage, bool]] = []  # (table, key, value, the table was empty)
-
         def bump(name: str, key: str) -> None:
-            old = getattr(self, name)
-            cur = old.get(key)
+            cur = getattr(self, name).get(key)
             if nothing and cur is not None:
                 return  # adds 0 to an entry there already: the table stands (never changed in place)
-            table = dict(old)
+            table = dict(getattr(self, name))
             table[key] = usage if cur is None else TurnUsage(tokens=cur.tokens.plus(usage.tokens),
                                                              cost=cur.cost.plus(usage.cost))
             update[name] = table
-            if cur is None:  # a new key: the last entry of the new table (a dict keeps insertion order)
-                appended.append((name, key, table[key], not old))
 
         bump("bySocket", record.socket)
         if record.materia:
@@ -277,19 +272,16 @@ class UsageReport(BaseModel):
                 update[name] = getattr(record, name)
         if record.thinking is not None:
             update["thinkingLevel"] = record.thinking
-        return self._updated(update, appended)
+        return self._updated(update)
 
-    def _updated(self, update: dict[str, Any],
-                 appended: list[tuple[str, str, TurnUsage, bool]] | tuple[()] = ()) -> UsageReport:
+    def _updated(self, update: dict[str, Any]) -> UsageReport:
         """``self.model_copy(update=update)`` (a shallow copy, ``update`` unvalidated, its fields
         marked set) without pydantic's generic copy steps: a report has no extra fields and no
         private attributes, and a cast makes two new reports a transition.
 
         ``update``'s ``turns`` and ``modelSelections``, when given, extend this report's (their first
         items are this report's): the new report starts from the text of the items already rendered
-        here (see :func:`usage_state_json`), so it renders only its new items. ``appended``: the tables
-        (:data:`_TABLES`) the update gave one new key, as their last entry (``add_turn``); such a
-        table's texts are this report's with the new entry's text added, not joined again."""
+        here (see :func:`usage_state_json`), so it renders only its new items."""
         out = _NEW(type(self))
         _SET_ATTR(out, "__dict__", {**self.__dict__, **update})
         _SET_ATTR(out, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
@@ -306,11 +298,6 @@ class UsageReport(BaseModel):
             changed = update.keys() & _BEFORE_LISTS
             carried = {key: text for key, text in leading.items() if key[1] not in changed
                        and (key[1] != _SCALARS_PART or changed.isdisjoint(_SCALARS))}
-            for name, key, value, was_empty in appended:
-                for form in _FORMS:
-                    text = leading.get((form, name))
-                    if text is not None:
-                        carried[form, name] = _table_with_entry(text, form, key, value, was_empty)
             if carried:
                 remember(out, _BEFORE_TEXTS, carried)
         return out
@@ -354,7 +341,6 @@ _TURN_USAGE_SERIALIZER = TurnUsage.__pydantic_serializer__
 _KEY_SERIALIZER = TypeAdapter(str).serializer
 _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
 _COMPACT, _INDENTED, _ESCAPED = "compact", "indented", "escaped"
-_FORMS = (_COMPACT, _INDENTED, _ESCAPED)
 #: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
 _LIST_TEXTS = "usage_list_texts"
 #: The memo name of a report's rendered fields before its lists: ``{(form, part): its members' text}``,
@@ -431,43 +417,20 @@ def _before_lists(report: UsageReport, form: str) -> Any:
     (:func:`_table_text`) -- each derived once per report and carried to a report made from it
     that changed none of that part's fields (see ``_updated``)."""
     texts: dict[tuple[str, str], Any] = derived(report, _BEFORE_TEXTS, dict)
-    parts = [texts.get((form, part)) or _part_text(report, texts, form, part) for part in _BEFORE_PARTS]
-    separator: Any = b"," if form == _COMPACT else _glue(",\n", form)
+    parts: list[Any] = []
+    for part in _BEFORE_PARTS:
+        text = texts.get((form, part))
+        if text is None:
+            if part != _SCALARS_PART:
+                text = _table_text(part, getattr(report, part), form)
+            elif form == _COMPACT:
+                text = _USAGE_SERIALIZER.to_json(report, include=_SCALARS)[1:-1]
+            else:
+                text = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_SCALARS).decode()[2:-2]
+            texts[form, part] = text
+        parts.append(text)
+    separator: Any = b"," if form == _COMPACT else ",\n"
     return separator.join(parts)
-
-
-def _part_text(report: UsageReport, texts: dict[tuple[str, str], Any], form: str, part: str) -> Any:
-    """One part's text in ``form`` (see :func:`_before_lists`), rendered and kept in ``texts``;
-    escaped: its indented text's escape (a table grown by one entry carries both, see ``_updated``)."""
-    text: Any
-    if form == _ESCAPED:
-        text = _escape(texts.get((_INDENTED, part)) or _part_text(report, texts, _INDENTED, part))
-    elif part != _SCALARS_PART:
-        text = _table_text(part, getattr(report, part), form)
-    elif form == _COMPACT:
-        text = _USAGE_SERIALIZER.to_json(report, include=_SCALARS)[1:-1]
-    else:
-        text = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_SCALARS).decode()[2:-2]
-    texts[form, part] = text
-    return text
-
-
-#: A table's closing text after its last entry, per form (an empty table's is ``{}``).
-_TABLE_CLOSE = {_COMPACT: b"}", _INDENTED: "\n  }", _ESCAPED: b"\\n  }"}
-
-
-def _table_with_entry(text: Any, form: str, key: str, value: TurnUsage, was_empty: bool) -> Any:
-    """A table's text in ``form`` (:func:`_table_text`'s, or its indented text's escape) with the
-    entry ``key: value`` added as its last: what :func:`_table_text` renders for the table with it.
-    ``text`` is the table's text without it (``was_empty``: of a table with no entry)."""
-    if form == _COMPACT:
-        entry = b"".join((_key_text(key), b":", derived(value, _COMPACT, functools.partial(
-            _TURN_USAGE_SERIALIZER.to_json, value))))
-        return b"".join((text[:-1], entry if was_empty else b"," + entry, b"}"))
-    indented = "".join(("\n" if was_empty else ",\n", "    ", _key_text(key).decode(), ": ",
-                        derived(value, _INDENTED, functools.partial(_indented_usage, value)), "\n  }"))
-    head = text[:-1] if was_empty else text[:-len(_TABLE_CLOSE[form])]  # up to its "{", or its last entry
-    return head + (_escape(indented) if form == _ESCAPED else indented)
 
 
 def _table_text(name: str, table: dict[str, TurnUsage], form: str) -> Any:
@@ -512,11 +475,9 @@ def _file_texts(report: UsageReport) -> tuple[str, bytes]:
     # value's lines are its own indented text's lines indented by the depth it sits at, and an
     # empty list is "[]". A JSON string never holds a raw newline, so every newline is a line's.
     # With it, its JSON escape (bytes): the same pieces, each one's escape (derived with it).
-    # Its escape from its parts' escapes, each kept with the part's text (a table grown by a turn at a
-    # new key, as most turns, carries its parent's escape with the new entry's added).
-    before = _before_lists(report, _INDENTED)
+    before = _before_lists(report, _INDENTED)  # its escape in one pass: the tables change with most turns
     texts: list[str] = [before]
-    escapes: list[bytes] = [_before_lists(report, _ESCAPED)]
+    escapes: list[bytes] = [_escape(before)]
     for name in _ITEM_LISTS:
         if name == "turns":
             items, escaped = _turn_texts(report)

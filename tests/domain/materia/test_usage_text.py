@@ -223,35 +223,3 @@ def test_usage_json_in_an_outbox_entry_is_pydantics_for_odd_keys_and_characters(
     assert usage_file_text_json(str(text + " ")[:-1]) is None
     assert usage_file_text_json(text) is not None
     assert usage_file_text_json(text) is None
-
-
-def test_a_table_grown_by_a_new_key_is_its_parents_text_with_the_entry_added(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A turn at a socket (materia, task) the report has no entry for adds that entry as its table's
-    last: the new report's table texts -- compact, indented and the indented one's escape -- are its
-    parent's with the entry's text added, not joined again from every entry; an entry changed in
-    place (a turn at a known key that counted something) is rendered afresh. Every text pydantic's."""
-    rendered: list[str] = []
-    table_text, escape = budget._table_text, budget._escape
-    monkeypatch.setattr(budget, "_table_text",
-                        lambda name, table, form: rendered.append(f"{name}/{form}") or table_text(name, table, form))
-    escaped: list[str] = []
-    monkeypatch.setattr(budget, "_escape", lambda text: escaped.append(text) or escape(text))
-
-    def nothing(socket: str, task: str | None = None) -> TurnRecord:  # a turn that counted nothing
-        return TurnRecord(socket=socket, attempt=1, tokens=budget.NO_AMOUNTS, cost=budget.NO_AMOUNTS,
-                          materia=ODD, taskId=task)
-
-    report = UsageReport().add_turn(nothing(f"first {ODD}"))
-    assert_same_texts(report)
-    for n in range(4):  # new sockets (and tasks): every table grows by its last entry
-        rendered.clear()
-        escaped.clear()
-        report = report.add_turn(nothing(f"s{n} {ODD}", task=f"t{n}" if n % 2 else None))
-        assert_same_texts(report)
-        assert rendered == []
-        # escaped: the new entries (and the turn record), never a whole table or the leading fields
-        assert all('"bySocket"' not in text and '"tokens": {' not in text[:20] for text in escaped), escaped
-    rendered.clear()
-    report = report.add_turn(record(9, every_field=True).model_copy(update={"socket": "s1 " + ODD}))
-    assert_same_texts(report)  # a known socket's entry changed: that table is joined again
-    assert "bySocket/indented" in rendered and "bySocket/compact" in rendered
