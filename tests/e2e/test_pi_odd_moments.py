@@ -296,6 +296,9 @@ def test_an_abort_right_after_a_turn_answers_stops_the_casts_next_turn(start_pi,
     assert poll_until(lambda: any(e["type"] == "turn_interrupted" for e in events(run)), timeout=10), \
         [e["type"] for e in events(run)]
     assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
+    # stopped before any model request, the turn used nothing: not a turn whose usage went unreported
+    assert not [e for e in events(run) if e["type"] == "usage_unreported" and e["data"]["socket"] == "Socket-2"], \
+        events(run)
     note = pi.wait_ui("notify", lambda e: "next turn" in str(e.get("message")), start=esc, timeout=5)
     assert "/materia continue" in str(note["message"]), note
     assert completes(run) == ["Socket-1"]

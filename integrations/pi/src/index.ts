@@ -988,6 +988,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				// first model request and reported interrupted, as an Esc during the turn is.
 				notify(stopNextTurnNotice || "castor: Esc — the turn the command started is stopped (/materia continue runs it)", "info");
 				stopNextTurnNotice = "";
+				turns.stoppedBeforeRequest();
 				abortRun(ctx);
 				return undefined;
 			}
@@ -1071,6 +1072,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 				stopNextTurnUntil = 0;
 				notify(stopNextTurnNotice, "info");
 				stopNextTurnNotice = "";
+				turns.stoppedBeforeRequest();
 				abortRun(ctx);
 			}
 		}

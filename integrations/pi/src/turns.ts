@@ -156,6 +156,12 @@ interface Turn {
 	usages: unknown[];
 	/** A message of the turn was stopped mid-stream before its provider reported usage (its zeros are not counted). */
 	usageUnknown?: boolean;
+	/**
+	 * The extension stopped the turn's run at its start, before its first model request
+	 * ({@link TurnTracker.stoppedBeforeRequest}): the aborted message Pi records then was never sent,
+	 * so the turn used nothing -- its zeros are its usage, not an unknown.
+	 */
+	notRequested?: boolean;
 	last?: Record<string, unknown>;
 }
 
@@ -393,6 +399,15 @@ export class TurnTracker {
 	}
 
 	/** Pi 1.x: bind by the custom message that started the run. */
+	/**
+	 * The bound turn's run is being stopped at its start, before its first model request (an Esc
+	 * meant for it landed as castor sent it): it used no tokens, and is reported so -- not as a turn
+	 * whose usage went unreported.
+	 */
+	stoppedBeforeRequest(): void {
+		if (this.current) this.current.notRequested = true;
+	}
+
 	bindFromMessage(message: unknown): boolean {
 		const details = (message as { details?: { castor_turn_id?: unknown } } | undefined)?.details;
 		const id = details?.castor_turn_id;
@@ -515,7 +530,7 @@ export class TurnTracker {
 			}
 			if (msg?.role !== "assistant") continue;
 			turn.last = msg;
-			if (msg.stopReason === "aborted" && countsNoTokens(msg.usage)) {
+			if (msg.stopReason === "aborted" && countsNoTokens(msg.usage) && !turn.notRequested) {
 				// Stopped before the provider said what it used (an OpenAI-style stream reports usage
 				// at its end; Pi's message still holds its zeros): unknown, not nothing.
 				turn.usageUnknown = true;

@@ -87,6 +87,20 @@ test("Esc: the outcome says aborted, keeps the partial text and the usage", asyn
 	assert.equal(outcome?.usage?.input, 10);
 });
 
+test("a turn stopped at its start, before its first model request, used nothing: its zeros are its usage", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P" }, idle);
+	turns.bindFromMessage(started(pi));
+	turns.stoppedBeforeRequest();
+	const zeros = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { total: 0 } };
+	turns.onAgentEnd([{ ...assistant("", "aborted"), usage: zeros }]);
+	const outcome = turns.settle("s", true, null);
+	assert.equal(outcome?.aborted, true);
+	assert.equal(outcome?.usage?.total_tokens, 0, "known to be nothing, not unknown (null)");
+	assert.equal(outcome?.stopped_usage_unknown, undefined);
+});
+
 test("Esc before the provider reported usage: the stopped message's zeros are unknown, not nothing", async () => {
 	const pi = host();
 	const turns = new TurnTracker(pi);
