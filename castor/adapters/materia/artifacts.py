@@ -253,27 +253,41 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
 
 
 # A start's index rows not written yet (``allocate_cast_id(..., index_later=True)``): run directory
-# text -> what writes the row. Taken once, by whoever comes first: the cast's thread after the
-# starter's answer (index_allocated), or a failed start's clean-up (forget_allocated).
-_UNINDEXED: dict[str, Callable[[], None]] = {}
+# text -> (when it was left, what writes the row). Taken once, by whoever comes first: the cast's
+# thread after the starter's answer (index_allocated), or a failed start's clean-up (forget_allocated).
+# A cast that never runs its first message (its actor died before it, its incarnations gave up) takes
+# neither: so the table is bounded, the oldest rows dropped unwritten once more than
+# _UNINDEXED_KEPT wait or one has waited _UNINDEXED_MAX_S. Dropping one is safe: the index is a cache
+# and its stored root signature stays the one before the mkdir, so the next listing reconciles and
+# finds the directory (as one made by someone else); the cast's own later saves write its row too.
+_UNINDEXED: dict[str, tuple[float, Callable[[], None]]] = {}
 _UNINDEXED_GUARD = threading.Lock()
+_UNINDEXED_KEPT = 256
+_UNINDEXED_MAX_S = 300.0
 
 
 def allocate_cast_id_indexed_later(artifact_root: str | os.PathLike[str], *, root_resolved: bool = False) -> str:
     """:func:`allocate_cast_id` with the index row left for :func:`index_allocated` (see
     :func:`allocate_unindexed`)."""
     cast_id, index_row = allocate_unindexed(artifact_root, root_resolved=root_resolved)
+    now = time.monotonic()
     with _UNINDEXED_GUARD:
-        _UNINDEXED[f"{os.fspath(artifact_root)}/{cast_id}"] = index_row
+        pending = _UNINDEXED
+        while pending:
+            oldest = next(iter(pending))  # insertion order: the oldest first
+            if len(pending) < _UNINDEXED_KEPT and now - pending[oldest][0] < _UNINDEXED_MAX_S:
+                break
+            del pending[oldest]  # never taken: dropped unwritten (a listing reconciles it)
+        pending[f"{os.fspath(artifact_root)}/{cast_id}"] = (now, index_row)
     return cast_id
 
 
 def index_allocated(artifact_root: str | os.PathLike[str], cast_id: str) -> None:
     """Write the index row of a cast allocated with its row left for later, if not done yet."""
     with _UNINDEXED_GUARD:
-        index_row = _UNINDEXED.pop(f"{os.fspath(artifact_root)}/{cast_id}", None)
-    if index_row is not None:
-        index_row()
+        left = _UNINDEXED.pop(f"{os.fspath(artifact_root)}/{cast_id}", None)
+    if left is not None:
+        left[1]()
 
 
 def forget_allocated(artifact_root: str | os.PathLike[str], cast_id: str) -> None:

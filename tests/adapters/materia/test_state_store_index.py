@@ -373,3 +373,31 @@ def test_a_failed_start_s_row_left_for_later_is_never_written(tmp_path):
     assert FILE_CAST_STORAGE.discard_unsaved(tmp_path, cast_id)  # no state saved: removed
     index_allocated(tmp_path, cast_id)
     assert cast_id not in _stored_rows(tmp_path) and _all(tmp_path) == []
+
+
+@pytest.mark.timeout(60)
+def test_rows_left_for_casts_that_never_take_them_are_bounded_and_the_listing_stays_right(tmp_path, monkeypatch):
+    """A cast whose actor dies before its first message never takes the row its allocation left
+    for it: the table of such rows is bounded (by count and by age), the oldest dropped unwritten,
+    and a listing still finds the dropped casts (the root's signature moved: it reconciles)."""
+    from castor.adapters.materia import artifacts
+    from castor.adapters.materia.artifacts import allocate_cast_id_indexed_later, index_allocated
+
+    monkeypatch.setattr(artifacts, "_UNINDEXED", {})
+    monkeypatch.setattr(artifacts, "_UNINDEXED_KEPT", 4)
+    ids = [allocate_cast_id_indexed_later(tmp_path) for _ in range(7)]
+    pending = artifacts._UNINDEXED
+    assert len(pending) == 4
+    assert sorted(pending) == sorted(f"{tmp_path}/{cast_id}" for cast_id in ids[3:])  # the newest kept
+    index_allocated(tmp_path, ids[0])  # dropped: nothing written, no error
+    assert ids[0] not in _stored_rows(tmp_path)
+    index_allocated(tmp_path, ids[6])  # kept: written
+    assert _stored_rows(tmp_path)[ids[6]] == "active" and len(pending) == 3
+    for cast_id in ids:  # their states saved behind the index's back: a listing finds every one
+        _write_raw(tmp_path, cast_id, {"status": "active"})
+    assert dict(_all(tmp_path)) == _truth(tmp_path)
+    assert set(dict(_all(tmp_path))) == set(ids)
+    # by age: a row left longer than _UNINDEXED_MAX_S is dropped at the next allocation
+    monkeypatch.setattr(artifacts, "_UNINDEXED_MAX_S", 0.0)
+    last = allocate_cast_id_indexed_later(tmp_path)
+    assert list(pending) == [f"{tmp_path}/{last}"]
