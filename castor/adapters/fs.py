@@ -182,14 +182,21 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
 def make_durable_dirs(directory: str) -> None:
     """Create ``directory`` and missing parents (:data:`DIR_MODE`), fsyncing the parent of each
     one created, so a new directory survives a power cut along with the files later written into it."""
-    if os.path.isdir(directory):
-        return
+    # mkdir first, not a stat first: a cast transition makes a new directory (a socket's) far more
+    # often than it meets one it has not made yet, and a stat that fails costs as much as the mkdir.
     parent = os.path.dirname(directory)
-    make_durable_dirs(parent)
     try:
         os.mkdir(directory, DIR_MODE)
-    except FileExistsError:
+    except FileExistsError:  # a directory there (or something else: the write into it says so)
         return
+    except FileNotFoundError:  # a parent missing: made first (durably), then this one
+        if not parent or parent == directory:
+            raise
+        make_durable_dirs(parent)
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            return
     fsync_dir(parent)
 
 

@@ -296,3 +296,32 @@ def test_the_last_json_line_is_read_from_a_bounded_tail_and_a_torn_line_is_not_o
     assert read_last_json_line(log) is None
     with pytest.raises(ValueError):
         read_last_json_line(tmp_path)
+
+
+@pytest.mark.timeout(30)
+def test_make_durable_dirs_makes_a_new_directory_without_a_stat_and_every_missing_parent_durably(tmp_path, monkeypatch):
+    """A cast transition makes a new directory (a socket's) under one that exists: one mkdir and
+    its parent's fsync, no stat first. Missing parents are made too, each fsynced in its parent;
+    an existing directory (or something else in its place) is left as it is."""
+    from castor.adapters import fs
+
+    calls: list[tuple[str, str]] = []
+    real_stat, real_mkdir, real_fsync_dir = os.stat, os.mkdir, fs.fsync_dir
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: calls.append(("stat", str(p))) or real_stat(p, *a, **k))
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: calls.append(("mkdir", str(p))) or real_mkdir(p, *a, **k))
+    monkeypatch.setattr(fs, "fsync_dir", lambda p: calls.append(("fsync", str(p))) or real_fsync_dir(p))
+    fs.make_durable_dirs(f"{tmp_path}/new")
+    assert calls == [("mkdir", f"{tmp_path}/new"), ("fsync", str(tmp_path))]
+    calls.clear()
+    fs.make_durable_dirs(f"{tmp_path}/a/b/c")
+    assert [c for c in calls if c[0] == "fsync"] == [("fsync", str(tmp_path)), ("fsync", f"{tmp_path}/a"),
+                                                     ("fsync", f"{tmp_path}/a/b")]
+    assert os.path.isdir(f"{tmp_path}/a/b/c")
+    calls.clear()
+    fs.make_durable_dirs(f"{tmp_path}/a/b")  # there already: nothing made, nothing fsynced
+    assert [c for c in calls if c[0] == "fsync"] == []
+    (tmp_path / "file").write_text("x")
+    fs.make_durable_dirs(f"{tmp_path}/file")  # not a directory: left; a write into it says so
+    assert (tmp_path / "file").read_text() == "x"
+    with pytest.raises(NotADirectoryError):
+        fs.make_durable_dirs(f"{tmp_path}/file/sub")
