@@ -366,9 +366,14 @@ def _manifest_fields(meta: dict[str, Any]) -> str:
     return "{\n" + "".join(f"{f},\n" for f in fields)
 
 
-def _manifest_entries(entry_lines: list[str]) -> str:
-    entries = '"entries": [\n    ' + ",\n    ".join(entry_lines) + "\n  ]" if entry_lines else '"entries": []'
-    return f"  {entries}\n}}\n"
+# The manifest's ``entries``, after its fields: ``  "entries": [\n    `` + the entry lines joined by
+# ``,\n    `` + ``\n  ]\n}\n``, or ``  "entries": []\n}\n`` for none; in bytes, as the writes join
+# them (a manifest's entries are kept joined, so an append encodes and joins its new lines only)
+_ENTRY_SEP = ",\n    "
+_ENTRY_SEP_BYTES = _ENTRY_SEP.encode()
+_ENTRIES_OPEN = b'  "entries": [\n    '
+_ENTRIES_CLOSE = b"\n  ]\n}\n"
+_NO_ENTRIES = b'  "entries": []\n}\n'
 
 
 def _now_ms() -> int:
@@ -424,6 +429,9 @@ class CastArtifacts:
         self._manifest_lines: list[str] = []
         self._manifest_sig: tuple[int, int, int, int] | None = None
         self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
+        self._manifest_head_bytes = b""  # the same, UTF-8
+        # b",\n    ".join of self._manifest_lines, UTF-8: an append encodes and joins its new lines only
+        self._manifest_body = b""
 
     @functools.cached_property
     def run_dir(self) -> Path:
@@ -635,7 +643,12 @@ class CastArtifacts:
         now_ms = int(time.time() * 1000)  # Date.now(), as pi-materia writes an entry's timestamp
         stored = [entry if "timestamp" in entry else {**entry, "timestamp": now_ms} for entry in entries]
         if stored:
-            self._write_manifest(meta, lines + [_manifest_line(r) for r in stored], target)
+            added = [_manifest_line(r) for r in stored]
+            body = None
+            if lines is self._manifest_lines:  # the lines written last: their joined text is kept
+                joined = _ENTRY_SEP.join(added).encode("utf-8")
+                body = self._manifest_body + _ENTRY_SEP_BYTES + joined if lines else joined
+            self._write_manifest(meta, lines + added, target, body=body)
         return stored
 
     def _manifest_now(self, target: str) -> tuple[dict[str, Any], list[str]]:
@@ -653,13 +666,22 @@ class CastArtifacts:
         return manifest, [_manifest_line(e) for e in entries or []]
 
     def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None, *,
-                        sync_dir: bool = True) -> str:
+                        sync_dir: bool = True, body: bytes | None = None) -> str:
+        """Write the manifest of ``meta`` and entry ``lines`` (``body``: their joined UTF-8 text, if
+        the caller has it); the bytes are :func:`_manifest_fields` + :func:`_manifest_entries`'."""
         with self._lock:
-            head = self._manifest_head if meta is self._manifest_meta else _manifest_fields(meta)
-            target = self._replace(target or self._target(self.MANIFEST), head + _manifest_entries(lines),
-                                   sync_dir=sync_dir)
+            if meta is self._manifest_meta:
+                head, head_bytes = self._manifest_head, self._manifest_head_bytes
+            else:
+                head = _manifest_fields(meta)
+                head_bytes = head.encode("utf-8")
+            if body is None:
+                body = _ENTRY_SEP.join(lines).encode("utf-8")
+            data = b"".join((head_bytes, _ENTRIES_OPEN, body, _ENTRIES_CLOSE)) if lines \
+                else head_bytes + _NO_ENTRIES
+            target = self._replace(target or self._target(self.MANIFEST), data, sync_dir=sync_dir)
             self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, file_signature(target)
-            self._manifest_head = head
+            self._manifest_head, self._manifest_head_bytes, self._manifest_body = head, head_bytes, body
         return target
 
     def _manifest_document(self, content: str | bytes, target: str) -> tuple[dict[str, Any], list[str]]:

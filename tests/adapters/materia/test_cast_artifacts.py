@@ -216,3 +216,31 @@ def test_an_artifact_root_that_is_a_file_is_a_conflict_not_a_crash(tmp_path):
         allocate_cast_id(root)
     assert err.value.data["reason"] == "artifact_root_not_a_directory"
     assert root.read_text() == "not a directory"
+
+
+@pytest.mark.timeout(30)
+def test_a_manifest_appended_to_keeps_castor_s_layout_byte_for_byte(cast):
+    """An append encodes and joins only its new entry lines onto the ones it wrote last; the file
+    is always the layout written whole: the fields one a line, then one entry a line."""
+    from castor.adapters.fs import one_line_json
+
+    def whole(meta: dict, entries: list) -> bytes:
+        fields = "".join(f"  {one_line_json(k)}: {one_line_json(v)},\n" for k, v in meta.items())
+        lines = ",\n    ".join(one_line_json(e) for e in entries)
+        return ("{\n" + fields + (f'  "entries": [\n    {lines}\n  ]\n}}\n' if entries else '  "entries": []\n}\n')
+                ).encode()
+
+    meta = {"castId": cast.cast_id, "request": "r é \u2028 \"q\"", "configSource": "c"}
+    cast.init_manifest(request=meta["request"], config_source="c")
+    assert cast.path("manifest.json").read_bytes() == whole(meta, [])
+    entries: list = []
+    for n in range(4):
+        batch = [{"kind": "k", "n": n, "text": "ü\\\"\n", "timestamp": n}, {"kind": "f", "f": 1e-5, "timestamp": 9}]
+        cast.write_transition({f"sockets/S-{n}/1.md": "x"}, batch, [])
+        entries += batch
+        assert cast.path("manifest.json").read_bytes() == whole(meta, entries)
+    other = CastArtifacts(cast.artifact_root, cast.cast_id)  # another writer: the next append re-reads
+    other.add_manifest_entries([{"kind": "other", "timestamp": 1}])
+    cast.add_manifest_entries([{"kind": "last", "timestamp": 2}])
+    entries += [{"kind": "other", "timestamp": 1}, {"kind": "last", "timestamp": 2}]
+    assert cast.path("manifest.json").read_bytes() == whole(meta, entries)
