@@ -221,7 +221,7 @@ def _iso_field(state: dict[str, Any]) -> str | None:
     return None
 
 
-def _flock_fd(path: Path) -> int:
+def _flock_fd(path: str | os.PathLike[str]) -> int:
     """Take an exclusive ``flock`` on ``path`` (created if missing) across processes; the
     descriptor holding it (closing it releases the lock).
 
@@ -239,7 +239,7 @@ def _flock_fd(path: Path) -> int:
 
 
 @contextmanager
-def _flocked(path: Path) -> Iterator[None]:
+def _flocked(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold :func:`_flock_fd`'s lock on ``path`` for the ``with`` block."""
     fd = _flock_fd(path)
     try:
@@ -288,7 +288,7 @@ def _document(cast_id: str, revision: int, incarnation: int, saved_at: str, stat
     return document
 
 
-def _read_header(path: Path) -> tuple[int, int] | None:
+def _read_header(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(revision, incarnation)`` of the stored document, or None if there is none.
 
     Reads the first bytes only when the document starts with castor's header; any other
@@ -316,7 +316,7 @@ def _read_header(path: Path) -> tuple[int, int] | None:
     return int(match.group(2)), int(match.group(3))
 
 
-def _parse_document(path: Path, raw: str) -> StoredState:
+def _parse_document(path: str | os.PathLike[str], raw: str) -> StoredState:
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # a deep nesting or a huge integer too, never a traceback
@@ -342,7 +342,9 @@ class CastStateStore:
         """``resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
         self._root = ConfinedRoot(artifact_root, resolved=resolved)
         # cast id -> (its thread lock, lock file, state file, run directory as text): see _locked
-        self._locks: dict[str, tuple[threading.Lock, Path, Path, str]] = {}
+        # cast id -> (its thread lock, its lock file, its state file, its run directory): plain text
+        # paths, no pathlib object on a save's way (it runs on every transition)
+        self._locks: dict[str, tuple[threading.Lock, str, str, str]] = {}
         # cast id -> (file signature, revision, incarnation) of the document this store last
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
@@ -366,7 +368,7 @@ class CastStateStore:
         """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root."""
         return CastArtifacts(self._root.text, cast_id, root_resolved=True)
 
-    def _locked(self, cast_id: str) -> tuple[threading.Lock, Path, Path, str]:
+    def _locked(self, cast_id: str) -> tuple[threading.Lock, str, str, str]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
         # The file itself is re-checked every time: a symlink planted there goes through the
         # full containment check again (and is refused if it leads outside the root).
@@ -386,7 +388,8 @@ class CastStateStore:
             if not os.path.isdir(path.parent):
                 make_dirs(path.parent)
             # the run directory's text too: a save checks it for a link every time (no Path.parent per save)
-            entry = self._locks[cast_id] = (_thread_lock(path), path.with_name(LOCK_FILE), path, str(path.parent))
+            entry = self._locks[cast_id] = (_thread_lock(path), str(path.with_name(LOCK_FILE)), str(path),
+                                            str(path.parent))
         return entry
 
     # -- reads ---------------------------------------------------------------
@@ -461,8 +464,8 @@ class CastStateStore:
         the first save (still active) writes no index row.
         """
         self._written.pop(cast_id, None)
-        tlock, lock_path, path, _ = self._locked(cast_id)
-        if fresh and not os.path.lexists(path):
+        tlock, lock_path, path_text, _ = self._locked(cast_id)
+        if fresh and not os.path.lexists(path_text):
             # Nothing to fence and nothing to read, so no lock either: the first save takes the
             # locks and reads whatever header is there by then (a writer that got in first is
             # seen there, exactly as it would be after a claim made under the lock).
@@ -470,6 +473,7 @@ class CastStateStore:
             first = max(1, at_least)
             return first, StoredState(cast_id=cast_id, revision=0, incarnation=first, saved_at=iso_now_ms(),
                                       state={})
+        path = Path(path_text)
         with tlock, _flocked(lock_path):
             current = self._load_or_none(path, cast_id)
             incarnation = max((current.incarnation if current else 0) + 1, at_least)
@@ -572,8 +576,8 @@ class CastStateStore:
         if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
             self._indexed[cast_id] = row.key
 
-    def _current(self, cast_id: str, path: Path, run_dir: str,
-                 last: tuple[tuple[int, int, int, int], int, int] | None) -> tuple[Path, tuple[int, int] | None]:
+    def _current(self, cast_id: str, path: str, run_dir: str,
+                 last: tuple[tuple[int, int, int, int], int, int] | None) -> tuple[str, tuple[int, int] | None]:
         """Under the cast's locks: its state path (in ``run_dir``) and stored ``(revision, incarnation)``.
 
         Under the locks no castor writer can change the file, and every castor writer replaces it
