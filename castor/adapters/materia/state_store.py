@@ -70,6 +70,7 @@ from castor.adapters.fs import (
     make_dirs,
     open_without_links,
     read_regular_file,
+    split_text,
     stat_signature,
     storage_unavailable,
     temp_target,
@@ -255,8 +256,8 @@ _THREAD_LOCKS: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakVa
 _THREAD_LOCKS_GUARD = threading.Lock()
 
 
-def _thread_lock(path: Path) -> threading.Lock:
-    key = str(path)
+def _thread_lock(path: str | os.PathLike[str]) -> threading.Lock:
+    key = os.fspath(path)
     with _THREAD_LOCKS_GUARD:
         lock = _THREAD_LOCKS.get(key)
         if lock is None:
@@ -384,12 +385,14 @@ class CastStateStore:
             self.state_path(cast_id)
             entry = None
         if entry is None:
-            path = self.state_path(cast_id)
-            if not os.path.isdir(path.parent):
-                make_dirs(path.parent)
-            # the run directory's text too: a save checks it for a link every time (no Path.parent per save)
-            entry = self._locks[cast_id] = (_thread_lock(path), str(path.with_name(LOCK_FILE)), str(path),
-                                            str(path.parent))
+            # state_path's text (join_text spells paths as pathlib does), with no Path made: a
+            # cast's start takes this way on its caller's thread
+            path = self._root.join_text(f"{validate_cast_id(cast_id)}/{STATE_FILE}")
+            run_dir = split_text(path)[0]
+            if not os.path.isdir(run_dir):
+                make_dirs(run_dir)
+            # the run directory's text too: a save checks it for a link every time
+            entry = self._locks[cast_id] = (_thread_lock(path), f"{run_dir}/{LOCK_FILE}", path, run_dir)
         return entry
 
     # -- reads ---------------------------------------------------------------
