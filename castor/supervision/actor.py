@@ -101,6 +101,9 @@ class Actor(pykka.ThreadingActor):
     #: whose handlers bound their own run time (the ask's timeout cannot interrupt a handler that
     #: runs on the asker's thread) and never ask their own actor. castor's IcarusWorkerActor opts in.
     inline_asks: ClassVar[bool] = False
+    #: How long an idle loop keeps its thread, waiting for the next message, before it leaves it
+    #: (see :meth:`_handle_messages`): mail that comes sooner is taken without a thread hand-off.
+    idle_linger_seconds: ClassVar[float] = 0.05
     _dispatch: ClassVar[dict[type, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -175,9 +178,28 @@ class Actor(pykka.ThreadingActor):
                 context.run(self._crash, exc, None)
         context.run(self._actor_loop_after_start)
 
+    def _actor_loop(self) -> None:
+        self._actor_loop_setup()
+        if self._actor_loop_running():
+            self._actor_loop_teardown()
+
     def _actor_loop_after_start(self) -> None:
-        self._actor_loop_running()
-        self._actor_loop_teardown()
+        if self._actor_loop_running():
+            self._actor_loop_teardown()
+
+    def _actor_loop_resumed(self) -> None:
+        if self._actor_loop_running(resumed=True):
+            self._actor_loop_teardown()
+
+    def _resume_loop(self, context: contextvars.Context) -> None:
+        """The mailbox has something for this incarnation, which left its loop thread while it
+        waited (see :meth:`_handle_messages`): run the rest of the loop on a loop thread, in the
+        context the loop left in. Called under the mailbox's lock, on the thread that put."""
+        try:
+            LOOP_THREADS.run(functools.partial(context.run, self._actor_loop_resumed), type(self).__name__)
+        except BaseException as exc:
+            logger.opt(exception=exc).error(f"{self.handle.path}: no thread to handle its mail; retried at the next")
+            raise
 
     def _start_actor_loop(self, loop: Callable[[], None]) -> None:  # type: ignore[override]  # pykka's signature takes no loop; castor's start hands its own
         """Run ``loop`` (the whole loop, or what follows an on_start run on the caller) on a parked
@@ -337,27 +359,39 @@ class Actor(pykka.ThreadingActor):
             if self.start_latch is not None:
                 self.start_latch.set()
 
-    def _actor_loop_running(self) -> None:
+    def _actor_loop_running(self, resumed: bool = False) -> bool:  # type: ignore[override]  # pykka's returns None; castor's says whether the loop ended
+        """Handle messages until the incarnation ends (True) or, waiting on an empty mailbox,
+        leaves this thread (False: the mailbox resumes the loop on a loop thread, see
+        :meth:`_resume_loop`)."""
         outer = getattr(_ON_LOOP, "handle", None)  # an actor's thread that ran this one's on_start
         _ON_LOOP.handle = self.handle
         try:
-            self._handle_messages()
+            return self._handle_messages(resumed)
         finally:
             _ON_LOOP.handle = outer
 
-    def _handle_messages(self) -> None:
+    def _handle_messages(self, resumed: bool = False) -> bool:
         mailbox = self.inbox
         handle = self.handle
-        self._honour_requests()  # a stop or retire asked for by on_start
+        if not resumed:
+            self._honour_requests()  # a stop or retire asked for by on_start
         turn = handle.turn
+        # An idle incarnation holds no thread: past idle_linger_seconds on an empty mailbox, the
+        # loop returns its thread to the park, and the mailbox hands the rest of the loop to a
+        # loop thread when mail comes. Not for a class on its own non-daemon thread
+        # (use_daemon_thread False).
+        resume = self._resume_loop if self.use_daemon_thread else None
+        linger = self.idle_linger_seconds
         while self._exit_kind is None:
-            item = mailbox.get()
+            item = mailbox.get(resume, linger)
+            if item is None:
+                return False  # left for the mailbox to resume (see Mailbox.get)
             if self._abandoned:
                 # Cut loose by a brutal shutdown: this item belongs to the next incarnation.
                 mailbox.put_back(item)
                 if type(item) is Envelope and item.state == REJECTED and item.reply is not None:
                     item.reply.fail(ActorStopped(f"{self.handle.path} stopped", may_have_started=False))
-                return
+                return True
             with turn:  # an inline ask (see inline_asks) may be running a handler: wait for it
                 if self._exit_kind is not None or self._retire_request is not None or self._stop_requested:
                     # That handler ended this incarnation or asked it to end: honour it first, and
@@ -376,6 +410,7 @@ class Actor(pykka.ThreadingActor):
                     break
                 if self._retire_request is not None or self._stop_requested:  # asked by that handler
                     self._honour_requests()
+        return True
 
     def _honour_requests(self) -> None:
         """Act on ``retire`` / ``stop_self`` asked for by the handler (or ``on_start``) that just ran."""

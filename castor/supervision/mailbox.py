@@ -13,10 +13,16 @@ Guarantees:
   counts by type under the lock, consuming nothing.
 * **Cancellable.** ``cancel`` removes a still-queued envelope atomically, so a
   caller that gave up can know for sure that its work never started.
+* **A consumer need not hold a thread while it waits.** ``get(resume)`` on an empty mailbox
+  returns None at once and leaves a *resumer* where a parked consumer's lock would be: whatever
+  would have woken the consumer (a put, a control item, the end of an inline handler, a close)
+  calls ``resume`` instead, once, with the consumer's context, under the mailbox's lock. To
+  everything else (``claim_idle`` included) the consumer looks parked in ``get``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from _thread import allocate_lock as _allocate_lock
@@ -180,6 +186,33 @@ _CLOSED_STOP = Control(ControlKind.STOP)
 """What :meth:`Mailbox.get` hands a reader of a closed, drained mailbox: a stop, so its loop ends."""
 
 
+@final
+class _Resumer:
+    """Stands in the waiters' list for a consumer that left ``get`` instead of blocking in it.
+
+    Released (under the mailbox's lock, as a parked consumer's lock is) it calls ``resume`` with
+    the context the consumer left in. ``resume`` must only hand the consumer's continuation to a
+    thread (it must not call back into this mailbox) and say itself why it failed, if it does.
+    If it raises (no thread to be had), the resumer goes back among the waiters of an open
+    mailbox, so the next put retries; the put itself succeeded and does not raise."""
+
+    __slots__ = ("resume", "context", "mailbox")
+
+    def __init__(self, resume: Callable[[contextvars.Context], None], context: contextvars.Context,
+                 mailbox: Mailbox) -> None:
+        self.resume = resume
+        self.context = context
+        self.mailbox = mailbox
+
+    def release(self) -> None:
+        try:
+            self.resume(self.context)
+        except Exception:  # noqa: BLE001 - e.g. "can't start new thread": retried by the next put
+            mailbox = self.mailbox  # its lock is held: the resumer is part of its waiters' state
+            if mailbox._closed is None:  # noqa: SLF001 - the mailbox's own helper
+                mailbox._waiters.append(self)  # noqa: SLF001 - the mailbox's own helper
+
+
 class MailboxClosed(Exception):
     """Raised by ``put`` on a closed mailbox; ``error`` is what the sender should see."""
 
@@ -265,24 +298,37 @@ class Mailbox:
                 self._waiters.pop(0).release()
 
     # -- the consumer ----------------------------------------------------
-    def get(self) -> Envelope | Control:
+    def get(self, resume: Callable[[contextvars.Context], None] | None = None,
+            linger: float = 0.0) -> Envelope | Control | None:
         """Block until a control item or an envelope is available; controls first. Once the
-        mailbox is closed and drained, a stop (the reader's loop must end: nothing more will come)."""
+        mailbox is closed and drained, a stop (the reader's loop must end: nothing more will come).
+
+        With ``resume``, block at most ``linger`` seconds: when nothing has come by then, return
+        None and call ``resume(context)`` (the caller's :func:`contextvars.copy_context`) when
+        something does, on the thread that makes it available (see the module's guarantees)."""
         lock = self._lock
         with lock:
+            lingered = linger <= 0
             while self._inline or (not self._control and not self._queue):
                 if self._closed is not None and not self._inline:
                     # Closed and drained: nothing will ever come. Only an incarnation cut loose
                     # by a brutal shutdown still reads here (once its handler returns): it ends.
                     return _CLOSED_STOP
+                if resume is not None and lingered:
+                    self._waiters.append(_Resumer(resume, contextvars.copy_context(), self))
+                    return None
                 waiter = _allocate_lock()
                 waiter.acquire()
                 self._waiters.append(waiter)
                 lock.release()
                 try:
-                    waiter.acquire()  # released by a put (or close) that popped it
+                    # released by a put (or close) that popped it
+                    woken = waiter.acquire() if resume is None else waiter.acquire(True, linger)
                 finally:
                     lock.acquire()
+                if not woken and waiter in self._waiters:  # nothing came while it lingered
+                    self._waiters.remove(waiter)
+                    lingered = True
             if self._control:
                 return self._control.pop(0)
             envelope = self._queue.popleft()
