@@ -34,7 +34,7 @@
 (b) **1,000 casts started at once** of the same loadout across 10 sessions (agent latency 200 ms):
     transitions per second, and peak RSS above the idle runtime (psutil, sampled every 20 ms)
     divided by the most casts alive at once (their CastActors, sampled with it). A cast lives
-    about as long as the 1,000 starts take, so not all of them are alive together (about 250-320
+    about as long as the 1,000 starts take, so not all of them are alive together (about 160-320
     on these machines); until 2026-12-07 the peak was divided by all 1,000, which counted casts
     that had ended. Every repetition runs in a fresh Python process, so no rep inherits another's
     warmed-up heap.

@@ -103,7 +103,7 @@ class Actor(pykka.ThreadingActor):
     inline_asks: ClassVar[bool] = False
     #: How long an idle loop keeps its thread, waiting for the next message, before it leaves it
     #: (see :meth:`_handle_messages`): mail that comes sooner is taken without a thread hand-off.
-    idle_linger_seconds: ClassVar[float] = 0.05
+    idle_linger_seconds: ClassVar[float] = 0.005
     _dispatch: ClassVar[dict[type, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
